@@ -1,0 +1,52 @@
+/*
+ * tensor: a typed, strided view of memory. A tensor never owns its data:
+ * weights point into the checkpoint's mmap (owned by struct st_set), and
+ * activations point into a context's arena. Views (tensor_slice0) are plain
+ * struct copies with an adjusted pointer and shape.
+ *
+ * Quantized weights (MLX affine) keep the logical shape [.., out, in] in
+ * shape[] while data holds the packed U32 words; qbits != 0 marks them and
+ * qscales/qbiases point at the per-group scale and bias tensors.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TENSOR_MAX_DIMS 4
+
+struct tensor {
+    enum dtype dtype;                /* storage dtype of data */
+    int ndim;                        /* 0 means "absent" (optional weight) */
+    int64_t shape[TENSOR_MAX_DIMS];  /* logical elements per dim, outermost first */
+    int64_t stride[TENSOR_MAX_DIMS]; /* storage elements per step of each dim */
+    void *data;                      /* borrowed */
+    const char *name;                /* borrowed, for messages; may be NULL */
+    /* MLX affine quantization; qbits == 0 when not quantized. */
+    int qbits;                       /* 2, 3, 4, 5, 6 or 8 */
+    int qgroup;                      /* elements per scale/bias group */
+    enum dtype qsdtype;              /* dtype of qscales / qbiases */
+    const void *qscales;             /* [.., out, in / qgroup] */
+    const void *qbiases;             /* [.., out, in / qgroup] */
+};
+
+/* Fill a contiguous tensor header over data. */
+void tensor_init(struct tensor *t, enum dtype dt, void *data, int ndim, const int64_t *shape);
+static inline bool tensor_is_present(const struct tensor *t) { return t->ndim > 0 && t->data; }
+int64_t tensor_nelem(const struct tensor *t);
+bool tensor_is_contiguous(const struct tensor *t);
+/* View of t[i] (drops the outermost dim); works for quantized tensors too. */
+struct tensor tensor_slice0(const struct tensor *t, int64_t i);
+/* Bytes of storage the tensor spans, including quantization scales/biases. */
+uint64_t tensor_storage_bytes(const struct tensor *t);
+/* Storage elements per logical row of the innermost dim (packed words when quantized). */
+int64_t tensor_row_storage(const struct tensor *t);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,41 @@
+/*
+ * threadpool: the one pool of worker threads. tpool_run() runs fn(ctx, ith,
+ * nth) on every thread (the caller is thread 0) and returns when all are
+ * done. Workers spin briefly between jobs (decode issues hundreds of small
+ * jobs per token) and then sleep on a condition variable. Kernels split their
+ * work by (ith, nth); they never create threads themselves.
+ *
+ * A pool is used by one caller thread at a time (one request context).
+ */
+#pragma once
+
+#include "err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tpool;
+
+typedef void (*tpool_fn)(void *ctx, int ith, int nth);
+
+/* n_threads <= 0 means the number of online CPUs. */
+int tpool_new(struct tpool **out, int n_threads, struct err *e);
+void tpool_free(struct tpool *p);
+int tpool_size(const struct tpool *p);
+void tpool_run(struct tpool *p, tpool_fn fn, void *ctx);
+/* Online CPUs (>= 1). */
+int tpool_default_threads(void);
+
+/* Split [0, n) into nth contiguous chunks; chunk ith is [*lo, *hi). */
+static inline void tpool_range(long n, int ith, int nth, long *lo, long *hi)
+{
+    long chunk = (n + nth - 1) / nth;
+    long a = chunk * ith, b = a + chunk;
+    *lo = a < n ? a : n;
+    *hi = b < n ? b : n;
+}
+
+#ifdef __cplusplus
+}
+#endif

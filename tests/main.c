@@ -1,0 +1,69 @@
+/*
+ * The one test runner. `run_tests` runs every suite; `run_tests NAME...`
+ * runs the suites whose name contains one of the NAMEs, and if none matches,
+ * the tests whose name contains it (cmocka's filter). Family self-tests run
+ * through the registry suite (one per model_ops entry), so adding a family
+ * never edits this file.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define SUITES(X) \
+    X(dtype)      \
+    X(tensor)     \
+    X(threadpool) \
+    X(safetensors) \
+    X(corrupt)    \
+    X(kernels)    \
+    X(config)     \
+    X(registry)   \
+    X(golden)     \
+    X(sampler)    \
+    X(tokenizer)
+
+#define DECLARE(n) extern const struct test_suite n##_suite;
+SUITES(DECLARE)
+#undef DECLARE
+
+#define ENTRY(n) &n##_suite,
+static const struct test_suite *k_suites[] = {SUITES(ENTRY)};
+#undef ENTRY
+
+const char *test_path(const char *rel)
+{
+    static char buf[8][4096];
+    static int slot;
+    char *b = buf[slot++ % 8];
+    if (access(rel, F_OK) == 0)
+        snprintf(b, sizeof buf[0], "%s", rel);
+    else
+        snprintf(b, sizeof buf[0], "%s/%s", MLXCEL_SOURCE_DIR, rel);
+    return b;
+}
+
+int main(int argc, char **argv)
+{
+    size_t n = sizeof k_suites / sizeof k_suites[0];
+    int failed = 0, matched = 0;
+    for (size_t i = 0; i < n; i++) {
+        int run = argc < 2;
+        for (int a = 1; a < argc; a++)
+            if (strstr(k_suites[i]->name, argv[a]))
+                run = 1;
+        if (!run)
+            continue;
+        matched++;
+        failed |= _cmocka_run_group_tests(k_suites[i]->name, k_suites[i]->tests,
+                                          k_suites[i]->n_tests, NULL, NULL);
+    }
+    if (!matched && argc >= 2) {
+        cmocka_set_test_filter(argv[1]);
+        for (size_t i = 0; i < n; i++)
+            failed |= _cmocka_run_group_tests(k_suites[i]->name, k_suites[i]->tests,
+                                              k_suites[i]->n_tests, NULL, NULL);
+    }
+    return failed ? 1 : 0;
+}

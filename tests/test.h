@@ -1,0 +1,25 @@
+/*
+ * test.h: the shared shape of a test suite for the one runner (tests/main.c).
+ * Each tests/test_<topic>.c defines one `const struct test_suite <topic>_suite`
+ * and tests/main.c lists it. Tests find fixtures relative to the repository
+ * root (the runner's working directory; MLXCEL_SOURCE_DIR as a fallback).
+ */
+#pragma once
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+struct test_suite {
+    const char *name;
+    const struct CMUnitTest *tests;
+    size_t n_tests;
+};
+
+#define TEST_SUITE(sname, arr) \
+    const struct test_suite sname##_suite = {#sname, arr, sizeof(arr) / sizeof((arr)[0])}
+
+/* Absolute path of a file under the repository root (static buffer per call site is not
+ * thread-safe; tests are single-threaded). */
+const char *test_path(const char *rel);
