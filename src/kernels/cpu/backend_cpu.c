@@ -1,0 +1,659 @@
+/*
+ * backend_cpu: struct backend_ops on the CPU (see backend.h).
+ *
+ * Every op here is threading glue: it describes the work in a small context
+ * struct, makes sure each thread's scratch is large enough (grown on the
+ * calling thread before the dispatch, so nothing allocates in steady state),
+ * then runs one tpool_run() whose task splits the work by (ith, nth) and
+ * calls the single-threaded kernels of struct cpu_kernels (kern.h) chosen at
+ * creation: scalar, avx2 or avx512.
+ *
+ * Work splits:
+ *   linear       output rows (matvec) or GEMM panels of gemm_nr rows
+ *   linear_batch the concatenated rows of all jobs, one dispatch
+ *   embed, norms tokens / rows
+ *   rope         (token, head) pairs, contiguous
+ *   attention    (query token, kv head) pairs, round-robin (causal rows grow)
+ *   elementwise  contiguous chunks; small vectors run on the caller alone
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../core/threadpool.h"
+#include "../backend.h"
+#include "kern.h"
+
+/* Below this many elements an elementwise op is not worth waking the pool. */
+#define ELEM_MIN_PARALLEL 32768
+/* Tokens per GEMM block: the x tile GEMM_MC x GEMM_KC f32 (256 KiB) stays in L2
+ * while one packed weight panel is applied to all of it. */
+#define GEMM_MC 256
+
+struct cpu_backend {
+    struct backend be;
+    struct tpool *pool;
+    struct cpu_kernels k;
+    int nth;
+    float **scr;          /* [nth] per-thread scratch, 64-byte aligned */
+    size_t scr_cap;       /* floats in each scr[i] */
+    float *shared;        /* scratch read by all threads (quantized x sums) */
+    size_t shared_cap;
+};
+
+static struct cpu_backend *cpu_of(struct backend *be)
+{
+    return (struct cpu_backend *)be->impl;
+}
+
+// ---- scratch ----
+
+static float *alloc_floats(size_t n)
+{
+    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+    return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+/* Grow every thread's scratch to at least n floats. Only ever grows, so a
+ * model reaches steady state after its largest op. On OOM the kernels would
+ * write out of bounds, so that is treated as fatal like any allocator failure
+ * in a void op (backend ops cannot return errors). */
+static float *const *scratch_ensure(struct cpu_backend *c, size_t n)
+{
+    if (n <= c->scr_cap)
+        return c->scr;
+    n += n / 4;
+    for (int i = 0; i < c->nth; i++) {
+        free(c->scr[i]);
+        c->scr[i] = alloc_floats(n);
+        assert(c->scr[i]);
+    }
+    c->scr_cap = n;
+    return c->scr;
+}
+
+static float *shared_ensure(struct cpu_backend *c, size_t n)
+{
+    if (n > c->shared_cap) {
+        free(c->shared);
+        n += n / 4;
+        c->shared = alloc_floats(n);
+        assert(c->shared);
+        c->shared_cap = n;
+    }
+    return c->shared;
+}
+
+// ---- weights ----
+
+/* The [out, in] matrix of a 1-D ([in]: out = 1) or N-D tensor whose leading
+ * dims are contiguous (they fold into out). */
+static void wmat_from(struct wmat *m, const struct tensor *w)
+{
+    int nd = w->ndim;
+    memset(m, 0, sizeof *m);
+    m->data = w->data;
+    m->dt = w->dtype;
+    m->in = (int)w->shape[nd - 1];
+    m->out = 1;
+    for (int d = 0; d < nd - 1; d++)
+        m->out *= (int)w->shape[d];
+    int64_t row_elems = nd >= 2 ? w->stride[nd - 2] : tensor_row_storage(w);
+    m->row_bytes = (size_t)row_elems * dtype_size(w->dtype);
+    if (w->qbits) {
+        m->qbits = w->qbits;
+        m->qgroup = w->qgroup;
+        m->qsdt = w->qsdtype;
+        m->qs = w->qscales;
+        m->qb = w->qbiases;
+        m->qrow_bytes = (size_t)(m->in / m->qgroup) * dtype_size(w->qsdtype);
+    }
+}
+
+/* Per-group sums of x rows for quantized matvec: xs[t, g] = sum of group g of x[t]. */
+static void xsum_fill(const struct cpu_kernels *k, float *xs, const float *x, size_t ldx,
+                      int n_tok, int in, int group)
+{
+    int ng = in / group;
+    for (int t = 0; t < n_tok; t++)
+        for (int g = 0; g < ng; g++)
+            xs[(size_t)t * ng + g] = k->sum(x + (size_t)t * ldx + (size_t)g * group, group);
+}
+
+static void bias_add(float *y, size_t ldy, int n_tok, const struct tensor *b, int r0, int r1)
+{
+    for (int t = 0; t < n_tok; t++)
+        for (int r = r0; r < r1; r++)
+            y[(size_t)t * ldy + r] += kern_ld(b->data, b->dtype, (size_t)r);
+}
+
+// ---- linear ----
+
+struct linear_ctx {
+    struct cpu_backend *c;
+    float *y;
+    const float *x;
+    const struct wmat *w;
+    const struct tensor *b;   /* NULL when absent */
+    const float *xsum;        /* [n_tok, in/qgroup] or NULL */
+    int n_tok;
+    bool gemm;
+};
+
+/* Rows [r0, r1) for all tokens through the packed-panel GEMM: for each token
+ * block and contraction block, widen/dequantize gemm_nr weight rows into a
+ * [kc][nr] f32 panel (transposed), then run the microkernel over the tokens. */
+static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
+                      const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
+{
+    int nr = k->gemm_nr;
+    float *bp = scr;
+    float *tmp = scr + (size_t)GEMM_KC * nr;
+    for (int m0 = 0; m0 < n_tok; m0 += GEMM_MC) {
+        int m1 = m0 + GEMM_MC < n_tok ? m0 + GEMM_MC : n_tok;
+        for (int k0 = 0; k0 < w->in; k0 += GEMM_KC) {
+            int kc = w->in - k0 < GEMM_KC ? w->in - k0 : GEMM_KC;
+            for (int rb = r0; rb < r1; rb += nr) {
+                int nv = r1 - rb < nr ? r1 - rb : nr;
+                for (int j = 0; j < nv; j++) {
+                    k->wrow_f32(tmp, w, rb + j, k0, kc);
+                    for (int kk = 0; kk < kc; kk++)
+                        bp[(size_t)kk * nr + j] = tmp[kk];
+                }
+                for (int j = nv; j < nr; j++)
+                    for (int kk = 0; kk < kc; kk++)
+                        bp[(size_t)kk * nr + j] = 0.0f;
+                for (int m = m0; m < m1; m += GEMM_MR_MAX) {
+                    int mr = m1 - m < GEMM_MR_MAX ? m1 - m : GEMM_MR_MAX;
+                    k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr,
+                               bp, kc, nv, k0 > 0);
+                }
+            }
+        }
+    }
+}
+
+static void linear_task(void *arg, int ith, int nth)
+{
+    struct linear_ctx *lc = arg;
+    const struct cpu_kernels *k = &lc->c->k;
+    const struct wmat *w = lc->w;
+    size_t ldy = (size_t)w->out, ldx = (size_t)w->in;
+    long lo, hi;
+    if (lc->gemm) {
+        long n_panels = (w->out + k->gemm_nr - 1) / k->gemm_nr;
+        tpool_range(n_panels, ith, nth, &lo, &hi);
+        lo *= k->gemm_nr;
+        hi = hi * k->gemm_nr < w->out ? hi * k->gemm_nr : w->out;
+        if (lo < hi)
+            gemm_rows(k, lc->c->scr[ith], lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi);
+    } else {
+        /* whole groups of 8 rows per thread so SIMD row blocks do not straddle threads */
+        long n8 = (w->out + 7) / 8;
+        tpool_range(n8, ith, nth, &lo, &hi);
+        lo *= 8;
+        hi = hi * 8 < w->out ? hi * 8 : w->out;
+        if (lo < hi)
+            k->matvec(lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum,
+                      w->qbits ? (size_t)(w->in / w->qgroup) : 0);
+    }
+    if (lc->b && lo < hi)
+        bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
+}
+
+static void cpu_linear(struct backend *be, float *y, const float *x, const struct tensor *w,
+                       const struct tensor *b, int n_tok)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct wmat m;
+    wmat_from(&m, w);
+    struct linear_ctx lc = {
+        .c = c, .y = y, .x = x, .w = &m, .n_tok = n_tok,
+        .b = b && tensor_is_present(b) ? b : NULL,
+    };
+    lc.gemm = c->k.ukernel && n_tok >= c->k.gemm_min_tok;
+    if (lc.gemm) {
+        scratch_ensure(c, (size_t)GEMM_KC * (size_t)c->k.gemm_nr + GEMM_KC);
+    } else if (m.qbits) {
+        float *xs = shared_ensure(c, (size_t)n_tok * (size_t)(m.in / m.qgroup));
+        xsum_fill(&c->k, xs, x, (size_t)m.in, n_tok, m.in, m.qgroup);
+        lc.xsum = xs;
+    }
+    tpool_run(c->pool, linear_task, &lc);
+}
+
+// ---- linear_batch ----
+
+struct batch_ctx {
+    struct cpu_backend *c;
+    const struct linear_job *jobs;
+    const struct wmat *w;     /* [n_jobs] */
+    const size_t *xs_off;     /* [n_jobs] offset of each job's x sums in c->shared */
+    long total;               /* sum of rows */
+    int n_jobs;
+};
+
+static void batch_task(void *arg, int ith, int nth)
+{
+    struct batch_ctx *bc = arg;
+    const struct cpu_kernels *k = &bc->c->k;
+    long lo, hi, base = 0;
+    tpool_range((bc->total + 7) / 8, ith, nth, &lo, &hi);
+    lo *= 8;
+    hi = hi * 8 < bc->total ? hi * 8 : bc->total;
+    for (int j = 0; j < bc->n_jobs && base < hi; j++) {
+        const struct wmat *w = &bc->w[j];
+        long a = lo > base ? lo - base : 0;
+        long z = hi - base < w->out ? hi - base : w->out;
+        if (a < z) {
+            const struct linear_job *jb = &bc->jobs[j];
+            const float *xs = w->qbits ? bc->c->shared + bc->xs_off[j] : NULL;
+            k->matvec(jb->y, (size_t)w->out, jb->x, (size_t)w->in, 1, w, (int)a, (int)z, xs,
+                      w->qbits ? (size_t)(w->in / w->qgroup) : 0);
+            if (jb->b && tensor_is_present(jb->b))
+                bias_add(jb->y, (size_t)w->out, 1, jb->b, (int)a, (int)z);
+        }
+        base += w->out;
+    }
+}
+
+/* Jobs beyond this many are run in several dispatches (the wmat array lives on the stack). */
+#define BATCH_MAX 64
+
+static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs)
+{
+    struct cpu_backend *c = cpu_of(be);
+    while (n_jobs > 0) {
+        int n = n_jobs < BATCH_MAX ? n_jobs : BATCH_MAX;
+        struct wmat w[BATCH_MAX];
+        size_t xs_off[BATCH_MAX], xs_total = 0;
+        long total = 0;
+        for (int j = 0; j < n; j++) {
+            wmat_from(&w[j], jobs[j].w);
+            total += w[j].out;
+            xs_off[j] = xs_total;
+            if (w[j].qbits)
+                xs_total += (size_t)(w[j].in / w[j].qgroup);
+        }
+        if (xs_total) {
+            float *xs = shared_ensure(c, xs_total);
+            for (int j = 0; j < n; j++)
+                if (w[j].qbits)
+                    xsum_fill(&c->k, xs + xs_off[j], jobs[j].x, (size_t)w[j].in, 1, w[j].in,
+                              w[j].qgroup);
+        }
+        struct batch_ctx bc = {c, jobs, w, xs_off, total, n};
+        tpool_run(c->pool, batch_task, &bc);
+        jobs += n;
+        n_jobs -= n;
+    }
+}
+
+// ---- embed ----
+
+struct embed_ctx {
+    struct cpu_backend *c;
+    float *y;
+    const struct wmat *w;
+    const int32_t *ids;
+    int n_tok;
+};
+
+static void embed_task(void *arg, int ith, int nth)
+{
+    struct embed_ctx *ec = arg;
+    long lo, hi;
+    tpool_range(ec->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        ec->c->k.wrow_f32(ec->y + (size_t)t * ec->w->in, ec->w, ec->ids[t], 0, ec->w->in);
+}
+
+static void cpu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids,
+                      int n_tok)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct wmat m;
+    wmat_from(&m, w);
+    struct embed_ctx ec = {c, y, &m, ids, n_tok};
+    if (n_tok == 1)
+        embed_task(&ec, 0, 1);
+    else
+        tpool_run(c->pool, embed_task, &ec);
+}
+
+// ---- norms ----
+
+struct norm_ctx {
+    struct cpu_backend *c;
+    float *y;
+    const float *x;
+    const struct tensor *w;
+    const struct tensor *b;   /* layernorm only; NULL when absent */
+    float eps;
+    int n_rows, n;
+    bool layer;               /* layernorm (else rmsnorm) */
+};
+
+static void norm_row(const struct norm_ctx *nc, size_t row)
+{
+    const struct cpu_kernels *k = &nc->c->k;
+    const float *x = nc->x + row * (size_t)nc->n;
+    float *y = nc->y + row * (size_t)nc->n;
+    const void *bd = nc->b ? nc->b->data : NULL;
+    enum dtype bdt = nc->b ? nc->b->dtype : DTYPE_F32;
+    if (nc->layer) {
+        /* two passes: mean, then the biased variance of the deviations */
+        float mean = k->sum(x, nc->n) / (float)nc->n;
+        float var = k->sumsq(x, mean, nc->n) / (float)nc->n;
+        k->norm_apply(y, x, mean, 1.0f / sqrtf(var + nc->eps), nc->w->data, nc->w->dtype, bd, bdt,
+                      nc->n);
+    } else {
+        float ms = k->sumsq(x, 0.0f, nc->n) / (float)nc->n;
+        k->norm_apply(y, x, 0.0f, 1.0f / sqrtf(ms + nc->eps), nc->w->data, nc->w->dtype, NULL,
+                      DTYPE_F32, nc->n);
+    }
+}
+
+static void norm_task(void *arg, int ith, int nth)
+{
+    struct norm_ctx *nc = arg;
+    long lo, hi;
+    tpool_range(nc->n_rows, ith, nth, &lo, &hi);
+    for (long r = lo; r < hi; r++)
+        norm_row(nc, (size_t)r);
+}
+
+static void norm_run(struct cpu_backend *c, struct norm_ctx *nc)
+{
+    if (nc->n_rows == 1 || (size_t)nc->n_rows * (size_t)nc->n < ELEM_MIN_PARALLEL)
+        norm_task(nc, 0, 1);
+    else
+        tpool_run(c->pool, norm_task, nc);
+}
+
+static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const struct tensor *w,
+                        float eps, int n_rows, int n)
+{
+    struct norm_ctx nc = {cpu_of(be), y, x, w, NULL, eps, n_rows, n, false};
+    norm_run(nc.c, &nc);
+}
+
+static void cpu_layernorm(struct backend *be, float *y, const float *x, const struct tensor *w,
+                          const struct tensor *b, float eps, int n_rows, int n)
+{
+    struct norm_ctx nc = {cpu_of(be), y, x, w, b && tensor_is_present(b) ? b : NULL, eps,
+                          n_rows, n, true};
+    norm_run(nc.c, &nc);
+}
+
+// ---- rope ----
+
+struct rope_ctx {
+    struct cpu_backend *c;
+    float *x;
+    const float *inv_freq;
+    float mscale;
+    int n_tok, row_stride, n_head, head_dim, n_rot, pos0;
+};
+
+/* cos/sin table of one position: angles in double (positions reach 1e5 and
+ * a float product pos * inv_freq would lose ~1e-2 rad there), then cast. */
+static void rope_table(float *cs, const struct rope_ctx *rc, int pos)
+{
+    int half = rc->n_rot / 2;
+    for (int j = 0; j < half; j++) {
+        double a = (double)pos * (double)rc->inv_freq[j];
+        cs[j] = (float)(cos(a) * rc->mscale);
+        cs[half + j] = (float)(sin(a) * rc->mscale);
+    }
+}
+
+static void rope_task(void *arg, int ith, int nth)
+{
+    struct rope_ctx *rc = arg;
+    float *cs = rc->c->scr[ith];
+    int half = rc->n_rot / 2, cur = -1;
+    long lo, hi;
+    tpool_range((long)rc->n_tok * rc->n_head, ith, nth, &lo, &hi);
+    for (long it = lo; it < hi; it++) {
+        int t = (int)(it / rc->n_head), h = (int)(it % rc->n_head);
+        if (t != cur) {
+            rope_table(cs, rc, rc->pos0 + t);
+            cur = t;
+        }
+        float *xh = rc->x + (size_t)t * rc->row_stride + (size_t)h * rc->head_dim;
+        for (int j = 0; j < half; j++) {
+            float x1 = xh[j], x2 = xh[j + half];
+            float cj = cs[j], sj = cs[half + j];
+            xh[j] = x1 * cj - x2 * sj;
+            xh[j + half] = x2 * cj + x1 * sj;
+        }
+    }
+}
+
+static void cpu_rope(struct backend *be, float *x, int n_tok, int row_stride, int n_head,
+                     int head_dim, int n_rot, int pos0, const float *inv_freq, float mscale)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct rope_ctx rc = {c, x, inv_freq, mscale, n_tok, row_stride, n_head, head_dim, n_rot, pos0};
+    scratch_ensure(c, (size_t)n_rot);
+    if (n_tok == 1)
+        rope_task(&rc, 0, 1);
+    else
+        tpool_run(c->pool, rope_task, &rc);
+}
+
+// ---- attention ----
+
+struct attn_ctx {
+    struct cpu_backend *c;
+    float *out;
+    const float *q, *k, *v;
+    int n_tok, pos0, n_head, n_kv_head, head_dim;
+    float scale;
+};
+
+/* One query row against kv rows 0..pos: scores, stable softmax (max
+ * subtracted, f32), then the weighted sum of v rows. */
+static void attn_one(const struct attn_ctx *ac, float *s, int t, int h)
+{
+    const struct cpu_kernels *k = &ac->c->k;
+    int hd = ac->head_dim, g = h / (ac->n_head / ac->n_kv_head);
+    size_t qs = (size_t)ac->n_head * hd, kvs = (size_t)ac->n_kv_head * hd;
+    const float *qh = ac->q + (size_t)t * qs + (size_t)h * hd;
+    const float *kh = ac->k + (size_t)g * hd, *vh = ac->v + (size_t)g * hd;
+    float *o = ac->out + (size_t)t * qs + (size_t)h * hd;
+    int n_kv = ac->pos0 + t + 1;
+    for (int j = 0; j < n_kv; j++)
+        s[j] = k->dot(qh, kh + (size_t)j * kvs, hd) * ac->scale;
+    float m = k->max(s, n_kv);
+    float sum = k->exp_sum(s, s, m, n_kv);
+    memset(o, 0, (size_t)hd * sizeof *o);
+    for (int j = 0; j < n_kv; j++)
+        k->axpy(o, s[j], vh + (size_t)j * kvs, (size_t)hd);
+    k->scale(o, 1.0f / sum, (size_t)hd);
+}
+
+static void attn_task(void *arg, int ith, int nth)
+{
+    struct attn_ctx *ac = arg;
+    long n = (long)ac->n_tok * ac->n_head;
+    for (long it = ith; it < n; it += nth)
+        attn_one(ac, ac->c->scr[ith], (int)(it / ac->n_head), (int)(it % ac->n_head));
+}
+
+static void cpu_attention(struct backend *be, float *out, const float *q, const float *k,
+                          const float *v, int n_tok, int pos0, int n_head, int n_kv_head,
+                          int head_dim, float scale)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, scale};
+    scratch_ensure(c, (size_t)pos0 + (size_t)n_tok);
+    tpool_run(c->pool, attn_task, &ac);
+}
+
+// ---- elementwise ----
+
+enum elem_op { ELEM_GELU_TANH, ELEM_GELU_ERF, ELEM_SILU_MUL, ELEM_AXPY };
+
+struct elem_ctx {
+    const struct cpu_kernels *k;
+    enum elem_op op;
+    float *y;
+    const float *a, *b;
+    float s;
+    size_t n;
+};
+
+static void elem_range(const struct elem_ctx *ec, size_t lo, size_t hi)
+{
+    size_t n = hi - lo;
+    switch (ec->op) {
+    case ELEM_GELU_TANH:
+        ec->k->gelu_tanh(ec->y + lo, n);
+        break;
+    case ELEM_GELU_ERF:
+        ec->k->gelu_erf(ec->y + lo, n);
+        break;
+    case ELEM_SILU_MUL:
+        ec->k->silu_mul(ec->y + lo, ec->a + lo, ec->b + lo, n);
+        break;
+    case ELEM_AXPY:
+        ec->k->axpy(ec->y + lo, ec->s, ec->a + lo, n);
+        break;
+    }
+}
+
+static void elem_task(void *arg, int ith, int nth)
+{
+    struct elem_ctx *ec = arg;
+    long lo, hi;
+    /* chunks of 64 elements keep every thread's start cache-line aligned */
+    tpool_range((long)((ec->n + 63) / 64), ith, nth, &lo, &hi);
+    size_t a = (size_t)lo * 64, z = (size_t)hi * 64 < ec->n ? (size_t)hi * 64 : ec->n;
+    if (a < z)
+        elem_range(ec, a, z);
+}
+
+static void elem_run(struct backend *be, struct elem_ctx *ec)
+{
+    struct cpu_backend *c = cpu_of(be);
+    ec->k = &c->k;
+    if (ec->n < ELEM_MIN_PARALLEL)
+        elem_range(ec, 0, ec->n);
+    else
+        tpool_run(c->pool, elem_task, ec);
+}
+
+static void cpu_gelu_tanh(struct backend *be, float *x, size_t n)
+{
+    struct elem_ctx ec = {.op = ELEM_GELU_TANH, .y = x, .n = n};
+    elem_run(be, &ec);
+}
+
+static void cpu_gelu_erf(struct backend *be, float *x, size_t n)
+{
+    struct elem_ctx ec = {.op = ELEM_GELU_ERF, .y = x, .n = n};
+    elem_run(be, &ec);
+}
+
+static void cpu_silu_mul(struct backend *be, float *y, const float *gate, const float *up, size_t n)
+{
+    struct elem_ctx ec = {.op = ELEM_SILU_MUL, .y = y, .a = gate, .b = up, .n = n};
+    elem_run(be, &ec);
+}
+
+static void cpu_axpy(struct backend *be, float *y, float a, const float *x, size_t n)
+{
+    struct elem_ctx ec = {.op = ELEM_AXPY, .y = y, .a = x, .s = a, .n = n};
+    elem_run(be, &ec);
+}
+
+// ---- lifetime ----
+
+static const struct backend_ops k_cpu_ops = {
+    .linear = cpu_linear,
+    .linear_batch = cpu_linear_batch,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .layernorm = cpu_layernorm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .gelu_tanh = cpu_gelu_tanh,
+    .gelu_erf = cpu_gelu_erf,
+    .silu_mul = cpu_silu_mul,
+    .axpy = cpu_axpy,
+};
+
+/* backend names by ISA: static strings so be->name outlives nothing */
+static const char *const k_names[] = {"cpu-scalar", "cpu-avx2", "cpu-avx512"};
+
+static int isa_choose(enum cpu_isa *isa, const char *req, struct err *e)
+{
+    const char *src = "isa argument";
+    if (!req) {
+        req = getenv("MLXCEL_ISA");
+        src = "MLXCEL_ISA";
+    }
+    if (!req)
+        req = "auto";
+    if (cpu_isa_parse(req, isa) < 0)
+        return err_setf(e, ERR_ARG, "cpu backend: unknown ISA '%s' (%s); expected auto, scalar, "
+                        "avx2 or avx512", req, src);
+    enum cpu_isa best = cpu_isa_best();
+    if (*isa > best)
+        return err_setf(e, ERR_UNSUPPORTED, "cpu backend: ISA '%s' (%s) is not supported by this "
+                        "CPU/OS; best available is '%s'", req, src, cpu_isa_name(best));
+    return 0;
+}
+
+/* Creates the pool and the dispatch table; the backend owns both (backend_free). */
+int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, struct err *e)
+{
+    enum cpu_isa isa;
+    int rc;
+    *out = NULL;
+    if ((rc = isa_choose(&isa, isa_req, e)) < 0)
+        return rc;
+    struct cpu_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+    if (!cpu_kernels_init(&c->k, isa)) {
+        rc = err_setf(e, ERR_UNSUPPORTED, "cpu backend: ISA '%s' was not compiled into this build",
+                      cpu_isa_name(isa));
+        goto fail_free;
+    }
+    if ((rc = tpool_new(&c->pool, n_threads, e)) < 0)
+        goto fail_free;
+    c->nth = tpool_size(c->pool);
+    c->scr = calloc((size_t)c->nth, sizeof *c->scr);
+    if (!c->scr) {
+        rc = err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+        goto fail_pool;
+    }
+    c->be.ops = &k_cpu_ops;
+    c->be.name = k_names[isa];
+    c->be.n_threads = c->nth;
+    c->be.impl = c;
+    *out = &c->be;
+    return 0;
+fail_pool:
+    tpool_free(c->pool);
+fail_free:
+    free(c);
+    return rc;
+}
+
+void backend_free(struct backend *be)
+{
+    if (!be)
+        return;
+    struct cpu_backend *c = cpu_of(be);
+    for (int i = 0; c->scr && i < c->nth; i++)
+        free(c->scr[i]);
+    free(c->scr);
+    free(c->shared);
+    tpool_free(c->pool);
+    free(c);
+}

@@ -1,0 +1,134 @@
+/*
+ * kern: the CPU kernel dispatch table (internal to src/kernels/cpu/).
+ *
+ * backend_cpu.c owns the threading: it splits every op by (ith, nth) on the
+ * one pool and calls, per thread, the single-threaded kernels listed in
+ * struct cpu_kernels. dispatch.c fills the table once at backend creation:
+ * first with the scalar references (kern_ref.c, always built, the test
+ * oracle), then overlays the entries an ISA variant implements
+ * (kern_avx2.c, kern_avx512.c; each file has its own target flags and is
+ * only called after CPUID + xgetbv say the CPU and OS can run it).
+ *
+ * Weights reach the kernels as a struct wmat: a row-major [out, in] matrix in
+ * its stored dtype (F32/F16/BF16), or MLX affine quantized (U32 words holding
+ * a little-endian bit stream of qbits-bit codes per row; w = scale*q + bias
+ * per group of qgroup elements; see docs/mlx-quantization.md).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../core/dtype.h"
+
+/* Largest token tile of a GEMM microkernel (ukernel's mr <= GEMM_MR_MAX). */
+#define GEMM_MR_MAX 8
+/* Contraction block of the GEMM driver: a packed panel is GEMM_KC x nr f32
+ * (32 KiB at nr = 32, L1-resident). A multiple of 128 so that every MLX
+ * group (32/64/128) and every 3/5/6-bit packing period starts inside a block
+ * at a group boundary. */
+#define GEMM_KC 256
+
+/* A weight matrix [out, in] as the kernels see it. */
+struct wmat {
+    const uint8_t *data;      /* row r starts at data + r * row_bytes */
+    size_t row_bytes;
+    enum dtype dt;            /* F32/F16/BF16; U32 when qbits != 0 */
+    int in;                   /* logical elements per row */
+    int out;                  /* rows */
+    int qbits;                /* 0: not quantized; else 2..8 */
+    int qgroup;               /* elements per scale/bias group */
+    enum dtype qsdt;          /* dtype of scales/biases (F32/F16/BF16) */
+    const uint8_t *qs;        /* row r's scales at qs + r * qrow_bytes */
+    const uint8_t *qb;        /* row r's biases at qb + r * qrow_bytes */
+    size_t qrow_bytes;
+};
+
+struct cpu_kernels {
+    const char *name;         /* "scalar", "avx2", "avx512" */
+
+    /* ---- weights ---- */
+    /* dst[0..n) = W[r, k0 .. k0+n) widened (or dequantized) to f32.
+     * For quantized W, k0 is a multiple of 32. */
+    void (*wrow_f32)(float *dst, const struct wmat *w, int r, int k0, int n);
+    /* Widen n elements of an F32/F16/BF16 vector to f32. */
+    void (*to_f32)(float *dst, const void *src, enum dtype dt, size_t n);
+    /* y[t*ldy + r] = sum_i x[t*ldx + i] * W[r, i] for t < n_tok, r0 <= r < r1
+     * (overwrites y). Streams W straight from memory: the decode path.
+     * xsum [n_tok, in/qgroup] (row stride ldxs) holds per-group sums of x
+     * when W is quantized (kernels may use sum(s*q+b)x = s*sum(qx) + b*sum(x));
+     * NULL otherwise. */
+    void (*matvec)(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                   const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs);
+    /* GEMM microkernel: y[m*ldy + j] (+)= sum_k x[m*ldx + k] * bp[k*nr + j] for
+     * m < mr (<= GEMM_MR_MAX), j < nv (<= gemm_nr); accumulate into y when acc.
+     * bp is a packed panel [kc][gemm_nr], 64-byte aligned. NULL: no GEMM path. */
+    void (*ukernel)(float *y, size_t ldy, const float *x, size_t ldx, int mr,
+                    const float *bp, int kc, int nv, bool acc);
+    int gemm_nr;              /* panel width of ukernel */
+    int gemm_min_tok;         /* use the GEMM path from this many tokens on */
+
+    /* ---- vectors ---- */
+    float (*dot)(const float *a, const float *b, int n);
+    /* y += a * x */
+    void (*axpy)(float *y, float a, const float *x, size_t n);
+    /* y *= a */
+    void (*scale)(float *y, float a, size_t n);
+    float (*sum)(const float *x, int n);
+    /* sum (x - c)^2 */
+    float (*sumsq)(const float *x, float c, int n);
+    /* y = (x - c) * a * w (+ b); w, b in their dtype; b may be NULL. */
+    void (*norm_apply)(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
+                       const void *b, enum dtype bdt, int n);
+    float (*max)(const float *x, int n);
+    /* y = exp(x - m); returns sum y. y may equal x. */
+    float (*exp_sum)(float *y, const float *x, float m, int n);
+    /* y = silu(g) * u; y may equal g. */
+    void (*silu_mul)(float *y, const float *g, const float *u, size_t n);
+    void (*gelu_tanh)(float *x, size_t n);
+    void (*gelu_erf)(float *x, size_t n);
+};
+
+/* ---- kern_ref.c ---- */
+/* Fill k with the scalar reference kernels. */
+void cpu_kernels_ref_init(struct cpu_kernels *k);
+/* Code j of a packed quantized row (bits <= 8), portable byte read. */
+static inline unsigned kern_qcode(const uint8_t *row, int bits, size_t j)
+{
+    size_t o = j * (size_t)bits;
+    unsigned v = row[o >> 3];
+    if ((o & 7) + (size_t)bits > 8)
+        v |= (unsigned)row[(o >> 3) + 1] << 8;
+    return (v >> (o & 7)) & ((1u << bits) - 1);
+}
+/* Element i of an F32/F16/BF16 vector as f32. */
+static inline float kern_ld(const void *p, enum dtype dt, size_t i)
+{
+    switch (dt) {
+    case DTYPE_F16:
+        return f16_to_f32(((const uint16_t *)p)[i]);
+    case DTYPE_BF16:
+        return bf16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        return ((const float *)p)[i];
+    }
+}
+
+/* ---- kern_avx2.c / kern_avx512.c ---- */
+/* Overlay the variant's kernels on k; false when it was compiled out. */
+bool cpu_kernels_avx2_init(struct cpu_kernels *k);
+bool cpu_kernels_avx512_init(struct cpu_kernels *k);
+
+/* ---- dispatch.c ---- */
+enum cpu_isa {
+    CPU_ISA_SCALAR = 0,
+    CPU_ISA_AVX2   = 1,
+    CPU_ISA_AVX512 = 2,
+};
+/* Best ISA this CPU and OS can run (CPUID + xgetbv, computed once). */
+enum cpu_isa cpu_isa_best(void);
+const char *cpu_isa_name(enum cpu_isa isa);
+/* Parse "scalar"/"avx2"/"avx512"/"auto" ("auto" -> best); -1 if unknown. */
+int cpu_isa_parse(const char *s, enum cpu_isa *out);
+/* Fill k for isa; false if the variant was compiled out. */
+bool cpu_kernels_init(struct cpu_kernels *k, enum cpu_isa isa);

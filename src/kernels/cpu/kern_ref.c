@@ -1,0 +1,178 @@
+/*
+ * kern_ref: scalar reference kernels, always built. They are the fallback on
+ * CPUs without AVX2 and the oracle the ISA variants are tested against, so
+ * they stay simple: one loop per op, f32 accumulation in index order, weights
+ * widened exactly (bf16 by a 16-bit shift, f16 by the bit-exact dtype.c
+ * conversion), quantized weights dequantized element by element as
+ * w = scale * q + bias (docs/mlx-quantization.md section 2.4).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kern.h"
+
+// ---- weights ----
+
+static void ref_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kern_ld(src, dt, i);
+}
+
+/* Dequantize W[r, k0 .. k0+n): element i of group g is s_g * q_i + b_g. */
+static void ref_wrow_q(float *dst, const struct wmat *w, int r, int k0, int n)
+{
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes;
+    const uint8_t *b = w->qb + (size_t)r * w->qrow_bytes;
+    for (int i = 0; i < n; i++) {
+        size_t j = (size_t)k0 + (size_t)i;
+        size_t g = j / (size_t)w->qgroup;
+        float q = (float)kern_qcode(row, w->qbits, j);
+        dst[i] = kern_ld(s, w->qsdt, g) * q + kern_ld(b, w->qsdt, g);
+    }
+}
+
+static void ref_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
+{
+    if (w->qbits) {
+        ref_wrow_q(dst, w, r, k0, n);
+        return;
+    }
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes + (size_t)k0 * dtype_size(w->dt);
+    ref_to_f32(dst, row, w->dt, (size_t)n);
+}
+
+/* Row by row, token by token; W is widened in 256-element chunks (a multiple
+ * of 32, as wrow_f32 requires for quantized rows) and summed in index order. */
+static void ref_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                       const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+{
+    float buf[256];
+    (void)xsum;
+    (void)ldxs;
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx;
+            float acc = 0.0f;
+            for (int c = 0; c < w->in; c += 256) {
+                int len = w->in - c < 256 ? w->in - c : 256;
+                ref_wrow_f32(buf, w, r, c, len);
+                for (int i = 0; i < len; i++)
+                    acc += xt[c + i] * buf[i];
+            }
+            y[(size_t)t * ldy + (size_t)r] = acc;
+        }
+    }
+}
+
+// ---- vectors ----
+
+static float ref_dot(const float *a, const float *b, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+static void ref_axpy(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void ref_scale(float *y, float a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] *= a;
+}
+
+static float ref_sum(const float *x, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += x[i];
+    return acc;
+}
+
+static float ref_sumsq(const float *x, float c, int n)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++)
+        acc += (x[i] - c) * (x[i] - c);
+    return acc;
+}
+
+static void ref_norm_apply(float *y, const float *x, float c, float a, const void *w,
+                           enum dtype wdt, const void *b, enum dtype bdt, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float v = (x[i] - c) * a * kern_ld(w, wdt, (size_t)i);
+        y[i] = b ? v + kern_ld(b, bdt, (size_t)i) : v;
+    }
+}
+
+static float ref_max(const float *x, int n)
+{
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+static float ref_exp_sum(float *y, const float *x, float m, int n)
+{
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        y[i] = expf(x[i] - m);
+        s += y[i];
+    }
+    return s;
+}
+
+static void ref_silu_mul(float *y, const float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2 gelu_new). */
+static void ref_gelu_tanh(float *x, size_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    }
+}
+
+/* gelu(x) = 0.5 x (1 + erf(x / sqrt 2)). */
+static void ref_gelu_erf(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+void cpu_kernels_ref_init(struct cpu_kernels *k)
+{
+    memset(k, 0, sizeof *k);
+    k->name = "scalar";
+    k->wrow_f32 = ref_wrow_f32;
+    k->to_f32 = ref_to_f32;
+    k->matvec = ref_matvec;
+    k->ukernel = NULL; /* the scalar backend runs every linear as matvec */
+    k->gemm_nr = 0;
+    k->gemm_min_tok = 0;
+    k->dot = ref_dot;
+    k->axpy = ref_axpy;
+    k->scale = ref_scale;
+    k->sum = ref_sum;
+    k->sumsq = ref_sumsq;
+    k->norm_apply = ref_norm_apply;
+    k->max = ref_max;
+    k->exp_sum = ref_exp_sum;
+    k->silu_mul = ref_silu_mul;
+    k->gelu_tanh = ref_gelu_tanh;
+    k->gelu_erf = ref_gelu_erf;
+}

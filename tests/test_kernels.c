@@ -1,0 +1,668 @@
+/*
+ * test_kernels: every backend op of the CPU backend, for every ISA variant
+ * this machine can run (scalar always, avx2, avx512) and thread counts 1 and
+ * 3, against naive double-precision references written here on random data
+ * with awkward shapes (odd sizes, SIMD tails, n_tok = 1, out = 1, strided
+ * weights, GEMM block edges). Errors are reported as NMSE (sum of squared
+ * errors over sum of squared reference values) and max abs error relative to
+ * max |ref|, each against a per-dtype threshold; the worst values per test
+ * are printed. No timing here: see dev/kernels/bench_linear.c.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "test.h"
+
+// ---- fixtures ----
+
+#define N_BE_MAX 6
+
+struct bes {
+    struct backend *be[N_BE_MAX];
+    int n;
+};
+
+/* Every ISA the machine supports x threads {1, 3}. */
+static void bes_open(struct bes *b)
+{
+    static const char *const isas[] = {"scalar", "avx2", "avx512"};
+    static const int threads[] = {1, 3};
+    b->n = 0;
+    for (int i = 0; i < 3; i++) {
+        for (int t = 0; t < 2; t++) {
+            struct err e = {0};
+            struct backend *be;
+            if (backend_cpu_new(&be, threads[t], isas[i], &e) == 0)
+                b->be[b->n++] = be;
+        }
+    }
+    assert_true(b->n >= 2);
+}
+
+static void bes_close(struct bes *b)
+{
+    for (int i = 0; i < b->n; i++)
+        backend_free(b->be[i]);
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(float lo, float hi)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (float)((g_rng >> 40) / 16777216.0);
+}
+
+static unsigned urand(unsigned n)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (unsigned)((g_rng >> 33) % n);
+}
+
+static float *fvec(size_t n, float lo, float hi)
+{
+    float *p = malloc(n * sizeof *p + 4);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand(lo, hi);
+    return p;
+}
+
+/* Worst errors seen by one test, printed at its end. */
+struct errstat {
+    double nmse, maxrel;
+};
+
+/* Compare got against ref (n values); fail above the thresholds. */
+static void check(struct errstat *st, const char *what, const struct backend *be,
+                  const float *got, const double *ref, size_t n, double thr_nmse, double thr_rel)
+{
+    double se = 0, sr = 0, maxabs = 0, maxref = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        if (!isfinite(got[i]))
+            d = INFINITY;
+        se += d * d;
+        sr += ref[i] * ref[i];
+        maxabs = fabs(d) > maxabs ? fabs(d) : maxabs;
+        maxref = fabs(ref[i]) > maxref ? fabs(ref[i]) : maxref;
+    }
+    double nmse = sr > 0 ? se / sr : se;
+    double rel = maxref > 0 ? maxabs / maxref : maxabs;
+    if (nmse > st->nmse)
+        st->nmse = nmse;
+    if (rel > st->maxrel)
+        st->maxrel = rel;
+    if (!(nmse <= thr_nmse && rel <= thr_rel)) {
+        print_error("%s on %s (%d threads): nmse %.3g (max %.3g), max rel %.3g (max %.3g)\n", what,
+                    be->name, be->n_threads, nmse, thr_nmse, rel, thr_rel);
+        fail();
+    }
+}
+
+static void report(const char *test, const struct errstat *st)
+{
+    printf("    %-12s worst nmse %.3g, max rel %.3g\n", test, st->nmse, st->maxrel);
+}
+
+/* Store v in dtype dt at p[i]. */
+static void st(void *p, enum dtype dt, size_t i, float v)
+{
+    if (dt == DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == DTYPE_F16)
+        ((uint16_t *)p)[i] = f32_to_f16(v);
+    else
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+}
+
+static double ld(const void *p, enum dtype dt, size_t i)
+{
+    if (dt == DTYPE_F32)
+        return ((const float *)p)[i];
+    if (dt == DTYPE_F16)
+        return f16_to_f32(((const uint16_t *)p)[i]);
+    return bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+/* A random float weight [out, in] with row stride ld_el >= in elements. */
+static struct tensor wrand(enum dtype dt, int out, int in, int ld_el, float amp)
+{
+    struct tensor t;
+    int64_t shape[2] = {out, in};
+    void *d = calloc((size_t)out * (size_t)ld_el + 1, dtype_size(dt));
+    assert_non_null(d);
+    tensor_init(&t, dt, d, 2, shape);
+    t.stride[0] = ld_el;
+    for (int r = 0; r < out; r++)
+        for (int i = 0; i < in; i++)
+            st(d, dt, (size_t)r * ld_el + i, frand(-amp, amp));
+    return t;
+}
+
+/* A random MLX affine quantized weight: codes packed LSB-first into each row's
+ * bit stream; scales of both signs, as the quantizer produces. */
+static struct tensor qrand(int bits, int group, enum dtype sdt, int out, int in)
+{
+    struct tensor t;
+    int64_t shape[2] = {out, in};
+    size_t words = (size_t)in * bits / 32, ng = (size_t)in / group;
+    uint32_t *d = calloc((size_t)out * words + 1, 4);
+    void *s = calloc((size_t)out * ng, dtype_size(sdt));
+    void *b = calloc((size_t)out * ng, dtype_size(sdt));
+    assert_true(d && s && b);
+    tensor_init(&t, DTYPE_U32, d, 2, shape);
+    t.stride[0] = (int64_t)words;
+    uint8_t *bytes = (uint8_t *)d;
+    for (int r = 0; r < out; r++) {
+        uint8_t *row = bytes + (size_t)r * words * 4;
+        for (size_t j = 0; j < (size_t)in; j++) {
+            unsigned q = urand(1u << bits);
+            for (int k = 0; k < bits; k++)
+                if (q >> k & 1)
+                    row[(j * bits + k) >> 3] |= (uint8_t)(1u << ((j * bits + k) & 7));
+        }
+        for (size_t g = 0; g < ng; g++) {
+            st(s, sdt, (size_t)r * ng + g, frand(-0.02f, 0.02f));
+            st(b, sdt, (size_t)r * ng + g, frand(-0.1f, 0.1f));
+        }
+    }
+    t.qbits = bits;
+    t.qgroup = group;
+    t.qsdtype = sdt;
+    t.qscales = s;
+    t.qbiases = b;
+    return t;
+}
+
+static void tfree(struct tensor *t)
+{
+    free(t->data);
+    free((void *)t->qscales);
+    free((void *)t->qbiases);
+}
+
+/* W[r, i] in double, straight from storage (dequantized when quantized). */
+static double wref(const struct tensor *w, int r, int i)
+{
+    if (!w->qbits)
+        return ld(w->data, w->dtype, (size_t)r * w->stride[0] + i);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->stride[0] * 4;
+    size_t o = (size_t)i * w->qbits;
+    unsigned q = 0;
+    for (int k = 0; k < w->qbits; k++)
+        q |= (unsigned)(row[(o + k) >> 3] >> ((o + k) & 7) & 1) << k;
+    size_t g = (size_t)r * (w->shape[1] / w->qgroup) + (size_t)i / w->qgroup;
+    return ld(w->qscales, w->qsdtype, g) * q + ld(w->qbiases, w->qsdtype, g);
+}
+
+// ---- linear ----
+
+static void linear_ref(double *y, const float *x, const struct tensor *w, const struct tensor *b,
+                       int n_tok)
+{
+    int out = (int)w->shape[0], in = (int)w->shape[1];
+    for (int t = 0; t < n_tok; t++)
+        for (int r = 0; r < out; r++) {
+            double acc = b ? ld(b->data, b->dtype, r) : 0;
+            for (int i = 0; i < in; i++)
+                acc += (double)x[(size_t)t * in + i] * wref(w, r, i);
+            y[(size_t)t * out + r] = acc;
+        }
+}
+
+static void linear_case(struct bes *bs, struct errstat *es, const struct tensor *w,
+                        const struct tensor *b, int n_tok)
+{
+    int out = (int)w->shape[0], in = (int)w->shape[1];
+    float *x = fvec((size_t)n_tok * in, -1, 1);
+    float *y = malloc((size_t)n_tok * out * sizeof *y);
+    double *ref = malloc((size_t)n_tok * out * sizeof *ref);
+    char what[128];
+    linear_ref(ref, x, w, b, n_tok);
+    snprintf(what, sizeof what, "linear %s q%d n_tok=%d in=%d out=%d", dtype_name(w->dtype),
+             w->qbits, n_tok, in, out);
+    for (int i = 0; i < bs->n; i++) {
+        memset(y, 0xff, (size_t)n_tok * out * sizeof *y); /* NaN: catches unwritten outputs */
+        bs->be[i]->ops->linear(bs->be[i], y, x, w, b, n_tok);
+        check(es, what, bs->be[i], y, ref, (size_t)n_tok * out, 1e-9, 1e-4);
+    }
+    free(x);
+    free(y);
+    free(ref);
+}
+
+static void test_linear(void **state)
+{
+    (void)state;
+    /* n_tok, in, out, extra row padding, bias */
+    static const int shapes[][5] = {
+        {1, 1, 1, 0, 0},    {1, 17, 5, 0, 1},    {1, 64, 1, 0, 0},   {1, 1000, 37, 3, 1},
+        {2, 33, 65, 0, 0},  {3, 129, 31, 0, 1},  {7, 300, 70, 5, 0}, {8, 256, 64, 0, 1},
+        {9, 515, 97, 0, 1}, {33, 70, 40, 0, 0},  {17, 600, 33, 1, 0}, {300, 40, 45, 0, 1},
+    };
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    for (size_t d = 0; d < 3; d++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int *sh = shapes[s];
+            struct tensor w = wrand(dts[d], sh[2], sh[1], sh[1] + sh[3], 0.5f);
+            struct tensor b = wrand(dts[d], 1, sh[2], sh[2], 1.0f);
+            int64_t bshape[1] = {sh[2]};
+            tensor_init(&b, dts[d], b.data, 1, bshape);
+            linear_case(&bs, &es, &w, sh[4] ? &b : NULL, sh[0]);
+            tfree(&w);
+            tfree(&b);
+        }
+    }
+    report("linear", &es);
+    bes_close(&bs);
+}
+
+static void test_linear_quant(void **state)
+{
+    (void)state;
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    static const int groups[] = {32, 64, 128};
+    static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    /* n_tok, in (multiple of 128), out */
+    static const int shapes[][3] = {{1, 128, 7}, {3, 256, 1}, {1, 384, 33}, {20, 512, 40}};
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    for (int bi = 0; bi < 6; bi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int s = 0; s < 4; s++) {
+                enum dtype sdt = sdts[(bi + gi + s) % 3];
+                const int *sh = shapes[s];
+                struct tensor w = qrand(bits[bi], groups[gi], sdt, sh[2], sh[1]);
+                linear_case(&bs, &es, &w, NULL, sh[0]);
+                tfree(&w);
+            }
+    report("linear_q", &es);
+    bes_close(&bs);
+}
+
+static void test_linear_batch(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    enum { NJ = 5 };
+    struct tensor w[NJ], b;
+    int64_t bshape[1] = {19};
+    w[0] = wrand(DTYPE_BF16, 19, 70, 70, 0.5f);
+    w[1] = qrand(4, 64, DTYPE_BF16, 45, 256);
+    w[2] = wrand(DTYPE_F16, 1, 33, 33, 0.5f);
+    w[3] = qrand(8, 32, DTYPE_F16, 30, 96);
+    w[4] = wrand(DTYPE_F32, 64, 16, 16, 0.5f);
+    b = wrand(DTYPE_F32, 1, 19, 19, 1.0f);
+    tensor_init(&b, DTYPE_F32, b.data, 1, bshape);
+    bes_open(&bs);
+    struct linear_job jobs[NJ];
+    float *x[NJ], *y[NJ];
+    double *ref[NJ];
+    for (int j = 0; j < NJ; j++) {
+        int in = (int)w[j].shape[1], out = (int)w[j].shape[0];
+        x[j] = fvec((size_t)in, -1, 1);
+        y[j] = malloc((size_t)out * sizeof(float));
+        ref[j] = malloc((size_t)out * sizeof(double));
+        jobs[j] = (struct linear_job){y[j], x[j], &w[j], j == 0 ? &b : NULL};
+        linear_ref(ref[j], x[j], &w[j], j == 0 ? &b : NULL, 1);
+    }
+    for (int i = 0; i < bs.n; i++) {
+        for (int j = 0; j < NJ; j++)
+            memset(y[j], 0xff, (size_t)w[j].shape[0] * sizeof(float));
+        bs.be[i]->ops->linear_batch(bs.be[i], jobs, NJ);
+        for (int j = 0; j < NJ; j++)
+            check(&es, "linear_batch", bs.be[i], y[j], ref[j], (size_t)w[j].shape[0], 1e-9, 1e-4);
+    }
+    for (int j = 0; j < NJ; j++) {
+        free(x[j]);
+        free(y[j]);
+        free(ref[j]);
+        tfree(&w[j]);
+    }
+    tfree(&b);
+    report("linear_batch", &es);
+    bes_close(&bs);
+}
+
+// ---- embed ----
+
+static void embed_case(struct bes *bs, struct errstat *es, const struct tensor *w)
+{
+    enum { N_TOK = 5 };
+    int32_t ids[N_TOK];
+    int n = (int)w->shape[1];
+    float *y = malloc((size_t)N_TOK * n * sizeof *y);
+    double *ref = malloc((size_t)N_TOK * n * sizeof *ref);
+    for (int t = 0; t < N_TOK; t++) {
+        ids[t] = (int32_t)urand((unsigned)w->shape[0]);
+        for (int i = 0; i < n; i++)
+            ref[(size_t)t * n + i] = wref(w, ids[t], i);
+    }
+    for (int i = 0; i < bs->n; i++) {
+        for (int nt = 1; nt <= N_TOK; nt += N_TOK - 1) {
+            memset(y, 0xff, (size_t)N_TOK * n * sizeof *y);
+            bs->be[i]->ops->embed(bs->be[i], y, w, ids, nt);
+            check(es, "embed", bs->be[i], y, ref, (size_t)nt * n, 1e-12, 1e-6);
+        }
+    }
+    free(y);
+    free(ref);
+}
+
+static void test_embed(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    bes_open(&bs);
+    for (int d = 0; d < 3; d++) {
+        struct tensor w = wrand(dts[d], 11, 37, 37, 1.0f);
+        embed_case(&bs, &es, &w);
+        tfree(&w);
+    }
+    static const int q[][2] = {{4, 64}, {8, 32}, {3, 32}, {6, 128}, {2, 64}, {5, 32}};
+    for (int i = 0; i < 6; i++) {
+        struct tensor w = qrand(q[i][0], q[i][1], i % 2 ? DTYPE_F16 : DTYPE_BF16, 9, 384);
+        embed_case(&bs, &es, &w);
+        tfree(&w);
+    }
+    report("embed", &es);
+    bes_close(&bs);
+}
+
+// ---- norms ----
+
+static void norm_case(struct bes *bs, struct errstat *es, bool layer, enum dtype wdt, int rows,
+                      int n, bool inplace)
+{
+    float eps = 1e-5f;
+    float *x = fvec((size_t)rows * n, -2, 3);
+    float *y = malloc((size_t)rows * n * sizeof *y);
+    double *ref = malloc((size_t)rows * n * sizeof *ref);
+    struct tensor w = wrand(wdt, 1, n, n, 1.5f), b = wrand(wdt, 1, n, n, 0.5f);
+    int64_t shape[1] = {n};
+    tensor_init(&w, wdt, w.data, 1, shape);
+    tensor_init(&b, wdt, b.data, 1, shape);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        double mean = 0, var = 0;
+        for (int i = 0; i < n; i++)
+            mean += layer ? xr[i] : 0;
+        mean /= n;
+        for (int i = 0; i < n; i++)
+            var += (xr[i] - mean) * (xr[i] - mean);
+        double inv = 1 / sqrt(var / n + eps);
+        for (int i = 0; i < n; i++)
+            ref[(size_t)r * n + i] = (xr[i] - mean) * inv * ld(w.data, wdt, i) +
+                                     (layer ? ld(b.data, wdt, i) : 0);
+    }
+    for (int i = 0; i < bs->n; i++) {
+        float *dst = y;
+        if (inplace)
+            memcpy(y, x, (size_t)rows * n * sizeof *y);
+        else
+            memset(y, 0xff, (size_t)rows * n * sizeof *y);
+        const float *src = inplace ? y : x;
+        if (layer)
+            bs->be[i]->ops->layernorm(bs->be[i], dst, src, &w, &b, eps, rows, n);
+        else
+            bs->be[i]->ops->rmsnorm(bs->be[i], dst, src, &w, eps, rows, n);
+        check(es, layer ? "layernorm" : "rmsnorm", bs->be[i], y, ref, (size_t)rows * n, 1e-11,
+              1e-5);
+    }
+    free(x);
+    free(y);
+    free(ref);
+    tfree(&w);
+    tfree(&b);
+}
+
+static void test_norms(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    static const int shapes[][2] = {{1, 1}, {1, 7}, {5, 33}, {3, 4096}, {40, 1000}, {2, 2049}};
+    bes_open(&bs);
+    for (int layer = 0; layer < 2; layer++)
+        for (size_t s = 0; s < 6; s++)
+            for (int d = 0; d < 3; d++)
+                norm_case(&bs, &es, layer, (enum dtype)d, shapes[s][0], shapes[s][1], s & 1);
+    report("norms", &es);
+    bes_close(&bs);
+}
+
+// ---- rope ----
+
+static void rope_case(struct bes *bs, struct errstat *es, int n_tok, int n_head, int head_dim,
+                      int n_rot, int pad, int pos0, float mscale)
+{
+    int rs = n_head * head_dim + pad;
+    size_t n = (size_t)n_tok * rs;
+    float *x0 = fvec(n, -1, 1), *x = malloc(n * sizeof *x), inv_freq[256];
+    double *ref = malloc(n * sizeof *ref);
+    for (int j = 0; j < n_rot / 2; j++)
+        inv_freq[j] = (float)pow(10000.0, -2.0 * j / n_rot);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = x0[i];
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            double *r = ref + (size_t)t * rs + (size_t)h * head_dim;
+            for (int j = 0; j < n_rot / 2; j++) {
+                double a = (double)(pos0 + t) * inv_freq[j], c = cos(a) * mscale,
+                       s = sin(a) * mscale;
+                double x1 = r[j], x2 = r[j + n_rot / 2];
+                r[j] = x1 * c - x2 * s;
+                r[j + n_rot / 2] = x2 * c + x1 * s;
+            }
+        }
+    for (int i = 0; i < bs->n; i++) {
+        memcpy(x, x0, n * sizeof *x);
+        bs->be[i]->ops->rope(bs->be[i], x, n_tok, rs, n_head, head_dim, n_rot, pos0, inv_freq,
+                             mscale);
+        check(es, "rope", bs->be[i], x, ref, n, 1e-12, 1e-6);
+    }
+    free(x0);
+    free(x);
+    free(ref);
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    rope_case(&bs, &es, 1, 3, 64, 64, 0, 0, 1.0f);
+    rope_case(&bs, &es, 1, 4, 128, 128, 0, 12345, 1.0f);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f);   /* partial rotary, padded rows */
+    rope_case(&bs, &es, 9, 2, 80, 80, 0, 3, 1.0f);
+    rope_case(&bs, &es, 2, 5, 6, 4, 1, 100000, 0.9f);
+    report("rope", &es);
+    bes_close(&bs);
+}
+
+// ---- attention ----
+
+static void attn_ref(double *out, const float *q, const float *k, const float *v, int n_tok,
+                     int pos0, int n_head, int n_kv, int hd, float scale)
+{
+    size_t qs = (size_t)n_head * hd, kvs = (size_t)n_kv * hd;
+    double *s = malloc((size_t)(pos0 + n_tok) * sizeof *s);
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            int g = h / (n_head / n_kv), n_ctx = pos0 + t + 1;
+            double m = -INFINITY, sum = 0;
+            for (int j = 0; j < n_ctx; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[t * qs + h * hd + i] * k[j * kvs + g * hd + i];
+                s[j] = d * scale;
+                m = s[j] > m ? s[j] : m;
+            }
+            for (int j = 0; j < n_ctx; j++)
+                sum += (s[j] = exp(s[j] - m));
+            for (int i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int j = 0; j < n_ctx; j++)
+                    acc += s[j] * v[j * kvs + g * hd + i];
+                out[t * qs + h * hd + i] = acc / sum;
+            }
+        }
+    free(s);
+}
+
+static void attn_case(struct bes *bs, struct errstat *es, int n_tok, int pos0, int n_head,
+                      int n_kv, int hd, float amp)
+{
+    int n_ctx = pos0 + n_tok;
+    size_t nq = (size_t)n_tok * n_head * hd, nkv = (size_t)n_ctx * n_kv * hd;
+    float *q = fvec(nq, -amp, amp), *k = fvec(nkv, -amp, amp), *v = fvec(nkv, -1, 1);
+    float *out = malloc(nq * sizeof *out);
+    double *ref = malloc(nq * sizeof *ref);
+    float scale = 1.0f / sqrtf((float)hd);
+    attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, scale);
+    for (int i = 0; i < bs->n; i++) {
+        memset(out, 0xff, nq * sizeof *out);
+        bs->be[i]->ops->attention(bs->be[i], out, q, k, v, n_tok, pos0, n_head, n_kv, hd, scale);
+        check(es, "attention", bs->be[i], out, ref, nq, 1e-10, 1e-4);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(ref);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    attn_case(&bs, &es, 1, 0, 1, 1, 8, 1.0f);
+    attn_case(&bs, &es, 1, 17, 4, 2, 64, 1.0f);      /* decode, GQA */
+    attn_case(&bs, &es, 7, 0, 4, 4, 64, 1.0f);       /* prefill, MHA */
+    attn_case(&bs, &es, 9, 5, 6, 1, 80, 2.0f);       /* chunked prefill, MQA */
+    attn_case(&bs, &es, 13, 3, 8, 2, 7, 3.0f);       /* odd head_dim */
+    attn_case(&bs, &es, 40, 100, 4, 2, 128, 4.0f);   /* peaked softmax */
+    attn_case(&bs, &es, 1, 300, 2, 1, 96, 1.0f);
+    report("attention", &es);
+    bes_close(&bs);
+}
+
+// ---- elementwise ----
+
+static double gelu_tanh_d(double x)
+{
+    return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_erf_d(double x)
+{
+    return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {1, 15, 16, 1000, 40007};
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    for (size_t si = 0; si < 5; si++) {
+        size_t n = sizes[si];
+        float *a = fvec(n, -9, 9), *b = fvec(n, -2, 2), *y = malloc(n * sizeof *y);
+        double *r1 = malloc(n * sizeof *r1), *r2 = malloc(n * sizeof *r2),
+               *r3 = malloc(n * sizeof *r3), *r4 = malloc(n * sizeof *r4);
+        for (size_t i = 0; i < n; i++) {
+            r1[i] = gelu_tanh_d(a[i]);
+            r2[i] = gelu_erf_d(a[i]);
+            r3[i] = a[i] / (1 + exp(-(double)a[i])) * b[i];
+            r4[i] = b[i] + 0.37 * (double)a[i];
+        }
+        for (int i = 0; i < bs.n; i++) {
+            struct backend *be = bs.be[i];
+            memcpy(y, a, n * sizeof *y);
+            be->ops->gelu_tanh(be, y, n);
+            check(&es, "gelu_tanh", be, y, r1, n, 1e-11, 1e-5);
+            memcpy(y, a, n * sizeof *y);
+            be->ops->gelu_erf(be, y, n);
+            check(&es, "gelu_erf", be, y, r2, n, 1e-11, 1e-5);
+            memcpy(y, a, n * sizeof *y); /* y aliases gate */
+            be->ops->silu_mul(be, y, y, b, n);
+            check(&es, "silu_mul", be, y, r3, n, 1e-11, 1e-5);
+            memcpy(y, b, n * sizeof *y);
+            be->ops->axpy(be, y, 0.37f, a, n);
+            check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);
+        }
+        free(a);
+        free(b);
+        free(y);
+        free(r1);
+        free(r2);
+        free(r3);
+        free(r4);
+    }
+    report("elementwise", &es);
+    bes_close(&bs);
+}
+
+// ---- dispatch ----
+
+static void test_isa_select(void **state)
+{
+    (void)state;
+    struct backend *be;
+    struct err e = {0};
+    assert_true(backend_cpu_new(&be, 1, "bogus", &e) < 0);
+    assert_non_null(strstr(e.msg, "bogus"));
+    assert_int_equal(backend_cpu_new(&be, 2, "scalar", &e), 0);
+    assert_string_equal(be->name, "cpu-scalar");
+    assert_int_equal(be->n_threads, 2);
+    backend_free(be);
+    /* auto picks something at least as good as scalar, and the env var is honoured */
+    assert_int_equal(backend_cpu_new(&be, 1, "auto", &e), 0);
+    assert_non_null(strstr(be->name, "cpu-"));
+    const char *best = be->name;
+    backend_free(be);
+    char *old = getenv("MLXCEL_ISA") ? strdup(getenv("MLXCEL_ISA")) : NULL;
+    setenv("MLXCEL_ISA", "scalar", 1);
+    assert_int_equal(backend_cpu_new(&be, 1, NULL, &e), 0);
+    assert_string_equal(be->name, "cpu-scalar");
+    backend_free(be);
+    if (old) {
+        setenv("MLXCEL_ISA", old, 1);
+        free(old);
+    } else {
+        unsetenv("MLXCEL_ISA");
+    }
+    /* an ISA above the best one is refused */
+    if (strcmp(best, "cpu-avx512") != 0) {
+        assert_true(backend_cpu_new(&be, 1, "avx512", &e) < 0);
+        assert_int_equal(e.code, ERR_UNSUPPORTED);
+    }
+    backend_free(NULL);
+}
+
+static const struct CMUnitTest k_tests[] = {
+    cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_linear),
+    cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_batch),
+    cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
+    cmocka_unit_test(test_rope),         cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_elementwise),
+};
+
+TEST_SUITE(kernels, k_tests);
