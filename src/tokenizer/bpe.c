@@ -1,0 +1,356 @@
+/*
+ * bpe: the BPE model of a tokenizer.json (model.type = "BPE").
+ *
+ * Load: model.vocab ({piece: id}) fills the id table and a piece -> id hash
+ * table; model.merges (either "a b" strings or ["a", "b"] pairs, rank =
+ * position in the list) becomes a hash table from the id pair (a, b) to
+ * (rank, id of "ab"). Resolving merges to ids once at load means encoding
+ * never builds or hashes merged strings.
+ *
+ * Encode one word: split it into characters (each looked up in the vocab;
+ * unknown ones go to <0xXX> byte pieces when byte_fallback is on, else to
+ * unk, else are dropped, as Hugging Face does), then repeatedly merge the
+ * adjacent pair of lowest rank, leftmost first on ties. Symbols form a
+ * doubly linked list over an array and candidate merges sit in a binary
+ * min-heap keyed by (rank, position); a candidate whose symbols changed
+ * since it was pushed is stale and skipped when popped. That is
+ * O(n log n) per word, so a 1 MB word without spaces stays fast.
+ * With ignore_merges (Llama 3), a word that is itself a vocab piece is
+ * emitted as one token without merging.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_impl.h"
+
+struct bpe_sym {
+    int32_t id;    /* -1 once merged into its left neighbour */
+    int32_t prev;  /* index of the previous live symbol, -1 at the start */
+    int32_t next;  /* index of the next live symbol, -1 at the end */
+};
+
+/* A candidate merge of symbols pos and right, valid while they still hold
+ * lid and rid and are still neighbours. */
+struct bpe_cand {
+    int32_t rank;
+    int32_t pos;
+    int32_t right;
+    int32_t lid, rid;
+    int32_t new_id;
+};
+
+/* ---- load ---- */
+
+/* Accepts a null or empty-string option; anything else is unsupported. */
+static int check_empty_opt(const cJSON *model, const char *key, struct err *e)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(model, key);
+    if (!j || cJSON_IsNull(j) || (cJSON_IsString(j) && j->valuestring[0] == '\0'))
+        return 0;
+    return err_setf(e, ERR_UNSUPPORTED, "model.%s is set; BPE affixes are not supported", key);
+}
+
+static bool opt_bool(const cJSON *obj, const char *key, bool dflt)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsBool(j) ? cJSON_IsTrue(j) : dflt;
+}
+
+static int load_options(struct tok_bpe *b, const cJSON *model, struct err *e)
+{
+    int rc;
+    const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        return err_setf(e, ERR_UNSUPPORTED, "model.dropout is set; BPE dropout is not supported");
+    if ((rc = check_empty_opt(model, "continuing_subword_prefix", e)) < 0)
+        return rc;
+    if ((rc = check_empty_opt(model, "end_of_word_suffix", e)) < 0)
+        return rc;
+    b->fuse_unk = opt_bool(model, "fuse_unk", false);
+    b->byte_fallback = opt_bool(model, "byte_fallback", false);
+    b->ignore_merges = opt_bool(model, "ignore_merges", false);
+    return 0;
+}
+
+/* Reads model.vocab into the id table (sized by the caller) and the piece map. */
+static int load_vocab(struct tokenizer *t, const cJSON *vocab, struct err *e)
+{
+    struct tok_bpe *b = &t->bpe;
+    int rc;
+    if (!cJSON_IsObject(vocab))
+        return err_setf(e, ERR_FORMAT, "model.vocab: expected an object of piece -> id");
+    if ((rc = tok_strmap_init(&b->vocab, (size_t)cJSON_GetArraySize(vocab), e)) < 0)
+        return rc;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, vocab) {
+        size_t len = strlen(it->string);
+        double v = it->valuedouble;
+        if (!cJSON_IsNumber(it) || v < 0 || v >= t->n_ids || v != (int32_t)v)
+            return err_setf(e, ERR_FORMAT, "model.vocab['%.64s']: id must be an integer in [0, %d)",
+                            it->string, t->n_ids);
+        int32_t id = (int32_t)v;
+        if (len > TOK_PIECE_MAX)
+            return err_setf(e, ERR_FORMAT, "model.vocab id %d: piece of %zu bytes (max %d)", id,
+                            len, TOK_PIECE_MAX);
+        if (t->entry[id].flags & TOK_E_MODEL)
+            return err_setf(e, ERR_FORMAT, "model.vocab: id %d used twice ('%.64s')", id,
+                            it->string);
+        uint32_t off;
+        if ((rc = tok_pool_add(&t->pool, it->string, len, &off, e)) < 0)
+            return rc;
+        rc = tok_strmap_put(&b->vocab, &t->pool, off, (uint32_t)len, id);
+        if (rc > 0)
+            return err_setf(e, ERR_FORMAT, "model.vocab: piece '%.64s' listed twice", it->string);
+        if (rc < 0)
+            return err_setf(e, ERR_INTERNAL, "model.vocab: hash table full");
+        t->entry[id] = (struct tok_entry){off, (uint32_t)len, TOK_E_MODEL};
+    }
+    return 0;
+}
+
+static int32_t vocab_get(const struct tokenizer *t, const char *s, size_t len)
+{
+    return tok_strmap_get(&t->bpe.vocab, &t->pool, s, len);
+}
+
+/* Splits merges[i] into its two pieces, (a, la) and (b, lb). */
+static int merge_parts(const cJSON *m, size_t i, const char **a, size_t *la, const char **b,
+                       size_t *lb, struct err *e)
+{
+    if (cJSON_IsString(m)) {
+        const char *s = m->valuestring;
+        const char *sp = strchr(s, ' ');
+        if (!sp || strchr(sp + 1, ' '))
+            return err_setf(e, ERR_FORMAT, "model.merges[%zu] '%.64s': expected \"a b\"", i, s);
+        *a = s, *la = (size_t)(sp - s);
+        *b = sp + 1, *lb = strlen(sp + 1);
+        return 0;
+    }
+    const cJSON *x = cJSON_GetArrayItem(m, 0), *y = cJSON_GetArrayItem(m, 1);
+    if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) != 2 || !cJSON_IsString(x) || !cJSON_IsString(y))
+        return err_setf(e, ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
+    *a = x->valuestring, *la = strlen(x->valuestring);
+    *b = y->valuestring, *lb = strlen(y->valuestring);
+    return 0;
+}
+
+static int load_merges(struct tokenizer *t, const cJSON *merges, struct err *e)
+{
+    struct tok_bpe *b = &t->bpe;
+    char buf[2 * TOK_PIECE_MAX + 1];
+    int rc;
+    if (!merges || cJSON_IsNull(merges))
+        return tok_pairmap_init(&b->merges, 0, e);
+    if (!cJSON_IsArray(merges))
+        return err_setf(e, ERR_FORMAT, "model.merges: expected an array");
+    int n = cJSON_GetArraySize(merges);
+    if ((rc = tok_pairmap_init(&b->merges, (size_t)n, e)) < 0)
+        return rc;
+    size_t i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, merges) {
+        const char *sa, *sb;
+        size_t la, lb;
+        if ((rc = merge_parts(m, i, &sa, &la, &sb, &lb, e)) < 0)
+            return rc;
+        int32_t ia = vocab_get(t, sa, la), ib = vocab_get(t, sb, lb);
+        if (ia < 0 || ib < 0)
+            return err_setf(e, ERR_FORMAT, "model.merges[%zu]: '%.64s' is not in the vocab", i,
+                            ia < 0 ? sa : sb);
+        /* Both parts are vocab pieces, so each is <= TOK_PIECE_MAX bytes. */
+        memcpy(buf, sa, la);
+        memcpy(buf + la, sb, lb);
+        int32_t iab = vocab_get(t, buf, la + lb);
+        if (iab < 0)
+            return err_setf(e, ERR_FORMAT, "model.merges[%zu]: merged piece '%.*s' is not in the vocab",
+                            i, (int)(la + lb > 64 ? 64 : la + lb), buf);
+        rc = tok_pairmap_put(&b->merges, ia, ib, (int32_t)i, iab);
+        if (rc < 0)
+            return err_setf(e, ERR_INTERNAL, "model.merges: hash table full");
+        i++;
+    }
+    return 0;
+}
+
+int bpe_load(struct tokenizer *t, const cJSON *model, struct err *e)
+{
+    struct tok_bpe *b = &t->bpe;
+    int rc;
+    b->unk_id = -1;
+    if ((rc = load_options(b, model, e)) < 0)
+        return rc;
+    if ((rc = load_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), e)) < 0)
+        return rc;
+    if ((rc = load_merges(t, cJSON_GetObjectItemCaseSensitive(model, "merges"), e)) < 0)
+        return rc;
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (cJSON_IsString(unk))
+        b->unk_id = vocab_get(t, unk->valuestring, strlen(unk->valuestring));
+    for (int i = 0; i < 256; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", i);
+        b->byte_tok[i] = vocab_get(t, name, 6);
+    }
+    return 0;
+}
+
+void bpe_deinit(struct tok_bpe *b)
+{
+    tok_strmap_deinit(&b->vocab);
+    tok_pairmap_deinit(&b->merges);
+}
+
+void bpe_scratch_deinit(struct bpe_scratch *s)
+{
+    free(s->sym);
+    free(s->heap);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- encode one word ---- */
+
+static int scratch_reserve(struct bpe_scratch *s, size_t n, struct err *e)
+{
+    if (n > s->cap_sym) {
+        struct bpe_sym *ns = realloc(s->sym, n * sizeof *ns);
+        if (!ns)
+            return err_setf(e, ERR_NOMEM, "BPE scratch: %zu symbols", n);
+        s->sym = ns;
+        s->cap_sym = n;
+    }
+    /* n - 1 initial candidates plus at most two per merge (n - 1 merges). */
+    size_t nh = 3 * n;
+    if (nh > s->cap_heap) {
+        struct bpe_cand *nc = realloc(s->heap, nh * sizeof *nc);
+        if (!nc)
+            return err_setf(e, ERR_NOMEM, "BPE scratch: %zu candidates", nh);
+        s->heap = nc;
+        s->cap_heap = nh;
+    }
+    return 0;
+}
+
+/* Word text is valid UTF-8 (checked at the encode entry), so the lead byte
+ * gives the length. */
+static size_t char_len(unsigned char c)
+{
+    return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+/* Splits w into initial symbols; returns their count. */
+static size_t initial_symbols(const struct tokenizer *t, struct bpe_sym *sym, const char *w,
+                              size_t len)
+{
+    const struct tok_bpe *b = &t->bpe;
+    size_t n = 0;
+    for (size_t i = 0; i < len;) {
+        size_t cl = char_len((unsigned char)w[i]);
+        if (cl > len - i)
+            cl = len - i;
+        int32_t id = vocab_get(t, w + i, cl);
+        bool fallback = id < 0 && b->byte_fallback;
+        for (size_t k = 0; fallback && k < cl; k++)
+            fallback = b->byte_tok[(unsigned char)w[i + k]] >= 0;
+        if (id >= 0) {
+            sym[n++].id = id;
+        } else if (fallback) {
+            for (size_t k = 0; k < cl; k++)
+                sym[n++].id = b->byte_tok[(unsigned char)w[i + k]];
+        } else if (b->unk_id >= 0 && !(b->fuse_unk && n > 0 && sym[n - 1].id == b->unk_id)) {
+            sym[n++].id = b->unk_id;
+        }
+        i += cl;
+    }
+    for (size_t k = 0; k < n; k++) {
+        sym[k].prev = (int32_t)k - 1;
+        sym[k].next = k + 1 < n ? (int32_t)k + 1 : -1;
+    }
+    return n;
+}
+
+static bool cand_less(const struct bpe_cand *x, const struct bpe_cand *y)
+{
+    return x->rank < y->rank || (x->rank == y->rank && x->pos < y->pos);
+}
+
+static void heap_push(struct bpe_cand *h, size_t *n, struct bpe_cand c)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!cand_less(&c, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = c;
+}
+
+static struct bpe_cand heap_pop(struct bpe_cand *h, size_t *n)
+{
+    struct bpe_cand top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c]))
+            c++;
+        if (!cand_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* Pushes the merge of pos with its right neighbour, when there is one. */
+static void push_pair(const struct tokenizer *t, const struct bpe_sym *sym, struct bpe_cand *h,
+                      size_t *nh, int32_t pos)
+{
+    if (pos < 0 || sym[pos].next < 0)
+        return;
+    int32_t r = sym[pos].next;
+    const struct tok_pairslot *m = tok_pairmap_get(&t->bpe.merges, sym[pos].id, sym[r].id);
+    if (m)
+        heap_push(h, nh, (struct bpe_cand){m->rank, pos, r, sym[pos].id, sym[r].id, m->id});
+}
+
+int bpe_word(const struct tokenizer *t, struct bpe_scratch *s, const char *w, size_t len,
+             struct tok_ids *out, struct err *e)
+{
+    int rc;
+    if (len == 0)
+        return 0;
+    if (t->bpe.ignore_merges) {
+        int32_t id = vocab_get(t, w, len);
+        if (id >= 0)
+            return tok_ids_push(out, id, e);
+    }
+    if ((rc = scratch_reserve(s, len, e)) < 0)
+        return rc;
+    struct bpe_sym *sym = s->sym;
+    size_t n = initial_symbols(t, sym, w, len), nh = 0;
+    for (size_t k = 0; k + 1 < n; k++)
+        push_pair(t, sym, s->heap, &nh, (int32_t)k);
+    while (nh > 0) {
+        struct bpe_cand c = heap_pop(s->heap, &nh);
+        struct bpe_sym *l = &sym[c.pos], *r = &sym[c.right];
+        if (l->id != c.lid || l->next != c.right || r->id != c.rid)
+            continue;  /* stale: a neighbour merged since this was pushed */
+        l->id = c.new_id;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = c.pos;
+        r->id = -1;
+        push_pair(t, sym, s->heap, &nh, l->prev);
+        push_pair(t, sym, s->heap, &nh, c.pos);
+    }
+    for (int32_t k = n ? 0 : -1; k >= 0; k = sym[k].next)
+        if ((rc = tok_ids_push(out, sym[k].id, e)) < 0)
+            return rc;
+    return 0;
+}

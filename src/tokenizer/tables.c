@@ -1,0 +1,293 @@
+/*
+ * tables: the containers the tokenizer is built from, plus UTF-8 helpers.
+ *
+ * Vocab lookups happen once per character and once per candidate merge, so
+ * they go through open-addressing hash tables with linear probing, sized
+ * once at load for a known key count (load factor <= 1/2; no rehashing,
+ * no deletion). String keys live in one append-only pool and are addressed
+ * by offset so the pool can grow while tables refer to it.
+ *
+ * The UTF-8 helpers follow the Unicode "maximal subpart" rule (the one Rust's
+ * String::from_utf8_lossy uses, and so Hugging Face's decoders): an invalid
+ * sequence is replaced by one U+FFFD per maximal prefix of a valid sequence,
+ * or per lone byte. Overlongs, surrogates and code points > U+10FFFF are
+ * invalid (the second-byte ranges below exclude them).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok_impl.h"
+
+/* ---- string pool ---- */
+
+int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, struct err *e)
+{
+    if (len >= UINT32_MAX || p->n > UINT32_MAX - len - 1)
+        return err_setf(e, ERR_RANGE, "tokenizer string pool over 4 GiB");
+    if (p->n + len + 1 > p->cap) {
+        size_t cap = p->cap ? p->cap : 4096;
+        while (cap < p->n + len + 1)
+            cap *= 2;
+        char *nb = realloc(p->buf, cap);
+        if (!nb)
+            return err_setf(e, ERR_NOMEM, "tokenizer string pool: %zu bytes", cap);
+        p->buf = nb;
+        p->cap = cap;
+    }
+    memcpy(p->buf + p->n, s, len);
+    p->buf[p->n + len] = '\0';
+    *off = (uint32_t)p->n;
+    p->n += len + 1;
+    return 0;
+}
+
+void tok_pool_deinit(struct tok_pool *p)
+{
+    free(p->buf);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- string -> id map ---- */
+
+/* FNV-1a: keys are short (a few bytes), so a simple byte loop is enough. */
+static uint32_t hash_str(const char *s, size_t len)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+static size_t pow2_at_least(size_t n)
+{
+    size_t c = 16;
+    while (c < n)
+        c *= 2;
+    return c;
+}
+
+int tok_strmap_init(struct tok_strmap *m, size_t n_max, struct err *e)
+{
+    size_t cap = pow2_at_least(n_max * 2 + 1);
+    m->slots = malloc(cap * sizeof *m->slots);
+    if (!m->slots)
+        return err_setf(e, ERR_NOMEM, "vocab hash table: %zu slots", cap);
+    for (size_t i = 0; i < cap; i++)
+        m->slots[i].id = -1;
+    m->mask = cap - 1;
+    m->n = 0;
+    m->n_max = n_max;
+    return 0;
+}
+
+void tok_strmap_deinit(struct tok_strmap *m)
+{
+    free(m->slots);
+    memset(m, 0, sizeof *m);
+}
+
+int tok_strmap_put(struct tok_strmap *m, const struct tok_pool *p, uint32_t off, uint32_t len,
+                   int32_t id)
+{
+    const char *s = p->buf + off;
+    uint32_t h = hash_str(s, len);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        struct tok_strslot *sl = &m->slots[i];
+        if (sl->id < 0) {
+            if (m->n >= m->n_max)
+                return -ERR_INTERNAL;
+            sl->hash = h;
+            sl->id = id;
+            sl->off = off;
+            sl->len = len;
+            m->n++;
+            return 0;
+        }
+        if (sl->hash == h && sl->len == len && memcmp(p->buf + sl->off, s, len) == 0)
+            return sl->id + 1;
+    }
+}
+
+int32_t tok_strmap_get(const struct tok_strmap *m, const struct tok_pool *p, const char *s,
+                       size_t len)
+{
+    if (!m->slots)
+        return -1;
+    uint32_t h = hash_str(s, len);
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        const struct tok_strslot *sl = &m->slots[i];
+        if (sl->id < 0)
+            return -1;
+        if (sl->hash == h && sl->len == len && memcmp(p->buf + sl->off, s, len) == 0)
+            return sl->id;
+    }
+}
+
+/* ---- pair -> (rank, id) map ---- */
+
+/* splitmix64 finalizer: pair keys are structured (small ids), so mix well. */
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t pair_key(int32_t a, int32_t b)
+{
+    return ((uint64_t)(uint32_t)(a + 1) << 32) | (uint32_t)b;
+}
+
+int tok_pairmap_init(struct tok_pairmap *m, size_t n_max, struct err *e)
+{
+    size_t cap = pow2_at_least(n_max * 2 + 1);
+    m->slots = calloc(cap, sizeof *m->slots);
+    if (!m->slots)
+        return err_setf(e, ERR_NOMEM, "merge hash table: %zu slots", cap);
+    m->mask = cap - 1;
+    m->n = 0;
+    m->n_max = n_max;
+    return 0;
+}
+
+void tok_pairmap_deinit(struct tok_pairmap *m)
+{
+    free(m->slots);
+    memset(m, 0, sizeof *m);
+}
+
+int tok_pairmap_put(struct tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t id)
+{
+    uint64_t k = pair_key(a, b);
+    for (size_t i = mix64(k) & m->mask;; i = (i + 1) & m->mask) {
+        struct tok_pairslot *sl = &m->slots[i];
+        if (sl->key == 0) {
+            if (m->n >= m->n_max)
+                return -ERR_INTERNAL;
+            sl->key = k;
+            sl->rank = rank;
+            sl->id = id;
+            m->n++;
+            return 0;
+        }
+        if (sl->key == k)
+            return 1;
+    }
+}
+
+const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t a, int32_t b)
+{
+    if (!m->slots)
+        return NULL;
+    uint64_t k = pair_key(a, b);
+    for (size_t i = mix64(k) & m->mask;; i = (i + 1) & m->mask) {
+        const struct tok_pairslot *sl = &m->slots[i];
+        if (sl->key == k)
+            return sl;
+        if (sl->key == 0)
+            return NULL;
+    }
+}
+
+/* ---- id vector ---- */
+
+int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        int32_t *nv = realloc(v->v, cap * sizeof *nv);
+        if (!nv)
+            return err_setf(e, ERR_NOMEM, "token id buffer: %zu ids", cap);
+        v->v = nv;
+        v->cap = cap;
+    }
+    v->v[v->n++] = id;
+    return 0;
+}
+
+/* ---- UTF-8 ---- */
+
+size_t tok_utf8_seq(const unsigned char *s, size_t n, size_t *need)
+{
+    *need = 0;
+    if (n == 0)
+        return 0;
+    unsigned c = s[0];
+    unsigned lo = 0x80, hi = 0xBF;  /* allowed range of the second byte */
+    size_t len;
+    if (c < 0x80)
+        len = 1;
+    else if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c == 0xE0)
+        len = 3, lo = 0xA0;  /* no overlongs */
+    else if (c == 0xED)
+        len = 3, hi = 0x9F;  /* no surrogates */
+    else if (c >= 0xE1 && c <= 0xEF)
+        len = 3;
+    else if (c == 0xF0)
+        len = 4, lo = 0x90;  /* no overlongs */
+    else if (c == 0xF4)
+        len = 4, hi = 0x8F;  /* <= U+10FFFF */
+    else if (c >= 0xF1 && c <= 0xF3)
+        len = 4;
+    else
+        return 0;
+    *need = len;
+    if (len == 1)
+        return 1;
+    if (n < 2 || s[1] < lo || s[1] > hi)
+        return 1;
+    size_t k = 2;
+    while (k < len && k < n && (s[k] & 0xC0) == 0x80)
+        k++;
+    return k;
+}
+
+size_t tok_utf8_check(const char *s, size_t n)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0, need;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k = tok_utf8_seq(u + i, n - i, &need);
+        if (need == 0 || k != need)
+            return i;
+        i += k;
+    }
+    return n;
+}
+
+/* ---- GPT-2 byte-level alphabet ---- */
+
+static bool bl_is_printable(int b)
+{
+    return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
+
+void tok_bytelevel_init(struct tok_bytelevel *bl)
+{
+    int extra = 0;
+    for (int i = 0; i < TOK_BL_CP_MAX; i++)
+        bl->dec[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int cp = bl_is_printable(b) ? b : 256 + extra++;
+        if (cp < 0x80) {
+            bl->enc[b][0] = (char)cp;
+            bl->enc_len[b] = 1;
+        } else {
+            bl->enc[b][0] = (char)(0xC0 | (cp >> 6));
+            bl->enc[b][1] = (char)(0x80 | (cp & 0x3F));
+            bl->enc_len[b] = 2;
+        }
+        bl->dec[cp] = (int16_t)b;
+    }
+}

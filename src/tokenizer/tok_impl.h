@@ -1,0 +1,270 @@
+/*
+ * tok_impl.h: internals shared by the tokenizer's .c files. Not for use
+ * outside src/tokenizer/.
+ *
+ * The encode pipeline mirrors Hugging Face `tokenizers`, one stage per file:
+ *   added tokens (encode.c)  split out before anything else, matched
+ *                            leftmost-longest on the raw text
+ *   normalizer   (pretok.c)  NFC/NFD/NFKC/NFKD through utf8proc
+ *   pre-tokenizer(pretok.c)  a list of steps (regex Split, ByteLevel) that
+ *                            cut a segment into words; ByteLevel maps bytes to
+ *                            the GPT-2 printable alphabet
+ *   model        (bpe.c)     BPE over one word with merge ranks
+ *   post-process (encode.c)  prefix/suffix special ids (TemplateProcessing)
+ * and decoding goes through decode.c. Shared containers (string pool, hash
+ * tables, id vector) and UTF-8 helpers live in tables.c.
+ *
+ * Later additions slot into these stages without rework: Metaspace and
+ * Digits are new pre-tokenizer step kinds, Replace/Prepend new normalizer
+ * kinds, ByteFallback/Strip new decoder kinds, Unigram a second model.
+ * A loaded tokenizer is immutable: every function taking a const tokenizer
+ * is safe to call from several threads; per-call scratch lives on the stack
+ * or in the caller's objects.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <cjson/cJSON.h>
+#include <pcre2.h>
+
+#include "tokenizer.h"
+
+/* Bounds on hostile input. tokenizer.json files in the wild are <= ~12 MB
+ * (Qwen3 11 MB); 64 MiB leaves room and caps what a bad file can cost. */
+#define TOK_JSON_MAX   ((size_t)64 << 20)
+#define TOK_CONFIG_MAX ((size_t)16 << 20)  /* tokenizer_config.json (big chat templates) */
+#define TOK_TEXT_MAX   ((size_t)64 << 20)  /* one tok_encode call */
+#define TOK_ID_LIMIT   (1 << 24)           /* ids must be < 2^24 */
+/* Ids may have holes, but the id table is allocated up to the highest id, so
+ * highest id + 1 must stay below 2 * (number of entries) + TOK_ID_SLACK. */
+#define TOK_ID_SLACK   65536
+#define TOK_STEPS_MAX  8   /* normalizer / pre-tokenizer steps in a Sequence */
+#define TOK_POST_MAX   8   /* special ids a post-processor adds on one side */
+
+/* ---- containers (tables.c) ---- */
+
+/* Append-only string storage; strings are NUL-terminated and addressed by
+ * offset because the buffer moves when it grows. */
+struct tok_pool {
+    char *buf;
+    size_t n, cap;
+};
+int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, struct err *e);
+void tok_pool_deinit(struct tok_pool *p);
+
+/* Open-addressing map from a pooled string to an id. Sized once at init for
+ * n_max keys (load <= 1/2), so puts never rehash. */
+struct tok_strslot {
+    uint32_t hash;
+    int32_t id;   /* -1 = empty */
+    uint32_t off; /* key in the pool */
+    uint32_t len;
+};
+struct tok_strmap {
+    struct tok_strslot *slots;
+    size_t mask;
+    size_t n, n_max;
+};
+int tok_strmap_init(struct tok_strmap *m, size_t n_max, struct err *e);
+void tok_strmap_deinit(struct tok_strmap *m);
+/* Insert pool string (off, len) -> id. Returns 0, or the existing id + 1
+ * (> 0) when the key is already present (nothing changes), or -ERR_INTERNAL
+ * when full. */
+int tok_strmap_put(struct tok_strmap *m, const struct tok_pool *p, uint32_t off, uint32_t len,
+                   int32_t id);
+int32_t tok_strmap_get(const struct tok_strmap *m, const struct tok_pool *p, const char *s,
+                       size_t len);
+
+/* Map from an ordered id pair (a merge) to its rank and merged id. */
+struct tok_pairslot {
+    uint64_t key;  /* 0 = empty; else ((a + 1) << 32) | b */
+    int32_t rank;
+    int32_t id;
+};
+struct tok_pairmap {
+    struct tok_pairslot *slots;
+    size_t mask;
+    size_t n, n_max;
+};
+int tok_pairmap_init(struct tok_pairmap *m, size_t n_max, struct err *e);
+void tok_pairmap_deinit(struct tok_pairmap *m);
+/* Returns 0, 1 when the pair is already present (first one kept), or
+ * -ERR_INTERNAL when full. */
+int tok_pairmap_put(struct tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
+const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t a, int32_t b);
+
+/* Growable id array owned by its user (free v). */
+struct tok_ids {
+    int32_t *v;
+    size_t n, cap;
+};
+int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
+
+/* ---- UTF-8 (tables.c) ---- */
+
+/* Scans the UTF-8 sequence starting at s[0] (n bytes available). Sets
+ * *need to the length its lead byte announces (0: not a lead byte) and
+ * returns how many bytes form a valid prefix of it: == *need for a complete
+ * character, less for a maximal subpart that is cut short or broken. */
+size_t tok_utf8_seq(const unsigned char *s, size_t n, size_t *need);
+/* Byte offset of the first invalid sequence in s, or n when all valid. */
+size_t tok_utf8_check(const char *s, size_t n);
+
+/* GPT-2 byte-level alphabet: each byte maps to one printable code point
+ * (printable Latin-1 bytes map to themselves, the rest to U+0100 + k). */
+#define TOK_BL_CP_MAX 0x144  /* every mapped code point is below this */
+struct tok_bytelevel {
+    char enc[256][2];          /* UTF-8 of the code point for each byte */
+    uint8_t enc_len[256];
+    int16_t dec[TOK_BL_CP_MAX]; /* code point -> byte, -1 when unmapped */
+};
+void tok_bytelevel_init(struct tok_bytelevel *bl);
+
+/* ---- id table ---- */
+
+enum tok_entry_flag {
+    TOK_E_MODEL   = 1,  /* id is in model.vocab */
+    TOK_E_ADDED   = 2,  /* id is an added token; off/len is its content */
+    TOK_E_SPECIAL = 4,  /* added token with special = true */
+};
+struct tok_entry {
+    uint32_t off;  /* piece in the pool (added content wins over the model piece) */
+    uint32_t len;
+    uint8_t flags; /* enum tok_entry_flag; 0 = hole */
+};
+
+/* ---- model: BPE (bpe.c) ---- */
+
+struct tok_bpe {
+    struct tok_strmap vocab;   /* model.vocab only, not added tokens */
+    struct tok_pairmap merges;
+    int32_t unk_id;            /* -1: unknown characters are dropped (as HF does) */
+    bool fuse_unk;
+    bool byte_fallback;        /* unknown chars -> <0xXX> pieces (SentencePiece style) */
+    bool ignore_merges;        /* a word already in the vocab is one token (Llama 3) */
+    int32_t byte_tok[256];     /* ids of "<0xXX>", -1 when absent */
+};
+
+struct bpe_sym;
+struct bpe_cand;
+/* Per-call scratch for bpe_word, grown on demand; owned by the caller. */
+struct bpe_scratch {
+    struct bpe_sym *sym;
+    size_t cap_sym;
+    struct bpe_cand *heap;
+    size_t cap_heap;
+};
+void bpe_scratch_deinit(struct bpe_scratch *s);
+
+struct tokenizer;
+/* Reads model.vocab and model.merges into t->bpe and the id table (which
+ * tok_load sized beforehand). Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
+int bpe_load(struct tokenizer *t, const cJSON *model, struct err *e);
+void bpe_deinit(struct tok_bpe *b);
+/* Appends the ids of one pre-tokenized word (already in the vocab's
+ * alphabet, e.g. byte-level mapped) to out. */
+int bpe_word(const struct tokenizer *t, struct bpe_scratch *s, const char *w, size_t len,
+             struct tok_ids *out, struct err *e);
+
+/* ---- normalizer and pre-tokenizer (pretok.c) ---- */
+
+enum tok_norm_kind {
+    TOK_NORM_NFC = 1,
+    TOK_NORM_NFD,
+    TOK_NORM_NFKC,
+    TOK_NORM_NFKD,
+};
+struct tok_norm {
+    int n;  /* 0 = no normalizer */
+    enum tok_norm_kind kind[TOK_STEPS_MAX];
+};
+int tok_norm_load(struct tok_norm *nm, const cJSON *j, struct err *e);
+/* Normalizes s[0..len) into a malloc'd *out (caller frees). Only called
+ * when nm->n > 0. */
+int tok_norm_apply(const struct tok_norm *nm, const char *s, size_t len, char **out,
+                   size_t *out_len, struct err *e);
+
+enum tok_pre_kind {
+    TOK_PRE_SPLIT = 1,     /* regex or literal Split */
+    TOK_PRE_BYTELEVEL,     /* ByteLevel: GPT-2 regex split (use_regex) + byte mapping */
+};
+enum tok_split_behavior {
+    TOK_SPLIT_ISOLATED = 1,
+    TOK_SPLIT_REMOVED,
+    TOK_SPLIT_MERGED_PREV,
+    TOK_SPLIT_MERGED_NEXT,
+    TOK_SPLIT_CONTIGUOUS,
+};
+struct tok_pre_step {
+    enum tok_pre_kind kind;
+    pcre2_code *re;  /* NULL for ByteLevel without use_regex */
+    enum tok_split_behavior behavior;
+    bool invert;
+};
+struct tok_pretok {
+    int n;
+    struct tok_pre_step step[TOK_STEPS_MAX];
+    bool byte_level;        /* map words through tok_bytelevel before the model */
+    bool add_prefix_space;  /* ByteLevel add_prefix_space: " " before each segment */
+};
+int tok_pretok_load(struct tok_pretok *p, const cJSON *j, struct err *e);
+void tok_pretok_deinit(struct tok_pretok *p);
+/* Called once per word (a span of the segment given to tok_pretok_run). */
+typedef int (*tok_word_fn)(void *ctx, const char *w, size_t len);
+/* Cuts s[0..len) (valid UTF-8) into words and calls fn on each, in order.
+ * md must hold at least one ovector pair. Stops at fn's first error. */
+int tok_pretok_run(const struct tok_pretok *p, pcre2_match_data *md, const char *s, size_t len,
+                   tok_word_fn fn, void *ctx, struct err *e);
+
+/* ---- added tokens and post-processor (tokenizer.c, used by encode.c) ---- */
+
+struct tok_added {
+    int32_t id;
+    uint32_t off, len;  /* content in the pool */
+    bool special, lstrip, rstrip, single_word, normalized;
+};
+/* Added tokens of one kind (normalized or not), grouped by first byte and
+ * longest first within a group, for leftmost-longest matching. */
+struct tok_added_set {
+    uint32_t *idx;         /* indices into tokenizer.added */
+    uint32_t start[257];   /* idx[start[b] .. start[b+1]) begin with byte b */
+};
+
+struct tok_post {
+    int n_prefix, n_suffix;
+    int32_t prefix[TOK_POST_MAX];  /* ids before the sequence (e.g. BOS) */
+    int32_t suffix[TOK_POST_MAX];  /* ids after it (e.g. EOS) */
+};
+
+enum tok_dec_kind {
+    TOK_DEC_NONE = 0,  /* pieces concatenated as they are */
+    TOK_DEC_BYTELEVEL,
+};
+
+struct tokenizer {
+    struct tok_pool pool;
+    struct tok_entry *entry;  /* [n_ids] */
+    int32_t n_ids;            /* highest id + 1 */
+    struct tok_bpe bpe;
+    struct tok_added *added;  /* [n_added] */
+    size_t n_added;
+    struct tok_added_set added_raw;   /* normalized = false: matched on raw text */
+    struct tok_added_set added_norm;  /* normalized = true: matched after the normalizer */
+    size_t n_added_norm;
+    struct tok_norm norm;
+    struct tok_pretok pretok;
+    struct tok_post post;
+    enum tok_dec_kind dec;
+    struct tok_bytelevel bl;
+    int32_t bos_id, eos_id;   /* -1 when none */
+};
+
+/* Id of an added token's content or model piece, -1 when absent. */
+int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
+
+/* ---- decoding (decode.c) ---- */
+
+int tok_decoder_load(struct tokenizer *t, const cJSON *j, struct err *e);

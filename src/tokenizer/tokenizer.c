@@ -1,0 +1,485 @@
+/*
+ * tokenizer: loading a Hugging Face tokenizer.json (+ tokenizer_config.json)
+ * into an immutable struct tokenizer, and the small accessors.
+ *
+ * Load order: read the file (size-capped) and parse it with cJSON; scan
+ * model.vocab and added_tokens once for the highest id so the id table can
+ * be allocated in one piece; then each stage loads its own section (model:
+ * bpe.c, normalizer and pre_tokenizer: pretok.c, decoder: decode.c; added
+ * tokens and post_processor here). tokenizer_config.json only contributes
+ * bos/eos and add_bos_token/add_eos_token. Every section is validated as
+ * hostile input: ids in [0, 2^24), pieces <= TOK_PIECE_MAX bytes, duplicate
+ * ids or pieces rejected, unknown component types -> ERR_UNSUPPORTED.
+ * All failures funnel through one cleanup path that frees the partial
+ * tokenizer, so a bad file never leaks.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "tok_impl.h"
+
+/* ---- file reading ---- */
+
+/* Reads a whole file of at most max bytes into a malloc'd NUL-terminated buffer. */
+static int read_file(const char *path, size_t max, char **out, size_t *len, struct err *e)
+{
+    struct stat st;
+    char *buf = NULL;
+    int rc = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "%s: %s", path, strerror(errno));
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
+        goto out_close;
+    }
+    if ((uint64_t)st.st_size > max) {
+        rc = err_setf(e, ERR_RANGE, "%s: %lld bytes, limit %zu", path, (long long)st.st_size, max);
+        goto out_close;
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        rc = err_setf(e, ERR_NOMEM, "%s: %lld bytes", path, (long long)st.st_size);
+        goto out_close;
+    }
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    if (n != (size_t)st.st_size) {
+        rc = err_setf(e, ERR_IO, "%s: short read (%zu of %lld bytes)", path, n,
+                      (long long)st.st_size);
+        free(buf);
+        goto out_close;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+out_close:
+    fclose(f);
+    return rc;
+}
+
+/* Reads and parses a JSON file; *root is owned by the caller. */
+static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    const char *end = NULL;
+    int rc = read_file(path, max, &text, &len, e);
+    if (rc < 0)
+        return rc;
+    *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
+    if (!*root) {
+        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
+        rc = err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu", path, at);
+    } else if (!cJSON_IsObject(*root)) {
+        rc = err_setf(e, ERR_FORMAT, "%s: top level is not a JSON object", path);
+        cJSON_Delete(*root);
+        *root = NULL;
+    }
+    free(text);
+    return rc;
+}
+
+/* ---- id table ---- */
+
+/* Checks one id field and folds it into *max_id. */
+static int check_id(const cJSON *v, const char *what, int32_t *max_id, struct err *e)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= TOK_ID_LIMIT ||
+        v->valuedouble != (int32_t)v->valuedouble)
+        return err_setf(e, ERR_FORMAT, "%s: id must be an integer in [0, %d)", what, TOK_ID_LIMIT);
+    if ((int32_t)v->valuedouble > *max_id)
+        *max_id = (int32_t)v->valuedouble;
+    return 0;
+}
+
+/* Sizes and allocates t->entry from the ids in model.vocab and added_tokens. */
+static int alloc_ids(struct tokenizer *t, const cJSON *vocab, const cJSON *added, struct err *e)
+{
+    int32_t max_id = -1;
+    size_t n_entries = 0;
+    const cJSON *it;
+    int rc;
+    if (!cJSON_IsObject(vocab) || !vocab->child)
+        return err_setf(e, ERR_FORMAT, "model.vocab: missing or empty");
+    cJSON_ArrayForEach(it, vocab) {
+        if ((rc = check_id(it, "model.vocab", &max_id, e)) < 0)
+            return rc;
+        n_entries++;
+    }
+    cJSON_ArrayForEach(it, added) {
+        if ((rc = check_id(cJSON_GetObjectItemCaseSensitive(it, "id"), "added_tokens", &max_id, e)) < 0)
+            return rc;
+        n_entries++;
+    }
+    if ((size_t)max_id + 1 > 2 * n_entries + TOK_ID_SLACK)
+        return err_setf(e, ERR_FORMAT, "ids too sparse: highest id %d for %zu entries", max_id,
+                        n_entries);
+    t->n_ids = max_id + 1;
+    t->entry = calloc((size_t)t->n_ids, sizeof *t->entry);
+    if (!t->entry)
+        return err_setf(e, ERR_NOMEM, "id table: %d entries", t->n_ids);
+    return 0;
+}
+
+/* ---- added tokens ---- */
+
+static bool flag(const cJSON *obj, const char *key, bool dflt)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsBool(j) ? cJSON_IsTrue(j) : dflt;
+}
+
+static int load_added_one(struct tokenizer *t, const cJSON *it, size_t i, struct err *e)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(it, "content");
+    int32_t id = (int32_t)cJSON_GetObjectItemCaseSensitive(it, "id")->valuedouble;
+    struct tok_added *a = &t->added[i];
+    int rc;
+    if (!cJSON_IsString(c) || c->valuestring[0] == '\0')
+        return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: missing or empty \"content\"", i);
+    size_t len = strlen(c->valuestring);
+    if (len > TOK_PIECE_MAX)
+        return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: content of %zu bytes (max %d)", i, len,
+                        TOK_PIECE_MAX);
+    if (t->entry[id].flags & TOK_E_ADDED)
+        return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: id %d used twice", i, id);
+    if ((rc = tok_pool_add(&t->pool, c->valuestring, len, &a->off, e)) < 0)
+        return rc;
+    a->id = id;
+    a->len = (uint32_t)len;
+    a->special = flag(it, "special", false);
+    a->lstrip = flag(it, "lstrip", false);
+    a->rstrip = flag(it, "rstrip", false);
+    a->single_word = flag(it, "single_word", false);
+    a->normalized = flag(it, "normalized", !a->special);  /* HF's default */
+    struct tok_entry *en = &t->entry[id];
+    en->off = a->off;
+    en->len = a->len;
+    en->flags |= TOK_E_ADDED | (a->special ? TOK_E_SPECIAL : 0);
+    return 0;
+}
+
+struct added_key {
+    unsigned char first;
+    uint32_t len, idx;
+};
+
+static int added_key_cmp(const void *x, const void *y)
+{
+    const struct added_key *a = x, *b = y;
+    if (a->first != b->first)
+        return a->first < b->first ? -1 : 1;
+    if (a->len != b->len)
+        return a->len > b->len ? -1 : 1;  /* longest first */
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/* Builds the first-byte index of the added tokens whose normalized flag is norm. */
+static int build_set(struct tokenizer *t, struct tok_added_set *set, bool norm, struct err *e)
+{
+    size_t n = 0;
+    struct added_key *k = malloc((t->n_added + 1) * sizeof *k);
+    set->idx = malloc((t->n_added + 1) * sizeof *set->idx);
+    if (!k || !set->idx) {
+        free(k);
+        return err_setf(e, ERR_NOMEM, "added tokens index");
+    }
+    for (size_t i = 0; i < t->n_added; i++) {
+        const struct tok_added *a = &t->added[i];
+        if (a->normalized == norm)
+            k[n++] = (struct added_key){(unsigned char)t->pool.buf[a->off], a->len, (uint32_t)i};
+    }
+    qsort(k, n, sizeof *k, added_key_cmp);
+    memset(set->start, 0, sizeof set->start);
+    for (size_t i = 0; i < n; i++) {
+        set->idx[i] = k[i].idx;
+        set->start[k[i].first + 1]++;
+    }
+    for (int b = 0; b < 256; b++)
+        set->start[b + 1] += set->start[b];
+    if (norm)
+        t->n_added_norm = n;
+    free(k);
+    return 0;
+}
+
+static int load_added(struct tokenizer *t, const cJSON *added, struct err *e)
+{
+    int rc;
+    size_t i = 0;
+    const cJSON *it;
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
+        return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
+    t->n_added = (size_t)cJSON_GetArraySize(added);
+    t->added = calloc(t->n_added + 1, sizeof *t->added);
+    if (!t->added)
+        return err_setf(e, ERR_NOMEM, "added_tokens: %zu entries", t->n_added);
+    cJSON_ArrayForEach(it, added) {
+        if ((rc = load_added_one(t, it, i++, e)) < 0)
+            return rc;
+    }
+    if ((rc = build_set(t, &t->added_raw, false, e)) < 0)
+        return rc;
+    return build_set(t, &t->added_norm, true, e);
+}
+
+int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len)
+{
+    for (size_t i = 0; i < t->n_added; i++) {
+        const struct tok_added *a = &t->added[i];
+        if (a->len == len && memcmp(t->pool.buf + a->off, s, len) == 0)
+            return a->id;
+    }
+    return tok_strmap_get(&t->bpe.vocab, &t->pool, s, len);
+}
+
+/* ---- post-processor ---- */
+
+static int post_push(struct tokenizer *t, bool prefix, int32_t id, struct err *e)
+{
+    int *n = prefix ? &t->post.n_prefix : &t->post.n_suffix;
+    if (id < 0 || id >= t->n_ids)
+        return err_setf(e, ERR_FORMAT, "post_processor: id %d out of range [0, %d)", id, t->n_ids);
+    if (*n >= TOK_POST_MAX)
+        return err_setf(e, ERR_UNSUPPORTED, "post_processor: more than %d special tokens",
+                        TOK_POST_MAX);
+    (prefix ? t->post.prefix : t->post.suffix)[(*n)++] = id;
+    return 0;
+}
+
+/* TemplateProcessing "single": special tokens before $A go first, after it last. */
+static int load_template(struct tokenizer *t, const cJSON *j, struct err *e)
+{
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens");
+    const cJSON *it, *idv;
+    bool before = true;
+    int rc;
+    t->post.n_prefix = t->post.n_suffix = 0;
+    if (!cJSON_IsArray(single))
+        return err_setf(e, ERR_FORMAT, "post_processor TemplateProcessing: missing \"single\"");
+    cJSON_ArrayForEach(it, single) {
+        if (cJSON_GetObjectItemCaseSensitive(it, "Sequence")) {
+            before = false;
+            continue;
+        }
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(st, "id");
+        if (!cJSON_IsString(name))
+            return err_setf(e, ERR_FORMAT, "post_processor TemplateProcessing: bad item");
+        const cJSON *spec = cJSON_GetObjectItemCaseSensitive(specials, name->valuestring);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(spec, "ids");
+        if (!cJSON_IsArray(ids))
+            return err_setf(e, ERR_FORMAT, "post_processor: special token '%.64s' has no ids",
+                            name->valuestring);
+        cJSON_ArrayForEach(idv, ids) {
+            if (!cJSON_IsNumber(idv))
+                return err_setf(e, ERR_FORMAT, "post_processor: non-numeric id");
+            if ((rc = post_push(t, before, (int32_t)idv->valuedouble, e)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* RobertaProcessing / BertProcessing: "cls": [piece, id] first, "sep": [piece, id] last. */
+static int load_cls_sep(struct tokenizer *t, const cJSON *j, struct err *e)
+{
+    const cJSON *cls = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "cls"), 1);
+    const cJSON *sep = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "sep"), 1);
+    int rc;
+    if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep))
+        return err_setf(e, ERR_FORMAT, "post_processor: bad \"cls\"/\"sep\"");
+    if ((rc = post_push(t, true, (int32_t)cls->valuedouble, e)) < 0)
+        return rc;
+    return post_push(t, false, (int32_t)sep->valuedouble, e);
+}
+
+static int load_post(struct tokenizer *t, const cJSON *j, int depth, struct err *e)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type"), *it;
+    if (!j || cJSON_IsNull(j))
+        return 0;
+    if (!cJSON_IsString(type))
+        return err_setf(e, ERR_FORMAT, "post_processor: missing \"type\"");
+    const char *ty = type->valuestring;
+    if (strcmp(ty, "ByteLevel") == 0)
+        return 0;  /* only adjusts offsets */
+    if (strcmp(ty, "TemplateProcessing") == 0)
+        return load_template(t, j, e);
+    if (strcmp(ty, "RobertaProcessing") == 0 || strcmp(ty, "BertProcessing") == 0)
+        return load_cls_sep(t, j, e);
+    if (strcmp(ty, "Sequence") == 0 && depth < 4) {
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(j, "processors")) {
+            int rc = load_post(t, it, depth + 1, e);
+            if (rc < 0)
+                return rc;
+        }
+        return 0;
+    }
+    return err_setf(e, ERR_UNSUPPORTED, "post_processor type '%.64s' is not supported", ty);
+}
+
+/* ---- tokenizer.json ---- */
+
+static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
+{
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    int rc;
+    if (!cJSON_IsObject(model))
+        return err_setf(e, ERR_FORMAT, "missing \"model\" object");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+    /* Old files omit the type; a model with merges is BPE. */
+    const char *ty = cJSON_IsString(type) ? type->valuestring
+                     : cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE" : "(none)";
+    if (strcmp(ty, "BPE") != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "model type '%.64s' is not supported (only BPE)", ty);
+    if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
+        return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
+    if ((rc = alloc_ids(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, e)) < 0)
+        return rc;
+    if ((rc = bpe_load(t, model, e)) < 0)
+        return rc;
+    return load_added(t, added, e);
+}
+
+static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, struct err *e)
+{
+    int rc;
+    if ((rc = load_model(t, root, e)) < 0)
+        return rc;
+    if ((rc = tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), e)) < 0)
+        return rc;
+    if ((rc = tok_pretok_load(&t->pretok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
+                              e)) < 0)
+        return rc;
+    if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0, e)) < 0)
+        return rc;
+    return tok_decoder_load(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), e);
+}
+
+/* ---- tokenizer_config.json ---- */
+
+/* bos_token / eos_token: a string or an AddedToken object {"content": ...}. */
+static int32_t config_token(const struct tokenizer *t, const cJSON *cfg, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsObject(v))
+        v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    if (!cJSON_IsString(v))
+        return -1;
+    return tok_lookup(t, v->valuestring, strlen(v->valuestring));
+}
+
+/* add_bos_token / add_eos_token = true make sure the post-processor adds
+ * them (transformers rebuilds the template the same way); false leaves the
+ * tokenizer.json post-processor as it is. */
+static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
+{
+    int rc;
+    t->bos_id = config_token(t, cfg, "bos_token");
+    t->eos_id = config_token(t, cfg, "eos_token");
+    if (t->bos_id >= 0 && flag(cfg, "add_bos_token", false) &&
+        !(t->post.n_prefix > 0 && t->post.prefix[0] == t->bos_id)) {
+        if (t->post.n_prefix >= TOK_POST_MAX)
+            return err_setf(e, ERR_UNSUPPORTED, "add_bos_token: template full");
+        memmove(t->post.prefix + 1, t->post.prefix, (size_t)t->post.n_prefix * sizeof(int32_t));
+        t->post.prefix[0] = t->bos_id;
+        t->post.n_prefix++;
+    }
+    if (t->eos_id >= 0 && flag(cfg, "add_eos_token", false) &&
+        !(t->post.n_suffix > 0 && t->post.suffix[t->post.n_suffix - 1] == t->eos_id)) {
+        if ((rc = post_push(t, false, t->eos_id, e)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- public ---- */
+
+int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const char *config_json,
+                   struct err *e)
+{
+    cJSON *root = NULL, *cfg = NULL;
+    int rc;
+    *out = NULL;
+    struct tokenizer *t = calloc(1, sizeof *t);
+    if (!t)
+        return err_setf(e, ERR_NOMEM, "tokenizer");
+    t->bos_id = t->eos_id = -1;
+    tok_bytelevel_init(&t->bl);
+    if ((rc = parse_json_file(tokenizer_json, TOK_JSON_MAX, &root, e)) < 0)
+        goto fail;
+    if ((rc = load_tokenizer_json(t, root, e)) < 0) {
+        err_prefix(e, "%s", tokenizer_json);
+        goto fail;
+    }
+    if (config_json) {
+        if ((rc = parse_json_file(config_json, TOK_CONFIG_MAX, &cfg, e)) < 0)
+            goto fail;
+        if ((rc = apply_config(t, cfg, e)) < 0) {
+            err_prefix(e, "%s", config_json);
+            goto fail;
+        }
+    }
+    cJSON_Delete(root);
+    cJSON_Delete(cfg);
+    *out = t;
+    return 0;
+fail:
+    cJSON_Delete(root);
+    cJSON_Delete(cfg);
+    tok_free(t);
+    return rc;
+}
+
+int tok_load(struct tokenizer **out, const char *dir, struct err *e)
+{
+    char tj[4096], cfg[4096];
+    *out = NULL;
+    if ((size_t)snprintf(tj, sizeof tj, "%s/tokenizer.json", dir) >= sizeof tj ||
+        (size_t)snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir) >= sizeof cfg)
+        return err_setf(e, ERR_ARG, "tokenizer directory path too long");
+    struct stat st;
+    bool has_cfg = stat(cfg, &st) == 0;
+    return tok_load_files(out, tj, has_cfg ? cfg : NULL, e);
+}
+
+void tok_free(struct tokenizer *t)
+{
+    if (!t)
+        return;
+    bpe_deinit(&t->bpe);
+    tok_pretok_deinit(&t->pretok);
+    tok_pool_deinit(&t->pool);
+    free(t->entry);
+    free(t->added);
+    free(t->added_raw.idx);
+    free(t->added_norm.idx);
+    free(t);
+}
+
+int tok_vocab_size(const struct tokenizer *t) { return t->n_ids; }
+int32_t tok_bos_id(const struct tokenizer *t) { return t->bos_id; }
+int32_t tok_eos_id(const struct tokenizer *t) { return t->eos_id; }
+
+const char *tok_id_to_piece(const struct tokenizer *t, int32_t id)
+{
+    if (id < 0 || id >= t->n_ids || !t->entry[id].flags)
+        return NULL;
+    return t->pool.buf + t->entry[id].off;
+}
+
+bool tok_is_special(const struct tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n_ids && (t->entry[id].flags & TOK_E_SPECIAL);
+}
+
+int32_t tok_piece_to_id(const struct tokenizer *t, const char *piece)
+{
+    return tok_lookup(t, piece, strlen(piece));
+}
