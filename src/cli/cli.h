@@ -1,0 +1,55 @@
+/*
+ * cli: the `mlxcel` command-line front end. main.c dispatches to one
+ * cmd_<name>() per command; this header holds what the commands share:
+ * model-path resolution (-m DIR | owner/name | the embedded default),
+ * number parsing with range checks, and the error printer. Commands return
+ * the process exit status (0 ok, 1 runtime error, 2 usage error).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/err.h"
+
+#define CLI_EXIT_OK    0
+#define CLI_EXIT_ERROR 1
+#define CLI_EXIT_USAGE 2
+
+int cmd_generate(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_list(int argc, char **argv);
+int cmd_arch(int argc, char **argv);
+
+/* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. */
+int cli_fail(const char *cmd, const struct err *e);
+/* Print a usage error and a hint to run --help; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parse a decimal integer in [lo, hi] from a flag value. */
+int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e);
+int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e);
+/* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
+int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
+/* Read a whole file (capped at max bytes) into a malloc'd NUL-terminated buffer. */
+int cli_read_file(const char *path, size_t max, char **out, size_t *len, struct err *e);
+
+/* Resolve -m: an existing folder, or owner/name in $MLXCEL_MODELS_DIR or the Hugging Face
+ * cache; NULL means the embedded default model. buf receives the folder. */
+int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e);
+/* Roots searched for owner/name. */
+void cli_models_dir(char *buf, size_t cap);
+void cli_hf_hub_dir(char *buf, size_t cap);
+/* The snapshot folder of an HF cache repo folder (refs/main, else the newest snapshot). */
+int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap);
+
+/* True when stderr is a terminal (progress output goes there only then). */
+bool cli_stderr_is_tty(void);
+
+/* Human-readable counts and sizes for tables: 1234567 -> "1.2M", 7340032 -> "7.0 MiB".
+ * buf always receives a NUL-terminated string (truncated to cap). */
+void cli_format_count(int64_t n, char *buf, size_t cap);
+void cli_format_bytes(uint64_t n, char *buf, size_t cap);

@@ -1,0 +1,330 @@
+/*
+ * cli_common: helpers shared by the commands (cli.h): argument parsing with
+ * range checks, file reading with a size cap, model-folder resolution.
+ */
+#include "cli.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef MLXCEL_SOURCE_DIR
+#define MLXCEL_SOURCE_DIR "."
+#endif
+#define DEFAULT_MODEL "models/llama-tiny"
+#define MAX_IDS (1 << 24)
+
+int cli_fail(const char *cmd, const struct err *e)
+{
+    fprintf(stderr, "mlxcel %s: error: %s\n", cmd, e->msg[0] ? e->msg : err_code_name(e->code));
+    return CLI_EXIT_ERROR;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "mlxcel %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nRun `mlxcel %s --help` for usage.\n", cmd);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        return err_setf(e, ERR_ARG, "%s: '%s' is not an integer", flag, s);
+    if (v < lo || v > hi)
+        return err_setf(e, ERR_ARG, "%s: %ld is out of range [%ld, %ld]", flag, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v))
+        return err_setf(e, ERR_ARG, "%s: '%s' is not a number", flag, s);
+    if (v < lo || v > hi)
+        return err_setf(e, ERR_ARG, "%s: %g is out of range [%g, %g]", flag, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e)
+{
+    size_t cap = 64, len = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    const char *p = s;
+    while (*p && isspace((unsigned char)*p))
+        p++;
+    bool bracket = *p == '[';
+    if (bracket)
+        p++;
+    for (;;) {
+        while (*p && (isspace((unsigned char)*p) || *p == ','))
+            p++;
+        if (!*p || (bracket && *p == ']'))
+            break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            free(v);
+            return err_setf(e, ERR_ARG, "token ids: '%.20s' is not a non-negative integer id", p);
+        }
+        if (len == cap) {
+            if (cap >= MAX_IDS) {
+                free(v);
+                return err_setf(e, ERR_ARG, "token ids: more than %d ids", MAX_IDS);
+            }
+            int32_t *nv = realloc(v, 2 * cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                return err_setf(e, ERR_NOMEM, "out of memory");
+            }
+            v = nv;
+            cap *= 2;
+        }
+        v[len++] = (int32_t)x;
+        p = end;
+    }
+    if (bracket) {
+        if (*p != ']') {
+            free(v);
+            return err_setf(e, ERR_ARG, "token ids: missing closing ']'");
+        }
+        p++;
+        while (*p && isspace((unsigned char)*p))
+            p++;
+        if (*p) {
+            free(v);
+            return err_setf(e, ERR_ARG, "token ids: unexpected text after ']'");
+        }
+    }
+    *ids = v;
+    *n = len;
+    return 0;
+}
+
+int cli_read_file(const char *path, size_t max, char **out, size_t *len, struct err *e)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_setf(e, ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return err_setf(e, ERR_IO, "%s is not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        fclose(f);
+        return err_setf(e, ERR_ARG, "%s: %lld bytes exceeds the %zu-byte limit", path,
+                        (long long)st.st_size, max);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return err_setf(e, ERR_NOMEM, "out of memory reading %s", path);
+    }
+    size_t got = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (got != (size_t)st.st_size) {
+        free(buf);
+        return err_setf(e, ERR_IO, "%s: short read", path);
+    }
+    buf[got] = '\0';
+    *out = buf;
+    if (len)
+        *len = got;
+    return 0;
+}
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void home_path(char *buf, size_t cap, const char *rel)
+{
+    const char *home = getenv("HOME");
+    snprintf(buf, cap, "%s/%s", home && *home ? home : ".", rel);
+}
+
+void cli_models_dir(char *buf, size_t cap)
+{
+    const char *d = getenv("MLXCEL_MODELS_DIR");
+    if (d && *d)
+        snprintf(buf, cap, "%s", d);
+    else
+        home_path(buf, cap, ".cache/mlxcel/models");
+}
+
+void cli_hf_hub_dir(char *buf, size_t cap)
+{
+    const char *d = getenv("HF_HUB_CACHE");
+    if (d && *d) {
+        snprintf(buf, cap, "%s", d);
+        return;
+    }
+    d = getenv("HF_HOME");
+    if (d && *d)
+        snprintf(buf, cap, "%s/hub", d);
+    else
+        home_path(buf, cap, ".cache/huggingface/hub");
+}
+
+int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
+{
+    char path[4200], rev[128] = "";
+    snprintf(path, sizeof path, "%s/refs/main", repo_dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(rev, sizeof rev, f))
+            rev[0] = '\0';
+        fclose(f);
+        rev[strcspn(rev, "\r\n")] = '\0';
+        /* a revision is a hex hash; anything else (a path) is ignored */
+        for (char *c = rev; *c; c++)
+            if (!isxdigit((unsigned char)*c))
+                rev[0] = '\0';
+        if (rev[0]) {
+            snprintf(path, sizeof path, "%s/snapshots/%s", repo_dir, rev);
+            if (is_dir(path) && strlen(path) < cap) {
+                snprintf(buf, cap, "%s", path);
+                return 0;
+            }
+        }
+    }
+    snprintf(path, sizeof path, "%s/snapshots", repo_dir);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    struct dirent *de;
+    int found = -1;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char snap[4500];
+        snprintf(snap, sizeof snap, "%s/%s", path, de->d_name);
+        if (is_dir(snap) && strlen(snap) < cap) {
+            snprintf(buf, cap, "%s", snap);
+            found = 0;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+/* The embedded default model: $MLXCEL_DEFAULT_MODEL, next to the binary
+ * (build/mlxcel -> models/), or in the source tree it was built from. */
+static int default_model(char *buf, size_t cap, struct err *e)
+{
+    const char *env = getenv("MLXCEL_DEFAULT_MODEL");
+    if (env && *env) {
+        snprintf(buf, cap, "%s", env);
+        return 0;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_MODEL);
+            if (is_dir(buf))
+                return 0;
+        }
+    }
+    snprintf(buf, cap, "%s/%s", MLXCEL_SOURCE_DIR, DEFAULT_MODEL);
+    if (is_dir(buf))
+        return 0;
+    return err_setf(e, ERR_MISSING, "no -m given and the embedded default model (%s) was not found",
+                    DEFAULT_MODEL);
+}
+
+int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
+{
+    if (!arg)
+        return default_model(buf, cap, e);
+    if (strlen(arg) >= cap)
+        return err_setf(e, ERR_ARG, "model path is too long");
+    if (is_dir(arg)) {
+        snprintf(buf, cap, "%s", arg);
+        return 0;
+    }
+    /* owner/name: exactly one slash, no path tricks */
+    const char *slash = strchr(arg, '/');
+    bool repo_id = slash && slash != arg && slash[1] && !strchr(slash + 1, '/') && !strstr(arg, "..");
+    if (!repo_id)
+        return err_setf(e, ERR_MISSING, "model '%s' is not a folder", arg);
+    char root[4096], path[4200];
+    cli_models_dir(root, sizeof root);
+    snprintf(path, sizeof path, "%s/%s", root, arg);
+    if (is_dir(path) && strlen(path) < cap) {
+        snprintf(buf, cap, "%s", path);
+        return 0;
+    }
+    char hub[4096], repo[4400];
+    cli_hf_hub_dir(hub, sizeof hub);
+    snprintf(repo, sizeof repo, "%s/models--%.*s--%s", hub, (int)(slash - arg), arg, slash + 1);
+    if (is_dir(repo) && cli_hf_snapshot(repo, buf, cap) == 0)
+        return 0;
+    return err_setf(e, ERR_MISSING, "model '%s' not found (looked in %s and %s)", arg, path, repo);
+}
+
+bool cli_stderr_is_tty(void)
+{
+    return isatty(STDERR_FILENO) == 1;
+}
+
+/* ---- formatting ---- */
+
+void cli_format_count(int64_t n, char *buf, size_t cap)
+{
+    static const struct { double div; const char *suffix; } k_units[] = {
+        {1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"},
+    };
+    for (size_t i = 0; i < sizeof k_units / sizeof k_units[0]; i++) {
+        if ((double)n >= k_units[i].div) {
+            snprintf(buf, cap, "%.1f%s", (double)n / k_units[i].div, k_units[i].suffix);
+            return;
+        }
+    }
+    snprintf(buf, cap, "%lld", (long long)n);
+}
+
+void cli_format_bytes(uint64_t n, char *buf, size_t cap)
+{
+    static const char *const k_units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (n < 1024) {
+        snprintf(buf, cap, "%llu B", (unsigned long long)n);
+        return;
+    }
+    double v = (double)n / 1024.0;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof k_units / sizeof k_units[0]) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, cap, "%.1f %s", v, k_units[u]);
+}

@@ -1,0 +1,68 @@
+/*
+ * arch: `mlxcel arch [--json]` prints the family catalog straight from the
+ * registry table (src/models/registry.def), aliases included.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "../models/registry.h"
+#include "cli.h"
+
+static const char *k_help =
+    "usage: mlxcel arch [--json]\n"
+    "\n"
+    "List the supported model_type values and the family that runs each.\n"
+    "  --json    machine-readable output\n";
+
+static const struct model_ops *entry_ops(const struct registry_entry *r)
+{
+    return r->ops ? r->ops : registry_find(r->model_type);
+}
+
+int cmd_arch(int argc, char **argv)
+{
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            fputs(k_help, stdout);
+            return CLI_EXIT_OK;
+        } else
+            return cli_usage_error("arch", "unknown argument '%s'", argv[i]);
+    }
+    if (json) {
+        cJSON *arr = cJSON_CreateArray();
+        for (size_t i = 0; i < registry_count(); i++) {
+            const struct registry_entry *r = registry_at(i);
+            const struct model_ops *ops = entry_ops(r);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "model_type", r->model_type);
+            cJSON_AddStringToObject(o, "family", ops ? ops->family : "?");
+            if (r->alias_of)
+                cJSON_AddStringToObject(o, "alias_of", r->alias_of);
+            cJSON_AddStringToObject(o, "description", ops ? ops->description : "");
+            cJSON_AddItemToArray(arr, o);
+        }
+        char *s = cJSON_PrintUnformatted(arr);
+        if (s)
+            puts(s);
+        cJSON_free(s);
+        cJSON_Delete(arr);
+        return s ? CLI_EXIT_OK : CLI_EXIT_ERROR;
+    }
+    printf("%-14s %-10s %s\n", "MODEL_TYPE", "FAMILY", "DESCRIPTION");
+    for (size_t i = 0; i < registry_count(); i++) {
+        const struct registry_entry *r = registry_at(i);
+        const struct model_ops *ops = entry_ops(r);
+        char desc[256];
+        if (r->alias_of)
+            snprintf(desc, sizeof desc, "alias of %s", r->alias_of);
+        else
+            snprintf(desc, sizeof desc, "%s", ops->description);
+        printf("%-14s %-10s %s\n", r->model_type, ops ? ops->family : "?", desc);
+    }
+    return CLI_EXIT_OK;
+}

@@ -1,0 +1,290 @@
+/*
+ * generate: `mlxcel generate [-m MODEL] (-p TEXT | --prompt-ids IDS) [-n N] ...`
+ * Streams the continuation to stdout as it is produced (complete UTF-8
+ * characters only), or with --output-ids prints the generated ids as one
+ * JSON array. Sampling defaults come from the checkpoint's
+ * generation_config.json; flags override them.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/log.h"
+#include "../engine/generate.h"
+#include "../tokenizer/tokenizer.h"
+#include "cli.h"
+
+static const char *k_help =
+    "usage: mlxcel generate [-m MODEL] (-p TEXT | -f FILE | --prompt-ids IDS) [options]\n"
+    "\n"
+    "Generate a continuation of a prompt.\n"
+    "\n"
+    "  -m, --model MODEL      checkpoint folder or owner/name (default: the embedded model)\n"
+    "  -p, --prompt TEXT      prompt text\n"
+    "  -f, --file FILE        read the prompt from a file\n"
+    "      --prompt-ids IDS   prompt as token ids: 1,2,3 (no tokenizer needed)\n"
+    "  -n, --n-predict N      tokens to generate (default 128)\n"
+    "      --temp T           temperature; 0 = greedy (default: generation_config.json, else 0)\n"
+    "      --top-k K          keep the K most likely tokens (0 = off)\n"
+    "      --top-p P          nucleus sampling mass (1 = off)\n"
+    "      --min-p P          drop tokens below P x the top probability (0 = off)\n"
+    "      --repeat-penalty R repetition penalty (1 = off)\n"
+    "      --repeat-last-n N  tokens the penalty looks back over (default 64)\n"
+    "      --seed S           RNG seed (default 1)\n"
+    "  -t, --threads N        CPU threads (default: all online CPUs)\n"
+    "  -c, --ctx N            context size (default: prompt + n, capped at the model's)\n"
+    "      --ignore-eos       keep generating past end-of-sequence tokens\n"
+    "      --output-ids       print only the generated ids, as a JSON array\n"
+    "      --stats            print prompt and generation tokens/s to stderr\n"
+    "  -v, --verbose          log loading details to stderr\n"
+    "  -h, --help             show this help\n";
+
+enum {
+    OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
+    OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS,
+};
+
+struct gen_cli {
+    const char *model, *prompt, *prompt_file, *prompt_ids;
+    long n_predict, threads, n_ctx;
+    bool ignore_eos, stats, output_ids;
+    bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
+    struct sampler_params sp;
+};
+
+/* Streaming output state passed to the token callback. */
+struct sink {
+    struct tok_stream ts;
+    bool text;
+    int32_t *ids;
+    size_t n, cap;
+    int failed;
+};
+
+static int on_token(void *ud, int32_t id)
+{
+    struct sink *s = ud;
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? 2 * s->cap : 256;
+        int32_t *v = realloc(s->ids, nc * sizeof *v);
+        if (!v)
+            return s->failed = 1;
+        s->ids = v;
+        s->cap = nc;
+    }
+    s->ids[s->n++] = id;
+    if (s->text) {
+        char buf[TOK_PIECE_MAX + 16];
+        int w = tok_stream_push(&s->ts, id, buf, sizeof buf, NULL);
+        if (w > 0) {
+            fwrite(buf, 1, (size_t)w, stdout);
+            fflush(stdout);
+        }
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'}, {"n-predict", required_argument, 0, 'n'},
+        {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, 'c'},
+        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'},
+        {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
+        {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
+        {"repeat-penalty", required_argument, 0, OPT_REPPEN},
+        {"repeat-last-n", required_argument, 0, OPT_REPN}, {"seed", required_argument, 0, OPT_SEED},
+        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS}, {"stats", no_argument, 0, OPT_STATS},
+        {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
+        {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {0, 0, 0, 0},
+    };
+    int c, rc = 0;
+    long l;
+    double d;
+    optind = 1;
+    opterr = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:f:n:t:c:vh", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'f': o->prompt_file = optarg; break;
+        case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, e); break;
+        case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
+        case 'c': rc = cli_parse_int("--ctx", optarg, 1, 1 << 24, &o->n_ctx, e); break;
+        case 'v': log_set_level(LOG_LEVEL_INFO); break;
+        case 'h': fputs(k_help, stdout); return 1;
+        case OPT_TEMP:
+            rc = cli_parse_float("--temp", optarg, 0, 100, &d, e);
+            o->sp.temperature = (float)d;
+            o->has_temp = true;
+            break;
+        case OPT_TOPK:
+            rc = cli_parse_int("--top-k", optarg, 0, 1 << 24, &l, e);
+            o->sp.top_k = (int)l;
+            o->has_top_k = true;
+            break;
+        case OPT_TOPP:
+            rc = cli_parse_float("--top-p", optarg, 1e-6, 1, &d, e);
+            o->sp.top_p = (float)d;
+            o->has_top_p = true;
+            break;
+        case OPT_MINP:
+            rc = cli_parse_float("--min-p", optarg, 0, 1, &d, e);
+            o->sp.min_p = (float)d;
+            o->has_min_p = true;
+            break;
+        case OPT_REPPEN:
+            rc = cli_parse_float("--repeat-penalty", optarg, 1e-3, 100, &d, e);
+            o->sp.repeat_penalty = (float)d;
+            o->has_rep = true;
+            break;
+        case OPT_REPN:
+            rc = cli_parse_int("--repeat-last-n", optarg, 0, 1 << 20, &l, e);
+            o->sp.repeat_last_n = (int)l;
+            break;
+        case OPT_SEED:
+            rc = cli_parse_int("--seed", optarg, 0, 0x7fffffffL, &l, e);
+            o->sp.seed = (uint64_t)l;
+            break;
+        case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+        case OPT_STATS: o->stats = true; break;
+        case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
+        case OPT_OUTPUT_IDS: o->output_ids = true; break;
+        case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
+        default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (rc < 0)
+        return rc;
+    if (optind < argc)
+        return err_setf(e, ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
+        return err_setf(e, ERR_ARG, "give exactly one of -p, -f or --prompt-ids");
+    return 0;
+}
+
+/* Flags override the checkpoint's generation_config.json. */
+static void apply_defaults(struct gen_cli *o, const struct generation_defaults *g)
+{
+    if (!o->has_temp && g->temperature >= 0)
+        o->sp.temperature = g->temperature;
+    if (!o->has_top_k && g->top_k >= 0)
+        o->sp.top_k = g->top_k;
+    if (!o->has_top_p && g->top_p > 0 && g->top_p <= 1)
+        o->sp.top_p = g->top_p;
+    if (!o->has_min_p && g->min_p >= 0 && g->min_p <= 1)
+        o->sp.min_p = g->min_p;
+    if (!o->has_rep && g->repeat_penalty > 0)
+        o->sp.repeat_penalty = g->repeat_penalty;
+}
+
+static int encode_prompt(const struct gen_cli *o, const struct tokenizer *tok, int32_t **ids,
+                         size_t *n, struct err *e)
+{
+    if (o->prompt_ids)
+        return cli_parse_ids(o->prompt_ids, ids, n, e);
+    char *text = NULL;
+    size_t len;
+    int rc;
+    if (o->prompt_file) {
+        if ((rc = cli_read_file(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
+            return rc;
+    }
+    const char *t = text ? text : o->prompt;
+    rc = tok_encode(tok, t, text ? len : strlen(t), true, ids, n, e);
+    free(text);
+    return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    struct gen_cli o = {.n_predict = 128, .threads = 0};
+    struct err e = {0};
+    char dir[4096];
+    struct tokenizer *tok = NULL;
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct model_ctx *ctx = NULL;
+    struct sink sink = {0};
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    struct gen_stats st;
+    int rc, status = CLI_EXIT_ERROR;
+
+    sampler_params_default(&o.sp);
+    o.sp.seed = 1;
+    rc = parse_args(argc, argv, &o, &e);
+    if (rc > 0)
+        return CLI_EXIT_OK;
+    if (rc < 0)
+        return cli_usage_error("generate", "%s", e.msg);
+
+    if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
+        goto fail;
+    bool need_tok = !o.prompt_ids || !o.output_ids;
+    if (need_tok && (rc = tok_load(&tok, dir, &e)) < 0) {
+        if (o.prompt_ids)
+            err_prefix(&e, "decoding output needs a tokenizer (use --output-ids for raw ids)");
+        goto fail;
+    }
+    if ((rc = encode_prompt(&o, tok, &prompt, &n_prompt, &e)) < 0)
+        goto fail;
+    if (n_prompt == 0) {
+        err_setf(&e, ERR_ARG, "the prompt encodes to no tokens");
+        goto fail;
+    }
+    if ((rc = model_load(&m, dir, &e)) < 0)
+        goto fail;
+    apply_defaults(&o, &m->gen);
+    long want = o.n_ctx > 0 ? o.n_ctx : (long)n_prompt + o.n_predict;
+    if (n_prompt > (size_t)m->hp.n_ctx || (o.n_ctx > 0 && (long)n_prompt > o.n_ctx)) {
+        err_setf(&e, ERR_RANGE, "the prompt has %zu tokens but the context holds %ld", n_prompt,
+                 o.n_ctx > 0 && o.n_ctx < m->hp.n_ctx ? o.n_ctx : (long)m->hp.n_ctx);
+        goto fail;
+    }
+    if ((rc = backend_cpu_new(&be, (int)o.threads, NULL, &e)) < 0 ||
+        (rc = model_ctx_new(&ctx, m, be, want > m->hp.n_ctx ? m->hp.n_ctx : (int)want, &e)) < 0)
+        goto fail;
+
+    sink.text = !o.output_ids;
+    if (tok)
+        tok_stream_init(&sink.ts, tok, true);
+    struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos, .sampling = o.sp};
+    if ((rc = generate(ctx, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e)) < 0)
+        goto fail;
+    if (sink.failed) {
+        err_setf(&e, ERR_NOMEM, "out of memory collecting output");
+        goto fail;
+    }
+    if (o.output_ids) {
+        fputc('[', stdout);
+        for (size_t i = 0; i < sink.n; i++)
+            printf("%s%d", i ? ", " : "", sink.ids[i]);
+        fputs("]\n", stdout);
+    } else {
+        char buf[64];
+        int w = tok_stream_flush(&sink.ts, buf, sizeof buf);
+        if (w > 0)
+            fwrite(buf, 1, (size_t)w, stdout);
+        fputc('\n', stdout);
+    }
+    if (st.stop == GEN_STOP_CONTEXT)
+        fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n", ctx->n_ctx);
+    if (o.stats)
+        fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s)\ngeneration: %d tokens in %.3f s (%.1f tok/s)\n",
+                st.n_prompt, st.t_prompt_s, st.t_prompt_s > 0 ? st.n_prompt / st.t_prompt_s : 0.0,
+                st.n_gen, st.t_gen_s, st.t_gen_s > 0 ? st.n_gen / st.t_gen_s : 0.0);
+    status = CLI_EXIT_OK;
+fail:
+    if (status != CLI_EXIT_OK)
+        cli_fail("generate", &e);
+    free(sink.ids);
+    free(prompt);
+    model_ctx_free(ctx);
+    backend_free(be);
+    model_free(m);
+    tok_free(tok);
+    return status;
+}

@@ -1,0 +1,172 @@
+/*
+ * perplexity: `mlxcel perplexity -m DIR (-f TEXT | --ids-file FILE) [--ctx N] [--json]`
+ *
+ * The ids are cut into windows of --ctx ids (default: the model's context);
+ * each window starts from an empty cache and scores every position after
+ * its first: NLL(id[j+1] | id[..j]). ppl = exp(mean NLL over all scored ids).
+ * Logits are produced in chunks of the context's batch size, so memory stays
+ * at one chunk of [n_batch, n_vocab] whatever the window.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/log.h"
+#include "../tokenizer/tokenizer.h"
+#include "../models/model.h"
+#include "cli.h"
+
+static const char *k_help =
+    "usage: mlxcel perplexity [-m MODEL] (-f TEXT_FILE | --ids-file FILE) [options]\n"
+    "\n"
+    "Perplexity of a text: windows of --ctx ids, each scoring every position after its first.\n"
+    "  -m, --model MODEL   checkpoint folder or owner/name (default: the embedded model)\n"
+    "  -f, --file FILE     text file (encoded with the model's tokenizer)\n"
+    "      --ids-file FILE token ids: a JSON array, or ids separated by whitespace\n"
+    "  -c, --ctx N         window size in ids (default: the model's context)\n"
+    "  -t, --threads N     CPU threads (default: all online CPUs)\n"
+    "      --json          print {\"ppl\": ..., \"nll\": ..., \"tokens\": ...}\n";
+
+/* -log softmax(logits)[target], in double */
+static double nll_of(const float *logits, int V, int32_t target)
+{
+    double mx = logits[0];
+    for (int i = 1; i < V; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++)
+        sum += exp((double)logits[i] - mx);
+    return log(sum) + mx - logits[target];
+}
+
+static int score_window(struct model_ctx *c, const int32_t *ids, int n, float *logits, double *nll,
+                        long *count, struct err *e)
+{
+    int V = c->m->hp.n_vocab, rc;
+    model_ctx_reset(c);
+    for (int done = 0; done < n;) {
+        int k = n - done < c->n_batch ? n - done : c->n_batch;
+        if ((rc = model_forward(c, ids + done, k, logits, true, e)) < 0)
+            return rc;
+        for (int j = 0; j < k; j++) {
+            int pos = done + j;
+            if (pos + 1 >= n)
+                break;
+            *nll += nll_of(logits + (size_t)j * V, V, ids[pos + 1]);
+            (*count)++;
+        }
+        done += k;
+    }
+    return 0;
+}
+
+int cmd_perplexity(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
+        {"ids-file", required_argument, 0, 'I'}, {"ctx", required_argument, 0, 'c'},
+        {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    const char *model = NULL, *file = NULL, *ids_file = NULL;
+    long n_ctx = 0, threads = 0;
+    bool json = false;
+    struct err e = {0};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":m:f:c:t:h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'f': file = optarg; break;
+        case 'I': ids_file = optarg; break;
+        case 'c': rc = cli_parse_int("--ctx", optarg, 2, 1 << 24, &n_ctx, &e); break;
+        case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &threads, &e); break;
+        case 'J': json = true; break;
+        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case ':': return cli_usage_error("perplexity", "option %s needs a value", argv[optind - 1]);
+        default: return cli_usage_error("perplexity", "unknown option %s", argv[optind - 1]);
+        }
+        if (rc < 0)
+            return cli_usage_error("perplexity", "%s", e.msg);
+    }
+    if (optind < argc)
+        return cli_usage_error("perplexity", "unexpected argument '%s'", argv[optind]);
+    if (!!file + !!ids_file != 1)
+        return cli_usage_error("perplexity", "give exactly one of -f or --ids-file");
+
+    char dir[4096];
+    char *text = NULL;
+    size_t len = 0, n_ids = 0;
+    int32_t *ids = NULL;
+    struct tokenizer *tok = NULL;
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct model_ctx *ctx = NULL;
+    float *logits = NULL;
+    int status = CLI_EXIT_ERROR;
+
+    if (cli_resolve_model(model, dir, sizeof dir, &e) < 0)
+        goto out;
+    if (cli_read_file(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
+        goto out;
+    if (ids_file ? cli_parse_ids(text, &ids, &n_ids, &e) < 0
+                 : (tok_load(&tok, dir, &e) < 0 || tok_encode(tok, text, len, false, &ids, &n_ids, &e) < 0))
+        goto out;
+    if (n_ids < 2) {
+        err_setf(&e, ERR_ARG, "need at least 2 ids to score, got %zu", n_ids);
+        goto out;
+    }
+    if (model_load(&m, dir, &e) < 0)
+        goto out;
+    int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
+    if (win > m->hp.n_ctx) {
+        err_setf(&e, ERR_RANGE, "--ctx %d exceeds the model's context of %d", win, m->hp.n_ctx);
+        goto out;
+    }
+    if (backend_cpu_new(&be, (int)threads, NULL, &e) < 0 || model_ctx_new(&ctx, m, be, win, &e) < 0)
+        goto out;
+    logits = malloc((size_t)ctx->n_batch * m->hp.n_vocab * sizeof *logits);
+    if (!logits) {
+        err_setf(&e, ERR_NOMEM, "out of memory for logits");
+        goto out;
+    }
+    double nll = 0.0;
+    long count = 0;
+    size_t n_win = (n_ids + (size_t)win - 1) / (size_t)win;
+    bool progress = cli_stderr_is_tty() && !json;
+    for (size_t w = 0; w < n_win; w++) {
+        size_t start = w * (size_t)win;
+        int n = (int)(n_ids - start < (size_t)win ? n_ids - start : (size_t)win);
+        if (score_window(ctx, ids + start, n, logits, &nll, &count, &e) < 0)
+            goto out;
+        if (progress)
+            fprintf(stderr, "\rwindow %zu/%zu  ppl %.4f", w + 1, n_win, exp(nll / (double)(count ? count : 1)));
+    }
+    if (progress)
+        fputc('\n', stderr);
+    double mean = nll / (double)count;
+    if (json)
+        printf("{\"ppl\": %.6f, \"nll\": %.6f, \"tokens\": %ld}\n", exp(mean), mean, count);
+    else
+        printf("perplexity: %.4f  (mean NLL %.6f over %ld tokens, %zu windows of up to %d)\n",
+               exp(mean), mean, count, n_win, win);
+    status = CLI_EXIT_OK;
+out:
+    if (status != CLI_EXIT_OK)
+        cli_fail("perplexity", &e);
+    free(logits);
+    model_ctx_free(ctx);
+    backend_free(be);
+    model_free(m);
+    tok_free(tok);
+    free(ids);
+    free(text);
+    return status;
+}

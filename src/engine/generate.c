@@ -1,0 +1,86 @@
+/*
+ * generate: prefill + decode loop (generate.h).
+ */
+#include "generate.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+double gen_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static bool is_eos(const struct hparams *hp, int32_t id)
+{
+    for (int i = 0; i < hp->n_eos; i++)
+        if (hp->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+int generate(struct model_ctx *c, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+             gen_token_fn cb, void *ud, struct gen_stats *stats, struct err *e)
+{
+    const struct hparams *hp = &c->m->hp;
+    struct sampler *smp = NULL;
+    float *logits = NULL;
+    int rc;
+    struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
+
+    if (n_prompt <= 0)
+        return err_setf(e, ERR_ARG, "the prompt is empty");
+    if (n_prompt > c->n_ctx)
+        return err_setf(e, ERR_RANGE, "the prompt has %d tokens but the context holds %d", n_prompt,
+                        c->n_ctx);
+    if (p->n_predict < 0)
+        return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
+    if ((rc = sampler_new(&smp, &p->sampling, hp->n_vocab, e)) < 0)
+        return rc;
+    logits = malloc((size_t)hp->n_vocab * sizeof *logits);
+    if (!logits) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+
+    model_ctx_reset(c);
+    for (int i = 0; i < n_prompt; i++)
+        sampler_accept(smp, prompt[i]);
+    double t0 = gen_now();
+    if ((rc = model_forward(c, prompt, n_prompt, logits, false, e)) < 0)
+        goto out;
+    double t1 = gen_now();
+    st.t_prompt_s = t1 - t0;
+
+    while (st.n_gen < p->n_predict) {
+        int32_t id = sampler_sample(smp, logits);
+        if (!p->ignore_eos && is_eos(hp, id)) {
+            st.stop = GEN_STOP_EOS;
+            break;
+        }
+        st.n_gen++;
+        sampler_accept(smp, id);
+        if (cb && cb(ud, id)) {
+            st.stop = GEN_STOP_CALLBACK;
+            break;
+        }
+        if (st.n_gen == p->n_predict)
+            break;
+        if (c->pos >= c->n_ctx) {
+            st.stop = GEN_STOP_CONTEXT;
+            break;
+        }
+        if ((rc = model_forward(c, &id, 1, logits, false, e)) < 0)
+            goto out;
+    }
+    st.t_gen_s = gen_now() - t1;
+    rc = 0;
+out:
+    if (stats)
+        *stats = st;
+    free(logits);
+    sampler_free(smp);
+    return rc;
+}

@@ -1,0 +1,52 @@
+/*
+ * generate: the prompt -> tokens loop. The prompt is prefilled in one
+ * batched forward (chunked internally by the context), then tokens are
+ * decoded one at a time through the KV cache. Generation stops at n_predict
+ * tokens, at an EOS id of the checkpoint (unless ignore_eos), when the
+ * callback asks, or when the context is full.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../models/model.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gen_params {
+    int n_predict;              /* tokens to generate (>= 0) */
+    bool ignore_eos;
+    struct sampler_params sampling;
+};
+
+enum gen_stop {
+    GEN_STOP_LENGTH = 0,    /* n_predict reached */
+    GEN_STOP_EOS = 1,
+    GEN_STOP_CALLBACK = 2,
+    GEN_STOP_CONTEXT = 3,   /* the context filled up */
+};
+
+struct gen_stats {
+    int n_prompt, n_gen;
+    double t_prompt_s, t_gen_s;   /* wall time of prefill and of decode */
+    enum gen_stop stop;
+};
+
+/* Called with every generated id (the EOS id that stops generation is not passed).
+ * Return non-zero to stop. */
+typedef int (*gen_token_fn)(void *ud, int32_t id);
+
+/* Runs from an empty cache (the context is reset first). A prompt that does not fit
+ * the context is an error (-ERR_RANGE) naming both sizes. */
+int generate(struct model_ctx *c, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+             gen_token_fn cb, void *ud, struct gen_stats *stats, struct err *e);
+
+/* Monotonic seconds. */
+double gen_now(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,196 @@
+/*
+ * config: JSON field accessors with errors that name the field (config.h).
+ * Numbers must be finite and integers must be integral and fit in int32.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct err *e)
+{
+    *out = NULL;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    if (!root) {
+        size_t off = end && end >= buf ? (size_t)(end - buf) : 0;
+        return err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu", what, off);
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return err_setf(e, ERR_FORMAT, "%s: expected a JSON object at the top level", what);
+    }
+    *out = root;
+    return 0;
+}
+
+int cfg_load_file(const char *path, cJSON **out, struct err *e)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return err_setf(e, ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return err_setf(e, ERR_IO, "%s is not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > CFG_MAX_BYTES) {
+        fclose(f);
+        return err_setf(e, ERR_FORMAT, "%s: %lld bytes is larger than the %u-byte limit", path,
+                        (long long)st.st_size, CFG_MAX_BYTES);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return err_setf(e, ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        return err_setf(e, ERR_IO, "%s: short read (%zu of %zu bytes)", path, got, n);
+    }
+    buf[n] = '\0';
+    int rc = cfg_parse(buf, n, path, out, e);
+    free(buf);
+    return rc;
+}
+
+bool cfg_has(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v);
+}
+
+static int number_to_int(const cJSON *v, const char *key, int *out, struct err *e)
+{
+    if (!cJSON_IsNumber(v))
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected an integer", key);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < -2147483648.0 || d > 2147483647.0)
+        return err_setf(e, ERR_CONFIG, "config field '%s': %g is not a 32-bit integer", key, d);
+    *out = (int)d;
+    return 0;
+}
+
+int cfg_int(const cJSON *o, const char *key, int *out, struct err *e)
+{
+    if (!cfg_has(o, key))
+        return err_setf(e, ERR_CONFIG, "config is missing required field '%s'", key);
+    return number_to_int(cJSON_GetObjectItemCaseSensitive(o, key), key, out, e);
+}
+
+int cfg_opt_int(const cJSON *o, const char *key, int def, int *out, struct err *e)
+{
+    if (!cfg_has(o, key)) {
+        *out = def;
+        return 0;
+    }
+    return number_to_int(cJSON_GetObjectItemCaseSensitive(o, key), key, out, e);
+}
+
+static int number_to_float(const cJSON *v, const char *key, float *out, struct err *e)
+{
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected a finite number", key);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+int cfg_float(const cJSON *o, const char *key, float *out, struct err *e)
+{
+    if (!cfg_has(o, key))
+        return err_setf(e, ERR_CONFIG, "config is missing required field '%s'", key);
+    return number_to_float(cJSON_GetObjectItemCaseSensitive(o, key), key, out, e);
+}
+
+int cfg_opt_float(const cJSON *o, const char *key, float def, float *out, struct err *e)
+{
+    if (!cfg_has(o, key)) {
+        *out = def;
+        return 0;
+    }
+    return number_to_float(cJSON_GetObjectItemCaseSensitive(o, key), key, out, e);
+}
+
+int cfg_opt_bool(const cJSON *o, const char *key, bool def, bool *out, struct err *e)
+{
+    if (!cfg_has(o, key)) {
+        *out = def;
+        return 0;
+    }
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsBool(v))
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected true or false", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int cfg_opt_str(const cJSON *o, const char *key, const char *def, char *buf, size_t cap,
+                struct err *e)
+{
+    const char *s = def;
+    if (cfg_has(o, key)) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+        if (!cJSON_IsString(v))
+            return err_setf(e, ERR_CONFIG, "config field '%s': expected a string", key);
+        s = v->valuestring;
+    }
+    if (!s)
+        s = "";
+    if (strlen(s) >= cap)
+        return err_setf(e, ERR_CONFIG, "config field '%s': string longer than %zu bytes", key,
+                        cap - 1);
+    memcpy(buf, s, strlen(s) + 1);
+    return 0;
+}
+
+int cfg_opt_ids(const cJSON *o, const char *key, int32_t *ids, int cap, int *n, struct err *e)
+{
+    *n = 0;
+    if (!cfg_has(o, key))
+        return 0;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    int id, rc;
+    if (cJSON_IsNumber(v)) {
+        if ((rc = number_to_int(v, key, &id, e)) < 0)
+            return rc;
+        ids[(*n)++] = id;
+        return 0;
+    }
+    if (!cJSON_IsArray(v))
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected an integer or a list", key);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (*n >= cap)
+            return err_setf(e, ERR_CONFIG, "config field '%s': more than %d ids", key, cap);
+        if ((rc = number_to_int(it, key, &id, e)) < 0)
+            return rc;
+        ids[(*n)++] = id;
+    }
+    return 0;
+}
+
+int cfg_float_array(const cJSON *o, const char *key, float *out, int n, struct err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v))
+        return err_setf(e, ERR_CONFIG, "config is missing required field '%s'", key);
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != n)
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected a list of %d numbers", key,
+                        n);
+    int i = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        int rc = number_to_float(it, key, &out[i++], e);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

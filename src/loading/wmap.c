@@ -1,0 +1,148 @@
+/*
+ * wmap: checked binding of checkpoint tensors (wmap.h).
+ */
+#include "wmap.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#define NAME_MAX_LEN 512
+
+static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape)
+{
+    size_t len = 0;
+    len += (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < cap)
+        snprintf(buf + len, cap - len, "]");
+}
+
+static int check_shape(const struct tensor *t, const char *name, int ndim, const int64_t *shape,
+                       struct err *e)
+{
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (ok)
+        return 0;
+    char want[128], got[128];
+    fmt_shape(want, sizeof want, ndim, shape);
+    fmt_shape(got, sizeof got, t->ndim, t->shape);
+    return err_setf(e, ERR_FORMAT, "tensor '%s': expected shape %s, got %s", name, want, got);
+}
+
+static int take(struct wmap *w, const char *name, bool required, struct tensor *out, struct err *e)
+{
+    return required ? st_set_take(w->st, name, out, e) : st_set_take_opt(w->st, name, out, e);
+}
+
+static int take_float(struct wmap *w, const char *name, bool required, int ndim,
+                      const int64_t *shape, struct tensor *out, struct err *e)
+{
+    int rc = take(w, name, required, out, e);
+    if (rc < 0 || out->ndim == 0)
+        return rc;
+    if (!dtype_is_float(out->dtype))
+        return err_setf(e, ERR_FORMAT, "tensor '%s': dtype %s is not F32, F16 or BF16", name,
+                        dtype_name(out->dtype));
+    return check_shape(out, name, ndim, shape, e);
+}
+
+int wm_tensor(struct wmap *w, struct tensor *out, bool required, int ndim, const int64_t *shape,
+              struct err *e, const char *fmt, ...)
+{
+    char name[NAME_MAX_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return take_float(w, name, required, ndim, shape, out, e);
+}
+
+int wm_vec(struct wmap *w, struct tensor *out, bool required, int64_t n, struct err *e,
+           const char *fmt, ...)
+{
+    char name[NAME_MAX_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return take_float(w, name, required, 1, &n, out, e);
+}
+
+bool wm_has(struct wmap *w, const char *fmt, ...)
+{
+    char name[NAME_MAX_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return st_set_find(w->st, name) != NULL;
+}
+
+/* MLX affine: PREFIX.weight U32 [.., out, in * bits / 32], PREFIX.scales and
+ * PREFIX.biases [.., out, in / group] in a float dtype. */
+static int take_quantized(struct wmap *w, const char *prefix, int ndim, const int64_t *shape,
+                          struct tensor *out, struct err *e)
+{
+    char name[NAME_MAX_LEN + 16];
+    int64_t n_in = shape[ndim - 1];
+    if (n_in % w->q_group != 0 || (n_in * w->q_bits) % 32 != 0)
+        return err_setf(e, ERR_FORMAT, "tensor '%s': input width %lld is not a multiple of group %d",
+                        prefix, (long long)n_in, w->q_group);
+    int64_t packed[TENSOR_MAX_DIMS], grouped[TENSOR_MAX_DIMS];
+    for (int i = 0; i < ndim; i++)
+        packed[i] = grouped[i] = shape[i];
+    packed[ndim - 1] = n_in * w->q_bits / 32;
+    grouped[ndim - 1] = n_in / w->q_group;
+
+    struct tensor wt, sc, bi;
+    int rc;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    if ((rc = st_set_take(w->st, name, &wt, e)) < 0)
+        return rc;
+    if (wt.dtype != DTYPE_U32)
+        return err_setf(e, ERR_FORMAT, "tensor '%s': quantized weight must be U32, got %s", name,
+                        dtype_name(wt.dtype));
+    if ((rc = check_shape(&wt, name, ndim, packed, e)) < 0)
+        return rc;
+    snprintf(name, sizeof name, "%s.scales", prefix);
+    if ((rc = take_float(w, name, true, ndim, grouped, &sc, e)) < 0)
+        return rc;
+    snprintf(name, sizeof name, "%s.biases", prefix);
+    if ((rc = take_float(w, name, true, ndim, grouped, &bi, e)) < 0)
+        return rc;
+    if (sc.dtype != bi.dtype)
+        return err_setf(e, ERR_FORMAT, "tensor '%s': scales and biases differ in dtype", prefix);
+    *out = wt;
+    for (int i = 0; i < ndim; i++)
+        out->shape[i] = shape[i];
+    out->qbits = w->q_bits;
+    out->qgroup = w->q_group;
+    out->qsdtype = sc.dtype;
+    out->qscales = sc.data;
+    out->qbiases = bi.data;
+    return 0;
+}
+
+int wm_linear(struct wmap *w, struct tensor *out, bool required, int64_t n_lead, int64_t n_out,
+              int64_t n_in, struct err *e, const char *fmt, ...)
+{
+    char prefix[NAME_MAX_LEN], name[NAME_MAX_LEN + 16];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    int64_t shape[3];
+    int ndim = 0;
+    if (n_lead > 0)
+        shape[ndim++] = n_lead;
+    shape[ndim++] = n_out;
+    shape[ndim++] = n_in;
+    snprintf(name, sizeof name, "%s.scales", prefix);
+    if (w->q_bits && st_set_find(w->st, name))
+        return take_quantized(w, prefix, ndim, shape, out, e);
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    return take_float(w, name, required, ndim, shape, out, e);
+}

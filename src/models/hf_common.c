@@ -1,0 +1,332 @@
+/*
+ * hf_common: shared config normalization and tensor naming of the Hugging
+ * Face decoder families (hf_common.h). The defaults below are the ones the
+ * transformers config classes use; each is written here once.
+ */
+#include "hf_common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../loading/config.h"
+
+/* ---- config ---- */
+
+static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, struct err *e)
+{
+    char act[64];
+    int rc = cfg_opt_str(cfg, key, "silu", act, sizeof act, e);
+    if (rc < 0)
+        return rc;
+    if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)
+        hp->act = ACT_SILU;
+    else if (strcmp(act, "gelu_new") == 0 || strcmp(act, "gelu_pytorch_tanh") == 0 ||
+             strcmp(act, "gelu_fast") == 0)
+        hp->act = ACT_GELU_TANH;
+    else if (strcmp(act, "gelu") == 0)
+        hp->act = ACT_GELU_ERF;
+    else
+        return err_setf(e, ERR_UNSUPPORTED, "config field '%s': activation '%s' is not supported",
+                        key, act);
+    return 0;
+}
+
+/* rope_scaling (transformers 4) or rope_parameters (transformers 5). */
+static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (!rs || cJSON_IsNull(rs))
+        return 0;
+    if (!cJSON_IsObject(rs))
+        return err_setf(e, ERR_CONFIG, "config field 'rope_scaling' must be an object");
+    char type[32];
+    int rc;
+    if ((rc = cfg_opt_str(rs, "rope_type", "", type, sizeof type, e)) < 0)
+        return rc;
+    if (!type[0] && (rc = cfg_opt_str(rs, "type", "default", type, sizeof type, e)) < 0)
+        return rc;
+    if ((rc = cfg_opt_float(rs, "rope_theta", hp->rope_theta, &hp->rope_theta, e)) < 0)
+        return rc;
+    int orig_top;
+    if ((rc = cfg_opt_int(cfg, "original_max_position_embeddings", 0, &orig_top, e)) < 0 ||
+        (rc = cfg_opt_int(rs, "original_max_position_embeddings", orig_top, &hp->rope_orig_ctx, e)) < 0)
+        return rc;
+
+    if (strcmp(type, "default") == 0)
+        return 0;
+    if (strcmp(type, "linear") == 0) {
+        hp->rope = ROPE_LINEAR;
+        return cfg_float(rs, "factor", &hp->rope_factor, e);
+    }
+    if (strcmp(type, "llama3") == 0) {
+        hp->rope = ROPE_LLAMA3;
+        if ((rc = cfg_float(rs, "factor", &hp->rope_factor, e)) < 0 ||
+            (rc = cfg_float(rs, "low_freq_factor", &hp->rope_low_freq_factor, e)) < 0 ||
+            (rc = cfg_float(rs, "high_freq_factor", &hp->rope_high_freq_factor, e)) < 0)
+            return err_prefix(e, "rope_scaling");
+        return 0;
+    }
+    if (strcmp(type, "longrope") == 0 || strcmp(type, "su") == 0) {
+        hp->rope = ROPE_LONGROPE;
+        int half = hp->n_rot / 2;
+        if (half > HP_MAX_ROT_HALF)
+            return err_setf(e, ERR_CONFIG, "longrope: %d rotary dims are too many", hp->n_rot);
+        if ((rc = cfg_float_array(rs, "short_factor", hp->rope_short, half, e)) < 0 ||
+            (rc = cfg_float_array(rs, "long_factor", hp->rope_long, half, e)) < 0)
+            return err_prefix(e, "rope_scaling");
+        if (hp->rope_orig_ctx <= 0)
+            return err_setf(e, ERR_CONFIG, "longrope needs original_max_position_embeddings");
+        /* transformers: factor = max_position_embeddings / original; the cos/sin scale
+         * defaults to sqrt(1 + ln(factor) / ln(original)) when the factor exceeds 1. */
+        double factor = (double)hp->n_ctx / hp->rope_orig_ctx;
+        float af = factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)hp->rope_orig_ctx));
+        return cfg_opt_float(rs, "attention_factor", af, &hp->rope_attn_factor, e);
+    }
+    return err_setf(e, ERR_UNSUPPORTED, "rope_scaling type '%s' is not supported", type);
+}
+
+int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    int rc;
+    float partial;
+    if ((rc = cfg_int(cfg, "vocab_size", &hp->n_vocab, e)) < 0 ||
+        (rc = cfg_int(cfg, "hidden_size", &hp->n_embd, e)) < 0 ||
+        (rc = cfg_int(cfg, "num_hidden_layers", &hp->n_layer, e)) < 0 ||
+        (rc = cfg_int(cfg, "num_attention_heads", &hp->n_head, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "num_key_value_heads", hp->n_head, &hp->n_kv_head, e)) < 0 ||
+        (rc = cfg_int(cfg, "intermediate_size", &hp->n_ff, e)) < 0 ||
+        (rc = cfg_int(cfg, "max_position_embeddings", &hp->n_ctx, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "rms_norm_eps", 1e-6f, &hp->norm_eps, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "partial_rotary_factor", 1.0f, &partial, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", false, &hp->tie_embd, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
+        (rc = parse_act(hp, cfg, "hidden_act", e)) < 0)
+        return rc;
+    if (hp->n_head <= 0)
+        return err_setf(e, ERR_CONFIG, "config field 'num_attention_heads' = %d must be positive",
+                        hp->n_head);
+    if (cfg_has(cfg, "head_dim")) {
+        if ((rc = cfg_int(cfg, "head_dim", &hp->head_dim, e)) < 0)
+            return rc;
+    } else {
+        if (hp->n_embd % hp->n_head != 0)
+            return err_setf(e, ERR_CONFIG,
+                            "hidden_size %d is not divisible by num_attention_heads %d", hp->n_embd,
+                            hp->n_head);
+        hp->head_dim = hp->n_embd / hp->n_head;
+    }
+    if (!(partial > 0.0f && partial <= 1.0f))
+        return err_setf(e, ERR_CONFIG, "partial_rotary_factor %g must be in (0, 1]", (double)partial);
+    hp->n_rot = (int)(hp->head_dim * partial);
+    hp->out_bias = hp->qkv_bias;  /* Llama's attention_bias covers q, k, v and o */
+    hp->attn_scale = hp->head_dim > 0 ? 1.0f / sqrtf((float)hp->head_dim) : 1.0f;
+    return parse_rope_scaling(hp, cfg, e);
+}
+
+int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    int rc;
+    if ((rc = cfg_int(cfg, "num_local_experts", &hp->n_expert, e)) < 0 ||
+        (rc = cfg_int(cfg, "num_experts_per_tok", &hp->n_expert_used, e)) < 0)
+        return rc;
+    if (hp->n_expert < 1 || hp->n_expert > HP_MAX_EXPERTS)
+        return err_setf(e, ERR_CONFIG, "num_local_experts = %d must be in [1, %d]", hp->n_expert,
+                        HP_MAX_EXPERTS);
+    return 0;
+}
+
+/* ---- weights ---- */
+
+int hf_experts_alloc(struct model *m, struct err *e)
+{
+    /* per layer: up, gate, down, each with weights and biases */
+    size_t n = (size_t)m->hp.n_layer * 6 * (size_t)m->hp.n_expert;
+    m->expert_views = calloc(n, sizeof *m->expert_views);
+    if (!m->expert_views)
+        return err_setf(e, ERR_NOMEM, "out of memory for %zu expert views", n);
+    m->n_expert_views = n;
+    m->expert_views_used = 0;
+    return 0;
+}
+
+static struct tensor *take_views(struct model *m)
+{
+    struct tensor *v = m->expert_views + m->expert_views_used;
+    m->expert_views_used += (size_t)m->hp.n_expert;
+    return v;
+}
+
+int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *el, int il,
+                         int64_t n_out, int64_t n_in, bool bias, const char *per_expert_fmt,
+                         const char *stacked_fmt, struct err *e)
+{
+    char prefix[512];
+    int E = m->hp.n_expert, rc;
+    if (m->expert_views_used + (size_t)(bias ? 2 : 1) * E > m->n_expert_views)
+        return err_setf(e, ERR_INTERNAL, "expert view store exhausted");
+    el->w = take_views(m);
+    el->b = bias ? take_views(m) : NULL;
+
+    if (stacked_fmt)
+        snprintf(prefix, sizeof prefix, stacked_fmt, il);
+    if (stacked_fmt && (wm_has(w, "%s.weight", prefix) || wm_has(w, "%s.scales", prefix))) {
+        /* mlx-lm SwitchLinear layout: one [E, out, in] tensor, sliced into views */
+        struct tensor all, ball;
+        if ((rc = wm_linear(w, &all, WM_REQUIRED, E, n_out, n_in, e, "%s", prefix)) < 0)
+            return rc;
+        if (bias) {
+            int64_t shape[2] = {E, n_out};
+            if ((rc = wm_tensor(w, &ball, WM_REQUIRED, 2, shape, e, "%s.bias", prefix)) < 0)
+                return rc;
+        }
+        for (int x = 0; x < E; x++) {
+            el->w[x] = tensor_slice0(&all, x);
+            if (bias)
+                el->b[x] = tensor_slice0(&ball, x);
+        }
+        return 0;
+    }
+    /* published layout: one tensor per expert */
+    for (int x = 0; x < E; x++) {
+        snprintf(prefix, sizeof prefix, per_expert_fmt, il, x);
+        if ((rc = wm_linear(w, &el->w[x], WM_REQUIRED, 0, n_out, n_in, e, "%s", prefix)) < 0)
+            return rc;
+        if (bias && (rc = wm_vec(w, &el->b[x], WM_REQUIRED, n_out, e, "%s.bias", prefix)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,
+                const char *head, struct err *e)
+{
+    const struct hparams *hp = &m->hp;
+    int rc;
+    if ((rc = wm_linear(w, &m->tok_embd, WM_REQUIRED, 0, hp->n_vocab, hp->n_embd, e, "%s", embd)) < 0 ||
+        (rc = wm_vec(w, &m->out_norm, WM_REQUIRED, hp->n_embd, e, "%s.weight", norm)) < 0)
+        return rc;
+    if (hp->norm == NORM_LAYER &&
+        (rc = wm_vec(w, &m->out_norm_b, WM_REQUIRED, hp->n_embd, e, "%s.bias", norm)) < 0)
+        return rc;
+    /* a tied head reuses the embedding; a checkpoint may still carry a copy (dropped) */
+    if (hp->tie_embd || !head) {
+        m->lm_head = m->tok_embd;
+        if (head && wm_has(w, "%s.weight", head)) {
+            char name[512];
+            snprintf(name, sizeof name, "%s.weight", head);
+            st_set_mark(w->st, name);
+        }
+    } else if ((rc = wm_linear(w, &m->lm_head, WM_REQUIRED, 0, hp->n_vocab, hp->n_embd, e, "%s", head)) < 0) {
+        return rc;
+    }
+    if (hp->head_bias &&
+        (rc = wm_vec(w, &m->lm_head_b, WM_REQUIRED, hp->n_vocab, e, "%s.bias", head ? head : embd)) < 0)
+        return rc;
+    return 0;
+}
+
+/* Norm weight (+ bias for LayerNorm) PREFIX.weight / PREFIX.bias. */
+static int map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
+                    const char *prefix, struct err *e)
+{
+    int rc = wm_vec(w, wt, WM_REQUIRED, hp->n_embd, e, "%s.weight", prefix);
+    if (rc == 0 && hp->norm == NORM_LAYER)
+        rc = wm_vec(w, b, WM_REQUIRED, hp->n_embd, e, "%s.bias", prefix);
+    return rc;
+}
+
+static int map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
+                         struct err *e)
+{
+    int64_t hd = hp->head_dim, qd = hp->n_head * hd, kvd = hp->n_kv_head * hd;
+    int rc;
+    const char *p = "model.layers.%d.self_attn";
+    char pre[256];
+    snprintf(pre, sizeof pre, p, il);
+    if (wm_has(w, "%s.qkv_proj.weight", pre) || wm_has(w, "%s.qkv_proj.scales", pre)) {
+        if ((rc = wm_linear(w, &L->wqkv, WM_REQUIRED, 0, qd + 2 * kvd, hp->n_embd, e, "%s.qkv_proj", pre)) < 0)
+            return rc;
+        if (hp->qkv_bias && (rc = wm_vec(w, &L->bqkv, WM_REQUIRED, qd + 2 * kvd, e, "%s.qkv_proj.bias", pre)) < 0)
+            return rc;
+    } else {
+        if ((rc = wm_linear(w, &L->wq, WM_REQUIRED, 0, qd, hp->n_embd, e, "%s.q_proj", pre)) < 0 ||
+            (rc = wm_linear(w, &L->wk, WM_REQUIRED, 0, kvd, hp->n_embd, e, "%s.k_proj", pre)) < 0 ||
+            (rc = wm_linear(w, &L->wv, WM_REQUIRED, 0, kvd, hp->n_embd, e, "%s.v_proj", pre)) < 0)
+            return rc;
+        if (hp->qkv_bias &&
+            ((rc = wm_vec(w, &L->bq, WM_REQUIRED, qd, e, "%s.q_proj.bias", pre)) < 0 ||
+             (rc = wm_vec(w, &L->bk, WM_REQUIRED, kvd, e, "%s.k_proj.bias", pre)) < 0 ||
+             (rc = wm_vec(w, &L->bv, WM_REQUIRED, kvd, e, "%s.v_proj.bias", pre)) < 0))
+            return rc;
+    }
+    if ((rc = wm_linear(w, &L->wo, WM_REQUIRED, 0, hp->n_embd, qd, e, "%s.o_proj", pre)) < 0)
+        return rc;
+    if (hp->out_bias && (rc = wm_vec(w, &L->bo, WM_REQUIRED, hp->n_embd, e, "%s.o_proj.bias", pre)) < 0)
+        return rc;
+    if (hp->qk_norm &&
+        ((rc = wm_vec(w, &L->q_norm, WM_REQUIRED, hd, e, "%s.q_norm.weight", pre)) < 0 ||
+         (rc = wm_vec(w, &L->k_norm, WM_REQUIRED, hd, e, "%s.k_norm.weight", pre)) < 0))
+        return rc;
+    return 0;
+}
+
+static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
+{
+    const struct hparams *hp = &m->hp;
+    int rc;
+    char pre[256];
+    if (hp->n_expert > 0) {
+        snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe", il);
+        if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s.gate", pre)) < 0)
+            return rc;
+        const char *fmt1 = "model.layers.%d.block_sparse_moe.experts.%d.w1";
+        const char *fmt2 = "model.layers.%d.block_sparse_moe.experts.%d.w2";
+        const char *fmt3 = "model.layers.%d.block_sparse_moe.experts.%d.w3";
+        if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, hp->n_ff, hp->n_embd, false, fmt1,
+                                       "model.layers.%d.block_sparse_moe.switch_mlp.gate_proj", e)) < 0 ||
+            (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, hp->n_ff, false, fmt2,
+                                       "model.layers.%d.block_sparse_moe.switch_mlp.down_proj", e)) < 0 ||
+            (rc = hf_map_expert_linear(m, w, &L->ex.up, il, hp->n_ff, hp->n_embd, false, fmt3,
+                                       "model.layers.%d.block_sparse_moe.switch_mlp.up_proj", e)) < 0)
+            return rc;
+        return 0;
+    }
+    snprintf(pre, sizeof pre, "model.layers.%d.mlp", il);
+    if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
+        if ((rc = wm_linear(w, &L->gate_up, WM_REQUIRED, 0, 2 * (int64_t)hp->n_ff, hp->n_embd, e, "%s.gate_up_proj", pre)) < 0)
+            return rc;
+    } else if ((rc = wm_linear(w, &L->gate, WM_REQUIRED, 0, hp->n_ff, hp->n_embd, e, "%s.gate_proj", pre)) < 0 ||
+               (rc = wm_linear(w, &L->up, WM_REQUIRED, 0, hp->n_ff, hp->n_embd, e, "%s.up_proj", pre)) < 0) {
+        return rc;
+    }
+    return wm_linear(w, &L->down, WM_REQUIRED, 0, hp->n_embd, hp->n_ff, e, "%s.down_proj", pre);
+}
+
+int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
+{
+    struct wmap w = {st, m->hp.q_bits, m->hp.q_group};
+    int rc;
+    char pre[256];
+    if (m->hp.n_expert > 0 && (rc = hf_experts_alloc(m, e)) < 0)
+        return rc;
+    if ((rc = hf_map_head(m, &w, "model.embed_tokens", "model.norm", "lm_head", e)) < 0)
+        return rc;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        struct layer *L = &m->layers[il];
+        snprintf(pre, sizeof pre, "model.layers.%d", il);
+        char n1[300], n2[300];
+        snprintf(n1, sizeof n1, "%s.input_layernorm", pre);
+        snprintf(n2, sizeof n2, "%s.post_attention_layernorm", pre);
+        if ((rc = map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
+            (rc = map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
+            (rc = map_attention(&w, &m->hp, L, il, e)) < 0 ||
+            (rc = map_ffn(m, &w, L, il, e)) < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,46 @@
+/*
+ * hf_common: the config fields and tensor names shared by the Hugging Face
+ * decoder families (LlamaForCausalLM and its relatives). A family's
+ * parse_config calls hf_parse_decoder and then sets what differs; its
+ * map_weights calls hf_map_decoder, which binds names according to the
+ * hparams flags (biases, qk-norm, fused qkv/gate_up, MoE, LayerNorm).
+ */
+#pragma once
+#include <cjson/cJSON.h>
+
+#include "../loading/wmap.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+ * num_key_value_heads (= heads), head_dim (= hidden / heads), intermediate_size,
+ * max_position_embeddings, rms_norm_eps (1e-6), rope_theta (10000),
+ * partial_rotary_factor (1.0), rope_scaling / rope_parameters, hidden_act (silu),
+ * tie_word_embeddings (false), attention_bias (false). */
+int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, struct err *e);
+
+/* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
+int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
+
+/* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm,
+ * self_attn.{q,k,v,o}_proj | qkv_proj, q_norm, k_norm, mlp.{gate,up,down}_proj |
+ * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head. */
+int hf_map_decoder(struct model *m, struct st_set *st, struct err *e);
+
+/* Bind an expert_linear: E tensors PREFIX_FMT with the expert index, or one stacked
+ * tensor. Helpers for MoE families; views are stored in m->expert_views. */
+int hf_experts_alloc(struct model *m, struct err *e);
+int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *el, int il,
+                         int64_t n_out, int64_t n_in, bool bias, const char *per_expert_fmt,
+                         const char *stacked_fmt, struct err *e);
+
+/* Token embedding, final norm and head under the given names (head NULL: tied). */
+int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,
+                const char *head, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif

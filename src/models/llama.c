@@ -1,0 +1,27 @@
+/*
+ * llama: LlamaForCausalLM and MistralForCausalLM (alias "mistral").
+ * RMSNorm, RoPE (default, linear, llama3 scaling), GQA, SwiGLU, tied or
+ * untied embeddings; attention_bias adds biases to q, k, v and o.
+ * Everything is the shared HF decoder layout (hf_common.c).
+ */
+#include "blocks.h"
+#include "hf_common.h"
+
+int llama_self_test(struct err *e);
+
+static int llama_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    return hf_parse_decoder(hp, cfg, e);
+}
+
+static const char *const llama_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
+
+const struct model_ops llama_ops = {
+    .family = "llama",
+    .description = "Llama 1/2/3, Mistral: RMSNorm, RoPE (default/linear/llama3), GQA, SwiGLU",
+    .architectures = llama_archs,
+    .parse_config = llama_parse_config,
+    .map_weights = hf_map_decoder,
+    .forward = blk_forward,
+    .self_test = llama_self_test,
+};

@@ -1,0 +1,213 @@
+/*
+ * model: loading a checkpoint folder into the canonical layout, and the
+ * per-request context (KV cache + activation arena) that runs it.
+ *
+ * model_load: config.json -> registry -> parse_config -> quantization and
+ * generation_config.json -> hparams_validate -> st_set_open -> map_weights.
+ * Weights are never copied: every slot is a view into the mmap.
+ */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/log.h"
+#include "../loading/config.h"
+#include "registry.h"
+
+/* ---- loading ---- */
+
+/* config "quantization": {"group_size": 64, "bits": 4} (mlx-lm convert). */
+static int parse_quantization(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization");
+    if (!q || cJSON_IsNull(q))
+        q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
+    if (!q || cJSON_IsNull(q))
+        return 0;
+    if (!cJSON_IsObject(q))
+        return err_setf(e, ERR_CONFIG, "config field 'quantization' must be an object");
+    int rc;
+    char mode[32];
+    if ((rc = cfg_opt_str(q, "mode", "affine", mode, sizeof mode, e)) < 0)
+        return rc;
+    if (strcmp(mode, "affine") != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "quantization mode '%s' is not supported (only affine)",
+                        mode);
+    if ((rc = cfg_int(q, "bits", &hp->q_bits, e)) < 0 ||
+        (rc = cfg_int(q, "group_size", &hp->q_group, e)) < 0)
+        return err_prefix(e, "quantization");
+    return 0;
+}
+
+/* generation_config.json (optional): eos ids override config.json; sampling defaults. */
+static int parse_generation(struct model *m, const char *dir, struct err *e)
+{
+    char path[4200];
+    struct generation_defaults *g = &m->gen;
+    g->temperature = -1.0f;
+    g->top_p = -1.0f;
+    g->top_k = -1;
+    g->min_p = -1.0f;
+    g->repeat_penalty = -1.0f;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return 0;
+    fclose(f);
+    cJSON *cfg = NULL;
+    int rc, n = 0;
+    bool do_sample;
+    int32_t ids[HP_MAX_EOS];
+    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+        return rc;
+    if ((rc = cfg_opt_ids(cfg, "eos_token_id", ids, HP_MAX_EOS, &n, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "do_sample", false, &do_sample, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "temperature", -1.0f, &g->temperature, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "top_p", -1.0f, &g->top_p, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "top_k", -1, &g->top_k, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "min_p", -1.0f, &g->min_p, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "repetition_penalty", -1.0f, &g->repeat_penalty, e)) < 0) {
+        cJSON_Delete(cfg);
+        return err_prefix(e, "%s", path);
+    }
+    /* transformers samples only with do_sample; otherwise its default is greedy */
+    if (!do_sample)
+        g->temperature = 0.0f;
+    if (n > 0) {
+        memcpy(m->hp.eos_ids, ids, (size_t)n * sizeof ids[0]);
+        m->hp.n_eos = n;
+    }
+    cJSON_Delete(cfg);
+    return 0;
+}
+
+static int parse_common_ids(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    int rc;
+    if ((rc = cfg_opt_int(cfg, "bos_token_id", -1, &hp->bos_id, e)) < 0)
+        return rc;
+    return cfg_opt_ids(cfg, "eos_token_id", hp->eos_ids, HP_MAX_EOS, &hp->n_eos, e);
+}
+
+/* Drop eos ids that cannot be produced (outside the vocabulary). */
+static void filter_eos(struct hparams *hp)
+{
+    int n = 0;
+    for (int i = 0; i < hp->n_eos; i++) {
+        if (hp->eos_ids[i] >= 0 && hp->eos_ids[i] < hp->n_vocab)
+            hp->eos_ids[n++] = hp->eos_ids[i];
+        else
+            LOG_WARN("ignoring eos_token_id %d outside the vocabulary", hp->eos_ids[i]);
+    }
+    hp->n_eos = n;
+}
+
+int model_load(struct model **out, const char *dir, struct err *e)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    int rc;
+    *out = NULL;
+    if (strlen(dir) >= sizeof((struct model *)0)->dir)
+        return err_setf(e, ERR_ARG, "model path is too long");
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+        goto fail;
+    if ((rc = registry_resolve(cfg, &m->ops, e)) < 0)
+        goto fail_prefix;
+    hparams_init(&m->hp);
+    if ((rc = cfg_opt_str(cfg, "model_type", "", m->hp.model_type, sizeof m->hp.model_type, e)) < 0 ||
+        (rc = m->ops->parse_config(&m->hp, cfg, e)) < 0 ||
+        (rc = parse_common_ids(&m->hp, cfg, e)) < 0 ||
+        (rc = parse_quantization(&m->hp, cfg, e)) < 0)
+        goto fail_prefix;
+    if ((rc = parse_generation(m, dir, e)) < 0)
+        goto fail;
+    if ((rc = hparams_validate(&m->hp, e)) < 0)
+        goto fail_prefix;
+    filter_eos(&m->hp);
+    cJSON_Delete(cfg);
+    cfg = NULL;
+
+    if ((rc = st_set_open(&m->st, dir, e)) < 0)
+        goto fail;
+    m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = m->ops->map_weights(m, m->st, e)) < 0) {
+        err_prefix(e, "%s", dir);
+        goto fail;
+    }
+    if (st_set_n_unused(m->st) > 0)
+        LOG_INFO("%zu checkpoint tensors were not used by the %s family (see `mlxcel inspect`)",
+                 st_set_n_unused(m->st), m->ops->family);
+    *out = m;
+    return 0;
+
+fail_prefix:
+    err_prefix(e, "%s", path);
+fail:
+    cJSON_Delete(cfg);
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m)
+{
+    if (!m)
+        return;
+    st_set_free(m->st);
+    free(m->layers);
+    free(m->expert_views);
+    free(m);
+}
+
+int64_t model_n_params(const struct model *m)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < st_set_count(m->st); i++) {
+        const struct st_tensor *t = st_set_at(m->st, i);
+        if (!t->consumed)
+            continue;
+        int64_t k = 1;
+        for (int d = 0; d < t->ndim; d++)
+            k *= t->shape[d];
+        /* packed quantized words hold 32 / bits weights; their scales and biases
+         * are bookkeeping, not parameters */
+        size_t len = strlen(t->name);
+        bool qaux = m->hp.q_bits && len > 7 &&
+                    (strcmp(t->name + len - 7, ".scales") == 0 || strcmp(t->name + len - 7, ".biases") == 0);
+        if (qaux)
+            continue;
+        if (m->hp.q_bits && t->dtype == DTYPE_U32)
+            k = k * 32 / m->hp.q_bits;
+        n += k;
+    }
+    return n;
+}
+
+uint64_t model_weight_bytes(const struct model *m)
+{
+    uint64_t b = 0;
+    for (size_t i = 0; i < st_set_count(m->st); i++) {
+        const struct st_tensor *t = st_set_at(m->st, i);
+        if (t->consumed)
+            b += t->end - t->begin;
+    }
+    return b;
+}
+
+uint64_t model_kv_bytes_per_token(const struct model *m)
+{
+    const struct hparams *hp = &m->hp;
+    return 2ull * hp->n_layer * hp->n_kv_head * hp->head_dim * sizeof(float);
+}

@@ -1,0 +1,28 @@
+/*
+ * qwen2: Qwen2ForCausalLM. The Llama block with biases on the q, k and v
+ * projections (always, regardless of attention_bias) and none on o.
+ */
+#include "blocks.h"
+#include "hf_common.h"
+
+int qwen2_self_test(struct err *e);
+
+static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    int rc = hf_parse_decoder(hp, cfg, e);
+    hp->qkv_bias = true;
+    hp->out_bias = false;
+    return rc;
+}
+
+static const char *const qwen2_archs[] = {"Qwen2ForCausalLM", NULL};
+
+const struct model_ops qwen2_ops = {
+    .family = "qwen2",
+    .description = "Qwen2 / Qwen2.5: Llama block with q/k/v biases",
+    .architectures = qwen2_archs,
+    .parse_config = qwen2_parse_config,
+    .map_weights = hf_map_decoder,
+    .forward = blk_forward,
+    .self_test = qwen2_self_test,
+};

@@ -1,0 +1,20 @@
+/*
+ * qwen2 self-test: q/k/v biases are on whatever attention_bias says, o has none.
+ */
+#include "selftest.h"
+
+extern const struct model_ops qwen2_ops;
+int qwen2_self_test(struct err *e);
+
+int qwen2_self_test(struct err *e)
+{
+    struct hparams hp;
+    int rc;
+    const char *cfg = "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 96, "
+                      "\"max_position_embeddings\": 128, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}";
+    if ((rc = stest_parse(&qwen2_ops, cfg, &hp, e)) < 0)
+        return rc;
+    return stest_check(hp.qkv_bias && !hp.out_bias && hp.tie_embd && hp.n_kv_head == 2 &&
+                           hp.rope_theta == 1e6f, "qwen2 flags", e);
+}

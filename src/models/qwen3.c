@@ -1,0 +1,28 @@
+/*
+ * qwen3: Qwen3ForCausalLM. The Llama block with per-head RMSNorm on q and k
+ * (before RoPE) and an explicit head_dim that need not equal
+ * hidden_size / num_attention_heads.
+ */
+#include "blocks.h"
+#include "hf_common.h"
+
+int qwen3_self_test(struct err *e);
+
+static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    int rc = hf_parse_decoder(hp, cfg, e);
+    hp->qk_norm = true;
+    return rc;
+}
+
+static const char *const qwen3_archs[] = {"Qwen3ForCausalLM", NULL};
+
+const struct model_ops qwen3_ops = {
+    .family = "qwen3",
+    .description = "Qwen3: Llama block with per-head q/k RMSNorm, explicit head_dim",
+    .architectures = qwen3_archs,
+    .parse_config = qwen3_parse_config,
+    .map_weights = hf_map_decoder,
+    .forward = blk_forward,
+    .self_test = qwen3_self_test,
+};

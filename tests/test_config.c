@@ -1,0 +1,177 @@
+/*
+ * config: the typed JSON accessors that every family's normalization uses,
+ * and model-level config handling (generation_config.json, quantization,
+ * missing files) driven through model_load on temporary folders.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loading/config.h"
+#include "models/model.h"
+#include "test.h"
+
+static cJSON *parse(const char *json)
+{
+    cJSON *c = NULL;
+    struct err e = {0};
+    assert_int_equal(cfg_parse(json, strlen(json), "test", &c, &e), 0);
+    return c;
+}
+
+static void accessors(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    cJSON *c = parse("{\"a\": 3, \"b\": null, \"f\": 1.5, \"s\": \"x\", \"t\": true, "
+                     "\"big\": 1e12, \"frac\": 2.5, \"ids\": [1, 2], \"id\": 7}");
+    int v;
+    float f;
+    bool b;
+    char s[8];
+    int32_t ids[4];
+    int n;
+    assert_int_equal(cfg_int(c, "a", &v, &e), 0);
+    assert_int_equal(v, 3);
+    assert_int_equal(cfg_opt_int(c, "b", 9, &v, &e), 0); /* null means default */
+    assert_int_equal(v, 9);
+    assert_int_equal(cfg_opt_int(c, "zz", 11, &v, &e), 0);
+    assert_int_equal(v, 11);
+    assert_int_equal(cfg_int(c, "zz", &v, &e), -ERR_CONFIG);
+    assert_non_null(strstr(e.msg, "'zz'"));
+    assert_int_equal(cfg_int(c, "big", &v, &e), -ERR_CONFIG);
+    assert_non_null(strstr(e.msg, "big"));
+    assert_int_equal(cfg_int(c, "frac", &v, &e), -ERR_CONFIG);
+    assert_int_equal(cfg_int(c, "s", &v, &e), -ERR_CONFIG);
+    assert_int_equal(cfg_float(c, "f", &f, &e), 0);
+    assert_true(f == 1.5f);
+    assert_int_equal(cfg_opt_bool(c, "t", false, &b, &e), 0);
+    assert_true(b);
+    assert_int_equal(cfg_opt_bool(c, "a", false, &b, &e), -ERR_CONFIG);
+    assert_int_equal(cfg_opt_str(c, "s", "d", s, sizeof s, &e), 0);
+    assert_string_equal(s, "x");
+    assert_int_equal(cfg_opt_ids(c, "ids", ids, 4, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(cfg_opt_ids(c, "id", ids, 4, &n, &e), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], 7);
+    assert_int_equal(cfg_opt_ids(c, "ids", ids, 1, &n, &e), -ERR_CONFIG);
+    cJSON_Delete(c);
+
+    cJSON *bad = NULL;
+    assert_int_equal(cfg_parse("{\"a\": ", 6, "cfg", &bad, &e), -ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "invalid JSON"));
+    assert_int_equal(cfg_parse("[1]", 3, "cfg", &bad, &e), -ERR_FORMAT);
+    assert_null(bad);
+}
+
+/* A temporary checkpoint folder holding a copy of a golden case with one file replaced. */
+static char *copy_case(const char *name)
+{
+    char tmpl[] = "/tmp/mlxcel-cfg-XXXXXX", cmd[1024];
+    char *dir = mkdtemp(tmpl);
+    assert_non_null(dir);
+    snprintf(cmd, sizeof cmd, "cp %s/%s/* %s/", test_path("tests/fixtures/golden"), name, dir);
+    assert_int_equal(system(cmd), 0);
+    return strdup(dir);
+}
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void remove_dir(char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+static void load_expect(const char *dir, int code, const char *substr)
+{
+    struct model *m = NULL;
+    struct err e = {0};
+    int rc = model_load(&m, dir, &e);
+    if (code == 0) {
+        if (rc != 0)
+            fail_msg("%s", e.msg);
+        model_free(m);
+        return;
+    }
+    assert_null(m);
+    if (rc != -code || !strstr(e.msg, substr))
+        fail_msg("expected code %d with '%s', got %d: %s", code, substr, rc, e.msg);
+}
+
+static void generation_config(void **state)
+{
+    (void)state;
+    char *dir = copy_case("qwen2");
+    struct model *m = NULL;
+    struct err e = {0};
+    write_file(dir, "generation_config.json",
+               "{\"eos_token_id\": [2, 5], \"do_sample\": true, \"temperature\": 0.7, \"top_p\": 0.9}");
+    assert_int_equal(model_load(&m, dir, &e), 0);
+    assert_int_equal(m->hp.n_eos, 2);
+    assert_int_equal(m->hp.eos_ids[1], 5);
+    assert_true(m->gen.temperature == 0.7f && m->gen.top_p == 0.9f);
+    model_free(m);
+    /* without do_sample, transformers decodes greedily */
+    write_file(dir, "generation_config.json", "{\"eos_token_id\": 2, \"temperature\": 0.7}");
+    assert_int_equal(model_load(&m, dir, &e), 0);
+    assert_true(m->gen.temperature == 0.0f);
+    model_free(m);
+    write_file(dir, "generation_config.json", "{\"eos_token_id\": \"two\"}");
+    load_expect(dir, ERR_CONFIG, "eos_token_id");
+    remove_dir(dir);
+}
+
+static void bad_configs(void **state)
+{
+    (void)state;
+    char *dir = copy_case("llama");
+    write_file(dir, "config.json", "{\"model_type\": \"llama\", \"hidden_size\": 64}");
+    load_expect(dir, ERR_CONFIG, "vocab_size");
+    write_file(dir, "config.json", "{\"model_type\": \"mamba9\"}");
+    load_expect(dir, ERR_UNSUPPORTED, "mamba9");
+    write_file(dir, "config.json", "{not json");
+    load_expect(dir, ERR_FORMAT, "invalid JSON");
+    write_file(dir, "config.json",
+               "{\"model_type\": \"llama\", \"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 176, "
+               "\"max_position_embeddings\": 256, \"quantization\": {\"bits\": 7, \"group_size\": 64}}");
+    load_expect(dir, ERR_CONFIG, "bits");
+    /* a config whose shapes disagree with the weights: the tensor is named */
+    write_file(dir, "config.json",
+               "{\"model_type\": \"llama\", \"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 100, "
+               "\"max_position_embeddings\": 256}");
+    load_expect(dir, ERR_FORMAT, "mlp.gate_proj.weight");
+    /* more layers than the checkpoint has: the missing tensor is named */
+    write_file(dir, "config.json",
+               "{\"model_type\": \"llama\", \"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 3, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 176, "
+               "\"max_position_embeddings\": 256}");
+    load_expect(dir, ERR_MISSING, "model.layers.2.");
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    load_expect(dir, ERR_IO, "config.json");
+    remove_dir(dir);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(accessors),
+    cmocka_unit_test(generation_config),
+    cmocka_unit_test(bad_configs),
+};
+
+TEST_SUITE(config, tests);

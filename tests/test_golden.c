@@ -1,0 +1,145 @@
+/*
+ * golden: per-family parity with the float64 Hugging Face references in
+ * tests/fixtures/golden/<case>/golden.safetensors.
+ *
+ * For each case: prefill logits at every prompt position within
+ * 1e-3 x max|logit| of that row, then greedy decoding through the KV cache
+ * must pick exactly the reference ids while each step's logits stay within
+ * the same tolerance. MoE cases run with the fused single-token path on and
+ * off. Each case prints its max error.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/safetensors.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "test.h"
+
+#define REL_TOL 1e-3
+
+struct golden {
+    struct st_set *st;
+    struct tensor ids, prefill, greedy, decode;
+};
+
+static void golden_open(struct golden *g, const char *dir)
+{
+    char path[512];
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    int rc = st_set_open_file(&g->st, path, &e);
+    if (rc < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(st_set_take(g->st, "input_ids", &g->ids, &e), 0);
+    assert_int_equal(st_set_take(g->st, "prefill_logits", &g->prefill, &e), 0);
+    assert_int_equal(st_set_take(g->st, "greedy_ids", &g->greedy, &e), 0);
+    assert_int_equal(st_set_take(g->st, "decode_logits", &g->decode, &e), 0);
+    assert_int_equal(g->ids.dtype, DTYPE_I32);
+    assert_int_equal(g->prefill.dtype, DTYPE_F32);
+}
+
+static int argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+/* max |got - ref| / max |ref| over one row */
+static double row_rel_err(const float *got, const float *ref, int n)
+{
+    double mx = 0.0, ma = 0.0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > mx)
+            mx = d;
+        if (fabs(ref[i]) > ma)
+            ma = fabs(ref[i]);
+    }
+    return ma > 0 ? mx / ma : mx;
+}
+
+static double run_case(const char *name, struct backend *be, bool fused)
+{
+    char dir[512];
+    struct err e = {0};
+    struct golden g = {0};
+    struct model *m = NULL;
+    struct model_ctx *c = NULL;
+    snprintf(dir, sizeof dir, "%s", test_path("tests/fixtures/golden"));
+    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/%s", name);
+    golden_open(&g, dir);
+    if (model_load(&m, dir, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    assert_int_equal(model_ctx_new(&c, m, be, 0, &e), 0);
+    c->fused_moe = fused;
+
+    int L = (int)g.ids.shape[0], V = m->hp.n_vocab, N = (int)g.greedy.shape[0];
+    assert_int_equal(g.prefill.shape[1], V);
+    float *logits = malloc((size_t)L * V * sizeof(float));
+    assert_non_null(logits);
+    double worst = 0.0;
+
+    /* prefill: every position */
+    if (model_forward(c, g.ids.data, L, logits, true, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    const float *ref = g.prefill.data;
+    for (int i = 0; i < L; i++) {
+        double r = row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
+        if (r > worst)
+            worst = r;
+        if (r > REL_TOL)
+            fail_msg("%s: prefill position %d: relative error %.3g > %.0e", name, i, r, REL_TOL);
+    }
+
+    /* greedy decode through the cache */
+    const int32_t *greedy = g.greedy.data;
+    const float *dref = g.decode.data;
+    int next = argmax(logits + (size_t)(L - 1) * V, V);
+    for (int s = 0; s < N; s++) {
+        if (next != greedy[s])
+            fail_msg("%s: greedy step %d: got id %d, reference %d", name, s, next, greedy[s]);
+        if (model_forward(c, &greedy[s], 1, logits, false, &e) < 0)
+            fail_msg("%s: %s", name, e.msg);
+        double r = row_rel_err(logits, dref + (size_t)s * V, V);
+        if (r > worst)
+            worst = r;
+        if (r > REL_TOL)
+            fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, r, REL_TOL);
+        next = argmax(logits, V);
+    }
+    printf("golden %-20s fused_moe=%d  prefill %d + decode %d tokens  max rel err %.2e\n", name,
+           fused, L, N, worst);
+    free(logits);
+    model_ctx_free(c);
+    model_free(m);
+    st_set_free(g.st);
+    return worst;
+}
+
+static void check_case(void **state)
+{
+    const char *name = *state;
+    struct backend *be = NULL;
+    struct err e = {0};
+    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    run_case(name, be, true);
+    run_case(name, be, false);
+    backend_free(be);
+}
+
+#define GOLDEN_CASES(X) \
+    X(llama) X(llama3_rope) X(mistral) X(qwen2) X(qwen3)
+
+/* the case name travels as the test's initial state */
+#define ENTRY(n) {"golden_" #n, check_case, NULL, NULL, (void *)#n},
+static const struct CMUnitTest tests[] = {GOLDEN_CASES(ENTRY)};
+#undef ENTRY
+
+TEST_SUITE(golden, tests);
