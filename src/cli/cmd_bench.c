@@ -1,0 +1,396 @@
+/*
+ * bench: `mlxcel bench [-m MODEL] [-p 512] [-n 128] [-r 3] [-t N] [--json]`,
+ * throughput in the style of llama.cpp's llama-bench.
+ *
+ * Two tests, each repeated r times after one untimed warm-up:
+ *   ppP  prompt processing: one batched forward of P token ids from an empty
+ *        cache, last-position logits only (what generate's prefill does).
+ *   tgN  text generation: N single-token forwards from an empty cache, each
+ *        feeding back the argmax of the previous step (the sampling cost is
+ *        negligible and left out, as llama-bench does).
+ * Ids come from a fixed-seed generator, so runs are comparable. Reported:
+ * tokens/s mean and sample standard deviation over the repetitions.
+ *
+ * Memory: the footer (stderr) puts peak RSS next to the weight bytes and the
+ * KV cache of the context used, so "peak RSS <= weights + KV + 64 MiB" can be
+ * checked by eye or from --json (peak_rss_bytes, weight_bytes, kv_bytes).
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include <cjson/cJSON.h>
+
+#include "../engine/generate.h"
+#include "../models/model.h"
+#include "cli.h"
+
+#define BENCH_MAX_REPS 1000
+/* Headroom over weights + KV cache that the memory budget allows: activations,
+ * thread stacks, the allocator and the binary itself. */
+#define BENCH_RSS_SLACK (64ull << 20)
+/* Prompt ids are drawn from this fixed seed so every run feeds the same tokens. */
+#define BENCH_SEED 0x9e3779b97f4a7c15ull
+
+static const char *k_help =
+    "usage: mlxcel bench [-m MODEL] [-p N] [-n N] [-r N] [-t N] [--json]\n"
+    "\n"
+    "Prompt-processing and generation throughput, llama-bench style.\n"
+    "  -m, --model MODEL     checkpoint folder or owner/name (default: the embedded model)\n"
+    "  -p, --n-prompt N      prompt tokens of the pp test (default 512; 0 skips it)\n"
+    "  -n, --n-gen N         generated tokens of the tg test (default 128; 0 skips it)\n"
+    "  -r, --repetitions N   timed runs per test (default 3)\n"
+    "  -t, --threads N       CPU threads (default: all online CPUs)\n"
+    "      --json            print a JSON array, one object per test\n"
+    "  -h, --help            show this help\n"
+    "\n"
+    "Each test starts from an empty cache; one untimed warm-up precedes them.\n"
+    "Peak RSS, weight and KV-cache sizes are printed to stderr.\n";
+
+enum bench_kind { BENCH_PP = 0, BENCH_TG = 1 };
+
+struct bench_opts {
+    const char *model;
+    long n_prompt, n_gen, reps, threads;
+    bool json;
+};
+
+struct bench_result {
+    enum bench_kind kind;
+    int n_tokens;
+    double *samples;    /* [reps] tokens/s, owned */
+    double mean, sd;
+};
+
+/* Everything one run needs: the context, a [n_vocab] logits buffer and the prompt ids. */
+struct bench_state {
+    struct model_ctx *ctx;
+    float *logits;      /* [n_vocab] */
+    int32_t *ids;       /* [n_prompt] */
+};
+
+static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'}, {"n-prompt", required_argument, 0, 'p'},
+        {"n-gen", required_argument, 0, 'n'}, {"repetitions", required_argument, 0, 'r'},
+        {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    int c, rc = 0;
+    optind = 1;
+    opterr = 0;
+    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:r:t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': rc = cli_parse_int("-p", optarg, 0, 1 << 24, &o->n_prompt, e); break;
+        case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_gen, e); break;
+        case 'r': rc = cli_parse_int("-r", optarg, 1, BENCH_MAX_REPS, &o->reps, e); break;
+        case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
+        case 'J': o->json = true; break;
+        case 'h': fputs(k_help, stdout); return 1;
+        case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
+        default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (rc < 0)
+        return rc;
+    if (optind < argc)
+        return err_setf(e, ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (o->n_prompt == 0 && o->n_gen == 0)
+        return err_setf(e, ERR_ARG, "-p 0 and -n 0 leave nothing to run");
+    return 0;
+}
+
+/* ---- runs ---- */
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* splitmix64: deterministic ids in [0, n_vocab), independent of libc rand(). */
+static void fill_ids(int32_t *ids, int n, int n_vocab)
+{
+    uint64_t s = BENCH_SEED;
+    for (int i = 0; i < n; i++) {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        ids[i] = (int32_t)(z % (uint64_t)n_vocab);
+    }
+}
+
+/* One pp run of n tokens; *secs receives its wall time. */
+static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
+{
+    model_ctx_reset(b->ctx);
+    double t0 = gen_now();
+    int rc = model_forward(b->ctx, b->ids, n, b->logits, false, e);
+    *secs = gen_now() - t0;
+    return rc;
+}
+
+/* One tg run of n single-token steps from an empty cache. */
+static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
+{
+    int32_t id = b->ids ? b->ids[0] : 0;
+    int rc = 0;
+    model_ctx_reset(b->ctx);
+    double t0 = gen_now();
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = model_forward(b->ctx, &id, 1, b->logits, false, e);
+        id = argmax(b->logits, b->ctx->m->hp.n_vocab);
+    }
+    *secs = gen_now() - t0;
+    return rc;
+}
+
+static void summarize(struct bench_result *r, int reps)
+{
+    double sum = 0.0, sq = 0.0;
+    for (int i = 0; i < reps; i++)
+        sum += r->samples[i];
+    r->mean = sum / reps;
+    for (int i = 0; i < reps; i++)
+        sq += (r->samples[i] - r->mean) * (r->samples[i] - r->mean);
+    r->sd = reps > 1 ? sqrt(sq / (reps - 1)) : 0.0;
+}
+
+static const char *kind_name(enum bench_kind k)
+{
+    return k == BENCH_PP ? "pp" : "tg";
+}
+
+static int run_test(struct bench_state *b, struct bench_result *r, int reps, bool progress,
+                    struct err *e)
+{
+    for (int i = 0; i < reps; i++) {
+        double secs = 0.0;
+        int rc = r->kind == BENCH_PP ? run_pp(b, r->n_tokens, &secs, e)
+                                     : run_tg(b, r->n_tokens, &secs, e);
+        if (rc < 0)
+            return err_prefix(e, "%s%d run %d", kind_name(r->kind), r->n_tokens, i + 1);
+        r->samples[i] = secs > 0 ? r->n_tokens / secs : 0.0;
+        if (progress)
+            fprintf(stderr, "\r%s%d: run %d/%d  %.2f t/s   ", kind_name(r->kind), r->n_tokens,
+                    i + 1, reps, r->samples[i]);
+    }
+    if (progress)
+        fputc('\n', stderr);
+    summarize(r, reps);
+    return 0;
+}
+
+/* ---- output ---- */
+
+struct bench_meta {
+    const char *model;       /* name shown in the model column */
+    const struct model *m;
+    const char *backend;
+    int threads;
+    int n_ctx;
+    uint64_t peak_rss;       /* bytes */
+};
+
+static uint64_t peak_rss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (uint64_t)ru.ru_maxrss * 1024u;   /* Linux reports kilobytes */
+}
+
+static int print_json(const struct bench_meta *mt, const struct bench_result *res, int n_res,
+                      int reps, struct err *e)
+{
+    char test[32];
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; arr && i < n_res; i++) {
+        const struct bench_result *r = &res[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o))
+            break;
+        snprintf(test, sizeof test, "%s%d", kind_name(r->kind), r->n_tokens);
+        cJSON_AddStringToObject(o, "model", mt->model);
+        cJSON_AddStringToObject(o, "family", mt->m->ops->family);
+        cJSON_AddNumberToObject(o, "params", (double)model_n_params(mt->m));
+        cJSON_AddStringToObject(o, "backend", mt->backend);
+        cJSON_AddNumberToObject(o, "threads", mt->threads);
+        cJSON_AddStringToObject(o, "test", test);
+        cJSON_AddNumberToObject(o, "n_tokens", r->n_tokens);
+        cJSON_AddNumberToObject(o, "reps", reps);
+        cJSON_AddNumberToObject(o, "ts_mean", r->mean);
+        cJSON_AddNumberToObject(o, "ts_sd", r->sd);
+        cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(r->samples, reps));
+        cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
+        cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
+        cJSON_AddNumberToObject(o, "kv_bytes",
+                                (double)(model_kv_bytes_per_token(mt->m) * (uint64_t)mt->n_ctx));
+        cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
+    }
+    char *s = arr ? cJSON_Print(arr) : NULL;
+    cJSON_Delete(arr);
+    if (!s)
+        return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
+    puts(s);
+    cJSON_free(s);
+    return 0;
+}
+
+static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)
+{
+    char params[32], test[32];
+    int wm = (int)strlen(mt->model), wb = (int)strlen(mt->backend);
+    wm = wm < 5 ? 5 : wm;
+    wb = wb < 7 ? 7 : wb;
+    cli_format_count(model_n_params(mt->m), params, sizeof params);
+    printf("| %-*s | %8s | %-*s | %7s | %8s | %20s |\n", wm, "model", "params", wb, "backend",
+           "threads", "test", "t/s");
+    printf("| %.*s | -------: | %.*s | ------: | -------: | -------------------: |\n", wm,
+           "----------------------------------------------------------------", wb,
+           "----------------------------------------------------------------");
+    for (int i = 0; i < n_res; i++) {
+        char ts[64];
+        snprintf(test, sizeof test, "%s%d", kind_name(res[i].kind), res[i].n_tokens);
+        snprintf(ts, sizeof ts, "%.2f ± %.2f", res[i].mean, res[i].sd);
+        /* "±" is two bytes but one column; widen the field by one to keep alignment */
+        printf("| %-*s | %8s | %-*s | %7d | %8s | %21s |\n", wm, mt->model, params, wb,
+               mt->backend, mt->threads, test, ts);
+    }
+}
+
+static void print_footer(const struct bench_meta *mt)
+{
+    uint64_t wb = model_weight_bytes(mt->m);
+    uint64_t kv = model_kv_bytes_per_token(mt->m) * (uint64_t)mt->n_ctx;
+    uint64_t budget = wb + kv + BENCH_RSS_SLACK;
+    char s_rss[32], s_w[32], s_kv[32], s_b[32];
+    cli_format_bytes(mt->peak_rss, s_rss, sizeof s_rss);
+    cli_format_bytes(wb, s_w, sizeof s_w);
+    cli_format_bytes(kv, s_kv, sizeof s_kv);
+    cli_format_bytes(budget, s_b, sizeof s_b);
+    fprintf(stderr, "peak RSS %s; weights %s + KV cache %s (n_ctx %d) + 64 MiB = %s: %s\n", s_rss,
+            s_w, s_kv, mt->n_ctx, s_b, mt->peak_rss <= budget ? "within budget" : "OVER budget");
+}
+
+/* ---- command ---- */
+
+/* The model column: the -m argument as given (trailing '/' dropped), else the default's folder name. */
+static void model_label(const char *arg, const char *dir, char *buf, size_t cap)
+{
+    const char *s = arg;
+    if (!s) {
+        const char *slash = strrchr(dir, '/');
+        s = slash ? slash + 1 : dir;
+    }
+    snprintf(buf, cap, "%s", s);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/')
+        buf[--n] = '\0';
+}
+
+/* Checks the sizes, then allocates the context, logits and prompt ids. */
+static int bench_setup(struct bench_state *b, const struct model *m, struct backend *be,
+                       const struct bench_opts *o, struct err *e)
+{
+    int n_ctx_max = m->hp.n_ctx;
+    if (o->n_prompt > n_ctx_max)
+        return err_setf(e, ERR_RANGE, "-p %ld exceeds the model's context of %d tokens", o->n_prompt,
+                        n_ctx_max);
+    if (o->n_gen > n_ctx_max)
+        return err_setf(e, ERR_RANGE, "-n %ld exceeds the model's context of %d tokens", o->n_gen,
+                        n_ctx_max);
+    int n_ctx = (int)(o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
+    int rc;
+    if ((rc = model_ctx_new(&b->ctx, m, be, n_ctx, e)) < 0)
+        return rc;
+    b->logits = malloc((size_t)m->hp.n_vocab * sizeof *b->logits);
+    b->ids = malloc((size_t)(o->n_prompt > 0 ? o->n_prompt : 1) * sizeof *b->ids);
+    if (!b->logits || !b->ids)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    fill_ids(b->ids, o->n_prompt > 0 ? (int)o->n_prompt : 1, m->hp.n_vocab);
+    return 0;
+}
+
+/* Untimed warm-up as llama-bench does it: the full prompt once and one generated token. */
+static int warm_up(struct bench_state *b, const struct bench_opts *o, struct err *e)
+{
+    double secs;
+    int rc;
+    if (o->n_prompt > 0 && (rc = run_pp(b, (int)o->n_prompt, &secs, e)) < 0)
+        return err_prefix(e, "warm-up");
+    if (o->n_gen > 0 && (rc = run_tg(b, 1, &secs, e)) < 0)
+        return err_prefix(e, "warm-up");
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    struct bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
+    struct err e = {0};
+    char dir[4096], label[256];
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct bench_state b = {0};
+    struct bench_result res[2] = {{0}};
+    int n_res = 0, status = CLI_EXIT_ERROR;
+
+    int rc = parse_args(argc, argv, &o, &e);
+    if (rc > 0)
+        return CLI_EXIT_OK;
+    if (rc < 0)
+        return cli_usage_error("bench", "%s", e.msg);
+
+    if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0 ||
+        backend_cpu_new(&be, (int)o.threads, NULL, &e) < 0 || bench_setup(&b, m, be, &o, &e) < 0 ||
+        warm_up(&b, &o, &e) < 0)
+        goto out;
+    if (o.n_prompt > 0)
+        res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt};
+    if (o.n_gen > 0)
+        res[n_res++] = (struct bench_result){.kind = BENCH_TG, .n_tokens = (int)o.n_gen};
+    bool progress = cli_stderr_is_tty();
+    for (int i = 0; i < n_res; i++) {
+        res[i].samples = calloc((size_t)o.reps, sizeof *res[i].samples);
+        if (!res[i].samples) {
+            err_setf(&e, ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        if (run_test(&b, &res[i], (int)o.reps, progress, &e) < 0)
+            goto out;
+    }
+
+    model_label(o.model, dir, label, sizeof label);
+    struct bench_meta mt = {
+        .model = label, .m = m, .backend = be->name, .threads = be->n_threads,
+        .n_ctx = b.ctx->n_ctx, .peak_rss = peak_rss_bytes(),
+    };
+    if (o.json) {
+        if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)
+            goto out;
+    } else {
+        print_table(&mt, res, n_res);
+    }
+    print_footer(&mt);
+    status = CLI_EXIT_OK;
+out:
+    if (status != CLI_EXIT_OK)
+        cli_fail("bench", &e);
+    for (int i = 0; i < n_res; i++)
+        free(res[i].samples);
+    free(b.ids);
+    free(b.logits);
+    model_ctx_free(b.ctx);
+    backend_free(be);
+    model_free(m);
+    return status;
+}
