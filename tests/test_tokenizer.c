@@ -315,14 +315,15 @@ static void test_encode_errors(void **state)
     tok_free(t);
 }
 
-/* A word far longer than any vocab piece (the merge loop must stay fast)
- * round-trips, and NUL bytes inside the text are ordinary bytes. */
+/* A word far longer than any vocab piece (the merge loop must stay fast;
+ * past 256 KiB it is cut into pieces) round-trips, and NUL bytes inside
+ * the text are ordinary bytes. */
 static void test_encode_long_word(void **state)
 {
     (void)state;
     struct tokenizer *t = NULL;
     struct err e = {0};
-    size_t len = 200000;
+    size_t len = 300000;
     char *text = malloc(len + 1);
     assert_non_null(text);
     for (size_t i = 0; i < len; i++)
@@ -343,6 +344,45 @@ static void test_encode_long_word(void **state)
     free(ids);
     tok_free(t);
     free(text);
+}
+
+/* Long texts go through a per-call word cache, including the path where it
+ * is full: the ids must equal those of each word encoded on its own. */
+static void test_encode_cache(void **state)
+{
+    (void)state;
+    struct tokenizer *t = NULL;
+    struct err e = {0};
+    size_t cap = 200000, len = 0, n_want = 0, cap_want = 1 << 16;
+    char *text = malloc(cap);
+    int32_t *want = malloc(cap_want * sizeof *want);
+    assert_non_null(text);
+    assert_non_null(want);
+    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/gpt2"), &e), 0);
+    /* 12000 distinct words (more than the cache holds) plus repeats. */
+    for (int i = 0; i < 12000; i++) {
+        char word[64];
+        int wl = i % 5 ? snprintf(word, sizeof word, " w%d", i)
+                       : snprintf(word, sizeof word, " na\xC3\xAFve \xE4\xB8\xAD\xF0\x9F\x91\x8B");
+        int32_t *ids = NULL;
+        size_t n = 0;
+        assert_int_equal(tok_encode(t, word, (size_t)wl, false, &ids, &n, &e), 0);
+        assert_true(n_want + n <= cap_want && len + (size_t)wl < cap);
+        memcpy(want + n_want, ids, n * sizeof *ids);
+        n_want += n;
+        memcpy(text + len, word, (size_t)wl);
+        len += (size_t)wl;
+        free(ids);
+    }
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(tok_encode(t, text, len, false, &ids, &n, &e), 0);
+    assert_int_equal(n, n_want);
+    assert_memory_equal(ids, want, n * sizeof *ids);
+    free(ids);
+    free(want);
+    free(text);
+    tok_free(t);
 }
 
 /* ---- hand-written tokenizers ---- */
@@ -623,6 +663,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_stream_bytewise),
     cmocka_unit_test(test_encode_errors),
     cmocka_unit_test(test_encode_long_word),
+    cmocka_unit_test(test_encode_cache),
     cmocka_unit_test(test_merges_string_and_pair),
     cmocka_unit_test(test_split_behaviors),
     cmocka_unit_test(test_model_options),

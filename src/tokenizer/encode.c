@@ -14,17 +14,43 @@
  * alphanumerics, '_' and any non-ASCII byte, an approximation of HF's
  * Unicode check).
  *
- * All scratch (BPE arrays, the byte-level word buffer, PCRE2 match data)
- * belongs to one call, so concurrent calls on one tokenizer are safe.
+ * All scratch (BPE arrays, the byte-level word buffer, PCRE2 match data,
+ * the word cache) belongs to one call, so concurrent calls on one
+ * tokenizer are safe without locks.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_impl.h"
 
+/* Word cache: long texts repeat the same words (Zipf), and looking a word
+ * up is several times cheaper than mapping and merging it again. It lives
+ * for one call (so the tokenizer stays immutable), is only set up for
+ * texts of at least WC_MIN_TEXT bytes, and holds at most WC_MAX_ENTRIES
+ * words of at most WC_WORD_MAX bytes: a few MB at most. */
+#define WC_MIN_TEXT    4096
+#define WC_WORD_MAX    64     /* a word's ids <= its bytes, so both fit a uint8_t */
+#define WC_MAX_ENTRIES 65536
+
+struct wc_slot {
+    uint32_t hash;
+    uint32_t key_off;  /* word bytes in keys */
+    uint32_t ids_off;  /* its ids in ids */
+    uint8_t key_len;
+    uint8_t n_ids;
+    bool used;
+};
+struct word_cache {
+    struct wc_slot *slots;  /* NULL: cache off */
+    size_t mask, n, n_max;
+    struct tok_pool keys;
+    struct tok_ids ids;
+};
+
 struct enc {
     const struct tokenizer *t;
     struct tok_ids out;
+    struct word_cache wc;
     struct bpe_scratch bs;
     pcre2_match_data *md;
     char *map;  /* byte-level mapped word */
@@ -32,11 +58,68 @@ struct enc {
     struct err *e;
 };
 
+/* ---- word cache ---- */
+
+static int wc_init(struct word_cache *wc, size_t text_len, struct err *e)
+{
+    size_t n_max = text_len / 16 + 64, cap = 64;
+    if (n_max > WC_MAX_ENTRIES)
+        n_max = WC_MAX_ENTRIES;
+    while (cap < 2 * n_max)
+        cap *= 2;
+    wc->slots = calloc(cap, sizeof *wc->slots);
+    if (!wc->slots)
+        return err_setf(e, ERR_NOMEM, "encode: word cache of %zu slots", cap);
+    wc->mask = cap - 1;
+    wc->n_max = n_max;
+    return 0;
+}
+
+static void wc_deinit(struct word_cache *wc)
+{
+    free(wc->slots);
+    tok_pool_deinit(&wc->keys);
+    free(wc->ids.v);
+}
+
+/* Returns the slot holding w, or the empty slot where it would go. */
+static struct wc_slot *wc_find(const struct word_cache *wc, const char *w, size_t len,
+                               uint32_t h)
+{
+    for (size_t i = h & wc->mask;; i = (i + 1) & wc->mask) {
+        struct wc_slot *sl = &wc->slots[i];
+        if (!sl->used || (sl->hash == h && sl->key_len == len &&
+                          memcmp(wc->keys.buf + sl->key_off, w, len) == 0))
+            return sl;
+    }
+}
+
+/* Remembers that w encodes to ids[0..n). Silently does nothing when full. */
+static int wc_put(struct word_cache *wc, struct wc_slot *sl, const char *w, size_t len, uint32_t h,
+                  const int32_t *ids, size_t n, struct err *e)
+{
+    int rc;
+    if (wc->n >= wc->n_max || n > UINT8_MAX)
+        return 0;
+    sl->hash = h;
+    sl->key_len = (uint8_t)len;
+    sl->n_ids = (uint8_t)n;
+    sl->ids_off = (uint32_t)wc->ids.n;
+    if ((rc = tok_pool_add(&wc->keys, w, len, &sl->key_off, e)) < 0)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        if ((rc = tok_ids_push(&wc->ids, ids[i], e)) < 0)
+            return rc;
+    sl->used = true;
+    wc->n++;
+    return 0;
+}
+
 /* ---- model ---- */
 
-static int on_word(void *ctx, const char *w, size_t len)
+/* Runs the model on one word of at most TOK_WORD_MAX bytes. */
+static int chunk_ids(struct enc *c, const char *w, size_t len)
 {
-    struct enc *c = ctx;
     const struct tok_bytelevel *bl = &c->t->bl;
     if (!c->t->pretok.byte_level)
         return bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
@@ -56,6 +139,45 @@ static int on_word(void *ctx, const char *w, size_t len)
         n += bl->enc_len[b];
     }
     return bpe_word(c->t, &c->bs, c->map, n, &c->out, c->e);
+}
+
+/* BPE scratch costs ~100 bytes per byte of a word, so a word longer than
+ * TOK_WORD_MAX (only ever seen in hostile input: one run of 256 KiB of
+ * letters) is cut at character boundaries into pieces of at most that
+ * size. Up to that length the result is exactly HF's. */
+static int word_ids(struct enc *c, const char *w, size_t len)
+{
+    int rc;
+    while (len > TOK_WORD_MAX) {
+        size_t cut = TOK_WORD_MAX;
+        while (cut > 0 && ((unsigned char)w[cut] & 0xC0) == 0x80)
+            cut--;
+        if ((rc = chunk_ids(c, w, cut)) < 0)
+            return rc;
+        w += cut;
+        len -= cut;
+    }
+    return chunk_ids(c, w, len);
+}
+
+static int on_word(void *ctx, const char *w, size_t len)
+{
+    struct enc *c = ctx;
+    int rc;
+    if (!c->wc.slots || len > WC_WORD_MAX)
+        return word_ids(c, w, len);
+    uint32_t h = tok_hash_str(w, len);
+    struct wc_slot *sl = wc_find(&c->wc, w, len, h);
+    if (sl->used) {
+        for (size_t i = 0; i < sl->n_ids; i++)
+            if ((rc = tok_ids_push(&c->out, c->wc.ids.v[sl->ids_off + i], c->e)) < 0)
+                return rc;
+        return 0;
+    }
+    size_t n0 = c->out.n;
+    if ((rc = word_ids(c, w, len)) < 0)
+        return rc;
+    return wc_put(&c->wc, sl, w, len, h, c->out.v + n0, c->out.n - n0, c->e);
 }
 
 /* ---- added tokens ---- */
@@ -167,6 +289,8 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
     c.md = pcre2_match_data_create(1, NULL);
     if (!c.md)
         return err_setf(e, ERR_NOMEM, "encode: PCRE2 match data");
+    if (len >= WC_MIN_TEXT)
+        rc = wc_init(&c.wc, len, e);
     for (int i = 0; add_special && i < t->post.n_prefix && rc == 0; i++)
         rc = tok_ids_push(&c.out, t->post.prefix[i], e);
     if (rc == 0 && len > 0)
@@ -178,6 +302,7 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
         c.out.n = 0;
     }
     pcre2_match_data_free(c.md);
+    wc_deinit(&c.wc);
     bpe_scratch_deinit(&c.bs);
     free(c.map);
     if (rc < 0) {

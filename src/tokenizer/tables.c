@@ -50,7 +50,7 @@ void tok_pool_deinit(struct tok_pool *p)
 /* ---- string -> id map ---- */
 
 /* FNV-1a: keys are short (a few bytes), so a simple byte loop is enough. */
-static uint32_t hash_str(const char *s, size_t len)
+uint32_t tok_hash_str(const char *s, size_t len)
 {
     uint32_t h = 2166136261u;
     for (size_t i = 0; i < len; i++) {
@@ -92,7 +92,7 @@ int tok_strmap_put(struct tok_strmap *m, const struct tok_pool *p, uint32_t off,
                    int32_t id)
 {
     const char *s = p->buf + off;
-    uint32_t h = hash_str(s, len);
+    uint32_t h = tok_hash_str(s, len);
     for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
         struct tok_strslot *sl = &m->slots[i];
         if (sl->id < 0) {
@@ -115,7 +115,7 @@ int32_t tok_strmap_get(const struct tok_strmap *m, const struct tok_pool *p, con
 {
     if (!m->slots)
         return -1;
-    uint32_t h = hash_str(s, len);
+    uint32_t h = tok_hash_str(s, len);
     for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
         const struct tok_strslot *sl = &m->slots[i];
         if (sl->id < 0)

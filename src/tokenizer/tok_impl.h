@@ -38,6 +38,7 @@
 #define TOK_CONFIG_MAX ((size_t)16 << 20)  /* tokenizer_config.json (big chat templates) */
 #define TOK_TEXT_MAX   ((size_t)64 << 20)  /* one tok_encode call */
 #define TOK_ID_LIMIT   (1 << 24)           /* ids must be < 2^24 */
+#define TOK_WORD_MAX   ((size_t)256 << 10) /* longer words are cut (encode.c) */
 /* Ids may have holes, but the id table is allocated up to the highest id, so
  * highest id + 1 must stay below 2 * (number of entries) + TOK_ID_SLACK. */
 #define TOK_ID_SLACK   65536
@@ -54,6 +55,8 @@ struct tok_pool {
 };
 int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, struct err *e);
 void tok_pool_deinit(struct tok_pool *p);
+
+uint32_t tok_hash_str(const char *s, size_t len);
 
 /* Open-addressing map from a pooled string to an id. Sized once at init for
  * n_max keys (load <= 1/2), so puts never rehash. */
