@@ -14,10 +14,11 @@
 
 /* ---- config ---- */
 
-static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, struct err *e)
+static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, const char *def,
+                     struct err *e)
 {
     char act[64];
-    int rc = cfg_opt_str(cfg, key, "silu", act, sizeof act, e);
+    int rc = cfg_opt_str(cfg, key, def, act, sizeof act, e);
     if (rc < 0)
         return rc;
     if (strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0)
@@ -89,7 +90,8 @@ static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *
     return err_setf(e, ERR_UNSUPPORTED, "rope_scaling type '%s' is not supported", type);
 }
 
-int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, struct err *e)
+int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                     struct err *e)
 {
     int rc;
     float partial;
@@ -100,12 +102,12 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, struct err *e)
         (rc = cfg_opt_int(cfg, "num_key_value_heads", hp->n_head, &hp->n_kv_head, e)) < 0 ||
         (rc = cfg_int(cfg, "intermediate_size", &hp->n_ff, e)) < 0 ||
         (rc = cfg_int(cfg, "max_position_embeddings", &hp->n_ctx, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "rms_norm_eps", 1e-6f, &hp->norm_eps, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "partial_rotary_factor", 1.0f, &partial, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, d->eps_key, d->norm_eps, &hp->norm_eps, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "rope_theta", d->rope_theta, &hp->rope_theta, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "partial_rotary_factor", d->partial_rotary, &partial, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "tie_word_embeddings", false, &hp->tie_embd, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
-        (rc = parse_act(hp, cfg, "hidden_act", e)) < 0)
+        (rc = parse_act(hp, cfg, "hidden_act", d->act, e)) < 0)
         return rc;
     if (hp->n_head <= 0)
         return err_setf(e, ERR_CONFIG, "config field 'num_attention_heads' = %d must be positive",
@@ -230,8 +232,7 @@ int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *n
     return 0;
 }
 
-/* Norm weight (+ bias for LayerNorm) PREFIX.weight / PREFIX.bias. */
-static int map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
+int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                     const char *prefix, struct err *e)
 {
     int rc = wm_vec(w, wt, WM_REQUIRED, hp->n_embd, e, "%s.weight", prefix);
@@ -322,8 +323,8 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
         char n1[300], n2[300];
         snprintf(n1, sizeof n1, "%s.input_layernorm", pre);
         snprintf(n2, sizeof n2, "%s.post_attention_layernorm", pre);
-        if ((rc = map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
-            (rc = map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
+        if ((rc = hf_map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
+            (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
             (rc = map_attention(&w, &m->hp, L, il, e)) < 0 ||
             (rc = map_ffn(m, &w, L, il, e)) < 0)
             return rc;

@@ -15,12 +15,27 @@
 extern "C" {
 #endif
 
-/* vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+/* The defaults of one transformers config class, for the fields that have one.
+ * Each family writes its table once; nothing else invents a default. */
+struct hf_defaults {
+    const char *eps_key;     /* "rms_norm_eps" or "layer_norm_eps" */
+    float norm_eps;
+    float rope_theta;
+    float partial_rotary;    /* partial_rotary_factor */
+    const char *act;         /* hidden_act */
+};
+
+/* vocab_size, hidden_size, num_hidden_layers, num_attention_heads (required);
  * num_key_value_heads (= heads), head_dim (= hidden / heads), intermediate_size,
- * max_position_embeddings, rms_norm_eps (1e-6), rope_theta (10000),
- * partial_rotary_factor (1.0), rope_scaling / rope_parameters, hidden_act (silu),
+ * max_position_embeddings (required), the norm epsilon, rope_theta,
+ * partial_rotary_factor, rope_scaling / rope_parameters, hidden_act,
  * tie_word_embeddings (false), attention_bias (false). */
-int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, struct err *e);
+int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                     struct err *e);
+
+/* Norm weight (+ bias for LayerNorm) PREFIX.weight / PREFIX.bias of n_embd. */
+int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
+                const char *prefix, struct err *e);
 
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);

@@ -9,9 +9,12 @@
 
 int llama_self_test(struct err *e);
 
+/* transformers LlamaConfig defaults */
+static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+
 static int llama_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    return hf_parse_decoder(hp, cfg, e);
+    return hf_parse_decoder(hp, cfg, &llama_defaults, e);
 }
 
 static const char *const llama_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};

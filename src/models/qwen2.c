@@ -7,9 +7,12 @@
 
 int qwen2_self_test(struct err *e);
 
+/* transformers Qwen2Config defaults */
+static const struct hf_defaults qwen2_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+
 static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    int rc = hf_parse_decoder(hp, cfg, e);
+    int rc = hf_parse_decoder(hp, cfg, &qwen2_defaults, e);
     hp->qkv_bias = true;
     hp->out_bias = false;
     return rc;

@@ -8,9 +8,12 @@
 
 int qwen3_self_test(struct err *e);
 
+/* transformers Qwen3Config defaults */
+static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+
 static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    int rc = hf_parse_decoder(hp, cfg, e);
+    int rc = hf_parse_decoder(hp, cfg, &qwen3_defaults, e);
     hp->qk_norm = true;
     return rc;
 }
