@@ -45,21 +45,27 @@ struct st_tensor {
 };
 
 /* Parse a header JSON of json_len bytes for a data section of data_len bytes.
- * On success *out is a malloc'd array of *n_out tensors (names malloc'd;
- * free with st_tensors_free), data pointers NULL, file 0. */
+ * On success *out is a malloc'd array of *n_out tensors sorted by name (names
+ * malloc'd; free with st_tensors_free), data pointers NULL, file 0; *out may
+ * be non-NULL with *n_out == 0. On failure *out = NULL, *n_out = 0 and e names
+ * the tensor and the expected versus actual value. Unknown dtype ->
+ * -ERR_UNSUPPORTED; every other problem -> -ERR_FORMAT. */
 int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
                     struct st_tensor **out, size_t *n_out, struct err *e);
 void st_tensors_free(struct st_tensor *t, size_t n);
 
 struct st_set;
 
-/* Open every shard of the checkpoint in dir (see above). */
+/* Open every shard of the checkpoint in dir (see above). On failure *out = NULL
+ * and e names the file (and tensor); a folder without weights or an index
+ * naming a missing shard -> -ERR_MISSING. The caller owns *out. */
 int st_set_open(struct st_set **out, const char *dir, struct err *e);
 /* Open a single .safetensors file (used for golden files and tests). */
 int st_set_open_file(struct st_set **out, const char *path, struct err *e);
 void st_set_free(struct st_set *s);
 
 size_t st_set_count(const struct st_set *s);
+/* Tensors are ordered by name (strcmp); i >= count -> NULL. */
 const struct st_tensor *st_set_at(const struct st_set *s, size_t i);
 const struct st_tensor *st_set_find(const struct st_set *s, const char *name);
 size_t st_set_n_files(const struct st_set *s);
@@ -68,6 +74,8 @@ const char *st_set_file_path(const struct st_set *s, size_t i);
 uint64_t st_set_data_bytes(const struct st_set *s);
 
 /* View of tensor `name` as a struct tensor (ndim <= TENSOR_MAX_DIMS), marked consumed.
+ * data points into the read-only mapping (never write through it); name is the
+ * set's. A 0-dim (scalar) tensor comes back as shape [1].
  * Missing -> -ERR_MISSING "missing tensor 'name'"; more than 4 dims -> -ERR_FORMAT. */
 int st_set_take(struct st_set *s, const char *name, struct tensor *out, struct err *e);
 /* Like st_set_take, but an absent tensor is not an error: out->ndim = 0, returns 0. */
