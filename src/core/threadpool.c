@@ -9,11 +9,21 @@
 #include "threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
 
-#define SPIN_ITERS 200000  /* ~tens of microseconds before sleeping */
+/* Busy-wait budget before a waiter gives up its CPU. A pause costs 10-140
+ * cycles depending on the microarchitecture, so 4096 of them are roughly
+ * 15-200 us: long enough to catch back-to-back decode kernels, short enough
+ * that idle workers do not burn a core for milliseconds after the last job.
+ * (It was 200000, i.e. 5-10 ms of spinning per worker per job.) */
+#define SPIN_ITERS 4096
+/* While spinning, yield every this many pauses: when the pool has more
+ * threads than free cores, a spinner must let the threads that still have
+ * work run, or each job waits for a scheduler tick (milliseconds). */
+#define SPIN_YIELD_EVERY 64
 
 struct tpool {
     int n;                     /* total threads including the caller */
@@ -52,6 +62,8 @@ static void *worker_main(void *arg)
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
             if (++spins < SPIN_ITERS) {
                 cpu_relax();
+                if (spins % SPIN_YIELD_EVERY == 0)
+                    sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -147,6 +159,9 @@ void tpool_run(struct tpool *p, tpool_fn fn, void *ctx)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+    for (unsigned spins = 1; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
         cpu_relax();
+        if (spins % SPIN_YIELD_EVERY == 0)
+            sched_yield();
+    }
 }

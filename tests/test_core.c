@@ -1,0 +1,549 @@
+/*
+ * Core suites:
+ *   dtype       names/sizes/parse, f16 and bf16 conversions checked against
+ *               known bit patterns and exhaustively over all 65536 inputs
+ *               (round trips, and rounding at every midpoint between
+ *               neighbouring values, which covers ties-to-even, subnormals
+ *               and overflow to inf).
+ *   tensor      tensor_init strides, slice0, storage bytes, quantized layout.
+ *   threadpool  tpool_run runs each ith exactly once per call, repeatedly and
+ *               across pool sizes; results written by workers are visible to
+ *               the caller; tpool_range partitions exactly.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/threadpool.h"
+#include "test.h"
+
+// ---- dtype ----
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static bool f16_is_nan(uint16_t h)
+{
+    return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu);
+}
+
+static bool bf16_is_nan(uint16_t h)
+{
+    return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu);
+}
+
+static void test_dtype_names(void **state)
+{
+    (void)state;
+    static const struct {
+        enum dtype t;
+        const char *name;
+        size_t size;
+    } k[] = {
+        {DTYPE_F32, "F32", 4}, {DTYPE_F16, "F16", 2}, {DTYPE_BF16, "BF16", 2},
+        {DTYPE_U32, "U32", 4}, {DTYPE_I32, "I32", 4}, {DTYPE_U8, "U8", 1},
+        {DTYPE_I8, "I8", 1},   {DTYPE_F64, "F64", 8}, {DTYPE_I64, "I64", 8},
+        {DTYPE_U16, "U16", 2}, {DTYPE_I16, "I16", 2}, {DTYPE_BOOL, "BOOL", 1},
+    };
+    assert_int_equal(sizeof k / sizeof k[0], DTYPE_COUNT);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        enum dtype t = DTYPE_COUNT;
+        assert_string_equal(dtype_name(k[i].t), k[i].name);
+        assert_int_equal(dtype_size(k[i].t), k[i].size);
+        assert_int_equal(dtype_parse(k[i].name, &t), 0);
+        assert_int_equal(t, k[i].t);
+    }
+    enum dtype t = DTYPE_F32;
+    assert_int_equal(dtype_parse("bf16", &t), -1); /* names are case-sensitive */
+    assert_int_equal(dtype_parse("F8_E4M3", &t), -1);
+    assert_int_equal(dtype_parse("", &t), -1);
+    assert_int_equal(t, DTYPE_F32); /* untouched on failure */
+    assert_string_equal(dtype_name(DTYPE_COUNT), "?");
+    assert_string_equal(dtype_name((enum dtype)-1), "?");
+    assert_int_equal(dtype_size(DTYPE_COUNT), 0);
+    assert_true(dtype_is_float(DTYPE_F32));
+    assert_true(dtype_is_float(DTYPE_F16));
+    assert_true(dtype_is_float(DTYPE_BF16));
+    assert_false(dtype_is_float(DTYPE_F64));
+    assert_false(dtype_is_float(DTYPE_U32));
+}
+
+static void test_f16_known(void **state)
+{
+    (void)state;
+    static const struct {
+        float f;
+        uint16_t h;
+    } k[] = {
+        {0.0f, 0x0000},
+        {1.0f, 0x3c00},
+        {-2.0f, 0xc000},
+        {0.5f, 0x3800},
+        {0.1f, 0x2e66},
+        {1.0f / 3.0f, 0x3555},
+        {65504.0f, 0x7bff},                 /* largest finite */
+        {65519.0f, 0x7bff},                 /* below the overflow midpoint */
+        {65520.0f, 0x7c00},                 /* the midpoint ties to even: inf */
+        {1e6f, 0x7c00},
+        {-1e6f, 0xfc00},
+        {0x1p-14f, 0x0400},                 /* smallest normal */
+        {0x1p-24f, 0x0001},                 /* smallest subnormal */
+        {0x1p-25f, 0x0000},                 /* half of it ties to even: 0 */
+        {0x1.8p-25f, 0x0001},
+        {-0x1p-26f, 0x8000},                /* underflow keeps the sign */
+        {0x3ffp-24f, 0x03ff},               /* largest subnormal */
+        {0x7ff.0p-25f, 0x0400},             /* 1023.5 x 2^-24 ties up into the normals */
+        {1.0f + 0x1p-11f, 0x3c00},          /* tie, stays even */
+        {1.0f + 0x3p-11f, 0x3c02},          /* tie, rounds up to even */
+        {1.0f + 0x1p-11f + 0x1p-20f, 0x3c01}, /* just above the tie */
+        {INFINITY, 0x7c00},
+        {-INFINITY, 0xfc00},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        uint16_t got = f32_to_f16(k[i].f);
+        if (got != k[i].h)
+            fail_msg("f32_to_f16(%a) = 0x%04x, want 0x%04x", (double)k[i].f, got, k[i].h);
+    }
+    assert_int_equal(f32_to_f16(-0.0f), 0x8000);
+    assert_true(f16_is_nan(f32_to_f16(NAN)));
+    assert_true(f16_is_nan(f32_to_f16(bits_f32(0x7f800001u)))); /* signalling NaN stays NaN */
+    assert_true(f16_is_nan(f32_to_f16(bits_f32(0xffc00000u))));
+
+    assert_true(f16_to_f32(0x0001) == 0x1p-24f);
+    assert_true(f16_to_f32(0x8001) == -0x1p-24f);
+    assert_true(f16_to_f32(0x03ff) == 0x3ffp-24f);
+    assert_true(f16_to_f32(0x7bff) == 65504.0f);
+    assert_true(f16_to_f32(0x3555) == 0x555p-12f);
+    assert_int_equal(f32_bits(f16_to_f32(0x8000)), 0x80000000u);
+    assert_true(isinf(f16_to_f32(0xfc00)) && f16_to_f32(0xfc00) < 0);
+    assert_true(isnan(f16_to_f32(0x7e00)));
+    assert_true(isnan(f16_to_f32(0x7c01)));
+}
+
+/* Every f16: widening matches the textbook formula, and narrowing back is exact. */
+static void test_f16_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t i = 0; i < 0x10000u; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = f16_to_f32(h);
+        if (f16_is_nan(h)) {
+            assert_true(isnan(f));
+            assert_true(f16_is_nan(f32_to_f16(f)));
+            continue;
+        }
+        int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        float want = e == 0x1f ? INFINITY
+                     : e == 0  ? ldexpf((float)m, -24)
+                               : ldexpf((float)(1024 + m), e - 25);
+        if (h & 0x8000)
+            want = -want;
+        if (f32_bits(f) != f32_bits(want))
+            fail_msg("f16_to_f32(0x%04x) = %a, want %a", h, (double)f, (double)want);
+        if (f32_to_f16(f) != h)
+            fail_msg("f16 0x%04x does not round-trip (got 0x%04x)", h, f32_to_f16(f));
+    }
+}
+
+/* Between every two neighbouring positive f16 values a < b (including the
+ * last finite one and inf): below the midpoint -> a, above -> b, on it -> the
+ * even one. Negative values mirror. */
+static void test_f16_midpoints(void **state)
+{
+    (void)state;
+    for (uint16_t h = 0; h < 0x7c00; h++) {
+        float a = f16_to_f32(h);
+        float b = h == 0x7bff ? 65536.0f : f16_to_f32((uint16_t)(h + 1));
+        float m = a + (b - a) / 2; /* exact: f16 has 11 significant bits, f32 24 */
+        uint16_t even = (h & 1) ? (uint16_t)(h + 1) : h;
+        uint16_t lo = f32_to_f16(nextafterf(m, 0.0f));
+        uint16_t hi = f32_to_f16(nextafterf(m, INFINITY));
+        uint16_t at = f32_to_f16(m);
+        if (lo != h || hi != h + 1 || at != even)
+            fail_msg("f16 midpoint after 0x%04x: below 0x%04x above 0x%04x at 0x%04x", h, lo, hi,
+                     at);
+        if (f32_to_f16(-m) != (at | 0x8000))
+            fail_msg("f16 midpoint after 0x%04x: negative side differs", h);
+    }
+}
+
+static void test_bf16_known(void **state)
+{
+    (void)state;
+    static const struct {
+        uint32_t f;  /* f32 bits */
+        uint16_t h;
+    } k[] = {
+        {0x3f800000u, 0x3f80},  /* 1.0 */
+        {0xc0000000u, 0xc000},  /* -2.0 */
+        {0x40400000u, 0x4040},  /* 3.0 */
+        {0x3f808000u, 0x3f80},  /* 1 + 2^-8: tie, stays even */
+        {0x3f818000u, 0x3f82},  /* 1 + 3 x 2^-8: tie, rounds up to even */
+        {0x3f808001u, 0x3f81},  /* just above the tie */
+        {0x3f807fffu, 0x3f80},  /* just below */
+        {0x7f7fffffu, 0x7f80},  /* FLT_MAX rounds to inf */
+        {0x7f7f7fffu, 0x7f7f},
+        {0x7f800000u, 0x7f80},  /* inf */
+        {0xff800000u, 0xff80},  /* -inf */
+        {0x00000001u, 0x0000},  /* f32 subnormals round like any other value */
+        {0x00008000u, 0x0000},
+        {0x00018000u, 0x0002},
+        {0x00008001u, 0x0001},
+        {0x80000000u, 0x8000},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        uint16_t got = f32_to_bf16(bits_f32(k[i].f));
+        if (got != k[i].h)
+            fail_msg("f32_to_bf16(0x%08x) = 0x%04x, want 0x%04x", k[i].f, got, k[i].h);
+    }
+    /* NaNs are quieted, never rounded into inf */
+    assert_int_equal(f32_to_bf16(bits_f32(0x7fc00000u)), 0x7fc0);
+    assert_int_equal(f32_to_bf16(bits_f32(0x7f800001u)), 0x7fc0);
+    assert_int_equal(f32_to_bf16(bits_f32(0xff800001u)), 0xffc0);
+    assert_int_equal(f32_to_bf16(bits_f32(0x7fffffffu)), 0x7fff);
+    assert_true(bf16_to_f32(0x3f80) == 1.0f);
+    assert_true(bf16_to_f32(0x0001) == bits_f32(0x00010000u));
+    assert_true(isnan(bf16_to_f32(0x7fc1)));
+}
+
+static void test_bf16_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t i = 0; i < 0x10000u; i++) {
+        uint16_t h = (uint16_t)i;
+        float f = bf16_to_f32(h);
+        assert_int_equal(f32_bits(f), i << 16);
+        if (bf16_is_nan(h))
+            assert_true(bf16_is_nan(f32_to_bf16(f)));
+        else if (f32_to_bf16(f) != h)
+            fail_msg("bf16 0x%04x does not round-trip", h);
+    }
+    /* midpoints, in bits: a bf16 is the top half of an f32 */
+    for (uint32_t h = 0; h < 0x7f80u; h++) {
+        uint32_t m = (h << 16) | 0x8000u;
+        uint16_t even = (uint16_t)((h & 1) ? h + 1 : h);
+        uint16_t lo = f32_to_bf16(bits_f32(m - 1));
+        uint16_t hi = f32_to_bf16(bits_f32(m + 1));
+        uint16_t at = f32_to_bf16(bits_f32(m));
+        if (lo != h || hi != h + 1 || at != even)
+            fail_msg("bf16 midpoint after 0x%04x: below 0x%04x above 0x%04x at 0x%04x", h, lo,
+                     hi, at);
+        if (f32_to_bf16(bits_f32(m | 0x80000000u)) != (at | 0x8000))
+            fail_msg("bf16 midpoint after 0x%04x: negative side differs", h);
+    }
+}
+
+static void test_dtype_to_f32(void **state)
+{
+    (void)state;
+    static const float f32[3] = {1.5f, -0.0f, 3e38f};
+    static const uint16_t f16[3] = {0x3c00, 0x0001, 0xfc00};
+    static const uint16_t bf16[3] = {0x3f80, 0xc000, 0x7f80};
+    float out[3];
+    dtype_to_f32_ref(out, f32, DTYPE_F32, 3);
+    assert_memory_equal(out, f32, sizeof f32);
+    dtype_to_f32_ref(out, f16, DTYPE_F16, 3);
+    assert_true(out[0] == 1.0f && out[1] == 0x1p-24f && isinf(out[2]) && out[2] < 0);
+    dtype_to_f32_ref(out, bf16, DTYPE_BF16, 3);
+    assert_true(out[0] == 1.0f && out[1] == -2.0f && isinf(out[2]));
+    static const uint32_t u32[3] = {1, 2, 3};
+    dtype_to_f32_ref(out, u32, DTYPE_U32, 3); /* not a float type: zeros by contract */
+    assert_true(out[0] == 0.0f && out[1] == 0.0f && out[2] == 0.0f);
+}
+
+// ---- tensor ----
+
+static void test_tensor_init(void **state)
+{
+    (void)state;
+    float buf[24];
+    struct tensor t;
+    tensor_init(&t, DTYPE_F32, buf, 3, (const int64_t[]){2, 3, 4});
+    assert_int_equal(t.ndim, 3);
+    assert_int_equal(t.stride[0], 12);
+    assert_int_equal(t.stride[1], 4);
+    assert_int_equal(t.stride[2], 1);
+    assert_int_equal(t.shape[3], 0);
+    assert_int_equal(t.stride[3], 0);
+    assert_int_equal(tensor_nelem(&t), 24);
+    assert_int_equal(tensor_row_storage(&t), 4);
+    assert_int_equal(tensor_storage_bytes(&t), sizeof buf);
+    assert_true(tensor_is_contiguous(&t));
+    assert_true(tensor_is_present(&t));
+    assert_null(t.name);
+    assert_int_equal(t.qbits, 0);
+
+    /* a transposed view is not contiguous */
+    struct tensor tr = t;
+    tr.shape[1] = 4;
+    tr.shape[2] = 3;
+    tr.stride[1] = 1;
+    tr.stride[2] = 4;
+    assert_false(tensor_is_contiguous(&tr));
+
+    struct tensor absent;
+    memset(&absent, 0, sizeof absent);
+    assert_int_equal(tensor_nelem(&absent), 0);
+    assert_int_equal(tensor_storage_bytes(&absent), 0);
+    assert_int_equal(tensor_row_storage(&absent), 0);
+    assert_false(tensor_is_present(&absent));
+
+    struct tensor h;
+    tensor_init(&h, DTYPE_BF16, buf, 2, (const int64_t[]){5, 7});
+    assert_int_equal(tensor_storage_bytes(&h), 5 * 7 * 2);
+    tensor_init(&h, DTYPE_F32, buf, 2, (const int64_t[]){0, 7});
+    assert_int_equal(tensor_nelem(&h), 0);
+    assert_int_equal(tensor_storage_bytes(&h), 0);
+}
+
+static void test_tensor_slice0(void **state)
+{
+    (void)state;
+    float buf[24];
+    for (int i = 0; i < 24; i++)
+        buf[i] = (float)i;
+    struct tensor t;
+    tensor_init(&t, DTYPE_F32, buf, 3, (const int64_t[]){2, 3, 4});
+    t.name = "x";
+    struct tensor s = tensor_slice0(&t, 1);
+    assert_ptr_equal(s.data, buf + 12);
+    assert_int_equal(s.ndim, 2);
+    assert_int_equal(s.shape[0], 3);
+    assert_int_equal(s.shape[1], 4);
+    assert_int_equal(s.shape[2], 0);
+    assert_int_equal(s.stride[0], 4);
+    assert_int_equal(s.stride[1], 1);
+    assert_int_equal(s.stride[2], 0);
+    assert_string_equal(s.name, "x");
+    assert_true(tensor_is_contiguous(&s));
+    assert_int_equal(tensor_storage_bytes(&s), 12 * sizeof(float));
+    struct tensor r = tensor_slice0(&s, 2);
+    assert_int_equal(r.ndim, 1);
+    assert_int_equal(r.shape[0], 4);
+    assert_true(((float *)r.data)[0] == 20.0f);
+    struct tensor e = tensor_slice0(&r, 3);
+    assert_int_equal(e.ndim, 0);
+    assert_true(*(float *)e.data == 23.0f);
+}
+
+/* MLX affine 4-bit, groups of 64: each logical row of 128 is 16 packed U32
+ * words plus 2 scales and 2 biases (BF16). */
+static void test_tensor_quantized(void **state)
+{
+    (void)state;
+    static uint32_t w[2 * 3 * 16];
+    static uint16_t sc[2 * 3 * 2], bi[2 * 3 * 2];
+    struct tensor t;
+    tensor_init(&t, DTYPE_U32, w, 3, (const int64_t[]){2, 3, 16});
+    t.shape[2] = 128; /* logical */
+    t.qbits = 4;
+    t.qgroup = 64;
+    t.qsdtype = DTYPE_BF16;
+    t.qscales = sc;
+    t.qbiases = bi;
+    assert_int_equal(tensor_row_storage(&t), 16);
+    assert_true(tensor_is_contiguous(&t));
+    assert_int_equal(tensor_nelem(&t), 2 * 3 * 128);
+    assert_int_equal(tensor_storage_bytes(&t), 6 * 16 * 4 + 2 * 6 * 2 * 2);
+
+    struct tensor s = tensor_slice0(&t, 1);
+    assert_int_equal(s.ndim, 2);
+    assert_int_equal(s.shape[0], 3);
+    assert_int_equal(s.shape[1], 128);
+    assert_int_equal(s.qbits, 4);
+    assert_ptr_equal(s.data, w + 48);
+    assert_ptr_equal(s.qscales, sc + 6);
+    assert_ptr_equal(s.qbiases, bi + 6);
+    assert_int_equal(tensor_storage_bytes(&s), 3 * 16 * 4 + 2 * 3 * 2 * 2);
+
+    struct tensor row = tensor_slice0(&s, 2);
+    assert_ptr_equal(row.data, w + 48 + 32);
+    assert_ptr_equal(row.qscales, sc + 6 + 4);
+
+    /* the plain 2-D case: [8, 128] */
+    struct tensor q;
+    tensor_init(&q, DTYPE_U32, w, 2, (const int64_t[]){8, 16});
+    q.shape[1] = 128;
+    q.qbits = 4;
+    q.qgroup = 64;
+    q.qsdtype = DTYPE_BF16;
+    assert_int_equal(tensor_storage_bytes(&q), 8 * 16 * 4 + 2 * 8 * 2 * 2);
+}
+
+// ---- threadpool ----
+
+#define TP_MAX 8
+
+struct tp_count {
+    atomic_int hits[TP_MAX];
+    atomic_int bad_nth;
+    int nth;
+};
+
+static void tp_count_fn(void *ctx, int ith, int nth)
+{
+    struct tp_count *c = ctx;
+    if (nth != c->nth || ith < 0 || ith >= nth)
+        atomic_fetch_add(&c->bad_nth, 1);
+    else
+        atomic_fetch_add(&c->hits[ith], 1);
+}
+
+static void test_tpool_every_ith(void **state)
+{
+    (void)state;
+    enum { RUNS = 1000 };
+    for (int n = 1; n <= 4; n++) {
+        struct tpool *p;
+        struct err e = {0};
+        assert_int_equal(tpool_new(&p, n, &e), 0);
+        assert_int_equal(tpool_size(p), n);
+        struct tp_count c = {.nth = n};
+        for (int r = 0; r < RUNS; r++) {
+            tpool_run(p, tp_count_fn, &c);
+            /* after each return, every thread has run exactly once more */
+            for (int i = 0; i < n; i++)
+                if (atomic_load(&c.hits[i]) != r + 1)
+                    fail_msg("pool %d run %d: thread %d ran %d times", n, r, i,
+                             atomic_load(&c.hits[i]));
+        }
+        assert_int_equal(atomic_load(&c.bad_nth), 0);
+        tpool_free(p);
+    }
+}
+
+struct tp_sum {
+    const int64_t *x;
+    long n;
+    int64_t partial[TP_MAX]; /* plain stores: the pool must publish them */
+};
+
+static void tp_sum_fn(void *ctx, int ith, int nth)
+{
+    struct tp_sum *s = ctx;
+    long lo, hi;
+    tpool_range(s->n, ith, nth, &lo, &hi);
+    int64_t acc = 0;
+    for (long i = lo; i < hi; i++)
+        acc += s->x[i];
+    s->partial[ith] = acc;
+}
+
+static void test_tpool_results_visible(void **state)
+{
+    (void)state;
+    enum { N = 1001, RUNS = 1000 };
+    int64_t *x = malloc(N * sizeof *x);
+    assert_non_null(x);
+    for (int n = 2; n <= 4; n++) {
+        struct tpool *p;
+        assert_int_equal(tpool_new(&p, n, NULL), 0);
+        for (int r = 0; r < RUNS; r++) {
+            for (int i = 0; i < N; i++)
+                x[i] = r + i;
+            struct tp_sum s = {.x = x, .n = N};
+            tpool_run(p, tp_sum_fn, &s);
+            int64_t total = 0;
+            for (int i = 0; i < n; i++)
+                total += s.partial[i];
+            assert_int_equal(total, (int64_t)N * r + (int64_t)N * (N - 1) / 2);
+        }
+        tpool_free(p);
+    }
+    free(x);
+}
+
+static void test_tpool_lifecycle(void **state)
+{
+    (void)state;
+    struct tpool *p;
+    struct err e = {0};
+    /* no pool: the caller runs the job as thread 0 of 1 */
+    struct tp_count c = {.nth = 1};
+    tpool_run(NULL, tp_count_fn, &c);
+    assert_int_equal(atomic_load(&c.hits[0]), 1);
+    assert_int_equal(tpool_size(NULL), 1);
+    tpool_free(NULL);
+
+    assert_true(tpool_default_threads() >= 1);
+    assert_int_equal(tpool_new(&p, 0, &e), 0);
+    assert_int_equal(tpool_size(p), tpool_default_threads());
+    tpool_free(p);
+
+    assert_int_equal(tpool_new(&p, 5000, &e), -ERR_ARG);
+    assert_null(p);
+    assert_non_null(strstr(e.msg, "5000"));
+
+    /* create and destroy quickly: workers may not have started yet */
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(tpool_new(&p, 1 + i % 4, &e), 0);
+        if (i % 2) {
+            struct tp_count k = {.nth = 1 + i % 4};
+            tpool_run(p, tp_count_fn, &k);
+            assert_int_equal(atomic_load(&k.bad_nth), 0);
+        }
+        tpool_free(p);
+    }
+}
+
+static void test_tpool_range(void **state)
+{
+    (void)state;
+    for (long n = 0; n <= 130; n++) {
+        for (int nth = 1; nth <= 9; nth++) {
+            long next = 0;
+            for (int ith = 0; ith < nth; ith++) {
+                long lo, hi;
+                tpool_range(n, ith, nth, &lo, &hi);
+                /* chunks are contiguous, in order, and never larger than ceil(n/nth) */
+                if (lo != next || hi < lo || hi - lo > (n + nth - 1) / nth)
+                    fail_msg("n %ld nth %d ith %d: [%ld, %ld) after %ld", n, nth, ith, lo, hi,
+                             next);
+                next = hi;
+            }
+            if (next != n)
+                fail_msg("n %ld nth %d: chunks end at %ld", n, nth, next);
+        }
+    }
+}
+
+static const struct CMUnitTest k_dtype_tests[] = {
+    cmocka_unit_test(test_dtype_names),
+    cmocka_unit_test(test_f16_known),
+    cmocka_unit_test(test_f16_exhaustive),
+    cmocka_unit_test(test_f16_midpoints),
+    cmocka_unit_test(test_bf16_known),
+    cmocka_unit_test(test_bf16_exhaustive),
+    cmocka_unit_test(test_dtype_to_f32),
+};
+
+static const struct CMUnitTest k_tensor_tests[] = {
+    cmocka_unit_test(test_tensor_init),
+    cmocka_unit_test(test_tensor_slice0),
+    cmocka_unit_test(test_tensor_quantized),
+};
+
+static const struct CMUnitTest k_threadpool_tests[] = {
+    cmocka_unit_test(test_tpool_every_ith),
+    cmocka_unit_test(test_tpool_results_visible),
+    cmocka_unit_test(test_tpool_lifecycle),
+    cmocka_unit_test(test_tpool_range),
+};
+
+TEST_SUITE(dtype, k_dtype_tests);
+TEST_SUITE(tensor, k_tensor_tests);
+TEST_SUITE(threadpool, k_threadpool_tests);
