@@ -150,8 +150,8 @@ static int load_merges(struct tokenizer *t, const cJSON *merges, struct err *e)
     size_t i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, merges) {
-        const char *sa, *sb;
-        size_t la, lb;
+        const char *sa = NULL, *sb = NULL;
+        size_t la = 0, lb = 0;
         if ((rc = merge_parts(m, i, &sa, &la, &sb, &lb, e)) < 0)
             return rc;
         int32_t ia = vocab_get(t, sa, la), ib = vocab_get(t, sb, lb);
@@ -173,7 +173,7 @@ static int load_merges(struct tokenizer *t, const cJSON *merges, struct err *e)
     return 0;
 }
 
-int bpe_load(struct tokenizer *t, const cJSON *model, struct err *e)
+int tok_bpe_load(struct tokenizer *t, const cJSON *model, struct err *e)
 {
     struct tok_bpe *b = &t->bpe;
     int rc;
@@ -195,13 +195,13 @@ int bpe_load(struct tokenizer *t, const cJSON *model, struct err *e)
     return 0;
 }
 
-void bpe_deinit(struct tok_bpe *b)
+void tok_bpe_deinit(struct tok_bpe *b)
 {
     tok_strmap_deinit(&b->vocab);
     tok_pairmap_deinit(&b->merges);
 }
 
-void bpe_scratch_deinit(struct bpe_scratch *s)
+void tok_bpe_scratch_deinit(struct tok_bpe_scratch *s)
 {
     free(s->sym);
     free(s->heap);
@@ -210,7 +210,7 @@ void bpe_scratch_deinit(struct bpe_scratch *s)
 
 /* ---- encode one word ---- */
 
-static int scratch_reserve(struct bpe_scratch *s, size_t n, struct err *e)
+static int scratch_reserve(struct tok_bpe_scratch *s, size_t n, struct err *e)
 {
     if (n > s->cap_sym) {
         struct bpe_sym *ns = realloc(s->sym, n * sizeof *ns);
@@ -319,7 +319,7 @@ static void push_pair(const struct tokenizer *t, const struct bpe_sym *sym, stru
         heap_push(h, nh, (struct bpe_cand){m->rank, pos, r, sym[pos].id, sym[r].id, m->id});
 }
 
-int bpe_word(const struct tokenizer *t, struct bpe_scratch *s, const char *w, size_t len,
+int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const char *w, size_t len,
              struct tok_ids *out, struct err *e)
 {
     int rc;

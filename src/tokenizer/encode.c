@@ -51,7 +51,7 @@ struct enc {
     const struct tokenizer *t;
     struct tok_ids out;
     struct word_cache wc;
-    struct bpe_scratch bs;
+    struct tok_bpe_scratch bs;
     pcre2_match_data *md;
     char *map;  /* byte-level mapped word */
     size_t map_cap;
@@ -122,7 +122,7 @@ static int chunk_ids(struct enc *c, const char *w, size_t len)
 {
     const struct tok_bytelevel *bl = &c->t->bl;
     if (!c->t->pretok.byte_level)
-        return bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
+        return tok_bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
     if (2 * len > c->map_cap) {
         size_t cap = 2 * len < 256 ? 256 : 2 * len;
         char *nm = realloc(c->map, cap);
@@ -138,7 +138,7 @@ static int chunk_ids(struct enc *c, const char *w, size_t len)
         c->map[n + 1] = bl->enc[b][1];
         n += bl->enc_len[b];
     }
-    return bpe_word(c->t, &c->bs, c->map, n, &c->out, c->e);
+    return tok_bpe_word(c->t, &c->bs, c->map, n, &c->out, c->e);
 }
 
 /* BPE scratch costs ~100 bytes per byte of a word, so a word longer than
@@ -303,7 +303,7 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
     }
     pcre2_match_data_free(c.md);
     wc_deinit(&c.wc);
-    bpe_scratch_deinit(&c.bs);
+    tok_bpe_scratch_deinit(&c.bs);
     free(c.map);
     if (rc < 0) {
         free(c.out.v);

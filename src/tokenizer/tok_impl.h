@@ -153,23 +153,23 @@ struct tok_bpe {
 
 struct bpe_sym;
 struct bpe_cand;
-/* Per-call scratch for bpe_word, grown on demand; owned by the caller. */
-struct bpe_scratch {
+/* Per-call scratch for tok_bpe_word, grown on demand; owned by the caller. */
+struct tok_bpe_scratch {
     struct bpe_sym *sym;
     size_t cap_sym;
     struct bpe_cand *heap;
     size_t cap_heap;
 };
-void bpe_scratch_deinit(struct bpe_scratch *s);
+void tok_bpe_scratch_deinit(struct tok_bpe_scratch *s);
 
 struct tokenizer;
 /* Reads model.vocab and model.merges into t->bpe and the id table (which
  * tok_load sized beforehand). Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
-int bpe_load(struct tokenizer *t, const cJSON *model, struct err *e);
-void bpe_deinit(struct tok_bpe *b);
+int tok_bpe_load(struct tokenizer *t, const cJSON *model, struct err *e);
+void tok_bpe_deinit(struct tok_bpe *b);
 /* Appends the ids of one pre-tokenized word (already in the vocab's
  * alphabet, e.g. byte-level mapped) to out. */
-int bpe_word(const struct tokenizer *t, struct bpe_scratch *s, const char *w, size_t len,
+int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const char *w, size_t len,
              struct tok_ids *out, struct err *e);
 
 /* ---- normalizer and pre-tokenizer (pretok.c) ---- */

@@ -342,7 +342,7 @@ static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
         return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
     if ((rc = alloc_ids(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, e)) < 0)
         return rc;
-    if ((rc = bpe_load(t, model, e)) < 0)
+    if ((rc = tok_bpe_load(t, model, e)) < 0)
         return rc;
     return load_added(t, added, e);
 }
@@ -453,7 +453,7 @@ void tok_free(struct tokenizer *t)
 {
     if (!t)
         return;
-    bpe_deinit(&t->bpe);
+    tok_bpe_deinit(&t->bpe);
     tok_pretok_deinit(&t->pretok);
     tok_pool_deinit(&t->pool);
     free(t->entry);
