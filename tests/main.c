@@ -22,6 +22,7 @@
     X(registry)   \
     X(golden)     \
     X(sampler)    \
+    X(models)     \
     X(tokenizer)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -1,0 +1,193 @@
+/*
+ * models: the trained checkpoints, driven through the real `mlxcel` binary
+ * ($MLXCEL_BIN, set by CTest; build/mlxcel otherwise).
+ *
+ * For models/llama-tiny and tests/fixtures/models/phixtral-tiny, golden.json
+ * holds five prompts with their float64 greedy continuations (48 ids and the
+ * text) and 512 held-out ids with the reference perplexity. We require:
+ * the prompt text tokenizes to the reference prompt ids; greedy generation
+ * reproduces every continuation exactly (ids and text); perplexity is within
+ * 0.5 % of the reference; MoE checkpoints also with MLXCEL_FUSED_MOE=0.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "test.h"
+
+#define MAX_OUT (1 << 20)
+
+static const char *bin(void)
+{
+    const char *b = getenv("MLXCEL_BIN");
+    return b && *b ? b : test_path("build/mlxcel");
+}
+
+/* Run a shell command, capture stdout (malloc'd), return the exit status. */
+static int run(const char *cmd, char **out)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char *buf = malloc(MAX_OUT);
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, MAX_OUT - 1, p);
+    buf[n] = '\0';
+    int st = pclose(p);
+    *out = buf;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static cJSON *load_golden(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *buf = malloc(1 << 20);
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    cJSON *g = cJSON_Parse(buf);
+    free(buf);
+    assert_non_null(g);
+    return g;
+}
+
+/* "[1, 2, 3]" of a JSON int array, into buf */
+static void ids_csv(const cJSON *arr, char *buf, size_t cap, const char *sep)
+{
+    size_t len = 0;
+    const cJSON *it;
+    buf[0] = '\0';
+    cJSON_ArrayForEach(it, arr) {
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", len ? sep : "", it->valueint);
+        assert_true(len < cap);
+    }
+}
+
+/* single-quote a string for sh */
+static void shell_quote(const char *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[n++] = '\'';
+    for (; *s && n + 5 < cap; s++) {
+        if (*s == '\'') {
+            memcpy(buf + n, "'\\''", 4);
+            n += 4;
+        } else {
+            buf[n++] = *s;
+        }
+    }
+    buf[n++] = '\'';
+    buf[n] = '\0';
+}
+
+static void check_model(const char *rel, const char *env)
+{
+    char dir[1024], cmd[8192], want[4096], got[4096], q[1024];
+    snprintf(dir, sizeof dir, "%s", test_path(rel));
+    cJSON *g = load_golden(dir);
+    const cJSON *conts = cJSON_GetObjectItem(g, "continuations"), *c;
+    int i = 0;
+    cJSON_ArrayForEach(c, conts) {
+        const char *prompt = cJSON_GetObjectItem(c, "prompt")->valuestring;
+        char *out;
+        shell_quote(prompt, q, sizeof q);
+
+        /* the prompt text must encode to the reference prompt ids */
+        snprintf(cmd, sizeof cmd, "%s tokenize -m %s -p %s", bin(), dir, q);
+        assert_int_equal(run(cmd, &out), 0);
+        ids_csv(cJSON_GetObjectItem(c, "prompt_ids"), want, sizeof want, ", ");
+        snprintf(got, sizeof got, "[%s]\n", want);
+        if (strcmp(out, got) != 0)
+            fail_msg("%s prompt %d: tokenize gave %s, reference [%s]", rel, i, out, want);
+        free(out);
+
+        /* greedy ids through --output-ids */
+        snprintf(cmd, sizeof cmd, "%s %s generate -m %s -p %s -n 48 --temp 0 --ignore-eos --output-ids",
+                 env, bin(), dir, q);
+        assert_int_equal(run(cmd, &out), 0);
+        ids_csv(cJSON_GetObjectItem(c, "greedy_ids"), want, sizeof want, ", ");
+        snprintf(got, sizeof got, "[%s]\n", want);
+        if (strcmp(out, got) != 0)
+            fail_msg("%s prompt %d (%s): generated %s, reference %s", rel, i, env, out, got);
+        free(out);
+
+        /* and the streamed text */
+        snprintf(cmd, sizeof cmd, "%s %s generate -m %s -p %s -n 48 --temp 0 --ignore-eos", env, bin(), dir, q);
+        assert_int_equal(run(cmd, &out), 0);
+        snprintf(got, sizeof got, "%s\n", cJSON_GetObjectItem(c, "greedy_text")->valuestring);
+        if (strcmp(out, got) != 0)
+            fail_msg("%s prompt %d: text '%s', reference '%s'", rel, i, out, got);
+        free(out);
+        i++;
+    }
+    assert_int_equal(i, 5);
+
+    /* perplexity over the 512 held-out ids, one window */
+    char ids_path[] = "/tmp/mlxcel-val-XXXXXX";
+    int fd = mkstemp(ids_path);
+    assert_true(fd >= 0);
+    static char ids[16384];
+    ids_csv(cJSON_GetObjectItem(g, "val_ids"), ids, sizeof ids, " ");
+    assert_int_equal(write(fd, ids, strlen(ids)), (ssize_t)strlen(ids));
+    close(fd);
+    snprintf(cmd, sizeof cmd, "%s %s perplexity -m %s --ids-file %s --json", env, bin(), dir, ids_path);
+    char *out;
+    assert_int_equal(run(cmd, &out), 0);
+    unlink(ids_path);
+    cJSON *r = cJSON_Parse(out);
+    assert_non_null(r);
+    double ppl = cJSON_GetObjectItem(r, "ppl")->valuedouble;
+    double ref = cJSON_GetObjectItem(g, "val_ppl")->valuedouble;
+    printf("%s %s: perplexity %.4f, reference %.4f (%.3f %%), tokens %d\n", rel, env, ppl, ref,
+           100.0 * fabs(ppl - ref) / ref, cJSON_GetObjectItem(r, "tokens")->valueint);
+    assert_true(fabs(ppl - ref) <= 0.005 * ref);
+    assert_int_equal(cJSON_GetObjectItem(r, "tokens")->valueint, 511);
+    cJSON_Delete(r);
+    free(out);
+    cJSON_Delete(g);
+}
+
+static void llama_tiny(void **state)
+{
+    (void)state;
+    check_model("models/llama-tiny", "");
+}
+
+static void phixtral_tiny(void **state)
+{
+    (void)state;
+    check_model("tests/fixtures/models/phixtral-tiny", "MLXCEL_FUSED_MOE=1");
+    check_model("tests/fixtures/models/phixtral-tiny", "MLXCEL_FUSED_MOE=0");
+}
+
+/* Sampling from the trained model: exits 0 and prints Shakespeare-like text. */
+static void romeo_sampling(void **state)
+{
+    (void)state;
+    char cmd[2048], *out;
+    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'ROMEO:' -n 64 --seed 7", bin(),
+             test_path("tests/fixtures/models/phixtral-tiny"));
+    assert_int_equal(run(cmd, &out), 0);
+    size_t letters = 0, n = strlen(out);
+    for (size_t i = 0; i < n; i++)
+        letters += (out[i] >= 'a' && out[i] <= 'z') || (out[i] >= 'A' && out[i] <= 'Z') || out[i] == ' ';
+    printf("ROMEO sample: %s", out);
+    assert_true(n > 64);
+    assert_true(letters * 10 >= n * 7); /* mostly words, not byte soup */
+    free(out);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(llama_tiny),
+    cmocka_unit_test(phixtral_tiny),
+    cmocka_unit_test(romeo_sampling),
+};
+
+TEST_SUITE(models, tests);
