@@ -1,0 +1,83 @@
+#!/bin/sh
+# `mlxcel bench` on the embedded llama-tiny with tiny sizes: the --json array
+# (keys, test names, sample counts, positive rates, the memory figures), the
+# llama-bench style table, -p 0 / -n 0 skipping a test, and the stderr footer.
+# Usage (from the repo root): sh tests/cli/bench.sh path/to/mlxcel
+BIN=${1:?usage: bench.sh path/to/mlxcel}
+[ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
+T=$(mktemp -d) || exit 1
+trap 'rm -rf "$T"' EXIT INT TERM
+
+fail() { echo "FAIL bench: $*" >&2; exit 1; }
+run() { "$@" >"$T/out" 2>"$T/err"; rc=$?; }
+expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(cat "$T/err")"; }
+has() { grep -q -- "$2" "$T/out" || fail "$1: no line matching '$2' in: $(cat "$T/out")"; }
+flat() { tr -d ' \t\n\r' <"$T/out" >"$T/flat"; }
+jhas() { grep -q -- "$2" "$T/flat" || fail "$1: JSON lacks '$2': $(cat "$T/flat")"; }
+# last value of a numeric key in the flattened JSON
+jnum() { sed -n "s/.*\"$1\":\([0-9.eE+-]*\).*/\1/p" "$T/flat"; }
+
+# ---- --json ----
+run "$BIN" bench -m models/llama-tiny -p 8 -n 4 -r 2 -t 1 --json
+expect_rc 0 "bench --json"
+flat
+case "$(cat "$T/flat")" in
+    '[{'*'}]') ;;
+    *) fail "--json is not an array of objects: $(cat "$T/flat")" ;;
+esac
+for k in model family params backend threads test n_tokens reps ts_mean ts_sd samples_ts \
+    peak_rss_bytes; do
+    n=$(grep -o "\"$k\":" "$T/flat" | wc -l | tr -d ' ')
+    [ "$n" -eq 2 ] || fail "key $k appears $n times, expected once per test (2)"
+done
+jhas "pp test" '"test":"pp8","n_tokens":8,"reps":2,'
+jhas "tg test" '"test":"tg4","n_tokens":4,"reps":2,'
+jhas "model" '"model":"models/llama-tiny","family":"llama","params":3672320,'
+jhas "threads" '"threads":1,'
+jhas "backend" '"backend":"cpu-[a-z0-9]*"'
+# two positive samples per test
+n=$(grep -o '"samples_ts":\[[0-9.eE+-]*[1-9][0-9.eE+-]*,[0-9.eE+-]*[1-9][0-9.eE+-]*\]' "$T/flat" | wc -l | tr -d ' ')
+[ "$n" -eq 2 ] || fail "samples_ts: expected two non-zero samples per test: $(cat "$T/flat")"
+grep -q '"ts_mean":0[,}]' "$T/flat" && fail "ts_mean is 0"
+grep -q '"ts_mean":[0-9][0-9.eE+-]*,"ts_sd":[0-9][0-9.eE+-]*,' "$T/flat" || fail "ts_mean/ts_sd not numbers"
+grep -q 'peak RSS' "$T/err" || fail "no peak RSS footer on stderr"
+grep -q 'peak RSS' "$T/out" && fail "footer leaked into the --json stdout"
+
+# peak RSS within weights + KV cache + 64 MiB (the memory budget of the issue);
+# sanitizer builds carry shadow memory, so they may skip this with MLXCEL_SKIP_RSS=1
+rss=$(jnum peak_rss_bytes)
+wb=$(jnum weight_bytes)
+kv=$(jnum kv_bytes)
+[ -n "$rss" ] && [ "$rss" -gt 0 ] || fail "peak_rss_bytes '$rss' is not positive"
+[ -n "$wb" ] && [ "$wb" -gt 0 ] || fail "weight_bytes '$wb' is not positive"
+[ "$kv" = 32768 ] || fail "kv_bytes '$kv', expected 8 tokens x 4 layers x 2 x 4 heads x 32 x 4 B = 32768"
+if [ "${MLXCEL_SKIP_RSS:-0}" != 1 ]; then
+    budget=$((wb + kv + 64 * 1024 * 1024))
+    [ "$rss" -le "$budget" ] || fail "peak RSS $rss exceeds weights + KV + 64 MiB = $budget"
+fi
+
+# ---- table ----
+run "$BIN" bench -m models/llama-tiny -p 8 -n 4 -r 1
+expect_rc 0 "bench table"
+has "header" '^| model  *| *params | backend  *| threads | *test | *t/s |$'
+has "pp row" '^| models/llama-tiny | *3\.7M | cpu-[a-z0-9]* *| *[0-9][0-9]* | *pp8 | *[0-9][0-9.]* ± [0-9][0-9.]* |$'
+has "tg row" '^| models/llama-tiny | *3\.7M | cpu-[a-z0-9]* *| *[0-9][0-9]* | *tg4 | *[0-9][0-9.]* ± 0\.00 |$'
+grep -q 'peak RSS .*weights .*KV cache .*n_ctx 8' "$T/err" || fail "footer: $(cat "$T/err")"
+
+# ---- -p 0 / -n 0 skip a test ----
+run "$BIN" bench -m models/llama-tiny -p 0 -n 2 -r 1 --json
+expect_rc 0 "bench -p 0"
+flat
+jhas "tg only" '"test":"tg2"'
+grep -q '"test":"pp' "$T/flat" && fail "-p 0 still ran pp"
+run "$BIN" bench -m models/llama-tiny -p 4 -n 0 -r 1
+expect_rc 0 "bench -n 0"
+has "pp only" 'pp4'
+grep -q 'tg' "$T/out" && fail "-n 0 still ran tg"
+
+# ---- sizes beyond the model's context (512) ----
+run "$BIN" bench -m models/llama-tiny -p 513 -n 0 -r 1
+expect_rc 1 "bench -p 513"
+grep -q 'exceeds the model' "$T/err" || fail "-p 513: $(cat "$T/err")"
+
+echo "bench: ok"
