@@ -10,7 +10,12 @@
 
 #include "blocks.h"
 
-#define CTX_DEFAULT_BATCH 512   /* prefill chunk: big enough to amortize weight reads */
+/* Prefill chunk: 512 tokens amortize each weight read over many rows, but the
+ * activations of a chunk must stay small next to the weights (peak RSS is
+ * budgeted at weights + KV cache + 64 MiB), so wide models get smaller chunks. */
+#define CTX_MAX_BATCH    512
+#define CTX_MIN_BATCH    32
+#define CTX_ARENA_BUDGET (40u << 20)
 
 /* Carve n floats (rounded up to 16 for 64-byte alignment) at byte offset *off of base;
  * with base == NULL only advances the offset. */
@@ -27,7 +32,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     size_t off = 0;
     size_t hd = (size_t)hp->head_dim, E = (size_t)hp->n_expert, k = (size_t)hp->n_expert_used;
     size_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    size_t ff = 2 * (size_t)hp->n_ff;
+    size_t ff = (size_t)hp->n_ff;
     size_t rows = (size_t)B > k ? (size_t)B : k;   /* fused MoE uses k rows */
     struct ctx_bufs t;
     t.x = carve(base, &off, (size_t)B * hp->n_embd);
@@ -40,7 +45,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.o = carve(base, &off, (size_t)B * hp->n_embd);
     t.f = carve(base, &off, (size_t)B * hp->n_embd);
     t.h1 = carve(base, &off, rows * ff);
-    t.h2 = carve(base, &off, rows * ff);
+    t.h2 = carve(base, &off, rows * 2 * ff);  /* also holds a fused gate_up projection */
     t.router = carve(base, &off, (size_t)B * (E ? E : 1));
     t.sel = (int *)carve(base, &off, (size_t)B * (k ? k : 1));
     t.sel_w = carve(base, &off, (size_t)B * (k ? k : 1));
@@ -75,7 +80,9 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
     c->m = m;
     c->be = be;
     c->n_ctx = n_ctx;
-    c->n_batch = n_ctx < CTX_DEFAULT_BATCH ? n_ctx : CTX_DEFAULT_BATCH;
+    c->n_batch = n_ctx < CTX_MAX_BATCH ? n_ctx : CTX_MAX_BATCH;
+    while (c->n_batch > CTX_MIN_BATCH && layout(NULL, hp, c->n_batch, NULL) > CTX_ARENA_BUDGET)
+        c->n_batch /= 2;
     c->fused_moe = env_flag("MLXCEL_FUSED_MOE", true);
 
     size_t kv = (size_t)hp->n_layer * n_ctx * hp->n_kv_head * hp->head_dim;

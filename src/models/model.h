@@ -124,7 +124,8 @@ struct ctx_bufs {
     float *att;      /* [B, n_head*head_dim] attention output before wo */
     float *o;        /* [B, n_embd] attention block output */
     float *f;        /* [B, n_embd] FFN block output */
-    float *h1, *h2;  /* [B, 2 n_ff] FFN hidden */
+    float *h1;       /* [B, n_ff] FFN hidden */
+    float *h2;       /* [B, 2 n_ff] second FFN hidden / fused gate_up output */
     float *router;   /* [B, n_expert] gate logits */
     int *sel;        /* [B, n_expert_used] chosen experts */
     float *sel_w;    /* [B, n_expert_used] their weights */
