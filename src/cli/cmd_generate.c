@@ -75,7 +75,7 @@ static int on_token(void *ud, int32_t id)
     }
     s->ids[s->n++] = id;
     if (s->text) {
-        char buf[TOK_PIECE_MAX + 16];
+        char buf[TOK_STREAM_CAP];
         int w = tok_stream_push(&s->ts, id, buf, sizeof buf, NULL);
         if (w > 0) {
             fwrite(buf, 1, (size_t)w, stdout);
@@ -264,7 +264,7 @@ int cmd_generate(int argc, char **argv)
             printf("%s%d", i ? ", " : "", sink.ids[i]);
         fputs("]\n", stdout);
     } else {
-        char buf[64];
+        char buf[TOK_STREAM_CAP];
         int w = tok_stream_flush(&sink.ts, buf, sizeof buf);
         if (w > 0)
             fwrite(buf, 1, (size_t)w, stdout);
