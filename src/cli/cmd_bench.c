@@ -337,7 +337,7 @@ int cmd_bench(int argc, char **argv)
 {
     struct bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
     struct err e = {0};
-    char dir[4096], label[256];
+    char dir[4096], label[4096];
     struct model *m = NULL;
     struct backend *be = NULL;
     struct bench_state b = {0};

@@ -60,7 +60,7 @@ static void count_dtypes(const struct st_set *st, size_t counts[DTYPE_COUNT])
     memset(counts, 0, DTYPE_COUNT * sizeof counts[0]);
     for (size_t i = 0; i < st_set_count(st); i++) {
         const struct st_tensor *t = st_set_at(st, i);
-        if (t->consumed && t->dtype >= 0 && t->dtype < DTYPE_COUNT)
+        if (t->consumed && (unsigned)t->dtype < DTYPE_COUNT)
             counts[t->dtype]++;
     }
 }
