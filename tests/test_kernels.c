@@ -637,6 +637,7 @@ static void test_isa_select(void **state)
     assert_int_equal(backend_cpu_new(&be, 1, "auto", &e), 0);
     assert_non_null(strstr(be->name, "cpu-"));
     const char *best = be->name;
+    printf("    auto ISA: %s\n", best);
     backend_free(be);
     char *old = getenv("MLXCEL_ISA") ? strdup(getenv("MLXCEL_ISA")) : NULL;
     setenv("MLXCEL_ISA", "scalar", 1);

@@ -27,9 +27,6 @@
 
 /* Below this many elements an elementwise op is not worth waking the pool. */
 #define ELEM_MIN_PARALLEL 32768
-/* Tokens per GEMM block: the x tile GEMM_MC x GEMM_KC f32 (256 KiB) stays in L2
- * while one packed weight panel is applied to all of it. */
-#define GEMM_MC 256
 
 struct cpu_backend {
     struct backend be;
@@ -141,34 +138,30 @@ struct linear_ctx {
     bool gemm;
 };
 
-/* Rows [r0, r1) for all tokens through the packed-panel GEMM: for each token
- * block and contraction block, widen/dequantize gemm_nr weight rows into a
- * [kc][nr] f32 panel (transposed), then run the microkernel over the tokens. */
+/* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
+ * gemm_nr rows: widen/dequantize the whole rows into tmp [nr][in] (one
+ * sequential read of a contiguous stretch of W, which the hardware
+ * prefetchers stream at full bandwidth; tmp stays in L2/L3), then per
+ * contraction block of GEMM_KC transpose tmp into the panel bp [KC][nr]
+ * (L1-resident) and run the microkernel over every token, accumulating into
+ * y across blocks. W is read exactly once. */
 static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
                       const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
 {
-    int nr = k->gemm_nr;
+    int nr = k->gemm_nr, in = w->in;
     float *bp = scr;
     float *tmp = scr + (size_t)GEMM_KC * nr;
-    for (int m0 = 0; m0 < n_tok; m0 += GEMM_MC) {
-        int m1 = m0 + GEMM_MC < n_tok ? m0 + GEMM_MC : n_tok;
-        for (int k0 = 0; k0 < w->in; k0 += GEMM_KC) {
-            int kc = w->in - k0 < GEMM_KC ? w->in - k0 : GEMM_KC;
-            for (int rb = r0; rb < r1; rb += nr) {
-                int nv = r1 - rb < nr ? r1 - rb : nr;
-                for (int j = 0; j < nv; j++) {
-                    k->wrow_f32(tmp, w, rb + j, k0, kc);
-                    for (int kk = 0; kk < kc; kk++)
-                        bp[(size_t)kk * nr + j] = tmp[kk];
-                }
-                for (int j = nv; j < nr; j++)
-                    for (int kk = 0; kk < kc; kk++)
-                        bp[(size_t)kk * nr + j] = 0.0f;
-                for (int m = m0; m < m1; m += GEMM_MR_MAX) {
-                    int mr = m1 - m < GEMM_MR_MAX ? m1 - m : GEMM_MR_MAX;
-                    k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr,
-                               bp, kc, nv, k0 > 0);
-                }
+    for (int rb = r0; rb < r1; rb += nr) {
+        int nv = r1 - rb < nr ? r1 - rb : nr;
+        for (int j = 0; j < nv; j++)
+            k->wrow_f32(tmp + (size_t)j * in, w, rb + j, 0, in);
+        for (int k0 = 0; k0 < in; k0 += GEMM_KC) {
+            int kc = in - k0 < GEMM_KC ? in - k0 : GEMM_KC;
+            k->pack_t(bp, nr, tmp + k0, (size_t)in, nv, kc);
+            for (int m = 0; m < n_tok; m += k->gemm_mr) {
+                int mr = n_tok - m < k->gemm_mr ? n_tok - m : k->gemm_mr;
+                k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr, bp,
+                           kc, nv, k0 > 0);
             }
         }
     }
@@ -214,7 +207,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
     };
     lc.gemm = c->k.ukernel && n_tok >= c->k.gemm_min_tok;
     if (lc.gemm) {
-        scratch_ensure(c, (size_t)GEMM_KC * (size_t)c->k.gemm_nr + GEMM_KC);
+        scratch_ensure(c, ((size_t)GEMM_KC + (size_t)m.in) * (size_t)c->k.gemm_nr);
     } else if (m.qbits) {
         float *xs = shared_ensure(c, (size_t)n_tok * (size_t)(m.in / m.qgroup));
         xsum_fill(&c->k, xs, x, (size_t)m.in, n_tok, m.in, m.qgroup);

@@ -65,7 +65,11 @@ struct cpu_kernels {
      * bp is a packed panel [kc][gemm_nr], 64-byte aligned. NULL: no GEMM path. */
     void (*ukernel)(float *y, size_t ldy, const float *x, size_t ldx, int mr,
                     const float *bp, int kc, int nv, bool acc);
+    /* Transpose nv (<= nr) rows of kc f32 (row stride ldr) into a panel:
+     * bp[k*nr + j] = rows[j*ldr + k], zero for nv <= j < nr. */
+    void (*pack_t)(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc);
     int gemm_nr;              /* panel width of ukernel */
+    int gemm_mr;              /* token rows per ukernel call (<= GEMM_MR_MAX) */
     int gemm_min_tok;         /* use the GEMM path from this many tokens on */
 
     /* ---- vectors ---- */
@@ -92,6 +96,8 @@ struct cpu_kernels {
 /* ---- kern_ref.c ---- */
 /* Fill k with the scalar reference kernels. */
 void cpu_kernels_ref_init(struct cpu_kernels *k);
+/* The reference wrow_f32 (ISA variants fall back to it for rare bit widths). */
+void kern_ref_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n);
 /* Code j of a packed quantized row (bits <= 8), portable byte read. */
 static inline unsigned kern_qcode(const uint8_t *row, int bits, size_t j)
 {

@@ -1,10 +1,589 @@
 /*
- * kern_avx512: placeholder until the avx512 kernels land.
+ * kern_avx512: AVX-512 (F/BW/VL/DQ) + FMA + F16C kernels. Compiled with those
+ * target flags (CMakeLists.txt); only called after dispatch.c has checked
+ * CPUID and XCR0. Everything a 16-lane register buys is here; the rest of
+ * the table keeps the avx2 entries (dispatch.c overlays avx2 first).
+ *
+ * Weights are widened in registers and never rounded: bf16 -> f32 is a
+ * 16-bit left shift of the zero-extended halfword, f16 -> f32 is vcvtph2ps,
+ * both exact. Accumulation is f32 in several independent registers, so sums
+ * differ from the scalar reference only in association order.
+ *
+ *   matvec   4 weight rows x 32 inputs per step (8 accumulators), masked
+ *            tails; quantized 4/8-bit rows unpack codes in registers and
+ *            use sum((s q + b) x) = s sum(q x) + b sum(x) per group
+ *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
+ *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  */
 #include "kern.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+AI __mmask16 tail_mask(int n)
+{
+    return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1);
+}
+
+/* 16 elements p[i..i+16) of a float dtype widened to f32; masked lanes read 0. */
+AI __m512 ld16(const void *p, enum dtype dt, size_t i, __mmask16 m)
+{
+    if (dt == DTYPE_BF16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (dt == DTYPE_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i));
+    return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+}
+
+/* Unmasked ld16 for the main loops. */
+AI __m512 ld16f(const void *p, enum dtype dt, size_t i)
+{
+    if (dt == DTYPE_BF16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    if (dt == DTYPE_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+// ---- weights ----
+
+AI void to_f32_t(float *dst, const void *src, enum dtype dt, size_t n)
+{
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 v0 = ld16f(src, dt, i), v1 = ld16f(src, dt, i + 16);
+        _mm512_storeu_ps(dst + i, v0);
+        _mm512_storeu_ps(dst + i + 16, v1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        _mm512_mask_storeu_ps(dst + i, m, ld16(src, dt, i, m));
+    }
+}
+
+static void a512_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
+{
+    switch (dt) {
+    case DTYPE_BF16:
+        to_f32_t(dst, src, DTYPE_BF16, n);
+        break;
+    case DTYPE_F16:
+        to_f32_t(dst, src, DTYPE_F16, n);
+        break;
+    default:
+        to_f32_t(dst, src, DTYPE_F32, n);
+        break;
+    }
+}
+
+/* 32 4-bit codes from 16 bytes, in stream order: byte k holds codes 2k (low
+ * nibble) and 2k+1 (high nibble). */
+AI void q4_unpack32(const uint8_t *p, __m512 *q0, __m512 *q1)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    *q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+    *q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+}
+
+AI __m512 q8_unpack16(const uint8_t *p)
+{
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* Dequantize W[r, k0 .. k0+n) (k0 multiple of 32): 4/8-bit in registers,
+ * other widths through the reference. */
+static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
+{
+    if (!w->qbits) {
+        a512_to_f32(dst, w->data + (size_t)r * w->row_bytes + (size_t)k0 * dtype_size(w->dt),
+                    w->dt, (size_t)n);
+        return;
+    }
+    if ((w->qbits != 4 && w->qbits != 8) || (n & 31)) {
+        kern_ref_wrow_f32(dst, w, r, k0, n);
+        return;
+    }
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
+    for (int i = 0; i < n; i += 32) {
+        int j = k0 + i, g = j / w->qgroup;
+        __m512 vs = _mm512_set1_ps(kern_ld(s, w->qsdt, (size_t)g));
+        __m512 vb = _mm512_set1_ps(kern_ld(b, w->qsdt, (size_t)g));
+        __m512 q0, q1;
+        if (w->qbits == 4) {
+            q4_unpack32(row + j / 2, &q0, &q1);
+        } else {
+            q0 = q8_unpack16(row + j);
+            q1 = q8_unpack16(row + j + 16);
+        }
+        _mm512_storeu_ps(dst + i, _mm512_fmadd_ps(q0, vs, vb));
+        _mm512_storeu_ps(dst + i + 16, _mm512_fmadd_ps(q1, vs, vb));
+    }
+}
+
+// ---- matvec ----
+
+/* Rows r0 .. r0+nr (nr <= 4) for every token. A missing row repeats the last
+ * one (computed, not stored) so the loop body is always 4 rows wide. */
+AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                 const struct wmat *w, int r0, int nr, enum dtype dt)
+{
+    const void *wr[4];
+    int in = w->in;
+    for (int j = 0; j < 4; j++)
+        wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * ldx;
+        __m512 a[4][2];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            a[j][0] = a[j][1] = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 32 <= in; i += 32) {
+            __m512 x0 = _mm512_loadu_ps(xt + i), x1 = _mm512_loadu_ps(xt + i + 16);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                a[j][0] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i), x0, a[j][0]);
+                a[j][1] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i + 16), x1, a[j][1]);
+            }
+        }
+        for (; i < in; i += 16) {
+            __mmask16 m = tail_mask(in - i);
+            __m512 x0 = _mm512_maskz_loadu_ps(m, xt + i);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                a[j][0] = _mm512_fmadd_ps(ld16(wr[j], dt, (size_t)i, m), x0, a[j][0]);
+        }
+        for (int j = 0; j < nr; j++)
+            y[(size_t)t * ldy + (size_t)(r0 + j)] =
+                _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1]));
+    }
+}
+
+/* One quantized row (4 or 8 bits) dotted with one token's x. */
+AI float qdot(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
+              const float *x, const float *xs, int in, int group, int bits)
+{
+    __m512 acc = _mm512_setzero_ps();
+    float bacc = 0.0f;
+    int ng = in / group;
+    for (int g = 0; g < ng; g++) {
+        const float *xg = x + (size_t)g * group;
+        const uint8_t *p = row + (size_t)g * group * bits / 8;
+        __m512 g0 = _mm512_setzero_ps(), g1 = _mm512_setzero_ps();
+        for (int c = 0; c < group; c += 32) {
+            __m512 q0, q1;
+            if (bits == 4) {
+                q4_unpack32(p + c / 2, &q0, &q1);
+            } else {
+                q0 = q8_unpack16(p + c);
+                q1 = q8_unpack16(p + c + 16);
+            }
+            g0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xg + c), g0);
+            g1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xg + c + 16), g1);
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(kern_ld(s, sdt, (size_t)g)), _mm512_add_ps(g0, g1),
+                              acc);
+        bacc += kern_ld(b, sdt, (size_t)g) * xs[g];
+    }
+    return _mm512_reduce_add_ps(acc) + bacc;
+}
+
+/* Quantized rows of widths other than 4/8: dequantize 256 at a time, then dot. */
+static void mv_qgeneric(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                        const struct wmat *w, int r0, int r1)
+{
+    float buf[256] __attribute__((aligned(64)));
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx;
+            __m512 acc = _mm512_setzero_ps();
+            for (int c = 0; c < w->in; c += 256) {
+                int len = w->in - c < 256 ? w->in - c : 256;
+                kern_ref_wrow_f32(buf, w, r, c, len);
+                for (int i = 0; i < len; i += 16) {
+                    __mmask16 m = tail_mask(len - i);
+                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, buf + i),
+                                          _mm512_maskz_loadu_ps(m, xt + c + i), acc);
+                }
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc);
+        }
+    }
+}
+
+static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                     const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+{
+    if ((w->qbits != 4 && w->qbits != 8) || (w->qgroup & 31) || !xsum) {
+        mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+        const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx, *xs = xsum + (size_t)t * ldxs;
+            float v = w->qbits == 4 ? qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 4)
+                                    : qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 8);
+            y[(size_t)t * ldy + (size_t)r] = v;
+        }
+    }
+}
+
+static void a512_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                        const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+{
+    if (w->qbits) {
+        mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
+        return;
+    }
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        switch (w->dt) {
+        case DTYPE_BF16:
+            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_BF16);
+            break;
+        case DTYPE_F16:
+            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F16);
+            break;
+        default:
+            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F32);
+            break;
+        }
+    }
+}
+
+// ---- GEMM panel ----
+
+/* In-register 16x16 transpose: r[i] lane j <- r[j] lane i (unpack 32-bit,
+ * unpack 64-bit, then two rounds of 128-bit lane shuffles). */
+AI void tr16(__m512 r[16])
+{
+    __m512 t[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 4) {
+        __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Full 16 x 16 block: rows[j*ldr + i] -> bp[i*nr + j]. */
+AI void pack16(float *bp, int nr, const float *rows, size_t ldr)
+{
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; j++)
+        r[j] = _mm512_loadu_ps(rows + (size_t)j * ldr);
+    tr16(r);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        _mm512_store_ps(bp + (size_t)i * nr, r[i]);
+}
+
+static void a512_pack_t(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc)
+{
+    for (int h = 0; h < nr; h += 16) {
+        int k = 0;
+        if (h + 16 <= nv)
+            for (; k + 16 <= kc; k += 16)
+                pack16(bp + (size_t)k * nr + h, nr, rows + (size_t)h * ldr + k, ldr);
+        /* edges: missing rows are zero, short blocks stop at kc */
+        for (; k < kc; k++)
+            for (int j = h; j < h + 16; j++)
+                bp[(size_t)k * nr + j] = j < nv ? rows[(size_t)j * ldr + k] : 0.0f;
+    }
+}
+
+// ---- GEMM microkernel ----
+
+/* mr x 32 tile: c[m] (2 zmm each) += x[m, k] * bp[k, 0..32). */
+AI void uk(float *y, size_t ldy, const float *x, size_t ldx, const int mr, const float *bp,
+           int kc, int nv, bool acc)
+{
+    __m512 c[8][2];
+#pragma GCC unroll 8
+    for (int m = 0; m < mr; m++)
+        c[m][0] = c[m][1] = _mm512_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(bp + (size_t)k * 32), b1 = _mm512_load_ps(bp + (size_t)k * 32 + 16);
+#pragma GCC unroll 8
+        for (int m = 0; m < mr; m++) {
+            __m512 a = _mm512_set1_ps(x[(size_t)m * ldx + k]);
+            c[m][0] = _mm512_fmadd_ps(a, b0, c[m][0]);
+            c[m][1] = _mm512_fmadd_ps(a, b1, c[m][1]);
+        }
+    }
+    __mmask16 m0 = tail_mask(nv), m1 = tail_mask(nv - 16 > 0 ? nv - 16 : 0);
+#pragma GCC unroll 8
+    for (int m = 0; m < mr; m++) {
+        float *ym = y + (size_t)m * ldy;
+        if (acc) {
+            c[m][0] = _mm512_add_ps(c[m][0], _mm512_maskz_loadu_ps(m0, ym));
+            c[m][1] = _mm512_add_ps(c[m][1], _mm512_maskz_loadu_ps(m1, ym + 16));
+        }
+        _mm512_mask_storeu_ps(ym, m0, c[m][0]);
+        _mm512_mask_storeu_ps(ym + 16, m1, c[m][1]);
+    }
+}
+
+static void a512_ukernel(float *y, size_t ldy, const float *x, size_t ldx, int mr,
+                         const float *bp, int kc, int nv, bool acc)
+{
+    switch (mr) {
+    case 8: uk(y, ldy, x, ldx, 8, bp, kc, nv, acc); break;
+    case 7: uk(y, ldy, x, ldx, 7, bp, kc, nv, acc); break;
+    case 6: uk(y, ldy, x, ldx, 6, bp, kc, nv, acc); break;
+    case 5: uk(y, ldy, x, ldx, 5, bp, kc, nv, acc); break;
+    case 4: uk(y, ldy, x, ldx, 4, bp, kc, nv, acc); break;
+    case 3: uk(y, ldy, x, ldx, 3, bp, kc, nv, acc); break;
+    case 2: uk(y, ldy, x, ldx, 2, bp, kc, nv, acc); break;
+    default: uk(y, ldy, x, ldx, 1, bp, kc, nv, acc); break;
+    }
+}
+
+// ---- vectors ----
+
+static float a512_dot(const float *a, const float *b, int n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+static void a512_axpy(float *y, float a, const float *x, size_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        __m512 v = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+static void a512_scale(float *y, float a, size_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(va, _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static float a512_sum(const float *x, int n)
+{
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16)
+        s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    return _mm512_reduce_add_ps(s);
+}
+
+static float a512_sumsq(const float *x, float c, int n)
+{
+    __m512 s = _mm512_setzero_ps(), vc = _mm512_set1_ps(c);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 d = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), vc);
+        s = _mm512_fmadd_ps(d, d, s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+AI void norm_apply_t(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
+                     const void *b, enum dtype bdt, int n)
+{
+    __m512 vc = _mm512_set1_ps(c), va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vc), va);
+        v = _mm512_mul_ps(v, ld16(w, wdt, (size_t)i, m));
+        if (b)
+            v = _mm512_add_ps(v, ld16(b, bdt, (size_t)i, m));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+static void a512_norm_apply(float *y, const float *x, float c, float a, const void *w,
+                            enum dtype wdt, const void *b, enum dtype bdt, int n)
+{
+    if (wdt == DTYPE_BF16 && (!b || bdt == DTYPE_BF16))
+        norm_apply_t(y, x, c, a, w, DTYPE_BF16, b, DTYPE_BF16, n);
+    else if (wdt == DTYPE_F32 && (!b || bdt == DTYPE_F32))
+        norm_apply_t(y, x, c, a, w, DTYPE_F32, b, DTYPE_F32, n);
+    else
+        norm_apply_t(y, x, c, a, w, wdt, b, bdt, n);
+}
+
+static float a512_max(const float *x, int n)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16)
+        m = _mm512_mask_max_ps(m, tail_mask(n - i), m, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    return _mm512_reduce_max_ps(m);
+}
+
+/* e^x: n = round(x log2 e), r = x - n ln2 (two-part ln2), Cephes degree-7
+ * polynomial, times 2^n by vscalefps (which also handles underflow to 0).
+ * Clamped to [-104, 88.7]; NaN passes through (min/max return the second
+ * operand when either is NaN). */
+AI __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(88.7f), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static float a512_exp_sum(float *y, const float *x, float mx, int n)
+{
+    __m512 s = _mm512_setzero_ps(), vm = _mm512_set1_ps(mx);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vm));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(y + i, m, e);
+        s = _mm512_add_ps(s, e);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+static void a512_silu_mul(float *y, const float *g, const float *u, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        __m512 vg = _mm512_maskz_loadu_ps(m, g + i), vu = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 d = _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), vg)));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_div_ps(_mm512_mul_ps(vg, vu), d));
+    }
+}
+
+/* tanh(u) = 1 - 2 / (e^{2u} + 1): saturates cleanly at both ends. */
+static void a512_gelu_tanh(float *x, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), two = _mm512_set1_ps(2.0f), half = _mm512_set1_ps(0.5f);
+    const __m512 k0 = _mm512_set1_ps(0.7978845608028654f), k1 = _mm512_set1_ps(0.044715f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 u = _mm512_mul_ps(k0, _mm512_fmadd_ps(_mm512_mul_ps(k1, v), _mm512_mul_ps(v, v), v));
+        __m512 t = _mm512_sub_ps(one, _mm512_div_ps(two, _mm512_add_ps(exp512(_mm512_add_ps(u, u)), one)));
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, t)));
+    }
+}
+
+/* erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), odd extension. */
+AI __m512 erf512(__m512 x)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(_mm512_set1_ps(0.3275911f), ax, one));
+    __m512 p = _mm512_set1_ps(1.061405429f);
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-1.453152027f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.421413741f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.284496736f));
+    p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(0.254829592f));
+    p = _mm512_mul_ps(p, t);
+    __m512 e = exp512(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), ax), ax));
+    __m512 y = _mm512_fnmadd_ps(p, e, one);
+    /* copy the sign of x */
+    __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), sign));
+}
+
+static void a512_gelu_erf(float *x, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+    const __m512 rs2 = _mm512_set1_ps(0.70710678118654752f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask((int)(n - i < 16 ? n - i : 16));
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 e = erf512(_mm512_mul_ps(v, rs2));
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)));
+    }
+}
 
 bool cpu_kernels_avx512_init(struct cpu_kernels *k)
 {
     k->name = "avx512";
+    k->wrow_f32 = a512_wrow_f32;
+    k->to_f32 = a512_to_f32;
+    k->matvec = a512_matvec;
+    k->ukernel = a512_ukernel;
+    k->pack_t = a512_pack_t;
+    k->gemm_nr = 32;
+    k->gemm_mr = 8;
+    k->gemm_min_tok = 4;
+    k->dot = a512_dot;
+    k->axpy = a512_axpy;
+    k->scale = a512_scale;
+    k->sum = a512_sum;
+    k->sumsq = a512_sumsq;
+    k->norm_apply = a512_norm_apply;
+    k->max = a512_max;
+    k->exp_sum = a512_exp_sum;
+    k->silu_mul = a512_silu_mul;
+    k->gelu_tanh = a512_gelu_tanh;
+    k->gelu_erf = a512_gelu_erf;
     return true;
 }
+
+#else
+
+bool cpu_kernels_avx512_init(struct cpu_kernels *k)
+{
+    (void)k;
+    return false;
+}
+
+#endif

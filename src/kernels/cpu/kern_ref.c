@@ -33,7 +33,7 @@ static void ref_wrow_q(float *dst, const struct wmat *w, int r, int k0, int n)
     }
 }
 
-static void ref_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
+void kern_ref_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
 {
     if (w->qbits) {
         ref_wrow_q(dst, w, r, k0, n);
@@ -57,13 +57,20 @@ static void ref_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_t
             float acc = 0.0f;
             for (int c = 0; c < w->in; c += 256) {
                 int len = w->in - c < 256 ? w->in - c : 256;
-                ref_wrow_f32(buf, w, r, c, len);
+                kern_ref_wrow_f32(buf, w, r, c, len);
                 for (int i = 0; i < len; i++)
                     acc += xt[c + i] * buf[i];
             }
             y[(size_t)t * ldy + (size_t)r] = acc;
         }
     }
+}
+
+static void ref_pack_t(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc)
+{
+    for (int k = 0; k < kc; k++)
+        for (int j = 0; j < nr; j++)
+            bp[(size_t)k * nr + j] = j < nv ? rows[(size_t)j * ldr + k] : 0.0f;
 }
 
 // ---- vectors ----
@@ -158,10 +165,11 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
 {
     memset(k, 0, sizeof *k);
     k->name = "scalar";
-    k->wrow_f32 = ref_wrow_f32;
+    k->wrow_f32 = kern_ref_wrow_f32;
     k->to_f32 = ref_to_f32;
     k->matvec = ref_matvec;
     k->ukernel = NULL; /* the scalar backend runs every linear as matvec */
+    k->pack_t = ref_pack_t;
     k->gemm_nr = 0;
     k->gemm_min_tok = 0;
     k->dot = ref_dot;

@@ -1,0 +1,252 @@
+/*
+ * bench_linear: throughput of the CPU backend's linear op (never linked into
+ * the product).
+ *
+ *   membw    streaming read of a 1 GiB buffer on all threads (the roofline
+ *            for decode: a matvec must stream every weight byte once)
+ *   matvec   n_tok = 1 over a rotating set of weight matrices whose total
+ *            size (>= 1.5 GiB) defeats every cache level; GB/s counts weight
+ *            storage bytes (codes + scales + biases for quantized)
+ *   prefill  n_tok = 16..512 on one matrix; GFLOP/s = 2 n_tok in out / t
+ *
+ * Build (from the repo root):
+ *   S="src/core/dtype.c src/core/err.c src/core/log.c src/core/tensor.c src/core/threadpool.c \
+ *      src/kernels/cpu/backend_cpu.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx2.c -mavx2 -mfma -mf16c -o /tmp/a2.o
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx512.c -mavx512f -mavx512bw \
+ *       -mavx512vl -mavx512dq -mfma -mf16c -o /tmp/a5.o
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_linear.c $S /tmp/a2.o /tmp/a5.o \
+ *       -o /tmp/bench_linear -lpthread -lm
+ *   /tmp/bench_linear [threads] [isa]
+ */
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/threadpool.h"
+#include "kernels/backend.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// ---- memory bandwidth ----
+
+struct bw_ctx {
+    const uint8_t *buf;
+    size_t n;
+    double sink[64];
+};
+
+__attribute__((target("avx2"))) static void bw_task(void *arg, int ith, int nth)
+{
+    struct bw_ctx *c = arg;
+    long lo, hi;
+    tpool_range((long)(c->n / 4096), ith, nth, &lo, &hi);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (const uint8_t *p = c->buf + lo * 4096; p < c->buf + hi * 4096; p += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)p));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + 96)));
+    }
+    a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    c->sink[ith] = (double)_mm256_extract_epi64(a0, 0);
+}
+
+static double membw(struct tpool *pool)
+{
+    size_t n = (size_t)1 << 30;
+    uint8_t *buf = aligned_alloc(4096, n);
+    memset(buf, 1, n);
+    struct bw_ctx c = {buf, n, {0}};
+    double best = 0;
+    for (int it = 0; it < 5; it++) {
+        double t0 = now();
+        tpool_run(pool, bw_task, &c);
+        double gbs = n / (now() - t0) / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    free(buf);
+    return best;
+}
+
+// ---- weights ----
+
+struct wset {
+    struct tensor *w;
+    int n;
+    size_t bytes_each;
+};
+
+static uint64_t g_rng = 88172645463325252ull;
+
+static uint32_t rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)g_rng;
+}
+
+/* dt F32/F16/BF16, or qbits 4/8 with group 64 and bf16 scales. */
+static struct tensor wmake(enum dtype dt, int qbits, int out, int in)
+{
+    struct tensor t;
+    int64_t shape[2] = {out, in};
+    size_t row = qbits ? (size_t)in * qbits / 8 : (size_t)in * dtype_size(dt);
+    uint8_t *d = aligned_alloc(64, row * out);
+    for (size_t i = 0; i < row * out / 4; i++)
+        ((uint32_t *)d)[i] = rnd();
+    if (dt == DTYPE_BF16 || dt == DTYPE_F16) /* keep values finite and small */
+        for (size_t i = 0; i < row * out / 2; i++)
+            ((uint16_t *)d)[i] = (uint16_t)(dt == DTYPE_BF16 ? 0x3c00 | (rnd() & 0x80ff)
+                                                             : 0x2000 | (rnd() & 0x83ff));
+    if (dt == DTYPE_F32)
+        for (size_t i = 0; i < row * out / 4; i++)
+            ((float *)d)[i] = (float)(rnd() % 1000) * 1e-5f;
+    tensor_init(&t, qbits ? DTYPE_U32 : dt, d, 2, shape);
+    if (qbits) {
+        t.stride[0] = (int64_t)in * qbits / 32;
+        t.qbits = qbits;
+        t.qgroup = 64;
+        t.qsdtype = DTYPE_BF16;
+        size_t ng = (size_t)out * in / 64;
+        uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
+        for (size_t i = 0; i < ng; i++) {
+            s[i] = 0x3c00;
+            b[i] = 0xbc00;
+        }
+        t.qscales = s;
+        t.qbiases = b;
+    }
+    return t;
+}
+
+static struct wset wset_make(enum dtype dt, int qbits, int out, int in, size_t min_total)
+{
+    struct wset s;
+    struct tensor t0 = wmake(dt, qbits, out, in);
+    s.bytes_each = tensor_storage_bytes(&t0);
+    s.n = (int)((min_total + s.bytes_each - 1) / s.bytes_each);
+    s.n = s.n > 0 ? s.n : 1;
+    s.w = calloc((size_t)s.n, sizeof *s.w);
+    s.w[0] = t0;
+    for (int i = 1; i < s.n; i++)
+        s.w[i] = wmake(dt, qbits, out, in);
+    return s;
+}
+
+static void wset_free(struct wset *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        free(s->w[i].data);
+        free((void *)s->w[i].qscales);
+        free((void *)s->w[i].qbiases);
+    }
+    free(s->w);
+}
+
+// ---- runs ----
+
+static void bench_matvec(struct backend *be, const char *label, enum dtype dt, int qbits, int out,
+                         int in, size_t total)
+{
+    struct wset s = wset_make(dt, qbits, out, in, total);
+    float *x = malloc((size_t)in * 4), *y = malloc((size_t)out * 4);
+    for (int i = 0; i < in; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    for (int i = 0; i < s.n; i++) /* warm-up: page in */
+        be->ops->linear(be, y, x, &s.w[i], NULL, 1);
+    double best = 1e9;
+    int inner = s.n == 1 ? 200 : 1;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now();
+        for (int k = 0; k < inner; k++)
+            for (int i = 0; i < s.n; i++)
+                be->ops->linear(be, y, x, &s.w[i], NULL, 1);
+        double t = (now() - t0) / s.n / inner;
+        best = t < best ? t : best;
+    }
+    printf("  matvec%s %-6s %5d x %-5d  %7.1f us  %6.1f GB/s\n", s.n == 1 ? "*" : " ", label, out, in, best * 1e6,
+           s.bytes_each / best / 1e9);
+    free(x);
+    free(y);
+    wset_free(&s);
+}
+
+static void bench_prefill(struct backend *be, const char *label, enum dtype dt, int qbits,
+                          int out, int in, int n_tok)
+{
+    struct tensor w = wmake(dt, qbits, out, in);
+    float *x = malloc((size_t)in * n_tok * 4), *y = malloc((size_t)out * n_tok * 4);
+    for (size_t i = 0; i < (size_t)in * n_tok; i++)
+        x[i] = (float)(i % 7) * 0.1f;
+    be->ops->linear(be, y, x, &w, NULL, n_tok);
+    double best = 1e9;
+    int reps = n_tok >= 128 ? 3 : 10;
+    for (int rep = 0; rep < reps; rep++) {
+        double t0 = now();
+        be->ops->linear(be, y, x, &w, NULL, n_tok);
+        double t = now() - t0;
+        best = t < best ? t : best;
+    }
+    printf("  prefill %-6s %5d x %-5d n_tok %4d  %8.2f ms  %6.1f GFLOP/s\n", label, out, in, n_tok,
+           best * 1e3, 2.0 * n_tok * in * out / best / 1e9);
+    free(x);
+    free(y);
+    free(w.data);
+    free((void *)w.qscales);
+    free((void *)w.qbiases);
+}
+
+int main(int argc, char **argv)
+{
+    int nth = argc > 1 ? atoi(argv[1]) : 0;
+    const char *isa = argc > 2 ? argv[2] : NULL;
+    const char *only = argc > 3 ? argv[3] : "";
+    struct err e = {0};
+    struct backend *be;
+    struct tpool *pool;
+    if (backend_cpu_new(&be, nth, isa, &e) < 0 || tpool_new(&pool, nth, &e) < 0) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    printf("%s, %d threads\n", be->name, be->n_threads);
+    if (!*only || strstr(only, "bw"))
+        printf("  membw   %.1f GB/s (1 GiB streaming read)\n", membw(pool));
+    tpool_free(pool);
+    size_t big = (size_t)1536 << 20;
+    if (!*only || strstr(only, "mv")) {
+        bench_matvec(be, "bf16", DTYPE_BF16, 0, 4096, 4096, big);
+        bench_matvec(be, "f16", DTYPE_F16, 0, 4096, 4096, big);
+        bench_matvec(be, "f32", DTYPE_F32, 0, 4096, 4096, big);
+        bench_matvec(be, "q4g64", DTYPE_U32, 4, 4096, 4096, big);
+        bench_matvec(be, "q8g64", DTYPE_U32, 8, 4096, 4096, big);
+        bench_matvec(be, "bf16", DTYPE_BF16, 0, 14336, 4096, big);
+        bench_matvec(be, "bf16", DTYPE_BF16, 0, 4096, 14336, big);
+    }
+    /* in-cache (L2) matvec: the compute ceiling of each kernel, marked '*' */
+    if (strstr(only, "l2")) {
+        bench_matvec(be, "bf16", DTYPE_BF16, 0, 64, 4096, 0);
+        bench_matvec(be, "f16", DTYPE_F16, 0, 64, 4096, 0);
+        bench_matvec(be, "f32", DTYPE_F32, 0, 32, 4096, 0);
+        bench_matvec(be, "q4g64", DTYPE_U32, 4, 256, 4096, 0);
+        bench_matvec(be, "q8g64", DTYPE_U32, 8, 128, 4096, 0);
+    }
+    if (!*only || strstr(only, "pf")) {
+        static const int toks[] = {4, 8, 16, 64, 512};
+        for (int i = 0; i < 5; i++)
+            bench_prefill(be, "bf16", DTYPE_BF16, 0, 4096, 4096, toks[i]);
+        bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
+        bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
+        bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);
+    }
+    backend_free(be);
+    return 0;
+}
