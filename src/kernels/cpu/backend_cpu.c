@@ -108,14 +108,40 @@ static void wmat_from(struct wmat *m, const struct tensor *w)
     }
 }
 
-/* Per-group sums of x rows for quantized matvec: xs[t, g] = sum of group g of x[t]. */
-static void xsum_fill(const struct cpu_kernels *k, float *xs, const float *x, size_t ldx,
-                      int n_tok, int in, int group)
+/* Floats of shared scratch that qprep_fill() writes for n_tok rows of x. */
+static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int n_tok)
 {
-    int ng = in / group;
+    if (!w->qbits)
+        return 0;
+    size_t n = (size_t)n_tok * (size_t)(w->in / w->qgroup);
+    if (w->qbits == 4 && k->q4_xperiod)
+        n += (size_t)n_tok * (size_t)w->in;
+    return n;
+}
+
+/* The x-side inputs of a quantized matvec, computed once per call rather
+ * than once per weight row: the per-group sums xs [n_tok, in/qgroup], and for
+ * 4-bit weights on ISAs that want it (q4_xperiod = P) x deinterleaved in
+ * blocks of P, [x0 x2 .. x(P-2) x1 x3 .. x(P-1)], matching the order in
+ * which the kernel splits a byte's two nibbles. *xp is x itself otherwise. */
+static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, int n_tok,
+                       const struct wmat *w, const float **xs, const float **xp)
+{
+    int ng = w->in / w->qgroup, in = w->in, p = k->q4_xperiod;
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < ng; g++)
-            xs[(size_t)t * ng + g] = k->sum(x + (size_t)t * ldx + (size_t)g * group, group);
+            buf[(size_t)t * ng + g] = k->sum(x + (size_t)t * in + (size_t)g * w->qgroup, w->qgroup);
+    *xs = buf;
+    *xp = x;
+    if (w->qbits != 4 || !p)
+        return;
+    float *d = buf + (size_t)n_tok * ng;
+    for (size_t b = 0; b < (size_t)n_tok * in; b += (size_t)p)
+        for (int i = 0; i < p / 2; i++) {
+            d[b + i] = x[b + 2 * i];
+            d[b + p / 2 + i] = x[b + 2 * i + 1];
+        }
+    *xp = d;
 }
 
 static void bias_add(float *y, size_t ldy, int n_tok, const struct tensor *b, int r0, int r1)
@@ -209,9 +235,8 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
     if (lc.gemm) {
         scratch_ensure(c, ((size_t)GEMM_KC + (size_t)m.in) * (size_t)c->k.gemm_nr);
     } else if (m.qbits) {
-        float *xs = shared_ensure(c, (size_t)n_tok * (size_t)(m.in / m.qgroup));
-        xsum_fill(&c->k, xs, x, (size_t)m.in, n_tok, m.in, m.qgroup);
-        lc.xsum = xs;
+        float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
+        qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
     }
     tpool_run(c->pool, linear_task, &lc);
 }
@@ -222,7 +247,8 @@ struct batch_ctx {
     struct cpu_backend *c;
     const struct linear_job *jobs;
     const struct wmat *w;     /* [n_jobs] */
-    const size_t *xs_off;     /* [n_jobs] offset of each job's x sums in c->shared */
+    const size_t *xs_off;     /* [n_jobs] offset of each job's qprep data in c->shared */
+    const float **xp;         /* [n_jobs] x as the kernel takes it (see qprep_fill) */
     long total;               /* sum of rows */
     int n_jobs;
 };
@@ -242,7 +268,7 @@ static void batch_task(void *arg, int ith, int nth)
         if (a < z) {
             const struct linear_job *jb = &bc->jobs[j];
             const float *xs = w->qbits ? bc->c->shared + bc->xs_off[j] : NULL;
-            k->matvec(jb->y, (size_t)w->out, jb->x, (size_t)w->in, 1, w, (int)a, (int)z, xs,
+            k->matvec(jb->y, (size_t)w->out, bc->xp[j], (size_t)w->in, 1, w, (int)a, (int)z, xs,
                       w->qbits ? (size_t)(w->in / w->qgroup) : 0);
             if (jb->b && tensor_is_present(jb->b))
                 bias_add(jb->y, (size_t)w->out, 1, jb->b, (int)a, (int)z);
@@ -261,22 +287,23 @@ static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, 
         int n = n_jobs < BATCH_MAX ? n_jobs : BATCH_MAX;
         struct wmat w[BATCH_MAX];
         size_t xs_off[BATCH_MAX], xs_total = 0;
+        const float *xp[BATCH_MAX];
         long total = 0;
         for (int j = 0; j < n; j++) {
             wmat_from(&w[j], jobs[j].w);
             total += w[j].out;
             xs_off[j] = xs_total;
-            if (w[j].qbits)
-                xs_total += (size_t)(w[j].in / w[j].qgroup);
+            xs_total += qprep_size(&c->k, &w[j], 1);
+            xp[j] = jobs[j].x;
         }
         if (xs_total) {
-            float *xs = shared_ensure(c, xs_total);
+            float *buf = shared_ensure(c, xs_total);
+            const float *xs;
             for (int j = 0; j < n; j++)
                 if (w[j].qbits)
-                    xsum_fill(&c->k, xs + xs_off[j], jobs[j].x, (size_t)w[j].in, 1, w[j].in,
-                              w[j].qgroup);
+                    qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, 1, &w[j], &xs, &xp[j]);
         }
-        struct batch_ctx bc = {c, jobs, w, xs_off, total, n};
+        struct batch_ctx bc = {c, jobs, w, xs_off, xp, total, n};
         tpool_run(c->pool, batch_task, &bc);
         jobs += n;
         n_jobs -= n;

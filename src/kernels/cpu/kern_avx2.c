@@ -10,7 +10,8 @@
  * and masked stores are slow on AMD, so tails run scalar.
  *
  *   matvec   4 weight rows x 16 inputs per step (8 accumulators); quantized
- *            4/8-bit rows unpacked in registers, s*sum(qx) + b*sum(x)/group
+ *            4/8-bit rows unpacked in registers against deinterleaved x
+ *            (4-bit), s*sum(qx) + b*sum(x) per group
  *   ukernel  6 tokens x 16 outputs (12 ymm accumulators), packed panel
  *   exp      Cephes expf polynomial, 2^n built in the exponent field
  */
@@ -159,25 +160,42 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
-/* One quantized row (4 or 8 bits) dotted with one token's x. */
+/* One quantized row (4 or 8 bits) dotted with one token's x, per group
+ * s * sum(q x) + b * sum(x) with sum(x) precomputed (xs). For 4 bits x is
+ * deinterleaved (q4_xperiod = 16): 8 bytes zero-extend to 8 lanes whose low
+ * nibbles are the even codes and high nibbles the odd ones. */
 AI float qdot(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
               const float *x, const float *xs, int in, int group, int bits)
 {
+    const __m256i m4 = _mm256_set1_epi32(0x0f);
     __m256 acc = _mm256_setzero_ps();
     float bacc = 0.0f;
     int ng = in / group;
     for (int g = 0; g < ng; g++) {
         const float *xg = x + (size_t)g * group;
-        __m256 g0 = _mm256_setzero_ps(), g1 = _mm256_setzero_ps();
+        const uint8_t *p = row + (size_t)g * group * bits / 8;
+        __m256 g0 = _mm256_setzero_ps(), g1 = g0, g2 = g0, g3 = g0;
         for (int c = 0; c < group; c += 32) {
-            __m256 q[4];
-            q_unpack32(row, bits, (size_t)g * group + c, q);
-            g0 = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xg + c), g0);
-            g1 = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xg + c + 8), g1);
-            g0 = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xg + c + 16), g0);
-            g1 = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xg + c + 24), g1);
+            if (bits == 4) {
+                __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
+                __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2 + 8)));
+                g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m4)),
+                                     _mm256_loadu_ps(xg + c), g0);
+                g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
+                                     _mm256_loadu_ps(xg + c + 8), g1);
+                g2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m4)),
+                                     _mm256_loadu_ps(xg + c + 16), g2);
+                g3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)),
+                                     _mm256_loadu_ps(xg + c + 24), g3);
+            } else {
+                g0 = _mm256_fmadd_ps(q8_unpack8(p + c), _mm256_loadu_ps(xg + c), g0);
+                g1 = _mm256_fmadd_ps(q8_unpack8(p + c + 8), _mm256_loadu_ps(xg + c + 8), g1);
+                g2 = _mm256_fmadd_ps(q8_unpack8(p + c + 16), _mm256_loadu_ps(xg + c + 16), g2);
+                g3 = _mm256_fmadd_ps(q8_unpack8(p + c + 24), _mm256_loadu_ps(xg + c + 24), g3);
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(kern_ld(s, sdt, (size_t)g)), _mm256_add_ps(g0, g1), acc);
+        __m256 gs = _mm256_add_ps(_mm256_add_ps(g0, g1), _mm256_add_ps(g2, g3));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(kern_ld(s, sdt, (size_t)g)), gs, acc);
         bacc += kern_ld(b, sdt, (size_t)g) * xs[g];
     }
     return hsum(acc) + bacc;
@@ -573,6 +591,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->wrow_f32 = a2_wrow_f32;
     k->to_f32 = a2_to_f32;
     k->matvec = a2_matvec;
+    k->q4_xperiod = 16;
     k->ukernel = a2_ukernel;
     k->pack_t = a2_pack_t;
     k->gemm_nr = 16;

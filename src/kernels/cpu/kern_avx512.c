@@ -10,8 +10,9 @@
  * differ from the scalar reference only in association order.
  *
  *   matvec   4 weight rows x 32 inputs per step (8 accumulators), masked
- *            tails; quantized 4/8-bit rows unpack codes in registers and
- *            use sum((s q + b) x) = s sum(q x) + b sum(x) per group
+ *            tails; 4-bit rows dequantize through a 16-entry vpermps table
+ *            per group against deinterleaved x; 8-bit rows use
+ *            sum((s q + b) x) = s sum(q x) + b sum(x) per group
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  */
@@ -171,33 +172,74 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
-/* One quantized row (4 or 8 bits) dotted with one token's x. */
-AI float qdot(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
-              const float *x, const float *xs, int in, int group, int bits)
+/* One 8-bit quantized row dotted with one token's x, per group
+ * s * sum(q x) + b * sum(x) with sum(x) precomputed (xs). Scales and biases
+ * are loaded 16 groups at a time; vpermps broadcasts group g's lane. */
+AI float qdot8(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
+               const float *x, const float *xs, int in, int group)
 {
-    __m512 acc = _mm512_setzero_ps();
-    float bacc = 0.0f;
+    __m512 acc = _mm512_setzero_ps(), bacc = _mm512_setzero_ps();
     int ng = in / group;
-    for (int g = 0; g < ng; g++) {
-        const float *xg = x + (size_t)g * group;
-        const uint8_t *p = row + (size_t)g * group * bits / 8;
-        __m512 g0 = _mm512_setzero_ps(), g1 = _mm512_setzero_ps();
-        for (int c = 0; c < group; c += 32) {
-            __m512 q0, q1;
-            if (bits == 4) {
-                q4_unpack32(p + c / 2, &q0, &q1);
-            } else {
-                q0 = q8_unpack16(p + c);
-                q1 = q8_unpack16(p + c + 16);
+    for (int g0 = 0; g0 < ng; g0 += 16) {
+        __mmask16 m = tail_mask(ng - g0);
+        __m512 sv = ld16(s, sdt, (size_t)g0, m);
+        bacc = _mm512_fmadd_ps(ld16(b, sdt, (size_t)g0, m), _mm512_maskz_loadu_ps(m, xs + g0), bacc);
+        int gn = ng - g0 < 16 ? ng - g0 : 16;
+        for (int gi = 0; gi < gn; gi++) {
+            const float *xg = x + (size_t)(g0 + gi) * group;
+            const uint8_t *p = row + (size_t)(g0 + gi) * group;
+            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+            for (int c = 0; c < group; c += 32) {
+                a0 = _mm512_fmadd_ps(q8_unpack16(p + c), _mm512_loadu_ps(xg + c), a0);
+                a1 = _mm512_fmadd_ps(q8_unpack16(p + c + 16), _mm512_loadu_ps(xg + c + 16), a1);
             }
-            g0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xg + c), g0);
-            g1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xg + c + 16), g1);
+            __m512 sg = _mm512_permutexvar_ps(_mm512_set1_epi32(gi), sv);
+            acc = _mm512_fmadd_ps(sg, _mm512_add_ps(a0, a1), acc);
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(kern_ld(s, sdt, (size_t)g)), _mm512_add_ps(g0, g1),
-                              acc);
-        bacc += kern_ld(b, sdt, (size_t)g) * xs[g];
     }
-    return _mm512_reduce_add_ps(acc) + bacc;
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc, bacc));
+}
+
+/* 32 codes of a 4-bit row against deinterleaved x (q4_xperiod = 32): the 16
+ * bytes are zero-extended to 16 lanes; vpermps looks up the dequantized
+ * value s*q + b of the low nibble (it reads only index bits 0-3) and, after
+ * a shift, of the high nibble, in a 16-entry per-group table. */
+AI void q4_step(const uint8_t *p, const float *xg, __m512 tab, __m512 *a0, __m512 *a1)
+{
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512 wl = _mm512_permutexvar_ps(v, tab);
+    __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+    *a0 = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xg), *a0);
+    *a1 = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xg + 16), *a1);
+}
+
+AI float qdot4(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
+               const float *xp, int in, int group)
+{
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int ng = in / group;
+    for (int g0 = 0; g0 < ng; g0 += 16) {
+        __mmask16 m = tail_mask(ng - g0);
+        __m512 sv = ld16(s, sdt, (size_t)g0, m), bv = ld16(b, sdt, (size_t)g0, m);
+        int gn = ng - g0 < 16 ? ng - g0 : 16;
+        for (int gi = 0; gi < gn; gi++) {
+            int g = g0 + gi;
+            const float *xg = xp + (size_t)g * group;
+            const uint8_t *p = row + (size_t)g * group / 2;
+            __m512i ix = _mm512_set1_epi32(gi);
+            __m512 tab = _mm512_fmadd_ps(iota, _mm512_permutexvar_ps(ix, sv),
+                                         _mm512_permutexvar_ps(ix, bv));
+            int c = 0;
+            for (; c + 64 <= group; c += 64) {
+                q4_step(p + c / 2, xg + c, tab, &a0, &a1);
+                q4_step(p + c / 2 + 16, xg + c + 32, tab, &a2, &a3);
+            }
+            if (c < group)
+                q4_step(p + c / 2, xg + c, tab, &a0, &a1);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
 
 /* Quantized rows of widths other than 4/8: dequantize 256 at a time, then dot. */
@@ -235,8 +277,8 @@ static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok
         const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx, *xs = xsum + (size_t)t * ldxs;
-            float v = w->qbits == 4 ? qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 4)
-                                    : qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 8);
+            float v = w->qbits == 4 ? qdot4(row, s, b, w->qsdt, xt, w->in, w->qgroup)
+                                    : qdot8(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup);
             y[(size_t)t * ldy + (size_t)r] = v;
         }
     }
@@ -559,6 +601,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->wrow_f32 = a512_wrow_f32;
     k->to_f32 = a512_to_f32;
     k->matvec = a512_matvec;
+    k->q4_xperiod = 32;
     k->ukernel = a512_ukernel;
     k->pack_t = a512_pack_t;
     k->gemm_nr = 32;
