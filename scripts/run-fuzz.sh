@@ -1,0 +1,128 @@
+#!/bin/sh
+# run-fuzz.sh BUILD_DIR SECONDS
+#
+# Runs every BUILD_DIR/fuzz_* libFuzzer binary for SECONDS each, starting from
+# a seed corpus generated into a temporary folder:
+#   fuzz_safetensors  the committed fixture headers (files cut to 4 KiB) plus a
+#                     few small complete files written here, with a dictionary
+#                     of the format's keys and dtype names
+#   fuzz_config       every config.json under tests/fixtures
+#   anything else     an empty corpus
+# A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
+# when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
+# Exits non-zero if any target crashes, leaks, times out, or if there is no
+# target at all.
+set -eu
+
+usage() { echo "usage: $0 BUILD_DIR SECONDS" >&2; exit 2; }
+[ $# -eq 2 ] || usage
+BUILD=$1
+SECS=$2
+case $SECS in '' | *[!0-9]*) usage ;; esac
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/mlxcel-fuzz.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT INT TERM
+ARTIFACTS=$BUILD/fuzz-artifacts
+mkdir -p "$ARTIFACTS"
+
+# le64 N: N as 8 little-endian bytes (N < 2^32 is all we need here).
+le64() {
+    n=$1
+    for _ in 1 2 3 4 5 6 7 8; do
+        printf "\\$(printf '%03o' $((n % 256)))"
+        n=$((n / 256))
+    done
+}
+
+# write_st FILE JSON DATA_BYTES: a safetensors file whose header is JSON padded
+# with spaces to a multiple of 8, followed by DATA_BYTES bytes of 0x3f.
+write_st() {
+    len=${#2}
+    pad=$(( (8 - len % 8) % 8 ))
+    {
+        le64 $((len + pad))
+        printf '%s' "$2"
+        printf '%*s' "$pad" ''
+        head -c "$3" /dev/zero | tr '\0' '?'
+    } > "$1"
+}
+
+seed_safetensors() {
+    dir=$1
+    for f in "$ROOT"/tests/fixtures/*/*/*.safetensors "$ROOT"/tests/fixtures/*/*.safetensors; do
+        [ -f "$f" ] || continue
+        case=$(basename "$(dirname "$f")")
+        head -c 4096 "$f" > "$dir/$case-$(basename "$f")"
+    done
+    write_st "$dir/f32" '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}' 16
+    write_st "$dir/meta" '{"__metadata__":{"format":"pt"},"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}}' 8
+    write_st "$dir/empty" '{"z":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]},"s":{"dtype":"I32","shape":[],"data_offsets":[0,4]}}' 4
+    write_st "$dir/five" '{"q":{"dtype":"U32","shape":[1,1,1,1,2],"data_offsets":[0,8]},"x":{"dtype":"I64","shape":[1],"data_offsets":[8,16]}}' 16
+    write_st "$dir/pair" '{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"y":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}}' 8
+    write_st "$dir/none" '{}' 0
+}
+
+dict_safetensors() {
+    for w in '"dtype"' '"shape"' '"data_offsets"' '"__metadata__"' '"format"' '"pt"' \
+        '"F32"' '"F16"' '"BF16"' '"F64"' '"U8"' '"I8"' '"U16"' '"I16"' '"U32"' '"I32"' \
+        '"I64"' '"BOOL"' '"F8_E4M3"' ':' ',' '[' ']' '{' '}' '[0,0]' '9007199254740992' \
+        '1099511627776' '-1' '1.5' '1e999'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
+seed_config() {
+    dir=$1
+    i=0
+    for f in "$ROOT"/tests/fixtures/*/*/config.json "$ROOT"/tests/fixtures/*/config.json; do
+        [ -f "$f" ] || continue
+        i=$((i + 1))
+        cp "$f" "$dir/config-$i.json"
+    done
+}
+
+found=0
+failed=""
+for bin in "$BUILD"/fuzz_*; do
+    [ -f "$bin" ] && [ -x "$bin" ] || continue
+    name=$(basename "$bin")
+    short=${name#fuzz_}
+    corpus=$WORK/corpus-$short
+    mkdir -p "$corpus"
+    set --
+    case $short in
+    safetensors)
+        seed_safetensors "$corpus"
+        dict_safetensors > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict" -max_len=65536
+        ;;
+    config)
+        seed_config "$corpus"
+        ;;
+    esac
+    extra=""
+    [ -d "$ROOT/fuzz/corpus-$short" ] && extra=$ROOT/fuzz/corpus-$short
+    found=$((found + 1))
+    echo "== $name: ${SECS}s, $(ls "$corpus" | wc -l) seeds"
+    if ! ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
+        UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+        "$bin" "$@" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$name-" \
+            "$corpus" $extra > "$WORK/$name.log" 2>&1; then
+        tail -n 60 "$WORK/$name.log" >&2
+        echo "== $name: FAILED (inputs in $ARTIFACTS/)" >&2
+        failed="$failed $name"
+    else
+        grep -E '^(stat::number_of_executed_units|stat::new_units_added)' "$WORK/$name.log" || true
+        echo "== $name: ok"
+    fi
+done
+
+if [ "$found" -eq 0 ]; then
+    echo "run-fuzz: no fuzz_* binaries in $BUILD" >&2
+    exit 1
+fi
+if [ -n "$failed" ]; then
+    echo "run-fuzz: crashes in:$failed" >&2
+    exit 1
+fi
