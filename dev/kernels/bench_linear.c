@@ -205,6 +205,39 @@ static void bench_prefill(struct backend *be, const char *label, enum dtype dt, 
     free((void *)w.qbiases);
 }
 
+/* Attention: decode (1 query at position n_ctx-1) and prefill (n_tok from 0),
+ * 32 query heads over 8 kv heads, head_dim 128. GB/s for decode counts the
+ * K and V rows read; GFLOP/s for prefill counts 4 hd flops per (query, key). */
+static void bench_attn(struct backend *be, int n_tok, int n_ctx)
+{
+    int nh = 32, nkv = 8, hd = 128;
+    size_t nq = (size_t)n_tok * nh * hd, nk = (size_t)n_ctx * nkv * hd;
+    float *q = malloc(nq * 4), *o = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < nk; i++) {
+        k[i] = (float)(i % 11) * 0.01f;
+        v[i] = (float)(i % 7) * 0.1f;
+    }
+    int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3;
+    double best = 1e9;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        be->ops->attention(be, o, q, k, v, n_tok, pos0, nh, nkv, hd, 0.088f);
+        double t = now() - t0;
+        best = t < best ? t : best;
+    }
+    double pairs = 0;
+    for (int t = 0; t < n_tok; t++)
+        pairs += pos0 + t + 1;
+    printf("  attn    n_tok %4d n_ctx %5d  %8.3f ms  %6.1f GB/s(kv)  %6.1f GFLOP/s\n", n_tok, n_ctx,
+           best * 1e3, 2.0 * nk * 4 / best / 1e9, 4.0 * hd * nh * pairs / best / 1e9);
+    free(q);
+    free(o);
+    free(k);
+    free(v);
+}
+
 int main(int argc, char **argv)
 {
     int nth = argc > 1 ? atoi(argv[1]) : 0;
@@ -246,6 +279,11 @@ int main(int argc, char **argv)
         bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
         bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
         bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);
+    }
+    if (!*only || strstr(only, "at")) {
+        bench_attn(be, 1, 512);
+        bench_attn(be, 1, 4096);
+        bench_attn(be, 512, 512);
     }
     backend_free(be);
     return 0;

@@ -13,7 +13,8 @@
  *   linear_batch the concatenated rows of all jobs, one dispatch
  *   embed, norms tokens / rows
  *   rope         (token, head) pairs, contiguous
- *   attention    (query token, kv head) pairs, round-robin (causal rows grow)
+ *   attention    (kv head, tile of query tokens) items, round-robin (causal
+ *                rows grow); decode: one item per kv head
  *   elementwise  contiguous chunks; small vectors run on the caller alone
  */
 #include <assert.h>
@@ -466,41 +467,110 @@ static void cpu_rope(struct backend *be, float *x, int n_tok, int row_stride, in
 
 // ---- attention ----
 
+/* Keys per block: a K or V block of ATTN_JB rows x head_dim f32 (32 KiB at
+ * head_dim 128) is copied to contiguous scratch and stays in L1 while every
+ * query row of the item uses it. In the cache the rows of one head sit
+ * n_kv_head * head_dim floats apart (4 KiB for 8 x 128): rows at a
+ * power-of-two stride map to the same L1 sets, so in place they would evict
+ * each other, and the hardware prefetchers stop at page boundaries. */
+#define ATTN_JB 64
+/* Rows ahead of the copy to prefetch (8 rows of 512 B: ~64 lines in flight). */
+#define ATTN_PF 8
+/* Query tokens per item in prefill; an item's rows are tokens x (query heads
+ * of one kv head), so GQA heads and neighbouring tokens share each K/V block. */
+#define ATTN_TT 4
+/* Most query rows per item (tokens x heads per kv head). */
+#define ATTN_ROWS 64
+
 struct attn_ctx {
     struct cpu_backend *c;
     float *out;
     const float *q, *k, *v;
     int n_tok, pos0, n_head, n_kv_head, head_dim;
+    int tt;                   /* tokens per item */
+    size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
     float scale;
 };
 
-/* One query row against kv rows 0..pos: scores, stable softmax (max
- * subtracted, f32), then the weighted sum of v rows. */
-static void attn_one(const struct attn_ctx *ac, float *s, int t, int h)
+/* Query rows i = ti * n_rep + r of one item: token t0 + ti, head g * n_rep + r. */
+struct attn_rows {
+    const float *q[ATTN_ROWS];
+    float *o[ATTN_ROWS];
+    int n[ATTN_ROWS];         /* keys the row attends (causal) */
+    float sum[ATTN_ROWS];     /* softmax denominators */
+    int n_rows, n_max;
+};
+
+/* Copy rows [j0, j0 + nb) of one head (stride ld) to dst [nb][hd],
+ * prefetching ATTN_PF rows ahead (up to row n_max). */
+static void attn_copy(float *dst, const float *src, size_t ld, int j0, int nb, int n_max, int hd)
+{
+    for (int r = 0; r < nb; r++) {
+        if (j0 + r + ATTN_PF < n_max) {
+            const char *p = (const char *)(src + (size_t)(j0 + r + ATTN_PF) * ld);
+            for (size_t b = 0; b < (size_t)hd * sizeof(float); b += 64)
+                __builtin_prefetch(p + b, 0, 3);
+        }
+        memcpy(dst + (size_t)r * hd, src + (size_t)(j0 + r) * ld, (size_t)hd * sizeof(float));
+    }
+}
+
+/* Causal attention for kv head g and tokens [t0, t0 + tt): two passes over
+ * the keys in blocks of ATTN_JB, rows inside, so every K and V row is read
+ * from memory once per item: (1) scores into scratch, (2) after a stable
+ * softmax per row (max subtracted, f32), the weighted sum of V rows. */
+static void attn_item(const struct attn_ctx *ac, float *scr, int g, int t0, int tt)
 {
     const struct cpu_kernels *k = &ac->c->k;
-    int hd = ac->head_dim, g = h / (ac->n_head / ac->n_kv_head);
+    int hd = ac->head_dim, n_rep = ac->n_head / ac->n_kv_head;
     size_t qs = (size_t)ac->n_head * hd, kvs = (size_t)ac->n_kv_head * hd;
-    const float *qh = ac->q + (size_t)t * qs + (size_t)h * hd;
-    const float *kh = ac->k + (size_t)g * hd, *vh = ac->v + (size_t)g * hd;
-    float *o = ac->out + (size_t)t * qs + (size_t)h * hd;
-    int n_kv = ac->pos0 + t + 1;
-    for (int j = 0; j < n_kv; j++)
-        s[j] = k->dot(qh, kh + (size_t)j * kvs, hd) * ac->scale;
-    float m = k->max(s, n_kv);
-    float sum = k->exp_sum(s, s, m, n_kv);
-    memset(o, 0, (size_t)hd * sizeof *o);
-    for (int j = 0; j < n_kv; j++)
-        k->axpy(o, s[j], vh + (size_t)j * kvs, (size_t)hd);
-    k->scale(o, 1.0f / sum, (size_t)hd);
+    const float *kg = ac->k + (size_t)g * hd, *vg = ac->v + (size_t)g * hd;
+    float *blk = scr + (size_t)(tt * n_rep) * ac->ld_s;
+    struct attn_rows ar;
+    ar.n_rows = tt * n_rep;
+    ar.n_max = ac->pos0 + t0 + tt;
+    for (int i = 0; i < ar.n_rows; i++) {
+        int t = t0 + i / n_rep, h = g * n_rep + i % n_rep;
+        ar.q[i] = ac->q + (size_t)t * qs + (size_t)h * hd;
+        ar.o[i] = ac->out + (size_t)t * qs + (size_t)h * hd;
+        ar.n[i] = ac->pos0 + t + 1;
+    }
+    for (int j0 = 0; j0 < ar.n_max; j0 += ATTN_JB) {
+        int nb = ar.n_max - j0 < ATTN_JB ? ar.n_max - j0 : ATTN_JB;
+        attn_copy(blk, kg, kvs, j0, nb, ar.n_max, hd);
+        for (int i = 0; i < ar.n_rows; i++) {
+            int n = ar.n[i] - j0 < nb ? ar.n[i] - j0 : nb;
+            if (n > 0)
+                k->attn_scores(scr + i * ac->ld_s + j0, ar.q[i], blk, n, hd, ac->scale);
+        }
+    }
+    for (int i = 0; i < ar.n_rows; i++) {
+        float *s = scr + i * ac->ld_s;
+        ar.sum[i] = k->exp_sum(s, s, k->max(s, ar.n[i]), ar.n[i]);
+    }
+    for (int j0 = 0; j0 < ar.n_max; j0 += ATTN_JB) {
+        int nb = ar.n_max - j0 < ATTN_JB ? ar.n_max - j0 : ATTN_JB;
+        attn_copy(blk, vg, kvs, j0, nb, ar.n_max, hd);
+        for (int i = 0; i < ar.n_rows; i++) {
+            int n = ar.n[i] - j0 < nb ? ar.n[i] - j0 : nb;
+            if (n > 0)
+                k->attn_accum(ar.o[i], scr + i * ac->ld_s + j0, blk, n, hd, j0 > 0);
+        }
+    }
+    for (int i = 0; i < ar.n_rows; i++)
+        k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
 }
 
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_ctx *ac = arg;
-    long n = (long)ac->n_tok * ac->n_head;
-    for (long it = ith; it < n; it += nth)
-        attn_one(ac, ac->c->scr[ith], (int)(it / ac->n_head), (int)(it % ac->n_head));
+    long n_tiles = (ac->n_tok + ac->tt - 1) / ac->tt;
+    /* round-robin: later tiles attend more keys, interleaving balances them */
+    for (long it = ith; it < n_tiles * ac->n_kv_head; it += nth) {
+        int t0 = (int)(it / ac->n_kv_head) * ac->tt, g = (int)(it % ac->n_kv_head);
+        int tt = ac->n_tok - t0 < ac->tt ? ac->n_tok - t0 : ac->tt;
+        attn_item(ac, ac->c->scr[ith], g, t0, tt);
+    }
 }
 
 static void cpu_attention(struct backend *be, float *out, const float *q, const float *k,
@@ -508,8 +578,13 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
                           int head_dim, float scale)
 {
     struct cpu_backend *c = cpu_of(be);
-    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, scale};
-    scratch_ensure(c, (size_t)pos0 + (size_t)n_tok);
+    int n_rep = n_head / n_kv_head;
+    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, 1, 0, scale};
+    assert(n_rep >= 1 && n_rep <= ATTN_ROWS && n_head % n_kv_head == 0);
+    ac.tt = ATTN_ROWS / n_rep < ATTN_TT ? ATTN_ROWS / n_rep : ATTN_TT;
+    /* padded to a cache line so score rows do not share lines */
+    ac.ld_s = ((size_t)pos0 + (size_t)n_tok + 15) & ~(size_t)15;
+    scratch_ensure(c, ac.ld_s * (size_t)(ac.tt * n_rep) + (size_t)ATTN_JB * (size_t)head_dim);
     tpool_run(c->pool, attn_task, &ac);
 }
 

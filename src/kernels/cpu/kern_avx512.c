@@ -539,6 +539,84 @@ static float a512_exp_sum(float *y, const float *x, float mx, int n)
     return _mm512_reduce_add_ps(s);
 }
 
+// ---- attention ----
+
+/* The four horizontal sums of a0..a3, in order. */
+AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    __m512 a[4] = {a0, a1, a2, a3};
+    __m128 c[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m256 b = _mm256_add_ps(_mm512_castps512_ps256(a[i]), _mm512_extractf32x8_ps(a[i], 1));
+        c[i] = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    }
+    return _mm_hadd_ps(_mm_hadd_ps(c[0], c[1]), _mm_hadd_ps(c[2], c[3]));
+}
+
+/* Four keys at a time share each load of q. */
+static void a512_attn_scores(float *s, const float *q, const float *k, int n, int hd, float scale)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + (size_t)j * hd;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < hd; d += 16) {
+            __mmask16 m = tail_mask(hd - d);
+            __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
+            a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + hd + d), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 2 * hd + d), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 3 * hd + d), a3);
+        }
+        _mm_storeu_ps(s + j, _mm_mul_ps(hsum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+    }
+    for (; j < n; j++)
+        s[j] = a512_dot(q, k + (size_t)j * hd, hd) * scale;
+}
+
+/* o[0 .. 16 nv) (+)= sum_j p_j v_j[...] with the nv output vectors in
+ * registers; lanes past nc are masked off. */
+AI void accum_chunk(float *o, const float *p, const float *v, int ld, int n, int nc, const int nv,
+                    bool acc)
+{
+    __m512 a[8];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < nv; u++) {
+        m[u] = tail_mask(nc - 16 * u > 0 ? nc - 16 * u : 0);
+        a[u] = acc ? _mm512_maskz_loadu_ps(m[u], o + 16 * u) : _mm512_setzero_ps();
+    }
+    for (int j = 0; j < n; j++) {
+        __m512 pj = _mm512_set1_ps(p[j]);
+        const float *vj = v + (size_t)j * ld;
+#pragma GCC unroll 8
+        for (int u = 0; u < nv; u++)
+            a[u] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[u], vj + 16 * u), a[u]);
+    }
+#pragma GCC unroll 8
+    for (int u = 0; u < nv; u++)
+        _mm512_mask_storeu_ps(o + 16 * u, m[u], a[u]);
+}
+
+/* Columns in chunks of 128 (8 zmm accumulators). */
+static void a512_attn_accum(float *o, const float *p, const float *v, int n, int hd, bool acc)
+{
+    for (int c0 = 0; c0 < hd; c0 += 128) {
+        int nc = hd - c0 < 128 ? hd - c0 : 128;
+        switch ((nc + 15) / 16) {
+        case 1: accum_chunk(o + c0, p, v + c0, hd, n, nc, 1, acc); break;
+        case 2: accum_chunk(o + c0, p, v + c0, hd, n, nc, 2, acc); break;
+        case 3: accum_chunk(o + c0, p, v + c0, hd, n, nc, 3, acc); break;
+        case 4: accum_chunk(o + c0, p, v + c0, hd, n, nc, 4, acc); break;
+        case 5: accum_chunk(o + c0, p, v + c0, hd, n, nc, 5, acc); break;
+        case 6: accum_chunk(o + c0, p, v + c0, hd, n, nc, 6, acc); break;
+        case 7: accum_chunk(o + c0, p, v + c0, hd, n, nc, 7, acc); break;
+        default: accum_chunk(o + c0, p, v + c0, hd, n, nc, 8, acc); break;
+        }
+    }
+}
+
 static void a512_silu_mul(float *y, const float *g, const float *u, size_t n)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -615,6 +693,8 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->norm_apply = a512_norm_apply;
     k->max = a512_max;
     k->exp_sum = a512_exp_sum;
+    k->attn_scores = a512_attn_scores;
+    k->attn_accum = a512_attn_accum;
     k->silu_mul = a512_silu_mul;
     k->gelu_tanh = a512_gelu_tanh;
     k->gelu_erf = a512_gelu_erf;

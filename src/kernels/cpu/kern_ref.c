@@ -138,6 +138,20 @@ static float ref_exp_sum(float *y, const float *x, float m, int n)
     return s;
 }
 
+static void ref_attn_scores(float *s, const float *q, const float *k, int n, int hd, float scale)
+{
+    for (int j = 0; j < n; j++)
+        s[j] = ref_dot(q, k + (size_t)j * hd, hd) * scale;
+}
+
+static void ref_attn_accum(float *o, const float *p, const float *v, int n, int hd, bool acc)
+{
+    if (!acc)
+        memset(o, 0, (size_t)hd * sizeof *o);
+    for (int j = 0; j < n; j++)
+        ref_axpy(o, p[j], v + (size_t)j * hd, (size_t)hd);
+}
+
 static void ref_silu_mul(float *y, const float *g, const float *u, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -180,6 +194,8 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->norm_apply = ref_norm_apply;
     k->max = ref_max;
     k->exp_sum = ref_exp_sum;
+    k->attn_scores = ref_attn_scores;
+    k->attn_accum = ref_attn_accum;
     k->silu_mul = ref_silu_mul;
     k->gelu_tanh = ref_gelu_tanh;
     k->gelu_erf = ref_gelu_erf;
