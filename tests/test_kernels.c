@@ -258,6 +258,7 @@ static void test_linear(void **state)
         {1, 1, 1, 0, 0},    {1, 17, 5, 0, 1},    {1, 64, 1, 0, 0},   {1, 1000, 37, 3, 1},
         {2, 33, 65, 0, 0},  {3, 129, 31, 0, 1},  {7, 300, 70, 5, 0}, {8, 256, 64, 0, 1},
         {9, 515, 97, 0, 1}, {33, 70, 40, 0, 0},  {17, 600, 33, 1, 0}, {300, 40, 45, 0, 1},
+        {13, 515, 97, 0, 1}, {12, 16, 100, 0, 0}, {40, 1, 3, 0, 1},
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct bes bs;
@@ -286,13 +287,13 @@ static void test_linear_quant(void **state)
     static const int groups[] = {32, 64, 128};
     static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     /* n_tok, in (multiple of 128), out */
-    static const int shapes[][3] = {{1, 128, 7}, {3, 256, 1}, {1, 384, 33}, {20, 512, 40}};
+    static const int shapes[][3] = {{1, 128, 7}, {3, 256, 1}, {1, 384, 33}, {20, 512, 40}, {6, 384, 33}};
     struct bes bs;
     struct errstat es = {0};
     bes_open(&bs);
     for (int bi = 0; bi < 6; bi++)
         for (int gi = 0; gi < 3; gi++)
-            for (int s = 0; s < 4; s++) {
+            for (int s = 0; s < 5; s++) {
                 enum dtype sdt = sdts[(bi + gi + s) % 3];
                 const int *sh = shapes[s];
                 struct tensor w = qrand(bits[bi], groups[gi], sdt, sh[2], sh[1]);

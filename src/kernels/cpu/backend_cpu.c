@@ -232,7 +232,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
         .c = c, .y = y, .x = x, .w = &m, .n_tok = n_tok,
         .b = b && tensor_is_present(b) ? b : NULL,
     };
-    lc.gemm = c->k.ukernel && n_tok >= c->k.gemm_min_tok;
+    lc.gemm = c->k.ukernel && n_tok >= (m.qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok);
     if (lc.gemm) {
         scratch_ensure(c, ((size_t)GEMM_KC + (size_t)m.in) * (size_t)c->k.gemm_nr);
     } else if (m.qbits) {

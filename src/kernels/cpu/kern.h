@@ -74,7 +74,12 @@ struct cpu_kernels {
     void (*pack_t)(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc);
     int gemm_nr;              /* panel width of ukernel */
     int gemm_mr;              /* token rows per ukernel call (<= GEMM_MR_MAX) */
-    int gemm_min_tok;         /* use the GEMM path from this many tokens on */
+    /* Use the GEMM path from this many tokens on (float / quantized W).
+     * Below it the matvec, which reads each weight row once per call and
+     * re-reads it from L1 per token, is faster: the GEMM pays a fixed cost
+     * to widen and transpose every panel (measured on the dev machine). */
+    int gemm_min_tok;
+    int gemm_min_tok_q;
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);

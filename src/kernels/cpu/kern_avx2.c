@@ -669,7 +669,8 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->pack_t = a2_pack_t;
     k->gemm_nr = 16;
     k->gemm_mr = 6;
-    k->gemm_min_tok = 4;
+    k->gemm_min_tok = 10;
+    k->gemm_min_tok_q = 6;
     k->dot = a2_dot;
     k->axpy = a2_axpy;
     k->scale = a2_scale;

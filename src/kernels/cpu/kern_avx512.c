@@ -684,7 +684,8 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->pack_t = a512_pack_t;
     k->gemm_nr = 32;
     k->gemm_mr = 8;
-    k->gemm_min_tok = 4;
+    k->gemm_min_tok = 12;
+    k->gemm_min_tok_q = 6;
     k->dot = a512_dot;
     k->axpy = a512_axpy;
     k->scale = a512_scale;

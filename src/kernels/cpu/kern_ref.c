@@ -186,6 +186,7 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->pack_t = ref_pack_t;
     k->gemm_nr = 0;
     k->gemm_min_tok = 0;
+    k->gemm_min_tok_q = 0;
     k->dot = ref_dot;
     k->axpy = ref_axpy;
     k->scale = ref_scale;
