@@ -166,25 +166,31 @@ struct linear_ctx {
 };
 
 /* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
- * gemm_nr rows: widen/dequantize the whole rows into tmp [nr][in] (one
- * sequential read of a contiguous stretch of W, which the hardware
- * prefetchers stream at full bandwidth; tmp stays in L2/L3), then per
- * contraction block of GEMM_KC transpose tmp into the panel bp [KC][nr]
- * (L1-resident) and run the microkernel over every token, accumulating into
- * y across blocks. W is read exactly once. */
+ * gemm_nr rows and contraction block of GEMM_KC, the rows' block is widened
+ * (or dequantized) and transposed into the panel bp [KC][nr] (L1-resident),
+ * then the microkernel runs over every token, accumulating into y across
+ * blocks. W is read exactly once. Float weights go straight from W into the
+ * panel (pack_w, which prefetches the next block); quantized rows are first
+ * dequantized whole into tmp [nr][in] by one sequential read of a contiguous
+ * stretch of W (tmp stays in L2/L3), then transposed block by block. */
 static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
                       const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
 {
     int nr = k->gemm_nr, in = w->in;
+    bool direct = k->pack_w && !w->qbits;
     float *bp = scr;
     float *tmp = scr + (size_t)GEMM_KC * nr;
     for (int rb = r0; rb < r1; rb += nr) {
         int nv = r1 - rb < nr ? r1 - rb : nr;
-        for (int j = 0; j < nv; j++)
+        for (int j = 0; j < nv && !direct; j++)
             k->wrow_f32(tmp + (size_t)j * in, w, rb + j, 0, in);
         for (int k0 = 0; k0 < in; k0 += GEMM_KC) {
             int kc = in - k0 < GEMM_KC ? in - k0 : GEMM_KC;
-            k->pack_t(bp, nr, tmp + k0, (size_t)in, nv, kc);
+            if (direct)
+                k->pack_w(bp, nr, w, rb, nv, k0, kc,
+                          in - k0 - kc < GEMM_KC ? in - k0 - kc : GEMM_KC);
+            else
+                k->pack_t(bp, nr, tmp + k0, (size_t)in, nv, kc);
             for (int m = 0; m < n_tok; m += k->gemm_mr) {
                 int mr = n_tok - m < k->gemm_mr ? n_tok - m : k->gemm_mr;
                 k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr, bp,
@@ -234,7 +240,8 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
     };
     lc.gemm = c->k.ukernel && n_tok >= (m.qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok);
     if (lc.gemm) {
-        scratch_ensure(c, ((size_t)GEMM_KC + (size_t)m.in) * (size_t)c->k.gemm_nr);
+        scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
+                              (size_t)c->k.gemm_nr);
     } else if (m.qbits) {
         float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
         qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);

@@ -72,6 +72,11 @@ struct cpu_kernels {
     /* Transpose nv (<= nr) rows of kc f32 (row stride ldr) into a panel:
      * bp[k*nr + j] = rows[j*ldr + k], zero for nv <= j < nr. */
     void (*pack_t)(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc);
+    /* Optional (NULL: wrow_f32 + pack_t): the panel block of float (not
+     * quantized) W rows [r0, r0+nv) x [k0, k0+kc) straight into bp [kc][nr],
+     * prefetching the next kc_next columns of the same rows. */
+    void (*pack_w)(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
+                   int kc_next);
     int gemm_nr;              /* panel width of ukernel */
     int gemm_mr;              /* token rows per ukernel call (<= GEMM_MR_MAX) */
     /* Use the GEMM path from this many tokens on (float / quantized W).

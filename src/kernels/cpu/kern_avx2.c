@@ -333,6 +333,54 @@ static void a2_pack_t(float *bp, int nr, const float *rows, size_t ldr, int nv, 
     }
 }
 
+/* Panel block straight from float weights (see kern_avx512.c pack_w_t). */
+AI void pack_w_t(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
+                 int kc_next, enum dtype dt)
+{
+    size_t es = dt == DTYPE_F32 ? 4 : 2;
+    const uint8_t *base = w->data + (size_t)r0 * w->row_bytes;
+    for (int j = 0; j < nv && kc_next > 0; j++) {
+        const char *p = (const char *)(base + (size_t)j * w->row_bytes + (size_t)(k0 + kc) * es);
+        for (size_t b = 0; b < (size_t)kc_next * es; b += 64)
+            _mm_prefetch(p + b, _MM_HINT_T0);
+    }
+    for (int h = 0; h < nr; h += 8) {
+        int k = 0;
+        if (h + 8 <= nv) {
+            for (; k + 8 <= kc; k += 8) {
+                __m256 r[8];
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++)
+                    r[j] = ld8(base + (size_t)(h + j) * w->row_bytes, dt, (size_t)(k0 + k));
+                tr8(r);
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++)
+                    _mm256_store_ps(bp + (size_t)(k + i) * nr + h, r[i]);
+            }
+        }
+        for (; k < kc; k++)
+            for (int j = h; j < h + 8; j++)
+                bp[(size_t)k * nr + j] =
+                    j < nv ? kern_ld(base + (size_t)j * w->row_bytes, dt, (size_t)(k0 + k)) : 0.0f;
+    }
+}
+
+static void a2_pack_w(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
+                      int kc_next)
+{
+    switch (w->dt) {
+    case DTYPE_BF16:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_BF16);
+        break;
+    case DTYPE_F16:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F16);
+        break;
+    default:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F32);
+        break;
+    }
+}
+
 // ---- GEMM microkernel ----
 
 /* mr x 16 tile: c[m] (2 ymm each) += x[m, k] * bp[k, 0..16). */
@@ -667,9 +715,10 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->q4_xperiod = 16;
     k->ukernel = a2_ukernel;
     k->pack_t = a2_pack_t;
+    k->pack_w = a2_pack_w;
     k->gemm_nr = 16;
     k->gemm_mr = 6;
-    k->gemm_min_tok = 10;
+    k->gemm_min_tok = 4;
     k->gemm_min_tok_q = 6;
     k->dot = a2_dot;
     k->axpy = a2_axpy;

@@ -369,6 +369,57 @@ static void a512_pack_t(float *bp, int nr, const float *rows, size_t ldr, int nv
     }
 }
 
+/* Panel block straight from float weights: W rows [r0, r0 + nv) x columns
+ * [k0, k0 + kc) widened in registers and transposed into bp [kc][nr]. The
+ * next block of the same rows (kc_next columns) is prefetched meanwhile:
+ * the panel reads nr interleaved row streams. */
+AI void pack_w_t(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
+                 int kc_next, enum dtype dt)
+{
+    size_t es = dt == DTYPE_F32 ? 4 : 2;
+    const uint8_t *base = w->data + (size_t)r0 * w->row_bytes;
+    for (int j = 0; j < nv && kc_next > 0; j++) {
+        const char *p = (const char *)(base + (size_t)j * w->row_bytes + (size_t)(k0 + kc) * es);
+        for (size_t b = 0; b < (size_t)kc_next * es; b += 64)
+            _mm_prefetch(p + b, _MM_HINT_T0);
+    }
+    for (int h = 0; h < nr; h += 16) {
+        int k = 0;
+        if (h + 16 <= nv) {
+            for (; k + 16 <= kc; k += 16) {
+                __m512 r[16];
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++)
+                    r[j] = ld16f(base + (size_t)(h + j) * w->row_bytes, dt, (size_t)(k0 + k));
+                tr16(r);
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    _mm512_store_ps(bp + (size_t)(k + i) * nr + h, r[i]);
+            }
+        }
+        for (; k < kc; k++)
+            for (int j = h; j < h + 16; j++)
+                bp[(size_t)k * nr + j] =
+                    j < nv ? kern_ld(base + (size_t)j * w->row_bytes, dt, (size_t)(k0 + k)) : 0.0f;
+    }
+}
+
+static void a512_pack_w(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
+                        int kc_next)
+{
+    switch (w->dt) {
+    case DTYPE_BF16:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_BF16);
+        break;
+    case DTYPE_F16:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F16);
+        break;
+    default:
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F32);
+        break;
+    }
+}
+
 // ---- GEMM microkernel ----
 
 /* mr x 32 tile: c[m] (2 zmm each) += x[m, k] * bp[k, 0..32). */
@@ -682,9 +733,10 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->q4_xperiod = 32;
     k->ukernel = a512_ukernel;
     k->pack_t = a512_pack_t;
+    k->pack_w = a512_pack_w;
     k->gemm_nr = 32;
     k->gemm_mr = 8;
-    k->gemm_min_tok = 12;
+    k->gemm_min_tok = 5;
     k->gemm_min_tok_q = 6;
     k->dot = a512_dot;
     k->axpy = a512_axpy;
