@@ -7,6 +7,7 @@
 #                     few small complete files written here, with a dictionary
 #                     of the format's keys and dtype names
 #   fuzz_config       every config.json under tests/fixtures
+#   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -81,6 +82,17 @@ seed_config() {
     done
 }
 
+seed_tokenizer() {
+    dir=$1
+    i=0
+    for f in "$ROOT"/tests/fixtures/*/*/tokenizer.json; do
+        [ -f "$f" ] || continue
+        [ "$(wc -c < "$f")" -le 262144 ] || continue
+        i=$((i + 1))
+        cp "$f" "$dir/tokenizer-$i.json"
+    done
+}
+
 found=0
 failed=""
 for bin in "$BUILD"/fuzz_*; do
@@ -98,6 +110,9 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     config)
         seed_config "$corpus"
+        ;;
+    tokenizer)
+        seed_tokenizer "$corpus"
         ;;
     esac
     extra=""
