@@ -1,13 +1,14 @@
 /*
  * config: the typed JSON accessors that every family's normalization uses,
  * and model-level config handling (generation_config.json, quantization,
- * missing files) driven through model_load on temporary folders.
+ * missing files) driven through model_load and the mlxcel CLI on temporary folders.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "loading/config.h"
 #include "models/model.h"
 #include "test.h"
@@ -109,6 +110,10 @@ static void load_expect(const char *dir, int code, const char *substr)
     assert_null(m);
     if (rc != -code || !strstr(e.msg, substr))
         fail_msg("expected code %d with '%s', got %d: %s", code, substr, rc, e.msg);
+    /* and through the CLI: one error line naming the same thing, exit 1 */
+    char args[600];
+    snprintf(args, sizeof args, "inspect -m %s", dir);
+    cli_expect_error(args, substr);
 }
 
 static void generation_config(void **state)

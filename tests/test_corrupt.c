@@ -9,14 +9,33 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cli_run.h"
 #include "core/safetensors.h"
 #include "st_build.h"
 #include "test.h"
 
 #define MODEL "model.safetensors"
 
-/* Open dir and require code plus every non-NULL substring in the message. */
+/* The same folder through the CLI: with a valid config.json beside the weights,
+ * `mlxcel inspect` and `mlxcel generate` reach the loader and must fail with one
+ * clear error line (exit 1) carrying the same detail. */
+static void expect_cli_fail(const char *dir, const char *sub)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "cp %s %s/config.json", test_path("tests/fixtures/golden/llama/config.json"), dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "inspect -m %s", dir);
+    cli_expect_error(cmd, sub ? sub : "");
+    snprintf(cmd, sizeof cmd, "generate -m %s --prompt-ids 1,2 -n 1 --output-ids", dir);
+    cli_expect_error(cmd, sub ? sub : "");
+    snprintf(cmd, sizeof cmd, "%s/config.json", dir);
+    unlink(cmd);
+}
+
+/* Open dir and require code plus every non-NULL substring in the message; then
+ * the same through the CLI. */
 static void expect_open_fail(const char *dir, int code, const char *sub1, const char *sub2)
 {
     struct st_set *s = (struct st_set *)&s; /* poison: must come back NULL */
@@ -26,6 +45,8 @@ static void expect_open_fail(const char *dir, int code, const char *sub1, const 
         fail_msg("rc %d (want %d), message \"%s\" (want \"%s\", \"%s\")", rc, -code, e.msg,
                  sub1 ? sub1 : "", sub2 ? sub2 : "");
     assert_null(s);
+    if (strlen(dir) < 4000 && access(dir, W_OK) == 0) /* a missing folder: see tests/cli/errors.sh */
+        expect_cli_fail(dir, sub1);
 }
 
 /* A folder with one model.safetensors holding `json` and data_len zero bytes

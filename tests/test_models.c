@@ -1,6 +1,6 @@
 /*
  * models: the trained checkpoints, driven through the real `mlxcel` binary
- * ($MLXCEL_BIN, set by CTest; build/mlxcel otherwise).
+ * (cli_run.h).
  *
  * For models/llama-tiny and tests/fixtures/models/phixtral-tiny, golden.json
  * holds five prompts with their float64 greedy continuations (48 ids and the
@@ -17,28 +17,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "cli_run.h"
 #include "test.h"
 
-#define MAX_OUT (1 << 20)
-
-static const char *bin(void)
+/* Run `mlxcel <args>` with env, capturing stdout; returns the exit status. */
+static int run(const char *env, const char *args, char **out)
 {
-    const char *b = getenv("MLXCEL_BIN");
-    return b && *b ? b : test_path("build/mlxcel");
-}
-
-/* Run a shell command, capture stdout (malloc'd), return the exit status. */
-static int run(const char *cmd, char **out)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    char *buf = malloc(MAX_OUT);
-    assert_non_null(buf);
-    size_t n = fread(buf, 1, MAX_OUT - 1, p);
-    buf[n] = '\0';
-    int st = pclose(p);
-    *out = buf;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return cli_run(env, args, out, NULL);
 }
 
 static cJSON *load_golden(const char *dir)
@@ -100,8 +85,8 @@ static void check_model(const char *rel, const char *env)
         shell_quote(prompt, q, sizeof q);
 
         /* the prompt text must encode to the reference prompt ids */
-        snprintf(cmd, sizeof cmd, "%s tokenize -m %s -p %s", bin(), dir, q);
-        assert_int_equal(run(cmd, &out), 0);
+        snprintf(cmd, sizeof cmd, "tokenize -m %s -p %s", dir, q);
+        assert_int_equal(run(NULL, cmd, &out), 0);
         ids_csv(cJSON_GetObjectItem(c, "prompt_ids"), want, sizeof want, ", ");
         snprintf(got, sizeof got, "[%s]\n", want);
         if (strcmp(out, got) != 0)
@@ -109,9 +94,8 @@ static void check_model(const char *rel, const char *env)
         free(out);
 
         /* greedy ids through --output-ids */
-        snprintf(cmd, sizeof cmd, "%s %s generate -m %s -p %s -n 48 --temp 0 --ignore-eos --output-ids",
-                 env, bin(), dir, q);
-        assert_int_equal(run(cmd, &out), 0);
+        snprintf(cmd, sizeof cmd, "generate -m %s -p %s -n 48 --temp 0 --ignore-eos --output-ids", dir, q);
+        assert_int_equal(run(env, cmd, &out), 0);
         ids_csv(cJSON_GetObjectItem(c, "greedy_ids"), want, sizeof want, ", ");
         snprintf(got, sizeof got, "[%s]\n", want);
         if (strcmp(out, got) != 0)
@@ -119,8 +103,8 @@ static void check_model(const char *rel, const char *env)
         free(out);
 
         /* and the streamed text */
-        snprintf(cmd, sizeof cmd, "%s %s generate -m %s -p %s -n 48 --temp 0 --ignore-eos", env, bin(), dir, q);
-        assert_int_equal(run(cmd, &out), 0);
+        snprintf(cmd, sizeof cmd, "generate -m %s -p %s -n 48 --temp 0 --ignore-eos", dir, q);
+        assert_int_equal(run(env, cmd, &out), 0);
         snprintf(got, sizeof got, "%s\n", cJSON_GetObjectItem(c, "greedy_text")->valuestring);
         if (strcmp(out, got) != 0)
             fail_msg("%s prompt %d: text '%s', reference '%s'", rel, i, out, got);
@@ -137,9 +121,9 @@ static void check_model(const char *rel, const char *env)
     ids_csv(cJSON_GetObjectItem(g, "val_ids"), ids, sizeof ids, " ");
     assert_int_equal(write(fd, ids, strlen(ids)), (ssize_t)strlen(ids));
     close(fd);
-    snprintf(cmd, sizeof cmd, "%s %s perplexity -m %s --ids-file %s --json", env, bin(), dir, ids_path);
+    snprintf(cmd, sizeof cmd, "perplexity -m %s --ids-file %s --json", dir, ids_path);
     char *out;
-    assert_int_equal(run(cmd, &out), 0);
+    assert_int_equal(run(env, cmd, &out), 0);
     unlink(ids_path);
     cJSON *r = cJSON_Parse(out);
     assert_non_null(r);
@@ -172,9 +156,9 @@ static void romeo_sampling(void **state)
 {
     (void)state;
     char cmd[2048], *out;
-    snprintf(cmd, sizeof cmd, "%s generate -m %s -p 'ROMEO:' -n 64 --seed 7", bin(),
+    snprintf(cmd, sizeof cmd, "generate -m %s -p 'ROMEO:' -n 64 --seed 7",
              test_path("tests/fixtures/models/phixtral-tiny"));
-    assert_int_equal(run(cmd, &out), 0);
+    assert_int_equal(run(NULL, cmd, &out), 0);
     size_t letters = 0, n = strlen(out);
     for (size_t i = 0; i < n; i++)
         letters += (out[i] >= 'a' && out[i] <= 'z') || (out[i] >= 'A' && out[i] <= 'Z') || out[i] == ' ';
