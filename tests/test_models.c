@@ -2,7 +2,7 @@
  * models: the trained checkpoints, driven through the real `mlxcel` binary
  * (cli_run.h).
  *
- * For models/llama-tiny and tests/fixtures/models/phixtral-tiny, golden.json
+ * For models/llama-tiny and tests/fixtures/models/phixtral-tiny{,-4bit}, golden.json
  * holds five prompts with their float64 greedy continuations (48 ids and the
  * text) and 512 held-out ids with the reference perplexity. We require:
  * the prompt text tokenizes to the reference prompt ids; greedy generation
@@ -151,6 +151,15 @@ static void phixtral_tiny(void **state)
     check_model("tests/fixtures/models/phixtral-tiny", "MLXCEL_FUSED_MOE=0");
 }
 
+/* MLX affine 4-bit (g64) conversion of the same model, mlx-lm stacked layout; the
+ * reference ran on the dequantized weights. */
+static void phixtral_tiny_4bit(void **state)
+{
+    (void)state;
+    check_model("tests/fixtures/models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=1");
+    check_model("tests/fixtures/models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=0");
+}
+
 /* Sampling from the trained model: exits 0 and prints Shakespeare-like text. */
 static void romeo_sampling(void **state)
 {
@@ -171,6 +180,7 @@ static void romeo_sampling(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(llama_tiny),
     cmocka_unit_test(phixtral_tiny),
+    cmocka_unit_test(phixtral_tiny_4bit),
     cmocka_unit_test(romeo_sampling),
 };
 
