@@ -65,6 +65,33 @@ static void filters(void **state)
     sampler_free(s);
 }
 
+/* A flat distribution over 1000 ids: top-p 0.5 must widen the sorted prefix past its
+ * first guess and keep the 500 best (ties go to the lower id). */
+static void top_p_widens(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    static float flat[N];
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 1.0f;
+    p.top_p = 0.5f;
+    struct sampler *s = NULL;
+    struct err e = {0};
+    assert_int_equal(sampler_new(&s, &p, N, &e), 0);
+    static unsigned char seen[N];
+    int distinct = 0, max_id = 0;
+    for (int i = 0; i < 20000; i++) {
+        int id = sampler_sample(s, flat);
+        max_id = id > max_id ? id : max_id;
+        distinct += !seen[id];
+        seen[id] = 1;
+    }
+    assert_true(max_id <= 501);
+    assert_true(distinct > 450);
+    sampler_free(s);
+}
+
 static void seeded(void **state)
 {
     (void)state;
@@ -102,6 +129,7 @@ static void penalty(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(greedy),
     cmocka_unit_test(filters),
+    cmocka_unit_test(top_p_widens),
     cmocka_unit_test(seeded),
     cmocka_unit_test(penalty),
 };

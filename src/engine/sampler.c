@@ -131,16 +131,71 @@ static int32_t argmax(const float *v, int n)
     return b;
 }
 
-/* Order ids by key descending, ties to the lower id (qsort_r comparator). */
+/* Candidate order: higher key first, ties to the lower id. */
+static bool before(const float *key, int32_t a, int32_t b)
+{
+    return key[a] > key[b] || (key[a] == key[b] && a < b);
+}
+
+/* Reorder idx[0..n) so its first m entries are the m best (unordered): quickselect. */
+static void select_top(int32_t *idx, int n, int m, const float *key)
+{
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t pivot = idx[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (before(key, idx[i], pivot))
+                i++;
+            while (before(key, pivot, idx[j]))
+                j--;
+            if (i <= j) {
+                int32_t t = idx[i];
+                idx[i++] = idx[j];
+                idx[j--] = t;
+            }
+        }
+        if (m - 1 <= j)
+            hi = j;
+        else if (m - 1 >= i)
+            lo = i;
+        else
+            break;
+    }
+}
+
 static int cmp_desc(const void *a, const void *b, void *key)
 {
-    const float *k = key;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    float fx = k[x], fy = k[y];
-    if (fx != fy)
-        return fx > fy ? -1 : 1;
-    return x < y ? -1 : (x > y);
+    return before(key, x, y) ? -1 : before(key, y, x) ? 1 : 0;
 }
+
+/* The m best candidates, sorted, in idx[0..m). */
+static void top_sorted(struct sampler *s, int m)
+{
+    for (int i = 0; i < s->n_vocab; i++)
+        s->idx[i] = i;
+    if (m < s->n_vocab)
+        select_top(s->idx, s->n_vocab, m, s->work);
+    qsort_r(s->idx, (size_t)m, sizeof *s->idx, cmp_desc, s->work);
+}
+
+static int32_t draw(struct sampler *s, int n)
+{
+    double total = 0.0;
+    for (int i = 0; i < n; i++)
+        total += s->prob[i];
+    double r = rng_uniform(s->rng) * total, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += s->prob[i];
+        if (r < acc)
+            return s->idx[i];
+    }
+    return s->idx[n - 1];
+}
+
+/* Candidates considered before top-p can stop growing the sorted prefix. */
+#define TOPP_FIRST 256
 
 int32_t sampler_sample(struct sampler *s, const float *logits)
 {
@@ -166,58 +221,70 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
     if (p->temperature <= 0.0f)
         return argmax(s->work, V);
 
-    /* 2. temperature, then candidates sorted by logit */
+    /* 2. temperature */
+    float mx = -INFINITY;
     for (int i = 0; i < V; i++) {
         s->work[i] /= p->temperature;
-        s->idx[i] = i;
+        if (s->work[i] > mx)
+            mx = s->work[i];
     }
-    int n = V;
-    qsort_r(s->idx, (size_t)V, sizeof *s->idx, cmp_desc, s->work);
 
-    /* 3. top-k */
-    if (p->top_k > 0 && p->top_k < n)
-        n = p->top_k;
+    /* 3. top-k: the distribution is renormalized over the k survivors */
+    int K = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+    double z = 0.0;
+    if (K == V)
+        for (int i = 0; i < V; i++)
+            z += exp((double)s->work[i] - mx);
 
-    /* softmax over the candidates (sorted: the first is the max) */
-    double mx = s->work[s->idx[0]], sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        s->prob[i] = (float)exp((double)s->work[s->idx[i]] - mx);
-        sum += s->prob[i];
-    }
-    for (int i = 0; i < n; i++)
-        s->prob[i] = (float)(s->prob[i] / sum);
-
-    /* 4. top-p: smallest prefix whose mass reaches top_p (at least one token) */
-    if (p->top_p < 1.0f) {
-        double cum = 0.0;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
-            cum += s->prob[i];
-            if (cum >= p->top_p) {
-                keep = i + 1;
+    /* 4. candidates sorted by probability: only as many as top-k and top-p need.
+     * Without either, every id is a candidate in id order (no sort). */
+    int n;
+    if (K < V || p->top_p < 1.0f) {
+        int m = K < V ? K : (TOPP_FIRST < V ? TOPP_FIRST : V);
+        for (;;) {
+            top_sorted(s, m);
+            if (K < V) {
+                z = 0.0;
+                for (int i = 0; i < m; i++)
+                    z += exp((double)s->work[s->idx[i]] - mx);
+            }
+            double cum = 0.0;
+            n = m;
+            for (int i = 0; i < m; i++) {
+                s->prob[i] = (float)(exp((double)s->work[s->idx[i]] - mx) / z);
+                cum += s->prob[i];
+                if (p->top_p < 1.0f && cum >= p->top_p) {
+                    n = i + 1; /* smallest prefix reaching top_p */
+                    break;
+                }
+            }
+            if (n < m || m == K || p->top_p >= 1.0f)
                 break;
+            m = m * 4 < K ? m * 4 : K; /* the prefix did not reach top_p: widen */
+        }
+    } else {
+        for (int i = 0; i < V; i++) {
+            s->idx[i] = i;
+            s->prob[i] = (float)(exp((double)s->work[i] - mx) / z);
+        }
+        n = V;
+    }
+
+    /* 5. min-p: drop candidates below min_p x the top probability */
+    if (p->min_p > 0.0f) {
+        float top = 0.0f;
+        for (int i = 0; i < n; i++)
+            top = s->prob[i] > top ? s->prob[i] : top;
+        int keep = 0;
+        for (int i = 0; i < n; i++) {
+            if (s->prob[i] >= p->min_p * top) {
+                s->idx[keep] = s->idx[i];
+                s->prob[keep++] = s->prob[i];
             }
         }
         n = keep;
     }
-    /* 5. min-p: drop tokens below min_p x the top probability */
-    if (p->min_p > 0.0f) {
-        float floor_p = p->min_p * s->prob[0];
-        int keep = 1;
-        while (keep < n && s->prob[keep] >= floor_p)
-            keep++;
-        n = keep;
-    }
 
     /* 6. draw */
-    double total = 0.0;
-    for (int i = 0; i < n; i++)
-        total += s->prob[i];
-    double r = rng_uniform(s->rng) * total, acc = 0.0;
-    for (int i = 0; i < n; i++) {
-        acc += s->prob[i];
-        if (r < acc)
-            return s->idx[i];
-    }
-    return s->idx[n - 1];
+    return draw(s, n);
 }
