@@ -61,7 +61,10 @@ int main(int argc, char **argv)
                                           k_suites[i]->n_tests, NULL, NULL);
     }
     if (!matched && argc >= 2) {
-        cmocka_set_test_filter(argv[1]);
+        /* cmocka filters are globs over the whole test name */
+        static char glob[256];
+        snprintf(glob, sizeof glob, "*%s*", argv[1]);
+        cmocka_set_test_filter(glob);
         for (size_t i = 0; i < n; i++)
             failed |= _cmocka_run_group_tests(k_suites[i]->name, k_suites[i]->tests,
                                               k_suites[i]->n_tests, NULL, NULL);
