@@ -169,7 +169,7 @@ static void bad_configs(void **state)
     char p[600];
     snprintf(p, sizeof p, "%s/config.json", dir);
     unlink(p);
-    load_expect(dir, ERR_IO, "config.json");
+    load_expect(dir, ERR_MISSING, "config.json");
     remove_dir(dir);
 }
 

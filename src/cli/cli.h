@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "../core/err.h"
+#include "../core/fileio.h"
 
 #define CLI_EXIT_OK    0
 #define CLI_EXIT_ERROR 1
@@ -34,8 +35,6 @@ int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, 
 int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e);
 /* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
-/* Read a whole file (capped at max bytes) into a malloc'd NUL-terminated buffer. */
-int cli_read_file(const char *path, size_t max, char **out, size_t *len, struct err *e);
 
 /* Resolve -m: an existing folder, or owner/name in $MLXCEL_MODELS_DIR or the Hugging Face
  * cache; NULL means the embedded default model. buf receives the folder. */

@@ -4,6 +4,8 @@
  */
 #include "cli.h"
 
+#include "../core/fileio.h"
+
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -120,40 +122,6 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e)
     }
     *ids = v;
     *n = len;
-    return 0;
-}
-
-int cli_read_file(const char *path, size_t max, char **out, size_t *len, struct err *e)
-{
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return err_setf(e, ERR_IO, "%s is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max) {
-        fclose(f);
-        return err_setf(e, ERR_ARG, "%s: %lld bytes exceeds the %zu-byte limit", path,
-                        (long long)st.st_size, max);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        fclose(f);
-        return err_setf(e, ERR_NOMEM, "out of memory reading %s", path);
-    }
-    size_t got = fread(buf, 1, (size_t)st.st_size, f);
-    fclose(f);
-    if (got != (size_t)st.st_size) {
-        free(buf);
-        return err_setf(e, ERR_IO, "%s: short read", path);
-    }
-    buf[got] = '\0';
-    *out = buf;
-    if (len)
-        *len = got;
     return 0;
 }
 

@@ -189,7 +189,7 @@ static int encode_prompt(const struct gen_cli *o, const struct tokenizer *tok, i
     size_t len;
     int rc;
     if (o->prompt_file) {
-        if ((rc = cli_read_file(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
+        if ((rc = file_read_all(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
             return rc;
     }
     const char *t = text ? text : o->prompt;

@@ -114,7 +114,7 @@ int cmd_perplexity(int argc, char **argv)
 
     if (cli_resolve_model(model, dir, sizeof dir, &e) < 0)
         goto out;
-    if (cli_read_file(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
+    if (file_read_all(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
         goto out;
     if (ids_file ? cli_parse_ids(text, &ids, &n_ids, &e) < 0
                  : (tok_load(&tok, dir, &e) < 0 || tok_encode(tok, text, len, false, &ids, &n_ids, &e) < 0))

@@ -56,7 +56,7 @@ int cmd_tokenize(int argc, char **argv)
     int status = CLI_EXIT_ERROR;
     if (cli_resolve_model(model, dir, sizeof dir, &e) < 0 || tok_load(&tok, dir, &e) < 0)
         goto out;
-    if (file && cli_read_file(file, 64u << 20, &buf, &len, &e) < 0)
+    if (file && file_read_all(file, 64u << 20, &buf, &len, &e) < 0)
         goto out;
     if (tok_encode(tok, file ? buf : text, len, special, &ids, &n, &e) < 0)
         goto out;

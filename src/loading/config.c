@@ -4,12 +4,11 @@
  */
 #include "config.h"
 
-#include <errno.h>
+#include "../core/fileio.h"
+
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct err *e)
 {
@@ -30,34 +29,13 @@ int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct
 
 int cfg_load_file(const char *path, cJSON **out, struct err *e)
 {
+    char *buf = NULL;
+    size_t n = 0;
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return err_setf(e, ERR_IO, "%s is not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > CFG_MAX_BYTES) {
-        fclose(f);
-        return err_setf(e, ERR_FORMAT, "%s: %lld bytes is larger than the %u-byte limit", path,
-                        (long long)st.st_size, CFG_MAX_BYTES);
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return err_setf(e, ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return err_setf(e, ERR_IO, "%s: short read (%zu of %zu bytes)", path, got, n);
-    }
-    buf[n] = '\0';
-    int rc = cfg_parse(buf, n, path, out, e);
+    int rc = file_read_all(path, CFG_MAX_BYTES, &buf, &n, e);
+    if (rc < 0)
+        return rc;
+    rc = cfg_parse(buf, n, path, out, e);
     free(buf);
     return rc;
 }

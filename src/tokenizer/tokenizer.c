@@ -19,46 +19,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../core/fileio.h"
 #include "tok_impl.h"
 
 /* ---- file reading ---- */
-
-/* Reads a whole file of at most max bytes into a malloc'd NUL-terminated buffer. */
-static int read_file(const char *path, size_t max, char **out, size_t *len, struct err *e)
-{
-    struct stat st;
-    char *buf = NULL;
-    int rc = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "%s: %s", path, strerror(errno));
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
-        goto out_close;
-    }
-    if ((uint64_t)st.st_size > max) {
-        rc = err_setf(e, ERR_RANGE, "%s: %lld bytes, limit %zu", path, (long long)st.st_size, max);
-        goto out_close;
-    }
-    buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        rc = err_setf(e, ERR_NOMEM, "%s: %lld bytes", path, (long long)st.st_size);
-        goto out_close;
-    }
-    size_t n = fread(buf, 1, (size_t)st.st_size, f);
-    if (n != (size_t)st.st_size) {
-        rc = err_setf(e, ERR_IO, "%s: short read (%zu of %lld bytes)", path, n,
-                      (long long)st.st_size);
-        free(buf);
-        goto out_close;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-out_close:
-    fclose(f);
-    return rc;
-}
 
 /* Reads and parses a JSON file; *root is owned by the caller. */
 static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
@@ -66,7 +30,7 @@ static int parse_json_file(const char *path, size_t max, cJSON **root, struct er
     char *text = NULL;
     size_t len = 0;
     const char *end = NULL;
-    int rc = read_file(path, max, &text, &len, e);
+    int rc = file_read_all(path, max, &text, &len, e);
     if (rc < 0)
         return rc;
     *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
