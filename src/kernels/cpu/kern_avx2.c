@@ -128,12 +128,16 @@ static void a2_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
 
 // ---- matvec ----
 
+/* Bytes ahead prefetched in each weight row (see kern_avx512.c). */
+#define MV_PF 1024
+
 /* Rows r0 .. r0+nr (nr <= 4) for every token; a missing row repeats the last. */
 AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                  const struct wmat *w, int r0, int nr, enum dtype dt)
 {
     const void *wr[4];
     int in = w->in;
+    size_t es = dt == DTYPE_F32 ? 4 : 2;
     for (int j = 0; j < 4; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
     for (int t = 0; t < n_tok; t++) {
@@ -145,6 +149,9 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
         int i = 0;
         for (; i + 16 <= in; i += 16) {
             __m256 x0 = _mm256_loadu_ps(xt + i), x1 = _mm256_loadu_ps(xt + i + 8);
+            if (t == 0)
+                for (int j = 0; j < 4; j++)
+                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + MV_PF, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 a[j][0] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i), x0, a[j][0]);
