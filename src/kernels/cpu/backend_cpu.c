@@ -115,33 +115,28 @@ static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int 
     if (!w->qbits)
         return 0;
     size_t n = (size_t)n_tok * (size_t)(w->in / w->qgroup);
-    if (w->qbits == 4 && k->q4_xperiod)
+    if (w->qbits == 4 && k->q4_xperm)
         n += (size_t)n_tok * (size_t)w->in;
     return n;
 }
 
 /* The x-side inputs of a quantized matvec, computed once per call rather
  * than once per weight row: the per-group sums xs [n_tok, in/qgroup], and for
- * 4-bit weights on ISAs that want it (q4_xperiod = P) x deinterleaved in
- * blocks of P, [x0 x2 .. x(P-2) x1 x3 .. x(P-1)], matching the order in
- * which the kernel splits a byte's two nibbles. *xp is x itself otherwise. */
+ * 4-bit weights on ISAs that want it x permuted (q4_xperm) into the order in
+ * which the kernel unpacks nibbles. *xp is x itself otherwise. */
 static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, int n_tok,
                        const struct wmat *w, const float **xs, const float **xp)
 {
-    int ng = w->in / w->qgroup, in = w->in, p = k->q4_xperiod;
+    int ng = w->in / w->qgroup, in = w->in;
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < ng; g++)
             buf[(size_t)t * ng + g] = k->sum(x + (size_t)t * in + (size_t)g * w->qgroup, w->qgroup);
     *xs = buf;
     *xp = x;
-    if (w->qbits != 4 || !p)
+    if (w->qbits != 4 || !k->q4_xperm)
         return;
     float *d = buf + (size_t)n_tok * ng;
-    for (size_t b = 0; b < (size_t)n_tok * in; b += (size_t)p)
-        for (int i = 0; i < p / 2; i++) {
-            d[b + i] = x[b + 2 * i];
-            d[b + p / 2 + i] = x[b + 2 * i + 1];
-        }
+    k->q4_xperm(d, x, (size_t)n_tok * in);
     *xp = d;
 }
 

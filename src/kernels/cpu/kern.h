@@ -60,10 +60,9 @@ struct cpu_kernels {
      * NULL otherwise. */
     void (*matvec)(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                    const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs);
-    /* 0, or P: for 4-bit quantized W, matvec receives x deinterleaved in
-     * blocks of P elements, [x0 x2 .. x(P-2) x1 x3 .. x(P-1)] (even codes
-     * are the low nibbles of a byte, odd codes the high ones). */
-    int q4_xperiod;
+    /* Optional: for 4-bit quantized W, matvec receives x permuted by this
+     * (n a multiple of 32) into the order the kernel unpacks nibbles in. */
+    void (*q4_xperm)(float *dst, const float *x, size_t n);
     /* GEMM microkernel: y[m*ldy + j] (+)= sum_k x[m*ldx + k] * bp[k*nr + j] for
      * m < mr (<= GEMM_MR_MAX), j < nv (<= gemm_nr); accumulate into y when acc.
      * bp is a packed panel [kc][gemm_nr], 64-byte aligned. NULL: no GEMM path. */

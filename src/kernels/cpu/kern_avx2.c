@@ -167,9 +167,20 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
+/* Deinterleave x in blocks of 16: [x0 x2 .. x14 x1 x3 .. x15], the order of
+ * (low nibbles, high nibbles) of 8 bytes zero-extended to 8 lanes. */
+static void a2_q4_xperm(float *dst, const float *x, size_t n)
+{
+    for (size_t b = 0; b < n; b += 16)
+        for (int i = 0; i < 8; i++) {
+            dst[b + i] = x[b + 2 * i];
+            dst[b + 8 + i] = x[b + 2 * i + 1];
+        }
+}
+
 /* One quantized row (4 or 8 bits) dotted with one token's x, per group
  * s * sum(q x) + b * sum(x) with sum(x) precomputed (xs). For 4 bits x is
- * deinterleaved (q4_xperiod = 16): 8 bytes zero-extend to 8 lanes whose low
+ * deinterleaved (a2_q4_xperm): 8 bytes zero-extend to 8 lanes whose low
  * nibbles are the even codes and high nibbles the odd ones. */
 AI float qdot(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
               const float *x, const float *xs, int in, int group, int bits)
@@ -719,7 +730,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->wrow_f32 = a2_wrow_f32;
     k->to_f32 = a2_to_f32;
     k->matvec = a2_matvec;
-    k->q4_xperiod = 16;
+    k->q4_xperm = a2_q4_xperm;
     k->ukernel = a2_ukernel;
     k->pack_t = a2_pack_t;
     k->pack_w = a2_pack_w;

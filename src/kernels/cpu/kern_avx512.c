@@ -11,7 +11,7 @@
  *
  *   matvec   4 weight rows x 32 inputs per step (8 accumulators), masked
  *            tails; 4-bit rows dequantize through a 16-entry vpermps table
- *            per group against deinterleaved x; 8-bit rows use
+ *            per group against permuted x; 8-bit rows use
  *            sum((s q + b) x) = s sum(q x) + b sum(x) per group
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
@@ -135,6 +135,9 @@ static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n
 
 // ---- matvec ----
 
+/* Groups whose scales/biases qdot4 widens to the stack at a time. */
+#define QDOT_CHUNK 64
+
 /* Bytes ahead of the current position prefetched in each of the 4 weight
  * rows a matvec step reads (4 interleaved streams; +10-20% single-thread
  * bandwidth on the dev machine, best of 512/1024/2048). */
@@ -209,46 +212,81 @@ AI float qdot8(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtyp
     return _mm512_reduce_add_ps(_mm512_add_ps(acc, bacc));
 }
 
-/* 32 codes of a 4-bit row against deinterleaved x (q4_xperiod = 32): the 16
- * bytes are zero-extended to 16 lanes; vpermps looks up the dequantized
- * value s*q + b of the low nibble (it reads only index bits 0-3) and, after
- * a shift, of the high nibble, in a 16-entry per-group table. */
-AI void q4_step(const uint8_t *p, const float *xg, __m512 tab, __m512 *a0, __m512 *a1)
+/* x in the order q4_step() produces codes, per block of 32 (see there):
+ * lane i of the first vector is code 8 (i % 4) + i / 4, of the second
+ * code 8 (i % 4) + i / 4 + 4. */
+static void a512_q4_xperm(float *dst, const float *x, size_t n)
 {
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    for (size_t b = 0; b < n; b += 32)
+        for (int i = 0; i < 16; i++) {
+            dst[b + i] = x[b + 8 * (i % 4) + i / 4];
+            dst[b + 16 + i] = x[b + 8 * (i % 4) + i / 4 + 4];
+        }
+}
+
+/* 32 codes (16 bytes = 4 dwords of 8 nibbles) of a 4-bit row. The 16 bytes
+ * are broadcast to the 4 lanes (a load, no shuffle); lane i shifts dword
+ * i % 4 right by 4 (i / 4) (and 16 more for the second vector), so its low
+ * nibble is a code; vpermps, which reads only index bits 0-3, looks up the
+ * dequantized value s*q + b in the per-group table. Two shuffles per 32
+ * codes; x comes permuted to match (a512_q4_xperm). */
+AI void q4_step(const uint8_t *p, const float *xg, __m512 tab, __m512i sh, __m512 *a0, __m512 *a1)
+{
+    __m512i v = _mm512_srlv_epi32(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
     __m512 wl = _mm512_permutexvar_ps(v, tab);
-    __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab);
+    __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), tab);
     *a0 = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xg), *a0);
     *a1 = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xg + 16), *a1);
 }
 
+/* All 32-code steps of one group into accumulators a[0..4). */
+AI void q4_group(const uint8_t *p, const float *xg, int group, __m512 tab, __m512i sh, __m512 a[4])
+{
+    int c = 0;
+    for (; c + 64 <= group; c += 64) {
+        q4_step(p + c / 2, xg + c, tab, sh, &a[0], &a[1]);
+        q4_step(p + c / 2 + 16, xg + c + 32, tab, sh, &a[2], &a[3]);
+    }
+    if (c < group)
+        q4_step(p + c / 2, xg + c, tab, sh, &a[0], &a[1]);
+}
+
+/* Scales and biases of a row are first widened to f32 on the stack so the
+ * per-group table is built from memory broadcasts (no shuffles). Two groups
+ * per iteration on separate accumulators: 8 independent FMA chains hide the
+ * FMA latency (each chain advances once per group). */
 AI float qdot4(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
                const float *xp, int in, int group)
 {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    float sf[QDOT_CHUNK], bf[QDOT_CHUNK];
+    __m512 a[4], c[4];
+    for (int i = 0; i < 4; i++)
+        a[i] = c[i] = _mm512_setzero_ps();
     int ng = in / group;
-    for (int g0 = 0; g0 < ng; g0 += 16) {
-        __mmask16 m = tail_mask(ng - g0);
-        __m512 sv = ld16(s, sdt, (size_t)g0, m), bv = ld16(b, sdt, (size_t)g0, m);
-        int gn = ng - g0 < 16 ? ng - g0 : 16;
-        for (int gi = 0; gi < gn; gi++) {
+    for (int g0 = 0; g0 < ng; g0 += QDOT_CHUNK) {
+        int gn = ng - g0 < QDOT_CHUNK ? ng - g0 : QDOT_CHUNK;
+        a512_to_f32(sf, s + (size_t)g0 * dtype_size(sdt), sdt, (size_t)gn);
+        a512_to_f32(bf, b + (size_t)g0 * dtype_size(sdt), sdt, (size_t)gn);
+        int gi = 0;
+        for (; gi + 2 <= gn; gi += 2) {
             int g = g0 + gi;
-            const float *xg = xp + (size_t)g * group;
-            const uint8_t *p = row + (size_t)g * group / 2;
-            __m512i ix = _mm512_set1_epi32(gi);
-            __m512 tab = _mm512_fmadd_ps(iota, _mm512_permutexvar_ps(ix, sv),
-                                         _mm512_permutexvar_ps(ix, bv));
-            int c = 0;
-            for (; c + 64 <= group; c += 64) {
-                q4_step(p + c / 2, xg + c, tab, &a0, &a1);
-                q4_step(p + c / 2 + 16, xg + c + 32, tab, &a2, &a3);
-            }
-            if (c < group)
-                q4_step(p + c / 2, xg + c, tab, &a0, &a1);
+            __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi]), _mm512_set1_ps(bf[gi]));
+            __m512 t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi + 1]), _mm512_set1_ps(bf[gi + 1]));
+            q4_group(row + (size_t)g * group / 2, xp + (size_t)g * group, group, t0, sh, a);
+            q4_group(row + (size_t)(g + 1) * group / 2, xp + (size_t)(g + 1) * group, group, t1, sh,
+                     c);
+        }
+        if (gi < gn) {
+            int g = g0 + gi;
+            __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi]), _mm512_set1_ps(bf[gi]));
+            q4_group(row + (size_t)g * group / 2, xp + (size_t)g * group, group, t0, sh, a);
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+    __m512 s1 = _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]));
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 /* Quantized rows of widths other than 4/8: dequantize 256 at a time, then dot. */
@@ -739,7 +777,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->wrow_f32 = a512_wrow_f32;
     k->to_f32 = a512_to_f32;
     k->matvec = a512_matvec;
-    k->q4_xperiod = 32;
+    k->q4_xperm = a512_q4_xperm;
     k->ukernel = a512_ukernel;
     k->pack_t = a512_pack_t;
     k->pack_w = a512_pack_w;
