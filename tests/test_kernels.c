@@ -573,6 +573,7 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 13, 3, 8, 2, 7, 3.0f);       /* odd head_dim */
     attn_case(&bs, &es, 40, 100, 4, 2, 128, 4.0f);   /* peaked softmax */
     attn_case(&bs, &es, 1, 300, 2, 1, 96, 1.0f);
+    attn_case(&bs, &es, 3, 2, 130, 1, 8, 1.0f);      /* more query heads per kv head than a tile */
     report("attention", &es);
     bes_close(&bs);
 }

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/log.h"
 #include "../../core/threadpool.h"
 #include "../backend.h"
 #include "kern.h"
@@ -54,21 +55,25 @@ static float *alloc_floats(size_t n)
 }
 
 /* Grow every thread's scratch to at least n floats. Only ever grows, so a
- * model reaches steady state after its largest op. On OOM the kernels would
- * write out of bounds, so that is treated as fatal like any allocator failure
- * in a void op (backend ops cannot return errors). */
-static float *const *scratch_ensure(struct cpu_backend *c, size_t n)
+ * model reaches steady state after its largest op. Backend ops cannot
+ * return errors: on allocation failure this logs, the op writes NaN to its
+ * output (so the failure cannot go unnoticed downstream) and returns. */
+static bool scratch_ensure(struct cpu_backend *c, size_t n)
 {
     if (n <= c->scr_cap)
-        return c->scr;
+        return true;
     n += n / 4;
     for (int i = 0; i < c->nth; i++) {
         free(c->scr[i]);
         c->scr[i] = alloc_floats(n);
-        assert(c->scr[i]);
+        if (!c->scr[i]) {
+            LOG_ERR("cpu backend: cannot allocate %zu bytes of scratch", n * sizeof(float));
+            c->scr_cap = 0;
+            return false;
+        }
     }
     c->scr_cap = n;
-    return c->scr;
+    return true;
 }
 
 static float *shared_ensure(struct cpu_backend *c, size_t n)
@@ -77,10 +82,17 @@ static float *shared_ensure(struct cpu_backend *c, size_t n)
         free(c->shared);
         n += n / 4;
         c->shared = alloc_floats(n);
-        assert(c->shared);
-        c->shared_cap = n;
+        c->shared_cap = c->shared ? n : 0;
+        if (!c->shared)
+            LOG_ERR("cpu backend: cannot allocate %zu bytes of scratch", n * sizeof(float));
     }
     return c->shared;
+}
+
+static void nan_fill(float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] = NAN;
 }
 
 // ---- weights ----
@@ -234,12 +246,18 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
         .b = b && tensor_is_present(b) ? b : NULL,
     };
     lc.gemm = c->k.ukernel && n_tok >= (m.qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok);
+    bool ok = true;
     if (lc.gemm) {
-        scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
-                              (size_t)c->k.gemm_nr);
+        ok = scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
+                                   (size_t)c->k.gemm_nr);
     } else if (m.qbits) {
         float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
-        qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
+        if ((ok = buf != NULL))
+            qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
+    }
+    if (!ok) {
+        nan_fill(y, (size_t)n_tok * (size_t)m.out);
+        return;
     }
     tpool_run(c->pool, linear_task, &lc);
 }
@@ -302,6 +320,13 @@ static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, 
         if (xs_total) {
             float *buf = shared_ensure(c, xs_total);
             const float *xs;
+            if (!buf) {
+                for (int j = 0; j < n; j++)
+                    nan_fill(jobs[j].y, (size_t)w[j].out);
+                jobs += n;
+                n_jobs -= n;
+                continue;
+            }
             for (int j = 0; j < n; j++)
                 if (w[j].qbits)
                     qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, 1, &w[j], &xs, &xp[j]);
@@ -460,7 +485,10 @@ static void cpu_rope(struct backend *be, float *x, int n_tok, int row_stride, in
 {
     struct cpu_backend *c = cpu_of(be);
     struct rope_ctx rc = {c, x, inv_freq, mscale, n_tok, row_stride, n_head, head_dim, n_rot, pos0};
-    scratch_ensure(c, (size_t)n_rot);
+    if (!scratch_ensure(c, (size_t)n_rot)) {
+        nan_fill(x, (size_t)n_tok * (size_t)row_stride);
+        return;
+    }
     if (n_tok == 1)
         rope_task(&rc, 0, 1);
     else
@@ -490,6 +518,7 @@ struct attn_ctx {
     const float *q, *k, *v;
     int n_tok, pos0, n_head, n_kv_head, head_dim;
     int tt;                   /* tokens per item */
+    int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
     size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
     float scale;
 };
@@ -517,22 +546,24 @@ static void attn_copy(float *dst, const float *src, size_t ld, int j0, int nb, i
     }
 }
 
-/* Causal attention for kv head g and tokens [t0, t0 + tt): two passes over
+/* Causal attention for kv head g, its query heads [h0, h0 + hc) (all of
+ * them unless n_rep > ATTN_ROWS) and tokens [t0, t0 + tt): two passes over
  * the keys in blocks of ATTN_JB, rows inside, so every K and V row is read
  * from memory once per item: (1) scores into scratch, (2) after a stable
  * softmax per row (max subtracted, f32), the weighted sum of V rows. */
-static void attn_item(const struct attn_ctx *ac, float *scr, int g, int t0, int tt)
+static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int t0, int tt)
 {
     const struct cpu_kernels *k = &ac->c->k;
     int hd = ac->head_dim, n_rep = ac->n_head / ac->n_kv_head;
+    int nh = n_rep - h0 < ac->hc ? n_rep - h0 : ac->hc;
     size_t qs = (size_t)ac->n_head * hd, kvs = (size_t)ac->n_kv_head * hd;
     const float *kg = ac->k + (size_t)g * hd, *vg = ac->v + (size_t)g * hd;
-    float *blk = scr + (size_t)(tt * n_rep) * ac->ld_s;
+    float *blk = scr + (size_t)(ac->tt * ac->hc) * ac->ld_s;
     struct attn_rows ar;
-    ar.n_rows = tt * n_rep;
+    ar.n_rows = tt * nh;
     ar.n_max = ac->pos0 + t0 + tt;
     for (int i = 0; i < ar.n_rows; i++) {
-        int t = t0 + i / n_rep, h = g * n_rep + i % n_rep;
+        int t = t0 + i / nh, h = g * n_rep + h0 + i % nh;
         ar.q[i] = ac->q + (size_t)t * qs + (size_t)h * hd;
         ar.o[i] = ac->out + (size_t)t * qs + (size_t)h * hd;
         ar.n[i] = ac->pos0 + t + 1;
@@ -566,12 +597,15 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int t0, int 
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_ctx *ac = arg;
-    long n_tiles = (ac->n_tok + ac->tt - 1) / ac->tt;
+    int n_rep = ac->n_head / ac->n_kv_head, n_hc = (n_rep + ac->hc - 1) / ac->hc;
+    long per_tile = (long)ac->n_kv_head * n_hc;
+    long n_items = (ac->n_tok + ac->tt - 1) / ac->tt * per_tile;
     /* round-robin: later tiles attend more keys, interleaving balances them */
-    for (long it = ith; it < n_tiles * ac->n_kv_head; it += nth) {
-        int t0 = (int)(it / ac->n_kv_head) * ac->tt, g = (int)(it % ac->n_kv_head);
+    for (long it = ith; it < n_items; it += nth) {
+        int t0 = (int)(it / per_tile) * ac->tt;
+        int g = (int)(it % per_tile / n_hc), h0 = (int)(it % n_hc) * ac->hc;
         int tt = ac->n_tok - t0 < ac->tt ? ac->n_tok - t0 : ac->tt;
-        attn_item(ac, ac->c->scr[ith], g, t0, tt);
+        attn_item(ac, ac->c->scr[ith], g, h0, t0, tt);
     }
 }
 
@@ -581,12 +615,17 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
 {
     struct cpu_backend *c = cpu_of(be);
     int n_rep = n_head / n_kv_head;
-    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, 1, 0, scale};
-    assert(n_rep >= 1 && n_rep <= ATTN_ROWS && n_head % n_kv_head == 0);
-    ac.tt = ATTN_ROWS / n_rep < ATTN_TT ? ATTN_ROWS / n_rep : ATTN_TT;
+    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, 1, 1, 0,
+                          scale};
+    assert(n_rep >= 1 && n_head % n_kv_head == 0);
+    ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
+    ac.tt = ATTN_ROWS / ac.hc < ATTN_TT ? ATTN_ROWS / ac.hc : ATTN_TT;
     /* padded to a cache line so score rows do not share lines */
     ac.ld_s = ((size_t)pos0 + (size_t)n_tok + 15) & ~(size_t)15;
-    scratch_ensure(c, ac.ld_s * (size_t)(ac.tt * n_rep) + (size_t)ATTN_JB * (size_t)head_dim);
+    if (!scratch_ensure(c, ac.ld_s * (size_t)(ac.tt * ac.hc) + (size_t)ATTN_JB * head_dim)) {
+        nan_fill(out, (size_t)n_tok * n_head * head_dim);
+        return;
+    }
     tpool_run(c->pool, attn_task, &ac);
 }
 
@@ -683,10 +722,12 @@ static const struct backend_ops k_cpu_ops = {
     .axpy = cpu_axpy,
 };
 
-/* backend names by ISA: static strings so be->name outlives nothing */
+/* backend names by ISA: static strings, valid for the program's lifetime */
 static const char *const k_names[] = {"cpu-scalar", "cpu-avx2", "cpu-avx512"};
 
-static int isa_choose(enum cpu_isa *isa, const char *req, struct err *e)
+/* Resolve the requested ISA (argument, else $MLXCEL_ISA, else auto); *is_auto
+ * tells the caller it may step down to a variant compiled into this build. */
+static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, struct err *e)
 {
     const char *src = "isa argument";
     if (!req) {
@@ -695,6 +736,7 @@ static int isa_choose(enum cpu_isa *isa, const char *req, struct err *e)
     }
     if (!req)
         req = "auto";
+    *is_auto = !strcmp(req, "auto") || !*req;
     if (cpu_isa_parse(req, isa) < 0)
         return err_setf(e, ERR_ARG, "cpu backend: unknown ISA '%s' (%s); expected auto, scalar, "
                         "avx2 or avx512", req, src);
@@ -709,13 +751,18 @@ static int isa_choose(enum cpu_isa *isa, const char *req, struct err *e)
 int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, struct err *e)
 {
     enum cpu_isa isa;
+    bool is_auto;
     int rc;
     *out = NULL;
-    if ((rc = isa_choose(&isa, isa_req, e)) < 0)
+    if ((rc = isa_choose(&isa, &is_auto, isa_req, e)) < 0)
         return rc;
     struct cpu_backend *c = calloc(1, sizeof *c);
     if (!c)
         return err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+    /* auto: the best variant the CPU runs and this build contains (a build
+     * without the per-file target flags compiles the ISA files to stubs) */
+    while (is_auto && isa > CPU_ISA_SCALAR && !cpu_kernels_init(&c->k, isa))
+        isa = (enum cpu_isa)(isa - 1);
     if (!cpu_kernels_init(&c->k, isa)) {
         rc = err_setf(e, ERR_UNSUPPORTED, "cpu backend: ISA '%s' was not compiled into this build",
                       cpu_isa_name(isa));

@@ -5,13 +5,12 @@
  * file was compiled for (CPUID) AND the OS saves the matching register state
  * on context switch (XCR0 via xgetbv; an OS without AVX-512 state support
  * would fault on the first zmm instruction even though CPUID lists it).
- * The probe runs once; cpu_kernels_init() then fills a struct cpu_kernels
+ * The probe runs at backend creation; cpu_kernels_init() then fills a struct cpu_kernels
  * with the scalar references and overlays the chosen variant.
  *
  *   avx2:   AVX2 + FMA + F16C, XCR0 SSE|AVX
  *   avx512: AVX-512 F/BW/VL/DQ + FMA + F16C, XCR0 SSE|AVX|opmask|ZMM
  */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kern.h"
@@ -54,16 +53,10 @@ static enum cpu_isa probe(void)
 }
 #endif
 
+/* Probed on every call (no cached global): it runs once per backend creation. */
 enum cpu_isa cpu_isa_best(void)
 {
-    /* -1: not probed yet. Racing first calls compute the same value. */
-    static atomic_int best = -1;
-    int v = atomic_load_explicit(&best, memory_order_acquire);
-    if (v < 0) {
-        v = (int)probe();
-        atomic_store_explicit(&best, v, memory_order_release);
-    }
-    return (enum cpu_isa)v;
+    return probe();
 }
 
 const char *cpu_isa_name(enum cpu_isa isa)

@@ -149,7 +149,7 @@ enum cpu_isa {
     CPU_ISA_AVX2   = 1,
     CPU_ISA_AVX512 = 2,
 };
-/* Best ISA this CPU and OS can run (CPUID + xgetbv, computed once). */
+/* Best ISA this CPU and OS can run (CPUID + xgetbv). */
 enum cpu_isa cpu_isa_best(void);
 const char *cpu_isa_name(enum cpu_isa isa);
 /* Parse "scalar"/"avx2"/"avx512"/"auto" ("auto" -> best); -1 if unknown. */
