@@ -8,6 +8,10 @@
  * calls the single-threaded kernels of struct cpu_kernels (kern.h) chosen at
  * creation: scalar, avx2 or avx512.
  *
+ * linear runs one of two algorithms: below gemm_min_tok tokens (decode) the
+ * matvec streams every weight row once; from there on a packed-panel GEMM
+ * (gemm_rows) reuses each widened weight panel across all tokens.
+ *
  * Work splits:
  *   linear       output rows (matvec) or GEMM panels of gemm_nr rows
  *   linear_batch the concatenated rows of all jobs, one dispatch
