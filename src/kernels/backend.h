@@ -69,6 +69,8 @@ struct backend_ops {
     void (*silu_mul)(struct backend *be, float *y, const float *gate, const float *up, size_t n);
     /* y += a * x. */
     void (*axpy)(struct backend *be, float *y, float a, const float *x, size_t n);
+    /* Release everything the backend owns, the struct included (backend_free). */
+    void (*destroy)(struct backend *be);
 };
 
 struct backend {
@@ -81,6 +83,7 @@ struct backend {
 /* CPU backend on a new thread pool of n_threads (<= 0: online CPUs).
  * isa: NULL/"auto", "scalar", "avx2" or "avx512" (also read from $MLXCEL_ISA when NULL). */
 int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct err *e);
+/* Free any backend (NULL is a no-op). */
 void backend_free(struct backend *be);
 
 #ifdef __cplusplus

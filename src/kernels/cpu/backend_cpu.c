@@ -712,6 +712,8 @@ static void cpu_axpy(struct backend *be, float *y, float a, const float *x, size
 
 // ---- lifetime ----
 
+static void cpu_destroy(struct backend *be);
+
 static const struct backend_ops k_cpu_ops = {
     .linear = cpu_linear,
     .linear_batch = cpu_linear_batch,
@@ -724,6 +726,7 @@ static const struct backend_ops k_cpu_ops = {
     .gelu_erf = cpu_gelu_erf,
     .silu_mul = cpu_silu_mul,
     .axpy = cpu_axpy,
+    .destroy = cpu_destroy,
 };
 
 /* backend names by ISA: static strings, valid for the program's lifetime */
@@ -793,10 +796,8 @@ fail_free:
     return rc;
 }
 
-void backend_free(struct backend *be)
+static void cpu_destroy(struct backend *be)
 {
-    if (!be)
-        return;
     struct cpu_backend *c = cpu_of(be);
     for (int i = 0; c->scr && i < c->nth; i++)
         free(c->scr[i]);
