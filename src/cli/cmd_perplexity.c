@@ -130,7 +130,9 @@ int cmd_perplexity(int argc, char **argv)
         err_setf(&e, ERR_RANGE, "--ctx %d exceeds the model's context of %d", win, m->hp.n_ctx);
         goto out;
     }
-    if (backend_cpu_new(&be, (int)threads, NULL, &e) < 0 || model_ctx_new(&ctx, m, be, win, &e) < 0)
+    /* the cache only needs to hold one window, and never more than the input */
+    int cache = (size_t)win < n_ids ? win : (int)n_ids;
+    if (backend_cpu_new(&be, (int)threads, NULL, &e) < 0 || model_ctx_new(&ctx, m, be, cache, &e) < 0)
         goto out;
     logits = malloc((size_t)ctx->n_batch * m->hp.n_vocab * sizeof *logits);
     if (!logits) {
