@@ -104,23 +104,35 @@ static void attn_block(struct model_ctx *c, const struct layer *L, int il, int n
     int hd = hp->head_dim;
     int q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
 
-    /* 1. projections */
+    /* K and V are written straight into this layer's cache rows [pos, pos + n) */
+    size_t layer_off = (size_t)il * c->n_ctx * kv_dim;
+    float *kc = c->k_cache + layer_off, *vc = c->v_cache + layer_off;
+    float *k = kc + (size_t)c->pos * kv_dim, *v = vc + (size_t)c->pos * kv_dim;
+
+    /* 1. projections (one dispatch for a single token) */
     if (tensor_is_present(&L->wqkv)) {
         int qkv_dim = q_dim + 2 * kv_dim;
         op->linear(c->be, b->qkv, b->xn, &L->wqkv, opt(&L->bqkv), n);
         split_cols(b->q, b->qkv, n, qkv_dim, 0, q_dim);
-        split_cols(b->k, b->qkv, n, qkv_dim, q_dim, kv_dim);
-        split_cols(b->v, b->qkv, n, qkv_dim, q_dim + kv_dim, kv_dim);
+        split_cols(k, b->qkv, n, qkv_dim, q_dim, kv_dim);
+        split_cols(v, b->qkv, n, qkv_dim, q_dim + kv_dim, kv_dim);
+    } else if (n == 1) {
+        struct linear_job jobs[3] = {
+            {b->q, b->xn, &L->wq, opt(&L->bq)},
+            {k, b->xn, &L->wk, opt(&L->bk)},
+            {v, b->xn, &L->wv, opt(&L->bv)},
+        };
+        op->linear_batch(c->be, jobs, 3);
     } else {
         op->linear(c->be, b->q, b->xn, &L->wq, opt(&L->bq), n);
-        op->linear(c->be, b->k, b->xn, &L->wk, opt(&L->bk), n);
-        op->linear(c->be, b->v, b->xn, &L->wv, opt(&L->bv), n);
+        op->linear(c->be, k, b->xn, &L->wk, opt(&L->bk), n);
+        op->linear(c->be, v, b->xn, &L->wv, opt(&L->bv), n);
     }
 
     /* 2. per-head q/k RMSNorm (Qwen3), before RoPE */
     if (hp->qk_norm) {
         op->rmsnorm(c->be, b->q, b->q, &L->q_norm, hp->norm_eps, n * hp->n_head, hd);
-        op->rmsnorm(c->be, b->k, b->k, &L->k_norm, hp->norm_eps, n * hp->n_kv_head, hd);
+        op->rmsnorm(c->be, k, k, &L->k_norm, hp->norm_eps, n * hp->n_kv_head, hd);
     }
 
     /* 3. RoPE; longrope switches to the long factors once the sequence passes the
@@ -130,14 +142,10 @@ static void attn_block(struct model_ctx *c, const struct layer *L, int il, int n
         if (hp->rope == ROPE_LONGROPE && c->pos + n > hp->rope_orig_ctx)
             inv = b->inv_freq_long;
         op->rope(c->be, b->q, n, q_dim, hp->n_head, hd, hp->n_rot, c->pos, inv, hp->rope_attn_factor);
-        op->rope(c->be, b->k, n, kv_dim, hp->n_kv_head, hd, hp->n_rot, c->pos, inv, hp->rope_attn_factor);
+        op->rope(c->be, k, n, kv_dim, hp->n_kv_head, hd, hp->n_rot, c->pos, inv, hp->rope_attn_factor);
     }
 
-    /* 4. append to the cache, attend over it */
-    size_t layer_off = (size_t)il * c->n_ctx * kv_dim;
-    float *kc = c->k_cache + layer_off, *vc = c->v_cache + layer_off;
-    memcpy(kc + (size_t)c->pos * kv_dim, b->k, (size_t)n * kv_dim * sizeof(float));
-    memcpy(vc + (size_t)c->pos * kv_dim, b->v, (size_t)n * kv_dim * sizeof(float));
+    /* 4. attend over the cache, the new rows included */
     op->attention(c->be, b->att, b->q, kc, vc, n, c->pos, hp->n_head, hp->n_kv_head, hd, hp->attn_scale);
 
     /* 5. output projection */

@@ -38,8 +38,6 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.x = carve(base, &off, (size_t)B * hp->n_embd);
     t.xn = carve(base, &off, (size_t)B * hp->n_embd);
     t.q = carve(base, &off, (size_t)B * q_dim);
-    t.k = carve(base, &off, (size_t)B * kv_dim);
-    t.v = carve(base, &off, (size_t)B * kv_dim);
     t.qkv = carve(base, &off, (size_t)B * (q_dim + 2 * kv_dim));
     t.att = carve(base, &off, (size_t)B * q_dim);
     t.o = carve(base, &off, (size_t)B * hp->n_embd);

@@ -119,7 +119,6 @@ struct ctx_bufs {
     float *x;        /* [B, n_embd] residual stream */
     float *xn;       /* [B, n_embd] normalized input of a block */
     float *q;        /* [B, n_head*head_dim] */
-    float *k, *v;    /* [B, n_kv_head*head_dim] */
     float *qkv;      /* [B, (n_head + 2 n_kv_head) * head_dim] fused projection */
     float *att;      /* [B, n_head*head_dim] attention output before wo */
     float *o;        /* [B, n_embd] attention block output */
