@@ -172,6 +172,9 @@ static void ffn_dense(struct model_ctx *c, const struct layer *L, int n)
         op->linear(c->be, b->h2, b->xn, &L->gate_up, NULL, n);
         split_cols(b->h1, b->h2, n, 2 * hp->n_ff, 0, hp->n_ff);
         split_cols(b->h2, b->h2, n, 2 * hp->n_ff, hp->n_ff, hp->n_ff);
+    } else if (n == 1) {
+        struct linear_job jobs[2] = {{b->h1, b->xn, &L->gate, NULL}, {b->h2, b->xn, &L->up, NULL}};
+        op->linear_batch(c->be, jobs, 2);
     } else {
         op->linear(c->be, b->h1, b->xn, &L->gate, NULL, n);
         op->linear(c->be, b->h2, b->xn, &L->up, NULL, n);
