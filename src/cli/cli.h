@@ -45,6 +45,11 @@ void cli_hf_hub_dir(char *buf, size_t cap);
 /* The snapshot folder of an HF cache repo folder (refs/main, else the newest snapshot). */
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap);
 
+/* Print root as JSON on stdout and delete it (root may be NULL after an allocation
+ * failure: -ERR_NOMEM). Takes ownership of root. */
+struct cJSON;
+int cli_print_json(struct cJSON *root, struct err *e);
+
 /* True when stderr is a terminal (progress output goes there only then). */
 bool cli_stderr_is_tty(void);
 

@@ -4,6 +4,8 @@
  */
 #include "cli.h"
 
+#include <cjson/cJSON.h>
+
 #include "../core/fileio.h"
 
 #include <ctype.h>
@@ -258,6 +260,17 @@ int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
     if (is_dir(repo) && cli_hf_snapshot(repo, buf, cap) == 0)
         return 0;
     return err_setf(e, ERR_MISSING, "model '%s' not found (looked in %s and %s)", arg, path, repo);
+}
+
+int cli_print_json(struct cJSON *root, struct err *e)
+{
+    char *s = root ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!s)
+        return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
+    puts(s);
+    cJSON_free(s);
+    return 0;
 }
 
 bool cli_stderr_is_tty(void)

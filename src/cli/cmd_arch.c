@@ -46,12 +46,8 @@ int cmd_arch(int argc, char **argv)
             cJSON_AddStringToObject(o, "description", ops ? ops->description : "");
             cJSON_AddItemToArray(arr, o);
         }
-        char *s = cJSON_PrintUnformatted(arr);
-        if (s)
-            puts(s);
-        cJSON_free(s);
-        cJSON_Delete(arr);
-        return s ? CLI_EXIT_OK : CLI_EXIT_ERROR;
+        struct err e = {0};
+        return cli_print_json(arr, &e) < 0 ? cli_fail("arch", &e) : CLI_EXIT_OK;
     }
     printf("%-14s %-10s %s\n", "MODEL_TYPE", "FAMILY", "DESCRIPTION");
     for (size_t i = 0; i < registry_count(); i++) {

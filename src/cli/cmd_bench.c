@@ -237,13 +237,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
                                 (double)(model_kv_bytes_per_token(mt->m) * (uint64_t)mt->n_ctx));
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
     }
-    char *s = arr ? cJSON_Print(arr) : NULL;
-    cJSON_Delete(arr);
-    if (!s)
-        return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
-    puts(s);
-    cJSON_free(s);
-    return 0;
+    return cli_print_json(arr, e);
 }
 
 static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)

@@ -125,14 +125,7 @@ static cJSON *build_json(const struct model *m)
 
 static int print_json(const struct model *m, struct err *e)
 {
-    cJSON *o = build_json(m);
-    char *s = o ? cJSON_Print(o) : NULL;
-    cJSON_Delete(o);
-    if (!s)
-        return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
-    puts(s);
-    cJSON_free(s);
-    return 0;
+    return cli_print_json(build_json(m), e);
 }
 
 /* ---- text ---- */

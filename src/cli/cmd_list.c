@@ -295,13 +295,7 @@ static int print_json(const struct list *l, struct err *e)
         cJSON_AddNumberToObject(o, "size_bytes", (double)le->size);
         cJSON_AddStringToObject(o, "path", le->path);
     }
-    char *s = arr ? cJSON_Print(arr) : NULL;
-    cJSON_Delete(arr);
-    if (!s)
-        return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
-    puts(s);
-    cJSON_free(s);
-    return 0;
+    return cli_print_json(arr, e);
 }
 
 /* ---- command ---- */
