@@ -60,6 +60,7 @@ struct sink {
     int32_t *ids;
     size_t n, cap;
     int failed;
+    int undecodable;   /* ids the tokenizer has no text for (model vocab > tokenizer vocab) */
 };
 
 static int on_token(void *ud, int32_t id)
@@ -80,6 +81,8 @@ static int on_token(void *ud, int32_t id)
         if (w > 0) {
             fwrite(buf, 1, (size_t)w, stdout);
             fflush(stdout);
+        } else if (w < 0) {
+            s->undecodable++;
         }
     }
     return 0;
@@ -270,6 +273,9 @@ int cmd_generate(int argc, char **argv)
             fwrite(buf, 1, (size_t)w, stdout);
         fputc('\n', stdout);
     }
+    if (sink.undecodable)
+        fprintf(stderr, "mlxcel generate: warning: %d generated ids have no text in the tokenizer\n",
+                sink.undecodable);
     if (st.stop == GEN_STOP_CONTEXT)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n", ctx->n_ctx);
     if (o.stats)
