@@ -59,7 +59,8 @@ struct tensor tensor_slice0(const struct tensor *t, int64_t i)
         int64_t groups = t->shape[t->ndim - 1] / t->qgroup;
         size_t off = (size_t)(i * rows_per_slice * groups) * dtype_size(t->qsdtype);
         v.qscales = (const char *)t->qscales + off;
-        v.qbiases = (const char *)t->qbiases + off;
+        if (t->qbiases)
+            v.qbiases = (const char *)t->qbiases + off;
     }
     for (int d = 1; d < t->ndim; d++) {
         v.shape[d - 1] = t->shape[d];
@@ -80,6 +81,7 @@ uint64_t tensor_storage_bytes(const struct tensor *t)
         rows *= (uint64_t)t->shape[d];
     uint64_t b = rows * (uint64_t)tensor_row_storage(t) * dtype_size(t->dtype);
     if (t->qbits)
-        b += 2 * rows * (uint64_t)(t->shape[t->ndim - 1] / t->qgroup) * dtype_size(t->qsdtype);
+        b += (t->qbiases ? 2 : 1) * rows * (uint64_t)(t->shape[t->ndim - 1] / t->qgroup) *
+             dtype_size(t->qsdtype);
     return b;
 }

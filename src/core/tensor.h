@@ -4,9 +4,14 @@
  * activations point into a context's arena. Views (tensor_slice0) are plain
  * struct copies with an adjusted pointer and shape.
  *
- * Quantized weights (MLX affine) keep the logical shape [.., out, in] in
- * shape[] while data holds the packed U32 words; qbits != 0 marks them and
- * qscales/qbiases point at the per-group scale and bias tensors.
+ * Quantized weights (MLX formats, docs/mlx-quantization in ../shared/docs)
+ * keep the logical shape [.., out, in] in shape[] while data holds the packed
+ * U32 words; qbits != 0 marks them and qscales/qbiases point at the per-group
+ * scale and bias tensors. qmode says how a code becomes a value:
+ *   QMODE_AFFINE  w = scale * q + bias, bits 2..8, scales/biases F32/F16/BF16
+ *   QMODE_MXFP4   w = e2m1(q) * 2^(s - 127), bits 4, group 32, scales U8, no biases
+ *   QMODE_MXFP8   w = e4m3(q) * 2^(s - 127), bits 8, group 32, scales U8, no biases
+ *   QMODE_NVFP4   w = e2m1(q) * e4m3(s),      bits 4, group 16, scales U8, no biases
  */
 #pragma once
 #include <stdbool.h>
@@ -20,6 +25,8 @@ extern "C" {
 
 #define TENSOR_MAX_DIMS 4
 
+enum qmode { QMODE_AFFINE = 0, QMODE_MXFP4, QMODE_MXFP8, QMODE_NVFP4 };
+
 struct tensor {
     enum dtype dtype;                /* storage dtype of data */
     int ndim;                        /* 0 means "absent" (optional weight) */
@@ -27,12 +34,13 @@ struct tensor {
     int64_t stride[TENSOR_MAX_DIMS]; /* storage elements per step of each dim */
     void *data;                      /* borrowed */
     const char *name;                /* borrowed, for messages; may be NULL */
-    /* MLX affine quantization; qbits == 0 when not quantized. */
+    /* MLX quantization; qbits == 0 when not quantized. */
     int qbits;                       /* 2, 3, 4, 5, 6 or 8 */
     int qgroup;                      /* elements per scale/bias group */
-    enum dtype qsdtype;              /* dtype of qscales / qbiases */
+    enum qmode qmode;                /* how codes decode (above) */
+    enum dtype qsdtype;              /* dtype of qscales / qbiases (U8 for fp modes) */
     const void *qscales;             /* [.., out, in / qgroup] */
-    const void *qbiases;             /* [.., out, in / qgroup] */
+    const void *qbiases;             /* [.., out, in / qgroup]; NULL for fp modes */
 };
 
 /* Fill a contiguous tensor header over data. */
