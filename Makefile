@@ -29,7 +29,7 @@ test-asan:
 
 fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLXCEL_FUZZ=ON >/dev/null
-	cmake --build build-fuzz -j $(JOBS) --target fuzz_safetensors fuzz_config fuzz_tokenizer
+	cmake --build build-fuzz -j $(JOBS) --target fuzzers
 	./scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 clean:
