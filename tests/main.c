@@ -24,7 +24,8 @@
     X(sampler)    \
     X(models)     \
     X(tokenizer)  \
-    X(quantize)
+    X(quantize)   \
+    X(convert)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
 SUITES(DECLARE)

@@ -69,6 +69,7 @@ struct st_set {
     struct st_tensor *t;    /* [n], sorted by name (strcmp) */
     size_t n;
     bool recording;         /* st_set_new_recording: no files, tensors from st_set_record */
+    const char *const *prefer;  /* recording: layout suffixes answered as present; borrowed */
 };
 
 // ---- header parsing ----
@@ -905,7 +906,7 @@ size_t st_set_n_unused(const struct st_set *s)
 
 // ---- recording sets ----
 
-int st_set_new_recording(struct st_set **out, struct err *e)
+int st_set_new_recording(struct st_set **out, const char *const *prefer, struct err *e)
 {
     struct st_set *s = calloc(1, sizeof *s);
     *out = NULL;
@@ -914,8 +915,20 @@ int st_set_new_recording(struct st_set **out, struct err *e)
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     s->recording = true;
+    s->prefer = prefer;
     *out = s;
     return 0;
+}
+
+bool st_set_record_prefers(const struct st_set *s, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; st_set_is_recording(s) && s->prefer && s->prefer[i]; i++) {
+        size_t k = strlen(s->prefer[i]);
+        if (n >= k && strcmp(name + n - k, s->prefer[i]) == 0)
+            return true;
+    }
+    return false;
 }
 
 bool st_set_is_recording(const struct st_set *s)

@@ -96,7 +96,7 @@ bool wm_has(struct wmap *w, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return st_set_find(w->st, name) != NULL;
+    return st_set_find(w->st, name) != NULL || st_set_record_prefers(w->st, name);
 }
 
 /* MLX affine: PREFIX.weight U32 [.., out, in * bits / 32], PREFIX.scales and

@@ -91,6 +91,9 @@ struct model_ops {
     /* mlx-lm's sanitize of per-expert tensors into stacked ones, for `mlxcel convert`
      * and `synth -q`; NULL-terminated, or NULL for dense families. */
     const struct expert_stack_rule *expert_stacking;
+    /* Where map_weights accepts two layouts, name suffixes of the one published
+     * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
+    const char *const *synth_prefer;
 };
 
 struct model {

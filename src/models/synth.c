@@ -36,7 +36,7 @@ int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops *
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = st_set_new_recording(&st, e)) < 0 || (rc = m->ops->map_weights(m, st, e)) < 0)
+    if ((rc = st_set_new_recording(&st, m->ops->synth_prefer, e)) < 0 || (rc = m->ops->map_weights(m, st, e)) < 0)
         goto out;
     *ops = m->ops;
     *out = st;
