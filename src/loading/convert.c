@@ -20,6 +20,7 @@
 
 #include "../core/fileio.h"
 #include "../core/st_write.h"
+#include "../core/threadpool.h"
 #include "config.h"
 
 /* bytes per streamed piece: large enough for sequential I/O, small next to any model */
@@ -29,6 +30,8 @@
 #define CK_MAX_NAME      1024
 /* metadata files copied by convert (tokenizer.json of large vocabularies is ~30 MB) */
 #define CK_MAX_META      (256ull << 20)
+/* quantizer threads (rows are independent; more than this gains nothing on a stream) */
+#define CK_MAX_THREADS   64
 
 /* ---- planning ---- */
 
@@ -261,7 +264,21 @@ static void qcache_clear(struct qcache *c)
     c->t = SIZE_MAX;
 }
 
+/* One chunk of rows split over the pool; each thread quantizes a contiguous row range. */
+struct qjob {
+    const struct quant_params *q;
+    enum dtype dt;
+    const uint8_t *src;           /* [rows, n_in] in dt */
+    int64_t rows, n_in;
+    uint32_t *wq;
+    uint8_t *sc, *bi;
+    size_t esz, ssz;
+    int rc[CK_MAX_THREADS];       /* per thread */
+    struct err e[CK_MAX_THREADS];
+};
+
 struct wctx {
+    struct tpool *pool;          /* quantizes row ranges in parallel; NULL: one thread */
     const struct ck_tensor *t;
     const struct quant_params *q;
     const struct ck_reader *rd;
@@ -271,6 +288,7 @@ struct wctx {
     ck_progress_fn progress;
     void *pud;
     uint64_t done, total;
+    struct qjob job;
 };
 
 static int ensure_buf(struct wctx *c, size_t need, struct err *e)
@@ -312,6 +330,18 @@ static int write_float(struct wctx *c, const struct ck_tensor *t, struct err *e)
     return 0;
 }
 
+static void qjob_run(void *ctx, int ith, int nth)
+{
+    struct qjob *j = ctx;
+    long lo, hi;
+    tpool_range((long)j->rows, ith, nth, &lo, &hi);
+    int64_t words = quant_row_words(j->q, j->n_in), groups = quant_row_groups(j->q, j->n_in);
+    j->rc[ith] = hi <= lo ? 0
+                          : quant_rows(j->q, j->dt, j->src + (size_t)(lo * j->n_in) * j->esz, hi - lo,
+                                       j->n_in, j->wq + lo * words, j->sc + (size_t)(lo * groups) * j->ssz,
+                                       j->bi ? j->bi + (size_t)(lo * groups) * j->ssz : NULL, &j->e[ith]);
+}
+
 static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct err *e)
 {
     const struct ck_tensor *t = &c->t[ti];
@@ -338,10 +368,29 @@ static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct 
             int64_t k = part_rows - r0 < step ? part_rows - r0 : step, row = p * part_rows + r0;
             if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, r0 * n_in, k * n_in, c->buf, e)) < 0)
                 return rc;
-            if ((rc = quant_rows(q, t->dtype, c->buf, k, n_in, qc->wq + row * words,
-                                 qc->sc + (size_t)(row * groups) * ssz,
-                                 qc->bi ? qc->bi + (size_t)(row * groups) * ssz : NULL, e)) < 0)
-                return err_prefix(e, "quantizing '%s'", t->name);
+            struct qjob *j = &c->job;
+            j->q = q;
+            j->dt = t->dtype;
+            j->src = c->buf;
+            j->rows = k;
+            j->n_in = n_in;
+            j->wq = qc->wq + row * words;
+            j->sc = qc->sc + (size_t)(row * groups) * ssz;
+            j->bi = qc->bi ? qc->bi + (size_t)(row * groups) * ssz : NULL;
+            j->esz = esz;
+            j->ssz = ssz;
+            int nth = c->pool ? tpool_size(c->pool) : 1;
+            if (c->pool)
+                tpool_run(c->pool, qjob_run, j);
+            else
+                qjob_run(j, 0, 1);
+            for (int i = 0; i < nth; i++) {
+                if (j->rc[i] < 0) {
+                    if (e)
+                        *e = j->e[i];
+                    return err_prefix(e, "quantizing '%s'", t->name);
+                }
+            }
         }
     }
     qc->t = ti;
@@ -405,9 +454,15 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
     struct entry *en = NULL;
     struct st_wentry *we = NULL;
     struct qcache qc = {.t = SIZE_MAX};
-    struct wctx c = {t, q, rd, NULL, NULL, 0, progress, progress_ud, 0, 0};
+    struct wctx c;  /* ~40 KiB: per-thread error slots of the quantizer job */
+    memset(&c, 0, sizeof c);
     size_t ne = 0, nq = 0;
     int rc;
+    c.t = t;
+    c.q = q;
+    c.rd = rd;
+    c.progress = progress;
+    c.pud = progress_ud;
     for (size_t i = 0; i < n; i++) {
         if (t[i].quantize && (!q || (rc = quant_params_check(q, e)) < 0))
             return q ? rc : err_setf(e, ERR_INTERNAL, "'%s' is marked for quantizing without parameters", t[i].name);
@@ -415,6 +470,9 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
     }
     if ((rc = build_entries(t, n, q, &en, &ne, e)) < 0)
         return rc;
+    int nth = tpool_default_threads();
+    if (nq > 0 && nth > 1 && (rc = tpool_new(&c.pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
+        goto out;
     we = malloc((ne ? ne : 1) * sizeof *we);
     if (!we) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
@@ -453,6 +511,7 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
             stats->n_params += n_elems(&t[i]);
     }
 out:
+    tpool_free(c.pool);
     qcache_clear(&qc);
     free(c.buf);
     for (size_t i = 0; i < ne; i++)
