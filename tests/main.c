@@ -26,7 +26,9 @@
     X(quant)      \
     X(sampler)    \
     X(models)     \
-    X(tokenizer)
+    X(tokenizer)  \
+    X(quantize)   \
+    X(convert)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
 SUITES(DECLARE)

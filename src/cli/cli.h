@@ -12,6 +12,7 @@
 
 #include "../core/err.h"
 #include "../core/fileio.h"
+#include "../loading/quantize.h"
 
 #define CLI_EXIT_OK    0
 #define CLI_EXIT_ERROR 1
@@ -24,6 +25,8 @@ int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_list(int argc, char **argv);
 int cmd_arch(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 
 /* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. */
 int cli_fail(const char *cmd, const struct err *e);
@@ -57,3 +60,18 @@ bool cli_stderr_is_tty(void);
  * buf always receives a NUL-terminated string (truncated to cap). */
 void cli_format_count(int64_t n, char *buf, size_t cap);
 void cli_format_bytes(uint64_t n, char *buf, size_t cap);
+
+/* The -q flag set of convert and synth (values as given, NULL when absent), resolved to
+ * checked parameters: mode defaults fill what is not given (cmd_convert.c). */
+struct cli_quant_flags {
+    const char *bits, *group, *mode, *variant;
+};
+int cli_quant_resolve(const struct cli_quant_flags *f, struct quant_params *q, struct err *e);
+bool cli_quant_flags_given(const struct cli_quant_flags *f);
+/* Progress line on stderr ("\rWHAT:  45% (1.2 GiB of 2.7 GiB)"), for ck_progress_fn; the
+ * caller installs it only when stderr is a terminal. ud: struct cli_progress_state. */
+struct cli_progress_state {
+    const char *what;
+    int last_pct;  /* -1 before the first call */
+};
+void cli_progress(void *ud, uint64_t done, uint64_t total);

@@ -23,6 +23,8 @@ static const struct command k_commands[] = {
     {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},
     {"list", cmd_list, "list downloaded models"},
     {"arch", cmd_arch, "list supported architectures"},
+    {"convert", cmd_convert, "write an MLX checkpoint (optionally quantized)"},
+    {"synth", cmd_synth, "write a random-weight checkpoint of any shape"},
 };
 
 static void usage(FILE *f)

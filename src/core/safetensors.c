@@ -68,6 +68,8 @@ struct st_set {
     size_t n_files;
     struct st_tensor *t;    /* [n], sorted by name (strcmp) */
     size_t n;
+    bool recording;         /* st_set_new_recording: no files, tensors from st_set_record */
+    const char *const *prefer;  /* recording: layout suffixes answered as present; borrowed */
 };
 
 // ---- header parsing ----
@@ -900,4 +902,74 @@ size_t st_set_n_unused(const struct st_set *s)
     for (size_t i = 0; s && i < s->n; i++)
         n += !s->t[i].consumed;
     return n;
+}
+
+// ---- recording sets ----
+
+int st_set_new_recording(struct st_set **out, const char *const *prefer, struct err *e)
+{
+    struct st_set *s = calloc(1, sizeof *s);
+    *out = NULL;
+    if (!s || !(s->where = strdup("(recording)"))) {
+        free(s);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    s->recording = true;
+    s->prefer = prefer;
+    *out = s;
+    return 0;
+}
+
+bool st_set_record_prefers(const struct st_set *s, const char *name)
+{
+    size_t n = strlen(name);
+    for (size_t i = 0; st_set_is_recording(s) && s->prefer && s->prefer[i]; i++) {
+        size_t k = strlen(s->prefer[i]);
+        if (n >= k && strcmp(name + n - k, s->prefer[i]) == 0)
+            return true;
+    }
+    return false;
+}
+
+bool st_set_is_recording(const struct st_set *s)
+{
+    return s && s->recording;
+}
+
+int st_set_record(struct st_set *s, const char *name, enum dtype dt, int ndim, const int64_t *shape,
+                  struct err *e)
+{
+    /* what recorded views point at: aligned for every dtype, never read */
+    static const uint64_t k_dummy[8];
+    if (!st_set_is_recording(s))
+        return err_setf(e, ERR_INTERNAL, "st_set_record on a set read from files");
+    if (set_find(s, name))
+        return 0;
+    if (ndim < 1 || ndim > TENSOR_MAX_DIMS || dtype_size(dt) == 0)
+        return err_setf(e, ERR_INTERNAL, "tensor '%s': cannot record %d dims", name, ndim);
+    uint64_t bytes = dtype_size(dt);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0 || (uint64_t)shape[i] > (UINT64_C(1) << 40) / bytes)
+            return err_setf(e, ERR_RANGE, "tensor '%s': dim %d = %lld is out of range", name, i,
+                            (long long)shape[i]);
+        bytes *= (uint64_t)shape[i];
+    }
+    struct st_tensor *grown = reallocarray(s->t, s->n + 1, sizeof *s->t);
+    if (!grown)
+        return err_setf(e, ERR_NOMEM, "out of memory recording '%s'", name);
+    s->t = grown;
+    size_t at = 0;
+    while (at < s->n && strcmp(s->t[at].name, name) < 0)
+        at++;
+    struct st_tensor t = {.dtype = dt, .ndim = ndim, .data = k_dummy};
+    if (!(t.name = strdup(name)))
+        return err_setf(e, ERR_NOMEM, "out of memory recording '%s'", name);
+    for (int i = 0; i < ndim; i++)
+        t.shape[i] = shape[i];
+    t.begin = st_set_data_bytes(s);
+    t.end = t.begin + bytes;
+    memmove(&s->t[at + 1], &s->t[at], (s->n - at) * sizeof *s->t);
+    s->t[at] = t;
+    s->n++;
+    return 0;
 }

@@ -85,6 +85,21 @@ void st_set_mark(struct st_set *s, const char *name);
 /* Number of tensors not consumed. */
 size_t st_set_n_unused(const struct st_set *s);
 
+/* Recording sets (`mlxcel synth`): a set with no files that learns its tensors from the
+ * requests a family's map_weights makes. wmap records each float tensor it is asked for
+ * (name and expected shape) with st_set_record before taking it, so the take succeeds
+ * and the set ends up listing exactly the tensors the loader needs. Recorded tensors
+ * have dtype dt and a data pointer to a small dummy block that must never be read. */
+int st_set_new_recording(struct st_set **out, const char *const *prefer, struct err *e);
+bool st_set_is_recording(const struct st_set *s);
+/* Where the loader probes for one of two layouts (wm_has), a recording set answers "present"
+ * for names ending in one of the prefer suffixes given at creation (NULL-terminated, borrowed;
+ * NULL: none), so synth records the layout published checkpoints use. */
+bool st_set_record_prefers(const struct st_set *s, const char *name);
+/* Add tensor name (no-op when present); ndim 1..TENSOR_MAX_DIMS, dims positive. */
+int st_set_record(struct st_set *s, const char *name, enum dtype dt, int ndim, const int64_t *shape,
+                  struct err *e);
+
 #ifdef __cplusplus
 }
 #endif

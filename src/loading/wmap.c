@@ -54,7 +54,11 @@ static int take(struct wmap *w, const char *name, bool required, struct tensor *
 static int take_float(struct wmap *w, const char *name, bool required, int ndim,
                       const int64_t *shape, struct tensor *out, struct err *e)
 {
-    int rc = take(w, name, required, out, e);
+    int rc;
+    /* `mlxcel synth`: a recording set learns the tensor from this request */
+    if (st_set_is_recording(w->st) && (rc = st_set_record(w->st, name, DTYPE_F32, ndim, shape, e)) < 0)
+        return rc;
+    rc = take(w, name, required, out, e);
     if (rc < 0 || out->ndim == 0)
         return rc;
     if (!dtype_is_float(out->dtype))
@@ -92,7 +96,7 @@ bool wm_has(struct wmap *w, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return st_set_find(w->st, name) != NULL;
+    return st_set_find(w->st, name) != NULL || st_set_record_prefers(w->st, name);
 }
 
 /* MLX quantized module PREFIX with parameters p (validated by quant.c):

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../loading/config.h"
+#include "../loading/convert.h"
 
 /* ---- config ---- */
 
@@ -276,6 +277,15 @@ static int map_attention(struct wmap *w, const struct hparams *hp, struct layer 
     return 0;
 }
 
+/* Mixtral-style experts: w1 gate, w2 down, w3 up, and mlx-lm's stacked SwitchGLU names
+ * (mlx-lm models/mixtral.py and phimoe.py sanitize). */
+const struct expert_stack_rule hf_moe_stacking[] = {
+    {"model.layers.%d.block_sparse_moe.experts.%d.w1", "model.layers.%d.block_sparse_moe.switch_mlp.gate_proj"},
+    {"model.layers.%d.block_sparse_moe.experts.%d.w2", "model.layers.%d.block_sparse_moe.switch_mlp.down_proj"},
+    {"model.layers.%d.block_sparse_moe.experts.%d.w3", "model.layers.%d.block_sparse_moe.switch_mlp.up_proj"},
+    {NULL, NULL},
+};
+
 static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
 {
     const struct hparams *hp = &m->hp;
@@ -285,15 +295,13 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, str
         snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe", il);
         if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s.gate", pre)) < 0)
             return rc;
-        const char *fmt1 = "model.layers.%d.block_sparse_moe.experts.%d.w1";
-        const char *fmt2 = "model.layers.%d.block_sparse_moe.experts.%d.w2";
-        const char *fmt3 = "model.layers.%d.block_sparse_moe.experts.%d.w3";
-        if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, hp->n_ff, hp->n_embd, false, fmt1,
-                                       "model.layers.%d.block_sparse_moe.switch_mlp.gate_proj", e)) < 0 ||
-            (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, hp->n_ff, false, fmt2,
-                                       "model.layers.%d.block_sparse_moe.switch_mlp.down_proj", e)) < 0 ||
-            (rc = hf_map_expert_linear(m, w, &L->ex.up, il, hp->n_ff, hp->n_embd, false, fmt3,
-                                       "model.layers.%d.block_sparse_moe.switch_mlp.up_proj", e)) < 0)
+        const struct expert_stack_rule *r = hf_moe_stacking;
+        if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, hp->n_ff, hp->n_embd, false,
+                                       r[0].per_expert, r[0].stacked, e)) < 0 ||
+            (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, hp->n_ff, false,
+                                       r[1].per_expert, r[1].stacked, e)) < 0 ||
+            (rc = hf_map_expert_linear(m, w, &L->ex.up, il, hp->n_ff, hp->n_embd, false,
+                                       r[2].per_expert, r[2].stacked, e)) < 0)
             return rc;
         return 0;
     }

@@ -8,6 +8,7 @@
 #pragma once
 #include <cjson/cJSON.h>
 
+#include "../loading/convert.h"
 #include "../loading/wmap.h"
 #include "model.h"
 
@@ -51,6 +52,9 @@ int hf_experts_alloc(struct model *m, struct err *e);
 int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *el, int il,
                          int64_t n_out, int64_t n_in, bool bias, const char *per_expert_fmt,
                          const char *stacked_fmt, struct err *e);
+
+/* The stacking rules of the block_sparse_moe experts (Mixtral, PhiMoE). */
+extern const struct expert_stack_rule hf_moe_stacking[];
 
 /* Token embedding, final norm and head under the given names (head NULL: tied). */
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,

@@ -33,4 +33,5 @@ const struct model_ops mixtral_ops = {
     .map_weights = hf_map_decoder,
     .forward = blk_forward,
     .self_test = mixtral_self_test,
+    .expert_stacking = hf_moe_stacking,
 };

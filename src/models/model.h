@@ -73,6 +73,7 @@ struct generation_defaults {
 
 struct model;
 struct model_ctx;
+struct expert_stack_rule;  /* src/loading/convert.h */
 
 struct model_ops {
     const char *family;       /* our family name, e.g. "llama" */
@@ -87,6 +88,12 @@ struct model_ops {
                    bool all_logits, struct err *e);
     /* Family unit tests (config parsing, mapping, block contracts); 0 on success. */
     int (*self_test)(struct err *e);
+    /* mlx-lm's sanitize of per-expert tensors into stacked ones, for `mlxcel convert`
+     * and `synth -q`; NULL-terminated, or NULL for dense families. */
+    const struct expert_stack_rule *expert_stacking;
+    /* Where map_weights accepts two layouts, name suffixes of the one published
+     * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
+    const char *const *synth_prefer;
 };
 
 struct model {

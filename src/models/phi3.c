@@ -21,6 +21,9 @@ static int phi3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e
     return rc;
 }
 
+/* Published Phi-3 checkpoints fuse q/k/v and gate/up (synth writes that layout). */
+static const char *const phi3_fused[] = {".self_attn.qkv_proj.weight", ".mlp.gate_up_proj.weight", NULL};
+
 static const char *const phi3_archs[] = {"Phi3ForCausalLM", NULL};
 
 const struct model_ops phi3_ops = {
@@ -31,4 +34,5 @@ const struct model_ops phi3_ops = {
     .map_weights = hf_map_decoder,
     .forward = blk_forward,
     .self_test = phi3_self_test,
+    .synth_prefer = phi3_fused,
 };

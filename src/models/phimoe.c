@@ -37,4 +37,5 @@ const struct model_ops phimoe_ops = {
     .map_weights = hf_map_decoder,
     .forward = blk_forward,
     .self_test = phimoe_self_test,
+    .expert_stacking = hf_moe_stacking,
 };

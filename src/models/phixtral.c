@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../loading/config.h"
+#include "../loading/convert.h"
 #include "blocks.h"
 #include "hf_common.h"
 
@@ -94,6 +95,14 @@ static int phixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct er
     return 0;
 }
 
+/* Expert linears: published per-expert names and mlx-lm's stacked SwitchMLP names
+ * (mlx-lm models/phixtral.py sanitize); map_weights binds either, convert stacks. */
+static const struct expert_stack_rule phixtral_stacking[] = {
+    {"transformer.h.%d.moe.mlp.%d.fc1", "transformer.h.%d.moe.switch_mlp.fc1"},
+    {"transformer.h.%d.moe.mlp.%d.fc2", "transformer.h.%d.moe.switch_mlp.fc2"},
+    {NULL, NULL},
+};
+
 static int phixtral_map_weights(struct model *m, struct st_set *st, struct err *e)
 {
     const struct hparams *hp = &m->hp;
@@ -115,11 +124,11 @@ static int phixtral_map_weights(struct model *m, struct st_set *st, struct err *
             (rc = wm_vec(&w, &L->bo, WM_REQUIRED, d, e, "%s.mixer.out_proj.bias", pre)) < 0 ||
             (rc = wm_linear(&w, &L->router, WM_REQUIRED, 0, hp->n_expert, d, e, "%s.moe.gate", pre)) < 0 ||
             (rc = hf_map_expert_linear(m, &w, &L->ex.up, il, hp->n_ff, d, true,
-                                       "transformer.h.%d.moe.mlp.%d.fc1",
-                                       "transformer.h.%d.moe.switch_mlp.fc1", e)) < 0 ||
+                                       phixtral_stacking[0].per_expert,
+                                       phixtral_stacking[0].stacked, e)) < 0 ||
             (rc = hf_map_expert_linear(m, &w, &L->ex.down, il, d, hp->n_ff, true,
-                                       "transformer.h.%d.moe.mlp.%d.fc2",
-                                       "transformer.h.%d.moe.switch_mlp.fc2", e)) < 0)
+                                       phixtral_stacking[1].per_expert,
+                                       phixtral_stacking[1].stacked, e)) < 0)
             return rc;
     }
     return 0;
@@ -135,4 +144,5 @@ const struct model_ops phixtral_ops = {
     .map_weights = phixtral_map_weights,
     .forward = blk_forward,
     .self_test = phixtral_self_test,
+    .expert_stacking = phixtral_stacking,
 };

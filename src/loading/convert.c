@@ -1,0 +1,784 @@
+/*
+ * convert: planning, quantizing and writing MLX checkpoints (convert.h).
+ *
+ * Memory: float tensors stream through one chunk buffer (CK_CHUNK_BYTES);
+ * a quantized tensor is held packed (about bits/16 of its bf16 size, plus
+ * scales) from its first entry to its last, which are adjacent in name order
+ * (P.biases < P.scales < P.weight, and every name between two "P." names
+ * starts with "P."). Sources are read through the caller's reader, so an
+ * mmapped checkpoint or a random generator look the same here.
+ */
+#include "convert.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../core/fileio.h"
+#include "../core/st_write.h"
+#include "../core/threadpool.h"
+#include "config.h"
+
+/* bytes per streamed piece: large enough for sequential I/O, small next to any model */
+#define CK_CHUNK_BYTES   (8u << 20)
+/* layer and expert indices in names; far above any real model */
+#define CK_MAX_INDEX     1000000
+#define CK_MAX_NAME      1024
+/* metadata files copied by convert (tokenizer.json of large vocabularies is ~30 MB) */
+#define CK_MAX_META      (256ull << 20)
+/* quantizer threads (rows are independent; more than this gains nothing on a stream) */
+#define CK_MAX_THREADS   64
+
+/* ---- planning ---- */
+
+/* Match name against fmt (literal text and two "%d"); on success *suffix points after
+ * the '.' that must follow the formatted part. */
+static bool match_rule(const char *fmt, const char *name, int ids[2], const char **suffix)
+{
+    int k = 0;
+    const char *f = fmt, *s = name;
+    while (*f) {
+        if (f[0] == '%' && f[1] == 'd') {
+            if (k >= 2 || *s < '0' || *s > '9' || (s[0] == '0' && s[1] >= '0' && s[1] <= '9'))
+                return false;
+            long v = 0;
+            while (*s >= '0' && *s <= '9' && v <= CK_MAX_INDEX)
+                v = v * 10 + (*s++ - '0');
+            if (v > CK_MAX_INDEX)
+                return false;
+            ids[k++] = (int)v;
+            f += 2;
+        } else if (*f++ != *s++) {
+            return false;
+        }
+    }
+    if (k != 2 || *s != '.' || !s[1])
+        return false;
+    *suffix = s + 1;
+    return true;
+}
+
+struct member {
+    size_t in;       /* input index */
+    int rule, layer, expert;
+    const char *suffix;
+};
+
+static int cmp_member(const void *a, const void *b)
+{
+    const struct member *x = a, *y = b;
+    if (x->rule != y->rule)
+        return x->rule < y->rule ? -1 : 1;
+    if (x->layer != y->layer)
+        return x->layer < y->layer ? -1 : 1;
+    int c = strcmp(x->suffix, y->suffix);
+    if (c)
+        return c;
+    return x->expert < y->expert ? -1 : x->expert > y->expert;
+}
+
+static bool is_dropped(const char *name, const char *const *drop)
+{
+    for (size_t i = 0; drop && drop[i]; i++)
+        if (strcmp(drop[i], name) == 0)
+            return true;
+    return false;
+}
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* Fill the dtype and quantize flag of an output tensor from its source dtype. */
+static void finish_tensor(struct ck_tensor *t, enum dtype src_dt, const struct ck_plan_opts *o)
+{
+    t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 ? (enum dtype)o->dtype : src_dt;
+    t->quantize = o->q && dtype_is_float(t->dtype) && ends_with(t->name, ".weight") &&
+                  quant_shape_ok(o->q, t->ndim, t->shape);
+}
+
+static int add_single(struct ck_tensor *t, const struct ck_input *in, const struct ck_plan_opts *o,
+                      struct err *e)
+{
+    t->name = strdup(in->name);
+    t->parts = malloc(sizeof *t->parts);
+    if (!t->name || !t->parts)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    t->parts[0] = in->handle;
+    t->n_parts = 1;
+    t->ndim = in->ndim;
+    memcpy(t->shape, in->shape, sizeof t->shape);
+    finish_tensor(t, in->dtype, o);
+    return 0;
+}
+
+/* Members m[0..k) are one (rule, layer, suffix) group sorted by expert. */
+static int add_stacked(struct ck_tensor *t, const struct ck_input *in, const struct member *m,
+                       size_t k, const struct ck_plan_opts *o, struct err *e)
+{
+    const struct ck_input *first = &in[m[0].in];
+    for (size_t x = 0; x < k; x++) {
+        const struct ck_input *p = &in[m[x].in];
+        if (m[x].expert != (int)x)
+            return err_setf(e, ERR_FORMAT, "expert %zu of '%s' is missing (found expert %d)", x,
+                            first->name, m[x].expert);
+        bool same = p->dtype == first->dtype && p->ndim == first->ndim;
+        for (int d = 0; same && d < p->ndim; d++)
+            same = p->shape[d] == first->shape[d];
+        if (!same)
+            return err_setf(e, ERR_FORMAT, "tensor '%s' differs in dtype or shape from '%s'", p->name,
+                            first->name);
+    }
+    if (first->ndim + 1 > ST_MAX_DIMS)
+        return err_setf(e, ERR_FORMAT, "tensor '%s': too many dims to stack", first->name);
+    char name[CK_MAX_NAME + 64];
+    int w = snprintf(name, sizeof name, o->rules[m[0].rule].stacked, m[0].layer);
+    if (w < 0 || (size_t)w >= sizeof name - strlen(m[0].suffix) - 2)
+        return err_setf(e, ERR_FORMAT, "stacked name for '%s' is too long", first->name);
+    snprintf(name + w, sizeof name - (size_t)w, ".%s", m[0].suffix);
+    t->name = strdup(name);
+    t->parts = malloc(k * sizeof *t->parts);
+    if (!t->name || !t->parts)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    for (size_t x = 0; x < k; x++)
+        t->parts[x] = in[m[x].in].handle;
+    t->n_parts = (int)k;
+    t->ndim = first->ndim + 1;
+    t->shape[0] = (int64_t)k;
+    for (int d = 0; d < first->ndim; d++)
+        t->shape[d + 1] = first->shape[d];
+    finish_tensor(t, first->dtype, o);
+    return 0;
+}
+
+int ck_plan(const struct ck_input *in, size_t n, const struct ck_plan_opts *o, struct ck_tensor **out,
+            size_t *n_out, struct err *e)
+{
+    struct member *mem = malloc((n ? n : 1) * sizeof *mem);
+    struct ck_tensor *t = calloc(n ? n : 1, sizeof *t);
+    bool *stacked = calloc(n ? n : 1, sizeof *stacked);
+    size_t nm = 0, nt = 0;
+    int rc = 0;
+    *out = NULL;
+    *n_out = 0;
+    if (!mem || !t || !stacked) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory planning %zu tensors", n);
+        goto done;
+    }
+    for (size_t i = 0; i < n && o->rules; i++) {
+        if (strlen(in[i].name) > CK_MAX_NAME || is_dropped(in[i].name, o->drop))
+            continue;
+        for (int r = 0; o->rules[r].per_expert; r++) {
+            int ids[2];
+            const char *suffix;
+            if (match_rule(o->rules[r].per_expert, in[i].name, ids, &suffix)) {
+                mem[nm++] = (struct member){i, r, ids[0], ids[1], suffix};
+                stacked[i] = true;
+                break;
+            }
+        }
+    }
+    qsort(mem, nm, sizeof *mem, cmp_member);
+    for (size_t a = 0; a < nm && rc == 0;) {
+        size_t b = a + 1;
+        while (b < nm && mem[b].rule == mem[a].rule && mem[b].layer == mem[a].layer &&
+               strcmp(mem[b].suffix, mem[a].suffix) == 0)
+            b++;
+        rc = add_stacked(&t[nt++], in, mem + a, b - a, o, e);
+        a = b;
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (stacked[i] || is_dropped(in[i].name, o->drop))
+            continue;
+        if (strlen(in[i].name) > CK_MAX_NAME) {
+            rc = err_setf(e, ERR_FORMAT, "tensor name of %zu bytes is too long", strlen(in[i].name));
+            break;
+        }
+        rc = add_single(&t[nt++], &in[i], o, e);
+    }
+done:
+    free(mem);
+    free(stacked);
+    if (rc < 0) {
+        ck_tensors_free(t, nt);
+        return rc;
+    }
+    *out = t;
+    *n_out = nt;
+    return 0;
+}
+
+void ck_tensors_free(struct ck_tensor *t, size_t n)
+{
+    for (size_t i = 0; t && i < n; i++) {
+        free(t[i].name);
+        free(t[i].parts);
+    }
+    free(t);
+}
+
+/* ---- writing ---- */
+
+enum role { ROLE_FLOAT, ROLE_QWEIGHT, ROLE_QSCALES, ROLE_QBIASES };
+
+struct entry {
+    char *name;
+    size_t t;        /* tensor index */
+    enum role role;
+    struct st_wentry w;
+};
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+}
+
+static int64_t n_elems(const struct ck_tensor *t)
+{
+    int64_t k = 1;
+    for (int d = 0; d < t->ndim; d++)
+        k *= t->shape[d];
+    return k;
+}
+
+/* The one quantized tensor held between its entries. */
+struct qcache {
+    size_t t;            /* tensor index, or SIZE_MAX */
+    uint32_t *wq;
+    uint8_t *sc, *bi;
+    size_t wq_bytes, s_bytes;
+};
+
+static void qcache_clear(struct qcache *c)
+{
+    free(c->wq);
+    free(c->sc);
+    free(c->bi);
+    memset(c, 0, sizeof *c);
+    c->t = SIZE_MAX;
+}
+
+/* One chunk of rows split over the pool; each thread quantizes a contiguous row range. */
+struct qjob {
+    const struct quant_params *q;
+    enum dtype dt;
+    const uint8_t *src;           /* [rows, n_in] in dt */
+    int64_t rows, n_in;
+    uint32_t *wq;
+    uint8_t *sc, *bi;
+    size_t esz, ssz;
+    int rc[CK_MAX_THREADS];       /* per thread */
+    struct err e[CK_MAX_THREADS];
+};
+
+struct wctx {
+    struct tpool *pool;          /* quantizes row ranges in parallel; NULL: one thread */
+    const struct ck_tensor *t;
+    const struct quant_params *q;
+    const struct ck_reader *rd;
+    struct st_writer *w;
+    uint8_t *buf;
+    size_t buf_cap;
+    ck_progress_fn progress;
+    void *pud;
+    uint64_t done, total;
+    struct qjob job;
+};
+
+static int ensure_buf(struct wctx *c, size_t need, struct err *e)
+{
+    if (need <= c->buf_cap)
+        return 0;
+    uint8_t *p = realloc(c->buf, need);
+    if (!p)
+        return err_setf(e, ERR_NOMEM, "out of memory for a %zu-byte buffer", need);
+    c->buf = p;
+    c->buf_cap = need;
+    return 0;
+}
+
+static int put(struct wctx *c, const void *data, size_t n, struct err *e)
+{
+    int rc = st_writer_write(c->w, data, n, e);
+    c->done += n;
+    if (rc == 0 && c->progress)
+        c->progress(c->pud, c->done, c->total);
+    return rc;
+}
+
+static int write_float(struct wctx *c, const struct ck_tensor *t, struct err *e)
+{
+    size_t esz = dtype_size(t->dtype);
+    int64_t part = n_elems(t) / t->n_parts, step = (int64_t)(CK_CHUNK_BYTES / esz);
+    int rc;
+    if ((rc = ensure_buf(c, CK_CHUNK_BYTES, e)) < 0)
+        return rc;
+    for (int p = 0; p < t->n_parts; p++) {
+        for (int64_t e0 = 0; e0 < part; e0 += step) {
+            int64_t k = part - e0 < step ? part - e0 : step;
+            if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, e0, k, c->buf, e)) < 0 ||
+                (rc = put(c, c->buf, (size_t)k * esz, e)) < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static void qjob_run(void *ctx, int ith, int nth)
+{
+    struct qjob *j = ctx;
+    long lo, hi;
+    tpool_range((long)j->rows, ith, nth, &lo, &hi);
+    int64_t words = quant_row_words(j->q, j->n_in), groups = quant_row_groups(j->q, j->n_in);
+    j->rc[ith] = hi <= lo ? 0
+                          : quant_rows(j->q, j->dt, j->src + (size_t)(lo * j->n_in) * j->esz, hi - lo,
+                                       j->n_in, j->wq + lo * words, j->sc + (size_t)(lo * groups) * j->ssz,
+                                       j->bi ? j->bi + (size_t)(lo * groups) * j->ssz : NULL, &j->e[ith]);
+}
+
+static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct err *e)
+{
+    const struct ck_tensor *t = &c->t[ti];
+    const struct quant_params *q = c->q;
+    size_t esz = dtype_size(t->dtype), ssz = dtype_size(quant_scale_dtype(q, t->dtype));
+    int64_t n_in = t->shape[t->ndim - 1], rows = n_elems(t) / n_in, part_rows = rows / t->n_parts;
+    int64_t words = quant_row_words(q, n_in), groups = quant_row_groups(q, n_in);
+    int64_t step = (int64_t)(CK_CHUNK_BYTES / esz) / n_in;
+    int rc;
+    if (step < 1)
+        step = 1;
+    qcache_clear(qc);
+    qc->wq_bytes = (size_t)(rows * words) * sizeof(uint32_t);
+    qc->s_bytes = (size_t)(rows * groups) * ssz;
+    qc->wq = malloc(qc->wq_bytes ? qc->wq_bytes : 1);
+    qc->sc = malloc(qc->s_bytes ? qc->s_bytes : 1);
+    qc->bi = q->mode == QMODE_AFFINE ? malloc(qc->s_bytes ? qc->s_bytes : 1) : NULL;
+    if (!qc->wq || !qc->sc || (q->mode == QMODE_AFFINE && !qc->bi))
+        return err_setf(e, ERR_NOMEM, "out of memory quantizing '%s'", t->name);
+    if ((rc = ensure_buf(c, (size_t)(step * n_in) * esz, e)) < 0)
+        return rc;
+    for (int p = 0; p < t->n_parts; p++) {
+        for (int64_t r0 = 0; r0 < part_rows; r0 += step) {
+            int64_t k = part_rows - r0 < step ? part_rows - r0 : step, row = p * part_rows + r0;
+            if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, r0 * n_in, k * n_in, c->buf, e)) < 0)
+                return rc;
+            struct qjob *j = &c->job;
+            j->q = q;
+            j->dt = t->dtype;
+            j->src = c->buf;
+            j->rows = k;
+            j->n_in = n_in;
+            j->wq = qc->wq + row * words;
+            j->sc = qc->sc + (size_t)(row * groups) * ssz;
+            j->bi = qc->bi ? qc->bi + (size_t)(row * groups) * ssz : NULL;
+            j->esz = esz;
+            j->ssz = ssz;
+            int nth = c->pool ? tpool_size(c->pool) : 1;
+            if (c->pool)
+                tpool_run(c->pool, qjob_run, j);
+            else
+                qjob_run(j, 0, 1);
+            for (int i = 0; i < nth; i++) {
+                if (j->rc[i] < 0) {
+                    if (e)
+                        *e = j->e[i];
+                    return err_prefix(e, "quantizing '%s'", t->name);
+                }
+            }
+        }
+    }
+    qc->t = ti;
+    return 0;
+}
+
+/* Expand the tensors into file entries (quantized ones into three), sorted by name. */
+static int build_entries(const struct ck_tensor *t, size_t n, const struct quant_params *q,
+                         struct entry **out, size_t *n_out, struct err *e)
+{
+    struct entry *en = calloc(n * 3 + 1, sizeof *en);
+    size_t k = 0;
+    if (!en)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].quantize) {
+            en[k] = (struct entry){strdup(t[i].name), i, ROLE_FLOAT, {0}};
+            en[k].w.dtype = t[i].dtype;
+            en[k].w.ndim = t[i].ndim;
+            memcpy(en[k].w.shape, t[i].shape, sizeof en[k].w.shape);
+            if (!en[k++].name)
+                goto oom;
+            continue;
+        }
+        size_t plen = strlen(t[i].name) - strlen(".weight");
+        static const char *const suffix[] = {".weight", ".scales", ".biases"};
+        int n_roles = q->mode == QMODE_AFFINE ? 3 : 2;
+        for (int r = 0; r < n_roles; r++) {
+            struct entry *x = &en[k++];
+            x->name = malloc(plen + 8);
+            if (!x->name)
+                goto oom;
+            memcpy(x->name, t[i].name, plen);
+            strcpy(x->name + plen, suffix[r]);
+            x->t = i;
+            x->role = r == 0 ? ROLE_QWEIGHT : r == 1 ? ROLE_QSCALES : ROLE_QBIASES;
+            x->w.ndim = t[i].ndim;
+            memcpy(x->w.shape, t[i].shape, sizeof x->w.shape);
+            int64_t last = t[i].shape[t[i].ndim - 1];
+            x->w.shape[t[i].ndim - 1] = r == 0 ? quant_row_words(q, last) : quant_row_groups(q, last);
+            x->w.dtype = r == 0 ? DTYPE_U32 : quant_scale_dtype(q, t[i].dtype);
+        }
+    }
+    qsort(en, k, sizeof *en, cmp_entry);
+    for (size_t i = 0; i < k; i++)
+        en[i].w.name = en[i].name;
+    *out = en;
+    *n_out = k;
+    return 0;
+oom:
+    for (size_t i = 0; i < k; i++)
+        free(en[i].name);
+    free(en);
+    return err_setf(e, ERR_NOMEM, "out of memory");
+}
+
+int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct quant_params *q,
+             const struct ck_reader *rd, ck_progress_fn progress, void *progress_ud,
+             struct ck_stats *stats, struct err *e)
+{
+    struct entry *en = NULL;
+    struct st_wentry *we = NULL;
+    struct qcache qc = {.t = SIZE_MAX};
+    struct wctx c;  /* ~40 KiB: per-thread error slots of the quantizer job */
+    memset(&c, 0, sizeof c);
+    size_t ne = 0, nq = 0;
+    int rc;
+    c.t = t;
+    c.q = q;
+    c.rd = rd;
+    c.progress = progress;
+    c.pud = progress_ud;
+    for (size_t i = 0; i < n; i++) {
+        if (t[i].quantize && (!q || (rc = quant_params_check(q, e)) < 0))
+            return q ? rc : err_setf(e, ERR_INTERNAL, "'%s' is marked for quantizing without parameters", t[i].name);
+        nq += t[i].quantize;
+    }
+    if ((rc = build_entries(t, n, q, &en, &ne, e)) < 0)
+        return rc;
+    int nth = tpool_default_threads();
+    if (nq > 0 && nth > 1 && (rc = tpool_new(&c.pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
+        goto out;
+    we = malloc((ne ? ne : 1) * sizeof *we);
+    if (!we) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < ne; i++) {
+        we[i] = en[i].w;
+        c.total += st_wentry_bytes(&we[i]);
+    }
+    if ((rc = st_writer_open(&c.w, path, we, ne, e)) < 0)
+        goto out;
+    for (size_t i = 0; i < ne && rc == 0; i++) {
+        const struct entry *x = &en[i];
+        if (x->role == ROLE_FLOAT) {
+            rc = write_float(&c, &t[x->t], e);
+            continue;
+        }
+        if (qc.t != x->t && (rc = quantize_tensor(&c, x->t, &qc, e)) < 0)
+            break;
+        if (x->role == ROLE_QWEIGHT)
+            rc = put(&c, qc.wq, qc.wq_bytes, e);
+        else
+            rc = put(&c, x->role == ROLE_QSCALES ? qc.sc : qc.bi, qc.s_bytes, e);
+    }
+    if (rc < 0) {
+        st_writer_abort(c.w);
+    } else {
+        rc = st_writer_close(c.w, e);
+    }
+    if (rc == 0 && stats) {
+        stats->n_tensors = ne;
+        stats->n_quantized = nq;
+        stats->bytes = c.total;
+        stats->n_params = 0;
+        for (size_t i = 0; i < n; i++)
+            stats->n_params += n_elems(&t[i]);
+    }
+out:
+    tpool_free(c.pool);
+    qcache_clear(&qc);
+    free(c.buf);
+    for (size_t i = 0; i < ne; i++)
+        free(en[i].name);
+    free(en);
+    free(we);
+    return rc;
+}
+
+/* ---- config and files ---- */
+
+int ck_config_set_quant(cJSON *cfg, const struct quant_params *q, struct err *e)
+{
+    static const char *const keys[] = {"quantization", "quantization_config"};
+    for (int k = 0; k < 2; k++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddNumberToObject(o, "group_size", q->group) ||
+            !cJSON_AddNumberToObject(o, "bits", q->bits) ||
+            !cJSON_AddStringToObject(o, "mode", quant_mode_name(q->mode))) {
+            cJSON_Delete(o);
+            return err_setf(e, ERR_NOMEM, "out of memory");
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, keys[k]);
+        cJSON_AddItemToObject(cfg, keys[k], o);
+    }
+    return 0;
+}
+
+static int cmp_item(const void *a, const void *b)
+{
+    return strcmp((*(cJSON *const *)a)->string, (*(cJSON *const *)b)->string);
+}
+
+/* Write buf to path through path.tmp and a rename. */
+static int write_file(const char *path, const char *buf, size_t n, struct err *e)
+{
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return err_setf(e, ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    bool ok = fwrite(buf, 1, n, f) == n;
+    ok = fflush(f) == 0 && ok;
+    ok = fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        int rc = err_setf(e, ERR_IO, "writing %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return rc;
+    }
+    return 0;
+}
+
+int ck_config_write(const char *path, cJSON *cfg, struct err *e)
+{
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "_name_or_path");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "vision_config");
+    int n = cJSON_GetArraySize(cfg);
+    cJSON **items = malloc((size_t)(n > 0 ? n : 1) * sizeof *items);
+    if (!items)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (cJSON *it = cfg->child; it && k < n; it = it->next)
+        items[k++] = it;
+    qsort(items, (size_t)k, sizeof *items, cmp_item);
+    for (int i = 0; i < k; i++)
+        cJSON_DetachItemViaPointer(cfg, items[i]);
+    for (int i = 0; i < k; i++)
+        cJSON_AddItemToObject(cfg, items[i]->string, items[i]);
+    free(items);
+    char *s = cJSON_Print(cfg);
+    if (!s)
+        return err_setf(e, ERR_NOMEM, "out of memory printing %s", path);
+    size_t len = strlen(s);
+    char *t = realloc(s, len + 2);
+    if (!t) {
+        free(s);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    t[len] = '\n';
+    int rc = write_file(path, t, len + 1, e);
+    free(t);
+    return rc;
+}
+
+int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    int rc = file_read_all(src, (size_t)max, &buf, &n, e);
+    if (rc < 0)
+        return rc;
+    rc = write_file(dst, buf, n, e);
+    free(buf);
+    return rc;
+}
+
+int ck_prepare_dir(const char *dir, struct err *e)
+{
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        if (errno != ENOENT || mkdir(dir, 0755) != 0)
+            return err_setf(e, ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+        return 0;
+    }
+    if (!S_ISDIR(sb.st_mode))
+        return err_setf(e, ERR_ARG, "%s exists and is not a directory", dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return err_setf(e, ERR_IO, "cannot open %s: %s", dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
+            rc = err_setf(e, ERR_ARG, "%s is not empty (refusing to overwrite '%s')", dir, de->d_name);
+            break;
+        }
+    }
+    closedir(d);
+    if (rc == 0 && access(dir, W_OK) != 0)
+        rc = err_setf(e, ERR_IO, "%s is not writable: %s", dir, strerror(errno));
+    return rc;
+}
+
+int ck_dtype_parse(const char *s)
+{
+    if (!s)
+        return -1;
+    if (strcmp(s, "bf16") == 0 || strcmp(s, "bfloat16") == 0)
+        return DTYPE_BF16;
+    if (strcmp(s, "f16") == 0 || strcmp(s, "float16") == 0)
+        return DTYPE_F16;
+    if (strcmp(s, "f32") == 0 || strcmp(s, "float32") == 0)
+        return DTYPE_F32;
+    return -1;
+}
+
+/* ---- convert ---- */
+
+static void store_f32(enum dtype dt, void *dst, int64_t i, float v)
+{
+    if (dt == DTYPE_F32)
+        ((float *)dst)[i] = v;
+    else if (dt == DTYPE_F16)
+        ((uint16_t *)dst)[i] = f32_to_f16(v);
+    else
+        ((uint16_t *)dst)[i] = f32_to_bf16(v);
+}
+
+/* Reader over mmapped source tensors (handles are struct st_tensor *). */
+static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
+                   struct err *e)
+{
+    (void)ud;
+    const struct st_tensor *t = handle;
+    size_t esz = dtype_size(t->dtype);
+    const uint8_t *src = (const uint8_t *)t->data + (size_t)elem0 * esz;
+    if (t->dtype == dt) {
+        memcpy(dst, src, (size_t)n * esz);
+        return 0;
+    }
+    if (!dtype_is_float(t->dtype) || !dtype_is_float(dt))
+        return err_setf(e, ERR_INTERNAL, "tensor '%s': cannot cast %s to %s", t->name,
+                        dtype_name(t->dtype), dtype_name(dt));
+    float tmp[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        int64_t k = n - i0 < 256 ? n - i0 : 256;
+        dtype_to_f32_ref(tmp, src + (size_t)i0 * esz, t->dtype, (size_t)k);
+        for (int64_t i = 0; i < k; i++)
+            store_f32(dt, dst, i0 + i, tmp[i]);
+    }
+    return 0;
+}
+
+static bool is_metadata_file(const char *name)
+{
+    static const char *const skip_ext[] = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5",
+                                           ".msgpack", ".onnx", ".ckpt", ".tmp", ".index.json"};
+    if (name[0] == '.' || strcmp(name, "config.json") == 0)
+        return false;
+    for (size_t i = 0; i < sizeof skip_ext / sizeof skip_ext[0]; i++)
+        if (ends_with(name, skip_ext[i]))
+            return false;
+    return true;
+}
+
+static int copy_metadata(const char *src, const char *dst, size_t *n_copied, struct err *e)
+{
+    DIR *d = opendir(src);
+    int rc = 0;
+    if (!d)
+        return err_setf(e, ERR_IO, "cannot open %s: %s", src, strerror(errno));
+    for (struct dirent *de; rc == 0 && (de = readdir(d)) != NULL;) {
+        char a[4200], b[4200];
+        struct stat sb;
+        if (!is_metadata_file(de->d_name))
+            continue;
+        snprintf(a, sizeof a, "%s/%s", src, de->d_name);
+        snprintf(b, sizeof b, "%s/%s", dst, de->d_name);
+        if (stat(a, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CK_MAX_META)
+            continue;
+        if ((rc = ck_copy_file(a, b, CK_MAX_META, e)) == 0)
+            (*n_copied)++;
+    }
+    closedir(d);
+    return rc;
+}
+
+/* The dtype mlx-lm casts to: config "torch_dtype" (or "dtype"), when it names one. */
+static int config_dtype(const cJSON *cfg)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
+    if (!cJSON_IsString(j))
+        j = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
+    return cJSON_IsString(j) ? ck_dtype_parse(j->valuestring) : -1;
+}
+
+int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, struct err *e)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    struct st_set *set = NULL;
+    struct ck_input *in = NULL;
+    struct ck_tensor *t = NULL;
+    size_t nt = 0;
+    int rc;
+    memset(st, 0, sizeof *st);
+    if (strlen(o->src) > 4000 || strlen(o->dst) > 4000)
+        return err_setf(e, ERR_ARG, "path too long");
+    snprintf(path, sizeof path, "%s/config.json", o->src);
+    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+        return rc;
+    if (cfg_has(cfg, "quantization") || cfg_has(cfg, "quantization_config")) {
+        rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);
+        goto out;
+    }
+    st->dtype = o->dtype >= 0 ? o->dtype : config_dtype(cfg);
+    if ((rc = st_set_open(&set, o->src, e)) < 0)
+        goto out;
+    st->n_inputs = st_set_count(set);
+    in = calloc(st->n_inputs ? st->n_inputs : 1, sizeof *in);
+    if (!in) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < st->n_inputs; i++) {
+        const struct st_tensor *s = st_set_at(set, i);
+        in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
+        memcpy(in[i].shape, s->shape, sizeof in[i].shape);
+    }
+    struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop};
+    if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
+        goto out;
+    if ((rc = ck_prepare_dir(o->dst, e)) < 0)
+        goto out;
+    struct ck_reader rd = {st_read, NULL};
+    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
+    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
+        (rc = copy_metadata(o->src, o->dst, &st->n_copied, e)) < 0)
+        goto out;
+    if (o->q && (rc = ck_config_set_quant(cfg, o->q, e)) < 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/config.json", o->dst);
+    rc = ck_config_write(path, cfg, e);
+out:
+    ck_tensors_free(t, nt);
+    free(in);
+    st_set_free(set);
+    cJSON_Delete(cfg);
+    return rc;
+}

@@ -1,0 +1,138 @@
+/*
+ * convert: writing MLX-format checkpoints, as mlx-lm's `convert` does, from
+ * a Hugging Face folder (convert_checkpoint) or from any tensor source
+ * (ck_plan + ck_write, which `mlxcel synth` feeds with random numbers).
+ *
+ * Pipeline: input tensors (name, dtype, shape, an opaque handle) ->
+ * ck_plan: per-expert tensors matching a family's expert_stack_rule become
+ * one stacked [E, ...] tensor (mlx-lm's sanitize), every float tensor takes
+ * the target dtype, and with quantization every `.weight` of >= 2 dims whose
+ * last dim divides the group size is marked for quantizing (mlx-lm's rule:
+ * Linear, Embedding and SwitchLinear weights, routers included; norms and
+ * `.bias` vectors never) -> ck_write: P.weight becomes P.weight (U32),
+ * P.scales and (affine) P.biases; all entries are written sorted by name
+ * into one model.safetensors, streaming: float tensors in chunks, a
+ * quantized tensor held (packed) only while its three entries are written.
+ *
+ * This module knows no family: the caller passes the stacking rules and the
+ * names to drop (a tied lm_head).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/dtype.h"
+#include "../core/err.h"
+#include "../core/safetensors.h"
+#include "quantize.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* mlx-lm sanitize for MoE experts: tensors PER_EXPERT.<suffix> (a printf format taking
+ * the layer and the expert index, e.g. "transformer.h.%d.moe.mlp.%d.fc1") for experts
+ * 0..E-1 become one STACKED.<suffix> (format taking the layer) of shape [E, ...]. A
+ * family's table ends with {NULL, NULL}. */
+struct expert_stack_rule {
+    const char *per_expert;
+    const char *stacked;
+};
+
+/* One input tensor. handle is passed back to the reader untouched. */
+struct ck_input {
+    const char *name;   /* borrowed for ck_plan's duration */
+    enum dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *handle;
+};
+
+/* One output tensor before quantization. */
+struct ck_tensor {
+    char *name;                  /* output name, owned */
+    enum dtype dtype;            /* output dtype (input of the quantizer) */
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];  /* stacked: [E, part shape...] */
+    int n_parts;                 /* 1, or E stacked parts */
+    const void **parts;          /* [n_parts] reader handles, owned array */
+    bool quantize;
+};
+
+/* Reads elements [elem0, elem0 + n) of one part, converted to dt, into dst. */
+struct ck_reader {
+    int (*read)(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
+                struct err *e);
+    void *ud;
+};
+
+/* Called after every written piece: bytes written so far and in total. */
+typedef void (*ck_progress_fn)(void *ud, uint64_t done, uint64_t total);
+
+struct ck_plan_opts {
+    const struct expert_stack_rule *rules;  /* NULL: no stacking */
+    int dtype;                              /* target float dtype, or -1 to keep each tensor's */
+    const struct quant_params *q;           /* NULL: no quantization */
+    const char *const *drop;                /* NULL-terminated names to leave out, or NULL */
+};
+
+/* Plan the output tensors for n inputs. *out (n_out entries) is owned by the caller
+ * (ck_tensors_free). An incomplete expert set (some of 0..E-1 missing, or parts of
+ * different shapes or dtypes) -> -ERR_FORMAT naming the tensor. */
+int ck_plan(const struct ck_input *in, size_t n, const struct ck_plan_opts *o, struct ck_tensor **out,
+            size_t *n_out, struct err *e);
+void ck_tensors_free(struct ck_tensor *t, size_t n);
+
+struct ck_stats {
+    size_t n_tensors;     /* entries in the file */
+    size_t n_quantized;   /* tensors quantized */
+    int64_t n_params;     /* elements before quantization */
+    uint64_t bytes;       /* data bytes written */
+};
+
+/* Write the planned tensors to path (st_write: temp file then rename), quantized with q
+ * when they are marked (q may be NULL when none is). stats and progress may be NULL. */
+int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct quant_params *q,
+             const struct ck_reader *rd, ck_progress_fn progress, void *progress_ud,
+             struct ck_stats *stats, struct err *e);
+
+/* Add "quantization" and "quantization_config" = {"group_size", "bits", "mode"} to cfg (as
+ * current mlx-lm writes them), replacing any present. */
+int ck_config_set_quant(cJSON *cfg, const struct quant_params *q, struct err *e);
+/* Write cfg as mlx-lm's save_config does: "_name_or_path" and "vision_config" dropped, keys
+ * sorted; temp file then rename. cfg is modified. */
+int ck_config_write(const char *path, cJSON *cfg, struct err *e);
+/* Copy a regular file of at most max bytes (temp file then rename). */
+int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e);
+/* dir must not exist (it is created, parent must exist) or be an empty directory. */
+int ck_prepare_dir(const char *dir, struct err *e);
+/* "bf16"/"bfloat16", "f16"/"float16", "f32"/"float32" -> dtype; -1 otherwise. */
+int ck_dtype_parse(const char *s);
+
+struct convert_opts {
+    const char *src, *dst;                  /* checkpoint folders */
+    const struct expert_stack_rule *rules;  /* the family's, or NULL */
+    const char *const *drop;                /* e.g. a tied "lm_head.weight"; NULL-terminated */
+    int dtype;                              /* -1: the config's torch_dtype, else keep */
+    const struct quant_params *q;           /* NULL: float output */
+    ck_progress_fn progress;
+    void *progress_ud;
+};
+
+struct convert_stats {
+    struct ck_stats ck;
+    size_t n_inputs;       /* source tensors */
+    size_t n_copied;       /* metadata files copied */
+    int dtype;             /* target dtype used, -1 when kept */
+};
+
+/* src -> dst: config.json (+ quantization), model.safetensors, and the small metadata
+ * files (tokenizer*, generation_config.json, ...) copied; config.json is written last, so
+ * a folder holding it is complete. An already quantized source -> -ERR_UNSUPPORTED. */
+int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif

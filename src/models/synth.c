@@ -1,0 +1,248 @@
+/*
+ * synth: recording a family's tensor list and writing random checkpoints
+ * (synth.h). The generator is read strictly in order per tensor (the
+ * convert pipeline reads each part once, front to back), which the reader
+ * checks, so a tensor's values are fixed by (seed, name) alone.
+ */
+#include "synth.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../loading/config.h"
+#include "registry.h"
+
+/* the HF initializer_range; biases a tenth of it so they stay small */
+#define SYNTH_STD_WEIGHT 0.02f
+#define SYNTH_STD_BIAS   0.002f
+
+int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops **ops, struct err *e)
+{
+    struct model *m = calloc(1, sizeof *m);
+    struct st_set *st = NULL;
+    int rc;
+    *out = NULL;
+    if (!m)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    hparams_init(&m->hp);
+    if ((rc = registry_resolve(cfg, &m->ops, e)) < 0 ||
+        (rc = m->ops->parse_config(&m->hp, cfg, e)) < 0 ||
+        (rc = hparams_validate(&m->hp, e)) < 0)
+        goto out;
+    m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
+    if (!m->layers) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = st_set_new_recording(&st, m->ops->synth_prefer, e)) < 0 || (rc = m->ops->map_weights(m, st, e)) < 0)
+        goto out;
+    *ops = m->ops;
+    *out = st;
+    st = NULL;
+out:
+    st_set_free(st);
+    model_free(m);  /* m->st is NULL: the recording set is not the model's */
+    return rc;
+}
+
+/* ---- generator ---- */
+
+struct rng {
+    uint64_t s[4];
+    float spare;
+    bool has_spare;
+};
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+/* xoshiro256** (Blackman & Vigna) */
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* One stream per tensor: FNV-1a of the name mixed into the seed. */
+static void rng_init(struct rng *r, uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t x = seed ^ h;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+    r->has_spare = false;
+}
+
+/* Standard normal by Box-Muller; u1 in (0, 1] so log() is finite. */
+static float rng_normal(struct rng *r)
+{
+    if (r->has_spare) {
+        r->has_spare = false;
+        return r->spare;
+    }
+    double u1 = (double)((rng_next(r) >> 11) + 1) * 0x1.0p-53;
+    double u2 = (double)(rng_next(r) >> 11) * 0x1.0p-53;
+    double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+    r->spare = (float)(rad * sin(th));
+    r->has_spare = true;
+    return (float)(rad * cos(th));
+}
+
+struct gen {
+    uint64_t seed;
+    const struct st_tensor *cur;  /* tensor being generated */
+    int64_t next;                 /* its next element */
+    struct rng r;
+};
+
+static bool ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static void store(enum dtype dt, void *dst, int64_t i, float v)
+{
+    if (dt == DTYPE_F32)
+        ((float *)dst)[i] = v;
+    else if (dt == DTYPE_F16)
+        ((uint16_t *)dst)[i] = f32_to_f16(v);
+    else
+        ((uint16_t *)dst)[i] = f32_to_bf16(v);
+}
+
+static int gen_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
+                    struct err *e)
+{
+    struct gen *g = ud;
+    const struct st_tensor *t = handle;
+    if (!dtype_is_float(dt))
+        return err_setf(e, ERR_INTERNAL, "synth: cannot generate %s data", dtype_name(dt));
+    if (g->cur != t || elem0 == 0) {
+        if (elem0 != 0)
+            return err_setf(e, ERR_INTERNAL, "synth: '%s' read out of order", t->name);
+        g->cur = t;
+        g->next = 0;
+        rng_init(&g->r, g->seed, t->name);
+    }
+    if (elem0 != g->next)
+        return err_setf(e, ERR_INTERNAL, "synth: '%s' read out of order", t->name);
+    bool ones = t->ndim == 1 && ends_with(t->name, ".weight");
+    float std = ends_with(t->name, ".bias") ? SYNTH_STD_BIAS : SYNTH_STD_WEIGHT;
+    for (int64_t i = 0; i < n; i++)
+        store(dt, dst, i, ones ? 1.0f : std * rng_normal(&g->r));
+    g->next += n;
+    return 0;
+}
+
+/* ---- checkpoint ---- */
+
+static const char *torch_dtype_name(enum dtype dt)
+{
+    return dt == DTYPE_F32 ? "float32" : dt == DTYPE_F16 ? "float16" : "bfloat16";
+}
+
+static int copy_tokenizer(const char *src, const char *dst, struct err *e)
+{
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
+                                        "special_tokens_map.json"};
+    char a[4200], b[4200];
+    int rc;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(a, sizeof a, "%s/%s", src, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
+        rc = ck_copy_file(a, b, 256ull << 20, e);
+        if (rc == -ERR_MISSING && i > 0)
+            continue;  /* only tokenizer.json is required */
+        if (rc < 0)
+            return err_prefix(e, "--tokenizer");
+    }
+    return 0;
+}
+
+int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct err *e)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    struct st_set *rec = NULL;
+    const struct model_ops *ops = NULL;
+    struct ck_input *in = NULL;
+    struct ck_tensor *t = NULL;
+    size_t nt = 0, n = 0;
+    int rc;
+    memset(st, 0, sizeof *st);
+    if (strlen(o->dst) > 4000)
+        return err_setf(e, ERR_ARG, "output path too long");
+    if ((rc = cfg_load_file(o->config, &cfg, e)) < 0)
+        return rc;
+    if ((rc = synth_record(cfg, &rec, &ops, e)) < 0) {
+        err_prefix(e, "%s", o->config);
+        goto out;
+    }
+    st->family = ops->family;
+    int dt = o->dtype;
+    if (dt < 0) {
+        const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
+        dt = cJSON_IsString(j) ? ck_dtype_parse(j->valuestring) : -1;
+    }
+    st->dtype = dt >= 0 ? (enum dtype)dt : DTYPE_BF16;
+
+    n = st_set_count(rec);
+    if (!(in = calloc(n ? n : 1, sizeof *in))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *s = st_set_at(rec, i);
+        in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
+        memcpy(in[i].shape, s->shape, sizeof in[i].shape);
+    }
+    struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL};
+    if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0 || (rc = ck_prepare_dir(o->dst, e)) < 0)
+        goto out;
+    struct gen g = {.seed = o->seed};
+    struct ck_reader rd = {gen_read, &g};
+    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
+    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0)
+        goto out;
+    if (o->tokenizer && (rc = copy_tokenizer(o->tokenizer, o->dst, e)) < 0)
+        goto out;
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
+    if (!cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(st->dtype))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (o->q && (rc = ck_config_set_quant(cfg, o->q, e)) < 0)
+        goto out;
+    snprintf(path, sizeof path, "%s/config.json", o->dst);
+    rc = ck_config_write(path, cfg, e);
+out:
+    ck_tensors_free(t, nt);
+    free(in);
+    st_set_free(rec);
+    cJSON_Delete(cfg);
+    return rc;
+}

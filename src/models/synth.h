@@ -1,0 +1,59 @@
+/*
+ * synth: random-weight checkpoints of any shape (`mlxcel synth`), for
+ * benchmarks at real proportions without a download.
+ *
+ * The tensor list is not written down anywhere here: synth_record runs the
+ * family's own map_weights against a recording st_set (safetensors.h), so
+ * the names and shapes are exactly what the loader asks for. synth_checkpoint
+ * then streams them through the convert pipeline (convert.h) with a seeded
+ * generator as the source: float output keeps the published per-expert
+ * layout, quantized output is the MLX layout (experts stacked by the
+ * family's expert_stacking rules), bit-identical to `mlxcel convert -q` of the
+ * float output of the same seed.
+ *
+ * Values: matrices ~ N(0, 0.02) (the HF initializer_range), norm weights 1,
+ * biases ~ N(0, 0.002); each tensor draws from its own xoshiro256** stream
+ * seeded from (seed, tensor name), so its values do not depend on the other
+ * tensors, the dtype or the layout.
+ */
+#pragma once
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/err.h"
+#include "../core/safetensors.h"
+#include "../loading/convert.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct synth_opts {
+    const char *config;              /* config.json path */
+    const char *dst;                 /* new folder (absent or empty) */
+    const struct quant_params *q;    /* NULL: float */
+    int dtype;                       /* -1: the config's torch_dtype, else BF16 */
+    uint64_t seed;
+    const char *tokenizer;           /* folder to copy tokenizer files from, or NULL */
+    ck_progress_fn progress;
+    void *progress_ud;
+};
+
+struct synth_stats {
+    struct ck_stats ck;
+    const char *family;
+    enum dtype dtype;
+};
+
+/* The tensors the family of cfg loads (F32 placeholders, name order) into a recording
+ * set *out (caller frees), and the family's ops. Config errors name the field. */
+int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops **ops, struct err *e);
+
+/* Write config.json (last), model.safetensors and the optional tokenizer files into o->dst. */
+int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif

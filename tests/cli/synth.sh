@@ -1,0 +1,89 @@
+#!/bin/sh
+# `mlxcel synth`: for the config.json of every family (the tiny golden
+# configs), float and -q checkpoints load with no unused tensor and generate;
+# output is deterministic in the seed; `synth -q` is byte-identical to
+# `convert -q` of the float synth of the same seed; --tokenizer copies the
+# tokenizer; hostile arguments are one-line errors with exit 1.
+# Usage (from the repo root): sh tests/cli/synth.sh path/to/mlxcel
+BIN=${1:?usage: synth.sh path/to/mlxcel}
+[ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
+T=$(mktemp -d) || exit 1
+trap 'rm -rf "$T"' EXIT INT TERM
+
+fail() { echo "FAIL synth: $*" >&2; exit 1; }
+run() { "$@" >"$T/out" 2>"$T/err"; rc=$?; }
+expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(cat "$T/err")"; }
+expect_error() {
+    expect_rc 1 "$1"
+    [ "$(wc -l <"$T/err")" -eq 1 ] || fail "$1: stderr is not one line: $(cat "$T/err")"
+    grep -q -- "$2" "$T/err" || fail "$1: stderr lacks '$2': $(cat "$T/err")"
+    return 0
+}
+# n_ids DIR: how many ids `generate -n 4` produced
+n_ids() { "$BIN" generate -m "$1" --prompt-ids 1,2,3 -n 4 --temp 0 --output-ids 2>"$T/gen.err" |
+    tr ',' '\n' | grep -c '[0-9]'; }
+unused() { "$BIN" inspect -m "$1" --json | tr -d ' \t\n' | grep -o '"unused_tensors":\[[^]]*\]'; }
+
+G=tests/fixtures/golden
+for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral; do
+    for q in "" "-q"; do
+        d="$T/$f$q"
+        run "$BIN" synth --config $G/$f/config.json -o "$d" $q --seed 7
+        expect_rc 0 "synth $f $q"
+        [ -s "$T/err" ] && fail "synth $f $q wrote to stderr in a pipe: $(cat "$T/err")"
+        [ "$(n_ids "$d")" -eq 4 ] || fail "synth $f $q: generate failed: $(cat "$T/gen.err")"
+        [ "$(unused "$d")" = '"unused_tensors":[]' ] || fail "synth $f $q: $(unused "$d")"
+    done
+    # the loader's view of the synthesized model has the golden model's dimensions
+    "$BIN" inspect -m "$T/$f" --json | tr -d ' \t\n' | sed 's/"path":"[^"]*",//;s/"weight_bytes":[0-9]*,//;s/"dtypes":{[^}]*},//' >"$T/a"
+    "$BIN" inspect -m $G/$f --json | tr -d ' \t\n' | sed 's/"path":"[^"]*",//;s/"weight_bytes":[0-9]*,//;s/"dtypes":{[^}]*},//;s/"files":[0-9]*/"files":1/' >"$T/b"
+    cmp -s "$T/a" "$T/b" || fail "synth $f: inspect differs from the golden model: $(cat "$T/a") vs $(cat "$T/b")"
+done
+grep -q 'gate_up_proj' "$T/phi3/model.safetensors" || fail "phi3 synth lacks the published fused gate_up_proj"
+grep -q 'switch_mlp' "$T/mixtral-q/model.safetensors" || fail "mixtral -q is not stacked"
+
+# ---- deterministic in the seed; -q equals convert -q of the float output ----
+run "$BIN" synth --config $G/phixtral/config.json -o "$T/again" --seed 7
+cmp -s "$T/again/model.safetensors" "$T/phixtral/model.safetensors" || fail "same seed, different bytes"
+run "$BIN" synth --config $G/phixtral/config.json -o "$T/seed8" --seed 8
+cmp -s "$T/seed8/model.safetensors" "$T/phixtral/model.safetensors" && fail "seed 8 gives seed 7's bytes"
+for f in phixtral mixtral; do
+    run "$BIN" convert -m "$T/$f" -o "$T/$f-conv" -q
+    expect_rc 0 "convert -q of synth $f"
+    cmp -s "$T/$f-conv/model.safetensors" "$T/$f-q/model.safetensors" || fail "$f: synth -q != convert -q of synth"
+done
+
+# ---- dtype, quantization flags, tokenizer, --json ----
+# the tokenizer's 2048 ids need a vocabulary that large
+sed 's/"vocab_size": *384/"vocab_size": 2048/' $G/llama/config.json >"$T/v2048.json"
+run "$BIN" synth --config "$T/v2048.json" -o "$T/q8" -q --q-bits 8 --q-group-size 32 --dtype f16 \
+    --tokenizer tests/fixtures/models/phixtral-tiny --json
+expect_rc 0 "synth -q 8-bit g32 f16"
+tr -d ' \t\n' <"$T/out" >"$T/flat"
+grep -q '"family":"llama"' "$T/flat" && grep -q '"dtype":"F16"' "$T/flat" && grep -q '"bits":8' "$T/flat" ||
+    fail "--json: $(cat "$T/flat")"
+cmp -s "$T/q8/tokenizer.json" tests/fixtures/models/phixtral-tiny/tokenizer.json || fail "--tokenizer"
+"$BIN" generate -m "$T/q8" -p "ROMEO:" -n 4 >/dev/null 2>"$T/err" || fail "generate from text: $(cat "$T/err")"
+tr -d ' \t\n' <"$T/q8/config.json" | grep -q '"torch_dtype":"float16"' || fail "config torch_dtype"
+
+# ---- hostile arguments ----
+run "$BIN" synth --config "$T/none.json" -o "$T/x1"
+expect_error "missing config" "none.json"
+printf '{"model_type": "gpt9"}' >"$T/bad.json"
+run "$BIN" synth --config "$T/bad.json" -o "$T/x2"
+expect_error "unknown model_type" "gpt9"
+run "$BIN" synth --config $G/llama/config.json -o "$T/x3" -q --q-bits 7
+expect_error "--q-bits 7" "bits 7"
+run "$BIN" synth --config $G/llama/config.json -o /proc/mlxcel-no/such
+expect_error "unwritable dst" "cannot create"
+run "$BIN" synth --config $G/llama/config.json -o "$T/x4" --seed -1
+expect_error "negative seed" "seed"
+sed 's/"hidden_size": *64/"hidden_size": -64/' $G/llama/config.json >"$T/neg.json"
+run "$BIN" synth --config "$T/neg.json" -o "$T/x5"
+expect_rc 1 "negative hidden_size"
+for d in x1 x2 x3 x4 x5; do [ -e "$T/$d/config.json" ] && fail "failed synth left $d/config.json"; done
+run "$BIN" synth -o "$T/x6"
+expect_rc 2 "no --config"
+run "$BIN" synth --help
+expect_rc 0 "--help"
+exit 0

@@ -1,0 +1,325 @@
+/*
+ * convert suite: the MLX checkpoint writer (src/core/st_write.c), the
+ * convert pipeline (src/loading/convert.c) and synth's tensor recording
+ * (src/models/synth.c).
+ *
+ * Bit-exactness gates: converting the committed float checkpoints must
+ * reproduce, tensor for tensor (names, dtypes, shapes, bytes) and then file
+ * for file, the MLX checkpoints mlx-lm made of them: phixtral-tiny ->
+ * phixtral-tiny-4bit (the published 4-bit/g64 upload) and golden/phixtral ->
+ * golden/phixtral_mlx (float, stacked), _q4 (4-bit/g64), _q8 (8-bit/g32).
+ * Recording: for every family's golden checkpoint, the tensors synth records
+ * from config.json alone are exactly the ones the loader consumes.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../src/core/fileio.h"
+#include "../src/core/safetensors.h"
+#include "../src/core/st_write.h"
+#include "../src/loading/config.h"
+#include "../src/loading/convert.h"
+#include "../src/models/model.h"
+#include "../src/models/registry.h"
+#include "../src/models/synth.h"
+#include "st_build.h"
+#include "test.h"
+
+/* Every tensor of want exists in got with the same dtype, shape and bytes, and vice versa. */
+static void expect_same_tensors(const char *got_path, const char *want_path)
+{
+    struct st_set *got = NULL, *want = NULL;
+    struct err e = {0};
+    if (st_set_open_file(&got, got_path, &e) < 0 || st_set_open_file(&want, want_path, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(st_set_count(got), st_set_count(want));
+    for (size_t i = 0; i < st_set_count(want); i++) {
+        const struct st_tensor *w = st_set_at(want, i), *g = st_set_find(got, w->name);
+        if (!g)
+            fail_msg("converted checkpoint lacks '%s'", w->name);
+        if (g->dtype != w->dtype || g->ndim != w->ndim)
+            fail_msg("'%s': %s %dD, want %s %dD", w->name, dtype_name(g->dtype), g->ndim,
+                     dtype_name(w->dtype), w->ndim);
+        for (int d = 0; d < w->ndim; d++)
+            if (g->shape[d] != w->shape[d])
+                fail_msg("'%s': dim %d is %lld, want %lld", w->name, d, (long long)g->shape[d],
+                         (long long)w->shape[d]);
+        size_t n = (size_t)(w->end - w->begin);
+        if (memcmp(g->data, w->data, n) != 0)
+            fail_msg("'%s': bytes differ", w->name);
+    }
+    st_set_free(got);
+    st_set_free(want);
+}
+
+static void expect_same_file(const char *a, const char *b)
+{
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    struct err e = {0};
+    if (file_read_all(a, 64u << 20, &x, &nx, &e) < 0 || file_read_all(b, 64u << 20, &y, &ny, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(nx, ny);
+    assert_memory_equal(x, y, nx);
+    free(x);
+    free(y);
+}
+
+/* Convert src with the family's rules into a fresh folder; returns it (stb_rmtree). */
+static char *convert_to_tmp(const char *src, const struct quant_params *q)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    const struct model_ops *ops = NULL;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/config.json", src);
+    assert_int_equal(cfg_load_file(path, &cfg, &e), 0);
+    assert_int_equal(registry_resolve(cfg, &ops, &e), 0);
+    cJSON_Delete(cfg);
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    struct convert_opts o = {src, dir, ops->expert_stacking, NULL, -1, q, NULL, NULL};
+    struct convert_stats st;
+    if (convert_checkpoint(&o, &st, &e) < 0)
+        fail_msg("%s", e.msg);
+    return dir;
+}
+
+static void check_conversion(const char *src, const char *want, const struct quant_params *q)
+{
+    char *dir = convert_to_tmp(test_path(src), q);
+    char want_file[4200];
+    snprintf(want_file, sizeof want_file, "%s/model.safetensors", test_path(want));
+    expect_same_tensors(stb_path(dir, "model.safetensors"), want_file);
+    expect_same_file(stb_path(dir, "model.safetensors"), want_file);
+    /* the converted folder loads, with the quantization the config now names */
+    struct model *m = NULL;
+    struct err e = {0};
+    if (model_load(&m, dir, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(m->hp.q_bits, q ? q->bits : 0);
+    assert_int_equal(st_set_n_unused(m->st), 0);
+    model_free(m);
+    stb_rmtree(dir);
+}
+
+static void test_phixtral_tiny_4bit(void **state)
+{
+    (void)state;
+    struct quant_params q = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    check_conversion("tests/fixtures/models/phixtral-tiny", "tests/fixtures/models/phixtral-tiny-4bit", &q);
+}
+
+static void test_golden_phixtral_mlx(void **state)
+{
+    (void)state;
+    struct quant_params q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU}, q8 = {QMODE_AFFINE, 8, 32, QUANT_GPU};
+    check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx", NULL);
+    check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx_q4", &q4);
+    check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx_q8", &q8);
+}
+
+/* ---- planning ---- */
+
+static const struct expert_stack_rule k_rules[] = {
+    {"l.%d.mlp.%d.fc1", "l.%d.switch.fc1"},
+    {NULL, NULL},
+};
+
+static struct ck_input in_tensor(const char *name, int ndim, int64_t d0, int64_t d1)
+{
+    struct ck_input t = {name, DTYPE_BF16, ndim, {d0, d1}, name};
+    return t;
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    struct ck_input in[] = {
+        in_tensor("l.0.mlp.1.fc1.weight", 2, 8, 64), in_tensor("l.0.mlp.0.fc1.weight", 2, 8, 64),
+        in_tensor("l.0.mlp.0.fc1.bias", 1, 8, 0),    in_tensor("l.0.mlp.1.fc1.bias", 1, 8, 0),
+        in_tensor("norm.weight", 1, 64, 0),          in_tensor("odd.weight", 2, 8, 48),
+        in_tensor("lm_head.weight", 2, 16, 64),      in_tensor("l.0.mlp.0.fc1x.weight", 2, 8, 64),
+    };
+    struct quant_params q = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    static const char *const drop[] = {"lm_head.weight", NULL};
+    struct ck_plan_opts o = {k_rules, DTYPE_F16, &q, drop};
+    struct ck_tensor *t = NULL;
+    size_t n = 0;
+    struct err e = {0};
+    assert_int_equal(ck_plan(in, 8, &o, &t, &n, &e), 0);
+    assert_int_equal(n, 5);  /* 2 stacked + norm + odd + fc1x; lm_head dropped */
+    int seen = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(t[i].dtype, DTYPE_F16);
+        if (strcmp(t[i].name, "l.0.switch.fc1.weight") == 0) {
+            seen |= 1;
+            assert_int_equal(t[i].n_parts, 2);
+            assert_int_equal(t[i].ndim, 3);
+            assert_true(t[i].shape[0] == 2 && t[i].shape[1] == 8 && t[i].shape[2] == 64);
+            assert_string_equal((const char *)t[i].parts[0], "l.0.mlp.0.fc1.weight");
+            assert_true(t[i].quantize);
+        } else if (strcmp(t[i].name, "l.0.switch.fc1.bias") == 0) {
+            seen |= 2;
+            assert_false(t[i].quantize);  /* .bias vectors never */
+        } else if (strcmp(t[i].name, "norm.weight") == 0 || strcmp(t[i].name, "odd.weight") == 0) {
+            seen |= 4;
+            assert_false(t[i].quantize);  /* 1-D, and 48 % 64 */
+        } else {
+            assert_string_equal(t[i].name, "l.0.mlp.0.fc1x.weight");  /* not a rule match */
+            assert_true(t[i].quantize);
+        }
+    }
+    assert_int_equal(seen, 7);
+    ck_tensors_free(t, n);
+
+    /* expert 1 alone: expert 0 is missing */
+    assert_int_equal(ck_plan(in, 1, &o, &t, &n, &e), -ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "expert 0"));
+    /* experts of different shapes */
+    struct ck_input bad[] = {in_tensor("l.3.mlp.0.fc1.weight", 2, 8, 64),
+                             in_tensor("l.3.mlp.1.fc1.weight", 2, 8, 128)};
+    assert_int_equal(ck_plan(bad, 2, &o, &t, &n, &e), -ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "l.3.mlp.1.fc1.weight"));
+}
+
+/* ---- writer ---- */
+
+static void test_st_write(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    const char *path = stb_path(dir, "w.safetensors");
+    const float a[3] = {1.0f, -2.0f, 0.5f};
+    const uint8_t b[5] = {1, 2, 3, 4, 5};
+    struct st_wentry ents[] = {
+        {"b\"q", DTYPE_U8, 1, {5}},
+        {"a", DTYPE_F32, 2, {1, 3}},
+    };
+    struct st_writer *w = NULL;
+    struct err e = {0};
+    assert_int_equal(st_writer_open(&w, path, ents, 2, &e), 0);
+    assert_int_equal(st_writer_cursor(w), 0);
+    assert_int_equal(st_writer_write(w, b, 2, &e), 0);
+    assert_int_equal(st_writer_write(w, b + 2, 3, &e), 0);
+    assert_int_equal(st_writer_cursor(w), 1);
+    assert_int_equal(access(path, F_OK), -1);  /* only PATH.tmp exists before close */
+    assert_int_equal(st_writer_write(w, a, sizeof a, &e), 0);
+    assert_int_equal(st_writer_write(w, a, 1, &e), -ERR_INTERNAL);  /* past the end */
+    assert_int_equal(st_writer_close(w, &e), 0);
+
+    struct st_set *s = NULL;
+    if (st_set_open_file(&s, path, &e) < 0)
+        fail_msg("%s", e.msg);
+    const struct st_tensor *ta = st_set_find(s, "a"), *tb = st_set_find(s, "b\"q");
+    assert_true(ta && tb);
+    assert_memory_equal(ta->data, a, sizeof a);
+    assert_memory_equal(tb->data, b, sizeof b);
+    assert_int_equal(((uintptr_t)ta->data - (uintptr_t)tb->data), 5);  /* data in entry order */
+    st_set_free(s);
+
+    /* the header is padded so the data section starts 8-byte aligned */
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(file_read_all(path, 1 << 20, &buf, &len, &e), 0);
+    uint64_t hl = 0;
+    memcpy(&hl, buf, 8);
+    assert_int_equal(hl % 8, 0);
+    assert_int_equal(len, 8 + hl + 5 + 12);
+    assert_non_null(strstr(buf + 8, "\"__metadata__\":{\"format\":\"mlx\"}}"));
+    free(buf);
+
+    /* too few bytes: close fails and leaves nothing behind */
+    const char *p2 = stb_path(dir, "short.safetensors");
+    assert_int_equal(st_writer_open(&w, p2, ents, 2, &e), 0);
+    assert_int_equal(st_writer_write(w, b, 5, &e), 0);
+    assert_int_equal(st_writer_close(w, &e), -ERR_INTERNAL);
+    assert_int_equal(access(p2, F_OK), -1);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p2);
+    assert_int_equal(access(tmp, F_OK), -1);
+
+    /* bad entry lists */
+    struct st_wentry dup[] = {{"x", DTYPE_F32, 1, {1}}, {"x", DTYPE_F32, 1, {2}}};
+    assert_int_equal(st_writer_open(&w, p2, dup, 2, &e), -ERR_ARG);
+    assert_non_null(strstr(e.msg, "duplicate"));
+    struct st_wentry neg[] = {{"x", DTYPE_F32, 2, {-1, 4}}};
+    assert_int_equal(st_writer_open(&w, p2, neg, 1, &e), -ERR_ARG);
+    struct st_wentry meta[] = {{"__metadata__", DTYPE_F32, 1, {1}}};
+    assert_int_equal(st_writer_open(&w, p2, meta, 1, &e), -ERR_ARG);
+    assert_int_equal(st_writer_open(&w, "/nonexistent-dir/x.safetensors", ents, 2, &e), -ERR_IO);
+    stb_rmtree(dir);
+}
+
+/* ---- synth recording ---- */
+
+/* The recorded tensors of a golden config == the tensors the loader consumes from the
+ * golden checkpoint (names and shapes; float layout). */
+static void check_recording(const char *family_dir)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    struct st_set *rec = NULL;
+    const struct model_ops *ops = NULL;
+    struct model *m = NULL;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/config.json", test_path(family_dir));
+    assert_int_equal(cfg_load_file(path, &cfg, &e), 0);
+    if (synth_record(cfg, &rec, &ops, &e) < 0)
+        fail_msg("%s: %s", family_dir, e.msg);
+    cJSON_Delete(cfg);
+    if (model_load(&m, test_path(family_dir), &e) < 0)
+        fail_msg("%s", e.msg);
+    size_t n_consumed = 0;
+    for (size_t i = 0; i < st_set_count(m->st); i++) {
+        const struct st_tensor *t = st_set_at(m->st, i), *r = st_set_find(rec, t->name);
+        if (!t->consumed || (m->hp.tie_embd && strcmp(t->name, "lm_head.weight") == 0))
+            continue;
+        n_consumed++;
+        if (!r)
+            fail_msg("%s: '%s' is loaded but was not recorded", family_dir, t->name);
+        assert_int_equal(r->ndim, t->ndim);
+        for (int d = 0; d < t->ndim; d++)
+            assert_int_equal(r->shape[d], t->shape[d]);
+    }
+    assert_int_equal(st_set_count(rec), n_consumed);
+    assert_int_equal(st_set_n_unused(rec), 0);
+    model_free(m);
+    st_set_free(rec);
+}
+
+static void test_synth_record(void **state)
+{
+    (void)state;
+    static const char *const fams[] = {"llama", "qwen2", "qwen3", "phi", "phi3", "mixtral", "phimoe",
+                                       "phixtral"};
+    char dir[64];
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        snprintf(dir, sizeof dir, "tests/fixtures/golden/%s", fams[i]);
+        check_recording(dir);
+    }
+    /* a recording set refuses impossible shapes and works only in recording mode */
+    struct st_set *rec = NULL;
+    struct err e = {0};
+    int64_t bad[2] = {4, 0}, ok[2] = {4, 8};
+    assert_int_equal(st_set_new_recording(&rec, NULL, &e), 0);
+    assert_true(st_set_is_recording(rec));
+    assert_int_equal(st_set_record(rec, "x", DTYPE_F32, 2, bad, &e), -ERR_RANGE);
+    assert_int_equal(st_set_record(rec, "y", DTYPE_F32, 2, ok, &e), 0);
+    assert_int_equal(st_set_record(rec, "y", DTYPE_F32, 2, ok, &e), 0);
+    assert_int_equal(st_set_count(rec), 1);
+    st_set_free(rec);
+}
+
+static const struct CMUnitTest convert_tests[] = {
+    cmocka_unit_test(test_phixtral_tiny_4bit),
+    cmocka_unit_test(test_golden_phixtral_mlx),
+    cmocka_unit_test(test_plan),
+    cmocka_unit_test(test_st_write),
+    cmocka_unit_test(test_synth_record),
+};
+
+TEST_SUITE(convert, convert_tests);
