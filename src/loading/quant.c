@@ -42,6 +42,9 @@ void qmode_defaults(enum qmode m, int *group, int *bits)
 
 int qparams_validate(const struct qparams *p, struct err *e)
 {
+    if ((int)p->mode < 0 || (int)p->mode >= N_MODES)
+        return err_setf(e, ERR_CONFIG, "quantization mode %d is not one of affine, mxfp4, mxfp8, nvfp4",
+                        (int)p->mode);
     if (p->mode == QMODE_AFFINE) {
         int b = p->bits, g = p->group;
         if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8)
