@@ -16,7 +16,10 @@
  * since it was pushed is stale and skipped when popped. That is
  * O(n log n) per word, so a 1 MB word without spaces stays fast.
  * With ignore_merges (Llama 3), a word that is itself a vocab piece is
- * emitted as one token without merging.
+ * emitted as one token without merging. continuing_subword_prefix and
+ * end_of_word_suffix (subword-nmt style vocabs) are added to characters
+ * before lookup, and a merge's result is "a" + "b" without b's prefix, as
+ * in HF. dropout is ignored: inference is deterministic.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,30 +45,43 @@ struct bpe_cand {
 
 /* ---- load ---- */
 
-/* Accepts a null or empty-string option; anything else is unsupported. */
-static int check_empty_opt(const cJSON *model, const char *key, struct err *e)
-{
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(model, key);
-    if (!j || cJSON_IsNull(j) || (cJSON_IsString(j) && j->valuestring[0] == '\0'))
-        return 0;
-    return err_setf(e, ERR_UNSUPPORTED, "model.%s is set; BPE affixes are not supported", key);
-}
-
 static bool opt_bool(const cJSON *obj, const char *key, bool dflt)
 {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, key);
     return cJSON_IsBool(j) ? cJSON_IsTrue(j) : dflt;
 }
 
+/* Copies an optional affix string (null or absent: ""). */
+static int load_affix(const cJSON *model, const char *key, char *out, size_t *len, struct err *e)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(model, key);
+    *len = 0;
+    out[0] = '\0';
+    if (!j || cJSON_IsNull(j))
+        return 0;
+    if (!cJSON_IsString(j))
+        return err_setf(e, ERR_FORMAT, "model.%s: expected a string or null", key);
+    size_t n = strlen(j->valuestring);
+    if (n > TOK_AFFIX_MAX)
+        return err_setf(e, ERR_UNSUPPORTED, "model.%s: %zu bytes (max %d)", key, n, TOK_AFFIX_MAX);
+    memcpy(out, j->valuestring, n + 1);
+    *len = n;
+    return 0;
+}
+
 static int load_options(struct tok_bpe *b, const cJSON *model, struct err *e)
 {
     int rc;
+    /* dropout only matters for training-time sampling; HF's encode with
+     * dropout set is random, and inference checkpoints leave it null. It is
+     * ignored here (deterministic merges), but must still be a probability. */
     const cJSON *dropout = cJSON_GetObjectItemCaseSensitive(model, "dropout");
-    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
-        return err_setf(e, ERR_UNSUPPORTED, "model.dropout is set; BPE dropout is not supported");
-    if ((rc = check_empty_opt(model, "continuing_subword_prefix", e)) < 0)
+    if (dropout && !cJSON_IsNull(dropout) &&
+        !(cJSON_IsNumber(dropout) && dropout->valuedouble >= 0 && dropout->valuedouble <= 1))
+        return err_setf(e, ERR_FORMAT, "model.dropout: expected null or a number in [0, 1]");
+    if ((rc = load_affix(model, "continuing_subword_prefix", b->prefix, &b->prefix_len, e)) < 0)
         return rc;
-    if ((rc = check_empty_opt(model, "end_of_word_suffix", e)) < 0)
+    if ((rc = load_affix(model, "end_of_word_suffix", b->suffix, &b->suffix_len, e)) < 0)
         return rc;
     b->fuse_unk = opt_bool(model, "fuse_unk", false);
     b->byte_fallback = opt_bool(model, "byte_fallback", false);
@@ -96,6 +112,8 @@ static int load_vocab(struct tokenizer *t, const cJSON *vocab, struct err *e)
         if (t->entry[id].flags & TOK_E_MODEL)
             return err_setf(e, ERR_FORMAT, "model.vocab: id %d used twice ('%.64s')", id,
                             it->string);
+        if (tok_utf8_check(it->string, len) != len)
+            return err_setf(e, ERR_FORMAT, "model.vocab id %d: piece is not valid UTF-8", id);
         uint32_t off;
         if ((rc = tok_pool_add(&t->pool, it->string, len, &off, e)) < 0)
             return rc;
@@ -158,6 +176,14 @@ static int load_merges(struct tokenizer *t, const cJSON *merges, struct err *e)
         if (ia < 0 || ib < 0)
             return err_setf(e, ERR_FORMAT, "model.merges[%zu]: '%.64s' is not in the vocab", i,
                             ia < 0 ? sa : sb);
+        /* HF drops the continuing_subword_prefix of the right part. */
+        if (b->prefix_len) {
+            if (lb < b->prefix_len || memcmp(sb, b->prefix, b->prefix_len) != 0)
+                return err_setf(e, ERR_FORMAT, "model.merges[%zu]: '%.64s' lacks the prefix '%s'",
+                                i, sb, b->prefix);
+            sb += b->prefix_len;
+            lb -= b->prefix_len;
+        }
         /* Both parts are vocab pieces, so each is <= TOK_PIECE_MAX bytes. */
         memcpy(buf, sa, la);
         memcpy(buf + la, sb, lb);
@@ -238,30 +264,70 @@ static size_t char_len(unsigned char c)
     return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }
 
-/* Splits w into initial symbols; returns their count. */
+/* Looks up one character c (cl bytes) of a word with the affixes HF adds:
+ * the prefix unless it is the first character, the suffix when it is the
+ * last. The affixed string goes to key (*klen bytes). */
+static int32_t char_lookup(const struct tokenizer *t, const char *c, size_t cl, bool first,
+                           bool last, char *key, size_t *klen)
+{
+    const struct tok_bpe *b = &t->bpe;
+    size_t n = 0;
+    if (!first && b->prefix_len) {
+        memcpy(key, b->prefix, b->prefix_len);
+        n = b->prefix_len;
+    }
+    memcpy(key + n, c, cl);
+    n += cl;
+    if (last && b->suffix_len) {
+        memcpy(key + n, b->suffix, b->suffix_len);
+        n += b->suffix_len;
+    }
+    *klen = n;
+    return vocab_get(t, key, n);
+}
+
+/* Splits w into initial symbols; returns their count. As HF: a character
+ * not in the vocab becomes the <0xXX> tokens of its (affixed) bytes with
+ * byte_fallback, else unk (one per run of unknown characters with
+ * fuse_unk), else nothing. A pending unk is written out only when the next
+ * known character comes (or at the end), so a byte-fallback character
+ * right after an unknown one lands before its unk, exactly as HF orders it. */
 static size_t initial_symbols(const struct tokenizer *t, struct bpe_sym *sym, const char *w,
                               size_t len)
 {
     const struct tok_bpe *b = &t->bpe;
-    size_t n = 0;
+    char key[TOK_AFFIX_MAX * 2 + 8];
+    size_t n = 0, klen;
+    bool unk_pending = false;
     for (size_t i = 0; i < len;) {
         size_t cl = char_len((unsigned char)w[i]);
         if (cl > len - i)
             cl = len - i;
-        int32_t id = vocab_get(t, w + i, cl);
-        bool fallback = id < 0 && b->byte_fallback;
-        for (size_t k = 0; fallback && k < cl; k++)
-            fallback = b->byte_tok[(unsigned char)w[i + k]] >= 0;
-        if (id >= 0) {
-            sym[n++].id = id;
-        } else if (fallback) {
-            for (size_t k = 0; k < cl; k++)
-                sym[n++].id = b->byte_tok[(unsigned char)w[i + k]];
-        } else if (b->unk_id >= 0 && !(b->fuse_unk && n > 0 && sym[n - 1].id == b->unk_id)) {
-            sym[n++].id = b->unk_id;
-        }
+        int32_t id = char_lookup(t, w + i, cl, i == 0, i + cl == len, key, &klen);
         i += cl;
+        if (id >= 0) {
+            if (unk_pending)
+                sym[n++].id = b->unk_id;
+            unk_pending = false;
+            sym[n++].id = id;
+            continue;
+        }
+        bool fallback = b->byte_fallback;
+        for (size_t k = 0; fallback && k < klen; k++)
+            fallback = b->byte_tok[(unsigned char)key[k]] >= 0;
+        if (fallback) {
+            for (size_t k = 0; k < klen; k++)
+                sym[n++].id = b->byte_tok[(unsigned char)key[k]];
+            continue;
+        }
+        if (b->unk_id < 0)
+            continue;
+        if (unk_pending && !b->fuse_unk)
+            sym[n++].id = b->unk_id;
+        unk_pending = true;
     }
+    if (unk_pending)
+        sym[n++].id = b->unk_id;
     for (size_t k = 0; k < n; k++) {
         sym[k].prev = (int32_t)k - 1;
         sym[k].next = k + 1 < n ? (int32_t)k + 1 : -1;
@@ -330,7 +396,9 @@ int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const cha
         if (id >= 0)
             return tok_ids_push(out, id, e);
     }
-    if ((rc = scratch_reserve(s, len, e)) < 0)
+    /* Byte fallback turns a character into up to its affixed bytes. */
+    size_t cap = len * (1 + t->bpe.prefix_len) + t->bpe.suffix_len + 1;
+    if ((rc = scratch_reserve(s, cap, e)) < 0)
         return rc;
     struct bpe_sym *sym = s->sym;
     size_t n = initial_symbols(t, sym, w, len), nh = 0;

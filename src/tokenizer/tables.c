@@ -291,3 +291,30 @@ void tok_bytelevel_init(struct tok_bytelevel *bl)
         bl->dec[cp] = (int16_t)b;
     }
 }
+
+/* ---- byte buffer ---- */
+
+int tok_buf_put(struct tok_buf *b, const char *s, size_t n, struct err *e)
+{
+    /* Every buffer holds text derived from one bounded input; 4x the text
+     * limit leaves room for legitimate growth (byte-level mapping doubles,
+     * U+FFFD triples) and stops runaway rewrites. */
+    if (n > TOK_TEXT_MAX * 4 || b->n + n > TOK_TEXT_MAX * 4)
+        return err_setf(e, ERR_RANGE, "tokenizer: intermediate text over %zu bytes",
+                        TOK_TEXT_MAX * 4);
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np)
+            return err_setf(e, ERR_NOMEM, "tokenizer: buffer of %zu bytes", cap);
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}

@@ -108,12 +108,16 @@ static int load_added_one(struct tokenizer *t, const cJSON *it, size_t i, struct
     if (len > TOK_PIECE_MAX)
         return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: content of %zu bytes (max %d)", i, len,
                         TOK_PIECE_MAX);
+    if (tok_utf8_check(c->valuestring, len) != len)
+        return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: content is not valid UTF-8", i);
     if (t->entry[id].flags & TOK_E_ADDED)
         return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: id %d used twice", i, id);
     if ((rc = tok_pool_add(&t->pool, c->valuestring, len, &a->off, e)) < 0)
         return rc;
     a->id = id;
     a->len = (uint32_t)len;
+    a->moff = a->off;
+    a->mlen = a->len;
     a->special = flag(it, "special", false);
     a->lstrip = flag(it, "lstrip", false);
     a->rstrip = flag(it, "rstrip", false);
@@ -153,8 +157,8 @@ static int build_set(struct tokenizer *t, struct tok_added_set *set, bool norm, 
     }
     for (size_t i = 0; i < t->n_added; i++) {
         const struct tok_added *a = &t->added[i];
-        if (a->normalized == norm)
-            k[n++] = (struct added_key){(unsigned char)t->pool.buf[a->off], a->len, (uint32_t)i};
+        if (a->normalized == norm && a->mlen > 0)
+            k[n++] = (struct added_key){(unsigned char)t->pool.buf[a->moff], a->mlen, (uint32_t)i};
     }
     qsort(k, n, sizeof *k, added_key_cmp);
     memset(set->start, 0, sizeof set->start);
@@ -185,7 +189,35 @@ static int load_added(struct tokenizer *t, const cJSON *added, struct err *e)
         if ((rc = load_added_one(t, it, i++, e)) < 0)
             return rc;
     }
-    if ((rc = build_set(t, &t->added_raw, false, e)) < 0)
+    return 0;
+}
+
+/* Normalized added tokens are matched in normalized text, so (as HF does
+ * since 0.20) their content is normalized once here; then both match sets
+ * are built. Runs after the normalizer is loaded. */
+static int index_added(struct tokenizer *t, struct err *e)
+{
+    int rc = 0;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md)
+        return err_setf(e, ERR_NOMEM, "added tokens: PCRE2 match data");
+    for (size_t i = 0; i < t->n_added && t->norm.n > 0 && rc == 0; i++) {
+        struct tok_added *a = &t->added[i];
+        char *ns = NULL;
+        size_t nlen = 0;
+        if (!a->normalized)
+            continue;
+        if ((rc = tok_norm_apply(t, md, t->pool.buf + a->off, a->len, &ns, &nlen, e)) < 0)
+            break;
+        if (nlen > TOK_PIECE_MAX)
+            rc = err_setf(e, ERR_FORMAT, "added_tokens[%zu]: normalized content over %d bytes", i,
+                          TOK_PIECE_MAX);
+        else if ((rc = tok_pool_add(&t->pool, ns, nlen, &a->moff, e)) == 0)
+            a->mlen = (uint32_t)nlen;
+        free(ns);
+    }
+    pcre2_match_data_free(md);
+    if (rc < 0 || (rc = build_set(t, &t->added_raw, false, e)) < 0)
         return rc;
     return build_set(t, &t->added_norm, true, e);
 }
@@ -318,6 +350,8 @@ static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, struct er
         return rc;
     if ((rc = tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), e)) < 0)
         return rc;
+    if ((rc = index_added(t, e)) < 0)
+        return rc;
     if ((rc = tok_pretok_load(&t->pretok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
                               e)) < 0)
         return rc;
@@ -419,6 +453,8 @@ void tok_free(struct tokenizer *t)
         return;
     tok_bpe_deinit(&t->bpe);
     tok_pretok_deinit(&t->pretok);
+    tok_norm_deinit(&t->norm);
+    tok_decoder_deinit(&t->dec);
     tok_pool_deinit(&t->pool);
     free(t->entry);
     free(t->added);
