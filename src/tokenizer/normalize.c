@@ -301,16 +301,8 @@ static int apply_replace(const struct tok_norm_step *st, pcre2_match_data *md, c
     return tok_buf_put(o, s + copied, len - copied, e);
 }
 
-static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, struct tok_buf *o,
-                         struct err *e)
+static int map_unicode(int opt, const char *s, size_t len, struct tok_buf *o, struct err *e)
 {
-    int opt = UTF8PROC_STABLE;
-    switch (kind) {
-    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-    }
     uint8_t *next = NULL;
     utf8proc_ssize_t n = utf8proc_map((const uint8_t *)s, (utf8proc_ssize_t)len, &next,
                                       (utf8proc_option_t)opt);
@@ -320,6 +312,40 @@ static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, str
     int rc = tok_buf_put(o, (const char *)next, (size_t)n, e);
     free(next);
     return rc;
+}
+
+/* NFC/NFD/NFKC/NFKD. ASCII is invariant under all four, and a boundary
+ * just before an ASCII character never interacts with what precedes it (an
+ * ASCII character is a starter and never the second half of a
+ * composition), so only the stretches from the character before a
+ * non-ASCII run up to the next ASCII character go through utf8proc. Mostly
+ * ASCII text (code, English) is then a copy. */
+static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, struct tok_buf *o,
+                         struct err *e)
+{
+    int opt = UTF8PROC_STABLE, rc;
+    switch (kind) {
+    case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    size_t pos = 0;
+    while (pos < len) {
+        size_t q = pos;
+        while (q < len && (unsigned char)s[q] < 0x80)
+            q++;
+        if (q == len)
+            return tok_buf_put(o, s + pos, len - pos, e);
+        size_t cs = q > pos ? q - 1 : q, k = q;
+        while (k < len && (unsigned char)s[k] >= 0x80)
+            k++;
+        if ((rc = tok_buf_put(o, s + pos, cs - pos, e)) < 0 ||
+            (rc = map_unicode(opt, s + cs, k - cs, o, e)) < 0)
+            return rc;
+        pos = k;
+    }
+    return tok_buf_put(o, "", 0, e);
 }
 
 static int apply_step(const struct tokenizer *t, const struct tok_norm_step *st,
