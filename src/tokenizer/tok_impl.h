@@ -56,12 +56,14 @@ struct tok_pool {
     size_t n, cap;
 };
 int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, struct err *e);
+/* Makes room for extra more bytes (one realloc instead of many doublings). */
+int tok_pool_reserve(struct tok_pool *p, size_t extra, struct err *e);
 void tok_pool_deinit(struct tok_pool *p);
 
 uint32_t tok_hash_str(const char *s, size_t len);
 
 /* Open-addressing map from a pooled string to an id. Sized once at init for
- * n_max keys (load <= 1/2), so puts never rehash. */
+ * n_max keys (load <= 2/3), so puts never rehash. */
 struct tok_strslot {
     uint32_t hash;
     int32_t id;   /* -1 = empty */
@@ -115,6 +117,31 @@ struct tok_ids {
     size_t n, cap;
 };
 int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
+
+/* ---- JSON spans (jscan.c) ---- */
+
+/* A byte range of the tokenizer.json text. */
+struct tok_span {
+    const char *p;  /* NULL: absent */
+    size_t len;
+};
+/* A read position in a span. */
+struct tok_jcur {
+    const char *p, *end;
+};
+/* Finds the values of the top-level "model" object's "vocab" and "merges"
+ * (first occurrences; p = NULL when absent). Returns 0, or -1 when the
+ * text is not well-formed enough to walk (cJSON then reports where). */
+int tok_json_model_spans(const char *text, size_t len, struct tok_span *vocab,
+                         struct tok_span *merges);
+/* Skips whitespace and consumes ch when it comes next. */
+bool tok_json_lit(struct tok_jcur *c, char ch);
+/* Skips whitespace; true when ch comes next (not consumed). */
+bool tok_json_peek(struct tok_jcur *c, char ch);
+/* Reads a JSON string into o (reset first, NUL-terminated), unescaped.
+ * Errors: ERR_FORMAT (message without position; the caller adds it). */
+int tok_json_string(struct tok_jcur *c, struct tok_buf *o, struct err *e);
+int tok_json_number(struct tok_jcur *c, double *v, struct err *e);
 
 /* ---- UTF-8 (tables.c) ---- */
 
@@ -186,10 +213,26 @@ struct tok_bpe_scratch {
 };
 void tok_bpe_scratch_deinit(struct tok_bpe_scratch *s);
 
+/* model.vocab as read from its span: the pieces are in the tokenizer's pool. */
+struct tok_vlist {
+    uint32_t *off, *len;
+    int32_t *id;
+    size_t n;
+    int32_t max_id;
+};
+void tok_vlist_deinit(struct tok_vlist *v);
+
 struct tokenizer;
-/* Reads model.vocab and model.merges into t->bpe and the id table (which
- * tok_load sized beforehand). Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
-int tok_bpe_load(struct tokenizer *t, const cJSON *model, struct err *e);
+/* Reads the model.vocab object at sp into v (pieces into t's pool), checking
+ * ids are integers in [0, 2^24) and pieces valid UTF-8 of at most
+ * TOK_PIECE_MAX bytes. Errors: ERR_FORMAT (with the byte offset), ERR_NOMEM. */
+int tok_bpe_read_vocab(struct tokenizer *t, struct tok_span sp, struct tok_vlist *v,
+                       struct err *e);
+/* Fills t->bpe from the model options (cJSON), the vocab list and the
+ * model.merges span, and the id table (which tok_load sized beforehand).
+ * Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
+int tok_bpe_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist *v,
+                 struct tok_span merges, struct err *e);
 void tok_bpe_deinit(struct tok_bpe *b);
 /* Appends the ids of one pre-tokenized word (already in the vocab's
  * alphabet, e.g. byte-level mapped) to out. */

@@ -2,11 +2,13 @@
  * tokenizer: loading a Hugging Face tokenizer.json (+ tokenizer_config.json)
  * into an immutable struct tokenizer, and the small accessors.
  *
- * Load order: read the file (size-capped) and parse it with cJSON; scan
- * model.vocab and added_tokens once for the highest id so the id table can
- * be allocated in one piece; then each stage loads its own section (model:
- * bpe.c, normalizer and pre_tokenizer: pretok.c, decoder: decode.c; added
- * tokens and post_processor here). tokenizer_config.json only contributes
+ * Load order: read the file (size-capped); find model.vocab and
+ * model.merges in the raw text and read them with jscan.c (90% of the file,
+ * far cheaper than a cJSON tree), parse the rest with cJSON; size the id
+ * table from the vocab and added_tokens ids so it is allocated in one
+ * piece; then each stage loads its own section (model: bpe.c, normalizer:
+ * normalize.c, pre_tokenizer: pretok.c, decoder: decode.c; added tokens
+ * and post_processor here). tokenizer_config.json only contributes
  * bos/eos and add_bos_token/add_eos_token. Every section is validated as
  * hostile input: ids in [0, 2^24), pieces <= TOK_PIECE_MAX bytes, duplicate
  * ids or pieces rejected, unknown component types -> ERR_UNSUPPORTED.
@@ -24,15 +26,12 @@
 
 /* ---- file reading ---- */
 
-/* Reads and parses a JSON file; *root is owned by the caller. */
-static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
+/* Parses text as one JSON object; *root is owned by the caller. */
+static int parse_json_text(const char *path, const char *text, size_t len, cJSON **root,
+                           struct err *e)
 {
-    char *text = NULL;
-    size_t len = 0;
     const char *end = NULL;
-    int rc = file_read_all(path, max, &text, &len, e);
-    if (rc < 0)
-        return rc;
+    int rc = 0;
     *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!*root) {
         size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
@@ -42,7 +41,58 @@ static int parse_json_file(const char *path, size_t max, cJSON **root, struct er
         cJSON_Delete(*root);
         *root = NULL;
     }
+    return rc;
+}
+
+/* Reads and parses a JSON file; *root is owned by the caller. */
+static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = file_read_all(path, max, &text, &len, e);
+    if (rc < 0)
+        return rc;
+    rc = parse_json_text(path, text, len, root, e);
     free(text);
+    return rc;
+}
+
+/* Parses tokenizer.json: model.vocab and model.merges are located in the
+ * raw text (spans into *text, which the caller frees) and left out of the
+ * compact copy cJSON parses (each replaced by an empty {} or []), so the
+ * tree holds only the small sections. */
+static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
+                                struct tok_span *spans, struct err *e)
+{
+    size_t len = 0, n = 0;
+    int rc = file_read_all(path, TOK_JSON_MAX, text, &len, e);
+    if (rc < 0)
+        return rc;
+    if (tok_json_model_spans(*text, len, &spans[0], &spans[1]) < 0) {
+        spans[0] = spans[1] = (struct tok_span){0};
+        return parse_json_text(path, *text, len, root, e);  /* reports the error */
+    }
+    char *compact = malloc(len + 1);
+    if (!compact)
+        return err_setf(e, ERR_NOMEM, "%s: %zu bytes", path, len);
+    /* spans in text order; a value that is not an object/array stays as is */
+    int first = spans[1].p && (!spans[0].p || spans[1].p < spans[0].p) ? 1 : 0;
+    const char *from = *text;
+    for (int k = 0; k < 2; k++) {
+        const struct tok_span *sp = &spans[k == 0 ? first : 1 - first];
+        char open = sp->p ? sp->p[0] : 0;
+        if (open != '{' && open != '[')
+            continue;
+        memcpy(compact + n, from, (size_t)(sp->p - from));
+        n += (size_t)(sp->p - from);
+        compact[n++] = open;
+        compact[n++] = open == '{' ? '}' : ']';
+        from = sp->p + sp->len;
+    }
+    memcpy(compact + n, from, (size_t)(*text + len - from));
+    n += (size_t)(*text + len - from);
+    rc = parse_json_text(path, compact, n, root, e);
+    free(compact);
     return rc;
 }
 
@@ -60,19 +110,13 @@ static int check_id(const cJSON *v, const char *what, int32_t *max_id, struct er
 }
 
 /* Sizes and allocates t->entry from the ids in model.vocab and added_tokens. */
-static int alloc_ids(struct tokenizer *t, const cJSON *vocab, const cJSON *added, struct err *e)
+static int alloc_ids(struct tokenizer *t, const struct tok_vlist *vocab, const cJSON *added,
+                     struct err *e)
 {
-    int32_t max_id = -1;
-    size_t n_entries = 0;
+    int32_t max_id = vocab->max_id;
+    size_t n_entries = vocab->n;
     const cJSON *it;
     int rc;
-    if (!cJSON_IsObject(vocab) || !vocab->child)
-        return err_setf(e, ERR_FORMAT, "model.vocab: missing or empty");
-    cJSON_ArrayForEach(it, vocab) {
-        if ((rc = check_id(it, "model.vocab", &max_id, e)) < 0)
-            return rc;
-        n_entries++;
-    }
     cJSON_ArrayForEach(it, added) {
         if ((rc = check_id(cJSON_GetObjectItemCaseSensitive(it, "id"), "added_tokens", &max_id, e)) < 0)
             return rc;
@@ -321,10 +365,14 @@ static int load_post(struct tokenizer *t, const cJSON *j, int depth, struct err 
 
 /* ---- tokenizer.json ---- */
 
-static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
+/* The model section: options from the cJSON tree, vocab and merges from
+ * their spans in the raw text (jscan.c). */
+static int load_model(struct tokenizer *t, const cJSON *root, const struct tok_span *spans,
+                      struct err *e)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    struct tok_vlist vl = {0};
     int rc;
     if (!cJSON_IsObject(model))
         return err_setf(e, ERR_FORMAT, "missing \"model\" object");
@@ -336,17 +384,19 @@ static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
         return err_setf(e, ERR_UNSUPPORTED, "model type '%.64s' is not supported (only BPE)", ty);
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
-    if ((rc = alloc_ids(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, e)) < 0)
-        return rc;
-    if ((rc = tok_bpe_load(t, model, e)) < 0)
-        return rc;
-    return load_added(t, added, e);
+    if ((rc = tok_bpe_read_vocab(t, spans[0], &vl, e)) == 0 &&
+        (rc = alloc_ids(t, &vl, added, e)) == 0 &&
+        (rc = tok_bpe_load(t, model, &vl, spans[1], e)) == 0)
+        rc = load_added(t, added, e);
+    tok_vlist_deinit(&vl);
+    return rc;
 }
 
-static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, struct err *e)
+static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, const struct tok_span *spans,
+                               struct err *e)
 {
     int rc;
-    if ((rc = load_model(t, root, e)) < 0)
+    if ((rc = load_model(t, root, spans, e)) < 0)
         return rc;
     if ((rc = tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), e)) < 0)
         return rc;
@@ -403,6 +453,8 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
                    struct err *e)
 {
     cJSON *root = NULL, *cfg = NULL;
+    char *text = NULL;
+    struct tok_span spans[2] = {{0}};
     int rc;
     *out = NULL;
     struct tokenizer *t = calloc(1, sizeof *t);
@@ -410,9 +462,9 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
         return err_setf(e, ERR_NOMEM, "tokenizer");
     t->bos_id = t->eos_id = -1;
     tok_bytelevel_init(&t->bl);
-    if ((rc = parse_json_file(tokenizer_json, TOK_JSON_MAX, &root, e)) < 0)
+    if ((rc = parse_tokenizer_json(tokenizer_json, &text, &root, spans, e)) < 0)
         goto fail;
-    if ((rc = load_tokenizer_json(t, root, e)) < 0) {
+    if ((rc = load_tokenizer_json(t, root, spans, e)) < 0) {
         err_prefix(e, "%s", tokenizer_json);
         goto fail;
     }
@@ -424,11 +476,13 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
             goto fail;
         }
     }
+    free(text);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     *out = t;
     return 0;
 fail:
+    free(text);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     tok_free(t);
