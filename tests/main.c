@@ -23,6 +23,7 @@
     X(golden)     \
     X(sampler)    \
     X(models)     \
+    X(tokenizer_parts) \
     X(tokenizer)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -28,9 +28,11 @@
  * leading space) treat a token the same way in both decodes, so the pieces
  * concatenate to tok_decode's text. The window is bounded: after
  * TOK_STREAM_WINDOW ids without a complete character (only for invalid
- * byte runs) the text so far is emitted as it is; that, and a ByteFallback
- * run that is invalid only as a whole, are the only cases where the stream
- * can differ from tok_decode.
+ * byte runs) the text so far is emitted as it is. For the stream, an
+ * invalid ByteFallback run is replaced per maximal invalid subpart rather
+ * than HF's one U+FFFD per byte of the whole run, so that a character
+ * already emitted is never taken back; these two are the only cases where
+ * the stream can differ from tok_decode, and only for invalid byte runs.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -331,19 +333,25 @@ static int byte_token(const char *p, size_t len)
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-static int flush_bytes(struct tlist *o, const unsigned char *b, size_t n, struct err *e)
+/* A finished run of byte tokens: one token of its text when valid, else
+ * (as HF) one U+FFFD per byte, or, for the stream (lossy), the maximal-
+ * subpart replacement, which never changes text already emitted. */
+static int flush_bytes(struct tlist *o, const unsigned char *b, size_t n, bool lossy,
+                       struct err *e)
 {
     int rc = 0;
     if (n == 0)
         return 0;
     if (tok_utf8_check((const char *)b, n) == n)
         return tl_add(o, (const char *)b, n, e);
+    if (lossy)
+        return (rc = tl_begin(o, e)) < 0 ? rc : put_lossy(o, b, n, e);
     for (size_t i = 0; i < n && rc == 0; i++)
         rc = tl_add(o, FFFD, 3, e);
     return rc;
 }
 
-static int step_bytefallback(const struct tlist *in, struct tlist *o, struct err *e)
+static int step_bytefallback(const struct tlist *in, struct tlist *o, bool lossy, struct err *e)
 {
     struct tok_buf run = {0};
     int rc = 0;
@@ -354,13 +362,13 @@ static int step_bytefallback(const struct tlist *in, struct tlist *o, struct err
             rc = tok_buf_put(&run, &c, 1, e);
             continue;
         }
-        if ((rc = flush_bytes(o, (const unsigned char *)run.p, run.n, e)) < 0)
+        if ((rc = flush_bytes(o, (const unsigned char *)run.p, run.n, lossy, e)) < 0)
             break;
         run.n = 0;
         rc = tl_add(o, tl_tok(in, i), in->len[i], e);
     }
     if (rc == 0)
-        rc = flush_bytes(o, (const unsigned char *)run.p, run.n, e);
+        rc = flush_bytes(o, (const unsigned char *)run.p, run.n, lossy, e);
     free(run.p);
     return rc;
 }
@@ -433,14 +441,15 @@ static int step_replace(const struct tok_dec_step *st, pcre2_match_data *md,
 }
 
 static int run_step(const struct tokenizer *t, const struct tok_dec_step *st,
-                    pcre2_match_data *md, const struct tlist *in, struct tlist *o, struct err *e)
+                    pcre2_match_data *md, bool lossy, const struct tlist *in, struct tlist *o,
+                    struct err *e)
 {
     int rc = 0;
     switch (st->kind) {
     case TOK_DEC_BYTELEVEL:
         return step_bytelevel(t, in, o, e);
     case TOK_DEC_BYTEFALLBACK:
-        return step_bytefallback(in, o, e);
+        return step_bytefallback(in, o, lossy, e);
     case TOK_DEC_FUSE:
         rc = tl_begin(o, e);
         for (size_t i = 0; i < in->n && rc == 0; i++)
@@ -477,9 +486,10 @@ static int check_id(const struct tokenizer *t, int32_t id, size_t pos, struct er
 }
 
 /* Decodes ids (already checked) into out (reset first): the whole of
- * tok_decode except the id check. */
+ * tok_decode except the id check. lossy: the stream's variant of
+ * ByteFallback (see flush_bytes). */
 static int decode_ids(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
-                      struct tok_buf *out, struct err *e)
+                      bool lossy, struct tok_buf *out, struct err *e)
 {
     struct tlist a = {0}, b = {0};
     pcre2_match_data *md = NULL;
@@ -495,7 +505,7 @@ static int decode_ids(const struct tokenizer *t, const int32_t *ids, size_t n, b
     for (int s = 0; s < t->dec.n && rc == 0; s++) {
         b.n = 0;
         b.text.n = 0;
-        rc = run_step(t, &t->dec.step[s], md, &a, &b, e);
+        rc = run_step(t, &t->dec.step[s], md, lossy, &a, &b, e);
         struct tlist tmp = a;
         a = b;
         b = tmp;
@@ -544,7 +554,8 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool ski
     for (size_t i = 0; i < n; i++)
         if ((rc = check_id(t, ids[i], i, e)) < 0)
             return rc;
-    if ((rc = decode_ids(t, ids, n, skip_special, &res, e)) < 0 || (rc = make_valid(&res, e)) < 0) {
+    if ((rc = decode_ids(t, ids, n, skip_special, false, &res, e)) < 0 ||
+        (rc = make_valid(&res, e)) < 0) {
         free(res.p);
         return rc;
     }
@@ -608,10 +619,10 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
     size_t n = (size_t)s->n_ids;
     memcpy(ids, s->ids, n * sizeof *ids);
     ids[n++] = id;
-    if ((rc = decode_ids(t, ids, (size_t)n_ctx, s->skip_special, &prefix, e)) < 0)
+    if ((rc = decode_ids(t, ids, (size_t)n_ctx, s->skip_special, true, &prefix, e)) < 0)
         goto out;
     if (prefix.n == 0 && s->n_ids > 0) {  /* HF: absorb ids that decoded to nothing */
-        if ((rc = decode_ids(t, ids, n - 1, s->skip_special, &str, e)) < 0)
+        if ((rc = decode_ids(t, ids, n - 1, s->skip_special, true, &str, e)) < 0)
             goto out;
         if (!ends_fffd(&str)) {
             struct tok_buf tmp = prefix;
@@ -620,7 +631,7 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
             n_ctx = (int)n - 1;
         }
     }
-    if ((rc = decode_ids(t, ids, n, s->skip_special, &str, e)) < 0)
+    if ((rc = decode_ids(t, ids, n, s->skip_special, true, &str, e)) < 0)
         goto out;
     bool force = n > TOK_STREAM_WINDOW;  /* no room to wait any longer */
     if (!force && (str.n <= prefix.n || ends_fffd(&str))) {
@@ -656,8 +667,8 @@ int tok_stream_flush(struct tok_stream *s, char *out, size_t cap)
         s->n_ids = s->n_ctx = 0;
         return 0;
     }
-    if ((rc = decode_ids(s->tok, s->ids, (size_t)s->n_ctx, s->skip_special, &prefix, NULL)) == 0 &&
-        (rc = decode_ids(s->tok, s->ids, (size_t)s->n_ids, s->skip_special, &str, NULL)) == 0 &&
+    if ((rc = decode_ids(s->tok, s->ids, (size_t)s->n_ctx, s->skip_special, true, &prefix, NULL)) == 0 &&
+        (rc = decode_ids(s->tok, s->ids, (size_t)s->n_ids, s->skip_special, true, &str, NULL)) == 0 &&
         (rc = make_valid(&str, NULL)) == 0)
         rc = stream_out(&str, emitted_len(&str, &prefix), out, cap, NULL);
     if (rc >= 0)

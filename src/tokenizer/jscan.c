@@ -20,8 +20,6 @@
 
 #include "tok_impl.h"
 
-#define TOK_JSON_DEPTH 128
-
 static void skip_ws(struct tok_jcur *c)
 {
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))

@@ -45,6 +45,7 @@
 #define TOK_ID_SLACK   65536
 #define TOK_STEPS_MAX  8   /* normalizer / pre-tokenizer steps in a Sequence */
 #define TOK_POST_MAX   8   /* special ids a post-processor adds on one side */
+#define TOK_JSON_DEPTH 128 /* nesting the span reader (jscan.c) accepts */
 #define TOK_AFFIX_MAX  32  /* BPE continuing_subword_prefix / end_of_word_suffix bytes */
 
 /* ---- containers (tables.c) ---- */

@@ -70,7 +70,12 @@ static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
         return rc;
     if (tok_json_model_spans(*text, len, &spans[0], &spans[1]) < 0) {
         spans[0] = spans[1] = (struct tok_span){0};
-        return parse_json_text(path, *text, len, root, e);  /* reports the error */
+        if ((rc = parse_json_text(path, *text, len, root, e)) < 0)
+            return rc;  /* cJSON says where the JSON is broken */
+        cJSON_Delete(*root);
+        *root = NULL;
+        return err_setf(e, ERR_FORMAT, "%s: JSON nested deeper than %d levels", path,
+                        TOK_JSON_DEPTH);
     }
     char *compact = malloc(len + 1);
     if (!compact)
