@@ -134,7 +134,7 @@ static size_t span_at(struct tok_span sp, const struct tok_jcur *c)
 int tok_bpe_read_vocab(struct tokenizer *t, struct tok_span sp, struct tok_vlist *v,
                        struct err *e)
 {
-    struct tok_jcur c = {sp.p, sp.p + sp.len};
+    struct tok_jcur c = {sp.p, sp.p ? sp.p + sp.len : NULL};
     struct tok_buf key = {0};
     size_t cap = 0;
     int rc = 0;
@@ -292,7 +292,7 @@ static size_t count_merges(struct tok_span sp)
 static int load_merges(struct tokenizer *t, struct tok_span sp, struct err *e)
 {
     struct tok_bpe *b = &t->bpe;
-    struct tok_jcur c = {sp.p, sp.p + sp.len};
+    struct tok_jcur c = {sp.p, sp.p ? sp.p + sp.len : NULL};
     struct tok_buf ba = {0}, bb = {0};
     size_t i = 0;
     int rc = 0;

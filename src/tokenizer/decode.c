@@ -23,10 +23,10 @@
  * Streaming uses HF's DecodeStream method over a small window of ids:
  * decode(window + id) minus decode(the window's already-emitted ids) is
  * the new text, emitted once it is longer and does not end in U+FFFD (an
- * incomplete character or byte run). Because the emitted ids stay in the
- * window as context, position-dependent steps (Metaspace's and Strip's
- * leading space) treat a token the same way in both decodes, so the pieces
- * concatenate to tok_decode's text. The window is bounded: after
+ * incomplete character or byte run). Once ids have left the window, it no
+ * longer starts the text, and the steps that treat the start specially
+ * (Metaspace's first token, a Strip after a Fuse) are told so (mid), so
+ * the pieces concatenate to tok_decode's text. The window is bounded: after
  * TOK_STREAM_WINDOW ids without a complete character (only for invalid
  * byte runs) the text so far is emitted as it is. For the stream, an
  * invalid ByteFallback run is replaced per maximal invalid subpart rather
@@ -373,14 +373,17 @@ static int step_bytefallback(const struct tlist *in, struct tlist *o, bool lossy
     return rc;
 }
 
-static int step_strip(const struct tok_dec_step *st, const struct tlist *in, struct tlist *o,
-                      struct err *e)
+/* no_start0: token 0 is a joined text that does not begin the decoded text
+ * (a stream window past the start), so its start is not stripped. */
+static int step_strip(const struct tok_dec_step *st, bool no_start0, const struct tlist *in,
+                      struct tlist *o, struct err *e)
 {
     int rc = 0;
     for (size_t i = 0; i < in->n && rc == 0; i++) {
         const char *p = tl_tok(in, i);
         size_t a = 0, b = in->len[i];
-        for (int k = 0; k < st->start && b - a >= st->ch_len &&
+        int start = i == 0 && no_start0 ? 0 : st->start;
+        for (int k = 0; k < start && b - a >= st->ch_len &&
                         memcmp(p + a, st->ch, st->ch_len) == 0; k++)
             a += st->ch_len;
         for (int k = 0; k < st->stop && b - a >= st->ch_len &&
@@ -440,10 +443,19 @@ static int step_replace(const struct tok_dec_step *st, pcre2_match_data *md,
     return rc;
 }
 
+/* How a decode runs: the whole text (tok_decode) or a stream window. */
+struct dec_mode {
+    bool skip_special;
+    bool lossy;   /* stream: ByteFallback runs replaced per maximal subpart */
+    bool mid;     /* stream window that does not start the text */
+    bool joined;  /* set while running: token 0 is the join of all tokens so far */
+};
+
 static int run_step(const struct tokenizer *t, const struct tok_dec_step *st,
-                    pcre2_match_data *md, bool lossy, const struct tlist *in, struct tlist *o,
-                    struct err *e)
+                    pcre2_match_data *md, const struct dec_mode *m, const struct tlist *in,
+                    struct tlist *o, struct err *e)
 {
+    bool lossy = m->lossy;
     int rc = 0;
     switch (st->kind) {
     case TOK_DEC_BYTELEVEL:
@@ -456,12 +468,12 @@ static int run_step(const struct tokenizer *t, const struct tok_dec_step *st,
             rc = tl_put(o, tl_tok(in, i), in->len[i], e);
         return rc;
     case TOK_DEC_STRIP:
-        return step_strip(st, in, o, e);
+        return step_strip(st, m->mid && m->joined, in, o, e);
     case TOK_DEC_REPLACE:
         return step_replace(st, md, in, o, e);
     case TOK_DEC_METASPACE:
         for (size_t i = 0; i < in->n && rc == 0; i++) {
-            bool drop = i == 0 && st->prepend;
+            bool drop = i == 0 && st->prepend && !m->mid;
             rc = replace_literal(o, tl_tok(in, i), in->len[i], st->ch, st->ch_len, " ",
                                  drop ? 0 : 1, e);
         }
@@ -486,11 +498,11 @@ static int check_id(const struct tokenizer *t, int32_t id, size_t pos, struct er
 }
 
 /* Decodes ids (already checked) into out (reset first): the whole of
- * tok_decode except the id check. lossy: the stream's variant of
- * ByteFallback (see flush_bytes). */
-static int decode_ids(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
-                      bool lossy, struct tok_buf *out, struct err *e)
+ * tok_decode except the id check, in mode m. */
+static int decode_ids(const struct tokenizer *t, const int32_t *ids, size_t n, struct dec_mode m,
+                      struct tok_buf *out, struct err *e)
 {
+    bool skip_special = m.skip_special;
     struct tlist a = {0}, b = {0};
     pcre2_match_data *md = NULL;
     int rc = 0;
@@ -505,7 +517,9 @@ static int decode_ids(const struct tokenizer *t, const int32_t *ids, size_t n, b
     for (int s = 0; s < t->dec.n && rc == 0; s++) {
         b.n = 0;
         b.text.n = 0;
-        rc = run_step(t, &t->dec.step[s], md, lossy, &a, &b, e);
+        rc = run_step(t, &t->dec.step[s], md, &m, &a, &b, e);
+        if (t->dec.step[s].kind == TOK_DEC_BYTELEVEL || t->dec.step[s].kind == TOK_DEC_FUSE)
+            m.joined = true;
         struct tlist tmp = a;
         a = b;
         b = tmp;
@@ -554,7 +568,8 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool ski
     for (size_t i = 0; i < n; i++)
         if ((rc = check_id(t, ids[i], i, e)) < 0)
             return rc;
-    if ((rc = decode_ids(t, ids, n, skip_special, false, &res, e)) < 0 ||
+    struct dec_mode m = {.skip_special = skip_special};
+    if ((rc = decode_ids(t, ids, n, m, &res, e)) < 0 ||
         (rc = make_valid(&res, e)) < 0) {
         free(res.p);
         return rc;
@@ -609,6 +624,7 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
     int32_t ids[TOK_STREAM_WINDOW + 1];
     struct tok_buf prefix = {0}, str = {0};
     int rc, n_ctx = s->n_ctx;
+    struct dec_mode m = {.skip_special = s->skip_special, .lossy = true, .mid = s->mid};
     if ((rc = check_id(t, id, 0, e)) < 0)
         return rc;
     if (!out || cap == 0)
@@ -619,10 +635,10 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
     size_t n = (size_t)s->n_ids;
     memcpy(ids, s->ids, n * sizeof *ids);
     ids[n++] = id;
-    if ((rc = decode_ids(t, ids, (size_t)n_ctx, s->skip_special, true, &prefix, e)) < 0)
+    if ((rc = decode_ids(t, ids, (size_t)n_ctx, m, &prefix, e)) < 0)
         goto out;
     if (prefix.n == 0 && s->n_ids > 0) {  /* HF: absorb ids that decoded to nothing */
-        if ((rc = decode_ids(t, ids, n - 1, s->skip_special, true, &str, e)) < 0)
+        if ((rc = decode_ids(t, ids, n - 1, m, &str, e)) < 0)
             goto out;
         if (!ends_fffd(&str)) {
             struct tok_buf tmp = prefix;
@@ -631,7 +647,7 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
             n_ctx = (int)n - 1;
         }
     }
-    if ((rc = decode_ids(t, ids, n, s->skip_special, true, &str, e)) < 0)
+    if ((rc = decode_ids(t, ids, n, m, &str, e)) < 0)
         goto out;
     bool force = n > TOK_STREAM_WINDOW;  /* no room to wait any longer */
     if (!force && (str.n <= prefix.n || ends_fffd(&str))) {
@@ -648,6 +664,7 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
     size_t keep = n - (size_t)n_ctx;
     if (keep > TOK_STREAM_WINDOW)
         keep = 1;
+    s->mid |= keep < n;
     memmove(s->ids, ids + n - keep, keep * sizeof *ids);
     s->n_ids = s->n_ctx = (int)keep;
 out:
@@ -659,20 +676,24 @@ out:
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap)
 {
     struct tok_buf prefix = {0}, str = {0};
+    struct dec_mode m = {.skip_special = s->skip_special, .lossy = true, .mid = s->mid};
     int rc;
     if (!out || cap == 0)
         return -ERR_RANGE;
     out[0] = '\0';
     if (s->n_ids == s->n_ctx) {  /* nothing pending */
         s->n_ids = s->n_ctx = 0;
+        s->mid = false;
         return 0;
     }
-    if ((rc = decode_ids(s->tok, s->ids, (size_t)s->n_ctx, s->skip_special, true, &prefix, NULL)) == 0 &&
-        (rc = decode_ids(s->tok, s->ids, (size_t)s->n_ids, s->skip_special, true, &str, NULL)) == 0 &&
+    if ((rc = decode_ids(s->tok, s->ids, (size_t)s->n_ctx, m, &prefix, NULL)) == 0 &&
+        (rc = decode_ids(s->tok, s->ids, (size_t)s->n_ids, m, &str, NULL)) == 0 &&
         (rc = make_valid(&str, NULL)) == 0)
         rc = stream_out(&str, emitted_len(&str, &prefix), out, cap, NULL);
-    if (rc >= 0)
+    if (rc >= 0) {
         s->n_ids = s->n_ctx = 0;
+        s->mid = false;
+    }
     free(prefix.p);
     free(str.p);
     return rc;

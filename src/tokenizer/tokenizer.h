@@ -89,6 +89,7 @@ struct tok_stream {
     bool skip_special;
     int32_t ids[TOK_STREAM_WINDOW];  /* recent ids: n_ctx already emitted, then pending ones */
     int n_ids, n_ctx;
+    bool mid;  /* ids have left the window: it no longer starts the text */
 };
 void tok_stream_init(struct tok_stream *s, const struct tokenizer *t, bool skip_special);
 /* An output buffer this large always fits one tok_stream_push or flush: the
