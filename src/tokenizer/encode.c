@@ -106,9 +106,8 @@ static int wc_put(struct word_cache *wc, struct wc_slot *sl, const char *w, size
     sl->ids_off = (uint32_t)wc->ids.n;
     if ((rc = tok_pool_add(&wc->keys, w, len, &sl->key_off, e)) < 0)
         return rc;
-    for (size_t i = 0; i < n; i++)
-        if ((rc = tok_ids_push(&wc->ids, ids[i], e)) < 0)
-            return rc;
+    if ((rc = tok_ids_append(&wc->ids, ids, n, e)) < 0)
+        return rc;
     sl->used = true;
     wc->n++;
     return 0;
@@ -167,12 +166,8 @@ static int on_word(void *ctx, const char *w, size_t len)
         return word_ids(c, w, len);
     uint32_t h = tok_hash_str(w, len);
     struct wc_slot *sl = wc_find(&c->wc, w, len, h);
-    if (sl->used) {
-        for (size_t i = 0; i < sl->n_ids; i++)
-            if ((rc = tok_ids_push(&c->out, c->wc.ids.v[sl->ids_off + i], c->e)) < 0)
-                return rc;
-        return 0;
-    }
+    if (sl->used)
+        return tok_ids_append(&c->out, c->wc.ids.v + sl->ids_off, sl->n_ids, c->e);
     size_t n0 = c->out.n;
     if ((rc = word_ids(c, w, len)) < 0)
         return rc;

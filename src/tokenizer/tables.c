@@ -217,18 +217,30 @@ const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t 
 
 /* ---- id vector ---- */
 
-int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e)
+int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
+    if (v->n + n > v->cap) {
+        size_t cap = v->cap ? v->cap : 64;
+        while (cap < v->n + n)
+            cap *= 2;
         int32_t *nv = realloc(v->v, cap * sizeof *nv);
         if (!nv)
             return err_setf(e, ERR_NOMEM, "token id buffer: %zu ids", cap);
         v->v = nv;
         v->cap = cap;
     }
-    v->v[v->n++] = id;
+    memcpy(v->v + v->n, ids, n * sizeof *ids);
+    v->n += n;
     return 0;
+}
+
+int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e)
+{
+    if (v->n < v->cap) {
+        v->v[v->n++] = id;
+        return 0;
+    }
+    return tok_ids_append(v, &id, 1, e);
 }
 
 /* ---- UTF-8 ---- */

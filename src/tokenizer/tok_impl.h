@@ -118,6 +118,7 @@ struct tok_ids {
     size_t n, cap;
 };
 int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
+int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e);
 
 /* ---- JSON spans (jscan.c) ---- */
 
