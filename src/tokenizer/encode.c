@@ -158,9 +158,9 @@ static int word_ids(struct enc *c, const char *w, size_t len)
     return chunk_ids(c, w, len);
 }
 
-static int on_word(void *ctx, const char *w, size_t len)
+/* One word through the cache (when on and the word is short) and the model. */
+static int cached_word(struct enc *c, const char *w, size_t len)
 {
-    struct enc *c = ctx;
     int rc;
     if (!c->wc.slots || len > WC_WORD_MAX)
         return word_ids(c, w, len);
@@ -172,6 +172,35 @@ static int on_word(void *ctx, const char *w, size_t len)
     if ((rc = word_ids(c, w, len)) < 0)
         return rc;
     return wc_put(&c->wc, sl, w, len, h, c->out.v + n0, c->out.n - n0, c->e);
+}
+
+static bool is_meta(const char *w, size_t len, size_t i)
+{
+    return i + 3 <= len && memcmp(w + i, TOK_META, 3) == 0;
+}
+
+/* SentencePiece-style tokenizers without a splitting pre-tokenizer hand the
+ * model whole segments ("\u2581Hello\u2581world..."). When the vocab has no
+ * piece with U+2581 right after another character (tokenizer.spm_cut,
+ * checked at load), no merge can join the text on both sides of such a
+ * U+2581, so BPE of the segment equals BPE of the pieces cut before each
+ * U+2581 that follows another character: exactly HF's result, but with
+ * short words that the cache serves. */
+static int on_word(void *ctx, const char *w, size_t len)
+{
+    struct enc *c = ctx;
+    int rc;
+    if (!c->t->spm_cut)
+        return cached_word(c, w, len);
+    size_t start = 0;
+    for (size_t i = 1; i < len; i++) {
+        if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
+            continue;
+        if ((rc = cached_word(c, w + start, i - start)) < 0)
+            return rc;
+        start = i;
+    }
+    return cached_word(c, w + start, len - start);
 }
 
 /* ---- added tokens ---- */

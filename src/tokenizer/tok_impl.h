@@ -389,7 +389,11 @@ struct tokenizer {
     struct tok_dec dec;
     struct tok_bytelevel bl;
     int32_t bos_id, eos_id;   /* -1 when none */
+    bool spm_cut;  /* words may be cut before U+2581 (encode.c on_word; set by tok_spm_cut_ok) */
 };
+
+/* UTF-8 of U+2581, SentencePiece's space. */
+#define TOK_META "\xE2\x96\x81"
 
 /* Id of an added token's content or model piece, -1 when absent. */
 int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);

@@ -397,6 +397,34 @@ static int load_model(struct tokenizer *t, const cJSON *root, const struct tok_s
     return rc;
 }
 
+/* True when cutting words before a U+2581 that follows another character
+ * cannot change BPE's result (see on_word in encode.c): the vocab has
+ * U+2581 and no piece holds it right after another character, merges are
+ * not skipped (ignore_merges), and words are not byte-level mapped. */
+static bool spm_cut_ok(const struct tokenizer *t)
+{
+    if (t->bpe.ignore_merges || t->pretok.byte_level ||
+        tok_strmap_get(&t->bpe.vocab, &t->pool, TOK_META, 3) < 0)
+        return false;
+    for (int i = 0; i < t->pretok.n; i++)
+        if (t->pretok.step[i].kind == TOK_PRE_BYTELEVEL)
+            return false;
+    for (int i = 0; i < t->norm.n; i++)
+        if (t->norm.step[i].kind == TOK_NORM_BYTELEVEL)
+            return false;
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        const struct tok_entry *en = &t->entry[id];
+        if (!(en->flags & TOK_E_MODEL))
+            continue;
+        const char *p = t->pool.buf + en->off;
+        for (size_t i = 1; i + 3 <= en->len; i++)
+            if (memcmp(p + i, TOK_META, 3) == 0 &&
+                !(i >= 3 && memcmp(p + i - 3, TOK_META, 3) == 0))
+                return false;
+    }
+    return true;
+}
+
 static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, const struct tok_span *spans,
                                struct err *e)
 {
@@ -412,6 +440,7 @@ static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, const str
         return rc;
     if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0, e)) < 0)
         return rc;
+    t->spm_cut = spm_cut_ok(t);
     return tok_decoder_load(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), e);
 }
 
