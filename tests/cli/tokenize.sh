@@ -52,7 +52,7 @@ grep -q '"n_tokens":2' "$T/flat" || fail "--json n_tokens: $(cat "$T/out")"
 run "$BIN" tokenize -m "$T/gpt2" -f "$T/in.txt" --stats --repeat 2
 expect_rc 0 "--stats"
 expect_out "[15496, 995]" "--stats stdout"
-grep -q '^load [0-9.]* s, 11 bytes -> 2 tokens in .* (best of 2): .* MB/s$' "$T/err" ||
+grep -q '^load [0-9.]* s (cpu [0-9.]* s), 11 bytes -> 2 tokens in .* (best of 2): .* MB/s$' "$T/err" ||
     fail "--stats line: $(cat "$T/err")"
 run "$BIN" tokenize -m "$T/gpt2" -p "x" --stats --json
 grep -q '"mb_per_s"' "$T/out" || fail "--stats --json: $(cat "$T/out")"
