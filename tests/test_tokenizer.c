@@ -639,6 +639,24 @@ static void test_model_options(void **state)
     assert_string_equal(out, "a <x>");
     free(out);
     tok_free(t);
+    /* An explicit add_bos_token / add_eos_token = false takes them out of
+     * the template, as transformers' Llama tokenizers rebuild it. */
+    write_text(d.config, "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_bos_token\":false}");
+    assert_int_equal(tok_load(&t, d.dir, &e), 0);
+    assert_int_equal(tok_encode(t, "a", 1, true, &ids, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[1], 11);
+    free(ids);
+    tok_free(t);
+    write_text(d.config, "{\"bos_token\":\"<s>\",\"eos_token\":\"</s>\",\"add_eos_token\":false}");
+    assert_int_equal(tok_load(&t, d.dir, &e), 0);
+    assert_int_equal(tok_encode(t, "a", 1, true, &ids, &n, &e), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 10);
+    assert_int_equal(ids[1], 0);
+    free(ids);
+    tok_free(t);
     tmpdir_remove(&d);
 }
 

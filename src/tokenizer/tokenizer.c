@@ -458,8 +458,9 @@ static int32_t config_token(const struct tokenizer *t, const cJSON *cfg, const c
 }
 
 /* add_bos_token / add_eos_token = true make sure the post-processor adds
- * them (transformers rebuilds the template the same way); false leaves the
- * tokenizer.json post-processor as it is. */
+ * them; an explicit false takes them out of the template (transformers'
+ * Llama-style tokenizers rebuild the template from these flags the same
+ * way). Absent flags leave the tokenizer.json post-processor as it is. */
 static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
 {
     int rc;
@@ -473,6 +474,15 @@ static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
         t->post.prefix[0] = t->bos_id;
         t->post.n_prefix++;
     }
+    if (t->bos_id >= 0 && !flag(cfg, "add_bos_token", true) && t->post.n_prefix > 0 &&
+        t->post.prefix[0] == t->bos_id) {
+        memmove(t->post.prefix, t->post.prefix + 1,
+                (size_t)(t->post.n_prefix - 1) * sizeof(int32_t));
+        t->post.n_prefix--;
+    }
+    if (t->eos_id >= 0 && !flag(cfg, "add_eos_token", true) && t->post.n_suffix > 0 &&
+        t->post.suffix[t->post.n_suffix - 1] == t->eos_id)
+        t->post.n_suffix--;
     if (t->eos_id >= 0 && flag(cfg, "add_eos_token", false) &&
         !(t->post.n_suffix > 0 && t->post.suffix[t->post.n_suffix - 1] == t->eos_id)) {
         if ((rc = post_push(t, false, t->eos_id, e)) < 0)
