@@ -117,6 +117,7 @@ struct tok_ids {
     int32_t *v;
     size_t n, cap;
 };
+/* Append one id / n ids (ids must not point into v). Errors: ERR_NOMEM. */
 int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
 int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e);
 
@@ -274,6 +275,9 @@ struct tok_norm {
     int n;  /* 0 = no normalizer */
     struct tok_norm_step step[TOK_STEPS_MAX];
 };
+/* Reads the "normalizer" section (NULL or null: none). Errors: ERR_FORMAT,
+ * ERR_UNSUPPORTED (naming the type), ERR_NOMEM; partial state is freed by
+ * tok_norm_deinit. */
 int tok_norm_load(struct tok_norm *nm, const cJSON *j, struct err *e);
 void tok_norm_deinit(struct tok_norm *nm);
 struct tokenizer;
@@ -316,6 +320,8 @@ struct tok_pretok {
     struct tok_pre_step step[TOK_STEPS_MAX];
     bool byte_level;  /* the last step is ByteLevel: the encoder maps words' bytes */
 };
+/* Reads the "pre_tokenizer" section (NULL or null: none). Same error and
+ * cleanup contract as tok_norm_load. */
 int tok_pretok_load(struct tok_pretok *p, const cJSON *j, struct err *e);
 void tok_pretok_deinit(struct tok_pretok *p);
 /* Called once per word (a span of the segment given to tok_pretok_run). */
@@ -400,5 +406,8 @@ int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
 
 /* ---- decoding (decode.c) ---- */
 
+/* Reads the "decoder" section (NULL or null: none) into t->dec. Errors:
+ * ERR_FORMAT, ERR_UNSUPPORTED (naming the type), ERR_NOMEM; t->dec may then
+ * be partly filled and is freed by tok_decoder_deinit. */
 int tok_decoder_load(struct tokenizer *t, const cJSON *j, struct err *e);
 void tok_decoder_deinit(struct tok_dec *d);
