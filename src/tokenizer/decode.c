@@ -324,11 +324,14 @@ static int hexval(char c)
                                           : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* The byte of a "<0xXX>" token, or -1. */
+/* The byte of a "<0xXX>" token, or -1. As HF (Rust's u8::from_str_radix),
+ * either case of hex digit is accepted, and so is "+X". */
 static int byte_token(const char *p, size_t len)
 {
     if (len != 6 || memcmp(p, "<0x", 3) != 0 || p[5] != '>')
         return -1;
+    if (p[3] == '+')
+        return hexval(p[4]);
     int hi = hexval(p[3]), lo = hexval(p[4]);
     return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
