@@ -3,8 +3,11 @@
  * the whole tokenizer.json (handed over through a memfd, as the loader reads
  * files); when it loads, a fixed mixed-script text is encoded, decoded in
  * one go and streamed token by token. Any crash, leak or undefined behaviour
- * is a bug; so is a streamed decode that disagrees with the full decode.
+ * is a bug; so is a streamed decode that disagrees with the full decode
+ * when that holds no U+FFFD (the stream and tok_decode may differ only for
+ * invalid byte runs, see decode.c).
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +30,13 @@ static void exercise(const struct tokenizer *t)
         struct tok_stream s;
         char buf[TOK_STREAM_CAP];
         size_t off = 0, len = strlen(full);
+        bool exact = !strstr(full, "\xEF\xBF\xBD");
         tok_stream_init(&s, t, false);
         for (size_t i = 0; i < n; i++) {
             int w = tok_stream_push(&s, ids[i], buf, sizeof buf, NULL);
             if (w < 0)
                 break;
-            if (off + (size_t)w > len || memcmp(full + off, buf, (size_t)w) != 0)
+            if (exact && (off + (size_t)w > len || memcmp(full + off, buf, (size_t)w) != 0))
                 abort();
             off += (size_t)w;
         }

@@ -7,7 +7,10 @@
 #                     few small complete files written here, with a dictionary
 #                     of the format's keys and dtype names
 #   fuzz_config       every config.json under tests/fixtures
-#   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB
+#   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB plus small
+#                     hand-written ones using every component type
+#   fuzz_encode       texts (mixed scripts, added tokens, invalid UTF-8) and
+#                     id lists for the llama2 and shakespeare fixtures
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -93,6 +96,25 @@ seed_tokenizer() {
     done
 }
 
+# seed_tokenizer_small DIR: one tiny tokenizer.json per component family.
+seed_tokenizer_small() {
+    v='"model":{"type":"BPE","unk_token":"<unk>","fuse_unk":true,"byte_fallback":true,"vocab":{"<unk>":0,"a":1,"b":2,"ab":3,"\u2581":4,"\u2581a":5,"<0x41>":6,"<0xC3>":7,"<0xA9>":8},"merges":["a b",["\u2581","a"]]}'
+    printf '{%s,"normalizer":{"type":"Sequence","normalizers":[{"type":"NFKC"},{"type":"Lowercase"},{"type":"Strip","strip_left":true,"strip_right":true},{"type":"Prepend","prepend":"\u2581"},{"type":"Replace","pattern":{"Regex":" +"},"content":"\u2581"}]},"decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]}}' "$v" > "$1/small-norm.json"
+    printf '{%s,"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"first","split":true},{"type":"Digits","individual_digits":true},{"type":"Punctuation","behavior":"Contiguous"},{"type":"Split","pattern":{"String":"b"},"behavior":"MergedWithPrevious","invert":true}]},"decoder":{"type":"Metaspace","replacement":"\u2581","prepend_scheme":"first"}}' "$v" > "$1/small-meta.json"
+    printf '{"added_tokens":[{"id":9,"content":"<s>","special":true,"lstrip":true,"rstrip":true,"single_word":false,"normalized":false},{"id":10,"content":"ab","special":false,"single_word":true,"normalized":true}],%s,"pre_tokenizer":{"type":"Sequence","pretokenizers":[{"type":"WhitespaceSplit"},{"type":"ByteLevel","add_prefix_space":true,"use_regex":true}]},"post_processor":{"type":"TemplateProcessing","single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],"special_tokens":{"<s>":{"id":"<s>","ids":[9],"tokens":["<s>"]}}},"decoder":{"type":"ByteLevel"}}' "$v" > "$1/small-added.json"
+}
+
+# seed_encode DIR: inputs for fuzz_encode (first byte: bit 0 picks the
+# tokenizer, bit 1 text mode; else 16-bit ids).
+seed_encode() {
+    printf '\003Hello world! It'"'"'s 2026.' > "$1/text-bl"
+    printf '\002 caf\303\251 \346\227\245\346\234\254 \360\237\221\213 <s>[INST] hi [/INST]</s>' > "$1/text-spm"
+    printf '\002\342\202\254 \t\n  x' > "$1/text-spm-ws"
+    printf '\003<|endoftext|>a\377b' > "$1/text-invalid"
+    printf '\000\001\000\355\000\242\000\202\000\254\000' > "$1/ids-spm"
+    printf '\001\000\001\020\000\377\377' > "$1/ids-bl"
+}
+
 found=0
 failed=""
 for bin in "$BUILD"/fuzz_*; do
@@ -113,13 +135,17 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     tokenizer)
         seed_tokenizer "$corpus"
+        seed_tokenizer_small "$corpus"
+        ;;
+    encode)
+        seed_encode "$corpus"
         ;;
     esac
     extra=""
     [ -d "$ROOT/fuzz/corpus-$short" ] && extra=$ROOT/fuzz/corpus-$short
     found=$((found + 1))
     echo "== $name: ${SECS}s, $(ls "$corpus" | wc -l) seeds"
-    if ! ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
+    if ! MLXCEL_SOURCE_DIR=$ROOT ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
         UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
         "$bin" "$@" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
             -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$name-" \

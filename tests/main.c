@@ -26,6 +26,7 @@
     X(quant)      \
     X(sampler)    \
     X(models)     \
+    X(tokenizer_parts) \
     X(tokenizer)  \
     X(quantize)   \
     X(convert)

@@ -18,6 +18,7 @@ struct command {
 static const struct command k_commands[] = {
     {"generate", cmd_generate, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"perplexity", cmd_perplexity, "perplexity of a text or id file"},
     {"inspect", cmd_inspect, "describe a checkpoint"},
     {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},

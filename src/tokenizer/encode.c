@@ -9,10 +9,9 @@
  *
  * Added tokens are found leftmost-longest (as HF's Aho-Corasick matcher
  * does): at each byte only the tokens sharing its first byte are compared,
- * longest first. lstrip/rstrip extend a match over neighbouring ASCII
- * whitespace; single_word rejects a match touching a word character (ASCII
- * alphanumerics, '_' and any non-ASCII byte, an approximation of HF's
- * Unicode check).
+ * longest first. lstrip/rstrip extend a match over neighbouring Unicode
+ * whitespace; single_word rejects a match touching a word character
+ * (Unicode \w, as HF's regex check).
  *
  * All scratch (BPE arrays, the byte-level word buffer, PCRE2 match data,
  * the word cache) belongs to one call, so concurrent calls on one
@@ -107,9 +106,8 @@ static int wc_put(struct word_cache *wc, struct wc_slot *sl, const char *w, size
     sl->ids_off = (uint32_t)wc->ids.n;
     if ((rc = tok_pool_add(&wc->keys, w, len, &sl->key_off, e)) < 0)
         return rc;
-    for (size_t i = 0; i < n; i++)
-        if ((rc = tok_ids_push(&wc->ids, ids[i], e)) < 0)
-            return rc;
+    if ((rc = tok_ids_append(&wc->ids, ids, n, e)) < 0)
+        return rc;
     sl->used = true;
     wc->n++;
     return 0;
@@ -160,63 +158,95 @@ static int word_ids(struct enc *c, const char *w, size_t len)
     return chunk_ids(c, w, len);
 }
 
-static int on_word(void *ctx, const char *w, size_t len)
+/* One word through the cache (when on and the word is short) and the model. */
+static int cached_word(struct enc *c, const char *w, size_t len)
 {
-    struct enc *c = ctx;
     int rc;
     if (!c->wc.slots || len > WC_WORD_MAX)
         return word_ids(c, w, len);
     uint32_t h = tok_hash_str(w, len);
     struct wc_slot *sl = wc_find(&c->wc, w, len, h);
-    if (sl->used) {
-        for (size_t i = 0; i < sl->n_ids; i++)
-            if ((rc = tok_ids_push(&c->out, c->wc.ids.v[sl->ids_off + i], c->e)) < 0)
-                return rc;
-        return 0;
-    }
+    if (sl->used)
+        return tok_ids_append(&c->out, c->wc.ids.v + sl->ids_off, sl->n_ids, c->e);
     size_t n0 = c->out.n;
     if ((rc = word_ids(c, w, len)) < 0)
         return rc;
     return wc_put(&c->wc, sl, w, len, h, c->out.v + n0, c->out.n - n0, c->e);
 }
 
+static bool is_meta(const char *w, size_t len, size_t i)
+{
+    return i + 3 <= len && memcmp(w + i, TOK_META, 3) == 0;
+}
+
+/* SentencePiece-style tokenizers without a splitting pre-tokenizer hand the
+ * model whole segments ("\u2581Hello\u2581world..."). When the vocab has no
+ * piece with U+2581 right after another character (tokenizer.spm_cut,
+ * checked at load), no merge can join the text on both sides of such a
+ * U+2581, so BPE of the segment equals BPE of the pieces cut before each
+ * U+2581 that follows another character: exactly HF's result, but with
+ * short words that the cache serves. */
+static int on_word(void *ctx, const char *w, size_t len)
+{
+    struct enc *c = ctx;
+    int rc;
+    if (!c->t->spm_cut)
+        return cached_word(c, w, len);
+    size_t start = 0;
+    for (size_t i = 1; i < len; i++) {
+        if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
+            continue;
+        if ((rc = cached_word(c, w + start, i - start)) < 0)
+            return rc;
+        start = i;
+    }
+    return cached_word(c, w + start, len - start);
+}
+
 /* ---- added tokens ---- */
 
-typedef int (*seg_fn)(struct enc *c, const char *s, size_t len);
+typedef int (*seg_fn)(struct enc *c, const char *s, size_t len, bool first);
 
-static bool is_ascii_space(char ch)
+/* The code point just before s[i] / at s[i] (-1 at the ends). */
+static int32_t cp_before(const char *s, size_t i)
 {
-    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f';
+    int32_t cp = -1;
+    if (i > 0) {
+        size_t p = tok_utf8_prev(s, i);
+        tok_utf8_next(s + p, i - p, &cp);
+    }
+    return cp;
 }
 
-static bool is_word_byte(char ch)
+static int32_t cp_at(const char *s, size_t len, size_t i)
 {
-    unsigned char u = (unsigned char)ch;
-    return u >= 0x80 || (u >= '0' && u <= '9') || (u >= 'a' && u <= 'z') ||
-           (u >= 'A' && u <= 'Z') || u == '_';
+    int32_t cp = -1;
+    if (i < len)
+        tok_utf8_next(s + i, len - i, &cp);
+    return cp;
 }
 
-/* Returns the added token matching at s[i] (longest first), or NULL. */
+/* Returns the longest added token of set matching at s[i], or NULL. */
 static const struct tok_added *match_at(const struct tokenizer *t, const struct tok_added_set *set,
                                         const char *s, size_t len, size_t i)
 {
     unsigned char b = (unsigned char)s[i];
     for (uint32_t k = set->start[b]; k < set->start[b + 1]; k++) {
         const struct tok_added *a = &t->added[set->idx[k]];
-        if (a->len > len - i || memcmp(t->pool.buf + a->off, s + i, a->len) != 0)
-            continue;
-        if (a->single_word && ((i > 0 && is_word_byte(s[i - 1])) ||
-                               (i + a->len < len && is_word_byte(s[i + a->len]))))
-            continue;
-        return a;
+        if (a->mlen <= len - i && memcmp(t->pool.buf + a->moff, s + i, a->mlen) == 0)
+            return a;
     }
     return NULL;
 }
 
-/* Splits s by the tokens of set: matches become ids, the text between them
- * goes to seg. */
+/* Splits s by the tokens of set, as HF's AddedVocabulary::find_matches:
+ * leftmost-longest, non-overlapping; a single_word token touching a word
+ * character (Unicode \w) is not a match and its text is skipped over;
+ * lstrip/rstrip take in the Unicode whitespace around a match. Matches
+ * become ids, the text between them goes to seg. first: s starts the
+ * original text. */
 static int split_added(struct enc *c, const struct tok_added_set *set, const char *s, size_t len,
-                       seg_fn seg)
+                       bool first, seg_fn seg)
 {
     size_t seg_start = 0, i = 0;
     int rc;
@@ -228,44 +258,48 @@ static int split_added(struct enc *c, const struct tok_added_set *set, const cha
             i++;
             continue;
         }
-        size_t ms = i, me = i + a->len;
-        while (a->lstrip && ms > seg_start && is_ascii_space(s[ms - 1]))
-            ms--;
-        while (a->rstrip && me < len && is_ascii_space(s[me]))
-            me++;
-        if (ms > seg_start && (rc = seg(c, s + seg_start, ms - seg_start)) < 0)
+        size_t ms = i, me = i + a->mlen;
+        if (a->single_word && (tok_cp_is_word(cp_before(s, ms)) || tok_cp_is_word(cp_at(s, len, me)))) {
+            i = me;
+            continue;
+        }
+        while (a->lstrip && ms > seg_start && tok_cp_is_space(cp_before(s, ms)))
+            ms = tok_utf8_prev(s, ms);
+        while (a->rstrip && me < len && tok_cp_is_space(cp_at(s, len, me)))
+            me += tok_utf8_next(s + me, len - me, &(int32_t){0});
+        if (ms > seg_start && (rc = seg(c, s + seg_start, ms - seg_start, first && seg_start == 0)) < 0)
             return rc;
         if ((rc = tok_ids_push(&c->out, a->id, c->e)) < 0)
             return rc;
         seg_start = i = me;
     }
     if (len > seg_start)
-        return seg(c, s + seg_start, len - seg_start);
+        return seg(c, s + seg_start, len - seg_start, first && seg_start == 0);
     return 0;
 }
 
 /* ---- segments ---- */
 
-static int seg_pretok(struct enc *c, const char *s, size_t len)
+static int seg_pretok(struct enc *c, const char *s, size_t len, bool first)
 {
-    return tok_pretok_run(&c->t->pretok, c->md, s, len, on_word, c, c->e);
+    return tok_pretok_run(c->t, c->md, s, len, first, on_word, c, c->e);
 }
 
 /* A segment between raw-matched added tokens: normalize, then split out the
  * normalized added tokens, then pre-tokenize the rest. */
-static int seg_normalize(struct enc *c, const char *s, size_t len)
+static int seg_normalize(struct enc *c, const char *s, size_t len, bool first)
 {
     const struct tokenizer *t = c->t;
     char *ns = NULL;
     size_t nlen = 0;
     int rc;
     if (t->norm.n == 0)
-        return t->n_added_norm ? split_added(c, &t->added_norm, s, len, seg_pretok)
-                               : seg_pretok(c, s, len);
-    if ((rc = tok_norm_apply(&t->norm, s, len, &ns, &nlen, c->e)) < 0)
+        return t->n_added_norm ? split_added(c, &t->added_norm, s, len, first, seg_pretok)
+                               : seg_pretok(c, s, len, first);
+    if ((rc = tok_norm_apply(t, c->md, s, len, &ns, &nlen, c->e)) < 0)
         return rc;
-    rc = t->n_added_norm ? split_added(c, &t->added_norm, ns, nlen, seg_pretok)
-                         : seg_pretok(c, ns, nlen);
+    rc = t->n_added_norm ? split_added(c, &t->added_norm, ns, nlen, first, seg_pretok)
+                         : seg_pretok(c, ns, nlen, first);
     free(ns);
     return rc;
 }
@@ -294,7 +328,7 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
     for (int i = 0; add_special && i < t->post.n_prefix && rc == 0; i++)
         rc = tok_ids_push(&c.out, t->post.prefix[i], e);
     if (rc == 0 && len > 0)
-        rc = split_added(&c, &t->added_raw, text, len, seg_normalize);
+        rc = split_added(&c, &t->added_raw, text, len, true, seg_normalize);
     for (int i = 0; add_special && i < t->post.n_suffix && rc == 0; i++)
         rc = tok_ids_push(&c.out, t->post.suffix[i], e);
     if (rc == 0 && !c.out.v) {  /* always hand back an array, even for no ids */

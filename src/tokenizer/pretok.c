@@ -1,34 +1,37 @@
 /*
- * pretok: the normalizer and pre-tokenizer stages of tokenizer.json.
+ * pretok: the pre-tokenizer stage of tokenizer.json: cutting a normalized
+ * segment into words for the model.
  *
- * Normalizer: NFC/NFD/NFKC/NFKD (utf8proc), alone or in a Sequence. It runs
- * on each text segment between added tokens and produces a new string.
- *
- * Pre-tokenizer: a flat list of steps (a Sequence is flattened at load).
- * A Split step cuts every piece coming from the step before into pieces by
- * a PCRE2 regex (compiled once at load with UTF + UCP, JIT when available)
+ * A pre-tokenizer is a flat list of steps (a Sequence is flattened at
+ * load). Each step takes one piece from the step before, may rewrite it
+ * (ByteLevel's prefix space, Metaspace's U+2581), then cuts it with a
+ * PCRE2 regex (compiled once at load with UTF + UCP, JIT when available)
  * and a delimiter behaviour (Isolated, Removed, MergedWithPrevious/Next,
- * Contiguous), optionally inverted. ByteLevel is a Split with the GPT-2
- * regex (when use_regex) plus a flag telling the encoder to map each final
- * word's bytes to the byte-level alphabet before BPE; since the mapping
- * happens last, a Split after a ByteLevel step would see unmapped text and
- * is rejected as unsupported. Pieces flow depth-first through the steps to
- * a callback, so no list of pieces is ever built.
+ * Contiguous), optionally inverted. Every HF pre-tokenizer we support is
+ * such a step: Split (regex or literal), ByteLevel (GPT-2 regex), Metaspace
+ * (split on U+2581, MergedWithNext), Digits (\p{N}), Punctuation,
+ * Whitespace (\w+|[^\w\s]+ kept, the rest removed), WhitespaceSplit,
+ * CharDelimiterSplit and BertPreTokenizer (two steps). Pieces flow
+ * depth-first through the steps to a callback, so no list of pieces is
+ * ever built; each step owns two scratch buffers for one call (its
+ * rewritten input and, for ByteLevel, the byte-mapped piece it passes on).
+ * A ByteLevel that is the last step leaves the byte mapping to the encoder
+ * (tok_pretok.byte_level), which maps only words its cache has not seen.
  *
- * HF runs these regexes with Oniguruma; PCRE2 agrees on the syntax the
- * published patterns use (\p{L}, \p{N}, (?i:...), (?!\S)) and on what \s
- * matches (Unicode White_Space).
+ * HF runs these regexes with Oniguruma (Split) or Rust's regex crate;
+ * PCRE2 agrees on the syntax the published patterns use (\p{L}, \p{N},
+ * (?i:...), (?!\S)) and on what \s matches (Unicode White_Space).
  */
 #include <stdlib.h>
 #include <string.h>
-
-#include <utf8proc.h>
 
 #include "tok_impl.h"
 
 /* The GPT-2 pre-tokenization regex (openai/gpt-2 encoder.py, also HF's ByteLevel). */
 static const char k_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+/* Rust's char::is_ascii_punctuation || char::is_punctuation. */
+static const char k_punct_regex[] = "[\\p{P}!-/:-@\\[-`{-~]";
 
 static const char *json_type(const cJSON *j)
 {
@@ -36,106 +39,10 @@ static const char *json_type(const cJSON *j)
     return cJSON_IsString(t) ? t->valuestring : NULL;
 }
 
-/* ---- normalizer ---- */
+/* ---- load ---- */
 
-static int norm_add(struct tok_norm *nm, const cJSON *j, int depth, struct err *e)
-{
-    const char *type = json_type(j);
-    static const struct {
-        const char *name;
-        enum tok_norm_kind kind;
-    } k_kinds[] = {
-        {"NFC", TOK_NORM_NFC}, {"NFD", TOK_NORM_NFD}, {"NFKC", TOK_NORM_NFKC}, {"NFKD", TOK_NORM_NFKD},
-    };
-    if (!type)
-        return err_setf(e, ERR_FORMAT, "normalizer: missing \"type\"");
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "normalizers"), *it;
-        if (!cJSON_IsArray(list) || depth > 4)
-            return err_setf(e, ERR_FORMAT, "normalizer Sequence: bad \"normalizers\"");
-        cJSON_ArrayForEach(it, list) {
-            int rc = norm_add(nm, it, depth + 1, e);
-            if (rc < 0)
-                return rc;
-        }
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof k_kinds / sizeof k_kinds[0]; i++) {
-        if (strcmp(type, k_kinds[i].name) != 0)
-            continue;
-        if (nm->n >= TOK_STEPS_MAX)
-            return err_setf(e, ERR_UNSUPPORTED, "normalizer: more than %d steps", TOK_STEPS_MAX);
-        nm->kind[nm->n++] = k_kinds[i].kind;
-        return 0;
-    }
-    return err_setf(e, ERR_UNSUPPORTED, "normalizer type '%.64s' is not supported", type);
-}
-
-int tok_norm_load(struct tok_norm *nm, const cJSON *j, struct err *e)
-{
-    nm->n = 0;
-    if (!j || cJSON_IsNull(j))
-        return 0;
-    return norm_add(nm, j, 0, e);
-}
-
-int tok_norm_apply(const struct tok_norm *nm, const char *s, size_t len, char **out,
-                   size_t *out_len, struct err *e)
-{
-    uint8_t *cur = NULL;
-    utf8proc_ssize_t n = (utf8proc_ssize_t)len;
-    for (int i = 0; i < nm->n; i++) {
-        int opt = UTF8PROC_STABLE;
-        switch (nm->kind[i]) {
-        case TOK_NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case TOK_NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        case TOK_NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-        }
-        uint8_t *next = NULL;
-        const uint8_t *src = cur ? cur : (const uint8_t *)s;
-        n = utf8proc_map(src, n, &next, (utf8proc_option_t)opt);
-        free(cur);
-        cur = next;
-        if (n < 0)
-            return err_setf(e, n == UTF8PROC_ERROR_NOMEM ? ERR_NOMEM : ERR_ARG,
-                            "normalizer: %s", utf8proc_errmsg(n));
-    }
-    if (!cur) {  /* no steps: hand back a copy so the caller always frees */
-        cur = malloc(len + 1);
-        if (!cur)
-            return err_setf(e, ERR_NOMEM, "normalizer: %zu bytes", len);
-        memcpy(cur, s, len);
-        cur[len] = '\0';
-    }
-    *out = (char *)cur;
-    *out_len = (size_t)n;
-    return 0;
-}
-
-/* ---- pre-tokenizer: load ---- */
-
-static int compile_regex(pcre2_code **out, const char *pat, size_t len, bool literal,
-                         struct err *e)
-{
-    int ec;
-    PCRE2_SIZE eoff;
-    /* PCRE2_LITERAL admits no UCP (nothing to classify in a literal). */
-    uint32_t opt = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, len, opt, &ec, &eoff, NULL);
-    if (!re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer regex '%.64s': %s at offset %zu", pat,
-                        (const char *)msg, (size_t)eoff);
-    }
-    /* JIT is an optimisation only: without it pcre2_match interprets. */
-    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-    *out = re;
-    return 0;
-}
-
-static struct tok_pre_step *new_step(struct tok_pretok *p, struct err *e)
+static struct tok_pre_step *new_step(struct tok_pretok *p, enum tok_pre_kind kind,
+                                     enum tok_split_behavior b, struct err *e)
 {
     if (p->n >= TOK_STEPS_MAX) {
         err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer: more than %d steps", TOK_STEPS_MAX);
@@ -143,73 +50,151 @@ static struct tok_pre_step *new_step(struct tok_pretok *p, struct err *e)
     }
     struct tok_pre_step *s = &p->step[p->n++];
     memset(s, 0, sizeof *s);
-    s->behavior = TOK_SPLIT_ISOLATED;
+    s->kind = kind;
+    s->behavior = b;
     return s;
+}
+
+/* Adds a step splitting by the regex pat (NUL-terminated). */
+static int add_regex_step(struct tok_pretok *p, const char *what, const char *pat,
+                          enum tok_split_behavior b, bool invert, struct err *e)
+{
+    struct tok_pre_step *s = new_step(p, TOK_PRE_SPLIT, b, e);
+    if (!s)
+        return -ERR_UNSUPPORTED;
+    s->invert = invert;
+    return tok_regex_compile(&s->re, pat, strlen(pat), false, what, e);
 }
 
 static int load_bytelevel(struct tok_pretok *p, const cJSON *j, struct err *e)
 {
-    const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
     const cJSON *ur = cJSON_GetObjectItemCaseSensitive(j, "use_regex");
-    if (cJSON_IsTrue(aps)) {
-        if (p->n > 0)
-            return err_setf(e, ERR_UNSUPPORTED,
-                            "pre_tokenizer: ByteLevel add_prefix_space after another step");
-        p->add_prefix_space = true;
-    }
-    if (p->byte_level)
-        return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer: two ByteLevel steps");
-    struct tok_pre_step *s = new_step(p, e);
+    struct tok_pre_step *s = new_step(p, TOK_PRE_BYTELEVEL, TOK_SPLIT_ISOLATED, e);
     if (!s)
         return -ERR_UNSUPPORTED;
-    s->kind = TOK_PRE_BYTELEVEL;
-    p->byte_level = true;
+    s->add_prefix_space = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space"));
     if (ur && !cJSON_IsTrue(ur))
         return 0;  /* use_regex = false: map bytes only */
-    return compile_regex(&s->re, k_gpt2_regex, sizeof k_gpt2_regex - 1, false, e);
+    return tok_regex_compile(&s->re, k_gpt2_regex, sizeof k_gpt2_regex - 1, false,
+                             "pre_tokenizer ByteLevel", e);
 }
 
-static int parse_behavior(const cJSON *j, enum tok_split_behavior *b, struct err *e)
+static int parse_behavior(const cJSON *j, const char *what, enum tok_split_behavior dflt,
+                          enum tok_split_behavior *b, struct err *e)
 {
     static const struct {
         const char *name;
         enum tok_split_behavior b;
     } k_b[] = {
-        {"Isolated", TOK_SPLIT_ISOLATED},          {"Removed", TOK_SPLIT_REMOVED},
+        {"Isolated", TOK_SPLIT_ISOLATED},         {"Removed", TOK_SPLIT_REMOVED},
         {"MergedWithPrevious", TOK_SPLIT_MERGED_PREV}, {"MergedWithNext", TOK_SPLIT_MERGED_NEXT},
         {"Contiguous", TOK_SPLIT_CONTIGUOUS},
     };
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "behavior");
+    if (!v && dflt) {
+        *b = dflt;
+        return 0;
+    }
     if (!cJSON_IsString(v))
-        return err_setf(e, ERR_FORMAT, "pre_tokenizer Split: missing \"behavior\"");
+        return err_setf(e, ERR_FORMAT, "%s: missing \"behavior\"", what);
     for (size_t i = 0; i < sizeof k_b / sizeof k_b[0]; i++)
         if (strcmp(v->valuestring, k_b[i].name) == 0) {
             *b = k_b[i].b;
             return 0;
         }
-    return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer Split: behavior '%.64s' is not supported",
+    return err_setf(e, ERR_UNSUPPORTED, "%s: behavior '%.64s' is not supported", what,
                     v->valuestring);
 }
 
 static int load_split(struct tok_pretok *p, const cJSON *j, struct err *e)
 {
-    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-    const cJSON *rx = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-    const cJSON *lit = cJSON_GetObjectItemCaseSensitive(pat, "String");
-    const cJSON *src = cJSON_IsString(rx) ? rx : lit;
+    enum tok_split_behavior b;
     int rc;
-    if (p->byte_level)
-        return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer: Split after ByteLevel");
-    if (!cJSON_IsString(src) || src->valuestring[0] == '\0')
-        return err_setf(e, ERR_FORMAT, "pre_tokenizer Split: \"pattern\" needs a Regex or String");
-    struct tok_pre_step *s = new_step(p, e);
+    if ((rc = parse_behavior(j, "pre_tokenizer Split", 0, &b, e)) < 0)
+        return rc;
+    struct tok_pre_step *s = new_step(p, TOK_PRE_SPLIT, b, e);
     if (!s)
         return -ERR_UNSUPPORTED;
-    s->kind = TOK_PRE_SPLIT;
     s->invert = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "invert"));
-    if ((rc = parse_behavior(j, &s->behavior, e)) < 0)
-        return rc;
-    return compile_regex(&s->re, src->valuestring, strlen(src->valuestring), src == lit, e);
+    return tok_pattern_load(&s->re, cJSON_GetObjectItemCaseSensitive(j, "pattern"),
+                            "pre_tokenizer Split", e);
+}
+
+/* Metaspace: " " -> replacement, prepend_scheme (or the older
+ * add_prefix_space), split on the replacement (default true). */
+static int load_metaspace(struct tok_pretok *p, const cJSON *j, struct err *e)
+{
+    const cJSON *rep = cJSON_GetObjectItemCaseSensitive(j, "replacement");
+    const cJSON *scheme = cJSON_GetObjectItemCaseSensitive(j, "prepend_scheme");
+    const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
+    const cJSON *split = cJSON_GetObjectItemCaseSensitive(j, "split");
+    int32_t cp;
+    struct tok_pre_step *s = new_step(p, TOK_PRE_METASPACE, TOK_SPLIT_MERGED_NEXT, e);
+    if (!s)
+        return -ERR_UNSUPPORTED;
+    if (!cJSON_IsString(rep) || rep->valuestring[0] == '\0' ||
+        tok_utf8_check(rep->valuestring, strlen(rep->valuestring)) != strlen(rep->valuestring) ||
+        tok_utf8_next(rep->valuestring, strlen(rep->valuestring), &cp) != strlen(rep->valuestring))
+        return err_setf(e, ERR_FORMAT, "pre_tokenizer Metaspace: \"replacement\" must be one character");
+    s->repl_len = strlen(rep->valuestring);
+    memcpy(s->repl, rep->valuestring, s->repl_len);
+    s->prepend = TOK_PREPEND_ALWAYS;
+    if (cJSON_IsString(scheme)) {
+        if (strcmp(scheme->valuestring, "first") == 0)
+            s->prepend = TOK_PREPEND_FIRST;
+        else if (strcmp(scheme->valuestring, "never") == 0)
+            s->prepend = TOK_PREPEND_NEVER;
+        else if (strcmp(scheme->valuestring, "always") != 0)
+            return err_setf(e, ERR_FORMAT, "pre_tokenizer Metaspace: prepend_scheme '%.32s'",
+                            scheme->valuestring);
+    }
+    if (cJSON_IsFalse(aps))
+        s->prepend = TOK_PREPEND_NEVER;
+    if (split && !cJSON_IsTrue(split))
+        return 0;
+    return tok_regex_compile(&s->re, s->repl, s->repl_len, true, "pre_tokenizer Metaspace", e);
+}
+
+static int load_simple(struct tok_pretok *p, const char *type, const cJSON *j, struct err *e)
+{
+    enum tok_split_behavior b;
+    int rc;
+    if (strcmp(type, "Digits") == 0) {
+        bool each = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "individual_digits"));
+        return add_regex_step(p, "pre_tokenizer Digits", "\\p{N}",
+                              each ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS, false, e);
+    }
+    if (strcmp(type, "Punctuation") == 0) {
+        if ((rc = parse_behavior(j, "pre_tokenizer Punctuation", TOK_SPLIT_ISOLATED, &b, e)) < 0)
+            return rc;
+        return add_regex_step(p, "pre_tokenizer Punctuation", k_punct_regex, b, false, e);
+    }
+    if (strcmp(type, "Whitespace") == 0)
+        return add_regex_step(p, "pre_tokenizer Whitespace", "\\w+|[^\\w\\s]+", TOK_SPLIT_REMOVED,
+                              true, e);
+    if (strcmp(type, "WhitespaceSplit") == 0)
+        return add_regex_step(p, "pre_tokenizer WhitespaceSplit", "\\s+", TOK_SPLIT_REMOVED, false, e);
+    if (strcmp(type, "BertPreTokenizer") == 0) {
+        if ((rc = add_regex_step(p, "pre_tokenizer BertPreTokenizer", "\\s+", TOK_SPLIT_REMOVED,
+                                 false, e)) < 0)
+            return rc;
+        return add_regex_step(p, "pre_tokenizer BertPreTokenizer", k_punct_regex,
+                              TOK_SPLIT_ISOLATED, false, e);
+    }
+    if (strcmp(type, "CharDelimiterSplit") == 0) {
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "delimiter");
+        int32_t cp;
+        if (!cJSON_IsString(d) || d->valuestring[0] == '\0' ||
+            tok_utf8_check(d->valuestring, strlen(d->valuestring)) != strlen(d->valuestring) ||
+            tok_utf8_next(d->valuestring, strlen(d->valuestring), &cp) != strlen(d->valuestring))
+            return err_setf(e, ERR_FORMAT, "pre_tokenizer CharDelimiterSplit: bad \"delimiter\"");
+        struct tok_pre_step *s = new_step(p, TOK_PRE_SPLIT, TOK_SPLIT_REMOVED, e);
+        if (!s)
+            return -ERR_UNSUPPORTED;
+        return tok_regex_compile(&s->re, d->valuestring, strlen(d->valuestring), true,
+                                 "pre_tokenizer CharDelimiterSplit", e);
+    }
+    return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer type '%.64s' is not supported", type);
 }
 
 static int pretok_add(struct tok_pretok *p, const cJSON *j, int depth, struct err *e)
@@ -232,15 +217,22 @@ static int pretok_add(struct tok_pretok *p, const cJSON *j, int depth, struct er
         return load_bytelevel(p, j, e);
     if (strcmp(type, "Split") == 0)
         return load_split(p, j, e);
-    return err_setf(e, ERR_UNSUPPORTED, "pre_tokenizer type '%.64s' is not supported", type);
+    if (strcmp(type, "Metaspace") == 0)
+        return load_metaspace(p, j, e);
+    return load_simple(p, type, j, e);
 }
 
 int tok_pretok_load(struct tok_pretok *p, const cJSON *j, struct err *e)
 {
+    int rc;
     memset(p, 0, sizeof *p);
     if (!j || cJSON_IsNull(j))
         return 0;
-    return pretok_add(p, j, 0, e);
+    if ((rc = pretok_add(p, j, 0, e)) < 0)
+        return rc;
+    /* A trailing ByteLevel leaves its mapping to the encoder (see top). */
+    p->byte_level = p->n > 0 && p->step[p->n - 1].kind == TOK_PRE_BYTELEVEL;
+    return 0;
 }
 
 void tok_pretok_deinit(struct tok_pretok *p)
@@ -250,32 +242,53 @@ void tok_pretok_deinit(struct tok_pretok *p)
     memset(p, 0, sizeof *p);
 }
 
-/* ---- pre-tokenizer: run ---- */
+/* ---- run ---- */
 
-/* One Split step in progress over the piece s: pieces it has decided on go
- * to the next step; the MergedWith and Contiguous behaviours hold one piece
- * back (pend) until
- * they know whether the neighbour merges into it. */
-struct split_run {
-    const struct tok_pretok *p;
-    int k;  /* this step's index */
+/* One call of tok_pretok_run: the scratch buffers of every step. */
+struct pt_run {
+    const struct tokenizer *t;
     pcre2_match_data *md;
-    const char *s;
     tok_word_fn fn;
     void *ctx;
     struct err *e;
+    struct tok_buf in[TOK_STEPS_MAX];   /* a step's rewritten input */
+    struct tok_buf out[TOK_STEPS_MAX];  /* a ByteLevel step's mapped piece */
+};
+
+/* One step in progress over the piece s: pieces it has decided on go to
+ * the next step; the MergedWith and Contiguous behaviours hold one piece
+ * back (pend) until they know whether the neighbour merges into it. */
+struct split_run {
+    struct pt_run *run;
+    int k;  /* this step's index */
+    const char *s;
+    bool first;  /* s starts at the start of the original text */
     bool has_pend, pend_match;
     size_t ps, pe;
 };
 
-static int run_from(const struct tok_pretok *p, int k, pcre2_match_data *md, const char *s,
-                    size_t len, tok_word_fn fn, void *ctx, struct err *e);
+static int run_from(struct pt_run *r, int k, const char *s, size_t len, bool first);
 
+/* Passes s[a, b) on to the next step (byte-mapped first for a ByteLevel
+ * step that is not the last). */
 static int emit(struct split_run *r, size_t a, size_t b)
 {
+    struct pt_run *run = r->run;
+    const struct tokenizer *t = run->t;
+    const struct tok_pretok *p = &t->pretok;
+    int rc;
     if (a == b)
         return 0;
-    return run_from(r->p, r->k + 1, r->md, r->s + a, b - a, r->fn, r->ctx, r->e);
+    if (p->step[r->k].kind != TOK_PRE_BYTELEVEL || r->k == p->n - 1)
+        return run_from(run, r->k + 1, r->s + a, b - a, r->first && a == 0);
+    struct tok_buf *o = &run->out[r->k];
+    o->n = 0;
+    for (size_t i = a; i < b; i++) {
+        unsigned char c = (unsigned char)r->s[i];
+        if ((rc = tok_buf_put(o, t->bl.enc[c], t->bl.enc_len[c], run->e)) < 0)
+            return rc;
+    }
+    return run_from(run, r->k + 1, o->p, o->n, r->first && a == 0);
 }
 
 static int flush(struct split_run *r)
@@ -302,7 +315,7 @@ static int piece(struct split_run *r, size_t a, size_t b, bool is_match)
     int rc;
     if (a == b)
         return 0;
-    switch (r->p->step[r->k].behavior) {
+    switch (r->run->t->pretok.step[r->k].behavior) {
     case TOK_SPLIT_ISOLATED:
         return emit(r, a, b);
     case TOK_SPLIT_REMOVED:
@@ -337,7 +350,7 @@ static int piece(struct split_run *r, size_t a, size_t b, bool is_match)
             return rc;
         return is_match ? hold(r, a, b, true) : emit(r, a, b);
     }
-    return err_setf(r->e, ERR_INTERNAL, "pre_tokenizer: bad split behavior");
+    return err_setf(r->run->e, ERR_INTERNAL, "pre_tokenizer: bad split behavior");
 }
 
 static size_t next_char(const char *s, size_t i, size_t len)
@@ -348,60 +361,96 @@ static size_t next_char(const char *s, size_t i, size_t len)
     return i;
 }
 
-static int run_split(struct split_run *r, size_t len)
+static int run_split(struct split_run *r, const pcre2_code *re, bool invert, size_t len)
 {
-    const struct tok_pre_step *st = &r->p->step[r->k];
+    pcre2_match_data *md = r->run->md;
     size_t pos = 0, gap = 0;
     int rc;
     while (pos < len) {
-        int m = pcre2_match(st->re, (PCRE2_SPTR)r->s, len, pos, PCRE2_NO_UTF_CHECK, r->md, NULL);
+        int m = pcre2_match(re, (PCRE2_SPTR)r->s, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (m == PCRE2_ERROR_NOMATCH)
             break;
         if (m < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(m, msg, sizeof msg);
-            return err_setf(r->e, ERR_ARG, "pre_tokenizer regex at byte %zu: %s", pos,
+            return err_setf(r->run->e, ERR_ARG, "pre_tokenizer regex at byte %zu: %s", pos,
                             (const char *)msg);
         }
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         if (me <= ms) {  /* empty match: no piece, move on one character */
             pos = next_char(r->s, ms, len);
             continue;
         }
-        if ((rc = piece(r, gap, ms, st->invert)) < 0 || (rc = piece(r, ms, me, !st->invert)) < 0)
+        if ((rc = piece(r, gap, ms, invert)) < 0 || (rc = piece(r, ms, me, !invert)) < 0)
             return rc;
         gap = pos = me;
     }
-    if ((rc = piece(r, gap, len, st->invert)) < 0)
+    if ((rc = piece(r, gap, len, invert)) < 0)
         return rc;
     return flush(r);
 }
 
-static int run_from(const struct tok_pretok *p, int k, pcre2_match_data *md, const char *s,
-                    size_t len, tok_word_fn fn, void *ctx, struct err *e)
+/* Metaspace's rewrite of s into o: every " " becomes the replacement, which
+ * is also prepended per the scheme unless s already starts with it. */
+static int metaspace_rewrite(const struct tok_pre_step *st, const char *s, size_t len, bool first,
+                             struct tok_buf *o, struct err *e)
 {
-    if (k == p->n)
-        return fn(ctx, s, len);
-    if (!p->step[k].re)
-        return run_from(p, k + 1, md, s, len, fn, ctx, e);
-    struct split_run r = {.p = p, .k = k, .md = md, .s = s, .fn = fn, .ctx = ctx, .e = e};
-    return run_split(&r, len);
+    int rc;
+    /* HF tests for the replacement after replacing, so a leading " " counts. */
+    bool starts = s[0] == ' ' || (len >= st->repl_len && memcmp(s, st->repl, st->repl_len) == 0);
+    bool pre = st->prepend == TOK_PREPEND_ALWAYS || (st->prepend == TOK_PREPEND_FIRST && first);
+    o->n = 0;
+    if (pre && !starts && (rc = tok_buf_put(o, st->repl, st->repl_len, e)) < 0)
+        return rc;
+    size_t run = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] != ' ')
+            continue;
+        if ((rc = tok_buf_put(o, s + run, i - run, e)) < 0 ||
+            (rc = tok_buf_put(o, st->repl, st->repl_len, e)) < 0)
+            return rc;
+        run = i + 1;
+    }
+    return tok_buf_put(o, s + run, len - run, e);
 }
 
-int tok_pretok_run(const struct tok_pretok *p, pcre2_match_data *md, const char *s, size_t len,
-                   tok_word_fn fn, void *ctx, struct err *e)
+static int run_from(struct pt_run *r, int k, const char *s, size_t len, bool first)
 {
+    const struct tok_pretok *p = &r->t->pretok;
+    int rc;
+    if (k == p->n)
+        return r->fn(r->ctx, s, len);
+    const struct tok_pre_step *st = &p->step[k];
+    struct tok_buf *in = &r->in[k];
+    if (st->kind == TOK_PRE_BYTELEVEL && st->add_prefix_space && s[0] != ' ') {
+        in->n = 0;
+        if ((rc = tok_buf_put(in, " ", 1, r->e)) < 0 || (rc = tok_buf_put(in, s, len, r->e)) < 0)
+            return rc;
+        s = in->p;
+        len = in->n;
+    } else if (st->kind == TOK_PRE_METASPACE) {
+        if ((rc = metaspace_rewrite(st, s, len, first, in, r->e)) < 0)
+            return rc;
+        s = in->p;
+        len = in->n;
+    }
+    struct split_run sr = {.run = r, .k = k, .s = s, .first = first};
+    if (!st->re)
+        return emit(&sr, 0, len);
+    return run_split(&sr, st->re, st->invert, len);
+}
+
+int tok_pretok_run(const struct tokenizer *t, pcre2_match_data *md, const char *s, size_t len,
+                   bool first, tok_word_fn fn, void *ctx, struct err *e)
+{
+    struct pt_run r = {.t = t, .md = md, .fn = fn, .ctx = ctx, .e = e};
     if (len == 0)
         return 0;
-    if (!p->add_prefix_space || s[0] == ' ')
-        return run_from(p, 0, md, s, len, fn, ctx, e);
-    char *buf = malloc(len + 1);
-    if (!buf)
-        return err_setf(e, ERR_NOMEM, "pre_tokenizer: %zu bytes", len + 1);
-    buf[0] = ' ';
-    memcpy(buf + 1, s, len);
-    int rc = run_from(p, 0, md, buf, len + 1, fn, ctx, e);
-    free(buf);
+    int rc = run_from(&r, 0, s, len, first);
+    for (int i = 0; i < TOK_STEPS_MAX; i++) {
+        free(r.in[i].p);
+        free(r.out[i].p);
+    }
     return rc;
 }

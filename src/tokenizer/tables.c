@@ -3,7 +3,7 @@
  *
  * Vocab lookups happen once per character and once per candidate merge, so
  * they go through open-addressing hash tables with linear probing, sized
- * once at load for a known key count (load factor <= 1/2; no rehashing,
+ * once at load for a known key count (load factor <= 2/3; no rehashing,
  * no deletion). String keys live in one append-only pool and are addressed
  * by offset so the pool can grow while tables refer to it.
  *
@@ -41,6 +41,20 @@ int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, s
     return 0;
 }
 
+int tok_pool_reserve(struct tok_pool *p, size_t extra, struct err *e)
+{
+    if (extra >= UINT32_MAX || p->n > UINT32_MAX - extra)
+        return err_setf(e, ERR_RANGE, "tokenizer string pool over 4 GiB");
+    if (p->n + extra <= p->cap)
+        return 0;
+    char *nb = realloc(p->buf, p->n + extra);
+    if (!nb)
+        return err_setf(e, ERR_NOMEM, "tokenizer string pool: %zu bytes", p->n + extra);
+    p->buf = nb;
+    p->cap = p->n + extra;
+    return 0;
+}
+
 void tok_pool_deinit(struct tok_pool *p)
 {
     free(p->buf);
@@ -68,9 +82,16 @@ static size_t pow2_at_least(size_t n)
     return c;
 }
 
+/* Load factor at most 2/3: linear probing stays short, and the tables of a
+ * 150k-entry vocab are half the size (fewer fresh pages to fault in at load). */
+static size_t table_cap(size_t n_max)
+{
+    return pow2_at_least(n_max + n_max / 2 + 1);
+}
+
 int tok_strmap_init(struct tok_strmap *m, size_t n_max, struct err *e)
 {
-    size_t cap = pow2_at_least(n_max * 2 + 1);
+    size_t cap = table_cap(n_max);
     m->slots = malloc(cap * sizeof *m->slots);
     if (!m->slots)
         return err_setf(e, ERR_NOMEM, "vocab hash table: %zu slots", cap);
@@ -145,7 +166,7 @@ static uint64_t pair_key(int32_t a, int32_t b)
 
 int tok_pairmap_init(struct tok_pairmap *m, size_t n_max, struct err *e)
 {
-    size_t cap = pow2_at_least(n_max * 2 + 1);
+    size_t cap = table_cap(n_max);
     m->slots = calloc(cap, sizeof *m->slots);
     if (!m->slots)
         return err_setf(e, ERR_NOMEM, "merge hash table: %zu slots", cap);
@@ -196,18 +217,30 @@ const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t 
 
 /* ---- id vector ---- */
 
-int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e)
+int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e)
 {
-    if (v->n == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
+    if (v->n + n > v->cap) {
+        size_t cap = v->cap ? v->cap : 64;
+        while (cap < v->n + n)
+            cap *= 2;
         int32_t *nv = realloc(v->v, cap * sizeof *nv);
         if (!nv)
             return err_setf(e, ERR_NOMEM, "token id buffer: %zu ids", cap);
         v->v = nv;
         v->cap = cap;
     }
-    v->v[v->n++] = id;
+    memcpy(v->v + v->n, ids, n * sizeof *ids);
+    v->n += n;
     return 0;
+}
+
+int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e)
+{
+    if (v->n < v->cap) {
+        v->v[v->n++] = id;
+        return 0;
+    }
+    return tok_ids_append(v, &id, 1, e);
 }
 
 /* ---- UTF-8 ---- */
@@ -290,4 +323,31 @@ void tok_bytelevel_init(struct tok_bytelevel *bl)
         }
         bl->dec[cp] = (int16_t)b;
     }
+}
+
+/* ---- byte buffer ---- */
+
+int tok_buf_put(struct tok_buf *b, const char *s, size_t n, struct err *e)
+{
+    /* Every buffer holds text derived from one bounded input; 4x the text
+     * limit leaves room for legitimate growth (byte-level mapping doubles,
+     * U+FFFD triples) and stops runaway rewrites. */
+    if (n > TOK_TEXT_MAX * 4 || b->n + n > TOK_TEXT_MAX * 4)
+        return err_setf(e, ERR_RANGE, "tokenizer: intermediate text over %zu bytes",
+                        TOK_TEXT_MAX * 4);
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = realloc(b->p, cap);
+        if (!np)
+            return err_setf(e, ERR_NOMEM, "tokenizer: buffer of %zu bytes", cap);
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
 }

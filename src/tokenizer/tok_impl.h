@@ -2,21 +2,22 @@
  * tok_impl.h: internals shared by the tokenizer's .c files. Not for use
  * outside src/tokenizer/.
  *
- * The encode pipeline mirrors Hugging Face `tokenizers`, one stage per file:
- *   added tokens (encode.c)  split out before anything else, matched
- *                            leftmost-longest on the raw text
- *   normalizer   (pretok.c)  NFC/NFD/NFKC/NFKD through utf8proc
- *   pre-tokenizer(pretok.c)  a list of steps (regex Split, ByteLevel) that
- *                            cut a segment into words; ByteLevel maps bytes to
- *                            the GPT-2 printable alphabet
- *   model        (bpe.c)     BPE over one word with merge ranks
- *   post-process (encode.c)  prefix/suffix special ids (TemplateProcessing)
- * and decoding goes through decode.c. Shared containers (string pool, hash
- * tables, id vector) and UTF-8 helpers live in tables.c.
+ * The encode pipeline mirrors Hugging Face `tokenizers`, one stage per file,
+ * each stage a flat list of steps loaded from tokenizer.json (a Sequence is
+ * flattened at load; see docs/adr/0008-tokenizer-pipeline.md):
+ *   added tokens (encode.c)     split out before anything else, matched
+ *                               leftmost-longest on the raw text
+ *   normalizer   (normalize.c)  NFC/NFD/NFKC/NFKD, Lowercase, Strip,
+ *                               Prepend, Replace, ByteLevel
+ *   pre-tokenizer(pretok.c)     steps that rewrite and cut a segment into
+ *                               words (Split, ByteLevel, Metaspace, Digits...)
+ *   model        (bpe.c)        BPE over one word with merge ranks
+ *   post-process (encode.c)     prefix/suffix special ids (TemplateProcessing)
+ * and decoding goes through decode.c (a list of decoder steps over the
+ * token strings, as HF's decode_chain). Shared containers (string pool,
+ * hash tables, id vector, byte buffer) and UTF-8 helpers live in tables.c,
+ * Unicode classes in normalize.c.
  *
- * Later additions slot into these stages without rework: Metaspace and
- * Digits are new pre-tokenizer step kinds, Replace/Prepend new normalizer
- * kinds, ByteFallback/Strip new decoder kinds, Unigram a second model.
  * A loaded tokenizer is immutable: every function taking a const tokenizer
  * is safe to call from several threads; per-call scratch lives on the stack
  * or in the caller's objects.
@@ -44,6 +45,8 @@
 #define TOK_ID_SLACK   65536
 #define TOK_STEPS_MAX  8   /* normalizer / pre-tokenizer steps in a Sequence */
 #define TOK_POST_MAX   8   /* special ids a post-processor adds on one side */
+#define TOK_JSON_DEPTH 128 /* nesting the span reader (jscan.c) accepts */
+#define TOK_AFFIX_MAX  32  /* BPE continuing_subword_prefix / end_of_word_suffix bytes */
 
 /* ---- containers (tables.c) ---- */
 
@@ -54,12 +57,14 @@ struct tok_pool {
     size_t n, cap;
 };
 int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, struct err *e);
+/* Makes room for extra more bytes (one realloc instead of many doublings). */
+int tok_pool_reserve(struct tok_pool *p, size_t extra, struct err *e);
 void tok_pool_deinit(struct tok_pool *p);
 
 uint32_t tok_hash_str(const char *s, size_t len);
 
 /* Open-addressing map from a pooled string to an id. Sized once at init for
- * n_max keys (load <= 1/2), so puts never rehash. */
+ * n_max keys (load <= 2/3), so puts never rehash. */
 struct tok_strslot {
     uint32_t hash;
     int32_t id;   /* -1 = empty */
@@ -99,12 +104,47 @@ void tok_pairmap_deinit(struct tok_pairmap *m);
 int tok_pairmap_put(struct tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
 const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t a, int32_t b);
 
+/* Growable byte buffer owned by its user (free p); p is NUL-terminated
+ * once anything (even "") was put. */
+struct tok_buf {
+    char *p;
+    size_t n, cap;
+};
+int tok_buf_put(struct tok_buf *b, const char *s, size_t n, struct err *e);
+
 /* Growable id array owned by its user (free v). */
 struct tok_ids {
     int32_t *v;
     size_t n, cap;
 };
+/* Append one id / n ids (ids must not point into v). Errors: ERR_NOMEM. */
 int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
+int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e);
+
+/* ---- JSON spans (jscan.c) ---- */
+
+/* A byte range of the tokenizer.json text. */
+struct tok_span {
+    const char *p;  /* NULL: absent */
+    size_t len;
+};
+/* A read position in a span. */
+struct tok_jcur {
+    const char *p, *end;
+};
+/* Finds the values of the top-level "model" object's "vocab" and "merges"
+ * (first occurrences; p = NULL when absent). Returns 0, or -1 when the
+ * text is not well-formed enough to walk (cJSON then reports where). */
+int tok_json_model_spans(const char *text, size_t len, struct tok_span *vocab,
+                         struct tok_span *merges);
+/* Skips whitespace and consumes ch when it comes next. */
+bool tok_json_lit(struct tok_jcur *c, char ch);
+/* Skips whitespace; true when ch comes next (not consumed). */
+bool tok_json_peek(struct tok_jcur *c, char ch);
+/* Reads a JSON string into o (reset first, NUL-terminated), unescaped.
+ * Errors: ERR_FORMAT (message without position; the caller adds it). */
+int tok_json_string(struct tok_jcur *c, struct tok_buf *o, struct err *e);
+int tok_json_number(struct tok_jcur *c, double *v, struct err *e);
 
 /* ---- UTF-8 (tables.c) ---- */
 
@@ -115,6 +155,16 @@ int tok_ids_push(struct tok_ids *v, int32_t id, struct err *e);
 size_t tok_utf8_seq(const unsigned char *s, size_t n, size_t *need);
 /* Byte offset of the first invalid sequence in s, or n when all valid. */
 size_t tok_utf8_check(const char *s, size_t n);
+/* Decodes the character at s[0] of valid UTF-8 (n bytes left) into *cp;
+ * returns its length (0 when n == 0). */
+size_t tok_utf8_next(const char *s, size_t n, int32_t *cp);
+/* Start of the character ending at s[end - 1]. */
+size_t tok_utf8_prev(const char *s, size_t end);
+/* Unicode White_Space (Rust char::is_whitespace, regex \s). */
+bool tok_cp_is_space(int32_t cp);
+/* Rust regex \w: letters, marks, decimal and letter numbers, connector
+ * punctuation, Join_Control. */
+bool tok_cp_is_word(int32_t cp);
 
 /* GPT-2 byte-level alphabet: each byte maps to one printable code point
  * (printable Latin-1 bytes map to themselves, the rest to U+0100 + k). */
@@ -149,6 +199,10 @@ struct tok_bpe {
     bool byte_fallback;        /* unknown chars -> <0xXX> pieces (SentencePiece style) */
     bool ignore_merges;        /* a word already in the vocab is one token (Llama 3) */
     int32_t byte_tok[256];     /* ids of "<0xXX>", -1 when absent */
+    /* continuing_subword_prefix / end_of_word_suffix ("" when unset): added
+     * to every character but the first / to the last before lookup. */
+    char prefix[TOK_AFFIX_MAX + 1], suffix[TOK_AFFIX_MAX + 1];
+    size_t prefix_len, suffix_len;
 };
 
 struct bpe_sym;
@@ -162,37 +216,82 @@ struct tok_bpe_scratch {
 };
 void tok_bpe_scratch_deinit(struct tok_bpe_scratch *s);
 
+/* model.vocab as read from its span: the pieces are in the tokenizer's pool. */
+struct tok_vlist {
+    uint32_t *off, *len;
+    int32_t *id;
+    size_t n;
+    int32_t max_id;
+};
+void tok_vlist_deinit(struct tok_vlist *v);
+
 struct tokenizer;
-/* Reads model.vocab and model.merges into t->bpe and the id table (which
- * tok_load sized beforehand). Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
-int tok_bpe_load(struct tokenizer *t, const cJSON *model, struct err *e);
+/* Reads the model.vocab object at sp into v (pieces into t's pool), checking
+ * ids are integers in [0, 2^24) and pieces valid UTF-8 of at most
+ * TOK_PIECE_MAX bytes. Errors: ERR_FORMAT (with the byte offset), ERR_NOMEM. */
+int tok_bpe_read_vocab(struct tokenizer *t, struct tok_span sp, struct tok_vlist *v,
+                       struct err *e);
+/* Fills t->bpe from the model options (cJSON), the vocab list and the
+ * model.merges span, and the id table (which tok_load sized beforehand).
+ * Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
+int tok_bpe_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist *v,
+                 struct tok_span merges, struct err *e);
 void tok_bpe_deinit(struct tok_bpe *b);
 /* Appends the ids of one pre-tokenized word (already in the vocab's
  * alphabet, e.g. byte-level mapped) to out. */
 int tok_bpe_word(const struct tokenizer *t, struct tok_bpe_scratch *s, const char *w, size_t len,
              struct tok_ids *out, struct err *e);
 
-/* ---- normalizer and pre-tokenizer (pretok.c) ---- */
+/* ---- regexes (normalize.c) ---- */
+
+/* Compiles pat (len bytes) with UTF (+UCP unless literal), JIT when
+ * available. what names the component in errors (-ERR_UNSUPPORTED). */
+int tok_regex_compile(pcre2_code **out, const char *pat, size_t len, bool literal,
+                      const char *what, struct err *e);
+/* Compiles a tokenizer.json pattern object {"Regex": ...} or {"String": ...}. */
+int tok_pattern_load(pcre2_code **re, const cJSON *pattern, const char *what, struct err *e);
+
+/* ---- normalizer (normalize.c) ---- */
 
 enum tok_norm_kind {
     TOK_NORM_NFC = 1,
     TOK_NORM_NFD,
     TOK_NORM_NFKC,
     TOK_NORM_NFKD,
+    TOK_NORM_LOWERCASE,
+    TOK_NORM_STRIP,
+    TOK_NORM_PREPEND,
+    TOK_NORM_REPLACE,
+    TOK_NORM_BYTELEVEL,
+};
+struct tok_norm_step {
+    enum tok_norm_kind kind;
+    bool left, right;   /* Strip */
+    char *str;          /* Prepend's string, Replace's content (owned) */
+    size_t str_len;
+    pcre2_code *re;     /* Replace's pattern (a literal is compiled as one) */
 };
 struct tok_norm {
     int n;  /* 0 = no normalizer */
-    enum tok_norm_kind kind[TOK_STEPS_MAX];
+    struct tok_norm_step step[TOK_STEPS_MAX];
 };
+/* Reads the "normalizer" section (NULL or null: none). Errors: ERR_FORMAT,
+ * ERR_UNSUPPORTED (naming the type), ERR_NOMEM; partial state is freed by
+ * tok_norm_deinit. */
 int tok_norm_load(struct tok_norm *nm, const cJSON *j, struct err *e);
-/* Normalizes s[0..len) into a malloc'd *out (caller frees). Only called
- * when nm->n > 0. */
-int tok_norm_apply(const struct tok_norm *nm, const char *s, size_t len, char **out,
-                   size_t *out_len, struct err *e);
+void tok_norm_deinit(struct tok_norm *nm);
+struct tokenizer;
+/* Runs t's normalizer over s[0..len) into a malloc'd NUL-terminated *out
+ * (caller frees). md: match data for Replace. Errors: ERR_NOMEM, ERR_RANGE. */
+int tok_norm_apply(const struct tokenizer *t, pcre2_match_data *md, const char *s, size_t len,
+                   char **out, size_t *out_len, struct err *e);
+
+/* ---- pre-tokenizer (pretok.c) ---- */
 
 enum tok_pre_kind {
-    TOK_PRE_SPLIT = 1,     /* regex or literal Split */
-    TOK_PRE_BYTELEVEL,     /* ByteLevel: GPT-2 regex split (use_regex) + byte mapping */
+    TOK_PRE_SPLIT = 1,     /* regex or literal split */
+    TOK_PRE_BYTELEVEL,     /* optional " " prefix, GPT-2 regex (use_regex), byte mapping */
+    TOK_PRE_METASPACE,     /* " " -> U+2581, prepend, split before each U+2581 */
 };
 enum tok_split_behavior {
     TOK_SPLIT_ISOLATED = 1,
@@ -201,32 +300,45 @@ enum tok_split_behavior {
     TOK_SPLIT_MERGED_NEXT,
     TOK_SPLIT_CONTIGUOUS,
 };
+enum tok_prepend {
+    TOK_PREPEND_ALWAYS = 1,
+    TOK_PREPEND_FIRST,   /* only for the piece at the start of the text */
+    TOK_PREPEND_NEVER,
+};
 struct tok_pre_step {
     enum tok_pre_kind kind;
-    pcre2_code *re;  /* NULL for ByteLevel without use_regex */
+    pcre2_code *re;  /* NULL: no split (ByteLevel without use_regex, Metaspace split=false) */
     enum tok_split_behavior behavior;
     bool invert;
+    bool add_prefix_space;  /* ByteLevel */
+    char repl[8];           /* Metaspace replacement (one character) */
+    size_t repl_len;
+    enum tok_prepend prepend;
 };
 struct tok_pretok {
     int n;
     struct tok_pre_step step[TOK_STEPS_MAX];
-    bool byte_level;        /* map words through tok_bytelevel before the model */
-    bool add_prefix_space;  /* ByteLevel add_prefix_space: " " before each segment */
+    bool byte_level;  /* the last step is ByteLevel: the encoder maps words' bytes */
 };
+/* Reads the "pre_tokenizer" section (NULL or null: none). Same error and
+ * cleanup contract as tok_norm_load. */
 int tok_pretok_load(struct tok_pretok *p, const cJSON *j, struct err *e);
 void tok_pretok_deinit(struct tok_pretok *p);
 /* Called once per word (a span of the segment given to tok_pretok_run). */
 typedef int (*tok_word_fn)(void *ctx, const char *w, size_t len);
-/* Cuts s[0..len) (valid UTF-8) into words and calls fn on each, in order.
- * md must hold at least one ovector pair. Stops at fn's first error. */
-int tok_pretok_run(const struct tok_pretok *p, pcre2_match_data *md, const char *s, size_t len,
-                   tok_word_fn fn, void *ctx, struct err *e);
+/* Cuts s[0..len) (valid UTF-8) into words with t's pre-tokenizer and calls
+ * fn on each, in order. first: s starts the original text (Metaspace
+ * prepend_scheme "first"). md must hold at least one ovector pair. Stops
+ * at fn's first error. */
+int tok_pretok_run(const struct tokenizer *t, pcre2_match_data *md, const char *s, size_t len,
+                   bool first, tok_word_fn fn, void *ctx, struct err *e);
 
 /* ---- added tokens and post-processor (tokenizer.c, used by encode.c) ---- */
 
 struct tok_added {
     int32_t id;
-    uint32_t off, len;  /* content in the pool */
+    uint32_t off, len;    /* content in the pool */
+    uint32_t moff, mlen;  /* what is matched: the content, normalized when normalized */
     bool special, lstrip, rstrip, single_word, normalized;
 };
 /* Added tokens of one kind (normalized or not), grouped by first byte and
@@ -243,8 +355,28 @@ struct tok_post {
 };
 
 enum tok_dec_kind {
-    TOK_DEC_NONE = 0,  /* pieces concatenated as they are */
-    TOK_DEC_BYTELEVEL,
+    TOK_DEC_BYTELEVEL = 1,  /* byte-level characters -> bytes, all tokens joined, lossy UTF-8 */
+    TOK_DEC_BYTEFALLBACK,   /* runs of <0xXX> tokens -> their bytes (U+FFFD per byte if invalid) */
+    TOK_DEC_FUSE,           /* all tokens joined into one */
+    TOK_DEC_STRIP,          /* up to start/stop copies of a character off each token */
+    TOK_DEC_REPLACE,        /* pattern -> content in each token */
+    TOK_DEC_METASPACE,      /* replacement -> " ", dropped in the first token */
+    TOK_DEC_BPE,            /* BPEDecoder: suffix -> " " ("" in the last token) */
+};
+struct tok_dec_step {
+    enum tok_dec_kind kind;
+    pcre2_code *re;   /* Replace */
+    char *str;        /* Replace content, BPEDecoder suffix (owned) */
+    size_t str_len;
+    char ch[8];       /* Strip content, Metaspace replacement (one character) */
+    size_t ch_len;
+    int start, stop;  /* Strip */
+    bool prepend;     /* Metaspace: prepend_scheme != never */
+};
+struct tok_dec {
+    bool present;  /* false: no decoder, tokens are joined with " " (as HF) */
+    int n;
+    struct tok_dec_step step[TOK_STEPS_MAX];
 };
 
 struct tokenizer {
@@ -260,14 +392,22 @@ struct tokenizer {
     struct tok_norm norm;
     struct tok_pretok pretok;
     struct tok_post post;
-    enum tok_dec_kind dec;
+    struct tok_dec dec;
     struct tok_bytelevel bl;
     int32_t bos_id, eos_id;   /* -1 when none */
+    bool spm_cut;  /* words may be cut before U+2581 (encode.c on_word; set by tok_spm_cut_ok) */
 };
+
+/* UTF-8 of U+2581, SentencePiece's space. */
+#define TOK_META "\xE2\x96\x81"
 
 /* Id of an added token's content or model piece, -1 when absent. */
 int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
 
 /* ---- decoding (decode.c) ---- */
 
+/* Reads the "decoder" section (NULL or null: none) into t->dec. Errors:
+ * ERR_FORMAT, ERR_UNSUPPORTED (naming the type), ERR_NOMEM; t->dec may then
+ * be partly filled and is freed by tok_decoder_deinit. */
 int tok_decoder_load(struct tokenizer *t, const cJSON *j, struct err *e);
+void tok_decoder_deinit(struct tok_dec *d);

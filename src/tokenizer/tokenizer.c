@@ -2,11 +2,13 @@
  * tokenizer: loading a Hugging Face tokenizer.json (+ tokenizer_config.json)
  * into an immutable struct tokenizer, and the small accessors.
  *
- * Load order: read the file (size-capped) and parse it with cJSON; scan
- * model.vocab and added_tokens once for the highest id so the id table can
- * be allocated in one piece; then each stage loads its own section (model:
- * bpe.c, normalizer and pre_tokenizer: pretok.c, decoder: decode.c; added
- * tokens and post_processor here). tokenizer_config.json only contributes
+ * Load order: read the file (size-capped); find model.vocab and
+ * model.merges in the raw text and read them with jscan.c (90% of the file,
+ * far cheaper than a cJSON tree), parse the rest with cJSON; size the id
+ * table from the vocab and added_tokens ids so it is allocated in one
+ * piece; then each stage loads its own section (model: bpe.c, normalizer:
+ * normalize.c, pre_tokenizer: pretok.c, decoder: decode.c; added tokens
+ * and post_processor here). tokenizer_config.json only contributes
  * bos/eos and add_bos_token/add_eos_token. Every section is validated as
  * hostile input: ids in [0, 2^24), pieces <= TOK_PIECE_MAX bytes, duplicate
  * ids or pieces rejected, unknown component types -> ERR_UNSUPPORTED.
@@ -24,15 +26,12 @@
 
 /* ---- file reading ---- */
 
-/* Reads and parses a JSON file; *root is owned by the caller. */
-static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
+/* Parses text as one JSON object; *root is owned by the caller. */
+static int parse_json_text(const char *path, const char *text, size_t len, cJSON **root,
+                           struct err *e)
 {
-    char *text = NULL;
-    size_t len = 0;
     const char *end = NULL;
-    int rc = file_read_all(path, max, &text, &len, e);
-    if (rc < 0)
-        return rc;
+    int rc = 0;
     *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
     if (!*root) {
         size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
@@ -42,7 +41,63 @@ static int parse_json_file(const char *path, size_t max, cJSON **root, struct er
         cJSON_Delete(*root);
         *root = NULL;
     }
+    return rc;
+}
+
+/* Reads and parses a JSON file; *root is owned by the caller. */
+static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc = file_read_all(path, max, &text, &len, e);
+    if (rc < 0)
+        return rc;
+    rc = parse_json_text(path, text, len, root, e);
     free(text);
+    return rc;
+}
+
+/* Parses tokenizer.json: model.vocab and model.merges are located in the
+ * raw text (spans into *text, which the caller frees) and left out of the
+ * compact copy cJSON parses (each replaced by an empty {} or []), so the
+ * tree holds only the small sections. */
+static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
+                                struct tok_span *spans, struct err *e)
+{
+    size_t len = 0, n = 0;
+    int rc = file_read_all(path, TOK_JSON_MAX, text, &len, e);
+    if (rc < 0)
+        return rc;
+    if (tok_json_model_spans(*text, len, &spans[0], &spans[1]) < 0) {
+        spans[0] = spans[1] = (struct tok_span){0};
+        if ((rc = parse_json_text(path, *text, len, root, e)) < 0)
+            return rc;  /* cJSON says where the JSON is broken */
+        cJSON_Delete(*root);
+        *root = NULL;
+        return err_setf(e, ERR_FORMAT, "%s: JSON nested deeper than %d levels", path,
+                        TOK_JSON_DEPTH);
+    }
+    char *compact = malloc(len + 1);
+    if (!compact)
+        return err_setf(e, ERR_NOMEM, "%s: %zu bytes", path, len);
+    /* spans in text order; a value that is not an object/array stays as is */
+    int first = spans[1].p && (!spans[0].p || spans[1].p < spans[0].p) ? 1 : 0;
+    const char *from = *text;
+    for (int k = 0; k < 2; k++) {
+        const struct tok_span *sp = &spans[k == 0 ? first : 1 - first];
+        char open = sp->p ? sp->p[0] : 0;
+        if (open != '{' && open != '[')
+            continue;
+        memcpy(compact + n, from, (size_t)(sp->p - from));
+        n += (size_t)(sp->p - from);
+        compact[n++] = open;
+        compact[n++] = open == '{' ? '}' : ']';
+        from = sp->p + sp->len;
+    }
+    memcpy(compact + n, from, (size_t)(*text + len - from));
+    n += (size_t)(*text + len - from);
+    rc = parse_json_text(path, compact, n, root, e);
+    free(compact);
     return rc;
 }
 
@@ -60,19 +115,13 @@ static int check_id(const cJSON *v, const char *what, int32_t *max_id, struct er
 }
 
 /* Sizes and allocates t->entry from the ids in model.vocab and added_tokens. */
-static int alloc_ids(struct tokenizer *t, const cJSON *vocab, const cJSON *added, struct err *e)
+static int alloc_ids(struct tokenizer *t, const struct tok_vlist *vocab, const cJSON *added,
+                     struct err *e)
 {
-    int32_t max_id = -1;
-    size_t n_entries = 0;
+    int32_t max_id = vocab->max_id;
+    size_t n_entries = vocab->n;
     const cJSON *it;
     int rc;
-    if (!cJSON_IsObject(vocab) || !vocab->child)
-        return err_setf(e, ERR_FORMAT, "model.vocab: missing or empty");
-    cJSON_ArrayForEach(it, vocab) {
-        if ((rc = check_id(it, "model.vocab", &max_id, e)) < 0)
-            return rc;
-        n_entries++;
-    }
     cJSON_ArrayForEach(it, added) {
         if ((rc = check_id(cJSON_GetObjectItemCaseSensitive(it, "id"), "added_tokens", &max_id, e)) < 0)
             return rc;
@@ -108,12 +157,16 @@ static int load_added_one(struct tokenizer *t, const cJSON *it, size_t i, struct
     if (len > TOK_PIECE_MAX)
         return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: content of %zu bytes (max %d)", i, len,
                         TOK_PIECE_MAX);
+    if (tok_utf8_check(c->valuestring, len) != len)
+        return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: content is not valid UTF-8", i);
     if (t->entry[id].flags & TOK_E_ADDED)
         return err_setf(e, ERR_FORMAT, "added_tokens[%zu]: id %d used twice", i, id);
     if ((rc = tok_pool_add(&t->pool, c->valuestring, len, &a->off, e)) < 0)
         return rc;
     a->id = id;
     a->len = (uint32_t)len;
+    a->moff = a->off;
+    a->mlen = a->len;
     a->special = flag(it, "special", false);
     a->lstrip = flag(it, "lstrip", false);
     a->rstrip = flag(it, "rstrip", false);
@@ -153,8 +206,8 @@ static int build_set(struct tokenizer *t, struct tok_added_set *set, bool norm, 
     }
     for (size_t i = 0; i < t->n_added; i++) {
         const struct tok_added *a = &t->added[i];
-        if (a->normalized == norm)
-            k[n++] = (struct added_key){(unsigned char)t->pool.buf[a->off], a->len, (uint32_t)i};
+        if (a->normalized == norm && a->mlen > 0)
+            k[n++] = (struct added_key){(unsigned char)t->pool.buf[a->moff], a->mlen, (uint32_t)i};
     }
     qsort(k, n, sizeof *k, added_key_cmp);
     memset(set->start, 0, sizeof set->start);
@@ -185,7 +238,35 @@ static int load_added(struct tokenizer *t, const cJSON *added, struct err *e)
         if ((rc = load_added_one(t, it, i++, e)) < 0)
             return rc;
     }
-    if ((rc = build_set(t, &t->added_raw, false, e)) < 0)
+    return 0;
+}
+
+/* Normalized added tokens are matched in normalized text, so (as HF does
+ * since 0.20) their content is normalized once here; then both match sets
+ * are built. Runs after the normalizer is loaded. */
+static int index_added(struct tokenizer *t, struct err *e)
+{
+    int rc = 0;
+    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
+    if (!md)
+        return err_setf(e, ERR_NOMEM, "added tokens: PCRE2 match data");
+    for (size_t i = 0; i < t->n_added && t->norm.n > 0 && rc == 0; i++) {
+        struct tok_added *a = &t->added[i];
+        char *ns = NULL;
+        size_t nlen = 0;
+        if (!a->normalized)
+            continue;
+        if ((rc = tok_norm_apply(t, md, t->pool.buf + a->off, a->len, &ns, &nlen, e)) < 0)
+            break;
+        if (nlen > TOK_PIECE_MAX)
+            rc = err_setf(e, ERR_FORMAT, "added_tokens[%zu]: normalized content over %d bytes", i,
+                          TOK_PIECE_MAX);
+        else if ((rc = tok_pool_add(&t->pool, ns, nlen, &a->moff, e)) == 0)
+            a->mlen = (uint32_t)nlen;
+        free(ns);
+    }
+    pcre2_match_data_free(md);
+    if (rc < 0 || (rc = build_set(t, &t->added_raw, false, e)) < 0)
         return rc;
     return build_set(t, &t->added_norm, true, e);
 }
@@ -289,10 +370,14 @@ static int load_post(struct tokenizer *t, const cJSON *j, int depth, struct err 
 
 /* ---- tokenizer.json ---- */
 
-static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
+/* The model section: options from the cJSON tree, vocab and merges from
+ * their spans in the raw text (jscan.c). */
+static int load_model(struct tokenizer *t, const cJSON *root, const struct tok_span *spans,
+                      struct err *e)
 {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
+    struct tok_vlist vl = {0};
     int rc;
     if (!cJSON_IsObject(model))
         return err_setf(e, ERR_FORMAT, "missing \"model\" object");
@@ -304,25 +389,58 @@ static int load_model(struct tokenizer *t, const cJSON *root, struct err *e)
         return err_setf(e, ERR_UNSUPPORTED, "model type '%.64s' is not supported (only BPE)", ty);
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
-    if ((rc = alloc_ids(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), added, e)) < 0)
-        return rc;
-    if ((rc = tok_bpe_load(t, model, e)) < 0)
-        return rc;
-    return load_added(t, added, e);
+    if ((rc = tok_bpe_read_vocab(t, spans[0], &vl, e)) == 0 &&
+        (rc = alloc_ids(t, &vl, added, e)) == 0 &&
+        (rc = tok_bpe_load(t, model, &vl, spans[1], e)) == 0)
+        rc = load_added(t, added, e);
+    tok_vlist_deinit(&vl);
+    return rc;
 }
 
-static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, struct err *e)
+/* True when cutting words before a U+2581 that follows another character
+ * cannot change BPE's result (see on_word in encode.c): the vocab has
+ * U+2581 and no piece holds it right after another character, merges are
+ * not skipped (ignore_merges), and words are not byte-level mapped. */
+static bool spm_cut_ok(const struct tokenizer *t)
+{
+    if (t->bpe.ignore_merges || t->pretok.byte_level ||
+        tok_strmap_get(&t->bpe.vocab, &t->pool, TOK_META, 3) < 0)
+        return false;
+    for (int i = 0; i < t->pretok.n; i++)
+        if (t->pretok.step[i].kind == TOK_PRE_BYTELEVEL)
+            return false;
+    for (int i = 0; i < t->norm.n; i++)
+        if (t->norm.step[i].kind == TOK_NORM_BYTELEVEL)
+            return false;
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        const struct tok_entry *en = &t->entry[id];
+        if (!(en->flags & TOK_E_MODEL))
+            continue;
+        const char *p = t->pool.buf + en->off;
+        for (size_t i = 1; i + 3 <= en->len; i++)
+            if (memcmp(p + i, TOK_META, 3) == 0 &&
+                !(i >= 3 && memcmp(p + i - 3, TOK_META, 3) == 0))
+                return false;
+    }
+    return true;
+}
+
+static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, const struct tok_span *spans,
+                               struct err *e)
 {
     int rc;
-    if ((rc = load_model(t, root, e)) < 0)
+    if ((rc = load_model(t, root, spans, e)) < 0)
         return rc;
     if ((rc = tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), e)) < 0)
+        return rc;
+    if ((rc = index_added(t, e)) < 0)
         return rc;
     if ((rc = tok_pretok_load(&t->pretok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
                               e)) < 0)
         return rc;
     if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0, e)) < 0)
         return rc;
+    t->spm_cut = spm_cut_ok(t);
     return tok_decoder_load(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), e);
 }
 
@@ -340,8 +458,9 @@ static int32_t config_token(const struct tokenizer *t, const cJSON *cfg, const c
 }
 
 /* add_bos_token / add_eos_token = true make sure the post-processor adds
- * them (transformers rebuilds the template the same way); false leaves the
- * tokenizer.json post-processor as it is. */
+ * them; an explicit false takes them out of the template (transformers'
+ * Llama-style tokenizers rebuild the template from these flags the same
+ * way). Absent flags leave the tokenizer.json post-processor as it is. */
 static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
 {
     int rc;
@@ -355,6 +474,15 @@ static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
         t->post.prefix[0] = t->bos_id;
         t->post.n_prefix++;
     }
+    if (t->bos_id >= 0 && !flag(cfg, "add_bos_token", true) && t->post.n_prefix > 0 &&
+        t->post.prefix[0] == t->bos_id) {
+        memmove(t->post.prefix, t->post.prefix + 1,
+                (size_t)(t->post.n_prefix - 1) * sizeof(int32_t));
+        t->post.n_prefix--;
+    }
+    if (t->eos_id >= 0 && !flag(cfg, "add_eos_token", true) && t->post.n_suffix > 0 &&
+        t->post.suffix[t->post.n_suffix - 1] == t->eos_id)
+        t->post.n_suffix--;
     if (t->eos_id >= 0 && flag(cfg, "add_eos_token", false) &&
         !(t->post.n_suffix > 0 && t->post.suffix[t->post.n_suffix - 1] == t->eos_id)) {
         if ((rc = post_push(t, false, t->eos_id, e)) < 0)
@@ -369,6 +497,8 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
                    struct err *e)
 {
     cJSON *root = NULL, *cfg = NULL;
+    char *text = NULL;
+    struct tok_span spans[2] = {{0}};
     int rc;
     *out = NULL;
     struct tokenizer *t = calloc(1, sizeof *t);
@@ -376,9 +506,9 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
         return err_setf(e, ERR_NOMEM, "tokenizer");
     t->bos_id = t->eos_id = -1;
     tok_bytelevel_init(&t->bl);
-    if ((rc = parse_json_file(tokenizer_json, TOK_JSON_MAX, &root, e)) < 0)
+    if ((rc = parse_tokenizer_json(tokenizer_json, &text, &root, spans, e)) < 0)
         goto fail;
-    if ((rc = load_tokenizer_json(t, root, e)) < 0) {
+    if ((rc = load_tokenizer_json(t, root, spans, e)) < 0) {
         err_prefix(e, "%s", tokenizer_json);
         goto fail;
     }
@@ -390,11 +520,13 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
             goto fail;
         }
     }
+    free(text);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     *out = t;
     return 0;
 fail:
+    free(text);
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     tok_free(t);
@@ -419,6 +551,8 @@ void tok_free(struct tokenizer *t)
         return;
     tok_bpe_deinit(&t->bpe);
     tok_pretok_deinit(&t->pretok);
+    tok_norm_deinit(&t->norm);
+    tok_decoder_deinit(&t->dec);
     tok_pool_deinit(&t->pool);
     free(t->entry);
     free(t->added);

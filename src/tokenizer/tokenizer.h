@@ -1,18 +1,30 @@
 /*
- * tokenizer: text <-> token ids from a Hugging Face tokenizer.json.
+ * tokenizer: text <-> token ids from a Hugging Face tokenizer.json, matching
+ * the Rust `tokenizers` library token for token.
  *
- * Supports BPE models (GPT-2 style: ByteLevel pre-tokenizer with the GPT-2
- * split regex; Llama-3/Qwen style: Split pre-tokenizer with a custom regex,
- * PCRE2, ignore_merges; NFC/NFKC normalizers), merges given as "a b"
- * strings or [a, b] pairs, added/special tokens matched before
- * pre-tokenization, TemplateProcessing/ByteLevel post-processors and the
- * ByteLevel decoder. Other component types (WordPiece/Unigram models,
- * Metaspace, ...) fail to load with -ERR_UNSUPPORTED naming the type.
- * tokenizer_config.json (optional) supplies bos/eos and add_bos_token.
+ * Supported components (anything else fails to load with -ERR_UNSUPPORTED
+ * naming the type; nothing falls back silently):
+ *   model           BPE: byte-level (GPT-2, Llama 3, Qwen) or SentencePiece
+ *                   style (byte_fallback, unk_token, fuse_unk), ignore_merges,
+ *                   continuing_subword_prefix / end_of_word_suffix; merges as
+ *                   "a b" strings or [a, b] pairs; dropout is ignored
+ *   normalizer      NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace
+ *                   (string or regex), ByteLevel, Sequence
+ *   pre_tokenizer   Split (regex or string, every behaviour, invert),
+ *                   ByteLevel, Metaspace, Digits, Punctuation, Whitespace,
+ *                   WhitespaceSplit, CharDelimiterSplit, BertPreTokenizer,
+ *                   Sequence (regexes via PCRE2 with Unicode properties, JIT)
+ *   added_tokens    special and normal, lstrip/rstrip/single_word/normalized,
+ *                   matched leftmost-longest before normalization
+ *   post_processor  TemplateProcessing, ByteLevel, Roberta/Bert, Sequence
+ *   decoder         ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace,
+ *                   BPEDecoder, Sequence
+ * tokenizer_config.json (optional) supplies bos/eos and add_bos_token /
+ * add_eos_token.
  *
  * A loaded tokenizer is immutable: encode/decode may run concurrently on it.
- * Streaming detokenization (struct tok_stream) emits only complete UTF-8
- * characters, holding back partial sequences until the next token.
+ * Streaming detokenization (struct tok_stream) emits only complete UTF-8,
+ * holding back partial characters and byte-fallback runs.
  * All inputs are untrusted: sizes are bounded, bad JSON is an error.
  */
 #pragma once
@@ -65,28 +77,37 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
 int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                char **out, struct err *e);
 
-/* Streaming decoder: push one id at a time, get the bytes that are now final. */
+/* Largest piece in bytes; longer vocab entries are rejected at load. */
+#define TOK_PIECE_MAX 1024
+/* Ids a stream holds while it waits for a complete character. */
+#define TOK_STREAM_WINDOW 8
+
+/* Streaming decoder: push one id at a time, get the text that is now final.
+ * Plain value, no heap: no deinit needed. Fields are private. */
 struct tok_stream {
     const struct tokenizer *tok;
     bool skip_special;
-    unsigned char pending[8];  /* bytes of an incomplete UTF-8 character */
-    int n_pending;
+    int32_t ids[TOK_STREAM_WINDOW];  /* recent ids: n_ctx already emitted, then pending ones */
+    int n_ids, n_ctx;
+    bool mid;  /* ids have left the window: it no longer starts the text */
 };
 void tok_stream_init(struct tok_stream *s, const struct tokenizer *t, bool skip_special);
-/* Largest piece in bytes; longer vocab entries are rejected at load. */
-#define TOK_PIECE_MAX 1024
-/* An output buffer this large always fits one tok_stream_push: a token's
- * bytes plus 3 pending ones, each possibly becoming a 3-byte U+FFFD. */
-#define TOK_STREAM_CAP (3 * (TOK_PIECE_MAX + 8) + 1)
-/* Writes the complete UTF-8 text that id finishes to out (NUL-terminated).
- * cap >= TOK_STREAM_CAP always suffices; TOK_PIECE_MAX + 16 suffices
- * unless the token's bytes are invalid UTF-8. Returns bytes written (>= 0)
- * or a negative error: -ERR_RANGE for an id out of range or output that
- * does not fit cap (the stream is then unchanged). Concatenating every
- * push and the flush gives exactly tok_decode of the same ids. */
+/* An output buffer this large always fits one tok_stream_push or flush: the
+ * text of a full window plus one id, each piece byte at most 3 bytes of
+ * output (U+FFFD), plus a separator per token. */
+#define TOK_STREAM_CAP ((TOK_STREAM_WINDOW + 1) * (3 * TOK_PIECE_MAX + 1) + 1)
+/* Writes the text that id completes to out (NUL-terminated): nothing while
+ * the text so far ends in an incomplete character or byte run, at most
+ * TOK_STREAM_WINDOW ids long. cap >= TOK_STREAM_CAP always suffices.
+ * Returns bytes written (>= 0) or a negative error: -ERR_RANGE for an id
+ * out of range or output that does not fit cap, -ERR_NOMEM (the stream is
+ * then unchanged). For valid text, concatenating every push and the flush
+ * gives exactly tok_decode of the same ids, including decoders that treat
+ * the first token differently (Metaspace, Strip). */
 int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, struct err *e);
-/* Bytes still pending at the end (an incomplete character) are emitted as
- * one U+FFFD. Returns bytes written (0 or 3), -ERR_RANGE when cap < 4. */
+/* Writes what is still pending (U+FFFD for an incomplete character) and
+ * resets the stream. Returns bytes written, -ERR_RANGE when it does not fit
+ * cap, -ERR_NOMEM. */
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 
 #ifdef __cplusplus
