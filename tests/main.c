@@ -23,7 +23,8 @@
     X(golden)     \
     X(sampler)    \
     X(models)     \
-    X(tokenizer)
+    X(tokenizer)  \
+    X(template)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
 SUITES(DECLARE)

@@ -51,7 +51,7 @@ static struct frame *frame_new(struct rctx *c, struct frame *parent)
 {
     struct frame *f = ar_alloc(&c->ar, sizeof *f);
     if (!f) {
-        rerr(c, ERR_RANGE, "render needs more than %zu bytes of memory", c->ar.cap);
+        rerr(c, c->ar.over_cap ? ERR_RANGE : ERR_NOMEM, "render needs more than %zu bytes of memory", c->ar.cap);
         return NULL;
     }
     f->parent = parent;
@@ -116,7 +116,7 @@ static int get_item(struct rctx *c, struct tv obj, struct tv key, struct tv *out
         return undefined_err(c, obj);
     if (obj.k == TV_DICT || obj.k == TV_NS) {
         c->steps += obj.d->n / 16;
-        const struct tv *v = tdict_getv(obj.d, key);
+        const struct tv *v = tdict_getv(c, obj.d, key);
         if (v) {
             *out = *v;
             return 0;
@@ -392,12 +392,12 @@ static int contains(struct rctx *c, struct tv hay, struct tv needle, bool *out)
         return 0;
     case TV_LIST:
         for (size_t i = 0; i < hay.l->n && !*out; i++)
-            *out = tv_equal(hay.l->v[i], needle);
+            *out = tv_equal(c, hay.l->v[i], needle);
         c->steps += hay.l->n / 16;
         return 0;
     case TV_DICT:
     case TV_NS:
-        *out = tdict_getv(hay.d, needle) != NULL;
+        *out = tdict_getv(c, hay.d, needle) != NULL;
         c->steps += hay.d->n / 16;
         return 0;
     default:
@@ -409,8 +409,8 @@ static int compare(struct rctx *c, int op, struct tv a, struct tv b, bool *out)
 {
     int cmp = 0, rc;
     switch (op) {
-    case OP_EQ: *out = tv_equal(a, b); return 0;
-    case OP_NE: *out = !tv_equal(a, b); return 0;
+    case OP_EQ: *out = tv_equal(c, a, b); return 0;
+    case OP_NE: *out = !tv_equal(c, a, b); return 0;
     case OP_IN: return contains(c, b, a, out);
     case OP_NOTIN:
         rc = contains(c, b, a, out);
@@ -781,12 +781,15 @@ static int exec_for(struct rctx *c, const struct node *n, struct frame *f)
         struct tlist *kept = tlist_new(c, 0);
         if (!kept)
             return -c->e->code;
+        struct frame *g = frame_new(c, f);
+        if (!g)
+            return -c->e->code;
         for (size_t i = 0; i < items->n; i++) {
-            struct frame *g = frame_new(c, f);
             struct tv cond;
-            if (!g || (rc = ev_step(c)) < 0 || (rc = bind_targets(c, g, n->names, n->n_names, items->v[i])) < 0 ||
+            g->vars.n = 0;
+            if ((rc = ev_step(c)) < 0 || (rc = bind_targets(c, g, n->names, n->n_names, items->v[i])) < 0 ||
                 (rc = ev(c, n->b, g, &cond)) < 0)
-                return g ? rc : -c->e->code;
+                return rc;
             if (tv_truthy(cond) && (rc = tlist_push(c, kept, items->v[i])) < 0)
                 return rc;
         }
@@ -799,10 +802,12 @@ static int exec_for(struct rctx *c, const struct node *n, struct frame *f)
     if (!lp || !loop_name)
         return rerr(c, ERR_RANGE, "out of memory");
     lp->items = items;
+    /* one frame for all iterations, emptied each time: memory stays flat in long loops */
+    struct frame *g = frame_new(c, f);
+    if (!g)
+        return -c->e->code;
     for (size_t i = 0; i < items->n; i++) {
-        struct frame *g = frame_new(c, f);
-        if (!g)
-            return -c->e->code;
+        g->vars.n = 0;
         lp->i = i;
         if ((rc = ev_step(c)) < 0 || (rc = bind_targets(c, g, n->names, n->n_names, items->v[i])) < 0 ||
             (rc = frame_set(c, g, loop_name, (struct tv){.k = TV_LOOP, .loop = lp})) < 0 ||

@@ -568,7 +568,7 @@ int bi_filter(struct rctx *c, const char *name, struct tv v, struct tv *args, si
                 if (!tv_truthy(a) && k.k == TV_STR && !(k = tv_str(su_case(c, k.s, SU_LOWER))).s)
                     return -c->e->code;
                 for (size_t j = 0; j < seen->n && !dup; j++)
-                    dup = tv_equal(seen->v[j], k);
+                    dup = tv_equal(c, seen->v[j], k);
                 c->steps += seen->n / 16;
                 if (!dup && ((rc = tlist_push(c, seen, k)) < 0 || (rc = tlist_push(c, r, l->v[i])) < 0))
                     return rc;
@@ -728,9 +728,9 @@ int bi_test(struct rctx *c, const char *name, struct tv v, struct tv *args, size
     else if (!strcmp(name, "iterable")) *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_DICT || v.k == TV_UNDEF;
     else if (!strcmp(name, "sequence")) *out = v.k == TV_STR || v.k == TV_LIST || v.k == TV_DICT || v.k == TV_UNDEF;
     else if (!strcmp(name, "callable")) *out = v.k == TV_MACRO || v.k == TV_FUNC;
-    else if (!strcmp(name, "sameas")) *out = v.k == a.k && (v.k == TV_NONE || v.k == TV_UNDEF || tv_equal(v, a));
-    else if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) *out = tv_equal(v, a);
-    else if (!strcmp(name, "ne") || !strcmp(name, "!=")) *out = !tv_equal(v, a);
+    else if (!strcmp(name, "sameas")) *out = v.k == a.k && (v.k == TV_NONE || v.k == TV_UNDEF || tv_equal(c, v, a));
+    else if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "==")) *out = tv_equal(c, v, a);
+    else if (!strcmp(name, "ne") || !strcmp(name, "!=")) *out = !tv_equal(c, v, a);
     else if (!strcmp(name, "lt") || !strcmp(name, "lessthan") || !strcmp(name, "gt") || !strcmp(name, "greaterthan") ||
              !strcmp(name, "le") || !strcmp(name, "ge")) {
         if ((rc = tv_compare(c, v, a, &cmp)) < 0)
@@ -743,9 +743,9 @@ int bi_test(struct rctx *c, const char *name, struct tv v, struct tv *args, size
             r = v.s->len == 0 || memmem(a.s->s, a.s->len, v.s->s, v.s->len);
         else if (a.k == TV_LIST)
             for (size_t i = 0; i < a.l->n && !r; i++)
-                r = tv_equal(a.l->v[i], v);
+                r = tv_equal(c, a.l->v[i], v);
         else if (a.k == TV_DICT)
-            r = tdict_getv(a.d, v) != NULL;
+            r = tdict_getv(c, a.d, v) != NULL;
         else if (a.k != TV_UNDEF)
             return rerr(c, ERR_FORMAT, "argument of type '%s' is not iterable", tv_type_name(a));
         *out = r;

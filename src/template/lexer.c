@@ -336,7 +336,7 @@ static int lex_tag(struct lexer *L, bool block)
                 return lex_fail(L, L->line, "unexpected character in a tag");
             if (op == OP_LBRACE || op == OP_LBRACKET || op == OP_LPAREN) {
                 if (++depth > 256)
-                    return lex_fail(L, L->line, "brackets nested too deeply");
+                    return err_setf(L->e, ERR_RANGE, "template line %d: brackets nested too deeply (over 256)", L->line);
             } else if (op == OP_RBRACE || op == OP_RBRACKET || op == OP_RPAREN) {
                 if (depth == 0)
                     return lex_fail(L, L->line, "unbalanced closing bracket");

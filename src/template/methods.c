@@ -323,7 +323,7 @@ static int dict_method(struct rctx *c, const char *m, struct tdict *d, struct tv
     if (!strcmp(m, "get")) {
         if (n < 1)
             return rerr(c, ERR_FORMAT, "dict.get: missing key");
-        const struct tv *v = tdict_getv(d, args[0]);
+        const struct tv *v = tdict_getv(c, d, args[0]);
         *out = v ? *v : n >= 2 ? args[1] : tv_none();
         return 0;
     }
@@ -366,7 +366,7 @@ static int list_method(struct rctx *c, const char *m, struct tlist *l, struct tv
         return rerr(c, ERR_FORMAT, "list.%s: missing argument", m);
     int64_t k = 0, pos = -1;
     for (size_t i = 0; i < l->n; i++)
-        if (tv_equal(l->v[i], args[0])) {
+        if (tv_equal(c, l->v[i], args[0])) {
             k++;
             if (pos < 0)
                 pos = (int64_t)i;

@@ -978,9 +978,13 @@ static int parse_body(struct parser *P, const char *const *ends, struct node **o
         const struct token *t = cur(P);
         struct node *n = NULL;
         if (t->type == TK_EOF) {
-            if (ends)
+            if (ends) {
+                size_t k = 0;
+                while (ends[k + 1] && strncmp(ends[k], "end", 3) != 0)
+                    k++;
                 return err_setf(P->e, ERR_FORMAT, "template line %d: missing {%% %s %%} for the block opened on line %d",
-                                t->line, ends[0], open_line - 0);
+                                t->line, ends[k], open_line);
+            }
             break;
         }
         if (t->type == TK_TEXT) {

@@ -26,6 +26,7 @@ struct arena {
     struct ar_chunk *head;
     size_t used;   /* bytes handed out plus chunk overhead */
     size_t cap;    /* 0 = unbounded */
+    bool over_cap; /* an allocation failed because of cap (not the system) */
 };
 void *ar_alloc(struct arena *a, size_t n);  /* 16-aligned, zeroed; NULL over cap/OOM */
 void ar_free_all(struct arena *a);
@@ -175,9 +176,11 @@ int tlist_push(struct rctx *c, struct tlist *l, struct tv v);
 struct tdict *tdict_new(struct rctx *c, size_t cap);
 int tdict_set(struct rctx *c, struct tdict *d, struct tv k, struct tv v);  /* replaces */
 const struct tv *tdict_get(const struct tdict *d, const char *key, size_t klen);
-const struct tv *tdict_getv(const struct tdict *d, struct tv key);
+/* Lookup and equality count one step per container visited (c may be NULL: no counting);
+ * past the step limit they answer "not found"/false and the render fails at its next step. */
+const struct tv *tdict_getv(struct rctx *c, const struct tdict *d, struct tv key);
 bool tv_truthy(struct tv v);
-bool tv_equal(struct tv a, struct tv b);
+bool tv_equal(struct rctx *c, struct tv a, struct tv b);
 int tv_compare(struct rctx *c, struct tv a, struct tv b, int *cmp);  /* <, ==, > as -1, 0, 1 */
 const char *tv_type_name(struct tv v);
 int sbuf_put(struct rctx *c, struct sbuf *b, const char *s, size_t n);

@@ -35,8 +35,10 @@ void *ar_alloc(struct arena *a, size_t n)
     struct ar_chunk *c = a->head;
     if (!c || c->size - c->used < n) {
         size_t sz = n > AR_CHUNK / 4 ? n : AR_CHUNK;
-        if (a->cap && (a->used + sz + sizeof *c > a->cap || sz > a->cap))
+        if (a->cap && (a->used + sz + sizeof *c > a->cap || sz > a->cap)) {
+            a->over_cap = true;
             return NULL;
+        }
         c = malloc(sizeof *c + sz);
         if (!c)
             return NULL;
@@ -85,7 +87,7 @@ static void *ralloc(struct rctx *c, size_t n)
 {
     void *p = ar_alloc(&c->ar, n);
     if (!p)
-        rerr(c, c->ar.cap && c->ar.used + n > c->ar.cap ? ERR_RANGE : ERR_NOMEM,
+        rerr(c, c->ar.over_cap ? ERR_RANGE : ERR_NOMEM,
              "render needs more than %zu bytes of memory", c->ar.cap);
     return p;
 }
@@ -151,10 +153,10 @@ struct tdict *tdict_new(struct rctx *c, size_t cap)
     return d;
 }
 
-const struct tv *tdict_getv(const struct tdict *d, struct tv key)
+const struct tv *tdict_getv(struct rctx *c, const struct tdict *d, struct tv key)
 {
     for (size_t i = 0; i < d->n; i++)
-        if (tv_equal(d->k[i], key))
+        if (tv_equal(c, d->k[i], key))
             return &d->v[i];
     return NULL;
 }
@@ -169,7 +171,7 @@ const struct tv *tdict_get(const struct tdict *d, const char *key, size_t klen)
 
 int tdict_set(struct rctx *c, struct tdict *d, struct tv k, struct tv v)
 {
-    const struct tv *old = tdict_getv(d, k);
+    const struct tv *old = tdict_getv(c, d, k);
     if (old) {
         d->v[old - d->v] = v;
         return 0;
@@ -212,8 +214,10 @@ static bool is_num(struct tv v) { return v.k == TV_BOOL || v.k == TV_INT || v.k 
 static double num_f(struct tv v) { return v.k == TV_FLOAT ? v.f : v.k == TV_INT ? (double)v.i : v.b; }
 static int64_t num_i(struct tv v) { return v.k == TV_INT ? v.i : v.b; }
 
-bool tv_equal(struct tv a, struct tv b)
+static bool equal_d(struct rctx *c, struct tv a, struct tv b, int depth)
 {
+    if (depth > 200 || (c && (a.k == TV_LIST || a.k == TV_DICT) && ++c->steps > c->lim->max_steps))
+        return false;  /* only self-nesting values get here; treated as different */
     if (is_num(a) && is_num(b)) {
         if (a.k != TV_FLOAT && b.k != TV_FLOAT)
             return num_i(a) == num_i(b);
@@ -228,15 +232,15 @@ bool tv_equal(struct tv a, struct tv b)
         if (a.l->n != b.l->n || a.l->tuple != b.l->tuple)
             return false;
         for (size_t i = 0; i < a.l->n; i++)
-            if (!tv_equal(a.l->v[i], b.l->v[i]))
+            if (!equal_d(c, a.l->v[i], b.l->v[i], depth + 1))
                 return false;
         return true;
     case TV_DICT:
         if (a.d->n != b.d->n)
             return false;
         for (size_t i = 0; i < a.d->n; i++) {
-            const struct tv *o = tdict_getv(b.d, a.d->k[i]);
-            if (!o || !tv_equal(a.d->v[i], *o))
+            const struct tv *o = tdict_getv(c, b.d, a.d->k[i]);
+            if (!o || !equal_d(c, a.d->v[i], *o, depth + 1))
                 return false;
         }
         return true;
@@ -245,6 +249,11 @@ bool tv_equal(struct tv a, struct tv b)
     case TV_FUNC: return a.fn == b.fn;
     default: return a.loop == b.loop;
     }
+}
+
+bool tv_equal(struct rctx *c, struct tv a, struct tv b)
+{
+    return equal_d(c, a, b, 0);
 }
 
 const char *tv_type_name(struct tv v)
@@ -256,8 +265,10 @@ const char *tv_type_name(struct tv v)
     return names[v.k];
 }
 
-int tv_compare(struct rctx *c, struct tv a, struct tv b, int *cmp)
+static int compare_d(struct rctx *c, struct tv a, struct tv b, int *cmp, int depth)
 {
+    if (depth > 200)
+        return rerr(c, ERR_RANGE, "comparing values nested deeper than 200 levels");
     if (is_num(a) && is_num(b)) {
         if (a.k != TV_FLOAT && b.k != TV_FLOAT) {
             int64_t x = num_i(a), y = num_i(b);
@@ -276,9 +287,9 @@ int tv_compare(struct rctx *c, struct tv a, struct tv b, int *cmp)
     }
     if (a.k == TV_LIST && b.k == TV_LIST) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
-            if (tv_equal(a.l->v[i], b.l->v[i]))
+            if (tv_equal(c, a.l->v[i], b.l->v[i]))
                 continue;
-            return tv_compare(c, a.l->v[i], b.l->v[i], cmp);
+            return compare_d(c, a.l->v[i], b.l->v[i], cmp, depth + 1);
         }
         *cmp = a.l->n < b.l->n ? -1 : a.l->n > b.l->n;
         return 0;
@@ -287,6 +298,11 @@ int tv_compare(struct rctx *c, struct tv a, struct tv b, int *cmp)
         return rerr(c, ERR_FORMAT, "'%s' is undefined", (a.k == TV_UNDEF ? a : b).uname ? (a.k == TV_UNDEF ? a : b).uname : "value");
     return rerr(c, ERR_FORMAT, "comparison not supported between instances of '%s' and '%s'",
                 tv_type_name(a), tv_type_name(b));
+}
+
+int tv_compare(struct rctx *c, struct tv a, struct tv b, int *cmp)
+{
+    return compare_d(c, a, b, cmp, 0);
 }
 
 /* ---- text ---- */
@@ -411,10 +427,12 @@ static int write_repr_str(struct rctx *c, struct sbuf *b, const struct tstr *s)
     return rc ? rc : sbuf_put(c, b, &q, 1);
 }
 
-int tv_write(struct rctx *c, struct sbuf *b, struct tv v, bool repr)
+static int write_d(struct rctx *c, struct sbuf *b, struct tv v, bool repr, int depth)
 {
     char tmp[64];
     int rc = 0;
+    if (depth > 200)
+        return rerr(c, ERR_RANGE, "printing a value nested deeper than 200 levels");
     switch (v.k) {
     case TV_UNDEF: return 0;
     case TV_NONE: return sbuf_puts(c, b, "None");
@@ -430,7 +448,7 @@ int tv_write(struct rctx *c, struct sbuf *b, struct tv v, bool repr)
         if ((rc = ev_step(c)) < 0 || (rc = sbuf_puts(c, b, v.l->tuple ? "(" : "[")) < 0)
             return rc;
         for (size_t i = 0; i < v.l->n; i++)
-            if ((i && (rc = sbuf_puts(c, b, ", ")) < 0) || (rc = tv_write(c, b, v.l->v[i], true)) < 0)
+            if ((i && (rc = sbuf_puts(c, b, ", ")) < 0) || (rc = write_d(c, b, v.l->v[i], true, depth + 1)) < 0)
                 return rc;
         if (v.l->tuple && v.l->n == 1 && (rc = sbuf_puts(c, b, ",")) < 0)
             return rc;
@@ -441,14 +459,19 @@ int tv_write(struct rctx *c, struct sbuf *b, struct tv v, bool repr)
         if ((rc = ev_step(c)) < 0 || (rc = sbuf_puts(c, b, v.k == TV_NS ? "<Namespace {" : "{")) < 0)
             return rc;
         for (size_t i = 0; i < v.d->n; i++)
-            if ((i && (rc = sbuf_puts(c, b, ", ")) < 0) || (rc = tv_write(c, b, v.d->k[i], true)) < 0 ||
-                (rc = sbuf_puts(c, b, ": ")) < 0 || (rc = tv_write(c, b, v.d->v[i], true)) < 0)
+            if ((i && (rc = sbuf_puts(c, b, ", ")) < 0) || (rc = write_d(c, b, v.d->k[i], true, depth + 1)) < 0 ||
+                (rc = sbuf_puts(c, b, ": ")) < 0 || (rc = write_d(c, b, v.d->v[i], true, depth + 1)) < 0)
                 return rc;
         return sbuf_puts(c, b, v.k == TV_NS ? "}>" : "}");
     case TV_MACRO: return sbuf_puts(c, b, "<Macro>");
     case TV_FUNC: return sbuf_puts(c, b, "<function>");
     default: return sbuf_puts(c, b, "<LoopContext>");
     }
+}
+
+int tv_write(struct rctx *c, struct sbuf *b, struct tv v, bool repr)
+{
+    return write_d(c, b, v, repr, 0);
 }
 
 int tv_to_str(struct rctx *c, struct tv v, struct tstr **out)
