@@ -228,7 +228,7 @@ static int do_slice(struct rctx *c, struct tv obj, struct tv va, struct tv vb, s
 
 static bool is_num(struct tv v) { return v.k == TV_INT || v.k == TV_FLOAT || v.k == TV_BOOL; }
 static double fval(struct tv v) { return v.k == TV_FLOAT ? v.f : v.k == TV_INT ? (double)v.i : v.b; }
-static int64_t ival(struct tv v) { return v.k == TV_INT ? v.i : v.b; }
+static int64_t ival(struct tv v) { return v.k == TV_INT ? v.i : v.k == TV_BOOL ? v.b : 0; }
 
 static const char *op_name(int op)
 {
@@ -298,9 +298,10 @@ static int binop(struct rctx *c, int op, struct tv a, struct tv b, struct tv *ou
     if (op == OP_ADD && a.k == TV_STR && b.k == TV_STR) {
         if (a.s->len + b.s->len > c->lim->max_output)
             return rerr(c, ERR_RANGE, "string is over the limit of %zu bytes", c->lim->max_output);
-        struct tstr *s = tstr_new(c, a.s->s, a.s->len + b.s->len);
+        struct tstr *s = tstr_new(c, NULL, a.s->len + b.s->len);
         if (!s)
             return -c->e->code;
+        memcpy(s->s, a.s->s, a.s->len);
         memcpy(s->s + a.s->len, b.s->s, b.s->len + 1);
         *out = tv_str(s);
         return 0;
@@ -726,7 +727,8 @@ int tv_iter(struct rctx *c, struct tv v, struct tlist **out)
     case TV_DICT:
         if (!(l = tlist_new(c, v.d->n)))
             return -c->e->code;
-        memcpy(l->v, v.d->k, v.d->n * sizeof *l->v);
+        if (v.d->n)
+            memcpy(l->v, v.d->k, v.d->n * sizeof *l->v);
         l->n = v.d->n;
         *out = l;
         return 0;

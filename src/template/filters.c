@@ -507,7 +507,8 @@ int bi_filter(struct rctx *c, const char *name, struct tv v, struct tv *args, si
             struct tlist *cp = tlist_new(c, l->n);
             if (!cp)
                 return -c->e->code;
-            memcpy(cp->v, l->v, l->n * sizeof *l->v);
+            if (l->n)
+                memcpy(cp->v, l->v, l->n * sizeof *l->v);
             cp->n = l->n;
             return out_list(cp, out);
         }

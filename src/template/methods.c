@@ -382,14 +382,16 @@ static int list_method(struct rctx *c, const char *m, struct tlist *l, struct tv
 
 static int g_range(struct rctx *c, struct tv *args, size_t n, struct tv *out)
 {
-    int64_t a = 0, b, s = 1;
-    for (size_t i = 0; i < n; i++)
+    int64_t a = 0, b, s = 1, v[3] = {0};
+    for (size_t i = 0; i < n && i < 3; i++) {
         if (args[i].k != TV_INT && args[i].k != TV_BOOL)
             return rerr(c, ERR_FORMAT, "range: '%s' object cannot be interpreted as an integer", tv_type_name(args[i]));
+        v[i] = args[i].k == TV_INT ? args[i].i : args[i].b;
+    }
     if (n == 1)
-        b = args[0].i;
+        b = v[0];
     else if (n == 2 || n == 3)
-        a = args[0].i, b = args[1].i, s = n == 3 ? args[2].i : 1;
+        a = v[0], b = v[1], s = n == 3 ? v[2] : 1;
     else
         return rerr(c, ERR_FORMAT, "range expected 1 to 3 arguments, got %zu", n);
     if (s == 0)

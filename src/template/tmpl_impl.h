@@ -164,7 +164,7 @@ struct tloop {
 
 /* value.c */
 int rerr(struct rctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-struct tstr *tstr_new(struct rctx *c, const char *s, size_t len);  /* NULL: error set */
+struct tstr *tstr_new(struct rctx *c, const char *s, size_t len);  /* s NULL: uninitialized; returns NULL with the error set */
 struct tv tv_str(struct tstr *s);
 struct tv tv_int(int64_t i);
 struct tv tv_float(double f);

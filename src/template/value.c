@@ -102,7 +102,7 @@ struct tstr *tstr_new(struct rctx *c, const char *s, size_t len)
     if (!t)
         return NULL;
     t->len = len;
-    if (len)
+    if (len && s)
         memcpy(t->s, s, len);
     t->s[len] = 0;
     return t;
@@ -212,7 +212,7 @@ bool tv_truthy(struct tv v)
 
 static bool is_num(struct tv v) { return v.k == TV_BOOL || v.k == TV_INT || v.k == TV_FLOAT; }
 static double num_f(struct tv v) { return v.k == TV_FLOAT ? v.f : v.k == TV_INT ? (double)v.i : v.b; }
-static int64_t num_i(struct tv v) { return v.k == TV_INT ? v.i : v.b; }
+static int64_t num_i(struct tv v) { return v.k == TV_INT ? v.i : v.k == TV_BOOL ? v.b : 0; }
 
 static bool equal_d(struct rctx *c, struct tv a, struct tv b, int depth)
 {
