@@ -66,6 +66,7 @@ int cmd_template(int argc, char **argv)
     struct chat_tmpl *ct = NULL;
     char dir[4096], *buf = NULL, *text = NULL;
     size_t len = 0;
+    const char *usage = NULL;  /* a usage error (exit 2, as every command) */
     int c, status = CLI_EXIT_ERROR;
     if (!extra) {
         err_setf(&e, ERR_NOMEM, "out of memory");
@@ -87,16 +88,16 @@ int cmd_template(int argc, char **argv)
             fputs(k_help, stdout);
             cJSON_Delete(extra);
             return CLI_EXIT_OK;
-        case ':': err_setf(&e, ERR_ARG, "option %s needs a value", argv[optind - 1]); goto out;
-        default: err_setf(&e, ERR_ARG, "unknown option %s", argv[optind - 1]); goto out;
+        case ':': usage = "option needs a value"; goto out;
+        default: usage = "unknown option"; goto out;
         }
     }
     if (optind < argc) {
-        err_setf(&e, ERR_ARG, "unexpected argument '%s'", argv[optind]);
+        usage = "unexpected argument";
         goto out;
     }
     if (!messages_file) {
-        err_setf(&e, ERR_ARG, "--messages FILE.json is required");
+        usage = "--messages FILE.json is required";
         goto out;
     }
     if (file_read_all(messages_file, 16u << 20, &buf, &len, &e) < 0)
@@ -111,7 +112,14 @@ int cmd_template(int argc, char **argv)
     fwrite(text, 1, len, stdout);
     status = CLI_EXIT_OK;
 out:
-    if (status != CLI_EXIT_OK) {
+    if (usage) {
+        if (c == ':' || c == '?')
+            status = cli_usage_error("template", "%s %s", usage, argv[optind - 1]);
+        else if (optind < argc && !strcmp(usage, "unexpected argument"))
+            status = cli_usage_error("template", "unexpected argument '%s'", argv[optind]);
+        else
+            status = cli_usage_error("template", "%s", usage);
+    } else if (status != CLI_EXIT_OK) {
         for (char *p = e.msg; *p; p++)  /* one line, even for multi-line template messages */
             if (*p == '\n' || *p == '\r')
                 *p = ' ';
