@@ -177,6 +177,20 @@ static const struct { const char *name, *src, *want; } k_cases[] = {
      "a b\nc"},
     {"raw_block", "{% raw %}{{ not rendered }}{% endraw %}\n",
      "{{ not rendered }}"},
+    {"loop_scope_per_iteration", "{% for i in range(3) %}{% if i == 0 %}{% set y = 'first' %}{% endif %}[{{ y }}]{% endfor %}{% set ns = namespace(items=[]) %}{% for i in range(3) %}{% set ns.items = ns.items + [i] %}{% endfor %}{{ ns.items }}",
+     "[first][][][0, 1, 2]"},
+    {"call_with_caller_args", "{% macro m(a) %}<{{ caller(a * 2) }}>{% endmacro %}{% call(v) m(2) %}v={{ v }}{% endcall %}{% set x = 5 %}{% macro show() %}{{ x }}{% endmacro %}{% set x = 6 %}{{ show() }}",
+     "<v=4>6"},
+    {"select_in_last_first", "{{ messages | selectattr('role', 'in', ['user', 'system']) | map(attribute='content') | join('|') }}{{ (messages | last).content }}{{ (messages|first)['role'] }}{% for message in messages %}{{ loop.previtem.role if loop.previtem is defined else 'none' }},{% endfor %}",
+     "Sys  |Hi \303\274n\303\257\n|ByeByesystemnone,system,user,assistant,"},
+    {"slices_unicode", "{{ 'abc'[5:] }}{{ 'abc'[-10:2] }}{{ [1,2,3][::2] }}{{ [1,2,3][-1::-2] }}{{ 'h\303\251llo'[1:3] }}",
+     "ab[1, 3][3, 1]\303\251l"},
+    {"dict_views_and_strings", "{{ d.items() }}{{ d.keys() }}{{ none|string }}{{ true|string }}{{ [none, true]|string }}{{ {'a': none}|tojson }}{{ ['it\\'s'] }}{{ [\"a\\\"b\"] }}{{ ['a\\\\b'] }}",
+     "dict_items([('b', 2), ('a', 1)])dict_keys(['b', 'a'])NoneTrue[None, True]{\"a\": null}[\"it's\"]['a\"b']['a\\\\b']"},
+    {"unicode_case", "{{ '\303\200B'|lower }}{{ 'stra\303\237e'|upper }}{{ \"\357\254\201x stra\303\237e\"|title }}|{{ \"\303\237\".capitalize() }}|{{ \"\304\260\"|lower }}|{{ \"\\u00a0x\\u00a0\"|trim }}|{{ messages[1].content|wordcount }}",
+     "\303\240bSTRASSEFIx Stra\303\237e|Ss|i\314\207|x|2"},
+    {"range_dict_namespace", "{{ range(3)|list }}{{ range(1, 10, 3)|list }}{{ range(5, 0, -2)|list }}{{ dict(a=1, b='x') }}{{ namespace(a=1).a }}{{ l|map('string')|join('-') }}{{ l|sum(start=10) }}\n",
+     "[0, 1, 2][1, 4, 7][5, 3, 1]{'a': 1, 'b': 'x'}13-1-216"},
 };
 
 static void test_constructs(void **state)

@@ -352,6 +352,7 @@ static int dict_method(struct rctx *c, const char *m, struct tdict *d, struct tv
         l->n++;
     }
     c->steps += d->n / 16;
+    l->view = m[0] == 'k' ? "dict_keys" : m[0] == 'v' ? "dict_values" : "dict_items";
     *out = (struct tv){.k = TV_LIST, .l = l};
     return 0;
 }

@@ -73,6 +73,31 @@ static int put_cp(struct rctx *c, struct sbuf *b, int32_t cp)
     return sbuf_put(c, b, (const char *)u, (size_t)n);
 }
 
+/* Python's one-to-many case mappings (SpecialCasing.txt) for the letters
+ * templates might meet; utf8proc maps code point to code point only. */
+static const struct { int32_t cp; const char *upper, *title, *lower; } k_special_case[] = {
+    {0xDF, "SS", "Ss", NULL},       {0xFB00, "FF", "Ff", NULL},   {0xFB01, "FI", "Fi", NULL},
+    {0xFB02, "FL", "Fl", NULL},     {0xFB03, "FFI", "Ffi", NULL}, {0xFB04, "FFL", "Ffl", NULL},
+    {0xFB05, "ST", "St", NULL},     {0xFB06, "ST", "St", NULL},   {0x149, "\xCA\xBCN", "\xCA\xBCN", NULL},
+    {0x1F0, "J\xCC\x8C", "J\xCC\x8C", NULL}, {0x130, NULL, NULL, "i\xCC\x87"},
+};
+
+/* Append the special mapping of cp for mode (0 upper, 1 title, 2 lower); false when none. */
+static bool special_case(struct rctx *c, struct sbuf *b, int32_t cp, int mode, int *rc)
+{
+    for (size_t i = 0; i < sizeof k_special_case / sizeof k_special_case[0]; i++) {
+        if (k_special_case[i].cp != cp)
+            continue;
+        const char *m = mode == 0 ? k_special_case[i].upper : mode == 1 ? k_special_case[i].title
+                                                                          : k_special_case[i].lower;
+        if (!m)
+            return false;
+        *rc = sbuf_put(c, b, m, strlen(m));
+        return true;
+    }
+    return false;
+}
+
 static bool is_cased(int32_t cp)
 {
     utf8proc_category_t k = utf8proc_category(cp);
@@ -86,22 +111,32 @@ struct tstr *su_case(struct rctx *c, const struct tstr *s, enum su_case mode)
     for (size_t i = 0; i < s->len;) {
         size_t nx;
         int32_t cp = su_decode(s->s, s->len, i, &nx), o = cp;
+        int special = -1, rc = 0;  /* which one-to-many mapping applies: 0 upper, 1 title, 2 lower */
         switch (mode) {
-        case SU_LOWER: o = utf8proc_tolower(cp); break;
-        case SU_UPPER: o = utf8proc_toupper(cp); break;
-        case SU_CAPITALIZE: o = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
+        case SU_LOWER: o = utf8proc_tolower(cp), special = 2; break;
+        case SU_UPPER: o = utf8proc_toupper(cp), special = 0; break;
+        case SU_CAPITALIZE:
+            o = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp);
+            special = first ? 1 : 2;
+            break;
         case SU_PY_TITLE:  /* str.title(): a letter after a cased letter is lowered */
             o = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp);
+            special = prev_cased ? 2 : 1;
             prev_cased = is_cased(cp);
             break;
         case SU_JINJA_TITLE:  /* the title filter: words start after - space ( { [ < */
             o = word_start ? utf8proc_toupper(cp) : utf8proc_tolower(cp);
+            special = word_start ? 0 : 2;
             word_start = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || su_is_space(cp);
             break;
         }
         first = false;
-        if (put_cp(c, &b, o) < 0)
+        if (cp >= 0x80 && special_case(c, &b, cp, special, &rc)) {
+            if (rc < 0)
+                return NULL;
+        } else if (put_cp(c, &b, o) < 0) {
             return NULL;
+        }
         i = nx;
     }
     return tstr_new(c, b.p ? b.p : "", b.len);

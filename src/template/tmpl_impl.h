@@ -61,7 +61,12 @@ struct tv {
     };
 };
 
-struct tlist { size_t n, cap; struct tv *v; bool tuple; };
+struct tlist {
+    size_t n, cap;
+    struct tv *v;
+    bool tuple;
+    const char *view;  /* "dict_items"/"dict_keys"/"dict_values": how repr() shows d.items() etc. */
+};
 struct tdict { size_t n, cap; struct tv *k, *v; };
 
 /* ---- tokens and syntax tree ---- */

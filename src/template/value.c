@@ -445,14 +445,18 @@ static int write_d(struct rctx *c, struct sbuf *b, struct tv v, bool repr, int d
         return sbuf_puts(c, b, tmp);
     case TV_STR: return repr ? write_repr_str(c, b, v.s) : sbuf_put(c, b, v.s->s, v.s->len);
     case TV_LIST: {
-        if ((rc = ev_step(c)) < 0 || (rc = sbuf_puts(c, b, v.l->tuple ? "(" : "[")) < 0)
+        if ((rc = ev_step(c)) < 0 || (v.l->view && ((rc = sbuf_puts(c, b, v.l->view)) < 0 ||
+                                                   (rc = sbuf_puts(c, b, "(")) < 0)) ||
+            (rc = sbuf_puts(c, b, v.l->tuple ? "(" : "[")) < 0)
             return rc;
         for (size_t i = 0; i < v.l->n; i++)
             if ((i && (rc = sbuf_puts(c, b, ", ")) < 0) || (rc = write_d(c, b, v.l->v[i], true, depth + 1)) < 0)
                 return rc;
         if (v.l->tuple && v.l->n == 1 && (rc = sbuf_puts(c, b, ",")) < 0)
             return rc;
-        return sbuf_puts(c, b, v.l->tuple ? ")" : "]");
+        if ((rc = sbuf_puts(c, b, v.l->tuple ? ")" : "]")) < 0)
+            return rc;
+        return v.l->view ? sbuf_puts(c, b, ")") : 0;
     }
     case TV_DICT:
     case TV_NS:
