@@ -66,6 +66,7 @@ static int frame_set(struct rctx *c, struct frame *f, struct tstr *name, struct 
 static struct tv lookup(struct rctx *c, struct frame *f, const struct tstr *name)
 {
     for (; f; f = f->parent) {
+        c->steps += f->vars.n / 4;  /* scopes with thousands of names cost their scan */
         const struct tv *v = tdict_get(&f->vars, name->s, name->len);
         if (v)
             return *v;

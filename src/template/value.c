@@ -171,6 +171,7 @@ const struct tv *tdict_get(const struct tdict *d, const char *key, size_t klen)
 
 int tdict_set(struct rctx *c, struct tdict *d, struct tv k, struct tv v)
 {
+    c->steps += d->n / 4;
     const struct tv *old = tdict_getv(c, d, k);
     if (old) {
         d->v[old - d->v] = v;
