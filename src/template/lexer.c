@@ -416,8 +416,6 @@ static int lex_all(struct lexer *L)
         }
         char kind = s[p + 1];
         char sign = p + 2 < L->n && (s[p + 2] == '-' || s[p + 2] == '+') ? s[p + 2] : 0;
-        if (kind == '{' && sign == '+')
-            sign = 0;  /* "{{+" has no meaning: '+' is part of the expression */
         size_t raw_end;
         char ros, rcs;
         bool raw = kind == '%' && match_tag_word(s, L->n, p, "raw", &raw_end, &ros, &rcs);
