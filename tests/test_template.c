@@ -343,6 +343,8 @@ static void test_syntax_errors(void **state)
     expect_error("{{ x|f(a=1, 2) }}", NULL, NULL, ERR_FORMAT, "positional argument after a keyword");
     expect_error("{% raw %}never ended", NULL, NULL, ERR_FORMAT, "endraw");
     expect_error("{{ '\\x4' }}", NULL, NULL, ERR_FORMAT, "escape");
+    expect_error("ok\xa7{{ x }}", NULL, NULL, ERR_FORMAT, "not valid UTF-8 at byte 2");
+    expect_error("{{ x }}", "{\"x\": \"a\xff\"}", NULL, ERR_ARG, "not valid UTF-8");
 }
 
 static void test_runtime_errors(void **state)

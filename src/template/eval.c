@@ -742,9 +742,9 @@ int tv_iter(struct rctx *c, struct tv v, struct tlist **out)
             while (j < v.s->len && ((unsigned char)v.s->s[j] & 0xC0) == 0x80)
                 j++;
             struct tstr *s = tstr_new(c, v.s->s + i, j - i);
-            if (!s)
-                return -c->e->code;
-            l->v[l->n++] = tv_str(s);
+            int rc = s ? tlist_push(c, l, tv_str(s)) : -c->e->code;
+            if (rc < 0)
+                return rc;
             i = j;
         }
         *out = l;
@@ -957,6 +957,9 @@ int tmpl_parse(struct tmpl **out, const char *src, size_t len, const struct tmpl
     }
     if (len > lim->max_source)
         return err_setf(e, ERR_RANGE, "template: %zu bytes is over the limit of %zu", len, lim->max_source);
+    size_t bad = utf8_invalid_at(src, len);
+    if (bad != SIZE_MAX)
+        return err_setf(e, ERR_FORMAT, "template: not valid UTF-8 at byte %zu", bad);
     struct tmpl *t = calloc(1, sizeof *t);
     if (!t)
         return err_setf(e, ERR_NOMEM, "template: out of memory");

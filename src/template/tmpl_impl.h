@@ -196,6 +196,8 @@ int tv_to_str(struct rctx *c, struct tv v, struct tstr **out);  /* str(v) */
 int tv_to_json(struct rctx *c, struct sbuf *b, struct tv v, int indent, const char *item_sep,
                const char *key_sep, bool sort_keys, int depth);
 int tv_from_json(struct rctx *c, const cJSON *j, struct tv *out, int depth);
+/* Strings are valid UTF-8 (template source and variables are checked on the way in). */
+size_t utf8_invalid_at(const char *s, size_t len);  /* offset of the first bad byte, SIZE_MAX if valid */
 size_t utf8_count(const char *s, size_t len);   /* code points */
 size_t utf8_offset(const char *s, size_t len, size_t cp);  /* byte offset of code point cp */
 void fmt_float(double f, char *buf, size_t cap);  /* Python repr(float) */

@@ -632,7 +632,10 @@ int tv_from_json(struct rctx *c, const cJSON *j, struct tv *out, int depth)
         else
             *out = tv_float(d);
     } else if (cJSON_IsString(j)) {
-        struct tstr *s = tstr_new(c, j->valuestring, strlen(j->valuestring));
+        size_t n = strlen(j->valuestring), bad = utf8_invalid_at(j->valuestring, n);
+        if (bad != SIZE_MAX)
+            return rerr(c, ERR_ARG, "a string variable is not valid UTF-8 (byte %zu)", bad);
+        struct tstr *s = tstr_new(c, j->valuestring, n);
         if (!s)
             return -c->e->code;
         *out = tv_str(s);
@@ -652,7 +655,10 @@ int tv_from_json(struct rctx *c, const cJSON *j, struct tv *out, int depth)
             return -c->e->code;
         for (const cJSON *x = j->child; x; x = x->next) {
             struct tv v;
-            struct tstr *k = tstr_new(c, x->string ? x->string : "", x->string ? strlen(x->string) : 0);
+            size_t kn = x->string ? strlen(x->string) : 0;
+            if (utf8_invalid_at(x->string ? x->string : "", kn) != SIZE_MAX)
+                return rerr(c, ERR_ARG, "an object key is not valid UTF-8");
+            struct tstr *k = tstr_new(c, x->string ? x->string : "", kn);
             if (!k)
                 return -c->e->code;
             if ((rc = tv_from_json(c, x, &v, depth + 1)) < 0 || (rc = tdict_set(c, d, tv_str(k), v)) < 0)
@@ -666,6 +672,27 @@ int tv_from_json(struct rctx *c, const cJSON *j, struct tv *out, int depth)
 }
 
 /* ---- UTF-8 ---- */
+
+size_t utf8_invalid_at(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        unsigned char b = u[i];
+        size_t n = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+        if (n == 0 || i + n > len || (n == 2 && b < 0xC2))
+            return i;
+        uint32_t cp = n == 1 ? b : n == 2 ? b & 0x1Fu : n == 3 ? b & 0x0Fu : b & 0x07u;
+        for (size_t k = 1; k < n; k++) {
+            if ((u[i + k] & 0xC0) != 0x80)
+                return i;
+            cp = cp << 6 | (u[i + k] & 0x3Fu);
+        }
+        if ((n == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return i;
+        i += n;
+    }
+    return SIZE_MAX;
+}
 
 size_t utf8_count(const char *s, size_t len)
 {
