@@ -269,6 +269,18 @@ static int do_seq_filter(struct rctx *c, const char *name, struct tv v, struct t
     }
     if (fname.k != TV_UNDEF && fname.k != TV_STR)
         return rerr(c, ERR_FORMAT, "%s: the filter/test name must be a string", name);
+    if (attr.k == TV_INT) {  /* map(attribute=0): an index */
+        char num[32];
+        snprintf(num, sizeof num, "%lld", (long long)attr.i);
+        struct tstr *t = tstr_new(c, num, strlen(num));
+        if (!t)
+            return -c->e->code;
+        attr = tv_str(t);
+    }
+    if (attr.k != TV_STR && attr.k != TV_UNDEF)
+        return rerr(c, ERR_FORMAT, "%s: the attribute must be a string, not %s", name, tv_type_name(attr));
+    if (is_map && attr.k != TV_STR && fname.k != TV_STR)
+        return rerr(c, ERR_FORMAT, "map: expected a filter name or attribute=");
     for (size_t i = 0; i < items->n; i++) {
         struct tv x = items->v[i], r;
         if ((rc = ev_step(c)) < 0)
