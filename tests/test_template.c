@@ -191,6 +191,8 @@ static const struct { const char *name, *src, *want; } k_cases[] = {
      "\303\240bSTRASSEFIx Stra\303\237e|Ss|i\314\207|x|2"},
     {"range_dict_namespace", "{{ range(3)|list }}{{ range(1, 10, 3)|list }}{{ range(5, 0, -2)|list }}{{ dict(a=1, b='x') }}{{ namespace(a=1).a }}{{ l|map('string')|join('-') }}{{ l|sum(start=10) }}\n",
      "[0, 1, 2][1, 4, 7][5, 3, 1]{'a': 1, 'b': 'x'}13-1-216"},
+    {"repr_escapes", "{{ ['a\\u200bb', 'x\\u00a0y', 'tab\\there', 'nl\\n', 'bell\\x07', '\303\251', '\\U0001F600', 'q\\'s', \"d\\\"q\", 'both\\'\"', '\\x7f', '\\u2028', '\\ue000', 'back\\\\slash'] }}{{ {'k\\u0085': 'v'} }}{{ ('\\x00',) }}\n",
+     "['a\\u200bb', 'x\\xa0y', 'tab\\there', 'nl\\n', 'bell\\x07', '\303\251', '\360\237\230\200', \"q's\", 'd\"q', 'both\\'\"', '\\x7f', '\\u2028', '\\ue000', 'back\\\\slash']{'k\\x85': 'v'}('\\x00',)"},
 };
 
 static void test_constructs(void **state)

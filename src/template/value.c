@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "tmpl_impl.h"
 
@@ -399,31 +400,50 @@ void fmt_float(double f, char *buf, size_t cap)
     snprintf(buf, cap, "%s", out);
 }
 
-/* Python repr() of a str. */
+/* str.isprintable() for one code point: not in Cc, Cf, Cs, Co, Cn, Zl, Zp, or Zs other than ' '. */
+static bool cp_printable(int32_t cp)
+{
+    if (cp == ' ')
+        return true;
+    switch (utf8proc_category(cp)) {
+    case UTF8PROC_CATEGORY_CC: case UTF8PROC_CATEGORY_CF: case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO: case UTF8PROC_CATEGORY_CN: case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP: case UTF8PROC_CATEGORY_ZS:
+        return false;
+    default:
+        return true;
+    }
+}
+
+/* Python repr() of a str: quotes chosen as CPython does, \n \r \t \\ and the
+ * quote escaped, other non-printable code points as \xNN, \uNNNN or \UNNNNNNNN. */
 static int write_repr_str(struct rctx *c, struct sbuf *b, const struct tstr *s)
 {
     bool sq = memchr(s->s, '\'', s->len) != NULL, dq = memchr(s->s, '"', s->len) != NULL;
     char q = sq && !dq ? '"' : '\'';
     int rc = sbuf_put(c, b, &q, 1);
-    for (size_t i = 0; rc == 0 && i < s->len; i++) {
-        unsigned char ch = (unsigned char)s->s[i];
-        char esc[8];
-        if (ch == '\\' || ch == (unsigned char)q) {
-            esc[0] = '\\', esc[1] = (char)ch;
-            rc = sbuf_put(c, b, esc, 2);
-        } else if (ch == '\n' || ch == '\r' || ch == '\t') {
-            esc[0] = '\\', esc[1] = ch == '\n' ? 'n' : ch == '\r' ? 'r' : 't';
-            rc = sbuf_put(c, b, esc, 2);
-        } else if (ch < 0x20 || ch == 0x7f) {
-            snprintf(esc, sizeof esc, "\\x%02x", ch);
-            rc = sbuf_put(c, b, esc, 4);
-        } else if (ch == 0xC2 && i + 1 < s->len && (unsigned char)s->s[i + 1] >= 0x80 &&
-                   (unsigned char)s->s[i + 1] <= 0xA0) {  /* C1 controls and NBSP */
-            snprintf(esc, sizeof esc, "\\x%02x", (unsigned char)s->s[++i]);
-            rc = sbuf_put(c, b, esc, 4);
-        } else {
-            rc = sbuf_put(c, b, (const char *)&s->s[i], 1);
+    for (size_t i = 0; rc == 0 && i < s->len;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)s->s + i, (utf8proc_ssize_t)(s->len - i), &cp);
+        char esc[16];
+        if (n <= 0) {  /* not reached: strings are valid UTF-8 */
+            n = 1;
+            cp = (unsigned char)s->s[i];
         }
+        if (cp == '\\' || cp == q) {
+            esc[0] = '\\', esc[1] = (char)cp;
+            rc = sbuf_put(c, b, esc, 2);
+        } else if (cp == '\n' || cp == '\r' || cp == '\t') {
+            esc[0] = '\\', esc[1] = cp == '\n' ? 'n' : cp == '\r' ? 'r' : 't';
+            rc = sbuf_put(c, b, esc, 2);
+        } else if (!cp_printable(cp)) {
+            int w = snprintf(esc, sizeof esc, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x",
+                             (unsigned)cp);
+            rc = sbuf_put(c, b, esc, (size_t)w);
+        } else {
+            rc = sbuf_put(c, b, s->s + i, (size_t)n);
+        }
+        i += (size_t)n;
     }
     return rc ? rc : sbuf_put(c, b, &q, 1);
 }
