@@ -28,6 +28,7 @@
     X(models)     \
     X(tokenizer_parts) \
     X(tokenizer)  \
+    X(template)   \
     X(quantize)   \
     X(convert)
 

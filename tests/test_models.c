@@ -93,8 +93,9 @@ static void check_model(const char *rel, const char *env)
             fail_msg("%s prompt %d: tokenize gave %s, reference [%s]", rel, i, out, want);
         free(out);
 
-        /* greedy ids through --output-ids */
-        snprintf(cmd, sizeof cmd, "generate -m %s -p %s -n 48 --temp 0 --ignore-eos --output-ids", dir, q);
+        /* greedy ids through --output-ids (raw continuations: --no-chat, as these
+         * models ship a chat template that generate would otherwise apply) */
+        snprintf(cmd, sizeof cmd, "generate -m %s -p %s --no-chat -n 48 --temp 0 --ignore-eos --output-ids", dir, q);
         assert_int_equal(run(env, cmd, &out), 0);
         ids_csv(cJSON_GetObjectItem(c, "greedy_ids"), want, sizeof want, ", ");
         snprintf(got, sizeof got, "[%s]\n", want);
@@ -103,7 +104,7 @@ static void check_model(const char *rel, const char *env)
         free(out);
 
         /* and the streamed text */
-        snprintf(cmd, sizeof cmd, "generate -m %s -p %s -n 48 --temp 0 --ignore-eos", dir, q);
+        snprintf(cmd, sizeof cmd, "generate -m %s -p %s --no-chat -n 48 --temp 0 --ignore-eos", dir, q);
         assert_int_equal(run(env, cmd, &out), 0);
         snprintf(got, sizeof got, "%s\n", cJSON_GetObjectItem(c, "greedy_text")->valuestring);
         if (strcmp(out, got) != 0)

@@ -4,6 +4,14 @@
  * characters only), or with --output-ids prints the generated ids as one
  * JSON array. Sampling defaults come from the checkpoint's
  * generation_config.json; flags override them.
+ *
+ * Chat: when the checkpoint has a chat template (or --chat-template-file
+ * gives one), the prompt text becomes the user message ([--system TEXT,]
+ * user) of a conversation rendered with add_generation_prompt, and the
+ * result is encoded without the post-processor's special tokens, exactly
+ * as transformers' apply_chat_template(..., tokenize=True) does (special
+ * tokens written by the template are recognised in the text). --no-chat
+ * sends the prompt as is; --chat makes a missing template an error.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -12,6 +20,7 @@
 
 #include "../core/log.h"
 #include "../engine/generate.h"
+#include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "cli.h"
 
@@ -24,6 +33,10 @@ static const char *k_help =
     "  -p, --prompt TEXT      prompt text\n"
     "  -f, --file FILE        read the prompt from a file\n"
     "      --prompt-ids IDS   prompt as token ids: 1,2,3 (no tokenizer needed)\n"
+    "      --chat             wrap the prompt in the model's chat template (error if it has none)\n"
+    "      --no-chat          send the prompt as is (default: chat template when the model has one)\n"
+    "      --system TEXT      system message for the chat template\n"
+    "      --chat-template-file F  use this chat template instead of the model's\n"
     "  -n, --n-predict N      tokens to generate (default 128)\n"
     "      --temp T           temperature; 0 = greedy (default: generation_config.json, else 0)\n"
     "      --top-k K          keep the K most likely tokens (0 = off)\n"
@@ -42,11 +55,14 @@ static const char *k_help =
 
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
-    OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS,
+    OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
+    OPT_TEMPLATE_FILE,
 };
 
 struct gen_cli {
     const char *model, *prompt, *prompt_file, *prompt_ids;
+    const char *system, *template_file;
+    int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
     bool ignore_eos, stats, output_ids;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
@@ -101,7 +117,9 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"repeat-last-n", required_argument, 0, OPT_REPN}, {"seed", required_argument, 0, OPT_SEED},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS}, {"stats", no_argument, 0, OPT_STATS},
         {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
-        {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {0, 0, 0, 0},
+        {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {"chat", no_argument, 0, OPT_CHAT},
+        {"no-chat", no_argument, 0, OPT_NO_CHAT}, {"system", required_argument, 0, OPT_SYSTEM},
+        {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE}, {0, 0, 0, 0},
     };
     int c, rc = 0;
     long l;
@@ -155,6 +173,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_STATS: o->stats = true; break;
         case OPT_PROMPT_IDS: o->prompt_ids = optarg; break;
         case OPT_OUTPUT_IDS: o->output_ids = true; break;
+        case OPT_CHAT: o->chat = 1; break;
+        case OPT_NO_CHAT: o->chat = 0; break;
+        case OPT_SYSTEM: o->system = optarg; break;
+        case OPT_TEMPLATE_FILE: o->template_file = optarg; break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -165,6 +187,13 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "unexpected argument '%s'", argv[optind]);
     if (!!o->prompt + !!o->prompt_file + !!o->prompt_ids != 1)
         return err_setf(e, ERR_ARG, "give exactly one of -p, -f or --prompt-ids");
+    bool chat_opts = o->chat == 1 || o->system || o->template_file;
+    if (o->prompt_ids && chat_opts)
+        return err_setf(e, ERR_ARG, "--chat, --system and --chat-template-file need a text prompt, not --prompt-ids");
+    if (o->chat == 0 && chat_opts)
+        return err_setf(e, ERR_ARG, "--no-chat contradicts --chat, --system and --chat-template-file");
+    if (o->system || o->template_file)
+        o->chat = 1;
     return 0;
 }
 
@@ -183,27 +212,71 @@ static void apply_defaults(struct gen_cli *o, const struct generation_defaults *
         o->sp.repeat_penalty = g->repeat_penalty;
 }
 
-static int encode_prompt(const struct gen_cli *o, const struct tokenizer *tok, int32_t **ids,
+/* The chat prompt for text: [system,] user rendered by the template, add_generation_prompt. */
+static int render_chat(const struct gen_cli *o, const struct chat_tmpl *ct, const char *text, size_t len,
+                       char **out, size_t *out_len, struct err *e)
+{
+    cJSON *msgs = cJSON_CreateArray(), *m;
+    char *content = malloc(len + 1);
+    bool ok = msgs && content;
+    if (ok) {
+        memcpy(content, text, len);
+        content[len] = 0;
+    }
+    if (ok && o->system)
+        ok = (m = cJSON_CreateObject()) && cJSON_AddItemToArray(msgs, m) &&
+             cJSON_AddStringToObject(m, "role", "system") && cJSON_AddStringToObject(m, "content", o->system);
+    ok = ok && (m = cJSON_CreateObject()) && cJSON_AddItemToArray(msgs, m) &&
+         cJSON_AddStringToObject(m, "role", "user") && cJSON_AddStringToObject(m, "content", content);
+    free(content);
+    int rc = ok ? chat_tmpl_apply(ct, msgs, true, NULL, out, out_len, e) : err_setf(e, ERR_NOMEM, "out of memory");
+    cJSON_Delete(msgs);
+    return rc;
+}
+
+/* Prompt ids: --prompt-ids as given, else the text (-p / -f) through the chat
+ * template when one applies (encoded without special tokens), else the text
+ * encoded with the tokenizer's special tokens. */
+static int encode_prompt(const struct gen_cli *o, const char *dir, const struct tokenizer *tok, int32_t **ids,
                          size_t *n, struct err *e)
 {
     if (o->prompt_ids)
         return cli_parse_ids(o->prompt_ids, ids, n, e);
-    char *text = NULL;
-    size_t len;
+    char *text = NULL, *chat = NULL;
+    size_t len, chat_len = 0;
+    struct chat_tmpl *ct = NULL;
     int rc;
     if (o->prompt_file) {
         if ((rc = file_read_all(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
             return rc;
     }
     const char *t = text ? text : o->prompt;
-    rc = tok_encode(tok, t, text ? len : strlen(t), true, ids, n, e);
+    len = text ? len : strlen(t);
+    if (o->chat != 0) {
+        rc = chat_tmpl_load(&ct, dir, o->template_file, e);
+        if (rc == -ERR_MISSING && o->chat < 0) {
+            rc = 0;  /* no template: the prompt goes as is */
+        } else if (rc < 0) {
+            if (o->chat < 0)
+                err_prefix(e, "chat template (use --no-chat to send the prompt as is)");
+            goto out;
+        } else if ((rc = render_chat(o, ct, t, len, &chat, &chat_len, e)) < 0) {
+            goto out;
+        } else {
+            LOG_INFO("chat template applied: %zu bytes of prompt text", chat_len);
+        }
+    }
+    rc = chat ? tok_encode(tok, chat, chat_len, false, ids, n, e) : tok_encode(tok, t, len, true, ids, n, e);
+out:
+    chat_tmpl_free(ct);
+    free(chat);
     free(text);
     return rc;
 }
 
 int cmd_generate(int argc, char **argv)
 {
-    struct gen_cli o = {.n_predict = 128, .threads = 0};
+    struct gen_cli o = {.n_predict = 128, .threads = 0, .chat = -1};
     struct err e = {0};
     char dir[4096];
     struct tokenizer *tok = NULL;
@@ -232,7 +305,7 @@ int cmd_generate(int argc, char **argv)
             err_prefix(&e, "decoding output needs a tokenizer (use --output-ids for raw ids)");
         goto fail;
     }
-    if ((rc = encode_prompt(&o, tok, &prompt, &n_prompt, &e)) < 0)
+    if ((rc = encode_prompt(&o, dir, tok, &prompt, &n_prompt, &e)) < 0)
         goto fail;
     if (n_prompt == 0) {
         err_setf(&e, ERR_ARG, "the prompt encodes to no tokens");

@@ -19,6 +19,7 @@ static const struct command k_commands[] = {
     {"generate", cmd_generate, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"detokenize", cmd_detokenize, "print the text of token ids"},
+    {"template", cmd_template, "render the chat template over a message list"},
     {"perplexity", cmd_perplexity, "perplexity of a text or id file"},
     {"inspect", cmd_inspect, "describe a checkpoint"},
     {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},
