@@ -287,7 +287,7 @@ static void test_stream_bytewise(void **state)
     static const char text[] = "h\xC3\xA9llo \xF0\x9F\x91\x8B\xF0\x9F\x8F\xBD \xE4\xB8\xAD\xE6\x96\x87!";
     struct tokenizer *t = NULL;
     struct err e = {0};
-    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/gpt2"), &e), 0);
+    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     int32_t ids[sizeof text];
     size_t n = 0;
     for (size_t i = 0; i + 1 < sizeof text; i++) {
@@ -380,7 +380,7 @@ static void test_encode_errors(void **state)
     int32_t *ids = NULL;
     size_t n = 0;
     char *out = NULL;
-    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/gpt2"), &e), 0);
+    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     assert_int_equal(tok_encode(t, "ab\xC3(", 4, false, &ids, &n, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "byte 2"));
     assert_null(ids);
@@ -416,7 +416,7 @@ static void test_encode_long_word(void **state)
     for (size_t i = 0; i < len; i++)
         text[i] = "abcdefghij"[i % 7];
     text[len] = '\0';
-    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/gpt2"), &e), 0);
+    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     int32_t *ids = NULL;
     size_t n = 0;
     char *dec = NULL;
@@ -445,7 +445,7 @@ static void test_encode_cache(void **state)
     int32_t *want = malloc(cap_want * sizeof *want);
     assert_non_null(text);
     assert_non_null(want);
-    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/gpt2"), &e), 0);
+    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     /* 12000 distinct words (more than the cache holds) plus repeats. */
     for (int i = 0; i < 12000; i++) {
         char word[64];
