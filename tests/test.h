@@ -23,3 +23,9 @@ struct test_suite {
 /* Absolute path of a file under the repository root (static buffer per call site is not
  * thread-safe; tests are single-threaded). */
 const char *test_path(const char *rel);
+
+#include <stdbool.h>
+/* Load the model in model_dir and hold it to the float64 reference in
+ * golden_dir/golden.safetensors (prefill + greedy decode, 1e-3 x max|logit|);
+ * fails the test otherwise. Returns the worst relative error. (test_golden.c) */
+double golden_check_model(const char *model_dir, const char *golden_dir, bool fused);

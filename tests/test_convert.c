@@ -101,7 +101,7 @@ static void check_conversion(const char *src, const char *want, const struct qua
     struct err e = {0};
     if (model_load(&m, dir, &e) < 0)
         fail_msg("%s", e.msg);
-    assert_int_equal(m->hp.q_bits, q ? q->bits : 0);
+    assert_int_equal(m->hp.quant.top.bits, q ? q->bits : 0);
     assert_int_equal(st_set_n_unused(m->st), 0);
     model_free(m);
     stb_rmtree(dir);
@@ -111,7 +111,7 @@ static void test_phixtral_tiny_4bit(void **state)
 {
     (void)state;
     struct quant_params q = {QMODE_AFFINE, 4, 64, QUANT_GPU};
-    check_conversion("tests/fixtures/models/phixtral-tiny", "tests/fixtures/models/phixtral-tiny-4bit", &q);
+    check_conversion("tests/fixtures/models/phixtral-tiny", "models/phixtral-tiny-4bit", &q);
 }
 
 static void test_golden_phixtral_mlx(void **state)

@@ -381,7 +381,18 @@ static void test_tensor_quantized(void **state)
     q.qbits = 4;
     q.qgroup = 64;
     q.qsdtype = DTYPE_BF16;
+    q.qscales = sc;
+    q.qbiases = bi;
     assert_int_equal(tensor_storage_bytes(&q), 8 * 16 * 4 + 2 * 8 * 2 * 2);
+    /* fp modes have U8 scales and no biases */
+    q.qmode = QMODE_MXFP4;
+    q.qgroup = 32;
+    q.qsdtype = DTYPE_U8;
+    q.qbiases = NULL;
+    assert_int_equal(tensor_storage_bytes(&q), 8 * 16 * 4 + 8 * 4 * 1);
+    struct tensor r1 = tensor_slice0(&q, 1);
+    assert_ptr_equal(r1.qscales, (const uint8_t *)sc + 4);
+    assert_null(r1.qbiases);
 }
 
 // ---- threadpool ----

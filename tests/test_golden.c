@@ -64,16 +64,15 @@ static double row_rel_err(const float *got, const float *ref, int n)
     return ma > 0 ? mx / ma : mx;
 }
 
-static double run_case(const char *name, struct backend *be, bool fused)
+/* The model in dir against the golden data in golden_dir (usually the same folder). */
+static double run_dirs(const char *name, const char *dir, const char *golden_dir, struct backend *be,
+                       bool fused)
 {
-    char dir[512];
     struct err e = {0};
     struct golden g = {0};
     struct model *m = NULL;
     struct model_ctx *c = NULL;
-    snprintf(dir, sizeof dir, "%s", test_path("tests/fixtures/golden"));
-    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/%s", name);
-    golden_open(&g, dir);
+    golden_open(&g, golden_dir);
     if (model_load(&m, dir, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
     assert_int_equal(model_ctx_new(&c, m, be, 0, &e), 0);
@@ -120,6 +119,24 @@ static double run_case(const char *name, struct backend *be, bool fused)
     model_free(m);
     st_set_free(g.st);
     return worst;
+}
+
+static double run_case(const char *name, struct backend *be, bool fused)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    return run_dirs(name, dir, dir, be, fused);
+}
+
+double golden_check_model(const char *model_dir, const char *golden_dir, bool fused)
+{
+    struct backend *be = NULL;
+    struct err e = {0};
+    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    double r = run_dirs(model_dir, model_dir, golden_dir, be, fused);
+    backend_free(be);
+    return r;
 }
 
 static void check_case(void **state)

@@ -22,6 +22,8 @@
 
 #define N_BE_MAX 6
 
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
 struct bes {
     struct backend *be[N_BE_MAX];
     int n;
@@ -32,6 +34,7 @@ static void bes_open(struct bes *b)
 {
     static const char *const isas[] = {"scalar", "avx2", "avx512"};
     static const int threads[] = {1, 3};
+    g_rng = 0x9e3779b97f4a7c15ull; /* each test's data independent of the others */
     b->n = 0;
     for (int i = 0; i < 3; i++) {
         for (int t = 0; t < 2; t++) {
@@ -49,8 +52,6 @@ static void bes_close(struct bes *b)
     for (int i = 0; i < b->n; i++)
         backend_free(b->be[i]);
 }
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
 static float frand(float lo, float hi)
 {
@@ -97,8 +98,12 @@ static void check(struct errstat *st, const char *what, const struct backend *be
         maxabs = fabs(d) > maxabs ? fabs(d) : maxabs;
         maxref = fabs(ref[i]) > maxref ? fabs(ref[i]) : maxref;
     }
-    double nmse = sr > 0 ? se / sr : se;
-    double rel = maxref > 0 ? maxabs / maxref : maxabs;
+    /* Floors (RMS and max 1e-2): a reference that is all but zero must not
+     * turn an f32 absolute error into 100% (gelu_tanh(-5.84) is -3.5e-10,
+     * where f32 1 + tanh() is exactly 0; 1 + erf() likewise loses all its
+     * digits). Every test's data is O(1). */
+    double nmse = se / fmax(sr, (double)n * 1e-4);
+    double rel = maxabs / fmax(maxref, 1e-2);
     int ix = isa_index(be);
     if (nmse > st->nmse[ix])
         st->nmse[ix] = nmse;
@@ -193,6 +198,61 @@ static struct tensor qrand(int bits, int group, enum dtype sdt, int out, int in)
     return t;
 }
 
+/* A random MLX fp-mode weight (mxfp4 / mxfp8 / nvfp4): every code value
+ * occurs (e2m1 -0, e4m3 subnormals, 0x7f = 480 and 0xff), U8 scales. With
+ * edge set, scales include e8m0 0 (2^-127) and 254 (2^127; those groups get
+ * codes of magnitude < 2 so that no dequantized value overflows f32) and
+ * e4m3 subnormals and 0x7f; row 0 group 0 holds the edge codes in front. */
+static struct tensor qrand_fp(enum qmode mode, int out, int in, bool edge)
+{
+    int bits = mode == QMODE_MXFP8 ? 8 : 4, group = mode == QMODE_NVFP4 ? 16 : 32;
+    struct tensor t;
+    int64_t shape[2] = {out, in};
+    size_t words = (size_t)in * bits / 32, ng = (size_t)in / group;
+    uint32_t *d = calloc((size_t)out * words + 1, 4);
+    uint8_t *s = calloc((size_t)out * ng, 1);
+    assert_true(d && s);
+    tensor_init(&t, DTYPE_U32, d, 2, shape);
+    t.stride[0] = (int64_t)words;
+    uint8_t *bytes = (uint8_t *)d;
+    static const uint8_t e8_edge[] = {0, 254, 1, 127, 126};
+    static const uint8_t e4_edge[] = {0x7f, 0x01, 0x07, 0x08, 0x30, 0x38, 0x00};
+    static const uint8_t c4_edge[] = {8, 0, 7, 15, 1, 9};
+    static const uint8_t c8_edge[] = {0x7f, 0xff, 0x01, 0x81, 0x07, 0x08, 0x80, 0x00};
+    for (int r = 0; r < out; r++) {
+        uint8_t *row = bytes + (size_t)r * words * 4;
+        for (size_t g = 0; g < ng; g++) {
+            unsigned sc;
+            if (mode == QMODE_NVFP4)
+                sc = edge && urand(3) == 0 ? e4_edge[urand(sizeof e4_edge)] : 0x28 + urand(0x18);
+            else
+                sc = edge && urand(3) == 0 ? e8_edge[urand(sizeof e8_edge)] : 122 + urand(8);
+            if (r == 0 && g == 0)
+                sc = mode == QMODE_NVFP4 ? 0x38 : 127;
+            s[(size_t)r * ng + g] = (uint8_t)sc;
+            bool small = mode != QMODE_NVFP4 && sc == 254;
+            for (size_t k = 0; k < (size_t)group; k++) {
+                size_t j = g * group + k;
+                unsigned q = urand(1u << bits);
+                if (small)
+                    q &= bits == 4 ? 0xb : 0xbf; /* |e2m1| <= 1.5, |e4m3| < 2 */
+                if (r == 0 && g == 0 && k < (bits == 4 ? sizeof c4_edge : sizeof c8_edge))
+                    q = bits == 4 ? c4_edge[k] : c8_edge[k];
+                for (int b = 0; b < bits; b++)
+                    if (q >> b & 1)
+                        row[(j * bits + b) >> 3] |= (uint8_t)(1u << ((j * bits + b) & 7));
+            }
+        }
+    }
+    t.qbits = bits;
+    t.qgroup = group;
+    t.qmode = mode;
+    t.qsdtype = DTYPE_U8;
+    t.qscales = s;
+    t.qbiases = NULL;
+    return t;
+}
+
 static void tfree(struct tensor *t)
 {
     free(t->data);
@@ -200,18 +260,83 @@ static void tfree(struct tensor *t)
     free((void *)t->qbiases);
 }
 
-/* W[r, i] in double, straight from storage (dequantized when quantized). */
-static double wref(const struct tensor *w, int r, int i)
+/* Decoders of the fp formats, written independently of the kernels (from
+ * the definitions in ../shared/docs/mlx-quantization.md section 4), in double. */
+static double e2m1_d(unsigned c)
 {
-    if (!w->qbits)
-        return ld(w->data, w->dtype, (size_t)r * w->stride[0] + i);
+    unsigned e = c >> 1 & 3, m = c & 1;
+    double v = e == 0 ? 0.5 * m : ldexp(1.0 + 0.5 * m, (int)e - 1);
+    return c & 8 ? -v : v;
+}
+
+static double e4m3_d(unsigned b)
+{
+    unsigned e = b >> 3 & 15, m = b & 7;
+    double v = e == 0 ? ldexp(m / 8.0, -6) : ldexp(1.0 + m / 8.0, (int)e - 7);
+    return b & 0x80 ? -v : v;
+}
+
+static double e8m0_d(unsigned b)
+{
+    return b == 255 ? INFINITY : ldexp(1.0, (int)b - 127);
+}
+
+/* Code i of row r of a quantized tensor, bit by bit from the LSB-first stream. */
+static unsigned qcode_d(const struct tensor *w, int r, int i)
+{
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->stride[0] * 4;
     size_t o = (size_t)i * w->qbits;
     unsigned q = 0;
     for (int k = 0; k < w->qbits; k++)
         q |= (unsigned)(row[(o + k) >> 3] >> ((o + k) & 7) & 1) << k;
+    return q;
+}
+
+/* Scale (*s) and bias (*b, 0 for fp modes) of the group of W[r, i], in double. */
+static void qgroup_d(const struct tensor *w, int r, int i, double *s, double *b)
+{
     size_t g = (size_t)r * (w->shape[1] / w->qgroup) + (size_t)i / w->qgroup;
-    return ld(w->qscales, w->qsdtype, g) * q + ld(w->qbiases, w->qsdtype, g);
+    const uint8_t *su = w->qscales;
+    switch (w->qmode) {
+    case QMODE_MXFP4:
+    case QMODE_MXFP8:
+        *s = e8m0_d(su[g]);
+        *b = 0;
+        break;
+    case QMODE_NVFP4:
+        *s = e4m3_d(su[g]);
+        *b = 0;
+        break;
+    default:
+        *s = ld(w->qscales, w->qsdtype, g);
+        *b = ld(w->qbiases, w->qsdtype, g);
+    }
+}
+
+/* Element value of code q before its scale: q itself for affine. */
+static double qval_d(const struct tensor *w, unsigned q)
+{
+    return w->qmode == QMODE_MXFP8 ? e4m3_d(q) : w->qmode == QMODE_AFFINE ? (double)q : e2m1_d(q);
+}
+
+/* W[r, i] in double, straight from storage (dequantized when quantized). */
+static double wref(const struct tensor *w, int r, int i)
+{
+    if (!w->qbits)
+        return ld(w->data, w->dtype, (size_t)r * w->stride[0] + i);
+    double s, b;
+    qgroup_d(w, r, i, &s, &b);
+    return qval_d(w, qcode_d(w, r, i)) * s + b;
+}
+
+/* |s q| + |b| of W[r, i]: the magnitude its f32 evaluation errs relative to. */
+static double wmag(const struct tensor *w, int r, int i)
+{
+    if (!w->qbits)
+        return fabs(wref(w, r, i));
+    double s, b;
+    qgroup_d(w, r, i, &s, &b);
+    return fabs(qval_d(w, qcode_d(w, r, i)) * s) + fabs(b);
 }
 
 // ---- linear ----
@@ -280,27 +405,184 @@ static void test_linear(void **state)
     bes_close(&bs);
 }
 
+/*
+ * Quantized linear: every ISA against the double-precision reference, and
+ * every SIMD variant against the scalar one, per output. Tolerance: the
+ * kernels evaluate sum_i x_i (s q_i + b) in f32, the SIMD ones regrouped as
+ * sum_g (s_g sum q x + b_g sum x); every term is exact or one rounding from
+ * exact and a sum of n terms in any order errs by at most about n u times
+ * the sum of the magnitudes involved (u = 2^-24; Higham, Accuracy and
+ * Stability, 2nd ed., section 4.2). So each output may differ from the
+ * exact value by (in + 16) u sum_i |x_i| (|s q_i| + |b|), plus in * 2^-140
+ * for products that underflow into f32 subnormals (e8m0 scale 2^-127);
+ * two f32 results by twice that. Nothing here depends on the summation
+ * order, so the bound holds for every ISA and thread split.
+ */
+struct qstat {
+    double worst[3]; /* largest |err| / bound per ISA */
+};
+
+static void qlinear_case(struct bes *bs, struct qstat *qs, const struct tensor *w, int n_tok,
+                         float xamp)
+{
+    int out = (int)w->shape[0], in = (int)w->shape[1];
+    size_t n = (size_t)n_tok * out;
+    float *x = fvec((size_t)n_tok * in, -xamp, xamp);
+    float *y = malloc(n * sizeof *y), *y0 = malloc(n * sizeof *y0);
+    double *ref = malloc(n * sizeof *ref), *bnd = malloc(n * sizeof *bnd);
+    assert_true(y && y0 && ref && bnd);
+    for (int t = 0; t < n_tok; t++)
+        for (int r = 0; r < out; r++) {
+            double acc = 0, mag = 0;
+            for (int i = 0; i < in; i++) {
+                double xi = x[(size_t)t * in + i];
+                acc += xi * wref(w, r, i);
+                mag += fabs(xi) * wmag(w, r, i);
+            }
+            ref[(size_t)t * out + r] = acc;
+            bnd[(size_t)t * out + r] = (in + 16) * ldexp(mag, -24) + in * ldexp(1.0, -140);
+        }
+    for (int i = 0; i < bs->n; i++) {
+        struct backend *be = bs->be[i];
+        memset(y, 0xff, n * sizeof *y); /* NaN: catches unwritten outputs */
+        be->ops->linear(be, y, x, w, NULL, n_tok);
+        if (i == 0)
+            memcpy(y0, y, n * sizeof *y); /* bs->be[0] is the scalar reference */
+        for (size_t k = 0; k < n; k++) {
+            double e = fabs((double)y[k] - ref[k]), e0 = fabs((double)y[k] - (double)y0[k]);
+            double rel = isfinite(e) ? e / bnd[k] : INFINITY;
+            int ix = isa_index(be);
+            qs->worst[ix] = rel > qs->worst[ix] ? rel : qs->worst[ix];
+            if (!(e <= bnd[k] && e0 <= 2 * bnd[k])) {
+                print_error("linear mode %d q%d g%d %s n_tok=%d in=%d out=%d on %s (%d threads): "
+                            "y[%zu] = %.9g, exact %.9g, scalar %.9g, bound %.3g\n",
+                            (int)w->qmode, w->qbits, w->qgroup, dtype_name(w->qsdtype), n_tok, in,
+                            out, be->name, be->n_threads, k, (double)y[k], ref[k], (double)y0[k],
+                            bnd[k]);
+                fail();
+            }
+        }
+    }
+    free(x);
+    free(y);
+    free(y0);
+    free(ref);
+    free(bnd);
+}
+
+static void qreport(const char *test, const struct qstat *qs)
+{
+    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    printf("    %-12s worst |err|/bound:", test);
+    for (int i = 0; i < 3; i++)
+        printf("  %s %.2g", names[i], qs->worst[i]);
+    printf("\n");
+}
+
+/* n_tok, groups per row, out: one group, many groups, partial SIMD blocks,
+ * rows not a multiple of the 4-row unroll, > 2048 codes (several scale
+ * chunks), n_tok 1..9 and past the GEMM threshold. */
+static const int k_qshapes[][3] = {
+    {1, 1, 7}, {3, 2, 1}, {1, 3, 33}, {20, 4, 40}, {6, 3, 33}, {9, 17, 9},
+    {2, 70, 5}, {4, 5, 3}, {5, 2, 4}, {7, 1, 6}, {8, 3, 12},
+};
+
 static void test_linear_quant(void **state)
 {
     (void)state;
     static const int bits[] = {2, 3, 4, 5, 6, 8};
     static const int groups[] = {32, 64, 128};
     static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
-    /* n_tok, in (multiple of 128), out */
-    static const int shapes[][3] = {{1, 128, 7}, {3, 256, 1}, {1, 384, 33}, {20, 512, 40}, {6, 384, 33}};
+    size_t ns = sizeof k_qshapes / sizeof k_qshapes[0];
     struct bes bs;
-    struct errstat es = {0};
+    struct qstat qs = {{0}};
     bes_open(&bs);
     for (int bi = 0; bi < 6; bi++)
         for (int gi = 0; gi < 3; gi++)
-            for (int s = 0; s < 5; s++) {
+            for (size_t s = 0; s < ns; s++) {
                 enum dtype sdt = sdts[(bi + gi + s) % 3];
-                const int *sh = shapes[s];
-                struct tensor w = qrand(bits[bi], groups[gi], sdt, sh[2], sh[1]);
-                linear_case(&bs, &es, &w, NULL, sh[0]);
+                const int *sh = k_qshapes[s];
+                struct tensor w = qrand(bits[bi], groups[gi], sdt, sh[2], sh[1] * groups[gi]);
+                qlinear_case(&bs, &qs, &w, sh[0], 1.0f);
                 tfree(&w);
             }
-    report("linear_q", &es);
+    qreport("linear_q", &qs);
+    bes_close(&bs);
+}
+
+static void test_linear_fp(void **state)
+{
+    (void)state;
+    static const enum qmode modes[] = {QMODE_MXFP4, QMODE_MXFP8, QMODE_NVFP4};
+    size_t ns = sizeof k_qshapes / sizeof k_qshapes[0];
+    struct bes bs;
+    struct qstat qs = {{0}};
+    bes_open(&bs);
+    for (int m = 0; m < 3; m++) {
+        int group = modes[m] == QMODE_NVFP4 ? 16 : 32;
+        for (size_t s = 0; s < ns; s++)
+            for (int edge = 0; edge < 2; edge++) {
+                const int *sh = k_qshapes[s];
+                struct tensor w = qrand_fp(modes[m], sh[2], sh[1] * group, edge);
+                /* small x keeps the sums of 2^127-scaled groups finite */
+                qlinear_case(&bs, &qs, &w, sh[0], edge ? 0x1p-10f : 1.0f);
+                tfree(&w);
+            }
+    }
+    qreport("linear_fp", &qs);
+    bes_close(&bs);
+}
+
+/* Dequantization (embedding rows, the GEMM panels' wrow_f32) of every mode
+ * on every ISA against the double decoders: fp-mode values are products of
+ * at most 4- and 4-significant-bit numbers, exact in f32 (also as
+ * subnormals down to 2^-136), so they must match bit for bit; affine
+ * s q + b rounds at most twice (s q is exact unless s is F32): within
+ * 2u (|s q| + |b|). */
+static void test_dequant(void **state)
+{
+    (void)state;
+    struct bes bs;
+    bes_open(&bs);
+    enum { OUT = 6 };
+    struct tensor ws[6 * 3 + 3 * 2];
+    int nw = 0;
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    for (int bi = 0; bi < 6; bi++)
+        for (int d = 0; d < 3; d++)
+            ws[nw++] = qrand(bits[bi], 32 << d, sdts[(bi + d) % 3], OUT, 384 + (32 << d));
+    static const enum qmode modes[] = {QMODE_MXFP4, QMODE_MXFP8, QMODE_NVFP4};
+    for (int m = 0; m < 3; m++)
+        for (int edge = 0; edge < 2; edge++)
+            ws[nw++] = qrand_fp(modes[m], OUT, 16 * 37, edge);
+    int32_t ids[OUT];
+    for (int r = 0; r < OUT; r++)
+        ids[r] = OUT - 1 - r;
+    for (int k = 0; k < nw; k++) {
+        const struct tensor *w = &ws[k];
+        int in = (int)w->shape[1];
+        float *y = malloc((size_t)OUT * in * sizeof *y);
+        assert_non_null(y);
+        for (int i = 0; i < bs.n; i++) {
+            memset(y, 0xff, (size_t)OUT * in * sizeof *y);
+            bs.be[i]->ops->embed(bs.be[i], y, w, ids, OUT);
+            for (int t = 0; t < OUT; t++)
+                for (int c = 0; c < in; c++) {
+                    double ref = wref(w, ids[t], c), got = y[(size_t)t * in + c];
+                    double tol = w->qmode == QMODE_AFFINE ? ldexp(wmag(w, ids[t], c), -23) : 0;
+                    if (!(fabs(got - ref) <= tol)) {
+                        print_error("dequant mode %d q%d g%d row %d col %d on %s: %.9g, exact %.9g\n",
+                                    (int)w->qmode, w->qbits, w->qgroup, ids[t], c, bs.be[i]->name,
+                                    got, ref);
+                        fail();
+                    }
+                }
+        }
+        free(y);
+    }
+    for (int k = 0; k < nw; k++)
+        tfree(&ws[k]);
     bes_close(&bs);
 }
 
@@ -675,7 +957,8 @@ static void test_isa_select(void **state)
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_linear),
-    cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_batch),
+    cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_fp),
+    cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),         cmocka_unit_test(test_attention),
     cmocka_unit_test(test_elementwise),

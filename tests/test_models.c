@@ -2,7 +2,7 @@
  * models: the trained checkpoints, driven through the real `mlxcel` binary
  * (cli_run.h).
  *
- * For models/llama-tiny and tests/fixtures/models/phixtral-tiny{,-4bit}, golden.json
+ * For models/llama-tiny, tests/fixtures/models/phixtral-tiny and models/phixtral-tiny-4bit, golden.json
  * holds five prompts with their float64 greedy continuations (48 ids and the
  * text) and 512 held-out ids with the reference perplexity. We require:
  * the prompt text tokenizes to the reference prompt ids; greedy generation
@@ -156,8 +156,8 @@ static void phixtral_tiny(void **state)
 static void phixtral_tiny_4bit(void **state)
 {
     (void)state;
-    check_model("tests/fixtures/models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=1");
-    check_model("tests/fixtures/models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=0");
+    check_model("models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=1");
+    check_model("models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=0");
 }
 
 /* Sampling from the trained model: exits 0 and prints Shakespeare-like text. */

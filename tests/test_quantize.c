@@ -98,9 +98,9 @@ static void test_fp_modes_vs_mlxq(void **state)
     for (int m = 0; m < 3; m++)
         for (int d = 0; d < 3; d++) {
             struct quant_params p = {modes[m], 0, 0, QUANT_GPU};
-            quant_mode_defaults(modes[m], &p.group, &p.bits);
+            qmode_defaults(modes[m], &p.group, &p.bits);
             char prefix[64];
-            snprintf(prefix, sizeof prefix, "%s.%s", quant_mode_name(modes[m]), k_dtypes[d]);
+            snprintf(prefix, sizeof prefix, "%s.%s", qmode_name(modes[m]), k_dtypes[d]);
             check_config(st, &p, k_dtypes[d], prefix);
         }
     st_set_free(st);
@@ -207,8 +207,8 @@ static void test_rejections(void **state)
     assert_true(quant_shape_ok(&p, 2, ok));
     assert_false(quant_shape_ok(&p, 2, odd));
     enum qmode m;
-    assert_int_equal(quant_mode_parse("xyz", &m), -1);
-    assert_int_equal(quant_mode_parse("nvfp4", &m), 0);
+    assert_int_equal(qmode_parse("xyz", &m, NULL), -ERR_CONFIG);
+    assert_int_equal(qmode_parse("nvfp4", &m, NULL), 0);
     assert_int_equal(m, QMODE_NVFP4);
 }
 

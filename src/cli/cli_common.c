@@ -23,7 +23,7 @@
 #ifndef MLXCEL_SOURCE_DIR
 #define MLXCEL_SOURCE_DIR "."
 #endif
-#define DEFAULT_MODEL "models/llama-tiny"
+#define DEFAULT_MODEL "models/phixtral-tiny-4bit"
 #define MAX_IDS (1 << 24)
 
 int cli_fail(const char *cmd, const struct err *e)

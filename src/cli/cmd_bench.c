@@ -2,7 +2,9 @@
  * bench: `mlxcel bench [-m MODEL] [-p 512] [-n 128] [-r 3] [-t N] [--json]`,
  * throughput in the style of llama.cpp's llama-bench.
  *
- * Two tests, each repeated r times after one untimed warm-up:
+ * Two tests, each repeated r times after one untimed warm-up (the prompt
+ * once, then one generated token, or 16 for MoE models so every expert has
+ * been touched):
  *   ppP  prompt processing: one batched forward of P token ids from an empty
  *        cache, last-position logits only (what generate's prefill does).
  *   tgN  text generation: N single-token forwards from an empty cache, each
@@ -315,14 +317,19 @@ static int bench_setup(struct bench_state *b, const struct model *m, struct back
     return 0;
 }
 
-/* Untimed warm-up as llama-bench does it: the full prompt once and one generated token. */
-static int warm_up(struct bench_state *b, const struct bench_opts *o, struct err *e)
+/* Untimed warm-up as llama-bench does it: the full prompt once and one
+ * generated token. A MoE model decodes up to 16 tokens instead: one token
+ * routes to only k experts per layer, and the first timed repetition would
+ * otherwise pay for mapping the others in from the page cache. */
+static int warm_up(struct bench_state *b, const struct bench_opts *o, const struct model *m,
+                   struct err *e)
 {
     double secs;
     int rc;
+    int n_tg = m->hp.n_expert > 0 ? (int)(o->n_gen < 16 ? o->n_gen : 16) : 1;
     if (o->n_prompt > 0 && (rc = run_pp(b, (int)o->n_prompt, &secs, e)) < 0)
         return err_prefix(e, "warm-up");
-    if (o->n_gen > 0 && (rc = run_tg(b, 1, &secs, e)) < 0)
+    if (o->n_gen > 0 && (rc = run_tg(b, n_tg, &secs, e)) < 0)
         return err_prefix(e, "warm-up");
     return 0;
 }
@@ -346,7 +353,7 @@ int cmd_bench(int argc, char **argv)
 
     if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0 ||
         backend_cpu_new(&be, (int)o.threads, NULL, &e) < 0 || bench_setup(&b, m, be, &o, &e) < 0 ||
-        warm_up(&b, &o, &e) < 0)
+        warm_up(&b, &o, m, &e) < 0)
         goto out;
     if (o.n_prompt > 0)
         res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt};

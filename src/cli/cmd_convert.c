@@ -51,9 +51,9 @@ int cli_quant_resolve(const struct cli_quant_flags *f, struct quant_params *q, s
     long v;
     int rc;
     memset(q, 0, sizeof *q);
-    if (f->mode && quant_mode_parse(f->mode, &q->mode) < 0)
+    if (f->mode && qmode_parse(f->mode, &q->mode, NULL) < 0)
         return err_setf(e, ERR_ARG, "--q-mode '%s' is not one of affine, mxfp4, mxfp8, nvfp4", f->mode);
-    quant_mode_defaults(q->mode, &q->group, &q->bits);
+    qmode_defaults(q->mode, &q->group, &q->bits);
     if (f->bits) {
         if ((rc = cli_parse_int("--q-bits", f->bits, 1, 64, &v, e)) < 0)
             return rc;
@@ -73,7 +73,7 @@ int cli_quant_resolve(const struct cli_quant_flags *f, struct quant_params *q, s
             return err_setf(e, ERR_ARG, "--q-variant '%s' is not gpu or cpu", f->variant);
     }
     if ((rc = quant_params_check(q, e)) < 0)
-        return err_prefix(e, "--q-mode %s --q-group-size %d --q-bits %d", quant_mode_name(q->mode),
+        return err_prefix(e, "--q-mode %s --q-group-size %d --q-bits %d", qmode_name(q->mode),
                           q->group, q->bits);
     return 0;
 }
@@ -132,7 +132,7 @@ static int print_summary(const char *src, const char *dst, const struct convert_
         cli_format_bytes(st->ck.bytes, b, sizeof b);
         printf("%s -> %s: %zu tensors (%zu quantized", src, dst, st->ck.n_tensors, st->ck.n_quantized);
         if (q)
-            printf(", %s %d-bit group %d", quant_mode_name(q->mode), q->bits, q->group);
+            printf(", %s %d-bit group %d", qmode_name(q->mode), q->bits, q->group);
         printf("), %s, %zu files copied, %.1f s\n", b, st->n_copied, secs);
         return 0;
     }
@@ -147,7 +147,7 @@ static int print_summary(const char *src, const char *dst, const struct convert_
         cJSON_AddNumberToObject(o, "bytes", (double)st->ck.bytes);
         cJSON_AddStringToObject(o, "dtype", st->dtype >= 0 ? dtype_name((enum dtype)st->dtype) : "kept");
         if (q) {
-            cJSON_AddStringToObject(o, "mode", quant_mode_name(q->mode));
+            cJSON_AddStringToObject(o, "mode", qmode_name(q->mode));
             cJSON_AddNumberToObject(o, "bits", q->bits);
             cJSON_AddNumberToObject(o, "group_size", q->group);
         } else {

@@ -102,11 +102,13 @@ static cJSON *build_json(const struct model *m)
     for (int d = 0; dt && d < DTYPE_COUNT; d++)
         if (counts[d])
             cJSON_AddNumberToObject(dt, dtype_name((enum dtype)d), (double)counts[d]);
-    if (hp->q_bits) {
+    if (hp->quant.present) {
         cJSON *q = cJSON_AddObjectToObject(o, "quantization");
         if (q) {
-            cJSON_AddNumberToObject(q, "bits", hp->q_bits);
-            cJSON_AddNumberToObject(q, "group_size", hp->q_group);
+            cJSON_AddStringToObject(q, "mode", qmode_name(hp->quant.top.mode));
+            cJSON_AddNumberToObject(q, "bits", hp->quant.top.bits);
+            cJSON_AddNumberToObject(q, "group_size", hp->quant.top.group);
+            cJSON_AddNumberToObject(q, "overrides", hp->quant.n_ov);
         }
     } else {
         cJSON_AddNullToObject(o, "quantization");
@@ -192,8 +194,10 @@ static void print_text(const struct model *m, bool verbose)
         }
     }
     printf("\n");
-    if (hp->q_bits)
-        printf("%-18s %d-bit, group size %d\n", "quantization", hp->q_bits, hp->q_group);
+    if (hp->quant.present)
+        printf("%-18s %s %d-bit, group size %d%s%.0d%s\n", "quantization", qmode_name(hp->quant.top.mode),
+               hp->quant.top.bits, hp->quant.top.group, hp->quant.n_ov ? " (" : "", hp->quant.n_ov,
+               hp->quant.n_ov ? " per-module overrides)" : "");
     else
         printf("%-18s none\n", "quantization");
 

@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "../loading/config.h"
+#include "../loading/quant.h"
 #include "../models/registry.h"
 #include "cli.h"
 
@@ -49,7 +50,8 @@ struct list_entry {
     char model_type[64];       /* "" when config.json has none */
     const char *family;        /* NULL unless LIST_OK */
     enum list_status status;
-    int q_bits, q_group;       /* 0: not quantized */
+    struct qparams q;          /* top-level quantization; bits 0: none or invalid */
+    int q_n_ov;                /* per-module overrides */
     uint64_t size;             /* bytes of *.safetensors */
 };
 
@@ -93,19 +95,17 @@ static uint64_t safetensors_bytes(const char *dir)
     return total;
 }
 
+/* The loader's own parser: a quantization object it would refuse reads as an invalid config. */
 static void read_quantization(struct list_entry *le, const cJSON *cfg)
 {
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization");
-    if (!cJSON_IsObject(q))
-        q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
-    if (!cJSON_IsObject(q))
+    struct qconfig qc;
+    if (qconfig_parse(&qc, cfg, NULL) < 0) {
+        le->status = LIST_INVALID;
         return;
-    const cJSON *bits = cJSON_GetObjectItemCaseSensitive(q, "bits");
-    const cJSON *group = cJSON_GetObjectItemCaseSensitive(q, "group_size");
-    if (cJSON_IsNumber(bits) && bits->valuedouble > 0 && bits->valuedouble <= 64)
-        le->q_bits = (int)bits->valuedouble;
-    if (cJSON_IsNumber(group) && group->valuedouble > 0 && group->valuedouble <= 1 << 20)
-        le->q_group = (int)group->valuedouble;
+    }
+    le->q = qc.top;
+    le->q_n_ov = qc.n_ov;
+    qconfig_free(&qc);
 }
 
 /* Fill model_type, family, quantization and size from the folder's files. */
@@ -251,8 +251,10 @@ static void print_text(const struct list *l)
     for (size_t i = 0; i < l->n; i++) {
         const struct list_entry *le = &l->v[i];
         char quant[32], size[32];
-        if (le->q_bits)
-            snprintf(quant, sizeof quant, "%d-bit g%d", le->q_bits, le->q_group);
+        if (le->q.bits && le->q.mode == QMODE_AFFINE)
+            snprintf(quant, sizeof quant, "%d-bit g%d%s", le->q.bits, le->q.group, le->q_n_ov ? "+" : "");
+        else if (le->q.bits)
+            snprintf(quant, sizeof quant, "%s%s", qmode_name(le->q.mode), le->q_n_ov ? "+" : "");
         else
             snprintf(quant, sizeof quant, "none");
         cli_format_bytes(le->size, size, sizeof size);
@@ -283,11 +285,13 @@ static int print_json(const struct list *l, struct err *e)
         else
             cJSON_AddNullToObject(o, "family");
         cJSON_AddStringToObject(o, "status", k_status[le->status]);
-        if (le->q_bits) {
+        if (le->q.bits) {
             cJSON *q = cJSON_AddObjectToObject(o, "quantization");
             if (q) {
-                cJSON_AddNumberToObject(q, "bits", le->q_bits);
-                cJSON_AddNumberToObject(q, "group_size", le->q_group);
+                cJSON_AddStringToObject(q, "mode", qmode_name(le->q.mode));
+                cJSON_AddNumberToObject(q, "bits", le->q.bits);
+                cJSON_AddNumberToObject(q, "group_size", le->q.group);
+                cJSON_AddNumberToObject(q, "overrides", le->q_n_ov);
             }
         } else {
             cJSON_AddNullToObject(o, "quantization");

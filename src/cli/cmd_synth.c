@@ -57,7 +57,7 @@ static int print_summary(const struct synth_opts *o, const struct synth_stats *s
         cJSON_AddNumberToObject(j, "bytes", (double)st->ck.bytes);
         cJSON_AddStringToObject(j, "dtype", dtype_name(st->dtype));
         if (o->q) {
-            cJSON_AddStringToObject(j, "mode", quant_mode_name(o->q->mode));
+            cJSON_AddStringToObject(j, "mode", qmode_name(o->q->mode));
             cJSON_AddNumberToObject(j, "bits", o->q->bits);
             cJSON_AddNumberToObject(j, "group_size", o->q->group);
         } else {

@@ -530,7 +530,7 @@ int ck_config_set_quant(cJSON *cfg, const struct quant_params *q, struct err *e)
         cJSON *o = cJSON_CreateObject();
         if (!o || !cJSON_AddNumberToObject(o, "group_size", q->group) ||
             !cJSON_AddNumberToObject(o, "bits", q->bits) ||
-            !cJSON_AddStringToObject(o, "mode", quant_mode_name(q->mode))) {
+            !cJSON_AddStringToObject(o, "mode", qmode_name(q->mode))) {
             cJSON_Delete(o);
             return err_setf(e, ERR_NOMEM, "out of memory");
         }

@@ -21,61 +21,17 @@
 /* §2.2 step 2: the floor of the affine scale (float32 1e-7). */
 #define QUANT_EPS 1e-7f
 
-static const struct {
-    const char *name;
-    int group, bits;
-} k_modes[] = {
-    [QMODE_AFFINE] = {"affine", 64, 4},
-    [QMODE_MXFP4] = {"mxfp4", 32, 4},
-    [QMODE_MXFP8] = {"mxfp8", 32, 8},
-    [QMODE_NVFP4] = {"nvfp4", 16, 4},
-};
-
-int quant_mode_parse(const char *s, enum qmode *out)
-{
-    for (int i = 0; i < (int)(sizeof k_modes / sizeof k_modes[0]); i++) {
-        if (s && strcmp(s, k_modes[i].name) == 0) {
-            *out = (enum qmode)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-const char *quant_mode_name(enum qmode m)
-{
-    return (unsigned)m < sizeof k_modes / sizeof k_modes[0] ? k_modes[m].name : "?";
-}
-
-void quant_mode_defaults(enum qmode m, int *group, int *bits)
-{
-    if ((unsigned)m >= sizeof k_modes / sizeof k_modes[0])
-        m = QMODE_AFFINE;
-    *group = k_modes[m].group;
-    *bits = k_modes[m].bits;
-}
-
 int quant_params_check(const struct quant_params *p, struct err *e)
 {
-    if ((unsigned)p->mode >= sizeof k_modes / sizeof k_modes[0])
-        return err_setf(e, ERR_ARG, "quantization mode %d is not one of affine, mxfp4, mxfp8, nvfp4",
-                        (int)p->mode);
     if (p->variant != QUANT_GPU && p->variant != QUANT_CPU)
         return err_setf(e, ERR_ARG, "quantizer variant %d is not gpu or cpu", (int)p->variant);
-    if (p->mode == QMODE_AFFINE) {
-        if (p->group != 32 && p->group != 64 && p->group != 128)
-            return err_setf(e, ERR_ARG, "affine group size %d is not one of 32, 64, 128", p->group);
-        if (p->bits != 2 && p->bits != 3 && p->bits != 4 && p->bits != 5 && p->bits != 6 &&
-            p->bits != 8)
-            return err_setf(e, ERR_ARG, "affine bits %d is not one of 2, 3, 4, 5, 6, 8", p->bits);
-        return 0;
+    /* the loader's rule (quant.c), reported as a bad argument */
+    struct qparams q = {p->mode, p->bits, p->group};
+    if (qparams_validate(&q, e) < 0) {
+        if (e)
+            e->code = ERR_ARG;
+        return -ERR_ARG;
     }
-    const char *name = k_modes[p->mode].name;
-    if (p->group != k_modes[p->mode].group)
-        return err_setf(e, ERR_ARG, "%s needs group size %d, got %d", name, k_modes[p->mode].group,
-                        p->group);
-    if (p->bits != k_modes[p->mode].bits)
-        return err_setf(e, ERR_ARG, "%s needs %d bits, got %d", name, k_modes[p->mode].bits, p->bits);
     return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "../core/dtype.h"
 #include "../core/err.h"
 #include "../core/tensor.h"
+#include "quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,13 +38,10 @@ struct quant_params {
     enum quant_variant variant;
 };
 
-/* "affine", "mxfp4", "mxfp8", "nvfp4" -> mode; -1 for anything else. */
-int quant_mode_parse(const char *s, enum qmode *out);
-const char *quant_mode_name(enum qmode m);
-/* mlx-lm's defaults per mode: affine (64, 4), mxfp4 (32, 4), nvfp4 (16, 4), mxfp8 (32, 8). */
-void quant_mode_defaults(enum qmode m, int *group, int *bits);
+/* Mode names and defaults: qmode_parse / qmode_name / qmode_defaults (quant.h). */
 
-/* The (mode, group, bits) combinations MLX accepts (§6); -ERR_ARG naming the bad value. */
+/* The (mode, group, bits) combinations MLX accepts (§6, qparams_validate); -ERR_ARG naming
+ * the bad value. */
 int quant_params_check(const struct quant_params *p, struct err *e);
 /* Whether a tensor of this shape can be quantized with p: ndim >= 2 and the last dim a
  * positive multiple of the group. */

@@ -99,23 +99,26 @@ bool wm_has(struct wmap *w, const char *fmt, ...)
     return st_set_find(w->st, name) != NULL || st_set_record_prefers(w->st, name);
 }
 
-/* MLX affine: PREFIX.weight U32 [.., out, in * bits / 32], PREFIX.scales and
- * PREFIX.biases [.., out, in / group] in a float dtype. */
-static int take_quantized(struct wmap *w, const char *prefix, int ndim, const int64_t *shape,
-                          struct tensor *out, struct err *e)
+/* MLX quantized module PREFIX with parameters p (validated by quant.c):
+ *   PREFIX.weight  U32 [.., out, in * bits / 32]
+ *   PREFIX.scales  [.., out, in / group]: F32/F16/BF16 (affine) or U8 (fp modes)
+ *   PREFIX.biases  like scales, affine only (fp modes must not have one) */
+static int take_quantized(struct wmap *w, const char *prefix, const struct qparams *p, int ndim,
+                          const int64_t *shape, struct tensor *out, struct err *e)
 {
     char name[NAME_MAX_LEN + 16];
     int64_t n_in = shape[ndim - 1];
-    if (n_in % w->q_group != 0 || (n_in * w->q_bits) % 32 != 0)
-        return err_setf(e, ERR_FORMAT, "tensor '%s': input width %lld is not a multiple of group %d",
-                        prefix, (long long)n_in, w->q_group);
+    if (n_in % p->group != 0 || (n_in * p->bits) % 32 != 0)
+        return err_setf(e, ERR_FORMAT,
+                        "tensor '%s': input width %lld is not a multiple of the group size %d (%s, %d-bit)",
+                        prefix, (long long)n_in, p->group, qmode_name(p->mode), p->bits);
     int64_t packed[TENSOR_MAX_DIMS], grouped[TENSOR_MAX_DIMS];
     for (int i = 0; i < ndim; i++)
         packed[i] = grouped[i] = shape[i];
-    packed[ndim - 1] = n_in * w->q_bits / 32;
-    grouped[ndim - 1] = n_in / w->q_group;
+    packed[ndim - 1] = n_in * p->bits / 32;
+    grouped[ndim - 1] = n_in / p->group;
 
-    struct tensor wt, sc, bi;
+    struct tensor wt, sc, bi = {0};
     int rc;
     snprintf(name, sizeof name, "%s.weight", prefix);
     if ((rc = take(w, name, true, &wt, e)) < 0)
@@ -124,23 +127,37 @@ static int take_quantized(struct wmap *w, const char *prefix, int ndim, const in
         return err_setf(e, ERR_FORMAT, "tensor '%s': quantized weight must be U32, got %s", name,
                         dtype_name(wt.dtype));
     if ((rc = check_shape(&wt, name, ndim, packed, e)) < 0)
-        return rc;
+        return err_prefix(e, "%s, %d-bit group %d", qmode_name(p->mode), p->bits, p->group);
     snprintf(name, sizeof name, "%s.scales", prefix);
-    if ((rc = take_float(w, name, true, ndim, grouped, &sc, e)) < 0)
-        return rc;
-    snprintf(name, sizeof name, "%s.biases", prefix);
-    if ((rc = take_float(w, name, true, ndim, grouped, &bi, e)) < 0)
-        return rc;
-    if (sc.dtype != bi.dtype)
-        return err_setf(e, ERR_FORMAT, "tensor '%s': scales and biases differ in dtype", prefix);
+    if (p->mode == QMODE_AFFINE) {
+        if ((rc = take_float(w, name, true, ndim, grouped, &sc, e)) < 0)
+            return rc;
+        snprintf(name, sizeof name, "%s.biases", prefix);
+        if ((rc = take_float(w, name, true, ndim, grouped, &bi, e)) < 0)
+            return rc;
+        if (sc.dtype != bi.dtype)
+            return err_setf(e, ERR_FORMAT, "tensor '%s': scales and biases differ in dtype", prefix);
+    } else {
+        if ((rc = take(w, name, true, &sc, e)) < 0)
+            return rc;
+        if (sc.dtype != DTYPE_U8)
+            return err_setf(e, ERR_FORMAT, "tensor '%s': %s scales must be U8, got %s", name,
+                            qmode_name(p->mode), dtype_name(sc.dtype));
+        if ((rc = check_shape(&sc, name, ndim, grouped, e)) < 0)
+            return rc;
+        snprintf(name, sizeof name, "%s.biases", prefix);
+        if (st_set_find(w->st, name))
+            return err_setf(e, ERR_FORMAT, "tensor '%s': %s has no biases", name, qmode_name(p->mode));
+    }
     *out = wt;
     for (int i = 0; i < ndim; i++)
         out->shape[i] = shape[i];
-    out->qbits = w->q_bits;
-    out->qgroup = w->q_group;
+    out->qbits = p->bits;
+    out->qgroup = p->group;
+    out->qmode = p->mode;
     out->qsdtype = sc.dtype;
     out->qscales = sc.data;
-    out->qbiases = bi.data;
+    out->qbiases = p->mode == QMODE_AFFINE ? bi.data : NULL;
     return 0;
 }
 
@@ -158,9 +175,36 @@ int wm_linear(struct wmap *w, struct tensor *out, bool required, int64_t n_lead,
         shape[ndim++] = n_lead;
     shape[ndim++] = n_out;
     shape[ndim++] = n_in;
+
+    /* Quantized iff PREFIX.scales exists and PREFIX.weight is U32; the config must agree. */
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    const struct st_tensor *wt = st_set_find(w->st, name);
     snprintf(name, sizeof name, "%s.scales", prefix);
-    if (w->q_bits && st_set_find(w->st, name))
-        return take_quantized(w, prefix, ndim, shape, out, e);
+    const struct st_tensor *sc = st_set_find(w->st, name);
+    const struct qoverride *ov = qconfig_find(w->qc, prefix);
+    bool packed = wt && wt->dtype == DTYPE_U32;
+    if (sc || packed) {
+        if (!wt)
+            return err_setf(e, ERR_MISSING, "tensor '%s.weight' is missing (its .scales exist)", prefix);
+        if (!sc)
+            return err_setf(e, ERR_FORMAT, "tensor '%s.weight' is U32 (quantized) but '%s.scales' is missing",
+                            prefix, prefix);
+        if (!packed)
+            return err_setf(e, ERR_FORMAT, "tensor '%s.scales' exists but '%s.weight' is %s, not U32",
+                            prefix, prefix, dtype_name(wt->dtype));
+        if (!w->qc->present)
+            return err_setf(e, ERR_CONFIG, "'%s' is quantized but config.json has no 'quantization'", prefix);
+        if (ov && ov->p.bits == 0)
+            return err_setf(e, ERR_CONFIG,
+                            "config.json quantization says '%s' is float (false) but the checkpoint has it quantized",
+                            prefix);
+        struct qparams p = ov ? ov->p : w->qc->top;
+        return take_quantized(w, prefix, &p, ndim, shape, out, e);
+    }
+    if (ov && ov->p.bits > 0 && wt)
+        return err_setf(e, ERR_CONFIG,
+                        "config.json quantization lists '%s' as quantized but '%s.weight' is %s with no .scales",
+                        prefix, prefix, dtype_name(wt->dtype));
     snprintf(name, sizeof name, "%s.weight", prefix);
     return take_float(w, name, required, ndim, shape, out, e);
 }

@@ -16,6 +16,7 @@
 #include "../core/err.h"
 #include "../core/safetensors.h"
 #include "../core/tensor.h"
+#include "quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,8 +24,7 @@ extern "C" {
 
 struct wmap {
     struct st_set *st;
-    int q_bits;   /* MLX quantization of linears/embeddings (0: none) */
-    int q_group;
+    const struct qconfig *qc;  /* the checkpoint's quantization settings */
 };
 
 #define WM_REQUIRED true

@@ -318,7 +318,7 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, str
 
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
 {
-    struct wmap w = {st, m->hp.q_bits, m->hp.q_group};
+    struct wmap w = {st, &m->hp.quant};
     int rc;
     char pre[256];
     if (m->hp.n_expert > 0 && (rc = hf_experts_alloc(m, e)) < 0)

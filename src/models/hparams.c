@@ -80,14 +80,5 @@ int hparams_validate(const struct hparams *hp, struct err *e)
         if (hp->router == ROUTER_NONE)
             return err_setf(e, ERR_INTERNAL, "MoE family without a router kind");
     }
-    if (hp->q_bits) {
-        if (hp->q_bits != 2 && hp->q_bits != 3 && hp->q_bits != 4 && hp->q_bits != 5 &&
-            hp->q_bits != 6 && hp->q_bits != 8)
-            return err_setf(e, ERR_CONFIG, "quantization.bits = %d is not one of 2,3,4,5,6,8",
-                            hp->q_bits);
-        if (hp->q_group != 32 && hp->q_group != 64 && hp->q_group != 128)
-            return err_setf(e, ERR_CONFIG, "quantization.group_size = %d is not 32, 64 or 128",
-                            hp->q_group);
-    }
     return 0;
 }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "../core/err.h"
+#include "../loading/quant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -96,9 +97,9 @@ struct hparams {
     int32_t eos_ids[HP_MAX_EOS];
     int n_eos;
 
-    /* MLX affine quantization (config "quantization"); 0 when not quantized */
-    int q_bits;
-    int q_group;
+    /* MLX quantization (config "quantization"), validated; quant.present is
+     * false for a float checkpoint. Overrides are owned (model_free). */
+    struct qconfig quant;
 };
 
 /* Fill the defaults shared by every family before its parse_config runs. */

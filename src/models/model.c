@@ -18,29 +18,6 @@
 
 /* ---- loading ---- */
 
-/* config "quantization": {"group_size": 64, "bits": 4} (mlx-lm convert). */
-static int parse_quantization(struct hparams *hp, const cJSON *cfg, struct err *e)
-{
-    const cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization");
-    if (!q || cJSON_IsNull(q))
-        q = cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config");
-    if (!q || cJSON_IsNull(q))
-        return 0;
-    if (!cJSON_IsObject(q))
-        return err_setf(e, ERR_CONFIG, "config field 'quantization' must be an object");
-    int rc;
-    char mode[32];
-    if ((rc = cfg_opt_str(q, "mode", "affine", mode, sizeof mode, e)) < 0)
-        return rc;
-    if (strcmp(mode, "affine") != 0)
-        return err_setf(e, ERR_UNSUPPORTED, "quantization mode '%s' is not supported (only affine)",
-                        mode);
-    if ((rc = cfg_int(q, "bits", &hp->q_bits, e)) < 0 ||
-        (rc = cfg_int(q, "group_size", &hp->q_group, e)) < 0)
-        return err_prefix(e, "quantization");
-    return 0;
-}
-
 /* generation_config.json (optional): eos ids override config.json; sampling defaults. */
 static int parse_generation(struct model *m, const char *dir, struct err *e)
 {
@@ -126,7 +103,7 @@ int model_load(struct model **out, const char *dir, struct err *e)
     if ((rc = cfg_opt_str(cfg, "model_type", "", m->hp.model_type, sizeof m->hp.model_type, e)) < 0 ||
         (rc = m->ops->parse_config(&m->hp, cfg, e)) < 0 ||
         (rc = parse_common_ids(&m->hp, cfg, e)) < 0 ||
-        (rc = parse_quantization(&m->hp, cfg, e)) < 0)
+        (rc = qconfig_parse(&m->hp.quant, cfg, e)) < 0)
         goto fail_prefix;
     if ((rc = parse_generation(m, dir, e)) < 0)
         goto fail;
@@ -168,6 +145,7 @@ void model_free(struct model *m)
     st_set_free(m->st);
     free(m->layers);
     free(m->expert_views);
+    qconfig_free(&m->hp.quant);
     free(m);
 }
 
@@ -181,15 +159,21 @@ int64_t model_n_params(const struct model *m)
         int64_t k = 1;
         for (int d = 0; d < t->ndim; d++)
             k *= t->shape[d];
-        /* packed quantized words hold 32 / bits weights; their scales and biases
-         * are bookkeeping, not parameters */
+        /* packed quantized words hold 32 / bits weights (wmap checked the
+         * bits against the shapes); scales and biases are bookkeeping, not
+         * parameters */
         size_t len = strlen(t->name);
-        bool qaux = m->hp.q_bits && len > 7 &&
+        bool qaux = t->dtype != DTYPE_U32 && len > 7 &&
                     (strcmp(t->name + len - 7, ".scales") == 0 || strcmp(t->name + len - 7, ".biases") == 0);
         if (qaux)
             continue;
-        if (m->hp.q_bits && t->dtype == DTYPE_U32)
-            k = k * 32 / m->hp.q_bits;
+        if (t->dtype == DTYPE_U32 && len > 7 && strcmp(t->name + len - 7, ".weight") == 0) {
+            char path[QCFG_MAX_PATH];
+            snprintf(path, sizeof path, "%.*s", (int)(len - 7), t->name);
+            struct qparams p = qconfig_resolve(&m->hp.quant, path);
+            if (p.bits > 0)
+                k = k * 32 / p.bits;
+        }
         n += k;
     }
     return n;

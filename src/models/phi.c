@@ -37,7 +37,7 @@ static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 static int phi_map_weights(struct model *m, struct st_set *st, struct err *e)
 {
     const struct hparams *hp = &m->hp;
-    struct wmap w = {st, hp->q_bits, hp->q_group};
+    struct wmap w = {st, &hp->quant};
     int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_kv_head * hp->head_dim;
     char pre[128], ln[160];
     int rc;

@@ -106,7 +106,7 @@ static const struct expert_stack_rule phixtral_stacking[] = {
 static int phixtral_map_weights(struct model *m, struct st_set *st, struct err *e)
 {
     const struct hparams *hp = &m->hp;
-    struct wmap w = {st, hp->q_bits, hp->q_group};
+    struct wmap w = {st, &hp->quant};
     int64_t d = hp->n_embd;
     char pre[128], ln[160];
     int rc;

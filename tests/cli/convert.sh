@@ -26,7 +26,7 @@ ids() { "$BIN" generate -m "$1" --prompt-ids 1,2,3,4,5 -n 8 --temp 0 --output-id
     fail "generate -m $1: $(cat "$T/gen.err")"; }
 
 SRC=tests/fixtures/models/phixtral-tiny
-PUB=tests/fixtures/models/phixtral-tiny-4bit
+PUB=models/phixtral-tiny-4bit
 
 # ---- the published 4-bit upload, byte for byte ----
 run "$BIN" convert -m $SRC -o "$T/q4" -q
@@ -86,13 +86,13 @@ head -c 4000 "$T/mix32/model.safetensors" | grep -q 'switch_mlp.gate_proj.weight
 
 # ---- hostile arguments ----
 run "$BIN" convert -m $SRC -o "$T/x1" -q --q-bits 7
-expect_error "--q-bits 7" "bits 7"
+expect_error "--q-bits 7" "bits = 7"
 run "$BIN" convert -m $SRC -o "$T/x2" -q --q-group-size 48
-expect_error "group 48" "group size 48"
+expect_error "group 48" "group_size = 48"
 run "$BIN" convert -m $SRC -o "$T/x3" -q --q-mode xyz
 expect_error "mode xyz" "'xyz'"
 run "$BIN" convert -m $SRC -o "$T/x4" -q --q-mode nvfp4 --q-group-size 32
-expect_error "nvfp4 g32" "nvfp4 needs group size 16"
+expect_error "nvfp4 g32" "nvfp4 needs group_size 16"
 run "$BIN" convert -m $SRC -o "$T/x5" --q-bits 4
 expect_error "--q-bits without -q" "need -q"
 run "$BIN" convert -m "$T/missing" -o "$T/x6"

@@ -88,12 +88,12 @@ jhas norm '"norm":"layernorm"'
 # ---- quantized MLX checkpoint ----
 run "$BIN" inspect -m tests/fixtures/golden/phixtral_mlx_q4
 expect_rc 0 "inspect q4"
-has "quantization" '^quantization  *4-bit, group size 64$'
+has "quantization" '^quantization  *affine 4-bit, group size 64$'
 has "dtypes" 'U32 x [0-9]'
 run "$BIN" inspect -m tests/fixtures/golden/phixtral_mlx_q4 --json
 expect_rc 0 "inspect q4 --json"
 flat
-jhas quantization '"quantization":{"bits":4,"group_size":64}'
+jhas quantization '"quantization":{"mode":"affine","bits":4,"group_size":64,"overrides":0}'
 jhas dtypes '"dtypes":{[^}]*"U32":[0-9]'
 
 # ---- unused tensors: llama-tiny plus a shard of 25 tensors nobody maps ----

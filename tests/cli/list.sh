@@ -74,7 +74,7 @@ flat
 jhas "hf" "{\"name\":\"a/b\",\"source\":\"hf\",\"model_type\":\"llama\",\"family\":\"llama\",\"status\":\"ok\",\"quantization\":null,\"size_bytes\":$SIZE,"
 jhas "mlxcel" "{\"name\":\"acme/tiny\",\"source\":\"mlxcel\",\"model_type\":\"llama\",\"family\":\"llama\",\"status\":\"ok\",\"quantization\":null,\"size_bytes\":$SIZE,"
 jhas "invalid" '"name":"bad/garbage","source":"mlxcel","model_type":null,"family":null,"status":"invalidconfig"'
-jhas "unsupported" '"name":"zed/other-model","source":"hf","model_type":"gpt_bigfoot","family":null,"status":"unsupported","quantization":{"bits":4,"group_size":32},"size_bytes":0'
+jhas "unsupported" '"name":"zed/other-model","source":"hf","model_type":"gpt_bigfoot","family":null,"status":"unsupported","quantization":{"mode":"affine","bits":4,"group_size":32,"overrides":0},"size_bytes":0'
 n=$(grep -o '"name":' "$T/flat" | wc -l | tr -d ' ')
 [ "$n" -eq 4 ] || fail "--json lists $n models, expected 4"
 

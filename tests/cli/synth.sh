@@ -73,7 +73,7 @@ printf '{"model_type": "gpt9"}' >"$T/bad.json"
 run "$BIN" synth --config "$T/bad.json" -o "$T/x2"
 expect_error "unknown model_type" "gpt9"
 run "$BIN" synth --config $G/llama/config.json -o "$T/x3" -q --q-bits 7
-expect_error "--q-bits 7" "bits 7"
+expect_error "--q-bits 7" "bits = 7"
 run "$BIN" synth --config $G/llama/config.json -o /proc/mlxcel-no/such
 expect_error "unwritable dst" "cannot create"
 run "$BIN" synth --config $G/llama/config.json -o "$T/x4" --seed -1

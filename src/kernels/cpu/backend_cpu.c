@@ -118,11 +118,24 @@ static void wmat_from(struct wmat *m, const struct tensor *w)
     if (w->qbits) {
         m->qbits = w->qbits;
         m->qgroup = w->qgroup;
+        m->qmode = w->qmode;
         m->qsdt = w->qsdtype;
         m->qs = w->qscales;
-        m->qb = w->qbiases;
+        m->qb = w->qmode == QMODE_AFFINE ? w->qbiases : NULL;
         m->qrow_bytes = (size_t)(m->in / m->qgroup) * dtype_size(w->qsdtype);
     }
+}
+
+/* Per-group x sums per token: affine weights only (fp modes have no biases). */
+static size_t xsum_len(const struct wmat *w)
+{
+    return w->qbits && w->qmode == QMODE_AFFINE ? (size_t)(w->in / w->qgroup) : 0;
+}
+
+/* Floats per token of the x a quantized matvec reads: permuted (qxperm) or x itself. */
+static size_t qx_stride(const struct cpu_kernels *k, const struct wmat *w)
+{
+    return w->qbits && k->qxperm ? kern_qx_len(w->in) : (size_t)w->in;
 }
 
 /* Floats of shared scratch that qprep_fill() writes for n_tok rows of x. */
@@ -130,29 +143,32 @@ static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int 
 {
     if (!w->qbits)
         return 0;
-    size_t n = (size_t)n_tok * (size_t)(w->in / w->qgroup);
-    if (w->qbits == 4 && k->q4_xperm)
-        n += (size_t)n_tok * (size_t)w->in;
+    size_t n = (size_t)n_tok * xsum_len(w);
+    if (k->qxperm)
+        n += (size_t)n_tok * kern_qx_len(w->in);
     return n;
 }
 
 /* The x-side inputs of a quantized matvec, computed once per call rather
- * than once per weight row: the per-group sums xs [n_tok, in/qgroup], and for
- * 4-bit weights on ISAs that want it x permuted (q4_xperm) into the order in
- * which the kernel unpacks nibbles. *xp is x itself otherwise. */
+ * than once per weight row: for affine weights the per-group sums
+ * xs [n_tok, in/qgroup] (NULL otherwise), and on ISAs that want it x
+ * permuted (qxperm, row stride qx_stride()) into the order in which the
+ * kernel unpacks codes. *xp is x itself otherwise. */
 static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, int n_tok,
                        const struct wmat *w, const float **xs, const float **xp)
 {
-    int ng = w->in / w->qgroup, in = w->in;
+    int ng = (int)xsum_len(w), in = w->in;
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < ng; g++)
             buf[(size_t)t * ng + g] = k->sum(x + (size_t)t * in + (size_t)g * w->qgroup, w->qgroup);
-    *xs = buf;
+    *xs = ng ? buf : NULL;
     *xp = x;
-    if (w->qbits != 4 || !k->q4_xperm)
+    if (!k->qxperm)
         return;
     float *d = buf + (size_t)n_tok * ng;
-    k->q4_xperm(d, x, (size_t)n_tok * in);
+    size_t ld = kern_qx_len(in);
+    for (int t = 0; t < n_tok; t++)
+        k->qxperm(d + (size_t)t * ld, x + (size_t)t * in, in, w->qbits, w->qgroup);
     *xp = d;
 }
 
@@ -172,6 +188,7 @@ struct linear_ctx {
     const struct wmat *w;
     const struct tensor *b;   /* NULL when absent */
     const float *xsum;        /* [n_tok, in/qgroup] or NULL */
+    size_t ldx;               /* row stride of x (permuted x: qx_stride) */
     int n_tok;
     bool gemm;
 };
@@ -216,7 +233,7 @@ static void linear_task(void *arg, int ith, int nth)
     struct linear_ctx *lc = arg;
     const struct cpu_kernels *k = &lc->c->k;
     const struct wmat *w = lc->w;
-    size_t ldy = (size_t)w->out, ldx = (size_t)w->in;
+    size_t ldy = (size_t)w->out, ldx = lc->ldx;
     long lo, hi;
     if (lc->gemm) {
         long n_panels = (w->out + k->gemm_nr - 1) / k->gemm_nr;
@@ -233,7 +250,7 @@ static void linear_task(void *arg, int ith, int nth)
         hi = hi * 8 < w->out ? hi * 8 : w->out;
         if (lo < hi)
             k->matvec(lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum,
-                      w->qbits ? (size_t)(w->in / w->qgroup) : 0);
+                      xsum_len(w));
     }
     if (lc->b && lo < hi)
         bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
@@ -246,7 +263,7 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
     struct wmat m;
     wmat_from(&m, w);
     struct linear_ctx lc = {
-        .c = c, .y = y, .x = x, .w = &m, .n_tok = n_tok,
+        .c = c, .y = y, .x = x, .w = &m, .n_tok = n_tok, .ldx = (size_t)m.in,
         .b = b && tensor_is_present(b) ? b : NULL,
     };
     lc.gemm = c->k.ukernel && n_tok >= (m.qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok);
@@ -254,10 +271,12 @@ static void cpu_linear(struct backend *be, float *y, const float *x, const struc
     if (lc.gemm) {
         ok = scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
                                    (size_t)c->k.gemm_nr);
-    } else if (m.qbits) {
+    } else if (qprep_size(&c->k, &m, n_tok)) {
         float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
-        if ((ok = buf != NULL))
+        if ((ok = buf != NULL)) {
             qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
+            lc.ldx = qx_stride(&c->k, &m);
+        }
     }
     if (!ok) {
         nan_fill(y, (size_t)n_tok * (size_t)m.out);
@@ -292,9 +311,9 @@ static void batch_task(void *arg, int ith, int nth)
         long z = hi - base < w->out ? hi - base : w->out;
         if (a < z) {
             const struct linear_job *jb = &bc->jobs[j];
-            const float *xs = w->qbits ? bc->c->shared + bc->xs_off[j] : NULL;
-            k->matvec(jb->y, (size_t)w->out, bc->xp[j], (size_t)w->in, 1, w, (int)a, (int)z, xs,
-                      w->qbits ? (size_t)(w->in / w->qgroup) : 0);
+            const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
+            k->matvec(jb->y, (size_t)w->out, bc->xp[j], qx_stride(k, w), 1, w, (int)a, (int)z, xs,
+                      xsum_len(w));
             if (jb->b && tensor_is_present(jb->b))
                 bias_add(jb->y, (size_t)w->out, 1, jb->b, (int)a, (int)z);
         }

@@ -10,9 +10,15 @@
  * only called after CPUID + xgetbv say the CPU and OS can run it).
  *
  * Weights reach the kernels as a struct wmat: a row-major [out, in] matrix in
- * its stored dtype (F32/F16/BF16), or MLX affine quantized (U32 words holding
- * a little-endian bit stream of qbits-bit codes per row; w = scale*q + bias
- * per group of qgroup elements; see docs/mlx-quantization.md).
+ * its stored dtype (F32/F16/BF16), or MLX quantized: U32 words holding a
+ * little-endian bit stream of qbits-bit codes per row, one scale (and for
+ * affine one bias) per group of qgroup elements, decoded per qmode
+ * (../shared/docs/mlx-quantization.md sections 2-4):
+ *   affine  w = s * q + b          s, b F32/F16/BF16 (s may be negative)
+ *   mxfp4   w = e2m1(q) * e8m0(s)  s U8, group 32
+ *   mxfp8   w = e4m3(q) * e8m0(s)  s U8, group 32
+ *   nvfp4   w = e2m1(q) * e4m3(s)  s U8, group 16
+ * kern_qscale() and kern_qval() below are the exact scalar definitions.
  */
 #pragma once
 #include <stdbool.h>
@@ -20,6 +26,7 @@
 #include <stdint.h>
 
 #include "../../core/dtype.h"
+#include "../../core/tensor.h"
 
 /* Largest token tile of a GEMM microkernel (ukernel's mr <= GEMM_MR_MAX). */
 #define GEMM_MR_MAX 8
@@ -28,6 +35,9 @@
  * group (32/64/128) and every 3/5/6-bit packing period starts inside a block
  * at a group boundary. */
 #define GEMM_KC 256
+/* Rows of x permuted by qxperm are padded with zeros to a multiple of this
+ * (the largest block of codes any variant unpacks at once). */
+#define QX_PAD 256
 
 /* A weight matrix [out, in] as the kernels see it. */
 struct wmat {
@@ -37,10 +47,11 @@ struct wmat {
     int in;                   /* logical elements per row */
     int out;                  /* rows */
     int qbits;                /* 0: not quantized; else 2..8 */
-    int qgroup;               /* elements per scale/bias group */
-    enum dtype qsdt;          /* dtype of scales/biases (F32/F16/BF16) */
+    int qgroup;               /* elements per scale/bias group (16, 32, 64, 128) */
+    enum qmode qmode;         /* how a code and its group scale make a value */
+    enum dtype qsdt;          /* dtype of scales/biases: F32/F16/BF16 affine, U8 fp modes */
     const uint8_t *qs;        /* row r's scales at qs + r * qrow_bytes */
-    const uint8_t *qb;        /* row r's biases at qb + r * qrow_bytes */
+    const uint8_t *qb;        /* row r's biases at qb + r * qrow_bytes; NULL for fp modes */
     size_t qrow_bytes;
 };
 
@@ -49,20 +60,23 @@ struct cpu_kernels {
 
     /* ---- weights ---- */
     /* dst[0..n) = W[r, k0 .. k0+n) widened (or dequantized) to f32.
-     * For quantized W, k0 is a multiple of 32. */
+     * For quantized W, k0 is a multiple of 16. */
     void (*wrow_f32)(float *dst, const struct wmat *w, int r, int k0, int n);
     /* Widen n elements of an F32/F16/BF16 vector to f32. */
     void (*to_f32)(float *dst, const void *src, enum dtype dt, size_t n);
     /* y[t*ldy + r] = sum_i x[t*ldx + i] * W[r, i] for t < n_tok, r0 <= r < r1
      * (overwrites y). Streams W straight from memory: the decode path.
      * xsum [n_tok, in/qgroup] (row stride ldxs) holds per-group sums of x
-     * when W is quantized (kernels may use sum(s*q+b)x = s*sum(qx) + b*sum(x));
-     * NULL otherwise. */
+     * when W is affine quantized (kernels may use sum(s*q+b)x = s*sum(qx) +
+     * b*sum(x)); NULL otherwise. For quantized W on a variant with qxperm,
+     * x comes permuted by it (ldx >= kern_qx_len(in)). */
     void (*matvec)(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                    const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs);
-    /* Optional: for 4-bit quantized W, matvec receives x permuted by this
-     * (n a multiple of 32) into the order the kernel unpacks nibbles in. */
-    void (*q4_xperm)(float *dst, const float *x, size_t n);
+    /* Optional: for quantized W (qbits bits, groups of qgroup), matvec
+     * receives each token's x permuted by this into the lane order the
+     * kernel unpacks codes in: dst[0 .. kern_qx_len(in)) from x[0 .. in),
+     * zero padded (a plain copy where the kernel has no lane path). */
+    void (*qxperm)(float *dst, const float *x, int in, int bits, int group);
     /* GEMM microkernel: y[m*ldy + j] (+)= sum_k x[m*ldx + k] * bp[k*nr + j] for
      * m < mr (<= GEMM_MR_MAX), j < nv (<= gemm_nr); accumulate into y when acc.
      * bp is a packed panel [kc][gemm_nr], 64-byte aligned. NULL: no GEMM path. */
@@ -125,6 +139,27 @@ static inline unsigned kern_qcode(const uint8_t *row, int bits, size_t j)
         v |= (unsigned)row[(o >> 3) + 1] << 8;
     return (v >> (o & 7)) & ((1u << bits) - 1);
 }
+/* FP4 E2M1 code (bit 3 sign, 2 exponent bits, 1 mantissa bit) as f32. */
+static inline float kern_e2m1(unsigned c)
+{
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    return c & 8 ? -mag[c & 7] : mag[c & 7];
+}
+/* FP8 E4M3 byte as f32, MLX flavour (no NaN: 0x7f is 480). The 7 magnitude
+ * bits are placed at the f32 exponent/mantissa boundary (a value 2^-120
+ * times too small; subnormals land on f32 subnormals) and rescaled by an
+ * exact power-of-two multiply. */
+static inline float kern_e4m3(unsigned b)
+{
+    union { uint32_t u; float f; } v = {.u = (b & 0x80u) << 24 | (b & 0x7fu) << 20};
+    return v.f * 0x1p120f;
+}
+/* E8M0 byte as f32: 2^(b-127); 0 is 2^-127 (an f32 subnormal), 255 is +inf. */
+static inline float kern_e8m0(unsigned b)
+{
+    union { uint32_t u; float f; } v = {.u = b == 0 ? 0x00400000u : b == 255 ? 0x7f800000u : b << 23};
+    return v.f;
+}
 /* Element i of an F32/F16/BF16 vector as f32. */
 static inline float kern_ld(const void *p, enum dtype dt, size_t i)
 {
@@ -136,6 +171,30 @@ static inline float kern_ld(const void *p, enum dtype dt, size_t i)
     default:
         return ((const float *)p)[i];
     }
+}
+
+/* Scale of group g of a quantized row whose scales start at s. */
+static inline float kern_qscale(const struct wmat *w, const uint8_t *s, size_t g)
+{
+    switch (w->qmode) {
+    case QMODE_MXFP4:
+    case QMODE_MXFP8:
+        return kern_e8m0(s[g]);
+    case QMODE_NVFP4:
+        return kern_e4m3(s[g]);
+    default:
+        return kern_ld(s, w->qsdt, g);
+    }
+}
+/* Value of code q before its group scale for the fp modes: e2m1 / e4m3. */
+static inline float kern_qval(const struct wmat *w, unsigned q)
+{
+    return w->qmode == QMODE_MXFP8 ? kern_e4m3(q) : kern_e2m1(q);
+}
+/* Floats per token of x permuted by qxperm. */
+static inline size_t kern_qx_len(int in)
+{
+    return ((size_t)in + QX_PAD - 1) / QX_PAD * QX_PAD;
 }
 
 /* ---- kern_avx2.c / kern_avx512.c ---- */

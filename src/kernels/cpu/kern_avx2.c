@@ -73,59 +73,6 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
     }
 }
 
-/* 32 4-bit codes from 16 bytes in stream order (byte k: codes 2k low, 2k+1 high). */
-AI void q4_unpack32(const uint8_t *p, __m256 q[4])
-{
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    __m128i a = _mm_unpacklo_epi8(lo, hi), b = _mm_unpackhi_epi8(lo, hi);
-    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(a));
-    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(a, a)));
-    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(b, b)));
-}
-
-AI __m256 q8_unpack8(const uint8_t *p)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* 32 codes (4- or 8-bit) starting at code j of the row. */
-AI void q_unpack32(const uint8_t *row, int bits, size_t j, __m256 q[4])
-{
-    if (bits == 4) {
-        q4_unpack32(row + j / 2, q);
-    } else {
-        for (int i = 0; i < 4; i++)
-            q[i] = q8_unpack8(row + j + 8 * i);
-    }
-}
-
-static void a2_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
-{
-    if (!w->qbits) {
-        a2_to_f32(dst, w->data + (size_t)r * w->row_bytes + (size_t)k0 * dtype_size(w->dt), w->dt,
-                  (size_t)n);
-        return;
-    }
-    if ((w->qbits != 4 && w->qbits != 8) || (n & 31)) {
-        kern_ref_wrow_f32(dst, w, r, k0, n);
-        return;
-    }
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
-    for (int i = 0; i < n; i += 32) {
-        int j = k0 + i, g = j / w->qgroup;
-        __m256 vs = _mm256_set1_ps(kern_ld(s, w->qsdt, (size_t)g));
-        __m256 vb = _mm256_set1_ps(kern_ld(b, w->qsdt, (size_t)g));
-        __m256 q[4];
-        q_unpack32(row, w->qbits, (size_t)j, q);
-        for (int u = 0; u < 4; u++)
-            _mm256_storeu_ps(dst + i + 8 * u, _mm256_fmadd_ps(q[u], vs, vb));
-    }
-}
-
 // ---- matvec ----
 
 /* Bytes ahead prefetched in each weight row (see kern_avx512.c). */
@@ -167,58 +114,6 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
-/* Deinterleave x in blocks of 16: [x0 x2 .. x14 x1 x3 .. x15], the order of
- * (low nibbles, high nibbles) of 8 bytes zero-extended to 8 lanes. */
-static void a2_q4_xperm(float *dst, const float *x, size_t n)
-{
-    for (size_t b = 0; b < n; b += 16)
-        for (int i = 0; i < 8; i++) {
-            dst[b + i] = x[b + 2 * i];
-            dst[b + 8 + i] = x[b + 2 * i + 1];
-        }
-}
-
-/* One quantized row (4 or 8 bits) dotted with one token's x, per group
- * s * sum(q x) + b * sum(x) with sum(x) precomputed (xs). For 4 bits x is
- * deinterleaved (a2_q4_xperm): 8 bytes zero-extend to 8 lanes whose low
- * nibbles are the even codes and high nibbles the odd ones. */
-AI float qdot(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
-              const float *x, const float *xs, int in, int group, int bits)
-{
-    const __m256i m4 = _mm256_set1_epi32(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    float bacc = 0.0f;
-    int ng = in / group;
-    for (int g = 0; g < ng; g++) {
-        const float *xg = x + (size_t)g * group;
-        const uint8_t *p = row + (size_t)g * group * bits / 8;
-        __m256 g0 = _mm256_setzero_ps(), g1 = g0, g2 = g0, g3 = g0;
-        for (int c = 0; c < group; c += 32) {
-            if (bits == 4) {
-                __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
-                __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2 + 8)));
-                g0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m4)),
-                                     _mm256_loadu_ps(xg + c), g0);
-                g1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
-                                     _mm256_loadu_ps(xg + c + 8), g1);
-                g2 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m4)),
-                                     _mm256_loadu_ps(xg + c + 16), g2);
-                g3 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)),
-                                     _mm256_loadu_ps(xg + c + 24), g3);
-            } else {
-                g0 = _mm256_fmadd_ps(q8_unpack8(p + c), _mm256_loadu_ps(xg + c), g0);
-                g1 = _mm256_fmadd_ps(q8_unpack8(p + c + 8), _mm256_loadu_ps(xg + c + 8), g1);
-                g2 = _mm256_fmadd_ps(q8_unpack8(p + c + 16), _mm256_loadu_ps(xg + c + 16), g2);
-                g3 = _mm256_fmadd_ps(q8_unpack8(p + c + 24), _mm256_loadu_ps(xg + c + 24), g3);
-            }
-        }
-        __m256 gs = _mm256_add_ps(_mm256_add_ps(g0, g1), _mm256_add_ps(g2, g3));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(kern_ld(s, sdt, (size_t)g)), gs, acc);
-        bacc += kern_ld(b, sdt, (size_t)g) * xs[g];
-    }
-    return hsum(acc) + bacc;
-}
-
 AI float dot_t(const float *a, const float *b, int n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -237,7 +132,255 @@ AI float dot_t(const float *a, const float *b, int n)
     return v;
 }
 
-/* Quantized rows of widths other than 4/8: dequantize 256 at a time, then dot. */
+// ---- quantized weights ----
+
+/*
+ * The same two unpack orders as kern_avx512.c, at 8 lanes.
+ *
+ * Natural order (wrow_f32): the 8 codes c .. c+7 (c a multiple of 8) fill
+ * `bits` bytes, read exactly (memcpy into a u64) and broadcast; vpshufb
+ * moves the one or two bytes code i straddles into dword i, vpsrlvd aligns
+ * it, an AND keeps its bits.
+ *
+ * Lane order (matvec): a block is 8 dword lanes of cpl consecutive codes
+ * each (2/4/8-bit: one 32-byte load; 3/6-bit: 3 bytes per lane, 5-bit: 5
+ * bytes per lane pair, two 16-byte loads and one vpshufb). Blocks whose
+ * loads could run past the row are copied to a zeroed buffer first.
+ * Extraction j gives code cpl*i + j of every lane; x comes permuted to
+ * match (a2_qxperm); lanes are weighted by a per-lane scale vector (vpermps).
+ */
+
+/* Codes per lane of the lane order. */
+static inline int q_cpl(int bits)
+{
+    return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
+}
+
+/* Lane-order matvec applies when every lane lies in one group. */
+static inline bool q_lanes_ok(const struct wmat *w)
+{
+    return w->qgroup % 16 == 0 && w->in % 16 == 0;
+}
+
+/* x permuted to lane order: block of B = 8 cpl codes, dst[b + 8 j + i] =
+ * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
+static void a2_qxperm(float *dst, const float *x, int in, int bits, int group)
+{
+    size_t len = kern_qx_len(in);
+    if (group % 16 || in % 16) {
+        memcpy(dst, x, (size_t)in * sizeof *x);
+        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        return;
+    }
+    int cpl = q_cpl(bits), bc = 8 * cpl;
+    for (size_t b = 0; b < len; b += (size_t)bc)
+        for (int j = 0; j < cpl; j++)
+            for (int i = 0; i < 8; i++) {
+                size_t src = b + (size_t)(cpl * i + j);
+                dst[b + (size_t)(8 * j + i)] = src < (size_t)in ? x[src] : 0.0f;
+            }
+}
+
+/* One lane-order block: nb valid bytes at p, avail bytes readable from p.
+ * Reads at most 32 bytes from p; from a zeroed copy of the nb bytes when
+ * that would pass avail or the block is partial. */
+AI __m256i qload_lanes(const uint8_t *p, const int bits, int nb, size_t avail)
+{
+    const int full = bits == 2 || bits == 4 || bits == 8 ? 32 : bits == 5 ? 20 : 24;
+    uint8_t tmp[32] __attribute__((aligned(32)));
+    if (nb < full || avail < 32) {
+        memset(tmp, 0, sizeof tmp);
+        memcpy(tmp, p, (size_t)nb);
+        p = tmp;
+    }
+    if (bits == 2 || bits == 4 || bits == 8)
+        return _mm256_loadu_si256((const __m256i *)p);
+    const int sb = bits == 5 ? 10 : 12;
+    __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)(p + sb)),
+                                 _mm_loadu_si128((const __m128i *)p));
+    if (bits == 5) {
+        const __m256i pat5 = _mm256_setr_epi8(0, 1, 2, -1, 2, 3, 4, -1, 5, 6, 7, -1, 7, 8, 9, -1,
+                                              0, 1, 2, -1, 2, 3, 4, -1, 5, 6, 7, -1, 7, 8, 9, -1);
+        return _mm256_srlv_epi32(_mm256_shuffle_epi8(v, pat5), _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+    }
+    const __m256i pat3 = _mm256_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1,
+                                          0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1);
+    return _mm256_shuffle_epi8(v, pat3);
+}
+
+/* E4M3 byte in bits 8j .. 8j+7 of each dword -> f32 (kern_e4m3: sign to bit
+ * 31, magnitude to bits 20-26, times 2^120). */
+AI __m256 e4m3_ps(__m256i v, const int j)
+{
+    const __m256i sm = _mm256_set1_epi32((int)0x80000000u);
+    __m256i sgn = _mm256_and_si256(24 - 8 * j > 0 ? _mm256_slli_epi32(v, 24 - 8 * j) : v, sm);
+    __m256i mag = 20 - 8 * j > 0 ? _mm256_slli_epi32(v, 20 - 8 * j) : _mm256_srli_epi32(v, 8 * j - 20);
+    mag = _mm256_and_si256(mag, _mm256_set1_epi32(0x07f00000));
+    return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sgn, mag)), _mm256_set1_ps(0x1p120f));
+}
+
+/* E2M1 code in bits 0-3 of each dword (higher bits ignored) -> f32: the
+ * magnitude from an 8-entry vpermps table (index bits 0-2), the sign bit 3
+ * moved to bit 31. */
+AI __m256 e2m1_ps(__m256i t)
+{
+    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    __m256i sgn = _mm256_and_si256(_mm256_slli_epi32(t, 28), _mm256_set1_epi32((int)0x80000000u));
+    return _mm256_or_ps(_mm256_permutevar8x32_ps(mag, t), _mm256_castsi256_ps(sgn));
+}
+
+/* Values of extraction j of a lane-order block, before the group scale. */
+AI __m256 qdec_lanes(__m256i v, const int bits, const int j, const enum qmode mode)
+{
+    if (mode == QMODE_MXFP8)
+        return e4m3_ps(v, j);
+    __m256i t = j ? _mm256_srli_epi32(v, bits * j) : v;
+    if (mode != QMODE_AFFINE)
+        return e2m1_ps(t);
+    const int lane_bits = bits == 5 ? 0 : bits == 3 || bits == 6 ? 24 : 32;
+    if (bits * (j + 1) != lane_bits)
+        t = _mm256_and_si256(t, _mm256_set1_epi32((1 << bits) - 1));
+    return _mm256_cvtepi32_ps(t);
+}
+
+/* n scales of a row (starting at group g0) as f32 into dst, and 8 zeros after. */
+static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int g0, int n)
+{
+    if (w->qmode == QMODE_AFFINE) {
+        a2_to_f32(dst, s + (size_t)g0 * dtype_size(w->qsdt), w->qsdt, (size_t)n);
+    } else {
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + g0 + i)));
+            __m256 v;
+            if (w->qmode == QMODE_NVFP4) {
+                v = e4m3_ps(d, 0);
+            } else { /* e8m0: s << 23; 0 -> 2^-127; 255 << 23 is +inf already */
+                __m256i z = _mm256_cmpeq_epi32(d, _mm256_setzero_si256());
+                v = _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(d, 23),
+                                                           _mm256_set1_epi32(0x00400000), z));
+            }
+            _mm256_storeu_ps(dst + i, v);
+        }
+        for (; i < n; i++)
+            dst[i] = kern_qscale(w, s, (size_t)(g0 + i));
+    }
+    _mm256_storeu_ps(dst + n, _mm256_setzero_ps());
+}
+
+/* Codes per matvec chunk (scales of 4 rows widened to the stack at a time). */
+#define QCH 2048
+
+/* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
+#define MVQ_PF 1024
+
+/* Rows r0 .. r0+nr (nr <= 4) for every token; see kern_avx512.c mvq_block. */
+AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                  const struct wmat *w, int r0, int nr, const float *xsum, size_t ldxs,
+                  const int bits, const enum qmode mode)
+{
+    const int cpl = q_cpl(bits), bc = 8 * cpl, bb = bc * bits / 8;
+    const int in = w->in, g = w->qgroup;
+    const size_t rowlen = (size_t)in * bits / 8;
+    const bool aff = mode == QMODE_AFFINE;
+    const uint8_t *rw[4], *rs[4], *rb[4];
+    float sf[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
+    __m256i sidx = _mm256_setzero_si256();
+    if (bc > g) {
+        int ix[8];
+        for (int i = 0; i < 8; i++)
+            ix[i] = cpl * i / g;
+        sidx = _mm256_loadu_si256((const __m256i *)ix);
+    }
+    for (int j = 0; j < 4; j++) {
+        int r = r0 + (j < nr ? j : nr - 1);
+        rw[j] = w->data + (size_t)r * w->row_bytes;
+        rs[j] = w->qs + (size_t)r * w->qrow_bytes;
+        rb[j] = aff ? w->qb + (size_t)r * w->qrow_bytes : NULL;
+    }
+    for (int c0 = 0; c0 < in; c0 += QCH) {
+        int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
+        for (int j = 0; j < 4; j++) {
+            qscales_f32(sf[j], w, rs[j], g0, gn);
+            if (aff)
+                qscales_f32(bf[j], w, rb[j], g0, gn);
+        }
+        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx + c0;
+            __m256 acc[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int b = 0; b < nblk; b++) {
+                size_t off = (size_t)(c0 + b * bc) * bits / 8;
+                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
+                __m256i v[4];
+                __m256 ga[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    if (t == 0)
+                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
+                    v[j] = qload_lanes(rw[j] + off, bits, nb, rowlen - off);
+                    ga[j] = _mm256_setzero_ps();
+                }
+#pragma GCC unroll 16
+                for (int jj = 0; jj < cpl; jj++) {
+                    __m256 xj = _mm256_loadu_ps(xt + b * bc + 8 * jj);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        ga[j] = _mm256_fmadd_ps(qdec_lanes(v[j], bits, jj, mode), xj, ga[j]);
+                }
+                int gb = b * bc / g;
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m256 sv = bc > g ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
+                                       : _mm256_set1_ps(sf[j][gb]);
+                    acc[j] = _mm256_fmadd_ps(sv, ga[j], acc[j]);
+                }
+            }
+            for (int j = 0; j < nr; j++) {
+                float v = hsum(acc[j]);
+                if (aff)
+                    v += dot_t(bf[j], xsum + (size_t)t * ldxs + g0, gn);
+                float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
+                *yo = c0 ? *yo + v : v;
+            }
+        }
+    }
+}
+
+/* Quantized rows on the lane-order path, one instantiation per (bits, mode). */
+static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                     const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+{
+#define MVQ(B, M) mvq_block(y, ldy, x, ldx, n_tok, w, r, nr, xsum, ldxs, B, M)
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        switch (w->qmode) {
+        case QMODE_MXFP4:
+        case QMODE_NVFP4:
+            MVQ(4, QMODE_MXFP4);
+            break;
+        case QMODE_MXFP8:
+            MVQ(8, QMODE_MXFP8);
+            break;
+        default:
+            switch (w->qbits) {
+            case 2: MVQ(2, QMODE_AFFINE); break;
+            case 3: MVQ(3, QMODE_AFFINE); break;
+            case 4: MVQ(4, QMODE_AFFINE); break;
+            case 5: MVQ(5, QMODE_AFFINE); break;
+            case 6: MVQ(6, QMODE_AFFINE); break;
+            default: MVQ(8, QMODE_AFFINE); break;
+            }
+        }
+    }
+#undef MVQ
+}
+
+/* Quantized rows the lane path cannot take (group not a multiple of 16):
+ * dequantize 256 at a time (natural order, x not permuted), then dot. */
 static void mv_qgeneric(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                         const struct wmat *w, int r0, int r1)
 {
@@ -256,21 +399,76 @@ static void mv_qgeneric(float *y, size_t ldy, const float *x, size_t ldx, int n_
     }
 }
 
-static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
-                     const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+/* Dequantize W[r, k0 .. k0+n) (k0 a multiple of 8) in natural order, 8
+ * codes per step; the last step is partial. */
+AI void wrow_q_t(float *dst, const struct wmat *w, int r, int k0, int n, const int bits,
+                 const enum qmode mode)
 {
-    if ((w->qbits != 4 && w->qbits != 8) || (w->qgroup & 31) || !xsum) {
-        mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes;
+    const uint8_t *bq = w->qb ? w->qb + (size_t)r * w->qrow_bytes : NULL;
+    uint8_t pat[32];
+    int sh[8];
+    for (int i = 0; i < 8; i++) {
+        int o = i * bits, b0 = o >> 3;
+        sh[i] = o & 7;
+        for (int k = 0; k < 4; k++)
+            pat[4 * i + k] = k == 0 ? (uint8_t)b0 : k == 1 && b0 + 1 < 8 ? (uint8_t)(b0 + 1) : 0x80;
+    }
+    const __m256i vpat = _mm256_loadu_si256((const __m256i *)pat);
+    const __m256i vsh = _mm256_loadu_si256((const __m256i *)sh);
+    const __m256i vmask = _mm256_set1_epi32((1 << bits) - 1);
+    for (int i = 0; i < n; i += 8) {
+        int c = k0 + i, nc = n - i < 8 ? n - i : 8, grp = c / w->qgroup;
+        uint64_t raw = 0;
+        memcpy(&raw, row + (size_t)c * bits / 8, (size_t)(nc * bits + 7) / 8);
+        __m256i q = _mm256_and_si256(
+            _mm256_srlv_epi32(_mm256_shuffle_epi8(_mm256_set1_epi64x((long long)raw), vpat), vsh), vmask);
+        __m256 v;
+        if (mode == QMODE_AFFINE)
+            v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(kern_ld(s, w->qsdt, (size_t)grp)),
+                                _mm256_set1_ps(kern_ld(bq, w->qsdt, (size_t)grp)));
+        else
+            v = _mm256_mul_ps(mode == QMODE_MXFP8 ? e4m3_ps(q, 0) : e2m1_ps(q),
+                              _mm256_set1_ps(kern_qscale(w, s, (size_t)grp)));
+        if (nc == 8) {
+            _mm256_storeu_ps(dst + i, v);
+        } else {
+            float t8[8];
+            _mm256_storeu_ps(t8, v);
+            memcpy(dst + i, t8, (size_t)nc * sizeof *dst);
+        }
+    }
+}
+
+/* Dequantize W[r, k0 .. k0+n) (k0 a multiple of 16). */
+static void a2_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
+{
+    if (!w->qbits) {
+        a2_to_f32(dst, w->data + (size_t)r * w->row_bytes + (size_t)k0 * dtype_size(w->dt), w->dt,
+                  (size_t)n);
         return;
     }
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-        const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
-        for (int t = 0; t < n_tok; t++) {
-            const float *xt = x + (size_t)t * ldx, *xs = xsum + (size_t)t * ldxs;
-            float v = w->qbits == 4 ? qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 4)
-                                    : qdot(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup, 8);
-            y[(size_t)t * ldy + (size_t)r] = v;
+    if ((k0 & 7) || w->qgroup % 8) {
+        kern_ref_wrow_f32(dst, w, r, k0, n);
+        return;
+    }
+    switch (w->qmode) {
+    case QMODE_MXFP4:
+    case QMODE_NVFP4:
+        wrow_q_t(dst, w, r, k0, n, 4, QMODE_MXFP4);
+        break;
+    case QMODE_MXFP8:
+        wrow_q_t(dst, w, r, k0, n, 8, QMODE_MXFP8);
+        break;
+    default:
+        switch (w->qbits) {
+        case 2: wrow_q_t(dst, w, r, k0, n, 2, QMODE_AFFINE); break;
+        case 3: wrow_q_t(dst, w, r, k0, n, 3, QMODE_AFFINE); break;
+        case 4: wrow_q_t(dst, w, r, k0, n, 4, QMODE_AFFINE); break;
+        case 5: wrow_q_t(dst, w, r, k0, n, 5, QMODE_AFFINE); break;
+        case 6: wrow_q_t(dst, w, r, k0, n, 6, QMODE_AFFINE); break;
+        default: wrow_q_t(dst, w, r, k0, n, 8, QMODE_AFFINE); break;
         }
     }
 }
@@ -279,7 +477,10 @@ static void a2_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_to
                       const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
 {
     if (w->qbits) {
-        mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
+        if (q_lanes_ok(w))
+            mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
+        else
+            mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
         return;
     }
     for (int r = r0; r < r1; r += 4) {
@@ -730,7 +931,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->wrow_f32 = a2_wrow_f32;
     k->to_f32 = a2_to_f32;
     k->matvec = a2_matvec;
-    k->q4_xperm = a2_q4_xperm;
+    k->qxperm = a2_qxperm;
     k->ukernel = a2_ukernel;
     k->pack_t = a2_pack_t;
     k->pack_w = a2_pack_w;

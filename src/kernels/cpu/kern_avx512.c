@@ -93,24 +93,347 @@ static void a512_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
     }
 }
 
-/* 32 4-bit codes from 16 bytes, in stream order: byte k holds codes 2k (low
- * nibble) and 2k+1 (high nibble). */
-AI void q4_unpack32(const uint8_t *p, __m512 *q0, __m512 *q1)
+// ---- quantized weights ----
+
+/*
+ * Codes are unpacked in one of two orders.
+ *
+ * Natural order (wrow_f32: GEMM panels, embedding rows): the 16 codes
+ * c .. c+15 (c a multiple of 16, so they start on a byte) fill 2*bits
+ * bytes; a masked load reads exactly those, vbroadcasti32x4 copies them to
+ * every 128-bit lane, vpshufb moves the one or two bytes code i straddles
+ * into dword i, vpsrlvd aligns it, an AND keeps its bits.
+ *
+ * Lane order (matvec): a block is 16 dword lanes, lane i holding the cpl
+ * consecutive codes cpl*i .. cpl*i+cpl-1 at bit offsets bits*j, so
+ * extraction j (a shift and an AND, or a table lookup) yields code
+ * cpl*i + j of every lane at once. 2/4/8-bit blocks are one 64-byte load
+ * (a word is a lane); 3- and 6-bit blocks put 3 bytes in each lane (8 or 4
+ * codes) and 5-bit blocks 5 bytes in each pair of lanes (4 codes each, the
+ * odd lane shifted by 4): per 128-bit lane one masked 16-byte load of the
+ * next 12 (10) bytes and one vpshufb for the whole block. The matvec takes
+ * x permuted to match (a512_qxperm). A lane never straddles a group (cpl
+ * divides 16), so each lane has one scale; lanes of a block are weighted
+ * by a per-lane scale vector built with one vpermps.
+ */
+
+/* Codes per lane of the lane order. */
+static inline int q_cpl(int bits)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i v = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    *q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
-    *q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(lo, hi)));
+    return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
 }
 
-AI __m512 q8_unpack16(const uint8_t *p)
+/* Lane-order matvec applies when every lane lies in one group. */
+static inline bool q_lanes_ok(const struct wmat *w)
 {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    return w->qgroup % 16 == 0 && w->in % 16 == 0;
 }
 
-/* Dequantize W[r, k0 .. k0+n) (k0 multiple of 32): 4/8-bit in registers,
- * other widths through the reference. */
+/* x permuted to lane order: block of B = 16 cpl codes, dst[b + 16 j + i] =
+ * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
+static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
+{
+    size_t len = kern_qx_len(in);
+    if (group % 16 || in % 16) {
+        memcpy(dst, x, (size_t)in * sizeof *x);
+        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        return;
+    }
+    int cpl = q_cpl(bits), bc = 16 * cpl;
+    for (size_t b = 0; b < len; b += (size_t)bc)
+        for (int j = 0; j < cpl; j++)
+            for (int i = 0; i < 16; i++) {
+                size_t src = b + (size_t)(cpl * i + j);
+                dst[b + (size_t)(16 * j + i)] = src < (size_t)in ? x[src] : 0.0f;
+            }
+}
+
+AI __mmask16 bmask16(int nbytes)
+{
+    return nbytes >= 16 ? (__mmask16)0xffff : nbytes <= 0 ? 0 : (__mmask16)((1u << nbytes) - 1);
+}
+
+/* One lane-order block of `bits`-bit codes: nb valid bytes at p (a full
+ * block is 2 bits words = 16 cpl codes); nothing past p + nb is read. */
+AI __m512i qload_lanes(const uint8_t *p, const int bits, int nb)
+{
+    if (bits == 2 || bits == 4 || bits == 8) {
+        if (nb >= 64)
+            return _mm512_loadu_si512(p);
+        return _mm512_maskz_loadu_epi32(tail_mask(nb / 4), p);
+    }
+    const int sb = bits == 5 ? 10 : 12; /* bytes per 128-bit lane */
+    __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(bmask16(nb < sb ? nb : sb), p));
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(bmask16(nb - sb < sb ? nb - sb : sb), p + sb), 1);
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(bmask16(nb - 2 * sb < sb ? nb - 2 * sb : sb), p + 2 * sb), 2);
+    v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(bmask16(nb - 3 * sb < sb ? nb - 3 * sb : sb), p + 3 * sb), 3);
+    const __m512i pat3 = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 2, -1, 3, 4, 5, -1, 6, 7, 8, -1, 9, 10, 11, -1));
+    const __m512i pat5 = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 2, -1, 2, 3, 4, -1, 5, 6, 7, -1, 7, 8, 9, -1));
+    if (bits == 5)
+        return _mm512_srlv_epi32(_mm512_shuffle_epi8(v, pat5),
+                                 _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
+    return _mm512_shuffle_epi8(v, pat3);
+}
+
+/* E4M3 byte in bits 0-7 of each dword (higher bits ignored) -> f32: sign to
+ * bit 31, the 7 magnitude bits to bits 20-26, times 2^120 (exact, also for
+ * subnormals; see kern_e4m3). */
+AI __m512 e4m3_ps(__m512i d)
+{
+    __m512i sgn = _mm512_slli_epi32(d, 24);
+    __m512i mag = _mm512_srli_epi32(_mm512_slli_epi32(d, 25), 5);
+    __m512i f = _mm512_ternarylogic_epi32(sgn, mag, _mm512_set1_epi32((int)0x80000000u), 0xe4);
+    return _mm512_mul_ps(_mm512_castsi512_ps(f), _mm512_set1_ps(0x1p120f));
+}
+
+/* Values of extraction j of a lane-order block, before the group scale:
+ * the code as f32 (affine), e2m1 (fp4: vpermps reads index bits 0-3 only,
+ * so no mask) or e4m3 (fp8). */
+AI __m512 qdec_lanes(__m512i v, const int bits, const int j, const enum qmode mode, __m512 lut)
+{
+    if (mode == QMODE_MXFP8) {
+        /* byte j: sign bit 8j+7 -> 31, magnitude bits 8j..8j+6 -> 20..26 */
+        __m512i sgn = 24 - 8 * j > 0 ? _mm512_slli_epi32(v, 24 - 8 * j) : v;
+        __m512i mag = 20 - 8 * j > 0 ? _mm512_slli_epi32(v, 20 - 8 * j) : _mm512_srli_epi32(v, 8 * j - 20);
+        mag = _mm512_and_si512(mag, _mm512_set1_epi32(0x07f00000));
+        __m512i f = _mm512_ternarylogic_epi32(sgn, mag, _mm512_set1_epi32((int)0x80000000u), 0xe4);
+        return _mm512_mul_ps(_mm512_castsi512_ps(f), _mm512_set1_ps(0x1p120f));
+    }
+    __m512i t = j ? _mm512_srli_epi32(v, bits * j) : v;
+    if (mode != QMODE_AFFINE || bits <= 4) /* table of 16: fp4 values, or k & (2^bits - 1) */
+        return _mm512_permutexvar_ps(t, lut);
+    const int lane_bits = bits == 5 ? 0 : bits == 6 ? 24 : 32;
+    if (bits * (j + 1) != lane_bits)
+        t = _mm512_and_si512(t, _mm512_set1_epi32((1 << bits) - 1));
+    return _mm512_cvtepi32_ps(t);
+}
+
+/* The 16-entry table qdec_lanes looks codes up in. */
+AI __m512 qlut(const int bits, const enum qmode mode)
+{
+    if (mode == QMODE_MXFP4 || mode == QMODE_NVFP4)
+        return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
+                              -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    __m512i k = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_cvtepi32_ps(_mm512_and_si512(k, _mm512_set1_epi32(bits < 4 ? (1 << bits) - 1 : 15)));
+}
+
+/* n scales of a row (starting at group g0) as f32 into dst, and 16 zeros after. */
+static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int g0, int n)
+{
+    if (w->qmode == QMODE_AFFINE) {
+        a512_to_f32(dst, s + (size_t)g0 * dtype_size(w->qsdt), w->qsdt, (size_t)n);
+    } else {
+        for (int i = 0; i < n; i += 16) {
+            __mmask16 m = tail_mask(n - i);
+            __m512i d = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + g0 + i));
+            __m512 v;
+            if (w->qmode == QMODE_NVFP4) {
+                v = e4m3_ps(d);
+            } else { /* e8m0: s << 23; 0 -> 2^-127; 255 << 23 is +inf already */
+                __m512i e = _mm512_slli_epi32(d, 23);
+                e = _mm512_mask_mov_epi32(e, _mm512_cmpeq_epi32_mask(d, _mm512_setzero_si512()),
+                                          _mm512_set1_epi32(0x00400000));
+                v = _mm512_castsi512_ps(e);
+            }
+            _mm512_mask_storeu_ps(dst + i, m, v);
+        }
+    }
+    _mm512_storeu_ps(dst + n, _mm512_setzero_ps());
+}
+
+/* Codes per matvec chunk: scales of 4 rows for one chunk are widened to the
+ * stack at a time (a multiple of every block size and group size). */
+#define QCH 2048
+
+/* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
+#define MVQ_PF 1024
+
+/*
+ * Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last one, computed
+ * but not stored) for every token. Per block, each row's codes are decoded
+ * in registers and multiplied into a per-block accumulator against the
+ * shared x vectors (one load per 16 x values for 4 rows); the block sum is
+ * then weighted by the per-lane scales (one FMA) into the row's
+ * accumulator: sum_g s_g sum_{i in g} v(q_i) x_i. Affine adds
+ * sum_g b_g sum_{i in g} x_i from the precomputed group sums of x.
+ */
+AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                  const struct wmat *w, int r0, int nr, const float *xsum, size_t ldxs,
+                  const int bits, const enum qmode mode)
+{
+    const int cpl = q_cpl(bits), bc = 16 * cpl, bb = bc * bits / 8;
+    const int in = w->in, g = w->qgroup;
+    const bool aff = mode == QMODE_AFFINE;
+    const uint8_t *rw[4], *rs[4], *rb[4];
+    float sf[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
+    const __m512 lut = qlut(bits, mode);
+    /* lane i of a block reads scale (cpl i) / g of the block's first group */
+    __m512i sidx = _mm512_setzero_si512();
+    if (bc > g) {
+        int ix[16];
+        for (int i = 0; i < 16; i++)
+            ix[i] = cpl * i / g;
+        sidx = _mm512_loadu_si512(ix);
+    }
+    for (int j = 0; j < 4; j++) {
+        int r = r0 + (j < nr ? j : nr - 1);
+        rw[j] = w->data + (size_t)r * w->row_bytes;
+        rs[j] = w->qs + (size_t)r * w->qrow_bytes;
+        rb[j] = aff ? w->qb + (size_t)r * w->qrow_bytes : NULL;
+    }
+    for (int c0 = 0; c0 < in; c0 += QCH) {
+        int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
+        for (int j = 0; j < 4; j++) {
+            qscales_f32(sf[j], w, rs[j], g0, gn);
+            if (aff)
+                qscales_f32(bf[j], w, rb[j], g0, gn);
+        }
+        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx + c0;
+            __m512 acc[4];
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm512_setzero_ps();
+            for (int b = 0; b < nblk; b++) {
+                size_t off = (size_t)(c0 + b * bc) * bits / 8;
+                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
+                __m512i v[4];
+                __m512 ga[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    if (t == 0)
+                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
+                    v[j] = qload_lanes(rw[j] + off, bits, nb);
+                    ga[j] = _mm512_setzero_ps();
+                }
+#pragma GCC unroll 16
+                for (int jj = 0; jj < cpl; jj++) {
+                    __m512 xj = _mm512_loadu_ps(xt + b * bc + 16 * jj);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        ga[j] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j]);
+                }
+                int gb = b * bc / g;
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m512 sv = bc > g ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
+                                       : _mm512_set1_ps(sf[j][gb]);
+                    acc[j] = _mm512_fmadd_ps(sv, ga[j], acc[j]);
+                }
+            }
+            for (int j = 0; j < nr; j++) {
+                float v = _mm512_reduce_add_ps(acc[j]);
+                if (aff) {
+                    const float *xs = xsum + (size_t)t * ldxs + g0;
+                    __m512 bs = _mm512_setzero_ps();
+                    for (int i = 0; i < gn; i += 16) {
+                        __mmask16 m = tail_mask(gn - i);
+                        bs = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, bf[j] + i),
+                                             _mm512_maskz_loadu_ps(m, xs + i), bs);
+                    }
+                    v += _mm512_reduce_add_ps(bs);
+                }
+                float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
+                *yo = c0 ? *yo + v : v;
+            }
+        }
+    }
+}
+
+/* Quantized rows on the lane-order path, one instantiation per (bits, mode). */
+static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                     const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
+{
+#define MVQ(B, M) mvq_block(y, ldy, x, ldx, n_tok, w, r, nr, xsum, ldxs, B, M)
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        switch (w->qmode) {
+        case QMODE_MXFP4:
+        case QMODE_NVFP4:
+            MVQ(4, QMODE_MXFP4);
+            break;
+        case QMODE_MXFP8:
+            MVQ(8, QMODE_MXFP8);
+            break;
+        default:
+            switch (w->qbits) {
+            case 2: MVQ(2, QMODE_AFFINE); break;
+            case 3: MVQ(3, QMODE_AFFINE); break;
+            case 4: MVQ(4, QMODE_AFFINE); break;
+            case 5: MVQ(5, QMODE_AFFINE); break;
+            case 6: MVQ(6, QMODE_AFFINE); break;
+            default: MVQ(8, QMODE_AFFINE); break;
+            }
+        }
+    }
+#undef MVQ
+}
+
+/* Quantized rows the lane path cannot take (group not a multiple of 16):
+ * dequantize 256 at a time (natural order, x not permuted), then dot. */
+static void mv_qgeneric(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                        const struct wmat *w, int r0, int r1)
+{
+    float buf[256] __attribute__((aligned(64)));
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n_tok; t++) {
+            const float *xt = x + (size_t)t * ldx;
+            __m512 acc = _mm512_setzero_ps();
+            for (int c = 0; c < w->in; c += 256) {
+                int len = w->in - c < 256 ? w->in - c : 256;
+                kern_ref_wrow_f32(buf, w, r, c, len);
+                for (int i = 0; i < len; i += 16) {
+                    __mmask16 m = tail_mask(len - i);
+                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, buf + i),
+                                          _mm512_maskz_loadu_ps(m, xt + c + i), acc);
+                }
+            }
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc);
+        }
+    }
+}
+
+/* Dequantize W[r, k0 .. k0+n) (k0 a multiple of 16) in natural order, 16
+ * codes per step (see the top of this section); the last step is masked. */
+AI void wrow_q_t(float *dst, const struct wmat *w, int r, int k0, int n, const int bits,
+                 const enum qmode mode)
+{
+    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
+    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes;
+    const uint8_t *bq = w->qb ? w->qb + (size_t)r * w->qrow_bytes : NULL;
+    uint8_t pat[64];
+    int sh[16];
+    for (int i = 0; i < 16; i++) {
+        int o = i * bits, b0 = o >> 3;
+        sh[i] = o & 7;
+        for (int k = 0; k < 4; k++)
+            pat[4 * i + k] = k == 0 ? (uint8_t)b0 : k == 1 && b0 + 1 < 16 ? (uint8_t)(b0 + 1) : 0x80;
+    }
+    /* vpshufb indexes within each 128-bit lane; the broadcast makes all 16 bytes present in each */
+    const __m512i vpat = _mm512_loadu_si512(pat), vsh = _mm512_loadu_si512(sh);
+    const __m512i vmask = _mm512_set1_epi32((1 << bits) - 1);
+    const __m512 lut = qlut(4, mode);
+    for (int i = 0; i < n; i += 16) {
+        int c = k0 + i, nc = n - i < 16 ? n - i : 16, grp = c / w->qgroup;
+        __m128i raw = _mm_maskz_loadu_epi8(bmask16((nc * bits + 7) / 8), row + (size_t)c * bits / 8);
+        __m512i q = _mm512_and_si512(
+            _mm512_srlv_epi32(_mm512_shuffle_epi8(_mm512_broadcast_i32x4(raw), vpat), vsh), vmask);
+        __m512 v;
+        if (mode == QMODE_AFFINE)
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(kern_ld(s, w->qsdt, (size_t)grp)),
+                                _mm512_set1_ps(kern_ld(bq, w->qsdt, (size_t)grp)));
+        else
+            v = _mm512_mul_ps(mode == QMODE_MXFP8 ? e4m3_ps(q) : _mm512_permutexvar_ps(q, lut),
+                              _mm512_set1_ps(kern_qscale(w, s, (size_t)grp)));
+        _mm512_mask_storeu_ps(dst + i, tail_mask(nc), v);
+    }
+}
+
+/* Dequantize W[r, k0 .. k0+n) (k0 a multiple of 16). */
 static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
 {
     if (!w->qbits) {
@@ -118,32 +441,31 @@ static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n
                     w->dt, (size_t)n);
         return;
     }
-    if ((w->qbits != 4 && w->qbits != 8) || (n & 31)) {
+    if ((k0 & 15) || w->qgroup % 16) {
         kern_ref_wrow_f32(dst, w, r, k0, n);
         return;
     }
-    const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-    const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
-    for (int i = 0; i < n; i += 32) {
-        int j = k0 + i, g = j / w->qgroup;
-        __m512 vs = _mm512_set1_ps(kern_ld(s, w->qsdt, (size_t)g));
-        __m512 vb = _mm512_set1_ps(kern_ld(b, w->qsdt, (size_t)g));
-        __m512 q0, q1;
-        if (w->qbits == 4) {
-            q4_unpack32(row + j / 2, &q0, &q1);
-        } else {
-            q0 = q8_unpack16(row + j);
-            q1 = q8_unpack16(row + j + 16);
+    switch (w->qmode) {
+    case QMODE_MXFP4:
+    case QMODE_NVFP4:
+        wrow_q_t(dst, w, r, k0, n, 4, QMODE_MXFP4);
+        break;
+    case QMODE_MXFP8:
+        wrow_q_t(dst, w, r, k0, n, 8, QMODE_MXFP8);
+        break;
+    default:
+        switch (w->qbits) {
+        case 2: wrow_q_t(dst, w, r, k0, n, 2, QMODE_AFFINE); break;
+        case 3: wrow_q_t(dst, w, r, k0, n, 3, QMODE_AFFINE); break;
+        case 4: wrow_q_t(dst, w, r, k0, n, 4, QMODE_AFFINE); break;
+        case 5: wrow_q_t(dst, w, r, k0, n, 5, QMODE_AFFINE); break;
+        case 6: wrow_q_t(dst, w, r, k0, n, 6, QMODE_AFFINE); break;
+        default: wrow_q_t(dst, w, r, k0, n, 8, QMODE_AFFINE); break;
         }
-        _mm512_storeu_ps(dst + i, _mm512_fmadd_ps(q0, vs, vb));
-        _mm512_storeu_ps(dst + i + 16, _mm512_fmadd_ps(q1, vs, vb));
     }
 }
 
 // ---- matvec ----
-
-/* Groups whose scales/biases qdot4 widens to the stack at a time. */
-#define QDOT_CHUNK 64
 
 /* Bytes ahead of the current position prefetched in each of the 4 weight
  * rows a matvec step reads (4 interleaved streams; +10-20% single-thread
@@ -191,158 +513,14 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
-/* One 8-bit quantized row dotted with one token's x, per group
- * s * sum(q x) + b * sum(x) with sum(x) precomputed (xs). Scales and biases
- * are loaded 16 groups at a time; vpermps broadcasts group g's lane. */
-AI float qdot8(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
-               const float *x, const float *xs, int in, int group)
-{
-    __m512 acc = _mm512_setzero_ps(), bacc = _mm512_setzero_ps();
-    int ng = in / group;
-    for (int g0 = 0; g0 < ng; g0 += 16) {
-        __mmask16 m = tail_mask(ng - g0);
-        __m512 sv = ld16(s, sdt, (size_t)g0, m);
-        bacc = _mm512_fmadd_ps(ld16(b, sdt, (size_t)g0, m), _mm512_maskz_loadu_ps(m, xs + g0), bacc);
-        int gn = ng - g0 < 16 ? ng - g0 : 16;
-        for (int gi = 0; gi < gn; gi++) {
-            const float *xg = x + (size_t)(g0 + gi) * group;
-            const uint8_t *p = row + (size_t)(g0 + gi) * group;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-            for (int c = 0; c < group; c += 32) {
-                a0 = _mm512_fmadd_ps(q8_unpack16(p + c), _mm512_loadu_ps(xg + c), a0);
-                a1 = _mm512_fmadd_ps(q8_unpack16(p + c + 16), _mm512_loadu_ps(xg + c + 16), a1);
-            }
-            __m512 sg = _mm512_permutexvar_ps(_mm512_set1_epi32(gi), sv);
-            acc = _mm512_fmadd_ps(sg, _mm512_add_ps(a0, a1), acc);
-        }
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc, bacc));
-}
-
-/* x in the order q4_step() produces codes, per block of 32 (see there):
- * lane i of the first vector is code 8 (i % 4) + i / 4, of the second
- * code 8 (i % 4) + i / 4 + 4. */
-static void a512_q4_xperm(float *dst, const float *x, size_t n)
-{
-    for (size_t b = 0; b < n; b += 32)
-        for (int i = 0; i < 16; i++) {
-            dst[b + i] = x[b + 8 * (i % 4) + i / 4];
-            dst[b + 16 + i] = x[b + 8 * (i % 4) + i / 4 + 4];
-        }
-}
-
-/* 32 codes (16 bytes = 4 dwords of 8 nibbles) of a 4-bit row. The 16 bytes
- * are broadcast to the 4 lanes (a load, no shuffle); lane i shifts dword
- * i % 4 right by 4 (i / 4) (and 16 more for the second vector), so its low
- * nibble is a code; vpermps, which reads only index bits 0-3, looks up the
- * dequantized value s*q + b in the per-group table. Two shuffles per 32
- * codes; x comes permuted to match (a512_q4_xperm). */
-AI void q4_step(const uint8_t *p, const float *xg, __m512 tab, __m512i sh, __m512 *a0, __m512 *a1)
-{
-    __m512i v = _mm512_srlv_epi32(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), sh);
-    __m512 wl = _mm512_permutexvar_ps(v, tab);
-    __m512 wh = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), tab);
-    *a0 = _mm512_fmadd_ps(wl, _mm512_loadu_ps(xg), *a0);
-    *a1 = _mm512_fmadd_ps(wh, _mm512_loadu_ps(xg + 16), *a1);
-}
-
-/* All 32-code steps of one group into accumulators a[0..4). */
-AI void q4_group(const uint8_t *p, const float *xg, int group, __m512 tab, __m512i sh, __m512 a[4])
-{
-    int c = 0;
-    for (; c + 64 <= group; c += 64) {
-        q4_step(p + c / 2, xg + c, tab, sh, &a[0], &a[1]);
-        q4_step(p + c / 2 + 16, xg + c + 32, tab, sh, &a[2], &a[3]);
-    }
-    if (c < group)
-        q4_step(p + c / 2, xg + c, tab, sh, &a[0], &a[1]);
-}
-
-/* Scales and biases of a row are first widened to f32 on the stack so the
- * per-group table is built from memory broadcasts (no shuffles). Two groups
- * per iteration on separate accumulators: 8 independent FMA chains hide the
- * FMA latency (each chain advances once per group). */
-AI float qdot4(const uint8_t *row, const uint8_t *s, const uint8_t *b, enum dtype sdt,
-               const float *xp, int in, int group)
-{
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i sh = _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-    float sf[QDOT_CHUNK], bf[QDOT_CHUNK];
-    __m512 a[4], c[4];
-    for (int i = 0; i < 4; i++)
-        a[i] = c[i] = _mm512_setzero_ps();
-    int ng = in / group;
-    for (int g0 = 0; g0 < ng; g0 += QDOT_CHUNK) {
-        int gn = ng - g0 < QDOT_CHUNK ? ng - g0 : QDOT_CHUNK;
-        a512_to_f32(sf, s + (size_t)g0 * dtype_size(sdt), sdt, (size_t)gn);
-        a512_to_f32(bf, b + (size_t)g0 * dtype_size(sdt), sdt, (size_t)gn);
-        int gi = 0;
-        for (; gi + 2 <= gn; gi += 2) {
-            int g = g0 + gi;
-            __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi]), _mm512_set1_ps(bf[gi]));
-            __m512 t1 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi + 1]), _mm512_set1_ps(bf[gi + 1]));
-            q4_group(row + (size_t)g * group / 2, xp + (size_t)g * group, group, t0, sh, a);
-            q4_group(row + (size_t)(g + 1) * group / 2, xp + (size_t)(g + 1) * group, group, t1, sh,
-                     c);
-        }
-        if (gi < gn) {
-            int g = g0 + gi;
-            __m512 t0 = _mm512_fmadd_ps(iota, _mm512_set1_ps(sf[gi]), _mm512_set1_ps(bf[gi]));
-            q4_group(row + (size_t)g * group / 2, xp + (size_t)g * group, group, t0, sh, a);
-        }
-    }
-    __m512 s0 = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-    __m512 s1 = _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]));
-    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-}
-
-/* Quantized rows of widths other than 4/8: dequantize 256 at a time, then dot. */
-static void mv_qgeneric(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
-                        const struct wmat *w, int r0, int r1)
-{
-    float buf[256] __attribute__((aligned(64)));
-    for (int r = r0; r < r1; r++) {
-        for (int t = 0; t < n_tok; t++) {
-            const float *xt = x + (size_t)t * ldx;
-            __m512 acc = _mm512_setzero_ps();
-            for (int c = 0; c < w->in; c += 256) {
-                int len = w->in - c < 256 ? w->in - c : 256;
-                kern_ref_wrow_f32(buf, w, r, c, len);
-                for (int i = 0; i < len; i += 16) {
-                    __mmask16 m = tail_mask(len - i);
-                    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, buf + i),
-                                          _mm512_maskz_loadu_ps(m, xt + c + i), acc);
-                }
-            }
-            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc);
-        }
-    }
-}
-
-static void mv_quant(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
-                     const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
-{
-    if ((w->qbits != 4 && w->qbits != 8) || (w->qgroup & 31) || !xsum) {
-        mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
-        return;
-    }
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = w->data + (size_t)r * w->row_bytes;
-        const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes, *b = w->qb + (size_t)r * w->qrow_bytes;
-        for (int t = 0; t < n_tok; t++) {
-            const float *xt = x + (size_t)t * ldx, *xs = xsum + (size_t)t * ldxs;
-            float v = w->qbits == 4 ? qdot4(row, s, b, w->qsdt, xt, w->in, w->qgroup)
-                                    : qdot8(row, s, b, w->qsdt, xt, xs, w->in, w->qgroup);
-            y[(size_t)t * ldy + (size_t)r] = v;
-        }
-    }
-}
-
 static void a512_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                         const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
 {
     if (w->qbits) {
-        mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
+        if (q_lanes_ok(w))
+            mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
+        else
+            mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
         return;
     }
     for (int r = r0; r < r1; r += 4) {
@@ -784,7 +962,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->wrow_f32 = a512_wrow_f32;
     k->to_f32 = a512_to_f32;
     k->matvec = a512_matvec;
-    k->q4_xperm = a512_q4_xperm;
+    k->qxperm = a512_qxperm;
     k->ukernel = a512_ukernel;
     k->pack_t = a512_pack_t;
     k->pack_w = a512_pack_w;

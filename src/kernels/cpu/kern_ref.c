@@ -3,8 +3,9 @@
  * CPUs without AVX2 and the oracle the ISA variants are tested against, so
  * they stay simple: one loop per op, f32 accumulation in index order, weights
  * widened exactly (bf16 by a 16-bit shift, f16 by the bit-exact dtype.c
- * conversion), quantized weights dequantized element by element as
- * w = scale * q + bias (docs/mlx-quantization.md section 2.4).
+ * conversion), quantized weights dequantized element by element in f32:
+ * affine w = scale * q + bias (one multiply, one add), fp modes
+ * w = value(q) * scale (kern.h; ../shared/docs/mlx-quantization.md 2.4, 4).
  */
 #include <math.h>
 #include <string.h>
@@ -19,17 +20,21 @@ static void ref_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
         dst[i] = kern_ld(src, dt, i);
 }
 
-/* Dequantize W[r, k0 .. k0+n): element i of group g is s_g * q_i + b_g. */
+/* Dequantize W[r, k0 .. k0+n): element j of group g is s_g * q_j + b_g
+ * (affine) or value(q_j) * scale_g (fp modes). */
 static void ref_wrow_q(float *dst, const struct wmat *w, int r, int k0, int n)
 {
     const uint8_t *row = w->data + (size_t)r * w->row_bytes;
     const uint8_t *s = w->qs + (size_t)r * w->qrow_bytes;
-    const uint8_t *b = w->qb + (size_t)r * w->qrow_bytes;
+    const uint8_t *b = w->qb ? w->qb + (size_t)r * w->qrow_bytes : NULL;
     for (int i = 0; i < n; i++) {
         size_t j = (size_t)k0 + (size_t)i;
         size_t g = j / (size_t)w->qgroup;
-        float q = (float)kern_qcode(row, w->qbits, j);
-        dst[i] = kern_ld(s, w->qsdt, g) * q + kern_ld(b, w->qsdt, g);
+        unsigned q = kern_qcode(row, w->qbits, j);
+        if (w->qmode == QMODE_AFFINE)
+            dst[i] = kern_ld(s, w->qsdt, g) * (float)q + kern_ld(b, w->qsdt, g);
+        else
+            dst[i] = kern_qval(w, q) * kern_qscale(w, s, g);
     }
 }
 
