@@ -25,6 +25,7 @@
 #include "../src/models/model.h"
 #include "../src/models/registry.h"
 #include "../src/models/synth.h"
+#include "cli_run.h"
 #include "st_build.h"
 #include "test.h"
 
@@ -120,6 +121,61 @@ static void test_golden_phixtral_mlx(void **state)
     check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx", NULL);
     check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx_q4", &q4);
     check_conversion("tests/fixtures/golden/phixtral", "tests/fixtures/golden/phixtral_mlx_q8", &q8);
+}
+
+/* A tied model whose checkpoint still carries lm_head.weight (golden qwen2 plus a copy of
+ * the embedding): `mlxcel convert` drops the copy, as mlx-lm's sanitize does, and the
+ * result loads with the embedding as the head. */
+static void test_tied_head_dropped(void **state)
+{
+    (void)state;
+    struct st_set *src = NULL, *out = NULL;
+    struct err e = {0};
+    char *dir = stb_tmpdir(), *dst = stb_tmpdir();
+    assert_true(dir && dst);
+    assert_int_equal(st_set_open_file(&src, test_path("tests/fixtures/golden/qwen2/model.safetensors"), &e), 0);
+    size_t n = st_set_count(src);
+    struct st_wentry *we = calloc(n + 1, sizeof *we);
+    assert_non_null(we);
+    const struct st_tensor *emb = st_set_find(src, "model.embed_tokens.weight");
+    assert_non_null(emb);
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(src, i);
+        we[i] = (struct st_wentry){t->name, t->dtype, t->ndim, {0}};
+        memcpy(we[i].shape, t->shape, sizeof we[i].shape);
+    }
+    we[n] = (struct st_wentry){"lm_head.weight", emb->dtype, emb->ndim, {emb->shape[0], emb->shape[1]}};
+    struct st_writer *w = NULL;
+    assert_int_equal(st_writer_open(&w, stb_path(dir, "model.safetensors"), we, n + 1, &e), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(st_writer_write(w, st_set_at(src, i)->data, st_wentry_bytes(&we[i]), &e), 0);
+    assert_int_equal(st_writer_write(w, emb->data, st_wentry_bytes(&we[n]), &e), 0);
+    assert_int_equal(st_writer_close(w, &e), 0);
+    assert_int_equal(ck_copy_file(test_path("tests/fixtures/golden/qwen2/config.json"),
+                                  stb_path(dir, "config.json"), 1 << 20, &e), 0);
+    free(we);
+    st_set_free(src);
+
+    char args[512], *o = NULL, *er = NULL;
+    rmdir(dst);
+    snprintf(args, sizeof args, "convert -m %s -o %s -q --q-group-size 32", dir, dst);
+    int rc = cli_run(NULL, args, &o, &er);
+    if (rc != 0)
+        fail_msg("convert: %s", er);
+    free(o);
+    free(er);
+    assert_int_equal(st_set_open_file(&out, stb_path(dst, "model.safetensors"), &e), 0);
+    assert_null(st_set_find(out, "lm_head.weight"));
+    assert_null(st_set_find(out, "lm_head.scales"));
+    assert_non_null(st_set_find(out, "model.embed_tokens.scales"));
+    st_set_free(out);
+    struct model *m = NULL;
+    if (model_load(&m, dst, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_ptr_equal(m->lm_head.data, m->tok_embd.data);
+    model_free(m);
+    stb_rmtree(dir);
+    stb_rmtree(dst);
 }
 
 /* ---- planning ---- */
@@ -317,6 +373,7 @@ static void test_synth_record(void **state)
 static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_phixtral_tiny_4bit),
     cmocka_unit_test(test_golden_phixtral_mlx),
+    cmocka_unit_test(test_tied_head_dropped),
     cmocka_unit_test(test_plan),
     cmocka_unit_test(test_st_write),
     cmocka_unit_test(test_synth_record),

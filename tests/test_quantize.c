@@ -199,6 +199,9 @@ static void test_rejections(void **state)
     assert_int_equal(quant_rows(&p, DTYPE_F32, w, 1, 96, wq, s, b, &e), -ERR_ARG);  /* 96 % 64 */
     assert_int_equal(quant_rows(&p, DTYPE_U32, w, 1, 64, wq, s, b, &e), -ERR_ARG);
     assert_int_equal(quant_rows(&p, DTYPE_F32, w, 1, 64, wq, s, NULL, &e), -ERR_ARG);
+    assert_int_equal(quant_rows(&p, DTYPE_F32, w, -1, 64, wq, s, b, &e), -ERR_ARG);
+    assert_int_equal(quant_rows(&p, DTYPE_F32, w, 0, 64, wq, s, b, &e), 0);
+    assert_int_equal(quant_rows(&p, DTYPE_F32, w, 0, 0, wq, s, b, &e), -ERR_ARG);
     int64_t one_d[1] = {64}, ok[2] = {4, 128}, odd[2] = {4, 96};
     assert_false(quant_shape_ok(&p, 1, one_d));
     assert_true(quant_shape_ok(&p, 2, ok));

@@ -239,11 +239,13 @@ int quant_rows(const struct quant_params *p, enum dtype dt, const void *src, int
         return rc;
     if (!dtype_is_float(dt))
         return err_setf(e, ERR_ARG, "cannot quantize %s data (F32, F16 or BF16 only)", dtype_name(dt));
-    int64_t shape[2] = {n_rows, n_in};
-    if (n_rows < 0 || !quant_shape_ok(p, 2, shape))
-        return n_rows == 0 ? 0
-                           : err_setf(e, ERR_ARG, "row length %lld is not a positive multiple of group %d",
-                                      (long long)n_in, p->group);
+    if (n_in <= 0 || n_in % p->group != 0)
+        return err_setf(e, ERR_ARG, "row length %lld is not a positive multiple of group %d",
+                        (long long)n_in, p->group);
+    if (n_rows < 0)
+        return err_setf(e, ERR_ARG, "negative row count %lld", (long long)n_rows);
+    if (n_rows == 0)
+        return 0;
     if (p->mode == QMODE_AFFINE && !biases)
         return err_setf(e, ERR_ARG, "affine quantization needs a biases buffer");
     float *row = malloc((size_t)n_in * sizeof *row);

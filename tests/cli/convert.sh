@@ -2,7 +2,7 @@
 # `mlxcel convert`: -q on phixtral-tiny reproduces the published
 # phixtral-tiny-4bit file byte for byte and generates the same ids; every
 # affine bits x group converts, loads and generates; the fp modes write
-# U8 scales and no biases; float conversion of a sharded checkpoint keeps the
+# U8 scales and no biases, load and generate; float conversion of a sharded checkpoint keeps the
 # outputs; hostile arguments are one-line errors with exit 1; --json; no
 # progress output in a pipe.
 # Usage (from the repo root): sh tests/cli/convert.sh path/to/mlxcel
@@ -63,7 +63,7 @@ expect_rc 0 "convert --q-variant cpu"
 cmp -s "$T/cpu/model.safetensors" $PUB/model.safetensors && fail "cpu variant is byte-identical to the gpu one"
 [ "$(ids "$T/cpu" | tr ',' '\n' | grep -c '[0-9]')" -eq 8 ] || fail "cpu variant does not generate"
 
-# ---- fp modes: U8 scales, no .biases (loading them is the qkern branch's) ----
+# ---- fp modes: U8 scales, no .biases; they load and generate ----
 for m in mxfp4 mxfp8 nvfp4; do
     run "$BIN" convert -m $SRC -o "$T/$m" -q --q-mode $m
     expect_rc 0 "convert --q-mode $m"
@@ -71,6 +71,7 @@ for m in mxfp4 mxfp8 nvfp4; do
     grep -q '"transformer.h.0.mixer.Wqkv.scales":{"dtype":"U8"' "$T/hdr" || fail "$m: scales are not U8"
     grep -q '\.biases"' "$T/hdr" && fail "$m: has .biases"
     tr -d " \t\n" <"$T/$m/config.json" | grep -q "\"mode\":\"$m\"" || fail "$m: config mode"
+    [ "$(ids "$T/$m" | tr ',' '\n' | grep -c '[0-9]')" -eq 8 ] || fail "$m: does not generate"
 done
 
 # ---- float conversion of a sharded checkpoint: same ids ----

@@ -66,6 +66,13 @@ cmp -s "$T/q8/tokenizer.json" tests/fixtures/models/phixtral-tiny/tokenizer.json
 "$BIN" generate -m "$T/q8" -p "ROMEO:" -n 4 >/dev/null 2>"$T/err" || fail "generate from text: $(cat "$T/err")"
 tr -d ' \t\n' <"$T/q8/config.json" | grep -q '"torch_dtype":"float16"' || fail "config torch_dtype"
 
+# ---- fp modes: stacked experts with U8 scales load and generate ----
+for m in mxfp4 mxfp8 nvfp4; do
+    run "$BIN" synth --config $G/mixtral/config.json -o "$T/mix-$m" -q --q-mode $m
+    expect_rc 0 "synth --q-mode $m"
+    [ "$(n_ids "$T/mix-$m")" -eq 4 ] || fail "synth mixtral $m: generate failed: $(cat "$T/gen.err")"
+done
+
 # ---- hostile arguments ----
 run "$BIN" synth --config "$T/none.json" -o "$T/x1"
 expect_error "missing config" "none.json"
