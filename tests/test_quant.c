@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/rng.h"
 #include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "loading/quant.h"
@@ -299,15 +300,6 @@ static const struct qspec k_specs[] = {
 };
 #define N_SPECS ((int)(sizeof k_specs / sizeof k_specs[0]))
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(uint64_t *s) { return (double)(rng_next(s) >> 11) / 9007199254740992.0; }
-
 static double e2m1(unsigned c)
 {
     static const double v[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
@@ -380,7 +372,7 @@ static void bfree(struct built *b)
 /* Quantize module `path` (logical [rows, in]) with random codes and scales
  * under spec into q; write its dequantized f32 twin into f. */
 static void make_module(struct built *q, struct built *f, const char *path, int ndim, const int64_t *shape,
-                        const struct qspec *sp, uint64_t *rng)
+                        const struct qspec *sp, struct rng *rng)
 {
     int64_t in = shape[ndim - 1], rows = 1;
     for (int d = 0; d < ndim - 1; d++)
@@ -400,10 +392,10 @@ static void make_module(struct built *q, struct built *f, const char *path, int 
             size_t k = (size_t)(r * ng + g);
             switch (sp->mode) {
             case QMODE_AFFINE: {
-                double mag = (0.02 + 0.08 * rng_unit(rng)) / nmax;
+                double mag = (0.02 + 0.08 * rng_uniform(rng)) / nmax;
                 double sv = (rng_next(rng) & 1) ? mag : -mag;  /* both signs, as the quantizer makes */
                 s = store(sc + k * ss, sdt, sv);
-                b = store(bi + k * ss, sdt, -sv * nmax / 2 + 0.01 * (rng_unit(rng) - 0.5));
+                b = store(bi + k * ss, sdt, -sv * nmax / 2 + 0.01 * (rng_uniform(rng) - 0.5));
                 break;
             }
             case QMODE_MXFP4:  /* 2^-9 .. 2^-6: values up to 6 * 2^-6 */
@@ -532,7 +524,8 @@ static void mixed_case(const char *name)
     struct err e = {0};
     assert_int_equal(st_set_open(&src, golden_dir, &e), 0);
     struct built q = {0}, f = {0};
-    uint64_t rng = 20261129;
+    struct rng rng;
+    rng_seed(&rng, 20261129);
     cJSON *ov = cJSON_CreateObject();
     int mod = 0, n_q = 0, n_float = 0;
     for (size_t i = 0; i < st_set_count(src); i++) {

@@ -123,3 +123,13 @@ void dtype_to_f32_ref(float *dst, const void *src, enum dtype t, size_t n)
         break;
     }
 }
+
+void dtype_store_f32(enum dtype t, void *dst, int64_t i, float v)
+{
+    if (t == DTYPE_F32)
+        ((float *)dst)[i] = v;
+    else if (t == DTYPE_F16)
+        ((uint16_t *)dst)[i] = f32_to_f16(v);
+    else
+        ((uint16_t *)dst)[i] = f32_to_bf16(v);
+}

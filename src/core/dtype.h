@@ -60,6 +60,9 @@ static inline uint16_t f32_to_bf16(float f)
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+/* Store v as element i of a F32/F16/BF16 array (round to nearest even). */
+void dtype_store_f32(enum dtype t, void *dst, int64_t i, float v);
+
 /* Widen n elements of a float dtype to f32 (scalar reference; kernels have SIMD versions). */
 void dtype_to_f32_ref(float *dst, const void *src, enum dtype t, size_t n);
 

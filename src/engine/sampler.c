@@ -7,10 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/rng.h"
+
 struct sampler {
     struct sampler_params p;
     int n_vocab;
-    uint64_t rng[4];
+    struct rng rng;                 /* xoshiro256** from the seed */
     float *work;       /* [n_vocab] adjusted logits */
     int32_t *idx;      /* [n_vocab] candidate ids, sorted by work[] descending */
     float *prob;       /* [n_vocab] candidate probabilities */
@@ -43,36 +45,6 @@ int sampler_params_check(const struct sampler_params *p, struct err *e)
     return 0;
 }
 
-/* ---- xoshiro256** (Blackman & Vigna), seeded through splitmix64 ---- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-static uint64_t rng_next(uint64_t s[4])
-{
-    uint64_t r = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return r;
-}
-
-/* uniform in [0, 1) with 53 random bits */
-static double rng_uniform(uint64_t s[4])
-{
-    return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 int sampler_new(struct sampler **out, const struct sampler_params *p, int n_vocab, struct err *e)
 {
     *out = NULL;
@@ -86,9 +58,7 @@ int sampler_new(struct sampler **out, const struct sampler_params *p, int n_voca
         return err_setf(e, ERR_NOMEM, "sampler: out of memory");
     s->p = *p;
     s->n_vocab = n_vocab;
-    uint64_t seed = p->seed;
-    for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&seed);
+    rng_seed(&s->rng, p->seed);
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
     s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
@@ -185,7 +155,7 @@ static int32_t draw(struct sampler *s, int n)
     double total = 0.0;
     for (int i = 0; i < n; i++)
         total += s->prob[i];
-    double r = rng_uniform(s->rng) * total, acc = 0.0;
+    double r = rng_uniform(&s->rng) * total, acc = 0.0;
     for (int i = 0; i < n; i++) {
         acc += s->prob[i];
         if (r < acc)

@@ -650,16 +650,6 @@ int ck_dtype_parse(const char *s)
 
 /* ---- convert ---- */
 
-static void store_f32(enum dtype dt, void *dst, int64_t i, float v)
-{
-    if (dt == DTYPE_F32)
-        ((float *)dst)[i] = v;
-    else if (dt == DTYPE_F16)
-        ((uint16_t *)dst)[i] = f32_to_f16(v);
-    else
-        ((uint16_t *)dst)[i] = f32_to_bf16(v);
-}
-
 /* Reader over mmapped source tensors (handles are struct st_tensor *). */
 static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
                    struct err *e)
@@ -680,7 +670,7 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
         int64_t k = n - i0 < 256 ? n - i0 : 256;
         dtype_to_f32_ref(tmp, src + (size_t)i0 * esz, t->dtype, (size_t)k);
         for (int64_t i = 0; i < k; i++)
-            store_f32(dt, dst, i0 + i, tmp[i]);
+            dtype_store_f32(dt, dst, i0 + i, tmp[i]);
     }
     return 0;
 }

@@ -158,16 +158,6 @@ static void pack_put(struct bitpack *bp, uint32_t code, int bits)
 
 /* ---- one group ---- */
 
-static void store_scale(enum dtype dt, void *dst, int64_t i, float v)
-{
-    if (dt == DTYPE_F32)
-        ((float *)dst)[i] = v;
-    else if (dt == DTYPE_F16)
-        ((uint16_t *)dst)[i] = f32_to_f16(v);
-    else
-        ((uint16_t *)dst)[i] = f32_to_bf16(v);
-}
-
 /* §2.2 scale and bias, §2.3 codes. */
 static void affine_group(const struct quant_params *p, const float *w, struct bitpack *bp,
                          float *scale, float *bias)
@@ -261,8 +251,8 @@ int quant_rows(const struct quant_params *p, enum dtype dt, const void *src, int
             if (p->mode == QMODE_AFFINE) {
                 float s, b;
                 affine_group(p, row + g * p->group, &bp, &s, &b);
-                store_scale(dt, scales, gi, s);
-                store_scale(dt, biases, gi, b);
+                dtype_store_f32(dt, scales, gi, s);
+                dtype_store_f32(dt, biases, gi, b);
             } else {
                 ((uint8_t *)scales)[gi] = fp_group(p, row + g * p->group, &bp);
             }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/rng.h"
 #include "../loading/config.h"
 #include "registry.h"
 
@@ -49,60 +50,31 @@ out:
 
 /* ---- generator ---- */
 
-struct rng {
-    uint64_t s[4];
+struct nrng {
+    struct rng r;
     float spare;
     bool has_spare;
 };
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-/* xoshiro256** (Blackman & Vigna) */
-static uint64_t rng_next(struct rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
 /* One stream per tensor: FNV-1a of the name mixed into the seed. */
-static void rng_init(struct rng *r, uint64_t seed, const char *name)
+static void rng_init(struct nrng *r, uint64_t seed, const char *name)
 {
     uint64_t h = 0xcbf29ce484222325ull;
     for (const char *p = name; *p; p++)
         h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    uint64_t x = seed ^ h;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&x);
+    rng_seed(&r->r, seed ^ h);
     r->has_spare = false;
 }
 
 /* Standard normal by Box-Muller; u1 in (0, 1] so log() is finite. */
-static float rng_normal(struct rng *r)
+static float rng_normal(struct nrng *r)
 {
     if (r->has_spare) {
         r->has_spare = false;
         return r->spare;
     }
-    double u1 = (double)((rng_next(r) >> 11) + 1) * 0x1.0p-53;
-    double u2 = (double)(rng_next(r) >> 11) * 0x1.0p-53;
+    double u1 = (double)((rng_next(&r->r) >> 11) + 1) * 0x1.0p-53;
+    double u2 = rng_uniform(&r->r);
     double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
     r->spare = (float)(rad * sin(th));
     r->has_spare = true;
@@ -113,23 +85,13 @@ struct gen {
     uint64_t seed;
     const struct st_tensor *cur;  /* tensor being generated */
     int64_t next;                 /* its next element */
-    struct rng r;
+    struct nrng r;
 };
 
 static bool ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
-}
-
-static void store(enum dtype dt, void *dst, int64_t i, float v)
-{
-    if (dt == DTYPE_F32)
-        ((float *)dst)[i] = v;
-    else if (dt == DTYPE_F16)
-        ((uint16_t *)dst)[i] = f32_to_f16(v);
-    else
-        ((uint16_t *)dst)[i] = f32_to_bf16(v);
 }
 
 static int gen_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
@@ -151,7 +113,7 @@ static int gen_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, 
     bool ones = t->ndim == 1 && ends_with(t->name, ".weight");
     float std = ends_with(t->name, ".bias") ? SYNTH_STD_BIAS : SYNTH_STD_WEIGHT;
     for (int64_t i = 0; i < n; i++)
-        store(dt, dst, i, ones ? 1.0f : std * rng_normal(&g->r));
+        dtype_store_f32(dt, dst, i, ones ? 1.0f : std * rng_normal(&g->r));
     g->next += n;
     return 0;
 }
