@@ -123,10 +123,11 @@ static inline int q_cpl(int bits)
     return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
 }
 
-/* Lane-order matvec applies when every lane lies in one group. */
+/* Lane-order matvec applies when every lane lies in one group (and groups
+ * are powers of two, as MLX's all are). */
 static inline bool q_lanes_ok(const struct wmat *w)
 {
-    return w->qgroup % 16 == 0 && w->in % 16 == 0;
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
 }
 
 /* x permuted to lane order: block of B = 16 cpl codes, dst[b + 16 j + i] =
@@ -134,7 +135,7 @@ static inline bool q_lanes_ok(const struct wmat *w)
 static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
 {
     size_t len = kern_qx_len(in);
-    if (group % 16 || in % 16) {
+    if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
         return;
@@ -251,10 +252,36 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
+/* One lane-order block of 4 rows against x (xb: this block's 16 cpl
+ * permuted x values): acc[j] += sv[j] * sum_jj dec(v[j], jj) * x_jj with two
+ * partial sums per row (8 independent FMA chains hide the FMA latency). */
+AI void mvq_step(__m512 acc[4], const __m512i v[4], const float *xb, const float *sf[4], int gb,
+                 __m512i sidx, bool lanes, const int bits, const enum qmode mode, __m512 lut)
+{
+    const int cpl = q_cpl(bits);
+    __m512 ga[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        ga[j][0] = ga[j][1] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int jj = 0; jj < cpl; jj++) {
+        __m512 xj = _mm512_loadu_ps(xb + 16 * jj);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            ga[j][jj & 1] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j][jj & 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512 sv = lanes ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
+                          : _mm512_set1_ps(sf[j][gb]);
+        acc[j] = _mm512_fmadd_ps(sv, _mm512_add_ps(ga[j][0], ga[j][1]), acc[j]);
+    }
+}
+
 /*
  * Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last one, computed
  * but not stored) for every token. Per block, each row's codes are decoded
- * in registers and multiplied into a per-block accumulator against the
+ * in registers and multiplied into per-block partial sums against the
  * shared x vectors (one load per 16 x values for 4 rows); the block sum is
  * then weighted by the per-lane scales (one FMA) into the row's
  * accumulator: sum_g s_g sum_{i in g} v(q_i) x_i. Affine adds
@@ -266,13 +293,15 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
 {
     const int cpl = q_cpl(bits), bc = 16 * cpl, bb = bc * bits / 8;
     const int in = w->in, g = w->qgroup;
-    const bool aff = mode == QMODE_AFFINE;
+    const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
     const uint8_t *rw[4], *rs[4], *rb[4];
-    float sf[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
+    float sfb[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
+    const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
     const __m512 lut = qlut(bits, mode);
     /* lane i of a block reads scale (cpl i) / g of the block's first group */
     __m512i sidx = _mm512_setzero_si512();
-    if (bc > g) {
+    if (lanes) {
         int ix[16];
         for (int i = 0; i < 16; i++)
             ix[i] = cpl * i / g;
@@ -287,43 +316,47 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     for (int c0 = 0; c0 < in; c0 += QCH) {
         int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
         for (int j = 0; j < 4; j++) {
-            qscales_f32(sf[j], w, rs[j], g0, gn);
+            qscales_f32(sfb[j], w, rs[j], g0, gn);
             if (aff)
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
-        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        int nfull = cn / bc;
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
+            const uint8_t *p[4];
             __m512 acc[4];
+            __m512i v[4];
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 4; j++) {
                 acc[j] = _mm512_setzero_ps();
-            for (int b = 0; b < nblk; b++) {
-                size_t off = (size_t)(c0 + b * bc) * bits / 8;
-                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
-                __m512i v[4];
-                __m512 ga[4];
+                p[j] = rw[j] + (size_t)c0 * bits / 8;
+            }
+            int b = 0;
+            if (t == 0) {
+                for (; b < nfull; b++) {
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    if (t == 0)
-                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
-                    v[j] = qload_lanes(rw[j] + off, bits, nb);
-                    ga[j] = _mm512_setzero_ps();
+                    for (int j = 0; j < 4; j++) {
+                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                        v[j] = qload_lanes(p[j], bits, bb);
+                        p[j] += bb;
+                    }
+                    mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
                 }
-#pragma GCC unroll 16
-                for (int jj = 0; jj < cpl; jj++) {
-                    __m512 xj = _mm512_loadu_ps(xt + b * bc + 16 * jj);
+            } else {
+                for (; b < nfull; b++) {
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++)
-                        ga[j] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j]);
+                    for (int j = 0; j < 4; j++) {
+                        v[j] = qload_lanes(p[j], bits, bb);
+                        p[j] += bb;
+                    }
+                    mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
                 }
-                int gb = b * bc / g;
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    __m512 sv = bc > g ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
-                                       : _mm512_set1_ps(sf[j][gb]);
-                    acc[j] = _mm512_fmadd_ps(sv, ga[j], acc[j]);
-                }
+            }
+            if (b * bc < cn) { /* partial block: masked loads, zero x past the end */
+                int nb = (cn - b * bc) * bits / 8;
+                for (int j = 0; j < 4; j++)
+                    v[j] = qload_lanes(p[j], bits, nb);
+                mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
             }
             for (int j = 0; j < nr; j++) {
                 float v = _mm512_reduce_add_ps(acc[j]);
