@@ -506,6 +506,13 @@ static void test_linear_quant(void **state)
                 qlinear_case(&bs, &qs, &w, sh[0], 1.0f);
                 tfree(&w);
             }
+    /* a group size MLX never writes (48: not a power of two) takes the
+     * kernels' generic path */
+    for (int bi = 0; bi < 6; bi++) {
+        struct tensor w = qrand(bits[bi], 48, sdts[bi % 3], 5, 480);
+        qlinear_case(&bs, &qs, &w, 1 + bi, 1.0f);
+        tfree(&w);
+    }
     qreport("linear_q", &qs);
     bes_close(&bs);
 }

@@ -156,10 +156,11 @@ static inline int q_cpl(int bits)
     return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
 }
 
-/* Lane-order matvec applies when every lane lies in one group. */
+/* Lane-order matvec applies when every lane lies in one group (and groups
+ * are powers of two, as MLX's all are). */
 static inline bool q_lanes_ok(const struct wmat *w)
 {
-    return w->qgroup % 16 == 0 && w->in % 16 == 0;
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
 }
 
 /* x permuted to lane order: block of B = 8 cpl codes, dst[b + 8 j + i] =
@@ -167,7 +168,7 @@ static inline bool q_lanes_ok(const struct wmat *w)
 static void a2_qxperm(float *dst, const float *x, int in, int bits, int group)
 {
     size_t len = kern_qx_len(in);
-    if (group % 16 || in % 16) {
+    if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
         return;
@@ -274,6 +275,30 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
+/* One lane-order block of 4 rows (see kern_avx512.c mvq_step). */
+AI void mvq_step(__m256 acc[4], const __m256i v[4], const float *xb, const float *sf[4], int gb,
+                 __m256i sidx, bool lanes, const int bits, const enum qmode mode)
+{
+    const int cpl = q_cpl(bits);
+    __m256 ga[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        ga[j][0] = ga[j][1] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int jj = 0; jj < cpl; jj++) {
+        __m256 xj = _mm256_loadu_ps(xb + 8 * jj);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            ga[j][jj & 1] = _mm256_fmadd_ps(qdec_lanes(v[j], bits, jj, mode), xj, ga[j][jj & 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m256 sv = lanes ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
+                          : _mm256_set1_ps(sf[j][gb]);
+        acc[j] = _mm256_fmadd_ps(sv, _mm256_add_ps(ga[j][0], ga[j][1]), acc[j]);
+    }
+}
+
 /* Rows r0 .. r0+nr (nr <= 4) for every token; see kern_avx512.c mvq_block. */
 AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                   const struct wmat *w, int r0, int nr, const float *xsum, size_t ldxs,
@@ -282,11 +307,13 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const int cpl = q_cpl(bits), bc = 8 * cpl, bb = bc * bits / 8;
     const int in = w->in, g = w->qgroup;
     const size_t rowlen = (size_t)in * bits / 8;
-    const bool aff = mode == QMODE_AFFINE;
+    const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
     const uint8_t *rw[4], *rs[4], *rb[4];
-    float sf[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
+    float sfb[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
+    const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
     __m256i sidx = _mm256_setzero_si256();
-    if (bc > g) {
+    if (lanes) {
         int ix[8];
         for (int i = 0; i < 8; i++)
             ix[i] = cpl * i / g;
@@ -301,43 +328,28 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     for (int c0 = 0; c0 < in; c0 += QCH) {
         int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
         for (int j = 0; j < 4; j++) {
-            qscales_f32(sf[j], w, rs[j], g0, gn);
+            qscales_f32(sfb[j], w, rs[j], g0, gn);
             if (aff)
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
-        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        int nblk = (cn + bc - 1) / bc;
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
             __m256 acc[4];
+            __m256i v[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm256_setzero_ps();
             for (int b = 0; b < nblk; b++) {
                 size_t off = (size_t)(c0 + b * bc) * bits / 8;
-                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
-                __m256i v[4];
-                __m256 ga[4];
+                int nb = (b + 1) * bc <= cn ? bb : (cn - b * bc) * bits / 8;
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
                     if (t == 0)
                         _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
                     v[j] = qload_lanes(rw[j] + off, bits, nb, rowlen - off);
-                    ga[j] = _mm256_setzero_ps();
                 }
-#pragma GCC unroll 16
-                for (int jj = 0; jj < cpl; jj++) {
-                    __m256 xj = _mm256_loadu_ps(xt + b * bc + 8 * jj);
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++)
-                        ga[j] = _mm256_fmadd_ps(qdec_lanes(v[j], bits, jj, mode), xj, ga[j]);
-                }
-                int gb = b * bc / g;
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    __m256 sv = bc > g ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
-                                       : _mm256_set1_ps(sf[j][gb]);
-                    acc[j] = _mm256_fmadd_ps(sv, ga[j], acc[j]);
-                }
+                mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode);
             }
             for (int j = 0; j < nr; j++) {
                 float v = hsum(acc[j]);
