@@ -141,12 +141,16 @@ static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
         return;
     }
     int cpl = q_cpl(bits), bc = 16 * cpl;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i step = _mm512_mullo_epi32(iota, _mm512_set1_epi32(cpl)); /* lane i reads cpl i + j */
     for (size_t b = 0; b < len; b += (size_t)bc)
-        for (int j = 0; j < cpl; j++)
-            for (int i = 0; i < 16; i++) {
-                size_t src = b + (size_t)(cpl * i + j);
-                dst[b + (size_t)(16 * j + i)] = src < (size_t)in ? x[src] : 0.0f;
-            }
+        for (int j = 0; j < cpl; j++) {
+            __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(j));
+            /* lanes whose source lies past `in` read nothing and are 0 */
+            __mmask16 m = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32(in - (int)b));
+            __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + b, 4);
+            _mm512_storeu_ps(dst + b + 16 * (size_t)j, v);
+        }
 }
 
 AI __mmask16 bmask16(int nbytes)
