@@ -10,8 +10,8 @@
  * and masked stores are slow on AMD, so tails run scalar.
  *
  *   matvec   4 weight rows x 16 inputs per step (8 accumulators); quantized
- *            4/8-bit rows unpacked in registers against deinterleaved x
- *            (4-bit), s*sum(qx) + b*sum(x) per group
+ *            rows of every MLX mode in the lane order of kern_avx512.c at
+ *            8 lanes, s*sum(v(q) x) per lane-group + b*sum(x) per group
  *   ukernel  6 tokens x 16 outputs (12 ymm accumulators), packed panel
  *   exp      Cephes expf polynomial, 2^n built in the exponent field
  */

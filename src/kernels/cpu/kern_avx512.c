@@ -10,18 +10,23 @@
  * differ from the scalar reference only in association order.
  *
  *   matvec   4 weight rows x 32 inputs per step (8 accumulators), masked
- *            tails; 4-bit rows dequantize through a 16-entry vpermps table
- *            per group against permuted x; 8-bit rows use
- *            sum((s q + b) x) = s sum(q x) + b sum(x) per group
+ *            tails; quantized rows (every MLX mode and width) in lane
+ *            order: codes decoded in registers (shift + 16-entry vpermps
+ *            table, AND + convert, or e4m3 bit placement) against x
+ *            permuted once per call, one per-lane scale FMA per block of
+ *            16 lanes, affine biases through per-group sums of x (see
+ *            "quantized weights" below and docs/adr/0010)
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  *
  * Measured with dev/kernels/bench_linear.c on the dev machine (AMD EPYC,
  * Zen 5, 2 cores, 55-58 GB/s streaming read), 2 threads: bf16 4096x4096
- * matvec 50-56 GB/s, 4-bit 34 GB/s of packed weights (compute-bound), bf16
- * GEMM at 512 tokens ~350 GFLOP/s. The previous versions of this file (k-outer
- * GEMM packing through a scalar transpose; per-key attention dots; nibble
- * unpack via vpunpck) were 2-10x slower on the same shapes.
+ * matvec 50-56 GB/s, bf16 GEMM at 512 tokens ~350 GFLOP/s; quantized
+ * matvec numbers are in docs/benchmarks.md ("Quantized matvec kernels").
+ * The previous versions of this file (k-outer GEMM packing through a scalar
+ * transpose; per-key attention dots; nibble unpack via vpunpck; one
+ * quantized row at a time through a per-group table) were slower on the
+ * same shapes.
  */
 #include "kern.h"
 
