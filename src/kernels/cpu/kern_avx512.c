@@ -122,6 +122,10 @@ static void a512_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
  * by a per-lane scale vector built with one vpermps.
  */
 
+#ifndef Q8_NATURAL
+#define Q8_NATURAL 1
+#endif
+
 /* Codes per lane of the lane order. */
 static inline int q_cpl(int bits)
 {
@@ -141,6 +145,11 @@ static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
 {
     size_t len = kern_qx_len(in);
     if (group % 16 || (group & (group - 1)) || in % 16) {
+        memcpy(dst, x, (size_t)in * sizeof *x);
+        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        return;
+    }
+    if (Q8_NATURAL && bits == 8) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
         return;
@@ -261,13 +270,31 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
+/* With Q8_NATURAL, 8-bit rows are not in lane order but natural order:
+ * vector jj of a 64-code block is codes 16 jj .. 16 jj + 15, zero-extended
+ * straight from memory (vpmovzxbd), and x is not permuted for them. nb
+ * valid bytes from p. */
+AI __m512 qdec8_nat(const uint8_t *p, int nb, const enum qmode mode)
+{
+    __m128i b = nb >= 16 ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(bmask16(nb), p);
+    __m512i d = _mm512_cvtepu8_epi32(b);
+    return mode == QMODE_MXFP8 ? e4m3_ps(d) : _mm512_cvtepi32_ps(d);
+}
+
 /* One lane-order block of 4 rows against x (xb: this block's 16 cpl
  * permuted x values): acc[j] += sv[j] * sum_jj dec(v[j], jj) * x_jj with two
  * partial sums per row (8 independent FMA chains hide the FMA latency). */
-AI void mvq_step(__m512 acc[4], const __m512i v[4], const float *xb, const float *sf[4], int gb,
-                 __m512i sidx, bool lanes, const int bits, const enum qmode mode, __m512 lut)
+AI void mvq_step(__m512 acc[4], const uint8_t *const p[4], int nb, const float *xb,
+                 const float *sf[4], int gb, __m512i sidx, bool lanes, const int bits,
+                 const enum qmode mode, __m512 lut)
 {
     const int cpl = q_cpl(bits);
+    const bool nat = Q8_NATURAL && bits == 8;
+    __m512i v[4];
+    if (!nat)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            v[j] = qload_lanes(p[j], bits, nb);
     __m512 ga[4][2];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
@@ -277,10 +304,19 @@ AI void mvq_step(__m512 acc[4], const __m512i v[4], const float *xb, const float
         __m512 xj = _mm512_loadu_ps(xb + 16 * jj);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
-            ga[j][jj & 1] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j][jj & 1]);
+            if (nat)
+                ga[j][jj >> 1] = _mm512_fmadd_ps(qdec8_nat(p[j] + 16 * jj, nb - 16 * jj, mode), xj,
+                                                 ga[j][jj >> 1]);
+            else
+                ga[j][jj & 1] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j][jj & 1]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
+        if (nat && lanes) { /* natural 8-bit, groups of 32: vectors 0-1 and 2-3 */
+            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sf[j][gb]), ga[j][0], acc[j]);
+            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sf[j][gb + 1]), ga[j][1], acc[j]);
+            continue;
+        }
         __m512 sv = lanes ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
                           : _mm512_set1_ps(sf[j][gb]);
         acc[j] = _mm512_fmadd_ps(sv, _mm512_add_ps(ga[j][0], ga[j][1]), acc[j]);
@@ -334,7 +370,6 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
             const float *xt = x + (size_t)t * ldx + c0;
             const uint8_t *p[4];
             __m512 acc[4];
-            __m512i v[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 acc[j] = _mm512_setzero_ps();
@@ -344,28 +379,27 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
             if (t == 0) {
                 for (; b < nfull; b++) {
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) {
+                    for (int j = 0; j < 4; j++)
                         _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
-                        v[j] = qload_lanes(p[j], bits, bb);
+                    mvq_step(acc, p, bb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits,
+                             mode, lut);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
                         p[j] += bb;
-                    }
-                    mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
                 }
             } else {
                 for (; b < nfull; b++) {
+                    mvq_step(acc, p, bb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits,
+                             mode, lut);
 #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) {
-                        v[j] = qload_lanes(p[j], bits, bb);
+                    for (int j = 0; j < 4; j++)
                         p[j] += bb;
-                    }
-                    mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
                 }
             }
             if (b * bc < cn) { /* partial block: masked loads, zero x past the end */
                 int nb = (cn - b * bc) * bits / 8;
-                for (int j = 0; j < 4; j++)
-                    v[j] = qload_lanes(p[j], bits, nb);
-                mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode, lut);
+                mvq_step(acc, p, nb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode,
+                         lut);
             }
             for (int j = 0; j < nr; j++) {
                 float v = _mm512_reduce_add_ps(acc[j]);
