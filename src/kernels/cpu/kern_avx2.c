@@ -165,8 +165,9 @@ static inline bool q_lanes_ok(const struct wmat *w)
 
 /* x permuted to lane order: block of B = 8 cpl codes, dst[b + 8 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
-static void a2_qxperm(float *dst, const float *x, int in, int bits, int group)
+static void a2_qxperm(float *dst, const float *x, const struct wmat *w)
 {
+    int in = w->in, bits = w->qbits, group = w->qgroup;
     size_t len = kern_qx_len(in);
     if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);

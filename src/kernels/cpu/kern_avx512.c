@@ -141,8 +141,9 @@ static inline bool q_lanes_ok(const struct wmat *w)
 
 /* x permuted to lane order: block of B = 16 cpl codes, dst[b + 16 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
-static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
+static void a512_qxperm(float *dst, const float *x, const struct wmat *w)
 {
+    int in = w->in, bits = w->qbits, group = w->qgroup;
     size_t len = kern_qx_len(in);
     if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
@@ -150,8 +151,12 @@ static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
         return;
     }
     if (Q8_NATURAL && bits == 8) {
-        memcpy(dst, x, (size_t)in * sizeof *x);
-        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        /* natural order; mxfp8 x times 2^8, which its f16 decode leaves out */
+        __m512 k = _mm512_set1_ps(w->qmode == QMODE_MXFP8 ? 256.0f : 1.0f);
+        for (size_t i = 0; i < len; i += 16) {
+            __mmask16 m = tail_mask(in - (int)i > 0 ? in - (int)i : 0);
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), k));
+        }
         return;
     }
     int cpl = q_cpl(bits), bc = 16 * cpl;
@@ -277,8 +282,17 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 AI __m512 qdec8_nat(const uint8_t *p, int nb, const enum qmode mode)
 {
     __m128i b = nb >= 16 ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(bmask16(nb), p);
-    __m512i d = _mm512_cvtepu8_epi32(b);
-    return mode == QMODE_MXFP8 ? e4m3_ps(d) : _mm512_cvtepi32_ps(d);
+    if (mode == QMODE_MXFP8) {
+        /* e4m3 -> f16 exactly, 2^-8 too small (f16 bias 15, e4m3 bias 7;
+         * e4m3 subnormals land on f16 subnormals): sign-extend each byte to
+         * 16 bits, shift left by 7 (sign to bit 15, magnitude to bits
+         * 7-13) and clear bit 14; vcvtph2ps is exact. x comes times 2^8
+         * (a512_qxperm), so every product equals e4m3(q) * x in f32. */
+        __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+        h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80));
+        return _mm512_cvtph_ps(h);
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
 }
 
 /* One lane-order block of 4 rows against x (xb: this block's 16 cpl
