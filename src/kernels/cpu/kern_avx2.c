@@ -169,6 +169,13 @@ static void a2_qxperm(float *dst, const float *x, const struct wmat *w)
 {
     int in = w->in, bits = w->qbits, group = w->qgroup;
     size_t len = kern_qx_len(in);
+    if (w->qmode == QMODE_MXFP8 && !(group % 16 || (group & (group - 1)) || in % 16)) {
+        /* natural order, times 2^8, which the f16 decode leaves out */
+        for (int i = 0; i < in; i++)
+            dst[i] = x[i] * 256.0f;
+        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        return;
+    }
     if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
@@ -276,11 +283,38 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
-/* One lane-order block of 4 rows (see kern_avx512.c mvq_step). */
-AI void mvq_step(__m256 acc[4], const __m256i v[4], const float *xb, const float *sf[4], int gb,
-                 __m256i sidx, bool lanes, const int bits, const enum qmode mode)
+/* mxfp8 rows go in natural order: vector jj of a 32-code block is codes
+ * 8 jj .. 8 jj + 7, decoded through f16 as in kern_avx512.c (x prescaled
+ * by 2^8, not permuted); 2x the lane-order bit placement in L2. (Affine
+ * 8-bit stays in lane order: there natural order was slower at 8 lanes.)
+ * nb valid bytes from p. */
+AI __m256 qdec_e4m3_nat(const uint8_t *p, int nb)
+{
+    __m128i b;
+    if (nb >= 8) {
+        b = _mm_loadl_epi64((const __m128i *)p);
+    } else {
+        uint64_t u = 0;
+        memcpy(&u, p, nb > 0 ? (size_t)nb : 0);
+        b = _mm_cvtsi64_si128((long long)u);
+    }
+    __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbf80));
+    return _mm256_cvtph_ps(h);
+}
+
+/* One lane-order block of 4 rows (see kern_avx512.c mvq_step); nb valid
+ * bytes at each p[j], avail readable. */
+AI void mvq_step(__m256 acc[4], const uint8_t *const p[4], int nb, size_t avail, const float *xb,
+                 const float *sf[4], int gb, __m256i sidx, bool lanes, const int bits,
+                 const enum qmode mode)
 {
     const int cpl = q_cpl(bits);
+    __m256i v[4];
+    const bool nat = mode == QMODE_MXFP8;
+    if (!nat)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            v[j] = qload_lanes(p[j], bits, nb, avail);
     __m256 ga[4][2];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
@@ -290,7 +324,9 @@ AI void mvq_step(__m256 acc[4], const __m256i v[4], const float *xb, const float
         __m256 xj = _mm256_loadu_ps(xb + 8 * jj);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
-            ga[j][jj & 1] = _mm256_fmadd_ps(qdec_lanes(v[j], bits, jj, mode), xj, ga[j][jj & 1]);
+            ga[j][jj & 1] = _mm256_fmadd_ps(nat ? qdec_e4m3_nat(p[j] + 8 * jj, nb - 8 * jj)
+                                                      : qdec_lanes(v[j], bits, jj, mode),
+                                            xj, ga[j][jj & 1]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
@@ -337,20 +373,21 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
             __m256 acc[4];
-            __m256i v[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm256_setzero_ps();
             for (int b = 0; b < nblk; b++) {
                 size_t off = (size_t)(c0 + b * bc) * bits / 8;
                 int nb = (b + 1) * bc <= cn ? bb : (cn - b * bc) * bits / 8;
+                const uint8_t *p[4];
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
+                    p[j] = rw[j] + off;
                     if (t == 0)
-                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
-                    v[j] = qload_lanes(rw[j] + off, bits, nb, rowlen - off);
+                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
                 }
-                mvq_step(acc, v, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode);
+                mvq_step(acc, p, nb, rowlen - off, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes,
+                         bits, mode);
             }
             for (int j = 0; j < nr; j++) {
                 float v = hsum(acc[j]);
