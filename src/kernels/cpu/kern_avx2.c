@@ -315,24 +315,26 @@ AI void mvq_step(__m256 acc[4], const uint8_t *const p[4], int nb, size_t avail,
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
             v[j] = qload_lanes(p[j], bits, nb, avail);
-    __m256 ga[4][2];
+    /* one chain per row: AVX2 has 16 ymm registers (4 codes, 4 partial sums,
+     * 4 accumulators, x and temporaries); two chains per row spilled */
+    __m256 ga[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++)
-        ga[j][0] = ga[j][1] = _mm256_setzero_ps();
+        ga[j] = _mm256_setzero_ps();
 #pragma GCC unroll 16
     for (int jj = 0; jj < cpl; jj++) {
         __m256 xj = _mm256_loadu_ps(xb + 8 * jj);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
-            ga[j][jj & 1] = _mm256_fmadd_ps(nat ? qdec_e4m3_nat(p[j] + 8 * jj, nb - 8 * jj)
-                                                      : qdec_lanes(v[j], bits, jj, mode),
-                                            xj, ga[j][jj & 1]);
+            ga[j] = _mm256_fmadd_ps(nat ? qdec_e4m3_nat(p[j] + 8 * jj, nb - 8 * jj)
+                                        : qdec_lanes(v[j], bits, jj, mode),
+                                    xj, ga[j]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         __m256 sv = lanes ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
                           : _mm256_set1_ps(sf[j][gb]);
-        acc[j] = _mm256_fmadd_ps(sv, _mm256_add_ps(ga[j][0], ga[j][1]), acc[j]);
+        acc[j] = _mm256_fmadd_ps(sv, ga[j], acc[j]);
     }
 }
 
