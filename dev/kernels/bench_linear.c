@@ -8,17 +8,21 @@
  *            size (>= 1.5 GiB) defeats every cache level; GB/s counts weight
  *            storage bytes (codes + scales + biases for quantized)
  *   prefill  n_tok = 16..512 on one matrix; GFLOP/s = 2 n_tok in out / t
+ *   q / ql2  matvec of every quantized mode and bit width (affine 2-8 bit,
+ *            mxfp4, mxfp8, nvfp4) on 10240x2560 and 2560x10240 from DRAM,
+ *            or 64x4096 from L2 (BENCH_Q=q4g64,q8g64 restricts the list)
  *
  * Build (from the repo root):
  *   S="src/core/dtype.c src/core/err.c src/core/log.c src/core/tensor.c src/core/threadpool.c \
- *      src/kernels/cpu/backend_cpu.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
+ *      src/kernels/backend.c src/kernels/cpu/backend_cpu.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx2.c -mavx2 -mfma -mf16c -o /tmp/a2.o
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx512.c -mavx512f -mavx512bw \
  *       -mavx512vl -mavx512dq -mfma -mf16c -o /tmp/a5.o
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_linear.c $S /tmp/a2.o /tmp/a5.o \
  *       -o /tmp/bench_linear -lpthread -lm
- *   /tmp/bench_linear [threads] [isa]
+ *   /tmp/bench_linear [threads] [isa] [bw,mv,l2,pf,at,q,ql2]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +35,13 @@ static double now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cputime(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -97,13 +108,21 @@ static uint32_t rnd(void)
     return (uint32_t)g_rng;
 }
 
-/* dt F32/F16/BF16, or qbits 4/8 with group 64 and bf16 scales. */
-static struct tensor wmake(enum dtype dt, int qbits, int out, int in)
+/* Quantization of a benchmark matrix: bits 0 = float. */
+struct qspec {
+    int bits, group;
+    enum qmode mode;
+};
+
+/* dt F32/F16/BF16, or quantized per q (affine: bf16 scales/biases; fp
+ * modes: U8 scales near 1). Codes are random bits. */
+static struct tensor wmake_q(enum dtype dt, struct qspec q, int out, int in)
 {
     struct tensor t;
     int64_t shape[2] = {out, in};
+    int qbits = q.bits;
     size_t row = qbits ? (size_t)in * qbits / 8 : (size_t)in * dtype_size(dt);
-    uint8_t *d = aligned_alloc(64, row * out);
+    uint8_t *d = aligned_alloc(64, (row * out + 63) / 64 * 64);
     for (size_t i = 0; i < row * out / 4; i++)
         ((uint32_t *)d)[i] = rnd();
     if (dt == DTYPE_BF16 || dt == DTYPE_F16) /* keep values finite and small */
@@ -117,31 +136,47 @@ static struct tensor wmake(enum dtype dt, int qbits, int out, int in)
     if (qbits) {
         t.stride[0] = (int64_t)in * qbits / 32;
         t.qbits = qbits;
-        t.qgroup = 64;
-        t.qsdtype = DTYPE_BF16;
-        size_t ng = (size_t)out * in / 64;
-        uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
-        for (size_t i = 0; i < ng; i++) {
-            s[i] = 0x3c00;
-            b[i] = 0xbc00;
+        t.qgroup = q.group;
+        t.qmode = q.mode;
+        size_t ng = (size_t)out * in / q.group;
+        if (q.mode == QMODE_AFFINE) {
+            t.qsdtype = DTYPE_BF16;
+            uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
+            for (size_t i = 0; i < ng; i++) {
+                s[i] = 0x3c00;
+                b[i] = 0xbc00;
+            }
+            t.qscales = s;
+            t.qbiases = b;
+        } else {
+            t.qsdtype = DTYPE_U8;
+            uint8_t *s = malloc(ng);
+            for (size_t i = 0; i < ng; i++)
+                s[i] = q.mode == QMODE_NVFP4 ? 0x30 : 120;
+            t.qscales = s;
+            t.qbiases = NULL;
         }
-        t.qscales = s;
-        t.qbiases = b;
     }
     return t;
 }
 
-static struct wset wset_make(enum dtype dt, int qbits, int out, int in, size_t min_total)
+/* dt F32/F16/BF16, or qbits 4/8 with group 64 and bf16 scales. */
+static struct tensor wmake(enum dtype dt, int qbits, int out, int in)
+{
+    return wmake_q(dt, (struct qspec){qbits, 64, QMODE_AFFINE}, out, in);
+}
+
+static struct wset wset_make(enum dtype dt, struct qspec q, int out, int in, size_t min_total)
 {
     struct wset s;
-    struct tensor t0 = wmake(dt, qbits, out, in);
+    struct tensor t0 = wmake_q(dt, q, out, in);
     s.bytes_each = tensor_storage_bytes(&t0);
     s.n = (int)((min_total + s.bytes_each - 1) / s.bytes_each);
     s.n = s.n > 0 ? s.n : 1;
     s.w = calloc((size_t)s.n, sizeof *s.w);
     s.w[0] = t0;
     for (int i = 1; i < s.n; i++)
-        s.w[i] = wmake(dt, qbits, out, in);
+        s.w[i] = wmake_q(dt, q, out, in);
     return s;
 }
 
@@ -157,10 +192,10 @@ static void wset_free(struct wset *s)
 
 // ---- runs ----
 
-static void bench_matvec(struct backend *be, const char *label, enum dtype dt, int qbits, int out,
-                         int in, size_t total)
+static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt, struct qspec q,
+                           int out, int in, size_t total)
 {
-    struct wset s = wset_make(dt, qbits, out, in, total);
+    struct wset s = wset_make(dt, q, out, in, total);
     float *x = malloc((size_t)in * 4), *y = malloc((size_t)out * 4);
     for (int i = 0; i < in; i++)
         x[i] = (float)(i % 7) * 0.1f;
@@ -168,19 +203,51 @@ static void bench_matvec(struct backend *be, const char *label, enum dtype dt, i
         be->ops->linear(be, y, x, &s.w[i], NULL, 1);
     double best = 1e9;
     int inner = s.n == 1 ? 200 : 1;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now();
+    /* in-cache runs on one thread are timed in thread CPU time (the caller
+     * runs the op itself): on a shared machine, time spent descheduled is
+     * not the kernel's */
+    bool cpu = s.n == 1 && be->n_threads == 1;
+    for (int rep = 0; rep < (s.n == 1 ? 20 : 5); rep++) {
+        double t0 = cpu ? cputime() : now();
         for (int k = 0; k < inner; k++)
             for (int i = 0; i < s.n; i++)
                 be->ops->linear(be, y, x, &s.w[i], NULL, 1);
-        double t = (now() - t0) / s.n / inner;
+        double t = ((cpu ? cputime() : now()) - t0) / s.n / inner;
         best = t < best ? t : best;
     }
-    printf("  matvec%s %-6s %5d x %-5d  %7.1f us  %6.1f GB/s\n", s.n == 1 ? "*" : " ", label, out, in, best * 1e6,
-           s.bytes_each / best / 1e9);
+    printf("  matvec%s %-8s %5d x %-5d  %7.1f us  %6.1f GB/s\n", s.n == 1 ? "*" : " ", label, out, in,
+           best * 1e6, s.bytes_each / best / 1e9);
     free(x);
     free(y);
     wset_free(&s);
+}
+
+static void bench_matvec(struct backend *be, const char *label, enum dtype dt, int qbits, int out,
+                         int in, size_t total)
+{
+    bench_matvec_q(be, label, dt, (struct qspec){qbits, 64, QMODE_AFFINE}, out, in, total);
+}
+
+/* Every quantized mode on the two shapes of a 2560-wide model's MLP. */
+static void bench_quant(struct backend *be, size_t total)
+{
+    static const struct {
+        const char *label;
+        struct qspec q;
+    } qs[] = {
+        {"q2g64", {2, 64, QMODE_AFFINE}}, {"q3g64", {3, 64, QMODE_AFFINE}},
+        {"q4g64", {4, 64, QMODE_AFFINE}}, {"q4g32", {4, 32, QMODE_AFFINE}},
+        {"q5g64", {5, 64, QMODE_AFFINE}}, {"q6g64", {6, 64, QMODE_AFFINE}},
+        {"q8g64", {8, 64, QMODE_AFFINE}}, {"mxfp4", {4, 32, QMODE_MXFP4}},
+        {"mxfp8", {8, 32, QMODE_MXFP8}}, {"nvfp4", {4, 16, QMODE_NVFP4}},
+    };
+    const char *only = getenv("BENCH_Q");
+    for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++) {
+        if (only && !strstr(only, qs[i].label))
+            continue;
+        bench_matvec_q(be, qs[i].label, DTYPE_U32, qs[i].q, 10240, 2560, total);
+        bench_matvec_q(be, qs[i].label, DTYPE_U32, qs[i].q, 2560, 10240, total);
+    }
 }
 
 static void bench_prefill(struct backend *be, const char *label, enum dtype dt, int qbits,
@@ -241,6 +308,25 @@ static void bench_attn(struct backend *be, int n_tok, int n_ctx)
     free(v);
 }
 
+/* Quantized modes in L2: 64 rows x 4096 inputs (about 128-256 KiB). */
+static void bench_quant_l2(struct backend *be)
+{
+    static const struct {
+        const char *label;
+        struct qspec q;
+    } qs[] = {
+        {"q2g64", {2, 64, QMODE_AFFINE}}, {"q3g64", {3, 64, QMODE_AFFINE}},
+        {"q4g64", {4, 64, QMODE_AFFINE}}, {"q5g64", {5, 64, QMODE_AFFINE}},
+        {"q6g64", {6, 64, QMODE_AFFINE}}, {"q8g64", {8, 64, QMODE_AFFINE}},
+        {"mxfp4", {4, 32, QMODE_MXFP4}}, {"mxfp8", {8, 32, QMODE_MXFP8}},
+        {"nvfp4", {4, 16, QMODE_NVFP4}},
+    };
+    const char *only = getenv("BENCH_Q");
+    for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++)
+        if (!only || strstr(only, qs[i].label))
+            bench_matvec_q(be, qs[i].label, DTYPE_U32, qs[i].q, 64, 4096, 0);
+}
+
 int main(int argc, char **argv)
 {
     int nth = argc > 1 ? atoi(argv[1]) : 0;
@@ -257,7 +343,9 @@ int main(int argc, char **argv)
     if (!*only || strstr(only, "bw"))
         printf("  membw   %.1f GB/s (1 GiB streaming read)\n", membw(pool));
     tpool_free(pool);
-    size_t big = (size_t)1536 << 20;
+    /* BENCH_MB: total MiB of rotating weights per matvec line (default 1536;
+     * anything well past the LLC works, 256 makes a run 6x shorter) */
+    size_t big = (size_t)(getenv("BENCH_MB") ? atoi(getenv("BENCH_MB")) : 1536) << 20;
     if (!*only || strstr(only, "mv")) {
         bench_matvec(be, "bf16", DTYPE_BF16, 0, 4096, 4096, big);
         bench_matvec(be, "f16", DTYPE_F16, 0, 4096, 4096, big);
@@ -267,6 +355,12 @@ int main(int argc, char **argv)
         bench_matvec(be, "bf16", DTYPE_BF16, 0, 14336, 4096, big);
         bench_matvec(be, "bf16", DTYPE_BF16, 0, 4096, 14336, big);
     }
+    /* every quantized mode, from DRAM ("q") and from L2 ("ql2": 256 KiB-ish
+     * weights, the compute ceiling, marked '*'); BENCH_Q=q4g64,mxfp4 picks */
+    if (strstr(only, "q") && !strstr(only, "ql2"))
+        bench_quant(be, big);
+    if (strstr(only, "ql2"))
+        bench_quant_l2(be);
     /* in-cache (L2) matvec: the compute ceiling of each kernel, marked '*' */
     if (strstr(only, "l2")) {
         bench_matvec(be, "bf16", DTYPE_BF16, 0, 64, 4096, 0);

@@ -168,7 +168,7 @@ static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, 
     float *d = buf + (size_t)n_tok * ng;
     size_t ld = kern_qx_len(in);
     for (int t = 0; t < n_tok; t++)
-        k->qxperm(d + (size_t)t * ld, x + (size_t)t * in, in, w->qbits, w->qgroup);
+        k->qxperm(d + (size_t)t * ld, x + (size_t)t * in, w);
     *xp = d;
 }
 

@@ -72,11 +72,11 @@ struct cpu_kernels {
      * x comes permuted by it (ldx >= kern_qx_len(in)). */
     void (*matvec)(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                    const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs);
-    /* Optional: for quantized W (qbits bits, groups of qgroup), matvec
-     * receives each token's x permuted by this into the lane order the
-     * kernel unpacks codes in: dst[0 .. kern_qx_len(in)) from x[0 .. in),
-     * zero padded (a plain copy where the kernel has no lane path). */
-    void (*qxperm)(float *dst, const float *x, int in, int bits, int group);
+    /* Optional: for quantized W, matvec receives each token's x prepared by
+     * this: permuted into the lane order the kernel unpacks codes in (and
+     * possibly scaled by a power of two that the kernel's decode undoes):
+     * dst[0 .. kern_qx_len(w->in)) from x[0 .. w->in), zero padded. */
+    void (*qxperm)(float *dst, const float *x, const struct wmat *w);
     /* GEMM microkernel: y[m*ldy + j] (+)= sum_k x[m*ldx + k] * bp[k*nr + j] for
      * m < mr (<= GEMM_MR_MAX), j < nv (<= gemm_nr); accumulate into y when acc.
      * bp is a packed panel [kc][gemm_nr], 64-byte aligned. NULL: no GEMM path. */

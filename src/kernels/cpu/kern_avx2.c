@@ -10,8 +10,8 @@
  * and masked stores are slow on AMD, so tails run scalar.
  *
  *   matvec   4 weight rows x 16 inputs per step (8 accumulators); quantized
- *            4/8-bit rows unpacked in registers against deinterleaved x
- *            (4-bit), s*sum(qx) + b*sum(x) per group
+ *            rows of every MLX mode in the lane order of kern_avx512.c at
+ *            8 lanes, s*sum(v(q) x) per lane-group + b*sum(x) per group
  *   ukernel  6 tokens x 16 outputs (12 ymm accumulators), packed panel
  *   exp      Cephes expf polynomial, 2^n built in the exponent field
  */
@@ -156,18 +156,27 @@ static inline int q_cpl(int bits)
     return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
 }
 
-/* Lane-order matvec applies when every lane lies in one group. */
+/* Lane-order matvec applies when every lane lies in one group (and groups
+ * are powers of two, as MLX's all are). */
 static inline bool q_lanes_ok(const struct wmat *w)
 {
-    return w->qgroup % 16 == 0 && w->in % 16 == 0;
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
 }
 
 /* x permuted to lane order: block of B = 8 cpl codes, dst[b + 8 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
-static void a2_qxperm(float *dst, const float *x, int in, int bits, int group)
+static void a2_qxperm(float *dst, const float *x, const struct wmat *w)
 {
+    int in = w->in, bits = w->qbits, group = w->qgroup;
     size_t len = kern_qx_len(in);
-    if (group % 16 || in % 16) {
+    if (w->qmode == QMODE_MXFP8 && !(group % 16 || (group & (group - 1)) || in % 16)) {
+        /* natural order, times 2^8, which the f16 decode leaves out */
+        for (int i = 0; i < in; i++)
+            dst[i] = x[i] * 256.0f;
+        memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
+        return;
+    }
+    if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
         return;
@@ -274,6 +283,61 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
+/* mxfp8 rows go in natural order: vector jj of a 32-code block is codes
+ * 8 jj .. 8 jj + 7, decoded through f16 as in kern_avx512.c (x prescaled
+ * by 2^8, not permuted); 2x the lane-order bit placement in L2. (Affine
+ * 8-bit stays in lane order: there natural order was slower at 8 lanes.)
+ * nb valid bytes from p. */
+AI __m256 qdec_e4m3_nat(const uint8_t *p, int nb)
+{
+    __m128i b;
+    if (nb >= 8) {
+        b = _mm_loadl_epi64((const __m128i *)p);
+    } else {
+        uint64_t u = 0;
+        memcpy(&u, p, nb > 0 ? (size_t)nb : 0);
+        b = _mm_cvtsi64_si128((long long)u);
+    }
+    __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbf80));
+    return _mm256_cvtph_ps(h);
+}
+
+/* One lane-order block of 4 rows (see kern_avx512.c mvq_step); nb valid
+ * bytes at each p[j], avail readable. */
+AI void mvq_step(__m256 acc[4], const uint8_t *const p[4], int nb, size_t avail, const float *xb,
+                 const float *sf[4], int gb, __m256i sidx, bool lanes, const int bits,
+                 const enum qmode mode)
+{
+    const int cpl = q_cpl(bits);
+    __m256i v[4];
+    const bool nat = mode == QMODE_MXFP8;
+    if (!nat)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            v[j] = qload_lanes(p[j], bits, nb, avail);
+    /* one chain per row: AVX2 has 16 ymm registers (4 codes, 4 partial sums,
+     * 4 accumulators, x and temporaries); two chains per row spilled */
+    __m256 ga[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        ga[j] = _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int jj = 0; jj < cpl; jj++) {
+        __m256 xj = _mm256_loadu_ps(xb + 8 * jj);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            ga[j] = _mm256_fmadd_ps(nat ? qdec_e4m3_nat(p[j] + 8 * jj, nb - 8 * jj)
+                                        : qdec_lanes(v[j], bits, jj, mode),
+                                    xj, ga[j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m256 sv = lanes ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
+                          : _mm256_set1_ps(sf[j][gb]);
+        acc[j] = _mm256_fmadd_ps(sv, ga[j], acc[j]);
+    }
+}
+
 /* Rows r0 .. r0+nr (nr <= 4) for every token; see kern_avx512.c mvq_block. */
 AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                   const struct wmat *w, int r0, int nr, const float *xsum, size_t ldxs,
@@ -282,11 +346,13 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const int cpl = q_cpl(bits), bc = 8 * cpl, bb = bc * bits / 8;
     const int in = w->in, g = w->qgroup;
     const size_t rowlen = (size_t)in * bits / 8;
-    const bool aff = mode == QMODE_AFFINE;
+    const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
     const uint8_t *rw[4], *rs[4], *rb[4];
-    float sf[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
+    float sfb[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
+    const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
     __m256i sidx = _mm256_setzero_si256();
-    if (bc > g) {
+    if (lanes) {
         int ix[8];
         for (int i = 0; i < 8; i++)
             ix[i] = cpl * i / g;
@@ -301,11 +367,11 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     for (int c0 = 0; c0 < in; c0 += QCH) {
         int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
         for (int j = 0; j < 4; j++) {
-            qscales_f32(sf[j], w, rs[j], g0, gn);
+            qscales_f32(sfb[j], w, rs[j], g0, gn);
             if (aff)
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
-        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        int nblk = (cn + bc - 1) / bc;
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
             __m256 acc[4];
@@ -314,30 +380,16 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 acc[j] = _mm256_setzero_ps();
             for (int b = 0; b < nblk; b++) {
                 size_t off = (size_t)(c0 + b * bc) * bits / 8;
-                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
-                __m256i v[4];
-                __m256 ga[4];
+                int nb = (b + 1) * bc <= cn ? bb : (cn - b * bc) * bits / 8;
+                const uint8_t *p[4];
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
+                    p[j] = rw[j] + off;
                     if (t == 0)
-                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
-                    v[j] = qload_lanes(rw[j] + off, bits, nb, rowlen - off);
-                    ga[j] = _mm256_setzero_ps();
+                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
                 }
-#pragma GCC unroll 16
-                for (int jj = 0; jj < cpl; jj++) {
-                    __m256 xj = _mm256_loadu_ps(xt + b * bc + 8 * jj);
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++)
-                        ga[j] = _mm256_fmadd_ps(qdec_lanes(v[j], bits, jj, mode), xj, ga[j]);
-                }
-                int gb = b * bc / g;
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    __m256 sv = bc > g ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx)
-                                       : _mm256_set1_ps(sf[j][gb]);
-                    acc[j] = _mm256_fmadd_ps(sv, ga[j], acc[j]);
-                }
+                mvq_step(acc, p, nb, rowlen - off, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes,
+                         bits, mode);
             }
             for (int j = 0; j < nr; j++) {
                 float v = hsum(acc[j]);

@@ -10,18 +10,23 @@
  * differ from the scalar reference only in association order.
  *
  *   matvec   4 weight rows x 32 inputs per step (8 accumulators), masked
- *            tails; 4-bit rows dequantize through a 16-entry vpermps table
- *            per group against permuted x; 8-bit rows use
- *            sum((s q + b) x) = s sum(q x) + b sum(x) per group
+ *            tails; quantized rows (every MLX mode and width) in lane
+ *            order: codes decoded in registers (shift + 16-entry vpermps
+ *            table, AND + convert, or e4m3 bit placement) against x
+ *            permuted once per call, one per-lane scale FMA per block of
+ *            16 lanes, affine biases through per-group sums of x (see
+ *            "quantized weights" below and docs/adr/0010)
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  *
  * Measured with dev/kernels/bench_linear.c on the dev machine (AMD EPYC,
  * Zen 5, 2 cores, 55-58 GB/s streaming read), 2 threads: bf16 4096x4096
- * matvec 50-56 GB/s, 4-bit 34 GB/s of packed weights (compute-bound), bf16
- * GEMM at 512 tokens ~350 GFLOP/s. The previous versions of this file (k-outer
- * GEMM packing through a scalar transpose; per-key attention dots; nibble
- * unpack via vpunpck) were 2-10x slower on the same shapes.
+ * matvec 50-56 GB/s, bf16 GEMM at 512 tokens ~350 GFLOP/s; quantized
+ * matvec numbers are in docs/benchmarks.md ("Quantized matvec kernels").
+ * The previous versions of this file (k-outer GEMM packing through a scalar
+ * transpose; per-key attention dots; nibble unpack via vpunpck; one
+ * quantized row at a time through a per-group table) were slower on the
+ * same shapes.
  */
 #include "kern.h"
 
@@ -114,7 +119,9 @@ static void a512_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
  * next 12 (10) bytes and one vpshufb for the whole block. The matvec takes
  * x permuted to match (a512_qxperm). A lane never straddles a group (cpl
  * divides 16), so each lane has one scale; lanes of a block are weighted
- * by a per-lane scale vector built with one vpermps.
+ * by a per-lane scale vector built with one vpermps. 8-bit rows (affine and
+ * mxfp8) skip the lane order: one zero-/sign-extending load per 16 codes
+ * already gives natural order (qdec8_nat).
  */
 
 /* Codes per lane of the lane order. */
@@ -123,29 +130,44 @@ static inline int q_cpl(int bits)
     return bits == 2 ? 16 : bits == 3 || bits == 4 ? 8 : 4;
 }
 
-/* Lane-order matvec applies when every lane lies in one group. */
+/* Lane-order matvec applies when every lane lies in one group (and groups
+ * are powers of two, as MLX's all are). */
 static inline bool q_lanes_ok(const struct wmat *w)
 {
-    return w->qgroup % 16 == 0 && w->in % 16 == 0;
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
 }
 
 /* x permuted to lane order: block of B = 16 cpl codes, dst[b + 16 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
-static void a512_qxperm(float *dst, const float *x, int in, int bits, int group)
+static void a512_qxperm(float *dst, const float *x, const struct wmat *w)
 {
+    int in = w->in, bits = w->qbits, group = w->qgroup;
     size_t len = kern_qx_len(in);
-    if (group % 16 || in % 16) {
+    if (group % 16 || (group & (group - 1)) || in % 16) {
         memcpy(dst, x, (size_t)in * sizeof *x);
         memset(dst + in, 0, (len - (size_t)in) * sizeof *dst);
         return;
     }
+    if (bits == 8) {
+        /* natural order; mxfp8 x times 2^8, which its f16 decode leaves out */
+        __m512 k = _mm512_set1_ps(w->qmode == QMODE_MXFP8 ? 256.0f : 1.0f);
+        for (size_t i = 0; i < len; i += 16) {
+            __mmask16 m = tail_mask(in - (int)i > 0 ? in - (int)i : 0);
+            _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), k));
+        }
+        return;
+    }
     int cpl = q_cpl(bits), bc = 16 * cpl;
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i step = _mm512_mullo_epi32(iota, _mm512_set1_epi32(cpl)); /* lane i reads cpl i + j */
     for (size_t b = 0; b < len; b += (size_t)bc)
-        for (int j = 0; j < cpl; j++)
-            for (int i = 0; i < 16; i++) {
-                size_t src = b + (size_t)(cpl * i + j);
-                dst[b + (size_t)(16 * j + i)] = src < (size_t)in ? x[src] : 0.0f;
-            }
+        for (int j = 0; j < cpl; j++) {
+            __m512i idx = _mm512_add_epi32(step, _mm512_set1_epi32(j));
+            /* lanes whose source lies past `in` read nothing and are 0 */
+            __mmask16 m = _mm512_cmplt_epi32_mask(idx, _mm512_set1_epi32(in - (int)b));
+            __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, x + b, 4);
+            _mm512_storeu_ps(dst + b + 16 * (size_t)j, v);
+        }
 }
 
 AI __mmask16 bmask16(int nbytes)
@@ -251,10 +273,73 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
 #define MVQ_PF 1024
 
+/* 8-bit rows are not in lane order but natural order (faster in L2 than
+ * lane order for q8: no shift/mask, one zero-extending load per vector):
+ * vector jj of a 64-code block is codes 16 jj .. 16 jj + 15, zero-extended
+ * straight from memory (vpmovzxbd), and x is not permuted for them. nb
+ * valid bytes from p. */
+AI __m512 qdec8_nat(const uint8_t *p, int nb, const enum qmode mode)
+{
+    __m128i b = nb >= 16 ? _mm_loadu_si128((const __m128i *)p) : _mm_maskz_loadu_epi8(bmask16(nb), p);
+    if (mode == QMODE_MXFP8) {
+        /* e4m3 -> f16 exactly, 2^-8 too small (f16 bias 15, e4m3 bias 7;
+         * e4m3 subnormals land on f16 subnormals): sign-extend each byte to
+         * 16 bits, shift left by 7 (sign to bit 15, magnitude to bits
+         * 7-13) and clear bit 14; vcvtph2ps is exact. x comes times 2^8
+         * (a512_qxperm), so every product equals e4m3(q) * x in f32. */
+        __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+        h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xbf80));
+        return _mm512_cvtph_ps(h);
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+
+/* One lane-order block of 4 rows against x (xb: this block's 16 cpl
+ * permuted x values): acc[j] += sv[j] * sum_jj dec(v[j], jj) * x_jj with two
+ * partial sums per row (8 independent FMA chains hide the FMA latency). */
+AI void mvq_step(__m512 acc[4], const uint8_t *const p[4], int nb, const float *xb,
+                 const float *sf[4], int gb, __m512i sidx, bool lanes, const int bits,
+                 const enum qmode mode, __m512 lut)
+{
+    const int cpl = q_cpl(bits);
+    const bool nat = bits == 8;
+    __m512i v[4];
+    if (!nat)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            v[j] = qload_lanes(p[j], bits, nb);
+    __m512 ga[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        ga[j][0] = ga[j][1] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int jj = 0; jj < cpl; jj++) {
+        __m512 xj = _mm512_loadu_ps(xb + 16 * jj);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            if (nat)
+                ga[j][jj >> 1] = _mm512_fmadd_ps(qdec8_nat(p[j] + 16 * jj, nb - 16 * jj, mode), xj,
+                                                 ga[j][jj >> 1]);
+            else
+                ga[j][jj & 1] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j][jj & 1]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        if (nat && lanes) { /* natural 8-bit, groups of 32: vectors 0-1 and 2-3 */
+            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sf[j][gb]), ga[j][0], acc[j]);
+            acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(sf[j][gb + 1]), ga[j][1], acc[j]);
+            continue;
+        }
+        __m512 sv = lanes ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
+                          : _mm512_set1_ps(sf[j][gb]);
+        acc[j] = _mm512_fmadd_ps(sv, _mm512_add_ps(ga[j][0], ga[j][1]), acc[j]);
+    }
+}
+
 /*
  * Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last one, computed
  * but not stored) for every token. Per block, each row's codes are decoded
- * in registers and multiplied into a per-block accumulator against the
+ * in registers and multiplied into per-block partial sums against the
  * shared x vectors (one load per 16 x values for 4 rows); the block sum is
  * then weighted by the per-lane scales (one FMA) into the row's
  * accumulator: sum_g s_g sum_{i in g} v(q_i) x_i. Affine adds
@@ -266,13 +351,15 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
 {
     const int cpl = q_cpl(bits), bc = 16 * cpl, bb = bc * bits / 8;
     const int in = w->in, g = w->qgroup;
-    const bool aff = mode == QMODE_AFFINE;
+    const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
     const uint8_t *rw[4], *rs[4], *rb[4];
-    float sf[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
+    float sfb[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
+    const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
     const __m512 lut = qlut(bits, mode);
     /* lane i of a block reads scale (cpl i) / g of the block's first group */
     __m512i sidx = _mm512_setzero_si512();
-    if (bc > g) {
+    if (lanes) {
         int ix[16];
         for (int i = 0; i < 16; i++)
             ix[i] = cpl * i / g;
@@ -287,43 +374,45 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     for (int c0 = 0; c0 < in; c0 += QCH) {
         int cn = in - c0 < QCH ? in - c0 : QCH, g0 = c0 / g, gn = cn / g;
         for (int j = 0; j < 4; j++) {
-            qscales_f32(sf[j], w, rs[j], g0, gn);
+            qscales_f32(sfb[j], w, rs[j], g0, gn);
             if (aff)
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
-        int nfull = cn / bc, nblk = (cn + bc - 1) / bc;
+        int nfull = cn / bc;
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
+            const uint8_t *p[4];
             __m512 acc[4];
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < 4; j++) {
                 acc[j] = _mm512_setzero_ps();
-            for (int b = 0; b < nblk; b++) {
-                size_t off = (size_t)(c0 + b * bc) * bits / 8;
-                int nb = b < nfull ? bb : (cn - b * bc) * bits / 8;
-                __m512i v[4];
-                __m512 ga[4];
-#pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    if (t == 0)
-                        _mm_prefetch((const char *)rw[j] + off + MVQ_PF, _MM_HINT_T0);
-                    v[j] = qload_lanes(rw[j] + off, bits, nb);
-                    ga[j] = _mm512_setzero_ps();
-                }
-#pragma GCC unroll 16
-                for (int jj = 0; jj < cpl; jj++) {
-                    __m512 xj = _mm512_loadu_ps(xt + b * bc + 16 * jj);
+                p[j] = rw[j] + (size_t)c0 * bits / 8;
+            }
+            int b = 0;
+            if (t == 0) {
+                for (; b < nfull; b++) {
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++)
-                        ga[j] = _mm512_fmadd_ps(qdec_lanes(v[j], bits, jj, mode, lut), xj, ga[j]);
-                }
-                int gb = b * bc / g;
+                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                    mvq_step(acc, p, bb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits,
+                             mode, lut);
 #pragma GCC unroll 4
-                for (int j = 0; j < 4; j++) {
-                    __m512 sv = bc > g ? _mm512_permutexvar_ps(sidx, _mm512_loadu_ps(sf[j] + gb))
-                                       : _mm512_set1_ps(sf[j][gb]);
-                    acc[j] = _mm512_fmadd_ps(sv, ga[j], acc[j]);
+                    for (int j = 0; j < 4; j++)
+                        p[j] += bb;
                 }
+            } else {
+                for (; b < nfull; b++) {
+                    mvq_step(acc, p, bb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits,
+                             mode, lut);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        p[j] += bb;
+                }
+            }
+            if (b * bc < cn) { /* partial block: masked loads, zero x past the end */
+                int nb = (cn - b * bc) * bits / 8;
+                mvq_step(acc, p, nb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits, mode,
+                         lut);
             }
             for (int j = 0; j < nr; j++) {
                 float v = _mm512_reduce_add_ps(acc[j]);
