@@ -9,6 +9,8 @@
 #   fuzz_config       every config.json under tests/fixtures
 #   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB plus small
 #                     hand-written ones using every component type
+#   fuzz_template     the chat templates in fuzz/seeds/template/ (the fixtures'
+#                     own plus one exercising most constructs)
 #   fuzz_encode       texts (mixed scripts, added tokens, invalid UTF-8) and
 #                     id lists for the llama2 and shakespeare fixtures
 #   anything else     an empty corpus
@@ -139,6 +141,9 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     encode)
         seed_encode "$corpus"
+        ;;
+    template)
+        cp "$ROOT"/fuzz/seeds/template/*.jinja "$corpus"/
         ;;
     esac
     extra=""
