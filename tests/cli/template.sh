@@ -10,6 +10,9 @@ BIN=${1:?usage: template.sh path/to/mlxcel}
 T=$(mktemp -d) || exit 1
 trap 'rm -rf "$T"' EXIT INT TERM
 FX=tests/fixtures/tokenizers
+# gpt2 (no chat template): the committed fixture is gzip'd
+mkdir "$T/gpt2" && gzip -dc "$FX/gpt2/tokenizer.json.gz" > "$T/gpt2/tokenizer.json" &&
+    cp "$FX/gpt2/tokenizer_config.json" "$T/gpt2/" || exit 1
 
 fail() { echo "FAIL template: $*" >&2; exit 1; }
 run() { "$@" >"$T/out" 2>"$T/err"; rc=$?; }
@@ -43,7 +46,7 @@ grep -q '^{"type": "function", "function": {"name": "f", "description": "ü"}}$'
 
 # ---- --chat-template-file, --help ----
 printf '{%% for m in messages %%}[{{ m.role }}:{{ m.content|upper }}]{%% endfor %%}{{ x + 1 }}\n' >"$T/t.jinja"
-run "$BIN" template -m $FX/gpt2 --messages "$T/hello.json" --chat-template-file "$T/t.jinja" --var x=41
+run "$BIN" template -m $T/gpt2 --messages "$T/hello.json" --chat-template-file "$T/t.jinja" --var x=41
 expect_rc 0 "--chat-template-file"
 expect_out '[user:HELLO!]42' "--chat-template-file"
 run "$BIN" template --help
@@ -51,19 +54,19 @@ expect_rc 0 "--help"
 grep -q -- "--messages" "$T/out" || fail "--help does not document --messages"
 
 # ---- errors: one line, exit 1 ----
-run "$BIN" template -m $FX/gpt2 --messages "$T/hello.json"
+run "$BIN" template -m $T/gpt2 --messages "$T/hello.json"
 expect_rc 1 "no template"
 one_line_error "no template" "no chat template"
 printf '{%% if true %%}\n{{ raise_exception("roles must\nalternate") }}{%% endif %%}' >"$T/raise.jinja"
-run "$BIN" template -m $FX/gpt2 --messages "$T/hello.json" --chat-template-file "$T/raise.jinja"
+run "$BIN" template -m $T/gpt2 --messages "$T/hello.json" --chat-template-file "$T/raise.jinja"
 expect_rc 1 "raise_exception"
 one_line_error "raise_exception" "line 2: roles must alternate"
 printf 'ok\n{%% for x in %%}' >"$T/bad.jinja"
-run "$BIN" template -m $FX/gpt2 --messages "$T/hello.json" --chat-template-file "$T/bad.jinja"
+run "$BIN" template -m $T/gpt2 --messages "$T/hello.json" --chat-template-file "$T/bad.jinja"
 expect_rc 1 "syntax error"
 one_line_error "syntax error" "line 2"
 printf '{%% macro f() %%}{{ f() }}{%% endmacro %%}{{ f() }}' >"$T/rec.jinja"
-run "$BIN" template -m $FX/gpt2 --messages "$T/hello.json" --chat-template-file "$T/rec.jinja"
+run "$BIN" template -m $T/gpt2 --messages "$T/hello.json" --chat-template-file "$T/rec.jinja"
 expect_rc 1 "recursion"
 one_line_error "recursion" "nesting deeper"
 printf '[{"role": "user"' >"$T/trunc.json"
@@ -98,7 +101,7 @@ cmp -s "$T/out" "$T/want_ids" && fail "--no-chat still applied the template"
 run "$BIN" generate -m $M -p 'Hello!' --system 'Be brief.' -n 4 --temp 0 --ignore-eos --output-ids
 expect_rc 0 "generate --system"
 cmp -s "$T/out" "$T/want_ids" && fail "--system did not change the prompt"
-run "$BIN" generate -m $FX/gpt2 -p 'Hello!' --chat -n 1
+run "$BIN" generate -m $T/gpt2 -p 'Hello!' --chat -n 1
 expect_rc 1 "generate --chat without a template"
 one_line_error "generate --chat without a template" "no chat template"
 run "$BIN" generate -m $M -p 'Hello!' --no-chat --system x -n 1
