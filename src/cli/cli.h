@@ -77,3 +77,5 @@ struct cli_progress_state {
     int last_pct;  /* -1 before the first call */
 };
 void cli_progress(void *ud, uint64_t done, uint64_t total);
+/* Ends a progress line cut short (by an error) so the next message starts on its own line. */
+void cli_progress_end(const struct cli_progress_state *p);

@@ -15,13 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "../loading/config.h"
 #include "../loading/convert.h"
 #include "../models/registry.h"
+#include "../engine/generate.h"
 #include "cli.h"
 
 static const char *k_help =
@@ -97,6 +97,12 @@ void cli_progress(void *ud, uint64_t done, uint64_t total)
     if (done >= total)
         fputc('\n', stderr);
     fflush(stderr);
+}
+
+void cli_progress_end(const struct cli_progress_state *p)
+{
+    if (p->last_pct >= 0 && p->last_pct < 100)
+        fputc('\n', stderr);
 }
 
 /* ---- command ---- */
@@ -228,15 +234,12 @@ int cmd_convert(int argc, char **argv)
         o.progress = cli_progress;
         o.progress_ud = &prog;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = gen_now();
     if (convert_checkpoint(&o, &st, &e) < 0) {
-        if (prog.last_pct >= 0 && prog.last_pct < 100)
-            fputc('\n', stderr);
+        cli_progress_end(&prog);
         return cli_fail("convert", &e);
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double secs = gen_now() - t0;
     if (print_summary(dir, dst, &st, o.q, json, secs, &e) < 0)
         return cli_fail("convert", &e);
     return CLI_EXIT_OK;

@@ -9,11 +9,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "../models/synth.h"
+#include "../engine/generate.h"
 #include "cli.h"
 
 static const char *k_help =
@@ -137,15 +137,12 @@ int cmd_synth(int argc, char **argv)
         o.progress = cli_progress;
         o.progress_ud = &prog;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = gen_now();
     if (synth_checkpoint(&o, &st, &e) < 0) {
-        if (prog.last_pct >= 0 && prog.last_pct < 100)
-            fputc('\n', stderr);
+        cli_progress_end(&prog);
         return cli_fail("synth", &e);
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    double secs = gen_now() - t0;
     if (print_summary(&o, &st, json, secs, &e) < 0)
         return cli_fail("synth", &e);
     return CLI_EXIT_OK;

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "../tokenizer/tokenizer.h"
+#include "../engine/generate.h"
 #include "cli.h"
 
 static const char *k_help =
@@ -49,7 +50,6 @@ static double clock_s(clockid_t id)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 static double cpu_s(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
 
 static void print_array(const int32_t *ids, size_t n)
@@ -92,9 +92,9 @@ static int encode_timed(const struct tokenizer *tok, const char *text, size_t le
     for (long r = 0; r < repeat; r++) {
         free(*ids);
         *ids = NULL;
-        double t0 = now_s(), c0 = cpu_s();
+        double t0 = gen_now(), c0 = cpu_s();
         int rc = tok_encode(tok, text, len, special, ids, n, e);
-        double dt = now_s() - t0, dc = cpu_s() - c0;
+        double dt = gen_now() - t0, dc = cpu_s() - c0;
         if (rc < 0)
             return rc;
         if (r == 0 || dt < st->encode_s) {
@@ -156,10 +156,10 @@ int cmd_tokenize(int argc, char **argv)
     int status = CLI_EXIT_ERROR;
     if (cli_resolve_model(model, dir, sizeof dir, &e) < 0)
         goto out;
-    double t0 = now_s(), c0 = cpu_s();
+    double t0 = gen_now(), c0 = cpu_s();
     if (tok_load(&tok, dir, &e) < 0)
         goto out;
-    st.load_s = now_s() - t0;
+    st.load_s = gen_now() - t0;
     st.load_cpu_s = cpu_s() - c0;
     if (file && file_read_all(file, 64u << 20, &buf, &len, &e) < 0)
         goto out;

@@ -565,8 +565,13 @@ static int write_file(const char *path, const char *buf, size_t n, struct err *e
     return 0;
 }
 
-int ck_config_write(const char *path, cJSON *cfg, struct err *e)
+int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, struct err *e)
 {
+    char path[4200];
+    int rc;
+    if (q && (rc = ck_config_set_quant(cfg, q, e)) < 0)
+        return rc;
+    snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "_name_or_path");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "vision_config");
     int n = cJSON_GetArraySize(cfg);
@@ -592,7 +597,7 @@ int ck_config_write(const char *path, cJSON *cfg, struct err *e)
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     t[len] = '\n';
-    int rc = write_file(path, t, len + 1, e);
+    rc = write_file(path, t, len + 1, e);
     free(t);
     return rc;
 }
@@ -761,10 +766,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
         (rc = copy_metadata(o->src, o->dst, &st->n_copied, e)) < 0)
         goto out;
-    if (o->q && (rc = ck_config_set_quant(cfg, o->q, e)) < 0)
-        goto out;
-    snprintf(path, sizeof path, "%s/config.json", o->dst);
-    rc = ck_config_write(path, cfg, e);
+    rc = ck_config_write(o->dst, cfg, o->q, e);
 out:
     ck_tensors_free(t, nt);
     free(in);

@@ -101,9 +101,10 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
 /* Add "quantization" and "quantization_config" = {"group_size", "bits", "mode"} to cfg (as
  * current mlx-lm writes them), replacing any present. */
 int ck_config_set_quant(cJSON *cfg, const struct quant_params *q, struct err *e);
-/* Write cfg as mlx-lm's save_config does: "_name_or_path" and "vision_config" dropped, keys
- * sorted; temp file then rename. cfg is modified. */
-int ck_config_write(const char *path, cJSON *cfg, struct err *e);
+/* Write dir/config.json as mlx-lm's save_config does: the quantization objects of q when q is
+ * not NULL (ck_config_set_quant), "_name_or_path" and "vision_config" dropped, keys sorted;
+ * temp file then rename. cfg is modified. */
+int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, struct err *e);
 /* Copy a regular file of at most max bytes (temp file then rename). */
 int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e);
 /* dir must not exist (it is created, parent must exist) or be an empty directory. */

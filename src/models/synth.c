@@ -197,10 +197,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    if (o->q && (rc = ck_config_set_quant(cfg, o->q, e)) < 0)
-        goto out;
-    snprintf(path, sizeof path, "%s/config.json", o->dst);
-    rc = ck_config_write(path, cfg, e);
+    rc = ck_config_write(o->dst, cfg, o->q, e);
 out:
     ck_tensors_free(t, nt);
     free(in);
