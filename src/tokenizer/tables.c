@@ -13,10 +13,35 @@
  * or per lone byte. Overlongs, surrogates and code points > U+10FFFF are
  * invalid (the second-byte ranges below exclude them).
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_impl.h"
+
+/* ---- growable byte buffers ---- */
+
+/* Make the array whose pointer is at bufp (a T **, read and written with
+ * memcpy so no pointer type is aliased) hold at least need elements of elem
+ * bytes, doubling the capacity from first; -1 (array unchanged) when out of
+ * memory. */
+static int vec_reserve(void *bufp, size_t *cap, size_t need, size_t first, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : first;
+    while (c < need && c <= SIZE_MAX / 2 / elem)
+        c *= 2;
+    if (c < need)
+        return -1;
+    void *old, *nb;
+    memcpy(&old, bufp, sizeof old);
+    if (!(nb = realloc(old, c * elem)))
+        return -1;
+    memcpy(bufp, &nb, sizeof nb);
+    *cap = c;
+    return 0;
+}
 
 /* ---- string pool ---- */
 
@@ -24,16 +49,8 @@ int tok_pool_add(struct tok_pool *p, const char *s, size_t len, uint32_t *off, s
 {
     if (len >= UINT32_MAX || p->n > UINT32_MAX - len - 1)
         return err_setf(e, ERR_RANGE, "tokenizer string pool over 4 GiB");
-    if (p->n + len + 1 > p->cap) {
-        size_t cap = p->cap ? p->cap : 4096;
-        while (cap < p->n + len + 1)
-            cap *= 2;
-        char *nb = realloc(p->buf, cap);
-        if (!nb)
-            return err_setf(e, ERR_NOMEM, "tokenizer string pool: %zu bytes", cap);
-        p->buf = nb;
-        p->cap = cap;
-    }
+    if (vec_reserve(&p->buf, &p->cap, p->n + len + 1, 4096, 1) < 0)
+        return err_setf(e, ERR_NOMEM, "tokenizer string pool: %zu bytes", p->n + len + 1);
     memcpy(p->buf + p->n, s, len);
     p->buf[p->n + len] = '\0';
     *off = (uint32_t)p->n;
@@ -219,16 +236,8 @@ const struct tok_pairslot *tok_pairmap_get(const struct tok_pairmap *m, int32_t 
 
 int tok_ids_append(struct tok_ids *v, const int32_t *ids, size_t n, struct err *e)
 {
-    if (v->n + n > v->cap) {
-        size_t cap = v->cap ? v->cap : 64;
-        while (cap < v->n + n)
-            cap *= 2;
-        int32_t *nv = realloc(v->v, cap * sizeof *nv);
-        if (!nv)
-            return err_setf(e, ERR_NOMEM, "token id buffer: %zu ids", cap);
-        v->v = nv;
-        v->cap = cap;
-    }
+    if (vec_reserve(&v->v, &v->cap, v->n + n, 64, sizeof *v->v) < 0)
+        return err_setf(e, ERR_NOMEM, "token id buffer: %zu ids", v->n + n);
     memcpy(v->v + v->n, ids, n * sizeof *ids);
     v->n += n;
     return 0;
@@ -335,16 +344,8 @@ int tok_buf_put(struct tok_buf *b, const char *s, size_t n, struct err *e)
     if (n > TOK_TEXT_MAX * 4 || b->n + n > TOK_TEXT_MAX * 4)
         return err_setf(e, ERR_RANGE, "tokenizer: intermediate text over %zu bytes",
                         TOK_TEXT_MAX * 4);
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n + 1)
-            cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (!np)
-            return err_setf(e, ERR_NOMEM, "tokenizer: buffer of %zu bytes", cap);
-        b->p = np;
-        b->cap = cap;
-    }
+    if (vec_reserve(&b->p, &b->cap, b->n + n + 1, 64, 1) < 0)
+        return err_setf(e, ERR_NOMEM, "tokenizer: buffer of %zu bytes", b->n + n + 1);
     if (n)
         memcpy(b->p + b->n, s, n);
     b->n += n;
