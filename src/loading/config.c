@@ -4,7 +4,7 @@
  */
 #include "config.h"
 
-#include "../core/fileio.h"
+#include "../core/json.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,32 +12,12 @@
 
 int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct err *e)
 {
-    *out = NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    if (!root) {
-        size_t off = end && end >= buf ? (size_t)(end - buf) : 0;
-        return err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu", what, off);
-    }
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return err_setf(e, ERR_FORMAT, "%s: expected a JSON object at the top level", what);
-    }
-    *out = root;
-    return 0;
+    return json_parse_object(buf, len, what, out, e);
 }
 
 int cfg_load_file(const char *path, cJSON **out, struct err *e)
 {
-    char *buf = NULL;
-    size_t n = 0;
-    *out = NULL;
-    int rc = file_read_all(path, CFG_MAX_BYTES, &buf, &n, e);
-    if (rc < 0)
-        return rc;
-    rc = cfg_parse(buf, n, path, out, e);
-    free(buf);
-    return rc;
+    return json_load_object(path, CFG_MAX_BYTES, out, e);
 }
 
 bool cfg_has(const cJSON *o, const char *key)

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../core/fileio.h"
+#include "../core/json.h"
 #include "template.h"
 
 #define CHAT_FILE_MAX (16u << 20)
@@ -30,25 +31,10 @@ static const char *const k_special[] = {"bos_token", "eos_token", "unk_token", "
 /* Read dir/name parsed as JSON into *out; 1 when the file does not exist. */
 static int read_json(const char *dir, const char *name, cJSON **out, struct err *e)
 {
-    char path[4352], *buf = NULL;
-    size_t len;
-    *out = NULL;
+    char path[4352];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int rc = file_read_all(path, CHAT_FILE_MAX, &buf, &len, e);
-    if (rc == -ERR_MISSING)
-        return 1;
-    if (rc < 0)
-        return rc;
-    const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
-    size_t off = end && end >= buf ? (size_t)(end - buf) : 0;
-    free(buf);
-    if (!*out || !cJSON_IsObject(*out)) {
-        cJSON_Delete(*out);
-        *out = NULL;
-        return err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu (expected an object)", path, off);
-    }
-    return 0;
+    int rc = json_load_object(path, CHAT_FILE_MAX, out, e);
+    return rc == -ERR_MISSING ? 1 : rc;
 }
 
 /* The template text in tokenizer_config.json's chat_template, or NULL. */

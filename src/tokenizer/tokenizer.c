@@ -22,40 +22,10 @@
 #include <sys/stat.h>
 
 #include "../core/fileio.h"
+#include "../core/json.h"
 #include "tok_impl.h"
 
 /* ---- file reading ---- */
-
-/* Parses text as one JSON object; *root is owned by the caller. */
-static int parse_json_text(const char *path, const char *text, size_t len, cJSON **root,
-                           struct err *e)
-{
-    const char *end = NULL;
-    int rc = 0;
-    *root = cJSON_ParseWithLengthOpts(text, len, &end, false);
-    if (!*root) {
-        size_t at = end && end >= text && end <= text + len ? (size_t)(end - text) : 0;
-        rc = err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu", path, at);
-    } else if (!cJSON_IsObject(*root)) {
-        rc = err_setf(e, ERR_FORMAT, "%s: top level is not a JSON object", path);
-        cJSON_Delete(*root);
-        *root = NULL;
-    }
-    return rc;
-}
-
-/* Reads and parses a JSON file; *root is owned by the caller. */
-static int parse_json_file(const char *path, size_t max, cJSON **root, struct err *e)
-{
-    char *text = NULL;
-    size_t len = 0;
-    int rc = file_read_all(path, max, &text, &len, e);
-    if (rc < 0)
-        return rc;
-    rc = parse_json_text(path, text, len, root, e);
-    free(text);
-    return rc;
-}
 
 /* Parses tokenizer.json: model.vocab and model.merges are located in the
  * raw text (spans into *text, which the caller frees) and left out of the
@@ -70,7 +40,7 @@ static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
         return rc;
     if (tok_json_model_spans(*text, len, &spans[0], &spans[1]) < 0) {
         spans[0] = spans[1] = (struct tok_span){0};
-        if ((rc = parse_json_text(path, *text, len, root, e)) < 0)
+        if ((rc = json_parse_object(*text, len, path, root, e)) < 0)
             return rc;  /* cJSON says where the JSON is broken */
         cJSON_Delete(*root);
         *root = NULL;
@@ -96,7 +66,7 @@ static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
     }
     memcpy(compact + n, from, (size_t)(*text + len - from));
     n += (size_t)(*text + len - from);
-    rc = parse_json_text(path, compact, n, root, e);
+    rc = json_parse_object(compact, n, path, root, e);
     free(compact);
     return rc;
 }
@@ -513,7 +483,7 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
         goto fail;
     }
     if (config_json) {
-        if ((rc = parse_json_file(config_json, TOK_CONFIG_MAX, &cfg, e)) < 0)
+        if ((rc = json_load_object(config_json, TOK_CONFIG_MAX, &cfg, e)) < 0)
             goto fail;
         if ((rc = apply_config(t, cfg, e)) < 0) {
             err_prefix(e, "%s", config_json);
