@@ -52,6 +52,23 @@ int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap);
 
 /* Print root as JSON on stdout and delete it (root may be NULL after an allocation
  * failure: -ERR_NOMEM). Takes ownership of root. */
+/* What a command needs to run a model: a backend (the one factory, $MLXCEL_DEVICE or
+ * "auto"), the model's weights prepared for it, an activation context and a paged KV
+ * cache of n_tokens slots for max_seqs sequences of at most max_seq_len tokens
+ * (<= 0: the model's context). */
+struct model;
+struct backend;
+struct model_ctx;
+struct kv_cache;
+struct cli_engine {
+    struct backend *be;
+    struct model_ctx *ctx;
+    struct kv_cache *kv;
+};
+int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
+                    int max_seq_len, struct err *e);
+void cli_engine_close(struct cli_engine *en);
+
 struct cJSON;
 int cli_print_json(struct cJSON *root, struct err *e);
 

@@ -7,6 +7,9 @@
 #include <cjson/cJSON.h>
 
 #include "../core/fileio.h"
+#include "../engine/kvcache.h"
+#include "../kernels/backend.h"
+#include "../models/model.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -308,4 +311,30 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
         u++;
     }
     snprintf(buf, cap, "%.1f %s", v, k_units[u]);
+}
+
+// ---- engine ----
+
+int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
+                    int max_seq_len, struct err *e)
+{
+    int rc;
+    memset(en, 0, sizeof *en);
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
+                           .dtype = DTYPE_F32};
+    if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0 ||
+        (rc = model_prepare(m, en->be, e)) < 0 || (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
+        (rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
+        cli_engine_close(en);
+        return rc;
+    }
+    return 0;
+}
+
+void cli_engine_close(struct cli_engine *en)
+{
+    kv_cache_free(en->kv);
+    model_ctx_free(en->ctx);
+    backend_free(en->be);
+    memset(en, 0, sizeof *en);
 }

@@ -67,11 +67,14 @@ struct bench_result {
     double mean, sd;
 };
 
-/* Everything one run needs: the context, a [n_vocab] logits buffer and the prompt ids. */
+/* Everything one run needs: the engine (one sequence), a batch, a [n_vocab] logits
+ * buffer and the prompt ids. */
 struct bench_state {
-    struct model_ctx *ctx;
+    struct cli_engine en;
+    struct batch b;     /* [max(n_prompt, 1)] rows */
     float *logits;      /* [n_vocab] */
     int32_t *ids;       /* [n_prompt] */
+    int n_slots;        /* KV cache slots */
 };
 
 static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e)
@@ -131,12 +134,22 @@ static void fill_ids(int32_t *ids, int n, int n_vocab)
     }
 }
 
+/* Sequence 0 again empty. */
+static int reset_seq(struct bench_state *b, struct err *e)
+{
+    kv_seq_remove(b->en.kv, 0);
+    batch_clear(&b->b);
+    return kv_seq_add(b->en.kv, 0, e);
+}
+
 /* One pp run of n tokens; *secs receives its wall time. */
 static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
 {
-    model_ctx_reset(b->ctx);
+    int rc;
+    if ((rc = reset_seq(b, e)) < 0 || (rc = batch_add_seq(&b->b, b->ids, n, 0, 0, true, e)) < 0)
+        return rc;
     double t0 = gen_now();
-    int rc = model_forward(b->ctx, b->ids, n, b->logits, false, e);
+    rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
     *secs = gen_now() - t0;
     return rc;
 }
@@ -145,12 +158,15 @@ static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
 static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
 {
     int32_t id = b->ids ? b->ids[0] : 0;
-    int rc = 0;
-    model_ctx_reset(b->ctx);
+    int rc;
+    if ((rc = reset_seq(b, e)) < 0)
+        return rc;
     double t0 = gen_now();
     for (int i = 0; i < n && rc == 0; i++) {
-        rc = model_forward(b->ctx, &id, 1, b->logits, false, e);
-        id = argmax(b->logits, b->ctx->m->hp.n_vocab);
+        batch_clear(&b->b);
+        batch_add(&b->b, id, i, 0, true, NULL);
+        rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
+        id = argmax(b->logits, b->en.ctx->m->hp.n_vocab);
     }
     *secs = gen_now() - t0;
     return rc;
@@ -294,20 +310,16 @@ static void model_label(const char *arg, const char *dir, char *buf, size_t cap)
         buf[--n] = '\0';
 }
 
-/* Checks the sizes, then allocates the context, logits and prompt ids. */
-static int bench_setup(struct bench_state *b, const struct model *m, struct backend *be,
-                       const struct bench_opts *o, struct err *e)
+/* Allocates the engine (its cache sized for the longer run; the engine's context
+ * check rejects runs longer than the model's context), logits and prompt ids. */
+static int bench_setup(struct bench_state *b, struct model *m, const struct bench_opts *o,
+                       struct err *e)
 {
-    int n_ctx_max = m->hp.n_ctx;
-    if (o->n_prompt > n_ctx_max)
-        return err_setf(e, ERR_RANGE, "-p %ld exceeds the model's context of %d tokens", o->n_prompt,
-                        n_ctx_max);
-    if (o->n_gen > n_ctx_max)
-        return err_setf(e, ERR_RANGE, "-n %ld exceeds the model's context of %d tokens", o->n_gen,
-                        n_ctx_max);
-    int n_ctx = (int)(o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen);
+    long longest = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
     int rc;
-    if ((rc = model_ctx_new(&b->ctx, m, be, n_ctx, e)) < 0)
+    b->n_slots = (int)(longest < m->hp.n_ctx ? longest : m->hp.n_ctx);
+    if ((rc = cli_engine_open(&b->en, m, o->threads, b->n_slots, 1, 0, e)) < 0 ||
+        (rc = batch_init(&b->b, (int)(o->n_prompt > 0 ? o->n_prompt : 1), e)) < 0)
         return rc;
     b->logits = malloc((size_t)m->hp.n_vocab * sizeof *b->logits);
     b->ids = malloc((size_t)(o->n_prompt > 0 ? o->n_prompt : 1) * sizeof *b->ids);
@@ -340,7 +352,6 @@ int cmd_bench(int argc, char **argv)
     struct err e = {0};
     char dir[4096], label[4096];
     struct model *m = NULL;
-    struct backend *be = NULL;
     struct bench_state b = {0};
     struct bench_result res[2] = {{0}};
     int n_res = 0, status = CLI_EXIT_ERROR;
@@ -352,7 +363,7 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error("bench", "%s", e.msg);
 
     if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0 ||
-        backend_cpu_new(&be, (int)o.threads, NULL, &e) < 0 || bench_setup(&b, m, be, &o, &e) < 0 ||
+        bench_setup(&b, m, &o, &e) < 0 ||
         warm_up(&b, &o, m, &e) < 0)
         goto out;
     if (o.n_prompt > 0)
@@ -372,8 +383,8 @@ int cmd_bench(int argc, char **argv)
 
     model_label(o.model, dir, label, sizeof label);
     struct bench_meta mt = {
-        .model = label, .m = m, .backend = be->name, .threads = be->n_threads,
-        .n_ctx = b.ctx->n_ctx, .peak_rss = peak_rss_bytes(),
+        .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
+        .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(),
     };
     if (o.json) {
         if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)
@@ -391,8 +402,8 @@ out:
         free(res[i].samples);
     free(b.ids);
     free(b.logits);
-    model_ctx_free(b.ctx);
-    backend_free(be);
+    batch_free(&b.b);
+    cli_engine_close(&b.en);
     model_free(m);
     return status;
 }

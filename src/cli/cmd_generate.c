@@ -281,8 +281,7 @@ int cmd_generate(int argc, char **argv)
     char dir[4096];
     struct tokenizer *tok = NULL;
     struct model *m = NULL;
-    struct backend *be = NULL;
-    struct model_ctx *ctx = NULL;
+    struct cli_engine en = {0};
     struct sink sink = {0};
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
@@ -314,21 +313,18 @@ int cmd_generate(int argc, char **argv)
     if ((rc = model_load(&m, dir, &e)) < 0)
         goto fail;
     apply_defaults(&o, &m->gen);
-    long want = o.n_ctx > 0 ? o.n_ctx : (long)n_prompt + o.n_predict;
-    if (n_prompt > (size_t)m->hp.n_ctx || (o.n_ctx > 0 && (long)n_prompt > o.n_ctx)) {
-        err_setf(&e, ERR_RANGE, "the prompt has %zu tokens but the context holds %ld", n_prompt,
-                 o.n_ctx > 0 && o.n_ctx < m->hp.n_ctx ? o.n_ctx : (long)m->hp.n_ctx);
-        goto fail;
-    }
-    if ((rc = backend_cpu_new(&be, (int)o.threads, NULL, &e)) < 0 ||
-        (rc = model_ctx_new(&ctx, m, be, want > m->hp.n_ctx ? m->hp.n_ctx : (int)want, &e)) < 0)
+    /* one sequence: the cache holds what this run can reach; the engine checks the
+     * context (--ctx, else the model's) */
+    long max_len = o.n_ctx > 0 && o.n_ctx < m->hp.n_ctx ? o.n_ctx : m->hp.n_ctx;
+    long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
+    if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
         goto fail;
 
     sink.text = !o.output_ids;
     if (tok)
         tok_stream_init(&sink.ts, tok, true);
     struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos, .sampling = o.sp};
-    if ((rc = generate(ctx, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e)) < 0)
+    if ((rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e)) < 0)
         goto fail;
     if (sink.failed) {
         err_setf(&e, ERR_NOMEM, "out of memory collecting output");
@@ -350,7 +346,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "mlxcel generate: warning: %d generated ids have no text in the tokenizer\n",
                 sink.undecodable);
     if (st.stop == GEN_STOP_CONTEXT)
-        fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n", ctx->n_ctx);
+        fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
+                en.kv->max_seq_len);
     if (o.stats)
         fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s)\ngeneration: %d tokens in %.3f s (%.1f tok/s)\n",
                 st.n_prompt, st.t_prompt_s, st.t_prompt_s > 0 ? st.n_prompt / st.t_prompt_s : 0.0,
@@ -361,8 +358,7 @@ fail:
         cli_fail("generate", &e);
     free(sink.ids);
     free(prompt);
-    model_ctx_free(ctx);
-    backend_free(be);
+    cli_engine_close(&en);
     model_free(m);
     tok_free(tok);
     return status;

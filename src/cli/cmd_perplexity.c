@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "../core/log.h"
+#include "../engine/batch.h"
 #include "../tokenizer/tokenizer.h"
 #include "../models/model.h"
 #include "cli.h"
@@ -44,14 +45,20 @@ static double nll_of(const float *logits, int V, int32_t target)
     return log(sum) + mx - logits[target];
 }
 
-static int score_window(struct model_ctx *c, const int32_t *ids, int n, float *logits, double *nll,
-                        long *count, struct err *e)
+/* Score one window as a fresh sequence 0: chunks of at most n_out rows, all with logits. */
+static int score_window(struct cli_engine *en, struct batch *b, const int32_t *ids, int n, float *logits,
+                        double *nll, long *count, struct err *e)
 {
-    int V = c->m->hp.n_vocab, rc;
-    model_ctx_reset(c);
+    int V = en->ctx->m->hp.n_vocab, rc;
+    kv_seq_remove(en->kv, 0);
+    if ((rc = kv_seq_add(en->kv, 0, e)) < 0)
+        return rc;
     for (int done = 0; done < n;) {
-        int k = n - done < c->n_batch ? n - done : c->n_batch;
-        if ((rc = model_forward(c, ids + done, k, logits, true, e)) < 0)
+        int k = n - done < b->cap ? n - done : b->cap;
+        batch_clear(b);
+        for (int j = 0; j < k; j++)
+            batch_add(b, ids[done + j], done + j, 0, true, NULL);
+        if ((rc = model_forward(en->ctx, b, en->kv, logits, e)) < 0)
             return rc;
         for (int j = 0; j < k; j++) {
             int pos = done + j;
@@ -107,8 +114,8 @@ int cmd_perplexity(int argc, char **argv)
     int32_t *ids = NULL;
     struct tokenizer *tok = NULL;
     struct model *m = NULL;
-    struct backend *be = NULL;
-    struct model_ctx *ctx = NULL;
+    struct cli_engine en = {0};
+    struct batch b = {0};
     float *logits = NULL;
     int status = CLI_EXIT_ERROR;
 
@@ -125,16 +132,13 @@ int cmd_perplexity(int argc, char **argv)
     }
     if (model_load(&m, dir, &e) < 0)
         goto out;
+    /* a window longer than the model's context fails in the engine's context check */
     int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
-    if (win > m->hp.n_ctx) {
-        err_setf(&e, ERR_RANGE, "--ctx %d exceeds the model's context of %d", win, m->hp.n_ctx);
-        goto out;
-    }
     /* the cache only needs to hold one window, and never more than the input */
     int cache = (size_t)win < n_ids ? win : (int)n_ids;
-    if (backend_cpu_new(&be, (int)threads, NULL, &e) < 0 || model_ctx_new(&ctx, m, be, cache, &e) < 0)
+    if (cli_engine_open(&en, m, threads, cache, 1, win, &e) < 0 || batch_init(&b, en.ctx->n_out, &e) < 0)
         goto out;
-    logits = malloc((size_t)ctx->n_batch * m->hp.n_vocab * sizeof *logits);
+    logits = malloc((size_t)b.cap * m->hp.n_vocab * sizeof *logits);
     if (!logits) {
         err_setf(&e, ERR_NOMEM, "out of memory for logits");
         goto out;
@@ -146,7 +150,7 @@ int cmd_perplexity(int argc, char **argv)
     for (size_t w = 0; w < n_win; w++) {
         size_t start = w * (size_t)win;
         int n = (int)(n_ids - start < (size_t)win ? n_ids - start : (size_t)win);
-        if (score_window(ctx, ids + start, n, logits, &nll, &count, &e) < 0)
+        if (score_window(&en, &b, ids + start, n, logits, &nll, &count, &e) < 0)
             goto out;
         if (progress)
             fprintf(stderr, "\rwindow %zu/%zu  ppl %.4f", w + 1, n_win, exp(nll / (double)(count ? count : 1)));
@@ -164,8 +168,8 @@ out:
     if (status != CLI_EXIT_OK)
         cli_fail("perplexity", &e);
     free(logits);
-    model_ctx_free(ctx);
-    backend_free(be);
+    batch_free(&b);
+    cli_engine_close(&en);
     model_free(m);
     tok_free(tok);
     free(ids);

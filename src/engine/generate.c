@@ -21,35 +21,36 @@ static bool is_eos(const struct hparams *hp, int32_t id)
     return false;
 }
 
-int generate(struct model_ctx *c, const int32_t *prompt, int n_prompt, const struct gen_params *p,
-             gen_token_fn cb, void *ud, struct gen_stats *stats, struct err *e)
+int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
+             const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
+             struct err *e)
 {
     const struct hparams *hp = &c->m->hp;
     struct sampler *smp = NULL;
+    struct batch b = {0};
     float *logits = NULL;
     int rc;
     struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
 
     if (n_prompt <= 0)
         return err_setf(e, ERR_ARG, "the prompt is empty");
-    if (n_prompt > c->n_ctx)
-        return err_setf(e, ERR_RANGE, "the prompt has %d tokens but the context holds %d", n_prompt,
-                        c->n_ctx);
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
-    if ((rc = sampler_new(&smp, &p->sampling, hp->n_vocab, e)) < 0)
-        return rc;
+    kv_seq_remove(kv, seq);
+    if ((rc = kv_seq_add(kv, seq, e)) < 0 || (rc = sampler_new(&smp, &p->sampling, hp->n_vocab, e)) < 0 ||
+        (rc = batch_init(&b, n_prompt, e)) < 0)
+        goto out;
     logits = malloc((size_t)hp->n_vocab * sizeof *logits);
     if (!logits) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
 
-    model_ctx_reset(c);
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(smp, prompt[i]);
     double t0 = gen_now();
-    if ((rc = model_forward(c, prompt, n_prompt, logits, false, e)) < 0)
+    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0 ||
+        (rc = model_forward(c, &b, kv, logits, e)) < 0)
         goto out;
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
@@ -68,11 +69,14 @@ int generate(struct model_ctx *c, const int32_t *prompt, int n_prompt, const str
         }
         if (st.n_gen == p->n_predict)
             break;
-        if (c->pos >= c->n_ctx) {
+        int len = kv_seq_len(kv, seq);
+        if (len >= kv->max_seq_len) {
             st.stop = GEN_STOP_CONTEXT;
             break;
         }
-        if ((rc = model_forward(c, &id, 1, logits, false, e)) < 0)
+        batch_clear(&b);
+        if ((rc = batch_add(&b, id, len, seq, true, e)) < 0 ||
+            (rc = model_forward(c, &b, kv, logits, e)) < 0)
             goto out;
     }
     st.t_gen_s = gen_now() - t1;
@@ -81,6 +85,7 @@ out:
     if (stats)
         *stats = st;
     free(logits);
+    batch_free(&b);
     sampler_free(smp);
     return rc;
 }

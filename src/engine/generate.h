@@ -1,7 +1,7 @@
 /*
- * generate: the prompt -> tokens loop. The prompt is prefilled in one
- * batched forward (chunked internally by the context), then tokens are
- * decoded one at a time through the KV cache. Generation stops at n_predict
+ * generate: the prompt -> tokens loop of one sequence. The prompt is
+ * prefilled in one batch (chunked by model_forward), then tokens are decoded
+ * one at a time through the paged KV cache. Generation stops at n_predict
  * tokens, at an EOS id of the checkpoint (unless ignore_eos), when the
  * callback asks, or when the context is full.
  */
@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "../models/model.h"
+#include "batch.h"
+#include "kvcache.h"
 #include "sampler.h"
 
 #ifdef __cplusplus
@@ -39,10 +41,13 @@ struct gen_stats {
  * Return non-zero to stop. */
 typedef int (*gen_token_fn)(void *ud, int32_t id);
 
-/* Runs from an empty cache (the context is reset first). A prompt that does not fit
- * the context is an error (-ERR_RANGE) naming both sizes. */
-int generate(struct model_ctx *c, const int32_t *prompt, int n_prompt, const struct gen_params *p,
-             gen_token_fn cb, void *ud, struct gen_stats *stats, struct err *e);
+/* Generates as sequence `seq` of kv, starting from an empty sequence (any previous
+ * one is removed first, and the sequence is left in the cache). A prompt that does
+ * not fit the cache is an error (-ERR_RANGE) naming both sizes; reaching the
+ * context while decoding stops with GEN_STOP_CONTEXT. */
+int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
+             const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
+             struct err *e);
 
 /* Monotonic seconds. */
 double gen_now(void);

@@ -6,10 +6,24 @@
  * (kernels/cpu/backend_cpu.c) runs them on the thread pool with the best
  * ISA variant chosen at startup; a CUDA backend implements the same table.
  *
- * Conventions: activations are row-major f32 with the token as the outer
- * dimension; weights are struct tensor views in their stored dtype
- * (F32/F16/BF16, or MLX affine quantized). All sizes are ints in tokens or
- * elements; products are formed in size_t inside the kernels.
+ * Memory. Every activation, KV-cache and metadata pointer an op takes points
+ * into memory the backend allocated (buf_alloc): host memory on the CPU,
+ * device memory on a GPU. Host data crosses the seam only through upload /
+ * download. Weights are struct tensor views; prepare_weight runs once per
+ * weight at load and may copy, repack or upload it (rewriting the view).
+ *
+ * Errors. Ops return nothing: a failing op (scratch it could not allocate,
+ * a launch that failed) records the first error in the backend, and every
+ * later op may be skipped. backend_sync() waits for queued work and returns
+ * that error (then clears it), so a caller checks once per forward pass.
+ *
+ * Conventions: activations are row-major f32 with the token (row) as the
+ * outer dimension; `ld*` arguments are row strides in elements, so a
+ * projection can write into columns of a wider buffer (fused q|k|v, gate|up)
+ * and later ops read those columns in place. Weights are [out, in] in their
+ * stored dtype (F32/F16/BF16, or MLX quantized). Integer metadata (positions,
+ * cache slots, block tables, expert ids) are int32 in backend memory, so a
+ * decode step needs no host pointer and can later be captured as a graph.
  */
 #pragma once
 #include <stdbool.h>
@@ -25,50 +39,155 @@ extern "C" {
 
 struct backend;
 
-/* One matrix-vector product for linear_batch(): y[out] = W x (+ b). */
+/* One product of linear_batch(): y[n_tok, out] (row stride ldy) = x[n_tok, in] Wᵀ (+ b). */
 struct linear_job {
-    float *y;                 /* [out] */
-    const float *x;           /* [in] */
+    float *y;
+    int ldy;
+    const float *x;           /* [n_tok, in], dense */
     const struct tensor *w;   /* [out, in] */
     const struct tensor *b;   /* [out] or NULL / absent */
+    int n_tok;
+};
+
+/* Activation functions (applied elementwise; glu() multiplies by the up half). */
+enum act_kind {
+    ACT_SILU = 0,
+    ACT_GELU_TANH = 1,        /* GPT-2 "gelu_new", gelu_pytorch_tanh */
+    ACT_GELU_ERF = 2,         /* exact gelu */
+    ACT_RELU = 3,
+};
+
+/* Expert routing rules (moe_route). */
+enum router_kind {
+    ROUTER_NONE = 0,          /* dense FFN */
+    ROUTER_TOPK_SOFTMAX = 1,  /* top-k logits, softmax over those k (Phixtral) */
+    ROUTER_SOFTMAX_TOPK = 2,  /* softmax over all, top-k, renormalize (Mixtral) */
+    ROUTER_SPARSEMIXER = 3,   /* PhiMoE sparsemixer top-2, inference form */
+};
+
+/* E linears of one shape: views into a stacked [E, out, in] tensor or into
+ * per-expert tensors; no copies either way. */
+struct expert_linear {
+    struct tensor *w;   /* [n_expert] views, each [out, in] */
+    struct tensor *b;   /* [n_expert] views [out], or NULL */
+};
+
+/* One layer's slice of the paged KV pool: slot s (= block * block_size +
+ * offset) holds K row k + s * k_dim and V row v + s * v_dim. */
+struct kv_layer {
+    float *k, *v;
+    int k_dim, v_dim;        /* floats per slot (n_kv_head * head_dim today) */
+};
+
+/* Where the rows of one forward chunk sit in the paged cache, all in backend
+ * memory. Row i is token pos[i] of a sequence whose block table starts at
+ * tables + table[i]; its K/V were stored at slot[i]. */
+struct kv_rows {
+    const int32_t *pos;      /* [n] positions */
+    const int32_t *slot;     /* [n] cache slots of the rows' own K/V */
+    const int32_t *table;    /* [n] offset of the row's sequence table in tables */
+    const int32_t *tables;   /* block tables: entry j = physical block of positions
+                              * [j * block_size, (j + 1) * block_size) */
+    const int32_t *seq_end;  /* [n] the sequence's length after this forward call */
+    int block_size;
+};
+
+/* Attention of one layer. */
+struct attn_params {
+    int n_head, n_kv_head, head_dim;
+    float scale;             /* softmax scale */
+    float softcap;           /* > 0: scores = softcap * tanh(scores / softcap) before the mask */
+    int window;              /* > 0: a query at p attends positions (p - window, p] only */
+    const float *sinks;      /* [n_head] per-head sink logits joining the softmax, or NULL */
+};
+
+/* Rotary tables of one layer, in backend memory. */
+struct rope_params {
+    int n_rot;               /* rotated dims per head (first n_rot), even */
+    const float *inv_freq;   /* [n_rot / 2] */
+    const float *inv_long;   /* [n_rot / 2] longrope long factors, or NULL */
+    int long_after;          /* inv_long applies to rows whose seq_end exceeds this */
+    float mscale;            /* cos/sin multiplier (longrope attention factor; 1 otherwise) */
 };
 
 struct backend_ops {
-    /* y[n_tok, out] = x[n_tok, in] · Wᵀ (+ b). w: [out, in]; b: [out] or NULL/absent.
-     * y and x do not alias. */
-    void (*linear)(struct backend *be, float *y, const float *x, const struct tensor *w,
+    /* ---- memory ---- */
+    /* bytes of backend memory (64-byte aligned, uninitialized) into *out; -ERR_NOMEM. */
+    int (*buf_alloc)(struct backend *be, size_t bytes, void **out, struct err *e);
+    void (*buf_free)(struct backend *be, void *p);
+    /* host -> backend, backend -> host, backend -> backend; may be queued until sync. */
+    void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
+    void (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
+    /* Once per weight at load: copy, repack or upload w and rewrite the view; the CPU keeps
+     * the mmap view. */
+    int (*prepare_weight)(struct backend *be, struct tensor *w, struct err *e);
+    /* Wait for queued work; return (and clear) the first error an op recorded. */
+    int (*sync)(struct backend *be, struct err *e);
+
+    /* ---- dense ops ---- */
+    /* y[n_tok, out] (row stride ldy >= out) = x[n_tok, in] · Wᵀ (+ b). y and x do not alias. */
+    void (*linear)(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
                    const struct tensor *b, int n_tok);
-    /* Independent single-token products in one dispatch (fused MoE decode). */
+    /* Independent products (all reading their own x) in as few dispatches as the backend
+     * can: one for decode-sized n_tok. */
     void (*linear_batch)(struct backend *be, const struct linear_job *jobs, int n_jobs);
     /* y[i, :] = row ids[i] of w [n_vocab, n_embd], widened to f32. ids are in range. */
     void (*embed)(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok);
-    /* Row-wise RMSNorm: y = x / sqrt(mean(x^2) + eps) * w. w: [n]. y may equal x. */
-    void (*rmsnorm)(struct backend *be, float *y, const float *x, const struct tensor *w, float eps,
-                    int n_rows, int n);
-    /* Row-wise LayerNorm: y = (x - mean) / sqrt(var + eps) * w + b. b may be NULL/absent. y may equal x. */
-    void (*layernorm)(struct backend *be, float *y, const float *x, const struct tensor *w,
-                      const struct tensor *b, float eps, int n_rows, int n);
-    /* Rotate-half (NeoX / HF rotate_half) RoPE in place on the first n_rot dims of every head.
-     * x: [n_tok, n_head, head_dim] with rows of row_stride floats per token (heads contiguous).
-     * Token i has position pos0 + i; angle(j) = pos * inv_freq[j], j < n_rot/2;
-     * cos and sin are multiplied by mscale (longrope attention factor; 1 otherwise). */
-    void (*rope)(struct backend *be, float *x, int n_tok, int row_stride, int n_head, int head_dim,
-                 int n_rot, int pos0, const float *inv_freq, float mscale);
-    /* Causal attention of n_tok new queries (positions pos0..pos0+n_tok-1) over the cache
-     * rows 0..pos0+n_tok-1. q: [n_tok, n_head*head_dim]; k, v: [n_ctx, n_kv_head*head_dim];
-     * out: [n_tok, n_head*head_dim]. Query head h reads kv head h / (n_head / n_kv_head).
-     * softmax(q·kᵀ * scale) v. */
-    void (*attention)(struct backend *be, float *out, const float *q, const float *k,
-                      const float *v, int n_tok, int pos0, int n_head, int n_kv_head, int head_dim,
-                      float scale);
-    /* x = gelu_tanh(x) (GPT-2 "gelu_new"). */
-    void (*gelu_tanh)(struct backend *be, float *x, size_t n);
-    /* x = gelu(x) with erf. */
-    void (*gelu_erf)(struct backend *be, float *x, size_t n);
-    /* y = silu(gate) * up, elementwise. y may equal gate. */
-    void (*silu_mul)(struct backend *be, float *y, const float *gate, const float *up, size_t n);
-    /* y += a * x. */
-    void (*axpy)(struct backend *be, float *y, float a, const float *x, size_t n);
+    /* Norm of rows of n elements, in place allowed (y == x). Row r of the n_tok * per_tok
+     * rows starts at (r / per_tok) * ld + (r % per_tok) * n in both x and y (per_tok > 1:
+     * per-head norms inside a wider row). RMS: x / sqrt(mean(x²) + eps) * w; layer:
+     * (x - mean) / sqrt(var + eps) * w + b (b NULL/absent: none). */
+    void (*rmsnorm)(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                    float eps, int n_tok, int per_tok, int n);
+    void (*layernorm)(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                      const struct tensor *b, float eps, int n_tok, int per_tok, int n);
+    /* Rotate-half (NeoX / HF rotate_half) RoPE in place on the first n_rot dims of every
+     * head. x: n_tok rows of stride ld, n_head heads of head_dim each; row i at position
+     * rows->pos[i]; angle(j) = pos * inv_freq[j]. */
+    void (*rope)(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+                 const struct rope_params *rp, const struct kv_rows *rows);
+    /* Store K rows k[i] (stride ldk) and V rows v[i] (stride ldv) into slot rows->slot[i]. */
+    void (*kv_store)(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                     const float *v, int ldv, const struct kv_rows *rows, int n_tok);
+    /* Causal attention of n_tok query rows q (stride ldq) over their sequences' cached
+     * positions through the block tables (the rows' own K/V already stored). Query head h
+     * reads kv head h / (n_head / n_kv_head). out: [n_tok, n_head * head_dim] (stride ldo). */
+    void (*attention)(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                      const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                      const struct attn_params *ap);
+    /* x = act(x) over n_rows rows of n (stride ld). */
+    void (*act)(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n);
+    /* y[r, :n] = act(x[r, :n]) * x[r, n:2n] (x stride ldx, y stride ldy; y may equal x). */
+    void (*glu)(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
+                int n_rows, int n);
+    /* y += a * x over n_rows rows of n (strides ldy, ldx). */
+    void (*axpy)(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
+                 int n_rows, int n);
+    /* y[i, :] = x[idx[i] / div, :] for i < n_rows, rows of n (x stride ldx, y dense). */
+    void (*gather)(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx,
+                   int div, int n_rows, int n);
+
+    /* ---- mixture of experts ---- */
+    /* Per token: pick k of n_expert experts from its gate logits [n_tok, n_expert] (ties
+     * toward the lower index) into sel [n_tok, k] with weights w [n_tok, k]. jitter: the
+     * sparsemixer epsilon. */
+    void (*moe_route)(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                      const float *logits, int n_tok, int n_expert, int k, float jitter);
+    /* Group the n_slot = n_tok * k (token, slot) pairs of sel by expert: order [n_slot]
+     * lists slot indices expert by expert (ascending within one), offsets [n_expert + 1]
+     * delimits each expert's run. */
+    void (*moe_group)(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
+                      int n_slot, int n_expert);
+    /* Row r of x [n_slot, in] goes through the expert whose run in offsets contains r:
+     * y[r, :] (stride ldy) = W_e x[r, :] (+ b_e). */
+    void (*linear_experts)(struct backend *be, float *y, int ldy, const float *x,
+                           const struct expert_linear *el, const int32_t *offsets,
+                           int n_expert, int n_slot);
+    /* y[order[r] / k, :] += w[order[r]] * x[r, :] for r < n_slot (rows of n, y dense). */
+    void (*moe_combine)(struct backend *be, float *y, const float *x, const int32_t *order,
+                        const float *w, int k, int n_slot, int n);
+
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);
 };
@@ -77,14 +196,22 @@ struct backend {
     const struct backend_ops *ops;
     const char *name;       /* "cpu-avx512", "cpu-avx2", "cpu-scalar", "cuda" */
     int n_threads;
+    /* linear_experts runs all experts' rows in one dispatch when every expert has few
+     * rows (decode); false forces one linear per expert ($MLXCEL_FUSED_MOE=0). */
+    bool fused_moe;
     void *impl;             /* owned by the backend */
 };
 
+/* The backend called name: "cpu" (or "auto", NULL: the best CPU ISA), or "cpu-scalar",
+ * "cpu-avx2", "cpu-avx512" to force an ISA; n_threads <= 0: online CPUs. */
+int backend_new(struct backend **out, const char *name, int n_threads, struct err *e);
 /* CPU backend on a new thread pool of n_threads (<= 0: online CPUs).
  * isa: NULL/"auto", "scalar", "avx2" or "avx512" (also read from $MLXCEL_ISA when NULL). */
 int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct err *e);
 /* Free any backend (NULL is a no-op). */
 void backend_free(struct backend *be);
+/* backend->ops->sync with a NULL check: 0, or the first error recorded since the last sync. */
+int backend_sync(struct backend *be, struct err *e);
 
 #ifdef __cplusplus
 }

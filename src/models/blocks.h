@@ -1,9 +1,20 @@
 /*
- * blocks: the shared transformer building blocks every family is made of,
- * and the generic forward pass that composes them from struct hparams flags
- * (norm kind, parallel residual, fused projections, qk-norm, partial and
- * scaled rotary, dense GLU/MLP or routed experts). Families differ only in
- * hparams and in how map_weights binds the canonical layout (model.h).
+ * blocks: the library of transformer blocks every family's forward is
+ * composed of. Each block takes its weights, dimensions and options as
+ * explicit parameters (never struct hparams), runs through the backend ops
+ * only (so a GPU backend runs the same code), and works on n rows of a
+ * forward chunk whose positions and cache slots are in struct kv_rows.
+ *
+ *   blk_norm       RMSNorm / LayerNorm of rows
+ *   blk_attention  q|k|v projections -> per-head q/k norm -> RoPE -> store
+ *                  K/V in the paged cache -> attention -> output projection
+ *   blk_glu        down(act(gate(x)) * up(x)), separate or fused gate_up
+ *   blk_mlp        fc2(act(fc1(x)))
+ *   blk_moe        router -> top-k -> group by expert -> expert GLU/MLP ->
+ *                  weighted combine
+ *   blk_head       final norm and lm_head of the rows that need logits
+ *
+ * Scratch buffers come from the caller (struct ctx_bufs of model.h).
  */
 #pragma once
 #include <stdbool.h>
@@ -15,17 +26,66 @@
 extern "C" {
 #endif
 
-/* The forward pass of every family (struct model_ops.forward). */
-int blk_forward(struct model_ctx *c, const int32_t *ids, int n_tok, float *logits,
-                bool all_logits, struct err *e);
+/* A norm's kind, epsilon and weights (b: NULL/absent for none). */
+struct blk_norm_w {
+    enum norm_kind kind;
+    float eps;
+    const struct tensor *w, *b;
+};
 
-/* Router: pick hp->n_expert_used experts for one token from its gate logits
- * [n_expert] and their weights. Ties break toward the lower expert index. */
-void blk_route(const struct hparams *hp, const float *logits, int *sel, float *w);
+/* y[n, dim] = norm(x[n, dim]); y may equal x. */
+void blk_norm(struct backend *be, float *y, const float *x, const struct blk_norm_w *nw, int n,
+              int dim);
 
-/* Inverse frequencies [n_rot / 2] for hp's rope kind (long factors for longrope into
- * inv_long, which may be NULL otherwise). Computed in double. */
-void blk_rope_freqs(const struct hparams *hp, float *inv, float *inv_long);
+/* Everything one attention block needs besides weights. */
+struct blk_attn_cfg {
+    struct attn_params ap;        /* heads, scale, softcap, window, sinks */
+    const struct rope_params *rp; /* NULL: no rope */
+    bool qk_norm;                 /* per-head RMSNorm of q and k (weights L->q_norm/k_norm) */
+    float norm_eps;
+    int n_embd;
+};
+
+/* o[n, n_embd] = wo(attend(rope(q), rope(k), v)) for xn [n, n_embd], with this
+ * layer's K/V stored into kv at rows->slot. Uses b->qkv and b->att. */
+void blk_attention(struct backend *be, float *o, const float *xn, const struct layer *L,
+                   const struct blk_attn_cfg *cfg, const struct kv_layer *kv,
+                   const struct kv_rows *rows, const struct ctx_bufs *b, int n);
+
+/* f[n, n_embd] = down(act(gate(xn)) * up(xn)) (L->gate/up or fused L->gate_up). Uses b->h, b->h1. */
+void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
+             int n_ff, const struct ctx_bufs *b, int n);
+/* f[n, n_embd] = down(act(up(xn) + up_b)) + down_b. Uses b->h. */
+void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
+             int n_ff, const struct ctx_bufs *b, int n);
+
+struct blk_moe_cfg {
+    enum router_kind router;
+    int n_expert, k;
+    float jitter;
+    enum ffn_kind ffn;            /* each expert: GLU (gate, up, down) or MLP (up, down) */
+    enum act_kind act;
+    int n_ff, n_embd;
+};
+
+/* f[n, n_embd] = sum over the k routed experts of weight * expert(xn). Uses b->router, sel,
+ * sel_w, order, offsets, xg, h, h1, yg. */
+void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *L,
+             const struct blk_moe_cfg *cfg, const struct ctx_bufs *b, int n);
+
+/* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
+void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,
+              const struct blk_norm_w *nw, const struct tensor *lm_head, const struct tensor *lm_head_b,
+              int n_embd, const struct ctx_bufs *b);
+
+/* Inverse frequencies [n_rot / 2] of layer spec ls under hp's rope scaling (long
+ * factors for longrope into inv_long, which may be NULL otherwise). Computed in double. */
+void blk_rope_freqs(const struct hparams *hp, const struct layer_spec *ls, float *inv,
+                    float *inv_long);
+
+/* The forward of the decoder families (Llama-like, Phi, the MoE ones): per layer,
+ * norms and residuals from layer_spec.residual, attention, then a dense or MoE FFN. */
+int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,9 @@
 /*
- * context: per-request state (model.h). One allocation holds every
- * activation buffer, sized for n_batch tokens at creation; the KV cache is
- * sized for n_ctx tokens. forward() allocates nothing.
+ * context: the activation context of a model on a backend (model.h). One
+ * backend allocation holds every activation buffer, the per-layer rope
+ * tables and the per-chunk metadata, sized for n_batch rows at creation;
+ * a forward allocates nothing. The KV cache is separate (engine/kvcache.h),
+ * so one context serves any number of sequences.
  */
 #include "model.h"
 
@@ -16,86 +18,116 @@
 #define CTX_MAX_BATCH    512
 #define CTX_MIN_BATCH    32
 #define CTX_ARENA_BUDGET (40u << 20)
+/* Logit rows per chunk: a chunk that wants more (perplexity) is split; at most
+ * this many bytes of logits, but never fewer than CTX_MIN_OUT rows. */
+#define CTX_LOGITS_BUDGET (32u << 20)
+#define CTX_MIN_OUT       16
+#define CTX_META_ROWS     6   /* ids, pos, slot, table, seq_end, out_rows */
 
-/* Carve n floats (rounded up to 16 for 64-byte alignment) at byte offset *off of base;
- * with base == NULL only advances the offset. */
-static float *carve(char *base, size_t *off, size_t n)
+/* Carve n 4-byte elements (rounded up to 16 for 64-byte alignment) at byte offset
+ * *off of base; with base == NULL only advances the offset. */
+static void *carve(char *base, size_t *off, size_t n)
 {
-    float *p = base ? (float *)(base + *off) : NULL;
+    void *p = base ? base + *off : NULL;
     *off += ((n + 15) & ~(size_t)15) * sizeof(float);
     return p;
 }
 
-/* Lay out the buffers; with base == NULL only returns the bytes needed. */
+static int out_rows_for(const struct hparams *hp, int B)
+{
+    size_t rows = CTX_LOGITS_BUDGET / ((size_t)hp->n_vocab * sizeof(float));
+    if (rows < CTX_MIN_OUT)
+        rows = CTX_MIN_OUT;
+    return rows < (size_t)B ? (int)rows : B;
+}
+
+/* Lay out the buffers for B rows; with base == NULL only returns the bytes needed. */
 static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *base)
 {
     size_t off = 0;
-    size_t hd = (size_t)hp->head_dim, E = (size_t)hp->n_expert, k = (size_t)hp->n_expert_used;
+    size_t hd = (size_t)hp->head_dim, E = (size_t)hp->n_expert;
+    size_t k = 1, d = (size_t)hp->n_embd, ff = (size_t)hp->n_ff;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].moe && (size_t)hp->layer[il].n_expert_used > k)
+            k = (size_t)hp->layer[il].n_expert_used;
     size_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
-    size_t ff = (size_t)hp->n_ff;
-    size_t rows = (size_t)B > k ? (size_t)B : k;   /* fused MoE uses k rows */
+    size_t K = (size_t)B * k, rows = E ? K : (size_t)B;
     struct ctx_bufs t;
-    t.x = carve(base, &off, (size_t)B * hp->n_embd);
-    t.xn = carve(base, &off, (size_t)B * hp->n_embd);
-    t.q = carve(base, &off, (size_t)B * q_dim);
+    t.x = carve(base, &off, (size_t)B * d);
+    t.xn = carve(base, &off, (size_t)B * d);
     t.qkv = carve(base, &off, (size_t)B * (q_dim + 2 * kv_dim));
     t.att = carve(base, &off, (size_t)B * q_dim);
-    t.o = carve(base, &off, (size_t)B * hp->n_embd);
-    t.f = carve(base, &off, (size_t)B * hp->n_embd);
+    t.o = carve(base, &off, (size_t)B * d);
+    t.f = carve(base, &off, (size_t)B * d);
+    t.h = carve(base, &off, rows * 2 * ff);
     t.h1 = carve(base, &off, rows * ff);
-    t.h2 = carve(base, &off, rows * 2 * ff);  /* also holds a fused gate_up projection */
     t.router = carve(base, &off, (size_t)B * (E ? E : 1));
-    t.sel = (int *)carve(base, &off, (size_t)B * (k ? k : 1));
-    t.sel_w = carve(base, &off, (size_t)B * (k ? k : 1));
-    t.order = (int *)carve(base, &off, (size_t)B * (k ? k : 1));
-    t.xg = carve(base, &off, (size_t)B * hp->n_embd);
-    t.yg = carve(base, &off, rows * hp->n_embd);
-    t.inv_freq = carve(base, &off, (size_t)HP_MAX_ROT_HALF);
-    t.inv_freq_long = carve(base, &off, (size_t)HP_MAX_ROT_HALF);
+    t.sel = carve(base, &off, E ? K : 1);
+    t.sel_w = carve(base, &off, E ? K : 1);
+    t.order = carve(base, &off, E ? K : 1);
+    t.offsets = carve(base, &off, E + 1);
+    t.xg = carve(base, &off, E ? K * d : 1);
+    t.yg = carve(base, &off, E ? K * d : 1);
+    t.logits = carve(base, &off, (size_t)out_rows_for(hp, B) * hp->n_vocab);
+    t.rope = carve(base, &off, (size_t)hp->n_layer * 2 * HP_MAX_ROT_HALF);
+    t.meta = carve(base, &off, (size_t)CTX_META_ROWS * B);
     if (base)
         *b = t;
     return off;
 }
 
-static bool env_flag(const char *name, bool def)
+/* Per-layer inverse frequencies, computed on the host and uploaded once. */
+static int upload_rope(struct model_ctx *c, struct err *e)
 {
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return def;
-    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+    const struct hparams *hp = &c->m->hp;
+    size_t n = (size_t)hp->n_layer * 2 * HP_MAX_ROT_HALF;
+    float *tab = calloc(n, sizeof *tab);
+    if (!tab)
+        return err_setf(e, ERR_NOMEM, "context: out of memory");
+    for (int il = 0; il < hp->n_layer; il++) {
+        float *t = tab + (size_t)il * 2 * HP_MAX_ROT_HALF;
+        if (hp->layer[il].n_rot > 0)
+            blk_rope_freqs(hp, &hp->layer[il], t, t + HP_MAX_ROT_HALF);
+    }
+    c->be->ops->upload(c->be, c->bufs.rope, tab, n * sizeof *tab);
+    free(tab);
+    return backend_sync(c->be, e);
 }
 
-int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_ctx,
+int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e)
 {
     const struct hparams *hp = &m->hp;
+    int rc;
     *out = NULL;
-    if (n_ctx <= 0 || n_ctx > hp->n_ctx)
-        n_ctx = hp->n_ctx;
     struct model_ctx *c = calloc(1, sizeof *c);
     if (!c)
         return err_setf(e, ERR_NOMEM, "context: out of memory");
     c->m = m;
     c->be = be;
-    c->n_ctx = n_ctx;
-    c->n_batch = n_ctx < CTX_MAX_BATCH ? n_ctx : CTX_MAX_BATCH;
-    while (c->n_batch > CTX_MIN_BATCH && layout(NULL, hp, c->n_batch, NULL) > CTX_ARENA_BUDGET)
-        c->n_batch /= 2;
-    c->fused_moe = env_flag("MLXCEL_FUSED_MOE", true);
-
-    size_t kv = (size_t)hp->n_layer * n_ctx * hp->n_kv_head * hp->head_dim;
+    if (n_batch > 0) {
+        c->n_batch = n_batch < CTX_MAX_BATCH * 8 ? n_batch : CTX_MAX_BATCH * 8;
+    } else {
+        c->n_batch = CTX_MAX_BATCH;
+        while (c->n_batch > CTX_MIN_BATCH && layout(NULL, hp, c->n_batch, NULL) > CTX_ARENA_BUDGET)
+            c->n_batch /= 2;
+    }
+    c->n_out = out_rows_for(hp, c->n_batch);
     size_t bytes = layout(NULL, hp, c->n_batch, NULL);
-    c->k_cache = malloc(kv * sizeof(float));
-    c->v_cache = malloc(kv * sizeof(float));
-    c->arena = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-    if (!c->k_cache || !c->v_cache || !c->arena) {
+    c->meta_host = calloc((size_t)CTX_META_ROWS * c->n_batch, sizeof *c->meta_host);
+    if (!c->meta_host) {
         model_ctx_free(c);
-        return err_setf(e, ERR_NOMEM, "context: cannot allocate %zu MiB of KV cache and activations",
-                        (2 * kv * sizeof(float) + bytes) >> 20);
+        return err_setf(e, ERR_NOMEM, "context: out of memory");
+    }
+    if ((rc = be->ops->buf_alloc(be, bytes, &c->arena, e)) < 0) {
+        model_ctx_free(c);
+        return err_prefix(e, "context activations (%zu MiB)", bytes >> 20);
     }
     layout(&c->bufs, hp, c->n_batch, c->arena);
-    if (hp->n_rot > 0)
-        blk_rope_freqs(hp, c->bufs.inv_freq, c->bufs.inv_freq_long);
+    if ((rc = upload_rope(c, e)) < 0) {
+        model_ctx_free(c);
+        return rc;
+    }
     *out = c;
     return 0;
 }
@@ -104,19 +136,8 @@ void model_ctx_free(struct model_ctx *c)
 {
     if (!c)
         return;
-    free(c->k_cache);
-    free(c->v_cache);
-    free(c->arena);
+    if (c->arena)
+        c->be->ops->buf_free(c->be, c->arena);
+    free(c->meta_host);
     free(c);
-}
-
-void model_ctx_reset(struct model_ctx *c)
-{
-    c->pos = 0;
-}
-
-int model_forward(struct model_ctx *c, const int32_t *ids, int n_tok, float *logits,
-                  bool all_logits, struct err *e)
-{
-    return c->m->ops->forward(c, ids, n_tok, logits, all_logits, e);
 }

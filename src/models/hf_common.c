@@ -29,6 +29,8 @@ static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, cons
         hp->act = ACT_GELU_TANH;
     else if (strcmp(act, "gelu") == 0)
         hp->act = ACT_GELU_ERF;
+    else if (strcmp(act, "relu") == 0)
+        hp->act = ACT_RELU;
     else
         return err_setf(e, ERR_UNSUPPORTED, "config field '%s': activation '%s' is not supported",
                         key, act);
@@ -129,6 +131,57 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     hp->out_bias = hp->qkv_bias;  /* Llama's attention_bias covers q, k, v and o */
     hp->attn_scale = hp->head_dim > 0 ? 1.0f / sqrtf((float)hp->head_dim) : 1.0f;
     return parse_rope_scaling(hp, cfg, e);
+}
+
+/* layer_types: one string per layer. */
+static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, struct err *e)
+{
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layer)
+        return err_setf(e, ERR_CONFIG, "config field 'layer_types' must list %d layer types",
+                        hp->n_layer);
+    int il = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, lt) {
+        const char *s = cJSON_IsString(t) ? t->valuestring : "";
+        if (strcmp(s, "sliding_attention") == 0) {
+            if (window <= 0)
+                return err_setf(e, ERR_CONFIG, "layer_types[%d] is sliding_attention but "
+                                "'sliding_window' is not set", il);
+            hp->layer[il].kv = KV_SLIDING;
+            hp->layer[il].window = window;
+        } else if (strcmp(s, "full_attention") != 0) {
+            return err_setf(e, ERR_UNSUPPORTED, "config field 'layer_types'[%d] = '%s' is not "
+                            "supported", il, s);
+        }
+        il++;
+    }
+    return 0;
+}
+
+int hf_finish_layers(struct hparams *hp, const cJSON *cfg, int max_window_default, struct err *e)
+{
+    int rc, window = 0, first;
+    bool use = true;
+    hparams_fill_layers(hp);
+    if ((cfg_has(cfg, "sliding_window") && (rc = cfg_int(cfg, "sliding_window", &window, e)) < 0) ||
+        (cfg_has(cfg, "use_sliding_window") &&
+         (rc = cfg_opt_bool(cfg, "use_sliding_window", true, &use, e)) < 0))
+        return rc;
+    if ((rc = cfg_opt_int(cfg, "max_window_layers", max_window_default, &first, e)) < 0)
+        return rc;
+    if (window < 0)
+        return err_setf(e, ERR_CONFIG, "config field 'sliding_window' = %d must not be negative",
+                        window);
+    if (!use)
+        window = 0;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    if (lt && !cJSON_IsNull(lt))
+        return parse_layer_types(hp, lt, window, e);
+    for (int il = first > 0 ? first : 0; window > 0 && il < hp->n_layer; il++) {
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
+    }
+    return 0;
 }
 
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e)
@@ -289,31 +342,32 @@ const struct expert_stack_rule hf_moe_stacking[] = {
 static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
 {
     const struct hparams *hp = &m->hp;
+    const struct layer_spec *ls = &hp->layer[il];
     int rc;
     char pre[256];
-    if (hp->n_expert > 0) {
+    if (ls->moe) {
         snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe", il);
         if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s.gate", pre)) < 0)
             return rc;
         const struct expert_stack_rule *r = hf_moe_stacking;
-        if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, hp->n_ff, hp->n_embd, false,
+        if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, ls->n_ff, hp->n_embd, false,
                                        r[0].per_expert, r[0].stacked, e)) < 0 ||
-            (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, hp->n_ff, false,
+            (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, ls->n_ff, false,
                                        r[1].per_expert, r[1].stacked, e)) < 0 ||
-            (rc = hf_map_expert_linear(m, w, &L->ex.up, il, hp->n_ff, hp->n_embd, false,
+            (rc = hf_map_expert_linear(m, w, &L->ex.up, il, ls->n_ff, hp->n_embd, false,
                                        r[2].per_expert, r[2].stacked, e)) < 0)
             return rc;
         return 0;
     }
     snprintf(pre, sizeof pre, "model.layers.%d.mlp", il);
     if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
-        if ((rc = wm_linear(w, &L->gate_up, WM_REQUIRED, 0, 2 * (int64_t)hp->n_ff, hp->n_embd, e, "%s.gate_up_proj", pre)) < 0)
+        if ((rc = wm_linear(w, &L->gate_up, WM_REQUIRED, 0, 2 * (int64_t)ls->n_ff, hp->n_embd, e, "%s.gate_up_proj", pre)) < 0)
             return rc;
-    } else if ((rc = wm_linear(w, &L->gate, WM_REQUIRED, 0, hp->n_ff, hp->n_embd, e, "%s.gate_proj", pre)) < 0 ||
-               (rc = wm_linear(w, &L->up, WM_REQUIRED, 0, hp->n_ff, hp->n_embd, e, "%s.up_proj", pre)) < 0) {
+    } else if ((rc = wm_linear(w, &L->gate, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.gate_proj", pre)) < 0 ||
+               (rc = wm_linear(w, &L->up, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.up_proj", pre)) < 0) {
         return rc;
     }
-    return wm_linear(w, &L->down, WM_REQUIRED, 0, hp->n_embd, hp->n_ff, e, "%s.down_proj", pre);
+    return wm_linear(w, &L->down, WM_REQUIRED, 0, hp->n_embd, ls->n_ff, e, "%s.down_proj", pre);
 }
 
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)

@@ -38,6 +38,13 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                 const char *prefix, struct err *e);
 
+/* Fill every layer's spec (hparams_fill_layers) once the family set its model-wide
+ * fields, then the attention kind per layer, as transformers resolves it:
+ * `layer_types` ("full_attention" / "sliding_attention") when present, else
+ * `sliding_window` (null/absent: none) on the layers from `max_window_layers` on
+ * (absent: max_window_default), unless `use_sliding_window` is false. */
+int hf_finish_layers(struct hparams *hp, const cJSON *cfg, int max_window_default, struct err *e);
+
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 

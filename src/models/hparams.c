@@ -20,6 +20,67 @@ void hparams_init(struct hparams *hp)
     hp->bos_id = -1;
 }
 
+void hparams_fill_layers(struct hparams *hp)
+{
+    struct layer_spec ls = {
+        .kv = KV_FULL,
+        .n_rot = hp->n_rot,
+        .rope_theta = hp->rope_theta,
+        .rope = hp->rope,
+        .attn_scale = hp->attn_scale,
+        .qk_norm = hp->qk_norm,
+        .residual = hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
+        .moe = hp->n_expert > 0,
+        .ffn = hp->ffn,
+        .act = hp->act,
+        .n_ff = hp->n_ff,
+        .router = hp->router,
+        .n_expert_used = hp->n_expert_used,
+        .router_jitter = hp->router_jitter,
+    };
+    for (int il = 0; il < hp->n_layer && il < HP_MAX_LAYERS; il++)
+        hp->layer[il] = ls;
+}
+
+/* The per-layer rules; il names the layer in messages. */
+static int validate_layer(const struct hparams *hp, const struct layer_spec *ls, int il,
+                          struct err *e)
+{
+    if (ls->kv == KV_LATENT || ls->kv == KV_RECURRENT)
+        return err_setf(e, ERR_UNSUPPORTED, "layer %d: latent and recurrent caches are not supported yet",
+                        il);
+    if (ls->kv == KV_SLIDING && ls->window <= 0)
+        return err_setf(e, ERR_CONFIG, "layer %d: sliding window %d must be positive", il, ls->window);
+    if (ls->n_rot < 0 || ls->n_rot > hp->head_dim || ls->n_rot % 2 != 0 ||
+        ls->n_rot / 2 > HP_MAX_ROT_HALF)
+        return err_setf(e, ERR_CONFIG, "layer %d: rotary dims %d must be even and within head_dim %d",
+                        il, ls->n_rot, hp->head_dim);
+    if (ls->n_rot > 0 && !(ls->rope_theta > 0.0f))
+        return err_setf(e, ERR_CONFIG, "layer %d: rope_theta %g must be positive", il,
+                        (double)ls->rope_theta);
+    if (!(ls->softcap >= 0.0f) || !isfinite(ls->softcap) || !isfinite(ls->attn_scale))
+        return err_setf(e, ERR_CONFIG, "layer %d: attention scale / softcap must be finite", il);
+    if (ls->n_ff < 1 || ls->n_ff > hp->n_ff)
+        return err_setf(e, ERR_CONFIG, "layer %d: FFN width %d must be in [1, %d]", il, ls->n_ff,
+                        hp->n_ff);
+    if (ls->ffn == FFN_MLP && ls->act == ACT_SILU)
+        return err_setf(e, ERR_UNSUPPORTED, "a non-gated MLP with silu is not supported");
+    if (!ls->moe)
+        return 0;
+    if (hp->n_expert < 1)
+        return err_setf(e, ERR_CONFIG, "layer %d is a MoE layer but the model has no experts", il);
+    if (ls->n_expert_used < 1 || ls->n_expert_used > hp->n_expert)
+        return err_setf(e, ERR_CONFIG,
+                        "num_experts_per_tok = %d must be between 1 and num_local_experts = %d",
+                        ls->n_expert_used, hp->n_expert);
+    if (ls->router == ROUTER_SPARSEMIXER && ls->n_expert_used != 2)
+        return err_setf(e, ERR_CONFIG, "sparsemixer routing needs num_experts_per_tok = 2, got %d",
+                        ls->n_expert_used);
+    if (ls->router == ROUTER_NONE)
+        return err_setf(e, ERR_INTERNAL, "MoE family without a router kind");
+    return 0;
+}
+
 static int check_dim(int v, const char *field, int lo, int hi, struct err *e)
 {
     if (v < lo || v > hi)
@@ -65,20 +126,10 @@ int hparams_validate(const struct hparams *hp, struct err *e)
                         "high_freq_factor > low_freq_factor");
     if (hp->rope == ROPE_LONGROPE && hp->rope_orig_ctx <= 0)
         return err_setf(e, ERR_CONFIG, "longrope needs original_max_position_embeddings > 0");
-    if (hp->ffn == FFN_MLP && hp->act == ACT_SILU)
-        return err_setf(e, ERR_UNSUPPORTED, "a non-gated MLP with silu is not supported");
-    if (hp->n_expert > 0) {
-        if ((rc = check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)
+    if (hp->n_expert > 0 && (rc = check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)
+        return rc;
+    for (int il = 0; il < hp->n_layer; il++)
+        if ((rc = validate_layer(hp, &hp->layer[il], il, e)) < 0)
             return rc;
-        if (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
-            return err_setf(e, ERR_CONFIG,
-                            "num_experts_per_tok = %d must be between 1 and num_local_experts = %d",
-                            hp->n_expert_used, hp->n_expert);
-        if (hp->router == ROUTER_SPARSEMIXER && hp->n_expert_used != 2)
-            return err_setf(e, ERR_CONFIG, "sparsemixer routing needs num_experts_per_tok = 2, got %d",
-                            hp->n_expert_used);
-        if (hp->router == ROUTER_NONE)
-            return err_setf(e, ERR_INTERNAL, "MoE family without a router kind");
-    }
     return 0;
 }

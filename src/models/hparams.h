@@ -11,16 +11,18 @@
  *   n_tok     tokens in a forward call   pos       absolute position
  *   il        layer index
  *
- * Families differ only by the flags and enums below; src/models/blocks.c
- * reads them. A family's parse_config is the one place its config.json
- * names and defaults are written down; hparams_validate() then rejects
- * values that cannot work, so nothing downstream sees a zero head count.
+ * The fields are the model-wide values a family's parse_config reads from
+ * config.json (the one place its names and defaults are written down); the
+ * per-layer struct layer_spec array is filled from them and adjusted where
+ * layers differ. hparams_validate() then rejects values that cannot work,
+ * so nothing downstream sees a zero head count.
  */
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "../core/err.h"
+#include "../kernels/backend.h"
 #include "../loading/quant.h"
 
 #ifdef __cplusplus
@@ -34,17 +36,49 @@ extern "C" {
 #define HP_MAX_DIM      (1 << 20)
 
 enum norm_kind   { NORM_RMS = 0, NORM_LAYER = 1 };
-enum act_kind    { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU_ERF = 2 };
+/* enum act_kind and enum router_kind live in kernels/backend.h (ops take them). */
 enum ffn_kind    {
     FFN_GLU = 0,   /* down(act(gate(x)) * up(x))  (SwiGLU) */
     FFN_MLP = 1,   /* fc2(act(fc1(x)))             (GPT-2 / Phi) */
 };
 enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3 };
-enum router_kind {
-    ROUTER_NONE = 0,          /* dense FFN */
-    ROUTER_TOPK_SOFTMAX = 1,  /* top-k logits, softmax over those k (Phixtral) */
-    ROUTER_SOFTMAX_TOPK = 2,  /* softmax over all, top-k, renormalize (Mixtral) */
-    ROUTER_SPARSEMIXER = 3,   /* PhiMoE sparsemixer top-2, inference form */
+/* What a layer keeps in the KV cache and how much of it a query sees. */
+enum kv_kind {
+    KV_FULL = 0,       /* every position */
+    KV_SLIDING = 1,    /* a query at p attends (p - window, p] */
+    KV_LATENT = 2,     /* compressed latent per position (MLA): not yet supported */
+    KV_RECURRENT = 3,  /* fixed-size state per sequence (SSM, linear attention): not yet */
+};
+/* Where a layer's norms and residual adds sit. */
+enum residual_kind {
+    RESID_SEQUENTIAL = 0,  /* x += attn(norm1(x)); x += ffn(norm2(x)) */
+    RESID_PARALLEL = 1,    /* h = norm1(x); x += attn(h) + ffn(h) */
+};
+
+/* Everything that may differ from one layer to the next. A family's
+ * parse_config fills hp->layer[0 .. n_layer): hparams_fill_layers() copies
+ * the model-wide values below into every layer, then the family changes the
+ * layers that differ (sliding windows, dense layers before MoE ones, a
+ * second rope base, no-rope layers). The decoder forward reads only these
+ * for per-layer behaviour. */
+struct layer_spec {
+    enum kv_kind kv;
+    int window;                 /* KV_SLIDING: positions attended, the query's own included */
+    int n_rot;                  /* rotary dims per head; 0: no rope in this layer */
+    float rope_theta;
+    enum rope_kind rope;        /* scaling kind (factors: hparams, model-wide) */
+    float attn_scale;
+    float softcap;              /* attention logit soft-capping; 0: none */
+    bool sinks;                 /* per-head attention sink logits (weights: layer.sinks) */
+    bool qk_norm;               /* per-head RMSNorm on q and k */
+    enum residual_kind residual;
+    bool moe;                   /* routed experts (else the dense FFN) */
+    enum ffn_kind ffn;          /* dense FFN and each expert */
+    enum act_kind act;
+    int n_ff;                   /* FFN width (per expert for MoE) */
+    enum router_kind router;
+    int n_expert_used;
+    float router_jitter;        /* sparsemixer epsilon */
 };
 
 struct hparams {
@@ -100,11 +134,18 @@ struct hparams {
     /* MLX quantization (config "quantization"), validated; quant.present is
      * false for a float checkpoint. Overrides are owned (model_free). */
     struct qconfig quant;
+
+    /* per-layer structure, [n_layer] valid (hparams_fill_layers) */
+    struct layer_spec layer[HP_MAX_LAYERS];
 };
 
 /* Fill the defaults shared by every family before its parse_config runs. */
 void hparams_init(struct hparams *hp);
-/* Reject values that cannot work; the message names the config field. */
+/* Every layer's spec from the model-wide values above (parse_config calls it once the
+ * model-wide fields are final, then adjusts the layers that differ). */
+void hparams_fill_layers(struct hparams *hp);
+/* Reject values that cannot work (model-wide and per layer); the message names the
+ * config field. */
 int hparams_validate(const struct hparams *hp, struct err *e);
 
 #ifdef __cplusplus

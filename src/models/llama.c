@@ -7,14 +7,14 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int llama_self_test(struct err *e);
 
 /* transformers LlamaConfig defaults */
 static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
 
 static int llama_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    return hf_parse_decoder(hp, cfg, &llama_defaults, e);
+    int rc = hf_parse_decoder(hp, cfg, &llama_defaults, e);
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 0, e);
 }
 
 static const char *const llama_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};
@@ -25,6 +25,5 @@ const struct model_ops llama_ops = {
     .architectures = llama_archs,
     .parse_config = llama_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = llama_self_test,
+    .forward = decoder_forward,
 };

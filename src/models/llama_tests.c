@@ -7,12 +7,12 @@
 #include "selftest.h"
 
 extern const struct model_ops llama_ops;
-int llama_self_test(struct err *e);
+int llama_ops_self_test(struct err *e);
 
 #define BASE "\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
              "\"intermediate_size\": 128, \"max_position_embeddings\": 256, \"model_type\": \"llama\""
 
-int llama_self_test(struct err *e)
+int llama_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

@@ -7,7 +7,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int mixtral_self_test(struct err *e);
 
 /* transformers MixtralConfig defaults */
 static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu"};
@@ -20,7 +19,7 @@ static int mixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct err
         return rc;
     hp->qkv_bias = hp->out_bias = false;
     hp->router = ROUTER_SOFTMAX_TOPK;
-    return 0;
+    return hf_finish_layers(hp, cfg, 0, e);
 }
 
 static const char *const mixtral_archs[] = {"MixtralForCausalLM", NULL};
@@ -31,7 +30,6 @@ const struct model_ops mixtral_ops = {
     .architectures = mixtral_archs,
     .parse_config = mixtral_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = mixtral_self_test,
+    .forward = decoder_forward,
     .expert_stacking = hf_moe_stacking,
 };

@@ -9,13 +9,13 @@
 #include "selftest.h"
 
 extern const struct model_ops mixtral_ops;
-int mixtral_self_test(struct err *e);
+int mixtral_ops_self_test(struct err *e);
 
 #define BASE "\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
              "\"num_key_value_heads\": 2, \"intermediate_size\": 128, \"max_position_embeddings\": 256, " \
              "\"num_local_experts\": 8"
 
-int mixtral_self_test(struct err *e)
+int mixtral_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

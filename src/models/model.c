@@ -190,6 +190,34 @@ uint64_t model_weight_bytes(const struct model *m)
     return b;
 }
 
+static int prepare_one(struct backend *be, struct tensor *t, struct err *e)
+{
+    return tensor_is_present(t) ? be->ops->prepare_weight(be, t, e) : 0;
+}
+
+int model_prepare(struct model *m, struct backend *be, struct err *e)
+{
+    int rc;
+    struct tensor *head[] = {&m->tok_embd, &m->out_norm, &m->out_norm_b, &m->lm_head, &m->lm_head_b};
+    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
+        if ((rc = prepare_one(be, head[i], e)) < 0)
+            return rc;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        struct layer *L = &m->layers[il];
+#define LAYER_PTR(name) &L->name,
+        struct tensor *ts[] = {LAYER_TENSORS(LAYER_PTR)};
+#undef LAYER_PTR
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if ((rc = prepare_one(be, ts[i], e)) < 0)
+                return rc;
+    }
+    /* expert views of every layer live in one store */
+    for (size_t i = 0; i < m->expert_views_used; i++)
+        if ((rc = prepare_one(be, &m->expert_views[i], e)) < 0)
+            return rc;
+    return 0;
+}
+
 uint64_t model_kv_bytes_per_token(const struct model *m)
 {
     const struct hparams *hp = &m->hp;

@@ -1,6 +1,6 @@
 /*
  * model: a loaded checkpoint in the canonical layout, the family interface
- * (struct model_ops), and the per-request context that runs it.
+ * (struct model_ops), and the activation context (model_ctx) that runs it.
  *
  * Loading: config.json -> registry lookup -> ops->parse_config (hparams) ->
  * hparams_validate -> st_set_open -> ops->map_weights, which binds every
@@ -18,6 +18,7 @@
  *   bq/bk/bv, bqkv  biases of the above
  *   wo, bo          [n_embd, n_head*head_dim]
  *   q_norm, k_norm  [head_dim]
+ *   sinks           [n_head] attention sink logits (layer_spec.sinks)
  *   dense FFN: up/gate/down (+ biases), or gate_up fused [2 n_ff, n_embd]
  *   MoE: router [n_expert, n_embd] and struct experts (one view per expert).
  */
@@ -37,29 +38,24 @@
 extern "C" {
 #endif
 
-/* E linears of one shape: views into a stacked [E, out, in] tensor or into
- * per-expert tensors; no copies either way. */
-struct expert_linear {
-    struct tensor *w;   /* [n_expert] views, each [out, in] */
-    struct tensor *b;   /* [n_expert] views [out], or NULL */
-};
-
 struct experts {
     struct expert_linear up;    /* fc1 / w3: [n_ff, n_embd] */
     struct expert_linear gate;  /* w1: [n_ff, n_embd]; unused for FFN_MLP */
     struct expert_linear down;  /* fc2 / w2: [n_embd, n_ff] */
 };
 
+/* The tensor slots of a layer, as an X-macro so that code visiting every
+ * weight (prepare_weights) cannot miss one. */
+#define LAYER_TENSORS(X) \
+    X(attn_norm) X(attn_norm_b) X(ffn_norm) X(ffn_norm_b) \
+    X(wq) X(wk) X(wv) X(wqkv) X(bq) X(bk) X(bv) X(bqkv) X(wo) X(bo) \
+    X(q_norm) X(k_norm) X(sinks) \
+    X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router)
+
 struct layer {
-    struct tensor attn_norm, attn_norm_b;
-    struct tensor ffn_norm, ffn_norm_b;
-    struct tensor wq, wk, wv, wqkv;
-    struct tensor bq, bk, bv, bqkv;
-    struct tensor wo, bo;
-    struct tensor q_norm, k_norm;
-    struct tensor up, gate, down, gate_up;
-    struct tensor up_b, down_b;
-    struct tensor router;
+#define LAYER_FIELD(name) struct tensor name;
+    LAYER_TENSORS(LAYER_FIELD)
+#undef LAYER_FIELD
     struct experts ex;
 };
 
@@ -73,6 +69,7 @@ struct generation_defaults {
 
 struct model;
 struct model_ctx;
+struct fwd_chunk;
 struct expert_stack_rule;  /* src/loading/convert.h */
 
 struct model_ops {
@@ -83,11 +80,10 @@ struct model_ops {
     int (*parse_config)(struct hparams *hp, const cJSON *cfg, struct err *e);
     /* Bind canonical slots of m (m->hp is final) to tensors of st. */
     int (*map_weights)(struct model *m, struct st_set *st, struct err *e);
-    /* Runs n_tok tokens; see model_forward. */
-    int (*forward)(struct model_ctx *c, const int32_t *ids, int n_tok, float *logits,
-                   bool all_logits, struct err *e);
-    /* Family unit tests (config parsing, mapping, block contracts); 0 on success. */
-    int (*self_test)(struct err *e);
+    /* One chunk of a batch (engine/forward.c prepared the cache): every row through the
+     * layers, logits of the chunk's out_rows into c->bufs.logits. Ops may fail
+     * asynchronously: the engine checks backend_sync() afterwards. */
+    int (*forward)(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e);
     /* mlx-lm's sanitize of per-expert tensors into stacked ones, for `mlxcel convert`
      * and `synth -q`; NULL-terminated, or NULL for dense families. */
     const struct expert_stack_rule *expert_stacking;
@@ -120,52 +116,61 @@ uint64_t model_weight_bytes(const struct model *m);
 /* KV-cache bytes per token of context. */
 uint64_t model_kv_bytes_per_token(const struct model *m);
 
-/* Activation buffers, carved out of one arena at context creation.
- * B = n_batch (tokens per internal forward chunk). */
+/* Prepare every weight for be once (backend_ops.prepare_weight: the CPU keeps the mmap
+ * views; a GPU uploads). A model is prepared for one backend. */
+int model_prepare(struct model *m, struct backend *be, struct err *e);
+
+/* Activation buffers and per-chunk metadata, carved out of one backend
+ * allocation at context creation. B = n_batch (rows per forward chunk),
+ * K = B * n_expert_used (routed (token, expert) slots). */
 struct ctx_bufs {
     float *x;        /* [B, n_embd] residual stream */
     float *xn;       /* [B, n_embd] normalized input of a block */
-    float *q;        /* [B, n_head*head_dim] */
-    float *qkv;      /* [B, (n_head + 2 n_kv_head) * head_dim] fused projection */
-    float *att;      /* [B, n_head*head_dim] attention output before wo */
+    float *qkv;      /* [B, (n_head + 2 n_kv_head) * head_dim] q | k | v columns */
+    float *att;      /* [B, n_head * head_dim] attention output before wo */
     float *o;        /* [B, n_embd] attention block output */
     float *f;        /* [B, n_embd] FFN block output */
-    float *h1;       /* [B, n_ff] FFN hidden */
-    float *h2;       /* [B, 2 n_ff] second FFN hidden / fused gate_up output */
+    float *h;        /* [max(B, K), 2 n_ff] FFN hidden: gate | up, or fc1 */
+    float *h1;       /* [max(B, K), n_ff] activated hidden */
     float *router;   /* [B, n_expert] gate logits */
-    int *sel;        /* [B, n_expert_used] chosen experts */
-    float *sel_w;    /* [B, n_expert_used] their weights */
-    int *order;      /* [B * n_expert_used] (token, slot) pairs grouped by expert */
-    float *xg, *yg;  /* [B, n_embd] gathered rows of one expert */
-    float *inv_freq;      /* [n_rot / 2] */
-    float *inv_freq_long; /* [n_rot / 2] longrope long factors */
+    int32_t *sel;    /* [K] chosen experts */
+    float *sel_w;    /* [K] their weights */
+    int32_t *order;  /* [K] slots grouped by expert */
+    int32_t *offsets;/* [n_expert + 1] each expert's run in order */
+    float *xg;       /* [K, n_embd] gathered rows */
+    float *yg;       /* [K, n_embd] expert outputs */
+    float *logits;   /* [n_out, n_vocab] */
+    float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
+    int32_t *meta;   /* [6][B] ids, pos, slot, table, seq_end, out_rows of the chunk */
 };
 
-/* Per-request state: KV cache, activations (allocated once), backend. */
+/* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
+ * reserved), of which n_out need logits. Pointers are backend memory except
+ * kv, the per-layer views of the cache pool (host array). */
+struct fwd_chunk {
+    int n_tok, n_out;
+    const int32_t *ids;       /* [n_tok] */
+    const int32_t *out_rows;  /* [n_out] rows whose logits go to bufs.logits, in order */
+    const struct kv_rows *rows;
+    const struct kv_layer *kv; /* [n_layer] */
+};
+
+/* Activations of one model on one backend; serves any KV cache of that model. */
 struct model_ctx {
     const struct model *m;
     struct backend *be;              /* borrowed */
-    int n_ctx;                       /* cache capacity in tokens */
-    int n_batch;                     /* max tokens per internal forward chunk */
-    int pos;                         /* tokens in the cache */
-    float *k_cache, *v_cache;        /* [n_layer, n_ctx, n_kv_head*head_dim], owned */
-    void *arena;                     /* backing store of bufs, owned */
+    int n_batch;                     /* max rows per forward chunk */
+    int n_out;                       /* max logit rows per chunk */
+    void *arena;                     /* backend memory of bufs, owned */
     struct ctx_bufs bufs;
-    bool fused_moe;                  /* single-token MoE fast path ($MLXCEL_FUSED_MOE, default on) */
+    int32_t *meta_host;              /* [6][B] staging of bufs.meta, owned */
 };
 
-/* n_ctx <= 0: the model's context length. */
-int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_ctx,
+/* n_batch <= 0: the default (512 rows, fewer for wide models so the arena stays
+ * within its budget). */
+int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e);
 void model_ctx_free(struct model_ctx *c);
-/* Forget the cache (pos = 0). */
-void model_ctx_reset(struct model_ctx *c);
-
-/* Run n_tok tokens starting at c->pos and append them to the cache.
- * logits: [n_tok, n_vocab] when all_logits, else [n_vocab] for the last token.
- * Errors: ids out of range, or the cache would overflow (-ERR_RANGE). */
-int model_forward(struct model_ctx *c, const int32_t *ids, int n_tok, float *logits,
-                  bool all_logits, struct err *e);
 
 #ifdef __cplusplus
 }

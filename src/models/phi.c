@@ -11,7 +11,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int phi_self_test(struct err *e);
 
 /* transformers PhiConfig defaults */
 static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new"};
@@ -31,7 +30,7 @@ static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
     hp->ffn = FFN_MLP;
     hp->ffn_bias = true;
     hp->head_bias = true;
-    return 0;
+    return hf_finish_layers(hp, cfg, 0, e);
 }
 
 static int phi_map_weights(struct model *m, struct st_set *st, struct err *e)
@@ -73,6 +72,5 @@ const struct model_ops phi_ops = {
     .architectures = phi_archs,
     .parse_config = phi_parse_config,
     .map_weights = phi_map_weights,
-    .forward = blk_forward,
-    .self_test = phi_self_test,
+    .forward = decoder_forward,
 };

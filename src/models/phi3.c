@@ -9,7 +9,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int phi3_self_test(struct err *e);
 
 /* transformers Phi3Config defaults */
 static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu"};
@@ -18,7 +17,7 @@ static int phi3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e
 {
     int rc = hf_parse_decoder(hp, cfg, &phi3_defaults, e);
     hp->qkv_bias = hp->out_bias = false;  /* Phi-3 projections carry no biases */
-    return rc;
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 0, e);
 }
 
 /* Published Phi-3 checkpoints fuse q/k/v and gate/up (synth writes that layout). */
@@ -32,7 +31,6 @@ const struct model_ops phi3_ops = {
     .architectures = phi3_archs,
     .parse_config = phi3_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = phi3_self_test,
+    .forward = decoder_forward,
     .synth_prefer = phi3_fused,
 };

@@ -10,14 +10,14 @@
 #include "selftest.h"
 
 extern const struct model_ops phi3_ops;
-int phi3_self_test(struct err *e);
+int phi3_ops_self_test(struct err *e);
 
 #define BASE "\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
              "\"intermediate_size\": 128, \"max_position_embeddings\": 256, \"original_max_position_embeddings\": 8"
 #define SHORT "[1.0, 1.05, 1.1, 1.2, 1.4, 1.8, 2.5, 3.0]"
 #define LONG "[1.0, 1.3, 1.9, 2.8, 4.0, 6.0, 9.0, 12.0]"
 
-int phi3_self_test(struct err *e)
+int phi3_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

@@ -6,12 +6,12 @@
 #include "selftest.h"
 
 extern const struct model_ops phi_ops;
-int phi_self_test(struct err *e);
+int phi_ops_self_test(struct err *e);
 
 #define BASE "\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
              "\"intermediate_size\": 256, \"max_position_embeddings\": 256"
 
-int phi_self_test(struct err *e)
+int phi_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

@@ -9,7 +9,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int phimoe_self_test(struct err *e);
 
 /* transformers PhimoeConfig defaults */
 static const struct hf_defaults phimoe_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu"};
@@ -24,7 +23,7 @@ static int phimoe_parse_config(struct hparams *hp, const cJSON *cfg, struct err 
         return rc;
     hp->norm = NORM_LAYER;
     hp->router = ROUTER_SPARSEMIXER;
-    return 0;
+    return hf_finish_layers(hp, cfg, 0, e);
 }
 
 static const char *const phimoe_archs[] = {"PhimoeForCausalLM", NULL};
@@ -35,7 +34,6 @@ const struct model_ops phimoe_ops = {
     .architectures = phimoe_archs,
     .parse_config = phimoe_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = phimoe_self_test,
+    .forward = decoder_forward,
     .expert_stacking = hf_moe_stacking,
 };

@@ -10,13 +10,13 @@
 #include "selftest.h"
 
 extern const struct model_ops phimoe_ops;
-int phimoe_self_test(struct err *e);
+int phimoe_ops_self_test(struct err *e);
 
 #define BASE "\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
              "\"num_key_value_heads\": 2, \"intermediate_size\": 128, \"max_position_embeddings\": 256, " \
              "\"num_local_experts\": 4"
 
-int phimoe_self_test(struct err *e)
+int phimoe_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

@@ -27,7 +27,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int phixtral_self_test(struct err *e);
 
 /* Defaults of the phi-msft config (PhiConfig of the Phixtral release) where the
  * field may be absent or null. */
@@ -92,6 +91,7 @@ static int phixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct er
     hp->ffn_bias = true;
     hp->head_bias = true;
     hp->router = ROUTER_TOPK_SOFTMAX;
+    hparams_fill_layers(hp);
     return 0;
 }
 
@@ -142,7 +142,6 @@ const struct model_ops phixtral_ops = {
     .architectures = phixtral_archs,
     .parse_config = phixtral_parse_config,
     .map_weights = phixtral_map_weights,
-    .forward = blk_forward,
-    .self_test = phixtral_self_test,
+    .forward = decoder_forward,
     .expert_stacking = phixtral_stacking,
 };

@@ -15,7 +15,7 @@
 #include "selftest.h"
 
 extern const struct model_ops phixtral_ops;
-int phixtral_self_test(struct err *e);
+int phixtral_ops_self_test(struct err *e);
 
 #define FIXTURE "tests/fixtures/golden/"
 
@@ -224,7 +224,7 @@ out:
     return rc;
 }
 
-int phixtral_self_test(struct err *e)
+int phixtral_ops_self_test(struct err *e)
 {
     int rc;
     if ((rc = config_rules(e)) < 0 || (rc = routing(e)) < 0 || (rc = partial_rotary(e)) < 0 ||

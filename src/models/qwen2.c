@@ -5,7 +5,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int qwen2_self_test(struct err *e);
 
 /* transformers Qwen2Config defaults */
 static const struct hf_defaults qwen2_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
@@ -15,7 +14,8 @@ static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *
     int rc = hf_parse_decoder(hp, cfg, &qwen2_defaults, e);
     hp->qkv_bias = true;
     hp->out_bias = false;
-    return rc;
+    /* transformers Qwen2Config: max_window_layers defaults to 28 */
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 28, e);
 }
 
 static const char *const qwen2_archs[] = {"Qwen2ForCausalLM", NULL};
@@ -26,6 +26,5 @@ const struct model_ops qwen2_ops = {
     .architectures = qwen2_archs,
     .parse_config = qwen2_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = qwen2_self_test,
+    .forward = decoder_forward,
 };

@@ -4,9 +4,9 @@
 #include "selftest.h"
 
 extern const struct model_ops qwen2_ops;
-int qwen2_self_test(struct err *e);
+int qwen2_ops_self_test(struct err *e);
 
-int qwen2_self_test(struct err *e)
+int qwen2_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

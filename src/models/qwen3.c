@@ -6,7 +6,6 @@
 #include "blocks.h"
 #include "hf_common.h"
 
-int qwen3_self_test(struct err *e);
 
 /* transformers Qwen3Config defaults */
 static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
@@ -15,7 +14,8 @@ static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *
 {
     int rc = hf_parse_decoder(hp, cfg, &qwen3_defaults, e);
     hp->qk_norm = true;
-    return rc;
+    /* transformers Qwen3Config: max_window_layers defaults to 28 */
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 28, e);
 }
 
 static const char *const qwen3_archs[] = {"Qwen3ForCausalLM", NULL};
@@ -26,6 +26,5 @@ const struct model_ops qwen3_ops = {
     .architectures = qwen3_archs,
     .parse_config = qwen3_parse_config,
     .map_weights = hf_map_decoder,
-    .forward = blk_forward,
-    .self_test = qwen3_self_test,
+    .forward = decoder_forward,
 };

@@ -5,9 +5,9 @@
 #include "selftest.h"
 
 extern const struct model_ops qwen3_ops;
-int qwen3_self_test(struct err *e);
+int qwen3_ops_self_test(struct err *e);
 
-int qwen3_self_test(struct err *e)
+int qwen3_ops_self_test(struct err *e)
 {
     struct hparams hp;
     int rc;

@@ -1,12 +1,19 @@
 /*
- * backend_cpu: struct backend_ops on the CPU (see backend.h).
+ * backend_cpu: struct backend_ops on the CPU (see backend.h): lifetime,
+ * memory, the dense and elementwise ops. Rope, the paged KV store and
+ * attention are in backend_cpu_attn.c; MoE routing and the expert linears
+ * in backend_cpu_moe.c.
  *
  * Every op here is threading glue: it describes the work in a small context
  * struct, makes sure each thread's scratch is large enough (grown on the
  * calling thread before the dispatch, so nothing allocates in steady state),
  * then runs one tpool_run() whose task splits the work by (ith, nth) and
  * calls the single-threaded kernels of struct cpu_kernels (kern.h) chosen at
- * creation: scalar, avx2 or avx512.
+ * creation: scalar, avx2 or avx512. An op that cannot get its scratch
+ * records the error (cpu_fail) and returns; sync() reports it.
+ *
+ * Memory is host memory: buf_alloc is a 64-byte aligned allocation, upload,
+ * download and copy are memcpy, and prepare_weight keeps the mmap view.
  *
  * linear runs one of two algorithms: below gemm_min_tok tokens (decode) the
  * matvec streams every weight row once; from there on a packed-panel GEMM
@@ -16,41 +23,31 @@
  *   linear       output rows (matvec) or GEMM panels of gemm_nr rows
  *   linear_batch the concatenated rows of all jobs, one dispatch
  *   embed, norms tokens / rows
- *   rope         (token, head) pairs, contiguous
- *   attention    (kv head, tile of query tokens) items, round-robin (causal
- *                rows grow); decode: one item per kv head
- *   elementwise  contiguous chunks; small vectors run on the caller alone
+ *   elementwise  rows, or contiguous chunks; small sizes run on the caller alone
  */
 #include <assert.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../core/log.h"
-#include "../../core/threadpool.h"
-#include "../backend.h"
-#include "kern.h"
+#include "backend_cpu_impl.h"
 
 /* Below this many elements an elementwise op is not worth waking the pool. */
 #define ELEM_MIN_PARALLEL 32768
 
-struct cpu_backend {
-    struct backend be;
-    struct tpool *pool;
-    struct cpu_kernels k;
-    int nth;
-    float **scr;          /* [nth] per-thread scratch, 64-byte aligned */
-    size_t scr_cap;       /* floats in each scr[i] */
-    float *shared;        /* scratch read by all threads (quantized x sums) */
-    size_t shared_cap;
-};
+// ---- errors and scratch ----
 
-static struct cpu_backend *cpu_of(struct backend *be)
+void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes)
 {
-    return (struct cpu_backend *)be->impl;
+    if (c->err_rc)
+        return;
+    c->err_rc = -ERR_NOMEM;
+    snprintf(c->err_msg, sizeof c->err_msg, "cpu backend: cannot allocate %zu bytes of %s", bytes,
+             what);
 }
-
-// ---- scratch ----
 
 static float *alloc_floats(size_t n)
 {
@@ -58,11 +55,7 @@ static float *alloc_floats(size_t n)
     return aligned_alloc(64, bytes ? bytes : 64);
 }
 
-/* Grow every thread's scratch to at least n floats. Only ever grows, so a
- * model reaches steady state after its largest op. Backend ops cannot
- * return errors: on allocation failure this logs, the op writes NaN to its
- * output (so the failure cannot go unnoticed downstream) and returns. */
-static bool scratch_ensure(struct cpu_backend *c, size_t n)
+bool cpu_scratch_ensure(struct cpu_backend *c, size_t n)
 {
     if (n <= c->scr_cap)
         return true;
@@ -71,8 +64,8 @@ static bool scratch_ensure(struct cpu_backend *c, size_t n)
         free(c->scr[i]);
         c->scr[i] = alloc_floats(n);
         if (!c->scr[i]) {
-            LOG_ERR("cpu backend: cannot allocate %zu bytes of scratch", n * sizeof(float));
             c->scr_cap = 0;
+            cpu_fail(c, "scratch", n * sizeof(float));
             return false;
         }
     }
@@ -88,15 +81,66 @@ static float *shared_ensure(struct cpu_backend *c, size_t n)
         c->shared = alloc_floats(n);
         c->shared_cap = c->shared ? n : 0;
         if (!c->shared)
-            LOG_ERR("cpu backend: cannot allocate %zu bytes of scratch", n * sizeof(float));
+            cpu_fail(c, "scratch", n * sizeof(float));
     }
     return c->shared;
 }
 
-static void nan_fill(float *y, size_t n)
+int32_t *cpu_iscratch_ensure(struct cpu_backend *c, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        y[i] = NAN;
+    if (n > c->iscr_cap) {
+        free(c->iscr);
+        n += n / 4 + 16;
+        c->iscr = malloc(n * sizeof *c->iscr);
+        c->iscr_cap = c->iscr ? n : 0;
+        if (!c->iscr)
+            cpu_fail(c, "scratch", n * sizeof *c->iscr);
+    }
+    return c->iscr;
+}
+
+// ---- memory ----
+
+static int cpu_buf_alloc(struct backend *be, size_t bytes, void **out, struct err *e)
+{
+    (void)be;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    *out = n >= bytes ? aligned_alloc(64, n ? n : 64) : NULL;
+    if (!*out)
+        return err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB", bytes >> 20);
+    return 0;
+}
+
+static void cpu_buf_free(struct backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    if (bytes)
+        memmove(dst, src, bytes);
+}
+
+static int cpu_prepare_weight(struct backend *be, struct tensor *w, struct err *e)
+{
+    /* the kernels read the mmap view in its stored layout */
+    (void)be;
+    (void)w;
+    (void)e;
+    return 0;
+}
+
+static int cpu_sync(struct backend *be, struct err *e)
+{
+    struct cpu_backend *c = cpu_of(be);
+    int rc = c->err_rc;
+    if (rc)
+        err_setf(e, -rc, "%s", c->err_msg);
+    c->err_rc = 0;
+    return rc;
 }
 
 // ---- weights ----
@@ -184,6 +228,7 @@ static void bias_add(float *y, size_t ldy, int n_tok, const struct tensor *b, in
 struct linear_ctx {
     struct cpu_backend *c;
     float *y;
+    size_t ldy;
     const float *x;
     const struct wmat *w;
     const struct tensor *b;   /* NULL when absent */
@@ -233,7 +278,7 @@ static void linear_task(void *arg, int ith, int nth)
     struct linear_ctx *lc = arg;
     const struct cpu_kernels *k = &lc->c->k;
     const struct wmat *w = lc->w;
-    size_t ldy = (size_t)w->out, ldx = lc->ldx;
+    size_t ldy = lc->ldy, ldx = lc->ldx;
     long lo, hi;
     if (lc->gemm) {
         long n_panels = (w->out + k->gemm_nr - 1) / k->gemm_nr;
@@ -256,40 +301,46 @@ static void linear_task(void *arg, int ith, int nth)
         bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
 }
 
-static void cpu_linear(struct backend *be, float *y, const float *x, const struct tensor *w,
-                       const struct tensor *b, int n_tok)
+int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
+{
+    if (!c->k.ukernel)
+        return 1 << 30;
+    return w->qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok;
+}
+
+void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
+                const struct tensor *b, int n_tok)
 {
     struct cpu_backend *c = cpu_of(be);
     struct wmat m;
+    if (c->err_rc || n_tok <= 0)
+        return;
     wmat_from(&m, w);
     struct linear_ctx lc = {
-        .c = c, .y = y, .x = x, .w = &m, .n_tok = n_tok, .ldx = (size_t)m.in,
+        .c = c, .y = y, .ldy = (size_t)ldy, .x = x, .w = &m, .n_tok = n_tok, .ldx = (size_t)m.in,
         .b = b && tensor_is_present(b) ? b : NULL,
     };
-    lc.gemm = c->k.ukernel && n_tok >= (m.qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok);
-    bool ok = true;
+    assert(ldy >= m.out);
+    lc.gemm = n_tok >= cpu_gemm_min_tok(c, w);
     if (lc.gemm) {
-        ok = scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
-                                   (size_t)c->k.gemm_nr);
+        if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
+                                       (size_t)c->k.gemm_nr))
+            return;
     } else if (qprep_size(&c->k, &m, n_tok)) {
         float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
-        if ((ok = buf != NULL)) {
-            qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
-            lc.ldx = qx_stride(&c->k, &m);
-        }
-    }
-    if (!ok) {
-        nan_fill(y, (size_t)n_tok * (size_t)m.out);
-        return;
+        if (!buf)
+            return;
+        qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
+        lc.ldx = qx_stride(&c->k, &m);
     }
     tpool_run(c->pool, linear_task, &lc);
 }
 
-// ---- linear_batch ----
+// ---- matvec jobs in one dispatch (linear_batch, the expert linears of decode) ----
 
 struct batch_ctx {
     struct cpu_backend *c;
-    const struct linear_job *jobs;
+    const struct cpu_job *jobs;
     const struct wmat *w;     /* [n_jobs] */
     const size_t *xs_off;     /* [n_jobs] offset of each job's qprep data in c->shared */
     const float **xp;         /* [n_jobs] x as the kernel takes it (see qprep_fill) */
@@ -310,12 +361,13 @@ static void batch_task(void *arg, int ith, int nth)
         long a = lo > base ? lo - base : 0;
         long z = hi - base < w->out ? hi - base : w->out;
         if (a < z) {
-            const struct linear_job *jb = &bc->jobs[j];
+            const struct cpu_job *jb = &bc->jobs[j];
             const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
-            k->matvec(jb->y, (size_t)w->out, bc->xp[j], qx_stride(k, w), 1, w, (int)a, (int)z, xs,
+            size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
+            k->matvec(jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs,
                       xsum_len(w));
-            if (jb->b && tensor_is_present(jb->b))
-                bias_add(jb->y, (size_t)w->out, 1, jb->b, (int)a, (int)z);
+            if (jb->b)
+                bias_add(jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
         }
         base += w->out;
     }
@@ -324,10 +376,9 @@ static void batch_task(void *arg, int ith, int nth)
 /* Jobs beyond this many are run in several dispatches (the wmat array lives on the stack). */
 #define BATCH_MAX 64
 
-static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs)
+void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jobs)
 {
-    struct cpu_backend *c = cpu_of(be);
-    while (n_jobs > 0) {
+    while (n_jobs > 0 && !c->err_rc) {
         int n = n_jobs < BATCH_MAX ? n_jobs : BATCH_MAX;
         struct wmat w[BATCH_MAX];
         size_t xs_off[BATCH_MAX], xs_total = 0;
@@ -337,25 +388,46 @@ static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, 
             wmat_from(&w[j], jobs[j].w);
             total += w[j].out;
             xs_off[j] = xs_total;
-            xs_total += qprep_size(&c->k, &w[j], 1);
+            xs_total += qprep_size(&c->k, &w[j], jobs[j].n_tok);
             xp[j] = jobs[j].x;
         }
         if (xs_total) {
             float *buf = shared_ensure(c, xs_total);
             const float *xs;
-            if (!buf) {
-                for (int j = 0; j < n; j++)
-                    nan_fill(jobs[j].y, (size_t)w[j].out);
-                jobs += n;
-                n_jobs -= n;
-                continue;
-            }
+            if (!buf)
+                return;
             for (int j = 0; j < n; j++)
                 if (w[j].qbits)
-                    qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, 1, &w[j], &xs, &xp[j]);
+                    qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
         }
         struct batch_ctx bc = {c, jobs, w, xs_off, xp, total, n};
         tpool_run(c->pool, batch_task, &bc);
+        jobs += n;
+        n_jobs -= n;
+    }
+}
+
+static void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct cpu_job cj[BATCH_MAX];
+    bool small = true;
+    for (int j = 0; j < n_jobs && small; j++)
+        small = jobs[j].n_tok < cpu_gemm_min_tok(c, jobs[j].w);
+    if (!small) {
+        /* prefill-sized: each product takes the GEMM path on its own */
+        for (int j = 0; j < n_jobs; j++)
+            cpu_linear(be, jobs[j].y, jobs[j].ldy, jobs[j].x, jobs[j].w, jobs[j].b, jobs[j].n_tok);
+        return;
+    }
+    while (n_jobs > 0) {
+        int n = n_jobs < BATCH_MAX ? n_jobs : BATCH_MAX;
+        for (int j = 0; j < n; j++) {
+            const struct tensor *b = jobs[j].b && tensor_is_present(jobs[j].b) ? jobs[j].b : NULL;
+            cj[j] = (struct cpu_job){jobs[j].y, (size_t)jobs[j].ldy, jobs[j].x, jobs[j].w, b,
+                                     jobs[j].n_tok};
+        }
+        cpu_linear_jobs(c, cj, n);
         jobs += n;
         n_jobs -= n;
     }
@@ -387,6 +459,8 @@ static void cpu_embed(struct backend *be, float *y, const struct tensor *w, cons
     struct wmat m;
     wmat_from(&m, w);
     struct embed_ctx ec = {c, y, &m, ids, n_tok};
+    if (c->err_rc)
+        return;
     if (n_tok == 1)
         embed_task(&ec, 0, 1);
     else
@@ -402,15 +476,17 @@ struct norm_ctx {
     const struct tensor *w;
     const struct tensor *b;   /* layernorm only; NULL when absent */
     float eps;
-    int n_rows, n;
+    int n_rows, per_tok, n;
+    size_t ld;
     bool layer;               /* layernorm (else rmsnorm) */
 };
 
 static void norm_row(const struct norm_ctx *nc, size_t row)
 {
     const struct cpu_kernels *k = &nc->c->k;
-    const float *x = nc->x + row * (size_t)nc->n;
-    float *y = nc->y + row * (size_t)nc->n;
+    size_t off = row / (size_t)nc->per_tok * nc->ld + row % (size_t)nc->per_tok * (size_t)nc->n;
+    const float *x = nc->x + off;
+    float *y = nc->y + off;
     const void *bd = nc->b ? nc->b->data : NULL;
     enum dtype bdt = nc->b ? nc->b->dtype : DTYPE_F32;
     if (nc->layer) {
@@ -437,249 +513,94 @@ static void norm_task(void *arg, int ith, int nth)
 
 static void norm_run(struct cpu_backend *c, struct norm_ctx *nc)
 {
+    if (c->err_rc)
+        return;
     if (nc->n_rows == 1 || (size_t)nc->n_rows * (size_t)nc->n < ELEM_MIN_PARALLEL)
         norm_task(nc, 0, 1);
     else
         tpool_run(c->pool, norm_task, nc);
 }
 
-static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const struct tensor *w,
-                        float eps, int n_rows, int n)
+static void cpu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                        float eps, int n_tok, int per_tok, int n)
 {
-    struct norm_ctx nc = {cpu_of(be), y, x, w, NULL, eps, n_rows, n, false};
+    struct norm_ctx nc = {cpu_of(be), y, x, w, NULL, eps, n_tok * per_tok, per_tok, n,
+                          (size_t)ld, false};
     norm_run(nc.c, &nc);
 }
 
-static void cpu_layernorm(struct backend *be, float *y, const float *x, const struct tensor *w,
-                          const struct tensor *b, float eps, int n_rows, int n)
+static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
+                          const struct tensor *w, const struct tensor *b, float eps, int n_tok,
+                          int per_tok, int n)
 {
     struct norm_ctx nc = {cpu_of(be), y, x, w, b && tensor_is_present(b) ? b : NULL, eps,
-                          n_rows, n, true};
+                          n_tok * per_tok, per_tok, n, (size_t)ld, true};
     norm_run(nc.c, &nc);
 }
 
-// ---- rope ----
+// ---- elementwise (rows of n, strided) ----
 
-struct rope_ctx {
-    struct cpu_backend *c;
-    float *x;
-    const float *inv_freq;
-    float mscale;
-    int n_tok, row_stride, n_head, head_dim, n_rot, pos0;
-};
-
-/* cos/sin table of one position: angles in double (positions reach 1e5 and
- * a float product pos * inv_freq would lose ~1e-2 rad there), then cast. */
-static void rope_table(float *cs, const struct rope_ctx *rc, int pos)
-{
-    int half = rc->n_rot / 2;
-    for (int j = 0; j < half; j++) {
-        double a = (double)pos * (double)rc->inv_freq[j];
-        cs[j] = (float)(cos(a) * rc->mscale);
-        cs[half + j] = (float)(sin(a) * rc->mscale);
-    }
-}
-
-static void rope_task(void *arg, int ith, int nth)
-{
-    struct rope_ctx *rc = arg;
-    float *cs = rc->c->scr[ith];
-    int half = rc->n_rot / 2, cur = -1;
-    long lo, hi;
-    tpool_range((long)rc->n_tok * rc->n_head, ith, nth, &lo, &hi);
-    for (long it = lo; it < hi; it++) {
-        int t = (int)(it / rc->n_head), h = (int)(it % rc->n_head);
-        if (t != cur) {
-            rope_table(cs, rc, rc->pos0 + t);
-            cur = t;
-        }
-        float *xh = rc->x + (size_t)t * rc->row_stride + (size_t)h * rc->head_dim;
-        for (int j = 0; j < half; j++) {
-            float x1 = xh[j], x2 = xh[j + half];
-            float cj = cs[j], sj = cs[half + j];
-            xh[j] = x1 * cj - x2 * sj;
-            xh[j + half] = x2 * cj + x1 * sj;
-        }
-    }
-}
-
-static void cpu_rope(struct backend *be, float *x, int n_tok, int row_stride, int n_head,
-                     int head_dim, int n_rot, int pos0, const float *inv_freq, float mscale)
-{
-    struct cpu_backend *c = cpu_of(be);
-    struct rope_ctx rc = {c, x, inv_freq, mscale, n_tok, row_stride, n_head, head_dim, n_rot, pos0};
-    if (!scratch_ensure(c, (size_t)n_rot)) {
-        nan_fill(x, (size_t)n_tok * (size_t)row_stride);
-        return;
-    }
-    if (n_tok == 1)
-        rope_task(&rc, 0, 1);
-    else
-        tpool_run(c->pool, rope_task, &rc);
-}
-
-// ---- attention ----
-
-/* Keys per block: a K or V block of ATTN_JB rows x head_dim f32 (32 KiB at
- * head_dim 128) is copied to contiguous scratch and stays in L1 while every
- * query row of the item uses it. In the cache the rows of one head sit
- * n_kv_head * head_dim floats apart (4 KiB for 8 x 128): rows at a
- * power-of-two stride map to the same L1 sets, so in place they would evict
- * each other, and the hardware prefetchers stop at page boundaries. */
-#define ATTN_JB 64
-/* Rows ahead of the copy to prefetch (8 rows of 512 B: ~64 lines in flight). */
-#define ATTN_PF 8
-/* Query tokens per item in prefill; an item's rows are tokens x (query heads
- * of one kv head), so GQA heads and neighbouring tokens share each K/V block. */
-#define ATTN_TT 4
-/* Most query rows per item (tokens x heads per kv head). */
-#define ATTN_ROWS 64
-
-struct attn_ctx {
-    struct cpu_backend *c;
-    float *out;
-    const float *q, *k, *v;
-    int n_tok, pos0, n_head, n_kv_head, head_dim;
-    int tt;                   /* tokens per item */
-    int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
-    size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
-    float scale;
-};
-
-/* Query rows i = ti * n_rep + r of one item: token t0 + ti, head g * n_rep + r. */
-struct attn_rows {
-    const float *q[ATTN_ROWS];
-    float *o[ATTN_ROWS];
-    int n[ATTN_ROWS];         /* keys the row attends (causal) */
-    float sum[ATTN_ROWS];     /* softmax denominators */
-    int n_rows, n_max;
-};
-
-/* Copy rows [j0, j0 + nb) of one head (stride ld) to dst [nb][hd],
- * prefetching ATTN_PF rows ahead (up to row n_max). */
-static void attn_copy(float *dst, const float *src, size_t ld, int j0, int nb, int n_max, int hd)
-{
-    for (int r = 0; r < nb; r++) {
-        if (j0 + r + ATTN_PF < n_max) {
-            const char *p = (const char *)(src + (size_t)(j0 + r + ATTN_PF) * ld);
-            for (size_t b = 0; b < (size_t)hd * sizeof(float); b += 64)
-                __builtin_prefetch(p + b, 0, 3);
-        }
-        memcpy(dst + (size_t)r * hd, src + (size_t)(j0 + r) * ld, (size_t)hd * sizeof(float));
-    }
-}
-
-/* Causal attention for kv head g, its query heads [h0, h0 + hc) (all of
- * them unless n_rep > ATTN_ROWS) and tokens [t0, t0 + tt): two passes over
- * the keys in blocks of ATTN_JB, rows inside, so every K and V row is read
- * from memory once per item: (1) scores into scratch, (2) after a stable
- * softmax per row (max subtracted, f32), the weighted sum of V rows. */
-static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int t0, int tt)
-{
-    const struct cpu_kernels *k = &ac->c->k;
-    int hd = ac->head_dim, n_rep = ac->n_head / ac->n_kv_head;
-    int nh = n_rep - h0 < ac->hc ? n_rep - h0 : ac->hc;
-    size_t qs = (size_t)ac->n_head * hd, kvs = (size_t)ac->n_kv_head * hd;
-    const float *kg = ac->k + (size_t)g * hd, *vg = ac->v + (size_t)g * hd;
-    float *blk = scr + (size_t)(ac->tt * ac->hc) * ac->ld_s;
-    struct attn_rows ar;
-    ar.n_rows = tt * nh;
-    ar.n_max = ac->pos0 + t0 + tt;
-    for (int i = 0; i < ar.n_rows; i++) {
-        int t = t0 + i / nh, h = g * n_rep + h0 + i % nh;
-        ar.q[i] = ac->q + (size_t)t * qs + (size_t)h * hd;
-        ar.o[i] = ac->out + (size_t)t * qs + (size_t)h * hd;
-        ar.n[i] = ac->pos0 + t + 1;
-    }
-    for (int j0 = 0; j0 < ar.n_max; j0 += ATTN_JB) {
-        int nb = ar.n_max - j0 < ATTN_JB ? ar.n_max - j0 : ATTN_JB;
-        attn_copy(blk, kg, kvs, j0, nb, ar.n_max, hd);
-        for (int i = 0; i < ar.n_rows; i++) {
-            int n = ar.n[i] - j0 < nb ? ar.n[i] - j0 : nb;
-            if (n > 0)
-                k->attn_scores(scr + i * ac->ld_s + j0, ar.q[i], blk, n, hd, ac->scale);
-        }
-    }
-    for (int i = 0; i < ar.n_rows; i++) {
-        float *s = scr + i * ac->ld_s;
-        ar.sum[i] = k->exp_sum(s, s, k->max(s, ar.n[i]), ar.n[i]);
-    }
-    for (int j0 = 0; j0 < ar.n_max; j0 += ATTN_JB) {
-        int nb = ar.n_max - j0 < ATTN_JB ? ar.n_max - j0 : ATTN_JB;
-        attn_copy(blk, vg, kvs, j0, nb, ar.n_max, hd);
-        for (int i = 0; i < ar.n_rows; i++) {
-            int n = ar.n[i] - j0 < nb ? ar.n[i] - j0 : nb;
-            if (n > 0)
-                k->attn_accum(ar.o[i], scr + i * ac->ld_s + j0, blk, n, hd, j0 > 0);
-        }
-    }
-    for (int i = 0; i < ar.n_rows; i++)
-        k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
-}
-
-static void attn_task(void *arg, int ith, int nth)
-{
-    struct attn_ctx *ac = arg;
-    int n_rep = ac->n_head / ac->n_kv_head, n_hc = (n_rep + ac->hc - 1) / ac->hc;
-    long per_tile = (long)ac->n_kv_head * n_hc;
-    long n_items = (ac->n_tok + ac->tt - 1) / ac->tt * per_tile;
-    /* round-robin: later tiles attend more keys, interleaving balances them */
-    for (long it = ith; it < n_items; it += nth) {
-        int t0 = (int)(it / per_tile) * ac->tt;
-        int g = (int)(it % per_tile / n_hc), h0 = (int)(it % n_hc) * ac->hc;
-        int tt = ac->n_tok - t0 < ac->tt ? ac->n_tok - t0 : ac->tt;
-        attn_item(ac, ac->c->scr[ith], g, h0, t0, tt);
-    }
-}
-
-static void cpu_attention(struct backend *be, float *out, const float *q, const float *k,
-                          const float *v, int n_tok, int pos0, int n_head, int n_kv_head,
-                          int head_dim, float scale)
-{
-    struct cpu_backend *c = cpu_of(be);
-    int n_rep = n_head / n_kv_head;
-    struct attn_ctx ac = {c, out, q, k, v, n_tok, pos0, n_head, n_kv_head, head_dim, 1, 1, 0,
-                          scale};
-    assert(n_rep >= 1 && n_head % n_kv_head == 0);
-    ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
-    ac.tt = ATTN_ROWS / ac.hc < ATTN_TT ? ATTN_ROWS / ac.hc : ATTN_TT;
-    /* padded to a cache line so score rows do not share lines */
-    ac.ld_s = ((size_t)pos0 + (size_t)n_tok + 15) & ~(size_t)15;
-    if (!scratch_ensure(c, ac.ld_s * (size_t)(ac.tt * ac.hc) + (size_t)ATTN_JB * head_dim)) {
-        nan_fill(out, (size_t)n_tok * n_head * head_dim);
-        return;
-    }
-    tpool_run(c->pool, attn_task, &ac);
-}
-
-// ---- elementwise ----
-
-enum elem_op { ELEM_GELU_TANH, ELEM_GELU_ERF, ELEM_SILU_MUL, ELEM_AXPY };
+enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_GATHER };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
     enum elem_op op;
+    enum act_kind act;
     float *y;
-    const float *a, *b;
+    const float *x;
+    const int32_t *idx;       /* gather */
+    size_t ldy, ldx;
     float s;
-    size_t n;
+    int n_rows, n, div;
 };
 
-static void elem_range(const struct elem_ctx *ec, size_t lo, size_t hi)
+static void act_apply(const struct cpu_kernels *k, enum act_kind act, float *x, size_t n)
 {
-    size_t n = hi - lo;
+    switch (act) {
+    case ACT_GELU_TANH:
+        k->gelu_tanh(x, n);
+        break;
+    case ACT_GELU_ERF:
+        k->gelu_erf(x, n);
+        break;
+    case ACT_SILU:
+        for (size_t i = 0; i < n; i++)
+            x[i] = x[i] / (1.0f + expf(-x[i]));
+        break;
+    case ACT_RELU:
+        for (size_t i = 0; i < n; i++)
+            x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+    }
+}
+
+/* Columns [c0, c1) of row r. */
+static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
+{
+    float *y = ec->y + r * ec->ldy + c0;
+    const float *x = ec->x ? ec->x + r * ec->ldx + c0 : NULL;
+    size_t n = c1 - c0;
     switch (ec->op) {
-    case ELEM_GELU_TANH:
-        ec->k->gelu_tanh(ec->y + lo, n);
+    case ELEM_ACT:
+        act_apply(ec->k, ec->act, y, n);
         break;
-    case ELEM_GELU_ERF:
-        ec->k->gelu_erf(ec->y + lo, n);
-        break;
-    case ELEM_SILU_MUL:
-        ec->k->silu_mul(ec->y + lo, ec->a + lo, ec->b + lo, n);
+    case ELEM_GLU:
+        /* silu has a fused kernel; other activations go through y, then the product */
+        if (ec->act == ACT_SILU) {
+            ec->k->silu_mul(y, x, x + ec->n, n);
+            break;
+        }
+        if (y != x)
+            memcpy(y, x, n * sizeof *y);
+        act_apply(ec->k, ec->act, y, n);
+        for (size_t i = 0; i < n; i++)
+            y[i] *= x[ec->n + i];
         break;
     case ELEM_AXPY:
-        ec->k->axpy(ec->y + lo, ec->s, ec->a + lo, n);
+        ec->k->axpy(y, ec->s, x, n);
+        break;
+    case ELEM_GATHER:
+        memcpy(y, ec->x + (size_t)(ec->idx[r] / ec->div) * ec->ldx + c0, n * sizeof *y);
         break;
     }
 }
@@ -688,44 +609,63 @@ static void elem_task(void *arg, int ith, int nth)
 {
     struct elem_ctx *ec = arg;
     long lo, hi;
-    /* chunks of 64 elements keep every thread's start cache-line aligned */
-    tpool_range((long)((ec->n + 63) / 64), ith, nth, &lo, &hi);
-    size_t a = (size_t)lo * 64, z = (size_t)hi * 64 < ec->n ? (size_t)hi * 64 : ec->n;
-    if (a < z)
-        elem_range(ec, a, z);
+    if (ec->n_rows >= nth) {
+        tpool_range(ec->n_rows, ith, nth, &lo, &hi);
+        for (long r = lo; r < hi; r++)
+            elem_row(ec, (size_t)r, 0, (size_t)ec->n);
+        return;
+    }
+    /* few long rows: chunks of 64 columns keep every thread's start cache-line aligned */
+    long per = (ec->n + 63) / 64;
+    tpool_range(per * ec->n_rows, ith, nth, &lo, &hi);
+    for (long it = lo; it < hi;) {
+        long r = it / per, c = it % per, c_end = hi - r * per < per ? hi - r * per : per;
+        size_t z = (size_t)c_end * 64 < (size_t)ec->n ? (size_t)c_end * 64 : (size_t)ec->n;
+        elem_row(ec, (size_t)r, (size_t)c * 64, z);
+        it = r * per + c_end;
+    }
 }
 
 static void elem_run(struct backend *be, struct elem_ctx *ec)
 {
     struct cpu_backend *c = cpu_of(be);
+    if (c->err_rc || ec->n_rows <= 0 || ec->n <= 0)
+        return;
     ec->k = &c->k;
-    if (ec->n < ELEM_MIN_PARALLEL)
-        elem_range(ec, 0, ec->n);
+    if ((size_t)ec->n_rows * (size_t)ec->n < ELEM_MIN_PARALLEL)
+        elem_task(ec, 0, 1);
     else
         tpool_run(c->pool, elem_task, ec);
 }
 
-static void cpu_gelu_tanh(struct backend *be, float *x, size_t n)
+static void cpu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n)
 {
-    struct elem_ctx ec = {.op = ELEM_GELU_TANH, .y = x, .n = n};
+    struct elem_ctx ec = {.op = ELEM_ACT, .act = act, .y = x, .ldy = (size_t)ld, .n_rows = n_rows,
+                          .n = n};
     elem_run(be, &ec);
 }
 
-static void cpu_gelu_erf(struct backend *be, float *x, size_t n)
+static void cpu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x,
+                    int ldx, int n_rows, int n)
 {
-    struct elem_ctx ec = {.op = ELEM_GELU_ERF, .y = x, .n = n};
+    struct elem_ctx ec = {.op = ELEM_GLU, .act = act, .y = y, .x = x, .ldy = (size_t)ldy,
+                          .ldx = (size_t)ldx, .n_rows = n_rows, .n = n};
     elem_run(be, &ec);
 }
 
-static void cpu_silu_mul(struct backend *be, float *y, const float *gate, const float *up, size_t n)
+static void cpu_axpy(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
+                     int n_rows, int n)
 {
-    struct elem_ctx ec = {.op = ELEM_SILU_MUL, .y = y, .a = gate, .b = up, .n = n};
+    struct elem_ctx ec = {.op = ELEM_AXPY, .y = y, .x = x, .s = a, .ldy = (size_t)ldy,
+                          .ldx = (size_t)ldx, .n_rows = n_rows, .n = n};
     elem_run(be, &ec);
 }
 
-static void cpu_axpy(struct backend *be, float *y, float a, const float *x, size_t n)
+static void cpu_gather(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx,
+                       int div, int n_rows, int n)
 {
-    struct elem_ctx ec = {.op = ELEM_AXPY, .y = y, .a = x, .s = a, .n = n};
+    struct elem_ctx ec = {.op = ELEM_GATHER, .y = y, .x = x, .idx = idx, .div = div,
+                          .ldy = (size_t)n, .ldx = (size_t)ldx, .n_rows = n_rows, .n = n};
     elem_run(be, &ec);
 }
 
@@ -734,17 +674,29 @@ static void cpu_axpy(struct backend *be, float *y, float a, const float *x, size
 static void cpu_destroy(struct backend *be);
 
 static const struct backend_ops k_cpu_ops = {
+    .buf_alloc = cpu_buf_alloc,
+    .buf_free = cpu_buf_free,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .prepare_weight = cpu_prepare_weight,
+    .sync = cpu_sync,
     .linear = cpu_linear,
     .linear_batch = cpu_linear_batch,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .layernorm = cpu_layernorm,
     .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
     .attention = cpu_attention,
-    .gelu_tanh = cpu_gelu_tanh,
-    .gelu_erf = cpu_gelu_erf,
-    .silu_mul = cpu_silu_mul,
+    .act = cpu_act,
+    .glu = cpu_glu,
     .axpy = cpu_axpy,
+    .gather = cpu_gather,
+    .moe_route = cpu_moe_route,
+    .moe_group = cpu_moe_group,
+    .linear_experts = cpu_linear_experts,
+    .moe_combine = cpu_moe_combine,
     .destroy = cpu_destroy,
 };
 
@@ -771,6 +723,14 @@ static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, struct 
         return err_setf(e, ERR_UNSUPPORTED, "cpu backend: ISA '%s' (%s) is not supported by this "
                         "CPU/OS; best available is '%s'", req, src, cpu_isa_name(best));
     return 0;
+}
+
+static bool env_flag(const char *name, bool def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
 }
 
 /* Creates the pool and the dispatch table; the backend owns both (backend_free). */
@@ -805,6 +765,7 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.ops = &k_cpu_ops;
     c->be.name = k_names[isa];
     c->be.n_threads = c->nth;
+    c->be.fused_moe = env_flag("MLXCEL_FUSED_MOE", true);
     c->be.impl = c;
     *out = &c->be;
     return 0;
@@ -822,6 +783,7 @@ static void cpu_destroy(struct backend *be)
         free(c->scr[i]);
     free(c->scr);
     free(c->shared);
+    free(c->iscr);
     tpool_free(c->pool);
     free(c);
 }

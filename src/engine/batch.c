@@ -1,0 +1,171 @@
+/*
+ * batch: building batches and running them through a model (batch.h).
+ *
+ * model_forward: check the rows, reserve every sequence's new positions in
+ * the paged cache (all or nothing), upload changed block tables, then per
+ * chunk of at most n_batch rows (and n_out logit rows) stage the chunk's
+ * metadata (ids, positions, cache slots, table offsets, sequence ends,
+ * logit rows) on the host, upload it in one copy, run the family forward
+ * and download the chunk's logits. One backend_sync at the end reports any
+ * op failure; then the reservation is rolled back.
+ */
+#include "batch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int batch_init(struct batch *b, int cap, struct err *e)
+{
+    memset(b, 0, sizeof *b);
+    if (cap < 1 || cap > (1 << 24))
+        return err_setf(e, ERR_ARG, "batch capacity %d must be in [1, 2^24]", cap);
+    b->ids = malloc((size_t)cap * sizeof *b->ids);
+    b->pos = malloc((size_t)cap * sizeof *b->pos);
+    b->seq = malloc((size_t)cap * sizeof *b->seq);
+    b->logits = malloc((size_t)cap * sizeof *b->logits);
+    if (!b->ids || !b->pos || !b->seq || !b->logits) {
+        batch_free(b);
+        return err_setf(e, ERR_NOMEM, "batch: out of memory");
+    }
+    b->cap = cap;
+    return 0;
+}
+
+void batch_free(struct batch *b)
+{
+    free(b->ids);
+    free(b->pos);
+    free(b->seq);
+    free(b->logits);
+    memset(b, 0, sizeof *b);
+}
+
+void batch_clear(struct batch *b)
+{
+    b->n_tok = 0;
+}
+
+int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e)
+{
+    if (b->n_tok >= b->cap)
+        return err_setf(e, ERR_RANGE, "batch full (%d rows)", b->cap);
+    int i = b->n_tok++;
+    b->ids[i] = id;
+    b->pos[i] = pos;
+    b->seq[i] = seq;
+    b->logits[i] = logits;
+    return 0;
+}
+
+int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int32_t seq, bool last,
+                  struct err *e)
+{
+    int rc;
+    for (int i = 0; i < n; i++)
+        if ((rc = batch_add(b, ids[i], pos0 + i, seq, last && i == n - 1, e)) < 0)
+            return rc;
+    return 0;
+}
+
+// ---- forward ----
+
+/* The batch rules of batch.h; kv->want[seq] becomes each sequence's new length. */
+static int check_rows(const struct model_ctx *c, const struct batch *b, struct kv_cache *kv,
+                      struct err *e)
+{
+    int V = c->m->hp.n_vocab;
+    if (b->n_tok <= 0)
+        return err_setf(e, ERR_ARG, "forward: empty batch");
+    for (int q = 0; q < kv->max_seqs; q++)
+        kv->want[q] = -1;
+    for (int i = 0; i < b->n_tok; i++) {
+        int s = b->seq[i];
+        if (kv_seq_len(kv, s) < 0)
+            return err_setf(e, ERR_ARG, "batch row %d: sequence %d does not exist", i, s);
+        if (b->ids[i] < 0 || b->ids[i] >= V)
+            return err_setf(e, ERR_RANGE, "token id %d at row %d is outside the vocabulary [0, %d)",
+                            b->ids[i], i, V);
+        if (kv->want[s] < 0)
+            kv->want[s] = kv_seq_len(kv, s);
+        if (b->pos[i] != kv->want[s])
+            return err_setf(e, ERR_ARG, "batch row %d: sequence %d expects position %d, got %d", i, s,
+                            kv->want[s], b->pos[i]);
+        kv->want[s]++;
+    }
+    return 0;
+}
+
+/* Rows [r0, *r1) of the next chunk: at most n_batch rows and n_out logit rows. */
+static int chunk_end(const struct model_ctx *c, const struct batch *b, int r0)
+{
+    int n_out = 0, r = r0;
+    while (r < b->n_tok && r - r0 < c->n_batch) {
+        if (b->logits[r] && n_out == c->n_out)
+            break;
+        n_out += b->logits[r];
+        r++;
+    }
+    return r;
+}
+
+/* Stage and upload the metadata of rows [r0, r1); returns the logit rows. */
+static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct kv_cache *kv, int r0,
+                       int r1)
+{
+    int B = c->n_batch, n_out = 0;
+    int32_t *ids = c->meta_host, *pos = ids + B, *slot = pos + B, *tab = slot + B;
+    int32_t *end = tab + B, *out = end + B;
+    for (int r = r0; r < r1; r++) {
+        int i = r - r0, s = b->seq[r];
+        ids[i] = b->ids[r];
+        pos[i] = b->pos[r];
+        slot[i] = kv_slot(kv, s, b->pos[r]);
+        tab[i] = s * kv->max_blocks;
+        end[i] = kv->want[s];
+        if (b->logits[r])
+            out[n_out++] = i;
+    }
+    c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)6 * B * sizeof(int32_t));
+    return n_out;
+}
+
+/* Back to each sequence's length before the call (its first row's position). */
+static void rollback(const struct batch *b, struct kv_cache *kv)
+{
+    for (int i = 0; i < b->n_tok; i++)
+        if (b->pos[i] < kv_seq_len(kv, b->seq[i]))
+            kv_seq_truncate(kv, b->seq[i], b->pos[i], NULL);
+}
+
+int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *kv, float *logits,
+                  struct err *e)
+{
+    const struct model *m = c->m;
+    int B = c->n_batch, V = m->hp.n_vocab, rc, done_out = 0;
+    if (kv->n_layer != m->hp.n_layer)
+        return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
+    if ((rc = check_rows(c, b, kv, e)) < 0 || (rc = kv_reserve(kv, kv->want, e)) < 0)
+        return rc;
+    kv_sync_tables(kv);
+    const int32_t *meta = c->bufs.meta;
+    struct kv_rows rows = {meta + B, meta + 2 * B, meta + 3 * B, kv->tables, meta + 4 * B,
+                           kv->block_size};
+    for (int r0 = 0; r0 < b->n_tok;) {
+        int r1 = chunk_end(c, b, r0);
+        int n_out = stage_chunk(c, b, kv, r0, r1);
+        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, kv->layers};
+        if ((rc = m->ops->forward(c, &ch, e)) < 0)
+            break;
+        if (n_out > 0)
+            c->be->ops->download(c->be, logits + (size_t)done_out * V, c->bufs.logits,
+                                 (size_t)n_out * V * sizeof(float));
+        done_out += n_out;
+        r0 = r1;
+    }
+    /* always sync: it also clears an error recorded after a failing forward */
+    int rs = backend_sync(c->be, rc < 0 ? NULL : e);
+    rc = rc < 0 ? rc : rs;
+    if (rc < 0)
+        rollback(b, kv);
+    return rc;
+}

@@ -1,0 +1,52 @@
+/*
+ * batch: the input of one forward pass over many sequences, and the one
+ * entry point that runs it (model_forward). A batch is a list of rows, each
+ * a token id at a position of a sequence, flagged when its logits are
+ * wanted. Prefill of one prompt, decode of 16 sequences (one row each), and
+ * 3 prompts being prefilled while 5 sequences decode are all one call.
+ *
+ * Rules (checked, -ERR_ARG / -ERR_RANGE otherwise): every sequence exists in
+ * the cache; its rows appear in increasing position order, the first at the
+ * sequence's current length and each next one position later (rows of
+ * different sequences may interleave); ids are in the vocabulary; no
+ * sequence grows past the cache's max_seq_len (the one context check).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../models/model.h"
+#include "kvcache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct batch {
+    int n_tok, cap;
+    int32_t *ids;     /* [cap] token ids */
+    int32_t *pos;     /* [cap] positions */
+    int32_t *seq;     /* [cap] sequence ids */
+    bool *logits;     /* [cap] whether the row's logits are wanted */
+};
+
+/* Room for cap rows (owned arrays). */
+int batch_init(struct batch *b, int cap, struct err *e);
+void batch_free(struct batch *b);
+void batch_clear(struct batch *b);
+/* Append a row; -ERR_RANGE when the batch is full. */
+int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e);
+/* Append n rows of seq at positions pos0.. (logits for the last one only when last). */
+int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int32_t seq, bool last,
+                  struct err *e);
+
+/* Run every row of b through the model, appending each row's K/V to its sequence
+ * in kv, and write the logits of the flagged rows, in row order, to
+ * logits [n_flagged, n_vocab] (host memory). Chunks larger than the context's
+ * n_batch are split. On error the sequences keep their previous lengths. */
+int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *kv, float *logits,
+                  struct err *e);
+
+#ifdef __cplusplus
+}
+#endif

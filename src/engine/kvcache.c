@@ -1,0 +1,305 @@
+/*
+ * kvcache: the paged KV pool and its sequence operations (kvcache.h).
+ *
+ * Pool layout (one backend allocation): for each layer, K then V, each
+ * [n_blocks * block_size][dim] f32. A block id therefore names the same
+ * slots in every layer, and copy-on-write copies one block per layer.
+ */
+#include "kvcache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int32_t *seq_table(const struct kv_cache *kv, int seq)
+{
+    return kv->tables_host + (size_t)seq * kv->max_blocks;
+}
+
+static int check_seq(const struct kv_cache *kv, int seq, struct err *e)
+{
+    if (seq < 0 || seq >= kv->max_seqs)
+        return err_setf(e, ERR_RANGE, "sequence id %d is outside [0, %d)", seq, kv->max_seqs);
+    return 0;
+}
+
+static int32_t block_take(struct kv_cache *kv)
+{
+    int32_t b = kv->free_list[--kv->n_free];
+    kv->refcnt[b] = 1;
+    return b;
+}
+
+static void block_release(struct kv_cache *kv, int32_t b)
+{
+    if (--kv->refcnt[b] == 0)
+        kv->free_list[kv->n_free++] = b;
+}
+
+static int check_params(const struct kv_params *p, int *bs, struct err *e)
+{
+    *bs = p->block_size > 0 ? p->block_size : KV_DEFAULT_BLOCK;
+    if (*bs > 4096)
+        return err_setf(e, ERR_ARG, "kv cache: block_size %d exceeds 4096", *bs);
+    if (p->n_tokens < 1 || p->n_tokens > (1 << 28))
+        return err_setf(e, ERR_ARG, "kv cache: n_tokens %d must be in [1, 2^28]", p->n_tokens);
+    if (p->max_seqs < 1 || p->max_seqs > 65536)
+        return err_setf(e, ERR_ARG, "kv cache: max_seqs %d must be in [1, 65536]", p->max_seqs);
+    if (p->dtype != DTYPE_F32)
+        return err_setf(e, ERR_UNSUPPORTED, "kv cache: element type %s is not supported (f32)",
+                        dtype_name(p->dtype));
+    return 0;
+}
+
+/* Floats per slot of each layer's K and V, from its spec. */
+static int layer_dims(const struct hparams *hp, int il, int *k_dim, int *v_dim, struct err *e)
+{
+    const struct layer_spec *ls = &hp->layer[il];
+    if (ls->kv != KV_FULL && ls->kv != KV_SLIDING)
+        return err_setf(e, ERR_UNSUPPORTED, "kv cache: layer %d's cache kind is not supported", il);
+    *k_dim = *v_dim = hp->n_kv_head * hp->head_dim;
+    return 0;
+}
+
+static int alloc_host(struct kv_cache *kv, struct err *e)
+{
+    kv->layers = calloc((size_t)kv->n_layer, sizeof *kv->layers);
+    kv->refcnt = calloc((size_t)kv->n_blocks, sizeof *kv->refcnt);
+    kv->free_list = malloc((size_t)kv->n_blocks * sizeof *kv->free_list);
+    kv->seqs = calloc((size_t)kv->max_seqs, sizeof *kv->seqs);
+    kv->tables_host = calloc((size_t)kv->max_seqs * kv->max_blocks, sizeof *kv->tables_host);
+    kv->want = malloc((size_t)kv->max_seqs * sizeof *kv->want);
+    if (!kv->layers || !kv->refcnt || !kv->free_list || !kv->seqs || !kv->tables_host || !kv->want)
+        return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
+    /* pop order: block 0 first */
+    for (int i = 0; i < kv->n_blocks; i++)
+        kv->free_list[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
+    return 0;
+}
+
+/* The pool and the device tables through the backend; layer views into the pool. */
+static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct err *e)
+{
+    size_t slots = (size_t)kv->n_blocks * kv->block_size, total = 0;
+    int rc;
+    for (int il = 0; il < kv->n_layer; il++) {
+        int kd = 0, vd = 0;
+        if ((rc = layer_dims(hp, il, &kd, &vd, e)) < 0)
+            return rc;
+        kv->layers[il].k_dim = kd;
+        kv->layers[il].v_dim = vd;
+        total += slots * (size_t)(kd + vd);
+    }
+    if ((rc = kv->be->ops->buf_alloc(kv->be, total * sizeof(float), &kv->pool, e)) < 0)
+        return err_prefix(e, "kv cache (%zu MiB)", (total * sizeof(float)) >> 20);
+    size_t tb = (size_t)kv->max_seqs * kv->max_blocks * sizeof(int32_t);
+    if ((rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->tables, e)) < 0)
+        return err_prefix(e, "kv block tables");
+    float *p = kv->pool;
+    for (int il = 0; il < kv->n_layer; il++) {
+        kv->layers[il].k = p;
+        p += slots * (size_t)kv->layers[il].k_dim;
+        kv->layers[il].v = p;
+        p += slots * (size_t)kv->layers[il].v_dim;
+    }
+    return 0;
+}
+
+int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *be,
+                 const struct kv_params *p, struct err *e)
+{
+    const struct hparams *hp = &m->hp;
+    int bs, rc;
+    *out = NULL;
+    if ((rc = check_params(p, &bs, e)) < 0)
+        return rc;
+    struct kv_cache *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
+    kv->be = be;
+    kv->n_layer = hp->n_layer;
+    kv->block_size = bs;
+    kv->n_blocks = (p->n_tokens + bs - 1) / bs;
+    kv->max_seqs = p->max_seqs;
+    kv->max_seq_len = p->max_seq_len > 0 && p->max_seq_len < hp->n_ctx ? p->max_seq_len : hp->n_ctx;
+    kv->max_blocks = (kv->max_seq_len + bs - 1) / bs;
+    if ((rc = alloc_host(kv, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0) {
+        kv_cache_free(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+void kv_cache_free(struct kv_cache *kv)
+{
+    if (!kv)
+        return;
+    if (kv->pool)
+        kv->be->ops->buf_free(kv->be, kv->pool);
+    if (kv->tables)
+        kv->be->ops->buf_free(kv->be, kv->tables);
+    free(kv->layers);
+    free(kv->refcnt);
+    free(kv->free_list);
+    free(kv->seqs);
+    free(kv->tables_host);
+    free(kv->want);
+    free(kv);
+}
+
+// ---- sequences ----
+
+int kv_seq_add(struct kv_cache *kv, int seq, struct err *e)
+{
+    int rc;
+    if ((rc = check_seq(kv, seq, e)) < 0)
+        return rc;
+    if (kv->seqs[seq].used)
+        return err_setf(e, ERR_ARG, "sequence %d already exists", seq);
+    kv->seqs[seq] = (struct kv_seq){.used = true, .dirty = true};
+    return 0;
+}
+
+void kv_seq_remove(struct kv_cache *kv, int seq)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
+        return;
+    int32_t *t = seq_table(kv, seq);
+    for (int i = 0; i < kv->seqs[seq].n_blocks; i++)
+        block_release(kv, t[i]);
+    kv->seqs[seq] = (struct kv_seq){0};
+}
+
+int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
+{
+    int rc;
+    if ((rc = check_seq(kv, seq, e)) < 0)
+        return rc;
+    struct kv_seq *s = &kv->seqs[seq];
+    if (!s->used)
+        return err_setf(e, ERR_ARG, "sequence %d does not exist", seq);
+    if (len < 0 || len > s->len)
+        return err_setf(e, ERR_RANGE, "cannot truncate sequence %d of %d positions to %d", seq,
+                        s->len, len);
+    int keep = (len + kv->block_size - 1) / kv->block_size;
+    int32_t *t = seq_table(kv, seq);
+    for (int i = keep; i < s->n_blocks; i++)
+        block_release(kv, t[i]);
+    s->n_blocks = keep;
+    s->len = len;
+    s->dirty = true;
+    return 0;
+}
+
+int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
+{
+    int rc;
+    if ((rc = check_seq(kv, src, e)) < 0 || (rc = check_seq(kv, dst, e)) < 0)
+        return rc;
+    if (!kv->seqs[src].used)
+        return err_setf(e, ERR_ARG, "sequence %d does not exist", src);
+    if (kv->seqs[dst].used)
+        return err_setf(e, ERR_ARG, "sequence %d already exists", dst);
+    kv->seqs[dst] = kv->seqs[src];
+    kv->seqs[dst].dirty = true;
+    int32_t *ts = seq_table(kv, src), *td = seq_table(kv, dst);
+    for (int i = 0; i < kv->seqs[src].n_blocks; i++) {
+        td[i] = ts[i];
+        kv->refcnt[ts[i]]++;
+    }
+    return 0;
+}
+
+int kv_seq_len(const struct kv_cache *kv, int seq)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
+        return -1;
+    return kv->seqs[seq].len;
+}
+
+int kv_n_free_blocks(const struct kv_cache *kv)
+{
+    return kv->n_free;
+}
+
+// ---- reservation ----
+
+/* Blocks seq needs to grow to want: new ones, plus a copy of its last block when
+ * that block is shared and will be written. */
+static int blocks_needed(const struct kv_cache *kv, int seq, int want, bool *cow)
+{
+    const struct kv_seq *s = &kv->seqs[seq];
+    int need = (want + kv->block_size - 1) / kv->block_size - s->n_blocks;
+    *cow = s->len % kv->block_size != 0 && kv->refcnt[seq_table(kv, seq)[s->n_blocks - 1]] > 1;
+    return need + (*cow ? 1 : 0);
+}
+
+/* Give seq a private copy of its last block (every layer's K and V rows). */
+static void block_cow(struct kv_cache *kv, int seq)
+{
+    struct kv_seq *s = &kv->seqs[seq];
+    int32_t *t = seq_table(kv, seq);
+    int32_t old = t[s->n_blocks - 1], nb = block_take(kv);
+    size_t bs = (size_t)kv->block_size;
+    for (int il = 0; il < kv->n_layer; il++) {
+        const struct kv_layer *L = &kv->layers[il];
+        kv->be->ops->copy(kv->be, L->k + nb * bs * L->k_dim, L->k + old * bs * L->k_dim,
+                          bs * L->k_dim * sizeof(float));
+        kv->be->ops->copy(kv->be, L->v + nb * bs * L->v_dim, L->v + old * bs * L->v_dim,
+                          bs * L->v_dim * sizeof(float));
+    }
+    block_release(kv, old);
+    t[s->n_blocks - 1] = nb;
+}
+
+int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e)
+{
+    int need = 0;
+    for (int q = 0; q < kv->max_seqs; q++) {
+        bool cow;
+        if (!kv->seqs[q].used || want[q] <= kv->seqs[q].len)
+            continue;
+        if (want[q] > kv->max_seq_len)
+            return err_setf(e, ERR_RANGE, "context overflow: sequence %d would hold %d tokens, the "
+                            "context holds %d", q, want[q], kv->max_seq_len);
+        need += blocks_needed(kv, q, want[q], &cow);
+    }
+    if (need > kv->n_free)
+        return err_setf(e, ERR_NOMEM, "kv cache full: %d more blocks of %d tokens needed, %d free "
+                        "of %d", need, kv->block_size, kv->n_free, kv->n_blocks);
+    for (int q = 0; q < kv->max_seqs; q++) {
+        struct kv_seq *s = &kv->seqs[q];
+        bool cow;
+        if (!s->used || want[q] <= s->len)
+            continue;
+        int n_new = blocks_needed(kv, q, want[q], &cow) - (cow ? 1 : 0);
+        if (cow)
+            block_cow(kv, q);
+        int32_t *t = seq_table(kv, q);
+        for (int i = 0; i < n_new; i++)
+            t[s->n_blocks++] = block_take(kv);
+        s->len = want[q];
+        s->dirty = true;
+    }
+    return 0;
+}
+
+int32_t kv_slot(const struct kv_cache *kv, int seq, int pos)
+{
+    return seq_table(kv, seq)[pos / kv->block_size] * kv->block_size + pos % kv->block_size;
+}
+
+void kv_sync_tables(struct kv_cache *kv)
+{
+    for (int q = 0; q < kv->max_seqs; q++) {
+        struct kv_seq *s = &kv->seqs[q];
+        if (!s->dirty)
+            continue;
+        size_t off = (size_t)q * kv->max_blocks;
+        if (s->n_blocks > 0)
+            kv->be->ops->upload(kv->be, kv->tables + off, kv->tables_host + off,
+                                (size_t)s->n_blocks * sizeof(int32_t));
+        s->dirty = false;
+    }
+}

@@ -1,0 +1,297 @@
+/*
+ * backend_cpu_attn: rotary embedding, the paged KV store and attention on
+ * the CPU (backend.h). The cache is a pool of blocks of block_size slots;
+ * a sequence's positions reach their slots through its block table
+ * (struct kv_rows), so attention gathers keys block by block.
+ *
+ * Work splits:
+ *   rope       (token, head) pairs, contiguous
+ *   kv_store   rows, on the caller (a copy of two rows per token)
+ *   attention  items of (tile of consecutive query rows of one sequence,
+ *              kv head), round-robin over threads (causal rows grow);
+ *              decode of S sequences: S x n_kv_head items
+ */
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend_cpu_impl.h"
+
+// ---- rope ----
+
+struct rope_ctx {
+    const struct rope_params *rp;
+    const struct kv_rows *rows;
+    struct cpu_backend *c;
+    float *x;
+    size_t ld;
+    int n_tok, n_head, head_dim;
+};
+
+/* cos/sin table of one position: angles in double (positions reach 1e5 and
+ * a float product pos * inv_freq would lose ~1e-2 rad there), then cast. */
+static void rope_table(float *cs, const struct rope_params *rp, const float *inv, int pos)
+{
+    int half = rp->n_rot / 2;
+    for (int j = 0; j < half; j++) {
+        double a = (double)pos * (double)inv[j];
+        cs[j] = (float)(cos(a) * rp->mscale);
+        cs[half + j] = (float)(sin(a) * rp->mscale);
+    }
+}
+
+static void rope_task(void *arg, int ith, int nth)
+{
+    struct rope_ctx *rc = arg;
+    const struct rope_params *rp = rc->rp;
+    float *cs = rc->c->scr[ith];
+    int half = rp->n_rot / 2, cur = -1;
+    long lo, hi;
+    tpool_range((long)rc->n_tok * rc->n_head, ith, nth, &lo, &hi);
+    for (long it = lo; it < hi; it++) {
+        int t = (int)(it / rc->n_head), h = (int)(it % rc->n_head);
+        if (t != cur) {
+            /* longrope: the long factors once the sequence passes the original context
+             * in this call, as transformers' dynamic update does */
+            const float *inv = rp->inv_long && rc->rows->seq_end[t] > rp->long_after
+                                   ? rp->inv_long : rp->inv_freq;
+            rope_table(cs, rp, inv, rc->rows->pos[t]);
+            cur = t;
+        }
+        float *xh = rc->x + (size_t)t * rc->ld + (size_t)h * rc->head_dim;
+        for (int j = 0; j < half; j++) {
+            float x1 = xh[j], x2 = xh[j + half];
+            float cj = cs[j], sj = cs[half + j];
+            xh[j] = x1 * cj - x2 * sj;
+            xh[j + half] = x2 * cj + x1 * sj;
+        }
+    }
+}
+
+void cpu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+              const struct rope_params *rp, const struct kv_rows *rows)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct rope_ctx rc = {rp, rows, c, x, (size_t)ld, n_tok, n_head, head_dim};
+    if (c->err_rc || rp->n_rot <= 0 || !cpu_scratch_ensure(c, (size_t)rp->n_rot))
+        return;
+    if (n_tok == 1)
+        rope_task(&rc, 0, 1);
+    else
+        tpool_run(c->pool, rope_task, &rc);
+}
+
+// ---- KV store ----
+
+void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                  const float *v, int ldv, const struct kv_rows *rows, int n_tok)
+{
+    struct cpu_backend *c = cpu_of(be);
+    if (c->err_rc)
+        return;
+    for (int i = 0; i < n_tok; i++) {
+        size_t s = (size_t)rows->slot[i];
+        memcpy(kv->k + s * kv->k_dim, k + (size_t)i * ldk, (size_t)kv->k_dim * sizeof(float));
+        memcpy(kv->v + s * kv->v_dim, v + (size_t)i * ldv, (size_t)kv->v_dim * sizeof(float));
+    }
+}
+
+// ---- attention ----
+
+/* Keys per block: a K or V block of ATTN_JB rows x head_dim f32 (32 KiB at
+ * head_dim 128) is gathered into contiguous scratch and stays in L1 while
+ * every query row of the item uses it. In the cache the rows of one head sit
+ * k_dim floats apart (4 KiB for 8 x 128): rows at a power-of-two stride map to
+ * the same L1 sets, so in place they would evict each other, and the
+ * hardware prefetchers stop at page (and cache block) boundaries. */
+#define ATTN_JB 64
+/* Rows ahead of the copy to prefetch (8 rows of 512 B: ~64 lines in flight). */
+#define ATTN_PF 8
+/* Query tokens per item in prefill; an item's rows are tokens x (query heads
+ * of one kv head), so GQA heads and neighbouring tokens share each K/V block. */
+#define ATTN_TT 4
+/* Most query rows per item (tokens x heads per kv head). */
+#define ATTN_ROWS 64
+
+struct attn_ctx {
+    struct cpu_backend *c;
+    const struct attn_params *ap;
+    const struct kv_layer *kv;
+    const struct kv_rows *rows;
+    float *out;
+    const float *q;
+    size_t ldo, ldq;
+    const int32_t *tiles;     /* [n_tiles + 1] first row of each tile (one sequence each) */
+    int n_tiles;
+    int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
+    size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
+};
+
+/* Query rows i = ti * nh + r of one item: token t0 + ti, head g * n_rep + h0 + r. */
+struct attn_rows {
+    const float *q[ATTN_ROWS];
+    float *o[ATTN_ROWS];
+    int lo[ATTN_ROWS], hi[ATTN_ROWS];  /* key positions [lo, hi) the row attends */
+    float sum[ATTN_ROWS];              /* softmax denominators */
+    const float *sink[ATTN_ROWS];      /* the row's sink logit, or NULL */
+    int n_rows, k_lo, k_hi;            /* union of the rows' key ranges */
+};
+
+/* Address of position j's row of kv head g in one cache array (k or v). */
+static const float *kv_row(const float *base, int dim, const int32_t *table, int bs, int j, int g,
+                           int hd)
+{
+    size_t slot = (size_t)table[j / bs] * (size_t)bs + (size_t)(j % bs);
+    return base + slot * (size_t)dim + (size_t)g * hd;
+}
+
+/* Gather positions [j0, j0 + nb) of kv head g into dst [nb][hd], prefetching
+ * ATTN_PF rows ahead (up to position j_end). */
+static void attn_gather(float *dst, const float *base, int dim, const int32_t *table, int bs,
+                        int g, int hd, int j0, int nb, int j_end)
+{
+    for (int r = 0; r < nb; r++) {
+        if (j0 + r + ATTN_PF < j_end) {
+            const char *p = (const char *)kv_row(base, dim, table, bs, j0 + r + ATTN_PF, g, hd);
+            for (size_t b = 0; b < (size_t)hd * sizeof(float); b += 64)
+                __builtin_prefetch(p + b, 0, 3);
+        }
+        memcpy(dst + (size_t)r * hd, kv_row(base, dim, table, bs, j0 + r, g, hd),
+               (size_t)hd * sizeof(float));
+    }
+}
+
+static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int g, int h0, int nh,
+                            int t0, int tt)
+{
+    const struct attn_params *ap = ac->ap;
+    int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head;
+    ar->n_rows = tt * nh;
+    ar->k_lo = 1 << 30;
+    ar->k_hi = 0;
+    for (int i = 0; i < ar->n_rows; i++) {
+        int t = t0 + i / nh, h = g * n_rep + h0 + i % nh, p = ac->rows->pos[t];
+        ar->q[i] = ac->q + (size_t)t * ac->ldq + (size_t)h * hd;
+        ar->o[i] = ac->out + (size_t)t * ac->ldo + (size_t)h * hd;
+        ar->hi[i] = p + 1;
+        ar->lo[i] = ap->window > 0 && p + 1 > ap->window ? p + 1 - ap->window : 0;
+        ar->sink[i] = ap->sinks ? &ap->sinks[h] : NULL;
+        ar->k_lo = ar->lo[i] < ar->k_lo ? ar->lo[i] : ar->k_lo;
+        ar->k_hi = ar->hi[i] > ar->k_hi ? ar->hi[i] : ar->k_hi;
+    }
+}
+
+/* Softmax of one row's scores s [n] in place (softcap, max, optional sink); returns the sum. */
+static float attn_softmax(const struct cpu_kernels *k, const struct attn_params *ap, float *s,
+                          int n, const float *sink)
+{
+    if (ap->softcap > 0.0f)
+        for (int j = 0; j < n; j++)
+            s[j] = ap->softcap * tanhf(s[j] / ap->softcap);
+    float m = k->max(s, n);
+    if (sink && *sink > m)
+        m = *sink;
+    float sum = k->exp_sum(s, s, m, n);
+    if (sink)
+        sum += expf(*sink - m);
+    return sum;
+}
+
+/* Causal attention for kv head g, its query heads [h0, h0 + hc) and tokens
+ * [t0, t0 + tt) of one sequence: two passes over the keys in blocks of
+ * ATTN_JB, rows inside, so every K and V row is read from memory once per
+ * item: (1) scores into scratch, (2) after a stable softmax per row (max
+ * subtracted, f32), the weighted sum of V rows. Scores of key position j
+ * sit at column j - k_lo. */
+static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int t0, int tt)
+{
+    const struct cpu_kernels *k = &ac->c->k;
+    const struct attn_params *ap = ac->ap;
+    const struct kv_layer *kv = ac->kv;
+    int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head, bs = ac->rows->block_size;
+    int nh = n_rep - h0 < ac->hc ? n_rep - h0 : ac->hc;
+    const int32_t *table = ac->rows->tables + ac->rows->table[t0];
+    float *blk = scr + (size_t)(ATTN_TT * ac->hc) * ac->ld_s;
+    struct attn_rows ar;
+    attn_setup_rows(ac, &ar, g, h0, nh, t0, tt);
+    for (int j0 = ar.k_lo; j0 < ar.k_hi; j0 += ATTN_JB) {
+        int nb = ar.k_hi - j0 < ATTN_JB ? ar.k_hi - j0 : ATTN_JB;
+        attn_gather(blk, kv->k, kv->k_dim, table, bs, g, hd, j0, nb, ar.k_hi);
+        for (int i = 0; i < ar.n_rows; i++) {
+            int a = ar.lo[i] > j0 ? ar.lo[i] : j0, z = ar.hi[i] < j0 + nb ? ar.hi[i] : j0 + nb;
+            if (a < z)
+                k->attn_scores(scr + i * ac->ld_s + (a - ar.k_lo), ar.q[i], blk + (size_t)(a - j0) * hd,
+                               z - a, hd, ap->scale);
+        }
+    }
+    for (int i = 0; i < ar.n_rows; i++)
+        ar.sum[i] = attn_softmax(k, ap, scr + i * ac->ld_s + (ar.lo[i] - ar.k_lo),
+                                 ar.hi[i] - ar.lo[i], ar.sink[i]);
+    for (int j0 = ar.k_lo; j0 < ar.k_hi; j0 += ATTN_JB) {
+        int nb = ar.k_hi - j0 < ATTN_JB ? ar.k_hi - j0 : ATTN_JB;
+        attn_gather(blk, kv->v, kv->v_dim, table, bs, g, hd, j0, nb, ar.k_hi);
+        for (int i = 0; i < ar.n_rows; i++) {
+            int a = ar.lo[i] > j0 ? ar.lo[i] : j0, z = ar.hi[i] < j0 + nb ? ar.hi[i] : j0 + nb;
+            if (a < z)
+                k->attn_accum(ar.o[i], scr + i * ac->ld_s + (a - ar.k_lo), blk + (size_t)(a - j0) * hd,
+                              z - a, hd, a > ar.lo[i]);
+        }
+    }
+    for (int i = 0; i < ar.n_rows; i++)
+        k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
+}
+
+static void attn_task(void *arg, int ith, int nth)
+{
+    struct attn_ctx *ac = arg;
+    int n_rep = ac->ap->n_head / ac->ap->n_kv_head, n_hc = (n_rep + ac->hc - 1) / ac->hc;
+    long per_tile = (long)ac->ap->n_kv_head * n_hc;
+    long n_items = (long)ac->n_tiles * per_tile;
+    /* round-robin: later tiles attend more keys, interleaving balances them */
+    for (long it = ith; it < n_items; it += nth) {
+        int ti = (int)(it / per_tile);
+        int g = (int)(it % per_tile / n_hc), h0 = (int)(it % n_hc) * ac->hc;
+        int t0 = ac->tiles[ti];
+        attn_item(ac, ac->c->scr[ith], g, h0, t0, ac->tiles[ti + 1] - t0);
+    }
+}
+
+/* Split the rows into tiles of at most tt consecutive rows of one sequence at
+ * consecutive positions; tiles [n_tiles + 1] gets each tile's first row. */
+static int attn_tiles(int32_t *tiles, const struct kv_rows *rows, int n_tok, int tt)
+{
+    int n = 0;
+    for (int i = 0; i < n_tok; i++) {
+        bool cont = n > 0 && i - tiles[n - 1] < tt && rows->table[i] == rows->table[i - 1] &&
+                    rows->pos[i] == rows->pos[i - 1] + 1;
+        if (!cont)
+            tiles[n++] = i;
+    }
+    tiles[n] = n_tok;
+    return n;
+}
+
+void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                   const struct attn_params *ap)
+{
+    struct cpu_backend *c = cpu_of(be);
+    int n_rep = ap->n_head / ap->n_kv_head, max_keys = 0;
+    assert(n_rep >= 1 && ap->n_head % ap->n_kv_head == 0);
+    if (c->err_rc || n_tok <= 0)
+        return;
+    struct attn_ctx ac = {c, ap, kv, rows, out, q, (size_t)ldo, (size_t)ldq, NULL, 0, 1, 0};
+    ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
+    int tt = ATTN_ROWS / ac.hc < ATTN_TT ? ATTN_ROWS / ac.hc : ATTN_TT;
+    for (int i = 0; i < n_tok; i++)
+        max_keys = rows->pos[i] + 1 > max_keys ? rows->pos[i] + 1 : max_keys;
+    /* padded to a cache line so score rows do not share lines */
+    ac.ld_s = ((size_t)max_keys + 15) & ~(size_t)15;
+    int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1);
+    if (!tiles ||
+        !cpu_scratch_ensure(c, ac.ld_s * (size_t)(ATTN_TT * ac.hc) + (size_t)ATTN_JB * ap->head_dim))
+        return;
+    ac.n_tiles = attn_tiles(tiles, rows, n_tok, tt);
+    ac.tiles = tiles;
+    tpool_run(c->pool, attn_task, &ac);
+}

@@ -1,0 +1,77 @@
+/*
+ * backend_cpu_impl: what the CPU backend's files share (internal to
+ * src/kernels/cpu/). backend_cpu.c holds the lifetime, memory, dense and
+ * elementwise ops; backend_cpu_attn.c rope, the paged KV store and
+ * attention; backend_cpu_moe.c routing, grouping and the expert linears.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "../../core/threadpool.h"
+#include "../backend.h"
+#include "kern.h"
+
+struct cpu_backend {
+    struct backend be;
+    struct tpool *pool;
+    struct cpu_kernels k;
+    int nth;
+    float **scr;          /* [nth] per-thread scratch, 64-byte aligned */
+    size_t scr_cap;       /* floats in each scr[i] */
+    float *shared;        /* scratch read by all threads (quantized x sums) */
+    size_t shared_cap;
+    int32_t *iscr;        /* integer scratch of the caller (attention tiles) */
+    size_t iscr_cap;
+    int err_rc;           /* first error an op recorded since the last sync; 0: none */
+    char err_msg[256];
+};
+
+/* One product of cpu_linear_jobs(): y[n_tok, out] (stride ldy) = x[n_tok, in] Wᵀ (+ b). */
+struct cpu_job {
+    float *y;
+    size_t ldy;
+    const float *x;           /* rows of w->in floats */
+    const struct tensor *w;
+    const struct tensor *b;   /* NULL when absent */
+    int n_tok;
+};
+
+static inline struct cpu_backend *cpu_of(struct backend *be)
+{
+    return (struct cpu_backend *)be->impl;
+}
+
+/* Record the first error of a failing op (reported by sync). */
+void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes);
+/* Grow every thread's scratch to at least n floats (only grows); false after cpu_fail. */
+bool cpu_scratch_ensure(struct cpu_backend *c, size_t n);
+/* Grow the caller's integer scratch to n entries; NULL after cpu_fail. */
+int32_t *cpu_iscratch_ensure(struct cpu_backend *c, size_t n);
+/* Run the jobs as matvecs in one dispatch (every n_tok small), rows split across threads. */
+void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jobs);
+/* The dense linear op (backend_ops.linear). */
+void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
+                const struct tensor *b, int n_tok);
+/* Tokens from which linear takes the GEMM path for w (below it: matvec). */
+int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w);
+
+/* backend_cpu_attn.c */
+void cpu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+              const struct rope_params *rp, const struct kv_rows *rows);
+void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                  const float *v, int ldv, const struct kv_rows *rows, int n_tok);
+void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                   const struct attn_params *ap);
+
+/* backend_cpu_moe.c */
+void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                   const float *logits, int n_tok, int n_expert, int k, float jitter);
+void cpu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
+                   int n_slot, int n_expert);
+void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
+                        const struct expert_linear *el, const int32_t *offsets, int n_expert,
+                        int n_slot);
+void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
+                     const float *w, int k, int n_slot, int n);

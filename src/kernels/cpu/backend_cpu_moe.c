@@ -1,0 +1,163 @@
+/*
+ * backend_cpu_moe: mixture-of-experts ops on the CPU (backend.h): routing
+ * (top-k and weights per token), grouping of (token, slot) pairs by expert,
+ * the expert linears over grouped rows, and the weighted combine.
+ *
+ * linear_experts runs every expert's rows in one dispatch of matvecs when
+ * each expert has fewer rows than the GEMM threshold (decode of one or a
+ * few sequences: the k selected experts' products share one wake-up of the
+ * pool; ADR 0004), else one linear per expert, which takes the GEMM path
+ * where an expert has many rows (prefill). Both give the same arithmetic
+ * per row; backend.fused_moe = false forces the second form.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "backend_cpu_impl.h"
+
+// ---- routing ----
+
+/* Top-k by repeated selection; strict '>' keeps the lower index on ties. */
+static void topk(const float *v, int n, int k, int32_t *idx)
+{
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int t = 0; t < s; t++)
+                taken |= idx[t] == i;
+            if (!taken && (best < 0 || v[i] > v[best]))
+                best = i;
+        }
+        idx[s] = best;
+    }
+}
+
+/* PhiMoE sparsemixer, inference form (transformers modeling_phimoe.sparsemixer):
+ * the winner's weight is its softmax over the experts whose logit lies within
+ * a relative band 2*eps of the max; the band is measured against
+ * max(|logit_i|, max). The second pick repeats this with the winner masked. */
+static float sparsemixer_pick(const float *logits, const bool *masked, int n, float eps,
+                              int32_t *pick)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!masked[i] && (best < 0 || logits[i] > logits[best]))
+            best = i;
+    float thr = logits[best];
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (masked[i])
+            continue;
+        float factor = fabsf(logits[i]) > thr ? fabsf(logits[i]) : thr;
+        if ((thr - logits[i]) / factor > 2.0f * eps)
+            continue;
+        sum += exp((double)logits[i] - thr);
+    }
+    *pick = best;
+    return (float)(1.0 / sum);
+}
+
+/* One token's routing. */
+static void route_one(enum router_kind kind, const float *logits, int n, int k, float jitter,
+                      int32_t *sel, float *w)
+{
+    if (kind == ROUTER_SPARSEMIXER) {
+        bool masked[256] = {0};
+        w[0] = sparsemixer_pick(logits, masked, n, jitter, &sel[0]);
+        masked[sel[0]] = true;
+        w[1] = sparsemixer_pick(logits, masked, n, jitter, &sel[1]);
+        return;
+    }
+    /* Phixtral: softmax over the top-k logits. Mixtral: softmax over all, keep top-k,
+     * renormalize -- the same weights, since the shared denominator cancels. */
+    topk(logits, n, k, sel);
+    double sum = 0.0, mx = logits[sel[0]];
+    for (int s = 0; s < k; s++)
+        sum += exp((double)logits[sel[s]] - mx);
+    for (int s = 0; s < k; s++)
+        w[s] = (float)(exp((double)logits[sel[s]] - mx) / sum);
+}
+
+void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                   const float *logits, int n_tok, int n_expert, int k, float jitter)
+{
+    if (cpu_of(be)->err_rc)
+        return;
+    for (int t = 0; t < n_tok; t++)
+        route_one(kind, logits + (size_t)t * n_expert, n_expert, k, jitter, sel + (size_t)t * k,
+                  w + (size_t)t * k);
+}
+
+// ---- grouping and combining ----
+
+void cpu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
+                   int n_slot, int n_expert)
+{
+    if (cpu_of(be)->err_rc)
+        return;
+    /* counting sort, stable: slots ascend within each expert */
+    memset(offsets, 0, (size_t)(n_expert + 1) * sizeof *offsets);
+    for (int i = 0; i < n_slot; i++)
+        offsets[sel[i] + 1]++;
+    for (int e = 0; e < n_expert; e++)
+        offsets[e + 1] += offsets[e];
+    for (int e = n_expert; e > 0; e--)
+        offsets[e] = offsets[e - 1];
+    for (int i = 0; i < n_slot; i++)
+        order[offsets[sel[i] + 1]++] = i;
+    offsets[0] = 0;
+}
+
+void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
+                     const float *w, int k, int n_slot, int n)
+{
+    struct cpu_backend *c = cpu_of(be);
+    if (c->err_rc)
+        return;
+    memset(y, 0, (size_t)(n_slot / k) * (size_t)n * sizeof *y);
+    for (int r = 0; r < n_slot; r++) {
+        int s = order[r];
+        c->k.axpy(y + (size_t)(s / k) * n, w[s], x + (size_t)r * n, (size_t)n);
+    }
+}
+
+// ---- expert linears ----
+
+static const struct tensor *expert_bias(const struct expert_linear *el, int e)
+{
+    return el->b && tensor_is_present(&el->b[e]) ? &el->b[e] : NULL;
+}
+
+void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
+                        const struct expert_linear *el, const int32_t *offsets, int n_expert,
+                        int n_slot)
+{
+    struct cpu_backend *c = cpu_of(be);
+    (void)n_slot;
+    if (c->err_rc)
+        return;
+    bool small = be->fused_moe;
+    for (int e = 0; e < n_expert && small; e++)
+        small = offsets[e + 1] - offsets[e] < cpu_gemm_min_tok(c, &el->w[e]);
+    if (small) {
+        struct cpu_job jobs[256];
+        int nj = 0;
+        for (int e = 0; e < n_expert; e++) {
+            int m = offsets[e + 1] - offsets[e];
+            if (m > 0)
+                jobs[nj++] = (struct cpu_job){y + (size_t)offsets[e] * ldy, (size_t)ldy,
+                                              x + (size_t)offsets[e] * el->w[e].shape[1], &el->w[e],
+                                              expert_bias(el, e), m};
+        }
+        cpu_linear_jobs(c, jobs, nj);
+        return;
+    }
+    for (int e = 0; e < n_expert; e++) {
+        int m = offsets[e + 1] - offsets[e];
+        if (m > 0)
+            cpu_linear(be, y + (size_t)offsets[e] * ldy, ldy,
+                       x + (size_t)offsets[e] * el->w[e].shape[1], &el->w[e], expert_bias(el, e), m);
+    }
+}

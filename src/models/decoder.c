@@ -1,0 +1,100 @@
+/*
+ * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
+ * Phi, Phi-3, Mixtral, PhiMoE, Phixtral), composed from the block library
+ * and driven per layer by struct layer_spec:
+ *
+ *   x = embed(ids)
+ *   for each layer il (ls = hp->layer[il]):
+ *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
+ *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
+ *     attn: ls.kv (full / sliding window), ls.n_rot and rope tables, ls.qk_norm,
+ *           ls.softcap, ls.sinks, ls.attn_scale
+ *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
+ *   logits = lm_head(norm_out(x[out_rows]))
+ *
+ * A family whose layers are not of this shape writes its own forward from
+ * the same blocks.
+ */
+#include "blocks.h"
+
+static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il,
+                        struct blk_attn_cfg *cfg, struct rope_params *rp)
+{
+    const struct hparams *hp = &c->m->hp;
+    const struct layer_spec *ls = &hp->layer[il];
+    float *rope = c->bufs.rope + (size_t)il * 2 * HP_MAX_ROT_HALF;
+    *rp = (struct rope_params){
+        .n_rot = ls->n_rot,
+        .inv_freq = rope,
+        .inv_long = ls->rope == ROPE_LONGROPE ? rope + HP_MAX_ROT_HALF : NULL,
+        .long_after = hp->rope_orig_ctx,
+        .mscale = ls->rope == ROPE_LONGROPE ? hp->rope_attn_factor : 1.0f,
+    };
+    *cfg = (struct blk_attn_cfg){
+        .ap = {
+            .n_head = hp->n_head,
+            .n_kv_head = hp->n_kv_head,
+            .head_dim = hp->head_dim,
+            .scale = ls->attn_scale,
+            .softcap = ls->softcap,
+            .window = ls->kv == KV_SLIDING ? ls->window : 0,
+            .sinks = ls->sinks ? L->sinks.data : NULL,
+        },
+        .rp = ls->n_rot > 0 ? rp : NULL,
+        .qk_norm = ls->qk_norm,
+        .norm_eps = hp->norm_eps,
+        .n_embd = hp->n_embd,
+    };
+}
+
+static void ffn(const struct model_ctx *c, const struct layer *L, const struct layer_spec *ls, int n)
+{
+    const struct hparams *hp = &c->m->hp;
+    const struct ctx_bufs *b = &c->bufs;
+    if (ls->moe) {
+        struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
+                                 ls->ffn, ls->act, ls->n_ff, hp->n_embd};
+        blk_moe(c->be, b->f, b->xn, L, &mc, b, n);
+    } else if (ls->ffn == FFN_GLU) {
+        blk_glu(c->be, b->f, b->xn, L, ls->act, ls->n_ff, b, n);
+    } else {
+        blk_mlp(c->be, b->f, b->xn, L, ls->act, ls->n_ff, b, n);
+    }
+}
+
+int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e)
+{
+    const struct model *m = c->m;
+    const struct hparams *hp = &m->hp;
+    const struct backend_ops *op = c->be->ops;
+    const struct ctx_bufs *b = &c->bufs;
+    int n = ch->n_tok, d = hp->n_embd;
+    (void)e;
+
+    op->embed(c->be, b->x, &m->tok_embd, ch->ids, n);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        const struct layer_spec *ls = &hp->layer[il];
+        struct blk_norm_w n1 = {hp->norm, hp->norm_eps, &L->attn_norm, &L->attn_norm_b};
+        struct blk_norm_w n2 = {hp->norm, hp->norm_eps, &L->ffn_norm, &L->ffn_norm_b};
+        struct blk_attn_cfg ac;
+        struct rope_params rp;
+        attn_cfg_of(c, L, il, &ac, &rp);
+
+        blk_norm(c->be, b->xn, b->x, &n1, n, d);
+        blk_attention(c->be, b->o, b->xn, L, &ac, &ch->kv[il], ch->rows, b, n);
+        if (ls->residual == RESID_SEQUENTIAL) {
+            op->axpy(c->be, b->x, d, 1.0f, b->o, d, n, d);
+            blk_norm(c->be, b->xn, b->x, &n2, n, d);
+        }
+        ffn(c, L, ls, n);
+        if (ls->residual == RESID_PARALLEL)
+            op->axpy(c->be, b->x, d, 1.0f, b->o, d, n, d);
+        op->axpy(c->be, b->x, d, 1.0f, b->f, d, n, d);
+    }
+    struct blk_norm_w nout = {hp->norm, hp->norm_eps, &m->out_norm, &m->out_norm_b};
+    if (ch->n_out > 0)
+        blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
+                 d, b);
+    return 0;
+}
