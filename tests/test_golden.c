@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "core/safetensors.h"
+#include "engine/batch.h"
+#include "engine/kvcache.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "test.h"
@@ -64,36 +66,66 @@ static double row_rel_err(const float *got, const float *ref, int n)
     return ma > 0 ? mx / ma : mx;
 }
 
-/* The model in dir against the golden data in golden_dir (usually the same folder). */
+/* A model on be with a one-sequence cache of n_tokens slots and n_batch rows per chunk. */
+struct rig {
+    struct model *m;
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    struct batch b;
+};
+
+static void rig_open(struct rig *r, const char *name, const char *dir, struct backend *be, int n_batch,
+                     int n_tokens, int max_seqs)
+{
+    struct err e = {0};
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = 4,
+                           .dtype = DTYPE_F32};
+    memset(r, 0, sizeof *r);
+    if (model_load(&r->m, dir, &e) < 0 || model_prepare(r->m, be, &e) < 0 ||
+        model_ctx_new(&r->c, r->m, be, n_batch, &e) < 0 || kv_cache_new(&r->kv, r->m, be, &kp, &e) < 0 ||
+        batch_init(&r->b, 256, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+}
+
+static void rig_close(struct rig *r)
+{
+    batch_free(&r->b);
+    kv_cache_free(r->kv);
+    model_ctx_free(r->c);
+    model_free(r->m);
+}
+
+/* The model in dir against the golden data in golden_dir (usually the same folder),
+ * with chunks of n_batch rows (0: the default). */
 static double run_dirs(const char *name, const char *dir, const char *golden_dir, struct backend *be,
-                       bool fused)
+                       bool fused, int n_batch)
 {
     struct err e = {0};
     struct golden g = {0};
-    struct model *m = NULL;
-    struct model_ctx *c = NULL;
+    struct rig r;
     golden_open(&g, golden_dir);
-    if (model_load(&m, dir, &e) < 0)
-        fail_msg("%s: %s", name, e.msg);
-    assert_int_equal(model_ctx_new(&c, m, be, 0, &e), 0);
-    c->fused_moe = fused;
-
-    int L = (int)g.ids.shape[0], V = m->hp.n_vocab, N = (int)g.greedy.shape[0];
+    int L = (int)g.ids.shape[0], N = (int)g.greedy.shape[0];
+    rig_open(&r, name, dir, be, n_batch, L + N, 1);
+    be->fused_moe = fused;
+    int V = r.m->hp.n_vocab;
     assert_int_equal(g.prefill.shape[1], V);
     float *logits = malloc((size_t)L * V * sizeof(float));
     assert_non_null(logits);
     double worst = 0.0;
 
     /* prefill: every position */
-    if (model_forward(c, g.ids.data, L, logits, true, &e) < 0)
+    assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
+    for (int i = 0; i < L; i++)
+        assert_int_equal(batch_add(&r.b, ((const int32_t *)g.ids.data)[i], i, 0, true, &e), 0);
+    if (model_forward(r.c, &r.b, r.kv, logits, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
     const float *ref = g.prefill.data;
     for (int i = 0; i < L; i++) {
-        double r = row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
-        if (r > worst)
-            worst = r;
-        if (r > REL_TOL)
-            fail_msg("%s: prefill position %d: relative error %.3g > %.0e", name, i, r, REL_TOL);
+        double rr = row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
+        if (rr > worst)
+            worst = rr;
+        if (rr > REL_TOL)
+            fail_msg("%s: prefill position %d: relative error %.3g > %.0e", name, i, rr, REL_TOL);
     }
 
     /* greedy decode through the cache */
@@ -103,20 +135,21 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     for (int s = 0; s < N; s++) {
         if (next != greedy[s])
             fail_msg("%s: greedy step %d: got id %d, reference %d", name, s, next, greedy[s]);
-        if (model_forward(c, &greedy[s], 1, logits, false, &e) < 0)
+        batch_clear(&r.b);
+        assert_int_equal(batch_add(&r.b, greedy[s], L + s, 0, true, &e), 0);
+        if (model_forward(r.c, &r.b, r.kv, logits, &e) < 0)
             fail_msg("%s: %s", name, e.msg);
-        double r = row_rel_err(logits, dref + (size_t)s * V, V);
-        if (r > worst)
-            worst = r;
-        if (r > REL_TOL)
-            fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, r, REL_TOL);
+        double rr = row_rel_err(logits, dref + (size_t)s * V, V);
+        if (rr > worst)
+            worst = rr;
+        if (rr > REL_TOL)
+            fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, rr, REL_TOL);
         next = argmax(logits, V);
     }
-    printf("golden %-20s fused_moe=%d  prefill %d + decode %d tokens  max rel err %.2e\n", name,
-           fused, L, N, worst);
+    printf("golden %-20s fused_moe=%d n_batch=%d  prefill %d + decode %d tokens  max rel err %.2e\n",
+           name, fused, r.c->n_batch, L, N, worst);
     free(logits);
-    model_ctx_free(c);
-    model_free(m);
+    rig_close(&r);
     st_set_free(g.st);
     return worst;
 }
@@ -125,7 +158,7 @@ static double run_case(const char *name, struct backend *be, bool fused)
 {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
-    return run_dirs(name, dir, dir, be, fused);
+    return run_dirs(name, dir, dir, be, fused, 0);
 }
 
 double golden_check_model(const char *model_dir, const char *golden_dir, bool fused)
@@ -134,7 +167,7 @@ double golden_check_model(const char *model_dir, const char *golden_dir, bool fu
     struct err e = {0};
     if (backend_cpu_new(&be, 2, NULL, &e) < 0)
         fail_msg("%s", e.msg);
-    double r = run_dirs(model_dir, model_dir, golden_dir, be, fused);
+    double r = run_dirs(model_dir, model_dir, golden_dir, be, fused, 0);
     backend_free(be);
     return r;
 }
@@ -148,13 +181,17 @@ static void check_case(void **state)
         fail_msg("%s", e.msg);
     run_case(name, be, true);
     run_case(name, be, false);
+    /* chunks of 5 rows: prefill split across forward chunks and logit downloads */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    run_dirs(name, dir, dir, be, true, 5);
     backend_free(be);
 }
 
 #define GOLDEN_CASES(X) \
     X(llama) X(llama3_rope) X(mistral) X(qwen2) X(qwen3) X(phi) X(phi3) \
     X(phi3_longrope_short) X(phi3_longrope_long) X(mixtral) X(phimoe) X(phixtral) X(phixtral_mlx) \
-    X(phixtral_mlx_q4) X(phixtral_mlx_q8)
+    X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa)
 
 /* the case name travels as the test's initial state */
 #define ENTRY(n) {"golden_" #n, check_case, NULL, NULL, (void *)#n},

@@ -368,7 +368,7 @@ static void linear_case(struct bes *bs, struct errstat *es, const struct tensor 
              w->qbits, n_tok, in, out);
     for (int i = 0; i < bs->n; i++) {
         memset(y, 0xff, (size_t)n_tok * out * sizeof *y); /* NaN: catches unwritten outputs */
-        bs->be[i]->ops->linear(bs->be[i], y, x, w, b, n_tok);
+        bs->be[i]->ops->linear(bs->be[i], y, (int)w->shape[0], x, w, b, n_tok);
         check(es, what, bs->be[i], y, ref, (size_t)n_tok * out, 1e-9, 1e-4);
     }
     free(x);
@@ -446,7 +446,7 @@ static void qlinear_case(struct bes *bs, struct qstat *qs, const struct tensor *
     for (int i = 0; i < bs->n; i++) {
         struct backend *be = bs->be[i];
         memset(y, 0xff, n * sizeof *y); /* NaN: catches unwritten outputs */
-        be->ops->linear(be, y, x, w, NULL, n_tok);
+        be->ops->linear(be, y, (int)w->shape[0], x, w, NULL, n_tok);
         if (i == 0)
             memcpy(y0, y, n * sizeof *y); /* bs->be[0] is the scalar reference */
         for (size_t k = 0; k < n; k++) {
@@ -618,7 +618,7 @@ static void test_linear_batch(void **state)
         x[j] = fvec((size_t)in, -1, 1);
         y[j] = malloc((size_t)out * sizeof(float));
         ref[j] = malloc((size_t)out * sizeof(double));
-        jobs[j] = (struct linear_job){y[j], x[j], &w[j], j == 0 ? &b : NULL};
+        jobs[j] = (struct linear_job){y[j], (int)w[j].shape[0], x[j], &w[j], j == 0 ? &b : NULL, 1};
         linear_ref(ref[j], x[j], &w[j], j == 0 ? &b : NULL, 1);
     }
     for (int i = 0; i < bs.n; i++) {
@@ -720,9 +720,9 @@ static void norm_case(struct bes *bs, struct errstat *es, bool layer, enum dtype
             memset(y, 0xff, (size_t)rows * n * sizeof *y);
         const float *src = inplace ? y : x;
         if (layer)
-            bs->be[i]->ops->layernorm(bs->be[i], dst, src, &w, &b, eps, rows, n);
+            bs->be[i]->ops->layernorm(bs->be[i], dst, src, n, &w, &b, eps, rows, 1, n);
         else
-            bs->be[i]->ops->rmsnorm(bs->be[i], dst, src, &w, eps, rows, n);
+            bs->be[i]->ops->rmsnorm(bs->be[i], dst, src, n, &w, eps, rows, 1, n);
         check(es, layer ? "layernorm" : "rmsnorm", bs->be[i], y, ref, (size_t)rows * n, 1e-11,
               1e-5);
     }
@@ -772,12 +772,20 @@ static void rope_case(struct bes *bs, struct errstat *es, int n_tok, int n_head,
                 r[j + n_rot / 2] = x2 * c + x1 * s;
             }
         }
+    int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *end = malloc((size_t)n_tok * sizeof *end);
+    for (int t = 0; t < n_tok; t++) {
+        pos[t] = pos0 + t;
+        end[t] = pos0 + n_tok;
+    }
+    struct kv_rows rows = {.pos = pos, .seq_end = end};
+    struct rope_params rp = {n_rot, inv_freq, NULL, 0, mscale};
     for (int i = 0; i < bs->n; i++) {
         memcpy(x, x0, n * sizeof *x);
-        bs->be[i]->ops->rope(bs->be[i], x, n_tok, rs, n_head, head_dim, n_rot, pos0, inv_freq,
-                             mscale);
+        bs->be[i]->ops->rope(bs->be[i], x, rs, n_tok, n_head, head_dim, &rp, &rows);
         check(es, "rope", bs->be[i], x, ref, n, 1e-12, 1e-6);
     }
+    free(pos);
+    free(end);
     free(x0);
     free(x);
     free(ref);
@@ -800,24 +808,34 @@ static void test_rope(void **state)
 
 // ---- attention ----
 
+/* Brute-force causal attention over positions [0, pos0 + n_tok) in dense k/v [n_ctx][n_kv*hd]
+ * with every mask and option applied the textbook way: scores, softcap, -inf outside the
+ * window, softmax with an optional sink logit per head. */
 static void attn_ref(double *out, const float *q, const float *k, const float *v, int n_tok,
-                     int pos0, int n_head, int n_kv, int hd, float scale)
+                     int pos0, int n_head, int n_kv, int hd, const struct attn_params *ap)
 {
     size_t qs = (size_t)n_head * hd, kvs = (size_t)n_kv * hd;
     double *s = malloc((size_t)(pos0 + n_tok) * sizeof *s);
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
-            int g = h / (n_head / n_kv), n_ctx = pos0 + t + 1;
-            double m = -INFINITY, sum = 0;
+            int g = h / (n_head / n_kv), p = pos0 + t, n_ctx = p + 1;
+            double m = ap->sinks ? ap->sinks[h] : -INFINITY, sum = 0;
             for (int j = 0; j < n_ctx; j++) {
                 double d = 0;
                 for (int i = 0; i < hd; i++)
                     d += (double)q[t * qs + h * hd + i] * k[j * kvs + g * hd + i];
-                s[j] = d * scale;
+                d *= ap->scale;
+                if (ap->softcap > 0)
+                    d = ap->softcap * tanh(d / ap->softcap);
+                if (ap->window > 0 && p - j >= ap->window)
+                    d = -INFINITY;
+                s[j] = d;
                 m = s[j] > m ? s[j] : m;
             }
             for (int j = 0; j < n_ctx; j++)
                 sum += (s[j] = exp(s[j] - m));
+            if (ap->sinks)
+                sum += exp(ap->sinks[h] - m);
             for (int i = 0; i < hd; i++) {
                 double acc = 0;
                 for (int j = 0; j < n_ctx; j++)
@@ -828,26 +846,84 @@ static void attn_ref(double *out, const float *q, const float *k, const float *v
     free(s);
 }
 
-static void attn_case(struct bes *bs, struct errstat *es, int n_tok, int pos0, int n_head,
-                      int n_kv, int hd, float amp)
+/* Dense k/v scattered into a paged pool of 4-slot blocks in reverse block order
+ * (a table that is not the identity), the n_tok query rows at positions
+ * pos0.. of one sequence. */
+struct paged {
+    struct kv_layer kv;
+    int32_t *pos, *slot, *table, *tables, *end;
+    struct kv_rows rows;
+};
+
+static void paged_open(struct paged *pg, const float *k, const float *v, int n_ctx, int kvd,
+                       int pos0, int n_tok)
+{
+    int bs = 4, nb = (n_ctx + bs - 1) / bs;
+    pg->kv = (struct kv_layer){calloc((size_t)nb * bs * kvd, sizeof(float)),
+                               calloc((size_t)nb * bs * kvd, sizeof(float)), kvd, kvd};
+    pg->tables = malloc((size_t)nb * sizeof *pg->tables);
+    for (int b = 0; b < nb; b++)
+        pg->tables[b] = nb - 1 - b;
+    for (int j = 0; j < n_ctx; j++) {
+        size_t sl = (size_t)pg->tables[j / bs] * bs + j % bs;
+        memcpy(pg->kv.k + sl * kvd, k + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+        memcpy(pg->kv.v + sl * kvd, v + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+    }
+    pg->pos = malloc((size_t)n_tok * sizeof(int32_t));
+    pg->slot = malloc((size_t)n_tok * sizeof(int32_t));
+    pg->table = calloc((size_t)n_tok, sizeof(int32_t));
+    pg->end = malloc((size_t)n_tok * sizeof(int32_t));
+    for (int t = 0; t < n_tok; t++) {
+        pg->pos[t] = pos0 + t;
+        pg->slot[t] = pg->tables[(pos0 + t) / bs] * bs + (pos0 + t) % bs;
+        pg->end[t] = n_ctx;
+    }
+    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs};
+}
+
+static void paged_close(struct paged *pg)
+{
+    free(pg->kv.k);
+    free(pg->kv.v);
+    free(pg->pos);
+    free(pg->slot);
+    free(pg->table);
+    free(pg->tables);
+    free(pg->end);
+}
+
+static void attn_case_opts(struct bes *bs, struct errstat *es, int n_tok, int pos0, int n_head,
+                           int n_kv, int hd, float amp, int window, float softcap, bool sinks)
 {
     int n_ctx = pos0 + n_tok;
     size_t nq = (size_t)n_tok * n_head * hd, nkv = (size_t)n_ctx * n_kv * hd;
     float *q = fvec(nq, -amp, amp), *k = fvec(nkv, -amp, amp), *v = fvec(nkv, -1, 1);
+    float *sk = sinks ? fvec((size_t)n_head, -2, 2) : NULL;
     float *out = malloc(nq * sizeof *out);
     double *ref = malloc(nq * sizeof *ref);
-    float scale = 1.0f / sqrtf((float)hd);
-    attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, scale);
+    struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window, sk};
+    struct paged pg;
+    attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, &ap);
+    paged_open(&pg, k, v, n_ctx, n_kv * hd, pos0, n_tok);
     for (int i = 0; i < bs->n; i++) {
         memset(out, 0xff, nq * sizeof *out);
-        bs->be[i]->ops->attention(bs->be[i], out, q, k, v, n_tok, pos0, n_head, n_kv, hd, scale);
+        bs->be[i]->ops->attention(bs->be[i], out, n_head * hd, q, n_head * hd, &pg.kv, &pg.rows,
+                                  n_tok, &ap);
         check(es, "attention", bs->be[i], out, ref, nq, 1e-10, 1e-4);
     }
+    paged_close(&pg);
     free(q);
     free(k);
     free(v);
+    free(sk);
     free(out);
     free(ref);
+}
+
+static void attn_case(struct bes *bs, struct errstat *es, int n_tok, int pos0, int n_head,
+                      int n_kv, int hd, float amp)
+{
+    attn_case_opts(bs, es, n_tok, pos0, n_head, n_kv, hd, amp, 0, 0.0f, false);
 }
 
 static void test_attention(void **state)
@@ -865,6 +941,25 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 1, 300, 2, 1, 96, 1.0f);
     attn_case(&bs, &es, 3, 2, 130, 1, 8, 1.0f);      /* more query heads per kv head than a tile */
     report("attention", &es);
+    bes_close(&bs);
+}
+
+/* The sliding-window kind, soft-capping and sinks against the brute-force masked reference:
+ * windows shorter than, equal to and longer than the context, across block boundaries. */
+static void test_attention_window(void **state)
+{
+    (void)state;
+    struct bes bs;
+    struct errstat es = {0};
+    bes_open(&bs);
+    attn_case_opts(&bs, &es, 1, 40, 4, 2, 16, 1.0f, 8, 0.0f, false);     /* decode, window 8 */
+    attn_case_opts(&bs, &es, 20, 0, 4, 1, 16, 1.0f, 8, 0.0f, false);     /* prefill past it */
+    attn_case_opts(&bs, &es, 70, 30, 2, 2, 32, 2.0f, 5, 0.0f, false);    /* keys > one gather block */
+    attn_case_opts(&bs, &es, 6, 3, 4, 4, 8, 1.0f, 9, 0.0f, false);       /* window = context */
+    attn_case_opts(&bs, &es, 5, 0, 4, 4, 8, 1.0f, 1, 0.0f, false);       /* only itself */
+    attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 6.0f, 0, 3.0f, false);      /* softcap */
+    attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 1.0f, 4, 0.0f, true);       /* sinks + window */
+    report("attention_window", &es);
     bes_close(&bs);
 }
 
@@ -890,27 +985,36 @@ static void test_elementwise(void **state)
     for (size_t si = 0; si < 5; si++) {
         size_t n = sizes[si];
         float *a = fvec(n, -9, 9), *b = fvec(n, -2, 2), *y = malloc(n * sizeof *y);
+        float *gu = malloc(2 * n * sizeof *gu);
         double *r1 = malloc(n * sizeof *r1), *r2 = malloc(n * sizeof *r2),
-               *r3 = malloc(n * sizeof *r3), *r4 = malloc(n * sizeof *r4);
+               *r3 = malloc(n * sizeof *r3), *r4 = malloc(n * sizeof *r4),
+               *r5 = malloc(n * sizeof *r5);
         for (size_t i = 0; i < n; i++) {
             r1[i] = gelu_tanh_d(a[i]);
             r2[i] = gelu_erf_d(a[i]);
             r3[i] = a[i] / (1 + exp(-(double)a[i])) * b[i];
             r4[i] = b[i] + 0.37 * (double)a[i];
+            r5[i] = gelu_erf_d(a[i]) * b[i];
         }
         for (int i = 0; i < bs.n; i++) {
             struct backend *be = bs.be[i];
             memcpy(y, a, n * sizeof *y);
-            be->ops->gelu_tanh(be, y, n);
+            be->ops->act(be, ACT_GELU_TANH, y, (int)n, 1, (int)n);
             check(&es, "gelu_tanh", be, y, r1, n, 1e-11, 1e-5);
             memcpy(y, a, n * sizeof *y);
-            be->ops->gelu_erf(be, y, n);
+            be->ops->act(be, ACT_GELU_ERF, y, (int)n, 1, (int)n);
             check(&es, "gelu_erf", be, y, r2, n, 1e-11, 1e-5);
-            memcpy(y, a, n * sizeof *y); /* y aliases gate */
-            be->ops->silu_mul(be, y, y, b, n);
-            check(&es, "silu_mul", be, y, r3, n, 1e-11, 1e-5);
+            /* glu: one row [gate | up], written over the gate half */
+            memcpy(gu, a, n * sizeof *gu);
+            memcpy(gu + n, b, n * sizeof *gu);
+            be->ops->glu(be, ACT_SILU, gu, (int)(2 * n), gu, (int)(2 * n), 1, (int)n);
+            check(&es, "glu silu", be, gu, r3, n, 1e-11, 1e-5);
+            memcpy(gu, a, n * sizeof *gu);
+            memcpy(gu + n, b, n * sizeof *gu);
+            be->ops->glu(be, ACT_GELU_ERF, y, (int)n, gu, (int)(2 * n), 1, (int)n);
+            check(&es, "glu gelu", be, y, r5, n, 1e-11, 1e-5);
             memcpy(y, b, n * sizeof *y);
-            be->ops->axpy(be, y, 0.37f, a, n);
+            be->ops->axpy(be, y, (int)n, 0.37f, a, (int)n, 1, (int)n);
             check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);
         }
         free(a);
@@ -920,6 +1024,8 @@ static void test_elementwise(void **state)
         free(r2);
         free(r3);
         free(r4);
+        free(r5);
+        free(gu);
     }
     report("elementwise", &es);
     bes_close(&bs);
@@ -968,7 +1074,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
-    cmocka_unit_test(test_rope),         cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_rope),         cmocka_unit_test(test_attention), cmocka_unit_test(test_attention_window),
     cmocka_unit_test(test_elementwise),
 };
 

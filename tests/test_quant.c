@@ -32,6 +32,7 @@
 #include "models/model.h"
 #include "cli_run.h"
 #include "st_build.h"
+#include "models/selftest.h"
 #include "test.h"
 
 // ---- helpers ----
@@ -456,8 +457,7 @@ static double compare_models(const char *qdir, const char *fdir, const char *gol
 {
     struct err e = {0};
     struct backend *be = NULL;
-    struct model *m[2] = {0};
-    struct model_ctx *c[2] = {0};
+    struct stest_run run[2];
     struct st_set *g = NULL;
     struct tensor ids;
     char p[600];
@@ -467,18 +467,17 @@ static double compare_models(const char *qdir, const char *fdir, const char *gol
     if (backend_cpu_new(&be, 2, NULL, &e) < 0)
         fail_msg("%s", e.msg);
     const char *dirs[2] = {qdir, fdir};
-    for (int i = 0; i < 2; i++) {
-        if (model_load(&m[i], dirs[i], &e) < 0)
+    be->fused_moe = fused;
+    int L = (int)ids.shape[0];
+    for (int i = 0; i < 2; i++)
+        if (stest_run_open(&run[i], dirs[i], NULL, be, L + 8, &e) < 0)
             fail_msg("%s: %s", dirs[i], e.msg);
-        assert_int_equal(model_ctx_new(&c[i], m[i], be, 0, &e), 0);
-        c[i]->fused_moe = fused;
-    }
-    int L = (int)ids.shape[0], V = m[0]->hp.n_vocab;
+    int V = run[0].m->hp.n_vocab;
     float *lg[2];
     for (int i = 0; i < 2; i++) {
         lg[i] = malloc((size_t)L * V * sizeof(float));
         assert_non_null(lg[i]);
-        if (model_forward(c[i], ids.data, L, lg[i], true, &e) < 0)
+        if (stest_run_feed(&run[i], ids.data, L, true, lg[i], &e) < 0)
             fail_msg("%s", e.msg);
     }
     double worst = 0;
@@ -502,14 +501,13 @@ static double compare_models(const char *qdir, const char *fdir, const char *gol
             if (last[v] > last[next])
                 next = v;
         for (int i = 0; i < 2; i++)
-            if (model_forward(c[i], &next, 1, lg[i], false, &e) < 0)
+            if (stest_run_feed(&run[i], &next, 1, false, lg[i], &e) < 0)
                 fail_msg("%s", e.msg);
         rows = 1;
     }
     for (int i = 0; i < 2; i++) {
         free(lg[i]);
-        model_ctx_free(c[i]);
-        model_free(m[i]);
+        stest_run_close(&run[i]);
     }
     backend_free(be);
     st_set_free(g);

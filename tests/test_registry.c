@@ -34,23 +34,38 @@ static void table_is_consistent(void **state)
         assert_non_null(ops->parse_config);
         assert_non_null(ops->map_weights);
         assert_non_null(ops->forward);
-        assert_non_null(ops->self_test);
         assert_ptr_equal(registry_find(r->model_type), ops);
     }
 }
 
+/* Every family's tests (src/models/<family>_tests.c, linked into this binary only):
+ * the registry list expanded once more, so a family without tests does not link. */
+#define MODEL(name, ops) int ops##_self_test(struct err *e);
+#define ALIAS(name, to)
+#include "models/registry.def"
+#undef MODEL
+#undef ALIAS
+
+static const struct {
+    const char *family;
+    int (*test)(struct err *e);
+} k_family_tests[] = {
+#define MODEL(name, ops) {name, ops##_self_test},
+#define ALIAS(name, to)
+#include "models/registry.def"
+#undef MODEL
+#undef ALIAS
+};
+
 static void every_family_self_test_passes(void **state)
 {
     (void)state;
-    for (size_t i = 0; i < registry_count(); i++) {
-        const struct registry_entry *r = registry_at(i);
-        if (!r->ops)
-            continue;
+    for (size_t i = 0; i < sizeof k_family_tests / sizeof k_family_tests[0]; i++) {
         struct err e = {0};
-        int rc = r->ops->self_test(&e);
+        int rc = k_family_tests[i].test(&e);
         if (rc != 0)
-            fail_msg("family %s: %s", r->ops->family, e.msg);
-        printf("self-test %-10s ok\n", r->ops->family);
+            fail_msg("family %s: %s", k_family_tests[i].family, e.msg);
+        printf("self-test %-10s ok\n", k_family_tests[i].family);
     }
 }
 

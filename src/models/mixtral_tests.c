@@ -27,9 +27,10 @@ int mixtral_ops_self_test(struct err *e)
         (rc = stest_parse_fails(&mixtral_ops, "{" BASE "}", "num_experts_per_tok", e)) < 0)
         return rc;
     float logits[8] = {0.3f, -1.2f, 2.2f, 0.9f, 1.7f, -0.4f, 0.0f, 1.1f};
-    int sel[2];
+    int32_t sel[2];
     float w[2];
-    blk_route(&hp, logits, sel, w);
+    if ((rc = stest_route(&hp, logits, sel, w, e)) < 0)
+        return rc;
     double z = 0.0;
     for (int i = 0; i < 8; i++)
         z += exp(logits[i]);

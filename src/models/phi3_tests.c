@@ -31,7 +31,7 @@ int phi3_ops_self_test(struct err *e)
         (rc = stest_check(!hp.qkv_bias && hp.norm_eps == 1e-5f, "phi3 defaults", e)) < 0)
         return rc;
     float inv[8], inv_long[8];
-    blk_rope_freqs(&hp, inv, inv_long);
+    blk_rope_freqs(&hp, &hp.layer[0], inv, inv_long);
     for (int j = 0; j < 8 && rc == 0; j++) {
         double base = pow(10000.0, 2.0 * j / 16);
         rc = stest_check(stest_near(inv[j], 1.0 / (hp.rope_short[j] * base), 1e-7) &&

@@ -30,9 +30,10 @@ int phimoe_ops_self_test(struct err *e)
         return rc;
     /* winner 0 (2.0); 1.99 is within (2 - 1.99) / 2 = 0.005 <= 0.02 so it shares the softmax */
     float logits[4] = {2.0f, 1.99f, 0.0f, -1.0f};
-    int sel[2];
+    int32_t sel[2];
     float w[2];
-    blk_route(&hp, logits, sel, w);
+    if ((rc = stest_route(&hp, logits, sel, w, e)) < 0)
+        return rc;
     double w0 = 1.0 / (1.0 + exp(1.99 - 2.0));
     return stest_check(sel[0] == 0 && sel[1] == 1 && stest_near(w[0], w0, 1e-6) && stest_near(w[1], 1.0, 1e-6),
                        "sparsemixer worked example", e);

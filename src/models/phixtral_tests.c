@@ -62,19 +62,22 @@ static int routing(struct err *e)
     hp.n_expert = 4;
     hp.n_expert_used = 2;
     hp.router = ROUTER_TOPK_SOFTMAX;
-    int sel[2], rc;
+    int32_t sel[2], rc;
     float w[2];
     /* ties break toward the lower index */
     float tie[4] = {1.0f, 3.0f, 2.0f, 3.0f};
-    blk_route(&hp, tie, sel, w);
+    if ((rc = stest_route(&hp, tie, sel, w, e)) < 0)
+        return rc;
     if ((rc = stest_check(sel[0] == 1 && sel[1] == 3 && w[0] == 0.5f && w[1] == 0.5f, "top-2 tie order", e)) < 0)
         return rc;
     /* softmax over the two chosen logits only: the others do not change the weights */
     float a[4] = {0.5f, -1.0f, 2.0f, 1.0f}, b[4] = {0.9f, -100.0f, 2.0f, 1.0f};
     float wa[2], wb[2];
-    int sa[2], sb[2];
-    blk_route(&hp, a, sa, wa);
-    blk_route(&hp, b, sb, wb);
+    int32_t sa[2], sb[2];
+    if ((rc = stest_route(&hp, a, sa, wa, e)) < 0)
+        return rc;
+    if ((rc = stest_route(&hp, b, sb, wb, e)) < 0)
+        return rc;
     double want = 1.0 / (1.0 + exp(-1.0));
     return stest_check(sa[0] == 2 && sa[1] == 3 && sb[0] == 2 && sb[1] == 3 &&
                            stest_near(wa[0], want, 1e-6) && stest_near(wa[1], 1.0 - want, 1e-6) &&
@@ -90,7 +93,7 @@ static int partial_rotary(struct err *e)
     if ((rc = stest_parse(&phixtral_ops, CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 2"), &hp, e)) < 0)
         return rc;
     float inv[4];
-    blk_rope_freqs(&hp, inv, NULL);
+    blk_rope_freqs(&hp, &hp.layer[0], inv, NULL);
     for (int j = 0; j < 4; j++)
         if ((rc = stest_check(stest_near(inv[j], pow(10000.0, -2.0 * j / 8), 1e-7), "inverse frequencies", e)) < 0)
             return rc;
@@ -101,7 +104,10 @@ static int partial_rotary(struct err *e)
     for (int i = 0; i < 16; i++)
         x[i] = y[i] = 0.1f * (float)(i + 1);
     int pos = 3;
-    be->ops->rope(be, y, 1, 16, 1, 16, 8, pos, inv, 1.0f);
+    int32_t pos32 = pos;
+    struct kv_rows rows = {.pos = &pos32, .seq_end = &pos32};
+    struct rope_params rp = {8, inv, NULL, 0, 1.0f};
+    be->ops->rope(be, y, 16, 1, 1, 16, &rp, &rows);
     backend_free(be);
     for (int j = 0; j < 4 && rc == 0; j++) {
         double c = cos(pos * (double)inv[j]), s = sin(pos * (double)inv[j]);
@@ -121,14 +127,14 @@ static int partial_rotary(struct err *e)
 struct spy {
     struct backend be;          /* a copy of the CPU backend with our ops table */
     struct backend_ops ops;
-    void (*inner_linear)(struct backend *, float *, const float *, const struct tensor *,
+    void (*inner_linear)(struct backend *, float *, int, const float *, const struct tensor *,
                          const struct tensor *, int);
     int n;
     const void *w[SPY_MAX];     /* weight data of each call */
     uint64_t x_hash[SPY_MAX];   /* FNV-1a of its input rows */
 };
 
-static void spy_linear(struct backend *be, float *y, const float *x, const struct tensor *w,
+static void spy_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
                        const struct tensor *b, int n_tok)
 {
     struct spy *s = (struct spy *)be;
@@ -141,7 +147,7 @@ static void spy_linear(struct backend *be, float *y, const float *x, const struc
         s->w[s->n] = w->data;
         s->x_hash[s->n++] = h;
     }
-    s->inner_linear(be, y, x, w, b, n_tok);
+    s->inner_linear(be, y, ldy, x, w, b, n_tok);
 }
 
 static int find_call(const struct spy *s, const void *w)
@@ -156,7 +162,7 @@ static int parallel_residual(struct err *e)
 {
     struct model *m = NULL;
     struct backend *cpu = NULL;
-    struct model_ctx *c = NULL;
+    struct stest_run run = {0};
     struct spy *s = calloc(1, sizeof *s);
     float *logits = NULL;
     int rc;
@@ -170,10 +176,10 @@ static int parallel_residual(struct err *e)
     s->ops.linear = spy_linear;
     s->be.ops = &s->ops;
     logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-    if (!logits || (rc = model_ctx_new(&c, m, &s->be, 16, e)) < 0)
+    if (!logits || (rc = stest_run_open(&run, NULL, m, &s->be, 16, e)) < 0)
         goto out;
     int32_t ids[3] = {5, 17, 42};
-    if ((rc = model_forward(c, ids, 3, logits, false, e)) < 0)
+    if ((rc = stest_run_feed(&run, ids, 3, false, logits, e)) < 0)
         goto out;
     for (int il = 0; il < m->hp.n_layer && rc == 0; il++) {
         int qkv = find_call(s, m->layers[il].wqkv.data), gate = find_call(s, m->layers[il].router.data);
@@ -182,7 +188,7 @@ static int parallel_residual(struct err *e)
     }
 out:
     free(logits);
-    model_ctx_free(c);
+    stest_run_close(&run);
     backend_free(cpu);
     model_free(m);
     free(s);
