@@ -23,6 +23,7 @@
     X(config)     \
     X(registry)   \
     X(golden)     \
+    X(batch)      \
     X(quant)      \
     X(sampler)    \
     X(models)     \

@@ -1,0 +1,386 @@
+/*
+ * batch: the batched forward and the paged KV cache.
+ *
+ * batched_<case>: for every golden family, 8 sequences with prompts of
+ * different lengths run together in mixed batches (prompts fed in chunks of
+ * up to 3 tokens while other sequences decode, sequences joining at
+ * different steps) give, per sequence, the logits of the same sequence run
+ * alone (max relative difference <= 1e-5 per row) and identical greedy ids.
+ *
+ * kv_*: sequence operations on a real model: fork + copy-on-write (a
+ * forked sequence's continuation equals a fresh run of the same prefix, and
+ * the source is unaffected by the fork's writes), truncate and continue,
+ * remove and block reuse, pool exhaustion as a clean error that leaves the
+ * cache unchanged, and the batch rules.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/safetensors.h"
+#include "engine/batch.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "test.h"
+
+#define N_SEQ    8
+#define N_DECODE 6
+#define BATCH_REL_TOL 1e-5
+
+struct eng {
+    struct backend *be;
+    struct model *m;
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    struct batch b;
+};
+
+static void eng_open(struct eng *g, const char *dir, int n_tokens, int max_seqs, int block)
+{
+    struct err e = {0};
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
+                           .dtype = DTYPE_F32};
+    memset(g, 0, sizeof *g);
+    if (backend_new(&g->be, NULL, 2, &e) < 0 || model_load(&g->m, dir, &e) < 0 ||
+        model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, 0, &e) < 0 ||
+        kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(&g->b, 512, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+}
+
+static void eng_close(struct eng *g)
+{
+    batch_free(&g->b);
+    kv_cache_free(g->kv);
+    model_ctx_free(g->c);
+    model_free(g->m);
+    backend_free(g->be);
+}
+
+static int argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+static double rel_diff(const float *a, const float *b, int n)
+{
+    double mx = 0, ma = 0;
+    for (int i = 0; i < n; i++) {
+        mx = fmax(mx, fabs((double)a[i] - b[i]));
+        ma = fmax(ma, fabs((double)b[i]));
+    }
+    return ma > 0 ? mx / ma : mx;
+}
+
+/* Feed ids to seq at its next positions in one batch; logits of the last row. */
+static void feed(struct eng *g, int seq, const int32_t *ids, int n, float *logits)
+{
+    struct err e = {0};
+    int pos = kv_seq_len(g->kv, seq);
+    batch_clear(&g->b);
+    assert_int_equal(batch_add_seq(&g->b, ids, n, pos, seq, true, &e), 0);
+    if (model_forward(g->c, &g->b, g->kv, logits, &e) < 0)
+        fail_msg("%s", e.msg);
+}
+
+// ---- batched vs alone ----
+
+/* Sequence s's prompt: a rotation of the golden prompt, 2 + (3 s) % L tokens. */
+static int make_prompt(const int32_t *ids, int L, int s, int32_t *out)
+{
+    int n = 2 + (3 * s) % (L - 1);
+    for (int i = 0; i < n; i++)
+        out[i] = ids[(i + s) % L];
+    return n;
+}
+
+struct seq_ref {
+    int32_t prompt[64];
+    int n_prompt;
+    float *logits;        /* [1 + N_DECODE][V]: after the prompt, after each decode step */
+    int32_t greedy[1 + N_DECODE];
+};
+
+/* Each sequence alone, in a fresh cache sequence, its prompt in the same chunks of 3 as
+ * in the mixed run: longrope picks its factors per forward call from the sequence's
+ * length after the call (as transformers does), so the call structure of one sequence
+ * is part of its definition; what must not matter is the other sequences in the batch. */
+static void run_alone(struct eng *g, struct seq_ref *r, int V)
+{
+    kv_seq_remove(g->kv, 0);
+    assert_int_equal(kv_seq_add(g->kv, 0, NULL), 0);
+    for (int i = 0; i < r->n_prompt; i += 3)
+        feed(g, 0, r->prompt + i, r->n_prompt - i < 3 ? r->n_prompt - i : 3, r->logits);
+    for (int t = 0; t < N_DECODE; t++) {
+        r->greedy[t] = argmax(r->logits + (size_t)t * V, V);
+        feed(g, 0, &r->greedy[t], 1, r->logits + (size_t)(t + 1) * V);
+    }
+    r->greedy[N_DECODE] = argmax(r->logits + (size_t)N_DECODE * V, V);
+    kv_seq_remove(g->kv, 0);
+}
+
+/* All sequences together: step k adds, for every started sequence, its next prompt
+ * chunk (<= 3 tokens) or its next decode token; sequence s starts at step s / 2. */
+static double run_mixed(struct eng *g, struct seq_ref *ref, int V, const char *name)
+{
+    struct err e = {0};
+    int fed[N_SEQ] = {0}, got[N_SEQ] = {0};
+    int32_t next[N_SEQ] = {0};
+    float *out = malloc((size_t)N_SEQ * V * sizeof *out);
+    double worst = 0;
+    assert_non_null(out);
+    for (int s = 0; s < N_SEQ; s++)
+        assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
+    for (int step = 0;; step++) {
+        int owner[N_SEQ], n_out = 0;
+        batch_clear(&g->b);
+        for (int s = 0; s < N_SEQ && s / 2 <= step; s++) {
+            struct seq_ref *r = &ref[s];
+            if (fed[s] < r->n_prompt) {
+                int k = r->n_prompt - fed[s] < 3 ? r->n_prompt - fed[s] : 3;
+                bool last = fed[s] + k == r->n_prompt;
+                assert_int_equal(batch_add_seq(&g->b, r->prompt + fed[s], k, fed[s], s, last, &e), 0);
+                fed[s] += k;
+                if (last)
+                    owner[n_out++] = s;
+            } else if (got[s] > 0 && got[s] <= N_DECODE) {
+                assert_int_equal(batch_add(&g->b, next[s], fed[s] + got[s] - 1, s, true, &e), 0);
+                owner[n_out++] = s;
+            }
+        }
+        if (g->b.n_tok == 0)
+            break;
+        if (model_forward(g->c, &g->b, g->kv, out, &e) < 0)
+            fail_msg("%s: %s", name, e.msg);
+        for (int o = 0; o < n_out; o++) {
+            int s = owner[o], t = got[s];
+            const float *want = ref[s].logits + (size_t)t * V;
+            double d = rel_diff(out + (size_t)o * V, want, V);
+            worst = fmax(worst, d);
+            if (d > BATCH_REL_TOL)
+                fail_msg("%s: sequence %d step %d: batched logits differ from alone by %.3g", name, s,
+                         t, d);
+            next[s] = argmax(out + (size_t)o * V, V);
+            if (next[s] != ref[s].greedy[t])
+                fail_msg("%s: sequence %d step %d: greedy id %d batched, %d alone", name, s, t,
+                         next[s], ref[s].greedy[t]);
+            got[s]++;
+        }
+    }
+    for (int s = 0; s < N_SEQ; s++) {
+        assert_int_equal(got[s], 1 + N_DECODE);
+        kv_seq_remove(g->kv, s);
+    }
+    free(out);
+    return worst;
+}
+
+static void batched_case(void **state)
+{
+    const char *name = *state;
+    char dir[512], path[600];
+    struct err e = {0};
+    struct st_set *gs = NULL;
+    struct tensor ids;
+    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (st_set_open_file(&gs, path, &e) < 0 || st_set_take(gs, "input_ids", &ids, &e) < 0)
+        fail_msg("%s", e.msg);
+    int L = (int)ids.shape[0];
+    assert_true(L >= 3 && L < 64);
+
+    struct eng g;
+    eng_open(&g, dir, N_SEQ * (64 + N_DECODE), N_SEQ, 4);
+    int V = g.m->hp.n_vocab;
+    struct seq_ref ref[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++) {
+        ref[s].n_prompt = make_prompt(ids.data, L, s, ref[s].prompt);
+        ref[s].logits = malloc((size_t)(1 + N_DECODE) * V * sizeof(float));
+        assert_non_null(ref[s].logits);
+        run_alone(&g, &ref[s], V);
+    }
+    for (int fused = 1; fused >= 0; fused--) {
+        g.be->fused_moe = fused;
+        double worst = run_mixed(&g, ref, V, name);
+        printf("batched %-20s fused_moe=%d  %d sequences, mixed prefill/decode: max rel diff vs "
+               "alone %.2e\n", name, fused, N_SEQ, worst);
+    }
+    assert_int_equal(kv_n_free_blocks(g.kv), g.kv->n_blocks);
+    for (int s = 0; s < N_SEQ; s++)
+        free(ref[s].logits);
+    eng_close(&g);
+    st_set_free(gs);
+}
+
+// ---- paged cache ----
+
+#define KV_MODEL "tests/fixtures/golden/llama"
+
+static const int32_t k_prefix[10] = {5, 17, 42, 8, 99, 3, 61, 27, 14, 70};
+
+/* fork + copy-on-write: the fork continues like a fresh run of the same prefix, and
+ * neither sequence sees the other's later tokens. */
+static void kv_fork_cow(void **state)
+{
+    (void)state;
+    struct eng g;
+    struct err e = {0};
+    eng_open(&g, test_path(KV_MODEL), 128, 4, 4);
+    int V = g.m->hp.n_vocab;
+    float *a = malloc((size_t)V * 4 * sizeof *a), *b = a + V, *c = a + 2 * V, *d = a + 3 * V;
+    int32_t x = 11, y = 23;
+    /* 10 tokens: the last block (positions 8, 9) is half full, so both writes copy it */
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    feed(&g, 0, k_prefix, 10, a);
+    int free_before = kv_n_free_blocks(g.kv);
+    assert_int_equal(kv_seq_fork(g.kv, 0, 1, &e), 0);
+    assert_int_equal(kv_n_free_blocks(g.kv), free_before);   /* shared, not copied */
+    assert_int_equal(kv_seq_len(g.kv, 1), 10);
+    feed(&g, 1, &y, 1, b);                                     /* fork writes first */
+    feed(&g, 0, &x, 1, a);
+    assert_int_equal(kv_n_free_blocks(g.kv), free_before - 1); /* one copied block */
+    /* fresh runs of prefix + x and prefix + y */
+    assert_int_equal(kv_seq_add(g.kv, 2, &e), 0);
+    assert_int_equal(kv_seq_add(g.kv, 3, &e), 0);
+    feed(&g, 2, k_prefix, 10, c);
+    feed(&g, 2, &x, 1, c);
+    feed(&g, 3, k_prefix, 10, d);
+    feed(&g, 3, &y, 1, d);
+    assert_true(rel_diff(a, c, V) <= 1e-6);
+    assert_true(rel_diff(b, d, V) <= 1e-6);
+    assert_true(rel_diff(a, b, V) > 1e-3);   /* the continuations did differ */
+    /* forking an unknown or used sequence is an error */
+    assert_true(kv_seq_fork(g.kv, 9, 1, &e) < 0);
+    assert_true(kv_seq_fork(g.kv, 0, 1, &e) < 0);
+    free(a);
+    eng_close(&g);
+}
+
+/* truncate: back to a shorter prefix and a different continuation, equal to a fresh run. */
+static void kv_truncate(void **state)
+{
+    (void)state;
+    struct eng g;
+    struct err e = {0};
+    eng_open(&g, test_path(KV_MODEL), 64, 2, 4);
+    int V = g.m->hp.n_vocab;
+    float *a = malloc((size_t)V * 2 * sizeof *a), *b = a + V;
+    int32_t x = 31;
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    assert_int_equal(kv_seq_add(g.kv, 1, &e), 0);
+    feed(&g, 0, k_prefix, 10, a);
+    int free_full = kv_n_free_blocks(g.kv);
+    assert_int_equal(kv_seq_truncate(g.kv, 0, 5, &e), 0);
+    assert_int_equal(kv_n_free_blocks(g.kv), free_full + 1);   /* blocks of positions 8..9 */
+    feed(&g, 0, &x, 1, a);
+    feed(&g, 1, k_prefix, 5, b);
+    feed(&g, 1, &x, 1, b);
+    assert_true(rel_diff(a, b, V) <= 1e-6);
+    assert_true(kv_seq_truncate(g.kv, 0, 99, &e) < 0);         /* cannot grow */
+    assert_true(kv_seq_truncate(g.kv, 0, -1, &e) < 0);
+    free(a);
+    eng_close(&g);
+}
+
+/* remove returns every block; a new sequence reuses them and runs like a fresh cache. */
+static void kv_remove_reuse(void **state)
+{
+    (void)state;
+    struct eng g;
+    struct err e = {0};
+    eng_open(&g, test_path(KV_MODEL), 12, 2, 4);   /* 3 blocks */
+    int V = g.m->hp.n_vocab;
+    float *a = malloc((size_t)V * 2 * sizeof *a), *b = a + V;
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    feed(&g, 0, k_prefix, 10, a);
+    assert_int_equal(kv_n_free_blocks(g.kv), 0);
+    kv_seq_remove(g.kv, 0);
+    assert_int_equal(kv_n_free_blocks(g.kv), 3);
+    assert_int_equal(kv_seq_len(g.kv, 0), -1);
+    assert_int_equal(kv_seq_add(g.kv, 1, &e), 0);
+    feed(&g, 1, k_prefix + 2, 8, b);                /* reuses the blocks, stale data inside */
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    kv_seq_remove(g.kv, 1);
+    feed(&g, 0, k_prefix + 2, 8, a);
+    assert_true(rel_diff(a, b, V) <= 1e-6);
+    free(a);
+    eng_close(&g);
+}
+
+/* Pool exhaustion and batch rule violations: clean errors, nothing changed. */
+static void kv_exhaustion_and_rules(void **state)
+{
+    (void)state;
+    struct eng g;
+    struct err e = {0};
+    eng_open(&g, test_path(KV_MODEL), 8, 2, 4);    /* 2 blocks */
+    int V = g.m->hp.n_vocab;
+    float *a = malloc((size_t)V * sizeof *a);
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    assert_int_equal(kv_seq_add(g.kv, 1, &e), 0);
+    feed(&g, 0, k_prefix, 6, a);
+    /* seq 1 needs 2 blocks, 0 free after seq 0 grows to 8 in the same batch: refused */
+    batch_clear(&g.b);
+    batch_add_seq(&g.b, k_prefix, 2, 6, 0, false, &e);
+    batch_add_seq(&g.b, k_prefix, 5, 0, 1, true, &e);
+    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_NOMEM);
+    assert_non_null(strstr(e.msg, "kv cache full"));
+    assert_int_equal(kv_seq_len(g.kv, 0), 6);
+    assert_int_equal(kv_seq_len(g.kv, 1), 0);
+    assert_int_equal(kv_n_free_blocks(g.kv), 0);
+    /* rules: wrong position, unknown sequence, id outside the vocabulary, empty batch */
+    batch_clear(&g.b);
+    batch_add(&g.b, 1, 3, 0, true, &e);
+    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_ARG);
+    batch_clear(&g.b);
+    batch_add(&g.b, 1, 0, 5, true, &e);
+    assert_true(model_forward(g.c, &g.b, g.kv, a, &e) < 0);
+    batch_clear(&g.b);
+    batch_add(&g.b, V, 6, 0, true, &e);
+    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_RANGE);
+    batch_clear(&g.b);
+    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_ARG);
+    assert_int_equal(kv_seq_len(g.kv, 0), 6);
+    /* the context: a sequence may not pass the model's context length */
+    kv_seq_remove(g.kv, 0);
+    kv_seq_remove(g.kv, 1);
+    struct kv_cache *small = NULL;
+    struct kv_params kp = {.n_tokens = 64, .max_seqs = 1, .max_seq_len = 4, .dtype = DTYPE_F32};
+    assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), 0);
+    assert_int_equal(kv_seq_add(small, 0, &e), 0);
+    batch_clear(&g.b);
+    batch_add_seq(&g.b, k_prefix, 5, 0, 0, true, &e);
+    assert_int_equal(model_forward(g.c, &g.b, small, a, &e), -ERR_RANGE);
+    assert_non_null(strstr(e.msg, "context"));
+    kv_cache_free(small);
+    /* bad parameters */
+    kp.dtype = DTYPE_F16;
+    assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_UNSUPPORTED);
+    kp = (struct kv_params){.n_tokens = 0, .max_seqs = 1, .dtype = DTYPE_F32};
+    assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_ARG);
+    assert_null(small);
+    free(a);
+    eng_close(&g);
+}
+
+#define BATCH_CASES(X) \
+    X(llama) X(llama3_rope) X(mistral) X(qwen2) X(qwen3) X(phi) X(phi3) \
+    X(phi3_longrope_short) X(phi3_longrope_long) X(mixtral) X(phimoe) X(phixtral) X(phixtral_mlx) \
+    X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa)
+
+#define ENTRY(n) {"batched_" #n, batched_case, NULL, NULL, (void *)#n},
+static const struct CMUnitTest tests[] = {
+    BATCH_CASES(ENTRY)
+    cmocka_unit_test(kv_fork_cow),
+    cmocka_unit_test(kv_truncate),
+    cmocka_unit_test(kv_remove_reuse),
+    cmocka_unit_test(kv_exhaustion_and_rules),
+};
+#undef ENTRY
+
+TEST_SUITE(batch, tests);
