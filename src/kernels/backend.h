@@ -179,10 +179,11 @@ struct backend_ops {
      * delimits each expert's run. */
     void (*moe_group)(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
                       int n_slot, int n_expert);
-    /* Row r of x [n_slot, in] goes through the expert whose run in offsets contains r:
-     * y[r, :] (stride ldy) = W_e x[r, :] (+ b_e). */
+    /* Row r of x [n_slot, in] goes through the expert e whose run in offsets contains r,
+     * for each of the n_el linears el[i] (all [out, in]; GLU: gate and up):
+     * y[r, i * out + j] (stride ldy) = (W_{i,e} x[r, :] (+ b_{i,e}))[j]. */
     void (*linear_experts)(struct backend *be, float *y, int ldy, const float *x,
-                           const struct expert_linear *el, const int32_t *offsets,
+                           const struct expert_linear *el, int n_el, const int32_t *offsets,
                            int n_expert, int n_slot);
     /* y[order[r] / k, :] += w[order[r]] * x[r, :] for r < n_slot (rows of n, y dense). */
     void (*moe_combine)(struct backend *be, float *y, const float *x, const int32_t *order,

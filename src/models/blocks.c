@@ -158,14 +158,14 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
 
     /* each expert over its rows: up (and gate) -> activation -> down */
     if (cfg->ffn == FFN_GLU) {
-        op->linear_experts(be, b->h, 2 * ff, b->xg, &ex->gate, b->offsets, cfg->n_expert, n_slot);
-        op->linear_experts(be, b->h + ff, 2 * ff, b->xg, &ex->up, b->offsets, cfg->n_expert, n_slot);
+        const struct expert_linear gate_up[2] = {ex->gate, ex->up};
+        op->linear_experts(be, b->h, 2 * ff, b->xg, gate_up, 2, b->offsets, cfg->n_expert, n_slot);
         op->glu(be, cfg->act, b->h1, ff, b->h, 2 * ff, n_slot, ff);
     } else {
-        op->linear_experts(be, b->h1, ff, b->xg, &ex->up, b->offsets, cfg->n_expert, n_slot);
+        op->linear_experts(be, b->h1, ff, b->xg, &ex->up, 1, b->offsets, cfg->n_expert, n_slot);
         op->act(be, cfg->act, b->h1, ff, n_slot, ff);
     }
-    op->linear_experts(be, b->yg, d, b->h1, &ex->down, b->offsets, cfg->n_expert, n_slot);
+    op->linear_experts(be, b->yg, d, b->h1, &ex->down, 1, b->offsets, cfg->n_expert, n_slot);
 
     /* the weighted sum per token, experts in ascending order */
     op->moe_combine(be, f, b->yg, b->order, b->sel_w, k, n_slot, d);

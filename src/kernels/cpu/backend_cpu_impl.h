@@ -71,7 +71,7 @@ void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, floa
 void cpu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
                    int n_slot, int n_expert);
 void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
-                        const struct expert_linear *el, const int32_t *offsets, int n_expert,
-                        int n_slot);
+                        const struct expert_linear *el, int n_el, const int32_t *offsets,
+                        int n_expert, int n_slot);
 void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
                      const float *w, int k, int n_slot, int n);

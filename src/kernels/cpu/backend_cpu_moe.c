@@ -130,9 +130,12 @@ static const struct tensor *expert_bias(const struct expert_linear *el, int e)
     return el->b && tensor_is_present(&el->b[e]) ? &el->b[e] : NULL;
 }
 
+/* Experts' products beyond this many go out in several dispatches. */
+#define EXPERT_JOBS_MAX 512
+
 void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
-                        const struct expert_linear *el, const int32_t *offsets, int n_expert,
-                        int n_slot)
+                        const struct expert_linear *el, int n_el, const int32_t *offsets,
+                        int n_expert, int n_slot)
 {
     struct cpu_backend *c = cpu_of(be);
     (void)n_slot;
@@ -140,24 +143,28 @@ void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
         return;
     bool small = be->fused_moe;
     for (int e = 0; e < n_expert && small; e++)
-        small = offsets[e + 1] - offsets[e] < cpu_gemm_min_tok(c, &el->w[e]);
-    if (small) {
-        struct cpu_job jobs[256];
-        int nj = 0;
-        for (int e = 0; e < n_expert; e++) {
-            int m = offsets[e + 1] - offsets[e];
-            if (m > 0)
-                jobs[nj++] = (struct cpu_job){y + (size_t)offsets[e] * ldy, (size_t)ldy,
-                                              x + (size_t)offsets[e] * el->w[e].shape[1], &el->w[e],
-                                              expert_bias(el, e), m};
-        }
-        cpu_linear_jobs(c, jobs, nj);
-        return;
-    }
+        small = offsets[e + 1] - offsets[e] < cpu_gemm_min_tok(c, &el[0].w[e]);
+    struct cpu_job jobs[EXPERT_JOBS_MAX];
+    int nj = 0;
     for (int e = 0; e < n_expert; e++) {
         int m = offsets[e + 1] - offsets[e];
-        if (m > 0)
-            cpu_linear(be, y + (size_t)offsets[e] * ldy, ldy,
-                       x + (size_t)offsets[e] * el->w[e].shape[1], &el->w[e], expert_bias(el, e), m);
+        for (int i = 0; i < n_el && m > 0; i++) {
+            const struct tensor *w = &el[i].w[e];
+            float *ye = y + (size_t)offsets[e] * ldy + (size_t)i * w->shape[0];
+            const float *xe = x + (size_t)offsets[e] * w->shape[1];
+            if (!small) {
+                /* prefill-sized groups: each expert's linear on its own (GEMM path) */
+                cpu_linear(be, ye, ldy, xe, w, expert_bias(&el[i], e), m);
+                continue;
+            }
+            if (nj == EXPERT_JOBS_MAX) {
+                cpu_linear_jobs(c, jobs, nj);
+                nj = 0;
+            }
+            /* decode-sized: every selected expert's matvecs in one dispatch */
+            jobs[nj++] = (struct cpu_job){ye, (size_t)ldy, xe, w, expert_bias(&el[i], e), m};
+        }
     }
+    if (nj > 0)
+        cpu_linear_jobs(c, jobs, nj);
 }
