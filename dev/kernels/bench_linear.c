@@ -14,7 +14,8 @@
  *
  * Build (from the repo root):
  *   S="src/core/dtype.c src/core/err.c src/core/log.c src/core/tensor.c src/core/threadpool.c \
- *      src/kernels/backend.c src/kernels/cpu/backend_cpu.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
+ *      src/kernels/backend.c src/kernels/cpu/backend_cpu.c src/kernels/cpu/backend_cpu_attn.c \
+ *      src/kernels/cpu/backend_cpu_moe.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx2.c -mavx2 -mfma -mf16c -o /tmp/a2.o
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx512.c -mavx512f -mavx512bw \
  *       -mavx512vl -mavx512dq -mfma -mf16c -o /tmp/a5.o
@@ -200,7 +201,7 @@ static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt,
     for (int i = 0; i < in; i++)
         x[i] = (float)(i % 7) * 0.1f;
     for (int i = 0; i < s.n; i++) /* warm-up: page in */
-        be->ops->linear(be, y, x, &s.w[i], NULL, 1);
+        be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, 1);
     double best = 1e9;
     int inner = s.n == 1 ? 200 : 1;
     /* in-cache runs on one thread are timed in thread CPU time (the caller
@@ -211,7 +212,7 @@ static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt,
         double t0 = cpu ? cputime() : now();
         for (int k = 0; k < inner; k++)
             for (int i = 0; i < s.n; i++)
-                be->ops->linear(be, y, x, &s.w[i], NULL, 1);
+                be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, 1);
         double t = ((cpu ? cputime() : now()) - t0) / s.n / inner;
         best = t < best ? t : best;
     }
@@ -257,12 +258,12 @@ static void bench_prefill(struct backend *be, const char *label, enum dtype dt, 
     float *x = malloc((size_t)in * n_tok * 4), *y = malloc((size_t)out * n_tok * 4);
     for (size_t i = 0; i < (size_t)in * n_tok; i++)
         x[i] = (float)(i % 7) * 0.1f;
-    be->ops->linear(be, y, x, &w, NULL, n_tok);
+    be->ops->linear(be, y, (int)w.shape[0], x, &w, NULL, n_tok);
     double best = 1e9;
     int reps = n_tok >= 128 ? 3 : 10;
     for (int rep = 0; rep < reps; rep++) {
         double t0 = now();
-        be->ops->linear(be, y, x, &w, NULL, n_tok);
+        be->ops->linear(be, y, (int)w.shape[0], x, &w, NULL, n_tok);
         double t = now() - t0;
         best = t < best ? t : best;
     }
@@ -289,11 +290,21 @@ static void bench_attn(struct backend *be, int n_tok, int n_ctx)
         k[i] = (float)(i % 11) * 0.01f;
         v[i] = (float)(i % 7) * 0.1f;
     }
-    int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3;
+    int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3, bs = 16;
     double best = 1e9;
+    /* one sequence through an identity block table of 16-slot blocks */
+    int32_t *pos = malloc((size_t)n_tok * 4), *slot = malloc((size_t)n_tok * 4);
+    int32_t *tab = calloc((size_t)n_tok, 4), *tables = malloc(((size_t)n_ctx / bs + 1) * 4);
+    for (int b = 0; b <= n_ctx / bs; b++)
+        tables[b] = b;
+    for (int t = 0; t < n_tok; t++)
+        pos[t] = slot[t] = pos0 + t;
+    struct kv_layer kv = {k, v, nkv * hd, nkv * hd};
+    struct kv_rows rows = {pos, slot, tab, tables, pos, bs};
+    struct attn_params ap = {nh, nkv, hd, 0.088f, 0.0f, 0, NULL};
     for (int r = 0; r < reps; r++) {
         double t0 = now();
-        be->ops->attention(be, o, q, k, v, n_tok, pos0, nh, nkv, hd, 0.088f);
+        be->ops->attention(be, o, nh * hd, q, nh * hd, &kv, &rows, n_tok, &ap);
         double t = now() - t0;
         best = t < best ? t : best;
     }
@@ -306,6 +317,10 @@ static void bench_attn(struct backend *be, int n_tok, int n_ctx)
     free(o);
     free(k);
     free(v);
+    free(pos);
+    free(slot);
+    free(tab);
+    free(tables);
 }
 
 /* Quantized modes in L2: 64 rows x 4096 inputs (about 128-256 KiB). */

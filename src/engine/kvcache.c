@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* 64 MiB of int32 block-table entries: 4096 sequences of 256k tokens in blocks of 16. */
+#define KV_MAX_TABLE_ENTRIES (1 << 24)
+
 static int32_t *seq_table(const struct kv_cache *kv, int seq)
 {
     return kv->tables_host + (size_t)seq * kv->max_blocks;
@@ -123,6 +126,14 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
     kv->max_seqs = p->max_seqs;
     kv->max_seq_len = p->max_seq_len > 0 && p->max_seq_len < hp->n_ctx ? p->max_seq_len : hp->n_ctx;
     kv->max_blocks = (kv->max_seq_len + bs - 1) / bs;
+    /* the block tables are max_seqs x max_blocks entries, host and backend */
+    if ((int64_t)kv->max_seqs * kv->max_blocks > KV_MAX_TABLE_ENTRIES) {
+        rc = err_setf(e, ERR_ARG, "kv cache: %d sequences of up to %d tokens need block tables of "
+                      "%lld entries (at most %d)", kv->max_seqs, kv->max_seq_len,
+                      (long long)kv->max_seqs * kv->max_blocks, KV_MAX_TABLE_ENTRIES);
+        kv_cache_free(kv);
+        return rc;
+    }
     if ((rc = alloc_host(kv, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0) {
         kv_cache_free(kv);
         return rc;

@@ -13,8 +13,17 @@ int qwen2_ops_self_test(struct err *e)
     const char *cfg = "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 96, "
                       "\"max_position_embeddings\": 128, \"rope_theta\": 1000000.0, \"tie_word_embeddings\": true}";
-    if ((rc = stest_parse(&qwen2_ops, cfg, &hp, e)) < 0)
+    if ((rc = stest_parse(&qwen2_ops, cfg, &hp, e)) < 0 ||
+        (rc = stest_check(hp.qkv_bias && !hp.out_bias && hp.tie_embd && hp.n_kv_head == 2 &&
+                              hp.layer[1].rope_theta == 1e6f && hp.layer[1].kv == KV_FULL, "qwen2 fields", e)) < 0)
         return rc;
-    return stest_check(hp.qkv_bias && !hp.out_bias && hp.tie_embd && hp.n_kv_head == 2 &&
-                           hp.rope_theta == 1e6f, "qwen2 flags", e);
+    /* use_sliding_window: the window applies from max_window_layers on (transformers'
+     * Qwen2 rule), so one model mixes full and sliding layers */
+    const char *swa = "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 4, "
+                      "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"max_position_embeddings\": 128, "
+                      "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 3}";
+    if ((rc = stest_parse(&qwen2_ops, swa, &hp, e)) < 0)
+        return rc;
+    return stest_check(hp.layer[0].kv == KV_FULL && hp.layer[2].kv == KV_FULL && hp.layer[3].kv == KV_SLIDING &&
+                           hp.layer[3].window == 16, "sliding layers from max_window_layers", e);
 }
