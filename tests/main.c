@@ -17,6 +17,7 @@
     X(dtype)      \
     X(tensor)     \
     X(threadpool) \
+    X(json)       \
     X(safetensors) \
     X(corrupt)    \
     X(kernels)    \

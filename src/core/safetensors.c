@@ -3,7 +3,8 @@
  *
  * Think of it as three layers:
  *   1. st_header_parse() turns one untrusted JSON header into validated
- *      st_tensor records. It knows nothing about files; every check that can
+ *      st_tensor records (the JSON itself is read by core/json, the same
+ *      reader as every other JSON document). It knows nothing about files; every check that can
  *      be made from the header and the data-section length is made here, so
  *      the fuzz target can drive it directly.
  *   2. file_open() maps one file read-only, bounds the 8-byte header length
@@ -42,6 +43,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "log.h"
 
 #define ST_INDEX_NAME  "model.safetensors.index.json"
@@ -87,25 +89,6 @@ static bool json_to_u64(const cJSON *j, uint64_t *out)
         return false;
     *out = u;
     return true;
-}
-
-/* Parse buf[0..len) (buf[len] == '\0') as exactly one JSON value plus optional
- * whitespace. On failure *bad_at is the byte offset where parsing stopped. */
-static cJSON *json_parse_exact(const char *buf, size_t len, size_t *bad_at)
-{
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(buf, &end, 0);
-    *bad_at = end ? (size_t)(end - buf) : 0;
-    if (!root)
-        return NULL;
-    while (end < buf + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
-        end++;
-    if (end != buf + len) { /* trailing bytes, or an embedded NUL */
-        *bad_at = (size_t)(end - buf);
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
 }
 
 static void format_shape(char *buf, size_t cap, const int64_t *shape, int ndim)
@@ -260,9 +243,8 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
                     struct st_tensor **out, size_t *n_out, struct err *e)
 {
     struct st_tensor *t = NULL;
-    size_t n = 0, bad_at;
+    size_t n = 0;
     cJSON *root = NULL;
-    char *buf = NULL;
     int rc;
 
     *out = NULL;
@@ -270,22 +252,8 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
     if (json_len > ST_MAX_HEADER)
         return err_setf(e, ERR_FORMAT, "header is %zu bytes, more than the %u-byte cap",
                         json_len, ST_MAX_HEADER);
-    /* cJSON needs a terminated string; the mapping has none */
-    buf = malloc(json_len + 1);
-    if (!buf)
-        return err_setf(e, ERR_NOMEM, "out of memory for a %zu-byte header", json_len);
-    memcpy(buf, json, json_len);
-    buf[json_len] = '\0';
-    root = json_parse_exact(buf, json_len, &bad_at);
-    if (!root) {
-        rc = err_setf(e, ERR_FORMAT, "header is not valid JSON (error at byte %zu of %zu)",
-                      bad_at, json_len);
-        goto out_free;
-    }
-    if (!cJSON_IsObject(root)) {
-        rc = err_setf(e, ERR_FORMAT, "header is not a JSON object");
-        goto out_free;
-    }
+    if ((rc = json_parse_object(json, json_len, "header", &root, e)) < 0)
+        return rc;
 
     size_t cap = (size_t)cJSON_GetArraySize(root);
     t = calloc(cap ? cap : 1, sizeof *t);
@@ -316,7 +284,6 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
 out_free:
     st_tensors_free(t, n);
     cJSON_Delete(root);
-    free(buf);
     return rc;
 }
 
@@ -638,18 +605,19 @@ out_close:
  * object whose values have all been checked to be plain file names. */
 static int index_load(const char *path, cJSON **root, const cJSON **wm, struct err *e)
 {
-    char *buf;
-    size_t len = 0, bad_at;
+    char *buf, what[PATH_MAX + 16];
+    size_t len = 0;
+    cJSON *r;
     int rc;
 
     *root = NULL;
     if ((rc = read_file(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
         return rc;
-    cJSON *r = json_parse_exact(buf, len, &bad_at);
+    snprintf(what, sizeof what, "%s: index", path);
+    rc = json_parse_object(buf, len, what, &r, e);
     free(buf);
-    if (!r)
-        return err_setf(e, ERR_FORMAT, "%s: index is not valid JSON (error at byte %zu of %zu)",
-                        path, bad_at, len);
+    if (rc < 0)
+        return rc;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(r, "weight_map");
     if (!cJSON_IsObject(m) || !m->child) {
         rc = err_setf(e, ERR_FORMAT, "%s: index has no non-empty \"weight_map\" object", path);
