@@ -18,6 +18,7 @@
     X(tensor)     \
     X(threadpool) \
     X(json)       \
+    X(fileio)     \
     X(safetensors) \
     X(corrupt)    \
     X(kernels)    \

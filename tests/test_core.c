@@ -14,6 +14,8 @@
  *               other control bytes are refused at the right byte offset,
  *               and the safetensors header parser accepts and refuses
  *               exactly the same documents (it is the same reader).
+ *   fileio      file_read_all and file_map_all: contents, the size cap,
+ *               empty, missing and non-regular files.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/fileio.h"
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
@@ -654,6 +657,63 @@ static void test_json_load(void **state)
     stb_rmtree(dir);
 }
 
+// ---- fileio ----
+
+static void test_file_read_all(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "f.txt");
+    char *buf = NULL;
+    size_t len = 0;
+    struct err e = {0};
+    assert_int_equal(stb_write_text(path, "hello"), 0);
+    assert_int_equal(file_read_all(path, 5, &buf, &len, &e), 0);
+    assert_int_equal(len, 5);
+    assert_string_equal(buf, "hello"); /* NUL-terminated */
+    free(buf);
+    assert_int_equal(file_read_all(path, 4, &buf, &len, &e), -ERR_RANGE);
+    assert_null(buf);
+    assert_non_null(strstr(e.msg, path));
+    assert_non_null(strstr(e.msg, "5 bytes exceeds the 4-byte limit"));
+    assert_int_equal(file_read_all(stb_path(dir, "absent"), 5, &buf, &len, &e), -ERR_MISSING);
+    assert_non_null(strstr(e.msg, "absent"));
+    assert_int_equal(file_read_all(dir, 5, &buf, &len, &e), -ERR_IO);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    assert_null(buf);
+    stb_rmtree(dir);
+}
+
+static void test_file_map_all(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "f.bin");
+    static const uint8_t k_bytes[5] = {1, 0, 2, 0, 3};
+    const void *map = NULL;
+    size_t len = 0;
+    struct err e = {0};
+    assert_int_equal(stb_write_raw(path, k_bytes, sizeof k_bytes), 0);
+    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_int_equal(len, sizeof k_bytes);
+    assert_memory_equal(map, k_bytes, sizeof k_bytes);
+    file_unmap(map, len);
+    /* an empty file maps to nothing, successfully (mmap itself refuses length 0) */
+    assert_int_equal(stb_write_raw(path, k_bytes, 0), 0);
+    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_null(map);
+    assert_int_equal(len, 0);
+    file_unmap(map, len);
+    assert_int_equal(file_map_all(stb_path(dir, "absent"), &map, &len, &e), -ERR_MISSING);
+    assert_non_null(strstr(e.msg, "absent"));
+    assert_int_equal(file_map_all(dir, &map, &len, &e), -ERR_IO);
+    assert_non_null(strstr(e.msg, "not a regular file"));
+    assert_null(map);
+    stb_rmtree(dir);
+}
+
 static const struct CMUnitTest k_dtype_tests[] = {
     cmocka_unit_test(test_dtype_names),
     cmocka_unit_test(test_f16_known),
@@ -686,5 +746,11 @@ static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_load),
 };
 
+static const struct CMUnitTest k_fileio_tests[] = {
+    cmocka_unit_test(test_file_read_all),
+    cmocka_unit_test(test_file_map_all),
+};
+
 TEST_SUITE(threadpool, k_threadpool_tests);
 TEST_SUITE(json, k_json_tests);
+TEST_SUITE(fileio, k_fileio_tests);

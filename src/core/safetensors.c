@@ -4,12 +4,12 @@
  * Think of it as three layers:
  *   1. st_header_parse() turns one untrusted JSON header into validated
  *      st_tensor records (the JSON itself is read by core/json, the same
- *      reader as every other JSON document). It knows nothing about files; every check that can
- *      be made from the header and the data-section length is made here, so
- *      the fuzz target can drive it directly.
- *   2. file_open() maps one file read-only, bounds the 8-byte header length
- *      against the file size and ST_MAX_HEADER, and calls layer 1. Error
- *      messages get the file path prefixed.
+ *      reader as every other JSON document). It knows nothing about files;
+ *      every check that can be made from the header and the data-section
+ *      length is made here, so the fuzz target can drive it directly.
+ *   2. file_open() maps one file read-only (core/fileio), bounds the 8-byte
+ *      header length against the file size and ST_MAX_HEADER, and calls
+ *      layer 1. Error messages get the file path prefixed.
  *   3. st_set_open() decides which files make up the checkpoint (index or
  *      discovery, see below), opens them and merges their tensors into one
  *      array sorted by name, so lookup is a bsearch (checkpoints can hold
@@ -34,15 +34,14 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "json.h"
 #include "log.h"
 
@@ -58,7 +57,7 @@
 struct st_file {
     char *path;             /* owned */
     const char *base;       /* file-name part of path, for index comparisons */
-    void *map;              /* the whole file, PROT_READ; owned */
+    const void *map;        /* the whole file, read-only (file_map_all); owned */
     size_t map_len;
     const uint8_t *data;    /* start of the data section inside map */
     uint64_t data_len;
@@ -300,8 +299,7 @@ void st_tensors_free(struct st_tensor *t, size_t n)
 
 static void file_close(struct st_file *f)
 {
-    if (f->map)
-        munmap(f->map, f->map_len);
+    file_unmap(f->map, f->map_len);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -312,8 +310,7 @@ static void file_close(struct st_file *f)
 static int file_open(struct st_file *f, const char *path, struct st_tensor **t, size_t *n,
                      struct err *e)
 {
-    struct stat sb;
-    int fd = -1, rc;
+    int rc;
 
     memset(f, 0, sizeof *f);
     *t = NULL;
@@ -324,36 +321,14 @@ static int file_open(struct st_file *f, const char *path, struct st_tensor **t, 
     const char *slash = strrchr(f->path, '/');
     f->base = slash ? slash + 1 : f->path;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "%s: cannot open: %s", path,
-                      strerror(errno));
+    if ((rc = file_map_all(path, &f->map, &f->map_len, e)) < 0)
         goto fail;
-    }
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
-        goto fail;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
+    uint64_t size = f->map_len;
     if (size < 8) {
         rc = err_setf(e, ERR_FORMAT, "%s: file is %llu bytes, shorter than the 8-byte header length",
                       path, (unsigned long long)size);
         goto fail;
     }
-    if (size > SIZE_MAX) {
-        rc = err_setf(e, ERR_IO, "%s: file of %llu bytes cannot be mapped", path,
-                      (unsigned long long)size);
-        goto fail;
-    }
-    f->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        rc = err_setf(e, ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    f->map_len = (size_t)size;
-    close(fd);
-    fd = -1;
 
     const uint8_t *p = f->map;
     uint64_t hlen = 0;
@@ -380,8 +355,6 @@ static int file_open(struct st_file *f, const char *path, struct st_tensor **t, 
         (*t)[i].data = f->data + (*t)[i].begin;
     return 0;
 fail:
-    if (fd >= 0)
-        close(fd);
     file_close(f);
     return rc;
 }
@@ -555,52 +528,6 @@ static int open_discovered(struct st_set **out, const char *dir, struct err *e)
 
 // ---- index ----
 
-/* Read a whole regular file of at most cap bytes into a NUL-terminated buffer. */
-static int read_file(const char *path, size_t cap, char **out, size_t *len, struct err *e)
-{
-    struct stat sb;
-    char *buf = NULL;
-    int rc = 0;
-
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return err_setf(e, ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
-        goto out_close;
-    }
-    if ((uint64_t)sb.st_size > cap) {
-        rc = err_setf(e, ERR_FORMAT, "%s: %lld bytes, more than the %zu-byte cap", path,
-                      (long long)sb.st_size, cap);
-        goto out_close;
-    }
-    size_t size = (size_t)sb.st_size, got = 0;
-    buf = malloc(size + 1);
-    if (!buf) {
-        rc = err_setf(e, ERR_NOMEM, "%s: out of memory", path);
-        goto out_close;
-    }
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = err_setf(e, ERR_IO, "%s: read failed at byte %zu of %zu", path, got, size);
-            goto out_close;
-        }
-        got += (size_t)r;
-    }
-    buf[size] = '\0';
-    *out = buf;
-    *len = size;
-    buf = NULL;
-out_close:
-    free(buf);
-    close(fd);
-    return rc;
-}
-
 /* Parse the index at path; *root owns the JSON, *wm points at its weight_map
  * object whose values have all been checked to be plain file names. */
 static int index_load(const char *path, cJSON **root, const cJSON **wm, struct err *e)
@@ -611,7 +538,7 @@ static int index_load(const char *path, cJSON **root, const cJSON **wm, struct e
     int rc;
 
     *root = NULL;
-    if ((rc = read_file(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
+    if ((rc = file_read_all(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
         return rc;
     snprintf(what, sizeof what, "%s: index", path);
     rc = json_parse_object(buf, len, what, &r, e);
