@@ -17,6 +17,8 @@
     X(dtype)      \
     X(tensor)     \
     X(threadpool) \
+    X(json)       \
+    X(fileio)     \
     X(safetensors) \
     X(corrupt)    \
     X(kernels)    \

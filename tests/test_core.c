@@ -9,15 +9,27 @@
  *   threadpool  tpool_run runs each ith exactly once per call, repeatedly and
  *               across pool sizes; results written by workers are visible to
  *               the caller; tpool_range partitions exactly.
+ *   json        json_parse_object takes exactly one object plus JSON
+ *               whitespace: trailing junk, a second value, NUL bytes and
+ *               other control bytes are refused at the right byte offset,
+ *               and the safetensors header parser accepts and refuses
+ *               exactly the same documents (it is the same reader).
+ *   fileio      file_read_all and file_map_all: contents, the size cap,
+ *               empty, missing and non-regular files.
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/dtype.h"
+#include "core/fileio.h"
+#include "core/json.h"
+#include "core/safetensors.h"
 #include "core/tensor.h"
 #include "core/threadpool.h"
+#include "st_build.h"
 #include "test.h"
 
 // ---- dtype ----
@@ -532,6 +544,191 @@ static void test_tpool_range(void **state)
     }
 }
 
+// ---- json ----
+
+/* One document for json_parse_object and st_header_parse (as a header with an
+ * empty data section): sub NULL means both accept it, else both refuse it with
+ * -ERR_FORMAT and sub right after the document's name ("doc" / "header"). */
+struct json_case {
+    const char *text;
+    size_t len;
+    const char *sub;
+};
+
+static void json_case_run(const struct json_case *c)
+{
+    cJSON *o = (cJSON *)&o; /* poison: must come back NULL on failure */
+    struct st_tensor *t = NULL;
+    size_t n = 1;
+    struct err e = {0}, he = {0};
+    char want[200];
+    int rc = json_parse_object(c->text, c->len, "doc", &o, &e);
+    int hrc = st_header_parse(c->text, c->len, 0, &t, &n, &he);
+    if (!c->sub) {
+        if (rc != 0 || hrc != 0)
+            fail_msg("'%s': json %d (%s), header %d (%s), want both 0", c->text, rc, e.msg, hrc,
+                     he.msg);
+        assert_true(cJSON_IsObject(o));
+        cJSON_Delete(o);
+        st_tensors_free(t, n);
+        return;
+    }
+    snprintf(want, sizeof want, "doc %s", c->sub);
+    if (rc != -ERR_FORMAT || !strstr(e.msg, want))
+        fail_msg("'%s': json rc %d, message \"%s\", want \"%s\"", c->text, rc, e.msg, want);
+    assert_null(o);
+    snprintf(want, sizeof want, "header %s", c->sub);
+    if (hrc != -ERR_FORMAT || !strstr(he.msg, want))
+        fail_msg("'%s': header rc %d, message \"%s\", want \"%s\"", c->text, hrc, he.msg, want);
+    assert_null(t);
+}
+
+#define JSON_CASE(lit, sub) {lit, sizeof lit - 1, sub}
+
+static void test_json_trailing(void **state)
+{
+    (void)state;
+    static const struct json_case k_cases[] = {
+        JSON_CASE("{\"__metadata__\":{}} junk",
+                  "is not valid JSON (error at byte 20 of 24: trailing bytes"),
+        JSON_CASE("{\"__metadata__\":{}}{\"__metadata__\":{}}",
+                  "is not valid JSON (error at byte 19 of 38: trailing bytes"),
+        JSON_CASE("{}[]", "is not valid JSON (error at byte 2 of 4: trailing bytes"),
+        JSON_CASE("{}0", "is not valid JSON (error at byte 2 of 3: trailing bytes"),
+        /* cJSON skips every byte <= 0x20 as space; JSON has four */
+        JSON_CASE("{\"__metadata__\":{}}\v", "is not valid JSON (error at byte 19 of 20: trailing"),
+        JSON_CASE("{\"__metadata__\":{}} \t\r\n", NULL),
+        JSON_CASE(" \n{}", NULL),
+        JSON_CASE("{}", NULL),
+    };
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+        json_case_run(&k_cases[i]);
+}
+
+static void test_json_nul(void **state)
+{
+    (void)state;
+    static const struct json_case k_cases[] = {
+        /* a NUL inside a string would otherwise come back as a shorter string */
+        JSON_CASE("{\"__metadata__\":{\"k\":\"a\0b\"}}",
+                  "is not valid JSON (error at byte 23 of 28: NUL byte)"),
+        JSON_CASE("{}\0", "is not valid JSON (error at byte 2 of 3: NUL byte)"),
+        JSON_CASE("{} \0 ", "is not valid JSON (error at byte 3 of 5: NUL byte)"),
+        JSON_CASE("\0{}", "is not valid JSON (error at byte 0 of 3: NUL byte)"),
+    };
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+        json_case_run(&k_cases[i]);
+}
+
+static void test_json_invalid(void **state)
+{
+    (void)state;
+    static const struct json_case k_cases[] = {
+        JSON_CASE("", "is not valid JSON (error at byte 0 of 0)"),
+        JSON_CASE("{\"a\": ", "is not valid JSON (error at byte"),
+        JSON_CASE("[]", "is not a JSON object"),
+        JSON_CASE("\"{}\"", "is not a JSON object"),
+    };
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+        json_case_run(&k_cases[i]);
+    /* len bounds the document: the bytes after it are never looked at */
+    static const char k_longer[] = "{\"__metadata__\":{}} junk";
+    struct json_case prefix = {k_longer, 19, NULL};
+    json_case_run(&prefix);
+}
+
+static void test_json_load(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "config.json");
+    cJSON *o = NULL;
+    struct err e = {0};
+    assert_int_equal(stb_write_text(path, "{\"a\": 1}\n"), 0);
+    assert_int_equal(json_load_object(path, 64, &o, &e), 0);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(o, "a")->valueint, 1);
+    cJSON_Delete(o);
+    assert_int_equal(stb_write_text(path, "{\"a\": 1}\n{\"b\": 2}\n"), 0);
+    assert_int_equal(json_load_object(path, 64, &o, &e), -ERR_FORMAT);
+    assert_null(o);
+    assert_non_null(strstr(e.msg, path));
+    assert_non_null(strstr(e.msg, "error at byte 9 of 18: trailing bytes"));
+    stb_rmtree(dir);
+}
+
+// ---- fileio ----
+
+static void test_file_read_all(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "f.txt");
+    char *buf = NULL;
+    size_t len = 0;
+    struct err e = {0};
+    assert_int_equal(stb_write_text(path, "hello"), 0);
+    assert_int_equal(file_read_all(path, 5, &buf, &len, &e), 0);
+    assert_int_equal(len, 5);
+    assert_string_equal(buf, "hello"); /* NUL-terminated */
+    free(buf);
+    assert_int_equal(file_read_all(path, 4, &buf, &len, &e), -ERR_RANGE);
+    assert_null(buf);
+    assert_non_null(strstr(e.msg, path));
+    assert_non_null(strstr(e.msg, "5 bytes exceeds the 4-byte limit"));
+    stb_rmtree(dir);
+}
+
+static void test_file_map_all(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "f.bin");
+    static const uint8_t k_bytes[5] = {1, 0, 2, 0, 3};
+    const void *map = NULL;
+    size_t len = 0;
+    struct err e = {0};
+    assert_int_equal(stb_write_raw(path, k_bytes, sizeof k_bytes), 0);
+    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_int_equal(len, sizeof k_bytes);
+    assert_memory_equal(map, k_bytes, sizeof k_bytes);
+    file_unmap(map, len);
+    /* an empty file maps to nothing, successfully (mmap itself refuses length 0) */
+    assert_int_equal(stb_write_raw(path, k_bytes, 0), 0);
+    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_null(map);
+    assert_int_equal(len, 0);
+    file_unmap(map, len);
+    stb_rmtree(dir);
+}
+
+/* Reading and mapping refuse the same files with the same error. */
+static void expect_refused(const char *path, int code, const char *sub)
+{
+    char *buf = (char *)&buf; /* poison: must come back NULL */
+    const void *map = &map;
+    size_t len = 0;
+    struct err e = {0};
+    if (file_read_all(path, 64, &buf, &len, &e) != -code || !strstr(e.msg, sub))
+        fail_msg("file_read_all(%s): \"%s\", want code %d and \"%s\"", path, e.msg, code, sub);
+    assert_null(buf);
+    if (file_map_all(path, &map, &len, &e) != -code || !strstr(e.msg, sub))
+        fail_msg("file_map_all(%s): \"%s\", want code %d and \"%s\"", path, e.msg, code, sub);
+    assert_null(map);
+}
+
+static void test_file_refused(void **state)
+{
+    (void)state;
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    expect_refused(stb_path(dir, "absent"), ERR_MISSING, "absent");
+    expect_refused(dir, ERR_IO, "not a regular file");
+    stb_rmtree(dir);
+}
+
 static const struct CMUnitTest k_dtype_tests[] = {
     cmocka_unit_test(test_dtype_names),
     cmocka_unit_test(test_f16_known),
@@ -557,4 +754,19 @@ static const struct CMUnitTest k_threadpool_tests[] = {
 
 TEST_SUITE(dtype, k_dtype_tests);
 TEST_SUITE(tensor, k_tensor_tests);
+static const struct CMUnitTest k_json_tests[] = {
+    cmocka_unit_test(test_json_trailing),
+    cmocka_unit_test(test_json_nul),
+    cmocka_unit_test(test_json_invalid),
+    cmocka_unit_test(test_json_load),
+};
+
+static const struct CMUnitTest k_fileio_tests[] = {
+    cmocka_unit_test(test_file_read_all),
+    cmocka_unit_test(test_file_map_all),
+    cmocka_unit_test(test_file_refused),
+};
+
 TEST_SUITE(threadpool, k_threadpool_tests);
+TEST_SUITE(json, k_json_tests);
+TEST_SUITE(fileio, k_fileio_tests);

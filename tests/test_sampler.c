@@ -1,7 +1,8 @@
 /*
  * sampler: greedy picks the argmax (ties to the lower id); each filter keeps
  * exactly the tokens it should (checked by sampling many times and looking
- * at the support); a seed reproduces a run; the penalty follows the HF rule.
+ * at the support); a seed reproduces a run and different seeds give
+ * different runs; the penalty follows the HF rule.
  */
 #include <string.h>
 
@@ -92,20 +93,47 @@ static void top_p_widens(void **state)
     sampler_free(s);
 }
 
+/* n draws at temperature 1 from a flat distribution over the V ids with this seed */
+static void draws(uint64_t seed, int *out, int n)
+{
+    static const float flat[V];
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 1.0f;
+    p.seed = seed;
+    struct sampler *s = make(&p);
+    for (int i = 0; i < n; i++)
+        out[i] = sampler_sample(s, flat);
+    sampler_free(s);
+}
+
+/* The seed decides the run: the same seed twice gives the same draws, and
+ * different seeds (the default one among them) give different draws. With 256
+ * draws over 8 equally likely ids, two independent runs agree by chance with
+ * probability 8^-256, so a sampler that ignores its seed cannot pass. */
 static void seeded(void **state)
 {
     (void)state;
-    struct sampler_params p;
-    sampler_params_default(&p);
-    p.temperature = 1.5f;
-    p.seed = 42;
-    struct sampler *a = make(&p), *b = make(&p);
-    int same = 1;
-    for (int i = 0; i < 100; i++)
-        same &= sampler_sample(a, k_logits) == sampler_sample(b, k_logits);
-    assert_true(same);
-    sampler_free(a);
-    sampler_free(b);
+    enum { N = 256 };
+    static const uint64_t k_seeds[] = {42, 43, 0, 1, 0x5eed, UINT64_MAX};
+    enum { N_SEEDS = sizeof k_seeds / sizeof k_seeds[0] };
+    static int runs[N_SEEDS][N];
+    int again[N];
+    for (int i = 0; i < N_SEEDS; i++) {
+        draws(k_seeds[i], runs[i], N);
+        draws(k_seeds[i], again, N);
+        if (memcmp(runs[i], again, sizeof again) != 0)
+            fail_msg("seed %llu gave two different runs", (unsigned long long)k_seeds[i]);
+        unsigned mask = 0; /* a run that is random at all visits every id */
+        for (int k = 0; k < N; k++)
+            mask |= 1u << runs[i][k];
+        assert_int_equal(mask, (1u << V) - 1);
+    }
+    for (int i = 0; i < N_SEEDS; i++)
+        for (int j = i + 1; j < N_SEEDS; j++)
+            if (memcmp(runs[i], runs[j], sizeof runs[i]) == 0)
+                fail_msg("seeds %llu and %llu gave the same %d draws",
+                         (unsigned long long)k_seeds[i], (unsigned long long)k_seeds[j], N);
 }
 
 static void penalty(void **state)

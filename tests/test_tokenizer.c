@@ -670,7 +670,7 @@ static void test_corrupt(void **state)
         int code;
         const char *in_msg;
     } k_cases[] = {
-        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}", -ERR_FORMAT, "invalid JSON"},
+        {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}", -ERR_FORMAT, "not valid JSON"},
         {"[1, 2]", -ERR_FORMAT, "not a JSON object"},
         {"{\"version\": \"1.0\"}", -ERR_FORMAT, "model"},
         {"{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}", -ERR_UNSUPPORTED, "WordPiece"},

@@ -3,12 +3,13 @@
  *
  * Think of it as three layers:
  *   1. st_header_parse() turns one untrusted JSON header into validated
- *      st_tensor records. It knows nothing about files; every check that can
- *      be made from the header and the data-section length is made here, so
- *      the fuzz target can drive it directly.
- *   2. file_open() maps one file read-only, bounds the 8-byte header length
- *      against the file size and ST_MAX_HEADER, and calls layer 1. Error
- *      messages get the file path prefixed.
+ *      st_tensor records (the JSON itself is read by core/json, the same
+ *      reader as every other JSON document). It knows nothing about files;
+ *      every check that can be made from the header and the data-section
+ *      length is made here, so the fuzz target can drive it directly.
+ *   2. file_open() maps one file read-only (core/fileio), bounds the 8-byte
+ *      header length against the file size and ST_MAX_HEADER, and calls
+ *      layer 1. Error messages get the file path prefixed.
  *   3. st_set_open() decides which files make up the checkpoint (index or
  *      discovery, see below), opens them and merges their tensors into one
  *      array sorted by name, so lookup is a bsearch (checkpoints can hold
@@ -33,15 +34,15 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fileio.h"
+#include "json.h"
 #include "log.h"
 
 #define ST_INDEX_NAME  "model.safetensors.index.json"
@@ -56,7 +57,7 @@
 struct st_file {
     char *path;             /* owned */
     const char *base;       /* file-name part of path, for index comparisons */
-    void *map;              /* the whole file, PROT_READ; owned */
+    const void *map;        /* the whole file, read-only (file_map_all); owned */
     size_t map_len;
     const uint8_t *data;    /* start of the data section inside map */
     uint64_t data_len;
@@ -87,25 +88,6 @@ static bool json_to_u64(const cJSON *j, uint64_t *out)
         return false;
     *out = u;
     return true;
-}
-
-/* Parse buf[0..len) (buf[len] == '\0') as exactly one JSON value plus optional
- * whitespace. On failure *bad_at is the byte offset where parsing stopped. */
-static cJSON *json_parse_exact(const char *buf, size_t len, size_t *bad_at)
-{
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(buf, &end, 0);
-    *bad_at = end ? (size_t)(end - buf) : 0;
-    if (!root)
-        return NULL;
-    while (end < buf + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
-        end++;
-    if (end != buf + len) { /* trailing bytes, or an embedded NUL */
-        *bad_at = (size_t)(end - buf);
-        cJSON_Delete(root);
-        return NULL;
-    }
-    return root;
 }
 
 static void format_shape(char *buf, size_t cap, const int64_t *shape, int ndim)
@@ -260,9 +242,8 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
                     struct st_tensor **out, size_t *n_out, struct err *e)
 {
     struct st_tensor *t = NULL;
-    size_t n = 0, bad_at;
+    size_t n = 0;
     cJSON *root = NULL;
-    char *buf = NULL;
     int rc;
 
     *out = NULL;
@@ -270,22 +251,8 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
     if (json_len > ST_MAX_HEADER)
         return err_setf(e, ERR_FORMAT, "header is %zu bytes, more than the %u-byte cap",
                         json_len, ST_MAX_HEADER);
-    /* cJSON needs a terminated string; the mapping has none */
-    buf = malloc(json_len + 1);
-    if (!buf)
-        return err_setf(e, ERR_NOMEM, "out of memory for a %zu-byte header", json_len);
-    memcpy(buf, json, json_len);
-    buf[json_len] = '\0';
-    root = json_parse_exact(buf, json_len, &bad_at);
-    if (!root) {
-        rc = err_setf(e, ERR_FORMAT, "header is not valid JSON (error at byte %zu of %zu)",
-                      bad_at, json_len);
-        goto out_free;
-    }
-    if (!cJSON_IsObject(root)) {
-        rc = err_setf(e, ERR_FORMAT, "header is not a JSON object");
-        goto out_free;
-    }
+    if ((rc = json_parse_object(json, json_len, "header", &root, e)) < 0)
+        return rc;
 
     size_t cap = (size_t)cJSON_GetArraySize(root);
     t = calloc(cap ? cap : 1, sizeof *t);
@@ -316,7 +283,6 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
 out_free:
     st_tensors_free(t, n);
     cJSON_Delete(root);
-    free(buf);
     return rc;
 }
 
@@ -333,8 +299,7 @@ void st_tensors_free(struct st_tensor *t, size_t n)
 
 static void file_close(struct st_file *f)
 {
-    if (f->map)
-        munmap(f->map, f->map_len);
+    file_unmap(f->map, f->map_len);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -345,8 +310,7 @@ static void file_close(struct st_file *f)
 static int file_open(struct st_file *f, const char *path, struct st_tensor **t, size_t *n,
                      struct err *e)
 {
-    struct stat sb;
-    int fd = -1, rc;
+    int rc;
 
     memset(f, 0, sizeof *f);
     *t = NULL;
@@ -357,36 +321,14 @@ static int file_open(struct st_file *f, const char *path, struct st_tensor **t, 
     const char *slash = strrchr(f->path, '/');
     f->base = slash ? slash + 1 : f->path;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "%s: cannot open: %s", path,
-                      strerror(errno));
+    if ((rc = file_map_all(path, &f->map, &f->map_len, e)) < 0)
         goto fail;
-    }
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
-        goto fail;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
+    uint64_t size = f->map_len;
     if (size < 8) {
         rc = err_setf(e, ERR_FORMAT, "%s: file is %llu bytes, shorter than the 8-byte header length",
                       path, (unsigned long long)size);
         goto fail;
     }
-    if (size > SIZE_MAX) {
-        rc = err_setf(e, ERR_IO, "%s: file of %llu bytes cannot be mapped", path,
-                      (unsigned long long)size);
-        goto fail;
-    }
-    f->map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        rc = err_setf(e, ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    f->map_len = (size_t)size;
-    close(fd);
-    fd = -1;
 
     const uint8_t *p = f->map;
     uint64_t hlen = 0;
@@ -413,8 +355,6 @@ static int file_open(struct st_file *f, const char *path, struct st_tensor **t, 
         (*t)[i].data = f->data + (*t)[i].begin;
     return 0;
 fail:
-    if (fd >= 0)
-        close(fd);
     file_close(f);
     return rc;
 }
@@ -588,68 +528,23 @@ static int open_discovered(struct st_set **out, const char *dir, struct err *e)
 
 // ---- index ----
 
-/* Read a whole regular file of at most cap bytes into a NUL-terminated buffer. */
-static int read_file(const char *path, size_t cap, char **out, size_t *len, struct err *e)
-{
-    struct stat sb;
-    char *buf = NULL;
-    int rc = 0;
-
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return err_setf(e, ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-        rc = err_setf(e, ERR_IO, "%s: not a regular file", path);
-        goto out_close;
-    }
-    if ((uint64_t)sb.st_size > cap) {
-        rc = err_setf(e, ERR_FORMAT, "%s: %lld bytes, more than the %zu-byte cap", path,
-                      (long long)sb.st_size, cap);
-        goto out_close;
-    }
-    size_t size = (size_t)sb.st_size, got = 0;
-    buf = malloc(size + 1);
-    if (!buf) {
-        rc = err_setf(e, ERR_NOMEM, "%s: out of memory", path);
-        goto out_close;
-    }
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = err_setf(e, ERR_IO, "%s: read failed at byte %zu of %zu", path, got, size);
-            goto out_close;
-        }
-        got += (size_t)r;
-    }
-    buf[size] = '\0';
-    *out = buf;
-    *len = size;
-    buf = NULL;
-out_close:
-    free(buf);
-    close(fd);
-    return rc;
-}
-
 /* Parse the index at path; *root owns the JSON, *wm points at its weight_map
  * object whose values have all been checked to be plain file names. */
 static int index_load(const char *path, cJSON **root, const cJSON **wm, struct err *e)
 {
-    char *buf;
-    size_t len = 0, bad_at;
+    char *buf, what[PATH_MAX + 16];
+    size_t len = 0;
+    cJSON *r;
     int rc;
 
     *root = NULL;
-    if ((rc = read_file(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
+    if ((rc = file_read_all(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
         return rc;
-    cJSON *r = json_parse_exact(buf, len, &bad_at);
+    snprintf(what, sizeof what, "%s: index", path);
+    rc = json_parse_object(buf, len, what, &r, e);
     free(buf);
-    if (!r)
-        return err_setf(e, ERR_FORMAT, "%s: index is not valid JSON (error at byte %zu of %zu)",
-                        path, bad_at, len);
+    if (rc < 0)
+        return rc;
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(r, "weight_map");
     if (!cJSON_IsObject(m) || !m->child) {
         rc = err_setf(e, ERR_FORMAT, "%s: index has no non-empty \"weight_map\" object", path);

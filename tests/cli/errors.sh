@@ -100,7 +100,7 @@ ln -s "$PWD/models/llama-tiny/model.safetensors" "$T/corrupt/model.safetensors"
 for c in inspect bench; do
     run "$BIN" "$c" -m "$T/corrupt"
     expect_rc 1 "$c on a corrupt config.json"
-    err_has "$c corrupt config" 'invalid JSON'
+    err_has "$c corrupt config" 'not valid JSON'
     err_has "$c corrupt config" 'config\.json'
     quiet_stdout "$c corrupt config"
 done
