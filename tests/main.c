@@ -5,6 +5,7 @@
  * through the registry suite (one per model_ops entry), so adding a family
  * never edits this file.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,26 @@ const char *test_path(const char *rel)
     else
         snprintf(b, sizeof buf[0], "%s/%s", MLXCEL_SOURCE_DIR, rel);
     return b;
+}
+
+int test_argmax(const float *v, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+double test_row_rel_err(const float *got, const float *ref, int n)
+{
+    double mx = 0.0, ma = 0.0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        mx = d > mx ? d : mx;
+        ma = fabs(ref[i]) > ma ? fabs(ref[i]) : ma;
+    }
+    return ma > 0 ? mx / ma : mx;
 }
 
 int main(int argc, char **argv)

@@ -29,3 +29,8 @@ const char *test_path(const char *rel);
  * golden_dir/golden.safetensors (prefill + greedy decode, 1e-3 x max|logit|);
  * fails the test otherwise. Returns the worst relative error. (test_golden.c) */
 double golden_check_model(const char *model_dir, const char *golden_dir, bool fused);
+
+/* Index of the largest of v[0 .. n) (the first on ties). (main.c) */
+int test_argmax(const float *v, int n);
+/* max |got - ref| / max |ref| over one row of n (max |got - ref| when ref is all zero). */
+double test_row_rel_err(const float *got, const float *ref, int n);

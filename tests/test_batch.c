@@ -58,25 +58,6 @@ static void eng_close(struct eng *g)
     backend_free(g->be);
 }
 
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
-static double rel_diff(const float *a, const float *b, int n)
-{
-    double mx = 0, ma = 0;
-    for (int i = 0; i < n; i++) {
-        mx = fmax(mx, fabs((double)a[i] - b[i]));
-        ma = fmax(ma, fabs((double)b[i]));
-    }
-    return ma > 0 ? mx / ma : mx;
-}
-
 /* Feed ids to seq at its next positions in one batch; logits of the last row. */
 static void feed(struct eng *g, int seq, const int32_t *ids, int n, float *logits)
 {
@@ -117,10 +98,10 @@ static void run_alone(struct eng *g, struct seq_ref *r, int V)
     for (int i = 0; i < r->n_prompt; i += 3)
         feed(g, 0, r->prompt + i, r->n_prompt - i < 3 ? r->n_prompt - i : 3, r->logits);
     for (int t = 0; t < N_DECODE; t++) {
-        r->greedy[t] = argmax(r->logits + (size_t)t * V, V);
+        r->greedy[t] = test_argmax(r->logits + (size_t)t * V, V);
         feed(g, 0, &r->greedy[t], 1, r->logits + (size_t)(t + 1) * V);
     }
-    r->greedy[N_DECODE] = argmax(r->logits + (size_t)N_DECODE * V, V);
+    r->greedy[N_DECODE] = test_argmax(r->logits + (size_t)N_DECODE * V, V);
     kv_seq_remove(g->kv, 0);
 }
 
@@ -160,12 +141,12 @@ static double run_mixed(struct eng *g, struct seq_ref *ref, int V, const char *n
         for (int o = 0; o < n_out; o++) {
             int s = owner[o], t = got[s];
             const float *want = ref[s].logits + (size_t)t * V;
-            double d = rel_diff(out + (size_t)o * V, want, V);
+            double d = test_row_rel_err(out + (size_t)o * V, want, V);
             worst = fmax(worst, d);
             if (d > BATCH_REL_TOL)
                 fail_msg("%s: sequence %d step %d: batched logits differ from alone by %.3g", name, s,
                          t, d);
-            next[s] = argmax(out + (size_t)o * V, V);
+            next[s] = test_argmax(out + (size_t)o * V, V);
             if (next[s] != ref[s].greedy[t])
                 fail_msg("%s: sequence %d step %d: greedy id %d batched, %d alone", name, s, t,
                          next[s], ref[s].greedy[t]);
@@ -251,9 +232,9 @@ static void kv_fork_cow(void **state)
     feed(&g, 2, &x, 1, c);
     feed(&g, 3, k_prefix, 10, d);
     feed(&g, 3, &y, 1, d);
-    assert_true(rel_diff(a, c, V) <= 1e-6);
-    assert_true(rel_diff(b, d, V) <= 1e-6);
-    assert_true(rel_diff(a, b, V) > 1e-3);   /* the continuations did differ */
+    assert_true(test_row_rel_err(a, c, V) <= 1e-6);
+    assert_true(test_row_rel_err(b, d, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, b, V) > 1e-3);   /* the continuations did differ */
     /* forking an unknown or used sequence is an error */
     assert_true(kv_seq_fork(g.kv, 9, 1, &e) < 0);
     assert_true(kv_seq_fork(g.kv, 0, 1, &e) < 0);
@@ -280,7 +261,7 @@ static void kv_truncate(void **state)
     feed(&g, 0, &x, 1, a);
     feed(&g, 1, k_prefix, 5, b);
     feed(&g, 1, &x, 1, b);
-    assert_true(rel_diff(a, b, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, b, V) <= 1e-6);
     assert_true(kv_seq_truncate(g.kv, 0, 99, &e) < 0);         /* cannot grow */
     assert_true(kv_seq_truncate(g.kv, 0, -1, &e) < 0);
     free(a);
@@ -307,7 +288,7 @@ static void kv_remove_reuse(void **state)
     assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
     kv_seq_remove(g.kv, 1);
     feed(&g, 0, k_prefix + 2, 8, a);
-    assert_true(rel_diff(a, b, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, b, V) <= 1e-6);
     free(a);
     eng_close(&g);
 }

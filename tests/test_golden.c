@@ -43,29 +43,6 @@ static void golden_open(struct golden *g, const char *dir)
     assert_int_equal(g->prefill.dtype, DTYPE_F32);
 }
 
-static int argmax(const float *v, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
-/* max |got - ref| / max |ref| over one row */
-static double row_rel_err(const float *got, const float *ref, int n)
-{
-    double mx = 0.0, ma = 0.0;
-    for (int i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - ref[i]);
-        if (d > mx)
-            mx = d;
-        if (fabs(ref[i]) > ma)
-            ma = fabs(ref[i]);
-    }
-    return ma > 0 ? mx / ma : mx;
-}
-
 /* A model on be with a one-sequence cache of n_tokens slots and n_batch rows per chunk. */
 struct rig {
     struct model *m;
@@ -121,7 +98,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
         fail_msg("%s: %s", name, e.msg);
     const float *ref = g.prefill.data;
     for (int i = 0; i < L; i++) {
-        double rr = row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
+        double rr = test_row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
         if (rr > worst)
             worst = rr;
         if (rr > REL_TOL)
@@ -131,7 +108,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     /* greedy decode through the cache */
     const int32_t *greedy = g.greedy.data;
     const float *dref = g.decode.data;
-    int next = argmax(logits + (size_t)(L - 1) * V, V);
+    int next = test_argmax(logits + (size_t)(L - 1) * V, V);
     for (int s = 0; s < N; s++) {
         if (next != greedy[s])
             fail_msg("%s: greedy step %d: got id %d, reference %d", name, s, next, greedy[s]);
@@ -139,12 +116,12 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
         assert_int_equal(batch_add(&r.b, greedy[s], L + s, 0, true, &e), 0);
         if (model_forward(r.c, &r.b, r.kv, logits, &e) < 0)
             fail_msg("%s: %s", name, e.msg);
-        double rr = row_rel_err(logits, dref + (size_t)s * V, V);
+        double rr = test_row_rel_err(logits, dref + (size_t)s * V, V);
         if (rr > worst)
             worst = rr;
         if (rr > REL_TOL)
             fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, rr, REL_TOL);
-        next = argmax(logits, V);
+        next = test_argmax(logits, V);
     }
     printf("golden %-20s fused_moe=%d n_batch=%d  prefill %d + decode %d tokens  max rel err %.2e\n",
            name, fused, r.c->n_batch, L, N, worst);

@@ -197,46 +197,54 @@ static float attn_softmax(const struct cpu_kernels *k, const struct attn_params 
     return sum;
 }
 
+/* One pass over the item's keys in blocks of ATTN_JB gathered from the cache
+ * array base (K or V): pass 1 writes every row's scores, pass 2 accumulates
+ * the probability-weighted V rows into the outputs. */
+static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, float *scr, float *blk,
+                      const int32_t *table, int g, bool values)
+{
+    const struct cpu_kernels *k = &ac->c->k;
+    const struct attn_params *ap = ac->ap;
+    int hd = ap->head_dim, bs = ac->rows->block_size;
+    const float *base = values ? ac->kv->v : ac->kv->k;
+    int dim = values ? ac->kv->v_dim : ac->kv->k_dim;
+    for (int j0 = ar->k_lo; j0 < ar->k_hi; j0 += ATTN_JB) {
+        int nb = ar->k_hi - j0 < ATTN_JB ? ar->k_hi - j0 : ATTN_JB;
+        attn_gather(blk, base, dim, table, bs, g, hd, j0, nb, ar->k_hi);
+        for (int i = 0; i < ar->n_rows; i++) {
+            int a = ar->lo[i] > j0 ? ar->lo[i] : j0, z = ar->hi[i] < j0 + nb ? ar->hi[i] : j0 + nb;
+            float *s = scr + i * ac->ld_s + (a - ar->k_lo);
+            const float *rows = blk + (size_t)(a - j0) * hd;
+            if (a >= z)
+                continue;
+            if (values)
+                k->attn_accum(ar->o[i], s, rows, z - a, hd, a > ar->lo[i]);
+            else
+                k->attn_scores(s, ar->q[i], rows, z - a, hd, ap->scale);
+        }
+    }
+}
+
 /* Causal attention for kv head g, its query heads [h0, h0 + hc) and tokens
- * [t0, t0 + tt) of one sequence: two passes over the keys in blocks of
- * ATTN_JB, rows inside, so every K and V row is read from memory once per
- * item: (1) scores into scratch, (2) after a stable softmax per row (max
- * subtracted, f32), the weighted sum of V rows. Scores of key position j
- * sit at column j - k_lo. */
+ * [t0, t0 + tt) of one sequence: two passes over the keys (attn_pass), so
+ * every K and V row is read from memory once per item, with a stable softmax
+ * per row (max subtracted, f32) between them. Scores of key position j sit
+ * at column j - k_lo. */
 static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int t0, int tt)
 {
     const struct cpu_kernels *k = &ac->c->k;
     const struct attn_params *ap = ac->ap;
-    const struct kv_layer *kv = ac->kv;
-    int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head, bs = ac->rows->block_size;
+    int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head;
     int nh = n_rep - h0 < ac->hc ? n_rep - h0 : ac->hc;
     const int32_t *table = ac->rows->tables + ac->rows->table[t0];
     float *blk = scr + (size_t)(ATTN_TT * ac->hc) * ac->ld_s;
     struct attn_rows ar;
     attn_setup_rows(ac, &ar, g, h0, nh, t0, tt);
-    for (int j0 = ar.k_lo; j0 < ar.k_hi; j0 += ATTN_JB) {
-        int nb = ar.k_hi - j0 < ATTN_JB ? ar.k_hi - j0 : ATTN_JB;
-        attn_gather(blk, kv->k, kv->k_dim, table, bs, g, hd, j0, nb, ar.k_hi);
-        for (int i = 0; i < ar.n_rows; i++) {
-            int a = ar.lo[i] > j0 ? ar.lo[i] : j0, z = ar.hi[i] < j0 + nb ? ar.hi[i] : j0 + nb;
-            if (a < z)
-                k->attn_scores(scr + i * ac->ld_s + (a - ar.k_lo), ar.q[i], blk + (size_t)(a - j0) * hd,
-                               z - a, hd, ap->scale);
-        }
-    }
+    attn_pass(ac, &ar, scr, blk, table, g, false);
     for (int i = 0; i < ar.n_rows; i++)
         ar.sum[i] = attn_softmax(k, ap, scr + i * ac->ld_s + (ar.lo[i] - ar.k_lo),
                                  ar.hi[i] - ar.lo[i], ar.sink[i]);
-    for (int j0 = ar.k_lo; j0 < ar.k_hi; j0 += ATTN_JB) {
-        int nb = ar.k_hi - j0 < ATTN_JB ? ar.k_hi - j0 : ATTN_JB;
-        attn_gather(blk, kv->v, kv->v_dim, table, bs, g, hd, j0, nb, ar.k_hi);
-        for (int i = 0; i < ar.n_rows; i++) {
-            int a = ar.lo[i] > j0 ? ar.lo[i] : j0, z = ar.hi[i] < j0 + nb ? ar.hi[i] : j0 + nb;
-            if (a < z)
-                k->attn_accum(ar.o[i], scr + i * ac->ld_s + (a - ar.k_lo), blk + (size_t)(a - j0) * hd,
-                              z - a, hd, a > ar.lo[i]);
-        }
-    }
+    attn_pass(ac, &ar, scr, blk, table, g, true);
     for (int i = 0; i < ar.n_rows; i++)
         k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
 }
