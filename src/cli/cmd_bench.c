@@ -9,7 +9,9 @@
  *        cache, last-position logits only (what generate's prefill does).
  *   tgN  text generation: N single-token forwards from an empty cache, each
  *        feeding back the argmax of the previous step (the sampling cost is
- *        negligible and left out, as llama-bench does).
+ *        negligible and left out, as llama-bench does). With -s S the test is
+ *        tgNxS: S sequences decode together, one batch of S rows per step
+ *        (the server's continuous batching); tokens/s counts all S.
  * Ids come from a fixed-seed generator, so runs are comparable. Reported:
  * tokens/s mean and sample standard deviation over the repetitions.
  *
@@ -31,6 +33,7 @@
 #include "cli.h"
 
 #define BENCH_MAX_REPS 1000
+#define BENCH_MAX_SEQS 256
 /* Headroom over weights + KV cache that the memory budget allows: activations,
  * thread stacks, the allocator and the binary itself. */
 #define BENCH_RSS_SLACK (64ull << 20)
@@ -38,12 +41,14 @@
 #define BENCH_SEED 0x9e3779b97f4a7c15ull
 
 static const char *k_help =
-    "usage: mlxcel bench [-m MODEL] [-p N] [-n N] [-r N] [-t N] [--json]\n"
+    "usage: mlxcel bench [-m MODEL] [-p N] [-n N] [-s N] [-r N] [-t N] [--json]\n"
     "\n"
     "Prompt-processing and generation throughput, llama-bench style.\n"
     "  -m, --model MODEL     checkpoint folder or owner/name (default: the embedded model)\n"
     "  -p, --n-prompt N      prompt tokens of the pp test (default 512; 0 skips it)\n"
     "  -n, --n-gen N         generated tokens of the tg test (default 128; 0 skips it)\n"
+    "  -s, --sequences N     sequences decoding together in the tg test, one batch per\n"
+    "                        step (default 1; reported as tgNxS, tokens/s of all of them)\n"
     "  -r, --repetitions N   timed runs per test (default 3)\n"
     "  -t, --threads N       CPU threads (default: all online CPUs)\n"
     "      --json            print a JSON array, one object per test\n"
@@ -56,25 +61,27 @@ enum bench_kind { BENCH_PP = 0, BENCH_TG = 1 };
 
 struct bench_opts {
     const char *model;
-    long n_prompt, n_gen, reps, threads;
+    long n_prompt, n_gen, reps, threads, n_seq;
     bool json;
 };
 
 struct bench_result {
     enum bench_kind kind;
     int n_tokens;
+    int n_seq;          /* sequences decoding together (tg); 1 for pp */
     double *samples;    /* [reps] tokens/s, owned */
     double mean, sd;
 };
 
-/* Everything one run needs: the engine (one sequence), a batch, a [n_vocab] logits
- * buffer and the prompt ids. */
+/* Everything one run needs: the engine, a batch, logits and the prompt ids. */
 struct bench_state {
     struct cli_engine en;
-    struct batch b;     /* [max(n_prompt, 1)] rows */
-    float *logits;      /* [n_vocab] */
-    int32_t *ids;       /* [n_prompt] */
-    int n_slots;        /* KV cache slots */
+    struct batch b;     /* [max(n_prompt, n_seq)] rows */
+    float *logits;      /* [n_seq, n_vocab] */
+    int32_t *ids;       /* [max(n_prompt, n_seq)] */
+    int32_t *next;      /* [n_seq] each sequence's next token */
+    int n_slots;        /* KV cache slots (whole blocks) */
+    int n_seq;          /* sequences of the tg test */
 };
 
 static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e)
@@ -82,18 +89,20 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'}, {"repetitions", required_argument, 0, 'r'},
+        {"sequences", required_argument, 0, 's'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int c, rc = 0;
     optind = 1;
     opterr = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:r:t:h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:s:r:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': rc = cli_parse_int("-p", optarg, 0, 1 << 24, &o->n_prompt, e); break;
         case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_gen, e); break;
         case 'r': rc = cli_parse_int("-r", optarg, 1, BENCH_MAX_REPS, &o->reps, e); break;
+        case 's': rc = cli_parse_int("-s", optarg, 1, BENCH_MAX_SEQS, &o->n_seq, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case 'J': o->json = true; break;
         case 'h': fputs(k_help, stdout); return 1;
@@ -134,19 +143,24 @@ static void fill_ids(int32_t *ids, int n, int n_vocab)
     }
 }
 
-/* Sequence 0 again empty. */
-static int reset_seq(struct bench_state *b, struct err *e)
+/* Sequences [0, n) again empty. */
+static int reset_seqs(struct bench_state *b, int n, struct err *e)
 {
-    kv_seq_remove(b->en.kv, 0);
+    int rc;
     batch_clear(&b->b);
-    return kv_seq_add(b->en.kv, 0, e);
+    for (int s = 0; s < n; s++) {
+        kv_seq_remove(b->en.kv, s);
+        if ((rc = kv_seq_add(b->en.kv, s, e)) < 0)
+            return rc;
+    }
+    return 0;
 }
 
 /* One pp run of n tokens; *secs receives its wall time. */
 static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
 {
     int rc;
-    if ((rc = reset_seq(b, e)) < 0 || (rc = batch_add_seq(&b->b, b->ids, n, 0, 0, true, e)) < 0)
+    if ((rc = reset_seqs(b, 1, e)) < 0 || (rc = batch_add_seq(&b->b, b->ids, n, 0, 0, true, e)) < 0)
         return rc;
     double t0 = gen_now();
     rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
@@ -154,19 +168,22 @@ static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
     return rc;
 }
 
-/* One tg run of n single-token steps from an empty cache. */
+/* One tg run of n steps from empty caches: each step one batch of one row per sequence. */
 static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
 {
-    int32_t id = b->ids ? b->ids[0] : 0;
-    int rc;
-    if ((rc = reset_seq(b, e)) < 0)
+    int V = b->en.ctx->m->hp.n_vocab, rc;
+    if ((rc = reset_seqs(b, b->n_seq, e)) < 0)
         return rc;
+    for (int s = 0; s < b->n_seq; s++)
+        b->next[s] = b->ids[s];
     double t0 = gen_now();
     for (int i = 0; i < n && rc == 0; i++) {
         batch_clear(&b->b);
-        batch_add(&b->b, id, i, 0, true, NULL);
+        for (int s = 0; s < b->n_seq; s++)
+            batch_add(&b->b, b->next[s], i, s, true, NULL);
         rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
-        id = argmax(b->logits, b->en.ctx->m->hp.n_vocab);
+        for (int s = 0; s < b->n_seq; s++)
+            b->next[s] = argmax(b->logits + (size_t)s * V, V);
     }
     *secs = gen_now() - t0;
     return rc;
@@ -188,6 +205,15 @@ static const char *kind_name(enum bench_kind k)
     return k == BENCH_PP ? "pp" : "tg";
 }
 
+/* "pp512", "tg128", or "tg128x4" for 4 sequences decoding together. */
+static void test_name(char *buf, size_t cap, const struct bench_result *r)
+{
+    if (r->n_seq > 1)
+        snprintf(buf, cap, "%s%dx%d", kind_name(r->kind), r->n_tokens, r->n_seq);
+    else
+        snprintf(buf, cap, "%s%d", kind_name(r->kind), r->n_tokens);
+}
+
 static int run_test(struct bench_state *b, struct bench_result *r, int reps, bool progress,
                     struct err *e)
 {
@@ -197,7 +223,7 @@ static int run_test(struct bench_state *b, struct bench_result *r, int reps, boo
                                      : run_tg(b, r->n_tokens, &secs, e);
         if (rc < 0)
             return err_prefix(e, "%s%d run %d", kind_name(r->kind), r->n_tokens, i + 1);
-        r->samples[i] = secs > 0 ? r->n_tokens / secs : 0.0;
+        r->samples[i] = secs > 0 ? (double)r->n_tokens * r->n_seq / secs : 0.0;
         if (progress)
             fprintf(stderr, "\r%s%d: run %d/%d  %.2f t/s   ", kind_name(r->kind), r->n_tokens,
                     i + 1, reps, r->samples[i]);
@@ -237,7 +263,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON *o = cJSON_CreateObject();
         if (!o || !cJSON_AddItemToArray(arr, o))
             break;
-        snprintf(test, sizeof test, "%s%d", kind_name(r->kind), r->n_tokens);
+        test_name(test, sizeof test, r);
         cJSON_AddStringToObject(o, "model", mt->model);
         cJSON_AddStringToObject(o, "family", mt->m->ops->family);
         cJSON_AddNumberToObject(o, "params", (double)model_n_params(mt->m));
@@ -245,6 +271,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddNumberToObject(o, "threads", mt->threads);
         cJSON_AddStringToObject(o, "test", test);
         cJSON_AddNumberToObject(o, "n_tokens", r->n_tokens);
+        cJSON_AddNumberToObject(o, "n_seqs", r->n_seq);
         cJSON_AddNumberToObject(o, "reps", reps);
         cJSON_AddNumberToObject(o, "ts_mean", r->mean);
         cJSON_AddNumberToObject(o, "ts_sd", r->sd);
@@ -272,7 +299,7 @@ static void print_table(const struct bench_meta *mt, const struct bench_result *
            "----------------------------------------------------------------");
     for (int i = 0; i < n_res; i++) {
         char ts[64];
-        snprintf(test, sizeof test, "%s%d", kind_name(res[i].kind), res[i].n_tokens);
+        test_name(test, sizeof test, &res[i]);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", res[i].mean, res[i].sd);
         /* "±" is two bytes but one column; widen the field by one to keep alignment */
         printf("| %-*s | %8s | %-*s | %7d | %8s | %21s |\n", wm, mt->model, params, wb,
@@ -315,17 +342,26 @@ static void model_label(const char *arg, const char *dir, char *buf, size_t cap)
 static int bench_setup(struct bench_state *b, struct model *m, const struct bench_opts *o,
                        struct err *e)
 {
-    long longest = o->n_prompt > o->n_gen ? o->n_prompt : o->n_gen;
+    long gen = o->n_gen < m->hp.n_ctx ? o->n_gen : m->hp.n_ctx;
+    long slots = o->n_prompt < m->hp.n_ctx ? o->n_prompt : m->hp.n_ctx;
+    long rows = o->n_prompt > o->n_seq ? o->n_prompt : o->n_seq;
     int rc;
-    b->n_slots = (int)(longest < m->hp.n_ctx ? longest : m->hp.n_ctx);
-    if ((rc = cli_engine_open(&b->en, m, o->threads, b->n_slots, 1, 0, e)) < 0 ||
-        (rc = batch_init(&b->b, (int)(o->n_prompt > 0 ? o->n_prompt : 1), e)) < 0)
+    b->n_seq = (int)o->n_seq;
+    /* the cache holds the pp prompt or every tg sequence (each in whole blocks),
+     * whichever is larger */
+    long per_seq = (gen + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK * KV_DEFAULT_BLOCK;
+    if (per_seq * o->n_seq > slots)
+        slots = per_seq * o->n_seq;
+    if ((rc = cli_engine_open(&b->en, m, o->threads, (int)slots, b->n_seq, 0, e)) < 0 ||
+        (rc = batch_init(&b->b, (int)rows, e)) < 0)
         return rc;
-    b->logits = malloc((size_t)m->hp.n_vocab * sizeof *b->logits);
-    b->ids = malloc((size_t)(o->n_prompt > 0 ? o->n_prompt : 1) * sizeof *b->ids);
-    if (!b->logits || !b->ids)
+    b->n_slots = b->en.kv->n_blocks * b->en.kv->block_size;
+    b->logits = malloc((size_t)b->n_seq * m->hp.n_vocab * sizeof *b->logits);
+    b->ids = malloc((size_t)rows * sizeof *b->ids);
+    b->next = malloc((size_t)b->n_seq * sizeof *b->next);
+    if (!b->logits || !b->ids || !b->next)
         return err_setf(e, ERR_NOMEM, "out of memory");
-    fill_ids(b->ids, o->n_prompt > 0 ? (int)o->n_prompt : 1, m->hp.n_vocab);
+    fill_ids(b->ids, (int)rows, m->hp.n_vocab);
     return 0;
 }
 
@@ -348,7 +384,7 @@ static int warm_up(struct bench_state *b, const struct bench_opts *o, const stru
 
 int cmd_bench(int argc, char **argv)
 {
-    struct bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3};
+    struct bench_opts o = {.n_prompt = 512, .n_gen = 128, .reps = 3, .n_seq = 1};
     struct err e = {0};
     char dir[4096], label[4096];
     struct model *m = NULL;
@@ -367,9 +403,10 @@ int cmd_bench(int argc, char **argv)
         warm_up(&b, &o, m, &e) < 0)
         goto out;
     if (o.n_prompt > 0)
-        res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt};
+        res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt, .n_seq = 1};
     if (o.n_gen > 0)
-        res[n_res++] = (struct bench_result){.kind = BENCH_TG, .n_tokens = (int)o.n_gen};
+        res[n_res++] = (struct bench_result){.kind = BENCH_TG, .n_tokens = (int)o.n_gen,
+                                             .n_seq = (int)o.n_seq};
     bool progress = cli_stderr_is_tty();
     for (int i = 0; i < n_res; i++) {
         res[i].samples = calloc((size_t)o.reps, sizeof *res[i].samples);
@@ -401,6 +438,7 @@ out:
     for (int i = 0; i < n_res; i++)
         free(res[i].samples);
     free(b.ids);
+    free(b.next);
     free(b.logits);
     batch_free(&b.b);
     cli_engine_close(&b.en);

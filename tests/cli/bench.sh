@@ -30,8 +30,8 @@ for k in model family params backend threads test n_tokens reps ts_mean ts_sd sa
     n=$(grep -o "\"$k\":" "$T/flat" | wc -l | tr -d ' ')
     [ "$n" -eq 2 ] || fail "key $k appears $n times, expected once per test (2)"
 done
-jhas "pp test" '"test":"pp8","n_tokens":8,"reps":2,'
-jhas "tg test" '"test":"tg4","n_tokens":4,"reps":2,'
+jhas "pp test" '"test":"pp8","n_tokens":8,"n_seqs":1,"reps":2,'
+jhas "tg test" '"test":"tg4","n_tokens":4,"n_seqs":1,"reps":2,'
 jhas "model" '"model":"models/llama-tiny","family":"llama","params":3672320,'
 jhas "threads" '"threads":1,'
 jhas "backend" '"backend":"cpu-[a-z0-9]*"'
@@ -50,7 +50,7 @@ wb=$(jnum weight_bytes)
 kv=$(jnum kv_bytes)
 [ -n "$rss" ] && [ "$rss" -gt 0 ] || fail "peak_rss_bytes '$rss' is not positive"
 [ -n "$wb" ] && [ "$wb" -gt 0 ] || fail "weight_bytes '$wb' is not positive"
-[ "$kv" = 32768 ] || fail "kv_bytes '$kv', expected 8 tokens x 4 layers x 2 x 4 heads x 32 x 4 B = 32768"
+[ "$kv" = 65536 ] || fail "kv_bytes '$kv', expected one 16-token block x 4 layers x 2 x 4 heads x 32 x 4 B = 65536"
 if [ "${MLXCEL_SKIP_RSS:-0}" != 1 ]; then
     budget=$((wb + kv + 64 * 1024 * 1024))
     [ "$rss" -le "$budget" ] || fail "peak RSS $rss exceeds weights + KV + 64 MiB = $budget"
@@ -62,7 +62,7 @@ expect_rc 0 "bench table"
 has "header" '^| model  *| *params | backend  *| threads | *test | *t/s |$'
 has "pp row" '^| models/llama-tiny | *3\.7M | cpu-[a-z0-9]* *| *[0-9][0-9]* | *pp8 | *[0-9][0-9.]* ± [0-9][0-9.]* |$'
 has "tg row" '^| models/llama-tiny | *3\.7M | cpu-[a-z0-9]* *| *[0-9][0-9]* | *tg4 | *[0-9][0-9.]* ± 0\.00 |$'
-grep -q 'peak RSS .*weights .*KV cache .*n_ctx 8' "$T/err" || fail "footer: $(cat "$T/err")"
+grep -q 'peak RSS .*weights .*KV cache .*n_ctx 16' "$T/err" || fail "footer: $(cat "$T/err")"
 
 # ---- -p 0 / -n 0 skip a test ----
 run "$BIN" bench -m models/llama-tiny -p 0 -n 2 -r 1 --json
@@ -74,6 +74,14 @@ run "$BIN" bench -m models/llama-tiny -p 4 -n 0 -r 1
 expect_rc 0 "bench -n 0"
 has "pp only" 'pp4'
 grep -q 'tg' "$T/out" && fail "-n 0 still ran tg"
+
+# ---- -s: sequences decoding together ----
+run "$BIN" bench -m models/llama-tiny -p 0 -n 4 -s 3 -r 1 --json
+expect_rc 0 "bench -s 3"
+flat
+jhas "tg x3" '"test":"tg4x3","n_tokens":4,"n_seqs":3,'
+run "$BIN" bench -m models/llama-tiny -p 0 -n 4 -s 0 -r 1
+expect_rc 2 "bench -s 0"
 
 # ---- sizes beyond the model's context (512) ----
 run "$BIN" bench -m models/llama-tiny -p 513 -n 0 -r 1
