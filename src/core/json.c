@@ -3,6 +3,7 @@
  */
 #include "json.h"
 
+#include <errno.h>
 #include <stdlib.h>
 
 #include "fileio.h"
@@ -11,7 +12,11 @@ int json_parse_object(const char *buf, size_t len, const char *what, cJSON **out
 {
     const char *end = NULL;
     *out = NULL;
+    errno = 0;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    /* cJSON returns NULL for bad syntax and a failed allocation alike; malloc sets ENOMEM */
+    if (!root && errno == ENOMEM)
+        return err_setf(e, ERR_NOMEM, "%s: out of memory parsing JSON", what);
     if (!root) {
         size_t off = end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0;
         return err_setf(e, ERR_FORMAT, "%s: invalid JSON near byte %zu", what, off);

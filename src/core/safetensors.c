@@ -90,10 +90,12 @@ static bool json_to_u64(const cJSON *j, uint64_t *out)
 }
 
 /* Parse buf[0..len) (buf[len] == '\0') as exactly one JSON value plus optional
- * whitespace. On failure *bad_at is the byte offset where parsing stopped. */
+ * whitespace. On failure *bad_at is the byte offset where parsing stopped, and
+ * errno is ENOMEM when an allocation failed (cJSON returns NULL for both). */
 static cJSON *json_parse_exact(const char *buf, size_t len, size_t *bad_at)
 {
     const char *end = NULL;
+    errno = 0;
     cJSON *root = cJSON_ParseWithOpts(buf, &end, 0);
     *bad_at = end ? (size_t)(end - buf) : 0;
     if (!root)
@@ -277,6 +279,10 @@ int st_header_parse(const char *json, size_t json_len, uint64_t data_len,
     memcpy(buf, json, json_len);
     buf[json_len] = '\0';
     root = json_parse_exact(buf, json_len, &bad_at);
+    if (!root && errno == ENOMEM) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory parsing the %zu-byte header", json_len);
+        goto out_free;
+    }
     if (!root) {
         rc = err_setf(e, ERR_FORMAT, "header is not valid JSON (error at byte %zu of %zu)",
                       bad_at, json_len);
@@ -646,7 +652,10 @@ static int index_load(const char *path, cJSON **root, const cJSON **wm, struct e
     if ((rc = read_file(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
         return rc;
     cJSON *r = json_parse_exact(buf, len, &bad_at);
+    bool oom = !r && errno == ENOMEM;
     free(buf);
+    if (oom)
+        return err_setf(e, ERR_NOMEM, "%s: out of memory parsing the index", path);
     if (!r)
         return err_setf(e, ERR_FORMAT, "%s: index is not valid JSON (error at byte %zu of %zu)",
                         path, bad_at, len);
