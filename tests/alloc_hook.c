@@ -1,11 +1,12 @@
 /*
  * alloc_hook: the --wrap'd allocators of the test runner (see alloc_hook.h).
  *
- * Disarmed, each wrapper is one branch and a tail call to the real
- * function. Armed, each allocation is counted, the fail_at-th returns NULL,
- * and every block handed out is recorded in an open-addressing pointer set
- * (linear probing, tombstones, grown at half load) until free or realloc
- * gives it back. The set's own storage comes from the real allocator.
+ * Disarmed, each wrapper tests two flags and calls the real function.
+ * Armed, each allocation is counted, the fail_at-th returns NULL, and every
+ * block handed out is recorded in an open-addressing pointer set (linear
+ * probing, tombstones, grown at half load) until free or realloc gives it
+ * back. The hook's own storage comes from the real allocator; if that fails
+ * the runner aborts, since counts and the live set would be wrong.
  */
 #include "alloc_hook.h"
 
@@ -16,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 
+/* the allocators themselves, as the linker's --wrap names them */
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -25,16 +27,6 @@ int __real_posix_memalign(void **p, size_t al, size_t n);
 char *__real_strdup(const char *s);
 char *__real_strndup(const char *s, size_t n);
 void __real_free(void *p);
-
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t k, size_t n);
-void *__wrap_realloc(void *p, size_t n);
-void *__wrap_reallocarray(void *p, size_t k, size_t n);
-void *__wrap_aligned_alloc(size_t al, size_t n);
-int __wrap_posix_memalign(void **p, size_t al, size_t n);
-char *__wrap_strdup(const char *s);
-char *__wrap_strndup(const char *s, size_t n);
-void __wrap_free(void *p);
 
 /* ---- state ---- */
 
@@ -59,8 +51,7 @@ static size_t slot_of(const void *p)
 
 static void set_insert(void *p);
 
-/* Rehash into four times the live count (at least 4096 slots), dropping tombstones.
- * If the real allocator fails, tracking stops rather than crashing the runner. */
+/* Rehash into four times the live count (at least 4096 slots), dropping tombstones. */
 static void set_grow(void)
 {
     void **old = g_set;
@@ -68,11 +59,8 @@ static void set_grow(void)
     while (cap < 4 * (g_live + 1))
         cap *= 2;
     g_set = __real_calloc(cap, sizeof *g_set);
-    if (!g_set) {
-        g_set = old;
-        g_tracking = false;
-        return;
-    }
+    if (!g_set)
+        abort();
     g_cap = cap;
     g_used = g_live = 0;
     for (size_t i = 0; i < old_cap; i++)
@@ -83,11 +71,8 @@ static void set_grow(void)
 
 static void set_insert(void *p)
 {
-    if (2 * (g_used + 1) > g_cap) {
+    if (2 * (g_used + 1) > g_cap)
         set_grow();
-        if (!g_tracking)
-            return;
-    }
     size_t i = slot_of(p);
     while (g_set[i] && g_set[i] != TOMB)
         i = (i + 1) & (g_cap - 1);
@@ -130,12 +115,9 @@ static void record_site(const void *at)
     void *bt[10];
     if ((size_t)g_count > g_sites_cap) {
         size_t cap = g_sites_cap ? 2 * g_sites_cap : 4096;
-        struct alloc_site *grown = __real_realloc(g_sites, cap * sizeof *grown);
-        if (!grown) {
-            g_recording = false;
-            return;
-        }
-        g_sites = grown;
+        g_sites = __real_realloc(g_sites, cap * sizeof *g_sites);
+        if (!g_sites)
+            abort();
         g_sites_cap = cap;
     }
     int n = backtrace(bt, 10);
@@ -204,12 +186,18 @@ char *__wrap_strndup(const char *s, size_t n)
     return should_fail(__builtin_return_address(0)) ? NULL : track(__real_strndup(s, n));
 }
 
-/* A moved block stays tracked only if the old one was (or it is new), so
- * growing a block allocated before arming is not reported as live. */
-static void *track_moved(void *old, void *q)
+/* q is what realloc of old returned (to_zero: to 0 bytes). A moved block
+ * stays tracked only if the old one was (or it is new), so growing a block
+ * allocated before arming is not reported as live. */
+static void *track_moved(void *old, void *q, bool to_zero)
 {
-    if (!q || !g_tracking)
+    if (!g_tracking)
         return q;
+    if (!q) {
+        if (old && to_zero)  /* glibc's realloc(p, 0) frees p */
+            set_remove(old);
+        return q;
+    }
     if (!old || set_remove(old))
         set_insert(q);
     return q;
@@ -217,12 +205,13 @@ static void *track_moved(void *old, void *q)
 
 void *__wrap_realloc(void *p, size_t n)
 {
-    return should_fail(__builtin_return_address(0)) ? NULL : track_moved(p, __real_realloc(p, n));
+    return should_fail(__builtin_return_address(0)) ? NULL : track_moved(p, __real_realloc(p, n), n == 0);
 }
 
 void *__wrap_reallocarray(void *p, size_t k, size_t n)
 {
-    return should_fail(__builtin_return_address(0)) ? NULL : track_moved(p, __real_reallocarray(p, k, n));
+    return should_fail(__builtin_return_address(0)) ? NULL
+                                                    : track_moved(p, __real_reallocarray(p, k, n), !k || !n);
 }
 
 void __wrap_free(void *p)
@@ -252,19 +241,19 @@ void alloc_hook_stop(void)
     g_counting = false;
 }
 
-struct alloc_site alloc_hook_site(long i)
-{
-    if (i < 1 || !g_recording || (size_t)i > g_sites_cap || i > g_count)
-        return (struct alloc_site){NULL, NULL};
-    return g_sites[i - 1];
-}
-
 void alloc_hook_disarm(void)
 {
     g_counting = false;
     g_tracking = false;
     cJSON_InitHooks(NULL);
     set_clear();
+}
+
+struct alloc_site alloc_hook_site(long i)
+{
+    if (i < 1 || !g_recording || (size_t)i > g_sites_cap || i > g_count)
+        return (struct alloc_site){NULL, NULL};
+    return g_sites[i - 1];
 }
 
 long alloc_hook_count(void)

@@ -4,14 +4,14 @@
  * encode/decode, chat_tmpl_load plus a render) first runs once with the hook
  * only counting (that run also sets up anything lazily initialised), then
  * runs again with allocation N failing, for N = 1, 2, 3, ... until a run
- * completes with no failure injected, which must succeed with the same
- * result as the counting run.
+ * completes with no failure injected, which must succeed with the expected
+ * result (the golden output, or what a load without the hook gave).
  *
- * Every run with an injected failure must return a negative status with a
- * message in struct err, leave its out-pointer NULL, and give back every
- * block it took (alloc_hook_live() == 0, checked at the failing N; under
- * ASan, LeakSanitizer checks again at exit). A crash, abort or ASan report
- * fails the suite outright.
+ * Every run with an injected failure must return -ERR_NOMEM with a message
+ * in struct err, leave its out-pointer NULL, and give back every block it
+ * took (alloc_hook_live() == 0, checked at the failing N; under ASan,
+ * LeakSanitizer checks again at exit). A crash, abort or ASan report fails
+ * the suite outright.
  *
  * Only our code's allocations are injected (tests/alloc_hook.c wraps the
  * allocators at link time, and cJSON is pointed at the wrappers); PCRE2 and
@@ -35,7 +35,7 @@
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
-/* One operation under test. run() performs it on arg; on success it calls
+/* One operation under test, performed on arg; on success it calls
  * alloc_hook_stop(), checks its results and frees them. On failure it frees
  * whatever the test itself held and returns the operation's status. */
 typedef int (*alloc_op)(const void *arg, struct err *e);
@@ -44,6 +44,9 @@ typedef int (*alloc_op)(const void *arg, struct err *e);
  * fixture looped with a stride still fails every site no earlier loop did. */
 static struct alloc_site g_failed_sites[4096];
 static size_t g_n_failed_sites;
+/* File-scope so that teardown frees them when an assertion fails mid-loop. */
+static bool *g_plan;     /* [total + 1] the n to fail */
+static cJSON *g_golden;  /* golden.json of the fixture under test */
 
 /* Marks s as failed; true when it had not been before (or the table is full). */
 static bool site_mark(struct alloc_site s)
@@ -72,13 +75,14 @@ static void check_alloc_failures(const char *what, alloc_op op, const void *arg,
     if (getenv("MLXCEL_ALLOCFAIL_FULL"))
         max_runs = 0;
     long stride = max_runs > 0 && total > max_runs ? total / max_runs : 1;
-    bool *plan = calloc((size_t)total + 1, sizeof *plan);
-    assert_non_null(plan);
+    free(g_plan);
+    g_plan = calloc((size_t)total + 1, sizeof *g_plan);
+    assert_non_null(g_plan);
     for (long i = 1; i <= total; i++)
-        plan[i] = site_mark(alloc_hook_site(i)) || (i - 1) % stride == 0;
+        g_plan[i] = site_mark(alloc_hook_site(i)) || (i - 1) % stride == 0;
     long n, runs = 0;
     for (n = 1;; n++) {
-        if (n <= total && !plan[n])
+        if (n <= total && !g_plan[n])
             continue;
         runs++;
         err_clear(&e);
@@ -101,11 +105,12 @@ static void check_alloc_failures(const char *what, alloc_op op, const void *arg,
             fail_msg("%s: allocation %ld of %ld failed: rc %d, error %s '%s' (want out of memory)", what, n,
                      total, rc, err_code_name(e.code), e.msg);
     }
-    free(plan);
+    free(g_plan);
+    g_plan = NULL;
     fprintf(stderr, "allocfail: %s: %ld allocations, %ld runs, %zu sites\n", what, total, runs, g_n_failed_sites);
 }
 
-/* golden.json of a tokenizer fixture, parsed (cJSON_Delete). */
+/* golden.json of a tokenizer fixture, parsed into g_golden. */
 static cJSON *load_golden(const char *dir)
 {
     char path[4200], *text = NULL;
@@ -113,10 +118,11 @@ static cJSON *load_golden(const char *dir)
     snprintf(path, sizeof path, "%s/golden.json", dir);
     if (file_read_all(path, 1u << 20, &text, NULL, &e) < 0)
         fail_msg("%s", e.msg);
-    cJSON *g = cJSON_Parse(text);
+    cJSON_Delete(g_golden);
+    g_golden = cJSON_Parse(text);
     free(text);
-    assert_non_null(g);
-    return g;
+    assert_non_null(g_golden);
+    return g_golden;
 }
 
 /* ---- model load ---- */
@@ -233,11 +239,10 @@ static void check_tokenizer(const char *name, long max_runs)
     snprintf(c.config, sizeof c.config, "%s/tokenizer_config.json", src);
     snprintf(cmd, sizeof cmd, "gzip -dc '%s/tokenizer.json.gz' > '%s'", src, c.json);
     assert_int_equal(system(cmd), 0);
-    cJSON *g = load_golden(src);
+    const cJSON *g = load_golden(src);
     for (int i = 0; i < N_TOK_CASES; i++)
         assert_non_null(c.golden[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "encode"), k_tok_cases[i]));
     check_alloc_failures(name, op_tokenizer, &c, max_runs);
-    cJSON_Delete(g);
     unlink(c.json);
     rmdir(dir);
 }
@@ -296,11 +301,10 @@ static void check_chat(const char *name, int case_no)
     char rel[128];
     snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", name);
     struct chat_case c = {test_path(rel), NULL};
-    cJSON *g = load_golden(c.dir);
+    const cJSON *g = load_golden(c.dir);
     assert_non_null(c.chat = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "chat"), case_no));
     snprintf(rel, sizeof rel, "chat %s case %d", name, case_no);
     check_alloc_failures(rel, op_chat, &c, 0);
-    cJSON_Delete(g);
 }
 
 /* Two real templates: Llama 3.1's (a system turn and a conversation) and
@@ -318,6 +322,10 @@ static int disarm(void **state)
 {
     (void)state;
     alloc_hook_disarm();
+    free(g_plan);
+    g_plan = NULL;
+    cJSON_Delete(g_golden);
+    g_golden = NULL;
     return 0;
 }
 
