@@ -34,7 +34,8 @@
     X(tokenizer)  \
     X(template)   \
     X(quantize)   \
-    X(convert)
+    X(convert)    \
+    X(allocfail)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
 SUITES(DECLARE)

@@ -7,6 +7,7 @@
  */
 #include "json.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,11 @@ int json_parse_object(const char *buf, size_t len, const char *what, cJSON **out
     if (nul)
         return err_setf(e, ERR_FORMAT, "%s is not valid JSON (error at byte %zu of %zu: NUL byte)",
                         what, (size_t)(nul - buf), len);
+    errno = 0;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    /* cJSON returns NULL for bad syntax and a failed allocation alike; malloc sets ENOMEM */
+    if (!root && errno == ENOMEM)
+        return err_setf(e, ERR_NOMEM, "%s: out of memory parsing JSON", what);
     if (!root) {
         size_t off = end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0;
         return err_setf(e, ERR_FORMAT, "%s is not valid JSON (error at byte %zu of %zu)", what,

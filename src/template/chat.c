@@ -162,16 +162,18 @@ int chat_tmpl_apply(const struct chat_tmpl *c, const cJSON *messages, bool agp, 
         return err_setf(e, ERR_ARG, "messages must be a JSON array");
     if (extra && !cJSON_IsObject(extra))
         return err_setf(e, ERR_ARG, "extra template variables must be a JSON object");
-    cJSON *vars = cJSON_Duplicate(c->special, 1);
-    bool ok = vars && cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(messages, 1)) &&
-              cJSON_AddNullToObject(vars, "tools") && cJSON_AddNullToObject(vars, "documents") &&
+    cJSON *vars = cJSON_Duplicate(c->special, 1), *msgs = cJSON_Duplicate(messages, 1);
+    bool ok = vars && msgs && cJSON_AddItemToObject(vars, "messages", msgs);
+    if (!ok)
+        cJSON_Delete(msgs);  /* not attached to vars: still ours */
+    ok = ok && cJSON_AddNullToObject(vars, "tools") && cJSON_AddNullToObject(vars, "documents") &&
               cJSON_AddBoolToObject(vars, "add_generation_prompt", agp);
     for (const cJSON *x = extra ? extra->child : NULL; ok && x; x = x->next) {
+        /* delete and add, not cJSON_ReplaceItemInObject: cJSON 1.7.15 ignores a
+         * failure to copy the key there and leaves a member without a name */
         cJSON *dup = cJSON_Duplicate(x, 1);
-        if (cJSON_GetObjectItemCaseSensitive(vars, x->string))
-            ok = dup && cJSON_ReplaceItemInObjectCaseSensitive(vars, x->string, dup);
-        else
-            ok = dup && cJSON_AddItemToObject(vars, x->string, dup);
+        cJSON_DeleteItemFromObjectCaseSensitive(vars, x->string);
+        ok = dup && cJSON_AddItemToObject(vars, x->string, dup);
         if (!ok)
             cJSON_Delete(dup);
     }

@@ -214,16 +214,15 @@ static int32_t vocab_get(const struct tokenizer *t, const char *s, size_t len)
 static int read_merge(struct tok_jcur *c, size_t i, struct tok_buf *a, struct tok_buf *b,
                       struct err *e)
 {
-    int rc;
+    int rc = 0;
     if (tok_json_lit(c, '[')) {
         if ((rc = tok_json_string(c, a, e)) < 0 || !tok_json_lit(c, ',') ||
             (rc = tok_json_string(c, b, e)) < 0 || !tok_json_lit(c, ']'))
-            return err_setf(e, ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]",
-                            i);
+            goto fail_syntax;
         return 0;
     }
     if ((rc = tok_json_string(c, a, e)) < 0)
-        return err_setf(e, ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
+        goto fail_syntax;
     char *sp = memchr(a->p, ' ', a->n);
     if (!sp || memchr(sp + 1, ' ', a->n - (size_t)(sp + 1 - a->p)))
         return err_setf(e, ERR_FORMAT, "model.merges[%zu] '%.64s': expected \"a b\"", i, a->p);
@@ -233,6 +232,11 @@ static int read_merge(struct tok_jcur *c, size_t i, struct tok_buf *a, struct to
     a->n = (size_t)(sp - a->p);
     a->p[a->n] = '\0';
     return 0;
+
+fail_syntax:  /* out of memory is reported as such, not as a syntax error */
+    if (rc == -ERR_NOMEM)
+        return rc;
+    return err_setf(e, ERR_FORMAT, "model.merges[%zu]: expected \"a b\" or [\"a\", \"b\"]", i);
 }
 
 /* Resolves one merge (a, b) to ids and puts it in the pair map with rank i. */

@@ -1,0 +1,412 @@
+/*
+ * allocfail suite: out-of-memory injection in the manner of SQLite's OOM
+ * tests. Each operation (model_load of a checkpoint; the engine: backend,
+ * prepare, context, paged cache, a prefill, a fork and a batched decode;
+ * tok_load plus an encode/decode; chat_tmpl_load plus a render) first runs once with the hook
+ * only counting (that run also sets up anything lazily initialised), then
+ * runs again with allocation N failing, for N = 1, 2, 3, ... until a run
+ * completes with no failure injected, which must succeed with the expected
+ * result (the golden output, or what a load without the hook gave).
+ *
+ * Every run with an injected failure must return -ERR_NOMEM with a message
+ * in struct err, leave its out-pointer NULL, and give back every block it
+ * took (alloc_hook_live() == 0, checked at the failing N; under ASan,
+ * LeakSanitizer checks again at exit). A crash, abort or ASan report fails
+ * the suite outright.
+ *
+ * Only our code's allocations are injected (tests/alloc_hook.c wraps the
+ * allocators at link time, and cJSON is pointed at the wrappers); PCRE2 and
+ * utf8proc allocate inside their shared libraries, out of reach.
+ *
+ * The large tokenizer fixtures run with a stride (test_tokenizer says why);
+ * MLXCEL_ALLOCFAIL_FULL=1 in the environment fails every allocation of
+ * every fixture instead (about an hour under ASan).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "alloc_hook.h"
+#include "core/fileio.h"
+#include "engine/batch.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "template/template.h"
+#include "test.h"
+#include "tokenizer/tokenizer.h"
+
+/* One operation under test, performed on arg; on success it calls
+ * alloc_hook_stop(), checks its results and frees them. On failure it frees
+ * whatever the test itself held and returns the operation's status. */
+typedef int (*alloc_op)(const void *arg, struct err *e);
+
+/* Call sites already failed at least once by this process, so that a
+ * fixture looped with a stride still fails every site no earlier loop did. */
+static struct alloc_site g_failed_sites[4096];
+static size_t g_n_failed_sites;
+/* File-scope so that teardown frees them when an assertion fails mid-loop. */
+static bool *g_plan;     /* [total + 1] the n to fail */
+static cJSON *g_golden;  /* golden.json of the fixture under test */
+
+/* Marks s as failed; true when it had not been before (or the table is full). */
+static bool site_mark(struct alloc_site s)
+{
+    for (size_t i = 0; i < g_n_failed_sites; i++)
+        if (g_failed_sites[i].at == s.at && g_failed_sites[i].from == s.from)
+            return false;
+    if (g_n_failed_sites < sizeof g_failed_sites / sizeof g_failed_sites[0])
+        g_failed_sites[g_n_failed_sites++] = s;
+    return true;
+}
+
+/* Runs op with allocation n failing, for n = 1, 2, 3, ... until a run sees
+ * no failure injected. With max_runs > 0 (for fixtures whose every run is
+ * slow), n steps by a stride instead, giving about max_runs runs, plus the
+ * first allocation of every call site (alloc_hook_site) not failed before. */
+static void check_alloc_failures(const char *what, alloc_op op, const void *arg, long max_runs)
+{
+    struct err e = {0};
+    alloc_hook_arm(0);
+    int rc = op(arg, &e);
+    long total = alloc_hook_count();
+    alloc_hook_disarm();
+    if (rc < 0)
+        fail_msg("%s: counting run failed: %s", what, e.msg);
+    if (getenv("MLXCEL_ALLOCFAIL_FULL"))
+        max_runs = 0;
+    long stride = max_runs > 0 && total > max_runs ? total / max_runs : 1;
+    free(g_plan);
+    g_plan = calloc((size_t)total + 1, sizeof *g_plan);
+    assert_non_null(g_plan);
+    for (long i = 1; i <= total; i++)
+        g_plan[i] = site_mark(alloc_hook_site(i)) || (i - 1) % stride == 0;
+    long n, runs = 0;
+    for (n = 1;; n++) {
+        if (n <= total && !g_plan[n])
+            continue;
+        runs++;
+        err_clear(&e);
+        alloc_hook_arm(n);
+        rc = op(arg, &e);
+        bool injected = alloc_hook_injected();
+        size_t live = alloc_hook_live();
+        alloc_hook_disarm();
+        if (live)
+            fail_msg("%s: allocation %ld of %ld failed: %zu blocks leaked (rc %d: %s)", what, n, total, live,
+                     rc, e.msg);
+        if (!injected) {
+            if (rc < 0)
+                fail_msg("%s: run without a failure failed: %s", what, e.msg);
+            break;
+        }
+        if (rc >= 0)
+            fail_msg("%s: allocation %ld of %ld failed, yet the operation succeeded", what, n, total);
+        if (rc != -ERR_NOMEM || e.code != ERR_NOMEM || !e.msg[0])
+            fail_msg("%s: allocation %ld of %ld failed: rc %d, error %s '%s' (want out of memory)", what, n,
+                     total, rc, err_code_name(e.code), e.msg);
+    }
+    free(g_plan);
+    g_plan = NULL;
+    fprintf(stderr, "allocfail: %s: %ld allocations, %ld runs, %zu sites\n", what, total, runs, g_n_failed_sites);
+}
+
+/* golden.json of a tokenizer fixture, parsed into g_golden. */
+static cJSON *load_golden(const char *dir)
+{
+    char path[4200], *text = NULL;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    if (file_read_all(path, 1u << 20, &text, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    cJSON_Delete(g_golden);
+    g_golden = cJSON_Parse(text);
+    free(text);
+    assert_non_null(g_golden);
+    return g_golden;
+}
+
+/* ---- model load ---- */
+
+struct model_case {
+    const char *dir;
+    int64_t n_params;      /* of a load without the hook */
+    uint64_t weight_bytes;
+};
+
+static int op_model_load(const void *arg, struct err *e)
+{
+    const struct model_case *c = arg;
+    struct model *m = NULL;
+    int rc = model_load(&m, c->dir, e);
+    if (rc < 0) {
+        assert_null(m);
+        return rc;
+    }
+    alloc_hook_stop();
+    assert_int_equal(model_n_params(m), c->n_params);
+    assert_int_equal(model_weight_bytes(m), c->weight_bytes);
+    model_free(m);
+    return 0;
+}
+
+static void test_model_load(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {
+        "models/llama-tiny",
+        "tests/fixtures/models/phixtral-tiny",    /* MoE, per-expert tensors */
+        "models/phixtral-tiny-4bit",              /* mlx 4-bit */
+        "tests/fixtures/golden/llama",            /* sharded: 9 files and an index */
+        "tests/fixtures/golden/phixtral_mlx_q4",  /* mlx 4-bit, stacked experts */
+    };
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        struct model_case c = {test_path(dirs[i]), 0, 0};
+        struct model *m = NULL;
+        struct err e = {0};
+        if (model_load(&m, c.dir, &e) < 0)
+            fail_msg("%s", e.msg);
+        c.n_params = model_n_params(m);
+        c.weight_bytes = model_weight_bytes(m);
+        model_free(m);
+        check_alloc_failures(dirs[i], op_model_load, &c, 0);
+    }
+}
+
+/* ---- the engine: backend, context, paged cache, batched forwards, fork ---- */
+
+struct engine_case {
+    struct model *m;        /* loaded outside the hook */
+    float want[2];          /* logits[0] of the two sequences after the fork, from a clean run */
+    bool have_want;
+};
+
+/* Everything a server step does with memory: create the backend, prepare the model, make a
+ * context and a paged cache, prefill a prompt, fork the sequence, decode one token on each. */
+static int op_engine(const void *arg, struct err *e)
+{
+    struct engine_case *c = (struct engine_case *)arg;
+    static const int32_t prompt[6] = {5, 17, 42, 8, 99, 3};
+    struct kv_params kp = {.n_tokens = 32, .max_seqs = 2, .block_size = 4, .dtype = DTYPE_F32};
+    struct backend *be = NULL;
+    struct model_ctx *ctx = NULL;
+    struct kv_cache *kv = NULL;
+    struct batch b = {0};
+    float *logits = NULL;
+    int rc;
+    if ((rc = backend_new(&be, "cpu", 1, e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+        (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
+        (rc = batch_init(&b, 8, e)) < 0)
+        goto out;
+    logits = malloc(2 * (size_t)c->m->hp.n_vocab * sizeof *logits);
+    if (!logits) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, prompt, 6, 0, 0, true, e)) < 0 ||
+        (rc = model_forward(ctx, &b, kv, logits, e)) < 0 || (rc = kv_seq_fork(kv, 0, 1, e)) < 0)
+        goto out;
+    batch_clear(&b);
+    if ((rc = batch_add(&b, 7, 6, 0, true, e)) < 0 || (rc = batch_add(&b, 9, 6, 1, true, e)) < 0 ||
+        (rc = model_forward(ctx, &b, kv, logits, e)) < 0)
+        goto out;
+    alloc_hook_stop();
+    float got[2] = {logits[0], logits[c->m->hp.n_vocab]};
+    if (c->have_want) {
+        assert_true(got[0] == c->want[0] && got[1] == c->want[1]);
+    } else {
+        memcpy(c->want, got, sizeof got);
+        c->have_want = true;
+    }
+out:
+    free(logits);
+    batch_free(&b);
+    kv_cache_free(kv);
+    model_ctx_free(ctx);
+    backend_free(be);
+    return rc;
+}
+
+static void test_engine(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/phixtral_mlx_q4"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        struct engine_case c = {0};
+        struct err e = {0};
+        if (model_load(&c.m, test_path(dirs[i]), &e) < 0)
+            fail_msg("%s", e.msg);
+        assert_int_equal(op_engine(&c, &e), 0);
+        check_alloc_failures(dirs[i], op_engine, &c, 0);
+        model_free(c.m);
+    }
+}
+
+/* ---- tokenizer load, encode, decode ---- */
+
+/* golden.json encode cases run after loading: accented words (normalizers,
+ * multi-byte pieces) and an added token between two words. */
+static const int k_tok_cases[] = {19, 32};
+#define N_TOK_CASES (int)(sizeof k_tok_cases / sizeof k_tok_cases[0])
+
+struct tok_case {
+    char json[128];         /* the decompressed tokenizer.json */
+    char config[4200];      /* tokenizer_config.json */
+    const cJSON *golden[N_TOK_CASES];
+};
+
+/* Every id of got equals want (a JSON array). */
+static void assert_ids(const int32_t *got, size_t n, const cJSON *want)
+{
+    assert_int_equal(n, (size_t)cJSON_GetArraySize(want));
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(got[i], cJSON_GetArrayItem(want, (int)i)->valueint);
+}
+
+/* Load, then encode (with special tokens) and decode (skipping them) each case. */
+static int op_tokenizer(const void *arg, struct err *e)
+{
+    const struct tok_case *c = arg;
+    struct tokenizer *t = NULL;
+    int32_t *ids[N_TOK_CASES] = {0};
+    size_t n[N_TOK_CASES] = {0};
+    char *text[N_TOK_CASES] = {0};
+    int rc = tok_load_files(&t, c->json, c->config, e);
+    if (rc < 0) {
+        assert_null(t);
+        return rc;
+    }
+    for (int i = 0; i < N_TOK_CASES && rc == 0; i++) {
+        const char *s = cJSON_GetObjectItem(c->golden[i], "text")->valuestring;
+        if ((rc = tok_encode(t, s, strlen(s), true, &ids[i], &n[i], e)) == 0)
+            rc = tok_decode(t, ids[i], n[i], true, &text[i], e);
+    }
+    if (rc == 0) {
+        alloc_hook_stop();
+        for (int i = 0; i < N_TOK_CASES; i++) {
+            assert_ids(ids[i], n[i], cJSON_GetObjectItem(c->golden[i], "ids_with_special"));
+            assert_string_equal(text[i], cJSON_GetObjectItem(c->golden[i], "decoded_skip_special")->valuestring);
+        }
+    }
+    for (int i = 0; i < N_TOK_CASES; i++) {
+        free(ids[i]);
+        free(text[i]);
+    }
+    tok_free(t);
+    return rc;
+}
+
+/* The fixture's tokenizer.json.gz is decompressed into a temporary folder,
+ * as the tokenizer suite does. */
+static void check_tokenizer(const char *name, long max_runs)
+{
+    char dir[64] = "/tmp/mlxcel_allocfail_XXXXXX", cmd[4600], rel[128];
+    struct tok_case c;
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", name);
+    const char *src = test_path(rel);
+    assert_non_null(mkdtemp(dir));
+    snprintf(c.json, sizeof c.json, "%s/tokenizer.json", dir);
+    snprintf(c.config, sizeof c.config, "%s/tokenizer_config.json", src);
+    snprintf(cmd, sizeof cmd, "gzip -dc '%s/tokenizer.json.gz' > '%s'", src, c.json);
+    assert_int_equal(system(cmd), 0);
+    const cJSON *g = load_golden(src);
+    for (int i = 0; i < N_TOK_CASES; i++)
+        assert_non_null(c.golden[i] = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "encode"), k_tok_cases[i]));
+    check_alloc_failures(name, op_tokenizer, &c, max_runs);
+    unlink(c.json);
+    rmdir(dir);
+}
+
+/* Each fixture the tokenizer suite uses. Only shakespeare (2k vocab, a
+ * few ms per load) fails every allocation; the others take 70-350 ms per
+ * load under ASan, so they run with a stride (about max_runs runs) plus
+ * the first allocation of every call site shakespeare did not reach (their
+ * normalizers, pre-tokenizers and decoders), which keeps the suite within
+ * half a minute on two cores. */
+static void test_tokenizer(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        long max_runs;
+    } k_fixtures[] = {
+        {"shakespeare", 0}, {"gpt2", 24}, {"llama2", 24}, {"mistral_spm", 24}, {"llama3_1", 12}, {"qwen3", 12},
+    };
+    for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++)
+        check_tokenizer(k_fixtures[i].name, k_fixtures[i].max_runs);
+}
+
+/* ---- chat template render ---- */
+
+struct chat_case {
+    const char *dir;
+    const cJSON *chat;  /* a golden.json chat case */
+};
+
+static int op_chat(const void *arg, struct err *e)
+{
+    const struct chat_case *c = arg;
+    struct chat_tmpl *ct = NULL;
+    char *out = NULL;
+    size_t len = 0;
+    int rc = chat_tmpl_load(&ct, c->dir, NULL, e);
+    if (rc < 0) {
+        assert_null(ct);
+        return rc;
+    }
+    rc = chat_tmpl_apply(ct, cJSON_GetObjectItem(c->chat, "messages"),
+                         cJSON_IsTrue(cJSON_GetObjectItem(c->chat, "add_generation_prompt")),
+                         cJSON_GetObjectItem(c->chat, "extra"), &out, &len, e);
+    if (rc == 0) {
+        alloc_hook_stop();
+        assert_string_equal(out, cJSON_GetObjectItem(c->chat, "rendered")->valuestring);
+    }
+    free(out);
+    chat_tmpl_free(ct);
+    return rc;
+}
+
+static void check_chat(const char *name, int case_no)
+{
+    char rel[128];
+    snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", name);
+    struct chat_case c = {test_path(rel), NULL};
+    const cJSON *g = load_golden(c.dir);
+    assert_non_null(c.chat = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "chat"), case_no));
+    snprintf(rel, sizeof rel, "chat %s case %d", name, case_no);
+    check_alloc_failures(rel, op_chat, &c, 0);
+}
+
+/* Two real templates: Llama 3.1's (a system turn and a conversation) and
+ * Qwen3's (a conversation; tools passed as an extra variable). */
+static void test_chat(void **state)
+{
+    (void)state;
+    check_chat("llama3_1", 4);
+    check_chat("qwen3", 4);
+    check_chat("qwen3", 9);
+}
+
+/* A failed assertion leaves op() early, possibly with the hook armed. */
+static int disarm(void **state)
+{
+    (void)state;
+    alloc_hook_disarm();
+    free(g_plan);
+    g_plan = NULL;
+    cJSON_Delete(g_golden);
+    g_golden = NULL;
+    return 0;
+}
+
+static const struct CMUnitTest k_tests[] = {
+    cmocka_unit_test_teardown(test_model_load, disarm),
+    cmocka_unit_test_teardown(test_engine, disarm),
+    cmocka_unit_test_teardown(test_tokenizer, disarm),
+    cmocka_unit_test_teardown(test_chat, disarm),
+};
+
+TEST_SUITE(allocfail, k_tests);
