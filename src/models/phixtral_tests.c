@@ -1,15 +1,20 @@
 /*
- * phixtral self-test: config normalization (n_inner null, layer_norm_epsilon,
- * every rejection rule naming its field), partial-rotary dims, top-k routing
- * with softmax over only the chosen logits, the parallel-residual contract
- * (attention and MoE read the same normalized input, checked by spying on
- * the backend during a real forward), and the two weight layouts binding to
- * identical expert tensors. Uses tests/fixtures/golden/phixtral{,_mlx}.
+ * phixtral self-test: what the Phixtral family makes of its phi-msft config
+ * and its checkpoints, and the two contracts it adds to Phi-2.
+ *  - Config: defaults when a field is null or absent (n_inner 4 n_embd,
+ *    layer_norm_epsilon, n_head_kv = n_head, rope_theta), stated values
+ *    reaching every layer's spec (rotary_dim, n_inner, num_experts_per_tok),
+ *    and every rejection rule naming its field.
+ *  - Routing: top-k with ties to the lower index, softmax over only the
+ *    chosen logits; RoPE rotates only the first rotary_dim dims of a head.
+ *  - Forward: the parallel-residual contract (attention and MoE read the
+ *    same normalized input, checked by spying on the backend's linears).
+ *  - Weights: the published and the mlx-lm layout bind byte-identical
+ *    expert views and consume every tensor; a missing tensor is named in
+ *    either layout. Uses tests/fixtures/golden/phixtral{,_mlx}.
  */
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "blocks.h"
 #include "selftest.h"
@@ -17,42 +22,48 @@
 extern const struct model_ops phixtral_ops;
 int phixtral_ops_self_test(struct err *e);
 
-#define FIXTURE "tests/fixtures/golden/"
-
 #define CFG(extra) "{\"model_type\": \"phi-msft\", \"vocab_size\": 384, \"n_embd\": 64, \"n_head\": 4, " \
                    "\"n_layer\": 2, \"n_positions\": 256, \"num_local_experts\": 4" extra "}"
+
+/* Every layer: rotary dims, expert width, experts per token. */
+static bool layers_are(const struct hparams *hp, int n_rot, int n_ff, int k)
+{
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].n_rot != n_rot || hp->layer[il].n_ff != n_ff || hp->layer[il].n_expert_used != k)
+            return false;
+    return true;
+}
 
 static int config_rules(struct err *e)
 {
     struct hparams hp;
     int rc;
+    /* null / absent: n_inner 4 n_embd, layer_norm_epsilon 1e-5, n_head_kv = n_head, theta 1e4 */
     if ((rc = stest_parse(&phixtral_ops, CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 2, \"n_inner\": null, "
-                                             "\"layer_norm_epsilon\": 1e-6"), &hp, e)) < 0)
+                                             "\"n_head_kv\": null, \"layer_norm_epsilon\": null"), &hp, e)) < 0 ||
+        (rc = stest_check(layers_are(&hp, 8, 256, 2) && hp.norm_eps == 1e-5f && hp.n_kv_head == 4 &&
+                              hp.layer[1].rope_theta == 1e4f, "phi-msft defaults", e)) < 0)
         return rc;
-    if ((rc = stest_check(hp.n_ff == 256 && hp.head_dim == 16 && hp.n_rot == 8 && hp.n_kv_head == 4,
-                          "n_inner null -> 4 n_embd, head_dim, rotary_dim", e)) < 0 ||
-        (rc = stest_check(hp.norm_eps == 1e-6f && hp.norm == NORM_LAYER && hp.parallel_residual,
-                          "layer_norm_epsilon honoured, LayerNorm, parallel residual", e)) < 0 ||
-        (rc = stest_check(hp.n_expert == 4 && hp.n_expert_used == 2 && hp.router == ROUTER_TOPK_SOFTMAX &&
-                              hp.ffn == FFN_MLP && hp.act == ACT_GELU_TANH && hp.head_bias,
-                          "moe fields", e)) < 0)
+    if ((rc = stest_parse(&phixtral_ops, CFG(", \"rotary_dim\": 16, \"num_experts_per_tok\": 1, \"n_inner\": 100, "
+                                             "\"n_head_kv\": 4, \"layer_norm_epsilon\": 1e-6, \"rope_theta\": 500"), &hp, e)) < 0 ||
+        (rc = stest_check(layers_are(&hp, 16, 100, 1) && hp.norm_eps == 1e-6f && hp.layer[1].rope_theta == 500.0f,
+                          "rotary_dim, n_inner, num_experts_per_tok, epsilon, theta per layer", e)) < 0)
         return rc;
-    if ((rc = stest_parse(&phixtral_ops, CFG(", \"rotary_dim\": 16, \"num_experts_per_tok\": 1, \"n_inner\": 100"), &hp, e)) < 0 ||
-        (rc = stest_check(hp.n_ff == 100 && hp.n_rot == 16 && hp.norm_eps == 1e-5f, "explicit n_inner", e)) < 0)
-        return rc;
-    if ((rc = stest_parse_fails(&phixtral_ops, CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 0"), "num_experts_per_tok", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops, CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 5"), "num_experts_per_tok", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops, CFG(", \"rotary_dim\": 7, \"num_experts_per_tok\": 2"), "rotary_dim", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops, CFG(", \"rotary_dim\": 18, \"num_experts_per_tok\": 2"), "rotary_dim", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops, CFG(", \"num_experts_per_tok\": 2"), "rotary_dim", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops,
-                                "{\"vocab_size\": 384, \"n_embd\": 66, \"n_head\": 4, \"n_layer\": 2, \"n_positions\": 256, "
-                                "\"num_local_experts\": 4, \"rotary_dim\": 8, \"num_experts_per_tok\": 2}", "n_embd", e)) < 0 ||
-        (rc = stest_parse_fails(&phixtral_ops,
-                                "{\"vocab_size\": 384, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 256, "
-                                "\"num_local_experts\": 4, \"rotary_dim\": 8, \"num_experts_per_tok\": 2}", "n_layer", e)) < 0)
-        return rc;
-    return 0;
+    static const struct stest_bad bad[] = {
+        {CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 0"), "num_experts_per_tok"},
+        {CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 5"), "num_experts_per_tok"},
+        {CFG(", \"rotary_dim\": 7, \"num_experts_per_tok\": 2"), "rotary_dim"},
+        {CFG(", \"rotary_dim\": 18, \"num_experts_per_tok\": 2"), "rotary_dim"},
+        {CFG(", \"num_experts_per_tok\": 2"), "rotary_dim"},
+        {CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 2, \"n_head_kv\": 2"), "n_head_kv"},
+        {CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 2, \"n_inner\": -1"), "n_inner"},
+        {CFG(", \"rotary_dim\": 8, \"num_experts_per_tok\": 2, \"activation_function\": \"relu\""), "activation_function"},
+        {"{\"vocab_size\": 384, \"n_embd\": 66, \"n_head\": 4, \"n_layer\": 2, \"n_positions\": 256, "
+         "\"num_local_experts\": 4, \"rotary_dim\": 8, \"num_experts_per_tok\": 2}", "n_embd"},
+        {"{\"vocab_size\": 384, \"n_embd\": 64, \"n_head\": 4, \"n_positions\": 256, "
+         "\"num_local_experts\": 4, \"rotary_dim\": 8, \"num_experts_per_tok\": 2}", "n_layer"},
+    };
+    return stest_parse_fails_all(&phixtral_ops, bad, sizeof bad / sizeof bad[0], e);
 }
 
 static int routing(struct err *e)
@@ -168,7 +179,7 @@ static int parallel_residual(struct err *e)
     int rc;
     if (!s)
         return err_setf(e, ERR_NOMEM, "out of memory");
-    if ((rc = model_load(&m, FIXTURE "phixtral", e)) < 0 || (rc = backend_cpu_new(&cpu, 1, NULL, e)) < 0)
+    if ((rc = model_load(&m, STEST_GOLDEN "phixtral", e)) < 0 || (rc = backend_cpu_new(&cpu, 1, NULL, e)) < 0)
         goto out;
     s->be = *cpu;
     s->ops = *cpu->ops;
@@ -195,46 +206,31 @@ out:
     return rc;
 }
 
-/* ---- both layouts bind identical tensors ---- */
+/* ---- weights: both layouts bind identical tensors, a missing one is named ---- */
 
-static bool same_tensor(const struct tensor *a, const struct tensor *b)
+static int weights(struct err *e)
 {
-    if (a->ndim != b->ndim || a->dtype != b->dtype)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return false;
-    return memcmp(a->data, b->data, tensor_storage_bytes(a)) == 0;
-}
-
-static int layouts_agree(struct err *e)
-{
+    static const char *const pub_required[] = {"transformer.h.1.moe.mlp.2.fc2.bias", "lm_head.ln.bias", NULL};
+    static const char *const mlx_required[] = {"transformer.h.0.moe.switch_mlp.fc1.bias", NULL};
     struct model *pub = NULL, *mlx = NULL;
     int rc;
-    if ((rc = model_load(&pub, FIXTURE "phixtral", e)) < 0 || (rc = model_load(&mlx, FIXTURE "phixtral_mlx", e)) < 0)
+    if ((rc = model_load(&pub, STEST_GOLDEN "phixtral", e)) < 0 || (rc = model_load(&mlx, STEST_GOLDEN "phixtral_mlx", e)) < 0)
         goto out;
-    for (int il = 0; il < pub->hp.n_layer && rc == 0; il++) {
-        const struct experts *a = &pub->layers[il].ex, *b = &mlx->layers[il].ex;
-        for (int x = 0; x < pub->hp.n_expert && rc == 0; x++)
-            rc = stest_check(same_tensor(&a->up.w[x], &b->up.w[x]) && same_tensor(&a->up.b[x], &b->up.b[x]) &&
-                                 same_tensor(&a->down.w[x], &b->down.w[x]) &&
-                                 same_tensor(&a->down.b[x], &b->down.b[x]) && a->up.w[x].data != b->up.w[x].data,
-                             "published and mlx-lm expert tensors are identical views", e);
-    }
-    if (rc == 0)
-        rc = stest_check(st_set_n_unused(pub->st) == 0 && st_set_n_unused(mlx->st) == 0,
-                         "every checkpoint tensor consumed", e);
+    rc = stest_check(stest_same_experts(pub, mlx) && st_set_n_unused(pub->st) == 0 && st_set_n_unused(mlx->st) == 0,
+                     "published and mlx-lm layouts bind identical expert views, every tensor", e);
 out:
     model_free(pub);
     model_free(mlx);
-    return rc;
+    if (rc < 0 || (rc = stest_missing_named("phixtral", pub_required, e)) < 0)
+        return rc;
+    return stest_missing_named("phixtral_mlx", mlx_required, e);
 }
 
 int phixtral_ops_self_test(struct err *e)
 {
     int rc;
     if ((rc = config_rules(e)) < 0 || (rc = routing(e)) < 0 || (rc = partial_rotary(e)) < 0 ||
-        (rc = parallel_residual(e)) < 0 || (rc = layouts_agree(e)) < 0)
+        (rc = parallel_residual(e)) < 0 || (rc = weights(e)) < 0)
         return rc;
     return 0;
 }

@@ -1,16 +1,23 @@
 /*
- * selftest: helpers for family self-tests (selftest.h).
+ * selftest: helpers for family self-tests (selftest.h). Changed copies of
+ * the fixtures are written with the library's own writers (st_write,
+ * ck_config_write, convert_checkpoint) into folders of tests/st_build, so
+ * what the loader reads is what `mlxcel convert` would write.
  */
 #include "selftest.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include <stdlib.h>
-
+#include "../../tests/st_build.h"
+#include "../core/st_write.h"
 #include "../engine/batch.h"
 #include "../engine/kvcache.h"
 #include "../loading/config.h"
+#include "../loading/convert.h"
+#include "registry.h"
 
 int stest_parse(const struct model_ops *ops, const char *json, struct hparams *hp, struct err *e)
 {
@@ -38,6 +45,15 @@ int stest_parse_fails(const struct model_ops *ops, const char *json, const char 
         return err_setf(e, ERR_INTERNAL, "%s: error '%s' does not mention '%s'", ops->family,
                         pe.msg, substr);
     return 0;
+}
+
+int stest_parse_fails_all(const struct model_ops *ops, const struct stest_bad *cases, size_t n,
+                          struct err *e)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = stest_parse_fails(ops, cases[i].json, cases[i].substr, e);
+    return rc;
 }
 
 int stest_check(bool ok, const char *what, struct err *e)
@@ -108,4 +124,250 @@ void stest_run_close(struct stest_run *r)
     model_ctx_free(r->c);
     model_free(r->m);
     memset(r, 0, sizeof *r);
+}
+
+// ---- changed copies of the golden fixtures ----
+
+/* src/config.json with the keys of patch replaced or added, written to dst/config.json. */
+static int write_config(const char *src, const char *dst, const char *patch, struct err *e)
+{
+    char path[4200];
+    cJSON *cfg = NULL, *p = NULL;
+    int rc;
+    snprintf(path, sizeof path, "%s/config.json", src);
+    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+        return rc;
+    if (patch && (rc = cfg_parse(patch, strlen(patch), "config patch", &p, e)) < 0)
+        goto out;
+    for (const cJSON *it = p ? p->child : NULL; it; it = it->next) {
+        cJSON *copy = cJSON_Duplicate(it, true);
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, it->string);
+        if (!copy || !cJSON_AddItemToObject(cfg, it->string, copy)) {
+            cJSON_Delete(copy);
+            rc = err_setf(e, ERR_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    rc = ck_config_write(dst, cfg, NULL, e);
+out:
+    cJSON_Delete(p);
+    cJSON_Delete(cfg);
+    return rc;
+}
+
+/* The tensors of checkpoint src, but drop, as one dst/model.safetensors. */
+static int write_tensors(const char *src, const char *dst, const char *drop, struct err *e)
+{
+    char path[4200];
+    struct st_set *s = NULL;
+    struct st_writer *w = NULL;
+    struct st_wentry *ents = NULL;
+    size_t n = 0, k = 0;
+    int rc;
+    if ((rc = st_set_open(&s, src, e)) < 0)
+        return rc;
+    n = st_set_count(s);
+    if (!(ents = calloc(n ? n : 1, sizeof *ents))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(s, i);
+        if (drop && strcmp(t->name, drop) == 0)
+            continue;
+        ents[k] = (struct st_wentry){t->name, t->dtype, t->ndim, {0}};
+        memcpy(ents[k++].shape, t->shape, sizeof t->shape);
+    }
+    if (drop && k == n) {
+        rc = err_setf(e, ERR_ARG, "%s has no tensor '%s' to leave out", src, drop);
+        goto out;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    if ((rc = st_writer_open(&w, path, ents, k, e)) < 0)
+        goto out;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const struct st_tensor *t = st_set_at(s, i);
+        if (!drop || strcmp(t->name, drop) != 0)
+            rc = st_writer_write(w, t->data, (size_t)(t->end - t->begin), e);
+    }
+    rc = rc == 0 ? st_writer_close(w, e) : (st_writer_abort(w), rc);
+out:
+    free(ents);
+    st_set_free(s);
+    return rc;
+}
+
+int stest_load_variant(struct model **m, const char *fixture, const char *patch, const char *drop,
+                       struct err *e)
+{
+    char src[512], *tmp;
+    int rc;
+    *m = NULL;
+    snprintf(src, sizeof src, STEST_GOLDEN "%s", fixture);
+    if (!patch && !drop)
+        return model_load(m, src, e);
+    if (!(tmp = stb_tmpdir()))
+        return err_setf(e, ERR_IO, "cannot make a temporary folder");
+    if ((rc = write_config(src, tmp, patch, e)) == 0 && (rc = write_tensors(src, tmp, drop, e)) == 0)
+        rc = model_load(m, tmp, e);
+    stb_rmtree(tmp);
+    return rc;
+}
+
+int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
+{
+    char src[512], *tmp = stb_tmpdir();
+    const struct model_ops *ops = NULL;
+    cJSON *cfg = NULL;
+    int rc;
+    *m = NULL;
+    if (!tmp)
+        return err_setf(e, ERR_IO, "cannot make a temporary folder");
+    snprintf(src, sizeof src, STEST_GOLDEN "%s/config.json", fixture);
+    if ((rc = cfg_load_file(src, &cfg, e)) == 0 && (rc = registry_resolve(cfg, &ops, e)) == 0) {
+        snprintf(src, sizeof src, STEST_GOLDEN "%s", fixture);
+        struct convert_opts o = {src, tmp, ops->expert_stacking, NULL, -1, NULL, NULL, NULL};
+        struct convert_stats st;
+        if ((rc = convert_checkpoint(&o, &st, e)) == 0)
+            rc = model_load(m, tmp, e);
+    }
+    cJSON_Delete(cfg);
+    stb_rmtree(tmp);
+    return rc;
+}
+
+int stest_load_fails(const char *fixture, const char *patch, const char *drop, const char *substr,
+                     struct err *e)
+{
+    struct model *m = NULL;
+    struct err le = {0};
+    int rc = stest_load_variant(&m, fixture, patch, drop, &le);
+    model_free(m);
+    if (rc == 0)
+        return err_setf(e, ERR_INTERNAL, "%s: the variant loaded, expected an error about '%s'",
+                        fixture, substr);
+    if (!strstr(le.msg, substr))
+        return err_setf(e, ERR_INTERNAL, "%s: error '%s' does not mention '%s'", fixture, le.msg,
+                        substr);
+    return 0;
+}
+
+int stest_missing_named(const char *fixture, const char *const *names, struct err *e)
+{
+    int rc = 0;
+    for (const char *const *n = names; *n && rc == 0; n++)
+        rc = stest_load_fails(fixture, NULL, *n, *n, e);
+    return rc;
+}
+
+int stest_stacked_agrees(const char *fixture, const char *stacked_name, struct err *e)
+{
+    struct model *pub = NULL, *mlx = NULL;
+    int rc;
+    if ((rc = stest_load_variant(&pub, fixture, NULL, NULL, e)) == 0 && (rc = stest_load_stacked(&mlx, fixture, e)) == 0)
+        rc = stest_check(st_set_find(mlx->st, stacked_name) && st_set_n_unused(pub->st) == 0 &&
+                             st_set_n_unused(mlx->st) == 0 && stest_same_experts(pub, mlx),
+                         "per-expert and stacked layouts bind identical expert views, every tensor", e);
+    model_free(pub);
+    model_free(mlx);
+    return rc;
+}
+
+int stest_prompt_logits(struct model *m, float *out, struct err *e)
+{
+    static const int32_t ids[12] = {5, 17, 42, 7, 99, 3, 64, 21, 250, 8, 31, 77};
+    struct backend *be = NULL;
+    struct stest_run r;
+    int rc;
+    if ((rc = backend_cpu_new(&be, 1, NULL, e)) < 0)
+        return rc;
+    if ((rc = stest_run_open(&r, NULL, m, be, 16, e)) == 0) {
+        rc = stest_run_feed(&r, ids, 12, false, out, e);
+        stest_run_close(&r);
+    }
+    backend_free(be);
+    return rc;
+}
+
+/* 0 when the logits differ by more than 1e-3 (and are finite); an error naming what otherwise. */
+static int check_changed(const float *a, const float *b, int n, const char *what, struct err *e)
+{
+    double d = 0.0;
+    for (int i = 0; i < n; i++)
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    if (d > 1e-3 && isfinite(d))
+        return 0;
+    return err_setf(e, ERR_INTERNAL, "self-test failed: %s does not change the logits (max diff %g)",
+                    what, d);
+}
+
+int stest_edit_changes_logits(struct model *m, void (*edit)(struct model *m), const char *what,
+                              struct err *e)
+{
+    int nv = m->hp.n_vocab, rc;
+    float *l = malloc(2 * (size_t)nv * sizeof *l);
+    if (!l)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    if ((rc = stest_prompt_logits(m, l, e)) == 0) {
+        edit(m);
+        if ((rc = stest_prompt_logits(m, l + nv, e)) == 0)
+            rc = check_changed(l, l + nv, nv, what, e);
+    }
+    free(l);
+    return rc;
+}
+
+int stest_patch_changes_logits(const char *fixture, const char *patch, struct err *e)
+{
+    struct model *a = NULL, *b = NULL;
+    float *l = NULL;
+    int rc;
+    if ((rc = stest_load_variant(&a, fixture, NULL, NULL, e)) < 0 ||
+        (rc = stest_load_variant(&b, fixture, patch, NULL, e)) < 0)
+        goto out;
+    int nv = a->hp.n_vocab;
+    if (!(l = malloc(2 * (size_t)nv * sizeof *l))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = stest_prompt_logits(a, l, e)) == 0 && (rc = stest_prompt_logits(b, l + nv, e)) == 0)
+        rc = check_changed(l, l + nv, nv, patch, e);
+out:
+    free(l);
+    model_free(a);
+    model_free(b);
+    return rc;
+}
+
+static bool same_tensor(const struct tensor *a, const struct tensor *b)
+{
+    if (a->ndim != b->ndim || a->dtype != b->dtype || (a->ndim > 0 && a->data == b->data))
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    return memcmp(a->data, b->data, tensor_storage_bytes(a)) == 0;
+}
+
+static bool same_linear(const struct expert_linear *a, const struct expert_linear *b, int n_expert)
+{
+    if (!a->w != !b->w || !a->b != !b->b)
+        return false;
+    for (int x = 0; a->w && x < n_expert; x++)
+        if (!same_tensor(&a->w[x], &b->w[x]) || (a->b && !same_tensor(&a->b[x], &b->b[x])))
+            return false;
+    return true;
+}
+
+bool stest_same_experts(const struct model *a, const struct model *b)
+{
+    if (a->hp.n_layer != b->hp.n_layer || a->hp.n_expert != b->hp.n_expert)
+        return false;
+    for (int il = 0; il < a->hp.n_layer; il++) {
+        const struct experts *x = &a->layers[il].ex, *y = &b->layers[il].ex;
+        if (!same_linear(&x->gate, &y->gate, a->hp.n_expert) || !same_linear(&x->up, &y->up, a->hp.n_expert) ||
+            !same_linear(&x->down, &y->down, a->hp.n_expert))
+            return false;
+    }
+    return true;
 }
