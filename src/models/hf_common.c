@@ -118,6 +118,8 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     if (cfg_has(cfg, "head_dim")) {
         if ((rc = cfg_int(cfg, "head_dim", &hp->head_dim, e)) < 0)
             return rc;
+    } else if (d->head_dim > 0) {
+        hp->head_dim = d->head_dim;
     } else {
         if (hp->n_embd % hp->n_head != 0)
             return err_setf(e, ERR_CONFIG,
@@ -158,25 +160,27 @@ static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, st
     return 0;
 }
 
-int hf_finish_layers(struct hparams *hp, const cJSON *cfg, int max_window_default, struct err *e)
+int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                     int max_window_default, struct err *e)
 {
     int rc, window = 0, first;
-    bool use = true;
+    bool use = d->sliding;
     hparams_fill_layers(hp);
     if ((cfg_has(cfg, "sliding_window") && (rc = cfg_int(cfg, "sliding_window", &window, e)) < 0) ||
         (cfg_has(cfg, "use_sliding_window") &&
-         (rc = cfg_opt_bool(cfg, "use_sliding_window", true, &use, e)) < 0))
+         (rc = cfg_opt_bool(cfg, "use_sliding_window", d->sliding, &use, e)) < 0))
         return rc;
     if ((rc = cfg_opt_int(cfg, "max_window_layers", max_window_default, &first, e)) < 0)
         return rc;
     if (window < 0)
         return err_setf(e, ERR_CONFIG, "config field 'sliding_window' = %d must not be negative",
                         window);
-    if (!use)
-        window = 0;
+    /* an explicit layer_types list names each layer's kind itself */
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
     if (lt && !cJSON_IsNull(lt))
         return parse_layer_types(hp, lt, window, e);
+    if (!use)
+        window = 0;
     for (int il = first > 0 ? first : 0; window > 0 && il < hp->n_layer; il++) {
         hp->layer[il].kv = KV_SLIDING;
         hp->layer[il].window = window;

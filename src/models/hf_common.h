@@ -24,6 +24,9 @@ struct hf_defaults {
     float rope_theta;
     float partial_rotary;    /* partial_rotary_factor */
     const char *act;         /* hidden_act */
+    int head_dim;            /* head_dim when absent; 0: hidden_size / num_attention_heads */
+    bool sliding;            /* use_sliding_window when absent (Qwen: false; Mistral-style: the
+                              * presence of sliding_window decides) */
 };
 
 /* vocab_size, hidden_size, num_hidden_layers, num_attention_heads (required);
@@ -42,8 +45,9 @@ int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, str
  * fields, then the attention kind per layer, as transformers resolves it:
  * `layer_types` ("full_attention" / "sliding_attention") when present, else
  * `sliding_window` (null/absent: none) on the layers from `max_window_layers` on
- * (absent: max_window_default), unless `use_sliding_window` is false. */
-int hf_finish_layers(struct hparams *hp, const cJSON *cfg, int max_window_default, struct err *e);
+ * (absent: max_window_default), unless `use_sliding_window` (absent: d->sliding) is false. */
+int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                     int max_window_default, struct err *e);
 
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);

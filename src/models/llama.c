@@ -9,12 +9,12 @@
 
 
 /* transformers LlamaConfig defaults */
-static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, true};
 
 static int llama_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc = hf_parse_decoder(hp, cfg, &llama_defaults, e);
-    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 0, e);
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, &llama_defaults, 0, e);
 }
 
 static const char *const llama_archs[] = {"LlamaForCausalLM", "MistralForCausalLM", NULL};

@@ -9,7 +9,7 @@
 
 
 /* transformers MixtralConfig defaults */
-static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu"};
+static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true};
 
 static int mixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
@@ -19,7 +19,7 @@ static int mixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct err
         return rc;
     hp->qkv_bias = hp->out_bias = false;
     hp->router = ROUTER_SOFTMAX_TOPK;
-    return hf_finish_layers(hp, cfg, 0, e);
+    return hf_finish_layers(hp, cfg, &mixtral_defaults, 0, e);
 }
 
 static const char *const mixtral_archs[] = {"MixtralForCausalLM", NULL};

@@ -13,7 +13,7 @@
 
 
 /* transformers PhiConfig defaults */
-static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new"};
+static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new", 0, true};
 
 static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
@@ -30,7 +30,7 @@ static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
     hp->ffn = FFN_MLP;
     hp->ffn_bias = true;
     hp->head_bias = true;
-    return hf_finish_layers(hp, cfg, 0, e);
+    return hf_finish_layers(hp, cfg, &phi_defaults, 0, e);
 }
 
 static int phi_map_weights(struct model *m, struct st_set *st, struct err *e)

@@ -11,13 +11,13 @@
 
 
 /* transformers Phi3Config defaults */
-static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu"};
+static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true};
 
 static int phi3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc = hf_parse_decoder(hp, cfg, &phi3_defaults, e);
     hp->qkv_bias = hp->out_bias = false;  /* Phi-3 projections carry no biases */
-    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 0, e);
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, &phi3_defaults, 0, e);
 }
 
 /* Published Phi-3 checkpoints fuse q/k/v and gate/up (synth writes that layout). */

@@ -11,7 +11,7 @@
 
 
 /* transformers PhimoeConfig defaults */
-static const struct hf_defaults phimoe_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu"};
+static const struct hf_defaults phimoe_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true};
 
 static int phimoe_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
@@ -23,7 +23,7 @@ static int phimoe_parse_config(struct hparams *hp, const cJSON *cfg, struct err 
         return rc;
     hp->norm = NORM_LAYER;
     hp->router = ROUTER_SPARSEMIXER;
-    return hf_finish_layers(hp, cfg, 0, e);
+    return hf_finish_layers(hp, cfg, &phimoe_defaults, 0, e);
 }
 
 static const char *const phimoe_archs[] = {"PhimoeForCausalLM", NULL};

@@ -7,7 +7,7 @@
 
 
 /* transformers Qwen2Config defaults */
-static const struct hf_defaults qwen2_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+static const struct hf_defaults qwen2_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false};
 
 static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
@@ -15,7 +15,7 @@ static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *
     hp->qkv_bias = true;
     hp->out_bias = false;
     /* transformers Qwen2Config: max_window_layers defaults to 28 */
-    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 28, e);
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, &qwen2_defaults, 28, e);
 }
 
 static const char *const qwen2_archs[] = {"Qwen2ForCausalLM", NULL};

@@ -22,6 +22,14 @@ int qwen2_ops_self_test(struct err *e)
     const char *swa = "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 4, "
                       "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"max_position_embeddings\": 128, "
                       "\"use_sliding_window\": true, \"sliding_window\": 16, \"max_window_layers\": 3}";
+    /* Qwen2Config: use_sliding_window defaults to false, so sliding_window alone changes nothing */
+    const char *off = "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+                      "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"max_position_embeddings\": 128, "
+                      "\"sliding_window\": 16, \"max_window_layers\": 0}";
+    if ((rc = stest_parse(&qwen2_ops, off, &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].kv == KV_FULL && hp.layer[1].kv == KV_FULL,
+                          "use_sliding_window absent is false", e)) < 0)
+        return rc;
     if ((rc = stest_parse(&qwen2_ops, swa, &hp, e)) < 0)
         return rc;
     return stest_check(hp.layer[0].kv == KV_FULL && hp.layer[2].kv == KV_FULL && hp.layer[3].kv == KV_SLIDING &&

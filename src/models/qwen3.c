@@ -8,14 +8,14 @@
 
 
 /* transformers Qwen3Config defaults */
-static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu"};
+static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 128, false};
 
 static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc = hf_parse_decoder(hp, cfg, &qwen3_defaults, e);
     hp->qk_norm = true;
     /* transformers Qwen3Config: max_window_layers defaults to 28 */
-    return rc < 0 ? rc : hf_finish_layers(hp, cfg, 28, e);
+    return rc < 0 ? rc : hf_finish_layers(hp, cfg, &qwen3_defaults, 28, e);
 }
 
 static const char *const qwen3_archs[] = {"Qwen3ForCausalLM", NULL};
