@@ -41,6 +41,14 @@ static int out_rows_for(const struct hparams *hp, int B)
     return rows < (size_t)B ? (int)rows : B;
 }
 
+/* Bytes of the logits buffer for B rows (as carve() rounds them). */
+static size_t logits_bytes(const struct hparams *hp, int B)
+{
+    size_t off = 0;
+    carve(NULL, &off, (size_t)out_rows_for(hp, B) * hp->n_vocab);
+    return off;
+}
+
 /* Lay out the buffers for B rows; with base == NULL only returns the bytes needed. */
 static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *base)
 {
@@ -109,7 +117,9 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         c->n_batch = n_batch < CTX_MAX_BATCH * 8 ? n_batch : CTX_MAX_BATCH * 8;
     } else {
         c->n_batch = CTX_MAX_BATCH;
-        while (c->n_batch > CTX_MIN_BATCH && layout(NULL, hp, c->n_batch, NULL) > CTX_ARENA_BUDGET)
+        /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */
+        while (c->n_batch > CTX_MIN_BATCH &&
+               layout(NULL, hp, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > CTX_ARENA_BUDGET)
             c->n_batch /= 2;
     }
     c->n_out = out_rows_for(hp, c->n_batch);
