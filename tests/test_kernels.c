@@ -490,6 +490,7 @@ static void qreport(const char *test, const struct qstat *qs)
 static const int k_qshapes[][3] = {
     {1, 1, 7}, {3, 2, 1}, {1, 3, 33}, {20, 4, 40}, {6, 3, 33}, {9, 17, 9},
     {2, 70, 5}, {4, 5, 3}, {5, 2, 4}, {7, 1, 6}, {8, 3, 12},
+    {33, 2, 19}, {64, 3, 24},   /* past every gemm_min_tok_q: the quantized GEMM path */
 };
 
 static void test_linear_quant(void **state)

@@ -165,6 +165,10 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 {
     int rc, window = 0, first;
     bool use = d->sliding;
+    /* the specs are written below, before hparams_validate runs: bound them first */
+    if (hp->n_layer < 1 || hp->n_layer > HP_MAX_LAYERS)
+        return err_setf(e, ERR_CONFIG, "config field 'num_hidden_layers' = %d is out of range [1, %d]",
+                        hp->n_layer, HP_MAX_LAYERS);
     hparams_fill_layers(hp);
     if ((cfg_has(cfg, "sliding_window") && (rc = cfg_int(cfg, "sliding_window", &window, e)) < 0) ||
         (cfg_has(cfg, "use_sliding_window") &&

@@ -74,6 +74,12 @@ static int sliding_layers(struct err *e)
                           "\"use_sliding_window\": false}", &hp, e)) < 0 ||
         (rc = stest_check(hp.layer[0].kv == KV_FULL && hp.layer[1].kv == KV_FULL, "use_sliding_window false", e)) < 0)
         return rc;
+    /* the per-layer specs are bounded before they are written (5000 layers used to write past
+     * the spec array before hparams_validate saw the count) */
+    if ((rc = stest_parse_fails(&llama_ops, "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 5000, "
+                                "\"intermediate_size\": 128, \"max_position_embeddings\": 256, \"num_attention_heads\": 4, "
+                                "\"sliding_window\": 8}", "num_hidden_layers", e)) < 0)
+        return rc;
     return stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"layer_types\": "
                              "[\"full_attention\", \"sliding_attention\"]}", "sliding_window", e);
 }
