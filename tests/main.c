@@ -23,6 +23,7 @@
     X(safetensors) \
     X(corrupt)    \
     X(kernels)    \
+    X(kernel_ops) \
     X(config)     \
     X(registry)   \
     X(golden)     \

@@ -1,0 +1,394 @@
+/*
+ * kernel_ops: the backend ops around the matrix products, each on every ISA
+ * this CPU runs (x threads {1, 3}) against a double-precision reference:
+ *   attention   paged (a block table that is not the identity), causal, GQA,
+ *               sliding window, softcap and sinks vs brute-force masked attention
+ *   elementwise activations, GLU with gate | up halves of one row, axpy
+ *   moe         routing rules (top-k ties to the lower index, softmax over the
+ *               chosen logits, sparsemixer), grouping by expert, the grouped
+ *               expert linears (fused and per-expert dispatch) and the combine
+ * The shared fixtures are in kern_check.c; the products in test_kernels.c.
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tensor.h"
+#include "kern_check.h"
+
+// ---- attention ----
+
+/* Brute-force causal attention over positions [0, pos0 + n_tok) in dense k/v [n_ctx][n_kv*hd]
+ * with every mask and option applied the textbook way: scores, softcap, -inf outside the
+ * window, softmax with an optional sink logit per head. */
+static void attn_ref(double *out, const float *q, const float *k, const float *v, int n_tok,
+                     int pos0, int n_head, int n_kv, int hd, const struct attn_params *ap)
+{
+    size_t qs = (size_t)n_head * hd, kvs = (size_t)n_kv * hd;
+    double *s = malloc((size_t)(pos0 + n_tok) * sizeof *s);
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            int g = h / (n_head / n_kv), p = pos0 + t, n_ctx = p + 1;
+            double m = ap->sinks ? ap->sinks[h] : -INFINITY, sum = 0;
+            for (int j = 0; j < n_ctx; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)q[t * qs + h * hd + i] * k[j * kvs + g * hd + i];
+                d *= ap->scale;
+                if (ap->softcap > 0)
+                    d = ap->softcap * tanh(d / ap->softcap);
+                if (ap->window > 0 && p - j >= ap->window)
+                    d = -INFINITY;
+                s[j] = d;
+                m = s[j] > m ? s[j] : m;
+            }
+            for (int j = 0; j < n_ctx; j++)
+                sum += (s[j] = exp(s[j] - m));
+            if (ap->sinks)
+                sum += exp(ap->sinks[h] - m);
+            for (int i = 0; i < hd; i++) {
+                double acc = 0;
+                for (int j = 0; j < n_ctx; j++)
+                    acc += s[j] * v[j * kvs + g * hd + i];
+                out[t * qs + h * hd + i] = acc / sum;
+            }
+        }
+    free(s);
+}
+
+/* Dense k/v scattered into a paged pool of 4-slot blocks in reverse block order
+ * (a table that is not the identity), the n_tok query rows at positions
+ * pos0.. of one sequence. */
+struct paged {
+    struct kv_layer kv;
+    int32_t *pos, *slot, *table, *tables, *end;
+    struct kv_rows rows;
+};
+
+static void paged_open(struct paged *pg, const float *k, const float *v, int n_ctx, int kvd,
+                       int pos0, int n_tok)
+{
+    int bs = 4, nb = (n_ctx + bs - 1) / bs;
+    pg->kv = (struct kv_layer){calloc((size_t)nb * bs * kvd, sizeof(float)),
+                               calloc((size_t)nb * bs * kvd, sizeof(float)), kvd, kvd};
+    pg->tables = malloc((size_t)nb * sizeof *pg->tables);
+    for (int b = 0; b < nb; b++)
+        pg->tables[b] = nb - 1 - b;
+    for (int j = 0; j < n_ctx; j++) {
+        size_t sl = (size_t)pg->tables[j / bs] * bs + j % bs;
+        memcpy(pg->kv.k + sl * kvd, k + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+        memcpy(pg->kv.v + sl * kvd, v + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+    }
+    pg->pos = malloc((size_t)n_tok * sizeof(int32_t));
+    pg->slot = malloc((size_t)n_tok * sizeof(int32_t));
+    pg->table = calloc((size_t)n_tok, sizeof(int32_t));
+    pg->end = malloc((size_t)n_tok * sizeof(int32_t));
+    for (int t = 0; t < n_tok; t++) {
+        pg->pos[t] = pos0 + t;
+        pg->slot[t] = pg->tables[(pos0 + t) / bs] * bs + (pos0 + t) % bs;
+        pg->end[t] = n_ctx;
+    }
+    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs};
+}
+
+static void paged_close(struct paged *pg)
+{
+    free(pg->kv.k);
+    free(pg->kv.v);
+    free(pg->pos);
+    free(pg->slot);
+    free(pg->table);
+    free(pg->tables);
+    free(pg->end);
+}
+
+static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
+                           int n_kv, int hd, float amp, int window, float softcap, bool sinks)
+{
+    int n_ctx = pos0 + n_tok;
+    size_t nq = (size_t)n_tok * n_head * hd, nkv = (size_t)n_ctx * n_kv * hd;
+    float *q = kc_fvec(nq, -amp, amp), *k = kc_fvec(nkv, -amp, amp), *v = kc_fvec(nkv, -1, 1);
+    float *sk = sinks ? kc_fvec((size_t)n_head, -2, 2) : NULL;
+    float *out = malloc(nq * sizeof *out);
+    double *ref = malloc(nq * sizeof *ref);
+    struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window, sk};
+    struct paged pg;
+    attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, &ap);
+    paged_open(&pg, k, v, n_ctx, n_kv * hd, pos0, n_tok);
+    for (int i = 0; i < bs->n; i++) {
+        memset(out, 0xff, nq * sizeof *out);
+        bs->be[i]->ops->attention(bs->be[i], out, n_head * hd, q, n_head * hd, &pg.kv, &pg.rows,
+                                  n_tok, &ap);
+        kc_check(es, "attention", bs->be[i], out, ref, nq, 1e-10, 1e-4);
+    }
+    paged_close(&pg);
+    free(q);
+    free(k);
+    free(v);
+    free(sk);
+    free(out);
+    free(ref);
+}
+
+static void attn_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
+                      int n_kv, int hd, float amp)
+{
+    attn_case_opts(bs, es, n_tok, pos0, n_head, n_kv, hd, amp, 0, 0.0f, false);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    attn_case(&bs, &es, 1, 0, 1, 1, 8, 1.0f);
+    attn_case(&bs, &es, 1, 17, 4, 2, 64, 1.0f);      /* decode, GQA */
+    attn_case(&bs, &es, 7, 0, 4, 4, 64, 1.0f);       /* prefill, MHA */
+    attn_case(&bs, &es, 9, 5, 6, 1, 80, 2.0f);       /* chunked prefill, MQA */
+    attn_case(&bs, &es, 13, 3, 8, 2, 7, 3.0f);       /* odd head_dim */
+    attn_case(&bs, &es, 40, 100, 4, 2, 128, 4.0f);   /* peaked softmax */
+    attn_case(&bs, &es, 1, 300, 2, 1, 96, 1.0f);
+    attn_case(&bs, &es, 3, 2, 130, 1, 8, 1.0f);      /* more query heads per kv head than a tile */
+    kc_report("attention", &es);
+    kc_close(&bs);
+}
+
+/* The sliding-window kind, soft-capping and sinks against the brute-force masked reference:
+ * windows shorter than, equal to and longer than the context, across block boundaries. */
+static void test_attention_window(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    attn_case_opts(&bs, &es, 1, 40, 4, 2, 16, 1.0f, 8, 0.0f, false);     /* decode, window 8 */
+    attn_case_opts(&bs, &es, 20, 0, 4, 1, 16, 1.0f, 8, 0.0f, false);     /* prefill past it */
+    attn_case_opts(&bs, &es, 70, 30, 2, 2, 32, 2.0f, 5, 0.0f, false);    /* keys > one gather block */
+    attn_case_opts(&bs, &es, 6, 3, 4, 4, 8, 1.0f, 9, 0.0f, false);       /* window = context */
+    attn_case_opts(&bs, &es, 5, 0, 4, 4, 8, 1.0f, 1, 0.0f, false);       /* only itself */
+    attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 6.0f, 0, 3.0f, false);      /* softcap */
+    attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 1.0f, 4, 0.0f, true);       /* sinks + window */
+    kc_report("attention_window", &es);
+    kc_close(&bs);
+}
+
+// ---- elementwise ----
+
+static double gelu_tanh_d(double x)
+{
+    return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_erf_d(double x)
+{
+    return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+}
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {1, 15, 16, 1000, 40007};
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    for (size_t si = 0; si < 5; si++) {
+        size_t n = sizes[si];
+        float *a = kc_fvec(n, -9, 9), *b = kc_fvec(n, -2, 2), *y = malloc(n * sizeof *y);
+        float *gu = malloc(2 * n * sizeof *gu);
+        double *r1 = malloc(n * sizeof *r1), *r2 = malloc(n * sizeof *r2),
+               *r3 = malloc(n * sizeof *r3), *r4 = malloc(n * sizeof *r4),
+               *r5 = malloc(n * sizeof *r5);
+        for (size_t i = 0; i < n; i++) {
+            r1[i] = gelu_tanh_d(a[i]);
+            r2[i] = gelu_erf_d(a[i]);
+            r3[i] = a[i] / (1 + exp(-(double)a[i])) * b[i];
+            r4[i] = b[i] + 0.37 * (double)a[i];
+            r5[i] = gelu_erf_d(a[i]) * b[i];
+        }
+        for (int i = 0; i < bs.n; i++) {
+            struct backend *be = bs.be[i];
+            memcpy(y, a, n * sizeof *y);
+            be->ops->act(be, ACT_GELU_TANH, y, (int)n, 1, (int)n);
+            kc_check(&es, "gelu_tanh", be, y, r1, n, 1e-11, 1e-5);
+            memcpy(y, a, n * sizeof *y);
+            be->ops->act(be, ACT_GELU_ERF, y, (int)n, 1, (int)n);
+            kc_check(&es, "gelu_erf", be, y, r2, n, 1e-11, 1e-5);
+            /* glu: one row [gate | up], written over the gate half */
+            memcpy(gu, a, n * sizeof *gu);
+            memcpy(gu + n, b, n * sizeof *gu);
+            be->ops->glu(be, ACT_SILU, gu, (int)(2 * n), gu, (int)(2 * n), 1, (int)n);
+            kc_check(&es, "glu silu", be, gu, r3, n, 1e-11, 1e-5);
+            memcpy(gu, a, n * sizeof *gu);
+            memcpy(gu + n, b, n * sizeof *gu);
+            be->ops->glu(be, ACT_GELU_ERF, y, (int)n, gu, (int)(2 * n), 1, (int)n);
+            kc_check(&es, "glu gelu", be, y, r5, n, 1e-11, 1e-5);
+            memcpy(y, b, n * sizeof *y);
+            be->ops->axpy(be, y, (int)n, 0.37f, a, (int)n, 1, (int)n);
+            kc_check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);
+        }
+        free(a);
+        free(b);
+        free(y);
+        free(r1);
+        free(r2);
+        free(r3);
+        free(r4);
+        free(r5);
+        free(gu);
+    }
+    kc_report("elementwise", &es);
+    kc_close(&bs);
+}
+
+// ---- mixture of experts ----
+
+/* Grouping: every slot appears once, runs are by ascending expert, slots ascend inside a
+ * run, offsets delimit the runs. */
+static void test_moe_group(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    kc_open(&bs);
+    enum { N_SLOT = 37, E = 5 };
+    int32_t sel[N_SLOT], order[N_SLOT], off[E + 1];
+    for (int i = 0; i < N_SLOT; i++)
+        sel[i] = (int32_t)kc_urand(E - 1);   /* expert E - 1 stays empty */
+    for (int b = 0; b < bs.n; b++) {
+        bs.be[b]->ops->moe_group(bs.be[b], order, off, sel, N_SLOT, E);
+        assert_int_equal(off[0], 0);
+        assert_int_equal(off[E], N_SLOT);
+        assert_int_equal(off[E - 1], off[E]);
+        for (int e = 0; e < E; e++)
+            for (int r = off[e]; r < off[e + 1]; r++) {
+                assert_int_equal(sel[order[r]], e);
+                if (r > off[e])
+                    assert_true(order[r] > order[r - 1]);
+            }
+    }
+    kc_close(&bs);
+}
+
+/* Routing: softmax over the top-k (Phixtral) equals softmax-all, top-k, renormalize
+ * (Mixtral); ties go to the lower index; sparsemixer picks the max first. */
+static void test_moe_route(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    kc_open(&bs);
+    float logits[2][6] = {{0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f}, {3.0f, -2.0f, 0.1f, 0.2f, 2.9f, 1.0f}};
+    int32_t sel[4];
+    float w[4];
+    for (int b = 0; b < bs.n; b++) {
+        struct backend *be = bs.be[b];
+        for (int kind = ROUTER_TOPK_SOFTMAX; kind <= ROUTER_SOFTMAX_TOPK; kind++) {
+            be->ops->moe_route(be, (enum router_kind)kind, sel, w, &logits[0][0], 2, 6, 2, 0.0f);
+            assert_int_equal(sel[0], 1);   /* tie between 1 and 3: the lower first */
+            assert_int_equal(sel[1], 3);
+            assert_true(fabsf(w[0] - 0.5f) < 1e-6f && fabsf(w[1] - 0.5f) < 1e-6f);
+            assert_int_equal(sel[2], 0);
+            assert_int_equal(sel[3], 4);
+            double want = 1.0 / (1.0 + exp(-0.1));
+            assert_true(fabs(w[2] - want) < 1e-6 && fabs(w[3] - (1.0 - want)) < 1e-6);
+        }
+        be->ops->moe_route(be, ROUTER_SPARSEMIXER, sel, w, &logits[1][0], 1, 6, 2, 0.01f);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 4);
+        assert_int_equal(backend_sync(be, NULL), 0);
+    }
+    kc_close(&bs);
+}
+
+/* The MoE pipeline of blk_moe on random experts against a direct double-precision sum:
+ * route -> group -> gather -> linear_experts (gate and up in one call) -> glu ->
+ * linear_experts (down) -> combine, with decode-sized groups (fused dispatch) and
+ * prefill-sized ones, fused_moe on and off. */
+static void moe_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, bool fused)
+{
+    enum { E = 4, K = 2, D = 24, FF = 40 };
+    float *wg = kc_fvec((size_t)E * FF * D, -0.2f, 0.2f), *wu = kc_fvec((size_t)E * FF * D, -0.2f, 0.2f);
+    float *wd = kc_fvec((size_t)E * D * FF, -0.2f, 0.2f), *x = kc_fvec((size_t)n_tok * D, -1, 1);
+    float *lg = kc_fvec((size_t)n_tok * E, -2, 2);
+    struct tensor tg[E], tu[E], td[E];
+    const int64_t s_up[2] = {FF, D}, s_down[2] = {D, FF};
+    for (int e = 0; e < E; e++) {
+        tensor_init(&tg[e], DTYPE_F32, wg + (size_t)e * FF * D, 2, s_up);
+        tensor_init(&tu[e], DTYPE_F32, wu + (size_t)e * FF * D, 2, s_up);
+        tensor_init(&td[e], DTYPE_F32, wd + (size_t)e * D * FF, 2, s_down);
+    }
+    struct expert_linear gu[2] = {{tg, NULL}, {tu, NULL}}, down = {td, NULL};
+    size_t ns = (size_t)n_tok * K;
+    int32_t *sel = malloc(ns * 4), *order = malloc(ns * 4), off[E + 1];
+    float *sw = malloc(ns * 4), *xg = malloc(ns * D * 4), *h = malloc(ns * 2 * FF * 4);
+    float *h1 = malloc(ns * FF * 4), *yg = malloc(ns * D * 4), *y = malloc((size_t)n_tok * D * 4);
+    double *ref = calloc((size_t)n_tok * D, sizeof *ref);
+    for (int b = 0; b < bs->n; b++) {
+        struct backend *be = bs->be[b];
+        be->fused_moe = fused;
+        be->ops->moe_route(be, ROUTER_SOFTMAX_TOPK, sel, sw, lg, n_tok, E, K, 0.0f);
+        be->ops->moe_group(be, order, off, sel, (int)ns, E);
+        be->ops->gather(be, xg, x, D, order, K, (int)ns, D);
+        be->ops->linear_experts(be, h, 2 * FF, xg, gu, 2, off, E, (int)ns);
+        be->ops->glu(be, ACT_SILU, h1, FF, h, 2 * FF, (int)ns, FF);
+        be->ops->linear_experts(be, yg, D, h1, &down, 1, off, E, (int)ns);
+        be->ops->moe_combine(be, y, yg, order, sw, K, (int)ns, D);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        be->fused_moe = true;
+        if (b == 0) {
+            /* the reference from the routing the op chose (checked in test_moe_route) */
+            for (size_t s = 0; s < ns; s++) {
+                int t = (int)(s / K), e = sel[s];
+                double hh[FF];
+                for (int f = 0; f < FF; f++) {
+                    double g = 0, u = 0;
+                    for (int i = 0; i < D; i++) {
+                        g += (double)wg[((size_t)e * FF + f) * D + i] * x[(size_t)t * D + i];
+                        u += (double)wu[((size_t)e * FF + f) * D + i] * x[(size_t)t * D + i];
+                    }
+                    hh[f] = g / (1 + exp(-g)) * u;
+                }
+                for (int o = 0; o < D; o++) {
+                    double acc = 0;
+                    for (int f = 0; f < FF; f++)
+                        acc += (double)wd[((size_t)e * D + o) * FF + f] * hh[f];
+                    ref[(size_t)t * D + o] += sw[s] * acc;
+                }
+            }
+        }
+        kc_check(es, "moe", be, y, ref, (size_t)n_tok * D, 1e-10, 1e-4);
+    }
+    float *bufs[] = {wg, wu, wd, x, lg, sw, xg, h, h1, yg, y};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    free(sel);
+    free(order);
+    free(ref);
+}
+
+static void test_moe(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    for (int fused = 1; fused >= 0; fused--) {
+        moe_case(&bs, &es, 1, fused);    /* decode: every group below the GEMM threshold */
+        moe_case(&bs, &es, 3, fused);
+        moe_case(&bs, &es, 80, fused);   /* prefill: groups past it */
+    }
+    kc_report("moe", &es);
+    kc_close(&bs);
+}
+
+static const struct CMUnitTest k_tests[] = {
+    cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_window),
+    cmocka_unit_test(test_elementwise),
+    cmocka_unit_test(test_moe_group),
+    cmocka_unit_test(test_moe_route),
+    cmocka_unit_test(test_moe),
+};
+
+TEST_SUITE(kernel_ops, k_tests);
