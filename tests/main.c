@@ -28,6 +28,7 @@
     X(registry)   \
     X(golden)     \
     X(batch)      \
+    X(sched)      \
     X(quant)      \
     X(sampler)    \
     X(models)     \

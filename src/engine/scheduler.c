@@ -1,0 +1,369 @@
+/*
+ * scheduler: continuous batching (scheduler.h).
+ *
+ * A request holds its tokens (prompt, then what it generated) and how many
+ * of them are in its cache sequence (n_fed). Every step feeds each running
+ * request toks[n_fed .. n_toks) as far as the step's row budget allows (a
+ * decoding request has exactly one token to feed, the one it just sampled),
+ * asks for logits where a request's feed reaches its last token, and
+ * samples those. Decode rows go first, so prefills never delay them; a long
+ * prompt is prefilled over several steps.
+ */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SCHED_DEFAULT_MAX_REQUESTS 1024
+
+struct sreq {
+    int id;                      /* > 0 while in use */
+    int seq;                     /* cache sequence, -1 while waiting */
+    int32_t *toks;               /* [cap] prompt, then generated ids */
+    int n_toks, cap, n_prompt;
+    int n_fed;                   /* toks in the cache */
+    long admitted;               /* admission order (preemption takes the newest) */
+    struct sampler *smp;
+    struct gen_params p;
+    gen_token_fn on_token;
+    sched_done_fn on_done;
+    void *ud;
+    struct gen_stats st;
+    double t_admit, t_first;
+};
+
+struct sched {
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    struct sreq *reqs;           /* [max_requests] */
+    int *waiting;                /* [max_requests] FIFO of request slots */
+    int n_waiting, max_requests, next_id;
+    long n_admitted;
+    struct batch b;
+    int *row_req;                /* [max_batch_tokens] request slot of each logits row */
+    float *logits;               /* [max_batch_tokens, n_vocab] */
+    int budget;
+};
+
+// ---- requests ----
+
+static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e)
+{
+    if (r->seq >= 0)
+        kv_seq_remove(s->kv, r->seq);
+    if (r->t_first > 0)
+        r->st.t_gen_s = gen_now() - r->t_first;
+    if (r->on_done)
+        r->on_done(r->ud, &r->st, rc, e);
+    sampler_free(r->smp);
+    free(r->toks);
+    memset(r, 0, sizeof *r);
+    r->seq = -1;
+}
+
+static bool is_eos(const struct hparams *hp, int32_t id)
+{
+    for (int i = 0; i < hp->n_eos; i++)
+        if (hp->eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+static int free_seq(const struct sched *s)
+{
+    for (int q = 0; q < s->kv->max_seqs; q++)
+        if (kv_seq_len(s->kv, q) < 0)
+            return q;
+    return -1;
+}
+
+// ---- lifetime and submission ----
+
+int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, const struct sched_params *p,
+              struct err *e)
+{
+    int rc;
+    *out = NULL;
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+    s->c = c;
+    s->kv = kv;
+    s->next_id = 1;
+    s->budget = p && p->max_batch_tokens > 0 ? p->max_batch_tokens : c->n_batch;
+    s->max_requests = p && p->max_requests > 0 ? p->max_requests : SCHED_DEFAULT_MAX_REQUESTS;
+    s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
+    s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
+    s->logits = malloc((size_t)s->budget * c->m->hp.n_vocab * sizeof *s->logits);
+    s->row_req = malloc((size_t)s->budget * sizeof *s->row_req);
+    if (!s->reqs || !s->waiting || !s->logits || !s->row_req) {
+        sched_free(s);
+        return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+    }
+    for (int i = 0; i < s->max_requests; i++)
+        s->reqs[i].seq = -1;
+    if ((rc = batch_init(&s->b, s->budget, e)) < 0) {
+        sched_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; s->reqs && i < s->max_requests; i++)
+        if (s->reqs[i].id > 0) {
+            s->reqs[i].st.stop = GEN_STOP_CALLBACK;
+            req_end(s, &s->reqs[i], 0, NULL);
+        }
+    batch_free(&s->b);
+    free(s->reqs);
+    free(s->waiting);
+    free(s->logits);
+    free(s->row_req);
+    free(s);
+}
+
+int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                 gen_token_fn on_token, sched_done_fn on_done, void *ud, int *id, struct err *e)
+{
+    int rc, slot = -1;
+    if (n_prompt <= 0)
+        return err_setf(e, ERR_ARG, "the prompt is empty");
+    if (p->n_predict < 0)
+        return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
+    if (n_prompt > s->kv->max_seq_len)
+        return err_setf(e, ERR_RANGE, "the prompt has %d tokens but the context holds %d", n_prompt,
+                        s->kv->max_seq_len);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= s->c->m->hp.n_vocab)
+            return err_setf(e, ERR_RANGE, "token id %d at position %d is outside the vocabulary [0, %d)",
+                            prompt[i], i, s->c->m->hp.n_vocab);
+    for (int i = 0; i < s->max_requests && slot < 0; i++)
+        if (s->reqs[i].id == 0)
+            slot = i;
+    if (slot < 0)
+        return err_setf(e, ERR_RANGE, "the scheduler holds %d requests already", s->max_requests);
+    struct sreq *r = &s->reqs[slot];
+    memset(r, 0, sizeof *r);
+    r->seq = -1;
+    r->cap = n_prompt + (p->n_predict < s->kv->max_seq_len ? p->n_predict : s->kv->max_seq_len) + 1;
+    r->toks = malloc((size_t)r->cap * sizeof *r->toks);
+    if (!r->toks)
+        return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+    if ((rc = sampler_new(&r->smp, &p->sampling, s->c->m->hp.n_vocab, e)) < 0) {
+        free(r->toks);
+        r->toks = NULL;
+        return rc;
+    }
+    memcpy(r->toks, prompt, (size_t)n_prompt * sizeof *prompt);
+    for (int i = 0; i < n_prompt; i++)
+        sampler_accept(r->smp, prompt[i]);
+    r->n_toks = r->n_prompt = n_prompt;
+    r->p = *p;
+    r->on_token = on_token;
+    r->on_done = on_done;
+    r->ud = ud;
+    r->st = (struct gen_stats){.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
+    r->id = s->next_id++;
+    if (s->next_id <= 0)
+        s->next_id = 1;
+    s->waiting[s->n_waiting++] = slot;
+    if (id)
+        *id = r->id;
+    return 0;
+}
+
+static void waiting_remove(struct sched *s, int at)
+{
+    memmove(s->waiting + at, s->waiting + at + 1, (size_t)(s->n_waiting - at - 1) * sizeof *s->waiting);
+    s->n_waiting--;
+}
+
+bool sched_cancel(struct sched *s, int id)
+{
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id != id || id <= 0)
+            continue;
+        for (int w = 0; w < s->n_waiting; w++)
+            if (s->waiting[w] == i)
+                waiting_remove(s, w);
+        r->st.stop = GEN_STOP_CALLBACK;
+        req_end(s, r, 0, NULL);
+        return true;
+    }
+    return false;
+}
+
+int sched_n_waiting(const struct sched *s)
+{
+    return s->n_waiting;
+}
+
+int sched_n_running(const struct sched *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->max_requests; i++)
+        n += s->reqs[i].id > 0 && s->reqs[i].seq >= 0;
+    return n;
+}
+
+// ---- one step ----
+
+/* Blocks a request needs to hold all its tokens. */
+static int blocks_for(const struct sched *s, int n_toks)
+{
+    return (n_toks + s->kv->block_size - 1) / s->kv->block_size;
+}
+
+/* Admit waiting requests in order while a sequence id and room for the prompt exist. */
+static void admit(struct sched *s)
+{
+    while (s->n_waiting > 0) {
+        struct sreq *r = &s->reqs[s->waiting[0]];
+        int q = free_seq(s);
+        bool alone = sched_n_running(s) == 0;
+        if (q < 0 || (kv_n_free_blocks(s->kv) < blocks_for(s, r->n_toks + 1) && !alone))
+            return;
+        if (kv_n_free_blocks(s->kv) < blocks_for(s, r->n_toks)) {
+            struct err e;
+            err_setf(&e, ERR_NOMEM, "kv cache of %d blocks is too small for a request of %d tokens",
+                     s->kv->n_blocks, r->n_toks);
+            waiting_remove(s, 0);
+            req_end(s, r, -ERR_NOMEM, &e);
+            continue;
+        }
+        kv_seq_add(s->kv, q, NULL);
+        r->seq = q;
+        r->n_fed = 0;
+        r->admitted = s->n_admitted++;
+        if (r->t_admit == 0)
+            r->t_admit = gen_now();
+        waiting_remove(s, 0);
+    }
+}
+
+/* Drop the newest running request's cache and put it back at the head of the queue. */
+static bool preempt(struct sched *s)
+{
+    struct sreq *v = NULL;
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id > 0 && r->seq >= 0 && (!v || r->admitted > v->admitted))
+            v = r;
+    }
+    if (!v || sched_n_running(s) < 2)
+        return false;
+    kv_seq_remove(s->kv, v->seq);
+    v->seq = -1;
+    v->n_fed = 0;
+    memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
+    s->waiting[0] = (int)(v - s->reqs);
+    s->n_waiting++;
+    return true;
+}
+
+/* Rows for every running request: decode rows first, then prompt chunks. */
+static void build_batch(struct sched *s)
+{
+    batch_clear(&s->b);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < s->max_requests; i++) {
+            struct sreq *r = &s->reqs[i];
+            int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
+            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
+                continue;
+            int k = left < room ? left : room;
+            batch_add_seq(&s->b, r->toks + r->n_fed, k, r->n_fed, r->seq, k == left, NULL);
+            if (k == left)
+                s->row_req[s->b.n_tok - 1] = i;
+        }
+}
+
+/* Sample request r from its logits row; false when it ended. */
+static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
+{
+    const struct hparams *hp = &s->c->m->hp;
+    if (r->t_first == 0) {
+        r->t_first = gen_now();
+        r->st.t_prompt_s = r->t_first - r->t_admit;
+    }
+    if (r->st.n_gen >= r->p.n_predict) {
+        r->st.stop = GEN_STOP_LENGTH;
+        return false;
+    }
+    int32_t id = sampler_sample(r->smp, logits);
+    if (!r->p.ignore_eos && is_eos(hp, id)) {
+        r->st.stop = GEN_STOP_EOS;
+        return false;
+    }
+    r->st.n_gen++;
+    sampler_accept(r->smp, id);
+    if (r->on_token && r->on_token(r->ud, id)) {
+        r->st.stop = GEN_STOP_CALLBACK;
+        return false;
+    }
+    if (r->st.n_gen == r->p.n_predict) {
+        r->st.stop = GEN_STOP_LENGTH;
+        return false;
+    }
+    if (r->n_toks >= s->kv->max_seq_len || r->n_toks >= r->cap) {
+        r->st.stop = GEN_STOP_CONTEXT;
+        return false;
+    }
+    r->toks[r->n_toks++] = id;
+    return true;
+}
+
+static void end_all(struct sched *s, int rc, const struct err *e)
+{
+    for (int i = 0; i < s->max_requests; i++)
+        if (s->reqs[i].id > 0)
+            req_end(s, &s->reqs[i], rc, e);
+    s->n_waiting = 0;
+}
+
+int sched_step(struct sched *s, struct err *e)
+{
+    int V = s->c->m->hp.n_vocab, rc;
+    admit(s);
+    for (;;) {
+        build_batch(s);
+        if (s->b.n_tok == 0)
+            return s->n_waiting > 0 ? 1 : 0;
+        rc = model_forward(s->c, &s->b, s->kv, s->logits, e);
+        if (rc != -ERR_NOMEM || !preempt(s))
+            break;
+    }
+    if (rc == -ERR_NOMEM) {
+        /* a lone request outgrew the pool: it ends, the scheduler goes on */
+        for (int i = 0; i < s->max_requests; i++)
+            if (s->reqs[i].id > 0 && s->reqs[i].seq >= 0)
+                req_end(s, &s->reqs[i], rc, e);
+        return s->n_waiting > 0 ? 1 : 0;
+    }
+    if (rc < 0) {
+        end_all(s, rc, e);
+        return rc;
+    }
+    /* the fed rows are in the cache; then sample in row order */
+    int out = 0;
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id > 0 && r->seq >= 0)
+            r->n_fed = kv_seq_len(s->kv, r->seq);
+    }
+    for (int row = 0; row < s->b.n_tok; row++) {
+        if (!s->b.logits[row])
+            continue;
+        struct sreq *r = &s->reqs[s->row_req[row]];
+        if (!sample_one(s, r, s->logits + (size_t)out * V))
+            req_end(s, r, 0, NULL);
+        out++;
+    }
+    return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
+}

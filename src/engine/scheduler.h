@@ -1,0 +1,66 @@
+/*
+ * scheduler: continuous batching of many generation requests over one model
+ * context and one paged KV cache. Requests are submitted at any time; each
+ * sched_step() builds ONE batch from every running request (one decode row
+ * each, plus prompt chunks of admitted requests up to the step's token
+ * budget), runs model_forward once, samples each request's next token with
+ * its own sampler and reports it through the request's callback.
+ *
+ * Admission is first come, first served: a waiting request gets a sequence
+ * id and starts prefilling when a sequence id is free and the pool has room
+ * for its prompt. When a step does not fit the pool (decode rows need new
+ * blocks), the most recently admitted request is preempted by recomputation
+ * (vLLM's policy): its cache is dropped, and it waits at the head of the
+ * queue with its prompt plus what it generated, to be prefilled again; its
+ * sampler, and so its output, is unaffected.
+ *
+ * Single-threaded: one owner calls submit / cancel / step (the server puts a
+ * lock around submit and runs steps on the engine thread). Nothing here
+ * allocates per step; a request's token buffer grows when it is (re)admitted.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "generate.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct sched;
+
+/* Called once per request when it ends: stats (stop reason, counts, times) and, on
+ * failure, rc < 0 with e describing it. */
+typedef void (*sched_done_fn)(void *ud, const struct gen_stats *stats, int rc, const struct err *e);
+
+struct sched_params {
+    int max_batch_tokens;   /* rows per step (<= 0: the context's n_batch) */
+    int max_requests;       /* waiting + running (<= 0: 1024) */
+};
+
+/* A scheduler over c and kv (borrowed; kv's sequences are the scheduler's). */
+int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, const struct sched_params *p,
+              struct err *e);
+/* Ends every request (done with GEN_STOP_CALLBACK semantics: rc 0) and frees the scheduler. */
+void sched_free(struct sched *s);
+
+/* Queue a request (the prompt is copied). on_token gets every generated id (non-zero
+ * return stops the request); on_done is called exactly once. *id (optional) names it
+ * for sched_cancel. Errors: bad parameters, an empty prompt, a prompt longer than the
+ * cache's max_seq_len, or the queue full. */
+int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                 gen_token_fn on_token, sched_done_fn on_done, void *ud, int *id, struct err *e);
+/* End request id (waiting or running) as stopped by its callback; false if unknown. */
+bool sched_cancel(struct sched *s, int id);
+/* One batch over every running request; 0 when nothing is left to do after it, 1 when
+ * work remains, < 0 on an error that is not any single request's (then every request
+ * has been ended with it). */
+int sched_step(struct sched *s, struct err *e);
+/* Requests waiting and running. */
+int sched_n_waiting(const struct sched *s);
+int sched_n_running(const struct sched *s);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,223 @@
+/*
+ * sched: continuous batching (src/engine/scheduler.c) on real checkpoints.
+ *
+ * Every request served by the scheduler, whatever else runs beside it, must
+ * produce exactly the tokens generate() produces for it alone (greedy and
+ * seeded sampling): requests submitted at different steps, prompts longer
+ * than one step's row budget (prefilled over several steps), a pool too
+ * small for all of them at once (preemption by recomputation), cancellation,
+ * and refused submissions. on_done is called exactly once per request.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/generate.h"
+#include "engine/kvcache.h"
+#include "engine/scheduler.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "test.h"
+
+#define N_REQ   6
+#define MAX_GEN 24
+
+struct out {
+    int32_t ids[MAX_GEN];
+    int n, done, rc;
+    enum gen_stop stop;
+    int cancel_after;       /* > 0: stop from the callback after this many tokens */
+};
+
+static int on_token(void *ud, int32_t id)
+{
+    struct out *o = ud;
+    if (o->n < MAX_GEN)
+        o->ids[o->n++] = id;
+    return o->cancel_after > 0 && o->n >= o->cancel_after;
+}
+
+static void on_done(void *ud, const struct gen_stats *st, int rc, const struct err *e)
+{
+    struct out *o = ud;
+    (void)e;
+    o->done++;
+    o->rc = rc;
+    o->stop = st->stop;
+}
+
+struct fx {
+    struct backend *be;
+    struct model *m;
+    struct model_ctx *c;
+};
+
+static void fx_open(struct fx *f, const char *dir)
+{
+    struct err e = {0};
+    if (backend_new(&f->be, NULL, 2, &e) < 0 || model_load(&f->m, test_path(dir), &e) < 0 ||
+        model_prepare(f->m, f->be, &e) < 0 || model_ctx_new(&f->c, f->m, f->be, 0, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+}
+
+static void fx_close(struct fx *f)
+{
+    model_ctx_free(f->c);
+    model_free(f->m);
+    backend_free(f->be);
+}
+
+static struct kv_cache *kv_new(struct fx *f, int n_tokens, int max_seqs)
+{
+    struct err e = {0};
+    struct kv_cache *kv = NULL;
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = 4, .dtype = DTYPE_F32};
+    if (kv_cache_new(&kv, f->m, f->be, &kp, &e) < 0)
+        fail_msg("%s", e.msg);
+    return kv;
+}
+
+/* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps). */
+static int prompt_of(int i, int n_vocab, int32_t *p)
+{
+    int n = 3 + 7 * i;
+    for (int j = 0; j < n; j++)
+        p[j] = (int32_t)((j * 31 + i * 17 + 5) % n_vocab);
+    return n;
+}
+
+static struct gen_params params_of(int i)
+{
+    struct gen_params gp = {.n_predict = 6 + i % 3 * 4, .ignore_eos = true};
+    sampler_params_default(&gp.sampling);
+    gp.sampling.seed = 7 + (uint64_t)i;
+    gp.sampling.temperature = i % 2 ? 0.8f : 0.0f;   /* greedy and seeded sampling */
+    return gp;
+}
+
+/* Each request alone through generate(). */
+static void run_alone(struct fx *f, struct out *want)
+{
+    struct err e = {0};
+    struct kv_cache *kv = kv_new(f, 256, 1);
+    for (int i = 0; i < N_REQ; i++) {
+        int32_t p[64];
+        int n = prompt_of(i, f->m->hp.n_vocab, p);
+        struct gen_params gp = params_of(i);
+        struct gen_stats st;
+        memset(&want[i], 0, sizeof want[i]);
+        if (generate(f->c, kv, 0, p, n, &gp, on_token, &want[i], &st, &e) < 0)
+            fail_msg("%s", e.msg);
+        want[i].stop = st.stop;
+    }
+    kv_cache_free(kv);
+}
+
+/* All requests through one scheduler: half submitted up front, the rest after two steps. */
+static void run_sched(struct fx *f, int pool_tokens, int budget, struct out *got, const struct out *want,
+                      const char *what)
+{
+    struct err e = {0};
+    struct kv_cache *kv = kv_new(f, pool_tokens, N_REQ);
+    struct sched *s = NULL;
+    struct sched_params sp = {.max_batch_tokens = budget};
+    assert_int_equal(sched_new(&s, f->c, kv, &sp, &e), 0);
+    int submitted = 0, steps = 0, rc;
+    memset(got, 0, sizeof(struct out) * N_REQ);
+    do {
+        if (steps == 0 || steps == 2)
+            for (int k = 0; k < N_REQ / 2; k++, submitted++) {
+                int32_t p[64];
+                int n = prompt_of(submitted, f->m->hp.n_vocab, p);
+                struct gen_params gp = params_of(submitted);
+                assert_int_equal(sched_submit(s, p, n, &gp, on_token, on_done, &got[submitted], NULL, &e), 0);
+            }
+        rc = sched_step(s, &e);
+        if (rc < 0)
+            fail_msg("%s: %s", what, e.msg);
+        steps++;
+        assert_true(steps < 500);
+    } while (rc > 0 || submitted < N_REQ);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(got[i].done, 1);
+        assert_int_equal(got[i].rc, 0);
+        if (got[i].n != want[i].n || memcmp(got[i].ids, want[i].ids, (size_t)got[i].n * 4) != 0 ||
+            got[i].stop != want[i].stop)
+            fail_msg("%s: request %d: %d tokens (stop %d) differ from %d alone (stop %d)", what, i,
+                     got[i].n, got[i].stop, want[i].n, want[i].stop);
+    }
+    assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
+    printf("sched %-28s %d requests in %d steps, identical to each alone\n", what, N_REQ, steps);
+    sched_free(s);
+    kv_cache_free(kv);
+}
+
+static void sched_equals_alone(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/phixtral_mlx_q4"};
+    for (size_t d = 0; d < 2; d++) {
+        struct fx f;
+        struct out want[N_REQ], got[N_REQ];
+        fx_open(&f, dirs[d]);
+        run_alone(&f, want);
+        run_sched(&f, 512, 16, got, want, dirs[d]);
+        /* 64 slots hold the largest request (52 tokens) but not all of them (183): preemption */
+        run_sched(&f, 64, 16, got, want, "small pool (preemption)");
+        fx_close(&f);
+    }
+}
+
+static void sched_cancel_and_refuse(void **state)
+{
+    (void)state;
+    struct fx f;
+    struct err e = {0};
+    fx_open(&f, "models/llama-tiny");
+    struct kv_cache *kv = kv_new(&f, 64, 2);
+    struct sched *s = NULL;
+    assert_int_equal(sched_new(&s, f.c, kv, NULL, &e), 0);
+    int32_t p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    struct gen_params gp = params_of(0);
+    struct out a = {.cancel_after = 2}, b = {0}, c = {0};
+    int id_b;
+    assert_int_equal(sched_submit(s, p, 8, &gp, on_token, on_done, &a, NULL, &e), 0);
+    assert_int_equal(sched_submit(s, p, 4, &gp, on_token, on_done, &b, &id_b, &e), 0);
+    assert_int_equal(sched_submit(s, p, 3, &gp, on_token, on_done, &c, NULL, &e), 0);
+    assert_int_equal(sched_n_waiting(s), 3);
+    assert_int_equal(sched_step(s, &e), 1);                 /* a and b run, c waits for a sequence */
+    assert_int_equal(sched_n_running(s), 2);
+    assert_true(sched_cancel(s, id_b));
+    assert_false(sched_cancel(s, id_b));
+    assert_int_equal(b.done, 1);
+    assert_int_equal(b.stop, GEN_STOP_CALLBACK);
+    while (sched_step(s, &e) > 0)
+        ;
+    assert_int_equal(a.done, 1);
+    assert_int_equal(a.n, 2);                               /* its callback stopped it */
+    assert_int_equal(a.stop, GEN_STOP_CALLBACK);
+    assert_int_equal(c.done, 1);
+    assert_int_equal(c.n, gp.n_predict);
+    /* refused: empty, too long for the context, ids outside the vocabulary */
+    int32_t bad = f.m->hp.n_vocab, *big = calloc(600, sizeof *big);
+    assert_int_equal(sched_submit(s, p, 0, &gp, on_token, on_done, &a, NULL, &e), -ERR_ARG);
+    assert_int_equal(sched_submit(s, big, 600, &gp, on_token, on_done, &a, NULL, &e), -ERR_RANGE);
+    assert_int_equal(sched_submit(s, &bad, 1, &gp, on_token, on_done, &a, NULL, &e), -ERR_RANGE);
+    assert_int_equal(a.done, 1);
+    free(big);
+    /* requests still queued when the scheduler is freed end once */
+    struct out d = {0};
+    assert_int_equal(sched_submit(s, p, 3, &gp, on_token, on_done, &d, NULL, &e), 0);
+    sched_free(s);
+    assert_int_equal(d.done, 1);
+    assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
+    kv_cache_free(kv);
+    fx_close(&f);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(sched_equals_alone),
+    cmocka_unit_test(sched_cancel_and_refuse),
+};
+
+TEST_SUITE(sched, tests);
