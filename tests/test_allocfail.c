@@ -34,6 +34,7 @@
 #include "core/fileio.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
+#include "engine/scheduler.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "template/template.h"
@@ -231,6 +232,60 @@ out:
     return rc;
 }
 
+/* The scheduler: two requests through continuous batching; a failure in a request ends it
+ * with the error (on_done), which the op reports. */
+struct sched_out {
+    int n_done, rc;
+    struct err e;
+};
+
+static void sched_done(void *ud, const struct gen_stats *st, int rc, const struct err *e)
+{
+    struct sched_out *o = ud;
+    (void)st;
+    o->n_done++;
+    if (rc < 0 && o->rc == 0) {
+        o->rc = rc;
+        o->e = *e;
+    }
+}
+
+static int op_sched(const void *arg, struct err *e)
+{
+    const struct engine_case *c = arg;
+    static const int32_t prompt[5] = {5, 17, 42, 8, 99};
+    struct kv_params kp = {.n_tokens = 32, .max_seqs = 2, .block_size = 4, .dtype = DTYPE_F32};
+    struct gen_params gp = {.n_predict = 3, .ignore_eos = true};
+    struct backend *be = NULL;
+    struct model_ctx *ctx = NULL;
+    struct kv_cache *kv = NULL;
+    struct sched *s = NULL;
+    struct sched_out o = {0};
+    int rc;
+    sampler_params_default(&gp.sampling);
+    if ((rc = backend_new(&be, "cpu", 1, e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+        (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
+        (rc = sched_new(&s, ctx, kv, NULL, e)) < 0 ||
+        (rc = sched_submit(s, prompt, 5, &gp, NULL, sched_done, &o, NULL, e)) < 0 ||
+        (rc = sched_submit(s, prompt, 3, &gp, NULL, sched_done, &o, NULL, e)) < 0)
+        goto out;
+    while (sched_step(s, e) > 0)
+        ;
+    if (o.rc < 0) {
+        rc = o.rc;
+        *e = o.e;
+        goto out;
+    }
+    alloc_hook_stop();
+    assert_int_equal(o.n_done, 2);
+out:
+    sched_free(s);
+    kv_cache_free(kv);
+    model_ctx_free(ctx);
+    backend_free(be);
+    return rc;
+}
+
 static void test_engine(void **state)
 {
     (void)state;
@@ -242,6 +297,7 @@ static void test_engine(void **state)
             fail_msg("%s", e.msg);
         assert_int_equal(op_engine(&c, &e), 0);
         check_alloc_failures(dirs[i], op_engine, &c, 0);
+        check_alloc_failures(dirs[i], op_sched, &c, 0);
         model_free(c.m);
     }
 }

@@ -319,36 +319,43 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
     return true;
 }
 
-static void end_all(struct sched *s, int rc, const struct err *e)
+/* Blocks the built batch needs beyond what its sequences hold (no request is forked, so
+ * no copy-on-write). */
+static int batch_blocks_needed(const struct sched *s)
 {
-    for (int i = 0; i < s->max_requests; i++)
-        if (s->reqs[i].id > 0)
-            req_end(s, &s->reqs[i], rc, e);
-    s->n_waiting = 0;
+    int need = 0;
+    for (int i = 0; i < s->max_requests; i++) {
+        const struct sreq *r = &s->reqs[i];
+        if (r->id <= 0 || r->seq < 0)
+            continue;
+        int fed = r->n_fed, left = r->n_toks - r->n_fed;
+        for (int row = 0; row < s->b.n_tok; row++)
+            fed += s->b.seq[row] == r->seq;
+        if (left > 0)
+            need += blocks_for(s, fed) - s->kv->seqs[r->seq].n_blocks;
+    }
+    return need;
 }
 
 int sched_step(struct sched *s, struct err *e)
 {
     int V = s->c->m->hp.n_vocab, rc;
     admit(s);
+    /* the pool decides who runs: preempt the newest request until the batch fits */
     for (;;) {
         build_batch(s);
         if (s->b.n_tok == 0)
             return s->n_waiting > 0 ? 1 : 0;
-        rc = model_forward(s->c, &s->b, s->kv, s->logits, e);
-        if (rc != -ERR_NOMEM || !preempt(s))
+        if (batch_blocks_needed(s) <= kv_n_free_blocks(s->kv) || !preempt(s))
             break;
     }
-    if (rc == -ERR_NOMEM) {
-        /* a lone request outgrew the pool: it ends, the scheduler goes on */
+    if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
+        /* the sequences were rolled back; the running requests end with the error (a lone
+         * request that outgrew the pool among them), waiting ones may still run */
         for (int i = 0; i < s->max_requests; i++)
             if (s->reqs[i].id > 0 && s->reqs[i].seq >= 0)
                 req_end(s, &s->reqs[i], rc, e);
         return s->n_waiting > 0 ? 1 : 0;
-    }
-    if (rc < 0) {
-        end_all(s, rc, e);
-        return rc;
     }
     /* the fed rows are in the cache; then sample in row order */
     int out = 0;

@@ -8,8 +8,8 @@
  *
  * Admission is first come, first served: a waiting request gets a sequence
  * id and starts prefilling when a sequence id is free and the pool has room
- * for its prompt. When a step does not fit the pool (decode rows need new
- * blocks), the most recently admitted request is preempted by recomputation
+ * for its prompt. When a step's batch would not fit the pool, the most
+ * recently admitted request is preempted by recomputation
  * (vLLM's policy): its cache is dropped, and it waits at the head of the
  * queue with its prompt plus what it generated, to be prefilled again; its
  * sampler, and so its output, is unaffected.
@@ -54,8 +54,8 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
 /* End request id (waiting or running) as stopped by its callback; false if unknown. */
 bool sched_cancel(struct sched *s, int id);
 /* One batch over every running request; 0 when nothing is left to do after it, 1 when
- * work remains, < 0 on an error that is not any single request's (then every request
- * has been ended with it). */
+ * work remains. A failing forward ends the running requests with its error (their
+ * on_done gets it); waiting requests stay queued. */
 int sched_step(struct sched *s, struct err *e);
 /* Requests waiting and running. */
 int sched_n_waiting(const struct sched *s);
