@@ -13,7 +13,7 @@ double gen_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static bool is_eos(const struct hparams *hp, int32_t id)
+bool gen_is_eos(const struct hparams *hp, int32_t id)
 {
     for (int i = 0; i < hp->n_eos; i++)
         if (hp->eos_ids[i] == id)
@@ -57,7 +57,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
 
     while (st.n_gen < p->n_predict) {
         int32_t id = sampler_sample(smp, logits);
-        if (!p->ignore_eos && is_eos(hp, id)) {
+        if (!p->ignore_eos && gen_is_eos(hp, id)) {
             st.stop = GEN_STOP_EOS;
             break;
         }

@@ -49,6 +49,9 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e);
 
+/* Whether id is one of the checkpoint's EOS ids. */
+bool gen_is_eos(const struct hparams *hp, int32_t id);
+
 /* Monotonic seconds. */
 double gen_now(void);
 

@@ -61,14 +61,6 @@ static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e
     r->seq = -1;
 }
 
-static bool is_eos(const struct hparams *hp, int32_t id)
-{
-    for (int i = 0; i < hp->n_eos; i++)
-        if (hp->eos_ids[i] == id)
-            return true;
-    return false;
-}
-
 static int free_seq(const struct sched *s)
 {
     for (int q = 0; q < s->kv->max_seqs; q++)
@@ -297,7 +289,7 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
         return false;
     }
     int32_t id = sampler_sample(r->smp, logits);
-    if (!r->p.ignore_eos && is_eos(hp, id)) {
+    if (!r->p.ignore_eos && gen_is_eos(hp, id)) {
         r->st.stop = GEN_STOP_EOS;
         return false;
     }
