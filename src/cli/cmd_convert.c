@@ -117,7 +117,7 @@ static int source_family(const char *dir, const struct expert_stack_rule **rules
     struct hparams hp;
     int rc;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
     hparams_init(&hp);
     if ((rc = registry_resolve(cfg, &ops, e)) < 0 || (rc = ops->parse_config(&hp, cfg, e)) < 0) {

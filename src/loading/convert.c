@@ -736,7 +736,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     if (strlen(o->src) > 4000 || strlen(o->dst) > 4000)
         return err_setf(e, ERR_ARG, "path too long");
     snprintf(path, sizeof path, "%s/config.json", o->src);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
     if (cfg_has(cfg, "quantization") || cfg_has(cfg, "quantization_config")) {
         rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);

@@ -156,7 +156,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     memset(st, 0, sizeof *st);
     if (strlen(o->dst) > 4000)
         return err_setf(e, ERR_ARG, "output path too long");
-    if ((rc = cfg_load_file(o->config, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(o->config, FILE_USER, &cfg, e)) < 0)
         return rc;
     if ((rc = synth_record(cfg, &rec, &ops, e)) < 0) {
         err_prefix(e, "%s", o->config);
