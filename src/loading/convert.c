@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -545,14 +546,19 @@ static int cmp_item(const void *a, const void *b)
     return strcmp((*(cJSON *const *)a)->string, (*(cJSON *const *)b)->string);
 }
 
-/* Write buf to path through path.tmp and a rename. */
-static int write_file(const char *path, const char *buf, size_t n, struct err *e)
+/* Write buf to path through path.tmp (created with mode, less the umask) and a rename. */
+static int write_file(const char *path, const char *buf, size_t n, mode_t mode, struct err *e)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return err_setf(e, ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) {
+        int rc = err_setf(e, ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
     bool ok = fwrite(buf, 1, n, f) == n;
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
@@ -597,47 +603,36 @@ int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, s
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     t[len] = '\n';
-    rc = write_file(path, t, len + 1, e);
+    rc = write_file(path, t, len + 1, 0666, e);
     free(t);
     return rc;
 }
 
 int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e)
 {
+    struct stat sb;
     char *buf = NULL;
     size_t n = 0;
-    int rc = file_read_all(src, (size_t)max, &buf, &n, e);
-    if (rc < 0)
+    int fd, rc;
+    if ((rc = file_open(src, FILE_FOLDER, &fd, &sb, e)) < 0)
         return rc;
-    rc = write_file(dst, buf, n, e);
+    rc = file_read_fd(fd, src, (size_t)max, &buf, &n, e);
+    close(fd);
+    if (rc == 0)  /* never wider than the source's permission bits */
+        rc = write_file(dst, buf, n, sb.st_mode & 0666, e);
     free(buf);
     return rc;
 }
 
-int ck_prepare_dir(const char *dir, struct err *e)
+int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struct err *e)
 {
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        if (errno != ENOENT || mkdir(dir, 0755) != 0)
-            return err_setf(e, ERR_IO, "cannot create %s: %s", dir, strerror(errno));
-        return 0;
-    }
-    if (!S_ISDIR(sb.st_mode))
-        return err_setf(e, ERR_ARG, "%s exists and is not a directory", dir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", dir, strerror(errno));
-    int rc = 0;
-    for (struct dirent *de; (de = readdir(d)) != NULL;) {
-        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
-            rc = err_setf(e, ERR_ARG, "%s is not empty (refusing to overwrite '%s')", dir, de->d_name);
-            break;
-        }
-    }
-    closedir(d);
-    if (rc == 0 && access(dir, W_OK) != 0)
-        rc = err_setf(e, ERR_IO, "%s is not writable: %s", dir, strerror(errno));
-    return rc;
+    char a[4200], b[4200];
+    int rc;
+    if ((size_t)snprintf(a, sizeof a, "%s/%s", src_dir, name) >= sizeof a)
+        return err_setf(e, ERR_ARG, "path too long: %s/%s", src_dir, name);
+    if ((rc = outdir_file(od, name, b, sizeof b, e)) < 0)
+        return rc;
+    return ck_copy_file(a, b, CK_MAX_META, e);
 }
 
 int ck_dtype_parse(const char *s)
@@ -680,34 +675,33 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
     return 0;
 }
 
+/* The files convert copies besides the weights: what Hugging Face and mlx-lm folders carry
+ * for the tokenizer, generation and chat template, and the model card and licence texts. */
 static bool is_metadata_file(const char *name)
 {
-    static const char *const skip_ext[] = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5",
-                                           ".msgpack", ".onnx", ".ckpt", ".tmp", ".index.json"};
-    if (name[0] == '.' || strcmp(name, "config.json") == 0)
-        return false;
-    for (size_t i = 0; i < sizeof skip_ext / sizeof skip_ext[0]; i++)
-        if (ends_with(name, skip_ext[i]))
-            return false;
-    return true;
+    static const char *const names[] = {
+        "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+        "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
+        "chat_template.jinja", "chat_template.json", "README.md", "USE_POLICY.md",
+    };
+    static const char *const prefixes[] = {"LICENSE", "LICENCE", "NOTICE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return true;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+            return true;
+    return false;
 }
 
-static int copy_metadata(const char *src, const char *dst, size_t *n_copied, struct err *e)
+static int copy_metadata(const char *src, struct outdir *od, size_t *n_copied, struct err *e)
 {
     DIR *d = opendir(src);
     int rc = 0;
     if (!d)
         return err_setf(e, ERR_IO, "cannot open %s: %s", src, strerror(errno));
     for (struct dirent *de; rc == 0 && (de = readdir(d)) != NULL;) {
-        char a[4200], b[4200];
-        struct stat sb;
-        if (!is_metadata_file(de->d_name))
-            continue;
-        snprintf(a, sizeof a, "%s/%s", src, de->d_name);
-        snprintf(b, sizeof b, "%s/%s", dst, de->d_name);
-        if (stat(a, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CK_MAX_META)
-            continue;
-        if ((rc = ck_copy_file(a, b, CK_MAX_META, e)) == 0)
+        if (is_metadata_file(de->d_name) && (rc = ck_copy_into(od, src, de->d_name, e)) == 0)
             (*n_copied)++;
     }
     closedir(d);
@@ -730,6 +724,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct st_set *set = NULL;
     struct ck_input *in = NULL;
     struct ck_tensor *t = NULL;
+    struct outdir od = {.tmp = ""};
     size_t nt = 0;
     int rc;
     memset(st, 0, sizeof *st);
@@ -759,15 +754,18 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
-    if ((rc = ck_prepare_dir(o->dst, e)) < 0)
-        goto out;
+    /* the folder appears complete or not at all; small files first, weights, config last */
     struct ck_reader rd = {st_read, NULL};
-    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
-    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
-        (rc = copy_metadata(o->src, o->dst, &st->n_copied, e)) < 0)
+    if ((rc = outdir_begin(&od, o->dst, e)) < 0 ||
+        (rc = copy_metadata(o->src, &od, &st->n_copied, e)) < 0 ||
+        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
+        (rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
+        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
+        (rc = ck_config_write(od.tmp, cfg, o->q, e)) < 0)
         goto out;
-    rc = ck_config_write(o->dst, cfg, o->q, e);
+    rc = outdir_commit(&od, e);
 out:
+    outdir_abort(&od);
     ck_tensors_free(t, nt);
     free(in);
     st_set_free(set);

@@ -125,18 +125,15 @@ static const char *torch_dtype_name(enum dtype dt)
     return dt == DTYPE_F32 ? "float32" : dt == DTYPE_F16 ? "float16" : "bfloat16";
 }
 
-static int copy_tokenizer(const char *src, const char *dst, struct err *e)
+/* The tokenizer files of folder src into the staging folder; only tokenizer.json is required. */
+static int copy_tokenizer(const char *src, struct outdir *od, struct err *e)
 {
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
                                         "special_tokens_map.json"};
-    char a[4200], b[4200];
-    int rc;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", src, files[i]);
-        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
-        rc = ck_copy_file(a, b, 256ull << 20, e);
+        int rc = ck_copy_into(od, src, files[i], e);
         if (rc == -ERR_MISSING && i > 0)
-            continue;  /* only tokenizer.json is required */
+            continue;
         if (rc < 0)
             return err_prefix(e, "--tokenizer");
     }
@@ -151,6 +148,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     const struct model_ops *ops = NULL;
     struct ck_input *in = NULL;
     struct ck_tensor *t = NULL;
+    struct outdir od = {.tmp = ""};
     size_t nt = 0, n = 0;
     int rc;
     memset(st, 0, sizeof *st);
@@ -181,15 +179,6 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
     struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL};
-    if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0 || (rc = ck_prepare_dir(o->dst, e)) < 0)
-        goto out;
-    struct gen g = {.seed = o->seed};
-    struct ck_reader rd = {gen_read, &g};
-    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
-    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0)
-        goto out;
-    if (o->tokenizer && (rc = copy_tokenizer(o->tokenizer, o->dst, e)) < 0)
-        goto out;
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
@@ -197,8 +186,22 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    rc = ck_config_write(o->dst, cfg, o->q, e);
+    if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0)
+        goto out;
+    /* the folder appears complete or not at all: the tokenizer (an input that can fail)
+     * first, then the weights, config.json last */
+    struct gen g = {.seed = o->seed};
+    struct ck_reader rd = {gen_read, &g};
+    if ((rc = outdir_begin(&od, o->dst, e)) < 0 ||
+        (o->tokenizer && (rc = copy_tokenizer(o->tokenizer, &od, e)) < 0) ||
+        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
+        (rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
+        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
+        (rc = ck_config_write(od.tmp, cfg, o->q, e)) < 0)
+        goto out;
+    rc = outdir_commit(&od, e);
 out:
+    outdir_abort(&od);
     ck_tensors_free(t, nt);
     free(in);
     st_set_free(rec);
