@@ -635,6 +635,26 @@ int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struc
     return ck_copy_file(a, b, CK_MAX_META, e);
 }
 
+int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
+                    struct ck_stats *stats, struct err *e)
+{
+    struct outdir od;
+    char path[PATH_MAX + 32];
+    int rc;
+    /* small files first (inputs that can fail), then the weights, config.json last */
+    if ((rc = outdir_begin(&od, f->dst, e)) < 0)
+        return rc;
+    if ((f->copy && (rc = f->copy(f->copy_ud, &od, e)) < 0) ||
+        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
+        (rc = ck_write(path, t, n, f->q, f->rd, f->progress, f->progress_ud, stats, e)) < 0 ||
+        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
+        (rc = ck_config_write(od.tmp, cfg, f->q, e)) < 0) {
+        outdir_abort(&od);
+        return rc;
+    }
+    return outdir_commit(&od, e);
+}
+
 int ck_dtype_parse(const char *s)
 {
     if (!s)
@@ -694,15 +714,22 @@ static bool is_metadata_file(const char *name)
     return false;
 }
 
-static int copy_metadata(const char *src, struct outdir *od, size_t *n_copied, struct err *e)
+struct metadata_copy {
+    const char *src;
+    size_t n_copied;
+};
+
+/* ck_folder.copy for convert: the allow-listed files of the source folder. */
+static int copy_metadata(void *ud, struct outdir *od, struct err *e)
 {
-    DIR *d = opendir(src);
+    struct metadata_copy *mc = ud;
+    DIR *d = opendir(mc->src);
     int rc = 0;
     if (!d)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", src, strerror(errno));
+        return err_setf(e, ERR_IO, "cannot open %s: %s", mc->src, strerror(errno));
     for (struct dirent *de; rc == 0 && (de = readdir(d)) != NULL;) {
-        if (is_metadata_file(de->d_name) && (rc = ck_copy_into(od, src, de->d_name, e)) == 0)
-            (*n_copied)++;
+        if (is_metadata_file(de->d_name) && (rc = ck_copy_into(od, mc->src, de->d_name, e)) == 0)
+            mc->n_copied++;
     }
     closedir(d);
     return rc;
@@ -724,7 +751,6 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct st_set *set = NULL;
     struct ck_input *in = NULL;
     struct ck_tensor *t = NULL;
-    struct outdir od = {.tmp = ""};
     size_t nt = 0;
     int rc;
     memset(st, 0, sizeof *st);
@@ -754,18 +780,12 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
-    /* the folder appears complete or not at all; small files first, weights, config last */
     struct ck_reader rd = {st_read, NULL};
-    if ((rc = outdir_begin(&od, o->dst, e)) < 0 ||
-        (rc = copy_metadata(o->src, &od, &st->n_copied, e)) < 0 ||
-        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
-        (rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
-        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
-        (rc = ck_config_write(od.tmp, cfg, o->q, e)) < 0)
-        goto out;
-    rc = outdir_commit(&od, e);
+    struct metadata_copy mc = {o->src, 0};
+    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud};
+    rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
+    st->n_copied = mc.n_copied;
 out:
-    outdir_abort(&od);
     ck_tensors_free(t, nt);
     free(in);
     st_set_free(set);

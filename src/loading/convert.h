@@ -111,6 +111,22 @@ int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, s
 int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e);
 /* ck_copy_file of src_dir/name into the staging folder od (registered with outdir_file). */
 int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struct err *e);
+/* A checkpoint folder to write: dst (absent or an empty folder), copy (may be NULL) puts the
+ * small files into the staging folder first, then model.safetensors (ck_write with q, rd,
+ * progress) and config.json (ck_config_write) follow. */
+struct ck_folder {
+    const char *dst;
+    int (*copy)(void *ud, struct outdir *od, struct err *e);
+    void *copy_ud;
+    const struct quant_params *q;
+    const struct ck_reader *rd;
+    ck_progress_fn progress;
+    void *progress_ud;
+};
+/* Write the folder f->dst whole or not at all (outdir.h): built beside it and renamed into
+ * place when complete; on any failure nothing is left. cfg is modified (ck_config_write). */
+int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
+                    struct ck_stats *stats, struct err *e);
 /* "bf16"/"bfloat16", "f16"/"float16", "f32"/"float32" -> dtype; -1 otherwise. */
 int ck_dtype_parse(const char *s);
 

@@ -125,9 +125,11 @@ static const char *torch_dtype_name(enum dtype dt)
     return dt == DTYPE_F32 ? "float32" : dt == DTYPE_F16 ? "float16" : "bfloat16";
 }
 
-/* The tokenizer files of folder src into the staging folder; only tokenizer.json is required. */
-static int copy_tokenizer(const char *src, struct outdir *od, struct err *e)
+/* ck_folder.copy for --tokenizer: the tokenizer files of folder ud (a path); only
+ * tokenizer.json is required. */
+static int copy_tokenizer(void *ud, struct outdir *od, struct err *e)
 {
+    const char *src = ud;
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
                                         "special_tokens_map.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -142,13 +144,11 @@ static int copy_tokenizer(const char *src, struct outdir *od, struct err *e)
 
 int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct err *e)
 {
-    char path[4200];
     cJSON *cfg = NULL;
     struct st_set *rec = NULL;
     const struct model_ops *ops = NULL;
     struct ck_input *in = NULL;
     struct ck_tensor *t = NULL;
-    struct outdir od = {.tmp = ""};
     size_t nt = 0, n = 0;
     int rc;
     memset(st, 0, sizeof *st);
@@ -188,20 +188,12 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     }
     if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0)
         goto out;
-    /* the folder appears complete or not at all: the tokenizer (an input that can fail)
-     * first, then the weights, config.json last */
     struct gen g = {.seed = o->seed};
     struct ck_reader rd = {gen_read, &g};
-    if ((rc = outdir_begin(&od, o->dst, e)) < 0 ||
-        (o->tokenizer && (rc = copy_tokenizer(o->tokenizer, &od, e)) < 0) ||
-        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
-        (rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
-        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
-        (rc = ck_config_write(od.tmp, cfg, o->q, e)) < 0)
-        goto out;
-    rc = outdir_commit(&od, e);
+    struct ck_folder f = {o->dst, o->tokenizer ? copy_tokenizer : NULL, (void *)o->tokenizer,
+                          o->q, &rd, o->progress, o->progress_ud};
+    rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
 out:
-    outdir_abort(&od);
     ck_tensors_free(t, nt);
     free(in);
     st_set_free(rec);
