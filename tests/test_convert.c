@@ -77,7 +77,7 @@ static char *convert_to_tmp(const char *src, const struct quant_params *q)
     const struct model_ops *ops = NULL;
     struct err e = {0};
     snprintf(path, sizeof path, "%s/config.json", src);
-    assert_int_equal(cfg_load_file(path, &cfg, &e), 0);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &cfg, &e), 0);
     assert_int_equal(registry_resolve(cfg, &ops, &e), 0);
     cJSON_Delete(cfg);
     char *dir = stb_tmpdir();
@@ -323,7 +323,7 @@ static void check_recording(const char *family_dir)
     struct model *m = NULL;
     struct err e = {0};
     snprintf(path, sizeof path, "%s/config.json", test_path(family_dir));
-    assert_int_equal(cfg_load_file(path, &cfg, &e), 0);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &cfg, &e), 0);
     if (synth_record(cfg, &rec, &ops, &e) < 0)
         fail_msg("%s: %s", family_dir, e.msg);
     cJSON_Delete(cfg);

@@ -646,11 +646,11 @@ static void test_json_load(void **state)
     cJSON *o = NULL;
     struct err e = {0};
     assert_int_equal(stb_write_text(path, "{\"a\": 1}\n"), 0);
-    assert_int_equal(json_load_object(path, 64, &o, &e), 0);
+    assert_int_equal(json_load_object(path, FILE_USER, 64, &o, &e), 0);
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(o, "a")->valueint, 1);
     cJSON_Delete(o);
     assert_int_equal(stb_write_text(path, "{\"a\": 1}\n{\"b\": 2}\n"), 0);
-    assert_int_equal(json_load_object(path, 64, &o, &e), -ERR_FORMAT);
+    assert_int_equal(json_load_object(path, FILE_USER, 64, &o, &e), -ERR_FORMAT);
     assert_null(o);
     assert_non_null(strstr(e.msg, path));
     assert_non_null(strstr(e.msg, "error at byte 9 of 18: trailing bytes"));
@@ -691,13 +691,13 @@ static void test_file_map_all(void **state)
     size_t len = 0;
     struct err e = {0};
     assert_int_equal(stb_write_raw(path, k_bytes, sizeof k_bytes), 0);
-    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_int_equal(file_map_all(path, FILE_USER, &map, &len, &e), 0);
     assert_int_equal(len, sizeof k_bytes);
     assert_memory_equal(map, k_bytes, sizeof k_bytes);
     file_unmap(map, len);
     /* an empty file maps to nothing, successfully (mmap itself refuses length 0) */
     assert_int_equal(stb_write_raw(path, k_bytes, 0), 0);
-    assert_int_equal(file_map_all(path, &map, &len, &e), 0);
+    assert_int_equal(file_map_all(path, FILE_USER, &map, &len, &e), 0);
     assert_null(map);
     assert_int_equal(len, 0);
     file_unmap(map, len);
@@ -711,10 +711,10 @@ static void expect_refused(const char *path, int code, const char *sub)
     const void *map = &map;
     size_t len = 0;
     struct err e = {0};
-    if (file_read_all(path, 64, &buf, &len, &e) != -code || !strstr(e.msg, sub))
-        fail_msg("file_read_all(%s): \"%s\", want code %d and \"%s\"", path, e.msg, code, sub);
+    if (file_read_scoped(path, FILE_FOLDER, 64, &buf, &len, &e) != -code || !strstr(e.msg, sub))
+        fail_msg("file_read_scoped(%s): \"%s\", want code %d and \"%s\"", path, e.msg, code, sub);
     assert_null(buf);
-    if (file_map_all(path, &map, &len, &e) != -code || !strstr(e.msg, sub))
+    if (file_map_all(path, FILE_FOLDER, &map, &len, &e) != -code || !strstr(e.msg, sub))
         fail_msg("file_map_all(%s): \"%s\", want code %d and \"%s\"", path, e.msg, code, sub);
     assert_null(map);
 }

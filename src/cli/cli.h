@@ -41,6 +41,11 @@ int cli_parse_float(const char *flag, const char *s, double lo, double hi, doubl
 /* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
 
+/* Read the file a -f flag names (at most max bytes; file_read_all's rule), or standard input
+ * when path is "-" (a pipe or a file; the only way to read it, since /dev/stdin is not a
+ * regular file). *out is malloc'd and NUL-terminated, owned by the caller. */
+int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct err *e);
+
 /* Resolve -m: an existing folder, or owner/name in $MLXCEL_MODELS_DIR or the Hugging Face
  * cache; NULL means the embedded default model. buf receives the folder. */
 int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e);

@@ -130,6 +130,13 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e)
     return 0;
 }
 
+int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct err *e)
+{
+    if (strcmp(path, "-") == 0)
+        return file_read_fd(STDIN_FILENO, "standard input", max, out, len, e);
+    return file_read_all(path, max, out, len, e);
+}
+
 static bool is_dir(const char *p)
 {
     struct stat st;
@@ -167,13 +174,11 @@ void cli_hf_hub_dir(char *buf, size_t cap)
 
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
 {
-    char path[4200], rev[128] = "";
+    char path[4200], rev[128] = "", *text = NULL;
     snprintf(path, sizeof path, "%s/refs/main", repo_dir);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        if (!fgets(rev, sizeof rev, f))
-            rev[0] = '\0';
-        fclose(f);
+    if (file_read_scoped(path, FILE_FOLDER, 4096, &text, NULL, NULL) == 0) {
+        snprintf(rev, sizeof rev, "%s", text);
+        free(text);
         rev[strcspn(rev, "\r\n")] = '\0';
         /* a revision is a hex hash; anything else (a path) is ignored */
         for (char *c = rev; *c; c++)

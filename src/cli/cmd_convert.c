@@ -117,7 +117,7 @@ static int source_family(const char *dir, const struct expert_stack_rule **rules
     struct hparams hp;
     int rc;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
     hparams_init(&hp);
     if ((rc = registry_resolve(cfg, &ops, e)) < 0 || (rc = ops->parse_config(&hp, cfg, e)) < 0) {
@@ -234,6 +234,7 @@ int cmd_convert(int argc, char **argv)
         o.progress = cli_progress;
         o.progress_ud = &prog;
     }
+    outdir_catch_signals();  /* an interrupted run leaves no partial folder */
     double t0 = gen_now();
     if (convert_checkpoint(&o, &st, &e) < 0) {
         cli_progress_end(&prog);

@@ -31,7 +31,7 @@ static const char *k_help =
     "\n"
     "  -m, --model MODEL      checkpoint folder or owner/name (default: the embedded model)\n"
     "  -p, --prompt TEXT      prompt text\n"
-    "  -f, --file FILE        read the prompt from a file\n"
+    "  -f, --file FILE        read the prompt from a file (- reads standard input)\n"
     "      --prompt-ids IDS   prompt as token ids: 1,2,3 (no tokenizer needed)\n"
     "      --chat             wrap the prompt in the model's chat template (error if it has none)\n"
     "      --no-chat          send the prompt as is (default: chat template when the model has one)\n"
@@ -247,7 +247,7 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
     struct chat_tmpl *ct = NULL;
     int rc;
     if (o->prompt_file) {
-        if ((rc = file_read_all(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
+        if ((rc = cli_read_input(o->prompt_file, 64u << 20, &text, &len, e)) < 0)
             return rc;
     }
     const char *t = text ? text : o->prompt;

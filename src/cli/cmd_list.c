@@ -116,7 +116,7 @@ static void describe(struct list_entry *le)
     const struct model_ops *ops = NULL;
     snprintf(p, sizeof p, "%s/config.json", le->path);
     le->size = safetensors_bytes(le->path);
-    if (cfg_load_file(p, &cfg, NULL) < 0) {
+    if (cfg_load_file(p, FILE_FOLDER, &cfg, NULL) < 0) {
         le->status = LIST_INVALID;
         return;
     }

@@ -137,6 +137,7 @@ int cmd_synth(int argc, char **argv)
         o.progress = cli_progress;
         o.progress_ud = &prog;
     }
+    outdir_catch_signals();  /* an interrupted run leaves no partial folder */
     double t0 = gen_now();
     if (synth_checkpoint(&o, &st, &e) < 0) {
         cli_progress_end(&prog);

@@ -28,7 +28,7 @@ static const char *k_help =
     "Print the token ids of a text as a JSON array.\n"
     "  -m, --model MODEL   folder with tokenizer.json (default: the embedded model)\n"
     "  -p, --prompt TEXT   text to encode\n"
-    "  -f, --file FILE     read the text from a file\n"
+    "  -f, --file FILE     read the text from a file (- reads standard input)\n"
     "      --special       add the tokenizer's special tokens (BOS/EOS per its template)\n"
     "      --no-special    do not add them (the default)\n"
     "      --json          print {\"ids\": [...], \"pieces\": [...], \"n_tokens\": N}\n"
@@ -161,7 +161,7 @@ int cmd_tokenize(int argc, char **argv)
         goto out;
     st.load_s = gen_now() - t0;
     st.load_cpu_s = cpu_s() - c0;
-    if (file && file_read_all(file, 64u << 20, &buf, &len, &e) < 0)
+    if (file && cli_read_input(file, 64u << 20, &buf, &len, &e) < 0)
         goto out;
     if (encode_timed(tok, file ? buf : text, len, special, repeat, &ids, &n, &st, &e) < 0)
         goto out;

@@ -1,89 +1,230 @@
 /*
- * fileio: capped whole-file reads and read-only whole-file mappings (fileio.h).
- * Both start from open_regular(), so the two agree on which files they accept
- * and on how they report the ones they refuse.
+ * fileio: opening, reading and mapping input files (fileio.h). file_open is
+ * the single opening routine: reads and mappings start from it, so they
+ * agree on which files they accept (regular files, symlinks confined for
+ * folder files) and on how they report the ones they refuse.
  */
 #include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-/* Open path read-only; on success *fd is a regular file of *size bytes (the
- * caller closes it). */
-static int open_regular(const char *path, int *fd, uint64_t *size, struct err *e)
+/* ---- opening ---- */
+
+static const char *kind_name(mode_t m)
 {
-    struct stat st;
-    *fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (*fd < 0)
-        return err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "cannot open %s: %s", path,
-                        strerror(errno));
-    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(*fd);
-        *fd = -1;
-        return err_setf(e, ERR_IO, "%s is not a regular file", path);
-    }
-    *size = (uint64_t)st.st_size;
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "not a plain file";
+}
+
+/* Cut the last component off buf (a path); returns a pointer to it, or NULL. */
+static char *cut_last(char *buf)
+{
+    char *s = strrchr(buf, '/');
+    if (!s || s == buf)
+        return NULL;
+    *s = '\0';
+    return s + 1;
+}
+
+/* The folder a link in path's folder may point into (resolved, into root): the folder, or
+ * the repository folder when the folder is a Hugging Face snapshot. */
+static int confine_root(const char *path, char root[PATH_MAX], struct err *e)
+{
+    char dir[PATH_MAX], repo[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if ((size_t)(slash - path) >= sizeof dir)
+        return err_setf(e, ERR_ARG, "path too long: %s", path);
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    if (!realpath(dir, root))
+        return err_setf(e, ERR_IO, "cannot resolve the folder of %s: %s", path, strerror(errno));
+    /* root = .../models--owner--name/snapshots/<rev> -> .../models--owner--name */
+    memcpy(repo, root, sizeof repo);
+    const char *snaps, *owner;
+    if (cut_last(repo) && (snaps = cut_last(repo)) && strcmp(snaps, "snapshots") == 0 &&
+        (owner = strrchr(repo, '/')) && strncmp(owner + 1, "models--", 8) == 0)
+        memcpy(root, repo, strlen(repo) + 1);
     return 0;
 }
 
-int file_read_all(const char *path, size_t max, char **out, size_t *len, struct err *e)
+/* path is a symlink named by its folder: its target, resolved, into target when it lies
+ * inside the folder's confinement root. */
+static int resolve_in_folder(const char *path, char target[PATH_MAX], struct err *e)
 {
-    uint64_t size;
-    char *buf = NULL;
-    size_t got = 0;
-    int fd, rc;
+    char root[PATH_MAX];
+    int rc;
+    if (!realpath(path, target))
+        return err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "cannot resolve symlink %s: %s",
+                        path, strerror(errno));
+    if ((rc = confine_root(path, root, e)) < 0)
+        return rc;
+    size_t n = strlen(root);
+    bool inside = n == 1 || (strncmp(target, root, n) == 0 && target[n] == '/');
+    if (!inside)
+        return err_setf(e, ERR_IO, "%s is a symlink to %s, outside the model folder %s", path,
+                        target, root);
+    return 0;
+}
+
+int file_open(const char *path, enum file_scope scope, int *fd, struct stat *st, struct err *e)
+{
+    int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC;
+    char target[PATH_MAX];
+    const char *p = path;
+    struct stat sb;
+    int rc;
+
+    *fd = -1;
+    if (scope == FILE_FOLDER) {
+        flags |= O_NOFOLLOW;
+        if (lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+            if ((rc = resolve_in_folder(path, target, e)) < 0)
+                return rc;
+            p = target;  /* realpath: no link left to follow */
+        }
+    }
+    int f = open(p, flags);
+    if (f < 0) {
+        if (errno == ELOOP && scope == FILE_FOLDER)
+            return err_setf(e, ERR_IO, "%s became a symlink while it was opened", path);
+        return err_setf(e, errno == ENOENT ? ERR_MISSING : ERR_IO, "cannot open %s: %s", path,
+                        strerror(errno));
+    }
+    if (fstat(f, &sb) != 0) {
+        rc = err_setf(e, ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        rc = err_setf(e, ERR_IO, "%s is not a regular file (%s)", path, kind_name(sb.st_mode));
+        goto fail;
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        rc = err_setf(e, ERR_IO, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (st)
+        *st = sb;
+    *fd = f;
+    return 0;
+fail:
+    close(f);
+    return rc;
+}
+
+/* ---- reading ---- */
+
+int file_read_fd(int fd, const char *name, size_t max, char **out, size_t *len, struct err *e)
+{
+    struct stat sb;
+    size_t cap = 4096, got = 0;
+    char *buf;
+    int rc = 0;
 
     *out = NULL;
-    if ((rc = open_regular(path, &fd, &size, e)) < 0)
-        return rc;
-    if (size > max) {
-        rc = err_setf(e, ERR_RANGE, "%s: %llu bytes exceeds the %zu-byte limit", path,
-                      (unsigned long long)size, max);
-        goto out_close;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        if ((uint64_t)sb.st_size > max)
+            return err_setf(e, ERR_RANGE, "%s: %llu bytes exceeds the %zu-byte limit", name,
+                            (unsigned long long)sb.st_size, max);
+        cap = (size_t)sb.st_size + 1;  /* one more, to see the end */
     }
-    buf = malloc((size_t)size + 1);
-    if (!buf) {
-        rc = err_setf(e, ERR_NOMEM, "%s: out of memory for %llu bytes", path,
-                      (unsigned long long)size);
-        goto out_close;
-    }
-    while (got < (size_t)size) {
-        ssize_t r = read(fd, buf + got, (size_t)size - got);
+    if (!(buf = malloc(cap)))
+        return err_setf(e, ERR_NOMEM, "%s: out of memory for %zu bytes", name, cap);
+    for (;;) {
+        if (got == cap) {
+            size_t ncap = cap > max / 2 ? max + 1 : cap * 2;
+            char *nb = ncap > cap ? realloc(buf, ncap) : NULL;
+            if (!nb) {
+                rc = err_setf(e, ERR_NOMEM, "%s: out of memory for %zu bytes", name, ncap);
+                goto out;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        ssize_t r = read(fd, buf + got, cap - got);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r <= 0) {
-            rc = err_setf(e, ERR_IO, "%s: short read (%zu of %llu bytes)%s%s", path, got,
-                          (unsigned long long)size, r < 0 ? ": " : "", r < 0 ? strerror(errno) : "");
-            goto out_close;
+        if (r < 0) {
+            rc = err_setf(e, ERR_IO, "%s: read failed after %zu bytes: %s", name, got,
+                          strerror(errno));
+            goto out;
         }
+        if (r == 0)
+            break;
         got += (size_t)r;
+        if (got > max) {
+            rc = err_setf(e, ERR_RANGE, "%s: more than the %zu-byte limit", name, max);
+            goto out;
+        }
+    }
+    if (got == cap) {  /* room for the NUL */
+        char *nb = realloc(buf, cap + 1);
+        if (!nb) {
+            rc = err_setf(e, ERR_NOMEM, "%s: out of memory for %zu bytes", name, cap + 1);
+            goto out;
+        }
+        buf = nb;
     }
     buf[got] = '\0';
     *out = buf;
     buf = NULL;
     if (len)
         *len = got;
-out_close:
+out:
     free(buf);
+    return rc;
+}
+
+int file_read_scoped(const char *path, enum file_scope scope, size_t max, char **out, size_t *len,
+                     struct err *e)
+{
+    int fd, rc;
+    *out = NULL;
+    if ((rc = file_open(path, scope, &fd, NULL, e)) < 0)
+        return rc;
+    rc = file_read_fd(fd, path, max, out, len, e);
     close(fd);
     return rc;
 }
 
-int file_map_all(const char *path, const void **map, size_t *len, struct err *e)
+int file_read_all(const char *path, size_t max, char **out, size_t *len, struct err *e)
 {
-    uint64_t size;
+    return file_read_scoped(path, FILE_USER, max, out, len, e);
+}
+
+/* ---- mapping ---- */
+
+int file_map_all(const char *path, enum file_scope scope, const void **map, size_t *len,
+                 struct err *e)
+{
+    struct stat sb;
     int fd, rc;
 
     *map = NULL;
     *len = 0;
-    if ((rc = open_regular(path, &fd, &size, e)) < 0)
+    if ((rc = file_open(path, scope, &fd, &sb, e)) < 0)
         return rc;
+    uint64_t size = (uint64_t)sb.st_size;
     if (size > SIZE_MAX) {
         rc = err_setf(e, ERR_IO, "%s: file of %llu bytes cannot be mapped", path,
                       (unsigned long long)size);

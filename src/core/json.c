@@ -56,12 +56,13 @@ int json_parse_object(const char *buf, size_t len, const char *what, cJSON **out
     return 0;
 }
 
-int json_load_object(const char *path, size_t max, cJSON **out, struct err *e)
+int json_load_object(const char *path, enum file_scope scope, size_t max, cJSON **out,
+                     struct err *e)
 {
     char *buf = NULL;
     size_t n = 0;
     *out = NULL;
-    int rc = file_read_all(path, max, &buf, &n, e);
+    int rc = file_read_scoped(path, scope, max, &buf, &n, e);
     if (rc < 0)
         return rc;
     rc = json_parse_object(buf, n, path, out, e);

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "err.h"
+#include "fileio.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,9 +23,10 @@ extern "C" {
  * top level that is not an object -> -ERR_FORMAT, "<what> is not valid JSON (error
  * at byte N of LEN[: reason])" or "<what> is not a JSON object". */
 int json_parse_object(const char *buf, size_t len, const char *what, cJSON **out, struct err *e);
-/* Read path (at most max bytes, file_read_all's errors) and parse it as above,
+/* Read path (at most max bytes, file_read_all's errors and scope) and parse it as above,
  * naming path in messages. */
-int json_load_object(const char *path, size_t max, cJSON **out, struct err *e);
+int json_load_object(const char *path, enum file_scope scope, size_t max, cJSON **out,
+                     struct err *e);
 
 #ifdef __cplusplus
 }

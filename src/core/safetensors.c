@@ -7,7 +7,7 @@
  *      reader as every other JSON document). It knows nothing about files;
  *      every check that can be made from the header and the data-section
  *      length is made here, so the fuzz target can drive it directly.
- *   2. file_open() maps one file read-only (core/fileio), bounds the 8-byte
+ *   2. shard_open() maps one file read-only (core/fileio), bounds the 8-byte
  *      header length against the file size and ST_MAX_HEADER, and calls
  *      layer 1. Error messages get the file path prefixed.
  *   3. st_set_open() decides which files make up the checkpoint (index or
@@ -307,8 +307,8 @@ static void file_close(struct st_file *f)
 /* Map path read-only and parse its header. On success f owns the mapping and
  * *t and *n hold the tensors with data pointers set (file index 0). On failure f
  * is left empty and the message starts with the path. */
-static int file_open(struct st_file *f, const char *path, struct st_tensor **t, size_t *n,
-                     struct err *e)
+static int shard_open(struct st_file *f, const char *path, struct st_tensor **t, size_t *n,
+                      struct err *e)
 {
     int rc;
 
@@ -321,7 +321,7 @@ static int file_open(struct st_file *f, const char *path, struct st_tensor **t, 
     const char *slash = strrchr(f->path, '/');
     f->base = slash ? slash + 1 : f->path;
 
-    if ((rc = file_map_all(path, &f->map, &f->map_len, e)) < 0)
+    if ((rc = file_map_all(path, FILE_FOLDER, &f->map, &f->map_len, e)) < 0)
         goto fail;
     uint64_t size = f->map_len;
     if (size < 8) {
@@ -392,7 +392,7 @@ static int set_build(struct st_set **out, const char *where, char *const *paths,
         goto fail;
     }
     for (size_t i = 0; i < n; i++) {
-        if ((rc = file_open(&s->files[i], paths[i], &ft, &fn, e)) < 0)
+        if ((rc = shard_open(&s->files[i], paths[i], &ft, &fn, e)) < 0)
             goto fail;
         s->n_files++;
         struct st_tensor *grown = reallocarray(s->t, s->n + fn + 1, sizeof *s->t);
@@ -448,10 +448,18 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-static bool is_regular_file(const char *path)
+/* Folders named *.safetensors are skipped; anything else found is opened, and
+ * file_open refuses what is not a regular file (a FIFO would otherwise hang). */
+static bool is_directory(const char *path)
 {
     struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool is_present(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
 }
 
 static bool is_weight_file_name(const char *name)
@@ -461,7 +469,7 @@ static bool is_weight_file_name(const char *name)
            strcmp(name, ST_GOLDEN_NAME) != 0;
 }
 
-/* Every *.safetensors regular file in dir except golden.safetensors, sorted.
+/* Every *.safetensors entry in dir but folders and golden.safetensors, sorted.
  * *out is a malloc'd array of malloc'd full paths (free with paths_free). */
 static int discover(const char *dir, char ***out, size_t *n_out, struct err *e)
 {
@@ -482,7 +490,7 @@ static int discover(const char *dir, char ***out, size_t *n_out, struct err *e)
             continue;
         if ((rc = path_join(path, sizeof path, dir, de->d_name, e)) < 0)
             goto fail;
-        if (!is_regular_file(path))
+        if (is_directory(path))
             continue;
         if (n == ST_MAX_FILES) {
             rc = err_setf(e, ERR_FORMAT, "more than %d *.safetensors files in %s", ST_MAX_FILES,
@@ -538,7 +546,7 @@ static int index_load(const char *path, cJSON **root, const cJSON **wm, struct e
     int rc;
 
     *root = NULL;
-    if ((rc = file_read_all(path, ST_MAX_INDEX, &buf, &len, e)) < 0)
+    if ((rc = file_read_scoped(path, FILE_FOLDER, ST_MAX_INDEX, &buf, &len, e)) < 0)
         return rc;
     snprintf(what, sizeof what, "%s: index", path);
     rc = json_parse_object(buf, len, what, &r, e);
@@ -659,7 +667,7 @@ static int open_indexed(struct st_set **out, const char *dir, const char *ipath,
     for (size_t i = 0; i < n; i++) {
         if ((rc = path_join(path, sizeof path, dir, shards[i], e)) < 0)
             goto out;
-        if (!is_regular_file(path)) {
+        if (!is_present(path)) {
             rc = open_stale(out, dir, ipath, wm, shards[i], e);
             goto out;
         }

@@ -15,9 +15,9 @@ int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct
     return json_parse_object(buf, len, what, out, e);
 }
 
-int cfg_load_file(const char *path, cJSON **out, struct err *e)
+int cfg_load_file(const char *path, enum file_scope scope, cJSON **out, struct err *e)
 {
-    return json_load_object(path, CFG_MAX_BYTES, out, e);
+    return json_load_object(path, scope, CFG_MAX_BYTES, out, e);
 }
 
 bool cfg_has(const cJSON *o, const char *key)

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "../core/err.h"
+#include "../core/fileio.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -22,8 +23,9 @@ extern "C" {
 
 #define CFG_MAX_BYTES (16u << 20)  /* config files are small; refuse anything larger */
 
-/* Read and parse a JSON file (size-capped). *out is owned by the caller (cJSON_Delete). */
-int cfg_load_file(const char *path, cJSON **out, struct err *e);
+/* Read and parse a JSON file (size-capped; scope as file_open's). *out is owned by the caller
+ * (cJSON_Delete). */
+int cfg_load_file(const char *path, enum file_scope scope, cJSON **out, struct err *e);
 /* Parse a JSON buffer (not NUL-terminated); the root must be an object. */
 int cfg_parse(const char *buf, size_t len, const char *what, cJSON **out, struct err *e);
 

@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -545,14 +546,19 @@ static int cmp_item(const void *a, const void *b)
     return strcmp((*(cJSON *const *)a)->string, (*(cJSON *const *)b)->string);
 }
 
-/* Write buf to path through path.tmp and a rename. */
-static int write_file(const char *path, const char *buf, size_t n, struct err *e)
+/* Write buf to path through path.tmp (created with mode, less the umask) and a rename. */
+static int write_file(const char *path, const char *buf, size_t n, mode_t mode, struct err *e)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return err_setf(e, ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) {
+        int rc = err_setf(e, ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
     bool ok = fwrite(buf, 1, n, f) == n;
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
@@ -597,47 +603,56 @@ int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, s
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     t[len] = '\n';
-    rc = write_file(path, t, len + 1, e);
+    rc = write_file(path, t, len + 1, 0666, e);
     free(t);
     return rc;
 }
 
 int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e)
 {
+    struct stat sb;
     char *buf = NULL;
     size_t n = 0;
-    int rc = file_read_all(src, (size_t)max, &buf, &n, e);
-    if (rc < 0)
+    int fd, rc;
+    if ((rc = file_open(src, FILE_FOLDER, &fd, &sb, e)) < 0)
         return rc;
-    rc = write_file(dst, buf, n, e);
+    rc = file_read_fd(fd, src, (size_t)max, &buf, &n, e);
+    close(fd);
+    if (rc == 0)  /* never wider than the source's permission bits */
+        rc = write_file(dst, buf, n, sb.st_mode & 0666, e);
     free(buf);
     return rc;
 }
 
-int ck_prepare_dir(const char *dir, struct err *e)
+int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struct err *e)
 {
-    struct stat sb;
-    if (stat(dir, &sb) != 0) {
-        if (errno != ENOENT || mkdir(dir, 0755) != 0)
-            return err_setf(e, ERR_IO, "cannot create %s: %s", dir, strerror(errno));
-        return 0;
+    char a[4200], b[4200];
+    int rc;
+    if ((size_t)snprintf(a, sizeof a, "%s/%s", src_dir, name) >= sizeof a)
+        return err_setf(e, ERR_ARG, "path too long: %s/%s", src_dir, name);
+    if ((rc = outdir_file(od, name, b, sizeof b, e)) < 0)
+        return rc;
+    return ck_copy_file(a, b, CK_MAX_META, e);
+}
+
+int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
+                    struct ck_stats *stats, struct err *e)
+{
+    struct outdir od;
+    char path[PATH_MAX + 32];
+    int rc;
+    /* small files first (inputs that can fail), then the weights, config.json last */
+    if ((rc = outdir_begin(&od, f->dst, e)) < 0)
+        return rc;
+    if ((f->copy && (rc = f->copy(f->copy_ud, &od, e)) < 0) ||
+        (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
+        (rc = ck_write(path, t, n, f->q, f->rd, f->progress, f->progress_ud, stats, e)) < 0 ||
+        (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
+        (rc = ck_config_write(od.tmp, cfg, f->q, e)) < 0) {
+        outdir_abort(&od);
+        return rc;
     }
-    if (!S_ISDIR(sb.st_mode))
-        return err_setf(e, ERR_ARG, "%s exists and is not a directory", dir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", dir, strerror(errno));
-    int rc = 0;
-    for (struct dirent *de; (de = readdir(d)) != NULL;) {
-        if (strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0) {
-            rc = err_setf(e, ERR_ARG, "%s is not empty (refusing to overwrite '%s')", dir, de->d_name);
-            break;
-        }
-    }
-    closedir(d);
-    if (rc == 0 && access(dir, W_OK) != 0)
-        rc = err_setf(e, ERR_IO, "%s is not writable: %s", dir, strerror(errno));
-    return rc;
+    return outdir_commit(&od, e);
 }
 
 int ck_dtype_parse(const char *s)
@@ -680,35 +695,41 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
     return 0;
 }
 
+/* The files convert copies besides the weights: what Hugging Face and mlx-lm folders carry
+ * for the tokenizer, generation and chat template, and the model card and licence texts. */
 static bool is_metadata_file(const char *name)
 {
-    static const char *const skip_ext[] = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5",
-                                           ".msgpack", ".onnx", ".ckpt", ".tmp", ".index.json"};
-    if (name[0] == '.' || strcmp(name, "config.json") == 0)
-        return false;
-    for (size_t i = 0; i < sizeof skip_ext / sizeof skip_ext[0]; i++)
-        if (ends_with(name, skip_ext[i]))
-            return false;
-    return true;
+    static const char *const names[] = {
+        "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+        "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
+        "chat_template.jinja", "chat_template.json", "README.md", "USE_POLICY.md",
+    };
+    static const char *const prefixes[] = {"LICENSE", "LICENCE", "NOTICE"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            return true;
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++)
+        if (strncmp(name, prefixes[i], strlen(prefixes[i])) == 0)
+            return true;
+    return false;
 }
 
-static int copy_metadata(const char *src, const char *dst, size_t *n_copied, struct err *e)
+struct metadata_copy {
+    const char *src;
+    size_t n_copied;
+};
+
+/* ck_folder.copy for convert: the allow-listed files of the source folder. */
+static int copy_metadata(void *ud, struct outdir *od, struct err *e)
 {
-    DIR *d = opendir(src);
+    struct metadata_copy *mc = ud;
+    DIR *d = opendir(mc->src);
     int rc = 0;
     if (!d)
-        return err_setf(e, ERR_IO, "cannot open %s: %s", src, strerror(errno));
+        return err_setf(e, ERR_IO, "cannot open %s: %s", mc->src, strerror(errno));
     for (struct dirent *de; rc == 0 && (de = readdir(d)) != NULL;) {
-        char a[4200], b[4200];
-        struct stat sb;
-        if (!is_metadata_file(de->d_name))
-            continue;
-        snprintf(a, sizeof a, "%s/%s", src, de->d_name);
-        snprintf(b, sizeof b, "%s/%s", dst, de->d_name);
-        if (stat(a, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CK_MAX_META)
-            continue;
-        if ((rc = ck_copy_file(a, b, CK_MAX_META, e)) == 0)
-            (*n_copied)++;
+        if (is_metadata_file(de->d_name) && (rc = ck_copy_into(od, mc->src, de->d_name, e)) == 0)
+            mc->n_copied++;
     }
     closedir(d);
     return rc;
@@ -736,7 +757,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     if (strlen(o->src) > 4000 || strlen(o->dst) > 4000)
         return err_setf(e, ERR_ARG, "path too long");
     snprintf(path, sizeof path, "%s/config.json", o->src);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
     if (cfg_has(cfg, "quantization") || cfg_has(cfg, "quantization_config")) {
         rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);
@@ -759,14 +780,11 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
-    if ((rc = ck_prepare_dir(o->dst, e)) < 0)
-        goto out;
     struct ck_reader rd = {st_read, NULL};
-    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
-    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0 ||
-        (rc = copy_metadata(o->src, o->dst, &st->n_copied, e)) < 0)
-        goto out;
-    rc = ck_config_write(o->dst, cfg, o->q, e);
+    struct metadata_copy mc = {o->src, 0};
+    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud};
+    rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
+    st->n_copied = mc.n_copied;
 out:
     ck_tensors_free(t, nt);
     free(in);

@@ -26,6 +26,7 @@
 #include "../core/dtype.h"
 #include "../core/err.h"
 #include "../core/safetensors.h"
+#include "outdir.h"
 #include "quantize.h"
 
 #ifdef __cplusplus
@@ -105,10 +106,27 @@ int ck_config_set_quant(cJSON *cfg, const struct quant_params *q, struct err *e)
  * not NULL (ck_config_set_quant), "_name_or_path" and "vision_config" dropped, keys sorted;
  * temp file then rename. cfg is modified. */
 int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, struct err *e);
-/* Copy a regular file of at most max bytes (temp file then rename). */
+/* Copy a regular file of at most max bytes (temp file then rename), src opened as a folder
+ * file (file_open's FILE_FOLDER rule); the copy's mode is at most the source's bits. */
 int ck_copy_file(const char *src, const char *dst, uint64_t max, struct err *e);
-/* dir must not exist (it is created, parent must exist) or be an empty directory. */
-int ck_prepare_dir(const char *dir, struct err *e);
+/* ck_copy_file of src_dir/name into the staging folder od (registered with outdir_file). */
+int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struct err *e);
+/* A checkpoint folder to write: dst (absent or an empty folder), copy (may be NULL) puts the
+ * small files into the staging folder first, then model.safetensors (ck_write with q, rd,
+ * progress) and config.json (ck_config_write) follow. */
+struct ck_folder {
+    const char *dst;
+    int (*copy)(void *ud, struct outdir *od, struct err *e);
+    void *copy_ud;
+    const struct quant_params *q;
+    const struct ck_reader *rd;
+    ck_progress_fn progress;
+    void *progress_ud;
+};
+/* Write the folder f->dst whole or not at all (outdir.h): built beside it and renamed into
+ * place when complete; on any failure nothing is left. cfg is modified (ck_config_write). */
+int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
+                    struct ck_stats *stats, struct err *e);
 /* "bf16"/"bfloat16", "f16"/"float16", "f32"/"float32" -> dtype; -1 otherwise. */
 int ck_dtype_parse(const char *s);
 
@@ -129,9 +147,11 @@ struct convert_stats {
     int dtype;             /* target dtype used, -1 when kept */
 };
 
-/* src -> dst: config.json (+ quantization), model.safetensors, and the small metadata
- * files (tokenizer*, generation_config.json, ...) copied; config.json is written last, so
- * a folder holding it is complete. An already quantized source -> -ERR_UNSUPPORTED. */
+/* src -> dst: config.json (+ quantization), model.safetensors, and the allow-listed
+ * metadata files (tokenizer files, generation_config.json, chat templates, README.md,
+ * LICENSE*, ...) copied. Everything is built in a staging folder beside dst (outdir.h)
+ * renamed onto dst when complete, so on any failure dst is left as it was. An already
+ * quantized source -> -ERR_UNSUPPORTED. */
 int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, struct err *e);
 
 #ifdef __cplusplus

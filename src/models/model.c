@@ -29,15 +29,15 @@ static int parse_generation(struct model *m, const char *dir, struct err *e)
     g->min_p = -1.0f;
     g->repeat_penalty = -1.0f;
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    fclose(f);
     cJSON *cfg = NULL;
     int rc, n = 0;
     bool do_sample;
     int32_t ids[HP_MAX_EOS];
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) == -ERR_MISSING) {
+        err_clear(e);  /* optional */
+        return 0;
+    }
+    if (rc < 0)
         return rc;
     if ((rc = cfg_opt_ids(cfg, "eos_token_id", ids, HP_MAX_EOS, &n, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "do_sample", false, &do_sample, e)) < 0 ||
@@ -95,7 +95,7 @@ int model_load(struct model **out, const char *dir, struct err *e)
     snprintf(m->dir, sizeof m->dir, "%s", dir);
 
     snprintf(path, sizeof path, "%s/config.json", dir);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         goto fail;
     if ((rc = registry_resolve(cfg, &m->ops, e)) < 0)
         goto fail_prefix;

@@ -135,7 +135,7 @@ static int write_config(const char *src, const char *dst, const char *patch, str
     cJSON *cfg = NULL, *p = NULL;
     int rc;
     snprintf(path, sizeof path, "%s/config.json", src);
-    if ((rc = cfg_load_file(path, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
     if (patch && (rc = cfg_parse(patch, strlen(patch), "config patch", &p, e)) < 0)
         goto out;
@@ -224,7 +224,7 @@ int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
     if (!tmp)
         return err_setf(e, ERR_IO, "cannot make a temporary folder");
     snprintf(src, sizeof src, STEST_GOLDEN "%s/config.json", fixture);
-    if ((rc = cfg_load_file(src, &cfg, e)) == 0 && (rc = registry_resolve(cfg, &ops, e)) == 0) {
+    if ((rc = cfg_load_file(src, FILE_FOLDER, &cfg, e)) == 0 && (rc = registry_resolve(cfg, &ops, e)) == 0) {
         snprintf(src, sizeof src, STEST_GOLDEN "%s", fixture);
         struct convert_opts o = {src, tmp, ops->expert_stacking, NULL, -1, NULL, NULL, NULL};
         struct convert_stats st;

@@ -125,18 +125,17 @@ static const char *torch_dtype_name(enum dtype dt)
     return dt == DTYPE_F32 ? "float32" : dt == DTYPE_F16 ? "float16" : "bfloat16";
 }
 
-static int copy_tokenizer(const char *src, const char *dst, struct err *e)
+/* ck_folder.copy for --tokenizer: the tokenizer files of folder ud (a path); only
+ * tokenizer.json is required. */
+static int copy_tokenizer(void *ud, struct outdir *od, struct err *e)
 {
+    const char *src = ud;
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
                                         "special_tokens_map.json"};
-    char a[4200], b[4200];
-    int rc;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(a, sizeof a, "%s/%s", src, files[i]);
-        snprintf(b, sizeof b, "%s/%s", dst, files[i]);
-        rc = ck_copy_file(a, b, 256ull << 20, e);
+        int rc = ck_copy_into(od, src, files[i], e);
         if (rc == -ERR_MISSING && i > 0)
-            continue;  /* only tokenizer.json is required */
+            continue;
         if (rc < 0)
             return err_prefix(e, "--tokenizer");
     }
@@ -145,7 +144,6 @@ static int copy_tokenizer(const char *src, const char *dst, struct err *e)
 
 int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct err *e)
 {
-    char path[4200];
     cJSON *cfg = NULL;
     struct st_set *rec = NULL;
     const struct model_ops *ops = NULL;
@@ -156,7 +154,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     memset(st, 0, sizeof *st);
     if (strlen(o->dst) > 4000)
         return err_setf(e, ERR_ARG, "output path too long");
-    if ((rc = cfg_load_file(o->config, &cfg, e)) < 0)
+    if ((rc = cfg_load_file(o->config, FILE_USER, &cfg, e)) < 0)
         return rc;
     if ((rc = synth_record(cfg, &rec, &ops, e)) < 0) {
         err_prefix(e, "%s", o->config);
@@ -181,15 +179,6 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
     struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL};
-    if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0 || (rc = ck_prepare_dir(o->dst, e)) < 0)
-        goto out;
-    struct gen g = {.seed = o->seed};
-    struct ck_reader rd = {gen_read, &g};
-    snprintf(path, sizeof path, "%s/model.safetensors", o->dst);
-    if ((rc = ck_write(path, t, nt, o->q, &rd, o->progress, o->progress_ud, &st->ck, e)) < 0)
-        goto out;
-    if (o->tokenizer && (rc = copy_tokenizer(o->tokenizer, o->dst, e)) < 0)
-        goto out;
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
@@ -197,7 +186,13 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    rc = ck_config_write(o->dst, cfg, o->q, e);
+    if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0)
+        goto out;
+    struct gen g = {.seed = o->seed};
+    struct ck_reader rd = {gen_read, &g};
+    struct ck_folder f = {o->dst, o->tokenizer ? copy_tokenizer : NULL, (void *)o->tokenizer,
+                          o->q, &rd, o->progress, o->progress_ud};
+    rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
 out:
     ck_tensors_free(t, nt);
     free(in);

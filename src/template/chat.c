@@ -33,7 +33,7 @@ static int read_json(const char *dir, const char *name, cJSON **out, struct err 
 {
     char path[4352];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int rc = json_load_object(path, CHAT_FILE_MAX, out, e);
+    int rc = json_load_object(path, FILE_FOLDER, CHAT_FILE_MAX, out, e);
     return rc == -ERR_MISSING ? 1 : rc;
 }
 
@@ -104,7 +104,7 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
         what = "tokenizer_config.json chat_template";
     } else {
         snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
-        rc = file_read_all(path, CHAT_FILE_MAX, &file_src, &len, e);
+        rc = file_read_scoped(path, FILE_FOLDER, CHAT_FILE_MAX, &file_src, &len, e);
         if (rc < 0 && rc != -ERR_MISSING)
             goto fail;
         if (rc == 0) {

@@ -35,7 +35,7 @@ static int parse_tokenizer_json(const char *path, char **text, cJSON **root,
                                 struct tok_span *spans, struct err *e)
 {
     size_t len = 0, n = 0;
-    int rc = file_read_all(path, TOK_JSON_MAX, text, &len, e);
+    int rc = file_read_scoped(path, FILE_FOLDER, TOK_JSON_MAX, text, &len, e);
     if (rc < 0)
         return rc;
     if (tok_json_model_spans(*text, len, &spans[0], &spans[1]) < 0) {
@@ -483,7 +483,7 @@ int tok_load_files(struct tokenizer **out, const char *tokenizer_json, const cha
         goto fail;
     }
     if (config_json) {
-        if ((rc = json_load_object(config_json, TOK_CONFIG_MAX, &cfg, e)) < 0)
+        if ((rc = json_load_object(config_json, FILE_FOLDER, TOK_CONFIG_MAX, &cfg, e)) < 0)
             goto fail;
         if ((rc = apply_config(t, cfg, e)) < 0) {
             err_prefix(e, "%s", config_json);

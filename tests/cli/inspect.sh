@@ -100,8 +100,8 @@ jhas dtypes '"dtypes":{[^}]*"U32":[0-9]'
 # The shard is built by hand: u64 LE header length, JSON header, data.
 M="$T/extra"
 mkdir -p "$M"
-ln -s "$PWD/models/llama-tiny/config.json" "$M/config.json"
-ln -s "$PWD/models/llama-tiny/model.safetensors" "$M/model.safetensors"
+cp "$PWD/models/llama-tiny/config.json" "$M/config.json"
+cp "$PWD/models/llama-tiny/model.safetensors" "$M/model.safetensors"
 hdr='{'
 i=0
 while [ $i -lt 25 ]; do

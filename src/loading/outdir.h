@@ -1,0 +1,43 @@
+/*
+ * outdir: an output folder that appears whole or not at all (convert, synth).
+ *
+ * outdir_begin checks the target (absent, or an empty folder; its parent
+ * writable) and creates a staging folder beside it, on the same filesystem:
+ * <parent>/.<name>.partial-XXXXXX. Everything is written there; outdir_commit
+ * renames it onto the target, outdir_abort removes it. A SIGINT, SIGTERM or
+ * SIGHUP during the work removes it too (outdir_catch_signals): the handler
+ * only unlinks the file names registered with outdir_file (and their ".tmp"
+ * twins) and rmdirs the folder, which is async-signal-safe, then dies of the
+ * signal. One staging folder exists at a time per process.
+ */
+#pragma once
+#include <limits.h>
+#include <stddef.h>
+
+#include "../core/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct outdir {
+    char dst[PATH_MAX];  /* the target folder */
+    char tmp[PATH_MAX];  /* the staging folder; "" when none */
+};
+
+/* Check dst and create its staging folder (mode 0777 less the umask, like mkdir). An
+ * existing non-empty dst or a non-folder -> -ERR_ARG, nothing created. */
+int outdir_begin(struct outdir *o, const char *dst, struct err *e);
+/* Register name (a plain file name) for removal on a signal and write o->tmp/name into buf. */
+int outdir_file(struct outdir *o, const char *name, char *buf, size_t cap, struct err *e);
+/* Rename the staging folder onto dst. On failure the staging folder is removed. */
+int outdir_commit(struct outdir *o, struct err *e);
+/* Remove the staging folder and everything in it; a no-op after commit or when none. */
+void outdir_abort(struct outdir *o);
+/* Install the signal handlers (SIGINT, SIGTERM, SIGHUP) and ignore SIGXFSZ, so a file-size
+ * limit is a write error (cleaned up) rather than death with a partial folder. */
+void outdir_catch_signals(void);
+
+#ifdef __cplusplus
+}
+#endif
