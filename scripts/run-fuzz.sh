@@ -6,7 +6,9 @@
 #   fuzz_safetensors  the committed fixture headers (files cut to 4 KiB) plus a
 #                     few small complete files written here, with a dictionary
 #                     of the format's keys and dtype names
-#   fuzz_config       every config.json under tests/fixtures
+#   fuzz_config       every config.json under tests/fixtures, plus fuzz/seeds/config/
+#                     (oversized and negative dimensions; the unit test
+#                     config/oversized_dims runs them under UBSan in make test)
 #   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB plus small
 #                     hand-written ones using every component type
 #   fuzz_template     the chat templates in fuzz/seeds/template/ (the fixtures'
@@ -85,6 +87,7 @@ seed_config() {
         i=$((i + 1))
         cp "$f" "$dir/config-$i.json"
     done
+    cp "$ROOT"/fuzz/seeds/config/*.json "$dir"/
 }
 
 seed_tokenizer() {

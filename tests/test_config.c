@@ -8,9 +8,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include "cli_run.h"
+#include "core/fileio.h"
 #include "loading/config.h"
 #include "models/model.h"
+#include "models/registry.h"
 #include "test.h"
 
 static cJSON *parse(const char *json)
@@ -173,7 +177,78 @@ static void bad_configs(void **state)
     remove_dir(dir);
 }
 
+/* cfg through every family's parse_config + hparams_validate, as model_load and fuzz_config
+ * do. Under UBSan (the ASan build aborts on UB) an overflow in derived sizes fails here. */
+static void parse_all_families(const cJSON *cfg)
+{
+    for (size_t i = 0; i < registry_count(); i++) {
+        const struct registry_entry *r = registry_at(i);
+        if (!r->ops)
+            continue;
+        struct hparams hp;
+        struct err e = {0};
+        hparams_init(&hp);
+        if (r->ops->parse_config(&hp, cfg, &e) == 0 && hparams_validate(&hp, &e) == 0) {
+            assert_true(hp.n_embd > 0 && hp.n_embd <= HP_MAX_DIM && hp.n_ff > 0 && hp.n_ff <= HP_MAX_DIM);
+            assert_true(hp.head_dim > 0 && hp.head_dim <= HP_MAX_HEAD_DIM && hp.n_rot <= hp.head_dim);
+        }
+    }
+}
+
+/* The config fuzzer's seed corpus (fuzz/seeds/config: oversized and negative dimensions,
+ * n_embd = 2^30, head_dim = 2^31 - 1, ...), then every dimension field of a valid
+ * config set in turn to extreme values, through every family. */
+static void oversized_dims(void **state)
+{
+    (void)state;
+    const char *dir = test_path("fuzz/seeds/config");
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n_seeds = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strstr(de->d_name, ".json"))
+            continue;
+        char path[4096], *text = NULL;
+        size_t len = 0;
+        struct err e = {0};
+        cJSON *cfg = NULL;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        assert_int_equal(file_read_all(path, 1 << 20, &text, &len, &e), 0);
+        assert_int_equal(cfg_parse(text, len, path, &cfg, &e), 0);
+        parse_all_families(cfg);
+        cJSON_Delete(cfg);
+        free(text);
+        n_seeds++;
+    }
+    closedir(d);
+    assert_true(n_seeds >= 5);
+
+    static const char *const fields[] = {
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "n_embd", "n_head", "n_layer",
+        "rotary_dim", "n_positions", "n_inner", "num_local_experts", "num_experts_per_tok",
+        "sliding_window", "max_window_layers",
+    };
+    static const double values[] = {1073741824.0, 2147483647.0, -2147483648.0, -1.0, 0.0, 1048577.0};
+    const char *base =
+        "{\"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 64, \"num_hidden_layers\": 2,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 128,"
+        " \"n_embd\": 32, \"n_head\": 4, \"n_layer\": 2, \"rotary_dim\": 8, \"n_positions\": 128,"
+        " \"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"sliding_window\": 16}";
+    for (size_t f = 0; f < sizeof fields / sizeof fields[0]; f++) {
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            cJSON *cfg = parse(base);
+            cJSON_DeleteItemFromObjectCaseSensitive(cfg, fields[f]);
+            assert_non_null(cJSON_AddNumberToObject(cfg, fields[f], values[v]));
+            parse_all_families(cfg);
+            cJSON_Delete(cfg);
+        }
+    }
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(oversized_dims),
     cmocka_unit_test(accessors),
     cmocka_unit_test(generation_config),
     cmocka_unit_test(bad_configs),

@@ -154,7 +154,36 @@ static void penalty(void **state)
     assert_non_null(strstr(e.msg, "top-p"));
 }
 
+/* A tiny temperature is greedy, and a small one over huge logits samples only the top ids
+ * (scaled as l / T the logits overflowed to inf, inf - inf = NaN, and the last id came out). */
+static void tiny_temperature(void **state)
+{
+    (void)state;
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 1e-40f;
+    struct sampler *s = make(&p);
+    assert_int_equal(support(s, k_logits), 1u << 1);
+    sampler_free(s);
+
+    float big[V];
+    for (int i = 0; i < V; i++)
+        big[i] = k_logits[i] * 1e34f;
+    p.temperature = 2e-5f;
+    s = make(&p);
+    assert_int_equal(support(s, big), (1u << 1) | (1u << 3));
+    sampler_free(s);
+
+    /* the penalty's bounds: a tiny divisor would overflow a logit */
+    struct err e = {0};
+    sampler_params_default(&p);
+    p.repeat_penalty = 1e-30f;
+    assert_int_equal(sampler_params_check(&p, &e), -ERR_ARG);
+    assert_non_null(strstr(e.msg, "--repeat-penalty"));
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(tiny_temperature),
     cmocka_unit_test(greedy),
     cmocka_unit_test(filters),
     cmocka_unit_test(top_p_widens),

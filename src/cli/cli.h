@@ -30,9 +30,10 @@ int cmd_arch(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 
-/* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. */
+/* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. The message is
+ * escaped (control and non-UTF-8 bytes as \n, \xNN), so it is one line of valid UTF-8. */
 int cli_fail(const char *cmd, const struct err *e);
-/* Print a usage error and a hint to run --help; returns CLI_EXIT_USAGE. */
+/* Print a usage error (escaped as cli_fail) and a hint to run --help; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Parse a decimal integer in [lo, hi] from a flag value. */
@@ -75,6 +76,8 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
 void cli_engine_close(struct cli_engine *en);
 
 struct cJSON;
+/* Print root to stdout and free it; bytes that are not UTF-8 (in names read from disk)
+ * become \ufffd, so the output is always valid JSON. */
 int cli_print_json(struct cJSON *root, struct err *e);
 
 /* True when stderr is a terminal (progress output goes there only then). */

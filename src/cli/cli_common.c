@@ -1,6 +1,13 @@
 /*
  * cli_common: helpers shared by the commands (cli.h): argument parsing with
  * range checks, file reading with a size cap, model-folder resolution.
+ *
+ * Everything the CLI prints about untrusted names goes through one of two
+ * filters: messages on stderr (cli_fail, cli_usage_error) escape control
+ * bytes and bytes that are not UTF-8 as \n, \t, \xNN, so a message is
+ * always one line of valid UTF-8; JSON on stdout (cli_print_json) replaces
+ * bytes that are not UTF-8 with \ufffd, since cJSON copies strings as they
+ * are and its output would otherwise not be JSON.
  */
 #include "cli.h"
 
@@ -10,6 +17,7 @@
 #include "../engine/kvcache.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
+#include "../tokenizer/tok_impl.h"  /* tok_utf8_seq: the one UTF-8 validator */
 
 #include <ctype.h>
 #include <dirent.h>
@@ -29,19 +37,47 @@
 #define DEFAULT_MODEL "models/phixtral-tiny-4bit"
 #define MAX_IDS (1 << 24)
 
+/* Length of the valid UTF-8 character at s (n bytes left), 0 when s[0] starts none. */
+static size_t utf8_char_len(const char *s, size_t n)
+{
+    size_t need, ok = tok_utf8_seq((const unsigned char *)s, n, &need);
+    return need > 0 && ok == need ? need : 0;
+}
+
+/* s as one line of valid UTF-8 on f: control and invalid bytes as \n, \r, \t, \xNN. */
+static void put_escaped(FILE *f, const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        size_t k = utf8_char_len(s + i, n - i);
+        if (c == '\n' || c == '\r' || c == '\t')
+            fprintf(f, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
+        else if (k == 0 || c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02X", c);
+        else
+            fwrite(s + i, 1, k, f);
+        i += k ? k : 1;
+    }
+}
+
 int cli_fail(const char *cmd, const struct err *e)
 {
-    fprintf(stderr, "mlxcel %s: error: %s\n", cmd, e->msg[0] ? e->msg : err_code_name(e->code));
+    fprintf(stderr, "mlxcel %s: error: ", cmd);
+    put_escaped(stderr, e->msg[0] ? e->msg : err_code_name(e->code));
+    fputc('\n', stderr);
     return CLI_EXIT_ERROR;
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 {
+    char msg[ERR_MSG_MAX];
     va_list ap;
-    fprintf(stderr, "mlxcel %s: ", cmd);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "mlxcel %s: ", cmd);
+    put_escaped(stderr, msg);
     fprintf(stderr, "\nRun `mlxcel %s --help` for usage.\n", cmd);
     return CLI_EXIT_USAGE;
 }
@@ -89,12 +125,15 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e)
             p++;
         if (!*p || (bracket && *p == ']'))
             break;
+        /* the token runs to the next separator; all of it must be the number */
+        size_t tok = strcspn(p, " \t\n\r\v\f,]");
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 0 || x > INT32_MAX) {
+        if (tok == 0 || end != p + tok || errno || x < 0 || x > INT32_MAX) {
             free(v);
-            return err_setf(e, ERR_ARG, "token ids: '%.20s' is not a non-negative integer id", p);
+            return err_setf(e, ERR_ARG, "token ids: '%.*s' (id %zu) is not a non-negative integer id",
+                            (int)(tok ? (tok < 40 ? tok : 40) : 1), p, len + 1);
         }
         if (len == cap) {
             if (cap >= MAX_IDS) {
@@ -276,7 +315,17 @@ int cli_print_json(struct cJSON *root, struct err *e)
     cJSON_Delete(root);
     if (!s)
         return err_setf(e, ERR_NOMEM, "out of memory building the JSON output");
-    puts(s);
+    /* outside strings cJSON writes ASCII, so any invalid byte is inside a string */
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        size_t k = utf8_char_len(s + i, n - i);
+        if (k == 0)
+            fputs("\\ufffd", stdout);
+        else
+            fwrite(s + i, 1, k, stdout);
+        i += k ? k : 1;
+    }
+    fputc('\n', stdout);
     cJSON_free(s);
     return 0;
 }

@@ -46,7 +46,9 @@ static const char *k_help =
     "      --repeat-last-n N  tokens the penalty looks back over (default 64)\n"
     "      --seed S           RNG seed (default 1)\n"
     "  -t, --threads N        CPU threads (default: all online CPUs)\n"
-    "  -c, --ctx N            context size (default: prompt + n, capped at the model's)\n"
+    "  -c, --ctx N            context size (default: the model's; above it is an error)\n"
+    "      --truncate left|right  cut a prompt longer than the context to fit (left: drop the\n"
+    "                         oldest tokens, right: the newest), leaving room for one token\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
@@ -56,7 +58,7 @@ static const char *k_help =
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
-    OPT_TEMPLATE_FILE,
+    OPT_TEMPLATE_FILE, OPT_TRUNCATE,
 };
 
 struct gen_cli {
@@ -65,6 +67,7 @@ struct gen_cli {
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
     bool ignore_eos, stats, output_ids;
+    enum gen_truncate truncate;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
     struct sampler_params sp;
 };
@@ -104,6 +107,19 @@ static int on_token(void *ud, int32_t id)
     return 0;
 }
 
+/* A sampling flag, within the one bounds table the generation config is checked against too.
+ * Integer fields (top-k, repeat-last-n) parse as integers. */
+static int parse_sampling(enum sampler_field f, const char *arg, double *out, struct err *e)
+{
+    const struct sampler_bound *b = &sampler_bounds[f];
+    long l = 0;
+    if (f != SAMPLER_TOP_K && f != SAMPLER_REPEAT_LAST_N)
+        return cli_parse_float(b->flag, arg, b->lo, b->hi, out, e);
+    int rc = cli_parse_int(b->flag, arg, (long)b->lo, (long)b->hi, &l, e);
+    *out = (double)l;
+    return rc;
+}
+
 static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
 {
     static const struct option opts[] = {
@@ -119,7 +135,8 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"prompt-ids", required_argument, 0, OPT_PROMPT_IDS},
         {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {"chat", no_argument, 0, OPT_CHAT},
         {"no-chat", no_argument, 0, OPT_NO_CHAT}, {"system", required_argument, 0, OPT_SYSTEM},
-        {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE}, {0, 0, 0, 0},
+        {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE},
+        {"truncate", required_argument, 0, OPT_TRUNCATE}, {0, 0, 0, 0},
     };
     int c, rc = 0;
     long l;
@@ -137,33 +154,33 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
         case 'h': fputs(k_help, stdout); return 1;
         case OPT_TEMP:
-            rc = cli_parse_float("--temp", optarg, 0, 100, &d, e);
+            rc = parse_sampling(SAMPLER_TEMPERATURE, optarg, &d, e);
             o->sp.temperature = (float)d;
             o->has_temp = true;
             break;
         case OPT_TOPK:
-            rc = cli_parse_int("--top-k", optarg, 0, 1 << 24, &l, e);
-            o->sp.top_k = (int)l;
+            rc = parse_sampling(SAMPLER_TOP_K, optarg, &d, e);
+            o->sp.top_k = (int)d;
             o->has_top_k = true;
             break;
         case OPT_TOPP:
-            rc = cli_parse_float("--top-p", optarg, 1e-6, 1, &d, e);
+            rc = parse_sampling(SAMPLER_TOP_P, optarg, &d, e);
             o->sp.top_p = (float)d;
             o->has_top_p = true;
             break;
         case OPT_MINP:
-            rc = cli_parse_float("--min-p", optarg, 0, 1, &d, e);
+            rc = parse_sampling(SAMPLER_MIN_P, optarg, &d, e);
             o->sp.min_p = (float)d;
             o->has_min_p = true;
             break;
         case OPT_REPPEN:
-            rc = cli_parse_float("--repeat-penalty", optarg, 1e-3, 100, &d, e);
+            rc = parse_sampling(SAMPLER_REPEAT_PENALTY, optarg, &d, e);
             o->sp.repeat_penalty = (float)d;
             o->has_rep = true;
             break;
         case OPT_REPN:
-            rc = cli_parse_int("--repeat-last-n", optarg, 0, 1 << 20, &l, e);
-            o->sp.repeat_last_n = (int)l;
+            rc = parse_sampling(SAMPLER_REPEAT_LAST_N, optarg, &d, e);
+            o->sp.repeat_last_n = (int)d;
             break;
         case OPT_SEED:
             rc = cli_parse_int("--seed", optarg, 0, 0x7fffffffL, &l, e);
@@ -177,6 +194,14 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_NO_CHAT: o->chat = 0; break;
         case OPT_SYSTEM: o->system = optarg; break;
         case OPT_TEMPLATE_FILE: o->template_file = optarg; break;
+        case OPT_TRUNCATE:
+            if (strcmp(optarg, "left") == 0)
+                o->truncate = GEN_TRUNCATE_LEFT;
+            else if (strcmp(optarg, "right") == 0)
+                o->truncate = GEN_TRUNCATE_RIGHT;
+            else
+                rc = err_setf(e, ERR_ARG, "--truncate: '%s' is not left or right", optarg);
+            break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -197,19 +222,37 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
     return 0;
 }
 
-/* Flags override the checkpoint's generation_config.json. */
-static void apply_defaults(struct gen_cli *o, const struct generation_defaults *g)
+/* One generation_config.json value (-1: absent) unless its flag was given; checked against
+ * the same bounds as the flag. */
+static int gen_default(bool has_flag, enum sampler_field f, double v, double *out, struct err *e)
 {
-    if (!o->has_temp && g->temperature >= 0)
-        o->sp.temperature = g->temperature;
-    if (!o->has_top_k && g->top_k >= 0)
-        o->sp.top_k = g->top_k;
-    if (!o->has_top_p && g->top_p > 0 && g->top_p <= 1)
-        o->sp.top_p = g->top_p;
-    if (!o->has_min_p && g->min_p >= 0 && g->min_p <= 1)
-        o->sp.min_p = g->min_p;
-    if (!o->has_rep && g->repeat_penalty > 0)
-        o->sp.repeat_penalty = g->repeat_penalty;
+    if (has_flag || v == -1.0)
+        return 0;
+    int rc = sampler_bound_check(f, v, "generation_config.json", e);
+    if (rc < 0)
+        return rc;
+    *out = v;
+    return 0;
+}
+
+/* Flags override the checkpoint's generation_config.json. */
+static int apply_defaults(struct gen_cli *o, const struct generation_defaults *g, struct err *e)
+{
+    double t = o->sp.temperature, k = o->sp.top_k, p = o->sp.top_p, mp = o->sp.min_p,
+           r = o->sp.repeat_penalty;
+    int rc;
+    if ((rc = gen_default(o->has_temp, SAMPLER_TEMPERATURE, g->temperature, &t, e)) < 0 ||
+        (rc = gen_default(o->has_top_k, SAMPLER_TOP_K, g->top_k, &k, e)) < 0 ||
+        (rc = gen_default(o->has_top_p, SAMPLER_TOP_P, g->top_p, &p, e)) < 0 ||
+        (rc = gen_default(o->has_min_p, SAMPLER_MIN_P, g->min_p, &mp, e)) < 0 ||
+        (rc = gen_default(o->has_rep, SAMPLER_REPEAT_PENALTY, g->repeat_penalty, &r, e)) < 0)
+        return rc;
+    o->sp.temperature = (float)t;
+    o->sp.top_k = (int)k;
+    o->sp.top_p = (float)p;
+    o->sp.min_p = (float)mp;
+    o->sp.repeat_penalty = (float)r;
+    return 0;
 }
 
 /* The chat prompt for text: [system,] user rendered by the template, add_generation_prompt. */
@@ -312,10 +355,11 @@ int cmd_generate(int argc, char **argv)
     }
     if ((rc = model_load(&m, dir, &e)) < 0)
         goto fail;
-    apply_defaults(&o, &m->gen);
+    if ((rc = apply_defaults(&o, &m->gen, &e)) < 0)
+        goto fail;
     /* one sequence: the cache holds what this run can reach; the engine checks the
-     * context (--ctx, else the model's) */
-    long max_len = o.n_ctx > 0 && o.n_ctx < m->hp.n_ctx ? o.n_ctx : m->hp.n_ctx;
+     * context (--ctx, else the model's; kv_cache_new refuses one above the model's) */
+    long max_len = o.n_ctx > 0 ? o.n_ctx : m->hp.n_ctx;
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
     if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
         goto fail;
@@ -323,8 +367,14 @@ int cmd_generate(int argc, char **argv)
     sink.text = !o.output_ids;
     if (tok)
         tok_stream_init(&sink.ts, tok, true);
-    struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos, .sampling = o.sp};
-    if ((rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e)) < 0)
+    struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos,
+                            .truncate = o.truncate, .sampling = o.sp};
+    rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
+    if (st.n_dropped > 0)
+        fprintf(stderr, "mlxcel generate: truncated the prompt: dropped %d of %zu tokens (%s) to fit "
+                "the context of %d\n", st.n_dropped, n_prompt,
+                o.truncate == GEN_TRUNCATE_LEFT ? "the oldest" : "the newest", en.kv->max_seq_len);
+    if (rc < 0)
         goto fail;
     if (sink.failed) {
         err_setf(&e, ERR_NOMEM, "out of memory collecting output");

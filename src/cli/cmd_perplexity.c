@@ -64,7 +64,11 @@ static int score_window(struct cli_engine *en, struct batch *b, const int32_t *i
             int pos = done + j;
             if (pos + 1 >= n)
                 break;
-            *nll += nll_of(logits + (size_t)j * V, V, ids[pos + 1]);
+            double x = nll_of(logits + (size_t)j * V, V, ids[pos + 1]);
+            if (!isfinite(x))
+                return err_setf(e, ERR_FORMAT, "the NLL of the token at position %d is not finite "
+                                "(the model produced NaN or inf logits)", pos + 1);
+            *nll += x;
             (*count)++;
         }
         done += k;

@@ -8,11 +8,20 @@
  * logit rows) on the host, upload it in one copy, run the family forward
  * and download the chunk's logits. One backend_sync at the end reports any
  * op failure; then the reservation is rolled back.
+ *
+ * Non-finite logits (NaN weights, an overflowing activation) are counted per
+ * call on the host copy (one pass over the downloaded rows, negligible next
+ * to the forward) into ctx->n_nonfinite, and logged once per context. The
+ * forward still succeeds, because one bad sequence must not fail a batch;
+ * callers decide: generate() stops with an error, perplexity fails.
  */
 #include "batch.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../core/log.h"
 
 int batch_init(struct batch *b, int cap, struct err *e)
 {
@@ -129,6 +138,20 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
     return n_out;
 }
 
+/* Logit rows of [rows, V] holding a NaN or an infinity. */
+static int count_nonfinite(const float *logits, int rows, int V)
+{
+    int bad = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *l = logits + (size_t)r * V;
+        float acc = 0.0f;
+        for (int i = 0; i < V; i++)
+            acc += l[i] * 0.0f; /* 0 for finite values, NaN for NaN and +-inf */
+        bad += acc != acc;
+    }
+    return bad;
+}
+
 /* Back to each sequence's length before the call (its first row's position). */
 static void rollback(const struct batch *b, struct kv_cache *kv)
 {
@@ -142,6 +165,7 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
 {
     const struct model *m = c->m;
     int B = c->n_batch, V = m->hp.n_vocab, rc, done_out = 0;
+    c->n_nonfinite = 0;
     if (kv->n_layer != m->hp.n_layer)
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
     if ((rc = check_rows(c, b, kv, e)) < 0 || (rc = kv_reserve(kv, kv->want, e)) < 0)
@@ -165,7 +189,15 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     /* always sync: it also clears an error recorded after a failing forward */
     int rs = backend_sync(c->be, rc < 0 ? NULL : e);
     rc = rc < 0 ? rc : rs;
-    if (rc < 0)
+    if (rc < 0) {
         rollback(b, kv);
+        return rc;
+    }
+    c->n_nonfinite = count_nonfinite(logits, done_out, V);
+    if (c->n_nonfinite > 0 && !c->warned_nonfinite) {
+        c->warned_nonfinite = true;
+        LOG_WARN("the forward produced non-finite logits (NaN or inf) in %d of %d rows: "
+                 "the weights or the config are broken", c->n_nonfinite, done_out);
+    }
     return rc;
 }

@@ -13,6 +13,16 @@ double gen_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* After each forward: logits with NaN or inf would sample garbage (every comparison false),
+ * so generation stops with an error instead (model_forward has logged the warning). */
+static int check_logits(const struct model_ctx *c, int pos, struct err *e)
+{
+    if (c->n_nonfinite > 0)
+        return err_setf(e, ERR_FORMAT, "the model produced non-finite logits (NaN or inf) at position "
+                        "%d: its weights or config are broken", pos);
+    return 0;
+}
+
 bool gen_is_eos(const struct hparams *hp, int32_t id)
 {
     for (int i = 0; i < hp->n_eos; i++)
@@ -36,6 +46,13 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         return err_setf(e, ERR_ARG, "the prompt is empty");
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
+    int fit = kv->max_seq_len - 1; /* room for one generated token */
+    if (p->truncate != GEN_TRUNCATE_OFF && n_prompt > fit && fit >= 1) {
+        st.n_dropped = n_prompt - fit;
+        if (p->truncate == GEN_TRUNCATE_LEFT)
+            prompt += st.n_dropped;
+        n_prompt = st.n_prompt = fit;
+    }
     kv_seq_remove(kv, seq);
     if ((rc = kv_seq_add(kv, seq, e)) < 0 || (rc = sampler_new(&smp, &p->sampling, hp->n_vocab, e)) < 0 ||
         (rc = batch_init(&b, n_prompt, e)) < 0)
@@ -50,7 +67,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         sampler_accept(smp, prompt[i]);
     double t0 = gen_now();
     if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0 ||
-        (rc = model_forward(c, &b, kv, logits, e)) < 0)
+        (rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, n_prompt - 1, e)) < 0)
         goto out;
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
@@ -76,7 +93,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         }
         batch_clear(&b);
         if ((rc = batch_add(&b, id, len, seq, true, e)) < 0 ||
-            (rc = model_forward(c, &b, kv, logits, e)) < 0)
+            (rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, len, e)) < 0)
             goto out;
     }
     st.t_gen_s = gen_now() - t1;

@@ -4,6 +4,11 @@
  * one at a time through the paged KV cache. Generation stops at n_predict
  * tokens, at an EOS id of the checkpoint (unless ignore_eos), when the
  * callback asks, or when the context is full.
+ *
+ * A prompt longer than the context is an error, or with `truncate` is cut
+ * to max_seq_len - 1 tokens so at least one generated token fits: LEFT drops
+ * the oldest tokens (keeps the end), RIGHT keeps the beginning. Logits with
+ * NaN or inf stop generation with -ERR_FORMAT (sampling them is garbage).
  */
 #pragma once
 #include <stdbool.h>
@@ -18,9 +23,16 @@
 extern "C" {
 #endif
 
+enum gen_truncate {
+    GEN_TRUNCATE_OFF = 0,       /* a prompt longer than the context is an error */
+    GEN_TRUNCATE_LEFT = 1,      /* drop the oldest tokens */
+    GEN_TRUNCATE_RIGHT = 2,     /* drop the newest tokens */
+};
+
 struct gen_params {
     int n_predict;              /* tokens to generate (>= 0) */
     bool ignore_eos;
+    enum gen_truncate truncate;
     struct sampler_params sampling;
 };
 
@@ -33,6 +45,7 @@ enum gen_stop {
 
 struct gen_stats {
     int n_prompt, n_gen;
+    int n_dropped;                /* prompt tokens cut by gen_params.truncate */
     double t_prompt_s, t_gen_s;   /* wall time of prefill and of decode */
     enum gen_stop stop;
 };

@@ -36,7 +36,7 @@ extern "C" {
 struct kv_params {
     int n_tokens;        /* pool size in token slots (rounded up to whole blocks) */
     int max_seqs;        /* sequence ids [0, max_seqs) */
-    int max_seq_len;     /* longest sequence; <= 0: the model's context length */
+    int max_seq_len;     /* longest sequence; <= 0: the model's context length; above it: error */
     int block_size;      /* <= 0: KV_DEFAULT_BLOCK */
     enum dtype dtype;    /* element type; F32 today */
 };
@@ -62,7 +62,8 @@ struct kv_cache {
     int32_t *want;                   /* [max_seqs] scratch for kv_reserve */
 };
 
-/* A cache for m on be. Errors: -ERR_ARG for bad params (names the field),
+/* A cache for m on be. Errors: -ERR_ARG for bad params (names the field), -ERR_RANGE for a
+ * max_seq_len above the model's context (both numbers named),
  * -ERR_UNSUPPORTED for a layer cache kind or dtype not supported, -ERR_NOMEM. */
 int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *be,
                  const struct kv_params *p, struct err *e);

@@ -30,18 +30,37 @@ void sampler_params_default(struct sampler_params *p)
     p->seed = 0x5eed;
 }
 
+/* The penalty divides or multiplies a logit: within [1e-3, 100] a float logit of up to
+ * ~3e35 stays finite. top_p > 0: a zero mass would keep no candidate. */
+const struct sampler_bound sampler_bounds[SAMPLER_N_FIELDS] = {
+    [SAMPLER_TEMPERATURE] = {"--temp", "temperature", 0.0, 100.0},
+    [SAMPLER_TOP_K] = {"--top-k", "top_k", 0.0, 1 << 24},
+    [SAMPLER_TOP_P] = {"--top-p", "top_p", 1e-6, 1.0},
+    [SAMPLER_MIN_P] = {"--min-p", "min_p", 0.0, 1.0},
+    [SAMPLER_REPEAT_PENALTY] = {"--repeat-penalty", "repetition_penalty", 1e-3, 100.0},
+    [SAMPLER_REPEAT_LAST_N] = {"--repeat-last-n", "repeat_last_n", 0.0, 1 << 20},
+};
+
+int sampler_bound_check(enum sampler_field f, double v, const char *source, struct err *e)
+{
+    const struct sampler_bound *b = &sampler_bounds[f];
+    if (!isfinite(v) || v < b->lo || v > b->hi)
+        return err_setf(e, ERR_ARG, "%s: %s (%s) = %g is out of range [%g, %g]", source,
+                        b->config_key, b->flag, v, b->lo, b->hi);
+    return 0;
+}
+
 int sampler_params_check(const struct sampler_params *p, struct err *e)
 {
-    if (!isfinite(p->temperature))
-        return err_setf(e, ERR_ARG, "temperature must be a finite number");
-    if (!(p->top_p > 0.0f) || !isfinite(p->top_p))
-        return err_setf(e, ERR_ARG, "top-p %g must be in (0, 1]", (double)p->top_p);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return err_setf(e, ERR_ARG, "min-p %g must be in [0, 1]", (double)p->min_p);
-    if (!(p->repeat_penalty > 0.0f) || !isfinite(p->repeat_penalty))
-        return err_setf(e, ERR_ARG, "repeat penalty %g must be positive", (double)p->repeat_penalty);
-    if (p->repeat_last_n < 0 || p->repeat_last_n > (1 << 20))
-        return err_setf(e, ERR_ARG, "repeat window %d is out of range", p->repeat_last_n);
+    const double v[SAMPLER_N_FIELDS] = {
+        [SAMPLER_TEMPERATURE] = p->temperature, [SAMPLER_TOP_K] = p->top_k,
+        [SAMPLER_TOP_P] = p->top_p, [SAMPLER_MIN_P] = p->min_p,
+        [SAMPLER_REPEAT_PENALTY] = p->repeat_penalty, [SAMPLER_REPEAT_LAST_N] = p->repeat_last_n,
+    };
+    int rc;
+    for (int f = 0; f < SAMPLER_N_FIELDS; f++)
+        if ((rc = sampler_bound_check(f, v[f], "sampler", e)) < 0)
+            return rc;
     return 0;
 }
 
@@ -188,16 +207,17 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
             s->work[id] = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
         }
     }
-    if (p->temperature <= 0.0f)
+    if (p->temperature < SAMPLER_GREEDY_TEMP)
         return argmax(s->work, V);
 
-    /* 2. temperature */
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) {
-        s->work[i] /= p->temperature;
-        if (s->work[i] > mx)
-            mx = s->work[i];
-    }
+    /* 2. temperature, in the safe form (l - max) / T: every scaled logit is <= 0, so a
+     * small T sends the others to -inf (probability 0), never the max to +inf */
+    int32_t top = argmax(s->work, V);
+    double lmax = s->work[top], inv_t = 1.0 / (double)p->temperature;
+    for (int i = 0; i < V; i++)
+        s->work[i] = (float)(((double)s->work[i] - lmax) * inv_t);
+    s->work[top] = 0.0f;
+    const double mx = 0.0;
 
     /* 3. top-k: the distribution is renormalized over the k survivors */
     int K = p->top_k > 0 && p->top_k < V ? p->top_k : V;

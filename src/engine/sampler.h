@@ -4,7 +4,13 @@
  * Order of the transforms (the Hugging Face logits-processor order):
  * repetition penalty over the last repeat_last_n tokens -> temperature ->
  * top-k -> top-p (nucleus) -> min-p -> draw from the renormalized
- * distribution. temperature <= 0 is greedy (argmax; ties to the lower id).
+ * distribution. A temperature below SAMPLER_GREEDY_TEMP is greedy (argmax;
+ * ties to the lower id). Logits are scaled as (l - max) / T in double, so a
+ * tiny temperature cannot overflow into inf - inf = NaN.
+ *
+ * Bounds: sampler_bounds[] is the one table of valid ranges; the CLI flags
+ * and generation_config.json values are checked against it
+ * (sampler_bound_check) and sampler_params_check applies it again.
  * The RNG is xoshiro256** seeded from `seed`, so a seed reproduces a run.
  * Scratch space is allocated once per sampler (n_vocab entries).
  */
@@ -18,8 +24,12 @@
 extern "C" {
 #endif
 
+/* Below this temperature sampling is argmax: at T = 1e-5 a logit gap of 1e-3 is already
+ * exp(-100) apart, so float32 logits leave nothing but the top id (or exact ties). */
+#define SAMPLER_GREEDY_TEMP 1e-5f
+
 struct sampler_params {
-    float temperature;     /* <= 0: greedy */
+    float temperature;     /* < SAMPLER_GREEDY_TEMP: greedy */
     int top_k;             /* <= 0: off */
     float top_p;           /* >= 1: off */
     float min_p;           /* <= 0: off */
@@ -28,9 +38,33 @@ struct sampler_params {
     uint64_t seed;
 };
 
+/* The sampling values that come from users or checkpoints. */
+enum sampler_field {
+    SAMPLER_TEMPERATURE = 0,
+    SAMPLER_TOP_K = 1,
+    SAMPLER_TOP_P = 2,
+    SAMPLER_MIN_P = 3,
+    SAMPLER_REPEAT_PENALTY = 4,
+    SAMPLER_REPEAT_LAST_N = 5,
+    SAMPLER_N_FIELDS = 6,
+};
+
+/* Valid range [lo, hi] of one field, with its CLI flag and generation_config.json key. */
+struct sampler_bound {
+    const char *flag;
+    const char *config_key;
+    double lo, hi;
+};
+
+extern const struct sampler_bound sampler_bounds[SAMPLER_N_FIELDS];
+
+/* 0 when v is finite and within sampler_bounds[f]; else -ERR_ARG with a message naming
+ * `source` (a flag or a file), the field and the range. */
+int sampler_bound_check(enum sampler_field f, double v, const char *source, struct err *e);
+
 /* Greedy, no penalty. */
 void sampler_params_default(struct sampler_params *p);
-/* Reject values that make no sense (negative temperature is fine = greedy). */
+/* Every field within sampler_bounds (-ERR_ARG naming the field otherwise). */
 int sampler_params_check(const struct sampler_params *p, struct err *e);
 
 struct sampler;

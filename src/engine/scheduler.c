@@ -11,6 +11,7 @@
  */
 #include "scheduler.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,6 +207,14 @@ int sched_n_running(const struct sched *s)
 
 // ---- one step ----
 
+static bool row_finite(const float *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return false;
+    return true;
+}
+
 /* Blocks a request needs to hold all its tokens. */
 static int blocks_for(const struct sched *s, int n_toks)
 {
@@ -360,9 +369,16 @@ int sched_step(struct sched *s, struct err *e)
         if (!s->b.logits[row])
             continue;
         struct sreq *r = &s->reqs[s->row_req[row]];
-        if (!sample_one(s, r, s->logits + (size_t)out * V))
+        const float *lg = s->logits + (size_t)out++ * V;
+        if (s->c->n_nonfinite > 0 && !row_finite(lg, V)) {
+            /* as generate(): a request whose logits are broken ends with an error */
+            struct err re;
+            err_setf(&re, ERR_FORMAT, "the model produced non-finite logits (NaN or inf) at position "
+                     "%d: its weights or config are broken", r->n_fed - 1);
+            req_end(s, r, -ERR_FORMAT, &re);
+        } else if (!sample_one(s, r, lg)) {
             req_end(s, r, 0, NULL);
-        out++;
+        }
     }
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
 }

@@ -87,7 +87,8 @@ static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *
         /* transformers: factor = max_position_embeddings / original; the cos/sin scale
          * defaults to sqrt(1 + ln(factor) / ln(original)) when the factor exceeds 1. */
         double factor = (double)hp->n_ctx / hp->rope_orig_ctx;
-        float af = factor <= 1.0 ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)hp->rope_orig_ctx));
+        float af = factor <= 1.0 || hp->rope_orig_ctx < 2
+                       ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)hp->rope_orig_ctx));
         return cfg_opt_float(rs, "attention_factor", af, &hp->rope_attn_factor, e);
     }
     return err_setf(e, ERR_UNSUPPORTED, "rope_scaling type '%s' is not supported", type);
@@ -112,9 +113,10 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
         (rc = parse_act(hp, cfg, "hidden_act", d->act, e)) < 0)
         return rc;
-    if (hp->n_head <= 0)
-        return err_setf(e, ERR_CONFIG, "config field 'num_attention_heads' = %d must be positive",
-                        hp->n_head);
+    /* bounded before any size is derived from them */
+    if ((rc = hparams_check_dim(hp->n_head, "num_attention_heads", 1, HP_MAX_HEADS, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_embd, "hidden_size", 1, HP_MAX_DIM, e)) < 0)
+        return rc;
     if (cfg_has(cfg, "head_dim")) {
         if ((rc = cfg_int(cfg, "head_dim", &hp->head_dim, e)) < 0)
             return rc;
@@ -127,11 +129,13 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
                             hp->n_head);
         hp->head_dim = hp->n_embd / hp->n_head;
     }
+    if ((rc = hparams_check_dim(hp->head_dim, "head_dim", 1, HP_MAX_HEAD_DIM, e)) < 0)
+        return rc;
     if (!(partial > 0.0f && partial <= 1.0f))
         return err_setf(e, ERR_CONFIG, "partial_rotary_factor %g must be in (0, 1]", (double)partial);
-    hp->n_rot = (int)(hp->head_dim * partial);
+    hp->n_rot = (int)((double)hp->head_dim * partial);
     hp->out_bias = hp->qkv_bias;  /* Llama's attention_bias covers q, k, v and o */
-    hp->attn_scale = hp->head_dim > 0 ? 1.0f / sqrtf((float)hp->head_dim) : 1.0f;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     return parse_rope_scaling(hp, cfg, e);
 }
 

@@ -81,25 +81,25 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
     return 0;
 }
 
-static int check_dim(int v, const char *field, int lo, int hi, struct err *e)
+int hparams_check_dim(int64_t v, const char *field, int64_t lo, int64_t hi, struct err *e)
 {
     if (v < lo || v > hi)
-        return err_setf(e, ERR_CONFIG, "config field '%s' = %d is out of range [%d, %d]", field, v,
-                        lo, hi);
+        return err_setf(e, ERR_CONFIG, "config field '%s' = %lld is out of range [%lld, %lld]", field,
+                        (long long)v, (long long)lo, (long long)hi);
     return 0;
 }
 
 int hparams_validate(const struct hparams *hp, struct err *e)
 {
     int rc;
-    if ((rc = check_dim(hp->n_vocab, "vocab_size", 1, 1 << 24, e)) < 0 ||
-        (rc = check_dim(hp->n_embd, "hidden_size", 1, HP_MAX_DIM, e)) < 0 ||
-        (rc = check_dim(hp->n_layer, "num_hidden_layers", 1, HP_MAX_LAYERS, e)) < 0 ||
-        (rc = check_dim(hp->n_head, "num_attention_heads", 1, 4096, e)) < 0 ||
-        (rc = check_dim(hp->n_kv_head, "num_key_value_heads", 1, hp->n_head, e)) < 0 ||
-        (rc = check_dim(hp->head_dim, "head_dim", 1, 4096, e)) < 0 ||
-        (rc = check_dim(hp->n_ff, "intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
-        (rc = check_dim(hp->n_ctx, "max_position_embeddings", 1, 1 << 24, e)) < 0)
+    if ((rc = hparams_check_dim(hp->n_vocab, "vocab_size", 1, 1 << 24, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_embd, "hidden_size", 1, HP_MAX_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_layer, "num_hidden_layers", 1, HP_MAX_LAYERS, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_head, "num_attention_heads", 1, HP_MAX_HEADS, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_kv_head, "num_key_value_heads", 1, hp->n_head, e)) < 0 ||
+        (rc = hparams_check_dim(hp->head_dim, "head_dim", 1, HP_MAX_HEAD_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_ff, "intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_ctx, "max_position_embeddings", 1, 1 << 24, e)) < 0)
         return rc;
     if (hp->n_head % hp->n_kv_head != 0)
         return err_setf(e, ERR_CONFIG,
@@ -116,6 +116,9 @@ int hparams_validate(const struct hparams *hp, struct err *e)
                         (double)hp->norm_eps);
     if (!(hp->rope_theta > 0.0f) && hp->n_rot > 0)
         return err_setf(e, ERR_CONFIG, "rope_theta %g must be positive", (double)hp->rope_theta);
+    if (!(hp->rope_attn_factor > 0.0f) || !isfinite(hp->rope_attn_factor) || !isfinite(hp->rope_factor))
+        return err_setf(e, ERR_CONFIG, "rope scaling factors must be finite (factor %g, attention_factor %g)",
+                        (double)hp->rope_factor, (double)hp->rope_attn_factor);
     if ((hp->rope == ROPE_LINEAR || hp->rope == ROPE_LLAMA3) && !(hp->rope_factor > 0.0f))
         return err_setf(e, ERR_CONFIG, "rope_scaling.factor %g must be positive",
                         (double)hp->rope_factor);
@@ -126,7 +129,7 @@ int hparams_validate(const struct hparams *hp, struct err *e)
                         "high_freq_factor > low_freq_factor");
     if (hp->rope == ROPE_LONGROPE && hp->rope_orig_ctx <= 0)
         return err_setf(e, ERR_CONFIG, "longrope needs original_max_position_embeddings > 0");
-    if (hp->n_expert > 0 && (rc = check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)
+    if (hp->n_expert > 0 && (rc = hparams_check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)
         return rc;
     for (int il = 0; il < hp->n_layer; il++)
         if ((rc = validate_layer(hp, &hp->layer[il], il, e)) < 0)

@@ -34,6 +34,8 @@ extern "C" {
 #define HP_MAX_EXPERTS  256
 #define HP_MAX_LAYERS   1024
 #define HP_MAX_DIM      (1 << 20)
+#define HP_MAX_HEADS    4096
+#define HP_MAX_HEAD_DIM 4096
 
 enum norm_kind   { NORM_RMS = 0, NORM_LAYER = 1 };
 /* enum act_kind and enum router_kind live in kernels/backend.h (ops take them). */
@@ -147,6 +149,11 @@ void hparams_fill_layers(struct hparams *hp);
 /* Reject values that cannot work (model-wide and per layer); the message names the
  * config field. */
 int hparams_validate(const struct hparams *hp, struct err *e);
+
+/* v in [lo, hi], else -ERR_CONFIG naming the config field. Families call it on the values
+ * they derive sizes from (products, head_dim, rotary dims) before computing them, so every
+ * derived size is computed from bounded inputs (in int64_t) and checked before narrowing. */
+int hparams_check_dim(int64_t v, const char *field, int64_t lo, int64_t hi, struct err *e);
 
 #ifdef __cplusplus
 }

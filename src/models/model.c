@@ -81,6 +81,27 @@ static void filter_eos(struct hparams *hp)
     hp->n_eos = n;
 }
 
+/* Tensors the family did not map usually mean the config and the checkpoint disagree (fewer
+ * layers declared than stored, a renamed module): say so at the default level, with names. */
+static void warn_unused(const struct model *m)
+{
+    size_t n = st_set_n_unused(m->st), shown = 0;
+    if (n == 0)
+        return;
+    char names[256] = "";
+    for (size_t i = 0; i < st_set_count(m->st) && shown < 3; i++) {
+        const struct st_tensor *t = st_set_at(m->st, i);
+        if (t->consumed)
+            continue;
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s'%s'", shown ? ", " : "", t->name);
+        shown++;
+    }
+    LOG_WARN("%zu checkpoint tensors are not used by the %s config (%s%s): does config.json "
+             "match the checkpoint? (see `mlxcel inspect`)", n, m->ops->family, names,
+             n > shown ? ", ..." : "");
+}
+
 int model_load(struct model **out, const char *dir, struct err *e)
 {
     char path[4200];
@@ -124,9 +145,7 @@ int model_load(struct model **out, const char *dir, struct err *e)
         err_prefix(e, "%s", dir);
         goto fail;
     }
-    if (st_set_n_unused(m->st) > 0)
-        LOG_INFO("%zu checkpoint tensors were not used by the %s family (see `mlxcel inspect`)",
-                 st_set_n_unused(m->st), m->ops->family);
+    warn_unused(m);
     *out = m;
     return 0;
 

@@ -164,6 +164,8 @@ struct model_ctx {
     void *arena;                     /* backend memory of bufs, owned */
     struct ctx_bufs bufs;
     int32_t *meta_host;              /* [6][B] staging of bufs.meta, owned */
+    int n_nonfinite;                 /* logit rows holding NaN/Inf in the last model_forward */
+    bool warned_nonfinite;           /* the one warning about them was logged */
 };
 
 /* n_batch <= 0: the default (512 rows, fewer for wide models so the arena stays

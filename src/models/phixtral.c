@@ -54,8 +54,12 @@ static int phixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct er
         (rc = cfg_opt_str(cfg, "activation_function", "gelu_new", act, sizeof act, e)) < 0)
         return rc;
 
-    /* the rules mlx-lm leaves implicit, checked here with the field named */
-    if (hp->n_head <= 0 || hp->n_embd <= 0 || hp->n_embd % hp->n_head != 0)
+    /* the rules mlx-lm leaves implicit, checked here with the field named; n_embd is
+     * bounded before 4 * n_embd is computed (in 64 bits, then checked) */
+    if ((rc = hparams_check_dim(hp->n_embd, "n_embd", 1, HP_MAX_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(hp->n_head, "n_head", 1, HP_MAX_HEADS, e)) < 0)
+        return rc;
+    if (hp->n_embd % hp->n_head != 0)
         return err_setf(e, ERR_CONFIG, "config field 'n_embd' = %d is not divisible by 'n_head' = %d",
                         hp->n_embd, hp->n_head);
     if (hp->n_expert < 1 || hp->n_expert > HP_MAX_EXPERTS)
@@ -81,7 +85,10 @@ static int phixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct er
                         "config field 'activation_function' = '%s': Phixtral experts use gelu_new", act);
 
     hp->n_kv_head = hp->n_head;
-    hp->n_ff = n_inner ? n_inner : PHIXTRAL_INNER_FACTOR * hp->n_embd;
+    int64_t n_ff = n_inner ? n_inner : (int64_t)PHIXTRAL_INNER_FACTOR * hp->n_embd;
+    if ((rc = hparams_check_dim(n_ff, n_inner ? "n_inner" : "4 * n_embd", 1, HP_MAX_DIM, e)) < 0)
+        return rc;
+    hp->n_ff = (int)n_ff;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     hp->norm = NORM_LAYER;
     hp->parallel_residual = true;

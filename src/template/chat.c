@@ -128,6 +128,15 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
                       "chat_template.json)", dir);
         goto fail;
     }
+    /* an empty template renders no prompt at all: refuse it rather than fail later on
+     * "the prompt encodes to no tokens" */
+    size_t blank = 0;
+    while (blank < len && (src[blank] == ' ' || src[blank] == '\t' || src[blank] == '\r' || src[blank] == '\n'))
+        blank++;
+    if (blank == len) {
+        rc = err_setf(e, ERR_FORMAT, "%s: the chat template is empty", what);
+        goto fail;
+    }
     if ((rc = tmpl_parse(&c->t, src, len, NULL, e)) < 0) {
         err_prefix(e, "%s", what);
         goto fail;
