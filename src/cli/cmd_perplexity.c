@@ -26,7 +26,7 @@ static const char *k_help =
     "\n"
     "Perplexity of a text: windows of --ctx ids, each scoring every position after its first.\n"
     "  -m, --model MODEL   checkpoint folder or owner/name (default: the embedded model)\n"
-    "  -f, --file FILE     text file (encoded with the model's tokenizer)\n"
+    "  -f, --file FILE     text file (encoded with the model's tokenizer; - reads stdin)\n"
     "      --ids-file FILE token ids: a JSON array, or ids separated by whitespace\n"
     "  -c, --ctx N         window size in ids (default: the model's context)\n"
     "  -t, --threads N     CPU threads (default: all online CPUs)\n"
@@ -125,7 +125,7 @@ int cmd_perplexity(int argc, char **argv)
 
     if (cli_resolve_model(model, dir, sizeof dir, &e) < 0)
         goto out;
-    if (file_read_all(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
+    if (cli_read_input(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
         goto out;
     if (ids_file ? cli_parse_ids(text, &ids, &n_ids, &e) < 0
                  : (tok_load(&tok, dir, &e) < 0 || tok_encode(tok, text, len, false, &ids, &n_ids, &e) < 0))

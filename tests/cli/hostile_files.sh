@@ -110,6 +110,12 @@ run "$BIN" tokenize -m "$T/base" -p 'hello world'
 cmp -s "$T/out" "$T/piped" || fail "tokenize -f - differs from -p: $(cat "$T/piped") vs $(cat "$T/out")"
 printf 'hello' | timeout 10 "$BIN" generate -m "$T/base" -f - -n 2 --no-chat >/dev/null 2>"$T/err" ||
     fail "generate -f - from a pipe: $(cat "$T/err")"
+printf 'hello world, hello there' >"$T/ppl.txt"
+timeout 10 "$BIN" perplexity -m "$T/base" -f "$T/ppl.txt" --json >"$T/ppl_file" 2>"$T/err" ||
+    fail "perplexity -f FILE: $(cat "$T/err")"
+timeout 10 "$BIN" perplexity -m "$T/base" -f - --json <"$T/ppl.txt" >"$T/ppl_pipe" 2>"$T/err" ||
+    fail "perplexity -f - from standard input: $(cat "$T/err")"
+cmp -s "$T/ppl_file" "$T/ppl_pipe" || fail "perplexity -f - differs from the file: $(cat "$T/ppl_pipe")"
 
 # ---- symlinks leading out of the model folder ----
 for f in config.json tokenizer.json model.safetensors; do
