@@ -228,6 +228,14 @@ static void test_elementwise(void **state)
             memcpy(y, b, n * sizeof *y);
             be->ops->axpy(be, y, (int)n, 0.37f, a, (int)n, 1, (int)n);
             kc_check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);
+            /* scale: y = -1.5 a */
+            memcpy(y, a, n * sizeof *y);
+            be->ops->scale(be, y, (int)n, -1.5f, 1, (int)n);
+            for (size_t i = 0; i < n; i++)
+                r5[i] = -1.5 * (double)a[i];
+            kc_check(&es, "scale", be, y, r5, n, 1e-14, 1e-7);
+            for (size_t i = 0; i < n; i++)
+                r5[i] = gelu_erf_d(a[i]) * b[i];
         }
         free(a);
         free(b);

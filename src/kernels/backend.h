@@ -161,6 +161,8 @@ struct backend_ops {
     /* y[r, :n] = act(x[r, :n]) * x[r, n:2n] (x stride ldx, y stride ldy; y may equal x). */
     void (*glu)(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
                 int n_rows, int n);
+    /* x *= a over n_rows rows of n (stride ld). */
+    void (*scale)(struct backend *be, float *x, int ld, float a, int n_rows, int n);
     /* y += a * x over n_rows rows of n (strides ldy, ldx). */
     void (*axpy)(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
                  int n_rows, int n);

@@ -3,14 +3,14 @@
  * Phi, Phi-3, Mixtral, PhiMoE, Phixtral), composed from the block library
  * and driven per layer by struct layer_spec:
  *
- *   x = embed(ids)
- *   for each layer il (ls = hp->layer[il]):
+ *   x = embd_scale * embed(ids)
+ *   for each layer il (ls = hp->layer[il]), every residual add scaled by residual_scale:
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
  *     attn: ls.kv (full / sliding window), ls.n_rot and rope tables, ls.qk_norm,
  *           ls.softcap, ls.sinks, ls.attn_scale
  *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
- *   logits = lm_head(norm_out(x[out_rows]))
+ *   logits = logit_scale * lm_head(norm_out(x[out_rows]))
  *
  * A family whose layers are not of this shape writes its own forward from
  * the same blocks.
@@ -71,7 +71,10 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     int n = ch->n_tok, d = hp->n_embd;
     (void)e;
 
+    float rs = hp->residual_scale;
     op->embed(c->be, b->x, &m->tok_embd, ch->ids, n);
+    if (hp->embd_scale != 1.0f)
+        op->scale(c->be, b->x, d, hp->embd_scale, n, d);
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const struct layer_spec *ls = &hp->layer[il];
@@ -84,17 +87,20 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         blk_norm(c->be, b->xn, b->x, &n1, n, d);
         blk_attention(c->be, b->o, b->xn, L, &ac, &ch->kv[il], ch->rows, b, n);
         if (ls->residual == RESID_SEQUENTIAL) {
-            op->axpy(c->be, b->x, d, 1.0f, b->o, d, n, d);
+            op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
             blk_norm(c->be, b->xn, b->x, &n2, n, d);
         }
         ffn(c, L, ls, n);
         if (ls->residual == RESID_PARALLEL)
-            op->axpy(c->be, b->x, d, 1.0f, b->o, d, n, d);
-        op->axpy(c->be, b->x, d, 1.0f, b->f, d, n, d);
+            op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
+        op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
     }
     struct blk_norm_w nout = {hp->norm, hp->norm_eps, &m->out_norm, &m->out_norm_b};
-    if (ch->n_out > 0)
+    if (ch->n_out > 0) {
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
                  d, b);
+        if (hp->logit_scale != 1.0f)
+            op->scale(c->be, b->logits, hp->n_vocab, hp->logit_scale, ch->n_out, hp->n_vocab);
+    }
     return 0;
 }

@@ -18,6 +18,7 @@ void hparams_init(struct hparams *hp)
     hp->act = ACT_SILU;
     hp->router = ROUTER_NONE;
     hp->bos_id = -1;
+    hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
 }
 
 void hparams_fill_layers(struct hparams *hp)
@@ -111,6 +112,9 @@ int hparams_validate(const struct hparams *hp, struct err *e)
     if (hp->n_rot / 2 > HP_MAX_ROT_HALF)
         return err_setf(e, ERR_CONFIG, "rotary dims %d exceed the supported %d", hp->n_rot,
                         2 * HP_MAX_ROT_HALF);
+    if (!isfinite(hp->embd_scale) || !isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) ||
+        hp->embd_scale == 0.0f || hp->logit_scale == 0.0f)
+        return err_setf(e, ERR_CONFIG, "embedding, residual and logit scales must be finite and non-zero");
     if (!(hp->norm_eps > 0.0f) || !isfinite(hp->norm_eps))
         return err_setf(e, ERR_CONFIG, "norm epsilon %g must be a positive number",
                         (double)hp->norm_eps);

@@ -124,6 +124,13 @@ struct hparams {
     enum router_kind router;
     float router_jitter;        /* sparsemixer epsilon (PhiMoE router_jitter_noise) */
 
+    /* scales (1 = none): x = embd_scale * embed(ids); every residual add is
+     * x += residual_scale * block(x); logits *= logit_scale (Granite's multipliers and
+     * logits_scaling, Gemma's sqrt(hidden), Cohere's logit_scale) */
+    float embd_scale;
+    float residual_scale;
+    float logit_scale;
+
     /* head */
     bool tie_embd;              /* lm_head shares the token embedding */
     bool head_bias;             /* bias on lm_head */
