@@ -1,6 +1,6 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
- * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3), composed from the block library
+ * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3, Granite), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
