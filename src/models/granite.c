@@ -40,17 +40,13 @@ static int parse_multiplier(const cJSON *cfg, const char *key, float *out, struc
 static int granite_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     float attn_mult, logits_scaling;
-    bool mlp_bias;
     int rc;
     if ((rc = hf_parse_decoder(hp, cfg, &granite_defaults, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "mlp_bias", false, &mlp_bias, e)) < 0 ||
         (rc = parse_multiplier(cfg, "embedding_multiplier", &hp->embd_scale, e)) < 0 ||
         (rc = parse_multiplier(cfg, "residual_multiplier", &hp->residual_scale, e)) < 0 ||
         (rc = parse_multiplier(cfg, "attention_multiplier", &attn_mult, e)) < 0 ||
         (rc = parse_multiplier(cfg, "logits_scaling", &logits_scaling, e)) < 0)
         return rc;
-    if (mlp_bias)
-        return err_setf(e, ERR_UNSUPPORTED, "config field 'mlp_bias' = true is not supported");
     hp->logit_scale = 1.0f / logits_scaling;
     if (!isfinite(hp->logit_scale) || hp->logit_scale == 0.0f)
         return err_setf(e, ERR_CONFIG, "config field 'logits_scaling' = %g has no float reciprocal",

@@ -113,6 +113,12 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
         (rc = parse_act(hp, cfg, "hidden_act", d->act, e)) < 0)
         return rc;
+    /* no decoder family binds MLP biases: a config that has them must not load silently */
+    bool mlp_bias;
+    if ((rc = cfg_opt_bool(cfg, "mlp_bias", false, &mlp_bias, e)) < 0)
+        return rc;
+    if (mlp_bias)
+        return err_setf(e, ERR_UNSUPPORTED, "config field 'mlp_bias' = true is not supported");
     /* bounded before any size is derived from them */
     if ((rc = hparams_check_dim(hp->n_head, "num_attention_heads", 1, HP_MAX_HEADS, e)) < 0 ||
         (rc = hparams_check_dim(hp->n_embd, "hidden_size", 1, HP_MAX_DIM, e)) < 0)

@@ -114,6 +114,7 @@ int llama_ops_self_test(struct err *e)
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 6}", "divisible", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"num_key_value_heads\": 3}", "multiple", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"hidden_act\": \"relu2\"}", "hidden_act", e)) < 0 ||
+        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"mlp_bias\": true}", "mlp_bias", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2}}", "yarn", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4.5}", "num_attention_heads", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{\"vocab_size\": -5, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "

@@ -76,14 +76,10 @@ static int smollm3_windows(struct hparams *hp, const cJSON *cfg, struct err *e)
 
 static int smollm3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    bool mlp_bias;
     int rc;
     if ((rc = hf_parse_decoder(hp, cfg, &smollm3_defaults, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", true, &hp->tie_embd, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "mlp_bias", false, &mlp_bias, e)) < 0)
+        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", true, &hp->tie_embd, e)) < 0)
         return rc;
-    if (mlp_bias)
-        return err_setf(e, ERR_UNSUPPORTED, "config field 'mlp_bias' = true is not supported");
     /* absent: SmolLM3Config's 4; null: num_attention_heads (hf_parse_decoder) */
     if (!cJSON_GetObjectItemCaseSensitive(cfg, "num_key_value_heads"))
         hp->n_kv_head = 4;
