@@ -93,10 +93,12 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         };
         op->linear_batch(be, jobs, 3);
     }
-    /* 2. per-head q/k RMSNorm (Qwen3), before RoPE */
+    /* 2. q/k RMSNorm before RoPE: per head (Qwen3), or over the whole q / k width before
+     *    the head split (OLMo 2: one norm of n_head * head_dim), one "head" per row */
     if (cfg->qk_norm) {
-        op->rmsnorm(be, q, q, ld, &L->q_norm, cfg->norm_eps, n, ap->n_head, hd);
-        op->rmsnorm(be, k, k, ld, &L->k_norm, cfg->norm_eps, n, ap->n_kv_head, hd);
+        int qh = cfg->qk_norm_full ? 1 : ap->n_head, kh = cfg->qk_norm_full ? 1 : ap->n_kv_head;
+        op->rmsnorm(be, q, q, ld, &L->q_norm, cfg->norm_eps, n, qh, q_dim / qh);
+        op->rmsnorm(be, k, k, ld, &L->k_norm, cfg->norm_eps, n, kh, kv_dim / kh);
     }
     /* 3. RoPE at each row's position */
     if (cfg->rp && cfg->rp->n_rot > 0) {

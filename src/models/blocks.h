@@ -41,7 +41,8 @@ void blk_norm(struct backend *be, float *y, const float *x, const struct blk_nor
 struct blk_attn_cfg {
     struct attn_params ap;        /* heads, scale, softcap, window, sinks */
     const struct rope_params *rp; /* NULL: no rope */
-    bool qk_norm;                 /* per-head RMSNorm of q and k (weights L->q_norm/k_norm) */
+    bool qk_norm;                 /* RMSNorm of q and k (weights L->q_norm/k_norm) ... */
+    bool qk_norm_full;            /* ... over the whole q / k row, else per head */
     float norm_eps;
     int n_embd;
 };

@@ -7,7 +7,8 @@
  *   for each layer il (ls = hp->layer[il]), every residual add scaled by residual_scale:
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
- *     attn: ls.kv (full / sliding window), ls.n_rot and rope tables, ls.qk_norm,
+ *     RESID_POST:        x += norm1(attn(x));  x += norm2(ffn(x))
+ *     attn: ls.kv (full / sliding window), ls.n_rot and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
  *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows]))
@@ -42,23 +43,26 @@ static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il
         },
         .rp = ls->n_rot > 0 ? rp : NULL,
         .qk_norm = ls->qk_norm,
+        .qk_norm_full = ls->qk_norm_full,
         .norm_eps = hp->norm_eps,
         .n_embd = hp->n_embd,
     };
 }
 
-static void ffn(const struct model_ctx *c, const struct layer *L, const struct layer_spec *ls, int n)
+/* b->f = ffn(in) for the n rows of in */
+static void ffn(const struct model_ctx *c, const struct layer *L, const struct layer_spec *ls,
+                const float *in, int n)
 {
     const struct hparams *hp = &c->m->hp;
     const struct ctx_bufs *b = &c->bufs;
     if (ls->moe) {
         struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
                                  ls->ffn, ls->act, ls->n_ff, hp->n_embd};
-        blk_moe(c->be, b->f, b->xn, L, &mc, b, n);
+        blk_moe(c->be, b->f, in, L, &mc, b, n);
     } else if (ls->ffn == FFN_GLU) {
-        blk_glu(c->be, b->f, b->xn, L, ls->act, ls->n_ff, b, n);
+        blk_glu(c->be, b->f, in, L, ls->act, ls->n_ff, b, n);
     } else {
-        blk_mlp(c->be, b->f, b->xn, L, ls->act, ls->n_ff, b, n);
+        blk_mlp(c->be, b->f, in, L, ls->act, ls->n_ff, b, n);
     }
 }
 
@@ -84,13 +88,21 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         struct rope_params rp;
         attn_cfg_of(c, L, il, &ac, &rp);
 
-        blk_norm(c->be, b->xn, b->x, &n1, n, d);
-        blk_attention(c->be, b->o, b->xn, L, &ac, &ch->kv[il], ch->rows, b, n);
-        if (ls->residual == RESID_SEQUENTIAL) {
+        bool post = ls->residual == RESID_POST;
+        /* post-norm blocks read the residual stream itself; the others its norm */
+        const float *in = post ? b->x : b->xn;
+        if (!post)
+            blk_norm(c->be, b->xn, b->x, &n1, n, d);
+        blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il], ch->rows, b, n);
+        if (post)
+            blk_norm(c->be, b->o, b->o, &n1, n, d);
+        if (ls->residual != RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
+        if (ls->residual == RESID_SEQUENTIAL)
             blk_norm(c->be, b->xn, b->x, &n2, n, d);
-        }
-        ffn(c, L, ls, n);
+        ffn(c, L, ls, in, n);
+        if (post)
+            blk_norm(c->be, b->f, b->f, &n2, n, d);
         if (ls->residual == RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
         op->axpy(c->be, b->x, d, rs, b->f, d, n, d);

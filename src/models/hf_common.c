@@ -313,9 +313,10 @@ int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, str
     return rc;
 }
 
-static int map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
-                         struct err *e)
+int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
+                     struct err *e)
 {
+    const struct layer_spec *ls = &hp->layer[il];
     int64_t hd = hp->head_dim, qd = hp->n_head * hd, kvd = hp->n_kv_head * hd;
     int rc;
     const char *p = "model.layers.%d.self_attn";
@@ -341,9 +342,10 @@ static int map_attention(struct wmap *w, const struct hparams *hp, struct layer 
         return rc;
     if (hp->out_bias && (rc = wm_vec(w, &L->bo, WM_REQUIRED, hp->n_embd, e, "%s.o_proj.bias", pre)) < 0)
         return rc;
-    if (hp->qk_norm &&
-        ((rc = wm_vec(w, &L->q_norm, WM_REQUIRED, hd, e, "%s.q_norm.weight", pre)) < 0 ||
-         (rc = wm_vec(w, &L->k_norm, WM_REQUIRED, hd, e, "%s.k_norm.weight", pre)) < 0))
+    /* q/k norm weights: one head's width, or the whole q / k width (qk_norm_full) */
+    if (ls->qk_norm &&
+        ((rc = wm_vec(w, &L->q_norm, WM_REQUIRED, ls->qk_norm_full ? qd : hd, e, "%s.q_norm.weight", pre)) < 0 ||
+         (rc = wm_vec(w, &L->k_norm, WM_REQUIRED, ls->qk_norm_full ? kvd : hd, e, "%s.k_norm.weight", pre)) < 0))
         return rc;
     return 0;
 }
@@ -400,12 +402,15 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
         snprintf(pre, sizeof pre, "model.layers.%d", il);
+        /* pre-norm layers: input_layernorm, post_attention_layernorm (before the FFN);
+         * post-norm layers: post_attention_layernorm, post_feedforward_layernorm */
+        bool post = m->hp.layer[il].residual == RESID_POST;
         char n1[300], n2[300];
-        snprintf(n1, sizeof n1, "%s.input_layernorm", pre);
-        snprintf(n2, sizeof n2, "%s.post_attention_layernorm", pre);
+        snprintf(n1, sizeof n1, "%s.%s", pre, post ? "post_attention_layernorm" : "input_layernorm");
+        snprintf(n2, sizeof n2, "%s.%s", pre, post ? "post_feedforward_layernorm" : "post_attention_layernorm");
         if ((rc = hf_map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
             (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
-            (rc = map_attention(&w, &m->hp, L, il, e)) < 0 ||
+            (rc = hf_map_attention(&w, &m->hp, L, il, e)) < 0 ||
             (rc = map_ffn(m, &w, L, il, e)) < 0)
             return rc;
     }

@@ -52,9 +52,17 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
+/* model.layers.N.self_attn.{q,k,v,o}_proj (or a fused qkv_proj), with the biases hp asks for
+ * (qkv_bias, out_bias) and q_norm / k_norm when layer N's spec has a q/k norm (of head_dim,
+ * or of the full q / k width). A missing tensor is an error naming it. */
+int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
+                     struct err *e);
+
 /* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm,
  * self_attn.{q,k,v,o}_proj | qkv_proj, q_norm, k_norm, mlp.{gate,up,down}_proj |
- * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head. */
+ * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head.
+ * Post-norm layers (RESID_POST) bind post_attention_layernorm and post_feedforward_layernorm
+ * to the attn_norm / ffn_norm slots instead. */
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e);
 
 /* Bind an expert_linear: E tensors PREFIX_FMT with the expert index, or one stacked

@@ -30,7 +30,9 @@ void hparams_fill_layers(struct hparams *hp)
         .rope = hp->rope,
         .attn_scale = hp->attn_scale,
         .qk_norm = hp->qk_norm,
-        .residual = hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
+        .qk_norm_full = hp->qk_norm && hp->qk_norm_full,
+        .residual = hp->post_norm ? RESID_POST
+                    : hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
         .moe = hp->n_expert > 0,
         .ffn = hp->ffn,
         .act = hp->act,

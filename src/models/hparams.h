@@ -55,6 +55,8 @@ enum kv_kind {
 enum residual_kind {
     RESID_SEQUENTIAL = 0,  /* x += attn(norm1(x)); x += ffn(norm2(x)) */
     RESID_PARALLEL = 1,    /* h = norm1(x); x += attn(h) + ffn(h) */
+    RESID_POST = 2,        /* x += norm1(attn(x)); x += norm2(ffn(x))  (OLMo 2: no pre-norms;
+                            * the attn_norm / ffn_norm slots hold the post norms) */
 };
 
 /* Everything that may differ from one layer to the next. A family's
@@ -72,7 +74,9 @@ struct layer_spec {
     float attn_scale;
     float softcap;              /* attention logit soft-capping; 0: none */
     bool sinks;                 /* per-head attention sink logits (weights: layer.sinks) */
-    bool qk_norm;               /* per-head RMSNorm on q and k */
+    bool qk_norm;               /* RMSNorm on q and k, before RoPE */
+    bool qk_norm_full;          /* ... over the full projection (n_head * head_dim, before the
+                                 * head split; OLMo 2), else per head (Qwen3) */
     enum residual_kind residual;
     bool moe;                   /* routed experts (else the dense FFN) */
     enum ffn_kind ffn;          /* dense FFN and each expert */
@@ -98,9 +102,11 @@ struct hparams {
     enum norm_kind norm;
     float norm_eps;
     bool parallel_residual;     /* x + attn(ln(x)) + ffn(ln(x)), one norm per block */
+    bool post_norm;             /* x + norm(attn(x)), x + norm(ffn(x)): norms after the blocks */
     bool qkv_bias;              /* biases on q/k/v projections */
     bool out_bias;              /* bias on the attention output projection */
     bool qk_norm;               /* per-head RMSNorm on q and k (Qwen3) */
+    bool qk_norm_full;          /* q/k norm over the full q / k width instead (OLMo 2) */
     float attn_scale;           /* softmax scale, 1/sqrt(head_dim) unless stated */
 
     /* rotary embedding */
