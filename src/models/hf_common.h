@@ -27,17 +27,18 @@ struct hf_defaults {
     int head_dim;            /* head_dim when absent; 0: hidden_size / num_attention_heads */
     bool sliding;            /* use_sliding_window when absent (Qwen: false; Mistral-style: the
                               * presence of sliding_window decides) */
+    bool tie_embd;           /* tie_word_embeddings when absent (Gemma, Cohere: true) */
 };
 
 /* vocab_size, hidden_size, num_hidden_layers, num_attention_heads (required);
  * num_key_value_heads (= heads), head_dim (= hidden / heads), intermediate_size,
  * max_position_embeddings (required), the norm epsilon, rope_theta,
  * partial_rotary_factor, rope_scaling / rope_parameters, hidden_act,
- * tie_word_embeddings (false), attention_bias (false). */
+ * tie_word_embeddings (d->tie_embd), attention_bias (false). */
 int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
                      struct err *e);
 
-/* Norm weight (+ bias for LayerNorm) PREFIX.weight / PREFIX.bias of n_embd. */
+/* Norm weight (+ bias for a LayerNorm with hp->norm_bias) PREFIX.weight / PREFIX.bias of n_embd. */
 int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                 const char *prefix, struct err *e);
 
@@ -52,8 +53,9 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
-/* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm,
- * self_attn.{q,k,v,o}_proj | qkv_proj, q_norm, k_norm, mlp.{gate,up,down}_proj |
+/* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm (not with a
+ * parallel residual), self_attn.{q,k,v,o}_proj | qkv_proj, q_norm, k_norm ([head_dim], or
+ * [heads, head_dim] with hp->qk_norm_per_head), mlp.{gate,up,down}_proj |
  * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head. */
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e);
 

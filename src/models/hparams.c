@@ -11,6 +11,7 @@ void hparams_init(struct hparams *hp)
 {
     memset(hp, 0, sizeof *hp);
     hp->norm = NORM_RMS;
+    hp->norm_bias = true;
     hp->rope = ROPE_DEFAULT;
     hp->rope_attn_factor = 1.0f;
     hp->rope_factor = 1.0f;
@@ -30,6 +31,7 @@ void hparams_fill_layers(struct hparams *hp)
         .rope = hp->rope,
         .attn_scale = hp->attn_scale,
         .qk_norm = hp->qk_norm,
+        .rope_style = hp->rope_style,
         .residual = hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
         .moe = hp->n_expert > 0,
         .ffn = hp->ffn,
