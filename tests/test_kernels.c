@@ -585,17 +585,22 @@ static void test_embed(void **state)
 
 // ---- norms ----
 
+/* rows of n, grouped heads to a token (heads > 1: one weight row per head, [heads, n], as
+ * Cohere's q/k norms); the weight used is w + w_off (Gemma's 1 + w). */
 static void norm_case(struct kc_bes *bs, struct kc_errstat *es, bool layer, enum dtype wdt, int rows,
-                      int n, bool inplace)
+                      int n, bool inplace, float w_off, int heads)
 {
     float eps = 1e-5f;
     float *x = kc_fvec((size_t)rows * n, -2, 3);
     float *y = malloc((size_t)rows * n * sizeof *y);
     double *ref = malloc((size_t)rows * n * sizeof *ref);
-    struct tensor w = wrand(wdt, 1, n, n, 1.5f), b = wrand(wdt, 1, n, n, 0.5f);
-    int64_t shape[1] = {n};
-    tensor_init(&w, wdt, w.data, 1, shape);
-    tensor_init(&b, wdt, b.data, 1, shape);
+    struct tensor w = wrand(wdt, 1, heads * n, heads * n, 1.5f), b = wrand(wdt, 1, n, n, 0.5f);
+    int64_t shape[2] = {heads, n};
+    if (heads > 1)
+        tensor_init(&w, wdt, w.data, 2, shape);
+    else
+        tensor_init(&w, wdt, w.data, 1, shape + 1);
+    tensor_init(&b, wdt, b.data, 1, shape + 1);
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * n;
         double mean = 0, var = 0;
@@ -606,7 +611,8 @@ static void norm_case(struct kc_bes *bs, struct kc_errstat *es, bool layer, enum
             var += (xr[i] - mean) * (xr[i] - mean);
         double inv = 1 / sqrt(var / n + eps);
         for (int i = 0; i < n; i++)
-            ref[(size_t)r * n + i] = (xr[i] - mean) * inv * ld(w.data, wdt, i) +
+            ref[(size_t)r * n + i] = (xr[i] - mean) * inv *
+                                         ((double)ld(w.data, wdt, (r % heads) * n + i) + w_off) +
                                      (layer ? ld(b.data, wdt, i) : 0);
     }
     for (int i = 0; i < bs->n; i++) {
@@ -617,9 +623,11 @@ static void norm_case(struct kc_bes *bs, struct kc_errstat *es, bool layer, enum
             memset(y, 0xff, (size_t)rows * n * sizeof *y);
         const float *src = inplace ? y : x;
         if (layer)
-            bs->be[i]->ops->layernorm(bs->be[i], dst, src, n, &w, &b, eps, rows, 1, n);
+            bs->be[i]->ops->layernorm(bs->be[i], dst, src, heads * n, &w, w_off, &b, eps,
+                                      rows / heads, heads, n);
         else
-            bs->be[i]->ops->rmsnorm(bs->be[i], dst, src, n, &w, eps, rows, 1, n);
+            bs->be[i]->ops->rmsnorm(bs->be[i], dst, src, heads * n, &w, w_off, eps, rows / heads,
+                                    heads, n);
         kc_check(es, layer ? "layernorm" : "rmsnorm", bs->be[i], y, ref, (size_t)rows * n, 1e-11,
               1e-5);
     }
@@ -640,7 +648,15 @@ static void test_norms(void **state)
     for (int layer = 0; layer < 2; layer++)
         for (size_t s = 0; s < 6; s++)
             for (int d = 0; d < 3; d++)
-                norm_case(&bs, &es, layer, (enum dtype)d, shapes[s][0], shapes[s][1], s & 1);
+                norm_case(&bs, &es, layer, (enum dtype)d, shapes[s][0], shapes[s][1], s & 1,
+                          0.0f, 1);
+    /* weight offset (Gemma) and per-head weights (Cohere q/k norm), odd widths and tails */
+    for (int layer = 0; layer < 2; layer++)
+        for (int d = 0; d < 3; d++) {
+            norm_case(&bs, &es, layer, (enum dtype)d, 5, 33, false, 1.0f, 1);
+            norm_case(&bs, &es, layer, (enum dtype)d, 12, 16, true, 0.0f, 4);
+            norm_case(&bs, &es, layer, (enum dtype)d, 6, 37, false, 1.0f, 3);
+        }
     kc_report("norms", &es);
     kc_close(&bs);
 }
@@ -648,8 +664,10 @@ static void test_norms(void **state)
 // ---- rope ----
 
 static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_head, int head_dim,
-                      int n_rot, int pad, int pos0, float mscale)
+                      int n_rot, int pad, int pos0, float mscale, enum rope_style style)
 {
+    /* frequency j rotates dims (a, a + step): rotate-half or interleaved pairs */
+    int pairs = style == ROPE_STYLE_PAIRS, step = pairs ? 1 : n_rot / 2;
     int rs = n_head * head_dim + pad;
     size_t n = (size_t)n_tok * rs;
     float *x0 = kc_fvec(n, -1, 1), *x = malloc(n * sizeof *x), inv_freq[256];
@@ -664,9 +682,10 @@ static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n
             for (int j = 0; j < n_rot / 2; j++) {
                 double a = (double)(pos0 + t) * inv_freq[j], c = cos(a) * mscale,
                        s = sin(a) * mscale;
-                double x1 = r[j], x2 = r[j + n_rot / 2];
-                r[j] = x1 * c - x2 * s;
-                r[j + n_rot / 2] = x2 * c + x1 * s;
+                int a0 = pairs ? 2 * j : j;
+                double x1 = r[a0], x2 = r[a0 + step];
+                r[a0] = x1 * c - x2 * s;
+                r[a0 + step] = x2 * c + x1 * s;
             }
         }
     int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *end = malloc((size_t)n_tok * sizeof *end);
@@ -675,7 +694,7 @@ static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n
         end[t] = pos0 + n_tok;
     }
     struct kv_rows rows = {.pos = pos, .seq_end = end};
-    struct rope_params rp = {n_rot, inv_freq, NULL, 0, mscale};
+    struct rope_params rp = {n_rot, inv_freq, NULL, 0, mscale, style};
     for (int i = 0; i < bs->n; i++) {
         memcpy(x, x0, n * sizeof *x);
         bs->be[i]->ops->rope(bs->be[i], x, rs, n_tok, n_head, head_dim, &rp, &rows);
@@ -694,11 +713,14 @@ static void test_rope(void **state)
     struct kc_bes bs;
     struct kc_errstat es = {0};
     kc_open(&bs);
-    rope_case(&bs, &es, 1, 3, 64, 64, 0, 0, 1.0f);
-    rope_case(&bs, &es, 1, 4, 128, 128, 0, 12345, 1.0f);
-    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f);   /* partial rotary, padded rows */
-    rope_case(&bs, &es, 9, 2, 80, 80, 0, 3, 1.0f);
-    rope_case(&bs, &es, 2, 5, 6, 4, 1, 100000, 0.9f);
+    rope_case(&bs, &es, 1, 3, 64, 64, 0, 0, 1.0f, ROPE_STYLE_HALF);
+    rope_case(&bs, &es, 1, 4, 128, 128, 0, 12345, 1.0f, ROPE_STYLE_HALF);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_HALF);   /* partial rotary, padded rows */
+    rope_case(&bs, &es, 9, 2, 80, 80, 0, 3, 1.0f, ROPE_STYLE_HALF);
+    rope_case(&bs, &es, 2, 5, 6, 4, 1, 100000, 0.9f, ROPE_STYLE_HALF);
+    /* interleaved pairs (Cohere): full and partial rotary, padded rows */
+    rope_case(&bs, &es, 3, 4, 16, 16, 0, 5, 1.0f, ROPE_STYLE_PAIRS);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_PAIRS);
     kc_report("rope", &es);
     kc_close(&bs);
 }

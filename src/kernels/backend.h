@@ -101,6 +101,12 @@ struct attn_params {
     const float *sinks;      /* [n_head] per-head sink logits joining the softmax, or NULL */
 };
 
+/* Which dims of a head RoPE rotates together with frequency j. */
+enum rope_style {
+    ROPE_STYLE_HALF = 0,     /* (j, j + n_rot / 2): NeoX / HF rotate_half */
+    ROPE_STYLE_PAIRS = 1,    /* (2j, 2j + 1): GPT-J / Cohere interleaved pairs */
+};
+
 /* Rotary tables of one layer, in backend memory. */
 struct rope_params {
     int n_rot;               /* rotated dims per head (first n_rot), even */
@@ -108,6 +114,7 @@ struct rope_params {
     const float *inv_long;   /* [n_rot / 2] longrope long factors, or NULL */
     int long_after;          /* inv_long applies to rows whose seq_end exceeds this */
     float mscale;            /* cos/sin multiplier (longrope attention factor; 1 otherwise) */
+    enum rope_style style;   /* which dims pair up (zero: rotate-half) */
 };
 
 struct backend_ops {
@@ -136,14 +143,17 @@ struct backend_ops {
     void (*embed)(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok);
     /* Norm of rows of n elements, in place allowed (y == x). Row r of the n_tok * per_tok
      * rows starts at (r / per_tok) * ld + (r % per_tok) * n in both x and y (per_tok > 1:
-     * per-head norms inside a wider row). RMS: x / sqrt(mean(x²) + eps) * w; layer:
-     * (x - mean) / sqrt(var + eps) * w + b (b NULL/absent: none). */
+     * per-head norms inside a wider row). RMS: x / sqrt(mean(x²) + eps) * (w + w_off); layer:
+     * (x - mean) / sqrt(var + eps) * (w + w_off) + b (b NULL/absent: none). w holds n
+     * elements shared by every row, or per_tok * n (one weight row per head: row r uses
+     * w[r % per_tok], Cohere's [n_head, head_dim] q/k norms). w_off is 0, or 1 for Gemma's
+     * x * (1 + w), added in f32. */
     void (*rmsnorm)(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
-                    float eps, int n_tok, int per_tok, int n);
+                    float w_off, float eps, int n_tok, int per_tok, int n);
     void (*layernorm)(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
-                      const struct tensor *b, float eps, int n_tok, int per_tok, int n);
-    /* Rotate-half (NeoX / HF rotate_half) RoPE in place on the first n_rot dims of every
-     * head. x: n_tok rows of stride ld, n_head heads of head_dim each; row i at position
+                      float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n);
+    /* RoPE in place on the first n_rot dims of every head, dims paired by rp->style.
+     * x: n_tok rows of stride ld, n_head heads of head_dim each; row i at position
      * rows->pos[i]; angle(j) = pos * inv_freq[j]. */
     void (*rope)(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
                  const struct rope_params *rp, const struct kv_rows *rows);

@@ -21,13 +21,21 @@ static const struct tensor *opt(const struct tensor *t)
     return tensor_is_present(t) ? t : NULL;
 }
 
+/* The norm of n_tok * per_tok rows of dim, per_tok of them in each row of stride ld. */
+static void norm_rows(struct backend *be, float *y, const float *x, int ld,
+                      const struct blk_norm_w *nw, int n_tok, int per_tok, int dim)
+{
+    if (nw->kind == NORM_RMS)
+        be->ops->rmsnorm(be, y, x, ld, nw->w, nw->w_off, nw->eps, n_tok, per_tok, dim);
+    else
+        be->ops->layernorm(be, y, x, ld, nw->w, nw->w_off, nw->b ? opt(nw->b) : NULL, nw->eps,
+                           n_tok, per_tok, dim);
+}
+
 void blk_norm(struct backend *be, float *y, const float *x, const struct blk_norm_w *nw, int n,
               int dim)
 {
-    if (nw->kind == NORM_RMS)
-        be->ops->rmsnorm(be, y, x, dim, nw->w, nw->eps, n, 1, dim);
-    else
-        be->ops->layernorm(be, y, x, dim, nw->w, nw->b ? opt(nw->b) : NULL, nw->eps, n, 1, dim);
+    norm_rows(be, y, x, dim, nw, n, 1, dim);
 }
 
 /* ---- rotary embedding ---- */
@@ -93,12 +101,14 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         };
         op->linear_batch(be, jobs, 3);
     }
-    /* 2. q/k RMSNorm before RoPE: per head (Qwen3), or over the whole q / k width before
-     *    the head split (OLMo 2: one norm of n_head * head_dim), one "head" per row */
+    /* 2. q/k norm before RoPE: per head (Qwen3 RMS, Cohere LayerNorm with a weight per head),
+     *    or over the whole q / k width before the head split (OLMo 2), one "head" per row */
     if (cfg->qk_norm) {
         int qh = cfg->qk_norm_full ? 1 : ap->n_head, kh = cfg->qk_norm_full ? 1 : ap->n_kv_head;
-        op->rmsnorm(be, q, q, ld, &L->q_norm, cfg->norm_eps, n, qh, q_dim / qh);
-        op->rmsnorm(be, k, k, ld, &L->k_norm, cfg->norm_eps, n, kh, kv_dim / kh);
+        struct blk_norm_w qn = {cfg->norm, cfg->norm_eps, &L->q_norm, NULL, cfg->norm_w_off};
+        struct blk_norm_w kn = {cfg->norm, cfg->norm_eps, &L->k_norm, NULL, cfg->norm_w_off};
+        norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
+        norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
     }
     /* 3. RoPE at each row's position */
     if (cfg->rp && cfg->rp->n_rot > 0) {

@@ -26,11 +26,13 @@
 extern "C" {
 #endif
 
-/* A norm's kind, epsilon and weights (b: NULL/absent for none). */
+/* A norm's kind, epsilon and weights (b: NULL/absent for none); the weight is used as
+ * w + w_off (Gemma's x * (1 + w): 1; else 0). */
 struct blk_norm_w {
     enum norm_kind kind;
     float eps;
     const struct tensor *w, *b;
+    float w_off;
 };
 
 /* y[n, dim] = norm(x[n, dim]); y may equal x. */
@@ -41,9 +43,11 @@ void blk_norm(struct backend *be, float *y, const float *x, const struct blk_nor
 struct blk_attn_cfg {
     struct attn_params ap;        /* heads, scale, softcap, window, sinks */
     const struct rope_params *rp; /* NULL: no rope */
-    bool qk_norm;                 /* RMSNorm of q and k (weights L->q_norm/k_norm) ... */
+    bool qk_norm;                 /* norm of q and k (weights L->q_norm/k_norm) ... */
     bool qk_norm_full;            /* ... over the whole q / k row, else per head */
+    enum norm_kind norm;          /* its kind, epsilon and weight offset (no bias) */
     float norm_eps;
+    float norm_w_off;
     int n_embd;
 };
 

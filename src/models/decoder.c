@@ -1,6 +1,7 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
- * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3, Granite), composed from the block library
+ * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2, Gemma,
+ * Cohere), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
@@ -8,7 +9,8 @@
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
  *     RESID_POST:        x += norm1(attn(x));  x += norm2(ffn(x))
- *     attn: ls.kv (full / sliding window), ls.n_rot and rope tables, ls.qk_norm(_full),
+ *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
+ *     attn: ls.kv (full / sliding window), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
  *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows]))
@@ -30,6 +32,7 @@ static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il
         .inv_long = ls->rope == ROPE_LONGROPE ? rope + HP_MAX_ROT_HALF : NULL,
         .long_after = hp->rope_orig_ctx,
         .mscale = ls->rope == ROPE_LONGROPE ? hp->rope_attn_factor : 1.0f,
+        .style = ls->rope_style,
     };
     *cfg = (struct blk_attn_cfg){
         .ap = {
@@ -44,7 +47,9 @@ static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il
         .rp = ls->n_rot > 0 ? rp : NULL,
         .qk_norm = ls->qk_norm,
         .qk_norm_full = ls->qk_norm_full,
+        .norm = hp->norm,
         .norm_eps = hp->norm_eps,
+        .norm_w_off = hp->norm_w_offset,
         .n_embd = hp->n_embd,
     };
 }
@@ -82,8 +87,9 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const struct layer_spec *ls = &hp->layer[il];
-        struct blk_norm_w n1 = {hp->norm, hp->norm_eps, &L->attn_norm, &L->attn_norm_b};
-        struct blk_norm_w n2 = {hp->norm, hp->norm_eps, &L->ffn_norm, &L->ffn_norm_b};
+        float wo = hp->norm_w_offset;
+        struct blk_norm_w n1 = {hp->norm, hp->norm_eps, &L->attn_norm, &L->attn_norm_b, wo};
+        struct blk_norm_w n2 = {hp->norm, hp->norm_eps, &L->ffn_norm, &L->ffn_norm_b, wo};
         struct blk_attn_cfg ac;
         struct rope_params rp;
         attn_cfg_of(c, L, il, &ac, &rp);
@@ -107,7 +113,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
         op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
     }
-    struct blk_norm_w nout = {hp->norm, hp->norm_eps, &m->out_norm, &m->out_norm_b};
+    struct blk_norm_w nout = {hp->norm, hp->norm_eps, &m->out_norm, &m->out_norm_b,
+                              hp->norm_w_offset};
     if (ch->n_out > 0) {
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
                  d, b);

@@ -23,7 +23,7 @@
 
 
 /* transformers GraniteConfig defaults */
-static const struct hf_defaults granite_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false};
+static const struct hf_defaults granite_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false, false};
 
 /* A multiplier read with default 1 that must be finite and non-zero. */
 static int parse_multiplier(const cJSON *cfg, const char *key, float *out, struct err *e)

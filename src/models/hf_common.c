@@ -109,7 +109,7 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
         (rc = cfg_opt_float(cfg, d->eps_key, d->norm_eps, &hp->norm_eps, e)) < 0 ||
         (rc = cfg_opt_float(cfg, "rope_theta", d->rope_theta, &hp->rope_theta, e)) < 0 ||
         (rc = cfg_opt_float(cfg, "partial_rotary_factor", d->partial_rotary, &partial, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", false, &hp->tie_embd, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", d->tie_embd, &hp->tie_embd, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
         (rc = parse_act(hp, cfg, "hidden_act", d->act, e)) < 0)
         return rc;
@@ -284,7 +284,7 @@ int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *n
     if ((rc = wm_linear(w, &m->tok_embd, WM_REQUIRED, 0, hp->n_vocab, hp->n_embd, e, "%s", embd)) < 0 ||
         (rc = wm_vec(w, &m->out_norm, WM_REQUIRED, hp->n_embd, e, "%s.weight", norm)) < 0)
         return rc;
-    if (hp->norm == NORM_LAYER &&
+    if (hp->norm == NORM_LAYER && hp->norm_bias &&
         (rc = wm_vec(w, &m->out_norm_b, WM_REQUIRED, hp->n_embd, e, "%s.bias", norm)) < 0)
         return rc;
     /* a tied head reuses the embedding; a checkpoint may still carry a copy (dropped) */
@@ -308,7 +308,7 @@ int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, str
                     const char *prefix, struct err *e)
 {
     int rc = wm_vec(w, wt, WM_REQUIRED, hp->n_embd, e, "%s.weight", prefix);
-    if (rc == 0 && hp->norm == NORM_LAYER)
+    if (rc == 0 && hp->norm == NORM_LAYER && hp->norm_bias)
         rc = wm_vec(w, b, WM_REQUIRED, hp->n_embd, e, "%s.bias", prefix);
     return rc;
 }
@@ -342,10 +342,19 @@ int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, 
         return rc;
     if (hp->out_bias && (rc = wm_vec(w, &L->bo, WM_REQUIRED, hp->n_embd, e, "%s.o_proj.bias", pre)) < 0)
         return rc;
-    /* q/k norm weights: one head's width, or the whole q / k width (qk_norm_full) */
-    if (ls->qk_norm &&
-        ((rc = wm_vec(w, &L->q_norm, WM_REQUIRED, ls->qk_norm_full ? qd : hd, e, "%s.q_norm.weight", pre)) < 0 ||
-         (rc = wm_vec(w, &L->k_norm, WM_REQUIRED, ls->qk_norm_full ? kvd : hd, e, "%s.k_norm.weight", pre)) < 0))
+    if (!ls->qk_norm)
+        return 0;
+    if (hp->qk_norm_per_head) {
+        /* Cohere: one LayerNorm weight row per head */
+        int64_t qs[2] = {hp->n_head, hd}, ks[2] = {hp->n_kv_head, hd};
+        if ((rc = wm_tensor(w, &L->q_norm, WM_REQUIRED, 2, qs, e, "%s.q_norm.weight", pre)) < 0 ||
+            (rc = wm_tensor(w, &L->k_norm, WM_REQUIRED, 2, ks, e, "%s.k_norm.weight", pre)) < 0)
+            return rc;
+        return 0;
+    }
+    /* one head's width, or the whole q / k width (qk_norm_full, OLMo 2) */
+    if ((rc = wm_vec(w, &L->q_norm, WM_REQUIRED, ls->qk_norm_full ? qd : hd, e, "%s.q_norm.weight", pre)) < 0 ||
+        (rc = wm_vec(w, &L->k_norm, WM_REQUIRED, ls->qk_norm_full ? kvd : hd, e, "%s.k_norm.weight", pre)) < 0)
         return rc;
     return 0;
 }
@@ -408,8 +417,10 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
         char n1[300], n2[300];
         snprintf(n1, sizeof n1, "%s.%s", pre, post ? "post_attention_layernorm" : "input_layernorm");
         snprintf(n2, sizeof n2, "%s.%s", pre, post ? "post_feedforward_layernorm" : "post_attention_layernorm");
+        /* a parallel block has one norm feeding attention and the FFN (Cohere) */
         if ((rc = hf_map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
-            (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
+            (!m->hp.parallel_residual &&
+             (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0) ||
             (rc = hf_map_attention(&w, &m->hp, L, il, e)) < 0 ||
             (rc = map_ffn(m, &w, L, il, e)) < 0)
             return rc;

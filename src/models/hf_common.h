@@ -27,17 +27,18 @@ struct hf_defaults {
     int head_dim;            /* head_dim when absent; 0: hidden_size / num_attention_heads */
     bool sliding;            /* use_sliding_window when absent (Qwen: false; Mistral-style: the
                               * presence of sliding_window decides) */
+    bool tie_embd;           /* tie_word_embeddings when absent (Gemma, Cohere: true) */
 };
 
 /* vocab_size, hidden_size, num_hidden_layers, num_attention_heads (required);
  * num_key_value_heads (= heads), head_dim (= hidden / heads), intermediate_size,
  * max_position_embeddings (required), the norm epsilon, rope_theta,
  * partial_rotary_factor, rope_scaling / rope_parameters, hidden_act,
- * tie_word_embeddings (false), attention_bias (false). */
+ * tie_word_embeddings (d->tie_embd), attention_bias (false). */
 int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
                      struct err *e);
 
-/* Norm weight (+ bias for LayerNorm) PREFIX.weight / PREFIX.bias of n_embd. */
+/* Norm weight (+ bias for a LayerNorm with hp->norm_bias) PREFIX.weight / PREFIX.bias of n_embd. */
 int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                 const char *prefix, struct err *e);
 
@@ -53,13 +54,14 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
 /* model.layers.N.self_attn.{q,k,v,o}_proj (or a fused qkv_proj), with the biases hp asks for
- * (qkv_bias, out_bias) and q_norm / k_norm when layer N's spec has a q/k norm (of head_dim,
- * or of the full q / k width). A missing tensor is an error naming it. */
+ * (qkv_bias, out_bias) and q_norm / k_norm when layer N's spec has a q/k norm ([head_dim], the
+ * full q / k width with qk_norm_full, or [heads, head_dim] with hp->qk_norm_per_head). A missing
+ * tensor is an error naming it. */
 int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
                      struct err *e);
 
-/* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm,
- * self_attn.{q,k,v,o}_proj | qkv_proj, q_norm, k_norm, mlp.{gate,up,down}_proj |
+/* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm (not with a
+ * parallel residual), self_attn (hf_map_attention), mlp.{gate,up,down}_proj |
  * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head.
  * Post-norm layers (RESID_POST) bind post_attention_layernorm and post_feedforward_layernorm
  * to the attn_norm / ffn_norm slots instead. */

@@ -11,6 +11,7 @@ void hparams_init(struct hparams *hp)
 {
     memset(hp, 0, sizeof *hp);
     hp->norm = NORM_RMS;
+    hp->norm_bias = true;
     hp->rope = ROPE_DEFAULT;
     hp->rope_attn_factor = 1.0f;
     hp->rope_factor = 1.0f;
@@ -33,6 +34,7 @@ void hparams_fill_layers(struct hparams *hp)
         .qk_norm_full = hp->qk_norm && hp->qk_norm_full,
         .residual = hp->post_norm ? RESID_POST
                     : hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
+        .rope_style = hp->rope_style,
         .moe = hp->n_expert > 0,
         .ffn = hp->ffn,
         .act = hp->act,

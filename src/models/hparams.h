@@ -74,9 +74,10 @@ struct layer_spec {
     float attn_scale;
     float softcap;              /* attention logit soft-capping; 0: none */
     bool sinks;                 /* per-head attention sink logits (weights: layer.sinks) */
-    bool qk_norm;               /* RMSNorm on q and k, before RoPE */
+    bool qk_norm;               /* norm on q and k before RoPE (the model's norm kind) */
     bool qk_norm_full;          /* ... over the full projection (n_head * head_dim, before the
-                                 * head split; OLMo 2), else per head (Qwen3) */
+                                 * head split; OLMo 2), else per head (Qwen3, Cohere) */
+    enum rope_style rope_style; /* which dims rope pairs: halves or interleaved pairs */
     enum residual_kind residual;
     bool moe;                   /* routed experts (else the dense FFN) */
     enum ffn_kind ffn;          /* dense FFN and each expert */
@@ -101,18 +102,22 @@ struct hparams {
     /* block structure */
     enum norm_kind norm;
     float norm_eps;
+    float norm_w_offset;        /* every norm weight is used as w + offset (Gemma: 1) */
+    bool norm_bias;             /* LayerNorm has a bias (Cohere's has none) */
     bool parallel_residual;     /* x + attn(ln(x)) + ffn(ln(x)), one norm per block */
     bool post_norm;             /* x + norm(attn(x)), x + norm(ffn(x)): norms after the blocks */
     bool qkv_bias;              /* biases on q/k/v projections */
     bool out_bias;              /* bias on the attention output projection */
-    bool qk_norm;               /* per-head RMSNorm on q and k (Qwen3) */
+    bool qk_norm;               /* norm on q and k (Qwen3 RMS, Cohere LayerNorm) */
     bool qk_norm_full;          /* q/k norm over the full q / k width instead (OLMo 2) */
+    bool qk_norm_per_head;      /* q/k norm weights [n_head, head_dim] (Cohere), else [head_dim] */
     float attn_scale;           /* softmax scale, 1/sqrt(head_dim) unless stated */
 
     /* rotary embedding */
     int n_rot;                  /* rotary dims per head, even, <= head_dim */
     float rope_theta;
     enum rope_kind rope;
+    enum rope_style rope_style; /* rotate-half (default) or interleaved pairs (Cohere) */
     float rope_factor;          /* linear / llama3 factor */
     float rope_low_freq_factor; /* llama3 */
     float rope_high_freq_factor;/* llama3 */

@@ -9,7 +9,7 @@
 
 
 /* transformers LlamaConfig defaults */
-static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, true};
+static const struct hf_defaults llama_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, true, false};
 
 static int llama_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

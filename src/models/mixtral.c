@@ -9,7 +9,7 @@
 
 
 /* transformers MixtralConfig defaults */
-static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true};
+static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true, false};
 
 static int mixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

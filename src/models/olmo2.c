@@ -16,7 +16,7 @@
 
 
 /* transformers Olmo2Config (OlmoConfig) defaults */
-static const struct hf_defaults olmo2_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true};
+static const struct hf_defaults olmo2_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true, false};
 
 static int olmo2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

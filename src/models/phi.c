@@ -13,7 +13,7 @@
 
 
 /* transformers PhiConfig defaults */
-static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new", 0, true};
+static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new", 0, true, false};
 
 static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -11,7 +11,7 @@
 
 
 /* transformers Phi3Config defaults */
-static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true};
+static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true, false};
 
 static int phi3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -11,7 +11,7 @@
 
 
 /* transformers PhimoeConfig defaults */
-static const struct hf_defaults phimoe_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true};
+static const struct hf_defaults phimoe_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true, false};
 
 static int phimoe_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

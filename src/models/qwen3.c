@@ -8,7 +8,7 @@
 
 
 /* transformers Qwen3Config defaults */
-static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 128, false};
+static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 128, false, false};
 
 static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -22,7 +22,7 @@
 
 
 /* transformers SmolLM3Config defaults */
-static const struct hf_defaults smollm3_defaults = {"rms_norm_eps", 1e-6f, 2000000.0f, 1.0f, "silu", 0, false};
+static const struct hf_defaults smollm3_defaults = {"rms_norm_eps", 1e-6f, 2000000.0f, 1.0f, "silu", 0, false, true};
 
 /* no_rope_layers (a list of 0/1, at least n_layer long) or its derivation from
  * no_rope_layer_interval: layer il without rope gets n_rot = 0. */
@@ -77,8 +77,7 @@ static int smollm3_windows(struct hparams *hp, const cJSON *cfg, struct err *e)
 static int smollm3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc;
-    if ((rc = hf_parse_decoder(hp, cfg, &smollm3_defaults, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", true, &hp->tie_embd, e)) < 0)
+    if ((rc = hf_parse_decoder(hp, cfg, &smollm3_defaults, e)) < 0)
         return rc;
     /* absent: SmolLM3Config's 4; null: num_attention_heads (hf_parse_decoder) */
     if (!cJSON_GetObjectItemCaseSensitive(cfg, "num_key_value_heads"))

@@ -20,15 +20,14 @@
 
 /* transformers Starcoder2Config defaults (sliding_window, when set, covers every layer) */
 static const struct hf_defaults starcoder2_defaults = {"norm_epsilon", 1e-5f, 10000.0f, 1.0f,
-                                                       "gelu_pytorch_tanh", 0, true};
+                                                       "gelu_pytorch_tanh", 0, true, true};
 
 static int starcoder2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc;
     bool bias;
     if ((rc = hf_parse_decoder(hp, cfg, &starcoder2_defaults, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "use_bias", true, &bias, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "tie_word_embeddings", true, &hp->tie_embd, e)) < 0)
+        (rc = cfg_opt_bool(cfg, "use_bias", true, &bias, e)) < 0)
         return rc;
     hp->norm = NORM_LAYER;
     hp->qkv_bias = hp->out_bias = hp->ffn_bias = bias;

@@ -475,6 +475,7 @@ struct norm_ctx {
     const float *x;
     const struct tensor *w;
     const struct tensor *b;   /* layernorm only; NULL when absent */
+    float w_off;              /* weights used as w + w_off */
     float eps;
     int n_rows, per_tok, n;
     size_t ld;
@@ -489,15 +490,19 @@ static void norm_row(const struct norm_ctx *nc, size_t row)
     float *y = nc->y + off;
     const void *bd = nc->b ? nc->b->data : NULL;
     enum dtype bdt = nc->b ? nc->b->dtype : DTYPE_F32;
+    const char *wd = nc->w->data;
+    /* one weight row per head when w holds per_tok rows of n */
+    if (nc->per_tok > 1 && tensor_nelem(nc->w) == (int64_t)nc->per_tok * nc->n)
+        wd += row % (size_t)nc->per_tok * (size_t)nc->n * dtype_size(nc->w->dtype);
     if (nc->layer) {
         /* two passes: mean, then the biased variance of the deviations */
         float mean = k->sum(x, nc->n) / (float)nc->n;
         float var = k->sumsq(x, mean, nc->n) / (float)nc->n;
-        k->norm_apply(y, x, mean, 1.0f / sqrtf(var + nc->eps), nc->w->data, nc->w->dtype, bd, bdt,
-                      nc->n);
+        k->norm_apply(y, x, mean, 1.0f / sqrtf(var + nc->eps), wd, nc->w->dtype, nc->w_off, bd,
+                      bdt, nc->n);
     } else {
         float ms = k->sumsq(x, 0.0f, nc->n) / (float)nc->n;
-        k->norm_apply(y, x, 0.0f, 1.0f / sqrtf(ms + nc->eps), nc->w->data, nc->w->dtype, NULL,
+        k->norm_apply(y, x, 0.0f, 1.0f / sqrtf(ms + nc->eps), wd, nc->w->dtype, nc->w_off, NULL,
                       DTYPE_F32, nc->n);
     }
 }
@@ -522,18 +527,18 @@ static void norm_run(struct cpu_backend *c, struct norm_ctx *nc)
 }
 
 static void cpu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
-                        float eps, int n_tok, int per_tok, int n)
+                        float w_off, float eps, int n_tok, int per_tok, int n)
 {
-    struct norm_ctx nc = {cpu_of(be), y, x, w, NULL, eps, n_tok * per_tok, per_tok, n,
+    struct norm_ctx nc = {cpu_of(be), y, x, w, NULL, w_off, eps, n_tok * per_tok, per_tok, n,
                           (size_t)ld, false};
     norm_run(nc.c, &nc);
 }
 
 static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
-                          const struct tensor *w, const struct tensor *b, float eps, int n_tok,
-                          int per_tok, int n)
+                          const struct tensor *w, float w_off, const struct tensor *b, float eps,
+                          int n_tok, int per_tok, int n)
 {
-    struct norm_ctx nc = {cpu_of(be), y, x, w, b && tensor_is_present(b) ? b : NULL, eps,
+    struct norm_ctx nc = {cpu_of(be), y, x, w, b && tensor_is_present(b) ? b : NULL, w_off, eps,
                           n_tok * per_tok, per_tok, n, (size_t)ld, true};
     norm_run(nc.c, &nc);
 }

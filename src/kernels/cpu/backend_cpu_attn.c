@@ -59,11 +59,14 @@ static void rope_task(void *arg, int ith, int nth)
             cur = t;
         }
         float *xh = rc->x + (size_t)t * rc->ld + (size_t)h * rc->head_dim;
+        /* frequency j rotates dims (a, a + step): (j, j + half) or (2j, 2j + 1) */
+        int pairs = rp->style == ROPE_STYLE_PAIRS, step = pairs ? 1 : half;
         for (int j = 0; j < half; j++) {
-            float x1 = xh[j], x2 = xh[j + half];
+            int a = pairs ? 2 * j : j;
+            float x1 = xh[a], x2 = xh[a + step];
             float cj = cs[j], sj = cs[half + j];
-            xh[j] = x1 * cj - x2 * sj;
-            xh[j + half] = x2 * cj + x1 * sj;
+            xh[a] = x1 * cj - x2 * sj;
+            xh[a + step] = x2 * cj + x1 * sj;
         }
     }
 }

@@ -108,9 +108,9 @@ struct cpu_kernels {
     float (*sum)(const float *x, int n);
     /* sum (x - c)^2 */
     float (*sumsq)(const float *x, float c, int n);
-    /* y = (x - c) * a * w (+ b); w, b in their dtype; b may be NULL. */
+    /* y = (x - c) * a * (w + w_off) (+ b); w, b in their dtype; b may be NULL. */
     void (*norm_apply)(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
-                       const void *b, enum dtype bdt, int n);
+                       float w_off, const void *b, enum dtype bdt, int n);
     float (*max)(const float *x, int n);
     /* y = exp(x - m); returns sum y. y may equal x. */
     float (*exp_sum)(float *y, const float *x, float m, int n);

@@ -758,32 +758,32 @@ static float a2_sumsq(const float *x, float c, int n)
 }
 
 AI void norm_apply_t(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
-                     const void *b, enum dtype bdt, int n)
+                     float w_off, const void *b, enum dtype bdt, int n)
 {
-    __m256 vc = _mm256_set1_ps(c), va = _mm256_set1_ps(a);
+    __m256 vc = _mm256_set1_ps(c), va = _mm256_set1_ps(a), vo = _mm256_set1_ps(w_off);
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vc), va);
-        v = _mm256_mul_ps(v, ld8(w, wdt, (size_t)i));
+        v = _mm256_mul_ps(v, _mm256_add_ps(ld8(w, wdt, (size_t)i), vo));
         if (b)
             v = _mm256_add_ps(v, ld8(b, bdt, (size_t)i));
         _mm256_storeu_ps(y + i, v);
     }
     for (; i < n; i++) {
-        float v = (x[i] - c) * a * kern_ld(w, wdt, (size_t)i);
+        float v = (x[i] - c) * a * (kern_ld(w, wdt, (size_t)i) + w_off);
         y[i] = b ? v + kern_ld(b, bdt, (size_t)i) : v;
     }
 }
 
 static void a2_norm_apply(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
-                          const void *b, enum dtype bdt, int n)
+                          float w_off, const void *b, enum dtype bdt, int n)
 {
     if (wdt == DTYPE_BF16 && (!b || bdt == DTYPE_BF16))
-        norm_apply_t(y, x, c, a, w, DTYPE_BF16, b, DTYPE_BF16, n);
+        norm_apply_t(y, x, c, a, w, DTYPE_BF16, w_off, b, DTYPE_BF16, n);
     else if (wdt == DTYPE_F32 && (!b || bdt == DTYPE_F32))
-        norm_apply_t(y, x, c, a, w, DTYPE_F32, b, DTYPE_F32, n);
+        norm_apply_t(y, x, c, a, w, DTYPE_F32, w_off, b, DTYPE_F32, n);
     else
-        norm_apply_t(y, x, c, a, w, wdt, b, bdt, n);
+        norm_apply_t(y, x, c, a, w, wdt, w_off, b, bdt, n);
 }
 
 static float a2_max(const float *x, int n)

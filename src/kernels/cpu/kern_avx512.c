@@ -844,13 +844,13 @@ static float a512_sumsq(const float *x, float c, int n)
 }
 
 AI void norm_apply_t(float *y, const float *x, float c, float a, const void *w, enum dtype wdt,
-                     const void *b, enum dtype bdt, int n)
+                     float w_off, const void *b, enum dtype bdt, int n)
 {
-    __m512 vc = _mm512_set1_ps(c), va = _mm512_set1_ps(a);
+    __m512 vc = _mm512_set1_ps(c), va = _mm512_set1_ps(a), vo = _mm512_set1_ps(w_off);
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
         __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), vc), va);
-        v = _mm512_mul_ps(v, ld16(w, wdt, (size_t)i, m));
+        v = _mm512_mul_ps(v, _mm512_add_ps(ld16(w, wdt, (size_t)i, m), vo));
         if (b)
             v = _mm512_add_ps(v, ld16(b, bdt, (size_t)i, m));
         _mm512_mask_storeu_ps(y + i, m, v);
@@ -858,14 +858,14 @@ AI void norm_apply_t(float *y, const float *x, float c, float a, const void *w, 
 }
 
 static void a512_norm_apply(float *y, const float *x, float c, float a, const void *w,
-                            enum dtype wdt, const void *b, enum dtype bdt, int n)
+                            enum dtype wdt, float w_off, const void *b, enum dtype bdt, int n)
 {
     if (wdt == DTYPE_BF16 && (!b || bdt == DTYPE_BF16))
-        norm_apply_t(y, x, c, a, w, DTYPE_BF16, b, DTYPE_BF16, n);
+        norm_apply_t(y, x, c, a, w, DTYPE_BF16, w_off, b, DTYPE_BF16, n);
     else if (wdt == DTYPE_F32 && (!b || bdt == DTYPE_F32))
-        norm_apply_t(y, x, c, a, w, DTYPE_F32, b, DTYPE_F32, n);
+        norm_apply_t(y, x, c, a, w, DTYPE_F32, w_off, b, DTYPE_F32, n);
     else
-        norm_apply_t(y, x, c, a, w, wdt, b, bdt, n);
+        norm_apply_t(y, x, c, a, w, wdt, w_off, b, bdt, n);
 }
 
 static float a512_max(const float *x, int n)

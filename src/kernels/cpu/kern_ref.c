@@ -117,10 +117,10 @@ static float ref_sumsq(const float *x, float c, int n)
 }
 
 static void ref_norm_apply(float *y, const float *x, float c, float a, const void *w,
-                           enum dtype wdt, const void *b, enum dtype bdt, int n)
+                           enum dtype wdt, float w_off, const void *b, enum dtype bdt, int n)
 {
     for (int i = 0; i < n; i++) {
-        float v = (x[i] - c) * a * kern_ld(w, wdt, (size_t)i);
+        float v = (x[i] - c) * a * (kern_ld(w, wdt, (size_t)i) + w_off);
         y[i] = b ? v + kern_ld(b, bdt, (size_t)i) : v;
     }
 }
