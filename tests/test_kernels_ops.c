@@ -234,6 +234,12 @@ static void test_elementwise(void **state)
             for (size_t i = 0; i < n; i++)
                 r5[i] = -1.5 * (double)a[i];
             kc_check(&es, "scale", be, y, r5, n, 1e-14, 1e-7);
+            /* softcap: y = 4 tanh(a / 4) */
+            memcpy(y, a, n * sizeof *y);
+            be->ops->softcap(be, y, (int)n, 4.0f, 1, (int)n);
+            for (size_t i = 0; i < n; i++)
+                r5[i] = 4.0 * tanh((double)a[i] / 4.0);
+            kc_check(&es, "softcap", be, y, r5, n, 1e-12, 1e-6);
             for (size_t i = 0; i < n; i++)
                 r5[i] = gelu_erf_d(a[i]) * b[i];
         }

@@ -173,6 +173,9 @@ struct backend_ops {
                 int n_rows, int n);
     /* x *= a over n_rows rows of n (stride ld). */
     void (*scale)(struct backend *be, float *x, int ld, float a, int n_rows, int n);
+    /* x = cap * tanh(x / cap) over n_rows rows of n (stride ld); cap > 0 (Gemma 2's final
+     * logit soft-capping). */
+    void (*softcap)(struct backend *be, float *x, int ld, float cap, int n_rows, int n);
     /* y += a * x over n_rows rows of n (strides ldy, ldx). */
     void (*axpy)(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
                  int n_rows, int n);

@@ -1,7 +1,7 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
  * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2, Gemma,
- * Cohere), composed from the block library
+ * Cohere, Gemma 2, Gemma 3), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
@@ -9,11 +9,13 @@
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
  *     RESID_POST:        x += norm1(attn(x));  x += norm2(ffn(x))
+ *     RESID_SANDWICH:    x += post1(attn(norm1(x)));  x += post2(ffn(norm2(x)))
  *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
  *     attn: ls.kv (full / sliding window), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
  *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
- *   logits = logit_scale * lm_head(norm_out(x[out_rows]))
+ *   logits = logit_scale * lm_head(norm_out(x[out_rows])), then cap * tanh(logits / cap)
+ *            when logit_softcap is set
  *
  * A family whose layers are not of this shape writes its own forward from
  * the same blocks.
@@ -94,21 +96,26 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         struct rope_params rp;
         attn_cfg_of(c, L, il, &ac, &rp);
 
-        bool post = ls->residual == RESID_POST;
+        struct blk_norm_w p1 = {hp->norm, hp->norm_eps, &L->attn_post_norm, NULL, wo};
+        struct blk_norm_w p2 = {hp->norm, hp->norm_eps, &L->ffn_post_norm, NULL, wo};
+        bool post = ls->residual == RESID_POST, sandwich = ls->residual == RESID_SANDWICH;
+        /* the norms of the block outputs: OLMo 2's only ones, or Gemma 2's second pair */
+        const struct blk_norm_w *after1 = post ? &n1 : sandwich ? &p1 : NULL;
+        const struct blk_norm_w *after2 = post ? &n2 : sandwich ? &p2 : NULL;
         /* post-norm blocks read the residual stream itself; the others its norm */
         const float *in = post ? b->x : b->xn;
         if (!post)
             blk_norm(c->be, b->xn, b->x, &n1, n, d);
         blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il], ch->rows, b, n);
-        if (post)
-            blk_norm(c->be, b->o, b->o, &n1, n, d);
+        if (after1)
+            blk_norm(c->be, b->o, b->o, after1, n, d);
         if (ls->residual != RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
-        if (ls->residual == RESID_SEQUENTIAL)
+        if (ls->residual == RESID_SEQUENTIAL || sandwich)
             blk_norm(c->be, b->xn, b->x, &n2, n, d);
         ffn(c, L, ls, in, n);
-        if (post)
-            blk_norm(c->be, b->f, b->f, &n2, n, d);
+        if (after2)
+            blk_norm(c->be, b->f, b->f, after2, n, d);
         if (ls->residual == RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
         op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
@@ -120,6 +127,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
                  d, b);
         if (hp->logit_scale != 1.0f)
             op->scale(c->be, b->logits, hp->n_vocab, hp->logit_scale, ch->n_out, hp->n_vocab);
+        if (hp->logit_softcap > 0.0f)
+            op->softcap(c->be, b->logits, hp->n_vocab, hp->logit_softcap, ch->n_out, hp->n_vocab);
     }
     return 0;
 }

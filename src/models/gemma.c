@@ -19,6 +19,7 @@
 #include "../core/dtype.h"
 #include "../loading/config.h"
 #include "blocks.h"
+#include "gemma.h"
 #include "hf_common.h"
 
 
@@ -52,6 +53,69 @@ static int gemma_parse_config(struct hparams *hp, const cJSON *cfg, struct err *
         return rc;
     hp->norm_w_offset = 1.0f;
     return hf_finish_layers(hp, cfg, &gemma_defaults, 0, e);
+}
+
+/* A soft-capping field: absent -> def, null -> 0 (none), else a positive number. */
+static int gemma_softcap(const cJSON *cfg, const char *key, float def, float *out, struct err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    int rc;
+    if (v && cJSON_IsNull(v)) {
+        *out = 0.0f;
+        return 0;
+    }
+    if ((rc = cfg_opt_float(cfg, key, def, out, e)) < 0)
+        return rc;
+    if (!(*out > 0.0f) || !isfinite(*out))
+        return err_setf(e, ERR_CONFIG, "config field '%s' = %g must be positive (or null)", key,
+                        (double)*out);
+    return 0;
+}
+
+/* Layers without layer_types: sliding except every pattern-th (transformers: sliding when
+ * (il + 1) % pattern != 0), window sliding_window. */
+static int gemma_sliding_pattern(struct hparams *hp, const cJSON *cfg, const struct gemma_defaults *g,
+                                 struct err *e)
+{
+    int rc, window, pattern;
+    if ((rc = cfg_opt_int(cfg, "sliding_window", g->window, &window, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "sliding_window_pattern", g->pattern, &pattern, e)) < 0)
+        return rc;
+    if (window < 1)
+        return err_setf(e, ERR_CONFIG, "config field 'sliding_window' = %d must be positive", window);
+    if (pattern < 1)
+        return err_setf(e, ERR_CONFIG, "config field 'sliding_window_pattern' = %d must be positive",
+                        pattern);
+    for (int il = 0; il < hp->n_layer; il++) {
+        if ((il + 1) % pattern == 0)
+            continue;
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
+    }
+    return 0;
+}
+
+int gemma_parse_sandwich(struct hparams *hp, const cJSON *cfg, const struct gemma_defaults *g,
+                         struct err *e)
+{
+    int rc;
+    float qpas;
+    if ((rc = hf_parse_decoder(hp, cfg, &g->hf, e)) < 0 || (rc = gemma_embd_scale(hp, cfg, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "query_pre_attn_scalar", 256.0f, &qpas, e)) < 0 ||
+        (rc = gemma_softcap(cfg, "attn_logit_softcapping", g->attn_softcap, &hp->attn_softcap, e)) < 0 ||
+        (rc = gemma_softcap(cfg, "final_logit_softcapping", g->final_softcap, &hp->logit_softcap,
+                            e)) < 0)
+        return rc;
+    if (!(qpas > 0.0f) || !isfinite(qpas))
+        return err_setf(e, ERR_CONFIG, "config field 'query_pre_attn_scalar' = %g must be positive",
+                        (double)qpas);
+    hp->attn_scale = (float)(1.0 / sqrt((double)qpas));
+    hp->norm_w_offset = 1.0f;
+    hp->sandwich_norm = true;
+    if ((rc = hf_finish_layers(hp, cfg, &g->hf, 0, e)) < 0)
+        return rc;
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    return lt && !cJSON_IsNull(lt) ? 0 : gemma_sliding_pattern(hp, cfg, g, e);
 }
 
 static const char *const gemma_archs[] = {"GemmaForCausalLM", NULL};

@@ -399,6 +399,13 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, str
     return wm_linear(w, &L->down, WM_REQUIRED, 0, hp->n_embd, ls->n_ff, e, "%s.down_proj", pre);
 }
 
+/* PRE.NAME.weight (no bias) into wt */
+static int map_post_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt,
+                         const char *pre, const char *name, struct err *e)
+{
+    return wm_vec(w, wt, WM_REQUIRED, hp->n_embd, e, "%s.%s.weight", pre, name);
+}
+
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
 {
     struct wmap w = {st, &m->hp.quant};
@@ -412,11 +419,21 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
         struct layer *L = &m->layers[il];
         snprintf(pre, sizeof pre, "model.layers.%d", il);
         /* pre-norm layers: input_layernorm, post_attention_layernorm (before the FFN);
-         * post-norm layers: post_attention_layernorm, post_feedforward_layernorm */
-        bool post = m->hp.layer[il].residual == RESID_POST;
+         * post-norm layers: post_attention_layernorm, post_feedforward_layernorm;
+         * sandwich layers: input_layernorm, pre_feedforward_layernorm, and the norms of the
+         * block outputs post_attention_layernorm, post_feedforward_layernorm */
+        enum residual_kind rk = m->hp.layer[il].residual;
+        bool post = rk == RESID_POST, sandwich = rk == RESID_SANDWICH;
         char n1[300], n2[300];
         snprintf(n1, sizeof n1, "%s.%s", pre, post ? "post_attention_layernorm" : "input_layernorm");
-        snprintf(n2, sizeof n2, "%s.%s", pre, post ? "post_feedforward_layernorm" : "post_attention_layernorm");
+        snprintf(n2, sizeof n2, "%s.%s", pre,
+                 post ? "post_feedforward_layernorm"
+                      : sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+        if (sandwich && ((rc = map_post_norm(&w, &m->hp, &L->attn_post_norm, pre,
+                                             "post_attention_layernorm", e)) < 0 ||
+                         (rc = map_post_norm(&w, &m->hp, &L->ffn_post_norm, pre,
+                                             "post_feedforward_layernorm", e)) < 0))
+            return rc;
         /* a parallel block has one norm feeding attention and the FFN (Cohere) */
         if ((rc = hf_map_norm(&w, &m->hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
             (!m->hp.parallel_residual &&

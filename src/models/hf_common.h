@@ -64,7 +64,9 @@ int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, 
  * parallel residual), self_attn (hf_map_attention), mlp.{gate,up,down}_proj |
  * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head.
  * Post-norm layers (RESID_POST) bind post_attention_layernorm and post_feedforward_layernorm
- * to the attn_norm / ffn_norm slots instead. */
+ * to the attn_norm / ffn_norm slots instead. Sandwich layers (RESID_SANDWICH) bind
+ * input_layernorm / pre_feedforward_layernorm there and post_attention_layernorm /
+ * post_feedforward_layernorm to attn_post_norm / ffn_post_norm. */
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e);
 
 /* Bind an expert_linear: E tensors PREFIX_FMT with the expert index, or one stacked

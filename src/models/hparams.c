@@ -30,9 +30,11 @@ void hparams_fill_layers(struct hparams *hp)
         .rope_theta = hp->rope_theta,
         .rope = hp->rope,
         .attn_scale = hp->attn_scale,
+        .softcap = hp->attn_softcap,
         .qk_norm = hp->qk_norm,
         .qk_norm_full = hp->qk_norm && hp->qk_norm_full,
-        .residual = hp->post_norm ? RESID_POST
+        .residual = hp->sandwich_norm ? RESID_SANDWICH
+                    : hp->post_norm ? RESID_POST
                     : hp->parallel_residual ? RESID_PARALLEL : RESID_SEQUENTIAL,
         .rope_style = hp->rope_style,
         .moe = hp->n_expert > 0,
@@ -119,6 +121,9 @@ int hparams_validate(const struct hparams *hp, struct err *e)
     if (!isfinite(hp->embd_scale) || !isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) ||
         hp->embd_scale == 0.0f || hp->logit_scale == 0.0f)
         return err_setf(e, ERR_CONFIG, "embedding, residual and logit scales must be finite and non-zero");
+    if (!(hp->logit_softcap >= 0.0f) || !isfinite(hp->logit_softcap))
+        return err_setf(e, ERR_CONFIG, "final_logit_softcapping %g must be a non-negative number",
+                        (double)hp->logit_softcap);
     if (!(hp->norm_eps > 0.0f) || !isfinite(hp->norm_eps))
         return err_setf(e, ERR_CONFIG, "norm epsilon %g must be a positive number",
                         (double)hp->norm_eps);

@@ -57,6 +57,9 @@ enum residual_kind {
     RESID_PARALLEL = 1,    /* h = norm1(x); x += attn(h) + ffn(h) */
     RESID_POST = 2,        /* x += norm1(attn(x)); x += norm2(ffn(x))  (OLMo 2: no pre-norms;
                             * the attn_norm / ffn_norm slots hold the post norms) */
+    RESID_SANDWICH = 3,    /* x += post1(attn(norm1(x))); x += post2(ffn(norm2(x)))  (Gemma 2/3:
+                            * pre-norms in attn_norm / ffn_norm, post norms in
+                            * attn_post_norm / ffn_post_norm) */
 };
 
 /* Everything that may differ from one layer to the next. A family's
@@ -106,6 +109,7 @@ struct hparams {
     bool norm_bias;             /* LayerNorm has a bias (Cohere's has none) */
     bool parallel_residual;     /* x + attn(ln(x)) + ffn(ln(x)), one norm per block */
     bool post_norm;             /* x + norm(attn(x)), x + norm(ffn(x)): norms after the blocks */
+    bool sandwich_norm;         /* x + post(attn(pre(x))), x + post(ffn(pre(x))): both (Gemma 2) */
     bool qkv_bias;              /* biases on q/k/v projections */
     bool out_bias;              /* bias on the attention output projection */
     bool qk_norm;               /* norm on q and k (Qwen3 RMS, Cohere LayerNorm) */
@@ -141,6 +145,9 @@ struct hparams {
     float embd_scale;
     float residual_scale;
     float logit_scale;
+    float logit_softcap;        /* > 0: logits = cap * tanh(logits / cap) after logit_scale
+                                 * (Gemma 2's final_logit_softcapping); 0: none */
+    float attn_softcap;         /* every layer's attention soft-capping (layer_spec.softcap) */
 
     /* head */
     bool tie_embd;              /* lm_head shares the token embedding */

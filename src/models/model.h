@@ -13,6 +13,8 @@
  *   attn_norm[_b]   [n_embd]                norm before attention (and the FFN
  *                                           when parallel_residual)
  *   ffn_norm[_b]    [n_embd]                norm before the FFN (sequential blocks)
+ *   attn_post_norm, ffn_post_norm [n_embd]  norms of the attention / FFN outputs
+ *                                           (RESID_SANDWICH)
  *   wq/wk/wv        [n_head*head_dim | n_kv_head*head_dim, n_embd]   or
  *   wqkv            [(n_head + 2 n_kv_head) * head_dim, n_embd]  (fused)
  *   bq/bk/bv, bqkv  biases of the above
@@ -47,7 +49,7 @@ struct experts {
 /* The tensor slots of a layer, as an X-macro so that code visiting every
  * weight (prepare_weights) cannot miss one. */
 #define LAYER_TENSORS(X) \
-    X(attn_norm) X(attn_norm_b) X(ffn_norm) X(ffn_norm_b) \
+    X(attn_norm) X(attn_norm_b) X(ffn_norm) X(ffn_norm_b) X(attn_post_norm) X(ffn_post_norm) \
     X(wq) X(wk) X(wv) X(wqkv) X(bq) X(bk) X(bv) X(bqkv) X(wo) X(bo) \
     X(q_norm) X(k_norm) X(sinks) \
     X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router)

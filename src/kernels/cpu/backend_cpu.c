@@ -545,7 +545,7 @@ static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
 
 // ---- elementwise (rows of n, strided) ----
 
-enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_GATHER, ELEM_SCALE };
+enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
@@ -606,6 +606,10 @@ static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
         break;
     case ELEM_SCALE:
         ec->k->scale(y, ec->s, n);
+        break;
+    case ELEM_SOFTCAP:
+        for (size_t i = 0; i < n; i++)
+            y[i] = ec->s * tanhf(y[i] / ec->s);
         break;
     case ELEM_GATHER:
         memcpy(y, ec->x + (size_t)(ec->idx[r] / ec->div) * ec->ldx + c0, n * sizeof *y);
@@ -676,6 +680,13 @@ static void cpu_scale(struct backend *be, float *x, int ld, float a, int n_rows,
     elem_run(be, &ec);
 }
 
+static void cpu_softcap(struct backend *be, float *x, int ld, float cap, int n_rows, int n)
+{
+    struct elem_ctx ec = {.op = ELEM_SOFTCAP, .y = x, .s = cap, .ldy = (size_t)ld,
+                          .n_rows = n_rows, .n = n};
+    elem_run(be, &ec);
+}
+
 static void cpu_gather(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx,
                        int div, int n_rows, int n)
 {
@@ -708,6 +719,7 @@ static const struct backend_ops k_cpu_ops = {
     .glu = cpu_glu,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .gather = cpu_gather,
     .moe_route = cpu_moe_route,
     .moe_group = cpu_moe_group,
