@@ -60,11 +60,11 @@ static int gemma_softcap(const cJSON *cfg, const char *key, float def, float *ou
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
     int rc;
-    if (v && cJSON_IsNull(v)) {
-        *out = 0.0f;
+    if (!v || cJSON_IsNull(v)) {
+        *out = v ? 0.0f : def;
         return 0;
     }
-    if ((rc = cfg_opt_float(cfg, key, def, out, e)) < 0)
+    if ((rc = cfg_float(cfg, key, out, e)) < 0)
         return rc;
     if (!(*out > 0.0f) || !isfinite(*out))
         return err_setf(e, ERR_CONFIG, "config field '%s' = %g must be positive (or null)", key,
