@@ -11,7 +11,8 @@
  *   ffn    = down(gelu_tanh(gate(x)) * up(x)) (hidden_act, default gelu_pytorch_tanh)
  *   head   = tied to the embedding unless tie_word_embeddings is false
  *
- * Tensor names are the HF decoder's (hf_map_decoder).
+ * Tensor names are the HF decoder's (hf_map_decoder). gemma_parse_sandwich (gemma.h) is the
+ * config of Gemma 2 and Gemma 3 text built on the same scale and norm rules.
  */
 #include <math.h>
 #include <string.h>
