@@ -228,6 +228,15 @@ static void test_elementwise(void **state)
             memcpy(y, b, n * sizeof *y);
             be->ops->axpy(be, y, (int)n, 0.37f, a, (int)n, 1, (int)n);
             kc_check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);
+            /* sigmoid_axpy: y = b + sigmoid(g) a, one gate per row (two rows of n / 2) */
+            memcpy(y, b, n * sizeof *y);
+            float g2[2] = {-0.8f, 1.3f};
+            size_t hn = n / 2;
+            be->ops->sigmoid_axpy(be, y, (int)hn, g2, a, (int)hn, 2, (int)hn);
+            for (size_t i = 0; i < 2 * hn; i++)
+                r5[i] = b[i] + (double)a[i] / (1.0 + exp(-(double)g2[i / hn]));
+            if (hn > 0)
+                kc_check(&es, "sigmoid_axpy", be, y, r5, 2 * hn, 1e-12, 1e-6);
             /* scale: y = -1.5 a */
             memcpy(y, a, n * sizeof *y);
             be->ops->scale(be, y, (int)n, -1.5f, 1, (int)n);
@@ -310,6 +319,14 @@ static void test_moe_route(void **state)
         be->ops->moe_route(be, ROUTER_SPARSEMIXER, sel, w, &logits[1][0], 1, 6, 2, 0.01f);
         assert_int_equal(sel[0], 0);
         assert_int_equal(sel[1], 4);
+        /* without renormalization: each chosen weight is its softmax over all six */
+        be->ops->moe_route(be, ROUTER_SOFTMAX_TOPK_RAW, sel, w, &logits[1][0], 1, 6, 2, 0.0f);
+        double z = 0.0;
+        for (int i = 0; i < 6; i++)
+            z += exp((double)logits[1][i]);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 4);
+        assert_true(fabs(w[0] - exp(3.0) / z) < 1e-6 && fabs(w[1] - exp(2.9) / z) < 1e-6);
         assert_int_equal(backend_sync(be, NULL), 0);
     }
     kc_close(&bs);

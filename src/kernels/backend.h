@@ -63,6 +63,8 @@ enum router_kind {
     ROUTER_TOPK_SOFTMAX = 1,  /* top-k logits, softmax over those k (Phixtral) */
     ROUTER_SOFTMAX_TOPK = 2,  /* softmax over all, top-k, renormalize (Mixtral) */
     ROUTER_SPARSEMIXER = 3,   /* PhiMoE sparsemixer top-2, inference form */
+    ROUTER_SOFTMAX_TOPK_RAW = 4, /* softmax over all, top-k, weights kept as they are
+                                  * (Qwen2/3-MoE with norm_topk_prob false) */
 };
 
 /* E linears of one shape: views into a stacked [E, out, in] tensor or into
@@ -179,6 +181,10 @@ struct backend_ops {
     /* y += a * x over n_rows rows of n (strides ldy, ldx). */
     void (*axpy)(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
                  int n_rows, int n);
+    /* y[r, :n] += sigmoid(g[r]) * x[r, :n] over n_rows rows (strides ldy, ldx; g dense):
+     * a gated residual add (Qwen2-MoE's shared expert). */
+    void (*sigmoid_axpy)(struct backend *be, float *y, int ldy, const float *g, const float *x,
+                         int ldx, int n_rows, int n);
     /* y[i, :] = x[idx[i] / div, :] for i < n_rows, rows of n (x stride ldx, y dense). */
     void (*gather)(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx,
                    int div, int n_rows, int n);

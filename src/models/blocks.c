@@ -124,23 +124,31 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
 
 /* ---- feed-forward ---- */
 
-void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
-             int n_ff, const struct ctx_bufs *b, int n)
+/* down(act(gate(xn)) * up(xn)) from explicit weights (gate_up: fused, or NULL). */
+static void glu_w(struct backend *be, float *f, const float *xn, const struct tensor *gate,
+                  const struct tensor *up, const struct tensor *gate_up, const struct tensor *down,
+                  enum act_kind act, int n_ff, const struct ctx_bufs *b, int n)
 {
     const struct backend_ops *op = be->ops;
-    int n_embd = (int)L->down.shape[0];
-    if (tensor_is_present(&L->gate_up)) {
+    int n_embd = (int)down->shape[0];
+    if (gate_up) {
         /* Phi-3 fused gate_up_proj: rows [0, n_ff) are the gate, [n_ff, 2 n_ff) the up */
-        op->linear(be, b->h, 2 * n_ff, xn, &L->gate_up, NULL, n);
+        op->linear(be, b->h, 2 * n_ff, xn, gate_up, NULL, n);
     } else {
         struct linear_job jobs[2] = {
-            {b->h, 2 * n_ff, xn, &L->gate, NULL, n},
-            {b->h + n_ff, 2 * n_ff, xn, &L->up, NULL, n},
+            {b->h, 2 * n_ff, xn, gate, NULL, n},
+            {b->h + n_ff, 2 * n_ff, xn, up, NULL, n},
         };
         op->linear_batch(be, jobs, 2);
     }
     op->glu(be, act, b->h1, n_ff, b->h, 2 * n_ff, n, n_ff);
-    op->linear(be, f, n_embd, b->h1, &L->down, NULL, n);
+    op->linear(be, f, n_embd, b->h1, down, NULL, n);
+}
+
+void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
+             int n_ff, const struct ctx_bufs *b, int n)
+{
+    glu_w(be, f, xn, &L->gate, &L->up, opt(&L->gate_up), &L->down, act, n_ff, b, n);
 }
 
 void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
@@ -181,6 +189,17 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
 
     /* the weighted sum per token, experts in ascending order */
     op->moe_combine(be, f, b->yg, b->order, b->sel_w, k, n_slot, d);
+}
+
+void blk_shared_expert(struct backend *be, float *f, const float *xn, const struct layer *L,
+                       enum act_kind act, int n_ff, const struct ctx_bufs *b, int n)
+{
+    const struct backend_ops *op = be->ops;
+    int d = (int)L->shexp_down.shape[0];
+    /* b->yg holds n_tok * k >= n rows of n_embd and is free once the experts are combined */
+    glu_w(be, b->yg, xn, &L->shexp_gate, &L->shexp_up, NULL, &L->shexp_down, act, n_ff, b, n);
+    op->linear(be, b->router, 1, xn, &L->shexp_inp_gate, NULL, n);
+    op->sigmoid_axpy(be, f, d, b->router, b->yg, d, n, d);
 }
 
 /* ---- head ---- */

@@ -12,6 +12,7 @@
  *   blk_mlp        fc2(act(fc1(x)))
  *   blk_moe        router -> top-k -> group by expert -> expert GLU/MLP ->
  *                  weighted combine
+ *   blk_shared_expert  a GLU expert every token takes, gated by a sigmoid
  *   blk_head       final norm and lm_head of the rows that need logits
  *
  * Scratch buffers come from the caller (struct ctx_bufs of model.h).
@@ -77,6 +78,11 @@ struct blk_moe_cfg {
  * sel_w, order, offsets, xg, h, h1, yg. */
 void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *L,
              const struct blk_moe_cfg *cfg, const struct ctx_bufs *b, int n);
+
+/* f[n, n_embd] += sigmoid(shexp_inp_gate(xn)) * shexp_down(act(shexp_gate(xn)) * shexp_up(xn)):
+ * the shared expert of a MoE layer, after blk_moe wrote f. Uses b->h, h1, yg, router. */
+void blk_shared_expert(struct backend *be, float *f, const float *xn, const struct layer *L,
+                       enum act_kind act, int n_ff, const struct ctx_bufs *b, int n);
 
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,

@@ -1,7 +1,7 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
- * Phi, Phi-3, Mixtral, PhiMoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2, Gemma,
- * Cohere, Gemma 2, Gemma 3), composed from the block library
+ * Phi, Phi-3, Mixtral, PhiMoE, Qwen2/3-MoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2,
+ * Gemma, Cohere, Gemma 2, Gemma 3), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
@@ -13,7 +13,8 @@
  *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
  *     attn: ls.kv (full / sliding window), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
- *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used) : dense GLU / MLP
+ *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used)
+ *                    [+ sigmoid-gated shared expert of ls.n_ff_shexp] : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows])), then cap * tanh(logits / cap)
  *            when logit_softcap is set
  *
@@ -66,6 +67,8 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
         struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
                                  ls->ffn, ls->act, ls->n_ff, hp->n_embd};
         blk_moe(c->be, b->f, in, L, &mc, b, n);
+        if (ls->n_ff_shexp > 0)
+            blk_shared_expert(c->be, b->f, in, L, ls->act, ls->n_ff_shexp, b, n);
     } else if (ls->ffn == FFN_GLU) {
         blk_glu(c->be, b->f, in, L, ls->act, ls->n_ff, b, n);
     } else {

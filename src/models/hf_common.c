@@ -214,6 +214,45 @@ int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e)
     return 0;
 }
 
+int hf_parse_sparse_moe(struct hparams *hp, const cJSON *cfg, const char *shared_key,
+                        struct err *e)
+{
+    int32_t dense_ids[HP_MAX_LAYERS];
+    bool dense[HP_MAX_LAYERS] = {0}, norm_topk;
+    int rc, n_dense, moe_ff, step, shared = 0, ff = hp->n_ff, widest = 0;
+    if ((rc = cfg_int(cfg, "num_experts", &hp->n_expert, e)) < 0 ||
+        (rc = cfg_int(cfg, "num_experts_per_tok", &hp->n_expert_used, e)) < 0 ||
+        (rc = cfg_int(cfg, "moe_intermediate_size", &moe_ff, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "norm_topk_prob", false, &norm_topk, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "decoder_sparse_step", 1, &step, e)) < 0 ||
+        (rc = cfg_opt_ids(cfg, "mlp_only_layers", dense_ids, HP_MAX_LAYERS, &n_dense, e)) < 0 ||
+        (shared_key && (rc = cfg_int(cfg, shared_key, &shared, e)) < 0))
+        return rc;
+    if ((rc = hparams_check_dim(hp->n_expert, "num_experts", 0, HP_MAX_EXPERTS, e)) < 0 ||
+        (rc = hparams_check_dim(step, "decoder_sparse_step", 1, HP_MAX_LAYERS, e)) < 0 ||
+        (rc = hparams_check_dim(moe_ff, "moe_intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
+        (shared_key && (rc = hparams_check_dim(shared, shared_key, 1, HP_MAX_DIM, e)) < 0))
+        return rc;
+    for (int i = 0; i < n_dense; i++) {
+        if ((rc = hparams_check_dim(dense_ids[i], "mlp_only_layers", 0, hp->n_layer - 1, e)) < 0)
+            return rc;
+        dense[dense_ids[i]] = true;
+    }
+    hp->router = norm_topk ? ROUTER_SOFTMAX_TOPK : ROUTER_SOFTMAX_TOPK_RAW;
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct layer_spec *ls = &hp->layer[il];
+        ls->moe = hp->n_expert > 0 && !dense[il] && (il + 1) % step == 0;
+        ls->n_ff = ls->moe ? moe_ff : ff;
+        ls->n_ff_shexp = ls->moe ? shared : 0;
+        ls->router = ls->moe ? hp->router : ROUTER_NONE;
+        ls->n_expert_used = hp->n_expert_used;
+        widest = ls->n_ff > widest ? ls->n_ff : widest;
+        widest = ls->n_ff_shexp > widest ? ls->n_ff_shexp : widest;
+    }
+    hp->n_ff = widest;
+    return 0;
+}
+
 /* ---- weights ---- */
 
 int hf_experts_alloc(struct model *m, struct err *e)
@@ -368,17 +407,47 @@ const struct expert_stack_rule hf_moe_stacking[] = {
     {NULL, NULL},
 };
 
-static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
+const struct expert_stack_rule hf_mlp_experts_stacking[] = {
+    {"model.layers.%d.mlp.experts.%d.gate_proj", "model.layers.%d.mlp.switch_mlp.gate_proj"},
+    {"model.layers.%d.mlp.experts.%d.down_proj", "model.layers.%d.mlp.switch_mlp.down_proj"},
+    {"model.layers.%d.mlp.experts.%d.up_proj", "model.layers.%d.mlp.switch_mlp.up_proj"},
+    {NULL, NULL},
+};
+
+static const struct hf_moe_names block_sparse_moe_names = {
+    "model.layers.%d.block_sparse_moe.gate", hf_moe_stacking, NULL, NULL,
+};
+
+/* A shared expert's GLU and its sigmoid gate (one output). */
+static int map_shared_expert(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
+                             const struct hf_moe_names *names, struct err *e)
+{
+    int64_t ff = hp->layer[il].n_ff_shexp, d = hp->n_embd;
+    char pre[256], gate[256];
+    int rc;
+    snprintf(pre, sizeof pre, names->shared, il);
+    snprintf(gate, sizeof gate, names->shared_gate, il);
+    if ((rc = wm_linear(w, &L->shexp_gate, WM_REQUIRED, 0, ff, d, e, "%s.gate_proj", pre)) < 0 ||
+        (rc = wm_linear(w, &L->shexp_up, WM_REQUIRED, 0, ff, d, e, "%s.up_proj", pre)) < 0 ||
+        (rc = wm_linear(w, &L->shexp_down, WM_REQUIRED, 0, d, ff, e, "%s.down_proj", pre)) < 0)
+        return rc;
+    return wm_linear(w, &L->shexp_inp_gate, WM_REQUIRED, 0, 1, d, e, "%s", gate);
+}
+
+static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
+                   const struct hf_moe_names *names, struct err *e)
 {
     const struct hparams *hp = &m->hp;
     const struct layer_spec *ls = &hp->layer[il];
     int rc;
     char pre[256];
     if (ls->moe) {
-        snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe", il);
-        if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s.gate", pre)) < 0)
+        snprintf(pre, sizeof pre, names->router, il);
+        if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s", pre)) < 0)
             return rc;
-        const struct expert_stack_rule *r = hf_moe_stacking;
+        if (ls->n_ff_shexp > 0 && (rc = map_shared_expert(w, hp, L, il, names, e)) < 0)
+            return rc;
+        const struct expert_stack_rule *r = names->experts;
         if ((rc = hf_map_expert_linear(m, w, &L->ex.gate, il, ls->n_ff, hp->n_embd, false,
                                        r[0].per_expert, r[0].stacked, e)) < 0 ||
             (rc = hf_map_expert_linear(m, w, &L->ex.down, il, hp->n_embd, ls->n_ff, false,
@@ -407,6 +476,12 @@ static int map_post_norm(struct wmap *w, const struct hparams *hp, struct tensor
 }
 
 int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
+{
+    return hf_map_decoder_moe(m, st, &block_sparse_moe_names, e);
+}
+
+int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_names *names,
+                       struct err *e)
 {
     struct wmap w = {st, &m->hp.quant};
     int rc;
@@ -439,7 +514,7 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e)
             (!m->hp.parallel_residual &&
              (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0) ||
             (rc = hf_map_attention(&w, &m->hp, L, il, e)) < 0 ||
-            (rc = map_ffn(m, &w, L, il, e)) < 0)
+            (rc = map_ffn(m, &w, L, il, names, e)) < 0)
             return rc;
     }
     return 0;

@@ -53,12 +53,33 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
+/* Qwen-MoE sparse layers, after hf_finish_layers: num_experts, num_experts_per_tok,
+ * moe_intermediate_size (required), norm_topk_prob (false: ROUTER_SOFTMAX_TOPK_RAW, else
+ * renormalized), decoder_sparse_step (1) and mlp_only_layers ([]): layer il has experts when
+ * num_experts > 0, il is not in mlp_only_layers and (il + 1) % decoder_sparse_step == 0, else a
+ * dense GLU of intermediate_size. shared_key (or NULL): the config field of a shared expert's
+ * width on every MoE layer. hp->n_ff becomes the widest FFN of any layer. */
+int hf_parse_sparse_moe(struct hparams *hp, const cJSON *cfg, const char *shared_key,
+                        struct err *e);
+
 /* model.layers.N.self_attn.{q,k,v,o}_proj (or a fused qkv_proj), with the biases hp asks for
  * (qkv_bias, out_bias) and q_norm / k_norm when layer N's spec has a q/k norm ([head_dim], the
  * full q / k width with qk_norm_full, or [heads, head_dim] with hp->qk_norm_per_head). A missing
  * tensor is an error naming it. */
 int hf_map_attention(struct wmap *w, const struct hparams *hp, struct layer *L, int il,
                      struct err *e);
+
+/* Checkpoint names of a family's MoE layers (each format takes the layer index). */
+struct hf_moe_names {
+    const char *router;                       /* the gate linear */
+    const struct expert_stack_rule *experts;  /* gate, down, up: per-expert and stacked formats */
+    const char *shared;                       /* shared expert prefix ({gate,up,down}_proj), or NULL */
+    const char *shared_gate;                  /* its sigmoid gate linear [1, n_embd] */
+};
+
+/* hf_map_decoder with the MoE layers under the given names. */
+int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_names *names,
+                       struct err *e);
 
 /* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm (not with a
  * parallel residual), self_attn (hf_map_attention), mlp.{gate,up,down}_proj |
@@ -76,8 +97,10 @@ int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *
                          int64_t n_out, int64_t n_in, bool bias, const char *per_expert_fmt,
                          const char *stacked_fmt, struct err *e);
 
-/* The stacking rules of the block_sparse_moe experts (Mixtral, PhiMoE). */
+/* The stacking rules of the block_sparse_moe experts (Mixtral, PhiMoE), and of the
+ * mlp.experts ones (Qwen2/3-MoE: mlp.switch_mlp once stacked). */
 extern const struct expert_stack_rule hf_moe_stacking[];
+extern const struct expert_stack_rule hf_mlp_experts_stacking[];
 
 /* Token embedding, final norm and head under the given names (head NULL: tied). */
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,

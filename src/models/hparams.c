@@ -70,6 +70,9 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
     if (ls->n_ff < 1 || ls->n_ff > hp->n_ff)
         return err_setf(e, ERR_CONFIG, "layer %d: FFN width %d must be in [1, %d]", il, ls->n_ff,
                         hp->n_ff);
+    if (ls->n_ff_shexp < 0 || ls->n_ff_shexp > hp->n_ff || (ls->n_ff_shexp > 0 && !ls->moe))
+        return err_setf(e, ERR_CONFIG, "layer %d: shared expert width %d must be in [0, %d], on a "
+                        "MoE layer", il, ls->n_ff_shexp, hp->n_ff);
     if (ls->ffn == FFN_MLP && ls->act == ACT_SILU)
         return err_setf(e, ERR_UNSUPPORTED, "a non-gated MLP with silu is not supported");
     if (!ls->moe)

@@ -86,6 +86,8 @@ struct layer_spec {
     enum ffn_kind ffn;          /* dense FFN and each expert */
     enum act_kind act;
     int n_ff;                   /* FFN width (per expert for MoE) */
+    int n_ff_shexp;             /* MoE layers: width of a shared GLU expert added to the routed
+                                 * ones, scaled by sigmoid(shexp_inp_gate x) (Qwen2-MoE); 0: none */
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */

@@ -52,7 +52,8 @@ struct experts {
     X(attn_norm) X(attn_norm_b) X(ffn_norm) X(ffn_norm_b) X(attn_post_norm) X(ffn_post_norm) \
     X(wq) X(wk) X(wv) X(wqkv) X(bq) X(bk) X(bv) X(bqkv) X(wo) X(bo) \
     X(q_norm) X(k_norm) X(sinks) \
-    X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router)
+    X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router) \
+    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;

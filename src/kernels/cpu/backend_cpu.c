@@ -545,7 +545,7 @@ static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
 
 // ---- elementwise (rows of n, strided) ----
 
-enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
+enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
@@ -554,6 +554,7 @@ struct elem_ctx {
     float *y;
     const float *x;
     const int32_t *idx;       /* gather */
+    const float *g;           /* sigmoid_axpy: one gate logit per row */
     size_t ldy, ldx;
     float s;
     int n_rows, n, div;
@@ -603,6 +604,9 @@ static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
         break;
     case ELEM_AXPY:
         ec->k->axpy(y, ec->s, x, n);
+        break;
+    case ELEM_SIGMOID_AXPY:
+        ec->k->axpy(y, (float)(1.0 / (1.0 + exp(-(double)ec->g[r]))), x, n);
         break;
     case ELEM_SCALE:
         ec->k->scale(y, ec->s, n);
@@ -673,6 +677,14 @@ static void cpu_axpy(struct backend *be, float *y, int ldy, float a, const float
     elem_run(be, &ec);
 }
 
+static void cpu_sigmoid_axpy(struct backend *be, float *y, int ldy, const float *g, const float *x,
+                             int ldx, int n_rows, int n)
+{
+    struct elem_ctx ec = {.op = ELEM_SIGMOID_AXPY, .y = y, .x = x, .g = g, .ldy = (size_t)ldy,
+                          .ldx = (size_t)ldx, .n_rows = n_rows, .n = n};
+    elem_run(be, &ec);
+}
+
 static void cpu_scale(struct backend *be, float *x, int ld, float a, int n_rows, int n)
 {
     struct elem_ctx ec = {.op = ELEM_SCALE, .y = x, .s = a, .ldy = (size_t)ld, .n_rows = n_rows,
@@ -718,6 +730,7 @@ static const struct backend_ops k_cpu_ops = {
     .act = cpu_act,
     .glu = cpu_glu,
     .axpy = cpu_axpy,
+    .sigmoid_axpy = cpu_sigmoid_axpy,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .gather = cpu_gather,

@@ -74,8 +74,10 @@ static void route_one(enum router_kind kind, const float *logits, int n, int k, 
      * renormalize -- the same weights, since the shared denominator cancels. */
     topk(logits, n, k, sel);
     double sum = 0.0, mx = logits[sel[0]];
-    for (int s = 0; s < k; s++)
-        sum += exp((double)logits[sel[s]] - mx);
+    /* Qwen-MoE without norm_topk_prob: the softmax over all experts, not renormalized */
+    bool all = kind == ROUTER_SOFTMAX_TOPK_RAW;
+    for (int s = 0; s < (all ? n : k); s++)
+        sum += exp((double)logits[all ? s : sel[s]] - mx);
     for (int s = 0; s < k; s++)
         w[s] = (float)(exp((double)logits[sel[s]] - mx) / sum);
 }
