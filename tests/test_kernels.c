@@ -694,7 +694,7 @@ static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n
         end[t] = pos0 + n_tok;
     }
     struct kv_rows rows = {.pos = pos, .seq_end = end};
-    struct rope_params rp = {n_rot, inv_freq, NULL, 0, mscale, style};
+    struct rope_params rp = {.n_rot = n_rot, .inv_freq = inv_freq, .mscale = mscale, .style = style};
     for (int i = 0; i < bs->n; i++) {
         memcpy(x, x0, n * sizeof *x);
         bs->be[i]->ops->rope(bs->be[i], x, rs, n_tok, n_head, head_dim, &rp, &rows);

@@ -41,6 +41,8 @@ static const char *rope_name(enum rope_kind k)
     case ROPE_LINEAR: return "linear";
     case ROPE_LLAMA3: return "llama3";
     case ROPE_LONGROPE: return "longrope";
+    case ROPE_YARN: return "yarn";
+    case ROPE_DYNAMIC: return "dynamic";
     }
     return "?";
 }
@@ -92,7 +94,7 @@ static cJSON *build_json(const struct model *m)
     if (rope) {
         cJSON_AddStringToObject(rope, "kind", rope_name(hp->rope));
         cJSON_AddNumberToObject(rope, "theta", hp->rope_theta);
-        if (hp->rope == ROPE_LINEAR || hp->rope == ROPE_LLAMA3)
+        if (hp->rope != ROPE_DEFAULT && hp->rope != ROPE_LONGROPE)
             cJSON_AddNumberToObject(rope, "factor", hp->rope_factor);
     }
     cJSON_AddStringToObject(o, "norm", norm_name(hp->norm));
@@ -148,7 +150,7 @@ static void print_dims(const struct hparams *hp)
         printf("%-18s %d\n", "n_expert_used", hp->n_expert_used);
     }
     printf("%-18s %s, theta %.10g", "rope", rope_name(hp->rope), hp->rope_theta);
-    if (hp->rope == ROPE_LINEAR || hp->rope == ROPE_LLAMA3)
+    if (hp->rope != ROPE_DEFAULT && hp->rope != ROPE_LONGROPE)
         printf(", factor %g", hp->rope_factor);
     printf("\n%-18s %s\n", "norm", norm_name(hp->norm));
 }

@@ -118,9 +118,10 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         return rc;
     /* the one context rule of the program: a longer sequence than the model was trained
      * for is refused here, never capped silently */
-    if (p->max_seq_len > hp->n_ctx)
+    int ctx_max = hp->n_ctx_max > hp->n_ctx ? hp->n_ctx_max : hp->n_ctx;
+    if (p->max_seq_len > ctx_max)
         return err_setf(e, ERR_RANGE, "a context of %d tokens exceeds the model's context of %d "
-                        "(config.json)", p->max_seq_len, hp->n_ctx);
+                        "(config.json)", p->max_seq_len, ctx_max);
     struct kv_cache *kv = calloc(1, sizeof *kv);
     if (!kv)
         return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
@@ -129,7 +130,10 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
     kv->block_size = bs;
     kv->n_blocks = (p->n_tokens + bs - 1) / bs;
     kv->max_seqs = p->max_seqs;
-    kv->max_seq_len = p->max_seq_len > 0 ? p->max_seq_len : hp->n_ctx;
+    /* default: the model's context; past it (dynamic NTK), as many tokens as the pool holds */
+    kv->max_seq_len = p->max_seq_len > 0 ? p->max_seq_len
+                      : ctx_max > hp->n_ctx && p->n_tokens > hp->n_ctx ? (p->n_tokens < ctx_max ? p->n_tokens : ctx_max)
+                      : hp->n_ctx;
     kv->max_blocks = (kv->max_seq_len + bs - 1) / bs;
     /* the block tables are max_seqs x max_blocks entries, host and backend */
     if ((int64_t)kv->max_seqs * kv->max_blocks > KV_MAX_TABLE_ENTRIES) {

@@ -114,8 +114,10 @@ struct rope_params {
     int n_rot;               /* rotated dims per head (first n_rot), even */
     const float *inv_freq;   /* [n_rot / 2] */
     const float *inv_long;   /* [n_rot / 2] longrope long factors, or NULL */
-    int long_after;          /* inv_long applies to rows whose seq_end exceeds this */
-    float mscale;            /* cos/sin multiplier (longrope attention factor; 1 otherwise) */
+    int long_after;          /* inv_long / dynamic NTK apply to rows whose seq_end exceeds this */
+    float ntk_factor;        /* > 0: dynamic NTK: such a row's base becomes base * s^(n_rot / (n_rot - 2)),
+                              * s = ntk_factor * seq_end / long_after - (ntk_factor - 1) */
+    float mscale;            /* cos/sin multiplier (longrope / yarn attention factor; 1 otherwise) */
     enum rope_style style;   /* which dims pair up (zero: rotate-half) */
 };
 

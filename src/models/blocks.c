@@ -40,10 +40,32 @@ void blk_norm(struct backend *be, float *y, const float *x, const struct blk_nor
 
 /* ---- rotary embedding ---- */
 
+/* transformers find_correction_dim: the dim whose wavelength turns n_rot times
+ * over the original context. */
+static double yarn_corr_dim(double n_rot_turns, int dim, double base, int orig_ctx)
+{
+    return dim * log(orig_ctx / (n_rot_turns * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
 void blk_rope_freqs(const struct hparams *hp, const struct layer_spec *ls, float *inv,
                     float *inv_long)
 {
     int half = ls->n_rot / 2;
+    /* yarn: frequency j is extrapolated (kept) below the correction range [lo, hi],
+     * interpolated (divided by factor) above it, with a linear ramp between */
+    double lo = 0.0, hi = 0.0;
+    if (ls->rope == ROPE_YARN) {
+        lo = yarn_corr_dim(hp->rope_beta_fast, ls->n_rot, ls->rope_theta, hp->rope_orig_ctx);
+        hi = yarn_corr_dim(hp->rope_beta_slow, ls->n_rot, ls->rope_theta, hp->rope_orig_ctx);
+        if (hp->rope_truncate) {
+            lo = floor(lo);
+            hi = ceil(hi);
+        }
+        lo = fmax(lo, 0.0);
+        hi = fmin(hi, ls->n_rot - 1);
+        if (lo == hi)
+            hi += 0.001;
+    }
     for (int j = 0; j < half; j++) {
         double base = pow((double)ls->rope_theta, (2.0 * j) / ls->n_rot);
         double f = 1.0 / base;
@@ -68,6 +90,13 @@ void blk_rope_freqs(const struct hparams *hp, const struct layer_spec *ls, float
             }
             break;
         }
+        case ROPE_YARN: {
+            double ramp = fmin(fmax((j - lo) / (hi - lo), 0.0), 1.0);
+            f = f / hp->rope_factor * ramp + f * (1.0 - ramp);
+            break;
+        }
+        case ROPE_DYNAMIC: /* base frequencies; the rope op rescales them per sequence */
+            break;
         case ROPE_LONGROPE:
             if (inv_long)
                 inv_long[j] = (float)(1.0 / (hp->rope_long[j] * base));

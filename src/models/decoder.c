@@ -34,7 +34,8 @@ static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il
         .inv_freq = rope,
         .inv_long = ls->rope == ROPE_LONGROPE ? rope + HP_MAX_ROT_HALF : NULL,
         .long_after = hp->rope_orig_ctx,
-        .mscale = ls->rope == ROPE_LONGROPE ? hp->rope_attn_factor : 1.0f,
+        .ntk_factor = ls->rope == ROPE_DYNAMIC ? hp->rope_factor : 0.0f,
+        .mscale = ls->rope == ROPE_LONGROPE || ls->rope == ROPE_YARN ? hp->rope_attn_factor : 1.0f,
         .style = ls->rope_style,
     };
     *cfg = (struct blk_attn_cfg){

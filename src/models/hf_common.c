@@ -37,6 +37,37 @@ static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, cons
     return 0;
 }
 
+/* transformers get_mscale: the yarn attention scale of a context factor. */
+static double yarn_mscale(double factor, double mscale)
+{
+    return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+/* yarn (transformers _compute_yarn_parameters): original context defaults to
+ * max_position_embeddings; the cos/sin scale to get_mscale(factor), or the
+ * mscale / mscale_all_dim ratio when both are given. */
+static int parse_yarn(struct hparams *hp, const cJSON *rs, struct err *e)
+{
+    int rc;
+    float mscale, mscale_all;
+    hp->rope = ROPE_YARN;
+    if (hp->rope_orig_ctx <= 0)
+        hp->rope_orig_ctx = hp->n_ctx;
+    if ((rc = cfg_float(rs, "factor", &hp->rope_factor, e)) < 0 ||
+        (rc = cfg_opt_float(rs, "beta_fast", 32.0f, &hp->rope_beta_fast, e)) < 0 ||
+        (rc = cfg_opt_float(rs, "beta_slow", 1.0f, &hp->rope_beta_slow, e)) < 0 ||
+        (rc = cfg_opt_bool(rs, "truncate", true, &hp->rope_truncate, e)) < 0 ||
+        (rc = cfg_opt_float(rs, "mscale", 0.0f, &mscale, e)) < 0 ||
+        (rc = cfg_opt_float(rs, "mscale_all_dim", 0.0f, &mscale_all, e)) < 0)
+        return err_prefix(e, "rope_scaling");
+    double af = mscale != 0.0f && mscale_all != 0.0f
+                    ? yarn_mscale(hp->rope_factor, mscale) / yarn_mscale(hp->rope_factor, mscale_all)
+                    : yarn_mscale(hp->rope_factor, 1.0);
+    if ((rc = cfg_opt_float(rs, "attention_factor", (float)af, &hp->rope_attn_factor, e)) < 0)
+        return err_prefix(e, "rope_scaling");
+    return 0;
+}
+
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5). */
 static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
@@ -90,6 +121,18 @@ static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *
         float af = factor <= 1.0 || hp->rope_orig_ctx < 2
                        ? 1.0f : (float)sqrt(1.0 + log(factor) / log((double)hp->rope_orig_ctx));
         return cfg_opt_float(rs, "attention_factor", af, &hp->rope_attn_factor, e);
+    }
+    if (strcmp(type, "yarn") == 0)
+        return parse_yarn(hp, rs, e);
+    if (strcmp(type, "dynamic") == 0) {
+        /* transformers _compute_dynamic_ntk_parameters: the original context is
+         * max_position_embeddings */
+        hp->rope = ROPE_DYNAMIC;
+        hp->rope_orig_ctx = hp->n_ctx;
+        hp->n_ctx_max = HP_MAX_CTX; /* transformers sets no bound */
+        if ((rc = cfg_float(rs, "factor", &hp->rope_factor, e)) < 0)
+            return err_prefix(e, "rope_scaling");
+        return 0;
     }
     return err_setf(e, ERR_UNSUPPORTED, "rope_scaling type '%s' is not supported", type);
 }

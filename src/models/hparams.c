@@ -109,7 +109,7 @@ int hparams_validate(const struct hparams *hp, struct err *e)
         (rc = hparams_check_dim(hp->n_kv_head, "num_key_value_heads", 1, hp->n_head, e)) < 0 ||
         (rc = hparams_check_dim(hp->head_dim, "head_dim", 1, HP_MAX_HEAD_DIM, e)) < 0 ||
         (rc = hparams_check_dim(hp->n_ff, "intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
-        (rc = hparams_check_dim(hp->n_ctx, "max_position_embeddings", 1, 1 << 24, e)) < 0)
+        (rc = hparams_check_dim(hp->n_ctx, "max_position_embeddings", 1, HP_MAX_CTX, e)) < 0)
         return rc;
     if (hp->n_head % hp->n_kv_head != 0)
         return err_setf(e, ERR_CONFIG,
@@ -143,6 +143,14 @@ int hparams_validate(const struct hparams *hp, struct err *e)
         return err_setf(e, ERR_CONFIG,
                         "rope_scaling (llama3): need original_max_position_embeddings > 0 and "
                         "high_freq_factor > low_freq_factor");
+    if ((hp->rope == ROPE_YARN || hp->rope == ROPE_DYNAMIC) &&
+        (!(hp->rope_factor > 0.0f) || hp->rope_orig_ctx <= 0))
+        return err_setf(e, ERR_CONFIG, "rope_scaling (yarn / dynamic): need factor > 0 and "
+                        "original_max_position_embeddings > 0");
+    if (hp->rope == ROPE_DYNAMIC && hp->n_rot > 0 && hp->n_rot <= 2)
+        return err_setf(e, ERR_CONFIG, "rope_scaling (dynamic) needs more than 2 rotary dims");
+    if (hp->rope == ROPE_YARN && (!isfinite(hp->rope_beta_fast) || !isfinite(hp->rope_beta_slow)))
+        return err_setf(e, ERR_CONFIG, "rope_scaling (yarn): beta_fast / beta_slow must be finite");
     if (hp->rope == ROPE_LONGROPE && hp->rope_orig_ctx <= 0)
         return err_setf(e, ERR_CONFIG, "longrope needs original_max_position_embeddings > 0");
     if (hp->n_expert > 0 && (rc = hparams_check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)

@@ -30,6 +30,7 @@ extern "C" {
 #endif
 
 #define HP_MAX_EOS      16
+#define HP_MAX_CTX      (1 << 24) /* positions */
 #define HP_MAX_ROT_HALF 256   /* longrope factor arrays: n_rot / 2 entries */
 #define HP_MAX_EXPERTS  256
 #define HP_MAX_LAYERS   1024
@@ -43,7 +44,8 @@ enum ffn_kind    {
     FFN_GLU = 0,   /* down(act(gate(x)) * up(x))  (SwiGLU) */
     FFN_MLP = 1,   /* fc2(act(fc1(x)))             (GPT-2 / Phi) */
 };
-enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3 };
+enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3, ROPE_YARN = 4,
+                   ROPE_DYNAMIC = 5 };
 /* What a layer keeps in the KV cache and how much of it a query sees. */
 enum kv_kind {
     KV_FULL = 0,       /* every position */
@@ -103,6 +105,8 @@ struct hparams {
     int head_dim;
     int n_ff;
     int n_ctx;                  /* max_position_embeddings / n_positions */
+    int n_ctx_max;              /* > n_ctx: a cache may hold this many (dynamic NTK rope
+                                 * extends past the trained context); else n_ctx */
 
     /* block structure */
     enum norm_kind norm;
@@ -124,11 +128,14 @@ struct hparams {
     float rope_theta;
     enum rope_kind rope;
     enum rope_style rope_style; /* rotate-half (default) or interleaved pairs (Cohere) */
-    float rope_factor;          /* linear / llama3 factor */
+    float rope_factor;          /* linear / llama3 / yarn / dynamic factor */
     float rope_low_freq_factor; /* llama3 */
     float rope_high_freq_factor;/* llama3 */
-    int rope_orig_ctx;          /* llama3 / longrope original_max_position_embeddings */
-    float rope_attn_factor;     /* longrope cos/sin scale; 1 otherwise */
+    int rope_orig_ctx;          /* llama3 / longrope / yarn / dynamic original_max_position_embeddings */
+    float rope_attn_factor;     /* longrope / yarn cos/sin scale; 1 otherwise */
+    float rope_beta_fast;       /* yarn correction range (rotations) */
+    float rope_beta_slow;
+    bool rope_truncate;         /* yarn: floor / ceil the correction range */
     float rope_short[HP_MAX_ROT_HALF]; /* longrope factors (n_rot / 2) */
     float rope_long[HP_MAX_ROT_HALF];
 

@@ -108,6 +108,14 @@ int llama_ops_self_test(struct err *e)
                           "\"original_max_position_embeddings\": 64}}", &hp, e)) < 0 ||
         (rc = stest_check(hp.rope == ROPE_LLAMA3 && hp.rope_factor == 8.0f && hp.rope_orig_ctx == 64, "llama3 rope", e)) < 0)
         return rc;
+    /* dynamic NTK: the original context is max_position_embeddings and a cache may
+     * outgrow it; the base frequencies stay plain (the rope op rescales them) */
+    if ((rc = stest_parse(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"dynamic\", "
+                                      "\"factor\": 2.0}}", &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].rope == ROPE_DYNAMIC && hp.rope_factor == 2.0f && hp.rope_orig_ctx == hp.n_ctx &&
+                              hp.n_ctx_max > hp.n_ctx, "dynamic rope", e)) < 0 ||
+        (rc = stest_patch_changes_logits("llama_dynamic", "{\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 4.0}}", e)) < 0)
+        return rc;
     /* errors name the field */
     if ((rc = stest_parse_fails(&llama_ops, "{" BASE "}", "num_attention_heads", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 0}", "num_attention_heads", e)) < 0 ||
@@ -115,7 +123,8 @@ int llama_ops_self_test(struct err *e)
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"num_key_value_heads\": 3}", "multiple", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"hidden_act\": \"relu2\"}", "hidden_act", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"mlp_bias\": true}", "mlp_bias", e)) < 0 ||
-        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2}}", "yarn", e)) < 0 ||
+        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2}}", "ntk", e)) < 0 ||
+        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"dynamic\"}}", "factor", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4.5}", "num_attention_heads", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{\"vocab_size\": -5, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                                 "\"intermediate_size\": 128, \"max_position_embeddings\": 256}", "vocab_size", e)) < 0)

@@ -71,7 +71,7 @@ static int longrope(struct err *e)
     static const struct stest_bad bad[] = {
         {"{" BASE ", " ORIG8 "\"partial_rotary_factor\": 0.5, " LONGROPE(SHORT, LONG, "") "}", "short_factor"},
         {"{" BASE ", " ORIG8 LONGROPE(SHORT, "[1.0]", "") "}", "long_factor"},
-        {"{" BASE ", " ORIG8 "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}", "rope_scaling type 'dynamic'"},
+        {"{" BASE ", " ORIG8 "\"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2.0}}", "rope_scaling type 'ntk'"},
     };
     return stest_parse_fails_all(&phi3_ops, bad, sizeof bad / sizeof bad[0], e);
 }

@@ -117,7 +117,7 @@ static int partial_rotary(struct err *e)
     int pos = 3;
     int32_t pos32 = pos;
     struct kv_rows rows = {.pos = &pos32, .seq_end = &pos32};
-    struct rope_params rp = {8, inv, NULL, 0, 1.0f, ROPE_STYLE_HALF};
+    struct rope_params rp = {.n_rot = 8, .inv_freq = inv, .mscale = 1.0f, .style = ROPE_STYLE_HALF};
     be->ops->rope(be, y, 16, 1, 1, 16, &rp, &rows);
     backend_free(be);
     for (int j = 0; j < 4 && rc == 0; j++) {

@@ -10,9 +10,15 @@
  *    decides whether lm_head.weight is needed.
  *  - Forward: turning the layers' q/k norm off changes the logits, so the
  *    forward reads the spec the family sets.
+ *  - yarn rope scaling (transformers _compute_yarn_parameters): defaults
+ *    (beta_fast 32, beta_slow 1, truncate, attention factor 0.1 ln(factor) + 1,
+ *    original context = max_position_embeddings), the mscale / mscale_all_dim
+ *    ratio, the blended inverse frequencies of the golden case, and dropping
+ *    rope_scaling changes the golden logits.
  */
 #include <math.h>
 
+#include "blocks.h"
 #include "selftest.h"
 
 extern const struct model_ops qwen3_ops;
@@ -92,10 +98,62 @@ static int qk_norm_honoured(struct err *e)
     return rc;
 }
 
+#define YARN(extra) ", \"head_dim\": 32, \"rope_theta\": 1000000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", " \
+                    "\"factor\": 4.0" extra "}"
+
+static int yarn(struct err *e)
+{
+    struct hparams hp;
+    int rc;
+    double af = 0.1 * log(4.0) + 1.0;
+    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN("")), &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].rope == ROPE_YARN && hp.layer[1].rope == ROPE_YARN && hp.rope_factor == 4.0f &&
+                              hp.rope_orig_ctx == 128 && hp.rope_beta_fast == 32.0f && hp.rope_beta_slow == 1.0f &&
+                              hp.rope_truncate && stest_near(hp.rope_attn_factor, af, 1e-6),
+                          "yarn defaults", e)) < 0)
+        return rc;
+    /* the golden case (original context 16): transformers' inv_freq */
+    static const double want[4][2] = {{0, 1.0}, {1, 0.26356032490730286}, {2, 0.04445698484778404},
+                                      {15, 5.928434347879374e-07}};
+    float inv[16];
+    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"original_max_position_embeddings\": 16")), &hp, e)) < 0)
+        return rc;
+    blk_rope_freqs(&hp, &hp.layer[0], inv, NULL);
+    for (int i = 0; i < 4 && rc == 0; i++)
+        rc = stest_check(fabs(inv[(int)want[i][0]] / want[i][1] - 1.0) < 1e-6, "yarn inverse frequencies", e);
+    if (rc < 0)
+        return rc;
+    /* without truncation the ramp ends at the unrounded correction dim 1.08...: j = 1 nearly interpolated */
+    double hi = 32.0 * log(16.0 / (2.0 * M_PI)) / (2.0 * log(1e6)), e1 = pow(1e6, -2.0 / 32.0);
+    double r1 = 1.0 / hi, inv1 = e1 / 4.0 * r1 + e1 * (1.0 - r1);
+    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"original_max_position_embeddings\": 16, \"truncate\": false")),
+                          &hp, e)) < 0)
+        return rc;
+    blk_rope_freqs(&hp, &hp.layer[0], inv, NULL);
+    if ((rc = stest_check(fabs(inv[1] / inv1 - 1.0) < 1e-6, "yarn truncate false", e)) < 0)
+        return rc;
+    /* mscale / mscale_all_dim ratio; an explicit attention_factor wins */
+    double ratio = (0.1 * 2.0 * log(4.0) + 1.0) / (0.1 * log(4.0) + 1.0);
+    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"mscale\": 2.0, \"mscale_all_dim\": 1.0")), &hp, e)) < 0 ||
+        (rc = stest_check(stest_near(hp.rope_attn_factor, ratio, 1e-6), "yarn mscale ratio", e)) < 0 ||
+        (rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"attention_factor\": 1.5, \"beta_fast\": 16")), &hp, e)) < 0 ||
+        (rc = stest_check(hp.rope_attn_factor == 1.5f && hp.rope_beta_fast == 16.0f, "yarn explicit values", e)) < 0)
+        return rc;
+    static const struct stest_bad bad[] = {
+        {CFG(2, ", \"rope_scaling\": {\"rope_type\": \"yarn\"}"), "factor"},
+        {CFG(2, YARN(", \"beta_fast\": \"fast\"")), "beta_fast"},
+        {CFG(2, YARN(", \"truncate\": 1")), "truncate"},
+    };
+    if ((rc = stest_parse_fails_all(&qwen3_ops, bad, sizeof bad / sizeof bad[0], e)) < 0)
+        return rc;
+    return stest_patch_changes_logits("qwen3_yarn", "{\"rope_scaling\": null}", e);
+}
+
 int qwen3_ops_self_test(struct err *e)
 {
     int rc;
-    if ((rc = config_rules(e)) < 0 || (rc = weights(e)) < 0 || (rc = qk_norm_honoured(e)) < 0)
+    if ((rc = config_rules(e)) < 0 || (rc = weights(e)) < 0 || (rc = qk_norm_honoured(e)) < 0 ||
+        (rc = yarn(e)) < 0)
         return rc;
     return 0;
 }

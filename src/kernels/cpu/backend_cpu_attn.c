@@ -40,11 +40,24 @@ static void rope_table(float *cs, const struct rope_params *rp, const float *inv
     }
 }
 
+/* dynamic NTK (transformers _compute_dynamic_ntk_parameters at the sequence's
+ * length seq_end): base^(-2j/d) becomes (base * s^(d/(d-2)))^(-2j/d), i.e.
+ * inv[j] * s^(-2j/(d-2)). */
+static void rope_ntk(float *out, const struct rope_params *rp, int seq_end)
+{
+    int half = rp->n_rot / 2;
+    double f = rp->ntk_factor;
+    double s = f * seq_end / rp->long_after - (f - 1.0);
+    for (int j = 0; j < half; j++)
+        out[j] = (float)((double)rp->inv_freq[j] * pow(s, -2.0 * j / (rp->n_rot - 2)));
+}
+
 static void rope_task(void *arg, int ith, int nth)
 {
     struct rope_ctx *rc = arg;
     const struct rope_params *rp = rc->rp;
     float *cs = rc->c->scr[ith];
+    float *ntk = cs + rp->n_rot;
     int half = rp->n_rot / 2, cur = -1;
     long lo, hi;
     tpool_range((long)rc->n_tok * rc->n_head, ith, nth, &lo, &hi);
@@ -53,8 +66,12 @@ static void rope_task(void *arg, int ith, int nth)
         if (t != cur) {
             /* longrope: the long factors once the sequence passes the original context
              * in this call, as transformers' dynamic update does */
-            const float *inv = rp->inv_long && rc->rows->seq_end[t] > rp->long_after
-                                   ? rp->inv_long : rp->inv_freq;
+            int seq_end = rc->rows->seq_end[t];
+            const float *inv = rp->inv_long && seq_end > rp->long_after ? rp->inv_long : rp->inv_freq;
+            if (rp->ntk_factor > 0.0f && seq_end > rp->long_after) {
+                rope_ntk(ntk, rp, seq_end);
+                inv = ntk;
+            }
             rope_table(cs, rp, inv, rc->rows->pos[t]);
             cur = t;
         }
@@ -76,7 +93,7 @@ void cpu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int h
 {
     struct cpu_backend *c = cpu_of(be);
     struct rope_ctx rc = {rp, rows, c, x, (size_t)ld, n_tok, n_head, head_dim};
-    if (c->err_rc || rp->n_rot <= 0 || !cpu_scratch_ensure(c, (size_t)rp->n_rot))
+    if (c->err_rc || rp->n_rot <= 0 || !cpu_scratch_ensure(c, (size_t)rp->n_rot * 3 / 2))
         return;
     if (n_tok == 1)
         rope_task(&rc, 0, 1);
