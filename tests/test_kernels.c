@@ -664,7 +664,8 @@ static void test_norms(void **state)
 // ---- rope ----
 
 static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_head, int head_dim,
-                      int n_rot, int pad, int pos0, float mscale, enum rope_style style)
+                      int n_rot, int pad, int pos0, float mscale, enum rope_style style, float ntk,
+                      int orig)
 {
     /* frequency j rotates dims (a, a + step): rotate-half or interleaved pairs */
     int pairs = style == ROPE_STYLE_PAIRS, step = pairs ? 1 : n_rot / 2;
@@ -676,11 +677,18 @@ static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n
         inv_freq[j] = (float)pow(10000.0, -2.0 * j / n_rot);
     for (size_t i = 0; i < n; i++)
         ref[i] = x0[i];
+    /* dynamic NTK (ntk > 0) past orig: transformers' base * s^(d / (d - 2)), s from the
+     * sequence's length after the call */
+    double ntk_base = 10000.0;
+    if (ntk > 0.0f && pos0 + n_tok > orig)
+        ntk_base *= pow((double)ntk * (pos0 + n_tok) / orig - (ntk - 1.0), (double)n_rot / (n_rot - 2));
+    double ntk_scale = ntk_base / 10000.0;
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
             double *r = ref + (size_t)t * rs + (size_t)h * head_dim;
             for (int j = 0; j < n_rot / 2; j++) {
-                double a = (double)(pos0 + t) * inv_freq[j], c = cos(a) * mscale,
+                double a = (double)(pos0 + t) * inv_freq[j] * pow(ntk_scale, -2.0 * j / n_rot),
+                       c = cos(a) * mscale,
                        s = sin(a) * mscale;
                 int a0 = pairs ? 2 * j : j;
                 double x1 = r[a0], x2 = r[a0 + step];
@@ -694,7 +702,8 @@ static void rope_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n
         end[t] = pos0 + n_tok;
     }
     struct kv_rows rows = {.pos = pos, .seq_end = end};
-    struct rope_params rp = {.n_rot = n_rot, .inv_freq = inv_freq, .mscale = mscale, .style = style};
+    struct rope_params rp = {.n_rot = n_rot, .inv_freq = inv_freq, .long_after = orig, .ntk_factor = ntk,
+                             .mscale = mscale, .style = style};
     for (int i = 0; i < bs->n; i++) {
         memcpy(x, x0, n * sizeof *x);
         bs->be[i]->ops->rope(bs->be[i], x, rs, n_tok, n_head, head_dim, &rp, &rows);
@@ -713,14 +722,19 @@ static void test_rope(void **state)
     struct kc_bes bs;
     struct kc_errstat es = {0};
     kc_open(&bs);
-    rope_case(&bs, &es, 1, 3, 64, 64, 0, 0, 1.0f, ROPE_STYLE_HALF);
-    rope_case(&bs, &es, 1, 4, 128, 128, 0, 12345, 1.0f, ROPE_STYLE_HALF);
-    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_HALF);   /* partial rotary, padded rows */
-    rope_case(&bs, &es, 9, 2, 80, 80, 0, 3, 1.0f, ROPE_STYLE_HALF);
-    rope_case(&bs, &es, 2, 5, 6, 4, 1, 100000, 0.9f, ROPE_STYLE_HALF);
+    rope_case(&bs, &es, 1, 3, 64, 64, 0, 0, 1.0f, ROPE_STYLE_HALF, 0.0f, 0);
+    rope_case(&bs, &es, 1, 4, 128, 128, 0, 12345, 1.0f, ROPE_STYLE_HALF, 0.0f, 0);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_HALF, 0.0f, 0);   /* partial rotary, padded rows */
+    rope_case(&bs, &es, 9, 2, 80, 80, 0, 3, 1.0f, ROPE_STYLE_HALF, 0.0f, 0);
+    rope_case(&bs, &es, 2, 5, 6, 4, 1, 100000, 0.9f, ROPE_STYLE_HALF, 0.0f, 0);
     /* interleaved pairs (Cohere): full and partial rotary, padded rows */
-    rope_case(&bs, &es, 3, 4, 16, 16, 0, 5, 1.0f, ROPE_STYLE_PAIRS);
-    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_PAIRS);
+    rope_case(&bs, &es, 3, 4, 16, 16, 0, 5, 1.0f, ROPE_STYLE_PAIRS, 0.0f, 0);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1000, 1.2f, ROPE_STYLE_PAIRS, 0.0f, 0);
+    /* dynamic NTK: rows past the original context (8) rescale, rows within it do not */
+    rope_case(&bs, &es, 12, 4, 16, 16, 0, 0, 1.0f, ROPE_STYLE_HALF, 2.0f, 8);
+    rope_case(&bs, &es, 1, 4, 16, 16, 0, 20, 1.0f, ROPE_STYLE_HALF, 2.0f, 8);
+    rope_case(&bs, &es, 5, 3, 64, 32, 7, 1, 1.0f, ROPE_STYLE_PAIRS, 4.0f, 4);
+    rope_case(&bs, &es, 4, 2, 16, 16, 0, 0, 1.0f, ROPE_STYLE_HALF, 2.0f, 8);
     kc_report("rope", &es);
     kc_close(&bs);
 }
