@@ -34,3 +34,24 @@ double golden_check_model(const char *model_dir, const char *golden_dir, bool fu
 int test_argmax(const float *v, int n);
 /* max |got - ref| / max |ref| over one row of n (max |got - ref| when ref is all zero). */
 double test_row_rel_err(const float *got, const float *ref, int n);
+
+/* A model ready to run: dir loaded and prepared for be (NULL: a 2-thread CPU backend the
+ * struct owns), a context of n_batch rows (<= 0: default), a paged cache of n_tokens slots
+ * for max_seqs sequences in blocks of block, and a batch of 512 rows. Fails the test on
+ * error. (test_eng.c) */
+struct backend;
+struct model;
+struct model_ctx;
+struct kv_cache;
+struct batch;
+struct test_eng {
+    struct backend *be;
+    bool own_be;
+    struct model *m;
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    struct batch *b;
+};
+void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
+                   int max_seqs, int block);
+void test_eng_close(struct test_eng *g);

@@ -29,43 +29,14 @@
 #define N_DECODE 6
 #define BATCH_REL_TOL 1e-5
 
-struct eng {
-    struct backend *be;
-    struct model *m;
-    struct model_ctx *c;
-    struct kv_cache *kv;
-    struct batch b;
-};
-
-static void eng_open(struct eng *g, const char *dir, int n_tokens, int max_seqs, int block)
-{
-    struct err e = {0};
-    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
-                           .dtype = DTYPE_F32};
-    memset(g, 0, sizeof *g);
-    if (backend_new(&g->be, NULL, 2, &e) < 0 || model_load(&g->m, dir, &e) < 0 ||
-        model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, 0, &e) < 0 ||
-        kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(&g->b, 512, &e) < 0)
-        fail_msg("%s: %s", dir, e.msg);
-}
-
-static void eng_close(struct eng *g)
-{
-    batch_free(&g->b);
-    kv_cache_free(g->kv);
-    model_ctx_free(g->c);
-    model_free(g->m);
-    backend_free(g->be);
-}
-
 /* Feed ids to seq at its next positions in one batch; logits of the last row. */
-static void feed(struct eng *g, int seq, const int32_t *ids, int n, float *logits)
+static void feed(struct test_eng *g, int seq, const int32_t *ids, int n, float *logits)
 {
     struct err e = {0};
     int pos = kv_seq_len(g->kv, seq);
-    batch_clear(&g->b);
-    assert_int_equal(batch_add_seq(&g->b, ids, n, pos, seq, true, &e), 0);
-    if (model_forward(g->c, &g->b, g->kv, logits, &e) < 0)
+    batch_clear(g->b);
+    assert_int_equal(batch_add_seq(g->b, ids, n, pos, seq, true, &e), 0);
+    if (model_forward(g->c, g->b, g->kv, logits, &e) < 0)
         fail_msg("%s", e.msg);
 }
 
@@ -91,7 +62,7 @@ struct seq_ref {
  * in the mixed run: longrope picks its factors per forward call from the sequence's
  * length after the call (as transformers does), so the call structure of one sequence
  * is part of its definition; what must not matter is the other sequences in the batch. */
-static void run_alone(struct eng *g, struct seq_ref *r, int V)
+static void run_alone(struct test_eng *g, struct seq_ref *r, int V)
 {
     kv_seq_remove(g->kv, 0);
     assert_int_equal(kv_seq_add(g->kv, 0, NULL), 0);
@@ -107,7 +78,7 @@ static void run_alone(struct eng *g, struct seq_ref *r, int V)
 
 /* All sequences together: step k adds, for every started sequence, its next prompt
  * chunk (<= 3 tokens) or its next decode token; sequence s starts at step s / 2. */
-static double run_mixed(struct eng *g, struct seq_ref *ref, int V, const char *name)
+static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const char *name)
 {
     struct err e = {0};
     int fed[N_SEQ] = {0}, got[N_SEQ] = {0};
@@ -119,24 +90,24 @@ static double run_mixed(struct eng *g, struct seq_ref *ref, int V, const char *n
         assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
     for (int step = 0;; step++) {
         int owner[N_SEQ], n_out = 0;
-        batch_clear(&g->b);
+        batch_clear(g->b);
         for (int s = 0; s < N_SEQ && s / 2 <= step; s++) {
             struct seq_ref *r = &ref[s];
             if (fed[s] < r->n_prompt) {
                 int k = r->n_prompt - fed[s] < 3 ? r->n_prompt - fed[s] : 3;
                 bool last = fed[s] + k == r->n_prompt;
-                assert_int_equal(batch_add_seq(&g->b, r->prompt + fed[s], k, fed[s], s, last, &e), 0);
+                assert_int_equal(batch_add_seq(g->b, r->prompt + fed[s], k, fed[s], s, last, &e), 0);
                 fed[s] += k;
                 if (last)
                     owner[n_out++] = s;
             } else if (got[s] > 0 && got[s] <= N_DECODE) {
-                assert_int_equal(batch_add(&g->b, next[s], fed[s] + got[s] - 1, s, true, &e), 0);
+                assert_int_equal(batch_add(g->b, next[s], fed[s] + got[s] - 1, s, true, &e), 0);
                 owner[n_out++] = s;
             }
         }
-        if (g->b.n_tok == 0)
+        if (g->b->n_tok == 0)
             break;
-        if (model_forward(g->c, &g->b, g->kv, out, &e) < 0)
+        if (model_forward(g->c, g->b, g->kv, out, &e) < 0)
             fail_msg("%s: %s", name, e.msg);
         for (int o = 0; o < n_out; o++) {
             int s = owner[o], t = got[s];
@@ -175,8 +146,8 @@ static void batched_case(void **state)
     int L = (int)ids.shape[0];
     assert_true(L >= 3 && L < 64);
 
-    struct eng g;
-    eng_open(&g, dir, N_SEQ * (64 + N_DECODE), N_SEQ, 4);
+    struct test_eng g;
+    test_eng_open(&g, dir, NULL, 0, N_SEQ * (64 + N_DECODE), N_SEQ, 4);
     int V = g.m->hp.n_vocab;
     struct seq_ref ref[N_SEQ];
     for (int s = 0; s < N_SEQ; s++) {
@@ -194,7 +165,7 @@ static void batched_case(void **state)
     assert_int_equal(kv_n_free_blocks(g.kv), g.kv->n_blocks);
     for (int s = 0; s < N_SEQ; s++)
         free(ref[s].logits);
-    eng_close(&g);
+    test_eng_close(&g);
     st_set_free(gs);
 }
 
@@ -209,9 +180,9 @@ static const int32_t k_prefix[10] = {5, 17, 42, 8, 99, 3, 61, 27, 14, 70};
 static void kv_fork_cow(void **state)
 {
     (void)state;
-    struct eng g;
+    struct test_eng g;
     struct err e = {0};
-    eng_open(&g, test_path(KV_MODEL), 128, 4, 4);
+    test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 128, 4, 4);
     int V = g.m->hp.n_vocab;
     float *a = malloc((size_t)V * 4 * sizeof *a), *b = a + V, *c = a + 2 * V, *d = a + 3 * V;
     int32_t x = 11, y = 23;
@@ -239,16 +210,16 @@ static void kv_fork_cow(void **state)
     assert_true(kv_seq_fork(g.kv, 9, 1, &e) < 0);
     assert_true(kv_seq_fork(g.kv, 0, 1, &e) < 0);
     free(a);
-    eng_close(&g);
+    test_eng_close(&g);
 }
 
 /* truncate: back to a shorter prefix and a different continuation, equal to a fresh run. */
 static void kv_truncate(void **state)
 {
     (void)state;
-    struct eng g;
+    struct test_eng g;
     struct err e = {0};
-    eng_open(&g, test_path(KV_MODEL), 64, 2, 4);
+    test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 64, 2, 4);
     int V = g.m->hp.n_vocab;
     float *a = malloc((size_t)V * 2 * sizeof *a), *b = a + V;
     int32_t x = 31;
@@ -265,16 +236,16 @@ static void kv_truncate(void **state)
     assert_true(kv_seq_truncate(g.kv, 0, 99, &e) < 0);         /* cannot grow */
     assert_true(kv_seq_truncate(g.kv, 0, -1, &e) < 0);
     free(a);
-    eng_close(&g);
+    test_eng_close(&g);
 }
 
 /* remove returns every block; a new sequence reuses them and runs like a fresh cache. */
 static void kv_remove_reuse(void **state)
 {
     (void)state;
-    struct eng g;
+    struct test_eng g;
     struct err e = {0};
-    eng_open(&g, test_path(KV_MODEL), 12, 2, 4);   /* 3 blocks */
+    test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 12, 2, 4);   /* 3 blocks */
     int V = g.m->hp.n_vocab;
     float *a = malloc((size_t)V * 2 * sizeof *a), *b = a + V;
     assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
@@ -290,42 +261,42 @@ static void kv_remove_reuse(void **state)
     feed(&g, 0, k_prefix + 2, 8, a);
     assert_true(test_row_rel_err(a, b, V) <= 1e-6);
     free(a);
-    eng_close(&g);
+    test_eng_close(&g);
 }
 
 /* Pool exhaustion and batch rule violations: clean errors, nothing changed. */
 static void kv_exhaustion_and_rules(void **state)
 {
     (void)state;
-    struct eng g;
+    struct test_eng g;
     struct err e = {0};
-    eng_open(&g, test_path(KV_MODEL), 8, 2, 4);    /* 2 blocks */
+    test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 8, 2, 4);    /* 2 blocks */
     int V = g.m->hp.n_vocab;
     float *a = malloc((size_t)V * sizeof *a);
     assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
     assert_int_equal(kv_seq_add(g.kv, 1, &e), 0);
     feed(&g, 0, k_prefix, 6, a);
     /* seq 1 needs 2 blocks, 0 free after seq 0 grows to 8 in the same batch: refused */
-    batch_clear(&g.b);
-    batch_add_seq(&g.b, k_prefix, 2, 6, 0, false, &e);
-    batch_add_seq(&g.b, k_prefix, 5, 0, 1, true, &e);
-    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_NOMEM);
+    batch_clear(g.b);
+    batch_add_seq(g.b, k_prefix, 2, 6, 0, false, &e);
+    batch_add_seq(g.b, k_prefix, 5, 0, 1, true, &e);
+    assert_int_equal(model_forward(g.c, g.b, g.kv, a, &e), -ERR_NOMEM);
     assert_non_null(strstr(e.msg, "kv cache full"));
     assert_int_equal(kv_seq_len(g.kv, 0), 6);
     assert_int_equal(kv_seq_len(g.kv, 1), 0);
     assert_int_equal(kv_n_free_blocks(g.kv), 0);
     /* rules: wrong position, unknown sequence, id outside the vocabulary, empty batch */
-    batch_clear(&g.b);
-    batch_add(&g.b, 1, 3, 0, true, &e);
-    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_ARG);
-    batch_clear(&g.b);
-    batch_add(&g.b, 1, 0, 5, true, &e);
-    assert_true(model_forward(g.c, &g.b, g.kv, a, &e) < 0);
-    batch_clear(&g.b);
-    batch_add(&g.b, V, 6, 0, true, &e);
-    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_RANGE);
-    batch_clear(&g.b);
-    assert_int_equal(model_forward(g.c, &g.b, g.kv, a, &e), -ERR_ARG);
+    batch_clear(g.b);
+    batch_add(g.b, 1, 3, 0, true, &e);
+    assert_int_equal(model_forward(g.c, g.b, g.kv, a, &e), -ERR_ARG);
+    batch_clear(g.b);
+    batch_add(g.b, 1, 0, 5, true, &e);
+    assert_true(model_forward(g.c, g.b, g.kv, a, &e) < 0);
+    batch_clear(g.b);
+    batch_add(g.b, V, 6, 0, true, &e);
+    assert_int_equal(model_forward(g.c, g.b, g.kv, a, &e), -ERR_RANGE);
+    batch_clear(g.b);
+    assert_int_equal(model_forward(g.c, g.b, g.kv, a, &e), -ERR_ARG);
     assert_int_equal(kv_seq_len(g.kv, 0), 6);
     /* the context: a sequence may not pass the model's context length */
     kv_seq_remove(g.kv, 0);
@@ -334,9 +305,9 @@ static void kv_exhaustion_and_rules(void **state)
     struct kv_params kp = {.n_tokens = 64, .max_seqs = 1, .max_seq_len = 4, .dtype = DTYPE_F32};
     assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), 0);
     assert_int_equal(kv_seq_add(small, 0, &e), 0);
-    batch_clear(&g.b);
-    batch_add_seq(&g.b, k_prefix, 5, 0, 0, true, &e);
-    assert_int_equal(model_forward(g.c, &g.b, small, a, &e), -ERR_RANGE);
+    batch_clear(g.b);
+    batch_add_seq(g.b, k_prefix, 5, 0, 0, true, &e);
+    assert_int_equal(model_forward(g.c, g.b, small, a, &e), -ERR_RANGE);
     assert_non_null(strstr(e.msg, "context"));
     kv_cache_free(small);
     /* bad parameters */
@@ -346,7 +317,7 @@ static void kv_exhaustion_and_rules(void **state)
     assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_ARG);
     assert_null(small);
     free(a);
-    eng_close(&g);
+    test_eng_close(&g);
 }
 
 #define BATCH_CASES(X) \

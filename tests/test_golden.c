@@ -43,35 +43,6 @@ static void golden_open(struct golden *g, const char *dir)
     assert_int_equal(g->prefill.dtype, DTYPE_F32);
 }
 
-/* A model on be with a one-sequence cache of n_tokens slots and n_batch rows per chunk. */
-struct rig {
-    struct model *m;
-    struct model_ctx *c;
-    struct kv_cache *kv;
-    struct batch b;
-};
-
-static void rig_open(struct rig *r, const char *name, const char *dir, struct backend *be, int n_batch,
-                     int n_tokens, int max_seqs)
-{
-    struct err e = {0};
-    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = 4,
-                           .dtype = DTYPE_F32};
-    memset(r, 0, sizeof *r);
-    if (model_load(&r->m, dir, &e) < 0 || model_prepare(r->m, be, &e) < 0 ||
-        model_ctx_new(&r->c, r->m, be, n_batch, &e) < 0 || kv_cache_new(&r->kv, r->m, be, &kp, &e) < 0 ||
-        batch_init(&r->b, 256, &e) < 0)
-        fail_msg("%s: %s", name, e.msg);
-}
-
-static void rig_close(struct rig *r)
-{
-    batch_free(&r->b);
-    kv_cache_free(r->kv);
-    model_ctx_free(r->c);
-    model_free(r->m);
-}
-
 /* The model in dir against the golden data in golden_dir (usually the same folder),
  * with chunks of n_batch rows (0: the default). */
 static double run_dirs(const char *name, const char *dir, const char *golden_dir, struct backend *be,
@@ -79,10 +50,10 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
 {
     struct err e = {0};
     struct golden g = {0};
-    struct rig r;
+    struct test_eng r;
     golden_open(&g, golden_dir);
     int L = (int)g.ids.shape[0], N = (int)g.greedy.shape[0];
-    rig_open(&r, name, dir, be, n_batch, L + N, 1);
+    test_eng_open(&r, dir, be, n_batch, L + N, 1, 4);
     be->fused_moe = fused;
     int V = r.m->hp.n_vocab;
     assert_int_equal(g.prefill.shape[1], V);
@@ -93,8 +64,8 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     /* prefill: every position */
     assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
     for (int i = 0; i < L; i++)
-        assert_int_equal(batch_add(&r.b, ((const int32_t *)g.ids.data)[i], i, 0, true, &e), 0);
-    if (model_forward(r.c, &r.b, r.kv, logits, &e) < 0)
+        assert_int_equal(batch_add(r.b, ((const int32_t *)g.ids.data)[i], i, 0, true, &e), 0);
+    if (model_forward(r.c, r.b, r.kv, logits, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
     const float *ref = g.prefill.data;
     for (int i = 0; i < L; i++) {
@@ -112,9 +83,9 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     for (int s = 0; s < N; s++) {
         if (next != greedy[s])
             fail_msg("%s: greedy step %d: got id %d, reference %d", name, s, next, greedy[s]);
-        batch_clear(&r.b);
-        assert_int_equal(batch_add(&r.b, greedy[s], L + s, 0, true, &e), 0);
-        if (model_forward(r.c, &r.b, r.kv, logits, &e) < 0)
+        batch_clear(r.b);
+        assert_int_equal(batch_add(r.b, greedy[s], L + s, 0, true, &e), 0);
+        if (model_forward(r.c, r.b, r.kv, logits, &e) < 0)
             fail_msg("%s: %s", name, e.msg);
         double rr = test_row_rel_err(logits, dref + (size_t)s * V, V);
         if (rr > worst)
@@ -126,7 +97,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     printf("golden %-20s fused_moe=%d n_batch=%d  prefill %d + decode %d tokens  max rel err %.2e\n",
            name, fused, r.c->n_batch, L, N, worst);
     free(logits);
-    rig_close(&r);
+    test_eng_close(&r);
     st_set_free(g.st);
     return worst;
 }

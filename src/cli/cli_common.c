@@ -17,7 +17,7 @@
 #include "../engine/kvcache.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
-#include "../tokenizer/tok_impl.h"  /* tok_utf8_seq: the one UTF-8 validator */
+#include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
 
 #include <ctype.h>
 #include <dirent.h>

@@ -352,6 +352,10 @@ static int bench_setup(struct bench_state *b, struct model *m, const struct benc
     long per_seq = (gen + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK * KV_DEFAULT_BLOCK;
     if (per_seq * o->n_seq > slots)
         slots = per_seq * o->n_seq;
+    /* -n up to the context times -s up to 256 can pass what an int (and the pool) holds */
+    if (slots > KV_MAX_TOKENS)
+        return err_setf(e, ERR_RANGE, "-n %ld x -s %ld needs a KV cache of %ld tokens, more than %d",
+                        o->n_gen, o->n_seq, slots, KV_MAX_TOKENS);
     if ((rc = cli_engine_open(&b->en, m, o->threads, (int)slots, b->n_seq, 0, e)) < 0 ||
         (rc = batch_init(&b->b, (int)rows, e)) < 0)
         return rc;

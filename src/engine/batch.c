@@ -139,16 +139,19 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
 }
 
 /* Logit rows of [rows, V] holding a NaN or an infinity. */
+bool logits_row_finite(const float *l, int V)
+{
+    float acc = 0.0f;
+    for (int i = 0; i < V; i++)
+        acc += l[i] * 0.0f; /* 0 for finite values, NaN for NaN and +-inf */
+    return acc == acc;
+}
+
 static int count_nonfinite(const float *logits, int rows, int V)
 {
     int bad = 0;
-    for (int r = 0; r < rows; r++) {
-        const float *l = logits + (size_t)r * V;
-        float acc = 0.0f;
-        for (int i = 0; i < V; i++)
-            acc += l[i] * 0.0f; /* 0 for finite values, NaN for NaN and +-inf */
-        bad += acc != acc;
-    }
+    for (int r = 0; r < rows; r++)
+        bad += !logits_row_finite(logits + (size_t)r * V, V);
     return bad;
 }
 

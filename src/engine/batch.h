@@ -44,6 +44,10 @@ int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int3
  * in kv, and write the logits of the flagged rows, in row order, to
  * logits [n_flagged, n_vocab] (host memory). Chunks larger than the context's
  * n_batch are split. On error the sequences keep their previous lengths. */
+/* Whether one row of V logits holds only finite values (model_forward counts the rows that
+ * do not into c->n_nonfinite). */
+bool logits_row_finite(const float *l, int V);
+
 int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *kv, float *logits,
                   struct err *e);
 

@@ -43,7 +43,7 @@ static int check_params(const struct kv_params *p, int *bs, struct err *e)
     *bs = p->block_size > 0 ? p->block_size : KV_DEFAULT_BLOCK;
     if (*bs > 4096)
         return err_setf(e, ERR_ARG, "kv cache: block_size %d exceeds 4096", *bs);
-    if (p->n_tokens < 1 || p->n_tokens > (1 << 28))
+    if (p->n_tokens < 1 || p->n_tokens > KV_MAX_TOKENS)
         return err_setf(e, ERR_ARG, "kv cache: n_tokens %d must be in [1, 2^28]", p->n_tokens);
     if (p->max_seqs < 1 || p->max_seqs > 65536)
         return err_setf(e, ERR_ARG, "kv cache: max_seqs %d must be in [1, 65536]", p->max_seqs);

@@ -32,6 +32,8 @@ extern "C" {
 #endif
 
 #define KV_DEFAULT_BLOCK 16
+/* Largest pool, in token slots (kv_params.n_tokens). */
+#define KV_MAX_TOKENS (1 << 28)
 
 struct kv_params {
     int n_tokens;        /* pool size in token slots (rounded up to whole blocks) */

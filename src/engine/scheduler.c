@@ -11,7 +11,6 @@
  */
 #include "scheduler.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,14 +206,6 @@ int sched_n_running(const struct sched *s)
 
 // ---- one step ----
 
-static bool row_finite(const float *v, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return false;
-    return true;
-}
-
 /* Blocks a request needs to hold all its tokens. */
 static int blocks_for(const struct sched *s, int n_toks)
 {
@@ -370,7 +361,7 @@ int sched_step(struct sched *s, struct err *e)
             continue;
         struct sreq *r = &s->reqs[s->row_req[row]];
         const float *lg = s->logits + (size_t)out++ * V;
-        if (s->c->n_nonfinite > 0 && !row_finite(lg, V)) {
+        if (s->c->n_nonfinite > 0 && !logits_row_finite(lg, V)) {
             /* as generate(): a request whose logits are broken ends with an error */
             struct err re;
             err_setf(&re, ERR_FORMAT, "the model produced non-finite logits (NaN or inf) at position "

@@ -54,19 +54,7 @@ static int config_rules(struct err *e)
 
 static int routing(const struct hparams *hp, struct err *e)
 {
-    float logits[8] = {0.3f, -1.2f, 2.2f, 0.9f, 1.7f, -0.4f, 0.0f, 1.1f};
-    int32_t sel[2];
-    float w[2];
-    int rc;
-    if ((rc = stest_route(hp, logits, sel, w, e)) < 0)
-        return rc;
-    double z = 0.0;
-    for (int i = 0; i < 8; i++)
-        z += exp(logits[i]);
-    double p2 = exp(2.2) / z, p4 = exp(1.7) / z;
-    return stest_check(sel[0] == 2 && sel[1] == 4 && stest_near(w[0], p2 / (p2 + p4), 1e-6) &&
-                           stest_near(w[1], p4 / (p2 + p4), 1e-6),
-                       "softmax, top-k, renormalize", e);
+    return stest_route_softmax_top2(hp, true, e);
 }
 
 static int weights(struct err *e)

@@ -79,6 +79,24 @@ int stest_route(const struct hparams *hp, const float *logits, int32_t *sel, flo
     return rc;
 }
 
+int stest_route_softmax_top2(const struct hparams *hp, bool renorm, struct err *e)
+{
+    float logits[8] = {0.3f, -1.2f, 2.2f, 0.9f, 1.7f, -0.4f, 0.0f, 1.1f};
+    int32_t sel[2];
+    float w[2];
+    int rc;
+    if ((rc = stest_route(hp, logits, sel, w, e)) < 0)
+        return rc;
+    double z = 0.0;
+    for (int i = 0; i < 8; i++)
+        z += exp(logits[i]);
+    double p2 = exp(2.2) / z, p4 = exp(1.7) / z, d = renorm ? p2 + p4 : 1.0;
+    return stest_check(sel[0] == 2 && sel[1] == 4 && stest_near(w[0], p2 / d, 1e-6) &&
+                           stest_near(w[1], p4 / d, 1e-6),
+                       renorm ? "softmax, top-k, renormalize" : "softmax over all, top-k, not renormalized",
+                       e);
+}
+
 // ---- one-sequence runner ----
 
 int stest_run_open(struct stest_run *r, const char *dir, struct model *m, struct backend *be,

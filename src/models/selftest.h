@@ -40,6 +40,10 @@ bool stest_near(double a, double b, double tol);
  * n_expert_used and jitter; 0 or the backend's error. */
 int stest_route(const struct hparams *hp, const float *logits, int32_t *sel, float *w, struct err *e);
 
+/* hp's router (softmax over all experts, top 2) on a fixed 8-logit vector: picks experts 2
+ * and 4 with softmax weights over all 8, renormalized over the two when renorm. */
+int stest_route_softmax_top2(const struct hparams *hp, bool renorm, struct err *e);
+
 /* One model on one backend with a one-sequence cache, for tests that feed tokens
  * and read logits (the batch / KV plumbing in one place). */
 struct stest_run {

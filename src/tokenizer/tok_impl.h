@@ -148,11 +148,6 @@ int tok_json_number(struct tok_jcur *c, double *v, struct err *e);
 
 /* ---- UTF-8 (tables.c) ---- */
 
-/* Scans the UTF-8 sequence starting at s[0] (n bytes available). Sets
- * *need to the length its lead byte announces (0: not a lead byte) and
- * returns how many bytes form a valid prefix of it: == *need for a complete
- * character, less for a maximal subpart that is cut short or broken. */
-size_t tok_utf8_seq(const unsigned char *s, size_t n, size_t *need);
 /* Byte offset of the first invalid sequence in s, or n when all valid. */
 size_t tok_utf8_check(const char *s, size_t n);
 /* Decodes the character at s[0] of valid UTF-8 (n bytes left) into *cp;

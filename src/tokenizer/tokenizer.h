@@ -110,6 +110,13 @@ int tok_stream_push(struct tok_stream *s, int32_t id, char *out, size_t cap, str
  * cap, -ERR_NOMEM. */
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 
+/* The one UTF-8 validator of the program (the CLI escapes messages with it).
+ * Scans the UTF-8 sequence starting at s[0] (n bytes available). Sets
+ * *need to the length its lead byte announces (0: not a lead byte) and
+ * returns how many bytes form a valid prefix of it: == *need for a complete
+ * character, less for a maximal subpart that is cut short or broken. */
+size_t tok_utf8_seq(const unsigned char *s, size_t n, size_t *need);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,42 @@
+/*
+ * test_eng: the engine set-up the golden and batch suites share (test.h):
+ * a model loaded and prepared, an activation context, a paged KV cache and
+ * a batch.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/batch.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "test.h"
+
+void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
+                   int max_seqs, int block)
+{
+    struct err e = {0};
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
+                           .dtype = DTYPE_F32};
+    memset(g, 0, sizeof *g);
+    g->own_be = !be;
+    g->be = be;
+    g->b = calloc(1, sizeof *g->b);
+    assert_non_null(g->b);
+    if ((!be && backend_new(&g->be, NULL, 2, &e) < 0) || model_load(&g->m, dir, &e) < 0 ||
+        model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, n_batch, &e) < 0 ||
+        kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(g->b, 512, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+}
+
+void test_eng_close(struct test_eng *g)
+{
+    batch_free(g->b);
+    free(g->b);
+    kv_cache_free(g->kv);
+    model_ctx_free(g->c);
+    model_free(g->m);
+    if (g->own_be)
+        backend_free(g->be);
+    memset(g, 0, sizeof *g);
+}
