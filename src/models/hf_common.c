@@ -276,6 +276,11 @@ int hf_parse_sparse_moe(struct hparams *hp, const cJSON *cfg, const char *shared
         (rc = hparams_check_dim(moe_ff, "moe_intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
         (shared_key && (rc = hparams_check_dim(shared, shared_key, 1, HP_MAX_DIM, e)) < 0))
         return rc;
+    /* checked here, not only on the MoE layers: a config whose layers all happen to be dense
+     * (decoder_sparse_step, mlp_only_layers) must still state a top-k that can work */
+    if (hp->n_expert > 0 &&
+        (rc = hparams_check_dim(hp->n_expert_used, "num_experts_per_tok", 1, hp->n_expert, e)) < 0)
+        return rc;
     for (int i = 0; i < n_dense; i++) {
         if ((rc = hparams_check_dim(dense_ids[i], "mlp_only_layers", 0, hp->n_layer - 1, e)) < 0)
             return rc;

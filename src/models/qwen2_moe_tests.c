@@ -41,6 +41,11 @@ static int config_rules(struct err *e)
         {"{" BASE ", \"shared_expert_intermediate_size\": 0}", "shared_expert_intermediate_size"},
         {"{" BASE ", \"shared_expert_intermediate_size\": 96, \"mlp_only_layers\": [-1]}", "mlp_only_layers"},
         {"{" BASE ", \"shared_expert_intermediate_size\": 96, \"qkv_bias\": \"yes\"}", "qkv_bias"},
+        /* found by fuzz_config: every layer dense (step 4 > 3 layers) used to let top-k 0 through */
+        {"{\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+         "\"intermediate_size\": 160, \"max_position_embeddings\": 256, \"num_experts\": 8, "
+         "\"num_experts_per_tok\": 0, \"moe_intermediate_size\": 32, \"decoder_sparse_step\": 4, "
+         "\"shared_expert_intermediate_size\": 96}", "num_experts_per_tok"},
     };
     return stest_parse_fails_all(&qwen2_moe_ops, bad, sizeof bad / sizeof bad[0], e);
 }
