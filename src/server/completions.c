@@ -223,7 +223,7 @@ static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_er
 
 static int gen_prepare(struct gen *g, struct oai_error *err)
 {
-    int n_predict, rc;
+    int n_predict = 0, rc;
     struct sampler_params sp;
     if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
         (rc = plan_sampling(g, &sp, err)) < 0)
