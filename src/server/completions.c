@@ -708,9 +708,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
+/* libmicrohttpd frees the response before or after the request's completion callback
+ * (srv_generate_end), on the same thread: whichever runs first unlinks the other. */
 static void stream_free(void *cls)
 {
-    gen_free(cls);
+    struct gen *g = cls;
+    if (g->r)
+        g->r->stream = NULL;
+    gen_free(g);
 }
 
 // ---- the endpoint ----
