@@ -713,8 +713,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 static void stream_free(void *cls)
 {
     struct gen *g = cls;
-    if (g->r)
+    if (g->r) {
+        note_stats(g);
         g->r->stream = NULL;
+    }
     gen_free(g);
 }
 
@@ -811,7 +813,9 @@ fail:
 void srv_generate_end(struct server *s, struct srv_req *r)
 {
     (void)s;
-    if (r->stream)
+    if (r->stream) {
+        note_stats(r->stream);
         r->stream->r = NULL;  /* the response (and the generation) may outlive the request */
+    }
     r->stream = NULL;
 }
