@@ -627,6 +627,11 @@ static int stream_events(struct gen *g)
             if (sse_event(g, chunk(g, i, "", 0, NULL, true)) < 0)
                 return -1;
             c->role_sent = true;
+        } else if (!c->role_sent && g->echo_len > 0) {
+            /* completions' echo: the prompt text comes first, as in the non-streamed text */
+            if (sse_event(g, chunk(g, i, g->echo, g->echo_len, NULL, false)) < 0)
+                return -1;
+            c->role_sent = true;
         }
         size_t ready = textout_ready(&c->out);
         bool lp_pending = (c->lp && cJSON_GetArraySize(c->lp) > 0) ||
