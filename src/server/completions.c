@@ -801,9 +801,15 @@ enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct 
             break;
     }
     note_stats(g);
+    if (g->aborted && !atomic_load(&s->stopping)) {
+        /* the client closed its side (EOF, as a disconnect: uvicorn and llama-server read it
+         * the same way): nobody to answer; the connection is closed */
+        gen_free(g);
+        r->status = 499;
+        return MHD_NO;
+    }
     if (g->aborted) {
-        oai_errorf(&err, 503, "server_error", NULL, NULL,
-                   atomic_load(&s->stopping) ? "the server is shutting down" : "the client went away");
+        oai_errorf(&err, 503, "server_error", NULL, NULL, "the server is shutting down");
         goto fail;
     }
     if (g->rc < 0) {
