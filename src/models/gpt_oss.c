@@ -201,6 +201,25 @@ static int map_transposed(struct model *m, struct wmap *w, struct expert_linear 
     return map_expert_bias(m, w, el, il, n_out, bias, e);
 }
 
+/* The U8 tensor EXPERTS.NAME_KIND of layer il with the given shape. */
+static int take_u8(struct wmap *w, struct tensor *t, int ndim, const int64_t *shape, int il,
+                   const char *name, const char *kind, struct err *e)
+{
+    char full[192];
+    snprintf(full, sizeof full, EXPERTS ".%s_%s", il, name, kind);
+    int rc = st_set_take(w->st, full, t, e);
+    if (rc < 0)
+        return rc;
+    bool ok = t->dtype == DTYPE_U8 && t->ndim == ndim && tensor_is_contiguous(t);
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (!ok)
+        return err_setf(e, ERR_FORMAT, "tensor '%s' must be contiguous U8 [%lld, %lld, %lld%s] (%s)",
+                        full, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                        ndim == 4 ? ", 16" : "", dtype_name(t->dtype));
+    return 0;
+}
+
 /* openai MXFP4 layout: NAME_blocks [E, n_out, n_in / 32, 16] U8 and NAME_scales
  * [E, n_out, n_in / 32] U8 bound as an mxfp4 [E, n_out, n_in] tensor without copying. */
 static int map_blocks(struct model *m, struct wmap *w, struct expert_linear *el, int il,
@@ -215,12 +234,9 @@ static int map_blocks(struct model *m, struct wmap *w, struct expert_linear *el,
                         "multiple of 32", il, name, (long long)n_in);
     int64_t bshape[4] = {E, n_out, n_in / 32, 16}, sshape[3] = {E, n_out, n_in / 32};
     if ((rc = hf_expert_views(m, el, true, e)) < 0 ||
-        (rc = wm_tensor(w, &bl, WM_REQUIRED, 4, bshape, e, EXPERTS ".%s_blocks", il, name)) < 0 ||
-        (rc = wm_tensor(w, &sc, WM_REQUIRED, 3, sshape, e, EXPERTS ".%s_scales", il, name)) < 0)
+        (rc = take_u8(w, &bl, 4, bshape, il, name, "blocks", e)) < 0 ||
+        (rc = take_u8(w, &sc, 3, sshape, il, name, "scales", e)) < 0)
         return rc;
-    if (bl.dtype != DTYPE_U8 || sc.dtype != DTYPE_U8)
-        return err_setf(e, ERR_FORMAT, "tensor '" EXPERTS ".%s_blocks' / '_scales' must be U8, got "
-                        "%s / %s", il, name, dtype_name(bl.dtype), dtype_name(sc.dtype));
     if ((uintptr_t)bl.data % 4 != 0)
         return err_setf(e, ERR_FORMAT, "tensor '" EXPERTS ".%s_blocks' is not 4-byte aligned in "
                         "the file", il, name);
@@ -261,6 +277,9 @@ static int map_experts(struct model *m, struct wmap *w, struct layer *L, int il,
         return 0;
     }
     if (wm_has(w, "%s.gate_up_proj_blocks", pre)) {
+        if (!m->hp.quant.hf_mxfp4)
+            return err_setf(e, ERR_CONFIG, "'%s.gate_up_proj_blocks' needs quantization_config "
+                            "{\"quant_method\": \"mxfp4\"} in config.json", pre);
         if ((rc = map_blocks(m, w, &L->ex.gate_up, il, 2 * ff, d, "gate_up_proj", e)) < 0 ||
             (rc = map_blocks(m, w, &L->ex.down, il, d, ff, "down_proj", e)) < 0)
             return rc;
