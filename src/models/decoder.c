@@ -1,7 +1,7 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
  * Phi, Phi-3, Mixtral, PhiMoE, Qwen2/3-MoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2,
- * Gemma, Cohere, Gemma 2, Gemma 3), composed from the block library
+ * Gemma, Cohere, Gemma 2, Gemma 3, gpt-oss), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
