@@ -3,7 +3,8 @@
  * this CPU runs (x threads {1, 3}) against a double-precision reference:
  *   attention   paged (a block table that is not the identity), causal, GQA,
  *               sliding window, softcap and sinks vs brute-force masked attention
- *   elementwise activations, GLU with gate | up halves of one row, axpy
+ *   elementwise activations, GLU with gate | up halves of one row, gpt-oss's clamped GLU
+ *               (halves and interleaved pairs), axpy
  *   moe         routing rules (top-k ties to the lower index, softmax over the
  *               chosen logits, sparsemixer), grouping by expert, the grouped
  *               expert linears (fused and per-expert dispatch) and the combine
@@ -225,6 +226,32 @@ static void test_elementwise(void **state)
             memcpy(gu + n, b, n * sizeof *gu);
             be->ops->glu(be, ACT_GELU_ERF, y, (int)n, gu, (int)(2 * n), 1, (int)n);
             kc_check(&es, "glu gelu", be, y, r5, n, 1e-11, 1e-5);
+            /* glu_clamped (gpt-oss): gate a, up 4b (both reach past the limit 7), from the
+             * halves and from interleaved pairs, over two rows where n is even */
+            {
+                size_t rows = n % 2 == 0 ? 2 : 1, w = n / rows;
+                for (size_t i = 0; i < n; i++) {
+                    double g = a[i] < 7.0f ? a[i] : 7.0, u = 4.0 * b[i];
+                    u = u < -7.0 ? -7.0 : u > 7.0 ? 7.0 : u;
+                    r5[i] = (u + 1.0) * g / (1.0 + exp(-1.702 * g));
+                }
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t i = 0; i < w; i++) {
+                        gu[r * 2 * w + i] = a[r * w + i];
+                        gu[r * 2 * w + w + i] = 4.0f * b[r * w + i];
+                    }
+                be->ops->glu_clamped(be, y, (int)w, gu, (int)(2 * w), (int)rows, (int)w, 1.702f,
+                                     7.0f, false);
+                kc_check(&es, "glu_clamped halves", be, y, r5, n, 1e-11, 1e-5);
+                for (size_t r = 0; r < rows; r++)
+                    for (size_t i = 0; i < w; i++) {
+                        gu[r * 2 * w + 2 * i] = a[r * w + i];
+                        gu[r * 2 * w + 2 * i + 1] = 4.0f * b[r * w + i];
+                    }
+                be->ops->glu_clamped(be, y, (int)w, gu, (int)(2 * w), (int)rows, (int)w, 1.702f,
+                                     7.0f, true);
+                kc_check(&es, "glu_clamped interleaved", be, y, r5, n, 1e-11, 1e-5);
+            }
             memcpy(y, b, n * sizeof *y);
             be->ops->axpy(be, y, (int)n, 0.37f, a, (int)n, 1, (int)n);
             kc_check(&es, "axpy", be, y, r4, n, 1e-12, 1e-6);

@@ -175,6 +175,12 @@ struct backend_ops {
     /* y[r, :n] = act(x[r, :n]) * x[r, n:2n] (x stride ldx, y stride ldy; y may equal x). */
     void (*glu)(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
                 int n_rows, int n);
+    /* gpt-oss clamped SwiGLU over n_rows rows of n outputs: with g = min(gate, limit) and
+     * u = clamp(up, -limit, limit), y[r, j] = (u + 1) * g * sigmoid(alpha * g). gate and up
+     * are x[r, j] and x[r, n + j] (halves), or x[r, 2j] and x[r, 2j + 1] (interleaved, as the
+     * published fused gate_up_proj rows are). y (stride ldy) does not alias x (stride ldx). */
+    void (*glu_clamped)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                        int n_rows, int n, float alpha, float limit, bool interleaved);
     /* x *= a over n_rows rows of n (stride ld). */
     void (*scale)(struct backend *be, float *x, int ld, float a, int n_rows, int n);
     /* x = cap * tanh(x / cap) over n_rows rows of n (stride ld); cap > 0 (Gemma 2's final

@@ -158,6 +158,11 @@ int qconfig_parse(struct qconfig *qc, const cJSON *cfg, struct err *e)
     if (!cJSON_IsObject(q))
         return err_setf(e, ERR_CONFIG, "config field '%s' must be an object", field);
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(q, "quant_method");
+    if (method && cJSON_IsString(method) && strcmp(method->valuestring, "mxfp4") == 0) {
+        /* openai's gpt-oss checkpoints: MXFP4 expert blocks the family maps itself */
+        qc->hf_mxfp4 = true;
+        return 0;
+    }
     if (method && !cJSON_IsNull(method))
         return err_setf(e, ERR_UNSUPPORTED,
                         "config field '%s': quant_method '%.64s' (Hugging Face quantization) is not "

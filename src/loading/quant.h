@@ -52,6 +52,8 @@ struct qconfig {
     struct qparams top;    /* top-level parameters (bits 0 when !present) */
     struct qoverride *ov;  /* sorted by path, owned; NULL when none */
     int n_ov;
+    bool hf_mxfp4;         /* quantization_config {quant_method: "mxfp4"} (openai gpt-oss):
+                            * no MLX quantization; the family binds its *_blocks / *_scales */
 };
 
 /* "affine", "mxfp4", "mxfp8", "nvfp4". */
@@ -65,7 +67,8 @@ int qparams_validate(const struct qparams *p, struct err *e);
 
 /* Read cfg's "quantization" (or, when absent, an MLX-style
  * "quantization_config"; a Hugging Face quant_method there is
- * -ERR_UNSUPPORTED). No quantization object leaves qc->present false.
+ * -ERR_UNSUPPORTED, except "mxfp4": hf_mxfp4, present false). No quantization object leaves
+ * qc->present false.
  * Errors name the field, e.g. "quantization.model.layers.0.mlp.gate.bits". */
 int qconfig_parse(struct qconfig *qc, const cJSON *cfg, struct err *e);
 void qconfig_free(struct qconfig *qc);

@@ -200,13 +200,21 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
     int k = cfg->k, n_slot = n * k, ff = cfg->n_ff, d = cfg->n_embd;
 
     /* route every token, then group its k (token, expert) slots by expert */
-    op->linear(be, b->router, cfg->n_expert, xn, &L->router, NULL, n);
+    op->linear(be, b->router, cfg->n_expert, xn, &L->router, opt(&L->router_b), n);
     op->moe_route(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k, cfg->jitter);
     op->moe_group(be, b->order, b->offsets, b->sel, n_slot, cfg->n_expert);
     op->gather(be, b->xg, xn, d, b->order, k, n_slot, d);
 
     /* each expert over its rows: up (and gate) -> activation -> down */
-    if (cfg->ffn == FFN_GLU) {
+    if (cfg->ffn == FFN_GLU_CLAMPED) {
+        /* gpt-oss: one fused interleaved gate_up linear, or separate gate | up halves */
+        bool fused = ex->gate_up.w != NULL;
+        const struct expert_linear gate_up[2] = {ex->gate, ex->up};
+        op->linear_experts(be, b->h, 2 * ff, b->xg, fused ? &ex->gate_up : gate_up, fused ? 1 : 2,
+                           b->offsets, cfg->n_expert, n_slot);
+        op->glu_clamped(be, b->h1, ff, b->h, 2 * ff, n_slot, ff, cfg->glu_alpha, cfg->glu_limit,
+                        fused);
+    } else if (cfg->ffn == FFN_GLU) {
         const struct expert_linear gate_up[2] = {ex->gate, ex->up};
         op->linear_experts(be, b->h, 2 * ff, b->xg, gate_up, 2, b->offsets, cfg->n_expert, n_slot);
         op->glu(be, cfg->act, b->h1, ff, b->h, 2 * ff, n_slot, ff);

@@ -10,7 +10,7 @@
  *                  K/V in the paged cache -> attention -> output projection
  *   blk_glu        down(act(gate(x)) * up(x)), separate or fused gate_up
  *   blk_mlp        fc2(act(fc1(x)))
- *   blk_moe        router -> top-k -> group by expert -> expert GLU/MLP ->
+ *   blk_moe        router (+ bias) -> top-k -> group by expert -> expert GLU/MLP/clamped GLU ->
  *                  weighted combine
  *   blk_shared_expert  a GLU expert every token takes, gated by a sigmoid
  *   blk_head       final norm and lm_head of the rows that need logits
@@ -72,6 +72,7 @@ struct blk_moe_cfg {
     enum ffn_kind ffn;            /* each expert: GLU (gate, up, down) or MLP (up, down) */
     enum act_kind act;
     int n_ff, n_embd;
+    float glu_alpha, glu_limit;   /* FFN_GLU_CLAMPED */
 };
 
 /* f[n, n_embd] = sum over the k routed experts of weight * expert(xn). Uses b->router, sel,

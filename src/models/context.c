@@ -78,6 +78,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.yg = carve(base, &off, E ? K * d : 1);
     t.logits = carve(base, &off, (size_t)out_rows_for(hp, B) * hp->n_vocab);
     t.rope = carve(base, &off, (size_t)hp->n_layer * 2 * HP_MAX_ROT_HALF);
+    t.sinks = carve(base, &off, (size_t)hp->n_layer * hp->n_head);
     t.meta = carve(base, &off, (size_t)CTX_META_ROWS * B);
     if (base)
         *b = t;
@@ -98,6 +99,27 @@ static int upload_rope(struct model_ctx *c, struct err *e)
             blk_rope_freqs(hp, &hp->layer[il], t, t + HP_MAX_ROT_HALF);
     }
     c->be->ops->upload(c->be, c->bufs.rope, tab, n * sizeof *tab);
+    free(tab);
+    return backend_sync(c->be, e);
+}
+
+/* Per-layer attention sink logits, widened to f32 on the host and uploaded once (the
+ * attention op reads f32 in backend memory; checkpoints store them as BF16). */
+static int upload_sinks(struct model_ctx *c, struct err *e)
+{
+    const struct model *m = c->m;
+    const struct hparams *hp = &m->hp;
+    size_t n = (size_t)hp->n_layer * hp->n_head;
+    float *tab = calloc(n, sizeof *tab);
+    if (!tab)
+        return err_setf(e, ERR_NOMEM, "context: out of memory");
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct tensor *t = &m->layers[il].sinks;
+        if (!hp->layer[il].sinks || !tensor_is_present(t))
+            continue;
+        dtype_to_f32_ref(tab + (size_t)il * hp->n_head, t->data, t->dtype, (size_t)hp->n_head);
+    }
+    c->be->ops->upload(c->be, c->bufs.sinks, tab, n * sizeof *tab);
     free(tab);
     return backend_sync(c->be, e);
 }
@@ -134,7 +156,7 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         return err_prefix(e, "context activations (%zu MiB)", bytes >> 20);
     }
     layout(&c->bufs, hp, c->n_batch, c->arena);
-    if ((rc = upload_rope(c, e)) < 0) {
+    if ((rc = upload_rope(c, e)) < 0 || (rc = upload_sinks(c, e)) < 0) {
         model_ctx_free(c);
         return rc;
     }

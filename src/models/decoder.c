@@ -1,7 +1,7 @@
 /*
  * decoder: the forward of the decoder-only families (Llama, Mistral, Qwen2/3,
  * Phi, Phi-3, Mixtral, PhiMoE, Qwen2/3-MoE, Phixtral, SmolLM3, Granite, StarCoder2, OLMo 2,
- * Gemma, Cohere, Gemma 2, Gemma 3), composed from the block library
+ * Gemma, Cohere, Gemma 2, Gemma 3, gpt-oss), composed from the block library
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids)
@@ -13,7 +13,8 @@
  *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
  *     attn: ls.kv (full / sliding window), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
- *     ffn:  ls.moe ? routed experts (ls.router, ls.n_expert_used)
+ *     ffn:  ls.moe ? routed experts (ls.router (+ router bias), ls.n_expert_used; GLU, MLP or
+ *                    the clamped GLU of ls.glu_alpha / ls.glu_limit)
  *                    [+ sigmoid-gated shared expert of ls.n_ff_shexp] : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows])), then cap * tanh(logits / cap)
  *            when logit_softcap is set
@@ -23,7 +24,7 @@
  */
 #include "blocks.h"
 
-static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il,
+static void attn_cfg_of(const struct model_ctx *c, int il,
                         struct blk_attn_cfg *cfg, struct rope_params *rp)
 {
     const struct hparams *hp = &c->m->hp;
@@ -46,7 +47,7 @@ static void attn_cfg_of(const struct model_ctx *c, const struct layer *L, int il
             .scale = ls->attn_scale,
             .softcap = ls->softcap,
             .window = ls->kv == KV_SLIDING ? ls->window : 0,
-            .sinks = ls->sinks ? L->sinks.data : NULL,
+            .sinks = ls->sinks ? c->bufs.sinks + (size_t)il * hp->n_head : NULL,
         },
         .rp = ls->n_rot > 0 ? rp : NULL,
         .qk_norm = ls->qk_norm,
@@ -66,7 +67,8 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
     const struct ctx_bufs *b = &c->bufs;
     if (ls->moe) {
         struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
-                                 ls->ffn, ls->act, ls->n_ff, hp->n_embd};
+                                 ls->ffn, ls->act, ls->n_ff, hp->n_embd, ls->glu_alpha,
+                                 ls->glu_limit};
         blk_moe(c->be, b->f, in, L, &mc, b, n);
         if (ls->n_ff_shexp > 0)
             blk_shared_expert(c->be, b->f, in, L, ls->act, ls->n_ff_shexp, b, n);
@@ -98,7 +100,7 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         struct blk_norm_w n2 = {hp->norm, hp->norm_eps, &L->ffn_norm, &L->ffn_norm_b, wo};
         struct blk_attn_cfg ac;
         struct rope_params rp;
-        attn_cfg_of(c, L, il, &ac, &rp);
+        attn_cfg_of(c, il, &ac, &rp);
 
         struct blk_norm_w p1 = {hp->norm, hp->norm_eps, &L->attn_post_norm, NULL, wo};
         struct blk_norm_w p2 = {hp->norm, hp->norm_eps, &L->ffn_post_norm, NULL, wo};

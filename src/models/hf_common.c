@@ -60,6 +60,14 @@ static int parse_yarn(struct hparams *hp, const cJSON *rs, struct err *e)
         (rc = cfg_opt_float(rs, "mscale", 0.0f, &mscale, e)) < 0 ||
         (rc = cfg_opt_float(rs, "mscale_all_dim", 0.0f, &mscale_all, e)) < 0)
         return err_prefix(e, "rope_scaling");
+    /* transformers: a stated original context replaces the factor by the context ratio
+     * (DeepSeek-V3, gpt-oss), for the frequencies and the attention factor alike */
+    if (cfg_has(rs, "original_max_position_embeddings")) {
+        if (hp->rope_orig_ctx <= 0)
+            return err_setf(e, ERR_CONFIG, "rope_scaling: original_max_position_embeddings %d must "
+                            "be positive", hp->rope_orig_ctx);
+        hp->rope_factor = (float)((double)hp->n_ctx / hp->rope_orig_ctx);
+    }
     double af = mscale != 0.0f && mscale_all != 0.0f
                     ? yarn_mscale(hp->rope_factor, mscale) / yarn_mscale(hp->rope_factor, mscale_all)
                     : yarn_mscale(hp->rope_factor, 1.0);
@@ -320,6 +328,15 @@ static struct tensor *take_views(struct model *m)
     struct tensor *v = m->expert_views + m->expert_views_used;
     m->expert_views_used += (size_t)m->hp.n_expert;
     return v;
+}
+
+int hf_expert_views(struct model *m, struct expert_linear *el, bool bias, struct err *e)
+{
+    if (m->expert_views_used + (size_t)(bias ? 2 : 1) * m->hp.n_expert > m->n_expert_views)
+        return err_setf(e, ERR_INTERNAL, "expert view store exhausted");
+    el->w = take_views(m);
+    el->b = bias ? take_views(m) : NULL;
+    return 0;
 }
 
 int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *el, int il,

@@ -93,6 +93,8 @@ int hf_map_decoder(struct model *m, struct st_set *st, struct err *e);
 /* Bind an expert_linear: E tensors PREFIX_FMT with the expert index, or one stacked
  * tensor. Helpers for MoE families; views are stored in m->expert_views. */
 int hf_experts_alloc(struct model *m, struct err *e);
+/* Reserve the E views of el (and of its biases) for a family that fills them itself. */
+int hf_expert_views(struct model *m, struct expert_linear *el, bool bias, struct err *e);
 int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *el, int il,
                          int64_t n_out, int64_t n_in, bool bias, const char *per_expert_fmt,
                          const char *stacked_fmt, struct err *e);

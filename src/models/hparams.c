@@ -41,6 +41,9 @@ void hparams_fill_layers(struct hparams *hp)
         .ffn = hp->ffn,
         .act = hp->act,
         .n_ff = hp->n_ff,
+        .glu_alpha = hp->glu_alpha,
+        .glu_limit = hp->glu_limit,
+        .sinks = hp->attn_sinks,
         .router = hp->router,
         .n_expert_used = hp->n_expert_used,
         .router_jitter = hp->router_jitter,
@@ -73,6 +76,11 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
     if (ls->n_ff_shexp < 0 || ls->n_ff_shexp > hp->n_ff || (ls->n_ff_shexp > 0 && !ls->moe))
         return err_setf(e, ERR_CONFIG, "layer %d: shared expert width %d must be in [0, %d], on a "
                         "MoE layer", il, ls->n_ff_shexp, hp->n_ff);
+    if (ls->ffn == FFN_GLU_CLAMPED && (!(ls->glu_limit > 0.0f) || !isfinite(ls->glu_alpha)))
+        return err_setf(e, ERR_CONFIG, "layer %d: swiglu_limit %g must be positive and swiglu_alpha "
+                        "finite", il, (double)ls->glu_limit);
+    if (ls->ffn == FFN_GLU_CLAMPED && !ls->moe)
+        return err_setf(e, ERR_UNSUPPORTED, "layer %d: a dense clamped SwiGLU is not supported", il);
     if (ls->ffn == FFN_MLP && ls->act == ACT_SILU)
         return err_setf(e, ERR_UNSUPPORTED, "a non-gated MLP with silu is not supported");
     if (!ls->moe)

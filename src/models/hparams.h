@@ -43,6 +43,8 @@ enum norm_kind   { NORM_RMS = 0, NORM_LAYER = 1 };
 enum ffn_kind    {
     FFN_GLU = 0,   /* down(act(gate(x)) * up(x))  (SwiGLU) */
     FFN_MLP = 1,   /* fc2(act(fc1(x)))             (GPT-2 / Phi) */
+    FFN_GLU_CLAMPED = 2, /* down((u + 1) * g * sigmoid(alpha g)), g = min(gate(x), limit),
+                          * u = clamp(up(x), -limit, limit)  (gpt-oss; act unused) */
 };
 enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3, ROPE_YARN = 4,
                    ROPE_DYNAMIC = 5 };
@@ -88,6 +90,7 @@ struct layer_spec {
     enum ffn_kind ffn;          /* dense FFN and each expert */
     enum act_kind act;
     int n_ff;                   /* FFN width (per expert for MoE) */
+    float glu_alpha, glu_limit; /* FFN_GLU_CLAMPED: sigmoid gain and clamp */
     int n_ff_shexp;             /* MoE layers: width of a shared GLU expert added to the routed
                                  * ones, scaled by sigmoid(shexp_inp_gate x) (Qwen2-MoE); 0: none */
     enum router_kind router;
@@ -143,6 +146,9 @@ struct hparams {
     enum ffn_kind ffn;
     enum act_kind act;
     bool ffn_bias;              /* biases on the FFN / expert linears */
+    float glu_alpha, glu_limit; /* FFN_GLU_CLAMPED (gpt-oss swiglu_alpha / swiglu_limit) */
+    bool attn_sinks;            /* per-head attention sink logits on every layer */
+    bool router_bias;           /* bias on the MoE router linear */
     int n_expert;               /* 0: dense */
     int n_expert_used;
     enum router_kind router;

@@ -157,10 +157,25 @@ fail:
     return rc;
 }
 
+int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e)
+{
+    void **list = realloc(m->owned, (m->n_owned + 1) * sizeof *list);
+    if (!list)
+        return err_setf(e, ERR_NOMEM, "out of memory for an owned weight");
+    m->owned = list;
+    if (!(*out = malloc(bytes ? bytes : 1)))
+        return err_setf(e, ERR_NOMEM, "out of memory for an owned weight of %zu bytes", bytes);
+    m->owned[m->n_owned++] = *out;
+    return 0;
+}
+
 void model_free(struct model *m)
 {
     if (!m)
         return;
+    for (size_t i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
     st_set_free(m->st);
     free(m->layers);
     free(m->expert_views);

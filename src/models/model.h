@@ -22,7 +22,8 @@
  *   q_norm, k_norm  [head_dim]
  *   sinks           [n_head] attention sink logits (layer_spec.sinks)
  *   dense FFN: up/gate/down (+ biases), or gate_up fused [2 n_ff, n_embd]
- *   MoE: router [n_expert, n_embd] and struct experts (one view per expert).
+ *   MoE: router [n_expert, n_embd] (+ router_b [n_expert]) and struct experts (one view
+ *        per expert).
  */
 #pragma once
 #include <stdbool.h>
@@ -44,6 +45,8 @@ struct experts {
     struct expert_linear up;    /* fc1 / w3: [n_ff, n_embd] */
     struct expert_linear gate;  /* w1: [n_ff, n_embd]; unused for FFN_MLP */
     struct expert_linear down;  /* fc2 / w2: [n_embd, n_ff] */
+    struct expert_linear gate_up; /* fused [2 n_ff, n_embd], gate / up rows interleaved
+                                   * (gpt-oss; FFN_GLU_CLAMPED), else absent (w NULL) */
 };
 
 /* The tensor slots of a layer, as an X-macro so that code visiting every
@@ -52,7 +55,7 @@ struct experts {
     X(attn_norm) X(attn_norm_b) X(ffn_norm) X(ffn_norm_b) X(attn_post_norm) X(ffn_post_norm) \
     X(wq) X(wk) X(wv) X(wqkv) X(bq) X(bk) X(bv) X(bqkv) X(wo) X(bo) \
     X(q_norm) X(k_norm) X(sinks) \
-    X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router) \
+    X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router) X(router_b) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate)
 
 struct layer {
@@ -107,7 +110,14 @@ struct model {
     struct layer *layers;            /* [n_layer], owned */
     struct tensor *expert_views;     /* backing store of every expert_linear, owned */
     size_t n_expert_views, expert_views_used;
+    void **owned;                    /* weights a layout forces to copy (transformers'
+                                      * transposed gpt-oss experts), owned */
+    size_t n_owned;
 };
+
+/* bytes of host memory owned by m (freed by model_free), for a weight map that cannot
+ * keep a view (a stored layout the kernels do not read). */
+int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e);
 
 /* Load the checkpoint in dir. */
 int model_load(struct model **out, const char *dir, struct err *e);
@@ -144,6 +154,7 @@ struct ctx_bufs {
     float *yg;       /* [K, n_embd] expert outputs */
     float *logits;   /* [n_out, n_vocab] */
     float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
+    float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
     int32_t *meta;   /* [6][B] ids, pos, slot, table, seq_end, out_rows of the chunk */
 };
 

@@ -101,6 +101,11 @@ static int qk_norm_honoured(struct err *e)
 #define YARN(extra) ", \"head_dim\": 32, \"rope_theta\": 1000000.0, \"rope_scaling\": {\"rope_type\": \"yarn\", " \
                     "\"factor\": 4.0" extra "}"
 
+/* the golden qwen3_yarn context */
+#define CFG64(extra) "{\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, " \
+                     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 96, " \
+                     "\"max_position_embeddings\": 64" extra "}"
+
 static int yarn(struct err *e)
 {
     struct hparams hp;
@@ -112,11 +117,17 @@ static int yarn(struct err *e)
                               hp.rope_truncate && stest_near(hp.rope_attn_factor, af, 1e-6),
                           "yarn defaults", e)) < 0)
         return rc;
-    /* the golden case (original context 16): transformers' inv_freq */
+    /* a stated original context makes the factor max_position_embeddings / original
+     * (transformers _compute_yarn_parameters): 128 / 16, whatever factor says */
+    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"original_max_position_embeddings\": 16")), &hp, e)) < 0 ||
+        (rc = stest_check(hp.rope_factor == 8.0f && stest_near(hp.rope_attn_factor, 0.1 * log(8.0) + 1.0, 1e-6),
+                          "yarn factor from the original context", e)) < 0)
+        return rc;
+    /* the golden case (context 64 over an original 16): transformers' inv_freq */
     static const double want[4][2] = {{0, 1.0}, {1, 0.26356032490730286}, {2, 0.04445698484778404},
                                       {15, 5.928434347879374e-07}};
     float inv[16];
-    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"original_max_position_embeddings\": 16")), &hp, e)) < 0)
+    if ((rc = stest_parse(&qwen3_ops, CFG64(YARN(", \"original_max_position_embeddings\": 16")), &hp, e)) < 0)
         return rc;
     blk_rope_freqs(&hp, &hp.layer[0], inv, NULL);
     for (int i = 0; i < 4 && rc == 0; i++)
@@ -126,7 +137,7 @@ static int yarn(struct err *e)
     /* without truncation the ramp ends at the unrounded correction dim 1.08...: j = 1 nearly interpolated */
     double hi = 32.0 * log(16.0 / (2.0 * M_PI)) / (2.0 * log(1e6)), e1 = pow(1e6, -2.0 / 32.0);
     double r1 = 1.0 / hi, inv1 = e1 / 4.0 * r1 + e1 * (1.0 - r1);
-    if ((rc = stest_parse(&qwen3_ops, CFG(2, YARN(", \"original_max_position_embeddings\": 16, \"truncate\": false")),
+    if ((rc = stest_parse(&qwen3_ops, CFG64(YARN(", \"original_max_position_embeddings\": 16, \"truncate\": false")),
                           &hp, e)) < 0)
         return rc;
     blk_rope_freqs(&hp, &hp.layer[0], inv, NULL);

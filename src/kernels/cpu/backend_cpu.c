@@ -545,7 +545,7 @@ static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
 
 // ---- elementwise (rows of n, strided) ----
 
-enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
+enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_GLU_CLAMPED, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
@@ -557,6 +557,8 @@ struct elem_ctx {
     const float *g;           /* sigmoid_axpy: one gate logit per row */
     size_t ldy, ldx;
     float s;
+    float alpha;              /* glu_clamped: sigmoid gain (s holds the limit) */
+    bool interleaved;         /* glu_clamped: gate / up in alternate columns */
     int n_rows, n, div;
 };
 
@@ -602,6 +604,19 @@ static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
         for (size_t i = 0; i < n; i++)
             y[i] *= x[ec->n + i];
         break;
+    case ELEM_GLU_CLAMPED: {
+        /* gate j and up j of row r, from the halves or the interleaved pairs */
+        const float *xr = ec->x + r * ec->ldx;
+        size_t gs = ec->interleaved ? 2 : 1, go = ec->interleaved ? 2 * c0 : c0;
+        size_t uo = ec->interleaved ? 2 * c0 + 1 : (size_t)ec->n + c0;
+        for (size_t i = 0; i < n; i++) {
+            float g = xr[go + i * gs], u = xr[uo + i * gs], lim = ec->s;
+            g = g < lim ? g : lim;
+            u = u < -lim ? -lim : u > lim ? lim : u;
+            y[i] = (u + 1.0f) * (g / (1.0f + expf(-ec->alpha * g)));
+        }
+        break;
+    }
     case ELEM_AXPY:
         ec->k->axpy(y, ec->s, x, n);
         break;
@@ -669,6 +684,15 @@ static void cpu_glu(struct backend *be, enum act_kind act, float *y, int ldy, co
     elem_run(be, &ec);
 }
 
+static void cpu_glu_clamped(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                            int n_rows, int n, float alpha, float limit, bool interleaved)
+{
+    struct elem_ctx ec = {.op = ELEM_GLU_CLAMPED, .y = y, .x = x, .ldy = (size_t)ldy,
+                          .ldx = (size_t)ldx, .s = limit, .alpha = alpha,
+                          .interleaved = interleaved, .n_rows = n_rows, .n = n};
+    elem_run(be, &ec);
+}
+
 static void cpu_axpy(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
                      int n_rows, int n)
 {
@@ -729,6 +753,7 @@ static const struct backend_ops k_cpu_ops = {
     .attention = cpu_attention,
     .act = cpu_act,
     .glu = cpu_glu,
+    .glu_clamped = cpu_glu_clamped,
     .axpy = cpu_axpy,
     .sigmoid_axpy = cpu_sigmoid_axpy,
     .scale = cpu_scale,
