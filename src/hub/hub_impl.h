@@ -12,7 +12,7 @@
 
 #include "hub.h"
 
-#define HUB_FILE_MAX    (INT64_C(1) << 40)  /* 1 TiB: larger declared sizes are hostile */
+#define HUB_FILE_MAX    (INT64_C(1) << 50)  /* 1 PiB: larger declared sizes are hostile */
 #define HUB_FILES_MAX   100000              /* files in one listing */
 #define HUB_LISTING_MAX (64u << 20)         /* bytes of a listing document */
 #define HUB_REDIRECTS   5                   /* huggingface_hub follows a few; more is a loop */

@@ -17,7 +17,7 @@
 //   (every LFS GET drops after 1 MiB), badsha (the weights have a flipped byte),
 //   401, 404, 500 (every request), 500twice (the first two requests fail),
 //   dotdot / abs (a listed name "../evil.json" / "/tmp/evil.json"), huge (a
-//   declared size of 1e15 bytes), bigdisk (a consistent 512 GiB), endless (an
+//   declared size of 1e18 bytes), bigdisk (a consistent 512 TiB), endless (an
 //   LFS body without end), loop (the LFS redirect points at itself),
 //   badjson (a listing that is not JSON), auth (needs "Bearer hf_secret").
 import http from 'node:http';
@@ -61,8 +61,8 @@ function listing(m) {
   if (m === 'abs') sib.push({ rfilename: '/tmp/evil.json', size: 2, blobId: '0'.repeat(40) });
   for (const s of sib) {
     if (!s.lfs) continue;
-    if (m === 'huge') s.size = s.lfs.size = 1e15;
-    if (m === 'bigdisk') s.size = s.lfs.size = 512 * 2 ** 30;
+    if (m === 'huge') s.size = s.lfs.size = 1e18;
+    if (m === 'bigdisk') s.size = s.lfs.size = 2 ** 49;
   }
   return { _id: 'x', id: repo, modelId: repo, private: false, sha: commit, siblings: sib };
 }
@@ -125,7 +125,7 @@ const server = http.createServer((req, res) => {
     if (!f) return send(res, 404, { 'X-Error-Code': 'EntryNotFound' }, '');
     if (!f.lfs) return sendBytes(req, res, f.data, { ETag: `"${f.blobId}"` }, m);
     let size = f.data.length;
-    if (m === 'bigdisk') size = 512 * 2 ** 30;
+    if (m === 'bigdisk') size = 2 ** 49;
     const loc = m === 'loop' ? url.pathname : `http://127.0.0.1:${server.address().port}/cdn/${f.sha256}`;
     return send(res, 302, { Location: loc, ETag: `"${f.blobId}"`, 'X-Linked-Etag': `"${f.sha256}"`,
                             'X-Linked-Size': String(size) }, '');
