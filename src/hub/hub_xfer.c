@@ -41,6 +41,7 @@ struct xfer {
     int64_t not_before;        /* retry time (hub_now_ms) */
     bool checked;              /* the response status was looked at (first body bytes) */
     bool too_long, bad_range, io_failed;
+    int io_errno;              /* errno of the failed write or truncate */
     struct hub_headers hd;
     struct hub_header_state hs;
     char errbuf[CURL_ERROR_SIZE];
@@ -61,6 +62,7 @@ static size_t on_data(char *data, size_t size, size_t nitems, void *ud)
             /* the server ignored Range: start over */
             if (ftruncate(x->fd, 0) < 0) {
                 x->io_failed = true;
+                x->io_errno = errno;
                 return 0;
             }
             x->start = 0;
@@ -82,6 +84,7 @@ static size_t on_data(char *data, size_t size, size_t nitems, void *ud)
             continue;
         if (w <= 0) {
             x->io_failed = true;
+            x->io_errno = w < 0 ? errno : ENOSPC;
             return 0;
         }
         off += (size_t)w;
@@ -230,7 +233,7 @@ static int xfer_done(const struct hub_client *c, struct hub_pull *p, CURLM *m, s
         return err_setf(e, ERR_FORMAT, "%s: the server answered Range: bytes=%lld- with Content-Range '%s'", f->name,
                         (long long)x->start, x->hd.content_range);
     if (x->io_failed)
-        return err_setf(e, ERR_IO, "%s: writing %s failed: %s", f->name, x->path, strerror(errno));
+        return err_setf(e, ERR_IO, "%s: writing %s failed: %s", f->name, x->path, strerror(x->io_errno));
     int64_t on_disk = x->start + x->got;
     bool transient;
     if (cc == CURLE_OK && (status == 200 || status == 206 || status == 416)) {
