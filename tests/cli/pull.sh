@@ -78,6 +78,12 @@ expect_rc 0 "second pull"
 grep -Eq '^(GET /tiny|GET /cdn)' "$T/state/log" && fail "second pull fetched files: $(grep GET "$T/state/log")"
 tr -d ' \t\n' <"$T/out" | grep -q '"n_fetched":0,"n_cached":7' || fail "second pull --json: $(cat "$T/out")"
 
+# ---- HF_HUB_CACHE wins over HF_HOME ----
+mode ok
+run env HF_HUB_CACHE="$T/hubcache" "$BIN" pull tiny/llama --include config.json
+expect_rc 0 "HF_HUB_CACHE"
+[ -L "$T/hubcache/models--tiny--llama/snapshots/$COMMIT/config.json" ] || fail "HF_HUB_CACHE not used"
+
 # ---- --offline: the cache only ----
 mode ok
 run "$BIN" pull tiny/llama --offline
