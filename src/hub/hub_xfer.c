@@ -230,8 +230,9 @@ static int xfer_done(const struct hub_client *c, struct hub_pull *p, CURLM *m, s
     if (x->too_long || x->bad_range)
         unlink(x->path);
     if (x->too_long)
-        return err_setf(e, ERR_FORMAT, "%s: the server sent more than the %lld bytes declared; the download was deleted",
-                        f->name, (long long)f->size);
+        return err_setf(e, ERR_FORMAT,
+                        "%s: the server sent more than the %lld bytes declared; the download was deleted", f->name,
+                        (long long)f->size);
     if (x->bad_range)
         return err_setf(e, ERR_FORMAT, "%s: the server answered Range: bytes=%lld- with Content-Range '%s'", f->name,
                         (long long)x->start, x->hd.content_range);
