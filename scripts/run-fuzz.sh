@@ -18,6 +18,8 @@
 #   fuzz_oai_request  the request bodies in fuzz/seeds/oai_request/ (chat and
 #                     completions, stop, logit_bias, stream_options, token
 #                     ids), with a dictionary of the fields and role names
+#   fuzz_hub_listing  the Hub listings in fuzz/seeds/hub_listing/ (well-formed
+#                     and hostile: ../ and absolute names, huge sizes)
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -162,6 +164,9 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     template)
         cp "$ROOT"/fuzz/seeds/template/*.jinja "$corpus"/
+        ;;
+    hub_listing)
+        cp "$ROOT"/fuzz/seeds/hub_listing/*.json "$corpus"/
         ;;
     oai_request)
         cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/

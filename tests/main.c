@@ -39,6 +39,7 @@
     X(quantize)   \
     X(convert)    \
     X(oai_request) \
+    X(hub)        \
     X(allocfail)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

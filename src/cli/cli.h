@@ -30,6 +30,7 @@ int cmd_arch(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
 
 /* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. The message is
  * escaped (control and non-UTF-8 bytes as \n, \xNN), so it is one line of valid UTF-8. */
@@ -49,8 +50,13 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
 int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct err *e);
 
 /* Resolve -m: an existing folder, or owner/name in $MLXCEL_MODELS_DIR or the Hugging Face
- * cache; NULL means the embedded default model. buf receives the folder. */
+ * cache, else pulled from the Hub into the cache (cli_pull_model) unless offline
+ * ($HF_HUB_OFFLINE, which `--offline` on any command sets); NULL means the embedded
+ * default model. buf receives the folder. */
 int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e);
+/* Pull owner/name from the Hub into the HF cache for a command that needs it (cmd_pull.c),
+ * saying on stderr what it fetches; buf receives the snapshot folder. */
+int cli_pull_model(const char *repo, char *buf, size_t cap, struct err *e);
 /* Roots searched for owner/name. */
 void cli_models_dir(char *buf, size_t cap);
 void cli_hf_hub_dir(char *buf, size_t cap);

@@ -15,6 +15,7 @@
 
 #include "../core/fileio.h"
 #include "../engine/kvcache.h"
+#include "../hub/hub.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
 #include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
@@ -199,16 +200,7 @@ void cli_models_dir(char *buf, size_t cap)
 
 void cli_hf_hub_dir(char *buf, size_t cap)
 {
-    const char *d = getenv("HF_HUB_CACHE");
-    if (d && *d) {
-        snprintf(buf, cap, "%s", d);
-        return;
-    }
-    d = getenv("HF_HOME");
-    if (d && *d)
-        snprintf(buf, cap, "%s/hub", d);
-    else
-        home_path(buf, cap, ".cache/huggingface/hub");
+    hub_cache_dir(buf, cap);
 }
 
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
@@ -306,7 +298,10 @@ int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
     snprintf(repo, sizeof repo, "%s/models--%.*s--%s", hub, (int)(slash - arg), arg, slash + 1);
     if (is_dir(repo) && cli_hf_snapshot(repo, buf, cap) == 0)
         return 0;
-    return err_setf(e, ERR_MISSING, "model '%s' not found (looked in %s and %s)", arg, path, repo);
+    if (hub_is_offline() || hub_repo_check(arg, NULL) < 0)
+        return err_setf(e, ERR_MISSING, "model '%s' not found (looked in %s and %s)%s", arg, path, repo,
+                        hub_is_offline() ? "; offline, so not downloading it" : "");
+    return cli_pull_model(arg, buf, cap, e);
 }
 
 int cli_print_json(struct cJSON *root, struct err *e)

@@ -2,7 +2,9 @@
  * mlxcel: command dispatch. Each command lives in cmd_<name>.c and parses
  * its own flags; `mlxcel <command> --help` documents it.
  */
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -24,6 +26,7 @@ static const struct command k_commands[] = {
     {"inspect", cmd_inspect, "describe a checkpoint"},
     {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},
     {"list", cmd_list, "list downloaded models"},
+    {"pull", cmd_pull, "download a model from the Hugging Face Hub"},
     {"arch", cmd_arch, "list supported architectures"},
     {"convert", cmd_convert, "write an MLX checkpoint (optionally quantized)"},
     {"synth", cmd_synth, "write a random-weight checkpoint of any shape"},
@@ -35,7 +38,26 @@ static void usage(FILE *f)
     fprintf(f, "usage: mlxcel <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         fprintf(f, "  %-11s %s\n", k_commands[i].name, k_commands[i].summary);
-    fprintf(f, "\nRun `mlxcel <command> --help` for the options of a command.\n");
+    fprintf(f, "\nRun `mlxcel <command> --help` for the options of a command.\n"
+               "-m owner/name pulls a model that is in no cache from the Hugging Face Hub;\n"
+               "--offline (any command) or HF_HUB_OFFLINE=1 turns that off.\n");
+}
+
+/* --offline is understood by every command: it is taken out of argv (before a "--")
+ * and becomes HF_HUB_OFFLINE=1, which the model resolution and `pull` read. */
+static void strip_offline(int *argc, char **argv)
+{
+    int k = 2;
+    bool tail = false;
+    for (int i = 2; i < *argc; i++) {
+        tail = tail || strcmp(argv[i], "--") == 0;
+        if (!tail && strcmp(argv[i], "--offline") == 0)
+            setenv("HF_HUB_OFFLINE", "1", 1);
+        else
+            argv[k++] = argv[i];
+    }
+    argv[k] = NULL;
+    *argc = k;
 }
 
 int main(int argc, char **argv)
@@ -52,6 +74,7 @@ int main(int argc, char **argv)
         printf("mlxcel %s\n", MLXCEL_VERSION);
         return CLI_EXIT_OK;
     }
+    strip_offline(&argc, argv);
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
             return k_commands[i].run(argc - 1, argv + 1);

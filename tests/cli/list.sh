@@ -88,7 +88,8 @@ expect_rc 0 "inspect -m a/b (HF cache)"
 flat
 jhas "hf path" "\"path\":\"$R/snapshots/0123abcd\""
 jhas "hf family" '"family":"llama"'
-run "$BIN" inspect -m nobody/nothing
+# offline: a model in no cache is otherwise pulled from the Hub (tests/cli/pull.sh)
+run env HF_HUB_OFFLINE=1 "$BIN" inspect -m nobody/nothing
 expect_rc 1 "inspect -m nobody/nothing"
 grep -q "nobody/nothing" "$T/err" || fail "missing-model error does not name it: $(cat "$T/err")"
 
