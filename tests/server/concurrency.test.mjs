@@ -1,0 +1,123 @@
+// Concurrent requests on `mlxcel serve`: 16 different greedy chat requests at
+// once give, each, the text they give alone (with --parallel 16: batched; with
+// --parallel 4: queued); a stream aborted by the client frees its slot (later
+// requests complete, and equal their solo result); SIGTERM while a stream is
+// in flight ends the stream (or errors it) and the server exits 0, no hang.
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { MODEL, SLOW, startServer, client, withTimeout } from './harness.mjs';
+
+const PROMPTS = [
+    'ROMEO:', 'JULIET:', 'First Citizen:', 'Second Citizen:', 'MENENIUS:', 'KING HENRY VI:',
+    'GLOUCESTER:', 'LADY ANNE:', 'BRUTUS:', 'CORIOLANUS:', 'QUEEN ELIZABETH:', 'DUKE VINCENTIO:',
+    'ISABELLA:', 'PETRUCHIO:', 'KATHARINA:', 'Nurse:',
+];
+const req = (prompt, extra = {}) => ({
+    model: MODEL, messages: [{ role: 'user', content: prompt }], temperature: 0, max_tokens: 24, ...extra,
+});
+const text = (c) => c.choices[0].message.content;
+
+for (const parallel of [16, 4]) {
+    describe(`--parallel ${parallel}`, { timeout: 180_000 * SLOW }, () => {
+        let srv;
+        let api;
+        const solo = new Map();
+        before(async () => {
+            srv = await startServer(['--parallel', String(parallel)]);
+            api = client(srv.base);
+        });
+        after(async () => { if (srv && !srv.stopped) await srv.stop(); });
+
+        it('16 concurrent greedy requests == each alone', async () => {
+            for (const p of PROMPTS) solo.set(p, await api.chat.completions.create(req(p)));
+            const t0 = Date.now();
+            const all = await withTimeout(Promise.all(PROMPTS.map((p) => api.chat.completions.create(req(p)))),
+                120_000 * SLOW, '16 concurrent requests');
+            for (const [i, p] of PROMPTS.entries()) {
+                assert.equal(text(all[i]), text(solo.get(p)), `prompt ${JSON.stringify(p)}`);
+                assert.deepEqual(all[i].usage, solo.get(p).usage, `usage of ${JSON.stringify(p)}`);
+                assert.equal(all[i].choices[0].finish_reason, solo.get(p).choices[0].finish_reason);
+            }
+            // and streamed, mixed with non-streamed
+            const mixed = await withTimeout(Promise.all(PROMPTS.map(async (p, i) => {
+                if (i % 2) return text(await api.chat.completions.create(req(p)));
+                let s = '';
+                for await (const c of await api.chat.completions.create(req(p, { stream: true }))) s += c.choices[0]?.delta?.content ?? '';
+                return s;
+            })), 120_000 * SLOW, '16 concurrent mixed requests');
+            PROMPTS.forEach((p, i) => assert.equal(mixed[i], text(solo.get(p)), `mixed: ${JSON.stringify(p)}`));
+            console.error(`# --parallel ${parallel}: 16 concurrent requests in ${Date.now() - t0} ms`);
+        });
+
+        it('an aborted stream frees its slot', async () => {
+            const generated = async () => {
+                const m = await fetch(srv.base + '/metrics', { signal: AbortSignal.timeout(10_000 * SLOW) }).then((r) => r.text());
+                let v = 0;
+                for (const l of m.split('\n')) {
+                    const x = /^mlxcel_generated_tokens_total(\{[^}]*\})?\s+(\S+)/.exec(l);
+                    if (x) v += Number(x[2]);
+                }
+                return v;
+            };
+            const g0 = await generated();
+            const K = parallel + 1;
+            for (let k = 0; k < K; k++) {
+                const ac = new AbortController();
+                const stream = await api.chat.completions.create(req('ROMEO:', { max_tokens: 400, stream: true }), { signal: ac.signal });
+                let n = 0;
+                await withTimeout((async () => {
+                    try {
+                        for await (const _ of stream) {
+                            if (++n === 2) { ac.abort(); break; }
+                        }
+                    } catch (e) {
+                        if (!ac.signal.aborted) throw e;
+                    }
+                })(), 30_000 * SLOW, 'the aborted stream');
+                assert.equal(n, 2);
+            }
+            // more aborts than slots: if the aborted ones kept their slots, these would wait
+            const again = await withTimeout(api.chat.completions.create(req('JULIET:')), 30_000 * SLOW, 'a request after the aborts');
+            assert.equal(text(again), text(solo.get('JULIET:')));
+            const four = await withTimeout(Promise.all(PROMPTS.slice(0, 4).map((p) => api.chat.completions.create(req(p)))),
+                30_000 * SLOW, '4 requests after the aborts');
+            PROMPTS.slice(0, 4).forEach((p, i) => assert.equal(text(four[i]), text(solo.get(p))));
+            // the aborted requests stopped generating: far fewer than K x 400 tokens were made
+            const followers = [again, ...four].reduce((a, c) => a + c.usage.completion_tokens, 0);
+            const aborted = (await generated()) - g0 - followers;
+            assert.ok(aborted < K * 400 / 2, `${K} streams aborted after 2 chunks still generated ${aborted} tokens`);
+        });
+
+        it('stops cleanly on SIGTERM', async () => { await srv.stop(); });
+    });
+}
+
+describe('shutdown', { timeout: 120_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(); });
+    after(async () => { if (srv && !srv.stopped) await srv.stop().catch(() => {}); });
+
+    it('SIGTERM with a stream in flight: the stream ends, the server exits 0', async () => {
+        const api = client(srv.base);
+        const streams = await Promise.all([0, 1].map(() =>
+            api.chat.completions.create(req('ROMEO:', { max_tokens: 480, stream: true }))));
+        const consume = streams.map(async (stream, i) => {
+            let n = 0;
+            let finish = null;
+            try {
+                for await (const c of stream) {
+                    if (++n === 2 && i === 0) srv.proc.kill('SIGTERM');
+                    if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+                }
+                return { n, finish };
+            } catch (e) {
+                return { n, error: e.message };
+            }
+        });
+        const outcomes = await withTimeout(Promise.all(consume), 30_000 * SLOW, 'the streams to end after SIGTERM');
+        console.error(`# shutdown: ${JSON.stringify(outcomes)}`);
+        await srv.stop();   // bounded wait for the exit (SIGTERM already sent); exit 0, no sanitizer report
+        // and nothing listens any more
+        await assert.rejects(fetch(srv.base + '/health', { signal: AbortSignal.timeout(5000) }));
+    });
+});
