@@ -37,6 +37,7 @@
     X(template)   \
     X(quantize)   \
     X(convert)    \
+    X(oai_request) \
     X(allocfail)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -266,8 +266,8 @@ static int op_sched(const void *arg, struct err *e)
     if ((rc = backend_new(&be, "cpu", 1, e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
         (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
         (rc = sched_new(&s, ctx, kv, NULL, e)) < 0 ||
-        (rc = sched_submit(s, prompt, 5, &gp, NULL, sched_done, &o, NULL, e)) < 0 ||
-        (rc = sched_submit(s, prompt, 3, &gp, NULL, sched_done, &o, NULL, e)) < 0)
+        (rc = sched_submit(s, prompt, 5, &gp, &(struct sched_cb){.on_done = sched_done, .ud = &o}, NULL, e)) < 0 ||
+        (rc = sched_submit(s, prompt, 3, &gp, &(struct sched_cb){.on_done = sched_done, .ud = &o}, NULL, e)) < 0)
         goto out;
     while (sched_step(s, e) > 0)
         ;

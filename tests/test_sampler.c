@@ -4,6 +4,7 @@
  * at the support); a seed reproduces a run and different seeds give
  * different runs; the penalty follows the HF rule.
  */
+#include <math.h>
 #include <string.h>
 
 #include "engine/sampler.h"
@@ -182,7 +183,74 @@ static void tiny_temperature(void **state)
     assert_non_null(strstr(e.msg, "--repeat-penalty"));
 }
 
+/* logit_bias moves the argmax; presence/frequency count generated tokens only (the
+ * prompt's sampler_accept does not count), per occurrence for frequency */
+static void bias_and_presence(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    struct sampler_params p;
+    sampler_params_default(&p);
+    struct sampler_bias b[2] = {{1, -5.0f}, {7, 2.9f}};
+    p.bias = b;
+    p.n_bias = 2;
+    struct sampler *s = make(&p);
+    assert_int_equal(sampler_sample(s, k_logits), 3);  /* 1 pushed down: 3 wins the tie */
+    sampler_free(s);
+    b[1].bias = 3.5f;                                  /* 7: 0 + 3.5 beats 3 */
+    s = make(&p);
+    assert_int_equal(sampler_sample(s, k_logits), 7);
+    sampler_free(s);
+    b[0].id = V;
+    assert_int_equal(sampler_new(&s, &p, V, &e), -ERR_RANGE);
+    b[0] = (struct sampler_bias){1, 101.0f};
+    assert_int_equal(sampler_new(&s, &p, V, &e), -ERR_ARG);
+
+    sampler_params_default(&p);
+    p.presence_penalty = 0.6f;  /* 1 and 3 tie at 3; 6 at 2.5 */
+    s = make(&p);
+    sampler_accept(s, 1);       /* a prompt token: no presence penalty */
+    assert_int_equal(sampler_sample(s, k_logits), 1);
+    sampler_accept_output(s, 1); /* 1 -> 2.4: 3 wins */
+    assert_int_equal(sampler_sample(s, k_logits), 3);
+    sampler_accept_output(s, 3); /* 3 -> 2.4 too: 6 at 2.5 wins */
+    assert_int_equal(sampler_sample(s, k_logits), 6);
+    sampler_free(s);
+
+    sampler_params_default(&p);
+    p.frequency_penalty = 0.3f;
+    s = make(&p);
+    sampler_accept_output(s, 1);
+    sampler_accept_output(s, 1); /* 1 -> 2.4, 3 stays at 3 */
+    assert_int_equal(sampler_sample(s, k_logits), 3);
+    sampler_free(s);
+    p.frequency_penalty = 2.5f;
+    assert_int_equal(sampler_params_check(&p, &e), -ERR_ARG);
+}
+
+/* log_softmax against a direct double computation; the top list sorted, ties to the lower id */
+static void logprobs(void **state)
+{
+    (void)state;
+    double z = 0.0;
+    for (int i = 0; i < V; i++)
+        z += exp((double)k_logits[i]);
+    float lp, top_lp[4];
+    int32_t top_id[4];
+    sampler_logprobs(k_logits, V, 6, 4, &lp, top_id, top_lp);
+    assert_float_equal(lp, 2.5 - log(z), 1e-6);
+    const int32_t want[4] = {1, 3, 6, 2};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(top_id[i], want[i]);
+        assert_float_equal(top_lp[i], k_logits[want[i]] - log(z), 1e-6);
+    }
+    sampler_logprobs(k_logits, V, 4, 0, &lp, top_id, top_lp);
+    assert_float_equal(lp, -1.0 - log(z), 1e-6);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(bias_and_presence),
+    cmocka_unit_test(logprobs),
     cmocka_unit_test(tiny_temperature),
     cmocka_unit_test(greedy),
     cmocka_unit_test(filters),

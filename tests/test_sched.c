@@ -46,6 +46,20 @@ static void on_done(void *ud, const struct gen_stats *st, int rc, const struct e
     o->stop = st->stop;
 }
 
+static int on_token_row(void *ud, int32_t id, const float *logits)
+{
+    (void)logits;
+    return on_token(ud, id);
+}
+
+/* The callbacks of one request writing to o (sched_submit copies them). */
+static const struct sched_cb *cbs(struct out *o)
+{
+    static struct sched_cb cb;
+    cb = (struct sched_cb){.on_token = on_token_row, .on_done = on_done, .ud = o};
+    return &cb;
+}
+
 struct fx {
     struct backend *be;
     struct model *m;
@@ -130,7 +144,7 @@ static void run_sched(struct fx *f, int pool_tokens, int budget, struct out *got
                 int32_t p[64];
                 int n = prompt_of(submitted, f->m->hp.n_vocab, p);
                 struct gen_params gp = params_of(submitted);
-                assert_int_equal(sched_submit(s, p, n, &gp, on_token, on_done, &got[submitted], NULL, &e), 0);
+                assert_int_equal(sched_submit(s, p, n, &gp, cbs(&got[submitted]), NULL, &e), 0);
             }
         rc = sched_step(s, &e);
         if (rc < 0)
@@ -181,9 +195,9 @@ static void sched_cancel_and_refuse(void **state)
     struct gen_params gp = params_of(0);
     struct out a = {.cancel_after = 2}, b = {0}, c = {0};
     int id_b;
-    assert_int_equal(sched_submit(s, p, 8, &gp, on_token, on_done, &a, NULL, &e), 0);
-    assert_int_equal(sched_submit(s, p, 4, &gp, on_token, on_done, &b, &id_b, &e), 0);
-    assert_int_equal(sched_submit(s, p, 3, &gp, on_token, on_done, &c, NULL, &e), 0);
+    assert_int_equal(sched_submit(s, p, 8, &gp, cbs(&a), NULL, &e), 0);
+    assert_int_equal(sched_submit(s, p, 4, &gp, cbs(&b), &id_b, &e), 0);
+    assert_int_equal(sched_submit(s, p, 3, &gp, cbs(&c), NULL, &e), 0);
     assert_int_equal(sched_n_waiting(s), 3);
     assert_int_equal(sched_step(s, &e), 1);                 /* a and b run, c waits for a sequence */
     assert_int_equal(sched_n_running(s), 2);
@@ -200,14 +214,14 @@ static void sched_cancel_and_refuse(void **state)
     assert_int_equal(c.n, gp.n_predict);
     /* refused: empty, too long for the context, ids outside the vocabulary */
     int32_t bad = f.m->hp.n_vocab, *big = calloc(600, sizeof *big);
-    assert_int_equal(sched_submit(s, p, 0, &gp, on_token, on_done, &a, NULL, &e), -ERR_ARG);
-    assert_int_equal(sched_submit(s, big, 600, &gp, on_token, on_done, &a, NULL, &e), -ERR_RANGE);
-    assert_int_equal(sched_submit(s, &bad, 1, &gp, on_token, on_done, &a, NULL, &e), -ERR_RANGE);
+    assert_int_equal(sched_submit(s, p, 0, &gp, cbs(&a), NULL, &e), -ERR_ARG);
+    assert_int_equal(sched_submit(s, big, 600, &gp, cbs(&a), NULL, &e), -ERR_RANGE);
+    assert_int_equal(sched_submit(s, &bad, 1, &gp, cbs(&a), NULL, &e), -ERR_RANGE);
     assert_int_equal(a.done, 1);
     free(big);
     /* requests still queued when the scheduler is freed end once */
     struct out d = {0};
-    assert_int_equal(sched_submit(s, p, 3, &gp, on_token, on_done, &d, NULL, &e), 0);
+    assert_int_equal(sched_submit(s, p, 3, &gp, cbs(&d), NULL, &e), 0);
     sched_free(s);
     assert_int_equal(d.done, 1);
     assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);

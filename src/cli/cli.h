@@ -29,6 +29,7 @@ int cmd_list(int argc, char **argv);
 int cmd_arch(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. The message is
  * escaped (control and non-UTF-8 bytes as \n, \xNN), so it is one line of valid UTF-8. */

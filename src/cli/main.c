@@ -27,6 +27,7 @@ static const struct command k_commands[] = {
     {"arch", cmd_arch, "list supported architectures"},
     {"convert", cmd_convert, "write an MLX checkpoint (optionally quantized)"},
     {"synth", cmd_synth, "write a random-weight checkpoint of any shape"},
+    {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
 };
 
 static void usage(FILE *f)

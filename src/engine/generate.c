@@ -79,7 +79,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             break;
         }
         st.n_gen++;
-        sampler_accept(smp, id);
+        sampler_accept_output(smp, id);
         if (cb && cb(ud, id)) {
             st.stop = GEN_STOP_CALLBACK;
             break;

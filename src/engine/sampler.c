@@ -18,6 +18,10 @@ struct sampler {
     float *prob;       /* [n_vocab] candidate probabilities */
     int32_t *recent;   /* ring of the last repeat_last_n accepted ids */
     int n_recent, head;
+    struct sampler_bias *bias;  /* [p.n_bias] copy of the request's logit_bias */
+    int32_t *count;    /* [n_vocab] generated-token counts (presence/frequency), or NULL */
+    int32_t *seen;     /* [count_cap] distinct generated ids, in first-seen order */
+    int n_seen;
 };
 
 void sampler_params_default(struct sampler_params *p)
@@ -61,6 +65,17 @@ int sampler_params_check(const struct sampler_params *p, struct err *e)
     for (int f = 0; f < SAMPLER_N_FIELDS; f++)
         if ((rc = sampler_bound_check(f, v[f], "sampler", e)) < 0)
             return rc;
+    if (!(fabsf(p->presence_penalty) <= SAMPLER_MAX_PRESENCE) ||
+        !(fabsf(p->frequency_penalty) <= SAMPLER_MAX_PRESENCE))
+        return err_setf(e, ERR_ARG, "sampler: presence and frequency penalties must be within [-%g, %g]",
+                        (double)SAMPLER_MAX_PRESENCE, (double)SAMPLER_MAX_PRESENCE);
+    if (p->n_bias < 0 || (p->n_bias > 0 && !p->bias))
+        return err_setf(e, ERR_ARG, "sampler: bad logit bias list");
+    for (int i = 0; i < p->n_bias; i++)
+        if (!(fabsf(p->bias[i].bias) <= SAMPLER_MAX_BIAS))
+            return err_setf(e, ERR_ARG, "sampler: logit bias %g of id %d is outside [-%g, %g]",
+                            (double)p->bias[i].bias, p->bias[i].id, (double)SAMPLER_MAX_BIAS,
+                            (double)SAMPLER_MAX_BIAS);
     return 0;
 }
 
@@ -72,10 +87,31 @@ int sampler_new(struct sampler **out, const struct sampler_params *p, int n_voca
         return rc;
     if (n_vocab <= 0)
         return err_setf(e, ERR_ARG, "sampler: empty vocabulary");
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id < 0 || p->bias[i].id >= n_vocab)
+            return err_setf(e, ERR_RANGE, "sampler: logit bias id %d is outside the vocabulary [0, %d)",
+                            p->bias[i].id, n_vocab);
     struct sampler *s = calloc(1, sizeof *s);
     if (!s)
         return err_setf(e, ERR_NOMEM, "sampler: out of memory");
     s->p = *p;
+    s->p.bias = NULL;
+    if (p->n_bias > 0) {
+        s->bias = malloc((size_t)p->n_bias * sizeof *s->bias);
+        if (!s->bias) {
+            free(s);
+            return err_setf(e, ERR_NOMEM, "sampler: out of memory");
+        }
+        memcpy(s->bias, p->bias, (size_t)p->n_bias * sizeof *s->bias);
+    }
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        s->count = calloc((size_t)n_vocab, sizeof *s->count);
+        s->seen = malloc((size_t)n_vocab * sizeof *s->seen);
+        if (!s->count || !s->seen) {
+            sampler_free(s);
+            return err_setf(e, ERR_NOMEM, "sampler: out of memory");
+        }
+    }
     s->n_vocab = n_vocab;
     rng_seed(&s->rng, p->seed);
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
@@ -98,6 +134,9 @@ void sampler_free(struct sampler *s)
     free(s->idx);
     free(s->prob);
     free(s->recent);
+    free(s->bias);
+    free(s->count);
+    free(s->seen);
     free(s);
 }
 
@@ -109,6 +148,15 @@ void sampler_accept(struct sampler *s, int32_t id)
     s->head = (s->head + 1) % s->p.repeat_last_n;
     if (s->n_recent < s->p.repeat_last_n)
         s->n_recent++;
+}
+
+void sampler_accept_output(struct sampler *s, int32_t id)
+{
+    sampler_accept(s, id);
+    if (!s->count || id < 0 || id >= s->n_vocab)
+        return;
+    if (s->count[id]++ == 0)
+        s->seen[s->n_seen++] = id;
 }
 
 static int32_t argmax(const float *v, int n)
@@ -191,6 +239,14 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
     const struct sampler_params *p = &s->p;
     int V = s->n_vocab;
     memcpy(s->work, logits, (size_t)V * sizeof(float));
+
+    /* 0. logit bias, then the presence and frequency penalties over generated ids */
+    for (int i = 0; i < p->n_bias; i++)
+        s->work[s->bias[i].id] += s->bias[i].bias;
+    for (int i = 0; i < s->n_seen; i++) {
+        int32_t id = s->seen[i];
+        s->work[id] -= p->presence_penalty + p->frequency_penalty * (float)s->count[id];
+    }
 
     /* 1. repetition penalty (each distinct recent id once) */
     if (p->repeat_penalty != 1.0f) {
@@ -277,4 +333,34 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
 
     /* 6. draw */
     return draw(s, n);
+}
+
+void sampler_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, float *lp_id,
+                      int32_t *top_id, float *top_lp)
+{
+    double mx = -INFINITY, z = 0.0;
+    for (int i = 0; i < n_vocab; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < n_vocab; i++)
+        z += exp((double)logits[i] - mx);
+    double lz = mx + log(z);
+    *lp_id = (float)((double)logits[id] - lz);
+    /* insertion into a sorted list of n_top: the common case (a logit below the list's
+     * last) costs one comparison */
+    int n = 0;
+    for (int i = 0; i < n_vocab && n_top > 0; i++) {
+        float l = logits[i];
+        if (n == n_top && !(l > top_lp[n - 1]))
+            continue;
+        int at = n < n_top ? n++ : n - 1;
+        while (at > 0 && l > top_lp[at - 1]) {
+            top_lp[at] = top_lp[at - 1];
+            top_id[at] = top_id[at - 1];
+            at--;
+        }
+        top_lp[at] = l;
+        top_id[at] = i;
+    }
+    for (int i = 0; i < n; i++)
+        top_lp[i] = (float)((double)top_lp[i] - lz);
 }

@@ -35,8 +35,20 @@ struct sampler_params {
     float min_p;           /* <= 0: off */
     float repeat_penalty;  /* 1: off (HF repetition_penalty: divide positive, multiply negative) */
     int repeat_last_n;     /* window of recent tokens the penalty looks at */
+    float presence_penalty;   /* OpenAI: minus this once for every id generated so far (0: off) */
+    float frequency_penalty;  /* OpenAI: minus this times the id's count so far (0: off) */
+    const struct sampler_bias *bias;  /* logit_bias, added first (copied by sampler_new) */
+    int n_bias;
     uint64_t seed;
 };
+
+/* One logit_bias entry: bias (within SAMPLER_MAX_BIAS) added to the logit of id. */
+struct sampler_bias {
+    int32_t id;
+    float bias;
+};
+#define SAMPLER_MAX_BIAS 100.0f
+#define SAMPLER_MAX_PRESENCE 2.0f  /* bound of presence_penalty and frequency_penalty */
 
 /* The sampling values that come from users or checkpoints. */
 enum sampler_field {
@@ -71,10 +83,20 @@ struct sampler;
 
 int sampler_new(struct sampler **out, const struct sampler_params *p, int n_vocab, struct err *e);
 void sampler_free(struct sampler *s);
-/* Record a token as part of the context (prompt or generated) for the penalty. */
+/* Record a token as part of the context (prompt or generated) for the repetition penalty. */
 void sampler_accept(struct sampler *s, int32_t id);
+/* Record a generated token: sampler_accept plus the count the presence and frequency
+ * penalties read (they look at generated tokens only, as OpenAI and vLLM do). */
+void sampler_accept_output(struct sampler *s, int32_t id);
 /* Pick the next id from logits [n_vocab]; logits are not modified. */
 int32_t sampler_sample(struct sampler *s, const float *logits);
+
+/* Log-probabilities under the model: log_softmax of the raw logits [n_vocab] (before any
+ * sampling transform, as OpenAI's and vLLM's logprobs). *lp_id receives id's; the n_top
+ * most likely ids (descending, ties to the lower id) go to top_id/top_lp (n_top <= n_vocab;
+ * 0 for none). Computed in double. */
+void sampler_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, float *lp_id,
+                      int32_t *top_id, float *top_lp);
 
 #ifdef __cplusplus
 }

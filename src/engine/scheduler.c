@@ -25,9 +25,7 @@ struct sreq {
     long admitted;               /* admission order (preemption takes the newest) */
     struct sampler *smp;
     struct gen_params p;
-    gen_token_fn on_token;
-    sched_done_fn on_done;
-    void *ud;
+    struct sched_cb cb;
     struct gen_stats st;
     double t_admit, t_first;
 };
@@ -53,8 +51,8 @@ static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e
         kv_seq_remove(s->kv, r->seq);
     if (r->t_first > 0)
         r->st.t_gen_s = gen_now() - r->t_first;
-    if (r->on_done)
-        r->on_done(r->ud, &r->st, rc, e);
+    if (r->cb.on_done)
+        r->cb.on_done(r->cb.ud, &r->st, rc, e);
     sampler_free(r->smp);
     free(r->toks);
     memset(r, 0, sizeof *r);
@@ -120,7 +118,7 @@ void sched_free(struct sched *s)
 }
 
 int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
-                 gen_token_fn on_token, sched_done_fn on_done, void *ud, int *id, struct err *e)
+                 const struct sched_cb *cb, int *id, struct err *e)
 {
     int rc, slot = -1;
     if (n_prompt <= 0)
@@ -156,9 +154,8 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
         sampler_accept(r->smp, prompt[i]);
     r->n_toks = r->n_prompt = n_prompt;
     r->p = *p;
-    r->on_token = on_token;
-    r->on_done = on_done;
-    r->ud = ud;
+    if (cb)
+        r->cb = *cb;
     r->st = (struct gen_stats){.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
     r->id = s->next_id++;
     if (s->next_id <= 0)
@@ -294,8 +291,8 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
         return false;
     }
     r->st.n_gen++;
-    sampler_accept(r->smp, id);
-    if (r->on_token && r->on_token(r->ud, id)) {
+    sampler_accept_output(r->smp, id);
+    if (r->cb.on_token && r->cb.on_token(r->cb.ud, id, logits)) {
         r->st.stop = GEN_STOP_CALLBACK;
         return false;
     }

@@ -34,6 +34,15 @@ struct sched;
  * failure, rc < 0 with e describing it. */
 typedef void (*sched_done_fn)(void *ud, const struct gen_stats *stats, int rc, const struct err *e);
 
+/* A request's callbacks (all optional). on_token gets every generated id with the raw
+ * logits row [n_vocab] it was sampled from (for logprobs); non-zero stops the request.
+ * on_done is called exactly once. Both run on the thread that calls sched_step. */
+struct sched_cb {
+    int (*on_token)(void *ud, int32_t id, const float *logits);
+    sched_done_fn on_done;
+    void *ud;
+};
+
 struct sched_params {
     int max_batch_tokens;   /* rows per step (<= 0: the context's n_batch) */
     int max_requests;       /* waiting + running (<= 0: 1024) */
@@ -45,12 +54,11 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
 /* Ends every request (done with GEN_STOP_CALLBACK semantics: rc 0) and frees the scheduler. */
 void sched_free(struct sched *s);
 
-/* Queue a request (the prompt is copied). on_token gets every generated id (non-zero
- * return stops the request); on_done is called exactly once. *id (optional) names it
- * for sched_cancel. Errors: bad parameters, an empty prompt, a prompt longer than the
+/* Queue a request (the prompt is copied) with callbacks cb (NULL: none). *id (optional)
+ * names it for sched_cancel. Errors: bad parameters, an empty prompt, a prompt longer than the
  * cache's max_seq_len, or the queue full. */
 int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
-                 gen_token_fn on_token, sched_done_fn on_done, void *ud, int *id, struct err *e);
+                 const struct sched_cb *cb, int *id, struct err *e);
 /* End request id (waiting or running) as stopped by its callback; false if unknown. */
 bool sched_cancel(struct sched *s, int id);
 /* One batch over every running request; 0 when nothing is left to do after it, 1 when

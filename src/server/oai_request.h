@@ -6,7 +6,7 @@
  * Every body is hostile: it is parsed with a depth limit, must be one JSON
  * object in valid UTF-8, and every field is type- and range-checked. A bad
  * field is a 400 whose error names it in `param` ("messages[2].content",
- * "stop[1]", "logit_bias.50257"). Bounds (count and size) are the OAI_MAX_*
+ * "stop[1]", "logit_bias"). Bounds (count and size) are the OAI_MAX_*
  * values below; unknown fields are ignored, as OpenAI does. Nothing here
  * knows the model except its vocabulary size (token ids and logit_bias keys
  * are checked against it).
@@ -28,7 +28,8 @@ extern "C" {
 #define OAI_MAX_STOP          16        /* stop strings */
 #define OAI_MAX_STOP_LEN      256       /* bytes of one stop string */
 #define OAI_MAX_N             16        /* choices per request */
-#define OAI_MAX_TOP_LOGPROBS  20        /* alternatives per token (chat); completions: 5 */
+#define OAI_MAX_TOP_LOGPROBS  20        /* alternatives per token (chat) */
+#define OAI_MAX_LOGPROBS      5         /* alternatives per token (completions' logprobs) */
 #define OAI_MAX_BIAS          1024      /* logit_bias entries */
 #define OAI_MAX_PROMPT_IDS    (1 << 20) /* ids in a token-id prompt */
 #define OAI_MAX_TOKENS_VALUE  (1 << 30) /* largest max_tokens accepted (the context decides further) */

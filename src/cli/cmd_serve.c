@@ -1,0 +1,237 @@
+/*
+ * serve: `mlxcel serve [-m MODEL] [--host H] [--port P] [--parallel N] ...`
+ * The OpenAI-compatible server (src/server/, docs/server.md) over one
+ * model: the HTTP side starts first (GET /health is 503 while the model
+ * loads), then the model, its tokenizer and chat template, a paged KV cache
+ * of --ctx-size tokens for --parallel sequences, and the engine thread
+ * (src/engine/runner.c). The ready line on stdout gives the URL.
+ * SIGINT/SIGTERM stop it: no new connections, in-flight requests cancelled,
+ * every thread joined, everything freed, exit 0.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../core/log.h"
+#include "../engine/runner.h"
+#include "../server/server.h"
+#include "../template/template.h"
+#include "../tokenizer/tokenizer.h"
+#include "cli.h"
+
+static const char *k_help =
+    "usage: mlxcel serve [-m MODEL] [options]\n"
+    "\n"
+    "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
+    "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
+    "/tokenize, /detokenize, /apply-template.\n"
+    "\n"
+    "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model)\n"
+    "      --host ADDR            address to listen on (default 127.0.0.1; an IPv4 or IPv6 literal)\n"
+    "      --port N               port (default 8080; 0 picks a free one)\n"
+    "  -np, --parallel N          sequences decoded together in one batch (default 4)\n"
+    "  -c, --ctx-size N           KV cache tokens shared by all sequences (default: the model's\n"
+    "                             context, at most 8192, times --parallel); one request holds at\n"
+    "                             most min(N, the model's context)\n"
+    "      --api-key KEY          require 'Authorization: Bearer KEY' (or $MLXCEL_API_KEY)\n"
+    "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name)\n"
+    "      --max-queue N          requests waiting beyond --parallel before 429 (default 64)\n"
+    "      --max-body BYTES       largest request body (default 4194304)\n"
+    "      --timeout S            close connections idle for S seconds (default 600)\n"
+    "      --max-connections N    open connections at once (default 256)\n"
+    "  -t, --threads N            CPU threads (default: all online CPUs)\n"
+    "      --log-format text|json access log format on stderr (default text)\n"
+    "  -v, --verbose              log loading details to stderr\n"
+    "  -h, --help                 show this help\n";
+
+enum {
+    OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
+    OPT_MAX_CONN,
+};
+
+struct serve_cli {
+    const char *model, *host, *api_key, *name;
+    long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn;
+    bool log_json;
+};
+
+static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
+{
+    static const struct option k_opts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"host", required_argument, NULL, OPT_HOST},
+        {"port", required_argument, NULL, OPT_PORT},
+        {"parallel", required_argument, NULL, 'P'},
+        {"np", required_argument, NULL, 'P'},
+        {"ctx-size", required_argument, NULL, 'c'},
+        {"api-key", required_argument, NULL, OPT_API_KEY},
+        {"served-model-name", required_argument, NULL, OPT_NAME},
+        {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
+        {"max-body", required_argument, NULL, OPT_MAX_BODY},
+        {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+        {"threads", required_argument, NULL, 't'},
+        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c, rc = 0;
+    opterr = 0;
+    optind = 1;
+    /* getopt_long_only: -np like llama-server (and every long option with one dash) */
+    while (rc == 0 && (c = getopt_long_only(argc, argv, ":m:c:t:vh", k_opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case OPT_HOST: o->host = optarg; break;
+        case OPT_PORT: rc = cli_parse_int("--port", optarg, 0, 65535, &o->port, e); break;
+        case 'P': rc = cli_parse_int("--parallel", optarg, 1, 256, &o->parallel, e); break;
+        case 'c': rc = cli_parse_int("--ctx-size", optarg, 1, 1L << 24, &o->ctx_size, e); break;
+        case OPT_API_KEY: o->api_key = optarg; break;
+        case OPT_NAME: o->name = optarg; break;
+        case OPT_MAX_QUEUE: rc = cli_parse_int("--max-queue", optarg, 0, 1 << 16, &o->max_queue, e); break;
+        case OPT_MAX_BODY: rc = cli_parse_int("--max-body", optarg, 1, 1L << 30, &o->max_body, e); break;
+        case OPT_TIMEOUT: rc = cli_parse_int("--timeout", optarg, 1, 86400, &o->timeout, e); break;
+        case OPT_MAX_CONN: rc = cli_parse_int("--max-connections", optarg, 1, 4096, &o->max_conn, e); break;
+        case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
+        case OPT_LOG_FORMAT:
+            if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
+                o->log_json = strcmp(optarg, "json") == 0;
+            else
+                rc = err_setf(e, ERR_ARG, "--log-format: '%s' is not text or json", optarg);
+            break;
+        case 'v': log_set_level(LOG_LEVEL_INFO); break;
+        case 'h': fputs(k_help, stdout); return 1;
+        case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
+        default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
+        }
+    }
+    if (rc < 0)
+        return rc;
+    if (optind < argc)
+        return err_setf(e, ERR_ARG, "unexpected argument '%s'", argv[optind]);
+    if (o->name && (!*o->name || strlen(o->name) > 200))
+        return err_setf(e, ERR_ARG, "--served-model-name must have 1 to 200 bytes");
+    if (o->api_key && !*o->api_key)
+        return err_setf(e, ERR_ARG, "--api-key must not be empty");
+    return 0;
+}
+
+/* The model's id: --served-model-name, else owner/name as given, else the folder's name. */
+static void model_id(const struct serve_cli *o, const char *dir, char *buf, size_t cap)
+{
+    struct stat st;
+    if (o->name) {
+        snprintf(buf, cap, "%s", o->name);
+    } else if (o->model && stat(o->model, &st) != 0) {
+        snprintf(buf, cap, "%s", o->model);
+    } else {
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/')
+            n--;
+        size_t b = n;
+        while (b > 0 && dir[b - 1] != '/')
+            b--;
+        snprintf(buf, cap, "%.*s", (int)(n - b), dir + b);
+    }
+}
+
+struct served {
+    struct model *m;
+    struct tokenizer *tok;
+    struct chat_tmpl *tmpl;
+    struct cli_engine en;
+    struct runner *run;
+};
+
+static void served_free(struct served *sv)
+{
+    runner_free(sv->run);
+    cli_engine_close(&sv->en);
+    chat_tmpl_free(sv->tmpl);
+    tok_free(sv->tok);
+    model_free(sv->m);
+}
+
+/* Loads the model, tokenizer, template, engine and runner. */
+static int load(const struct serve_cli *o, const char *dir, struct served *sv, struct server_model *sm,
+                struct err *e)
+{
+    int rc;
+    if ((rc = tok_load(&sv->tok, dir, e)) < 0 || (rc = model_load(&sv->m, dir, e)) < 0)
+        return rc;
+    rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
+    if (rc == -ERR_MISSING)
+        fprintf(stderr, "mlxcel serve: the model has no chat template: /v1/chat/completions will answer 400\n");
+    else if (rc < 0)
+        return err_prefix(e, "chat template");
+    const struct hparams *hp = &sv->m->hp;
+    long per_seq = hp->n_ctx < 8192 ? hp->n_ctx : 8192;
+    long pool = o->ctx_size > 0 ? o->ctx_size : per_seq * o->parallel;
+    long max_len = pool < hp->n_ctx ? pool : hp->n_ctx;
+    if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len, e)) < 0)
+        return rc;
+    struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue)};
+    if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)
+        return rc;
+    *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
+                                .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen};
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    struct serve_cli o = {.port = 8080, .parallel = 4, .max_queue = 64, .max_body = 4L << 20, .timeout = 600,
+                          .max_conn = 256};
+    struct err e = {0};
+    char dir[4096], id[256];
+    struct served sv = {0};
+    struct server *srv = NULL;
+    struct server_model sm;
+    int rc = parse_args(argc, argv, &o, &e), status = CLI_EXIT_ERROR;
+    if (rc > 0)
+        return CLI_EXIT_OK;
+    if (rc < 0)
+        return cli_usage_error("serve", "%s", e.msg);
+    if (!o.api_key && getenv("MLXCEL_API_KEY") && *getenv("MLXCEL_API_KEY"))
+        o.api_key = getenv("MLXCEL_API_KEY");
+    if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
+        return cli_fail("serve", &e);
+    model_id(&o, dir, id, sizeof id);
+
+    /* every thread started from here on inherits the blocked signals; main waits for them */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct server_opts so = {.host = o.host ? o.host : "127.0.0.1", .port = (int)o.port, .api_key = o.api_key,
+                             .parallel = (int)o.parallel, .max_queue = (int)o.max_queue,
+                             .max_body = (size_t)o.max_body, .timeout_s = (int)o.timeout,
+                             .max_connections = (int)o.max_conn, .log_json = o.log_json};
+    if ((rc = server_start(&srv, &so, &e)) < 0 || (rc = load(&o, dir, &sv, &sm, &e)) < 0)
+        goto out;
+    sm.id = id;
+    server_set_model(srv, &sm);
+    bool v6 = strchr(so.host, ':') != NULL;
+    printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request)\n",
+           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "mlxcel serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    status = CLI_EXIT_OK;
+out:
+    if (srv)
+        server_begin_stop(srv);
+    server_free(srv);
+    served_free(&sv);
+    if (status != CLI_EXIT_OK)
+        return cli_fail("serve", &e);
+    return status;
+}

@@ -1,0 +1,812 @@
+/*
+ * completions: POST /v1/chat/completions and /v1/completions.
+ *
+ * A request becomes a `struct gen`: the prompt ids (the chat template
+ * rendered and encoded as `mlxcel template`/`generate` do, or the text or ids
+ * of a completion prompt), one engine job per choice (n), and per choice a
+ * textout (its text, cut at stop strings). The connection thread "pumps":
+ * it reads the tokens the engine appended to each job (runner lock held only
+ * to read the counts), turns them into text and logprob entries, and ends a
+ * choice at a stop string (cancelling its job), at EOS or at max_tokens.
+ *
+ * Non-streamed, the thread pumps until every choice ends and answers one
+ * JSON document. Streamed, the response is a libmicrohttpd callback whose
+ * reader pumps and writes server-sent events: a role chunk per choice,
+ * content chunks (text held back while it could still become a stop string),
+ * a finish chunk, the usage chunk when asked, and `data: [DONE]`. While it
+ * waits, the thread looks at the socket: a client that went away has its
+ * jobs cancelled at once. Server shutdown cancels them too.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "../engine/runner.h"
+#include "../template/template.h"
+#include "../tokenizer/tokenizer.h"
+#include "srv_impl.h"
+#include "textout.h"
+
+#define WAIT_MS 50           /* longest wait before looking at the socket again */
+#define SSE_SENT_MAX (1u << 20)
+
+struct choice {
+    struct runner_job job;
+    struct textout out;
+    int consumed;                /* job tokens turned into text */
+    bool finished;
+    const char *finish_reason;
+    size_t sent;                 /* text bytes streamed */
+    bool role_sent;
+    cJSON *lp;                   /* logprob entries not yet answered (chat: content list; completions: unused) */
+    /* completions logprobs */
+    cJSON *c_tokens, *c_lps, *c_tops, *c_offsets;
+};
+
+struct gen {
+    struct server *s;
+    struct MHD_Connection *conn;
+    struct srv_req *r;           /* NULL once the request is over */
+    enum oai_endpoint ep;
+    struct oai_request q;
+    int32_t *prompt;
+    int n_prompt;
+    char *echo;                  /* completions echo: the prompt text */
+    size_t echo_len;
+    struct sampler_bias *bias;
+    char *alt;                   /* [TOK_STREAM_CAP] a logprob alternative's text */
+    struct choice *ch;
+    int n;
+    bool cv_init, submitted;
+    pthread_cond_t cv;
+    char id[64];
+    long created;
+    double t_start;
+    int rc;                      /* a job failed: its error */
+    struct oai_error err;
+    bool aborted;                /* the client left or the server is stopping */
+    /* streaming */
+    char *sse;
+    size_t sse_len, sse_cap, sse_off;
+    bool ended, done_sent, head_sent;
+};
+
+// ---- set-up ----
+
+static void gen_free(struct gen *g)
+{
+    if (!g)
+        return;
+    if (g->submitted) {
+        /* the runner owns submitted jobs until done: cancel and wait */
+        runner_lock(g->s->m.runner);
+        for (int i = 0; i < g->n; i++)
+            runner_cancel_locked(g->s->m.runner, &g->ch[i].job);
+        for (;;) {
+            bool all = true;
+            for (int i = 0; i < g->n; i++)
+                all &= g->ch[i].job.done;
+            if (all)
+                break;
+            runner_wait_locked(g->s->m.runner, &g->cv, WAIT_MS);
+        }
+        runner_unlock(g->s->m.runner);
+    }
+    for (int i = 0; g->ch && i < g->n; i++) {
+        runner_job_release(&g->ch[i].job);
+        textout_free(&g->ch[i].out);
+        cJSON_Delete(g->ch[i].lp);
+        cJSON_Delete(g->ch[i].c_tokens);
+        cJSON_Delete(g->ch[i].c_lps);
+        cJSON_Delete(g->ch[i].c_tops);
+        cJSON_Delete(g->ch[i].c_offsets);
+    }
+    if (g->cv_init)
+        pthread_cond_destroy(&g->cv);
+    free(g->ch);
+    free(g->prompt);
+    free(g->echo);
+    free(g->bias);
+    free(g->alt);
+    free(g->sse);
+    oai_request_free(&g->q);
+    free(g);
+}
+
+static int oom(struct oai_error *err)
+{
+    return oai_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* Prompt ids: the chat template's text encoded without special tokens (as transformers'
+ * apply_chat_template(tokenize=True)); a completion's text with them; or its ids. */
+static int build_prompt(struct gen *g, struct oai_error *err)
+{
+    const struct server_model *m = &g->s->m;
+    struct err e = {0};
+    char *text = NULL;
+    size_t len = 0, n = 0;
+    int rc;
+    if (g->ep == OAI_CHAT) {
+        if (!m->tmpl)
+            return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
+                              "this model has no chat template: use /v1/completions");
+        if ((rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, NULL, &text, &len, &e)) < 0)
+            return rc == -ERR_NOMEM ? oom(err)
+                                    : oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
+                                                 "the chat template failed: %s", e.msg);
+        rc = tok_encode(m->tok, text, len, false, &g->prompt, &n, &e);
+        free(text);
+    } else if (g->q.prompt_ids) {
+        n = (size_t)g->q.n_prompt_ids;
+        g->prompt = malloc(n * sizeof *g->prompt);
+        if (!g->prompt)
+            return oom(err);
+        memcpy(g->prompt, g->q.prompt_ids, n * sizeof *g->prompt);
+        rc = 0;
+        if (g->q.echo && tok_decode(m->tok, g->prompt, n, true, &g->echo, &e) < 0)
+            return oom(err);
+    } else {
+        rc = tok_encode(m->tok, g->q.prompt, g->q.prompt_len, true, &g->prompt, &n, &e);
+        if (rc == 0 && g->q.echo && !(g->echo = strdup(g->q.prompt)))
+            return oom(err);
+    }
+    if (rc < 0)
+        return rc == -ERR_NOMEM ? oom(err)
+                                : oai_errorf(err, 400, "invalid_request_error", NULL,
+                                             g->ep == OAI_CHAT ? "messages" : "prompt", "%s", e.msg);
+    if (g->echo)
+        g->echo_len = strlen(g->echo);
+    g->n_prompt = (int)n;
+    if (n == 0)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, g->ep == OAI_CHAT ? "messages" : "prompt",
+                          "the prompt is empty");
+    return 0;
+}
+
+/* max_tokens within the context: an explicit value that does not fit is an error, as
+ * OpenAI's; without one, generation may fill the context. */
+static int plan_tokens(struct gen *g, int *n_predict, struct oai_error *err)
+{
+    int ctx = g->s->m.n_ctx;
+    if (g->n_prompt >= ctx && !(g->n_prompt == ctx && g->q.max_tokens == 0))
+        return oai_errorf(err, 400, "invalid_request_error", "context_length_exceeded",
+                          g->ep == OAI_CHAT ? "messages" : "prompt",
+                          "this model's maximum context length is %d tokens, but the %s has %d tokens", ctx,
+                          g->ep == OAI_CHAT ? "conversation" : "prompt", g->n_prompt);
+    if (g->q.max_tokens >= 0 && (long)g->n_prompt + g->q.max_tokens > ctx)
+        return oai_errorf(err, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                          "this model's maximum context length is %d tokens, but %d tokens were requested "
+                          "(%d in the prompt, %d for the completion)", ctx, g->n_prompt + g->q.max_tokens,
+                          g->n_prompt, g->q.max_tokens);
+    *n_predict = g->q.max_tokens >= 0 ? g->q.max_tokens : ctx - g->n_prompt;
+    return 0;
+}
+
+/* Sampling: the request's fields, else generation_config.json's, else OpenAI's defaults. */
+static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_error *err)
+{
+    const struct generation_defaults *d = &g->s->m.gen;
+    const struct oai_request *q = &g->q;
+    sampler_params_default(sp);
+    sp->temperature = q->has_temperature ? q->temperature : d->temperature >= 0 ? d->temperature : 1.0f;
+    sp->top_p = q->has_top_p ? q->top_p : d->top_p >= 0 ? d->top_p : 1.0f;
+    sp->top_k = q->has_top_k ? q->top_k : d->top_k >= 0 ? d->top_k : 0;
+    sp->min_p = q->has_min_p ? q->min_p : d->min_p >= 0 ? d->min_p : 0.0f;
+    sp->repeat_penalty = q->has_repetition_penalty ? q->repetition_penalty
+                         : d->repeat_penalty >= 0  ? d->repeat_penalty : 1.0f;
+    sp->presence_penalty = q->presence_penalty;
+    sp->frequency_penalty = q->frequency_penalty;
+    if (q->n_bias > 0) {
+        g->bias = malloc((size_t)q->n_bias * sizeof *g->bias);
+        if (!g->bias)
+            return oom(err);
+        for (int i = 0; i < q->n_bias; i++)
+            g->bias[i] = (struct sampler_bias){q->bias[i].id, q->bias[i].bias};
+        sp->bias = g->bias;
+        sp->n_bias = q->n_bias;
+    }
+    if (q->has_seed) {
+        sp->seed = q->seed;
+    } else if (getrandom(&sp->seed, sizeof sp->seed, GRND_NONBLOCK) != sizeof sp->seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        sp->seed = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)g;
+    }
+    struct err e = {0};
+    if (sampler_params_check(sp, &e) < 0)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, NULL, "%s", e.msg);
+    return 0;
+}
+
+static int gen_prepare(struct gen *g, struct oai_error *err)
+{
+    int n_predict = 0, rc;
+    struct sampler_params sp;
+    if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
+        (rc = plan_sampling(g, &sp, err)) < 0)
+        return -1;
+    g->n = g->q.n;
+    g->ch = calloc((size_t)g->n, sizeof *g->ch);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    g->cv_init = pthread_cond_init(&g->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!g->ch || !g->cv_init || (g->q.logprobs && !(g->alt = malloc(TOK_STREAM_CAP))))
+        return oom(err);
+    for (int i = 0; i < g->n; i++) {
+        struct choice *c = &g->ch[i];
+        struct err e = {0};
+        c->job.prompt = g->prompt;
+        c->job.n_prompt = g->n_prompt;
+        c->job.params = (struct gen_params){.n_predict = n_predict, .sampling = sp};
+        c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
+        c->job.logprobs = g->q.logprobs;
+        c->job.n_top = g->q.top_logprobs;
+        c->job.cv = &g->cv;
+        if (textout_init(&c->out, g->s->m.tok, true, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
+                         &e) < 0)
+            return oom(err);
+        if (g->q.logprobs && g->ep == OAI_CHAT && !(c->lp = cJSON_CreateArray()))
+            return oom(err);
+        if (g->q.logprobs && g->ep == OAI_COMPLETIONS &&
+            (!(c->c_tokens = cJSON_CreateArray()) || !(c->c_lps = cJSON_CreateArray()) ||
+             !(c->c_tops = cJSON_CreateArray()) || !(c->c_offsets = cJSON_CreateArray())))
+            return oom(err);
+    }
+    return 0;
+}
+
+// ---- pumping tokens into text ----
+
+/* {"token", "logprob", "bytes"} of a piece of text. */
+static cJSON *lp_entry(const char *text, size_t len, float lp)
+{
+    cJSON *o = cJSON_CreateObject(), *b;
+    char *t = strndup(text, len);
+    bool ok = o && t && cJSON_AddStringToObject(o, "token", t) && cJSON_AddNumberToObject(o, "logprob", lp) &&
+              (b = cJSON_AddArrayToObject(o, "bytes"));
+    for (size_t i = 0; ok && i < len; i++)
+        ok = cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)text[i]));
+    free(t);
+    if (!ok) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The logprob record of token k of choice c (before its text is pushed: alternatives are
+ * decoded in the same context). */
+static int record_logprobs(struct gen *g, struct choice *c, int k, const char *piece, size_t piece_len,
+                           size_t offset)
+{
+    const struct runner_job *j = &c->job;
+    char *alt_buf = g->alt;
+    if (g->ep == OAI_CHAT) {
+        cJSON *e = lp_entry(piece, piece_len, j->lp[k]), *tops;
+        if (!e || !cJSON_AddItemToArray(c->lp, e) || !(tops = cJSON_AddArrayToObject(e, "top_logprobs")))
+            return -1;
+        for (int t = 0; t < j->n_top; t++) {
+            int32_t id = j->top_id[(size_t)k * j->n_top + t];
+            int w = id == j->ids[k] ? -2 : textout_peek(&c->out, id, alt_buf, TOK_STREAM_CAP);
+            cJSON *a = w == -2 ? lp_entry(piece, piece_len, j->top_lp[(size_t)k * j->n_top + t])
+                               : lp_entry(alt_buf, w > 0 ? (size_t)w : 0, j->top_lp[(size_t)k * j->n_top + t]);
+            if (!a || !cJSON_AddItemToArray(tops, a))
+                return -1;
+        }
+        return 0;
+    }
+    char *t = strndup(piece, piece_len);
+    cJSON *tops = cJSON_CreateObject();
+    bool ok = t && tops && cJSON_AddItemToArray(c->c_tokens, cJSON_CreateString(t)) &&
+              cJSON_AddItemToArray(c->c_lps, cJSON_CreateNumber(j->lp[k])) &&
+              cJSON_AddItemToArray(c->c_offsets, cJSON_CreateNumber((double)offset));
+    free(t);
+    for (int a = 0; ok && a < j->n_top; a++) {
+        int32_t id = j->top_id[(size_t)k * j->n_top + a];
+        int w = id == j->ids[k] ? -2 : textout_peek(&c->out, id, alt_buf, TOK_STREAM_CAP);
+        char *key = w == -2 ? strndup(piece, piece_len) : strndup(alt_buf, w > 0 ? (size_t)w : 0);
+        ok = key && (cJSON_GetObjectItemCaseSensitive(tops, key) ||
+                     cJSON_AddNumberToObject(tops, key, j->top_lp[(size_t)k * j->n_top + a]));
+        free(key);
+    }
+    if (!ok || !cJSON_AddItemToArray(c->c_tops, tops)) {
+        if (!ok)
+            cJSON_Delete(tops);
+        return -1;
+    }
+    return 0;
+}
+
+static const char *finish_reason(enum gen_stop st)
+{
+    return st == GEN_STOP_LENGTH || st == GEN_STOP_CONTEXT ? "length" : "stop";
+}
+
+/* Turns the tokens the engine produced into text for every choice; ends choices. Returns
+ * whether anything changed. Failures set g->rc / g->err. */
+static bool pump(struct gen *g)
+{
+    struct runner *run = g->s->m.runner;
+    bool changed = false;
+    for (int i = 0; i < g->n; i++) {
+        struct choice *c = &g->ch[i];
+        if (c->finished)
+            continue;
+        runner_lock(run);
+        int n_out = c->job.n_out;
+        bool done = c->job.done;
+        runner_unlock(run);
+        /* entries below n_out are written before n_out grows and never change */
+        for (; c->consumed < n_out && !c->finished; c->consumed++) {
+            int k = c->consumed;
+            const char *piece;
+            size_t plen, offset = g->echo_len + c->out.len;
+            struct err e = {0};
+            /* logprob alternatives are decoded against the text before this token */
+            struct tok_stream before = c->out.ts;
+            int st = textout_push(&c->out, c->job.ids[k], &piece, &plen, &e);
+            if (st < 0) {
+                g->rc = -1;
+                oai_errorf(&g->err, 500, "server_error", NULL, NULL, "decoding the output failed: %s", e.msg);
+                return true;
+            }
+            if (c->job.logprobs) {
+                struct tok_stream saved = c->out.ts;
+                c->out.ts = before;  /* alternatives see the stream state before the token */
+                int lr = record_logprobs(g, c, k, piece, plen, offset);
+                c->out.ts = saved;
+                if (lr < 0) {
+                    g->rc = -1;
+                    oom(&g->err);
+                    return true;
+                }
+            }
+            changed = true;
+            if (st == 1) {
+                c->finished = true;
+                c->finish_reason = "stop";
+                c->consumed++;
+                runner_lock(run);
+                runner_cancel_locked(run, &c->job);
+                runner_unlock(run);
+            }
+        }
+        if (!c->finished && done && c->consumed == n_out) {
+            changed = true;
+            if (c->job.rc < 0) {
+                g->rc = -1;
+                oai_errorf(&g->err, 500, "server_error", NULL, NULL, "generation failed: %s", c->job.err.msg);
+                c->finished = true;
+                continue;
+            }
+            struct err e = {0};
+            if (textout_finish(&c->out, &e) < 0) {
+                g->rc = -1;
+                oom(&g->err);
+            }
+            c->finished = true;
+            c->finish_reason = finish_reason(c->job.stats.stop);
+        }
+    }
+    return changed;
+}
+
+static bool all_finished(const struct gen *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (!g->ch[i].finished)
+            return false;
+    return true;
+}
+
+/* Waits (bounded) for the engine; false when the client left or the server stops: the jobs
+ * are then cancelled and the generation is aborted. */
+static bool wait_engine(struct gen *g)
+{
+    struct runner *run = g->s->m.runner;
+    runner_lock(run);
+    bool news = false;
+    for (int i = 0; i < g->n && !news; i++)
+        news = !g->ch[i].finished && (g->ch[i].job.n_out > g->ch[i].consumed || g->ch[i].job.done);
+    if (!news)
+        runner_wait_locked(run, &g->cv, WAIT_MS);
+    runner_unlock(run);
+    if (atomic_load(&g->s->stopping) || srv_client_gone(g->conn)) {
+        g->aborted = true;
+        runner_lock(run);
+        for (int i = 0; i < g->n; i++)
+            runner_cancel_locked(run, &g->ch[i].job);
+        runner_unlock(run);
+        return false;
+    }
+    return true;
+}
+
+static int usage_counts(const struct gen *g, int *completion)
+{
+    int n = 0;
+    for (int i = 0; i < g->n; i++)
+        n += g->ch[i].consumed;
+    *completion = n;
+    return g->n_prompt;
+}
+
+static void note_stats(struct gen *g)
+{
+    if (!g->r)
+        return;
+    int comp;
+    g->r->n_prompt = usage_counts(g, &comp);
+    g->r->n_gen = comp;
+    const struct runner_job *j = &g->ch[0].job;
+    if (j->t_first > 0) {
+        g->r->ttft = j->t_first - g->t_start;
+        if (g->ch[0].consumed > 1)
+            g->r->itl = (gen_now() - j->t_first) / (g->ch[0].consumed - 1);
+    }
+}
+
+static cJSON *usage_object(const struct gen *g)
+{
+    int comp, p = usage_counts(g, &comp);
+    cJSON *u = cJSON_CreateObject();
+    if (u && (!cJSON_AddNumberToObject(u, "prompt_tokens", p) ||
+              !cJSON_AddNumberToObject(u, "completion_tokens", comp) ||
+              !cJSON_AddNumberToObject(u, "total_tokens", p + comp))) {
+        cJSON_Delete(u);
+        return NULL;
+    }
+    return u;
+}
+
+/* id, object, created, model. */
+static cJSON *envelope(const struct gen *g, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o && (!cJSON_AddStringToObject(o, "id", g->id) || !cJSON_AddStringToObject(o, "object", object) ||
+              !cJSON_AddNumberToObject(o, "created", (double)g->created) ||
+              !cJSON_AddStringToObject(o, "model", g->s->model_id))) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The completions logprobs object of choice c (its arrays move into it). */
+static cJSON *completion_logprobs(struct choice *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddItemToObject(o, "tokens", c->c_tokens);
+    cJSON_AddItemToObject(o, "token_logprobs", c->c_lps);
+    cJSON_AddItemToObject(o, "top_logprobs", c->c_tops);
+    cJSON_AddItemToObject(o, "text_offset", c->c_offsets);
+    c->c_tokens = c->c_lps = c->c_tops = c->c_offsets = NULL;
+    return o;
+}
+
+static cJSON *full_response(struct gen *g)
+{
+    bool chat = g->ep == OAI_CHAT;
+    cJSON *doc = envelope(g, chat ? "chat.completion" : "text_completion"), *choices = NULL, *u = usage_object(g);
+    bool ok = doc && u && (choices = cJSON_AddArrayToObject(doc, "choices"));
+    for (int i = 0; ok && i < g->n; i++) {
+        struct choice *c = &g->ch[i];
+        cJSON *ch = cJSON_CreateObject(), *msg, *lp;
+        ok = ch && cJSON_AddItemToArray(choices, ch) && cJSON_AddNumberToObject(ch, "index", i);
+        if (ok && chat) {
+            ok = (msg = cJSON_AddObjectToObject(ch, "message")) &&
+                 cJSON_AddStringToObject(msg, "role", "assistant") &&
+                 cJSON_AddStringToObject(msg, "content", c->out.text);
+            if (ok && c->lp) {
+                ok = (lp = cJSON_AddObjectToObject(ch, "logprobs"));
+                if (ok)
+                    cJSON_AddItemToObject(lp, "content", c->lp);
+                c->lp = NULL;
+            } else if (ok) {
+                ok = cJSON_AddNullToObject(ch, "logprobs");
+            }
+        } else if (ok) {
+            char *text = malloc(g->echo_len + c->out.len + 1);
+            ok = text != NULL;
+            if (ok) {
+                if (g->echo_len)
+                    memcpy(text, g->echo, g->echo_len);
+                memcpy(text + g->echo_len, c->out.text, c->out.len + 1);
+                ok = cJSON_AddStringToObject(ch, "text", text);
+                free(text);
+            }
+            if (ok && c->c_tokens)
+                ok = (lp = completion_logprobs(c)) && cJSON_AddItemToObject(ch, "logprobs", lp);
+            else if (ok)
+                ok = cJSON_AddNullToObject(ch, "logprobs");
+        }
+        ok = ok && cJSON_AddStringToObject(ch, "finish_reason", c->finish_reason ? c->finish_reason : "stop");
+    }
+    ok = ok && cJSON_AddItemToObject(doc, "usage", u);
+    if (!ok) {
+        if (!doc || !cJSON_GetObjectItemCaseSensitive(doc, "usage"))
+            cJSON_Delete(u);
+        cJSON_Delete(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+// ---- streaming ----
+
+static int sse_append(struct gen *g, const char *s, size_t n)
+{
+    if (g->sse_len + n > g->sse_cap) {
+        size_t cap = g->sse_cap ? g->sse_cap : 4096;
+        while (cap < g->sse_len + n)
+            cap *= 2;
+        char *p = realloc(g->sse, cap);
+        if (!p)
+            return -1;
+        g->sse = p;
+        g->sse_cap = cap;
+    }
+    memcpy(g->sse + g->sse_len, s, n);
+    g->sse_len += n;
+    return 0;
+}
+
+/* Appends `data: <doc>\n\n` (deletes doc). */
+static int sse_event(struct gen *g, cJSON *doc)
+{
+    char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    int rc = txt && sse_append(g, "data: ", 6) == 0 && sse_append(g, txt, strlen(txt)) == 0 &&
+                     sse_append(g, "\n\n", 2) == 0
+                 ? 0
+                 : -1;
+    free(txt);
+    return rc;
+}
+
+/* One chunk for choice i: text (may be NULL), finish reason (may be NULL), role on the first. */
+static cJSON *chunk(struct gen *g, int i, const char *text, size_t len, const char *finish, bool role)
+{
+    bool chat = g->ep == OAI_CHAT;
+    struct choice *c = &g->ch[i];
+    cJSON *doc = envelope(g, chat ? "chat.completion.chunk" : "text_completion"), *choices, *ch, *delta;
+    char *t = text ? strndup(text, len) : NULL;
+    bool ok = doc && (!text || t) && (choices = cJSON_AddArrayToObject(doc, "choices")) &&
+              (ch = cJSON_CreateObject()) && cJSON_AddItemToArray(choices, ch) &&
+              cJSON_AddNumberToObject(ch, "index", i);
+    if (ok && chat) {
+        ok = (delta = cJSON_AddObjectToObject(ch, "delta")) &&
+             (!role || cJSON_AddStringToObject(delta, "role", "assistant")) &&
+             (!t || cJSON_AddStringToObject(delta, "content", t));
+        if (ok && c->lp && cJSON_GetArraySize(c->lp) > 0 && !finish) {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
+            ok = lp != NULL;
+            if (ok) {
+                cJSON_AddItemToObject(lp, "content", c->lp);
+                ok = (c->lp = cJSON_CreateArray()) != NULL;
+            }
+        } else if (ok) {
+            ok = cJSON_AddNullToObject(ch, "logprobs");
+        }
+    } else if (ok) {
+        ok = cJSON_AddStringToObject(ch, "text", t ? t : "");
+        if (ok && c->c_tokens && cJSON_GetArraySize(c->c_tokens) > 0) {
+            cJSON *lp = completion_logprobs(c);
+            ok = lp && cJSON_AddItemToObject(ch, "logprobs", lp) && (c->c_tokens = cJSON_CreateArray()) &&
+                 (c->c_lps = cJSON_CreateArray()) && (c->c_tops = cJSON_CreateArray()) &&
+                 (c->c_offsets = cJSON_CreateArray());
+        } else if (ok) {
+            ok = cJSON_AddNullToObject(ch, "logprobs");
+        }
+    }
+    ok = ok && (finish ? cJSON_AddStringToObject(ch, "finish_reason", finish) != NULL
+                       : cJSON_AddNullToObject(ch, "finish_reason") != NULL);
+    if (ok && g->q.include_usage)
+        ok = cJSON_AddNullToObject(doc, "usage") != NULL;
+    free(t);
+    if (!ok) {
+        cJSON_Delete(doc);
+        return NULL;
+    }
+    return doc;
+}
+
+/* Events for what the last pump produced. */
+static int stream_events(struct gen *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        struct choice *c = &g->ch[i];
+        if (!c->role_sent && g->ep == OAI_CHAT) {
+            if (sse_event(g, chunk(g, i, "", 0, NULL, true)) < 0)
+                return -1;
+            c->role_sent = true;
+        }
+        size_t ready = textout_ready(&c->out);
+        bool lp_pending = (c->lp && cJSON_GetArraySize(c->lp) > 0) ||
+                          (c->c_tokens && cJSON_GetArraySize(c->c_tokens) > 0);
+        if (ready > c->sent || lp_pending) {
+            if (sse_event(g, chunk(g, i, c->out.text + c->sent, ready - c->sent, NULL, false)) < 0)
+                return -1;
+            c->sent = ready;
+        }
+        if (c->finished && c->finish_reason) {
+            if (sse_event(g, chunk(g, i, g->ep == OAI_CHAT ? NULL : "", 0, c->finish_reason, false)) < 0)
+                return -1;
+            c->finish_reason = NULL;  /* sent */
+        }
+    }
+    return 0;
+}
+
+/* The events after the last choice: an error (a failed job), the usage chunk, [DONE]. */
+static int stream_tail(struct gen *g)
+{
+    if (g->rc < 0 || g->aborted) {
+        if (g->aborted)
+            oai_errorf(&g->err, 503, "server_error", NULL, NULL, "the request was cancelled");
+        char *body = oai_error_json(&g->err);
+        int rc = body && sse_append(g, "data: ", 6) == 0 && sse_append(g, body, strlen(body)) == 0 &&
+                         sse_append(g, "\n\n", 2) == 0
+                     ? 0
+                     : -1;
+        free(body);
+        if (rc < 0)
+            return -1;
+    } else if (g->q.include_usage) {
+        cJSON *doc = envelope(g, g->ep == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+        cJSON *u = usage_object(g);
+        if (!doc || !u || !cJSON_AddArrayToObject(doc, "choices") || !cJSON_AddItemToObject(doc, "usage", u)) {
+            cJSON_Delete(u);
+            cJSON_Delete(doc);
+            return -1;
+        }
+        if (sse_event(g, doc) < 0)
+            return -1;
+    }
+    return sse_append(g, "data: [DONE]\n\n", 14);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct gen *g = cls;
+    (void)pos;
+    for (;;) {
+        if (g->sse_off < g->sse_len) {
+            size_t n = g->sse_len - g->sse_off < max ? g->sse_len - g->sse_off : max;
+            memcpy(buf, g->sse + g->sse_off, n);
+            g->sse_off += n;
+            if (g->sse_off == g->sse_len)
+                g->sse_off = g->sse_len = 0;
+            return (ssize_t)n;
+        }
+        if (g->ended) {
+            note_stats(g);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        bool alive = true;
+        if (!pump(g) && !all_finished(g) && g->rc == 0)
+            alive = wait_engine(g);
+        if (!alive && srv_client_gone(g->conn))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (stream_events(g) < 0) {
+            g->rc = -1;
+            g->ended = true;
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (all_finished(g) || g->rc < 0 || g->aborted) {
+            if (stream_tail(g) < 0)
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            g->ended = true;
+        }
+    }
+}
+
+static void stream_free(void *cls)
+{
+    gen_free(cls);
+}
+
+// ---- the endpoint ----
+
+enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep)
+{
+    struct oai_error err;
+    struct gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        oom(&err);
+        return srv_reply_error(c, r, &err);
+    }
+    g->s = s;
+    g->conn = c;
+    g->r = r;
+    g->ep = ep;
+    g->t_start = r->t_start;
+    g->created = (long)time(NULL);
+    snprintf(g->id, sizeof g->id, "%s-%016llx", ep == OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    oai_request_init(&g->q);
+    if (oai_request_parse(&g->q, ep, r->body ? r->body : "", r->len, s->m.n_vocab, &err) < 0)
+        goto fail;
+    if (g->q.model && strcmp(g->q.model, s->model_id) != 0) {
+        oai_errorf(&err, 404, "invalid_request_error", "model_not_found", "model",
+                   "the model '%.64s' does not exist; this server serves '%s'", g->q.model, s->model_id);
+        goto fail;
+    }
+    if (gen_prepare(g, &err) < 0)
+        goto fail;
+    r->n_prompt = g->n_prompt;
+    r->n_gen = 0;
+    if (g->ch[0].job.params.n_predict == 0) {
+        /* max_tokens 0 (a completion that only echoes): nothing to run */
+        for (int i = 0; i < g->n; i++) {
+            g->ch[i].finished = true;
+            g->ch[i].finish_reason = "length";
+        }
+    } else {
+        struct runner_job *jobs[OAI_MAX_N];
+        for (int i = 0; i < g->n; i++)
+            jobs[i] = &g->ch[i].job;
+        struct err e = {0};
+        bool busy;
+        if (runner_submit(s->m.runner, jobs, g->n, &busy, &e) < 0) {
+            if (busy)
+                oai_errorf(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                           "%s; retry later", e.msg);
+            else
+                oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 503, "server_error", NULL, NULL, "%s", e.msg);
+            goto fail;
+        }
+        g->submitted = true;
+    }
+    if (g->q.stream) {
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, g,
+                                                                      stream_free);
+        if (!resp) {
+            gen_free(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        r->stream = g;
+        enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);  /* g now belongs to the response: stream_free frees it */
+        r->status = 200;
+        r->queued = ok == MHD_YES;
+        return ok;
+    }
+    while (!all_finished(g) && g->rc == 0) {
+        if (!pump(g) && !all_finished(g) && g->rc == 0 && !wait_engine(g))
+            break;
+    }
+    note_stats(g);
+    if (g->aborted) {
+        oai_errorf(&err, 503, "server_error", NULL, NULL,
+                   atomic_load(&s->stopping) ? "the server is shutting down" : "the client went away");
+        goto fail;
+    }
+    if (g->rc < 0) {
+        err = g->err;
+        goto fail;
+    }
+    cJSON *doc = full_response(g);
+    gen_free(g);
+    return srv_reply_json(c, r, 200, doc);
+fail:
+    gen_free(g);
+    return srv_reply_error(c, r, &err);
+}
+
+void srv_generate_end(struct server *s, struct srv_req *r)
+{
+    (void)s;
+    if (r->stream)
+        r->stream->r = NULL;  /* the response (and the generation) may outlive the request */
+    r->stream = NULL;
+}

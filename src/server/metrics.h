@@ -1,0 +1,49 @@
+/*
+ * metrics: the server's counters and histograms, rendered as Prometheus text
+ * (GET /metrics). Thread-safe (one mutex); every series is fixed-size, so
+ * hostile traffic (random paths) cannot grow it: unknown paths count as
+ * endpoint "other".
+ */
+#pragma once
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define METRICS_N_ENDPOINTS 10
+#define METRICS_N_STATUS 12
+#define METRICS_N_BUCKETS 12
+
+struct histogram {
+    uint64_t count[METRICS_N_BUCKETS + 1];  /* per bucket, the last is +Inf */
+    double sum;
+    uint64_t n;
+};
+
+struct metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[METRICS_N_ENDPOINTS][METRICS_N_STATUS];
+    uint64_t prompt_tokens, generated_tokens;
+    struct histogram ttft, itl, duration;   /* seconds */
+};
+
+/* Gauges read at render time. */
+struct metrics_gauges {
+    int queue_depth, busy_slots, slots;
+    int kv_blocks_used, kv_blocks_total;
+};
+
+void metrics_init(struct metrics *m);
+void metrics_destroy(struct metrics *m);
+/* One finished request: endpoint path (any string), HTTP status, tokens and timings (< 0: none). */
+void metrics_request(struct metrics *m, const char *path, int status, int n_prompt, int n_gen, double ttft_s,
+                     double itl_s, double duration_s);
+/* The Prometheus text exposition (malloc'd, NUL-terminated; NULL when out of memory). */
+char *metrics_render(struct metrics *m, const struct metrics_gauges *g);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,761 @@
+/*
+ * oai_request: OpenAI request bodies -> struct oai_request (oai_request.h).
+ *
+ * A body passes three gates before cJSON sees it: one walk rejects NUL bytes
+ * and invalid UTF-8 (tok_utf8_seq, the program's one validator: overlongs,
+ * surrogates and code points past U+10FFFF are invalid); a pre-scan bounds
+ * the nesting depth, rejects raw control bytes and finds \u0000 escapes
+ * (cJSON would decode one into a NUL that silently cuts the string short).
+ * The pre-scan tracks strings as cJSON does (a backslash takes the next
+ * byte), so on every prefix cJSON accepts it counts the depth cJSON reaches,
+ * and a 10^5-deep body is refused after 65 brackets, without recursion.
+ * cJSON then parses exactly len bytes, and only JSON whitespace may follow
+ * the one value.
+ *
+ * Fields are read by small typed readers that name the field on error
+ * ("'top_p' must be a number"); a JSON null counts as absent. cJSON keeps
+ * numbers as doubles, so an integer field takes a finite, integral double in
+ * its range only: 1.5, 1e300 and -1 are each told apart from 1. Strings out
+ * of cJSON are valid UTF-8 (the body is, and cJSON refuses lone surrogate
+ * escapes) and NUL-free (the pre-scan), so they are copied as they are. User
+ * text quoted back in a message is cut to QUOTE_MAX bytes on a character
+ * boundary, and oai_error_json replaces whatever is still not valid UTF-8.
+ */
+#include "oai_request.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
+
+#define INVALID "invalid_request_error"
+#define QUOTE_MAX 64  /* bytes of user text quoted in a message */
+
+/* ---- errors ---- */
+
+/* Cuts a trailing incomplete UTF-8 character off s (what a truncating snprintf leaves). */
+static void trim_partial_char(char *s)
+{
+    size_t n = strlen(s), j = n, need;
+    while (j > 0 && n - j < 3 && ((unsigned char)s[j - 1] & 0xC0) == 0x80)
+        j--;
+    if (j == 0 || ((unsigned char)s[j - 1] & 0xC0) != 0xC0)
+        return;
+    (void)tok_utf8_seq((const unsigned char *)s + j - 1, n - j + 1, &need);
+    if (need > n - j + 1)
+        s[j - 1] = '\0';
+}
+
+__attribute__((format(printf, 6, 0)))
+static int verrorf(struct oai_error *err, int status, const char *type, const char *code, const char *param,
+                   const char *fmt, va_list ap)
+{
+    if (!err)
+        return -1;
+    err->status = status;
+    err->type = type;
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    trim_partial_char(err->param);
+    trim_partial_char(err->message);
+    return -1;
+}
+
+int oai_errorf(struct oai_error *err, int status, const char *type, const char *code, const char *param,
+               const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    verrorf(err, status, type, code, param, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A 400 invalid_request_error naming param (NULL: the body as a whole). */
+__attribute__((format(printf, 3, 4)))
+static int bad(struct oai_error *err, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    verrorf(err, 400, INVALID, NULL, param, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int nomem(struct oai_error *err)
+{
+    return oai_errorf(err, 500, "server_error", NULL, NULL, "out of memory while parsing the request");
+}
+
+static int type_error(struct oai_error *err, const char *param, const char *what)
+{
+    return bad(err, param, "'%s' must be %s", param, what);
+}
+
+/* s for a message: at most QUOTE_MAX bytes, cut on a character boundary, "..." when cut.
+ * buf holds QUOTE_MAX + 4 bytes. */
+static const char *quote(char *buf, const char *s)
+{
+    size_t n = s ? strnlen(s, QUOTE_MAX + 1) : 0;
+    if (n <= QUOTE_MAX) {
+        memcpy(buf, s ? s : "", n);
+        buf[n] = '\0';
+        return buf;
+    }
+    n = QUOTE_MAX;
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+        n--;
+    memcpy(buf, s, n);
+    memcpy(buf + n, "...", 4);
+    return buf;
+}
+
+/* Copies n bytes of src into dst[n + 1]: a byte that starts no valid UTF-8 character becomes
+ * '?', an ASCII control byte ' ' (the message stays one line of valid UTF-8). */
+static void sanitize(char *dst, const char *src, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = (unsigned char)src[i];
+        size_t need, k = tok_utf8_seq((const unsigned char *)src + i, n - i, &need);
+        if (need == 0 || k != need) {
+            dst[i++] = '?';
+        } else if (c < 0x20 || c == 0x7f) {
+            dst[i++] = ' ';
+        } else {
+            memcpy(dst + i, src + i, k);
+            i += k;
+        }
+    }
+    dst[n] = '\0';
+}
+
+char *oai_error_json(const struct oai_error *err)
+{
+    char msg[sizeof err->message + 1], param[sizeof err->param + 1];
+    sanitize(msg, err->message, strnlen(err->message, sizeof err->message));
+    sanitize(param, err->param, strnlen(err->param, sizeof err->param));
+    const char *type = err->type ? err->type : err->status >= 500 ? "server_error" : INVALID;
+    char *out = NULL;
+    cJSON *root = cJSON_CreateObject();
+    cJSON *e = root ? cJSON_AddObjectToObject(root, "error") : NULL;
+    if (!e || !cJSON_AddStringToObject(e, "message", msg) || !cJSON_AddStringToObject(e, "type", type))
+        goto out;
+    if (!(param[0] ? cJSON_AddStringToObject(e, "param", param) : cJSON_AddNullToObject(e, "param")))
+        goto out;
+    if (!(err->code ? cJSON_AddStringToObject(e, "code", err->code) : cJSON_AddNullToObject(e, "code")))
+        goto out;
+    out = cJSON_PrintUnformatted(root);
+out:
+    cJSON_Delete(root);
+    return out;
+}
+
+/* ---- the body ---- */
+
+/* JSON's four whitespace bytes (RFC 8259 section 2); cJSON skips every byte <= 0x20. */
+static bool is_json_space(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static int not_json(struct oai_error *err, size_t at)
+{
+    return bad(err, NULL, "the request body is not valid JSON (error at byte %zu)", at);
+}
+
+/* No NUL byte, and valid UTF-8 throughout. */
+static int check_bytes(const char *body, size_t len, struct oai_error *err)
+{
+    const unsigned char *u = (const unsigned char *)body;
+    size_t i = 0;
+    while (i < len) {
+        if (u[i] == 0)
+            return bad(err, NULL, "the request body contains a NUL byte (at byte %zu)", i);
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need, k = tok_utf8_seq(u + i, len - i, &need);
+        if (need == 0 || k != need)
+            return bad(err, NULL, "the request body is not valid UTF-8 (at byte %zu)", i);
+        i += k;
+    }
+    return 0;
+}
+
+/* Depth of [ and { outside strings at most OAI_MAX_JSON_DEPTH, no raw control byte (other
+ * than whitespace between tokens), no \u0000 escape in a string. A backslash in a string
+ * takes the next byte whatever it is, so `\\u0000` is a backslash then "u0000". */
+static int prescan(const char *body, size_t len, struct oai_error *err)
+{
+    const unsigned char *u = (const unsigned char *)body;
+    bool in_string = false;
+    int depth = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = u[i];
+        if (in_string) {
+            if (c == '"') {
+                in_string = false;
+            } else if (c < 0x20) {
+                return not_json(err, i);
+            } else if (c == '\\') {
+                if (len - i > 5 && u[i + 1] == 'u' && memcmp(u + i + 2, "0000", 4) == 0)
+                    return bad(err, NULL, "strings must not contain NUL characters (\\u0000 at byte %zu)", i);
+                i++;
+            }
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > OAI_MAX_JSON_DEPTH)
+                return bad(err, NULL, "the request body is nested more than %d levels deep (at byte %zu)",
+                           OAI_MAX_JSON_DEPTH, i);
+        } else if (c == ']' || c == '}') {
+            depth -= depth > 0;
+        } else if (c < 0x20 && !is_json_space(c)) {
+            return not_json(err, i);
+        }
+    }
+    return 0;
+}
+
+cJSON *oai_parse_object(const char *body, size_t len, struct oai_error *err)
+{
+    if (!body || len == 0) {
+        bad(err, NULL, "the request body is empty");
+        return NULL;
+    }
+    if (check_bytes(body, len, err) < 0 || prescan(body, len, err) < 0)
+        return NULL;
+    const char *end = NULL;
+    errno = 0;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    /* cJSON returns NULL for bad syntax and a failed allocation alike; malloc sets ENOMEM */
+    if (!root && errno == ENOMEM) {
+        nomem(err);
+        return NULL;
+    }
+    if (!root) {
+        not_json(err, end && end >= body && end <= body + len ? (size_t)(end - body) : 0);
+        return NULL;
+    }
+    size_t at = (size_t)(end - body);
+    while (at < len && is_json_space((unsigned char)body[at]))
+        at++;
+    if (at != len) {
+        cJSON_Delete(root);
+        not_json(err, at);
+        return NULL;
+    }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        bad(err, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* ---- typed readers: each returns 1 when v was given, 0 when absent (v NULL), -1 on error ---- */
+
+/* obj[key] (case-sensitive, the first of duplicates), NULL when absent or null. */
+static const cJSON *member(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* Children of a, counting no further than stop. */
+static size_t count_children(const cJSON *a, size_t stop)
+{
+    size_t n = 0;
+    for (const cJSON *c = a->child; c && n < stop; c = c->next)
+        n++;
+    return n;
+}
+
+static int read_bool(struct oai_error *err, const cJSON *v, const char *param, bool *out)
+{
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v))
+        return type_error(err, param, "a boolean");
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* An integer in [lo, hi]: a finite double with no fractional part. */
+static int read_int(struct oai_error *err, const cJSON *v, const char *param, int lo, int hi, int *out)
+{
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v))
+        return type_error(err, param, "an integer");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < lo || d > hi)
+        return bad(err, param, "'%s' must be an integer in [%d, %d] (got %.15g)", param, lo, hi, d);
+    *out = (int)d;
+    return 1;
+}
+
+/* A number in [lo, hi] ((lo, hi] when lo_open), checked again once rounded to float so
+ * that 1e-50 does not become an open bound's excluded 0. */
+static int read_float(struct oai_error *err, const cJSON *v, const char *param, double lo, double hi,
+                      bool lo_open, float *out)
+{
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v))
+        return type_error(err, param, "a number");
+    double d = v->valuedouble;
+    bool ok = isfinite(d) && d <= hi && (lo_open ? d > lo : d >= lo);
+    float f = ok ? (float)d : 0.0f;
+    if (!ok || (lo_open && !(f > lo)))
+        return bad(err, param, "'%s' must be in %c%g, %g] (got %.15g)", param, lo_open ? '(' : '[', lo, hi, d);
+    *out = f;
+    return 1;
+}
+
+/* Any int64 (the double is within [-2^63, 2^63) and integral), kept as its two's complement. */
+static int read_seed(struct oai_error *err, const cJSON *v, const char *param, uint64_t *out)
+{
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v))
+        return type_error(err, param, "an integer");
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || d < -0x1p63 || d >= 0x1p63)
+        return bad(err, param, "'%s' must be a 64-bit integer (got %.15g)", param, d);
+    *out = (uint64_t)(int64_t)d;
+    return 1;
+}
+
+/* A malloc'd NUL-terminated copy of s[0 .. n). */
+static char *copy_bytes(const char *s, size_t n)
+{
+    char *p = malloc(n + 1);
+    if (p) {
+        memcpy(p, s, n);
+        p[n] = '\0';
+    }
+    return p;
+}
+
+/* ---- chat messages ---- */
+
+/* The template's role for a request role, NULL when it is not a chat role. */
+static const char *chat_role(const char *role)
+{
+    static const char *const k[][2] = {
+        {"system", "system"}, {"developer", "system"}, {"user", "user"}, {"assistant", "assistant"},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (strcmp(role, k[i][0]) == 0)
+            return k[i][1];
+    return NULL;
+}
+
+/* Checks content parts (an array) of message i and joins their texts into *out (malloc'd). */
+static int join_parts(struct oai_error *err, const cJSON *parts, int i, char **out)
+{
+    char param[128];
+    size_t total = 0;
+    int j = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, parts) {
+        if (j >= OAI_MAX_CONTENT_PARTS) {
+            snprintf(param, sizeof param, "messages[%d].content", i);
+            return bad(err, param, "'%s' must have at most %d parts", param, OAI_MAX_CONTENT_PARTS);
+        }
+        snprintf(param, sizeof param, "messages[%d].content[%d]", i, j);
+        if (!cJSON_IsObject(part))
+            return type_error(err, param, "an object");
+        snprintf(param, sizeof param, "messages[%d].content[%d].type", i, j);
+        const cJSON *type = member(part, "type");
+        if (!type)
+            return bad(err, param, "'%s' is required", param);
+        if (!cJSON_IsString(type))
+            return type_error(err, param, "a string");
+        char q[QUOTE_MAX + 4];
+        if (strcmp(type->valuestring, "text") != 0)
+            return bad(err, param, "content parts of type '%s' are not supported (only 'text')",
+                       quote(q, type->valuestring));
+        snprintf(param, sizeof param, "messages[%d].content[%d].text", i, j);
+        const cJSON *text = member(part, "text");
+        if (!text)
+            return bad(err, param, "'%s' is required", param);
+        if (!cJSON_IsString(text))
+            return type_error(err, param, "a string");
+        total += strlen(text->valuestring);  /* each a distinct part of the body: no overflow */
+        j++;
+    }
+    char *s = malloc(total + 1);
+    if (!s)
+        return nomem(err);
+    size_t at = 0;
+    cJSON_ArrayForEach(part, parts) {
+        const char *t = member(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(s + at, t, n);
+        at += n;
+    }
+    s[at] = '\0';
+    *out = s;
+    return 0;
+}
+
+/* Checks message i and appends {"role", "content"} to out. */
+static int parse_message(struct oai_error *err, cJSON *out, const cJSON *m, int i)
+{
+    char param[128], q[QUOTE_MAX + 4];
+    snprintf(param, sizeof param, "messages[%d]", i);
+    if (!cJSON_IsObject(m))
+        return type_error(err, param, "an object");
+    snprintf(param, sizeof param, "messages[%d].role", i);
+    const cJSON *role = member(m, "role");
+    if (!role)
+        return bad(err, param, "'%s' is required", param);
+    if (!cJSON_IsString(role))
+        return type_error(err, param, "a string");
+    const char *name = chat_role(role->valuestring);
+    if (!name && (strcmp(role->valuestring, "tool") == 0 || strcmp(role->valuestring, "function") == 0))
+        return bad(err, param, "messages with role '%s' (tool messages) are not supported yet", role->valuestring);
+    if (!name)
+        return bad(err, param, "'%s' must be one of 'system', 'developer', 'user', 'assistant' (got '%s')", param,
+                   quote(q, role->valuestring));
+
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    const cJSON *content = member(m, "content");
+    char *joined = NULL;
+    if (!content)
+        return bad(err, param, "'%s' is required", param);
+    if (cJSON_IsArray(content)) {
+        if (join_parts(err, content, i, &joined) < 0)
+            return -1;
+    } else if (!cJSON_IsString(content)) {
+        return type_error(err, param, "a string or an array of content parts");
+    }
+    cJSON *msg = cJSON_CreateObject();
+    if (!msg || !cJSON_AddItemToArray(out, msg)) {
+        cJSON_Delete(msg);
+        free(joined);
+        return nomem(err);
+    }
+    bool ok = cJSON_AddStringToObject(msg, "role", name) &&
+              cJSON_AddStringToObject(msg, "content", joined ? joined : content->valuestring);
+    free(joined);
+    return ok ? 0 : nomem(err);
+}
+
+static int parse_messages(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    const cJSON *msgs = member(root, "messages");
+    if (!msgs)
+        return bad(err, "messages", "'messages' is required");
+    if (!cJSON_IsArray(msgs))
+        return type_error(err, "messages", "an array");
+    size_t n = count_children(msgs, OAI_MAX_MESSAGES + 1);
+    if (n == 0)
+        return bad(err, "messages", "'messages' must not be empty");
+    if (n > OAI_MAX_MESSAGES)
+        return bad(err, "messages", "'messages' must have at most %d entries", OAI_MAX_MESSAGES);
+    if (!(r->messages = cJSON_CreateArray()))
+        return nomem(err);
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        if (parse_message(err, r->messages, m, i++) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- completions prompt ---- */
+
+static int set_prompt_text(struct oai_request *r, const char *s, struct oai_error *err)
+{
+    r->prompt_len = strlen(s);
+    if (!(r->prompt = copy_bytes(s, r->prompt_len)))
+        return nomem(err);
+    return 0;
+}
+
+static int set_prompt_ids(struct oai_request *r, const cJSON *ids, int n_vocab, struct oai_error *err)
+{
+    size_t n = count_children(ids, (size_t)OAI_MAX_PROMPT_IDS + 1);
+    if (n > OAI_MAX_PROMPT_IDS)
+        return bad(err, "prompt", "'prompt' must have at most %d token ids", OAI_MAX_PROMPT_IDS);
+    if (!(r->prompt_ids = malloc(n * sizeof *r->prompt_ids)))
+        return nomem(err);
+    char param[64];
+    const cJSON *v;
+    cJSON_ArrayForEach(v, ids) {
+        int id = 0;
+        snprintf(param, sizeof param, "prompt[%d]", r->n_prompt_ids);
+        if (read_int(err, v, param, 0, n_vocab > 0 ? n_vocab - 1 : -1, &id) < 0)
+            return -1;
+        r->prompt_ids[r->n_prompt_ids++] = id;
+    }
+    return 0;
+}
+
+/* A string, an array of token ids, or an array of exactly one string. */
+static int parse_prompt(struct oai_request *r, const cJSON *root, int n_vocab, struct oai_error *err)
+{
+    const cJSON *p = member(root, "prompt");
+    if (!p)
+        return bad(err, "prompt", "'prompt' is required");
+    if (cJSON_IsString(p))
+        return set_prompt_text(r, p->valuestring, err);
+    if (!cJSON_IsArray(p))
+        return type_error(err, "prompt", "a string or an array");
+    const cJSON *first = p->child;
+    if (!first)
+        return bad(err, "prompt", "'prompt' must not be empty");
+    if (cJSON_IsArray(first) || (cJSON_IsString(first) && first->next))
+        return bad(err, "prompt", "only one prompt per request is supported");
+    if (cJSON_IsString(first))
+        return set_prompt_text(r, first->valuestring, err);
+    return set_prompt_ids(r, p, n_vocab, err);
+}
+
+/* ---- fields of both endpoints ---- */
+
+static int add_stop(struct oai_request *r, const cJSON *v, const char *param, struct oai_error *err)
+{
+    if (!cJSON_IsString(v))
+        return type_error(err, param, "a string");
+    size_t n = strlen(v->valuestring);
+    if (n == 0)
+        return bad(err, param, "'%s' must not be empty", param);
+    if (n > OAI_MAX_STOP_LEN)
+        return bad(err, param, "'%s' must be at most %d bytes (got %zu)", param, OAI_MAX_STOP_LEN, n);
+    if (!(r->stop[r->n_stop] = copy_bytes(v->valuestring, n)))
+        return nomem(err);
+    r->stop_len[r->n_stop++] = n;
+    return 0;
+}
+
+static int parse_stop(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    const cJSON *stop = member(root, "stop");
+    if (!stop)
+        return 0;
+    if (cJSON_IsString(stop))
+        return add_stop(r, stop, "stop", err);
+    if (!cJSON_IsArray(stop))
+        return type_error(err, "stop", "a string or an array of strings");
+    if (count_children(stop, OAI_MAX_STOP + 1) > OAI_MAX_STOP)
+        return bad(err, "stop", "'stop' must have at most %d entries", OAI_MAX_STOP);
+    char param[32];
+    const cJSON *v;
+    cJSON_ArrayForEach(v, stop) {
+        snprintf(param, sizeof param, "stop[%d]", r->n_stop);
+        if (add_stop(r, v, param, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A token id in decimal digits only ("50256"; no sign, space or other byte), < n_vocab. */
+static bool parse_token_id(const char *s, int n_vocab, int32_t *out)
+{
+    int64_t v = 0;
+    if (!s || !*s)
+        return false;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        v = v * 10 + (*s - '0');
+        if (v >= n_vocab)
+            return false;
+    }
+    *out = (int32_t)v;
+    return true;
+}
+
+/* An object of token id -> bias in [-100, 100]; a repeated id keeps its last bias. */
+static int parse_logit_bias(struct oai_request *r, const cJSON *root, int n_vocab, struct oai_error *err)
+{
+    const cJSON *b = member(root, "logit_bias");
+    if (!b)
+        return 0;
+    if (!cJSON_IsObject(b))
+        return type_error(err, "logit_bias", "an object");
+    size_t n = count_children(b, OAI_MAX_BIAS + 1);
+    if (n > OAI_MAX_BIAS)
+        return bad(err, "logit_bias", "'logit_bias' must have at most %d entries", OAI_MAX_BIAS);
+    if (n == 0)
+        return 0;
+    if (!(r->bias = malloc(n * sizeof *r->bias)))
+        return nomem(err);
+    char q[QUOTE_MAX + 4];
+    const cJSON *v;
+    cJSON_ArrayForEach(v, b) {
+        int32_t id;
+        if (!parse_token_id(v->string, n_vocab, &id))
+            return bad(err, "logit_bias", "'logit_bias' key '%s' is not a token id in [0, %d)",
+                       quote(q, v->string), n_vocab);
+        if (!cJSON_IsNumber(v))
+            return bad(err, "logit_bias", "'logit_bias' value for token %d must be a number", id);
+        double d = v->valuedouble;
+        if (!isfinite(d) || d < -100 || d > 100)
+            return bad(err, "logit_bias", "'logit_bias' value for token %d must be in [-100, 100] (got %.15g)",
+                       id, d);
+        int k = 0;
+        while (k < r->n_bias && r->bias[k].id != id)
+            k++;
+        r->bias[k] = (struct oai_bias){id, (float)d};
+        r->n_bias += k == r->n_bias;
+    }
+    return 0;
+}
+
+static int parse_stream(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    if (read_bool(err, member(root, "stream"), "stream", &r->stream) < 0)
+        return -1;
+    const cJSON *opts = member(root, "stream_options");
+    if (!opts)
+        return 0;
+    if (!cJSON_IsObject(opts))
+        return type_error(err, "stream_options", "an object");
+    if (!r->stream)
+        return bad(err, "stream_options", "stream_options is only allowed when stream is true");
+    return read_bool(err, member(opts, "include_usage"), "stream_options.include_usage", &r->include_usage) < 0
+               ? -1 : 0;
+}
+
+/* model, user, sampling, seed, stop, n, logit_bias, stream. */
+static int parse_common(struct oai_request *r, const cJSON *root, int n_vocab, struct oai_error *err)
+{
+    const cJSON *v = member(root, "model");
+    if (v && !cJSON_IsString(v))
+        return type_error(err, "model", "a string");
+    if (v && !(r->model = copy_bytes(v->valuestring, strlen(v->valuestring))))
+        return nomem(err);
+    v = member(root, "user");
+    if (v && !cJSON_IsString(v))
+        return type_error(err, "user", "a string");
+
+    const struct {
+        const char *key;
+        double lo, hi;
+        bool lo_open;
+        float *out;
+        bool *has;
+    } k[] = {
+        {"temperature", 0, 2, false, &r->temperature, &r->has_temperature},
+        {"top_p", 0, 1, true, &r->top_p, &r->has_top_p},
+        {"min_p", 0, 1, false, &r->min_p, &r->has_min_p},
+        {"repetition_penalty", 0, 10, true, &r->repetition_penalty, &r->has_repetition_penalty},
+        {"presence_penalty", -2, 2, false, &r->presence_penalty, NULL},
+        {"frequency_penalty", -2, 2, false, &r->frequency_penalty, NULL},
+    };
+    int rc;
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        if ((rc = read_float(err, member(root, k[i].key), k[i].key, k[i].lo, k[i].hi, k[i].lo_open, k[i].out)) < 0)
+            return rc;
+        if (k[i].has)
+            *k[i].has = rc;
+    }
+    int top_k = 0;
+    if ((rc = read_int(err, member(root, "top_k"), "top_k", -1, 1 << 20, &top_k)) < 0)
+        return rc;
+    r->has_top_k = rc;
+    r->top_k = top_k < 0 ? 0 : top_k;
+    if ((rc = read_seed(err, member(root, "seed"), "seed", &r->seed)) < 0)
+        return rc;
+    r->has_seed = rc;
+    if (read_int(err, member(root, "n"), "n", 1, OAI_MAX_N, &r->n) < 0 || parse_stop(r, root, err) < 0 ||
+        parse_logit_bias(r, root, n_vocab, err) < 0 || parse_stream(r, root, err) < 0)
+        return -1;
+    return 0;
+}
+
+/* ---- the endpoints ---- */
+
+static int parse_chat(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    int rc;
+    if (parse_messages(r, root, err) < 0)
+        return -1;
+    /* both names; max_completion_tokens (the newer) wins */
+    if (read_int(err, member(root, "max_tokens"), "max_tokens", 1, OAI_MAX_TOKENS_VALUE, &r->max_tokens) < 0 ||
+        read_int(err, member(root, "max_completion_tokens"), "max_completion_tokens", 1, OAI_MAX_TOKENS_VALUE,
+                 &r->max_tokens) < 0)
+        return -1;
+    if (read_bool(err, member(root, "logprobs"), "logprobs", &r->logprobs) < 0)
+        return -1;
+    if ((rc = read_int(err, member(root, "top_logprobs"), "top_logprobs", 0, OAI_MAX_TOP_LOGPROBS,
+                       &r->top_logprobs)) < 0)
+        return rc;
+    if (rc == 1 && !r->logprobs)
+        return bad(err, "top_logprobs", "'top_logprobs' is only allowed when 'logprobs' is true");
+    return 0;
+}
+
+static int parse_completions(struct oai_request *r, const cJSON *root, int n_vocab, struct oai_error *err)
+{
+    int rc;
+    if (parse_prompt(r, root, n_vocab, err) < 0)
+        return -1;
+    if (read_int(err, member(root, "max_tokens"), "max_tokens", 0, OAI_MAX_TOKENS_VALUE, &r->max_tokens) < 0 ||
+        read_bool(err, member(root, "echo"), "echo", &r->echo) < 0)
+        return -1;
+    const cJSON *suffix = member(root, "suffix");
+    if (suffix && !cJSON_IsString(suffix))
+        return type_error(err, "suffix", "a string");
+    if (suffix && suffix->valuestring[0])
+        return bad(err, "suffix", "suffix is not supported");
+    if ((rc = read_int(err, member(root, "logprobs"), "logprobs", 0, OAI_MAX_LOGPROBS, &r->top_logprobs)) < 0)
+        return rc;
+    r->logprobs = rc == 1;
+    return 0;
+}
+
+void oai_request_init(struct oai_request *r)
+{
+    memset(r, 0, sizeof *r);
+    r->max_tokens = -1;
+    r->n = 1;
+}
+
+void oai_request_free(struct oai_request *r)
+{
+    free(r->model);
+    cJSON_Delete(r->messages);
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (int i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
+    free(r->bias);
+    enum oai_endpoint ep = r->endpoint;
+    oai_request_init(r);
+    r->endpoint = ep;
+}
+
+int oai_request_parse(struct oai_request *r, enum oai_endpoint ep, const char *body, size_t len, int n_vocab,
+                      struct oai_error *err)
+{
+    oai_request_init(r);
+    r->endpoint = ep;
+    if (ep != OAI_CHAT && ep != OAI_COMPLETIONS)
+        return oai_errorf(err, 500, "server_error", NULL, NULL, "unknown endpoint %d", (int)ep);
+    cJSON *root = oai_parse_object(body, len, err);
+    if (!root)
+        return -1;
+    int rc = ep == OAI_CHAT ? parse_chat(r, root, err) : parse_completions(r, root, n_vocab, err);
+    if (rc == 0)
+        rc = parse_common(r, root, n_vocab, err);
+    cJSON_Delete(root);
+    if (rc < 0) {
+        oai_request_free(r);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,623 @@
+/*
+ * server: HTTP, routing, authentication, the access log and the small
+ * endpoints (server.h). Completions and chat are in completions.c.
+ *
+ * A request's life in libmicrohttpd: the access handler is called once with
+ * the headers (a Content-Length over --max-body is answered 413 there,
+ * before any byte of the body is read), then with each piece of the body
+ * (kept up to --max-body; more marks it too big), then once more with no
+ * data: the request is complete and is routed. The completion callback
+ * writes the access-log line, counts the request in the metrics and frees
+ * the request state.
+ */
+#include "srv_impl.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "../core/log.h"
+#include "../engine/generate.h"
+#include "../engine/runner.h"
+#include "../template/template.h"
+#include "../tokenizer/tokenizer.h"
+
+#define SRV_MAX_HEADER_BYTES (64u << 10)  /* MHD's per-connection memory: request line + headers */
+
+// ---- responses ----
+
+enum MHD_Result srv_reply(struct MHD_Connection *c, struct srv_req *r, int status, const char *content_type,
+                          const char *body, size_t len, const char *hname, const char *hvalue)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
+    if (hname)
+        MHD_add_response_header(resp, hname, hvalue);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    r->queued = ok == MHD_YES;
+    return ok;
+}
+
+enum MHD_Result srv_reply_error(struct MHD_Connection *c, struct srv_req *r, const struct oai_error *err)
+{
+    char *body = oai_error_json(err);
+    static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                                "\"param\":null,\"code\":null}}";
+    enum MHD_Result ok;
+    if (err->status == 429)
+        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
+                       body ? strlen(body) : sizeof k_oom - 1, "Retry-After", "1");
+    else if (err->status == 405)
+        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
+                       body ? strlen(body) : sizeof k_oom - 1, "Allow", r->endpoint_ok == 1 ? "GET" : "POST");
+    else
+        ok = srv_reply(c, r, body ? err->status : 500, "application/json", body ? body : k_oom,
+                       body ? strlen(body) : sizeof k_oom - 1, NULL, NULL);
+    free(body);
+    return ok;
+}
+
+enum MHD_Result srv_reply_json(struct MHD_Connection *c, struct srv_req *r, int status, cJSON *doc)
+{
+    char *body = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!body) {
+        struct oai_error err;
+        oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_reply_error(c, r, &err);
+    }
+    enum MHD_Result ok = srv_reply(c, r, status, "application/json", body, strlen(body), NULL, NULL);
+    free(body);
+    return ok;
+}
+
+bool srv_client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// ---- authentication ----
+
+/* Constant-time comparison of the presented key with the configured one: the time
+ * depends on the lengths only. */
+static bool key_equal(const char *got, size_t got_len, const char *want)
+{
+    size_t want_len = strlen(want);
+    unsigned char diff = (unsigned char)(got_len != want_len);
+    for (size_t i = 0; i < want_len; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < got_len ? got[i] : 0);
+    return diff == 0;
+}
+
+static bool authorized(const struct server *s, struct MHD_Connection *c)
+{
+    if (!s->o.api_key)
+        return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+        h += 7;
+        while (*h == ' ')
+            h++;
+        return key_equal(h, strlen(h), s->o.api_key);
+    }
+    h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return h && key_equal(h, strlen(h), s->o.api_key);
+}
+
+// ---- small endpoints ----
+
+static cJSON *model_object(const struct server *s)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (m && (!cJSON_AddStringToObject(m, "id", s->model_id) || !cJSON_AddStringToObject(m, "object", "model") ||
+              !cJSON_AddNumberToObject(m, "created", (double)s->created) ||
+              !cJSON_AddStringToObject(m, "owned_by", "mlxcel"))) {
+        cJSON_Delete(m);
+        return NULL;
+    }
+    return m;
+}
+
+static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *id)
+{
+    if (id) {
+        if (strcmp(id, s->model_id) != 0) {
+            struct oai_error err;
+            oai_errorf(&err, 404, "invalid_request_error", "model_not_found", "model",
+                       "the model '%.64s' does not exist; this server serves '%s'", id, s->model_id);
+            return srv_reply_error(c, r, &err);
+        }
+        return srv_reply_json(c, r, 200, model_object(s));
+    }
+    cJSON *list = cJSON_CreateObject(), *data = NULL, *m = model_object(s);
+    bool ok = list && m && cJSON_AddStringToObject(list, "object", "list") &&
+              (data = cJSON_AddArrayToObject(list, "data")) && cJSON_AddItemToArray(data, m);
+    if (!ok) {
+        cJSON_Delete(m);
+        cJSON_Delete(list);
+        list = NULL;
+    }
+    return srv_reply_json(c, r, 200, list);
+}
+
+static enum MHD_Result ep_metrics(struct server *s, struct MHD_Connection *c, struct srv_req *r)
+{
+    struct runner_stats st;
+    runner_get_stats(s->m.runner, &st);
+    struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = s->o.parallel,
+                               .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total};
+    char *text = metrics_render(&s->metrics, &g);
+    if (!text) {
+        struct oai_error err;
+        oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
+        return srv_reply_error(c, r, &err);
+    }
+    enum MHD_Result ok = srv_reply(c, r, 200, "text/plain; version=0.0.4; charset=utf-8", text, strlen(text),
+                                   NULL, NULL);
+    free(text);
+    return ok;
+}
+
+/* A boolean member (absent: dflt); -1 with *err when it is not a boolean. */
+static int get_bool(const cJSON *o, const char *name, bool dflt, bool *out, struct oai_error *err)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsBool(v))
+        return oai_errorf(err, 400, "invalid_request_error", NULL, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* POST /tokenize {"content", "add_special", "with_pieces"} -> {"tokens": [...]} (llama-server). */
+static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
+{
+    struct oai_error err;
+    cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL, *toks = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    bool special, pieces;
+    if (!in)
+        return srv_reply_error(c, r, &err);
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(in, "content");
+    if (!cJSON_IsString(content)) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, "content", "'content' must be a string");
+        goto fail;
+    }
+    if (get_bool(in, "add_special", false, &special, &err) < 0 || get_bool(in, "with_pieces", false, &pieces, &err) < 0)
+        goto fail;
+    struct err e = {0};
+    if (tok_encode(s->m.tok, content->valuestring, strlen(content->valuestring), special, &ids, &n, &e) < 0) {
+        oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
+                   NULL, "content", "%s", e.msg);
+        goto fail;
+    }
+    bool ok = (out = cJSON_CreateObject()) && (toks = cJSON_AddArrayToObject(out, "tokens"));
+    char piece[TOK_PIECE_MAX * 3 + 8];
+    for (size_t i = 0; ok && i < n; i++) {
+        if (!pieces) {
+            ok = cJSON_AddItemToArray(toks, cJSON_CreateNumber(ids[i]));
+            continue;
+        }
+        char *txt = NULL;
+        cJSON *t = cJSON_CreateObject();
+        ok = t && cJSON_AddItemToArray(toks, t) && cJSON_AddNumberToObject(t, "id", ids[i]) &&
+             tok_decode(s->m.tok, &ids[i], 1, false, &txt, NULL) == 0;
+        if (ok)
+            snprintf(piece, sizeof piece, "%s", txt);
+        free(txt);
+        ok = ok && cJSON_AddStringToObject(t, "piece", piece);
+    }
+    free(ids);
+    cJSON_Delete(in);
+    if (!ok) {
+        cJSON_Delete(out);
+        out = NULL;
+    }
+    r->n_prompt = (int)n;
+    return srv_reply_json(c, r, 200, out);
+fail:
+    free(ids);
+    cJSON_Delete(in);
+    return srv_reply_error(c, r, &err);
+}
+
+/* POST /detokenize {"tokens": [ids]} -> {"content": text}. */
+static enum MHD_Result ep_detokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
+{
+    struct oai_error err;
+    cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL;
+    int32_t *ids = NULL;
+    char *text = NULL;
+    if (!in)
+        return srv_reply_error(c, r, &err);
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(in, "tokens"), *t;
+    int n = cJSON_IsArray(toks) ? cJSON_GetArraySize(toks) : -1, i = 0;
+    if (n < 0 || n > OAI_MAX_PROMPT_IDS) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens",
+                   n < 0 ? "'tokens' must be an array of token ids" : "'tokens' holds more than %d ids",
+                   OAI_MAX_PROMPT_IDS);
+        goto fail;
+    }
+    ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+    if (!ids) {
+        oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
+        goto fail;
+    }
+    cJSON_ArrayForEach(t, toks) {
+        double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+        if (!(v >= 0 && v < s->m.n_vocab && v == (double)(int32_t)v)) {
+            oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens",
+                       "tokens[%d] is not a token id in [0, %d)", i, s->m.n_vocab);
+            goto fail;
+        }
+        ids[i++] = (int32_t)v;
+    }
+    struct err e = {0};
+    if (tok_decode(s->m.tok, ids, (size_t)n, false, &text, &e) < 0) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens", "%s", e.msg);
+        goto fail;
+    }
+    if ((out = cJSON_CreateObject()) && !cJSON_AddStringToObject(out, "content", text)) {
+        cJSON_Delete(out);
+        out = NULL;
+    }
+    free(text);
+    free(ids);
+    cJSON_Delete(in);
+    return srv_reply_json(c, r, 200, out);
+fail:
+    free(ids);
+    cJSON_Delete(in);
+    return srv_reply_error(c, r, &err);
+}
+
+/* POST /apply-template {"messages": [...]} -> {"prompt": text} (the chat prompt as rendered). */
+static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection *c, struct srv_req *r)
+{
+    struct oai_error err;
+    struct oai_request q;
+    char *text = NULL;
+    size_t len;
+    cJSON *out = NULL;
+    if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, s->m.n_vocab, &err) < 0)
+        return srv_reply_error(c, r, &err);
+    struct err e = {0};
+    if (!s->m.tmpl) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, "messages", "this model has no chat template");
+    } else if (chat_tmpl_apply(s->m.tmpl, q.messages, true, NULL, &text, &len, &e) < 0) {
+        oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
+                   NULL, "messages", "the chat template failed: %s", e.msg);
+    } else if ((out = cJSON_CreateObject()) && !cJSON_AddStringToObject(out, "prompt", text)) {
+        cJSON_Delete(out);
+        out = NULL;
+    }
+    free(text);
+    oai_request_free(&q);
+    if (text || out)
+        return srv_reply_json(c, r, 200, out);
+    return srv_reply_error(c, r, &err);
+}
+
+// ---- routing ----
+
+enum route {
+    R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
+    R_TEMPLATE,
+};
+
+struct route_entry {
+    const char *path;
+    bool post;
+    enum route route;
+};
+
+static const struct route_entry k_routes[] = {
+    {"/health", false, R_HEALTH},
+    {"/v1/health", false, R_HEALTH},
+    {"/v1/models", false, R_MODELS},
+    {"/metrics", false, R_METRICS},
+    {"/v1/chat/completions", true, R_CHAT},
+    {"/v1/completions", true, R_COMPLETIONS},
+    {"/tokenize", true, R_TOKENIZE},
+    {"/detokenize", true, R_DETOKENIZE},
+    {"/apply-template", true, R_TEMPLATE},
+};
+
+/* The route of path, and whether it is a POST endpoint (*post). */
+static enum route find_route(const char *path, bool *post)
+{
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (strcmp(path, k_routes[i].path) == 0) {
+            *post = k_routes[i].post;
+            return k_routes[i].route;
+        }
+    if (strncmp(path, "/v1/models/", 11) == 0 && path[11]) {
+        *post = false;
+        return R_MODEL;
+    }
+    return R_NONE;
+}
+
+static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url,
+                                const char *method)
+{
+    struct oai_error err;
+    bool post = false;
+    enum route rt = find_route(url, &post);
+    bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool is_post = strcmp(method, "POST") == 0;
+    if (rt == R_NONE) {
+        oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint: %s %s", r->method, r->path);
+        return srv_reply_error(c, r, &err);
+    }
+    if (post ? !is_post : !is_get) {
+        r->endpoint_ok = post ? 2 : 1;
+        oai_errorf(&err, 405, "invalid_request_error", NULL, NULL, "%s %s is not allowed; use %s", r->method,
+                   r->path, post ? "POST" : "GET");
+        return srv_reply_error(c, r, &err);
+    }
+    if (r->too_big) {
+        oai_errorf(&err, 413, "invalid_request_error", NULL, NULL, "the request body is larger than %zu bytes",
+                   s->o.max_body);
+        return srv_reply_error(c, r, &err);
+    }
+    if (rt == R_HEALTH) {
+        if (!atomic_load(&s->ready)) {
+            oai_errorf(&err, 503, "server_error", NULL, NULL, "the model is loading");
+            return srv_reply_error(c, r, &err);
+        }
+        static const char k_ok[] = "{\"status\":\"ok\"}";
+        return srv_reply(c, r, 200, "application/json", k_ok, sizeof k_ok - 1, NULL, NULL);
+    }
+    if (!authorized(s, c)) {
+        oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
+                   "missing or incorrect API key: send it as 'Authorization: Bearer KEY'");
+        return srv_reply_error(c, r, &err);
+    }
+    if (!atomic_load(&s->ready) || atomic_load(&s->stopping)) {
+        oai_errorf(&err, 503, "server_error", NULL, NULL,
+                   atomic_load(&s->stopping) ? "the server is shutting down" : "the model is loading");
+        return srv_reply_error(c, r, &err);
+    }
+    switch (rt) {
+    case R_MODELS: return ep_models(s, c, r, NULL);
+    case R_MODEL: return ep_models(s, c, r, url + 11);
+    case R_METRICS: return ep_metrics(s, c, r);
+    case R_CHAT: return srv_generate(s, c, r, OAI_CHAT);
+    case R_COMPLETIONS: return srv_generate(s, c, r, OAI_COMPLETIONS);
+    case R_TOKENIZE: return ep_tokenize(s, c, r);
+    case R_DETOKENIZE: return ep_detokenize(s, c, r);
+    case R_TEMPLATE: return ep_apply_template(s, c, r);
+    default: break;
+    }
+    oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint");
+    return srv_reply_error(c, r, &err);
+}
+
+/* Copies s into out (cap bytes) with bytes outside printable ASCII as \xNN: log lines stay
+ * one line of plain text whatever the client sent. */
+static void escape_into(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (; *s && o + 5 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\')
+            out[o++] = (char)ch;
+        else
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", ch);
+    }
+    out[o] = 0;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **ctx)
+{
+    struct server *s = cls;
+    struct srv_req *r = *ctx;
+    (void)version;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r)
+            return MHD_NO;
+        *ctx = r;
+        r->t_start = gen_now();
+        r->n_prompt = r->n_gen = -1;
+        r->ttft = r->itl = -1;
+        escape_into(r->method, sizeof r->method, method);
+        escape_into(r->path, sizeof r->path, url);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(cl, &end, 10);
+            if (errno || end == cl || v > s->o.max_body) {
+                struct oai_error err;
+                oai_errorf(&err, 413, "invalid_request_error", NULL, NULL,
+                           "the request body is larger than %zu bytes", s->o.max_body);
+                r->too_big = true;
+                return srv_reply_error(c, r, &err);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!r->too_big && r->len + *upload_size <= s->o.max_body) {
+            if (r->len + *upload_size + 1 > r->cap) {
+                size_t cap = r->cap ? r->cap : 4096;
+                while (cap < r->len + *upload_size + 1)
+                    cap *= 2;
+                char *p = realloc(r->body, cap);
+                if (!p)
+                    return MHD_NO;
+                r->body = p;
+                r->cap = cap;
+            }
+            memcpy(r->body + r->len, upload, *upload_size);
+            r->len += *upload_size;
+        } else {
+            r->too_big = true;  /* a chunked body over the limit: read and dropped, then 413 */
+            free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->queued)
+        return MHD_YES;
+    return dispatch(s, c, r, url, method);
+}
+
+static void log_request(struct server *s, const struct srv_req *r, double ms)
+{
+    pthread_mutex_lock(&s->log_mu);
+    if (s->o.log_json)
+        fprintf(stderr, "{\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,\"prompt_tokens\":%d,"
+                "\"completion_tokens\":%d,\"ms\":%.1f}\n", r->method, r->path, r->status,
+                r->n_prompt > 0 ? r->n_prompt : 0, r->n_gen > 0 ? r->n_gen : 0, ms);
+    else
+        fprintf(stderr, "%s %s %d prompt=%d completion=%d %.1fms\n", r->method, r->path, r->status,
+                r->n_prompt > 0 ? r->n_prompt : 0, r->n_gen > 0 ? r->n_gen : 0, ms);
+    pthread_mutex_unlock(&s->log_mu);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum MHD_RequestTerminationCode toe)
+{
+    struct server *s = cls;
+    struct srv_req *r = *ctx;
+    (void)c;
+    if (!r)
+        return;
+    srv_generate_end(s, r);
+    double dt = gen_now() - r->t_start;
+    if (r->status == 0)
+        r->status = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;  /* never answered */
+    log_request(s, r, dt * 1e3);
+    bool gen = r->n_gen >= 0;
+    metrics_request(&s->metrics, r->path, r->status, r->n_prompt, r->n_gen, r->ttft, r->itl, gen ? dt : -1.0);
+    free(r->body);
+    free(r);
+    *ctx = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = 0;
+    LOG_INFO("http: %s", msg);
+}
+
+// ---- lifetime ----
+
+int server_start(struct server **out, const struct server_opts *o, struct err *e)
+{
+    *out = NULL;
+    struct server *s = calloc(1, sizeof *s);
+    if (!s)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    s->o = *o;
+    snprintf(s->host, sizeof s->host, "%s", o->host ? o->host : "127.0.0.1");
+    s->o.host = s->host;
+    s->o.api_key = NULL;
+    if (o->api_key && !(s->o.api_key = strdup(o->api_key))) {
+        free(s);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    s->created = (long)time(NULL);
+    metrics_init(&s->metrics);
+    pthread_mutex_init(&s->log_mu, NULL);
+    atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
+
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, s->host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)o->port);
+    } else if (inet_pton(AF_INET6, s->host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)o->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        server_free(s);
+        return err_setf(e, ERR_ARG, "--host '%.64s' is not an IPv4 or IPv6 address", o->host);
+    }
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MAX_HEADER_BYTES,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        int errnum = errno;
+        server_free(s);
+        return err_setf(e, ERR_IO, "cannot listen on %s port %d: %s", o->host ? o->host : "127.0.0.1", o->port,
+                        errnum ? strerror(errnum) : "libmicrohttpd refused to start");
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    *out = s;
+    return 0;
+}
+
+int server_port(const struct server *s)
+{
+    return s->port;
+}
+
+void server_set_model(struct server *s, const struct server_model *m)
+{
+    s->m = *m;
+    snprintf(s->model_id, sizeof s->model_id, "%s", m->id);
+    s->m.id = s->model_id;
+    atomic_store(&s->ready, 1);
+}
+
+void server_begin_stop(struct server *s)
+{
+    atomic_store(&s->stopping, 1);
+    if (s->d)
+        MHD_quiesce_daemon(s->d);
+}
+
+void server_free(struct server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stopping, 1);
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    metrics_destroy(&s->metrics);
+    pthread_mutex_destroy(&s->log_mu);
+    free((char *)s->o.api_key);
+    free(s);
+}

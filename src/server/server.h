@@ -1,0 +1,67 @@
+/*
+ * server: the OpenAI-compatible HTTP server (`mlxcel serve`).
+ *
+ * libmicrohttpd runs one thread per connection (plus its listening thread);
+ * a connection thread parses the request, turns it into engine jobs
+ * (runner.h) and waits for their tokens, which the engine thread produces
+ * for every running request together. No model work happens on an HTTP
+ * thread. The server starts listening before the model is loaded (GET
+ * /health answers 503 until server_set_model), and stops in two phases:
+ * server_begin_stop() stops accepting and makes every in-flight request end
+ * (cancelling its jobs), server_free() joins the connection threads.
+ *
+ * Endpoints, fields, limits and errors: docs/server.md.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/err.h"
+#include "../models/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct server_opts {
+    const char *host;            /* an IPv4 or IPv6 literal; default 127.0.0.1 */
+    int port;                    /* 0: an ephemeral port (server_port tells which) */
+    const char *api_key;         /* NULL: no authentication */
+    int parallel;                /* sequences decoding together (for /metrics) */
+    int max_queue;               /* requests waiting beyond them (for /metrics) */
+    size_t max_body;             /* request body bytes */
+    int timeout_s;               /* idle connection timeout */
+    int max_connections;
+    bool log_json;               /* access log lines as JSON */
+};
+
+/* What the server serves, once loaded (all borrowed; they outlive the server). */
+struct tokenizer;
+struct chat_tmpl;
+struct runner;
+struct server_model {
+    const char *id;                      /* the model's name in the API */
+    struct tokenizer *tok;
+    const struct chat_tmpl *tmpl;        /* NULL: the model has no chat template */
+    struct runner *runner;
+    int n_vocab;
+    int n_ctx;                           /* tokens one request may hold (prompt + output) */
+    const struct hparams *hp;            /* EOS ids */
+    struct generation_defaults gen;      /* sampling defaults of generation_config.json */
+};
+
+struct server;
+
+/* Binds and starts answering (503 for everything but /health until the model is set). */
+int server_start(struct server **out, const struct server_opts *o, struct err *e);
+int server_port(const struct server *s);
+void server_set_model(struct server *s, const struct server_model *m);
+/* Stop accepting connections; in-flight requests end (their jobs are cancelled). */
+void server_begin_stop(struct server *s);
+/* Joins every connection thread and frees the server (after server_begin_stop). */
+void server_free(struct server *s);
+
+#ifdef __cplusplus
+}
+#endif
