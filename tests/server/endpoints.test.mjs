@@ -6,7 +6,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { BIN, MODEL, SLOW, startServer, client, get, post, assertError } from './harness.mjs';
+import { BIN, MODEL, MODEL_DIR, SLOW, startServer, client, get, post, assertError } from './harness.mjs';
 
 let srv;
 let api;
@@ -64,7 +64,7 @@ describe('endpoints', { timeout: 120_000 * SLOW }, () => {
     });
 
     it('/tokenize, /detokenize', async () => {
-        const want = JSON.parse(execFileSync(BIN, ['tokenize', '-p', 'ROMEO:'], { encoding: 'utf8' }));
+        const want = JSON.parse(execFileSync(BIN, ['tokenize', '-m', MODEL_DIR, '-p', 'ROMEO:'], { encoding: 'utf8' }));
         let r = await post(srv.base, '/tokenize', { content: 'ROMEO:' });
         assert.equal(r.status, 200, r.text);
         assert.deepEqual(r.json, { tokens: want }, `the CLI says ${JSON.stringify(want)}`);

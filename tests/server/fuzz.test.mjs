@@ -144,10 +144,10 @@ function mutateBody(r, b) {
             let f = r.pick(FIELDS);
             if (f === 'max_tokens' || f === 'max_completion_tokens') f = 'max_tokens';
             b[f] = raw(hostileValue(r));
-        } else if (what === 1 && b.messages) {         // a message part
+        } else if (what === 1 && Array.isArray(b.messages)) {         // a message part
             const i = r.int(b.messages.length + 1);
             if (i === b.messages.length) b.messages.push(raw(hostileValue(r)));
-            else b.messages[i] = { ...b.messages[i], [r.pick(['content', 'role', 'name', 'content', ''])]: raw(hostileValue(r)) };
+            else if (b.messages[i] && typeof b.messages[i] === 'object') b.messages[i] = { ...b.messages[i], [r.pick(['content', 'role', 'name', 'content', ''])]: raw(hostileValue(r)) };
         } else if (what === 2) {                       // swap a present field's type
             const keys = Object.keys(b).filter((k) => k !== 'max_tokens');
             const k = r.pick(keys);
@@ -286,7 +286,7 @@ function makeCase(r) {
         const path = r.chance(0.85) ? r.pick(PATHS) : '/' + r.bytes(r.range(0, 60)).toString('latin1').replace(/[\r\n ]/g, '_');
         const body = r.chance(0.5) ? JSON.stringify(baseBody(r, 'chat')) : '';
         const head = method === 'HEAD';
-        return { kind: 'method-path', chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head, end: true } };
+        return { kind: 'method-path', chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head } };
     }
     // malformed request lines and headers
     const body = JSON.stringify(baseBody(r, 'chat'));
@@ -315,7 +315,9 @@ function makeCase(r) {
         `GET\r\n\r\n`, ` / HTTP/1.1\r\n\r\n`, `GET /health HTTP/1.1\r\n: empty-name\r\n\r\n`,
         `GET /health HTTP/1.1\r\n\x7f\x80\xff: v\r\n\r\n`,
     ];
-    return { kind: 'malformed', chunks: [Buffer.from(r.pick(shapes), 'latin1')], opts: { end: true } };
+    // not half-closed: most of these are complete requests (a half-close is its own test in errors.test.mjs)
+    const shape = r.pick(shapes);
+    return { kind: 'malformed', chunks: [Buffer.from(shape, 'latin1')], opts: {}, version: /^\S* \S* (HTTP\/[\d.]+)/.exec(shape)?.[1] };
 }
 
 function checkResponse(res, c) {
@@ -325,6 +327,8 @@ function checkResponse(res, c) {
         if (res.timedOut) return `${what}: the server neither answered nor closed the connection`;
         return null;                                         // closed without an answer: fine
     }
+    // 505 is the right answer to an HTTP version other than 1.0 and 1.1
+    if (res.status === 505 && c.version && !/^HTTP\/1\.[01]$/.test(c.version)) return null;
     if (res.status >= 500) return `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 300) ?? ''}`;
     if (res.incomplete && !c.opts.head) return `${what}: status ${res.status}, response cut short (${res.timedOut ? 'timed out' : 'closed'})`;
     const ct = (res.headers['content-type'] || '').toLowerCase();

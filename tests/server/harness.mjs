@@ -10,7 +10,11 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
 export const BIN = process.env.MLXCEL_BIN;
-export const MODEL = 'llama-tiny';
+// The model every server here serves (-m, relative to the repo root, where the
+// tests run); its id in the API is the folder's name. models/llama-tiny: a
+// 512-token context and the '<|role|>\n...<|end|>\n' chat template.
+export const MODEL_DIR = process.env.MLXCEL_TEST_MODEL || 'models/llama-tiny';
+export const MODEL = MODEL_DIR.replace(/\/+$/, '').split('/').pop();
 export const CONTEXT = 512;
 
 // Sanitized builds are several times slower: every time bound scales by SLOW.
@@ -43,7 +47,7 @@ class Server {
         this.stdout = '';
         this.exit = null;          // {code, signal} once exited
         this.stopping = false;
-        this.proc = spawn(BIN, ['serve', '--port', '0', ...args], {
+        this.proc = spawn(BIN, ['serve', '--port', '0', '-m', MODEL_DIR, ...args], {
             env: { ...process.env, ...env },
             stdio: ['ignore', 'pipe', 'pipe'],
         });
@@ -248,7 +252,12 @@ export function parseSSE(text, what = 'SSE') {
 
 // Incremental HTTP/1.1 response parser (Content-Length, chunked, or until close).
 export function parseResponse(buf) {
-    const end = buf.indexOf('\r\n\r\n');
+    let end = buf.indexOf('\r\n\r\n');
+    // skip interim 1xx responses (100 Continue)
+    while (end >= 0 && /^HTTP\/1\.[01] 1\d\d/.test(buf.subarray(0, 16).toString('latin1'))) {
+        buf = buf.subarray(end + 4);
+        end = buf.indexOf('\r\n\r\n');
+    }
     if (end < 0) return null;
     const head = buf.subarray(0, end).toString('latin1');
     const lines = head.split('\r\n');
@@ -284,7 +293,7 @@ export function parseResponse(buf) {
         if (rest.length < n) return { status, headers, incomplete: true };
         return { status, headers, body: rest.subarray(0, n), complete: true };
     }
-    if (status === 204 || status === 304 || (status >= 100 && status < 200))
+    if (status === 204 || status === 304)
         return { status, headers, body: Buffer.alloc(0), complete: true };
     return { status, headers, body: rest, untilClose: true };
 }
