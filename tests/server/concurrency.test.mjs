@@ -2,10 +2,13 @@
 // once give, each, the text they give alone (with --parallel 16: batched; with
 // --parallel 4: queued); a stream aborted by the client frees its slot (later
 // requests complete, and equal their solo result); SIGTERM while a stream is
-// in flight ends the stream (or errors it) and the server exits 0, no hang.
+// in flight ends the stream (or errors it) and the server exits 0, no hang;
+// a stream queued longer than --timeout is still answered in full.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { MODEL, SLOW, startServer, client, withTimeout } from './harness.mjs';
+import {
+    MODEL, SLOW, startServer, client, withTimeout, post, rawRequest, httpBytes, parseSSE, sleep,
+} from './harness.mjs';
 
 const PROMPTS = [
     'ROMEO:', 'JULIET:', 'First Citizen:', 'Second Citizen:', 'MENENIUS:', 'KING HENRY VI:',
@@ -120,4 +123,35 @@ describe('shutdown', { timeout: 120_000 * SLOW }, () => {
         // and nothing listens any more
         await assert.rejects(fetch(srv.base + '/health', { signal: AbortSignal.timeout(5000) }));
     });
+});
+
+// --timeout closes *idle* connections: a stream that waits for a slot (queued
+// behind a long request, --parallel 1) longer than that must still be answered
+// in full, as a non-streamed request in the same place is.
+describe('--timeout 1 with a queued stream', { timeout: 120_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['--parallel', '1', '--timeout', '1', '-t', '1']); });
+    after(async () => { if (srv && !srv.stopped) await srv.stop(); });
+
+    it('a queued request outlives --timeout and is answered in full', async (t) => {
+        const t0 = Date.now();
+        const long = post(srv.base, '/v1/chat/completions', req('ROMEO:', { max_tokens: 480, n: 12 }));
+        await sleep(100);
+        const queued = [true, false].map((stream) => rawRequest(srv.port,
+            httpBytes({ path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body: JSON.stringify(req('JULIET:', { max_tokens: 8, stream })) }),
+            { timeout: 90_000 * SLOW }));
+        const a = await long;
+        const ms = Date.now() - t0;
+        assert.equal(a.status, 200, a.text.slice(0, 300));
+        const [s, n] = await Promise.all(queued);
+        if (ms < 1500) { t.skip(`the long request took only ${ms} ms: inconclusive`); return; }
+        assert.equal(n.status, 200, `non-streamed: ${n.raw.toString('latin1').slice(0, 300)}`);
+        assert.ok(!n.incomplete && !n.timedOut, 'non-streamed answer cut short');
+        assert.equal(s.status, 200, `streamed: ${s.raw.toString('latin1').slice(0, 300)}`);
+        assert.ok(!s.incomplete && !s.timedOut,
+            `streamed answer cut short after ${ms} ms in the queue: ...${JSON.stringify(s.raw.toString('latin1').slice(-200))}`);
+        parseSSE(s.body.toString('utf8'), 'queued stream');
+    });
+
+    it('stops cleanly on SIGTERM', async () => { await srv.stop(); });
 });
