@@ -49,6 +49,14 @@ for (const parallel of [16, 4]) {
                 return s;
             })), 120_000 * SLOW, '16 concurrent mixed requests');
             PROMPTS.forEach((p, i) => assert.equal(mixed[i], text(solo.get(p)), `mixed: ${JSON.stringify(p)}`));
+            // seeded sampling is per request: batched with others it draws what it draws alone
+            const sampled = (p, i) => req(p, { temperature: 1, top_p: 0.9, seed: 1000 + i, max_tokens: 16 });
+            const sSolo = [];
+            for (const [i, p] of PROMPTS.slice(0, 8).entries()) sSolo.push(text(await api.chat.completions.create(sampled(p, i))));
+            const sAll = await withTimeout(Promise.all(PROMPTS.map((p, i) => api.chat.completions.create(i < 8 ? sampled(p, i) : req(p)))),
+                120_000 * SLOW, '16 concurrent sampled/greedy requests');
+            sSolo.forEach((t, i) => assert.equal(text(sAll[i]), t, `seeded ${JSON.stringify(PROMPTS[i])} batched`));
+            PROMPTS.slice(8).forEach((p, i) => assert.equal(text(sAll[8 + i]), text(solo.get(p)), `greedy ${JSON.stringify(p)} beside sampled ones`));
             console.error(`# --parallel ${parallel}: 16 concurrent requests in ${Date.now() - t0} ms`);
         });
 
@@ -61,6 +69,11 @@ for (const parallel of [16, 4]) {
                     if (x) v += Number(x[2]);
                 }
                 return v;
+            };
+            const gauge = async (name) => {
+                const m = await fetch(srv.base + '/metrics', { signal: AbortSignal.timeout(10_000 * SLOW) }).then((r) => r.text());
+                const x = new RegExp(`^${name}\\s+(\\S+)`, 'm').exec(m);
+                return x ? Number(x[1]) : undefined;
             };
             const g0 = await generated();
             const K = parallel + 1;
@@ -78,6 +91,14 @@ for (const parallel of [16, 4]) {
                     }
                 })(), 30_000 * SLOW, 'the aborted stream');
                 assert.equal(n, 2);
+            }
+            // the slots empty (bounded wait), where the server reports them
+            if ((await gauge('mlxcel_busy_slots')) !== undefined) {
+                const t0 = Date.now();
+                let busy;
+                while ((busy = await gauge('mlxcel_busy_slots')) !== 0 && Date.now() - t0 < 10_000 * SLOW) await sleep(50);
+                assert.equal(busy, 0, `mlxcel_busy_slots still ${busy} ${Date.now() - t0} ms after the aborts`);
+                assert.equal(await gauge('mlxcel_queue_depth'), 0, 'mlxcel_queue_depth after the aborts');
             }
             // more aborts than slots: if the aborted ones kept their slots, these would wait
             const again = await withTimeout(api.chat.completions.create(req('JULIET:')), 30_000 * SLOW, 'a request after the aborts');
@@ -122,6 +143,19 @@ describe('shutdown', { timeout: 120_000 * SLOW }, () => {
         await srv.stop();   // bounded wait for the exit (SIGTERM already sent); exit 0, no sanitizer report
         // and nothing listens any more
         await assert.rejects(fetch(srv.base + '/health', { signal: AbortSignal.timeout(5000) }));
+    });
+});
+
+describe('SIGINT', { timeout: 60_000 * SLOW }, () => {
+    it('SIGINT also stops the server cleanly', async () => {
+        const srv = await startServer();
+        try {
+            const c = await client(srv.base).chat.completions.create(req('ROMEO:', { max_tokens: 2 }));
+            assert.equal(c.object, 'chat.completion');
+            srv.proc.kill('SIGINT');
+        } finally {
+            await srv.stop();
+        }
     });
 });
 

@@ -335,6 +335,68 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
             (err) => err.status === 400 && err.code === 'context_length_exceeded');
     });
 
+    it('a partial stop-string match at the end of the output is flushed', async () => {
+        const ref = await chat('ROMEO:', { max_tokens: 12 });
+        const t = ref.choices[0].message.content;
+        assert.equal(ref.choices[0].finish_reason, 'length');
+        // the last 1-2 characters begin a stop string that never completes
+        const stop = [t.slice(-1) + '\u0001\u0002', t.slice(-2) + '\u0003'];
+        const c = await chat('ROMEO:', { max_tokens: 12, stop });
+        assert.equal(c.choices[0].message.content, t, `held-back text lost: ${JSON.stringify(stop)}`);
+        assert.equal(c.choices[0].finish_reason, 'length');
+        const chunks = await collect(await chat('ROMEO:', { max_tokens: 12, stop, stream: true }));
+        assert.equal(chunks.map((ch) => ch.choices[0]?.delta?.content ?? '').join(''), t, 'streamed');
+    });
+
+    it('n: 2 streamed: per-index deltas, one finish_reason each', async () => {
+        const ref = await chat('ROMEO:', { max_tokens: 8, n: 2 });
+        const chunks = await collect(await chat('ROMEO:', { max_tokens: 8, n: 2, stream: true, stream_options: { include_usage: true } }));
+        const text = ['', ''];
+        const fin = [[], []];
+        const roles = [0, 0];
+        for (const ch of chunks) {
+            for (const x of ch.choices) {
+                assert.ok(x.index === 0 || x.index === 1, JSON.stringify(ch));
+                if (x.delta?.role) roles[x.index]++;
+                text[x.index] += x.delta?.content ?? '';
+                if (x.finish_reason) fin[x.index].push(x.finish_reason);
+            }
+        }
+        assert.deepEqual(roles, [1, 1], 'one role delta per choice');
+        assert.deepEqual(text, ref.choices.map((x) => x.message.content));
+        assert.deepEqual(fin, ref.choices.map((x) => [x.finish_reason]));
+        assert.deepEqual(chunks[chunks.length - 1].usage, ref.usage);
+    });
+
+    it('ids are unique; usage without max_tokens fills the context', async () => {
+        const a = await chat('ROMEO:', { max_tokens: 1 });
+        const b = await chat('ROMEO:', { max_tokens: 1 });
+        assert.notEqual(a.id, b.id);
+        const full = await chat('ROMEO:', { max_tokens: undefined });
+        assert.equal(full.choices[0].finish_reason, 'length', 'this model does not stop on its own');
+        assert.equal(full.usage.prompt_tokens + full.usage.completion_tokens, CONTEXT, JSON.stringify(full.usage));
+    });
+
+    it('prompt + max_tokens at the context boundary', async () => {
+        const p = (await chat('ROMEO:', { max_tokens: 1 })).usage.prompt_tokens;
+        const fit = await chat('ROMEO:', { max_tokens: CONTEXT - p });
+        assert.equal(fit.usage.completion_tokens, CONTEXT - p, 'prompt + max_tokens == context is allowed');
+        const over = await post(srv.base, '/v1/chat/completions', { model: MODEL, messages: user('ROMEO:'), max_tokens: CONTEXT - p + 1 });
+        if (over.status === 200) assert.ok(over.json.usage.total_tokens <= CONTEXT, JSON.stringify(over.json.usage));
+        else assertError(over, 400, 'prompt + max_tokens = context + 1', { code: 'context_length_exceeded' });
+    });
+
+    it('logit_bias steers the choice', async () => {
+        const ref = await chat('ROMEO:', { max_tokens: 4, logprobs: true });
+        const first = (await post(srv.base, '/tokenize', { content: ref.choices[0].logprobs.content[0].token })).json.tokens;
+        assert.equal(first.length, 1, `the first token re-tokenizes to one id: ${JSON.stringify(first)}`);
+        const banned = await chat('ROMEO:', { max_tokens: 4, logprobs: true, logit_bias: { [first[0]]: -100 } });
+        assert.notEqual(banned.choices[0].logprobs.content[0].token, ref.choices[0].logprobs.content[0].token, '-100 bans the token');
+        const forced = await chat('ROMEO:', { max_tokens: 4, logit_bias: { 818: 100 } });
+        const piece = (await post(srv.base, '/detokenize', { tokens: [818] })).json.content;
+        assert.equal(forced.choices[0].message.content, piece.repeat(4), '+100 forces token 818');
+    });
+
     it('stops cleanly on SIGTERM', async () => {
         await srv.stop();
     });
