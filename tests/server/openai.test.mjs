@@ -181,6 +181,10 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         const fin = chunks.filter((ch) => ch.choices[0]?.finish_reason);
         assert.equal(fin.length, 1, 'exactly one finish_reason');
         assert.equal(fin[0].choices[0].finish_reason, c.choices[0].finish_reason);
+
+        // echo streamed: the prompt comes first, as in the non-streamed answer
+        const echoed = await collect(await complete('ROMEO:', { echo: true, stream: true }));
+        assert.equal(echoed.map((ch) => ch.choices[0]?.text ?? '').join(''), e.choices[0].text, 'streamed echo');
     });
 
     it('stop strings, non-streamed and streamed', async () => {
