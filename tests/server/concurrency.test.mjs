@@ -146,6 +146,58 @@ describe('shutdown', { timeout: 120_000 * SLOW }, () => {
     });
 });
 
+// Clients that vanish at any moment: before the answer, mid-prefill, while
+// queued, mid-stream; streamed or not, n 1 or 3. Afterwards the slots and the
+// queue drain and a greedy request answers as before.
+describe('abort storm', { timeout: 120_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['--parallel', '4']); });
+    after(async () => { if (srv && !srv.stopped) await srv.stop(); });
+
+    it('48 requests aborted at random times', async () => {
+        const api = client(srv.base);
+        const ref = text(await api.chat.completions.create(req('ROMEO:')));
+        let seed = 12345;
+        const rnd = () => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return seed / 4294967296; };
+        const jobs = Array.from({ length: 48 }, (_, i) => ({
+            stream: rnd() < 0.6, n: rnd() < 0.2 ? 3 : 1, delay: rnd() < 0.25 ? null : Math.floor(rnd() * 1000 * SLOW), prompt: PROMPTS[i % PROMPTS.length],
+        }));
+        const outcomes = await withTimeout(Promise.all(jobs.map(async (j) => {
+            const ac = new AbortController();
+            const timer = j.delay === null ? undefined : setTimeout(() => ac.abort(), j.delay);
+            try {
+                const r = await fetch(srv.base + '/v1/chat/completions', {
+                    method: 'POST', headers: { 'content-type': 'application/json' }, signal: ac.signal,
+                    body: JSON.stringify(req(j.prompt, { max_tokens: 100, n: j.n, stream: j.stream })),
+                });
+                await r.text();
+                return r.status;
+            } catch {
+                return 'aborted';
+            } finally {
+                clearTimeout(timer);
+            }
+        })), 60_000 * SLOW, 'the abort storm');
+        const counts = outcomes.reduce((a, o) => ({ ...a, [o]: (a[o] || 0) + 1 }), {});
+        console.error(`# abort storm: ${JSON.stringify(counts)}`);
+        for (const o of outcomes) assert.ok(o === 200 || o === 'aborted', `outcome ${o}`);
+        const t0 = Date.now();
+        let m = '';
+        for (;;) {
+            m = await fetch(srv.base + '/metrics', { signal: AbortSignal.timeout(10_000 * SLOW) }).then((r) => r.text());
+            const busy = /^mlxcel_busy_slots\s+(\S+)/m.exec(m);
+            const queue = /^mlxcel_queue_depth\s+(\S+)/m.exec(m);
+            if ((!busy || Number(busy[1]) === 0) && (!queue || Number(queue[1]) === 0)) break;
+            assert.ok(Date.now() - t0 < 15_000 * SLOW, `slots or queue not drained: ${m.split('\n').filter((l) => /busy|queue/.test(l)).join('; ')}`);
+            await sleep(50);
+        }
+        assert.equal(text(await api.chat.completions.create(req('ROMEO:'))), ref);
+        srv.assertAlive('after the abort storm');
+    });
+
+    it('stops cleanly on SIGTERM', async () => { await srv.stop(); });
+});
+
 describe('SIGINT', { timeout: 60_000 * SLOW }, () => {
     it('SIGINT also stops the server cleanly', async () => {
         const srv = await startServer();

@@ -130,3 +130,22 @@ describe('endpoints', { timeout: 120_000 * SLOW }, () => {
         await srv.stop();
     });
 });
+
+describe('--served-model-name', { timeout: 60_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['--served-model-name', 'bard-1']); });
+    after(async () => { if (srv && !srv.stopped) await srv.stop(); });
+
+    it('the model answers to its served name only', async () => {
+        const r = await get(srv.base, '/v1/models');
+        assert.deepEqual(r.json.data.map((m) => m.id), ['bard-1']);
+        assert.equal((await get(srv.base, '/v1/models/bard-1')).status, 200);
+        assertError(await get(srv.base, `/v1/models/${MODEL}`), 404, 'the folder name');
+        const c = await client(srv.base).chat.completions.create({ model: 'bard-1', messages: [{ role: 'user', content: 'ROMEO:' }], max_tokens: 2 });
+        assert.equal(c.model, 'bard-1');
+        assertError(await post(srv.base, '/v1/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x' }], max_tokens: 2 }),
+            404, 'the folder name in a request', { code: 'model_not_found' });
+    });
+
+    it('stops cleanly on SIGTERM', async () => { await srv.stop(); });
+});

@@ -213,6 +213,8 @@ for (const how of ['--api-key', 'MLXCEL_API_KEY']) {
             }
             await assert.rejects(client(srv.base, { apiKey: 'wrong' }).chat.completions.create(chatBody()),
                 (e) => e.status === 401);
+            assertError(await post(srv.base, '/tokenize', { content: 'x' }), 401, '/tokenize without a key');
+            assertError(await get(srv.base, '/metrics'), 401, '/metrics without a key');
             const c = await client(srv.base, { apiKey: key }).chat.completions.create(chatBody());
             assert.equal(c.object, 'chat.completion');
             const m = await client(srv.base, { apiKey: key }).models.list();
