@@ -15,6 +15,9 @@
 #                     own plus one exercising most constructs)
 #   fuzz_encode       texts (mixed scripts, added tokens, invalid UTF-8) and
 #                     id lists for the llama2 and shakespeare fixtures
+#   fuzz_oai_request  the request bodies in fuzz/seeds/oai_request/ (chat and
+#                     completions, stop, logit_bias, stream_options, token
+#                     ids), with a dictionary of the fields and role names
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -75,6 +78,18 @@ dict_safetensors() {
         '"F32"' '"F16"' '"BF16"' '"F64"' '"U8"' '"I8"' '"U16"' '"I16"' '"U32"' '"I32"' \
         '"I64"' '"BOOL"' '"F8_E4M3"' ':' ',' '[' ']' '{' '}' '[0,0]' '9007199254740992' \
         '1099511627776' '-1' '1.5' '1e999'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
+dict_oai_request() {
+    for w in '"model"' '"messages"' '"role"' '"content"' '"type"' '"text"' '"image_url"' \
+        '"system"' '"developer"' '"user"' '"assistant"' '"tool"' '"prompt"' '"echo"' '"suffix"' \
+        '"logprobs"' '"top_logprobs"' '"max_tokens"' '"max_completion_tokens"' '"temperature"' \
+        '"top_p"' '"top_k"' '"min_p"' '"repetition_penalty"' '"presence_penalty"' \
+        '"frequency_penalty"' '"seed"' '"stop"' '"n"' '"logit_bias"' '"stream"' \
+        '"stream_options"' '"include_usage"' 'null' 'true' 'false' '\u0000' '\ud83d\ude00' \
+        '1e300' '-1' '1.5' '2047' '2048' '9223372036854775808'; do
         printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
     done
 }
@@ -147,6 +162,11 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     template)
         cp "$ROOT"/fuzz/seeds/template/*.jinja "$corpus"/
+        ;;
+    oai_request)
+        cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/
+        dict_oai_request > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict"
         ;;
     esac
     extra=""

@@ -2,8 +2,10 @@
  * allocfail suite: out-of-memory injection in the manner of SQLite's OOM
  * tests. Each operation (model_load of a checkpoint; the engine: backend,
  * prepare, context, paged cache, a prefill, a fork and a batched decode;
- * tok_load plus an encode/decode; chat_tmpl_load plus a render) first runs once with the hook
- * only counting (that run also sets up anything lazily initialised), then
+ * tok_load plus an encode/decode; chat_tmpl_load plus a render;
+ * oai_request_parse of a chat and a completions body plus the error JSON of
+ * a rejected one) first runs once with the hook only counting (that run
+ * also sets up anything lazily initialised), then
  * runs again with allocation N failing, for N = 1, 2, 3, ... until a run
  * completes with no failure injected, which must succeed with the expected
  * result (the golden output, or what a load without the hook gave).
@@ -37,6 +39,7 @@
 #include "engine/scheduler.h"
 #include "kernels/backend.h"
 #include "models/model.h"
+#include "server/oai_request.h"
 #include "template/template.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
@@ -447,6 +450,54 @@ static void test_chat(void **state)
     check_chat("qwen3", 9);
 }
 
+/* ---- the OpenAI request parser ---- */
+
+/* A chat body using every allocating field, a completions body with token ids, and the
+ * error JSON of a rejected body. A 500 from the parser is the out-of-memory error. */
+static int op_oai_request(const void *arg, struct err *e)
+{
+    (void)arg;
+    static const char *const bodies[2] = {
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],"
+        "\"stop\":[\"x\",\"yy\"],\"logit_bias\":{\"5\":1,\"6\":-2},\"stream\":true,"
+        "\"stream_options\":{\"include_usage\":true}}",
+        "{\"prompt\":[1,2,3],\"stop\":\"\\n\",\"logit_bias\":{\"9\":3}}",
+    };
+    struct oai_request r[2], rejected;
+    struct oai_error oe;
+    int n = 0;
+    for (; n < 2; n++)
+        if (oai_request_parse(&r[n], n ? OAI_COMPLETIONS : OAI_CHAT, bodies[n], strlen(bodies[n]), 100, &oe) < 0)
+            break;
+    char *json = NULL;
+    if (n == 2 && oai_request_parse(&rejected, OAI_CHAT, "{}", 2, 100, &oe) == 0)
+        fail_msg("an empty chat body was accepted");
+    if (n == 2 && oe.status == 400 && !(json = oai_error_json(&oe)))
+        oai_errorf(&oe, 500, "server_error", NULL, NULL, "out of memory writing the error");
+    int rc = 0;
+    if (n < 2 || !json)
+        rc = oe.status == 500 ? err_setf(e, ERR_NOMEM, "%s", oe.message) : err_setf(e, ERR_FORMAT, "%s", oe.message);
+    else
+        alloc_hook_stop();
+    if (rc == 0) {
+        assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(r[0].messages, 1), "content")->valuestring, "ab");
+        assert_int_equal(r[0].n_stop, 2);
+        assert_int_equal(r[1].n_prompt_ids, 3);
+        assert_non_null(strstr(json, "\"param\":\"messages\""));
+    }
+    free(json);
+    for (int i = 0; i < n; i++)
+        oai_request_free(&r[i]);
+    return rc;
+}
+
+static void test_oai_request(void **state)
+{
+    (void)state;
+    check_alloc_failures("oai_request", op_oai_request, NULL, 0);
+}
+
 /* A failed assertion leaves op() early, possibly with the hook armed. */
 static int disarm(void **state)
 {
@@ -464,6 +515,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_engine, disarm),
     cmocka_unit_test_teardown(test_tokenizer, disarm),
     cmocka_unit_test_teardown(test_chat, disarm),
+    cmocka_unit_test_teardown(test_oai_request, disarm),
 };
 
 TEST_SUITE(allocfail, k_tests);

@@ -708,9 +708,16 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
+/* libmicrohttpd frees the response before or after the request's completion callback
+ * (srv_generate_end), on the same thread: whichever runs first unlinks the other. */
 static void stream_free(void *cls)
 {
-    gen_free(cls);
+    struct gen *g = cls;
+    if (g->r) {
+        note_stats(g);
+        g->r->stream = NULL;
+    }
+    gen_free(g);
 }
 
 // ---- the endpoint ----
@@ -806,7 +813,9 @@ fail:
 void srv_generate_end(struct server *s, struct srv_req *r)
 {
     (void)s;
-    if (r->stream)
+    if (r->stream) {
+        note_stats(r->stream);
         r->stream->r = NULL;  /* the response (and the generation) may outlive the request */
+    }
     r->stream = NULL;
 }
