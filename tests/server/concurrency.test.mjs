@@ -7,7 +7,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-    MODEL, SLOW, startServer, client, withTimeout, post, rawRequest, httpBytes, parseSSE, sleep,
+    MODEL, SLOW, startServer, client, withTimeout, post, rawRequest, httpBytes, parseSSE, sleep, assertErrorShape,
 } from './harness.mjs';
 
 const PROMPTS = [
@@ -143,6 +143,43 @@ describe('shutdown', { timeout: 120_000 * SLOW }, () => {
         await srv.stop();   // bounded wait for the exit (SIGTERM already sent); exit 0, no sanitizer report
         // and nothing listens any more
         await assert.rejects(fetch(srv.base + '/health', { signal: AbortSignal.timeout(5000) }));
+    });
+});
+
+// docs/server.md: on SIGINT/SIGTERM "a stream ends with an error event and
+// `data: [DONE]`; a waiting request gets 503".
+describe('shutdown, as documented', { timeout: 120_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['--parallel', '1']); });
+    after(async () => { if (srv && !srv.stopped) await srv.stop().catch(() => {}); });
+
+    it('streams end with an error event and [DONE]; a queued request gets 503', async () => {
+        const go = (stream, n) => rawRequest(srv.port, httpBytes({
+            path: '/v1/chat/completions', headers: { 'content-type': 'application/json' },
+            body: JSON.stringify(req('ROMEO:', { max_tokens: 480, n, stream })),
+        }), { timeout: 40_000 * SLOW });
+        const running = go(true, 4);
+        await sleep(50 * SLOW);
+        const queuedStream = go(true, 1);
+        const queued = go(false, 1);
+        await sleep(150 * SLOW);
+        srv.proc.kill('SIGTERM');
+        const [a, b, c] = await Promise.all([running, queuedStream, queued]);
+        await srv.stop();
+        const problems = [];
+        for (const [what, r] of [['running stream', a], ['queued stream', b]]) {
+            if (r.status !== 200 || r.incomplete || r.timedOut) {
+                problems.push(`${what}: status ${r.status}, ${r.incomplete ? 'chunked body not terminated' : 'complete'}: ...${JSON.stringify(r.raw.toString('latin1').slice(-160))}`);
+                continue;
+            }
+            const text = r.body.toString('utf8');
+            if (!text.endsWith('data: [DONE]\n\n')) problems.push(`${what}: no [DONE]: ...${JSON.stringify(text.slice(-160))}`);
+            else if (!/^data: \{"error":/m.test(text) && !/"finish_reason":"(stop|length)"/.test(text))
+                problems.push(`${what}: neither an error event nor a finish_reason`);
+        }
+        if (c.status !== 503) problems.push(`queued request: ${c.status === undefined ? 'closed without an answer' : `status ${c.status}`}, want 503`);
+        else assertErrorShape(JSON.parse(c.body.toString('utf8')), 'queued request at shutdown');
+        assert.deepEqual(problems, []);
     });
 });
 

@@ -43,7 +43,7 @@ describe('request errors', { timeout: 120_000 * SLOW }, () => {
             [chatBody({ stream: 'yes' }), 'stream'],
             [chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'user', content: 'b' }, { role: 'user', content: 5 }] }), 'messages[2].content'],
             [chatBody({ stop: ['a', 7] }), 'stop[1]'],
-            [chatBody({ logit_bias: { 50257: 1 } }), 'logit_bias.50257'],
+            [chatBody({ logit_bias: { 50257: 1 } }), 'logit_bias'],
         ];
         for (const [body, param] of cases) {
             const r = await post(srv.base, CHAT, body);
@@ -219,6 +219,10 @@ for (const how of ['--api-key', 'MLXCEL_API_KEY']) {
             assert.equal(c.object, 'chat.completion');
             const m = await client(srv.base, { apiKey: key }).models.list();
             assert.equal(m.data[0].id, MODEL);
+            // docs/server.md: the key may come as x-api-key too
+            const x = await post(srv.base, CHAT, chatBody(), { headers: { 'x-api-key': key } });
+            assert.equal(x.status, 200, `x-api-key: ${x.text.slice(0, 200)}`);
+            assertError(await post(srv.base, CHAT, chatBody(), { headers: { 'x-api-key': 'nope' } }), 401, 'wrong x-api-key');
             const h = await get(srv.base, '/health');
             assert.equal(h.status, 200, h.text);
             assert.deepEqual(h.json, { status: 'ok' });
