@@ -8,6 +8,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { MODEL, CONTEXT, SLOW, startServer, client, post, parseSSE, assertError } from './harness.mjs';
+import { prng } from './fuzzgen.mjs';
 
 let srv;
 let api;
@@ -284,6 +285,27 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         slp.forEach((e, i) => assert.ok(Math.abs(e.logprob - lp[i].logprob) <= 1e-6));
     });
 
+    it('chat logprobs with a stop string: the tokens still concatenate to the content', async () => {
+        // docs/server.md: "a token's text is its text in context (what it adds to the
+        // output), so the tokens concatenate to the content"
+        const full = await chat('First Citizen:', { max_tokens: 24, logprobs: true });
+        const t = full.choices[0].message.content;
+        const toks = full.choices[0].logprobs.content.map((x) => x.token);
+        // a stop string that begins inside a token of two or more characters
+        let off = 0;
+        let stop = null;
+        for (const tok of toks) {
+            if (off >= 4 && tok.length >= 2 && t.indexOf(tok.slice(1)) === off + 1) { stop = tok.slice(1); break; }
+            off += tok.length;
+        }
+        assert.ok(stop, `no token to cut in ${JSON.stringify(toks)}`);
+        const c = await chat('First Citizen:', { max_tokens: 24, logprobs: true, stop: [stop] });
+        const content = c.choices[0].message.content;
+        assert.equal(content, t.slice(0, t.indexOf(stop)));
+        const got = c.choices[0].logprobs.content.map((x) => x.token).join('');
+        assert.equal(got, content, `stop ${JSON.stringify(stop)}: logprob tokens ${JSON.stringify(c.choices[0].logprobs.content.map((x) => x.token))}`);
+    });
+
     it('completions logprobs', async () => {
         const c = await complete('ROMEO:', { logprobs: 2 });
         const lp = c.choices[0].logprobs;
@@ -399,6 +421,58 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         const forced = await chat('ROMEO:', { max_tokens: 4, logit_bias: { 818: 100 } });
         const piece = (await post(srv.base, '/detokenize', { tokens: [818] })).json.content;
         assert.equal(forced.choices[0].message.content, piece.repeat(4), '+100 forces token 818');
+    });
+
+    it('differential: 40 random valid requests, streamed == non-streamed', async () => {
+        const r = prng(Number(process.env.MLXCEL_FUZZ_SEED ?? 7) >>> 0);
+        const prompts = ['ROMEO:', 'JULIET:', 'First Citizen:', 'KING RICHARD III:', 'O, ', 'What say you?'];
+        for (let k = 0; k < 40; k++) {
+            const ep = r.chance(0.6) ? 'chat' : 'completions';
+            const p = r.pick(prompts);
+            const body = { model: MODEL, max_tokens: r.range(1, 24), n: r.range(1, 3) };
+            if (r.chance(0.5)) body.temperature = 0; else { body.temperature = r.pick([0.5, 1, 1.5]); body.seed = r.int(1e6); }
+            if (r.chance(0.3)) body.top_p = r.pick([0.5, 0.9]);
+            if (r.chance(0.3)) body.top_k = r.range(1, 40);
+            if (r.chance(0.2)) body.min_p = r.pick([0.05, 0.2]);
+            if (r.chance(0.2)) body.presence_penalty = r.pick([-1, 0.5, 2]);
+            if (r.chance(0.2)) body.frequency_penalty = r.pick([-1, 0.5, 2]);
+            if (r.chance(0.2)) body.repetition_penalty = r.pick([1.1, 1.5]);
+            if (r.chance(0.4)) body.stop = Array.from({ length: r.range(1, 4) }, () => r.pick(['e', 'th', ',', '\n', 'an', ' I', 'a', 'o', ':', '!']));
+            if (r.chance(0.3)) { if (ep === 'chat') { body.logprobs = true; body.top_logprobs = r.range(0, 4); } else body.logprobs = r.range(0, 3); }
+            if (ep === 'chat') body.messages = user(p); else body.prompt = p;      // (echo streamed has its own test)
+            const path = ep === 'chat' ? '/v1/chat/completions' : '/v1/completions';
+            const what = `#${k} ${JSON.stringify(body)}`;
+            const plain = await post(srv.base, path, body);
+            assert.equal(plain.status, 200, `${what}: ${plain.text.slice(0, 300)}`);
+            const streamed = await post(srv.base, path, { ...body, stream: true, stream_options: { include_usage: true } });
+            assert.equal(streamed.status, 200, `${what}: ${streamed.text.slice(0, 300)}`);
+            const events = parseSSE(streamed.text, what);
+            const n = body.n;
+            const text = Array(n).fill('');
+            const fin = Array.from({ length: n }, () => []);
+            const toks = Array.from({ length: n }, () => []);
+            for (const ev of events) {
+                for (const c of ev.choices ?? []) {
+                    text[c.index] += (ep === 'chat' ? c.delta?.content : c.text) ?? '';
+                    if (c.finish_reason) fin[c.index].push(c.finish_reason);
+                    if (ep === 'chat') toks[c.index].push(...(c.logprobs?.content ?? []).map((x) => x.token));
+                }
+            }
+            const want = plain.json.choices.map((c) => (ep === 'chat' ? c.message.content : c.text));
+            assert.deepEqual(text, want, `${what}: streamed text`);
+            assert.deepEqual(fin, plain.json.choices.map((c) => [c.finish_reason]), `${what}: finish reasons`);
+            assert.deepEqual(events[events.length - 1].usage, plain.json.usage, `${what}: usage`);
+            for (const [i, c] of plain.json.choices.entries()) {
+                for (const s of body.stop ?? []) assert.ok(!want[i].includes(s), `${what}: choice ${i} holds stop ${JSON.stringify(s)}`);
+                if (c.finish_reason === 'length' && !(body.stop)) assert.ok(plain.json.usage.completion_tokens >= body.max_tokens, `${what}: length before max_tokens`);
+                if (ep === 'chat' && body.logprobs) {
+                    // (with a stop string: its own test, 'chat logprobs with a stop string')
+                    if (!body.stop) assert.equal(c.logprobs.content.map((x) => x.token).join(''), want[i], `${what}: logprob tokens of choice ${i}`);
+                    assert.deepEqual(toks[i], c.logprobs.content.map((x) => x.token), `${what}: streamed logprobs of choice ${i}`);
+                }
+            }
+            if (body.temperature === 0 && n > 1) assert.ok(want.every((t) => t === want[0]), `${what}: greedy choices differ`);
+        }
     });
 
     it('stops cleanly on SIGTERM', async () => {
