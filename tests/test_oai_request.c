@@ -323,6 +323,12 @@ static void cmpl_prompt(void **state)
     oai_request_free(&r);
     accept(&r, OAI_CHAT, "{" HI ",\"prompt\":[[1]],\"suffix\":\"s\",\"echo\":3}");
     oai_request_free(&r);
+    /* what would change the answer and is not implemented is refused, never ignored */
+    accept(&r, OAI_CHAT, "{" HI ",\"tools\":[],\"response_format\":{\"type\":\"text\"}}");
+    oai_request_free(&r);
+    reject_chat("{" HI ",\"tools\":[{\"type\":\"function\"}]}", "tools", "not supported");
+    reject_chat("{" HI ",\"response_format\":{\"type\":\"json_object\"}}", "response_format", "not supported");
+    reject_chat("{" HI ",\"response_format\":\"json\"}", "response_format", "not supported");
 }
 
 static void cmpl_prompt_ids_bound(void **state)

@@ -780,6 +780,12 @@ enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct 
         }
         g->submitted = true;
     }
+    if (g->q.stream && srv_client_gone(c)) {
+        /* the client closed its side with the request: nobody will read the stream */
+        gen_free(g);
+        r->status = 499;
+        return MHD_NO;
+    }
     if (g->q.stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, g,
                                                                       stream_free);

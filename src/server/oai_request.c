@@ -696,6 +696,16 @@ static int parse_chat(struct oai_request *r, const cJSON *root, struct oai_error
         return rc;
     if (rc == 1 && !r->logprobs)
         return bad(err, "top_logprobs", "'top_logprobs' is only allowed when 'logprobs' is true");
+    /* fields that would change the answer and are not implemented yet: refused, never
+     * silently ignored (an empty tools list and a text response_format change nothing) */
+    const cJSON *tools = member(root, "tools"), *fmt = member(root, "response_format"), *type;
+    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
+        return bad(err, "tools", "tools are not supported yet");
+    if (member(root, "tool_choice") && tools)
+        return bad(err, "tool_choice", "tool_choice is not supported yet");
+    if (fmt && !(cJSON_IsObject(fmt) && cJSON_IsString(type = cJSON_GetObjectItemCaseSensitive(fmt, "type")) &&
+                 strcmp(type->valuestring, "text") == 0))
+        return bad(err, "response_format", "response_format other than {\"type\": \"text\"} is not supported yet");
     return 0;
 }
 

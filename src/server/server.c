@@ -57,6 +57,9 @@ enum MHD_Result srv_reply_error(struct MHD_Connection *c, struct srv_req *r, con
     if (err->status == 429)
         ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
                        body ? strlen(body) : sizeof k_oom - 1, "Retry-After", "1");
+    else if (err->status == 401)
+        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
+                       body ? strlen(body) : sizeof k_oom - 1, "WWW-Authenticate", "Bearer");
     else if (err->status == 405)
         ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
                        body ? strlen(body) : sizeof k_oom - 1, "Allow", r->endpoint_ok == 1 ? "GET" : "POST");
@@ -365,6 +368,11 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     enum route rt = find_route(url, &post);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
+    if (rt != R_HEALTH && !authorized(s, c)) {
+        oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
+                   "missing or incorrect API key: send it as 'Authorization: Bearer KEY'");
+        return srv_reply_error(c, r, &err);
+    }
     if (rt == R_NONE) {
         oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint: %s %s", r->method, r->path);
         return srv_reply_error(c, r, &err);
@@ -387,11 +395,6 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
         }
         static const char k_ok[] = "{\"status\":\"ok\"}";
         return srv_reply(c, r, 200, "application/json", k_ok, sizeof k_ok - 1, NULL, NULL);
-    }
-    if (!authorized(s, c)) {
-        oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
-                   "missing or incorrect API key: send it as 'Authorization: Bearer KEY'");
-        return srv_reply_error(c, r, &err);
     }
     if (!atomic_load(&s->ready) || atomic_load(&s->stopping)) {
         oai_errorf(&err, 503, "server_error", NULL, NULL,
@@ -439,6 +442,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!r)
             return MHD_NO;
         *ctx = r;
+        atomic_fetch_add(&s->n_active, 1);
         r->t_start = gen_now();
         r->n_prompt = r->n_gen = -1;
         r->ttft = r->itl = -1;
@@ -517,6 +521,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     free(r->body);
     free(r);
     *ctx = NULL;
+    atomic_fetch_sub(&s->n_active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -609,11 +614,20 @@ void server_begin_stop(struct server *s)
         MHD_quiesce_daemon(s->d);
 }
 
+/* Longest wait for in-flight requests to finish their answers at shutdown. */
+#define SRV_DRAIN_MS 10000
+
 void server_free(struct server *s)
 {
     if (!s)
         return;
     atomic_store(&s->stopping, 1);
+    /* the requests in flight see `stopping`, cancel their jobs and finish their answers (a
+     * stream's error event and [DONE], a 503); stopping the daemon first would cut them */
+    for (int waited = 0; s->d && atomic_load(&s->n_active) > 0 && waited < SRV_DRAIN_MS; waited += 10) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     if (s->d)
         MHD_stop_daemon(s->d);
     metrics_destroy(&s->metrics);

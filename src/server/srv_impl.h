@@ -17,6 +17,7 @@ struct server {
     int port;
     atomic_int ready;            /* model set */
     atomic_int stopping;
+    atomic_int n_active;         /* requests between their first call and their completion */
     struct server_model m;       /* valid once ready */
     char model_id[256];
     long created;
