@@ -418,7 +418,8 @@ static bool wait_engine(struct gen *g)
     runner_unlock(run);
     /* waiting for the engine is not idleness: setting the timeout restarts its clock, so a
      * request queued or generating longer than --timeout is still answered */
-    MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)g->s->o.timeout_s);
+    MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);  /* libmicrohttpd restarts */
+    MHD_set_connection_option(g->conn, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)g->s->o.timeout_s);  /* the clock from 0 */
     if (atomic_load(&g->s->stopping) || srv_client_gone(g->conn)) {
         g->aborted = true;
         runner_lock(run);
