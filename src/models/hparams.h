@@ -50,7 +50,8 @@ enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONG
 enum kv_kind {
     KV_FULL = 0,       /* every position */
     KV_SLIDING = 1,    /* a query at p attends (p - window, p] */
-    KV_LATENT = 2,     /* compressed latent per position (MLA): not yet supported */
+    KV_LATENT = 2,     /* MLA: per position one row of the normalized latent (kv_lora_rank)
+                        * and the roped shared key (qk_rope_dim), no per-head K/V (ADR 0019) */
     KV_RECURRENT = 3,  /* fixed-size state per sequence (SSM, linear attention): not yet */
 };
 /* Where a layer's norms and residual adds sit. */
@@ -90,6 +91,7 @@ struct layer_spec {
     int n_ff;                   /* FFN width (per expert for MoE) */
     int n_ff_shexp;             /* MoE layers: width of a shared GLU expert added to the routed
                                  * ones, scaled by sigmoid(shexp_inp_gate x) (Qwen2-MoE); 0: none */
+    bool shexp_plain;           /* ... added as it is, without the sigmoid gate (DeepSeek) */
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */
@@ -147,6 +149,17 @@ struct hparams {
     int n_expert_used;
     enum router_kind router;
     float router_jitter;        /* sparsemixer epsilon (PhiMoE router_jitter_noise) */
+    /* grouped routers (ROUTER_GROUP_SOFTMAX / _SIGMOID, struct moe_group_params) */
+    int moe_n_group, moe_topk_group;  /* n_group, topk_group (1, 1: no group limit) */
+    bool moe_norm;              /* renormalize the chosen weights (norm_topk_prob) */
+    float moe_scale;            /* routed_scaling_factor */
+    bool router_bias;           /* e_score_correction_bias [n_expert] F32 (layer.router_b) */
+
+    /* multi-head latent attention (layers with kv = KV_LATENT; DeepSeek-V2/V3): per head
+     * q = [nope | rope] of qk_nope_dim + qk_rope_dim, v of v_head_dim; n_rot = qk_rope_dim */
+    int q_lora_rank;            /* > 0: q = q_b(norm(q_a(x))); 0: q = q_proj(x) */
+    int kv_lora_rank;           /* width of the compressed latent */
+    int qk_nope_dim, qk_rope_dim, v_head_dim;
 
     /* scales (1 = none): x = embd_scale * embed(ids); every residual add is
      * x += residual_scale * block(x); logits *= logit_scale (Granite's multipliers and

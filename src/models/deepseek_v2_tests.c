@@ -1,0 +1,8 @@
+#include "selftest.h"
+
+int deepseek_v2_ops_self_test(struct err *e);
+int deepseek_v2_ops_self_test(struct err *e)
+{
+    (void)e;
+    return 0;
+}
