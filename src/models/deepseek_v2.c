@@ -217,8 +217,8 @@ int deepseek_parse_config(struct hparams *hp, const cJSON *cfg, enum deepseek_ve
 /* kv_b_proj [n_head * (nope + v), kv_lora_rank] into wk_lat [n_head, kv_lora_rank, nope] (its
  * k rows transposed) and wv_lat [n_head, v, kv_lora_rank + rope] (its v rows, zero past the
  * latent), F32, at *mem (advanced). */
-static int split_kv_b(const struct hparams *hp, const struct tensor *kvb, struct layer *L,
-                      float **mem, struct err *e)
+static int split_kv_b(const struct hparams *hp, const struct tensor *kvb, bool recording,
+                      struct layer *L, float **mem, struct err *e)
 {
     int H = hp->n_head, r = hp->kv_lora_rank, lr = r + hp->qk_rope_dim;
     int nope = hp->qk_nope_dim, vd = hp->v_head_dim;
@@ -226,7 +226,8 @@ static int split_kv_b(const struct hparams *hp, const struct tensor *kvb, struct
         return err_setf(e, ERR_UNSUPPORTED, "%s: a quantized kv_b_proj is not supported yet",
                         kvb->name ? kvb->name : "kv_b_proj");
     float *wk = *mem, *wv = wk + (size_t)H * r * nope, *row = wv + (size_t)H * vd * lr;
-    for (int h = 0; h < H; h++) {
+    /* `mlxcel synth` records the names only: nothing to read */
+    for (int h = 0; h < H && !recording; h++) {
         for (int j = 0; j < nope + vd; j++) {
             size_t src = (size_t)h * (nope + vd) + j;
             dtype_to_f32_ref(row, (const char *)kvb->data + src * kvb->stride[0] * dtype_size(kvb->dtype),
@@ -274,7 +275,7 @@ static int map_mla(struct model *m, struct wmap *w, struct layer *L, int il, flo
         (rc = wm_linear(w, &kvb, WM_REQUIRED, 0, H * (hp->qk_nope_dim + hp->v_head_dim), r, e,
                         "%s.kv_b_proj", pre)) < 0 ||
         (rc = wm_linear(w, &L->wo, WM_REQUIRED, 0, d, H * hp->v_head_dim, e, "%s.o_proj", pre)) < 0 ||
-        (rc = split_kv_b(hp, &kvb, L, mem, e)) < 0)
+        (rc = split_kv_b(hp, &kvb, st_set_is_recording(w->st), L, mem, e)) < 0)
         return rc;
     L->mla_heads = views;
     for (int64_t h = 0; h < H; h++) {
@@ -286,7 +287,8 @@ static int map_mla(struct model *m, struct wmap *w, struct layer *L, int il, flo
     return 0;
 }
 
-static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
+static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, float **mem,
+                   struct err *e)
 {
     const struct hparams *hp = &m->hp;
     const struct layer_spec *ls = &hp->layer[il];
@@ -307,9 +309,18 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il, str
         if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, hp->n_expert, e,
                          "%s.gate.e_score_correction_bias", pre)) < 0)
             return rc;
-        if (L->router_b.dtype != DTYPE_F32)
-            return err_setf(e, ERR_FORMAT, "%s.gate.e_score_correction_bias: dtype %s, expected F32",
-                            pre, dtype_name(L->router_b.dtype));
+        /* published F32; another float dtype (a conversion) is widened once, exactly */
+        if (L->router_b.dtype != DTYPE_F32) {
+            if (L->router_b.qbits || !dtype_is_float(L->router_b.dtype))
+                return err_setf(e, ERR_FORMAT, "%s.gate.e_score_correction_bias: dtype %s, expected "
+                                "a float", pre, dtype_name(L->router_b.dtype));
+            int64_t shape[1] = {hp->n_expert};
+            if (!st_set_is_recording(w->st))
+                dtype_to_f32_ref(*mem, L->router_b.data, L->router_b.dtype, (size_t)hp->n_expert);
+            tensor_init(&L->router_b, DTYPE_F32, *mem, 1, shape);
+            L->router_b.name = "e_score_correction_bias (widened to F32)";
+            *mem += hp->n_expert;
+        }
     }
     int64_t sff = ls->n_ff_shexp;
     if (sff > 0 &&
@@ -335,6 +346,8 @@ int deepseek_map_weights(struct model *m, struct st_set *st, struct err *e)
     size_t H = (size_t)hp->n_head, lr = (size_t)hp->kv_lora_rank + hp->qk_rope_dim;
     size_t per_layer = H * hp->kv_lora_rank * hp->qk_nope_dim + H * hp->v_head_dim * lr;
     size_t views = 4 * H * (size_t)hp->n_layer;
+    /* per layer: the kv_b_proj factors, a widened correction bias; one latent row of scratch */
+    per_layer += (size_t)hp->n_expert;
     m->derived = malloc(views * sizeof(struct tensor) +
                         (per_layer * hp->n_layer + (size_t)hp->kv_lora_rank) * sizeof(float));
     if (!m->derived)
@@ -354,7 +367,7 @@ int deepseek_map_weights(struct model *m, struct st_set *st, struct err *e)
         if ((rc = hf_map_norm(&w, hp, &L->attn_norm, &L->attn_norm_b, n1, e)) < 0 ||
             (rc = hf_map_norm(&w, hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0 ||
             (rc = map_mla(m, &w, L, il, &mem, vw + 4 * H * (size_t)il, e)) < 0 ||
-            (rc = map_ffn(m, &w, L, il, e)) < 0)
+            (rc = map_ffn(m, &w, L, il, &mem, e)) < 0)
             return rc;
     }
     return 0;
