@@ -214,24 +214,48 @@ int deepseek_parse_config(struct hparams *hp, const cJSON *cfg, enum deepseek_ve
 
 /* ---- weights ---- */
 
+/* Row r of kv_b_proj (n elements) as f32: widened, or dequantized from MLX affine codes
+ * (w = scale * q + bias per group; codes packed LSB first, as the kernels read them). */
+static void kvb_row(float *dst, const struct tensor *t, int64_t r, int n)
+{
+    if (!t->qbits) {
+        dtype_to_f32_ref(dst, (const char *)t->data + (size_t)(r * t->stride[0]) * dtype_size(t->dtype),
+                         t->dtype, (size_t)n);
+        return;
+    }
+    const uint8_t *row = (const uint8_t *)t->data + (size_t)(r * t->stride[0]) * dtype_size(t->dtype);
+    size_t groups = (size_t)(n / t->qgroup), ss = dtype_size(t->qsdtype);
+    const char *sc = (const char *)t->qscales + (size_t)r * groups * ss;
+    const char *bi = (const char *)t->qbiases + (size_t)r * groups * ss;
+    for (int j = 0; j < n; j++) {
+        size_t o = (size_t)j * (size_t)t->qbits, g = (size_t)j / (size_t)t->qgroup;
+        unsigned v = row[o >> 3];
+        if ((o & 7) + (size_t)t->qbits > 8)
+            v |= (unsigned)row[(o >> 3) + 1] << 8;
+        unsigned q = (v >> (o & 7)) & ((1u << t->qbits) - 1);
+        float s, b;
+        dtype_to_f32_ref(&s, sc + g * ss, t->qsdtype, 1);
+        dtype_to_f32_ref(&b, bi + g * ss, t->qsdtype, 1);
+        dst[j] = s * (float)q + b;
+    }
+}
+
 /* kv_b_proj [n_head * (nope + v), kv_lora_rank] into wk_lat [n_head, kv_lora_rank, nope] (its
  * k rows transposed) and wv_lat [n_head, v, kv_lora_rank + rope] (its v rows, zero past the
- * latent), F32, at *mem (advanced). */
+ * latent), F32 (dequantized when affine-quantized), at *mem (advanced). */
 static int split_kv_b(const struct hparams *hp, const struct tensor *kvb, bool recording,
                       struct layer *L, float **mem, struct err *e)
 {
     int H = hp->n_head, r = hp->kv_lora_rank, lr = r + hp->qk_rope_dim;
     int nope = hp->qk_nope_dim, vd = hp->v_head_dim;
-    if (kvb->qbits || !dtype_is_float(kvb->dtype))
-        return err_setf(e, ERR_UNSUPPORTED, "%s: a quantized kv_b_proj is not supported yet",
+    if (kvb->qbits ? kvb->qmode != QMODE_AFFINE || !kvb->qbiases : !dtype_is_float(kvb->dtype))
+        return err_setf(e, ERR_UNSUPPORTED, "%s: kv_b_proj must be float or affine-quantized",
                         kvb->name ? kvb->name : "kv_b_proj");
     float *wk = *mem, *wv = wk + (size_t)H * r * nope, *row = wv + (size_t)H * vd * lr;
     /* `mlxcel synth` records the names only: nothing to read */
     for (int h = 0; h < H && !recording; h++) {
         for (int j = 0; j < nope + vd; j++) {
-            size_t src = (size_t)h * (nope + vd) + j;
-            dtype_to_f32_ref(row, (const char *)kvb->data + src * kvb->stride[0] * dtype_size(kvb->dtype),
-                             kvb->dtype, (size_t)r);
+            kvb_row(row, kvb, (int64_t)h * (nope + vd) + j, r);
             if (j < nope) {
                 for (int i = 0; i < r; i++)
                     wk[((size_t)h * r + i) * nope + j] = row[i];
