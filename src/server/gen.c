@@ -111,7 +111,16 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         if (!m->tmpl)
             return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                               "this model has no chat template: use /v1/completions");
-        if ((rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, NULL, &text, &len, &e)) < 0)
+        /* the template sees the tools (unless tool_choice is none) and chat_template_kwargs */
+        cJSON *extra = g->q.template_kwargs ? cJSON_Duplicate(g->q.template_kwargs, true) : cJSON_CreateObject();
+        if (!extra || (g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE &&
+                       !cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(g->q.tools, true)))) {
+            cJSON_Delete(extra);
+            return oom(err);
+        }
+        rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
+        cJSON_Delete(extra);
+        if (rc < 0)
             return rc == -ERR_NOMEM ? oom(err)
                                     : oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                                                  "the chat template failed: %s", e.msg);
@@ -408,6 +417,12 @@ static bool pump(struct gen *g)
 
 static int gen_prepare(struct gen *g, struct oai_error *err)
 {
+    if (g->q.tool_choice == OAI_TOOL_CHOICE_REQUIRED || g->q.tool_choice == OAI_TOOL_CHOICE_NAMED)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "tool_choice",
+                          "tool_choice 'required' and named functions are not supported yet");
+    if (g->q.format != OAI_FORMAT_TEXT)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
+                          "response_format other than {\"type\": \"text\"} is not supported yet");
     int n_predict = 0, rc;
     struct sampler_params sp;
     if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
