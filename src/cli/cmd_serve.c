@@ -27,7 +27,7 @@ static const char *k_help =
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
     "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-    "/tokenize, /detokenize, /apply-template.\n"
+    "/tokenize, /detokenize, /apply-template; a chat page at /.\n"
     "\n"
     "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model)\n"
     "      --host ADDR            address to listen on (default 127.0.0.1; an IPv4 or IPv6 literal)\n"
