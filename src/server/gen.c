@@ -120,6 +120,15 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         }
         rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
         cJSON_Delete(extra);
+        if (rc == 0 && m->reasoning) {
+            /* a generation prompt that opens <think> (Qwen3, DeepSeek-R1): the output starts in it */
+            const char *open = NULL, *close = NULL;
+            for (const char *p = text; (p = strstr(p, "<think>")); p += 7)
+                open = p;
+            for (const char *p = text; (p = strstr(p, "</think>")); p += 8)
+                close = p;
+            g->in_reasoning = open && (!close || close < open);
+        }
         if (rc < 0)
             return rc == -ERR_NOMEM ? oom(err)
                                     : oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
@@ -275,9 +284,17 @@ static int record_logprobs(struct gen *g, struct gen_choice *c, int k, const cha
  * template emits <think>; none (all content) otherwise. */
 static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err)
 {
-    (void)g;
-    (void)c;
-    (void)err;
+    const struct server_model *m = &g->s->m;
+    if (g->ep != OAI_CHAT || !m->tmpl)
+        return 0;
+    bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
+    struct outparse_opts o = {.format = tools ? m->tool_format : OUTPARSE_NONE, .reasoning = m->reasoning,
+                              .in_reasoning = g->in_reasoning, .tools = tools ? g->q.tools : NULL};
+    if (o.format == OUTPARSE_NONE && !o.reasoning)
+        return 0;
+    struct err e = {0};
+    if (outparse_new(&c->op, &o, &e) < 0)
+        return oai_errorf(err, 500, "server_error", NULL, NULL, "output parser: %s", e.msg);
     return 0;
 }
 

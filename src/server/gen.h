@@ -100,6 +100,7 @@ struct gen {
     int rc;                      /* a job failed: its error in err */
     struct oai_error err;
     bool aborted;                /* the client left or the server is stopping */
+    bool in_reasoning;           /* the chat prompt ends inside <think> */
     /* streaming */
     struct gbuf sse;
     size_t sse_off;

@@ -26,3 +26,22 @@ void outparse_free(struct outparse *p)
 {
     (void)p;
 }
+
+enum outparse_format outparse_detect_format(const char *template_src)
+{
+    (void)template_src;
+    return OUTPARSE_NONE;
+}
+
+bool outparse_detect_reasoning(const char *template_src)
+{
+    (void)template_src;
+    return false;
+}
+
+int outparse_new(struct outparse **out, const struct outparse_opts *o, struct err *e)
+{
+    (void)o;
+    *out = NULL;
+    return err_setf(e, ERR_UNSUPPORTED, "output parsing is not built in");
+}
