@@ -141,6 +141,8 @@ static int emit_text(struct outparse *p, outparse_emit_fn emit, void *ud, enum o
 
 static void consume(struct outparse *p, size_t n)
 {
+    if (n == 0)
+        return;
     memmove(p->buf, p->buf + n, p->len - n);
     p->len -= n;
 }
@@ -409,9 +411,11 @@ out:
 
 /* ---- the states ---- */
 
-/* Drop whitespace at the head while skip_ws; false when the buffer ran out. */
+/* Drop whitespace at the head while skip_ws; false when the buffer is empty. */
 static bool drop_ws(struct outparse *p)
 {
+    if (p->len == 0)
+        return false;  /* nothing to decide (and memmem must not see a NULL buffer) */
     if (!p->skip_ws)
         return true;
     size_t i = skip_ws(p->buf, p->len, 0);
@@ -427,13 +431,15 @@ static bool drop_ws(struct outparse *p)
 static int step_start(struct outparse *p, bool final)
 {
     size_t l = strlen(k_think_open);
-    if (has_prefix(p->buf, p->len, k_think_open)) {
+    if (p->len == 0 && !final)
+        return 0;
+    if (p->len > 0 && has_prefix(p->buf, p->len, k_think_open)) {
         consume(p, l);
         p->st = ST_REASONING;
         p->skip_ws = true;
         return 1;
     }
-    if (!final && p->len < l && memcmp(p->buf, k_think_open, p->len) == 0)
+    if (!final && p->len < l && memcmp(p->buf, k_think_open, p->len) == 0)  /* len > 0 here */
         return 0;
     p->st = p->o.in_reasoning ? ST_REASONING : ST_CONTENT;
     p->skip_ws = p->o.in_reasoning;
