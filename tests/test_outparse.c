@@ -341,6 +341,8 @@ static void test_rendered_mistral(void **state)
     check(&o, "[TOOL_CALLS] sure, here", "T<[TOOL_CALLS] sure, here>");
     check(&o, "[TOOL_CALLS] []", "T<[TOOL_CALLS] []>");
     check(&o, "[TOOL_CALLS]search[ARGS][1]", "T<[TOOL_CALLS]search[ARGS][1]>");
+    /* cJSON takes control bytes for whitespace; JSON does not */
+    check(&o, "[TOOL_CALLS]search[ARGS]{\"q\":\x18 1}", "T<[TOOL_CALLS]search[ARGS]{\"q\":\x18 1}>");
     free(turn);
     cJSON_Delete(tools);
 }
@@ -371,6 +373,7 @@ static void test_hermes(void **state)
         "<tool_call>{\"name\": \"search\", \"arguments\": \"not json\"}</tool_call>",
         "<tool_call>{\"name\": \"search\", \"arguments\": {}</tool_call>",                 /* unbalanced */
         "<tool_call>{\"name\": \"search\"} trailing</tool_call>",
+        "<tool_call>{\"name\": \"search\", \"arguments\": {\"q\": \"a\x01b\"}}</tool_call>", /* raw control byte */
         "<tool_call>use this tag to call</tool_call>",
         "<tool_call>",
         "<tool_call",

@@ -233,16 +233,25 @@ static bool json_member(const char *s, size_t n, const char *key, size_t *vo, si
     }
 }
 
-/* s[0..n) without the whitespace outside strings, malloc'd; NULL on no memory. */
-static char *json_compact(const char *s, size_t n)
+/* s[0..n) without the whitespace outside strings, malloc'd into *out (out NULL:
+ * only check): 0, 1 when it holds a raw control byte, in a string or between
+ * tokens (cJSON lets both through, JSON allows neither; a NUL would also cut the
+ * text short), -ERR_NOMEM. */
+static int json_compact(const char *s, size_t n, char **out)
 {
-    char *out = malloc(n + 1);
-    if (!out)
-        return NULL;
-    size_t o = 0;
+    char *o = NULL;
+    if (out && !(o = *out = malloc(n + 1)))
+        return -ERR_NOMEM;
+    size_t k = 0;
     bool in_str = false, esc = false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
+        if ((unsigned char)c < 0x20 && (in_str || !is_ws(c))) {
+            free(o);
+            if (out)
+                *out = NULL;
+            return 1;
+        }
         if (in_str) {
             if (esc)
                 esc = false;
@@ -255,10 +264,12 @@ static char *json_compact(const char *s, size_t n)
         } else if (is_ws(c)) {
             continue;
         }
-        out[o++] = c;
+        if (o)
+            o[k++] = c;
     }
-    out[o] = 0;
-    return out;
+    if (o)
+        o[k] = 0;
+    return 0;
 }
 
 /* ---- validating a block ---- */
@@ -294,9 +305,9 @@ static int args_of(const cJSON *obj, const char *s, size_t n, const char *key, c
         *out = strdup("{}");
     } else if (cJSON_IsObject(v)) {
         if (json_member(s, n, key, &vo, &ve))
-            *out = json_compact(s + vo, ve - vo);
-        else  /* the key was spelled with escapes: cJSON found it, the raw scan did not */
-            *out = cJSON_PrintUnformatted(v);
+            return json_compact(s + vo, ve - vo, out);
+        /* the key was spelled with escapes: cJSON found it, the raw scan did not */
+        *out = cJSON_PrintUnformatted(v);
     } else if (cJSON_IsString(v)) {
         /* arguments sent as a JSON string, as the OpenAI API itself carries them */
         cJSON *inner = cJSON_Parse(v->valuestring);
@@ -304,7 +315,7 @@ static int args_of(const cJSON *obj, const char *s, size_t n, const char *key, c
         cJSON_Delete(inner);
         if (!ok)
             return 1;
-        *out = json_compact(v->valuestring, strlen(v->valuestring));
+        return json_compact(v->valuestring, strlen(v->valuestring), out);
     } else {
         return 1;
     }
@@ -356,7 +367,7 @@ static int emit_block(struct outparse *p, outparse_emit_fn emit, void *ud)
     const char *v = p->buf + p->vstart;
     size_t vn = (p->ck == CK_HERMES ? p->end - strlen(k_hermes_close) : p->end) - p->vstart;
 
-    if (!(root = parse_exact(v, vn)))
+    if (json_compact(v, vn, NULL) != 0 || !(root = parse_exact(v, vn)))
         goto out;
     size_t vo = skip_ws(v, vn, 0);
     if (p->ck == CK_MISTRAL && p->ph == PH_VALUE && p->name_len == 0) {
@@ -383,10 +394,8 @@ static int emit_block(struct outparse *p, outparse_emit_fn emit, void *ud)
         if (!cJSON_IsObject(root) || !name_ok(p, name_buf))
             goto out;
         calls[0].name = name_buf;
-        if (!(calls[0].args = json_compact(v + vo, vn - vo))) {
-            rc = -ERR_NOMEM;
+        if ((rc = json_compact(v + vo, vn - vo, &calls[0].args)) != 0)
             goto out;
-        }
         nc = 1;
     } else {
         if ((rc = call_of(p, root, v + vo, vn - vo, p->ck == CK_LLAMA, &calls[0])) != 0)
