@@ -27,7 +27,8 @@
  *    "[TOOL_CALLS]" anywhere in content, then a JSON array of {"name",
  *    "arguments"} objects, or (newer templates) name[ARGS]{...}.
  *  - A call whose name is not among opts.tools (when given), whose arguments are
- *    not an object (or a string holding one), whose JSON does not parse, that is
+ *    not an object (or a string holding one), whose JSON does not parse (raw
+ *    control bytes, which cJSON would take, included), that is
  *    still open when the output ends, or that exceeds OUTPARSE_MAX_CALL bytes
  *    (markers included), or beyond the first OUTPARSE_MAX_CALLS calls, is text.
  *    Whitespace between and after calls is dropped.
