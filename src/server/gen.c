@@ -120,15 +120,8 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         }
         rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
         cJSON_Delete(extra);
-        if (rc == 0 && m->reasoning) {
-            /* a generation prompt that opens <think> (Qwen3, DeepSeek-R1): the output starts in it */
-            const char *open = NULL, *close = NULL;
-            for (const char *p = text; (p = strstr(p, "<think>")); p += 7)
-                open = p;
-            for (const char *p = text; (p = strstr(p, "</think>")); p += 8)
-                close = p;
-            g->in_reasoning = open && (!close || close < open);
-        }
+        if (rc == 0 && m->reasoning)
+            g->in_reasoning = outparse_prompt_opens_reasoning(text, len);
         if (rc < 0)
             return rc == -ERR_NOMEM ? oom(err)
                                     : oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
