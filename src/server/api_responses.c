@@ -32,7 +32,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gen.h"
+#include "api_responses.h"
 
 #define INVALID "invalid_request_error"
 
@@ -544,14 +544,13 @@ static void rename_fields(struct oai_error *err)
         replace_all(err->param, sizeof err->param, "messages", "input");
 }
 
-/* The body (a parsed object) -> a chat request *q and the dialect's state *out. -1 with *err. */
-static int translate(const cJSON *root, int n_vocab, struct oai_request *q, struct rs_state **out,
-                     struct oai_error *err)
+int responses_translate(const cJSON *root, int n_vocab, struct oai_request *q, void **out, struct oai_error *err)
 {
     struct rs_parse p = {.root = root, .err = err};
     struct rs_state *st = NULL;
     int rc = -1;
     *out = NULL;
+    oai_request_init(q);
     if (!(p.chat = cJSON_CreateObject()) || !(p.msgs = cJSON_AddArrayToObject(p.chat, "messages"))) {
         nomem(err);
         goto out;
@@ -991,22 +990,22 @@ static int tail(struct gen *g)
     return send_event(g, type, b);
 }
 
-static const struct gen_dialect k_responses = {full, events, tail, oai_error_json, state_free};
+const struct gen_dialect responses_dialect = {full, events, tail, oai_error_json, state_free};
 
 enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
     struct oai_error err;
     struct oai_request q;
-    struct rs_state *st;
+    void *st;
     struct gen *g;
     cJSON *root = oai_parse_object(r->body ? r->body : "", r->len, &err);
     if (!root)
         return srv_reply_error(c, r, &err);
-    int rc = translate(root, s->m.n_vocab, &q, &st, &err);
+    int rc = responses_translate(root, s->m.n_vocab, &q, &st, &err);
     cJSON_Delete(root);
     if (rc < 0)
         return srv_reply_error(c, r, &err);
-    if (gen_new(&g, s, c, r, OAI_CHAT, &q, "resp", &k_responses, &err) < 0) {
+    if (gen_new(&g, s, c, r, OAI_CHAT, &q, "resp", &responses_dialect, &err) < 0) {
         state_free(st);
         rename_fields(&err);
         return srv_reply_error(c, r, &err);
