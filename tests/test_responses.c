@@ -22,15 +22,15 @@ static cJSON *messages_of(const char *body)
     cJSON *root = cJSON_Parse(body);
     struct oai_request q;
     struct oai_error err = {0};
-    void *st = NULL;
+    cJSON *echo = NULL;
     assert_non_null(root);
-    if (responses_translate(root, 1000, &q, &st, &err) < 0)
+    if (responses_translate(root, 1000, &q, &echo, &err) < 0)
         fail_msg("%s: %s (%s)", body, err.message, err.param);
     cJSON_Delete(root);
     cJSON *m = q.messages;
     q.messages = NULL;
     oai_request_free(&q);
-    responses_dialect.free_state(st);
+    cJSON_Delete(echo);
     return m;
 }
 
@@ -84,8 +84,8 @@ static void test_translated_fields(void **state)
                               " \"schema\": {\"type\": \"object\"}}}, \"store\": true, \"metadata\": {\"a\": \"b\"}}");
     struct oai_request q;
     struct oai_error err = {0};
-    void *st = NULL;
-    assert_int_equal(responses_translate(root, 1000, &q, &st, &err), 0);
+    cJSON *echo = NULL;
+    assert_int_equal(responses_translate(root, 1000, &q, &echo, &err), 0);
     assert_int_equal(q.max_tokens, 7);
     assert_true(q.has_temperature);
     assert_int_equal(q.tool_choice, OAI_TOOL_CHOICE_NONE);
@@ -93,8 +93,11 @@ static void test_translated_fields(void **state)
     assert_json(q.format_schema, "{\"type\": \"object\"}");
     assert_json(q.tools, "[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}, \"strict\": true}}]");
     assert_int_equal(q.n, 1);
+    assert_json(cJSON_GetObjectItem(echo, "text"), "{\"format\": {\"type\": \"json_schema\", \"name\": \"n\","
+                                                   " \"schema\": {\"type\": \"object\"}}}");
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItem(echo, "store")));
     oai_request_free(&q);
-    responses_dialect.free_state(st);
+    cJSON_Delete(echo);
     cJSON_Delete(root);
 }
 
@@ -127,11 +130,11 @@ static void test_errors(void **state)
         cJSON *root = cJSON_Parse(k_cases[i][0]);
         struct oai_request q;
         struct oai_error err = {0};
-        void *st = (void *)1;
+        cJSON *echo = (cJSON *)&err;  /* anything but NULL: a failure sets it NULL */
         assert_non_null(root);
-        if (responses_translate(root, 1000, &q, &st, &err) == 0)
+        if (responses_translate(root, 1000, &q, &echo, &err) == 0)
             fail_msg("%s: accepted", k_cases[i][0]);
-        assert_null(st);
+        assert_null(echo);
         assert_int_equal(err.status, 400);
         if (strcmp(err.param, k_cases[i][1]) != 0)
             fail_msg("%s: param '%s' (%s), want '%s'", k_cases[i][0], err.param, err.message, k_cases[i][1]);
@@ -154,9 +157,10 @@ static void fake_open(struct fake *f, const char *body)
     strcpy(f->s.model_id, k_model);
     struct gen *g = f->g = calloc(1, sizeof *g);
     struct oai_error err = {0};
-    cJSON *root = cJSON_Parse(body);
+    cJSON *root = cJSON_Parse(body), *echo;
     assert_non_null(g);
-    assert_int_equal(responses_translate(root, 1000, &g->q, &g->dstate, &err), 0);
+    assert_int_equal(responses_translate(root, 1000, &g->q, &echo, &err), 0);
+    assert_non_null(g->dstate = responses_state_new(echo));
     cJSON_Delete(root);
     g->s = &f->s;
     g->d = &responses_dialect;
