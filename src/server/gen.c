@@ -89,6 +89,8 @@ void gen_free(struct gen *g)
     free(g->bias);
     free(g->alt);
     free(g->sse.p);
+    if (g->dstate && g->d->free_state)
+        g->d->free_state(g->dstate);
     oai_request_free(&g->q);
     free(g);
 }

@@ -74,6 +74,8 @@ struct gen_dialect {
     int (*tail)(struct gen *g);
     /* the dialect's error body for err (malloc'd; NULL: out of memory) */
     char *(*error_json)(const struct oai_error *err);
+    /* frees g->dstate (NULL: the dialect keeps none); called by gen_free */
+    void (*free_state)(void *dstate);
 };
 
 struct gen {
@@ -81,7 +83,7 @@ struct gen {
     struct MHD_Connection *conn;
     struct srv_req *r;           /* NULL once the request is over */
     const struct gen_dialect *d;
-    void *dstate;                /* the dialect's own */
+    void *dstate;                /* the dialect's own (freed by d->free_state) */
     enum oai_endpoint ep;        /* OAI_CHAT: a chat prompt; OAI_COMPLETIONS: text or ids */
     struct oai_request q;
     int32_t *prompt;

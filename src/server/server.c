@@ -351,7 +351,7 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_TEMPLATE, R_PAGE,
+    R_TEMPLATE, R_PAGE, R_RESPONSES,
 };
 
 struct route_entry {
@@ -368,6 +368,7 @@ static const struct route_entry k_routes[] = {
     {"/metrics", false, R_METRICS},
     {"/v1/chat/completions", true, R_CHAT},
     {"/v1/completions", true, R_COMPLETIONS},
+    {"/v1/responses", true, R_RESPONSES},
     {"/tokenize", true, R_TOKENIZE},
     {"/detokenize", true, R_DETOKENIZE},
     {"/apply-template", true, R_TEMPLATE},
@@ -435,6 +436,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_METRICS: return ep_metrics(s, c, r);
     case R_CHAT: return srv_generate(s, c, r, OAI_CHAT);
     case R_COMPLETIONS: return srv_generate(s, c, r, OAI_COMPLETIONS);
+    case R_RESPONSES: return srv_responses(s, c, r);
     case R_TOKENIZE: return ep_tokenize(s, c, r);
     case R_DETOKENIZE: return ep_detokenize(s, c, r);
     case R_TEMPLATE: return ep_apply_template(s, c, r);
