@@ -304,9 +304,11 @@ static int assistant_turn(cJSON *out, const cJSON *content, int i, struct oai_er
         cJSON_Delete(m);
         goto oom;
     }
+    /* a turn of calls only has content "" rather than null: templates that concatenate the
+     * content (no `if message.content`) render it instead of failing */
     bool ok = cJSON_AddStringToObject(m, "role", "assistant") != NULL;
-    if (ok && cJSON_GetArraySize(parts) == 0 && has_calls)
-        ok = cJSON_AddNullToObject(m, "content") != NULL;
+    if (ok && cJSON_GetArraySize(parts) == 0)
+        ok = cJSON_AddStringToObject(m, "content", "") != NULL;
     else if (ok)
         ok = cJSON_AddItemToObject(m, "content", parts) && !(parts = NULL);
     if (ok && has_calls)
