@@ -39,6 +39,7 @@
     X(quantize)   \
     X(convert)    \
     X(oai_request) \
+    X(outparse)   \
     X(hub)        \
     X(allocfail)
 
