@@ -40,6 +40,7 @@
     X(convert)    \
     X(oai_request) \
     X(outparse)   \
+    X(anthropic)  \
     X(hub)        \
     X(allocfail)
 

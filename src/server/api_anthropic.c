@@ -765,7 +765,7 @@ static int tail(struct gen *g)
     return gen_sse_event(g, "message_stop", stop);
 }
 
-static const struct gen_dialect k_anthropic = {full, events, tail, anthropic_error_json};
+const struct gen_dialect anthropic_dialect = {full, events, tail, anthropic_error_json};
 
 // ---- the endpoints ----
 
@@ -776,7 +776,7 @@ enum MHD_Result srv_anthropic_messages(struct server *s, struct MHD_Connection *
     struct gen *g;
     if (parse_body(s, r, false, &q, &err) < 0)
         return srv_reply_error(c, r, &err);
-    if (gen_new(&g, s, c, r, OAI_CHAT, &q, "msg", &k_anthropic, &err) < 0)
+    if (gen_new(&g, s, c, r, OAI_CHAT, &q, "msg", &anthropic_dialect, &err) < 0)
         return srv_reply_error(c, r, &err);
     g->id[3] = '_';  /* "msg_<hex>", as Anthropic's ids */
     return gen_serve(g);

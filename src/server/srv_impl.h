@@ -62,5 +62,8 @@ enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connecti
 /* Anthropic's error body {"type": "error", "error": {"type", "message"}} (malloc'd; NULL: out
  * of memory). */
 char *anthropic_error_json(const struct oai_error *err);
+/* The Anthropic dialect itself (gen.h), for tests that render a generation's state. */
+struct gen_dialect;
+extern const struct gen_dialect anthropic_dialect;
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);
