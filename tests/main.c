@@ -41,6 +41,7 @@
     X(oai_request) \
     X(outparse)   \
     X(responses)  \
+    X(anthropic)  \
     X(hub)        \
     X(allocfail)
 

@@ -157,6 +157,18 @@ static int build_prompt(struct gen *g, struct oai_error *err)
     return 0;
 }
 
+int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_request *q, int *n,
+                     struct oai_error *err)
+{
+    /* a generation that only builds its prompt: q is read, never freed, through the copy */
+    struct gen g = {.s = s, .ep = ep, .q = *q};
+    int rc = build_prompt(&g, err);
+    free(g.prompt);
+    free(g.echo);
+    *n = rc < 0 ? 0 : g.n_prompt;
+    return rc < 0 ? -1 : 0;
+}
+
 /* max_tokens within the context: an explicit value that does not fit is an error, as
  * OpenAI's; without one, generation may fill the context. */
 static int plan_tokens(struct gen *g, int *n_predict, struct oai_error *err)
@@ -354,6 +366,8 @@ static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
         oom(&g->err);
         return -1;
     }
+    if (c->out.stopped && c->out.stop_idx >= 0)
+        c->stop_seq = g->q.stop[c->out.stop_idx];
     if (cJSON_GetArraySize(c->tool_calls) > 0 && f == GEN_FINISH_STOP)
         c->finish = GEN_FINISH_TOOL_CALLS;
     return 0;

@@ -120,6 +120,12 @@ void gen_free(struct gen *g);
  * ended. Takes ownership of g. */
 enum MHD_Result gen_serve(struct gen *g);
 
+/* The prompt's token count for request q at endpoint ep, as gen_new would build it (the
+ * chat template with q's tools and template variables, encoded), without running anything.
+ * 0, or -1 with *err (400: the template or the encoding failed). */
+int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_request *q, int *n,
+                     struct oai_error *err);
+
 /* Prompt and completion token counts (completion: the tokens every choice consumed). */
 int gen_usage(const struct gen *g, int *completion);
 

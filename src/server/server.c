@@ -50,7 +50,7 @@ enum MHD_Result srv_reply(struct MHD_Connection *c, struct srv_req *r, int statu
 
 enum MHD_Result srv_reply_error(struct MHD_Connection *c, struct srv_req *r, const struct oai_error *err)
 {
-    char *body = oai_error_json(err);
+    char *body = r->error_json ? r->error_json(err) : oai_error_json(err);
     static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                 "\"param\":null,\"code\":null}}";
     enum MHD_Result ok;
@@ -351,28 +351,40 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_TEMPLATE, R_PAGE, R_RESPONSES,
+    R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
 };
 
 struct route_entry {
     const char *path;
     bool post;
     enum route route;
+    char *(*error_json)(const struct oai_error *err);  /* the dialect's error body (NULL: OpenAI's) */
 };
 
 static const struct route_entry k_routes[] = {
-    {"/", false, R_PAGE},
-    {"/health", false, R_HEALTH},
-    {"/v1/health", false, R_HEALTH},
-    {"/v1/models", false, R_MODELS},
-    {"/metrics", false, R_METRICS},
-    {"/v1/chat/completions", true, R_CHAT},
-    {"/v1/completions", true, R_COMPLETIONS},
-    {"/v1/responses", true, R_RESPONSES},
-    {"/tokenize", true, R_TOKENIZE},
-    {"/detokenize", true, R_DETOKENIZE},
-    {"/apply-template", true, R_TEMPLATE},
+    {"/", false, R_PAGE, NULL},
+    {"/health", false, R_HEALTH, NULL},
+    {"/v1/health", false, R_HEALTH, NULL},
+    {"/v1/models", false, R_MODELS, NULL},
+    {"/metrics", false, R_METRICS, NULL},
+    {"/v1/chat/completions", true, R_CHAT, NULL},
+    {"/v1/completions", true, R_COMPLETIONS, NULL},
+    {"/v1/responses", true, R_RESPONSES, NULL},
+    {"/tokenize", true, R_TOKENIZE, NULL},
+    {"/detokenize", true, R_DETOKENIZE, NULL},
+    {"/apply-template", true, R_TEMPLATE, NULL},
+    {"/v1/messages", true, R_MESSAGES, anthropic_error_json},
+    {"/v1/messages/count_tokens", true, R_COUNT_TOKENS, anthropic_error_json},
 };
+
+/* The error renderer of path's route (NULL: OpenAI's). */
+static char *(*route_error_json(const char *path))(const struct oai_error *)
+{
+    for (size_t i = 0; i < sizeof k_routes / sizeof k_routes[0]; i++)
+        if (strcmp(path, k_routes[i].path) == 0)
+            return k_routes[i].error_json;
+    return NULL;
+}
 
 /* The route of path, and whether it is a POST endpoint (*post). */
 static enum route find_route(const char *path, bool *post)
@@ -399,7 +411,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     bool is_post = strcmp(method, "POST") == 0;
     if (rt != R_HEALTH && rt != R_PAGE && !authorized(s, c)) {
         oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
-                   "missing or incorrect API key: send it as 'Authorization: Bearer KEY'");
+                   "missing or incorrect API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'");
         return srv_reply_error(c, r, &err);
     }
     if (rt == R_NONE) {
@@ -441,6 +453,8 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_DETOKENIZE: return ep_detokenize(s, c, r);
     case R_TEMPLATE: return ep_apply_template(s, c, r);
     case R_PAGE: return ep_page(c, r);
+    case R_MESSAGES: return srv_anthropic_messages(s, c, r);
+    case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
     default: break;
     }
     oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint");
@@ -479,6 +493,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r->ttft = r->itl = -1;
         escape_into(r->method, sizeof r->method, method);
         escape_into(r->path, sizeof r->path, url);
+        r->error_json = route_error_json(url);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl) {
             char *end;

@@ -40,6 +40,9 @@ struct srv_req {
     int n_prompt, n_gen;         /* for the log and metrics (-1: none) */
     double ttft, itl;            /* seconds (-1: none) */
     struct gen *stream;          /* the streaming generation answering it, if any */
+    /* the error body of its route's dialect (set from the path with the headers, so even a
+     * 401 or 413 has the route's shape); NULL: OpenAI's */
+    char *(*error_json)(const struct oai_error *err);
 };
 
 /* Queue a response: a JSON body (copied) with status; extra header (name, value) or NULLs. */
@@ -55,5 +58,14 @@ bool srv_client_gone(struct MHD_Connection *c);
 enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep);
 /* POST /v1/responses (api_responses.c). */
 enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+/* POST /v1/messages and /v1/messages/count_tokens, the Anthropic dialect (api_anthropic.c). */
+enum MHD_Result srv_anthropic_messages(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+/* Anthropic's error body {"type": "error", "error": {"type", "message"}} (malloc'd; NULL: out
+ * of memory). */
+char *anthropic_error_json(const struct oai_error *err);
+/* The Anthropic dialect itself (gen.h), for tests that render a generation's state. */
+struct gen_dialect;
+extern const struct gen_dialect anthropic_dialect;
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);

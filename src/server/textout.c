@@ -14,6 +14,7 @@ int textout_init(struct textout *t, const struct tokenizer *tok, bool skip_speci
     t->stop = stop;
     t->stop_len = stop_len;
     t->n_stop = n_stop;
+    t->stop_idx = -1;
     for (int i = 0; i < n_stop; i++)
         t->max_stop = stop_len[i] > t->max_stop ? stop_len[i] : t->max_stop;
     t->cap = 256;
@@ -53,16 +54,20 @@ static int append(struct textout *t, const char *s, size_t n, struct err *e)
     t->text[t->len] = 0;
     /* a match must end in the new bytes: start at most max_stop - 1 bytes before them */
     size_t from = old > t->max_stop ? old - t->max_stop + 1 : 0, best = SIZE_MAX;
+    int which = -1;
     for (int i = 0; i < t->n_stop; i++) {
         const char *hit = memmem(t->text + from, t->len - from, t->stop[i], t->stop_len[i]);
-        if (hit && (size_t)(hit - t->text) < best)
+        if (hit && (size_t)(hit - t->text) < best) {
             best = (size_t)(hit - t->text);
+            which = i;
+        }
     }
     if (best == SIZE_MAX)
         return 0;
     t->len = best;
     t->text[best] = 0;
     t->stopped = true;
+    t->stop_idx = which;
     return 1;
 }
 

@@ -29,6 +29,7 @@ struct textout {
     int n_stop;
     size_t max_stop;               /* longest stop string */
     bool stopped;                  /* a stop string matched: text ends before it */
+    int stop_idx;                  /* which one (index into stop), -1 when none */
     bool finished;                 /* no more tokens: nothing is held back */
     char *scratch;                 /* [TOK_STREAM_CAP] */
 };
