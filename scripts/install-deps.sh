@@ -3,7 +3,7 @@
 # Idempotent: packages already present are skipped without touching apt.
 set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev \
-libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev nodejs"
+libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev nodejs chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

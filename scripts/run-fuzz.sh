@@ -20,6 +20,10 @@
 #                     ids), with a dictionary of the fields and role names
 #   fuzz_hub_listing  the Hub listings in fuzz/seeds/hub_listing/ (well-formed
 #                     and hostile: ../ and absolute names, huge sizes)
+#   fuzz_outparse     the model outputs in fuzz/seeds/outparse/ (an options byte
+#                     and a split seed, then the text: Hermes, Llama 3 and
+#                     Mistral calls, reasoning, malformed blocks), with a
+#                     dictionary of the markers and JSON pieces
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -96,6 +100,15 @@ dict_oai_request() {
     done
 }
 
+dict_outparse() {
+    for w in '<think>' '</think>' '<tool_call>' '</tool_call>' '<|python_tag|>' '[TOOL_CALLS]' \
+        '[ARGS]' '{"name": "f", "arguments": {}}' '{"name": "search", "parameters": {"q": 1}}' \
+        '"name"' '"arguments"' '"parameters"' '"type": "function"' '"get_weather"' '; ' '\"' \
+        '{' '}' '[' ']' ':' ','; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
 seed_config() {
     dir=$1
     i=0
@@ -167,6 +180,11 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     hub_listing)
         cp "$ROOT"/fuzz/seeds/hub_listing/*.json "$corpus"/
+        ;;
+    outparse)
+        cp "$ROOT"/fuzz/seeds/outparse/*.txt "$corpus"/
+        dict_outparse > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict"
         ;;
     oai_request)
         cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/

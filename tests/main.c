@@ -39,6 +39,8 @@
     X(quantize)   \
     X(convert)    \
     X(oai_request) \
+    X(outparse)   \
+    X(responses)  \
     X(hub)        \
     X(allocfail)  \
     X(cuda)

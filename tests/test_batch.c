@@ -326,7 +326,7 @@ static void kv_exhaustion_and_rules(void **state)
     X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa) \
     X(smollm3) X(granite) X(starcoder2) X(olmo2) X(gemma) X(cohere) X(gemma2) X(gemma3_text) \
     X(qwen3_moe) X(qwen3_moe_mlx_q4) X(qwen2_moe) X(qwen3_yarn) X(llama_dynamic) \
-    X(gpt_oss) X(gpt_oss_mlx)
+    X(gpt_oss) X(gpt_oss_mlx) X(deepseek_v2) X(deepseek_v3)
 
 #define ENTRY(n) {"batched_" #n, batched_case, NULL, NULL, (void *)#n},
 static const struct CMUnitTest tests[] = {

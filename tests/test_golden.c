@@ -142,7 +142,7 @@ static void check_case(void **state)
     X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa) \
     X(smollm3) X(granite) X(starcoder2) X(olmo2) X(gemma) X(cohere) X(gemma2) X(gemma3_text) \
     X(qwen3_moe) X(qwen3_moe_mlx_q4) X(qwen2_moe) X(qwen3_yarn) X(llama_dynamic) \
-    X(gpt_oss) X(gpt_oss_mlx)
+    X(gpt_oss) X(gpt_oss_mlx) X(deepseek_v2) X(deepseek_v3)
 
 /* the case name travels as the test's initial state */
 #define ENTRY(n) {"golden_" #n, check_case, NULL, NULL, (void *)#n},

@@ -359,6 +359,131 @@ static void test_moe_route(void **state)
     kc_close(&bs);
 }
 
+/* Grouped routing (DeepSeek) reference: rank with a sort whose order is (value desc, index
+ * asc), every score in double. */
+struct rank_item { double v; int i; };
+
+static int rank_cmp(const void *a, const void *b)
+{
+    const struct rank_item *x = a, *y = b;
+    if (x->v != y->v)
+        return x->v > y->v ? -1 : 1;
+    return x->i - y->i;
+}
+
+static void rank_top(const double *v, int n, int k, int *out)
+{
+    struct rank_item it[64];
+    for (int i = 0; i < n; i++)
+        it[i] = (struct rank_item){v[i], i};
+    qsort(it, (size_t)n, sizeof it[0], rank_cmp);
+    for (int j = 0; j < k; j++)
+        out[j] = it[j].i;
+}
+
+static void route_grouped_ref(enum router_kind kind, const float *lg, const float *bias, int n,
+                              int k, int ng, int tg, bool norm, double scale, int *sel, double *w)
+{
+    double s[64], c[64], gsc[64];
+    int gtop[64], two[2];
+    double z = 0.0;
+    for (int i = 0; i < n; i++)
+        z += exp(lg[i]);
+    for (int i = 0; i < n; i++) {
+        s[i] = kind == ROUTER_GROUP_SOFTMAX ? exp(lg[i]) / z : 1.0 / (1.0 + exp(-(double)lg[i]));
+        c[i] = s[i] + (bias ? bias[i] : 0.0);
+    }
+    int gs = n / ng;
+    for (int g = 0; g < ng; g++) {
+        rank_top(c + g * gs, gs, 2, two);
+        gsc[g] = kind == ROUTER_GROUP_SIGMOID ? c[g * gs + two[0]] + c[g * gs + two[1]]
+                                              : c[g * gs + two[0]];
+    }
+    rank_top(gsc, ng, tg, gtop);
+    for (int g = 0; g < ng; g++) {
+        bool keep = false;
+        for (int t = 0; t < tg; t++)
+            keep |= gtop[t] == g;
+        for (int i = 0; i < gs && !keep; i++)
+            c[g * gs + i] = 0.0;
+    }
+    rank_top(c, n, k, sel);
+    double sum = 0.0;
+    for (int j = 0; j < k; j++)
+        sum += s[sel[j]];
+    for (int j = 0; j < k; j++)
+        w[j] = (norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * scale;
+}
+
+/* moe_route_grouped against the reference over random logits (softmax and sigmoid scores,
+ * with and without groups, bias and renormalization); and by hand: the correction bias moves
+ * the choice but the weights stay the chosen experts' own scores. */
+static void test_moe_route_grouped(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    kc_open(&bs);
+    enum { E = 16, K = 3, T = 20 };
+    float lg[T * E], bias_v[E];
+    for (int i = 0; i < T * E; i++)
+        lg[i] = kc_frand(-3.0f, 3.0f);
+    for (int i = 0; i < E; i++)
+        bias_v[i] = kc_frand(-0.5f, 0.5f);
+    struct tensor bias;
+    int64_t shape[1] = {E};
+    tensor_init(&bias, DTYPE_F32, bias_v, 1, shape);
+    int32_t sel[T * K];
+    float w[T * K];
+    for (int b = 0; b < bs.n; b++) {
+        struct backend *be = bs.be[b];
+        for (int kind = ROUTER_GROUP_SOFTMAX; kind <= ROUTER_GROUP_SIGMOID; kind++)
+            for (int var = 0; var < 4; var++) {
+                struct moe_group_params p = {var & 1 ? &bias : NULL, var & 2 ? 4 : 1,
+                                             var & 2 ? 2 : 1, var == 3, 2.5f};
+                be->ops->moe_route_grouped(be, (enum router_kind)kind, sel, w, lg, T, E, K, &p);
+                assert_int_equal(backend_sync(be, NULL), 0);
+                for (int t = 0; t < T; t++) {
+                    int rs[K];
+                    double rw[K];
+                    route_grouped_ref((enum router_kind)kind, lg + t * E, var & 1 ? bias_v : NULL,
+                                      E, K, p.n_group, p.topk_group, p.norm, 2.5, rs, rw);
+                    for (int j = 0; j < K; j++) {
+                        assert_int_equal(sel[t * K + j], rs[j]);
+                        assert_true(fabs(w[t * K + j] - rw[j]) < 1e-6 * fmax(1.0, fabs(rw[j])));
+                    }
+                }
+            }
+        /* by hand, sigmoid: expert 0 has the best score, the bias moves the choice to 1 and
+         * 2, whose weights stay sigmoid(logit) (no renormalization, scale 1) */
+        float l4[4] = {2.0f, 1.0f, 0.5f, -1.0f}, b4[4] = {0.0f, 1.0f, 1.0f, 0.0f};
+        struct tensor bt;
+        int64_t s4[1] = {4};
+        tensor_init(&bt, DTYPE_F32, b4, 1, s4);
+        struct moe_group_params p = {&bt, 1, 1, false, 1.0f};
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l4, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        assert_int_equal(sel[0], 1);
+        assert_int_equal(sel[1], 2);
+        assert_true(fabs(w[0] - 1.0 / (1.0 + exp(-1.0))) < 1e-6);
+        assert_true(fabs(w[1] - 1.0 / (1.0 + exp(-0.5))) < 1e-6);
+        /* groups {0,1} {2,3} with top-1 group: the best single expert 0 lives in group 0, but
+         * the sum of group 1's top two wins: experts 2, 3 */
+        float l5[4] = {3.0f, -3.0f, 1.5f, 1.5f};
+        p = (struct moe_group_params){NULL, 2, 1, true, 1.0f};
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l5, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        assert_int_equal(sel[0], 2);
+        assert_int_equal(sel[1], 3);
+        assert_true(fabs(w[0] - 0.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6);
+        /* ... while the max rule (softmax kind) keeps group 0 */
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SOFTMAX, sel, w, l5, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 1);
+    }
+    kc_close(&bs);
+}
+
 /* The MoE pipeline of blk_moe on random experts against a direct double-precision sum:
  * route -> group -> gather -> linear_experts (gate and up in one call) -> glu ->
  * linear_experts (down) -> combine, with decode-sized groups (fused dispatch) and
@@ -446,6 +571,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_elementwise),
     cmocka_unit_test(test_moe_group),
     cmocka_unit_test(test_moe_route),
+    cmocka_unit_test(test_moe_route_grouped),
     cmocka_unit_test(test_moe),
 };
 

@@ -167,10 +167,9 @@ static void chat_message_errors(void **state)
     reject_chat("{\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "messages[0].role", "must be a string");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"robot\",\"content\":\"x\"}]}",
                 "messages[1].role", "'robot'");
-    reject_chat("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":\"1\"}]}", "messages[0].role",
-                "not supported yet");
-    reject_chat("{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", "messages[0].role",
-                "not supported yet");
+    reject_chat("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\",\"tool_call_id\":1}]}",
+                "messages[0].tool_call_id", "must be a string");
+    reject_chat("{\"messages\":[{\"role\":\"tool\"}]}", "messages[0].content", "required");
     reject_chat("{\"messages\":[{\"role\":\"User\",\"content\":\"x\"}]}", "messages[0].role", NULL);
     reject_chat("{\"messages\":[{\"role\":\"user\"}]}", "messages[0].content", "required");
     reject_chat("{\"messages\":[{\"role\":\"assistant\",\"content\":null}]}", "messages[0].content", "required");
@@ -323,12 +322,47 @@ static void cmpl_prompt(void **state)
     oai_request_free(&r);
     accept(&r, OAI_CHAT, "{" HI ",\"prompt\":[[1]],\"suffix\":\"s\",\"echo\":3}");
     oai_request_free(&r);
-    /* what would change the answer and is not implemented is refused, never ignored */
+    /* tools, tool_choice, response_format, chat_template_kwargs */
     accept(&r, OAI_CHAT, "{" HI ",\"tools\":[],\"response_format\":{\"type\":\"text\"}}");
+    assert_null(r.tools);
+    assert_int_equal(r.format, OAI_FORMAT_TEXT);
     oai_request_free(&r);
-    reject_chat("{" HI ",\"tools\":[{\"type\":\"function\"}]}", "tools", "not supported");
-    reject_chat("{" HI ",\"response_format\":{\"type\":\"json_object\"}}", "response_format", "not supported");
-    reject_chat("{" HI ",\"response_format\":\"json\"}", "response_format", "not supported");
+#define TOOL "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"}}}"
+    accept(&r, OAI_CHAT, "{" HI ",\"tools\":[" TOOL "],\"tool_choice\":{\"type\":\"function\",\"function\":"
+                         "{\"name\":\"get_weather\"}},\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                         "{\"name\":\"x\",\"schema\":{\"type\":\"object\"}}},\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+    assert_int_equal(cJSON_GetArraySize(r.tools), 1);
+    assert_int_equal(r.tool_choice, OAI_TOOL_CHOICE_NAMED);
+    assert_string_equal(r.tool_choice_name, "get_weather");
+    assert_int_equal(r.format, OAI_FORMAT_JSON_SCHEMA);
+    assert_non_null(r.format_schema);
+    assert_true(cJSON_IsFalse(cJSON_GetObjectItem(r.template_kwargs, "enable_thinking")));
+    oai_request_free(&r);
+    reject_chat("{" HI ",\"tools\":[{\"type\":\"function\"}]}", "tools[0]", "must be");
+    reject_chat("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}",
+                "tools[0].function.name", "letters");
+    reject_chat("{" HI ",\"tools\":[" TOOL "],\"tool_choice\":{\"type\":\"function\",\"function\":"
+                "{\"name\":\"other\"}}}", "tool_choice", "not among");
+    reject_chat("{" HI ",\"tool_choice\":\"required\"}", "tool_choice", "empty");
+    reject_chat("{" HI ",\"tool_choice\":\"sometimes\"}", "tool_choice", "must be");
+    reject_chat("{" HI ",\"response_format\":\"json\"}", "response_format", "must be");
+    reject_chat("{" HI ",\"response_format\":{\"type\":\"xml\"}}", "response_format.type", "must be");
+    reject_chat("{" HI ",\"chat_template_kwargs\":[1]}", "chat_template_kwargs", "must be");
+    /* tool turns: an assistant message of calls only (arguments parsed to an object), a tool result */
+    accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\","
+                         "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                         "\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},{\"role\":\"tool\","
+                         "\"tool_call_id\":\"c1\",\"content\":\"12C\"}]}");
+    const cJSON *asst = cJSON_GetArrayItem(r.messages, 1);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(asst, "content")));
+    const cJSON *args = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(
+        cJSON_GetObjectItem(asst, "tool_calls"), 0), "function"), "arguments");
+    assert_string_equal(cJSON_GetObjectItem(args, "city")->valuestring, "Oslo");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 2), "tool_call_id")->valuestring, "c1");
+    oai_request_free(&r);
+    reject_chat("{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":3}]}]}",
+                "messages[0].tool_calls[0]", "must be");
+    reject_chat("{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", "messages[0].role", "deprecated");
 }
 
 static void cmpl_prompt_ids_bound(void **state)

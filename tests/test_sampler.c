@@ -248,7 +248,47 @@ static void logprobs(void **state)
     assert_float_equal(lp, -1.0 - log(z), 1e-6);
 }
 
+/* a constraint that allows only ids >= its floor, and refuses others at accept */
+struct floor_cons {
+    int32_t floor;
+    int accepted;
+};
+static void floor_mask(void *st, float *logits, int n)
+{
+    const struct floor_cons *c = st;
+    for (int i = 0; i < n && i < c->floor; i++)
+        logits[i] = -INFINITY;
+}
+static int floor_accept(void *st, int32_t id)
+{
+    struct floor_cons *c = st;
+    c->accepted++;
+    return id >= c->floor ? 0 : -1;
+}
+static const struct constraint_ops k_floor_ops = {floor_mask, floor_accept};
+
+/* the constraint masks before sampling (greedy and sampled) and is advanced on accept */
+static void constraint_hook(void **state)
+{
+    (void)state;
+    struct floor_cons fc = {.floor = 4};
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.cons = (struct constraint){&k_floor_ops, &fc};
+    struct sampler *s = make(&p);
+    assert_int_equal(sampler_sample(s, k_logits), 6);   /* 1 and 3 are masked: 6 (2.5) */
+    assert_int_equal(sampler_accept_output(s, 6), 0);
+    assert_int_equal(sampler_accept_output(s, 2), -1);
+    assert_int_equal(fc.accepted, 2);
+    sampler_free(s);
+    p.temperature = 1.0f;
+    s = make(&p);
+    assert_int_equal(support(s, k_logits) & 0xf, 0u);   /* never below the floor */
+    sampler_free(s);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(constraint_hook),
     cmocka_unit_test(bias_and_presence),
     cmocka_unit_test(logprobs),
     cmocka_unit_test(tiny_temperature),

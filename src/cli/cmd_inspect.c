@@ -69,6 +69,26 @@ static void count_dtypes(const struct st_set *st, size_t counts[DTYPE_COUNT])
 
 /* ---- JSON ---- */
 
+/* Layers with a latent (MLA) cache. */
+static int latent_layers(const struct hparams *hp)
+{
+    int n = 0;
+    for (int il = 0; il < hp->n_layer; il++)
+        n += hp->layer[il].kv == KV_LATENT;
+    return n;
+}
+
+/* KV bytes per token if every latent layer kept full per-head K and V. */
+static uint64_t full_kv_bytes(const struct hparams *hp)
+{
+    uint64_t n = 0;
+    for (int il = 0; il < hp->n_layer; il++)
+        n += hp->layer[il].kv == KV_LATENT
+                 ? (uint64_t)hp->n_head * (hp->qk_nope_dim + hp->qk_rope_dim + hp->v_head_dim)
+                 : 2ull * hp->n_kv_head * hp->head_dim;
+    return n * sizeof(float);
+}
+
 static cJSON *build_json(const struct model *m)
 {
     const struct hparams *hp = &m->hp;
@@ -117,6 +137,16 @@ static cJSON *build_json(const struct model *m)
     }
     cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(m));
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)model_kv_bytes_per_token(m));
+    int n_latent = latent_layers(hp);
+    if (n_latent > 0) {
+        cJSON *lat = cJSON_AddObjectToObject(o, "kv_latent");
+        if (lat) {
+            cJSON_AddNumberToObject(lat, "layers", n_latent);
+            cJSON_AddNumberToObject(lat, "kv_lora_rank", hp->kv_lora_rank);
+            cJSON_AddNumberToObject(lat, "rope_dims", hp->qk_rope_dim);
+            cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)full_kv_bytes(hp));
+        }
+    }
     cJSON_AddNumberToObject(o, "files", (double)st_set_n_files(m->st));
     cJSON *un = cJSON_AddArrayToObject(o, "unused_tensors");
     for (size_t i = 0; un && i < st_set_count(m->st); i++) {
@@ -210,6 +240,13 @@ static void print_text(const struct model *m, bool verbose)
     printf("%-18s %s per token", "kv cache", buf);
     cli_format_bytes(kv * (uint64_t)hp->n_ctx, buf, sizeof buf);
     printf(" (%s at n_ctx %d)\n", buf, hp->n_ctx);
+    if (latent_layers(hp) > 0) {
+        uint64_t full = full_kv_bytes(hp);
+        cli_format_bytes(full, buf, sizeof buf);
+        printf("%-18s %d layers cache kv_lora_rank %d + rope %d floats per token; full K/V would "
+               "take %s per token (%.1fx)\n", "kv latent (MLA)", latent_layers(hp), hp->kv_lora_rank,
+               hp->qk_rope_dim, buf, kv ? (double)full / (double)kv : 0.0);
+    }
 
     size_t n_files = st_set_n_files(m->st);
     printf("%-18s %zu\n", "files", n_files);

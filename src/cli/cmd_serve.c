@@ -17,6 +17,7 @@
 
 #include "../core/log.h"
 #include "../engine/runner.h"
+#include "../server/outparse.h"
 #include "../server/server.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
@@ -27,7 +28,7 @@ static const char *k_help =
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
     "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-    "/tokenize, /detokenize, /apply-template.\n"
+    "/tokenize, /detokenize, /apply-template; a chat page at /.\n"
     "\n"
     "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model)\n"
     "      --host ADDR            address to listen on (default 127.0.0.1; an IPv4 or IPv6 literal)\n"
@@ -179,6 +180,14 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
                                 .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen};
+    if (sv->tmpl) {
+        /* what the chat template teaches the model to emit: its tool-call format, <think> */
+        const char *src = chat_tmpl_source(sv->tmpl);
+        sm->tool_format = outparse_detect_format(src);
+        sm->reasoning = outparse_detect_reasoning(src);
+        LOG_INFO("chat template: tool calls %s, reasoning %s", outparse_format_name(sm->tool_format),
+                 sm->reasoning ? "yes" : "no");
+    }
     return 0;
 }
 

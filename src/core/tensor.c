@@ -72,6 +72,20 @@ struct tensor tensor_slice0(const struct tensor *t, int64_t i)
     return v;
 }
 
+struct tensor tensor_rows(const struct tensor *t, int64_t r0, int64_t n)
+{
+    struct tensor v = *t;
+    v.data = (char *)t->data + (size_t)(r0 * t->stride[0]) * dtype_size(t->dtype);
+    if (t->qbits) {
+        size_t off = (size_t)(r0 * (t->shape[1] / t->qgroup)) * dtype_size(t->qsdtype);
+        v.qscales = (const char *)t->qscales + off;
+        if (t->qbiases)
+            v.qbiases = (const char *)t->qbiases + off;
+    }
+    v.shape[0] = n;
+    return v;
+}
+
 uint64_t tensor_storage_bytes(const struct tensor *t)
 {
     if (t->ndim == 0)

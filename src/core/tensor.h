@@ -50,6 +50,8 @@ int64_t tensor_nelem(const struct tensor *t);
 bool tensor_is_contiguous(const struct tensor *t);
 /* View of t[i] (drops the outermost dim); works for quantized tensors too. */
 struct tensor tensor_slice0(const struct tensor *t, int64_t i);
+/* View of rows [r0, r0 + n) of a 2-D tensor [out, in]; works for quantized tensors too. */
+struct tensor tensor_rows(const struct tensor *t, int64_t r0, int64_t n);
 /* Bytes of storage the tensor spans, including quantization scales/biases. */
 uint64_t tensor_storage_bytes(const struct tensor *t);
 /* Storage elements per logical row of the innermost dim (packed words when quantized). */

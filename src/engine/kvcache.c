@@ -53,10 +53,16 @@ static int check_params(const struct kv_params *p, int *bs, struct err *e)
     return 0;
 }
 
-/* Floats per slot of each layer's K and V, from its spec. */
+/* Floats per slot of each layer's K and V, from its spec; a latent layer keeps one row
+ * (the latent and the rope key) that serves as both (v_dim 0 here: nothing separate). */
 static int layer_dims(const struct hparams *hp, int il, int *k_dim, int *v_dim, struct err *e)
 {
     const struct layer_spec *ls = &hp->layer[il];
+    if (ls->kv == KV_LATENT) {
+        *k_dim = hp->kv_lora_rank + hp->qk_rope_dim;
+        *v_dim = 0;
+        return 0;
+    }
     if (ls->kv != KV_FULL && ls->kv != KV_SLIDING)
         return err_setf(e, ERR_UNSUPPORTED, "kv cache: layer %d's cache kind is not supported", il);
     *k_dim = *v_dim = hp->n_kv_head * hp->head_dim;
@@ -100,10 +106,16 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
         return err_prefix(e, "kv block tables");
     float *p = kv->pool;
     for (int il = 0; il < kv->n_layer; il++) {
-        kv->layers[il].k = p;
-        p += slots * (size_t)kv->layers[il].k_dim;
-        kv->layers[il].v = p;
-        p += slots * (size_t)kv->layers[il].v_dim;
+        struct kv_layer *L = &kv->layers[il];
+        L->k = p;
+        p += slots * (size_t)L->k_dim;
+        L->v = p;
+        p += slots * (size_t)L->v_dim;
+        if (L->v_dim == 0) {
+            /* latent: V reads the K row (attention's values are the latent columns) */
+            L->v = L->k;
+            L->v_dim = L->k_dim;
+        }
     }
     return 0;
 }
@@ -266,8 +278,9 @@ static void block_cow(struct kv_cache *kv, int seq)
         const struct kv_layer *L = &kv->layers[il];
         kv->be->ops->copy(kv->be, L->k + nb * bs * L->k_dim, L->k + old * bs * L->k_dim,
                           bs * L->k_dim * sizeof(float));
-        kv->be->ops->copy(kv->be, L->v + nb * bs * L->v_dim, L->v + old * bs * L->v_dim,
-                          bs * L->v_dim * sizeof(float));
+        if (L->v != L->k)
+            kv->be->ops->copy(kv->be, L->v + nb * bs * L->v_dim, L->v + old * bs * L->v_dim,
+                              bs * L->v_dim * sizeof(float));
     }
     block_release(kv, old);
     t[s->n_blocks - 1] = nb;

@@ -13,8 +13,10 @@
  *
  * Per-layer cache kinds come from the layer specs: full and sliding-window
  * layers keep one K and one V row per position (a sliding layer attends only
- * its last `window` positions); latent (MLA) and recurrent kinds are refused
- * at creation until a family needs them. Elements are f32 (dtype is checked
+ * its last `window` positions); a latent (MLA) layer keeps one row per
+ * position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
+ * roped shared key), which is its K and its V (layer.v == layer.k; ADR 0019);
+ * the recurrent kind is refused at creation until a family needs it. Elements are f32 (dtype is checked
  * at creation so f16/bf16 can follow).
  *
  * Sequences are ids in [0, max_seqs). Not thread-safe: one owner (the

@@ -71,6 +71,8 @@ struct runner_stats {
     int n_waiting, n_running;    /* jobs queued / with a sequence */
     int kv_blocks_used, kv_blocks_total;
     uint64_t n_steps;            /* forwards run */
+    uint64_t prefix_query_tokens;   /* prompt tokens admitted (prefix cache, when there is one) */
+    uint64_t prefix_hit_tokens;     /* of them, found in the cache */
 };
 
 struct runner;

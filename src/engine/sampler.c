@@ -150,13 +150,12 @@ void sampler_accept(struct sampler *s, int32_t id)
         s->n_recent++;
 }
 
-void sampler_accept_output(struct sampler *s, int32_t id)
+int sampler_accept_output(struct sampler *s, int32_t id)
 {
     sampler_accept(s, id);
-    if (!s->count || id < 0 || id >= s->n_vocab)
-        return;
-    if (s->count[id]++ == 0)
+    if (s->count && id >= 0 && id < s->n_vocab && s->count[id]++ == 0)
         s->seen[s->n_seen++] = id;
+    return s->p.cons.ops ? s->p.cons.ops->accept(s->p.cons.state, id) : 0;
 }
 
 static int32_t argmax(const float *v, int n)
@@ -239,6 +238,8 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
     const struct sampler_params *p = &s->p;
     int V = s->n_vocab;
     memcpy(s->work, logits, (size_t)V * sizeof(float));
+    if (p->cons.ops)
+        p->cons.ops->mask(p->cons.state, s->work, V);
 
     /* 0. logit bias, then the presence and frequency penalties over generated ids */
     for (int i = 0; i < p->n_bias; i++)

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "../core/err.h"
+#include "constraint.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +40,7 @@ struct sampler_params {
     float frequency_penalty;  /* OpenAI: minus this times the id's count so far (0: off) */
     const struct sampler_bias *bias;  /* logit_bias, added first (copied by sampler_new) */
     int n_bias;
+    struct constraint cons;           /* ops NULL: none; masks before everything else */
     uint64_t seed;
 };
 
@@ -86,8 +88,9 @@ void sampler_free(struct sampler *s);
 /* Record a token as part of the context (prompt or generated) for the repetition penalty. */
 void sampler_accept(struct sampler *s, int32_t id);
 /* Record a generated token: sampler_accept plus the count the presence and frequency
- * penalties read (they look at generated tokens only, as OpenAI and vLLM do). */
-void sampler_accept_output(struct sampler *s, int32_t id);
+ * penalties read (they look at generated tokens only, as OpenAI and vLLM do), and the
+ * constraint's advance. Returns the constraint's verdict (< 0: id was not allowed). */
+int sampler_accept_output(struct sampler *s, int32_t id);
 /* Pick the next id from logits [n_vocab]; logits are not modified. */
 int32_t sampler_sample(struct sampler *s, const float *logits);
 

@@ -26,6 +26,7 @@ struct sreq {
     struct sampler *smp;
     struct gen_params p;
     struct sched_cb cb;
+    bool cons_broken;            /* the constraint refused a token (an internal error) */
     struct gen_stats st;
     double t_admit, t_first;
 };
@@ -291,7 +292,10 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
         return false;
     }
     r->st.n_gen++;
-    sampler_accept_output(r->smp, id);
+    if (sampler_accept_output(r->smp, id) < 0) {
+        r->cons_broken = true;  /* the constraint refused what its own mask allowed */
+        return false;
+    }
     if (r->cb.on_token && r->cb.on_token(r->cb.ud, id, logits)) {
         r->st.stop = GEN_STOP_CALLBACK;
         return false;
@@ -365,7 +369,10 @@ int sched_step(struct sched *s, struct err *e)
                      "%d: its weights or config are broken", r->n_fed - 1);
             req_end(s, r, -ERR_FORMAT, &re);
         } else if (!sample_one(s, r, lg)) {
-            req_end(s, r, 0, NULL);
+            struct err re;
+            if (r->cons_broken)
+                err_setf(&re, ERR_INTERNAL, "the output constraint rejected a token its mask allowed");
+            req_end(s, r, r->cons_broken ? -ERR_INTERNAL : 0, r->cons_broken ? &re : NULL);
         }
     }
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;

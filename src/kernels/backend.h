@@ -65,6 +65,24 @@ enum router_kind {
     ROUTER_SPARSEMIXER = 3,   /* PhiMoE sparsemixer top-2, inference form */
     ROUTER_SOFTMAX_TOPK_RAW = 4, /* softmax over all, top-k, weights kept as they are
                                   * (Qwen2/3-MoE with norm_topk_prob false) */
+    ROUTER_GROUP_SOFTMAX = 5, /* DeepSeek-V2: softmax over all, group-limited top-k with a
+                               * group's score its best expert (moe_route_grouped) */
+    ROUTER_GROUP_SIGMOID = 6, /* DeepSeek-V3 noaux_tc: sigmoid scores, choice on score +
+                               * correction bias, group score the sum of its top 2 */
+};
+
+/* The options of the grouped routers (moe_route_grouped). Per token, with scores s
+ * (softmax or sigmoid of the logits) and choice scores c = s + bias (bias: 0 when NULL):
+ * the experts split into n_group equal groups of consecutive ids; the topk_group groups
+ * with the best group score (c's max for ROUTER_GROUP_SOFTMAX, the sum of c's top 2 for
+ * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become 0; the k experts with the
+ * highest c are chosen (ties toward the lower index), each weighted by its s, divided by
+ * the sum of the k (+ 1e-20) when norm, then times scale. */
+struct moe_group_params {
+    const struct tensor *bias;   /* [n_expert] F32 correction bias, or NULL */
+    int n_group, topk_group;     /* 1, 1: no group limit */
+    bool norm;                   /* renormalize the k weights */
+    float scale;                 /* routed_scaling_factor */
 };
 
 /* E linears of one shape: views into a stacked [E, out, in] tensor or into
@@ -78,7 +96,8 @@ struct expert_linear {
  * offset) holds K row k + s * k_dim and V row v + s * v_dim. */
 struct kv_layer {
     float *k, *v;
-    int k_dim, v_dim;        /* floats per slot (n_kv_head * head_dim today) */
+    int k_dim, v_dim;        /* floats per slot: n_kv_head * head_dim; a latent (MLA) layer
+                              * keeps one row of kv_lora_rank + rope dims, v == k */
 };
 
 /* Where the rows of one forward chunk sit in the paged cache, all in backend
@@ -203,6 +222,10 @@ struct backend_ops {
      * sparsemixer epsilon. */
     void (*moe_route)(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
                       const float *logits, int n_tok, int n_expert, int k, float jitter);
+    /* moe_route for the grouped kinds (ROUTER_GROUP_*), with their options p. */
+    void (*moe_route_grouped)(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                              const float *logits, int n_tok, int n_expert, int k,
+                              const struct moe_group_params *p);
     /* Group the n_slot = n_tok * k (token, slot) pairs of sel by expert: order [n_slot]
      * lists slot indices expert by expert (ascending within one), offsets [n_expert + 1]
      * delimits each expert's run. */

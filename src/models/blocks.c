@@ -200,8 +200,15 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
     int k = cfg->k, n_slot = n * k, ff = cfg->n_ff, d = cfg->n_embd;
 
     /* route every token, then group its k (token, expert) slots by expert */
-    op->linear(be, b->router, cfg->n_expert, xn, &L->router, opt(&L->router_b), n);
-    op->moe_route(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k, cfg->jitter);
+    bool grouped = cfg->router == ROUTER_GROUP_SOFTMAX || cfg->router == ROUTER_GROUP_SIGMOID;
+    /* router_b: gpt-oss's bias on the logits; for the grouped routers (DeepSeek) a correction
+     * bias that only chooses experts, which moe_route_grouped takes through cfg->group */
+    op->linear(be, b->router, cfg->n_expert, xn, &L->router, grouped ? NULL : opt(&L->router_b), n);
+    if (grouped)
+        op->moe_route_grouped(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k,
+                              cfg->group);
+    else
+        op->moe_route(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k, cfg->jitter);
     op->moe_group(be, b->order, b->offsets, b->sel, n_slot, cfg->n_expert);
     op->gather(be, b->xg, xn, d, b->order, k, n_slot, d);
 
@@ -229,14 +236,102 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
 }
 
 void blk_shared_expert(struct backend *be, float *f, const float *xn, const struct layer *L,
-                       enum act_kind act, int n_ff, const struct ctx_bufs *b, int n)
+                       enum act_kind act, int n_ff, bool plain, const struct ctx_bufs *b, int n)
 {
     const struct backend_ops *op = be->ops;
     int d = (int)L->shexp_down.shape[0];
     /* b->yg holds n_tok * k >= n rows of n_embd and is free once the experts are combined */
     glu_w(be, b->yg, xn, &L->shexp_gate, &L->shexp_up, NULL, &L->shexp_down, act, n_ff, b, n);
+    if (plain) {
+        op->axpy(be, f, d, 1.0f, b->yg, d, n, d);
+        return;
+    }
     op->linear(be, b->router, 1, xn, &L->shexp_inp_gate, NULL, n);
     op->sigmoid_axpy(be, f, d, b->router, b->yg, d, n, d);
+}
+
+/* ---- multi-head latent attention ---- */
+
+/* Linear jobs go out in batches of this many (each head has its own products). */
+#define MLA_JOBS 32
+
+static void flush_jobs(struct backend *be, struct linear_job *jobs, int *nj)
+{
+    if (*nj > 0)
+        be->ops->linear_batch(be, jobs, *nj);
+    *nj = 0;
+}
+
+static void add_job(struct backend *be, struct linear_job *jobs, int *nj, struct linear_job j)
+{
+    if (*nj == MLA_JOBS)
+        flush_jobs(be, jobs, nj);
+    jobs[(*nj)++] = j;
+}
+
+void blk_mla_attention(struct backend *be, float *o, const float *xn, const struct layer *L,
+                       const struct blk_mla_cfg *cfg, const struct kv_layer *kv,
+                       const struct kv_rows *rows, const struct ctx_bufs *b, int n)
+{
+    const struct backend_ops *op = be->ops;
+    int H = cfg->n_head, r = cfg->kv_rank, lr = r + cfg->rope, vd = cfg->v_dim;
+    size_t N = (size_t)n;
+    /* scratch: q_a [n, q_rank] | q_nope [H][n][nope] | q_full [n, H * lr] | latent row [n, lr];
+     * per-head attention outputs [H][n][lr] (or [n, H * lr] for one row) | values [n, H * vd] */
+    float *qa = b->qkv, *qn = qa + N * cfg->q_rank, *qf = qn + (size_t)H * N * cfg->nope;
+    float *ckv = qf + N * H * lr, *ah = b->att, *vo = ah + (size_t)H * N * lr;
+    struct linear_job jobs[MLA_JOBS];
+    int nj = 0;
+
+    /* 1. q input: x, or the normalized low-rank q_a */
+    const float *qin = xn;
+    if (cfg->q_rank > 0) {
+        op->linear(be, qa, cfg->q_rank, xn, &L->wq_a, NULL, n);
+        op->rmsnorm(be, qa, qa, cfg->q_rank, &L->q_a_norm, 0.0f, cfg->norm_eps, n, 1, cfg->q_rank);
+        qin = qa;
+    }
+    /* 2. per head: q_nope into its own dense block, q_pe into its q_full columns; the latent
+     *    row [latent | k_pe] */
+    add_job(be, jobs, &nj, (struct linear_job){ckv, lr, xn, &L->wkv_a, NULL, n});
+    for (int h = 0; h < H; h++) {
+        const struct tensor *v = &L->mla_heads[4 * h];
+        add_job(be, jobs, &nj, (struct linear_job){qn + (size_t)h * N * cfg->nope, cfg->nope, qin,
+                                                   &v[0], NULL, n});
+        add_job(be, jobs, &nj, (struct linear_job){qf + (size_t)h * lr + r, H * lr, qin, &v[1],
+                                                   NULL, n});
+    }
+    flush_jobs(be, jobs, &nj);
+    /* 3. the latent normalized, k_pe and q_pe rotated; the row into the cache */
+    op->rmsnorm(be, ckv, ckv, lr, &L->kv_a_norm, 0.0f, cfg->norm_eps, n, 1, r);
+    op->rope(be, ckv + r, lr, n, 1, cfg->rope, cfg->rp, rows);
+    op->rope(be, qf + r, H * lr, n, H, lr, cfg->rp, rows);
+    op->kv_store(be, kv, ckv, lr, ckv, lr, rows, n);
+    /* 4. absorbed query: q_nope of head h through its k rows of kv_b_proj, into the latent
+     *    columns of q_full */
+    for (int h = 0; h < H; h++)
+        add_job(be, jobs, &nj, (struct linear_job){qf + (size_t)h * lr, H * lr,
+                                                   qn + (size_t)h * N * cfg->nope,
+                                                   &L->mla_heads[4 * h + 2], NULL, n});
+    flush_jobs(be, jobs, &nj);
+    /* 5. attention over the cached rows (keys and values both the row; a head's output past
+     *    the latent columns is unused). One row: all heads in one call; else one call per
+     *    head so that each head's output is dense for its value product. */
+    struct attn_params ap = {.n_head = n == 1 ? H : 1, .n_kv_head = 1, .head_dim = lr,
+                             .scale = cfg->scale};
+    if (n == 1) {
+        op->attention(be, ah, H * lr, qf, H * lr, kv, rows, n, &ap);
+    } else {
+        for (int h = 0; h < H; h++)
+            op->attention(be, ah + (size_t)h * N * lr, lr, qf + (size_t)h * lr, H * lr, kv, rows,
+                          n, &ap);
+    }
+    /* 6. each head's value from its attended latent, then the output projection */
+    for (int h = 0; h < H; h++)
+        add_job(be, jobs, &nj, (struct linear_job){vo + (size_t)h * vd, H * vd,
+                                                   ah + (size_t)h * (n == 1 ? 1 : N) * lr,
+                                                   &L->mla_heads[4 * h + 3], NULL, n});
+    flush_jobs(be, jobs, &nj);
+    op->linear(be, o, cfg->n_embd, vo, &L->wo, NULL, n);
 }
 
 /* ---- head ---- */

@@ -69,6 +69,7 @@ struct blk_moe_cfg {
     enum router_kind router;
     int n_expert, k;
     float jitter;
+    const struct moe_group_params *group;  /* ROUTER_GROUP_*: their options (bias: router_b) */
     enum ffn_kind ffn;            /* each expert: GLU (gate, up, down) or MLP (up, down) */
     enum act_kind act;
     int n_ff, n_embd;
@@ -81,9 +82,28 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
              const struct blk_moe_cfg *cfg, const struct ctx_bufs *b, int n);
 
 /* f[n, n_embd] += sigmoid(shexp_inp_gate(xn)) * shexp_down(act(shexp_gate(xn)) * shexp_up(xn)):
- * the shared expert of a MoE layer, after blk_moe wrote f. Uses b->h, h1, yg, router. */
+ * the shared expert of a MoE layer, after blk_moe wrote f (plain: no sigmoid gate, the
+ * expert's output added as it is). Uses b->h, h1, yg, router. */
 void blk_shared_expert(struct backend *be, float *f, const float *xn, const struct layer *L,
-                       enum act_kind act, int n_ff, const struct ctx_bufs *b, int n);
+                       enum act_kind act, int n_ff, bool plain, const struct ctx_bufs *b, int n);
+
+/* Multi-head latent attention (DeepSeek-V2/V3), in the absorbed form over a KV_LATENT cache. */
+struct blk_mla_cfg {
+    int n_head, nope, rope, v_dim, kv_rank, q_rank;  /* q_rank 0: no q LoRA */
+    float scale;                  /* softmax scale */
+    const struct rope_params *rp; /* on the rope dims (n_rot = rope) */
+    float norm_eps;               /* q_a / kv_a RMSNorms */
+    int n_embd;
+};
+
+/* o[n, n_embd] = wo(MLA(xn)): q = wq(xn) or wq(rms(wq_a xn)) split per head into q_nope |
+ * q_pe; the row [rms(latent) | rope(k_pe)] of wkv_a xn is stored in the cache; each head
+ * attends with [q_nope wk_lat_h | rope(q_pe)] against the cached rows (one shared "kv head" of
+ * kv_rank + rope dims: q_nope . k_nope = (wk_lat_h q_nope) . latent), and its value is
+ * wv_lat_h times the attended latent. Uses b->qkv and b->att. */
+void blk_mla_attention(struct backend *be, float *o, const float *xn, const struct layer *L,
+                       const struct blk_mla_cfg *cfg, const struct kv_layer *kv,
+                       const struct kv_rows *rows, const struct ctx_bufs *b, int n);
 
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,

@@ -60,11 +60,24 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
             k = (size_t)hp->layer[il].n_expert_used;
     size_t q_dim = hp->n_head * hd, kv_dim = hp->n_kv_head * hd;
     size_t K = (size_t)B * k, rows = E ? K : (size_t)B;
+    size_t qkv_w = q_dim + 2 * kv_dim, att_w = q_dim;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (hp->layer[il].kv != KV_LATENT)
+            continue;
+        /* MLA (blk_mla_attention): qkv holds q_a | q_nope per head | q_full | latent row,
+         * att the per-head attention outputs | the heads' values */
+        size_t H = (size_t)hp->n_head, lr = (size_t)hp->kv_lora_rank + hp->qk_rope_dim;
+        size_t qw = (size_t)hp->q_lora_rank + H * hp->qk_nope_dim + H * lr + lr;
+        size_t aw = H * lr + H * hp->v_head_dim;
+        qkv_w = qw > qkv_w ? qw : qkv_w;
+        att_w = aw > att_w ? aw : att_w;
+        break;
+    }
     struct ctx_bufs t;
     t.x = carve(base, &off, (size_t)B * d);
     t.xn = carve(base, &off, (size_t)B * d);
-    t.qkv = carve(base, &off, (size_t)B * (q_dim + 2 * kv_dim));
-    t.att = carve(base, &off, (size_t)B * q_dim);
+    t.qkv = carve(base, &off, (size_t)B * qkv_w);
+    t.att = carve(base, &off, (size_t)B * att_w);
     t.o = carve(base, &off, (size_t)B * d);
     t.f = carve(base, &off, (size_t)B * d);
     t.h = carve(base, &off, rows * 2 * ff);

@@ -11,11 +11,11 @@
  *     RESID_POST:        x += norm1(attn(x));  x += norm2(ffn(x))
  *     RESID_SANDWICH:    x += post1(attn(norm1(x)));  x += post2(ffn(norm2(x)))
  *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
- *     attn: ls.kv (full / sliding window), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
+ *     attn: ls.kv (full / sliding window; latent: multi-head latent attention), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
  *           ls.softcap, ls.sinks, ls.attn_scale
  *     ffn:  ls.moe ? routed experts (ls.router (+ router bias), ls.n_expert_used; GLU, MLP or
  *                    the clamped GLU of ls.glu_alpha / ls.glu_limit)
- *                    [+ sigmoid-gated shared expert of ls.n_ff_shexp] : dense GLU / MLP
+ *                    [+ sigmoid-gated (or plain) shared expert of ls.n_ff_shexp] : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows])), then cap * tanh(logits / cap)
  *            when logit_softcap is set
  *
@@ -66,12 +66,14 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
     const struct hparams *hp = &c->m->hp;
     const struct ctx_bufs *b = &c->bufs;
     if (ls->moe) {
+        struct moe_group_params gp = {hp->router_bias ? &L->router_b : NULL, hp->moe_n_group,
+                                      hp->moe_topk_group, hp->moe_norm, hp->moe_scale};
         struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
-                                 ls->ffn, ls->act, ls->n_ff, hp->n_embd, ls->glu_alpha,
+                                 &gp, ls->ffn, ls->act, ls->n_ff, hp->n_embd, ls->glu_alpha,
                                  ls->glu_limit};
         blk_moe(c->be, b->f, in, L, &mc, b, n);
         if (ls->n_ff_shexp > 0)
-            blk_shared_expert(c->be, b->f, in, L, ls->act, ls->n_ff_shexp, b, n);
+            blk_shared_expert(c->be, b->f, in, L, ls->act, ls->n_ff_shexp, ls->shexp_plain, b, n);
     } else if (ls->ffn == FFN_GLU) {
         blk_glu(c->be, b->f, in, L, ls->act, ls->n_ff, b, n);
     } else {
@@ -112,7 +114,15 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         const float *in = post ? b->x : b->xn;
         if (!post)
             blk_norm(c->be, b->xn, b->x, &n1, n, d);
-        blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il], ch->rows, b, n);
+        if (ls->kv == KV_LATENT) {
+            struct blk_mla_cfg mla = {hp->n_head, hp->qk_nope_dim, hp->qk_rope_dim, hp->v_head_dim,
+                                      hp->kv_lora_rank, hp->q_lora_rank, ls->attn_scale,
+                                      &rp, 1e-6f, d};  /* the q_a / kv_a norms: transformers'
+                                                        * RMSNorm default, not rms_norm_eps */
+            blk_mla_attention(c->be, b->o, in, L, &mla, &ch->kv[il], ch->rows, b, n);
+        } else {
+            blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il], ch->rows, b, n);
+        }
         if (after1)
             blk_norm(c->be, b->o, b->o, after1, n, d);
         if (ls->residual != RESID_PARALLEL)

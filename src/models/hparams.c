@@ -18,6 +18,8 @@ void hparams_init(struct hparams *hp)
     hp->ffn = FFN_GLU;
     hp->act = ACT_SILU;
     hp->router = ROUTER_NONE;
+    hp->moe_n_group = hp->moe_topk_group = 1;
+    hp->moe_scale = 1.0f;
     hp->bos_id = -1;
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
 }
@@ -56,9 +58,17 @@ void hparams_fill_layers(struct hparams *hp)
 static int validate_layer(const struct hparams *hp, const struct layer_spec *ls, int il,
                           struct err *e)
 {
-    if (ls->kv == KV_LATENT || ls->kv == KV_RECURRENT)
-        return err_setf(e, ERR_UNSUPPORTED, "layer %d: latent and recurrent caches are not supported yet",
-                        il);
+    if (ls->kv == KV_RECURRENT)
+        return err_setf(e, ERR_UNSUPPORTED, "layer %d: recurrent caches are not supported yet", il);
+    if (ls->kv == KV_LATENT &&
+        (hp->kv_lora_rank < 1 || hp->kv_lora_rank > HP_MAX_HEAD_DIM || hp->qk_rope_dim < 2 ||
+         hp->qk_rope_dim > HP_MAX_HEAD_DIM || hp->qk_nope_dim < 1 ||
+         hp->qk_nope_dim > HP_MAX_HEAD_DIM || hp->v_head_dim < 1 ||
+         hp->v_head_dim > HP_MAX_HEAD_DIM || hp->q_lora_rank < 0 || hp->q_lora_rank > HP_MAX_DIM ||
+         ls->n_rot != hp->qk_rope_dim))
+        return err_setf(e, ERR_CONFIG, "layer %d: latent attention needs kv_lora_rank, "
+                        "qk_nope_head_dim, qk_rope_head_dim (= its rotary dims) and v_head_dim in "
+                        "[1, %d]", il, HP_MAX_HEAD_DIM);
     if (ls->kv == KV_SLIDING && ls->window <= 0)
         return err_setf(e, ERR_CONFIG, "layer %d: sliding window %d must be positive", il, ls->window);
     if (ls->n_rot < 0 || ls->n_rot > hp->head_dim || ls->n_rot % 2 != 0 ||
@@ -96,6 +106,23 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
                         ls->n_expert_used);
     if (ls->router == ROUTER_NONE)
         return err_setf(e, ERR_INTERNAL, "MoE family without a router kind");
+    if (ls->router == ROUTER_GROUP_SOFTMAX || ls->router == ROUTER_GROUP_SIGMOID) {
+        int ng = hp->moe_n_group, tg = hp->moe_topk_group;
+        if (ng < 1 || hp->n_expert % ng != 0)
+            return err_setf(e, ERR_CONFIG, "config field 'n_group' = %d must divide the %d "
+                            "routed experts", ng, hp->n_expert);
+        if (tg < 1 || tg > ng)
+            return err_setf(e, ERR_CONFIG, "config field 'topk_group' = %d must be in [1, "
+                            "n_group = %d]", tg, ng);
+        if (ls->router == ROUTER_GROUP_SIGMOID && ng > 1 && hp->n_expert / ng < 2)
+            return err_setf(e, ERR_CONFIG, "config field 'n_group' = %d leaves fewer than 2 "
+                            "experts per group (the group score sums its top 2)", ng);
+        if (ls->n_expert_used > tg * (hp->n_expert / ng))
+            return err_setf(e, ERR_CONFIG, "num_experts_per_tok = %d exceeds the %d experts of "
+                            "topk_group groups", ls->n_expert_used, tg * (hp->n_expert / ng));
+        if (!isfinite(hp->moe_scale))
+            return err_setf(e, ERR_CONFIG, "config field 'routed_scaling_factor' must be finite");
+    }
     return 0;
 }
 

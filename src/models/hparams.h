@@ -52,7 +52,8 @@ enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONG
 enum kv_kind {
     KV_FULL = 0,       /* every position */
     KV_SLIDING = 1,    /* a query at p attends (p - window, p] */
-    KV_LATENT = 2,     /* compressed latent per position (MLA): not yet supported */
+    KV_LATENT = 2,     /* MLA: per position one row of the normalized latent (kv_lora_rank)
+                        * and the roped shared key (qk_rope_dim), no per-head K/V (ADR 0019) */
     KV_RECURRENT = 3,  /* fixed-size state per sequence (SSM, linear attention): not yet */
 };
 /* Where a layer's norms and residual adds sit. */
@@ -93,6 +94,7 @@ struct layer_spec {
     float glu_alpha, glu_limit; /* FFN_GLU_CLAMPED: sigmoid gain and clamp */
     int n_ff_shexp;             /* MoE layers: width of a shared GLU expert added to the routed
                                  * ones, scaled by sigmoid(shexp_inp_gate x) (Qwen2-MoE); 0: none */
+    bool shexp_plain;           /* ... added as it is, without the sigmoid gate (DeepSeek) */
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */
@@ -148,11 +150,23 @@ struct hparams {
     bool ffn_bias;              /* biases on the FFN / expert linears */
     float glu_alpha, glu_limit; /* FFN_GLU_CLAMPED (gpt-oss swiglu_alpha / swiglu_limit) */
     bool attn_sinks;            /* per-head attention sink logits on every layer */
-    bool router_bias;           /* bias on the MoE router linear */
+    bool router_bias;           /* layer.router_b [n_expert]: a bias on the router logits (gpt-oss),
+                                 * or with a grouped router the F32 e_score_correction_bias that
+                                 * only chooses experts (DeepSeek-V3) */
     int n_expert;               /* 0: dense */
     int n_expert_used;
     enum router_kind router;
     float router_jitter;        /* sparsemixer epsilon (PhiMoE router_jitter_noise) */
+    /* grouped routers (ROUTER_GROUP_SOFTMAX / _SIGMOID, struct moe_group_params) */
+    int moe_n_group, moe_topk_group;  /* n_group, topk_group (1, 1: no group limit) */
+    bool moe_norm;              /* renormalize the chosen weights (norm_topk_prob) */
+    float moe_scale;            /* routed_scaling_factor */
+
+    /* multi-head latent attention (layers with kv = KV_LATENT; DeepSeek-V2/V3): per head
+     * q = [nope | rope] of qk_nope_dim + qk_rope_dim, v of v_head_dim; n_rot = qk_rope_dim */
+    int q_lora_rank;            /* > 0: q = q_b(norm(q_a(x))); 0: q = q_proj(x) */
+    int kv_lora_rank;           /* width of the compressed latent */
+    int qk_nope_dim, qk_rope_dim, v_head_dim;
 
     /* scales (1 = none): x = embd_scale * embed(ids); every residual add is
      * x += residual_scale * block(x); logits *= logit_scale (Granite's multipliers and

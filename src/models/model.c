@@ -179,6 +179,7 @@ void model_free(struct model *m)
     st_set_free(m->st);
     free(m->layers);
     free(m->expert_views);
+    free(m->derived);
     qconfig_free(&m->hp.quant);
     free(m);
 }
@@ -246,6 +247,11 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
             if (ts[i] != &L->sinks && (rc = prepare_one(be, ts[i], e)) < 0)
                 return rc;
     }
+    /* MLA per-head views */
+    for (int il = 0; il < m->hp.n_layer; il++)
+        for (int i = 0; m->layers[il].mla_heads && i < 4 * m->hp.n_head; i++)
+            if ((rc = prepare_one(be, &m->layers[il].mla_heads[i], e)) < 0)
+                return rc;
     /* expert views of every layer live in one store */
     for (size_t i = 0; i < m->expert_views_used; i++)
         if ((rc = prepare_one(be, &m->expert_views[i], e)) < 0)
@@ -256,5 +262,9 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
 uint64_t model_kv_bytes_per_token(const struct model *m)
 {
     const struct hparams *hp = &m->hp;
-    return 2ull * hp->n_layer * hp->n_kv_head * hp->head_dim * sizeof(float);
+    uint64_t n = 0;
+    for (int il = 0; il < hp->n_layer; il++)
+        n += hp->layer[il].kv == KV_LATENT ? (uint64_t)(hp->kv_lora_rank + hp->qk_rope_dim)
+                                           : 2ull * hp->n_kv_head * hp->head_dim;
+    return n * sizeof(float);
 }

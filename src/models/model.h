@@ -22,8 +22,15 @@
  *   q_norm, k_norm  [head_dim]
  *   sinks           [n_head] attention sink logits (layer_spec.sinks)
  *   dense FFN: up/gate/down (+ biases), or gate_up fused [2 n_ff, n_embd]
- *   MoE: router [n_expert, n_embd] (+ router_b [n_expert]) and struct experts (one view
- *        per expert).
+ *   MoE: router [n_expert, n_embd] (+ router_b [n_expert]: gpt-oss's bias on the logits; for
+ *        DeepSeek's grouped routers a correction bias used only for the choice) and struct
+ *        experts (one view per expert).
+ *   MLA (KV_LATENT layers): wq [n_head * (nope + rope), q_lora_rank or n_embd], wq_a
+ *        [q_lora_rank, n_embd] and q_a_norm [q_lora_rank] when q is low-rank; wkv_a
+ *        [kv_lora_rank + rope, n_embd], kv_a_norm [kv_lora_rank]; from kv_b_proj, per head:
+ *        wk_lat [n_head, kv_lora_rank, nope] (its k rows transposed: q_nope -> latent) and
+ *        wv_lat [n_head, v_head_dim, kv_lora_rank + rope] (its v rows, zero past the latent);
+ *        wo [n_embd, n_head * v_head_dim].
  */
 #pragma once
 #include <stdbool.h>
@@ -56,13 +63,17 @@ struct experts {
     X(wq) X(wk) X(wv) X(wqkv) X(bq) X(bk) X(bv) X(bqkv) X(wo) X(bo) \
     X(q_norm) X(k_norm) X(sinks) \
     X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router) X(router_b) \
-    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate)
+    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) \
+    X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;
     LAYER_TENSORS(LAYER_FIELD)
 #undef LAYER_FIELD
     struct experts ex;
+    /* MLA: per head h, mla_heads[4 h ..]: wq's q_nope rows, wq's q_pe rows, wk_lat[h],
+     * wv_lat[h] (views; storage in model.derived), or NULL */
+    struct tensor *mla_heads;
 };
 
 struct generation_defaults {
@@ -109,6 +120,8 @@ struct model {
     struct tensor lm_head, lm_head_b;    /* [n_vocab, n_embd], [n_vocab] */
     struct layer *layers;            /* [n_layer], owned */
     struct tensor *expert_views;     /* backing store of every expert_linear, owned */
+    void *derived;                   /* weights a family rearranged at load (MLA's per-head
+                                      * kv_b_proj factors), owned; NULL if none */
     size_t n_expert_views, expert_views_used;
     void **owned;                    /* weights a layout forces to copy (transformers'
                                       * transposed gpt-oss experts), owned */

@@ -10,7 +10,7 @@
 
 static const char *const k_endpoints[METRICS_N_ENDPOINTS] = {
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize", "/detokenize", "/apply-template", "/v1/models/{id}", "other",
+    "/tokenize", "/detokenize", "/apply-template", "/v1/responses", "/v1/models/{id}", "other",
 };
 static const int k_status[METRICS_N_STATUS] = {200, 400, 401, 404, 405, 413, 429, 500, 503, 408, 431, 499, 0};
 static const double k_buckets[METRICS_N_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

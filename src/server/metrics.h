@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define METRICS_N_ENDPOINTS 10
+#define METRICS_N_ENDPOINTS 11
 #define METRICS_N_STATUS 13
 #define METRICS_N_BUCKETS 12
 

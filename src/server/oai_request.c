@@ -408,6 +408,88 @@ static int join_parts(struct oai_error *err, const cJSON *parts, int i, char **o
     return 0;
 }
 
+/* Checks tool_calls of assistant message i into a fresh array for the template. */
+static int parse_tool_calls(struct oai_error *err, const cJSON *calls, int i, cJSON **out)
+{
+    char param[128];
+    snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+    if (!cJSON_IsArray(calls))
+        return type_error(err, param, "an array");
+    if (count_children(calls, OAI_MAX_TOOL_CALLS + 1) > OAI_MAX_TOOL_CALLS)
+        return bad(err, param, "'%s' must have at most %d entries", param, OAI_MAX_TOOL_CALLS);
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr)
+        return nomem(err);
+    int j = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, calls) {
+        snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, j);
+        const cJSON *fn = cJSON_IsObject(c) ? member(c, "function") : NULL, *id = cJSON_IsObject(c) ? member(c, "id") : NULL;
+        const cJSON *nm = cJSON_IsObject(fn) ? member(fn, "name") : NULL, *args = cJSON_IsObject(fn) ? member(fn, "arguments") : NULL;
+        if (!cJSON_IsObject(c) || !cJSON_IsObject(fn) || !cJSON_IsString(nm) || (id && !cJSON_IsString(id)) ||
+            (args && !cJSON_IsString(args) && !cJSON_IsObject(args))) {
+            cJSON_Delete(arr);
+            return bad(err, param, "'%s' must be {\"id\": string, \"type\": \"function\", \"function\": "
+                       "{\"name\": string, \"arguments\": string}}", param);
+        }
+        /* templates read arguments as a mapping (transformers' callers pass dicts): JSON text
+         * that parses to an object becomes one, anything else stays the string it was */
+        cJSON *a = NULL;
+        if (cJSON_IsString(args)) {
+            a = cJSON_Parse(args->valuestring);
+            if (a && !cJSON_IsObject(a)) {
+                cJSON_Delete(a);
+                a = NULL;
+            }
+        }
+        if (!a)
+            a = args ? cJSON_Duplicate(args, true) : cJSON_CreateObject();
+        cJSON *o = cJSON_CreateObject(), *f = NULL;
+        bool ok = a && o && (!id || cJSON_AddStringToObject(o, "id", id->valuestring)) &&
+                  cJSON_AddStringToObject(o, "type", "function") && (f = cJSON_AddObjectToObject(o, "function")) &&
+                  cJSON_AddStringToObject(f, "name", nm->valuestring);
+        bool a_owned = ok && cJSON_AddItemToObject(f, "arguments", a);  /* a belongs to o from here */
+        if (!a_owned)
+            cJSON_Delete(a);
+        if (!a_owned || !cJSON_AddItemToArray(arr, o)) {
+            cJSON_Delete(o);
+            cJSON_Delete(arr);
+            return nomem(err);
+        }
+        j++;
+    }
+    *out = arr;
+    return 0;
+}
+
+/* Appends {"role", "content" (text, or null), "tool_calls" / "tool_call_id"} for message i. */
+static int add_message(struct oai_error *err, cJSON *out, const char *role, const char *text, const cJSON *m, int i)
+{
+    char param[128];
+    cJSON *calls = NULL;
+    const cJSON *tc = strcmp(role, "assistant") == 0 ? member(m, "tool_calls") : NULL;
+    const cJSON *call_id = strcmp(role, "tool") == 0 ? member(m, "tool_call_id") : NULL;
+    if (tc && parse_tool_calls(err, tc, i, &calls) < 0)
+        return -1;
+    if (call_id && !cJSON_IsString(call_id)) {
+        cJSON_Delete(calls);
+        snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+        return type_error(err, param, "a string");
+    }
+    cJSON *msg = cJSON_CreateObject();
+    if (!msg || !cJSON_AddItemToArray(out, msg)) {
+        cJSON_Delete(msg);
+        cJSON_Delete(calls);
+        return nomem(err);
+    }
+    bool ok = cJSON_AddStringToObject(msg, "role", role) &&
+              (text ? cJSON_AddStringToObject(msg, "content", text) != NULL : cJSON_AddNullToObject(msg, "content") != NULL);
+    if (calls && !(ok && cJSON_AddItemToObject(msg, "tool_calls", calls)))
+        cJSON_Delete(calls), ok = false;
+    ok = ok && (!call_id || cJSON_AddStringToObject(msg, "tool_call_id", call_id->valuestring));
+    return ok ? 0 : nomem(err);
+}
+
 /* Checks message i and appends {"role", "content"} to out. */
 static int parse_message(struct oai_error *err, cJSON *out, const cJSON *m, int i)
 {
@@ -422,33 +504,32 @@ static int parse_message(struct oai_error *err, cJSON *out, const cJSON *m, int 
     if (!cJSON_IsString(role))
         return type_error(err, param, "a string");
     const char *name = chat_role(role->valuestring);
-    if (!name && (strcmp(role->valuestring, "tool") == 0 || strcmp(role->valuestring, "function") == 0))
-        return bad(err, param, "messages with role '%s' (tool messages) are not supported yet", role->valuestring);
+    if (!name && strcmp(role->valuestring, "tool") == 0)
+        name = "tool";
+    if (!name && strcmp(role->valuestring, "function") == 0)
+        return bad(err, param, "messages with role 'function' (the deprecated form) are not supported: use 'tool'");
     if (!name)
-        return bad(err, param, "'%s' must be one of 'system', 'developer', 'user', 'assistant' (got '%s')", param,
-                   quote(q, role->valuestring));
+        return bad(err, param, "'%s' must be one of 'system', 'developer', 'user', 'assistant', 'tool' (got '%s')",
+                   param, quote(q, role->valuestring));
+    bool assistant = strcmp(name, "assistant") == 0;
+    const cJSON *calls = assistant ? member(m, "tool_calls") : NULL;
 
     snprintf(param, sizeof param, "messages[%d].content", i);
     const cJSON *content = member(m, "content");
     char *joined = NULL;
-    if (!content)
+    if (!content && !(calls && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0))
         return bad(err, param, "'%s' is required", param);
+    if (!content)
+        return add_message(err, out, name, NULL, m, i);
     if (cJSON_IsArray(content)) {
         if (join_parts(err, content, i, &joined) < 0)
             return -1;
     } else if (!cJSON_IsString(content)) {
         return type_error(err, param, "a string or an array of content parts");
     }
-    cJSON *msg = cJSON_CreateObject();
-    if (!msg || !cJSON_AddItemToArray(out, msg)) {
-        cJSON_Delete(msg);
-        free(joined);
-        return nomem(err);
-    }
-    bool ok = cJSON_AddStringToObject(msg, "role", name) &&
-              cJSON_AddStringToObject(msg, "content", joined ? joined : content->valuestring);
+    int rc = add_message(err, out, name, joined ? joined : content->valuestring, m, i);
     free(joined);
-    return ok ? 0 : nomem(err);
+    return rc;
 }
 
 static int parse_messages(struct oai_request *r, const cJSON *root, struct oai_error *err)
@@ -679,6 +760,115 @@ static int parse_common(struct oai_request *r, const cJSON *root, int n_vocab, s
 
 /* ---- the endpoints ---- */
 
+/* A function name as OpenAI allows it: 1 to 64 of [A-Za-z0-9_-]. */
+static bool tool_name_ok(const char *n)
+{
+    size_t len = strlen(n);
+    if (len == 0 || len > 64)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!((n[i] >= 'a' && n[i] <= 'z') || (n[i] >= 'A' && n[i] <= 'Z') || (n[i] >= '0' && n[i] <= '9') ||
+              n[i] == '_' || n[i] == '-' || n[i] == '.'))
+            return false;
+    return true;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}];
+ * tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name"}}. */
+static int parse_tools(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    const cJSON *tools = member(root, "tools"), *t, *choice = member(root, "tool_choice");
+    char param[64], q[QUOTE_MAX + 4];
+    if (tools && !cJSON_IsArray(tools))
+        return type_error(err, "tools", "an array");
+    if (tools && count_children(tools, OAI_MAX_TOOLS + 1) > OAI_MAX_TOOLS)
+        return bad(err, "tools", "'tools' must have at most %d entries", OAI_MAX_TOOLS);
+    int i = 0;
+    cJSON_ArrayForEach(t, tools) {
+        snprintf(param, sizeof param, "tools[%d]", i);
+        const cJSON *type = cJSON_IsObject(t) ? member(t, "type") : NULL;
+        const cJSON *fn = cJSON_IsObject(t) ? member(t, "function") : NULL;
+        const cJSON *name = cJSON_IsObject(fn) ? member(fn, "name") : NULL;
+        const cJSON *desc = cJSON_IsObject(fn) ? member(fn, "description") : NULL;
+        const cJSON *params = cJSON_IsObject(fn) ? member(fn, "parameters") : NULL;
+        if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function") != 0 ||
+            !cJSON_IsObject(fn))
+            return bad(err, param, "'%s' must be {\"type\": \"function\", \"function\": {...}}", param);
+        snprintf(param, sizeof param, "tools[%d].function.name", i);
+        if (!cJSON_IsString(name) || !tool_name_ok(name->valuestring))
+            return bad(err, param, "'%s' must be 1 to 64 letters, digits, '_', '-' or '.'", param);
+        if ((desc && !cJSON_IsString(desc)) || (params && !cJSON_IsObject(params))) {
+            snprintf(param, sizeof param, "tools[%d].function", i);
+            return bad(err, param, "'%s': description must be a string and parameters an object", param);
+        }
+        i++;
+    }
+    r->tool_choice = OAI_TOOL_CHOICE_AUTO;
+    if (choice && cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        if (strcmp(c, "none") == 0)
+            r->tool_choice = OAI_TOOL_CHOICE_NONE;
+        else if (strcmp(c, "required") == 0)
+            r->tool_choice = OAI_TOOL_CHOICE_REQUIRED;
+        else if (strcmp(c, "auto") != 0)
+            return bad(err, "tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or a function (got '%s')",
+                       quote(q, c));
+    } else if (choice) {
+        const cJSON *fn = cJSON_IsObject(choice) ? member(choice, "function") : NULL;
+        const cJSON *name = cJSON_IsObject(fn) ? member(fn, "name") : NULL;
+        if (!cJSON_IsString(name))
+            return bad(err, "tool_choice", "'tool_choice' must be a string or {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}");
+        r->tool_choice = OAI_TOOL_CHOICE_NAMED;
+        if (!(r->tool_choice_name = copy_bytes(name->valuestring, strlen(name->valuestring))))
+            return nomem(err);
+    }
+    if ((r->tool_choice == OAI_TOOL_CHOICE_REQUIRED || r->tool_choice == OAI_TOOL_CHOICE_NAMED) && i == 0)
+        return bad(err, "tool_choice", "'tool_choice' asks for a tool call but 'tools' is empty");
+    if (r->tool_choice == OAI_TOOL_CHOICE_NAMED) {
+        bool found = false;
+        cJSON_ArrayForEach(t, tools)
+            found |= strcmp(member(member(t, "function"), "name")->valuestring, r->tool_choice_name) == 0;
+        if (!found)
+            return bad(err, "tool_choice", "'tool_choice' names '%s', which is not among 'tools'",
+                       quote(q, r->tool_choice_name));
+    }
+    if (i > 0 && !(r->tools = cJSON_Duplicate(tools, true)))
+        return nomem(err);
+    return 0;
+}
+
+/* response_format: {"type": "text"} | {"type": "json_object"} |
+ * {"type": "json_schema", "json_schema": {"name", "schema", "strict"?}}. */
+static int parse_format(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    const cJSON *f = member(root, "response_format");
+    char q[QUOTE_MAX + 4];
+    if (!f)
+        return 0;
+    const cJSON *type = cJSON_IsObject(f) ? member(f, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return bad(err, "response_format", "'response_format' must be an object with a string 'type'");
+    if (strcmp(type->valuestring, "text") == 0)
+        return 0;
+    if (strcmp(type->valuestring, "json_object") == 0) {
+        r->format = OAI_FORMAT_JSON_OBJECT;
+        return 0;
+    }
+    if (strcmp(type->valuestring, "json_schema") != 0)
+        return bad(err, "response_format.type", "'response_format.type' must be 'text', 'json_object' or "
+                   "'json_schema' (got '%s')", quote(q, type->valuestring));
+    const cJSON *js = member(f, "json_schema"), *schema = cJSON_IsObject(js) ? member(js, "schema") : NULL;
+    if (!cJSON_IsObject(js))
+        return bad(err, "response_format.json_schema", "'response_format.json_schema' must be an object");
+    if (schema && !cJSON_IsObject(schema) && !cJSON_IsBool(schema))
+        return type_error(err, "response_format.json_schema.schema", "an object");
+    r->format = OAI_FORMAT_JSON_SCHEMA;
+    if (!(r->format_schema = schema ? cJSON_Duplicate(schema, true) : cJSON_CreateObject()))
+        return nomem(err);
+    return 0;
+}
+
 static int parse_chat(struct oai_request *r, const cJSON *root, struct oai_error *err)
 {
     int rc;
@@ -696,16 +886,13 @@ static int parse_chat(struct oai_request *r, const cJSON *root, struct oai_error
         return rc;
     if (rc == 1 && !r->logprobs)
         return bad(err, "top_logprobs", "'top_logprobs' is only allowed when 'logprobs' is true");
-    /* fields that would change the answer and are not implemented yet: refused, never
-     * silently ignored (an empty tools list and a text response_format change nothing) */
-    const cJSON *tools = member(root, "tools"), *fmt = member(root, "response_format"), *type;
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return bad(err, "tools", "tools are not supported yet");
-    if (member(root, "tool_choice") && tools)
-        return bad(err, "tool_choice", "tool_choice is not supported yet");
-    if (fmt && !(cJSON_IsObject(fmt) && cJSON_IsString(type = cJSON_GetObjectItemCaseSensitive(fmt, "type")) &&
-                 strcmp(type->valuestring, "text") == 0))
-        return bad(err, "response_format", "response_format other than {\"type\": \"text\"} is not supported yet");
+    if (parse_tools(r, root, err) < 0 || parse_format(r, root, err) < 0)
+        return -1;
+    const cJSON *kw = member(root, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw))
+        return type_error(err, "chat_template_kwargs", "an object");
+    if (kw && !(r->template_kwargs = cJSON_Duplicate(kw, true)))
+        return nomem(err);
     return 0;
 }
 
@@ -744,6 +931,10 @@ void oai_request_free(struct oai_request *r)
     for (int i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     free(r->bias);
+    cJSON_Delete(r->tools);
+    free(r->tool_choice_name);
+    cJSON_Delete(r->format_schema);
+    cJSON_Delete(r->template_kwargs);
     enum oai_endpoint ep = r->endpoint;
     oai_request_init(r);
     r->endpoint = ep;
@@ -759,10 +950,19 @@ int oai_request_parse(struct oai_request *r, enum oai_endpoint ep, const char *b
     cJSON *root = oai_parse_object(body, len, err);
     if (!root)
         return -1;
+    int rc = oai_request_from_object(r, ep, root, n_vocab, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int oai_request_from_object(struct oai_request *r, enum oai_endpoint ep, const cJSON *root, int n_vocab,
+                            struct oai_error *err)
+{
+    oai_request_init(r);
+    r->endpoint = ep;
     int rc = ep == OAI_CHAT ? parse_chat(r, root, err) : parse_completions(r, root, n_vocab, err);
     if (rc == 0)
         rc = parse_common(r, root, n_vocab, err);
-    cJSON_Delete(root);
     if (rc < 0) {
         oai_request_free(r);
         return -1;

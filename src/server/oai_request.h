@@ -56,6 +56,22 @@ int oai_errorf(struct oai_error *err, int status, const char *type, const char *
 /* The error as a JSON body (malloc'd, NUL-terminated; NULL when out of memory). */
 char *oai_error_json(const struct oai_error *err);
 
+#define OAI_MAX_TOOLS         128       /* tools in a request */
+#define OAI_MAX_TOOL_CALLS    64        /* tool calls in one assistant message */
+
+enum oai_tool_choice {
+    OAI_TOOL_CHOICE_AUTO = 0,     /* the model decides (the default with tools) */
+    OAI_TOOL_CHOICE_NONE = 1,     /* no calls: tools are not shown to the template */
+    OAI_TOOL_CHOICE_REQUIRED = 2, /* at least one call */
+    OAI_TOOL_CHOICE_NAMED = 3,    /* a call of tool_choice_name */
+};
+
+enum oai_format {
+    OAI_FORMAT_TEXT = 0,
+    OAI_FORMAT_JSON_OBJECT = 1,
+    OAI_FORMAT_JSON_SCHEMA = 2,
+};
+
 struct oai_bias {
     int32_t id;
     float bias;            /* [-100, 100] */
@@ -66,8 +82,11 @@ struct oai_request {
     char *model;                  /* NULL when absent */
 
     /* chat: messages as the chat template wants them: an array of {"role": "system" |
-     * "user" | "assistant", "content": "<text>"} (content arrays of text parts joined
-     * into one string; "developer" becomes "system") */
+     * "user" | "assistant" | "tool", "content": "<text>" (null for an assistant turn of
+     * tool calls only)} (content arrays of text parts joined into one string; "developer"
+     * becomes "system"); assistant turns keep "tool_calls" ([{"id", "type": "function",
+     * "function": {"name", "arguments": <object, parsed from the JSON text when it is one>}}])
+     * and tool turns "tool_call_id" */
     cJSON *messages;
     /* completions: a text prompt (NUL-terminated, prompt_len bytes), or token ids */
     char *prompt;
@@ -100,6 +119,16 @@ struct oai_request {
 
     bool stream;
     bool include_usage;           /* stream_options.include_usage */
+
+    /* chat: tools (as the chat template takes them: [{"type": "function", "function": {"name",
+     * "description", "parameters"}}]), NULL when none; the choice; the output format;
+     * chat_template_kwargs (an object of extra template variables), NULL when none */
+    cJSON *tools;
+    enum oai_tool_choice tool_choice;
+    char *tool_choice_name;       /* OAI_TOOL_CHOICE_NAMED */
+    enum oai_format format;
+    cJSON *format_schema;         /* OAI_FORMAT_JSON_SCHEMA: the schema */
+    cJSON *template_kwargs;
 };
 
 void oai_request_init(struct oai_request *r);
@@ -112,6 +141,11 @@ void oai_request_free(struct oai_request *r);
  * failure r holds nothing (it is freed). */
 int oai_request_parse(struct oai_request *r, enum oai_endpoint ep, const char *body, size_t len, int n_vocab,
                       struct oai_error *err);
+
+/* The same from a parsed JSON object (the Responses and Anthropic adapters translate their
+ * bodies into OpenAI's shape and validate them here). */
+int oai_request_from_object(struct oai_request *r, enum oai_endpoint ep, const cJSON *root, int n_vocab,
+                            struct oai_error *err);
 
 /* Parse a body as one JSON object (valid UTF-8, at most OAI_MAX_JSON_DEPTH deep, no trailing
  * bytes) for the other endpoints (/tokenize, ...). NULL with *err (400) on failure. */

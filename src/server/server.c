@@ -320,11 +320,38 @@ static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection
     return srv_reply_error(c, r, &err);
 }
 
+/* The chat page (src/server/chat.html), embedded at build time by cmake/embed.cmake. */
+extern const unsigned char srv_chat_html[];
+extern const size_t srv_chat_html_len;
+
+/* GET / -> the chat page: static, answered without the API key (the page asks for it) and
+ * confined by its Content-Security-Policy to inline code and this server. */
+static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(srv_chat_html_len, (void *)srv_chat_html, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    bool ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8") == MHD_YES &&
+              MHD_add_response_header(resp, "Content-Security-Policy",
+                                      "default-src 'self'; script-src 'unsafe-inline' 'self'; "
+                                      "style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+                                      "form-action 'none'; frame-ancestors 'none'") == MHD_YES &&
+              MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff") == MHD_YES &&
+              MHD_add_response_header(resp, "Referrer-Policy", "no-referrer") == MHD_YES &&
+              MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache") == MHD_YES;
+    enum MHD_Result q = ok ? MHD_queue_response(c, 200, resp) : MHD_NO;
+    MHD_destroy_response(resp);
+    r->status = 200;
+    r->queued = q == MHD_YES;
+    return q;
+}
+
 // ---- routing ----
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_TEMPLATE,
+    R_TEMPLATE, R_PAGE, R_RESPONSES,
 };
 
 struct route_entry {
@@ -334,12 +361,14 @@ struct route_entry {
 };
 
 static const struct route_entry k_routes[] = {
+    {"/", false, R_PAGE},
     {"/health", false, R_HEALTH},
     {"/v1/health", false, R_HEALTH},
     {"/v1/models", false, R_MODELS},
     {"/metrics", false, R_METRICS},
     {"/v1/chat/completions", true, R_CHAT},
     {"/v1/completions", true, R_COMPLETIONS},
+    {"/v1/responses", true, R_RESPONSES},
     {"/tokenize", true, R_TOKENIZE},
     {"/detokenize", true, R_DETOKENIZE},
     {"/apply-template", true, R_TEMPLATE},
@@ -368,7 +397,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     enum route rt = find_route(url, &post);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
-    if (rt != R_HEALTH && !authorized(s, c)) {
+    if (rt != R_HEALTH && rt != R_PAGE && !authorized(s, c)) {
         oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
                    "missing or incorrect API key: send it as 'Authorization: Bearer KEY'");
         return srv_reply_error(c, r, &err);
@@ -407,9 +436,11 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_METRICS: return ep_metrics(s, c, r);
     case R_CHAT: return srv_generate(s, c, r, OAI_CHAT);
     case R_COMPLETIONS: return srv_generate(s, c, r, OAI_COMPLETIONS);
+    case R_RESPONSES: return srv_responses(s, c, r);
     case R_TOKENIZE: return ep_tokenize(s, c, r);
     case R_DETOKENIZE: return ep_detokenize(s, c, r);
     case R_TEMPLATE: return ep_apply_template(s, c, r);
+    case R_PAGE: return ep_page(c, r);
     default: break;
     }
     oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint");

@@ -49,6 +49,8 @@ struct server_model {
     int n_ctx;                           /* tokens one request may hold (prompt + output) */
     const struct hparams *hp;            /* EOS ids */
     struct generation_defaults gen;      /* sampling defaults of generation_config.json */
+    int tool_format;                     /* enum outparse_format the chat template teaches */
+    bool reasoning;                      /* the template emits <think> reasoning */
 };
 
 struct server;

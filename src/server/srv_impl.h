@@ -53,5 +53,7 @@ bool srv_client_gone(struct MHD_Connection *c);
 
 /* POST /v1/chat/completions and /v1/completions (completions.c). */
 enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep);
+/* POST /v1/responses (api_responses.c). */
+enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct srv_req *r);
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);

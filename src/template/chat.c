@@ -23,6 +23,7 @@
 struct chat_tmpl {
     struct tmpl *t;
     cJSON *special;   /* object: token name -> string */
+    char *src;        /* the template text, NUL-terminated (chat_tmpl_source) */
 };
 
 static const char *const k_special[] = {"bos_token", "eos_token", "unk_token", "pad_token",
@@ -141,6 +142,12 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
         err_prefix(e, "%s", what);
         goto fail;
     }
+    if (!(c->src = malloc(len + 1))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    memcpy(c->src, src, len);
+    c->src[len] = 0;
     cJSON_Delete(cfg);
     cJSON_Delete(ctj);
     free(file_src);
@@ -160,7 +167,13 @@ void chat_tmpl_free(struct chat_tmpl *c)
         return;
     tmpl_free(c->t);
     cJSON_Delete(c->special);
+    free(c->src);
     free(c);
+}
+
+const char *chat_tmpl_source(const struct chat_tmpl *c)
+{
+    return c->src;
 }
 
 int chat_tmpl_apply(const struct chat_tmpl *c, const cJSON *messages, bool agp, const cJSON *extra,

@@ -75,6 +75,11 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
                    struct err *e);
 void chat_tmpl_free(struct chat_tmpl *c);  /* NULL is a no-op */
 
+/* The template's source text as loaded (NUL-terminated; a NUL inside it ends the
+ * string early), owned by c and valid until chat_tmpl_free. For inspecting what the
+ * template teaches (outparse_detect_format, outparse_detect_reasoning). */
+const char *chat_tmpl_source(const struct chat_tmpl *c);
+
 /* Render messages (a JSON array) as apply_chat_template(messages,
  * add_generation_prompt=agp, **extra) does: variables are the special tokens,
  * messages, tools and documents (none unless in extra), add_generation_prompt,

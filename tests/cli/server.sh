@@ -4,9 +4,11 @@
 # OpenAI-compatible API through the official `openai` npm client and raw
 # HTTP: response shapes, streaming, stop strings, sampling, logprobs, errors
 # and their JSON shape, limits (--max-body, --max-queue, --api-key),
-# concurrency, aborts, shutdown, and a bounded hostile-request fuzzer. Every
-# server must exit 0 on SIGTERM with no sanitizer report on its stderr.
-# The client is pinned in tests/server/package-lock.json; `npm ci` runs when
+# concurrency, aborts, shutdown, a bounded hostile-request fuzzer, and the chat
+# page (GET /) in headless chromium (playwright-core; MLXCEL_SKIP_BROWSER=1
+# skips that part). Every server must exit 0 on SIGTERM with no sanitizer
+# report on its stderr.
+# The clients are pinned in tests/server/package-lock.json; `npm ci` runs when
 # tests/server/node_modules is missing or older than the lock (a stamp file).
 # Env: MLXCEL_FUZZ_REQUESTS (default 1500), MLXCEL_FUZZ_SEED (replay a run).
 # Usage (from the repo root): sh tests/cli/server.sh path/to/mlxcel

@@ -25,7 +25,7 @@ n_ids() { "$BIN" generate -m "$1" --prompt-ids 1,2,3 -n 4 --temp 0 --output-ids 
 unused() { "$BIN" inspect -m "$1" --json | tr -d ' \t\n' | grep -o '"unused_tensors":\[[^]]*\]'; }
 
 G=tests/fixtures/golden
-for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral; do
+for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral deepseek_v2 deepseek_v3; do
     for q in "" "-q"; do
         d="$T/$f$q"
         run "$BIN" synth --config $G/$f/config.json -o "$d" $q --seed 7

@@ -760,6 +760,7 @@ static const struct backend_ops k_cpu_ops = {
     .softcap = cpu_softcap,
     .gather = cpu_gather,
     .moe_route = cpu_moe_route,
+    .moe_route_grouped = cpu_moe_route_grouped,
     .moe_group = cpu_moe_group,
     .linear_experts = cpu_linear_experts,
     .moe_combine = cpu_moe_combine,

@@ -112,7 +112,8 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
     for (int i = 0; i < n_tok; i++) {
         size_t s = (size_t)rows->slot[i];
         memcpy(kv->k + s * kv->k_dim, k + (size_t)i * ldk, (size_t)kv->k_dim * sizeof(float));
-        memcpy(kv->v + s * kv->v_dim, v + (size_t)i * ldv, (size_t)kv->v_dim * sizeof(float));
+        if (kv->v != kv->k)  /* a latent layer's one row is its K and V */
+            memcpy(kv->v + s * kv->v_dim, v + (size_t)i * ldv, (size_t)kv->v_dim * sizeof(float));
     }
 }
 

@@ -66,6 +66,9 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
                    const struct attn_params *ap);
 
 /* backend_cpu_moe.c */
+void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                           const float *logits, int n_tok, int n_expert, int k,
+                           const struct moe_group_params *p);
 void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
                    const float *logits, int n_tok, int n_expert, int k, float jitter);
 void cpu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,

@@ -11,6 +11,7 @@
  * per row; backend.fused_moe = false forces the second form.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -90,6 +91,97 @@ void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, floa
     for (int t = 0; t < n_tok; t++)
         route_one(kind, logits + (size_t)t * n_expert, n_expert, k, jitter, sel + (size_t)t * k,
                   w + (size_t)t * k);
+}
+
+/* Top-k of doubles by repeated selection, ties toward the lower index. */
+static void topk_d(const double *v, int n, int k, int32_t *idx)
+{
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int t = 0; t < s; t++)
+                taken |= idx[t] == i;
+            if (!taken && (best < 0 || v[i] > v[best]))
+                best = i;
+        }
+        idx[s] = best;
+    }
+}
+
+/* One token of a grouped router (backend.h, struct moe_group_params), in double. */
+static void route_grouped_one(enum router_kind kind, const float *logits, int n, int k,
+                              const struct moe_group_params *p, const float *bias, int32_t *sel,
+                              float *w)
+{
+    double s[256], c[256], gscore[256];
+    int32_t gsel[256];
+    if (kind == ROUTER_GROUP_SOFTMAX) {
+        double mx = logits[0], sum = 0.0;
+        for (int i = 1; i < n; i++)
+            mx = logits[i] > mx ? logits[i] : mx;
+        for (int i = 0; i < n; i++)
+            sum += s[i] = exp((double)logits[i] - mx);
+        for (int i = 0; i < n; i++)
+            s[i] /= sum;
+    } else {
+        for (int i = 0; i < n; i++)
+            s[i] = 1.0 / (1.0 + exp(-(double)logits[i]));
+    }
+    for (int i = 0; i < n; i++)
+        c[i] = s[i] + (bias ? (double)bias[i] : 0.0);
+    int ng = p->n_group, gs = n / ng;
+    if (ng > 1 && p->topk_group < ng) {
+        for (int g = 0; g < ng; g++) {
+            const double *cg = c + (size_t)g * gs;
+            int32_t two[2] = {0, 0};
+            if (kind == ROUTER_GROUP_SIGMOID && gs >= 2) {
+                topk_d(cg, gs, 2, two);
+                gscore[g] = cg[two[0]] + cg[two[1]];
+            } else {
+                topk_d(cg, gs, 1, two);
+                gscore[g] = cg[two[0]];
+            }
+        }
+        topk_d(gscore, ng, p->topk_group, gsel);
+        for (int g = 0; g < ng; g++) {
+            bool keep = false;
+            for (int t = 0; t < p->topk_group; t++)
+                keep |= gsel[t] == g;
+            for (int i = 0; !keep && i < gs; i++)
+                c[(size_t)g * gs + i] = 0.0;
+        }
+    }
+    topk_d(c, n, k, sel);
+    double sum = 0.0;
+    for (int j = 0; j < k; j++)
+        sum += s[sel[j]];
+    for (int j = 0; j < k; j++)
+        w[j] = (float)((p->norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * p->scale);
+}
+
+void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                           const float *logits, int n_tok, int n_expert, int k,
+                           const struct moe_group_params *p)
+{
+    struct cpu_backend *c = cpu_of(be);
+    if (c->err_rc)
+        return;
+    if (n_expert > 256 || p->n_group < 1 || n_expert % p->n_group != 0 || p->topk_group < 1 ||
+        p->topk_group > p->n_group || k > n_expert ||
+        (kind != ROUTER_GROUP_SOFTMAX && kind != ROUTER_GROUP_SIGMOID)) {
+        if (!c->err_rc) {
+            c->err_rc = -ERR_INTERNAL;
+            snprintf(c->err_msg, sizeof c->err_msg, "moe_route_grouped: bad routing options "
+                     "(%d experts in %d groups, top %d groups, k %d)", n_expert, p->n_group,
+                     p->topk_group, k);
+        }
+        return;
+    }
+    const float *bias = p->bias && tensor_is_present(p->bias) ? p->bias->data : NULL;
+    for (int t = 0; t < n_tok; t++)
+        route_grouped_one(kind, logits + (size_t)t * n_expert, n_expert, k, p, bias,
+                          sel + (size_t)t * k, w + (size_t)t * k);
 }
 
 // ---- grouping and combining ----

@@ -1,81 +1,54 @@
 /*
- * completions: POST /v1/chat/completions and /v1/completions.
+ * gen: one generation below the wire format (gen.h).
  *
- * A request becomes a `struct gen`: the prompt ids (the chat template
- * rendered and encoded as `mlxcel template`/`generate` do, or the text or ids
- * of a completion prompt), one engine job per choice (n), and per choice a
- * textout (its text, cut at stop strings). The connection thread "pumps":
- * it reads the tokens the engine appended to each job (runner lock held only
- * to read the counts), turns them into text and logprob entries, and ends a
- * choice at a stop string (cancelling its job), at EOS or at max_tokens.
+ * The connection thread "pumps": it reads the tokens the engine appended to
+ * each job (the runner lock held only to read the counts), turns them into
+ * text (textout: stop strings, hold-back), splits the text that is final into
+ * content / reasoning / tool calls (outparse, when the request asked for
+ * tools or the template reasons), records logprobs, and ends a choice at a
+ * stop string (cancelling its job), at EOS or at max_tokens.
  *
- * Non-streamed, the thread pumps until every choice ends and answers one
- * JSON document. Streamed, the response is a libmicrohttpd callback whose
- * reader pumps and writes server-sent events: a role chunk per choice,
- * content chunks (text held back while it could still become a stop string),
- * a finish chunk, the usage chunk when asked, and `data: [DONE]`. While it
- * waits, the thread looks at the socket: a client that went away has its
- * jobs cancelled at once. Server shutdown cancels them too.
+ * Non-streamed, the thread pumps until every choice ends and the dialect
+ * renders one document. Streamed, the response is a libmicrohttpd callback
+ * whose reader pumps and asks the dialect for the events of what changed.
+ * While it waits, the thread looks at the socket: a client that went away has
+ * its jobs cancelled at once. Server shutdown cancels them too.
  */
+#include "gen.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
 
-#include "../engine/runner.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
-#include "srv_impl.h"
-#include "textout.h"
 
 #define WAIT_MS 50           /* longest wait before looking at the socket again */
-#define SSE_SENT_MAX (1u << 20)
 
-struct choice {
-    struct runner_job job;
-    struct textout out;
-    int consumed;                /* job tokens turned into text */
-    bool finished;
-    const char *finish_reason;
-    size_t sent;                 /* text bytes streamed */
-    bool role_sent;
-    cJSON *lp;                   /* logprob entries not yet answered (chat: content list; completions: unused) */
-    /* completions logprobs */
-    cJSON *c_tokens, *c_lps, *c_tops, *c_offsets;
-};
-
-struct gen {
-    struct server *s;
-    struct MHD_Connection *conn;
-    struct srv_req *r;           /* NULL once the request is over */
-    enum oai_endpoint ep;
-    struct oai_request q;
-    int32_t *prompt;
-    int n_prompt;
-    char *echo;                  /* completions echo: the prompt text */
-    size_t echo_len;
-    struct sampler_bias *bias;
-    char *alt;                   /* [TOK_STREAM_CAP] a logprob alternative's text */
-    struct choice *ch;
-    int n;
-    bool cv_init, submitted;
-    pthread_cond_t cv;
-    char id[64];
-    long created;
-    double t_start;
-    int rc;                      /* a job failed: its error */
-    struct oai_error err;
-    bool aborted;                /* the client left or the server is stopping */
-    /* streaming */
-    char *sse;
-    size_t sse_len, sse_cap, sse_off;
-    bool ended, done_sent, head_sent;
-};
+int gbuf_add(struct gbuf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p)
+            return -1;
+        b->p = p;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+    return 0;
+}
 
 // ---- set-up ----
 
-static void gen_free(struct gen *g)
+void gen_free(struct gen *g)
 {
     if (!g)
         return;
@@ -95,13 +68,18 @@ static void gen_free(struct gen *g)
         runner_unlock(g->s->m.runner);
     }
     for (int i = 0; g->ch && i < g->n; i++) {
-        runner_job_release(&g->ch[i].job);
-        textout_free(&g->ch[i].out);
-        cJSON_Delete(g->ch[i].lp);
-        cJSON_Delete(g->ch[i].c_tokens);
-        cJSON_Delete(g->ch[i].c_lps);
-        cJSON_Delete(g->ch[i].c_tops);
-        cJSON_Delete(g->ch[i].c_offsets);
+        struct gen_choice *c = &g->ch[i];
+        runner_job_release(&c->job);
+        textout_free(&c->out);
+        outparse_free(c->op);
+        free(c->content.p);
+        free(c->reasoning.p);
+        cJSON_Delete(c->tool_calls);
+        cJSON_Delete(c->lp);
+        cJSON_Delete(c->c_tokens);
+        cJSON_Delete(c->c_lps);
+        cJSON_Delete(c->c_tops);
+        cJSON_Delete(c->c_offsets);
     }
     if (g->cv_init)
         pthread_cond_destroy(&g->cv);
@@ -110,7 +88,9 @@ static void gen_free(struct gen *g)
     free(g->echo);
     free(g->bias);
     free(g->alt);
-    free(g->sse);
+    free(g->sse.p);
+    if (g->dstate && g->d->free_state)
+        g->d->free_state(g->dstate);
     oai_request_free(&g->q);
     free(g);
 }
@@ -133,7 +113,18 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         if (!m->tmpl)
             return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                               "this model has no chat template: use /v1/completions");
-        if ((rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, NULL, &text, &len, &e)) < 0)
+        /* the template sees the tools (unless tool_choice is none) and chat_template_kwargs */
+        cJSON *extra = g->q.template_kwargs ? cJSON_Duplicate(g->q.template_kwargs, true) : cJSON_CreateObject();
+        if (!extra || (g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE &&
+                       !cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(g->q.tools, true)))) {
+            cJSON_Delete(extra);
+            return oom(err);
+        }
+        rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
+        cJSON_Delete(extra);
+        if (rc == 0 && m->reasoning)
+            g->in_reasoning = outparse_prompt_opens_reasoning(text, len);
+        if (rc < 0)
             return rc == -ERR_NOMEM ? oom(err)
                                     : oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                                                  "the chat template failed: %s", e.msg);
@@ -221,44 +212,6 @@ static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_er
     return 0;
 }
 
-static int gen_prepare(struct gen *g, struct oai_error *err)
-{
-    int n_predict = 0, rc;
-    struct sampler_params sp;
-    if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
-        (rc = plan_sampling(g, &sp, err)) < 0)
-        return -1;
-    g->n = g->q.n;
-    g->ch = calloc((size_t)g->n, sizeof *g->ch);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    g->cv_init = pthread_cond_init(&g->cv, &ca) == 0;
-    pthread_condattr_destroy(&ca);
-    if (!g->ch || !g->cv_init || (g->q.logprobs && !(g->alt = malloc(TOK_STREAM_CAP))))
-        return oom(err);
-    for (int i = 0; i < g->n; i++) {
-        struct choice *c = &g->ch[i];
-        struct err e = {0};
-        c->job.prompt = g->prompt;
-        c->job.n_prompt = g->n_prompt;
-        c->job.params = (struct gen_params){.n_predict = n_predict, .sampling = sp};
-        c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
-        c->job.logprobs = g->q.logprobs;
-        c->job.n_top = g->q.top_logprobs;
-        c->job.cv = &g->cv;
-        if (textout_init(&c->out, g->s->m.tok, true, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
-                         &e) < 0)
-            return oom(err);
-        if (g->q.logprobs && g->ep == OAI_CHAT && !(c->lp = cJSON_CreateArray()))
-            return oom(err);
-        if (g->q.logprobs && g->ep == OAI_COMPLETIONS &&
-            (!(c->c_tokens = cJSON_CreateArray()) || !(c->c_lps = cJSON_CreateArray()) ||
-             !(c->c_tops = cJSON_CreateArray()) || !(c->c_offsets = cJSON_CreateArray())))
-            return oom(err);
-    }
-    return 0;
-}
 
 // ---- pumping tokens into text ----
 
@@ -281,7 +234,7 @@ static cJSON *lp_entry(const char *text, size_t len, float lp)
 
 /* The logprob record of token k of choice c (before its text is pushed: alternatives are
  * decoded in the same context). */
-static int record_logprobs(struct gen *g, struct choice *c, int k, const char *piece, size_t piece_len,
+static int record_logprobs(struct gen *g, struct gen_choice *c, int k, const char *piece, size_t piece_len,
                            size_t offset)
 {
     const struct runner_job *j = &c->job;
@@ -322,9 +275,88 @@ static int record_logprobs(struct gen *g, struct choice *c, int k, const char *p
     return 0;
 }
 
-static const char *finish_reason(enum gen_stop st)
+/* The output parser of a choice: tool calls when the request gave tools, reasoning when the
+ * template emits <think>; none (all content) otherwise. */
+static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err)
 {
-    return st == GEN_STOP_LENGTH || st == GEN_STOP_CONTEXT ? "length" : "stop";
+    const struct server_model *m = &g->s->m;
+    if (g->ep != OAI_CHAT || !m->tmpl)
+        return 0;
+    bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
+    struct outparse_opts o = {.format = tools ? m->tool_format : OUTPARSE_NONE, .reasoning = m->reasoning,
+                              .in_reasoning = g->in_reasoning, .tools = tools ? g->q.tools : NULL};
+    if (o.format == OUTPARSE_NONE && !o.reasoning)
+        return 0;
+    struct err e = {0};
+    if (outparse_new(&c->op, &o, &e) < 0)
+        return oai_errorf(err, 500, "server_error", NULL, NULL, "output parser: %s", e.msg);
+    return 0;
+}
+
+static int emit_event(void *ud, const struct outparse_event *ev)
+{
+    struct gen_choice *c = ud;
+    switch (ev->kind) {
+    case OUTPARSE_TEXT: return gbuf_add(&c->content, ev->text, ev->len);
+    case OUTPARSE_REASONING: return gbuf_add(&c->reasoning, ev->text, ev->len);
+    case OUTPARSE_TOOL_CALL: {
+        cJSON *t = cJSON_CreateObject();
+        char *args = strndup(ev->text, ev->len);
+        bool added = t && cJSON_AddItemToArray(c->tool_calls, t);
+        bool ok = added && args && cJSON_AddStringToObject(t, "id", ev->id) &&
+                  cJSON_AddStringToObject(t, "name", ev->name) && cJSON_AddStringToObject(t, "arguments", args);
+        if (!added)
+            cJSON_Delete(t);
+        free(args);
+        return ok ? 0 : -1;
+    }
+    }
+    return 0;
+}
+
+/* Hands the text that became final to the parser (or straight to content). */
+static int feed_ready(struct gen_choice *c)
+{
+    size_t ready = textout_ready(&c->out);
+    if (ready <= c->fed)
+        return 0;
+    const char *t = c->out.text + c->fed;
+    size_t n = ready - c->fed;
+    c->fed = ready;
+    if (!c->op)
+        return gbuf_add(&c->content, t, n);
+    return outparse_feed(c->op, t, n, emit_event, c) < 0 ? -1 : 0;
+}
+
+static enum gen_finish finish_of(enum gen_stop st)
+{
+    return st == GEN_STOP_LENGTH || st == GEN_STOP_CONTEXT ? GEN_FINISH_LENGTH : GEN_FINISH_STOP;
+}
+
+const char *gen_finish_openai(enum gen_finish f)
+{
+    switch (f) {
+    case GEN_FINISH_LENGTH: return "length";
+    case GEN_FINISH_TOOL_CALLS: return "tool_calls";
+    default: return "stop";
+    }
+}
+
+/* A choice's text is complete: flush the parser; tool calls decide the finish reason. */
+static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
+{
+    struct err e = {0};
+    c->finished = true;
+    c->finish = f;
+    if (textout_finish(&c->out, &e) < 0 || feed_ready(c) < 0 ||
+        (c->op && outparse_finish(c->op, emit_event, c) < 0)) {
+        g->rc = -1;
+        oom(&g->err);
+        return -1;
+    }
+    if (cJSON_GetArraySize(c->tool_calls) > 0 && f == GEN_FINISH_STOP)
+        c->finish = GEN_FINISH_TOOL_CALLS;
+    return 0;
 }
 
 /* Turns the tokens the engine produced into text for every choice; ends choices. Returns
@@ -334,7 +366,7 @@ static bool pump(struct gen *g)
     struct runner *run = g->s->m.runner;
     bool changed = false;
     for (int i = 0; i < g->n; i++) {
-        struct choice *c = &g->ch[i];
+        struct gen_choice *c = &g->ch[i];
         if (c->finished)
             continue;
         runner_lock(run);
@@ -368,12 +400,17 @@ static bool pump(struct gen *g)
             }
             changed = true;
             if (st == 1) {
-                c->finished = true;
-                c->finish_reason = "stop";
                 c->consumed++;
                 runner_lock(run);
                 runner_cancel_locked(run, &c->job);
                 runner_unlock(run);
+                finish_choice(g, c, GEN_FINISH_STOP);
+                break;
+            }
+            if (feed_ready(c) < 0) {
+                g->rc = -1;
+                oom(&g->err);
+                return true;
             }
         }
         if (!c->finished && done && c->consumed == n_out) {
@@ -384,16 +421,60 @@ static bool pump(struct gen *g)
                 c->finished = true;
                 continue;
             }
-            struct err e = {0};
-            if (textout_finish(&c->out, &e) < 0) {
-                g->rc = -1;
-                oom(&g->err);
-            }
-            c->finished = true;
-            c->finish_reason = finish_reason(c->job.stats.stop);
+            finish_choice(g, c, finish_of(c->job.stats.stop));
         }
     }
     return changed;
+}
+
+static int gen_prepare(struct gen *g, struct oai_error *err)
+{
+    if (g->q.tool_choice == OAI_TOOL_CHOICE_REQUIRED || g->q.tool_choice == OAI_TOOL_CHOICE_NAMED)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "tool_choice",
+                          "tool_choice 'required' and named functions are not supported yet");
+    if (g->q.format != OAI_FORMAT_TEXT)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
+                          "response_format other than {\"type\": \"text\"} is not supported yet");
+    int n_predict = 0, rc;
+    struct sampler_params sp;
+    if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
+        (rc = plan_sampling(g, &sp, err)) < 0)
+        return -1;
+    g->n = g->q.n;
+    g->ch = calloc((size_t)g->n, sizeof *g->ch);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    g->cv_init = pthread_cond_init(&g->cv, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!g->ch || !g->cv_init || (g->q.logprobs && !(g->alt = malloc(TOK_STREAM_CAP))))
+        return oom(err);
+    for (int i = 0; i < g->n; i++) {
+        struct gen_choice *c = &g->ch[i];
+        struct err e = {0};
+        c->job.prompt = g->prompt;
+        c->job.n_prompt = g->n_prompt;
+        c->job.params = (struct gen_params){.n_predict = n_predict, .sampling = sp};
+        c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
+        c->job.logprobs = g->q.logprobs;
+        c->job.n_top = g->q.top_logprobs;
+        c->job.cv = &g->cv;
+        if (textout_init(&c->out, g->s->m.tok, true, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
+                         &e) < 0)
+            return oom(err);
+        if (!(c->tool_calls = cJSON_CreateArray()) || gbuf_add(&c->content, "", 0) < 0 ||
+            gbuf_add(&c->reasoning, "", 0) < 0)
+            return oom(err);
+        if (parser_new(g, c, err) < 0)
+            return -1;
+        if (g->q.logprobs && g->ep == OAI_CHAT && !(c->lp = cJSON_CreateArray()))
+            return oom(err);
+        if (g->q.logprobs && g->ep == OAI_COMPLETIONS &&
+            (!(c->c_tokens = cJSON_CreateArray()) || !(c->c_lps = cJSON_CreateArray()) ||
+             !(c->c_tops = cJSON_CreateArray()) || !(c->c_offsets = cJSON_CreateArray())))
+            return oom(err);
+    }
+    return 0;
 }
 
 static bool all_finished(const struct gen *g)
@@ -431,7 +512,7 @@ static bool wait_engine(struct gen *g)
     return true;
 }
 
-static int usage_counts(const struct gen *g, int *completion)
+int gen_usage(const struct gen *g, int *completion)
 {
     int n = 0;
     for (int i = 0; i < g->n; i++)
@@ -445,7 +526,7 @@ static void note_stats(struct gen *g)
     if (!g->r)
         return;
     int comp;
-    g->r->n_prompt = usage_counts(g, &comp);
+    g->r->n_prompt = gen_usage(g, &comp);
     g->r->n_gen = comp;
     const struct runner_job *j = &g->ch[0].job;
     if (j->t_first > 0) {
@@ -455,231 +536,26 @@ static void note_stats(struct gen *g)
     }
 }
 
-static cJSON *usage_object(const struct gen *g)
-{
-    int comp, p = usage_counts(g, &comp);
-    cJSON *u = cJSON_CreateObject();
-    if (u && (!cJSON_AddNumberToObject(u, "prompt_tokens", p) ||
-              !cJSON_AddNumberToObject(u, "completion_tokens", comp) ||
-              !cJSON_AddNumberToObject(u, "total_tokens", p + comp))) {
-        cJSON_Delete(u);
-        return NULL;
-    }
-    return u;
-}
-
-/* id, object, created, model. */
-static cJSON *envelope(const struct gen *g, const char *object)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (o && (!cJSON_AddStringToObject(o, "id", g->id) || !cJSON_AddStringToObject(o, "object", object) ||
-              !cJSON_AddNumberToObject(o, "created", (double)g->created) ||
-              !cJSON_AddStringToObject(o, "model", g->s->model_id))) {
-        cJSON_Delete(o);
-        return NULL;
-    }
-    return o;
-}
-
-/* The completions logprobs object of choice c (its arrays move into it). */
-static cJSON *completion_logprobs(struct choice *c)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (!o)
-        return NULL;
-    cJSON_AddItemToObject(o, "tokens", c->c_tokens);
-    cJSON_AddItemToObject(o, "token_logprobs", c->c_lps);
-    cJSON_AddItemToObject(o, "top_logprobs", c->c_tops);
-    cJSON_AddItemToObject(o, "text_offset", c->c_offsets);
-    c->c_tokens = c->c_lps = c->c_tops = c->c_offsets = NULL;
-    return o;
-}
-
-static cJSON *full_response(struct gen *g)
-{
-    bool chat = g->ep == OAI_CHAT;
-    cJSON *doc = envelope(g, chat ? "chat.completion" : "text_completion"), *choices = NULL, *u = usage_object(g);
-    bool ok = doc && u && (choices = cJSON_AddArrayToObject(doc, "choices"));
-    for (int i = 0; ok && i < g->n; i++) {
-        struct choice *c = &g->ch[i];
-        cJSON *ch = cJSON_CreateObject(), *msg, *lp;
-        ok = ch && cJSON_AddItemToArray(choices, ch) && cJSON_AddNumberToObject(ch, "index", i);
-        if (ok && chat) {
-            ok = (msg = cJSON_AddObjectToObject(ch, "message")) &&
-                 cJSON_AddStringToObject(msg, "role", "assistant") &&
-                 cJSON_AddStringToObject(msg, "content", c->out.text);
-            if (ok && c->lp) {
-                ok = (lp = cJSON_AddObjectToObject(ch, "logprobs"));
-                if (ok)
-                    cJSON_AddItemToObject(lp, "content", c->lp);
-                c->lp = NULL;
-            } else if (ok) {
-                ok = cJSON_AddNullToObject(ch, "logprobs");
-            }
-        } else if (ok) {
-            char *text = malloc(g->echo_len + c->out.len + 1);
-            ok = text != NULL;
-            if (ok) {
-                if (g->echo_len)
-                    memcpy(text, g->echo, g->echo_len);
-                memcpy(text + g->echo_len, c->out.text, c->out.len + 1);
-                ok = cJSON_AddStringToObject(ch, "text", text);
-                free(text);
-            }
-            if (ok && c->c_tokens)
-                ok = (lp = completion_logprobs(c)) && cJSON_AddItemToObject(ch, "logprobs", lp);
-            else if (ok)
-                ok = cJSON_AddNullToObject(ch, "logprobs");
-        }
-        ok = ok && cJSON_AddStringToObject(ch, "finish_reason", c->finish_reason ? c->finish_reason : "stop");
-    }
-    ok = ok && cJSON_AddItemToObject(doc, "usage", u);
-    if (!ok) {
-        if (!doc || !cJSON_GetObjectItemCaseSensitive(doc, "usage"))
-            cJSON_Delete(u);
-        cJSON_Delete(doc);
-        return NULL;
-    }
-    return doc;
-}
 
 // ---- streaming ----
 
-static int sse_append(struct gen *g, const char *s, size_t n)
+int gen_sse_raw(struct gen *g, const char *s, size_t n)
 {
-    if (g->sse_len + n > g->sse_cap) {
-        size_t cap = g->sse_cap ? g->sse_cap : 4096;
-        while (cap < g->sse_len + n)
-            cap *= 2;
-        char *p = realloc(g->sse, cap);
-        if (!p)
-            return -1;
-        g->sse = p;
-        g->sse_cap = cap;
-    }
-    memcpy(g->sse + g->sse_len, s, n);
-    g->sse_len += n;
-    return 0;
+    return gbuf_add(&g->sse, s, n);
 }
 
-/* Appends `data: <doc>\n\n` (deletes doc). */
-static int sse_event(struct gen *g, cJSON *doc)
+int gen_sse_event(struct gen *g, const char *name, cJSON *doc)
 {
     char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
     cJSON_Delete(doc);
-    int rc = txt && sse_append(g, "data: ", 6) == 0 && sse_append(g, txt, strlen(txt)) == 0 &&
-                     sse_append(g, "\n\n", 2) == 0
+    int rc = txt && (!name || (gen_sse_raw(g, "event: ", 7) == 0 && gen_sse_raw(g, name, strlen(name)) == 0 &&
+                               gen_sse_raw(g, "\n", 1) == 0)) &&
+                     gen_sse_raw(g, "data: ", 6) == 0 && gen_sse_raw(g, txt, strlen(txt)) == 0 &&
+                     gen_sse_raw(g, "\n\n", 2) == 0
                  ? 0
                  : -1;
     free(txt);
     return rc;
-}
-
-/* One chunk for choice i: text (may be NULL), finish reason (may be NULL), role on the first. */
-static cJSON *chunk(struct gen *g, int i, const char *text, size_t len, const char *finish, bool role)
-{
-    bool chat = g->ep == OAI_CHAT;
-    struct choice *c = &g->ch[i];
-    cJSON *doc = envelope(g, chat ? "chat.completion.chunk" : "text_completion"), *choices, *ch, *delta;
-    char *t = text ? strndup(text, len) : NULL;
-    bool ok = doc && (!text || t) && (choices = cJSON_AddArrayToObject(doc, "choices")) &&
-              (ch = cJSON_CreateObject()) && cJSON_AddItemToArray(choices, ch) &&
-              cJSON_AddNumberToObject(ch, "index", i);
-    if (ok && chat) {
-        ok = (delta = cJSON_AddObjectToObject(ch, "delta")) &&
-             (!role || cJSON_AddStringToObject(delta, "role", "assistant")) &&
-             (!t || cJSON_AddStringToObject(delta, "content", t));
-        if (ok && c->lp && cJSON_GetArraySize(c->lp) > 0 && !finish) {
-            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
-            ok = lp != NULL;
-            if (ok) {
-                cJSON_AddItemToObject(lp, "content", c->lp);
-                ok = (c->lp = cJSON_CreateArray()) != NULL;
-            }
-        } else if (ok) {
-            ok = cJSON_AddNullToObject(ch, "logprobs");
-        }
-    } else if (ok) {
-        ok = cJSON_AddStringToObject(ch, "text", t ? t : "");
-        if (ok && c->c_tokens && cJSON_GetArraySize(c->c_tokens) > 0) {
-            cJSON *lp = completion_logprobs(c);
-            ok = lp && cJSON_AddItemToObject(ch, "logprobs", lp) && (c->c_tokens = cJSON_CreateArray()) &&
-                 (c->c_lps = cJSON_CreateArray()) && (c->c_tops = cJSON_CreateArray()) &&
-                 (c->c_offsets = cJSON_CreateArray());
-        } else if (ok) {
-            ok = cJSON_AddNullToObject(ch, "logprobs");
-        }
-    }
-    ok = ok && (finish ? cJSON_AddStringToObject(ch, "finish_reason", finish) != NULL
-                       : cJSON_AddNullToObject(ch, "finish_reason") != NULL);
-    if (ok && g->q.include_usage)
-        ok = cJSON_AddNullToObject(doc, "usage") != NULL;
-    free(t);
-    if (!ok) {
-        cJSON_Delete(doc);
-        return NULL;
-    }
-    return doc;
-}
-
-/* Events for what the last pump produced. */
-static int stream_events(struct gen *g)
-{
-    for (int i = 0; i < g->n; i++) {
-        struct choice *c = &g->ch[i];
-        if (!c->role_sent && g->ep == OAI_CHAT) {
-            if (sse_event(g, chunk(g, i, "", 0, NULL, true)) < 0)
-                return -1;
-            c->role_sent = true;
-        } else if (!c->role_sent && g->echo_len > 0) {
-            /* completions' echo: the prompt text comes first, as in the non-streamed text */
-            if (sse_event(g, chunk(g, i, g->echo, g->echo_len, NULL, false)) < 0)
-                return -1;
-            c->role_sent = true;
-        }
-        size_t ready = textout_ready(&c->out);
-        bool lp_pending = (c->lp && cJSON_GetArraySize(c->lp) > 0) ||
-                          (c->c_tokens && cJSON_GetArraySize(c->c_tokens) > 0);
-        if (ready > c->sent || lp_pending) {
-            if (sse_event(g, chunk(g, i, c->out.text + c->sent, ready - c->sent, NULL, false)) < 0)
-                return -1;
-            c->sent = ready;
-        }
-        if (c->finished && c->finish_reason) {
-            if (sse_event(g, chunk(g, i, g->ep == OAI_CHAT ? NULL : "", 0, c->finish_reason, false)) < 0)
-                return -1;
-            c->finish_reason = NULL;  /* sent */
-        }
-    }
-    return 0;
-}
-
-/* The events after the last choice: an error (a failed job), the usage chunk, [DONE]. */
-static int stream_tail(struct gen *g)
-{
-    if (g->rc < 0 || g->aborted) {
-        if (g->aborted)
-            oai_errorf(&g->err, 503, "server_error", NULL, NULL, "the request was cancelled");
-        char *body = oai_error_json(&g->err);
-        int rc = body && sse_append(g, "data: ", 6) == 0 && sse_append(g, body, strlen(body)) == 0 &&
-                         sse_append(g, "\n\n", 2) == 0
-                     ? 0
-                     : -1;
-        free(body);
-        if (rc < 0)
-            return -1;
-    } else if (g->q.include_usage) {
-        cJSON *doc = envelope(g, g->ep == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
-        cJSON *u = usage_object(g);
-        if (!doc || !u || !cJSON_AddArrayToObject(doc, "choices") || !cJSON_AddItemToObject(doc, "usage", u)) {
-            cJSON_Delete(u);
-            cJSON_Delete(doc);
-            return -1;
-        }
-        if (sse_event(g, doc) < 0)
-            return -1;
-    }
-    return sse_append(g, "data: [DONE]\n\n", 14);
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -687,12 +563,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     struct gen *g = cls;
     (void)pos;
     for (;;) {
-        if (g->sse_off < g->sse_len) {
-            size_t n = g->sse_len - g->sse_off < max ? g->sse_len - g->sse_off : max;
-            memcpy(buf, g->sse + g->sse_off, n);
+        if (g->sse_off < g->sse.len) {
+            size_t n = g->sse.len - g->sse_off < max ? g->sse.len - g->sse_off : max;
+            memcpy(buf, g->sse.p + g->sse_off, n);
             g->sse_off += n;
-            if (g->sse_off == g->sse_len)
-                g->sse_off = g->sse_len = 0;
+            if (g->sse_off == g->sse.len)
+                g->sse_off = g->sse.len = 0;
             return (ssize_t)n;
         }
         if (g->ended) {
@@ -704,13 +580,15 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             alive = wait_engine(g);
         if (!alive && srv_client_gone(g->conn))
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (stream_events(g) < 0) {
+        if (g->d->events(g) < 0) {
             g->rc = -1;
             g->ended = true;
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (all_finished(g) || g->rc < 0 || g->aborted) {
-            if (stream_tail(g) < 0)
+            if (g->aborted)
+                oai_errorf(&g->err, 503, "server_error", NULL, NULL, "the request was cancelled");
+            if (g->d->tail(g) < 0)
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             g->ended = true;
         }
@@ -729,42 +607,71 @@ static void stream_free(void *cls)
     gen_free(g);
 }
 
-// ---- the endpoint ----
+// ---- creating and serving ----
 
-enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep)
+int gen_new(struct gen **out, struct server *s, struct MHD_Connection *c, struct srv_req *r,
+            enum oai_endpoint ep, struct oai_request *q, const char *id_prefix, const struct gen_dialect *d,
+            struct oai_error *err)
 {
-    struct oai_error err;
+    *out = NULL;
     struct gen *g = calloc(1, sizeof *g);
     if (!g) {
-        oom(&err);
-        return srv_reply_error(c, r, &err);
+        oai_request_free(q);
+        return oom(err);
     }
     g->s = s;
     g->conn = c;
     g->r = r;
+    g->d = d;
     g->ep = ep;
     g->t_start = r->t_start;
     g->created = (long)time(NULL);
-    snprintf(g->id, sizeof g->id, "%s-%016llx", ep == OAI_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)atomic_fetch_add(&s->next_id, 1));
-    oai_request_init(&g->q);
-    if (oai_request_parse(&g->q, ep, r->body ? r->body : "", r->len, s->m.n_vocab, &err) < 0)
-        goto fail;
+    snprintf(g->id, sizeof g->id, "%s-%016llx", id_prefix, (unsigned long long)atomic_fetch_add(&s->next_id, 1));
+    g->q = *q;
+    oai_request_init(q);
     if (g->q.model && strcmp(g->q.model, s->model_id) != 0) {
-        oai_errorf(&err, 404, "invalid_request_error", "model_not_found", "model",
+        oai_errorf(err, 404, "invalid_request_error", "model_not_found", "model",
                    "the model '%.64s' does not exist; this server serves '%s'", g->q.model, s->model_id);
-        goto fail;
+        gen_free(g);
+        return -1;
     }
-    if (gen_prepare(g, &err) < 0)
-        goto fail;
+    if (gen_prepare(g, err) < 0) {
+        gen_free(g);
+        return -1;
+    }
     r->n_prompt = g->n_prompt;
     r->n_gen = 0;
+    *out = g;
+    return 0;
+}
+
+static enum MHD_Result reply_error(struct gen *g, const struct oai_error *err)
+{
+    char *body = g->d->error_json(err);
+    enum MHD_Result ok;
+    if (!body) {
+        struct oai_error e2;
+        oom(&e2);
+        ok = srv_reply_error(g->conn, g->r, &e2);
+    } else {
+        ok = srv_reply(g->conn, g->r, err->status, "application/json", body, strlen(body),
+                       err->status == 429 ? "Retry-After" : NULL, err->status == 429 ? "1" : NULL);
+    }
+    free(body);
+    return ok;
+}
+
+enum MHD_Result gen_serve(struct gen *g)
+{
+    struct server *s = g->s;
+    struct MHD_Connection *c = g->conn;
+    struct srv_req *r = g->r;
+    struct oai_error err;
     if (g->ch[0].job.params.n_predict == 0) {
         /* max_tokens 0 (a completion that only echoes): nothing to run */
-        for (int i = 0; i < g->n; i++) {
-            g->ch[i].finished = true;
-            g->ch[i].finish_reason = "length";
-        }
+        for (int i = 0; i < g->n; i++)
+            if (finish_choice(g, &g->ch[i], GEN_FINISH_LENGTH) < 0)
+                break;
     } else {
         struct runner_job *jobs[OAI_MAX_N];
         for (int i = 0; i < g->n; i++)
@@ -773,8 +680,7 @@ enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct 
         bool busy;
         if (runner_submit(s->m.runner, jobs, g->n, &busy, &e) < 0) {
             if (busy)
-                oai_errorf(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
-                           "%s; retry later", e.msg);
+                oai_errorf(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "%s; retry later", e.msg);
             else
                 oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 503, "server_error", NULL, NULL, "%s", e.msg);
             goto fail;
@@ -823,12 +729,13 @@ enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct 
         err = g->err;
         goto fail;
     }
-    cJSON *doc = full_response(g);
+    cJSON *doc = g->d->full(g);
     gen_free(g);
     return srv_reply_json(c, r, 200, doc);
-fail:
+fail:;
+    enum MHD_Result ok = reply_error(g, &err);
     gen_free(g);
-    return srv_reply_error(c, r, &err);
+    return ok;
 }
 
 void srv_generate_end(struct server *s, struct srv_req *r)

@@ -1,0 +1,65 @@
+/*
+ * grammar: structured output. A JSON Schema (or "any JSON value/object" for
+ * response_format json_object) is compiled against a tokenizer into an
+ * immutable grammar; a grammar_state per generation is an engine constraint
+ * (constraint.h): it masks every token whose bytes cannot continue a valid
+ * document and advances with the chosen one, so the output always parses and
+ * validates. Optional literal prefix and suffix text surround the document
+ * (tool-call wrappers such as "<tool_call>\n" ... "\n</tool_call>"); once the
+ * suffix is complete only end-of-sequence ids are allowed.
+ *
+ * Supported schema subset (anything else is -ERR_ARG naming the keyword):
+ * type (incl. arrays of types), properties, required, additionalProperties
+ * (false / true / schema), items, prefixItems, minItems/maxItems, enum,
+ * const, string minLength/maxLength, pattern-free strings, integer/number
+ * with minimum/maximum (bounds checked where a prefix decides them), anyOf /
+ * oneOf, $ref to local "#/$defs/..." or "#/definitions/..." with a depth bound,
+ * nested objects and arrays. Every input is hostile: schema size, nesting,
+ * enum size, $ref depth and compile work are bounded (struct grammar_limits);
+ * exceeding one is an error, never a hang. Masking costs a bounded time per
+ * token (a trie over the vocabulary's byte strings, walked with the state).
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../core/err.h"
+#include "../engine/constraint.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tokenizer;
+
+struct grammar_opts {
+    const char *prefix;          /* literal text before the document (NULL: none) */
+    const char *suffix;          /* literal text after it (NULL: none) */
+    const int32_t *eos_ids;      /* ids allowed once the output is complete */
+    int n_eos;
+    bool any_object;             /* schema NULL: any JSON object (json_object mode) */
+};
+
+struct grammar;
+struct grammar_state;
+
+/* Compile schema (NULL with opts->any_object) for tok. -ERR_ARG for an unsupported or
+ * invalid schema (the message names the keyword and its JSON pointer), -ERR_RANGE for a
+ * bound exceeded, -ERR_NOMEM. The grammar is immutable and may be shared by threads. */
+int grammar_compile(struct grammar **out, const cJSON *schema, const struct tokenizer *tok,
+                    const struct grammar_opts *opts, struct err *e);
+void grammar_free(struct grammar *g);
+
+int grammar_state_new(struct grammar_state **out, const struct grammar *g, struct err *e);
+void grammar_state_free(struct grammar_state *s);
+/* Whether the document (and suffix) is complete. */
+bool grammar_state_complete(const struct grammar_state *s);
+
+/* The constraint_ops whose state is a struct grammar_state *. */
+extern const struct constraint_ops grammar_constraint_ops;
+
+#ifdef __cplusplus
+}
+#endif
