@@ -258,6 +258,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .sigmoid_axpy = */ cu_sigmoid_axpy,
     /* .gather = */ cu_gather,
     /* .moe_route = */ cu_moe_route,
+    /* .moe_route_grouped = */ cu_moe_route_grouped,
     /* .moe_group = */ cu_moe_group,
     /* .linear_experts = */ cu_linear_experts,
     /* .moe_combine = */ cu_moe_combine,

@@ -101,6 +101,9 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
 /* moe.cu */
 void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
                   const float *logits, int n_tok, int n_expert, int k, float jitter);
+void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                          const float *logits, int n_tok, int n_expert, int k,
+                          const struct moe_group_params *p);
 void cu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
                   int n_slot, int n_expert);
 void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,

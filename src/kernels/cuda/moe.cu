@@ -91,6 +91,100 @@ void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float
     cu_check(c, "moe_route");
 }
 
+/* Top-k of doubles by repeated selection, ties toward the lower index. */
+__device__ void topk_d(const double *v, int n, int k, int32_t *idx)
+{
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            bool taken = false;
+            for (int t = 0; t < s; t++)
+                taken |= idx[t] == i;
+            if (!taken && (best < 0 || v[i] > v[best]))
+                best = i;
+        }
+        idx[s] = best;
+    }
+}
+
+/* One thread per token: the CPU's route_grouped_one (backend_cpu_moe.c), in double. */
+__global__ void route_grouped_kernel(int kind, int32_t *sel_all, float *w_all,
+                                     const float *logits_all, int n_tok, int n, int k,
+                                     const float *bias, int n_group, int topk_group, bool norm,
+                                     float scale)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tok)
+        return;
+    const float *logits = logits_all + (size_t)t * n;
+    int32_t *sel = sel_all + (size_t)t * k;
+    float *w = w_all + (size_t)t * k;
+    double s[MOE_MAX_EXPERTS], c[MOE_MAX_EXPERTS], gscore[MOE_MAX_EXPERTS];
+    int32_t gsel[MOE_MAX_EXPERTS];
+    if (kind == ROUTER_GROUP_SOFTMAX) {
+        double mx = logits[0], sum = 0.0;
+        for (int i = 1; i < n; i++)
+            mx = logits[i] > mx ? logits[i] : mx;
+        for (int i = 0; i < n; i++)
+            sum += s[i] = exp((double)logits[i] - mx);
+        for (int i = 0; i < n; i++)
+            s[i] /= sum;
+    } else {
+        for (int i = 0; i < n; i++)
+            s[i] = 1.0 / (1.0 + exp(-(double)logits[i]));
+    }
+    for (int i = 0; i < n; i++)
+        c[i] = s[i] + (bias ? (double)bias[i] : 0.0);
+    int gs = n / n_group;
+    if (n_group > 1 && topk_group < n_group) {
+        for (int g = 0; g < n_group; g++) {
+            const double *cg = c + (size_t)g * gs;
+            int32_t two[2] = {0, 0};
+            if (kind == ROUTER_GROUP_SIGMOID && gs >= 2) {
+                topk_d(cg, gs, 2, two);
+                gscore[g] = cg[two[0]] + cg[two[1]];
+            } else {
+                topk_d(cg, gs, 1, two);
+                gscore[g] = cg[two[0]];
+            }
+        }
+        topk_d(gscore, n_group, topk_group, gsel);
+        for (int g = 0; g < n_group; g++) {
+            bool keep = false;
+            for (int u = 0; u < topk_group; u++)
+                keep |= gsel[u] == g;
+            for (int i = 0; !keep && i < gs; i++)
+                c[(size_t)g * gs + i] = 0.0;
+        }
+    }
+    topk_d(c, n, k, sel);
+    double sum = 0.0;
+    for (int j = 0; j < k; j++)
+        sum += s[sel[j]];
+    for (int j = 0; j < k; j++)
+        w[j] = (float)((norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * scale);
+}
+
+void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                          const float *logits, int n_tok, int n_expert, int k,
+                          const struct moe_group_params *p)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || n_tok <= 0)
+        return;
+    if (n_expert > MOE_MAX_EXPERTS || p->n_group < 1 || n_expert % p->n_group != 0 ||
+        p->topk_group < 1 || p->topk_group > p->n_group || k > n_expert ||
+        (kind != ROUTER_GROUP_SOFTMAX && kind != ROUTER_GROUP_SIGMOID)) {
+        cu_fail(c, "moe_route_grouped: bad routing options", cudaErrorInvalidValue);
+        return;
+    }
+    const float *bias = p->bias && tensor_is_present(p->bias) ? (const float *)p->bias->data : NULL;
+    route_grouped_kernel<<<(n_tok + 63) / 64, 64, 0, c->st>>>(kind, sel, w, logits, n_tok, n_expert,
+                                                              k, bias, p->n_group, p->topk_group,
+                                                              p->norm, p->scale);
+    cu_check(c, "moe_route_grouped");
+}
+
 // ---- grouping and combining ----
 
 __global__ void group_kernel(int32_t *order, int32_t *offsets, const int32_t *sel, int n_slot,
