@@ -43,7 +43,8 @@
     X(responses)  \
     X(anthropic)  \
     X(hub)        \
-    X(allocfail)
+    X(allocfail)  \
+    X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
 SUITES(DECLARE)
@@ -85,8 +86,30 @@ double test_row_rel_err(const float *got, const float *ref, int n)
     return ma > 0 ? mx / ma : mx;
 }
 
+int test_backend_new(struct backend **be, int n_threads, struct err *e)
+{
+    const char *dev = getenv("MLXCEL_DEVICE");
+    return backend_new(be, dev && *dev ? dev : "cpu", n_threads, e);
+}
+
 int main(int argc, char **argv)
 {
+    /* a device that cannot run here (no driver, no GPU, no plugin): skipped, not failed */
+    if (getenv("MLXCEL_DEVICE") && *getenv("MLXCEL_DEVICE")) {
+        struct backend *be = NULL;
+        struct err e = {0};
+        int rc = test_backend_new(&be, 1, &e);
+        if (rc == -ERR_UNSUPPORTED) {
+            printf("skipped: %s\n", e.msg);
+            return 77;
+        }
+        if (rc < 0) {
+            printf("MLXCEL_DEVICE: %s\n", e.msg);
+            return 1;
+        }
+        printf("device: %s\n", be->name);
+        backend_free(be);
+    }
     /* a forced ISA this CPU cannot run: skipped (ctest SKIP_RETURN_CODE), not failed */
     if (getenv("MLXCEL_ISA")) {
         struct backend *be = NULL;

@@ -32,6 +32,11 @@ double golden_check_model(const char *model_dir, const char *golden_dir, bool fu
 
 /* Index of the largest of v[0 .. n) (the first on ties). (main.c) */
 int test_argmax(const float *v, int n);
+/* The backend the model-level suites run on: $MLXCEL_DEVICE (the ctest cuda gates set
+ * it), else the CPU. */
+struct backend;
+struct err;
+int test_backend_new(struct backend **be, int n_threads, struct err *e);
 /* max |got - ref| / max |ref| over one row of n (max |got - ref| when ref is all zero). */
 double test_row_rel_err(const float *got, const float *ref, int n);
 

@@ -23,7 +23,7 @@ void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int 
     g->be = be;
     g->b = calloc(1, sizeof *g->b);
     assert_non_null(g->b);
-    if ((!be && backend_new(&g->be, NULL, 2, &e) < 0) || model_load(&g->m, dir, &e) < 0 ||
+    if ((!be && test_backend_new(&g->be, 2, &e) < 0) || model_load(&g->m, dir, &e) < 0 ||
         model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, n_batch, &e) < 0 ||
         kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(g->b, 512, &e) < 0)
         fail_msg("%s: %s", dir, e.msg);

@@ -113,7 +113,7 @@ double golden_check_model(const char *model_dir, const char *golden_dir, bool fu
 {
     struct backend *be = NULL;
     struct err e = {0};
-    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+    if (test_backend_new(&be, 2, &e) < 0)
         fail_msg("%s", e.msg);
     double r = run_dirs(model_dir, model_dir, golden_dir, be, fused, 0);
     backend_free(be);
@@ -125,7 +125,7 @@ static void check_case(void **state)
     const char *name = *state;
     struct backend *be = NULL;
     struct err e = {0};
-    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+    if (test_backend_new(&be, 2, &e) < 0)
         fail_msg("%s", e.msg);
     run_case(name, be, true);
     run_case(name, be, false);

@@ -464,7 +464,7 @@ static double compare_models(const char *qdir, const char *fdir, const char *gol
     snprintf(p, sizeof p, "%s/golden.safetensors", golden_dir);
     assert_int_equal(st_set_open_file(&g, p, &e), 0);
     assert_int_equal(st_set_take(g, "input_ids", &ids, &e), 0);
-    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+    if (test_backend_new(&be, 2, &e) < 0)
         fail_msg("%s", e.msg);
     const char *dirs[2] = {qdir, fdir};
     be->fused_moe = fused;

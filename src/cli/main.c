@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kernels/backend_plugin.h"
 
 #define MLXCEL_VERSION "0.1.0"
 
@@ -40,24 +41,36 @@ static void usage(FILE *f)
         fprintf(f, "  %-11s %s\n", k_commands[i].name, k_commands[i].summary);
     fprintf(f, "\nRun `mlxcel <command> --help` for the options of a command.\n"
                "-m owner/name pulls a model that is in no cache from the Hugging Face Hub;\n"
-               "--offline (any command) or HF_HUB_OFFLINE=1 turns that off.\n");
+               "--offline (any command) or HF_HUB_OFFLINE=1 turns that off.\n"
+               "--device auto|cpu|cuda[:N] (any command that runs a model; MLXCEL_DEVICE too)\n"
+               "picks the backend: auto is a usable CUDA GPU when present, else the CPU.\n");
 }
 
-/* --offline is understood by every command: it is taken out of argv (before a "--")
- * and becomes HF_HUB_OFFLINE=1, which the model resolution and `pull` read. */
-static void strip_offline(int *argc, char **argv)
+/* --offline and --device are understood by every command: they are taken out of argv
+ * (before a "--") and become HF_HUB_OFFLINE=1, which the model resolution and `pull`
+ * read, and MLXCEL_DEVICE, which cli_engine_open reads. 0, or -1 when --device lacks
+ * its value. */
+static int strip_global(int *argc, char **argv)
 {
     int k = 2;
     bool tail = false;
     for (int i = 2; i < *argc; i++) {
         tail = tail || strcmp(argv[i], "--") == 0;
-        if (!tail && strcmp(argv[i], "--offline") == 0)
+        if (!tail && strcmp(argv[i], "--offline") == 0) {
             setenv("HF_HUB_OFFLINE", "1", 1);
-        else
+        } else if (!tail && strncmp(argv[i], "--device=", 9) == 0) {
+            setenv("MLXCEL_DEVICE", argv[i] + 9, 1);
+        } else if (!tail && strcmp(argv[i], "--device") == 0) {
+            if (i + 1 >= *argc)
+                return -1;
+            setenv("MLXCEL_DEVICE", argv[++i], 1);
+        } else {
             argv[k++] = argv[i];
+        }
     }
     argv[k] = NULL;
     *argc = k;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -71,10 +84,15 @@ int main(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("mlxcel %s\n", MLXCEL_VERSION);
+        char buf[2048];
+        backend_describe(buf, sizeof buf);
+        printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
         return CLI_EXIT_OK;
     }
-    strip_offline(&argc, argv);
+    if (strip_global(&argc, argv) < 0) {
+        fprintf(stderr, "mlxcel: --device needs a value (auto, cpu, cuda or cuda:N)\n");
+        return CLI_EXIT_USAGE;
+    }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
             return k_commands[i].run(argc - 1, argv + 1);

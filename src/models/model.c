@@ -243,7 +243,8 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
         struct tensor *ts[] = {LAYER_TENSORS(LAYER_PTR)};
 #undef LAYER_PTR
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            if ((rc = prepare_one(be, ts[i], e)) < 0)
+            /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
+            if (ts[i] != &L->sinks && (rc = prepare_one(be, ts[i], e)) < 0)
                 return rc;
     }
     /* MLA per-head views */

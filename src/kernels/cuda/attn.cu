@@ -1,0 +1,197 @@
+/*
+ * attn: rotary embedding, the paged KV store and attention on the GPU
+ * (backend.h), with the CPU reference's semantics (backend_cpu_attn.c):
+ * rope angles pos * inv_freq in double; a query at position p attends the
+ * positions (p - window, p] of its sequence through the block table, scores
+ * scale * q.k, soft-capped, softmax with an optional per-head sink logit.
+ *
+ * rope:      one thread per (token, head, frequency)
+ * kv_store:  one block per row
+ * attention: one block of ATTN_WARPS warps per (query row, head). Warp w
+ *            takes the keys w, w + ATTN_WARPS, ... of the row's range with an
+ *            online softmax (running max, sum, and the head_dim output spread
+ *            over the lanes, HD_PER_LANE each); the warps' partials are merged
+ *            through shared memory at the end.
+ */
+#include <math.h>
+
+#include "cuda_impl.h"
+
+#define ATTN_WARPS 8
+#define HD_PER_LANE 8   /* head_dim up to 256 */
+
+// ---- rope ----
+
+__global__ void rope_kernel(float *x, int ld, int n_tok, int n_head, int head_dim,
+                            struct rope_params rp, const int32_t *pos, const int32_t *seq_end)
+{
+    int half = rp.n_rot / 2;
+    size_t n = (size_t)n_tok * n_head * half;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int j = (int)(i % half), h = (int)(i / half % n_head), t = (int)(i / half / n_head);
+        int se = seq_end[t];
+        const float *inv = rp.inv_long && se > rp.long_after ? rp.inv_long : rp.inv_freq;
+        float f = inv[j];
+        if (rp.ntk_factor > 0.0f && se > rp.long_after) {
+            double s = (double)rp.ntk_factor * se / rp.long_after - ((double)rp.ntk_factor - 1.0);
+            f = (float)((double)rp.inv_freq[j] * pow(s, -2.0 * j / (rp.n_rot - 2)));
+        }
+        double a = (double)pos[t] * (double)f;
+        float cj = (float)(cos(a) * rp.mscale), sj = (float)(sin(a) * rp.mscale);
+        float *xh = x + (size_t)t * ld + (size_t)h * head_dim;
+        int pairs = rp.style == ROPE_STYLE_PAIRS, step = pairs ? 1 : half, d = pairs ? 2 * j : j;
+        float x1 = xh[d], x2 = xh[d + step];
+        xh[d] = x1 * cj - x2 * sj;
+        xh[d + step] = x2 * cj + x1 * sj;
+    }
+}
+
+void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+             const struct rope_params *rp, const struct kv_rows *rows)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || rp->n_rot <= 0 || n_tok <= 0)
+        return;
+    size_t n = (size_t)n_tok * n_head * (rp->n_rot / 2);
+    size_t g = (n + 255) / 256;
+    rope_kernel<<<(int)(g < 65536 ? g : 65536), 256, 0, c->st>>>(x, ld, n_tok, n_head, head_dim,
+                                                                 *rp, rows->pos, rows->seq_end);
+    cu_check(c, "rope");
+}
+
+// ---- KV store ----
+
+__global__ void kv_store_kernel(float *kc, float *vc, int k_dim, int v_dim, const float *k,
+                                int ldk, const float *v, int ldv, const int32_t *slot)
+{
+    int i = blockIdx.x;
+    size_t s = (size_t)slot[i];
+    for (int d = threadIdx.x; d < k_dim; d += blockDim.x)
+        kc[s * k_dim + d] = k[(size_t)i * ldk + d];
+    for (int d = threadIdx.x; d < v_dim; d += blockDim.x)
+        vc[s * v_dim + d] = v[(size_t)i * ldv + d];
+}
+
+void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                 const float *v, int ldv, const struct kv_rows *rows, int n_tok)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || n_tok <= 0)
+        return;
+    kv_store_kernel<<<n_tok, 128, 0, c->st>>>(kv->k, kv->v, kv->k_dim, kv->v_dim, k, ldk, v, ldv,
+                                              rows->slot);
+    cu_check(c, "kv_store");
+}
+
+// ---- attention ----
+
+struct attn_args {
+    float *out;
+    const float *q;
+    int ldo, ldq;
+    const float *kc, *vc;
+    int k_dim, v_dim;
+    const int32_t *pos, *table, *tables;
+    int bs;
+    int n_head, n_rep, hd;
+    float scale, softcap;
+    int window;
+    const float *sinks;
+};
+
+/* grid: (n_head, n_tok); block: ATTN_WARPS warps. */
+__global__ void attn_kernel(attn_args a)
+{
+    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_o[ATTN_WARPS][32 * HD_PER_LANE];
+    int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int g = h / a.n_rep, p = a.pos[t];
+    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    const int32_t *tab = a.tables + a.table[t];
+    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
+    float qv[HD_PER_LANE], o[HD_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < a.hd ? qh[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = lo + w; j < hi; j += ATTN_WARPS) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < a.hd)
+                s += qv[i] * kr[d];
+        }
+        s = cu_warp_sum(s) * a.scale;
+        if (a.softcap > 0.0f)
+            s = a.softcap * tanhf(s / a.softcap);
+        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[w] = m;
+        sm_l[w] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++)
+        sm_o[w][lane + 32 * i] = o[i];
+    __syncthreads();
+    if (w != 0)
+        return;
+    float M = -INFINITY;
+    for (int i = 0; i < ATTN_WARPS; i++)
+        M = fmaxf(M, sm_m[i]);
+    if (a.sinks)
+        M = fmaxf(M, a.sinks[h]);
+    float L = a.sinks ? expf(a.sinks[h] - M) : 0.0f;
+    float acc[HD_PER_LANE] = {};
+    for (int i = 0; i < ATTN_WARPS; i++) {
+        if (sm_m[i] == -INFINITY)
+            continue;
+        float f = expf(sm_m[i] - M);
+        L += sm_l[i] * f;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++)
+            acc[k] += sm_o[i][lane + 32 * k] * f;
+    }
+    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++) {
+        int d = lane + 32 * k;
+        if (d < a.hd)
+            oh[d] = acc[k] / L;
+    }
+}
+
+void cu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                  const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                  const struct attn_params *ap)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || n_tok <= 0)
+        return;
+    if (ap->head_dim > 32 * HD_PER_LANE || ap->n_head % ap->n_kv_head) {
+        cu_fail(c, "attention: head_dim over 256 or heads not a multiple of kv heads",
+                cudaErrorInvalidValue);
+        return;
+    }
+    attn_args a = {out, q, ldo, ldq, kv->k, kv->v, kv->k_dim, kv->v_dim, rows->pos, rows->table,
+                   rows->tables, rows->block_size, ap->n_head, ap->n_head / ap->n_kv_head,
+                   ap->head_dim, ap->scale, ap->softcap, ap->window, ap->sinks};
+    dim3 grid(ap->n_head, n_tok);
+    attn_kernel<<<grid, 32 * ATTN_WARPS, 0, c->st>>>(a);
+    cu_check(c, "attention");
+}

@@ -1,0 +1,153 @@
+/*
+ * cuda_impl: what the CUDA backend's files share (internal to
+ * src/kernels/cuda/). backend_cuda.cu holds the lifetime, memory, weights,
+ * the plugin entry point and the ops' table; linear.cu the products
+ * (fused dequant-GEMV for decode, dequantize + cuBLAS SGEMM for prefill) and
+ * the embedding; elem.cu norms and elementwise ops; attn.cu rope, the paged
+ * KV store and attention; moe.cu routing, grouping, expert linears, combine.
+ *
+ * Every op runs on the backend's one stream, records the first failure
+ * (cu_fail) and becomes a no-op afterwards; sync reports it. Weights are
+ * described to kernels by struct cu_wmat, passed by value.
+ */
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../backend.h"
+
+struct cu_alloc {
+    void *p;
+    struct cu_alloc *next;
+};
+
+struct cuda_backend {
+    struct backend be;
+    int dev;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    struct cu_alloc *weights;   /* device copies made by prepare_weight, freed at destroy */
+    float *scr;                 /* scratch: dequantized weight panels */
+    size_t scr_cap;             /* floats */
+    int32_t *iscr;              /* int scratch (moe_combine's inverse order) */
+    size_t iscr_cap;
+    int32_t *h_off;             /* host copy of linear_experts' offsets */
+    size_t h_off_cap;
+    int err_rc;
+    char err_msg[256];
+    char name[32];
+};
+
+/* A weight matrix [out, in] as the kernels see it (the CPU's struct wmat). */
+struct cu_wmat {
+    const uint8_t *data;        /* row r at data + r * row_bytes */
+    size_t row_bytes;
+    int dt;                     /* enum dtype: F32/F16/BF16, U32 when qbits */
+    int in, out;
+    int qbits, qgroup, qmode, qsdt;
+    const uint8_t *qs, *qb;     /* per-row scales / biases (qb NULL for fp modes) */
+    size_t qrow_bytes;
+};
+
+static inline struct cuda_backend *cu_of(struct backend *be)
+{
+    return (struct cuda_backend *)be->impl;
+}
+
+/* Record the first error (sticky until sync); what names the op. */
+void cu_fail(struct cuda_backend *c, const char *what, cudaError_t rc);
+/* After a launch: record a launch failure; false when the backend has failed. */
+bool cu_check(struct cuda_backend *c, const char *what);
+/* Scratch of at least n floats / ints (grows only); NULL after cu_fail. */
+float *cu_scratch(struct cuda_backend *c, size_t n);
+int32_t *cu_iscratch(struct cuda_backend *c, size_t n);
+void cu_wmat_from(struct cu_wmat *m, const struct tensor *w);
+
+/* linear.cu */
+void cu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
+               const struct tensor *b, int n_tok);
+void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs);
+void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok);
+
+/* elem.cu */
+void cu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                float w_off, float eps, int n_tok, int per_tok, int n);
+void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                  float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n);
+void cu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n);
+void cu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
+            int n_rows, int n);
+void cu_glu_clamped(struct backend *be, float *y, int ldy, const float *x, int ldx, int n_rows,
+                    int n, float alpha, float limit, bool interleaved);
+void cu_scale(struct backend *be, float *x, int ld, float a, int n_rows, int n);
+void cu_softcap(struct backend *be, float *x, int ld, float cap, int n_rows, int n);
+void cu_axpy(struct backend *be, float *y, int ldy, float a, const float *x, int ldx, int n_rows,
+             int n);
+void cu_sigmoid_axpy(struct backend *be, float *y, int ldy, const float *g, const float *x,
+                     int ldx, int n_rows, int n);
+void cu_gather(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx, int div,
+               int n_rows, int n);
+
+/* attn.cu */
+void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+             const struct rope_params *rp, const struct kv_rows *rows);
+void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                 const float *v, int ldv, const struct kv_rows *rows, int n_tok);
+void cu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                  const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                  const struct attn_params *ap);
+
+/* moe.cu */
+void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                  const float *logits, int n_tok, int n_expert, int k, float jitter);
+void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
+                          const float *logits, int n_tok, int n_expert, int k,
+                          const struct moe_group_params *p);
+void cu_moe_group(struct backend *be, int32_t *order, int32_t *offsets, const int32_t *sel,
+                  int n_slot, int n_expert);
+void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
+                       const struct expert_linear *el, int n_el, const int32_t *offsets,
+                       int n_expert, int n_slot);
+void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
+                    const float *w, int k, int n_slot, int n);
+
+/* ---- device helpers shared by the kernels ---- */
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float cu_bf16(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* IEEE half to float, exact (subnormals included). */
+__device__ __forceinline__ float cu_f16(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h));
+}
+
+/* Element i of a F32/F16/BF16 array. */
+__device__ __forceinline__ float cu_ld(const void *p, int dt, size_t i)
+{
+    if (dt == 1)
+        return cu_f16(((const uint16_t *)p)[i]);
+    if (dt == 2)
+        return cu_bf16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif

@@ -1,0 +1,242 @@
+/*
+ * elem: norms and the elementwise ops on the GPU (backend.h), with the CPU
+ * reference's arithmetic (backend_cpu.c): RMS x / sqrt(mean(x²) + eps) *
+ * (w + w_off); layer norm with a two-pass mean and biased variance.
+ *
+ * Norms: one block of NORM_THREADS per row, a block reduction (warp shuffles,
+ * then one warp over the per-warp partials). Elementwise ops: a 2-D grid,
+ * x = columns (256 per block), y = rows (grid-stride).
+ */
+#include <math.h>
+
+#include "cuda_impl.h"
+
+#define NORM_THREADS 256
+
+// ---- norms ----
+
+/* Sum of v over the block (every thread gets it); red holds 32 floats. */
+__device__ float block_sum(float v, float *red)
+{
+    int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    v = cu_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        red[wid] = v;
+    __syncthreads();
+    float s = lane < (int)(blockDim.x / 32) ? red[lane] : 0.0f;
+    return cu_warp_sum(s);
+}
+
+/* grid: one block per row r of n_rows = n_tok * per_tok. */
+__global__ void norm_kernel(float *y, const float *x, int ld, const void *w, int wdt, size_t w_row,
+                            float w_off, const void *b, int bdt, float eps, int per_tok, int n,
+                            bool layer)
+{
+    __shared__ float red[32];
+    int r = blockIdx.x;
+    size_t off = (size_t)(r / per_tok) * ld + (size_t)(r % per_tok) * n;
+    const float *xr = x + off;
+    float *yr = y + off;
+    size_t wo = w_row ? (size_t)(r % per_tok) * w_row : 0;
+    float mean = 0.0f;
+    if (layer) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            s += xr[i];
+        mean = block_sum(s, red) / (float)n;
+    }
+    float q = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        q += (xr[i] - mean) * (xr[i] - mean);
+    float a = 1.0f / sqrtf(block_sum(q, red) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = (xr[i] - mean) * a * (cu_ld(w, wdt, wo + i) + w_off);
+        yr[i] = b ? v + cu_ld(b, bdt, (size_t)i) : v;
+    }
+}
+
+static void norm_run(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                     float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n,
+                     bool layer)
+{
+    struct cuda_backend *c = cu_of(be);
+    int rows = n_tok * per_tok;
+    if (c->err_rc || rows <= 0)
+        return;
+    /* one weight row per head when w holds per_tok rows of n */
+    size_t w_row = per_tok > 1 && tensor_nelem(w) == (int64_t)per_tok * n ? (size_t)n : 0;
+    norm_kernel<<<rows, NORM_THREADS, 0, c->st>>>(y, x, ld, w->data, w->dtype, w_row, w_off,
+                                                  b ? b->data : NULL, b ? (int)b->dtype : 0, eps,
+                                                  per_tok, n, layer);
+    cu_check(c, "norm");
+}
+
+void cu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                float w_off, float eps, int n_tok, int per_tok, int n)
+{
+    norm_run(be, y, x, ld, w, w_off, NULL, eps, n_tok, per_tok, n, false);
+}
+
+void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                  float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n)
+{
+    norm_run(be, y, x, ld, w, w_off, b && tensor_is_present(b) ? b : NULL, eps, n_tok, per_tok,
+             n, true);
+}
+
+// ---- elementwise ----
+
+enum elem_op { EL_ACT, EL_GLU, EL_GLU_CLAMPED, EL_AXPY, EL_SIGMOID_AXPY, EL_GATHER, EL_SCALE,
+               EL_SOFTCAP };
+
+struct elem_args {
+    int op, act;
+    float *y;
+    const float *x;
+    const int32_t *idx;
+    const float *g;
+    size_t ldy, ldx;
+    float s, alpha;
+    bool interleaved;
+    int n_rows, n, div;
+};
+
+__device__ __forceinline__ float act_f(int act, float v)
+{
+    switch (act) {
+    case ACT_GELU_TANH:
+        return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case ACT_GELU_ERF:
+        return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case ACT_RELU:
+        return v > 0.0f ? v : 0.0f;
+    default:
+        return v / (1.0f + expf(-v));
+    }
+}
+
+__global__ void elem_kernel(elem_args a)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= a.n)
+        return;
+    for (int r = blockIdx.y; r < a.n_rows; r += gridDim.y) {
+        float *y = a.y + (size_t)r * a.ldy + j;
+        const float *xr = a.x ? a.x + (size_t)r * a.ldx : NULL;
+        switch (a.op) {
+        case EL_ACT:
+            *y = act_f(a.act, *y);
+            break;
+        case EL_GLU:
+            *y = act_f(a.act, xr[j]) * xr[a.n + j];
+            break;
+        case EL_GLU_CLAMPED: {
+            float g = a.interleaved ? xr[2 * j] : xr[j];
+            float u = a.interleaved ? xr[2 * j + 1] : xr[a.n + j], lim = a.s;
+            g = g < lim ? g : lim;
+            u = u < -lim ? -lim : u > lim ? lim : u;
+            *y = (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
+            break;
+        }
+        case EL_AXPY:
+            *y += a.s * xr[j];
+            break;
+        case EL_SIGMOID_AXPY:
+            *y += (float)(1.0 / (1.0 + exp(-(double)a.g[r]))) * xr[j];
+            break;
+        case EL_SCALE:
+            *y *= a.s;
+            break;
+        case EL_SOFTCAP:
+            *y = a.s * tanhf(*y / a.s);
+            break;
+        case EL_GATHER:
+            *y = a.x[(size_t)(a.idx[r] / a.div) * a.ldx + j];
+            break;
+        }
+    }
+}
+
+static void elem_run(struct backend *be, elem_args *a)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || a->n_rows <= 0 || a->n <= 0)
+        return;
+    dim3 grid((a->n + 255) / 256, a->n_rows < 65535 ? a->n_rows : 65535);
+    elem_kernel<<<grid, 256, 0, c->st>>>(*a);
+    cu_check(c, "elementwise");
+}
+
+void cu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_ACT, a.act = act, a.y = x, a.ldy = (size_t)ld, a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
+            int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_GLU, a.act = act, a.y = y, a.x = x, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
+    a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_glu_clamped(struct backend *be, float *y, int ldy, const float *x, int ldx, int n_rows,
+                    int n, float alpha, float limit, bool interleaved)
+{
+    elem_args a = {};
+    a.op = EL_GLU_CLAMPED, a.y = y, a.x = x, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
+    a.s = limit, a.alpha = alpha, a.interleaved = interleaved, a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_scale(struct backend *be, float *x, int ld, float s, int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_SCALE, a.y = x, a.s = s, a.ldy = (size_t)ld, a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_softcap(struct backend *be, float *x, int ld, float cap, int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_SOFTCAP, a.y = x, a.s = cap, a.ldy = (size_t)ld, a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_axpy(struct backend *be, float *y, int ldy, float s, const float *x, int ldx, int n_rows,
+             int n)
+{
+    elem_args a = {};
+    a.op = EL_AXPY, a.y = y, a.x = x, a.s = s, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
+    a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_sigmoid_axpy(struct backend *be, float *y, int ldy, const float *g, const float *x,
+                     int ldx, int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_SIGMOID_AXPY, a.y = y, a.x = x, a.g = g, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
+    a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_gather(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx, int div,
+               int n_rows, int n)
+{
+    elem_args a = {};
+    a.op = EL_GATHER, a.y = y, a.x = NULL, a.idx = idx, a.div = div, a.ldy = (size_t)n;
+    a.ldx = (size_t)ldx, a.n_rows = n_rows, a.n = n;
+    /* the source rows are read through idx, not through x's own row */
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || n_rows <= 0 || n <= 0)
+        return;
+    a.x = x;
+    dim3 grid((n + 255) / 256, n_rows < 65535 ? n_rows : 65535);
+    elem_kernel<<<grid, 256, 0, c->st>>>(a);
+    cu_check(c, "gather");
+}

@@ -1,0 +1,202 @@
+/*
+ * test_cuda: the CUDA backend's products against the CPU scalar reference
+ * on awkward shapes, every weight format (F32/F16/BF16, MLX affine 2..8 bits
+ * x groups 32/64/128 with F16/BF16/F32 scales, mxfp4, mxfp8, nvfp4), token
+ * counts on both sides of the GEMV/GEMM switch, with and without bias, and
+ * the embedding of quantized rows. Data goes through buf_alloc / upload /
+ * download as a model's would. Skipped where no CUDA device is usable; the
+ * golden suite on MLXCEL_DEVICE=cuda covers every other op end to end.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "kernels/backend.h"
+#include "test.h"
+
+static uint64_t g_rng = 88172645463325252ull;
+
+static uint32_t rnd32(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 11);
+}
+
+static float frnd(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnd32() & 0xffffff) / 16777216.0f;
+}
+
+/* A random element of a scale/bias or weight array of dtype dt. */
+static void put(void *p, enum dtype dt, size_t i, float v)
+{
+    if (dt == DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (dt == DTYPE_F16)
+        ((uint16_t *)p)[i] = f32_to_f16(v);
+    else
+        ((uint16_t *)p)[i] = f32_to_bf16(v);
+}
+
+struct wcase {
+    const char *name;
+    enum dtype dt;           /* float weights; U32 when quantized */
+    int bits, group;
+    enum qmode mode;
+    enum dtype sdt;          /* scales (affine) */
+    int out, in;
+};
+
+/* Host weight of the case; the buffers are returned for freeing. */
+static void make_weight(struct tensor *w, void **bufs, const struct wcase *wc)
+{
+    int64_t shape[2] = {wc->out, wc->in};
+    memset(bufs, 0, 3 * sizeof *bufs);
+    if (!wc->bits) {
+        size_t n = (size_t)wc->out * wc->in;
+        bufs[0] = malloc(n * dtype_size(wc->dt));
+        for (size_t i = 0; i < n; i++)
+            put(bufs[0], wc->dt, i, frnd(-1.0f, 1.0f));
+        tensor_init(w, wc->dt, bufs[0], 2, shape);
+        return;
+    }
+    size_t words = (size_t)wc->out * wc->in * wc->bits / 32, ng = (size_t)wc->out * (wc->in / wc->group);
+    bufs[0] = malloc(words * 4);
+    for (size_t i = 0; i < words; i++)
+        ((uint32_t *)bufs[0])[i] = rnd32() ^ (rnd32() << 21);
+    int64_t pshape[2] = {wc->out, wc->in * wc->bits / 32};
+    tensor_init(w, DTYPE_U32, bufs[0], 2, pshape);
+    w->shape[1] = wc->in;
+    w->qbits = wc->bits;
+    w->qgroup = wc->group;
+    w->qmode = wc->mode;
+    if (wc->mode == QMODE_AFFINE) {
+        w->qsdtype = wc->sdt;
+        bufs[1] = malloc(ng * 4);
+        bufs[2] = malloc(ng * 4);
+        for (size_t i = 0; i < ng; i++) {
+            put(bufs[1], wc->sdt, i, frnd(0.001f, 0.05f));
+            put(bufs[2], wc->sdt, i, frnd(-0.3f, 0.3f));
+        }
+        w->qbiases = bufs[2];
+    } else {
+        w->qsdtype = DTYPE_U8;
+        bufs[1] = malloc(ng);
+        for (size_t i = 0; i < ng; i++)  /* e8m0 near 2^0, e4m3 in [2^-4, 2^2) */
+            ((uint8_t *)bufs[1])[i] = (uint8_t)(wc->mode == QMODE_NVFP4 ? 0x18 + rnd32() % 0x30
+                                                                          : 120 + rnd32() % 10);
+    }
+    w->qscales = bufs[1];
+    (void)shape;
+}
+
+/* y = x Wᵀ (+ b) on both backends; the worst |diff| / max|ref| over all outputs. */
+static double linear_case(struct backend *cpu, struct backend *gpu, const struct wcase *wc, int n_tok,
+                          bool with_bias)
+{
+    struct err e = {0};
+    struct tensor w, wg, b, bg;
+    void *bufs[3];
+    make_weight(&w, bufs, wc);
+    float *bias = malloc((size_t)wc->out * sizeof *bias);
+    for (int i = 0; i < wc->out; i++)
+        bias[i] = frnd(-1.0f, 1.0f);
+    int64_t bshape[1] = {wc->out};
+    tensor_init(&b, DTYPE_F32, bias, 1, bshape);
+    wg = w;
+    bg = b;
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &wg, &e), 0);
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &bg, &e), 0);
+    int ldy = wc->out + 3;
+    size_t nx = (size_t)n_tok * wc->in, ny = (size_t)n_tok * ldy;
+    float *x = malloc(nx * sizeof *x), *yc = calloc(ny, sizeof *yc), *yg = calloc(ny, sizeof *yg);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frnd(-1.0f, 1.0f);
+    cpu->ops->linear(cpu, yc, ldy, x, &w, with_bias ? &b : NULL, n_tok);
+    void *dx, *dy;
+    assert_int_equal(gpu->ops->buf_alloc(gpu, nx * 4, &dx, &e), 0);
+    assert_int_equal(gpu->ops->buf_alloc(gpu, ny * 4, &dy, &e), 0);
+    gpu->ops->upload(gpu, dx, x, nx * 4);
+    gpu->ops->upload(gpu, dy, yg, ny * 4);
+    gpu->ops->linear(gpu, dy, ldy, dx, &wg, with_bias ? &bg : NULL, n_tok);
+    gpu->ops->download(gpu, yg, dy, ny * 4);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("%s: %s", wc->name, e.msg);
+    double mx = 0, md = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int r = 0; r < wc->out; r++) {
+            size_t i = (size_t)t * ldy + r;
+            mx = fmax(mx, fabs(yc[i]));
+            md = fmax(md, fabs((double)yc[i] - yg[i]));
+        }
+    gpu->ops->buf_free(gpu, dx);
+    gpu->ops->buf_free(gpu, dy);
+    free(x);
+    free(yc);
+    free(yg);
+    free(bias);
+    for (int i = 0; i < 3; i++)
+        free(bufs[i]);
+    return mx > 0 ? md / mx : md;
+}
+
+static const struct wcase k_cases[] = {
+    {"f32", DTYPE_F32, 0, 0, 0, 0, 67, 256},
+    {"f32 in=100", DTYPE_F32, 0, 0, 0, 0, 33, 100},
+    {"f16", DTYPE_F16, 0, 0, 0, 0, 67, 320},
+    {"bf16", DTYPE_BF16, 0, 0, 0, 0, 67, 320},
+    {"bf16 in=72", DTYPE_BF16, 0, 0, 0, 0, 9, 72},
+    {"q2 g32 bf16", DTYPE_U32, 2, 32, QMODE_AFFINE, DTYPE_BF16, 67, 384},
+    {"q3 g64 f16", DTYPE_U32, 3, 64, QMODE_AFFINE, DTYPE_F16, 67, 384},
+    {"q4 g32 f16", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_F16, 67, 384},
+    {"q4 g64 bf16", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 67, 384},
+    {"q4 g128 f32", DTYPE_U32, 4, 128, QMODE_AFFINE, DTYPE_F32, 67, 384},
+    {"q5 g64 bf16", DTYPE_U32, 5, 64, QMODE_AFFINE, DTYPE_BF16, 67, 384},
+    {"q6 g32 f16", DTYPE_U32, 6, 32, QMODE_AFFINE, DTYPE_F16, 67, 384},
+    {"q8 g64 bf16", DTYPE_U32, 8, 64, QMODE_AFFINE, DTYPE_BF16, 67, 384},
+    {"q8 g128 f16", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_F16, 67, 384},
+    {"mxfp4", DTYPE_U32, 4, 32, QMODE_MXFP4, DTYPE_U8, 67, 384},
+    {"mxfp8", DTYPE_U32, 8, 32, QMODE_MXFP8, DTYPE_U8, 67, 384},
+    {"nvfp4", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 67, 384},
+    {"nvfp4 in=400", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 31, 400},
+};
+
+static void test_linear_formats(void **state)
+{
+    (void)state;
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
+    static const int toks[] = {1, 3, 8, 9, 33};
+    double worst = 0;
+    for (size_t c = 0; c < sizeof k_cases / sizeof k_cases[0]; c++) {
+        double wc = 0;
+        for (size_t t = 0; t < sizeof toks / sizeof toks[0]; t++) {
+            double r = linear_case(cpu, gpu, &k_cases[c], toks[t], t % 2 == 1);
+            if (r > 1e-4)
+                fail_msg("linear %s n_tok=%d: rel err %.3g", k_cases[c].name, toks[t], r);
+            wc = fmax(wc, r);
+        }
+        printf("cuda linear %-14s max rel err %.2e\n", k_cases[c].name, wc);
+        worst = fmax(worst, wc);
+    }
+    printf("cuda linear: %zu formats x %zu token counts, worst rel err %.2e\n",
+           sizeof k_cases / sizeof k_cases[0], sizeof toks / sizeof toks[0], worst);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
+static const struct CMUnitTest k_tests[] = {
+    cmocka_unit_test(test_linear_formats),
+};
+
+TEST_SUITE(cuda, k_tests);
