@@ -398,7 +398,54 @@ static void prefix_runner_stats(void **state)
     fx_close(&f);
 }
 
+
+/* Bookkeeping without a forward: two sequences that computed the same blocks share them
+ * after registering; an indexed block outlives its sequences as cached and is attached
+ * again; a write into an indexed block (after a truncation into it) copies it first. */
+static void prefix_kv_blocks(void **state)
+{
+    (void)state;
+    struct fx f;
+    struct err e = {0};
+    fx_open(&f, "models/llama-tiny");
+    struct kv_cache *kv = kv_new(&f, 16 * BLOCK, 3);
+    int32_t toks[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, want[3] = {10, 10, -1};
+    assert_int_equal(kv_seq_add(kv, 0, &e), 0);
+    assert_int_equal(kv_seq_add(kv, 1, &e), 0);
+    assert_int_equal(kv_reserve(kv, want, &e), 0);
+    assert_int_equal(kv_n_free_blocks(kv), 10);
+    kv_prefix_register(kv, 0, toks, 10);
+    kv_prefix_register(kv, 1, toks, 10);         /* its two full blocks become seq 0's */
+    assert_int_equal(kv_n_free_blocks(kv), 12);
+    assert_int_equal(kv_slot(kv, 1, 7), kv_slot(kv, 0, 7));
+    assert_true(kv_slot(kv, 1, 9) != kv_slot(kv, 0, 9));
+    check_kv(kv, "dedup");
+    kv_seq_remove(kv, 0);
+    assert_int_equal(kv_n_cached_blocks(kv), 0);  /* seq 1 still holds them */
+    kv_seq_remove(kv, 1);
+    assert_int_equal(kv_n_cached_blocks(kv), 2);
+    assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
+    assert_int_equal(kv_seq_add(kv, 2, &e), 0);
+    assert_int_equal(kv_prefix_attach(kv, 2, toks, 10), 8);
+    assert_int_equal(kv_n_cached_blocks(kv), 0);
+    int32_t old = kv_slot(kv, 2, 5);
+    assert_int_equal(kv_seq_truncate(kv, 2, 6, &e), 0);
+    want[0] = want[1] = -1;
+    want[2] = 8;
+    assert_int_equal(kv_reserve(kv, want, &e), 0);
+    assert_true(kv_slot(kv, 2, 5) != old);         /* copied before the write */
+    assert_int_equal(kv_n_cached_blocks(kv), 1);   /* the indexed original stays cached */
+    check_kv(kv, "copy on write of an indexed block");
+    kv_seq_remove(kv, 2);
+    kv_prefix_clear(kv);
+    check_kv(kv, "clear");
+    assert_int_equal(kv->n_free, kv->n_blocks);
+    kv_cache_free(kv);
+    fx_close(&f);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(prefix_kv_blocks),
     cmocka_unit_test(prefix_equals_cold),
     cmocka_unit_test(prefix_lru_eviction),
     cmocka_unit_test(prefix_hash_collision),

@@ -498,7 +498,7 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
     struct kv_seq *s = &kv->seqs[seq];
     struct kv_prefix *px = &kv->px;
     int bs = kv->block_size, full = (n < s->len ? n : s->len) / bs;
-    const int32_t *t = seq_table(kv, seq);
+    int32_t *t = seq_table(kv, seq);
     for (int i = s->n_indexed; i < full; i++) {
         const int32_t *bt = toks + (size_t)i * bs;
         uint64_t h = block_hash(px, s->chain, bt, bs);
@@ -510,6 +510,14 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
             /* t[i] is indexed under another chain of the same tokens (a fork's sibling
              * registered it): its entry stands for this prefix too */
             b = t[i];
+        } else if (b != t[i]) {
+            /* another sequence computed the same block first: share its block and let
+             * this copy go (same tokens at the same positions: the same rows) */
+            if (kv->refcnt[b]++ == 0)
+                lru_unlink(px, b);
+            block_release(kv, t[i]);
+            t[i] = b;
+            s->dirty = true;
         }
         s->chain = px->serial[b];
         s->n_indexed = i + 1;

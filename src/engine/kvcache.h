@@ -118,8 +118,9 @@ int kv_n_cached_blocks(const struct kv_cache *kv);
 
 /* Prefix cache. Register the full blocks of seq's first n positions, whose tokens are
  * toks[0 .. n) (the caller's promise: the ids the sequence's cache was computed from),
- * in the index; blocks already registered are skipped, and a block whose content is
- * indexed already (another sequence computed it) is not indexed twice. */
+ * in the index; blocks already registered are skipped, and where the index holds the
+ * block's content already (another sequence computed it), seq shares that block and its
+ * own copy is released (seq's table changes: call between forwards). */
 void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n);
 /* Attach to seq, which must be empty, the longest chain of indexed blocks matching the
  * full blocks of toks[0 .. n): shared, not copied. Returns the positions attached (a
