@@ -29,6 +29,7 @@
     X(golden)     \
     X(batch)      \
     X(sched)      \
+    X(prefix)     \
     X(server)     \
     X(quant)      \
     X(sampler)    \

@@ -46,6 +46,7 @@ enum gen_stop {
 struct gen_stats {
     int n_prompt, n_gen;
     int n_dropped;                /* prompt tokens cut by gen_params.truncate */
+    int n_cached;                 /* prompt tokens found in the prefix cache (the scheduler's) */
     double t_prompt_s, t_gen_s;   /* wall time of prefill and of decode */
     enum gen_stop stop;
 };

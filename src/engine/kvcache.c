@@ -4,6 +4,19 @@
  * Pool layout (one backend allocation): for each layer, K then V, each
  * [n_blocks * block_size][dim] f32. A block id therefore names the same
  * slots in every layer, and copy-on-write copies one block per layer.
+ *
+ * Block states: free (on free_list, refcnt 0, not indexed), held (refcnt
+ * > 0, indexed or not) and cached (refcnt 0, indexed, on the LRU list).
+ * block_take pops the free list first and reclaims the least recently used
+ * cached block only when it is empty, so cached prefixes live as long as the
+ * pool has never-used room.
+ *
+ * The prefix index: an entry is one full block, keyed by its parent entry's
+ * serial (0 at position 0) and its block_size token ids. Serials are never
+ * reused, so an entry stands for exactly one token prefix (its parent's
+ * prefix plus its tokens, by induction), and a lookup that compares parent
+ * serial and tokens cannot confuse two prefixes whatever the hash does. The
+ * hash (FNV-1a over parent and tokens) only picks the bucket.
  */
 #include "kvcache.h"
 
@@ -25,16 +38,113 @@ static int check_seq(const struct kv_cache *kv, int seq, struct err *e)
     return 0;
 }
 
+// ---- the prefix index and the LRU list of cached blocks ----
+
+static void lru_unlink(struct kv_prefix *px, int32_t b)
+{
+    int32_t p = px->lru_prev[b], n = px->lru_next[b];
+    if (p >= 0)
+        px->lru_next[p] = n;
+    else
+        px->lru_head = n;
+    if (n >= 0)
+        px->lru_prev[n] = p;
+    else
+        px->lru_tail = p;
+    px->lru_prev[b] = px->lru_next[b] = -1;
+    px->n_lru--;
+}
+
+/* b becomes the most recently used cached block. */
+static void lru_push(struct kv_prefix *px, int32_t b)
+{
+    px->lru_prev[b] = px->lru_tail;
+    px->lru_next[b] = -1;
+    if (px->lru_tail >= 0)
+        px->lru_next[px->lru_tail] = b;
+    else
+        px->lru_head = b;
+    px->lru_tail = b;
+    px->n_lru++;
+}
+
+static uint64_t block_hash(const struct kv_prefix *px, uint64_t parent, const int32_t *toks, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;  /* FNV-1a 64 offset basis and prime */
+    for (int i = 0; i < 8; i++)
+        h = (h ^ ((parent >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < 4; i++)
+            h = (h ^ (((uint32_t)toks[t] >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h & px->hash_mask;
+}
+
+static int32_t *block_toks(const struct kv_cache *kv, int32_t b)
+{
+    return kv->px.toks + (size_t)b * kv->block_size;
+}
+
+/* The indexed block holding toks after the entry `parent`, -1 if none. */
+static int32_t index_find(const struct kv_cache *kv, uint64_t h, uint64_t parent, const int32_t *toks)
+{
+    const struct kv_prefix *px = &kv->px;
+    for (int32_t b = px->bucket[h & (uint64_t)(px->n_buckets - 1)]; b >= 0; b = px->next[b])
+        if (px->hash[b] == h && px->parent[b] == parent &&
+            memcmp(block_toks(kv, b), toks, (size_t)kv->block_size * sizeof *toks) == 0)
+            return b;
+    return -1;
+}
+
+static void index_add(struct kv_cache *kv, int32_t b, uint64_t h, uint64_t parent, const int32_t *toks)
+{
+    struct kv_prefix *px = &kv->px;
+    int32_t *head = &px->bucket[h & (uint64_t)(px->n_buckets - 1)];
+    px->hash[b] = h;
+    px->parent[b] = parent;
+    px->serial[b] = ++px->next_serial;
+    memcpy(block_toks(kv, b), toks, (size_t)kv->block_size * sizeof *toks);
+    px->next[b] = *head;
+    *head = b;
+    px->n_indexed++;
+}
+
+static void index_remove(struct kv_cache *kv, int32_t b)
+{
+    struct kv_prefix *px = &kv->px;
+    int32_t *p = &px->bucket[px->hash[b] & (uint64_t)(px->n_buckets - 1)];
+    while (*p != b)
+        p = &px->next[*p];
+    *p = px->next[b];
+    px->next[b] = -1;
+    px->serial[b] = 0;
+    px->n_indexed--;
+}
+
+// ---- blocks ----
+
+/* A block for the caller (refcount 1): a never-used one, else the least recently used
+ * cached one, whose index entry goes. The caller checked kv_n_free_blocks. */
 static int32_t block_take(struct kv_cache *kv)
 {
-    int32_t b = kv->free_list[--kv->n_free];
+    int32_t b;
+    if (kv->n_free > 0) {
+        b = kv->free_list[--kv->n_free];
+    } else {
+        b = kv->px.lru_head;
+        lru_unlink(&kv->px, b);
+        index_remove(kv, b);
+    }
     kv->refcnt[b] = 1;
     return b;
 }
 
 static void block_release(struct kv_cache *kv, int32_t b)
 {
-    if (--kv->refcnt[b] == 0)
+    if (--kv->refcnt[b] > 0)
+        return;
+    if (kv->px.serial[b] != 0)
+        lru_push(&kv->px, b);
+    else
         kv->free_list[kv->n_free++] = b;
 }
 
@@ -77,8 +187,29 @@ static int alloc_host(struct kv_cache *kv, struct err *e)
     kv->seqs = calloc((size_t)kv->max_seqs, sizeof *kv->seqs);
     kv->tables_host = calloc((size_t)kv->max_seqs * kv->max_blocks, sizeof *kv->tables_host);
     kv->want = malloc((size_t)kv->max_seqs * sizeof *kv->want);
-    if (!kv->layers || !kv->refcnt || !kv->free_list || !kv->seqs || !kv->tables_host || !kv->want)
+    struct kv_prefix *px = &kv->px;
+    size_t nb = (size_t)kv->n_blocks;
+    px->n_buckets = 1;
+    while (px->n_buckets < kv->n_blocks)
+        px->n_buckets *= 2;
+    px->hash = malloc(nb * sizeof *px->hash);
+    px->serial = calloc(nb, sizeof *px->serial);
+    px->parent = malloc(nb * sizeof *px->parent);
+    px->toks = malloc(nb * kv->block_size * sizeof *px->toks);
+    px->next = malloc(nb * sizeof *px->next);
+    px->bucket = malloc((size_t)px->n_buckets * sizeof *px->bucket);
+    px->lru_prev = malloc(nb * sizeof *px->lru_prev);
+    px->lru_next = malloc(nb * sizeof *px->lru_next);
+    if (!kv->layers || !kv->refcnt || !kv->free_list || !kv->seqs || !kv->tables_host || !kv->want ||
+        !px->hash || !px->serial || !px->parent || !px->toks || !px->next || !px->bucket ||
+        !px->lru_prev || !px->lru_next)
         return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
+    for (int i = 0; i < px->n_buckets; i++)
+        px->bucket[i] = -1;
+    for (int i = 0; i < kv->n_blocks; i++)
+        px->next[i] = px->lru_prev[i] = px->lru_next[i] = -1;
+    px->lru_head = px->lru_tail = -1;
+    px->hash_mask = ~0ull;
     /* pop order: block 0 first */
     for (int i = 0; i < kv->n_blocks; i++)
         kv->free_list[i] = kv->n_blocks - 1 - i;
@@ -177,6 +308,14 @@ void kv_cache_free(struct kv_cache *kv)
     free(kv->seqs);
     free(kv->tables_host);
     free(kv->want);
+    free(kv->px.hash);
+    free(kv->px.serial);
+    free(kv->px.parent);
+    free(kv->px.toks);
+    free(kv->px.next);
+    free(kv->px.bucket);
+    free(kv->px.lru_prev);
+    free(kv->px.lru_next);
     free(kv);
 }
 
@@ -197,8 +336,10 @@ void kv_seq_remove(struct kv_cache *kv, int seq)
 {
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
         return;
+    /* last block first: a chain's tail becomes the least recently used part of it, so
+     * eviction shortens a cached prefix rather than cutting off its head */
     int32_t *t = seq_table(kv, seq);
-    for (int i = 0; i < kv->seqs[seq].n_blocks; i++)
+    for (int i = kv->seqs[seq].n_blocks - 1; i >= 0; i--)
         block_release(kv, t[i]);
     kv->seqs[seq] = (struct kv_seq){0};
 }
@@ -216,8 +357,13 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
                         s->len, len);
     int keep = (len + kv->block_size - 1) / kv->block_size;
     int32_t *t = seq_table(kv, seq);
-    for (int i = keep; i < s->n_blocks; i++)
+    for (int i = s->n_blocks - 1; i >= keep; i--)
         block_release(kv, t[i]);
+    if (len < s->n_indexed * kv->block_size) {
+        /* registration starts over (it finds the entries again) */
+        s->n_indexed = 0;
+        s->chain = 0;
+    }
     s->n_blocks = keep;
     s->len = len;
     s->dirty = true;
@@ -252,18 +398,24 @@ int kv_seq_len(const struct kv_cache *kv, int seq)
 
 int kv_n_free_blocks(const struct kv_cache *kv)
 {
-    return kv->n_free;
+    return kv->n_free + kv->px.n_lru;
+}
+
+int kv_n_cached_blocks(const struct kv_cache *kv)
+{
+    return kv->px.n_lru;
 }
 
 // ---- reservation ----
 
 /* Blocks seq needs to grow to want: new ones, plus a copy of its last block when
- * that block is shared and will be written. */
+ * that block is shared or indexed (its content is the index's) and will be written. */
 static int blocks_needed(const struct kv_cache *kv, int seq, int want, bool *cow)
 {
     const struct kv_seq *s = &kv->seqs[seq];
     int need = (want + kv->block_size - 1) / kv->block_size - s->n_blocks;
-    *cow = s->len % kv->block_size != 0 && kv->refcnt[seq_table(kv, seq)[s->n_blocks - 1]] > 1;
+    int32_t last = s->n_blocks > 0 ? seq_table(kv, seq)[s->n_blocks - 1] : -1;
+    *cow = s->len % kv->block_size != 0 && (kv->refcnt[last] > 1 || kv->px.serial[last] != 0);
     return need + (*cow ? 1 : 0);
 }
 
@@ -298,9 +450,9 @@ int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e)
                             "context holds %d", q, want[q], kv->max_seq_len);
         need += blocks_needed(kv, q, want[q], &cow);
     }
-    if (need > kv->n_free)
+    if (need > kv_n_free_blocks(kv))
         return err_setf(e, ERR_NOMEM, "kv cache full: %d more blocks of %d tokens needed, %d free "
-                        "of %d", need, kv->block_size, kv->n_free, kv->n_blocks);
+                        "of %d", need, kv->block_size, kv_n_free_blocks(kv), kv->n_blocks);
     for (int q = 0; q < kv->max_seqs; q++) {
         struct kv_seq *s = &kv->seqs[q];
         bool cow;
@@ -335,4 +487,116 @@ void kv_sync_tables(struct kv_cache *kv)
                                 (size_t)s->n_blocks * sizeof(int32_t));
         s->dirty = false;
     }
+}
+
+// ---- prefix cache ----
+
+void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
+        return;
+    struct kv_seq *s = &kv->seqs[seq];
+    struct kv_prefix *px = &kv->px;
+    int bs = kv->block_size, full = (n < s->len ? n : s->len) / bs;
+    int32_t *t = seq_table(kv, seq);
+    for (int i = s->n_indexed; i < full; i++) {
+        const int32_t *bt = toks + (size_t)i * bs;
+        uint64_t h = block_hash(px, s->chain, bt, bs);
+        int32_t b = index_find(kv, h, s->chain, bt);
+        if (b < 0 && px->serial[t[i]] == 0) {
+            index_add(kv, t[i], h, s->chain, bt);
+            b = t[i];
+        } else if (b < 0) {
+            /* t[i] is indexed under another chain of the same tokens (a fork's sibling
+             * registered it): its entry stands for this prefix too */
+            b = t[i];
+        } else if (b != t[i]) {
+            /* another sequence computed the same block first: share its block and let
+             * this copy go (same tokens at the same positions: the same rows) */
+            if (kv->refcnt[b]++ == 0)
+                lru_unlink(px, b);
+            block_release(kv, t[i]);
+            t[i] = b;
+            s->dirty = true;
+        }
+        s->chain = px->serial[b];
+        s->n_indexed = i + 1;
+    }
+}
+
+int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used || kv->seqs[seq].n_blocks > 0)
+        return 0;
+    struct kv_seq *s = &kv->seqs[seq];
+    struct kv_prefix *px = &kv->px;
+    int bs = kv->block_size, full = n / bs;
+    if (full > kv->max_blocks)
+        full = kv->max_blocks;
+    int32_t *t = seq_table(kv, seq);
+    for (int i = 0; i < full; i++) {
+        const int32_t *bt = toks + (size_t)i * bs;
+        int32_t b = index_find(kv, block_hash(px, s->chain, bt, bs), s->chain, bt);
+        if (b < 0)
+            break;
+        if (kv->refcnt[b]++ == 0)
+            lru_unlink(px, b);
+        t[s->n_blocks++] = b;
+        s->chain = px->serial[b];
+        s->n_indexed = s->n_blocks;
+    }
+    s->len = s->n_blocks * bs;
+    s->dirty = true;
+    return s->len;
+}
+
+void kv_prefix_clear(struct kv_cache *kv)
+{
+    struct kv_prefix *px = &kv->px;
+    while (px->lru_head >= 0) {
+        int32_t b = px->lru_head;
+        lru_unlink(px, b);
+        index_remove(kv, b);
+        kv->free_list[kv->n_free++] = b;
+    }
+    for (int32_t b = 0; b < kv->n_blocks; b++)
+        if (px->serial[b] != 0)
+            index_remove(kv, b);
+    for (int q = 0; q < kv->max_seqs; q++) {
+        kv->seqs[q].n_indexed = 0;
+        kv->seqs[q].chain = 0;
+    }
+}
+
+int kv_check(const struct kv_cache *kv, struct err *e)
+{
+    const struct kv_prefix *px = &kv->px;
+    int32_t *held = calloc((size_t)kv->n_blocks, sizeof *held);
+    int rc = 0, n_held = 0, n_lru = 0, n_chained = 0;
+    if (!held)
+        return err_setf(e, ERR_NOMEM, "kv_check: out of memory");
+    for (int q = 0; q < kv->max_seqs; q++)
+        for (int i = 0; kv->seqs[q].used && i < kv->seqs[q].n_blocks; i++)
+            held[seq_table(kv, q)[i]]++;
+    for (int32_t b = 0; b < kv->n_blocks && rc == 0; b++) {
+        if (held[b] != kv->refcnt[b])
+            rc = err_setf(e, ERR_INTERNAL, "block %d: refcount %d, held by %d tables", b, kv->refcnt[b],
+                          held[b]);
+        n_held += held[b] > 0;
+    }
+    for (int32_t b = px->lru_head; b >= 0 && rc == 0; b = px->lru_next[b], n_lru++)
+        if (kv->refcnt[b] != 0 || px->serial[b] == 0 || n_lru > kv->n_blocks)
+            rc = err_setf(e, ERR_INTERNAL, "block %d on the LRU list is held or not indexed", b);
+    for (int k = 0; k < px->n_buckets && rc == 0; k++)
+        for (int32_t b = px->bucket[k]; b >= 0 && rc == 0; b = px->next[b], n_chained++)
+            if (px->serial[b] == 0 || n_chained > kv->n_blocks)
+                rc = err_setf(e, ERR_INTERNAL, "block %d in bucket %d is not indexed", b, k);
+    if (rc == 0 && (n_lru != px->n_lru || n_chained != px->n_indexed))
+        rc = err_setf(e, ERR_INTERNAL, "%d blocks on the LRU list (count %d), %d in the index (count %d)",
+                      n_lru, px->n_lru, n_chained, px->n_indexed);
+    if (rc == 0 && n_held + kv->n_free + px->n_lru != kv->n_blocks)
+        rc = err_setf(e, ERR_INTERNAL, "%d held + %d free + %d cached blocks != %d", n_held, kv->n_free,
+                      px->n_lru, kv->n_blocks);
+    free(held);
+    return rc;
 }

@@ -19,6 +19,18 @@
  * the recurrent kind is refused at creation until a family needs it. Elements are f32 (dtype is checked
  * at creation so f16/bf16 can follow).
  *
+ * Prefix cache (ADR 0022): full blocks can be registered in a content index
+ * (kv_prefix_register) keyed by (the chain entry of the block before it,
+ * the block's token ids); a new sequence attaches the longest indexed chain
+ * of its prompt (kv_prefix_attach) instead of recomputing it. A registered
+ * block whose last sequence lets go stays indexed as "cached": held by the
+ * index only, counted as free (kv_n_free_blocks), and taken back, least
+ * recently used first, when the pool runs out of never-used blocks. Lookups
+ * compare the tokens and the parent entry, so a hash collision is a miss,
+ * never a wrong block. Indexed blocks are never written: a write into one
+ * copies it first, as into a shared block. Nothing is indexed unless a
+ * caller registers it, so the cache is off for callers that never do.
+ *
  * Sequences are ids in [0, max_seqs). Not thread-safe: one owner (the
  * generate loop or the scheduler) drives a cache.
  */
@@ -50,6 +62,24 @@ struct kv_seq {
     int len;             /* positions stored */
     int n_blocks;        /* blocks in its table */
     bool dirty;          /* table changed since the last upload */
+    int n_indexed;       /* leading blocks whose content is in the prefix index */
+    uint64_t chain;      /* serial of the index entry of block n_indexed - 1 (0: none) */
+};
+
+/* The prefix index and the cached-block LRU (per block, [n_blocks] arrays). A block is
+ * indexed when serial[b] != 0; an indexed block with refcnt 0 is on the LRU list. */
+struct kv_prefix {
+    uint64_t *hash;                  /* hash of (parent, tokens), masked by hash_mask */
+    uint64_t *serial;                /* unique id of the entry (never reused); 0: not indexed */
+    uint64_t *parent;                /* serial of the entry before it; 0 at position 0 */
+    int32_t *toks;                   /* [n_blocks][block_size] the block's token ids */
+    int32_t *next;                   /* bucket chain */
+    int32_t *bucket;                 /* [n_buckets] first block of each bucket, -1: empty */
+    int32_t *lru_prev, *lru_next;    /* cached blocks, head = least recently used */
+    int32_t lru_head, lru_tail;
+    int n_buckets, n_indexed, n_lru;
+    uint64_t next_serial;
+    uint64_t hash_mask;              /* ~0; a test sets 0 to make every block collide */
 };
 
 struct kv_cache {
@@ -64,6 +94,7 @@ struct kv_cache {
     int32_t *tables_host;            /* [max_seqs][max_blocks] block tables */
     int32_t *tables;                 /* backend mirror of tables_host */
     int32_t *want;                   /* [max_seqs] scratch for kv_reserve */
+    struct kv_prefix px;
 };
 
 /* A cache for m on be. Errors: -ERR_ARG for bad params (names the field), -ERR_RANGE for a
@@ -80,8 +111,28 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e); /* ke
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);
-/* Blocks not held by any sequence. */
+/* Blocks not held by any sequence: never used, or cached (reclaimable). */
 int kv_n_free_blocks(const struct kv_cache *kv);
+/* Of them, cached: indexed blocks held by no sequence. */
+int kv_n_cached_blocks(const struct kv_cache *kv);
+
+/* Prefix cache. Register the full blocks of seq's first n positions, whose tokens are
+ * toks[0 .. n) (the caller's promise: the ids the sequence's cache was computed from),
+ * in the index; blocks already registered are skipped, and where the index holds the
+ * block's content already (another sequence computed it), seq shares that block and its
+ * own copy is released (seq's table changes: call between forwards). */
+void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n);
+/* Attach to seq, which must be empty, the longest chain of indexed blocks matching the
+ * full blocks of toks[0 .. n): shared, not copied. Returns the positions attached (a
+ * multiple of block_size, <= n); seq's length becomes that. */
+int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n);
+/* Drop every cached block and unindex every block (the index is emptied). */
+void kv_prefix_clear(struct kv_cache *kv);
+/* Checks the pool's bookkeeping: every refcount equals the number of table entries
+ * holding the block, free + cached + held blocks = n_blocks, the LRU list holds exactly
+ * the indexed unheld blocks, and the index's bucket chains hold exactly the indexed
+ * blocks. -ERR_INTERNAL names the first violation. (For tests.) */
+int kv_check(const struct kv_cache *kv, struct err *e);
 
 /* Make room for positions [len, want[seq]) of every sequence with want[seq] > len
  * (want: [max_seqs], -1 / <= len: untouched): allocate blocks and copy shared blocks

@@ -28,7 +28,8 @@ struct runner {
     int n_jobs, max_jobs, n_cancel;
     bool stopping;
     uint64_t n_steps;
-    int mirror_waiting, mirror_running, mirror_kv_used;  /* the scheduler's counts after a step */
+    int mirror_waiting, mirror_running, mirror_kv_used, mirror_kv_cached;  /* after a step */
+    uint64_t mirror_query, mirror_hit;   /* the scheduler's prefix counts after a step */
 };
 
 // ---- callbacks (engine thread) ----
@@ -153,12 +154,17 @@ static void *engine_main(void *arg)
         /* a failing forward ends the running jobs with its error (their on_done) */
         sched_step(r->s, &e);
         int nw = sched_n_waiting(r->s), nr = sched_n_running(r->s);
-        int used = r->kv->n_blocks - kv_n_free_blocks(r->kv);
+        int used = r->kv->n_blocks - kv_n_free_blocks(r->kv), cached = kv_n_cached_blocks(r->kv);
+        uint64_t query, hit;
+        sched_prefix_stats(r->s, &query, &hit);
         pthread_mutex_lock(&r->mu);
         r->n_steps++;
         r->mirror_waiting = nw;
         r->mirror_running = nr;
         r->mirror_kv_used = used;
+        r->mirror_kv_cached = cached;
+        r->mirror_query = query;
+        r->mirror_hit = hit;
         pthread_mutex_unlock(&r->mu);
     }
     return NULL;
@@ -178,7 +184,8 @@ int runner_new(struct runner **out, struct model_ctx *c, struct kv_cache *kv, co
     r->kv = kv;
     r->max_jobs = p->max_jobs > 0 ? p->max_jobs : 1;
     r->tail = &r->incoming;
-    struct sched_params sp = {.max_batch_tokens = p->max_batch_tokens, .max_requests = r->max_jobs};
+    struct sched_params sp = {.max_batch_tokens = p->max_batch_tokens, .max_requests = r->max_jobs,
+                              .no_prefix_cache = p->no_prefix_cache};
     if ((rc = sched_new(&r->s, c, kv, &sp, e)) < 0) {
         free(r);
         return rc;
@@ -339,6 +346,9 @@ void runner_get_stats(struct runner *r, struct runner_stats *st)
     st->n_running = r->mirror_running;
     st->kv_blocks_used = r->mirror_kv_used;
     st->kv_blocks_total = r->kv->n_blocks;
+    st->kv_blocks_cached = r->mirror_kv_cached;
     st->n_steps = r->n_steps;
+    st->prefix_query_tokens = r->mirror_query;
+    st->prefix_hit_tokens = r->mirror_hit;
     pthread_mutex_unlock(&r->mu);
 }

@@ -65,14 +65,16 @@ struct runner_job {
 struct runner_params {
     int max_jobs;                /* waiting + running (the server: parallel + max queue) */
     int max_batch_tokens;        /* rows per step (<= 0: the context's n_batch) */
+    bool no_prefix_cache;        /* true: the scheduler's prefix cache is off (default: on) */
 };
 
 struct runner_stats {
     int n_waiting, n_running;    /* jobs queued / with a sequence */
-    int kv_blocks_used, kv_blocks_total;
+    int kv_blocks_used, kv_blocks_total;  /* used: held by running sequences */
+    int kv_blocks_cached;        /* held only by the prefix cache (reclaimable, not in used) */
     uint64_t n_steps;            /* forwards run */
-    uint64_t prefix_query_tokens;   /* prompt tokens admitted (prefix cache, when there is one) */
-    uint64_t prefix_hit_tokens;     /* of them, found in the cache */
+    uint64_t prefix_query_tokens;   /* prompt tokens of the jobs admitted (each once) */
+    uint64_t prefix_hit_tokens;     /* of them, found in the prefix cache (0 when it is off) */
 };
 
 struct runner;

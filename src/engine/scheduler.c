@@ -42,6 +42,8 @@ struct sched {
     int *row_req;                /* [max_batch_tokens] request slot of each logits row */
     float *logits;               /* [max_batch_tokens, n_vocab] */
     int budget;
+    bool prefix;                 /* the prefix cache is on */
+    uint64_t n_query, n_hit;     /* prompt tokens admitted / found cached (sched_prefix_stats) */
 };
 
 // ---- requests ----
@@ -83,6 +85,7 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->next_id = 1;
     s->budget = p && p->max_batch_tokens > 0 ? p->max_batch_tokens : c->n_batch;
     s->max_requests = p && p->max_requests > 0 ? p->max_requests : SCHED_DEFAULT_MAX_REQUESTS;
+    s->prefix = !(p && p->no_prefix_cache);
     s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
     s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
     s->logits = malloc((size_t)s->budget * c->m->hp.n_vocab * sizeof *s->logits);
@@ -202,6 +205,12 @@ int sched_n_running(const struct sched *s)
     return n;
 }
 
+void sched_prefix_stats(const struct sched *s, uint64_t *query_tokens, uint64_t *hit_tokens)
+{
+    *query_tokens = s->n_query;
+    *hit_tokens = s->n_hit;
+}
+
 // ---- one step ----
 
 /* Blocks a request needs to hold all its tokens. */
@@ -210,29 +219,43 @@ static int blocks_for(const struct sched *s, int n_toks)
     return (n_toks + s->kv->block_size - 1) / s->kv->block_size;
 }
 
-/* Admit waiting requests in order while a sequence id and room for the prompt exist. */
+/* Admit waiting requests in order while a sequence id and room for the tokens exist. A
+ * request first attaches what the prefix cache holds of its tokens (all but the last,
+ * which must be computed for its logits); the room it needs is for the rest. */
 static void admit(struct sched *s)
 {
     while (s->n_waiting > 0) {
         struct sreq *r = &s->reqs[s->waiting[0]];
         int q = free_seq(s);
         bool alone = sched_n_running(s) == 0;
-        if (q < 0 || (kv_n_free_blocks(s->kv) < blocks_for(s, r->n_toks + 1) && !alone))
+        if (q < 0)
             return;
-        if (kv_n_free_blocks(s->kv) < blocks_for(s, r->n_toks)) {
+        kv_seq_add(s->kv, q, NULL);
+        int hit = s->prefix ? kv_prefix_attach(s->kv, q, r->toks, r->n_toks - 1) : 0;
+        int held = hit / s->kv->block_size, avail = kv_n_free_blocks(s->kv);
+        if (avail < blocks_for(s, r->n_toks + 1) - held && !alone) {
+            kv_seq_remove(s->kv, q);
+            return;
+        }
+        if (avail < blocks_for(s, r->n_toks) - held) {
             struct err e;
+            kv_seq_remove(s->kv, q);
             err_setf(&e, ERR_NOMEM, "kv cache of %d blocks is too small for a request of %d tokens",
                      s->kv->n_blocks, r->n_toks);
             waiting_remove(s, 0);
             req_end(s, r, -ERR_NOMEM, &e);
             continue;
         }
-        kv_seq_add(s->kv, q, NULL);
         r->seq = q;
-        r->n_fed = 0;
+        r->n_fed = hit;
         r->admitted = s->n_admitted++;
-        if (r->t_admit == 0)
+        if (r->t_admit == 0) {
+            /* first admission: the prompt's hit counts (a readmission's does not) */
             r->t_admit = gen_now();
+            r->st.n_cached = hit;
+            s->n_query += (uint64_t)r->n_prompt;
+            s->n_hit += (uint64_t)hit;
+        }
         waiting_remove(s, 0);
     }
 }
@@ -354,8 +377,11 @@ int sched_step(struct sched *s, struct err *e)
     int out = 0;
     for (int i = 0; i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
-        if (r->id > 0 && r->seq >= 0)
-            r->n_fed = kv_seq_len(s->kv, r->seq);
+        if (r->id <= 0 || r->seq < 0)
+            continue;
+        r->n_fed = kv_seq_len(s->kv, r->seq);
+        if (s->prefix)
+            kv_prefix_register(s->kv, r->seq, r->toks, r->n_fed);
     }
     for (int row = 0; row < s->b.n_tok; row++) {
         if (!s->b.logits[row])

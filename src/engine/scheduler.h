@@ -14,6 +14,15 @@
  * queue with its prompt plus what it generated, to be prefilled again; its
  * sampler, and so its output, is unaffected.
  *
+ * Prefix cache (ADR 0022, on unless sched_params.no_prefix_cache): after
+ * every forward the full blocks of each running request are registered in
+ * the cache's prefix index; at admission a request attaches the longest
+ * indexed chain of its tokens (always leaving its last token to compute, so
+ * there are logits to sample) and prefills only the rest. The cached KV is
+ * what the request would have computed (same tokens, same positions), so the
+ * output is the same with or without a hit. A preempted request usually
+ * finds its own blocks again when it is readmitted.
+ *
  * Single-threaded: one owner calls submit / cancel / step (the server puts a
  * lock around submit and runs steps on the engine thread). Nothing here
  * allocates per step; a request's token buffer grows when it is (re)admitted.
@@ -46,6 +55,7 @@ struct sched_cb {
 struct sched_params {
     int max_batch_tokens;   /* rows per step (<= 0: the context's n_batch) */
     int max_requests;       /* waiting + running (<= 0: 1024) */
+    bool no_prefix_cache;   /* true: neither register nor reuse prefixes (default: on) */
 };
 
 /* A scheduler over c and kv (borrowed; kv's sequences are the scheduler's). */
@@ -68,6 +78,9 @@ int sched_step(struct sched *s, struct err *e);
 /* Requests waiting and running. */
 int sched_n_waiting(const struct sched *s);
 int sched_n_running(const struct sched *s);
+/* Prompt tokens of the requests admitted so far (each counted once, at its first
+ * admission) and, of them, the ones found in the prefix cache. */
+void sched_prefix_stats(const struct sched *s, uint64_t *query_tokens, uint64_t *hit_tokens);
 
 #ifdef __cplusplus
 }
