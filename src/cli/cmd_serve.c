@@ -43,6 +43,7 @@ static const char *k_help =
     "      --max-body BYTES       largest request body (default 4194304)\n"
     "      --timeout S            close connections idle for S seconds (default 600)\n"
     "      --max-connections N    open connections at once (default 256)\n"
+    "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"
@@ -50,13 +51,13 @@ static const char *k_help =
 
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
-    OPT_MAX_CONN,
+    OPT_MAX_CONN, OPT_NO_PREFIX,
 };
 
 struct serve_cli {
     const char *model, *host, *api_key, *name;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn;
-    bool log_json;
+    bool log_json, no_prefix_cache;
 };
 
 static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
@@ -74,6 +75,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"max-body", required_argument, NULL, OPT_MAX_BODY},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
         {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+        {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
         {"threads", required_argument, NULL, 't'},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
         {"verbose", no_argument, NULL, 'v'},
@@ -98,6 +100,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_TIMEOUT: rc = cli_parse_int("--timeout", optarg, 1, 86400, &o->timeout, e); break;
         case OPT_MAX_CONN: rc = cli_parse_int("--max-connections", optarg, 1, 4096, &o->max_conn, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
+        case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
         case OPT_LOG_FORMAT:
             if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
                 o->log_json = strcmp(optarg, "json") == 0;
@@ -175,7 +178,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     long max_len = pool < hp->n_ctx ? pool : hp->n_ctx;
     if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len, e)) < 0)
         return rc;
-    struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue)};
+    struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache};
     if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,

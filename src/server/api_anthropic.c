@@ -524,14 +524,15 @@ static const char *stop_reason(const struct gen_choice *c)
     return c->finish == GEN_FINISH_LENGTH ? "max_tokens" : "end_turn";
 }
 
-/* {input_tokens, output_tokens, cache_*: 0}. */
+/* {input_tokens (the whole prompt), output_tokens, cache_read_input_tokens (of them, found in
+ * the prefix cache), cache_creation_input_tokens: 0}. */
 static cJSON *usage(const struct gen *g, bool start)
 {
     int comp, p = gen_usage(g, &comp);
     cJSON *u = cJSON_CreateObject();
     if (u && (!cJSON_AddNumberToObject(u, "input_tokens", p) ||
               !cJSON_AddNumberToObject(u, "cache_creation_input_tokens", 0) ||
-              !cJSON_AddNumberToObject(u, "cache_read_input_tokens", 0) ||
+              !cJSON_AddNumberToObject(u, "cache_read_input_tokens", gen_cached(g)) ||
               !cJSON_AddNumberToObject(u, "output_tokens", start ? 0 : comp))) {
         cJSON_Delete(u);
         return NULL;

@@ -18,9 +18,12 @@ static cJSON *usage_object(const struct gen *g)
 {
     int comp, p = gen_usage(g, &comp);
     cJSON *u = cJSON_CreateObject();
+    cJSON *d;
     if (u && (!cJSON_AddNumberToObject(u, "prompt_tokens", p) ||
               !cJSON_AddNumberToObject(u, "completion_tokens", comp) ||
-              !cJSON_AddNumberToObject(u, "total_tokens", p + comp))) {
+              !cJSON_AddNumberToObject(u, "total_tokens", p + comp) ||
+              !(d = cJSON_AddObjectToObject(u, "prompt_tokens_details")) ||
+              !cJSON_AddNumberToObject(d, "cached_tokens", gen_cached(g)))) {
         cJSON_Delete(u);
         return NULL;
     }

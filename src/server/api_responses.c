@@ -94,7 +94,7 @@ static cJSON *usage_object(const struct gen *g)
     int comp, in = gen_usage(g, &comp);
     cJSON *u = cJSON_CreateObject(), *d;
     bool ok = u && cJSON_AddNumberToObject(u, "input_tokens", in) &&
-              (d = cJSON_AddObjectToObject(u, "input_tokens_details")) && cJSON_AddNumberToObject(d, "cached_tokens", 0) &&
+              (d = cJSON_AddObjectToObject(u, "input_tokens_details")) && cJSON_AddNumberToObject(d, "cached_tokens", gen_cached(g)) &&
               cJSON_AddNumberToObject(u, "output_tokens", comp) &&
               (d = cJSON_AddObjectToObject(u, "output_tokens_details")) &&
               cJSON_AddNumberToObject(d, "reasoning_tokens", 0) && cJSON_AddNumberToObject(u, "total_tokens", in + comp);

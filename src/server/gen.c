@@ -535,6 +535,11 @@ int gen_usage(const struct gen *g, int *completion)
     return g->n_prompt;
 }
 
+int gen_cached(const struct gen *g)
+{
+    return g->ch[0].job.done ? g->ch[0].job.stats.n_cached : 0;
+}
+
 static void note_stats(struct gen *g)
 {
     if (!g->r)

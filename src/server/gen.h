@@ -128,6 +128,8 @@ int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_re
 
 /* Prompt and completion token counts (completion: the tokens every choice consumed). */
 int gen_usage(const struct gen *g, int *completion);
+/* Prompt tokens the first choice found in the prefix cache (0 before it ended). */
+int gen_cached(const struct gen *g);
 
 /* Appends `data: <doc>\n\n` (doc deleted), or `event: <name>\ndata: <doc>\n\n` when name. */
 int gen_sse_event(struct gen *g, const char *name, cJSON *doc);

@@ -156,6 +156,14 @@ char *metrics_render(struct metrics *m, const struct metrics_gauges *g)
                   "mlxcel_kv_cache_blocks %d\n",
               g->queue_depth, g->busy_slots, g->slots,
               g->kv_blocks_total > 0 ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0, g->kv_blocks_used);
+    sb_printf(&b, "# HELP mlxcel_kv_cache_cached_blocks KV cache blocks kept for the prefix cache (reclaimable).\n"
+                  "# TYPE mlxcel_kv_cache_cached_blocks gauge\nmlxcel_kv_cache_cached_blocks %d\n"
+                  "# HELP mlxcel_prefix_cache_query_tokens_total Prompt tokens looked up in the prefix cache.\n"
+                  "# TYPE mlxcel_prefix_cache_query_tokens_total counter\nmlxcel_prefix_cache_query_tokens_total %llu\n"
+                  "# HELP mlxcel_prefix_cache_hit_tokens_total Prompt tokens found in the prefix cache.\n"
+                  "# TYPE mlxcel_prefix_cache_hit_tokens_total counter\nmlxcel_prefix_cache_hit_tokens_total %llu\n",
+              g->kv_blocks_cached, (unsigned long long)g->prefix_query_tokens,
+              (unsigned long long)g->prefix_hit_tokens);
     histogram_render(&b, "mlxcel_time_to_first_token_seconds", "Time from request to first generated token.",
                      &m->ttft);
     histogram_render(&b, "mlxcel_inter_token_latency_seconds", "Mean time between generated tokens, per request.",

@@ -34,6 +34,8 @@ struct metrics {
 struct metrics_gauges {
     int queue_depth, busy_slots, slots;
     int kv_blocks_used, kv_blocks_total;
+    int kv_blocks_cached;                   /* kept for the prefix cache, reclaimable */
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
 };
 
 void metrics_init(struct metrics *m);

@@ -115,7 +115,7 @@ describe('request errors', { timeout: 120_000 * SLOW }, () => {
         assert.equal(ok.status, 200, ok.text);
     });
 
-    it('a complete request then a half-close (shutdown(SHUT_WR)) gets no 5xx and no cut-short answer', async () => {
+    it('a complete request then a half-close (shutdown(SHUT_WR)): no 5xx, no partial non-streamed answer', async () => {
         for (const stream of [false, true]) {
             const body = JSON.stringify(chatBody({ max_tokens: 32, stream }));
             const res = await rawRequest(srv.port,
@@ -124,7 +124,9 @@ describe('request errors', { timeout: 120_000 * SLOW }, () => {
             assert.ok(!res.timedOut, `${what}: timed out`);
             if (res.status !== undefined) {
                 assert.ok(res.status < 500, `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 200)}`);
-                assert.ok(!res.incomplete, `${what}: status ${res.status}, answer cut short`);
+                // docs/server.md: end-of-file counts as a disconnect (a half-close too): a stream
+                // may be cut when it is noticed; a non-streamed answer is all or nothing
+                if (!stream) assert.ok(!res.incomplete, `${what}: status ${res.status}, answer cut short`);
             }
         }
     });
