@@ -40,6 +40,7 @@
     X(convert)    \
     X(oai_request) \
     X(hub)        \
+    X(grammar)    \
     X(allocfail)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -40,10 +40,21 @@ struct grammar_opts {
     const int32_t *eos_ids;      /* ids allowed once the output is complete */
     int n_eos;
     bool any_object;             /* schema NULL: any JSON object (json_object mode) */
+    /* Optional, borrowed: the tokenizer's byte trie from grammar_vocab_new, shared by
+     * every grammar compiled for that tokenizer (it must outlive them). NULL: compile
+     * builds a private one (~0.1 s for a 150k vocabulary). */
+    const struct grammar_vocab *vocab;
 };
 
 struct grammar;
 struct grammar_state;
+struct grammar_vocab;
+
+/* The vocabulary side of masking, built once per tokenizer: every token's output bytes
+ * (tok_token_bytes) in a byte trie. Immutable, may be shared by threads; borrows
+ * nothing from tok. -ERR_NOMEM. */
+int grammar_vocab_new(struct grammar_vocab **out, const struct tokenizer *tok, struct err *e);
+void grammar_vocab_free(struct grammar_vocab *v);
 
 /* Compile schema (NULL with opts->any_object) for tok. -ERR_ARG for an unsupported or
  * invalid schema (the message names the keyword and its JSON pointer), -ERR_RANGE for a
