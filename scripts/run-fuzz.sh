@@ -20,6 +20,10 @@
 #                     ids), with a dictionary of the fields and role names
 #   fuzz_hub_listing  the Hub listings in fuzz/seeds/hub_listing/ (well-formed
 #                     and hostile: ../ and absolute names, huge sizes)
+#   fuzz_grammar      the JSON schemas in fuzz/seeds/grammar/ (nested objects,
+#                     enums, anyOf, recursive and cyclic $ref, bounds,
+#                     unsupported keywords), with a dictionary of the keywords;
+#                     a schema that compiles is walked with llama-tiny
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -137,6 +141,16 @@ seed_encode() {
     printf '\001\000\001\020\000\377\377' > "$1/ids-bl"
 }
 
+dict_grammar() {
+    for w in '"type"' '"object"' '"array"' '"string"' '"integer"' '"number"' '"boolean"' \
+        '"null"' '"properties"' '"required"' '"additionalProperties"' '"items"' '"prefixItems"' \
+        '"minItems"' '"maxItems"' '"enum"' '"const"' '"minLength"' '"maxLength"' '"minimum"' \
+        '"maximum"' '"exclusiveMinimum"' '"exclusiveMaximum"' '"anyOf"' '"oneOf"' '"allOf"' \
+        '"$ref"' '"$defs"' '"definitions"' '"#/$defs/a"' '"#"' 'true' 'false' 'null' '1e308' '-0' '0.5'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
 found=0
 failed=""
 for bin in "$BUILD"/fuzz_*; do
@@ -167,6 +181,11 @@ for bin in "$BUILD"/fuzz_*; do
         ;;
     hub_listing)
         cp "$ROOT"/fuzz/seeds/hub_listing/*.json "$corpus"/
+        ;;
+    grammar)
+        cp "$ROOT"/fuzz/seeds/grammar/* "$corpus"/
+        dict_grammar > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict"
         ;;
     oai_request)
         cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/
