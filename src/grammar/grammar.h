@@ -18,6 +18,23 @@
  * enum size, $ref depth and compile work are bounded (struct grammar_limits);
  * exceeding one is an error, never a hang. Masking costs a bounded time per
  * token (a trie over the vocabulary's byte strings, walked with the state).
+ *
+ * The output language, precisely (grammar_impl.h, match.c, schema.c):
+ *   - compact JSON: no whitespace anywhere, so the model cannot loop on it;
+ *   - object keys in any order, each at most once; '}' only once every
+ *     required key is there; with additionalProperties false only the listed
+ *     keys; keys are written as cJSON escapes them, additional keys without
+ *     backslash escapes;
+ *   - enum/const values byte for byte as cJSON_PrintUnformatted writes them;
+ *   - strings: valid UTF-8, JSON escapes, no \u0000 and no surrogate escapes;
+ *     min/maxLength count code points (an escape is one);
+ *   - numbers: at most 20 integer, 20 fraction and 3 exponent digits; with a
+ *     bound, no exponent and at most 15 significant digits, and every digit
+ *     is allowed only while some completion lies within the bounds;
+ *   - oneOf is treated as anyOf (the output matches at least one), allOf only
+ *     with one schema, "format" and other annotations are ignored;
+ *   - nesting at run time is at most 32 levels (GM_DEPTH); a schema whose
+ *     every document is deeper leaves only end of sequence allowed.
  */
 #pragma once
 #include <stdbool.h>
