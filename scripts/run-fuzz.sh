@@ -24,6 +24,10 @@
 #                     and a split seed, then the text: Hermes, Llama 3 and
 #                     Mistral calls, reasoning, malformed blocks), with a
 #                     dictionary of the markers and JSON pieces
+#   fuzz_grammar      the JSON schemas in fuzz/seeds/grammar/ (nested objects,
+#                     enums, anyOf, recursive and cyclic $ref, bounds,
+#                     unsupported keywords), with a dictionary of the keywords;
+#                     a schema that compiles is walked with llama-tiny
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -150,6 +154,16 @@ seed_encode() {
     printf '\001\000\001\020\000\377\377' > "$1/ids-bl"
 }
 
+dict_grammar() {
+    for w in '"type"' '"object"' '"array"' '"string"' '"integer"' '"number"' '"boolean"' \
+        '"null"' '"properties"' '"required"' '"additionalProperties"' '"items"' '"prefixItems"' \
+        '"minItems"' '"maxItems"' '"enum"' '"const"' '"minLength"' '"maxLength"' '"minimum"' \
+        '"maximum"' '"exclusiveMinimum"' '"exclusiveMaximum"' '"anyOf"' '"oneOf"' '"allOf"' \
+        '"$ref"' '"$defs"' '"definitions"' '"#/$defs/a"' '"#"' 'true' 'false' 'null' '1e308' '-0' '0.5'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
 found=0
 failed=""
 for bin in "$BUILD"/fuzz_*; do
@@ -184,6 +198,11 @@ for bin in "$BUILD"/fuzz_*; do
     outparse)
         cp "$ROOT"/fuzz/seeds/outparse/*.txt "$corpus"/
         dict_outparse > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict"
+        ;;
+    grammar)
+        cp "$ROOT"/fuzz/seeds/grammar/* "$corpus"/
+        dict_grammar > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
     oai_request)

@@ -44,6 +44,7 @@
     X(responses)  \
     X(anthropic)  \
     X(hub)        \
+    X(grammar)    \
     X(allocfail)  \
     X(cuda)
 

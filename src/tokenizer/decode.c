@@ -701,3 +701,88 @@ int tok_stream_flush(struct tok_stream *s, char *out, size_t cap)
     free(str.p);
     return rc;
 }
+
+/* ---- one token's bytes ---- */
+
+/* Runs one non-raw decoder step over the single token in cur (replaced by
+ * the result) as tok_decode would for a token in the middle of the text. */
+static int token_step(const struct tokenizer *t, const struct tok_dec_step *st,
+                      pcre2_match_data *md, bool joined, struct tok_buf *cur, struct err *e)
+{
+    struct tlist in = {0}, o = {0};
+    struct dec_mode m = {.mid = true, .joined = joined};
+    int rc = tl_add(&in, cur->p, cur->n, e);
+    if (rc == 0) {
+        if (st->kind == TOK_DEC_BPE)  /* never the last token: the suffix is a space */
+            rc = replace_literal(&o, cur->p, cur->n, st->str, st->str_len, " ", 1, e);
+        else
+            rc = run_step(t, st, md, &m, &in, &o, e);
+    }
+    if (rc == 0) {
+        cur->n = 0;
+        rc = tok_buf_put(cur, o.n ? tl_tok(&o, 0) : "", o.n ? o.len[0] : 0, e);
+    }
+    tl_free(&in);
+    tl_free(&o);
+    return rc;
+}
+
+int tok_token_bytes(const struct tokenizer *t, int32_t id, char *out, size_t cap)
+{
+    struct tok_buf cur = {0}, raw = {0};
+    pcre2_match_data *md = NULL;
+    bool joined = false;
+    int rc;
+    if ((rc = check_id(t, id, 0, NULL)) < 0)
+        return rc;
+    const struct tok_entry *en = &t->entry[id];
+    if (!t->dec.present)  /* tokens are joined with " ": one precedes a middle token */
+        rc = tok_buf_put(&cur, " ", 1, NULL);
+    if (rc == 0)
+        rc = tok_buf_put(&cur, t->pool.buf + en->off, en->len, NULL);
+    if (rc == 0 && t->dec.n > 0 && !(md = pcre2_match_data_create(1, NULL)))
+        rc = -ERR_NOMEM;
+    for (int s = 0; s < t->dec.n && rc == 0; s++) {
+        const struct tok_dec_step *st = &t->dec.step[s];
+        int b;
+        switch (st->kind) {
+        case TOK_DEC_BYTELEVEL:  /* raw bytes, no lossy repair */
+            raw.n = 0;
+            if ((rc = tok_buf_put(&raw, "", 0, NULL)) == 0 &&
+                (rc = bytelevel_token(t, cur.p, cur.n, &raw, NULL)) == 0) {
+                struct tok_buf tmp = cur;
+                cur = raw;
+                raw = tmp;
+            }
+            joined = true;
+            break;
+        case TOK_DEC_BYTEFALLBACK:
+            if ((b = byte_token(cur.p, cur.n)) >= 0) {
+                cur.p[0] = (char)b;
+                cur.n = 1;
+            }
+            break;
+        case TOK_DEC_FUSE:
+            joined = true;
+            break;
+        case TOK_DEC_STRIP:
+            if (joined)  /* strips only the ends of the whole text */
+                break;
+            rc = token_step(t, st, md, joined, &cur, NULL);
+            break;
+        default:
+            rc = token_step(t, st, md, joined, &cur, NULL);
+            break;
+        }
+    }
+    if (rc == 0 && cur.n > cap)
+        rc = -ERR_RANGE;
+    if (rc == 0) {
+        memcpy(out, cur.p, cur.n);
+        rc = (int)cur.n;
+    }
+    pcre2_match_data_free(md);
+    free(cur.p);
+    free(raw.p);
+    return rc;
+}

@@ -82,6 +82,19 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool ski
 /* Ids a stream holds while it waits for a complete character. */
 #define TOK_STREAM_WINDOW 8
 
+/* The raw bytes token id contributes to decoded text in the middle of a
+ * sequence (not its first token, not its last), as the decoder produces
+ * them before any lossy UTF-8 repair: byte-level pieces map back through
+ * the byte alphabet, "<0xNN>" byte-fallback pieces give that byte,
+ * SentencePiece's U+2581 becomes a space (never dropped: not the first
+ * token), and added tokens (special or not) give their content through the
+ * same decoder steps, as tok_decode does. The result may be a partial UTF-8
+ * character. Writes at most cap bytes to out (not NUL-terminated) and
+ * returns the length; -ERR_RANGE for an id out of range or a hole, or when
+ * the bytes do not fit cap (TOK_TOKEN_BYTES_MAX always fits); -ERR_NOMEM. */
+#define TOK_TOKEN_BYTES_MAX (3 * TOK_PIECE_MAX + 1)
+int tok_token_bytes(const struct tokenizer *t, int32_t id, char *out, size_t cap);
+
 /* Streaming decoder: push one id at a time, get the text that is now final.
  * Plain value, no heap: no deinit needed. Fields are private. */
 struct tok_stream {
