@@ -17,6 +17,7 @@
 
 #include "../core/log.h"
 #include "../engine/runner.h"
+#include "../grammar/grammar.h"
 #include "../server/outparse.h"
 #include "../server/server.h"
 #include "../template/template.h"
@@ -144,6 +145,7 @@ static void model_id(const struct serve_cli *o, const char *dir, char *buf, size
 }
 
 struct served {
+    struct grammar_vocab *gvocab;
     struct model *m;
     struct tokenizer *tok;
     struct chat_tmpl *tmpl;
@@ -154,6 +156,7 @@ struct served {
 static void served_free(struct served *sv)
 {
     runner_free(sv->run);
+    grammar_vocab_free(sv->gvocab);
     cli_engine_close(&sv->en);
     chat_tmpl_free(sv->tmpl);
     tok_free(sv->tok);
@@ -183,6 +186,10 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
                                 .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen};
+    /* every structured-output request masks through the vocabulary's byte trie: built once */
+    if ((rc = grammar_vocab_new(&sv->gvocab, sv->tok, e)) < 0)
+        return rc;
+    sm->gvocab = sv->gvocab;
     if (sv->tmpl) {
         /* what the chat template teaches the model to emit: its tool-call format, <think> */
         const char *src = chat_tmpl_source(sv->tmpl);

@@ -22,6 +22,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "../grammar/grammar.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 
@@ -70,6 +71,7 @@ void gen_free(struct gen *g)
     for (int i = 0; g->ch && i < g->n; i++) {
         struct gen_choice *c = &g->ch[i];
         runner_job_release(&c->job);
+        grammar_state_free(c->gstate);
         textout_free(&c->out);
         outparse_free(c->op);
         free(c->content.p);
@@ -84,6 +86,7 @@ void gen_free(struct gen *g)
     if (g->cv_init)
         pthread_cond_destroy(&g->cv);
     free(g->ch);
+    grammar_free(g->gram);
     free(g->prompt);
     free(g->echo);
     free(g->bias);
@@ -295,7 +298,8 @@ static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err
     if (g->ep != OAI_CHAT || !m->tmpl)
         return 0;
     bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
-    struct outparse_opts o = {.format = tools ? m->tool_format : OUTPARSE_NONE, .reasoning = m->reasoning,
+    struct outparse_opts o = {.format = tools ? (enum outparse_format)g->tool_format : OUTPARSE_NONE,
+                              .reasoning = m->reasoning,
                               .in_reasoning = g->in_reasoning, .tools = tools ? g->q.tools : NULL};
     if (o.format == OUTPARSE_NONE && !o.reasoning)
         return 0;
@@ -441,14 +445,95 @@ static bool pump(struct gen *g)
     return changed;
 }
 
+/* The schema of one forced call of tool t, in the format's key names:
+ * {"name": <const>, "arguments" | "parameters": <its parameters>}. */
+static cJSON *call_schema(const cJSON *t, int format)
+{
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+    cJSON *s = cJSON_CreateObject(), *props, *nm, *req;
+    const char *args_key = format == OUTPARSE_LLAMA3 ? "parameters" : "arguments";
+    /* the arguments as OpenAI's strict mode reads the parameters: no keys beyond the listed
+     * ones unless the schema says otherwise (a small model would otherwise invent keys) */
+    cJSON *args = params ? cJSON_Duplicate(params, true) : cJSON_CreateObject();
+    if (args && cJSON_GetObjectItemCaseSensitive(args, "properties") &&
+        !cJSON_GetObjectItemCaseSensitive(args, "additionalProperties"))
+        cJSON_AddFalseToObject(args, "additionalProperties");
+    if (args && !cJSON_GetObjectItemCaseSensitive(args, "type"))
+        cJSON_AddStringToObject(args, "type", "object");
+    bool ok = s && args && cJSON_AddStringToObject(s, "type", "object") &&
+              (props = cJSON_AddObjectToObject(s, "properties")) && (nm = cJSON_AddObjectToObject(props, "name")) &&
+              cJSON_AddStringToObject(nm, "const", name->valuestring) &&
+              (cJSON_AddItemToObject(props, args_key, args) ? (args = NULL, true) : false) &&
+              (req = cJSON_AddArrayToObject(s, "required")) && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
+              cJSON_AddItemToArray(req, cJSON_CreateString(args_key)) &&
+              cJSON_AddFalseToObject(s, "additionalProperties");
+    cJSON_Delete(args);
+    if (!ok) {
+        cJSON_Delete(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Structured output: response_format's JSON (any object, or a schema), or a forced tool call
+ * (tool_choice required: one of the tools; named: that one) in the template's tool-call
+ * format (a template without one gets Hermes' <tool_call> wrapper, which the output parser
+ * then reads). The grammar masks every token that would leave it. */
+static int plan_grammar(struct gen *g, struct oai_error *err)
+{
+    const struct server_model *m = &g->s->m;
+    const struct oai_request *q = &g->q;
+    bool forced = q->tools && (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || q->tool_choice == OAI_TOOL_CHOICE_NAMED);
+    if (!forced && q->format == OAI_FORMAT_TEXT)
+        return 0;
+    if (g->ep != OAI_CHAT)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
+                          "structured output needs a chat request");
+    struct grammar_opts o = {.eos_ids = m->hp->eos_ids, .n_eos = m->hp->n_eos, .vocab = m->gvocab};
+    cJSON *schema = NULL, *alts = NULL, *t;
+    const char *param = forced ? "tools" : "response_format";
+    if (forced) {
+        if (g->tool_format == OUTPARSE_NONE)
+            g->tool_format = OUTPARSE_HERMES;
+        static const char *const k_wrap[][2] = {
+            [OUTPARSE_HERMES] = {"<tool_call>\n", "\n</tool_call>"},
+            [OUTPARSE_LLAMA3] = {NULL, NULL},
+            [OUTPARSE_MISTRAL] = {"[TOOL_CALLS][", "]"},
+        };
+        o.prefix = k_wrap[g->tool_format][0];
+        o.suffix = k_wrap[g->tool_format][1];
+        bool ok = (schema = cJSON_CreateObject()) && (alts = cJSON_AddArrayToObject(schema, "anyOf"));
+        cJSON_ArrayForEach(t, q->tools) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+            if (ok && (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || strcmp(name->valuestring, q->tool_choice_name) == 0))
+                ok = cJSON_AddItemToArray(alts, call_schema(t, g->tool_format));
+        }
+        if (!ok) {
+            cJSON_Delete(schema);
+            return oom(err);
+        }
+    } else {
+        o.any_object = q->format == OAI_FORMAT_JSON_OBJECT;
+    }
+    struct err e = {0};
+    int rc = grammar_compile(&g->gram, forced ? schema : q->format_schema, m->tok, &o, &e);
+    cJSON_Delete(schema);
+    if (rc == -ERR_NOMEM)
+        return oom(err);
+    if (rc < 0)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, param, "%s: %s",
+                          forced ? "the tool's parameters cannot be enforced" : "the JSON schema cannot be enforced",
+                          e.msg);
+    return 0;
+}
+
 static int gen_prepare(struct gen *g, struct oai_error *err)
 {
-    if (g->q.tool_choice == OAI_TOOL_CHOICE_REQUIRED || g->q.tool_choice == OAI_TOOL_CHOICE_NAMED)
-        return oai_errorf(err, 400, "invalid_request_error", NULL, "tool_choice",
-                          "tool_choice 'required' and named functions are not supported yet");
-    if (g->q.format != OAI_FORMAT_TEXT)
-        return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
-                          "response_format other than {\"type\": \"text\"} is not supported yet");
+    g->tool_format = g->s->m.tool_format;
+    if (plan_grammar(g, err) < 0)
+        return -1;
     int n_predict = 0, rc;
     struct sampler_params sp;
     if ((rc = build_prompt(g, err)) < 0 || (rc = plan_tokens(g, &n_predict, err)) < 0 ||
@@ -470,6 +555,11 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         c->job.n_prompt = g->n_prompt;
         c->job.params = (struct gen_params){.n_predict = n_predict, .sampling = sp};
         c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
+        if (g->gram) {
+            if (grammar_state_new(&c->gstate, g->gram, &e) < 0)
+                return oom(err);
+            c->job.params.sampling.cons = (struct constraint){&grammar_constraint_ops, c->gstate};
+        }
         c->job.logprobs = g->q.logprobs;
         c->job.n_top = g->q.top_logprobs;
         c->job.cv = &g->cv;

@@ -41,6 +41,7 @@ enum gen_finish {
 
 struct gen_choice {
     struct runner_job job;
+    struct grammar_state *gstate; /* the choice's constraint state (g->gram), or NULL */
     struct textout out;          /* the raw text, cut at stop strings */
     struct outparse *op;         /* NULL: the text is all content */
     int consumed;                /* job tokens turned into text */
@@ -92,6 +93,8 @@ struct gen {
     size_t echo_len;
     struct sampler_bias *bias;
     char *alt;                   /* [TOK_STREAM_CAP] a logprob alternative's text */
+    struct grammar *gram;        /* structured output or a forced tool call, NULL: free text */
+    int tool_format;             /* enum outparse_format the output is parsed with */
     struct gen_choice *ch;
     int n;
     bool cv_init, submitted;

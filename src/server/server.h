@@ -40,6 +40,7 @@ struct server_opts {
 struct tokenizer;
 struct chat_tmpl;
 struct runner;
+struct grammar_vocab;
 struct server_model {
     const char *id;                      /* the model's name in the API */
     struct tokenizer *tok;
@@ -49,6 +50,7 @@ struct server_model {
     int n_ctx;                           /* tokens one request may hold (prompt + output) */
     const struct hparams *hp;            /* EOS ids */
     struct generation_defaults gen;      /* sampling defaults of generation_config.json */
+    const struct grammar_vocab *gvocab;  /* the tokenizer's byte trie for structured output */
     int tool_format;                     /* enum outparse_format the chat template teaches */
     bool reasoning;                      /* the template emits <think> reasoning */
 };
