@@ -4,8 +4,8 @@
  * body (vocabulary of 2048 ids), and as a plain object (oai_parse_object).
  * Any crash, leak or undefined behaviour is a bug. An accepted request must
  * satisfy the header's promises (every count and value within its bound,
- * messages {role, content} with a template role, content a string or null
- * only beside tool calls, nothing but tool_calls / tool_call_id besides); a rejected
+ * messages {role, content} with a template role and a string content,
+ * nothing but tool_calls / tool_call_id besides); a rejected
  * one must leave the request empty, and its oai_error_json must be valid
  * UTF-8 that cJSON parses back.
  */
@@ -55,7 +55,7 @@ static void check_messages(const cJSON *msgs)
         const cJSON *role = cJSON_GetObjectItem(m, "role"), *content = cJSON_GetObjectItem(m, "content");
         const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls"), *call_id = cJSON_GetObjectItem(m, "tool_call_id");
         if (cJSON_GetArraySize(m) != 2 + !!calls + !!call_id || !cJSON_IsString(role) ||
-            !(cJSON_IsString(content) || (cJSON_IsNull(content) && calls)))
+            !cJSON_IsString(content))
             abort();
         if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
             strcmp(role->valuestring, "assistant") && strcmp(role->valuestring, "tool"))
@@ -64,8 +64,7 @@ static void check_messages(const cJSON *msgs)
                        cJSON_GetArraySize(calls) > OAI_MAX_TOOL_CALLS)) ||
             (call_id && (strcmp(role->valuestring, "tool") || !cJSON_IsString(call_id))))
             abort();
-        if (cJSON_IsString(content))
-            check_utf8(content->valuestring, strlen(content->valuestring));
+        check_utf8(content->valuestring, strlen(content->valuestring));
         n++;
     }
     if (n < 1 || n > OAI_MAX_MESSAGES)

@@ -354,7 +354,7 @@ static void cmpl_prompt(void **state)
                          "\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},{\"role\":\"tool\","
                          "\"tool_call_id\":\"c1\",\"content\":\"12C\"}]}");
     const cJSON *asst = cJSON_GetArrayItem(r.messages, 1);
-    assert_true(cJSON_IsNull(cJSON_GetObjectItem(asst, "content")));
+    assert_string_equal(cJSON_GetObjectItem(asst, "content")->valuestring, "");
     const cJSON *args = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(
         cJSON_GetObjectItem(asst, "tool_calls"), 0), "function"), "arguments");
     assert_string_equal(cJSON_GetObjectItem(args, "city")->valuestring, "Oslo");

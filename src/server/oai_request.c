@@ -482,8 +482,9 @@ static int add_message(struct oai_error *err, cJSON *out, const char *role, cons
         cJSON_Delete(calls);
         return nomem(err);
     }
-    bool ok = cJSON_AddStringToObject(msg, "role", role) &&
-              (text ? cJSON_AddStringToObject(msg, "content", text) != NULL : cJSON_AddNullToObject(msg, "content") != NULL);
+    /* an assistant turn of tool calls only gets "" for content: templates that join strings
+     * (most of the simple ones) fail on None, and the ones that test it read "" alike */
+    bool ok = cJSON_AddStringToObject(msg, "role", role) && cJSON_AddStringToObject(msg, "content", text ? text : "");
     if (calls && !(ok && cJSON_AddItemToObject(msg, "tool_calls", calls)))
         cJSON_Delete(calls), ok = false;
     ok = ok && (!call_id || cJSON_AddStringToObject(msg, "tool_call_id", call_id->valuestring));

@@ -82,7 +82,7 @@ struct oai_request {
     char *model;                  /* NULL when absent */
 
     /* chat: messages as the chat template wants them: an array of {"role": "system" |
-     * "user" | "assistant" | "tool", "content": "<text>" (null for an assistant turn of
+     * "user" | "assistant" | "tool", "content": "<text>" ("" for an assistant turn of
      * tool calls only)} (content arrays of text parts joined into one string; "developer"
      * becomes "system"); assistant turns keep "tool_calls" ([{"id", "type": "function",
      * "function": {"name", "arguments": <object, parsed from the JSON text when it is one>}}])
