@@ -563,7 +563,10 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         c->job.logprobs = g->q.logprobs;
         c->job.n_top = g->q.top_logprobs;
         c->job.cv = &g->cv;
-        if (textout_init(&c->out, g->s->m.tok, true, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
+        /* special tokens stay out of the text, except where the tool-call parser reads them
+         * (Mistral's [TOOL_CALLS], Llama's <|python_tag|> are special tokens) */
+        bool keep_special = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE && g->tool_format != OUTPARSE_NONE;
+        if (textout_init(&c->out, g->s->m.tok, !keep_special, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
                          &e) < 0)
             return oom(err);
         if (!(c->tool_calls = cJSON_CreateArray()) || gbuf_add(&c->content, "", 0) < 0 ||
