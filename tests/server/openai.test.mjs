@@ -8,6 +8,9 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { MODEL, CONTEXT, SLOW, startServer, client, post, parseSSE, assertError } from './harness.mjs';
+
+// usage without the prefix-cache counts, which a repeated prompt changes
+const noCache = (u) => { if (!u) return u; const { prompt_tokens_details, input_tokens_details, ...r } = u; return r; };
 import { prng } from './fuzzgen.mjs';
 
 let srv;
@@ -97,7 +100,7 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
             messages: [{ role: 'user', content: [{ type: 'text', text: 'ROM' }, { type: 'text', text: 'EO:' }] }],
         });
         assert.equal(p.choices[0].message.content, a.choices[0].message.content);
-        assert.deepEqual(p.usage, a.usage);
+        assert.deepEqual(noCache(p.usage), noCache(a.usage));
     });
 
     it('streamed chat == non-streamed chat', async () => {
@@ -126,7 +129,7 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         assert.equal(text, ref.choices[0].message.content);
         const last = chunks[chunks.length - 1];
         assert.deepEqual(last.choices, [], `usage chunk: ${JSON.stringify(last)}`);
-        assert.deepEqual(last.usage, ref.usage);
+        assert.deepEqual(noCache(last.usage), noCache(ref.usage));
 
         // without include_usage: no usage anywhere, same text
         const plain = await collect(await chat('JULIET:', { stream: true }));
@@ -171,7 +174,7 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         assert.equal(tok.status, 200, tok.text);
         const ids = await complete(tok.json.tokens);
         assert.equal(ids.choices[0].text, text);
-        assert.deepEqual(ids.usage, c.usage);
+        assert.deepEqual(noCache(ids.usage), noCache(c.usage));
 
         const s = await post(srv.base, '/v1/completions', { model: MODEL, prompt: 'ROMEO:', max_tokens: 8, suffix: 'x' });
         assertError(s, 400, 'suffix');
