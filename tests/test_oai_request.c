@@ -348,6 +348,10 @@ static void cmpl_prompt(void **state)
     reject_chat("{" HI ",\"response_format\":\"json\"}", "response_format", "must be");
     reject_chat("{" HI ",\"response_format\":{\"type\":\"xml\"}}", "response_format.type", "must be");
     reject_chat("{" HI ",\"chat_template_kwargs\":[1]}", "chat_template_kwargs", "must be");
+    accept(&r, OAI_CHAT, "{" HI ",\"ignore_eos\":true}");
+    assert_true(r.ignore_eos);
+    oai_request_free(&r);
+    reject_chat("{" HI ",\"ignore_eos\":1}", "ignore_eos", "must be a boolean");
     /* tool turns: an assistant message of calls only (arguments parsed to an object), a tool result */
     accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\","
                          "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\","

@@ -136,6 +136,16 @@ static void holdback(void **state)
         assert_int_equal(textout_ready(&o), k_cases[i].ready);
     }
     textout_free(&o);
+    /* an id outside the tokenizer (a padded model vocabulary) adds no text and is no error */
+    assert_int_equal(textout_init(&o, t, true, NULL, NULL, 0, &e), 0);
+    const char *piece;
+    size_t plen;
+    assert_int_equal(textout_push(&o, tok_vocab_size(t) + 5, &piece, &plen, &e), 0);
+    assert_int_equal(o.len, 0);
+    assert_int_equal(plen, 0);
+    char buf[TOK_STREAM_CAP];
+    assert_int_equal(textout_peek(&o, -1, buf, sizeof buf), 0);
+    textout_free(&o);
     tok_free(t);
 }
 

@@ -699,7 +699,8 @@ static int parse_logit_bias(struct oai_request *r, const cJSON *root, int n_voca
 
 static int parse_stream(struct oai_request *r, const cJSON *root, struct oai_error *err)
 {
-    if (read_bool(err, member(root, "stream"), "stream", &r->stream) < 0)
+    if (read_bool(err, member(root, "stream"), "stream", &r->stream) < 0 ||
+        read_bool(err, member(root, "ignore_eos"), "ignore_eos", &r->ignore_eos) < 0)
         return -1;
     const cJSON *opts = member(root, "stream_options");
     if (!opts)

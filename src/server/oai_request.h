@@ -119,6 +119,7 @@ struct oai_request {
 
     bool stream;
     bool include_usage;           /* stream_options.include_usage */
+    bool ignore_eos;              /* vLLM's and llama-server's extension: generate past EOS */
 
     /* chat: tools (as the chat template takes them: [{"type": "function", "function": {"name",
      * "description", "parameters"}}]), NULL when none; the choice; the output format;

@@ -79,6 +79,10 @@ int textout_push(struct textout *t, int32_t id, const char **piece, size_t *piec
     }
     if (t->stopped || t->finished)
         return t->stopped;
+    /* an id the model has but the tokenizer does not (a vocabulary padded for the hardware, a
+     * random-weight model) has no text: it adds nothing, as in vLLM's detokenizer */
+    if (id < 0 || id >= tok_vocab_size(t->ts.tok))
+        return 0;
     int w = tok_stream_push(&t->ts, id, t->scratch, TOK_STREAM_CAP, e);
     if (w < 0)
         return w;
@@ -120,6 +124,8 @@ size_t textout_ready(const struct textout *t)
 
 int textout_peek(const struct textout *t, int32_t id, char *out, size_t cap)
 {
+    if (id < 0 || id >= tok_vocab_size(t->ts.tok))
+        return 0;
     struct tok_stream s = t->ts;  /* a plain value: the copy leaves t unchanged */
     return tok_stream_push(&s, id, out, cap, NULL);
 }

@@ -39,7 +39,7 @@ int textout_init(struct textout *t, const struct tokenizer *tok, bool skip_speci
                  const size_t *stop_len, int n_stop, struct err *e);
 void textout_free(struct textout *t);
 
-/* Appends id's text. Returns 1 when a stop string matched (the text is cut before it and
+/* Appends id's text (none for an id outside the tokenizer's vocabulary). Returns 1 when a stop string matched (the text is cut before it and
  * later pushes are ignored), 0 otherwise, or a negative error. piece and piece_len (optional)
  * receive the text id added before any stop cut (pointer into scratch, valid until the next
  * call). */
