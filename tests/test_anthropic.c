@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/api_anthropic.h"
 #include "server/gen.h"
 #include "server/outparse.h"
 #include "test.h"

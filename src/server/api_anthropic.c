@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_anthropic.h"
 #include "gen.h"
 
 #define INVALID "invalid_request_error"
@@ -495,6 +496,20 @@ fail:
     return NULL;
 }
 
+int anthropic_translate(const cJSON *root, bool count, int n_vocab, struct oai_request *q,
+                        struct oai_error *err)
+{
+    oai_request_init(q);
+    cJSON *o = translate(root, count, err);
+    if (!o)
+        return -1;
+    int rc = oai_request_from_object(q, OAI_CHAT, o, n_vocab, err);
+    cJSON_Delete(o);
+    if (rc < 0)
+        rename_fields(err);
+    return rc;
+}
+
 /* The request body into q (checked as OpenAI's chat request); -1 with *err. */
 static int parse_body(struct server *s, struct srv_req *r, bool count, struct oai_request *q, struct oai_error *err)
 {
@@ -502,14 +517,8 @@ static int parse_body(struct server *s, struct srv_req *r, bool count, struct oa
     cJSON *root = oai_parse_object(r->body ? r->body : "", r->len, err);
     if (!root)
         return -1;
-    cJSON *o = translate(root, count, err);
+    int rc = anthropic_translate(root, count, s->m.n_vocab, q, err);
     cJSON_Delete(root);
-    if (!o)
-        return -1;
-    int rc = oai_request_from_object(q, OAI_CHAT, o, s->m.n_vocab, err);
-    cJSON_Delete(o);
-    if (rc < 0)
-        rename_fields(err);
     return rc;
 }
 
