@@ -6,7 +6,8 @@
  * /v1/messages and once as /v1/messages/count_tokens. Any crash, leak or
  * undefined behaviour is a bug. An accepted request must keep the chat
  * request's promises (request_check.h) and those of this API (one choice, no
- * logprobs or logit_bias; counting: no stream, no stop, no max_tokens); a
+ * logprobs or logit_bias; max_tokens given, unless counting: then no
+ * stream, no stop, no max_tokens); a
  * rejected one must leave the request empty, with an error that renders as
  * valid JSON in OpenAI's shape and in Anthropic's ({"type": "error",
  * "error": {"type", "message"}}).
@@ -39,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct oai_request q;
         if (anthropic_translate(root, count, N_VOCAB, &q, &err) == 0) {
             check_request(&q, OAI_CHAT);
-            if (q.n != 1 || q.logprobs || q.n_bias || (count && (q.stream || q.n_stop || q.max_tokens != -1)))
+            if (q.n != 1 || q.logprobs || q.n_bias || (count && (q.stream || q.n_stop || q.max_tokens != -1)) ||
+                (!count && q.max_tokens < 1))
                 abort();
         } else {
             check_empty(&q);

@@ -173,8 +173,10 @@ static cJSON *text_content(const cJSON *v, const char *where, struct oai_error *
     return parts;
 }
 
-/* Appends {"role", "content"} (content moved in). */
-static int add_message(cJSON *out, const char *role, cJSON *content, struct oai_error *err)
+/* Appends {"role", "content"} (content moved in), and "tool_call_id" when call_id is not NULL.
+ * The message is filled here, not found again in out: looking up the last of n messages walks
+ * all n, and a 4 MiB body holds ~100k tool_result blocks. */
+static int add_message(cJSON *out, const char *role, cJSON *content, const char *call_id, struct oai_error *err)
 {
     cJSON *m = cJSON_CreateObject();
     if (!m || !cJSON_AddItemToArray(out, m)) {
@@ -186,7 +188,11 @@ static int add_message(cJSON *out, const char *role, cJSON *content, struct oai_
         cJSON_Delete(content);
         return nomem(err);
     }
-    return cJSON_AddItemToObject(m, "content", content) ? 0 : (cJSON_Delete(content), nomem(err));
+    if (!cJSON_AddItemToObject(m, "content", content)) {
+        cJSON_Delete(content);
+        return nomem(err);
+    }
+    return !call_id || cJSON_AddStringToObject(m, "tool_call_id", call_id) ? 0 : nomem(err);
 }
 
 /* A block type no endpoint here takes: a clear 400. */
@@ -223,7 +229,7 @@ static int user_turn(cJSON *out, const cJSON *content, int i, struct oai_error *
             bad(err, "%s: a tool_result block needs a string 'tool_use_id' (and 'is_error' a boolean)", w);
             goto fail;
         }
-        if (parts && add_message(out, "user", parts, err) < 0) {
+        if (parts && add_message(out, "user", parts, NULL, err) < 0) {
             parts = NULL;
             goto fail;
         }
@@ -236,15 +242,11 @@ static int user_turn(cJSON *out, const cJSON *content, int i, struct oai_error *
                 nomem(err);
             goto fail;
         }
-        if (add_message(out, "tool", text, err) < 0 ||
-            !cJSON_AddStringToObject(cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1), "tool_call_id",
-                                     id->valuestring)) {
-            nomem(err);
+        if (add_message(out, "tool", text, id->valuestring, err) < 0)
             goto fail;
-        }
     }
     if (parts)
-        return add_message(out, "user", parts, err);
+        return add_message(out, "user", parts, NULL, err);
     return 0;
 fail:
     cJSON_Delete(parts);
@@ -341,7 +343,7 @@ static int translate_messages(cJSON *o, const cJSON *root, struct oai_error *err
         bool empty = cJSON_IsString(c) ? c->valuestring[0] == 0 : cJSON_GetArraySize(c) == 0;
         if (empty)
             cJSON_Delete(c);
-        else if (add_message(out, "system", c, err) < 0)
+        else if (add_message(out, "system", c, NULL, err) < 0)
             return -1;
     }
     if (!msgs)
@@ -364,7 +366,7 @@ static int translate_messages(cJSON *o, const cJSON *root, struct oai_error *err
                        "'system' field)", i);
         if (cJSON_IsString(content)) {
             cJSON *s = cJSON_CreateString(content->valuestring);
-            if (!s || add_message(out, role->valuestring, s, err) < 0)
+            if (!s || add_message(out, role->valuestring, s, NULL, err) < 0)
                 return nomem(err);
         } else if (!cJSON_IsArray(content)) {
             return bad(err, "messages.%d.content: must be a string or an array of content blocks", i);
@@ -469,7 +471,7 @@ static cJSON *translate(const cJSON *root, bool count, struct oai_error *err)
         }
     }
     const cJSON *mt = member(root, "max_tokens"), *stop = member(root, "stop_sequences");
-    if (!count && !mt) {
+    if (!count && (!mt || cJSON_IsNull(mt))) {
         bad(err, "max_tokens: field required");
         goto fail;
     }
