@@ -67,7 +67,7 @@ static void test_input_items(void **state)
                    "{\"id\": \"c2\", \"type\": \"function\", \"function\": {\"name\": \"g\", \"arguments\": {}}}]},"
                    "{\"role\": \"tool\", \"content\": \"one\", \"tool_call_id\": \"c1\"},"
                    "{\"role\": \"tool\", \"content\": \"two\", \"tool_call_id\": \"c2\"},"
-                   "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": ["
+                   "{\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": ["
                    "{\"id\": \"c3\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": {}}}]}]");
     cJSON_Delete(m);
     m = messages_of("{\"input\": \"hi\"}");
