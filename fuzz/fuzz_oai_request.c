@@ -3,124 +3,15 @@
  * input is parsed as a /v1/chat/completions body and as a /v1/completions
  * body (vocabulary of 2048 ids), and as a plain object (oai_parse_object).
  * Any crash, leak or undefined behaviour is a bug. An accepted request must
- * satisfy the header's promises (every count and value within its bound,
- * messages {role, content} with a template role and a string content,
- * nothing but tool_calls / tool_call_id besides); a rejected
- * one must leave the request empty, and its oai_error_json must be valid
- * UTF-8 that cJSON parses back.
+ * satisfy the header's promises (request_check.h: every count and value
+ * within its bound, messages {role, content} with a template role and a
+ * string content, nothing but tool_calls / tool_call_id besides, tools and
+ * tool_choice consistent); a rejected one must leave the request empty, and
+ * its oai_error_json must be valid UTF-8 that cJSON parses back.
  */
-#include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include <cjson/cJSON.h>
-
-#include "server/oai_request.h"
-#include "tokenizer/tokenizer.h"
-
-#define N_VOCAB 2048
-
-static void check_utf8(const char *s, size_t n)
-{
-    size_t need;
-    for (size_t i = 0; i < n;) {
-        size_t k = tok_utf8_seq((const unsigned char *)s + i, n - i, &need);
-        if (need == 0 || k != need)
-            abort();
-        i += k;
-    }
-}
-
-static void check_error(const struct oai_error *err)
-{
-    if (err->status < 400 || err->status > 599 || !err->type)
-        abort();
-    char *s = oai_error_json(err);
-    if (!s)
-        return;  /* out of memory */
-    check_utf8(s, strlen(s));
-    cJSON *o = cJSON_Parse(s);
-    if (!o || !cJSON_IsString(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "error"), "message")))
-        abort();
-    cJSON_Delete(o);
-    free(s);
-}
-
-static void check_messages(const cJSON *msgs)
-{
-    int n = 0;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, msgs) {
-        const cJSON *role = cJSON_GetObjectItem(m, "role"), *content = cJSON_GetObjectItem(m, "content");
-        const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls"), *call_id = cJSON_GetObjectItem(m, "tool_call_id");
-        if (cJSON_GetArraySize(m) != 2 + !!calls + !!call_id || !cJSON_IsString(role) ||
-            !cJSON_IsString(content))
-            abort();
-        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
-            strcmp(role->valuestring, "assistant") && strcmp(role->valuestring, "tool"))
-            abort();
-        if ((calls && (strcmp(role->valuestring, "assistant") || !cJSON_IsArray(calls) ||
-                       cJSON_GetArraySize(calls) > OAI_MAX_TOOL_CALLS)) ||
-            (call_id && (strcmp(role->valuestring, "tool") || !cJSON_IsString(call_id))))
-            abort();
-        check_utf8(content->valuestring, strlen(content->valuestring));
-        n++;
-    }
-    if (n < 1 || n > OAI_MAX_MESSAGES)
-        abort();
-}
-
-static bool in(double v, double lo, double hi)
-{
-    return isfinite(v) && v >= lo && v <= hi;
-}
-
-static void check_request(const struct oai_request *r, enum oai_endpoint ep)
-{
-    if (ep == OAI_CHAT) {
-        if (!cJSON_IsArray(r->messages) || r->prompt || r->prompt_ids || r->max_tokens == 0)
-            abort();
-        check_messages(r->messages);
-    } else {
-        if (r->messages || !r->prompt == !r->prompt_ids)
-            abort();
-        if (r->prompt && (strlen(r->prompt) != r->prompt_len))
-            abort();
-        if (r->prompt_ids && (r->n_prompt_ids < 1 || r->n_prompt_ids > OAI_MAX_PROMPT_IDS))
-            abort();
-        for (int i = 0; i < r->n_prompt_ids; i++)
-            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= N_VOCAB)
-                abort();
-    }
-    if (r->max_tokens < -1 || r->max_tokens > OAI_MAX_TOKENS_VALUE || r->n < 1 || r->n > OAI_MAX_N)
-        abort();
-    if (!in(r->temperature, 0, 2) || !in(r->min_p, 0, 1) || !in(r->presence_penalty, -2, 2) ||
-        !in(r->frequency_penalty, -2, 2) || r->top_k < 0 || r->top_k > (1 << 20))
-        abort();
-    if ((r->has_top_p && !(r->top_p > 0 && r->top_p <= 1)) ||
-        (r->has_repetition_penalty && !(r->repetition_penalty > 0 && r->repetition_penalty <= 10)))
-        abort();
-    if (r->top_logprobs < 0 || r->top_logprobs > (ep == OAI_CHAT ? OAI_MAX_TOP_LOGPROBS : OAI_MAX_LOGPROBS) ||
-        (r->top_logprobs && !r->logprobs) || (r->include_usage && !r->stream))
-        abort();
-    if (r->n_stop < 0 || r->n_stop > OAI_MAX_STOP)
-        abort();
-    for (int i = 0; i < r->n_stop; i++) {
-        if (r->stop_len[i] < 1 || r->stop_len[i] > OAI_MAX_STOP_LEN || strlen(r->stop[i]) != r->stop_len[i])
-            abort();
-        check_utf8(r->stop[i], r->stop_len[i]);
-    }
-    if (r->n_bias < 0 || r->n_bias > OAI_MAX_BIAS || (r->n_bias && !r->bias))
-        abort();
-    for (int i = 0; i < r->n_bias; i++) {
-        if (r->bias[i].id < 0 || r->bias[i].id >= N_VOCAB || !in(r->bias[i].bias, -100, 100))
-            abort();
-        for (int j = 0; j < i; j++)
-            if (r->bias[j].id == r->bias[i].id)
-                abort();
-    }
-}
+#include "request_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -131,8 +22,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (oai_request_parse(&r, (enum oai_endpoint)ep, body, size, N_VOCAB, &err) == 0) {
             check_request(&r, (enum oai_endpoint)ep);
         } else {
-            if (r.messages || r.prompt || r.prompt_ids || r.model || r.bias || r.n_stop)
-                abort();
+            check_empty(&r);
             check_error(&err);
         }
         oai_request_free(&r);

@@ -18,6 +18,14 @@
 #   fuzz_oai_request  the request bodies in fuzz/seeds/oai_request/ (chat and
 #                     completions, stop, logit_bias, stream_options, token
 #                     ids), with a dictionary of the fields and role names
+#   fuzz_responses    the Responses bodies in fuzz/seeds/responses/ (string and
+#                     item input, function_call / function_call_output,
+#                     instructions, tools, tool_choice, text.format, refused
+#                     stateful fields), with a dictionary of the fields and types
+#   fuzz_anthropic    the Messages bodies in fuzz/seeds/anthropic/ (system
+#                     blocks, tool_use / tool_result, tools, tool_choice,
+#                     thinking, count_tokens, refused blocks), with a dictionary
+#                     of the fields and block types
 #   fuzz_hub_listing  the Hub listings in fuzz/seeds/hub_listing/ (well-formed
 #                     and hostile: ../ and absolute names, huge sizes)
 #   fuzz_outparse     the model outputs in fuzz/seeds/outparse/ (an options byte
@@ -100,6 +108,32 @@ dict_oai_request() {
         '"frequency_penalty"' '"seed"' '"stop"' '"n"' '"logit_bias"' '"stream"' \
         '"stream_options"' '"include_usage"' 'null' 'true' 'false' '\u0000' '\ud83d\ude00' \
         '1e300' '-1' '1.5' '2047' '2048' '9223372036854775808'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
+dict_responses() {
+    for w in '"model"' '"input"' '"instructions"' '"type"' '"message"' '"role"' '"content"' \
+        '"user"' '"assistant"' '"system"' '"developer"' '"input_text"' '"output_text"' '"text"' \
+        '"refusal"' '"function_call"' '"function_call_output"' '"reasoning"' '"item_reference"' \
+        '"call_id"' '"name"' '"arguments"' '"output"' '"tools"' '"function"' '"description"' \
+        '"parameters"' '"strict"' '"tool_choice"' '"auto"' '"none"' '"required"' '"format"' \
+        '"json_object"' '"json_schema"' '"schema"' '"max_output_tokens"' '"previous_response_id"' \
+        '"conversation"' '"prompt"' '"background"' '"store"' '"parallel_tool_calls"' '"metadata"' \
+        '"truncation"' '"temperature"' '"top_p"' '"stream"' '"seed"' '"top_k"' '"stop"' \
+        '"chat_template_kwargs"' 'null' 'true' 'false' '{}' '[]' '\u0000' '1e300' '-1' '2048'; do
+        printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
+    done
+}
+
+dict_anthropic() {
+    for w in '"model"' '"max_tokens"' '"system"' '"messages"' '"role"' '"content"' '"user"' \
+        '"assistant"' '"type"' '"text"' '"image"' '"document"' '"thinking"' '"redacted_thinking"' \
+        '"signature"' '"tool_use"' '"id"' '"name"' '"input"' '"tool_result"' '"tool_use_id"' \
+        '"is_error"' '"tools"' '"description"' '"input_schema"' '"custom"' '"tool_choice"' '"auto"' \
+        '"any"' '"tool"' '"none"' '"enabled"' '"disabled"' '"budget_tokens"' '"stop_sequences"' \
+        '"temperature"' '"top_p"' '"top_k"' '"stream"' '"metadata"' '"cache_control"' 'null' 'true' \
+        'false' '{}' '[]' '\u0000' '1e300' '-1' '2048'; do
         printf 'kw="%s"\n' "$(printf '%s' "$w" | sed 's/\\/\\\\/g; s/"/\\"/g')"
     done
 }
@@ -208,6 +242,11 @@ for bin in "$BUILD"/fuzz_*; do
     oai_request)
         cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/
         dict_oai_request > "$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict"
+        ;;
+    responses | anthropic)
+        cp "$ROOT"/fuzz/seeds/"$short"/*.json "$corpus"/
+        "dict_$short" > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
     esac

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "server/api_anthropic.h"
 #include "server/gen.h"
 #include "server/outparse.h"
 #include "test.h"
@@ -249,11 +251,89 @@ static void error_shapes(void **state)
     }
 }
 
+/* The body (a JSON text) through anthropic_translate as /v1/messages; its status. */
+static int translate_text(const char *body, struct oai_request *q, struct oai_error *err)
+{
+    cJSON *root = cJSON_Parse(body);
+    assert_non_null(root);
+    int rc = anthropic_translate(root, false, 1000, q, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* tool_result blocks become tool messages with their tool_call_id, text between them a user
+ * message; max_tokens null is missing, as Anthropic requires it. */
+static void translate_tool_results_and_max_tokens(void **state)
+{
+    (void)state;
+    struct oai_request q;
+    struct oai_error err;
+    assert_int_equal(translate_text("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":["
+                                    "{\"type\":\"tool_result\",\"tool_use_id\":\"t1\",\"content\":\"18C\"},"
+                                    "{\"type\":\"text\",\"text\":\"and?\"},"
+                                    "{\"type\":\"tool_result\",\"tool_use_id\":\"t2\"}]}]}",
+                                    &q, &err),
+                     0);
+    assert_int_equal(cJSON_GetArraySize(q.messages), 3);
+    const cJSON *m0 = cJSON_GetArrayItem(q.messages, 0), *m2 = cJSON_GetArrayItem(q.messages, 2);
+    assert_string_equal(cJSON_GetObjectItem(m0, "role")->valuestring, "tool");
+    assert_string_equal(cJSON_GetObjectItem(m0, "tool_call_id")->valuestring, "t1");
+    assert_string_equal(cJSON_GetObjectItem(m0, "content")->valuestring, "18C");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(q.messages, 1), "role")->valuestring, "user");
+    assert_string_equal(cJSON_GetObjectItem(m2, "tool_call_id")->valuestring, "t2");
+    assert_string_equal(cJSON_GetObjectItem(m2, "content")->valuestring, "");
+    assert_int_equal(q.max_tokens, 8);
+    oai_request_free(&q);
+
+    assert_int_equal(translate_text("{\"max_tokens\":null,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                                    &q, &err),
+                     -1);
+    assert_int_equal(err.status, 400);
+    assert_string_equal(err.message, "max_tokens: field required");
+    assert_null(q.messages);
+}
+
+/* A body of ~100k tool_result blocks (what a 4 MiB body holds) is refused in linear time: each
+ * tool message used to be found again by walking all the messages before it, quadratic (found
+ * by fuzz_anthropic's review: minutes of CPU for one request). */
+static void translate_many_tool_results_fast(void **state)
+{
+    (void)state;
+    enum { N_MSG = 400, N_BLOCK = OAI_MAX_CONTENT_PARTS };
+    cJSON *root = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(root, "messages");
+    assert_non_null(cJSON_AddNumberToObject(root, "max_tokens", 8));
+    for (int i = 0; i < N_MSG; i++) {
+        cJSON *m = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(m, "content");
+        assert_non_null(cJSON_AddStringToObject(m, "role", "user"));
+        for (int j = 0; j < N_BLOCK; j++) {
+            cJSON *b = cJSON_CreateObject();
+            assert_non_null(cJSON_AddStringToObject(b, "type", "tool_result"));
+            assert_non_null(cJSON_AddStringToObject(b, "tool_use_id", "t"));
+            assert_true(cJSON_AddItemToArray(content, b));
+        }
+        assert_true(cJSON_AddItemToArray(msgs, m));
+    }
+    struct oai_request q;
+    struct oai_error err;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(anthropic_translate(root, false, 1000, &q, &err), -1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    assert_int_equal(err.status, 400);  /* more than OAI_MAX_MESSAGES messages */
+    assert_null(q.messages);
+    /* linear: well under a second (ASan: ~2 s); quadratic was ~30 s (ASan: minutes) */
+    assert_true(s < 10.0);
+    cJSON_Delete(root);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(full_message_with_tool_use),
     cmocka_unit_test(stream_blocks_in_order),
     cmocka_unit_test(stop_sequence_and_error),
     cmocka_unit_test(error_shapes),
+    cmocka_unit_test(translate_tool_results_and_max_tokens),
+    cmocka_unit_test(translate_many_tool_results_fast),
 };
 
 TEST_SUITE(anthropic, tests);

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_anthropic.h"
 #include "gen.h"
 
 #define INVALID "invalid_request_error"
@@ -172,8 +173,10 @@ static cJSON *text_content(const cJSON *v, const char *where, struct oai_error *
     return parts;
 }
 
-/* Appends {"role", "content"} (content moved in). */
-static int add_message(cJSON *out, const char *role, cJSON *content, struct oai_error *err)
+/* Appends {"role", "content"} (content moved in), and "tool_call_id" when call_id is not NULL.
+ * The message is filled here, not found again in out: looking up the last of n messages walks
+ * all n, and a 4 MiB body holds ~100k tool_result blocks. */
+static int add_message(cJSON *out, const char *role, cJSON *content, const char *call_id, struct oai_error *err)
 {
     cJSON *m = cJSON_CreateObject();
     if (!m || !cJSON_AddItemToArray(out, m)) {
@@ -185,7 +188,11 @@ static int add_message(cJSON *out, const char *role, cJSON *content, struct oai_
         cJSON_Delete(content);
         return nomem(err);
     }
-    return cJSON_AddItemToObject(m, "content", content) ? 0 : (cJSON_Delete(content), nomem(err));
+    if (!cJSON_AddItemToObject(m, "content", content)) {
+        cJSON_Delete(content);
+        return nomem(err);
+    }
+    return !call_id || cJSON_AddStringToObject(m, "tool_call_id", call_id) ? 0 : nomem(err);
 }
 
 /* A block type no endpoint here takes: a clear 400. */
@@ -222,7 +229,7 @@ static int user_turn(cJSON *out, const cJSON *content, int i, struct oai_error *
             bad(err, "%s: a tool_result block needs a string 'tool_use_id' (and 'is_error' a boolean)", w);
             goto fail;
         }
-        if (parts && add_message(out, "user", parts, err) < 0) {
+        if (parts && add_message(out, "user", parts, NULL, err) < 0) {
             parts = NULL;
             goto fail;
         }
@@ -235,15 +242,11 @@ static int user_turn(cJSON *out, const cJSON *content, int i, struct oai_error *
                 nomem(err);
             goto fail;
         }
-        if (add_message(out, "tool", text, err) < 0 ||
-            !cJSON_AddStringToObject(cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1), "tool_call_id",
-                                     id->valuestring)) {
-            nomem(err);
+        if (add_message(out, "tool", text, id->valuestring, err) < 0)
             goto fail;
-        }
     }
     if (parts)
-        return add_message(out, "user", parts, err);
+        return add_message(out, "user", parts, NULL, err);
     return 0;
 fail:
     cJSON_Delete(parts);
@@ -340,7 +343,7 @@ static int translate_messages(cJSON *o, const cJSON *root, struct oai_error *err
         bool empty = cJSON_IsString(c) ? c->valuestring[0] == 0 : cJSON_GetArraySize(c) == 0;
         if (empty)
             cJSON_Delete(c);
-        else if (add_message(out, "system", c, err) < 0)
+        else if (add_message(out, "system", c, NULL, err) < 0)
             return -1;
     }
     if (!msgs)
@@ -363,7 +366,7 @@ static int translate_messages(cJSON *o, const cJSON *root, struct oai_error *err
                        "'system' field)", i);
         if (cJSON_IsString(content)) {
             cJSON *s = cJSON_CreateString(content->valuestring);
-            if (!s || add_message(out, role->valuestring, s, err) < 0)
+            if (!s || add_message(out, role->valuestring, s, NULL, err) < 0)
                 return nomem(err);
         } else if (!cJSON_IsArray(content)) {
             return bad(err, "messages.%d.content: must be a string or an array of content blocks", i);
@@ -468,7 +471,7 @@ static cJSON *translate(const cJSON *root, bool count, struct oai_error *err)
         }
     }
     const cJSON *mt = member(root, "max_tokens"), *stop = member(root, "stop_sequences");
-    if (!count && !mt) {
+    if (!count && (!mt || cJSON_IsNull(mt))) {
         bad(err, "max_tokens: field required");
         goto fail;
     }
@@ -495,6 +498,20 @@ fail:
     return NULL;
 }
 
+int anthropic_translate(const cJSON *root, bool count, int n_vocab, struct oai_request *q,
+                        struct oai_error *err)
+{
+    oai_request_init(q);
+    cJSON *o = translate(root, count, err);
+    if (!o)
+        return -1;
+    int rc = oai_request_from_object(q, OAI_CHAT, o, n_vocab, err);
+    cJSON_Delete(o);
+    if (rc < 0)
+        rename_fields(err);
+    return rc;
+}
+
 /* The request body into q (checked as OpenAI's chat request); -1 with *err. */
 static int parse_body(struct server *s, struct srv_req *r, bool count, struct oai_request *q, struct oai_error *err)
 {
@@ -502,14 +519,8 @@ static int parse_body(struct server *s, struct srv_req *r, bool count, struct oa
     cJSON *root = oai_parse_object(r->body ? r->body : "", r->len, err);
     if (!root)
         return -1;
-    cJSON *o = translate(root, count, err);
+    int rc = anthropic_translate(root, count, s->m.n_vocab, q, err);
     cJSON_Delete(root);
-    if (!o)
-        return -1;
-    int rc = oai_request_from_object(q, OAI_CHAT, o, s->m.n_vocab, err);
-    cJSON_Delete(o);
-    if (rc < 0)
-        rename_fields(err);
     return rc;
 }
 

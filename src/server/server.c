@@ -27,6 +27,7 @@
 #include "../engine/runner.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
+#include "api_anthropic.h"
 
 #define SRV_MAX_HEADER_BYTES (64u << 10)  /* MHD's per-connection memory: request line + headers */
 

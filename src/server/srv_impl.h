@@ -61,11 +61,5 @@ enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct
 /* POST /v1/messages and /v1/messages/count_tokens, the Anthropic dialect (api_anthropic.c). */
 enum MHD_Result srv_anthropic_messages(struct server *s, struct MHD_Connection *c, struct srv_req *r);
 enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connection *c, struct srv_req *r);
-/* Anthropic's error body {"type": "error", "error": {"type", "message"}} (malloc'd; NULL: out
- * of memory). */
-char *anthropic_error_json(const struct oai_error *err);
-/* The Anthropic dialect itself (gen.h), for tests that render a generation's state. */
-struct gen_dialect;
-extern const struct gen_dialect anthropic_dialect;
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);
