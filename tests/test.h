@@ -60,3 +60,21 @@ struct test_eng {
 void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
                    int max_seqs, int block);
 void test_eng_close(struct test_eng *g);
+
+/* A model ready to run, without a cache: dir (relative to the repository root) loaded and
+ * prepared for a 2-thread test backend, with a default context. Fails the test on error.
+ * (test_eng.c) */
+struct test_model {
+    struct backend *be;
+    struct model *m;
+    struct model_ctx *c;
+};
+void test_model_open(struct test_model *f, const char *dir);
+void test_model_close(struct test_model *f);
+/* A paged cache of n_tokens slots for max_seqs sequences in blocks of block (f32). */
+struct kv_cache *test_kv_new(const struct test_model *f, int n_tokens, int max_seqs, int block);
+
+/* The tokenizer of a committed fixture folder whose tokenizer.json is gzip'd (relative to the
+ * repository root). (test_tokenizer.c) */
+struct tokenizer;
+struct tokenizer *test_tok_load_gz(const char *dir);

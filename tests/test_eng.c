@@ -40,3 +40,31 @@ void test_eng_close(struct test_eng *g)
         backend_free(g->be);
     memset(g, 0, sizeof *g);
 }
+
+void test_model_open(struct test_model *f, const char *dir)
+{
+    struct err e = {0};
+    memset(f, 0, sizeof *f);
+    if (test_backend_new(&f->be, 2, &e) < 0 || model_load(&f->m, test_path(dir), &e) < 0 ||
+        model_prepare(f->m, f->be, &e) < 0 || model_ctx_new(&f->c, f->m, f->be, 0, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+}
+
+void test_model_close(struct test_model *f)
+{
+    model_ctx_free(f->c);
+    model_free(f->m);
+    backend_free(f->be);
+    memset(f, 0, sizeof *f);
+}
+
+struct kv_cache *test_kv_new(const struct test_model *f, int n_tokens, int max_seqs, int block)
+{
+    struct err e = {0};
+    struct kv_cache *kv = NULL;
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
+                           .dtype = DTYPE_F32};
+    if (kv_cache_new(&kv, f->m, f->be, &kp, &e) < 0)
+        fail_msg("%s", e.msg);
+    return kv;
+}

@@ -23,25 +23,6 @@
 
 /* ---- fixtures ---- */
 
-static struct tokenizer *load_gz(const char *name)
-{
-    char tmp[64] = "/tmp/mlxcel_gram_XXXXXX", cmd[8400], json[128], cfg[4200], dir[4096];
-    struct tokenizer *t = NULL;
-    struct err e = {0};
-    snprintf(dir, sizeof dir, "%s", test_path(name));
-    assert_non_null(mkdtemp(tmp));
-    snprintf(json, sizeof json, "%s/tokenizer.json", tmp);
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s/tokenizer.json.gz' > '%s'", dir, json);
-    assert_int_equal(system(cmd), 0);
-    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
-    int rc = tok_load_files(&t, json, access(cfg, F_OK) == 0 ? cfg : NULL, &e);
-    unlink(json);
-    rmdir(tmp);
-    if (rc < 0)
-        fail_msg("tok_load(%s): %s", dir, e.msg);
-    return t;
-}
-
 static struct tokenizer *load_tiny(void)
 {
     struct tokenizer *t = NULL;
@@ -350,7 +331,7 @@ static void walk_tiny(void **st)
 static void walk_qwen3(void **st)
 {
     (void)st;
-    struct tokenizer *t = load_gz("tests/fixtures/tokenizers/qwen3");
+    struct tokenizer *t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/qwen3"));
     check_schema(t, k_nested, NULL, NULL, 8);
     check_schema(t, k_ref, NULL, NULL, 8);
     check_schema(t, NULL, NULL, NULL, 8);
@@ -361,7 +342,7 @@ static void walk_qwen3(void **st)
 static void walk_llama2_spm(void **st)
 {
     (void)st;
-    struct tokenizer *t = load_gz("tests/fixtures/tokenizers/llama2");
+    struct tokenizer *t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/llama2"));
     check_schema(t, k_nested, NULL, NULL, 10);
     check_schema(t, k_numbers, NULL, NULL, 10);
     check_schema(t, k_addl, "x", "y", 10);
@@ -372,8 +353,8 @@ static void walk_llama2_spm(void **st)
 static void token_bytes_match_decode(void **st)
 {
     (void)st;
-    struct tokenizer *ts[3] = {load_tiny(), load_gz("tests/fixtures/tokenizers/llama2"),
-                               load_gz("tests/fixtures/tokenizers/qwen3")};
+    struct tokenizer *ts[3] = {load_tiny(), test_tok_load_gz(test_path("tests/fixtures/tokenizers/llama2")),
+                               test_tok_load_gz(test_path("tests/fixtures/tokenizers/qwen3"))};
     struct rng r;
     rng_seed(&r, 42);
     for (int k = 0; k < 3; k++) {
@@ -572,7 +553,7 @@ static void mask_cost(void **st)
     (void)st;
     static const char *const names[] = {"tests/fixtures/tokenizers/qwen3", "tests/fixtures/tokenizers/llama2"};
     for (int k = 0; k < 2; k++) {
-        struct tokenizer *t = load_gz(names[k]);
+        struct tokenizer *t = test_tok_load_gz(test_path(names[k]));
         struct grammar_vocab *v = NULL;
         struct err e = {0};
         double t0 = now_s();

@@ -61,38 +61,6 @@ static void on_done(void *ud, const struct gen_stats *st, int rc, const struct e
     r->n_cached = st->n_cached;
 }
 
-struct fx {
-    struct backend *be;
-    struct model *m;
-    struct model_ctx *c;
-};
-
-static void fx_open(struct fx *f, const char *dir)
-{
-    struct err e = {0};
-    if (backend_new(&f->be, NULL, 2, &e) < 0 || model_load(&f->m, test_path(dir), &e) < 0 ||
-        model_prepare(f->m, f->be, &e) < 0 || model_ctx_new(&f->c, f->m, f->be, 0, &e) < 0)
-        fail_msg("%s: %s", dir, e.msg);
-}
-
-static void fx_close(struct fx *f)
-{
-    model_ctx_free(f->c);
-    model_free(f->m);
-    backend_free(f->be);
-}
-
-static struct kv_cache *kv_new(struct fx *f, int n_tokens, int max_seqs)
-{
-    struct err e = {0};
-    struct kv_cache *kv = NULL;
-    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = BLOCK,
-                           .dtype = DTYPE_F32};
-    if (kv_cache_new(&kv, f->m, f->be, &kp, &e) < 0)
-        fail_msg("%s", e.msg);
-    return kv;
-}
-
 /* n ids of stream `which` (distinct streams differ in their first id). */
 static void fill(int32_t *t, int n, int which, int n_vocab)
 {
@@ -119,10 +87,10 @@ static int gen_cb(void *ud, int32_t id)
 }
 
 /* The reference tokens of each request: generate() alone. */
-static void reference(struct fx *f, const struct req *reqs, struct req *want, int n)
+static void reference(struct test_model *f, const struct req *reqs, struct req *want, int n)
 {
     struct err e = {0};
-    struct kv_cache *kv = kv_new(f, 256, 1);
+    struct kv_cache *kv = test_kv_new(f, 256, 1, BLOCK);
     for (int i = 0; i < n; i++) {
         struct gen_stats st;
         want[i] = reqs[i];
@@ -143,7 +111,7 @@ static void check_kv(const struct kv_cache *kv, const char *what)
 
 /* Submits reqs[i] before step reqs[i].submit_at and steps until all are done; checks the
  * pool after every step and every output against want. */
-static void run_sched(struct fx *f, struct sched *s, struct kv_cache *kv, struct req *reqs, int n,
+static void run_sched(struct test_model *f, struct sched *s, struct kv_cache *kv, struct req *reqs, int n,
                       const struct req *want, const char *what)
 {
     struct err e = {0};
@@ -173,7 +141,7 @@ static void run_sched(struct fx *f, struct sched *s, struct kv_cache *kv, struct
     (void)f;
 }
 
-static struct sched *sched_open(struct fx *f, struct kv_cache *kv, int budget, bool off)
+static struct sched *sched_open(struct test_model *f, struct kv_cache *kv, int budget, bool off)
 {
     struct err e = {0};
     struct sched *s = NULL;
@@ -203,17 +171,17 @@ static void prefix_equals_cold(void **state)
     static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/gemma3_text",
                                        "tests/fixtures/golden/deepseek_v2"};
     for (size_t d = 0; d < 3; d++) {
-        struct fx f;
+        struct test_model f;
         struct req reqs[6], want[6];
         int P = 37, full = P / BLOCK * BLOCK;
-        fx_open(&f, dirs[d]);
+        test_model_open(&f, dirs[d]);
         int V = f.m->hp.n_vocab;
         for (int i = 0; i < 6; i++)
             make_req(&reqs[i], 0, P, i, i == 5 ? 0 : 1 + 3 * i, V, i);
         reference(&f, reqs, want, 6);
 
         /* one after another: every request after the first finds the prefix */
-        struct kv_cache *kv = kv_new(&f, 512, 4);
+        struct kv_cache *kv = test_kv_new(&f, 512, 4, BLOCK);
         struct sched *s = sched_open(&f, kv, 16, false);
         for (int i = 0; i < 6; i++) {
             reqs[i].submit_at = 0;
@@ -251,7 +219,7 @@ static void prefix_equals_cold(void **state)
         assert_int_equal(kv_n_cached_blocks(kv), 0);
         sched_done(s, kv, "prefix cache off");
         kv_cache_free(kv);
-        fx_close(&f);
+        test_model_close(&f);
     }
 }
 
@@ -261,15 +229,15 @@ static void prefix_equals_cold(void **state)
 static void prefix_lru_eviction(void **state)
 {
     (void)state;
-    struct fx f;
-    fx_open(&f, "models/llama-tiny");
+    struct test_model f;
+    test_model_open(&f, "models/llama-tiny");
     int V = f.m->hp.n_vocab;
     struct req a, b, c, want;
     make_req(&a, 1, 24, 1, 2, V, 0);
     make_req(&b, 2, 24, 2, 2, V, 2);
     make_req(&c, 3, 24, 3, 2, V, 4);
     a.gp.n_predict = b.gp.n_predict = c.gp.n_predict = 4;
-    struct kv_cache *kv = kv_new(&f, 16 * BLOCK, 2);
+    struct kv_cache *kv = test_kv_new(&f, 16 * BLOCK, 2, BLOCK);
     struct sched *s = sched_open(&f, kv, 16, false);
     struct req *order[6] = {&a, &b, &a, &c, &a, &b};
     static const int expect_min[6] = {0, 0, 24, 0, 24, 0}, expect_max[6] = {0, 0, 24, 0, 24, 20};
@@ -286,7 +254,7 @@ static void prefix_lru_eviction(void **state)
     printf("prefix lru: A and B cached, A reused, C evicts B's chain first: B finds %d of 24\n", b.n_cached);
     sched_done(s, kv, "lru");
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 /* Every block hashes to the same value: lookups must still compare tokens and the parent
@@ -295,8 +263,8 @@ static void prefix_lru_eviction(void **state)
 static void prefix_hash_collision(void **state)
 {
     (void)state;
-    struct fx f;
-    fx_open(&f, "models/llama-tiny");
+    struct test_model f;
+    test_model_open(&f, "models/llama-tiny");
     int V = f.m->hp.n_vocab;
     struct req r[5], want[5];
     make_req(&r[0], 4, 12, 1, 13, V, 0);      /* X (3 blocks) + Y1 */
@@ -305,7 +273,7 @@ static void prefix_hash_collision(void **state)
     make_req(&r[3], 1 + 50, 13, 0, 0, V, 3);  /* Y1's ids alone, at position 0 */
     r[4] = r[0];
     reference(&f, r, want, 5);
-    struct kv_cache *kv = kv_new(&f, 512, 2);
+    struct kv_cache *kv = test_kv_new(&f, 512, 2, BLOCK);
     kv->px.hash_mask = 0;
     struct sched *s = sched_open(&f, kv, 16, false);
     static const int expect[5] = {0, 12, 0, 0, 24};
@@ -317,7 +285,7 @@ static void prefix_hash_collision(void **state)
     }
     sched_done(s, kv, "collision");
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 /* Six requests sharing a 20-id prefix in a pool that cannot hold them all: preemption by
@@ -325,8 +293,8 @@ static void prefix_hash_collision(void **state)
 static void prefix_preemption(void **state)
 {
     (void)state;
-    struct fx f;
-    fx_open(&f, "models/llama-tiny");
+    struct test_model f;
+    test_model_open(&f, "models/llama-tiny");
     int V = f.m->hp.n_vocab;
     struct req reqs[6], want[6];
     for (int i = 0; i < 6; i++) {
@@ -335,7 +303,7 @@ static void prefix_preemption(void **state)
         reqs[i].submit_at = i < 3 ? 0 : 3;
     }
     reference(&f, reqs, want, 6);
-    struct kv_cache *kv = kv_new(&f, 20 * BLOCK, 6);
+    struct kv_cache *kv = test_kv_new(&f, 20 * BLOCK, 6, BLOCK);
     struct sched *s = sched_open(&f, kv, 16, false);
     run_sched(&f, s, kv, reqs, 6, want, "prefix + preemption");
     int hits = 0;
@@ -344,17 +312,17 @@ static void prefix_preemption(void **state)
     assert_true(hits >= 3);
     sched_done(s, kv, "prefix + preemption");
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 /* The runner mirrors the scheduler's counts: two jobs with one prompt, one after the other. */
 static void prefix_runner_stats(void **state)
 {
     (void)state;
-    struct fx f;
+    struct test_model f;
     struct err e = {0};
-    fx_open(&f, "models/llama-tiny");
-    struct kv_cache *kv = kv_new(&f, 512, 2);
+    test_model_open(&f, "models/llama-tiny");
+    struct kv_cache *kv = test_kv_new(&f, 512, 2, BLOCK);
     struct runner *run = NULL;
     struct runner_params rp = {.max_jobs = 2};
     assert_int_equal(runner_new(&run, f.c, kv, &rp, &e), 0);
@@ -395,7 +363,7 @@ static void prefix_runner_stats(void **state)
     runner_free(run);
     pthread_cond_destroy(&cv);
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 
@@ -405,10 +373,10 @@ static void prefix_runner_stats(void **state)
 static void prefix_kv_blocks(void **state)
 {
     (void)state;
-    struct fx f;
+    struct test_model f;
     struct err e = {0};
-    fx_open(&f, "models/llama-tiny");
-    struct kv_cache *kv = kv_new(&f, 16 * BLOCK, 3);
+    test_model_open(&f, "models/llama-tiny");
+    struct kv_cache *kv = test_kv_new(&f, 16 * BLOCK, 3, BLOCK);
     int32_t toks[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, want[3] = {10, 10, -1};
     assert_int_equal(kv_seq_add(kv, 0, &e), 0);
     assert_int_equal(kv_seq_add(kv, 1, &e), 0);
@@ -441,7 +409,7 @@ static void prefix_kv_blocks(void **state)
     check_kv(kv, "clear");
     assert_int_equal(kv->n_free, kv->n_blocks);
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 static const struct CMUnitTest tests[] = {

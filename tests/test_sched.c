@@ -60,37 +60,6 @@ static const struct sched_cb *cbs(struct out *o)
     return &cb;
 }
 
-struct fx {
-    struct backend *be;
-    struct model *m;
-    struct model_ctx *c;
-};
-
-static void fx_open(struct fx *f, const char *dir)
-{
-    struct err e = {0};
-    if (backend_new(&f->be, NULL, 2, &e) < 0 || model_load(&f->m, test_path(dir), &e) < 0 ||
-        model_prepare(f->m, f->be, &e) < 0 || model_ctx_new(&f->c, f->m, f->be, 0, &e) < 0)
-        fail_msg("%s: %s", dir, e.msg);
-}
-
-static void fx_close(struct fx *f)
-{
-    model_ctx_free(f->c);
-    model_free(f->m);
-    backend_free(f->be);
-}
-
-static struct kv_cache *kv_new(struct fx *f, int n_tokens, int max_seqs)
-{
-    struct err e = {0};
-    struct kv_cache *kv = NULL;
-    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = 4, .dtype = DTYPE_F32};
-    if (kv_cache_new(&kv, f->m, f->be, &kp, &e) < 0)
-        fail_msg("%s", e.msg);
-    return kv;
-}
-
 /* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps). */
 static int prompt_of(int i, int n_vocab, int32_t *p)
 {
@@ -110,10 +79,10 @@ static struct gen_params params_of(int i)
 }
 
 /* Each request alone through generate(). */
-static void run_alone(struct fx *f, struct out *want)
+static void run_alone(struct test_model *f, struct out *want)
 {
     struct err e = {0};
-    struct kv_cache *kv = kv_new(f, 256, 1);
+    struct kv_cache *kv = test_kv_new(f, 256, 1, 4);
     for (int i = 0; i < N_REQ; i++) {
         int32_t p[64];
         int n = prompt_of(i, f->m->hp.n_vocab, p);
@@ -128,11 +97,11 @@ static void run_alone(struct fx *f, struct out *want)
 }
 
 /* All requests through one scheduler: half submitted up front, the rest after two steps. */
-static void run_sched(struct fx *f, int pool_tokens, int budget, struct out *got, const struct out *want,
+static void run_sched(struct test_model *f, int pool_tokens, int budget, struct out *got, const struct out *want,
                       const char *what)
 {
     struct err e = {0};
-    struct kv_cache *kv = kv_new(f, pool_tokens, N_REQ);
+    struct kv_cache *kv = test_kv_new(f, pool_tokens, N_REQ, 4);
     struct sched *s = NULL;
     struct sched_params sp = {.max_batch_tokens = budget};
     assert_int_equal(sched_new(&s, f->c, kv, &sp, &e), 0);
@@ -171,24 +140,24 @@ static void sched_equals_alone(void **state)
     (void)state;
     static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/phixtral_mlx_q4"};
     for (size_t d = 0; d < 2; d++) {
-        struct fx f;
+        struct test_model f;
         struct out want[N_REQ], got[N_REQ];
-        fx_open(&f, dirs[d]);
+        test_model_open(&f, dirs[d]);
         run_alone(&f, want);
         run_sched(&f, 512, 16, got, want, dirs[d]);
         /* 64 slots hold the largest request (52 tokens) but not all of them (183): preemption */
         run_sched(&f, 64, 16, got, want, "small pool (preemption)");
-        fx_close(&f);
+        test_model_close(&f);
     }
 }
 
 static void sched_cancel_and_refuse(void **state)
 {
     (void)state;
-    struct fx f;
+    struct test_model f;
     struct err e = {0};
-    fx_open(&f, "models/llama-tiny");
-    struct kv_cache *kv = kv_new(&f, 64, 2);
+    test_model_open(&f, "models/llama-tiny");
+    struct kv_cache *kv = test_kv_new(&f, 64, 2, 4);
     struct sched *s = NULL;
     assert_int_equal(sched_new(&s, f.c, kv, NULL, &e), 0);
     int32_t p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
@@ -226,7 +195,7 @@ static void sched_cancel_and_refuse(void **state)
     assert_int_equal(d.done, 1);
     assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
     kv_cache_free(kv);
-    fx_close(&f);
+    test_model_close(&f);
 }
 
 static const struct CMUnitTest tests[] = {

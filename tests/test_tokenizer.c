@@ -110,7 +110,7 @@ static char *stream_decode(const struct tokenizer *t, const int32_t *ids, size_t
 /* Decompresses dir/tokenizer.json.gz into a fresh temporary folder (with
  * `gzip -dc`: the product reads plain JSON; only the committed fixtures are
  * compressed) and loads it with dir/tokenizer_config.json. */
-static struct tokenizer *load_gz(const char *dir)
+struct tokenizer *test_tok_load_gz(const char *dir)
 {
     char tmp[64] = "/tmp/mlxcel_tokgz_XXXXXX", cmd[8400], json[128], cfg[4200];
     struct tokenizer *t = NULL;
@@ -201,7 +201,7 @@ static void check_gz_golden(const char *name)
     char rel[256];
     snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", name);
     const char *dir = test_path(rel);
-    struct tokenizer *t = load_gz(dir);
+    struct tokenizer *t = test_tok_load_gz(dir);
     check_golden_cases(t, dir);
     tok_free(t);
 }
@@ -287,7 +287,7 @@ static void test_stream_bytewise(void **state)
     static const char text[] = "h\xC3\xA9llo \xF0\x9F\x91\x8B\xF0\x9F\x8F\xBD \xE4\xB8\xAD\xE6\x96\x87!";
     struct tokenizer *t = NULL;
     struct err e = {0};
-    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
+    t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     int32_t ids[sizeof text];
     size_t n = 0;
     for (size_t i = 0; i + 1 < sizeof text; i++) {
@@ -380,7 +380,7 @@ static void test_encode_errors(void **state)
     int32_t *ids = NULL;
     size_t n = 0;
     char *out = NULL;
-    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
+    t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     assert_int_equal(tok_encode(t, "ab\xC3(", 4, false, &ids, &n, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "byte 2"));
     assert_null(ids);
@@ -416,7 +416,7 @@ static void test_encode_long_word(void **state)
     for (size_t i = 0; i < len; i++)
         text[i] = "abcdefghij"[i % 7];
     text[len] = '\0';
-    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
+    t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     int32_t *ids = NULL;
     size_t n = 0;
     char *dec = NULL;
@@ -445,7 +445,7 @@ static void test_encode_cache(void **state)
     int32_t *want = malloc(cap_want * sizeof *want);
     assert_non_null(text);
     assert_non_null(want);
-    t = load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
+    t = test_tok_load_gz(test_path("tests/fixtures/tokenizers/gpt2"));
     /* 12000 distinct words (more than the cache holds) plus repeats. */
     for (int i = 0; i < 12000; i++) {
         char word[64];
