@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../core/log.h"
 #include "../engine/generate.h"
@@ -601,6 +602,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     s->created = (long)time(NULL);
+    s->listen_fd = MHD_INVALID_SOCKET;
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
@@ -660,7 +662,7 @@ void server_begin_stop(struct server *s)
 {
     atomic_store(&s->stopping, 1);
     if (s->d)
-        MHD_quiesce_daemon(s->d);
+        s->listen_fd = MHD_quiesce_daemon(s->d);  /* ours to close, after the daemon stops */
 }
 
 /* Longest wait for in-flight requests to finish their answers at shutdown. */
@@ -679,6 +681,8 @@ void server_free(struct server *s)
     }
     if (s->d)
         MHD_stop_daemon(s->d);
+    if (s->listen_fd != MHD_INVALID_SOCKET)
+        close(s->listen_fd);
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
     free((char *)s->o.api_key);

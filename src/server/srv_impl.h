@@ -14,6 +14,7 @@ struct server {
     struct server_opts o;
     char host[64];
     struct MHD_Daemon *d;
+    MHD_socket listen_fd;        /* the listening socket once quiesced (MHD_INVALID_SOCKET before) */
     int port;
     atomic_int ready;            /* model set */
     atomic_int stopping;
