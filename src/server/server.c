@@ -1,6 +1,7 @@
 /*
  * server: HTTP, routing, authentication, the access log and the small
- * endpoints (server.h). Completions and chat are in completions.c.
+ * endpoints (server.h). Generation is gen.c under the dialects api_openai.c, api_responses.c,
+ * api_anthropic.c.
  *
  * A request's life in libmicrohttpd: the access handler is called once with
  * the headers (a Content-Length over --max-body is answered 413 there,

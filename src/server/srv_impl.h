@@ -1,6 +1,6 @@
 /*
  * srv_impl: what the server's files share (server.c: HTTP, routing, auth,
- * access log, small endpoints; completions.c: completions and chat).
+ * access log, small endpoints; gen.c and the api_*.c dialects: generation).
  */
 #pragma once
 #include <microhttpd.h>
@@ -55,7 +55,7 @@ enum MHD_Result srv_reply_json(struct MHD_Connection *c, struct srv_req *r, int 
 /* Whether the client closed its side of the connection. */
 bool srv_client_gone(struct MHD_Connection *c);
 
-/* POST /v1/chat/completions and /v1/completions (completions.c). */
+/* POST /v1/chat/completions and /v1/completions (api_openai.c). */
 enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep);
 /* POST /v1/responses (api_responses.c). */
 enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct srv_req *r);
