@@ -338,7 +338,37 @@ AI void mvq_step(__m256 acc[4], const uint8_t *const p[4], int nb, size_t avail,
     }
 }
 
-/* Rows r0 .. r0+nr (nr <= 4) for every token; see kern_avx512.c mvq_block. */
+/* Tokens from which mvq_block decodes each block of its 4 rows once and reuses the scaled
+ * weights for every token (below it decodes per token, fused with the products). */
+#define MVQ_MULTI 2
+
+/* What mvq_step multiplies with x, stored instead: the decoded codes of one block of the 4
+ * rows times their lane scales, at wd[j] + 8 jj (lane order, as x is permuted). */
+AI void mvq_decode(float *const wd[4], const uint8_t *const p[4], int nb, size_t avail, const float *sf[4],
+                   int gb, __m256i sidx, bool lanes, const int bits, const enum qmode mode)
+{
+    const int cpl = q_cpl(bits);
+    __m256i v[4];
+    __m256 sv[4];
+    const bool nat = mode == QMODE_MXFP8;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        if (!nat)
+            v[j] = qload_lanes(p[j], bits, nb, avail);
+        sv[j] = lanes ? _mm256_permutevar8x32_ps(_mm256_loadu_ps(sf[j] + gb), sidx) : _mm256_set1_ps(sf[j][gb]);
+    }
+#pragma GCC unroll 16
+    for (int jj = 0; jj < cpl; jj++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(wd[j] + 8 * jj, _mm256_mul_ps(nat ? qdec_e4m3_nat(p[j] + 8 * jj, nb - 8 * jj)
+                                                                : qdec_lanes(v[j], bits, jj, mode),
+                                                            sv[j]));
+}
+
+/* Rows r0 .. r0+nr (nr <= 4) for every token; see kern_avx512.c mvq_block. With several
+ * tokens (batched decode) each block is decoded once into wd and every token's products read
+ * it from L1/L2: decoding, not memory, bounds this kernel at a few rows. */
 AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                   const struct wmat *w, int r0, int nr, const float *xsum, size_t ldxs,
                   const int bits, const enum qmode mode)
@@ -351,6 +381,8 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const uint8_t *rw[4], *rs[4], *rb[4];
     float sfb[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
     const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
+    float wdb[4][QCH] __attribute__((aligned(32))); /* multi-token: the decoded chunk (32 KiB) */
+    float *const wd[4] = {wdb[0], wdb[1], wdb[2], wdb[3]};
     __m256i sidx = _mm256_setzero_si256();
     if (lanes) {
         int ix[8];
@@ -372,6 +404,50 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
         int nblk = (cn + bc - 1) / bc;
+        if (n_tok >= MVQ_MULTI) {
+            for (int b = 0; b < nblk; b++) {
+                size_t off = (size_t)(c0 + b * bc) * bits / 8;
+                int nb = (b + 1) * bc <= cn ? bb : (cn - b * bc) * bits / 8;
+                const uint8_t *p[4];
+                float *wp[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    p[j] = rw[j] + off;
+                    wp[j] = wd[j] + b * bc;
+                    _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                }
+                mvq_decode(wp, p, nb, rowlen - off, sf, (b * bc) >> gshift, sidx, lanes, bits, mode);
+            }
+            const int kn = nblk * bc; /* a multiple of 32: every bc is */
+            /* two tokens at a time: each weight vector loaded once feeds both (4 rows x 2 tokens
+             * = 8 independent FMA chains, 14 of the 16 ymm registers) */
+            for (int t = 0; t < n_tok; t += 2) {
+                const int nt = n_tok - t < 2 ? 1 : 2;
+                const float *x0 = x + (size_t)t * ldx + c0, *x1 = x + (size_t)(t + nt - 1) * ldx + c0;
+                __m256 a[4][2];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    a[j][0] = a[j][1] = _mm256_setzero_ps();
+                for (int k = 0; k < kn; k += 8) {
+                    __m256 xa = _mm256_loadu_ps(x0 + k), xb = _mm256_loadu_ps(x1 + k);
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) {
+                        __m256 wv = _mm256_loadu_ps(wd[j] + k);
+                        a[j][0] = _mm256_fmadd_ps(wv, xa, a[j][0]);
+                        a[j][1] = _mm256_fmadd_ps(wv, xb, a[j][1]);
+                    }
+                }
+                for (int u = 0; u < nt; u++)
+                    for (int j = 0; j < nr; j++) {
+                        float v = hsum(a[j][u]);
+                        if (aff)
+                            v += dot_t(bf[j], xsum + (size_t)(t + u) * ldxs + g0, gn);
+                        float *yo = y + (size_t)(t + u) * ldy + (size_t)(r0 + j);
+                        *yo = c0 ? *yo + v : v;
+                    }
+            }
+            continue;
+        }
         for (int t = 0; t < n_tok; t++) {
             const float *xt = x + (size_t)t * ldx + c0;
             __m256 acc[4];
