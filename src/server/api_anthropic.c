@@ -777,7 +777,7 @@ static int tail(struct gen *g)
     return gen_sse_event(g, "message_stop", stop);
 }
 
-const struct gen_dialect anthropic_dialect = {full, events, tail, anthropic_error_json, NULL};
+const struct gen_dialect anthropic_dialect = {full, events, tail, NULL};
 
 // ---- the endpoints ----
 

@@ -251,7 +251,7 @@ static int tail(struct gen *g)
     return gen_sse_raw(g, "data: [DONE]\n\n", 14);
 }
 
-static const struct gen_dialect k_openai = {full, events, tail, oai_error_json, NULL};
+static const struct gen_dialect k_openai = {full, events, tail, NULL};
 
 enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct srv_req *r, enum oai_endpoint ep)
 {

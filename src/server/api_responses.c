@@ -493,7 +493,7 @@ static int tail(struct gen *g)
     return send_event(g, type, b);
 }
 
-const struct gen_dialect responses_dialect = {full, events, tail, oai_error_json, state_free};
+const struct gen_dialect responses_dialect = {full, events, tail, state_free};
 
 enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {

@@ -757,22 +757,6 @@ int gen_new(struct gen **out, struct server *s, struct MHD_Connection *c, struct
     return 0;
 }
 
-static enum MHD_Result reply_error(struct gen *g, const struct oai_error *err)
-{
-    char *body = g->d->error_json(err);
-    enum MHD_Result ok;
-    if (!body) {
-        struct oai_error e2;
-        oom(&e2);
-        ok = srv_reply_error(g->conn, g->r, &e2);
-    } else {
-        ok = srv_reply(g->conn, g->r, err->status, "application/json", body, strlen(body),
-                       err->status == 429 ? "Retry-After" : NULL, err->status == 429 ? "1" : NULL);
-    }
-    free(body);
-    return ok;
-}
-
 enum MHD_Result gen_serve(struct gen *g)
 {
     struct server *s = g->s;
@@ -845,7 +829,8 @@ enum MHD_Result gen_serve(struct gen *g)
     gen_free(g);
     return srv_reply_json(c, r, 200, doc);
 fail:;
-    enum MHD_Result ok = reply_error(g, &err);
+    /* the route chose the dialect's error shape (srv_req.error_json) */
+    enum MHD_Result ok = srv_reply_error(c, r, &err);
     gen_free(g);
     return ok;
 }

@@ -73,8 +73,6 @@ struct gen_dialect {
     /* streaming: the closing events (usage, [DONE], ...), or an error event when g->rc < 0 or
      * g->aborted */
     int (*tail)(struct gen *g);
-    /* the dialect's error body for err (malloc'd; NULL: out of memory) */
-    char *(*error_json)(const struct oai_error *err);
     /* frees g->dstate (NULL: the dialect keeps none); called by gen_free */
     void (*free_state)(void *dstate);
 };

@@ -56,19 +56,16 @@ enum MHD_Result srv_reply_error(struct MHD_Connection *c, struct srv_req *r, con
     char *body = r->error_json ? r->error_json(err) : oai_error_json(err);
     static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                 "\"param\":null,\"code\":null}}";
-    enum MHD_Result ok;
-    if (err->status == 429)
-        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
-                       body ? strlen(body) : sizeof k_oom - 1, "Retry-After", "1");
-    else if (err->status == 401)
-        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
-                       body ? strlen(body) : sizeof k_oom - 1, "WWW-Authenticate", "Bearer");
-    else if (err->status == 405)
-        ok = srv_reply(c, r, err->status, "application/json", body ? body : k_oom,
-                       body ? strlen(body) : sizeof k_oom - 1, "Allow", r->endpoint_ok == 1 ? "GET" : "POST");
-    else
-        ok = srv_reply(c, r, body ? err->status : 500, "application/json", body ? body : k_oom,
-                       body ? strlen(body) : sizeof k_oom - 1, NULL, NULL);
+    /* the header a status carries (429: when to retry, 401: the scheme, 405: the method) */
+    const char *hname = err->status == 429   ? "Retry-After"
+                        : err->status == 401 ? "WWW-Authenticate"
+                        : err->status == 405 ? "Allow"
+                                             : NULL;
+    const char *hvalue = err->status == 429   ? "1"
+                         : err->status == 401 ? "Bearer"
+                                              : r->endpoint_ok == 1 ? "GET" : "POST";
+    enum MHD_Result ok = srv_reply(c, r, body ? err->status : 500, "application/json", body ? body : k_oom,
+                                   body ? strlen(body) : sizeof k_oom - 1, hname, hvalue);
     free(body);
     return ok;
 }
