@@ -19,20 +19,35 @@
 
 // ---- routing ----
 
-/* Top-k by repeated selection; strict '>' keeps the lower index on ties. */
-static void topk(const float *v, int n, int k, int32_t *idx)
+/* Top-k by repeated selection over floats (vf) or doubles (vd, when vf is NULL); strict '>'
+ * keeps the lower index on ties. */
+static void topk_fd(const float *vf, const double *vd, int n, int k, int32_t *idx)
 {
     for (int s = 0; s < k; s++) {
         int best = -1;
+        double bv = 0.0;
         for (int i = 0; i < n; i++) {
             bool taken = false;
             for (int t = 0; t < s; t++)
                 taken |= idx[t] == i;
-            if (!taken && (best < 0 || v[i] > v[best]))
+            double v = vf ? (double)vf[i] : vd[i];  /* float -> double is exact: same order */
+            if (!taken && (best < 0 || v > bv)) {
                 best = i;
+                bv = v;
+            }
         }
         idx[s] = best;
     }
+}
+
+static void topk(const float *v, int n, int k, int32_t *idx)
+{
+    topk_fd(v, NULL, n, k, idx);
+}
+
+static void topk_d(const double *v, int n, int k, int32_t *idx)
+{
+    topk_fd(NULL, v, n, k, idx);
 }
 
 /* PhiMoE sparsemixer, inference form (transformers modeling_phimoe.sparsemixer):
@@ -91,22 +106,6 @@ void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, floa
     for (int t = 0; t < n_tok; t++)
         route_one(kind, logits + (size_t)t * n_expert, n_expert, k, jitter, sel + (size_t)t * k,
                   w + (size_t)t * k);
-}
-
-/* Top-k of doubles by repeated selection, ties toward the lower index. */
-static void topk_d(const double *v, int n, int k, int32_t *idx)
-{
-    for (int s = 0; s < k; s++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            bool taken = false;
-            for (int t = 0; t < s; t++)
-                taken |= idx[t] == i;
-            if (!taken && (best < 0 || v[i] > v[best]))
-                best = i;
-        }
-        idx[s] = best;
-    }
 }
 
 /* One token of a grouped router (backend.h, struct moe_group_params), in double. */
