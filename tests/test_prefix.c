@@ -160,7 +160,7 @@ static void sched_done(struct sched *s, struct kv_cache *kv, const char *what)
     kv_prefix_clear(kv);
     check_kv(kv, what);
     assert_int_equal(kv_n_cached_blocks(kv), 0);
-    assert_int_equal(kv->n_free, kv->n_blocks);
+    assert_int_equal(kv->blk.n_free, kv->n_blocks);
     assert_int_equal(kv->px.n_indexed, 0);
 }
 
@@ -407,7 +407,7 @@ static void prefix_kv_blocks(void **state)
     kv_seq_remove(kv, 2);
     kv_prefix_clear(kv);
     check_kv(kv, "clear");
-    assert_int_equal(kv->n_free, kv->n_blocks);
+    assert_int_equal(kv->blk.n_free, kv->n_blocks);
     kv_cache_free(kv);
     test_model_close(&f);
 }

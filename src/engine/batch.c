@@ -2,12 +2,15 @@
  * batch: building batches and running them through a model (batch.h).
  *
  * model_forward: check the rows, reserve every sequence's new positions in
- * the paged cache (all or nothing), upload changed block tables, then per
- * chunk of at most n_batch rows (and n_out logit rows) stage the chunk's
- * metadata (ids, positions, cache slots, table offsets, sequence ends,
- * logit rows) on the host, upload it in one copy, run the family forward
- * and download the chunk's logits. One backend_sync at the end reports any
- * op failure; then the reservation is rolled back.
+ * the paged cache (all or nothing), then per chunk of at most n_batch rows
+ * (and n_out logit rows) reserve the chunk in the sliding-window pool (which
+ * releases the blocks that fell out of every later query's window, so a
+ * long prompt never holds more than its window and one chunk there), upload
+ * changed block tables, stage the chunk's metadata (ids, positions, cache
+ * slots of both pools, table offsets, sequence ends, logit rows) on the
+ * host, upload it in one copy, run the family forward and download the
+ * chunk's logits. One backend_sync at the end reports any op failure; then
+ * the reservation is rolled back.
  *
  * Non-finite logits (NaN weights, an overflowing activation) are counted per
  * call on the host copy (one pass over the downloaded rows, negligible next
@@ -123,18 +126,20 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
 {
     int B = c->n_batch, n_out = 0;
     int32_t *ids = c->meta_host, *pos = ids + B, *slot = pos + B, *tab = slot + B;
-    int32_t *end = tab + B, *out = end + B;
+    int32_t *end = tab + B, *out = end + B, *slot_swa = out + B;
+    bool swa = kv->swa.window > 0;
     for (int r = r0; r < r1; r++) {
         int i = r - r0, s = b->seq[r];
         ids[i] = b->ids[r];
         pos[i] = b->pos[r];
         slot[i] = kv_slot(kv, s, b->pos[r]);
+        slot_swa[i] = swa ? kv_slot_window(kv, s, b->pos[r]) : 0;
         tab[i] = s * kv->max_blocks;
         end[i] = kv->want[s];
         if (b->logits[r])
             out[n_out++] = i;
     }
-    c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)6 * B * sizeof(int32_t));
+    c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)7 * B * sizeof(int32_t));
     return n_out;
 }
 
@@ -173,14 +178,18 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
     if ((rc = check_rows(c, b, kv, e)) < 0 || (rc = kv_reserve(kv, kv->want, e)) < 0)
         return rc;
-    kv_sync_tables(kv);
     const int32_t *meta = c->bufs.meta;
-    struct kv_rows rows = {meta + B, meta + 2 * B, meta + 3 * B, kv->tables, meta + 4 * B,
+    struct kv_rows rows = {meta + B, meta + 2 * B, meta + 3 * B, kv->blk.tables, meta + 4 * B,
                            kv->block_size};
+    struct kv_rows rows_swa = {meta + B, meta + 6 * B, meta + 3 * B, kv->swa.blk.tables,
+                               meta + 4 * B, kv->block_size};
     for (int r0 = 0; r0 < b->n_tok;) {
         int r1 = chunk_end(c, b, r0);
+        if ((rc = kv_reserve_window(kv, b->seq + r0, b->pos + r0, r1 - r0, e)) < 0)
+            break;
+        kv_sync_tables(kv);
         int n_out = stage_chunk(c, b, kv, r0, r1);
-        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, kv->layers};
+        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, &rows_swa, kv->layers};
         if ((rc = m->ops->forward(c, &ch, e)) < 0)
             break;
         if (n_out > 0)

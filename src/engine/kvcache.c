@@ -2,21 +2,32 @@
  * kvcache: the paged KV pool and its sequence operations (kvcache.h).
  *
  * Pool layout (one backend allocation): for each layer, K then V, each
- * [n_blocks * block_size][dim] f32. A block id therefore names the same
- * slots in every layer, and copy-on-write copies one block per layer.
+ * [blocks * block_size][dim] f32, where blocks is the full pool's count for
+ * full and latent layers and the sliding pool's for sliding-window layers. A
+ * block id of a pool therefore names the same slots in every layer of that
+ * pool, and copy-on-write copies one block per layer of the pool.
  *
- * Block states: free (on free_list, refcnt 0, not indexed), held (refcnt
- * > 0, indexed or not) and cached (refcnt 0, indexed, on the LRU list).
- * block_take pops the free list first and reclaims the least recently used
- * cached block only when it is empty, so cached prefixes live as long as the
- * pool has never-used room.
+ * Block states, in each pool: free (on free_list, refcnt 0, not indexed),
+ * held (refcnt > 0, indexed or not) and cached (refcnt 0, indexed, on the
+ * pool's LRU list). block_take pops the free list first and reclaims the
+ * least recently used cached block only when it is empty, so cached prefixes
+ * live as long as the pool has never-used room.
  *
- * The prefix index: an entry is one full block, keyed by its parent entry's
- * serial (0 at position 0) and its block_size token ids. Serials are never
- * reused, so an entry stands for exactly one token prefix (its parent's
- * prefix plus its tokens, by induction), and a lookup that compares parent
- * serial and tokens cannot confuse two prefixes whatever the hash does. The
- * hash (FNV-1a over parent and tokens) only picks the bucket.
+ * The sliding pool (ADR 0023): sequence tables of the same shape as the full
+ * pool's, whose entries below swa_lo are -1: a block whose last position is
+ * older than every later query's window is released as soon as the next
+ * chunk is reserved. The attention kernels read only positions inside a
+ * query's window, so they never meet a -1.
+ *
+ * The prefix index: an entry is one full block of the full pool, keyed by its
+ * parent entry's serial (0 at position 0) and its block_size token ids.
+ * Serials are never reused, so an entry stands for exactly one token prefix
+ * (its parent's prefix plus its tokens, by induction), and a lookup that
+ * compares parent serial and tokens cannot confuse two prefixes whatever the
+ * hash does. The hash (FNV-1a over parent and tokens) only picks the bucket.
+ * An entry may own one sliding block of the same positions (side / owner):
+ * an owned sliding block that its sequences let go is cached in the sliding
+ * pool's LRU, and reclaiming it only clears the entry's side.
  */
 #include "kvcache.h"
 
@@ -26,9 +37,9 @@
 /* 64 MiB of int32 block-table entries: 4096 sequences of 256k tokens in blocks of 16. */
 #define KV_MAX_TABLE_ENTRIES (1 << 24)
 
-static int32_t *seq_table(const struct kv_cache *kv, int seq)
+static int32_t *seq_table(const struct kv_blocks *k, const struct kv_cache *kv, int seq)
 {
-    return kv->tables_host + (size_t)seq * kv->max_blocks;
+    return k->tables_host + (size_t)seq * kv->max_blocks;
 }
 
 static int check_seq(const struct kv_cache *kv, int seq, struct err *e)
@@ -38,35 +49,53 @@ static int check_seq(const struct kv_cache *kv, int seq, struct err *e)
     return 0;
 }
 
-// ---- the prefix index and the LRU list of cached blocks ----
-
-static void lru_unlink(struct kv_prefix *px, int32_t b)
+static bool has_swa(const struct kv_cache *kv)
 {
-    int32_t p = px->lru_prev[b], n = px->lru_next[b];
+    return kv->swa.window > 0;
+}
+
+/* First table entry a query at position p (or later) can see in a window of w. */
+static int window_first_block(int p, int w, int bs)
+{
+    return p - w + 1 > 0 ? (p - w + 1) / bs : 0;
+}
+
+int kv_window_seq_blocks(int w, int n_rows, int bs)
+{
+    return (w - 1 + n_rows + bs - 1) / bs + 1;
+}
+
+// ---- LRU lists of cached blocks ----
+
+static void lru_unlink(struct kv_lru *l, int32_t b)
+{
+    int32_t p = l->prev[b], n = l->next[b];
     if (p >= 0)
-        px->lru_next[p] = n;
+        l->next[p] = n;
     else
-        px->lru_head = n;
+        l->head = n;
     if (n >= 0)
-        px->lru_prev[n] = p;
+        l->prev[n] = p;
     else
-        px->lru_tail = p;
-    px->lru_prev[b] = px->lru_next[b] = -1;
-    px->n_lru--;
+        l->tail = p;
+    l->prev[b] = l->next[b] = -1;
+    l->n--;
 }
 
 /* b becomes the most recently used cached block. */
-static void lru_push(struct kv_prefix *px, int32_t b)
+static void lru_push(struct kv_lru *l, int32_t b)
 {
-    px->lru_prev[b] = px->lru_tail;
-    px->lru_next[b] = -1;
-    if (px->lru_tail >= 0)
-        px->lru_next[px->lru_tail] = b;
+    l->prev[b] = l->tail;
+    l->next[b] = -1;
+    if (l->tail >= 0)
+        l->next[l->tail] = b;
     else
-        px->lru_head = b;
-    px->lru_tail = b;
-    px->n_lru++;
+        l->head = b;
+    l->tail = b;
+    l->n++;
 }
+
+// ---- the prefix index ----
 
 static uint64_t block_hash(const struct kv_prefix *px, uint64_t parent, const int32_t *toks, int n)
 {
@@ -108,6 +137,21 @@ static void index_add(struct kv_cache *kv, int32_t b, uint64_t h, uint64_t paren
     px->n_indexed++;
 }
 
+/* Entry b lets go of its sliding block: a cached one becomes free. */
+static void side_detach(struct kv_cache *kv, int32_t b)
+{
+    struct kv_swa *w = &kv->swa;
+    int32_t s;
+    if (!has_swa(kv) || (s = w->side[b]) < 0)
+        return;
+    w->side[b] = -1;
+    w->owner[s] = -1;
+    if (w->blk.refcnt[s] == 0) {
+        lru_unlink(&w->blk.lru, s);
+        w->blk.free_list[w->blk.n_free++] = s;
+    }
+}
+
 static void index_remove(struct kv_cache *kv, int32_t b)
 {
     struct kv_prefix *px = &kv->px;
@@ -118,35 +162,66 @@ static void index_remove(struct kv_cache *kv, int32_t b)
     px->next[b] = -1;
     px->serial[b] = 0;
     px->n_indexed--;
+    side_detach(kv, b);
 }
 
 // ---- blocks ----
 
-/* A block for the caller (refcount 1): a never-used one, else the least recently used
- * cached one, whose index entry goes. The caller checked kv_n_free_blocks. */
-static int32_t block_take(struct kv_cache *kv)
+static bool block_indexed(const struct kv_cache *kv, const struct kv_blocks *k, int32_t b)
+{
+    return k == &kv->blk ? kv->px.serial[b] != 0 : kv->swa.owner[b] >= 0;
+}
+
+/* A block of pool k for the caller (refcount 1): a never-used one, else the least
+ * recently used cached one, whose index entry (full pool) or place in its entry
+ * (sliding pool) goes. The caller checked that the pool has room. */
+static int32_t block_take(struct kv_cache *kv, struct kv_blocks *k)
 {
     int32_t b;
-    if (kv->n_free > 0) {
-        b = kv->free_list[--kv->n_free];
+    if (k->n_free > 0) {
+        b = k->free_list[--k->n_free];
     } else {
-        b = kv->px.lru_head;
-        lru_unlink(&kv->px, b);
-        index_remove(kv, b);
+        b = k->lru.head;
+        lru_unlink(&k->lru, b);
+        if (k == &kv->blk) {
+            index_remove(kv, b);
+        } else {
+            kv->swa.side[kv->swa.owner[b]] = -1;
+            kv->swa.owner[b] = -1;
+        }
     }
-    kv->refcnt[b] = 1;
+    k->refcnt[b] = 1;
     return b;
 }
 
-static void block_release(struct kv_cache *kv, int32_t b)
+static void block_release(struct kv_cache *kv, struct kv_blocks *k, int32_t b)
 {
-    if (--kv->refcnt[b] > 0)
+    if (--k->refcnt[b] > 0)
         return;
-    if (kv->px.serial[b] != 0)
-        lru_push(&kv->px, b);
+    if (block_indexed(kv, k, b))
+        lru_push(&k->lru, b);
     else
-        kv->free_list[kv->n_free++] = b;
+        k->free_list[k->n_free++] = b;
 }
+
+/* Pool k's rows of block src copied into block dst, in every layer of the pool. */
+static void block_copy(struct kv_cache *kv, const struct kv_blocks *k, int32_t dst, int32_t src)
+{
+    size_t bs = (size_t)kv->block_size;
+    bool swa = k != &kv->blk;
+    for (int il = 0; il < kv->n_layer; il++) {
+        const struct kv_layer *L = &kv->layers[il];
+        if (kv->layer_swa[il] != swa)
+            continue;
+        kv->be->ops->copy(kv->be, L->k + dst * bs * L->k_dim, L->k + src * bs * L->k_dim,
+                          bs * L->k_dim * sizeof(float));
+        if (L->v != L->k)
+            kv->be->ops->copy(kv->be, L->v + dst * bs * L->v_dim, L->v + src * bs * L->v_dim,
+                              bs * L->v_dim * sizeof(float));
+    }
+}
+
+// ---- creation ----
 
 static int check_params(const struct kv_params *p, int *bs, struct err *e)
 {
@@ -179,14 +254,87 @@ static int layer_dims(const struct hparams *hp, int il, int *k_dim, int *v_dim, 
     return 0;
 }
 
-static int alloc_host(struct kv_cache *kv, struct err *e)
+static int blocks_init(struct kv_blocks *k, const struct kv_cache *kv, int n_blocks)
 {
+    size_t nb = (size_t)n_blocks;
+    k->n_blocks = n_blocks;
+    k->refcnt = calloc(nb, sizeof *k->refcnt);
+    k->free_list = malloc(nb * sizeof *k->free_list);
+    k->lru.prev = malloc(nb * sizeof *k->lru.prev);
+    k->lru.next = malloc(nb * sizeof *k->lru.next);
+    k->tables_host = malloc((size_t)kv->max_seqs * kv->max_blocks * sizeof *k->tables_host);
+    if (!k->refcnt || !k->free_list || !k->lru.prev || !k->lru.next || !k->tables_host)
+        return -1;
+    for (size_t i = 0; i < (size_t)kv->max_seqs * kv->max_blocks; i++)
+        k->tables_host[i] = -1;
+    for (int i = 0; i < n_blocks; i++) {
+        k->lru.prev[i] = k->lru.next[i] = -1;
+        k->free_list[i] = n_blocks - 1 - i;  /* pop order: block 0 first */
+    }
+    k->lru.head = k->lru.tail = -1;
+    k->n_free = n_blocks;
+    return 0;
+}
+
+static void blocks_deinit(struct kv_blocks *k, struct backend *be)
+{
+    if (k->tables)
+        be->ops->buf_free(be, k->tables);
+    free(k->refcnt);
+    free(k->free_list);
+    free(k->lru.prev);
+    free(k->lru.next);
+    free(k->tables_host);
+}
+
+/* The sliding layers and their window; the sliding pool's size: enough for every
+ * sequence to hold its window and one chunk (kv_window_seq_blocks), plus one block of
+ * copy-on-write room, but never more than the full pool. */
+static void swa_plan(struct kv_cache *kv, const struct hparams *hp, const struct kv_params *p,
+                     int *n_blocks)
+{
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        kv->layer_swa[il] = ls->kv == KV_SLIDING && ls->window > 0;
+        if (kv->layer_swa[il]) {
+            kv->swa.n_layer++;
+            kv->swa.window = ls->window > kv->swa.window ? ls->window : kv->swa.window;
+        }
+    }
+    *n_blocks = kv->n_blocks;
+    if (!has_swa(kv) || p->n_batch <= 0)
+        return;
+    int64_t per = kv_window_seq_blocks(kv->swa.window, p->n_batch, kv->block_size);
+    int64_t want = (int64_t)kv->max_seqs * per + 1;
+    if (want < *n_blocks)
+        *n_blocks = (int)want;
+}
+
+static int alloc_host(struct kv_cache *kv, const struct hparams *hp, const struct kv_params *p,
+                      struct err *e)
+{
+    int n_swa = 0;
     kv->layers = calloc((size_t)kv->n_layer, sizeof *kv->layers);
-    kv->refcnt = calloc((size_t)kv->n_blocks, sizeof *kv->refcnt);
-    kv->free_list = malloc((size_t)kv->n_blocks * sizeof *kv->free_list);
+    kv->layer_swa = calloc((size_t)kv->n_layer, sizeof *kv->layer_swa);
     kv->seqs = calloc((size_t)kv->max_seqs, sizeof *kv->seqs);
-    kv->tables_host = calloc((size_t)kv->max_seqs * kv->max_blocks, sizeof *kv->tables_host);
     kv->want = malloc((size_t)kv->max_seqs * sizeof *kv->want);
+    if (!kv->layers || !kv->layer_swa || !kv->seqs || !kv->want ||
+        blocks_init(&kv->blk, kv, kv->n_blocks) < 0)
+        return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
+    swa_plan(kv, hp, p, &n_swa);
+    if (has_swa(kv)) {
+        struct kv_swa *w = &kv->swa;
+        w->owner = malloc((size_t)n_swa * sizeof *w->owner);
+        w->side = malloc((size_t)kv->n_blocks * sizeof *w->side);
+        w->from = malloc((size_t)kv->max_seqs * sizeof *w->from);
+        w->to = malloc((size_t)kv->max_seqs * sizeof *w->to);
+        if (!w->owner || !w->side || !w->from || !w->to || blocks_init(&w->blk, kv, n_swa) < 0)
+            return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
+        for (int i = 0; i < n_swa; i++)
+            w->owner[i] = -1;
+        for (int i = 0; i < kv->n_blocks; i++)
+            w->side[i] = -1;
+    }
     struct kv_prefix *px = &kv->px;
     size_t nb = (size_t)kv->n_blocks;
     px->n_buckets = 1;
@@ -198,29 +346,20 @@ static int alloc_host(struct kv_cache *kv, struct err *e)
     px->toks = malloc(nb * kv->block_size * sizeof *px->toks);
     px->next = malloc(nb * sizeof *px->next);
     px->bucket = malloc((size_t)px->n_buckets * sizeof *px->bucket);
-    px->lru_prev = malloc(nb * sizeof *px->lru_prev);
-    px->lru_next = malloc(nb * sizeof *px->lru_next);
-    if (!kv->layers || !kv->refcnt || !kv->free_list || !kv->seqs || !kv->tables_host || !kv->want ||
-        !px->hash || !px->serial || !px->parent || !px->toks || !px->next || !px->bucket ||
-        !px->lru_prev || !px->lru_next)
+    if (!px->hash || !px->serial || !px->parent || !px->toks || !px->next || !px->bucket)
         return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
     for (int i = 0; i < px->n_buckets; i++)
         px->bucket[i] = -1;
     for (int i = 0; i < kv->n_blocks; i++)
-        px->next[i] = px->lru_prev[i] = px->lru_next[i] = -1;
-    px->lru_head = px->lru_tail = -1;
+        px->next[i] = -1;
     px->hash_mask = ~0ull;
-    /* pop order: block 0 first */
-    for (int i = 0; i < kv->n_blocks; i++)
-        kv->free_list[i] = kv->n_blocks - 1 - i;
-    kv->n_free = kv->n_blocks;
     return 0;
 }
 
 /* The pool and the device tables through the backend; layer views into the pool. */
 static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct err *e)
 {
-    size_t slots = (size_t)kv->n_blocks * kv->block_size, total = 0;
+    size_t total = 0, bs = (size_t)kv->block_size;
     int rc;
     for (int il = 0; il < kv->n_layer; il++) {
         int kd = 0, vd = 0;
@@ -228,16 +367,19 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
             return rc;
         kv->layers[il].k_dim = kd;
         kv->layers[il].v_dim = vd;
+        size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
         total += slots * (size_t)(kd + vd);
     }
     if ((rc = kv->be->ops->buf_alloc(kv->be, total * sizeof(float), &kv->pool, e)) < 0)
         return err_prefix(e, "kv cache (%zu MiB)", (total * sizeof(float)) >> 20);
     size_t tb = (size_t)kv->max_seqs * kv->max_blocks * sizeof(int32_t);
-    if ((rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->tables, e)) < 0)
+    if ((rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->blk.tables, e)) < 0 ||
+        (has_swa(kv) && (rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->swa.blk.tables, e)) < 0))
         return err_prefix(e, "kv block tables");
     float *p = kv->pool;
     for (int il = 0; il < kv->n_layer; il++) {
         struct kv_layer *L = &kv->layers[il];
+        size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
         L->k = p;
         p += slots * (size_t)L->k_dim;
         L->v = p;
@@ -286,7 +428,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         kv_cache_free(kv);
         return rc;
     }
-    if ((rc = alloc_host(kv, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0) {
+    if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0) {
         kv_cache_free(kv);
         return rc;
     }
@@ -300,13 +442,15 @@ void kv_cache_free(struct kv_cache *kv)
         return;
     if (kv->pool)
         kv->be->ops->buf_free(kv->be, kv->pool);
-    if (kv->tables)
-        kv->be->ops->buf_free(kv->be, kv->tables);
+    blocks_deinit(&kv->blk, kv->be);
+    blocks_deinit(&kv->swa.blk, kv->be);
+    free(kv->swa.owner);
+    free(kv->swa.side);
+    free(kv->swa.from);
+    free(kv->swa.to);
     free(kv->layers);
-    free(kv->refcnt);
-    free(kv->free_list);
+    free(kv->layer_swa);
     free(kv->seqs);
-    free(kv->tables_host);
     free(kv->want);
     free(kv->px.hash);
     free(kv->px.serial);
@@ -314,8 +458,6 @@ void kv_cache_free(struct kv_cache *kv)
     free(kv->px.toks);
     free(kv->px.next);
     free(kv->px.bucket);
-    free(kv->px.lru_prev);
-    free(kv->px.lru_next);
     free(kv);
 }
 
@@ -328,8 +470,19 @@ int kv_seq_add(struct kv_cache *kv, int seq, struct err *e)
         return rc;
     if (kv->seqs[seq].used)
         return err_setf(e, ERR_ARG, "sequence %d already exists", seq);
-    kv->seqs[seq] = (struct kv_seq){.used = true, .dirty = true};
+    kv->seqs[seq] = (struct kv_seq){.used = true, .dirty = true, .swa_dirty = true};
     return 0;
+}
+
+/* Release the sliding entries [from, swa_n) of seq, last first. */
+static void swa_release_tail(struct kv_cache *kv, int seq, int from)
+{
+    struct kv_seq *s = &kv->seqs[seq];
+    int32_t *t = seq_table(&kv->swa.blk, kv, seq);
+    for (int i = s->swa_n - 1; i >= from && i >= s->swa_lo; i--) {
+        block_release(kv, &kv->swa.blk, t[i]);
+        t[i] = -1;
+    }
 }
 
 void kv_seq_remove(struct kv_cache *kv, int seq)
@@ -338,9 +491,13 @@ void kv_seq_remove(struct kv_cache *kv, int seq)
         return;
     /* last block first: a chain's tail becomes the least recently used part of it, so
      * eviction shortens a cached prefix rather than cutting off its head */
-    int32_t *t = seq_table(kv, seq);
-    for (int i = kv->seqs[seq].n_blocks - 1; i >= 0; i--)
-        block_release(kv, t[i]);
+    int32_t *t = seq_table(&kv->blk, kv, seq);
+    if (has_swa(kv))
+        swa_release_tail(kv, seq, 0);
+    for (int i = kv->seqs[seq].n_blocks - 1; i >= 0; i--) {
+        block_release(kv, &kv->blk, t[i]);
+        t[i] = -1;
+    }
     kv->seqs[seq] = (struct kv_seq){0};
 }
 
@@ -355,11 +512,27 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
     if (len < 0 || len > s->len)
         return err_setf(e, ERR_RANGE, "cannot truncate sequence %d of %d positions to %d", seq,
                         s->len, len);
-    int keep = (len + kv->block_size - 1) / kv->block_size;
-    int32_t *t = seq_table(kv, seq);
-    for (int i = s->n_blocks - 1; i >= keep; i--)
-        block_release(kv, t[i]);
-    if (len < s->n_indexed * kv->block_size) {
+    int bs = kv->block_size, keep = (len + bs - 1) / bs;
+    if (has_swa(kv) && len > 0 && window_first_block(len, kv->swa.window, bs) < s->swa_lo)
+        return err_setf(e, ERR_RANGE, "cannot truncate sequence %d to %d positions: its "
+                        "sliding-window layers no longer hold positions below %d", seq, len,
+                        s->swa_lo * bs);
+    int32_t *t = seq_table(&kv->blk, kv, seq);
+    for (int i = s->n_blocks - 1; i >= keep; i--) {
+        block_release(kv, &kv->blk, t[i]);
+        t[i] = -1;
+    }
+    if (has_swa(kv)) {
+        swa_release_tail(kv, seq, keep);
+        if (s->swa_n > keep)
+            s->swa_n = keep;
+        if (s->swa_len > len)
+            s->swa_len = len;
+        if (len == 0)
+            s->swa_lo = s->swa_n = 0;
+        s->swa_dirty = true;
+    }
+    if (len < s->n_indexed * bs) {
         /* registration starts over (it finds the entries again) */
         s->n_indexed = 0;
         s->chain = 0;
@@ -379,12 +552,21 @@ int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
         return err_setf(e, ERR_ARG, "sequence %d does not exist", src);
     if (kv->seqs[dst].used)
         return err_setf(e, ERR_ARG, "sequence %d already exists", dst);
-    kv->seqs[dst] = kv->seqs[src];
-    kv->seqs[dst].dirty = true;
-    int32_t *ts = seq_table(kv, src), *td = seq_table(kv, dst);
-    for (int i = 0; i < kv->seqs[src].n_blocks; i++) {
+    const struct kv_seq *s = &kv->seqs[src];
+    kv->seqs[dst] = *s;
+    kv->seqs[dst].dirty = kv->seqs[dst].swa_dirty = true;
+    int32_t *ts = seq_table(&kv->blk, kv, src), *td = seq_table(&kv->blk, kv, dst);
+    for (int i = 0; i < s->n_blocks; i++) {
         td[i] = ts[i];
-        kv->refcnt[ts[i]]++;
+        kv->blk.refcnt[ts[i]]++;
+    }
+    if (has_swa(kv)) {
+        ts = seq_table(&kv->swa.blk, kv, src);
+        td = seq_table(&kv->swa.blk, kv, dst);
+        for (int i = s->swa_lo; i < s->swa_n; i++) {
+            td[i] = ts[i];
+            kv->swa.blk.refcnt[ts[i]]++;
+        }
     }
     return 0;
 }
@@ -398,12 +580,17 @@ int kv_seq_len(const struct kv_cache *kv, int seq)
 
 int kv_n_free_blocks(const struct kv_cache *kv)
 {
-    return kv->n_free + kv->px.n_lru;
+    return kv->blk.n_free + kv->blk.lru.n;
 }
 
 int kv_n_cached_blocks(const struct kv_cache *kv)
 {
-    return kv->px.n_lru;
+    return kv->blk.lru.n;
+}
+
+int kv_window_blocks_held(const struct kv_cache *kv)
+{
+    return kv->swa.blk.n_blocks - kv->swa.blk.n_free - kv->swa.blk.lru.n;
 }
 
 // ---- reservation ----
@@ -414,28 +601,19 @@ static int blocks_needed(const struct kv_cache *kv, int seq, int want, bool *cow
 {
     const struct kv_seq *s = &kv->seqs[seq];
     int need = (want + kv->block_size - 1) / kv->block_size - s->n_blocks;
-    int32_t last = s->n_blocks > 0 ? seq_table(kv, seq)[s->n_blocks - 1] : -1;
-    *cow = s->len % kv->block_size != 0 && (kv->refcnt[last] > 1 || kv->px.serial[last] != 0);
+    int32_t last = s->n_blocks > 0 ? seq_table(&kv->blk, kv, seq)[s->n_blocks - 1] : -1;
+    *cow = s->len % kv->block_size != 0 && (kv->blk.refcnt[last] > 1 || kv->px.serial[last] != 0);
     return need + (*cow ? 1 : 0);
 }
 
-/* Give seq a private copy of its last block (every layer's K and V rows). */
-static void block_cow(struct kv_cache *kv, int seq)
+/* Give table entry i of seq in pool k a private copy of its block. */
+static void entry_cow(struct kv_cache *kv, struct kv_blocks *k, int seq, int i)
 {
-    struct kv_seq *s = &kv->seqs[seq];
-    int32_t *t = seq_table(kv, seq);
-    int32_t old = t[s->n_blocks - 1], nb = block_take(kv);
-    size_t bs = (size_t)kv->block_size;
-    for (int il = 0; il < kv->n_layer; il++) {
-        const struct kv_layer *L = &kv->layers[il];
-        kv->be->ops->copy(kv->be, L->k + nb * bs * L->k_dim, L->k + old * bs * L->k_dim,
-                          bs * L->k_dim * sizeof(float));
-        if (L->v != L->k)
-            kv->be->ops->copy(kv->be, L->v + nb * bs * L->v_dim, L->v + old * bs * L->v_dim,
-                              bs * L->v_dim * sizeof(float));
-    }
-    block_release(kv, old);
-    t[s->n_blocks - 1] = nb;
+    int32_t *t = seq_table(k, kv, seq);
+    int32_t old = t[i], nb = block_take(kv, k);
+    block_copy(kv, k, nb, old);
+    block_release(kv, k, old);
+    t[i] = nb;
 }
 
 int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e)
@@ -460,36 +638,158 @@ int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e)
             continue;
         int n_new = blocks_needed(kv, q, want[q], &cow) - (cow ? 1 : 0);
         if (cow)
-            block_cow(kv, q);
-        int32_t *t = seq_table(kv, q);
+            entry_cow(kv, &kv->blk, q, s->n_blocks - 1);
+        int32_t *t = seq_table(&kv->blk, kv, q);
         for (int i = 0; i < n_new; i++)
-            t[s->n_blocks++] = block_take(kv);
+            t[s->n_blocks++] = block_take(kv, &kv->blk);
         s->len = want[q];
         s->dirty = true;
     }
     return 0;
 }
 
+/* Release seq's sliding blocks that no query at position p or later can see. */
+static void swa_release_dead(struct kv_cache *kv, int seq, int p)
+{
+    struct kv_seq *s = &kv->seqs[seq];
+    int first = window_first_block(p, kv->swa.window, kv->block_size);
+    int32_t *t = seq_table(&kv->swa.blk, kv, seq);
+    if (first <= s->swa_lo)
+        return;
+    for (int i = s->swa_lo; i < first && i < s->swa_n; i++) {
+        block_release(kv, &kv->swa.blk, t[i]);
+        t[i] = -1;
+    }
+    s->swa_lo = first;
+    if (s->swa_n < first)
+        s->swa_n = first;
+    s->swa_dirty = true;
+}
+
+/* Sliding blocks seq needs to hold positions through `to`: missing entries, plus a copy
+ * of the partly written last block when it is shared or owned by an index entry. */
+static int swa_needed(const struct kv_cache *kv, int seq, int to, int *cow_at)
+{
+    const struct kv_seq *s = &kv->seqs[seq];
+    const struct kv_blocks *k = &kv->swa.blk;
+    const int32_t *t = seq_table(k, kv, seq);
+    int bs = kv->block_size, n = to / bs + 1, need = 0;
+    *cow_at = -1;
+    for (int i = s->swa_lo; i < n; i++) {
+        if (i >= s->swa_n || t[i] < 0) {
+            need++;
+        } else if (i == s->swa_len / bs && s->swa_len % bs != 0 &&
+                   (k->refcnt[t[i]] > 1 || kv->swa.owner[t[i]] >= 0)) {
+            *cow_at = i;
+            need++;
+        }
+    }
+    return need;
+}
+
+int kv_reserve_window(struct kv_cache *kv, const int32_t *seq, const int32_t *pos, int n,
+                      struct err *e)
+{
+    struct kv_swa *w = &kv->swa;
+    if (!has_swa(kv))
+        return 0;
+    for (int i = 0; i < n; i++)
+        w->from[seq[i]] = w->to[seq[i]] = -1;
+    for (int i = 0; i < n; i++) {
+        int q = seq[i];
+        if (w->from[q] < 0)
+            w->from[q] = pos[i];
+        w->to[q] = pos[i];
+    }
+    int need = 0, cow;
+    for (int i = 0; i < n; i++) {
+        int q = seq[i];
+        if (w->from[q] < 0 || pos[i] != w->from[q])
+            continue;  /* each sequence once, at its first row */
+        swa_release_dead(kv, q, w->from[q]);
+        need += swa_needed(kv, q, w->to[q], &cow);
+    }
+    int avail = w->blk.n_free + w->blk.lru.n;
+    if (need > avail)
+        return err_setf(e, ERR_NOMEM, "kv cache full: the sliding-window layers need %d more blocks "
+                        "of %d tokens, %d free of %d (a chunk longer than the cache was sized for)",
+                        need, kv->block_size, avail, w->blk.n_blocks);
+    for (int i = 0; i < n; i++) {
+        int q = seq[i];
+        if (w->from[q] < 0 || pos[i] != w->from[q])
+            continue;
+        struct kv_seq *s = &kv->seqs[q];
+        int32_t *t = seq_table(&w->blk, kv, q);
+        int last = w->to[q] / kv->block_size + 1;
+        swa_needed(kv, q, w->to[q], &cow);
+        if (cow >= 0)
+            entry_cow(kv, &w->blk, q, cow);
+        for (int j = s->swa_lo; j < last; j++)
+            if (j >= s->swa_n || t[j] < 0)
+                t[j] = block_take(kv, &w->blk);
+        if (last > s->swa_n)
+            s->swa_n = last;
+        if (w->to[q] + 1 > s->swa_len)
+            s->swa_len = w->to[q] + 1;
+        s->swa_dirty = true;
+        w->from[q] = -1;
+    }
+    return 0;
+}
+
 int32_t kv_slot(const struct kv_cache *kv, int seq, int pos)
 {
-    return seq_table(kv, seq)[pos / kv->block_size] * kv->block_size + pos % kv->block_size;
+    return seq_table(&kv->blk, kv, seq)[pos / kv->block_size] * kv->block_size + pos % kv->block_size;
+}
+
+int32_t kv_slot_window(const struct kv_cache *kv, int seq, int pos)
+{
+    return seq_table(&kv->swa.blk, kv, seq)[pos / kv->block_size] * kv->block_size +
+           pos % kv->block_size;
 }
 
 void kv_sync_tables(struct kv_cache *kv)
 {
     for (int q = 0; q < kv->max_seqs; q++) {
         struct kv_seq *s = &kv->seqs[q];
-        if (!s->dirty)
-            continue;
         size_t off = (size_t)q * kv->max_blocks;
-        if (s->n_blocks > 0)
-            kv->be->ops->upload(kv->be, kv->tables + off, kv->tables_host + off,
+        if (s->dirty && s->n_blocks > 0)
+            kv->be->ops->upload(kv->be, kv->blk.tables + off, kv->blk.tables_host + off,
                                 (size_t)s->n_blocks * sizeof(int32_t));
-        s->dirty = false;
+        if (has_swa(kv) && s->swa_dirty && s->swa_n > 0)
+            kv->be->ops->upload(kv->be, kv->swa.blk.tables + off, kv->swa.blk.tables_host + off,
+                                (size_t)s->swa_n * sizeof(int32_t));
+        s->dirty = s->swa_dirty = false;
     }
 }
 
 // ---- prefix cache ----
+
+/* Entry b (full block i of seq, just registered) and seq's sliding block of the same
+ * positions: the entry adopts seq's block, or seq shares the entry's. */
+static void side_register(struct kv_cache *kv, int seq, int i, int32_t b)
+{
+    struct kv_swa *w = &kv->swa;
+    struct kv_seq *s = &kv->seqs[seq];
+    int32_t *t = seq_table(&w->blk, kv, seq);
+    int32_t own = i >= s->swa_lo && i < s->swa_n ? t[i] : -1;
+    if (own < 0 || w->side[b] == own || (i + 1) * kv->block_size > s->swa_len)
+        return;
+    if (w->side[b] < 0) {
+        if (w->owner[own] < 0) {
+            w->side[b] = own;
+            w->owner[own] = b;
+        }
+        return;
+    }
+    /* the entry holds the same positions' rows already: share them */
+    int32_t sb = w->side[b];
+    if (w->blk.refcnt[sb]++ == 0)
+        lru_unlink(&w->blk.lru, sb);
+    block_release(kv, &w->blk, own);
+    t[i] = sb;
+    s->swa_dirty = true;
+}
 
 void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n)
 {
@@ -498,7 +798,7 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
     struct kv_seq *s = &kv->seqs[seq];
     struct kv_prefix *px = &kv->px;
     int bs = kv->block_size, full = (n < s->len ? n : s->len) / bs;
-    int32_t *t = seq_table(kv, seq);
+    int32_t *t = seq_table(&kv->blk, kv, seq);
     for (int i = s->n_indexed; i < full; i++) {
         const int32_t *bt = toks + (size_t)i * bs;
         uint64_t h = block_hash(px, s->chain, bt, bs);
@@ -513,15 +813,34 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
         } else if (b != t[i]) {
             /* another sequence computed the same block first: share its block and let
              * this copy go (same tokens at the same positions: the same rows) */
-            if (kv->refcnt[b]++ == 0)
-                lru_unlink(px, b);
-            block_release(kv, t[i]);
+            if (kv->blk.refcnt[b]++ == 0)
+                lru_unlink(&kv->blk.lru, b);
+            block_release(kv, &kv->blk, t[i]);
             t[i] = b;
             s->dirty = true;
         }
+        if (has_swa(kv))
+            side_register(kv, seq, i, b);
         s->chain = px->serial[b];
         s->n_indexed = i + 1;
     }
+}
+
+/* Of the first k matched entries m[0..k), the most whose last window of sliding blocks
+ * is still attached (a query at k * block_size needs them); k itself without sliding
+ * layers. */
+static int swa_usable(const struct kv_cache *kv, const int32_t *m, int k)
+{
+    if (!has_swa(kv))
+        return k;
+    for (; k > 0; k--) {
+        int i = window_first_block(k * kv->block_size, kv->swa.window, kv->block_size);
+        while (i < k && kv->swa.side[m[i]] >= 0)
+            i++;
+        if (i == k)
+            break;
+    }
+    return k;
 }
 
 int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
@@ -530,34 +849,56 @@ int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
         return 0;
     struct kv_seq *s = &kv->seqs[seq];
     struct kv_prefix *px = &kv->px;
-    int bs = kv->block_size, full = n / bs;
+    int bs = kv->block_size, full = n / bs, k = 0;
     if (full > kv->max_blocks)
         full = kv->max_blocks;
-    int32_t *t = seq_table(kv, seq);
-    for (int i = 0; i < full; i++) {
-        const int32_t *bt = toks + (size_t)i * bs;
-        int32_t b = index_find(kv, block_hash(px, s->chain, bt, bs), s->chain, bt);
+    int32_t *t = seq_table(&kv->blk, kv, seq);
+    uint64_t chain = 0;
+    /* the matched chain into the table first, references taken after the sliding check */
+    for (; k < full; k++) {
+        const int32_t *bt = toks + (size_t)k * bs;
+        int32_t b = index_find(kv, block_hash(px, chain, bt, bs), chain, bt);
         if (b < 0)
             break;
-        if (kv->refcnt[b]++ == 0)
-            lru_unlink(px, b);
-        t[s->n_blocks++] = b;
-        s->chain = px->serial[b];
-        s->n_indexed = s->n_blocks;
+        t[k] = b;
+        chain = px->serial[b];
     }
-    s->len = s->n_blocks * bs;
+    int matched = k;
+    k = swa_usable(kv, t, matched);
+    for (int i = 0; i < k; i++) {
+        if (kv->blk.refcnt[t[i]]++ == 0)
+            lru_unlink(&kv->blk.lru, t[i]);
+        s->chain = px->serial[t[i]];
+    }
+    for (int i = k; i < matched; i++)
+        t[i] = -1;
+    s->n_blocks = s->n_indexed = k;
+    s->len = k * bs;
     s->dirty = true;
+    if (has_swa(kv) && k > 0) {
+        struct kv_swa *w = &kv->swa;
+        int32_t *ts = seq_table(&w->blk, kv, seq);
+        s->swa_lo = window_first_block(s->len, w->window, bs);
+        for (int i = s->swa_lo; i < k; i++) {
+            ts[i] = w->side[t[i]];
+            if (w->blk.refcnt[ts[i]]++ == 0)
+                lru_unlink(&w->blk.lru, ts[i]);
+        }
+        s->swa_n = k;
+        s->swa_len = s->len;
+        s->swa_dirty = true;
+    }
     return s->len;
 }
 
 void kv_prefix_clear(struct kv_cache *kv)
 {
     struct kv_prefix *px = &kv->px;
-    while (px->lru_head >= 0) {
-        int32_t b = px->lru_head;
-        lru_unlink(px, b);
+    while (kv->blk.lru.head >= 0) {
+        int32_t b = kv->blk.lru.head;
+        lru_unlink(&kv->blk.lru, b);
         index_remove(kv, b);
-        kv->free_list[kv->n_free++] = b;
+        kv->blk.free_list[kv->blk.n_free++] = b;
     }
     for (int32_t b = 0; b < kv->n_blocks; b++)
         if (px->serial[b] != 0)
@@ -568,35 +909,83 @@ void kv_prefix_clear(struct kv_cache *kv)
     }
 }
 
-int kv_check(const struct kv_cache *kv, struct err *e)
+// ---- checks ----
+
+/* One pool: refcounts equal the table entries holding each block (held: [n_blocks]
+ * scratch), the LRU list holds exactly the indexed unheld blocks, and held + free +
+ * cached = n_blocks. */
+static int check_pool(const struct kv_cache *kv, const struct kv_blocks *k, int32_t *held,
+                      const char *what, struct err *e)
+{
+    bool swa = k != &kv->blk;
+    int n_held = 0, n_lru = 0, n_idle = 0;
+    memset(held, 0, (size_t)k->n_blocks * sizeof *held);
+    for (int q = 0; q < kv->max_seqs; q++) {
+        const struct kv_seq *s = &kv->seqs[q];
+        const int32_t *t = seq_table(k, kv, q);
+        int lo = swa ? s->swa_lo : 0, hi = swa ? s->swa_n : s->n_blocks;
+        for (int i = lo; s->used && i < hi; i++) {
+            if (t[i] < 0 || t[i] >= k->n_blocks)
+                return err_setf(e, ERR_INTERNAL, "%s pool: sequence %d entry %d holds no block", what,
+                                q, i);
+            held[t[i]]++;
+        }
+    }
+    for (int32_t b = 0; b < k->n_blocks; b++) {
+        if (held[b] != k->refcnt[b])
+            return err_setf(e, ERR_INTERNAL, "%s pool: block %d: refcount %d, held by %d tables",
+                            what, b, k->refcnt[b], held[b]);
+        n_held += held[b] > 0;
+        n_idle += held[b] == 0 && block_indexed(kv, k, b);
+    }
+    for (int32_t b = k->lru.head; b >= 0; b = k->lru.next[b], n_lru++)
+        if (k->refcnt[b] != 0 || !block_indexed(kv, k, b) || n_lru > k->n_blocks)
+            return err_setf(e, ERR_INTERNAL, "%s pool: block %d on the LRU list is held or not "
+                            "indexed", what, b);
+    if (n_lru != k->lru.n || n_lru != n_idle)
+        return err_setf(e, ERR_INTERNAL, "%s pool: %d blocks on the LRU list (count %d), %d indexed "
+                        "and unheld", what, n_lru, k->lru.n, n_idle);
+    if (n_held + k->n_free + k->lru.n != k->n_blocks)
+        return err_setf(e, ERR_INTERNAL, "%s pool: %d held + %d free + %d cached blocks != %d", what,
+                        n_held, k->n_free, k->lru.n, k->n_blocks);
+    return 0;
+}
+
+/* The index's bucket chains hold exactly the indexed blocks; sides and owners agree. */
+static int check_index(const struct kv_cache *kv, struct err *e)
 {
     const struct kv_prefix *px = &kv->px;
-    int32_t *held = calloc((size_t)kv->n_blocks, sizeof *held);
-    int rc = 0, n_held = 0, n_lru = 0, n_chained = 0;
+    int n_chained = 0;
+    for (int k = 0; k < px->n_buckets; k++)
+        for (int32_t b = px->bucket[k]; b >= 0; b = px->next[b], n_chained++)
+            if (px->serial[b] == 0 || n_chained > kv->n_blocks)
+                return err_setf(e, ERR_INTERNAL, "block %d in bucket %d is not indexed", b, k);
+    if (n_chained != px->n_indexed)
+        return err_setf(e, ERR_INTERNAL, "%d blocks in the index (count %d)", n_chained,
+                        px->n_indexed);
+    for (int32_t b = 0; has_swa(kv) && b < kv->n_blocks; b++) {
+        int32_t sb = kv->swa.side[b];
+        if (sb >= 0 && (px->serial[b] == 0 || kv->swa.owner[sb] != b))
+            return err_setf(e, ERR_INTERNAL, "entry %d: sliding block %d is not its own", b, sb);
+    }
+    for (int32_t sb = 0; has_swa(kv) && sb < kv->swa.blk.n_blocks; sb++) {
+        int32_t b = kv->swa.owner[sb];
+        if (b >= 0 && kv->swa.side[b] != sb)
+            return err_setf(e, ERR_INTERNAL, "sliding block %d: its entry %d does not hold it", sb, b);
+    }
+    return 0;
+}
+
+int kv_check(const struct kv_cache *kv, struct err *e)
+{
+    int n = kv->n_blocks > kv->swa.blk.n_blocks ? kv->n_blocks : kv->swa.blk.n_blocks;
+    int32_t *held = calloc((size_t)n, sizeof *held);
+    int rc;
     if (!held)
         return err_setf(e, ERR_NOMEM, "kv_check: out of memory");
-    for (int q = 0; q < kv->max_seqs; q++)
-        for (int i = 0; kv->seqs[q].used && i < kv->seqs[q].n_blocks; i++)
-            held[seq_table(kv, q)[i]]++;
-    for (int32_t b = 0; b < kv->n_blocks && rc == 0; b++) {
-        if (held[b] != kv->refcnt[b])
-            rc = err_setf(e, ERR_INTERNAL, "block %d: refcount %d, held by %d tables", b, kv->refcnt[b],
-                          held[b]);
-        n_held += held[b] > 0;
-    }
-    for (int32_t b = px->lru_head; b >= 0 && rc == 0; b = px->lru_next[b], n_lru++)
-        if (kv->refcnt[b] != 0 || px->serial[b] == 0 || n_lru > kv->n_blocks)
-            rc = err_setf(e, ERR_INTERNAL, "block %d on the LRU list is held or not indexed", b);
-    for (int k = 0; k < px->n_buckets && rc == 0; k++)
-        for (int32_t b = px->bucket[k]; b >= 0 && rc == 0; b = px->next[b], n_chained++)
-            if (px->serial[b] == 0 || n_chained > kv->n_blocks)
-                rc = err_setf(e, ERR_INTERNAL, "block %d in bucket %d is not indexed", b, k);
-    if (rc == 0 && (n_lru != px->n_lru || n_chained != px->n_indexed))
-        rc = err_setf(e, ERR_INTERNAL, "%d blocks on the LRU list (count %d), %d in the index (count %d)",
-                      n_lru, px->n_lru, n_chained, px->n_indexed);
-    if (rc == 0 && n_held + kv->n_free + px->n_lru != kv->n_blocks)
-        rc = err_setf(e, ERR_INTERNAL, "%d held + %d free + %d cached blocks != %d", n_held, kv->n_free,
-                      px->n_lru, kv->n_blocks);
+    if ((rc = check_pool(kv, &kv->blk, held, "full", e)) == 0 &&
+        (!has_swa(kv) || (rc = check_pool(kv, &kv->swa.blk, held, "sliding", e)) == 0))
+        rc = check_index(kv, e);
     free(held);
     return rc;
 }

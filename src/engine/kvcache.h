@@ -11,9 +11,12 @@
  * pool. The block tables are mirrored in backend memory (tables), uploaded
  * before a forward when they changed, so attention reads them on the device.
  *
- * Per-layer cache kinds come from the layer specs: full and sliding-window
- * layers keep one K and one V row per position (a sliding layer attends only
- * its last `window` positions); a latent (MLA) layer keeps one row per
+ * Per-layer cache kinds come from the layer specs: full layers keep one K and
+ * one V row per position; sliding-window layers (a query at p attends (p -
+ * window, p]) have their own, smaller pool of blocks and their own tables
+ * (ADR 0023): a sequence holds only the sliding blocks some later query can
+ * still see, so its sliding layers keep at most the window plus one block
+ * (plus one forward chunk while it is computed); a latent (MLA) layer keeps one row per
  * position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
  * roped shared key), which is its K and its V (layer.v == layer.k; ADR 0019);
  * the recurrent kind is refused at creation until a family needs it. Elements are f32 (dtype is checked
@@ -29,7 +32,10 @@
  * compare the tokens and the parent entry, so a hash collision is a miss,
  * never a wrong block. Indexed blocks are never written: a write into one
  * copies it first, as into a shared block. Nothing is indexed unless a
- * caller registers it, so the cache is off for callers that never do.
+ * caller registers it, so the cache is off for callers that never do. An
+ * index entry also keeps the sliding block of the same positions while the
+ * sliding pool has room; a hit is as long as the longest matched chain whose
+ * last window of sliding blocks is still there.
  *
  * Sequences are ids in [0, max_seqs). Not thread-safe: one owner (the
  * generate loop or the scheduler) drives a cache.
@@ -55,6 +61,9 @@ struct kv_params {
     int max_seq_len;     /* longest sequence; <= 0: the model's context length; above it: error */
     int block_size;      /* <= 0: KV_DEFAULT_BLOCK */
     enum dtype dtype;    /* element type; F32 today */
+    int n_batch;         /* most rows of one sequence in one forward chunk (the context's
+                          * n_batch): sizes the sliding-window pool; <= 0: no bound (the
+                          * sliding pool gets as many blocks as the full one) */
 };
 
 struct kv_seq {
@@ -64,10 +73,44 @@ struct kv_seq {
     bool dirty;          /* table changed since the last upload */
     int n_indexed;       /* leading blocks whose content is in the prefix index */
     uint64_t chain;      /* serial of the index entry of block n_indexed - 1 (0: none) */
+    /* sliding-window layers: table entries [swa_lo, swa_n) hold blocks, those below are
+     * -1 (released: no later query sees them); positions [0, swa_len) are stored */
+    int swa_lo, swa_n, swa_len;
+    bool swa_dirty;      /* sliding table changed since the last upload */
 };
 
-/* The prefix index and the cached-block LRU (per block, [n_blocks] arrays). A block is
- * indexed when serial[b] != 0; an indexed block with refcnt 0 is on the LRU list. */
+/* Blocks held by no sequence but kept for the prefix index, least recently used first. */
+struct kv_lru {
+    int32_t *prev, *next;            /* [n_blocks] */
+    int32_t head, tail;
+    int n;
+};
+
+/* One block allocator and its per-sequence tables: the full pool (every non-sliding
+ * layer) or the sliding-window pool. A block is free (on free_list), held (refcnt > 0)
+ * or cached (refcnt 0, indexed, on lru). */
+struct kv_blocks {
+    int n_blocks;
+    int32_t *refcnt;                 /* [n_blocks] table entries holding each block */
+    int32_t *free_list;              /* [n_blocks] free block ids (stack) */
+    int n_free;
+    struct kv_lru lru;
+    int32_t *tables_host;            /* [max_seqs][max_blocks] block tables; -1: none */
+    int32_t *tables;                 /* backend mirror of tables_host */
+};
+
+/* The sliding-window layers' pool (ADR 0023); window 0: the model has no sliding layer. */
+struct kv_swa {
+    int window;                      /* the largest window of the sliding layers */
+    int n_layer;                     /* sliding layers */
+    struct kv_blocks blk;
+    int32_t *owner;                  /* [blk.n_blocks] index entry (full block) it belongs to, -1 */
+    int32_t *side;                   /* [full n_blocks] sliding block of each index entry, -1 */
+    int32_t *from, *to;              /* [max_seqs] scratch of kv_reserve_window */
+};
+
+/* The prefix index (per block of the full pool, [n_blocks] arrays). A block is indexed
+ * when serial[b] != 0; an indexed block with refcnt 0 is on the full pool's LRU list. */
 struct kv_prefix {
     uint64_t *hash;                  /* hash of (parent, tokens), masked by hash_mask */
     uint64_t *serial;                /* unique id of the entry (never reused); 0: not indexed */
@@ -75,24 +118,21 @@ struct kv_prefix {
     int32_t *toks;                   /* [n_blocks][block_size] the block's token ids */
     int32_t *next;                   /* bucket chain */
     int32_t *bucket;                 /* [n_buckets] first block of each bucket, -1: empty */
-    int32_t *lru_prev, *lru_next;    /* cached blocks, head = least recently used */
-    int32_t lru_head, lru_tail;
-    int n_buckets, n_indexed, n_lru;
+    int n_buckets, n_indexed;
     uint64_t next_serial;
     uint64_t hash_mask;              /* ~0; a test sets 0 to make every block collide */
 };
 
 struct kv_cache {
     struct backend *be;              /* borrowed */
-    int n_layer, block_size, n_blocks, max_seqs, max_blocks, max_seq_len;
+    int n_layer, block_size, max_seqs, max_blocks, max_seq_len;
+    int n_blocks;                    /* blocks of the full pool (blk.n_blocks) */
     void *pool;                      /* backend memory of every layer's K and V */
     struct kv_layer *layers;         /* [n_layer] views into pool */
-    int32_t *refcnt;                 /* [n_blocks] sequences holding each block */
-    int32_t *free_list;              /* [n_blocks] free block ids (stack) */
-    int n_free;
+    bool *layer_swa;                 /* [n_layer] the layer lives in the sliding pool */
+    struct kv_blocks blk;            /* the full pool: full and latent layers */
+    struct kv_swa swa;
     struct kv_seq *seqs;             /* [max_seqs] */
-    int32_t *tables_host;            /* [max_seqs][max_blocks] block tables */
-    int32_t *tables;                 /* backend mirror of tables_host */
     int32_t *want;                   /* [max_seqs] scratch for kv_reserve */
     struct kv_prefix px;
 };
@@ -111,7 +151,9 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e); /* ke
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);
-/* Blocks not held by any sequence: never used, or cached (reclaimable). */
+/* Blocks of the full pool not held by any sequence: never used, or cached (reclaimable).
+ * Admission and preemption count these: the sliding pool is sized so that it never runs
+ * out first (ADR 0023). */
 int kv_n_free_blocks(const struct kv_cache *kv);
 /* Of them, cached: indexed blocks held by no sequence. */
 int kv_n_cached_blocks(const struct kv_cache *kv);
@@ -135,12 +177,29 @@ void kv_prefix_clear(struct kv_cache *kv);
 int kv_check(const struct kv_cache *kv, struct err *e);
 
 /* Make room for positions [len, want[seq]) of every sequence with want[seq] > len
- * (want: [max_seqs], -1 / <= len: untouched): allocate blocks and copy shared blocks
- * about to be written. All or nothing: when the pool cannot hold it, nothing changes
- * and -ERR_NOMEM says how many blocks were needed. Lengths become want. */
+ * (want: [max_seqs], -1 / <= len: untouched) in the full pool: allocate blocks and copy
+ * shared blocks about to be written. All or nothing: when the pool cannot hold it,
+ * nothing changes and -ERR_NOMEM says how many blocks were needed. Lengths become want.
+ * The sliding pool follows chunk by chunk (kv_reserve_window). */
 int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e);
-/* Slot of position pos of seq (pos < its length). */
+/* The sliding pool's part of one forward chunk of n rows (row i: position pos[i] of
+ * sequence seq[i], each sequence's rows at consecutive positions, reserved by
+ * kv_reserve): every sequence in the chunk first releases the sliding blocks no query at
+ * or after its first row can see, then holds blocks through its last row (a shared or
+ * indexed last block is copied first). No-op for a model without sliding layers.
+ * -ERR_NOMEM when the sliding pool is short (a chunk longer than kv_params.n_batch);
+ * the releases stand, nothing else changes. */
+int kv_reserve_window(struct kv_cache *kv, const int32_t *seq, const int32_t *pos, int n,
+                      struct err *e);
+/* Slot of position pos of seq (pos < its length) in the full pool. */
 int32_t kv_slot(const struct kv_cache *kv, int seq, int pos);
+/* Slot of position pos of seq in the sliding pool (reserved by kv_reserve_window). */
+int32_t kv_slot_window(const struct kv_cache *kv, int seq, int pos);
+/* Sliding blocks held by sequences, and free (never used or cached), for tests and stats. */
+int kv_window_blocks_held(const struct kv_cache *kv);
+/* Most sliding blocks one sequence holds after a chunk of n_rows rows (window w, blocks of
+ * bs): the window before its first row plus the chunk, plus one block of misalignment. */
+int kv_window_seq_blocks(int w, int n_rows, int bs);
 /* Upload the block tables that changed. */
 void kv_sync_tables(struct kv_cache *kv);
 

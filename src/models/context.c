@@ -22,7 +22,7 @@
  * this many bytes of logits, but never fewer than CTX_MIN_OUT rows. */
 #define CTX_LOGITS_BUDGET (32u << 20)
 #define CTX_MIN_OUT       16
-#define CTX_META_ROWS     6   /* ids, pos, slot, table, seq_end, out_rows */
+#define CTX_META_ROWS     7   /* ids, pos, slot, table, seq_end, out_rows, sliding slot */
 
 /* Carve n 4-byte elements (rounded up to 16 for 64-byte alignment) at byte offset
  * *off of base; with base == NULL only advances the offset. */

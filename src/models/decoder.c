@@ -121,7 +121,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
                                                         * RMSNorm default, not rms_norm_eps */
             blk_mla_attention(c->be, b->o, in, L, &mla, &ch->kv[il], ch->rows, b, n);
         } else {
-            blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il], ch->rows, b, n);
+            blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il],
+                          ls->kv == KV_SLIDING && ls->window > 0 ? ch->rows_swa : ch->rows, b, n);
         }
         if (after1)
             blk_norm(c->be, b->o, b->o, after1, n, d);

@@ -168,7 +168,7 @@ struct ctx_bufs {
     float *logits;   /* [n_out, n_vocab] */
     float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
-    int32_t *meta;   /* [6][B] ids, pos, slot, table, seq_end, out_rows of the chunk */
+    int32_t *meta;   /* [7][B] ids, pos, slot, table, seq_end, out_rows, sliding slot */
 };
 
 /* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
@@ -178,7 +178,8 @@ struct fwd_chunk {
     int n_tok, n_out;
     const int32_t *ids;       /* [n_tok] */
     const int32_t *out_rows;  /* [n_out] rows whose logits go to bufs.logits, in order */
-    const struct kv_rows *rows;
+    const struct kv_rows *rows;      /* full and latent layers */
+    const struct kv_rows *rows_swa;  /* sliding-window layers: their own pool (ADR 0023) */
     const struct kv_layer *kv; /* [n_layer] */
 };
 
@@ -190,7 +191,7 @@ struct model_ctx {
     int n_out;                       /* max logit rows per chunk */
     void *arena;                     /* backend memory of bufs, owned */
     struct ctx_bufs bufs;
-    int32_t *meta_host;              /* [6][B] staging of bufs.meta, owned */
+    int32_t *meta_host;              /* [7][B] staging of bufs.meta, owned */
     int n_nonfinite;                 /* logit rows holding NaN/Inf in the last model_forward */
     bool warned_nonfinite;           /* the one warning about them was logged */
 };
