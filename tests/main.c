@@ -30,6 +30,7 @@
     X(batch)      \
     X(sched)      \
     X(prefix)     \
+    X(window)     \
     X(server)     \
     X(quant)      \
     X(sampler)    \

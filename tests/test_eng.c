@@ -24,8 +24,11 @@ void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int 
     g->b = calloc(1, sizeof *g->b);
     assert_non_null(g->b);
     if ((!be && test_backend_new(&g->be, 2, &e) < 0) || model_load(&g->m, dir, &e) < 0 ||
-        model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, n_batch, &e) < 0 ||
-        kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(g->b, 512, &e) < 0)
+        model_prepare(g->m, g->be, &e) < 0 || model_ctx_new(&g->c, g->m, g->be, n_batch, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+    /* the sliding pool sized for the context's chunks, as the CLI sizes it (ADR 0023) */
+    kp.n_batch = g->c->n_batch;
+    if (kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0 || batch_init(g->b, 512, &e) < 0)
         fail_msg("%s: %s", dir, e.msg);
 }
 
@@ -63,7 +66,7 @@ struct kv_cache *test_kv_new(const struct test_model *f, int n_tokens, int max_s
     struct err e = {0};
     struct kv_cache *kv = NULL;
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
-                           .dtype = DTYPE_F32};
+                           .dtype = DTYPE_F32, .n_batch = f->c->n_batch};
     if (kv_cache_new(&kv, f->m, f->be, &kp, &e) < 0)
         fail_msg("%s", e.msg);
     return kv;

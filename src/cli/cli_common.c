@@ -373,7 +373,7 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                            .dtype = DTYPE_F32};
     if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0 ||
         (rc = model_prepare(m, en->be, e)) < 0 || (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
-        (rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
+        (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
         cli_engine_close(en);
         return rc;
     }
