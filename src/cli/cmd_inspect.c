@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "../core/log.h"
+#include "../engine/kvcache.h"
 #include "../models/model.h"
 #include "cli.h"
 
@@ -137,6 +138,25 @@ static cJSON *build_json(const struct model *m)
     }
     cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(m));
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)model_kv_bytes_per_token(m));
+    struct model_kv_sizes z;
+    model_kv_sizes(m, &z);
+    cJSON *kinds = cJSON_AddObjectToObject(o, "kv_layers");
+    cJSON *full = kinds ? cJSON_AddObjectToObject(kinds, "full") : NULL;
+    if (full) {
+        cJSON_AddNumberToObject(full, "layers", z.n_full);
+        cJSON_AddNumberToObject(full, "bytes_per_token", (double)z.full_per_token);
+        cJSON_AddNumberToObject(full, "bytes_at_n_ctx", (double)(z.full_per_token * (uint64_t)hp->n_ctx));
+    }
+    cJSON *swa = kinds && z.n_swa ? cJSON_AddObjectToObject(kinds, "sliding") : NULL;
+    if (swa) {
+        int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
+        cJSON_AddNumberToObject(swa, "layers", z.n_swa);
+        cJSON_AddNumberToObject(swa, "window", z.window);
+        cJSON_AddNumberToObject(swa, "bytes_per_token", (double)z.swa_per_token);
+        cJSON_AddNumberToObject(swa, "max_positions", most);
+        cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)(z.swa_per_token * (uint64_t)most));
+    }
+    cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK));
     int n_latent = latent_layers(hp);
     if (n_latent > 0) {
         cJSON *lat = cJSON_AddObjectToObject(o, "kv_latent");
@@ -202,6 +222,30 @@ static void print_unused(const struct st_set *st, bool verbose)
     }
 }
 
+/* The cache per token and its bound at n_ctx, by layer kind (sliding layers keep at most
+ * their window plus one block of KV_DEFAULT_BLOCK positions: ADR 0023). */
+static void print_kv(const struct model *m, uint64_t per_token)
+{
+    const struct hparams *hp = &m->hp;
+    struct model_kv_sizes z;
+    char a[64], b[64];
+    model_kv_sizes(m, &z);
+    cli_format_bytes(per_token, a, sizeof a);
+    cli_format_bytes(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), b, sizeof b);
+    printf("%-18s %s per token; %s per sequence at n_ctx %d\n", "kv cache", a, b, hp->n_ctx);
+    if (z.n_swa == 0)
+        return;
+    int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
+    cli_format_bytes(z.full_per_token, a, sizeof a);
+    cli_format_bytes(z.full_per_token * (uint64_t)hp->n_ctx, b, sizeof b);
+    printf("%-18s %d layers, %s per token, every position (%s at n_ctx)\n", "  full layers", z.n_full,
+           a, b);
+    cli_format_bytes(z.swa_per_token, a, sizeof a);
+    cli_format_bytes(z.swa_per_token * (uint64_t)most, b, sizeof b);
+    printf("%-18s %d layers, %s per token, window %d: at most %d positions (%s)\n",
+           "  sliding layers", z.n_swa, a, z.window, most, b);
+}
+
 static void print_text(const struct model *m, bool verbose)
 {
     const struct hparams *hp = &m->hp;
@@ -236,10 +280,7 @@ static void print_text(const struct model *m, bool verbose)
     uint64_t wb = model_weight_bytes(m), kv = model_kv_bytes_per_token(m);
     cli_format_bytes(wb, buf, sizeof buf);
     printf("%-18s %s (%llu bytes)\n", "weights", buf, (unsigned long long)wb);
-    cli_format_bytes(kv, buf, sizeof buf);
-    printf("%-18s %s per token", "kv cache", buf);
-    cli_format_bytes(kv * (uint64_t)hp->n_ctx, buf, sizeof buf);
-    printf(" (%s at n_ctx %d)\n", buf, hp->n_ctx);
+    print_kv(m, kv);
     if (latent_layers(hp) > 0) {
         uint64_t full = full_kv_bytes(hp);
         cli_format_bytes(full, buf, sizeof buf);

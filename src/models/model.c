@@ -259,12 +259,42 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
     return 0;
 }
 
-uint64_t model_kv_bytes_per_token(const struct model *m)
+void model_kv_sizes(const struct model *m, struct model_kv_sizes *out)
 {
     const struct hparams *hp = &m->hp;
-    uint64_t n = 0;
-    for (int il = 0; il < hp->n_layer; il++)
-        n += hp->layer[il].kv == KV_LATENT ? (uint64_t)(hp->kv_lora_rank + hp->qk_rope_dim)
+    memset(out, 0, sizeof *out);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        uint64_t row = ls->kv == KV_LATENT ? (uint64_t)(hp->kv_lora_rank + hp->qk_rope_dim)
                                            : 2ull * hp->n_kv_head * hp->head_dim;
-    return n * sizeof(float);
+        if (ls->kv == KV_SLIDING && ls->window > 0) {
+            out->n_swa++;
+            out->swa_per_token += row * sizeof(float);
+            out->window = ls->window > out->window ? ls->window : out->window;
+        } else {
+            out->n_full++;
+            out->full_per_token += row * sizeof(float);
+        }
+    }
+}
+
+uint64_t model_kv_bytes_per_token(const struct model *m)
+{
+    struct model_kv_sizes z;
+    model_kv_sizes(m, &z);
+    return z.full_per_token + z.swa_per_token;
+}
+
+int model_kv_window_positions(int window, int n_tokens, int block_size)
+{
+    int64_t most = ((int64_t)(window + block_size - 1) / block_size + 1) * block_size;
+    return most < n_tokens ? (int)most : n_tokens;
+}
+
+uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size)
+{
+    struct model_kv_sizes z;
+    model_kv_sizes(m, &z);
+    return z.full_per_token * (uint64_t)n_tokens +
+           z.swa_per_token * (uint64_t)model_kv_window_positions(z.window, n_tokens, block_size);
 }

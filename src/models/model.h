@@ -139,8 +139,25 @@ void model_free(struct model *m);
 int64_t model_n_params(const struct model *m);
 /* Bytes of weights (as stored). */
 uint64_t model_weight_bytes(const struct model *m);
-/* KV-cache bytes per token of context. */
+/* KV-cache bytes per token of context while a sequence is shorter than every window
+ * (every layer's rows). */
 uint64_t model_kv_bytes_per_token(const struct model *m);
+/* The cache by layer kind (ADR 0023): full and latent layers keep every position,
+ * sliding-window layers at most their window plus one block. */
+struct model_kv_sizes {
+    int n_full, n_swa;              /* layers of each kind (latent layers count as full) */
+    uint64_t full_per_token;        /* bytes per position of the full and latent layers */
+    uint64_t swa_per_token;         /* bytes per position of the sliding layers */
+    int window;                     /* the largest window (0: no sliding layer) */
+};
+void model_kv_sizes(const struct model *m, struct model_kv_sizes *out);
+/* Most positions a sliding layer holds for one decoding sequence in blocks of
+ * block_size: the window's blocks plus one of misalignment (kvcache's bound for a
+ * one-row chunk); n_tokens when shorter. */
+int model_kv_window_positions(int window, int n_tokens, int block_size);
+/* KV-cache bytes of one sequence of n_tokens positions in blocks of block_size: the
+ * full layers' rows of every position, the sliding layers' of at most their window. */
+uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size);
 
 /* Prepare every weight for be once (backend_ops.prepare_weight: the CPU keeps the mmap
  * views; a GPU uploads). A model is prepared for one backend. */

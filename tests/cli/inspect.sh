@@ -142,4 +142,17 @@ jhas "last" '"zz.unused.24"\]'
 n=$(tr ',' '\n' <"$T/flat" | grep -c '"zz\.unused\.')
 [ "$n" -eq 25 ] || fail "unused_tensors has $n names, expected 25"
 
+# ---- sliding-window layers: the bounded cache per layer kind (ADR 0023) ----
+# gemma3_text golden: one full and one sliding layer of 2 kv heads x 32 dims (512 B a
+# token each), window 8: at most 2 blocks of 16 = 32 positions; n_ctx 256
+run "$BIN" inspect -m tests/fixtures/golden/gemma3_text
+expect_rc 0 "inspect gemma3_text"
+has "kv total" '^kv cache  *1\.0 KiB per token; 144\.0 KiB per sequence at n_ctx 256$'
+has "kv full" '^  full layers  *1 layers, 512 B per token, every position (128\.0 KiB at n_ctx)$'
+has "kv sliding" '^  sliding layers  *1 layers, 512 B per token, window 8: at most 32 positions (16\.0 KiB)$'
+run "$BIN" inspect -m tests/fixtures/golden/gemma3_text --json
+flat
+jhas "sliding json" '"sliding":{"layers":1,"window":8,"bytes_per_token":512,"max_positions":32,"bytes_at_n_ctx":16384}'
+jhas "bounded total" '"kv_bytes_at_n_ctx":147456'
+
 echo "inspect: ok"
