@@ -82,7 +82,7 @@ static char *convert_to_tmp(const char *src, const struct quant_params *q)
     cJSON_Delete(cfg);
     char *dir = stb_tmpdir();
     assert_non_null(dir);
-    struct convert_opts o = {src, dir, ops->expert_stacking, NULL, -1, q, NULL, NULL};
+    struct convert_opts o = {src, dir, ops->expert_stacking, NULL, -1, q, NULL, NULL, ops->quant_predicate};
     struct convert_stats st;
     if (convert_checkpoint(&o, &st, &e) < 0)
         fail_msg("%s", e.msg);
@@ -202,7 +202,7 @@ static void test_plan(void **state)
     };
     struct quant_params q = {QMODE_AFFINE, 4, 64, QUANT_GPU};
     static const char *const drop[] = {"lm_head.weight", NULL};
-    struct ck_plan_opts o = {k_rules, DTYPE_F16, &q, drop};
+    struct ck_plan_opts o = {k_rules, DTYPE_F16, &q, drop, NULL};
     struct ck_tensor *t = NULL;
     size_t n = 0;
     struct err e = {0};

@@ -107,9 +107,9 @@ void cli_progress_end(const struct cli_progress_state *p)
 
 /* ---- command ---- */
 
-/* The family of the source: its stacking rules and whether its head is tied. */
-static int source_family(const char *dir, const struct expert_stack_rule **rules, bool *tied,
-                         struct err *e)
+/* The family of the source: its stacking rules, its quant predicate and whether its head
+ * is tied. */
+static int source_family(const char *dir, struct convert_opts *o, bool *tied, struct err *e)
 {
     char path[4200];
     cJSON *cfg = NULL;
@@ -123,7 +123,8 @@ static int source_family(const char *dir, const struct expert_stack_rule **rules
     if ((rc = registry_resolve(cfg, &ops, e)) < 0 || (rc = ops->parse_config(&hp, cfg, e)) < 0) {
         err_prefix(e, "%s", path);
     } else {
-        *rules = ops->expert_stacking;
+        o->rules = ops->expert_stacking;
+        o->predicate = ops->quant_predicate;
         *tied = hp.tie_embd;
     }
     cJSON_Delete(cfg);
@@ -222,7 +223,7 @@ int cmd_convert(int argc, char **argv)
     }
     if ((quantize && cli_quant_resolve(&qf, &q, &e) < 0) ||
         cli_resolve_model(src, dir, sizeof dir, &e) < 0 ||
-        source_family(dir, &o.rules, &tied, &e) < 0)
+        source_family(dir, &o, &tied, &e) < 0)
         return cli_fail("convert", &e);
     /* mlx-lm's sanitize drops a tied head's copy; the embedding serves as the head */
     static const char *const drop_tied[] = {"lm_head.weight", NULL};

@@ -96,12 +96,41 @@ static bool ends_with(const char *s, const char *suf)
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-/* Fill the dtype and quantize flag of an output tensor from its source dtype. */
+/* A norm module's weight (RMSNorm, LayerNorm, Cohere's per-head [n_head, head_dim] ones):
+ * never an nn.Linear, so mlx-lm never quantizes it whatever its shape. */
+static bool is_norm(const char *name)
+{
+    const char *dot = strrchr(name, '.'), *p = dot;
+    while (p && p > name && p[-1] != '.')
+        p--;
+    for (; p && p < dot; p++)
+        if (strncmp(p, "norm", 4) == 0)
+            return true;
+    return false;
+}
+
+/* Fill the dtype and quantize flag of an output tensor from its source dtype; the
+ * family's predicate has the last word on a candidate. */
 static void finish_tensor(struct ck_tensor *t, enum dtype src_dt, const struct ck_plan_opts *o)
 {
     t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 ? (enum dtype)o->dtype : src_dt;
     t->quantize = o->q && dtype_is_float(t->dtype) && ends_with(t->name, ".weight") &&
-                  quant_shape_ok(o->q, t->ndim, t->shape);
+                  !is_norm(t->name) && quant_shape_ok(o->q, t->ndim, t->shape);
+    if (!t->quantize || !o->predicate)
+        return;
+    char module[CK_MAX_NAME + 64];
+    snprintf(module, sizeof module, "%.*s", (int)(strlen(t->name) - strlen(".weight")), t->name);
+    switch (o->predicate(module, o->q, &t->qp)) {
+    case CK_Q_FLOAT:
+        t->quantize = false;
+        break;
+    case CK_Q_OVERRIDE:
+        t->has_qp = true;
+        t->quantize = quant_shape_ok(&t->qp, t->ndim, t->shape);
+        break;
+    default:
+        break;
+    }
 }
 
 static int add_single(struct ck_tensor *t, const struct ck_input *in, const struct ck_plan_opts *o,
@@ -346,7 +375,7 @@ static void qjob_run(void *ctx, int ith, int nth)
 static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct err *e)
 {
     const struct ck_tensor *t = &c->t[ti];
-    const struct quant_params *q = c->q;
+    const struct quant_params *q = t->has_qp ? &t->qp : c->q;
     size_t esz = dtype_size(t->dtype), ssz = dtype_size(quant_scale_dtype(q, t->dtype));
     int64_t n_in = t->shape[t->ndim - 1], rows = n_elems(t) / n_in, part_rows = rows / t->n_parts;
     int64_t words = quant_row_words(q, n_in), groups = quant_row_groups(q, n_in);
@@ -418,7 +447,8 @@ static int build_entries(const struct ck_tensor *t, size_t n, const struct quant
         }
         size_t plen = strlen(t[i].name) - strlen(".weight");
         static const char *const suffix[] = {".weight", ".scales", ".biases"};
-        int n_roles = q->mode == QMODE_AFFINE ? 3 : 2;
+        const struct quant_params *tq = t[i].has_qp ? &t[i].qp : q;
+        int n_roles = tq->mode == QMODE_AFFINE ? 3 : 2;
         for (int r = 0; r < n_roles; r++) {
             struct entry *x = &en[k++];
             x->name = malloc(plen + 8);
@@ -431,8 +461,8 @@ static int build_entries(const struct ck_tensor *t, size_t n, const struct quant
             x->w.ndim = t[i].ndim;
             memcpy(x->w.shape, t[i].shape, sizeof x->w.shape);
             int64_t last = t[i].shape[t[i].ndim - 1];
-            x->w.shape[t[i].ndim - 1] = r == 0 ? quant_row_words(q, last) : quant_row_groups(q, last);
-            x->w.dtype = r == 0 ? DTYPE_U32 : quant_scale_dtype(q, t[i].dtype);
+            x->w.shape[t[i].ndim - 1] = r == 0 ? quant_row_words(tq, last) : quant_row_groups(tq, last);
+            x->w.dtype = r == 0 ? DTYPE_U32 : quant_scale_dtype(tq, t[i].dtype);
         }
     }
     qsort(en, k, sizeof *en, cmp_entry);
@@ -465,8 +495,10 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
     c.progress = progress;
     c.pud = progress_ud;
     for (size_t i = 0; i < n; i++) {
-        if (t[i].quantize && (!q || (rc = quant_params_check(q, e)) < 0))
-            return q ? rc : err_setf(e, ERR_INTERNAL, "'%s' is marked for quantizing without parameters", t[i].name);
+        if (t[i].quantize && !q)
+            return err_setf(e, ERR_INTERNAL, "'%s' is marked for quantizing without parameters", t[i].name);
+        if (t[i].quantize && (rc = quant_params_check(t[i].has_qp ? &t[i].qp : q, e)) < 0)
+            return rc;
         nq += t[i].quantize;
     }
     if ((rc = build_entries(t, n, q, &en, &ne, e)) < 0)
@@ -635,6 +667,32 @@ int ck_copy_into(struct outdir *od, const char *src_dir, const char *name, struc
     return ck_copy_file(a, b, CK_MAX_META, e);
 }
 
+/* One per-module entry {"group_size", "bits"} (+ "mode" when not affine: mlx-lm's
+ * predicates return none) in each quantization object of cfg, for every tensor quantized
+ * with its own parameters, in plan order. */
+static int config_add_overrides(cJSON *cfg, const struct ck_tensor *t, size_t n, struct err *e)
+{
+    static const char *const keys[] = {"quantization", "quantization_config"};
+    for (size_t i = 0; i < n; i++) {
+        if (!t[i].quantize || !t[i].has_qp)
+            continue;
+        char module[CK_MAX_NAME + 64];
+        snprintf(module, sizeof module, "%.*s", (int)(strlen(t[i].name) - strlen(".weight")),
+                 t[i].name);
+        for (int k = 0; k < 2; k++) {
+            cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, keys[k]), *o = cJSON_CreateObject();
+            if (!q || !o || !cJSON_AddNumberToObject(o, "group_size", t[i].qp.group) ||
+                !cJSON_AddNumberToObject(o, "bits", t[i].qp.bits) ||
+                (t[i].qp.mode != QMODE_AFFINE && !cJSON_AddStringToObject(o, "mode", qmode_name(t[i].qp.mode)))) {
+                cJSON_Delete(o);
+                return err_setf(e, ERR_NOMEM, "out of memory");
+            }
+            cJSON_AddItemToObject(q, module, o);
+        }
+    }
+    return 0;
+}
+
 int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
                     struct ck_stats *stats, struct err *e)
 {
@@ -648,7 +706,9 @@ int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t
         (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
         (rc = ck_write(path, t, n, f->q, f->rd, f->progress, f->progress_ud, stats, e)) < 0 ||
         (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
-        (rc = ck_config_write(od.tmp, cfg, f->q, e)) < 0) {
+        (f->q && (rc = ck_config_set_quant(cfg, f->q, e)) < 0) ||
+        (f->q && (rc = config_add_overrides(cfg, t, n, e)) < 0) ||
+        (rc = ck_config_write(od.tmp, cfg, NULL, e)) < 0) {
         outdir_abort(&od);
         return rc;
     }
@@ -777,7 +837,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
-    struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop};
+    struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop, o->predicate};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
     struct ck_reader rd = {st_read, NULL};

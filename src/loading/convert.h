@@ -8,8 +8,9 @@
  * one stacked [E, ...] tensor (mlx-lm's sanitize), every float tensor takes
  * the target dtype, and with quantization every `.weight` of >= 2 dims whose
  * last dim divides the group size is marked for quantizing (mlx-lm's rule:
- * Linear, Embedding and SwitchLinear weights, routers included; norms and
- * `.bias` vectors never) -> ck_write: P.weight becomes P.weight (U32),
+ * Linear, Embedding and SwitchLinear weights, routers included; norms, even
+ * 2-D per-head ones, and `.bias` vectors never), then the family's
+ * predicate may keep it float or give it its own parameters -> ck_write: P.weight becomes P.weight (U32),
  * P.scales and (affine) P.biases; all entries are written sorted by name
  * into one model.safetensors, streaming: float tensors in chunks, a
  * quantized tensor held (packed) only while its three entries are written.
@@ -42,6 +43,17 @@ struct expert_stack_rule {
     const char *stacked;
 };
 
+/* mlx-lm's quant_predicate of a family (its model's `quant_predicate` property), asked
+ * for every tensor the generic rule would quantize with base, by module name (the output
+ * name without ".weight"): CK_Q_FLOAT keeps it float (a module mlx-lm cannot quantize, such
+ * as DeepSeek's MoEGate), CK_Q_DEFAULT quantizes it with base, CK_Q_OVERRIDE with *qp,
+ * written as a per-module entry of config.json's quantization (the router at 8 bits). */
+#define CK_Q_FLOAT    0
+#define CK_Q_DEFAULT  1
+#define CK_Q_OVERRIDE 2
+typedef int (*ck_quant_predicate_fn)(const char *module, const struct quant_params *base,
+                                     struct quant_params *qp);
+
 /* One input tensor. handle is passed back to the reader untouched. */
 struct ck_input {
     const char *name;   /* borrowed for ck_plan's duration */
@@ -60,6 +72,8 @@ struct ck_tensor {
     int n_parts;                 /* 1, or E stacked parts */
     const void **parts;          /* [n_parts] reader handles, owned array */
     bool quantize;
+    bool has_qp;                 /* quantized with qp (a per-module entry), not the default */
+    struct quant_params qp;
 };
 
 /* Reads elements [elem0, elem0 + n) of one part, converted to dt, into dst. */
@@ -77,6 +91,7 @@ struct ck_plan_opts {
     int dtype;                              /* target float dtype, or -1 to keep each tensor's */
     const struct quant_params *q;           /* NULL: no quantization */
     const char *const *drop;                /* NULL-terminated names to leave out, or NULL */
+    ck_quant_predicate_fn predicate;        /* the family's, or NULL: every candidate */
 };
 
 /* Plan the output tensors for n inputs. *out (n_out entries) is owned by the caller
@@ -138,6 +153,7 @@ struct convert_opts {
     const struct quant_params *q;           /* NULL: float output */
     ck_progress_fn progress;
     void *progress_ud;
+    ck_quant_predicate_fn predicate;        /* the family's quant_predicate, or NULL */
 };
 
 struct convert_stats {

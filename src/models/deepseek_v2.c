@@ -415,4 +415,5 @@ const struct model_ops deepseek_v2_ops = {
     .map_weights = deepseek_map_weights,
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
+    .quant_predicate = hf_quant_gate_float,
 };

@@ -329,4 +329,5 @@ const struct model_ops gpt_oss_ops = {
     .parse_config = gpt_oss_parse_config,
     .map_weights = gpt_oss_map_weights,
     .forward = decoder_forward,
+    .quant_predicate = hf_quant_router_8bit,
 };

@@ -479,6 +479,40 @@ const struct expert_stack_rule hf_mlp_experts_stacking[] = {
     {NULL, NULL},
 };
 
+static bool module_is(const char *module, const char *suffix)
+{
+    size_t a = strlen(module), b = strlen(suffix);
+    return a >= b && strcmp(module + a - b, suffix) == 0 && (a == b || module[a - b - 1] == '.');
+}
+
+/* {"group_size": 64, "bits": 8}: affine, whatever the command's mode (mlx-lm's
+ * to_quantized defaults the mode to affine when the predicate names none). */
+static int router_8bit(const char *module, const char *suffix, const struct quant_params *base,
+                       struct quant_params *qp)
+{
+    if (!module_is(module, suffix))
+        return CK_Q_DEFAULT;
+    *qp = (struct quant_params){QMODE_AFFINE, 8, 64, base->variant};
+    return CK_Q_OVERRIDE;
+}
+
+int hf_quant_gate_8bit(const char *module, const struct quant_params *base, struct quant_params *qp)
+{
+    return router_8bit(module, "mlp.gate", base, qp);
+}
+
+int hf_quant_router_8bit(const char *module, const struct quant_params *base, struct quant_params *qp)
+{
+    return router_8bit(module, "mlp.router", base, qp);
+}
+
+int hf_quant_gate_float(const char *module, const struct quant_params *base, struct quant_params *qp)
+{
+    (void)base;
+    (void)qp;
+    return module_is(module, "mlp.gate") ? CK_Q_FLOAT : CK_Q_DEFAULT;
+}
+
 static const struct hf_moe_names block_sparse_moe_names = {
     "model.layers.%d.block_sparse_moe.gate", hf_moe_stacking, NULL, NULL,
 };

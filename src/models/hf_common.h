@@ -104,6 +104,14 @@ int hf_map_expert_linear(struct model *m, struct wmap *w, struct expert_linear *
 extern const struct expert_stack_rule hf_moe_stacking[];
 extern const struct expert_stack_rule hf_mlp_experts_stacking[];
 
+/* mlx-lm's quant predicates (model_ops.quant_predicate; convert.h's ck_quant_predicate_fn),
+ * by the module's last name: hf_quant_gate_8bit quantizes "mlp.gate" at 8 bits group 64
+ * (qwen3_moe's), hf_quant_router_8bit "mlp.router" the same (gpt_oss's), and
+ * hf_quant_gate_float keeps "mlp.gate" float (DeepSeek's MoEGate is no nn.Linear). */
+int hf_quant_gate_8bit(const char *module, const struct quant_params *base, struct quant_params *qp);
+int hf_quant_router_8bit(const char *module, const struct quant_params *base, struct quant_params *qp);
+int hf_quant_gate_float(const char *module, const struct quant_params *base, struct quant_params *qp);
+
 /* Token embedding, final norm and head under the given names (head NULL: tied). */
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,
                 const char *head, struct err *e);

@@ -88,6 +88,7 @@ struct model;
 struct model_ctx;
 struct fwd_chunk;
 struct expert_stack_rule;  /* src/loading/convert.h */
+struct quant_params;       /* src/loading/quantize.h */
 
 struct model_ops {
     const char *family;       /* our family name, e.g. "llama" */
@@ -104,6 +105,10 @@ struct model_ops {
     /* mlx-lm's sanitize of per-expert tensors into stacked ones, for `mlxcel convert`
      * and `synth -q`; NULL-terminated, or NULL for dense families. */
     const struct expert_stack_rule *expert_stacking;
+    /* mlx-lm's quant_predicate for `convert -q` / `synth -q` (ck_quant_predicate_fn:
+     * CK_Q_FLOAT, CK_Q_DEFAULT or CK_Q_OVERRIDE with *qp), or NULL: every candidate. */
+    int (*quant_predicate)(const char *module, const struct quant_params *base,
+                           struct quant_params *qp);
     /* Where map_weights accepts two layouts, name suffixes of the one published
      * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
     const char *const *synth_prefer;

@@ -48,4 +48,5 @@ const struct model_ops qwen3_moe_ops = {
     .map_weights = qwen3_moe_map_weights,
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
+    .quant_predicate = hf_quant_gate_8bit,
 };

@@ -178,7 +178,8 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
-    struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL};
+    struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL,
+                              ops->quant_predicate};
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
