@@ -125,6 +125,7 @@ static int source_family(const char *dir, struct convert_opts *o, bool *tied, st
     } else {
         o->rules = ops->expert_stacking;
         o->predicate = ops->quant_predicate;
+        o->views = ops->convert_views;
         *tied = hp.tie_embd;
     }
     cJSON_Delete(cfg);

@@ -187,11 +187,70 @@ static int add_stacked(struct ck_tensor *t, const struct ck_input *in, const str
     return 0;
 }
 
+/* name matches fmt (literal text around one "%d", the layer)? */
+static bool match_layer(const char *fmt, const char *name)
+{
+    const char *d = strstr(fmt, "%d");
+    size_t pre = d ? (size_t)(d - fmt) : 0;
+    if (!d || strncmp(fmt, name, pre) != 0)
+        return false;
+    const char *s = name + pre;
+    if (*s < '0' || *s > '9')
+        return false;
+    while (*s >= '0' && *s <= '9')
+        s++;
+    return strcmp(s, d + 2) == 0;
+}
+
+/* Output t: input `in` through rule r (the layer number is copied from the input name). */
+static int add_view(struct ck_tensor *t, const struct ck_input *in, const struct ck_view_rule *r,
+                    const struct ck_plan_opts *o, struct err *e)
+{
+    const char *d = strstr(r->in, "%d");
+    const char *num = in->name + (d - r->in), *end = num;
+    while (*end >= '0' && *end <= '9')
+        end++;
+    const char *od = strstr(r->out, "%d");
+    char name[CK_MAX_NAME + 64];
+    snprintf(name, sizeof name, "%.*s%.*s%s", (int)(od - r->out), r->out, (int)(end - num), num, od + 2);
+    bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD;
+    bool two = r->view == CK_VIEW_EVEN || r->view == CK_VIEW_ODD;
+    if ((three && in->ndim != 3) || (two && in->ndim != 2) ||
+        (r->view != CK_VIEW_T && r->view != CK_VIEW_RENAME && in->shape[in->ndim - 1] % 2 != 0))
+        return err_setf(e, ERR_FORMAT, "tensor '%s': shape does not fit mlx-lm's sanitize into '%s'",
+                        in->name, name);
+    t->name = strdup(name);
+    t->parts = malloc(sizeof *t->parts);
+    if (!t->name || !t->parts)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    t->parts[0] = in->handle;
+    t->n_parts = 1;
+    t->ndim = in->ndim;
+    memcpy(t->shape, in->shape, sizeof t->shape);
+    if (three) {
+        memcpy(t->src_shape, in->shape, sizeof t->src_shape);
+        t->shape[1] = in->shape[2] / (r->view == CK_VIEW_T ? 1 : 2);
+        t->shape[2] = in->shape[1];
+    } else if (two) {
+        t->src_shape[0] = in->shape[0];
+        t->src_shape[1] = 1;
+        t->src_shape[2] = in->shape[1];
+        t->shape[1] = in->shape[1] / 2;
+    }
+    t->view = r->view == CK_VIEW_RENAME ? CK_VIEW_NONE : r->view;
+    finish_tensor(t, in->dtype, o);
+    return 0;
+}
+
 int ck_plan(const struct ck_input *in, size_t n, const struct ck_plan_opts *o, struct ck_tensor **out,
             size_t *n_out, struct err *e)
 {
     struct member *mem = malloc((n ? n : 1) * sizeof *mem);
-    struct ck_tensor *t = calloc(n ? n : 1, sizeof *t);
+    size_t n_views = 0;
+    for (size_t r = 0; o->views && o->views[r].in; r++)
+        n_views++;
+    /* a view rule may turn one input into two outputs */
+    struct ck_tensor *t = calloc(n ? 2 * n : 1, sizeof *t);
     bool *stacked = calloc(n ? n : 1, sizeof *stacked);
     size_t nm = 0, nt = 0;
     int rc = 0;
@@ -212,6 +271,16 @@ int ck_plan(const struct ck_input *in, size_t n, const struct ck_plan_opts *o, s
                 stacked[i] = true;
                 break;
             }
+        }
+    }
+    for (size_t i = 0; i < n && n_views && rc == 0; i++) {
+        if (strlen(in[i].name) > CK_MAX_NAME || is_dropped(in[i].name, o->drop))
+            continue;
+        for (size_t r = 0; r < n_views && rc == 0; r++) {
+            if (!match_layer(o->views[r].in, in[i].name))
+                continue;
+            rc = add_view(&t[nt++], &in[i], &o->views[r], o, e);
+            stacked[i] = true;
         }
     }
     qsort(mem, nm, sizeof *mem, cmp_member);
@@ -315,6 +384,10 @@ struct wctx {
     struct st_writer *w;
     uint8_t *buf;
     size_t buf_cap;
+    uint8_t *vbuf;               /* one source slab of a view tensor */
+    size_t vbuf_cap;
+    const struct ck_tensor *vbuf_t;  /* whose slab vbuf holds (NULL: none) */
+    int64_t vbuf_x;
     ck_progress_fn progress;
     void *pud;
     uint64_t done, total;
@@ -342,6 +415,46 @@ static int put(struct wctx *c, const void *data, size_t n, struct err *e)
     return rc;
 }
 
+/* Elements [e0, e0 + k) of part p of t in t->dtype: a plain read, or for a view the
+ * gathered elements of its source, one source slab (expert) held in c->vbuf at a time
+ * and read in order (synth's generator reads each tensor once, front to back). */
+static int read_part(struct wctx *c, const struct ck_tensor *t, int p, int64_t e0, int64_t k,
+                     uint8_t *dst, struct err *e)
+{
+    if (t->view == CK_VIEW_NONE)
+        return c->rd->read(c->rd->ud, t->parts[p], t->dtype, e0, k, dst, e);
+    size_t esz = dtype_size(t->dtype);
+    int64_t A = t->src_shape[1], B = t->src_shape[2], slab = A * B;
+    int64_t R = t->shape[t->ndim - 2 < 1 ? 1 : t->ndim - 2], C = t->shape[t->ndim - 1];
+    int64_t out_slab = t->ndim == 3 ? R * C : C;
+    int rc;
+    if (c->vbuf_cap < (size_t)slab * esz) {
+        uint8_t *nb = realloc(c->vbuf, (size_t)slab * esz);
+        if (!nb)
+            return err_setf(e, ERR_NOMEM, "out of memory reordering '%s'", t->name);
+        c->vbuf = nb;
+        c->vbuf_cap = (size_t)slab * esz;
+    }
+    for (int64_t i = 0; i < k; i++) {
+        int64_t o = e0 + i, x = o / out_slab, w = o % out_slab, src;
+        if (c->vbuf_t != t || c->vbuf_x != x) {
+            if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, x * slab, slab, c->vbuf, e)) < 0)
+                return rc;
+            c->vbuf_t = t;
+            c->vbuf_x = x;
+        }
+        if (t->ndim == 3) {
+            int64_t r = w / C, col = w % C;  /* out [x][r][col] from in [x][col][r'] */
+            int64_t rr = t->view == CK_VIEW_T ? r : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
+            src = col * B + rr;
+        } else {
+            src = t->view == CK_VIEW_EVEN ? 2 * w : 2 * w + 1;
+        }
+        memcpy(dst + (size_t)i * esz, c->vbuf + (size_t)src * esz, esz);
+    }
+    return 0;
+}
+
 static int write_float(struct wctx *c, const struct ck_tensor *t, struct err *e)
 {
     size_t esz = dtype_size(t->dtype);
@@ -352,7 +465,7 @@ static int write_float(struct wctx *c, const struct ck_tensor *t, struct err *e)
     for (int p = 0; p < t->n_parts; p++) {
         for (int64_t e0 = 0; e0 < part; e0 += step) {
             int64_t k = part - e0 < step ? part - e0 : step;
-            if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, e0, k, c->buf, e)) < 0 ||
+            if ((rc = read_part(c, t, p, e0, k, c->buf, e)) < 0 ||
                 (rc = put(c, c->buf, (size_t)k * esz, e)) < 0)
                 return rc;
         }
@@ -396,7 +509,7 @@ static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct 
     for (int p = 0; p < t->n_parts; p++) {
         for (int64_t r0 = 0; r0 < part_rows; r0 += step) {
             int64_t k = part_rows - r0 < step ? part_rows - r0 : step, row = p * part_rows + r0;
-            if ((rc = c->rd->read(c->rd->ud, t->parts[p], t->dtype, r0 * n_in, k * n_in, c->buf, e)) < 0)
+            if ((rc = read_part(c, t, p, r0 * n_in, k * n_in, c->buf, e)) < 0)
                 return rc;
             struct qjob *j = &c->job;
             j->q = q;
@@ -547,6 +660,7 @@ out:
     tpool_free(c.pool);
     qcache_clear(&qc);
     free(c.buf);
+    free(c.vbuf);
     for (size_t i = 0; i < ne; i++)
         free(en[i].name);
     free(en);
@@ -837,7 +951,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
-    struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop, o->predicate};
+    struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop, o->predicate, o->views};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
     struct ck_reader rd = {st_read, NULL};

@@ -43,6 +43,23 @@ struct expert_stack_rule {
     const char *stacked;
 };
 
+/* mlx-lm sanitize steps that reorder one tensor (gpt-oss's experts in transformers'
+ * layout): the input named `in` (a printf format taking the layer) becomes the output
+ * `out` (same format) through `view`. One input may feed several outputs. */
+enum ck_view {
+    CK_VIEW_NONE = 0,
+    CK_VIEW_T,          /* [E, A, B] -> [E, B, A] */
+    CK_VIEW_T_EVEN,     /* [E, A, 2C] -> [E, C, A]: the even columns, transposed */
+    CK_VIEW_T_ODD,      /* [E, A, 2C] -> [E, C, A]: the odd columns, transposed */
+    CK_VIEW_EVEN,       /* [E, 2C] -> [E, C]: the even columns */
+    CK_VIEW_ODD,        /* [E, 2C] -> [E, C]: the odd columns */
+    CK_VIEW_RENAME,     /* unchanged, renamed */
+};
+struct ck_view_rule {
+    const char *in, *out;
+    enum ck_view view;
+};
+
 /* mlx-lm's quant_predicate of a family (its model's `quant_predicate` property), asked
  * for every tensor the generic rule would quantize with base, by module name (the output
  * name without ".weight"): CK_Q_FLOAT keeps it float (a module mlx-lm cannot quantize, such
@@ -74,6 +91,8 @@ struct ck_tensor {
     bool quantize;
     bool has_qp;                 /* quantized with qp (a per-module entry), not the default */
     struct quant_params qp;
+    enum ck_view view;           /* != NONE: parts[0] (shape src_shape) reordered */
+    int64_t src_shape[3];
 };
 
 /* Reads elements [elem0, elem0 + n) of one part, converted to dt, into dst. */
@@ -92,6 +111,7 @@ struct ck_plan_opts {
     const struct quant_params *q;           /* NULL: no quantization */
     const char *const *drop;                /* NULL-terminated names to leave out, or NULL */
     ck_quant_predicate_fn predicate;        /* the family's, or NULL: every candidate */
+    const struct ck_view_rule *views;       /* the family's, {NULL} terminated, or NULL */
 };
 
 /* Plan the output tensors for n inputs. *out (n_out entries) is owned by the caller
@@ -154,6 +174,7 @@ struct convert_opts {
     ck_progress_fn progress;
     void *progress_ud;
     ck_quant_predicate_fn predicate;        /* the family's quant_predicate, or NULL */
+    const struct ck_view_rule *views;       /* the family's convert_views, or NULL */
 };
 
 struct convert_stats {

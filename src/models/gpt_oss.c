@@ -320,6 +320,19 @@ static int gpt_oss_map_weights(struct model *m, struct st_set *st, struct err *e
     return 0;
 }
 
+/* mlx-lm's sanitize of transformers' expert layout: gate_up_proj [E, H, 2I] (gate in the even
+ * columns) becomes gate_proj / up_proj [E, I, H], down_proj [E, I, H] becomes [E, H, I], the
+ * biases split and renamed to the stacked linears' .bias */
+static const struct ck_view_rule gpt_oss_views[] = {
+    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.gate_proj.weight", CK_VIEW_T_EVEN},
+    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.up_proj.weight", CK_VIEW_T_ODD},
+    {"model.layers.%d.mlp.experts.down_proj", "model.layers.%d.mlp.experts.down_proj.weight", CK_VIEW_T},
+    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.gate_proj.bias", CK_VIEW_EVEN},
+    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.up_proj.bias", CK_VIEW_ODD},
+    {"model.layers.%d.mlp.experts.down_proj_bias", "model.layers.%d.mlp.experts.down_proj.bias", CK_VIEW_RENAME},
+    {NULL, NULL, CK_VIEW_NONE},
+};
+
 static const char *const gpt_oss_archs[] = {"GptOssForCausalLM", NULL};
 
 const struct model_ops gpt_oss_ops = {
@@ -330,4 +343,5 @@ const struct model_ops gpt_oss_ops = {
     .map_weights = gpt_oss_map_weights,
     .forward = decoder_forward,
     .quant_predicate = hf_quant_router_8bit,
+    .convert_views = gpt_oss_views,
 };

@@ -89,6 +89,7 @@ struct model_ctx;
 struct fwd_chunk;
 struct expert_stack_rule;  /* src/loading/convert.h */
 struct quant_params;       /* src/loading/quantize.h */
+struct ck_view_rule;       /* src/loading/convert.h */
 
 struct model_ops {
     const char *family;       /* our family name, e.g. "llama" */
@@ -109,6 +110,9 @@ struct model_ops {
      * CK_Q_FLOAT, CK_Q_DEFAULT or CK_Q_OVERRIDE with *qp), or NULL: every candidate. */
     int (*quant_predicate)(const char *module, const struct quant_params *base,
                            struct quant_params *qp);
+    /* mlx-lm's sanitize of tensors it reorders (gpt-oss's experts in transformers'
+     * layout), for `mlxcel convert` and `synth -q`; {NULL} terminated, or NULL. */
+    const struct ck_view_rule *convert_views;
     /* Where map_weights accepts two layouts, name suffixes of the one published
      * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
     const char *const *synth_prefer;

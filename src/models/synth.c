@@ -179,7 +179,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
     struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL,
-                              ops->quant_predicate};
+                              ops->quant_predicate, o->q ? ops->convert_views : NULL};
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
