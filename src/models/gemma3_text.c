@@ -8,10 +8,13 @@
  *   layers: sliding_window (default 4096) except every sliding_window_pattern-th layer
  *         (default 6), unless layer_types lists them
  *   rope: sliding layers rope_local_base_freq (default 1e4), unscaled; full layers
- *         rope_theta (default 1e6) with rope_scaling (e.g. linear)
+ *         rope_theta (default 1e6) with rope_scaling (e.g. linear); transformers 5 writes
+ *         both as rope_parameters per layer type (full_attention / sliding_attention)
  *
  * Tensors: hf_map_decoder's names (sandwich norms, q_norm / k_norm).
  */
+#include <string.h>
+
 #include "../loading/config.h"
 #include "blocks.h"
 #include "gemma.h"
@@ -22,19 +25,64 @@ static const struct gemma_defaults gemma3_text_defaults = {
     4096, 6, 0.0f, 0.0f,
 };
 
+/* transformers 5's form: rope_parameters per layer type, {"full_attention": {rope_type,
+ * rope_theta, factor...}, "sliding_attention": {rope_type: default, rope_theta}}. *flat gets a
+ * copy of cfg whose rope_parameters is the full layers' object (what the flat form's
+ * rope_theta + rope_scaling say), and *local the sliding layers' base; NULL *flat: cfg has
+ * the flat form. */
+static int split_rope_parameters(const cJSON *cfg, cJSON **flat, float *local, struct err *e)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    const cJSON *full = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "full_attention") : NULL;
+    const cJSON *slide = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention") : NULL;
+    char type[32];
+    int rc;
+    bool nested = cJSON_IsObject(rp) && rp->child;
+    for (const cJSON *it = nested ? rp->child : NULL; it; it = it->next)
+        nested = nested && (cJSON_IsObject(it) || !strcmp(it->string, "full_attention") ||
+                            !strcmp(it->string, "sliding_attention"));
+    *flat = NULL;
+    if (!nested)
+        return 0;
+    for (const cJSON *it = rp->child; it; it = it->next)
+        if (strcmp(it->string, "full_attention") != 0 && strcmp(it->string, "sliding_attention") != 0)
+            return err_setf(e, ERR_UNSUPPORTED, "rope_parameters: layer type '%s' is not supported",
+                            it->string);
+    if ((full && !cJSON_IsObject(full)) || (slide && !cJSON_IsObject(slide)))
+        return err_setf(e, ERR_CONFIG, "rope_parameters: each layer type's entry must be an object");
+    if (slide) {
+        if ((rc = cfg_opt_str(slide, "rope_type", "default", type, sizeof type, e)) < 0 ||
+            (rc = cfg_opt_float(slide, "rope_theta", *local, local, e)) < 0)
+            return err_prefix(e, "rope_parameters.sliding_attention");
+        if (strcmp(type, "default") != 0)
+            return err_setf(e, ERR_UNSUPPORTED, "rope_parameters.sliding_attention: rope_type '%s' is "
+                            "not supported (sliding layers take an unscaled base)", type);
+    }
+    cJSON *c = cJSON_Duplicate(cfg, true), *f = full ? cJSON_Duplicate(full, true) : cJSON_CreateNull();
+    if (!c || !f) {
+        cJSON_Delete(c);
+        cJSON_Delete(f);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_scaling");
+    cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_parameters");
+    cJSON_AddItemToObject(c, "rope_parameters", f);
+    *flat = c;
+    return 0;
+}
+
 static int gemma3_text_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    /* transformers 5 nests rope_parameters per layer type; only the flat form is read */
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
-    if (cJSON_IsObject(rp) && (cJSON_GetObjectItemCaseSensitive(rp, "full_attention") ||
-                               cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention")))
-        return err_setf(e, ERR_UNSUPPORTED,
-                        "config field 'rope_parameters' per layer type is not supported");
     float local_theta;
+    cJSON *flat = NULL;
     int rc;
     hp->qk_norm = true;
     if ((rc = cfg_opt_float(cfg, "rope_local_base_freq", 10000.0f, &local_theta, e)) < 0 ||
-        (rc = gemma_parse_sandwich(hp, cfg, &gemma3_text_defaults, e)) < 0)
+        (rc = split_rope_parameters(cfg, &flat, &local_theta, e)) < 0)
+        return rc;
+    rc = gemma_parse_sandwich(hp, flat ? flat : cfg, &gemma3_text_defaults, e);
+    cJSON_Delete(flat);
+    if (rc < 0)
         return rc;
     for (int il = 0; il < hp->n_layer; il++) {
         if (hp->layer[il].kv != KV_SLIDING)

@@ -8,6 +8,9 @@
  *    norm is named.
  *  - Forward: the q/k norm, the local rope base and the full layers' scaling reach the logits.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "selftest.h"
 
 extern const struct model_ops gemma3_text_ops;
@@ -47,12 +50,27 @@ static int config_rules(struct err *e)
                               hp.layer[1].kv == KV_SLIDING && hp.layer[1].rope_theta == 1e4f,
                           "layer_types names each layer's kind and rope base", e)) < 0)
         return rc;
+    /* transformers 5: rope_parameters per layer type, the flat fields absent */
+    if ((rc = stest_parse(&gemma3_text_ops,
+                          CFG(", \"sliding_window\": 8, \"sliding_window_pattern\": 2, \"rope_parameters\": "
+                              "{\"full_attention\": {\"rope_type\": \"linear\", \"factor\": 4, \"rope_theta\": 2e5}, "
+                              "\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 300}}"), &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].kv == KV_SLIDING && hp.layer[0].rope_theta == 300.0f &&
+                              hp.layer[0].rope == ROPE_DEFAULT && hp.layer[1].kv == KV_FULL &&
+                              hp.layer[1].rope == ROPE_LINEAR && hp.layer[1].rope_theta == 2e5f &&
+                              hp.rope_factor == 4.0f,
+                          "rope_parameters per layer type: local base 300, full layers linear x4 on 2e5", e)) < 0)
+        return rc;
     static const struct stest_bad bad[] = {
         {CFG(", \"sliding_window_pattern\": 0"), "sliding_window_pattern"},
         {CFG(", \"rope_local_base_freq\": \"fast\""), "rope_local_base_freq"},
         {CFG(", \"query_pre_attn_scalar\": -4"), "query_pre_attn_scalar"},
-        {CFG(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}"),
-         "rope_parameters"},
+        {CFG(", \"rope_parameters\": {\"chunked_attention\": {\"rope_type\": \"default\"}}"),
+         "layer type 'chunked_attention'"},
+        {CFG(", \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2}}"),
+         "rope_parameters.sliding_attention: rope_type 'linear'"},
+        {CFG(", \"rope_parameters\": {\"full_attention\": 7}"), "must be an object"},
+        {CFG(", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"ntk\"}}"), "'ntk'"},
     };
     return stest_parse_fails_all(&gemma3_text_ops, bad, sizeof bad / sizeof bad[0], e);
 }
@@ -80,6 +98,37 @@ static void no_qk_norm(struct model *m)
         m->hp.layer[il].qk_norm = false;
 }
 
+/* The golden config rewritten as transformers 5 writes it (rope_parameters per layer type)
+ * gives the golden logits, bit for bit; stale flat fields beside it are not read. */
+static int same_as_transformers5(struct err *e)
+{
+    static const char *const patch =
+        "{\"rope_scaling\": null, \"rope_theta\": 5.0, \"rope_local_base_freq\": 1.0, "
+        "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"linear\", \"factor\": 8.0, "
+        "\"rope_theta\": 1000000.0}, \"sliding_attention\": {\"rope_type\": \"default\", "
+        "\"rope_theta\": 10000.0}}}";
+    struct model *a = NULL, *b = NULL;
+    float *l = NULL;
+    int rc;
+    if ((rc = stest_load_variant(&a, "gemma3_text", NULL, NULL, e)) < 0 ||
+        (rc = stest_load_variant(&b, "gemma3_text", patch, NULL, e)) < 0)
+        goto out;
+    int nv = a->hp.n_vocab;
+    if (!(l = malloc(2 * (size_t)nv * sizeof *l))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = stest_prompt_logits(a, l, e)) < 0 || (rc = stest_prompt_logits(b, l + nv, e)) < 0)
+        goto out;
+    rc = stest_check(memcmp(l, l + nv, (size_t)nv * sizeof *l) == 0,
+                     "transformers 5's rope_parameters give the flat form's logits", e);
+out:
+    free(l);
+    model_free(a);
+    model_free(b);
+    return rc;
+}
+
 /* rope bases and scaling are read when the context is prepared: change them through config */
 static int forward_reads(struct err *e)
 {
@@ -91,7 +140,9 @@ static int forward_reads(struct err *e)
     model_free(m);
     if (rc < 0 || (rc = stest_patch_changes_logits("gemma3_text", "{\"rope_local_base_freq\": 1e6}", e)) < 0)
         return rc;
-    return stest_patch_changes_logits("gemma3_text", "{\"rope_scaling\": null}", e);
+    if ((rc = stest_patch_changes_logits("gemma3_text", "{\"rope_scaling\": null}", e)) < 0)
+        return rc;
+    return same_as_transformers5(e);
 }
 
 int gemma3_text_ops_self_test(struct err *e)
