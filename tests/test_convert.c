@@ -82,11 +82,14 @@ static char *convert_to_tmp(const char *src, const struct quant_params *q)
     snprintf(path, sizeof path, "%s/config.json", src);
     assert_int_equal(cfg_load_file(path, FILE_USER, &cfg, &e), 0);
     assert_int_equal(registry_resolve(cfg, &ops, &e), 0);
+    struct ck_view_rule vbuf[CK_MAX_VIEWS];
+    struct convert_opts o = {src, NULL, ops->expert_stacking, NULL, -1, q, NULL, NULL, ops->quant_predicate,
+                             NULL};
+    assert_int_equal(model_convert_views(ops, cfg, vbuf, &o.views, &e), 0);
     cJSON_Delete(cfg);
     char *dir = stb_tmpdir();
     assert_non_null(dir);
-    struct convert_opts o = {src, dir, ops->expert_stacking, NULL, -1, q, NULL, NULL, ops->quant_predicate,
-                             ops->convert_views};
+    o.dst = dir;
     struct convert_stats st;
     if (convert_checkpoint(&o, &st, &e) < 0)
         fail_msg("%s", e.msg);
@@ -449,6 +452,11 @@ static void check_mlx_layout(const char *name, const char *dir)
     }
     if (router8 && n_router == 0)
         fail_msg("%s: no router found", name);
+    /* mlx-lm's deepseek_v3 splits kv_b_proj into the MultiLinears embed_q / unembed_out */
+    bool v3 = strcmp(name, "deepseek_v3") == 0;
+    if (gate_float && (v3 != (st_set_find(s, "model.layers.0.self_attn.embed_q.weight") != NULL) ||
+                       v3 == (st_set_find(s, "model.layers.0.self_attn.kv_b_proj.weight") != NULL)))
+        fail_msg("%s: kv_b_proj is not laid out as mlx-lm's %s", name, name);
     st_set_free(s);
 }
 
@@ -488,6 +496,9 @@ static void test_golden2_quantized(void **state)
 #define RUN(n) golden2_quantized(#n, &q8, 0.1); golden2_quantized(#n, &q4, 0);
     GOLDEN2_QCASES(RUN)
 #undef RUN
+    /* group 32 quantizes DeepSeek-V3's unembed_out (kv_lora_rank 32) too */
+    struct quant_params q8g32 = {QMODE_AFFINE, 8, 32, QUANT_GPU};
+    golden2_quantized("deepseek_v3", &q8g32, 0.1);
     /* gpt-oss as its mlx-community uploads are made: mxfp4, the router affine 8-bit */
     struct quant_params mx = {QMODE_MXFP4, 4, 32, QUANT_GPU};
     golden2_quantized("gpt_oss", &mx, 0);

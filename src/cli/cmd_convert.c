@@ -109,7 +109,8 @@ void cli_progress_end(const struct cli_progress_state *p)
 
 /* The family of the source: its stacking rules, its quant predicate and whether its head
  * is tied. */
-static int source_family(const char *dir, struct convert_opts *o, bool *tied, struct err *e)
+static int source_family(const char *dir, struct convert_opts *o, struct ck_view_rule *views,
+                         bool *tied, struct err *e)
 {
     char path[4200];
     cJSON *cfg = NULL;
@@ -125,8 +126,8 @@ static int source_family(const char *dir, struct convert_opts *o, bool *tied, st
     } else {
         o->rules = ops->expert_stacking;
         o->predicate = ops->quant_predicate;
-        o->views = ops->convert_views;
         *tied = hp.tie_embd;
+        rc = model_convert_views(ops, cfg, views, &o->views, e);
     }
     cJSON_Delete(cfg);
     return rc;
@@ -209,6 +210,7 @@ int cmd_convert(int argc, char **argv)
     struct err e = {0};
     struct quant_params q;
     struct convert_opts o = {0};
+    struct ck_view_rule views[CK_MAX_VIEWS];
     struct convert_stats st;
     struct cli_progress_state prog = {"convert", -1};
     char dir[4096];
@@ -224,7 +226,7 @@ int cmd_convert(int argc, char **argv)
     }
     if ((quantize && cli_quant_resolve(&qf, &q, &e) < 0) ||
         cli_resolve_model(src, dir, sizeof dir, &e) < 0 ||
-        source_family(dir, &o, &tied, &e) < 0)
+        source_family(dir, &o, views, &tied, &e) < 0)
         return cli_fail("convert", &e);
     /* mlx-lm's sanitize drops a tied head's copy; the embedding serves as the head */
     static const char *const drop_tied[] = {"lm_head.weight", NULL};

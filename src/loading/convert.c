@@ -215,8 +215,10 @@ static int add_view(struct ck_tensor *t, const struct ck_input *in, const struct
     snprintf(name, sizeof name, "%.*s%.*s%s", (int)(od - r->out), r->out, (int)(end - num), num, od + 2);
     bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD;
     bool two = r->view == CK_VIEW_EVEN || r->view == CK_VIEW_ODD;
+    bool heads = r->view == CK_VIEW_HEAD_K_T || r->view == CK_VIEW_HEAD_V;
     if ((three && in->ndim != 3) || (two && in->ndim != 2) ||
-        (r->view != CK_VIEW_T && r->view != CK_VIEW_RENAME && in->shape[in->ndim - 1] % 2 != 0))
+        ((three || two) && r->view != CK_VIEW_T && in->shape[in->ndim - 1] % 2 != 0) ||
+        (heads && (in->ndim != 2 || r->a < 1 || r->b < 1 || in->shape[0] % (r->a + r->b) != 0)))
         return err_setf(e, ERR_FORMAT, "tensor '%s': shape does not fit mlx-lm's sanitize into '%s'",
                         in->name, name);
     t->name = strdup(name);
@@ -231,6 +233,16 @@ static int add_view(struct ck_tensor *t, const struct ck_input *in, const struct
         memcpy(t->src_shape, in->shape, sizeof t->src_shape);
         t->shape[1] = in->shape[2] / (r->view == CK_VIEW_T ? 1 : 2);
         t->shape[2] = in->shape[1];
+    } else if (heads) {
+        /* each head's a + b rows of C, as slabs of [a + b, C] */
+        t->src_shape[0] = in->shape[0] / (r->a + r->b);
+        t->src_shape[1] = r->a + r->b;
+        t->src_shape[2] = in->shape[1];
+        t->ndim = 3;
+        t->shape[0] = t->src_shape[0];
+        t->shape[1] = r->view == CK_VIEW_HEAD_K_T ? in->shape[1] : r->b;
+        t->shape[2] = r->view == CK_VIEW_HEAD_K_T ? r->a : in->shape[1];
+        t->head_a = r->a;
     } else if (two) {
         t->src_shape[0] = in->shape[0];
         t->src_shape[1] = 1;
@@ -443,8 +455,13 @@ static int read_part(struct wctx *c, const struct ck_tensor *t, int p, int64_t e
             c->vbuf_t = t;
             c->vbuf_x = x;
         }
-        if (t->ndim == 3) {
-            int64_t r = w / C, col = w % C;  /* out [x][r][col] from in [x][col][r'] */
+        int64_t r = w / C, col = w % C;
+        if (t->view == CK_VIEW_HEAD_K_T) {
+            src = col * B + r;                       /* out [x][i][j] = in [x][j][i], j < a */
+        } else if (t->view == CK_VIEW_HEAD_V) {
+            src = (t->head_a + r) * B + col;         /* out [x][p][i] = in [x][a + p][i] */
+        } else if (t->ndim == 3) {
+            /* out [x][r][col] from in [x][col][r'] */
             int64_t rr = t->view == CK_VIEW_T ? r : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
             src = col * B + rr;
         } else {

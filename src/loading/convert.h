@@ -44,8 +44,9 @@ struct expert_stack_rule {
 };
 
 /* mlx-lm sanitize steps that reorder one tensor (gpt-oss's experts in transformers'
- * layout): the input named `in` (a printf format taking the layer) becomes the output
- * `out` (same format) through `view`. One input may feed several outputs. */
+ * layout, DeepSeek-V3's kv_b_proj split into embed_q / unembed_out): the input named `in`
+ * (a printf format taking the layer) becomes the output `out` (same format) through
+ * `view`. One input may feed several outputs. */
 enum ck_view {
     CK_VIEW_NONE = 0,
     CK_VIEW_T,          /* [E, A, B] -> [E, B, A] */
@@ -54,11 +55,16 @@ enum ck_view {
     CK_VIEW_EVEN,       /* [E, 2C] -> [E, C]: the even columns */
     CK_VIEW_ODD,        /* [E, 2C] -> [E, C]: the odd columns */
     CK_VIEW_RENAME,     /* unchanged, renamed */
+    CK_VIEW_HEAD_K_T,   /* [H * (a + b), C] -> [H, C, a]: each head's first a rows, transposed */
+    CK_VIEW_HEAD_V,     /* [H * (a + b), C] -> [H, b, C]: each head's last b rows */
 };
 struct ck_view_rule {
     const char *in, *out;
     enum ck_view view;
+    int a, b;           /* the head split of CK_VIEW_HEAD_* (DeepSeek's nope / v rows) */
 };
+/* Most rules a family's convert_views writes (the {NULL} end included). */
+#define CK_MAX_VIEWS 16
 
 /* mlx-lm's quant_predicate of a family (its model's `quant_predicate` property), asked
  * for every tensor the generic rule would quantize with base, by module name (the output
@@ -92,7 +98,8 @@ struct ck_tensor {
     bool has_qp;                 /* quantized with qp (a per-module entry), not the default */
     struct quant_params qp;
     enum ck_view view;           /* != NONE: parts[0] (shape src_shape) reordered */
-    int64_t src_shape[3];
+    int64_t src_shape[3];        /* 2-D sources as [1 or heads, rows, cols] */
+    int head_a;                  /* CK_VIEW_HEAD_*: rows of each head before the split */
 };
 
 /* Reads elements [elem0, elem0 + n) of one part, converted to dt, into dst. */

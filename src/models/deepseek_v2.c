@@ -214,16 +214,18 @@ int deepseek_parse_config(struct hparams *hp, const cJSON *cfg, enum deepseek_ve
 
 /* ---- weights ---- */
 
-/* Row r of kv_b_proj (n elements) as f32: widened, or dequantized from MLX affine codes
- * (w = scale * q + bias per group; codes packed LSB first, as the kernels read them). */
+/* Row r of kv_b_proj (or of embed_q / unembed_out, rows of all heads in order; n elements)
+ * as f32: widened, or dequantized from MLX affine codes (w = scale * q + bias per group;
+ * codes packed LSB first, as the kernels read them). */
 static void kvb_row(float *dst, const struct tensor *t, int64_t r, int n)
 {
+    int64_t rs = t->stride[t->ndim - 2];
     if (!t->qbits) {
-        dtype_to_f32_ref(dst, (const char *)t->data + (size_t)(r * t->stride[0]) * dtype_size(t->dtype),
+        dtype_to_f32_ref(dst, (const char *)t->data + (size_t)(r * rs) * dtype_size(t->dtype),
                          t->dtype, (size_t)n);
         return;
     }
-    const uint8_t *row = (const uint8_t *)t->data + (size_t)(r * t->stride[0]) * dtype_size(t->dtype);
+    const uint8_t *row = (const uint8_t *)t->data + (size_t)(r * rs) * dtype_size(t->dtype);
     size_t groups = (size_t)(n / t->qgroup), ss = dtype_size(t->qsdtype);
     const char *sc = (const char *)t->qscales + (size_t)r * groups * ss;
     const char *bi = (const char *)t->qbiases + (size_t)r * groups * ss;
@@ -275,6 +277,36 @@ static int split_kv_b(const struct hparams *hp, const struct tensor *kvb, bool r
     return 0;
 }
 
+/* mlx-lm's split of kv_b_proj (its deepseek_v3 sanitize): embed_q [n_head, kv_lora_rank, nope]
+ * (the k rows transposed: wk_lat as it is) and unembed_out [n_head, v, kv_lora_rank] (wv_lat
+ * without its zero rope columns), float or affine-quantized, into F32 at *mem (advanced). */
+static int split_mlx(const struct hparams *hp, const struct tensor *eq, const struct tensor *uo,
+                     bool recording, struct layer *L, float **mem, struct err *e)
+{
+    int H = hp->n_head, r = hp->kv_lora_rank, lr = r + hp->qk_rope_dim;
+    int nope = hp->qk_nope_dim, vd = hp->v_head_dim;
+    for (int i = 0; i < 2; i++) {
+        const struct tensor *t = i ? uo : eq;
+        if (t->qbits ? t->qmode != QMODE_AFFINE || !t->qbiases : !dtype_is_float(t->dtype))
+            return err_setf(e, ERR_UNSUPPORTED, "%s must be float or affine-quantized",
+                            t->name ? t->name : i ? "unembed_out" : "embed_q");
+    }
+    float *wk = *mem, *wv = wk + (size_t)H * r * nope;
+    for (int64_t k = 0; k < (int64_t)H * r && !recording; k++)
+        kvb_row(wk + k * nope, eq, k, nope);
+    for (int64_t k = 0; k < (int64_t)H * vd && !recording; k++) {
+        kvb_row(wv + k * lr, uo, k, r);
+        memset(wv + k * lr + r, 0, (size_t)(lr - r) * sizeof *wv);
+    }
+    int64_t ks[3] = {H, r, nope}, vs[3] = {H, vd, lr};
+    tensor_init(&L->wk_lat, DTYPE_F32, wk, 3, ks);
+    tensor_init(&L->wv_lat, DTYPE_F32, wv, 3, vs);
+    L->wk_lat.name = "embed_q";
+    L->wv_lat.name = "unembed_out";
+    *mem = wv + (size_t)H * vd * lr;
+    return 0;
+}
+
 static int map_mla(struct model *m, struct wmap *w, struct layer *L, int il, float **mem,
                    struct tensor *views, struct err *e)
 {
@@ -293,14 +325,23 @@ static int map_mla(struct model *m, struct wmap *w, struct layer *L, int il, flo
     } else if ((rc = wm_linear(w, &L->wq, WM_REQUIRED, 0, H * hd, d, e, "%s.q_proj", pre)) < 0) {
         return rc;
     }
+    bool rec = st_set_is_recording(w->st);
     if ((rc = wm_linear(w, &L->wkv_a, WM_REQUIRED, 0, r + hp->qk_rope_dim, d, e,
                         "%s.kv_a_proj_with_mqa", pre)) < 0 ||
         (rc = wm_vec(w, &L->kv_a_norm, WM_REQUIRED, r, e, "%s.kv_a_layernorm.weight", pre)) < 0 ||
-        (rc = wm_linear(w, &kvb, WM_REQUIRED, 0, H * (hp->qk_nope_dim + hp->v_head_dim), r, e,
-                        "%s.kv_b_proj", pre)) < 0 ||
-        (rc = wm_linear(w, &L->wo, WM_REQUIRED, 0, d, H * hp->v_head_dim, e, "%s.o_proj", pre)) < 0 ||
-        (rc = split_kv_b(hp, &kvb, st_set_is_recording(w->st), L, mem, e)) < 0)
+        (rc = wm_linear(w, &L->wo, WM_REQUIRED, 0, d, H * hp->v_head_dim, e, "%s.o_proj", pre)) < 0)
         return rc;
+    if (wm_has(w, "%s.embed_q.weight", pre)) {
+        struct tensor eq, uo;
+        if ((rc = wm_linear(w, &eq, WM_REQUIRED, H, r, hp->qk_nope_dim, e, "%s.embed_q", pre)) < 0 ||
+            (rc = wm_linear(w, &uo, WM_REQUIRED, H, hp->v_head_dim, r, e, "%s.unembed_out", pre)) < 0 ||
+            (rc = split_mlx(hp, &eq, &uo, rec, L, mem, e)) < 0)
+            return rc;
+    } else if ((rc = wm_linear(w, &kvb, WM_REQUIRED, 0, H * (hp->qk_nope_dim + hp->v_head_dim), r, e,
+                               "%s.kv_b_proj", pre)) < 0 ||
+               (rc = split_kv_b(hp, &kvb, rec, L, mem, e)) < 0) {
+        return rc;
+    }
     L->mla_heads = views;
     for (int64_t h = 0; h < H; h++) {
         views[4 * h] = tensor_rows(&L->wq, h * hd, hp->qk_nope_dim);

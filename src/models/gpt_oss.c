@@ -324,14 +324,20 @@ static int gpt_oss_map_weights(struct model *m, struct st_set *st, struct err *e
  * columns) becomes gate_proj / up_proj [E, I, H], down_proj [E, I, H] becomes [E, H, I], the
  * biases split and renamed to the stacked linears' .bias */
 static const struct ck_view_rule gpt_oss_views[] = {
-    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.gate_proj.weight", CK_VIEW_T_EVEN},
-    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.up_proj.weight", CK_VIEW_T_ODD},
-    {"model.layers.%d.mlp.experts.down_proj", "model.layers.%d.mlp.experts.down_proj.weight", CK_VIEW_T},
-    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.gate_proj.bias", CK_VIEW_EVEN},
-    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.up_proj.bias", CK_VIEW_ODD},
-    {"model.layers.%d.mlp.experts.down_proj_bias", "model.layers.%d.mlp.experts.down_proj.bias", CK_VIEW_RENAME},
-    {NULL, NULL, CK_VIEW_NONE},
+    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.gate_proj.weight", CK_VIEW_T_EVEN, 0, 0},
+    {"model.layers.%d.mlp.experts.gate_up_proj", "model.layers.%d.mlp.experts.up_proj.weight", CK_VIEW_T_ODD, 0, 0},
+    {"model.layers.%d.mlp.experts.down_proj", "model.layers.%d.mlp.experts.down_proj.weight", CK_VIEW_T, 0, 0},
+    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.gate_proj.bias", CK_VIEW_EVEN, 0, 0},
+    {"model.layers.%d.mlp.experts.gate_up_proj_bias", "model.layers.%d.mlp.experts.up_proj.bias", CK_VIEW_ODD, 0, 0},
+    {"model.layers.%d.mlp.experts.down_proj_bias", "model.layers.%d.mlp.experts.down_proj.bias", CK_VIEW_RENAME, 0, 0},
+    {NULL, NULL, CK_VIEW_NONE, 0, 0},
 };
+
+static void gpt_oss_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    memcpy(out, gpt_oss_views, sizeof gpt_oss_views);
+}
 
 static const char *const gpt_oss_archs[] = {"GptOssForCausalLM", NULL};
 
@@ -343,5 +349,5 @@ const struct model_ops gpt_oss_ops = {
     .map_weights = gpt_oss_map_weights,
     .forward = decoder_forward,
     .quant_predicate = hf_quant_router_8bit,
-    .convert_views = gpt_oss_views,
+    .convert_views = gpt_oss_convert_views,
 };

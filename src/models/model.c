@@ -14,6 +14,7 @@
 
 #include "../core/log.h"
 #include "../loading/config.h"
+#include "../loading/convert.h"
 #include "registry.h"
 
 /* ---- loading ---- */
@@ -256,6 +257,22 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
     for (size_t i = 0; i < m->expert_views_used; i++)
         if ((rc = prepare_one(be, &m->expert_views[i], e)) < 0)
             return rc;
+    return 0;
+}
+
+int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck_view_rule *out,
+                        const struct ck_view_rule **views, struct err *e)
+{
+    struct hparams hp;
+    int rc;
+    *views = NULL;
+    if (!ops->convert_views)
+        return 0;
+    hparams_init(&hp);
+    if ((rc = ops->parse_config(&hp, cfg, e)) < 0)
+        return rc;
+    ops->convert_views(&hp, out);
+    *views = out;
     return 0;
 }
 

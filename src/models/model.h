@@ -110,9 +110,10 @@ struct model_ops {
      * CK_Q_FLOAT, CK_Q_DEFAULT or CK_Q_OVERRIDE with *qp), or NULL: every candidate. */
     int (*quant_predicate)(const char *module, const struct quant_params *base,
                            struct quant_params *qp);
-    /* mlx-lm's sanitize of tensors it reorders (gpt-oss's experts in transformers'
-     * layout), for `mlxcel convert` and `synth -q`; {NULL} terminated, or NULL. */
-    const struct ck_view_rule *convert_views;
+    /* mlx-lm's sanitize of tensors it reorders (gpt-oss's experts in transformers' layout,
+     * DeepSeek-V3's kv_b_proj), for `mlxcel convert` and `synth -q`: writes at most
+     * CK_MAX_VIEWS rules for hp into out, the last {NULL}; or NULL (model_convert_views). */
+    void (*convert_views)(const struct hparams *hp, struct ck_view_rule *out);
     /* Where map_weights accepts two layouts, name suffixes of the one published
      * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
     const char *const *synth_prefer;
@@ -148,6 +149,10 @@ void model_free(struct model *m);
 int64_t model_n_params(const struct model *m);
 /* Bytes of weights (as stored). */
 uint64_t model_weight_bytes(const struct model *m);
+/* The family's convert_views for config cfg into out[CK_MAX_VIEWS]: 0 and *views = out, or
+ * *views = NULL when the family reorders nothing; parse_config's error otherwise. */
+int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck_view_rule *out,
+                        const struct ck_view_rule **views, struct err *e);
 /* KV-cache bytes per token of context while a sequence is shorter than every window
  * (every layer's rows). */
 uint64_t model_kv_bytes_per_token(const struct model *m);

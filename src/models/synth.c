@@ -178,8 +178,12 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
         in[i] = (struct ck_input){s->name, s->dtype, s->ndim, {0}, s};
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
+    struct ck_view_rule vbuf[CK_MAX_VIEWS];
+    const struct ck_view_rule *views = NULL;
+    if (o->q && (rc = model_convert_views(ops, cfg, vbuf, &views, e)) < 0)
+        goto out;
     struct ck_plan_opts po = {o->q ? ops->expert_stacking : NULL, (int)st->dtype, o->q, NULL,
-                              ops->quant_predicate, o->q ? ops->convert_views : NULL};
+                              ops->quant_predicate, views};
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");

@@ -46,13 +46,14 @@ grep -q 'mlp.experts.gate_proj.scales' "$T/gpt_oss-q/model.safetensors" || fail 
 grep -q 'experts.gate_up_proj' "$T/gpt_oss-q/model.safetensors" && fail "gpt_oss -q keeps transformers' experts"
 grep -q '"model.layers.0.mlp.router":[[:space:]]*{' "$T/gpt_oss-q/config.json" || fail "gpt_oss -q: no 8-bit router entry"
 grep -q '"model.layers.1.mlp.gate":[[:space:]]*{' "$T/qwen3_moe-q/config.json" || fail "qwen3_moe -q: no 8-bit router entry"
+grep -q 'self_attn.unembed_out.weight' "$T/deepseek_v3-q/model.safetensors" || fail "deepseek_v3 -q keeps kv_b_proj"
 
 # ---- deterministic in the seed; -q equals convert -q of the float output ----
 run "$BIN" synth --config $G/phixtral/config.json -o "$T/again" --seed 7
 cmp -s "$T/again/model.safetensors" "$T/phixtral/model.safetensors" || fail "same seed, different bytes"
 run "$BIN" synth --config $G/phixtral/config.json -o "$T/seed8" --seed 8
 cmp -s "$T/seed8/model.safetensors" "$T/phixtral/model.safetensors" && fail "seed 8 gives seed 7's bytes"
-for f in phixtral mixtral gpt_oss qwen3_moe; do
+for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3; do
     run "$BIN" convert -m "$T/$f" -o "$T/$f-conv" -q
     expect_rc 0 "convert -q of synth $f"
     cmp -s "$T/$f-conv/model.safetensors" "$T/$f-q/model.safetensors" || fail "$f: synth -q != convert -q of synth"
