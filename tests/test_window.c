@@ -15,7 +15,8 @@
  * after every forward as the scheduler does, a new sequence attaches the
  * history (its window's sliding blocks are still cached) and continues with
  * the same logits; a truncation below what the sliding layers still hold is
- * refused and changes nothing.
+ * refused and changes nothing. A chunk longer than the pool was sized for
+ * fails naming the sliding layers and leaves the sequence as it was.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,7 +204,31 @@ static void window_gpt_oss(void **state)
     run_fixture("gpt_oss");
 }
 
+/* A context whose chunks are longer than the cache was sized for: the sliding pool runs out,
+ * the call fails naming it, and the sequence is back where it was. */
+static void window_chunk_too_long(void **state)
+{
+    (void)state;
+    struct wrun r;
+    struct err e = {0};
+    wrun_open(&r, "gemma3_text");
+    struct kv_params kp = {.n_tokens = 2 * T, .max_seqs = 1, .block_size = BS, .dtype = DTYPE_F32,
+                           .n_batch = NB};
+    if (model_ctx_new(&r.c, r.m, r.be, T, &e) < 0 || kv_cache_new(&r.kv, r.m, r.be, &kp, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
+    for (int i = 0; i < T; i++)
+        assert_int_equal(batch_add(&r.b, r.toks[0][i], i, 0, true, &e), 0);
+    assert_int_equal(model_forward(r.c, &r.b, r.kv, r.out, &e), -ERR_NOMEM);
+    assert_non_null(strstr(e.msg, "sliding-window layers"));
+    assert_int_equal(kv_seq_len(r.kv, 0), 0);
+    assert_int_equal(kv_window_blocks_held(r.kv), 0);
+    assert_int_equal(kv_check(r.kv, &e), 0);
+    wrun_close(&r);
+}
+
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(window_chunk_too_long),
     cmocka_unit_test(window_gemma3),
     cmocka_unit_test(window_mistral_swa),
     cmocka_unit_test(window_gpt_oss),

@@ -160,12 +160,15 @@ static int count_nonfinite(const float *logits, int rows, int V)
     return bad;
 }
 
-/* Back to each sequence's length before the call (its first row's position). */
+/* Back to each sequence's length before the call (its first row's position). A sequence
+ * whose sliding-window blocks for that length were already released (a later chunk of the
+ * call failed after an earlier one moved its window on) is emptied instead: its cache can no
+ * longer be what the caller had (ADR 0023). */
 static void rollback(const struct batch *b, struct kv_cache *kv)
 {
     for (int i = 0; i < b->n_tok; i++)
-        if (b->pos[i] < kv_seq_len(kv, b->seq[i]))
-            kv_seq_truncate(kv, b->seq[i], b->pos[i], NULL);
+        if (b->pos[i] < kv_seq_len(kv, b->seq[i]) && kv_seq_truncate(kv, b->seq[i], b->pos[i], NULL) < 0)
+            kv_seq_truncate(kv, b->seq[i], 0, NULL);
 }
 
 int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *kv, float *logits,

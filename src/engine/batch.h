@@ -43,7 +43,8 @@ int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int3
 /* Run every row of b through the model, appending each row's K/V to its sequence
  * in kv, and write the logits of the flagged rows, in row order, to
  * logits [n_flagged, n_vocab] (host memory). Chunks larger than the context's
- * n_batch are split. On error the sequences keep their previous lengths. */
+ * n_batch are split. On error the sequences keep their previous lengths (a sequence
+ * whose sliding-window blocks an earlier chunk of the call already released is emptied). */
 /* Whether one row of V logits holds only finite values (model_forward counts the rows that
  * do not into c->n_nonfinite). */
 bool logits_row_finite(const float *l, int V);

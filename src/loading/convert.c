@@ -6,7 +6,11 @@
  * scales) from its first entry to its last, which are adjacent in name order
  * (P.biases < P.scales < P.weight, and every name between two "P." names
  * starts with "P."). Sources are read through the caller's reader, so an
- * mmapped checkpoint or a random generator look the same here.
+ * mmapped checkpoint or a random generator look the same here. A view
+ * tensor (a family's reordering, ck_view_rule) holds one source slab (an
+ * expert or a head) at a time and gathers from it; a tensor the family's
+ * predicate gave its own parameters is quantized with them and named in
+ * config.json's quantization.
  */
 #include "convert.h"
 
