@@ -16,8 +16,8 @@
  * window, p]) have their own, smaller pool of blocks and their own tables
  * (ADR 0023): a sequence holds only the sliding blocks some later query can
  * still see, so its sliding layers keep at most the window plus one block
- * (plus one forward chunk while it is computed); a latent (MLA) layer keeps one row per
- * position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
+ * (plus one forward chunk while it is computed); a latent (MLA) layer keeps
+ * one row per position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
  * roped shared key), which is its K and its V (layer.v == layer.k; ADR 0019);
  * the recurrent kind is refused at creation until a family needs it. Elements are f32 (dtype is checked
  * at creation so f16/bf16 can follow).
@@ -195,7 +195,7 @@ int kv_reserve_window(struct kv_cache *kv, const int32_t *seq, const int32_t *po
 int32_t kv_slot(const struct kv_cache *kv, int seq, int pos);
 /* Slot of position pos of seq in the sliding pool (reserved by kv_reserve_window). */
 int32_t kv_slot_window(const struct kv_cache *kv, int seq, int pos);
-/* Sliding blocks held by sequences, and free (never used or cached), for tests and stats. */
+/* Blocks of the sliding pool held by sequences (neither free nor cached); 0 without one. */
 int kv_window_blocks_held(const struct kv_cache *kv);
 /* Most sliding blocks one sequence holds after a chunk of n_rows rows (window w, blocks of
  * bs): the window before its first row plus the chunk, plus one block of misalignment. */

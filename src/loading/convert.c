@@ -818,7 +818,8 @@ static int config_add_overrides(cJSON *cfg, const struct ck_tensor *t, size_t n,
             cJSON *q = cJSON_GetObjectItemCaseSensitive(cfg, keys[k]), *o = cJSON_CreateObject();
             if (!q || !o || !cJSON_AddNumberToObject(o, "group_size", t[i].qp.group) ||
                 !cJSON_AddNumberToObject(o, "bits", t[i].qp.bits) ||
-                (t[i].qp.mode != QMODE_AFFINE && !cJSON_AddStringToObject(o, "mode", qmode_name(t[i].qp.mode)))) {
+                (t[i].qp.mode != QMODE_AFFINE &&
+                 !cJSON_AddStringToObject(o, "mode", qmode_name(t[i].qp.mode)))) {
                 cJSON_Delete(o);
                 return err_setf(e, ERR_NOMEM, "out of memory");
             }
