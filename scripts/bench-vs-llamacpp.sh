@@ -1,37 +1,509 @@
-#!/bin/sh
-# bench-vs-llamacpp.sh: the comparison of docs/benchmarks.md ("Phixtral-4x2_8 in MLX 4-bit and
-# 8-bit, against llama.cpp"), both engines back to back on one quiet machine. Not run by CI.
-#
-# Needs (outside the repository):
-#   MODELS/phixtral-4x2_8-q4, -q8   mlxcel synth -c CONFIG -q --q-bits {4,8} --q-group-size 64 --seed 1
-#                                   (CONFIG: phixtral-4x2_8-l8 of make-bench-models.sh, n_layer 32)
-#   GGUF/phixtral-proxy-phi2dense-q4_0.gguf, -q8_0.gguf
-#                                   scripts/make-proxy-gguf.py --variant phi2dense (llama.cpp's gguf-py
-#                                   on PYTHONPATH), then llama-quantize --pure to Q4_0 / Q8_0
-#   LLAMA_BENCH                     a llama.cpp build's llama-bench
-# and /tmp/membw (gcc -O2 -march=native -pthread -o /tmp/membw dev/membw.c).
-# Each weight file is dropped from the page cache and read back before its run (see Method).
-set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-B=${MLXCEL:-$root/build/mlxcel}
-L=${LLAMA_BENCH:-/work/llamacpp/build/bin/llama-bench}
-M=${MODELS:-/work/bench-models}
-G=${GGUF:-/work/bench-models/llamacpp}
-refresh() {
-    python3 -c "import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)" "$1"
-    cat "$1" > /dev/null
+#!/bin/bash
+# bench-vs-llamacpp.sh: mlxcel against llama.cpp on the CPU, side by side, from nothing
+# (issue 13). One command on a fresh Debian 12 machine:
+#   1. fetches node-llama-cpp@3.22.1 with `npm pack` into a cache folder outside the repository
+#      and builds llama-bench and llama-quantize from the llama.cpp source bundled in it (CMake
+#      Release, CPU only, GGML_NATIVE=ON), unless that cache (or LLAMA_BUILD) has them already;
+#   2. writes the models: MLX checkpoints with `mlxcel synth` (bf16, 8-bit g64, 4-bit g64) and
+#      their GGUF twins for llama.cpp (scripts/hf2gguf.py: the same bf16 values as F16, then
+#      `llama-quantize --pure` to Q8_0 / Q4_0; Phixtral's twin is the phi2 proxy of
+#      scripts/make-proxy-gguf.py, which reads the same bytes per token);
+#   3. runs the matrix interleaved A/B/A per model and width (mlxcel, llama.cpp, mlxcel): pp512,
+#      tg128, tg128 at depth 4096, and mlxcel's batched decode (8 sequences against 1), on
+#      2 threads, each weight file dropped from the page cache and read back before its run,
+#      `membw` before and after (docs/benchmarks.md, "Method");
+#   4. writes results.json (one object per measurement, ratios and bandwidth fractions
+#      computed), ratios.png (gnuplot) and table.md to the output folder, and prints the table.
+# Everything it builds or writes lives in the cache folder or the output folder; nothing in the
+# repository changes except build/ (mlxcel itself, `cmake --build build`). Not run by CI.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: scripts/bench-vs-llamacpp.sh [OPTIONS]
+
+mlxcel against llama.cpp (built from the node-llama-cpp 3.22.1 bundle) on the CPU, interleaved
+A/B/A per model and width; writes results.json, ratios.png and table.md to the output folder.
+
+  -o, --out DIR        output folder (default /tmp/bench-out)
+      --quick          a check that everything works, not a measurement: -p 64 -n 16,
+                       depth 256, 1 repetition, no waiting for a quiet machine
+      --models LIST    comma-separated, from llama-1b,phi-2,phixtral (default: all three)
+      --widths LIST    comma-separated, from bf16,q8,q4 (default: all; Phixtral only q8,q4)
+      --layers N       cut every shape to N layers (a faster check; model names get -lN)
+  -t, --threads N      threads for both engines and membw (default 2)
+  -r, --reps N         timed repetitions per test (default 3)
+      --depth N        KV-cache depth of the long-context decode test (default 4096)
+      --quiet-wait S   before each run, wait up to S seconds for 20 s in which the machine
+                       used < 0.15 cores (default 900; 0 = do not wait)
+      --setup-only     fetch, build and write the models, then stop
+  -h, --help           this help
+
+Environment:
+  BENCH_CACHE    cache folder for npm package, llama.cpp build, models (default ~/.cache/mlxcel-bench)
+  LLAMA_BUILD    an existing llama.cpp CMake build folder to use instead of building one
+                 (needs bin/llama-bench and bin/llama-quantize; its CMakeCache.txt names the
+                 source, whose gguf-py writes the GGUFs)
+  MODELS         model folder (default $BENCH_CACHE/models)
+  MLXCEL         an mlxcel binary to use instead of building build/mlxcel
+  PHIXTRAL_LAYERS  layers of the Phixtral-4x2_8 shape (default 8 of its 32, as make-bench-models.sh)
+  PYTHON         a Python 3 with numpy (default /usr/bin/python3, Debian's python3-numpy)
+
+Missing Debian packages (npm, git, cmake, build-essential, python3-numpy, gnuplot-nox) are
+installed with apt-get (as root, or through sudo).
+EOF
 }
-date -u; uptime
-/tmp/membw -r 5 | tail -2
-for q in q4 q8; do
-    f=$M/phixtral-4x2_8-$q/model.safetensors
-    refresh "$f"
-    /tmp/membw -r 3 -f "$f" | tail -1
-    echo "== mlxcel $q"; date -u; uptime
-    "$B" bench -m "$M/phixtral-4x2_8-$q" -p 512 -n 128 -r 3 -t 2 2>&1
-    g=$G/phixtral-proxy-phi2dense-$([ "$q" = q4 ] && echo q4_0 || echo q8_0).gguf
-    refresh "$g"
-    echo "== llama.cpp $g"; date -u; uptime
-    "$L" -m "$g" -p 512 -n 128 -t 2 -r 3 -o md 2>&1 | grep -v '^$'
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=/tmp/bench-out
+quick=0
+models_sel=llama-1b,phi-2,phixtral
+widths_sel=bf16,q8,q4
+layers=
+threads=2
+reps=3
+depth=4096
+quiet_wait=900
+setup_only=0
+quiet_wait_set=0
+
+die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
+log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    -o|--out) out=${2:?}; shift ;;
+    --quick) quick=1 ;;
+    --models) models_sel=${2:?}; shift ;;
+    --widths) widths_sel=${2:?}; shift ;;
+    --layers) layers=${2:?}; shift ;;
+    -t|--threads) threads=${2:?}; shift ;;
+    -r|--reps) reps=${2:?}; shift ;;
+    --depth) depth=${2:?}; shift ;;
+    --quiet-wait) quiet_wait=${2:?}; quiet_wait_set=1; shift ;;
+    --setup-only) setup_only=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option $1" ;;
+    esac
+    shift
 done
-date -u
+for v in "$threads" "$reps" "$depth" "$quiet_wait" ${layers:+"$layers"}; do
+    case $v in ''|*[!0-9]*) die "not a number: '$v'" ;; esac
+done
+
+# test sizes
+if [ "$quick" = 1 ]; then
+    n_pp=64 n_tg=16 n_seq=8
+    [ "$depth" = 4096 ] && depth=256
+    [ "$reps" = 3 ] && reps=1
+    [ "$quiet_wait_set" = 1 ] || quiet_wait=0
+    membw_args="-s 512 -r 2"
+else
+    n_pp=512 n_tg=128 n_seq=8
+    membw_args="-s 2048 -r 5"
+fi
+
+cache=${BENCH_CACHE:-$HOME/.cache/mlxcel-bench}
+models_dir=${MODELS:-$cache/models}
+py=${PYTHON:-/usr/bin/python3}
+phixtral_layers=${PHIXTRAL_LAYERS:-8}
+NLC_VERSION=3.22.1
+
+case "$(mkdir -p "$cache" && cd "$cache" && pwd)/" in
+"$root"/*) die "BENCH_CACHE $cache is inside the repository; use a folder outside it" ;;
+esac
+mkdir -p "$models_dir" "$out"
+case "$(cd "$models_dir" && pwd)/" in
+"$root"/*) die "MODELS $models_dir is inside the repository; use a folder outside it" ;;
+esac
+out=$(cd "$out" && pwd)
+
+# ---- dependencies ----
+
+# need CMD PACKAGE: install PACKAGE with apt-get when CMD is missing, or say what to do
+apt_missing=""
+need() { command -v "$1" >/dev/null 2>&1 || apt_missing="$apt_missing $2"; }
+need npm npm
+need git git
+need cmake cmake
+need g++ build-essential
+need gnuplot gnuplot-nox
+need lscpu util-linux
+"$py" -c 'import numpy' 2>/dev/null || apt_missing="$apt_missing python3-numpy"
+if [ -n "$apt_missing" ]; then
+    if [ "$(id -u)" -eq 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo=sudo; else
+        die "missing Debian packages:$apt_missing (apt-get install them as root)"
+    fi
+    command -v apt-get >/dev/null || die "missing:$apt_missing, and no apt-get to install them"
+    log "installing$apt_missing"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2
+    # shellcheck disable=SC2086
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $apt_missing >&2
+fi
+"$py" -c 'import numpy' 2>/dev/null || die "$py cannot import numpy (PYTHON=a python3 with numpy)"
+
+# ---- llama.cpp from the node-llama-cpp bundle ----
+
+# Sets llama_src, llama_bin, llama_pkg (the npm package folder, may be empty).
+prepare_llamacpp() {
+    llama_pkg=
+    if [ -n "${LLAMA_BUILD:-}" ]; then
+        llama_bin=$LLAMA_BUILD/bin
+        [ -f "$LLAMA_BUILD/CMakeCache.txt" ] || die "LLAMA_BUILD=$LLAMA_BUILD has no CMakeCache.txt"
+        llama_src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$LLAMA_BUILD/CMakeCache.txt")
+        for d in "$(dirname "$llama_src")/package" "$cache/node-llama-cpp-$NLC_VERSION/package"; do
+            [ -f "$d/llama/llama.cpp.info.json" ] && { llama_pkg=$d; break; }
+        done
+    else
+        local tgz=$cache/node-llama-cpp-$NLC_VERSION.tgz
+        local pkgdir=$cache/node-llama-cpp-$NLC_VERSION
+        llama_src=$cache/llama.cpp-src
+        local build=$cache/llama.cpp-build
+        llama_bin=$build/bin
+        if [ ! -f "$tgz" ]; then
+            log "npm pack node-llama-cpp@$NLC_VERSION into $cache"
+            (cd "$cache" && npm pack "node-llama-cpp@$NLC_VERSION" >"$cache/npm-pack.log" 2>&1) ||
+                die "npm pack node-llama-cpp@$NLC_VERSION failed (network? registry?)"
+        fi
+        if [ ! -f "$pkgdir/package/llama/gitRelease.bundle" ]; then
+            rm -rf "$pkgdir" && mkdir -p "$pkgdir"
+            tar -xzf "$tgz" -C "$pkgdir" || die "cannot unpack $tgz"
+        fi
+        llama_pkg=$pkgdir/package
+        [ -f "$llama_pkg/llama/gitRelease.bundle" ] || die "$tgz has no llama/gitRelease.bundle"
+        if [ ! -f "$llama_src/CMakeLists.txt" ]; then
+            rm -rf "$llama_src"
+            git -c advice.detachedHead=false clone -q "$llama_pkg/llama/gitRelease.bundle" "$llama_src" ||
+                die "cannot clone the llama.cpp source out of $llama_pkg/llama/gitRelease.bundle"
+        fi
+        if [ ! -x "$llama_bin/llama-bench" ] || [ ! -x "$llama_bin/llama-quantize" ]; then
+            log "building llama-bench and llama-quantize in $build (nice; this takes a while)"
+            nice -n 19 cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+                -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+                >"$cache/llama.cpp-cmake.log" 2>&1 ||
+                die "llama.cpp cmake failed, see $cache/llama.cpp-cmake.log"
+            nice -n 19 cmake --build "$build" --target llama-bench llama-quantize -j "$(nproc)" \
+                >"$cache/llama.cpp-build.log" 2>&1 ||
+                die "llama.cpp build failed, see $cache/llama.cpp-build.log"
+        fi
+    fi
+    [ -x "$llama_bin/llama-bench" ] || die "no llama-bench in $llama_bin"
+    [ -x "$llama_bin/llama-quantize" ] || die "no llama-quantize in $llama_bin"
+    [ -f "$llama_src/gguf-py/gguf/__init__.py" ] || die "no gguf-py in the llama.cpp source $llama_src"
+}
+
+# ---- mlxcel ----
+
+prepare_mlxcel() {
+    if [ -n "${MLXCEL:-}" ]; then
+        mlxcel=$MLXCEL
+    else
+        log "building mlxcel (build/, Release)"
+        nice -n 19 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null ||
+            die "mlxcel cmake failed (scripts/install-deps.sh installs what it needs)"
+        nice -n 19 cmake --build "$root/build" --target mlxcel -j "$(nproc)" >/dev/null ||
+            die "mlxcel build failed"
+        mlxcel=$root/build/mlxcel
+    fi
+    [ -x "$mlxcel" ] || die "no mlxcel binary at $mlxcel"
+    local m=$cache/membw
+    if [ ! -x "$m" ] || [ "$root/dev/membw.c" -nt "$m" ]; then
+        gcc -O2 -march=native -pthread -o "$m" "$root/dev/membw.c" || die "cannot build dev/membw.c"
+    fi
+    membw=$m
+}
+
+# ---- models ----
+
+# shape_config SHAPE LAYERS: the config.json of one shape on stdout
+shape_config() {
+    case $1 in
+    llama-1b) cat <<JSON
+{
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 8192,
+  "num_hidden_layers": $2, "num_attention_heads": 32, "num_key_value_heads": 8,
+  "head_dim": 64, "hidden_act": "silu", "max_position_embeddings": 8192,
+  "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": true,
+  "attention_bias": false, "mlp_bias": false, "initializer_range": 0.02,
+  "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0
+}
+JSON
+    ;;
+    phi-2) cat <<JSON
+{
+  "architectures": ["PhiForCausalLM"], "model_type": "phi",
+  "vocab_size": 51200, "hidden_size": 2560, "intermediate_size": 10240,
+  "num_hidden_layers": $2, "num_attention_heads": 32, "num_key_value_heads": 32,
+  "partial_rotary_factor": 0.4, "hidden_act": "gelu_new", "max_position_embeddings": 8192,
+  "layer_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
+  "qk_layernorm": false, "initializer_range": 0.02,
+  "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0
+}
+JSON
+    ;;
+    phixtral) cat <<JSON
+{
+  "architectures": ["PhiForCausalLM"], "model_type": "phi-msft",
+  "activation_function": "gelu_new", "n_embd": 2560, "n_head": 32, "n_head_kv": null,
+  "n_inner": 10240, "n_layer": $2, "n_positions": 8192, "rotary_dim": 32,
+  "vocab_size": 51200, "layer_norm_epsilon": 1e-05, "num_local_experts": 4,
+  "num_experts_per_tok": 2, "tie_word_embeddings": false, "initializer_range": 0.02,
+  "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0
+}
+JSON
+    ;;
+    esac
+}
+
+shape_layers() {
+    if [ -n "$layers" ]; then echo "$layers"; return; fi
+    case $1 in llama-1b) echo 16 ;; phi-2) echo 32 ;; phixtral) echo "$phixtral_layers" ;; esac
+}
+
+# model_name SHAPE: the folder / file stem, with -lN when the layer count is not the shape's own
+model_name() {
+    local n; n=$(shape_layers "$1")
+    case $1:$n in llama-1b:16|phi-2:32|phixtral:32) echo "$1" ;; *) echo "$1-l$n" ;; esac
+}
+
+# synth NAME CONFIG [FLAGS]: one MLX folder, skipped when complete (config.json is written last)
+synth() {
+    local dir=$models_dir/$1 cfg=$2
+    shift 2
+    [ -f "$dir/config.json" ] && return 0
+    rm -rf "$dir"
+    log "mlxcel synth $dir $*"
+    nice -n 19 "$mlxcel" synth --config "$cfg" -o "$dir" --seed 1 --tokenizer "$root/models/llama-tiny" \
+        "$@" >/dev/null || die "mlxcel synth $dir failed"
+}
+
+# quantize GGUF_IN GGUF_OUT TYPE
+quantize() {
+    [ -f "$2" ] && return 0
+    log "llama-quantize --pure $1 $3"
+    nice -n 19 "$llama_bin/llama-quantize" --pure "$1" "$2.tmp" "$3" "$threads" \
+        >"$2.log" 2>&1 || die "llama-quantize failed, see $2.log"
+    mv "$2.tmp" "$2"
+}
+
+# prepare_models SHAPE: the MLX folders and GGUF files of every selected width
+prepare_models() {
+    local shape=$1 name cfg width bf16 f16
+    name=$(model_name "$shape")
+    cfg=$models_dir/configs/$name.json
+    mkdir -p "$models_dir/configs" "$models_dir/gguf"
+    shape_config "$shape" "$(shape_layers "$shape")" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+    f16=$models_dir/gguf/$name-f16.gguf
+    if [ "$shape" = phixtral ]; then
+        # llama.cpp has no phixtral: the phi2 proxy with both active experts as one dense MLP
+        if [ ! -f "$f16" ]; then
+            log "make-proxy-gguf.py phi2dense $f16"
+            PYTHONPATH=$llama_src/gguf-py nice -n 19 "$py" "$root/scripts/make-proxy-gguf.py" \
+                --variant phi2dense --n-layer "$(shape_layers "$shape")" --ctx 8192 --seed 1 -o "$f16.tmp" ||
+                die "make-proxy-gguf.py failed"
+            mv "$f16.tmp" "$f16"
+        fi
+    else
+        bf16=$models_dir/$name-bf16
+        synth "$name-bf16" "$cfg"
+        if [ ! -f "$f16" ]; then
+            log "hf2gguf.py $bf16 -> $f16"
+            PYTHONPATH=$llama_src/gguf-py nice -n 19 "$py" "$root/scripts/hf2gguf.py" "$bf16" "$f16.tmp" ||
+                die "hf2gguf.py failed"
+            mv "$f16.tmp" "$f16"
+        fi
+    fi
+    for width in $(widths_of "$shape"); do
+        case $width in
+        bf16) [ "$shape" = phixtral ] && synth "$name-bf16" "$cfg" ;;
+        q8) synth "$name-q8" "$cfg" -q --q-bits 8 --q-group-size 64
+            quantize "$f16" "$models_dir/gguf/$name-q8_0.gguf" Q8_0 ;;
+        q4) synth "$name-q4" "$cfg" -q --q-bits 4 --q-group-size 64
+            quantize "$f16" "$models_dir/gguf/$name-q4_0.gguf" Q4_0 ;;
+        esac
+    done
+}
+
+# widths_of SHAPE: the selected widths this shape runs at
+widths_of() {
+    local w
+    for w in bf16 q8 q4; do
+        case ",$widths_sel," in *",$w,"*) ;; *) continue ;; esac
+        # Phixtral's targets are at 4 and 8 bits; its bf16 only when asked for alone
+        [ "$1" = phixtral ] && [ "$w" = bf16 ] && [ "$widths_sel" != bf16 ] && continue
+        echo "$w"
+    done
+}
+
+gguf_of() {
+    case $2 in bf16) echo "$models_dir/gguf/$1-f16.gguf" ;; q8) echo "$models_dir/gguf/$1-q8_0.gguf" ;;
+    q4) echo "$models_dir/gguf/$1-q4_0.gguf" ;; esac
+}
+
+# ---- measuring ----
+
+# drop FILE... from the page cache and read it back (docs/benchmarks.md, "Method")
+refresh() {
+    local f
+    for f in "$@"; do
+        "$py" -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$f"
+        cat "$f" >/dev/null
+    done
+}
+
+# busy: "busy_jiffies steal_jiffies" of all CPUs so far
+busy() { awk '/^cpu /{print $2+$3+$4+$7+$8, $9; exit}' /proc/stat; }
+
+# wait_quiet: up to $quiet_wait s for 20 s in a row of < 0.15 cores busy; sets quiet=1|0
+wait_quiet() {
+    local t0 ok=0 a b hz; hz=$(getconf CLK_TCK)
+    quiet=0
+    [ "$quiet_wait" -gt 0 ] || return 0
+    t0=$(date +%s)
+    while [ $(( $(date +%s) - t0 )) -lt "$quiet_wait" ]; do
+        a=$(busy); sleep 5; b=$(busy)
+        if awk -v a="${a% *}" -v b="${b% *}" -v hz=$hz 'BEGIN{exit !((b-a)/hz/5 < 0.15)}'; then
+            ok=$((ok + 1)); [ $ok -ge 4 ] && { quiet=1; return 0; }
+        else
+            ok=0
+        fi
+    done
+    log "machine not quiet after ${quiet_wait}s; running anyway (recorded as quiet=false)"
+}
+
+json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
+
+# run ENGINE MODEL WIDTH PHASE KIND FILE... -- CMD...: one benchmark process, recorded in
+# runs.jsonl with its raw JSON output in raw/ID.json; FILE... are refreshed in the page cache first.
+# KIND: pp_tg, batched or depth.
+run_id=0
+run() {
+    local engine=$1 model=$2 width=$3 phase=$4 kind=$5 files=() id t0 t1 l0 l1 b0 b1 rc
+    shift 5
+    while [ "$1" != -- ]; do files+=("$1"); shift; done
+    shift
+    run_id=$((run_id + 1)); id=$(printf 'r%03d' $run_id)
+    wait_quiet
+    refresh "${files[@]}"
+    log "$id $engine $model $width $phase: $*"
+    l0=$(cut -d' ' -f1-3 /proc/loadavg); b0=$(busy); t0=$(date -u +%FT%TZ)
+    local s0 s1; s0=$(date +%s.%N)
+    rc=0
+    { TIMEFORMAT='%3U %3S'; time timeout 3600 "$@" >"$out/raw/$id.json" 2>"$out/raw/$id.err"; } \
+        2>"$out/raw/$id.time" || rc=$?
+    s1=$(date +%s.%N); b1=$(busy); t1=$(date -u +%FT%TZ); l1=$(cut -d' ' -f1-3 /proc/loadavg)
+    [ $rc -eq 0 ] || log "$id failed (exit $rc): $(tail -3 "$out/raw/$id.err")"
+    {
+        printf '{"id":"%s","engine":"%s","model":"%s","width":"%s","phase":"%s","kind":"%s",' "$id" "$engine" "$model" "$width" "$phase" "$kind"
+        printf '"files":['; local f sep=""
+        for f in "${files[@]}"; do printf '%s%s' "$sep" "$(json_str "$f")"; sep=,; done
+        printf '],"command":%s,"rc":%d,"start":"%s","end":"%s",' "$(json_str "$*")" $rc "$t0" "$t1"
+        printf '"loadavg_before":"%s","loadavg_after":"%s","quiet_before":%s,' "$l0" "$l1" \
+            "$([ "$quiet" = 1 ] && echo true || ([ "$quiet_wait" -gt 0 ] && echo false || echo null))"
+        printf '"wall_s":%s,"busy_jiffies":%s,"steal_jiffies":%s,"cpu_s":"%s"}\n' \
+            "$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.3f", b-a}')" \
+            "$(( ${b1% *} - ${b0% *} ))" "$(( ${b1#* } - ${b0#* } ))" "$(tr -d '\n' <"$out/raw/$id.time")"
+    } >>"$out/runs.jsonl"
+}
+
+membw_run() {
+    local tag=$1
+    log "membw $tag"
+    "$membw" $membw_args >"$out/raw/membw-$tag.txt" 2>&1 || die "membw failed"
+}
+
+# mlxcel bench gained a depth option? (the name is looked up in its --help)
+mlxcel_depth_flag() {
+    local h; h=$("$mlxcel" bench --help 2>&1)
+    case $h in
+    *--n-depth*) echo --n-depth ;;
+    *--depth*) echo --depth ;;
+    esac
+}
+
+# ---- the matrix ----
+
+shapes=()
+IFS=, read -r -a want <<<"$models_sel"
+for s in "${want[@]}"; do
+    case $s in llama-1b|phi-2|phixtral) shapes+=("$s") ;; *) die "unknown model '$s' (llama-1b, phi-2, phixtral)" ;; esac
+done
+IFS=, read -r -a want <<<"$widths_sel"
+for w in "${want[@]}"; do case $w in bf16|q8|q4) ;; *) die "unknown width '$w' (bf16, q8, q4)" ;; esac; done
+
+log "cache $cache, models $models_dir, output $out"
+prepare_llamacpp
+prepare_mlxcel
+for s in "${shapes[@]}"; do prepare_models "$s"; done
+[ "$setup_only" = 1 ] && { log "setup done"; exit 0; }
+
+rm -rf "$out/raw" "$out/runs.jsonl"
+mkdir -p "$out/raw"
+depth_flag=$(mlxcel_depth_flag)
+[ -n "$depth_flag" ] || log "mlxcel bench has no depth option: its tg at depth $depth is not measured"
+
+# meta.json: machine, builds, settings
+{
+    lscpu >"$out/raw/lscpu.txt"
+    "$mlxcel" --version >"$out/raw/mlxcel-version.txt" 2>&1 || true
+    "$llama_bin/llama-bench" --version >"$out/raw/llama-version.txt" 2>&1 || true
+    lsc() { sed -n "s/^$1: *//p" "$out/raw/lscpu.txt" | head -1; }
+    printf '{\n'
+    printf '  "date_start": "%s",\n' "$(date -u +%FT%TZ)"
+    printf '  "clk_tck": %d,\n' "$(getconf CLK_TCK)"
+    printf '  "node_llama_cpp_tgz_sha256": %s,\n' "$(json_str "$(sha256sum "$cache/node-llama-cpp-$NLC_VERSION.tgz" 2>/dev/null | cut -d' ' -f1)")"
+    printf '  "host": {"model_name": %s, "vendor": %s, "family": %s, "model": %s, "cpus": %s, "flags_simd": %s, "hypervisor": %s, "kernel": %s, "mem_total_kb": %s},\n' \
+        "$(json_str "$(lsc 'Model name')")" "$(json_str "$(lsc 'Vendor ID')")" "$(json_str "$(lsc 'CPU family')")" \
+        "$(json_str "$(lsc 'Model')")" "$(json_str "$(lsc 'CPU(s)')")" \
+        "$(json_str "$(lsc Flags | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|avx_vnni|amx_[a-z0-9]*)$' | tr '\n' ' ' | sed 's/ $//')")" \
+        "$(json_str "$(lsc 'Hypervisor vendor')")" "$(json_str "$(uname -r)")" \
+        "$(awk '/MemTotal/{print $2}' /proc/meminfo)"
+    printf '  "mlxcel": {"binary": %s, "commit": %s, "dirty": %s, "version": %s},\n' \
+        "$(json_str "$mlxcel")" "$(json_str "$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)")" \
+        "$( [ -n "$(git -C "$root" status --porcelain -- src CMakeLists.txt 2>/dev/null)" ] && echo true || echo false)" \
+        "$(json_str "$(tr '\n' ' ' <"$out/raw/mlxcel-version.txt")")"
+    tag=; [ -n "$llama_pkg" ] && tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$llama_pkg/llama/llama.cpp.info.json")
+    nlc=; [ -n "$llama_pkg" ] && nlc=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$llama_pkg/package.json" | head -1)
+    printf '  "llamacpp": {"bin": %s, "source": %s, "tag": %s, "commit": %s, "version": %s, "node_llama_cpp": %s, "patches_applied": false},\n' \
+        "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$tag")" \
+        "$(json_str "$(git -C "$llama_src" rev-parse HEAD 2>/dev/null || echo unknown)")" \
+        "$(json_str "$(tr '\n' ' ' <"$out/raw/llama-version.txt")")" "$(json_str "$nlc")"
+    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d}\n' \
+        "$threads" "$reps" "$n_pp" "$n_tg" "$n_seq" "$depth" "$([ $quick = 1 ] && echo true || echo false)" \
+        "$(json_str "$depth_flag")" "$quiet_wait"
+    printf '}\n'
+} >"$out/meta.json"
+
+membw_run before
+for s in "${shapes[@]}"; do
+    name=$(model_name "$s")
+    for w in $(widths_of "$s"); do
+        dir=$models_dir/$name-$w
+        gguf=$(gguf_of "$name" "$w")
+        for phase in A1 B A2; do
+            if [ $phase = B ]; then
+                run llamacpp "$s" "$w" $phase pp_tg "$gguf" -- "$llama_bin/llama-bench" -m "$gguf" \
+                    -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" -o json
+                run llamacpp "$s" "$w" $phase depth "$gguf" -- "$llama_bin/llama-bench" -m "$gguf" \
+                    -p 0 -n "$n_tg" -d "$depth" -r "$reps" -t "$threads" -o json
+                continue
+            fi
+            run mlxcel "$s" "$w" $phase pp_tg "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
+                -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json
+            # -p 16: the warm-up then maps every expert's pages (docs/benchmarks.md, Results)
+            run mlxcel "$s" "$w" $phase batched "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
+                -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json
+            if [ -n "$depth_flag" ]; then
+                run mlxcel "$s" "$w" $phase depth "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
+                    -p 0 -n "$n_tg" "$depth_flag" "$depth" -r "$reps" -t "$threads" --json
+            fi
+        done
+    done
+done
+membw_run after
+date -u +%FT%TZ >"$out/raw/date_end.txt"
+
+PYTHONPATH=$llama_src/gguf-py "$py" "$root/scripts/bench-report.py" "$out" || die "bench-report.py failed"
+log "wrote $out/results.json, $out/ratios.png, $out/table.md"
+cat "$out/table.md"

@@ -17,7 +17,8 @@ llama.cpp has no Phi-2 + MoE ("phixtral") architecture, so two proxies are offer
 Weights ~ N(0, 0.02), norms = 1, biases = 0. Tokenizer: minimal gpt2-BPE vocab of n_vocab dummy tokens
 (first 256 = byte-level alphabet so "\n" tokenizes), one merge. llama-bench feeds random token ids.
 
-Needs numpy and llama.cpp's gguf-py on PYTHONPATH.
+--n-layer keeps fewer layers (scripts/bench-vs-llamacpp.sh uses 8, as make-bench-models.sh).
+Needs numpy and llama.cpp's gguf-py on PYTHONPATH (LLAMA_SRC/gguf-py, the copy inside the llama.cpp source).
 """
 import argparse
 import sys
@@ -47,15 +48,18 @@ def main():
     ap.add_argument("--variant", choices=["phi2dense", "llamamoe"], required=True)
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--n-layer", type=int, default=N_LAYER, help="layers (default 32, the real model's)")
+    ap.add_argument("--ctx", type=int, default=CTX, help="context length in the metadata (default 2048)")
     a = ap.parse_args()
+    n_layer = a.n_layer
 
     rng = np.random.default_rng(a.seed)
     arch = "phi2" if a.variant == "phi2dense" else "llama"
     w = gguf.GGUFWriter(a.out, arch)
     w.add_name(f"synthetic-phixtral-4x2_8-{a.variant}")
-    w.add_context_length(CTX)
+    w.add_context_length(a.ctx)
     w.add_embedding_length(N_EMBD)
-    w.add_block_count(N_LAYER)
+    w.add_block_count(n_layer)
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD)
     # llama arch asserts n_rot == head_dim: the llama proxy rotates all 80 dims (negligible cost)
@@ -90,7 +94,7 @@ def main():
     # tensor list: (name, numpy shape (rows, cols) = ggml (ne1, ne0) reversed, kind)
     T = []
     T.append(("token_embd.weight", (N_VOCAB, N_EMBD), "w"))
-    for i in range(N_LAYER):
+    for i in range(n_layer):
         p = f"blk.{i}."
         if a.variant == "phi2dense":
             ff = N_EXPERT_USED * EXP_FF
