@@ -4,8 +4,8 @@
 #   1. fetches node-llama-cpp@3.22.1 with `npm pack` into a cache folder outside the repository
 #      and builds llama-bench and llama-quantize from the llama.cpp source bundled in it (CMake
 #      Release, CPU only, GGML_NATIVE=ON), unless that cache (or LLAMA_BUILD) has them already;
-#   2. writes the models: MLX checkpoints with `mlxcel synth` (bf16, 8-bit g64, 4-bit g64) and
-#      their GGUF twins for llama.cpp (scripts/hf2gguf.py: the same bf16 values as F16, then
+#   2. writes the models: MLX checkpoints with `mlxcel synth` (bf16) and `mlxcel convert -q`
+#      (8-bit g64, 4-bit g64) and their GGUF twins for llama.cpp (scripts/hf2gguf.py: the same bf16 values as F16, then
 #      `llama-quantize --pure` to Q8_0 / Q4_0; Phixtral's twin is the phi2 proxy of
 #      scripts/make-proxy-gguf.py, which reads the same bytes per token);
 #   3. runs the matrix interleaved A/B/A per model and width (mlxcel, llama.cpp, mlxcel): pp512,
@@ -35,7 +35,8 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
   -r, --reps N         timed repetitions per test (default 3)
       --depth N        KV-cache depth of the long-context decode test (default 4096)
       --quiet-wait S   before each run, wait up to S seconds for 20 s in which the machine
-                       used < 0.15 cores (default 900; 0 = do not wait)
+                       used < 0.15 cores (default 600, then 60 once one wait was in
+                       vain; 0 = do not wait)
       --setup-only     fetch, build and write the models, then stop
   -h, --help           this help
 
@@ -63,7 +64,7 @@ layers=
 threads=2
 reps=3
 depth=4096
-quiet_wait=900
+quiet_wait=600
 setup_only=0
 quiet_wait_set=0
 
@@ -109,13 +110,13 @@ py=${PYTHON:-/usr/bin/python3}
 phixtral_layers=${PHIXTRAL_LAYERS:-8}
 NLC_VERSION=3.22.1
 
-case "$(mkdir -p "$cache" && cd "$cache" && pwd)/" in
+case "$(realpath -m "$cache")/" in
 "$root"/*) die "BENCH_CACHE $cache is inside the repository; use a folder outside it" ;;
 esac
-mkdir -p "$models_dir" "$out"
-case "$(cd "$models_dir" && pwd)/" in
+case "$(realpath -m "$models_dir")/" in
 "$root"/*) die "MODELS $models_dir is inside the repository; use a folder outside it" ;;
 esac
+mkdir -p "$cache" "$models_dir" "$out"
 out=$(cd "$out" && pwd)
 
 # ---- dependencies ----
@@ -199,8 +200,11 @@ prepare_mlxcel() {
         mlxcel=$MLXCEL
     else
         log "building mlxcel (build/, Release)"
-        nice -n 19 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null ||
-            die "mlxcel cmake failed (scripts/install-deps.sh installs what it needs)"
+        if ! nice -n 19 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null 2>&1; then
+            "$root/scripts/install-deps.sh" || die "scripts/install-deps.sh failed"
+            nice -n 19 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null ||
+                die "mlxcel cmake failed"
+        fi
         nice -n 19 cmake --build "$root/build" --target mlxcel -j "$(nproc)" >/dev/null ||
             die "mlxcel build failed"
         mlxcel=$root/build/mlxcel
@@ -278,6 +282,21 @@ synth() {
         "$@" >/dev/null || die "mlxcel synth $dir failed"
 }
 
+# mlx_quantize NAME BITS: NAME-qBITS, from NAME-bf16 with `mlxcel convert` where that exists
+# (the same bytes as `synth -q`, faster), else with synth (Phixtral: no bf16 folder needed)
+mlx_quantize() {
+    local dir=$models_dir/$1-q$2 src=$models_dir/$1-bf16
+    [ -f "$dir/config.json" ] && return 0
+    if [ -f "$src/config.json" ]; then
+        rm -rf "$dir"
+        log "mlxcel convert $src -> $dir"
+        nice -n 19 "$mlxcel" convert -m "$src" -o "$dir" -q --q-bits "$2" --q-group-size 64 >/dev/null ||
+            die "mlxcel convert $dir failed"
+    else
+        synth "$1-q$2" "$models_dir/configs/$1.json" -q --q-bits "$2" --q-group-size 64
+    fi
+}
+
 # quantize GGUF_IN GGUF_OUT TYPE
 quantize() {
     [ -f "$2" ] && return 0
@@ -316,10 +335,10 @@ prepare_models() {
     fi
     for width in $(widths_of "$shape"); do
         case $width in
-        bf16) [ "$shape" = phixtral ] && synth "$name-bf16" "$cfg" ;;
-        q8) synth "$name-q8" "$cfg" -q --q-bits 8 --q-group-size 64
+        bf16) if [ "$shape" = phixtral ]; then synth "$name-bf16" "$cfg"; fi ;;
+        q8) mlx_quantize "$name" 8
             quantize "$f16" "$models_dir/gguf/$name-q8_0.gguf" Q8_0 ;;
-        q4) synth "$name-q4" "$cfg" -q --q-bits 4 --q-group-size 64
+        q4) mlx_quantize "$name" 4
             quantize "$f16" "$models_dir/gguf/$name-q4_0.gguf" Q4_0 ;;
         esac
     done
@@ -355,13 +374,16 @@ refresh() {
 # busy: "busy_jiffies steal_jiffies" of all CPUs so far
 busy() { awk '/^cpu /{print $2+$3+$4+$7+$8, $9; exit}' /proc/stat; }
 
-# wait_quiet: up to $quiet_wait s for 20 s in a row of < 0.15 cores busy; sets quiet=1|0
+# wait_quiet: up to $quiet_wait s for 20 s in a row of < 0.15 cores busy; sets quiet=1|0.
+# After one wait in vain the machine is busy for good: later waits give up after 60 s.
+busy_seen=0
 wait_quiet() {
-    local t0 ok=0 a b hz; hz=$(getconf CLK_TCK)
+    local t0 ok=0 a b hz limit=$quiet_wait; hz=$(getconf CLK_TCK)
     quiet=0
     [ "$quiet_wait" -gt 0 ] || return 0
+    [ "$busy_seen" = 1 ] && [ "$limit" -gt 60 ] && limit=60
     t0=$(date +%s)
-    while [ $(( $(date +%s) - t0 )) -lt "$quiet_wait" ]; do
+    while [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do
         a=$(busy); sleep 5; b=$(busy)
         if awk -v a="${a% *}" -v b="${b% *}" -v hz=$hz 'BEGIN{exit !((b-a)/hz/5 < 0.15)}'; then
             ok=$((ok + 1)); [ $ok -ge 4 ] && { quiet=1; return 0; }
@@ -369,7 +391,8 @@ wait_quiet() {
             ok=0
         fi
     done
-    log "machine not quiet after ${quiet_wait}s; running anyway (recorded as quiet=false)"
+    busy_seen=1
+    log "machine not quiet after ${limit}s; running anyway (recorded as quiet=false)"
 }
 
 json_str() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
@@ -465,8 +488,9 @@ depth_flag=$(mlxcel_depth_flag)
         "$(json_str "$(tr '\n' ' ' <"$out/raw/mlxcel-version.txt")")"
     tag=; [ -n "$llama_pkg" ] && tag=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$llama_pkg/llama/llama.cpp.info.json")
     nlc=; [ -n "$llama_pkg" ] && nlc=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$llama_pkg/package.json" | head -1)
-    printf '  "llamacpp": {"bin": %s, "source": %s, "tag": %s, "commit": %s, "version": %s, "node_llama_cpp": %s, "patches_applied": false},\n' \
-        "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$tag")" \
+    repo=; [ -n "$llama_pkg" ] && repo=$(sed -n 's/.*"llamaCppGithubRepo": *"\([^"]*\)".*/\1/p' "$llama_pkg/llama/llama.cpp.info.json")
+    printf '  "llamacpp": {"bin": %s, "source": %s, "repo": %s, "tag": %s, "commit": %s, "version": %s, "node_llama_cpp": %s, "patches_applied": false},\n' \
+        "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$repo")" "$(json_str "$tag")" \
         "$(json_str "$(git -C "$llama_src" rev-parse HEAD 2>/dev/null || echo unknown)")" \
         "$(json_str "$(tr '\n' ' ' <"$out/raw/llama-version.txt")")" "$(json_str "$nlc")"
     printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d}\n' \
