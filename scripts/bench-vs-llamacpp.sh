@@ -124,7 +124,7 @@ out=$(cd "$out" && pwd)
 # need CMD PACKAGE: install PACKAGE with apt-get when CMD is missing, or say what to do
 apt_missing=""
 need() { command -v "$1" >/dev/null 2>&1 || apt_missing="$apt_missing $2"; }
-need npm npm
+[ -n "${LLAMA_BUILD:-}" ] || need npm npm
 need git git
 need cmake cmake
 need g++ build-essential
