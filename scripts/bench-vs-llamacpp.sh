@@ -145,6 +145,12 @@ fi
 
 # ---- llama.cpp from the node-llama-cpp bundle ----
 
+# host_id: CPU family, model and a checksum of the feature flags
+host_id() {
+    lscpu | awk -F: '/^CPU family/{f=$2} /^Model:/{m=$2} /^Flags/{fl=$2} END{gsub(/ /,"",f); gsub(/ /,"",m); print f, m, fl}' |
+        { read -r f m fl; echo "family $f model $m flags $(echo "$fl" | cksum | cut -d' ' -f1)"; }
+}
+
 # Sets llama_src, llama_bin, llama_pkg (the npm package folder, may be empty).
 prepare_llamacpp() {
     llama_pkg=
@@ -177,6 +183,14 @@ prepare_llamacpp() {
             git -c advice.detachedHead=false clone -q "$llama_pkg/llama/gitRelease.bundle" "$llama_src" ||
                 die "cannot clone the llama.cpp source out of $llama_pkg/llama/gitRelease.bundle"
         fi
+        # GGML_NATIVE binaries run only on the CPU they were built for: a cache moved to
+        # another host kind (Zen 4 / Zen 5, with or without AVX-512) is rebuilt
+        local stamp=$build/mlxcel-bench-host.txt host
+        host=$(host_id)
+        if [ -x "$llama_bin/llama-bench" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$host" ]; then
+            log "llama.cpp in $build was built on another CPU ($(cat "$stamp")); rebuilding"
+            rm -rf "$build"
+        fi
         if [ ! -x "$llama_bin/llama-bench" ] || [ ! -x "$llama_bin/llama-quantize" ]; then
             log "building llama-bench and llama-quantize in $build (nice; this takes a while)"
             nice -n 19 cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
@@ -187,6 +201,7 @@ prepare_llamacpp() {
                 >"$cache/llama.cpp-build.log" 2>&1 ||
                 die "llama.cpp build failed, see $cache/llama.cpp-build.log"
         fi
+        [ -f "$stamp" ] || echo "$host" >"$stamp"
     fi
     [ -x "$llama_bin/llama-bench" ] || die "no llama-bench in $llama_bin"
     [ -x "$llama_bin/llama-quantize" ] || die "no llama-quantize in $llama_bin"
@@ -210,11 +225,8 @@ prepare_mlxcel() {
         mlxcel=$root/build/mlxcel
     fi
     [ -x "$mlxcel" ] || die "no mlxcel binary at $mlxcel"
-    local m=$cache/membw
-    if [ ! -x "$m" ] || [ "$root/dev/membw.c" -nt "$m" ]; then
-        gcc -O2 -march=native -pthread -o "$m" "$root/dev/membw.c" || die "cannot build dev/membw.c"
-    fi
-    membw=$m
+    membw=$cache/membw  # -march=native: built on every run, for this CPU
+    gcc -O2 -march=native -pthread -o "$membw" "$root/dev/membw.c" || die "cannot build dev/membw.c"
 }
 
 # ---- models ----
