@@ -12,6 +12,15 @@
  * chunk's logits. One backend_sync at the end reports any op failure; then
  * the reservation is rolled back.
  *
+ * Decode steps run as graphs where the backend has them (be->graphs, ADR
+ * 0023): a chunk of at most GRAPH_MAX_ROWS rows, all wanting logits, is a
+ * pure function of its row count, the context's buffers and the cache's
+ * buffers, since everything that changes per step (ids, positions, slots,
+ * table offsets, block tables) is read from backend memory uploaded before
+ * it. The first such chunk of a shape is recorded instead of run, then
+ * replayed each step; a shape whose recording fails runs op by op from then
+ * on. Other chunks (prefill, mixed batches) always run op by op.
+ *
  * Non-finite logits (NaN weights, an overflowing activation) are counted per
  * call on the host copy (one pass over the downloaded rows, negligible next
  * to the forward) into ctx->n_nonfinite, and logged once per context. The
@@ -143,6 +152,83 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
     return n_out;
 }
 
+// ---- graphs ----
+
+/* Decode chunks up to this many rows are recorded (one graph per row count). */
+#define GRAPH_MAX_ROWS 64
+
+/* FNV-1a over the cache's buffers as the forward sees them: a graph names these
+ * addresses, so a cache with another pool, layout or table buffers needs its own. */
+static uint64_t cache_key(const struct kv_cache *kv)
+{
+    uint64_t h = 1469598103934665603ull;
+    uintptr_t v[4] = {(uintptr_t)kv->blk.tables, (uintptr_t)kv->swa.blk.tables,
+                      (uintptr_t)kv->block_size, (uintptr_t)kv->n_layer};
+    for (int il = -1; il < kv->n_layer; il++) {
+        if (il >= 0) {
+            const struct kv_layer *l = &kv->layers[il];
+            v[0] = (uintptr_t)l->k;
+            v[1] = (uintptr_t)l->v;
+            v[2] = (uintptr_t)l->k_dim;
+            v[3] = (uintptr_t)l->v_dim;
+        }
+        const unsigned char *p = (const unsigned char *)v;
+        for (size_t i = 0; i < sizeof v; i++)
+            h = (h ^ p[i]) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* The graph slot of a decode-shaped chunk, or NULL: run op by op. A slot found holds its
+ * graph, or NULL when recording failed; a new one (*fresh) is to be recorded. */
+static struct ctx_graph *graph_slot(struct model_ctx *c, const struct kv_cache *kv,
+                                    const struct fwd_chunk *ch, bool *fresh)
+{
+    *fresh = false;
+    if (!c->be->graphs || !c->be->ops->graph_begin || ch->n_tok > GRAPH_MAX_ROWS ||
+        ch->n_out != ch->n_tok)
+        return NULL;
+    uint64_t key = cache_key(kv);
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].n_tok == ch->n_tok && c->graphs[i].cache_key == key)
+            return &c->graphs[i];
+    if (c->n_graphs == CTX_MAX_GRAPHS)
+        return NULL;
+    struct ctx_graph *g = &c->graphs[c->n_graphs++];
+    *g = (struct ctx_graph){ch->n_tok, key, NULL};
+    *fresh = true;
+    return g;
+}
+
+/* The family forward of one chunk: replayed from its graph, recorded into a new one and
+ * replayed, or run op by op. */
+static int forward_chunk(struct model_ctx *c, const struct kv_cache *kv, const struct fwd_chunk *ch,
+                         struct err *e)
+{
+    const struct backend_ops *op = c->be->ops;
+    bool fresh;
+    struct ctx_graph *g = graph_slot(c, kv, ch, &fresh);
+    int rc;
+    if (g && g->graph) {
+        op->graph_launch(c->be, g->graph);
+        return 0;
+    }
+    if (!fresh)
+        return c->m->ops->forward(c, ch, e);
+    op->graph_begin(c->be);
+    rc = c->m->ops->forward(c, ch, e);
+    g->graph = op->graph_end(c->be);
+    if (rc < 0 || !g->graph) {
+        /* a shape whose ops cannot be recorded runs op by op from now on */
+        if (g->graph)
+            op->graph_free(c->be, g->graph);
+        g->graph = NULL;
+        return rc < 0 ? rc : c->m->ops->forward(c, ch, e);
+    }
+    op->graph_launch(c->be, g->graph);
+    return 0;
+}
+
 /* Logit rows of [rows, V] holding a NaN or an infinity. */
 bool logits_row_finite(const float *l, int V)
 {
@@ -193,7 +279,7 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         kv_sync_tables(kv);
         int n_out = stage_chunk(c, b, kv, r0, r1);
         struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, &rows_swa, kv->layers};
-        if ((rc = m->ops->forward(c, &ch, e)) < 0)
+        if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)
             c->be->ops->download(c->be, logits + (size_t)done_out * V, c->bufs.logits,

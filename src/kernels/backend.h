@@ -243,6 +243,20 @@ struct backend_ops {
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);
+
+    /* ---- graphs (optional: NULL where the backend has none; ADR 0023) ----
+     * graph_begin starts recording: the ops issued until graph_end are recorded, not run.
+     * graph_end stops and returns a replayable graph of them, or NULL when they could not be
+     * recorded (a download, a scratch buffer that had to grow, a failing op): then nothing
+     * ran, no error stays recorded, and the caller issues the ops again to run them.
+     * graph_launch runs a graph: the same ops with the same arguments (pointers, sizes), on
+     * whatever backend memory holds at that moment, so per-step inputs (ids, positions,
+     * slots, block tables) are uploaded into the same buffers before each launch. A graph
+     * is valid while every buffer it names is; graph_free releases it (NULL: no-op). */
+    void (*graph_begin)(struct backend *be);
+    void *(*graph_end)(struct backend *be);
+    void (*graph_launch)(struct backend *be, void *graph);
+    void (*graph_free)(struct backend *be, void *graph);
 };
 
 struct backend {
@@ -252,6 +266,9 @@ struct backend {
     /* linear_experts runs all experts' rows in one dispatch when every expert has few
      * rows (decode); false forces one linear per expert ($MLXCEL_FUSED_MOE=0). */
     bool fused_moe;
+    /* model_forward records decode steps as graphs and replays them (graph_* set; the
+     * CUDA backend unless $MLXCEL_CUDA_GRAPHS=0). */
+    bool graphs;
     void *impl;             /* owned by the backend */
 };
 

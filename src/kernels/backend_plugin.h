@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-#define BACKEND_PLUGIN_ABI 1
+#define BACKEND_PLUGIN_ABI 2
 #define BACKEND_PLUGIN_ENTRY "mlxcel_backend_plugin"
 
 struct backend_plugin {

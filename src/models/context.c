@@ -181,6 +181,9 @@ void model_ctx_free(struct model_ctx *c)
 {
     if (!c)
         return;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].graph)
+            c->be->ops->graph_free(c->be, c->graphs[i].graph);
     if (c->arena)
         c->be->ops->buf_free(c->be, c->arena);
     free(c->meta_host);

@@ -214,6 +214,17 @@ struct fwd_chunk {
     const struct kv_layer *kv; /* [n_layer] */
 };
 
+/* Graphs a context keeps (decode shapes: one per row count and cache layout). */
+#define CTX_MAX_GRAPHS 32
+
+/* A decode step recorded by model_forward (engine/batch.c) for replay: valid for chunks of
+ * n_tok rows, all of them logit rows, over the cache whose buffers hash to cache_key. */
+struct ctx_graph {
+    int n_tok;
+    uint64_t cache_key;
+    void *graph;                     /* backend graph, owned; NULL: recording failed, run ops */
+};
+
 /* Activations of one model on one backend; serves any KV cache of that model. */
 struct model_ctx {
     const struct model *m;
@@ -225,6 +236,8 @@ struct model_ctx {
     int32_t *meta_host;              /* [7][B] staging of bufs.meta, owned */
     int n_nonfinite;                 /* logit rows holding NaN/Inf in the last model_forward */
     bool warned_nonfinite;           /* the one warning about them was logged */
+    struct ctx_graph graphs[CTX_MAX_GRAPHS]; /* recorded decode steps, n_graphs of them */
+    int n_graphs;
 };
 
 /* n_batch <= 0: the default (512 rows, fewer for wide models so the arena stays

@@ -27,6 +27,17 @@ void cu_fail(struct cuda_backend *c, const char *what, cudaError_t rc)
     snprintf(c->err_msg, sizeof c->err_msg, "cuda backend: %s: %s", what, cudaGetErrorString(rc));
 }
 
+bool cu_not_capturable(struct cuda_backend *c, const char *what)
+{
+    if (!c->capturing)
+        return false;
+    if (!c->cap_bad) {
+        c->cap_bad = true;
+        cu_fail(c, what, cudaErrorStreamCaptureUnsupported);
+    }
+    return true;
+}
+
 bool cu_check(struct cuda_backend *c, const char *what)
 {
     cudaError_t rc = cudaGetLastError();
@@ -35,8 +46,11 @@ bool cu_check(struct cuda_backend *c, const char *what)
     return c->err_rc == 0;
 }
 
+/* Scratch is never recorded into a graph: a later growth would free what the graph names. */
 float *cu_scratch(struct cuda_backend *c, size_t n)
 {
+    if (cu_not_capturable(c, "scratch in a graph"))
+        return NULL;
     if (n > c->scr_cap) {
         cudaFree(c->scr);
         c->scr = NULL;
@@ -54,6 +68,8 @@ float *cu_scratch(struct cuda_backend *c, size_t n)
 
 int32_t *cu_iscratch(struct cuda_backend *c, size_t n)
 {
+    if (cu_not_capturable(c, "scratch in a graph"))
+        return NULL;
     if (n > c->iscr_cap) {
         cudaFree(c->iscr);
         c->iscr = NULL;
@@ -97,7 +113,7 @@ static void cuda_buf_free(struct backend *be, void *p)
 static void cuda_upload(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cuda_backend *c = cu_of(be);
-    if (c->err_rc || !bytes)
+    if (c->err_rc || !bytes || cu_not_capturable(c, "upload in a graph"))
         return;
     cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->st);
     if (rc != cudaSuccess)
@@ -107,7 +123,7 @@ static void cuda_upload(struct backend *be, void *dst, const void *src, size_t b
 static void cuda_download(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cuda_backend *c = cu_of(be);
-    if (c->err_rc || !bytes)
+    if (c->err_rc || !bytes || cu_not_capturable(c, "download in a graph"))
         return;
     cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st);
     if (rc == cudaSuccess)
@@ -263,6 +279,10 @@ static const struct backend_ops k_cuda_ops = {
     /* .linear_experts = */ cu_linear_experts,
     /* .moe_combine = */ cu_moe_combine,
     /* .destroy = */ cuda_destroy,
+    /* .graph_begin = */ cu_graph_begin,
+    /* .graph_end = */ cu_graph_end,
+    /* .graph_launch = */ cu_graph_launch,
+    /* .graph_free = */ cu_graph_free,
 };
 
 /* Why no device can run: no device, a driver older than this runtime, or another error. */
@@ -311,6 +331,8 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     c->be.n_threads = 1;
     const char *fm = getenv("MLXCEL_FUSED_MOE");
     c->be.fused_moe = !(fm && (!strcmp(fm, "0") || !strcmp(fm, "off") || !strcmp(fm, "false")));
+    const char *gr = getenv("MLXCEL_CUDA_GRAPHS");
+    c->be.graphs = !(gr && (!strcmp(gr, "0") || !strcmp(gr, "off") || !strcmp(gr, "false")));
     c->be.impl = c;
     *out = &c->be;
     return 0;

@@ -8,7 +8,9 @@
  *
  * Every op runs on the backend's one stream, records the first failure
  * (cu_fail) and becomes a no-op afterwards; sync reports it. Weights are
- * described to kernels by struct cu_wmat, passed by value.
+ * described to kernels by struct cu_wmat, passed by value. Between
+ * graph_begin and graph_end the stream is being captured (graph.cu): ops
+ * that need the host or an allocation call cu_not_capturable first.
  */
 #pragma once
 #include <cublas_v2.h>
@@ -34,6 +36,8 @@ struct cuda_backend {
     size_t iscr_cap;
     int32_t *h_off;             /* host copy of linear_experts' offsets */
     size_t h_off_cap;
+    bool capturing;             /* between graph_begin and graph_end */
+    bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
     char err_msg[256];
     char name[32];
@@ -57,12 +61,21 @@ static inline struct cuda_backend *cu_of(struct backend *be)
 
 /* Record the first error (sticky until sync); what names the op. */
 void cu_fail(struct cuda_backend *c, const char *what, cudaError_t rc);
+/* An op that cannot be recorded into a graph (a host round trip, an allocation): true
+ * (and the recording marked unusable, the op to be skipped) while recording. */
+bool cu_not_capturable(struct cuda_backend *c, const char *what);
 /* After a launch: record a launch failure; false when the backend has failed. */
 bool cu_check(struct cuda_backend *c, const char *what);
 /* Scratch of at least n floats / ints (grows only); NULL after cu_fail. */
 float *cu_scratch(struct cuda_backend *c, size_t n);
 int32_t *cu_iscratch(struct cuda_backend *c, size_t n);
 void cu_wmat_from(struct cu_wmat *m, const struct tensor *w);
+
+/* graph.cu */
+void cu_graph_begin(struct backend *be);
+void *cu_graph_end(struct backend *be);
+void cu_graph_launch(struct backend *be, void *graph);
+void cu_graph_free(struct backend *be, void *graph);
 
 /* linear.cu */
 void cu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,

@@ -258,7 +258,7 @@ void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
 {
     struct cuda_backend *c = cu_of(be);
     (void)n_slot;
-    if (c->err_rc)
+    if (c->err_rc || cu_not_capturable(c, "moe offsets in a graph"))
         return;
     if ((size_t)n_expert + 1 > c->h_off_cap) {
         int32_t *p = (int32_t *)realloc(c->h_off, ((size_t)n_expert + 1) * sizeof *p);
