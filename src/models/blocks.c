@@ -139,11 +139,10 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
         norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
     }
-    /* 3. RoPE at each row's position */
-    if (cfg->rp && cfg->rp->n_rot > 0) {
-        op->rope(be, q, ld, n, ap->n_head, hd, cfg->rp, rows);
-        op->rope(be, k, ld, n, ap->n_kv_head, hd, cfg->rp, rows);
-    }
+    /* 3. RoPE at each row's position: the k heads follow the q heads in each row, so one
+     *    call rotates both */
+    if (cfg->rp && cfg->rp->n_rot > 0)
+        op->rope(be, q, ld, n, ap->n_head + ap->n_kv_head, hd, cfg->rp, rows);
     /* 4. this chunk's K/V into the cache, then attend over each row's sequence */
     op->kv_store(be, kv, k, ld, v, ld, rows, n);
     op->attention(be, b->att, q_dim, q, ld, kv, rows, n, ap);

@@ -4,7 +4,8 @@
  *
  * Memory is device memory (cudaMalloc, never managed memory). upload copies
  * from pageable host memory (the runtime stages it, so the caller may reuse
- * its buffer at once), download waits for the copy, copy is device to
+ * its buffer at once), download waits for the copy (a large one, the logits,
+ * through a pinned staging buffer allocated once), copy is device to
  * device; all run on the backend's one stream, in order with the ops.
  * prepare_weight uploads each weight once at load (data, and scales/biases
  * of quantized weights) in its stored layout and points the view at the
@@ -120,16 +121,43 @@ static void cuda_upload(struct backend *be, void *dst, const void *src, size_t b
         cu_fail(c, "upload", rc);
 }
 
+/* Downloads from this size on go through the pinned staging buffer: one DMA at full speed
+ * and a host copy, where a pageable copy is staged by the driver in small pieces. */
+#define PIN_MIN_BYTES ((size_t)64 << 10)
+
+/* The pinned staging buffer of at least bytes (allocated on the first large download, so the
+ * logits of every later step reuse it), or NULL: copy directly. */
+static void *pinned(struct cuda_backend *c, size_t bytes)
+{
+    if (bytes < PIN_MIN_BYTES)
+        return NULL;
+    if (bytes > c->pin_cap) {
+        cudaFreeHost(c->pin);
+        c->pin = NULL;
+        c->pin_cap = 0;
+        if (cudaMallocHost(&c->pin, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            c->pin = NULL;
+            return NULL;
+        }
+        c->pin_cap = bytes;
+    }
+    return c->pin;
+}
+
 static void cuda_download(struct backend *be, void *dst, const void *src, size_t bytes)
 {
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc || !bytes || cu_not_capturable(c, "download in a graph"))
         return;
-    cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st);
+    void *pin = pinned(c, bytes);
+    cudaError_t rc = cudaMemcpyAsync(pin ? pin : dst, src, bytes, cudaMemcpyDeviceToHost, c->st);
     if (rc == cudaSuccess)
         rc = cudaStreamSynchronize(c->st);
     if (rc != cudaSuccess)
         cu_fail(c, "download", rc);
+    else if (pin)
+        memcpy(dst, pin, bytes);
 }
 
 static void cuda_copy(struct backend *be, void *dst, const void *src, size_t bytes)
@@ -243,6 +271,7 @@ static void cuda_destroy(struct backend *be)
     cudaFree(c->scr);
     cudaFree(c->iscr);
     free(c->h_off);
+    cudaFreeHost(c->pin);
     if (c->blas)
         cublasDestroy(c->blas);
     cudaStreamDestroy(c->st);

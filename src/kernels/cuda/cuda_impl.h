@@ -36,6 +36,8 @@ struct cuda_backend {
     size_t iscr_cap;
     int32_t *h_off;             /* host copy of linear_experts' offsets */
     size_t h_off_cap;
+    void *pin;                  /* pinned staging of large downloads (logits), grows only */
+    size_t pin_cap;
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;

@@ -21,6 +21,7 @@
 
 #define GEMV_TOK 8
 #define GEMV_WARPS 8
+#define GA_WARPS 4      /* warps per block of the affine 4/8-bit GEMV */
 #define PANEL_FLOATS ((size_t)32 << 20)
 
 // ---- decoding ----
@@ -209,6 +210,178 @@ __global__ void gemv_kernel(float *y, int ldy, const float *__restrict__ x, int 
     }
 }
 
+// ---- affine 4/8-bit decode ----
+
+/* Scale or bias g of a row's array, of the template dtype. */
+template <int SDT>
+__device__ __forceinline__ float ld_sb(const uint8_t *p, int g)
+{
+    if constexpr (SDT == DTYPE_F32) {
+        return __ldg((const float *)p + g);
+    } else {
+        unsigned short h = __ldg((const unsigned short *)p + g);
+        return SDT == DTYPE_BF16 ? cu_bf16(h) : cu_f16(h);
+    }
+}
+
+/* Byte K (a code < 256) of b as a float, exactly: the bit pattern of 2^23 + code, minus 2^23
+ * (a byte permute and an add, where an int-to-float conversion runs at a quarter rate). */
+template <int K>
+__device__ __forceinline__ float code_f(uint32_t b)
+{
+    return __uint_as_float(__byte_perm(b, 0x4B000000u, 0x7540u | K)) - 8388608.0f;
+}
+
+/* Byte K of b, a 4-bit code q in its bits 3..6, as the float 0.5 + q / 32: the byte becomes
+ * the top mantissa bits under the exponent of 0.5 (one byte permute, no add). */
+template <int K>
+__device__ __forceinline__ float half_code(uint32_t b)
+{
+    return __uint_as_float(__byte_perm(b, 0x3F000000u, 0x7054u | (K << 8)));
+}
+
+/* One 16-byte piece of codes against x (PB floats). 8 bits: Σ q x over its 16 codes. 4 bits:
+ * F = Σ (0.5 + q / 32) x over its 32 nibbles (element 2k of a word in byte k's low nibble,
+ * 2k + 1 in its high one), so that Σ q x = 32 F - 16 Σ x: one permute and one FMA per code.
+ * The 0.5 costs about two bits of the f32 sum (the products stay exact), far inside the
+ * tolerance of test_cuda and the goldens. */
+template <int BITS>
+__device__ __forceinline__ float piece_dot(uint4 q, const float *x)
+{
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if constexpr (BITS == 4) {
+            uint32_t lo = (u[i] << 3) & 0x78787878u, hi = (u[i] >> 1) & 0x78787878u;
+            d0 = fmaf(half_code<0>(lo), x[8 * i], d0);
+            d1 = fmaf(half_code<0>(hi), x[8 * i + 1], d1);
+            d0 = fmaf(half_code<1>(lo), x[8 * i + 2], d0);
+            d1 = fmaf(half_code<1>(hi), x[8 * i + 3], d1);
+            d0 = fmaf(half_code<2>(lo), x[8 * i + 4], d0);
+            d1 = fmaf(half_code<2>(hi), x[8 * i + 5], d1);
+            d0 = fmaf(half_code<3>(lo), x[8 * i + 6], d0);
+            d1 = fmaf(half_code<3>(hi), x[8 * i + 7], d1);
+        } else {
+            d0 += code_f<0>(u[i]) * x[4 * i] + code_f<1>(u[i]) * x[4 * i + 1];
+            d1 += code_f<2>(u[i]) * x[4 * i + 2] + code_f<3>(u[i]) * x[4 * i + 3];
+        }
+    }
+    return d0 + d1;
+}
+
+/* One product of a gemv_affine_kernel launch: blocks [b0, next job's b0) are its. */
+struct ga_job {
+    float *y;
+    int ldy;
+    const float *x;
+    cu_wmat w;
+    int gsh;                    /* log2 of 16-byte pieces per scale group */
+    const void *bias;
+    int bdt;
+    int b0;
+};
+
+#define GA_MAX_JOBS 4
+
+struct ga_jobs {
+    ga_job j[GA_MAX_JOBS];
+    int n;
+};
+
+/* grid: the jobs' blocks one after the other, each job ceil(out / (R * GA_WARPS)) blocks of
+ * GA_WARPS warps; warp = R rows. Lane l takes the rows' 16-byte pieces l, l + 32, ... (PB
+ * elements each, inside one scale group: groups are >= 32 elements), U pieces of every row
+ * at a time, all R * U loads issued before the first is used. A piece adds
+ * s * Σ q x + b * Σ x per token, Σ x and the x loads shared by the warp's R rows. Measured
+ * versions (R, U, register caps, software pipelining, the two code decodings):
+ * dev/kernels/gemv_affine_lab.cu. */
+template <int BITS, int SDT, int NT, int R, int U>
+__global__ void __launch_bounds__(32 * GA_WARPS)
+gemv_affine_kernel(ga_jobs js, int n_tok)
+{
+    constexpr int PB = 128 / BITS;
+    ga_job jb = js.j[0];
+#pragma unroll
+    for (int i = 1; i < GA_MAX_JOBS; i++)
+        if (i < js.n && (int)blockIdx.x >= js.j[i].b0)
+            jb = js.j[i];
+    const cu_wmat &w = jb.w;
+    const int lane = threadIdx.x % 32;
+    const int r0 = ((blockIdx.x - jb.b0) * GA_WARPS + threadIdx.x / 32) * R;
+    if (r0 >= w.out)
+        return;
+    const int n_p = w.in / PB;
+    const uint4 *wr[R];
+    const uint8_t *sr[R], *br[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        size_t rr = (size_t)min(r0 + r, w.out - 1);
+        wr[r] = (const uint4 *)(w.data + rr * w.row_bytes);
+        sr[r] = w.qs + rr * w.qrow_bytes;
+        br[r] = w.qb + rr * w.qrow_bytes;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            acc[r][t] = 0.0f;
+    for (int p0 = lane; p0 < n_p; p0 += 32 * U) {
+        uint4 q[U][R];
+        float sc[U][R], bi[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int p = p0 + 32 * u;
+            bool ok = p < n_p;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
+                sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> jb.gsh) : 0.0f;
+                bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> jb.gsh) : 0.0f;
+                if (BITS == 4) {    /* s Σ q x + b Σ x = 32 s F + (b - 16 s) Σ x */
+                    bi[u][r] -= 16.0f * sc[u][r];
+                    sc[u][r] *= 32.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int p = p0 + 32 * u;
+            if (p >= n_p)
+                break;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (NT > 1 && t >= n_tok)
+                    break;
+                const float4 *xp = (const float4 *)(jb.x + (size_t)t * w.in + (size_t)p * PB);
+                float xv[PB], xs = 0.0f;
+#pragma unroll
+                for (int i = 0; i < PB / 4; i++) {
+                    float4 f = __ldg(xp + i);
+                    xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
+                    xs += (f.x + f.y) + (f.z + f.w);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r][t] += sc[u][r] * piece_dot<BITS>(q[u][r], xv) + bi[u][r] * xs;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float bv = jb.bias && r0 + r < w.out ? cu_ld(jb.bias, jb.bdt, (size_t)(r0 + r)) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (NT > 1 && t >= n_tok)
+                break;
+            float v = cu_warp_sum(acc[r][t]);
+            if (lane == 0 && r0 + r < w.out)
+                jb.y[(size_t)t * jb.ldy + r0 + r] = v + bv;
+        }
+    }
+}
+
 /* dst [rows, in] = W[r0 .. r0 + rows) in f32; grid-stride over (row, chunk-or-tail-element). */
 template <int F>
 __global__ void dequant_kernel(float *dst, cu_wmat w, int r0, int rows, int n_chunks)
@@ -307,6 +480,82 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
     }
 }
 
+/* Whether the affine 4/8-bit GEMV takes w and x: 16-byte aligned rows, power-of-two groups
+ * of >= 32 elements, f32/f16/bf16 scales; else gemv_kernel. */
+static bool ga_ok(const cu_wmat &m, const float *x)
+{
+    return m.qmode == QMODE_AFFINE && (m.qbits == 4 || m.qbits == 8) && m.qgroup >= 32 &&
+           !(m.qgroup & (m.qgroup - 1)) && m.in % m.qgroup == 0 && (uintptr_t)m.data % 16 == 0 &&
+           m.row_bytes % 16 == 0 && (uintptr_t)x % 16 == 0 &&
+           (m.qsdt == DTYPE_F32 || m.qsdt == DTYPE_F16 || m.qsdt == DTYPE_BF16);
+}
+
+/* Rows of the products from which one token's GEMV gives each warp 8 rows of one piece each
+ * instead of 4 rows of two (more loads in flight per block: 49 % against 33 % of the copy
+ * bandwidth on 128256 x 2048, fewer warps on small products: measured in the lab). */
+#define GA_WIDE_ROWS 16384
+
+template <int BITS, int SDT, int NT, int R, int U>
+static void ga_launch(struct cuda_backend *c, const ga_jobs &js, int n_tok)
+{
+    int nb = 0;
+    for (int i = 0; i < js.n; i++)
+        nb = js.j[i].b0 + (js.j[i].w.out + R * GA_WARPS - 1) / (R * GA_WARPS);
+    gemv_affine_kernel<BITS, SDT, NT, R, U><<<nb, 32 * GA_WARPS, 0, c->st>>>(js, n_tok);
+}
+
+template <int BITS, int SDT>
+static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int rows)
+{
+    /* fewer rows and pieces per warp with more tokens: their accumulators take the registers */
+    int r = n_tok == 1 ? (rows >= GA_WIDE_ROWS ? 8 : 4) : 2;
+    for (int i = 0, b0 = 0; i < js.n; i++) {
+        js.j[i].b0 = b0;
+        b0 += (js.j[i].w.out + r * GA_WARPS - 1) / (r * GA_WARPS);
+    }
+    if (n_tok == 1 && r == 8)
+        ga_launch<BITS, SDT, 1, 8, 1>(c, js, n_tok);
+    else if (n_tok == 1)
+        ga_launch<BITS, SDT, 1, 4, 2>(c, js, n_tok);
+    else if (n_tok == 2)
+        ga_launch<BITS, SDT, 2, 2, 2>(c, js, n_tok);
+    else if (n_tok <= 4)
+        ga_launch<BITS, SDT, 4, 2, 1>(c, js, n_tok);
+    else
+        ga_launch<BITS, SDT, 8, 2, 1>(c, js, n_tok);
+}
+
+/* One launch of the affine GEMV for the jobs (same bits and scale dtype, n_tok rows each). */
+static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
+{
+    const cu_wmat &m = js.j[0].w;
+    int rows = 0;
+    for (int i = 0; i < js.n; i++)
+        rows += js.j[i].w.out;
+    if (m.qbits == 4 && m.qsdt == DTYPE_BF16)
+        ga_launch_nt<4, DTYPE_BF16>(c, js, n_tok, rows);
+    else if (m.qbits == 4 && m.qsdt == DTYPE_F16)
+        ga_launch_nt<4, DTYPE_F16>(c, js, n_tok, rows);
+    else if (m.qbits == 4)
+        ga_launch_nt<4, DTYPE_F32>(c, js, n_tok, rows);
+    else if (m.qsdt == DTYPE_BF16)
+        ga_launch_nt<8, DTYPE_BF16>(c, js, n_tok, rows);
+    else if (m.qsdt == DTYPE_F16)
+        ga_launch_nt<8, DTYPE_F16>(c, js, n_tok, rows);
+    else
+        ga_launch_nt<8, DTYPE_F32>(c, js, n_tok, rows);
+    cu_check(c, "gemv");
+}
+
+static ga_job ga_job_of(float *y, int ldy, const float *x, const cu_wmat &m,
+                        const struct tensor *bias)
+{
+    int gsh = 0;
+    while ((128 / m.qbits << gsh) < m.qgroup)
+        gsh++;
+    return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0};
+}
+
 void cu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
                const struct tensor *b, int n_tok)
 {
@@ -316,6 +565,13 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
     cu_wmat m;
     cu_wmat_from(&m, w);
     const struct tensor *bias = b && tensor_is_present(b) ? b : NULL;
+    if (n_tok <= GEMV_TOK && ga_ok(m, x)) {
+        ga_jobs js = {};
+        js.j[0] = ga_job_of(y, ldy, x, m, bias);
+        js.n = 1;
+        ga_run(c, js, n_tok);
+        return;
+    }
     if (n_tok <= GEMV_TOK) {
         /* x rows must allow float4 loads of whole chunks */
         int n_chunks = (uintptr_t)x % 16 == 0 && m.in % 4 == 0 ? whole_chunks(m) : 0;
@@ -334,10 +590,36 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
     }
 }
 
+/* Decode-sized products of one affine format (q | k | v, gate | up) go out in launches of up to
+ * GA_MAX_JOBS; anything else one by one. */
 void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs)
 {
-    for (int j = 0; j < n_jobs; j++)
-        cu_linear(be, jobs[j].y, jobs[j].ldy, jobs[j].x, jobs[j].w, jobs[j].b, jobs[j].n_tok);
+    struct cuda_backend *c = cu_of(be);
+    ga_jobs js = {};
+    int n_tok = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const struct linear_job *jb = &jobs[j];
+        cu_wmat m;
+        cu_wmat_from(&m, jb->w);
+        const struct tensor *bias = jb->b && tensor_is_present(jb->b) ? jb->b : NULL;
+        bool joins = jb->n_tok > 0 && jb->n_tok <= GEMV_TOK && ga_ok(m, jb->x) &&
+                     (js.n == 0 || (n_tok == jb->n_tok && m.qbits == js.j[0].w.qbits &&
+                                    m.qsdt == js.j[0].w.qsdt));
+        if (js.n > 0 && (!joins || js.n == GA_MAX_JOBS)) {
+            if (!c->err_rc)
+                ga_run(c, js, n_tok);
+            js.n = 0;
+            joins = jb->n_tok > 0 && jb->n_tok <= GEMV_TOK && ga_ok(m, jb->x);
+        }
+        if (!joins) {
+            cu_linear(be, jb->y, jb->ldy, jb->x, jb->w, jb->b, jb->n_tok);
+            continue;
+        }
+        n_tok = jb->n_tok;
+        js.j[js.n++] = ga_job_of(jb->y, jb->ldy, jb->x, m, bias);
+    }
+    if (js.n > 0 && !c->err_rc)
+        ga_run(c, js, n_tok);
 }
 
 void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok)
