@@ -168,6 +168,9 @@ static const struct wcase k_cases[] = {
     /* the affine 4/8-bit GEMV: pieces past 32 per lane, a last warp's rows cut short */
     {"q4 g32 bf16 wide", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_BF16, 133, 2080},
     {"q8 g32 f32 wide", DTYPE_U32, 8, 32, QMODE_AFFINE, DTYPE_F32, 130, 1088},
+    /* ... and its split over K (>= 8 pieces a lane, 2 pieces past them) */
+    {"q4 g64 f16 split", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_F16, 37, 8256},
+    {"q8 g128 bf16 split", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_BF16, 21, 4224},
     {"mxfp4", DTYPE_U32, 4, 32, QMODE_MXFP4, DTYPE_U8, 67, 384},
     {"mxfp8", DTYPE_U32, 8, 32, QMODE_MXFP8, DTYPE_U8, 67, 384},
     {"nvfp4", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 67, 384},

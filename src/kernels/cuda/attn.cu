@@ -6,7 +6,7 @@
  * scale * q.k, soft-capped, softmax with an optional per-head sink logit.
  *
  * rope:      one thread per (token, head, frequency)
- * kv_store:  one block per row
+ * kv_store:  one block of 512 threads per row
  * attention: one block of ATTN_WARPS warps per (query row, head). Warp w
  *            takes the keys w, w + ATTN_WARPS, ... of the row's range with an
  *            online softmax (running max, sum, and the head_dim output spread
@@ -25,6 +25,8 @@
 __global__ void rope_kernel(float *x, int ld, int n_tok, int n_head, int head_dim,
                             struct rope_params rp, const int32_t *pos, const int32_t *seq_end)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int half = rp.n_rot / 2;
     size_t n = (size_t)n_tok * n_head * half;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -55,8 +57,8 @@ void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int he
         return;
     size_t n = (size_t)n_tok * n_head * (rp->n_rot / 2);
     size_t g = (n + 255) / 256;
-    rope_kernel<<<(int)(g < 65536 ? g : 65536), 256, 0, c->st>>>(x, ld, n_tok, n_head, head_dim,
-                                                                 *rp, rows->pos, rows->seq_end);
+    cu_launch(c, rope_kernel, dim3((unsigned)(g < 65536 ? g : 65536)), dim3(256), x, ld, n_tok,
+              n_head, head_dim, *rp, rows->pos, rows->seq_end);
     cu_check(c, "rope");
 }
 
@@ -65,6 +67,8 @@ void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int he
 __global__ void kv_store_kernel(float *kc, float *vc, int k_dim, int v_dim, const float *k,
                                 int ldk, const float *v, int ldv, const int32_t *slot)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int i = blockIdx.x;
     size_t s = (size_t)slot[i];
     for (int d = threadIdx.x; d < k_dim; d += blockDim.x)
@@ -79,8 +83,8 @@ void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, 
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc || n_tok <= 0)
         return;
-    kv_store_kernel<<<n_tok, 128, 0, c->st>>>(kv->k, kv->v, kv->k_dim, kv->v_dim, k, ldk, v, ldv,
-                                              rows->slot);
+    cu_launch(c, kv_store_kernel, dim3(n_tok), dim3(512), kv->k, kv->v, kv->k_dim, kv->v_dim, k,
+              ldk, v, ldv, rows->slot);
     cu_check(c, "kv_store");
 }
 
@@ -105,6 +109,8 @@ __global__ void attn_kernel(attn_args a)
 {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_o[ATTN_WARPS][32 * HD_PER_LANE];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int g = h / a.n_rep, p = a.pos[t];
     int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
@@ -192,6 +198,6 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
                    rows->tables, rows->block_size, ap->n_head, ap->n_head / ap->n_kv_head,
                    ap->head_dim, ap->scale, ap->softcap, ap->window, ap->sinks};
     dim3 grid(ap->n_head, n_tok);
-    attn_kernel<<<grid, 32 * ATTN_WARPS, 0, c->st>>>(a);
+    cu_launch(c, attn_kernel, grid, dim3(32 * ATTN_WARPS), a);
     cu_check(c, "attention");
 }

@@ -360,6 +360,9 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     c->be.n_threads = 1;
     const char *fm = getenv("MLXCEL_FUSED_MOE");
     c->be.fused_moe = !(fm && (!strcmp(fm, "0") || !strcmp(fm, "off") || !strcmp(fm, "false")));
+    const char *pd = getenv("MLXCEL_CUDA_PDL");
+    /* opt-in: no faster inside the decode graphs on the H200 (docs/benchmarks.md) */
+    c->pdl = pd && (!strcmp(pd, "1") || !strcmp(pd, "on") || !strcmp(pd, "true"));
     const char *gr = getenv("MLXCEL_CUDA_GRAPHS");
     c->be.graphs = !(gr && (!strcmp(gr, "0") || !strcmp(gr, "off") || !strcmp(gr, "false")));
     c->be.impl = c;

@@ -38,6 +38,7 @@ struct cuda_backend {
     size_t h_off_cap;
     void *pin;                  /* pinned staging of large downloads (logits), grows only */
     size_t pin_cap;
+    bool pdl;                   /* cu_launch lets kernels start early ($MLXCEL_CUDA_PDL=1) */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
@@ -130,6 +131,48 @@ void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
+
+/* Programmatic dependent launch (Hopper): a kernel started by cu_launch may run while the
+ * kernel before it in the stream is still running. It calls cu_pdl_trigger() first (its own
+ * successor may then be launched) and cu_pdl_wait() before it reads anything an earlier op
+ * wrote or writes anything an earlier op reads: the wait returns once the previous kernel has
+ * completed and its writes are visible, and since every kernel waits before it completes, so
+ * has everything before it. Before the wait a kernel may only read what no op writes (the
+ * weights). Both are no-ops in a kernel launched without the attribute. */
+__device__ __forceinline__ void cu_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cu_pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Launch k(args) on the backend's stream as a programmatic dependent of the kernel before it
+ * (when c->pdl): only for kernels that follow the rules of cu_pdl_wait. */
+template <typename... P, typename... A>
+static inline void cu_launch(struct cuda_backend *c, void (*k)(P...), dim3 grid, dim3 block,
+                             A... args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = c->pdl ? 1 : 0;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = c->st;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaError_t rc = cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
+    if (rc != cudaSuccess)
+        cu_fail(c, "launch", rc);
+}
 
 __device__ __forceinline__ float cu_bf16(uint16_t h)
 {

@@ -3,15 +3,15 @@
  * reference's arithmetic (backend_cpu.c): RMS x / sqrt(mean(x²) + eps) *
  * (w + w_off); layer norm with a two-pass mean and biased variance.
  *
- * Norms: one block of NORM_THREADS per row, a block reduction (warp shuffles,
- * then one warp over the per-warp partials). Elementwise ops: a 2-D grid,
+ * Norms: one block per row, of about n / 2 threads (up to NORM_THREADS), a
+ * block reduction (warp shuffles, then one warp over the per-warp partials). Elementwise ops: a 2-D grid,
  * x = columns (256 per block), y = rows (grid-stride).
  */
 #include <math.h>
 
 #include "cuda_impl.h"
 
-#define NORM_THREADS 256
+#define NORM_THREADS 1024
 
 // ---- norms ----
 
@@ -34,6 +34,8 @@ __global__ void norm_kernel(float *y, const float *x, int ld, const void *w, int
                             bool layer)
 {
     __shared__ float red[32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int r = blockIdx.x;
     size_t off = (size_t)(r / per_tok) * ld + (size_t)(r % per_tok) * n;
     const float *xr = x + off;
@@ -66,9 +68,11 @@ static void norm_run(struct backend *be, float *y, const float *x, int ld, const
         return;
     /* one weight row per head when w holds per_tok rows of n */
     size_t w_row = per_tok > 1 && tensor_nelem(w) == (int64_t)per_tok * n ? (size_t)n : 0;
-    norm_kernel<<<rows, NORM_THREADS, 0, c->st>>>(y, x, ld, w->data, w->dtype, w_row, w_off,
-                                                  b ? b->data : NULL, b ? (int)b->dtype : 0, eps,
-                                                  per_tok, n, layer);
+    /* about two elements a thread: each pass is one round of loads, not a chain of them */
+    int threads = (n / 2 + 31) / 32 * 32;
+    threads = threads < 32 ? 32 : threads > NORM_THREADS ? NORM_THREADS : threads;
+    cu_launch(c, norm_kernel, dim3(rows), dim3(threads), y, x, ld, w->data, (int)w->dtype, w_row,
+              w_off, b ? b->data : NULL, b ? (int)b->dtype : 0, eps, per_tok, n, layer);
     cu_check(c, "norm");
 }
 
@@ -118,6 +122,8 @@ __device__ __forceinline__ float act_f(int act, float v)
 
 __global__ void elem_kernel(elem_args a)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= a.n)
         return;
@@ -164,7 +170,7 @@ static void elem_run(struct backend *be, elem_args *a)
     if (c->err_rc || a->n_rows <= 0 || a->n <= 0)
         return;
     dim3 grid((a->n + 255) / 256, a->n_rows < 65535 ? a->n_rows : 65535);
-    elem_kernel<<<grid, 256, 0, c->st>>>(*a);
+    cu_launch(c, elem_kernel, grid, dim3(256), *a);
     cu_check(c, "elementwise");
 }
 
@@ -237,6 +243,6 @@ void cu_gather(struct backend *be, float *y, const float *x, int ldx, const int3
         return;
     a.x = x;
     dim3 grid((n + 255) / 256, n_rows < 65535 ? n_rows : 65535);
-    elem_kernel<<<grid, 256, 0, c->st>>>(a);
+    cu_launch(c, elem_kernel, grid, dim3(256), a);
     cu_check(c, "gather");
 }

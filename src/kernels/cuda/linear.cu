@@ -168,6 +168,8 @@ template <int F>
 __global__ void gemv_kernel(float *y, int ldy, const float *__restrict__ x, int ldx, cu_wmat w,
                             int n_chunks, int n_tok, const void *bias, int bdt)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int r = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (r >= w.out)
         return;
@@ -289,28 +291,34 @@ struct ga_jobs {
     int n;
 };
 
-/* grid: the jobs' blocks one after the other, each job ceil(out / (R * GA_WARPS)) blocks of
- * GA_WARPS warps; warp = R rows. Lane l takes the rows' 16-byte pieces l, l + 32, ... (PB
- * elements each, inside one scale group: groups are >= 32 elements), U pieces of every row
- * at a time, all R * U loads issued before the first is used. A piece adds
- * s * Σ q x + b * Σ x per token, Σ x and the x loads shared by the warp's R rows. Measured
- * versions (R, U, register caps, software pipelining, the two code decodings):
- * dev/kernels/gemv_affine_lab.cu. */
-template <int BITS, int SDT, int NT, int R, int U>
+/* grid: the jobs' blocks one after the other, each job ceil(out / (R * GA_WARPS / KS))
+ * blocks of GA_WARPS warps. KS = 1: warp = R rows; lane l takes the rows' 16-byte pieces
+ * l, l + 32, ... (PB elements each, inside one scale group: groups are >= 32 elements).
+ * KS = GA_WARPS (split K, for few rows of many pieces): the block's warps share R rows,
+ * warp w taking the pieces 32 w + l, 32 (w + KS) + l, ..., and add their sums through shared
+ * memory. U pieces of every row at a time, all R * U loads issued before the first is used.
+ * A piece adds s * Σ q x + b * Σ x per token, Σ x and the x loads shared by the warp's R
+ * rows. Measured versions (R, U, register caps, software pipelining, the two code
+ * decodings): dev/kernels/gemv_affine_lab.cu. */
+template <int BITS, int SDT, int NT, int R, int U, int KS>
 __global__ void __launch_bounds__(32 * GA_WARPS)
 gemv_affine_kernel(ga_jobs js, int n_tok)
 {
     constexpr int PB = 128 / BITS;
+    __shared__ float part[KS > 1 ? KS : 1][R][NT];
+    cu_pdl_trigger();
     ga_job jb = js.j[0];
 #pragma unroll
     for (int i = 1; i < GA_MAX_JOBS; i++)
         if (i < js.n && (int)blockIdx.x >= js.j[i].b0)
             jb = js.j[i];
     const cu_wmat &w = jb.w;
-    const int lane = threadIdx.x % 32;
-    const int r0 = ((blockIdx.x - jb.b0) * GA_WARPS + threadIdx.x / 32) * R;
-    if (r0 >= w.out)
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * GA_WARPS + wid) * R;
+    if (r0 >= w.out) {
+        cu_pdl_wait();
         return;
+    }
     const int n_p = w.in / PB;
     const uint4 *wr[R];
     const uint8_t *sr[R], *br[R];
@@ -327,12 +335,23 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
 #pragma unroll
         for (int t = 0; t < NT; t++)
             acc[r][t] = 0.0f;
-    for (int p0 = lane; p0 < n_p; p0 += 32 * U) {
+    /* the first pieces' weights are fetched into L2 before the wait for x, while the kernel
+     * before this one finishes */
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int p = lane + (KS > 1 ? 32 * wid : 0) + 32 * KS * u;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (p < n_p)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(wr[r] + p));
+    }
+    cu_pdl_wait();
+    for (int p0 = lane + (KS > 1 ? 32 * wid : 0); p0 < n_p; p0 += 32 * KS * U) {
         uint4 q[U][R];
         float sc[U][R], bi[U][R];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int p = p0 + 32 * u;
+            int p = p0 + 32 * KS * u;
             bool ok = p < n_p;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -347,7 +366,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int p = p0 + 32 * u;
+            int p = p0 + 32 * KS * u;
             if (p >= n_p)
                 break;
 #pragma unroll
@@ -368,6 +387,32 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
             }
         }
     }
+    if (KS > 1) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[r][t] = cu_warp_sum(acc[r][t]);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    part[wid][r][t] = acc[r][t];
+        __syncthreads();
+        if (wid != 0)
+            return;
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KS; k++)
+                    v += part[k][r][t];
+                acc[r][t] = v;
+            }
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float bv = jb.bias && r0 + r < w.out ? cu_ld(jb.bias, jb.bdt, (size_t)(r0 + r)) : 0.0f;
@@ -375,7 +420,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
         for (int t = 0; t < NT; t++) {
             if (NT > 1 && t >= n_tok)
                 break;
-            float v = cu_warp_sum(acc[r][t]);
+            float v = KS > 1 ? acc[r][t] : cu_warp_sum(acc[r][t]);
             if (lane == 0 && r0 + r < w.out)
                 jb.y[(size_t)t * jb.ldy + r0 + r] = v + bv;
         }
@@ -417,6 +462,8 @@ __global__ void bias_kernel(float *y, int ldy, const void *b, int bdt, int out, 
 /* y[t, :] = row ids[t] of w; grid: n_tok blocks. */
 __global__ void embed_kernel(float *y, cu_wmat w, const int32_t *ids)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     int t = blockIdx.x, r = ids[t];
     for (int k = threadIdx.x; k < w.in; k += blockDim.x)
         y[(size_t)t * w.in + k] = w_elem(w, r, k);
@@ -495,34 +542,43 @@ static bool ga_ok(const cu_wmat &m, const float *x)
  * bandwidth on 128256 x 2048, fewer warps on small products: measured in the lab). */
 #define GA_WIDE_ROWS 16384
 
-template <int BITS, int SDT, int NT, int R, int U>
-static void ga_launch(struct cuda_backend *c, const ga_jobs &js, int n_tok)
+/* Pieces per lane and row from which one token's GEMV of fewer than GA_WIDE_ROWS rows splits
+ * K over the block's warps (2048 x 8192 4-bit: 128 warps of 8 pieces a lane would leave most
+ * of the GPU idle). */
+#define GA_SPLIT_PIECES 8
+
+template <int BITS, int SDT, int NT, int R, int U, int KS>
+static void ga_launch(struct cuda_backend *c, ga_jobs &js, int n_tok)
 {
+    const int rows = R * GA_WARPS / KS;
     int nb = 0;
-    for (int i = 0; i < js.n; i++)
-        nb = js.j[i].b0 + (js.j[i].w.out + R * GA_WARPS - 1) / (R * GA_WARPS);
-    gemv_affine_kernel<BITS, SDT, NT, R, U><<<nb, 32 * GA_WARPS, 0, c->st>>>(js, n_tok);
+    for (int i = 0; i < js.n; i++) {
+        js.j[i].b0 = nb;
+        nb += (js.j[i].w.out + rows - 1) / rows;
+    }
+    cu_launch(c, gemv_affine_kernel<BITS, SDT, NT, R, U, KS>, dim3(nb), dim3(32 * GA_WARPS), js,
+              n_tok);
 }
 
 template <int BITS, int SDT>
 static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int rows)
 {
     /* fewer rows and pieces per warp with more tokens: their accumulators take the registers */
-    int r = n_tok == 1 ? (rows >= GA_WIDE_ROWS ? 8 : 4) : 2;
-    for (int i = 0, b0 = 0; i < js.n; i++) {
-        js.j[i].b0 = b0;
-        b0 += (js.j[i].w.out + r * GA_WARPS - 1) / (r * GA_WARPS);
-    }
-    if (n_tok == 1 && r == 8)
-        ga_launch<BITS, SDT, 1, 8, 1>(c, js, n_tok);
+    int lane_pieces = js.j[0].w.in / (128 / BITS) / 32;
+    for (int i = 1; i < js.n; i++)
+        lane_pieces = min(lane_pieces, js.j[i].w.in / (128 / BITS) / 32);
+    if (n_tok == 1 && rows >= GA_WIDE_ROWS)
+        ga_launch<BITS, SDT, 1, 8, 1, 1>(c, js, n_tok);
+    else if (n_tok == 1 && lane_pieces >= GA_SPLIT_PIECES)
+        ga_launch<BITS, SDT, 1, 4, 2, GA_WARPS>(c, js, n_tok);
     else if (n_tok == 1)
-        ga_launch<BITS, SDT, 1, 4, 2>(c, js, n_tok);
+        ga_launch<BITS, SDT, 1, 4, 2, 1>(c, js, n_tok);
     else if (n_tok == 2)
-        ga_launch<BITS, SDT, 2, 2, 2>(c, js, n_tok);
+        ga_launch<BITS, SDT, 2, 2, 2, 1>(c, js, n_tok);
     else if (n_tok <= 4)
-        ga_launch<BITS, SDT, 4, 2, 1>(c, js, n_tok);
+        ga_launch<BITS, SDT, 4, 2, 1, 1>(c, js, n_tok);
     else
-        ga_launch<BITS, SDT, 8, 2, 1>(c, js, n_tok);
+        ga_launch<BITS, SDT, 8, 2, 1, 1>(c, js, n_tok);
 }
 
 /* One launch of the affine GEMV for the jobs (same bits and scale dtype, n_tok rows each). */
@@ -577,8 +633,8 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
         int n_chunks = (uintptr_t)x % 16 == 0 && m.in % 4 == 0 ? whole_chunks(m) : 0;
         const void *bd = bias ? bias->data : NULL;
         int bdt = bias ? (int)bias->dtype : 0, nb = (m.out + GEMV_WARPS - 1) / GEMV_WARPS;
-        FMT_DISPATCH(m, (gemv_kernel<FMT><<<nb, 32 * GEMV_WARPS, 0, c->st>>>(
-                            y, ldy, x, m.in, m, n_chunks, n_tok, bd, bdt)));
+        FMT_DISPATCH(m, (cu_launch(c, gemv_kernel<FMT>, dim3(nb), dim3(32 * GEMV_WARPS), y, ldy,
+                                   x, m.in, m, n_chunks, n_tok, bd, bdt)));
         cu_check(c, "gemv");
         return;
     }
@@ -629,6 +685,6 @@ void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_
         return;
     cu_wmat m;
     cu_wmat_from(&m, w);
-    embed_kernel<<<n_tok, 256, 0, c->st>>>(y, m, ids);
+    cu_launch(c, embed_kernel, dim3(n_tok), dim3(256), y, m, ids);
     cu_check(c, "embed");
 }
