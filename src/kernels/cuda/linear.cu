@@ -3,10 +3,9 @@
  * (F32/F16/BF16, MLX affine 2..8 bits, mxfp4, mxfp8, nvfp4), and the
  * embedding lookup, on the GPU.
  *
- * Decode (n_tok <= GA_MAX_TOK), MLX affine 4/8 bits: gemv_affine_kernel
- * (several rows per warp, 16-byte code loads in flight, split K for few long
- * rows, up to GA_MAX_JOBS products of one format per launch: q | k | v,
- * gate | up; GEMV_TOK tokens per launch).
+ * Decode (n_tok <= GEMV_TOK), MLX affine 4/8 bits: gemv_affine_kernel (several
+ * rows per warp, 16-byte code loads in flight, split K for few long rows, up
+ * to GA_MAX_JOBS products of one format per launch: q | k | v, gate | up).
  *
  * Decode, every other format: fused dequant-GEMV. One warp per output row,
  * 8 warps per block; lane l takes the row's 32-element chunks l, l + 32, ...
@@ -27,7 +26,6 @@
 #define GEMV_TOK 8
 #define GEMV_WARPS 8
 #define GA_WARPS 4      /* warps per block of the affine 4/8-bit GEMV */
-#define GA_MAX_TOK 32   /* ... and the most tokens it takes (GEMV_TOK at a time) */
 #define PANEL_FLOATS ((size_t)32 << 20)
 
 // ---- decoding ----
@@ -278,27 +276,6 @@ __device__ __forceinline__ float piece_dot(uint4 q, const float *x)
     return d0 + d1;
 }
 
-/* The codes of one 16-byte piece as the floats piece_dot multiplies (4 bits: 0.5 + q / 32,
- * 8 bits: q), once for all tokens. */
-template <int BITS>
-__device__ __forceinline__ void piece_codes(uint4 q, float *f)
-{
-    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if constexpr (BITS == 4) {
-            uint32_t lo = (u[i] << 3) & 0x78787878u, hi = (u[i] >> 1) & 0x78787878u;
-            f[8 * i] = half_code<0>(lo), f[8 * i + 1] = half_code<0>(hi);
-            f[8 * i + 2] = half_code<1>(lo), f[8 * i + 3] = half_code<1>(hi);
-            f[8 * i + 4] = half_code<2>(lo), f[8 * i + 5] = half_code<2>(hi);
-            f[8 * i + 6] = half_code<3>(lo), f[8 * i + 7] = half_code<3>(hi);
-        } else {
-            f[4 * i] = code_f<0>(u[i]), f[4 * i + 1] = code_f<1>(u[i]);
-            f[4 * i + 2] = code_f<2>(u[i]), f[4 * i + 3] = code_f<3>(u[i]);
-        }
-    }
-}
-
 /* One product of a gemv_affine_kernel launch: blocks [b0, next job's b0) are its. */
 struct ga_job {
     float *y;
@@ -396,8 +373,11 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
             int p = p0 + 32 * KS * u;
             if (p >= n_p)
                 break;
-            if constexpr (NT == 1) {
-                const float4 *xp = (const float4 *)(jb.x + (size_t)p * PB);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (NT > 1 && t >= n_tok)
+                    break;
+                const float4 *xp = (const float4 *)(jb.x + (size_t)t * w.in + (size_t)p * PB);
                 float xv[PB], xs = 0.0f;
 #pragma unroll
                 for (int i = 0; i < PB / 4; i++) {
@@ -407,44 +387,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    acc[r][0] += sc[u][r] * piece_dot<BITS>(q[u][r], xv) + bi[u][r] * xs;
-            } else {
-                /* several tokens: Σ x of each first, then each row's codes decoded once */
-                float xs[NT];
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    xs[t] = 0.0f;
-                    if (t >= n_tok)
-                        continue;
-                    const float4 *xp = (const float4 *)(jb.x + (size_t)t * w.in + (size_t)p * PB);
-#pragma unroll
-                    for (int i = 0; i < PB / 4; i++) {
-                        float4 f = __ldg(xp + i);
-                        xs[t] += (f.x + f.y) + (f.z + f.w);
-                    }
-                }
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float fc[PB];
-                    piece_codes<BITS>(q[u][r], fc);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t >= n_tok)
-                            break;
-                        const float4 *xp =
-                            (const float4 *)(jb.x + (size_t)t * w.in + (size_t)p * PB);
-                        float d0 = 0.0f, d1 = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < PB / 4; i++) {
-                            float4 f = __ldg(xp + i);
-                            d0 = fmaf(fc[4 * i], f.x, d0);
-                            d1 = fmaf(fc[4 * i + 1], f.y, d1);
-                            d0 = fmaf(fc[4 * i + 2], f.z, d0);
-                            d1 = fmaf(fc[4 * i + 3], f.w, d1);
-                        }
-                        acc[r][t] += sc[u][r] * (d0 + d1) + bi[u][r] * xs[t];
-                    }
-                }
+                    acc[r][t] += sc[u][r] * piece_dot<BITS>(q[u][r], xv) + bi[u][r] * xs;
             }
         }
     }
@@ -643,7 +586,7 @@ static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int row
 }
 
 /* One launch of the affine GEMV for the jobs (same bits and scale dtype, n_tok rows each). */
-static void ga_run_chunk(struct cuda_backend *c, ga_jobs &js, int n_tok)
+static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
 {
     const cu_wmat &m = js.j[0].w;
     int rows = 0;
@@ -664,20 +607,6 @@ static void ga_run_chunk(struct cuda_backend *c, ga_jobs &js, int n_tok)
     cu_check(c, "gemv");
 }
 
-/* ga_run_chunk over the tokens GEMV_TOK at a time (each chunk reads the weights again, from
- * L2 where they fit: still far less traffic than widening them to f32 for a GEMM). */
-static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
-{
-    for (int t0 = 0; t0 < n_tok && !c->err_rc; t0 += GEMV_TOK) {
-        ga_jobs part = js;
-        for (int i = 0; i < js.n; i++) {
-            part.j[i].y += (size_t)t0 * js.j[i].ldy;
-            part.j[i].x += (size_t)t0 * js.j[i].w.in;
-        }
-        ga_run_chunk(c, part, n_tok - t0 < GEMV_TOK ? n_tok - t0 : GEMV_TOK);
-    }
-}
-
 static ga_job ga_job_of(float *y, int ldy, const float *x, const cu_wmat &m,
                         const struct tensor *bias)
 {
@@ -696,7 +625,7 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
     cu_wmat m;
     cu_wmat_from(&m, w);
     const struct tensor *bias = b && tensor_is_present(b) ? b : NULL;
-    if (n_tok <= GA_MAX_TOK && ga_ok(m, x)) {
+    if (n_tok <= GEMV_TOK && ga_ok(m, x)) {
         ga_jobs js = {};
         js.j[0] = ga_job_of(y, ldy, x, m, bias);
         js.n = 1;
@@ -733,14 +662,14 @@ void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jo
         cu_wmat m;
         cu_wmat_from(&m, jb->w);
         const struct tensor *bias = jb->b && tensor_is_present(jb->b) ? jb->b : NULL;
-        bool joins = jb->n_tok > 0 && jb->n_tok <= GA_MAX_TOK && ga_ok(m, jb->x) &&
+        bool joins = jb->n_tok > 0 && jb->n_tok <= GEMV_TOK && ga_ok(m, jb->x) &&
                      (js.n == 0 || (n_tok == jb->n_tok && m.qbits == js.j[0].w.qbits &&
                                     m.qsdt == js.j[0].w.qsdt));
         if (js.n > 0 && (!joins || js.n == GA_MAX_JOBS)) {
             if (!c->err_rc)
                 ga_run(c, js, n_tok);
             js.n = 0;
-            joins = jb->n_tok > 0 && jb->n_tok <= GA_MAX_TOK && ga_ok(m, jb->x);
+            joins = jb->n_tok > 0 && jb->n_tok <= GEMV_TOK && ga_ok(m, jb->x);
         }
         if (!joins) {
             cu_linear(be, jb->y, jb->ldy, jb->x, jb->w, jb->b, jb->n_tok);
