@@ -13,7 +13,7 @@
  * the reservation is rolled back.
  *
  * Decode steps run as graphs where the backend has them (be->graphs, ADR
- * 0023): a chunk of at most GRAPH_MAX_ROWS rows, all wanting logits, is a
+ * 0024): a chunk of at most GRAPH_MAX_ROWS rows, all wanting logits, is a
  * pure function of its row count, the context's buffers and the cache's
  * buffers, since everything that changes per step (ids, positions, slots,
  * table offsets, block tables) is read from backend memory uploaded before

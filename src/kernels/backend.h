@@ -244,7 +244,7 @@ struct backend_ops {
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);
 
-    /* ---- graphs (optional: NULL where the backend has none; ADR 0023) ----
+    /* ---- graphs (optional: NULL where the backend has none; ADR 0024) ----
      * graph_begin starts recording: the ops issued until graph_end are recorded, not run.
      * graph_end stops and returns a replayable graph of them, or NULL when they could not be
      * recorded (a download, a scratch buffer that had to grow, a failing op): then nothing

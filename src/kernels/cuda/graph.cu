@@ -1,6 +1,6 @@
 /*
  * graph: recording the ops of a decode step into a CUDA graph and replaying
- * it (backend.h graph_*, ADR 0023).
+ * it (backend.h graph_*, ADR 0024).
  *
  * graph_begin puts the backend's one stream into capture mode (thread-local:
  * another thread's CUDA calls are not disturbed); the ops that follow are
