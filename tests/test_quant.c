@@ -584,8 +584,12 @@ static void mixed_case(const char *name)
         double r = compare_models(qdir, fdir, golden_dir, fused);
         printf("quant %-12s every mode mixed (%d modules quantized, %d float) fused_moe=%d: "
                "max rel diff vs dequantized float %.2e\n", name, n_q, n_float, fused, r);
-        /* f32 summation order and one rounding of s*q+b: far below any decoding error */
-        assert_true(r < 1e-4);
+        /* f32 summation order and one rounding of s*q+b: far below any decoding error.
+         * SIMD variants run affine 4/8-bit linears on 16-bit activations (kern.h "qi":
+         * 1.5e-5 of each group's largest |x|), about 1e-4 of the largest logit on
+         * these random-weight models: held to 5e-4, half the golden tolerance. */
+        const char *isa = getenv("MLXCEL_ISA");
+        assert_true(r < (isa && !strcmp(isa, "scalar") ? 1e-4 : 5e-4));
     }
     stb_rmtree(qdir);
     stb_rmtree(fdir);

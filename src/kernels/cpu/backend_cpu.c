@@ -176,9 +176,19 @@ static size_t xsum_len(const struct wmat *w)
     return w->qbits && w->qmode == QMODE_AFFINE ? (size_t)(w->in / w->qgroup) : 0;
 }
 
-/* Floats per token of the x a quantized matvec reads: permuted (qxperm) or x itself. */
+/* True when the integer matvec takes W (kern.h, "qi"): x is then prepared
+ * as integers (qi_prep, kern_qi_len bytes per token) instead of f32. */
+static bool use_qi(const struct cpu_kernels *k, const struct wmat *w)
+{
+    return w->qbits && k->matvec_qi && k->qi_ok(w);
+}
+
+/* Floats per token of the x a quantized matvec reads: prepared for qi,
+ * permuted (qxperm), or x itself. */
 static size_t qx_stride(const struct cpu_kernels *k, const struct wmat *w)
 {
+    if (use_qi(k, w))
+        return kern_qi_len(w) / sizeof(float);
     return w->qbits && k->qxperm ? kern_qx_len(w->in) : (size_t)w->in;
 }
 
@@ -187,6 +197,8 @@ static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int 
 {
     if (!w->qbits)
         return 0;
+    if (use_qi(k, w))
+        return (size_t)n_tok * qx_stride(k, w);
     size_t n = (size_t)n_tok * xsum_len(w);
     if (k->qxperm)
         n += (size_t)n_tok * kern_qx_len(w->in);
@@ -194,14 +206,23 @@ static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int 
 }
 
 /* The x-side inputs of a quantized matvec, computed once per call rather
- * than once per weight row: for affine weights the per-group sums
- * xs [n_tok, in/qgroup] (NULL otherwise), and on ISAs that want it x
+ * than once per weight row: for qi, x prepared as integers with its group
+ * sums (*xs NULL); otherwise for affine weights the per-group sums
+ * xs [n_tok, in/qgroup] (NULL for other modes), and on ISAs that want it x
  * permuted (qxperm, row stride qx_stride()) into the order in which the
  * kernel unpacks codes. *xp is x itself otherwise. */
 static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, int n_tok,
                        const struct wmat *w, const float **xs, const float **xp)
 {
     int ng = (int)xsum_len(w), in = w->in;
+    if (use_qi(k, w)) {
+        size_t ld = qx_stride(k, w);
+        for (int t = 0; t < n_tok; t++)
+            k->qi_prep((uint8_t *)(buf + (size_t)t * ld), x + (size_t)t * in, w);
+        *xs = NULL;
+        *xp = buf;
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
         for (int g = 0; g < ng; g++)
             buf[(size_t)t * ng + g] = k->sum(x + (size_t)t * in + (size_t)g * w->qgroup, w->qgroup);
@@ -214,6 +235,17 @@ static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, 
     for (int t = 0; t < n_tok; t++)
         k->qxperm(d + (size_t)t * ld, x + (size_t)t * in, w);
     *xp = d;
+}
+
+/* The matvec for rows [r0, r1) of x as qprep_fill left it (row stride ldx floats). */
+static void matvec_rows(const struct cpu_kernels *k, float *y, size_t ldy, const float *x,
+                        size_t ldx, int n_tok, const struct wmat *w, int r0, int r1,
+                        const float *xsum)
+{
+    if (use_qi(k, w))
+        k->matvec_qi(y, ldy, (const uint8_t *)x, ldx * sizeof(float), n_tok, w, r0, r1);
+    else
+        k->matvec(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, xsum_len(w));
 }
 
 static void bias_add(float *y, size_t ldy, int n_tok, const struct tensor *b, int r0, int r1)
@@ -294,8 +326,7 @@ static void linear_task(void *arg, int ith, int nth)
         lo *= 8;
         hi = hi * 8 < w->out ? hi * 8 : w->out;
         if (lo < hi)
-            k->matvec(lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum,
-                      xsum_len(w));
+            matvec_rows(k, lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum);
     }
     if (lc->b && lo < hi)
         bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
@@ -364,8 +395,7 @@ static void batch_task(void *arg, int ith, int nth)
             const struct cpu_job *jb = &bc->jobs[j];
             const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
             size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
-            k->matvec(jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs,
-                      xsum_len(w));
+            matvec_rows(k, jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs);
             if (jb->b)
                 bias_add(jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
         }

@@ -90,6 +90,14 @@ struct cpu_kernels {
      * prefetching the next kc_next columns of the same rows. */
     void (*pack_w)(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
                    int kc_next);
+    /* Optional integer matvec (qi) for the affine W that qi_ok accepts; see
+     * "integer quantized matvec" below. qi_prep writes one token's x as
+     * kern_qi_len(w) bytes at dst; matvec_qi is matvec over prepared x
+     * (row stride ldxq bytes), without xsum (the preparation carries it). */
+    bool (*qi_ok)(const struct wmat *w);
+    void (*qi_prep)(uint8_t *dst, const float *x, const struct wmat *w);
+    void (*matvec_qi)(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                      const struct wmat *w, int r0, int r1);
     int gemm_nr;              /* panel width of ukernel */
     int gemm_mr;              /* token rows per ukernel call (<= GEMM_MR_MAX) */
     /* Use the GEMM path from this many tokens on (float / quantized W).
@@ -197,10 +205,41 @@ static inline size_t kern_qx_len(int in)
     return ((size_t)in + QX_PAD - 1) / QX_PAD * QX_PAD;
 }
 
+/*
+ * ---- integer quantized matvec (qi) ----
+ * Decode is bound by how many instructions a core spends per weight byte.
+ * For affine W an ISA variant may therefore take x as 16-bit integers per
+ * group g of the weight groups, x_i ~ xs_g q_i with
+ *   xs_g = max_{i in g} |x_i| / KERN_QI_QMAX,  q_i = rint(x_i / xs_g),
+ * so |x_i - xs_g q_i| <= xs_g / 2 (1.5e-5 of the group's largest |x|,
+ * 16 significant bits, far finer than bf16), and compute
+ *   y_r = sum_g ws_rg xs_g (sum_{i in g} code_i q_i) + b_rg sum_{i in g} x_i
+ * with the integer sums exact (int16 / int8 dot-product instructions) and
+ * sum x from the f32 x. KERN_QI_QMAX = 127 * 256 + 127 lets a kernel split q
+ * into two int8 limbs, q = 256 hi + lo with hi = (q + 128) >> 8 in
+ * [-127, 127] and lo in [-128, 127], for unsigned-by-signed byte products.
+ * Non-finite x makes xs_g non-finite and the group's output NaN, as in f32.
+ *
+ * One token's prepared x (kern_qi_len bytes, every part 32-byte aligned):
+ *   f32 xs[ng] | f32 xsum[ng] | 2 * in_pad bytes of q in the kernel's order
+ * (in_pad = in rounded up to 64, zero filled).
+ */
+#define KERN_QI_QMAX 32639
+static inline size_t kern_qi_hdr(const struct wmat *w)
+{
+    return ((size_t)(w->in / w->qgroup) * 4 + 31) / 32 * 32;
+}
+static inline size_t kern_qi_len(const struct wmat *w)
+{
+    return 2 * kern_qi_hdr(w) + 2 * (((size_t)w->in + 63) / 64 * 64);
+}
+
 /* ---- kern_avx2.c / kern_avx512.c ---- */
 /* Overlay the variant's kernels on k; false when it was compiled out. */
 bool cpu_kernels_avx2_init(struct cpu_kernels *k);
 bool cpu_kernels_avx512_init(struct cpu_kernels *k);
+/* kern_avx2_qi.c: the AVX2 integer matvec entries (qi_*); a no-op when compiled out. */
+void kern_avx2_qi_init(struct cpu_kernels *k);
 
 /* ---- dispatch.c ---- */
 enum cpu_isa {

@@ -1085,6 +1085,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->silu_mul = a2_silu_mul;
     k->gelu_tanh = a2_gelu_tanh;
     k->gelu_erf = a2_gelu_erf;
+    kern_avx2_qi_init(k);
     return true;
 }
 

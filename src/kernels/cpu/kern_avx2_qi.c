@@ -1,0 +1,335 @@
+/*
+ * kern_avx2_qi: the integer quantized matvec (kern.h, "qi") at AVX2, for
+ * affine 4-bit and 8-bit weights in groups of 32, 64 or 128.
+ *
+ * The f32 matvec of kern_avx2.c spends about four vector ops per 8 weights
+ * (unpack, convert, FMA); at 2 threads on a Zen 4 host that made 4-bit decode
+ * compute-bound at a third of the memory bandwidth. Here x arrives as 16-bit
+ * integers per group (qi_prep), and the products are integer:
+ *
+ *   4-bit  32 bytes of codes per step (64 codes). AND and shift+AND split
+ *          the low and high nibbles (codes 2b and 2b+1 of byte b) into two
+ *          vectors of 32 unsigned bytes; x comes as two int8 limbs per
+ *          element (q = 256 hi + lo) in the same even/odd order, so
+ *          vpmaddubsw forms code * limb pair sums (at most 2 * 15 * 128, no
+ *          saturation), two of which are added in 16 bits before vpmaddwd
+ *          widens them with the limb weights 256 and 1.
+ *   8-bit  vpmovzxbw widens 16 codes to words and vpmaddwd multiplies them
+ *          by q (natural order) into 32-bit pair sums.
+ *
+ * Per group the exact int32 sum becomes f32 once: acc += cvt(I) ws_g xs_g;
+ * the bias term b_g sum(x_g) is one dot per row at the end. Four rows share
+ * each load of x; with several tokens the four rows' chunk of codes is read
+ * again from L1 per token.
+ */
+#include "kern.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Codes per column chunk: the group multipliers of 4 rows live on the stack. */
+#define QI_CH 2048
+/* Multipliers per row and chunk, with room for the zero padding read past the last group. */
+#define QI_NG (QI_CH / 32 + 8)
+/* Bytes ahead prefetched in each weight row (first token only). */
+#define QI_PF 1024
+
+AI float qi_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static bool a2_qi_ok(const struct wmat *w)
+{
+    return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qbits == 8) &&
+           (w->qgroup == 32 || w->qgroup == 64 || w->qgroup == 128) && w->in % w->qgroup == 0;
+}
+
+// ---- preparing x ----
+
+/* Group g's scale, sum and 16-bit codes (natural order into q16[0 .. G)). */
+static void qi_group(float *xs, float *xsum, int16_t *q16, const float *x, int G)
+{
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
+    for (int i = 0; i < G; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        mx = _mm256_max_ps(mx, _mm256_and_ps(v, absm));
+        sm = _mm256_add_ps(sm, v);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    float m = _mm_cvtss_f32(m4), s = qi_hsum(sm);
+    *xsum = s;
+    /* a NaN or infinity anywhere makes the sum non-finite (max_ps drops NaN) */
+    if (!(fabsf(s) <= FLT_MAX) || m == 0.0f) {
+        *xs = fabsf(s) <= FLT_MAX ? 0.0f : NAN;
+        memset(q16, 0, (size_t)G * sizeof *q16);
+        return;
+    }
+    *xs = m / (float)KERN_QI_QMAX;
+    const __m256 inv = _mm256_set1_ps((float)KERN_QI_QMAX / m);
+    for (int i = 0; i < G; i += 16) {
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), inv));
+        /* packs interleaves 128-bit halves: restore natural order */
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+        _mm256_storeu_si256((__m256i *)(q16 + i), p);
+    }
+}
+
+/* 64 codes q16 (natural order) as the 4-bit step reads them: 32 int8 each
+ * of [hi even | hi odd | lo even | lo odd], q = 256 hi + lo. */
+static void qi_limbs(uint8_t *dst, const int16_t *q16)
+{
+    /* within each 128-bit lane: even bytes to the low 8, odd to the high 8 */
+    const __m256i eo = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                        4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256i h8[2], l8[2];
+    for (int u = 0; u < 2; u++) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(q16 + 32 * u)),
+                b = _mm256_loadu_si256((const __m256i *)(q16 + 32 * u + 16));
+        __m256i ha = _mm256_srai_epi16(_mm256_add_epi16(a, _mm256_set1_epi16(128)), 8),
+                hb = _mm256_srai_epi16(_mm256_add_epi16(b, _mm256_set1_epi16(128)), 8);
+        __m256i la = _mm256_sub_epi16(a, _mm256_slli_epi16(ha, 8)),
+                lb = _mm256_sub_epi16(b, _mm256_slli_epi16(hb, 8));
+        /* packs interleaves 128-bit halves; 0xd8 restores natural order, then
+         * the byte shuffle and a second 0xd8 give [even 16 | odd 16] */
+        h8[u] = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(ha, hb), 0xd8), eo), 0xd8);
+        l8[u] = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(_mm256_permute4x64_epi64(_mm256_packs_epi16(la, lb), 0xd8), eo), 0xd8);
+    }
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permute2x128_si256(h8[0], h8[1], 0x20));
+    _mm256_storeu_si256((__m256i *)(dst + 32), _mm256_permute2x128_si256(h8[0], h8[1], 0x31));
+    _mm256_storeu_si256((__m256i *)(dst + 64), _mm256_permute2x128_si256(l8[0], l8[1], 0x20));
+    _mm256_storeu_si256((__m256i *)(dst + 96), _mm256_permute2x128_si256(l8[0], l8[1], 0x31));
+}
+
+/* One token's x as kern.h lays it out: 8-bit W takes q16 in natural order;
+ * 4-bit W takes per 64 elements the limbs of qi_limbs (element 2b + parity
+ * of the chunk at byte b of the even / odd part). */
+static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
+{
+    const int in = w->in, G = w->qgroup, ng = in / G;
+    const size_t hdr = kern_qi_hdr(w), in_pad = ((size_t)in + 63) / 64 * 64;
+    float *xs = (float *)dst, *xsum = (float *)(dst + hdr);
+    uint8_t *q = dst + 2 * hdr;
+    memset(xs + ng, 0, hdr - (size_t)ng * sizeof *xs);
+    memset(xsum + ng, 0, hdr - (size_t)ng * sizeof *xsum);
+    if (w->qbits == 8) {
+        for (int g = 0; g < ng; g++)
+            qi_group(xs + g, xsum + g, (int16_t *)q + (size_t)g * G, x + (size_t)g * G, G);
+        memset(q + 2 * (size_t)in, 0, 2 * (in_pad - (size_t)in));
+        return;
+    }
+    /* 4-bit: spans of max(G, 64) elements (two groups of 32 fill one step) */
+    int16_t tmp[128] __attribute__((aligned(32)));
+    const int span = G < 64 ? 64 : G;
+    for (int e0 = 0; e0 < in; e0 += span) {
+        int n = in - e0 < span ? in - e0 : span;
+        for (int k = 0; k < n; k += G)
+            qi_group(xs + (e0 + k) / G, xsum + (e0 + k) / G, tmp + k, x + e0 + k, G);
+        if (n < 64)
+            memset(tmp + n, 0, (size_t)(64 - n) * sizeof *tmp);
+        for (int k = 0; k < n; k += 64)
+            qi_limbs(q + 2 * (size_t)(e0 + k), tmp + k);
+    }
+}
+
+// ---- the matvec ----
+
+/* Groups i .. i+8 of a row's scales or biases (from group g0) as f32. */
+AI __m256 qi_ld8(const uint8_t *s, enum dtype dt, int g0, int i)
+{
+    if (dt == DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i))), 16));
+    if (dt == DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i)));
+    return _mm256_loadu_ps((const float *)s + g0 + i);
+}
+
+/* m[0 .. n) = ws[g0 + g] xs[g] (a row's scales s in dtype dt), then 8 zeros. */
+static void qi_mul_scales(float *m, const uint8_t *s, enum dtype dt, int g0, const float *xs, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(m + i, _mm256_mul_ps(qi_ld8(s, dt, g0, i), _mm256_loadu_ps(xs + i)));
+    for (; i < n; i++)
+        m[i] = kern_ld(s, dt, (size_t)(g0 + i)) * xs[i];
+    memset(m + n, 0, 8 * sizeof *m);
+}
+
+/* sum_g b[g0 + g] xsum[g] over n: a row's bias term. */
+static float qi_bias_dot(const uint8_t *b, enum dtype dt, int g0, const float *xsum, int n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(qi_ld8(b, dt, g0, i), _mm256_loadu_ps(xsum + i), acc);
+    float v = qi_hsum(acc);
+    for (; i < n; i++)
+        v += kern_ld(b, dt, (size_t)(g0 + i)) * xsum[i];
+    return v;
+}
+
+/* The multiplier of the 8 int32 lanes of a step starting at code k: one
+ * group's ws xs, or for groups of 32 at 4 bits [m_g x4, m_g+1 x4]. */
+AI __m256 qi_mul(const float *m, int k, const int G, const int bits)
+{
+    if (bits == 4 && G == 32)
+        return _mm256_permutevar8x32_ps(_mm256_loadu_ps(m + k / 32),
+                                        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    return _mm256_set1_ps(m[k / G]);
+}
+
+/* 4-bit step: codes k .. k+64 of 4 rows against prepared x chunk xc. */
+AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
+                 const float *const m[4], const bool pf, const int G)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
+                  one = _mm256_set1_epi16(1);
+    const __m256i xhe = _mm256_loadu_si256((const __m256i *)xc),
+                  xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
+                  xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
+                  xlo = _mm256_loadu_si256((const __m256i *)(xc + 96));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *p = rw[j] + k / 2;
+        if (pf)
+            _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+        __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
+                             : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xhe), _mm256_maddubs_epi16(hi, xho));
+        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
+        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one));
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), qi_mul(m[j], k, G, 4), acc[j]);
+    }
+}
+
+/* 8-bit group: codes k .. k+G of 4 rows against q16 (natural order). */
+AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t *q16,
+                 const float *const m[4], const bool pf, const int G)
+{
+    __m256i s[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        s[j] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int kk = 0; kk < G; kk += 16) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(q16 + k + kk));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *p = rw[j] + k + kk;
+            if (pf && !(kk & 63))
+                _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+            __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(wv, xv));
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[j]), qi_mul(m[j], k, G, 8), acc[j]);
+}
+
+/* Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last) for every token. */
+AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                 const struct wmat *w, int r0, int nr, const int bits, const int G)
+{
+    const int in = w->in;
+    const size_t hdr = kern_qi_hdr(w);
+    const uint8_t *rw[4], *rs[4], *rb[4];
+    float mb[4][QI_NG];
+    const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
+    for (int j = 0; j < 4; j++) {
+        int r = r0 + (j < nr ? j : nr - 1);
+        rs[j] = w->qs + (size_t)r * w->qrow_bytes;
+        rb[j] = w->qb + (size_t)r * w->qrow_bytes;
+    }
+    for (int c0 = 0; c0 < in; c0 += QI_CH) {
+        const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, g0 = c0 / G, gn = cn / G;
+        for (int j = 0; j < 4; j++) {
+            int r = r0 + (j < nr ? j : nr - 1);
+            rw[j] = w->data + (size_t)r * w->row_bytes + (size_t)c0 * bits / 8;
+        }
+        for (int t = 0; t < n_tok; t++) {
+            const uint8_t *xt = xq + (size_t)t * ldxq;
+            const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
+            const uint8_t *xc = xt + 2 * hdr + 2 * (size_t)c0;
+            for (int j = 0; j < 4; j++)
+                qi_mul_scales(mb[j], rs[j], w->qsdt, g0, xs, gn);
+            __m256 acc[4];
+            for (int j = 0; j < 4; j++)
+                acc[j] = _mm256_setzero_ps();
+            /* the first token streams the rows from memory (prefetching), the rest
+             * re-read them from L1; a 4-bit row may end in half a step (32 codes) */
+            if (bits == 4) {
+                const int kf = cn & ~63;
+                if (t == 0)
+                    for (int k = 0; k < kf; k += 64)
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, true, G);
+                else
+                    for (int k = 0; k < kf; k += 64)
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, false, G);
+                if (kf < cn)
+                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, false, G);
+            } else if (t == 0) {
+                for (int k = 0; k < cn; k += G)
+                    qi8_step(acc, rw, k, (const int16_t *)xc, m, true, G);
+            } else {
+                for (int k = 0; k < cn; k += G)
+                    qi8_step(acc, rw, k, (const int16_t *)xc, m, false, G);
+            }
+            for (int j = 0; j < nr; j++) {
+                float v = qi_hsum(acc[j]) + qi_bias_dot(rb[j], w->qsdt, g0, xsum, gn);
+                float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
+                *yo = c0 ? *yo + v : v;
+            }
+        }
+    }
+}
+
+static void a2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                         const struct wmat *w, int r0, int r1)
+{
+#define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        switch (w->qbits * 1000 + w->qgroup) {
+        case 4032: QI_BLOCK(4, 32); break;
+        case 4064: QI_BLOCK(4, 64); break;
+        case 4128: QI_BLOCK(4, 128); break;
+        case 8032: QI_BLOCK(8, 32); break;
+        case 8064: QI_BLOCK(8, 64); break;
+        default: QI_BLOCK(8, 128); break;
+        }
+    }
+#undef QI_BLOCK
+}
+
+void kern_avx2_qi_init(struct cpu_kernels *k)
+{
+    k->qi_ok = a2_qi_ok;
+    k->qi_prep = a2_qi_prep;
+    k->matvec_qi = a2_matvec_qi;
+}
+
+#else
+
+void kern_avx2_qi_init(struct cpu_kernels *k)
+{
+    (void)k;
+}
+
+#endif
