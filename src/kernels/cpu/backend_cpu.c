@@ -403,6 +403,21 @@ static void batch_task(void *arg, int ith, int nth)
     }
 }
 
+/* An earlier job among jobs[0 .. j) whose prepared x job j can share (the
+ * same x and token count, and weights whose preparation is identical: the
+ * q/k/v or gate/up products of one layer), or -1. */
+static int prep_twin(const struct cpu_job *jobs, const struct wmat *w, int j)
+{
+    if (!w[j].qbits)
+        return -1;
+    for (int i = 0; i < j; i++)
+        if (jobs[i].x == jobs[j].x && jobs[i].n_tok == jobs[j].n_tok &&
+            w[i].qbits == w[j].qbits && w[i].in == w[j].in && w[i].qgroup == w[j].qgroup &&
+            w[i].qmode == w[j].qmode)
+            return i;
+    return -1;
+}
+
 /* Jobs beyond this many are run in several dispatches (the wmat array lives on the stack). */
 #define BATCH_MAX 64
 
@@ -413,12 +428,15 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
         struct wmat w[BATCH_MAX];
         size_t xs_off[BATCH_MAX], xs_total = 0;
         const float *xp[BATCH_MAX];
+        int same[BATCH_MAX]; /* an earlier job whose prepared x this one reuses, or -1 */
         long total = 0;
         for (int j = 0; j < n; j++) {
             wmat_from(&w[j], jobs[j].w);
             total += w[j].out;
-            xs_off[j] = xs_total;
-            xs_total += qprep_size(&c->k, &w[j], jobs[j].n_tok);
+            same[j] = prep_twin(jobs, w, j);
+            xs_off[j] = same[j] >= 0 ? xs_off[same[j]] : xs_total;
+            if (same[j] < 0)
+                xs_total += qprep_size(&c->k, &w[j], jobs[j].n_tok);
             xp[j] = jobs[j].x;
         }
         if (xs_total) {
@@ -427,7 +445,9 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
             if (!buf)
                 return;
             for (int j = 0; j < n; j++)
-                if (w[j].qbits)
+                if (same[j] >= 0)
+                    xp[j] = xp[same[j]];
+                else if (w[j].qbits)
                     qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
         }
         struct batch_ctx bc = {c, jobs, w, xs_off, xp, total, n};

@@ -9,7 +9,8 @@
  * with the scalar references and overlays the chosen variant.
  *
  *   avx2:   AVX2 + FMA + F16C, XCR0 SSE|AVX
- *   avx512: AVX-512 F/BW/VL/DQ + FMA + F16C, XCR0 SSE|AVX|opmask|ZMM
+ *   avx512: AVX-512 F/BW/VL/DQ + FMA + F16C, XCR0 SSE|AVX|opmask|ZMM; with
+ *           AVX512_VNNI also the VNNI integer matvec (kern_avx512_qi.c)
  */
 #include <string.h>
 
@@ -53,6 +54,16 @@ static enum cpu_isa probe(void)
 }
 #endif
 
+bool cpu_has_avx512_vnni(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return probe() == CPU_ISA_AVX512 && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+#else
+    return false;
+#endif
+}
+
 /* Probed on every call (no cached global): it runs once per backend creation. */
 enum cpu_isa cpu_isa_best(void)
 {
@@ -92,7 +103,11 @@ bool cpu_kernels_init(struct cpu_kernels *k, enum cpu_isa isa)
     switch (isa) {
     case CPU_ISA_AVX512:
         /* The avx512 file overlays only what it implements; AVX2 fills the rest. */
-        return cpu_kernels_avx2_init(k) && cpu_kernels_avx512_init(k);
+        if (!cpu_kernels_avx2_init(k) || !cpu_kernels_avx512_init(k))
+            return false;
+        if (cpu_has_avx512_vnni())
+            kern_avx512_qi_init(k);
+        return true;
     case CPU_ISA_AVX2:
         return cpu_kernels_avx2_init(k);
     default:

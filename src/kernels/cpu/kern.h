@@ -222,7 +222,7 @@ static inline size_t kern_qx_len(int in)
  *
  * One token's prepared x (kern_qi_len bytes, every part 32-byte aligned):
  *   f32 xs[ng] | f32 xsum[ng] | 2 * in_pad bytes of q in the kernel's order
- * (in_pad = in rounded up to 64, zero filled).
+ * (in_pad = in rounded up to 128, zero filled: the widest step reads 128 codes).
  */
 #define KERN_QI_QMAX 32639
 static inline size_t kern_qi_hdr(const struct wmat *w)
@@ -231,7 +231,7 @@ static inline size_t kern_qi_hdr(const struct wmat *w)
 }
 static inline size_t kern_qi_len(const struct wmat *w)
 {
-    return 2 * kern_qi_hdr(w) + 2 * (((size_t)w->in + 63) / 64 * 64);
+    return 2 * kern_qi_hdr(w) + 2 * (((size_t)w->in + 127) / 128 * 128);
 }
 
 /* ---- kern_avx2.c / kern_avx512.c ---- */
@@ -240,6 +240,9 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k);
 bool cpu_kernels_avx512_init(struct cpu_kernels *k);
 /* kern_avx2_qi.c: the AVX2 integer matvec entries (qi_*); a no-op when compiled out. */
 void kern_avx2_qi_init(struct cpu_kernels *k);
+/* kern_avx512_qi.c: the VNNI matvec_qi over the AVX2 entries (call only when
+ * cpu_has_avx512_vnni()); false when compiled out or without them. */
+bool kern_avx512_qi_init(struct cpu_kernels *k);
 
 /* ---- dispatch.c ---- */
 enum cpu_isa {
@@ -247,6 +250,8 @@ enum cpu_isa {
     CPU_ISA_AVX2   = 1,
     CPU_ISA_AVX512 = 2,
 };
+/* AVX512_VNNI on top of the avx512 level (CPUID leaf 7, ECX bit 11). */
+bool cpu_has_avx512_vnni(void);
 /* Best ISA this CPU and OS can run (CPUID + xgetbv). */
 enum cpu_isa cpu_isa_best(void);
 const char *cpu_isa_name(enum cpu_isa isa);

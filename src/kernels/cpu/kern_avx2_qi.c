@@ -30,22 +30,7 @@
 #include <math.h>
 #include <string.h>
 
-#define AI static inline __attribute__((always_inline))
-
-/* Codes per column chunk: the group multipliers of 4 rows live on the stack. */
-#define QI_CH 2048
-/* Multipliers per row and chunk, with room for the zero padding read past the last group. */
-#define QI_NG (QI_CH / 32 + 8)
-/* Bytes ahead prefetched in each weight row (first token only). */
-#define QI_PF 1024
-
-AI float qi_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "kern_qi.h"
 
 static bool a2_qi_ok(const struct wmat *w)
 {
@@ -121,7 +106,7 @@ static void qi_limbs(uint8_t *dst, const int16_t *q16)
 static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
 {
     const int in = w->in, G = w->qgroup, ng = in / G;
-    const size_t hdr = kern_qi_hdr(w), in_pad = ((size_t)in + 63) / 64 * 64;
+    const size_t hdr = kern_qi_hdr(w), in_pad = ((size_t)in + 127) / 128 * 128;
     float *xs = (float *)dst, *xsum = (float *)(dst + hdr);
     uint8_t *q = dst + 2 * hdr;
     memset(xs + ng, 0, hdr - (size_t)ng * sizeof *xs);
@@ -144,44 +129,11 @@ static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
         for (int k = 0; k < n; k += 64)
             qi_limbs(q + 2 * (size_t)(e0 + k), tmp + k);
     }
+    size_t done = ((size_t)in + 63) / 64 * 64;
+    memset(q + 2 * done, 0, 2 * (in_pad - done));
 }
 
 // ---- the matvec ----
-
-/* Groups i .. i+8 of a row's scales or biases (from group g0) as f32. */
-AI __m256 qi_ld8(const uint8_t *s, enum dtype dt, int g0, int i)
-{
-    if (dt == DTYPE_BF16)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i))), 16));
-    if (dt == DTYPE_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i)));
-    return _mm256_loadu_ps((const float *)s + g0 + i);
-}
-
-/* m[0 .. n) = ws[g0 + g] xs[g] (a row's scales s in dtype dt), then 8 zeros. */
-static void qi_mul_scales(float *m, const uint8_t *s, enum dtype dt, int g0, const float *xs, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(m + i, _mm256_mul_ps(qi_ld8(s, dt, g0, i), _mm256_loadu_ps(xs + i)));
-    for (; i < n; i++)
-        m[i] = kern_ld(s, dt, (size_t)(g0 + i)) * xs[i];
-    memset(m + n, 0, 8 * sizeof *m);
-}
-
-/* sum_g b[g0 + g] xsum[g] over n: a row's bias term. */
-static float qi_bias_dot(const uint8_t *b, enum dtype dt, int g0, const float *xsum, int n)
-{
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(qi_ld8(b, dt, g0, i), _mm256_loadu_ps(xsum + i), acc);
-    float v = qi_hsum(acc);
-    for (; i < n; i++)
-        v += kern_ld(b, dt, (size_t)(g0 + i)) * xsum[i];
-    return v;
-}
 
 /* The multiplier of the 8 int32 lanes of a step starting at code k: one
  * group's ws xs, or for groups of 32 at 4 bits [m_g x4, m_g+1 x4]. */
@@ -252,23 +204,19 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     const uint8_t *rw[4], *rs[4], *rb[4];
     float mb[4][QI_NG];
     const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
-    for (int j = 0; j < 4; j++) {
-        int r = r0 + (j < nr ? j : nr - 1);
-        rs[j] = w->qs + (size_t)r * w->qrow_bytes;
-        rb[j] = w->qb + (size_t)r * w->qrow_bytes;
-    }
     for (int c0 = 0; c0 < in; c0 += QI_CH) {
         const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, g0 = c0 / G, gn = cn / G;
-        for (int j = 0; j < 4; j++) {
-            int r = r0 + (j < nr ? j : nr - 1);
-            rw[j] = w->data + (size_t)r * w->row_bytes + (size_t)c0 * bits / 8;
-        }
+        qi_rows(rw, rs, rb, w, r0, nr, c0);
         for (int t = 0; t < n_tok; t++) {
             const uint8_t *xt = xq + (size_t)t * ldxq;
             const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
             const uint8_t *xc = xt + 2 * hdr + 2 * (size_t)c0;
-            for (int j = 0; j < 4; j++)
-                qi_mul_scales(mb[j], rs[j], w->qsdt, g0, xs, gn);
+            float bias[4];
+            switch (w->qsdt) {
+            case DTYPE_BF16: qi_row_terms(mb, bias, rs, rb, DTYPE_BF16, g0, xs, xsum, gn); break;
+            case DTYPE_F16: qi_row_terms(mb, bias, rs, rb, DTYPE_F16, g0, xs, xsum, gn); break;
+            default: qi_row_terms(mb, bias, rs, rb, DTYPE_F32, g0, xs, xsum, gn); break;
+            }
             __m256 acc[4];
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm256_setzero_ps();
@@ -292,7 +240,7 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, false, G);
             }
             for (int j = 0; j < nr; j++) {
-                float v = qi_hsum(acc[j]) + qi_bias_dot(rb[j], w->qsdt, g0, xsum, gn);
+                float v = qi_hsum(acc[j]) + bias[j];
                 float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
                 *yo = c0 ? *yo + v : v;
             }

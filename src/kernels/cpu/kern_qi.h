@@ -1,0 +1,82 @@
+/*
+ * kern_qi: pieces the integer matvec (kern.h, "qi") shares between
+ * kern_avx2_qi.c and kern_avx512_qi.c. Included only by files compiled with
+ * at least AVX2 + FMA + F16C: the functions are AVX2 intrinsics inlined into
+ * each variant.
+ */
+#pragma once
+#include <immintrin.h>
+#include <string.h>
+
+#include "kern.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* Codes per column chunk: the group multipliers of 4 rows live on the stack. */
+#define QI_CH 2048
+/* Multipliers per row and chunk, with room for the zero padding read past the last group. */
+#define QI_NG (QI_CH / 32 + 16)
+/* Bytes ahead prefetched in each weight row (first token only). */
+#define QI_PF 1024
+
+AI float qi_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Groups i .. i+8 of a row's scales or biases (from group g0) as f32. */
+AI __m256 qi_ld8(const uint8_t *s, enum dtype dt, int g0, int i)
+{
+    if (dt == DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i))), 16));
+    if (dt == DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + g0 + i)));
+    return _mm256_loadu_ps((const float *)s + g0 + i);
+}
+
+/* For 4 rows of one chunk and one token: m[j][g] = ws_j[g0 + g] xs[g] for
+ * g < n (then 16 zeros) and bias[j] = sum_g b_j[g0 + g] xsum[g], in one pass
+ * that loads each x-side vector once for the 4 rows. */
+AI void qi_row_terms(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
+                     const uint8_t *const rb[4], const enum dtype dt, int g0, const float *xs,
+                     const float *xsum, int n)
+{
+    __m256 bacc[4];
+    for (int j = 0; j < 4; j++)
+        bacc[j] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(xs + i), sv = _mm256_loadu_ps(xsum + i);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            _mm256_storeu_ps(m[j] + i, _mm256_mul_ps(qi_ld8(rs[j], dt, g0, i), xv));
+            bacc[j] = _mm256_fmadd_ps(qi_ld8(rb[j], dt, g0, i), sv, bacc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) {
+        bias[j] = qi_hsum(bacc[j]);
+        for (int g = i; g < n; g++) {
+            m[j][g] = kern_ld(rs[j], dt, (size_t)(g0 + g)) * xs[g];
+            bias[j] += kern_ld(rb[j], dt, (size_t)(g0 + g)) * xsum[g];
+        }
+        _mm256_storeu_ps(m[j] + n, _mm256_setzero_ps());
+        _mm256_storeu_ps(m[j] + n + 8, _mm256_setzero_ps());
+    }
+}
+
+/* The 4 rows of a block starting at r0 (nr <= 4 real rows; the missing ones
+ * repeat the last): their code rows at column c0, scales and biases. */
+AI void qi_rows(const uint8_t *rw[4], const uint8_t *rs[4], const uint8_t *rb[4],
+                const struct wmat *w, int r0, int nr, int c0)
+{
+    for (int j = 0; j < 4; j++) {
+        int r = r0 + (j < nr ? j : nr - 1);
+        rw[j] = w->data + (size_t)r * w->row_bytes + (size_t)c0 * w->qbits / 8;
+        rs[j] = w->qs + (size_t)r * w->qrow_bytes;
+        rb[j] = w->qb + (size_t)r * w->qrow_bytes;
+    }
+}
