@@ -12,6 +12,9 @@
  *        negligible and left out, as llama-bench does). With -s S the test is
  *        tgNxS: S sequences decode together, one batch of S rows per step
  *        (the server's continuous batching); tokens/s counts all S.
+ * With -d D both run after D tokens already in each sequence's cache
+ * (prefilled untimed before every repetition), as llama-bench's -d: named
+ * "pp512 @ d4096", "tg128 @ d4096".
  * Ids come from a fixed-seed generator, so runs are comparable. Reported:
  * tokens/s mean and sample standard deviation over the repetitions.
  *
@@ -41,7 +44,7 @@
 #define BENCH_SEED 0x9e3779b97f4a7c15ull
 
 static const char *k_help =
-    "usage: mlxcel bench [-m MODEL] [-p N] [-n N] [-s N] [-r N] [-t N] [--json]\n"
+    "usage: mlxcel bench [-m MODEL] [-p N] [-n N] [-s N] [-d N] [-r N] [-t N] [--json]\n"
     "\n"
     "Prompt-processing and generation throughput, llama-bench style.\n"
     "  -m, --model MODEL     checkpoint folder or owner/name (default: the embedded model)\n"
@@ -49,19 +52,22 @@ static const char *k_help =
     "  -n, --n-gen N         generated tokens of the tg test (default 128; 0 skips it)\n"
     "  -s, --sequences N     sequences decoding together in the tg test, one batch per\n"
     "                        step (default 1; reported as tgNxS, tokens/s of all of them)\n"
+    "  -d, --n-depth N       tokens already in each sequence's cache when a test starts\n"
+    "                        (default 0; prefilled untimed before every run)\n"
     "  -r, --repetitions N   timed runs per test (default 3)\n"
     "  -t, --threads N       CPU threads (default: all online CPUs)\n"
     "      --json            print a JSON array, one object per test\n"
     "  -h, --help            show this help\n"
     "\n"
-    "Each test starts from an empty cache; one untimed warm-up precedes them.\n"
+    "Each test starts from an empty cache (or one holding -d tokens); one untimed\n"
+    "warm-up precedes them.\n"
     "Peak RSS, weight and KV-cache sizes are printed to stderr.\n";
 
 enum bench_kind { BENCH_PP = 0, BENCH_TG = 1 };
 
 struct bench_opts {
     const char *model;
-    long n_prompt, n_gen, reps, threads, n_seq;
+    long n_prompt, n_gen, reps, threads, n_seq, n_depth;
     bool json;
 };
 
@@ -69,6 +75,7 @@ struct bench_result {
     enum bench_kind kind;
     int n_tokens;
     int n_seq;          /* sequences decoding together (tg); 1 for pp */
+    int n_depth;        /* tokens in each sequence's cache before the test */
     double *samples;    /* [reps] tokens/s, owned */
     double mean, sd;
 };
@@ -82,6 +89,7 @@ struct bench_state {
     int32_t *next;      /* [n_seq] each sequence's next token */
     int n_slots;        /* KV cache slots (whole blocks) */
     int n_seq;          /* sequences of the tg test */
+    int depth;          /* tokens prefilled into each sequence before a run */
 };
 
 static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e)
@@ -89,20 +97,21 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"n-prompt", required_argument, 0, 'p'},
         {"n-gen", required_argument, 0, 'n'}, {"repetitions", required_argument, 0, 'r'},
-        {"sequences", required_argument, 0, 's'},
+        {"sequences", required_argument, 0, 's'}, {"n-depth", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int c, rc = 0;
     optind = 1;
     opterr = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:s:r:t:h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:s:d:r:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
         case 'p': rc = cli_parse_int("-p", optarg, 0, 1 << 24, &o->n_prompt, e); break;
         case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_gen, e); break;
         case 'r': rc = cli_parse_int("-r", optarg, 1, BENCH_MAX_REPS, &o->reps, e); break;
         case 's': rc = cli_parse_int("-s", optarg, 1, BENCH_MAX_SEQS, &o->n_seq, e); break;
+        case 'd': rc = cli_parse_int("-d", optarg, 0, 1 << 24, &o->n_depth, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case 'J': o->json = true; break;
         case 'h': fputs(k_help, stdout); return 1;
@@ -143,7 +152,7 @@ static void fill_ids(int32_t *ids, int n, int n_vocab)
     }
 }
 
-/* Sequences [0, n) again empty. */
+/* Sequences [0, n) again empty, then each holding the -d depth (untimed). */
 static int reset_seqs(struct bench_state *b, int n, struct err *e)
 {
     int rc;
@@ -153,6 +162,13 @@ static int reset_seqs(struct bench_state *b, int n, struct err *e)
         if ((rc = kv_seq_add(b->en.kv, s, e)) < 0)
             return rc;
     }
+    for (int s = 0; s < n && b->depth > 0; s++) {
+        batch_clear(&b->b);
+        if ((rc = batch_add_seq(&b->b, b->ids, b->depth, 0, s, false, e)) < 0 ||
+            (rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e)) < 0)
+            return err_prefix(e, "filling the cache to depth %d", b->depth);
+    }
+    batch_clear(&b->b);
     return 0;
 }
 
@@ -160,7 +176,8 @@ static int reset_seqs(struct bench_state *b, int n, struct err *e)
 static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
 {
     int rc;
-    if ((rc = reset_seqs(b, 1, e)) < 0 || (rc = batch_add_seq(&b->b, b->ids, n, 0, 0, true, e)) < 0)
+    if ((rc = reset_seqs(b, 1, e)) < 0 ||
+        (rc = batch_add_seq(&b->b, b->ids, n, b->depth, 0, true, e)) < 0)
         return rc;
     double t0 = gen_now();
     rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
@@ -180,7 +197,7 @@ static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
     for (int i = 0; i < n && rc == 0; i++) {
         batch_clear(&b->b);
         for (int s = 0; s < b->n_seq; s++)
-            batch_add(&b->b, b->next[s], i, s, true, NULL);
+            batch_add(&b->b, b->next[s], b->depth + i, s, true, NULL);
         rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
         for (int s = 0; s < b->n_seq; s++)
             b->next[s] = argmax(b->logits + (size_t)s * V, V);
@@ -205,13 +222,17 @@ static const char *kind_name(enum bench_kind k)
     return k == BENCH_PP ? "pp" : "tg";
 }
 
-/* "pp512", "tg128", or "tg128x4" for 4 sequences decoding together. */
+/* "pp512", "tg128", "tg128x4" for 4 sequences decoding together, each with
+ * " @ d4096" after it when the test ran at a depth. */
 static void test_name(char *buf, size_t cap, const struct bench_result *r)
 {
+    char d[24] = "";
+    if (r->n_depth > 0)
+        snprintf(d, sizeof d, " @ d%d", r->n_depth);
     if (r->n_seq > 1)
-        snprintf(buf, cap, "%s%dx%d", kind_name(r->kind), r->n_tokens, r->n_seq);
+        snprintf(buf, cap, "%s%dx%d%s", kind_name(r->kind), r->n_tokens, r->n_seq, d);
     else
-        snprintf(buf, cap, "%s%d", kind_name(r->kind), r->n_tokens);
+        snprintf(buf, cap, "%s%d%s", kind_name(r->kind), r->n_tokens, d);
 }
 
 static int run_test(struct bench_state *b, struct bench_result *r, int reps, bool progress,
@@ -272,6 +293,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddStringToObject(o, "test", test);
         cJSON_AddNumberToObject(o, "n_tokens", r->n_tokens);
         cJSON_AddNumberToObject(o, "n_seqs", r->n_seq);
+        cJSON_AddNumberToObject(o, "n_depth", r->n_depth);
         cJSON_AddNumberToObject(o, "reps", reps);
         cJSON_AddNumberToObject(o, "ts_mean", r->mean);
         cJSON_AddNumberToObject(o, "ts_sd", r->sd);
@@ -288,22 +310,27 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
 static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)
 {
     char params[32], test[32];
-    int wm = (int)strlen(mt->model), wb = (int)strlen(mt->backend);
+    int wm = (int)strlen(mt->model), wb = (int)strlen(mt->backend), wt = 8;
     wm = wm < 5 ? 5 : wm;
     wb = wb < 7 ? 7 : wb;
+    for (int i = 0; i < n_res; i++) {
+        test_name(test, sizeof test, &res[i]);
+        wt = (int)strlen(test) > wt ? (int)strlen(test) : wt;
+    }
     cli_format_count(model_n_params(mt->m), params, sizeof params);
-    printf("| %-*s | %8s | %-*s | %7s | %8s | %20s |\n", wm, "model", "params", wb, "backend",
-           "threads", "test", "t/s");
-    printf("| %.*s | -------: | %.*s | ------: | -------: | -------------------: |\n", wm,
+    printf("| %-*s | %8s | %-*s | %7s | %*s | %20s |\n", wm, "model", "params", wb, "backend",
+           "threads", wt, "test", "t/s");
+    printf("| %.*s | -------: | %.*s | ------: | %.*s: | -------------------: |\n", wm,
            "----------------------------------------------------------------", wb,
-           "----------------------------------------------------------------");
+           "----------------------------------------------------------------", wt - 1,
+           "--------------------------------");
     for (int i = 0; i < n_res; i++) {
         char ts[64];
         test_name(test, sizeof test, &res[i]);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", res[i].mean, res[i].sd);
         /* "±" is two bytes but one column; widen the field by one to keep alignment */
-        printf("| %-*s | %8s | %-*s | %7d | %8s | %21s |\n", wm, mt->model, params, wb,
-               mt->backend, mt->threads, test, ts);
+        printf("| %-*s | %8s | %-*s | %7d | %*s | %21s |\n", wm, mt->model, params, wb,
+               mt->backend, mt->threads, wt, test, ts);
     }
 }
 
@@ -342,11 +369,16 @@ static void model_label(const char *arg, const char *dir, char *buf, size_t cap)
 static int bench_setup(struct bench_state *b, struct model *m, const struct bench_opts *o,
                        struct err *e)
 {
-    long gen = o->n_gen < m->hp.n_ctx ? o->n_gen : m->hp.n_ctx;
-    long slots = o->n_prompt < m->hp.n_ctx ? o->n_prompt : m->hp.n_ctx;
+    long d = o->n_depth, gen = d + o->n_gen < m->hp.n_ctx ? d + o->n_gen : m->hp.n_ctx;
+    long slots = d + o->n_prompt < m->hp.n_ctx ? d + o->n_prompt : m->hp.n_ctx;
     long rows = o->n_prompt > o->n_seq ? o->n_prompt : o->n_seq;
     int rc;
+    rows = rows > d ? rows : d;
+    if (d >= m->hp.n_ctx)
+        return err_setf(e, ERR_RANGE, "-d %ld leaves no room in the model's context of %d tokens",
+                        d, m->hp.n_ctx);
     b->n_seq = (int)o->n_seq;
+    b->depth = (int)d;
     /* the cache holds the pp prompt or every tg sequence (each in whole blocks),
      * whichever is larger */
     long per_seq = (gen + KV_DEFAULT_BLOCK - 1) / KV_DEFAULT_BLOCK * KV_DEFAULT_BLOCK;
@@ -354,8 +386,9 @@ static int bench_setup(struct bench_state *b, struct model *m, const struct benc
         slots = per_seq * o->n_seq;
     /* -n up to the context times -s up to 256 can pass what an int (and the pool) holds */
     if (slots > KV_MAX_TOKENS)
-        return err_setf(e, ERR_RANGE, "-n %ld x -s %ld needs a KV cache of %ld tokens, more than %d",
-                        o->n_gen, o->n_seq, slots, KV_MAX_TOKENS);
+        return err_setf(e, ERR_RANGE,
+                        "-d %ld + -n %ld x -s %ld needs a KV cache of %ld tokens, more than %d",
+                        d, o->n_gen, o->n_seq, slots, KV_MAX_TOKENS);
     if ((rc = cli_engine_open(&b->en, m, o->threads, (int)slots, b->n_seq, 0, e)) < 0 ||
         (rc = batch_init(&b->b, (int)rows, e)) < 0)
         return rc;
@@ -407,10 +440,11 @@ int cmd_bench(int argc, char **argv)
         warm_up(&b, &o, m, &e) < 0)
         goto out;
     if (o.n_prompt > 0)
-        res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt, .n_seq = 1};
+        res[n_res++] = (struct bench_result){.kind = BENCH_PP, .n_tokens = (int)o.n_prompt,
+                                             .n_seq = 1, .n_depth = (int)o.n_depth};
     if (o.n_gen > 0)
         res[n_res++] = (struct bench_result){.kind = BENCH_TG, .n_tokens = (int)o.n_gen,
-                                             .n_seq = (int)o.n_seq};
+                                             .n_seq = (int)o.n_seq, .n_depth = (int)o.n_depth};
     bool progress = cli_stderr_is_tty();
     for (int i = 0; i < n_res; i++) {
         res[i].samples = calloc((size_t)o.reps, sizeof *res[i].samples);

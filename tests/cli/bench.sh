@@ -30,8 +30,8 @@ for k in model family params backend threads test n_tokens reps ts_mean ts_sd sa
     n=$(grep -o "\"$k\":" "$T/flat" | wc -l | tr -d ' ')
     [ "$n" -eq 2 ] || fail "key $k appears $n times, expected once per test (2)"
 done
-jhas "pp test" '"test":"pp8","n_tokens":8,"n_seqs":1,"reps":2,'
-jhas "tg test" '"test":"tg4","n_tokens":4,"n_seqs":1,"reps":2,'
+jhas "pp test" '"test":"pp8","n_tokens":8,"n_seqs":1,"n_depth":0,"reps":2,'
+jhas "tg test" '"test":"tg4","n_tokens":4,"n_seqs":1,"n_depth":0,"reps":2,'
 jhas "model" '"model":"models/llama-tiny","family":"llama","params":3672320,'
 jhas "threads" '"threads":1,'
 jhas "backend" '"backend":"cpu-[a-z0-9]*"'
@@ -82,6 +82,17 @@ flat
 jhas "tg x3" '"test":"tg4x3","n_tokens":4,"n_seqs":3,'
 run "$BIN" bench -m models/llama-tiny -p 0 -n 4 -s 0 -r 1
 expect_rc 2 "bench -s 0"
+
+# ---- -d: tests after a filled cache (the KV holds depth + the test's tokens) ----
+run "$BIN" bench -m models/llama-tiny -p 8 -n 4 -s 2 -d 40 -r 1 --json
+expect_rc 0 "bench -d 40"
+flat
+jhas "pp at depth" '"test":"pp8@d40","n_tokens":8,"n_seqs":1,"n_depth":40,'
+jhas "tg at depth" '"test":"tg4x2@d40","n_tokens":4,"n_seqs":2,"n_depth":40,'
+[ "$(jnum n_ctx)" = 96 ] || fail "-d 40 -n 4 -s 2: n_ctx $(jnum n_ctx), expected 2 x 48 (whole 16-token blocks)"
+run "$BIN" bench -m models/llama-tiny -p 0 -n 4 -d 512 -r 1
+expect_rc 1 "bench -d 512"
+grep -q "context" "$T/err" || fail "-d 512: $(cat "$T/err")"
 
 # ---- sizes beyond the model's context (512) ----
 run "$BIN" bench -m models/llama-tiny -p 513 -n 0 -r 1
