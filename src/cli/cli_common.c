@@ -364,6 +364,17 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
 
 // ---- engine ----
 
+/* Where a CPU backend reads the weights from: MLXCEL_MMAP=0 (--no-mmap) copies
+ * them into anonymous memory first (model_weights_to_anon), anything else reads
+ * the file mapping. A GPU backend uploads them and never reads the host copy. */
+static int weights_placement(struct model *m, const struct backend *be, struct err *e)
+{
+    const char *v = getenv("MLXCEL_MMAP");
+    if (strncmp(be->name, "cpu", 3) != 0 || !v || strcmp(v, "0") != 0)
+        return 0;
+    return model_weights_to_anon(m, e);
+}
+
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, struct err *e)
 {
@@ -372,7 +383,8 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
                            .dtype = DTYPE_F32};
     if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0 ||
-        (rc = model_prepare(m, en->be, e)) < 0 || (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
+        (rc = weights_placement(m, en->be, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
+        (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
         (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
         cli_engine_close(en);
         return rc;

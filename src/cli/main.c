@@ -43,7 +43,9 @@ static void usage(FILE *f)
                "-m owner/name pulls a model that is in no cache from the Hugging Face Hub;\n"
                "--offline (any command) or HF_HUB_OFFLINE=1 turns that off.\n"
                "--device auto|cpu|cuda[:N] (any command that runs a model; MLXCEL_DEVICE too)\n"
-               "picks the backend: auto is a usable CUDA GPU when present, else the CPU.\n");
+               "picks the backend: auto is a usable CUDA GPU when present, else the CPU.\n"
+               "--no-mmap (MLXCEL_MMAP=0) copies the weights into memory at load instead of\n"
+               "reading them through the file mapping (CPU backend).\n");
 }
 
 /* --offline and --device are understood by every command: they are taken out of argv
@@ -58,6 +60,8 @@ static int strip_global(int *argc, char **argv)
         tail = tail || strcmp(argv[i], "--") == 0;
         if (!tail && strcmp(argv[i], "--offline") == 0) {
             setenv("HF_HUB_OFFLINE", "1", 1);
+        } else if (!tail && (strcmp(argv[i], "--mmap") == 0 || strcmp(argv[i], "--no-mmap") == 0)) {
+            setenv("MLXCEL_MMAP", argv[i][2] == 'n' ? "0" : "1", 1);
         } else if (!tail && strncmp(argv[i], "--device=", 9) == 0) {
             setenv("MLXCEL_DEVICE", argv[i] + 9, 1);
         } else if (!tail && strcmp(argv[i], "--device") == 0) {

@@ -58,6 +58,13 @@ int file_map_all(const char *path, enum file_scope scope, const void **map, size
                  struct err *e);
 /* Release a file_map_all mapping; a NULL map is a no-op. */
 void file_unmap(const void *map, size_t len);
+/* Replace a file_map_all mapping, in place and at the same addresses, by anonymous
+ * memory holding the same bytes (transparent huge pages requested), so that reads
+ * no longer go through the page cache. Copies 16 MiB at a time, dropping each
+ * chunk of the file mapping as it goes: resident memory grows by one chunk at
+ * most. Still read-only afterwards; file_unmap releases it. On failure the range
+ * may be partly unmapped: the caller must not read it again. */
+int file_map_to_anon(const void *map, size_t len, struct err *e);
 
 #ifdef __cplusplus
 }

@@ -231,6 +231,15 @@ static int prepare_one(struct backend *be, struct tensor *t, struct err *e)
     return tensor_is_present(t) ? be->ops->prepare_weight(be, t, e) : 0;
 }
 
+int model_weights_to_anon(struct model *m, struct err *e)
+{
+    if (m->weights_anon || !m->st)
+        return 0;
+    int rc = st_set_to_anon(m->st, e);
+    m->weights_anon = rc == 0;
+    return rc;
+}
+
 int model_prepare(struct model *m, struct backend *be, struct err *e)
 {
     int rc;

@@ -123,6 +123,7 @@ struct model {
     struct hparams hp;
     const struct model_ops *ops;
     struct st_set *st;               /* owns the mmaps */
+    bool weights_anon;               /* model_weights_to_anon has run */
     struct generation_defaults gen;
     char dir[4096];
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
@@ -176,6 +177,10 @@ uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size);
 /* Prepare every weight for be once (backend_ops.prepare_weight: the CPU keeps the mmap
  * views; a GPU uploads). A model is prepared for one backend. */
 int model_prepare(struct model *m, struct backend *be, struct err *e);
+/* Copy the checkpoint's bytes out of the page cache into anonymous memory (huge
+ * pages where the kernel gives them) at the same addresses, so a CPU backend
+ * streams weights from memory the process owns: st_set_to_anon. Runs once. */
+int model_weights_to_anon(struct model *m, struct err *e);
 
 /* Activation buffers and per-chunk metadata, carved out of one backend
  * allocation at context creation. B = n_batch (rows per forward chunk),

@@ -94,6 +94,16 @@ run "$BIN" bench -m models/llama-tiny -p 0 -n 4 -d 512 -r 1
 expect_rc 1 "bench -d 512"
 grep -q "context" "$T/err" || fail "-d 512: $(cat "$T/err")"
 
+# ---- --no-mmap: weights copied into memory give the same greedy tokens ----
+run "$BIN" generate -m models/llama-tiny -p "Once upon a time" -n 12 --temp 0
+expect_rc 0 "generate (mapped)"
+cp "$T/out" "$T/mapped"
+run "$BIN" generate --no-mmap -m models/llama-tiny -p "Once upon a time" -n 12 --temp 0
+expect_rc 0 "generate --no-mmap"
+cmp -s "$T/out" "$T/mapped" || fail "--no-mmap changed the output: $(cat "$T/out") vs $(cat "$T/mapped")"
+run "$BIN" bench --no-mmap -m models/llama-tiny -p 8 -n 4 -r 1
+expect_rc 0 "bench --no-mmap"
+
 # ---- sizes beyond the model's context (512) ----
 run "$BIN" bench -m models/llama-tiny -p 513 -n 0 -r 1
 expect_rc 1 "bench -p 513"
