@@ -147,7 +147,7 @@ AI __m256 qi_mul(const float *m, int k, const int G, const int bits)
 
 /* 4-bit step: codes k .. k+64 of 4 rows against prepared x chunk xc. */
 AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
-                 const float *const m[4], const bool pf, const int G)
+                 const float *const m[4], const size_t pf, const int G)
 {
     const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
                   one = _mm256_set1_epi16(1);
@@ -159,7 +159,7 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
     for (int j = 0; j < 4; j++) {
         const uint8_t *p = rw[j] + k / 2;
         if (pf)
-            _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
         __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
         __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
@@ -172,7 +172,7 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
 
 /* 8-bit group: codes k .. k+G of 4 rows against q16 (natural order). */
 AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t *q16,
-                 const float *const m[4], const bool pf, const int G)
+                 const float *const m[4], const size_t pf, const int G)
 {
     __m256i s[4];
 #pragma GCC unroll 4
@@ -185,7 +185,7 @@ AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t
         for (int j = 0; j < 4; j++) {
             const uint8_t *p = rw[j] + k + kk;
             if (pf && !(kk & 63))
-                _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
             __m256i wv = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
             s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(wv, xv));
         }
@@ -200,7 +200,7 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                  const struct wmat *w, int r0, int nr, const int bits, const int G)
 {
     const int in = w->in;
-    const size_t hdr = kern_qi_hdr(w);
+    const size_t hdr = kern_qi_hdr(w), pfd = qi_pf_dist(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float mb[4][QI_NG];
     const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
@@ -226,18 +226,18 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 const int kf = cn & ~63;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, true, G);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, pfd, G);
                 else
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, false, G);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G);
                 if (kf < cn)
-                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, false, G);
+                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G);
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
-                    qi8_step(acc, rw, k, (const int16_t *)xc, m, true, G);
+                    qi8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
             } else {
                 for (int k = 0; k < cn; k += G)
-                    qi8_step(acc, rw, k, (const int16_t *)xc, m, false, G);
+                    qi8_step(acc, rw, k, (const int16_t *)xc, m, 0, G);
             }
             for (int j = 0; j < nr; j++) {
                 float v = qi_hsum(acc[j]) + bias[j];

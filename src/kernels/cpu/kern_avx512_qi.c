@@ -48,7 +48,7 @@ AI __m512 qv_mul4(const float *m, int k, const int G)
 
 /* 4-bit step: codes k .. k+nc (nc <= 128, a multiple of 32) of 4 rows. */
 AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const uint8_t *xc,
-                 const float *const m[4], const bool pf, const int G)
+                 const float *const m[4], const size_t pf, const int G)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const __m512i xhe = qx_pair(xc, 0), xho = qx_pair(xc, 1), xle = qx_pair(xc, 2),
@@ -58,7 +58,7 @@ AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const
     for (int j = 0; j < 4; j++) {
         const uint8_t *p = rw[j] + k / 2;
         if (pf)
-            _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
         __m512i v = nc == 128 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(ld, p);
         __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
         __m512i ih = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xhe), hi, xho);
@@ -70,7 +70,7 @@ AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const
 
 /* 8-bit group: codes k .. k+G of 4 rows against q16 (natural order). */
 AI void qv8_step(__m512 acc[4], const uint8_t *const rw[4], int k, const int16_t *q16,
-                 const float *const m[4], const bool pf, const int G)
+                 const float *const m[4], const size_t pf, const int G)
 {
     __m512i s[4];
 #pragma GCC unroll 4
@@ -83,7 +83,7 @@ AI void qv8_step(__m512 acc[4], const uint8_t *const rw[4], int k, const int16_t
         for (int j = 0; j < 4; j++) {
             const uint8_t *p = rw[j] + k + kk;
             if (pf && !(kk & 63))
-                _mm_prefetch((const char *)p + QI_PF, _MM_HINT_T0);
+                _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
             __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
             s[j] = _mm512_dpwssd_epi32(s[j], wv, xv);
         }
@@ -98,7 +98,7 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                  const struct wmat *w, int r0, int nr, const int bits, const int G)
 {
     const int in = w->in;
-    const size_t hdr = kern_qi_hdr(w);
+    const size_t hdr = kern_qi_hdr(w), pfd = qi_pf_dist(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float mb[4][QI_NG];
     const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
@@ -122,18 +122,18 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 const int kf = cn & ~127;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, true, G);
+                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, pfd, G);
                 else
                     for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, false, G);
+                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, 0, G);
                 if (kf < cn)
-                    qv4_step(acc, rw, kf, cn - kf, xc + 2 * (size_t)kf, m, false, G);
+                    qv4_step(acc, rw, kf, cn - kf, xc + 2 * (size_t)kf, m, 0, G);
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
-                    qv8_step(acc, rw, k, (const int16_t *)xc, m, true, G);
+                    qv8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
             } else {
                 for (int k = 0; k < cn; k += G)
-                    qv8_step(acc, rw, k, (const int16_t *)xc, m, false, G);
+                    qv8_step(acc, rw, k, (const int16_t *)xc, m, 0, G);
             }
             for (int j = 0; j < nr; j++) {
                 float v = _mm512_reduce_add_ps(acc[j]) + bias[j];
