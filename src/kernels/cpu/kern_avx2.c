@@ -75,8 +75,11 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
 
 // ---- matvec ----
 
-/* Bytes ahead prefetched in each weight row (see kern_avx512.c). */
-#define MV_PF 1024
+/* Bytes ahead prefetched in each weight row: the same offset of the next
+ * block of 4 rows, at most 16 KiB (as kern_qi.h measured for quantized rows). */
+#ifndef MV_PF_MAX
+#define MV_PF_MAX 16384
+#endif
 
 /* Rows r0 .. r0+nr (nr <= 4) for every token; a missing row repeats the last. */
 AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
@@ -85,6 +88,7 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const void *wr[4];
     int in = w->in;
     size_t es = dt == DTYPE_F32 ? 4 : 2;
+    const size_t pfd = 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;
     for (int j = 0; j < 4; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
     for (int t = 0; t < n_tok; t++) {
@@ -96,9 +100,9 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
         int i = 0;
         for (; i + 16 <= in; i += 16) {
             __m256 x0 = _mm256_loadu_ps(xt + i), x1 = _mm256_loadu_ps(xt + i + 8);
-            if (t == 0)
+            if (t == 0 && !((size_t)i * es & 63))
                 for (int j = 0; j < 4; j++)
-                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + MV_PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 a[j][0] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i), x0, a[j][0]);
@@ -280,8 +284,11 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Codes per matvec chunk (scales of 4 rows widened to the stack at a time). */
 #define QCH 2048
 
-/* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
-#define MVQ_PF 1024
+/* Prefetch distance in each of the 4 quantized rows (t == 0 only): as mv_block's. */
+AI size_t mvq_pf(const struct wmat *w)
+{
+    return 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;
+}
 
 /* mxfp8 rows go in natural order: vector jj of a 32-code block is codes
  * 8 jj .. 8 jj + 7, decoded through f16 as in kern_avx512.c (x prescaled
@@ -378,6 +385,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const size_t rowlen = (size_t)in * bits / 8;
     const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
     const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
+    const size_t pfd = mvq_pf(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float sfb[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
     const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
@@ -414,7 +422,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 for (int j = 0; j < 4; j++) {
                     p[j] = rw[j] + off;
                     wp[j] = wd[j] + b * bc;
-                    _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)p[j] + pfd, _MM_HINT_T0);
                 }
                 mvq_decode(wp, p, nb, rowlen - off, sf, (b * bc) >> gshift, sidx, lanes, bits, mode);
             }
@@ -462,7 +470,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 for (int j = 0; j < 4; j++) {
                     p[j] = rw[j] + off;
                     if (t == 0)
-                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                        _mm_prefetch((const char *)p[j] + pfd, _MM_HINT_T0);
                 }
                 mvq_step(acc, p, nb, rowlen - off, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes,
                          bits, mode);

@@ -266,12 +266,19 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
     _mm512_storeu_ps(dst + n, _mm512_setzero_ps());
 }
 
+/* Bytes ahead prefetched in each of the 4 weight rows a matvec step reads:
+ * the same offset of the next block of 4 rows, at most 16 KiB (a fixed 1 KiB
+ * only reached into the neighbouring row, which its own stream was already
+ * reading; measured on the AVX2 twin, kern_qi.h). */
+#define MV_PF_MAX 16384
+AI size_t mv_pf(const struct wmat *w)
+{
+    return 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;
+}
+
 /* Codes per matvec chunk: scales of 4 rows for one chunk are widened to the
  * stack at a time (a multiple of every block size and group size). */
 #define QCH 2048
-
-/* Bytes ahead prefetched in each of the 4 quantized rows (t == 0 only). */
-#define MVQ_PF 1024
 
 /* 8-bit rows are not in lane order but natural order (faster in L2 than
  * lane order for q8: no shift/mask, one zero-extending load per vector):
@@ -353,6 +360,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const int in = w->in, g = w->qgroup;
     const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
     const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
+    const size_t pfd = mv_pf(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float sfb[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
     const float *sf[4] = {sfb[0], sfb[1], sfb[2], sfb[3]};
@@ -393,7 +401,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 for (; b < nfull; b++) {
 #pragma GCC unroll 4
                     for (int j = 0; j < 4; j++)
-                        _mm_prefetch((const char *)p[j] + MVQ_PF, _MM_HINT_T0);
+                        _mm_prefetch((const char *)p[j] + pfd, _MM_HINT_T0);
                     mvq_step(acc, p, bb, xt + b * bc, sf, (b * bc) >> gshift, sidx, lanes, bits,
                              mode, lut);
 #pragma GCC unroll 4
@@ -556,10 +564,6 @@ static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n
 
 // ---- matvec ----
 
-/* Bytes ahead of the current position prefetched in each of the 4 weight
- * rows a matvec step reads (4 interleaved streams; +10-20% single-thread
- * bandwidth on the dev machine, best of 512/1024/2048). */
-#define MV_PF 1024
 
 /* Rows r0 .. r0+nr (nr <= 4) for every token. A missing row repeats the last
  * one (computed, not stored) so the loop body is always 4 rows wide. */
@@ -568,7 +572,7 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
 {
     const void *wr[4];
     int in = w->in;
-    size_t es = dt == DTYPE_F32 ? 4 : 2;
+    size_t es = dt == DTYPE_F32 ? 4 : 2, pfd = mv_pf(w);
     for (int j = 0; j < 4; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
     for (int t = 0; t < n_tok; t++) {
@@ -582,7 +586,7 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
             __m512 x0 = _mm512_loadu_ps(xt + i), x1 = _mm512_loadu_ps(xt + i + 16);
             if (t == 0)
                 for (int j = 0; j < 4; j++)
-                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + MV_PF, _MM_HINT_T0);
+                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 a[j][0] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i), x0, a[j][0]);
