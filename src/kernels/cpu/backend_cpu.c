@@ -336,7 +336,11 @@ int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
 {
     if (!c->k.ukernel)
         return 1 << 30;
-    return w->qbits ? c->k.gemm_min_tok_q : c->k.gemm_min_tok;
+    if (!w->qbits)
+        return c->k.gemm_min_tok;
+    struct wmat m;
+    wmat_from(&m, w);
+    return use_qi(&c->k, &m) ? c->k.gemm_min_tok_qi : c->k.gemm_min_tok_q;
 }
 
 void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,

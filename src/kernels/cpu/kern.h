@@ -106,6 +106,7 @@ struct cpu_kernels {
      * to widen and transpose every panel (measured on the dev machine). */
     int gemm_min_tok;
     int gemm_min_tok_q;
+    int gemm_min_tok_qi;      /* quantized W that the integer matvec takes */
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);

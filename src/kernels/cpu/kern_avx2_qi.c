@@ -271,6 +271,7 @@ void kern_avx2_qi_init(struct cpu_kernels *k)
     k->qi_ok = a2_qi_ok;
     k->qi_prep = a2_qi_prep;
     k->matvec_qi = a2_matvec_qi;
+    k->gemm_min_tok_qi = 32;
 }
 
 #else

@@ -167,6 +167,9 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     if (!k->qi_prep) /* the AVX2 preparation is the one this kernel reads */
         return false;
     k->matvec_qi = a5_matvec_qi;
+    /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
+     * matvec costs far less per token than the f32 one it replaces */
+    k->gemm_min_tok_qi = 32;
     return true;
 }
 
