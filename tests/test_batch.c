@@ -6,6 +6,12 @@
  * up to 3 tokens while other sequences decode, sequences joining at
  * different steps) give, per sequence, the logits of the same sequence run
  * alone (max relative difference <= 1e-5 per row) and identical greedy ids.
+ * Models whose affine 4/8-bit linears run on a SIMD backend's integer matvec
+ * (kern.h "qi") get 5e-4, half the golden tolerance: it rounds x to 16 bits
+ * per group, so a last-ulp difference upstream (f32 ops whose summation
+ * order follows the batch's shape, 1.7e-6 on float gpt_oss) can move a
+ * rounding step, ~1.5e-5 of the group's largest |x| per element, and the
+ * decode steps compound it (gpt_oss_mlx: 1.2e-4).
  *
  * kv_*: sequence operations on a real model: fork + copy-on-write (a
  * forked sequence's continuation equals a fresh run of the same prefix, and
@@ -28,6 +34,7 @@
 #define N_SEQ    8
 #define N_DECODE 6
 #define BATCH_REL_TOL 1e-5
+#define BATCH_REL_TOL_QI 5e-4
 
 /* Feed ids to seq at its next positions in one batch; logits of the last row. */
 static void feed(struct test_eng *g, int seq, const int32_t *ids, int n, float *logits)
@@ -76,6 +83,20 @@ static void run_alone(struct test_eng *g, struct seq_ref *r, int V)
     kv_seq_remove(g->kv, 0);
 }
 
+/* True when one of the model's attention or head linears is affine 4/8-bit and
+ * the backend is a SIMD CPU one: the integer matvec runs it. */
+static bool runs_qi(const struct test_eng *g)
+{
+    const struct layer *L = &g->m->layers[0];
+    const struct tensor *ts[] = {&g->m->tok_embd, &g->m->lm_head, &L->wq, &L->wqkv, &L->wo};
+    if (strncmp(g->be->name, "cpu-avx", 7) != 0)
+        return false;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->qmode == QMODE_AFFINE && (ts[i]->qbits == 4 || ts[i]->qbits == 8))
+            return true;
+    return false;
+}
+
 /* All sequences together: step k adds, for every started sequence, its next prompt
  * chunk (<= 3 tokens) or its next decode token; sequence s starts at step s / 2. */
 static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const char *name)
@@ -84,7 +105,7 @@ static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const ch
     int fed[N_SEQ] = {0}, got[N_SEQ] = {0};
     int32_t next[N_SEQ] = {0};
     float *out = malloc((size_t)N_SEQ * V * sizeof *out);
-    double worst = 0;
+    double worst = 0, tol = runs_qi(g) ? BATCH_REL_TOL_QI : BATCH_REL_TOL;
     assert_non_null(out);
     for (int s = 0; s < N_SEQ; s++)
         assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
@@ -114,7 +135,7 @@ static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const ch
             const float *want = ref[s].logits + (size_t)t * V;
             double d = test_row_rel_err(out + (size_t)o * V, want, V);
             worst = fmax(worst, d);
-            if (d > BATCH_REL_TOL)
+            if (d > tol)
                 fail_msg("%s: sequence %d step %d: batched logits differ from alone by %.3g", name, s,
                          t, d);
             next[s] = test_argmax(out + (size_t)o * V, V);

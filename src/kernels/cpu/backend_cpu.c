@@ -410,14 +410,15 @@ static void batch_task(void *arg, int ith, int nth)
 /* An earlier job among jobs[0 .. j) whose prepared x job j can share (the
  * same x and token count, and weights whose preparation is identical: the
  * q/k/v or gate/up products of one layer), or -1. */
-static int prep_twin(const struct cpu_job *jobs, const struct wmat *w, int j)
+static int prep_twin(const struct cpu_kernels *k, const struct cpu_job *jobs,
+                     const struct wmat *w, int j)
 {
     if (!w[j].qbits)
         return -1;
     for (int i = 0; i < j; i++)
         if (jobs[i].x == jobs[j].x && jobs[i].n_tok == jobs[j].n_tok &&
             w[i].qbits == w[j].qbits && w[i].in == w[j].in && w[i].qgroup == w[j].qgroup &&
-            w[i].qmode == w[j].qmode)
+            w[i].qmode == w[j].qmode && use_qi(k, &w[i]) == use_qi(k, &w[j]))
             return i;
     return -1;
 }
@@ -437,7 +438,7 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
         for (int j = 0; j < n; j++) {
             wmat_from(&w[j], jobs[j].w);
             total += w[j].out;
-            same[j] = prep_twin(jobs, w, j);
+            same[j] = prep_twin(&c->k, jobs, w, j);
             xs_off[j] = same[j] >= 0 ? xs_off[same[j]] : xs_total;
             if (same[j] < 0)
                 xs_total += qprep_size(&c->k, &w[j], jobs[j].n_tok);
