@@ -721,7 +721,9 @@ int kv_reserve_window(struct kv_cache *kv, const int32_t *seq, const int32_t *po
         struct kv_seq *s = &kv->seqs[q];
         int32_t *t = seq_table(&w->blk, kv, q);
         int last = w->to[q] / kv->block_size + 1;
-        swa_needed(kv, q, w->to[q], &cow);
+        /* the table changes (and is uploaded) only when a block is taken or copied */
+        if (swa_needed(kv, q, w->to[q], &cow) > 0)
+            s->swa_dirty = true;
         if (cow >= 0)
             entry_cow(kv, &w->blk, q, cow);
         for (int j = s->swa_lo; j < last; j++)
@@ -731,7 +733,6 @@ int kv_reserve_window(struct kv_cache *kv, const int32_t *seq, const int32_t *po
             s->swa_n = last;
         if (w->to[q] + 1 > s->swa_len)
             s->swa_len = w->to[q] + 1;
-        s->swa_dirty = true;
         w->from[q] = -1;
     }
     return 0;
