@@ -489,8 +489,36 @@ static void golden2_quantized(const char *name, const struct quant_params *q, do
     X(gpt_oss) X(olmo2) X(granite) X(starcoder2) X(cohere) X(smollm3) X(mistral_swa) \
     X(phi3_swa) X(qwen3_yarn) X(llama_dynamic)
 
+/* config.json's quantization object of folder dir (owned by the caller). */
+static cJSON *quantization_of(const char *dir)
+{
+    char path[4200];
+    cJSON *cfg = NULL;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &cfg, &e), 0);
+    cJSON *q = cJSON_DetachItemFromObjectCaseSensitive(cfg, "quantization");
+    cJSON_Delete(cfg);
+    assert_non_null(q);
+    return q;
+}
+
+/* qwen3_moe converted at 4 bits writes the quantization block mlx-lm wrote for the
+ * qwen3_moe_mlx_q4 case (same layer count: the router entries of its predicate). */
+static void qwen3_moe_config_as_mlx_lm(void)
+{
+    struct quant_params q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    char *dir = convert_to_tmp(test_path("tests/fixtures/golden/qwen3_moe"), &q4);
+    cJSON *a = quantization_of(dir), *b = quantization_of(test_path("tests/fixtures/golden/qwen3_moe_mlx_q4"));
+    assert_true(cJSON_Compare(a, b, true));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    stb_rmtree(dir);
+}
+
 static void test_golden2_quantized(void **state)
 {
+    qwen3_moe_config_as_mlx_lm();
     (void)state;
     struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
 #define RUN(n) golden2_quantized(#n, &q8, 0.1); golden2_quantized(#n, &q4, 0);
