@@ -124,8 +124,8 @@ static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
         int n = in - e0 < span ? in - e0 : span;
         for (int k = 0; k < n; k += G)
             qi_group(xs + (e0 + k) / G, xsum + (e0 + k) / G, tmp + k, x + e0 + k, G);
-        if (n < 64)
-            memset(tmp + n, 0, (size_t)(64 - n) * sizeof *tmp);
+        if (n < 64) /* a lone group of 32 closes the row: zero the step's other half */
+            memset(tmp + 32, 0, 32 * sizeof *tmp);
         for (int k = 0; k < n; k += 64)
             qi_limbs(q + 2 * (size_t)(e0 + k), tmp + k);
     }
