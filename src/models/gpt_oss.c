@@ -191,7 +191,8 @@ static int map_transposed(struct model *m, struct wmap *w, struct expert_linear 
     size_t es = dtype_size(t.dtype);
     if ((rc = model_alloc_owned(m, (size_t)(E * n_in * n_out) * es, &buf, e)) < 0)
         return rc;
-    transpose_experts(buf, t.data, E, n_out, n_in, es);
+    if (!st_set_is_recording(w->st)) /* a recorded tensor's data is a placeholder (synth) */
+        transpose_experts(buf, t.data, E, n_out, n_in, es);
     int64_t tshape[3] = {E, n_out, n_in};
     tensor_init(&all, t.dtype, buf, 3, tshape);
     all.name = t.name;
