@@ -55,8 +55,10 @@ static void qi_group(float *xs, float *xsum, int16_t *q16, const float *x, int G
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     float m = _mm_cvtss_f32(m4), s = qi_hsum(sm);
     *xsum = s;
-    /* a NaN or infinity anywhere makes the sum non-finite (max_ps drops NaN) */
-    if (!(fabsf(s) <= FLT_MAX) || m == 0.0f) {
+    /* a NaN or infinity anywhere makes the sum non-finite (max_ps drops NaN); a
+     * group below 2^-100 counts as zero (its scale would leave the f32 range,
+     * and its products are far below any output's rounding) */
+    if (!(fabsf(s) <= FLT_MAX) || m < 0x1p-100f) {
         *xs = fabsf(s) <= FLT_MAX ? 0.0f : NAN;
         memset(q16, 0, (size_t)G * sizeof *q16);
         return;
