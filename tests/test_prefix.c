@@ -349,10 +349,11 @@ static void prefix_runner_stats(void **state)
         runner_job_release(&j);
     }
     struct runner_stats st;
-    /* the mirror is written after the step that ended the job: wait for it */
-    for (int t = 0; t < 100; t++) {
+    /* the mirror is written after the step that ended the job (the job is done, and
+     * its waiter may wake, inside that step): wait for the one that shows nothing running */
+    for (int t = 0; t < 1000; t++) {
         runner_get_stats(run, &st);
-        if (st.prefix_query_tokens == 66)
+        if (st.prefix_query_tokens == 66 && st.n_running == 0 && st.n_waiting == 0)
             break;
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
