@@ -202,7 +202,7 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                  const struct wmat *w, int r0, int nr, const int bits, const int G)
 {
     const int in = w->in;
-    const size_t hdr = kern_qi_hdr(w), pfd = qi_pf_dist(w);
+    const size_t pfd = qi_pf_dist(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float mb[4][QI_NG];
     const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
@@ -210,15 +210,8 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
         const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, g0 = c0 / G, gn = cn / G;
         qi_rows(rw, rs, rb, w, r0, nr, c0);
         for (int t = 0; t < n_tok; t++) {
-            const uint8_t *xt = xq + (size_t)t * ldxq;
-            const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
-            const uint8_t *xc = xt + 2 * hdr + 2 * (size_t)c0;
             float bias[4];
-            switch (w->qsdt) {
-            case DTYPE_BF16: qi_row_terms(mb, bias, rs, rb, DTYPE_BF16, g0, xs, xsum, gn); break;
-            case DTYPE_F16: qi_row_terms(mb, bias, rs, rb, DTYPE_F16, g0, xs, xsum, gn); break;
-            default: qi_row_terms(mb, bias, rs, rb, DTYPE_F32, g0, xs, xsum, gn); break;
-            }
+            const uint8_t *xc = qi_token(mb, bias, rs, rb, w, xq, ldxq, t, c0, g0, gn);
             __m256 acc[4];
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm256_setzero_ps();
@@ -241,11 +234,10 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 for (int k = 0; k < cn; k += G)
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, 0, G);
             }
-            for (int j = 0; j < nr; j++) {
-                float v = qi_hsum(acc[j]) + bias[j];
-                float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
-                *yo = c0 ? *yo + v : v;
-            }
+            float v[4];
+            for (int j = 0; j < 4; j++)
+                v[j] = qi_hsum(acc[j]);
+            qi_store(y, ldy, t, r0, nr, c0, v, bias);
         }
     }
 }

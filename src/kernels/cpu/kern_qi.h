@@ -87,3 +87,32 @@ AI void qi_rows(const uint8_t *rw[4], const uint8_t *rs[4], const uint8_t *rb[4]
         rb[j] = w->qb + (size_t)r * w->qrow_bytes;
     }
 }
+
+/* Token t's prepared x for the chunk of codes from c0 (groups g0 .. g0 + gn):
+ * the 4 rows' multipliers m[j][g] = ws xs and bias terms (qi_row_terms),
+ * and the returned pointer to the chunk's codes of x. */
+AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
+                           const uint8_t *const rb[4], const struct wmat *w, const uint8_t *xq,
+                           size_t ldxq, int t, int c0, int g0, int gn)
+{
+    const size_t hdr = kern_qi_hdr(w);
+    const uint8_t *xt = xq + (size_t)t * ldxq;
+    const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
+    switch (w->qsdt) {
+    case DTYPE_BF16: qi_row_terms(m, bias, rs, rb, DTYPE_BF16, g0, xs, xsum, gn); break;
+    case DTYPE_F16: qi_row_terms(m, bias, rs, rb, DTYPE_F16, g0, xs, xsum, gn); break;
+    default: qi_row_terms(m, bias, rs, rb, DTYPE_F32, g0, xs, xsum, gn); break;
+    }
+    return xt + 2 * hdr + 2 * (size_t)c0;
+}
+
+/* y[t][r0 + j] for the block's nr real rows: v[j] plus the bias term, added to
+ * what earlier chunks of codes left there (c0 > 0) or written (c0 == 0). */
+AI void qi_store(float *y, size_t ldy, int t, int r0, int nr, int c0, const float v[4],
+                 const float bias[4])
+{
+    for (int j = 0; j < nr; j++) {
+        float *yo = y + (size_t)t * ldy + (size_t)(r0 + j);
+        *yo = c0 ? *yo + v[j] + bias[j] : v[j] + bias[j];
+    }
+}
