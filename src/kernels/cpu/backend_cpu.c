@@ -332,15 +332,21 @@ static void linear_task(void *arg, int ith, int nth)
         bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
 }
 
+/* Tokens from which W (as the kernels see it) takes the GEMM path. */
+static int gemm_min_tok(const struct cpu_kernels *k, const struct wmat *m)
+{
+    if (!k->ukernel)
+        return 1 << 30;
+    if (!m->qbits)
+        return k->gemm_min_tok;
+    return use_qi(k, m) ? k->gemm_min_tok_qi : k->gemm_min_tok_q;
+}
+
 int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
 {
-    if (!c->k.ukernel)
-        return 1 << 30;
-    if (!w->qbits)
-        return c->k.gemm_min_tok;
     struct wmat m;
     wmat_from(&m, w);
-    return use_qi(&c->k, &m) ? c->k.gemm_min_tok_qi : c->k.gemm_min_tok_q;
+    return gemm_min_tok(&c->k, &m);
 }
 
 void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
@@ -356,7 +362,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
         .b = b && tensor_is_present(b) ? b : NULL,
     };
     assert(ldy >= m.out);
-    lc.gemm = n_tok >= cpu_gemm_min_tok(c, w);
+    lc.gemm = n_tok >= gemm_min_tok(&c->k, &m);
     if (lc.gemm) {
         if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
                                        (size_t)c->k.gemm_nr))
