@@ -222,7 +222,8 @@ for m in dotdot abs huge bigdisk endless loop badjson; do
     huge) expect_err "size outside" "$m" ;;
     bigdisk) expect_err "not enough disk space" "$m" ;;
     endless) expect_err "more than the 7348736 bytes declared" "$m"
-        ls "$R/blobs" | grep -q incomplete && fail "endless: the download was kept" ;;
+        # the small files still in flight keep their partial files (a later pull resumes them)
+        [ ! -e "$R/blobs/$SHA.incomplete" ] || fail "endless: the download was kept" ;;
     loop) expect_err "redirect" "$m" ;;
     badjson) expect_err "listing is not valid JSON" "$m" ;;
     esac
