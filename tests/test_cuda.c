@@ -171,22 +171,20 @@ static const struct wcase k_cases[] = {
     /* ... and its split over K (>= 8 pieces a lane, 2 pieces past them) */
     {"q4 g64 f16 split", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_F16, 37, 8256},
     {"q8 g128 bf16 split", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_BF16, 21, 4224},
+    /* the integer GEMV's other shapes: 4 pieces a lane at once, >= 8192 rows, and rows longer
+     * than its shared memory takes (the float GEMV then) */
+    {"q4 g128 bf16 in=3200", DTYPE_U32, 4, 128, QMODE_AFFINE, DTYPE_BF16, 45, 3200},
+    {"q4 g64 bf16 rows=8200", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 8200, 256},
+    {"q4 g32 f32 in=16416", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_F32, 3, 16416},
     {"mxfp4", DTYPE_U32, 4, 32, QMODE_MXFP4, DTYPE_U8, 67, 384},
     {"mxfp8", DTYPE_U32, 8, 32, QMODE_MXFP8, DTYPE_U8, 67, 384},
     {"nvfp4", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 67, 384},
     {"nvfp4 in=400", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 31, 400},
 };
 
-static void test_linear_formats(void **state)
+/* Every format at every token count against the CPU scalar backend; worst rel err returned. */
+static double linear_formats(struct backend *cpu, struct backend *gpu, const char *what)
 {
-    (void)state;
-    struct backend *gpu = NULL, *cpu = NULL;
-    struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
-        printf("cuda: %s\n", e.msg);
-        skip();
-    }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
     static const int toks[] = {1, 2, 3, 5, 8, 9, 33};
     double worst = 0;
     for (size_t c = 0; c < sizeof k_cases / sizeof k_cases[0]; c++) {
@@ -194,14 +192,42 @@ static void test_linear_formats(void **state)
         for (size_t t = 0; t < sizeof toks / sizeof toks[0]; t++) {
             double r = linear_case(cpu, gpu, &k_cases[c], toks[t], t % 2 == 1);
             if (r > 1e-4)
-                fail_msg("linear %s n_tok=%d: rel err %.3g", k_cases[c].name, toks[t], r);
+                fail_msg("linear%s %s n_tok=%d: rel err %.3g", what, k_cases[c].name, toks[t], r);
             wc = fmax(wc, r);
         }
-        printf("cuda linear %-14s max rel err %.2e\n", k_cases[c].name, wc);
+        printf("cuda linear%s %-14s max rel err %.2e\n", what, k_cases[c].name, wc);
         worst = fmax(worst, wc);
     }
-    printf("cuda linear: %zu formats x %zu token counts, worst rel err %.2e\n",
+    printf("cuda linear%s: %zu formats x %zu token counts, worst rel err %.2e\n", what,
            sizeof k_cases / sizeof k_cases[0], sizeof toks / sizeof toks[0], worst);
+    return worst;
+}
+
+static void test_linear_formats(void **state)
+{
+    (void)state;
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    /* the default, then with one token's 4-bit GEMV on 16-bit integer x (MLXCEL_CUDA_QI=1) */
+    const char *qi = getenv("MLXCEL_CUDA_QI");
+    char *saved = qi ? strdup(qi) : NULL;
+    unsetenv("MLXCEL_CUDA_QI");
+    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+        free(saved);
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
+    linear_formats(cpu, gpu, "");
+    backend_free(gpu);
+    setenv("MLXCEL_CUDA_QI", "1", 1);
+    assert_int_equal(backend_new(&gpu, "cuda", 1, &e), 0);
+    linear_formats(cpu, gpu, " (qi)");
+    if (saved)
+        setenv("MLXCEL_CUDA_QI", saved, 1);
+    else
+        unsetenv("MLXCEL_CUDA_QI");
+    free(saved);
     backend_free(cpu);
     backend_free(gpu);
 }

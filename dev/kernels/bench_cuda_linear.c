@@ -14,7 +14,8 @@
  * Build (from the repo root, after building build/ with -DMLXCEL_CUDA=ON):
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_cuda_linear.c build/libmlxcel_lib.a \
  *       -o build/bench_cuda_linear -lm -lpthread -ldl
- *   build/bench_cuda_linear        (libmlxcel-cuda.so beside it, or MLXCEL_CUDA_PLUGIN)
+ *   build/bench_cuda_linear [BITS...]   (widths: 4 8 0 = bf16 by default; libmlxcel-cuda.so
+ *                                        beside it, or MLXCEL_CUDA_PLUGIN)
  */
 #include <math.h>
 #include <stdio.h>
@@ -176,7 +177,7 @@ static double gemv_bw(struct backend *gpu, struct backend *cpu, struct shape sh,
     return (double)wb * reps / t / 1e9;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     struct backend *gpu, *cpu;
     struct err e = {0};
@@ -194,9 +195,15 @@ int main(void)
         {2048, 2048}, {512, 2048}, {8192, 2048}, {2048, 8192}, {128256, 2048},
         {14336, 4096}, {4096, 14336}, {128256, 4096},
     };
-    static const int bits[] = {4, 8, 0};
+    int bits[8] = {4, 8, 0};
+    size_t n_bits = 3;
+    if (argc > 1) {
+        n_bits = 0;
+        for (int i = 1; i < argc && n_bits < 8; i++)
+            bits[n_bits++] = atoi(argv[i]);
+    }
     printf("%-14s %5s %4s %9s %7s %9s\n", "shape", "fmt", "tok", "GB/s", "% copy", "rel err");
-    for (size_t b = 0; b < sizeof bits / sizeof bits[0]; b++)
+    for (size_t b = 0; b < n_bits; b++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int nt = 1; nt <= 8; nt += 7) {
                 if (nt > 1 && shapes[s].out != 14336)

@@ -363,6 +363,9 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     const char *pd = getenv("MLXCEL_CUDA_PDL");
     /* opt-in: no faster inside the decode graphs on the H200 (docs/benchmarks.md) */
     c->pdl = pd && (!strcmp(pd, "1") || !strcmp(pd, "on") || !strcmp(pd, "true"));
+    const char *qi = getenv("MLXCEL_CUDA_QI");
+    /* opt-in until it has been measured on a GPU (docs/benchmarks.md) */
+    c->qi = qi && (!strcmp(qi, "1") || !strcmp(qi, "on") || !strcmp(qi, "true"));
     const char *gr = getenv("MLXCEL_CUDA_GRAPHS");
     c->be.graphs = !(gr && (!strcmp(gr, "0") || !strcmp(gr, "off") || !strcmp(gr, "false")));
     c->be.impl = c;

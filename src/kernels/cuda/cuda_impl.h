@@ -39,6 +39,7 @@ struct cuda_backend {
     void *pin;                  /* pinned staging of large downloads (logits), grows only */
     size_t pin_cap;
     bool pdl;                   /* cu_launch lets kernels start early ($MLXCEL_CUDA_PDL=1) */
+    bool qi;                    /* one token's 4-bit GEMV on integer x ($MLXCEL_CUDA_QI=1) */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
@@ -153,11 +154,12 @@ __device__ __forceinline__ void cu_pdl_trigger()
 #endif
 }
 
-/* Launch k(args) on the backend's stream as a programmatic dependent of the kernel before it
- * (when c->pdl): only for kernels that follow the rules of cu_pdl_wait. */
+/* Launch k(args) with smem bytes of dynamic shared memory on the backend's stream as a
+ * programmatic dependent of the kernel before it (when c->pdl): only for kernels that follow
+ * the rules of cu_pdl_wait. */
 template <typename... P, typename... A>
-static inline void cu_launch(struct cuda_backend *c, void (*k)(P...), dim3 grid, dim3 block,
-                             A... args)
+static inline void cu_launch_smem(struct cuda_backend *c, void (*k)(P...), dim3 grid, dim3 block,
+                                  size_t smem, A... args)
 {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -165,13 +167,21 @@ static inline void cu_launch(struct cuda_backend *c, void (*k)(P...), dim3 grid,
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = c->st;
     cfg.attrs = at;
     cfg.numAttrs = 1;
     cudaError_t rc = cudaLaunchKernelEx(&cfg, k, static_cast<P>(args)...);
     if (rc != cudaSuccess)
         cu_fail(c, "launch", rc);
+}
+
+/* cu_launch without dynamic shared memory. */
+template <typename... P, typename... A>
+static inline void cu_launch(struct cuda_backend *c, void (*k)(P...), dim3 grid, dim3 block,
+                             A... args)
+{
+    cu_launch_smem(c, k, grid, block, 0, args...);
 }
 
 __device__ __forceinline__ float cu_bf16(uint16_t h)

@@ -431,6 +431,197 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     }
 }
 
+// ---- the integer GEMV: one token, affine 4-bit ----
+
+/* One token against affine 4-bit rows of at most QI_MAX_IN elements, the rule of the CPU's
+ * integer matvec (ADR 0025) on dp4a: each block first rounds x per 32-element piece to 16-bit
+ * integers q16 = rint(x / xs), xs = max|x| / 32639, split into two signed 8-bit limbs
+ * (q16 = 256 hi + lo, lo in [-128, 127]), into shared memory, with the piece's Σ x kept in f32
+ * for the bias term. A weight word's eight nibbles (two masks) then meet the limbs in four dp4a:
+ * Σ q q16 over a piece is exact in int32 and in the float it becomes (|.| < 32 * 15 * 32767 <
+ * 2^24), and the piece adds s xs Σ q q16 + b Σ x. Against the f32 GEMV: about 7 instructions per
+ * 8 codes instead of 18, and |error| <= Σ |s q| xs / 2 per output (xs / 2 = max|x| / 65278 of
+ * the piece's largest element). A piece whose max is below 2^-100 counts as zero; NaN and Inf in
+ * x reach the output as NaN. The weights' first loads are issued before the wait for x. */
+#define QI_MAX_IN 16384
+#define QI_WARPS 8
+#define QI_Q16_MAX 32639    /* (32639 + 128) >> 8 = 127: the high limb stays a signed byte */
+
+/* Dynamic shared memory of a launch over rows of in elements: the limbs (16 bytes per 8
+ * elements, the words j of every piece together so that lanes read consecutive pieces without
+ * bank conflicts) and each piece's xs and Σ x. */
+static size_t qi_smem(int in)
+{
+    return (size_t)in * 2 + (size_t)in / 32 * 2 * sizeof(float);
+}
+
+/* Weights, scales and biases of the pieces p0 + 32 KS u (u < U) of R rows. */
+template <int SDT, int R, int U, int KS>
+__device__ __forceinline__ void qi_load(uint4 (&q)[U][R], float (&sc)[U][R], float (&bi)[U][R],
+                                        const uint4 *const (&wr)[R], const uint8_t *const (&sr)[R],
+                                        const uint8_t *const (&br)[R], int p0, int n_p, int gsh)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int p = p0 + 32 * KS * u;
+        bool ok = p < n_p;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
+            sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
+            bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
+        }
+    }
+}
+
+/* x (in elements, in % 32 == 0) into the limbs, xs and Σ x of each piece; by the whole block. */
+__device__ __forceinline__ void qi_prep(const float *x, int in, int4 *xq, float *pxs, float *psx)
+{
+    const int n_w = in / 8, n_p = in / 32;
+    const float4 *x4 = (const float4 *)x;
+    for (int k0 = 0; k0 < n_w; k0 += 32 * QI_WARPS) {
+        /* a piece's 4 words are 4 neighbouring threads of one warp: n_w is a multiple of 4 */
+        int k = k0 + (int)threadIdx.x;
+        bool ok = k < n_w;
+        float4 a = ok ? __ldg(x4 + 2 * k) : make_float4(0, 0, 0, 0);
+        float4 b = ok ? __ldg(x4 + 2 * k + 1) : make_float4(0, 0, 0, 0);
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float m = 0.0f, s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            m = fmaxf(m, fabsf(v[i]));
+            s += v[i];
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        /* Inf: xs = Inf and limbs 0, so the piece adds Inf * 0 = NaN; NaN: Σ x is NaN */
+        float xs = m < 0x1p-100f ? 0.0f : m * (1.0f / QI_Q16_MAX);
+        float inv = xs > 0.0f ? (float)QI_Q16_MAX / m : 0.0f;
+        uint32_t limb[4] = {0, 0, 0, 0};    /* hi of elements 0,2,4,6; hi of 1,3,5,7; lo; lo */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = min(max(__float2int_rn(v[i] * inv), -QI_Q16_MAX), QI_Q16_MAX);
+            int hi = (q + 128) >> 8, lo = q - hi * 256;
+            limb[i & 1] |= (uint32_t)(hi & 0xff) << (8 * (i >> 1));
+            limb[2 + (i & 1)] |= (uint32_t)(lo & 0xff) << (8 * (i >> 1));
+        }
+        if (ok) {
+            int p = k >> 2, j = k & 3;
+            xq[j * n_p + p] = make_int4((int)limb[0], (int)limb[1], (int)limb[2], (int)limb[3]);
+            if (j == 0) {
+                pxs[p] = xs;
+                psx[p] = s;
+            }
+        }
+    }
+}
+
+/* Σ q q16 over one piece: word j's nibbles (elements 8j + 2i in byte i's low nibble, 8j + 2i + 1
+ * in its high one) against limb word j of the piece. */
+__device__ __forceinline__ int qi_piece(uint4 q, int4 x0, int4 x1, int4 x2, int4 x3)
+{
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    const int4 xv[4] = {x0, x1, x2, x3};
+    int h = 0, l = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int lo = (int)(u[j] & 0x0f0f0f0fu), hi = (int)((u[j] >> 4) & 0x0f0f0f0fu);
+        h = __dp4a(lo, xv[j].x, h);
+        h = __dp4a(hi, xv[j].y, h);
+        l = __dp4a(lo, xv[j].z, l);
+        l = __dp4a(hi, xv[j].w, l);
+    }
+    return h * 256 + l;
+}
+
+/* grid: the jobs' blocks one after the other (ga_jobs), blocks of QI_WARPS warps. KS = 1: warp
+ * = R rows, lane l takes the pieces l, l + 32, ...; KS = QI_WARPS: the block's warps share R
+ * rows, warp w taking the pieces 32 w + l, 32 (w + KS) + l, ..., summed through shared memory.
+ * U pieces of every row are loaded at a time. Dynamic shared memory: qi_smem(largest in). */
+template <int SDT, int R, int U, int KS>
+__global__ void __launch_bounds__(32 * QI_WARPS)
+gemv_qi_kernel(ga_jobs js)
+{
+    extern __shared__ int4 qi_sh[];
+    __shared__ float part[KS > 1 ? KS : 1][R];
+    cu_pdl_trigger();
+    ga_job jb = js.j[0];
+#pragma unroll
+    for (int i = 1; i < GA_MAX_JOBS; i++)
+        if (i < js.n && (int)blockIdx.x >= js.j[i].b0)
+            jb = js.j[i];
+    const cu_wmat &w = jb.w;
+    const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
+    const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * QI_WARPS + wid) * R;
+    const bool live = r0 < w.out;   /* a warp past the last row still helps with x */
+    const int n_p = w.in / 32, step = 32 * KS * U, pbase = lane + (KS > 1 ? 32 * wid : 0);
+    int4 *xq = qi_sh;
+    float *pxs = (float *)(qi_sh + 4 * n_p), *psx = pxs + n_p;
+    const uint4 *wr[R];
+    const uint8_t *sr[R], *br[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        size_t rr = (size_t)min(r0 + r, w.out - 1);
+        wr[r] = (const uint4 *)(w.data + rr * w.row_bytes);
+        sr[r] = w.qs + rr * w.qrow_bytes;
+        br[r] = w.qb + rr * w.qrow_bytes;
+    }
+    uint4 q[U][R];
+    float sc[U][R], bi[U][R];
+    if (live)
+        qi_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, pbase, n_p, jb.gsh);
+    cu_pdl_wait();
+    qi_prep(jb.x, w.in, xq, pxs, psx);
+    __syncthreads();
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = 0.0f;
+    for (int p0 = pbase; live && p0 < n_p; p0 += step) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int p = p0 + 32 * KS * u;
+            if (p >= n_p)
+                break;
+            int4 x0 = xq[p], x1 = xq[n_p + p], x2 = xq[2 * n_p + p], x3 = xq[3 * n_p + p];
+            float xs = pxs[p], sx = psx[p];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] += sc[u][r] * (xs * (float)qi_piece(q[u][r], x0, x1, x2, x3)) + bi[u][r] * sx;
+        }
+        if (p0 + step < n_p)
+            qi_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, p0 + step, n_p, jb.gsh);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = cu_warp_sum(acc[r]);
+    if (KS > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                part[wid][r] = acc[r];
+        __syncthreads();
+        if (wid != 0)
+            return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float v = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KS; k++)
+                v += part[k][r];
+            acc[r] = v;
+        }
+    }
+    if (lane != 0 || !live)
+        return;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (r0 + r < w.out)
+            jb.y[r0 + r] = acc[r] + (jb.bias ? cu_ld(jb.bias, jb.bdt, (size_t)(r0 + r)) : 0.0f);
+}
+
 /* dst [rows, in] = W[r0 .. r0 + rows) in f32; grid-stride over (row, chunk-or-tail-element). */
 template <int F>
 __global__ void dequant_kernel(float *dst, cu_wmat w, int r0, int rows, int n_chunks)
@@ -585,13 +776,56 @@ static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int row
         ga_launch<BITS, SDT, 8, 2, 1, 1>(c, js, n_tok);
 }
 
+template <int SDT, int R, int U, int KS>
+static void qi_launch(struct cuda_backend *c, ga_jobs &js, int max_in)
+{
+    const int rows = R * QI_WARPS / KS;
+    int nb = 0;
+    for (int i = 0; i < js.n; i++) {
+        js.j[i].b0 = nb;
+        nb += (js.j[i].w.out + rows - 1) / rows;
+    }
+    cu_launch_smem(c, gemv_qi_kernel<SDT, R, U, KS>, dim3(nb), dim3(32 * QI_WARPS),
+                   qi_smem(max_in), js);
+}
+
+/* The integer GEMV's shape for the jobs: split K from 8 pieces a lane (2048 x 8192: few rows
+ * of many pieces), 4 pieces a lane at once from 3, else 2 (2048 x 2048), 4 rows a warp from
+ * 8192 rows in all (more rows per block pay for the block's preparation of x). */
+template <int SDT>
+static void qi_shape(struct cuda_backend *c, ga_jobs &js, int rows, int min_in, int max_in)
+{
+    int lane_pieces = min_in / 32 / 32;
+    if (lane_pieces >= 8)
+        qi_launch<SDT, 8, 1, QI_WARPS>(c, js, max_in);
+    else if (lane_pieces >= 3)
+        qi_launch<SDT, 2, 4, 1>(c, js, max_in);
+    else if (rows >= 8192)
+        qi_launch<SDT, 4, 2, 1>(c, js, max_in);
+    else
+        qi_launch<SDT, 2, 2, 1>(c, js, max_in);
+}
+
 /* One launch of the affine GEMV for the jobs (same bits and scale dtype, n_tok rows each). */
 static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
 {
     const cu_wmat &m = js.j[0].w;
-    int rows = 0;
-    for (int i = 0; i < js.n; i++)
+    int rows = 0, min_in = m.in, max_in = m.in;
+    for (int i = 0; i < js.n; i++) {
         rows += js.j[i].w.out;
+        min_in = min(min_in, js.j[i].w.in);
+        max_in = max(max_in, js.j[i].w.in);
+    }
+    if (c->qi && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN) {
+        if (m.qsdt == DTYPE_BF16)
+            qi_shape<DTYPE_BF16>(c, js, rows, min_in, max_in);
+        else if (m.qsdt == DTYPE_F16)
+            qi_shape<DTYPE_F16>(c, js, rows, min_in, max_in);
+        else
+            qi_shape<DTYPE_F32>(c, js, rows, min_in, max_in);
+        cu_check(c, "gemv");
+        return;
+    }
     if (m.qbits == 4 && m.qsdt == DTYPE_BF16)
         ga_launch_nt<4, DTYPE_BF16>(c, js, n_tok, rows);
     else if (m.qbits == 4 && m.qsdt == DTYPE_F16)
