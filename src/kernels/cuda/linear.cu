@@ -295,6 +295,50 @@ struct ga_jobs {
     int n;
 };
 
+/* The job block b belongs to (jobs in order of b0). */
+__device__ __forceinline__ ga_job ga_pick(const ga_jobs &js, int b)
+{
+    ga_job jb = js.j[0];
+#pragma unroll
+    for (int i = 1; i < GA_MAX_JOBS; i++)
+        if (i < js.n && b >= js.j[i].b0)
+            jb = js.j[i];
+    return jb;
+}
+
+/* Codes, scales and biases of rows r0 .. r0 + R (rows past the last repeat it). */
+template <int R>
+__device__ __forceinline__ void ga_rows(const cu_wmat &w, int r0, const uint4 *(&wr)[R],
+                                        const uint8_t *(&sr)[R], const uint8_t *(&br)[R])
+{
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        size_t rr = (size_t)min(r0 + r, w.out - 1);
+        wr[r] = (const uint4 *)(w.data + rr * w.row_bytes);
+        sr[r] = w.qs + rr * w.qrow_bytes;
+        br[r] = w.qb + rr * w.qrow_bytes;
+    }
+}
+
+/* Weights, scales and biases of the pieces p0 + 32 KS u (u < U) of R rows. */
+template <int SDT, int R, int U, int KS>
+__device__ __forceinline__ void ga_load(uint4 (&q)[U][R], float (&sc)[U][R], float (&bi)[U][R],
+                                        const uint4 *const (&wr)[R], const uint8_t *const (&sr)[R],
+                                        const uint8_t *const (&br)[R], int p0, int n_p, int gsh)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int p = p0 + 32 * KS * u;
+        bool ok = p < n_p;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
+            sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
+            bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
+        }
+    }
+}
+
 /* grid: the jobs' blocks one after the other, each job ceil(out / (R * GA_WARPS / KS))
  * blocks of GA_WARPS warps. KS = 1: warp = R rows; lane l takes the rows' 16-byte pieces
  * l, l + 32, ... (PB elements each, inside one scale group: groups are >= 32 elements).
@@ -311,11 +355,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     constexpr int PB = 128 / BITS;
     __shared__ float part[KS > 1 ? KS : 1][R][NT];
     cu_pdl_trigger();
-    ga_job jb = js.j[0];
-#pragma unroll
-    for (int i = 1; i < GA_MAX_JOBS; i++)
-        if (i < js.n && (int)blockIdx.x >= js.j[i].b0)
-            jb = js.j[i];
+    const ga_job jb = ga_pick(js, (int)blockIdx.x);
     const cu_wmat &w = jb.w;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * GA_WARPS + wid) * R;
@@ -326,13 +366,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     const int n_p = w.in / PB;
     const uint4 *wr[R];
     const uint8_t *sr[R], *br[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        size_t rr = (size_t)min(r0 + r, w.out - 1);
-        wr[r] = (const uint4 *)(w.data + rr * w.row_bytes);
-        sr[r] = w.qs + rr * w.qrow_bytes;
-        br[r] = w.qb + rr * w.qrow_bytes;
-    }
+    ga_rows<R>(w, r0, wr, sr, br);
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -353,21 +387,15 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     for (int p0 = lane + (KS > 1 ? 32 * wid : 0); p0 < n_p; p0 += 32 * KS * U) {
         uint4 q[U][R];
         float sc[U][R], bi[U][R];
+        ga_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, p0, n_p, jb.gsh);
+        if (BITS == 4)  /* s Σ q x + b Σ x = 32 s F + (b - 16 s) Σ x */
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            int p = p0 + 32 * KS * u;
-            bool ok = p < n_p;
+            for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
-                sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> jb.gsh) : 0.0f;
-                bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> jb.gsh) : 0.0f;
-                if (BITS == 4) {    /* s Σ q x + b Σ x = 32 s F + (b - 16 s) Σ x */
+                for (int r = 0; r < R; r++) {
                     bi[u][r] -= 16.0f * sc[u][r];
                     sc[u][r] *= 32.0f;
                 }
-            }
-        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int p = p0 + 32 * KS * u;
@@ -455,25 +483,6 @@ static size_t qi_smem(int in)
     return (size_t)in * 2 + (size_t)in / 32 * 2 * sizeof(float);
 }
 
-/* Weights, scales and biases of the pieces p0 + 32 KS u (u < U) of R rows. */
-template <int SDT, int R, int U, int KS>
-__device__ __forceinline__ void qi_load(uint4 (&q)[U][R], float (&sc)[U][R], float (&bi)[U][R],
-                                        const uint4 *const (&wr)[R], const uint8_t *const (&sr)[R],
-                                        const uint8_t *const (&br)[R], int p0, int n_p, int gsh)
-{
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        int p = p0 + 32 * KS * u;
-        bool ok = p < n_p;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
-            sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
-            bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
-        }
-    }
-}
-
 /* x (in elements, in % 32 == 0) into the limbs, xs and Σ x of each piece; by the whole block. */
 __device__ __forceinline__ void qi_prep(const float *x, int in, int4 *xq, float *pxs, float *psx)
 {
@@ -547,11 +556,7 @@ gemv_qi_kernel(ga_jobs js)
     extern __shared__ int4 qi_sh[];
     __shared__ float part[KS > 1 ? KS : 1][R];
     cu_pdl_trigger();
-    ga_job jb = js.j[0];
-#pragma unroll
-    for (int i = 1; i < GA_MAX_JOBS; i++)
-        if (i < js.n && (int)blockIdx.x >= js.j[i].b0)
-            jb = js.j[i];
+    const ga_job jb = ga_pick(js, (int)blockIdx.x);
     const cu_wmat &w = jb.w;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * QI_WARPS + wid) * R;
@@ -561,17 +566,11 @@ gemv_qi_kernel(ga_jobs js)
     float *pxs = (float *)(qi_sh + 4 * n_p), *psx = pxs + n_p;
     const uint4 *wr[R];
     const uint8_t *sr[R], *br[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        size_t rr = (size_t)min(r0 + r, w.out - 1);
-        wr[r] = (const uint4 *)(w.data + rr * w.row_bytes);
-        sr[r] = w.qs + rr * w.qrow_bytes;
-        br[r] = w.qb + rr * w.qrow_bytes;
-    }
+    ga_rows<R>(w, r0, wr, sr, br);
     uint4 q[U][R];
     float sc[U][R], bi[U][R];
     if (live)
-        qi_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, pbase, n_p, jb.gsh);
+        ga_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, pbase, n_p, jb.gsh);
     cu_pdl_wait();
     qi_prep(jb.x, w.in, xq, pxs, psx);
     __syncthreads();
@@ -592,7 +591,7 @@ gemv_qi_kernel(ga_jobs js)
                 acc[r] += sc[u][r] * (xs * (float)qi_piece(q[u][r], x0, x1, x2, x3)) + bi[u][r] * sx;
         }
         if (p0 + step < n_p)
-            qi_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, p0 + step, n_p, jb.gsh);
+            ga_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, p0 + step, n_p, jb.gsh);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -742,15 +741,21 @@ static bool ga_ok(const cu_wmat &m, const float *x)
  * of the GPU idle). */
 #define GA_SPLIT_PIECES 8
 
-template <int BITS, int SDT, int NT, int R, int U, int KS>
-static void ga_launch(struct cuda_backend *c, ga_jobs &js, int n_tok)
+/* Each job's first block (b0) for blocks of rows rows; the blocks in all. */
+static int ga_blocks(ga_jobs &js, int rows)
 {
-    const int rows = R * GA_WARPS / KS;
     int nb = 0;
     for (int i = 0; i < js.n; i++) {
         js.j[i].b0 = nb;
         nb += (js.j[i].w.out + rows - 1) / rows;
     }
+    return nb;
+}
+
+template <int BITS, int SDT, int NT, int R, int U, int KS>
+static void ga_launch(struct cuda_backend *c, ga_jobs &js, int n_tok)
+{
+    int nb = ga_blocks(js, R * GA_WARPS / KS);
     cu_launch(c, gemv_affine_kernel<BITS, SDT, NT, R, U, KS>, dim3(nb), dim3(32 * GA_WARPS), js,
               n_tok);
 }
@@ -779,12 +784,7 @@ static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int row
 template <int SDT, int R, int U, int KS>
 static void qi_launch(struct cuda_backend *c, ga_jobs &js, int max_in)
 {
-    const int rows = R * QI_WARPS / KS;
-    int nb = 0;
-    for (int i = 0; i < js.n; i++) {
-        js.j[i].b0 = nb;
-        nb += (js.j[i].w.out + rows - 1) / rows;
-    }
+    int nb = ga_blocks(js, R * QI_WARPS / KS);
     cu_launch_smem(c, gemv_qi_kernel<SDT, R, U, KS>, dim3(nb), dim3(32 * QI_WARPS),
                    qi_smem(max_in), js);
 }
