@@ -34,6 +34,8 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
   -t, --threads N      threads for both engines and membw (default 2)
   -r, --reps N         timed repetitions per test (default 3)
       --depth N        KV-cache depth of the long-context decode test (default 4096)
+      --tests LIST     comma-separated, from pp_tg,batched,depth (default: all three; a
+                       shorter matrix leaves the others out)
       --quiet-wait S   before each run, wait up to S seconds for 20 s in which the machine
                        used < 0.15 cores (default 600, then 60 once one wait was in
                        vain; 0 = do not wait)
@@ -64,6 +66,7 @@ layers=
 threads=2
 reps=3
 depth=4096
+tests_sel=pp_tg,batched,depth
 quiet_wait=600
 setup_only=0
 quiet_wait_set=0
@@ -81,6 +84,7 @@ while [ $# -gt 0 ]; do
     -t|--threads) threads=${2:?}; shift ;;
     -r|--reps) reps=${2:?}; shift ;;
     --depth) depth=${2:?}; shift ;;
+    --tests) tests_sel=${2:?}; shift ;;
     --quiet-wait) quiet_wait=${2:?}; quiet_wait_set=1; shift ;;
     --setup-only) setup_only=1 ;;
     -h|--help) usage; exit 0 ;;
@@ -88,6 +92,10 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+for t in ${tests_sel//,/ }; do
+    case $t in pp_tg|batched|depth) ;; *) die "unknown test '$t' (pp_tg, batched, depth)" ;; esac
+done
+want() { case ",$tests_sel," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 for v in "$threads" "$reps" "$depth" "$quiet_wait" ${layers:+"$layers"}; do
     case $v in ''|*[!0-9]*) die "not a number: '$v'" ;; esac
 done
@@ -505,9 +513,9 @@ depth_flag=$(mlxcel_depth_flag)
         "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$repo")" "$(json_str "$tag")" \
         "$(json_str "$(git -C "$llama_src" rev-parse HEAD 2>/dev/null || echo unknown)")" \
         "$(json_str "$(tr '\n' ' ' <"$out/raw/llama-version.txt")")" "$(json_str "$nlc")"
-    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d}\n' \
+    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d, "tests": %s}\n' \
         "$threads" "$reps" "$n_pp" "$n_tg" "$n_seq" "$depth" "$([ $quick = 1 ] && echo true || echo false)" \
-        "$(json_str "$depth_flag")" "$quiet_wait"
+        "$(json_str "$depth_flag")" "$quiet_wait" "$(json_str "$tests_sel")"
     printf '}\n'
 } >"$out/meta.json"
 
@@ -519,18 +527,18 @@ for s in "${shapes[@]}"; do
         gguf=$(gguf_of "$name" "$w")
         for phase in A1 B A2; do
             if [ $phase = B ]; then
-                run llamacpp "$s" "$w" $phase pp_tg "$gguf" -- "$llama_bin/llama-bench" -m "$gguf" \
-                    -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" -o json
-                run llamacpp "$s" "$w" $phase depth "$gguf" -- "$llama_bin/llama-bench" -m "$gguf" \
-                    -p 0 -n "$n_tg" -d "$depth" -r "$reps" -t "$threads" -o json
+                want pp_tg && run llamacpp "$s" "$w" $phase pp_tg "$gguf" -- "$llama_bin/llama-bench" \
+                    -m "$gguf" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" -o json
+                want depth && run llamacpp "$s" "$w" $phase depth "$gguf" -- "$llama_bin/llama-bench" \
+                    -m "$gguf" -p 0 -n "$n_tg" -d "$depth" -r "$reps" -t "$threads" -o json
                 continue
             fi
-            run mlxcel "$s" "$w" $phase pp_tg "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
-                -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json
+            want pp_tg && run mlxcel "$s" "$w" $phase pp_tg "$dir"/*.safetensors -- "$mlxcel" bench \
+                -m "$dir" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json
             # -p 16: the warm-up then maps every expert's pages (docs/benchmarks.md, Results)
-            run mlxcel "$s" "$w" $phase batched "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
-                -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json
-            if [ -n "$depth_flag" ]; then
+            want batched && run mlxcel "$s" "$w" $phase batched "$dir"/*.safetensors -- "$mlxcel" \
+                bench -m "$dir" -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json
+            if want depth && [ -n "$depth_flag" ]; then
                 run mlxcel "$s" "$w" $phase depth "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
                     -p 0 -n "$n_tg" "$depth_flag" "$depth" -r "$reps" -t "$threads" --json
             fi
