@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """bench-report.py OUT: results.json, ratios.png and table.md from a scripts/bench-vs-llamacpp.sh run.
+bench-report.py --bpt MODEL...: the bytes read per decoded token of MLX folders and GGUF files.
 
 Reads OUT/meta.json (machine, builds, settings), OUT/runs.jsonl (one line per benchmark process:
 engine, model, width, phase A1/B/A2, kind, command, times, CPU accounting) with each process's
@@ -10,7 +11,9 @@ JSON output in OUT/raw/ID.json, and OUT/raw/membw-{before,after}.txt. Writes:
   table.md      the markdown for docs/benchmarks.md
 Bytes read per decoded token come from the weight files' headers (safetensors; GGUF through the
 gguf-py of the llama.cpp source on PYTHONPATH): every tensor, except the embedding when the head is
-not tied to it (one row a token), and num_experts_per_tok / num_local_experts of stacked experts.
+not tied to it (one row a token), and k/n of each stacked expert tensor (weights, scales, biases:
+the selected k of n experts, from num_experts_per_tok and num_local_experts / num_experts, or the
+GGUF's expert_used_count and expert_count), so a MoE model's figure is what one decoded token reads.
 """
 import json
 import os
@@ -30,11 +33,11 @@ TARGETS = {  # issue 13
 }
 
 
-def safetensors_bpt(folder):
+def safetensors_bpt(folder, detail=False):
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
-    n_exp = cfg.get("num_local_experts") or 0
-    k_exp = cfg.get("num_experts_per_tok") or 0
+    n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    k_exp = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0
     tensors = {}
     for fn in sorted(os.listdir(folder)):
         if not fn.endswith(".safetensors"):
@@ -47,26 +50,63 @@ def safetensors_bpt(folder):
             a, b = h["data_offsets"]
             tensors[name] = (h["shape"], b - a)
     has_head = any(n.startswith("lm_head") for n in tensors)
-    total = 0.0
+    total = dense = experts = 0.0
     for name, (shape, nbytes) in tensors.items():
         if re.search(r"embed_tokens|\bwte\b|\.embd\.", name) and has_head:
             continue
         if n_exp and k_exp and ("switch_mlp" in name or ".experts." in name) and shape and shape[0] == n_exp:
             total += nbytes * k_exp / n_exp
+            experts += nbytes
             continue
         total += nbytes
+        dense += nbytes
+    if detail:
+        return {"bytes_per_token": total, "dense_bytes": dense, "expert_bytes_all": experts,
+                "experts_used": k_exp, "experts": n_exp}
     return total
 
 
-def gguf_bpt(path):
+def gguf_bpt(path, detail=False):
     try:
         import gguf
     except ImportError:
         return None
     r = gguf.GGUFReader(path)
+
+    def kv(suffix):
+        for k, f in r.fields.items():
+            if k.endswith("." + suffix) and f.data:
+                return int(f.parts[f.data[0]][0])
+        return 0
+    n_exp, k_exp = kv("expert_count"), kv("expert_used_count")
     names = {t.name: int(t.n_bytes) for t in r.tensors}
     tied = "output.weight" not in names
-    return float(sum(b for n, b in names.items() if tied or n != "token_embd.weight"))
+    total = dense = experts = 0.0
+    for n, b in names.items():
+        if not tied and n == "token_embd.weight":
+            continue
+        if n_exp and k_exp and "_exps." in n:
+            total += b * k_exp / n_exp
+            experts += b
+        else:
+            total += b
+            dense += b
+    if detail:
+        return {"bytes_per_token": total, "dense_bytes": dense, "expert_bytes_all": experts,
+                "experts_used": k_exp, "experts": n_exp}
+    return float(total)
+
+
+def print_bpt(paths):
+    """--bpt: one line per model: bytes per decoded token and its parts."""
+    for p in paths:
+        d = safetensors_bpt(p, True) if os.path.isdir(p) else gguf_bpt(p, True)
+        if d is None:
+            sys.exit("bench-report: reading a GGUF needs gguf-py on PYTHONPATH")
+        moe = (f"dense + head {d['dense_bytes'] / 1e9:.3f} GB, experts {d['experts_used']} of "
+               f"{d['experts']}: {d['expert_bytes_all'] * d['experts_used'] / d['experts'] / 1e9:.3f} GB "
+               f"of {d['expert_bytes_all'] / 1e9:.3f} GB") if d["experts"] else "dense"
+        print(f"{p}: {d['bytes_per_token'] / 1e9:.3f} GB ({d['bytes_per_token']:.0f} bytes) per decoded token ({moe})")
 
 
 def membw(path, threads):
@@ -101,6 +141,9 @@ def test_name(engine, kind, obj, settings):
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--bpt":
+        print_bpt(sys.argv[2:])
+        return
     out = sys.argv[1]
     meta = json.load(open(os.path.join(out, "meta.json")))
     try:
@@ -115,14 +158,15 @@ def main():
     bw = sum(bws) / len(bws) if bws else None
 
     bpt_cache = {}
+    bpt_parts = {}  # model file or folder: bytes per token and its parts (results.json)
 
     def bpt(engine, files):
         key = (engine, tuple(files))
         if key not in bpt_cache:
-            if engine == "mlxcel":
-                bpt_cache[key] = safetensors_bpt(os.path.dirname(files[0]))
-            else:
-                bpt_cache[key] = gguf_bpt(files[0])
+            path = os.path.dirname(files[0]) if engine == "mlxcel" else files[0]
+            d = safetensors_bpt(path, True) if engine == "mlxcel" else gguf_bpt(path, True)
+            bpt_parts[path] = d
+            bpt_cache[key] = d and d["bytes_per_token"]
         return bpt_cache[key]
 
     runs = [json.loads(l) for l in open(os.path.join(out, "runs.jsonl")) if l.strip()]
@@ -212,7 +256,9 @@ def main():
                 c["target"], c["goal"] = TARGETS[tkey]
                 c["met"] = c["ratio"] is not None and c["ratio"] >= c["goal"]
             if tkey == "tg_depth" and not a1 and not a2:
-                c["note"] = "mlxcel bench has no depth option" if not st.get("mlxcel_depth_flag") else "no result"
+                ran = any(r["kind"] == "depth" and r["model"] == model and r["width"] == width for r in runs)
+                c["note"] = ("not run" if not ran else "mlxcel bench has no depth option"
+                             if not st.get("mlxcel_depth_flag") else "no result")
             comps.append(c)
         one = pick("mlxcel", model, width, tg)
         many = pick("mlxcel", model, width, tgs)
@@ -223,7 +269,7 @@ def main():
                       "noisy": any(x["noisy"] for x in one + many)})
 
     results = {"meta": meta, "membw": {"before": bw_before, "after": bw_after, "mean_gbs": bw},
-               "measurements": meas, "comparisons": comps}
+               "bytes_per_token": bpt_parts, "measurements": meas, "comparisons": comps}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
 
@@ -268,7 +314,8 @@ def table(meta, res, cells, pp, tg, dep, tgs):
                 and m.get("test") == test and m["phase"] == phase and "ts_mean" in m]
 
     for model, width in cells:
-        lw = {"bf16": "bf16 / F16", "q8": "8-bit g64 / Q8_0", "q4": "4-bit g64 / Q4_0"}[width]
+        lw = {"bf16": "bf16 / F16", "q8": "8-bit g64 / Q8_0", "q4": "4-bit g64 / Q4_0",
+              "mxfp4": "mxfp4 experts + 8-bit g64 / MXFP4_MOE"}[width]
         for test in (tg, pp, dep):
             c = comps.get((model, width, test), {})
             goal = f"{c.get('target', '')} ≥ {c.get('goal', '')}" if c.get("goal") else ""
@@ -297,15 +344,32 @@ def table(meta, res, cells, pp, tg, dep, tgs):
                  f"{fmt(c.get('llamacpp_bytes_per_token') and c['llamacpp_bytes_per_token'] / 1e9, 3)} | {fmt(bg, 1)} | "
                  f"{pct(c.get('llamacpp_bw_share'))} |")
     L.append("")
-    L.append(f"Batched decode, mlxcel: {st['n_seq']} sequences in one batch against one (aggregate t/s, mean of A1 and A2):")
-    L.append("")
-    L.append(f"| model | width | {tg} t/s | {tgs} t/s | ratio | goal ≥ 4 |")
-    L.append("|---|---|---:|---:|---:|---|")
+    moe = [(p, d) for p, d in sorted(res.get("bytes_per_token", {}).items()) if d and d.get("experts")]
+    if moe:
+        L.append("MoE models: a decoded token reads every dense tensor and the LM head, and of each expert "
+                 "stack only the selected experts:")
+        L.append("")
+        for p, d in moe:
+            L.append(f"- `{os.path.basename(os.path.normpath(p))}`: {d['bytes_per_token'] / 1e9:.3f} GB per token = "
+                     f"dense + head {d['dense_bytes'] / 1e9:.3f} GB + experts {d['experts_used']} of {d['experts']} "
+                     f"({d['expert_bytes_all'] * d['experts_used'] / d['experts'] / 1e9:.3f} of "
+                     f"{d['expert_bytes_all'] / 1e9:.3f} GB)")
+        L.append("")
+    rows = []
     for model, width in cells:
         c = comps.get((model, width, f"{tgs} / {tg}"), {})
+        if c.get("mlxcel_xS") is None and not any(m.get("kind") == "batched" and m["model"] == model
+                                                   and m["width"] == width for m in meas):
+            continue  # not run (the MoE shapes)
         met = "–" if c.get("ratio") is None else ("yes" if c["met"] else "no")
-        L.append(f"| {model} | {width} | {fmt(c.get('mlxcel_x1'))} | {fmt(c.get('mlxcel_xS'))} | {fmt(c.get('ratio'))} | {met} |")
-    L.append("")
+        rows.append(f"| {model} | {width} | {fmt(c.get('mlxcel_x1'))} | {fmt(c.get('mlxcel_xS'))} | {fmt(c.get('ratio'))} | {met} |")
+    if rows:
+        L.append(f"Batched decode, mlxcel: {st['n_seq']} sequences in one batch against one (aggregate t/s, mean of A1 and A2):")
+        L.append("")
+        L.append(f"| model | width | {tg} t/s | {tgs} t/s | ratio | goal ≥ 4 |")
+        L.append("|---|---|---:|---:|---:|---|")
+        L += rows
+        L.append("")
     L.append("t/s: mean ± sd over the repetitions of one run; * marks a run during which other processes used "
              f"more than {OTHER_CPU_NOISY:.2f} cores (repeat it). Ratios use the mean of A1 and A2.")
     return "\n".join(L) + "\n"

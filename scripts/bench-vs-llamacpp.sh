@@ -11,7 +11,8 @@
 #   3. runs the matrix interleaved A/B/A per model and width (mlxcel, llama.cpp, mlxcel): pp512,
 #      tg128, tg128 at depth 4096, and mlxcel's batched decode (8 sequences against 1), on
 #      2 threads, each weight file dropped from the page cache and read back before its run,
-#      `membw` before and after (docs/benchmarks.md, "Method");
+#      `membw` before and after (docs/benchmarks.md, "Method"); the MoE shapes gpt-oss and
+#      qwen3-moe (issue 12; only on request) run pp512 and tg128 alone;
 #   4. writes results.json (one object per measurement, ratios and bandwidth fractions
 #      computed), ratios.png (gnuplot) and table.md to the output folder, and prints the table.
 # Everything it builds or writes lives in the cache folder or the output folder; nothing in the
@@ -28,8 +29,10 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
   -o, --out DIR        output folder (default /tmp/bench-out)
       --quick          a check that everything works, not a measurement: -p 64 -n 16,
                        depth 256, 1 repetition, no waiting for a quiet machine
-      --models LIST    comma-separated, from llama-1b,phi-2,phixtral (default: all three)
-      --widths LIST    comma-separated, from bf16,q8,q4 (default: all; Phixtral only q8,q4)
+      --models LIST    comma-separated, from llama-1b,phi-2,phixtral (the default: these
+                       three) and the MoE shapes gpt-oss,qwen3-moe (only when named)
+      --widths LIST    comma-separated, from bf16,q8,q4 (default: all; Phixtral only q8,q4);
+                       the MoE shapes have one width each and ignore it (see below)
       --layers N       cut every shape to N layers (a faster check; model names get -lN)
   -t, --threads N      threads for both engines and membw (default 2)
   -r, --reps N         timed repetitions per test (default 3)
@@ -42,6 +45,24 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
       --setup-only     fetch, build and write the models, then stop
   -h, --help           this help
 
+MoE shapes (issue 12): random weights of the published shapes with fewer layers (every other
+dimension kept), so that the largest file of each (its bf16 synth, its F16 GGUF twin) stays
+under ~12 GB and the models fit a 2-core, 23 GB machine with ~35 GB of free disk:
+  gpt-oss    gpt-oss-20b-l4: openai/gpt-oss-20b (hidden 2880, 64 q / 8 kv heads of 64, 32
+             experts top-4 of width 2880, vocab 201088, sliding 128 / full alternating, yarn
+             x32 on 4096, theta 150000, swiglu limit 7) with 4 of its 24 layers (bf16 8.9 GB).
+             mlxcel: the mlx-community layout (experts mxfp4, everything else 8-bit g64
+             affine, scripts/mlx-mixq.py) against GGUF MXFP4_MOE (experts MXFP4, rest Q8_0).
+  qwen3-moe  qwen3-30b-a3b-l6: Qwen/Qwen3-30B-A3B (hidden 2048, 32 q / 4 kv heads of 128, 128
+             experts top-8 of width 768, vocab 151936, theta 1e6, norm_topk_prob) with 6 of
+             its 48 layers (bf16 8.7 GB). mlxcel: MLX 4-bit g64 (router 8-bit) against Q4_0.
+  Their width is named mxfp4 (gpt-oss) and q4 (qwen3-moe). Only pp and tg are run (no depth
+  test, no batched decode: the time goes to the dense shapes' matrix). Their bf16 folder and
+  F16 GGUF are deleted once the quantized files are written (KEEP_FLOAT=1 keeps them); the
+  bytes read per decoded token count every dense tensor, the LM head, and k/n of each expert
+  stack (only the selected experts are read), and are printed after the setup and recorded
+  with GB/s (bytes per token x tokens per second) in results.json and table.md.
+
 Environment:
   BENCH_CACHE    cache folder for npm package, llama.cpp build, models (default ~/.cache/mlxcel-bench)
   LLAMA_BUILD    an existing llama.cpp CMake build folder to use instead of building one
@@ -50,6 +71,8 @@ Environment:
   MODELS         model folder (default $BENCH_CACHE/models)
   MLXCEL         an mlxcel binary to use instead of building build/mlxcel
   PHIXTRAL_LAYERS  layers of the Phixtral-4x2_8 shape (default 8 of its 32, as make-bench-models.sh)
+  GPT_OSS_LAYERS, QWEN3_MOE_LAYERS  layers of the MoE shapes (default 4 of 24, 6 of 48)
+  KEEP_FLOAT     1 keeps the MoE shapes' bf16 folder and F16 GGUF (default: deleted when done)
   PYTHON         a Python 3 with numpy (default /usr/bin/python3, Debian's python3-numpy)
 
 Missing Debian packages (npm, git, cmake, build-essential, python3-numpy, gnuplot-nox) are
@@ -116,6 +139,9 @@ cache=${BENCH_CACHE:-$HOME/.cache/mlxcel-bench}
 models_dir=${MODELS:-$cache/models}
 py=${PYTHON:-/usr/bin/python3}
 phixtral_layers=${PHIXTRAL_LAYERS:-8}
+gpt_oss_layers=${GPT_OSS_LAYERS:-4}
+qwen3_moe_layers=${QWEN3_MOE_LAYERS:-6}
+keep_float=${KEEP_FLOAT:-0}
 NLC_VERSION=3.22.1
 
 case "$(realpath -m "$cache")/" in
@@ -277,18 +303,71 @@ JSON
 }
 JSON
     ;;
+    gpt-oss) cat <<JSON
+{
+  "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+  "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+  "num_hidden_layers": $2, "num_attention_heads": 64, "num_key_value_heads": 8,
+  "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+  "hidden_act": "silu", "max_position_embeddings": 131072, "initial_context_length": 4096,
+  "rms_norm_eps": 1e-05, "rope_theta": 150000.0,
+  "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                   "original_max_position_embeddings": 4096, "truncate": false},
+  "sliding_window": 128, "layer_types": [$(gpt_oss_layer_types "$2")],
+  "attention_bias": true, "attention_dropout": 0.0, "swiglu_limit": 7.0,
+  "router_aux_loss_coef": 0.9, "output_router_logits": false, "tie_word_embeddings": false,
+  "initializer_range": 0.02, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0,
+  "pad_token_id": 0
+}
+JSON
+    ;;
+    qwen3-moe) cat <<JSON
+{
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+  "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
+  "moe_intermediate_size": 768, "num_hidden_layers": $2, "num_attention_heads": 32,
+  "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+  "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+  "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0, "attention_bias": false, "use_sliding_window": false,
+  "sliding_window": null, "max_window_layers": $2, "output_router_logits": false,
+  "router_aux_loss_coef": 0.001, "tie_word_embeddings": false, "initializer_range": 0.02,
+  "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0
+}
+JSON
+    ;;
     esac
 }
 
+# gpt_oss_layer_types N: sliding, full, sliding, ... as JSON strings
+gpt_oss_layer_types() {
+    local i sep=""
+    for ((i = 0; i < $1; i++)); do
+        if [ $((i % 2)) = 0 ]; then printf '%s"sliding_attention"' "$sep"; else printf '%s"full_attention"' "$sep"; fi
+        sep=", "
+    done
+}
+
+# is_moe SHAPE: the issue-12 MoE shapes (pp and tg only, one width, float files deleted)
+is_moe() { case $1 in gpt-oss|qwen3-moe) return 0 ;; esac; return 1; }
+
 shape_layers() {
     if [ -n "$layers" ]; then echo "$layers"; return; fi
-    case $1 in llama-1b) echo 16 ;; phi-2) echo 32 ;; phixtral) echo "$phixtral_layers" ;; esac
+    case $1 in
+    llama-1b) echo 16 ;; phi-2) echo 32 ;; phixtral) echo "$phixtral_layers" ;;
+    gpt-oss) echo "$gpt_oss_layers" ;; qwen3-moe) echo "$qwen3_moe_layers" ;;
+    esac
 }
 
 # model_name SHAPE: the folder / file stem, with -lN when the layer count is not the shape's own
 model_name() {
     local n; n=$(shape_layers "$1")
-    case $1:$n in llama-1b:16|phi-2:32|phixtral:32) echo "$1" ;; *) echo "$1-l$n" ;; esac
+    case $1:$n in
+    llama-1b:16|phi-2:32|phixtral:32) echo "$1" ;;
+    gpt-oss:24) echo gpt-oss-20b ;; gpt-oss:*) echo "gpt-oss-20b-l$n" ;;
+    qwen3-moe:48) echo qwen3-30b-a3b ;; qwen3-moe:*) echo "qwen3-30b-a3b-l$n" ;;
+    *) echo "$1-l$n" ;;
+    esac
 }
 
 # synth NAME CONFIG [FLAGS]: one MLX folder, skipped when complete (config.json is written last)
@@ -317,13 +396,61 @@ mlx_quantize() {
     fi
 }
 
-# quantize GGUF_IN GGUF_OUT TYPE
+# quantize GGUF_IN GGUF_OUT TYPE: --pure (every matrix at TYPE), except MXFP4_MOE, whose own
+# rule is the point (experts MXFP4, every other matrix Q8_0; --pure would make them MXFP4 too)
 quantize() {
     [ -f "$2" ] && return 0
-    log "llama-quantize --pure $1 $3"
-    nice -n 19 "$llama_bin/llama-quantize" --pure "$1" "$2.tmp" "$3" "$threads" \
+    local pure=--pure
+    [ "$3" = MXFP4_MOE ] && pure=
+    log "llama-quantize $pure $1 $3"
+    # shellcheck disable=SC2086
+    nice -n 19 "$llama_bin/llama-quantize" $pure "$1" "$2.tmp" "$3" "$threads" \
         >"$2.log" 2>&1 || die "llama-quantize failed, see $2.log"
     mv "$2.tmp" "$2"
+}
+
+# prepare_moe SHAPE NAME CFG: the one width of a MoE shape, float files made and deleted on the way
+# (disk: the bf16 folder and the F16 GGUF are each ~9 GB at the default layer counts)
+prepare_moe() {
+    local shape=$1 name=$2 cfg=$3 bf16=$models_dir/$2-bf16 f16=$models_dir/gguf/$2-f16.gguf mdir ggq
+    mdir=$models_dir/$name-$(widths_of "$shape")
+    ggq=$(gguf_of "$name" "$(widths_of "$shape")")
+    if [ ! -f "$mdir/config.json" ]; then
+        synth "$name-bf16" "$cfg"
+        rm -rf "$mdir"
+        if [ "$shape" = gpt-oss ]; then
+            local r=$models_dir/.$name-rest-q8 x=$models_dir/.$name-experts-mxfp4
+            rm -rf "$r" "$x"
+            log "mlxcel convert $bf16 -> 8-bit g64 and mxfp4, mlx-mixq.py -> $mdir"
+            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$r" -q --q-bits 8 --q-group-size 64 >/dev/null ||
+                die "mlxcel convert $r failed"
+            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$x" -q --q-mode mxfp4 >/dev/null ||
+                die "mlxcel convert $x failed"
+            nice -n 19 "$py" "$root/scripts/mlx-mixq.py" "$r" "$x" "$mdir.tmp" || die "mlx-mixq.py failed"
+            rm -rf "$r" "$x"
+            mv "$mdir.tmp" "$mdir"
+        else
+            log "mlxcel convert $bf16 -> $mdir"
+            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$mdir.tmp" -q --q-bits 4 --q-group-size 64 >/dev/null ||
+                die "mlxcel convert $mdir failed"
+            mv "$mdir.tmp" "$mdir"
+        fi
+    fi
+    if [ ! -f "$ggq" ]; then
+        if [ ! -f "$f16" ]; then
+            synth "$name-bf16" "$cfg"
+            log "hf2gguf.py $bf16 -> $f16"
+            PYTHONPATH=$llama_src/gguf-py nice -n 19 "$py" "$root/scripts/hf2gguf.py" "$bf16" "$f16.tmp" ||
+                die "hf2gguf.py failed"
+            mv "$f16.tmp" "$f16"
+        fi
+        [ "$keep_float" = 1 ] || rm -rf "$bf16"
+        if [ "$shape" = gpt-oss ]; then quantize "$f16" "$ggq" MXFP4_MOE; else quantize "$f16" "$ggq" Q4_0; fi
+    fi
+    if [ "$keep_float" != 1 ]; then rm -rf "$bf16"; rm -f "$f16"; fi
+    log "$name bytes read per decoded token (dense tensors + LM head + k/n of the experts):"
+    PYTHONPATH=$llama_src/gguf-py "$py" "$root/scripts/bench-report.py" --bpt "$mdir" "$ggq" >&2 ||
+        die "bench-report.py --bpt failed"
 }
 
 # prepare_models SHAPE: the MLX folders and GGUF files of every selected width
@@ -333,6 +460,7 @@ prepare_models() {
     cfg=$models_dir/configs/$name.json
     mkdir -p "$models_dir/configs" "$models_dir/gguf"
     shape_config "$shape" "$(shape_layers "$shape")" >"$cfg.tmp" && mv "$cfg.tmp" "$cfg"
+    if is_moe "$shape"; then prepare_moe "$shape" "$name" "$cfg"; return; fi
     f16=$models_dir/gguf/$name-f16.gguf
     if [ "$shape" = phixtral ]; then
         # llama.cpp has no phixtral: the phi2 proxy with both active experts as one dense MLP
@@ -367,6 +495,7 @@ prepare_models() {
 # widths_of SHAPE: the selected widths this shape runs at
 widths_of() {
     local w
+    case $1 in gpt-oss) echo mxfp4; return ;; qwen3-moe) echo q4; return ;; esac
     for w in bf16 q8 q4; do
         case ",$widths_sel," in *",$w,"*) ;; *) continue ;; esac
         # Phixtral's targets are at 4 and 8 bits; its bf16 only when asked for alone
@@ -377,7 +506,7 @@ widths_of() {
 
 gguf_of() {
     case $2 in bf16) echo "$models_dir/gguf/$1-f16.gguf" ;; q8) echo "$models_dir/gguf/$1-q8_0.gguf" ;;
-    q4) echo "$models_dir/gguf/$1-q4_0.gguf" ;; esac
+    q4) echo "$models_dir/gguf/$1-q4_0.gguf" ;; mxfp4) echo "$models_dir/gguf/$1-mxfp4_moe.gguf" ;; esac
 }
 
 # ---- measuring ----
@@ -470,7 +599,10 @@ mlxcel_depth_flag() {
 shapes=()
 IFS=, read -r -a want <<<"$models_sel"
 for s in "${want[@]}"; do
-    case $s in llama-1b|phi-2|phixtral) shapes+=("$s") ;; *) die "unknown model '$s' (llama-1b, phi-2, phixtral)" ;; esac
+    case $s in
+    llama-1b|phi-2|phixtral|gpt-oss|qwen3-moe) shapes+=("$s") ;;
+    *) die "unknown model '$s' (llama-1b, phi-2, phixtral, gpt-oss, qwen3-moe)" ;;
+    esac
 done
 IFS=, read -r -a want <<<"$widths_sel"
 for w in "${want[@]}"; do case $w in bf16|q8|q4) ;; *) die "unknown width '$w' (bf16, q8, q4)" ;; esac; done
@@ -529,12 +661,14 @@ for s in "${shapes[@]}"; do
             if [ $phase = B ]; then
                 want pp_tg && run llamacpp "$s" "$w" $phase pp_tg "$gguf" -- "$llama_bin/llama-bench" \
                     -m "$gguf" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" -o json
+                is_moe "$s" && continue  # pp and tg only
                 want depth && run llamacpp "$s" "$w" $phase depth "$gguf" -- "$llama_bin/llama-bench" \
                     -m "$gguf" -p 0 -n "$n_tg" -d "$depth" -r "$reps" -t "$threads" -o json
                 continue
             fi
             want pp_tg && run mlxcel "$s" "$w" $phase pp_tg "$dir"/*.safetensors -- "$mlxcel" bench \
                 -m "$dir" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json
+            is_moe "$s" && continue  # pp and tg only
             # -p 16: the warm-up then maps every expert's pages (docs/benchmarks.md, Results)
             want batched && run mlxcel "$s" "$w" $phase batched "$dir"/*.safetensors -- "$mlxcel" \
                 bench -m "$dir" -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json

@@ -3,13 +3,20 @@
 
 The GGUF twin of a `mlxcel synth` model (scripts/bench-vs-llamacpp.sh): the same tensor values, so
 llama.cpp and mlxcel run the same weights. Families: `llama` (arch llama; q/k rows permuted as
-llama.cpp's convert_hf_to_gguf.py does) and `phi` (arch phi2; partial NEOX rotary, no permutation).
+llama.cpp's convert_hf_to_gguf.py does), `phi` (arch phi2; partial NEOX rotary, no permutation),
+`qwen3_moe` (arch qwen3moe; NEOX rotary, no permutation; the per-expert gate/up/down matrices
+stacked into ffn_{gate,up,down}_exps [experts, out, in]) and `gpt_oss` (arch gpt-oss; NEOX rotary,
+no permutation; the fused `gate_up_proj` [experts, hidden, 2*inter] split into gate (even columns)
+and up (odd columns) and transposed, `down_proj` [experts, inter, hidden] transposed, their biases
+split alike; attention sinks, router bias, q/k/v/o biases, sliding window and yarn rope scaling
+carried over; llama.cpp's gpt-oss makes even layers sliding, as the published layer_types do).
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
-Matrices are written as F16, vectors (norms, biases) as F32, one tensor at a time (memory stays at
-one tensor). The tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size
-with `[PAD<id>]` tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape matters.
+Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) as F32, one
+tensor at a time (memory stays at one tensor: one expert stack for the MoE families). The
+tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size with `[PAD<id>]`
+tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape matters.
 """
 import json
 import os
@@ -88,6 +95,41 @@ def add_tokenizer(w, src, cfg, nv):
     w.add_add_bos_token(False)
 
 
+def moe_plan(mt, index, names, L, NE):
+    """The expert tensors of one MoE layer family: [(gguf name, shape, dtype, producer)]."""
+    plan = []
+    for b in range(L):
+        pre = f"model.layers.{b}.mlp.experts"
+        if mt == "qwen3_moe":
+            for proj, g in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+                srcs = [f"{pre}.{e}.{proj}.weight" for e in range(NE)]
+                for n in srcs:
+                    if n not in index:
+                        sys.exit(f"hf2gguf: {n} missing")
+                shape = [NE] + index[srcs[0]][1]["shape"]
+                plan.append((f"blk.{b}.{g}.weight", shape, np.float16,
+                             lambda srcs=srcs: np.stack([load(index, n) for n in srcs])))
+        else:  # gpt_oss: gate_up [E, H, 2I] (gate even columns, up odd), down [E, I, H]
+            gu, d = f"{pre}.gate_up_proj", f"{pre}.down_proj"
+            E, H, I2 = index[gu][1]["shape"]
+            I = I2 // 2
+            plan += [
+                (f"blk.{b}.ffn_gate_exps.weight", [E, I, H], np.float16,
+                 lambda gu=gu: load(index, gu)[:, :, 0::2].transpose(0, 2, 1)),
+                (f"blk.{b}.ffn_up_exps.weight", [E, I, H], np.float16,
+                 lambda gu=gu: load(index, gu)[:, :, 1::2].transpose(0, 2, 1)),
+                (f"blk.{b}.ffn_down_exps.weight", [E, H, I], np.float16,
+                 lambda d=d: load(index, d).transpose(0, 2, 1)),
+                (f"blk.{b}.ffn_gate_exps.bias", [E, I], np.float32,
+                 lambda gu=gu: load(index, gu + "_bias")[:, 0::2]),
+                (f"blk.{b}.ffn_up_exps.bias", [E, I], np.float32,
+                 lambda gu=gu: load(index, gu + "_bias")[:, 1::2]),
+                (f"blk.{b}.ffn_down_exps.bias", [E, H], np.float32,
+                 lambda d=d: load(index, d + "_bias")),
+            ]
+    return plan
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit("usage: hf2gguf.py SRC_FOLDER OUT.gguf")
@@ -101,6 +143,8 @@ def main():
     NV = cfg["vocab_size"]
     HD = cfg.get("head_dim") or H // NH
     ctx = cfg.get("max_position_embeddings", 2048)
+    NE = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    KE = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0
 
     if mt == "llama":
         arch = gguf.MODEL_ARCH.LLAMA
@@ -113,8 +157,43 @@ def main():
         w = gguf.GGUFWriter(out, "phi2")
         w.add_layer_norm_eps(cfg["layer_norm_eps"])
         w.add_rope_dimension_count(int(cfg.get("partial_rotary_factor", 0.5) * HD))
+    elif mt == "qwen3_moe":
+        arch = gguf.MODEL_ARCH.QWEN3MOE
+        w = gguf.GGUFWriter(out, "qwen3moe")
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if cfg.get("norm_topk_prob") is False:
+            sys.exit("hf2gguf: qwen3_moe with norm_topk_prob false: llama.cpp's qwen3moe always normalizes")
+        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+            sys.exit("hf2gguf: qwen3_moe with dense layers (mlp_only_layers, decoder_sparse_step) not handled")
+    elif mt == "gpt_oss":
+        arch = gguf.MODEL_ARCH.GPT_OSS
+        w = gguf.GGUFWriter(out, "gpt-oss")
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
+        w.add_sliding_window(cfg["sliding_window"])
+        lt = cfg.get("layer_types") or []
+        want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)]
+        if lt and lt[:L] != want:
+            sys.exit("hf2gguf: gpt_oss layer_types must alternate sliding/full from layer 0 (llama.cpp's pattern)")
+        if cfg.get("swiglu_limit", 7.0) != 7.0:
+            sys.exit("hf2gguf: gpt_oss swiglu_limit other than 7 (llama.cpp's constant)")
+        rs = cfg.get("rope_scaling") or {}
+        if rs.get("rope_type", rs.get("type")) == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(float(rs["factor"]))
+            w.add_rope_scaling_orig_ctx_len(int(rs["original_max_position_embeddings"]))
+            if "beta_fast" in rs:
+                w.add_rope_scaling_yarn_beta_fast(float(rs["beta_fast"]))
+            if "beta_slow" in rs:
+                w.add_rope_scaling_yarn_beta_slow(float(rs["beta_slow"]))
+            if rs.get("attention_factor") is not None:
+                w.add_rope_scaling_yarn_attn_factor(float(rs["attention_factor"]))
+        elif rs:
+            sys.exit(f"hf2gguf: gpt_oss rope_scaling {rs} not handled (yarn only)")
     else:
-        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi)")
+        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, qwen3_moe, gpt_oss)")
+    moe = mt in ("qwen3_moe", "gpt_oss")
     w.add_name(f"synthetic-{os.path.basename(os.path.normpath(src))}")
     w.add_context_length(ctx)
     w.add_embedding_length(H)
@@ -123,37 +202,62 @@ def main():
     w.add_head_count(NH)
     w.add_head_count_kv(NKV)
     w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+    if moe:
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+        w.add_expert_count(NE)
+        w.add_expert_used_count(KE)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     add_tokenizer(w, src, cfg, NV)
 
     names = gguf.get_tensor_name_map(arch, L)
-    plan = []  # (gguf name, source name, shape, numpy dtype)
+    plan = []  # (gguf name, shape, numpy dtype, producer of the float32 values)
     def order(n):  # embedding, layers in order, then the rest
         parts = n.split(".")
         i = next((int(p) for p in parts if p.isdigit()), None)
         return (0 if "embed" in n else 1 if i is not None else 2, i or 0, n)
 
+    experts = moe_plan(mt, index, names, L, NE) if moe else []
     for name in sorted(index, key=order):
-        g = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if moe and ".mlp.experts." in name:
+            continue  # in `experts`
+        base = name + ".weight" if name.endswith(".sinks") else name
+        g = names.get_name(base, try_suffixes=(".weight", ".bias"))
         if g is None:
             sys.exit(f"hf2gguf: no GGUF name for {name}")
         shape = index[name][1]["shape"]
-        plan.append((g, name, shape, np.float16 if len(shape) >= 2 else np.float32))
+        plan.append((g, shape, np.float16 if len(shape) >= 2 else np.float32, lambda name=name: load(index, name)))
     if mt == "llama" and cfg.get("tie_word_embeddings") and "lm_head.weight" in index:
-        plan = [p for p in plan if p[1] != "lm_head.weight"]  # llama.cpp ties on a missing output
+        plan = [p for p in plan if p[0] != "output.weight"]  # llama.cpp ties on a missing output
+    if experts:  # after each layer's other tensors
+        blk = lambda g: int(g.split(".")[1]) if g.startswith("blk.") else None
+        merged = []
+        for p in plan:
+            b = blk(p[0])
+            while experts and b is not None and blk(experts[0][0]) < b:
+                merged.append(experts.pop(0))
+            if b is None and experts and merged and blk(merged[-1][0]) is not None:
+                merged += experts
+                experts = []
+            merged.append(p)
+        plan = merged + experts
 
-    for g, name, shape, dt in plan:
+    for g, shape, dt, _ in plan:
         w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for g, name, shape, dt in plan:
-        x = load(index, name)
-        if mt == "llama" and name.endswith("self_attn.q_proj.weight"):
+    for g, shape, dt, get in plan:
+        x = get()
+        if mt == "llama" and g.endswith("attn_q.weight"):
             x = permute(x, NH)
-        elif mt == "llama" and name.endswith("self_attn.k_proj.weight"):
+        elif mt == "llama" and g.endswith("attn_k.weight"):
             x = permute(x, NKV)
-        w.write_tensor_data(x.astype(dt))
+        x = np.ascontiguousarray(x, dtype=dt)
+        if list(x.shape) != list(shape):
+            sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
+        w.write_tensor_data(x)
+        del x
     w.close()
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 
