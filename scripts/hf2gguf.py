@@ -9,7 +9,9 @@ stacked into ffn_{gate,up,down}_exps [experts, out, in]) and `gpt_oss` (arch gpt
 no permutation; the fused `gate_up_proj` [experts, hidden, 2*inter] split into gate (even columns)
 and up (odd columns) and transposed, `down_proj` [experts, inter, hidden] transposed, their biases
 split alike; attention sinks, router bias, q/k/v/o biases, sliding window and yarn rope scaling
-carried over; llama.cpp's gpt-oss makes even layers sliding, as the published layer_types do).
+carried over (yarn's factor as transformers takes it: max_position_embeddings / the original
+context when that is stated); llama.cpp's gpt-oss makes even layers sliding, as the published
+layer_types do).
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
@@ -180,9 +182,13 @@ def main():
             sys.exit("hf2gguf: gpt_oss swiglu_limit other than 7 (llama.cpp's constant)")
         rs = cfg.get("rope_scaling") or {}
         if rs.get("rope_type", rs.get("type")) == "yarn":
+            # transformers: a stated original context makes the factor max_position_embeddings /
+            # original (the published config states both, 131072 / 4096 = 32)
+            orig = int(rs.get("original_max_position_embeddings") or ctx)
+            factor = ctx / orig if "original_max_position_embeddings" in rs else float(rs["factor"])
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-            w.add_rope_scaling_factor(float(rs["factor"]))
-            w.add_rope_scaling_orig_ctx_len(int(rs["original_max_position_embeddings"]))
+            w.add_rope_scaling_factor(factor)
+            w.add_rope_scaling_orig_ctx_len(orig)
             if "beta_fast" in rs:
                 w.add_rope_scaling_yarn_beta_fast(float(rs["beta_fast"]))
             if "beta_slow" in rs:
