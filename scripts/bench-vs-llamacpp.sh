@@ -58,7 +58,9 @@ under ~12 GB and the models fit a 2-core, 23 GB machine with ~35 GB of free disk
              its 48 layers (bf16 8.7 GB). mlxcel: MLX 4-bit g64 (router 8-bit) against Q4_0.
   Their width is named mxfp4 (gpt-oss) and q4 (qwen3-moe). Only pp and tg are run (no depth
   test, no batched decode: the time goes to the dense shapes' matrix). Their bf16 folder and
-  F16 GGUF are deleted once the quantized files are written (KEEP_FLOAT=1 keeps them); the
+  F16 GGUF are deleted once the quantized GGUF is written (KEEP_FLOAT=1 keeps them) and the
+  MLX folder is written after that with `mlxcel synth -q` (the same bytes as `convert -q` of
+  the bf16 folder), so the disk holds at most bf16 + F16 of one shape at a time; the
   bytes read per decoded token count every dense tensor, the LM head, and k/n of each expert
   stack (only the selected experts are read), and are printed after the setup and recorded
   with GB/s (bytes per token x tokens per second) in results.json and table.md.
@@ -409,33 +411,15 @@ quantize() {
     mv "$2.tmp" "$2"
 }
 
-# prepare_moe SHAPE NAME CFG: the one width of a MoE shape, float files made and deleted on the way
-# (disk: the bf16 folder and the F16 GGUF are each ~9 GB at the default layer counts)
+# prepare_moe SHAPE NAME CFG: the one width of a MoE shape. Disk: the bf16 folder and the F16
+# GGUF are ~9 GB each at the default layer counts, so the GGUF comes first (bf16, F16, then the
+# quantized GGUF; the float files deleted) and the MLX folder after it with `synth -q`, which
+# writes the bytes `mlxcel convert -q` makes of the same bf16 folder (no bf16 on disk by then)
 prepare_moe() {
-    local shape=$1 name=$2 cfg=$3 bf16=$models_dir/$2-bf16 f16=$models_dir/gguf/$2-f16.gguf mdir ggq
-    mdir=$models_dir/$name-$(widths_of "$shape")
-    ggq=$(gguf_of "$name" "$(widths_of "$shape")")
-    if [ ! -f "$mdir/config.json" ]; then
-        synth "$name-bf16" "$cfg"
-        rm -rf "$mdir"
-        if [ "$shape" = gpt-oss ]; then
-            local r=$models_dir/.$name-rest-q8 x=$models_dir/.$name-experts-mxfp4
-            rm -rf "$r" "$x"
-            log "mlxcel convert $bf16 -> 8-bit g64 and mxfp4, mlx-mixq.py -> $mdir"
-            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$r" -q --q-bits 8 --q-group-size 64 >/dev/null ||
-                die "mlxcel convert $r failed"
-            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$x" -q --q-mode mxfp4 >/dev/null ||
-                die "mlxcel convert $x failed"
-            nice -n 19 "$py" "$root/scripts/mlx-mixq.py" "$r" "$x" "$mdir.tmp" || die "mlx-mixq.py failed"
-            rm -rf "$r" "$x"
-            mv "$mdir.tmp" "$mdir"
-        else
-            log "mlxcel convert $bf16 -> $mdir"
-            nice -n 19 "$mlxcel" convert -m "$bf16" -o "$mdir.tmp" -q --q-bits 4 --q-group-size 64 >/dev/null ||
-                die "mlxcel convert $mdir failed"
-            mv "$mdir.tmp" "$mdir"
-        fi
-    fi
+    local shape=$1 name=$2 cfg=$3 bf16=$models_dir/$2-bf16 f16=$models_dir/gguf/$2-f16.gguf mdir ggq w
+    w=$(widths_of "$shape")
+    mdir=$models_dir/$name-$w
+    ggq=$(gguf_of "$name" "$w")
     if [ ! -f "$ggq" ]; then
         if [ ! -f "$f16" ]; then
             synth "$name-bf16" "$cfg"
@@ -448,6 +432,22 @@ prepare_moe() {
         if [ "$shape" = gpt-oss ]; then quantize "$f16" "$ggq" MXFP4_MOE; else quantize "$f16" "$ggq" Q4_0; fi
     fi
     if [ "$keep_float" != 1 ]; then rm -rf "$bf16"; rm -f "$f16"; fi
+    if [ ! -f "$mdir/config.json" ]; then
+        rm -rf "$mdir" "$mdir.tmp"
+        if [ "$shape" = gpt-oss ]; then
+            # the mlx-community layout: experts mxfp4, the rest 8-bit g64 (one synth -q each)
+            local r=$models_dir/.$name-rest-q8 x=$models_dir/.$name-experts-mxfp4
+            rm -rf "$r" "$x"
+            synth ".$name-rest-q8" "$cfg" -q --q-bits 8 --q-group-size 64
+            synth ".$name-experts-mxfp4" "$cfg" -q --q-mode mxfp4
+            log "mlx-mixq.py -> $mdir"
+            nice -n 19 "$py" "$root/scripts/mlx-mixq.py" "$r" "$x" "$mdir.tmp" || die "mlx-mixq.py failed"
+            rm -rf "$r" "$x"
+            mv "$mdir.tmp" "$mdir"
+        else
+            synth "$name-$w" "$cfg" -q --q-bits 4 --q-group-size 64
+        fi
+    fi
     log "$name bytes read per decoded token (dense tensors + LM head + k/n of the experts):"
     PYTHONPATH=$llama_src/gguf-py "$py" "$root/scripts/bench-report.py" --bpt "$mdir" "$ggq" >&2 ||
         die "bench-report.py --bpt failed"
