@@ -316,7 +316,7 @@ static void test_linear(void **state)
  * order, so the bound holds for every ISA and thread split.
  *
  * SIMD variants with an integer matvec (kern.h "qi": affine 4/8-bit, groups
- * 32/64/128) round x per group to xs_g q_i with xs_g = max_g |x| / 32639,
+ * 32/64/128, and mxfp4) round x per group to xs_g q_i with xs_g = max_g |x| / 32639,
  * |x_i - xs_g q_i| <= xs_g / 2 (plus an ulp or two of x_i from the f32
  * scale), while the bias term keeps the exact sum of x: their outputs may
  * differ further by sum_i |s q_i| (xs_g / 2 (1 + 2^-16) + 2^-22 |x_i|).
@@ -330,6 +330,8 @@ struct qstat {
 static bool qi_applies(const struct backend *be, const struct tensor *w)
 {
     int g = w->qgroup;
+    if (kc_isa_index(be) > 0 && w->qmode == QMODE_MXFP4)
+        return g == 32;
     return kc_isa_index(be) > 0 && w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qbits == 8) &&
            (g == 32 || g == 64 || g == 128);
 }
@@ -445,17 +447,18 @@ static void test_linear_quant(void **state)
 
 /* A NaN or infinity in x reaches every output of its token on every ISA, as
  * in f32 arithmetic (the integer path must not round it away), and the other
- * tokens stay finite. */
+ * tokens stay finite: affine 4 and 8 bits, and mxfp4 (bits[] 0). */
 static void test_linear_quant_nonfinite(void **state)
 {
     (void)state;
-    static const int bits[] = {4, 8};
+    static const int bits[] = {4, 8, 0};
     const float bad[] = {NAN, INFINITY, -INFINITY};
     struct kc_bes bs;
     kc_open(&bs);
-    for (int bi = 0; bi < 2; bi++)
+    for (int bi = 0; bi < 3; bi++)
         for (int k = 0; k < 3; k++) {
-            struct tensor w = qrand(bits[bi], 64, DTYPE_BF16, 9, 192);
+            struct tensor w = bits[bi] ? qrand(bits[bi], 64, DTYPE_BF16, 9, 192)
+                                       : qrand_fp(QMODE_MXFP4, 9, 192, false);
             float *x = kc_fvec(2 * 192, -1.0f, 1.0f), y[18];
             x[70 + k] = bad[k]; /* token 0, second group */
             for (int i = 0; i < bs.n; i++) {
@@ -471,20 +474,22 @@ static void test_linear_quant_nonfinite(void **state)
             tfree(&w);
         }
     /* a group of tiny x (its integer scale would leave the f32 range) adds nothing
-     * visible: every ISA agrees with the scalar reference */
-    struct tensor w = qrand(4, 64, DTYPE_BF16, 9, 128);
-    float *x = kc_fvec(128, -1.0f, 1.0f), y[9], y0[9];
-    for (int i = 64; i < 128; i++)
-        x[i] = 1e-39f * (float)(i - 96);
-    for (int i = 0; i < bs.n; i++) {
-        bs.be[i]->ops->linear(bs.be[i], i ? y : y0, 9, x, &w, NULL, 1);
-        for (int r = 0; r < 9 && i; r++)
-            if (!(fabsf(y[r] - y0[r]) <= 1e-4f * (1.0f + fabsf(y0[r]))))
-                fail_msg("tiny x on %s: y[%d] = %g, scalar %g", bs.be[i]->name, r, (double)y[r],
-                         (double)y0[r]);
+     * visible: every ISA agrees with the scalar reference (affine 4-bit, mxfp4) */
+    for (int fp = 0; fp < 2; fp++) {
+        struct tensor w = fp ? qrand_fp(QMODE_MXFP4, 9, 128, false) : qrand(4, 64, DTYPE_BF16, 9, 128);
+        float *x = kc_fvec(128, -1.0f, 1.0f), y[9], y0[9];
+        for (int i = 64; i < 128; i++)
+            x[i] = 1e-39f * (float)(i - 96);
+        for (int i = 0; i < bs.n; i++) {
+            bs.be[i]->ops->linear(bs.be[i], i ? y : y0, 9, x, &w, NULL, 1);
+            for (int r = 0; r < 9 && i; r++)
+                if (!(fabsf(y[r] - y0[r]) <= 1e-4f * (1.0f + fabsf(y0[r]))))
+                    fail_msg("tiny x (%s) on %s: y[%d] = %g, scalar %g", fp ? "mxfp4" : "q4",
+                             bs.be[i]->name, r, (double)y[r], (double)y0[r]);
+        }
+        free(x);
+        tfree(&w);
     }
-    free(x);
-    tfree(&w);
     kc_close(&bs);
 }
 

@@ -90,7 +90,7 @@ struct cpu_kernels {
      * prefetching the next kc_next columns of the same rows. */
     void (*pack_w)(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
                    int kc_next);
-    /* Optional integer matvec (qi) for the affine W that qi_ok accepts; see
+    /* Optional integer matvec (qi) for the affine / mxfp4 W that qi_ok accepts; see
      * "integer quantized matvec" below. qi_prep writes one token's x as
      * kern_qi_len(w) bytes at dst; matvec_qi is matvec over prepared x
      * (row stride ldxq bytes), without xsum (the preparation carries it). */
@@ -220,6 +220,8 @@ static inline size_t kern_qx_len(int in)
  * into two int8 limbs, q = 256 hi + lo with hi = (q + 128) >> 8 in
  * [-127, 127] and lo in [-128, 127], for unsigned-by-signed byte products.
  * Non-finite x makes xs_g non-finite and the group's output NaN, as in f32.
+ * mxfp4 W (AVX2) is the same with ws_rg = e8m0, code_i = e2m1 and no bias
+ * term; its limbs are stored offset by 128 (unsigned bytes).
  *
  * One token's prepared x (kern_qi_len bytes, every part 32-byte aligned):
  *   f32 xs[ng] | f32 xsum[ng] | 2 * in_pad bytes of q in the kernel's order

@@ -1,6 +1,6 @@
 /*
  * kern_avx2_qi: the integer quantized matvec (kern.h, "qi") at AVX2, for
- * affine 4-bit and 8-bit weights in groups of 32, 64 or 128.
+ * affine 4-bit and 8-bit weights in groups of 32, 64 or 128, and mxfp4.
  *
  * The f32 matvec of kern_avx2.c spends about four vector ops per 8 weights
  * (unpack, convert, FMA); at 2 threads on a Zen 4 host that made 4-bit decode
@@ -16,6 +16,11 @@
  *          widens them with the limb weights 256 and 1.
  *   8-bit  vpmovzxbw widens 16 codes to words and vpmaddwd multiplies them
  *          by q (natural order) into 32-bit pair sums.
+ *   mxfp4  the 4-bit split, a vpshufb table gives each e2m1 code's value
+ *          doubled (-12..12, exact integers) as the signed side of
+ *          vpmaddubsw, the limbs offset by 128 its unsigned side; 128 x the
+ *          values' sum takes the offset back (qfp4_step). No bias; the
+ *          e8m0 scale is applied after x's.
  *
  * Per group the exact int32 sum becomes f32 once: acc += cvt(I) ws_g xs_g;
  * the bias term b_g sum(x_g) is one dot per row at the end. Four rows share
@@ -34,6 +39,8 @@
 
 static bool a2_qi_ok(const struct wmat *w)
 {
+    if (w->qmode == QMODE_MXFP4)
+        return w->qbits == 4 && w->qgroup == 32 && w->in % 32 == 0;
     return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qbits == 8) &&
            (w->qgroup == 32 || w->qgroup == 64 || w->qgroup == 128) && w->in % w->qgroup == 0;
 }
@@ -133,6 +140,12 @@ static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
     }
     size_t done = ((size_t)in + 63) / 64 * 64;
     memset(q + 2 * done, 0, 2 * (in_pad - done));
+    if (w->qmode == QMODE_MXFP4) { /* limbs offset by 128 (qfp4_step): unsigned bytes */
+        const __m256i sign = _mm256_set1_epi8((char)0x80);
+        for (size_t i = 0; i < 2 * in_pad; i += 32)
+            _mm256_storeu_si256((__m256i *)(q + i),
+                                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), sign));
+    }
 }
 
 // ---- the matvec ----
@@ -172,6 +185,45 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
     }
 }
 
+/* mxfp4 step: codes k .. k+64 of 4 rows (e2m1, groups of 32) against prepared x chunk xc
+ * whose limbs are offset by 128 (a2_qi_prep): vpmaddubsw takes the limbs as its unsigned side
+ * and the codes' doubled values 2 e2m1 (a vpshufb table, -12..12) as its signed side; 128 times
+ * each lane's sum of values (vpmaddubsw against ones) takes the offset back in 16 bits. The
+ * int32 sums meet x's scales (lanes 0-3 group g, 4-7 group g+1, xs) and then the rows'
+ * e8m0 / 2 (m): the power of two last, so a subnormal scale rounds once, as in the f32 path. */
+AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
+                  const float *xs, const float *const m[4], const size_t pf)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
+                  one = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1),
+                  tv = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1,
+                                        2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i xhe = _mm256_loadu_si256((const __m256i *)xc),
+                  xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
+                  xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
+                  xlo = _mm256_loadu_si256((const __m256i *)(xc + 96));
+    const __m256 xsm = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(xs + k / 32)),
+                                            _mm_broadcast_ss(xs + k / 32 + (nv == 64)), 1);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *p = rw[j] + k / 2;
+        if (pf)
+            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+        __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
+                             : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
+        __m256i wl = _mm256_shuffle_epi8(tv, _mm256_and_si256(v, m0f)),
+                wh = _mm256_shuffle_epi8(tv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+        __m256i off = _mm256_slli_epi16(
+            _mm256_add_epi16(_mm256_maddubs_epi16(ones8, wl), _mm256_maddubs_epi16(ones8, wh)), 7);
+        __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(xhe, wl), _mm256_maddubs_epi16(xho, wh));
+        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(xle, wl), _mm256_maddubs_epi16(xlo, wh));
+        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_sub_epi16(a1, off), c256),
+                                       _mm256_madd_epi16(_mm256_sub_epi16(a2, off), one));
+        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), xsm), qi_mul(m[j], k, 32, 4),
+                                 acc[j]);
+    }
+}
+
 /* 8-bit group: codes k .. k+G of 4 rows against q16 (natural order). */
 AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t *q16,
                  const float *const m[4], const size_t pf, const int G)
@@ -199,7 +251,7 @@ AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t
 
 /* Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last) for every token. */
 AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                 const struct wmat *w, int r0, int nr, const int bits, const int G)
+                 const struct wmat *w, int r0, int nr, const int bits, const int G, const bool fp4)
 {
     const int in = w->in;
     const size_t pfd = qi_pf_dist(w);
@@ -217,7 +269,14 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 acc[j] = _mm256_setzero_ps();
             /* the first token streams the rows from memory (prefetching), the rest
              * re-read them from L1; a 4-bit row may end in half a step (32 codes) */
-            if (bits == 4) {
+            if (fp4) {
+                const float *xs = (const float *)(xq + (size_t)t * ldxq) + g0;
+                const int kf = cn & ~63;
+                for (int k = 0; k < kf; k += 64)
+                    qfp4_step(acc, rw, k, 64, xc + 2 * (size_t)k, xs, m, t == 0 ? pfd : 0);
+                if (kf < cn)
+                    qfp4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, xs, m, 0);
+            } else if (bits == 4) {
                 const int kf = cn & ~63;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 64)
@@ -245,9 +304,13 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
 static void a2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
-#define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
+#define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, false)
     for (int r = r0; r < r1; r += 4) {
         int nr = r1 - r < 4 ? r1 - r : 4;
+        if (w->qmode == QMODE_MXFP4) {
+            qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 32, true);
+            continue;
+        }
         switch (w->qbits * 1000 + w->qgroup) {
         case 4032: QI_BLOCK(4, 32); break;
         case 4064: QI_BLOCK(4, 64); break;

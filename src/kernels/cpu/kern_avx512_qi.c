@@ -14,7 +14,8 @@
  *
  * Lane l of a 4-bit step holds codes of one group: bytes 4l .. 4l+3 of its
  * half, so the per-lane multiplier vector repeats m_g over 4, 8 or 16 lanes.
- * Only called after dispatch.c has seen AVX512_VNNI in CPUID.
+ * Only called after dispatch.c has seen AVX512_VNNI in CPUID. mxfp4 rows,
+ * which kern_avx2_qi.c also takes, stay with its matvec.
  */
 #include "kern.h"
 
@@ -136,9 +137,17 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
+/* The AVX2 matvec_qi, for the modes this one leaves to it (mxfp4). */
+static void (*avx2_matvec_qi)(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                            const struct wmat *w, int r0, int r1);
+
 static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
+    if (w->qmode != QMODE_AFFINE) {
+        avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
 #define QV_BLOCK(B, G) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
     for (int r = r0; r < r1; r += 4) {
         int nr = r1 - r < 4 ? r1 - r : 4;
@@ -158,6 +167,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
 {
     if (!k->qi_prep) /* the AVX2 preparation is the one this kernel reads */
         return false;
+    avx2_matvec_qi = k->matvec_qi;
     k->matvec_qi = a5_matvec_qi;
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */

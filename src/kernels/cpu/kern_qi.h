@@ -45,6 +45,35 @@ AI __m256 qi_ld8(const uint8_t *s, enum dtype dt, int g0, int i)
     return _mm256_loadu_ps((const float *)s + g0 + i);
 }
 
+/* Groups i .. i+8 of an mxfp4 row's e8m0 scales (from group g0) as f32 halved: 2^(e - 128),
+ * 0 -> 2^-128, 255 -> +inf (kern_e8m0 / 2, exact: the kernels multiply the codes' values
+ * doubled, 2 e2m1 in -12..12). */
+AI __m256 qi_ld8_e8m0h(const uint8_t *s, int g0, int i)
+{
+    __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + g0 + i)));
+    __m256i z = _mm256_cmpeq_epi32(d, _mm256_setzero_si256());
+    __m256 v = _mm256_castsi256_ps(_mm256_blendv_epi8(_mm256_slli_epi32(d, 23),
+                                                      _mm256_set1_epi32(0x00400000), z));
+    return _mm256_mul_ps(v, _mm256_set1_ps(0.5f));
+}
+
+/* mxfp4 rows have no bias and their scales are applied after x's (qfp4 steps): for 4 rows of
+ * one chunk, m[j][g] = e8m0(s_j[g0 + g]) / 2 for g < n (then 16 zeros), bias[j] = 0. */
+AI void qi_row_terms_fp4(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4], int g0,
+                         int n)
+{
+    for (int j = 0; j < 4; j++) {
+        int i = 0;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(m[j] + i, qi_ld8_e8m0h(rs[j], g0, i));
+        for (; i < n; i++)
+            m[j][i] = kern_e8m0(rs[j][g0 + i]) * 0.5f;
+        _mm256_storeu_ps(m[j] + n, _mm256_setzero_ps());
+        _mm256_storeu_ps(m[j] + n + 8, _mm256_setzero_ps());
+        bias[j] = 0.0f;
+    }
+}
+
 /* For 4 rows of one chunk and one token: m[j][g] = ws_j[g0 + g] xs[g] for
  * g < n (then 16 zeros) and bias[j] = sum_g b_j[g0 + g] xsum[g], in one pass
  * that loads each x-side vector once for the 4 rows. */
@@ -84,13 +113,14 @@ AI void qi_rows(const uint8_t *rw[4], const uint8_t *rs[4], const uint8_t *rb[4]
         int r = r0 + (j < nr ? j : nr - 1);
         rw[j] = w->data + (size_t)r * w->row_bytes + (size_t)c0 * w->qbits / 8;
         rs[j] = w->qs + (size_t)r * w->qrow_bytes;
-        rb[j] = w->qb + (size_t)r * w->qrow_bytes;
+        rb[j] = w->qb ? w->qb + (size_t)r * w->qrow_bytes : NULL;
     }
 }
 
 /* Token t's prepared x for the chunk of codes from c0 (groups g0 .. g0 + gn):
- * the 4 rows' multipliers m[j][g] = ws xs and bias terms (qi_row_terms),
- * and the returned pointer to the chunk's codes of x. */
+ * the 4 rows' multipliers m[j][g] = ws xs and bias terms (qi_row_terms; for
+ * mxfp4 m = ws / 2 alone, qi_row_terms_fp4), and the returned pointer to the
+ * chunk's codes of x. */
 AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
                            const uint8_t *const rb[4], const struct wmat *w, const uint8_t *xq,
                            size_t ldxq, int t, int c0, int g0, int gn)
@@ -98,6 +128,10 @@ AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *cons
     const size_t hdr = kern_qi_hdr(w);
     const uint8_t *xt = xq + (size_t)t * ldxq;
     const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
+    if (w->qmode == QMODE_MXFP4) {
+        qi_row_terms_fp4(m, bias, rs, g0, gn);
+        return xt + 2 * hdr + 2 * (size_t)c0;
+    }
     switch (w->qsdt) {
     case DTYPE_BF16: qi_row_terms(m, bias, rs, rb, DTYPE_BF16, g0, xs, xsum, gn); break;
     case DTYPE_F16: qi_row_terms(m, bias, rs, rb, DTYPE_F16, g0, xs, xsum, gn); break;
