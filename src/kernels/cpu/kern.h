@@ -220,8 +220,10 @@ static inline size_t kern_qx_len(int in)
  * into two int8 limbs, q = 256 hi + lo with hi = (q + 128) >> 8 in
  * [-127, 127] and lo in [-128, 127], for unsigned-by-signed byte products.
  * Non-finite x makes xs_g non-finite and the group's output NaN, as in f32.
- * mxfp4 W (AVX2) is the same with ws_rg = e8m0, code_i = e2m1 and no bias
- * term; its limbs are stored offset by 128 (unsigned bytes).
+ * mxfp4 W (AVX2) is the same with ws_rg = e8m0, code_i = 2 e2m1 + 12
+ * (unsigned) and b_rg = -12 ws_rg / 2 (doubled values and the offset taken
+ * back); its xsum[g] is xs_g sum_{i in g} q_i, x as rounded, so the offset
+ * cancels to f32 rounding.
  *
  * One token's prepared x (kern_qi_len bytes, every part 32-byte aligned):
  *   f32 xs[ng] | f32 xsum[ng] | 2 * in_pad bytes of q in the kernel's order

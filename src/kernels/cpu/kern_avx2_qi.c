@@ -16,10 +16,10 @@
  *          widens them with the limb weights 256 and 1.
  *   8-bit  vpmovzxbw widens 16 codes to words and vpmaddwd multiplies them
  *          by q (natural order) into 32-bit pair sums.
- *   mxfp4  the 4-bit split, a vpshufb table gives each e2m1 code's value
- *          doubled (-12..12, exact integers) as the signed side of
- *          vpmaddubsw, the limbs offset by 128 its unsigned side; 128 x the
- *          values' sum takes the offset back (qfp4_step). No bias; the
+ *   mxfp4  the 4-bit split, then a vpshufb table turns each e2m1 code into
+ *          its value doubled plus 12 (0..24, exact unsigned bytes), against
+ *          the same limbs as 4-bit affine; the offset comes back as a bias
+ *          term, -12 x the group's sum of x as rounded (qfp4_step). The
  *          e8m0 scale is applied after x's.
  *
  * Per group the exact int32 sum becomes f32 once: acc += cvt(I) ws_g xs_g;
@@ -109,6 +109,19 @@ static void qi_limbs(uint8_t *dst, const int16_t *q16)
     _mm256_storeu_si256((__m256i *)(dst + 96), _mm256_permute2x128_si256(l8[0], l8[1], 0x31));
 }
 
+/* The integer sum of G 16-bit codes (|sum| <= 128 x 32639: exact in f32). */
+static int qi_sum16(const int16_t *q16, int G)
+{
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < G; i += 16)
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(q16 + i)),
+                                                  _mm256_set1_epi16(1)));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
 /* One token's x as kern.h lays it out: 8-bit W takes q16 in natural order;
  * 4-bit W takes per 64 elements the limbs of qi_limbs (element 2b + parity
  * of the chunk at byte b of the even / odd part). */
@@ -131,8 +144,12 @@ static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
     const int span = G < 64 ? 64 : G;
     for (int e0 = 0; e0 < in; e0 += span) {
         int n = in - e0 < span ? in - e0 : span;
-        for (int k = 0; k < n; k += G)
-            qi_group(xs + (e0 + k) / G, xsum + (e0 + k) / G, tmp + k, x + e0 + k, G);
+        for (int k = 0; k < n; k += G) {
+            const int g = (e0 + k) / G;
+            qi_group(xs + g, xsum + g, tmp + k, x + e0 + k, G);
+            if (w->qmode == QMODE_MXFP4) /* the offset term's sum: x as rounded */
+                xsum[g] = xs[g] * (float)qi_sum16(tmp + k, G);
+        }
         if (n < 64) /* a lone group of 32 closes the row: zero the step's other half */
             memset(tmp + 32, 0, 32 * sizeof *tmp);
         for (int k = 0; k < n; k += 64)
@@ -140,12 +157,6 @@ static void a2_qi_prep(uint8_t *dst, const float *x, const struct wmat *w)
     }
     size_t done = ((size_t)in + 63) / 64 * 64;
     memset(q + 2 * done, 0, 2 * (in_pad - done));
-    if (w->qmode == QMODE_MXFP4) { /* limbs offset by 128 (qfp4_step): unsigned bytes */
-        const __m256i sign = _mm256_set1_epi8((char)0x80);
-        for (size_t i = 0; i < 2 * in_pad; i += 32)
-            _mm256_storeu_si256((__m256i *)(q + i),
-                                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), sign));
-    }
 }
 
 // ---- the matvec ----
@@ -185,19 +196,19 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
     }
 }
 
-/* mxfp4 step: codes k .. k+64 of 4 rows (e2m1, groups of 32) against prepared x chunk xc
- * whose limbs are offset by 128 (a2_qi_prep): vpmaddubsw takes the limbs as its unsigned side
- * and the codes' doubled values 2 e2m1 (a vpshufb table, -12..12) as its signed side; 128 times
- * each lane's sum of values (vpmaddubsw against ones) takes the offset back in 16 bits. The
- * int32 sums meet x's scales (lanes 0-3 group g, 4-7 group g+1, xs) and then the rows'
- * e8m0 / 2 (m): the power of two last, so a subnormal scale rounds once, as in the f32 path. */
+/* mxfp4 step: codes k .. k+64 of 4 rows (e2m1, groups of 32) against prepared x chunk xc,
+ * as qi4_step with a vpshufb table between the nibbles and vpmaddubsw: each code becomes
+ * 2 e2m1 + 12 (0..24, unsigned), so the int32 sums carry 12 x the codes' x sum, which the
+ * bias term takes back (qi_row_terms_fp4). The sums meet x's scales (lanes 0-3 group g,
+ * 4-7 group g+1, xs) and then the rows' e8m0 / 2 (m): the power of two last, so a
+ * subnormal scale rounds once, as in the f32 path. */
 AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
                   const float *xs, const float *const m[4], const size_t pf)
 {
     const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
-                  one = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1),
-                  tv = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1,
-                                        2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+                  one = _mm256_set1_epi16(1),
+                  tv = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12,
+                                        13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     const __m256i xhe = _mm256_loadu_si256((const __m256i *)xc),
                   xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
                   xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
@@ -211,14 +222,11 @@ AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv
             _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
         __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
-        __m256i wl = _mm256_shuffle_epi8(tv, _mm256_and_si256(v, m0f)),
-                wh = _mm256_shuffle_epi8(tv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
-        __m256i off = _mm256_slli_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(ones8, wl), _mm256_maddubs_epi16(ones8, wh)), 7);
-        __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(xhe, wl), _mm256_maddubs_epi16(xho, wh));
-        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(xle, wl), _mm256_maddubs_epi16(xlo, wh));
-        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_sub_epi16(a1, off), c256),
-                                       _mm256_madd_epi16(_mm256_sub_epi16(a2, off), one));
+        __m256i lo = _mm256_shuffle_epi8(tv, _mm256_and_si256(v, m0f)),
+                hi = _mm256_shuffle_epi8(tv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+        __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xhe), _mm256_maddubs_epi16(hi, xho));
+        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
+        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one));
         acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), xsm), qi_mul(m[j], k, 32, 4),
                                  acc[j]);
     }

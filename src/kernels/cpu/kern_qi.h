@@ -57,20 +57,27 @@ AI __m256 qi_ld8_e8m0h(const uint8_t *s, int g0, int i)
     return _mm256_mul_ps(v, _mm256_set1_ps(0.5f));
 }
 
-/* mxfp4 rows have no bias and their scales are applied after x's (qfp4 steps): for 4 rows of
- * one chunk, m[j][g] = e8m0(s_j[g0 + g]) / 2 for g < n (then 16 zeros), bias[j] = 0. */
-AI void qi_row_terms_fp4(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4], int g0,
-                         int n)
+/* mxfp4 rows for 4 rows of one chunk: m[j][g] = e8m0(s_j[g0 + g]) / 2 for g < n (then 16
+ * zeros), and bias[j] = sum_g (-12 xsq[g]) m[j][g], which takes back the +12 of each code in
+ * qfp4_step (xsq: the groups' sums of x as rounded, from the preparation). */
+AI void qi_row_terms_fp4(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
+                         const float *xsq, int g0, int n)
 {
     for (int j = 0; j < 4; j++) {
+        __m256 b = _mm256_setzero_ps();
         int i = 0;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(m[j] + i, qi_ld8_e8m0h(rs[j], g0, i));
-        for (; i < n; i++)
+        for (; i + 8 <= n; i += 8) {
+            __m256 mv = qi_ld8_e8m0h(rs[j], g0, i);
+            _mm256_storeu_ps(m[j] + i, mv);
+            b = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(xsq + i), _mm256_set1_ps(-12.0f)), mv, b);
+        }
+        bias[j] = qi_hsum(b);
+        for (; i < n; i++) {
             m[j][i] = kern_e8m0(rs[j][g0 + i]) * 0.5f;
+            bias[j] += xsq[i] * -12.0f * m[j][i];
+        }
         _mm256_storeu_ps(m[j] + n, _mm256_setzero_ps());
         _mm256_storeu_ps(m[j] + n + 8, _mm256_setzero_ps());
-        bias[j] = 0.0f;
     }
 }
 
@@ -119,7 +126,7 @@ AI void qi_rows(const uint8_t *rw[4], const uint8_t *rs[4], const uint8_t *rb[4]
 
 /* Token t's prepared x for the chunk of codes from c0 (groups g0 .. g0 + gn):
  * the 4 rows' multipliers m[j][g] = ws xs and bias terms (qi_row_terms; for
- * mxfp4 m = ws / 2 alone, qi_row_terms_fp4), and the returned pointer to the
+ * mxfp4 m = ws / 2 alone and the offset's bias, qi_row_terms_fp4), and the returned pointer to the
  * chunk's codes of x. */
 AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
                            const uint8_t *const rb[4], const struct wmat *w, const uint8_t *xq,
@@ -129,7 +136,7 @@ AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *cons
     const uint8_t *xt = xq + (size_t)t * ldxq;
     const float *xs = (const float *)xt + g0, *xsum = (const float *)(xt + hdr) + g0;
     if (w->qmode == QMODE_MXFP4) {
-        qi_row_terms_fp4(m, bias, rs, g0, gn);
+        qi_row_terms_fp4(m, bias, rs, xsum, g0, gn);
         return xt + 2 * hdr + 2 * (size_t)c0;
     }
     switch (w->qsdt) {
