@@ -132,11 +132,11 @@ def test_name(engine, kind, obj, settings):
         if p == 0:
             return f"tg{n}" + (f"@d{dep}" if dep else "")
         return f"pp{p}+tg{n}"
-    t = obj["test"]
+    t = obj["test"].split(" @ ")[0]  # mlxcel bench names a depth "tg128 @ d4096", as llama-bench prints it
     if kind == "batched" and t.startswith("pp"):
         return None  # the -p 16 warm-up helper of the batched run
-    if kind == "depth" and t.startswith("tg") and "@d" not in t:
-        return f"{t}@d{d}"
+    if kind == "depth" and t.startswith("tg"):
+        return f"{t}@d{obj.get('n_depth') or d}"
     return t
 
 
