@@ -19,7 +19,7 @@
  *   mxfp4  the 4-bit split, then a vpshufb table turns each e2m1 code into
  *          its value doubled plus 12 (0..24, exact unsigned bytes), against
  *          the same limbs as 4-bit affine; the offset comes back as a bias
- *          term, -12 x the group's sum of x as rounded (qfp4_step). The
+ *          term, -12 x the group's sum of x as rounded (qi4_step). The
  *          e8m0 scale is applied after x's.
  *
  * Per group the exact int32 sum becomes f32 once: acc += cvt(I) ws_g xs_g;
@@ -171,39 +171,15 @@ AI __m256 qi_mul(const float *m, int k, const int G, const int bits)
     return _mm256_set1_ps(m[k / G]);
 }
 
-/* 4-bit step: codes k .. k+64 of 4 rows against prepared x chunk xc. */
+/* 4-bit step: codes k .. k+64 of 4 rows against prepared x chunk xc.
+ * mxfp4 (fp4; xs: x's group scales; G = 32): a vpshufb table between the nibbles and
+ * vpmaddubsw makes each e2m1 code 2 e2m1 + 12 (0..24, unsigned), so the int32 sums carry
+ * 12 x the codes' x sum, which the bias term takes back (qi_row_terms_fp4). Those sums meet
+ * x's scales (lanes 0-3 group g, 4-7 group g+1) and then the rows' e8m0 / 2 (m): the power
+ * of two last, so a subnormal scale rounds once, as in the f32 path. */
 AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
-                 const float *const m[4], const size_t pf, const int G)
-{
-    const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
-                  one = _mm256_set1_epi16(1);
-    const __m256i xhe = _mm256_loadu_si256((const __m256i *)xc),
-                  xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
-                  xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
-                  xlo = _mm256_loadu_si256((const __m256i *)(xc + 96));
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        const uint8_t *p = rw[j] + k / 2;
-        if (pf)
-            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-        __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
-                             : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
-        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-        __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xhe), _mm256_maddubs_epi16(hi, xho));
-        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
-        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one));
-        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), qi_mul(m[j], k, G, 4), acc[j]);
-    }
-}
-
-/* mxfp4 step: codes k .. k+64 of 4 rows (e2m1, groups of 32) against prepared x chunk xc,
- * as qi4_step with a vpshufb table between the nibbles and vpmaddubsw: each code becomes
- * 2 e2m1 + 12 (0..24, unsigned), so the int32 sums carry 12 x the codes' x sum, which the
- * bias term takes back (qi_row_terms_fp4). The sums meet x's scales (lanes 0-3 group g,
- * 4-7 group g+1, xs) and then the rows' e8m0 / 2 (m): the power of two last, so a
- * subnormal scale rounds once, as in the f32 path. */
-AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
-                  const float *xs, const float *const m[4], const size_t pf)
+                 const float *const m[4], const size_t pf, const int G, const bool fp4,
+                 const float *xs)
 {
     const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
                   one = _mm256_set1_epi16(1),
@@ -213,8 +189,10 @@ AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv
                   xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
                   xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
                   xlo = _mm256_loadu_si256((const __m256i *)(xc + 96));
-    const __m256 xsm = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(xs + k / 32)),
-                                            _mm_broadcast_ss(xs + k / 32 + (nv == 64)), 1);
+    __m256 xsm = _mm256_setzero_ps();
+    if (fp4)
+        xsm = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(xs + k / 32)),
+                                   _mm_broadcast_ss(xs + k / 32 + (nv == 64)), 1);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         const uint8_t *p = rw[j] + k / 2;
@@ -222,13 +200,16 @@ AI void qfp4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv
             _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
         __m256i v = nv == 64 ? _mm256_loadu_si256((const __m256i *)p)
                              : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)p));
-        __m256i lo = _mm256_shuffle_epi8(tv, _mm256_and_si256(v, m0f)),
-                hi = _mm256_shuffle_epi8(tv, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+        __m256i lo = _mm256_and_si256(v, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        if (fp4) {
+            lo = _mm256_shuffle_epi8(tv, lo);
+            hi = _mm256_shuffle_epi8(tv, hi);
+        }
         __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xhe), _mm256_maddubs_epi16(hi, xho));
         __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
-        __m256i i32 = _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one));
-        acc[j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(i32), xsm), qi_mul(m[j], k, 32, 4),
-                                 acc[j]);
+        __m256 f = _mm256_cvtepi32_ps(
+            _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one)));
+        acc[j] = _mm256_fmadd_ps(fp4 ? _mm256_mul_ps(f, xsm) : f, qi_mul(m[j], k, G, 4), acc[j]);
     }
 }
 
@@ -277,23 +258,17 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 acc[j] = _mm256_setzero_ps();
             /* the first token streams the rows from memory (prefetching), the rest
              * re-read them from L1; a 4-bit row may end in half a step (32 codes) */
-            if (fp4) {
-                const float *xs = (const float *)(xq + (size_t)t * ldxq) + g0;
+            if (bits == 4) {
                 const int kf = cn & ~63;
-                for (int k = 0; k < kf; k += 64)
-                    qfp4_step(acc, rw, k, 64, xc + 2 * (size_t)k, xs, m, t == 0 ? pfd : 0);
-                if (kf < cn)
-                    qfp4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, xs, m, 0);
-            } else if (bits == 4) {
-                const int kf = cn & ~63;
+                const float *xs = fp4 ? (const float *)(xq + (size_t)t * ldxq) + g0 : NULL;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, pfd, G);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, pfd, G, fp4, xs);
                 else
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G, fp4, xs);
                 if (kf < cn)
-                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G);
+                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G, fp4, xs);
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);

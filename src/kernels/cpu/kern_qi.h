@@ -47,7 +47,7 @@ AI __m256 qi_ld8(const uint8_t *s, enum dtype dt, int g0, int i)
 
 /* Groups i .. i+8 of an mxfp4 row's e8m0 scales (from group g0) as f32 halved: 2^(e - 128),
  * 0 -> 2^-128, 255 -> +inf (kern_e8m0 / 2, exact: the kernels multiply the codes' values
- * doubled, 2 e2m1 in -12..12). */
+ * doubled, 2 e2m1, offset by 12). */
 AI __m256 qi_ld8_e8m0h(const uint8_t *s, int g0, int i)
 {
     __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + g0 + i)));
@@ -59,7 +59,7 @@ AI __m256 qi_ld8_e8m0h(const uint8_t *s, int g0, int i)
 
 /* mxfp4 rows for 4 rows of one chunk: m[j][g] = e8m0(s_j[g0 + g]) / 2 for g < n (then 16
  * zeros), and bias[j] = sum_g (-12 xsq[g]) m[j][g], which takes back the +12 of each code in
- * qfp4_step (xsq: the groups' sums of x as rounded, from the preparation). */
+ * qi4_step (xsq: the groups' sums of x as rounded, from the preparation). */
 AI void qi_row_terms_fp4(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
                          const float *xsq, int g0, int n)
 {
@@ -126,8 +126,8 @@ AI void qi_rows(const uint8_t *rw[4], const uint8_t *rs[4], const uint8_t *rb[4]
 
 /* Token t's prepared x for the chunk of codes from c0 (groups g0 .. g0 + gn):
  * the 4 rows' multipliers m[j][g] = ws xs and bias terms (qi_row_terms; for
- * mxfp4 m = ws / 2 alone and the offset's bias, qi_row_terms_fp4), and the returned pointer to the
- * chunk's codes of x. */
+ * mxfp4 m = ws / 2 alone and the offset's bias, qi_row_terms_fp4), and the
+ * returned pointer to the chunk's codes of x. */
 AI const uint8_t *qi_token(float m[4][QI_NG], float bias[4], const uint8_t *const rs[4],
                            const uint8_t *const rb[4], const struct wmat *w, const uint8_t *xq,
                            size_t ldxq, int t, int c0, int g0, int gn)
