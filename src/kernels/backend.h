@@ -29,6 +29,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "../core/err.h"
 #include "../core/tensor.h"
@@ -282,6 +284,15 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct
 void backend_free(struct backend *be);
 /* backend->ops->sync with a NULL check: 0, or the first error recorded since the last sync. */
 int backend_sync(struct backend *be, struct err *e);
+/* A backend's on/off setting from the environment: def when name is unset or empty, else
+ * on unless it is "0", "off" or "false" (MLXCEL_FUSED_MOE, MLXCEL_CUDA_GRAPHS, ...). */
+static inline bool backend_env_flag(const char *name, bool def)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+}
 
 #ifdef __cplusplus
 }

@@ -853,14 +853,6 @@ static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, struct 
     return 0;
 }
 
-static bool env_flag(const char *name, bool def)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return def;
-    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
-}
-
 /* Creates the pool and the dispatch table; the backend owns both (backend_free). */
 int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, struct err *e)
 {
@@ -893,7 +885,7 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.ops = &k_cpu_ops;
     c->be.name = k_names[isa];
     c->be.n_threads = c->nth;
-    c->be.fused_moe = env_flag("MLXCEL_FUSED_MOE", true);
+    c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     c->be.impl = c;
     *out = &c->be;
     return 0;

@@ -358,16 +358,12 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     c->be.ops = &k_cuda_ops;
     c->be.name = c->name;
     c->be.n_threads = 1;
-    const char *fm = getenv("MLXCEL_FUSED_MOE");
-    c->be.fused_moe = !(fm && (!strcmp(fm, "0") || !strcmp(fm, "off") || !strcmp(fm, "false")));
-    const char *pd = getenv("MLXCEL_CUDA_PDL");
+    c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     /* opt-in: no faster inside the decode graphs on the H200 (docs/benchmarks.md) */
-    c->pdl = pd && (!strcmp(pd, "1") || !strcmp(pd, "on") || !strcmp(pd, "true"));
-    const char *qi = getenv("MLXCEL_CUDA_QI");
+    c->pdl = backend_env_flag("MLXCEL_CUDA_PDL", false);
     /* opt-in until it has been measured on a GPU (docs/benchmarks.md) */
-    c->qi = qi && (!strcmp(qi, "1") || !strcmp(qi, "on") || !strcmp(qi, "true"));
-    const char *gr = getenv("MLXCEL_CUDA_GRAPHS");
-    c->be.graphs = !(gr && (!strcmp(gr, "0") || !strcmp(gr, "off") || !strcmp(gr, "false")));
+    c->qi = backend_env_flag("MLXCEL_CUDA_QI", false);
+    c->be.graphs = backend_env_flag("MLXCEL_CUDA_GRAPHS", true);
     c->be.impl = c;
     *out = &c->be;
     return 0;
