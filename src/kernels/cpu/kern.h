@@ -245,6 +245,9 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k);
 bool cpu_kernels_avx512_init(struct cpu_kernels *k);
 /* kern_avx2_qi.c: the AVX2 integer matvec entries (qi_*); a no-op when compiled out. */
 void kern_avx2_qi_init(struct cpu_kernels *k);
+/* Its matvec_qi, which kern_avx512_qi.c calls for the modes it leaves to AVX2 (mxfp4). */
+void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                         const struct wmat *w, int r0, int r1);
 /* kern_avx512_qi.c: the VNNI matvec_qi over the AVX2 entries (call only when
  * cpu_has_avx512_vnni()); false when compiled out or without them. */
 bool kern_avx512_qi_init(struct cpu_kernels *k);

@@ -284,7 +284,7 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
-static void a2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
 #define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, false)
@@ -310,7 +310,7 @@ void kern_avx2_qi_init(struct cpu_kernels *k)
 {
     k->qi_ok = a2_qi_ok;
     k->qi_prep = a2_qi_prep;
-    k->matvec_qi = a2_matvec_qi;
+    k->matvec_qi = kern_avx2_matvec_qi;
     k->gemm_min_tok_qi = 32;
 }
 

@@ -137,15 +137,11 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
-/* The AVX2 matvec_qi, for the modes this one leaves to it (mxfp4). */
-static void (*avx2_matvec_qi)(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                            const struct wmat *w, int r0, int r1);
-
 static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
     if (w->qmode != QMODE_AFFINE) {
-        avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
         return;
     }
 #define QV_BLOCK(B, G) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
@@ -167,7 +163,6 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
 {
     if (!k->qi_prep) /* the AVX2 preparation is the one this kernel reads */
         return false;
-    avx2_matvec_qi = k->matvec_qi;
     k->matvec_qi = a5_matvec_qi;
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
