@@ -8,7 +8,8 @@ same float folder; OUT takes the stacked expert tensors (`.mlp.experts.` in the 
 and the rest of REST, and its config's "quantization" (and "quantization_config") is EXPERTS'
 (mode mxfp4, group 32, 4 bits) with one per-module entry (group 64, 8 bits, affine) for each
 module quantized in REST, the router keeping REST's own entry. Tensors are copied byte for byte
-into one safetensors file per source shard; numpy only, memory stays at one chunk.
+into one safetensors file per source shard; the standard library only, memory stays at one
+chunk.
 """
 import json
 import os
