@@ -33,7 +33,21 @@ TARGETS = {  # issue 13
 }
 
 
-def safetensors_bpt(folder, detail=False):
+def tally(sizes, is_expert, k_exp, n_exp):
+    """Bytes one decoded token reads of the (name, bytes) pairs: k/n of each expert tensor."""
+    total = dense = experts = 0.0
+    for name, nbytes in sizes:
+        if n_exp and k_exp and is_expert(name):
+            total += nbytes * k_exp / n_exp
+            experts += nbytes
+        else:
+            total += nbytes
+            dense += nbytes
+    return {"bytes_per_token": total, "dense_bytes": dense, "expert_bytes_all": experts,
+            "experts_used": k_exp, "experts": n_exp}
+
+
+def safetensors_bpt(folder):
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
     n_exp = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
@@ -50,23 +64,13 @@ def safetensors_bpt(folder, detail=False):
             a, b = h["data_offsets"]
             tensors[name] = (h["shape"], b - a)
     has_head = any(n.startswith("lm_head") for n in tensors)
-    total = dense = experts = 0.0
-    for name, (shape, nbytes) in tensors.items():
-        if re.search(r"embed_tokens|\bwte\b|\.embd\.", name) and has_head:
-            continue
-        if n_exp and k_exp and ("switch_mlp" in name or ".experts." in name) and shape and shape[0] == n_exp:
-            total += nbytes * k_exp / n_exp
-            experts += nbytes
-            continue
-        total += nbytes
-        dense += nbytes
-    if detail:
-        return {"bytes_per_token": total, "dense_bytes": dense, "expert_bytes_all": experts,
-                "experts_used": k_exp, "experts": n_exp}
-    return total
+    sizes = [(n, b) for n, (_, b) in tensors.items()
+             if not (has_head and re.search(r"embed_tokens|\bwte\b|\.embd\.", n))]
+    return tally(sizes, lambda n: ("switch_mlp" in n or ".experts." in n) and bool(tensors[n][0])
+                 and tensors[n][0][0] == n_exp, k_exp, n_exp)
 
 
-def gguf_bpt(path, detail=False):
+def gguf_bpt(path):
     try:
         import gguf
     except ImportError:
@@ -78,29 +82,16 @@ def gguf_bpt(path, detail=False):
             if k.endswith("." + suffix) and f.data:
                 return int(f.parts[f.data[0]][0])
         return 0
-    n_exp, k_exp = kv("expert_count"), kv("expert_used_count")
     names = {t.name: int(t.n_bytes) for t in r.tensors}
     tied = "output.weight" not in names
-    total = dense = experts = 0.0
-    for n, b in names.items():
-        if not tied and n == "token_embd.weight":
-            continue
-        if n_exp and k_exp and "_exps." in n:
-            total += b * k_exp / n_exp
-            experts += b
-        else:
-            total += b
-            dense += b
-    if detail:
-        return {"bytes_per_token": total, "dense_bytes": dense, "expert_bytes_all": experts,
-                "experts_used": k_exp, "experts": n_exp}
-    return float(total)
+    sizes = [(n, b) for n, b in names.items() if tied or n != "token_embd.weight"]
+    return tally(sizes, lambda n: "_exps." in n, kv("expert_used_count"), kv("expert_count"))
 
 
 def print_bpt(paths):
     """--bpt: one line per model: bytes per decoded token and its parts."""
     for p in paths:
-        d = safetensors_bpt(p, True) if os.path.isdir(p) else gguf_bpt(p, True)
+        d = safetensors_bpt(p) if os.path.isdir(p) else gguf_bpt(p)
         if d is None:
             sys.exit("bench-report: reading a GGUF needs gguf-py on PYTHONPATH")
         moe = (f"dense + head {d['dense_bytes'] / 1e9:.3f} GB, experts {d['experts_used']} of "
@@ -164,7 +155,7 @@ def main():
         key = (engine, tuple(files))
         if key not in bpt_cache:
             path = os.path.dirname(files[0]) if engine == "mlxcel" else files[0]
-            d = safetensors_bpt(path, True) if engine == "mlxcel" else gguf_bpt(path, True)
+            d = safetensors_bpt(path) if engine == "mlxcel" else gguf_bpt(path)
             bpt_parts[path] = d
             bpt_cache[key] = d and d["bytes_per_token"]
         return bpt_cache[key]
