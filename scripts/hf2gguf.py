@@ -97,7 +97,7 @@ def add_tokenizer(w, src, cfg, nv):
     w.add_add_bos_token(False)
 
 
-def moe_plan(mt, index, names, L, NE):
+def moe_plan(mt, index, L, NE):
     """The expert tensors of one MoE layer family: [(gguf name, shape, dtype, producer)]."""
     plan = []
     for b in range(L):
@@ -223,7 +223,7 @@ def main():
         i = next((int(p) for p in parts if p.isdigit()), None)
         return (0 if "embed" in n else 1 if i is not None else 2, i or 0, n)
 
-    experts = moe_plan(mt, index, names, L, NE) if moe else []
+    experts = moe_plan(mt, index, L, NE) if moe else []
     for name in sorted(index, key=order):
         if moe and ".mlp.experts." in name:
             continue  # in `experts`
@@ -235,18 +235,12 @@ def main():
         plan.append((g, shape, np.float16 if len(shape) >= 2 else np.float32, lambda name=name: load(index, name)))
     if mt == "llama" and cfg.get("tie_word_embeddings") and "lm_head.weight" in index:
         plan = [p for p in plan if p[0] != "output.weight"]  # llama.cpp ties on a missing output
-    if experts:  # after each layer's other tensors
-        blk = lambda g: int(g.split(".")[1]) if g.startswith("blk.") else None
-        merged = []
-        for p in plan:
-            b = blk(p[0])
-            while experts and b is not None and blk(experts[0][0]) < b:
-                merged.append(experts.pop(0))
-            if b is None and experts and merged and blk(merged[-1][0]) is not None:
-                merged += experts
-                experts = []
-            merged.append(p)
-        plan = merged + experts
+    def place(p):  # the embedding, each layer (its experts after its other tensors), the rest
+        g = p[0]
+        if g.startswith("blk."):
+            return (1, int(g.split(".")[1]), "_exps." in g)
+        return (0 if g.startswith("token_embd") else 2, 0, False)
+    plan = sorted(plan + experts, key=place)  # stable: each group keeps its own order
 
     for g, shape, dt, _ in plan:
         w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
