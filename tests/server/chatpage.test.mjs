@@ -17,6 +17,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import http from 'node:http';
 import { MODEL, SLOW, startServer, client, get, request, sleep } from './harness.mjs';
 
 const CHROMIUM = process.env.MLXCEL_CHROMIUM || '/usr/bin/chromium';
@@ -28,6 +29,45 @@ const CSP = {
     'default-src': "'self'", 'script-src': "'unsafe-inline' 'self'", 'style-src': "'unsafe-inline'",
     'connect-src': "'self'",
 };
+
+// A relay on 127.0.0.1 in front of a server that passes everything through,
+// but hands a text/event-stream on one event at a time, `gapMs` apart: the
+// page then sees an answer arrive over seconds however fast the model is (the
+// browser's own network throttling proved unreliable for a loopback stream).
+// Closing the page's side closes the upstream request, as a real client would.
+function pacedRelay(target, gapMs) {
+    const up = new URL(target);
+    const server = http.createServer((req, res) => {
+        const fwd = http.request({ host: up.hostname, port: up.port, method: req.method, path: req.url,
+            headers: { ...req.headers, host: up.host } }, (ures) => {
+            res.writeHead(ures.statusCode, ures.headers);
+            if (!/^text\/event-stream/.test(ures.headers['content-type'] || '')) return ures.pipe(res);
+            let buf = '', queue = [], timer = null, ended = false;
+            const pump = () => {
+                timer = null;
+                if (queue.length) {
+                    res.write(queue.shift());
+                    timer = setTimeout(pump, gapMs);
+                } else if (ended) res.end();
+            };
+            ures.setEncoding('utf8');
+            ures.on('data', (d) => {
+                buf += d;
+                let i;
+                while ((i = buf.indexOf('\n\n')) >= 0) { queue.push(buf.slice(0, i + 2)); buf = buf.slice(i + 2); }
+                if (!timer) pump();
+            });
+            ures.on('end', () => { ended = true; if (buf) queue.push(buf); if (!timer) pump(); });
+            res.on('close', () => { clearTimeout(timer); fwd.destroy(); });
+        });
+        fwd.on('error', () => res.destroy());
+        req.pipe(fwd);
+    });
+    return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({
+        base: `http://127.0.0.1:${server.address().port}`,
+        stop: () => new Promise((r) => { server.closeAllConnections(); server.close(() => r()); }),
+    })));
+}
 
 describe('chat page: headers', () => {
     let srv, keyed;
@@ -65,7 +105,7 @@ describe('chat page: headers', () => {
 });
 
 describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=1' }, () => {
-    let srv, keyed, browser, ctx, page;
+    let srv, keyed, slow, browser, ctx, page;
     const external = [];       // requests to anything but our servers
     const problems = [];       // page errors, CSP violations
     const chatBodies = [];     // the JSON bodies the page POSTed to /v1/chat/completions
@@ -83,6 +123,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         }
         srv = await startServer();
         keyed = await startServer(['--api-key', 'sekrit']);
+        slow = await pacedRelay(srv.base, 60);
         browser = await chromium.launch({
             executablePath: CHROMIUM,
             args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
@@ -90,7 +131,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
                 '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'],
         });
         ctx = await browser.newContext({ viewport: { width: 900, height: 640 } });
-        const ours = [new URL(srv.base).origin, new URL(keyed.base).origin];
+        const ours = [srv.base, keyed.base, slow.base].map((b) => new URL(b).origin);
         await ctx.route('**/*', (route) => {
             const req = route.request();
             const u = new URL(req.url());
@@ -113,6 +154,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
 
     after(async () => {
         if (browser) await browser.close().catch(() => {});
+        if (slow) await slow.stop();
         if (srv) await srv.stop();
         if (keyed) await keyed.stop();
     });
@@ -136,16 +178,6 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
             if (all.length) window.__lens.push(all[all.length - 1].textContent.length);
         }).observe(document.getElementById('log'), { subtree: true, childList: true, characterData: true });
     });
-    // Slow the browser's network down (loopback included), so a stream arrives over seconds.
-    async function throttle(bytesPerSecond) {
-        const cdp = await ctx.newCDPSession(page);
-        await cdp.send('Network.enable');
-        await cdp.send('Network.emulateNetworkConditions', {
-            offline: false, latency: 0, downloadThroughput: bytesPerSecond, uploadThroughput: -1,
-        });
-        return cdp;
-    }
-
     it('loads from this server only and shows the model id', async () => {
         await page.goto(srv.base + '/');
         await page.waitForFunction((m) => document.getElementById('model').textContent === m, MODEL, { timeout: WAIT });
@@ -155,19 +187,19 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
     });
 
     it('Enter sends; the answer streams, grows, and equals the greedy API answer', async () => {
+        // from here on the page talks to the server through the paced relay
+        await page.goto(slow.base + '/');
+        await page.waitForFunction((m) => document.getElementById('model').textContent === m, MODEL, { timeout: WAIT });
         await page.click('#settings summary');
         await page.fill('#system', 'You are a poet.');
         await page.fill('#temperature', '0');
         await page.fill('#max-tokens', '40');
         await page.click('#settings summary');
         await watch();
-        const cdp = await throttle(1500);
         await send('ROMEO:');
         await page.waitForFunction(() => !document.getElementById('stop').disabled, null, { timeout: WAIT });
         assert.ok(await page.isDisabled('#send'), 'Send is enabled while streaming');
         await idle();
-        await cdp.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
-        await cdp.detach();
         const text = await lastText();
         const lens = await page.evaluate(() => window.__lens);
         const steps = [...new Set(lens.filter((n) => n > 0))];
@@ -203,7 +235,6 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         await page.fill('#max-tokens', '');          // up to the context: hundreds of tokens
         await page.fill('#temperature', '0');
         await page.click('#settings summary');
-        const cdp = await throttle(2000);
         await send('Tell me a long story.');
         await page.waitForFunction(() => {
             const t = document.querySelector('#log .msg.assistant .text');
@@ -218,8 +249,6 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         assert.equal(await lastText(), stopped, 'the text grew after Stop');
         assert.ok(await page.isEnabled('#send'));
         assert.equal(chatBodies.at(-1).max_tokens, undefined);
-        await cdp.send('Network.emulateNetworkConditions', { offline: false, latency: 0, downloadThroughput: -1, uploadThroughput: -1 });
-        await cdp.detach();
 
         await page.click('#settings summary');
         await page.fill('#max-tokens', '8');
