@@ -407,11 +407,13 @@ static void qreport(const char *test, const struct qstat *qs)
 }
 
 /* n_tok, groups per row, out: one group, many groups, partial SIMD blocks,
- * rows not a multiple of the 4-row unroll, > 2048 codes (several scale
- * chunks), n_tok 1..9 and past the GEMM threshold. */
+ * rows not a multiple of the 4-row unroll or of the VNNI GEMM's 16-row
+ * panels, > 2048 codes (several scale chunks, with tokens past one 8-token
+ * tile), n_tok 1..9 and past the GEMM threshold. */
 static const int k_qshapes[][3] = {
     {1, 1, 7}, {3, 2, 1}, {1, 3, 33}, {20, 4, 40}, {6, 3, 33}, {9, 17, 9},
     {2, 70, 5}, {4, 5, 3}, {5, 2, 4}, {7, 1, 6}, {8, 3, 12},
+    {11, 40, 21}, {17, 9, 35},
     {33, 2, 19}, {64, 3, 24},   /* past every gemm_min_tok_q: the quantized GEMM path */
 };
 
@@ -456,36 +458,40 @@ static void test_linear_quant_nonfinite(void **state)
     struct kc_bes bs;
     kc_open(&bs);
     for (int bi = 0; bi < 3; bi++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 6; k++) { /* 2 tokens (matvec), then 4 (the VNNI 4-bit GEMM) */
+            const int nt = k < 3 ? 2 : 4;
             struct tensor w = bits[bi] ? qrand(bits[bi], 64, DTYPE_BF16, 9, 192)
                                        : qrand_fp(QMODE_MXFP4, 9, 192, false);
-            float *x = kc_fvec(2 * 192, -1.0f, 1.0f), y[18];
-            x[70 + k] = bad[k]; /* token 0, second group */
+            float *x = kc_fvec((size_t)nt * 192, -1.0f, 1.0f), y[36];
+            x[70 + k % 3] = bad[k % 3]; /* token 0, second group */
             for (int i = 0; i < bs.n; i++) {
-                bs.be[i]->ops->linear(bs.be[i], y, 9, x, &w, NULL, 2);
-                for (int r = 0; r < 9; r++) {
-                    if (isfinite(y[r]) || !isfinite(y[9 + r]))
-                        fail_msg("q%d x=%g on %s: y0[%d] = %g, y1[%d] = %g", bits[bi],
-                                 (double)bad[k], bs.be[i]->name, r, (double)y[r], r,
-                                 (double)y[9 + r]);
-                }
+                bs.be[i]->ops->linear(bs.be[i], y, 9, x, &w, NULL, nt);
+                for (int t = 0; t < nt; t++)
+                    for (int r = 0; r < 9; r++)
+                        if (isfinite(y[9 * t + r]) != (t > 0))
+                            fail_msg("q%d x=%g, %d tokens on %s: y[%d][%d] = %g", bits[bi],
+                                     (double)bad[k % 3], nt, bs.be[i]->name, t, r,
+                                     (double)y[9 * t + r]);
             }
             free(x);
             tfree(&w);
         }
     /* a group of tiny x (its integer scale would leave the f32 range) adds nothing
      * visible: every ISA agrees with the scalar reference (affine 4-bit, mxfp4) */
-    for (int fp = 0; fp < 2; fp++) {
+    for (int c = 0; c < 4; c++) { /* q4 and mxfp4, 1 token and 4 */
+        const int fp = c & 1, nt = c < 2 ? 1 : 4;
         struct tensor w = fp ? qrand_fp(QMODE_MXFP4, 9, 128, false) : qrand(4, 64, DTYPE_BF16, 9, 128);
-        float *x = kc_fvec(128, -1.0f, 1.0f), y[9], y0[9];
+        float *x = kc_fvec((size_t)nt * 128, -1.0f, 1.0f), y[36], y0[36];
         for (int i = 64; i < 128; i++)
             x[i] = 1e-39f * (float)(i - 96);
+        for (int t = 1; t < nt; t++) /* the same x: the 1-token check for every token */
+            memcpy(x + 128 * t, x, 128 * sizeof *x);
         for (int i = 0; i < bs.n; i++) {
-            bs.be[i]->ops->linear(bs.be[i], i ? y : y0, 9, x, &w, NULL, 1);
-            for (int r = 0; r < 9 && i; r++)
+            bs.be[i]->ops->linear(bs.be[i], i ? y : y0, 9, x, &w, NULL, nt);
+            for (int r = 0; r < 9 * nt && i; r++)
                 if (!(fabsf(y[r] - y0[r]) <= 1e-4f * (1.0f + fabsf(y0[r]))))
-                    fail_msg("tiny x (%s) on %s: y[%d] = %g, scalar %g", fp ? "mxfp4" : "q4",
-                             bs.be[i]->name, r, (double)y[r], (double)y0[r]);
+                    fail_msg("tiny x (%s, %d tokens) on %s: y[%d] = %g, scalar %g", fp ? "mxfp4" : "q4",
+                             nt, bs.be[i]->name, r, (double)y[r], (double)y0[r]);
         }
         free(x);
         tfree(&w);

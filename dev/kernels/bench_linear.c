@@ -197,11 +197,14 @@ static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt,
                            int out, int in, size_t total)
 {
     struct wset s = wset_make(dt, q, out, in, total);
-    float *x = malloc((size_t)in * 4), *y = malloc((size_t)out * 4);
-    for (int i = 0; i < in; i++)
+    /* BENCH_TOK=N: N tokens a product (batched decode); GB/s then counts the
+     * weights once per token, so N times the ceiling of one token is perfect */
+    const int nt = getenv("BENCH_TOK") ? atoi(getenv("BENCH_TOK")) : 1;
+    float *x = malloc((size_t)in * nt * 4), *y = malloc((size_t)out * nt * 4);
+    for (size_t i = 0; i < (size_t)in * nt; i++)
         x[i] = (float)(i % 7) * 0.1f;
     for (int i = 0; i < s.n; i++) /* warm-up: page in */
-        be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, 1);
+        be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, nt);
     double best = 1e9;
     int inner = s.n == 1 ? 200 : 1;
     /* in-cache runs on one thread are timed in thread CPU time (the caller
@@ -212,12 +215,12 @@ static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt,
         double t0 = cpu ? cputime() : now();
         for (int k = 0; k < inner; k++)
             for (int i = 0; i < s.n; i++)
-                be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, 1);
+                be->ops->linear(be, y, (int)s.w[i].shape[0], x, &s.w[i], NULL, nt);
         double t = ((cpu ? cputime() : now()) - t0) / s.n / inner;
         best = t < best ? t : best;
     }
-    printf("  matvec%s %-8s %5d x %-5d  %7.1f us  %6.1f GB/s\n", s.n == 1 ? "*" : " ", label, out, in,
-           best * 1e6, s.bytes_each / best / 1e9);
+    printf("  matvec%s %-8s %5d x %-5d x%-3d %7.1f us  %6.1f GB/s\n", s.n == 1 ? "*" : " ", label, out,
+           in, nt, best * 1e6, s.bytes_each * nt / best / 1e9);
     free(x);
     free(y);
     wset_free(&s);
@@ -337,9 +340,11 @@ static void bench_quant_l2(struct backend *be)
         {"nvfp4", {4, 16, QMODE_NVFP4}},
     };
     const char *only = getenv("BENCH_Q");
+    /* BENCH_ROWS: rows of the in-cache matrix (default 64: L2; 1024 of 4-bit is in L3) */
+    const int rows = getenv("BENCH_ROWS") ? atoi(getenv("BENCH_ROWS")) : 64;
     for (size_t i = 0; i < sizeof qs / sizeof qs[0]; i++)
         if (!only || strstr(only, qs[i].label))
-            bench_matvec_q(be, qs[i].label, DTYPE_U32, qs[i].q, 64, 4096, 0);
+            bench_matvec_q(be, qs[i].label, DTYPE_U32, qs[i].q, rows, 4096, 0);
 }
 
 int main(int argc, char **argv)
@@ -377,7 +382,7 @@ int main(int argc, char **argv)
     if (strstr(only, "ql2"))
         bench_quant_l2(be);
     /* in-cache (L2) matvec: the compute ceiling of each kernel, marked '*' */
-    if (strstr(only, "l2")) {
+    if (strstr(only, "l2") && !strstr(only, "ql2")) {
         bench_matvec(be, "bf16", DTYPE_BF16, 0, 64, 4096, 0);
         bench_matvec(be, "f16", DTYPE_F16, 0, 64, 4096, 0);
         bench_matvec(be, "f32", DTYPE_F32, 0, 32, 4096, 0);

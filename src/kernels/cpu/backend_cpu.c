@@ -205,20 +205,41 @@ static size_t qprep_size(const struct cpu_kernels *k, const struct wmat *w, int 
     return n;
 }
 
+struct qi_prep_ctx {
+    const struct cpu_kernels *k;
+    float *buf;
+    const float *x;
+    const struct wmat *w;
+    int n_tok;
+};
+
+static void qi_prep_task(void *arg, int ith, int nth)
+{
+    const struct qi_prep_ctx *pc = arg;
+    size_t ld = qx_stride(pc->k, pc->w);
+    long lo, hi;
+    tpool_range(pc->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        pc->k->qi_prep((uint8_t *)(pc->buf + (size_t)t * ld), pc->x + (size_t)t * pc->w->in, pc->w);
+}
+
 /* The x-side inputs of a quantized matvec, computed once per call rather
  * than once per weight row: for qi, x prepared as integers with its group
  * sums (*xs NULL); otherwise for affine weights the per-group sums
  * xs [n_tok, in/qgroup] (NULL for other modes), and on ISAs that want it x
  * permuted (qxperm, row stride qx_stride()) into the order in which the
  * kernel unpacks codes. *xp is x itself otherwise. */
-static void qprep_fill(const struct cpu_kernels *k, float *buf, const float *x, int n_tok,
+static void qprep_fill(struct cpu_backend *c, float *buf, const float *x, int n_tok,
                        const struct wmat *w, const float **xs, const float **xp)
 {
+    const struct cpu_kernels *k = &c->k;
     int ng = (int)xsum_len(w), in = w->in;
     if (use_qi(k, w)) {
-        size_t ld = qx_stride(k, w);
-        for (int t = 0; t < n_tok; t++)
-            k->qi_prep((uint8_t *)(buf + (size_t)t * ld), x + (size_t)t * in, w);
+        struct qi_prep_ctx pc = {k, buf, x, w, n_tok};
+        if (n_tok >= 8) /* prefill: the tokens' preparations split over the threads */
+            tpool_run(c->pool, qi_prep_task, &pc);
+        else
+            qi_prep_task(&pc, 0, 1);
         *xs = NULL;
         *xp = buf;
         return;
@@ -339,7 +360,9 @@ static int gemm_min_tok(const struct cpu_kernels *k, const struct wmat *m)
         return 1 << 30;
     if (!m->qbits)
         return k->gemm_min_tok;
-    return use_qi(k, m) ? k->gemm_min_tok_qi : k->gemm_min_tok_q;
+    if (!use_qi(k, m))
+        return k->gemm_min_tok_q;
+    return k->qi_any_tok && k->qi_any_tok(m) ? 1 << 30 : k->gemm_min_tok_qi;
 }
 
 int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
@@ -371,7 +394,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
         float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
         if (!buf)
             return;
-        qprep_fill(&c->k, buf, x, n_tok, &m, &lc.xsum, &lc.x);
+        qprep_fill(c, buf, x, n_tok, &m, &lc.xsum, &lc.x);
         lc.ldx = qx_stride(&c->k, &m);
     }
     tpool_run(c->pool, linear_task, &lc);
@@ -459,7 +482,7 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
                 if (same[j] >= 0)
                     xp[j] = xp[same[j]];
                 else if (w[j].qbits)
-                    qprep_fill(&c->k, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
+                    qprep_fill(c, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
         }
         struct batch_ctx bc = {c, jobs, w, xs_off, xp, total, n};
         tpool_run(c->pool, batch_task, &bc);

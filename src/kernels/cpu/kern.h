@@ -107,6 +107,9 @@ struct cpu_kernels {
     int gemm_min_tok;
     int gemm_min_tok_q;
     int gemm_min_tok_qi;      /* quantized W that the integer matvec takes */
+    /* Optional: true for the W of those that matvec_qi runs at any token
+     * count, faster than the GEMM path (the VNNI 4-bit GEMM). */
+    bool (*qi_any_tok)(const struct wmat *w);
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);

@@ -137,11 +137,217 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
+/* ---- 4-bit GEMM: 16 rows in the lanes, up to 8 tokens a tile ----
+ * For more than one token (batched decode, prefill) the rows go into the
+ * lanes instead: a panel holds, for each 4-byte word of codes (8 codes) of
+ * a column chunk, that word of 16 rows side by side, so one vpdpbusd
+ * multiplies 4 codes of 16 rows by 4 bytes of one token's limbs,
+ * broadcast from the prepared x (the same layout kern_avx2_qi.c writes:
+ * the low nibbles of word l of a 64-code piece are its even codes 8l ..
+ * 8l+6, whose limbs are bytes 4l .. 4l+3 of the piece's "even" parts). A
+ * lane then sums one row's whole group in int32, and the group costs one
+ * convert and two FMAs per token for 16 rows, where the matvec pays them
+ * per 128 codes of each row. The weights of a panel are decoded once per
+ * 4 codes and reused by every token of the tile. The integers are those of
+ * the matvec; only the f32 summation order differs (|I| of a group can pass
+ * 2^24: its conversion rounds like an f32 sum would). */
+#define QG_TILE 8
+struct qg_panel {
+    uint32_t w[QI_CH / 8][16]; /* word i (codes 8i .. 8i+7 of the chunk) of the 16 rows */
+    float s[QI_CH / 32][16];   /* per group: the rows' scales */
+    float b[QI_CH / 32][16];   /* and biases */
+};
+
+/* 16 x 16 transpose of 32-bit words: v[i] lane j <- v[j] lane i. */
+AI void qg_transpose16(__m512i v[16])
+{
+    __m512i u[16];
+    for (int a = 0; a < 4; a++) { /* 4 x 4 blocks inside each 128-bit lane */
+        __m512i t0 = _mm512_unpacklo_epi32(v[4 * a], v[4 * a + 1]),
+                t1 = _mm512_unpackhi_epi32(v[4 * a], v[4 * a + 1]),
+                t2 = _mm512_unpacklo_epi32(v[4 * a + 2], v[4 * a + 3]),
+                t3 = _mm512_unpackhi_epi32(v[4 * a + 2], v[4 * a + 3]);
+        u[4 * a] = _mm512_unpacklo_epi64(t0, t2);     /* column 4L + 0 of rows 4a .. 4a+3 */
+        u[4 * a + 1] = _mm512_unpackhi_epi64(t0, t2); /* 4L + 1 */
+        u[4 * a + 2] = _mm512_unpacklo_epi64(t1, t3); /* 4L + 2 */
+        u[4 * a + 3] = _mm512_unpackhi_epi64(t1, t3); /* 4L + 3 */
+    }
+    for (int c = 0; c < 4; c++) { /* then a 4 x 4 transpose of the 128-bit lanes */
+        __m512i s0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44),
+                s1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee),
+                s2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44),
+                s3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+        v[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+        v[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xdd);
+        v[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+        v[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xdd);
+    }
+}
+
+/* The panel of rows r0 .. r0+nr (nr <= 16; missing rows repeat the last) for
+ * codes c0 .. c0+cn (a multiple of the group size, so of 32) and its groups. */
+static void qg_pack(struct qg_panel *p, const struct wmat *w, int r0, int nr, int c0, int cn)
+{
+    const uint8_t *rw[16], *rs[16], *rb[16];
+    for (int j = 0; j < 16; j++) {
+        size_t r = (size_t)r0 + (size_t)(j < nr ? j : nr - 1);
+        rw[j] = w->data + r * w->row_bytes + (size_t)c0 / 2;
+        rs[j] = w->qs + r * w->qrow_bytes;
+        rb[j] = w->qb ? w->qb + r * w->qrow_bytes : NULL;
+    }
+    const int nw = cn / 8, g0 = c0 / w->qgroup, gn = cn / w->qgroup;
+    const size_t pfd = 16 * w->row_bytes;
+    int i = 0;
+    for (; i + 16 <= nw; i += 16) {
+        __m512i v[16];
+        for (int j = 0; j < 16; j++) {
+            /* the same bytes of the next panel's rows: read while this one computes */
+            _mm_prefetch((const char *)rw[j] + 4 * (size_t)i + pfd, _MM_HINT_T0);
+            v[j] = _mm512_loadu_si512(rw[j] + 4 * (size_t)i);
+        }
+        qg_transpose16(v);
+        for (int j = 0; j < 16; j++)
+            _mm512_store_si512(p->w[i + j], v[j]);
+    }
+    for (; i < nw; i++)
+        for (int j = 0; j < 16; j++)
+            memcpy(&p->w[i][j], rw[j] + 4 * (size_t)i, 4);
+    /* scales and biases: each row's groups widened to f32, then 16 x 16 transposes */
+    _Alignas(64) float ts[16][QI_CH / 32], tb[16][QI_CH / 32];
+    for (int j = 0; j < 16; j++) {
+        int g = 0;
+        for (; g + 8 <= gn; g += 8) {
+            _mm256_store_ps(ts[j] + g, qi_ld8(rs[j], w->qsdt, g0, g));
+            _mm256_store_ps(tb[j] + g, rb[j] ? qi_ld8(rb[j], w->qsdt, g0, g) : _mm256_setzero_ps());
+        }
+        for (; g < gn; g++) {
+            ts[j][g] = kern_ld(rs[j], w->qsdt, (size_t)(g0 + g));
+            tb[j][g] = rb[j] ? kern_ld(rb[j], w->qsdt, (size_t)(g0 + g)) : 0.0f;
+        }
+        for (; g % 16; g++)
+            ts[j][g] = tb[j][g] = 0.0f;
+    }
+    for (int g = 0; g < gn; g += 16) {
+        __m512i v[16], u[16];
+        for (int j = 0; j < 16; j++) {
+            v[j] = _mm512_load_si512(ts[j] + g);
+            u[j] = _mm512_load_si512(tb[j] + g);
+        }
+        qg_transpose16(v);
+        qg_transpose16(u);
+        for (int j = 0; j < 16 && g + j < gn; j++) {
+            _mm512_store_si512(p->s[g + j], v[j]);
+            _mm512_store_si512(p->b[g + j], u[j]);
+        }
+    }
+}
+
+AI __m512i qg_bcast(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Tokens t0 .. t0+T of the panel's rows (lanes in rm) over the chunk of codes
+ * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
+AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                const struct qg_panel *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
+                const int T, const int G)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const int g0 = c0 / G;
+    const uint8_t *xc[QG_TILE];
+    const float *xs[QG_TILE], *xm[QG_TILE];
+    __m512 f[QG_TILE];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xt = xq + (size_t)(t0 + t) * ldxq;
+        xs[t] = (const float *)xt + g0;
+        xm[t] = (const float *)(xt + hdr) + g0;
+        xc[t] = xt + 2 * hdr + 2 * (size_t)c0;
+        f[t] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < gn; g++) {
+        __m512i ih[QG_TILE], il[QG_TILE];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++)
+            ih[t] = il[t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+        for (int u = 0; u < G / 8; u++) {
+            const int wi = g * (G / 8) + u;
+            const __m512i v = _mm512_load_si512(p->w[wi]);
+            const __m512i lo = _mm512_and_si512(v, m0f),
+                          hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
+            const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
+        #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+                ih[t] = _mm512_dpbusd_epi32(ih[t], lo, qg_bcast(xc[t] + xo));
+                ih[t] = _mm512_dpbusd_epi32(ih[t], hi, qg_bcast(xc[t] + xo + 32));
+                il[t] = _mm512_dpbusd_epi32(il[t], lo, qg_bcast(xc[t] + xo + 64));
+                il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 96));
+            }
+        }
+        const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+            __m512i i32 = _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]);
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
+                                   f[t]);
+            f[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xm[t][g]), f[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        float *yo = y + (size_t)(t0 + t) * ldy + r0;
+        __m512 v = acc ? _mm512_add_ps(f[t], _mm512_maskz_loadu_ps(rm, yo)) : f[t];
+        _mm512_mask_storeu_ps(yo, rm, v);
+    }
+}
+
+/* Rows r0 .. r1 of a 4-bit affine W for n_tok tokens, panel by panel. */
+AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                const struct wmat *w, int r0, int r1, const int G)
+{
+    _Alignas(64) struct qg_panel p;
+    const size_t hdr = kern_qi_hdr(w);
+    for (int r = r0; r < r1; r += 16) {
+        const int nr = r1 - r < 16 ? r1 - r : 16;
+        const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+        for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
+            const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+            const bool acc = c0 > 0;
+            qg_pack(&p, w, r, nr, c0, cn);
+            int t = 0;
+            for (; t + QG_TILE <= n_tok; t += QG_TILE)
+                qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, QG_TILE, G);
+#define QG_TAIL(T) case T: qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, T, G); break;
+            switch (n_tok - t) {
+            QG_TAIL(1) QG_TAIL(2) QG_TAIL(3) QG_TAIL(4) QG_TAIL(5) QG_TAIL(6) QG_TAIL(7)
+            default: break;
+            }
+#undef QG_TAIL
+        }
+    }
+}
+
+/* From this many tokens the 4-bit GEMM beats the matvec (its panels cost a
+ * transpose per 16 rows and chunk). */
+#define QG_MIN_TOK 3
+
 static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
     if (w->qmode != QMODE_AFFINE) {
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    if (w->qbits == 4 && n_tok >= QG_MIN_TOK) {
+        switch (w->qgroup) {
+        case 32: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32); break;
+        case 64: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64); break;
+        default: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 128); break;
+        }
         return;
     }
 #define QV_BLOCK(B, G) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
@@ -159,11 +365,17 @@ static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, i
 #undef QV_BLOCK
 }
 
+static bool a5_qi_any_tok(const struct wmat *w)
+{
+    return w->qmode == QMODE_AFFINE && w->qbits == 4;
+}
+
 bool kern_avx512_qi_init(struct cpu_kernels *k)
 {
     if (!k->qi_prep) /* the AVX2 preparation is the one this kernel reads */
         return false;
     k->matvec_qi = a5_matvec_qi;
+    k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
     k->gemm_min_tok_qi = 32;
