@@ -243,15 +243,32 @@ static void qg_pack(struct qg_panel *p, const struct wmat *w, int r0, int nr, in
     }
 }
 
-/* Ask for the codes the next qg_pack reads (rows r0 .. r0+16 clipped to r1, codes c0 ..
- * c0+cn), while tiles compute: the loads of a pack would otherwise wait on DRAM. */
-static void qg_prefetch(const struct wmat *w, int r0, int r1, int c0)
+/* The codes the next qg_pack reads (rows r0 .. r0+16 clipped to r1, codes c0 ..), asked
+ * for one 64-byte line per word a tile decodes, so the requests spread over its work. */
+struct qg_pf {
+    const char *row[16];
+    int n_rows, row_len; /* rows, and bytes of codes per row in the chunk */
+    int r, o;            /* the next line to ask for */
+};
+
+static void qg_pf_init(struct qg_pf *pf, const struct wmat *w, int r0, int r1, int c0)
 {
     const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH;
-    for (int r = r0; r < r1 && r < r0 + 16; r++) {
-        const char *p = (const char *)w->data + (size_t)r * w->row_bytes + (size_t)c0 / 2;
-        for (int o = 0; o < cn / 2; o += 64)
-            _mm_prefetch(p + o, _MM_HINT_T0);
+    pf->n_rows = r1 - r0 < 16 ? r1 - r0 : 16;
+    pf->row_len = cn / 2;
+    pf->r = pf->o = 0;
+    for (int j = 0; j < pf->n_rows; j++)
+        pf->row[j] = (const char *)w->data + (size_t)(r0 + j) * w->row_bytes + (size_t)c0 / 2;
+}
+
+AI void qg_pf_step(struct qg_pf *pf)
+{
+    if (pf->r >= pf->n_rows)
+        return;
+    _mm_prefetch(pf->row[pf->r] + pf->o, _MM_HINT_T0);
+    if ((pf->o += 64) >= pf->row_len) {
+        pf->o = 0;
+        pf->r++;
     }
 }
 
@@ -266,7 +283,7 @@ AI __m512i qg_bcast(const uint8_t *p)
  * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
 AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                 const struct qg_panel *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
-                const int T, const int G)
+                struct qg_pf *pf, const int T, const int G)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const int g0 = c0 / G;
@@ -289,6 +306,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
 #pragma GCC unroll 16
         for (int u = 0; u < G / 8; u++) {
             const int wi = g * (G / 8) + u;
+            if (pf)
+                qg_pf_step(pf);
             const __m512i v = _mm512_load_si512(p->w[wi]);
             const __m512i lo = _mm512_and_si512(v, m0f),
                           hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
@@ -331,19 +350,20 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
             const bool acc = c0 > 0;
             qg_pack(&p, w, r, nr, c0, cn);
-            /* the next pack's codes are asked for two tiles before the last one, so that
-             * they are not pushed out again by the tokens' x that the tiles stream */
+            /* the next pack's codes are asked for during the third tile from the end (the
+             * only one at decode), so that the x the later tiles stream does not evict them */
             const int nc0 = c0 + QI_CH < w->in ? c0 + QI_CH : 0, nr0 = nc0 ? r : r + 16;
-            const int pf_at = n_tok - 3 * QG_TILE > 0 ? (n_tok - 3 * QG_TILE) / QG_TILE * QG_TILE : 0;
+            const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
+                      pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
+            struct qg_pf pf;
+            if (nr0 < r1)
+                qg_pf_init(&pf, w, nr0, r1, nc0);
             int t = 0;
-            for (; t + QG_TILE <= n_tok; t += QG_TILE) {
-                if (t == pf_at && nr0 < r1)
-                    qg_prefetch(w, nr0, r1, nc0);
-                qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, QG_TILE, G);
-            }
-            if (t == pf_at && t < n_tok && nr0 < r1)
-                qg_prefetch(w, nr0, r1, nc0);
-#define QG_TAIL(T) case T: qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, T, G); break;
+            for (; t + QG_TILE <= n_tok; t += QG_TILE)
+                qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc,
+                        t == pf_at && nr0 < r1 ? &pf : NULL, QG_TILE, G);
+            struct qg_pf *tpf = t == pf_at && nr0 < r1 ? &pf : NULL;
+#define QG_TAIL(T) case T: qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, T, G); break;
             switch (n_tok - t) {
             QG_TAIL(1) QG_TAIL(2) QG_TAIL(3) QG_TAIL(4) QG_TAIL(5) QG_TAIL(6) QG_TAIL(7)
             default: break;
