@@ -7,11 +7,21 @@
  *
  * rope:      one thread per (token, head, frequency)
  * kv_store:  one block of 512 threads per row
- * attention: one block of ATTN_WARPS warps per (query row, head). Warp w
- *            takes the keys w, w + ATTN_WARPS, ... of the row's range with an
- *            online softmax (running max, sum, and the head_dim output spread
- *            over the lanes, HD_PER_LANE each); the warps' partials are merged
- *            through shared memory at the end.
+ * attention: one block of ATTN_WARPS warps per (query row, head). From
+ *            ATTN_PIECES_MIN_TOK rows (prefill), warp w takes the row's keys 32
+ *            at a time (pieces w, w + ATTN_WARPS, ...):
+ *            the lanes hold q and the output spread over head_dim
+ *            (HD_PER_LANE each), read each key row of the piece coalesced into
+ *            32 partial dot products per lane, and one reduce-scatter (31
+ *            shuffles) leaves key k's score in lane k; the warp then updates
+ *            its online softmax once per piece (running max and sum) and adds
+ *            the piece's 32 value rows into the output. The warps' partials
+ *            are merged through shared memory at the end. For fewer rows
+ *            (decode: one block per head and sequence, too few blocks to hide a
+ *            piece's latency) warp w takes the keys w, w + ATTN_WARPS, ... one
+ *            at a time: a warp reduction per key and its softmax update.
+ *            H200, Llama-3.2-1B shape: pieces make pp512 1.46x and pp4096 1.04x,
+ *            but tg128 0.85x and tg at depth 4096 0.72x.
  */
 #include <math.h>
 
@@ -19,6 +29,7 @@
 
 #define ATTN_WARPS 8
 #define HD_PER_LANE 8   /* head_dim up to 256 */
+#define ATTN_PIECES_MIN_TOK 32
 
 // ---- rope ----
 
@@ -104,7 +115,8 @@ struct attn_args {
     const float *sinks;
 };
 
-/* grid: (n_head, n_tok); block: ATTN_WARPS warps. */
+/* grid: (n_head, n_tok); block: ATTN_WARPS warps; PIECES: keys 32 at a time. */
+template <bool PIECES>
 __global__ void attn_kernel(attn_args a)
 {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
@@ -124,26 +136,82 @@ __global__ void attn_kernel(attn_args a)
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int j = lo + w; j < hi; j += ATTN_WARPS) {
-        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
-        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
-        float s = 0.0f;
+    if (!PIECES) {
+        for (int j = lo + w; j < hi; j += ATTN_WARPS) {
+            size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+            const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+            const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+            float s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            if (d < a.hd)
-                s += qv[i] * kr[d];
+            for (int i = 0; i < HD_PER_LANE; i++) {
+                int d = lane + 32 * i;
+                if (d < a.hd)
+                    s += qv[i] * kr[d];
+            }
+            s = cu_warp_sum(s) * a.scale;
+            if (a.softcap > 0.0f)
+                s = a.softcap * tanhf(s / a.softcap);
+            float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+            l = l * corr + pj;
+#pragma unroll
+            for (int i = 0; i < HD_PER_LANE; i++) {
+                int d = lane + 32 * i;
+                o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+            }
+            m = mn;
         }
-        s = cu_warp_sum(s) * a.scale;
-        if (a.softcap > 0.0f)
-            s = a.softcap * tanhf(s / a.softcap);
-        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
-        l = l * corr + pj;
+    }
+    for (int j0 = lo + 32 * w; PIECES && j0 < hi; j0 += 32 * ATTN_WARPS) {
+        const int j = j0 + lane, nk = hi - j0 < 32 ? hi - j0 : 32;
+        const size_t slot = j < hi ? (size_t)tab[j / a.bs] * a.bs + j % a.bs : 0;
+        float part[32];
 #pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+        for (int k = 0; k < 32; k++) {
+            part[k] = 0.0f;
+            size_t sk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)slot, k);
+            if (k < nk) {
+                const float *kr = a.kc + sk * a.k_dim + (size_t)g * a.hd;
+#pragma unroll
+                for (int i = 0; i < HD_PER_LANE; i++) {
+                    int d = lane + 32 * i;
+                    if (d < a.hd)
+                        part[k] += qv[i] * kr[d];
+                }
+            }
+        }
+        /* reduce-scatter: after the step of width h, part[0 .. h) of lane L holds the
+         * partial sums of the keys whose index agrees with L in the bits above h */
+#pragma unroll
+        for (int h = 16; h >= 1; h /= 2) {
+            const bool up = lane & h;
+#pragma unroll
+            for (int k = 0; k < h; k++) {
+                float send = up ? part[k] : part[k + h], keep = up ? part[k + h] : part[k];
+                part[k] = keep + __shfl_xor_sync(0xffffffffu, send, h);
+            }
+        }
+        float s = -INFINITY;
+        if (j < hi) {
+            s = part[0] * a.scale;
+            if (a.softcap > 0.0f)
+                s = a.softcap * tanhf(s / a.softcap);
+        }
+        float mn = fmaxf(m, cu_warp_max(s)), corr = expf(m - mn);
+        float pj = j < hi ? expf(s - mn) : 0.0f;
+        l = l * corr + cu_warp_sum(pj);
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++)
+            o[i] *= corr;
+        for (int k = 0; k < nk; k++) {
+            float pk = __shfl_sync(0xffffffffu, pj, k);
+            size_t sk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)slot, k);
+            const float *vr = a.vc + sk * a.v_dim + (size_t)g * a.hd;
+#pragma unroll
+            for (int i = 0; i < HD_PER_LANE; i++) {
+                int d = lane + 32 * i;
+                if (d < a.hd)
+                    o[i] += pk * vr[d];
+            }
         }
         m = mn;
     }
@@ -198,6 +266,9 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
                    rows->tables, rows->block_size, ap->n_head, ap->n_head / ap->n_kv_head,
                    ap->head_dim, ap->scale, ap->softcap, ap->window, ap->sinks};
     dim3 grid(ap->n_head, n_tok);
-    cu_launch(c, attn_kernel, grid, dim3(32 * ATTN_WARPS), a);
+    if (n_tok >= ATTN_PIECES_MIN_TOK)
+        cu_launch(c, attn_kernel<true>, grid, dim3(32 * ATTN_WARPS), a);
+    else
+        cu_launch(c, attn_kernel<false>, grid, dim3(32 * ATTN_WARPS), a);
     cu_check(c, "attention");
 }

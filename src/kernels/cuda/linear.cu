@@ -621,26 +621,43 @@ gemv_qi_kernel(ga_jobs js)
             jb.y[r0 + r] = acc[r] + (jb.bias ? cu_ld(jb.bias, jb.bdt, (size_t)(r0 + r)) : 0.0f);
 }
 
-/* dst [rows, in] = W[r0 .. r0 + rows) in f32; grid-stride over (row, chunk-or-tail-element). */
+/* dst [rows, in] = W[r0 .. r0 + rows) in f32; grid-stride over (row, chunk-or-tail-element),
+ * a warp's 32 items at a time. A lane decodes its chunk of 32 into registers, then the warp
+ * writes the 32 chunks one after another through shared memory, each as one coalesced 128-byte
+ * store (a lane writing its own chunk would touch 32 lines per store instruction). blockDim 256. */
 template <int F>
 __global__ void dequant_kernel(float *dst, cu_wmat w, int r0, int rows, int n_chunks)
 {
+    __shared__ float st[8][32][33];
     int tail = w.in - n_chunks * 32, per_row = n_chunks + tail;
+    int lane = threadIdx.x % 32, wp = threadIdx.x / 32;
     size_t n = (size_t)rows * per_row;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        int rr = (int)(i / per_row), c = (int)(i % per_row);
-        float *d = dst + (size_t)rr * w.in;
-        if (c < n_chunks) {
-            float v[32];
-            decode_chunk<F>(w, r0 + rr, c, v);
+    for (size_t i0 = blockIdx.x * (size_t)blockDim.x + 32 * (size_t)wp; i0 < n;
+         i0 += (size_t)gridDim.x * blockDim.x) {
+        size_t i = i0 + lane;
+        float *d = nullptr;
+        if (i < n) {
+            int rr = (int)(i / per_row), c = (int)(i % per_row);
+            float *row = dst + (size_t)rr * w.in;
+            if (c < n_chunks) {
+                float v[32];
+                decode_chunk<F>(w, r0 + rr, c, v);
 #pragma unroll
-            for (int j = 0; j < 32; j++)
-                d[c * 32 + j] = v[j];
-        } else {
-            int k = n_chunks * 32 + (c - n_chunks);
-            d[k] = w_elem(w, r0 + rr, k);
+                for (int j = 0; j < 32; j++)
+                    st[wp][lane][j] = v[j];
+                d = row + (size_t)c * 32;
+            } else {
+                int k = n_chunks * 32 + (c - n_chunks);
+                row[k] = w_elem(w, r0 + rr, k);
+            }
         }
+        __syncwarp();
+        for (int k = 0; k < 32; k++) {
+            float *dk = (float *)__shfl_sync(0xffffffffu, (unsigned long long)d, k);
+            if (dk)
+                dk[lane] = st[wp][k][lane];
+        }
+        __syncwarp();
     }
 }
 
