@@ -189,7 +189,7 @@ AI void qg_transpose16(__m512i v[16])
 
 /* The panel of rows r0 .. r0+nr (nr <= 16; missing rows repeat the last) for
  * codes c0 .. c0+cn (a multiple of the group size, so of 32) and its groups. */
-static void qg_pack(struct qg_panel *p, const struct wmat *w, int r0, int nr, int c0, int cn)
+QI_NOSAN static void qg_pack(struct qg_panel *p, const struct wmat *w, int r0, int nr, int c0, int cn)
 {
     const uint8_t *rw[16], *rs[16], *rb[16];
     for (int j = 0; j < 16; j++) {
@@ -251,7 +251,7 @@ struct qg_pf {
     int r, o;            /* the next line to ask for */
 };
 
-static void qg_pf_init(struct qg_pf *pf, const struct wmat *w, int r0, int r1, int c0)
+QI_NOSAN static void qg_pf_init(struct qg_pf *pf, const struct wmat *w, int r0, int r1, int c0)
 {
     const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH;
     pf->n_rows = r1 - r0 < 16 ? r1 - r0 : 16;
@@ -303,7 +303,7 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
     #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
             ih[t] = il[t] = _mm512_setzero_si512();
-#pragma GCC unroll 16
+#pragma GCC unroll 8
         for (int u = 0; u < G / 8; u++) {
             const int wi = g * (G / 8) + u;
             if (pf)
@@ -362,13 +362,18 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
             for (; t + QG_TILE <= n_tok; t += QG_TILE)
                 qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc,
                         t == pf_at && nr0 < r1 ? &pf : NULL, QG_TILE, G);
-            struct qg_pf *tpf = t == pf_at && nr0 < r1 ? &pf : NULL;
-#define QG_TAIL(T) case T: qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, T, G); break;
-            switch (n_tok - t) {
-            QG_TAIL(1) QG_TAIL(2) QG_TAIL(3) QG_TAIL(4) QG_TAIL(5) QG_TAIL(6) QG_TAIL(7)
-            default: break;
-            }
-#undef QG_TAIL
+            /* the last 1-7 tokens as tiles of 4, 2 and 1 (fewer copies of the tile to compile) */
+            for (int tn = 4; tn >= 1; tn /= 2)
+                if (n_tok - t >= tn) {
+                    struct qg_pf *tpf = t == pf_at && nr0 < r1 ? &pf : NULL;
+                    if (tn == 4)
+                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 4, G);
+                    else if (tn == 2)
+                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 2, G);
+                    else
+                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 1, G);
+                    t += tn;
+                }
         }
     }
 }
@@ -377,7 +382,7 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
  * transpose per 16 rows and chunk). */
 #define QG_MIN_TOK 3
 
-static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
     if (w->qmode != QMODE_AFFINE) {
