@@ -11,8 +11,8 @@
 #include "kern.h"
 
 /* UBSan's pointer-overflow checks are off in these kernels: on the unrolled loops of
- * the VNNI GEMM they took clang over 10 minutes to compile one file (ASan and the other
- * UBSan checks stay on; the kernel tests bound every offset they compute). */
+ * the VNNI GEMM they took clang over 10 minutes to compile one file. ASan (every access)
+ * and the other UBSan checks stay on. */
 #define QI_NOSAN __attribute__((no_sanitize("pointer-overflow")))
 #define AI static inline __attribute__((always_inline)) QI_NOSAN
 
