@@ -23,6 +23,7 @@
  *            H200, Llama-3.2-1B shape: pieces make pp512 1.46x and pp4096 1.04x,
  *            but tg128 0.85x and tg at depth 4096 0.72x.
  */
+#include <cooperative_groups.h>
 #include <math.h>
 
 #include "cuda_impl.h"
@@ -30,6 +31,7 @@
 #define ATTN_WARPS 8
 #define HD_PER_LANE 8   /* head_dim up to 256 */
 #define ATTN_PIECES_MIN_TOK 32
+#define ATTN_SPLIT 8     /* decode: blocks of a cluster sharing one row's keys */
 
 // ---- rope ----
 
@@ -250,6 +252,119 @@ __global__ void attn_kernel(attn_args a)
     }
 }
 
+/* Decode (fewer than ATTN_PIECES_MIN_TOK rows): the keys of a (row, head) split over a cluster
+ * of ATTN_SPLIT blocks (grid z), so a step runs n_head x rows x 8 blocks instead of too few to
+ * fill the GPU. Each block runs the warp-per-key loop over its contiguous share of the keys,
+ * merges its warps in shared memory, and block 0 of the cluster merges the blocks' partials
+ * through distributed shared memory (Hopper clusters: no scratch, so graphs can record it). */
+__global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args a)
+{
+    namespace cg = cooperative_groups;
+    __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
+    __shared__ float sm_o[ATTN_WARPS][32 * HD_PER_LANE];
+    __shared__ float bm, bl, bo[32 * HD_PER_LANE];
+    cg::cluster_group cl = cg::this_cluster();
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    int h = blockIdx.x, t = blockIdx.y, sp = (int)cl.block_rank();
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    int g = h / a.n_rep, p = a.pos[t];
+    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int per = (hi - lo + ATTN_SPLIT - 1) / ATTN_SPLIT;
+    int klo = lo + sp * per, khi = klo + per < hi ? klo + per : hi;
+    const int32_t *tab = a.tables + a.table[t];
+    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
+    float qv[HD_PER_LANE], o[HD_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < a.hd ? qh[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = klo + w; j < khi; j += ATTN_WARPS) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < a.hd)
+                s += qv[i] * kr[d];
+        }
+        s = cu_warp_sum(s) * a.scale;
+        if (a.softcap > 0.0f)
+            s = a.softcap * tanhf(s / a.softcap);
+        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[w] = m;
+        sm_l[w] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++)
+        sm_o[w][lane + 32 * i] = o[i];
+    __syncthreads();
+    if (w == 0) { /* this block's partial: max, sum and output over its warps */
+        float M = -INFINITY;
+        for (int i = 0; i < ATTN_WARPS; i++)
+            M = fmaxf(M, sm_m[i]);
+        float L = 0.0f, acc[HD_PER_LANE] = {};
+        for (int i = 0; i < ATTN_WARPS && M != -INFINITY; i++) {
+            if (sm_m[i] == -INFINITY)
+                continue;
+            float f = expf(sm_m[i] - M);
+            L += sm_l[i] * f;
+#pragma unroll
+            for (int k = 0; k < HD_PER_LANE; k++)
+                acc[k] += sm_o[i][lane + 32 * k] * f;
+        }
+        if (lane == 0) {
+            bm = M;
+            bl = L;
+        }
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++)
+            bo[lane + 32 * k] = acc[k];
+    }
+    cl.sync(); /* every block's partial is in its shared memory */
+    if (sp == 0 && w == 0) {
+        float M = -INFINITY;
+        for (int r = 0; r < ATTN_SPLIT; r++)
+            M = fmaxf(M, *cl.map_shared_rank(&bm, r));
+        if (a.sinks)
+            M = fmaxf(M, a.sinks[h]);
+        float L = a.sinks ? expf(a.sinks[h] - M) : 0.0f, acc[HD_PER_LANE] = {};
+        for (int r = 0; r < ATTN_SPLIT; r++) {
+            float mr = *cl.map_shared_rank(&bm, r);
+            if (mr == -INFINITY)
+                continue;
+            float f = expf(mr - M);
+            L += *cl.map_shared_rank(&bl, r) * f;
+            const float *orr = cl.map_shared_rank(bo, r);
+#pragma unroll
+            for (int k = 0; k < HD_PER_LANE; k++)
+                acc[k] += orr[lane + 32 * k] * f;
+        }
+        float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++) {
+            int d = lane + 32 * k;
+            if (d < a.hd)
+                oh[d] = acc[k] / L;
+        }
+    }
+    cl.sync(); /* block 0 has read the others' shared memory before they exit */
+}
+
 void cu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
                   const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
                   const struct attn_params *ap)
@@ -268,6 +383,8 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
     dim3 grid(ap->n_head, n_tok);
     if (n_tok >= ATTN_PIECES_MIN_TOK)
         cu_launch(c, attn_kernel<true>, grid, dim3(32 * ATTN_WARPS), a);
+    else if (c->attn_split)
+        cu_launch(c, attn_split_kernel, dim3(ap->n_head, n_tok, ATTN_SPLIT), dim3(32 * ATTN_WARPS), a);
     else
         cu_launch(c, attn_kernel<false>, grid, dim3(32 * ATTN_WARPS), a);
     cu_check(c, "attention");

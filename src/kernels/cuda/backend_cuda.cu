@@ -363,6 +363,7 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     c->pdl = backend_env_flag("MLXCEL_CUDA_PDL", false);
     /* opt-in until it has been measured on a GPU (docs/benchmarks.md) */
     c->qi = backend_env_flag("MLXCEL_CUDA_QI", false);
+    c->attn_split = backend_env_flag("MLXCEL_CUDA_ATTN_SPLIT", true);
     c->be.graphs = backend_env_flag("MLXCEL_CUDA_GRAPHS", true);
     c->be.impl = c;
     *out = &c->be;
