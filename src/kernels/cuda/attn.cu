@@ -7,21 +7,23 @@
  *
  * rope:      one thread per (token, head, frequency)
  * kv_store:  one block of 512 threads per row
- * attention: one block of ATTN_WARPS warps per (query row, head). From
- *            ATTN_PIECES_MIN_TOK rows (prefill), warp w takes the row's keys 32
- *            at a time (pieces w, w + ATTN_WARPS, ...):
- *            the lanes hold q and the output spread over head_dim
- *            (HD_PER_LANE each), read each key row of the piece coalesced into
- *            32 partial dot products per lane, and one reduce-scatter (31
- *            shuffles) leaves key k's score in lane k; the warp then updates
- *            its online softmax once per piece (running max and sum) and adds
- *            the piece's 32 value rows into the output. The warps' partials
- *            are merged through shared memory at the end. For fewer rows
- *            (decode: one block per head and sequence, too few blocks to hide a
- *            piece's latency) warp w takes the keys w, w + ATTN_WARPS, ... one
- *            at a time: a warp reduction per key and its softmax update.
- *            H200, Llama-3.2-1B shape: pieces make pp512 1.46x and pp4096 1.04x,
- *            but tg128 0.85x and tg at depth 4096 0.72x.
+ * attention: one block of ATTN_WARPS warps per (query row, head) and, for
+ *            decode, per split of its keys (ADR 0028).
+ *            Prefill (ATTN_PIECES_MIN_TOK rows or more): warp w takes the row's
+ *            keys 32 at a time (pieces w, w + ATTN_WARPS, ...): the lanes hold
+ *            q and the output spread over head_dim (HD_PER_LANE each), read
+ *            each key row of the piece coalesced into 32 partial dot products
+ *            per lane, and one reduce-scatter (31 shuffles) leaves key k's
+ *            score in lane k; the warp then updates its online softmax once per
+ *            piece (running max and sum) and adds the piece's 32 value rows into
+ *            the output. The warps' partials merge in shared memory at the end.
+ *            Decode (fewer rows): a cluster of ATTN_SPLIT blocks shares a row's
+ *            keys, each block a contiguous share; in a block warp w takes keys
+ *            w, w + ATTN_WARPS, ... one at a time (a warp reduction per key and
+ *            its softmax update: pieces cost decode 15-28 % with too few blocks
+ *            to hide their latency), and block 0 merges the blocks' partials
+ *            through distributed shared memory. MLXCEL_CUDA_ATTN_SPLIT=0: one
+ *            block per (row, head), the same per-key loop (attn_kernel<false>).
  */
 #include <cooperative_groups.h>
 #include <math.h>
