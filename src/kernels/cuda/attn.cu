@@ -34,6 +34,7 @@
 #define HD_PER_LANE 8   /* head_dim up to 256 */
 #define ATTN_PIECES_MIN_TOK 32
 #define ATTN_SPLIT 8     /* decode: blocks of a cluster sharing one row's keys */
+#define ATTN_PARTS (ATTN_WARPS > ATTN_SPLIT ? ATTN_WARPS : ATTN_SPLIT) /* partials a merge takes */
 
 // ---- rope ----
 
@@ -119,6 +120,103 @@ struct attn_args {
     const float *sinks;
 };
 
+/* Lane's share of q (dims lane + 32 i) into qv, and the output o zeroed. */
+__device__ __forceinline__ void attn_load_q(const attn_args &a, const float *qh, int lane, float *qv,
+                                            float *o)
+{
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < a.hd ? qh[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+}
+
+/* One warp over keys j0, j0 + ATTN_WARPS, ... below j1, one key at a time: a warp
+ * reduction for its score, then the online softmax (m, l) and the output o. */
+__device__ __forceinline__ void attn_keys(const attn_args &a, const int32_t *tab, int g, int lane,
+                                          const float *qv, float *o, float &m, float &l, int j0,
+                                          int j1)
+{
+    for (int j = j0; j < j1; j += ATTN_WARPS) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            if (d < a.hd)
+                s += qv[i] * kr[d];
+        }
+        s = cu_warp_sum(s) * a.scale;
+        if (a.softcap > 0.0f)
+            s = a.softcap * tanhf(s / a.softcap);
+        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < HD_PER_LANE; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+        }
+        m = mn;
+    }
+}
+
+/* Merge n partials (max *mp[i], sum *lp[i], output op[i][dim]; -inf max: empty) and an optional
+ * sink logit into acc (lane's dims) and the sum L; returns the common max. */
+__device__ __forceinline__ float attn_merge(const float *const *mp, const float *const *lp,
+                                            const float *const *op, int n, const float *sink,
+                                            int lane, float *acc, float &L)
+{
+    float M = -INFINITY;
+    for (int i = 0; i < n; i++)
+        M = fmaxf(M, *mp[i]);
+    if (sink)
+        M = fmaxf(M, *sink);
+    L = sink ? expf(*sink - M) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++)
+        acc[k] = 0.0f;
+    for (int i = 0; i < n; i++) {
+        if (*mp[i] == -INFINITY)
+            continue;
+        float f = expf(*mp[i] - M);
+        L += *lp[i] * f;
+#pragma unroll
+        for (int k = 0; k < HD_PER_LANE; k++)
+            acc[k] += op[i][lane + 32 * k] * f;
+    }
+    return M;
+}
+
+/* Row t, head h of the output: acc / L over the lane's dims. */
+__device__ __forceinline__ void attn_store(const attn_args &a, int t, int h, int lane, const float *acc,
+                                           float L)
+{
+    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+    for (int k = 0; k < HD_PER_LANE; k++) {
+        int d = lane + 32 * k;
+        if (d < a.hd)
+            oh[d] = acc[k] / L;
+    }
+}
+
+/* The warps' partials written to shared memory, and pointers to them for attn_merge. */
+__device__ __forceinline__ void attn_warp_partial(float *sm_m, float *sm_l,
+                                                  float (*sm_o)[32 * HD_PER_LANE], int w, int lane,
+                                                  float m, float l, const float *o)
+{
+    if (lane == 0) {
+        sm_m[w] = m;
+        sm_l[w] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < HD_PER_LANE; i++)
+        sm_o[w][lane + 32 * i] = o[i];
+}
+
 /* grid: (n_head, n_tok); block: ATTN_WARPS warps; PIECES: keys 32 at a time. */
 template <bool PIECES>
 __global__ void attn_kernel(attn_args a)
@@ -133,38 +231,10 @@ __global__ void attn_kernel(attn_args a)
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
     float qv[HD_PER_LANE], o[HD_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < HD_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        qv[i] = d < a.hd ? qh[d] : 0.0f;
-        o[i] = 0.0f;
-    }
+    attn_load_q(a, qh, lane, qv, o);
     float m = -INFINITY, l = 0.0f;
-    if (!PIECES) {
-        for (int j = lo + w; j < hi; j += ATTN_WARPS) {
-            size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-            const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
-            const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < HD_PER_LANE; i++) {
-                int d = lane + 32 * i;
-                if (d < a.hd)
-                    s += qv[i] * kr[d];
-            }
-            s = cu_warp_sum(s) * a.scale;
-            if (a.softcap > 0.0f)
-                s = a.softcap * tanhf(s / a.softcap);
-            float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
-            l = l * corr + pj;
-#pragma unroll
-            for (int i = 0; i < HD_PER_LANE; i++) {
-                int d = lane + 32 * i;
-                o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
-            }
-            m = mn;
-        }
-    }
+    if (!PIECES)
+        attn_keys(a, tab, g, lane, qv, o, m, l, lo + w, hi);
     for (int j0 = lo + 32 * w; PIECES && j0 < hi; j0 += 32 * ATTN_WARPS) {
         const int j = j0 + lane, nk = hi - j0 < 32 ? hi - j0 : 32;
         const size_t slot = j < hi ? (size_t)tab[j / a.bs] * a.bs + j % a.bs : 0;
@@ -219,39 +289,19 @@ __global__ void attn_kernel(attn_args a)
         }
         m = mn;
     }
-    if (lane == 0) {
-        sm_m[w] = m;
-        sm_l[w] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < HD_PER_LANE; i++)
-        sm_o[w][lane + 32 * i] = o[i];
+    attn_warp_partial(sm_m, sm_l, sm_o, w, lane, m, l, o);
     __syncthreads();
     if (w != 0)
         return;
-    float M = -INFINITY;
-    for (int i = 0; i < ATTN_WARPS; i++)
-        M = fmaxf(M, sm_m[i]);
-    if (a.sinks)
-        M = fmaxf(M, a.sinks[h]);
-    float L = a.sinks ? expf(a.sinks[h] - M) : 0.0f;
-    float acc[HD_PER_LANE] = {};
+    const float *mp[ATTN_PARTS], *lp[ATTN_PARTS], *op[ATTN_PARTS];
     for (int i = 0; i < ATTN_WARPS; i++) {
-        if (sm_m[i] == -INFINITY)
-            continue;
-        float f = expf(sm_m[i] - M);
-        L += sm_l[i] * f;
-#pragma unroll
-        for (int k = 0; k < HD_PER_LANE; k++)
-            acc[k] += sm_o[i][lane + 32 * k] * f;
+        mp[i] = &sm_m[i];
+        lp[i] = &sm_l[i];
+        op[i] = sm_o[i];
     }
-    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
-#pragma unroll
-    for (int k = 0; k < HD_PER_LANE; k++) {
-        int d = lane + 32 * k;
-        if (d < a.hd)
-            oh[d] = acc[k] / L;
-    }
+    float acc[HD_PER_LANE], L;
+    attn_merge(mp, lp, op, ATTN_WARPS, a.sinks ? &a.sinks[h] : NULL, lane, acc, L);
+    attn_store(a, t, h, lane, acc, L);
 }
 
 /* Decode (fewer than ATTN_PIECES_MIN_TOK rows): the keys of a (row, head) split over a cluster
@@ -277,58 +327,20 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args a
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
     float qv[HD_PER_LANE], o[HD_PER_LANE];
-#pragma unroll
-    for (int i = 0; i < HD_PER_LANE; i++) {
-        int d = lane + 32 * i;
-        qv[i] = d < a.hd ? qh[d] : 0.0f;
-        o[i] = 0.0f;
-    }
+    attn_load_q(a, qh, lane, qv, o);
     float m = -INFINITY, l = 0.0f;
-    for (int j = klo + w; j < khi; j += ATTN_WARPS) {
-        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
-        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            if (d < a.hd)
-                s += qv[i] * kr[d];
-        }
-        s = cu_warp_sum(s) * a.scale;
-        if (a.softcap > 0.0f)
-            s = a.softcap * tanhf(s / a.softcap);
-        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
-        l = l * corr + pj;
-#pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
-        }
-        m = mn;
-    }
-    if (lane == 0) {
-        sm_m[w] = m;
-        sm_l[w] = l;
-    }
-#pragma unroll
-    for (int i = 0; i < HD_PER_LANE; i++)
-        sm_o[w][lane + 32 * i] = o[i];
+    attn_keys(a, tab, g, lane, qv, o, m, l, klo + w, khi);
+    attn_warp_partial(sm_m, sm_l, sm_o, w, lane, m, l, o);
     __syncthreads();
+    const float *mp[ATTN_PARTS], *lp[ATTN_PARTS], *op[ATTN_PARTS];
+    float acc[HD_PER_LANE], L;
     if (w == 0) { /* this block's partial: max, sum and output over its warps */
-        float M = -INFINITY;
-        for (int i = 0; i < ATTN_WARPS; i++)
-            M = fmaxf(M, sm_m[i]);
-        float L = 0.0f, acc[HD_PER_LANE] = {};
-        for (int i = 0; i < ATTN_WARPS && M != -INFINITY; i++) {
-            if (sm_m[i] == -INFINITY)
-                continue;
-            float f = expf(sm_m[i] - M);
-            L += sm_l[i] * f;
-#pragma unroll
-            for (int k = 0; k < HD_PER_LANE; k++)
-                acc[k] += sm_o[i][lane + 32 * k] * f;
+        for (int i = 0; i < ATTN_WARPS; i++) {
+            mp[i] = &sm_m[i];
+            lp[i] = &sm_l[i];
+            op[i] = sm_o[i];
         }
+        float M = attn_merge(mp, lp, op, ATTN_WARPS, NULL, lane, acc, L);
         if (lane == 0) {
             bm = M;
             bl = L;
@@ -339,30 +351,13 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args a
     }
     cl.sync(); /* every block's partial is in its shared memory */
     if (sp == 0 && w == 0) {
-        float M = -INFINITY;
-        for (int r = 0; r < ATTN_SPLIT; r++)
-            M = fmaxf(M, *cl.map_shared_rank(&bm, r));
-        if (a.sinks)
-            M = fmaxf(M, a.sinks[h]);
-        float L = a.sinks ? expf(a.sinks[h] - M) : 0.0f, acc[HD_PER_LANE] = {};
         for (int r = 0; r < ATTN_SPLIT; r++) {
-            float mr = *cl.map_shared_rank(&bm, r);
-            if (mr == -INFINITY)
-                continue;
-            float f = expf(mr - M);
-            L += *cl.map_shared_rank(&bl, r) * f;
-            const float *orr = cl.map_shared_rank(bo, r);
-#pragma unroll
-            for (int k = 0; k < HD_PER_LANE; k++)
-                acc[k] += orr[lane + 32 * k] * f;
+            mp[r] = cl.map_shared_rank(&bm, r);
+            lp[r] = cl.map_shared_rank(&bl, r);
+            op[r] = cl.map_shared_rank(bo, r);
         }
-        float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
-#pragma unroll
-        for (int k = 0; k < HD_PER_LANE; k++) {
-            int d = lane + 32 * k;
-            if (d < a.hd)
-                oh[d] = acc[k] / L;
-        }
+        attn_merge(mp, lp, op, ATTN_SPLIT, a.sinks ? &a.sinks[h] : NULL, lane, acc, L);
+        attn_store(a, t, h, lane, acc, L);
     }
     cl.sync(); /* block 0 has read the others' shared memory before they exit */
 }
