@@ -300,8 +300,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
     }
     for (int g = 0; g < gn; g++) {
         __m512i ih[QG_TILE], il[QG_TILE];
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
             ih[t] = il[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int u = 0; u < G / 8; u++) {
@@ -312,8 +312,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             const __m512i lo = _mm512_and_si512(v, m0f),
                           hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
             const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
-        #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
                 ih[t] = _mm512_dpbusd_epi32(ih[t], lo, qg_bcast(xc[t] + xo));
                 ih[t] = _mm512_dpbusd_epi32(ih[t], hi, qg_bcast(xc[t] + xo + 32));
                 il[t] = _mm512_dpbusd_epi32(il[t], lo, qg_bcast(xc[t] + xo + 64));
@@ -321,8 +321,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             }
         }
         const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
-    #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
             __m512i i32 = _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]);
             f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
                                    f[t]);
