@@ -42,9 +42,11 @@ function pacedRelay(target, gapMs) {
             headers: { ...req.headers, host: up.host } }, (ures) => {
             res.writeHead(ures.statusCode, ures.headers);
             if (!/^text\/event-stream/.test(ures.headers['content-type'] || '')) return ures.pipe(res);
-            let buf = '', queue = [], timer = null, ended = false;
+            let buf = '', queue = [], timer = null, ended = false, closed = false;
             const pump = () => {
                 timer = null;
+                if (closed)
+                    return;
                 if (queue.length) {
                     res.write(queue.shift());
                     timer = setTimeout(pump, gapMs);
@@ -58,7 +60,8 @@ function pacedRelay(target, gapMs) {
                 if (!timer) pump();
             });
             ures.on('end', () => { ended = true; if (buf) queue.push(buf); if (!timer) pump(); });
-            res.on('close', () => { clearTimeout(timer); fwd.destroy(); });
+            ures.on('error', () => res.destroy());
+            res.on('close', () => { closed = true; clearTimeout(timer); fwd.destroy(); });
         });
         fwd.on('error', () => res.destroy());
         req.pipe(fwd);
