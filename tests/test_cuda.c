@@ -115,8 +115,8 @@ static double linear_case(struct backend *cpu, struct backend *gpu, const struct
     tensor_init(&b, DTYPE_F32, bias, 1, bshape);
     wg = w;
     bg = b;
-    assert_int_equal(gpu->ops->prepare_weight(gpu, &wg, &e), 0);
-    assert_int_equal(gpu->ops->prepare_weight(gpu, &bg, &e), 0);
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &wg, 0, &e), 0);
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &bg, 0, &e), 0);
     int ldy = wc->out + 3;
     size_t nx = (size_t)n_tok * wc->in, ny = (size_t)n_tok * ldy;
     float *x = malloc(nx * sizeof *x), *yc = calloc(ny, sizeof *yc), *yg = calloc(ny, sizeof *yg);

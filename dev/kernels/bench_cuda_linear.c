@@ -130,7 +130,7 @@ static double gemv_bw(struct backend *gpu, struct backend *cpu, struct shape sh,
     make_weight(&host, bufs, sh.out, sh.in, bits, group);
     for (int i = 0; i < n_copy; i++) {
         dev[i] = host;
-        if (gpu->ops->prepare_weight(gpu, &dev[i], &e) < 0) {
+        if (gpu->ops->prepare_weight(gpu, &dev[i], 0, &e) < 0) {
             fprintf(stderr, "prepare: %s\n", e.msg);
             exit(1);
         }

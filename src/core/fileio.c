@@ -283,3 +283,30 @@ int file_map_to_anon(const void *map, size_t len, struct err *e)
     free(tmp);
     return 0;
 }
+
+void mem_release(const void *p, size_t len)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t ps = pg > 0 ? (uintptr_t)pg : 4096u;
+    uintptr_t a = ((uintptr_t)p + ps - 1) & ~(ps - 1), z = ((uintptr_t)p + len) & ~(ps - 1);
+    if (len && z > a)
+        madvise((void *)a, z - a, MADV_DONTNEED); /* advice: on failure the pages stay */
+}
+
+void *mem_anon_alloc(size_t len)
+{
+    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    if (len >= HUGE_PAGE)
+        madvise(p, len, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
+#endif
+    return p;
+}
+
+void mem_anon_free(void *p, size_t len)
+{
+    if (p)
+        munmap(p, len ? len : 1);
+}

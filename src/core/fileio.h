@@ -66,6 +66,16 @@ void file_unmap(const void *map, size_t len);
  * may be partly unmapped: the caller must not read it again. */
 int file_map_to_anon(const void *map, size_t len, struct err *e);
 
+/* Give back the whole pages inside [p, p + len) (madvise MADV_DONTNEED): the
+ * process stops holding them, a file mapping reads them from the file again if
+ * touched, anonymous memory reads zeros. Only for bytes nothing reads again. */
+void mem_release(const void *p, size_t len);
+
+/* len bytes of anonymous memory, huge pages advised (64-byte aligned; NULL when
+ * out of memory), and its release. */
+void *mem_anon_alloc(size_t len);
+void mem_anon_free(void *p, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

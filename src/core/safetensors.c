@@ -297,6 +297,17 @@ void st_tensors_free(struct st_tensor *t, size_t n)
 
 // ---- one file ----
 
+bool st_set_holds(const struct st_set *s, const void *p, size_t len)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; s && i < s->n_files; i++) {
+        uintptr_t d = (uintptr_t)s->files[i].data;
+        if (a >= d && a - d <= s->files[i].data_len && len <= s->files[i].data_len - (a - d))
+            return true;
+    }
+    return false;
+}
+
 int st_set_to_anon(struct st_set *s, struct err *e)
 {
     for (size_t i = 0; i < s->n_files; i++) {

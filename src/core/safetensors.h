@@ -73,6 +73,8 @@ size_t st_set_count(const struct st_set *s);
 const struct st_tensor *st_set_at(const struct st_set *s, size_t i);
 const struct st_tensor *st_set_find(const struct st_set *s, const char *name);
 size_t st_set_n_files(const struct st_set *s);
+/* True when [p, p + len) lies inside the data section of one of s's files. */
+bool st_set_holds(const struct st_set *s, const void *p, size_t len);
 const char *st_set_file_path(const struct st_set *s, size_t i);
 /* Sum of tensor byte sizes. */
 uint64_t st_set_data_bytes(const struct st_set *s);

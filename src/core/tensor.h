@@ -41,6 +41,10 @@ struct tensor {
     enum dtype qsdtype;              /* dtype of qscales / qbiases (U8 for fp modes) */
     const void *qscales;             /* [.., out, in / qgroup] */
     const void *qbiases;             /* [.., out, in / qgroup]; NULL for fp modes */
+    /* 0: data (and qscales/qbiases) in the stored layout above; else the backend that
+     * prepared this view repacked it into a layout of its own (kernels/cpu/kern.h QG16),
+     * which only that backend reads. */
+    int packed;
 };
 
 /* Fill a contiguous tensor header over data. */

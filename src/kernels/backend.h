@@ -142,6 +142,9 @@ struct rope_params {
     enum rope_style style;   /* which dims pair up (zero: rotate-half) */
 };
 
+/* prepare_weight flags */
+#define PREP_SOURCE_DISPOSABLE 1u
+
 struct backend_ops {
     /* ---- memory ---- */
     /* bytes of backend memory (64-byte aligned, uninitialized) into *out; -ERR_NOMEM. */
@@ -151,9 +154,11 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(struct backend *be, void *dst, const void *src, size_t bytes);
-    /* Once per weight at load: copy, repack or upload w and rewrite the view; the CPU keeps
-     * the mmap view. */
-    int (*prepare_weight)(struct backend *be, struct tensor *w, struct err *e);
+    /* Once per weight at load: copy, repack or upload w and rewrite the view (the CPU keeps
+     * the mmap view, or repacks 4-bit affine weights for its VNNI kernels). With
+     * PREP_SOURCE_DISPOSABLE in flags nothing reads w's stored bytes after this call, so the
+     * backend may give their pages back (madvise) as it consumes them. */
+    int (*prepare_weight)(struct backend *be, struct tensor *w, unsigned flags, struct err *e);
     /* Wait for queued work; return (and clear) the first error an op recorded. */
     int (*sync)(struct backend *be, struct err *e);
 

@@ -180,6 +180,7 @@ void model_free(struct model *m)
     st_set_free(m->st);
     free(m->layers);
     free(m->expert_views);
+    free(m->prepared);
     free(m->derived);
     qconfig_free(&m->hp.quant);
     free(m);
@@ -226,11 +227,6 @@ uint64_t model_weight_bytes(const struct model *m)
     return b;
 }
 
-static int prepare_one(struct backend *be, struct tensor *t, struct err *e)
-{
-    return tensor_is_present(t) ? be->ops->prepare_weight(be, t, e) : 0;
-}
-
 int model_weights_to_anon(struct model *m, struct err *e)
 {
     if (m->weights_anon || !m->st)
@@ -240,33 +236,194 @@ int model_weights_to_anon(struct model *m, struct err *e)
     return rc;
 }
 
-int model_prepare(struct model *m, struct backend *be, struct err *e)
+/* ---- preparing the weights for a backend ----
+ * Every weight view is handed to the backend once. Views that are the same
+ * tensor (a head tied to the embedding) are prepared once and share the
+ * result. A view whose stored bytes no other view reads, inside the
+ * checkpoint's mapping, is prepared with PREP_SOURCE_DISPOSABLE: a backend
+ * that copies or repacks it may give those pages back as it goes, so a
+ * repacked model does not hold both layouts at once. Views that overlap
+ * without being the same (rows of another view, slices of a stacked tensor
+ * also bound whole) and host-read tensors (attention sinks) keep theirs.
+ * Pages of a file mapping given back are read from the file again if
+ * touched, so the model can be prepared again for another backend. */
+
+struct prepared_view {
+    struct tensor *t;
+    void *data;
+    const void *qscales, *qbiases;
+};
+
+struct prep_item {
+    struct tensor *t;
+    int root;      /* first item of its twins (identical views): the one prepared */
+    bool shared;   /* its bytes are also read through a view that is not a twin */
+    bool host;     /* read on the host, never prepared (sinks) */
+};
+
+struct prep_range {
+    uintptr_t lo, hi;
+    int item;
+};
+
+static int prep_range_cmp(const void *a, const void *b)
 {
-    int rc;
+    const struct prep_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static bool same_view(const struct tensor *a, const struct tensor *b)
+{
+    if (a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim || a->qbits != b->qbits ||
+        a->qgroup != b->qgroup || a->qmode != b->qmode || a->qsdtype != b->qsdtype ||
+        a->qscales != b->qscales || a->qbiases != b->qbiases)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d])
+            return false;
+    return true;
+}
+
+/* The byte ranges a view reads: its data, scales and biases (n written, <= 3). */
+static int view_ranges(const struct tensor *t, struct prep_range *r, int item)
+{
+    int nd = t->ndim, n = 0;
+    uint64_t el = (uint64_t)tensor_row_storage(t), rows = 1;
+    for (int d = 0; d < nd - 1; d++) {
+        el += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->stride[d];
+        rows *= (uint64_t)t->shape[d];
+    }
+    r[n++] = (struct prep_range){(uintptr_t)t->data,
+                                 (uintptr_t)t->data + (uintptr_t)(el * dtype_size(t->dtype)), item};
+    if (t->qbits && t->qgroup > 0) {
+        uint64_t sb = rows * (uint64_t)(t->shape[nd - 1] / t->qgroup) * dtype_size(t->qsdtype);
+        if (t->qscales)
+            r[n++] = (struct prep_range){(uintptr_t)t->qscales, (uintptr_t)t->qscales + sb, item};
+        if (t->qbiases)
+            r[n++] = (struct prep_range){(uintptr_t)t->qbiases, (uintptr_t)t->qbiases + sb, item};
+    }
+    return n;
+}
+
+static int prep_root(struct prep_item *it, int i)
+{
+    while (it[i].root != i)
+        i = it[i].root;
+    return i;
+}
+
+/* Every weight view of m in preparation order (sinks last, as host-read). */
+static size_t prep_items(struct model *m, struct prep_item *it)
+{
+    size_t n = 0;
+#define PREP_ADD(tp, h)                                                     \
+    do {                                                                    \
+        if (tensor_is_present(tp)) {                                        \
+            if (it)                                                         \
+                it[n] = (struct prep_item){(tp), (int)n, false, (h)};       \
+            n++;                                                            \
+        }                                                                   \
+    } while (0)
     struct tensor *head[] = {&m->tok_embd, &m->out_norm, &m->out_norm_b, &m->lm_head, &m->lm_head_b};
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-        if ((rc = prepare_one(be, head[i], e)) < 0)
-            return rc;
+        PREP_ADD(head[i], false);
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
 #define LAYER_PTR(name) &L->name,
         struct tensor *ts[] = {LAYER_TENSORS(LAYER_PTR)};
 #undef LAYER_PTR
+        /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
-            if (ts[i] != &L->sinks && (rc = prepare_one(be, ts[i], e)) < 0)
-                return rc;
+            PREP_ADD(ts[i], ts[i] == &L->sinks);
     }
-    /* MLA per-head views */
-    for (int il = 0; il < m->hp.n_layer; il++)
+    for (int il = 0; il < m->hp.n_layer; il++) /* MLA per-head views */
         for (int i = 0; m->layers[il].mla_heads && i < 4 * m->hp.n_head; i++)
-            if ((rc = prepare_one(be, &m->layers[il].mla_heads[i], e)) < 0)
-                return rc;
-    /* expert views of every layer live in one store */
-    for (size_t i = 0; i < m->expert_views_used; i++)
-        if ((rc = prepare_one(be, &m->expert_views[i], e)) < 0)
-            return rc;
-    return 0;
+            PREP_ADD(&m->layers[il].mla_heads[i], false);
+    for (size_t i = 0; i < m->expert_views_used; i++) /* expert views of every layer */
+        PREP_ADD(&m->expert_views[i], false);
+#undef PREP_ADD
+    return n;
+}
+
+int model_prepare(struct model *m, struct backend *be, struct err *e)
+{
+    size_t n = prep_items(m, NULL);
+    struct prep_item *it = calloc(n ? n : 1, sizeof *it);
+    struct prep_range *r = calloc(3 * n + 1, sizeof *r);
+    int rc = 0;
+    if (!it || !r) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory preparing %zu weights", n);
+        goto out;
+    }
+    prep_items(m, it);
+    for (size_t i = 0; i < m->n_prepared; i++) { /* prepared before: the views as bound */
+        if (m->stored_gone) {
+            rc = err_setf(e, ERR_UNSUPPORTED, "the model's stored weights were given back when it "
+                          "was prepared for another backend: load it again");
+            goto out;
+        }
+        struct prepared_view *pv = &m->prepared[i];
+        pv->t->data = pv->data;
+        pv->t->qscales = pv->qscales;
+        pv->t->qbiases = pv->qbiases;
+        pv->t->packed = 0;
+    }
+    m->n_prepared = 0;
+    if (n > m->cap_prepared) { /* kept across preparations: a second one allocates nothing */
+        free(m->prepared);
+        m->cap_prepared = 0;
+        m->prepared = malloc(n * sizeof *m->prepared);
+        if (!m->prepared) {
+            rc = err_setf(e, ERR_NOMEM, "out of memory preparing %zu weights", n);
+            goto out;
+        }
+        m->cap_prepared = n;
+    }
+    size_t nr = 0;
+    for (size_t i = 0; i < n; i++)
+        nr += (size_t)view_ranges(it[i].t, r + nr, (int)i);
+    qsort(r, nr, sizeof *r, prep_range_cmp);
+    /* every pair of overlapping ranges: twins join, anything else shares */
+    for (size_t a = 0; a < nr; a++)
+        for (size_t b = a + 1; b < nr && r[b].lo < r[a].hi; b++) {
+            int x = prep_root(it, r[a].item), y = prep_root(it, r[b].item);
+            if (x == y)
+                continue;
+            if (!it[r[a].item].host && !it[r[b].item].host &&
+                same_view(it[r[a].item].t, it[r[b].item].t)) {
+                it[x > y ? x : y].root = x < y ? x : y;
+                it[x < y ? x : y].shared |= it[x > y ? x : y].shared;
+            } else {
+                it[x].shared = it[y].shared = true;
+            }
+        }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        int root = prep_root(it, (int)i);
+        struct tensor *t = it[i].t;
+        if (it[i].host)
+            continue;
+        m->prepared[m->n_prepared] = (struct prepared_view){t, t->data, t->qscales, t->qbiases};
+        if (root != (int)i) { /* a twin: the view its root became */
+            *t = *it[root].t;
+        } else {
+            struct prep_range vr[3];
+            int k = view_ranges(t, vr, (int)i);
+            bool mine = !it[root].shared;
+            for (int j = 0; j < k && mine; j++)
+                mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
+            rc = be->ops->prepare_weight(be, t, mine ? PREP_SOURCE_DISPOSABLE : 0u, e);
+            /* anonymous bytes given back read as zeros: no preparing again */
+            m->stored_gone |= mine && m->weights_anon && t->packed;
+        }
+        const struct prepared_view *pv = &m->prepared[m->n_prepared];
+        if (t->data != pv->data || t->qscales != pv->qscales || t->qbiases != pv->qbiases ||
+            t->packed)
+            m->n_prepared++;
+    }
+out:
+    free(it);
+    free(r);
+    return rc < 0 ? rc : 0;
 }
 
 int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck_view_rule *out,

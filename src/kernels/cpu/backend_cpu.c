@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../core/fileio.h"
 #include "../../core/log.h"
 #include "backend_cpu_impl.h"
 
@@ -124,12 +125,72 @@ static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t by
         memmove(dst, src, bytes);
 }
 
-static int cpu_prepare_weight(struct backend *be, struct tensor *w, struct err *e)
+/* The [out, in] matrix of a tensor (below). */
+static void wmat_from(struct wmat *m, const struct tensor *w);
+
+struct pack_ctx {
+    uint8_t *dst;
+    const struct wmat *w;
+    int p0, p1;
+};
+
+static void pack_task(void *arg, int ith, int nth)
 {
-    /* the kernels read the mmap view in its stored layout */
-    (void)be;
-    (void)w;
-    (void)e;
+    const struct pack_ctx *pc = arg;
+    long lo, hi;
+    tpool_range(pc->p1 - pc->p0, ith, nth, &lo, &hi);
+    if (lo < hi)
+        kern_qg16_pack(pc->dst, pc->w, pc->p0 + (int)lo, pc->p0 + (int)hi);
+}
+
+/* Source bytes packed between releases of the consumed pages. */
+#define PACK_SLAB (8u << 20)
+
+/* A 4-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h) into anonymous
+ * memory the backend owns. Panels are packed a slab at a time on every thread; when the
+ * source is disposable the pages of each consumed slab go back at once, so resident
+ * memory grows by about one slab, not by the tensor. */
+static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
+{
+    struct cpu_backend *c = cpu_of(be);
+    struct wmat m;
+    if (w->packed)
+        return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
+                        w->name ? w->name : "(unnamed)");
+    wmat_from(&m, w);
+    if (!c->repack || !c->k.qg16 || !kern_qg16_ok(&m))
+        return 0; /* the kernels read the mmap view in its stored layout */
+    const int n_panels = (m.out + 15) / 16;
+    m.qg16_panel = kern_qg16_bytes(m.in, m.qgroup, dtype_size(m.qsdt));
+    const size_t len = (size_t)n_panels * m.qg16_panel;
+    if (c->n_packs == c->cap_packs) {
+        size_t cap = c->cap_packs ? 2 * c->cap_packs : 64;
+        struct cpu_pack *np = realloc(c->packs, cap * sizeof *np);
+        if (!np)
+            return err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+        c->packs = np;
+        c->cap_packs = cap;
+    }
+    uint8_t *dst = mem_anon_alloc(len);
+    if (!dst)
+        return err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to repack %s",
+                        len >> 20, w->name ? w->name : "a weight");
+    c->packs[c->n_packs++] = (struct cpu_pack){dst, len};
+    const size_t ss_bytes = (size_t)m.out * m.qrow_bytes;
+    const int slab = (int)(PACK_SLAB / (16 * m.row_bytes) + 1);
+    for (int p = 0; p < n_panels; p += slab) {
+        struct pack_ctx pc = {dst, &m, p, p + slab < n_panels ? p + slab : n_panels};
+        tpool_run(c->pool, pack_task, &pc);
+        if (flags & PREP_SOURCE_DISPOSABLE)
+            mem_release(m.data, (size_t)pc.p1 * 16 < (size_t)m.out ? (size_t)pc.p1 * 16 * m.row_bytes
+                                                                    : (size_t)m.out * m.row_bytes);
+    }
+    if (flags & PREP_SOURCE_DISPOSABLE) {
+        mem_release(m.qs, ss_bytes);
+        mem_release(m.qb, ss_bytes);
+    }
+    w->data = dst;
+    w->packed = 1;
     return 0;
 }
 
@@ -159,6 +220,15 @@ static void wmat_from(struct wmat *m, const struct tensor *w)
         m->out *= (int)w->shape[d];
     int64_t row_elems = nd >= 2 ? w->stride[nd - 2] : tensor_row_storage(w);
     m->row_bytes = (size_t)row_elems * dtype_size(w->dtype);
+    if (w->packed) { /* QG16 (cpu_prepare_weight): the only layout this backend repacks into */
+        m->qbits = w->qbits;
+        m->qgroup = w->qgroup;
+        m->qmode = w->qmode;
+        m->qsdt = w->qsdtype;
+        m->qg16 = true;
+        m->qg16_panel = kern_qg16_bytes(m->in, m->qgroup, dtype_size(m->qsdt));
+        return;
+    }
     if (w->qbits) {
         m->qbits = w->qbits;
         m->qgroup = w->qgroup;
@@ -341,11 +411,12 @@ static void linear_task(void *arg, int ith, int nth)
         if (lo < hi)
             gemm_rows(k, lc->c->scr[ith], lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi);
     } else {
-        /* whole groups of 8 rows per thread so SIMD row blocks do not straddle threads */
-        long n8 = (w->out + 7) / 8;
-        tpool_range(n8, ith, nth, &lo, &hi);
-        lo *= 8;
-        hi = hi * 8 < w->out ? hi * 8 : w->out;
+        /* whole groups of 16 rows per thread so SIMD row blocks (QG16 panels) do not
+         * straddle threads */
+        long n16 = (w->out + 15) / 16;
+        tpool_range(n16, ith, nth, &lo, &hi);
+        lo *= 16;
+        hi = hi * 16 < w->out ? hi * 16 : w->out;
         if (lo < hi)
             matvec_rows(k, lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum);
     }
@@ -385,6 +456,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
         .b = b && tensor_is_present(b) ? b : NULL,
     };
     assert(ldy >= m.out);
+    assert(!m.qg16 || use_qi(&c->k, &m)); /* QG16 is only made for the kernels that read it */
     lc.gemm = n_tok >= gemm_min_tok(&c->k, &m);
     if (lc.gemm) {
         if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
@@ -417,9 +489,9 @@ static void batch_task(void *arg, int ith, int nth)
     struct batch_ctx *bc = arg;
     const struct cpu_kernels *k = &bc->c->k;
     long lo, hi, base = 0;
-    tpool_range((bc->total + 7) / 8, ith, nth, &lo, &hi);
-    lo *= 8;
-    hi = hi * 8 < bc->total ? hi * 8 : bc->total;
+    tpool_range((bc->total + 15) / 16, ith, nth, &lo, &hi);
+    lo *= 16;
+    hi = hi * 16 < bc->total ? hi * 16 : bc->total;
     for (int j = 0; j < bc->n_jobs && base < hi; j++) {
         const struct wmat *w = &bc->w[j];
         long a = lo > base ? lo - base : 0;
@@ -530,10 +602,30 @@ struct embed_ctx {
 static void embed_task(void *arg, int ith, int nth)
 {
     struct embed_ctx *ec = arg;
+    const struct wmat *w = ec->w;
     long lo, hi;
     tpool_range(ec->n_tok, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        ec->c->k.wrow_f32(ec->y + (size_t)t * ec->w->in, ec->w, ec->ids[t], 0, ec->w->in);
+    for (long t = lo; t < hi; t++) {
+        float *y = ec->y + (size_t)t * w->in;
+        if (!w->qg16) {
+            ec->c->k.wrow_f32(y, w, ec->ids[t], 0, w->in);
+            continue;
+        }
+        /* a QG16 table (a head tied to the embedding): the row back in the stored layout
+         * in this thread's scratch, then the same dequantization as unpacked */
+        uint8_t *row = (uint8_t *)ec->c->scr[ith];
+        size_t ssz = dtype_size(w->qsdt), ng = (size_t)(w->in / w->qgroup);
+        kern_qg16_unpack_row(row, w, ec->ids[t]);
+        struct wmat r1 = *w;
+        r1.qg16 = false;
+        r1.out = 1;
+        r1.data = row;
+        r1.row_bytes = (size_t)w->in / 2;
+        r1.qs = row + r1.row_bytes;
+        r1.qb = r1.qs + ng * ssz;
+        r1.qrow_bytes = ng * ssz;
+        ec->c->k.wrow_f32(y, &r1, 0, 0, w->in);
+    }
 }
 
 static void cpu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids,
@@ -544,6 +636,8 @@ static void cpu_embed(struct backend *be, float *y, const struct tensor *w, cons
     wmat_from(&m, w);
     struct embed_ctx ec = {c, y, &m, ids, n_tok};
     if (c->err_rc)
+        return;
+    if (m.qg16 && !cpu_scratch_ensure(c, (size_t)m.in / 8 + (size_t)(m.in / m.qgroup) * 2 + 16))
         return;
     if (n_tok == 1)
         embed_task(&ec, 0, 1);
@@ -909,6 +1003,7 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.name = k_names[isa];
     c->be.n_threads = c->nth;
     c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
+    c->repack = backend_env_flag("MLXCEL_REPACK", true);
     c->be.impl = c;
     *out = &c->be;
     return 0;
@@ -927,6 +1022,9 @@ static void cpu_destroy(struct backend *be)
     free(c->scr);
     free(c->shared);
     free(c->iscr);
+    for (size_t i = 0; i < c->n_packs; i++)
+        mem_anon_free(c->packs[i].p, c->packs[i].len);
+    free(c->packs);
     tpool_free(c->pool);
     free(c);
 }

@@ -23,6 +23,9 @@ struct cpu_backend {
     size_t shared_cap;
     int32_t *iscr;        /* integer scratch of the caller (attention tiles) */
     size_t iscr_cap;
+    bool repack;          /* prepare_weight repacks what the kernels read as QG16 (MLXCEL_REPACK) */
+    struct cpu_pack { void *p; size_t len; } *packs; /* QG16 copies of the weights, freed at destroy */
+    size_t n_packs, cap_packs;
     int err_rc;           /* first error an op recorded since the last sync; 0: none */
     char err_msg[256];
 };

@@ -53,6 +53,10 @@ struct wmat {
     const uint8_t *qs;        /* row r's scales at qs + r * qrow_bytes */
     const uint8_t *qb;        /* row r's biases at qb + r * qrow_bytes; NULL for fp modes */
     size_t qrow_bytes;
+    /* QG16 (below): data holds panels of 16 rows, qg16_panel bytes apart; row_bytes,
+     * qs, qb and qrow_bytes are then unused. */
+    bool qg16;
+    size_t qg16_panel;
 };
 
 struct cpu_kernels {
@@ -110,6 +114,8 @@ struct cpu_kernels {
     /* Optional: true for the W of those that matvec_qi runs at any token
      * count, faster than the GEMM path (the VNNI 4-bit GEMM). */
     bool (*qi_any_tok)(const struct wmat *w);
+    /* True when matvec_qi also reads W repacked as QG16 (below), at any token count. */
+    bool qg16;
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);
@@ -241,6 +247,32 @@ static inline size_t kern_qi_len(const struct wmat *w)
 {
     return 2 * kern_qi_hdr(w) + 2 * (((size_t)w->in + 127) / 128 * 128);
 }
+
+/* ---- QG16: 4-bit affine W repacked at load (kern_qpack.c) ----
+ * The layout the VNNI GEMM reads (kern_avx512_qi.c), written once by the CPU
+ * backend's prepare_weight in place of the stored rows, so no call transposes
+ * weights and every product, one token or many, streams W sequentially:
+ *   panels of 16 rows (the last zero-padded), one after another, each the
+ *   chunks of QG16_CH codes in order, each chunk of cn codes (groups of G):
+ *     words  [cn/8][16] u32: word i (codes 8i .. 8i+7 of the chunk, nibbles as
+ *            stored) of the panel's 16 rows side by side
+ *     scales [cn/G][16] in the stored dtype (F32/F16/BF16), group-major
+ *     biases [cn/G][16]
+ * So the bytes of the codes of the first c0 columns of a panel (c0 a multiple
+ * of QG16_CH) are kern_qg16_bytes(c0, ..), and a panel's size is that of in.
+ * The bytes are those of the stored tensor plus the padding rows. */
+#define QG16_CH 2048
+static inline size_t kern_qg16_bytes(int c0, int G, size_t ssz)
+{
+    return (size_t)c0 * 8 + 32 * ssz * (size_t)(c0 / G);
+}
+/* True for the W QG16 holds: affine 4-bit, groups 32/64/128, F32/F16/BF16 scales. */
+bool kern_qg16_ok(const struct wmat *w);
+/* Panels [p0, p1) of w (stored layout) into dst (which holds every panel). */
+void kern_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1);
+/* Row r of a QG16 w back in the stored layout: in/2 bytes of codes, then in/G scales,
+ * then in/G biases (ssz bytes each); returns the bytes written. */
+size_t kern_qg16_unpack_row(uint8_t *dst, const struct wmat *w, int r);
 
 /* ---- kern_avx2.c / kern_avx512.c ---- */
 /* Overlay the variant's kernels on k; false when it was compiled out. */

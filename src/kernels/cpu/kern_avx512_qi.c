@@ -152,6 +152,7 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
  * the matvec; only the f32 summation order differs (|I| of a group can pass
  * 2^24: its conversion rounds like an f32 sum would). */
 #define QG_TILE 8
+_Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles");
 /* Bytes ahead prefetched in each of a pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
  * from DRAM at 8 tokens: 0 B 55 GB/s a token, 256 B 74, 512 B 67, 1 KiB 55). */
 #define QG_PF 256
@@ -159,6 +160,18 @@ struct qg_panel {
     uint32_t w[QI_CH / 8][16]; /* word i (codes 8i .. 8i+7 of the chunk) of the 16 rows */
     float s[QI_CH / 32][16];   /* per group: the rows' scales */
     float b[QI_CH / 32][16];   /* and biases */
+};
+
+/* What a tile reads for one chunk of a panel: the words (from a qg_panel, or
+ * straight from QG16 memory), the scales and biases widened to f32, and for
+ * QG16 the bytes ahead to prefetch (pf: this chunk's start + QG_PF16; pf_sb:
+ * bytes of scales and biases per group, which the stream interleaves). */
+struct qg_ops {
+    const uint32_t (*w)[16];
+    const float (*s)[16];
+    const float (*b)[16];
+    const char *pf;
+    int pf_sb;
 };
 
 /* 16 x 16 transpose of 32-bit words: v[i] lane j <- v[j] lane i. */
@@ -282,7 +295,7 @@ AI __m512i qg_bcast(const uint8_t *p)
 /* Tokens t0 .. t0+T of the panel's rows (lanes in rm) over the chunk of codes
  * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
 AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
-                const struct qg_panel *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
+                const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
                 struct qg_pf *pf, const int T, const int G)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
@@ -309,6 +322,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             if (pf)
                 qg_pf_step(pf);
             const __m512i v = _mm512_load_si512(p->w[wi]);
+            if (p->pf) /* QG16: the stream ahead, one line per word (and per group below) */
+                _mm_prefetch(p->pf + (size_t)wi * 64 + (size_t)g * p->pf_sb, _MM_HINT_T0);
             const __m512i lo = _mm512_and_si512(v, m0f),
                           hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
             const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
@@ -320,6 +335,10 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
                 il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 96));
             }
         }
+        if (p->pf)
+            for (int l = 0; l < p->pf_sb; l += 64)
+                _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 8) * 64 + (size_t)g * p->pf_sb + l,
+                             _MM_HINT_T0);
         const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -337,18 +356,43 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
     }
 }
 
+/* The tiles of one chunk over every token: tiles of 8, the last 1-7 tokens as tiles of 4,
+ * 2 and 1 (fewer copies of the tile to compile). The tile of token pf_at issues
+ * pf's or (QG16) op1's prefetches; the others run with op (no prefetch). */
+AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int n_tok,
+                 const struct qg_ops *op, const struct qg_ops *op1, int r, __mmask16 rm, int c0,
+                 int gn, bool acc, struct qg_pf *pf, int pf_at, const int G)
+{
+    int t = 0;
+    for (; t + QG_TILE <= n_tok; t += QG_TILE)
+        qg_tile(y, ldy, xq, ldxq, hdr, t, t == pf_at ? op1 : op, r, rm, c0, gn, acc,
+                t == pf_at ? pf : NULL, QG_TILE, G);
+    for (int tn = 4; tn >= 1; tn /= 2)
+        if (n_tok - t >= tn) {
+            const struct qg_ops *o = t == pf_at ? op1 : op;
+            struct qg_pf *tpf = t == pf_at ? pf : NULL;
+            if (tn == 4)
+                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 4, G);
+            else if (tn == 2)
+                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 2, G);
+            else
+                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 1, G);
+            t += tn;
+        }
+}
+
 /* Rows r0 .. r1 of a 4-bit affine W for n_tok tokens, panel by panel. */
 AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                 const struct wmat *w, int r0, int r1, const int G)
 {
     _Alignas(64) struct qg_panel p;
+    const struct qg_ops op = {p.w, p.s, p.b, NULL, 0};
     const size_t hdr = kern_qi_hdr(w);
     for (int r = r0; r < r1; r += 16) {
         const int nr = r1 - r < 16 ? r1 - r : 16;
         const __mmask16 rm = (__mmask16)((1u << nr) - 1);
         for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
-            const bool acc = c0 > 0;
             qg_pack(&p, w, r, nr, c0, cn);
             /* the next pack's codes are asked for during the third tile from the end (the
              * only one at decode), so that the x the later tiles stream does not evict them */
@@ -358,22 +402,54 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
             struct qg_pf pf;
             if (nr0 < r1)
                 qg_pf_init(&pf, w, nr0, r1, nc0);
-            int t = 0;
-            for (; t + QG_TILE <= n_tok; t += QG_TILE)
-                qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc,
-                        t == pf_at && nr0 < r1 ? &pf : NULL, QG_TILE, G);
-            /* the last 1-7 tokens as tiles of 4, 2 and 1 (fewer copies of the tile to compile) */
-            for (int tn = 4; tn >= 1; tn /= 2)
-                if (n_tok - t >= tn) {
-                    struct qg_pf *tpf = t == pf_at && nr0 < r1 ? &pf : NULL;
-                    if (tn == 4)
-                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 4, G);
-                    else if (tn == 2)
-                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 2, G);
-                    else
-                        qg_tile(y, ldy, xq, ldxq, hdr, t, &p, r, rm, c0, gn, acc, tpf, 1, G);
-                    t += tn;
-                }
+            qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op, r, rm, c0, gn, c0 > 0,
+                     nr0 < r1 ? &pf : NULL, pf_at, G);
+        }
+    }
+}
+
+/* Bytes ahead of the tile that the QG16 stream is prefetched (Zen 5, 2 threads, 4-bit
+ * 10240 x 2560 from DRAM, 8 tokens: none 1174 us, 1 KiB 761, 2 KiB 733, 4 KiB 755). */
+#define QG_PF16 2048
+
+/* 16 groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
+AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
+{
+    for (int g = 0; g < gn; g++) {
+        __m512 v;
+        if (dt == DTYPE_BF16)
+            v = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)src + g)), 16));
+        else if (dt == DTYPE_F16)
+            v = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)src + g));
+        else
+            v = _mm512_load_ps((const float *)src + 16 * (size_t)g);
+        _mm512_store_ps(d[g], v);
+    }
+}
+
+/* Rows r0 .. r1 of a QG16 W: each panel's chunks straight from memory, streamed in order. */
+AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                  const struct wmat *w, int r0, int r1, const int G)
+{
+    _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
+    const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
+    const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
+              pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
+    r1 = r1 < w->out ? r1 : w->out;
+    for (int p = r0 / 16; p * 16 < r1; p++) {
+        const int lo = r0 > 16 * p ? r0 - 16 * p : 0, hi = r1 - 16 * p < 16 ? r1 - 16 * p : 16;
+        const __mmask16 rm = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *pp = w->data + (size_t)p * w->qg16_panel;
+        for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
+            const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+            const uint8_t *pc = pp + kern_qg16_bytes(c0, G, ssz), *ps = pc + (size_t)cn * 8;
+            qg_widen(s, ps, gn, w->qsdt);
+            qg_widen(b, ps + (size_t)gn * 16 * ssz, gn, w->qsdt);
+            const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0},
+                                op1 = {op.w, s, b, (const char *)pc + QG_PF16, (int)(32 * ssz)};
+            qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op1, 16 * p, rm, c0, gn, c0 > 0, NULL,
+                     pf_at, G);
         }
     }
 }
@@ -388,6 +464,14 @@ QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_
 {
     if (w->qmode != QMODE_AFFINE) {
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    if (w->qg16) {
+        switch (w->qgroup) {
+        case 32: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32); break;
+        case 64: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64); break;
+        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 128); break;
+        }
         return;
     }
     if (w->qbits == 4 && n_tok >= QG_MIN_TOK) {
@@ -424,6 +508,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
         return false;
     k->matvec_qi = a5_matvec_qi;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
+    k->qg16 = true;                /* and reads QG16 weights */
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
     k->gemm_min_tok_qi = 32;
