@@ -366,12 +366,22 @@ static void qlinear_case(struct kc_bes *bs, struct qstat *qs, const struct tenso
             bnd[(size_t)t * out + r] = (in + 16) * ldexp(mag, -24) + in * ldexp(1.0, -140);
             bqi[(size_t)t * out + r] = eqi;
         }
-    for (int i = 0; i < bs->n; i++) {
+    /* every backend on the weights as stored, then those a backend repacks when it
+     * prepares them (QG16 on VNNI hosts) once more on its own copy */
+    for (int run = 0; run < 2 * bs->n; run++) {
+        const int i = run % bs->n;
         struct backend *be = bs->be[i];
         bool qi = qi_applies(be, w);
+        struct tensor wp = *w;
+        if (run >= bs->n) {
+            struct err e = {0};
+            assert_int_equal(be->ops->prepare_weight(be, &wp, 0, &e), 0);
+            if (!wp.packed)
+                continue;
+        }
         memset(y, 0xff, n * sizeof *y); /* NaN: catches unwritten outputs */
-        be->ops->linear(be, y, (int)w->shape[0], x, w, NULL, n_tok);
-        if (i == 0)
+        be->ops->linear(be, y, (int)w->shape[0], x, &wp, NULL, n_tok);
+        if (run == 0)
             memcpy(y0, y, n * sizeof *y); /* bs->be[0] is the scalar reference */
         for (size_t k = 0; k < n; k++) {
             double bk = bnd[k] + (qi ? bqi[k] : 0);
@@ -380,11 +390,11 @@ static void qlinear_case(struct kc_bes *bs, struct qstat *qs, const struct tenso
             int ix = kc_isa_index(be);
             qs->worst[ix] = rel > qs->worst[ix] ? rel : qs->worst[ix];
             if (!(e <= bk && e0 <= bk + bnd[k])) {
-                print_error("linear mode %d q%d g%d %s n_tok=%d in=%d out=%d on %s (%d threads): "
+                print_error("linear mode %d q%d g%d %s n_tok=%d in=%d out=%d on %s (%d threads%s): "
                             "y[%zu] = %.9g, exact %.9g, scalar %.9g, bound %.3g\n",
                             (int)w->qmode, w->qbits, w->qgroup, dtype_name(w->qsdtype), n_tok, in,
-                            out, be->name, be->n_threads, k, (double)y[k], ref[k], (double)y0[k],
-                            bk);
+                            out, be->name, be->n_threads, wp.packed ? ", repacked" : "", k,
+                            (double)y[k], ref[k], (double)y0[k], bk);
                 fail();
             }
         }
@@ -567,11 +577,80 @@ static void test_dequant(void **state)
                         fail();
                     }
                 }
+            /* a table the backend repacks (QG16: a head tied to the embedding) gives the
+             * same rows, bit for bit */
+            struct tensor wp = *w;
+            struct err e = {0};
+            assert_int_equal(bs.be[i]->ops->prepare_weight(bs.be[i], &wp, 0, &e), 0);
+            if (wp.packed) {
+                float *yp = malloc((size_t)OUT * in * sizeof *yp);
+                assert_non_null(yp);
+                bs.be[i]->ops->embed(bs.be[i], yp, &wp, ids, OUT);
+                if (memcmp(yp, y, (size_t)OUT * in * sizeof *y) != 0)
+                    fail_msg("repacked q%d g%d embedding rows differ on %s", w->qbits, w->qgroup,
+                             bs.be[i]->name);
+                free(yp);
+            }
         }
         free(y);
     }
     for (int k = 0; k < nw; k++)
         tfree(&ws[k]);
+    kc_close(&bs);
+}
+
+/* Repacked 4-bit weights (QG16) give each token the same bits whatever batch it is in,
+ * wherever in it, and whatever the thread count: one kernel and one summation order
+ * for every token count (the greedy output of a request beside others is its own). */
+static void test_linear_batch_invariant(void **state)
+{
+    (void)state;
+    enum { NT = 19 };
+    struct kc_bes bs;
+    kc_open(&bs);
+    static const int shapes[][2] = {{37, 2048 + 256}, {16, 64}, {5, 192}};
+    for (int s = 0; s < 3; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        struct tensor w = qrand(4, 64, s == 1 ? DTYPE_F16 : DTYPE_BF16, out, in);
+        float *x = kc_fvec((size_t)NT * in, -1.0f, 1.0f);
+        float *ya = malloc((size_t)NT * out * sizeof *ya), *y1 = malloc((size_t)out * sizeof *y1);
+        float *yr = malloc((size_t)NT * out * sizeof *yr);
+        assert_true(ya && y1 && yr);
+        bool have_ref = false;
+        for (int i = 0; i < bs.n; i++) {
+            struct backend *be = bs.be[i];
+            struct tensor wp = w;
+            struct err e = {0};
+            assert_int_equal(be->ops->prepare_weight(be, &wp, 0, &e), 0);
+            if (!wp.packed)
+                continue;
+            be->ops->linear(be, ya, out, x, &wp, NULL, NT);
+            if (!have_ref) /* the first repacking backend: the others (threads) must agree */
+                memcpy(yr, ya, (size_t)NT * out * sizeof *ya);
+            have_ref = true;
+            if (memcmp(yr, ya, (size_t)NT * out * sizeof *ya) != 0)
+                fail_msg("%d x %d: %s (%d threads) differs from the first", out, in, be->name,
+                         be->n_threads);
+            for (int t = 0; t < NT; t++) {
+                be->ops->linear(be, y1, out, x + (size_t)t * in, &wp, NULL, 1);
+                if (memcmp(y1, ya + (size_t)t * out, (size_t)out * sizeof *y1) != 0)
+                    fail_msg("%d x %d on %s: token %d alone differs from it among %d", out, in,
+                             be->name, t, NT);
+            }
+            /* and first in a batch of 4: tokens 5 .. 8 */
+            float *y4 = malloc((size_t)4 * out * sizeof *y4);
+            assert_non_null(y4);
+            be->ops->linear(be, y4, out, x + (size_t)5 * in, &wp, NULL, 4);
+            if (memcmp(y4, ya + (size_t)5 * out, (size_t)4 * out * sizeof *y4) != 0)
+                fail_msg("%d x %d on %s: tokens 5-8 as a batch of 4 differ", out, in, be->name);
+            free(y4);
+        }
+        free(x);
+        free(ya);
+        free(y1);
+        free(yr);
+        tfree(&w);
+    }
     kc_close(&bs);
 }
 
@@ -920,6 +999,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_linear),
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
+    cmocka_unit_test(test_linear_batch_invariant),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),          
     
