@@ -129,6 +129,7 @@ static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t by
 static void wmat_from(struct wmat *m, const struct tensor *w);
 
 struct pack_ctx {
+    const struct cpu_kernels *k;
     uint8_t *dst;
     const struct wmat *w;
     int p0, p1;
@@ -140,7 +141,7 @@ static void pack_task(void *arg, int ith, int nth)
     long lo, hi;
     tpool_range(pc->p1 - pc->p0, ith, nth, &lo, &hi);
     if (lo < hi)
-        kern_qg16_pack(pc->dst, pc->w, pc->p0 + (int)lo, pc->p0 + (int)hi);
+        pc->k->qg16_pack(pc->dst, pc->w, pc->p0 + (int)lo, pc->p0 + (int)hi);
 }
 
 /* Source bytes packed between releases of the consumed pages. */
@@ -158,7 +159,7 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
         return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
                         w->name ? w->name : "(unnamed)");
     wmat_from(&m, w);
-    if (!c->repack || !c->k.qg16 || !kern_qg16_ok(&m))
+    if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m))
         return 0; /* the kernels read the mmap view in its stored layout */
     const int n_panels = (m.out + 15) / 16;
     m.qg16_panel = kern_qg16_bytes(m.in, m.qgroup, dtype_size(m.qsdt));
@@ -179,7 +180,7 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     const size_t ss_bytes = (size_t)m.out * m.qrow_bytes;
     const int slab = (int)(PACK_SLAB / (16 * m.row_bytes) + 1);
     for (int p = 0; p < n_panels; p += slab) {
-        struct pack_ctx pc = {dst, &m, p, p + slab < n_panels ? p + slab : n_panels};
+        struct pack_ctx pc = {&c->k, dst, &m, p, p + slab < n_panels ? p + slab : n_panels};
         tpool_run(c->pool, pack_task, &pc);
         if (flags & PREP_SOURCE_DISPOSABLE)
             mem_release(m.data, (size_t)pc.p1 * 16 < (size_t)m.out ? (size_t)pc.p1 * 16 * m.row_bytes

@@ -114,8 +114,10 @@ struct cpu_kernels {
     /* Optional: true for the W of those that matvec_qi runs at any token
      * count, faster than the GEMM path (the VNNI 4-bit GEMM). */
     bool (*qi_any_tok)(const struct wmat *w);
-    /* True when matvec_qi also reads W repacked as QG16 (below), at any token count. */
+    /* True when matvec_qi also reads W repacked as QG16 (below), at any token count;
+     * qg16_pack then writes panels [p0, p1) of it (as kern_qg16_pack, faster). */
     bool qg16;
+    void (*qg16_pack)(uint8_t *dst, const struct wmat *w, int p0, int p1);
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);
@@ -268,7 +270,8 @@ static inline size_t kern_qg16_bytes(int c0, int G, size_t ssz)
 }
 /* True for the W QG16 holds: affine 4-bit, groups 32/64/128, F32/F16/BF16 scales. */
 bool kern_qg16_ok(const struct wmat *w);
-/* Panels [p0, p1) of w (stored layout) into dst (which holds every panel). */
+/* Panels [p0, p1) of w (stored layout) into dst (which holds every panel): the plain
+ * reference of cpu_kernels.qg16_pack. */
 void kern_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1);
 /* Row r of a QG16 w back in the stored layout: in/2 bytes of codes, then in/G scales,
  * then in/G biases (ssz bytes each); returns the bytes written. */

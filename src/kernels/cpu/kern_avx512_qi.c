@@ -454,6 +454,52 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
     }
 }
 
+/* QG16 panels [p0, p1) of w (kern.h; kern_qg16_pack is the plain reference): each
+ * 16 words of 16 rows by one 16 x 16 transpose, scales and biases moved as they are
+ * stored. Load time: ~10x the reference's copy loop. */
+QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1)
+{
+    const int G = w->qgroup, in = w->in;
+    const size_t ssz = dtype_size(w->qsdt);
+    for (int p = p0; p < p1; p++) {
+        const int nr = w->out - 16 * p < 16 ? w->out - 16 * p : 16;
+        uint8_t *pp = dst + (size_t)p * w->qg16_panel;
+        for (int c0 = 0; c0 < in; c0 += QI_CH) {
+            const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, nw = cn / 8, gn = cn / G;
+            uint8_t *wd = pp + kern_qg16_bytes(c0, G, ssz);
+            uint8_t *sd = wd + (size_t)cn * 8, *bd = sd + (size_t)gn * 16 * ssz;
+            const uint8_t *rw[16];
+            for (int j = 0; j < nr; j++)
+                rw[j] = w->data + (size_t)(16 * p + j) * w->row_bytes + (size_t)c0 / 2;
+            int i = 0;
+            for (; i + 16 <= nw; i += 16) {
+                __m512i v[16];
+                for (int j = 0; j < 16; j++)
+                    v[j] = j < nr ? _mm512_loadu_si512(rw[j] + 4 * (size_t)i) : _mm512_setzero_si512();
+                qg_transpose16(v);
+                for (int j = 0; j < 16; j++)
+                    _mm512_store_si512(wd + (size_t)(i + j) * 64, v[j]);
+            }
+            for (; i < nw; i++)
+                for (int j = 0; j < 16; j++) {
+                    uint32_t v = 0;
+                    if (j < nr)
+                        memcpy(&v, rw[j] + 4 * (size_t)i, 4);
+                    memcpy(wd + (size_t)i * 64 + 4 * (size_t)j, &v, 4);
+                }
+            memset(sd, 0, 2 * (size_t)gn * 16 * ssz);
+            for (int j = 0; j < nr; j++) {
+                const size_t r = (size_t)(16 * p + j), o = (size_t)(c0 / G) * ssz;
+                const uint8_t *rs = w->qs + r * w->qrow_bytes + o, *rb = w->qb + r * w->qrow_bytes + o;
+                for (int g = 0; g < gn; g++) {
+                    memcpy(sd + ((size_t)g * 16 + (size_t)j) * ssz, rs + (size_t)g * ssz, ssz);
+                    memcpy(bd + ((size_t)g * 16 + (size_t)j) * ssz, rb + (size_t)g * ssz, ssz);
+                }
+            }
+        }
+    }
+}
+
 /* From this many tokens the 4-bit GEMM beats the matvec (its panels cost a
  * transpose per 16 rows and chunk). Zen 5, 1024 x 4096 from L3, 1 thread, µs
  * matvec / GEMM: 3 tokens 172 / 229, 4 295 / 235, 6 424 / 297, 8 455 / 354. */
@@ -509,6 +555,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     k->matvec_qi = a5_matvec_qi;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
     k->qg16 = true;                /* and reads QG16 weights */
+    k->qg16_pack = a5_qg16_pack;
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
     k->gemm_min_tok_qi = 32;
