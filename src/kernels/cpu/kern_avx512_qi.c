@@ -408,9 +408,11 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
     }
 }
 
-/* Bytes ahead of the tile that the QG16 stream is prefetched (Zen 5, 2 threads, 4-bit
- * 10240 x 2560 from DRAM, 8 tokens: none 1174 us, 1 KiB 761, 2 KiB 733, 4 KiB 755). */
-#define QG_PF16 2048
+/* Bytes ahead of the tile that the QG16 stream is prefetched: farther when one token
+ * consumes it faster (Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM, none / 1 / 2 / 4 /
+ * 8 KiB ahead: 8 tokens 1174 / 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 /
+ * 310 us; the host is shared and noisy, so only the first step is large). */
+#define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
 
 /* 16 groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
 AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
@@ -447,7 +449,7 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
             qg_widen(s, ps, gn, w->qsdt);
             qg_widen(b, ps + (size_t)gn * 16 * ssz, gn, w->qsdt);
             const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0},
-                                op1 = {op.w, s, b, (const char *)pc + QG_PF16, (int)(32 * ssz)};
+                                op1 = {op.w, s, b, (const char *)pc + QG_PF16(n_tok), (int)(32 * ssz)};
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op1, 16 * p, rm, c0, gn, c0 > 0, NULL,
                      pf_at, G);
         }
