@@ -42,17 +42,19 @@ function rnd() { seed = (seed * 1103515245 + 12345) & 0x7fffffff; return seed / 
 function prompt(n) { return Array.from({ length: n }, () => WORDS[Math.floor(rnd() * WORDS.length)]).join(' '); }
 
 // One streamed request: [ttft_s, gaps_s[], n_tokens]. Each SSE chunk with text counts as one token
-// (both servers send one chunk per token when they can).
+// (both servers send one chunk per token when they can) for the latencies; the total is the usage
+// chunk's completion_tokens where the server sends one (tokens without text, e.g. random weights'
+// byte pieces, are generated work too), else the chunks.
 async function one(o, text) {
   const t0 = performance.now();
   const body = { prompt: text, max_tokens: o.maxTokens, temperature: 0, stream: true, ignore_eos: true,
-                 n_predict: o.maxTokens };
+                 n_predict: o.maxTokens, stream_options: { include_usage: true } };
   if (o.model) body.model = o.model;
   const res = await fetch(`${o.url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' },
                                                      body: JSON.stringify(body) });
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
-  let buf = '', ttft = -1, last = 0, n = 0;
+  let buf = '', ttft = -1, last = 0, n = 0, usage = -1;
   const gaps = [];
   for await (const part of res.body) {
     buf += dec.decode(part, { stream: true });
@@ -62,6 +64,7 @@ async function one(o, text) {
       buf = buf.slice(at + 2);
       if (!ev.startsWith('data: ') || ev === 'data: [DONE]') continue;
       const j = JSON.parse(ev.slice(6));
+      if (j.usage && Number.isInteger(j.usage.completion_tokens)) usage = j.usage.completion_tokens;
       const c = j.choices && j.choices[0];
       if (!c || !c.text) continue;
       const now = performance.now();
@@ -70,7 +73,7 @@ async function one(o, text) {
       n++;
     }
   }
-  return [ttft, gaps, n];
+  return [ttft, gaps, usage >= 0 ? usage : n];
 }
 
 function pct(a, p) {
