@@ -599,7 +599,7 @@ static void test_dequant(void **state)
     kc_close(&bs);
 }
 
-/* Repacked 4-bit weights (QG16) give each token the same bits whatever batch it is in,
+/* Repacked 4/8-bit weights (QG16) give each token the same bits whatever batch it is in,
  * wherever in it, and whatever the thread count: one kernel and one summation order
  * for every token count (the greedy output of a request beside others is its own). */
 static void test_linear_batch_invariant(void **state)
@@ -609,9 +609,9 @@ static void test_linear_batch_invariant(void **state)
     struct kc_bes bs;
     kc_open(&bs);
     static const int shapes[][2] = {{37, 2048 + 256}, {16, 64}, {5, 192}};
-    for (int s = 0; s < 3; s++) {
-        const int out = shapes[s][0], in = shapes[s][1];
-        struct tensor w = qrand(4, 64, s == 1 ? DTYPE_F16 : DTYPE_BF16, out, in);
+    for (int s = 0; s < 6; s++) { /* 4-bit, then 8-bit */
+        const int out = shapes[s % 3][0], in = shapes[s % 3][1];
+        struct tensor w = qrand(s < 3 ? 4 : 8, 64, s % 3 == 1 ? DTYPE_F16 : DTYPE_BF16, out, in);
         float *x = kc_fvec((size_t)NT * in, -1.0f, 1.0f);
         float *ya = malloc((size_t)NT * out * sizeof *ya), *y1 = malloc((size_t)out * sizeof *y1);
         float *yr = malloc((size_t)NT * out * sizeof *yr);

@@ -147,7 +147,7 @@ static void pack_task(void *arg, int ith, int nth)
 /* Source bytes packed between releases of the consumed pages. */
 #define PACK_SLAB (8u << 20)
 
-/* A 4-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h) into anonymous
+/* A 4/8-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h) into anonymous
  * memory the backend owns. Panels are packed a slab at a time on every thread; when the
  * source is disposable the pages of each consumed slab go back at once, so resident
  * memory grows by about one slab, not by the tensor. */
@@ -162,7 +162,7 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m))
         return 0; /* the kernels read the mmap view in its stored layout */
     const int n_panels = (m.out + 15) / 16;
-    m.qg16_panel = kern_qg16_bytes(m.in, m.qgroup, dtype_size(m.qsdt));
+    m.qg16_panel = kern_qg16_bytes(m.in, m.qbits, m.qgroup, dtype_size(m.qsdt));
     const size_t len = (size_t)n_panels * m.qg16_panel;
     if (c->n_packs == c->cap_packs) {
         size_t cap = c->cap_packs ? 2 * c->cap_packs : 64;
@@ -227,7 +227,7 @@ static void wmat_from(struct wmat *m, const struct tensor *w)
         m->qmode = w->qmode;
         m->qsdt = w->qsdtype;
         m->qg16 = true;
-        m->qg16_panel = kern_qg16_bytes(m->in, m->qgroup, dtype_size(m->qsdt));
+        m->qg16_panel = kern_qg16_bytes(m->in, m->qbits, m->qgroup, dtype_size(m->qsdt));
         return;
     }
     if (w->qbits) {
@@ -621,7 +621,7 @@ static void embed_task(void *arg, int ith, int nth)
         r1.qg16 = false;
         r1.out = 1;
         r1.data = row;
-        r1.row_bytes = (size_t)w->in / 2;
+        r1.row_bytes = (size_t)w->in * (size_t)w->qbits / 8;
         r1.qs = row + r1.row_bytes;
         r1.qb = r1.qs + ng * ssz;
         r1.qrow_bytes = ng * ssz;
@@ -638,7 +638,7 @@ static void cpu_embed(struct backend *be, float *y, const struct tensor *w, cons
     struct embed_ctx ec = {c, y, &m, ids, n_tok};
     if (c->err_rc)
         return;
-    if (m.qg16 && !cpu_scratch_ensure(c, (size_t)m.in / 8 + (size_t)(m.in / m.qgroup) * 2 + 16))
+    if (m.qg16 && !cpu_scratch_ensure(c, (size_t)m.in * (size_t)m.qbits / 32 + (size_t)(m.in / m.qgroup) * 2 + 16))
         return;
     if (n_tok == 1)
         embed_task(&ec, 0, 1);

@@ -250,25 +250,26 @@ static inline size_t kern_qi_len(const struct wmat *w)
     return 2 * kern_qi_hdr(w) + 2 * (((size_t)w->in + 127) / 128 * 128);
 }
 
-/* ---- QG16: 4-bit affine W repacked at load (kern_qpack.c) ----
+/* ---- QG16: 4- and 8-bit affine W repacked at load (kern_qpack.c) ----
  * The layout the VNNI GEMM reads (kern_avx512_qi.c), written once by the CPU
  * backend's prepare_weight in place of the stored rows, so no call transposes
  * weights and every product, one token or many, streams W sequentially:
  *   panels of 16 rows (the last zero-padded), one after another, each the
  *   chunks of QG16_CH codes in order, each chunk of cn codes (groups of G):
- *     words  [cn/8][16] u32: word i (codes 8i .. 8i+7 of the chunk, nibbles as
- *            stored) of the panel's 16 rows side by side
+ *     codes  4-bit: [cn/8][16] u32, word i (codes 8i .. 8i+7 of the chunk,
+ *            nibbles as stored) of the panel's 16 rows side by side;
+ *            8-bit: [cn/2][16] u16, codes 2i and 2i+1 of the 16 rows
  *     scales [cn/G][16] in the stored dtype (F32/F16/BF16), group-major
  *     biases [cn/G][16]
- * So the bytes of the codes of the first c0 columns of a panel (c0 a multiple
- * of QG16_CH) are kern_qg16_bytes(c0, ..), and a panel's size is that of in.
- * The bytes are those of the stored tensor plus the padding rows. */
+ * So the bytes of the first c0 columns of a panel (c0 a multiple of QG16_CH)
+ * are kern_qg16_bytes(c0, ..), and a panel's size is that of in. The bytes
+ * are those of the stored tensor plus the padding rows. */
 #define QG16_CH 2048
-static inline size_t kern_qg16_bytes(int c0, int G, size_t ssz)
+static inline size_t kern_qg16_bytes(int c0, int bits, int G, size_t ssz)
 {
-    return (size_t)c0 * 8 + 32 * ssz * (size_t)(c0 / G);
+    return (size_t)c0 * 2 * (size_t)bits + 32 * ssz * (size_t)(c0 / G);
 }
-/* True for the W QG16 holds: affine 4-bit, groups 32/64/128, F32/F16/BF16 scales. */
+/* True for the W QG16 holds: affine 4/8-bit, groups 32/64/128, F32/F16/BF16 scales. */
 bool kern_qg16_ok(const struct wmat *w);
 /* Panels [p0, p1) of w (stored layout) into dst (which holds every panel): the plain
  * reference of cpu_kernels.qg16_pack. */

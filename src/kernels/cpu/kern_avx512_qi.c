@@ -356,27 +356,97 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
     }
 }
 
+/* The 8-bit tile: a QG16 chunk's code pairs ([cn/2][16] u16) widened to 16 bits, so one
+ * vpdpwssd multiplies 2 codes of 16 rows by one token's pair of 16-bit x (the natural-order
+ * q16 the preparation writes for 8-bit), two accumulators per token to hide latency. The
+ * integers are the matvec's (qv8_step); the rest is qg_tile's. */
+AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                 const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
+                 const int T, const int G)
+{
+    const int g0 = c0 / G;
+    const uint8_t *xc[QG_TILE], *wb = (const uint8_t *)p->w;
+    const float *xs[QG_TILE], *xm[QG_TILE];
+    __m512 f[QG_TILE];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const uint8_t *xt = xq + (size_t)(t0 + t) * ldxq;
+        xs[t] = (const float *)xt + g0;
+        xm[t] = (const float *)(xt + hdr) + g0;
+        xc[t] = xt + 2 * hdr + 2 * (size_t)c0;
+        f[t] = _mm512_setzero_ps();
+    }
+    for (int g = 0; g < gn; g++) {
+        __m512i a0[QG_TILE], a1[QG_TILE];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            a0[t] = a1[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int u = 0; u < G / 2; u += 2) {
+            const int pi = g * (G / 2) + u;
+            if (p->pf) /* one line per two pairs, and per group below */
+                _mm_prefetch(p->pf + (size_t)pi * 32 + (size_t)g * p->pf_sb, _MM_HINT_T0);
+            const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + (size_t)pi * 32))),
+                          v1 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + (size_t)pi * 32 + 32)));
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                a0[t] = _mm512_dpwssd_epi32(a0[t], v0, qg_bcast(xc[t] + 4 * (size_t)pi));
+                a1[t] = _mm512_dpwssd_epi32(a1[t], v1, qg_bcast(xc[t] + 4 * (size_t)pi + 4));
+            }
+        }
+        if (p->pf)
+            for (int l = 0; l < p->pf_sb; l += 64)
+                _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 2) * 32 + (size_t)g * p->pf_sb + l,
+                             _MM_HINT_T0);
+        const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m512i i32 = _mm512_add_epi32(a0[t], a1[t]);
+            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
+                                   f[t]);
+            f[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xm[t][g]), f[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        float *yo = y + (size_t)(t0 + t) * ldy + r0;
+        __m512 v = acc ? _mm512_add_ps(f[t], _mm512_maskz_loadu_ps(rm, yo)) : f[t];
+        _mm512_mask_storeu_ps(yo, rm, v);
+    }
+}
+
+/* One tile of 4-bit (B 4: qg_tile) or 8-bit (B 8, QG16 only: qg_tile8) codes. */
+AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                  const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
+                  struct qg_pf *pf, const int T, const int B, const int G)
+{
+    if (B == 8)
+        qg_tile8(y, ldy, xq, ldxq, hdr, t0, p, r0, rm, c0, gn, acc, T, G);
+    else
+        qg_tile(y, ldy, xq, ldxq, hdr, t0, p, r0, rm, c0, gn, acc, pf, T, G);
+}
+
 /* The tiles of one chunk over every token: tiles of 8, the last 1-7 tokens as tiles of 4,
  * 2 and 1 (fewer copies of the tile to compile). The tile of token pf_at issues
  * pf's or (QG16) op1's prefetches; the others run with op (no prefetch). */
 AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int n_tok,
                  const struct qg_ops *op, const struct qg_ops *op1, int r, __mmask16 rm, int c0,
-                 int gn, bool acc, struct qg_pf *pf, int pf_at, const int G)
+                 int gn, bool acc, struct qg_pf *pf, int pf_at, const int B, const int G)
 {
     int t = 0;
     for (; t + QG_TILE <= n_tok; t += QG_TILE)
-        qg_tile(y, ldy, xq, ldxq, hdr, t, t == pf_at ? op1 : op, r, rm, c0, gn, acc,
-                t == pf_at ? pf : NULL, QG_TILE, G);
+        qg_tile_b(y, ldy, xq, ldxq, hdr, t, t == pf_at ? op1 : op, r, rm, c0, gn, acc,
+                  t == pf_at ? pf : NULL, QG_TILE, B, G);
     for (int tn = 4; tn >= 1; tn /= 2)
         if (n_tok - t >= tn) {
             const struct qg_ops *o = t == pf_at ? op1 : op;
             struct qg_pf *tpf = t == pf_at ? pf : NULL;
             if (tn == 4)
-                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 4, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 4, B, G);
             else if (tn == 2)
-                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 2, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 2, B, G);
             else
-                qg_tile(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 1, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 1, B, G);
             t += tn;
         }
 }
@@ -403,7 +473,7 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
             if (nr0 < r1)
                 qg_pf_init(&pf, w, nr0, r1, nc0);
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op, r, rm, c0, gn, c0 > 0,
-                     nr0 < r1 ? &pf : NULL, pf_at, G);
+                     nr0 < r1 ? &pf : NULL, pf_at, 4, G);
         }
     }
 }
@@ -430,9 +500,10 @@ AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
     }
 }
 
-/* Rows r0 .. r1 of a QG16 W: each panel's chunks straight from memory, streamed in order. */
+/* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
+ * streamed in order. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                  const struct wmat *w, int r0, int r1, const int G)
+                  const struct wmat *w, int r0, int r1, const int B, const int G)
 {
     _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
     const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
@@ -445,49 +516,64 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
         const uint8_t *pp = w->data + (size_t)p * w->qg16_panel;
         for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
-            const uint8_t *pc = pp + kern_qg16_bytes(c0, G, ssz), *ps = pc + (size_t)cn * 8;
+            const uint8_t *pc = pp + kern_qg16_bytes(c0, B, G, ssz), *ps = pc + (size_t)cn * 2 * B;
             qg_widen(s, ps, gn, w->qsdt);
             qg_widen(b, ps + (size_t)gn * 16 * ssz, gn, w->qsdt);
             const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0},
                                 op1 = {op.w, s, b, (const char *)pc + QG_PF16(n_tok), (int)(32 * ssz)};
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op1, 16 * p, rm, c0, gn, c0 > 0, NULL,
-                     pf_at, G);
+                     pf_at, B, G);
         }
     }
 }
 
-/* QG16 panels [p0, p1) of w (kern.h; kern_qg16_pack is the plain reference): each
- * 16 words of 16 rows by one 16 x 16 transpose, scales and biases moved as they are
- * stored. Load time: ~10x the reference's copy loop. */
+/* QG16 panels [p0, p1) of w (kern.h; kern_qg16_pack is the plain reference): each 16
+ * 32-bit units (4-bit: a word of 8 codes; 8-bit: 4 codes, split into two pairs) of 16
+ * rows by one 16 x 16 transpose, scales and biases moved as they are stored. Load time:
+ * ~10x the reference's copy loop. */
 QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1)
 {
-    const int G = w->qgroup, in = w->in;
+    const int G = w->qgroup, in = w->in, bits = w->qbits;
     const size_t ssz = dtype_size(w->qsdt);
     for (int p = p0; p < p1; p++) {
         const int nr = w->out - 16 * p < 16 ? w->out - 16 * p : 16;
         uint8_t *pp = dst + (size_t)p * w->qg16_panel;
         for (int c0 = 0; c0 < in; c0 += QI_CH) {
-            const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, nw = cn / 8, gn = cn / G;
-            uint8_t *wd = pp + kern_qg16_bytes(c0, G, ssz);
-            uint8_t *sd = wd + (size_t)cn * 8, *bd = sd + (size_t)gn * 16 * ssz;
+            const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, nu = cn * bits / 32, gn = cn / G;
+            uint8_t *wd = pp + kern_qg16_bytes(c0, bits, G, ssz);
+            uint8_t *sd = wd + (size_t)cn * 2 * (size_t)bits, *bd = sd + (size_t)gn * 16 * ssz;
             const uint8_t *rw[16];
             for (int j = 0; j < nr; j++)
-                rw[j] = w->data + (size_t)(16 * p + j) * w->row_bytes + (size_t)c0 / 2;
+                rw[j] = w->data + (size_t)(16 * p + j) * w->row_bytes + (size_t)c0 * (size_t)bits / 8;
             int i = 0;
-            for (; i + 16 <= nw; i += 16) {
+            for (; i + 16 <= nu; i += 16) {
                 __m512i v[16];
                 for (int j = 0; j < 16; j++)
                     v[j] = j < nr ? _mm512_loadu_si512(rw[j] + 4 * (size_t)i) : _mm512_setzero_si512();
                 qg_transpose16(v);
-                for (int j = 0; j < 16; j++)
-                    _mm512_store_si512(wd + (size_t)(i + j) * 64, v[j]);
+                for (int j = 0; j < 16; j++) {
+                    if (bits == 4) {
+                        _mm512_store_si512(wd + (size_t)(i + j) * 64, v[j]);
+                        continue;
+                    }
+                    /* unit i+j holds code pairs 2(i+j) (low halves) and 2(i+j)+1 (high) */
+                    uint8_t *o = wd + (size_t)(i + j) * 64;
+                    _mm256_store_si256((__m256i *)o, _mm512_cvtepi32_epi16(v[j]));
+                    _mm256_store_si256((__m256i *)(o + 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v[j], 16)));
+                }
             }
-            for (; i < nw; i++)
+            for (; i < nu; i++)
                 for (int j = 0; j < 16; j++) {
                     uint32_t v = 0;
                     if (j < nr)
                         memcpy(&v, rw[j] + 4 * (size_t)i, 4);
-                    memcpy(wd + (size_t)i * 64 + 4 * (size_t)j, &v, 4);
+                    if (bits == 4) {
+                        memcpy(wd + (size_t)i * 64 + 4 * (size_t)j, &v, 4);
+                    } else {
+                        uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
+                        memcpy(wd + (size_t)i * 64 + 2 * (size_t)j, &lo, 2);
+                        memcpy(wd + (size_t)i * 64 + 32 + 2 * (size_t)j, &hi, 2);
+                    }
                 }
             memset(sd, 0, 2 * (size_t)gn * 16 * ssz);
             for (int j = 0; j < nr; j++) {
@@ -515,10 +601,13 @@ QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_
         return;
     }
     if (w->qg16) {
-        switch (w->qgroup) {
-        case 32: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32); break;
-        case 64: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64); break;
-        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 128); break;
+        switch (w->qbits * 1000 + w->qgroup) {
+        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32); break;
+        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64); break;
+        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128); break;
+        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32); break;
+        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64); break;
+        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128); break;
         }
         return;
     }
@@ -547,7 +636,7 @@ QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_
 
 static bool a5_qi_any_tok(const struct wmat *w)
 {
-    return w->qmode == QMODE_AFFINE && w->qbits == 4;
+    return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qg16);
 }
 
 bool kern_avx512_qi_init(struct cpu_kernels *k)
