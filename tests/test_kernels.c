@@ -375,7 +375,7 @@ static void qlinear_case(struct kc_bes *bs, struct qstat *qs, const struct tenso
         struct tensor wp = *w;
         if (run >= bs->n) {
             struct err e = {0};
-            assert_int_equal(be->ops->prepare_weight(be, &wp, 0, &e), 0);
+            assert_int_equal(be->ops->prepare_weight(be, &wp, PREP_REPACK_BESIDE, &e), 0);
             if (!wp.packed)
                 continue;
         }
@@ -581,7 +581,7 @@ static void test_dequant(void **state)
              * same rows, bit for bit */
             struct tensor wp = *w;
             struct err e = {0};
-            assert_int_equal(bs.be[i]->ops->prepare_weight(bs.be[i], &wp, 0, &e), 0);
+            assert_int_equal(bs.be[i]->ops->prepare_weight(bs.be[i], &wp, PREP_REPACK_BESIDE, &e), 0);
             if (wp.packed) {
                 float *yp = malloc((size_t)OUT * in * sizeof *yp);
                 assert_non_null(yp);
@@ -621,7 +621,7 @@ static void test_linear_batch_invariant(void **state)
             struct backend *be = bs.be[i];
             struct tensor wp = w;
             struct err e = {0};
-            assert_int_equal(be->ops->prepare_weight(be, &wp, 0, &e), 0);
+            assert_int_equal(be->ops->prepare_weight(be, &wp, PREP_REPACK_BESIDE, &e), 0);
             if (!wp.packed)
                 continue;
             be->ops->linear(be, ya, out, x, &wp, NULL, NT);

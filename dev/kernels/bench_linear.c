@@ -203,7 +203,7 @@ static void bench_matvec_q(struct backend *be, const char *label, enum dtype dt,
     for (int i = 0; i < s.n; i++) {
         struct err e = {0};
         pw[i] = s.w[i];
-        if (be->ops->prepare_weight(be, &pw[i], 0, &e) < 0) {
+        if (be->ops->prepare_weight(be, &pw[i], PREP_REPACK_BESIDE, &e) < 0) {
             fprintf(stderr, "%s\n", e.msg);
             exit(1);
         }

@@ -142,8 +142,12 @@ struct rope_params {
     enum rope_style style;   /* which dims pair up (zero: rotate-half) */
 };
 
-/* prepare_weight flags */
+/* prepare_weight flags. A backend that copies or repacks a weight into memory of its own
+ * does so only when it may give the stored pages back (DISPOSABLE), or when told to keep
+ * both (BESIDE: kernel tests and benchmarks on weights they own), so a model never holds
+ * two layouts of the same bytes. */
 #define PREP_SOURCE_DISPOSABLE 1u
+#define PREP_REPACK_BESIDE 2u
 
 struct backend_ops {
     /* ---- memory ---- */

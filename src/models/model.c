@@ -242,7 +242,8 @@ int model_weights_to_anon(struct model *m, struct err *e)
  * result. A view whose stored bytes no other view reads, inside the
  * checkpoint's mapping, is prepared with PREP_SOURCE_DISPOSABLE: a backend
  * that copies or repacks it may give those pages back as it goes, so a
- * repacked model does not hold both layouts at once. Views that overlap
+ * repacked model does not hold both layouts at once. The others are
+ * prepared without it, so the CPU leaves them in their stored layout. Views that overlap
  * without being the same (rows of another view, slices of a stacked tensor
  * also bound whole) and host-read tensors (attention sinks) keep theirs.
  * Pages of a file mapping given back are read from the file again if

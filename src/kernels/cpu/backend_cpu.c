@@ -159,7 +159,8 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
         return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
                         w->name ? w->name : "(unnamed)");
     wmat_from(&m, w);
-    if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m))
+    if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m) ||
+        !(flags & (PREP_SOURCE_DISPOSABLE | PREP_REPACK_BESIDE)))
         return 0; /* the kernels read the mmap view in its stored layout */
     const int n_panels = (m.out + 15) / 16;
     m.qg16_panel = kern_qg16_bytes(m.in, m.qbits, m.qgroup, dtype_size(m.qsdt));
