@@ -30,6 +30,7 @@
     X(batch)      \
     X(sched)      \
     X(prefix)     \
+    X(prepare)    \
     X(window)     \
     X(server)     \
     X(quant)      \
