@@ -242,12 +242,13 @@ int model_weights_to_anon(struct model *m, struct err *e)
  * result. A view whose stored bytes no other view reads, inside the
  * checkpoint's mapping, is prepared with PREP_SOURCE_DISPOSABLE: a backend
  * that copies or repacks it may give those pages back as it goes, so a
- * repacked model does not hold both layouts at once. The others are
- * prepared without it, so the CPU leaves them in their stored layout. Views that overlap
- * without being the same (rows of another view, slices of a stacked tensor
- * also bound whole) and host-read tensors (attention sinks) keep theirs.
- * Pages of a file mapping given back are read from the file again if
- * touched, so the model can be prepared again for another backend. */
+ * repacked model does not hold both layouts at once. The others (views
+ * overlapping without being the same: rows of another view, slices of a
+ * stacked tensor also bound whole; bytes a host-read tensor such as the
+ * attention sinks shares; tensors derived in memory) are prepared without
+ * it, and the CPU leaves them in their stored layout. Pages of a file
+ * mapping given back are read from the file again if touched, so the model
+ * can be prepared again for another backend. */
 
 struct prepared_view {
     struct tensor *t;
@@ -313,7 +314,7 @@ static int prep_root(struct prep_item *it, int i)
     return i;
 }
 
-/* Every weight view of m in preparation order (sinks last, as host-read). */
+/* Every weight view of m in preparation order (sinks marked host-read); it NULL: count. */
 static size_t prep_items(struct model *m, struct prep_item *it)
 {
     size_t n = 0;

@@ -164,8 +164,10 @@ struct qg_panel {
 
 /* What a tile reads for one chunk of a panel: the words (from a qg_panel, or
  * straight from QG16 memory), the scales and biases widened to f32, and for
- * QG16 the bytes ahead to prefetch (pf: this chunk's start + QG_PF16; pf_sb:
- * bytes of scales and biases per group, which the stream interleaves). */
+ * QG16 the bytes ahead to prefetch (pf: this chunk's start + QG_PF16). The
+ * prefetches walk the chunk's bytes evenly: a line per 64 bytes of codes, and
+ * pf_sb bytes per group for the group's share of the scales and biases that
+ * follow the codes. */
 struct qg_ops {
     const uint32_t (*w)[16];
     const float (*s)[16];
@@ -292,17 +294,11 @@ AI __m512i qg_bcast(const uint8_t *p)
     return _mm512_set1_epi32(v);
 }
 
-/* Tokens t0 .. t0+T of the panel's rows (lanes in rm) over the chunk of codes
- * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
-AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
-                const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
-                struct qg_pf *pf, const int T, const int G)
+/* Tokens t0 .. t0+T of a tile: each one's prepared x of the chunk from c0 (xc), its group
+ * scales (xs) and sums (xm) from group g0, and its zeroed f32 accumulator. */
+AI void qg_tile_open(const uint8_t *xq, size_t ldxq, size_t hdr, int t0, int c0, int g0,
+                     const uint8_t **xc, const float **xs, const float **xm, __m512 *f, const int T)
 {
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const int g0 = c0 / G;
-    const uint8_t *xc[QG_TILE];
-    const float *xs[QG_TILE], *xm[QG_TILE];
-    __m512 f[QG_TILE];
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
         const uint8_t *xt = xq + (size_t)(t0 + t) * ldxq;
@@ -311,6 +307,44 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
         xc[t] = xt + 2 * hdr + 2 * (size_t)c0;
         f[t] = _mm512_setzero_ps();
     }
+}
+
+/* Group g's integer sums of each token (i32[t]) into its accumulator: f += I s xs + b xm. */
+AI void qg_tile_group(__m512 *f, const __m512i *i32, const struct qg_ops *p, int g,
+                      const float *const *xs, const float *const *xm, const int T)
+{
+    const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32[t]), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
+                               f[t]);
+        f[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xm[t][g]), f[t]);
+    }
+}
+
+/* The tile's rows (lanes rm from row r0) of each token into y, added to it when acc. */
+AI void qg_tile_store(float *y, size_t ldy, int t0, int r0, __mmask16 rm, bool acc, const __m512 *f,
+                      const int T)
+{
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        float *yo = y + (size_t)(t0 + t) * ldy + r0;
+        __m512 v = acc ? _mm512_add_ps(f[t], _mm512_maskz_loadu_ps(rm, yo)) : f[t];
+        _mm512_mask_storeu_ps(yo, rm, v);
+    }
+}
+
+/* Tokens t0 .. t0+T of the panel's rows (lanes in rm) over the chunk of codes
+ * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
+AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
+                struct qg_pf *pf, const int T, const int G)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const uint8_t *xc[QG_TILE];
+    const float *xs[QG_TILE], *xm[QG_TILE];
+    __m512 f[QG_TILE];
+    qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f, T);
     for (int g = 0; g < gn; g++) {
         __m512i ih[QG_TILE], il[QG_TILE];
 #pragma GCC unroll 8
@@ -339,21 +373,12 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             for (int l = 0; l < p->pf_sb; l += 64)
                 _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 8) * 64 + (size_t)g * p->pf_sb + l,
                              _MM_HINT_T0);
-        const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            __m512i i32 = _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]);
-            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
-                                   f[t]);
-            f[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xm[t][g]), f[t]);
-        }
+        for (int t = 0; t < T; t++) /* I = (hi << 8) + lo */
+            ih[t] = _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]);
+        qg_tile_group(f, ih, p, g, xs, xm, T);
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        float *yo = y + (size_t)(t0 + t) * ldy + r0;
-        __m512 v = acc ? _mm512_add_ps(f[t], _mm512_maskz_loadu_ps(rm, yo)) : f[t];
-        _mm512_mask_storeu_ps(yo, rm, v);
-    }
+    qg_tile_store(y, ldy, t0, r0, rm, acc, f, T);
 }
 
 /* The 8-bit tile: a QG16 chunk's code pairs ([cn/2][16] u16) widened to 16 bits, so one
@@ -364,18 +389,10 @@ AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
                  const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
                  const int T, const int G)
 {
-    const int g0 = c0 / G;
     const uint8_t *xc[QG_TILE], *wb = (const uint8_t *)p->w;
     const float *xs[QG_TILE], *xm[QG_TILE];
     __m512 f[QG_TILE];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const uint8_t *xt = xq + (size_t)(t0 + t) * ldxq;
-        xs[t] = (const float *)xt + g0;
-        xm[t] = (const float *)(xt + hdr) + g0;
-        xc[t] = xt + 2 * hdr + 2 * (size_t)c0;
-        f[t] = _mm512_setzero_ps();
-    }
+    qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f, T);
     for (int g = 0; g < gn; g++) {
         __m512i a0[QG_TILE], a1[QG_TILE];
 #pragma GCC unroll 8
@@ -398,21 +415,12 @@ AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
             for (int l = 0; l < p->pf_sb; l += 64)
                 _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 2) * 32 + (size_t)g * p->pf_sb + l,
                              _MM_HINT_T0);
-        const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            __m512i i32 = _mm512_add_epi32(a0[t], a1[t]);
-            f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
-                                   f[t]);
-            f[t] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xm[t][g]), f[t]);
-        }
+        for (int t = 0; t < T; t++)
+            a0[t] = _mm512_add_epi32(a0[t], a1[t]);
+        qg_tile_group(f, a0, p, g, xs, xm, T);
     }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        float *yo = y + (size_t)(t0 + t) * ldy + r0;
-        __m512 v = acc ? _mm512_add_ps(f[t], _mm512_maskz_loadu_ps(rm, yo)) : f[t];
-        _mm512_mask_storeu_ps(yo, rm, v);
-    }
+    qg_tile_store(y, ldy, t0, r0, rm, acc, f, T);
 }
 
 /* One tile of 4-bit (B 4: qg_tile) or 8-bit (B 8, QG16 only: qg_tile8) codes. */
