@@ -115,7 +115,8 @@ struct cpu_kernels {
      * count, faster than the GEMM path (the VNNI 4-bit GEMM). */
     bool (*qi_any_tok)(const struct wmat *w);
     /* True when matvec_qi also reads W repacked as QG16 (below), at any token count;
-     * qg16_pack then writes panels [p0, p1) of it (as kern_qg16_pack, faster). */
+     * qg16_pack then writes panels [p0, p1) of w (stored layout) into dst, which holds
+     * every panel. */
     bool qg16;
     void (*qg16_pack)(uint8_t *dst, const struct wmat *w, int p0, int p1);
 
@@ -271,11 +272,8 @@ static inline size_t kern_qg16_bytes(int c0, int bits, int G, size_t ssz)
 }
 /* True for the W QG16 holds: affine 4/8-bit, groups 32/64/128, F32/F16/BF16 scales. */
 bool kern_qg16_ok(const struct wmat *w);
-/* Panels [p0, p1) of w (stored layout) into dst (which holds every panel): the plain
- * reference of cpu_kernels.qg16_pack. */
-void kern_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1);
-/* Row r of a QG16 w back in the stored layout: in/2 bytes of codes, then in/G scales,
- * then in/G biases (ssz bytes each); returns the bytes written. */
+/* Row r of a QG16 w back in the stored layout: in * bits / 8 bytes of codes, then in/G
+ * scales, then in/G biases (ssz bytes each); returns the bytes written. */
 size_t kern_qg16_unpack_row(uint8_t *dst, const struct wmat *w, int r);
 
 /* ---- kern_avx2.c / kern_avx512.c ---- */

@@ -535,10 +535,10 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
     }
 }
 
-/* QG16 panels [p0, p1) of w (kern.h; kern_qg16_pack is the plain reference): each 16
- * 32-bit units (4-bit: a word of 8 codes; 8-bit: 4 codes, split into two pairs) of 16
- * rows by one 16 x 16 transpose, scales and biases moved as they are stored. Load time:
- * ~10x the reference's copy loop. */
+/* QG16 panels [p0, p1) of w (kern.h): each 16 32-bit units (4-bit: a word of 8 codes;
+ * 8-bit: 4 codes, split into two pairs) of 16 rows by one 16 x 16 transpose, scales and
+ * biases moved as they are stored. On this VM a load's packing time is the stores to
+ * freshly mapped pages (perf: the same share as a plain copy loop's). */
 QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1)
 {
     const int G = w->qgroup, in = w->in, bits = w->qbits;

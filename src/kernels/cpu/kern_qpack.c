@@ -1,10 +1,11 @@
 /*
  * kern_qpack: the QG16 layout of 4/8-bit affine weights (kern.h), written once
- * at load by the CPU backend's prepare_weight and read by the VNNI GEMM
- * (kern_avx512_qi.c). Plain C, ISA-neutral: packing is a one-time copy, and
- * unpacking a row back into the stored layout (the embedding lookup of a
- * head tied to the embedding) lets every ISA's row dequantization run on it
- * unchanged, so the values are bit-identical to the unpacked weights.
+ * at load by the CPU backend's prepare_weight (cpu_kernels.qg16_pack, in
+ * kern_avx512_qi.c) and read by the VNNI GEMM. Plain C, ISA-neutral: which
+ * weights it holds, and a row unpacked back into the stored layout (the
+ * embedding lookup of a head tied to the embedding), so that every ISA's row
+ * dequantization runs on it unchanged and the values are bit-identical to the
+ * stored weights'.
  */
 #include <string.h>
 
@@ -23,42 +24,6 @@ bool kern_qg16_ok(const struct wmat *w)
 static size_t qg16_unit(const struct wmat *w)
 {
     return w->qbits == 4 ? 4 : 2;
-}
-
-void kern_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1)
-{
-    const int G = w->qgroup, in = w->in, bits = w->qbits;
-    const size_t ssz = dtype_size(w->qsdt), ub = qg16_unit(w);
-    for (int p = p0; p < p1; p++) {
-        uint8_t *pp = dst + (size_t)p * w->qg16_panel;
-        for (int c0 = 0; c0 < in; c0 += QG16_CH) {
-            const int cn = in - c0 < QG16_CH ? in - c0 : QG16_CH, gn = cn / G;
-            const size_t nu = (size_t)cn * (size_t)bits / 8 / ub;
-            uint8_t *wd = pp + kern_qg16_bytes(c0, bits, G, ssz);
-            uint8_t *sd = wd + (size_t)cn * 2 * (size_t)bits, *bd = sd + (size_t)gn * 16 * ssz;
-            for (int j = 0; j < 16; j++) {
-                const size_t r = (size_t)p * 16 + (size_t)j;
-                if (r >= (size_t)w->out) { /* padding rows: code 0, scale 0, bias 0 */
-                    for (size_t i = 0; i < nu; i++)
-                        memset(wd + (i * 16 + (size_t)j) * ub, 0, ub);
-                    for (int g = 0; g < gn; g++) {
-                        memset(sd + ((size_t)g * 16 + (size_t)j) * ssz, 0, ssz);
-                        memset(bd + ((size_t)g * 16 + (size_t)j) * ssz, 0, ssz);
-                    }
-                    continue;
-                }
-                const uint8_t *row = w->data + r * w->row_bytes + (size_t)c0 * (size_t)bits / 8;
-                for (size_t i = 0; i < nu; i++)
-                    memcpy(wd + (i * 16 + (size_t)j) * ub, row + i * ub, ub);
-                const uint8_t *rs = w->qs + r * w->qrow_bytes + (size_t)(c0 / G) * ssz;
-                const uint8_t *rb = w->qb + r * w->qrow_bytes + (size_t)(c0 / G) * ssz;
-                for (int g = 0; g < gn; g++) {
-                    memcpy(sd + ((size_t)g * 16 + (size_t)j) * ssz, rs + (size_t)g * ssz, ssz);
-                    memcpy(bd + ((size_t)g * 16 + (size_t)j) * ssz, rb + (size_t)g * ssz, ssz);
-                }
-            }
-        }
-    }
 }
 
 size_t kern_qg16_unpack_row(uint8_t *dst, const struct wmat *w, int r)
