@@ -114,10 +114,8 @@ struct cpu_kernels {
     /* Optional: true for the W of those that matvec_qi runs at any token
      * count, faster than the GEMM path (the VNNI 4-bit GEMM). */
     bool (*qi_any_tok)(const struct wmat *w);
-    /* True when matvec_qi also reads W repacked as QG16 (below), at any token count;
-     * qg16_pack then writes panels [p0, p1) of w (stored layout) into dst, which holds
-     * every panel. */
-    bool qg16;
+    /* Optional: panels [p0, p1) of w (stored layout) as QG16 (below) into dst, which holds
+     * every panel; set when matvec_qi also reads QG16 W, at any token count. */
     void (*qg16_pack)(uint8_t *dst, const struct wmat *w, int p0, int p1);
 
     /* ---- vectors ---- */

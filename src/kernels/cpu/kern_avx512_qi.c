@@ -153,16 +153,11 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
  * 2^24: its conversion rounds like an f32 sum would). */
 #define QG_TILE 8
 _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles");
-/* Bytes ahead prefetched in each of a pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
+/* Bytes ahead prefetched in each of a per-call pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
  * from DRAM at 8 tokens: 0 B 55 GB/s a token, 256 B 74, 512 B 67, 1 KiB 55). */
 #define QG_PF 256
-struct qg_panel {
-    uint32_t w[QI_CH / 8][16]; /* word i (codes 8i .. 8i+7 of the chunk) of the 16 rows */
-    float s[QI_CH / 32][16];   /* per group: the rows' scales */
-    float b[QI_CH / 32][16];   /* and biases */
-};
 
-/* What a tile reads for one chunk of a panel: the words (from a qg_panel, or
+/* What a tile reads for one chunk of a panel: the words (from a chunk packed per call, or
  * straight from QG16 memory), the scales and biases widened to f32, and for
  * QG16 the bytes ahead to prefetch (pf: this chunk's start + QG_PF16). The
  * prefetches walk the chunk's bytes evenly: a line per 64 bytes of codes, and
@@ -202,63 +197,75 @@ AI void qg_transpose16(__m512i v[16])
     }
 }
 
-/* The panel of rows r0 .. r0+nr (nr <= 16; missing rows repeat the last) for
- * codes c0 .. c0+cn (a multiple of the group size, so of 32) and its groups. */
-QI_NOSAN static void qg_pack(struct qg_panel *p, const struct wmat *w, int r0, int nr, int c0, int cn)
+/* One QG16 chunk (kern.h) of rows r0 .. r0+nr (nr <= 16; missing rows zero) at dst, for
+ * codes c0 .. c0+cn of B-bit W: each 16 32-bit units (4-bit: a word of 8 codes; 8-bit: 4
+ * codes, split into two pairs) of the 16 rows by one 16 x 16 transpose, scales and biases
+ * moved as they are stored. pf: bytes ahead to prefetch in each row (0: none). */
+QI_NOSAN static void qg16_pack_chunk(uint8_t *dst, const struct wmat *w, int r0, int nr, int c0,
+                                     int cn, size_t pf)
 {
-    const uint8_t *rw[16], *rs[16], *rb[16];
-    for (int j = 0; j < 16; j++) {
-        size_t r = (size_t)r0 + (size_t)(j < nr ? j : nr - 1);
-        rw[j] = w->data + r * w->row_bytes + (size_t)c0 / 2;
-        rs[j] = w->qs + r * w->qrow_bytes;
-        rb[j] = w->qb ? w->qb + r * w->qrow_bytes : NULL;
-    }
-    const int nw = cn / 8, g0 = c0 / w->qgroup, gn = cn / w->qgroup;
+    const int G = w->qgroup, bits = w->qbits, nu = cn * bits / 32, gn = cn / G;
+    const size_t ssz = dtype_size(w->qsdt);
+    uint8_t *sd = dst + (size_t)cn * 2 * (size_t)bits, *bd = sd + (size_t)gn * 16 * ssz;
+    const uint8_t *rw[16];
+    for (int j = 0; j < nr; j++)
+        rw[j] = w->data + (size_t)(r0 + j) * w->row_bytes + (size_t)c0 * (size_t)bits / 8;
     int i = 0;
-    for (; i + 16 <= nw; i += 16) {
+    for (; i + 16 <= nu; i += 16) {
         __m512i v[16];
         for (int j = 0; j < 16; j++) {
-            _mm_prefetch((const char *)rw[j] + 4 * (size_t)i + QG_PF, _MM_HINT_T0);
+            if (j >= nr) {
+                v[j] = _mm512_setzero_si512();
+                continue;
+            }
+            if (pf)
+                _mm_prefetch((const char *)rw[j] + 4 * (size_t)i + pf, _MM_HINT_T0);
             v[j] = _mm512_loadu_si512(rw[j] + 4 * (size_t)i);
         }
         qg_transpose16(v);
-        for (int j = 0; j < 16; j++)
-            _mm512_store_si512(p->w[i + j], v[j]);
-    }
-    for (; i < nw; i++)
-        for (int j = 0; j < 16; j++)
-            memcpy(&p->w[i][j], rw[j] + 4 * (size_t)i, 4);
-    /* scales and biases: each row's groups widened to f32, then 16 x 16 transposes */
-    _Alignas(64) float ts[16][QI_CH / 32], tb[16][QI_CH / 32];
-    for (int j = 0; j < 16; j++) {
-        int g = 0;
-        for (; g + 8 <= gn; g += 8) {
-            _mm256_store_ps(ts[j] + g, qi_ld8(rs[j], w->qsdt, g0, g));
-            _mm256_store_ps(tb[j] + g, rb[j] ? qi_ld8(rb[j], w->qsdt, g0, g) : _mm256_setzero_ps());
-        }
-        for (; g < gn; g++) {
-            ts[j][g] = kern_ld(rs[j], w->qsdt, (size_t)(g0 + g));
-            tb[j][g] = rb[j] ? kern_ld(rb[j], w->qsdt, (size_t)(g0 + g)) : 0.0f;
-        }
-        for (; g % 16; g++)
-            ts[j][g] = tb[j][g] = 0.0f;
-    }
-    for (int g = 0; g < gn; g += 16) {
-        __m512i v[16], u[16];
         for (int j = 0; j < 16; j++) {
-            v[j] = _mm512_load_si512(ts[j] + g);
-            u[j] = _mm512_load_si512(tb[j] + g);
+            uint8_t *o = dst + (size_t)(i + j) * 64;
+            if (bits == 4) {
+                _mm512_store_si512(o, v[j]);
+                continue;
+            }
+            /* unit i+j holds code pairs 2(i+j) (low halves) and 2(i+j)+1 (high) */
+            _mm256_store_si256((__m256i *)o, _mm512_cvtepi32_epi16(v[j]));
+            _mm256_store_si256((__m256i *)(o + 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v[j], 16)));
         }
-        qg_transpose16(v);
-        qg_transpose16(u);
-        for (int j = 0; j < 16 && g + j < gn; j++) {
-            _mm512_store_si512(p->s[g + j], v[j]);
-            _mm512_store_si512(p->b[g + j], u[j]);
+    }
+    for (; i < nu; i++)
+        for (int j = 0; j < 16; j++) {
+            uint32_t v = 0;
+            if (j < nr)
+                memcpy(&v, rw[j] + 4 * (size_t)i, 4);
+            if (bits == 4) {
+                memcpy(dst + (size_t)i * 64 + 4 * (size_t)j, &v, 4);
+            } else {
+                uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
+                memcpy(dst + (size_t)i * 64 + 2 * (size_t)j, &lo, 2);
+                memcpy(dst + (size_t)i * 64 + 32 + 2 * (size_t)j, &hi, 2);
+            }
         }
+    if (nr < 16)
+        memset(sd, 0, 2 * (size_t)gn * 16 * ssz);
+    for (int j = 0; j < nr; j++) {
+        const size_t r = (size_t)(r0 + j), o = (size_t)(c0 / G) * ssz;
+        const uint8_t *rs = w->qs + r * w->qrow_bytes + o, *rb = w->qb + r * w->qrow_bytes + o;
+        if (ssz == 2) /* 16-bit scales: copies of a known size (this runs per call unpacked) */
+            for (int g = 0; g < gn; g++) {
+                memcpy(sd + ((size_t)g * 16 + (size_t)j) * 2, rs + (size_t)g * 2, 2);
+                memcpy(bd + ((size_t)g * 16 + (size_t)j) * 2, rb + (size_t)g * 2, 2);
+            }
+        else
+            for (int g = 0; g < gn; g++) {
+                memcpy(sd + ((size_t)g * 16 + (size_t)j) * 4, rs + (size_t)g * 4, 4);
+                memcpy(bd + ((size_t)g * 16 + (size_t)j) * 4, rb + (size_t)g * 4, 4);
+            }
     }
 }
 
-/* The codes the next qg_pack reads (rows r0 .. r0+16 clipped to r1, codes c0 ..), asked
+/* The codes the next per-call pack (qg_rows) reads (rows r0 .. r0+16 clipped to r1, codes c0 ..), asked
  * for one 64-byte line per word a tile decodes, so the requests spread over its work. */
 struct qg_pf {
     const char *row[16];
@@ -459,40 +466,13 @@ AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         }
 }
 
-/* Rows r0 .. r1 of a 4-bit affine W for n_tok tokens, panel by panel. */
-AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                const struct wmat *w, int r0, int r1, const int G)
-{
-    _Alignas(64) struct qg_panel p;
-    const struct qg_ops op = {p.w, p.s, p.b, NULL, 0};
-    const size_t hdr = kern_qi_hdr(w);
-    for (int r = r0; r < r1; r += 16) {
-        const int nr = r1 - r < 16 ? r1 - r : 16;
-        const __mmask16 rm = (__mmask16)((1u << nr) - 1);
-        for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
-            const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
-            qg_pack(&p, w, r, nr, c0, cn);
-            /* the next pack's codes are asked for during the third tile from the end (the
-             * only one at decode), so that the x the later tiles stream does not evict them */
-            const int nc0 = c0 + QI_CH < w->in ? c0 + QI_CH : 0, nr0 = nc0 ? r : r + 16;
-            const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
-                      pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
-            struct qg_pf pf;
-            if (nr0 < r1)
-                qg_pf_init(&pf, w, nr0, r1, nc0);
-            qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op, r, rm, c0, gn, c0 > 0,
-                     nr0 < r1 ? &pf : NULL, pf_at, 4, G);
-        }
-    }
-}
-
 /* Bytes ahead of the tile that the QG16 stream is prefetched: farther when one token
  * consumes it faster (Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM, none / 1 / 2 / 4 /
  * 8 KiB ahead: 8 tokens 1174 / 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 /
  * 310 us; the host is shared and noisy, so only the first step is large). */
 #define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
 
-/* 16 groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
+/* The gn groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
 AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
 {
     for (int g = 0; g < gn; g++) {
@@ -505,6 +485,37 @@ AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
         else
             v = _mm512_load_ps((const float *)src + 16 * (size_t)g);
         _mm512_store_ps(d[g], v);
+    }
+}
+
+/* Rows r0 .. r1 of a 4-bit affine W in its stored layout (not repacked at load): each
+ * block of 16 rows and chunk packed as QG16 on the stack, then the same tiles. */
+AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                const struct wmat *w, int r0, int r1, const int G)
+{
+    _Alignas(64) uint8_t pc[QI_CH * 8 + 2 * (QI_CH / 32) * 16 * sizeof(float)];
+    _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
+    const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0};
+    const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
+    for (int r = r0; r < r1; r += 16) {
+        const int nr = r1 - r < 16 ? r1 - r : 16;
+        const __mmask16 rm = (__mmask16)((1u << nr) - 1);
+        for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
+            const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+            qg16_pack_chunk(pc, w, r, nr, c0, cn, QG_PF);
+            qg_widen(s, pc + (size_t)cn * 8, gn, w->qsdt);
+            qg_widen(b, pc + (size_t)cn * 8 + (size_t)gn * 16 * ssz, gn, w->qsdt);
+            /* the next pack's codes are asked for during the third tile from the end (the
+             * only one at decode), so that the x the later tiles stream does not evict them */
+            const int nc0 = c0 + QI_CH < w->in ? c0 + QI_CH : 0, nr0 = nc0 ? r : r + 16;
+            const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
+                      pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
+            struct qg_pf pf;
+            if (nr0 < r1)
+                qg_pf_init(&pf, w, nr0, r1, nc0);
+            qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op, r, rm, c0, gn, c0 > 0,
+                     nr0 < r1 ? &pf : NULL, pf_at, 4, G);
+        }
     }
 }
 
@@ -535,65 +546,16 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
     }
 }
 
-/* QG16 panels [p0, p1) of w (kern.h): each 16 32-bit units (4-bit: a word of 8 codes;
- * 8-bit: 4 codes, split into two pairs) of 16 rows by one 16 x 16 transpose, scales and
- * biases moved as they are stored. On this VM a load's packing time is the stores to
- * freshly mapped pages (perf: the same share as a plain copy loop's). */
+/* QG16 panels [p0, p1) of w (kern.h), chunk by chunk. On this VM a load's packing time is
+ * the stores to freshly mapped pages (perf: the same share as a plain copy loop's). */
 QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, int p1)
 {
-    const int G = w->qgroup, in = w->in, bits = w->qbits;
     const size_t ssz = dtype_size(w->qsdt);
-    for (int p = p0; p < p1; p++) {
-        const int nr = w->out - 16 * p < 16 ? w->out - 16 * p : 16;
-        uint8_t *pp = dst + (size_t)p * w->qg16_panel;
-        for (int c0 = 0; c0 < in; c0 += QI_CH) {
-            const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, nu = cn * bits / 32, gn = cn / G;
-            uint8_t *wd = pp + kern_qg16_bytes(c0, bits, G, ssz);
-            uint8_t *sd = wd + (size_t)cn * 2 * (size_t)bits, *bd = sd + (size_t)gn * 16 * ssz;
-            const uint8_t *rw[16];
-            for (int j = 0; j < nr; j++)
-                rw[j] = w->data + (size_t)(16 * p + j) * w->row_bytes + (size_t)c0 * (size_t)bits / 8;
-            int i = 0;
-            for (; i + 16 <= nu; i += 16) {
-                __m512i v[16];
-                for (int j = 0; j < 16; j++)
-                    v[j] = j < nr ? _mm512_loadu_si512(rw[j] + 4 * (size_t)i) : _mm512_setzero_si512();
-                qg_transpose16(v);
-                for (int j = 0; j < 16; j++) {
-                    if (bits == 4) {
-                        _mm512_store_si512(wd + (size_t)(i + j) * 64, v[j]);
-                        continue;
-                    }
-                    /* unit i+j holds code pairs 2(i+j) (low halves) and 2(i+j)+1 (high) */
-                    uint8_t *o = wd + (size_t)(i + j) * 64;
-                    _mm256_store_si256((__m256i *)o, _mm512_cvtepi32_epi16(v[j]));
-                    _mm256_store_si256((__m256i *)(o + 32), _mm512_cvtepi32_epi16(_mm512_srli_epi32(v[j], 16)));
-                }
-            }
-            for (; i < nu; i++)
-                for (int j = 0; j < 16; j++) {
-                    uint32_t v = 0;
-                    if (j < nr)
-                        memcpy(&v, rw[j] + 4 * (size_t)i, 4);
-                    if (bits == 4) {
-                        memcpy(wd + (size_t)i * 64 + 4 * (size_t)j, &v, 4);
-                    } else {
-                        uint16_t lo = (uint16_t)v, hi = (uint16_t)(v >> 16);
-                        memcpy(wd + (size_t)i * 64 + 2 * (size_t)j, &lo, 2);
-                        memcpy(wd + (size_t)i * 64 + 32 + 2 * (size_t)j, &hi, 2);
-                    }
-                }
-            memset(sd, 0, 2 * (size_t)gn * 16 * ssz);
-            for (int j = 0; j < nr; j++) {
-                const size_t r = (size_t)(16 * p + j), o = (size_t)(c0 / G) * ssz;
-                const uint8_t *rs = w->qs + r * w->qrow_bytes + o, *rb = w->qb + r * w->qrow_bytes + o;
-                for (int g = 0; g < gn; g++) {
-                    memcpy(sd + ((size_t)g * 16 + (size_t)j) * ssz, rs + (size_t)g * ssz, ssz);
-                    memcpy(bd + ((size_t)g * 16 + (size_t)j) * ssz, rb + (size_t)g * ssz, ssz);
-                }
-            }
-        }
-    }
+    for (int p = p0; p < p1; p++)
+        for (int c0 = 0; c0 < w->in; c0 += QI_CH)
+            qg16_pack_chunk(dst + (size_t)p * w->qg16_panel + kern_qg16_bytes(c0, w->qbits, w->qgroup, ssz),
+                            w, 16 * p, w->out - 16 * p < 16 ? w->out - 16 * p : 16, c0,
+                            w->in - c0 < QI_CH ? w->in - c0 : QI_CH, 0);
 }
 
 /* From this many tokens the 4-bit GEMM beats the matvec (its panels cost a
@@ -653,8 +615,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
         return false;
     k->matvec_qi = a5_matvec_qi;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
-    k->qg16 = true;                /* and reads QG16 weights */
-    k->qg16_pack = a5_qg16_pack;
+    k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16 */
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
     k->gemm_min_tok_qi = 32;
