@@ -650,6 +650,10 @@ static void test_linear_batch_invariant(void **state)
         free(y1);
         free(yr);
         tfree(&w);
+        if (!have_ref) { /* no backend here repacks (no AVX-512 VNNI): nothing was checked */
+            kc_close(&bs);
+            skip();
+        }
     }
     kc_close(&bs);
 }

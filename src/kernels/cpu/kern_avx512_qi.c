@@ -468,8 +468,9 @@ AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
 
 /* Bytes ahead of the tile that the QG16 stream is prefetched: farther when one token
  * consumes it faster (Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM, none / 1 / 2 / 4 /
- * 8 KiB ahead: 8 tokens 1174 / 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 /
- * 310 us; the host is shared and noisy, so only the first step is large). */
+ * 8 KiB ahead, measured on a first version reading words in this layout: 8 tokens 1174 /
+ * 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 / 310 us; the host is shared and
+ * noisy, so only the first step is large; a later sweep on the final kernel was noise). */
 #define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
 
 /* The gn groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
