@@ -153,8 +153,104 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 40, 100, 4, 2, 128, 4.0f);   /* peaked softmax */
     attn_case(&bs, &es, 1, 300, 2, 1, 96, 1.0f);
     attn_case(&bs, &es, 3, 2, 130, 1, 8, 1.0f);      /* more query heads per kv head than a tile */
+    attn_case(&bs, &es, 1, 255, 8, 2, 64, 3.0f);     /* decode: two whole key chunks */
+    attn_case(&bs, &es, 1, 700, 4, 1, 32, 4.0f);     /* decode: six chunks, the last partial */
     kc_report("attention", &es);
     kc_close(&bs);
+}
+
+/* Several sequences in one call, as a server's step has them: decode rows (one query
+ * each) beside a prefill chunk, each sequence's blocks scattered through one pool.
+ * Every row against the reference, and each decode row bit-identical to the same row
+ * computed alone (a row's result never depends on the batch around it). */
+static void test_attention_batch(void **state)
+{
+    (void)state;
+    enum { NS = 4 };
+    static const int pos0[NS] = {300, 10, 41, 129}, ntok[NS] = {1, 6, 1, 1};
+    int n_head = 8, n_kv = 2, hd = 32, bs = 16, kvd = n_kv * hd;
+    float sinks_v[8] = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -2.0f, 0.25f, 3.0f};
+    struct kc_bes bes;
+    struct kc_errstat es = {0};
+    kc_open(&bes);
+    for (int variant = 0; variant < 2; variant++) {
+        /* variant 1: a window, softcap and sinks */
+        struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd),
+                                 variant ? 20.0f : 0.0f, variant ? 150 : 0,
+                                 variant ? sinks_v : NULL};
+        int nb[NS], b0[NS], nblk = 0, n_rows = 0;
+        for (int s = 0; s < NS; s++) {
+            nb[s] = (pos0[s] + ntok[s] + bs - 1) / bs;
+            b0[s] = nblk;
+            nblk += nb[s];
+            n_rows += ntok[s];
+        }
+        /* block j of sequence s is pool block (b0 + j) * 7 % nblk (7 is prime to nblk) */
+        int32_t *tables = malloc((size_t)nblk * sizeof *tables);
+        for (int i = 0; i < nblk; i++)
+            tables[i] = (int32_t)((size_t)i * 7 % (size_t)nblk);
+        assert_true(nblk % 7 != 0);
+        float *kp = calloc((size_t)nblk * bs * kvd, sizeof(float));
+        float *vp = calloc((size_t)nblk * bs * kvd, sizeof(float));
+        int32_t pos[16], slot[16], tab[16], end[16], row0[NS];
+        float *q = kc_fvec((size_t)n_rows * n_head * hd, -3, 3);
+        float *out = malloc((size_t)n_rows * n_head * hd * sizeof *out);
+        float *solo = malloc((size_t)n_head * hd * sizeof *solo);
+        double *ref = malloc((size_t)16 * n_head * hd * sizeof *ref);
+        float *ks[NS], *vs[NS];
+        for (int s = 0, r = 0; s < NS; s++) {
+            int n_ctx = pos0[s] + ntok[s];
+            ks[s] = kc_fvec((size_t)n_ctx * kvd, -3, 3);
+            vs[s] = kc_fvec((size_t)n_ctx * kvd, -1, 1);
+            for (int j = 0; j < n_ctx; j++) {
+                size_t sl = (size_t)tables[b0[s] + j / bs] * bs + j % bs;
+                memcpy(kp + sl * kvd, ks[s] + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+                memcpy(vp + sl * kvd, vs[s] + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+            }
+            row0[s] = r;
+            for (int t = 0; t < ntok[s]; t++, r++) {
+                pos[r] = pos0[s] + t;
+                slot[r] = tables[b0[s] + pos[r] / bs] * bs + pos[r] % bs;
+                tab[r] = b0[s];
+                end[r] = n_ctx;
+            }
+        }
+        struct kv_layer kv = {kp, vp, kvd, kvd};
+        struct kv_rows rows = {pos, slot, tab, tables, end, bs};
+        size_t qs = (size_t)n_head * hd;
+        for (int i = 0; i < bes.n; i++) {
+            struct backend *be = bes.be[i];
+            memset(out, 0xff, (size_t)n_rows * qs * sizeof *out);
+            be->ops->attention(be, out, (int)qs, q, (int)qs, &kv, &rows, n_rows, &ap);
+            for (int s = 0; s < NS; s++) {
+                attn_ref(ref, q + row0[s] * qs, ks[s], vs[s], ntok[s], pos0[s], n_head, n_kv, hd,
+                         &ap);
+                kc_check(&es, "attention_batch", be, out + row0[s] * qs, ref, ntok[s] * qs, 1e-10,
+                         1e-4);
+                if (ntok[s] != 1)
+                    continue;
+                struct kv_rows one = {pos + row0[s], slot + row0[s], tab + row0[s], tables,
+                                      end + row0[s], bs};
+                be->ops->attention(be, solo, (int)qs, q + row0[s] * qs, (int)qs, &kv, &one, 1, &ap);
+                if (memcmp(solo, out + row0[s] * qs, qs * sizeof *solo) != 0)
+                    fail_msg("attention_batch on %s: sequence %d's decode row differs alone", be->name,
+                             s);
+            }
+        }
+        for (int s = 0; s < NS; s++) {
+            free(ks[s]);
+            free(vs[s]);
+        }
+        free(tables);
+        free(kp);
+        free(vp);
+        free(q);
+        free(out);
+        free(solo);
+        free(ref);
+    }
+    kc_report("attention_batch", &es);
+    kc_close(&bes);
 }
 
 /* The sliding-window kind, soft-capping and sinks against the brute-force masked reference:
@@ -568,6 +664,7 @@ static void test_moe(void **state)
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention),
     cmocka_unit_test(test_attention_window),
+    cmocka_unit_test(test_attention_batch),
     cmocka_unit_test(test_elementwise),
     cmocka_unit_test(test_moe_group),
     cmocka_unit_test(test_moe_route),

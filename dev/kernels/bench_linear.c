@@ -291,43 +291,59 @@ static void bench_prefill(struct backend *be, const char *label, enum dtype dt, 
     free((void *)w.qbiases);
 }
 
-/* Attention: decode (1 query at position n_ctx-1) and prefill (n_tok from 0),
- * 32 query heads over 8 kv heads, head_dim 128. GB/s for decode counts the
- * K and V rows read; GFLOP/s for prefill counts 4 hd flops per (query, key). */
-static void bench_attn(struct backend *be, int n_tok, int n_ctx)
+/* Attention: decode of n_seq sequences (1 query each at position n_ctx-1, their
+ * cache blocks interleaved in the pool as a server's are) or prefill of one
+ * sequence (n_tok from 0), nh query heads over nkv kv heads of hd. Decode
+ * rotates over enough layers (>= 256 MiB of K and V) to run from DRAM. GB/s
+ * counts the K and V rows read; GFLOP/s counts 4 hd flops per (query, key). */
+static void bench_attn(struct backend *be, int n_seq, int n_tok, int n_ctx, int nh, int nkv,
+                       int hd)
 {
-    int nh = 32, nkv = 8, hd = 128;
-    size_t nq = (size_t)n_tok * nh * hd, nk = (size_t)n_ctx * nkv * hd;
-    float *q = malloc(nq * 4), *o = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    int bs = 16, nblk = (n_ctx + bs - 1) / bs, n_rows = n_seq * n_tok;
+    size_t nq = (size_t)n_rows * nh * hd, nk = (size_t)n_seq * nblk * bs * nkv * hd;
+    int n_layer = n_tok == 1 ? (int)((256u << 20) / (2 * nk * 4) + 1) : 1;
+    float *q = malloc(nq * 4), *o = malloc(nq * 4);
+    float *k = malloc(nk * 4 * n_layer), *v = malloc(nk * 4 * n_layer);
     for (size_t i = 0; i < nq; i++)
         q[i] = (float)(i % 13) * 0.01f;
-    for (size_t i = 0; i < nk; i++) {
+    for (size_t i = 0; i < nk * n_layer; i++) {
         k[i] = (float)(i % 11) * 0.01f;
         v[i] = (float)(i % 7) * 0.1f;
     }
-    int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3, bs = 16;
+    int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3;
     double best = 1e9;
-    /* one sequence through an identity block table of 16-slot blocks */
-    int32_t *pos = malloc((size_t)n_tok * 4), *slot = malloc((size_t)n_tok * 4);
-    int32_t *tab = calloc((size_t)n_tok, 4), *tables = malloc(((size_t)n_ctx / bs + 1) * 4);
-    for (int b = 0; b <= n_ctx / bs; b++)
-        tables[b] = b;
-    for (int t = 0; t < n_tok; t++)
-        pos[t] = slot[t] = pos0 + t;
-    struct kv_layer kv = {k, v, nkv * hd, nkv * hd};
-    struct kv_rows rows = {pos, slot, tab, tables, pos, bs};
+    /* sequence s's block j is pool block j * n_seq + s */
+    int32_t *pos = malloc((size_t)n_rows * 4), *slot = malloc((size_t)n_rows * 4);
+    int32_t *tab = malloc((size_t)n_rows * 4), *end = malloc((size_t)n_rows * 4);
+    int32_t *tables = malloc((size_t)n_seq * nblk * 4);
+    for (int s = 0; s < n_seq; s++)
+        for (int j = 0; j < nblk; j++)
+            tables[s * nblk + j] = j * n_seq + s;
+    for (int s = 0; s < n_seq; s++)
+        for (int t = 0; t < n_tok; t++) {
+            int i = s * n_tok + t, p = pos0 + t;
+            pos[i] = p;
+            slot[i] = tables[s * nblk + p / bs] * bs + p % bs;
+            tab[i] = s * nblk;
+            end[i] = n_ctx;
+        }
+    struct kv_rows rows = {pos, slot, tab, tables, end, bs};
     struct attn_params ap = {nh, nkv, hd, 0.088f, 0.0f, 0, NULL};
     for (int r = 0; r < reps; r++) {
+        struct kv_layer kv = {k + nk * (r % n_layer), v + nk * (r % n_layer), nkv * hd, nkv * hd};
         double t0 = now();
-        be->ops->attention(be, o, nh * hd, q, nh * hd, &kv, &rows, n_tok, &ap);
+        be->ops->attention(be, o, nh * hd, q, nh * hd, &kv, &rows, n_rows, &ap);
         double t = now() - t0;
         best = t < best ? t : best;
     }
     double pairs = 0;
     for (int t = 0; t < n_tok; t++)
-        pairs += pos0 + t + 1;
-    printf("  attn    n_tok %4d n_ctx %5d  %8.3f ms  %6.1f GB/s(kv)  %6.1f GFLOP/s\n", n_tok, n_ctx,
-           best * 1e3, 2.0 * nk * 4 / best / 1e9, 4.0 * hd * nh * pairs / best / 1e9);
+        pairs += n_seq * (pos0 + t + 1);
+    double kv_bytes = 2.0 * n_seq * n_ctx * nkv * hd * 4;
+    printf("  attn    seqs %2d n_tok %4d n_ctx %5d heads %d/%d hd %3d  %8.3f ms  %6.1f GB/s(kv)"
+           "  %6.1f GFLOP/s\n",
+           n_seq, n_tok, n_ctx, nh, nkv, hd, best * 1e3, kv_bytes / best / 1e9,
+           4.0 * hd * nh * pairs / best / 1e9);
     free(q);
     free(o);
     free(k);
@@ -335,6 +351,7 @@ static void bench_attn(struct backend *be, int n_tok, int n_ctx)
     free(pos);
     free(slot);
     free(tab);
+    free(end);
     free(tables);
 }
 
@@ -410,9 +427,12 @@ int main(int argc, char **argv)
         bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);
     }
     if (!*only || strstr(only, "at")) {
-        bench_attn(be, 1, 512);
-        bench_attn(be, 1, 4096);
-        bench_attn(be, 512, 512);
+        bench_attn(be, 1, 1, 512, 32, 8, 128);
+        bench_attn(be, 1, 1, 4096, 32, 8, 128);
+        bench_attn(be, 1, 1, 4096, 32, 8, 64);
+        bench_attn(be, 16, 1, 512, 32, 8, 64);
+        bench_attn(be, 16, 1, 512, 32, 32, 80);
+        bench_attn(be, 1, 512, 512, 32, 8, 128);
     }
     backend_free(be);
     return 0;

@@ -74,7 +74,7 @@ bool cpu_scratch_ensure(struct cpu_backend *c, size_t n)
     return true;
 }
 
-static float *shared_ensure(struct cpu_backend *c, size_t n)
+float *cpu_shared_ensure(struct cpu_backend *c, size_t n)
 {
     if (n > c->shared_cap) {
         free(c->shared);
@@ -465,7 +465,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
                                        (size_t)c->k.gemm_nr))
             return;
     } else if (qprep_size(&c->k, &m, n_tok)) {
-        float *buf = shared_ensure(c, qprep_size(&c->k, &m, n_tok));
+        float *buf = cpu_shared_ensure(c, qprep_size(&c->k, &m, n_tok));
         if (!buf)
             return;
         qprep_fill(c, buf, x, n_tok, &m, &lc.xsum, &lc.x);
@@ -548,7 +548,7 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
             xp[j] = jobs[j].x;
         }
         if (xs_total) {
-            float *buf = shared_ensure(c, xs_total);
+            float *buf = cpu_shared_ensure(c, xs_total);
             const float *xs;
             if (!buf)
                 return;

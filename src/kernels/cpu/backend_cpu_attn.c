@@ -8,8 +8,9 @@
  *   rope       (token, head) pairs, contiguous
  *   kv_store   rows, on the caller (a copy of two rows per token)
  *   attention  items of (tile of consecutive query rows of one sequence,
- *              kv head), round-robin over threads (causal rows grow);
- *              decode of S sequences: S x n_kv_head items
+ *              kv head), round-robin over threads (causal rows grow); a
+ *              row alone in its tile (decode) instead gets one item per
+ *              ATTN_DC keys (split-K, every head at once), merged after
  */
 #include <assert.h>
 #include <math.h>
@@ -133,6 +134,9 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
 #define ATTN_TT 4
 /* Most query rows per item (tokens x heads per kv head). */
 #define ATTN_ROWS 64
+/* Keys per decode item: a row's keys split at multiples of ATTN_DC, each
+ * chunk on one thread, the chunks merged in order. */
+#define ATTN_DC 128
 
 struct attn_ctx {
     struct cpu_backend *c;
@@ -144,6 +148,9 @@ struct attn_ctx {
     size_t ldo, ldq;
     const int32_t *tiles;     /* [n_tiles + 1] first row of each tile (one sequence each) */
     int n_tiles;
+    const int32_t *dec;       /* [n_dec][3] decode items: row, first key, end key */
+    int n_dec;
+    float *part;              /* [n_dec][n_head][head_dim + 2] their partial outputs */
     int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
     size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
 };
@@ -239,9 +246,9 @@ static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, flo
             if (a >= z)
                 continue;
             if (values)
-                k->attn_accum(ar->o[i], s, rows, z - a, hd, a > ar->lo[i]);
+                k->attn_accum(ar->o[i], s, rows, (size_t)hd, z - a, hd, a > ar->lo[i]);
             else
-                k->attn_scores(s, ar->q[i], rows, z - a, hd, ap->scale);
+                k->attn_scores(s, ar->q[i], rows, (size_t)hd, z - a, hd, ap->scale);
         }
     }
 }
@@ -270,14 +277,77 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int 
         k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
 }
 
+/* Keys [lo, hi) of query row t. */
+static void attn_key_range(const struct attn_ctx *ac, int t, int *lo, int *hi)
+{
+    int p = ac->rows->pos[t], w = ac->ap->window;
+    *hi = p + 1;
+    *lo = w > 0 && p + 1 > w ? p + 1 - w : 0;
+}
+
+/* One decode item: every head of query row t over keys [a, z) (inside one
+ * ATTN_DC chunk). The cache's blocks are read in place: a block's positions
+ * are consecutive slots, so the rows of kv head g sit dim floats apart, and
+ * the block's rows of all heads span one contiguous block_size x dim range.
+ * part receives per head its unnormalized output [hd], max and sum. */
+static void attn_dec_item(const struct attn_ctx *ac, float *s, float *part, int t, int a, int z)
+{
+    const struct cpu_kernels *k = &ac->c->k;
+    const struct attn_params *ap = ac->ap;
+    const struct kv_rows *rows = ac->rows;
+    int hd = ap->head_dim, nh = ap->n_head, n_rep = nh / ap->n_kv_head, bs = rows->block_size;
+    int n = z - a;
+    const int32_t *table = rows->tables + rows->table[t];
+    for (int pass = 0; pass < 2; pass++) {
+        const float *base = pass ? ac->kv->v : ac->kv->k;
+        size_t dim = (size_t)(pass ? ac->kv->v_dim : ac->kv->k_dim);
+        for (int j0 = a; j0 < z;) {
+            int j1 = (j0 / bs + 1) * bs < z ? (j0 / bs + 1) * bs : z;
+            const float *blk = base + ((size_t)table[j0 / bs] * bs + (size_t)(j0 % bs)) * dim;
+            if (j1 < z) {  /* the next block, every head */
+                const char *nx = (const char *)(base + (size_t)table[j1 / bs] * bs * dim);
+                for (size_t o = 0; o < (size_t)bs * dim * sizeof(float); o += 64)
+                    __builtin_prefetch(nx + o, 0, 3);
+            }
+            for (int h = 0; h < nh; h++) {
+                const float *rk = blk + (size_t)(h / n_rep) * hd;
+                float *sh = s + (size_t)h * ATTN_DC + (j0 - a);
+                if (pass)
+                    k->attn_accum(part + (size_t)h * (hd + 2), sh, rk, dim, j1 - j0, hd, j0 > a);
+                else
+                    k->attn_scores(sh, ac->q + (size_t)t * ac->ldq + (size_t)h * hd, rk, dim,
+                                   j1 - j0, hd, ap->scale);
+            }
+            j0 = j1;
+        }
+        if (pass)
+            break;
+        for (int h = 0; h < nh; h++) {
+            float *sh = s + (size_t)h * ATTN_DC, *ph = part + (size_t)h * (hd + 2);
+            if (ap->softcap > 0.0f)
+                for (int j = 0; j < n; j++)
+                    sh[j] = ap->softcap * tanhf(sh[j] / ap->softcap);
+            ph[hd] = k->max(sh, n);
+            ph[hd + 1] = k->exp_sum(sh, sh, ph[hd], n);
+        }
+    }
+}
+
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_ctx *ac = arg;
     int n_rep = ac->ap->n_head / ac->ap->n_kv_head, n_hc = (n_rep + ac->hc - 1) / ac->hc;
     long per_tile = (long)ac->ap->n_kv_head * n_hc;
-    long n_items = (long)ac->n_tiles * per_tile;
+    long n_items = (long)ac->n_tiles * per_tile + ac->n_dec;
+    size_t part_sz = (size_t)ac->ap->n_head * (ac->ap->head_dim + 2);
     /* round-robin: later tiles attend more keys, interleaving balances them */
     for (long it = ith; it < n_items; it += nth) {
+        if (it >= (long)ac->n_tiles * per_tile) {
+            long d = it - (long)ac->n_tiles * per_tile;
+            const int32_t *di = ac->dec + 3 * d;
+            attn_dec_item(ac, ac->c->scr[ith], ac->part + (size_t)d * part_sz, di[0], di[1], di[2]);
+            continue;
+        }
         int ti = (int)(it / per_tile);
         int g = (int)(it % per_tile / n_hc), h0 = (int)(it % n_hc) * ac->hc;
         int t0 = ac->tiles[ti];
@@ -285,18 +355,89 @@ static void attn_task(void *arg, int ith, int nth)
     }
 }
 
+/* Outputs of the decode rows from their items' partials, chunk order fixed:
+ * with m = the largest chunk max (and sink), o = sum_c e^(m_c - m) o_c / l,
+ * l = sum_c e^(m_c - m) l_c (+ e^(sink - m)). */
+static void attn_dec_merge(const struct attn_ctx *ac)
+{
+    const struct cpu_kernels *k = &ac->c->k;
+    const struct attn_params *ap = ac->ap;
+    int hd = ap->head_dim, nh = ap->n_head;
+    size_t part_sz = (size_t)nh * (hd + 2);
+    for (int d0 = 0; d0 < ac->n_dec;) {
+        int t = ac->dec[3 * d0], d1 = d0 + 1;
+        while (d1 < ac->n_dec && ac->dec[3 * d1] == t)
+            d1++;
+        for (int h = 0; h < nh; h++) {
+            float *o = ac->out + (size_t)t * ac->ldo + (size_t)h * hd;
+            float m = ap->sinks ? ap->sinks[h] : -INFINITY, l = 0.0f;
+            for (int d = d0; d < d1; d++) {
+                const float *ph = ac->part + (size_t)d * part_sz + (size_t)h * (hd + 2);
+                m = ph[hd] > m ? ph[hd] : m;
+            }
+            for (int d = d0; d < d1; d++) {
+                const float *ph = ac->part + (size_t)d * part_sz + (size_t)h * (hd + 2);
+                l += expf(ph[hd] - m) * ph[hd + 1];
+            }
+            if (ap->sinks)
+                l += expf(ap->sinks[h] - m);
+            for (int d = d0; d < d1; d++) {
+                const float *ph = ac->part + (size_t)d * part_sz + (size_t)h * (hd + 2);
+                float w = expf(ph[hd] - m) / l;
+                if (d == d0) {
+                    memcpy(o, ph, (size_t)hd * sizeof(float));
+                    k->scale(o, w, (size_t)hd);
+                } else {
+                    k->axpy(o, w, ph, (size_t)hd);
+                }
+            }
+        }
+        d0 = d1;
+    }
+}
+
+/* Whether row i continues row i - 1's tile: the same sequence, the next position. */
+static bool attn_cont(const struct kv_rows *rows, int i)
+{
+    return i > 0 && rows->table[i] == rows->table[i - 1] && rows->pos[i] == rows->pos[i - 1] + 1;
+}
+
 /* Split the rows into tiles of at most tt consecutive rows of one sequence at
- * consecutive positions; tiles [n_tiles + 1] gets each tile's first row. */
-static int attn_tiles(int32_t *tiles, const struct kv_rows *rows, int n_tok, int tt)
+ * consecutive positions, leaving out the rows alone in theirs (decode rows,
+ * when dec is set); tiles [n_tiles + 1] gets each tile's first row. */
+static int attn_tiles(int32_t *tiles, const struct kv_rows *rows, int n_tok, int tt, bool dec)
+{
+    int n = 0, end = 0;
+    for (int i = 0; i < n_tok; i++) {
+        if (dec && !attn_cont(rows, i) && !(i + 1 < n_tok && attn_cont(rows, i + 1)))
+            continue;
+        bool cont = n > 0 && end == i && i - tiles[n - 1] < tt && attn_cont(rows, i);
+        if (!cont)
+            tiles[n++] = i;
+        end = i + 1;
+    }
+    tiles[n] = n_tok;
+    return n;
+}
+
+/* The decode items of the rows alone in their tile: one per ATTN_DC-aligned
+ * chunk of each row's keys (so a row's result depends on its own keys only,
+ * never on the batch around it). Returns the count; dec may be NULL. */
+static int attn_dec_items(int32_t *dec, const struct attn_ctx *ac, int n_tok)
 {
     int n = 0;
     for (int i = 0; i < n_tok; i++) {
-        bool cont = n > 0 && i - tiles[n - 1] < tt && rows->table[i] == rows->table[i - 1] &&
-                    rows->pos[i] == rows->pos[i - 1] + 1;
-        if (!cont)
-            tiles[n++] = i;
+        if (attn_cont(ac->rows, i) || (i + 1 < n_tok && attn_cont(ac->rows, i + 1)))
+            continue;
+        int lo, hi;
+        attn_key_range(ac, i, &lo, &hi);
+        for (int a = lo; a < hi; a = (a / ATTN_DC + 1) * ATTN_DC, n++)
+            if (dec) {
+                dec[3 * n] = i;
+                dec[3 * n + 1] = a;
+                dec[3 * n + 2] = (a / ATTN_DC + 1) * ATTN_DC < hi ? (a / ATTN_DC + 1) * ATTN_DC : hi;
+            }
     }
-    tiles[n] = n_tok;
     return n;
 }
 
@@ -309,18 +450,33 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     assert(n_rep >= 1 && ap->n_head % ap->n_kv_head == 0);
     if (c->err_rc || n_tok <= 0)
         return;
-    struct attn_ctx ac = {c, ap, kv, rows, out, q, (size_t)ldo, (size_t)ldq, NULL, 0, 1, 0};
+    struct attn_ctx ac = {c, ap, kv, rows, out, q, (size_t)ldo, (size_t)ldq, NULL, 0, NULL, 0, NULL,
+                          1, 0};
     ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
     int tt = ATTN_ROWS / ac.hc < ATTN_TT ? ATTN_ROWS / ac.hc : ATTN_TT;
     for (int i = 0; i < n_tok; i++)
         max_keys = rows->pos[i] + 1 > max_keys ? rows->pos[i] + 1 : max_keys;
     /* padded to a cache line so score rows do not share lines */
     ac.ld_s = ((size_t)max_keys + 15) & ~(size_t)15;
-    int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1);
-    if (!tiles ||
-        !cpu_scratch_ensure(c, ac.ld_s * (size_t)(ATTN_TT * ac.hc) + (size_t)ATTN_JB * ap->head_dim))
+    /* decode rows read the cache in place, which needs whole-head rows */
+    bool dec = ap->head_dim % 16 == 0;
+    ac.n_dec = dec ? attn_dec_items(NULL, &ac, n_tok) : 0;
+    int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1 + 3 * (size_t)ac.n_dec);
+    size_t scr = ac.ld_s * (size_t)(ATTN_TT * ac.hc) + (size_t)ATTN_JB * ap->head_dim;
+    size_t scr_dec = (size_t)ap->n_head * ATTN_DC;
+    if (!tiles || !cpu_scratch_ensure(c, scr > scr_dec ? scr : scr_dec))
         return;
-    ac.n_tiles = attn_tiles(tiles, rows, n_tok, tt);
+    ac.n_tiles = attn_tiles(tiles, rows, n_tok, tt, dec);
     ac.tiles = tiles;
+    if (ac.n_dec) {
+        ac.part = cpu_shared_ensure(c, (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2));
+        if (!ac.part)
+            return;
+        int32_t *d = tiles + n_tok + 1;
+        attn_dec_items(d, &ac, n_tok);
+        ac.dec = d;
+    }
     tpool_run(c->pool, attn_task, &ac);
+    if (ac.n_dec)
+        attn_dec_merge(&ac);
 }

@@ -49,6 +49,8 @@ static inline struct cpu_backend *cpu_of(struct backend *be)
 void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes);
 /* Grow every thread's scratch to at least n floats (only grows); false after cpu_fail. */
 bool cpu_scratch_ensure(struct cpu_backend *c, size_t n);
+/* Grow the scratch all threads share to n floats (only grows); NULL after cpu_fail. */
+float *cpu_shared_ensure(struct cpu_backend *c, size_t n);
 /* Grow the caller's integer scratch to n entries; NULL after cpu_fail. */
 int32_t *cpu_iscratch_ensure(struct cpu_backend *c, size_t n);
 /* Run the jobs as matvecs in one dispatch (every n_tok small), rows split across threads. */

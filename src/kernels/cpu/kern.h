@@ -133,11 +133,13 @@ struct cpu_kernels {
     float (*max)(const float *x, int n);
     /* y = exp(x - m); returns sum y. y may equal x. */
     float (*exp_sum)(float *y, const float *x, float m, int n);
-    /* Attention pieces over a contiguous block of K or V rows [n][hd]:
+    /* Attention pieces over n K or V rows of hd floats, ld floats apart:
      * s[j] = scale * q . k_j for j < n;  o (+)= sum_j p_j v_j (overwrite
      * unless acc). */
-    void (*attn_scores)(float *s, const float *q, const float *k, int n, int hd, float scale);
-    void (*attn_accum)(float *o, const float *p, const float *v, int n, int hd, bool acc);
+    void (*attn_scores)(float *s, const float *q, const float *k, size_t ld, int n, int hd,
+                        float scale);
+    void (*attn_accum)(float *o, const float *p, const float *v, size_t ld, int n, int hd,
+                       bool acc);
     /* y = silu(g) * u; y may equal g. */
     void (*silu_mul)(float *y, const float *g, const float *u, size_t n);
     void (*gelu_tanh)(float *x, size_t n);

@@ -928,18 +928,19 @@ static float a2_exp_sum(float *y, const float *x, float mx, int n)
 // ---- attention ----
 
 /* Four keys at a time share each load of q; four horizontal sums at once. */
-static void a2_attn_scores(float *s, const float *q, const float *k, int n, int hd, float scale)
+static void a2_attn_scores(float *s, const float *q, const float *k, size_t ld, int n, int hd,
+                           float scale)
 {
     int j = 0, hd8 = hd & ~7;
     for (; j + 4 <= n; j += 4) {
-        const float *k0 = k + (size_t)j * hd;
+        const float *k0 = k + (size_t)j * ld;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int d = 0; d < hd8; d += 8) {
             __m256 qv = _mm256_loadu_ps(q + d);
             a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + d), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + d), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + d), a3);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + ld + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * ld + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * ld + d), a3);
         }
         __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
         __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -947,16 +948,17 @@ static void a2_attn_scores(float *s, const float *q, const float *k, int n, int 
         _mm_storeu_ps(t, r);
         for (int u = 0; u < 4; u++) {
             for (int d = hd8; d < hd; d++)
-                t[u] += q[d] * k0[(size_t)u * hd + d];
+                t[u] += q[d] * k0[(size_t)u * ld + d];
             s[j + u] = t[u] * scale;
         }
     }
     for (; j < n; j++)
-        s[j] = dot_t(q, k + (size_t)j * hd, hd) * scale;
+        s[j] = dot_t(q, k + (size_t)j * ld, hd) * scale;
 }
 
 /* o[0 .. 8 nv) (+)= sum_j p_j v_j[...] with the nv output vectors in registers. */
-AI void accum_chunk(float *o, const float *p, const float *v, int ld, int n, const int nv, bool acc)
+AI void accum_chunk(float *o, const float *p, const float *v, size_t ld, int n, const int nv,
+                    bool acc)
 {
     __m256 a[8];
 #pragma GCC unroll 8
@@ -975,25 +977,26 @@ AI void accum_chunk(float *o, const float *p, const float *v, int ld, int n, con
 }
 
 /* Columns in chunks of 64 (8 ymm accumulators); a last partial vector scalar. */
-static void a2_attn_accum(float *o, const float *p, const float *v, int n, int hd, bool acc)
+static void a2_attn_accum(float *o, const float *p, const float *v, size_t ld, int n, int hd,
+                          bool acc)
 {
     for (int c0 = 0; c0 + 8 <= hd; c0 += 64) {
         int nv = (hd - c0) / 8 < 8 ? (hd - c0) / 8 : 8;
         switch (nv) {
-        case 1: accum_chunk(o + c0, p, v + c0, hd, n, 1, acc); break;
-        case 2: accum_chunk(o + c0, p, v + c0, hd, n, 2, acc); break;
-        case 3: accum_chunk(o + c0, p, v + c0, hd, n, 3, acc); break;
-        case 4: accum_chunk(o + c0, p, v + c0, hd, n, 4, acc); break;
-        case 5: accum_chunk(o + c0, p, v + c0, hd, n, 5, acc); break;
-        case 6: accum_chunk(o + c0, p, v + c0, hd, n, 6, acc); break;
-        case 7: accum_chunk(o + c0, p, v + c0, hd, n, 7, acc); break;
-        default: accum_chunk(o + c0, p, v + c0, hd, n, 8, acc); break;
+        case 1: accum_chunk(o + c0, p, v + c0, ld, n, 1, acc); break;
+        case 2: accum_chunk(o + c0, p, v + c0, ld, n, 2, acc); break;
+        case 3: accum_chunk(o + c0, p, v + c0, ld, n, 3, acc); break;
+        case 4: accum_chunk(o + c0, p, v + c0, ld, n, 4, acc); break;
+        case 5: accum_chunk(o + c0, p, v + c0, ld, n, 5, acc); break;
+        case 6: accum_chunk(o + c0, p, v + c0, ld, n, 6, acc); break;
+        case 7: accum_chunk(o + c0, p, v + c0, ld, n, 7, acc); break;
+        default: accum_chunk(o + c0, p, v + c0, ld, n, 8, acc); break;
         }
     }
     for (int d = hd & ~7; d < hd; d++) {
         float a = acc ? o[d] : 0.0f;
         for (int j = 0; j < n; j++)
-            a += p[j] * v[(size_t)j * hd + d];
+            a += p[j] * v[(size_t)j * ld + d];
         o[d] = a;
     }
 }

@@ -931,30 +931,31 @@ AI __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
 }
 
 /* Four keys at a time share each load of q. */
-static void a512_attn_scores(float *s, const float *q, const float *k, int n, int hd, float scale)
+static void a512_attn_scores(float *s, const float *q, const float *k, size_t ld, int n, int hd,
+                             float scale)
 {
     int j = 0;
     for (; j + 4 <= n; j += 4) {
-        const float *k0 = k + (size_t)j * hd;
+        const float *k0 = k + (size_t)j * ld;
         __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int d = 0; d < hd; d += 16) {
             __mmask16 m = tail_mask(hd - d);
             __m512 qv = _mm512_maskz_loadu_ps(m, q + d);
             a0 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + d), a0);
-            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + hd + d), a1);
-            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 2 * hd + d), a2);
-            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 3 * hd + d), a3);
+            a1 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + ld + d), a1);
+            a2 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 2 * ld + d), a2);
+            a3 = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k0 + 3 * ld + d), a3);
         }
         _mm_storeu_ps(s + j, _mm_mul_ps(hsum4(a0, a1, a2, a3), _mm_set1_ps(scale)));
     }
     for (; j < n; j++)
-        s[j] = a512_dot(q, k + (size_t)j * hd, hd) * scale;
+        s[j] = a512_dot(q, k + (size_t)j * ld, hd) * scale;
 }
 
 /* o[0 .. 16 nv) (+)= sum_j p_j v_j[...] with the nv output vectors in
  * registers; lanes past nc are masked off. */
-AI void accum_chunk(float *o, const float *p, const float *v, int ld, int n, int nc, const int nv,
-                    bool acc)
+AI void accum_chunk(float *o, const float *p, const float *v, size_t ld, int n, int nc,
+                    const int nv, bool acc)
 {
     __m512 a[8];
     __mmask16 m[8];
@@ -976,19 +977,20 @@ AI void accum_chunk(float *o, const float *p, const float *v, int ld, int n, int
 }
 
 /* Columns in chunks of 128 (8 zmm accumulators). */
-static void a512_attn_accum(float *o, const float *p, const float *v, int n, int hd, bool acc)
+static void a512_attn_accum(float *o, const float *p, const float *v, size_t ld, int n, int hd,
+                            bool acc)
 {
     for (int c0 = 0; c0 < hd; c0 += 128) {
         int nc = hd - c0 < 128 ? hd - c0 : 128;
         switch ((nc + 15) / 16) {
-        case 1: accum_chunk(o + c0, p, v + c0, hd, n, nc, 1, acc); break;
-        case 2: accum_chunk(o + c0, p, v + c0, hd, n, nc, 2, acc); break;
-        case 3: accum_chunk(o + c0, p, v + c0, hd, n, nc, 3, acc); break;
-        case 4: accum_chunk(o + c0, p, v + c0, hd, n, nc, 4, acc); break;
-        case 5: accum_chunk(o + c0, p, v + c0, hd, n, nc, 5, acc); break;
-        case 6: accum_chunk(o + c0, p, v + c0, hd, n, nc, 6, acc); break;
-        case 7: accum_chunk(o + c0, p, v + c0, hd, n, nc, 7, acc); break;
-        default: accum_chunk(o + c0, p, v + c0, hd, n, nc, 8, acc); break;
+        case 1: accum_chunk(o + c0, p, v + c0, ld, n, nc, 1, acc); break;
+        case 2: accum_chunk(o + c0, p, v + c0, ld, n, nc, 2, acc); break;
+        case 3: accum_chunk(o + c0, p, v + c0, ld, n, nc, 3, acc); break;
+        case 4: accum_chunk(o + c0, p, v + c0, ld, n, nc, 4, acc); break;
+        case 5: accum_chunk(o + c0, p, v + c0, ld, n, nc, 5, acc); break;
+        case 6: accum_chunk(o + c0, p, v + c0, ld, n, nc, 6, acc); break;
+        case 7: accum_chunk(o + c0, p, v + c0, ld, n, nc, 7, acc); break;
+        default: accum_chunk(o + c0, p, v + c0, ld, n, nc, 8, acc); break;
         }
     }
 }

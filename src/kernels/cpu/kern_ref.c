@@ -143,18 +143,20 @@ static float ref_exp_sum(float *y, const float *x, float m, int n)
     return s;
 }
 
-static void ref_attn_scores(float *s, const float *q, const float *k, int n, int hd, float scale)
+static void ref_attn_scores(float *s, const float *q, const float *k, size_t ld, int n, int hd,
+                            float scale)
 {
     for (int j = 0; j < n; j++)
-        s[j] = ref_dot(q, k + (size_t)j * hd, hd) * scale;
+        s[j] = ref_dot(q, k + (size_t)j * ld, hd) * scale;
 }
 
-static void ref_attn_accum(float *o, const float *p, const float *v, int n, int hd, bool acc)
+static void ref_attn_accum(float *o, const float *p, const float *v, size_t ld, int n, int hd,
+                           bool acc)
 {
     if (!acc)
         memset(o, 0, (size_t)hd * sizeof *o);
     for (int j = 0; j < n; j++)
-        ref_axpy(o, p[j], v + (size_t)j * hd, (size_t)hd);
+        ref_axpy(o, p[j], v + (size_t)j * ld, (size_t)hd);
 }
 
 static void ref_silu_mul(float *y, const float *g, const float *u, size_t n)
