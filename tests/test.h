@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "core/dtype.h"
+
 struct test_suite {
     const char *name;
     const struct CMUnitTest *tests;
@@ -59,6 +61,8 @@ struct test_eng {
 };
 void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
                    int max_seqs, int block);
+/* The KV cache element type test_eng_open uses (F32 unless a test sets it). */
+extern enum dtype test_kv_dtype;
 void test_eng_close(struct test_eng *g);
 
 /* A model ready to run, without a cache: dir (relative to the repository root) loaded and

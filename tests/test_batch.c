@@ -197,13 +197,15 @@ static void batched_case(void **state)
 static const int32_t k_prefix[10] = {5, 17, 42, 8, 99, 3, 61, 27, 14, 70};
 
 /* fork + copy-on-write: the fork continues like a fresh run of the same prefix, and
- * neither sequence sees the other's later tokens. */
-static void kv_fork_cow(void **state)
+ * neither sequence sees the other's later tokens; in a cache of element type dt (the
+ * copied block's bytes). */
+static void kv_fork_cow_dt(enum dtype dt)
 {
-    (void)state;
     struct test_eng g;
     struct err e = {0};
+    test_kv_dtype = dt;
     test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 128, 4, 4);
+    test_kv_dtype = DTYPE_F32;
     int V = g.m->hp.n_vocab;
     float *a = malloc((size_t)V * 4 * sizeof *a), *b = a + V, *c = a + 2 * V, *d = a + 3 * V;
     int32_t x = 11, y = 23;
@@ -232,6 +234,14 @@ static void kv_fork_cow(void **state)
     assert_true(kv_seq_fork(g.kv, 0, 1, &e) < 0);
     free(a);
     test_eng_close(&g);
+}
+
+static void kv_fork_cow(void **state)
+{
+    (void)state;
+    kv_fork_cow_dt(DTYPE_F32);
+    kv_fork_cow_dt(DTYPE_F16);
+    kv_fork_cow_dt(DTYPE_BF16);
 }
 
 /* truncate: back to a shorter prefix and a different continuation, equal to a fresh run. */
@@ -331,9 +341,18 @@ static void kv_exhaustion_and_rules(void **state)
     assert_int_equal(model_forward(g.c, g.b, small, a, &e), -ERR_RANGE);
     assert_non_null(strstr(e.msg, "context"));
     kv_cache_free(small);
-    /* bad parameters */
+    /* bad parameters: an element type no cache keeps, one the backend does not keep */
+    kp.dtype = DTYPE_I8;
+    assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_UNSUPPORTED);
+    unsigned kvt = g.be->kv_dtypes;
+    g.be->kv_dtypes = 1u << DTYPE_F32;
     kp.dtype = DTYPE_F16;
     assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "keeps no F16 cache"));
+    g.be->kv_dtypes = kvt;
+    assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), 0);
+    kv_cache_free(small);
+    small = NULL;
     kp = (struct kv_params){.n_tokens = 0, .max_seqs = 1, .dtype = DTYPE_F32};
     assert_int_equal(kv_cache_new(&small, g.m, g.be, &kp, &e), -ERR_ARG);
     assert_null(small);

@@ -12,12 +12,14 @@
 #include "models/model.h"
 #include "test.h"
 
+enum dtype test_kv_dtype = DTYPE_F32;
+
 void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
                    int max_seqs, int block)
 {
     struct err e = {0};
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .block_size = block,
-                           .dtype = DTYPE_F32};
+                           .dtype = test_kv_dtype};
     memset(g, 0, sizeof *g);
     g->own_be = !be;
     g->be = be;

@@ -59,9 +59,30 @@ static void attn_ref(double *out, const float *q, const float *k, const float *v
     free(s);
 }
 
+/* KV element types the attention tests store the cache in. */
+static const enum dtype k_kv_types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+
+/* n values of src written as dt at dst (the cache's rounding: nearest even). */
+static void kv_put(void *dst, const float *src, size_t n, enum dtype dt)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (dt == DTYPE_F32)
+            ((float *)dst)[i] = src[i];
+        else
+            ((uint16_t *)dst)[i] = dt == DTYPE_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+    }
+}
+
+/* x rounded to dt and back: the values a dt cache holds (the reference computes on them). */
+static void kv_round(float *x, size_t n, enum dtype dt)
+{
+    for (size_t i = 0; i < n && dt != DTYPE_F32; i++)
+        x[i] = dt == DTYPE_F16 ? f16_to_f32(f32_to_f16(x[i])) : bf16_to_f32(f32_to_bf16(x[i]));
+}
+
 /* Dense k/v scattered into a paged pool of 4-slot blocks in reverse block order
  * (a table that is not the identity), the n_tok query rows at positions
- * pos0.. of one sequence. */
+ * pos0.. of one sequence; the pool's elements are dt. */
 struct paged {
     struct kv_layer kv;
     int32_t *pos, *slot, *table, *tables, *end;
@@ -69,18 +90,19 @@ struct paged {
 };
 
 static void paged_open(struct paged *pg, const float *k, const float *v, int n_ctx, int kvd,
-                       int pos0, int n_tok)
+                       int pos0, int n_tok, enum dtype dt)
 {
     int bs = 4, nb = (n_ctx + bs - 1) / bs;
-    pg->kv = (struct kv_layer){calloc((size_t)nb * bs * kvd, sizeof(float)),
-                               calloc((size_t)nb * bs * kvd, sizeof(float)), kvd, kvd};
+    size_t es = dtype_size(dt);
+    pg->kv = (struct kv_layer){calloc((size_t)nb * bs * kvd, es), calloc((size_t)nb * bs * kvd, es),
+                               kvd, kvd, dt};
     pg->tables = malloc((size_t)nb * sizeof *pg->tables);
     for (int b = 0; b < nb; b++)
         pg->tables[b] = nb - 1 - b;
     for (int j = 0; j < n_ctx; j++) {
         size_t sl = (size_t)pg->tables[j / bs] * bs + j % bs;
-        memcpy(pg->kv.k + sl * kvd, k + (size_t)j * kvd, (size_t)kvd * sizeof(float));
-        memcpy(pg->kv.v + sl * kvd, v + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+        kv_put((char *)pg->kv.k + sl * kvd * es, k + (size_t)j * kvd, (size_t)kvd, dt);
+        kv_put((char *)pg->kv.v + sl * kvd * es, v + (size_t)j * kvd, (size_t)kvd, dt);
     }
     pg->pos = malloc((size_t)n_tok * sizeof(int32_t));
     pg->slot = malloc((size_t)n_tok * sizeof(int32_t));
@@ -115,16 +137,21 @@ static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, 
     float *out = malloc(nq * sizeof *out);
     double *ref = malloc(nq * sizeof *ref);
     struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window, sk};
-    struct paged pg;
-    attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, &ap);
-    paged_open(&pg, k, v, n_ctx, n_kv * hd, pos0, n_tok);
-    for (int i = 0; i < bs->n; i++) {
-        memset(out, 0xff, nq * sizeof *out);
-        bs->be[i]->ops->attention(bs->be[i], out, n_head * hd, q, n_head * hd, &pg.kv, &pg.rows,
-                                  n_tok, &ap);
-        kc_check(es, "attention", bs->be[i], out, ref, nq, 1e-10, 1e-4);
+    for (size_t ti = 0; ti < sizeof k_kv_types / sizeof k_kv_types[0]; ti++) {
+        enum dtype dt = k_kv_types[ti];
+        struct paged pg;
+        kv_round(k, nkv, dt);  /* k and v as a dt cache holds them, for the reference too */
+        kv_round(v, nkv, dt);
+        attn_ref(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, &ap);
+        paged_open(&pg, k, v, n_ctx, n_kv * hd, pos0, n_tok, dt);
+        for (int i = 0; i < bs->n; i++) {
+            memset(out, 0xff, nq * sizeof *out);
+            bs->be[i]->ops->attention(bs->be[i], out, n_head * hd, q, n_head * hd, &pg.kv,
+                                      &pg.rows, n_tok, &ap);
+            kc_check(es, "attention", bs->be[i], out, ref, nq, 1e-10, 1e-4);
+        }
+        paged_close(&pg);
     }
-    paged_close(&pg);
     free(q);
     free(k);
     free(v);
@@ -173,8 +200,11 @@ static void test_attention_batch(void **state)
     struct kc_bes bes;
     struct kc_errstat es = {0};
     kc_open(&bes);
-    for (int variant = 0; variant < 2; variant++) {
-        /* variant 1: a window, softcap and sinks */
+    for (int vi = 0; vi < 6; vi++) {
+        /* variants 1, 3, 5: a window, softcap and sinks; the cache f32, f16, bf16 */
+        int variant = vi % 2;
+        enum dtype dt = k_kv_types[vi / 2];
+        size_t esz = dtype_size(dt);
         struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd),
                                  variant ? 20.0f : 0.0f, variant ? 150 : 0,
                                  variant ? sinks_v : NULL};
@@ -190,8 +220,7 @@ static void test_attention_batch(void **state)
         for (int i = 0; i < nblk; i++)
             tables[i] = (int32_t)((size_t)i * 7 % (size_t)nblk);
         assert_true(nblk % 7 != 0);
-        float *kp = calloc((size_t)nblk * bs * kvd, sizeof(float));
-        float *vp = calloc((size_t)nblk * bs * kvd, sizeof(float));
+        char *kp = calloc((size_t)nblk * bs * kvd, esz), *vp = calloc((size_t)nblk * bs * kvd, esz);
         int32_t pos[16], slot[16], tab[16], end[16], row0[NS];
         float *q = kc_fvec((size_t)n_rows * n_head * hd, -3, 3);
         float *out = malloc((size_t)n_rows * n_head * hd * sizeof *out);
@@ -202,10 +231,12 @@ static void test_attention_batch(void **state)
             int n_ctx = pos0[s] + ntok[s];
             ks[s] = kc_fvec((size_t)n_ctx * kvd, -3, 3);
             vs[s] = kc_fvec((size_t)n_ctx * kvd, -1, 1);
+            kv_round(ks[s], (size_t)n_ctx * kvd, dt);
+            kv_round(vs[s], (size_t)n_ctx * kvd, dt);
             for (int j = 0; j < n_ctx; j++) {
                 size_t sl = (size_t)tables[b0[s] + j / bs] * bs + j % bs;
-                memcpy(kp + sl * kvd, ks[s] + (size_t)j * kvd, (size_t)kvd * sizeof(float));
-                memcpy(vp + sl * kvd, vs[s] + (size_t)j * kvd, (size_t)kvd * sizeof(float));
+                kv_put(kp + sl * kvd * esz, ks[s] + (size_t)j * kvd, (size_t)kvd, dt);
+                kv_put(vp + sl * kvd * esz, vs[s] + (size_t)j * kvd, (size_t)kvd, dt);
             }
             row0[s] = r;
             for (int t = 0; t < ntok[s]; t++, r++) {
@@ -215,7 +246,7 @@ static void test_attention_batch(void **state)
                 end[r] = n_ctx;
             }
         }
-        struct kv_layer kv = {kp, vp, kvd, kvd};
+        struct kv_layer kv = {kp, vp, kvd, kvd, dt};
         struct kv_rows rows = {pos, slot, tab, tables, end, bs};
         size_t qs = (size_t)n_head * hd;
         for (int i = 0; i < bes.n; i++) {

@@ -295,20 +295,31 @@ static void bench_prefill(struct backend *be, const char *label, enum dtype dt, 
  * cache blocks interleaved in the pool as a server's are) or prefill of one
  * sequence (n_tok from 0), nh query heads over nkv kv heads of hd. Decode
  * rotates over enough layers (>= 256 MiB of K and V) to run from DRAM. GB/s
- * counts the K and V rows read; GFLOP/s counts 4 hd flops per (query, key). */
+ * counts the K and V bytes read; GFLOP/s counts 4 hd flops per (query, key).
+ * BENCH_KV=f16|bf16 stores the cache in that type. */
 static void bench_attn(struct backend *be, int n_seq, int n_tok, int n_ctx, int nh, int nkv,
                        int hd)
 {
+    const char *kvt = getenv("BENCH_KV");
+    enum dtype dt = kvt && !strcmp(kvt, "f16") ? DTYPE_F16 : kvt && !strcmp(kvt, "bf16") ? DTYPE_BF16
+                                                                                        : DTYPE_F32;
+    size_t es = dtype_size(dt);
     int bs = 16, nblk = (n_ctx + bs - 1) / bs, n_rows = n_seq * n_tok;
     size_t nq = (size_t)n_rows * nh * hd, nk = (size_t)n_seq * nblk * bs * nkv * hd;
-    int n_layer = n_tok == 1 ? (int)((256u << 20) / (2 * nk * 4) + 1) : 1;
+    int n_layer = n_tok == 1 ? (int)((256u << 20) / (2 * nk * es) + 1) : 1;
     float *q = malloc(nq * 4), *o = malloc(nq * 4);
-    float *k = malloc(nk * 4 * n_layer), *v = malloc(nk * 4 * n_layer);
+    char *k = malloc(nk * es * n_layer), *v = malloc(nk * es * n_layer);
     for (size_t i = 0; i < nq; i++)
         q[i] = (float)(i % 13) * 0.01f;
     for (size_t i = 0; i < nk * n_layer; i++) {
-        k[i] = (float)(i % 11) * 0.01f;
-        v[i] = (float)(i % 7) * 0.1f;
+        float a = (float)(i % 11) * 0.01f, b = (float)(i % 7) * 0.1f;
+        if (dt == DTYPE_F32) {
+            ((float *)k)[i] = a;
+            ((float *)v)[i] = b;
+        } else {
+            ((uint16_t *)k)[i] = dt == DTYPE_F16 ? f32_to_f16(a) : f32_to_bf16(a);
+            ((uint16_t *)v)[i] = dt == DTYPE_F16 ? f32_to_f16(b) : f32_to_bf16(b);
+        }
     }
     int pos0 = n_ctx - n_tok, reps = n_tok == 1 ? 50 : 3;
     double best = 1e9;
@@ -330,7 +341,8 @@ static void bench_attn(struct backend *be, int n_seq, int n_tok, int n_ctx, int 
     struct kv_rows rows = {pos, slot, tab, tables, end, bs};
     struct attn_params ap = {nh, nkv, hd, 0.088f, 0.0f, 0, NULL};
     for (int r = 0; r < reps; r++) {
-        struct kv_layer kv = {k + nk * (r % n_layer), v + nk * (r % n_layer), nkv * hd, nkv * hd};
+        struct kv_layer kv = {k + nk * es * (r % n_layer), v + nk * es * (r % n_layer), nkv * hd,
+                              nkv * hd, dt};
         double t0 = now();
         be->ops->attention(be, o, nh * hd, q, nh * hd, &kv, &rows, n_rows, &ap);
         double t = now() - t0;
@@ -339,7 +351,7 @@ static void bench_attn(struct backend *be, int n_seq, int n_tok, int n_ctx, int 
     double pairs = 0;
     for (int t = 0; t < n_tok; t++)
         pairs += n_seq * (pos0 + t + 1);
-    double kv_bytes = 2.0 * n_seq * n_ctx * nkv * hd * 4;
+    double kv_bytes = 2.0 * n_seq * n_ctx * nkv * hd * es;
     printf("  attn    seqs %2d n_tok %4d n_ctx %5d heads %d/%d hd %3d  %8.3f ms  %6.1f GB/s(kv)"
            "  %6.1f GFLOP/s\n",
            n_seq, n_tok, n_ctx, nh, nkv, hd, best * 1e3, kv_bytes / best / 1e9,

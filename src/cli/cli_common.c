@@ -375,6 +375,21 @@ static int weights_placement(struct model *m, const struct backend *be, struct e
     return model_weights_to_anon(m, e);
 }
 
+int cli_kv_dtype(enum dtype *out, struct err *e)
+{
+    const char *v = getenv("MLXCEL_KV_TYPE");
+    *out = DTYPE_F32;
+    if (!v || !*v || strcmp(v, "f32") == 0)
+        return 0;
+    if (strcmp(v, "f16") == 0)
+        *out = DTYPE_F16;
+    else if (strcmp(v, "bf16") == 0)
+        *out = DTYPE_BF16;
+    else
+        return err_setf(e, ERR_ARG, "--kv-type: '%.64s' is not one of f32, f16, bf16", v);
+    return 0;
+}
+
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, struct err *e)
 {
@@ -382,6 +397,8 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     memset(en, 0, sizeof *en);
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
                            .dtype = DTYPE_F32};
+    if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
+        return rc;
     if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0 ||
         (rc = weights_placement(m, en->be, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
         (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||

@@ -263,8 +263,14 @@ struct bench_meta {
     const char *backend;
     int threads;
     int n_ctx;
+    enum dtype kv_dtype;
     uint64_t peak_rss;       /* bytes */
 };
+
+static const char *kv_type_name(enum dtype t)
+{
+    return t == DTYPE_F16 ? "f16" : t == DTYPE_BF16 ? "bf16" : "f32";
+}
 
 static uint64_t peak_rss_bytes(void)
 {
@@ -300,8 +306,10 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(r->samples, reps));
         cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
+        cJSON_AddStringToObject(o, "kv_type", kv_type_name(mt->kv_dtype));
         cJSON_AddNumberToObject(o, "kv_bytes",
-                                (double)model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK));
+                                (double)(model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK) / 4 *
+                                         dtype_size(mt->kv_dtype)));
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
     }
     return cli_print_json(arr, e);
@@ -309,8 +317,11 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
 
 static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)
 {
-    char params[32], test[32];
-    int wm = (int)strlen(mt->model), wb = (int)strlen(mt->backend), wt = 8;
+    char params[32], test[32], be[64];
+    /* the backend column names a cache narrower than f32 */
+    snprintf(be, sizeof be, "%s%s%s", mt->backend, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
+             mt->kv_dtype != DTYPE_F32 ? kv_type_name(mt->kv_dtype) : "");
+    int wm = (int)strlen(mt->model), wb = (int)strlen(be), wt = 8;
     wm = wm < 5 ? 5 : wm;
     wb = wb < 7 ? 7 : wb;
     for (int i = 0; i < n_res; i++) {
@@ -329,15 +340,15 @@ static void print_table(const struct bench_meta *mt, const struct bench_result *
         test_name(test, sizeof test, &res[i]);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", res[i].mean, res[i].sd);
         /* "±" is two bytes but one column; widen the field by one to keep alignment */
-        printf("| %-*s | %8s | %-*s | %7d | %*s | %21s |\n", wm, mt->model, params, wb,
-               mt->backend, mt->threads, wt, test, ts);
+        printf("| %-*s | %8s | %-*s | %7d | %*s | %21s |\n", wm, mt->model, params, wb, be,
+               mt->threads, wt, test, ts);
     }
 }
 
 static void print_footer(const struct bench_meta *mt)
 {
     uint64_t wb = model_weight_bytes(mt->m);
-    uint64_t kv = model_kv_bytes_per_token(mt->m) * (uint64_t)mt->n_ctx;
+    uint64_t kv = model_kv_bytes_per_token(mt->m) / 4 * dtype_size(mt->kv_dtype) * (uint64_t)mt->n_ctx;
     uint64_t budget = wb + kv + BENCH_RSS_SLACK;
     char s_rss[32], s_w[32], s_kv[32], s_b[32];
     cli_format_bytes(mt->peak_rss, s_rss, sizeof s_rss);
@@ -459,8 +470,9 @@ int cmd_bench(int argc, char **argv)
     model_label(o.model, dir, label, sizeof label);
     struct bench_meta mt = {
         .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
-        .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(),
+        .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(), .kv_dtype = b.en.kv->dtype,
     };
+
     if (o.json) {
         if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)
             goto out;

@@ -45,13 +45,15 @@ static void usage(FILE *f)
                "--device auto|cpu|cuda[:N] (any command that runs a model; MLXCEL_DEVICE too)\n"
                "picks the backend: auto is a usable CUDA GPU when present, else the CPU.\n"
                "--no-mmap (MLXCEL_MMAP=0) copies the weights into memory at load instead of\n"
-               "reading them through the file mapping (CPU backend).\n");
+               "reading them through the file mapping (CPU backend).\n"
+               "--kv-type f32|f16|bf16 (MLXCEL_KV_TYPE) is the KV cache's element type: f32 (the\n"
+               "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n");
 }
 
-/* --offline and --device are understood by every command: they are taken out of argv
- * (before a "--") and become HF_HUB_OFFLINE=1, which the model resolution and `pull`
- * read, and MLXCEL_DEVICE, which cli_engine_open reads. 0, or -1 when --device lacks
- * its value. */
+/* --offline, --[no-]mmap, --device and --kv-type are understood by every command: they
+ * are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
+ * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE and MLXCEL_KV_TYPE, which
+ * cli_engine_open reads. 0; -1 when --device lacks its value, -2 when --kv-type does. */
 static int strip_global(int *argc, char **argv)
 {
     int k = 2;
@@ -68,6 +70,12 @@ static int strip_global(int *argc, char **argv)
             if (i + 1 >= *argc)
                 return -1;
             setenv("MLXCEL_DEVICE", argv[++i], 1);
+        } else if (!tail && strncmp(argv[i], "--kv-type=", 10) == 0) {
+            setenv("MLXCEL_KV_TYPE", argv[i] + 10, 1);
+        } else if (!tail && strcmp(argv[i], "--kv-type") == 0) {
+            if (i + 1 >= *argc)
+                return -2;
+            setenv("MLXCEL_KV_TYPE", argv[++i], 1);
         } else {
             argv[k++] = argv[i];
         }
@@ -93,8 +101,10 @@ int main(int argc, char **argv)
         printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
         return CLI_EXIT_OK;
     }
-    if (strip_global(&argc, argv) < 0) {
-        fprintf(stderr, "mlxcel: --device needs a value (auto, cpu, cuda or cuda:N)\n");
+    int sg = strip_global(&argc, argv);
+    if (sg < 0) {
+        fprintf(stderr, sg == -1 ? "mlxcel: --device needs a value (auto, cpu, cuda or cuda:N)\n"
+                                 : "mlxcel: --kv-type needs a value (f32, f16 or bf16)\n");
         return CLI_EXIT_USAGE;
     }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)

@@ -213,11 +213,12 @@ static void block_copy(struct kv_cache *kv, const struct kv_blocks *k, int32_t d
         const struct kv_layer *L = &kv->layers[il];
         if (kv->layer_swa[il] != swa)
             continue;
-        kv->be->ops->copy(kv->be, L->k + dst * bs * L->k_dim, L->k + src * bs * L->k_dim,
-                          bs * L->k_dim * sizeof(float));
+        size_t es = dtype_size(L->dtype), kb = bs * (size_t)L->k_dim * es,
+               vb = bs * (size_t)L->v_dim * es;
+        kv->be->ops->copy(kv->be, (char *)L->k + (size_t)dst * kb, (char *)L->k + (size_t)src * kb, kb);
         if (L->v != L->k)
-            kv->be->ops->copy(kv->be, L->v + dst * bs * L->v_dim, L->v + src * bs * L->v_dim,
-                              bs * L->v_dim * sizeof(float));
+            kv->be->ops->copy(kv->be, (char *)L->v + (size_t)dst * vb, (char *)L->v + (size_t)src * vb,
+                              vb);
     }
 }
 
@@ -232,8 +233,9 @@ static int check_params(const struct kv_params *p, int *bs, struct err *e)
         return err_setf(e, ERR_ARG, "kv cache: n_tokens %d must be in [1, 2^28]", p->n_tokens);
     if (p->max_seqs < 1 || p->max_seqs > 65536)
         return err_setf(e, ERR_ARG, "kv cache: max_seqs %d must be in [1, 65536]", p->max_seqs);
-    if (p->dtype != DTYPE_F32)
-        return err_setf(e, ERR_UNSUPPORTED, "kv cache: element type %s is not supported (f32)",
+    if (p->dtype != DTYPE_F32 && p->dtype != DTYPE_F16 && p->dtype != DTYPE_BF16)
+        return err_setf(e, ERR_UNSUPPORTED,
+                        "kv cache: element type %s is not supported (f32, f16, bf16)",
                         dtype_name(p->dtype));
     return 0;
 }
@@ -370,20 +372,22 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
         size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
         total += slots * (size_t)(kd + vd);
     }
-    if ((rc = kv->be->ops->buf_alloc(kv->be, total * sizeof(float), &kv->pool, e)) < 0)
-        return err_prefix(e, "kv cache (%zu MiB)", (total * sizeof(float)) >> 20);
+    size_t es = dtype_size(kv->dtype);
+    if ((rc = kv->be->ops->buf_alloc(kv->be, total * es, &kv->pool, e)) < 0)
+        return err_prefix(e, "kv cache (%zu MiB)", (total * es) >> 20);
     size_t tb = (size_t)kv->max_seqs * kv->max_blocks * sizeof(int32_t);
     if ((rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->blk.tables, e)) < 0 ||
         (has_swa(kv) && (rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->swa.blk.tables, e)) < 0))
         return err_prefix(e, "kv block tables");
-    float *p = kv->pool;
+    char *p = kv->pool;
     for (int il = 0; il < kv->n_layer; il++) {
         struct kv_layer *L = &kv->layers[il];
         size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
+        L->dtype = kv->dtype;
         L->k = p;
-        p += slots * (size_t)L->k_dim;
+        p += slots * (size_t)L->k_dim * es;
         L->v = p;
-        p += slots * (size_t)L->v_dim;
+        p += slots * (size_t)L->v_dim * es;
         if (L->v_dim == 0) {
             /* latent: V reads the K row (attention's values are the latent columns) */
             L->v = L->k;
@@ -401,6 +405,9 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
     *out = NULL;
     if ((rc = check_params(p, &bs, e)) < 0)
         return rc;
+    if (!(be->kv_dtypes & 1u << p->dtype))
+        return err_setf(e, ERR_UNSUPPORTED, "kv cache: the %s backend keeps no %s cache (f32)",
+                        be->name, dtype_name(p->dtype));
     /* the one context rule of the program: a longer sequence than the model was trained
      * for is refused here, never capped silently */
     int ctx_max = hp->n_ctx_max > hp->n_ctx ? hp->n_ctx_max : hp->n_ctx;
@@ -413,6 +420,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
     kv->be = be;
     kv->n_layer = hp->n_layer;
     kv->block_size = bs;
+    kv->dtype = p->dtype;
     kv->n_blocks = (p->n_tokens + bs - 1) / bs;
     kv->max_seqs = p->max_seqs;
     /* default: the model's context; past it (dynamic NTK), as many tokens as the pool holds */

@@ -19,8 +19,8 @@
  * (plus one forward chunk while it is computed); a latent (MLA) layer keeps
  * one row per position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
  * roped shared key), which is its K and its V (layer.v == layer.k; ADR 0019);
- * the recurrent kind is refused at creation until a family needs it. Elements are f32 (dtype is checked
- * at creation so f16/bf16 can follow).
+ * the recurrent kind is refused at creation until a family needs it. Elements are f32, or
+ * f16 / bf16 on a backend that keeps them (kv_params.dtype, ADR 0030).
  *
  * Prefix cache (ADR 0022): full blocks can be registered in a content index
  * (kv_prefix_register) keyed by (the chain entry of the block before it,
@@ -60,7 +60,9 @@ struct kv_params {
     int max_seqs;        /* sequence ids [0, max_seqs) */
     int max_seq_len;     /* longest sequence; <= 0: the model's context length; above it: error */
     int block_size;      /* <= 0: KV_DEFAULT_BLOCK */
-    enum dtype dtype;    /* element type; F32 today */
+    enum dtype dtype;    /* element type: F32, or F16 / BF16 where the backend keeps them
+                          * (backend.kv_dtypes; the CPU does): half the bytes, K and V
+                          * rounded to it when stored */
     int n_batch;         /* most rows of one sequence in one forward chunk (the context's
                           * n_batch): sizes the sliding-window pool; <= 0: no bound (the
                           * sliding pool gets as many blocks as the full one) */
@@ -126,6 +128,7 @@ struct kv_prefix {
 struct kv_cache {
     struct backend *be;              /* borrowed */
     int n_layer, block_size, max_seqs, max_blocks, max_seq_len;
+    enum dtype dtype;                /* element type of the pool */
     int n_blocks;                    /* blocks of the full pool (blk.n_blocks) */
     void *pool;                      /* backend memory of every layer's K and V */
     struct kv_layer *layers;         /* [n_layer] views into pool */

@@ -97,9 +97,11 @@ struct expert_linear {
 /* One layer's slice of the paged KV pool: slot s (= block * block_size +
  * offset) holds K row k + s * k_dim and V row v + s * v_dim. */
 struct kv_layer {
-    float *k, *v;
-    int k_dim, v_dim;        /* floats per slot: n_kv_head * head_dim; a latent (MLA) layer
+    void *k, *v;             /* [slots][k_dim], [slots][v_dim] elements of dtype */
+    int k_dim, v_dim;        /* elements per slot: n_kv_head * head_dim; a latent (MLA) layer
                               * keeps one row of kv_lora_rank + rope dims, v == k */
+    enum dtype dtype;        /* F32, or F16 / BF16 where the backend's kv_dtypes has it
+                              * (kv_store rounds to nearest even, attention widens) */
 };
 
 /* Where the rows of one forward chunk sit in the paged cache, all in backend
@@ -280,6 +282,8 @@ struct backend {
     /* model_forward records decode steps as graphs and replays them (graph_* set; the
      * CUDA backend unless $MLXCEL_CUDA_GRAPHS=0). */
     bool graphs;
+    /* KV cache element types its kv_store and attention take: bit 1 << dtype (F32 always). */
+    unsigned kv_dtypes;
     void *impl;             /* owned by the backend */
 };
 

@@ -56,6 +56,21 @@ if [ "${MLXCEL_SKIP_RSS:-0}" != 1 ]; then
     [ "$rss" -le "$budget" ] || fail "peak RSS $rss exceeds weights + KV + 64 MiB = $budget"
 fi
 
+# ---- --kv-type: the cache's element type, its bytes in kv_bytes and in the table ----
+run "$BIN" bench -m models/llama-tiny -p 4 -n 2 -r 1 --kv-type f16 --json
+expect_rc 0 "bench --kv-type f16"
+flat
+jhas "kv_type" '"kv_type":"f16","kv_bytes":32768,'
+run "$BIN" bench -m models/llama-tiny -p 0 -n 2 -r 1 --kv-type=bf16
+expect_rc 0 "bench --kv-type=bf16"
+has "bf16 row" '^| models/llama-tiny | *3\.7M | cpu-[a-z0-9]* kv bf16 | *[0-9][0-9]* | *tg2 |'
+run "$BIN" bench -m models/llama-tiny -p 0 -n 2 -r 1 --kv-type f8
+expect_rc 1 "bench --kv-type f8"
+grep -q -- "--kv-type: 'f8' is not one of f32, f16, bf16" "$T/err" || fail "--kv-type f8: $(cat "$T/err")"
+run "$BIN" bench -m models/llama-tiny --kv-type
+expect_rc 2 "bench --kv-type without a value"
+grep -q -- "--kv-type needs a value" "$T/err" || fail "--kv-type without a value: $(cat "$T/err")"
+
 # ---- table ----
 run "$BIN" bench -m models/llama-tiny -p 8 -n 4 -r 1
 expect_rc 0 "bench table"

@@ -1003,6 +1003,7 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     }
     c->be.ops = &k_cpu_ops;
     c->be.name = k_names[isa];
+    c->be.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_F16 | 1u << DTYPE_BF16;
     c->be.n_threads = c->nth;
     c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     c->repack = backend_env_flag("MLXCEL_REPACK", true);

@@ -104,17 +104,33 @@ void cpu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int h
 
 // ---- KV store ----
 
+/* n f32 values stored as dt (F32, F16 or BF16; rounded to nearest even). */
+static void kv_put(void *dst, const float *src, enum dtype dt, size_t n)
+{
+    uint16_t *d = dst;
+    if (dt == DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else if (dt == DTYPE_F16)
+        for (size_t i = 0; i < n; i++)
+            d[i] = f32_to_f16(src[i]);
+    else
+        for (size_t i = 0; i < n; i++)
+            d[i] = f32_to_bf16(src[i]);
+}
+
 void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
                   const float *v, int ldv, const struct kv_rows *rows, int n_tok)
 {
     struct cpu_backend *c = cpu_of(be);
     if (c->err_rc)
         return;
+    size_t es = dtype_size(kv->dtype);
     for (int i = 0; i < n_tok; i++) {
         size_t s = (size_t)rows->slot[i];
-        memcpy(kv->k + s * kv->k_dim, k + (size_t)i * ldk, (size_t)kv->k_dim * sizeof(float));
+        kv_put((char *)kv->k + s * kv->k_dim * es, k + (size_t)i * ldk, kv->dtype, (size_t)kv->k_dim);
         if (kv->v != kv->k)  /* a latent layer's one row is its K and V */
-            memcpy(kv->v + s * kv->v_dim, v + (size_t)i * ldv, (size_t)kv->v_dim * sizeof(float));
+            kv_put((char *)kv->v + s * kv->v_dim * es, v + (size_t)i * ldv, kv->dtype,
+                   (size_t)kv->v_dim);
     }
 }
 
@@ -137,6 +153,8 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
 /* Keys per decode item: a row's keys split at multiples of ATTN_DC, each
  * chunk on one thread, the chunks merged in order. */
 #define ATTN_DC 128
+/* Rows of an f16 / bf16 cache block widened at a time in decode. */
+#define ATTN_SEG 16
 
 struct attn_ctx {
     struct cpu_backend *c;
@@ -165,27 +183,33 @@ struct attn_rows {
     int n_rows, k_lo, k_hi;            /* union of the rows' key ranges */
 };
 
-/* Address of position j's row of kv head g in one cache array (k or v). */
-static const float *kv_row(const float *base, int dim, const int32_t *table, int bs, int j, int g,
-                           int hd)
+/* Address of position j's row of kv head g in one cache array (k or v) of
+ * dim elements of es bytes per slot. */
+static const char *kv_row(const void *base, int dim, size_t es, const int32_t *table, int bs, int j,
+                          int g, int hd)
 {
     size_t slot = (size_t)table[j / bs] * (size_t)bs + (size_t)(j % bs);
-    return base + slot * (size_t)dim + (size_t)g * hd;
+    return (const char *)base + (slot * (size_t)dim + (size_t)g * hd) * es;
 }
 
-/* Gather positions [j0, j0 + nb) of kv head g into dst [nb][hd], prefetching
- * ATTN_PF rows ahead (up to position j_end). */
-static void attn_gather(float *dst, const float *base, int dim, const int32_t *table, int bs,
-                        int g, int hd, int j0, int nb, int j_end)
+/* Gather positions [j0, j0 + nb) of kv head g into dst [nb][hd] (widened to
+ * f32), prefetching ATTN_PF rows ahead (up to position j_end). */
+static void attn_gather(const struct cpu_kernels *k, float *dst, const void *base, int dim,
+                        enum dtype dt, const int32_t *table, int bs, int g, int hd, int j0, int nb,
+                        int j_end)
 {
+    size_t es = dtype_size(dt);
     for (int r = 0; r < nb; r++) {
         if (j0 + r + ATTN_PF < j_end) {
-            const char *p = (const char *)kv_row(base, dim, table, bs, j0 + r + ATTN_PF, g, hd);
-            for (size_t b = 0; b < (size_t)hd * sizeof(float); b += 64)
+            const char *p = kv_row(base, dim, es, table, bs, j0 + r + ATTN_PF, g, hd);
+            for (size_t b = 0; b < (size_t)hd * es; b += 64)
                 __builtin_prefetch(p + b, 0, 3);
         }
-        memcpy(dst + (size_t)r * hd, kv_row(base, dim, table, bs, j0 + r, g, hd),
-               (size_t)hd * sizeof(float));
+        const char *src = kv_row(base, dim, es, table, bs, j0 + r, g, hd);
+        if (dt == DTYPE_F32)
+            memcpy(dst + (size_t)r * hd, src, (size_t)hd * sizeof(float));
+        else
+            k->to_f32(dst + (size_t)r * hd, src, dt, (size_t)hd);
     }
 }
 
@@ -234,11 +258,11 @@ static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, flo
     const struct cpu_kernels *k = &ac->c->k;
     const struct attn_params *ap = ac->ap;
     int hd = ap->head_dim, bs = ac->rows->block_size;
-    const float *base = values ? ac->kv->v : ac->kv->k;
+    const void *base = values ? ac->kv->v : ac->kv->k;
     int dim = values ? ac->kv->v_dim : ac->kv->k_dim;
     for (int j0 = ar->k_lo; j0 < ar->k_hi; j0 += ATTN_JB) {
         int nb = ar->k_hi - j0 < ATTN_JB ? ar->k_hi - j0 : ATTN_JB;
-        attn_gather(blk, base, dim, table, bs, g, hd, j0, nb, ar->k_hi);
+        attn_gather(k, blk, base, dim, ac->kv->dtype, table, bs, g, hd, j0, nb, ar->k_hi);
         for (int i = 0; i < ar->n_rows; i++) {
             int a = ar->lo[i] > j0 ? ar->lo[i] : j0, z = ar->hi[i] < j0 + nb ? ar->hi[i] : j0 + nb;
             float *s = scr + i * ac->ld_s + (a - ar->k_lo);
@@ -287,27 +311,39 @@ static void attn_key_range(const struct attn_ctx *ac, int t, int *lo, int *hi)
 
 /* One decode item: every head of query row t over keys [a, z) (inside one
  * ATTN_DC chunk). The cache's blocks are read in place: a block's positions
- * are consecutive slots, so the rows of kv head g sit dim floats apart, and
- * the block's rows of all heads span one contiguous block_size x dim range.
- * part receives per head its unnormalized output [hd], max and sum. */
-static void attn_dec_item(const struct attn_ctx *ac, float *s, float *part, int t, int a, int z)
+ * are consecutive slots, so the rows of kv head g sit dim elements apart, and
+ * the block's rows of all heads span one contiguous block_size x dim range
+ * (an f16 / bf16 cache widens up to ATTN_SEG rows of it at a time into
+ * scratch at wide). part receives per head its unnormalized output [hd],
+ * max and sum. */
+static void attn_dec_item(const struct attn_ctx *ac, float *s, float *wide, float *part, int t,
+                          int a, int z)
 {
     const struct cpu_kernels *k = &ac->c->k;
     const struct attn_params *ap = ac->ap;
     const struct kv_rows *rows = ac->rows;
     int hd = ap->head_dim, nh = ap->n_head, n_rep = nh / ap->n_kv_head, bs = rows->block_size;
     int n = z - a;
+    enum dtype dt = ac->kv->dtype;
+    size_t es = dtype_size(dt);
     const int32_t *table = rows->tables + rows->table[t];
     for (int pass = 0; pass < 2; pass++) {
-        const float *base = pass ? ac->kv->v : ac->kv->k;
+        const char *base = pass ? ac->kv->v : ac->kv->k;
         size_t dim = (size_t)(pass ? ac->kv->v_dim : ac->kv->k_dim);
         for (int j0 = a; j0 < z;) {
             int j1 = (j0 / bs + 1) * bs < z ? (j0 / bs + 1) * bs : z;
-            const float *blk = base + ((size_t)table[j0 / bs] * bs + (size_t)(j0 % bs)) * dim;
-            if (j1 < z) {  /* the next block, every head */
-                const char *nx = (const char *)(base + (size_t)table[j1 / bs] * bs * dim);
-                for (size_t o = 0; o < (size_t)bs * dim * sizeof(float); o += 64)
+            if (dt != DTYPE_F32 && j1 - j0 > ATTN_SEG)
+                j1 = j0 + ATTN_SEG;
+            const char *src = base + ((size_t)table[j0 / bs] * bs + (size_t)(j0 % bs)) * dim * es;
+            const float *blk = (const float *)src;
+            if (j1 < z && j1 % bs == 0) {  /* the next block, every head */
+                const char *nx = base + (size_t)table[j1 / bs] * bs * dim * es;
+                for (size_t o = 0; o < (size_t)bs * dim * es; o += 64)
                     __builtin_prefetch(nx + o, 0, 3);
+            }
+            if (dt != DTYPE_F32) {
+                k->to_f32(wide, src, dt, (size_t)(j1 - j0) * dim);
+                blk = wide;
             }
             for (int h = 0; h < nh; h++) {
                 const float *rk = blk + (size_t)(h / n_rep) * hd;
@@ -345,7 +381,9 @@ static void attn_task(void *arg, int ith, int nth)
         if (it >= (long)ac->n_tiles * per_tile) {
             long d = it - (long)ac->n_tiles * per_tile;
             const int32_t *di = ac->dec + 3 * d;
-            attn_dec_item(ac, ac->c->scr[ith], ac->part + (size_t)d * part_sz, di[0], di[1], di[2]);
+            float *s = ac->c->scr[ith];
+            attn_dec_item(ac, s, s + (size_t)ac->ap->n_head * ATTN_DC, ac->part + (size_t)d * part_sz,
+                          di[0], di[1], di[2]);
             continue;
         }
         int ti = (int)(it / per_tile);
@@ -463,7 +501,10 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     ac.n_dec = dec ? attn_dec_items(NULL, &ac, n_tok) : 0;
     int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1 + 3 * (size_t)ac.n_dec);
     size_t scr = ac.ld_s * (size_t)(ATTN_TT * ac.hc) + (size_t)ATTN_JB * ap->head_dim;
-    size_t scr_dec = (size_t)ap->n_head * ATTN_DC;
+    size_t scr_dec = (size_t)ap->n_head * ATTN_DC +
+                     (kv->dtype == DTYPE_F32 ? 0
+                                             : (size_t)ATTN_SEG * (kv->k_dim > kv->v_dim ? kv->k_dim
+                                                                                         : kv->v_dim));
     if (!tiles || !cpu_scratch_ensure(c, scr > scr_dec ? scr : scr_dec))
         return;
     ac.n_tiles = attn_tiles(tiles, rows, n_tok, tt, dec);

@@ -98,8 +98,9 @@ void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, 
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc || n_tok <= 0)
         return;
-    cu_launch(c, kv_store_kernel, dim3(n_tok), dim3(512), kv->k, kv->v, kv->k_dim, kv->v_dim, k,
-              ldk, v, ldv, rows->slot);
+    /* f32 only (kv_dtypes): the cache refuses other element types on this backend */
+    cu_launch(c, kv_store_kernel, dim3(n_tok), dim3(512), (float *)kv->k, (float *)kv->v, kv->k_dim,
+              kv->v_dim, k, ldk, v, ldv, rows->slot);
     cu_check(c, "kv_store");
 }
 
@@ -370,7 +371,8 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
                 cudaErrorInvalidValue);
         return;
     }
-    attn_args a = {out, q, ldo, ldq, kv->k, kv->v, kv->k_dim, kv->v_dim, rows->pos, rows->table,
+    attn_args a = {out, q, ldo, ldq, (const float *)kv->k, (const float *)kv->v, kv->k_dim, kv->v_dim,
+                   rows->pos, rows->table,
                    rows->tables, rows->block_size, ap->n_head, ap->n_head / ap->n_kv_head,
                    ap->head_dim, ap->scale, ap->softcap, ap->window, ap->sinks};
     dim3 grid(ap->n_head, n_tok);
