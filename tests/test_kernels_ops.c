@@ -182,6 +182,7 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 3, 2, 130, 1, 8, 1.0f);      /* more query heads per kv head than a tile */
     attn_case(&bs, &es, 1, 255, 8, 2, 64, 3.0f);     /* decode: two whole key chunks */
     attn_case(&bs, &es, 1, 700, 4, 1, 32, 4.0f);     /* decode: six chunks, the last partial */
+    attn_case(&bs, &es, 1, 200, 6, 3, 7, 2.0f);      /* decode, odd head_dim */
     kc_report("attention", &es);
     kc_close(&bs);
 }
