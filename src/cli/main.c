@@ -54,28 +54,41 @@ static void usage(FILE *f)
  * are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
  * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE and MLXCEL_KV_TYPE, which
  * cli_engine_open reads. 0; -1 when --device lacks its value, -2 when --kv-type does. */
+/* argv[*i] as `flag VALUE` or `flag=VALUE` into the environment variable env: 1 taken
+ * (*i past it), 0 another argument, -1 the value missing. */
+static int take_value(int argc, char **argv, int *i, const char *flag, const char *env)
+{
+    size_t n = strlen(flag);
+    if (strncmp(argv[*i], flag, n) != 0 || (argv[*i][n] != '=' && argv[*i][n] != '\0'))
+        return 0;
+    if (argv[*i][n] == '=') {
+        setenv(env, argv[*i] + n + 1, 1);
+        return 1;
+    }
+    if (*i + 1 >= argc)
+        return -1;
+    setenv(env, argv[++*i], 1);
+    return 1;
+}
+
 static int strip_global(int *argc, char **argv)
 {
-    int k = 2;
+    int k = 2, rc;
     bool tail = false;
     for (int i = 2; i < *argc; i++) {
         tail = tail || strcmp(argv[i], "--") == 0;
-        if (!tail && strcmp(argv[i], "--offline") == 0) {
+        if (tail) {
+            argv[k++] = argv[i];
+        } else if (strcmp(argv[i], "--offline") == 0) {
             setenv("HF_HUB_OFFLINE", "1", 1);
-        } else if (!tail && (strcmp(argv[i], "--mmap") == 0 || strcmp(argv[i], "--no-mmap") == 0)) {
+        } else if (strcmp(argv[i], "--mmap") == 0 || strcmp(argv[i], "--no-mmap") == 0) {
             setenv("MLXCEL_MMAP", argv[i][2] == 'n' ? "0" : "1", 1);
-        } else if (!tail && strncmp(argv[i], "--device=", 9) == 0) {
-            setenv("MLXCEL_DEVICE", argv[i] + 9, 1);
-        } else if (!tail && strcmp(argv[i], "--device") == 0) {
-            if (i + 1 >= *argc)
+        } else if ((rc = take_value(*argc, argv, &i, "--device", "MLXCEL_DEVICE")) != 0) {
+            if (rc < 0)
                 return -1;
-            setenv("MLXCEL_DEVICE", argv[++i], 1);
-        } else if (!tail && strncmp(argv[i], "--kv-type=", 10) == 0) {
-            setenv("MLXCEL_KV_TYPE", argv[i] + 10, 1);
-        } else if (!tail && strcmp(argv[i], "--kv-type") == 0) {
-            if (i + 1 >= *argc)
+        } else if ((rc = take_value(*argc, argv, &i, "--kv-type", "MLXCEL_KV_TYPE")) != 0) {
+            if (rc < 0)
                 return -2;
-            setenv("MLXCEL_KV_TYPE", argv[++i], 1);
         } else {
             argv[k++] = argv[i];
         }
