@@ -472,7 +472,6 @@ int cmd_bench(int argc, char **argv)
         .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
         .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(), .kv_dtype = b.en.kv->dtype,
     };
-
     if (o.json) {
         if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)
             goto out;
