@@ -45,6 +45,7 @@ static const char *k_help =
     "      --timeout S            close connections idle for S seconds (default 600)\n"
     "      --max-connections N    open connections at once (default 256)\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
+    "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it; CPU)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"
@@ -238,8 +239,10 @@ int cmd_serve(int argc, char **argv)
     sm.id = id;
     server_set_model(srv, &sm);
     bool v6 = strchr(so.host, ':') != NULL;
-    printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request)\n",
-           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx);
+    enum dtype kvt = sv.en.kv->dtype;
+    printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s)\n",
+           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx,
+           kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16");
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);
