@@ -65,12 +65,8 @@ static const enum dtype k_kv_types[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
 /* n values of src written as dt at dst (the cache's rounding: nearest even). */
 static void kv_put(void *dst, const float *src, size_t n, enum dtype dt)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (dt == DTYPE_F32)
-            ((float *)dst)[i] = src[i];
-        else
-            ((uint16_t *)dst)[i] = dt == DTYPE_F16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
-    }
+    for (size_t i = 0; i < n; i++)
+        dtype_store_f32(dt, dst, (int64_t)i, src[i]);
 }
 
 /* x rounded to dt and back: the values a dt cache holds (the reference computes on them). */

@@ -104,18 +104,14 @@ void cpu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int h
 
 // ---- KV store ----
 
-/* n f32 values stored as dt (F32, F16 or BF16; rounded to nearest even). */
+/* n f32 values stored as dt (F32, or F16 / BF16 rounded to nearest even). */
 static void kv_put(void *dst, const float *src, enum dtype dt, size_t n)
 {
-    uint16_t *d = dst;
     if (dt == DTYPE_F32)
         memcpy(dst, src, n * sizeof(float));
-    else if (dt == DTYPE_F16)
-        for (size_t i = 0; i < n; i++)
-            d[i] = f32_to_f16(src[i]);
     else
         for (size_t i = 0; i < n; i++)
-            d[i] = f32_to_bf16(src[i]);
+            dtype_store_f32(dt, dst, (int64_t)i, src[i]);
 }
 
 void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
