@@ -658,6 +658,120 @@ static void test_linear_batch_invariant(void **state)
     kc_close(&bs);
 }
 
+/* x as --fast rounds it for 4-bit W (kern.h "qi", then the high limb alone): per group of G,
+ * xs = max |x| / 32639 and q = rint(x 32639 / max) in f32 as the preparation computes them,
+ * then 256 ((q + 128) >> 8) xs, an int8 per element. */
+static void fast_x(double *xf, const float *x, int in, int G)
+{
+    for (int g0 = 0; g0 < in; g0 += G) {
+        float m = 0;
+        for (int i = g0; i < g0 + G; i++)
+            m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
+        const float xs = m / 32639.0f, inv = 32639.0f / m;
+        for (int i = g0; i < g0 + G; i++) {
+            int q = (int)rintf(x[i] * inv);
+            xf[i] = 256.0 * (double)((q + 128) >> 8) * (double)xs;
+        }
+    }
+}
+
+/* --fast (MLXCEL_FAST) on the backends that have it (AVX-512 VNNI): affine 4-bit W, stored
+ * and repacked, against the products of x rounded as fast_x says (the codes times x's high
+ * limb; the bias term keeps the exact sum of x), to the f32 bound of test_linear_quant; one
+ * token alone equal to it in a batch; and every other W exactly as without --fast. */
+static void test_linear_quant_fast(void **state)
+{
+    (void)state;
+    struct kc_bes bs, fs;
+    kc_open(&bs);
+    setenv("MLXCEL_FAST", "1", 1);
+    kc_open(&fs);
+    unsetenv("MLXCEL_FAST");
+    static const int shapes[][3] = {{1, 1, 7}, {3, 2, 33}, {4, 5, 3}, {9, 17, 9}, {17, 40, 21}, {33, 2, 19}};
+    static const int groups[] = {32, 64, 128};
+    static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    int n_fast = 0;
+    double worst = 0, worst_exact = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int bits = 4; bits <= 8; bits += 4) {
+                const int n_tok = shapes[sh][0], G = groups[gi], in = shapes[sh][1] * G,
+                          out = shapes[sh][2];
+                struct tensor w = qrand(bits, G, sdts[(sh + gi) % 3], out, in);
+                const size_t n = (size_t)n_tok * out;
+                float *x = kc_fvec((size_t)n_tok * in, -1, 1), *y = malloc(n * sizeof *y),
+                      *y0 = malloc(n * sizeof *y0), *y1 = malloc((size_t)out * sizeof *y1);
+                double *xf = malloc((size_t)in * sizeof *xf), *ref = malloc(n * sizeof *ref),
+                       *bnd = malloc(n * sizeof *bnd), *ex = malloc(n * sizeof *ex);
+                assert_true(x && y && y0 && y1 && xf && ref && bnd && ex);
+                for (int t = 0; t < n_tok; t++) {
+                    fast_x(xf, x + (size_t)t * in, in, G);
+                    for (int r = 0; r < out; r++) {
+                        double acc = 0, mag = 0, e = 0;
+                        for (int i = 0; i < in; i++) {
+                            double s, b, xi = x[(size_t)t * in + i], c = qcode_d(&w, r, i);
+                            qgroup_d(&w, r, i, &s, &b);
+                            acc += xf[i] * s * c + xi * b;
+                            e += xi * (s * c + b);
+                            mag += fabs(xf[i] * s * c) + fabs(xi * b);
+                        }
+                        ref[(size_t)t * out + r] = acc;
+                        ex[(size_t)t * out + r] = e;
+                        bnd[(size_t)t * out + r] = (in + 16) * ldexp(mag, -24);
+                    }
+                }
+                for (int i = 0; i < fs.n; i++) {
+                    struct backend *be = fs.be[i], *ref_be = bs.be[i];
+                    assert_string_equal(be->name, ref_be->name);
+                    for (int packed = 0; packed < 2; packed++) {
+                        struct tensor wp = w, wq = w;
+                        struct err e = {0};
+                        if (packed) {
+                            assert_int_equal(be->ops->prepare_weight(be, &wp, PREP_REPACK_BESIDE, &e), 0);
+                            assert_int_equal(ref_be->ops->prepare_weight(ref_be, &wq, PREP_REPACK_BESIDE, &e), 0);
+                            if (!wp.packed)
+                                continue;
+                        }
+                        memset(y, 0xff, n * sizeof *y);
+                        be->ops->linear(be, y, out, x, &wp, NULL, n_tok);
+                        ref_be->ops->linear(ref_be, y0, out, x, &wq, NULL, n_tok);
+                        if (!be->fast || bits == 8) { /* --fast leaves these as they were */
+                            if (memcmp(y, y0, n * sizeof *y) != 0)
+                                fail_msg("q%d g%d %d x %d x %d on %s: --fast changed a product it "
+                                         "has no fast form for", bits, G, n_tok, out, in, be->name);
+                        } else {
+                            n_fast++;
+                            for (size_t k = 0; k < n; k++) {
+                                double d = fabs((double)y[k] - ref[k]);
+                                worst = fmax(worst, d / bnd[k]);
+                                worst_exact = fmax(worst_exact, fabs((double)y[k] - ex[k]) / bnd[k]);
+                                if (!(d <= bnd[k]))
+                                    fail_msg("q4 g%d %d x %d x %d on %s (%d threads%s): y[%zu] = %.9g, "
+                                             "fast reference %.9g, bound %.3g", G, n_tok, out, in,
+                                             be->name, be->n_threads, packed ? ", repacked" : "", k,
+                                             (double)y[k], ref[k], bnd[k]);
+                            }
+                            if (packed) /* one kernel for every token count: a token's own bits */
+                                for (int t = 0; t < n_tok; t++) {
+                                    be->ops->linear(be, y1, out, x + (size_t)t * in, &wp, NULL, 1);
+                                    if (memcmp(y1, y + (size_t)t * out, (size_t)out * sizeof *y1) != 0)
+                                        fail_msg("q4 g%d on %s: token %d alone differs from it among %d",
+                                                 G, be->name, t, n_tok);
+                                }
+                        }
+                    }
+                }
+                free(x), free(y), free(y0), free(y1), free(xf), free(ref), free(bnd), free(ex);
+                tfree(&w);
+            }
+    printf("    linear_fast  %d checks, worst |err|/bound %.2g against --fast's rounding, %.3g "
+           "against exact x\n", n_fast, worst, worst_exact);
+    kc_close(&fs);
+    kc_close(&bs);
+    if (!n_fast) /* no backend here has a fast form (no AVX-512 VNNI): nothing was checked */
+        skip();
+}
+
 static void test_linear_batch(void **state)
 {
     (void)state;
@@ -1004,6 +1118,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_linear_batch_invariant),
+    cmocka_unit_test(test_linear_quant_fast),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),          
     

@@ -264,6 +264,7 @@ struct bench_meta {
     int threads;
     int n_ctx;
     enum dtype kv_dtype;
+    bool fast;               /* --fast in effect on the backend */
     uint64_t peak_rss;       /* bytes */
 };
 
@@ -307,6 +308,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
         cJSON_AddStringToObject(o, "kv_type", kv_type_name(mt->kv_dtype));
+        cJSON_AddBoolToObject(o, "fast", mt->fast);
         cJSON_AddNumberToObject(o, "kv_bytes",
                                 (double)(model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK) / 4 *
                                          dtype_size(mt->kv_dtype)));
@@ -318,9 +320,9 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
 static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)
 {
     char params[32], test[32], be[64];
-    /* the backend column names a cache narrower than f32 */
-    snprintf(be, sizeof be, "%s%s%s", mt->backend, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
-             mt->kv_dtype != DTYPE_F32 ? kv_type_name(mt->kv_dtype) : "");
+    /* the backend column names a cache narrower than f32 and --fast */
+    snprintf(be, sizeof be, "%s%s%s%s", mt->backend, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
+             mt->kv_dtype != DTYPE_F32 ? kv_type_name(mt->kv_dtype) : "", mt->fast ? " fast" : "");
     int wm = (int)strlen(mt->model), wb = (int)strlen(be), wt = 8;
     wm = wm < 5 ? 5 : wm;
     wb = wb < 7 ? 7 : wb;
@@ -471,6 +473,7 @@ int cmd_bench(int argc, char **argv)
     struct bench_meta mt = {
         .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
         .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(), .kv_dtype = b.en.kv->dtype,
+        .fast = b.en.be->fast,
     };
     if (o.json) {
         if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)

@@ -46,6 +46,8 @@ static const char *k_help =
     "      --max-connections N    open connections at once (default 256)\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it; CPU)\n"
+    "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
+    "                             AVX-512 VNNI CPUs; default off)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"
@@ -240,9 +242,10 @@ int cmd_serve(int argc, char **argv)
     server_set_model(srv, &sm);
     bool v6 = strchr(so.host, ':') != NULL;
     enum dtype kvt = sv.en.kv->dtype;
-    printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s)\n",
+    printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
            v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx,
-           kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16");
+           kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16",
+           sv.en.be->fast ? ", fast" : "");
     fflush(stdout);
     int sig = 0;
     sigwait(&sigs, &sig);

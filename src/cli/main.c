@@ -47,13 +47,16 @@ static void usage(FILE *f)
                "--no-mmap (MLXCEL_MMAP=0) copies the weights into memory at load instead of\n"
                "reading them through the file mapping (CPU backend).\n"
                "--kv-type f32|f16|bf16 (MLXCEL_KV_TYPE) is the KV cache's element type: f32 (the\n"
-               "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n");
+               "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n"
+               "--fast (MLXCEL_FAST=1) trades exactness for speed: 4-bit weights multiply x\n"
+               "rounded to 8 bits per group, as llama.cpp does (AVX-512 VNNI CPUs; see\n"
+               "docs/benchmarks.md for its perplexity cost). Off by default.\n");
 }
 
-/* --offline, --[no-]mmap, --device and --kv-type are understood by every command: they
- * are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
- * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE and MLXCEL_KV_TYPE, which
- * cli_engine_open reads. 0; -1 when --device lacks its value, -2 when --kv-type does. */
+/* --offline, --[no-]mmap, --device, --kv-type and --fast are understood by every command:
+ * they are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
+ * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE, MLXCEL_KV_TYPE and
+ * MLXCEL_FAST, which cli_engine_open and the backends read. 0; -1 when --device lacks its value, -2 when --kv-type does. */
 /* argv[*i] as `flag VALUE` or `flag=VALUE` into the environment variable env: 1 taken
  * (*i past it), 0 another argument, -1 the value missing. */
 static int take_value(int argc, char **argv, int *i, const char *flag, const char *env)
@@ -81,6 +84,8 @@ static int strip_global(int *argc, char **argv)
             argv[k++] = argv[i];
         } else if (strcmp(argv[i], "--offline") == 0) {
             setenv("HF_HUB_OFFLINE", "1", 1);
+        } else if (strcmp(argv[i], "--fast") == 0) {
+            setenv("MLXCEL_FAST", "1", 1);
         } else if (strcmp(argv[i], "--mmap") == 0 || strcmp(argv[i], "--no-mmap") == 0) {
             setenv("MLXCEL_MMAP", argv[i][2] == 'n' ? "0" : "1", 1);
         } else if ((rc = take_value(*argc, argv, &i, "--device", "MLXCEL_DEVICE")) != 0) {

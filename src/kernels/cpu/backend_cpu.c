@@ -1007,6 +1007,10 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.n_threads = c->nth;
     c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     c->repack = backend_env_flag("MLXCEL_REPACK", true);
+    if (backend_env_flag("MLXCEL_FAST", false) && c->k.matvec_qi_fast) {
+        c->k.matvec_qi = c->k.matvec_qi_fast;
+        c->be.fast = true;
+    }
     c->be.impl = c;
     *out = &c->be;
     return 0;

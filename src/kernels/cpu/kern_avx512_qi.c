@@ -49,11 +49,11 @@ AI __m512 qv_mul4(const float *m, int k, const int G)
 
 /* 4-bit step: codes k .. k+nc (nc <= 128, a multiple of 32) of 4 rows. */
 AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const uint8_t *xc,
-                 const float *const m[4], const size_t pf, const int G)
+                 const float *const m[4], const size_t pf, const int G, const int L)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const __m512i xhe = qx_pair(xc, 0), xho = qx_pair(xc, 1), xle = qx_pair(xc, 2),
-                  xlo = qx_pair(xc, 3);
+    const __m512i xhe = qx_pair(xc, 0), xho = qx_pair(xc, 1);
+    const __m512i xle = L == 2 ? qx_pair(xc, 2) : xhe, xlo = L == 2 ? qx_pair(xc, 3) : xho;
     const __mmask64 ld = nc == 128 ? ~0ull : (1ull << (nc / 2)) - 1;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
@@ -63,8 +63,10 @@ AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const
         __m512i v = nc == 128 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(ld, p);
         __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
         __m512i ih = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xhe), hi, xho);
-        __m512i il = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xle), hi, xlo);
-        __m512i i32 = _mm512_add_epi32(_mm512_slli_epi32(ih, 8), il);
+        __m512i i32 = _mm512_slli_epi32(ih, 8);
+        if (L == 2) /* the low limb; --fast (L 1) takes the high limb alone */
+            i32 = _mm512_add_epi32(i32, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xle),
+                                                            hi, xlo));
         acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), qv_mul4(m[j], k, G), acc[j]);
     }
 }
@@ -96,7 +98,7 @@ AI void qv8_step(__m512 acc[4], const uint8_t *const rw[4], int k, const int16_t
 
 /* Rows r0 .. r0+nr (nr <= 4) for every token (see kern_avx2_qi.c qi_block). */
 AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                 const struct wmat *w, int r0, int nr, const int bits, const int G)
+                 const struct wmat *w, int r0, int nr, const int bits, const int G, const int L)
 {
     const int in = w->in;
     const size_t pfd = qi_pf_dist(w);
@@ -116,12 +118,12 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 const int kf = cn & ~127;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, pfd, G);
+                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, pfd, G, L);
                 else
                     for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, 0, G);
+                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, 0, G, L);
                 if (kf < cn)
-                    qv4_step(acc, rw, kf, cn - kf, xc + 2 * (size_t)kf, m, 0, G);
+                    qv4_step(acc, rw, kf, cn - kf, xc + 2 * (size_t)kf, m, 0, G, L);
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
                     qv8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
@@ -345,7 +347,7 @@ AI void qg_tile_store(float *y, size_t ldy, int t0, int r0, __mmask16 rm, bool a
  * from c0 (groups g0 .. g0+gn): y (+)= the products (accumulate when acc). */
 AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                 const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
-                struct qg_pf *pf, const int T, const int G)
+                struct qg_pf *pf, const int T, const int G, const int L)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const uint8_t *xc[QG_TILE];
@@ -372,8 +374,10 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             for (int t = 0; t < T; t++) {
                 ih[t] = _mm512_dpbusd_epi32(ih[t], lo, qg_bcast(xc[t] + xo));
                 ih[t] = _mm512_dpbusd_epi32(ih[t], hi, qg_bcast(xc[t] + xo + 32));
-                il[t] = _mm512_dpbusd_epi32(il[t], lo, qg_bcast(xc[t] + xo + 64));
-                il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 96));
+                if (L == 2) {
+                    il[t] = _mm512_dpbusd_epi32(il[t], lo, qg_bcast(xc[t] + xo + 64));
+                    il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 96));
+                }
             }
         }
         if (p->pf)
@@ -381,8 +385,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
                 _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 8) * 64 + (size_t)g * p->pf_sb + l,
                              _MM_HINT_T0);
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) /* I = (hi << 8) + lo */
-            ih[t] = _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]);
+        for (int t = 0; t < T; t++) /* I = (hi << 8) + lo; --fast (L 1): hi << 8 */
+            ih[t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]) : _mm512_slli_epi32(ih[t], 8);
         qg_tile_group(f, ih, p, g, xs, xm, T);
     }
     qg_tile_store(y, ldy, t0, r0, rm, acc, f, T);
@@ -433,12 +437,12 @@ AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
 /* One tile of 4-bit (B 4: qg_tile) or 8-bit (B 8, QG16 only: qg_tile8) codes. */
 AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                   const struct qg_ops *p, int r0, __mmask16 rm, int c0, int gn, bool acc,
-                  struct qg_pf *pf, const int T, const int B, const int G)
+                  struct qg_pf *pf, const int T, const int B, const int G, const int L)
 {
     if (B == 8)
         qg_tile8(y, ldy, xq, ldxq, hdr, t0, p, r0, rm, c0, gn, acc, T, G);
     else
-        qg_tile(y, ldy, xq, ldxq, hdr, t0, p, r0, rm, c0, gn, acc, pf, T, G);
+        qg_tile(y, ldy, xq, ldxq, hdr, t0, p, r0, rm, c0, gn, acc, pf, T, G, L);
 }
 
 /* The tiles of one chunk over every token: tiles of 8, the last 1-7 tokens as tiles of 4,
@@ -446,22 +450,22 @@ AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
  * pf's or (QG16) op1's prefetches; the others run with op (no prefetch). */
 AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int n_tok,
                  const struct qg_ops *op, const struct qg_ops *op1, int r, __mmask16 rm, int c0,
-                 int gn, bool acc, struct qg_pf *pf, int pf_at, const int B, const int G)
+                 int gn, bool acc, struct qg_pf *pf, int pf_at, const int B, const int G, const int L)
 {
     int t = 0;
     for (; t + QG_TILE <= n_tok; t += QG_TILE)
         qg_tile_b(y, ldy, xq, ldxq, hdr, t, t == pf_at ? op1 : op, r, rm, c0, gn, acc,
-                  t == pf_at ? pf : NULL, QG_TILE, B, G);
+                  t == pf_at ? pf : NULL, QG_TILE, B, G, L);
     for (int tn = 4; tn >= 1; tn /= 2)
         if (n_tok - t >= tn) {
             const struct qg_ops *o = t == pf_at ? op1 : op;
             struct qg_pf *tpf = t == pf_at ? pf : NULL;
             if (tn == 4)
-                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 4, B, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 4, B, G, L);
             else if (tn == 2)
-                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 2, B, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 2, B, G, L);
             else
-                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 1, B, G);
+                qg_tile_b(y, ldy, xq, ldxq, hdr, t, o, r, rm, c0, gn, acc, tpf, 1, B, G, L);
             t += tn;
         }
 }
@@ -492,7 +496,7 @@ AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
 /* Rows r0 .. r1 of a 4-bit affine W in its stored layout (not repacked at load): each
  * block of 16 rows and chunk packed as QG16 on the stack, then the same tiles. */
 AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                const struct wmat *w, int r0, int r1, const int G)
+                const struct wmat *w, int r0, int r1, const int G, const int L)
 {
     _Alignas(64) uint8_t pc[QI_CH * 8 + 2 * (QI_CH / 32) * 16 * sizeof(float)];
     _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
@@ -515,7 +519,7 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
             if (nr0 < r1)
                 qg_pf_init(&pf, w, nr0, r1, nc0);
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op, r, rm, c0, gn, c0 > 0,
-                     nr0 < r1 ? &pf : NULL, pf_at, 4, G);
+                     nr0 < r1 ? &pf : NULL, pf_at, 4, G, L);
         }
     }
 }
@@ -523,7 +527,7 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
  * streamed in order. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                  const struct wmat *w, int r0, int r1, const int B, const int G)
+                  const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
     _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
     const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
@@ -542,7 +546,7 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
             const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0},
                                 op1 = {op.w, s, b, (const char *)pc + QG_PF16(n_tok), (int)(32 * ssz)};
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op1, 16 * p, rm, c0, gn, c0 > 0, NULL,
-                     pf_at, B, G);
+                     pf_at, B, G, L);
         }
     }
 }
@@ -564,8 +568,10 @@ QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, in
  * matvec / GEMM: 3 tokens 172 / 229, 4 295 / 235, 6 424 / 297, 8 455 / 354. */
 #define QG_MIN_TOK 4
 
-QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                         const struct wmat *w, int r0, int r1)
+/* Affine 4-bit W with L limbs of x per code (2: exact; 1: --fast), and for L 2 every other
+ * W this variant takes. */
+AI void a5_matvec_qi_l(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                       const struct wmat *w, int r0, int r1, const int L)
 {
     if (w->qmode != QMODE_AFFINE) {
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
@@ -573,36 +579,55 @@ QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_
     }
     if (w->qg16) {
         switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32); break;
-        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64); break;
-        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128); break;
-        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32); break;
-        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64); break;
-        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128); break;
+        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32, L); break;
+        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64, L); break;
+        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128, L); break;
+        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32, 2); break;
+        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64, 2); break;
+        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128, 2); break;
         }
         return;
     }
     if (w->qbits == 4 && n_tok >= QG_MIN_TOK) {
         switch (w->qgroup) {
-        case 32: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32); break;
-        case 64: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64); break;
-        default: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 128); break;
+        case 32: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32, L); break;
+        case 64: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64, L); break;
+        default: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 128, L); break;
         }
         return;
     }
-#define QV_BLOCK(B, G) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G)
+#define QV_BLOCK(B, G, L) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, L)
     for (int r = r0; r < r1; r += 4) {
         int nr = r1 - r < 4 ? r1 - r : 4;
         switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: QV_BLOCK(4, 32); break;
-        case 4064: QV_BLOCK(4, 64); break;
-        case 4128: QV_BLOCK(4, 128); break;
-        case 8032: QV_BLOCK(8, 32); break;
-        case 8064: QV_BLOCK(8, 64); break;
-        default: QV_BLOCK(8, 128); break;
+        case 4032: QV_BLOCK(4, 32, L); break;
+        case 4064: QV_BLOCK(4, 64, L); break;
+        case 4128: QV_BLOCK(4, 128, L); break;
+        case 8032: QV_BLOCK(8, 32, 2); break;
+        case 8064: QV_BLOCK(8, 64, 2); break;
+        default: QV_BLOCK(8, 128, 2); break;
         }
     }
 #undef QV_BLOCK
+}
+
+QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                                  const struct wmat *w, int r0, int r1)
+{
+    a5_matvec_qi_l(y, ldy, xq, ldxq, n_tok, w, r0, r1, 2);
+}
+
+/* --fast: affine 4-bit W by x's high limb alone, q = 256 hi (an int8 per code and a scale
+ * per group: 8 significant bits, llama.cpp's Q8 activations), half the products of the
+ * exact path; every other W as a5_matvec_qi. */
+QI_NOSAN static void a5_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, size_t ldxq,
+                                       int n_tok, const struct wmat *w, int r0, int r1)
+{
+    if (w->qmode != QMODE_AFFINE || w->qbits != 4) {
+        a5_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    a5_matvec_qi_l(y, ldy, xq, ldxq, n_tok, w, r0, r1, 1);
 }
 
 static bool a5_qi_any_tok(const struct wmat *w)
@@ -615,6 +640,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     if (!k->qi_prep) /* the AVX2 preparation is the one this kernel reads */
         return false;
     k->matvec_qi = a5_matvec_qi;
+    k->matvec_qi_fast = a5_matvec_qi_fast;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
     k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16 */
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
