@@ -72,6 +72,30 @@ static void shell_quote(const char *s, char *buf, size_t cap)
     buf[n] = '\0';
 }
 
+/* Perplexity of the model in dir over its golden's 511 held-out ids (one window), run
+ * with env. */
+static double val_ppl(const char *dir, const char *env, const cJSON *g)
+{
+    char cmd[8192], ids_path[] = "/tmp/mlxcel-val-XXXXXX";
+    int fd = mkstemp(ids_path);
+    assert_true(fd >= 0);
+    static char ids[16384];
+    ids_csv(cJSON_GetObjectItem(g, "val_ids"), ids, sizeof ids, " ");
+    assert_int_equal(write(fd, ids, strlen(ids)), (ssize_t)strlen(ids));
+    close(fd);
+    snprintf(cmd, sizeof cmd, "perplexity -m %s --ids-file %s --json", dir, ids_path);
+    char *out;
+    assert_int_equal(run(env, cmd, &out), 0);
+    unlink(ids_path);
+    cJSON *r = cJSON_Parse(out);
+    assert_non_null(r);
+    double ppl = cJSON_GetObjectItem(r, "ppl")->valuedouble;
+    assert_int_equal(cJSON_GetObjectItem(r, "tokens")->valueint, 511);
+    cJSON_Delete(r);
+    free(out);
+    return ppl;
+}
+
 static void check_model(const char *rel, const char *env)
 {
     char dir[1024], cmd[8192], want[4096], got[4096], q[1024];
@@ -114,28 +138,10 @@ static void check_model(const char *rel, const char *env)
     }
     assert_int_equal(i, 5);
 
-    /* perplexity over the 512 held-out ids, one window */
-    char ids_path[] = "/tmp/mlxcel-val-XXXXXX";
-    int fd = mkstemp(ids_path);
-    assert_true(fd >= 0);
-    static char ids[16384];
-    ids_csv(cJSON_GetObjectItem(g, "val_ids"), ids, sizeof ids, " ");
-    assert_int_equal(write(fd, ids, strlen(ids)), (ssize_t)strlen(ids));
-    close(fd);
-    snprintf(cmd, sizeof cmd, "perplexity -m %s --ids-file %s --json", dir, ids_path);
-    char *out;
-    assert_int_equal(run(env, cmd, &out), 0);
-    unlink(ids_path);
-    cJSON *r = cJSON_Parse(out);
-    assert_non_null(r);
-    double ppl = cJSON_GetObjectItem(r, "ppl")->valuedouble;
-    double ref = cJSON_GetObjectItem(g, "val_ppl")->valuedouble;
-    printf("%s %s: perplexity %.4f, reference %.4f (%.3f %%), tokens %d\n", rel, env, ppl, ref,
-           100.0 * fabs(ppl - ref) / ref, cJSON_GetObjectItem(r, "tokens")->valueint);
+    double ppl = val_ppl(dir, env, g), ref = cJSON_GetObjectItem(g, "val_ppl")->valuedouble;
+    printf("%s %s: perplexity %.4f, reference %.4f (%.3f %%), tokens 511\n", rel, env, ppl, ref,
+           100.0 * fabs(ppl - ref) / ref);
     assert_true(fabs(ppl - ref) <= 0.005 * ref);
-    assert_int_equal(cJSON_GetObjectItem(r, "tokens")->valueint, 511);
-    cJSON_Delete(r);
-    free(out);
     cJSON_Delete(g);
 }
 
@@ -161,6 +167,23 @@ static void phixtral_tiny_4bit(void **state)
     check_model("models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=0");
 }
 
+/* --fast (MLXCEL_FAST=1: x at 8 bits per group in the 4-bit products, on AVX-512 VNNI
+ * hosts; elsewhere it changes nothing) on the trained 4-bit model: perplexity within the
+ * exact path's 0.5 % of the reference (measured +0.34 %: docs/benchmarks.md). Greedy ids are
+ * not held to the reference: 48 tokens in, a near tie in a repeating loop flips one. */
+static void phixtral_tiny_4bit_fast(void **state)
+{
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", test_path("models/phixtral-tiny-4bit"));
+    cJSON *g = load_golden(dir);
+    double ref = cJSON_GetObjectItem(g, "val_ppl")->valuedouble, ppl = val_ppl(dir, "MLXCEL_FAST=1", g);
+    printf("models/phixtral-tiny-4bit --fast: perplexity %.4f, reference %.4f (%+.3f %%)\n", ppl, ref,
+           100.0 * (ppl - ref) / ref);
+    assert_true(fabs(ppl - ref) <= 0.005 * ref);
+    cJSON_Delete(g);
+}
+
 /* Sampling from the trained model: exits 0 and prints Shakespeare-like text. */
 static void romeo_sampling(void **state)
 {
@@ -181,7 +204,7 @@ static void romeo_sampling(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(llama_tiny),
     cmocka_unit_test(phixtral_tiny),
-    cmocka_unit_test(phixtral_tiny_4bit),
+    cmocka_unit_test(phixtral_tiny_4bit), cmocka_unit_test(phixtral_tiny_4bit_fast),
     cmocka_unit_test(romeo_sampling),
 };
 

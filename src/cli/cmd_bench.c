@@ -308,10 +308,10 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
         cJSON_AddStringToObject(o, "kv_type", kv_type_name(mt->kv_dtype));
-        cJSON_AddBoolToObject(o, "fast", mt->fast);
         cJSON_AddNumberToObject(o, "kv_bytes",
                                 (double)(model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK) / 4 *
                                          dtype_size(mt->kv_dtype)));
+        cJSON_AddBoolToObject(o, "fast", mt->fast);
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
     }
     return cli_print_json(arr, e);

@@ -71,6 +71,23 @@ run "$BIN" bench -m models/llama-tiny --kv-type
 expect_rc 2 "bench --kv-type without a value"
 grep -q -- "--kv-type needs a value" "$T/err" || fail "--kv-type without a value: $(cat "$T/err")"
 
+# ---- --fast: in effect where the CPU has its form (AVX-512 VNNI), else a note says so ----
+run "$BIN" bench -m models/phixtral-tiny-4bit -p 4 -n 2 -r 1 --fast --json
+expect_rc 0 "bench --fast"
+flat
+if grep -q -- "--fast changes nothing on" "$T/err"; then
+    jhas "fast off" '"fast":false'
+else
+    jhas "fast on" '"fast":true'
+    run "$BIN" bench -m models/phixtral-tiny-4bit -p 0 -n 2 -r 1 --fast
+    expect_rc 0 "bench --fast table"
+    has "fast row" '^| models/phixtral-tiny-4bit | *[0-9.]*M | cpu-avx512 fast | *[0-9][0-9]* | *tg2 |'
+fi
+run "$BIN" bench -m models/phixtral-tiny-4bit -p 0 -n 2 -r 1 --json
+expect_rc 0 "bench without --fast"
+flat
+jhas "fast default off" '"fast":false'
+
 # ---- table ----
 run "$BIN" bench -m models/llama-tiny -p 8 -n 4 -r 1
 expect_rc 0 "bench table"
