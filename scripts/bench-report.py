@@ -187,7 +187,7 @@ def main():
             m = dict(base, test=t)
             if r["engine"] == "mlxcel":
                 m.update(ts_mean=obj["ts_mean"], ts_sd=obj["ts_sd"], samples_ts=obj.get("samples_ts"),
-                         n_seqs=obj.get("n_seqs", 1), backend=obj.get("backend"),
+                         n_seqs=obj.get("n_seqs", 1), backend=obj.get("backend"), fast=obj.get("fast"),
                          peak_rss_bytes=obj.get("peak_rss_bytes"), weight_bytes=obj.get("weight_bytes"))
             else:
                 m.update(ts_mean=obj["avg_ts"], ts_sd=obj["stddev_ts"], samples_ts=obj.get("samples_ts"),
@@ -291,7 +291,8 @@ def table(meta, res, cells, pp, tg, dep, tgs):
              f" ({h['flags_simd']}), kernel {h['kernel']}. Date {meta['date_start']} to {meta.get('date_end', '?')}.")
     L.append(f"mlxcel `{ml['commit'][:7]}`{' (src modified)' if ml['dirty'] else ''}; llama.cpp {lc['tag']} "
              f"(node-llama-cpp {lc['node_llama_cpp']}, commit `{lc['commit'][:7]}`), CMake Release, GGML_NATIVE=ON. "
-             f"{st['threads']} threads, {st['reps']} repetitions{', QUICK CHECK: not a measurement' if st['quick'] else ''}.")
+             f"{st['threads']} threads, {st['reps']} repetitions{', QUICK CHECK: not a measurement' if st['quick'] else ''}."
+             f"{' mlxcel ran with --fast (4-bit products on x rounded to 8 bits per group: not exact).' if st.get('mlxcel_fast') else ''}")
     b0, b1 = bw["before"], bw["after"]
     L.append(f"membw ({st['threads']} threads, anonymous): before {fmt(b0 and b0['mean_gbs'], 1)} GB/s, "
              f"after {fmt(b1 and b1['mean_gbs'], 1)} GB/s (mean of passes).")

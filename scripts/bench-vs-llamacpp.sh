@@ -43,6 +43,9 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
                        used < 0.15 cores (default 600, then 60 once one wait was in
                        vain; 0 = do not wait)
       --setup-only     fetch, build and write the models, then stop
+      --fast           run mlxcel with --fast (4-bit products on x rounded to 8 bits per
+                       group, as llama.cpp's Q8 activations; not exact, opt-in); meta.json
+                       and the table say so
   -h, --help           this help
 
 MoE shapes (issue 12): random weights of the published shapes with fewer layers (every other
@@ -95,6 +98,7 @@ tests_sel=pp_tg,batched,depth
 quiet_wait=600
 setup_only=0
 quiet_wait_set=0
+mlx_flags=()
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
@@ -112,6 +116,7 @@ while [ $# -gt 0 ]; do
     --tests) tests_sel=${2:?}; shift ;;
     --quiet-wait) quiet_wait=${2:?}; quiet_wait_set=1; shift ;;
     --setup-only) setup_only=1 ;;
+    --fast) mlx_flags=(--fast) ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $1" ;;
     esac
@@ -645,9 +650,10 @@ depth_flag=$(mlxcel_depth_flag)
         "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$repo")" "$(json_str "$tag")" \
         "$(json_str "$(git -C "$llama_src" rev-parse HEAD 2>/dev/null || echo unknown)")" \
         "$(json_str "$(tr '\n' ' ' <"$out/raw/llama-version.txt")")" "$(json_str "$nlc")"
-    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d, "tests": %s}\n' \
+    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d, "tests": %s, "mlxcel_fast": %s}\n' \
         "$threads" "$reps" "$n_pp" "$n_tg" "$n_seq" "$depth" "$([ $quick = 1 ] && echo true || echo false)" \
-        "$(json_str "$depth_flag")" "$quiet_wait" "$(json_str "$tests_sel")"
+        "$(json_str "$depth_flag")" "$quiet_wait" "$(json_str "$tests_sel")" \
+        "$([ ${#mlx_flags[@]} -gt 0 ] && echo true || echo false)"
     printf '}\n'
 } >"$out/meta.json"
 
@@ -667,14 +673,14 @@ for s in "${shapes[@]}"; do
                 continue
             fi
             want pp_tg && run mlxcel "$s" "$w" $phase pp_tg "$dir"/*.safetensors -- "$mlxcel" bench \
-                -m "$dir" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json
+                -m "$dir" -p "$n_pp" -n "$n_tg" -r "$reps" -t "$threads" --json "${mlx_flags[@]}"
             is_moe "$s" && continue  # pp and tg only
             # -p 16: the warm-up then maps every expert's pages (docs/benchmarks.md, Results)
             want batched && run mlxcel "$s" "$w" $phase batched "$dir"/*.safetensors -- "$mlxcel" \
-                bench -m "$dir" -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json
+                bench -m "$dir" -p 16 -n "$n_tg" -s "$n_seq" -r "$reps" -t "$threads" --json "${mlx_flags[@]}"
             if want depth && [ -n "$depth_flag" ]; then
                 run mlxcel "$s" "$w" $phase depth "$dir"/*.safetensors -- "$mlxcel" bench -m "$dir" \
-                    -p 0 -n "$n_tg" "$depth_flag" "$depth" -r "$reps" -t "$threads" --json
+                    -p 0 -n "$n_tg" "$depth_flag" "$depth" -r "$reps" -t "$threads" --json "${mlx_flags[@]}"
             fi
         done
     done

@@ -373,10 +373,12 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 ih[t] = _mm512_dpbusd_epi32(ih[t], lo, qg_bcast(xc[t] + xo));
-                ih[t] = _mm512_dpbusd_epi32(ih[t], hi, qg_bcast(xc[t] + xo + 32));
                 if (L == 2) {
+                    ih[t] = _mm512_dpbusd_epi32(ih[t], hi, qg_bcast(xc[t] + xo + 32));
                     il[t] = _mm512_dpbusd_epi32(il[t], lo, qg_bcast(xc[t] + xo + 64));
                     il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 96));
+                } else { /* the high nibbles' products in a second chain: two per token */
+                    il[t] = _mm512_dpbusd_epi32(il[t], hi, qg_bcast(xc[t] + xo + 32));
                 }
             }
         }
@@ -386,7 +388,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
                              _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) /* I = (hi << 8) + lo; --fast (L 1): hi << 8 */
-            ih[t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t]) : _mm512_slli_epi32(ih[t], 8);
+            ih[t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t])
+                           : _mm512_slli_epi32(_mm512_add_epi32(ih[t], il[t]), 8);
         qg_tile_group(f, ih, p, g, xs, xm, T);
     }
     qg_tile_store(y, ldy, t0, r0, rm, acc, f, T);
