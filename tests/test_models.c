@@ -167,7 +167,7 @@ static void phixtral_tiny_4bit(void **state)
     check_model("models/phixtral-tiny-4bit", "MLXCEL_FUSED_MOE=0");
 }
 
-/* --fast (MLXCEL_FAST=1: x at 8 bits per group in the 4-bit products, on AVX-512 VNNI
+/* --fast (MLXCEL_FAST=1: x at 8 bits per group in the 4-bit products, on AVX2 / AVX-512
  * hosts; elsewhere it changes nothing) on the trained 4-bit model: perplexity within the
  * exact path's 0.5 % of the reference (measured +0.34 %: docs/benchmarks.md). Greedy ids are
  * not held to the reference: 48 tokens in, a near tie in a repeating loop flips one. */

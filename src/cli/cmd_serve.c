@@ -47,7 +47,7 @@ static const char *k_help =
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it; CPU)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
-    "                             AVX-512 VNNI CPUs; default off)\n"
+    "                             AVX2 / AVX-512 CPUs; default off)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"

@@ -49,7 +49,7 @@ static void usage(FILE *f)
                "--kv-type f32|f16|bf16 (MLXCEL_KV_TYPE) is the KV cache's element type: f32 (the\n"
                "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n"
                "--fast (MLXCEL_FAST=1) trades exactness for speed: 4-bit weights multiply x\n"
-               "rounded to 8 bits per group, as llama.cpp does (AVX-512 VNNI CPUs; see\n"
+               "rounded to 8 bits per group, as llama.cpp does (AVX2 / AVX-512 CPUs; see\n"
                "docs/benchmarks.md for its perplexity cost). Off by default.\n");
 }
 

@@ -285,7 +285,7 @@ struct backend {
     /* KV cache element types its kv_store and attention take: bit 1 << dtype (F32 always). */
     unsigned kv_dtypes;
     /* --fast (MLXCEL_FAST) is in effect: some products take x at 8 significant bits per group
-     * (CPU, affine 4-bit on AVX-512 VNNI); false where the backend has no such form. */
+     * (CPU, affine 4-bit on AVX2 / AVX-512); false where the backend has no such form. */
     bool fast;
     void *impl;             /* owned by the backend */
 };

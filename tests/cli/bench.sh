@@ -71,7 +71,7 @@ run "$BIN" bench -m models/llama-tiny --kv-type
 expect_rc 2 "bench --kv-type without a value"
 grep -q -- "--kv-type needs a value" "$T/err" || fail "--kv-type without a value: $(cat "$T/err")"
 
-# ---- --fast: in effect where the CPU has its form (AVX-512 VNNI), else a note says so ----
+# ---- --fast: in effect where the CPU has its form (AVX2, AVX-512), else a note says so ----
 run "$BIN" bench -m models/phixtral-tiny-4bit -p 4 -n 2 -r 1 --fast --json
 expect_rc 0 "bench --fast"
 flat

@@ -103,7 +103,7 @@ struct cpu_kernels {
     void (*matvec_qi)(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                       const struct wmat *w, int r0, int r1);
     /* Optional: matvec_qi as --fast asks (MLXCEL_FAST): where the variant has a faster
-     * form with coarser x (affine 4-bit on VNNI: x's high limb alone, 8 significant bits
+     * form with coarser x (affine 4-bit, AVX2 and VNNI: x's high limb alone, 8 significant bits
      * per group), that one; the backend puts it in matvec_qi's place. */
     void (*matvec_qi_fast)(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                            const struct wmat *w, int r0, int r1);

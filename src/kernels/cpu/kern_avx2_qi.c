@@ -179,7 +179,7 @@ AI __m256 qi_mul(const float *m, int k, const int G, const int bits)
  * of two last, so a subnormal scale rounds once, as in the f32 path. */
 AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv, const uint8_t *xc,
                  const float *const m[4], const size_t pf, const int G, const bool fp4,
-                 const float *xs)
+                 const float *xs, const int L)
 {
     const __m256i m0f = _mm256_set1_epi8(0x0f), c256 = _mm256_set1_epi16(256),
                   one = _mm256_set1_epi16(1),
@@ -187,8 +187,8 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
                                         13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     const __m256i xhe = _mm256_loadu_si256((const __m256i *)xc),
                   xho = _mm256_loadu_si256((const __m256i *)(xc + 32)),
-                  xle = _mm256_loadu_si256((const __m256i *)(xc + 64)),
-                  xlo = _mm256_loadu_si256((const __m256i *)(xc + 96));
+                  xle = L == 2 ? _mm256_loadu_si256((const __m256i *)(xc + 64)) : xhe,
+                  xlo = L == 2 ? _mm256_loadu_si256((const __m256i *)(xc + 96)) : xho;
     __m256 xsm = _mm256_setzero_ps();
     if (fp4)
         xsm = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(xs + k / 32)),
@@ -206,9 +206,12 @@ AI void qi4_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int nv,
             hi = _mm256_shuffle_epi8(tv, hi);
         }
         __m256i a1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xhe), _mm256_maddubs_epi16(hi, xho));
-        __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
-        __m256 f = _mm256_cvtepi32_ps(
-            _mm256_add_epi32(_mm256_madd_epi16(a1, c256), _mm256_madd_epi16(a2, one)));
+        __m256i i32 = _mm256_madd_epi16(a1, c256);
+        if (L == 2) { /* the low limb; --fast (L 1) takes the high limb alone */
+            __m256i a2 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xle), _mm256_maddubs_epi16(hi, xlo));
+            i32 = _mm256_add_epi32(i32, _mm256_madd_epi16(a2, one));
+        }
+        __m256 f = _mm256_cvtepi32_ps(i32);
         acc[j] = _mm256_fmadd_ps(fp4 ? _mm256_mul_ps(f, xsm) : f, qi_mul(m[j], k, G, 4), acc[j]);
     }
 }
@@ -240,7 +243,8 @@ AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t
 
 /* Rows r0 .. r0+nr (nr <= 4; a missing row repeats the last) for every token. */
 AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                 const struct wmat *w, int r0, int nr, const int bits, const int G, const bool fp4)
+                 const struct wmat *w, int r0, int nr, const int bits, const int G, const bool fp4,
+                 const int L)
 {
     const int in = w->in;
     const size_t pfd = qi_pf_dist(w);
@@ -263,12 +267,12 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 const float *xs = fp4 ? (const float *)(xq + (size_t)t * ldxq) + g0 : NULL;
                 if (t == 0)
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, pfd, G, fp4, xs);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, pfd, G, fp4, xs, L);
                 else
                     for (int k = 0; k < kf; k += 64)
-                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G, fp4, xs);
+                        qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G, fp4, xs, L);
                 if (kf < cn)
-                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G, fp4, xs);
+                    qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G, fp4, xs, L);
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
@@ -287,11 +291,11 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
 void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1)
 {
-#define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, false)
+#define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, false, 2)
     for (int r = r0; r < r1; r += 4) {
         int nr = r1 - r < 4 ? r1 - r : 4;
         if (w->qmode == QMODE_MXFP4) {
-            qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 32, true);
+            qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 32, true, 2);
             continue;
         }
         switch (w->qbits * 1000 + w->qgroup) {
@@ -306,11 +310,31 @@ void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, i
 #undef QI_BLOCK
 }
 
+/* --fast (ADR 0031): affine 4-bit W by x's high limb alone (q = 256 hi: an int8 per code
+ * and group), half the byte products; every other W as kern_avx2_matvec_qi. */
+static void a2_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                              const struct wmat *w, int r0, int r1)
+{
+    if (w->qmode != QMODE_AFFINE || w->qbits != 4) {
+        kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    for (int r = r0; r < r1; r += 4) {
+        int nr = r1 - r < 4 ? r1 - r : 4;
+        switch (w->qgroup) {
+        case 32: qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 32, false, 1); break;
+        case 64: qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 64, false, 1); break;
+        default: qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, 4, 128, false, 1); break;
+        }
+    }
+}
+
 void kern_avx2_qi_init(struct cpu_kernels *k)
 {
     k->qi_ok = a2_qi_ok;
     k->qi_prep = a2_qi_prep;
     k->matvec_qi = kern_avx2_matvec_qi;
+    k->matvec_qi_fast = a2_matvec_qi_fast;
     k->gemm_min_tok_qi = 32;
 }
 
