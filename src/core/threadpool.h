@@ -9,6 +9,8 @@
  */
 #pragma once
 
+#include <stdatomic.h>
+
 #include "err.h"
 
 #ifdef __cplusplus
@@ -34,6 +36,27 @@ static inline void tpool_range(long n, int ith, int nth, long *lo, long *hi)
     long a = chunk * ith, b = a + chunk;
     *lo = a < n ? a : n;
     *hi = b < n ? b : n;
+}
+
+/* Work shared by claiming instead of a fixed split: [0, n) in pieces of step that the threads
+ * take in order from *next (zeroed by the caller before tpool_run), so a thread the host
+ * preempts does less of it and the others more. 1 with the piece in [*lo, *hi); 0 when none
+ * is left. */
+static inline int tpool_claim(atomic_long *next, long n, long step, long *lo, long *hi)
+{
+    long a = atomic_fetch_add_explicit(next, step, memory_order_relaxed);
+    if (a >= n)
+        return 0;
+    *lo = a;
+    *hi = n - a > step ? a + step : n;
+    return 1;
+}
+
+/* The piece size for tpool_claim: about `per` pieces per thread, at least 1 unit. */
+static inline long tpool_step(long n, int nth, int per)
+{
+    long s = n / ((long)nth * per);
+    return s > 0 ? s : 1;
 }
 
 #ifdef __cplusplus

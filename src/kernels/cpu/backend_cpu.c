@@ -361,6 +361,7 @@ struct linear_ctx {
     size_t ldx;               /* row stride of x (permuted x: qx_stride) */
     int n_tok;
     bool gemm;
+    atomic_long next;         /* the next unit (panel or 16 rows) to claim: tpool_claim */
 };
 
 /* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
@@ -398,32 +399,30 @@ static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t 
     }
 }
 
+/* Rows are claimed in pieces (tpool_claim), not split evenly: on a shared host one thread
+ * may be preempted mid-product, and the others then take its share. A row's result does not
+ * depend on which thread computes it. */
 static void linear_task(void *arg, int ith, int nth)
 {
     struct linear_ctx *lc = arg;
     const struct cpu_kernels *k = &lc->c->k;
     const struct wmat *w = lc->w;
     size_t ldy = lc->ldy, ldx = lc->ldx;
+    /* whole GEMM panels, or whole groups of 16 rows so SIMD row blocks (QG16 panels) do
+     * not straddle threads */
+    const long unit = lc->gemm ? k->gemm_nr : 16, n_units = (w->out + unit - 1) / unit,
+               step = tpool_step(n_units, nth, 4);
     long lo, hi;
-    if (lc->gemm) {
-        long n_panels = (w->out + k->gemm_nr - 1) / k->gemm_nr;
-        tpool_range(n_panels, ith, nth, &lo, &hi);
-        lo *= k->gemm_nr;
-        hi = hi * k->gemm_nr < w->out ? hi * k->gemm_nr : w->out;
-        if (lo < hi)
+    while (tpool_claim(&lc->next, n_units, step, &lo, &hi)) {
+        lo *= unit;
+        hi = hi * unit < w->out ? hi * unit : w->out;
+        if (lc->gemm)
             gemm_rows(k, lc->c->scr[ith], lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi);
-    } else {
-        /* whole groups of 16 rows per thread so SIMD row blocks (QG16 panels) do not
-         * straddle threads */
-        long n16 = (w->out + 15) / 16;
-        tpool_range(n16, ith, nth, &lo, &hi);
-        lo *= 16;
-        hi = hi * 16 < w->out ? hi * 16 : w->out;
-        if (lo < hi)
+        else
             matvec_rows(k, lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum);
+        if (lc->b)
+            bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
     }
-    if (lc->b && lo < hi)
-        bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
 }
 
 /* Tokens from which W (as the kernels see it) takes the GEMM path. */
@@ -471,6 +470,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
         qprep_fill(c, buf, x, n_tok, &m, &lc.xsum, &lc.x);
         lc.ldx = qx_stride(&c->k, &m);
     }
+    atomic_init(&lc.next, 0);
     tpool_run(c->pool, linear_task, &lc);
 }
 
@@ -484,29 +484,34 @@ struct batch_ctx {
     const float **xp;         /* [n_jobs] x as the kernel takes it (see qprep_fill) */
     long total;               /* sum of rows */
     int n_jobs;
+    atomic_long next;         /* the next 16 rows to claim (tpool_claim) */
 };
 
 static void batch_task(void *arg, int ith, int nth)
 {
+    (void)ith;
     struct batch_ctx *bc = arg;
     const struct cpu_kernels *k = &bc->c->k;
-    long lo, hi, base = 0;
-    tpool_range((bc->total + 15) / 16, ith, nth, &lo, &hi);
-    lo *= 16;
-    hi = hi * 16 < bc->total ? hi * 16 : bc->total;
-    for (int j = 0; j < bc->n_jobs && base < hi; j++) {
-        const struct wmat *w = &bc->w[j];
-        long a = lo > base ? lo - base : 0;
-        long z = hi - base < w->out ? hi - base : w->out;
-        if (a < z) {
-            const struct cpu_job *jb = &bc->jobs[j];
-            const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
-            size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
-            matvec_rows(k, jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs);
-            if (jb->b)
-                bias_add(jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
+    const long n16 = (bc->total + 15) / 16, step = tpool_step(n16, nth, 4);
+    long lo, hi;
+    while (tpool_claim(&bc->next, n16, step, &lo, &hi)) { /* pieces as in linear_task */
+        long base = 0;
+        lo *= 16;
+        hi = hi * 16 < bc->total ? hi * 16 : bc->total;
+        for (int j = 0; j < bc->n_jobs && base < hi; j++) {
+            const struct wmat *w = &bc->w[j];
+            long a = lo > base ? lo - base : 0;
+            long z = hi - base < w->out ? hi - base : w->out;
+            if (a < z) {
+                const struct cpu_job *jb = &bc->jobs[j];
+                const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
+                size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
+                matvec_rows(k, jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs);
+                if (jb->b)
+                    bias_add(jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
+            }
+            base += w->out;
         }
-        base += w->out;
     }
 }
 
@@ -558,7 +563,9 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
                 else if (w[j].qbits)
                     qprep_fill(c, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
         }
-        struct batch_ctx bc = {c, jobs, w, xs_off, xp, total, n};
+        struct batch_ctx bc = {.c = c, .jobs = jobs, .w = w, .xs_off = xs_off, .xp = xp,
+                               .total = total, .n_jobs = n};
+        atomic_init(&bc.next, 0);
         tpool_run(c->pool, batch_task, &bc);
         jobs += n;
         n_jobs -= n;
