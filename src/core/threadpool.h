@@ -3,7 +3,8 @@
  * nth) on every thread (the caller is thread 0) and returns when all are
  * done. Workers spin briefly between jobs (decode issues hundreds of small
  * jobs per token) and then sleep on a condition variable. Kernels split their
- * work by (ith, nth); they never create threads themselves.
+ * work by (ith, nth) or claim it in pieces (tpool_claim); they never create
+ * threads themselves.
  *
  * A pool is used by one caller thread at a time (one request context).
  */
