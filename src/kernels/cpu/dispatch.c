@@ -106,8 +106,9 @@ bool cpu_kernels_init(struct cpu_kernels *k, enum cpu_isa isa)
         if (!cpu_kernels_avx2_init(k) || !cpu_kernels_avx512_init(k))
             return false;
         /* without VNNI the AVX2 integer matvec stays, but the AVX-512 f32 GEMM
-         * takes batches from where it took them before */
+         * takes batches from where it took them before (not measured against it) */
         k->gemm_min_tok_qi = k->gemm_min_tok_q;
+        k->qi_any_tok = NULL;
         if (cpu_has_avx512_vnni())
             kern_avx512_qi_init(k);
         return true;
