@@ -402,8 +402,8 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0)
         return rc;
     if (backend_env_flag("MLXCEL_FAST", false) && !en->be->fast)
-        fprintf(stderr, "mlxcel: --fast changes nothing on %s (it needs a CPU with AVX2); "
-                "running exact\n", en->be->name);
+        fprintf(stderr, "mlxcel: --fast changes nothing on %s (only the CPU backend with AVX2 or "
+                "AVX-512 has it); running exact\n", en->be->name);
     if ((rc = weights_placement(m, en->be, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
         (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
         (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {

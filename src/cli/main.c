@@ -56,7 +56,8 @@ static void usage(FILE *f)
 /* --offline, --[no-]mmap, --device, --kv-type and --fast are understood by every command:
  * they are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
  * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE, MLXCEL_KV_TYPE and
- * MLXCEL_FAST, which cli_engine_open and the backends read. 0; -1 when --device lacks its value, -2 when --kv-type does. */
+ * MLXCEL_FAST, which cli_engine_open and the backends read. 0; -1 when --device lacks its
+ * value, -2 when --kv-type does. */
 /* argv[*i] as `flag VALUE` or `flag=VALUE` into the environment variable env: 1 taken
  * (*i past it), 0 another argument, -1 the value missing. */
 static int take_value(int argc, char **argv, int *i, const char *flag, const char *env)
