@@ -29,7 +29,8 @@ static const char *k_help =
     "usage: mlxcel inspect [-m MODEL] [--json] [-v]\n"
     "\n"
     "Describe a checkpoint: family, dimensions, parameter count, dtypes,\n"
-    "quantization, weight and KV-cache sizes, and tensors the family does not use.\n"
+    "quantization, weight and KV-cache sizes (of the --kv-type cache, default f32), and\n"
+    "tensors the family does not use.\n"
     "  -m, --model MODEL   checkpoint folder or owner/name (default: the embedded model)\n"
     "      --json          print one JSON object (every unused tensor listed)\n"
     "  -v, --verbose       list every unused tensor and shard file; log loading details\n"
@@ -90,7 +91,14 @@ static uint64_t full_kv_bytes(const struct hparams *hp)
     return n * sizeof(float);
 }
 
-static cJSON *build_json(const struct model *m)
+/* Bytes of a KV figure the model reports for f32 elements, in a cache of esz-byte ones
+ * (--kv-type; every figure is whole f32 elements). */
+static uint64_t kvb(uint64_t f32_bytes, size_t esz)
+{
+    return f32_bytes / 4 * esz;
+}
+
+static cJSON *build_json(const struct model *m, enum dtype kvt)
 {
     const struct hparams *hp = &m->hp;
     size_t counts[DTYPE_COUNT];
@@ -137,26 +145,28 @@ static cJSON *build_json(const struct model *m)
         cJSON_AddNullToObject(o, "quantization");
     }
     cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(m));
-    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)model_kv_bytes_per_token(m));
+    const size_t esz = dtype_size(kvt);
+    cJSON_AddStringToObject(o, "kv_type", kvt == DTYPE_F16 ? "f16" : kvt == DTYPE_BF16 ? "bf16" : "f32");
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)kvb(model_kv_bytes_per_token(m), esz));
     struct model_kv_sizes z;
     model_kv_sizes(m, &z);
     cJSON *kinds = cJSON_AddObjectToObject(o, "kv_layers");
     cJSON *full = kinds ? cJSON_AddObjectToObject(kinds, "full") : NULL;
     if (full) {
         cJSON_AddNumberToObject(full, "layers", z.n_full);
-        cJSON_AddNumberToObject(full, "bytes_per_token", (double)z.full_per_token);
-        cJSON_AddNumberToObject(full, "bytes_at_n_ctx", (double)(z.full_per_token * (uint64_t)hp->n_ctx));
+        cJSON_AddNumberToObject(full, "bytes_per_token", (double)kvb(z.full_per_token, esz));
+        cJSON_AddNumberToObject(full, "bytes_at_n_ctx", (double)kvb(z.full_per_token * (uint64_t)hp->n_ctx, esz));
     }
     cJSON *swa = kinds && z.n_swa ? cJSON_AddObjectToObject(kinds, "sliding") : NULL;
     if (swa) {
         int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
         cJSON_AddNumberToObject(swa, "layers", z.n_swa);
         cJSON_AddNumberToObject(swa, "window", z.window);
-        cJSON_AddNumberToObject(swa, "bytes_per_token", (double)z.swa_per_token);
+        cJSON_AddNumberToObject(swa, "bytes_per_token", (double)kvb(z.swa_per_token, esz));
         cJSON_AddNumberToObject(swa, "max_positions", most);
-        cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)(z.swa_per_token * (uint64_t)most));
+        cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)kvb(z.swa_per_token * (uint64_t)most, esz));
     }
-    cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK));
+    cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)kvb(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), esz));
     int n_latent = latent_layers(hp);
     if (n_latent > 0) {
         cJSON *lat = cJSON_AddObjectToObject(o, "kv_latent");
@@ -164,7 +174,7 @@ static cJSON *build_json(const struct model *m)
             cJSON_AddNumberToObject(lat, "layers", n_latent);
             cJSON_AddNumberToObject(lat, "kv_lora_rank", hp->kv_lora_rank);
             cJSON_AddNumberToObject(lat, "rope_dims", hp->qk_rope_dim);
-            cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)full_kv_bytes(hp));
+            cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)kvb(full_kv_bytes(hp), esz));
         }
     }
     cJSON_AddNumberToObject(o, "files", (double)st_set_n_files(m->st));
@@ -177,9 +187,9 @@ static cJSON *build_json(const struct model *m)
     return o;
 }
 
-static int print_json(const struct model *m, struct err *e)
+static int print_json(const struct model *m, enum dtype kvt, struct err *e)
 {
-    return cli_print_json(build_json(m), e);
+    return cli_print_json(build_json(m, kvt), e);
 }
 
 /* ---- text ---- */
@@ -224,29 +234,31 @@ static void print_unused(const struct st_set *st, bool verbose)
 
 /* The cache per token and its bound at n_ctx, by layer kind (sliding layers keep at most
  * their window plus one block of KV_DEFAULT_BLOCK positions: ADR 0023). */
-static void print_kv(const struct model *m, uint64_t per_token)
+static void print_kv(const struct model *m, uint64_t per_token, enum dtype kvt)
 {
     const struct hparams *hp = &m->hp;
+    const size_t esz = dtype_size(kvt);
     struct model_kv_sizes z;
     char a[64], b[64];
     model_kv_sizes(m, &z);
     cli_format_bytes(per_token, a, sizeof a);
-    cli_format_bytes(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), b, sizeof b);
-    printf("%-18s %s per token; %s per sequence at n_ctx %d\n", "kv cache", a, b, hp->n_ctx);
+    cli_format_bytes(kvb(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), esz), b, sizeof b);
+    printf("%-18s %s per token; %s per sequence at n_ctx %d%s%s\n", "kv cache", a, b, hp->n_ctx,
+           kvt == DTYPE_F32 ? "" : ", ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16");
     if (z.n_swa == 0)
         return;
     int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
-    cli_format_bytes(z.full_per_token, a, sizeof a);
-    cli_format_bytes(z.full_per_token * (uint64_t)hp->n_ctx, b, sizeof b);
+    cli_format_bytes(kvb(z.full_per_token, esz), a, sizeof a);
+    cli_format_bytes(kvb(z.full_per_token * (uint64_t)hp->n_ctx, esz), b, sizeof b);
     printf("%-18s %d layers, %s per token, every position (%s at n_ctx)\n", "  full layers", z.n_full,
            a, b);
-    cli_format_bytes(z.swa_per_token, a, sizeof a);
-    cli_format_bytes(z.swa_per_token * (uint64_t)most, b, sizeof b);
+    cli_format_bytes(kvb(z.swa_per_token, esz), a, sizeof a);
+    cli_format_bytes(kvb(z.swa_per_token * (uint64_t)most, esz), b, sizeof b);
     printf("%-18s %d layers, %s per token, window %d: at most %d positions (%s)\n",
            "  sliding layers", z.n_swa, a, z.window, most, b);
 }
 
-static void print_text(const struct model *m, bool verbose)
+static void print_text(const struct model *m, bool verbose, enum dtype kvt)
 {
     const struct hparams *hp = &m->hp;
     char buf[64];
@@ -277,12 +289,12 @@ static void print_text(const struct model *m, bool verbose)
     else
         printf("%-18s none\n", "quantization");
 
-    uint64_t wb = model_weight_bytes(m), kv = model_kv_bytes_per_token(m);
+    uint64_t wb = model_weight_bytes(m), kv = kvb(model_kv_bytes_per_token(m), dtype_size(kvt));
     cli_format_bytes(wb, buf, sizeof buf);
     printf("%-18s %s (%llu bytes)\n", "weights", buf, (unsigned long long)wb);
-    print_kv(m, kv);
+    print_kv(m, kv, kvt);
     if (latent_layers(hp) > 0) {
-        uint64_t full = full_kv_bytes(hp);
+        uint64_t full = kvb(full_kv_bytes(hp), dtype_size(kvt));
         cli_format_bytes(full, buf, sizeof buf);
         printf("%-18s %d layers cache kv_lora_rank %d + rope %d floats per token; full K/V would "
                "take %s per token (%.1fx)\n", "kv latent (MLA)", latent_layers(hp), hp->kv_lora_rank,
@@ -327,14 +339,16 @@ int cmd_inspect(int argc, char **argv)
     struct err e = {0};
     char dir[4096];
     struct model *m = NULL;
-    if (cli_resolve_model(model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0)
+    enum dtype kvt;
+    if (cli_kv_dtype(&kvt, &e) < 0 || cli_resolve_model(model, dir, sizeof dir, &e) < 0 ||
+        model_load(&m, dir, &e) < 0)
         return cli_fail("inspect", &e);
     int status = CLI_EXIT_OK;
     if (json) {
-        if (print_json(m, &e) < 0)
+        if (print_json(m, kvt, &e) < 0)
             status = cli_fail("inspect", &e);
     } else {
-        print_text(m, verbose);
+        print_text(m, verbose, kvt);
     }
     model_free(m);
     return status;

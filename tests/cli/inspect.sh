@@ -56,7 +56,19 @@ jhas n_expert '"n_expert":0,'
 jhas rope '"rope":{"kind":"default","theta":10000}'
 jhas params '"params":3672320,'
 jhas quantization '"quantization":null'
-jhas kv '"kv_bytes_per_token":4096,'
+jhas kv '"kv_type":"f32","kv_bytes_per_token":4096,'
+
+# ---- --kv-type: the cache sizes are those of that element type ----
+run "$BIN" inspect -m models/llama-tiny --kv-type f16 --json
+expect_rc 0 "inspect --kv-type f16 --json"
+flat
+jhas "kv f16" '"kv_type":"f16","kv_bytes_per_token":2048,'
+jhas "kv f16 at n_ctx" '"kv_bytes_at_n_ctx":1048576,'
+run "$BIN" inspect -m models/llama-tiny --kv-type bf16
+expect_rc 0 "inspect --kv-type bf16"
+has "kv bf16" '^kv cache  *2\.0 KiB per token; 1\.0 MiB per sequence at n_ctx 512, bf16$'
+run "$BIN" inspect -m models/llama-tiny --kv-type f8
+expect_rc 1 "inspect --kv-type f8"
 jhas unused '"unused_tensors":\[\]'
 wb=$(sed -n 's/.*"weight_bytes":\([0-9]*\).*/\1/p' "$T/flat")
 sz=$(wc -c <models/llama-tiny/model.safetensors)
