@@ -81,6 +81,8 @@ struct cli_engine {
 /* The KV cache element type --kv-type (MLXCEL_KV_TYPE) asks for: f32 (the default), f16
  * or bf16; -ERR_ARG naming the value otherwise. cli_engine_open uses it. */
 int cli_kv_dtype(enum dtype *out, struct err *e);
+/* Its name as --kv-type spells it: "f32", "f16" or "bf16". */
+const char *cli_kv_dtype_name(enum dtype t);
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, struct err *e);
 void cli_engine_close(struct cli_engine *en);

@@ -390,6 +390,11 @@ int cli_kv_dtype(enum dtype *out, struct err *e)
     return 0;
 }
 
+const char *cli_kv_dtype_name(enum dtype t)
+{
+    return t == DTYPE_F16 ? "f16" : t == DTYPE_BF16 ? "bf16" : "f32";
+}
+
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, struct err *e)
 {

@@ -268,11 +268,6 @@ struct bench_meta {
     uint64_t peak_rss;       /* bytes */
 };
 
-static const char *kv_type_name(enum dtype t)
-{
-    return t == DTYPE_F16 ? "f16" : t == DTYPE_BF16 ? "bf16" : "f32";
-}
-
 static uint64_t peak_rss_bytes(void)
 {
     struct rusage ru;
@@ -307,10 +302,9 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddItemToObject(o, "samples_ts", cJSON_CreateDoubleArray(r->samples, reps));
         cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
-        cJSON_AddStringToObject(o, "kv_type", kv_type_name(mt->kv_dtype));
+        cJSON_AddStringToObject(o, "kv_type", cli_kv_dtype_name(mt->kv_dtype));
         cJSON_AddNumberToObject(o, "kv_bytes",
-                                (double)(model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK) / 4 *
-                                         dtype_size(mt->kv_dtype)));
+                                (double)model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK, mt->kv_dtype));
         cJSON_AddBoolToObject(o, "fast", mt->fast);
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
     }
@@ -322,7 +316,7 @@ static void print_table(const struct bench_meta *mt, const struct bench_result *
     char params[32], test[32], be[64];
     /* the backend column names a cache narrower than f32 and --fast */
     snprintf(be, sizeof be, "%s%s%s%s", mt->backend, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
-             mt->kv_dtype != DTYPE_F32 ? kv_type_name(mt->kv_dtype) : "", mt->fast ? " fast" : "");
+             mt->kv_dtype != DTYPE_F32 ? cli_kv_dtype_name(mt->kv_dtype) : "", mt->fast ? " fast" : "");
     int wm = (int)strlen(mt->model), wb = (int)strlen(be), wt = 8;
     wm = wm < 5 ? 5 : wm;
     wb = wb < 7 ? 7 : wb;
@@ -350,7 +344,7 @@ static void print_table(const struct bench_meta *mt, const struct bench_result *
 static void print_footer(const struct bench_meta *mt)
 {
     uint64_t wb = model_weight_bytes(mt->m);
-    uint64_t kv = model_kv_bytes_per_token(mt->m) / 4 * dtype_size(mt->kv_dtype) * (uint64_t)mt->n_ctx;
+    uint64_t kv = model_kv_bytes_per_token(mt->m, mt->kv_dtype) * (uint64_t)mt->n_ctx;
     uint64_t budget = wb + kv + BENCH_RSS_SLACK;
     char s_rss[32], s_w[32], s_kv[32], s_b[32];
     cli_format_bytes(mt->peak_rss, s_rss, sizeof s_rss);

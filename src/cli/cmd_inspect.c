@@ -80,22 +80,15 @@ static int latent_layers(const struct hparams *hp)
     return n;
 }
 
-/* KV bytes per token if every latent layer kept full per-head K and V. */
-static uint64_t full_kv_bytes(const struct hparams *hp)
+/* KV bytes per token if every latent layer kept full per-head K and V (kvt elements). */
+static uint64_t full_kv_bytes(const struct hparams *hp, enum dtype kvt)
 {
     uint64_t n = 0;
     for (int il = 0; il < hp->n_layer; il++)
         n += hp->layer[il].kv == KV_LATENT
                  ? (uint64_t)hp->n_head * (hp->qk_nope_dim + hp->qk_rope_dim + hp->v_head_dim)
                  : 2ull * hp->n_kv_head * hp->head_dim;
-    return n * sizeof(float);
-}
-
-/* Bytes of a KV figure the model reports for f32 elements, in a cache of esz-byte ones
- * (--kv-type; every figure is whole f32 elements). */
-static uint64_t kvb(uint64_t f32_bytes, size_t esz)
-{
-    return f32_bytes / 4 * esz;
+    return n * dtype_size(kvt);
 }
 
 static cJSON *build_json(const struct model *m, enum dtype kvt)
@@ -145,28 +138,27 @@ static cJSON *build_json(const struct model *m, enum dtype kvt)
         cJSON_AddNullToObject(o, "quantization");
     }
     cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(m));
-    const size_t esz = dtype_size(kvt);
-    cJSON_AddStringToObject(o, "kv_type", kvt == DTYPE_F16 ? "f16" : kvt == DTYPE_BF16 ? "bf16" : "f32");
-    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)kvb(model_kv_bytes_per_token(m), esz));
+    cJSON_AddStringToObject(o, "kv_type", cli_kv_dtype_name(kvt));
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", (double)model_kv_bytes_per_token(m, kvt));
     struct model_kv_sizes z;
-    model_kv_sizes(m, &z);
+    model_kv_sizes(m, kvt, &z);
     cJSON *kinds = cJSON_AddObjectToObject(o, "kv_layers");
     cJSON *full = kinds ? cJSON_AddObjectToObject(kinds, "full") : NULL;
     if (full) {
         cJSON_AddNumberToObject(full, "layers", z.n_full);
-        cJSON_AddNumberToObject(full, "bytes_per_token", (double)kvb(z.full_per_token, esz));
-        cJSON_AddNumberToObject(full, "bytes_at_n_ctx", (double)kvb(z.full_per_token * (uint64_t)hp->n_ctx, esz));
+        cJSON_AddNumberToObject(full, "bytes_per_token", (double)z.full_per_token);
+        cJSON_AddNumberToObject(full, "bytes_at_n_ctx", (double)(z.full_per_token * (uint64_t)hp->n_ctx));
     }
     cJSON *swa = kinds && z.n_swa ? cJSON_AddObjectToObject(kinds, "sliding") : NULL;
     if (swa) {
         int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
         cJSON_AddNumberToObject(swa, "layers", z.n_swa);
         cJSON_AddNumberToObject(swa, "window", z.window);
-        cJSON_AddNumberToObject(swa, "bytes_per_token", (double)kvb(z.swa_per_token, esz));
+        cJSON_AddNumberToObject(swa, "bytes_per_token", (double)z.swa_per_token);
         cJSON_AddNumberToObject(swa, "max_positions", most);
-        cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)kvb(z.swa_per_token * (uint64_t)most, esz));
+        cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)(z.swa_per_token * (uint64_t)most));
     }
-    cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)kvb(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), esz));
+    cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK, kvt));
     int n_latent = latent_layers(hp);
     if (n_latent > 0) {
         cJSON *lat = cJSON_AddObjectToObject(o, "kv_latent");
@@ -174,7 +166,7 @@ static cJSON *build_json(const struct model *m, enum dtype kvt)
             cJSON_AddNumberToObject(lat, "layers", n_latent);
             cJSON_AddNumberToObject(lat, "kv_lora_rank", hp->kv_lora_rank);
             cJSON_AddNumberToObject(lat, "rope_dims", hp->qk_rope_dim);
-            cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)kvb(full_kv_bytes(hp), esz));
+            cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)full_kv_bytes(hp, kvt));
         }
     }
     cJSON_AddNumberToObject(o, "files", (double)st_set_n_files(m->st));
@@ -237,23 +229,22 @@ static void print_unused(const struct st_set *st, bool verbose)
 static void print_kv(const struct model *m, uint64_t per_token, enum dtype kvt)
 {
     const struct hparams *hp = &m->hp;
-    const size_t esz = dtype_size(kvt);
     struct model_kv_sizes z;
     char a[64], b[64];
-    model_kv_sizes(m, &z);
+    model_kv_sizes(m, kvt, &z);
     cli_format_bytes(per_token, a, sizeof a);
-    cli_format_bytes(kvb(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK), esz), b, sizeof b);
+    cli_format_bytes(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK, kvt), b, sizeof b);
     printf("%-18s %s per token; %s per sequence at n_ctx %d%s%s\n", "kv cache", a, b, hp->n_ctx,
-           kvt == DTYPE_F32 ? "" : ", ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16");
+           kvt == DTYPE_F32 ? "" : ", ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt));
     if (z.n_swa == 0)
         return;
     int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);
-    cli_format_bytes(kvb(z.full_per_token, esz), a, sizeof a);
-    cli_format_bytes(kvb(z.full_per_token * (uint64_t)hp->n_ctx, esz), b, sizeof b);
+    cli_format_bytes(z.full_per_token, a, sizeof a);
+    cli_format_bytes(z.full_per_token * (uint64_t)hp->n_ctx, b, sizeof b);
     printf("%-18s %d layers, %s per token, every position (%s at n_ctx)\n", "  full layers", z.n_full,
            a, b);
-    cli_format_bytes(kvb(z.swa_per_token, esz), a, sizeof a);
-    cli_format_bytes(kvb(z.swa_per_token * (uint64_t)most, esz), b, sizeof b);
+    cli_format_bytes(z.swa_per_token, a, sizeof a);
+    cli_format_bytes(z.swa_per_token * (uint64_t)most, b, sizeof b);
     printf("%-18s %d layers, %s per token, window %d: at most %d positions (%s)\n",
            "  sliding layers", z.n_swa, a, z.window, most, b);
 }
@@ -289,12 +280,12 @@ static void print_text(const struct model *m, bool verbose, enum dtype kvt)
     else
         printf("%-18s none\n", "quantization");
 
-    uint64_t wb = model_weight_bytes(m), kv = kvb(model_kv_bytes_per_token(m), dtype_size(kvt));
+    uint64_t wb = model_weight_bytes(m), kv = model_kv_bytes_per_token(m, kvt);
     cli_format_bytes(wb, buf, sizeof buf);
     printf("%-18s %s (%llu bytes)\n", "weights", buf, (unsigned long long)wb);
     print_kv(m, kv, kvt);
     if (latent_layers(hp) > 0) {
-        uint64_t full = kvb(full_kv_bytes(hp), dtype_size(kvt));
+        uint64_t full = full_kv_bytes(hp, kvt);
         cli_format_bytes(full, buf, sizeof buf);
         printf("%-18s %d layers cache kv_lora_rank %d + rope %d floats per token; full K/V would "
                "take %s per token (%.1fx)\n", "kv latent (MLA)", latent_layers(hp), hp->kv_lora_rank,

@@ -244,7 +244,7 @@ int cmd_serve(int argc, char **argv)
     enum dtype kvt = sv.en.kv->dtype;
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
            v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx,
-           kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : kvt == DTYPE_F16 ? "f16" : "bf16",
+           kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be->fast ? ", fast" : "");
     fflush(stdout);
     int sig = 0;

@@ -137,7 +137,7 @@ static int latent_cache(struct err *e)
         for (int il = 0; il < hp->n_layer; il++)
             ok = ok && kv->layers[il].k_dim == row && kv->layers[il].v == kv->layers[il].k;
         rc = stest_check(ok && row == 40 && full == 160 &&
-                             model_kv_bytes_per_token(m) == (uint64_t)hp->n_layer * row * sizeof(float),
+                             model_kv_bytes_per_token(m, DTYPE_F32) == (uint64_t)hp->n_layer * row * sizeof(float),
                          "one latent row of kv_lora_rank + rope per layer and token, 4x below K/V", e);
     }
     kv_cache_free(kv);

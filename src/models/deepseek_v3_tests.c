@@ -150,8 +150,8 @@ static int latent_cache(struct err *e)
     /* full K/V: per head a key of nope + rope and a value of v_head_dim */
     uint64_t full = (uint64_t)hp->n_layer * hp->n_head *
                     (hp->qk_nope_dim + hp->qk_rope_dim + hp->v_head_dim) * sizeof(float);
-    rc = stest_check(model_kv_bytes_per_token(m) == 2ull * 48 * sizeof(float) &&
-                         4 * model_kv_bytes_per_token(m) == full,
+    rc = stest_check(model_kv_bytes_per_token(m, DTYPE_F32) == 2ull * 48 * sizeof(float) &&
+                         4 * model_kv_bytes_per_token(m, DTYPE_F32) == full,
                      "latent cache of 48 floats per layer and token, 4x below full K/V", e);
     model_free(m);
     return rc;

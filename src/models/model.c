@@ -444,9 +444,10 @@ int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck
     return 0;
 }
 
-void model_kv_sizes(const struct model *m, struct model_kv_sizes *out)
+void model_kv_sizes(const struct model *m, enum dtype kv_dtype, struct model_kv_sizes *out)
 {
     const struct hparams *hp = &m->hp;
+    const uint64_t esz = dtype_size(kv_dtype);
     memset(out, 0, sizeof *out);
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer_spec *ls = &hp->layer[il];
@@ -454,19 +455,19 @@ void model_kv_sizes(const struct model *m, struct model_kv_sizes *out)
                                            : 2ull * hp->n_kv_head * hp->head_dim;
         if (ls->kv == KV_SLIDING && ls->window > 0) {
             out->n_swa++;
-            out->swa_per_token += row * sizeof(float);
+            out->swa_per_token += row * esz;
             out->window = ls->window > out->window ? ls->window : out->window;
         } else {
             out->n_full++;
-            out->full_per_token += row * sizeof(float);
+            out->full_per_token += row * esz;
         }
     }
 }
 
-uint64_t model_kv_bytes_per_token(const struct model *m)
+uint64_t model_kv_bytes_per_token(const struct model *m, enum dtype kv_dtype)
 {
     struct model_kv_sizes z;
-    model_kv_sizes(m, &z);
+    model_kv_sizes(m, kv_dtype, &z);
     return z.full_per_token + z.swa_per_token;
 }
 
@@ -476,10 +477,10 @@ int model_kv_window_positions(int window, int n_tokens, int block_size)
     return most < n_tokens ? (int)most : n_tokens;
 }
 
-uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size)
+uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size, enum dtype kv_dtype)
 {
     struct model_kv_sizes z;
-    model_kv_sizes(m, &z);
+    model_kv_sizes(m, kv_dtype, &z);
     return z.full_per_token * (uint64_t)n_tokens +
            z.swa_per_token * (uint64_t)model_kv_window_positions(z.window, n_tokens, block_size);
 }

@@ -161,9 +161,9 @@ uint64_t model_weight_bytes(const struct model *m);
  * *views = NULL when the family reorders nothing; parse_config's error otherwise. */
 int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck_view_rule *out,
                         const struct ck_view_rule **views, struct err *e);
-/* KV-cache bytes per token of context while a sequence is shorter than every window
- * (every layer's rows). */
-uint64_t model_kv_bytes_per_token(const struct model *m);
+/* KV-cache bytes per token of context, in a cache of kv_dtype elements (F32, F16, BF16),
+ * while a sequence is shorter than every window (every layer's rows). */
+uint64_t model_kv_bytes_per_token(const struct model *m, enum dtype kv_dtype);
 /* The cache by layer kind (ADR 0023): full and latent layers keep every position,
  * sliding-window layers at most their window plus one block. */
 struct model_kv_sizes {
@@ -172,14 +172,15 @@ struct model_kv_sizes {
     uint64_t swa_per_token;         /* bytes per position of the sliding layers */
     int window;                     /* the largest window (0: no sliding layer) */
 };
-void model_kv_sizes(const struct model *m, struct model_kv_sizes *out);
+void model_kv_sizes(const struct model *m, enum dtype kv_dtype, struct model_kv_sizes *out);
 /* Most positions a sliding layer holds for one decoding sequence in blocks of
  * block_size: the window's blocks plus one of misalignment (kvcache's bound for a
  * one-row chunk); n_tokens when shorter. */
 int model_kv_window_positions(int window, int n_tokens, int block_size);
-/* KV-cache bytes of one sequence of n_tokens positions in blocks of block_size: the
- * full layers' rows of every position, the sliding layers' of at most their window. */
-uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size);
+/* KV-cache bytes of one sequence of n_tokens positions in blocks of block_size (kv_dtype
+ * elements): the full layers' rows of every position, the sliding layers' of at most their
+ * window. */
+uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size, enum dtype kv_dtype);
 
 /* Prepare every weight for be once (backend_ops.prepare_weight: the CPU keeps the mmap
  * views or repacks them; a GPU uploads). The views then belong to be: a model runs on
