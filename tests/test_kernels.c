@@ -658,6 +658,49 @@ static void test_linear_batch_invariant(void **state)
     kc_close(&bs);
 }
 
+/* Float weights below the GEMM threshold (8 tokens with AVX2, 16 with AVX-512): the
+ * multi-token matvec forms every token's sums as the one-token matvec does, so each token
+ * of a batch equals it alone, on every backend and thread count (batched decode of bf16
+ * models gives each sequence its own greedy output). */
+static void test_linear_fp_batch_invariant(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    kc_open(&bs);
+    static const int shapes[][2] = {{37, 2048 + 40}, {5, 33}, {64, 512}};
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < 3; s++) {
+            const int out = shapes[s][0], in = shapes[s][1];
+            struct tensor w = wrand(dts[d], out, in, in, 0.5f);
+            float *x = kc_fvec((size_t)15 * in, -1.0f, 1.0f);
+            float *ya = malloc((size_t)15 * out * sizeof *ya), *y1 = malloc((size_t)out * sizeof *y1);
+            assert_true(ya && y1);
+            for (int i = 0; i < bs.n; i++) {
+                struct backend *be = bs.be[i];
+                const int nts[] = {2, 3, 7, 15};
+                for (int k = 0; k < 4; k++) {
+                    const int nt = nts[k];
+                    if (nt >= 8 && !strstr(be->name, "avx512"))
+                        continue;
+                    be->ops->linear(be, ya, out, x, &w, NULL, nt);
+                    for (int t = 0; t < nt; t++) {
+                        be->ops->linear(be, y1, out, x + (size_t)t * in, &w, NULL, 1);
+                        if (memcmp(y1, ya + (size_t)t * out, (size_t)out * sizeof *y1) != 0)
+                            fail_msg("%s %d x %d on %s (%d threads): token %d alone differs from "
+                                     "it among %d", dtype_name(dts[d]), out, in, be->name,
+                                     be->n_threads, t, nt);
+                    }
+                }
+            }
+            free(x);
+            free(ya);
+            free(y1);
+            tfree(&w);
+        }
+    kc_close(&bs);
+}
+
 /* x as --fast rounds it for 4-bit W (kern.h "qi", then the high limb alone): per group of G,
  * xs = max |x| / 32639 and q = rint(x 32639 / max) in f32 as the preparation computes them,
  * then 256 ((q + 128) >> 8) xs, an int8 per element. */
@@ -1133,6 +1176,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_linear_batch_invariant),
+    cmocka_unit_test(test_linear_fp_batch_invariant),
     cmocka_unit_test(test_linear_quant_fast),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),          
