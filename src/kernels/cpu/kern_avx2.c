@@ -11,7 +11,9 @@
  *
  *   matvec   4 weight rows x 16 inputs per step (8 accumulators); quantized
  *            rows of every MLX mode in the lane order of kern_avx512.c at
- *            8 lanes, s*sum(v(q) x) per lane-group + b*sum(x) per group
+ *            8 lanes, s*sum(v(q) x) per lane-group + b*sum(x) per group;
+ *            float rows for 2 to 7 tokens 2 rows x 2 tokens at a time, each
+ *            piece widened once (docs/adr/0032)
  *   ukernel  6 tokens x 16 outputs (12 ymm accumulators), packed panel
  *   exp      Cephes expf polynomial, 2^n built in the exponent field
  */

@@ -15,7 +15,9 @@
  *            table, AND + convert, or e4m3 bit placement) against x
  *            permuted once per call, one per-lane scale FMA per block of
  *            16 lanes, affine biases through per-group sums of x (see
- *            "quantized weights" below and docs/adr/0010)
+ *            "quantized weights" below and docs/adr/0010); float rows for
+ *            2 to 15 tokens 2 rows x 4 tokens at a time, each piece widened
+ *            once (docs/adr/0032)
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  *
