@@ -179,6 +179,11 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 1, 255, 8, 2, 64, 3.0f);     /* decode: two whole key chunks */
     attn_case(&bs, &es, 1, 700, 4, 1, 32, 4.0f);     /* decode: six chunks, the last partial */
     attn_case(&bs, &es, 1, 200, 6, 3, 7, 2.0f);      /* decode, odd head_dim */
+    /* decode: query heads per kv head not a multiple of 4, head_dim past 64 and off the
+     * 16-lane grid, keys not a multiple of 4 */
+    attn_case(&bs, &es, 1, 150, 10, 2, 80, 2.0f);    /* 5 per kv head, head_dim 80 */
+    attn_case(&bs, &es, 1, 333, 32, 4, 128, 2.0f);   /* 8 per kv head, head_dim 128 */
+    attn_case(&bs, &es, 1, 61, 6, 1, 72, 3.0f);      /* 6 per kv head, head_dim 72 */
     kc_report("attention", &es);
     kc_close(&bs);
 }
