@@ -71,6 +71,12 @@ err_has "bench -n abc" "'abc' is not an integer"
 run "$BIN" bench -r 0
 expect_rc 2 "bench -r 0"
 err_has "bench -r 0" 'out of range'
+run "$BIN" serve --ubatch-size 0
+expect_rc 2 "serve --ubatch-size 0"
+err_has "serve --ubatch-size 0" 'out of range \[1, 512\]'
+run "$BIN" serve -ub 513
+expect_rc 2 "serve -ub 513"
+err_has "serve -ub 513" 'out of range \[1, 512\]'
 run "$BIN" bench -p -5
 expect_rc 2 "bench -p -5"
 run "$BIN" bench -p 0 -n 0
