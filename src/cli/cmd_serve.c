@@ -172,12 +172,12 @@ static void served_free(struct served *sv)
     model_free(sv->m);
 }
 
-/* Loads the model, tokenizer, template, engine and runner. */
 /* Rows per engine step. A step runs as long as its rows take, so on a CPU (compute-bound at
  * a few dozen rows) a 512-row prompt chunk holds every stream's next token for its whole
  * prefill; 128 rows gave 16 clients the same throughput (within the noise), first tokens
- * 1.7-2.2x sooner and a p99 inter-token gap 20-44 % shorter (docs/benchmarks.md). A GPU keeps the context's
- * 512. At least 2 x --parallel, so every decoding sequence fits in one step beside a chunk. */
+ * 1.7-2.2x sooner and a p99 inter-token gap 20-44 % shorter (docs/benchmarks.md). A GPU
+ * keeps the context's 512. At least 2 x --parallel, so every decoding sequence fits in one
+ * step beside a chunk. */
 static int serve_ubatch(const struct serve_cli *o, const struct backend *be)
 {
     if (o->ubatch > 0)
@@ -188,6 +188,7 @@ static int serve_ubatch(const struct serve_cli *o, const struct backend *be)
     return (int)(n < 512 ? n : 512);
 }
 
+/* Loads the model, tokenizer, template, engine and runner. */
 static int load(const struct serve_cli *o, const char *dir, struct served *sv, struct server_model *sm,
                 struct err *e)
 {

@@ -608,41 +608,40 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     }
 }
 
-/* Rows r0 .. r0+R-1 (nr <= R <= 2) for T tokens (R * T <= 8) from x at
- * once: each 16-input piece of a row is widened once and multiplied by all T
- * tokens, instead of once per token as mv_block does (16 accumulators).
- * Every token's sum is formed exactly as mv_block forms it (even and odd
- * pieces of 32 in two accumulators, the masked tail into the even one, then
- * one reduce), so a token's outputs do not depend on the tokens beside it. */
+/* Rows r0, r0+1 (nr <= 2) for T (<= 4) tokens from x at once: each
+ * 16-input piece of a row is widened once and multiplied by all T tokens,
+ * instead of once per token as mv_block does (16 accumulators). Every
+ * token's sum is formed exactly as mv_block forms it (even and odd pieces
+ * of 32 in two accumulators, the masked tail into the even one, then one
+ * reduce), so a token's outputs do not depend on the tokens beside it. */
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
-                   int nr, enum dtype dt, const int R, const int T)
+                   int nr, enum dtype dt, const int T)
 {
     const void *wr[2];
     int in = w->in;
-    size_t es = dt == DTYPE_F32 ? 4 : 2, pfd = (size_t)R * w->row_bytes < MV_PF_MAX
-                                                   ? (size_t)R * w->row_bytes : MV_PF_MAX;
-    for (int j = 0; j < R; j++)
+    size_t es = dt == DTYPE_F32 ? 4 : 2;
+    size_t pfd = 2 * w->row_bytes < MV_PF_MAX ? 2 * w->row_bytes : MV_PF_MAX;
+    for (int j = 0; j < 2; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    __m512 a[2][8][2];
-#pragma GCC unroll 8
+    __m512 a[2][4][2];
+#pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        for (int j = 0; j < R; j++)
-            a[j][t][0] = a[j][t][1] = _mm512_setzero_ps();
+        a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= in; i += 32) {
         __m512 w0[2], w1[2];
 #pragma GCC unroll 2
-        for (int j = 0; j < R; j++) {
+        for (int j = 0; j < 2; j++) {
             _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
             w0[j] = ld16f(wr[j], dt, (size_t)i);
             w1[j] = ld16f(wr[j], dt, (size_t)i + 16);
         }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * ldx + i;
             __m512 x0 = _mm512_loadu_ps(xt), x1 = _mm512_loadu_ps(xt + 16);
 #pragma GCC unroll 2
-            for (int j = 0; j < R; j++) {
+            for (int j = 0; j < 2; j++) {
                 a[j][t][0] = _mm512_fmadd_ps(w0[j], x0, a[j][t][0]);
                 a[j][t][1] = _mm512_fmadd_ps(w1[j], x1, a[j][t][1]);
             }
@@ -650,19 +649,15 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
     }
     for (; i < in; i += 16) {
         __mmask16 m = tail_mask(in - i);
-        __m512 w0[2];
-#pragma GCC unroll 2
-        for (int j = 0; j < R; j++)
-            w0[j] = ld16(wr[j], dt, (size_t)i, m);
-#pragma GCC unroll 8
+        __m512 w0[2] = {ld16(wr[0], dt, (size_t)i, m), ld16(wr[1], dt, (size_t)i, m)};
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             __m512 x0 = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + i);
-#pragma GCC unroll 2
-            for (int j = 0; j < R; j++)
-                a[j][t][0] = _mm512_fmadd_ps(w0[j], x0, a[j][t][0]);
+            a[0][t][0] = _mm512_fmadd_ps(w0[0], x0, a[0][t][0]);
+            a[1][t][0] = _mm512_fmadd_ps(w0[1], x0, a[1][t][0]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int t = 0; t < T; t++)
         for (int j = 0; j < nr; j++)
             y[(size_t)t * ldy + (size_t)(r0 + j)] =
@@ -682,10 +677,10 @@ AI void mv_rows_t(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, c
             float *yt = y + (size_t)t * ldy;
             const float *xt = x + (size_t)t * ldx;
             switch (n_tok - t < 4 ? n_tok - t : 4) {
-            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2, 1); break;
-            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2, 2); break;
-            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2, 3); break;
-            default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2, 4); break;
+            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 1); break;
+            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2); break;
+            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 3); break;
+            default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 4); break;
             }
         }
     }
