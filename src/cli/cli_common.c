@@ -370,7 +370,7 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
 static int weights_placement(struct model *m, const struct backend *be, struct err *e)
 {
     const char *v = getenv("MLXCEL_MMAP");
-    if (strncmp(be->name, "cpu", 3) != 0 || !v || strcmp(v, "0") != 0)
+    if (!backend_is_cpu(be) || !v || strcmp(v, "0") != 0)
         return 0;
     return model_weights_to_anon(m, e);
 }

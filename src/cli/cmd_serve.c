@@ -182,7 +182,7 @@ static int serve_ubatch(const struct serve_cli *o, const struct backend *be)
 {
     if (o->ubatch > 0)
         return (int)o->ubatch;
-    if (strncmp(be->name, "cpu", 3) != 0)
+    if (!backend_is_cpu(be))
         return 0; /* the context's n_batch */
     long n = 2 * o->parallel > 128 ? 2 * o->parallel : 128;
     return (int)(n < 512 ? n : 512);

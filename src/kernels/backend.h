@@ -290,6 +290,13 @@ struct backend {
     void *impl;             /* owned by the backend */
 };
 
+/* Whether be is the CPU backend (any ISA): its compute runs on the host's cores and reads
+ * the weights in host memory. */
+static inline bool backend_is_cpu(const struct backend *be)
+{
+    return strncmp(be->name, "cpu", 3) == 0;
+}
+
 /* The backend called name: "cpu" (or "auto", NULL: the best CPU ISA), or "cpu-scalar",
  * "cpu-avx2", "cpu-avx512" to force an ISA; n_threads <= 0: online CPUs. */
 int backend_new(struct backend **out, const char *name, int n_threads, struct err *e);

@@ -4,14 +4,10 @@
 // token the same bits whatever batch it is in, as the exact ones do.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, withTimeout, SLOW } from './harness.mjs';
+import { startServer, assertConcurrentEqualsSolo, SLOW } from './harness.mjs';
 
 const PROMPTS = ['ROMEO:', 'JULIET:', 'First Citizen:', 'MENENIUS:', 'GLOUCESTER:', 'BRUTUS:',
                  'ISABELLA:', 'KING HENRY VI:\nWhat, will the aspiring blood of Lancaster'];
-const complete = (base, prompt) => fetch(`${base}/v1/completions`, {
-    method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt, max_tokens: 24, temperature: 0 }),
-}).then(async (r) => { assert.equal(r.status, 200); return r.json(); });
 
 describe('--fast', { timeout: 240_000 * SLOW }, () => {
     let srv;
@@ -26,15 +22,7 @@ describe('--fast', { timeout: 240_000 * SLOW }, () => {
     });
 
     it('8 concurrent greedy completions == each alone', async () => {
-        const solo = [];
-        for (const p of PROMPTS) solo.push(await complete(srv.base, p));
-        const all = await withTimeout(Promise.all(PROMPTS.map((p) => complete(srv.base, p))),
-            120_000 * SLOW, '8 concurrent completions');
-        PROMPTS.forEach((p, i) => {
-            assert.ok(solo[i].choices[0].text.length > 0, `empty completion for ${JSON.stringify(p)}`);
-            assert.equal(all[i].choices[0].text, solo[i].choices[0].text, JSON.stringify(p));
-            assert.deepEqual(all[i].usage, solo[i].usage);
-        });
+        await assertConcurrentEqualsSolo(srv.base, PROMPTS, 24);
     });
 
     it('stops cleanly', async () => { await srv.stop(); });

@@ -198,6 +198,30 @@ export async function request(base, path, { method = 'POST', body, headers = {},
 export const get = (base, path, opts = {}) => request(base, path, { ...opts, method: 'GET' });
 export const post = (base, path, body, opts = {}) => request(base, path, { ...opts, method: 'POST', body });
 
+// A greedy /v1/completions body (temperature 0, max_tokens n); anything but 200 throws.
+export async function completeGreedy(base, prompt, n) {
+    const r = await post(base, '/v1/completions', { prompt, max_tokens: n, temperature: 0 });
+    if (r.status !== 200) throw new Error(`completion of ${JSON.stringify(prompt)}: ${r.status} ${r.text.slice(0, 300)}`);
+    return r.json;
+}
+
+// Each prompt alone, then all of them at once: every concurrent greedy completion must equal
+// its solo one (text and usage). Returns the solo completions.
+export async function assertConcurrentEqualsSolo(base, prompts, n) {
+    const solo = [];
+    for (const p of prompts) solo.push(await completeGreedy(base, p, n));
+    const all = await withTimeout(Promise.all(prompts.map((p) => completeGreedy(base, p, n))),
+        120_000 * SLOW, `${prompts.length} concurrent completions`);
+    prompts.forEach((p, i) => {
+        if (!(solo[i].choices[0].text.length > 0)) throw new Error(`empty completion for ${JSON.stringify(p)}`);
+        if (all[i].choices[0].text !== solo[i].choices[0].text)
+            throw new Error(`${JSON.stringify(p)}: concurrent ${JSON.stringify(all[i].choices[0].text)} != alone ${JSON.stringify(solo[i].choices[0].text)}`);
+        if (JSON.stringify(all[i].usage) !== JSON.stringify(solo[i].usage))
+            throw new Error(`${JSON.stringify(p)}: usage ${JSON.stringify(all[i].usage)} != alone ${JSON.stringify(solo[i].usage)}`);
+    });
+    return solo;
+}
+
 // The OpenAI error shape: {"error": {"message": str, "type": str, "param": str|null, "code": str|null}}.
 export function assertErrorShape(json, what = '') {
     assert.ok(json && typeof json === 'object', `${what}: error body is not a JSON object: ${JSON.stringify(json)}`);

@@ -3,14 +3,10 @@
 // f32 default's text, prefix-cache hits included.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, SLOW } from './harness.mjs';
+import { startServer, completeGreedy, SLOW } from './harness.mjs';
 
 const PROMPTS = ['ROMEO:', 'JULIET:\nO Romeo, Romeo',
                  'First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n'.repeat(3)];
-const complete = (base, prompt) => fetch(`${base}/v1/completions`, {
-    method: 'POST', headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ prompt, max_tokens: 24, temperature: 0 }),
-}).then(async (r) => { assert.equal(r.status, 200); return r.json(); });
 
 describe('--kv-type', { timeout: 240_000 * SLOW }, () => {
     const servers = {};
@@ -31,9 +27,9 @@ describe('--kv-type', { timeout: 240_000 * SLOW }, () => {
     it('greedy text from f16 and bf16 caches equals f32, twice (the second a prefix hit)', async () => {
         for (let round = 0; round < 2; round++)
             for (const p of PROMPTS) {
-                const ref = await complete(servers.f32.base, p);
+                const ref = await completeGreedy(servers.f32.base, p, 24);
                 for (const t of ['f16', 'bf16']) {
-                    const got = await complete(servers[t].base, p);
+                    const got = await completeGreedy(servers[t].base, p, 24);
                     assert.equal(got.choices[0].text, ref.choices[0].text, `${t}, round ${round}: ${JSON.stringify(p)}`);
                     assert.equal(got.usage.completion_tokens, ref.usage.completion_tokens);
                     if (round === 1 && p.length > 100) // the long prompt's full blocks come from the cache

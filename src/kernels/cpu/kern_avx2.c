@@ -83,9 +83,8 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
 #define MV_PF_MAX 16384
 #endif
 
-/* Rows r0 .. r0+nr (nr <= 4) for every token; a missing row repeats the last. */
-AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
-                 const struct wmat *w, int r0, int nr, enum dtype dt)
+/* Rows r0 .. r0+nr (nr <= 4) for one token; a missing row repeats the last. */
+AI void mv_block(float *y, const float *x, const struct wmat *w, int r0, int nr, enum dtype dt)
 {
     const void *wr[4];
     int in = w->in;
@@ -93,30 +92,27 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const size_t pfd = 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;
     for (int j = 0; j < 4; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * ldx;
-        __m256 a[4][2];
+    __m256 a[4][2];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            a[j][0] = a[j][1] = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 16 <= in; i += 16) {
-            __m256 x0 = _mm256_loadu_ps(xt + i), x1 = _mm256_loadu_ps(xt + i + 8);
-            if (t == 0 && !((size_t)i * es & 63))
-                for (int j = 0; j < 4; j++)
-                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
+    for (int j = 0; j < 4; j++)
+        a[j][0] = a[j][1] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= in; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        if (!((size_t)i * es & 63))
+            for (int j = 0; j < 4; j++)
+                _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
 #pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                a[j][0] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i), x0, a[j][0]);
-                a[j][1] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i + 8), x1, a[j][1]);
-            }
+        for (int j = 0; j < 4; j++) {
+            a[j][0] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i), x0, a[j][0]);
+            a[j][1] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i + 8), x1, a[j][1]);
         }
-        for (int j = 0; j < nr; j++) {
-            float v = hsum(_mm256_add_ps(a[j][0], a[j][1]));
-            for (int k = i; k < in; k++)
-                v += kern_ld(wr[j], dt, (size_t)k) * xt[k];
-            y[(size_t)t * ldy + (size_t)(r0 + j)] = v;
-        }
+    }
+    for (int j = 0; j < nr; j++) {
+        float v = hsum(_mm256_add_ps(a[j][0], a[j][1]));
+        for (int k = i; k < in; k++)
+            v += kern_ld(wr[j], dt, (size_t)k) * x[k];
+        y[r0 + j] = v;
     }
 }
 
@@ -125,7 +121,7 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
  * exactly as mv_block forms it (two accumulators, hsum, the scalar tail),
  * so a token's outputs do not depend on the tokens beside it. */
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
-                   int nr, enum dtype dt, const int T)
+                   int nr, enum dtype dt, bool pf, const int T)
 {
     const void *wr[2];
     int in = w->in;
@@ -139,7 +135,7 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
         a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= in; i += 16) {
-        if (!((size_t)i * es & 63))
+        if (pf && !((size_t)i * es & 63))
             for (int j = 0; j < 2; j++)
                 _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
         __m256 w00 = ld8(wr[0], dt, (size_t)i), w01 = ld8(wr[0], dt, (size_t)i + 8);
@@ -165,18 +161,26 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
     }
 }
 
-/* Float rows [r0, r1) for n_tok >= 2 tokens, 2 tokens per pass over a pair
- * of rows (the pair stays in L1 for the next 2). */
-AI void mv_rows_t(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
-                  int r0, int r1, enum dtype dt)
+/* Float rows [r0, r1): one token 4 rows at a time (mv_block, which streams
+ * them); more tokens 2 per pass over a pair of rows, which stays in L1 for
+ * the next 2. Only the first pass prefetches the next rows. */
+AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
+                int r0, int r1, enum dtype dt)
 {
+    if (n_tok == 1) {
+        for (int r = r0; r < r1; r += 4)
+            mv_block(y, x, w, r, r1 - r < 4 ? r1 - r : 4, dt);
+        return;
+    }
     for (int r = r0; r < r1; r += 2) {
         int nr = r1 - r < 2 ? r1 - r : 2;
         for (int t = 0; t < n_tok; t += 2) {
+            float *yt = y + (size_t)t * ldy;
+            const float *xt = x + (size_t)t * ldx;
             if (n_tok - t == 1)
-                mv_block_t(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, r, nr, dt, 1);
+                mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 1);
             else
-                mv_block_t(y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, r, nr, dt, 2);
+                mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 2);
         }
     }
 }
@@ -682,27 +686,10 @@ static void a2_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_to
             mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
         return;
     }
-    if (n_tok > 1) {
-        switch (w->dt) {
-        case DTYPE_BF16: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_BF16); break;
-        case DTYPE_F16: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F16); break;
-        default: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F32); break;
-        }
-        return;
-    }
-    for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        switch (w->dt) {
-        case DTYPE_BF16:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_BF16);
-            break;
-        case DTYPE_F16:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F16);
-            break;
-        default:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F32);
-            break;
-        }
+    switch (w->dt) {
+    case DTYPE_BF16: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_BF16); break;
+    case DTYPE_F16: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F16); break;
+    default: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F32); break;
     }
 }
 

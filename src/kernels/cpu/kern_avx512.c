@@ -567,45 +567,39 @@ static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n
 // ---- matvec ----
 
 
-/* Rows r0 .. r0+nr (nr <= 4) for every token. A missing row repeats the last
+/* Rows r0 .. r0+nr (nr <= 4) for one token. A missing row repeats the last
  * one (computed, not stored) so the loop body is always 4 rows wide. */
-AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
-                 const struct wmat *w, int r0, int nr, enum dtype dt)
+AI void mv_block(float *y, const float *x, const struct wmat *w, int r0, int nr, enum dtype dt)
 {
     const void *wr[4];
     int in = w->in;
     size_t es = dt == DTYPE_F32 ? 4 : 2, pfd = mv_pf(w);
     for (int j = 0; j < 4; j++)
         wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    for (int t = 0; t < n_tok; t++) {
-        const float *xt = x + (size_t)t * ldx;
-        __m512 a[4][2];
+    __m512 a[4][2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        a[j][0] = a[j][1] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= in; i += 32) {
+        __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+        for (int j = 0; j < 4; j++)
+            _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            a[j][0] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i), x0, a[j][0]);
+            a[j][1] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i + 16), x1, a[j][1]);
+        }
+    }
+    for (; i < in; i += 16) {
+        __mmask16 m = tail_mask(in - i);
+        __m512 x0 = _mm512_maskz_loadu_ps(m, x + i);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++)
-            a[j][0] = a[j][1] = _mm512_setzero_ps();
-        int i = 0;
-        for (; i + 32 <= in; i += 32) {
-            __m512 x0 = _mm512_loadu_ps(xt + i), x1 = _mm512_loadu_ps(xt + i + 16);
-            if (t == 0)
-                for (int j = 0; j < 4; j++)
-                    _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                a[j][0] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i), x0, a[j][0]);
-                a[j][1] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i + 16), x1, a[j][1]);
-            }
-        }
-        for (; i < in; i += 16) {
-            __mmask16 m = tail_mask(in - i);
-            __m512 x0 = _mm512_maskz_loadu_ps(m, xt + i);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++)
-                a[j][0] = _mm512_fmadd_ps(ld16(wr[j], dt, (size_t)i, m), x0, a[j][0]);
-        }
-        for (int j = 0; j < nr; j++)
-            y[(size_t)t * ldy + (size_t)(r0 + j)] =
-                _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1]));
+            a[j][0] = _mm512_fmadd_ps(ld16(wr[j], dt, (size_t)i, m), x0, a[j][0]);
     }
+    for (int j = 0; j < nr; j++)
+        y[r0 + j] = _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1]));
 }
 
 /* Rows r0, r0+1 (nr <= 2) for T (<= 4) tokens from x at once: each
@@ -615,7 +609,7 @@ AI void mv_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
  * of 32 in two accumulators, the masked tail into the even one, then one
  * reduce), so a token's outputs do not depend on the tokens beside it. */
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
-                   int nr, enum dtype dt, const int T)
+                   int nr, enum dtype dt, bool pf, const int T)
 {
     const void *wr[2];
     int in = w->in;
@@ -632,7 +626,8 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
         __m512 w0[2], w1[2];
 #pragma GCC unroll 2
         for (int j = 0; j < 2; j++) {
-            _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
+            if (pf)
+                _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
             w0[j] = ld16f(wr[j], dt, (size_t)i);
             w1[j] = ld16f(wr[j], dt, (size_t)i + 16);
         }
@@ -664,23 +659,29 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]));
 }
 
-/* Float rows [r0, r1) for n_tok >= 2 tokens: up to 4 tokens per pass over a
- * pair of rows, which stays in L1 for the next 4 (bench_linear "pf", 4096 x
- * 4096 bf16 in L3, 2 threads: 8 tokens 170 GFLOP/s; one row and 8 tokens a
- * pass 48-107; the packed GEMM 81). */
-AI void mv_rows_t(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
-                  int r0, int r1, enum dtype dt)
+/* Float rows [r0, r1): one token 4 rows at a time (mv_block, which streams
+ * them); more tokens up to 4 per pass over a pair of rows, which stays in L1
+ * for the next 4 (bench_linear "pf", 4096 x 4096 bf16 in L3, 2 threads: 8
+ * tokens 170 GFLOP/s; one row and 8 tokens a pass 48-107; the packed GEMM
+ * 81). Only the first pass prefetches the next rows. */
+AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
+                int r0, int r1, enum dtype dt)
 {
+    if (n_tok == 1) {
+        for (int r = r0; r < r1; r += 4)
+            mv_block(y, x, w, r, r1 - r < 4 ? r1 - r : 4, dt);
+        return;
+    }
     for (int r = r0; r < r1; r += 2) {
         int nr = r1 - r < 2 ? r1 - r : 2;
         for (int t = 0; t < n_tok; t += 4) {
             float *yt = y + (size_t)t * ldy;
             const float *xt = x + (size_t)t * ldx;
             switch (n_tok - t < 4 ? n_tok - t : 4) {
-            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 1); break;
-            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 2); break;
-            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 3); break;
-            default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, 4); break;
+            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 1); break;
+            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 2); break;
+            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 3); break;
+            default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 4); break;
             }
         }
     }
@@ -696,27 +697,10 @@ static void a512_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_
             mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
         return;
     }
-    if (n_tok > 1) {
-        switch (w->dt) {
-        case DTYPE_BF16: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_BF16); break;
-        case DTYPE_F16: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F16); break;
-        default: mv_rows_t(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F32); break;
-        }
-        return;
-    }
-    for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        switch (w->dt) {
-        case DTYPE_BF16:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_BF16);
-            break;
-        case DTYPE_F16:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F16);
-            break;
-        default:
-            mv_block(y, ldy, x, ldx, n_tok, w, r, nr, DTYPE_F32);
-            break;
-        }
+    switch (w->dt) {
+    case DTYPE_BF16: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_BF16); break;
+    case DTYPE_F16: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F16); break;
+    default: mv_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F32); break;
     }
 }
 
