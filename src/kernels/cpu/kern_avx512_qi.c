@@ -160,18 +160,35 @@ _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles"
 #define QG_PF 256
 
 /* What a tile reads for one chunk of a panel: the words (from a chunk packed per call, or
- * straight from QG16 memory), the scales and biases widened to f32, and for
- * QG16 the bytes ahead to prefetch (pf: this chunk's start + QG_PF16). The
- * prefetches walk the chunk's bytes evenly: a line per 64 bytes of codes, and
- * pf_sb bytes per group for the group's share of the scales and biases that
- * follow the codes. */
+ * straight from QG16 memory), the scales and biases widened to f32, and for QG16 what to
+ * prefetch meanwhile (pf NULL: nothing). The codes are asked for pf_ahead bytes ahead of
+ * those the tile reads, one line per 64 bytes of codes; past this chunk's codes (pf_codes
+ * bytes) the walk steps over its scales and biases (pf_skip bytes) into the next chunk's
+ * codes. The next chunk's scales and biases (pfs), which its tiles widen before reading
+ * a code, are asked for pf_sb bytes per group of this chunk. */
 struct qg_ops {
     const uint32_t (*w)[16];
     const float (*s)[16];
     const float (*b)[16];
-    const char *pf;
+    const char *pf, *pfs;
+    size_t pf_ahead, pf_codes, pf_skip;
     int pf_sb;
 };
+
+/* The prefetch of the codes o bytes into the chunk's code stream (qg_ops). */
+AI void qg_pf_codes(const struct qg_ops *p, size_t o)
+{
+    o += p->pf_ahead;
+    _mm_prefetch(p->pf + o + (o >= p->pf_codes ? p->pf_skip : 0), _MM_HINT_T0);
+}
+
+/* Group g's share of the next chunk's scales and biases (qg_ops). */
+AI void qg_pf_sb(const struct qg_ops *p, int g)
+{
+    if (p->pfs)
+        for (int l = 0; l < p->pf_sb; l += 64)
+            _mm_prefetch(p->pfs + (size_t)g * (size_t)p->pf_sb + l, _MM_HINT_T0);
+}
 
 /* 16 x 16 transpose of 32-bit words: v[i] lane j <- v[j] lane i. */
 AI void qg_transpose16(__m512i v[16])
@@ -365,8 +382,8 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             if (pf)
                 qg_pf_step(pf);
             const __m512i v = _mm512_load_si512(p->w[wi]);
-            if (p->pf) /* QG16: the stream ahead, one line per word (and per group below) */
-                _mm_prefetch(p->pf + (size_t)wi * 64 + (size_t)g * p->pf_sb, _MM_HINT_T0);
+            if (p->pf) /* QG16: the codes ahead, one line per word */
+                qg_pf_codes(p, (size_t)wi * 64);
             const __m512i lo = _mm512_and_si512(v, m0f),
                           hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
             const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
@@ -383,9 +400,7 @@ AI void qg_tile(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr
             }
         }
         if (p->pf)
-            for (int l = 0; l < p->pf_sb; l += 64)
-                _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 8) * 64 + (size_t)g * p->pf_sb + l,
-                             _MM_HINT_T0);
+            qg_pf_sb(p, g);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) /* I = (hi << 8) + lo; --fast (L 1): hi << 8 */
             ih[t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[t], 8), il[t])
@@ -415,8 +430,8 @@ AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
 #pragma GCC unroll 4
         for (int u = 0; u < G / 2; u += 2) {
             const int pi = g * (G / 2) + u;
-            if (p->pf) /* one line per two pairs, and per group below */
-                _mm_prefetch(p->pf + (size_t)pi * 32 + (size_t)g * p->pf_sb, _MM_HINT_T0);
+            if (p->pf) /* one line per two pairs */
+                qg_pf_codes(p, (size_t)pi * 32);
             const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + (size_t)pi * 32))),
                           v1 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + (size_t)pi * 32 + 32)));
 #pragma GCC unroll 8
@@ -426,9 +441,7 @@ AI void qg_tile8(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
             }
         }
         if (p->pf)
-            for (int l = 0; l < p->pf_sb; l += 64)
-                _mm_prefetch(p->pf + (size_t)(g + 1) * (G / 2) * 32 + (size_t)g * p->pf_sb + l,
-                             _MM_HINT_T0);
+            qg_pf_sb(p, g);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++)
             a0[t] = _mm512_add_epi32(a0[t], a1[t]);
@@ -503,7 +516,7 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
 {
     _Alignas(64) uint8_t pc[QI_CH * 8 + 2 * (QI_CH / 32) * 16 * sizeof(float)];
     _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
-    const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0};
+    const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .s = s, .b = b};
     const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
     for (int r = r0; r < r1; r += 16) {
         const int nr = r1 - r < 16 ? r1 - r : 16;
@@ -543,11 +556,18 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
         const uint8_t *pp = w->data + (size_t)p * w->qg16_panel;
         for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
-            const uint8_t *pc = pp + kern_qg16_bytes(c0, B, G, ssz), *ps = pc + (size_t)cn * 2 * B;
+            const size_t cb = (size_t)cn * 2 * B, sbb = 2 * (size_t)gn * 16 * ssz;
+            const uint8_t *pc = pp + kern_qg16_bytes(c0, B, G, ssz), *ps = pc + cb;
             qg_widen(s, ps, gn, w->qsdt);
             qg_widen(b, ps + (size_t)gn * 16 * ssz, gn, w->qsdt);
-            const struct qg_ops op = {(const uint32_t (*)[16])pc, s, b, NULL, 0},
-                                op1 = {op.w, s, b, (const char *)pc + QG_PF16(n_tok), (int)(32 * ssz)};
+            /* the next chunk: this panel's, else the next panel's first (if this thread's) */
+            const int nn = c0 + QI_CH < w->in ? w->in - c0 - QI_CH : 16 * (p + 1) < r1 ? w->in : 0,
+                      ncn = nn < QI_CH ? nn : QI_CH;
+            const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .s = s, .b = b},
+                                op1 = {.w = op.w, .s = s, .b = b, .pf = (const char *)pc,
+                                       .pfs = ncn ? (const char *)pc + cb + sbb + (size_t)ncn * 2 * B : NULL,
+                                       .pf_ahead = QG_PF16(n_tok), .pf_codes = cb, .pf_skip = sbb,
+                                       .pf_sb = (int)(32 * ssz)};
             qg_tiles(y, ldy, xq, ldxq, hdr, n_tok, &op, &op1, 16 * p, rm, c0, gn, c0 > 0, NULL,
                      pf_at, B, G, L);
         }
