@@ -160,7 +160,9 @@ _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles"
 #define QG_PF 256
 
 /* What a tile reads for one chunk of a panel: the words (from a chunk packed per call, or
- * straight from QG16 memory), the scales and biases widened to f32, and for QG16 what to
+ * straight from QG16 memory), the scales and biases as stored (sb: [gn][16] scales, then
+ * [gn][16] biases, of dtype sdt; widened per group as the tile reaches it, so a miss on
+ * them waits behind the group's products, not before the chunk's), and for QG16 what to
  * prefetch meanwhile (pf NULL: nothing). The codes are asked for pf_ahead bytes ahead of
  * those the tile reads, one line per 64 bytes of codes; past this chunk's codes (pf_codes
  * bytes) the walk steps over its scales and biases (pf_skip bytes) into the next chunk's
@@ -168,8 +170,9 @@ _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles"
  * a code, are asked for pf_sb bytes per group of this chunk. */
 struct qg_ops {
     const uint32_t (*w)[16];
-    const float (*s)[16];
-    const float (*b)[16];
+    const uint8_t *sb;
+    enum dtype sdt;
+    int gn;
     const char *pf, *pfs;
     size_t pf_ahead, pf_codes, pf_skip;
     int pf_sb;
@@ -335,11 +338,22 @@ AI void qg_tile_open(const uint8_t *xq, size_t ldxq, size_t hdr, int t0, int c0,
     }
 }
 
+/* Row i of the chunk's [2 gn][16] scales and biases (qg_ops) widened to f32. */
+AI __m512 qg_ld_sb(const struct qg_ops *p, int i)
+{
+    if (p->sdt == DTYPE_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)p->sb + i)), 16));
+    if (p->sdt == DTYPE_F16)
+        return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)p->sb + i));
+    return _mm512_load_ps((const float *)p->sb + 16 * (size_t)i);
+}
+
 /* Group g's integer sums of each token (i32[t]) into its accumulator: f += I s xs + b xm. */
 AI void qg_tile_group(__m512 *f, const __m512i *i32, const struct qg_ops *p, int g,
                       const float *const *xs, const float *const *xm, const int T)
 {
-    const __m512 sv = _mm512_load_ps(p->s[g]), bv = _mm512_load_ps(p->b[g]);
+    const __m512 sv = qg_ld_sb(p, g), bv = qg_ld_sb(p, p->gn + g);
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
         f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32[t]), _mm512_mul_ps(sv, _mm512_set1_ps(xs[t][g])),
@@ -493,39 +507,21 @@ AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
  * noisy, so only the first step is large; a later sweep on the final kernel was noise). */
 #define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
 
-/* The gn groups' scales or biases of a QG16 chunk ([g][16] in dtype dt) widened to f32. */
-AI void qg_widen(float (*d)[16], const uint8_t *src, int gn, enum dtype dt)
-{
-    for (int g = 0; g < gn; g++) {
-        __m512 v;
-        if (dt == DTYPE_BF16)
-            v = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_load_si256((const __m256i *)src + g)), 16));
-        else if (dt == DTYPE_F16)
-            v = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)src + g));
-        else
-            v = _mm512_load_ps((const float *)src + 16 * (size_t)g);
-        _mm512_store_ps(d[g], v);
-    }
-}
-
 /* Rows r0 .. r1 of a 4-bit affine W in its stored layout (not repacked at load): each
  * block of 16 rows and chunk packed as QG16 on the stack, then the same tiles. */
 AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                 const struct wmat *w, int r0, int r1, const int G, const int L)
 {
     _Alignas(64) uint8_t pc[QI_CH * 8 + 2 * (QI_CH / 32) * 16 * sizeof(float)];
-    _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
-    const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .s = s, .b = b};
-    const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
+    const size_t hdr = kern_qi_hdr(w);
     for (int r = r0; r < r1; r += 16) {
         const int nr = r1 - r < 16 ? r1 - r : 16;
         const __mmask16 rm = (__mmask16)((1u << nr) - 1);
         for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
             qg16_pack_chunk(pc, w, r, nr, c0, cn, QG_PF);
-            qg_widen(s, pc + (size_t)cn * 8, gn, w->qsdt);
-            qg_widen(b, pc + (size_t)cn * 8 + (size_t)gn * 16 * ssz, gn, w->qsdt);
+            const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .sb = pc + (size_t)cn * 8,
+                                      .sdt = w->qsdt, .gn = gn};
             /* the next pack's codes are asked for during the third tile from the end (the
              * only one at decode), so that the x the later tiles stream does not evict them */
             const int nc0 = c0 + QI_CH < w->in ? c0 + QI_CH : 0, nr0 = nc0 ? r : r + 16;
@@ -545,7 +541,6 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                   const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
-    _Alignas(64) float s[QI_CH / 32][16], b[QI_CH / 32][16];
     const size_t hdr = kern_qi_hdr(w), ssz = dtype_size(w->qsdt);
     const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
@@ -557,14 +552,14 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
         for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
             const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
             const size_t cb = (size_t)cn * 2 * B, sbb = 2 * (size_t)gn * 16 * ssz;
-            const uint8_t *pc = pp + kern_qg16_bytes(c0, B, G, ssz), *ps = pc + cb;
-            qg_widen(s, ps, gn, w->qsdt);
-            qg_widen(b, ps + (size_t)gn * 16 * ssz, gn, w->qsdt);
+            const uint8_t *pc = pp + kern_qg16_bytes(c0, B, G, ssz);
             /* the next chunk: this panel's, else the next panel's first (if this thread's) */
             const int nn = c0 + QI_CH < w->in ? w->in - c0 - QI_CH : 16 * (p + 1) < r1 ? w->in : 0,
                       ncn = nn < QI_CH ? nn : QI_CH;
-            const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .s = s, .b = b},
-                                op1 = {.w = op.w, .s = s, .b = b, .pf = (const char *)pc,
+            const struct qg_ops op = {.w = (const uint32_t (*)[16])pc, .sb = pc + cb,
+                                      .sdt = w->qsdt, .gn = gn},
+                                op1 = {.w = op.w, .sb = op.sb, .sdt = op.sdt, .gn = gn,
+                                       .pf = (const char *)pc,
                                        .pfs = ncn ? (const char *)pc + cb + sbb + (size_t)ncn * 2 * B : NULL,
                                        .pf_ahead = QG_PF16(n_tok), .pf_codes = cb, .pf_skip = sbb,
                                        .pf_sb = (int)(32 * ssz)};
