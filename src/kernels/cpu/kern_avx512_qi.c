@@ -166,7 +166,7 @@ _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles"
  * prefetch meanwhile (pf NULL: nothing). The codes are asked for pf_ahead bytes ahead of
  * those the tile reads, one line per 64 bytes of codes; past this chunk's codes (pf_codes
  * bytes) the walk steps over its scales and biases (pf_skip bytes) into the next chunk's
- * codes. The next chunk's scales and biases (pfs), which its tiles widen before reading
+ * codes, when that chunk is this thread's (pfs set). The next chunk's scales and biases (pfs), which its tiles widen before reading
  * a code, are asked for pf_sb bytes per group of this chunk. */
 struct qg_ops {
     const uint32_t (*w)[16];
@@ -178,11 +178,17 @@ struct qg_ops {
     int pf_sb;
 };
 
-/* The prefetch of the codes o bytes into the chunk's code stream (qg_ops). */
+/* The prefetch of the codes o bytes into the chunk's code stream (qg_ops); past its codes
+ * only when a next chunk is this thread's (pfs), so the walk never leaves the rows it reads. */
 AI void qg_pf_codes(const struct qg_ops *p, size_t o)
 {
     o += p->pf_ahead;
-    _mm_prefetch(p->pf + o + (o >= p->pf_codes ? p->pf_skip : 0), _MM_HINT_T0);
+    if (o >= p->pf_codes) {
+        if (!p->pfs)
+            return;
+        o += p->pf_skip;
+    }
+    _mm_prefetch(p->pf + o, _MM_HINT_T0);
 }
 
 /* Group g's share of the next chunk's scales and biases (qg_ops). */
