@@ -425,6 +425,7 @@ static const int k_qshapes[][3] = {
     {2, 70, 5}, {4, 5, 3}, {5, 2, 4}, {7, 1, 6}, {8, 3, 12},
     {11, 40, 21}, {17, 9, 35},
     {33, 2, 19}, {64, 3, 24},   /* past every gemm_min_tok_q: the quantized GEMM path */
+    {32, 17, 200},              /* enough rows and tokens for three VNNI panels at a time */
 };
 
 static void test_linear_quant(void **state)
@@ -605,13 +606,15 @@ static void test_dequant(void **state)
 static void test_linear_batch_invariant(void **state)
 {
     (void)state;
-    enum { NT = 19 };
+    enum { NT = 35 };
     struct kc_bes bs;
     kc_open(&bs);
-    static const int shapes[][2] = {{37, 2048 + 256}, {16, 64}, {5, 192}};
-    for (int s = 0; s < 6; s++) { /* 4-bit, then 8-bit */
-        const int out = shapes[s % 3][0], in = shapes[s % 3][1];
-        struct tensor w = qrand(s < 3 ? 4 : 8, 64, s % 3 == 1 ? DTYPE_F16 : DTYPE_BF16, out, in);
+    /* 601 rows: 38 panels, read three at a time (VNNI 4-bit), with 3 threads in pieces of
+     * three panels, the last piece two; two chunks of codes */
+    static const int shapes[][2] = {{37, 2048 + 256}, {16, 64}, {5, 192}, {601, 2048 + 128}};
+    for (int s = 0; s < 8; s++) { /* 4-bit, then 8-bit */
+        const int out = shapes[s % 4][0], in = shapes[s % 4][1];
+        struct tensor w = qrand(s < 4 ? 4 : 8, 64, s % 4 == 1 ? DTYPE_F16 : DTYPE_BF16, out, in);
         float *x = kc_fvec((size_t)NT * in, -1.0f, 1.0f);
         float *ya = malloc((size_t)NT * out * sizeof *ya), *y1 = malloc((size_t)out * sizeof *y1);
         float *yr = malloc((size_t)NT * out * sizeof *yr);
@@ -733,7 +736,8 @@ static void test_linear_quant_fast(void **state)
     setenv("MLXCEL_FAST", "1", 1);
     kc_open(&fs);
     unsetenv("MLXCEL_FAST");
-    static const int shapes[][3] = {{1, 1, 7}, {3, 2, 33}, {4, 5, 3}, {9, 17, 9}, {17, 40, 21}, {33, 2, 19}, {300, 4, 20}};
+    static const int shapes[][3] = {{1, 1, 7},    {3, 2, 33},   {4, 5, 3},    {9, 17, 9},
+                                    {17, 40, 21}, {33, 2, 19},  {300, 4, 20}, {32, 9, 200}};
     static const int groups[] = {32, 64, 128};
     static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     int n_fast = 0;

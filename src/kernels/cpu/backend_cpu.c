@@ -409,9 +409,14 @@ static void linear_task(void *arg, int ith, int nth)
     const struct wmat *w = lc->w;
     size_t ldy = lc->ldy, ldx = lc->ldx;
     /* whole GEMM panels, or whole groups of 16 rows so SIMD row blocks (QG16 panels) do
-     * not straddle threads */
-    const long unit = lc->gemm ? k->gemm_nr : 16, n_units = (w->out + unit - 1) / unit,
-               step = tpool_step(n_units, nth, 4);
+     * not straddle threads; the QG16 panels the kernel reads together where there are
+     * enough of them for 4 pieces a thread */
+    long unit = lc->gemm ? k->gemm_nr : 16;
+    if (!lc->gemm && w->qg16 && w->qbits == 4 && k->qg16_panels > 1 &&
+        lc->n_tok >= k->qg16_panels_min_tok &&
+        w->out / (16L * k->qg16_panels) >= 4L * nth)
+        unit = 16L * k->qg16_panels;
+    const long n_units = (w->out + unit - 1) / unit, step = tpool_step(n_units, nth, 4);
     long lo, hi;
     while (tpool_claim(&lc->next, n_units, step, &lo, &hi)) {
         lo *= unit;
