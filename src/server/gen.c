@@ -648,6 +648,16 @@ static void note_stats(struct gen *g)
     }
 }
 
+/* The request's final usage into the metrics, once, before the end of its answer is handed
+ * to the client (so a /metrics read after the answer sees it). */
+static void count_tokens(struct gen *g)
+{
+    note_stats(g);
+    if (g->r && !g->r->tokens_counted) {
+        metrics_tokens(&g->s->metrics, g->r->n_prompt, g->r->n_gen);
+        g->r->tokens_counted = true;
+    }
+}
 
 // ---- streaming ----
 
@@ -703,6 +713,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             if (g->d->tail(g) < 0)
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             g->ended = true;
+            count_tokens(g);
         }
     }
 }
@@ -809,7 +820,7 @@ enum MHD_Result gen_serve(struct gen *g)
         if (!pump(g) && !all_finished(g) && g->rc == 0 && !wait_engine(g))
             break;
     }
-    note_stats(g);
+    count_tokens(g);
     if (g->aborted && !atomic_load(&s->stopping)) {
         /* the client closed its side (EOF, as a disconnect: uvicorn and llama-server read it
          * the same way): nobody to answer; the connection is closed */

@@ -56,15 +56,21 @@ static void observe(struct histogram *h, double v)
     h->n++;
 }
 
-void metrics_request(struct metrics *m, const char *path, int status, int n_prompt, int n_gen, double ttft_s,
-                     double itl_s, double duration_s)
+void metrics_tokens(struct metrics *m, int n_prompt, int n_gen)
 {
     pthread_mutex_lock(&m->mu);
-    m->requests[endpoint_index(path)][status_index(status)]++;
     if (n_prompt > 0)
         m->prompt_tokens += (uint64_t)n_prompt;
     if (n_gen > 0)
         m->generated_tokens += (uint64_t)n_gen;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_request(struct metrics *m, const char *path, int status, double ttft_s, double itl_s,
+                     double duration_s)
+{
+    pthread_mutex_lock(&m->mu);
+    m->requests[endpoint_index(path)][status_index(status)]++;
     if (ttft_s >= 0)
         observe(&m->ttft, ttft_s);
     if (itl_s >= 0)

@@ -40,9 +40,12 @@ struct metrics_gauges {
 
 void metrics_init(struct metrics *m);
 void metrics_destroy(struct metrics *m);
-/* One finished request: endpoint path (any string), HTTP status, tokens and timings (< 0: none). */
-void metrics_request(struct metrics *m, const char *path, int status, int n_prompt, int n_gen, double ttft_s,
-                     double itl_s, double duration_s);
+/* One finished request: endpoint path (any string), HTTP status and timings (< 0: none). */
+void metrics_request(struct metrics *m, const char *path, int status, double ttft_s, double itl_s,
+                     double duration_s);
+/* A request's prompt and generated tokens (<= 0: none), counted once its generation is over,
+ * before the client can read the end of its answer. */
+void metrics_tokens(struct metrics *m, int n_prompt, int n_gen);
 /* The Prometheus text exposition (malloc'd, NUL-terminated; NULL when out of memory). */
 char *metrics_render(struct metrics *m, const struct metrics_gauges *g);
 

@@ -482,15 +482,15 @@ AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
 }
 
 /* The 4-bit tile of three panels at once: tokens t0 .. t0+T (T <= 2) of 48 rows (panel i's
- * lanes rm[i] from row r0 + 16 i, its chunk and prefetches p[i]). Each token's limbs of a
- * word are broadcast once for the three panels' words, where qg_tile broadcasts them for
- * each panel: 11 loads per 24 products instead of 33 per 32. In a loop on L1-resident data
- * (Zen 5, one core) that ran the products 1.23x as fast, 88 % of vpdpbusd's peak against 71 %;
- * prompts of llama-1b 4-bit 1.11-1.20x (docs/benchmarks.md). The integers and the f32 steps
- * of each row and token are qg_tile's, in the same order: the same bits. */
-AI void qg_tile3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
-                 const struct qg_ops *const p[3], int r0, const __mmask16 rm[3], int c0, int gn,
-                 bool acc, const int T, const int G, const int L)
+ * chunk from c0 in p[i]) over the chunk's groups g0 .. g1, each row and token's f32 sum carried
+ * in fs ([T][3] vectors) from the groups before. Each token's limbs of a word are broadcast
+ * once for the three panels' words, where qg_tile broadcasts them for each panel: 11 loads per
+ * 24 products instead of 33 per 32. In a loop on L1-resident data (Zen 5, one core) that ran
+ * the products 1.23x as fast, 88 % of vpdpbusd's peak against 71 %. The integers and the f32
+ * steps of each row and token are qg_tile's, in the same order: the same bits. */
+AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                 const struct qg_ops *const p[3], int c0, int g0, int g1, __m512 *fs,
+                 const int T, const int G, const int L)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const uint8_t *xc[2];
@@ -499,8 +499,10 @@ AI void qg_tile3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
     qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        f[1][t] = f[2][t] = f[0][t];
-    for (int g = 0; g < gn; g++) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 3; i++)
+            f[i][t] = fs[3 * t + i];
+    for (int g = g0; g < g1; g++) {
         __m512i ih[3][2], il[3][2];
 #pragma GCC unroll 4
         for (int i = 0; i < 3; i++)
@@ -520,8 +522,6 @@ AI void qg_tile3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
 #pragma GCC unroll 3
             for (int i = 0; i < 3; i++) {
                 const __m512i v = _mm512_load_si512(p[i]->w[wi]);
-                if (p[i]->pf)
-                    qg_pf_codes(p[i], (size_t)wi * 64);
                 const __m512i lo = _mm512_and_si512(v, m0f),
                               hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
 #pragma GCC unroll 4
@@ -539,8 +539,6 @@ AI void qg_tile3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 3; i++) {
-            if (p[i]->pf)
-                qg_pf_sb(p[i], g);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
                 ih[i][t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[i][t], 8), il[i][t])
@@ -549,8 +547,10 @@ AI void qg_tile3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         }
     }
 #pragma GCC unroll 4
-    for (int i = 0; i < 3; i++)
-        qg_tile_store(y, ldy, t0, r0 + 16 * i, rm[i], acc, f[i], T);
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 3; i++)
+            fs[3 * t + i] = f[i][t];
 }
 
 /* The tiles of one chunk over every token: tiles of 8, the last 1-7 tokens as tiles of 4,
@@ -615,9 +615,9 @@ AI void qg_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
 }
 
 /* The chunk of panel p (of w, B-bit codes) from c0 (cn codes: cb bytes of codes, then sbb of
- * scales and biases) as a tile reads it, plain (op) and with the prefetches (op1) of the
- * stream ahead: its codes, then the next chunk's, which is this panel's next one or, after
- * its last, panel np's first (np < 0: none of this thread's). */
+ * scales and biases) as a tile reads it, plain (op) and, when op1 is not NULL, with the
+ * prefetches of the stream ahead (op1): its codes, then the next chunk's, which is this
+ * panel's next one or, after its last, panel np's first (np < 0: none of this thread's). */
 AI void qg_chunk_ops(struct qg_ops *op, struct qg_ops *op1, const struct wmat *w, int p, int c0,
                      int np, int n_tok, const int B, const int G)
 {
@@ -633,6 +633,8 @@ AI void qg_chunk_ops(struct qg_ops *op, struct qg_ops *op1, const struct wmat *w
                           ? (const char *)pc + cb + sbb + (size_t)ncn * 2 * B
                           : (const char *)w->data + (size_t)np * w->qg16_panel + (size_t)ncn * 2 * B;
     *op = (struct qg_ops){.w = (const uint32_t (*)[16])pc, .sb = pc + cb, .sdt = w->qsdt, .gn = gn};
+    if (!op1)
+        return;
     *op1 = *op;
     op1->pf = (const char *)pc;
     op1->pfs = nxt;
@@ -649,39 +651,110 @@ AI __mmask16 qg_panel_mask(int p, int r0, int r1)
     return (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
 }
 
-/* Three 4-bit panels p .. p+2 (each with rows inside r0 .. r1) over every token (n_tok >= 2):
- * pairs of tokens in qg_tile3, an odd last token alone; the pair pf_at prefetches. */
+/* The lines of a piece of three panels' QG16 stream that qg_panels3 asks for ahead: for each
+ * panel a range of codes and the scales and biases of its groups. */
+struct qg3_pf {
+    const char *code[3], *sc[3], *bi[3];
+    int code_len, sb_len; /* bytes of codes per panel, of scales (and of biases) per panel */
+    int n, at;            /* lines in all, the next to ask for */
+};
+
+/* Piece [g0, g1) of chunk c0 of panels p .. p+2 (all of them inside w). */
+AI void qg3_pf_set(struct qg3_pf *q, const struct wmat *w, int p, int c0, int g0, int g1,
+                   const int G)
+{
+    const size_t ssz = dtype_size(w->qsdt);
+    const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+    for (int i = 0; i < 3; i++) {
+        const char *pc = (const char *)w->data + (size_t)(p + i) * w->qg16_panel +
+                         kern_qg16_bytes(c0, 4, G, ssz);
+        q->code[i] = pc + (size_t)g0 * (size_t)G * 8;
+        q->sc[i] = pc + (size_t)cn * 8 + (size_t)g0 * 16 * ssz;
+        q->bi[i] = q->sc[i] + (size_t)gn * 16 * ssz;
+    }
+    q->code_len = (g1 - g0) * G * 8;
+    q->sb_len = (int)((size_t)(g1 - g0) * 16 * ssz);
+    q->n = 3 * ((q->code_len + 63) / 64 + 2 * ((q->sb_len + 63) / 64));
+    q->at = 0;
+}
+
+/* Ask for k more lines of q. */
+AI void qg3_pf_some(struct qg3_pf *q, int k)
+{
+    const int cl = (q->code_len + 63) / 64, sl = (q->sb_len + 63) / 64, per = cl + 2 * sl;
+    for (int e = q->at + k < q->n ? q->at + k : q->n; q->at < e; q->at++) {
+        const int i = q->at / per, l = q->at % per;
+        const char *a = l < cl ? q->code[i] + 64 * (size_t)l
+                        : l < cl + sl ? q->sc[i] + 64 * (size_t)(l - cl)
+                                      : q->bi[i] + 64 * (size_t)(l - cl - sl);
+        _mm_prefetch(a, _MM_HINT_T0);
+    }
+}
+
+/* Three 4-bit panels p .. p+2 (each with rows inside r0 .. r1) over every token (n_tok >= 2).
+ * Each chunk goes in pieces of QG3_SUB codes (12 KiB of codes for the three panels, so a
+ * piece stays in L1 while every pair of tokens reads it), 64 tokens at a time; the tiles
+ * keep their f32 sums in fb between pieces, so each row and token sums its groups in order,
+ * as qg_tile does. While the pairs run over a piece, the next piece (the chunk's next, else
+ * the next chunk's first, else the first of panels p+3 .. p+5 when they are this thread's)
+ * is asked for, a share of its lines before each pair. */
+#define QG3_SUB 512
 AI void qg_panels3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                    const struct wmat *w, int p, int r0, int r1, const int G, const int L)
 {
+    enum { TB = 64 };
+    _Alignas(64) __m512 fb[TB * 3];
     const size_t hdr = kern_qi_hdr(w);
     const __mmask16 rm[3] = {qg_panel_mask(p, r0, r1), qg_panel_mask(p + 1, r0, r1),
                              qg_panel_mask(p + 2, r0, r1)};
-    /* the first pair streams the chunk ahead: it meets the chunk in memory, the later pairs
-     * in cache (with the third pair from the end prefetching, as qg_tiles does, 8 sequences
-     * of llama-1b decoded at 0.82-0.95x) */
-    const int pf_at = 0;
+    const int sg = QG3_SUB / G;
+    const bool next3 = 16 * (p + 5) < r1;
     for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
         const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
-        struct qg_ops op[3], op1[3];
-        for (int i = 0; i < 3; i++) {
-            const int np = 16 * (p + 3 + i) < r1 ? p + 3 + i : -1;
-            qg_chunk_ops(&op[i], &op1[i], w, p + i, c0, np, n_tok, 4, G);
+        struct qg_ops op[3];
+        for (int i = 0; i < 3; i++)
+            qg_chunk_ops(&op[i], NULL, w, p + i, c0, -1, n_tok, 4, G);
+        const struct qg_ops *const po[3] = {&op[0], &op[1], &op[2]};
+        for (int tb = 0; tb < n_tok; tb += TB) {
+            const int nt = n_tok - tb < TB ? n_tok - tb : TB, n_calls = (nt + 1) / 2;
+            for (int k = 0; k < 3 * nt; k++)
+                fb[k] = _mm512_setzero_ps();
+            for (int g0 = 0; g0 < gn; g0 += sg) {
+                const int g1 = g0 + sg < gn ? g0 + sg : gn;
+                struct qg3_pf q = {.n = 0};
+                if (tb + TB >= n_tok) { /* the last token block: the next piece */
+                    const int c1 = c0 + QI_CH, rest = w->in - c1,
+                              ngn = (rest < QI_CH ? rest : QI_CH) / G,
+                              fgn = (w->in < QI_CH ? w->in : QI_CH) / G;
+                    if (g1 < gn)
+                        qg3_pf_set(&q, w, p, c0, g1, g1 + sg < gn ? g1 + sg : gn, G);
+                    else if (rest > 0)
+                        qg3_pf_set(&q, w, p, c1, 0, sg < ngn ? sg : ngn, G);
+                    else if (next3)
+                        qg3_pf_set(&q, w, p + 3, 0, 0, sg < fgn ? sg : fgn, G);
+                }
+                const int per = (q.n + n_calls - 1) / n_calls;
+                int t = 0;
+                for (; t + 2 <= nt; t += 2) {
+                    qg3_pf_some(&q, per);
+                    qg_tile3(xq, ldxq, hdr, tb + t, po, c0, g0, g1, fb + 3 * t, 2, G, L);
+                }
+                if (t < nt) {
+                    qg3_pf_some(&q, per);
+                    qg_tile3(xq, ldxq, hdr, tb + t, po, c0, g0, g1, fb + 3 * t, 1, G, L);
+                }
+            }
+            for (int t = 0; t < nt; t++)
+                for (int i = 0; i < 3; i++)
+                    qg_tile_store(y, ldy, tb + t, 16 * (p + i), rm[i], c0 > 0, &fb[3 * t + i], 1);
         }
-        const struct qg_ops *const po[3] = {&op[0], &op[1], &op[2]},
-                                   *const pp[3] = {&op1[0], &op1[1], &op1[2]};
-        int t = 0;
-        for (; t + 2 <= n_tok; t += 2)
-            qg_tile3(y, ldy, xq, ldxq, hdr, t, t == pf_at ? pp : po, 16 * p, rm, c0, gn, c0 > 0, 2, G, L);
-        if (t < n_tok)
-            qg_tile3(y, ldy, xq, ldxq, hdr, t, po, 16 * p, rm, c0, gn, c0 > 0, 1, G, L);
     }
 }
 
 /* From this many tokens qg_rows16 reads 4-bit panels three at a time (qg_panels3); below it
- * the weights stream from memory in the few tiles of a chunk, and one panel's tiles of 8 do as
- * well (llama-1b 4-bit, 2 threads, three panels against one: 8 sequences 0.88-0.98x, 16
- * sequences 0.85-1.03x, 64-token prompts 1.07-1.22x, pp512 1.11-1.22x). */
+ * one panel's tiles of 8 tokens, which read each chunk once, do as well or better (llama-1b
+ * 4-bit, 2 threads, three panels against one: 8 sequences 0.87-1.03x, 16 sequences
+ * 0.91-1.09x; prompts of 128 and 512 tokens 1.2-1.4x, docs/benchmarks.md). */
 #define QG3_MIN_TOK 32
 
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
