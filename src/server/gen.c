@@ -650,7 +650,7 @@ static void note_stats(struct gen *g)
 
 /* The request's final usage into the metrics, once, before the end of its answer is handed
  * to the client (so a /metrics read after the answer sees it). */
-static void count_tokens(struct gen *g)
+static void count_usage(struct gen *g)
 {
     note_stats(g);
     if (g->r && !g->r->tokens_counted) {
@@ -713,7 +713,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             if (g->d->tail(g) < 0)
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             g->ended = true;
-            count_tokens(g);
+            count_usage(g);
         }
     }
 }
@@ -820,7 +820,7 @@ enum MHD_Result gen_serve(struct gen *g)
         if (!pump(g) && !all_finished(g) && g->rc == 0 && !wait_engine(g))
             break;
     }
-    count_tokens(g);
+    count_usage(g);
     if (g->aborted && !atomic_load(&s->stopping)) {
         /* the client closed its side (EOF, as a disconnect: uvicorn and llama-server read it
          * the same way): nobody to answer; the connection is closed */

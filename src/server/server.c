@@ -565,7 +565,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
         r->status = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;  /* never answered */
     log_request(s, r, dt * 1e3);
     bool gen = r->n_gen >= 0;
-    if (!r->tokens_counted) /* a generation that ended without its answer (gen_count_tokens) */
+    if (!r->tokens_counted) /* a generation that ended without its answer (count_usage, gen.c) */
         metrics_tokens(&s->metrics, r->n_prompt, r->n_gen);
     metrics_request(&s->metrics, r->path, r->status, r->ttft, r->itl, gen ? dt : -1.0);
     free(r->body);

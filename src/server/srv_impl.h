@@ -39,7 +39,7 @@ struct srv_req {
     double t_start;
     int status;
     int n_prompt, n_gen;         /* for the log and metrics (-1: none) */
-    bool tokens_counted;         /* n_prompt and n_gen are in the metrics (gen_count_tokens) */
+    bool tokens_counted;         /* n_prompt and n_gen are in the metrics (count_usage, gen.c) */
     double ttft, itl;            /* seconds (-1: none) */
     struct gen *stream;          /* the streaming generation answering it, if any */
     /* the error body of its route's dialect (set from the path with the headers, so even a
