@@ -124,6 +124,21 @@ describe('endpoints', { timeout: 120_000 * SLOW }, () => {
             JSON.stringify({ before, after, usage: c.usage }));
         assert.ok(after.mlxcel_generated_tokens_total >= before.mlxcel_generated_tokens_total + c.usage.completion_tokens,
             JSON.stringify({ before, after, usage: c.usage }));
+        // a stream's tokens are counted too (the server counts them before its last chunk goes
+        // out; a count made later, at completion, would only sometimes lose this race)
+        const stream = await api.chat.completions.create({
+            model: MODEL, messages: [{ role: 'user', content: 'JULIET:' }], temperature: 0, max_tokens: 4,
+            stream: true, stream_options: { include_usage: true },
+        });
+        let usage = null;
+        for await (const chunk of stream)
+            if (chunk.usage) usage = chunk.usage;
+        assert.ok(usage, 'the stream carried a usage chunk');
+        const end = await read();
+        assert.ok(end.mlxcel_prompt_tokens_total >= after.mlxcel_prompt_tokens_total + usage.prompt_tokens,
+            JSON.stringify({ after, end, usage }));
+        assert.ok(end.mlxcel_generated_tokens_total >= after.mlxcel_generated_tokens_total + usage.completion_tokens,
+            JSON.stringify({ after, end, usage }));
     });
 
     it('stops cleanly on SIGTERM', async () => {

@@ -412,10 +412,10 @@ static void linear_task(void *arg, int ith, int nth)
      * not straddle threads; the QG16 panels the kernel reads together where there are
      * enough of them for 4 pieces a thread */
     long unit = lc->gemm ? k->gemm_nr : 16;
-    if (!lc->gemm && w->qg16 && w->qbits == 4 && k->qg16_panels > 1 &&
-        lc->n_tok >= k->qg16_panels_min_tok &&
-        w->out / (16L * k->qg16_panels) >= 4L * nth)
-        unit = 16L * k->qg16_panels;
+    if (!lc->gemm && w->qg16 && k->qg16_rows) {
+        const long u = k->qg16_rows(w, lc->n_tok);
+        unit = w->out / u >= 4L * nth ? u : unit;
+    }
     const long n_units = (w->out + unit - 1) / unit, step = tpool_step(n_units, nth, 4);
     long lo, hi;
     while (tpool_claim(&lc->next, n_units, step, &lo, &hi)) {

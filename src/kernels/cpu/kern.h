@@ -122,10 +122,10 @@ struct cpu_kernels {
     /* Optional: panels [p0, p1) of w (stored layout) as QG16 (below) into dst, which holds
      * every panel; set when matvec_qi also reads QG16 W, at any token count. */
     void (*qg16_pack)(uint8_t *dst, const struct wmat *w, int p0, int p1);
-    /* QG16 panels matvec_qi reads together for qg16_panels_min_tok tokens or more (0 or 1:
-     * one at a time); the backend hands threads rows in multiples of them where that leaves
-     * enough pieces. */
-    int qg16_panels, qg16_panels_min_tok;
+    /* Optional: the rows of QG16 W that matvec_qi reads together for n_tok tokens (a multiple
+     * of 16; NULL: 16); the backend hands threads rows in multiples of them where that leaves
+     * at least 4 pieces a thread. */
+    int (*qg16_rows)(const struct wmat *w, int n_tok);
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);

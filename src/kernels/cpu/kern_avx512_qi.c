@@ -486,7 +486,7 @@ AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
  * in fs ([T][3] vectors) from the groups before. Each token's limbs of a word are broadcast
  * once for the three panels' words, where qg_tile broadcasts them for each panel: 11 loads per
  * 24 products instead of 33 per 32. In a loop on L1-resident data (Zen 5, one core) that ran
- * the products 1.23x as fast, 88 % of vpdpbusd's peak against 71 %. The integers and the f32
+ * the products 1.23-1.52x as fast (about 88 % of vpdpbusd's peak). The integers and the f32
  * steps of each row and token are qg_tile's, in the same order: the same bits. */
 AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                  const struct qg_ops *const p[3], int c0, int g0, int g1, __m512 *fs,
@@ -625,22 +625,19 @@ AI void qg_chunk_ops(struct qg_ops *op, struct qg_ops *op1, const struct wmat *w
     const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
     const size_t cb = (size_t)cn * 2 * B, sbb = 2 * (size_t)gn * 16 * ssz;
     const uint8_t *pc = w->data + (size_t)p * w->qg16_panel + kern_qg16_bytes(c0, B, G, ssz);
-    const int nn = c0 + QI_CH < w->in ? w->in - c0 - QI_CH : np >= 0 ? w->in : 0,
-              ncn = nn < QI_CH ? nn : QI_CH;
-    /* the next panel's first chunk follows this panel's last in memory only when np is p + 1 */
-    const char *nxt = !ncn ? NULL
-                      : c0 + QI_CH < w->in || np == p + 1
-                          ? (const char *)pc + cb + sbb + (size_t)ncn * 2 * B
-                          : (const char *)w->data + (size_t)np * w->qg16_panel + (size_t)ncn * 2 * B;
     *op = (struct qg_ops){.w = (const uint32_t (*)[16])pc, .sb = pc + cb, .sdt = w->qsdt, .gn = gn};
     if (!op1)
         return;
+    /* the next chunk (its codes from nc, then its scales and biases) */
+    const bool same = c0 + QI_CH < w->in;
+    const int nn = same ? w->in - c0 - QI_CH : np >= 0 ? w->in : 0, ncn = nn < QI_CH ? nn : QI_CH;
+    const uint8_t *nc = same ? pc + cb + sbb : w->data + (size_t)(np >= 0 ? np : 0) * w->qg16_panel;
     *op1 = *op;
     op1->pf = (const char *)pc;
-    op1->pfs = nxt;
+    op1->pfs = ncn ? (const char *)nc + (size_t)ncn * 2 * B : NULL;
     op1->pf_ahead = QG_PF16(n_tok);
     op1->pf_codes = cb;
-    op1->pf_skip = nxt ? (size_t)(nxt - (const char *)pc) - cb - (size_t)ncn * 2 * B : 0;
+    op1->pf_skip = ncn ? (size_t)(nc - (pc + cb)) : 0;
     op1->pf_sb = (int)(32 * ssz);
 }
 
@@ -659,18 +656,19 @@ struct qg3_pf {
     int n, at;            /* lines in all, the next to ask for */
 };
 
-/* Piece [g0, g1) of chunk c0 of panels p .. p+2 (all of them inside w). */
-AI void qg3_pf_set(struct qg3_pf *q, const struct wmat *w, int p, int c0, int g0, int g1,
+/* The groups from g0 (at most sg of them) of chunk c0 of panels p .. p+2 (all inside w). */
+AI void qg3_pf_set(struct qg3_pf *q, const struct wmat *w, int p, int c0, int g0, int sg,
                    const int G)
 {
     const size_t ssz = dtype_size(w->qsdt);
-    const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+    int g1 = g0;
     for (int i = 0; i < 3; i++) {
-        const char *pc = (const char *)w->data + (size_t)(p + i) * w->qg16_panel +
-                         kern_qg16_bytes(c0, 4, G, ssz);
-        q->code[i] = pc + (size_t)g0 * (size_t)G * 8;
-        q->sc[i] = pc + (size_t)cn * 8 + (size_t)g0 * 16 * ssz;
-        q->bi[i] = q->sc[i] + (size_t)gn * 16 * ssz;
+        struct qg_ops op;
+        qg_chunk_ops(&op, NULL, w, p + i, c0, -1, 0, 4, G);
+        g1 = g0 + sg < op.gn ? g0 + sg : op.gn;
+        q->code[i] = (const char *)op.w[g0 * (G / 8)];
+        q->sc[i] = (const char *)op.sb + (size_t)g0 * 16 * ssz;
+        q->bi[i] = q->sc[i] + (size_t)op.gn * 16 * ssz;
     }
     q->code_len = (g1 - g0) * G * 8;
     q->sb_len = (int)((size_t)(g1 - g0) * 16 * ssz);
@@ -723,15 +721,12 @@ AI void qg_panels3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
                 const int g1 = g0 + sg < gn ? g0 + sg : gn;
                 struct qg3_pf q = {.n = 0};
                 if (tb + TB >= n_tok) { /* the last token block: the next piece */
-                    const int c1 = c0 + QI_CH, rest = w->in - c1,
-                              ngn = (rest < QI_CH ? rest : QI_CH) / G,
-                              fgn = (w->in < QI_CH ? w->in : QI_CH) / G;
                     if (g1 < gn)
-                        qg3_pf_set(&q, w, p, c0, g1, g1 + sg < gn ? g1 + sg : gn, G);
-                    else if (rest > 0)
-                        qg3_pf_set(&q, w, p, c1, 0, sg < ngn ? sg : ngn, G);
+                        qg3_pf_set(&q, w, p, c0, g1, sg, G);
+                    else if (c0 + QI_CH < w->in)
+                        qg3_pf_set(&q, w, p, c0 + QI_CH, 0, sg, G);
                     else if (next3)
-                        qg3_pf_set(&q, w, p + 3, 0, 0, sg < fgn ? sg : fgn, G);
+                        qg3_pf_set(&q, w, p + 3, 0, 0, sg, G);
                 }
                 const int per = (q.n + n_calls - 1) / n_calls;
                 int t = 0;
@@ -757,6 +752,12 @@ AI void qg_panels3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
  * 0.91-1.09x; prompts of 128 and 512 tokens 1.2-1.4x, docs/benchmarks.md). */
 #define QG3_MIN_TOK 32
 
+/* Whether qg_rows16 reads this W three panels at a time for n_tok tokens. */
+AI bool qg3_applies(int bits, int n_tok)
+{
+    return bits == 4 && n_tok >= QG3_MIN_TOK;
+}
+
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
  * streamed in order; 4-bit codes of QG3_MIN_TOK tokens or more three panels at a time. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
@@ -767,7 +768,7 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
     r1 = r1 < w->out ? r1 : w->out;
     for (int p = r0 / 16; p * 16 < r1;) {
-        if (B == 4 && n_tok >= QG3_MIN_TOK && 16 * (p + 2) < r1) {
+        if (qg3_applies(B, n_tok) && 16 * (p + 2) < r1) {
             qg_panels3(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, G, L);
             p += 3;
             continue;
@@ -863,6 +864,11 @@ QI_NOSAN static void a5_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, 
     a5_matvec_qi_l(y, ldy, xq, ldxq, n_tok, w, r0, r1, 1);
 }
 
+static int a5_qg16_rows(const struct wmat *w, int n_tok)
+{
+    return qg3_applies(w->qbits, n_tok) ? 48 : 16;
+}
+
 static bool a5_qi_any_tok(const struct wmat *w)
 {
     return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qg16);
@@ -876,8 +882,7 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     k->matvec_qi_fast = a5_matvec_qi_fast;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
     k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16, */
-    k->qg16_panels = 3;            /* 4-bit ones three panels at a time (qg_panels3), */
-    k->qg16_panels_min_tok = QG3_MIN_TOK; /* for this many tokens or more */
+    k->qg16_rows = a5_qg16_rows;   /* some three panels at a time (qg_panels3) */
     /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
      * matvec costs far less per token than the f32 one it replaces */
     k->gemm_min_tok_qi = 32;
