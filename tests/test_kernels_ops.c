@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "kern_check.h"
+#include "kernels/cpu/kern.h"
 
 // ---- attention ----
 
@@ -186,6 +187,56 @@ static void test_attention(void **state)
     attn_case(&bs, &es, 1, 61, 6, 1, 72, 3.0f);      /* 6 per kv head, head_dim 72 */
     kc_report("attention", &es);
     kc_close(&bs);
+}
+
+/* The many-head attention kernels (attn_scores_heads, attn_accum_heads) of every ISA this CPU
+ * runs that has them, against one call of its one-head kernel per head: the same bits, on head
+ * counts around the kernels' groups of 4 (and 2), key counts around their 4, head_dims on and
+ * off the 16-lane grid and past 128, rows strided wider than a head, accumulating or not. */
+static void test_attention_heads(void **state)
+{
+    (void)state;
+    static const int nqs[] = {1, 2, 3, 4, 5, 8}, ns[] = {1, 3, 4, 7, 16, 17},
+                     hds[] = {7, 16, 64, 80, 96, 112, 128, 144};
+    int n_checked = 0;
+    for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best(); isa++) {
+        struct cpu_kernels k;
+        if (!cpu_kernels_init(&k, (enum cpu_isa)isa) || !k.attn_scores_heads || !k.attn_accum_heads)
+            continue;
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+            for (size_t b = 0; b < sizeof nqs / sizeof nqs[0]; b++)
+                for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+                    const int hd = hds[a], nq = nqs[b], n = ns[c];
+                    const size_t ld = (size_t)hd + 5, lds = (size_t)n + 3, ldo = (size_t)hd + 2;
+                    float *q = kc_fvec((size_t)nq * hd, -2, 2), *kv = kc_fvec((size_t)n * ld, -2, 2);
+                    float *s1 = kc_fvec((size_t)nq * lds, -1, 1), *s2 = malloc((size_t)nq * lds * sizeof *s2);
+                    float *o1 = kc_fvec((size_t)nq * ldo, -1, 1), *o2 = malloc((size_t)nq * ldo * sizeof *o2);
+                    memcpy(s2, s1, (size_t)nq * lds * sizeof *s2);
+                    k.attn_scores_heads(s1, lds, q, nq, kv, ld, n, hd, 0.125f);
+                    for (int h = 0; h < nq; h++)
+                        k.attn_scores(s2 + (size_t)h * lds, q + (size_t)h * hd, kv, ld, n, hd, 0.125f);
+                    if (memcmp(s1, s2, (size_t)nq * lds * sizeof *s1))
+                        fail_msg("%s attn_scores_heads hd %d nq %d n %d: not the one-head bits",
+                                 cpu_isa_name((enum cpu_isa)isa), hd, nq, n);
+                    for (int acc = 0; acc < 2; acc++) {
+                        memcpy(o2, o1, (size_t)nq * ldo * sizeof *o2);
+                        k.attn_accum_heads(o1, ldo, s1, lds, nq, kv, ld, n, hd, acc);
+                        for (int h = 0; h < nq; h++)
+                            k.attn_accum(o2 + (size_t)h * ldo, s2 + (size_t)h * lds, kv, ld, n, hd, acc);
+                        if (memcmp(o1, o2, (size_t)nq * ldo * sizeof *o1))
+                            fail_msg("%s attn_accum_heads hd %d nq %d n %d acc %d: not the one-head bits",
+                                     cpu_isa_name((enum cpu_isa)isa), hd, nq, n, acc);
+                    }
+                    n_checked++;
+                    free(q);
+                    free(kv);
+                    free(s1);
+                    free(s2);
+                    free(o1);
+                    free(o2);
+                }
+    }
+    printf("    many-head attention kernels: %d shapes bit-identical to one head at a time\n", n_checked);
 }
 
 /* Several sequences in one call, as a server's step has them: decode rows (one query
@@ -696,6 +747,7 @@ static void test_moe(void **state)
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_heads),
     cmocka_unit_test(test_attention_window),
     cmocka_unit_test(test_attention_batch),
     cmocka_unit_test(test_elementwise),

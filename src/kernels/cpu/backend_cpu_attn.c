@@ -180,6 +180,7 @@ struct attn_rows {
     float sum[ATTN_ROWS];              /* softmax denominators */
     const float *sink[ATTN_ROWS];      /* the row's sink logit, or NULL */
     int n_rows, k_lo, k_hi;            /* union of the rows' key ranges */
+    int nh;                            /* rows per token (its heads: q, o rows hd apart) */
 };
 
 /* Address of position j's row of kv head g in one cache array (k or v) of
@@ -218,6 +219,7 @@ static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int
     const struct attn_params *ap = ac->ap;
     int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head;
     ar->n_rows = tt * nh;
+    ar->nh = nh;
     ar->k_lo = 1 << 30;
     ar->k_hi = 0;
     for (int i = 0; i < ar->n_rows; i++) {
@@ -248,6 +250,32 @@ static float attn_softmax(const struct cpu_kernels *k, const struct attn_params 
     return sum;
 }
 
+/* attn_scores of nq query heads that read the same keys (head i's q at q + i hd, scores at
+ * s + i lds): the variant's kernel for many heads, else one call per head (the same bits). */
+static void attn_scores_heads(const struct cpu_kernels *k, float *s, size_t lds, const float *q,
+                              int nq, const float *rk, size_t ld, int n, int hd, float scale)
+{
+    if (k->attn_scores_heads) {
+        k->attn_scores_heads(s, lds, q, nq, rk, ld, n, hd, scale);
+        return;
+    }
+    for (int i = 0; i < nq; i++)
+        k->attn_scores(s + (size_t)i * lds, q + (size_t)i * (size_t)hd, rk, ld, n, hd, scale);
+}
+
+/* attn_accum of nq query heads over the same rows of V (head i's output at o + i ldo, its
+ * probabilities at p + i ldp), as attn_scores_heads. */
+static void attn_accum_heads(const struct cpu_kernels *k, float *o, size_t ldo, const float *p,
+                             size_t ldp, int nq, const float *rv, size_t ld, int n, int hd, bool acc)
+{
+    if (k->attn_accum_heads) {
+        k->attn_accum_heads(o, ldo, p, ldp, nq, rv, ld, n, hd, acc);
+        return;
+    }
+    for (int i = 0; i < nq; i++)
+        k->attn_accum(o + (size_t)i * ldo, p + (size_t)i * ldp, rv, ld, n, hd, acc);
+}
+
 /* One pass over the item's keys in blocks of ATTN_JB gathered from the cache
  * array base (K or V): pass 1 writes every row's scores, pass 2 accumulates
  * the probability-weighted V rows into the outputs. */
@@ -262,16 +290,18 @@ static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, flo
     for (int j0 = ar->k_lo; j0 < ar->k_hi; j0 += ATTN_JB) {
         int nb = ar->k_hi - j0 < ATTN_JB ? ar->k_hi - j0 : ATTN_JB;
         attn_gather(k, blk, base, dim, ac->kv->dtype, table, bs, g, hd, j0, nb, ar->k_hi);
-        for (int i = 0; i < ar->n_rows; i++) {
+        for (int i = 0; i < ar->n_rows; i += ar->nh) { /* a token's heads: one key range */
             int a = ar->lo[i] > j0 ? ar->lo[i] : j0, z = ar->hi[i] < j0 + nb ? ar->hi[i] : j0 + nb;
             float *s = scr + i * ac->ld_s + (a - ar->k_lo);
             const float *rows = blk + (size_t)(a - j0) * hd;
             if (a >= z)
                 continue;
             if (values)
-                k->attn_accum(ar->o[i], s, rows, (size_t)hd, z - a, hd, a > ar->lo[i]);
+                attn_accum_heads(k, ar->o[i], (size_t)hd, s, ac->ld_s, ar->nh, rows, (size_t)hd,
+                                 z - a, hd, a > ar->lo[i]);
             else
-                k->attn_scores(s, ar->q[i], rows, (size_t)hd, z - a, hd, ap->scale);
+                attn_scores_heads(k, s, ac->ld_s, ar->q[i], ar->nh, rows, (size_t)hd, z - a, hd,
+                                  ap->scale);
         }
     }
 }
@@ -344,14 +374,15 @@ static void attn_dec_item(const struct attn_ctx *ac, float *s, float *wide, floa
                 k->to_f32(wide, src, dt, (size_t)(j1 - j0) * dim);
                 blk = wide;
             }
-            for (int h = 0; h < nh; h++) {
+            for (int h = 0; h < nh; h += n_rep) { /* the query heads of each kv head */
                 const float *rk = blk + (size_t)(h / n_rep) * hd;
                 float *sh = s + (size_t)h * ATTN_DC + (j0 - a);
                 if (pass)
-                    k->attn_accum(part + (size_t)h * (hd + 2), sh, rk, dim, j1 - j0, hd, j0 > a);
+                    attn_accum_heads(k, part + (size_t)h * (hd + 2), (size_t)hd + 2, sh, ATTN_DC,
+                                     n_rep, rk, dim, j1 - j0, hd, j0 > a);
                 else
-                    k->attn_scores(sh, ac->q + (size_t)t * ac->ldq + (size_t)h * hd, rk, dim,
-                                   j1 - j0, hd, ap->scale);
+                    attn_scores_heads(k, sh, ATTN_DC, ac->q + (size_t)t * ac->ldq + (size_t)h * hd,
+                                      n_rep, rk, dim, j1 - j0, hd, ap->scale);
             }
             j0 = j1;
         }

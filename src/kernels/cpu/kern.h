@@ -149,6 +149,14 @@ struct cpu_kernels {
                         float scale);
     void (*attn_accum)(float *o, const float *p, const float *v, size_t ld, int n, int hd,
                        bool acc);
+    /* Optional: the two above for nq query heads over the same rows (the query heads of one
+     * kv head): head i's q at q + i hd and scores at s + i lds; its probabilities at
+     * p + i ldp and output at o + i ldo. The same bits as nq calls of the one-head kernels,
+     * which the backend makes where these are NULL. */
+    void (*attn_scores_heads)(float *s, size_t lds, const float *q, int nq, const float *k,
+                              size_t ld, int n, int hd, float scale);
+    void (*attn_accum_heads)(float *o, size_t ldo, const float *p, size_t ldp, int nq,
+                             const float *v, size_t ld, int n, int hd, bool acc);
     /* y = silu(g) * u; y may equal g. */
     void (*silu_mul)(float *y, const float *g, const float *u, size_t n);
     void (*gelu_tanh)(float *x, size_t n);

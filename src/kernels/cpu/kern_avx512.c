@@ -1067,6 +1067,134 @@ static void a512_attn_accum(float *o, const float *p, const float *v, size_t ld,
     }
 }
 
+/* The horizontal sums of a[0 .. 16) as one vector: lane 4 i + l holds a[4 l + i]'s. Each sum is
+ * formed as hsum4 forms it (lane i + i+8, then + i+4, then adjacent pairs, then those pairs), so
+ * the results are hsum4's, bit for bit; the four-way transposes share the shuffles. */
+AI __m512 hsum16(const __m512 a[16])
+{
+    __m512 c[8], e[4];
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; m++) /* 128-bit lanes: a[2m]'s q0+q2, q1+q3, a[2m+1]'s q0+q2, q1+q3 */
+        c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xee));
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; m++) /* lane l: a[4m + l]'s four-lane partial */
+        e[m] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0xdd));
+    __m512 f01 = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd)),
+           f23 = _mm512_add_ps(_mm512_shuffle_ps(e[2], e[3], 0x88), _mm512_shuffle_ps(e[2], e[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_ps(f01, f23, 0x88), _mm512_shuffle_ps(f01, f23, 0xdd));
+}
+
+/* attn_scores of nq query heads over the same keys: four heads by four keys at a time, each
+ * key's row loaded once for the four heads (a GQA group's heads read one kv head), the 16 sums
+ * reduced together. Per head and key the products and sums are a512_attn_scores', in the same
+ * order: the same bits. */
+static void a512_attn_scores_heads(float *s, size_t lds, const float *q, int nq, const float *k,
+                                   size_t ld, int n, int hd, float scale)
+{
+    int h = 0;
+    if (hd % 16 == 0)
+        for (; h + 4 <= nq; h += 4) {
+            const float *qh = q + (size_t)h * (size_t)hd;
+            float *sh = s + (size_t)h * lds;
+            int j = 0;
+            for (; j + 4 <= n; j += 4) {
+                const float *k0 = k + (size_t)j * ld;
+                __m512 a[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    a[i] = _mm512_setzero_ps();
+                for (int d = 0; d < hd; d += 16) {
+                    __m512 kv[4];
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++)
+                        kv[i] = _mm512_loadu_ps(k0 + (size_t)i * ld + d);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) {
+                        __m512 qv = _mm512_loadu_ps(qh + (size_t)r * (size_t)hd + d);
+#pragma GCC unroll 4
+                        for (int i = 0; i < 4; i++)
+                            a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
+                    }
+                }
+                __m512 v = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
+                _mm_storeu_ps(sh + j, _mm512_castps512_ps128(v));
+                _mm_storeu_ps(sh + lds + j, _mm512_extractf32x4_ps(v, 1));
+                _mm_storeu_ps(sh + 2 * lds + j, _mm512_extractf32x4_ps(v, 2));
+                _mm_storeu_ps(sh + 3 * lds + j, _mm512_extractf32x4_ps(v, 3));
+            }
+            for (; j < n; j++)
+                for (int r = 0; r < 4; r++)
+                    sh[(size_t)r * lds + j] = a512_dot(qh + (size_t)r * (size_t)hd, k + (size_t)j * ld, hd) * scale;
+        }
+    for (; h < nq; h++)
+        a512_attn_scores(s + (size_t)h * lds, q + (size_t)h * (size_t)hd, k, ld, n, hd, scale);
+}
+
+/* accum_chunk for NH heads at once: each key's row of V loaded once for them. */
+AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ld,
+                          int n, int nc, const int nv, const int NH, bool acc)
+{
+    __m512 a[4][8];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < nv; u++)
+        m[u] = tail_mask(nc - 16 * u > 0 ? nc - 16 * u : 0);
+#pragma GCC unroll 4
+    for (int r = 0; r < NH; r++)
+#pragma GCC unroll 8
+        for (int u = 0; u < nv; u++)
+            a[r][u] = acc ? _mm512_maskz_loadu_ps(m[u], o + (size_t)r * ldo + 16 * u) : _mm512_setzero_ps();
+    for (int j = 0; j < n; j++) {
+        const float *vj = v + (size_t)j * ld;
+        __m512 vv[8];
+#pragma GCC unroll 8
+        for (int u = 0; u < nv; u++)
+            vv[u] = _mm512_maskz_loadu_ps(m[u], vj + 16 * u);
+#pragma GCC unroll 4
+        for (int r = 0; r < NH; r++) {
+            __m512 pj = _mm512_set1_ps(p[(size_t)r * ldp + (size_t)j]);
+#pragma GCC unroll 8
+            for (int u = 0; u < nv; u++)
+                a[r][u] = _mm512_fmadd_ps(pj, vv[u], a[r][u]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NH; r++)
+#pragma GCC unroll 8
+        for (int u = 0; u < nv; u++)
+            _mm512_mask_storeu_ps(o + (size_t)r * ldo + 16 * u, m[u], a[r][u]);
+}
+
+/* attn_accum of nq query heads over the same rows of V: four heads at a time (two when a head
+ * needs more than six vectors), each row loaded once for them. Per head the products are summed
+ * in a512_attn_accum's order: the same bits. */
+static void a512_attn_accum_heads(float *o, size_t ldo, const float *p, size_t ldp, int nq,
+                                  const float *v, size_t ld, int n, int hd, bool acc)
+{
+    int h = 0;
+    if (hd <= 128) {
+        const int nv = (hd + 15) / 16, nh = nv <= 6 ? 4 : 2;
+        for (; h + nh <= nq; h += nh) {
+            float *oh = o + (size_t)h * ldo;
+            const float *ph = p + (size_t)h * ldp;
+            switch (nv) {
+            case 1: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 1, 4, acc); break;
+            case 2: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 2, 4, acc); break;
+            case 3: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 3, 4, acc); break;
+            case 4: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 4, 4, acc); break;
+            case 5: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 5, 4, acc); break;
+            case 6: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 6, 4, acc); break;
+            case 7: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 7, 2, acc); break;
+            default: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 8, 2, acc); break;
+            }
+        }
+    }
+    for (; h < nq; h++)
+        a512_attn_accum(o + (size_t)h * ldo, p + (size_t)h * ldp, v, ld, n, hd, acc);
+}
+
 static void a512_silu_mul(float *y, const float *g, const float *u, size_t n)
 {
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -1147,6 +1275,8 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->exp_sum = a512_exp_sum;
     k->attn_scores = a512_attn_scores;
     k->attn_accum = a512_attn_accum;
+    k->attn_scores_heads = a512_attn_scores_heads;
+    k->attn_accum_heads = a512_attn_accum_heads;
     k->silu_mul = a512_silu_mul;
     k->gelu_tanh = a512_gelu_tanh;
     k->gelu_erf = a512_gelu_erf;
