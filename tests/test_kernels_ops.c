@@ -191,12 +191,13 @@ static void test_attention(void **state)
 
 /* The many-head attention kernels (attn_scores_heads, attn_accum_heads) of every ISA this CPU
  * runs that has them, against one call of its one-head kernel per head: the same bits, on head
- * counts around the kernels' groups of 4 (and 2), key counts around their 4, head_dims on and
- * off the 16-lane grid and past 128, rows strided wider than a head, accumulating or not. */
+ * counts around the kernels' groups of 4 (and 2), key counts around their 4, head_dims
+ * on and off the 16-lane grid and past 128, rows strided wider than a head, accumulating or
+ * not. */
 static void test_attention_heads(void **state)
 {
     (void)state;
-    static const int nqs[] = {1, 2, 3, 4, 5, 8}, ns[] = {1, 3, 4, 7, 16, 17},
+    static const int nqs[] = {1, 2, 3, 4, 5, 8}, ns[] = {1, 3, 4, 7, 11, 12, 16, 17},
                      hds[] = {7, 16, 64, 80, 96, 112, 128, 144};
     int n_checked = 0;
     for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best(); isa++) {
