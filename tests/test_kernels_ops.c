@@ -202,20 +202,27 @@ static void test_attention_heads(void **state)
     int n_checked = 0;
     for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best(); isa++) {
         struct cpu_kernels k;
-        if (!cpu_kernels_init(&k, (enum cpu_isa)isa) || !k.attn_scores_heads || !k.attn_accum_heads)
+        if (!cpu_kernels_init(&k, (enum cpu_isa)isa) || !k.attn_scores_heads ||
+            !k.attn_accum_heads)
             continue;
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
             for (size_t b = 0; b < sizeof nqs / sizeof nqs[0]; b++)
                 for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
                     const int hd = hds[a], nq = nqs[b], n = ns[c];
                     const size_t ld = (size_t)hd + 5, lds = (size_t)n + 3, ldo = (size_t)hd + 2;
-                    float *q = kc_fvec((size_t)nq * hd, -2, 2), *kv = kc_fvec((size_t)n * ld, -2, 2);
-                    float *s1 = kc_fvec((size_t)nq * lds, -1, 1), *s2 = malloc((size_t)nq * lds * sizeof *s2);
-                    float *o1 = kc_fvec((size_t)nq * ldo, -1, 1), *o2 = malloc((size_t)nq * ldo * sizeof *o2);
+                    float *q = kc_fvec((size_t)nq * hd, -2, 2);
+                    float *kv = kc_fvec((size_t)n * ld, -2, 2);
+                    float *s1 = kc_fvec((size_t)nq * lds, -1, 1);
+                    float *s2 = malloc((size_t)nq * lds * sizeof *s2);
+                    float *o1 = kc_fvec((size_t)nq * ldo, -1, 1);
+                    float *o2 = malloc((size_t)nq * ldo * sizeof *o2);
+                    assert_non_null(s2);
+                    assert_non_null(o2);
                     memcpy(s2, s1, (size_t)nq * lds * sizeof *s2);
                     k.attn_scores_heads(s1, lds, q, nq, kv, ld, n, hd, 0.125f);
                     for (int h = 0; h < nq; h++)
-                        k.attn_scores(s2 + (size_t)h * lds, q + (size_t)h * hd, kv, ld, n, hd, 0.125f);
+                        k.attn_scores(s2 + (size_t)h * lds, q + (size_t)h * hd, kv, ld, n, hd,
+                                      0.125f);
                     if (memcmp(s1, s2, (size_t)nq * lds * sizeof *s1))
                         fail_msg("%s attn_scores_heads hd %d nq %d n %d: not the one-head bits",
                                  cpu_isa_name((enum cpu_isa)isa), hd, nq, n);
@@ -223,10 +230,12 @@ static void test_attention_heads(void **state)
                         memcpy(o2, o1, (size_t)nq * ldo * sizeof *o2);
                         k.attn_accum_heads(o1, ldo, s1, lds, nq, kv, ld, n, hd, acc);
                         for (int h = 0; h < nq; h++)
-                            k.attn_accum(o2 + (size_t)h * ldo, s2 + (size_t)h * lds, kv, ld, n, hd, acc);
+                            k.attn_accum(o2 + (size_t)h * ldo, s2 + (size_t)h * lds, kv, ld, n,
+                                         hd, acc);
                         if (memcmp(o1, o2, (size_t)nq * ldo * sizeof *o1))
-                            fail_msg("%s attn_accum_heads hd %d nq %d n %d acc %d: not the one-head bits",
-                                     cpu_isa_name((enum cpu_isa)isa), hd, nq, n, acc);
+                            fail_msg("%s attn_accum_heads hd %d nq %d n %d acc %d: not the "
+                                     "one-head bits", cpu_isa_name((enum cpu_isa)isa), hd, nq, n,
+                                     acc);
                     }
                     n_checked++;
                     free(q);
@@ -237,7 +246,8 @@ static void test_attention_heads(void **state)
                     free(o2);
                 }
     }
-    printf("    many-head attention kernels: %d shapes bit-identical to one head at a time\n", n_checked);
+    printf("    many-head attention kernels: %d shapes bit-identical to one head at a time\n",
+           n_checked);
 }
 
 /* Several sequences in one call, as a server's step has them: decode rows (one query

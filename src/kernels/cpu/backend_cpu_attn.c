@@ -266,7 +266,8 @@ static void attn_scores_heads(const struct cpu_kernels *k, float *s, size_t lds,
 /* attn_accum of nq query heads over the same rows of V (head i's output at o + i ldo, its
  * probabilities at p + i ldp), as attn_scores_heads. */
 static void attn_accum_heads(const struct cpu_kernels *k, float *o, size_t ldo, const float *p,
-                             size_t ldp, int nq, const float *rv, size_t ld, int n, int hd, bool acc)
+                             size_t ldp, int nq, const float *rv, size_t ld, int n, int hd,
+                             bool acc)
 {
     if (k->attn_accum_heads) {
         k->attn_accum_heads(o, ldo, p, ldp, nq, rv, ld, n, hd, acc);

@@ -1081,8 +1081,10 @@ AI __m512 hsum16(const __m512 a[16])
     for (int m = 0; m < 4; m++) /* lane l: a[4m + l]'s four-lane partial */
         e[m] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0x88),
                              _mm512_shuffle_f32x4(c[2 * m], c[2 * m + 1], 0xdd));
-    __m512 f01 = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd)),
-           f23 = _mm512_add_ps(_mm512_shuffle_ps(e[2], e[3], 0x88), _mm512_shuffle_ps(e[2], e[3], 0xdd));
+    __m512 f01 = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88),
+                               _mm512_shuffle_ps(e[0], e[1], 0xdd)),
+           f23 = _mm512_add_ps(_mm512_shuffle_ps(e[2], e[3], 0x88),
+                               _mm512_shuffle_ps(e[2], e[3], 0xdd));
     return _mm512_add_ps(_mm512_shuffle_ps(f01, f23, 0x88), _mm512_shuffle_ps(f01, f23, 0xdd));
 }
 
@@ -1126,15 +1128,16 @@ static void a512_attn_scores_heads(float *s, size_t lds, const float *q, int nq,
             }
             for (; j < n; j++)
                 for (int r = 0; r < 4; r++)
-                    sh[(size_t)r * lds + j] = a512_dot(qh + (size_t)r * (size_t)hd, k + (size_t)j * ld, hd) * scale;
+                    sh[(size_t)r * lds + j] =
+                        a512_dot(qh + (size_t)r * (size_t)hd, k + (size_t)j * ld, hd) * scale;
         }
     for (; h < nq; h++)
         a512_attn_scores(s + (size_t)h * lds, q + (size_t)h * (size_t)hd, k, ld, n, hd, scale);
 }
 
 /* accum_chunk for NH heads at once: each key's row of V loaded once for them. */
-AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ld,
-                          int n, int nc, const int nv, const int NH, bool acc)
+AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
+                          size_t ld, int n, int nc, const int nv, const int NH, bool acc)
 {
     __m512 a[4][8];
     __mmask16 m[8];
@@ -1145,7 +1148,8 @@ AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, cons
     for (int r = 0; r < NH; r++)
 #pragma GCC unroll 8
         for (int u = 0; u < nv; u++)
-            a[r][u] = acc ? _mm512_maskz_loadu_ps(m[u], o + (size_t)r * ldo + 16 * u) : _mm512_setzero_ps();
+            a[r][u] = acc ? _mm512_maskz_loadu_ps(m[u], o + (size_t)r * ldo + 16 * u)
+                          : _mm512_setzero_ps();
     for (int j = 0; j < n; j++) {
         const float *vj = v + (size_t)j * ld;
         __m512 vv[8];
