@@ -1024,49 +1024,6 @@ static void a512_attn_scores(float *s, const float *q, const float *k, size_t ld
         s[j] = a512_dot(q, k + (size_t)j * ld, hd) * scale;
 }
 
-/* o[0 .. 16 nv) (+)= sum_j p_j v_j[...] with the nv output vectors in
- * registers; lanes past nc are masked off. */
-AI void accum_chunk(float *o, const float *p, const float *v, size_t ld, int n, int nc,
-                    const int nv, bool acc)
-{
-    __m512 a[8];
-    __mmask16 m[8];
-#pragma GCC unroll 8
-    for (int u = 0; u < nv; u++) {
-        m[u] = tail_mask(nc - 16 * u > 0 ? nc - 16 * u : 0);
-        a[u] = acc ? _mm512_maskz_loadu_ps(m[u], o + 16 * u) : _mm512_setzero_ps();
-    }
-    for (int j = 0; j < n; j++) {
-        __m512 pj = _mm512_set1_ps(p[j]);
-        const float *vj = v + (size_t)j * ld;
-#pragma GCC unroll 8
-        for (int u = 0; u < nv; u++)
-            a[u] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[u], vj + 16 * u), a[u]);
-    }
-#pragma GCC unroll 8
-    for (int u = 0; u < nv; u++)
-        _mm512_mask_storeu_ps(o + 16 * u, m[u], a[u]);
-}
-
-/* Columns in chunks of 128 (8 zmm accumulators). */
-static void a512_attn_accum(float *o, const float *p, const float *v, size_t ld, int n, int hd,
-                            bool acc)
-{
-    for (int c0 = 0; c0 < hd; c0 += 128) {
-        int nc = hd - c0 < 128 ? hd - c0 : 128;
-        switch ((nc + 15) / 16) {
-        case 1: accum_chunk(o + c0, p, v + c0, ld, n, nc, 1, acc); break;
-        case 2: accum_chunk(o + c0, p, v + c0, ld, n, nc, 2, acc); break;
-        case 3: accum_chunk(o + c0, p, v + c0, ld, n, nc, 3, acc); break;
-        case 4: accum_chunk(o + c0, p, v + c0, ld, n, nc, 4, acc); break;
-        case 5: accum_chunk(o + c0, p, v + c0, ld, n, nc, 5, acc); break;
-        case 6: accum_chunk(o + c0, p, v + c0, ld, n, nc, 6, acc); break;
-        case 7: accum_chunk(o + c0, p, v + c0, ld, n, nc, 7, acc); break;
-        default: accum_chunk(o + c0, p, v + c0, ld, n, nc, 8, acc); break;
-        }
-    }
-}
-
 /* The horizontal sums of a[0 .. 16) as one vector: lane 4 i + l holds a[4 l + i]'s. Each sum is
  * formed as hsum4 forms it (lane i + i+8, then + i+4, then adjacent pairs, then those pairs), so
  * the results are hsum4's, bit for bit; the four-way transposes share the shuffles. */
@@ -1126,18 +1083,20 @@ static void a512_attn_scores_heads(float *s, size_t lds, const float *q, int nq,
                 _mm_storeu_ps(sh + 2 * lds + j, _mm512_extractf32x4_ps(v, 2));
                 _mm_storeu_ps(sh + 3 * lds + j, _mm512_extractf32x4_ps(v, 3));
             }
-            for (; j < n; j++)
-                for (int r = 0; r < 4; r++)
-                    sh[(size_t)r * lds + j] =
-                        a512_dot(qh + (size_t)r * (size_t)hd, k + (size_t)j * ld, hd) * scale;
+            for (int r = 0; r < 4 && j < n; r++) /* the last n % 4 keys, as that kernel does */
+                a512_attn_scores(sh + (size_t)r * lds + j, qh + (size_t)r * (size_t)hd,
+                                 k + (size_t)j * ld, ld, n - j, hd, scale);
         }
     for (; h < nq; h++)
         a512_attn_scores(s + (size_t)h * lds, q + (size_t)h * (size_t)hd, k, ld, n, hd, scale);
 }
 
-/* accum_chunk for NH heads at once: each key's row of V loaded once for them. */
-AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, const float *v,
-                          size_t ld, int n, int nc, const int nv, const int NH, bool acc)
+/* o_r[0 .. nc) (+)= sum_j p_r[j] v_j[0 .. nc) for NH heads r (head r's output at o + r ldo,
+ * its probabilities at p + r ldp; nc <= 16 nv <= 128), the NH x nv output vectors in
+ * registers and each key's nv vectors of V loaded once for the heads; lanes past nc masked
+ * off. Per head and column the products are summed over j in order, whatever NH is. */
+AI void accum_chunk(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ld,
+                    int n, int nc, const int nv, const int NH, bool acc)
 {
     __m512 a[4][8];
     __mmask16 m[8];
@@ -1171,31 +1130,47 @@ AI void accum_chunk_heads(float *o, size_t ldo, const float *p, size_t ldp, cons
             _mm512_mask_storeu_ps(o + (size_t)r * ldo + 16 * u, m[u], a[r][u]);
 }
 
-/* attn_accum of nq query heads over the same rows of V: four heads at a time (two when a head
- * needs more than six vectors), each row loaded once for them. Per head the products are summed
- * in a512_attn_accum's order: the same bits. */
+/* NH heads' outputs over all hd columns, in chunks of 128 (NH x 8 vectors at most: NH 4 only
+ * for head_dims up to 96, which the callers keep to). */
+AI void accum_heads(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ld,
+                    int n, int hd, const int NH, bool acc)
+{
+    for (int c0 = 0; c0 < hd; c0 += 128) {
+        const int nc = hd - c0 < 128 ? hd - c0 : 128;
+        float *oc = o + c0;
+        const float *vc = v + c0;
+        switch ((nc + 15) / 16) {
+        case 1: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 1, NH, acc); break;
+        case 2: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 2, NH, acc); break;
+        case 3: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 3, NH, acc); break;
+        case 4: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 4, NH, acc); break;
+        case 5: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 5, NH, acc); break;
+        case 6: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 6, NH, acc); break;
+        case 7: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 7, NH, acc); break;
+        default: accum_chunk(oc, ldo, p, ldp, vc, ld, n, nc, 8, NH, acc); break;
+        }
+    }
+}
+
+static void a512_attn_accum(float *o, const float *p, const float *v, size_t ld, int n, int hd,
+                            bool acc)
+{
+    accum_heads(o, 0, p, 0, v, ld, n, hd, 1, acc);
+}
+
+/* attn_accum of nq query heads over the same rows of V: four heads at a time (head_dims up to
+ * 96), then two, each row loaded once for them. Per head the products are summed in
+ * a512_attn_accum's order: the same bits. */
 static void a512_attn_accum_heads(float *o, size_t ldo, const float *p, size_t ldp, int nq,
                                   const float *v, size_t ld, int n, int hd, bool acc)
 {
     int h = 0;
-    if (hd <= 128) {
-        const int nv = (hd + 15) / 16, nh = nv <= 6 ? 4 : 2;
-        for (; h + nh <= nq; h += nh) {
-            float *oh = o + (size_t)h * ldo;
-            const float *ph = p + (size_t)h * ldp;
-            switch (nv) {
-            case 1: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 1, 4, acc); break;
-            case 2: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 2, 4, acc); break;
-            case 3: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 3, 4, acc); break;
-            case 4: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 4, 4, acc); break;
-            case 5: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 5, 4, acc); break;
-            case 6: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 6, 4, acc); break;
-            case 7: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 7, 2, acc); break;
-            default: accum_chunk_heads(oh, ldo, ph, ldp, v, ld, n, hd, 8, 2, acc); break;
-            }
-        }
-    }
-    for (; h < nq; h++)
+    if (hd <= 96)
+        for (; h + 4 <= nq; h += 4)
+            accum_heads(o + (size_t)h * ldo, ldo, p + (size_t)h * ldp, ldp, v, ld, n, hd, 4, acc);
+    for (; h + 2 <= nq; h += 2)
+        accum_heads(o + (size_t)h * ldo, ldo, p + (size_t)h * ldp, ldp, v, ld, n, hd, 2, acc);
+    if (h < nq)
         a512_attn_accum(o + (size_t)h * ldo, p + (size_t)h * ldp, v, ld, n, hd, acc);
 }
 

@@ -661,15 +661,14 @@ AI void qg3_pf_set(struct qg3_pf *q, const struct wmat *w, int p, int c0, int g0
                    const int G)
 {
     const size_t ssz = dtype_size(w->qsdt);
-    int g1 = g0;
+    struct qg_ops op; /* the panels' chunks have one layout: op.gn is each one's */
     for (int i = 0; i < 3; i++) {
-        struct qg_ops op;
         qg_chunk_ops(&op, NULL, w, p + i, c0, -1, 0, 4, G);
-        g1 = g0 + sg < op.gn ? g0 + sg : op.gn;
         q->code[i] = (const char *)op.w[g0 * (G / 8)];
         q->sc[i] = (const char *)op.sb + (size_t)g0 * 16 * ssz;
         q->bi[i] = q->sc[i] + (size_t)op.gn * 16 * ssz;
     }
+    const int g1 = g0 + sg < op.gn ? g0 + sg : op.gn;
     q->code_len = (g1 - g0) * G * 8;
     q->sb_len = (int)((size_t)(g1 - g0) * 16 * ssz);
     q->n = 3 * ((q->code_len + 63) / 64 + 2 * ((q->sb_len + 63) / 64));
