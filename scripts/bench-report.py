@@ -290,7 +290,8 @@ def table(meta, res, cells, pp, tg, dep, tgs):
     L.append(f"Machine: {h['model_name']}, `lscpu` family {h['family']} model {h['model']}, {h['cpus']} CPUs"
              f" ({h['flags_simd']}), kernel {h['kernel']}. Date {meta['date_start']} to {meta.get('date_end', '?')}.")
     L.append(f"mlxcel `{ml['commit'][:7]}`{' (src modified)' if ml['dirty'] else ''}; llama.cpp {lc['tag']} "
-             f"(node-llama-cpp {lc['node_llama_cpp']}, commit `{lc['commit'][:7]}`), CMake Release, GGML_NATIVE=ON. "
+             f"(node-llama-cpp {lc['node_llama_cpp']}, commit `{lc['commit'][:7]}`), CMake Release, "
+             f"{'AVX2 only (GGML_NATIVE=OFF, AVX-512 off; mlxcel MLXCEL_ISA=avx2)' if st.get('isa') == 'avx2' else 'GGML_NATIVE=ON'}. "
              f"{st['threads']} threads, {st['reps']} repetitions{', QUICK CHECK: not a measurement' if st['quick'] else ''}."
              f"{' mlxcel ran with --fast (4-bit products on x rounded to 8 bits per group: not exact).' if st.get('mlxcel_fast') else ''}")
     b0, b1 = bw["before"], bw["after"]

@@ -43,6 +43,10 @@ A/B/A per model and width; writes results.json, ratios.png and table.md to the o
                        used < 0.15 cores (default 600, then 60 once one wait was in
                        vain; 0 = do not wait)
       --setup-only     fetch, build and write the models, then stop
+      --isa avx2       both engines on AVX2 only, as on hosts that expose no AVX-512 (the
+                       Zen 4 VMs of this machine kind): mlxcel with MLXCEL_ISA=avx2 and a
+                       second llama.cpp build (llama.cpp-build-avx2: GGML_NATIVE=OFF, AVX, AVX2,
+                       FMA, F16C, BMI2 on, AVX-512 and AVX-VNNI off); default native
       --fast           run mlxcel with --fast (4-bit products on x rounded to 8 bits per
                        group, as llama.cpp's Q8 activations; not exact, opt-in); meta.json
                        and the table say so
@@ -99,6 +103,7 @@ quiet_wait=600
 setup_only=0
 quiet_wait_set=0
 mlx_flags=()
+isa=native
 
 die() { echo "bench-vs-llamacpp: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
@@ -117,11 +122,17 @@ while [ $# -gt 0 ]; do
     --quiet-wait) quiet_wait=${2:?}; quiet_wait_set=1; shift ;;
     --setup-only) setup_only=1 ;;
     --fast) mlx_flags=(--fast) ;;
+    --isa) isa=${2:?}; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $1" ;;
     esac
     shift
 done
+case $isa in
+native) ;;
+avx2) export MLXCEL_ISA=avx2 ;;
+*) die "unknown --isa '$isa' (native, avx2)" ;;
+esac
 for t in ${tests_sel//,/ }; do
     case $t in pp_tg|batched|depth) ;; *) die "unknown test '$t' (pp_tg, batched, depth)" ;; esac
 done
@@ -206,7 +217,12 @@ prepare_llamacpp() {
         local tgz=$cache/node-llama-cpp-$NLC_VERSION.tgz
         local pkgdir=$cache/node-llama-cpp-$NLC_VERSION
         llama_src=$cache/llama.cpp-src
-        local build=$cache/llama.cpp-build
+        local build=$cache/llama.cpp-build isa_flags=(-DGGML_NATIVE=ON)
+        if [ "$isa" = avx2 ]; then
+            build=$cache/llama.cpp-build-avx2
+            isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+                       -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
+        fi
         llama_bin=$build/bin
         if [ ! -f "$tgz" ]; then
             log "npm pack node-llama-cpp@$NLC_VERSION into $cache"
@@ -235,7 +251,7 @@ prepare_llamacpp() {
         if [ ! -x "$llama_bin/llama-bench" ] || [ ! -x "$llama_bin/llama-quantize" ]; then
             log "building llama-bench and llama-quantize in $build (nice; this takes a while)"
             nice -n 19 cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-                -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+                "${isa_flags[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
                 >"$cache/llama.cpp-cmake.log" 2>&1 ||
                 die "llama.cpp cmake failed, see $cache/llama.cpp-cmake.log"
             nice -n 19 cmake --build "$build" --target llama-bench llama-quantize -j "$(nproc)" \
@@ -650,10 +666,10 @@ depth_flag=$(mlxcel_depth_flag)
         "$(json_str "$llama_bin")" "$(json_str "$llama_src")" "$(json_str "$repo")" "$(json_str "$tag")" \
         "$(json_str "$(git -C "$llama_src" rev-parse HEAD 2>/dev/null || echo unknown)")" \
         "$(json_str "$(tr '\n' ' ' <"$out/raw/llama-version.txt")")" "$(json_str "$nlc")"
-    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d, "tests": %s, "mlxcel_fast": %s}\n' \
+    printf '  "settings": {"threads": %d, "reps": %d, "n_prompt": %d, "n_gen": %d, "n_seq": %d, "depth": %d, "quick": %s, "mlxcel_depth_flag": %s, "quiet_wait_s": %d, "tests": %s, "mlxcel_fast": %s, "isa": %s}\n' \
         "$threads" "$reps" "$n_pp" "$n_tg" "$n_seq" "$depth" "$([ $quick = 1 ] && echo true || echo false)" \
         "$(json_str "$depth_flag")" "$quiet_wait" "$(json_str "$tests_sel")" \
-        "$([ ${#mlx_flags[@]} -gt 0 ] && echo true || echo false)"
+        "$([ ${#mlx_flags[@]} -gt 0 ] && echo true || echo false)" "$(json_str "$isa")"
     printf '}\n'
 } >"$out/meta.json"
 

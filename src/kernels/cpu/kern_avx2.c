@@ -116,54 +116,49 @@ AI void mv_block(float *y, const float *x, const struct wmat *w, int r0, int nr,
     }
 }
 
-/* Rows r0, r0+1 (nr <= 2) for T (<= 2) tokens at once: each 8-input piece of
- * a row is widened once for both tokens. Every token's sum is formed
- * exactly as mv_block forms it (two accumulators, hsum, the scalar tail),
- * so a token's outputs do not depend on the tokens beside it. */
+/* Row r0 for T (<= MV_T) tokens at once: each 8-input piece of the row is
+ * widened once for all T; x is read from L1 by the FMAs themselves. Every
+ * token's sum is formed exactly as mv_block forms it (two accumulators, hsum,
+ * the scalar tail), so a token's outputs do not depend on the tokens beside it.
+ * One row by 4 tokens (8 accumulators) beat two rows by two (bench_linear "pf",
+ * 4096 x 4096 bf16, 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s
+ * against 94-96, the f32 GEMM 100-103; 6 tokens a pass 108-111). */
+#define MV_T 4
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
-                   int nr, enum dtype dt, bool pf, const int T)
+                   enum dtype dt, bool pf, const int T)
 {
-    const void *wr[2];
+    const void *wr = w->data + (size_t)r0 * w->row_bytes;
     int in = w->in;
     size_t es = dt == DTYPE_F32 ? 4 : 2;
-    const size_t pfd = 2 * w->row_bytes < MV_PF_MAX ? 2 * w->row_bytes : MV_PF_MAX;
-    for (int j = 0; j < 2; j++)
-        wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    __m256 a[2][2][2];
-#pragma GCC unroll 2
+    const size_t pfd = w->row_bytes < MV_PF_MAX ? w->row_bytes : MV_PF_MAX;
+    __m256 a[MV_T][2];
+#pragma GCC unroll 4
     for (int t = 0; t < T; t++)
-        a[0][t][0] = a[0][t][1] = a[1][t][0] = a[1][t][1] = _mm256_setzero_ps();
+        a[t][0] = a[t][1] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= in; i += 16) {
         if (pf && !((size_t)i * es & 63))
-            for (int j = 0; j < 2; j++)
-                _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
-        __m256 w00 = ld8(wr[0], dt, (size_t)i), w01 = ld8(wr[0], dt, (size_t)i + 8);
-        __m256 w10 = ld8(wr[1], dt, (size_t)i), w11 = ld8(wr[1], dt, (size_t)i + 8);
-#pragma GCC unroll 2
+            _mm_prefetch((const char *)wr + (size_t)i * es + pfd, _MM_HINT_T0);
+        __m256 w0 = ld8(wr, dt, (size_t)i), w1 = ld8(wr, dt, (size_t)i + 8);
+#pragma GCC unroll 4
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * ldx + i;
-            __m256 x0 = _mm256_loadu_ps(xt), x1 = _mm256_loadu_ps(xt + 8);
-            a[0][t][0] = _mm256_fmadd_ps(w00, x0, a[0][t][0]);
-            a[0][t][1] = _mm256_fmadd_ps(w01, x1, a[0][t][1]);
-            a[1][t][0] = _mm256_fmadd_ps(w10, x0, a[1][t][0]);
-            a[1][t][1] = _mm256_fmadd_ps(w11, x1, a[1][t][1]);
+            a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xt), a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xt + 8), a[t][1]);
         }
     }
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * ldx;
-        for (int j = 0; j < nr; j++) {
-            float v = hsum(_mm256_add_ps(a[j][t][0], a[j][t][1]));
-            for (int k = i; k < in; k++)
-                v += kern_ld(wr[j], dt, (size_t)k) * xt[k];
-            y[(size_t)t * ldy + (size_t)(r0 + j)] = v;
-        }
+        float v = hsum(_mm256_add_ps(a[t][0], a[t][1]));
+        for (int k = i; k < in; k++)
+            v += kern_ld(wr, dt, (size_t)k) * xt[k];
+        y[(size_t)t * ldy + (size_t)r0] = v;
     }
 }
 
 /* Float rows [r0, r1): one token 4 rows at a time (mv_block, which streams
- * them); more tokens 2 per pass over a pair of rows, which stays in L1 for
- * the next 2. Only the first pass prefetches the next rows. */
+ * them); more tokens up to MV_T per pass over one row, which stays in L1 for
+ * the next pass. Only the first pass prefetches the next row. */
 AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                 int r0, int r1, enum dtype dt)
 {
@@ -172,15 +167,17 @@ AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, con
             mv_block(y, x, w, r, r1 - r < 4 ? r1 - r : 4, dt);
         return;
     }
-    for (int r = r0; r < r1; r += 2) {
-        int nr = r1 - r < 2 ? r1 - r : 2;
-        for (int t = 0; t < n_tok; t += 2) {
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n_tok; t += MV_T) {
             float *yt = y + (size_t)t * ldy;
             const float *xt = x + (size_t)t * ldx;
-            if (n_tok - t == 1)
-                mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 1);
-            else
-                mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 2);
+            bool pf = t == 0;
+            switch (n_tok - t < MV_T ? n_tok - t : MV_T) {
+            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, dt, pf, 1); break;
+            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, dt, pf, 2); break;
+            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, dt, pf, 3); break;
+            default: mv_block_t(yt, ldy, xt, ldx, w, r, dt, pf, MV_T); break;
+            }
         }
     }
 }
@@ -1134,7 +1131,10 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->pack_w = a2_pack_w;
     k->gemm_nr = 16;
     k->gemm_mr = 6;
-    k->gemm_min_tok = 8;
+    /* Float W: below 16 tokens mv_rows (one row by 4 tokens a pass) beat the GEMM (bench_linear
+     * "pf", 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s against 100-103);
+     * at 16 the GEMM won (141-157 against 100-105). */
+    k->gemm_min_tok = 16;
     /* Quantized W: the GEMM dequantizes and transposes every panel, a fixed cost the
      * matvec (one dequantized row reused from L1 by every token) avoids. Measured on a
      * Zen 4 host (family 25 model 17, AVX2 path, 2 threads, Llama-3.2-1B-shaped MLX 4-bit):
