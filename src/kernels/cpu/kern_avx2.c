@@ -83,42 +83,34 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
 #define MV_PF_MAX 16384
 #endif
 
-/* Rows r0 .. r0+nr (nr <= 4) for one token; a missing row repeats the last. */
-AI void mv_block(float *y, const float *x, const struct wmat *w, int r0, int nr, enum dtype dt)
+/* Row r for one token, one row at a time: the matrix is then one sequential stream, which
+ * the hardware prefetcher follows across rows; four rows side by side were four streams a
+ * page apart (bench_linear "mv", bf16 from DRAM, 2 threads, Zen 5 on these kernels: 4096 x
+ * 4096, 14336 x 4096 and 4096 x 14336 at 51-96 GB/s against 31-38). Two accumulators (even
+ * and odd pieces of 8), hsum, then the scalar tail. */
+AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype dt)
 {
-    const void *wr[4];
-    int in = w->in;
-    size_t es = dt == DTYPE_F32 ? 4 : 2;
+    const void *wr = w->data + (size_t)r * w->row_bytes;
+    const int in = w->in;
+    const size_t es = dt == DTYPE_F32 ? 4 : 2;
     const size_t pfd = 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;
-    for (int j = 0; j < 4; j++)
-        wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    __m256 a[4][2];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-        a[j][0] = a[j][1] = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= in; i += 16) {
-        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
         if (!((size_t)i * es & 63))
-            for (int j = 0; j < 4; j++)
-                _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            a[j][0] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i), x0, a[j][0]);
-            a[j][1] = _mm256_fmadd_ps(ld8(wr[j], dt, (size_t)i + 8), x1, a[j][1]);
-        }
+            _mm_prefetch((const char *)wr + (size_t)i * es + pfd, _MM_HINT_T0);
+        a0 = _mm256_fmadd_ps(ld8(wr, dt, (size_t)i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(ld8(wr, dt, (size_t)i + 8), _mm256_loadu_ps(x + i + 8), a1);
     }
-    for (int j = 0; j < nr; j++) {
-        float v = hsum(_mm256_add_ps(a[j][0], a[j][1]));
-        for (int k = i; k < in; k++)
-            v += kern_ld(wr[j], dt, (size_t)k) * x[k];
-        y[r0 + j] = v;
-    }
+    float v = hsum(_mm256_add_ps(a0, a1));
+    for (int k = i; k < in; k++)
+        v += kern_ld(wr, dt, (size_t)k) * x[k];
+    y[r] = v;
 }
 
 /* Row r0 for T (<= MV_T) tokens at once: each 8-input piece of the row is
  * widened once for all T; x is read from L1 by the FMAs themselves. Every
- * token's sum is formed exactly as mv_block forms it (two accumulators, hsum,
+ * token's sum is formed exactly as mv_row forms it (two accumulators, hsum,
  * the scalar tail), so a token's outputs do not depend on the tokens beside it.
  * One row by 4 tokens (8 accumulators) beat two rows by two (bench_linear "pf",
  * 4096 x 4096 bf16, 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s
@@ -156,15 +148,15 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
     }
 }
 
-/* Float rows [r0, r1): one token 4 rows at a time (mv_block, which streams
+/* Float rows [r0, r1): one token a row at a time (mv_row, which streams
  * them); more tokens up to MV_T per pass over one row, which stays in L1 for
  * the next pass. Only the first pass prefetches the next row. */
 AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                 int r0, int r1, enum dtype dt)
 {
     if (n_tok == 1) {
-        for (int r = r0; r < r1; r += 4)
-            mv_block(y, x, w, r, r1 - r < 4 ? r1 - r : 4, dt);
+        for (int r = r0; r < r1; r++)
+            mv_row(y, x, w, r, dt);
         return;
     }
     for (int r = r0; r < r1; r++) {
@@ -348,7 +340,8 @@ static void qscales_f32(float *dst, const struct wmat *w, const uint8_t *s, int 
 /* Codes per matvec chunk (scales of 4 rows widened to the stack at a time). */
 #define QCH 2048
 
-/* Prefetch distance in each of the 4 quantized rows (t == 0 only): as mv_block's. */
+/* Prefetch distance in each of the 4 quantized rows (t == 0 only): the same offset of the
+ * next block of 4 rows, at most 16 KiB. */
 AI size_t mvq_pf(const struct wmat *w)
 {
     return 4 * w->row_bytes < MV_PF_MAX ? 4 * w->row_bytes : MV_PF_MAX;

@@ -567,45 +567,36 @@ static void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n
 // ---- matvec ----
 
 
-/* Rows r0 .. r0+nr (nr <= 4) for one token. A missing row repeats the last
- * one (computed, not stored) so the loop body is always 4 rows wide. */
-AI void mv_block(float *y, const float *x, const struct wmat *w, int r0, int nr, enum dtype dt)
+/* Row r for one token, one row at a time: the matrix is then one sequential stream, which
+ * the hardware prefetcher follows across rows; four rows side by side were four streams a
+ * page apart (bench_linear "mv", bf16 from DRAM, 2 threads, Zen 5: 4096 x 4096, 14336 x 4096
+ * and 4096 x 14336 at 42-47 GB/s against 33-41). Even and odd pieces of 32 in two
+ * accumulators (the FMA chains), the masked tail into the even one, then one reduce. */
+AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype dt)
 {
-    const void *wr[4];
-    int in = w->in;
-    size_t es = dt == DTYPE_F32 ? 4 : 2, pfd = mv_pf(w);
-    for (int j = 0; j < 4; j++)
-        wr[j] = w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
-    __m512 a[4][2];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-        a[j][0] = a[j][1] = _mm512_setzero_ps();
+    const void *wr = w->data + (size_t)r * w->row_bytes;
+    const int in = w->in;
+    const size_t es = dt == DTYPE_F32 ? 4 : 2, pfd = mv_pf(w);
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= in; i += 32) {
-        __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-        for (int j = 0; j < 4; j++)
-            _mm_prefetch((const char *)wr[j] + (size_t)i * es + pfd, _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            a[j][0] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i), x0, a[j][0]);
-            a[j][1] = _mm512_fmadd_ps(ld16f(wr[j], dt, (size_t)i + 16), x1, a[j][1]);
-        }
+        _mm_prefetch((const char *)wr + (size_t)i * es + pfd, _MM_HINT_T0);
+        if (es == 4)
+            _mm_prefetch((const char *)wr + (size_t)i * es + pfd + 64, _MM_HINT_T0);
+        a0 = _mm512_fmadd_ps(ld16f(wr, dt, (size_t)i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(ld16f(wr, dt, (size_t)i + 16), _mm512_loadu_ps(x + i + 16), a1);
     }
     for (; i < in; i += 16) {
         __mmask16 m = tail_mask(in - i);
-        __m512 x0 = _mm512_maskz_loadu_ps(m, x + i);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++)
-            a[j][0] = _mm512_fmadd_ps(ld16(wr[j], dt, (size_t)i, m), x0, a[j][0]);
+        a0 = _mm512_fmadd_ps(ld16(wr, dt, (size_t)i, m), _mm512_maskz_loadu_ps(m, x + i), a0);
     }
-    for (int j = 0; j < nr; j++)
-        y[r0 + j] = _mm512_reduce_add_ps(_mm512_add_ps(a[j][0], a[j][1]));
+    y[r] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
 }
 
 /* Rows r0, r0+1 (nr <= 2) for T (<= 4) tokens from x at once: each
  * 16-input piece of a row is widened once and multiplied by all T tokens,
- * instead of once per token as mv_block does (16 accumulators). Every
- * token's sum is formed exactly as mv_block forms it (even and odd pieces
+ * instead of once per token as mv_row does (16 accumulators). Every
+ * token's sum is formed exactly as mv_row forms it (even and odd pieces
  * of 32 in two accumulators, the masked tail into the even one, then one
  * reduce), so a token's outputs do not depend on the tokens beside it. */
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
@@ -659,7 +650,7 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]));
 }
 
-/* Float rows [r0, r1): one token 4 rows at a time (mv_block, which streams
+/* Float rows [r0, r1): one token a row at a time (mv_row, which streams
  * them); more tokens up to 4 per pass over a pair of rows, which stays in L1
  * for the next 4 (bench_linear "pf", 4096 x 4096 bf16 in L3, 2 threads: 8
  * tokens 170 GFLOP/s; one row and 8 tokens a pass 48-107; the packed GEMM
@@ -668,8 +659,8 @@ AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, con
                 int r0, int r1, enum dtype dt)
 {
     if (n_tok == 1) {
-        for (int r = r0; r < r1; r += 4)
-            mv_block(y, x, w, r, r1 - r < 4 ? r1 - r : 4, dt);
+        for (int r = r0; r < r1; r++)
+            mv_row(y, x, w, r, dt);
         return;
     }
     for (int r = r0; r < r1; r += 2) {
