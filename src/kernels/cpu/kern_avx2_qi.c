@@ -268,8 +268,9 @@ AI float qi8_row(const uint8_t *rw, int cn, const int16_t *q16, const float *m, 
 /* Bytes ahead prefetched (into L2) in each weight row by the first token: the same offset
  * 8 rows on, at most 32 KiB. Against 4 rows into L1 (kern_qi.h's qi_pf_dist) whole-process
  * pairs of llama-1b tg128 (Zen 5 on these kernels, 2 threads, with the prefetch of the next
- * block's scales below) took 0.91x the time at 8-bit and 0.89x at 4-bit (medians of 6);
- * into L2 or L1 made no difference there, and L2 keeps the lines out of a 32 KiB L1 (Zen 4). */
+ * block's scales below) took 0.87x the time at 8-bit and 0.95x at 4-bit (medians of 8; 8 rows
+ * into L1: 0.91x and 0.89x, medians of 6): into L2 or L1 made no difference there, and L2
+ * keeps the lines out of a 32 KiB L1 (Zen 4). */
 #define QI2_PF_MAX 32768
 AI size_t qi2_pf_dist(const struct wmat *w)
 {
