@@ -252,11 +252,11 @@ prepare_llamacpp() {
             log "building llama-bench and llama-quantize in $build (nice; this takes a while)"
             nice -n 19 cmake -S "$llama_src" -B "$build" -DCMAKE_BUILD_TYPE=Release \
                 "${isa_flags[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-                >"$cache/llama.cpp-cmake.log" 2>&1 ||
-                die "llama.cpp cmake failed, see $cache/llama.cpp-cmake.log"
+                >"$build.cmake.log" 2>&1 ||
+                die "llama.cpp cmake failed, see $build.cmake.log"
             nice -n 19 cmake --build "$build" --target llama-bench llama-quantize -j "$(nproc)" \
-                >"$cache/llama.cpp-build.log" 2>&1 ||
-                die "llama.cpp build failed, see $cache/llama.cpp-build.log"
+                >"$build.log" 2>&1 ||
+                die "llama.cpp build failed, see $build.log"
         fi
         [ -f "$stamp" ] || echo "$host" >"$stamp"
     fi

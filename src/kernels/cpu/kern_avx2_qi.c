@@ -244,8 +244,10 @@ AI void qi8_step(__m256 acc[4], const uint8_t *const rw[4], int k, const int16_t
 /* One 8-bit row's sum over the chunk (cn codes at rw) for one token (q16), one row at a
  * time: the rows are then one sequential stream (as the float matvec's mv_row); the same
  * integers and f32 order as qi8_step gives the row among 4 (llama-1b 8-bit tg128 on these
- * kernels, whole-process pairs: 0.91, 0.90 and 0.95x the time, medians of 6-8; 4-bit, bound
- * by its instructions once each row reloads x, took 1.05x and stays on the 4 rows). */
+ * kernels, whole-process pairs: 0.91, 0.90 and 0.95x the time, medians of 6-8). Not for
+ * several tokens, whose rows come from L1 where 4 rows share each load of x (this function
+ * for them took 1.09-1.10x the time at 8 and 24 tokens), nor for 4-bit, which is bound by
+ * its instructions once each row reloads x (1.05x). */
 AI float qi8_row(const uint8_t *rw, int cn, const int16_t *q16, const float *m, const size_t pf,
                  const int G)
 {
@@ -308,8 +310,14 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
         qi_rows(rw, rs, rb, w, r0, nr, c0);
         qi_pf_next_sb(w, r0, g0, gn);
         for (int t = 0; t < n_tok; t++) {
-            float bias[4];
+            float bias[4], v[4];
             const uint8_t *xc = qi_token(mb, bias, rs, rb, w, xq, ldxq, t, c0, g0, gn);
+            if (bits == 8 && n_tok == 1) { /* one row at a time: one stream (qi8_row) */
+                for (int j = 0; j < nr; j++)
+                    v[j] = qi8_row(rw[j], cn, (const int16_t *)xc, m[j], pfd, G);
+                qi_store(y, ldy, t, r0, nr, c0, v, bias);
+                continue;
+            }
             __m256 acc[4];
             for (int j = 0; j < 4; j++)
                 acc[j] = _mm256_setzero_ps();
@@ -326,12 +334,6 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                         qi4_step(acc, rw, k, 64, xc + 2 * (size_t)k, m, 0, G, fp4, xs, L);
                 if (kf < cn)
                     qi4_step(acc, rw, kf, 32, xc + 2 * (size_t)kf, m, 0, G, fp4, xs, L);
-            } else if (n_tok == 1) { /* one row at a time: one stream (qi8_row) */
-                float v[4];
-                for (int j = 0; j < nr; j++)
-                    v[j] = qi8_row(rw[j], cn, (const int16_t *)xc, m[j], pfd, G);
-                qi_store(y, ldy, t, r0, nr, c0, v, bias);
-                continue;
             } else if (t == 0) {
                 for (int k = 0; k < cn; k += G)
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
@@ -339,7 +341,6 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
                 for (int k = 0; k < cn; k += G)
                     qi8_step(acc, rw, k, (const int16_t *)xc, m, 0, G);
             }
-            float v[4];
             for (int j = 0; j < 4; j++)
                 v[j] = qi_hsum(acc[j]);
             qi_store(y, ldy, t, r0, nr, c0, v, bias);
