@@ -704,38 +704,6 @@ static void test_file_map_all(void **state)
     stb_rmtree(dir);
 }
 
-/* file_map_to_anon keeps the bytes at the same addresses, across several
- * 16 MiB chunks and a final partial page, and the file's later changes no
- * longer show through (the bytes are the process's own). */
-static void test_file_map_to_anon(void **state)
-{
-    (void)state;
-    char *dir = stb_tmpdir();
-    assert_non_null(dir);
-    const char *path = stb_path(dir, "w.bin");
-    size_t n = (37u << 20) + 4097; /* 37 MiB and a bit: three chunks, a partial page */
-    uint8_t *want = malloc(n);
-    assert_non_null(want);
-    for (size_t i = 0; i < n; i++)
-        want[i] = (uint8_t)(i * 2654435761u >> 13);
-    assert_int_equal(stb_write_raw(path, want, n), 0);
-    const void *map = NULL;
-    size_t len = 0;
-    struct err e = {0};
-    assert_int_equal(file_map_all(path, FILE_USER, &map, &len, &e), 0);
-    const void *before = map;
-    assert_int_equal(file_map_to_anon(map, len, &e), 0);
-    assert_ptr_equal(map, before);
-    assert_memory_equal(map, want, n);
-    /* overwrite the file: a MAP_PRIVATE file page could still show this, our copy may not */
-    memset(want, 0x5a, 4096);
-    assert_int_equal(stb_write_raw(path, want, n), 0);
-    assert_int_not_equal(((const uint8_t *)map)[0], 0x5a);
-    file_unmap(map, len);
-    free(want);
-    stb_rmtree(dir);
-}
-
 /* Reading and mapping refuse the same files with the same error. */
 static void expect_refused(const char *path, int code, const char *sub)
 {
@@ -796,7 +764,6 @@ static const struct CMUnitTest k_json_tests[] = {
 static const struct CMUnitTest k_fileio_tests[] = {
     cmocka_unit_test(test_file_read_all),
     cmocka_unit_test(test_file_map_all),
-    cmocka_unit_test(test_file_map_to_anon),
     cmocka_unit_test(test_file_refused),
 };
 

@@ -1,6 +1,6 @@
 /*
  * prepare: model_prepare's bookkeeping around backends that repack weights
- * (ADR 0029).
+ * (ADR 0029) or copy them out of the mapping (ADR 0037).
  *
  * The trained 4-bit Phixtral (every linear affine 4-bit, experts stacked
  * mlx-lm style) is prepared for the default CPU backend and for one that
@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/safetensors.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "models/selftest.h"
@@ -26,28 +27,50 @@
 #define MODEL "models/phixtral-tiny-4bit"
 #define NTOK  6
 
-/* Logits of NTOK prompt tokens (all rows) for m on a new CPU backend (repack: MLXCEL_REPACK). */
-static float *run(struct model *m, bool repack, int *n_packed)
+/* Logits of NTOK prompt tokens (all rows) for m on a new CPU backend made with env=val
+ * (MLXCEL_REPACK, MLXCEL_MMAP; NULL val: unset); *n_packed: views repacked, *n_copied:
+ * linear views no longer in the checkpoint's mapping. */
+static float *run_env(struct model *m, const char *env, const char *val, int *n_packed,
+                      int *n_copied, int *n_lin)
 {
     static const int32_t ids[NTOK] = {5, 17, 42, 8, 99, 3};
     struct backend *be = NULL;
     struct stest_run r = {0};
     struct err e = {0};
-    setenv("MLXCEL_REPACK", repack ? "1" : "0", 1);
+    if (val)
+        setenv(env, val, 1);
+    else
+        unsetenv(env);
     if (backend_cpu_new(&be, 2, NULL, &e) < 0)
         fail_msg("%s", e.msg);
-    unsetenv("MLXCEL_REPACK");
+    unsetenv(env);
     float *logits = malloc((size_t)NTOK * m->hp.n_vocab * sizeof *logits);
     assert_non_null(logits);
     if (stest_run_open(&r, NULL, m, be, NTOK, &e) < 0 || stest_run_feed(&r, ids, NTOK, true, logits, &e) < 0)
         fail_msg("%s: %s", MODEL, e.msg);
-    *n_packed = 0;
-    for (int il = 0; il < m->hp.n_layer; il++)
-        *n_packed += m->layers[il].wqkv.packed + m->layers[il].wo.packed;
-    *n_packed += m->lm_head.packed;
+    const struct tensor *lin[5 * 64 + 1];
+    int n = 0;
+    for (int il = 0; il < m->hp.n_layer && il < 64; il++) {
+        const struct layer *l = &m->layers[il];
+        lin[n++] = &l->wq, lin[n++] = &l->wk, lin[n++] = &l->wv, lin[n++] = &l->wqkv;
+        lin[n++] = &l->wo;
+    }
+    lin[n++] = &m->lm_head;
+    *n_packed = *n_copied = *n_lin = 0;
+    for (int i = 0; i < n; i++) {
+        *n_packed += lin[i]->packed;
+        *n_lin += tensor_is_present(lin[i]);
+        *n_copied += tensor_is_present(lin[i]) && !st_set_holds(m->st, lin[i]->data, 1);
+    }
     stest_run_close(&r);
     backend_free(be);
     return logits;
+}
+
+static float *run(struct model *m, bool repack, int *n_packed)
+{
+    int n_copied, n_lin;
+    return run_env(m, "MLXCEL_REPACK", repack ? "1" : "0", n_packed, &n_copied, &n_lin);
 }
 
 static void repack_and_again(void **state)
@@ -88,8 +111,43 @@ static void repack_and_again(void **state)
     model_free(ms);
 }
 
+/* Float weights (ADR 0037): by default and with MLXCEL_MMAP=0 the backend copies every
+ * linear into memory of its own, with MLXCEL_MMAP=1 it reads the mapping; the logits are
+ * the same bits all three ways (the same bytes, the same kernels), and again after the
+ * model is prepared for a new backend (the mapping's given-back pages read from the file). */
+static void copy_and_again(void **state)
+{
+    (void)state;
+    struct model *m = NULL;
+    struct err e = {0};
+    if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
+        fail_msg("%s", e.msg);
+    int np, nc, nl;
+    float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    assert_true(nl > m->hp.n_layer);
+    assert_int_equal(np, 0);
+    assert_int_equal(nc, 0);
+    float *copied = run_env(m, "MLXCEL_MMAP", NULL, &np, &nc, &nl);
+    assert_int_equal(np, 0);
+    assert_int_equal(nc, nl);
+    float *forced = run_env(m, "MLXCEL_MMAP", "0", &np, &nc, &nl);
+    assert_int_equal(nc, nl);
+    float *again = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    assert_int_equal(nc, 0);
+    const size_t n = (size_t)NTOK * m->hp.n_vocab * sizeof *mapped;
+    assert_memory_equal(mapped, copied, n);
+    assert_memory_equal(mapped, forced, n);
+    assert_memory_equal(mapped, again, n);
+    free(mapped);
+    free(copied);
+    free(forced);
+    free(again);
+    model_free(m);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(repack_and_again),
+    cmocka_unit_test(copy_and_again),
 };
 
 TEST_SUITE(prepare, tests);

@@ -364,17 +364,6 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
 
 // ---- engine ----
 
-/* Where a CPU backend reads the weights from: MLXCEL_MMAP=0 (--no-mmap) copies
- * them into anonymous memory first (model_weights_to_anon), anything else reads
- * the file mapping. A GPU backend uploads them and never reads the host copy. */
-static int weights_placement(struct model *m, const struct backend *be, struct err *e)
-{
-    const char *v = getenv("MLXCEL_MMAP");
-    if (!backend_is_cpu(be) || !v || strcmp(v, "0") != 0)
-        return 0;
-    return model_weights_to_anon(m, e);
-}
-
 int cli_kv_dtype(enum dtype *out, struct err *e)
 {
     const char *v = getenv("MLXCEL_KV_TYPE");
@@ -409,7 +398,7 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     if (backend_env_flag("MLXCEL_FAST", false) && !en->be->fast)
         fprintf(stderr, "mlxcel: --fast changes nothing on %s (only the CPU backend with AVX2 or "
                 "AVX-512 has it); running exact\n", en->be->name);
-    if ((rc = weights_placement(m, en->be, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
+    if ((rc = model_prepare(m, en->be, e)) < 0 ||
         (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
         (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
         cli_engine_close(en);

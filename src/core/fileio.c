@@ -251,38 +251,7 @@ void file_unmap(const void *map, size_t len)
         munmap((void *)(uintptr_t)map, len);
 }
 
-/* Chunk of file_map_to_anon: a multiple of the 2 MiB huge page. */
-#define ANON_CHUNK (16u << 20)
-#define HUGE_PAGE  (2u << 20)
-
-int file_map_to_anon(const void *map, size_t len, struct err *e)
-{
-    uintptr_t base = (uintptr_t)map, off = 0;
-    uint8_t *tmp = len ? malloc(len < ANON_CHUNK ? len : ANON_CHUNK) : NULL;
-    if (len && !tmp)
-        return err_setf(e, ERR_NOMEM, "out of memory copying weights into memory");
-    while (off < len) {
-        /* chunks end on huge-page boundaries, so every whole 2 MiB inside can be one page */
-        uintptr_t a = base + off, end = (a + ANON_CHUNK) & ~(uintptr_t)(HUGE_PAGE - 1);
-        size_t n = end - a < len - off ? end - a : len - off;
-        memcpy(tmp, (const void *)a, n);
-        void *p = mmap((void *)a, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                       -1, 0);
-        if (p == MAP_FAILED) {
-            free(tmp);
-            return err_setf(e, ERR_NOMEM, "copying weights into memory: mmap of %zu bytes: %s", n,
-                            strerror(errno));
-        }
-#ifdef MADV_HUGEPAGE
-        madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
-#endif
-        memcpy(p, tmp, n);
-        mprotect(p, n, PROT_READ);
-        off += n;
-    }
-    free(tmp);
-    return 0;
-}
+#define HUGE_PAGE (2u << 20)
 
 void mem_release(const void *p, size_t len)
 {
@@ -309,4 +278,18 @@ void mem_anon_free(void *p, size_t len)
 {
     if (p)
         munmap(p, len ? len : 1);
+}
+
+uint64_t mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[128];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib <= UINT64_MAX / 1024 ? (uint64_t)kib * 1024 : 0;
 }

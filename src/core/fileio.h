@@ -20,6 +20,7 @@
  */
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/stat.h>
 
 #include "err.h"
@@ -58,13 +59,6 @@ int file_map_all(const char *path, enum file_scope scope, const void **map, size
                  struct err *e);
 /* Release a file_map_all mapping; a NULL map is a no-op. */
 void file_unmap(const void *map, size_t len);
-/* Replace a file_map_all mapping, in place and at the same addresses, by anonymous
- * memory holding the same bytes (transparent huge pages requested), so that reads
- * no longer go through the page cache. Copies 16 MiB at a time, dropping each
- * chunk of the file mapping as it goes: resident memory grows by one chunk at
- * most. Still read-only afterwards; file_unmap releases it. On failure the range
- * may be partly unmapped: the caller must not read it again. */
-int file_map_to_anon(const void *map, size_t len, struct err *e);
 
 /* Give back the whole pages inside [p, p + len) (madvise MADV_DONTNEED): the
  * process stops holding them, a file mapping reads them from the file again if
@@ -75,6 +69,11 @@ void mem_release(const void *p, size_t len);
  * out of memory), and its release. */
 void *mem_anon_alloc(size_t len);
 void mem_anon_free(void *p, size_t len);
+
+/* The memory the kernel reports available to new allocations (MemAvailable of
+ * /proc/meminfo: free memory plus what reclaim would give, the page cache included);
+ * 0 when it cannot be read. */
+uint64_t mem_available_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -308,16 +308,6 @@ bool st_set_holds(const struct st_set *s, const void *p, size_t len)
     return false;
 }
 
-int st_set_to_anon(struct st_set *s, struct err *e)
-{
-    for (size_t i = 0; i < s->n_files; i++) {
-        int rc = file_map_to_anon(s->files[i].map, s->files[i].map_len, e);
-        if (rc < 0)
-            return err_prefix(e, "%s", s->files[i].path);
-    }
-    return 0;
-}
-
 static void file_close(struct st_file *f)
 {
     file_unmap(f->map, f->map_len);

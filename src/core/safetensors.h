@@ -63,10 +63,6 @@ int st_set_open(struct st_set **out, const char *dir, struct err *e);
 /* Open a single .safetensors file (used for golden files and tests). */
 int st_set_open_file(struct st_set **out, const char *path, struct err *e);
 void st_set_free(struct st_set *s);
-/* Move every file's bytes from the page cache into anonymous memory at the same
- * addresses (file_map_to_anon): tensor pointers stay valid. On failure the set's
- * data must not be read again. */
-int st_set_to_anon(struct st_set *s, struct err *e);
 
 size_t st_set_count(const struct st_set *s);
 /* Tensors are ordered by name (strcmp); i >= count -> NULL. */

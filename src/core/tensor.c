@@ -99,3 +99,23 @@ uint64_t tensor_storage_bytes(const struct tensor *t)
              dtype_size(t->qsdtype);
     return b;
 }
+
+uint64_t tensor_data_extent(const struct tensor *t)
+{
+    if (t->ndim == 0)
+        return 0;
+    uint64_t el = (uint64_t)tensor_row_storage(t);
+    for (int d = 0; d < t->ndim - 1; d++)
+        el += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->stride[d];
+    return el * dtype_size(t->dtype);
+}
+
+uint64_t tensor_qaux_bytes(const struct tensor *t)
+{
+    if (t->ndim == 0 || !t->qbits || t->qgroup <= 0)
+        return 0;
+    uint64_t rows = 1;
+    for (int d = 0; d < t->ndim - 1; d++)
+        rows *= (uint64_t)t->shape[d];
+    return rows * (uint64_t)(t->shape[t->ndim - 1] / t->qgroup) * dtype_size(t->qsdtype);
+}

@@ -227,15 +227,6 @@ uint64_t model_weight_bytes(const struct model *m)
     return b;
 }
 
-int model_weights_to_anon(struct model *m, struct err *e)
-{
-    if (m->weights_anon || !m->st)
-        return 0;
-    int rc = st_set_to_anon(m->st, e);
-    m->weights_anon = rc == 0;
-    return rc;
-}
-
 /* ---- preparing the weights for a backend ----
  * Every weight view is handed to the backend once. Views that are the same
  * tensor (a head tied to the embedding) are prepared once and share the
@@ -289,16 +280,10 @@ static bool same_view(const struct tensor *a, const struct tensor *b)
 /* The byte ranges a view reads: its data, scales and biases (n written, <= 3). */
 static int view_ranges(const struct tensor *t, struct prep_range *r, int item)
 {
-    int nd = t->ndim, n = 0;
-    uint64_t el = (uint64_t)tensor_row_storage(t), rows = 1;
-    for (int d = 0; d < nd - 1; d++) {
-        el += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->stride[d];
-        rows *= (uint64_t)t->shape[d];
-    }
-    r[n++] = (struct prep_range){(uintptr_t)t->data,
-                                 (uintptr_t)t->data + (uintptr_t)(el * dtype_size(t->dtype)), item};
-    if (t->qbits && t->qgroup > 0) {
-        uint64_t sb = rows * (uint64_t)(t->shape[nd - 1] / t->qgroup) * dtype_size(t->qsdtype);
+    int n = 0;
+    r[n++] = (struct prep_range){(uintptr_t)t->data, (uintptr_t)t->data + tensor_data_extent(t), item};
+    uint64_t sb = tensor_qaux_bytes(t);
+    if (sb) {
         if (t->qscales)
             r[n++] = (struct prep_range){(uintptr_t)t->qscales, (uintptr_t)t->qscales + sb, item};
         if (t->qbiases)
@@ -359,11 +344,6 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
     }
     prep_items(m, it);
     for (size_t i = 0; i < m->n_prepared; i++) { /* prepared before: the views as bound */
-        if (m->stored_gone) {
-            rc = err_setf(e, ERR_UNSUPPORTED, "the model's stored weights were given back when it "
-                          "was prepared for another backend: load it again");
-            goto out;
-        }
         struct prepared_view *pv = &m->prepared[i];
         pv->t->data = pv->data;
         pv->t->qscales = pv->qscales;
@@ -414,8 +394,6 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
             for (int j = 0; j < k && mine; j++)
                 mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
             rc = be->ops->prepare_weight(be, t, mine ? PREP_SOURCE_DISPOSABLE : 0u, e);
-            /* anonymous bytes given back read as zeros: no preparing again */
-            m->stored_gone |= mine && m->weights_anon && t->packed;
         }
         const struct prepared_view *pv = &m->prepared[m->n_prepared];
         if (t->data != pv->data || t->qscales != pv->qscales || t->qbiases != pv->qbiases ||

@@ -124,13 +124,10 @@ struct model {
     struct hparams hp;
     const struct model_ops *ops;
     struct st_set *st;               /* owns the mmaps */
-    bool weights_anon;               /* model_weights_to_anon has run */
     /* model_prepare: the views a backend rewrote, with their stored pointers, so that
-     * preparing again (for another backend) starts from the views as bound; stored_gone
-     * when a backend gave back stored bytes that cannot be read again (anonymous copies). */
+     * preparing again (for another backend) starts from the views as bound. */
     struct prepared_view *prepared;
     size_t n_prepared, cap_prepared;
-    bool stored_gone;
     struct generation_defaults gen;
     char dir[4096];
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
@@ -182,16 +179,12 @@ int model_kv_window_positions(int window, int n_tokens, int block_size);
  * window. */
 uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size, enum dtype kv_dtype);
 
-/* Prepare every weight for be once (backend_ops.prepare_weight: the CPU keeps the mmap
- * views or repacks them; a GPU uploads). The views then belong to be: a model runs on
- * the backend it was last prepared for, which must outlive that use. Preparing again
- * (for a new backend) starts from the views as bound; -ERR_UNSUPPORTED when the stored
- * bytes were given back and are gone (weights copied into memory, then repacked). */
+/* Prepare every weight for be once (backend_ops.prepare_weight: the CPU copies the
+ * views into memory of its own or repacks them, or keeps the mmap views; a GPU uploads).
+ * The views then belong to be: a model runs on the backend it was last prepared for,
+ * which must outlive that use. Preparing again (for a new backend) starts from the views
+ * as bound (pages of the mapping given back are read from the file again). */
 int model_prepare(struct model *m, struct backend *be, struct err *e);
-/* Copy the checkpoint's bytes out of the page cache into anonymous memory (huge
- * pages where the kernel gives them) at the same addresses, so a CPU backend
- * streams weights from memory the process owns: st_set_to_anon. Runs once. */
-int model_weights_to_anon(struct model *m, struct err *e);
 
 /* Activation buffers and per-chunk metadata, carved out of one backend
  * allocation at context creation. B = n_batch (rows per forward chunk),

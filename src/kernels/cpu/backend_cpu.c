@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../../core/fileio.h"
 #include "../../core/log.h"
@@ -50,10 +51,25 @@ void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes)
              what);
 }
 
+/* Buffers of 2 MiB and more start on a huge-page boundary and are advised huge pages (advice
+ * only: without THP they are plain pages): the GEMM walks a prompt's activations row by row. */
+static void *alloc_bytes(size_t bytes)
+{
+    if (bytes < (2u << 20))
+        return aligned_alloc(64, bytes ? bytes : 64);
+    size_t n = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    void *p = aligned_alloc(2u << 20, n);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static float *alloc_floats(size_t n)
 {
     size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-    return aligned_alloc(64, bytes ? bytes : 64);
+    return alloc_bytes(bytes);
 }
 
 bool cpu_scratch_ensure(struct cpu_backend *c, size_t n)
@@ -106,7 +122,7 @@ static int cpu_buf_alloc(struct backend *be, size_t bytes, void **out, struct er
 {
     (void)be;
     size_t n = (bytes + 63) & ~(size_t)63;
-    *out = n >= bytes ? aligned_alloc(64, n ? n : 64) : NULL;
+    *out = n >= bytes ? alloc_bytes(n) : NULL;
     if (!*out)
         return err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB", bytes >> 20);
     return 0;
@@ -147,10 +163,114 @@ static void pack_task(void *arg, int ith, int nth)
 /* Source bytes packed between releases of the consumed pages. */
 #define PACK_SLAB (8u << 20)
 
+/* len bytes of anonymous memory (huge pages advised) the backend frees at destroy; NULL
+ * with e set when out of memory. */
+static uint8_t *pack_alloc(struct cpu_backend *c, size_t len, const char *why,
+                           const struct tensor *w, struct err *e)
+{
+    if (c->n_packs == c->cap_packs) {
+        size_t cap = c->cap_packs ? 2 * c->cap_packs : 64;
+        struct cpu_pack *np = realloc(c->packs, cap * sizeof *np);
+        if (!np) {
+            err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+            return NULL;
+        }
+        c->packs = np;
+        c->cap_packs = cap;
+    }
+    uint8_t *dst = mem_anon_alloc(len);
+    if (!dst) {
+        err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to %s %s", len >> 20, why,
+                 w->name ? w->name : "a weight");
+        return NULL;
+    }
+    c->packs[c->n_packs++] = (struct cpu_pack){dst, len};
+    return dst;
+}
+
+/* Weights the kernels read in their stored layout are copied out of the file mapping into
+ * anonymous memory with huge pages advised (ADR 0037): on the VMs this was measured on,
+ * reading 4 KiB pages of a mapping cost bf16 decode a quarter of its speed. Weights of
+ * less than COPY_CHUNK / 2 bytes share chunks of COPY_CHUNK; larger ones get their own. */
+#define COPY_CHUNK (32u << 20)
+
+static uint8_t *copy_alloc(struct cpu_backend *c, size_t len, const struct tensor *w,
+                           struct err *e)
+{
+    len = (len + 63) & ~(size_t)63;
+    if (len >= COPY_CHUNK / 2)
+        return pack_alloc(c, len, "copy", w, e);
+    if (len > c->copy_left) {
+        if (!(c->copy_cur = pack_alloc(c, COPY_CHUNK, "copy", w, e)))
+            return NULL;
+        c->copy_left = COPY_CHUNK;
+    }
+    uint8_t *p = c->copy_cur;
+    c->copy_cur += len;
+    c->copy_left -= len;
+    return p;
+}
+
+struct copy_ctx {
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t n;
+};
+
+static void copy_task(void *arg, int ith, int nth)
+{
+    const struct copy_ctx *cc = arg;
+    long lo, hi;
+    tpool_range((long)((cc->n + 4095) / 4096), ith, nth, &lo, &hi);
+    size_t a = (size_t)lo * 4096, z = (size_t)hi * 4096 < cc->n ? (size_t)hi * 4096 : cc->n;
+    if (a < z)
+        memcpy(cc->dst + a, cc->src + a, z - a);
+}
+
+/* n bytes from src into dst, a slab at a time on every thread (most of the time goes to
+ * the kernel zeroing the new pages), each consumed slab's pages given back. */
+static void copy_release(struct cpu_backend *c, uint8_t *dst, const uint8_t *src, size_t n)
+{
+    for (size_t o = 0; o < n; o += PACK_SLAB) {
+        struct copy_ctx cc = {dst + o, src + o, n - o < PACK_SLAB ? n - o : PACK_SLAB};
+        if (cc.n >= (1u << 20))
+            tpool_run(c->pool, copy_task, &cc);
+        else
+            memcpy(cc.dst, cc.src, cc.n);
+        mem_release(cc.src, cc.n);
+    }
+}
+
+/* w's stored bytes (data, scales, biases) copied as they are, views rebased: only when
+ * the source is disposable (its pages go back as they are copied, so resident memory
+ * grows by one slab) and the copies stay within the budget. */
+static int copy_weight(struct cpu_backend *c, struct tensor *w, unsigned flags, struct err *e)
+{
+    const uint64_t nd = tensor_data_extent(w), na = tensor_qaux_bytes(w);
+    const uint64_t total = nd + (w->qscales ? na : 0) + (w->qbiases ? na : 0);
+    if (!(flags & PREP_SOURCE_DISPOSABLE) || !w->data || total == 0 || total > c->copy_budget ||
+        total > SIZE_MAX / 2)
+        return 0;
+    const void **src[3] = {(const void **)&w->data, &w->qscales, &w->qbiases};
+    const uint64_t len[3] = {nd, na, na};
+    for (int i = 0; i < 3; i++) {
+        if (!*src[i] || len[i] == 0)
+            continue;
+        uint8_t *dst = copy_alloc(c, (size_t)len[i], w, e);
+        if (!dst)
+            return -ERR_NOMEM;
+        copy_release(c, dst, *src[i], (size_t)len[i]);
+        *src[i] = dst;
+    }
+    c->copy_budget -= total;
+    return 0;
+}
+
 /* A 4/8-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h) into anonymous
- * memory the backend owns. Panels are packed a slab at a time on every thread; when the
- * source is disposable the pages of each consumed slab go back at once, so resident
- * memory grows by about one slab, not by the tensor. */
+ * memory the backend owns; any other W copied there as it is (copy_weight). Panels are
+ * packed a slab at a time on every thread; when the source is disposable the pages of
+ * each consumed slab go back at once, so resident memory grows by about one slab, not by
+ * the tensor. */
 static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
 {
     struct cpu_backend *c = cpu_of(be);
@@ -161,23 +281,13 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     wmat_from(&m, w);
     if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m) ||
         !(flags & (PREP_SOURCE_DISPOSABLE | PREP_REPACK_BESIDE)))
-        return 0; /* the kernels read the mmap view in its stored layout */
+        return copy_weight(c, w, flags, e); /* the kernels read the stored layout */
     const int n_panels = (m.out + 15) / 16;
     m.qg16_panel = kern_qg16_bytes(m.in, m.qbits, m.qgroup, dtype_size(m.qsdt));
     const size_t len = (size_t)n_panels * m.qg16_panel;
-    if (c->n_packs == c->cap_packs) {
-        size_t cap = c->cap_packs ? 2 * c->cap_packs : 64;
-        struct cpu_pack *np = realloc(c->packs, cap * sizeof *np);
-        if (!np)
-            return err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
-        c->packs = np;
-        c->cap_packs = cap;
-    }
-    uint8_t *dst = mem_anon_alloc(len);
+    uint8_t *dst = pack_alloc(c, len, "repack", w, e);
     if (!dst)
-        return err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to repack %s",
-                        len >> 20, w->name ? w->name : "a weight");
-    c->packs[c->n_packs++] = (struct cpu_pack){dst, len};
+        return -ERR_NOMEM;
     const size_t ss_bytes = (size_t)m.out * m.qrow_bytes;
     const int slab = (int)(PACK_SLAB / (16 * m.row_bytes) + 1);
     for (int p = 0; p < n_panels; p += slab) {
@@ -1019,6 +1129,12 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.n_threads = c->nth;
     c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     c->repack = backend_env_flag("MLXCEL_REPACK", true);
+    /* MLXCEL_MMAP (--mmap / --no-mmap): 1 reads the weights through the file mapping, 0
+     * copies them whatever the memory, unset copies up to 3/4 of the memory available now
+     * (the rest stays mapped, which the kernel can page out; ADR 0037) */
+    const char *mm = getenv("MLXCEL_MMAP");
+    c->copy_budget = !mm || !*mm ? mem_available_bytes() / 4 * 3
+                     : backend_env_flag("MLXCEL_MMAP", true) ? 0 : UINT64_MAX;
     if (backend_env_flag("MLXCEL_FAST", false) && c->k.matvec_qi_fast) {
         c->k.matvec_qi = c->k.matvec_qi_fast;
         c->be.fast = true;
