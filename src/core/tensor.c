@@ -105,8 +105,11 @@ uint64_t tensor_data_extent(const struct tensor *t)
     if (t->ndim == 0)
         return 0;
     uint64_t el = (uint64_t)tensor_row_storage(t);
-    for (int d = 0; d < t->ndim - 1; d++)
+    for (int d = 0; d < t->ndim - 1; d++) {
+        if (t->shape[d] <= 0)
+            return 0;
         el += (uint64_t)(t->shape[d] - 1) * (uint64_t)t->stride[d];
+    }
     return el * dtype_size(t->dtype);
 }
 

@@ -60,7 +60,8 @@ struct tensor tensor_rows(const struct tensor *t, int64_t r0, int64_t n);
 uint64_t tensor_storage_bytes(const struct tensor *t);
 /* Storage elements per logical row of the innermost dim (packed words when quantized). */
 int64_t tensor_row_storage(const struct tensor *t);
-/* Bytes from t->data to the end of its last element, strides included (a view's extent). */
+/* Bytes from t->data to the end of its last element, strides included (a view's extent;
+ * 0 for a tensor with no elements). */
 uint64_t tensor_data_extent(const struct tensor *t);
 /* Bytes of a quantized tensor's scales (and as many of its biases): one group row per
  * logical row, contiguous; 0 when not quantized. */

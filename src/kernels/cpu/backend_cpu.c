@@ -57,6 +57,8 @@ static void *alloc_bytes(size_t bytes)
 {
     if (bytes < (2u << 20))
         return aligned_alloc(64, bytes ? bytes : 64);
+    if (bytes > SIZE_MAX - (2u << 20))
+        return NULL;
     size_t n = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
     void *p = aligned_alloc(2u << 20, n);
 #ifdef MADV_HUGEPAGE
