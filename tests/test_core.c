@@ -371,6 +371,8 @@ static void test_tensor_quantized(void **state)
     assert_true(tensor_is_contiguous(&t));
     assert_int_equal(tensor_nelem(&t), 2 * 3 * 128);
     assert_int_equal(tensor_storage_bytes(&t), 6 * 16 * 4 + 2 * 6 * 2 * 2);
+    assert_int_equal(tensor_data_extent(&t), 6 * 16 * 4);
+    assert_int_equal(tensor_qaux_bytes(&t), 6 * 2 * 2);
 
     struct tensor s = tensor_slice0(&t, 1);
     assert_int_equal(s.ndim, 2);
@@ -381,6 +383,12 @@ static void test_tensor_quantized(void **state)
     assert_ptr_equal(s.qscales, sc + 6);
     assert_ptr_equal(s.qbiases, bi + 6);
     assert_int_equal(tensor_storage_bytes(&s), 3 * 16 * 4 + 2 * 3 * 2 * 2);
+    /* a view whose rows are apart: [3 of every 2nd row of 16 words] ends with its last row */
+    struct tensor gap = s;
+    gap.stride[0] = 32;
+    assert_int_equal(tensor_data_extent(&gap), (2 * 32 + 16) * 4);
+    gap.shape[0] = 0;
+    assert_int_equal(tensor_data_extent(&gap), 0);
 
     struct tensor row = tensor_slice0(&s, 2);
     assert_ptr_equal(row.data, w + 48 + 32);
@@ -729,6 +737,25 @@ static void test_file_refused(void **state)
     stb_rmtree(dir);
 }
 
+/* mem_huge_alloc: small sizes 64-byte aligned, 2 MiB and more on a huge-page boundary and
+ * writable to the end, a size whose rounding would wrap refused; MemAvailable is read. */
+static void test_mem_huge_alloc(void **state)
+{
+    (void)state;
+    uint8_t *s = mem_huge_alloc(100), *h = mem_huge_alloc((3u << 20) + 5);
+    assert_non_null(s);
+    assert_non_null(h);
+    assert_int_equal((uintptr_t)s % 64, 0);
+    assert_int_equal((uintptr_t)h % (2u << 20), 0);
+    memset(s, 1, 100);
+    memset(h, 2, (3u << 20) + 5);
+    assert_int_equal(h[(3u << 20) + 4], 2);
+    free(s);
+    free(h);
+    assert_null(mem_huge_alloc(SIZE_MAX - 1));
+    assert_true(mem_available_bytes() > 0);
+}
+
 static const struct CMUnitTest k_dtype_tests[] = {
     cmocka_unit_test(test_dtype_names),
     cmocka_unit_test(test_f16_known),
@@ -764,6 +791,7 @@ static const struct CMUnitTest k_json_tests[] = {
 static const struct CMUnitTest k_fileio_tests[] = {
     cmocka_unit_test(test_file_read_all),
     cmocka_unit_test(test_file_map_all),
+    cmocka_unit_test(test_mem_huge_alloc),
     cmocka_unit_test(test_file_refused),
 };
 

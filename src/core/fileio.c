@@ -274,22 +274,44 @@ void *mem_anon_alloc(size_t len)
     return p;
 }
 
+void *mem_huge_alloc(size_t bytes)
+{
+    if (bytes < HUGE_PAGE)
+        return aligned_alloc(64, bytes ? (bytes + 63) & ~(size_t)63 : 64);
+    if (bytes > SIZE_MAX - HUGE_PAGE)
+        return NULL;
+    size_t n = (bytes + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+    void *p = aligned_alloc(HUGE_PAGE, n);
+#ifdef MADV_HUGEPAGE
+    if (p)
+        madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
+#endif
+    return p;
+}
+
 void mem_anon_free(void *p, size_t len)
 {
     if (p)
         munmap(p, len ? len : 1);
 }
 
+/* Read with file_open into a buffer on the stack: nothing allocated, so no allocation
+ * failure to lose (MemAvailable is the third line of a file of ~1.5 KiB). */
 uint64_t mem_available_bytes(void)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
+    char buf[4096];
+    struct err e = {0};
+    int fd;
+    if (file_open("/proc/meminfo", FILE_USER, &fd, NULL, &e) < 0)
         return 0;
-    char line[128];
+    size_t n = 0;
+    for (ssize_t k; n < sizeof buf - 1 && (k = read(fd, buf + n, sizeof buf - 1 - n)) > 0;)
+        n += (size_t)k;
+    close(fd);
+    buf[n] = '\0';
+    const char *at = strstr(buf, "MemAvailable:");
     unsigned long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
-            break;
-    fclose(f);
+    if (!at || sscanf(at, "MemAvailable: %llu kB", &kib) != 1)
+        kib = 0;
     return kib <= UINT64_MAX / 1024 ? (uint64_t)kib * 1024 : 0;
 }

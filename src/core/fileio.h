@@ -69,6 +69,9 @@ void mem_release(const void *p, size_t len);
  * out of memory), and its release. */
 void *mem_anon_alloc(size_t len);
 void mem_anon_free(void *p, size_t len);
+/* bytes of heap memory released with free() (64-byte aligned; NULL when out of memory or
+ * too large): from 2 MiB on it starts on a huge-page boundary, huge pages advised. */
+void *mem_huge_alloc(size_t bytes);
 
 /* The memory the kernel reports available to new allocations (MemAvailable of
  * /proc/meminfo: free memory plus what reclaim would give, the page cache included);

@@ -93,11 +93,8 @@ uint64_t tensor_storage_bytes(const struct tensor *t)
     uint64_t rows = 1;
     for (int d = 0; d < t->ndim - 1; d++)
         rows *= (uint64_t)t->shape[d];
-    uint64_t b = rows * (uint64_t)tensor_row_storage(t) * dtype_size(t->dtype);
-    if (t->qbits)
-        b += (t->qbiases ? 2 : 1) * rows * (uint64_t)(t->shape[t->ndim - 1] / t->qgroup) *
-             dtype_size(t->qsdtype);
-    return b;
+    return rows * (uint64_t)tensor_row_storage(t) * dtype_size(t->dtype) +
+           (t->qbiases ? 2 : 1) * tensor_qaux_bytes(t);
 }
 
 uint64_t tensor_data_extent(const struct tensor *t)

@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "../../core/fileio.h"
 #include "../../core/log.h"
@@ -51,27 +50,11 @@ void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes)
              what);
 }
 
-/* Buffers of 2 MiB and more start on a huge-page boundary and are advised huge pages (advice
- * only: without THP they are plain pages): the GEMM walks a prompt's activations row by row. */
-static void *alloc_bytes(size_t bytes)
-{
-    if (bytes < (2u << 20))
-        return aligned_alloc(64, bytes ? bytes : 64);
-    if (bytes > SIZE_MAX - (2u << 20))
-        return NULL;
-    size_t n = (bytes + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-    void *p = aligned_alloc(2u << 20, n);
-#ifdef MADV_HUGEPAGE
-    if (p)
-        madvise(p, n, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
+/* Scratch and activations of 2 MiB and more in huge pages (mem_huge_alloc): the GEMM walks a
+ * prompt's activations row by row. */
 static float *alloc_floats(size_t n)
 {
-    size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
-    return alloc_bytes(bytes);
+    return n <= SIZE_MAX / sizeof(float) ? mem_huge_alloc(n * sizeof(float)) : NULL;
 }
 
 bool cpu_scratch_ensure(struct cpu_backend *c, size_t n)
@@ -124,7 +107,7 @@ static int cpu_buf_alloc(struct backend *be, size_t bytes, void **out, struct er
 {
     (void)be;
     size_t n = (bytes + 63) & ~(size_t)63;
-    *out = n >= bytes ? alloc_bytes(n) : NULL;
+    *out = n >= bytes ? mem_huge_alloc(n) : NULL;
     if (!*out)
         return err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB", bytes >> 20);
     return 0;
