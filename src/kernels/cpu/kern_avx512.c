@@ -650,11 +650,106 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]));
 }
 
+/* The next rows' bytes [p, end), asked for n lines a step of mv_block_p: spread over
+ * every pass, since a burst of prefetches from DRAM (a row group's 32 KiB in one pass)
+ * waits for miss buffers. */
+struct mv_pfw {
+    const char *p, *end;
+    int n;
+};
+
+/* Rows r0 .. r0+nr (nr <= R) for T tokens from x over inputs k0 .. k1, one
+ * parity at a time: mv_row keeps two chains per row (the even 16-input
+ * pieces of each 32 and the odd ones, the masked tail into the even chain),
+ * which never meet before the reduce, so this walks the even pieces of the R
+ * rows for every token, then the odd ones, with one accumulator per row and
+ * token. Each piece of a row is widened once for the T tokens and each load of
+ * x feeds R rows. The chains carry over blocks of inputs in acc ([2][R][T]:
+ * zeroed when k0 is 0; reduced into y when k1 is the row's end), so x of a
+ * block stays in L1 for every token group. A token's sums are mv_row's, so its
+ * outputs do not depend on the tokens beside it. Each step of 32 inputs asks
+ * for pf->n more lines of the rows ahead (mv_pfw). */
+AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
+                   int nr, enum dtype dt, int k0, int k1, __m512 *acc, struct mv_pfw *pf, const int R,
+                   const int T)
+{
+    const char *wr[4];
+    const int in = w->in;
+    for (int j = 0; j < R; j++)
+        wr[j] = (const char *)w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
+#pragma GCC unroll 2
+    for (int par = 0; par < 2; par++) {
+        __m512 a[4][6];
+        __m512 *ap = acc + (size_t)par * R * T;
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++)
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++)
+                a[j][t] = k0 ? ap[j * T + t] : _mm512_setzero_ps();
+        int i = k0;
+        for (; i + 32 <= k1; i += 32) {
+            const size_t p = (size_t)i + 16 * (size_t)par;
+            __m512 wv[4];
+            for (int q = 0; q < pf->n && pf->p < pf->end; q++, pf->p += 64)
+                _mm_prefetch(pf->p, _MM_HINT_T1);
+#pragma GCC unroll 4
+            for (int j = 0; j < R; j++)
+                wv[j] = ld16f(wr[j], dt, p);
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++) {
+                const __m512 xv = _mm512_loadu_ps(x + (size_t)t * ldx + p);
+#pragma GCC unroll 4
+                for (int j = 0; j < R; j++)
+                    a[j][t] = _mm512_fmadd_ps(wv[j], xv, a[j][t]);
+            }
+        }
+        if (!par)
+            for (; i < k1; i += 16) {
+                const __mmask16 m = tail_mask(k1 - i);
+                __m512 wv[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < R; j++)
+                    wv[j] = ld16(wr[j], dt, (size_t)i, m);
+#pragma GCC unroll 6
+                for (int t = 0; t < T; t++) {
+                    const __m512 xv = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + i);
+#pragma GCC unroll 4
+                    for (int j = 0; j < R; j++)
+                        a[j][t] = _mm512_fmadd_ps(wv[j], xv, a[j][t]);
+                }
+            }
+#pragma GCC unroll 4
+        for (int j = 0; j < R; j++)
+#pragma GCC unroll 6
+            for (int t = 0; t < T; t++)
+                ap[j * T + t] = a[j][t];
+    }
+    if (k1 < in)
+        return;
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < nr; j++)
+            y[(size_t)t * ldy + (size_t)(r0 + j)] =
+                _mm512_reduce_add_ps(_mm512_add_ps(acc[j * T + t], acc[(size_t)R * T + j * T + t]));
+}
+
+/* From MVP_MIN tokens the float rows go through mv_block_p: MVP_R rows by up to MVP_T
+ * tokens a pass, over blocks of MVP_KB inputs (x of 8 tokens in a block is 16 KiB: it stays
+ * in L1 for both parities and every token group). llama-1b bf16 decode, 2 threads, Zen 5,
+ * t/s against mv_block_t's two rows by four tokens: 8 sequences 87-92 against 69-73 (four
+ * tokens a pass 84, blocks of 256 inputs 88-90, of 1024 83, three rows by six 75), 12
+ * sequences 90-101 against 65-66, 5 and 6 sequences 68-77 against 60-74; at 4 sequences,
+ * still bound by memory, mv_block_t's two streams are faster (79 against 70). */
+#define MVP_MIN 5
+#define MVP_R 4
+#define MVP_T 6
+#define MVP_KB 512
+
 /* Float rows [r0, r1): one token a row at a time (mv_row, which streams
- * them); more tokens up to 4 per pass over a pair of rows, which stays in L1
- * for the next 4 (bench_linear "pf", 4096 x 4096 bf16 in L3, 2 threads: 8
- * tokens 170 GFLOP/s; one row and 8 tokens a pass 48-107; the packed GEMM
- * 81). Only the first pass prefetches the next rows. */
+ * them); 2-4 tokens a pass over a pair of rows, which stays in L1 for the
+ * next 4 (mv_block_t); from MVP_MIN tokens mv_block_p. Only the first pass
+ * of mv_block_t prefetches the next rows; mv_block_p spreads its prefetches
+ * over every pass. */
 AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                 int r0, int r1, enum dtype dt)
 {
@@ -663,16 +758,47 @@ AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, con
             mv_row(y, x, w, r, dt);
         return;
     }
-    for (int r = r0; r < r1; r += 2) {
-        int nr = r1 - r < 2 ? r1 - r : 2;
-        for (int t = 0; t < n_tok; t += 4) {
-            float *yt = y + (size_t)t * ldy;
-            const float *xt = x + (size_t)t * ldx;
-            switch (n_tok - t < 4 ? n_tok - t : 4) {
-            case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 1); break;
-            case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 2); break;
-            case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 3); break;
-            default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 4); break;
+    if (n_tok < MVP_MIN) {
+        for (int r = r0; r < r1; r += 2) {
+            int nr = r1 - r < 2 ? r1 - r : 2;
+            for (int t = 0; t < n_tok; t += 4) {
+                float *yt = y + (size_t)t * ldy;
+                const float *xt = x + (size_t)t * ldx;
+                switch (n_tok - t < 4 ? n_tok - t : 4) {
+                case 1: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 1); break;
+                case 2: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 2); break;
+                case 3: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 3); break;
+                default: mv_block_t(yt, ldy, xt, ldx, w, r, nr, dt, t == 0, 4); break;
+                }
+            }
+        }
+        return;
+    }
+    __m512 acc[2 * MVP_R * 16];
+    const size_t es = dt == DTYPE_F32 ? 4 : 2;
+    const int passes = 2 * (((n_tok < 16 ? n_tok : 16) + MVP_T - 1) / MVP_T);
+    struct mv_pfw pf = {.n = (int)(((size_t)MVP_R * es + 2 * (size_t)passes - 1) / (2 * (size_t)passes))};
+    for (int r = r0; r < r1; r += MVP_R) {
+        int nr = r1 - r < MVP_R ? r1 - r : MVP_R, re = r1 - r < 2 * MVP_R ? r1 : r + 2 * MVP_R;
+        pf.p = (const char *)w->data + (size_t)(r + nr) * w->row_bytes;
+        pf.end = (const char *)w->data + (size_t)re * w->row_bytes;
+        for (int tb = 0; tb < n_tok; tb += 16) { /* at most 16 tokens' chains in acc */
+            const int te = n_tok - tb < 16 ? n_tok : tb + 16;
+            for (int k0 = 0; k0 < w->in; k0 += MVP_KB) {
+                const int k1 = w->in - k0 < MVP_KB ? w->in : k0 + MVP_KB;
+                for (int t = tb; t < te; t += MVP_T) {
+                    float *yt = y + (size_t)t * ldy;
+                    const float *xt = x + (size_t)t * ldx;
+                    __m512 *at = acc + 2 * MVP_R * (size_t)(t - tb);
+                    switch (te - t < MVP_T ? te - t : MVP_T) {
+                    case 1: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 1); break;
+                    case 2: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 2); break;
+                    case 3: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 3); break;
+                    case 4: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 4); break;
+                    case 5: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 5); break;
+                    default: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 6); break;
+                    }
+                }
             }
         }
     }
