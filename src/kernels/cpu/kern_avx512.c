@@ -736,8 +736,8 @@ AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struc
 /* From MVP_MIN tokens the float rows go through mv_block_p: MVP_R rows by up to MVP_T
  * tokens a pass, over blocks of MVP_KB inputs (x of 8 tokens in a block is 16 KiB: it stays
  * in L1 for both parities and every token group). llama-1b bf16 decode, 2 threads, Zen 5,
- * t/s against mv_block_t's two rows by four tokens: 8 sequences 87-92 against 69-73 (four
- * tokens a pass 84, blocks of 256 inputs 88-90, of 1024 83, three rows by six 75), 12
+ * t/s against mv_block_t's two rows by four tokens: 8 sequences 81-97 against 71-74 (four
+ * tokens a pass 83-94, blocks of 256 inputs 86-91, three rows by six 74-76: ADR 0038), 12
  * sequences 90-101 against 65-66, 5 and 6 sequences 68-77 against 60-74; at 4 sequences,
  * still bound by memory, mv_block_t's two streams are faster (79 against 70). */
 #define MVP_MIN 5
