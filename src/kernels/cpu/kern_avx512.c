@@ -650,6 +650,18 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]));
 }
 
+/* From MVP_MIN tokens the float rows go through mv_block_p: MVP_R rows by up to MVP_T
+ * tokens a pass, over blocks of MVP_KB inputs (x of 8 tokens in a block is 16 KiB: it stays
+ * in L1 for both parities and every token group). llama-1b bf16 decode, 2 threads, Zen 5,
+ * t/s against mv_block_t's two rows by four tokens: 8 sequences 81-97 against 71-74 (four
+ * tokens a pass 82-94, blocks of 256 inputs 86-91, three rows by six 74-76: ADR 0038), 12
+ * sequences 90-101 against 65-66, 5 and 6 sequences 68-77 against 60-67; at 4 sequences,
+ * still bound by memory, mv_block_t's two streams are faster (79 against 70). */
+#define MVP_MIN 5
+#define MVP_R 4
+#define MVP_T 6
+#define MVP_KB 512
+
 /* The next rows' bytes [p, end), asked for n lines a step of mv_block_p: spread over
  * every pass, since a burst of prefetches from DRAM (a row group's 32 KiB in one pass)
  * waits for miss buffers. */
@@ -658,7 +670,7 @@ struct mv_pfw {
     int n;
 };
 
-/* Rows r0 .. r0+nr (nr <= R) for T tokens from x over inputs k0 .. k1, one
+/* Rows r0 .. r0+nr (nr <= R, MVP_R) for T (<= MVP_T) tokens over inputs k0 .. k1, one
  * parity at a time: mv_row keeps two chains per row (the even 16-input
  * pieces of each 32 and the odd ones, the masked tail into the even chain),
  * which never meet before the reduce, so this walks the even pieces of the R
@@ -670,16 +682,16 @@ struct mv_pfw {
  * outputs do not depend on the tokens beside it. Each step of 32 inputs asks
  * for pf->n more lines of the rows ahead (mv_pfw). */
 AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
-                   int nr, enum dtype dt, int k0, int k1, __m512 *acc, struct mv_pfw *pf, const int R,
-                   const int T)
+                   int nr, enum dtype dt, int k0, int k1, __m512 *acc, struct mv_pfw *pf, const int T)
 {
-    const char *wr[4];
+    enum { R = MVP_R };
+    const char *wr[R];
     const int in = w->in;
     for (int j = 0; j < R; j++)
         wr[j] = (const char *)w->data + (size_t)(r0 + (j < nr ? j : nr - 1)) * w->row_bytes;
 #pragma GCC unroll 2
     for (int par = 0; par < 2; par++) {
-        __m512 a[4][6];
+        __m512 a[R][MVP_T];
         __m512 *ap = acc + (size_t)par * R * T;
 #pragma GCC unroll 4
         for (int j = 0; j < R; j++)
@@ -689,7 +701,7 @@ AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struc
         int i = k0;
         for (; i + 32 <= k1; i += 32) {
             const size_t p = (size_t)i + 16 * (size_t)par;
-            __m512 wv[4];
+            __m512 wv[R];
             for (int q = 0; q < pf->n && pf->p < pf->end; q++, pf->p += 64)
                 _mm_prefetch(pf->p, _MM_HINT_T1);
 #pragma GCC unroll 4
@@ -706,7 +718,7 @@ AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struc
         if (!par)
             for (; i < k1; i += 16) {
                 const __mmask16 m = tail_mask(k1 - i);
-                __m512 wv[4];
+                __m512 wv[R];
 #pragma GCC unroll 4
                 for (int j = 0; j < R; j++)
                     wv[j] = ld16(wr[j], dt, (size_t)i, m);
@@ -732,18 +744,6 @@ AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struc
             y[(size_t)t * ldy + (size_t)(r0 + j)] =
                 _mm512_reduce_add_ps(_mm512_add_ps(acc[j * T + t], acc[(size_t)R * T + j * T + t]));
 }
-
-/* From MVP_MIN tokens the float rows go through mv_block_p: MVP_R rows by up to MVP_T
- * tokens a pass, over blocks of MVP_KB inputs (x of 8 tokens in a block is 16 KiB: it stays
- * in L1 for both parities and every token group). llama-1b bf16 decode, 2 threads, Zen 5,
- * t/s against mv_block_t's two rows by four tokens: 8 sequences 81-97 against 71-74 (four
- * tokens a pass 83-94, blocks of 256 inputs 86-91, three rows by six 74-76: ADR 0038), 12
- * sequences 90-101 against 65-66, 5 and 6 sequences 68-77 against 60-74; at 4 sequences,
- * still bound by memory, mv_block_t's two streams are faster (79 against 70). */
-#define MVP_MIN 5
-#define MVP_R 4
-#define MVP_T 6
-#define MVP_KB 512
 
 /* Float rows [r0, r1): one token a row at a time (mv_row, which streams
  * them); 2-4 tokens a pass over a pair of rows, which stays in L1 for the
@@ -776,6 +776,8 @@ AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, con
     }
     __m512 acc[2 * MVP_R * 16];
     const size_t es = dt == DTYPE_F32 ? 4 : 2;
+    /* lines of the next row group per step: its MVP_R rows of in * es bytes over the steps
+     * of 32 inputs of every pass (two parities per group of tokens), rounded up */
     const int passes = 2 * (((n_tok < 16 ? n_tok : 16) + MVP_T - 1) / MVP_T);
     struct mv_pfw pf = {.n = (int)(((size_t)MVP_R * es + 2 * (size_t)passes - 1) / (2 * (size_t)passes))};
     for (int r = r0; r < r1; r += MVP_R) {
@@ -791,12 +793,12 @@ AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, con
                     const float *xt = x + (size_t)t * ldx;
                     __m512 *at = acc + 2 * MVP_R * (size_t)(t - tb);
                     switch (te - t < MVP_T ? te - t : MVP_T) {
-                    case 1: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 1); break;
-                    case 2: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 2); break;
-                    case 3: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 3); break;
-                    case 4: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 4); break;
-                    case 5: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 5); break;
-                    default: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, MVP_R, 6); break;
+                    case 1: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 1); break;
+                    case 2: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 2); break;
+                    case 3: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 3); break;
+                    case 4: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 4); break;
+                    case 5: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 5); break;
+                    default: mv_block_p(yt, ldy, xt, ldx, w, r, nr, dt, k0, k1, at, &pf, 6); break;
                     }
                 }
             }
