@@ -436,11 +436,19 @@ static void matvec_rows(const struct cpu_kernels *k, float *y, size_t ldy, const
         k->matvec(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, xsum_len(w));
 }
 
-static void bias_add(float *y, size_t ldy, int n_tok, const struct tensor *b, int r0, int r1)
+/* y[t][r0 .. r1) += b[r0 .. r1) for every token: the bias widened once per piece of rows,
+ * then added with the vector axpy (times 1: the same sum as a plain add). */
+static void bias_add(const struct cpu_kernels *k, float *y, size_t ldy, int n_tok,
+                     const struct tensor *b, int r0, int r1)
 {
-    for (int t = 0; t < n_tok; t++)
-        for (int r = r0; r < r1; r++)
-            y[(size_t)t * ldy + r] += kern_ld(b->data, b->dtype, (size_t)r);
+    float bf[256];
+    const size_t es = dtype_size(b->dtype);
+    for (int r = r0; r < r1; r += 256) {
+        const int n = r1 - r < 256 ? r1 - r : 256;
+        k->to_f32(bf, (const uint8_t *)b->data + (size_t)r * es, b->dtype, (size_t)n);
+        for (int t = 0; t < n_tok; t++)
+            k->axpy(y + (size_t)t * ldy + r, 1.0f, bf, (size_t)n);
+    }
 }
 
 // ---- linear ----
@@ -459,12 +467,44 @@ struct linear_ctx {
     atomic_long next;         /* the next unit (panel or 16 rows) to claim: tpool_claim */
 };
 
+/* The lines of a block of float W (rows r0 .. r0+nv, columns k0 .. k0+kc) that the GEMM
+ * asks for while the microkernel runs over the block before it, a share before each call. */
+struct pf_block {
+    const char *base;
+    size_t row_bytes;
+    int n, at, lines; /* lines in all, the next one, lines per row */
+    int row, line;    /* the next one's row and line in it */
+};
+
+static void pf_block_set(struct pf_block *p, const struct wmat *w, int r0, int nv, int k0, int kc)
+{
+    const size_t es = dtype_size(w->dt);
+    p->base = (const char *)w->data + (size_t)r0 * w->row_bytes + (size_t)k0 * es;
+    p->row_bytes = w->row_bytes;
+    p->lines = (int)(((size_t)kc * es + 63) / 64);
+    p->n = nv * p->lines;
+    p->at = p->row = p->line = 0;
+}
+
+static void pf_block_some(struct pf_block *p, int k)
+{
+    for (int e = p->at + k < p->n ? p->at + k : p->n; p->at < e; p->at++) {
+        __builtin_prefetch(p->base + (size_t)p->row * p->row_bytes + 64 * (size_t)p->line, 0, 2);
+        if (++p->line == p->lines) {
+            p->line = 0;
+            p->row++;
+        }
+    }
+}
+
 /* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
  * gemm_nr rows and contraction block of GEMM_KC, the rows' block is widened
  * (or dequantized) and transposed into the panel bp [KC][nr] (L1-resident),
  * then the microkernel runs over every token, accumulating into y across
  * blocks. W is read exactly once. Float weights go straight from W into the
- * panel (pack_w, which prefetches the next block); quantized rows are first
+ * panel (pack_w), and the next block's lines (this panel's, else the next panel's first) are
+ * asked for into L2 a share before each microkernel call, so they arrive spread over the
+ * block's work instead of in one burst that the tokens' x then evicts; quantized rows are first
  * dequantized whole into tmp [nr][in] by one sequential read of a contiguous
  * stretch of W (tmp stays in L2/L3), then transposed block by block. */
 static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
@@ -480,13 +520,23 @@ static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t 
             k->wrow_f32(tmp + (size_t)j * in, w, rb + j, 0, in);
         for (int k0 = 0; k0 < in; k0 += GEMM_KC) {
             int kc = in - k0 < GEMM_KC ? in - k0 : GEMM_KC;
-            if (direct)
-                k->pack_w(bp, nr, w, rb, nv, k0, kc,
-                          in - k0 - kc < GEMM_KC ? in - k0 - kc : GEMM_KC);
-            else
+            struct pf_block pf = {0};
+            if (direct) {
+                k->pack_w(bp, nr, w, rb, nv, k0, kc);
+                if (k0 + kc < in) /* this panel's next block, else the next panel's first */
+                    pf_block_set(&pf, w, rb, nv, k0 + kc,
+                                 in - k0 - kc < GEMM_KC ? in - k0 - kc : GEMM_KC);
+                else if (rb + nr < r1)
+                    pf_block_set(&pf, w, rb + nr, r1 - rb - nr < nr ? r1 - rb - nr : nr, 0,
+                                 in < GEMM_KC ? in : GEMM_KC);
+            } else {
                 k->pack_t(bp, nr, tmp + k0, (size_t)in, nv, kc);
+            }
+            const int n_calls = (n_tok + k->gemm_mr - 1) / k->gemm_mr,
+                      per = (pf.n + n_calls - 1) / n_calls;
             for (int m = 0; m < n_tok; m += k->gemm_mr) {
                 int mr = n_tok - m < k->gemm_mr ? n_tok - m : k->gemm_mr;
+                pf_block_some(&pf, per);
                 k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr, bp,
                            kc, nv, k0 > 0);
             }
@@ -521,7 +571,7 @@ static void linear_task(void *arg, int ith, int nth)
         else
             matvec_rows(k, lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum);
         if (lc->b)
-            bias_add(lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
+            bias_add(k, lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
     }
 }
 
@@ -608,7 +658,7 @@ static void batch_task(void *arg, int ith, int nth)
                 size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
                 matvec_rows(k, jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs);
                 if (jb->b)
-                    bias_add(jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
+                    bias_add(k, jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
             }
             base += w->out;
         }

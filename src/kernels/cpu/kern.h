@@ -90,10 +90,9 @@ struct cpu_kernels {
      * bp[k*nr + j] = rows[j*ldr + k], zero for nv <= j < nr. */
     void (*pack_t)(float *bp, int nr, const float *rows, size_t ldr, int nv, int kc);
     /* Optional (NULL: wrow_f32 + pack_t): the panel block of float (not
-     * quantized) W rows [r0, r0+nv) x [k0, k0+kc) straight into bp [kc][nr],
-     * prefetching the next kc_next columns of the same rows. */
-    void (*pack_w)(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
-                   int kc_next);
+     * quantized) W rows [r0, r0+nv) x [k0, k0+kc) straight into bp [kc][nr] (the
+     * caller asks for the next block's lines while the microkernel runs). */
+    void (*pack_w)(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc);
     /* Optional integer matvec (qi) for the affine / mxfp4 W that qi_ok accepts; see
      * "integer quantized matvec" below. qi_prep writes one token's x as
      * kern_qi_len(w) bytes at dst; matvec_qi is matvec over prepared x

@@ -887,18 +887,11 @@ static void a512_pack_t(float *bp, int nr, const float *rows, size_t ldr, int nv
 
 /* Panel block straight from float weights: W rows [r0, r0 + nv) x columns
  * [k0, k0 + kc) widened in registers and transposed into bp [kc][nr]. The
- * next block of the same rows (kc_next columns) is prefetched meanwhile:
- * the panel reads nr interleaved row streams. */
+ * caller (gemm_rows) asks for the block's lines beforehand. */
 AI void pack_w_t(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
-                 int kc_next, enum dtype dt)
+                 enum dtype dt)
 {
-    size_t es = dt == DTYPE_F32 ? 4 : 2;
     const uint8_t *base = w->data + (size_t)r0 * w->row_bytes;
-    for (int j = 0; j < nv && kc_next > 0; j++) {
-        const char *p = (const char *)(base + (size_t)j * w->row_bytes + (size_t)(k0 + kc) * es);
-        for (size_t b = 0; b < (size_t)kc_next * es; b += 64)
-            _mm_prefetch(p + b, _MM_HINT_T0);
-    }
     for (int h = 0; h < nr; h += 16) {
         int k = 0;
         if (h + 16 <= nv) {
@@ -920,18 +913,17 @@ AI void pack_w_t(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0
     }
 }
 
-static void a512_pack_w(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc,
-                        int kc_next)
+static void a512_pack_w(float *bp, int nr, const struct wmat *w, int r0, int nv, int k0, int kc)
 {
     switch (w->dt) {
     case DTYPE_BF16:
-        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_BF16);
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, DTYPE_BF16);
         break;
     case DTYPE_F16:
-        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F16);
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, DTYPE_F16);
         break;
     default:
-        pack_w_t(bp, nr, w, r0, nv, k0, kc, kc_next, DTYPE_F32);
+        pack_w_t(bp, nr, w, r0, nv, k0, kc, DTYPE_F32);
         break;
     }
 }
