@@ -442,7 +442,8 @@ static void bias_add(const struct cpu_kernels *k, float *y, size_t ldy, int n_to
                      const struct tensor *b, int r0, int r1)
 {
     float bf[256];
-    const size_t es = dtype_size(b->dtype);
+    /* the element size kern_ld and to_f32 read: 2 for F16 / BF16, else an f32 */
+    const size_t es = b->dtype == DTYPE_F16 || b->dtype == DTYPE_BF16 ? 2 : 4;
     for (int r = r0; r < r1; r += 256) {
         const int n = r1 - r < 256 ? r1 - r : 256;
         k->to_f32(bf, (const uint8_t *)b->data + (size_t)r * es, b->dtype, (size_t)n);
