@@ -442,8 +442,7 @@ static void bias_add(const struct cpu_kernels *k, float *y, size_t ldy, int n_to
                      const struct tensor *b, int r0, int r1)
 {
     float bf[256];
-    /* the element size kern_ld and to_f32 read: 2 for F16 / BF16, else an f32 */
-    const size_t es = b->dtype == DTYPE_F16 || b->dtype == DTYPE_BF16 ? 2 : 4;
+    const size_t es = dtype_size(b->dtype); /* F32/F16/BF16: the loader takes no other bias */
     for (int r = r0; r < r1; r += 256) {
         const int n = r1 - r < 256 ? r1 - r : 256;
         k->to_f32(bf, (const uint8_t *)b->data + (size_t)r * es, b->dtype, (size_t)n);
@@ -473,8 +472,8 @@ struct linear_ctx {
 struct pf_block {
     const char *base;
     size_t row_bytes;
-    int n, at, lines; /* lines in all, the next one, lines per row */
-    int row, line;    /* the next one's row and line in it */
+    int n, lines;  /* lines in all, lines per row */
+    int row, line; /* the next one: its row, and its line in the row */
 };
 
 static void pf_block_set(struct pf_block *p, const struct wmat *w, int r0, int nv, int k0, int kc)
@@ -484,12 +483,13 @@ static void pf_block_set(struct pf_block *p, const struct wmat *w, int r0, int n
     p->row_bytes = w->row_bytes;
     p->lines = (int)(((size_t)kc * es + 63) / 64);
     p->n = nv * p->lines;
-    p->at = p->row = p->line = 0;
+    p->row = p->line = 0;
 }
 
+/* Ask for the next k lines (fewer at the block's end). */
 static void pf_block_some(struct pf_block *p, int k)
 {
-    for (int e = p->at + k < p->n ? p->at + k : p->n; p->at < e; p->at++) {
+    for (; k > 0 && p->row * p->lines < p->n; k--) {
         __builtin_prefetch(p->base + (size_t)p->row * p->row_bytes + 64 * (size_t)p->line, 0, 2);
         if (++p->line == p->lines) {
             p->line = 0;
