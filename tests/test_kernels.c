@@ -302,6 +302,112 @@ static void test_linear(void **state)
     kc_close(&bs);
 }
 
+/* Float W repacked as FPAN (kern.h; the AVX-512 variant) against the double reference on
+ * awkward shapes: rows not a multiple of the 32-row panel, inputs across and off the
+ * 256-input blocks, padded row strides, every tile's token count (1-9, 17, 40), with and
+ * without a bias, with y's row stride wider than out (the columns past out stay as they
+ * were). Each token's outputs are the same bits alone and in any batch and through
+ * linear_batch (one summation order for every token count and row split); the rows of an
+ * FPAN table through embed are the stored values, bit for bit. Skipped where no backend
+ * repacks (no AVX-512). */
+static void test_linear_fpan(void **state)
+{
+    (void)state;
+    enum { NT = 40, PAD = 5 };
+    /* in, out, extra row padding, bias */
+    static const int shapes[][4] = {
+        {1, 32, 0, 1}, {7, 33, 0, 0}, {256, 47, 3, 1}, {257, 100, 0, 1}, {600, 130, 1, 0},
+        {16, 64, 0, 1}, {513, 161, 0, 0},
+    };
+    static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, NT};
+    static const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    bool any = false;
+    kc_open(&bs);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int in = shapes[s][0], out = shapes[s][1], ldy = out + PAD;
+            struct tensor w = wrand(dts[d], out, in, in + shapes[s][2], 0.5f);
+            struct tensor b = wrand(dts[d], 1, out, out, 1.0f);
+            int64_t bshape[1] = {out};
+            tensor_init(&b, dts[d], b.data, 1, bshape);
+            const struct tensor *bp = shapes[s][3] ? &b : NULL;
+            float *x = kc_fvec((size_t)NT * in, -1, 1);
+            float *y = malloc((size_t)NT * ldy * sizeof *y), *yn = malloc((size_t)NT * ldy * sizeof *yn);
+            double *ref = malloc((size_t)NT * out * sizeof *ref);
+            float *emb = malloc((size_t)out * in * sizeof *emb);
+            int32_t *ids = malloc((size_t)out * sizeof *ids);
+            assert_true(x && y && yn && ref && emb && ids);
+            linear_ref(ref, x, &w, bp, NT);
+            for (int r = 0; r < out; r++)
+                ids[r] = (r * 7) % out;
+            for (int i = 0; i < bs.n; i++) {
+                struct backend *be = bs.be[i];
+                struct tensor wp = w;
+                struct err e = {0};
+                char what[128];
+                assert_int_equal(be->ops->prepare_weight(be, &wp, PREP_REPACK_BESIDE | PREP_MATRIX, &e), 0);
+                if (!wp.packed)
+                    continue;
+                any = true;
+                memset(y, 0xff, (size_t)NT * ldy * sizeof *y);
+                be->ops->linear(be, y, ldy, x, &wp, bp, NT);
+                for (int t = 0; t < NT; t++) {
+                    for (int c = out; c < ldy; c++)
+                        if (!isnan(y[(size_t)t * ldy + c]))
+                            fail_msg("%s fpan %dx%d on %s: y[%d][%d] past out was written",
+                                     dtype_name(dts[d]), out, in, be->name, t, c);
+                    for (int r = 0; r < out; r++)
+                        yn[(size_t)t * out + r] = y[(size_t)t * ldy + r];
+                }
+                snprintf(what, sizeof what, "linear fpan %s n_tok=%d in=%d out=%d", dtype_name(dts[d]),
+                         NT, in, out);
+                kc_check(&es, what, be, yn, ref, (size_t)NT * out, 1e-9, 1e-4);
+                /* tokens 3 .. 3+n as batches of n, and through linear_batch beside a second
+                 * product: the same bits as among all NT */
+                for (size_t k = 0; k < sizeof toks / sizeof toks[0] && toks[k] + 3 <= NT; k++) {
+                    const int n = toks[k];
+                    memset(yn, 0xff, (size_t)n * ldy * sizeof *yn);
+                    be->ops->linear(be, yn, ldy, x + (size_t)3 * in, &wp, bp, n);
+                    for (int t = 0; t < n; t++)
+                        if (memcmp(yn + (size_t)t * ldy, y + (size_t)(t + 3) * ldy, (size_t)out * sizeof *y))
+                            fail_msg("%s fpan %dx%d on %s: token %d of a batch of %d differs",
+                                     dtype_name(dts[d]), out, in, be->name, t + 3, n);
+                    float *y2 = malloc((size_t)n * out * sizeof *y2);
+                    assert_non_null(y2);
+                    memset(yn, 0xff, (size_t)n * ldy * sizeof *yn);
+                    struct linear_job jobs[2] = {{yn, ldy, x + (size_t)3 * in, &wp, bp, n},
+                                                 {y2, out, x, &wp, NULL, n}};
+                    be->ops->linear_batch(be, jobs, 2);
+                    for (int t = 0; t < n; t++)
+                        if (memcmp(yn + (size_t)t * ldy, y + (size_t)(t + 3) * ldy, (size_t)out * sizeof *y))
+                            fail_msg("%s fpan %dx%d on %s: linear_batch token %d of %d differs",
+                                     dtype_name(dts[d]), out, in, be->name, t + 3, n);
+                    free(y2);
+                }
+                be->ops->embed(be, emb, &wp, ids, out);
+                for (int r = 0; r < out; r++)
+                    for (int c = 0; c < in; c++)
+                        if (emb[(size_t)r * in + c] != (float)wref(&w, ids[r], c))
+                            fail_msg("%s fpan %dx%d on %s: embedding row %d col %d differs",
+                                     dtype_name(dts[d]), out, in, be->name, ids[r], c);
+            }
+            free(x);
+            free(y);
+            free(yn);
+            free(ref);
+            free(emb);
+            free(ids);
+            tfree(&w);
+            tfree(&b);
+        }
+    kc_report("linear fpan", &es);
+    kc_close(&bs);
+    if (!any)
+        skip();
+}
+
 /*
  * Quantized linear: every ISA against the double-precision reference, and
  * every SIMD variant against the scalar one, per output. Tolerance: the
@@ -1231,6 +1337,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_linear_batch_invariant),
+    cmocka_unit_test(test_linear_fpan),
     cmocka_unit_test(test_linear_fp_batch_invariant),
     cmocka_unit_test(test_linear_qi_batch_invariant),
     cmocka_unit_test(test_linear_quant_fast),

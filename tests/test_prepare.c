@@ -111,10 +111,11 @@ static void repack_and_again(void **state)
     model_free(ms);
 }
 
-/* Float weights (ADR 0037): by default and with MLXCEL_MMAP=0 the backend copies every
- * linear into memory of its own, with MLXCEL_MMAP=1 it reads the mapping; the logits are
- * the same bits all three ways (the same bytes, the same kernels), and again after the
- * model is prepared for a new backend (the mapping's given-back pages read from the file). */
+/* Float weights kept in their stored layout (MLXCEL_REPACK=0, ADR 0037): by default and
+ * with MLXCEL_MMAP=0 the backend copies every linear into memory of its own, with
+ * MLXCEL_MMAP=1 it reads the mapping; the logits are the same bits all three ways (the same
+ * bytes, the same kernels), and again after the model is prepared for a new backend (the
+ * mapping's given-back pages read from the file). */
 static void copy_and_again(void **state)
 {
     (void)state;
@@ -122,6 +123,7 @@ static void copy_and_again(void **state)
     struct err e = {0};
     if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
         fail_msg("%s", e.msg);
+    setenv("MLXCEL_REPACK", "0", 1);
     int np, nc, nl;
     float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
     assert_true(nl > m->hp.n_layer);
@@ -134,6 +136,7 @@ static void copy_and_again(void **state)
     assert_int_equal(nc, nl);
     float *again = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
     assert_int_equal(nc, 0);
+    unsetenv("MLXCEL_REPACK");
     const size_t n = (size_t)NTOK * m->hp.n_vocab * sizeof *mapped;
     assert_memory_equal(mapped, copied, n);
     assert_memory_equal(mapped, forced, n);
@@ -145,9 +148,63 @@ static void copy_and_again(void **state)
     model_free(m);
 }
 
+/* Float weights repacked as FPAN (kern.h) where the variant reads it (AVX-512): every
+ * float linear view in the list is marked packed (none where the variant has no FPAN
+ * kernel, and none with MLXCEL_MMAP=1, which keeps the mapping); the logits agree with the
+ * stored layout's within the float rounding of another summation order, with the same
+ * greedy tokens, and are the same bits when the model is prepared again. */
+static void fpan_and_again(void **state)
+{
+    (void)state;
+    struct model *m = NULL;
+    struct err e = {0};
+    if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
+        fail_msg("%s", e.msg);
+    int np, nc, nl, np2, nps;
+    float *stored = run(m, false, &nps);
+    float *a = run(m, true, &np);
+    float *b = run_env(m, "MLXCEL_REPACK", NULL, &np2, &nc, &nl); /* prepared again */
+    struct backend *be = NULL;
+    if (backend_cpu_new(&be, 1, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    const bool fpan = strcmp(be->name, "cpu-avx512") == 0;
+    backend_free(be);
+    assert_int_equal(nps, 0);
+    assert_int_equal(np, fpan ? 2 * nl : 0); /* tensor.packed is 2 for FPAN */
+    assert_int_equal(np2, np);
+    float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    assert_int_equal(np, 0);
+    const int V = m->hp.n_vocab;
+    double worst = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)NTOK * V; i++) {
+        mx = fmax(mx, fabs(stored[i]));
+        worst = fmax(worst, fabs((double)a[i] - stored[i]));
+    }
+    printf("    phixtral-tiny: %d FPAN views, logits vs stored layout %.2e of max|logit|\n", np2 / 2,
+           worst / mx);
+    assert_true(worst <= 1e-5 * mx);
+    for (int t = 0; t < NTOK; t++) {
+        int ia = 0, is = 0;
+        for (int v = 1; v < V; v++) {
+            ia = a[(size_t)t * V + v] > a[(size_t)t * V + ia] ? v : ia;
+            is = stored[(size_t)t * V + v] > stored[(size_t)t * V + is] ? v : is;
+        }
+        assert_int_equal(ia, is);
+    }
+    const size_t n = (size_t)NTOK * V * sizeof *a;
+    assert_memory_equal(a, b, n);
+    assert_memory_equal(stored, mapped, n);
+    free(stored);
+    free(a);
+    free(b);
+    free(mapped);
+    model_free(m);
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(repack_and_again),
     cmocka_unit_test(copy_and_again),
+    cmocka_unit_test(fpan_and_again),
 };
 
 TEST_SUITE(prepare, tests);

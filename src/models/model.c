@@ -252,6 +252,7 @@ struct prep_item {
     int root;      /* first item of its twins (identical views): the one prepared */
     bool shared;   /* its bytes are also read through a view that is not a twin */
     bool host;     /* read on the host, never prepared (sinks) */
+    bool matrix;   /* only read as a matrix (PREP_MATRIX) */
 };
 
 struct prep_range {
@@ -303,31 +304,37 @@ static int prep_root(struct prep_item *it, int i)
 static size_t prep_items(struct model *m, struct prep_item *it)
 {
     size_t n = 0;
-#define PREP_ADD(tp, h)                                                     \
+#define PREP_ADD(tp, h, mx)                                                 \
     do {                                                                    \
         if (tensor_is_present(tp)) {                                        \
             if (it)                                                         \
-                it[n] = (struct prep_item){(tp), (int)n, false, (h)};       \
+                it[n] = (struct prep_item){(tp), (int)n, false, (h), (mx)}; \
             n++;                                                            \
         }                                                                   \
     } while (0)
     struct tensor *head[] = {&m->tok_embd, &m->out_norm, &m->out_norm_b, &m->lm_head, &m->lm_head_b};
     for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-        PREP_ADD(head[i], false);
+        PREP_ADD(head[i], false, head[i] == &m->tok_embd || head[i] == &m->lm_head);
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
 #define LAYER_PTR(name) &L->name,
         struct tensor *ts[] = {LAYER_TENSORS(LAYER_PTR)};
+        /* the slots only linear products read (the rest: norms, biases, sinks) */
+        const struct tensor *mats[] = {LAYER_MATRICES(LAYER_PTR)};
 #undef LAYER_PTR
-        /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
-            PREP_ADD(ts[i], ts[i] == &L->sinks);
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            bool mx = false;
+            for (size_t j = 0; j < sizeof mats / sizeof mats[0] && !mx; j++)
+                mx = ts[i] == mats[j];
+            /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
+            PREP_ADD(ts[i], ts[i] == &L->sinks, mx);
+        }
     }
     for (int il = 0; il < m->hp.n_layer; il++) /* MLA per-head views */
         for (int i = 0; m->layers[il].mla_heads && i < 4 * m->hp.n_head; i++)
-            PREP_ADD(&m->layers[il].mla_heads[i], false);
+            PREP_ADD(&m->layers[il].mla_heads[i], false, true);
     for (size_t i = 0; i < m->expert_views_used; i++) /* expert views of every layer */
-        PREP_ADD(&m->expert_views[i], false);
+        PREP_ADD(&m->expert_views[i], false, m->expert_views[i].ndim == 2);
 #undef PREP_ADD
     return n;
 }
@@ -393,7 +400,8 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
             bool mine = !it[root].shared;
             for (int j = 0; j < k && mine; j++)
                 mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
-            rc = be->ops->prepare_weight(be, t, mine ? PREP_SOURCE_DISPOSABLE : 0u, e);
+            rc = be->ops->prepare_weight(be, t, (mine ? PREP_SOURCE_DISPOSABLE : 0u) |
+                                                    (it[root].matrix ? PREP_MATRIX : 0u), e);
         }
         const struct prepared_view *pv = &m->prepared[m->n_prepared];
         if (t->data != pv->data || t->qscales != pv->qscales || t->qbiases != pv->qbiases ||

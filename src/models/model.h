@@ -66,6 +66,11 @@ struct experts {
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) \
     X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat)
 
+/* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
+#define LAYER_MATRICES(X) \
+    X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
+    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat)
+
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;
     LAYER_TENSORS(LAYER_FIELD)

@@ -141,8 +141,12 @@ static void pack_task(void *arg, int ith, int nth)
     const struct pack_ctx *pc = arg;
     long lo, hi;
     tpool_range(pc->p1 - pc->p0, ith, nth, &lo, &hi);
-    if (lo < hi)
+    if (lo >= hi)
+        return;
+    if (pc->w->qbits)
         pc->k->qg16_pack(pc->dst, pc->w, pc->p0 + (int)lo, pc->p0 + (int)hi);
+    else
+        kern_fpan_pack(pc->dst, pc->w, pc->p0 + (int)lo, pc->p0 + (int)hi);
 }
 
 /* Source bytes packed between releases of the consumed pages. */
@@ -251,11 +255,28 @@ static int copy_weight(struct cpu_backend *c, struct tensor *w, unsigned flags, 
     return 0;
 }
 
-/* A 4/8-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h) into anonymous
- * memory the backend owns; any other W copied there as it is (copy_weight). Panels are
- * packed a slab at a time on every thread; when the source is disposable the pages of
- * each consumed slab go back at once, so resident memory grows by about one slab, not by
- * the tensor. */
+/* Panels [0, n_panels) of pr rows each of m into dst, a slab at a time on every thread;
+ * when the source is disposable the pages of each consumed slab go back at once, so
+ * resident memory grows by about one slab, not by the tensor. */
+static void pack_panels(struct cpu_backend *c, uint8_t *dst, const struct wmat *m, int pr,
+                        int n_panels, unsigned flags)
+{
+    const int slab = (int)(PACK_SLAB / ((size_t)pr * m->row_bytes) + 1);
+    for (int p = 0; p < n_panels; p += slab) {
+        struct pack_ctx pc = {&c->k, dst, m, p, p + slab < n_panels ? p + slab : n_panels};
+        tpool_run(c->pool, pack_task, &pc);
+        if (flags & PREP_SOURCE_DISPOSABLE)
+            mem_release(m->data, (size_t)pc.p1 * pr < (size_t)m->out ? (size_t)pc.p1 * pr * m->row_bytes
+                                                                     : (size_t)m->out * m->row_bytes);
+    }
+}
+
+/* A 4/8-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h), and a float
+ * matrix that the variant reads as FPAN (within the copy budget, as a copy would be),
+ * into anonymous memory the backend owns; any other W copied there as it is
+ * (copy_weight). Only 2-D float matrices of at least one panel of rows become FPAN (the
+ * model says which views are only read as matrices: PREP_MATRIX); cpu_embed reads a row of
+ * an FPAN table back. */
 static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
 {
     struct cpu_backend *c = cpu_of(be);
@@ -264,8 +285,23 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
         return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
                         w->name ? w->name : "(unnamed)");
     wmat_from(&m, w);
-    if (!c->repack || !c->k.qg16_pack || !kern_qg16_ok(&m) ||
-        !(flags & (PREP_SOURCE_DISPOSABLE | PREP_REPACK_BESIDE)))
+    const bool may = c->repack && (flags & (PREP_SOURCE_DISPOSABLE | PREP_REPACK_BESIDE));
+    if (may && (flags & PREP_MATRIX) && c->k.fpan_linear && w->ndim == 2 && m.out >= FPAN_R &&
+        kern_fpan_ok(&m)) {
+        const int n_panels = (m.out + FPAN_R - 1) / FPAN_R;
+        const size_t len = (size_t)n_panels * kern_fpan_bytes(m.in, m.dt);
+        if (len > c->copy_budget)
+            return copy_weight(c, w, flags, e);
+        uint8_t *dst = pack_alloc(c, len, "repack", w, e);
+        if (!dst)
+            return -ERR_NOMEM;
+        pack_panels(c, dst, &m, FPAN_R, n_panels, flags);
+        c->copy_budget -= len;
+        w->data = dst;
+        w->packed = CPU_PACK_FPAN;
+        return 0;
+    }
+    if (!may || !c->k.qg16_pack || !kern_qg16_ok(&m))
         return copy_weight(c, w, flags, e); /* the kernels read the stored layout */
     const int n_panels = (m.out + 15) / 16;
     m.qg16_panel = kern_qg16_bytes(m.in, m.qbits, m.qgroup, dtype_size(m.qsdt));
@@ -274,20 +310,13 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     if (!dst)
         return -ERR_NOMEM;
     const size_t ss_bytes = (size_t)m.out * m.qrow_bytes;
-    const int slab = (int)(PACK_SLAB / (16 * m.row_bytes) + 1);
-    for (int p = 0; p < n_panels; p += slab) {
-        struct pack_ctx pc = {&c->k, dst, &m, p, p + slab < n_panels ? p + slab : n_panels};
-        tpool_run(c->pool, pack_task, &pc);
-        if (flags & PREP_SOURCE_DISPOSABLE)
-            mem_release(m.data, (size_t)pc.p1 * 16 < (size_t)m.out ? (size_t)pc.p1 * 16 * m.row_bytes
-                                                                    : (size_t)m.out * m.row_bytes);
-    }
+    pack_panels(c, dst, &m, 16, n_panels, flags);
     if (flags & PREP_SOURCE_DISPOSABLE) {
         mem_release(m.qs, ss_bytes);
         mem_release(m.qb, ss_bytes);
     }
     w->data = dst;
-    w->packed = 1;
+    w->packed = CPU_PACK_QG16;
     return 0;
 }
 
@@ -317,7 +346,12 @@ static void wmat_from(struct wmat *m, const struct tensor *w)
         m->out *= (int)w->shape[d];
     int64_t row_elems = nd >= 2 ? w->stride[nd - 2] : tensor_row_storage(w);
     m->row_bytes = (size_t)row_elems * dtype_size(w->dtype);
-    if (w->packed) { /* QG16 (cpu_prepare_weight): the only layout this backend repacks into */
+    if (w->packed == CPU_PACK_FPAN) { /* float panels (cpu_prepare_weight) */
+        m->fpan = true;
+        m->fpan_panel = kern_fpan_bytes(m->in, m->dt);
+        return;
+    }
+    if (w->packed) { /* QG16 (cpu_prepare_weight) */
         m->qbits = w->qbits;
         m->qgroup = w->qgroup;
         m->qmode = w->qmode;
@@ -430,7 +464,9 @@ static void matvec_rows(const struct cpu_kernels *k, float *y, size_t ldy, const
                         size_t ldx, int n_tok, const struct wmat *w, int r0, int r1,
                         const float *xsum)
 {
-    if (use_qi(k, w))
+    if (w->fpan)
+        k->fpan_linear(y, ldy, x, ldx, n_tok, w, r0, r1);
+    else if (use_qi(k, w))
         k->matvec_qi(y, ldy, (const uint8_t *)x, ldx * sizeof(float), n_tok, w, r0, r1);
     else
         k->matvec(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, xsum_len(w));
@@ -557,7 +593,7 @@ static void linear_task(void *arg, int ith, int nth)
     /* whole GEMM panels, or whole groups of 16 rows so SIMD row blocks (QG16 panels) do
      * not straddle threads; the QG16 panels the kernel reads together where there are
      * enough of them for 4 pieces a thread */
-    long unit = lc->gemm ? k->gemm_nr : 16;
+    long unit = lc->gemm ? k->gemm_nr : w->fpan ? FPAN_R : 16;
     if (!lc->gemm && w->qg16 && k->qg16_rows) {
         const long u = k->qg16_rows(w, lc->n_tok);
         unit = w->out / u >= 4L * nth ? u : unit;
@@ -579,7 +615,7 @@ static void linear_task(void *arg, int ith, int nth)
 /* Tokens from which W (as the kernels see it) takes the GEMM path. */
 static int gemm_min_tok(const struct cpu_kernels *k, const struct wmat *m)
 {
-    if (!k->ukernel)
+    if (!k->ukernel || m->fpan) /* FPAN: one kernel at every token count */
         return 1 << 30;
     if (!m->qbits)
         return k->gemm_min_tok;
@@ -635,7 +671,8 @@ struct batch_ctx {
     const float **xp;         /* [n_jobs] x as the kernel takes it (see qprep_fill) */
     long total;               /* sum of rows */
     int n_jobs;
-    atomic_long next;         /* the next 16 rows to claim (tpool_claim) */
+    long unit;                /* rows a claim counts in: 16, or FPAN_R when a W is FPAN */
+    atomic_long next;         /* the next unit to claim (tpool_claim) */
 };
 
 static void batch_task(void *arg, int ith, int nth)
@@ -643,12 +680,12 @@ static void batch_task(void *arg, int ith, int nth)
     (void)ith;
     struct batch_ctx *bc = arg;
     const struct cpu_kernels *k = &bc->c->k;
-    const long n16 = (bc->total + 15) / 16, step = tpool_step(n16, nth, 4);
+    const long u = bc->unit, nu = (bc->total + u - 1) / u, step = tpool_step(nu, nth, 4);
     long lo, hi;
-    while (tpool_claim(&bc->next, n16, step, &lo, &hi)) { /* pieces as in linear_task */
+    while (tpool_claim(&bc->next, nu, step, &lo, &hi)) { /* pieces as in linear_task */
         long base = 0;
-        lo *= 16;
-        hi = hi * 16 < bc->total ? hi * 16 : bc->total;
+        lo *= u;
+        hi = hi * u < bc->total ? hi * u : bc->total;
         for (int j = 0; j < bc->n_jobs && base < hi; j++) {
             const struct wmat *w = &bc->w[j];
             long a = lo > base ? lo - base : 0;
@@ -714,8 +751,11 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
                 else if (w[j].qbits)
                     qprep_fill(c, buf + xs_off[j], jobs[j].x, jobs[j].n_tok, &w[j], &xs, &xp[j]);
         }
+        long unit = 16;
+        for (int j = 0; j < n; j++)
+            unit = w[j].fpan ? FPAN_R : unit;
         struct batch_ctx bc = {.c = c, .jobs = jobs, .w = w, .xs_off = xs_off, .xp = xp,
-                               .total = total, .n_jobs = n};
+                               .total = total, .n_jobs = n, .unit = unit};
         atomic_init(&bc.next, 0);
         tpool_run(c->pool, batch_task, &bc);
         jobs += n;
@@ -767,6 +807,12 @@ static void embed_task(void *arg, int ith, int nth)
     tpool_range(ec->n_tok, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++) {
         float *y = ec->y + (size_t)t * w->in;
+        if (w->fpan) { /* an FPAN table: the row back in the stored layout, then widened */
+            uint8_t *row = (uint8_t *)ec->c->scr[ith];
+            kern_fpan_unpack_row(row, w, ec->ids[t]);
+            ec->c->k.to_f32(y, row, w->dt, (size_t)w->in);
+            continue;
+        }
         if (!w->qg16) {
             ec->c->k.wrow_f32(y, w, ec->ids[t], 0, w->in);
             continue;
@@ -798,6 +844,8 @@ static void cpu_embed(struct backend *be, float *y, const struct tensor *w, cons
     if (c->err_rc)
         return;
     if (m.qg16 && !cpu_scratch_ensure(c, (size_t)m.in * (size_t)m.qbits / 32 + (size_t)(m.in / m.qgroup) * 2 + 16))
+        return;
+    if (m.fpan && !cpu_scratch_ensure(c, (size_t)m.in)) /* a row of at most 4-byte elements */
         return;
     if (n_tok == 1)
         embed_task(&ec, 0, 1);

@@ -12,6 +12,10 @@
 #include "../backend.h"
 #include "kern.h"
 
+/* tensor.packed values of the layouts this backend repacks into (kern.h) */
+#define CPU_PACK_QG16 1
+#define CPU_PACK_FPAN 2
+
 struct cpu_backend {
     struct backend be;
     struct tpool *pool;
@@ -23,7 +27,7 @@ struct cpu_backend {
     size_t shared_cap;
     int32_t *iscr;        /* integer scratch of the caller (attention tiles) */
     size_t iscr_cap;
-    bool repack;          /* prepare_weight repacks what the kernels read as QG16 (MLXCEL_REPACK) */
+    bool repack;          /* prepare_weight repacks what the kernels read as QG16 / FPAN (MLXCEL_REPACK) */
     struct cpu_pack { void *p; size_t len; } *packs; /* memory holding weights, freed at destroy */
     size_t n_packs, cap_packs;
     uint64_t copy_budget; /* bytes of weights prepare_weight may still copy (MLXCEL_MMAP) */

@@ -57,6 +57,10 @@ struct wmat {
      * qs, qb and qrow_bytes are then unused. */
     bool qg16;
     size_t qg16_panel;
+    /* FPAN (below): float data holds panels of FPAN_R rows, fpan_panel bytes apart;
+     * row_bytes is then unused. */
+    bool fpan;
+    size_t fpan_panel;
 };
 
 struct cpu_kernels {
@@ -125,6 +129,12 @@ struct cpu_kernels {
      * of 16; NULL: 16); the backend hands threads rows in multiples of them where that leaves
      * at least 4 pieces a thread. */
     int (*qg16_rows)(const struct wmat *w, int n_tok);
+    /* Optional: y[t*ldy + r] = sum_i x[t*ldx + i] * W[r, i] for t < n_tok, r0 <= r < r1
+     * (overwrites y), for float W in the FPAN layout (below), at any token count. Each
+     * output is the same sum whatever n_tok and the row range (kern.h FPAN). Set by the
+     * variants that read FPAN; the backend then repacks float W into it at load. */
+    void (*fpan_linear)(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                        const struct wmat *w, int r0, int r1);
 
     /* ---- vectors ---- */
     float (*dot)(const float *a, const float *b, int n);
@@ -291,6 +301,34 @@ bool kern_qg16_ok(const struct wmat *w);
 /* Row r of a QG16 w back in the stored layout: in * bits / 8 bytes of codes, then in/G
  * scales, then in/G biases (ssz bytes each); returns the bytes written. */
 size_t kern_qg16_unpack_row(uint8_t *dst, const struct wmat *w, int r);
+
+/* ---- FPAN: float W (F32/F16/BF16) repacked at load (kern_fpan.c) ----
+ * Panels of FPAN_R = 32 rows (the last zero-padded), one after another, each
+ * in "k-lines" in order: k-line i holds W[32p + j, i] for j < 32 in the stored
+ * dtype, 32 * element bytes (64 for F16/BF16, 128 for F32), at the slot
+ * kern_fpan_slot gives: F32 and F16 in row order; BF16 rows j and 16 + j share
+ * the 32-bit word j (j in the low half), so one shift and one mask make f32 of
+ * both halves. A product then streams each panel once, sequentially, for any
+ * number of tokens, with nothing to transpose. Every output is summed the same
+ * way: over blocks of FPAN_KC inputs in order, each block's products added in
+ * order into a block sum (fused multiply-add, from 0), the block sums added in
+ * order into y; so a token's outputs do not depend on the tokens beside it. */
+#define FPAN_R 32
+#define FPAN_KC 256
+static inline int kern_fpan_slot(enum dtype dt, int j)
+{
+    return dt == DTYPE_BF16 ? (j < 16 ? 2 * j : 2 * (j - 16) + 1) : j;
+}
+static inline size_t kern_fpan_bytes(int in, enum dtype dt)
+{
+    return (size_t)in * FPAN_R * dtype_size(dt);
+}
+/* True for the W FPAN holds: F32/F16/BF16, not quantized. */
+bool kern_fpan_ok(const struct wmat *w);
+/* Panels [p0, p1) of w (stored layout) as FPAN into dst, which holds every panel. */
+void kern_fpan_pack(uint8_t *dst, const struct wmat *w, int p0, int p1);
+/* Row r of an FPAN w back in the stored layout (in elements of its dtype) at dst. */
+void kern_fpan_unpack_row(uint8_t *dst, const struct wmat *w, int r);
 
 /* ---- kern_avx2.c / kern_avx512.c ---- */
 /* Overlay the variant's kernels on k; false when it was compiled out. */

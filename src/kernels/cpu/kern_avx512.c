@@ -19,6 +19,9 @@
  *            2 to 15 tokens 2 rows x 4 tokens at a time, each piece widened
  *            once (docs/adr/0032)
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
+ *   fpan     float W repacked at load as panels of 32 rows (kern.h FPAN), every token
+ *            count: up to 8 tokens x 1-4 panels a tile, x broadcast per input, each
+ *            k-line widened once (BF16: one shift and one AND); docs/adr/0039
  *   exp      Cephes expf polynomial + vscalefps (rel. error ~1e-7)
  *
  * Measured with dev/kernels/bench_linear.c on the dev machine (AMD EPYC,
@@ -1341,6 +1344,143 @@ static void a512_gelu_erf(float *x, size_t n)
     }
 }
 
+// ---- FPAN: float W in panels of 32 rows (kern.h) ----
+
+/* Lines ahead of the k-line in use that a tile asks for (its panel's own stream). */
+#define FPAN_PF_BYTES 2048
+
+/* K-line i of a panel as f32: rows 0-15 in *lo, 16-31 in *hi. */
+AI void fpan_line(const uint8_t *pp, size_t i, enum dtype dt, __m512 *lo, __m512 *hi)
+{
+    if (dt == DTYPE_BF16) {
+        const __m512i v = _mm512_load_si512((const void *)(pp + i * 64));
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+        *hi = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000u)));
+    } else if (dt == DTYPE_F16) {
+        *lo = _mm512_cvtph_ps(_mm256_load_si256((const void *)(pp + i * 64)));
+        *hi = _mm512_cvtph_ps(_mm256_load_si256((const void *)(pp + i * 64 + 32)));
+    } else {
+        *lo = _mm512_load_ps((const float *)(pp + i * 128));
+        *hi = _mm512_load_ps((const float *)(pp + i * 128 + 64));
+    }
+}
+
+/* NP panels (from pp, panel bytes apart) x T tokens over inputs [k0, k0 + kc): per token and
+ * row the block's products summed in order from 0, then stored into y (k0 == 0) or added to
+ * it; rows where m[p][0 / 1] (rows 0-15 / 16-31 of panel p) is clear are neither read nor
+ * written. pf: also ask for the panels' lines FPAN_PF_BYTES ahead (the first token group). */
+AI void fpan_tile(float *y, size_t ldy, const float *x, size_t ldx, const uint8_t *pp,
+                  size_t panel, __mmask16 m[][2], int k0, int kc, bool pf,
+                  enum dtype dt, const int NP, const int T)
+{
+    __m512 c[4][8][2];
+    const size_t line = dt == DTYPE_F32 ? 128 : 64;
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            c[p][t][0] = c[p][t][1] = _mm512_setzero_ps();
+    for (int i = k0; i < k0 + kc; i++) {
+        __m512 lo[4], hi[4];
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            if (pf)
+                _mm_prefetch((const char *)pp + (size_t)p * panel + (size_t)i * line + FPAN_PF_BYTES,
+                             _MM_HINT_T0);
+            fpan_line(pp + (size_t)p * panel, (size_t)i, dt, &lo[p], &hi[p]);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m512 a = _mm512_set1_ps(x[(size_t)t * ldx + (size_t)i]);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++) {
+                c[p][t][0] = _mm512_fmadd_ps(a, lo[p], c[p][t][0]);
+                c[p][t][1] = _mm512_fmadd_ps(a, hi[p], c[p][t][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            float *yt = y + (size_t)t * ldy + (size_t)p * FPAN_R;
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512 v = c[p][t][h];
+                if (k0)
+                    v = _mm512_add_ps(_mm512_maskz_loadu_ps(m[p][h], yt + 16 * h), v);
+                _mm512_mask_storeu_ps(yt + 16 * h, m[p][h], v);
+            }
+        }
+}
+
+/* Panels read together for a group of t tokens: about 8 accumulator pairs or more. */
+AI int fpan_np(int t)
+{
+    return t <= 2 ? 4 : t <= 4 ? 2 : 1;
+}
+
+#define FPAN_T(NP, T) fpan_tile(yt, ldy, xt, ldx, pp, w->fpan_panel, m, k0, kc, tg == 0, dt, NP, T)
+
+AI void fpan_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
+                  int r0, int r1, enum dtype dt)
+{
+    const int NPmax = fpan_np(n_tok < 8 ? n_tok : 8), pe = (r1 + FPAN_R - 1) / FPAN_R;
+    for (int p0 = r0 / FPAN_R; p0 < pe; p0 += NPmax) {
+        const int np = pe - p0 < NPmax ? pe - p0 : NPmax;
+        __mmask16 m[4][2];
+        for (int p = 0; p < np; p++)
+            for (int h = 0; h < 2; h++) {
+                const int a = (p0 + p) * FPAN_R + 16 * h; /* rows a .. a+16 of this half */
+                const int lo = r0 > a ? r0 - a : 0, hi = r1 - a < 16 ? r1 - a : 16;
+                m[p][h] = hi > lo ? (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u)) : 0;
+            }
+        const uint8_t *pp = w->data + (size_t)p0 * w->fpan_panel;
+        float *yp = y + (size_t)p0 * FPAN_R;
+        for (int k0 = 0; k0 < w->in; k0 += FPAN_KC) {
+            const int kc = w->in - k0 < FPAN_KC ? w->in - k0 : FPAN_KC;
+            for (int tg = 0; tg < n_tok; tg += 8) {
+                const int T = n_tok - tg < 8 ? n_tok - tg : 8;
+                float *yt = yp + (size_t)tg * ldy;
+                const float *xt = x + (size_t)tg * ldx;
+                if (np == 4 && T == 1) FPAN_T(4, 1);
+                else if (np == 4 && T == 2) FPAN_T(4, 2);
+                else if (np == 2 && T == 3) FPAN_T(2, 3);
+                else if (np == 2 && T == 4) FPAN_T(2, 4);
+                else /* one panel at a time (also the last panels of a range) */
+                    for (int p = 0; p < np; p++) {
+                        const uint8_t *ppp = pp + (size_t)p * w->fpan_panel;
+                        float *ytp = yt + (size_t)p * FPAN_R;
+                        __mmask16(*mp)[2] = m + p;
+#define FPAN_T1(T) fpan_tile(ytp, ldy, xt, ldx, ppp, w->fpan_panel, mp, k0, kc, tg == 0, dt, 1, T)
+                        switch (T) {
+                        case 1: FPAN_T1(1); break;
+                        case 2: FPAN_T1(2); break;
+                        case 3: FPAN_T1(3); break;
+                        case 4: FPAN_T1(4); break;
+                        case 5: FPAN_T1(5); break;
+                        case 6: FPAN_T1(6); break;
+                        case 7: FPAN_T1(7); break;
+                        default: FPAN_T1(8); break;
+                        }
+#undef FPAN_T1
+                    }
+            }
+        }
+    }
+}
+#undef FPAN_T
+
+static void a512_fpan_linear(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
+                             const struct wmat *w, int r0, int r1)
+{
+    switch (w->dt) {
+    case DTYPE_BF16: fpan_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_BF16); break;
+    case DTYPE_F16: fpan_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F16); break;
+    default: fpan_rows(y, ldy, x, ldx, n_tok, w, r0, r1, DTYPE_F32); break;
+    }
+}
+
 bool cpu_kernels_avx512_init(struct cpu_kernels *k)
 {
     k->name = "avx512";
@@ -1351,6 +1491,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->ukernel = a512_ukernel;
     k->pack_t = a512_pack_t;
     k->pack_w = a512_pack_w;
+    k->fpan_linear = a512_fpan_linear;
     k->gemm_nr = 32;
     k->gemm_mr = 8;
     /* mv_block_p against the GEMM, llama-1b bf16 decode, 2 threads, Zen 5: 16 sequences
