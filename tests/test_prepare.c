@@ -118,6 +118,16 @@ static void repack_and_again(void **state)
     model_free(ms);
 }
 
+/* The float phixtral-tiny (bf16 weights). */
+static struct model *load_float_tiny(void)
+{
+    struct model *m = NULL;
+    struct err e = {0};
+    if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
+        fail_msg("%s", e.msg);
+    return m;
+}
+
 /* Float weights kept in their stored layout (MLXCEL_REPACK=0, ADR 0037): by default and
  * with MLXCEL_MMAP=0 the backend copies every linear into memory of its own, with
  * MLXCEL_MMAP=1 it reads the mapping; the logits are the same bits all three ways (the same
@@ -126,10 +136,7 @@ static void repack_and_again(void **state)
 static void copy_and_again(void **state)
 {
     (void)state;
-    struct model *m = NULL;
-    struct err e = {0};
-    if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
-        fail_msg("%s", e.msg);
+    struct model *m = load_float_tiny();
     setenv("MLXCEL_REPACK", "0", 1);
     int np, nc, nl;
     float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
@@ -163,15 +170,13 @@ static void copy_and_again(void **state)
 static void fpan_and_again(void **state)
 {
     (void)state;
-    struct model *m = NULL;
-    struct err e = {0};
-    if (model_load(&m, test_path("tests/fixtures/models/phixtral-tiny"), &e) < 0)
-        fail_msg("%s", e.msg);
+    struct model *m = load_float_tiny();
     int np, nc, nl, np2, nps;
     float *stored = run(m, false, &nps);
     float *a = run(m, true, &np);
     float *b = run_env(m, "MLXCEL_REPACK", NULL, &np2, &nc, &nl); /* prepared again */
     struct backend *be = NULL;
+    struct err e = {0};
     if (backend_cpu_new(&be, 1, NULL, &e) < 0)
         fail_msg("%s", e.msg);
     const bool fpan = strcmp(be->name, "cpu-avx512") == 0;
