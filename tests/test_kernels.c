@@ -380,10 +380,15 @@ static void test_linear_fpan(void **state)
                     struct linear_job jobs[2] = {{yn, ldy, x + (size_t)3 * in, &wp, bp, n},
                                                  {y2, out, x, &wp, NULL, n}};
                     be->ops->linear_batch(be, jobs, 2);
-                    for (int t = 0; t < n; t++)
+                    for (int t = 0; t < n; t++) {
                         if (memcmp(yn + (size_t)t * ldy, y + (size_t)(t + 3) * ldy, (size_t)out * sizeof *y))
                             fail_msg("%s fpan %dx%d on %s: linear_batch token %d of %d differs",
                                      dtype_name(dts[d]), out, in, be->name, t + 3, n);
+                        /* the second product (tokens 0 .. n, no bias) as linear gave them */
+                        if (!bp && memcmp(y2 + (size_t)t * out, y + (size_t)t * ldy, (size_t)out * sizeof *y))
+                            fail_msg("%s fpan %dx%d on %s: linear_batch's second product, token %d",
+                                     dtype_name(dts[d]), out, in, be->name, t);
+                    }
                     free(y2);
                 }
                 be->ops->embed(be, emb, &wp, ids, out);

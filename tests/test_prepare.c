@@ -166,21 +166,25 @@ static void copy_and_again(void **state)
  * float linear view in the list is marked packed (none where the variant has no FPAN
  * kernel, and none with MLXCEL_MMAP=1, which keeps the mapping); the logits agree with the
  * stored layout's within the float rounding of another summation order, with the same
- * greedy tokens, and are the same bits when the model is prepared again. */
+ * greedy tokens, and are the same bits when the model is prepared again. An embedding table
+ * is repacked only when it is the head's twin (llama-tiny), not when untied (phixtral-tiny). */
 static void fpan_and_again(void **state)
 {
     (void)state;
     struct model *m = load_float_tiny();
-    int np, nc, nl, np2, nps;
-    float *stored = run(m, false, &nps);
-    float *a = run(m, true, &np);
-    float *b = run_env(m, "MLXCEL_REPACK", NULL, &np2, &nc, &nl); /* prepared again */
     struct backend *be = NULL;
     struct err e = {0};
     if (backend_cpu_new(&be, 1, NULL, &e) < 0)
         fail_msg("%s", e.msg);
     const bool fpan = strcmp(be->name, "cpu-avx512") == 0;
     backend_free(be);
+    int np, nc, nl, np2, nps;
+    float *stored = run(m, false, &nps);
+    float *a = run(m, true, &np);
+    /* its embedding table is not tied to the head: no product reads it, it stays as stored */
+    assert_int_equal(m->tok_embd.packed, 0);
+    assert_int_equal(m->lm_head.packed != 0, fpan);
+    float *b = run_env(m, "MLXCEL_REPACK", NULL, &np2, &nc, &nl); /* prepared again */
     assert_int_equal(nps, 0);
     assert_int_equal(np, fpan ? nl : 0);
     assert_int_equal(np2, np);
@@ -193,6 +197,16 @@ static void fpan_and_again(void **state)
     const size_t n = (size_t)NTOK * V * sizeof *a;
     assert_memory_equal(a, b, n);
     assert_memory_equal(stored, mapped, n);
+    /* a head tied to the embedding (llama-tiny): the one table is repacked, and its lookups
+     * read the rows back */
+    struct model *tied = NULL;
+    if (model_load(&tied, test_path("models/llama-tiny"), &e) < 0)
+        fail_msg("%s", e.msg);
+    float *t = run_env(tied, "MLXCEL_REPACK", NULL, &np, &nc, &nl);
+    assert_int_equal(tied->tok_embd.packed != 0, fpan);
+    assert_int_equal(tied->lm_head.packed != 0, fpan);
+    free(t);
+    model_free(tied);
     free(stored);
     free(a);
     free(b);

@@ -150,8 +150,10 @@ struct rope_params {
  * two layouts of the same bytes. */
 #define PREP_SOURCE_DISPOSABLE 1u
 #define PREP_REPACK_BESIDE 2u
-/* w is only ever read as a matrix (linear products, embedding rows), never as a vector of
- * values (norm weights, biases): the backend may lay its rows out its own way. */
+/* w is read by linear products (and otherwise only as embedding rows), never as a vector of
+ * values (norm weights, biases): the backend may lay its rows out its own way for them. An
+ * embedding table that no product reads is not marked (a layout for products would only
+ * slow its lookups). */
 #define PREP_MATRIX 4u
 
 struct backend_ops {

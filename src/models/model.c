@@ -252,8 +252,14 @@ struct prep_item {
     int root;      /* first item of its twins (identical views): the one prepared */
     bool shared;   /* its bytes are also read through a view that is not a twin */
     bool host;     /* read on the host, never prepared (sinks) */
-    bool matrix;   /* only read as a matrix (PREP_MATRIX) */
+    unsigned uses; /* how ops read it, joined over its twins: USE_* */
 };
+
+/* How the ops read a weight view: by linear products, and / or as values (norm weights,
+ * biases); neither: embedding rows only. Prepared with PREP_MATRIX when its twins' uses are
+ * linear products alone. */
+#define USE_LINEAR 1u
+#define USE_VALUES 2u
 
 struct prep_range {
     uintptr_t lo, hi;
@@ -304,17 +310,19 @@ static int prep_root(struct prep_item *it, int i)
 static size_t prep_items(struct model *m, struct prep_item *it)
 {
     size_t n = 0;
-#define PREP_ADD(tp, h, mx)                                                 \
+#define PREP_ADD(tp, h, u)                                                  \
     do {                                                                    \
         if (tensor_is_present(tp)) {                                        \
             if (it)                                                         \
-                it[n] = (struct prep_item){(tp), (int)n, false, (h), (mx)}; \
+                it[n] = (struct prep_item){(tp), (int)n, false, (h), (u)};  \
             n++;                                                            \
         }                                                                   \
     } while (0)
-    struct tensor *head[] = {&m->tok_embd, &m->out_norm, &m->out_norm_b, &m->lm_head, &m->lm_head_b};
-    for (size_t i = 0; i < sizeof head / sizeof head[0]; i++)
-        PREP_ADD(head[i], false, head[i] == &m->tok_embd || head[i] == &m->lm_head);
+    PREP_ADD(&m->tok_embd, false, 0u); /* embedding rows (and the head, when a twin joins) */
+    PREP_ADD(&m->out_norm, false, USE_VALUES);
+    PREP_ADD(&m->out_norm_b, false, USE_VALUES);
+    PREP_ADD(&m->lm_head, false, USE_LINEAR);
+    PREP_ADD(&m->lm_head_b, false, USE_VALUES);
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
 #define LAYER_PTR(name) &L->name,
@@ -327,14 +335,14 @@ static size_t prep_items(struct model *m, struct prep_item *it)
             for (size_t j = 0; j < sizeof mats / sizeof mats[0] && !mx; j++)
                 mx = ts[i] == mats[j];
             /* sinks are read on the host (model_ctx_new uploads them widened), never by an op */
-            PREP_ADD(ts[i], ts[i] == &L->sinks, mx);
+            PREP_ADD(ts[i], ts[i] == &L->sinks, mx ? USE_LINEAR : USE_VALUES);
         }
     }
     for (int il = 0; il < m->hp.n_layer; il++) /* MLA per-head views */
         for (int i = 0; m->layers[il].mla_heads && i < 4 * m->hp.n_head; i++)
-            PREP_ADD(&m->layers[il].mla_heads[i], false, true);
-    for (size_t i = 0; i < m->expert_views_used; i++) /* expert views of every layer */
-        PREP_ADD(&m->expert_views[i], false, m->expert_views[i].ndim == 2);
+            PREP_ADD(&m->layers[il].mla_heads[i], false, USE_LINEAR);
+    for (size_t i = 0; i < m->expert_views_used; i++) /* expert views of every layer (biases: 1-D) */
+        PREP_ADD(&m->expert_views[i], false, m->expert_views[i].ndim == 2 ? USE_LINEAR : USE_VALUES);
 #undef PREP_ADD
     return n;
 }
@@ -382,6 +390,7 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
                 same_view(it[r[a].item].t, it[r[b].item].t)) {
                 it[x > y ? x : y].root = x < y ? x : y;
                 it[x < y ? x : y].shared |= it[x > y ? x : y].shared;
+                it[x < y ? x : y].uses |= it[x > y ? x : y].uses;
             } else {
                 it[x].shared = it[y].shared = true;
             }
@@ -401,7 +410,7 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
             for (int j = 0; j < k && mine; j++)
                 mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
             rc = be->ops->prepare_weight(be, t, (mine ? PREP_SOURCE_DISPOSABLE : 0u) |
-                                                    (it[root].matrix ? PREP_MATRIX : 0u), e);
+                                                    (it[root].uses == USE_LINEAR ? PREP_MATRIX : 0u), e);
         }
         const struct prepared_view *pv = &m->prepared[m->n_prepared];
         if (t->data != pv->data || t->qscales != pv->qscales || t->qbiases != pv->qbiases ||

@@ -274,9 +274,9 @@ static void pack_panels(struct cpu_backend *c, uint8_t *dst, const struct wmat *
 /* A 4/8-bit affine W that the VNNI kernels take, repacked as QG16 (kern.h), and a float
  * matrix that the variant reads as FPAN (within the copy budget, as a copy would be),
  * into anonymous memory the backend owns; any other W copied there as it is
- * (copy_weight). Only 2-D float matrices of at least one panel of rows become FPAN (the
- * model says which views are only read as matrices: PREP_MATRIX); cpu_embed reads a row of
- * an FPAN table back. */
+ * (copy_weight). Only 2-D float matrices of at least one panel of rows that linear products
+ * read become FPAN (the model says which: PREP_MATRIX); cpu_embed reads a row of an FPAN
+ * table (a head tied to the embedding) back. */
 static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
 {
     struct cpu_backend *c = cpu_of(be);

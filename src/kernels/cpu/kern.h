@@ -323,7 +323,7 @@ static inline size_t kern_fpan_bytes(int in, enum dtype dt)
 {
     return (size_t)in * FPAN_R * dtype_size(dt);
 }
-/* True for the W FPAN holds: F32/F16/BF16, not quantized. */
+/* True for the stored W that FPAN holds: F32/F16/BF16, not quantized. */
 bool kern_fpan_ok(const struct wmat *w);
 /* Panels [p0, p1) of w (stored layout) as FPAN into dst, which holds every panel. */
 void kern_fpan_pack(uint8_t *dst, const struct wmat *w, int p0, int p1);

@@ -11,7 +11,7 @@
 
 bool kern_fpan_ok(const struct wmat *w)
 {
-    return !w->qbits && !w->qg16 && !w->fpan && w->in > 0 && w->out > 0 &&
+    return !w->qbits && w->in > 0 && w->out > 0 &&
            (w->dt == DTYPE_F32 || w->dt == DTYPE_F16 || w->dt == DTYPE_BF16);
 }
 
