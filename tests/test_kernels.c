@@ -751,12 +751,16 @@ static void test_linear_batch_invariant(void **state)
                     fail_msg("%d x %d on %s: token %d alone differs from it among %d", out, in,
                              be->name, t, NT);
             }
-            /* and first in a batch of 4: tokens 5 .. 8 */
+            /* and in batches of 2, 3 and 4 from token 5 (one or two tokens read several
+             * panels together, VNNI) */
             float *y4 = malloc((size_t)4 * out * sizeof *y4);
             assert_non_null(y4);
-            be->ops->linear(be, y4, out, x + (size_t)5 * in, &wp, NULL, 4);
-            if (memcmp(y4, ya + (size_t)5 * out, (size_t)4 * out * sizeof *y4) != 0)
-                fail_msg("%d x %d on %s: tokens 5-8 as a batch of 4 differ", out, in, be->name);
+            for (int nb = 2; nb <= 4; nb++) {
+                be->ops->linear(be, y4, out, x + (size_t)5 * in, &wp, NULL, nb);
+                if (memcmp(y4, ya + (size_t)5 * out, (size_t)nb * out * sizeof *y4) != 0)
+                    fail_msg("%d x %d on %s: tokens 5-%d as a batch of %d differ", out, in,
+                             be->name, 4 + nb, nb);
+            }
             free(y4);
         }
         free(x);

@@ -553,6 +553,138 @@ AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
             fs[3 * t + i] = f[i][t];
 }
 
+/* Tokens t0 .. t0+T (T <= 2) of NP (<= 4) consecutive 4-bit panels (op[i], each with the
+ * prefetches of its own stream ahead when op[i]->pf) over the chunk from c0: each word's
+ * limbs are broadcast once for the NP panels' words, and the NP panels' integer chains run
+ * side by side, where the one-panel tile's chains wait on vpdpbusd's latency at one or two
+ * tokens. Each row's f32 steps are qg_tile's, in the same order: the same bits. */
+AI void qg_tilen(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                 const struct qg_ops *const *p, int r0, const __mmask16 *rm, int c0, int gn,
+                 bool acc, const int NP, const int T, const int G, const int L)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const uint8_t *xc[2];
+    const float *xs[2], *xm[2];
+    __m512 f[4][2];
+    qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
+#pragma GCC unroll 4
+    for (int i = 1; i < NP; i++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++)
+            f[i][t] = _mm512_setzero_ps();
+    for (int g = 0; g < gn; g++) {
+        __m512i ih[4][2], il[4][2];
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++)
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                ih[i][t] = il[i][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int u = 0; u < G / 8; u++) {
+            const int wi = g * (G / 8) + u;
+            const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
+            __m512i xb[2][4];
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+                for (int o = 0; o < 2 * L; o++)
+                    xb[t][o] = qg_bcast(xc[t] + xo + 32 * (size_t)o);
+#pragma GCC unroll 4
+            for (int i = 0; i < NP; i++) {
+                const __m512i v = _mm512_load_si512(p[i]->w[wi]);
+                if (p[i]->pf)
+                    qg_pf_codes(p[i], (size_t)wi * 64);
+                const __m512i lo = _mm512_and_si512(v, m0f),
+                              hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    ih[i][t] = _mm512_dpbusd_epi32(ih[i][t], lo, xb[t][0]);
+                    if (L == 2) {
+                        ih[i][t] = _mm512_dpbusd_epi32(ih[i][t], hi, xb[t][1]);
+                        il[i][t] = _mm512_dpbusd_epi32(il[i][t], lo, xb[t][2]);
+                        il[i][t] = _mm512_dpbusd_epi32(il[i][t], hi, xb[t][3]);
+                    } else {
+                        il[i][t] = _mm512_dpbusd_epi32(il[i][t], hi, xb[t][1]);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++) {
+            if (p[i]->pf)
+                qg_pf_sb(p[i], g);
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                ih[i][t] = L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[i][t], 8), il[i][t])
+                                  : _mm512_slli_epi32(_mm512_add_epi32(ih[i][t], il[i][t]), 8);
+            qg_tile_group(f[i], ih[i], p[i], g, xs, xm, T);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NP; i++)
+        qg_tile_store(y, ldy, t0, r0 + 16 * i, rm[i], acc, f[i], T);
+}
+
+/* Tokens t0 .. t0+T (T <= 2) of NP (<= 4) consecutive 8-bit panels: qg_tile8's integers and f32
+ * steps (the same bits), each word pair's x broadcast once for the NP panels (qg_tilen). */
+AI void qg_tile8n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                  const struct qg_ops *const *p, int r0, const __mmask16 *rm, int c0, int gn,
+                  bool acc, const int NP, const int T, const int G)
+{
+    const uint8_t *xc[2];
+    const float *xs[2], *xm[2];
+    __m512 f[4][2];
+    qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
+#pragma GCC unroll 4
+    for (int i = 1; i < NP; i++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++)
+            f[i][t] = _mm512_setzero_ps();
+    for (int g = 0; g < gn; g++) {
+        __m512i a0[4][2], a1[4][2];
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++)
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                a0[i][t] = a1[i][t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int u = 0; u < G / 2; u += 2) {
+            const int pi = g * (G / 2) + u;
+            __m512i x0[2], x1[2];
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++) {
+                x0[t] = qg_bcast(xc[t] + 4 * (size_t)pi);
+                x1[t] = qg_bcast(xc[t] + 4 * (size_t)pi + 4);
+            }
+#pragma GCC unroll 4
+            for (int i = 0; i < NP; i++) {
+                const uint8_t *wb = (const uint8_t *)p[i]->w + (size_t)pi * 32;
+                if (p[i]->pf)
+                    qg_pf_codes(p[i], (size_t)pi * 32);
+                const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)wb)),
+                              v1 = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + 32)));
+#pragma GCC unroll 2
+                for (int t = 0; t < T; t++) {
+                    a0[i][t] = _mm512_dpwssd_epi32(a0[i][t], v0, x0[t]);
+                    a1[i][t] = _mm512_dpwssd_epi32(a1[i][t], v1, x1[t]);
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++) {
+            if (p[i]->pf)
+                qg_pf_sb(p[i], g);
+#pragma GCC unroll 2
+            for (int t = 0; t < T; t++)
+                a0[i][t] = _mm512_add_epi32(a0[i][t], a1[i][t]);
+            qg_tile_group(f[i], a0[i], p[i], g, xs, xm, T);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NP; i++)
+        qg_tile_store(y, ldy, t0, r0 + 16 * i, rm[i], acc, f[i], T);
+}
+
 /* The tiles of one chunk over every token: tiles of 8, the last 1-7 tokens as tiles of 4,
  * 2 and 1 (fewer copies of the tile to compile). The tile of token pf_at issues
  * pf's or (QG16) op1's prefetches; the others run with op (no prefetch). */
@@ -757,8 +889,63 @@ AI bool qg3_applies(int bits, int n_tok)
     return bits == 4 && n_tok >= QG3_MIN_TOK;
 }
 
+/* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
+ * (qg_panelsn): every word's limbs broadcast once for both panels' words and four or eight
+ * integer chains side by side, where the one-panel tiles of 1-2 tokens wait on vpdpbusd's
+ * latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b, tg t/s,
+ * medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 66.7 / 81.8, 2
+ * 114 / 123, 4 142 / 150, 8 186 / 183 (even), 16 and 24 even or behind; 8-bit 1 sequence
+ * 40.7 / 48.9, 2 76.6 / 88.5, 4 111 / 132, 6 126 / 152, 8 177 / 168. Four panels a tile
+ * at one token ran as two, three as two at 1-24 tokens. A matrix alone from DRAM (bench_linear,
+ * 1 token): 4-bit 10240 x 2560 38-40 / 53-58 GB/s. */
+#define QGN_NP 2
+#define QGN_MAX_TOK (QG_TILE - 1)
+
+/* Whether qg_rows16 reads QGN_NP panels of W together for n_tok tokens (qg_panelsn). */
+AI bool qgn_applies(int n_tok)
+{
+    return n_tok <= QGN_MAX_TOK;
+}
+
+/* Every token of QGN_NP panels p .. (rows inside r0 .. r1), chunk by chunk, each panel's
+ * stream prefetched ahead (by the first pair's tiles) into its next chunk, after its last
+ * into panel p+QGN_NP+i's first. */
+AI void qg_panelsn(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                   const struct wmat *w, int p, int r0, int r1, const int B, const int G,
+                   const int L)
+{
+    enum { NP = QGN_NP };
+    const size_t hdr = kern_qi_hdr(w);
+    __mmask16 rm[NP];
+    for (int i = 0; i < NP; i++)
+        rm[i] = qg_panel_mask(p + i, r0, r1);
+    for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
+        const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+        struct qg_ops op[NP], op1[NP];
+        const struct qg_ops *po[NP], *po1[NP];
+        for (int i = 0; i < NP; i++) {
+            const int np = p + i + NP;
+            qg_chunk_ops(&op[i], &op1[i], w, p + i, c0, 16 * np < r1 ? np : -1, n_tok, B, G);
+            po[i] = &op[i];
+            po1[i] = &op1[i];
+        }
+        for (int t = 0; t < n_tok; t += 2) {
+            const struct qg_ops *const *o = t == 0 ? po1 : po;
+            if (B == 8 && n_tok - t >= 2)
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 2, G);
+            else if (B == 8)
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 1, G);
+            else if (n_tok - t >= 2)
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 2, G, L);
+            else
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 1, G, L);
+        }
+    }
+}
+
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
- * streamed in order; 4-bit codes of QG3_MIN_TOK tokens or more three panels at a time. */
+ * streamed in order; below QG_TILE tokens two panels at a time (qg_panelsn), 4-bit codes
+ * of QG3_MIN_TOK tokens or more three (qg_panels3). */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                   const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -767,6 +954,11 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
     r1 = r1 < w->out ? r1 : w->out;
     for (int p = r0 / 16; p * 16 < r1;) {
+        if (qgn_applies(n_tok) && 16 * (p + QGN_NP - 1) < r1) {
+            qg_panelsn(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
+            p += QGN_NP;
+            continue;
+        }
         if (qg3_applies(B, n_tok) && 16 * (p + 2) < r1) {
             qg_panels3(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, G, L);
             p += 3;
