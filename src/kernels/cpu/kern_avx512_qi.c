@@ -890,14 +890,12 @@ AI bool qg3_applies(int bits, int n_tok)
 }
 
 /* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
- * (qg_panelsn): every word's limbs broadcast once for both panels' words and four or eight
- * integer chains side by side, where the one-panel tiles of 1-2 tokens wait on vpdpbusd's
- * latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b, tg t/s,
- * medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 66.7 / 81.8, 2
- * 114 / 123, 4 142 / 150, 8 186 / 183 (even), 16 and 24 even or behind; 8-bit 1 sequence
- * 40.7 / 48.9, 2 76.6 / 88.5, 4 111 / 132, 6 126 / 152, 8 177 / 168. Four panels a tile
- * at one token ran as two, three as two at 1-24 tokens. A matrix alone from DRAM (bench_linear,
- * 1 token): 4-bit 10240 x 2560 38-40 / 53-58 GB/s. */
+ * (qg_panelsn, ADR 0040): every word's limbs broadcast once for both panels' words and four
+ * or eight integer chains side by side, where the one-panel tiles of 1-2 tokens wait on
+ * vpdpbusd's latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b,
+ * tg t/s, medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 71.3 /
+ * 87.4, 2 128 / 142, 4 183 / 201; 8-bit 1 sequence 36.7 / 39.8, 4 99.6 / 121. Three or four
+ * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
 #define QGN_NP 2
 #define QGN_MAX_TOK (QG_TILE - 1)
 
@@ -944,8 +942,7 @@ AI void qg_panelsn(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
 }
 
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
- * streamed in order; below QG_TILE tokens two panels at a time (qg_panelsn), 4-bit codes
- * of QG3_MIN_TOK tokens or more three (qg_panels3). */
+ * streamed in order; 4-bit codes of QG3_MIN_TOK tokens or more three panels at a time. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                   const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -954,11 +951,6 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
     r1 = r1 < w->out ? r1 : w->out;
     for (int p = r0 / 16; p * 16 < r1;) {
-        if (qgn_applies(n_tok) && 16 * (p + QGN_NP - 1) < r1) {
-            qg_panelsn(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
-            p += QGN_NP;
-            continue;
-        }
         if (qg3_applies(B, n_tok) && 16 * (p + 2) < r1) {
             qg_panels3(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, G, L);
             p += 3;
@@ -974,6 +966,41 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
         }
         p++;
     }
+}
+
+/* Rows r0 .. r1 of a QG16 W for fewer than QG_TILE tokens (qgn_applies): two panels at a
+ * time (qg_panelsn), a thread's odd last panel on its own (qg_rows16). */
+AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                   const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
+{
+    r1 = r1 < w->out ? r1 : w->out;
+    int p = r0 / 16;
+    for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
+        qg_panelsn(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
+    if (16 * p < r1)
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+}
+
+/* A QG16 W for fewer than QG_TILE tokens, out of line: inlined beside the tiles of 8 in
+ * a5_matvec_qi_l, it cost those 7-10 % (8 sequences, llama-1b 4-bit, 217-219 against
+ * 235 t/s). */
+QI_NOSAN __attribute__((noinline)) static void qg_few(float *y, size_t ldy, const uint8_t *xq,
+                                                      size_t ldxq, int n_tok, const struct wmat *w,
+                                                      int r0, int r1, bool fast)
+{
+#define QG_FEW(B, G, L) qg_rows16n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
+    switch (w->qbits * 1000 + w->qgroup + (fast ? 1 : 0)) {
+    case 4033: QG_FEW(4, 32, 1); break;
+    case 4065: QG_FEW(4, 64, 1); break;
+    case 4129: QG_FEW(4, 128, 1); break;
+    case 4032: QG_FEW(4, 32, 2); break;
+    case 4064: QG_FEW(4, 64, 2); break;
+    case 4128: QG_FEW(4, 128, 2); break;
+    case 8032: QG_FEW(8, 32, 2); break;
+    case 8064: QG_FEW(8, 64, 2); break;
+    default: QG_FEW(8, 128, 2); break; /* --fast takes 8-bit W as exact */
+    }
+#undef QG_FEW
 }
 
 /* QG16 panels [p0, p1) of w (kern.h), chunk by chunk. On this VM a load's packing time is
@@ -1000,6 +1027,10 @@ AI void a5_matvec_qi_l(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int
 {
     if (w->qmode != QMODE_AFFINE) {
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    if (w->qg16 && qgn_applies(n_tok)) {
+        qg_few(y, ldy, xq, ldxq, n_tok, w, r0, r1, L == 1 && w->qbits == 4);
         return;
     }
     if (w->qg16) {
