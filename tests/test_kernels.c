@@ -751,8 +751,8 @@ static void test_linear_batch_invariant(void **state)
                     fail_msg("%d x %d on %s: token %d alone differs from it among %d", out, in,
                              be->name, t, NT);
             }
-            /* and in batches of 2, 3 and 4 from token 5 (one or two tokens read several
-             * panels together, VNNI) */
+            /* and in batches of 2, 3 and 4 from token 5 (below 8 tokens, VNNI reads two
+             * panels together, tokens in pairs) */
             float *y4 = malloc((size_t)4 * out * sizeof *y4);
             assert_non_null(y4);
             for (int nb = 2; nb <= 4; nb++) {

@@ -553,19 +553,30 @@ AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
             fs[3 * t + i] = f[i][t];
 }
 
-/* Tokens t0 .. t0+T (T <= 2) of NP (<= 4) consecutive 4-bit panels (op[i], each with the
+/* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
+ * (qg_panelsn, ADR 0040): every word's limbs broadcast once for both panels' words and four
+ * or eight integer chains side by side, where the one-panel tiles of 1-2 tokens wait on
+ * vpdpbusd's latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b,
+ * tg t/s, medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 71.3 /
+ * 87.4, 2 128 / 142, 4 183 / 201; 8-bit 1 sequence 36.7 / 39.8, 4 99.6 / 121. Three or four
+ * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
+#define QGN_NP 2
+#define QGN_MAX_TOK (QG_TILE - 1)
+
+/* Tokens t0 .. t0+T (T <= 2) of QGN_NP consecutive 4-bit panels (op[i], each with the
  * prefetches of its own stream ahead when op[i]->pf) over the chunk from c0: each word's
- * limbs are broadcast once for the NP panels' words, and the NP panels' integer chains run
+ * limbs are broadcast once for the panels' words, and the panels' integer chains run
  * side by side, where the one-panel tile's chains wait on vpdpbusd's latency at one or two
  * tokens. Each row's f32 steps are qg_tile's, in the same order: the same bits. */
 AI void qg_tilen(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                  const struct qg_ops *const *p, int r0, const __mmask16 *rm, int c0, int gn,
-                 bool acc, const int NP, const int T, const int G, const int L)
+                 bool acc, const int T, const int G, const int L)
 {
+    enum { NP = QGN_NP };
     const __m512i m0f = _mm512_set1_epi8(0x0f);
     const uint8_t *xc[2];
     const float *xs[2], *xm[2];
-    __m512 f[4][2];
+    __m512 f[NP][2];
     qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
 #pragma GCC unroll 4
     for (int i = 1; i < NP; i++)
@@ -573,7 +584,7 @@ AI void qg_tilen(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         for (int t = 0; t < T; t++)
             f[i][t] = _mm512_setzero_ps();
     for (int g = 0; g < gn; g++) {
-        __m512i ih[4][2], il[4][2];
+        __m512i ih[NP][2], il[NP][2];
 #pragma GCC unroll 4
         for (int i = 0; i < NP; i++)
 #pragma GCC unroll 2
@@ -625,15 +636,16 @@ AI void qg_tilen(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         qg_tile_store(y, ldy, t0, r0 + 16 * i, rm[i], acc, f[i], T);
 }
 
-/* Tokens t0 .. t0+T (T <= 2) of NP (<= 4) consecutive 8-bit panels: qg_tile8's integers and f32
- * steps (the same bits), each word pair's x broadcast once for the NP panels (qg_tilen). */
+/* Tokens t0 .. t0+T (T <= 2) of QGN_NP consecutive 8-bit panels: qg_tile8's integers and f32
+ * steps (the same bits), each word pair's x broadcast once for the panels (qg_tilen). */
 AI void qg_tile8n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                   const struct qg_ops *const *p, int r0, const __mmask16 *rm, int c0, int gn,
-                  bool acc, const int NP, const int T, const int G)
+                  bool acc, const int T, const int G)
 {
+    enum { NP = QGN_NP };
     const uint8_t *xc[2];
     const float *xs[2], *xm[2];
-    __m512 f[4][2];
+    __m512 f[NP][2];
     qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
 #pragma GCC unroll 4
     for (int i = 1; i < NP; i++)
@@ -641,7 +653,7 @@ AI void qg_tile8n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
         for (int t = 0; t < T; t++)
             f[i][t] = _mm512_setzero_ps();
     for (int g = 0; g < gn; g++) {
-        __m512i a0[4][2], a1[4][2];
+        __m512i a0[NP][2], a1[NP][2];
 #pragma GCC unroll 4
         for (int i = 0; i < NP; i++)
 #pragma GCC unroll 2
@@ -889,16 +901,6 @@ AI bool qg3_applies(int bits, int n_tok)
     return bits == 4 && n_tok >= QG3_MIN_TOK;
 }
 
-/* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
- * (qg_panelsn, ADR 0040): every word's limbs broadcast once for both panels' words and four
- * or eight integer chains side by side, where the one-panel tiles of 1-2 tokens wait on
- * vpdpbusd's latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b,
- * tg t/s, medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 71.3 /
- * 87.4, 2 128 / 142, 4 183 / 201; 8-bit 1 sequence 36.7 / 39.8, 4 99.6 / 121. Three or four
- * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
-#define QGN_NP 2
-#define QGN_MAX_TOK (QG_TILE - 1)
-
 /* Whether qg_rows16 reads QGN_NP panels of W together for n_tok tokens (qg_panelsn). */
 AI bool qgn_applies(int n_tok)
 {
@@ -930,13 +932,13 @@ AI void qg_panelsn(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
         for (int t = 0; t < n_tok; t += 2) {
             const struct qg_ops *const *o = t == 0 ? po1 : po;
             if (B == 8 && n_tok - t >= 2)
-                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 2, G);
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, 2, G);
             else if (B == 8)
-                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 1, G);
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, 1, G);
             else if (n_tok - t >= 2)
-                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 2, G, L);
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, 2, G, L);
             else
-                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, NP, 1, G, L);
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, o, 16 * p, rm, c0, gn, c0 > 0, 1, G, L);
         }
     }
 }
@@ -989,17 +991,21 @@ QI_NOSAN __attribute__((noinline)) static void qg_few(float *y, size_t ldy, cons
                                                       int r0, int r1, bool fast)
 {
 #define QG_FEW(B, G, L) qg_rows16n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
-    switch (w->qbits * 1000 + w->qgroup + (fast ? 1 : 0)) {
-    case 4033: QG_FEW(4, 32, 1); break;
-    case 4065: QG_FEW(4, 64, 1); break;
-    case 4129: QG_FEW(4, 128, 1); break;
-    case 4032: QG_FEW(4, 32, 2); break;
-    case 4064: QG_FEW(4, 64, 2); break;
-    case 4128: QG_FEW(4, 128, 2); break;
-    case 8032: QG_FEW(8, 32, 2); break;
-    case 8064: QG_FEW(8, 64, 2); break;
-    default: QG_FEW(8, 128, 2); break; /* --fast takes 8-bit W as exact */
-    }
+    if (fast) /* 4-bit W by x's high limb alone (a5_matvec_qi_fast) */
+        switch (w->qgroup) {
+        case 32: QG_FEW(4, 32, 1); break;
+        case 64: QG_FEW(4, 64, 1); break;
+        default: QG_FEW(4, 128, 1); break;
+        }
+    else
+        switch (w->qbits * 1000 + w->qgroup) {
+        case 4032: QG_FEW(4, 32, 2); break;
+        case 4064: QG_FEW(4, 64, 2); break;
+        case 4128: QG_FEW(4, 128, 2); break;
+        case 8032: QG_FEW(8, 32, 2); break;
+        case 8064: QG_FEW(8, 64, 2); break;
+        default: QG_FEW(8, 128, 2); break;
+        }
 #undef QG_FEW
 }
 
