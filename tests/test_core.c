@@ -8,14 +8,16 @@
  *   tensor      tensor_init strides, slice0, storage bytes, quantized layout.
  *   threadpool  tpool_run runs each ith exactly once per call, repeatedly and
  *               across pool sizes; results written by workers are visible to
- *               the caller; tpool_range partitions exactly.
+ *               the caller; tpool_range partitions exactly; tpool_claim_guided
+ *               hands out shrinking pieces, each unit once across threads.
  *   json        json_parse_object takes exactly one object plus JSON
  *               whitespace: trailing junk, a second value, NUL bytes and
  *               other control bytes are refused at the right byte offset,
  *               and the safetensors header parser accepts and refuses
  *               exactly the same documents (it is the same reader).
  *   fileio      file_read_all and file_map_all: contents, the size cap,
- *               empty, missing and non-regular files.
+ *               empty, missing and non-regular files; mem_huge_alloc and
+ *               mem_anon_alloc start large blocks on a huge-page boundary.
  */
 #include <math.h>
 #include <stdatomic.h>
@@ -552,6 +554,75 @@ static void test_tpool_range(void **state)
     }
 }
 
+/* tpool_claim_guided from one thread: contiguous pieces from 0 to n that never grow, each
+ * (but the last) at least min_step units and about what is left over 2 nth. */
+static void test_tpool_claim_guided_shape(void **state)
+{
+    (void)state;
+    for (long n = 0; n <= 300; n += 7) {
+        for (int nth = 1; nth <= 4; nth++) {
+            for (long min_step = 1; min_step <= 5; min_step += 4) {
+                atomic_long next = 0;
+                long lo, hi, end = 0, last = n + 1;
+                while (tpool_claim_guided(&next, n, min_step, nth, &lo, &hi)) {
+                    long want = (n - lo) / (2L * nth);
+                    want = want > min_step ? want : min_step;
+                    if (lo != end || hi <= lo || hi - lo > last ||
+                        hi - lo != (want < n - lo ? want : n - lo))
+                        fail_msg("n %ld nth %d min %ld: [%ld, %ld) after %ld", n, nth, min_step,
+                                 lo, hi, end);
+                    end = hi;
+                    last = hi - lo;
+                }
+                if (end != n)
+                    fail_msg("n %ld nth %d: pieces end at %ld", n, nth, end);
+            }
+        }
+    }
+}
+
+struct tp_guided {
+    atomic_long next;
+    long n;
+    atomic_int *hits;
+};
+
+static void tp_guided_fn(void *ctx, int ith, int nth)
+{
+    (void)ith;
+    struct tp_guided *g = ctx;
+    long lo, hi;
+    while (tpool_claim_guided(&g->next, g->n, 1, nth, &lo, &hi))
+        for (long i = lo; i < hi; i++)
+            atomic_fetch_add(&g->hits[i], 1);
+}
+
+/* Threads claiming together take every unit exactly once. */
+static void test_tpool_claim_guided_pool(void **state)
+{
+    (void)state;
+    enum { N = 4099, RUNS = 200 };
+    atomic_int *hits = calloc(N, sizeof *hits);
+    assert_non_null(hits);
+    for (int n = 2; n <= 4; n++) {
+        struct tpool *p;
+        assert_int_equal(tpool_new(&p, n, NULL), 0);
+        for (int r = 0; r < RUNS; r++) {
+            struct tp_guided g = {.n = N - r, .hits = hits};
+            atomic_init(&g.next, 0);
+            tpool_run(p, tp_guided_fn, &g);
+            for (long i = 0; i < N; i++)
+                if (atomic_load(&hits[i]) != (i < N - r))
+                    fail_msg("pool %d run %d: unit %ld claimed %d times", n, r, i,
+                             atomic_load(&hits[i]));
+            for (long i = 0; i < N; i++)
+                atomic_store(&hits[i], 0);
+        }
+        tpool_free(p);
+    }
+    free(hits);
+}
+
 // ---- json ----
 
 /* One document for json_parse_object and st_header_parse (as a header with an
@@ -754,6 +825,18 @@ static void test_mem_huge_alloc(void **state)
     free(h);
     assert_null(mem_huge_alloc(SIZE_MAX - 1));
     assert_true(mem_available_bytes() > 0);
+    /* mem_anon_alloc: from 2 MiB on on a huge-page boundary, every byte writable */
+    for (size_t len = (2u << 20) - 4096; len <= (6u << 20) + 3; len += (2u << 20) + 4097) {
+        uint8_t *a = mem_anon_alloc(len);
+        assert_non_null(a);
+        if (len >= (2u << 20))
+            assert_int_equal((uintptr_t)a % (2u << 20), 0);
+        assert_int_equal((uintptr_t)a % 4096, 0);
+        memset(a, 3, len);
+        assert_int_equal(a[len - 1], 3);
+        mem_anon_free(a, len);
+    }
+    assert_null(mem_anon_alloc(SIZE_MAX - 1));
 }
 
 static const struct CMUnitTest k_dtype_tests[] = {
@@ -777,6 +860,8 @@ static const struct CMUnitTest k_threadpool_tests[] = {
     cmocka_unit_test(test_tpool_results_visible),
     cmocka_unit_test(test_tpool_lifecycle),
     cmocka_unit_test(test_tpool_range),
+    cmocka_unit_test(test_tpool_claim_guided_shape),
+    cmocka_unit_test(test_tpool_claim_guided_pool),
 };
 
 TEST_SUITE(dtype, k_dtype_tests);

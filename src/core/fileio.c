@@ -264,12 +264,28 @@ void mem_release(const void *p, size_t len)
 
 void *mem_anon_alloc(size_t len)
 {
-    void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (len < HUGE_PAGE) {
+        void *p = mmap(NULL, len ? len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    if (len > SIZE_MAX - 2 * HUGE_PAGE)
+        return NULL;
+    /* Map a huge page more and unmap the ends, so that the mapping starts on a huge-page
+     * boundary: the kernel backs only the aligned 2 MiB stretches of a mapping with huge
+     * pages. */
+    const size_t n = (len + 4095) & ~(size_t)4095, span = n + HUGE_PAGE;
+    uint8_t *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
+    const size_t head = (HUGE_PAGE - (uintptr_t)p % HUGE_PAGE) % HUGE_PAGE;
+    if (head)
+        munmap(p, head);
+    if (span - head - n)
+        munmap(p + head + n, span - head - n);
+    p += head;
 #ifdef MADV_HUGEPAGE
-    if (len >= HUGE_PAGE)
-        madvise(p, len, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
+    madvise(p, n, MADV_HUGEPAGE); /* advice only: without THP it is plain pages */
 #endif
     return p;
 }

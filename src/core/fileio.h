@@ -65,8 +65,8 @@ void file_unmap(const void *map, size_t len);
  * touched, anonymous memory reads zeros. Only for bytes nothing reads again. */
 void mem_release(const void *p, size_t len);
 
-/* len bytes of anonymous memory, huge pages advised (64-byte aligned; NULL when
- * out of memory), and its release. */
+/* len bytes of anonymous memory (NULL when out of memory), and its release: from 2 MiB on
+ * it starts on a huge-page boundary, huge pages advised; below, 4 KiB aligned. */
 void *mem_anon_alloc(size_t len);
 void mem_anon_free(void *p, size_t len);
 /* bytes of heap memory released with free() (64-byte aligned; NULL when out of memory or

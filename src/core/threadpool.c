@@ -2,31 +2,42 @@
  * threadpool: fork-join pool with a generation counter (see threadpool.h).
  *
  * The caller publishes (fn, ctx) and bumps `gen`; workers waiting on the
- * previous generation spin for a short while (cheap for back-to-back decode
+ * previous generation spin for a while (cheap for back-to-back decode
  * kernels) and then block on `cv`. Completion is an atomic countdown that the
  * caller spins on. Memory ordering: release on publish, acquire on observe.
  */
+/* sched_getaffinity and CPU_COUNT need _GNU_SOURCE, which the build defines */
 #include "threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
-/* Busy-wait budget before a waiter gives up its CPU. A pause costs 10-140
- * cycles depending on the microarchitecture, so 4096 of them are roughly
- * 15-200 us: long enough to catch back-to-back decode kernels, short enough
- * that idle workers do not burn a core for milliseconds after the last job.
- * (It was 200000, i.e. 5-10 ms of spinning per worker per job.) */
-#define SPIN_ITERS 4096
-/* While spinning, yield every this many pauses: when the pool has more
- * threads than free cores, a spinner must let the threads that still have
- * work run, or each job waits for a scheduler tick (milliseconds). */
-#define SPIN_YIELD_EVERY 64
+/* How long a waiting worker spins before it sleeps on `cv`, in microseconds. It is a time,
+ * not a count of pauses: a pause takes 18 ns on the Zen 5 hosts and up to 140 cycles
+ * elsewhere. Decode leaves gaps between jobs (the caller's own small ops, sampling, the
+ * next token's embedding) that 4096 pauses (73 us here) did not cover, and a worker that
+ * fell asleep cost a futex wake-up (ADR 0041). An idle pool burns at most this much CPU per
+ * worker after its last job. */
+#ifndef SPIN_US
+#define SPIN_US 2000
+#endif
+/* A wait yields its CPU (sched_yield) between pauses once it has lasted this long, so that a
+ * thread the host preempted, whose share the waiter needs, gets to run on a busy machine;
+ * from the start when the pool has more threads than CPUs. Yielding from the start cost
+ * decode a syscall every microsecond of every wait (ADR 0041). */
+#define SPIN_YIELD_US 50
+/* Pauses between clock reads while spinning (a read is 24 ns through the vDSO). */
+#define SPIN_CHECK_EVERY 64
 
 struct tpool {
     int n;                     /* total threads including the caller */
+    bool yield;                /* more threads than CPUs: spinners give up their CPU */
     pthread_t *threads;        /* n - 1 workers */
     pthread_mutex_t mu;        /* guards sleeping on cv */
     pthread_cond_t cv;
@@ -49,6 +60,29 @@ static inline void cpu_relax(void)
 #endif
 }
 
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* One step of a wait: a pause, and every SPIN_CHECK_EVERY of them a look at the clock (*t0
+ * is set at the first look) and, past SPIN_YIELD_US or on an oversubscribed pool, a yield.
+ * False once the wait has lasted SPIN_US. */
+static bool spin_more(const struct tpool *p, int *spins, uint64_t *t0)
+{
+    cpu_relax();
+    if (++*spins % SPIN_CHECK_EVERY)
+        return true;
+    uint64_t t = now_us();
+    if (!*t0)
+        *t0 = t;
+    if (p->yield || t - *t0 >= SPIN_YIELD_US)
+        sched_yield();
+    return t - *t0 < SPIN_US;
+}
+
 static void *worker_main(void *arg)
 {
     struct worker_arg wa = *(struct worker_arg *)arg;
@@ -58,14 +92,11 @@ static void *worker_main(void *arg)
     for (;;) {
         unsigned g;
         int spins = 0;
+        uint64_t t0 = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
-            if (++spins < SPIN_ITERS) {
-                cpu_relax();
-                if (spins % SPIN_YIELD_EVERY == 0)
-                    sched_yield();
+            if (spin_more(p, &spins, &t0))
                 continue;
-            }
             pthread_mutex_lock(&p->mu);
             while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
                    !atomic_load_explicit(&p->stop, memory_order_acquire))
@@ -86,6 +117,15 @@ int tpool_default_threads(void)
     return n > 0 ? (int)n : 1;
 }
 
+/* CPUs this process may run on (its affinity mask), else the online ones. */
+static int usable_cpus(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return CPU_COUNT(&set);
+    return tpool_default_threads();
+}
+
 int tpool_new(struct tpool **out, int n_threads, struct err *e)
 {
     *out = NULL;
@@ -97,6 +137,7 @@ int tpool_new(struct tpool **out, int n_threads, struct err *e)
     if (!p)
         return err_setf(e, ERR_NOMEM, "thread pool: out of memory");
     p->n = n_threads;
+    p->yield = n_threads > usable_cpus();
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
@@ -159,9 +200,10 @@ void tpool_run(struct tpool *p, tpool_fn fn, void *ctx)
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     fn(ctx, 0, p->n);
-    for (unsigned spins = 1; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
-        cpu_relax();
-        if (spins % SPIN_YIELD_EVERY == 0)
-            sched_yield();
-    }
+    /* The workers' share is about the caller's, so this wait is short: it spins without a
+     * time limit, yielding as a worker's wait does. */
+    int spins = 0;
+    uint64_t t0 = 0;
+    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+        (void)spin_more(p, &spins, &t0);
 }

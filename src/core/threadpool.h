@@ -53,6 +53,29 @@ static inline int tpool_claim(atomic_long *next, long n, long step, long *lo, lo
     return 1;
 }
 
+/* tpool_claim with pieces that shrink as the work drains (guided scheduling): each is what
+ * is left over 2 * nth, at least min_step units. The first pieces are long (few claims,
+ * long sequential reads); the last are short, so the threads finish within about min_step
+ * units of each other instead of one idling through the other's last long piece. */
+static inline int tpool_claim_guided(atomic_long *next, long n, long min_step, int nth, long *lo,
+                                     long *hi)
+{
+    long a = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (a >= n)
+            return 0;
+        long s = (n - a) / (2L * nth);
+        s = s > min_step ? s : min_step;
+        long b = n - a > s ? a + s : n;
+        if (atomic_compare_exchange_weak_explicit(next, &a, b, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *lo = a;
+            *hi = b;
+            return 1;
+        }
+    }
+}
+
 /* The piece size for tpool_claim: about `per` pieces per thread, at least 1 unit. */
 static inline long tpool_step(long n, int nth, int per)
 {

@@ -152,51 +152,45 @@ static void pack_task(void *arg, int ith, int nth)
 /* Source bytes packed between releases of the consumed pages. */
 #define PACK_SLAB (8u << 20)
 
-/* len bytes of anonymous memory (huge pages advised) the backend frees at destroy; NULL
- * with e set when out of memory. */
+/* Prepared weights (repacked or copied) fill arenas one after another, 64-byte aligned: each
+ * arena a mapping of at least ARENA bytes that starts on a huge-page boundary, huge pages
+ * advised, freed at destroy. The kernel backs only the aligned 2 MiB stretches of a
+ * mapping with huge pages, so a mapping per weight left both ends of each (and all of a
+ * weight under 2 MiB, the k and v projections of GQA among them) on 4 KiB pages: a quarter
+ * of llama-1b's and phi-2's weights (ADR 0041). An arena's untouched tail is address space,
+ * not memory. */
+#define ARENA (256u << 20)
+
+/* len bytes in the current arena, or in a new one; NULL with e set when out of memory. */
 static uint8_t *pack_alloc(struct cpu_backend *c, size_t len, const char *why,
                            const struct tensor *w, struct err *e)
 {
-    if (c->n_packs == c->cap_packs) {
-        size_t cap = c->cap_packs ? 2 * c->cap_packs : 64;
-        struct cpu_pack *np = realloc(c->packs, cap * sizeof *np);
-        if (!np) {
-            err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+    len = len <= SIZE_MAX / 2 ? (len + 63) & ~(size_t)63 : SIZE_MAX / 2; /* refused below */
+    if (len > c->arena_left) {
+        if (c->n_packs == c->cap_packs) {
+            size_t cap = c->cap_packs ? 2 * c->cap_packs : 16;
+            struct cpu_pack *np = realloc(c->packs, cap * sizeof *np);
+            if (!np) {
+                err_setf(e, ERR_NOMEM, "cpu backend: out of memory");
+                return NULL;
+            }
+            c->packs = np;
+            c->cap_packs = cap;
+        }
+        const size_t n = len > ARENA ? len : ARENA;
+        uint8_t *a = mem_anon_alloc(n);
+        if (!a) {
+            err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to %s %s", len >> 20,
+                     why, w->name ? w->name : "a weight");
             return NULL;
         }
-        c->packs = np;
-        c->cap_packs = cap;
+        c->packs[c->n_packs++] = (struct cpu_pack){a, n};
+        c->arena_cur = a;
+        c->arena_left = n;
     }
-    uint8_t *dst = mem_anon_alloc(len);
-    if (!dst) {
-        err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to %s %s", len >> 20, why,
-                 w->name ? w->name : "a weight");
-        return NULL;
-    }
-    c->packs[c->n_packs++] = (struct cpu_pack){dst, len};
-    return dst;
-}
-
-/* Weights the kernels read in their stored layout are copied out of the file mapping into
- * anonymous memory with huge pages advised (ADR 0037): on the VMs this was measured on,
- * reading 4 KiB pages of a mapping cost bf16 decode a quarter of its speed. Weights of
- * less than COPY_CHUNK / 2 bytes share chunks of COPY_CHUNK; larger ones get their own. */
-#define COPY_CHUNK (32u << 20)
-
-static uint8_t *copy_alloc(struct cpu_backend *c, size_t len, const struct tensor *w,
-                           struct err *e)
-{
-    len = (len + 63) & ~(size_t)63;
-    if (len >= COPY_CHUNK / 2)
-        return pack_alloc(c, len, "copy", w, e);
-    if (len > c->copy_left) {
-        if (!(c->copy_cur = pack_alloc(c, COPY_CHUNK, "copy", w, e)))
-            return NULL;
-        c->copy_left = COPY_CHUNK;
-    }
-    uint8_t *p = c->copy_cur;
-    c->copy_cur += len;
-    c->copy_left -= len;
+    uint8_t *p = c->arena_cur;
+    c->arena_cur += len;
+    c->arena_left -= len;
     return p;
 }
 
@@ -245,7 +239,7 @@ static int copy_weight(struct cpu_backend *c, struct tensor *w, unsigned flags, 
     for (int i = 0; i < 3; i++) {
         if (!*src[i] || len[i] == 0)
             continue;
-        uint8_t *dst = copy_alloc(c, (size_t)len[i], w, e);
+        uint8_t *dst = pack_alloc(c, (size_t)len[i], "copy", w, e);
         if (!dst)
             return -ERR_NOMEM;
         copy_release(c, dst, *src[i], (size_t)len[i]);
@@ -598,9 +592,14 @@ static void linear_task(void *arg, int ith, int nth)
         const long u = k->qg16_rows(w, lc->n_tok);
         unit = w->out / u >= 4L * nth ? u : unit;
     }
-    const long n_units = (w->out + unit - 1) / unit, step = tpool_step(n_units, nth, 4);
+    const long n_units = (w->out + unit - 1) / unit;
     long lo, hi;
+#ifdef CLAIM_EVEN
+    const long step = tpool_step(n_units, nth, 4);
     while (tpool_claim(&lc->next, n_units, step, &lo, &hi)) {
+#else
+    while (tpool_claim_guided(&lc->next, n_units, 1, nth, &lo, &hi)) {
+#endif
         lo *= unit;
         hi = hi * unit < w->out ? hi * unit : w->out;
         if (lc->gemm)
@@ -680,9 +679,14 @@ static void batch_task(void *arg, int ith, int nth)
     (void)ith;
     struct batch_ctx *bc = arg;
     const struct cpu_kernels *k = &bc->c->k;
-    const long u = bc->unit, nu = (bc->total + u - 1) / u, step = tpool_step(nu, nth, 4);
+    const long u = bc->unit, nu = (bc->total + u - 1) / u;
     long lo, hi;
-    while (tpool_claim(&bc->next, nu, step, &lo, &hi)) { /* pieces as in linear_task */
+#ifdef CLAIM_EVEN
+    const long step = tpool_step(nu, nth, 4);
+    while (tpool_claim(&bc->next, nu, step, &lo, &hi)) {
+#else
+    while (tpool_claim_guided(&bc->next, nu, 1, nth, &lo, &hi)) { /* pieces as in linear_task */
+#endif
         long base = 0;
         lo *= u;
         hi = hi * u < bc->total ? hi * u : bc->total;

@@ -28,11 +28,11 @@ struct cpu_backend {
     int32_t *iscr;        /* integer scratch of the caller (attention tiles) */
     size_t iscr_cap;
     bool repack;          /* prepare_weight repacks what the kernels read as QG16 / FPAN (MLXCEL_REPACK) */
-    struct cpu_pack { void *p; size_t len; } *packs; /* memory holding weights, freed at destroy */
+    struct cpu_pack { void *p; size_t len; } *packs; /* arenas holding weights, freed at destroy */
     size_t n_packs, cap_packs;
     uint64_t copy_budget; /* bytes of weights prepare_weight may still copy (MLXCEL_MMAP) */
-    uint8_t *copy_cur;    /* the free rest of the chunk small copies share */
-    size_t copy_left;
+    uint8_t *arena_cur;   /* the free rest of the last arena (pack_alloc) */
+    size_t arena_left;
     int err_rc;           /* first error an op recorded since the last sync; 0: none */
     char err_msg[256];
 };
