@@ -24,9 +24,7 @@
  * next token's embedding) that 4096 pauses (73 us here) did not cover, and a worker that
  * fell asleep cost a futex wake-up (ADR 0041). An idle pool burns at most this much CPU per
  * worker after its last job. */
-#ifndef SPIN_US
 #define SPIN_US 2000
-#endif
 /* A wait yields its CPU (sched_yield) between pauses once it has lasted this long, so that a
  * thread the host preempted, whose share the waiter needs, gets to run on a busy machine;
  * from the start when the pool has more threads than CPUs. Yielding from the start cost
@@ -70,7 +68,7 @@ static uint64_t now_us(void)
 /* One step of a wait: a pause, and every SPIN_CHECK_EVERY of them a look at the clock (*t0
  * is set at the first look) and, past SPIN_YIELD_US or on an oversubscribed pool, a yield.
  * False once the wait has lasted SPIN_US. */
-static bool spin_more(const struct tpool *p, int *spins, uint64_t *t0)
+static bool spin_more(const struct tpool *p, unsigned *spins, uint64_t *t0)
 {
     cpu_relax();
     if (++*spins % SPIN_CHECK_EVERY)
@@ -91,7 +89,7 @@ static void *worker_main(void *arg)
     unsigned seen = 0;
     for (;;) {
         unsigned g;
-        int spins = 0;
+        unsigned spins = 0;
         uint64_t t0 = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
@@ -202,7 +200,7 @@ void tpool_run(struct tpool *p, tpool_fn fn, void *ctx)
     fn(ctx, 0, p->n);
     /* The workers' share is about the caller's, so this wait is short: it spins without a
      * time limit, yielding as a worker's wait does. */
-    int spins = 0;
+    unsigned spins = 0;
     uint64_t t0 = 0;
     while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
         (void)spin_more(p, &spins, &t0);

@@ -3,8 +3,8 @@
  * nth) on every thread (the caller is thread 0) and returns when all are
  * done. Workers spin briefly between jobs (decode issues hundreds of small
  * jobs per token) and then sleep on a condition variable. Kernels split their
- * work by (ith, nth) or claim it in pieces (tpool_claim); they never create
- * threads themselves.
+ * work by (ith, nth) or claim it in pieces (tpool_claim_guided); they never
+ * create threads themselves.
  *
  * A pool is used by one caller thread at a time (one request context).
  */
@@ -39,24 +39,12 @@ static inline void tpool_range(long n, int ith, int nth, long *lo, long *hi)
     *hi = b < n ? b : n;
 }
 
-/* Work shared by claiming instead of a fixed split: [0, n) in pieces of step that the threads
- * take in order from *next (zeroed by the caller before tpool_run), so a thread the host
- * preempts does less of it and the others more. 1 with the piece in [*lo, *hi); 0 when none
- * is left. */
-static inline int tpool_claim(atomic_long *next, long n, long step, long *lo, long *hi)
-{
-    long a = atomic_fetch_add_explicit(next, step, memory_order_relaxed);
-    if (a >= n)
-        return 0;
-    *lo = a;
-    *hi = n - a > step ? a + step : n;
-    return 1;
-}
-
-/* tpool_claim with pieces that shrink as the work drains (guided scheduling): each is what
- * is left over 2 * nth, at least min_step units. The first pieces are long (few claims,
- * long sequential reads); the last are short, so the threads finish within about min_step
- * units of each other instead of one idling through the other's last long piece. */
+/* Work shared by claiming instead of a fixed split: [0, n) in pieces that the threads take in
+ * order from *next (zeroed by the caller before tpool_run), so a thread the host preempts
+ * does less of it and the others more. The pieces shrink as the work drains (guided
+ * scheduling): each is what is left over 2 * nth, at least min_step units. The first are long
+ * (few claims, long sequential reads), the last short, so the threads finish within about
+ * min_step units of each other. 1 with the piece in [*lo, *hi); 0 when none is left. */
 static inline int tpool_claim_guided(atomic_long *next, long n, long min_step, int nth, long *lo,
                                      long *hi)
 {
@@ -74,13 +62,6 @@ static inline int tpool_claim_guided(atomic_long *next, long n, long min_step, i
             return 1;
         }
     }
-}
-
-/* The piece size for tpool_claim: about `per` pieces per thread, at least 1 unit. */
-static inline long tpool_step(long n, int nth, int per)
-{
-    long s = n / ((long)nth * per);
-    return s > 0 ? s : 1;
 }
 
 #ifdef __cplusplus

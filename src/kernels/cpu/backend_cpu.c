@@ -494,7 +494,7 @@ struct linear_ctx {
     size_t ldx;               /* row stride of x (permuted x: qx_stride) */
     int n_tok;
     bool gemm;
-    atomic_long next;         /* the next unit (panel or 16 rows) to claim: tpool_claim */
+    atomic_long next;         /* the next unit (panel or 16 rows) to claim: tpool_claim_guided */
 };
 
 /* The lines of a block of float W (rows r0 .. r0+nv, columns k0 .. k0+kc) that the GEMM
@@ -575,8 +575,8 @@ static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t 
     }
 }
 
-/* Rows are claimed in pieces (tpool_claim), not split evenly: on a shared host one thread
- * may be preempted mid-product, and the others then take its share. A row's result does not
+/* Rows are claimed in pieces (tpool_claim_guided), not split evenly: on a shared host one
+ * thread may be preempted mid-product, and the others then take its share. A row's result does not
  * depend on which thread computes it. */
 static void linear_task(void *arg, int ith, int nth)
 {
@@ -594,12 +594,7 @@ static void linear_task(void *arg, int ith, int nth)
     }
     const long n_units = (w->out + unit - 1) / unit;
     long lo, hi;
-#ifdef CLAIM_EVEN
-    const long step = tpool_step(n_units, nth, 4);
-    while (tpool_claim(&lc->next, n_units, step, &lo, &hi)) {
-#else
     while (tpool_claim_guided(&lc->next, n_units, 1, nth, &lo, &hi)) {
-#endif
         lo *= unit;
         hi = hi * unit < w->out ? hi * unit : w->out;
         if (lc->gemm)
@@ -671,7 +666,7 @@ struct batch_ctx {
     long total;               /* sum of rows */
     int n_jobs;
     long unit;                /* rows a claim counts in: 16, or FPAN_R when a W is FPAN */
-    atomic_long next;         /* the next unit to claim (tpool_claim) */
+    atomic_long next;         /* the next unit to claim (tpool_claim_guided) */
 };
 
 static void batch_task(void *arg, int ith, int nth)
@@ -681,12 +676,7 @@ static void batch_task(void *arg, int ith, int nth)
     const struct cpu_kernels *k = &bc->c->k;
     const long u = bc->unit, nu = (bc->total + u - 1) / u;
     long lo, hi;
-#ifdef CLAIM_EVEN
-    const long step = tpool_step(nu, nth, 4);
-    while (tpool_claim(&bc->next, nu, step, &lo, &hi)) {
-#else
     while (tpool_claim_guided(&bc->next, nu, 1, nth, &lo, &hi)) { /* pieces as in linear_task */
-#endif
         long base = 0;
         lo *= u;
         hi = hi * u < bc->total ? hi * u : bc->total;
