@@ -382,7 +382,7 @@ def write_chart(out, cells, comps, pp, tg, dep, meta):
     title = (f"mlxcel {meta['mlxcel']['commit'][:7]} vs llama.cpp {meta['llamacpp']['tag']}, "
              f"{meta['settings']['threads']} threads, family {h['family']} model {h['model']}"
              + (" (quick check)" if meta["settings"]["quick"] else ""))
-    gp = f"""set terminal pngcairo size 1200,900 font ",10"
+    gp = f"""set terminal pngcairo size 1200,900 font ",10" noenhanced
 set output "{os.path.join(out, 'ratios.png')}"
 set datafile missing "-"
 set style data histogram
