@@ -555,28 +555,24 @@ static void test_tpool_range(void **state)
 }
 
 /* tpool_claim_guided from one thread: contiguous pieces from 0 to n that never grow, each
- * (but the last) at least min_step units and about what is left over 2 nth. */
+ * what is left over 2 nth, at least 1 unit. */
 static void test_tpool_claim_guided_shape(void **state)
 {
     (void)state;
     for (long n = 0; n <= 300; n += 7) {
         for (int nth = 1; nth <= 4; nth++) {
-            for (long min_step = 1; min_step <= 5; min_step += 4) {
-                atomic_long next = 0;
-                long lo, hi, end = 0, last = n + 1;
-                while (tpool_claim_guided(&next, n, min_step, nth, &lo, &hi)) {
-                    long want = (n - lo) / (2L * nth);
-                    want = want > min_step ? want : min_step;
-                    if (lo != end || hi <= lo || hi - lo > last ||
-                        hi - lo != (want < n - lo ? want : n - lo))
-                        fail_msg("n %ld nth %d min %ld: [%ld, %ld) after %ld", n, nth, min_step,
-                                 lo, hi, end);
-                    end = hi;
-                    last = hi - lo;
-                }
-                if (end != n)
-                    fail_msg("n %ld nth %d: pieces end at %ld", n, nth, end);
+            atomic_long next = 0;
+            long lo, hi, end = 0, last = n + 1;
+            while (tpool_claim_guided(&next, n, nth, &lo, &hi)) {
+                long want = (n - lo) / (2L * nth);
+                want = want > 1 ? want : 1;
+                if (lo != end || hi <= lo || hi > n || hi - lo > last || hi - lo != want)
+                    fail_msg("n %ld nth %d: [%ld, %ld) after %ld", n, nth, lo, hi, end);
+                end = hi;
+                last = hi - lo;
             }
+            if (end != n)
+                fail_msg("n %ld nth %d: pieces end at %ld", n, nth, end);
         }
     }
 }
@@ -592,7 +588,7 @@ static void tp_guided_fn(void *ctx, int ith, int nth)
     (void)ith;
     struct tp_guided *g = ctx;
     long lo, hi;
-    while (tpool_claim_guided(&g->next, g->n, 1, nth, &lo, &hi))
+    while (tpool_claim_guided(&g->next, g->n, nth, &lo, &hi))
         for (long i = lo; i < hi; i++)
             atomic_fetch_add(&g->hits[i], 1);
 }

@@ -253,10 +253,16 @@ void file_unmap(const void *map, size_t len)
 
 #define HUGE_PAGE (2u << 20)
 
-void mem_release(const void *p, size_t len)
+/* The system's page size in bytes (4096 when it cannot be read). */
+static uintptr_t page_bytes(void)
 {
     long pg = sysconf(_SC_PAGESIZE);
-    uintptr_t ps = pg > 0 ? (uintptr_t)pg : 4096u;
+    return pg > 0 ? (uintptr_t)pg : 4096u;
+}
+
+void mem_release(const void *p, size_t len)
+{
+    const uintptr_t ps = page_bytes();
     uintptr_t a = ((uintptr_t)p + ps - 1) & ~(ps - 1), z = ((uintptr_t)p + len) & ~(ps - 1);
     if (len && z > a)
         madvise((void *)a, z - a, MADV_DONTNEED); /* advice: on failure the pages stay */
@@ -274,7 +280,7 @@ void *mem_anon_alloc(size_t len)
     /* Map a huge page more and unmap the ends, so that the mapping starts on a huge-page
      * boundary: the kernel backs only the aligned 2 MiB stretches of a mapping with huge
      * pages. */
-    const size_t n = (len + 4095) & ~(size_t)4095, span = n + HUGE_PAGE;
+    const size_t ps = page_bytes(), n = (len + ps - 1) & ~(ps - 1), span = n + HUGE_PAGE;
     uint8_t *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;

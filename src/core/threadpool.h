@@ -42,19 +42,16 @@ static inline void tpool_range(long n, int ith, int nth, long *lo, long *hi)
 /* Work shared by claiming instead of a fixed split: [0, n) in pieces that the threads take in
  * order from *next (zeroed by the caller before tpool_run), so a thread the host preempts
  * does less of it and the others more. The pieces shrink as the work drains (guided
- * scheduling): each is what is left over 2 * nth, at least min_step units. The first are long
- * (few claims, long sequential reads), the last short, so the threads finish within about
- * min_step units of each other. 1 with the piece in [*lo, *hi); 0 when none is left. */
-static inline int tpool_claim_guided(atomic_long *next, long n, long min_step, int nth, long *lo,
-                                     long *hi)
+ * scheduling): each is what is left over 2 * nth, at least 1 unit. The first are long (few
+ * claims, long sequential reads), the last one unit, so the threads finish within about a
+ * unit of each other. 1 with the piece in [*lo, *hi); 0 when none is left. */
+static inline int tpool_claim_guided(atomic_long *next, long n, int nth, long *lo, long *hi)
 {
     long a = atomic_load_explicit(next, memory_order_relaxed);
     for (;;) {
         if (a >= n)
             return 0;
-        long s = (n - a) / (2L * nth);
-        s = s > min_step ? s : min_step;
-        long b = n - a > s ? a + s : n;
+        const long s = (n - a) / (2L * nth), b = a + (s > 1 ? s : 1);
         if (atomic_compare_exchange_weak_explicit(next, &a, b, memory_order_relaxed,
                                                   memory_order_relaxed)) {
             *lo = a;

@@ -157,7 +157,7 @@ static void pack_task(void *arg, int ith, int nth)
  * advised, freed at destroy. The kernel backs only the aligned 2 MiB stretches of a
  * mapping with huge pages, so a mapping per weight left both ends of each (and all of a
  * weight under 2 MiB, the k and v projections of GQA among them) on 4 KiB pages: a quarter
- * of llama-1b's and phi-2's weights (ADR 0041). An arena's untouched tail is address space,
+ * of llama-1b's and phi-2's weights (ADR 0042). An arena's untouched tail is address space,
  * not memory. */
 #define ARENA (256u << 20)
 
@@ -165,7 +165,12 @@ static void pack_task(void *arg, int ith, int nth)
 static uint8_t *pack_alloc(struct cpu_backend *c, size_t len, const char *why,
                            const struct tensor *w, struct err *e)
 {
-    len = len <= SIZE_MAX / 2 ? (len + 63) & ~(size_t)63 : SIZE_MAX / 2; /* refused below */
+    if (len > SIZE_MAX / 2) {
+        err_setf(e, ERR_NOMEM, "cpu backend: cannot allocate %zu MiB to %s %s", len >> 20, why,
+                 w->name ? w->name : "a weight");
+        return NULL;
+    }
+    len = (len + 63) & ~(size_t)63;
     if (len > c->arena_left) {
         if (c->n_packs == c->cap_packs) {
             size_t cap = c->cap_packs ? 2 * c->cap_packs : 16;
@@ -594,7 +599,7 @@ static void linear_task(void *arg, int ith, int nth)
     }
     const long n_units = (w->out + unit - 1) / unit;
     long lo, hi;
-    while (tpool_claim_guided(&lc->next, n_units, 1, nth, &lo, &hi)) {
+    while (tpool_claim_guided(&lc->next, n_units, nth, &lo, &hi)) {
         lo *= unit;
         hi = hi * unit < w->out ? hi * unit : w->out;
         if (lc->gemm)
@@ -676,7 +681,7 @@ static void batch_task(void *arg, int ith, int nth)
     const struct cpu_kernels *k = &bc->c->k;
     const long u = bc->unit, nu = (bc->total + u - 1) / u;
     long lo, hi;
-    while (tpool_claim_guided(&bc->next, nu, 1, nth, &lo, &hi)) { /* pieces as in linear_task */
+    while (tpool_claim_guided(&bc->next, nu, nth, &lo, &hi)) { /* pieces as in linear_task */
         long base = 0;
         lo *= u;
         hi = hi * u < bc->total ? hi * u : bc->total;
