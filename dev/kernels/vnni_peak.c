@@ -1,7 +1,7 @@
 /*
  * vnni_peak: what one core can issue of the products the exact integer tiles
  * (src/kernels/cpu/kern_avx512_qi.c) are made of, so a tile's measured rate can
- * be read as a share of a ceiling that holds for any code of its shape.
+ * be read as a share of the ceiling of its instruction mix.
  *
  *   gcc -O2 -march=native -o /tmp/vnni_peak dev/kernels/vnni_peak.c
  *   /tmp/vnni_peak [millions of iterations, default 50]
