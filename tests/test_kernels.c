@@ -751,17 +751,20 @@ static void test_linear_batch_invariant(void **state)
                     fail_msg("%d x %d on %s: token %d alone differs from it among %d", out, in,
                              be->name, t, NT);
             }
-            /* and in batches of 2, 3 and 4 from token 5 (below 8 tokens, VNNI reads two
-             * panels together, tokens in pairs) */
-            float *y4 = malloc((size_t)4 * out * sizeof *y4);
-            assert_non_null(y4);
-            for (int nb = 2; nb <= 4; nb++) {
-                be->ops->linear(be, y4, out, x + (size_t)5 * in, &wp, NULL, nb);
-                if (memcmp(y4, ya + (size_t)5 * out, (size_t)nb * out * sizeof *y4) != 0)
-                    fail_msg("%d x %d on %s: tokens 5-%d as a batch of %d differ", out, in,
-                             be->name, 4 + nb, nb);
+            /* and in batches of 2-31 from token 3: with VNNI, below 8 tokens two panels are
+             * read together, tokens in pairs; from 8 the one-panel tiles of 8 and their tails
+             * of 4, 2 and 1 */
+            static const int nbs[] = {2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 31};
+            float *yb = malloc((size_t)31 * out * sizeof *yb);
+            assert_non_null(yb);
+            for (size_t b = 0; b < sizeof nbs / sizeof nbs[0]; b++) {
+                const int nb = nbs[b];
+                be->ops->linear(be, yb, out, x + (size_t)3 * in, &wp, NULL, nb);
+                if (memcmp(yb, ya + (size_t)3 * out, (size_t)nb * out * sizeof *yb) != 0)
+                    fail_msg("%d x %d on %s: tokens 3-%d as a batch of %d differ", out, in,
+                             be->name, 2 + nb, nb);
             }
-            free(y4);
+            free(yb);
         }
         free(x);
         free(ya);
@@ -902,8 +905,9 @@ static void test_linear_quant_fast(void **state)
     setenv("MLXCEL_FAST", "1", 1);
     kc_open(&fs);
     unsetenv("MLXCEL_FAST");
-    static const int shapes[][3] = {{1, 1, 7},    {3, 2, 33},   {4, 5, 3},    {9, 17, 9},
-                                    {17, 40, 21}, {33, 2, 19},  {300, 4, 20}, {32, 9, 200}};
+    static const int shapes[][3] = {{1, 1, 7},    {3, 2, 33},  {4, 5, 3},    {4, 3, 200},
+                                    {9, 17, 9},   {17, 40, 21}, {33, 2, 19}, {300, 4, 20},
+                                    {32, 9, 200}};
     static const int groups[] = {32, 64, 128};
     static const enum dtype sdts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     int n_fast = 0;

@@ -562,6 +562,9 @@ AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
  * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
 #define QGN_NP 2
 #define QGN_MAX_TOK (QG_TILE - 1)
+/* From this many tokens (to QGN_MAX_TOK) the two panels go four tokens a tile (qg_tile4n,
+ * ADR 0043; llama-1b 4-bit, 4 sequences: 1.18-1.24x the pairs). */
+#define QGN_T4 4
 
 /* Tokens t0 .. t0+T (T <= 2) of QGN_NP consecutive 4-bit panels (op[i], each with the
  * prefetches of its own stream ahead when op[i]->pf) over the chunk from c0: each word's
@@ -690,6 +693,107 @@ AI void qg_tile8n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
             for (int t = 0; t < T; t++)
                 a0[i][t] = _mm512_add_epi32(a0[i][t], a1[i][t]);
             qg_tile_group(f[i], a0[i], p[i], g, xs, xm, T);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < NP; i++)
+        qg_tile_store(y, ldy, t0, r0 + 16 * i, rm[i], acc, f[i], T);
+}
+
+/* Four tokens of QGN_NP consecutive B-bit panels (qg_panels4n, ADR 0043): both panels' words
+ * are decoded first (8-bit: widened), then each token's limbs (8-bit: its x pairs) are
+ * broadcast once and multiplied into both, so a broadcast feeds two products and 16 integer
+ * chains run side by side. The integers and each row's f32 steps are qg_tilen's and
+ * qg_tile8n's, in the same order: the same bits. */
+AI void qg_tile4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
+                  const struct qg_ops *const *p, int r0, const __mmask16 *rm, int c0, int gn,
+                  bool acc, const int B, const int G, const int L)
+{
+    enum { NP = QGN_NP, T = 4 };
+    const __m512i m0f = _mm512_set1_epi8(0x0f);
+    const uint8_t *xc[T];
+    const float *xs[T], *xm[T];
+    __m512 f[NP][T];
+    qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++)
+        f[1][t] = _mm512_setzero_ps();
+    for (int g = 0; g < gn; g++) {
+        __m512i ih[NP][T], il[NP][T]; /* 8-bit: the two pair chains */
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++)
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                ih[i][t] = il[i][t] = _mm512_setzero_si512();
+        if (B == 4) {
+#pragma GCC unroll 8
+            for (int u = 0; u < G / 8; u++) {
+                const int wi = g * (G / 8) + u;
+                const size_t xo = (size_t)(wi / 8) * 128 + 4 * (size_t)(wi % 8);
+                __m512i lo[NP], hi[NP];
+#pragma GCC unroll 4
+                for (int i = 0; i < NP; i++) {
+                    const __m512i v = _mm512_load_si512(p[i]->w[wi]);
+                    if (p[i]->pf)
+                        qg_pf_codes(p[i], (size_t)wi * 64);
+                    lo[i] = _mm512_and_si512(v, m0f);
+                    hi[i] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m0f);
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m512i b0 = qg_bcast(xc[t] + xo), b1 = qg_bcast(xc[t] + xo + 32);
+                    if (L == 1) { /* --fast: the high nibbles' products in a second chain */
+#pragma GCC unroll 4
+                        for (int i = 0; i < NP; i++) {
+                            ih[i][t] = _mm512_dpbusd_epi32(ih[i][t], lo[i], b0);
+                            il[i][t] = _mm512_dpbusd_epi32(il[i][t], hi[i], b1);
+                        }
+                        continue;
+                    }
+#pragma GCC unroll 4
+                    for (int i = 0; i < NP; i++)
+                        ih[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ih[i][t], lo[i], b0), hi[i], b1);
+                    const __m512i b2 = qg_bcast(xc[t] + xo + 64), b3 = qg_bcast(xc[t] + xo + 96);
+#pragma GCC unroll 4
+                    for (int i = 0; i < NP; i++)
+                        il[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(il[i][t], lo[i], b2), hi[i], b3);
+                }
+            }
+        } else {
+#pragma GCC unroll 4
+            for (int u = 0; u < G / 2; u += 2) {
+                const int pi = g * (G / 2) + u;
+                __m512i v0[NP], v1[NP];
+#pragma GCC unroll 4
+                for (int i = 0; i < NP; i++) {
+                    const uint8_t *wb = (const uint8_t *)p[i]->w + (size_t)pi * 32;
+                    if (p[i]->pf)
+                        qg_pf_codes(p[i], (size_t)pi * 32);
+                    v0[i] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)wb));
+                    v1[i] = _mm512_cvtepu8_epi16(_mm256_load_si256((const __m256i *)(wb + 32)));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < T; t++) {
+                    const __m512i x0 = qg_bcast(xc[t] + 4 * (size_t)pi),
+                                  x1 = qg_bcast(xc[t] + 4 * (size_t)pi + 4);
+#pragma GCC unroll 4
+                    for (int i = 0; i < NP; i++) {
+                        ih[i][t] = _mm512_dpwssd_epi32(ih[i][t], v0[i], x0);
+                        il[i][t] = _mm512_dpwssd_epi32(il[i][t], v1[i], x1);
+                    }
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NP; i++) {
+            if (p[i]->pf)
+                qg_pf_sb(p[i], g);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++) /* 4-bit I = (hi << 8) + lo (--fast: hi << 8); 8-bit the sum */
+                ih[i][t] = B == 8   ? _mm512_add_epi32(ih[i][t], il[i][t])
+                           : L == 2 ? _mm512_add_epi32(_mm512_slli_epi32(ih[i][t], 8), il[i][t])
+                                    : _mm512_slli_epi32(_mm512_add_epi32(ih[i][t], il[i][t]), 8);
+            qg_tile_group(f[i], ih[i], p[i], g, xs, xm, T);
         }
     }
 #pragma GCC unroll 4
@@ -983,29 +1087,106 @@ AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
         qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
 }
 
-/* A QG16 W for fewer than QG_TILE tokens, out of line: inlined beside the tiles of 8 in
- * a5_matvec_qi_l, it cost those 7-10 % (8 sequences, llama-1b 4-bit, 217-219 against
- * 235 t/s). */
+/* qg_panelsn from QGN_T4 tokens (qg_some): the tokens four at a time (qg_tile4n), the last
+ * one to three as a pair and a single. The first tile streams each chunk with the
+ * prefetches; the others read it from L1 or L2. Its set-up repeats qg_panelsn's rather than
+ * sharing it: through a helper function or a flag on qg_panelsn, qg_few (one to three
+ * tokens) compiled to different code, and such changes cost one sequence 2-6 % (ADR 0043). */
+AI void qg_panels4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                    const struct wmat *w, int p, int r0, int r1, const int B, const int G,
+                    const int L)
+{
+    enum { NP = QGN_NP };
+    const size_t hdr = kern_qi_hdr(w);
+    __mmask16 rm[NP];
+    for (int i = 0; i < NP; i++)
+        rm[i] = qg_panel_mask(p + i, r0, r1);
+    for (int c0 = 0; c0 < w->in; c0 += QI_CH) {
+        const int cn = w->in - c0 < QI_CH ? w->in - c0 : QI_CH, gn = cn / G;
+        struct qg_ops op[NP], op1[NP];
+        const struct qg_ops *po[NP], *po1[NP];
+        for (int i = 0; i < NP; i++) {
+            const int np = p + i + NP;
+            qg_chunk_ops(&op[i], &op1[i], w, p + i, c0, 16 * np < r1 ? np : -1, n_tok, B, G);
+            po[i] = &op[i];
+            po1[i] = &op1[i];
+        }
+        int t = 0;
+        for (; t + 4 <= n_tok; t += 4)
+            qg_tile4n(y, ldy, xq, ldxq, hdr, t, t == 0 ? po1 : po, 16 * p, rm, c0, gn, c0 > 0, B,
+                      G, L);
+        for (; t < n_tok; t += 2) {
+            const int tn = n_tok - t >= 2 ? 2 : 1;
+            if (B == 8 && tn == 2)
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, po, 16 * p, rm, c0, gn, c0 > 0, 2, G);
+            else if (B == 8)
+                qg_tile8n(y, ldy, xq, ldxq, hdr, t, po, 16 * p, rm, c0, gn, c0 > 0, 1, G);
+            else if (tn == 2)
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, po, 16 * p, rm, c0, gn, c0 > 0, 2, G, L);
+            else
+                qg_tilen(y, ldy, xq, ldxq, hdr, t, po, 16 * p, rm, c0, gn, c0 > 0, 1, G, L);
+        }
+    }
+}
+
+/* Rows r0 .. r1 of a QG16 W for QGN_T4 .. QG_TILE - 1 tokens: qg_rows16n with qg_panels4n. */
+AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                     const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
+{
+    r1 = r1 < w->out ? r1 : w->out;
+    int p = r0 / 16;
+    for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
+        qg_panels4n(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
+    if (16 * p < r1)
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+}
+
+/* The (bits, group) switch of qg_few and qg_some: CALL(B, G, L) for W's (fast: 4-bit W by
+ * x's high limb alone, a5_matvec_qi_fast). */
+#define QG_FEW_SWITCH(CALL)                                                                      \
+    do {                                                                                         \
+        if (fast)                                                                                \
+            switch (w->qgroup) {                                                                 \
+            case 32: CALL(4, 32, 1); break;                                                      \
+            case 64: CALL(4, 64, 1); break;                                                      \
+            default: CALL(4, 128, 1); break;                                                     \
+            }                                                                                    \
+        else                                                                                     \
+            switch (w->qbits * 1000 + w->qgroup) {                                               \
+            case 4032: CALL(4, 32, 2); break;                                                    \
+            case 4064: CALL(4, 64, 2); break;                                                    \
+            case 4128: CALL(4, 128, 2); break;                                                   \
+            case 8032: CALL(8, 32, 2); break;                                                    \
+            case 8064: CALL(8, 64, 2); break;                                                    \
+            default: CALL(8, 128, 2); break;                                                     \
+            }                                                                                    \
+    } while (0)
+
+/* A QG16 W for QGN_T4 .. QG_TILE - 1 tokens, out of line on its own: compiled into qg_few,
+ * the tiles of four cost one sequence 2-6 % (ADR 0043). */
+QI_NOSAN __attribute__((noinline)) static void qg_some(float *y, size_t ldy, const uint8_t *xq,
+                                                       size_t ldxq, int n_tok,
+                                                       const struct wmat *w, int r0, int r1,
+                                                       bool fast)
+{
+#define QG_SOME(B, G, L) qg_rows16_4n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
+    QG_FEW_SWITCH(QG_SOME);
+#undef QG_SOME
+}
+
+/* A QG16 W for fewer than QG_TILE tokens (from QGN_T4 on, qg_some), out of line: inlined
+ * beside the tiles of 8 in a5_matvec_qi_l, it cost those 7-10 % (8 sequences, llama-1b 4-bit,
+ * 217-219 against 235 t/s). */
 QI_NOSAN __attribute__((noinline)) static void qg_few(float *y, size_t ldy, const uint8_t *xq,
                                                       size_t ldxq, int n_tok, const struct wmat *w,
                                                       int r0, int r1, bool fast)
 {
+    if (n_tok >= QGN_T4) {
+        qg_some(y, ldy, xq, ldxq, n_tok, w, r0, r1, fast);
+        return;
+    }
 #define QG_FEW(B, G, L) qg_rows16n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
-    if (fast) /* 4-bit W by x's high limb alone (a5_matvec_qi_fast) */
-        switch (w->qgroup) {
-        case 32: QG_FEW(4, 32, 1); break;
-        case 64: QG_FEW(4, 64, 1); break;
-        default: QG_FEW(4, 128, 1); break;
-        }
-    else
-        switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: QG_FEW(4, 32, 2); break;
-        case 4064: QG_FEW(4, 64, 2); break;
-        case 4128: QG_FEW(4, 128, 2); break;
-        case 8032: QG_FEW(8, 32, 2); break;
-        case 8064: QG_FEW(8, 64, 2); break;
-        default: QG_FEW(8, 128, 2); break;
-        }
+    QG_FEW_SWITCH(QG_FEW);
 #undef QG_FEW
 }
 
