@@ -716,8 +716,10 @@ AI void qg_tile4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
     __m512 f[NP][T];
     qg_tile_open(xq, ldxq, hdr, t0, c0, c0 / G, xc, xs, xm, f[0], T);
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++)
-        f[1][t] = _mm512_setzero_ps();
+    for (int i = 1; i < NP; i++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            f[i][t] = _mm512_setzero_ps();
     for (int g = 0; g < gn; g++) {
         __m512i ih[NP][T], il[NP][T]; /* 8-bit: the two pair chains */
 #pragma GCC unroll 4
