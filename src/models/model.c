@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/fileio.h"
 #include "../core/log.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
@@ -252,6 +253,7 @@ struct prep_item {
     int root;      /* first item of its twins (identical views): the one prepared */
     bool shared;   /* its bytes are also read through a view that is not a twin */
     bool host;     /* read on the host, never prepared (sinks) */
+    bool given;    /* prepared with PREP_SOURCE_DISPOSABLE and moved: its source pages go back */
     unsigned uses; /* how ops read it, joined over its twins: USE_* */
 };
 
@@ -314,7 +316,7 @@ static size_t prep_items(struct model *m, struct prep_item *it)
     do {                                                                    \
         if (tensor_is_present(tp)) {                                        \
             if (it)                                                         \
-                it[n] = (struct prep_item){(tp), (int)n, false, (h), (u)};  \
+                it[n] = (struct prep_item){(tp), (int)n, false, (h), false, (u)}; \
             n++;                                                            \
         }                                                                   \
     } while (0)
@@ -345,6 +347,33 @@ static size_t prep_items(struct model *m, struct prep_item *it)
         PREP_ADD(&m->expert_views[i], false, m->expert_views[i].ndim == 2 ? USE_LINEAR : USE_VALUES);
 #undef PREP_ADD
     return n;
+}
+
+/* A fault in a weight's pages maps the page-cache folio around it (up to 2 MiB on this kernel),
+ * neighbours' pages that their preparation gave back among them: so once a view is prepared,
+ * the given-back sources within 2 MiB of its ranges (sorted in r) go back again, its own
+ * included (orig: the view as stored; phi-2 bf16 held 46 MiB of them after loading). */
+#define RELEASE_REACH ((uintptr_t)2 << 20)
+static void release_around(const struct prep_item *it, const struct prep_range *r, size_t nr,
+                           const struct tensor *orig)
+{
+    struct prep_range vr[3];
+    const int k = view_ranges(orig, vr, 0);
+    for (int j = 0; j < k; j++) {
+        const uintptr_t lo = vr[j].lo > RELEASE_REACH ? vr[j].lo - RELEASE_REACH : 0,
+                        hi = vr[j].hi + RELEASE_REACH;
+        size_t a = 0, b = nr; /* the first range starting at lo or later, then one before it */
+        while (a < b) {
+            const size_t mid = a + (b - a) / 2;
+            if (r[mid].lo < lo)
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        for (a = a ? a - 1 : 0; a < nr && r[a].lo < hi; a++)
+            if (it[r[a].item].given && r[a].hi > lo)
+                mem_release((const void *)r[a].lo, r[a].hi - r[a].lo);
+    }
 }
 
 int model_prepare(struct model *m, struct backend *be, struct err *e)
@@ -411,11 +440,21 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
                 mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
             rc = be->ops->prepare_weight(be, t, (mine ? PREP_SOURCE_DISPOSABLE : 0u) |
                                                     (it[root].uses == USE_LINEAR ? PREP_MATRIX : 0u), e);
+            it[i].given = mine;
         }
         const struct prepared_view *pv = &m->prepared[m->n_prepared];
-        if (t->data != pv->data || t->qscales != pv->qscales || t->qbiases != pv->qbiases ||
-            t->packed)
+        const bool moved = t->data != pv->data || t->qscales != pv->qscales ||
+                           t->qbiases != pv->qbiases || t->packed;
+        it[i].given &= moved;
+        if (moved)
             m->n_prepared++;
+        if (it[i].given) { /* its ranges as stored */
+            struct tensor o = *t;
+            o.data = pv->data;
+            o.qscales = pv->qscales;
+            o.qbiases = pv->qbiases;
+            release_around(it, r, nr, &o);
+        }
     }
 out:
     free(it);
