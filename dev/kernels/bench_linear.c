@@ -269,13 +269,19 @@ static void bench_quant(struct backend *be, size_t total)
 static void bench_prefill(struct backend *be, const char *label, enum dtype dt, int qbits,
                           int out, int in, int n_tok)
 {
-    struct tensor w = wmake(dt, qbits, out, in);
+    const struct tensor w0 = wmake(dt, qbits, out, in);
+    struct tensor w = w0; /* prepared as at load (FPAN, QG16 where the backend repacks) */
+    struct err e = {0};
+    if (be->ops->prepare_weight(be, &w, PREP_REPACK_BESIDE | PREP_MATRIX, &e) < 0) {
+        fprintf(stderr, "%s\n", e.msg);
+        exit(1);
+    }
     float *x = malloc((size_t)in * n_tok * 4), *y = malloc((size_t)out * n_tok * 4);
     for (size_t i = 0; i < (size_t)in * n_tok; i++)
         x[i] = (float)(i % 7) * 0.1f;
     be->ops->linear(be, y, (int)w.shape[0], x, &w, NULL, n_tok);
     double best = 1e9;
-    int reps = n_tok >= 128 ? 3 : 10;
+    int reps = getenv("BENCH_REPS") ? atoi(getenv("BENCH_REPS")) : n_tok >= 128 ? 3 : 10;
     for (int rep = 0; rep < reps; rep++) {
         double t0 = now();
         be->ops->linear(be, y, (int)w.shape[0], x, &w, NULL, n_tok);
@@ -286,9 +292,9 @@ static void bench_prefill(struct backend *be, const char *label, enum dtype dt, 
            best * 1e3, 2.0 * n_tok * in * out / best / 1e9);
     free(x);
     free(y);
-    free(w.data);
-    free((void *)w.qscales);
-    free((void *)w.qbiases);
+    free(w0.data);
+    free((void *)w0.qscales);
+    free((void *)w0.qbiases);
 }
 
 /* Attention: decode of n_seq sequences (1 query each at position n_ctx-1, their
@@ -432,8 +438,12 @@ int main(int argc, char **argv)
     }
     if (!*only || strstr(only, "pf")) {
         static const int toks[] = {4, 8, 16, 64, 512};
+        /* BENCH_PF_TOK=N: bf16 at N tokens alone */
+        const int pt = getenv("BENCH_PF_TOK") ? atoi(getenv("BENCH_PF_TOK")) : 0;
         for (int i = 0; i < 5; i++)
-            bench_prefill(be, "bf16", DTYPE_BF16, 0, 4096, 4096, toks[i]);
+            bench_prefill(be, "bf16", DTYPE_BF16, 0, 4096, 4096, pt ? pt : toks[i]);
+        if (pt)
+            return 0;
         bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
         bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
         bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);

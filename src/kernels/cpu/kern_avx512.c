@@ -1420,12 +1420,21 @@ AI int fpan_np(int t)
     return t <= 2 ? 4 : t <= 4 ? 2 : 1;
 }
 
+/* From this many tokens the tiles are 2 panels by 6 tokens (24 accumulators, a broadcast of x
+ * per 4 products; the tiles of 8 take one per 2). Zen 5, 2 threads, 1 by 8 against 2 by 6:
+ * bf16 4096 x 4096 prepared as at load (bench_linear pf), GFLOP/s best of 10, 16 tokens
+ * 355-357 / 373-376, 64 374-391 / 391-402, 512 342-366 / 359-387 (3 by 4 in between);
+ * llama-1b bf16 in one binary, 4 alternated rounds: pp512 1.03-1.05x, 16 sequences
+ * 0.96-1.05x. */
+#define FPAN_SIX_MIN 12
 #define FPAN_T(NP, T) fpan_tile(yt, ldy, xt, ldx, pp, w->fpan_panel, m, k0, kc, tg == 0, dt, NP, T)
 
 AI void fpan_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                   int r0, int r1, enum dtype dt)
 {
-    const int NPmax = fpan_np(n_tok < 8 ? n_tok : 8), pe = (r1 + FPAN_R - 1) / FPAN_R;
+    const bool six = n_tok >= FPAN_SIX_MIN;
+    const int NPmax = six ? 2 : fpan_np(n_tok < 8 ? n_tok : 8), pe = (r1 + FPAN_R - 1) / FPAN_R,
+              TG = six ? 6 : 8;
     for (int p0 = r0 / FPAN_R; p0 < pe; p0 += NPmax) {
         const int np = pe - p0 < NPmax ? pe - p0 : NPmax;
         __mmask16 m[4][2];
@@ -1439,14 +1448,16 @@ AI void fpan_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, c
         float *yp = y + (size_t)p0 * FPAN_R;
         for (int k0 = 0; k0 < w->in; k0 += FPAN_KC) {
             const int kc = w->in - k0 < FPAN_KC ? w->in - k0 : FPAN_KC;
-            for (int tg = 0; tg < n_tok; tg += 8) {
-                const int T = n_tok - tg < 8 ? n_tok - tg : 8;
+            for (int tg = 0; tg < n_tok; tg += TG) {
+                const int T = n_tok - tg < TG ? n_tok - tg : TG;
                 float *yt = yp + (size_t)tg * ldy;
                 const float *xt = x + (size_t)tg * ldx;
                 if (np == 4 && T == 1) FPAN_T(4, 1);
                 else if (np == 4 && T == 2) FPAN_T(4, 2);
                 else if (np == 2 && T == 3) FPAN_T(2, 3);
                 else if (np == 2 && T == 4) FPAN_T(2, 4);
+                else if (np == 2 && T == 6) FPAN_T(2, 6);
+                else if (np == 2 && T == 5) FPAN_T(2, 5);
                 else /* one panel at a time (also the last panels of a range) */
                     for (int p = 0; p < np; p++) {
                         const uint8_t *ppp = pp + (size_t)p * w->fpan_panel;
