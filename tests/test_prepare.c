@@ -251,7 +251,8 @@ static long long mapping_rss(const void *a)
  * checkpoint (1024 wide, 4096 in the MLP, 2 layers: 8 MiB matrices) is synthesized, read once
  * with read(), loaded and prepared for the CPU backend, which copies or repacks every view
  * out of the mapping; the mapping may then hold a page at each end of every view (and the
- * header's), no more. Before model_prepare released the neighbours again it held 12 MiB. */
+ * header's), no more. Before model_prepare released the neighbours again it held 10.5 MiB.
+ * Skipped where /proc/self/smaps cannot be read. */
 static void given_back_pages(void **state)
 {
     (void)state;
@@ -310,12 +311,13 @@ static void given_back_pages(void **state)
     printf("    synthesized phi bf16: %d views, %d left in the mapping, which holds %lld bytes "
            "(at most %lld)\n", n_views, n_kept, rss, bound);
     assert_int_equal(n_kept, 0);
-    assert_true(rss >= 0);
-    assert_true(rss <= bound);
     backend_free(be);
     model_free(m);
     stb_rmtree(strdup(ck));
     stb_rmtree(dir);
+    if (rss < 0)
+        skip();
+    assert_true(rss <= bound);
 }
 
 static const struct CMUnitTest tests[] = {
