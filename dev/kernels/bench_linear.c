@@ -442,11 +442,11 @@ int main(int argc, char **argv)
         const int pt = getenv("BENCH_PF_TOK") ? atoi(getenv("BENCH_PF_TOK")) : 0;
         for (int i = 0; i < 5; i++)
             bench_prefill(be, "bf16", DTYPE_BF16, 0, 4096, 4096, pt ? pt : toks[i]);
-        if (pt)
-            return 0;
-        bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
-        bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
-        bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);
+        if (!pt) {
+            bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
+            bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
+            bench_prefill(be, "q4g64", DTYPE_U32, 4, 4096, 4096, 512);
+        }
     }
     if (!*only || strstr(only, "at")) {
         bench_attn(be, 1, 1, 512, 32, 8, 128);

@@ -352,13 +352,11 @@ static size_t prep_items(struct model *m, struct prep_item *it)
 /* A fault in a weight's pages maps the page-cache folio around it (up to 2 MiB on this kernel),
  * neighbours' pages that their preparation gave back among them: so once a view is prepared,
  * the given-back sources within 2 MiB of its ranges (sorted in r) go back again, its own
- * included (orig: the view as stored; phi-2 bf16 held 46 MiB of them after loading). */
+ * included (vr: the view's k ranges as stored; phi-2 bf16 held 46 MiB of them after loading). */
 #define RELEASE_REACH ((uintptr_t)2 << 20)
 static void release_around(const struct prep_item *it, const struct prep_range *r, size_t nr,
-                           const struct tensor *orig)
+                           const struct prep_range *vr, int k)
 {
-    struct prep_range vr[3];
-    const int k = view_ranges(orig, vr, 0);
     for (int j = 0; j < k; j++) {
         const uintptr_t lo = vr[j].lo > RELEASE_REACH ? vr[j].lo - RELEASE_REACH : 0,
                         hi = vr[j].hi + RELEASE_REACH;
@@ -430,31 +428,27 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
         if (it[i].host)
             continue;
         m->prepared[m->n_prepared] = (struct prepared_view){t, t->data, t->qscales, t->qbiases};
+        struct prep_range vr[3]; /* its ranges as stored */
+        int k = 0;
+        bool mine = false;
         if (root != (int)i) { /* a twin: the view its root became */
             *t = *it[root].t;
         } else {
-            struct prep_range vr[3];
-            int k = view_ranges(t, vr, (int)i);
-            bool mine = !it[root].shared;
+            k = view_ranges(t, vr, (int)i);
+            mine = !it[root].shared;
             for (int j = 0; j < k && mine; j++)
                 mine = st_set_holds(m->st, (const void *)vr[j].lo, vr[j].hi - vr[j].lo);
             rc = be->ops->prepare_weight(be, t, (mine ? PREP_SOURCE_DISPOSABLE : 0u) |
                                                     (it[root].uses == USE_LINEAR ? PREP_MATRIX : 0u), e);
-            it[i].given = mine;
         }
         const struct prepared_view *pv = &m->prepared[m->n_prepared];
         const bool moved = t->data != pv->data || t->qscales != pv->qscales ||
                            t->qbiases != pv->qbiases || t->packed;
-        it[i].given &= moved;
         if (moved)
             m->n_prepared++;
-        if (it[i].given) { /* its ranges as stored */
-            struct tensor o = *t;
-            o.data = pv->data;
-            o.qscales = pv->qscales;
-            o.qbiases = pv->qbiases;
-            release_around(it, r, nr, &o);
-        }
+        it[i].given = mine && moved;
+        if (it[i].given)
+            release_around(it, r, nr, vr, k);
     }
 out:
     free(it);

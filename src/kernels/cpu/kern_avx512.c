@@ -1423,7 +1423,7 @@ AI int fpan_np(int t)
 /* From this many tokens the tiles are 2 panels by 6 tokens (24 accumulators, a broadcast of x
  * per 4 products; the tiles of 8 take one per 2). Zen 5, 2 threads, 1 by 8 against 2 by 6:
  * bf16 4096 x 4096 prepared as at load (bench_linear pf), GFLOP/s best of 10, 16 tokens
- * 355-357 / 373-376, 64 374-391 / 391-402, 512 342-366 / 359-387 (3 by 4 in between);
+ * 355-357 / 373-376, 64 374-391 / 391-402, 512 342-366 / 359-387 (3 by 4 no better but at 32);
  * llama-1b bf16 in one binary, 4 alternated rounds: pp512 1.03-1.05x, 16 sequences
  * 0.96-1.05x. */
 #define FPAN_SIX_MIN 12
