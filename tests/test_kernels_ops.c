@@ -348,6 +348,55 @@ static void test_attention_batch(void **state)
     kc_close(&bes);
 }
 
+/* A prompt's rows attended in one call and in chunks of other sizes (as a prompt split by
+ * the batch budget, or resumed after a cached prefix, reaches them): each row the same bits,
+ * on every backend. MHA with head_dim 80 (phi-2's) and GQA; chunks that cut the 4-key
+ * groups and the 64-key gather blocks at different places. */
+static void test_attention_chunks(void **state)
+{
+    (void)state;
+    static const struct {
+        int n_head, n_kv, hd;
+    } shapes[] = {{4, 4, 80}, {8, 2, 64}, {3, 3, 7}};
+    static const int cuts[] = {0, 5, 22, 24, 70, 97, 100}; /* no chunk of one row: a decode item */
+    enum { N_TOK = 100 };
+    struct kc_bes bs;
+    kc_open(&bs);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int nh = shapes[si].n_head, nkv = shapes[si].n_kv, hd = shapes[si].hd;
+        const size_t qs = (size_t)nh * hd, nkvs = (size_t)N_TOK * nkv * hd;
+        float *q = kc_fvec(N_TOK * qs, -3, 3), *k = kc_fvec(nkvs, -3, 3), *v = kc_fvec(nkvs, -1, 1);
+        float *whole = malloc(N_TOK * qs * sizeof *whole), *part = malloc(N_TOK * qs * sizeof *part);
+        assert_non_null(whole);
+        assert_non_null(part);
+        struct attn_params ap = {nh, nkv, hd, 1.0f / sqrtf((float)hd), 0.0f, 0, NULL};
+        struct paged pg;
+        paged_open(&pg, k, v, N_TOK, nkv * hd, 0, N_TOK, DTYPE_F32);
+        for (int i = 0; i < bs.n; i++) {
+            struct backend *be = bs.be[i];
+            be->ops->attention(be, whole, (int)qs, q, (int)qs, &pg.kv, &pg.rows, N_TOK, &ap);
+            for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
+                const int t0 = cuts[c], n = cuts[c + 1] - t0;
+                struct kv_rows sub = {pg.pos + t0, pg.slot + t0, pg.table + t0, pg.tables,
+                                      pg.end + t0, pg.rows.block_size};
+                be->ops->attention(be, part + t0 * qs, (int)qs, q + t0 * qs, (int)qs, &pg.kv, &sub,
+                                   n, &ap);
+            }
+            for (int t = 0; t < N_TOK; t++)
+                if (memcmp(whole + t * qs, part + t * qs, qs * sizeof *part) != 0)
+                    fail_msg("attention on %s, %d heads / %d kv of %d: row %d differs in chunks",
+                             be->name, nh, nkv, hd, t);
+        }
+        paged_close(&pg);
+        free(q);
+        free(k);
+        free(v);
+        free(whole);
+        free(part);
+    }
+    kc_close(&bs);
+}
+
 /* The sliding-window kind, soft-capping and sinks against the brute-force masked reference:
  * windows shorter than, equal to and longer than the context, across block boundaries. */
 static void test_attention_window(void **state)
@@ -761,6 +810,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention_heads),
     cmocka_unit_test(test_attention_window),
     cmocka_unit_test(test_attention_batch),
+    cmocka_unit_test(test_attention_chunks),
     cmocka_unit_test(test_elementwise),
     cmocka_unit_test(test_moe_group),
     cmocka_unit_test(test_moe_route),

@@ -455,6 +455,7 @@ int main(int argc, char **argv)
         bench_attn(be, 16, 1, 512, 32, 8, 64);
         bench_attn(be, 16, 1, 512, 32, 32, 80);
         bench_attn(be, 1, 512, 512, 32, 8, 128);
+        bench_attn(be, 1, 512, 512, 32, 32, 80); /* phi-2 prefill: one query head per kv head */
     }
     backend_free(be);
     return 0;

@@ -141,11 +141,16 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
 #define ATTN_JB 64
 /* Rows ahead of the copy to prefetch (8 rows of 512 B: ~64 lines in flight). */
 #define ATTN_PF 8
-/* Query tokens per item in prefill; an item's rows are tokens x (query heads
- * of one kv head), so GQA heads and neighbouring tokens share each K/V block. */
+/* Query tokens per item in prefill: an item's rows are tokens x (query heads
+ * of one kv head), so GQA heads and neighbouring tokens share each K/V block.
+ * As many tokens as fill ATTN_ROWS rows (16 x 4 heads for llama's GQA, 64 of
+ * phi-2's one head per kv head), so each gathered block serves that many rows,
+ * while their scores (a row of floats per key) fit ATTN_SCORES floats; at
+ * least ATTN_TT tokens. */
 #define ATTN_TT 4
 /* Most query rows per item (tokens x heads per kv head). */
 #define ATTN_ROWS 64
+#define ATTN_SCORES (1 << 19)
 /* Keys per decode item: a row's keys split at multiples of ATTN_DC, each
  * chunk on one thread, the chunks merged in order. */
 #define ATTN_DC 128
@@ -170,6 +175,7 @@ struct attn_ctx {
     float *part;              /* [n_dec][n_head][head_dim + 2] their partial outputs */
     int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
     size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
+    int tt;                   /* most tokens per prefill item */
 };
 
 /* Query rows i = ti * nh + r of one item: token t0 + ti, head g * n_rep + h0 + r. */
@@ -277,11 +283,32 @@ static void attn_accum_heads(const struct cpu_kernels *k, float *o, size_t ldo, 
         k->attn_accum(o + (size_t)i * ldo, p + (size_t)i * ldp, rv, ld, n, hd, acc);
 }
 
+/* The keys [j0, c) of a gathered block that every row of the item attends, c - j0 a
+ * multiple of 4: one call of the many-row kernels takes them for all rows (attn_pass).
+ * j0 (none) when the rows' windows start at different keys or past j0. */
+static int attn_common(const struct attn_rows *ar, int j0, int nb)
+{
+    int c = j0 + nb;
+    for (int i = 0; i < ar->n_rows; i += ar->nh) {
+        if (ar->lo[i] != ar->lo[0] || ar->lo[i] > j0)
+            return j0;
+        c = ar->hi[i] < c ? ar->hi[i] : c;
+    }
+    return c > j0 ? j0 + ((c - j0) & ~3) : j0;
+}
+
 /* One pass over the item's keys in blocks of ATTN_JB gathered from the cache
  * array base (K or V): pass 1 writes every row's scores, pass 2 accumulates
- * the probability-weighted V rows into the outputs. */
+ * the probability-weighted V rows into the outputs. The keys every row attends
+ * go to the many-row kernels at once (scores: all rows, from the item's query
+ * rows packed in qb; values: all rows when they are one head's, MHA, whose
+ * outputs lie one token apart), the rest row by row. Per row and key the
+ * products and sums are those of a call over its own range [a, z) alone: the
+ * many-row kernels give the one-row bits, the common part ends on a multiple of
+ * 4 keys from j0, as a one-row call's groups of 4 do, and the values are summed
+ * over the keys in order either way. */
 static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, float *scr, float *blk,
-                      const int32_t *table, int g, bool values)
+                      const float *qb, const int32_t *table, int g, bool values)
 {
     const struct cpu_kernels *k = &ac->c->k;
     const struct attn_params *ap = ac->ap;
@@ -291,8 +318,17 @@ static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, flo
     for (int j0 = ar->k_lo; j0 < ar->k_hi; j0 += ATTN_JB) {
         int nb = ar->k_hi - j0 < ATTN_JB ? ar->k_hi - j0 : ATTN_JB;
         attn_gather(k, blk, base, dim, ac->kv->dtype, table, bs, g, hd, j0, nb, ar->k_hi);
+        int c = ar->n_rows > ar->nh ? attn_common(ar, j0, nb) : j0;
+        if (c > j0 && !values)
+            attn_scores_heads(k, scr + (j0 - ar->k_lo), ac->ld_s, qb, ar->n_rows, blk, (size_t)hd,
+                              c - j0, hd, ap->scale);
+        else if (c > j0 && ar->nh == 1)
+            attn_accum_heads(k, ar->o[0], ac->ldo, scr + (j0 - ar->k_lo), ac->ld_s, ar->n_rows,
+                             blk, (size_t)hd, c - j0, hd, j0 > ar->lo[0]);
+        else
+            c = j0;
         for (int i = 0; i < ar->n_rows; i += ar->nh) { /* a token's heads: one key range */
-            int a = ar->lo[i] > j0 ? ar->lo[i] : j0, z = ar->hi[i] < j0 + nb ? ar->hi[i] : j0 + nb;
+            int a = ar->lo[i] > c ? ar->lo[i] : c, z = ar->hi[i] < j0 + nb ? ar->hi[i] : j0 + nb;
             float *s = scr + i * ac->ld_s + (a - ar->k_lo);
             const float *rows = blk + (size_t)(a - j0) * hd;
             if (a >= z)
@@ -319,14 +355,16 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int 
     int hd = ap->head_dim, n_rep = ap->n_head / ap->n_kv_head;
     int nh = n_rep - h0 < ac->hc ? n_rep - h0 : ac->hc;
     const int32_t *table = ac->rows->tables + ac->rows->table[t0];
-    float *blk = scr + (size_t)(ATTN_TT * ac->hc) * ac->ld_s;
+    float *blk = scr + (size_t)(ac->tt * ac->hc) * ac->ld_s, *qb = blk + (size_t)ATTN_JB * hd;
     struct attn_rows ar;
     attn_setup_rows(ac, &ar, g, h0, nh, t0, tt);
-    attn_pass(ac, &ar, scr, blk, table, g, false);
+    for (int i = 0; i < ar.n_rows; i++) /* the query rows side by side (attn_pass) */
+        memcpy(qb + (size_t)i * hd, ar.q[i], (size_t)hd * sizeof *qb);
+    attn_pass(ac, &ar, scr, blk, qb, table, g, false);
     for (int i = 0; i < ar.n_rows; i++)
         ar.sum[i] = attn_softmax(k, ap, scr + i * ac->ld_s + (ar.lo[i] - ar.k_lo),
                                  ar.hi[i] - ar.lo[i], ar.sink[i]);
-    attn_pass(ac, &ar, scr, blk, table, g, true);
+    attn_pass(ac, &ar, scr, blk, qb, table, g, true);
     for (int i = 0; i < ar.n_rows; i++)
         k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
 }
@@ -519,24 +557,30 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     assert(n_rep >= 1 && ap->n_head % ap->n_kv_head == 0);
     if (c->err_rc || n_tok <= 0)
         return;
-    struct attn_ctx ac = {c, ap, kv, rows, out, q, (size_t)ldo, (size_t)ldq, NULL, 0, NULL, 0, NULL,
-                          1, 0};
+    struct attn_ctx ac = {.c = c, .ap = ap, .kv = kv, .rows = rows, .out = out, .q = q,
+                          .ldo = (size_t)ldo, .ldq = (size_t)ldq};
     ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
-    int tt = ATTN_ROWS / ac.hc < ATTN_TT ? ATTN_ROWS / ac.hc : ATTN_TT;
     for (int i = 0; i < n_tok; i++)
         max_keys = rows->pos[i] + 1 > max_keys ? rows->pos[i] + 1 : max_keys;
     /* padded to a cache line so score rows do not share lines */
     ac.ld_s = ((size_t)max_keys + 15) & ~(size_t)15;
+    /* tokens per prefill item: as many as ATTN_ROWS rows and ATTN_SCORES scores hold, at
+     * least ATTN_TT (rows permitting) */
+    const size_t fit = ATTN_SCORES / (ac.ld_s * (size_t)ac.hc);
+    const int most = ATTN_ROWS / ac.hc;
+    ac.tt = fit > ATTN_TT ? (fit < (size_t)most ? (int)fit : most) : ATTN_TT;
+    ac.tt = ac.tt < most ? ac.tt : most;
     ac.n_dec = attn_dec_items(NULL, &ac, n_tok);
     int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1 + 3 * (size_t)ac.n_dec);
-    size_t scr = ac.ld_s * (size_t)(ATTN_TT * ac.hc) + (size_t)ATTN_JB * ap->head_dim;
+    size_t scr = (ac.ld_s + (size_t)ap->head_dim) * (size_t)(ac.tt * ac.hc) +
+                 (size_t)ATTN_JB * ap->head_dim;
     size_t scr_dec = (size_t)ap->n_head * ATTN_DC +
                      (kv->dtype == DTYPE_F32 ? 0
                                              : (size_t)ATTN_SEG * (kv->k_dim > kv->v_dim ? kv->k_dim
                                                                                          : kv->v_dim));
     if (!tiles || !cpu_scratch_ensure(c, scr > scr_dec ? scr : scr_dec))
         return;
-    ac.n_tiles = attn_tiles(tiles, rows, n_tok, tt);
+    ac.n_tiles = attn_tiles(tiles, rows, n_tok, ac.tt);
     ac.tiles = tiles;
     if (ac.n_dec) {
         ac.part = cpu_shared_ensure(c, (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2));
