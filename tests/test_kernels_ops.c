@@ -350,11 +350,13 @@ static void test_attention_batch(void **state)
 
 /* A prompt's rows attended in one call and in chunks of other sizes (as a prompt split by
  * the batch budget, or resumed after a cached prefix, reaches them): each row the same bits,
- * on every backend. MHA with head_dim 80 (phi-2's) and GQA; chunks that cut the 4-key
- * groups and the 64-key gather blocks at different places. */
+ * on every backend, and the whole call against the reference (items of up to 64 rows over
+ * two 64-key gather blocks). MHA with head_dim 80 (phi-2's) and GQA; chunks that cut the
+ * 4-key groups and the 64-key gather blocks at different places. */
 static void test_attention_chunks(void **state)
 {
     (void)state;
+    struct kc_errstat es = {0};
     static const struct {
         int n_head, n_kv, hd;
     } shapes[] = {{4, 4, 80}, {8, 2, 64}, {3, 3, 7}};
@@ -369,12 +371,16 @@ static void test_attention_chunks(void **state)
         float *whole = malloc(N_TOK * qs * sizeof *whole), *part = malloc(N_TOK * qs * sizeof *part);
         assert_non_null(whole);
         assert_non_null(part);
+        double *ref = malloc(N_TOK * qs * sizeof *ref);
+        assert_non_null(ref);
         struct attn_params ap = {nh, nkv, hd, 1.0f / sqrtf((float)hd), 0.0f, 0, NULL};
         struct paged pg;
+        attn_ref(ref, q, k, v, N_TOK, 0, nh, nkv, hd, &ap);
         paged_open(&pg, k, v, N_TOK, nkv * hd, 0, N_TOK, DTYPE_F32);
         for (int i = 0; i < bs.n; i++) {
             struct backend *be = bs.be[i];
             be->ops->attention(be, whole, (int)qs, q, (int)qs, &pg.kv, &pg.rows, N_TOK, &ap);
+            kc_check(&es, "attention_chunks", be, whole, ref, N_TOK * qs, 1e-10, 1e-4);
             for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
                 const int t0 = cuts[c], n = cuts[c + 1] - t0;
                 struct kv_rows sub = {pg.pos + t0, pg.slot + t0, pg.table + t0, pg.tables,
@@ -393,7 +399,9 @@ static void test_attention_chunks(void **state)
         free(v);
         free(whole);
         free(part);
+        free(ref);
     }
+    kc_report("attention_chunks", &es);
     kc_close(&bs);
 }
 
