@@ -150,6 +150,7 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
 #define ATTN_TT 4
 /* Most query rows per item (tokens x heads per kv head). */
 #define ATTN_ROWS 64
+/* Most scores per item: 2 MiB of floats. */
 #define ATTN_SCORES (1 << 19)
 /* Keys per decode item: a row's keys split at multiples of ATTN_DC, each
  * chunk on one thread, the chunks merged in order. */
@@ -358,8 +359,9 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int 
     float *blk = scr + (size_t)(ac->tt * ac->hc) * ac->ld_s, *qb = blk + (size_t)ATTN_JB * hd;
     struct attn_rows ar;
     attn_setup_rows(ac, &ar, g, h0, nh, t0, tt);
-    for (int i = 0; i < ar.n_rows; i++) /* the query rows side by side (attn_pass) */
-        memcpy(qb + (size_t)i * hd, ar.q[i], (size_t)hd * sizeof *qb);
+    if (ar.n_rows > ar.nh) /* attn_pass's many-row scores read the query rows side by side */
+        for (int i = 0; i < ar.n_rows; i++)
+            memcpy(qb + (size_t)i * hd, ar.q[i], (size_t)hd * sizeof *qb);
     attn_pass(ac, &ar, scr, blk, qb, table, g, false);
     for (int i = 0; i < ar.n_rows; i++)
         ar.sum[i] = attn_softmax(k, ap, scr + i * ac->ld_s + (ar.lo[i] - ar.k_lo),
@@ -566,10 +568,10 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     ac.ld_s = ((size_t)max_keys + 15) & ~(size_t)15;
     /* tokens per prefill item: as many as ATTN_ROWS rows and ATTN_SCORES scores hold, at
      * least ATTN_TT (rows permitting) */
-    const size_t fit = ATTN_SCORES / (ac.ld_s * (size_t)ac.hc);
+    const size_t fit = ATTN_SCORES / (ac.ld_s * (size_t)ac.hc),
+                 want = fit > ATTN_TT ? fit : ATTN_TT;
     const int most = ATTN_ROWS / ac.hc;
-    ac.tt = fit > ATTN_TT ? (fit < (size_t)most ? (int)fit : most) : ATTN_TT;
-    ac.tt = ac.tt < most ? ac.tt : most;
+    ac.tt = want < (size_t)most ? (int)want : most;
     ac.n_dec = attn_dec_items(NULL, &ac, n_tok);
     int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1 + 3 * (size_t)ac.n_dec);
     size_t scr = (ac.ld_s + (size_t)ap->head_dim) * (size_t)(ac.tt * ac.hc) +
