@@ -6,7 +6,8 @@
  * scale * q.k, soft-capped, softmax with an optional per-head sink logit.
  *
  * rope:      one thread per (token, head, frequency)
- * kv_store:  one block of 512 threads per row
+ * kv_store:  one block of 512 threads per row; an F16 / BF16 cache rounds to
+ *            nearest even (as the CPU's), attention widens each element to f32
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
  *            Prefill (ATTN_PIECES_MIN_TOK rows or more): warp w takes the row's
@@ -26,6 +27,8 @@
  *            block per (row, head), the same per-key loop (attn_kernel<false>).
  */
 #include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <math.h>
 
 #include "cuda_impl.h"
@@ -79,17 +82,34 @@ void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int he
 
 // ---- KV store ----
 
-__global__ void kv_store_kernel(float *kc, float *vc, int k_dim, int v_dim, const float *k,
-                                int ldk, const float *v, int ldv, const int32_t *slot)
+/* A cache element from / to f32 (F32, F16 or BF16 caches; rounding to nearest even). */
+__device__ __forceinline__ float kv_ld(const float *p) { return *p; }
+__device__ __forceinline__ float kv_ld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ float kv_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void kv_st(float *p, float x) { *p = x; }
+__device__ __forceinline__ void kv_st(__half *p, float x) { *p = __float2half_rn(x); }
+__device__ __forceinline__ void kv_st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
+
+template <class T>
+__global__ void kv_store_kernel(T *kc, T *vc, int k_dim, int v_dim, const float *k, int ldk,
+                                const float *v, int ldv, const int32_t *slot)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     int i = blockIdx.x;
     size_t s = (size_t)slot[i];
     for (int d = threadIdx.x; d < k_dim; d += blockDim.x)
-        kc[s * k_dim + d] = k[(size_t)i * ldk + d];
+        kv_st(&kc[s * k_dim + d], k[(size_t)i * ldk + d]);
     for (int d = threadIdx.x; d < v_dim; d += blockDim.x)
-        vc[s * v_dim + d] = v[(size_t)i * ldv + d];
+        kv_st(&vc[s * v_dim + d], v[(size_t)i * ldv + d]);
+}
+
+template <class T>
+static void kv_store_launch(struct cuda_backend *c, const struct kv_layer *kv, const float *k,
+                            int ldk, const float *v, int ldv, const struct kv_rows *rows, int n_tok)
+{
+    cu_launch(c, kv_store_kernel<T>, dim3(n_tok), dim3(512), (T *)kv->k, (T *)kv->v, kv->k_dim,
+              kv->v_dim, k, ldk, v, ldv, rows->slot);
 }
 
 void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
@@ -98,19 +118,23 @@ void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, 
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc || n_tok <= 0)
         return;
-    /* f32 only (kv_dtypes): the cache refuses other element types on this backend */
-    cu_launch(c, kv_store_kernel, dim3(n_tok), dim3(512), (float *)kv->k, (float *)kv->v, kv->k_dim,
-              kv->v_dim, k, ldk, v, ldv, rows->slot);
+    switch (kv->dtype) {
+    case DTYPE_F32: kv_store_launch<float>(c, kv, k, ldk, v, ldv, rows, n_tok); break;
+    case DTYPE_F16: kv_store_launch<__half>(c, kv, k, ldk, v, ldv, rows, n_tok); break;
+    case DTYPE_BF16: kv_store_launch<__nv_bfloat16>(c, kv, k, ldk, v, ldv, rows, n_tok); break;
+    default: cu_fail(c, "kv_store: cache element type", cudaErrorInvalidValue); return;
+    }
     cu_check(c, "kv_store");
 }
 
 // ---- attention ----
 
+template <class T>
 struct attn_args {
     float *out;
     const float *q;
     int ldo, ldq;
-    const float *kc, *vc;
+    const T *kc, *vc;
     int k_dim, v_dim;
     const int32_t *pos, *table, *tables;
     int bs;
@@ -121,7 +145,8 @@ struct attn_args {
 };
 
 /* Lane's share of q (dims lane + 32 i) into qv, and the output o zeroed. */
-__device__ __forceinline__ void attn_load_q(const attn_args &a, const float *qh, int lane, float *qv,
+template <class T>
+__device__ __forceinline__ void attn_load_q(const attn_args<T> &a, const float *qh, int lane, float *qv,
                                             float *o)
 {
 #pragma unroll
@@ -134,20 +159,21 @@ __device__ __forceinline__ void attn_load_q(const attn_args &a, const float *qh,
 
 /* One warp over keys j0, j0 + ATTN_WARPS, ... below j1, one key at a time: a warp
  * reduction for its score, then the online softmax (m, l) and the output o. */
-__device__ __forceinline__ void attn_keys(const attn_args &a, const int32_t *tab, int g, int lane,
+template <class T>
+__device__ __forceinline__ void attn_keys(const attn_args<T> &a, const int32_t *tab, int g, int lane,
                                           const float *qv, float *o, float &m, float &l, int j0,
                                           int j1)
 {
     for (int j = j0; j < j1; j += ATTN_WARPS) {
         size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const float *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
-        const float *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+        const T *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+        const T *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
         float s = 0.0f;
 #pragma unroll
         for (int i = 0; i < HD_PER_LANE; i++) {
             int d = lane + 32 * i;
             if (d < a.hd)
-                s += qv[i] * kr[d];
+                s += qv[i] * kv_ld(&kr[d]);
         }
         s = cu_warp_sum(s) * a.scale;
         if (a.softcap > 0.0f)
@@ -157,7 +183,7 @@ __device__ __forceinline__ void attn_keys(const attn_args &a, const int32_t *tab
 #pragma unroll
         for (int i = 0; i < HD_PER_LANE; i++) {
             int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < a.hd ? pj * vr[d] : 0.0f);
+            o[i] = o[i] * corr + (d < a.hd ? pj * kv_ld(&vr[d]) : 0.0f);
         }
         m = mn;
     }
@@ -199,7 +225,8 @@ __device__ __forceinline__ float attn_merge(Part part, int n, const float *sink,
 }
 
 /* Row t, head h of the output: acc / L over the lane's dims. */
-__device__ __forceinline__ void attn_store(const attn_args &a, int t, int h, int lane, const float *acc,
+template <class T>
+__device__ __forceinline__ void attn_store(const attn_args<T> &a, int t, int h, int lane, const float *acc,
                                            float L)
 {
     float *oh = a.out + (size_t)t * a.ldo + (size_t)h * a.hd;
@@ -226,8 +253,8 @@ __device__ __forceinline__ void attn_warp_partial(float *sm_m, float *sm_l,
 }
 
 /* grid: (n_head, n_tok); block: ATTN_WARPS warps; PIECES: keys 32 at a time. */
-template <bool PIECES>
-__global__ void attn_kernel(attn_args a)
+template <class T, bool PIECES>
+__global__ void attn_kernel(attn_args<T> a)
 {
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
     __shared__ float sm_o[ATTN_WARPS][32 * HD_PER_LANE];
@@ -252,12 +279,12 @@ __global__ void attn_kernel(attn_args a)
             part[k] = 0.0f;
             size_t sk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)slot, k);
             if (k < nk) {
-                const float *kr = a.kc + sk * a.k_dim + (size_t)g * a.hd;
+                const T *kr = a.kc + sk * a.k_dim + (size_t)g * a.hd;
 #pragma unroll
                 for (int i = 0; i < HD_PER_LANE; i++) {
                     int d = lane + 32 * i;
                     if (d < a.hd)
-                        part[k] += qv[i] * kr[d];
+                        part[k] += qv[i] * kv_ld(&kr[d]);
                 }
             }
         }
@@ -287,12 +314,12 @@ __global__ void attn_kernel(attn_args a)
         for (int k = 0; k < nk; k++) {
             float pk = __shfl_sync(0xffffffffu, pj, k);
             size_t sk = (size_t)__shfl_sync(0xffffffffu, (unsigned long long)slot, k);
-            const float *vr = a.vc + sk * a.v_dim + (size_t)g * a.hd;
+            const T *vr = a.vc + sk * a.v_dim + (size_t)g * a.hd;
 #pragma unroll
             for (int i = 0; i < HD_PER_LANE; i++) {
                 int d = lane + 32 * i;
                 if (d < a.hd)
-                    o[i] += pk * vr[d];
+                    o[i] += pk * kv_ld(&vr[d]);
             }
         }
         m = mn;
@@ -312,7 +339,8 @@ __global__ void attn_kernel(attn_args a)
  * fill the GPU. Each block runs the warp-per-key loop over its contiguous share of the keys,
  * merges its warps in shared memory, and block 0 of the cluster merges the blocks' partials
  * through distributed shared memory (Hopper clusters: no scratch, so graphs can record it). */
-__global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args a)
+template <class T>
+__global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args<T> a)
 {
     namespace cg = cooperative_groups;
     __shared__ float sm_m[ATTN_WARPS], sm_l[ATTN_WARPS];
@@ -359,6 +387,24 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args a
     cl.sync(); /* block 0 has read the others' shared memory before they exit */
 }
 
+template <class T>
+static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float *q, int ldq,
+                        const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                        const struct attn_params *ap)
+{
+    attn_args<T> a = {out, q, ldo, ldq, (const T *)kv->k, (const T *)kv->v, kv->k_dim, kv->v_dim,
+                      rows->pos, rows->table, rows->tables, rows->block_size, ap->n_head,
+                      ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
+                      ap->sinks};
+    dim3 grid(ap->n_head, n_tok);
+    if (n_tok >= ATTN_PIECES_MIN_TOK)
+        cu_launch(c, attn_kernel<T, true>, grid, dim3(32 * ATTN_WARPS), a);
+    else if (c->attn_split)
+        cu_launch(c, attn_split_kernel<T>, dim3(ap->n_head, n_tok, ATTN_SPLIT), dim3(32 * ATTN_WARPS), a);
+    else
+        cu_launch(c, attn_kernel<T, false>, grid, dim3(32 * ATTN_WARPS), a);
+}
+
 void cu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
                   const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
                   const struct attn_params *ap)
@@ -371,16 +417,11 @@ void cu_attention(struct backend *be, float *out, int ldo, const float *q, int l
                 cudaErrorInvalidValue);
         return;
     }
-    attn_args a = {out, q, ldo, ldq, (const float *)kv->k, (const float *)kv->v, kv->k_dim, kv->v_dim,
-                   rows->pos, rows->table,
-                   rows->tables, rows->block_size, ap->n_head, ap->n_head / ap->n_kv_head,
-                   ap->head_dim, ap->scale, ap->softcap, ap->window, ap->sinks};
-    dim3 grid(ap->n_head, n_tok);
-    if (n_tok >= ATTN_PIECES_MIN_TOK)
-        cu_launch(c, attn_kernel<true>, grid, dim3(32 * ATTN_WARPS), a);
-    else if (c->attn_split)
-        cu_launch(c, attn_split_kernel, dim3(ap->n_head, n_tok, ATTN_SPLIT), dim3(32 * ATTN_WARPS), a);
-    else
-        cu_launch(c, attn_kernel<false>, grid, dim3(32 * ATTN_WARPS), a);
+    switch (kv->dtype) {
+    case DTYPE_F32: attn_launch<float>(c, out, ldo, q, ldq, kv, rows, n_tok, ap); break;
+    case DTYPE_F16: attn_launch<__half>(c, out, ldo, q, ldq, kv, rows, n_tok, ap); break;
+    case DTYPE_BF16: attn_launch<__nv_bfloat16>(c, out, ldo, q, ldq, kv, rows, n_tok, ap); break;
+    default: cu_fail(c, "attention: cache element type", cudaErrorInvalidValue); return;
+    }
     cu_check(c, "attention");
 }

@@ -358,7 +358,7 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     snprintf(c->name, sizeof c->name, "cuda:%d", dev);
     c->be.ops = &k_cuda_ops;
     c->be.name = c->name;
-    c->be.kv_dtypes = 1u << DTYPE_F32;
+    c->be.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_F16 | 1u << DTYPE_BF16;
     c->be.n_threads = 1;
     c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
     /* opt-in: no faster inside the decode graphs on the H200 (docs/benchmarks.md) */
