@@ -4,12 +4,14 @@
  * api_anthropic.c.
  *
  * A request's life in libmicrohttpd: the access handler is called once with
- * the headers (a Content-Length over --max-body is answered 413 there,
- * before any byte of the body is read), then with each piece of the body
- * (kept up to --max-body; more marks it too big), then once more with no
- * data: the request is complete and is routed. The completion callback
- * writes the access-log line, counts the request in the metrics and frees
- * the request state.
+ * the headers (guard.c checks the head there: framing, sizes, Host, Origin,
+ * the connection limit, Content-Type; and a Content-Length over --max-body is
+ * answered 413, before any byte of the body is read), then with each piece of
+ * the body (kept up to --max-body; more marks it too big), then once more
+ * with no data: the request is complete and is routed. Each step first moves
+ * the connection's phase (guard_advance), which fails when guard.c's watchdog
+ * has already answered 408. The completion callback writes the access-log
+ * line, counts the request in the metrics and frees the request state.
  */
 #include "srv_impl.h"
 
