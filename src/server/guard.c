@@ -1,12 +1,13 @@
 /*
  * guard: what stands between a socket and the routes (srv_impl.h, docs/server.md "Limits").
  *
- * Connections. libmicrohttpd accepts up to --max-connections + SRV_CONN_RESERVE. A
- * connection opened while --max-connections are already open is an overflow connection: it
- * has SRV_OVERFLOW_HEAD_S to send its headers, then its request is answered 503 JSON
- * (`Retry-After: 1`, the connection closed), GET /health normally. So a flood that fills
- * --max-connections still leaves /health and a clear 503 to everyone else, where
- * libmicrohttpd alone would leave them unanswered in the listen backlog.
+ * Connections. A connection opened while --max-connections are already open is an overflow
+ * connection: it has SRV_OVERFLOW_HEAD_S to send its headers, then its request is answered
+ * 503 JSON (`Retry-After: 1`, the connection closed), GET /health normally. One opened while
+ * SRV_CONN_RESERVE overflow connections are open too is answered 503 at once, before its
+ * request is read. libmicrohttpd's own limit is set SRV_CONN_REFUSE above that, since at its
+ * limit it accepts and closes without a word. So a flood that fills --max-connections still
+ * leaves /health and a clear 503 to everyone else.
  *
  * Deadlines. --timeout (libmicrohttpd's) counts idle time only: a client sending a byte a
  * second holds its connection forever. The watchdog thread looks at every connection each
@@ -49,6 +50,8 @@
 
 // ---- connections ----
 
+static void answer_and_shut(struct srv_conn *k, const struct oai_error *err, const char *reason);
+
 /* The kernel's count of bytes received on fd (0 when it cannot tell). */
 static uint64_t rx_bytes(MHD_socket fd)
 {
@@ -76,6 +79,14 @@ void guard_notify_connection(void *cls, struct MHD_Connection *c, void **socket_
         k->t_begin = gen_now();
         pthread_mutex_lock(&s->conn_mu);
         k->overflow = s->n_conns >= s->o.max_connections;
+        if (s->n_conns >= s->o.max_connections + SRV_CONN_RESERVE) {
+            /* past the reserve too: 503 at once, before a byte of the request is read */
+            struct oai_error err;
+            oai_errorf(&err, 503, "server_error", "too_many_connections", NULL,
+                       "the server has --max-connections %d connections open and %d more waiting; "
+                       "retry later", s->o.max_connections, SRV_CONN_RESERVE);
+            answer_and_shut(k, &err, "Service Unavailable");
+        }
         k->next = s->conns;
         if (s->conns)
             s->conns->prev = k;
@@ -122,26 +133,34 @@ bool guard_advance(struct srv_req *r, enum srv_conn_phase to)
 
 // ---- the watchdog ----
 
-/* Writes the 408 answer on k's socket and shuts it (conn_mu held: k and its fd are alive,
- * libmicrohttpd closes the fd only after NOTIFY_CLOSED). */
-static void expire(struct srv_conn *k, const char *what, int limit_s, const char *flag)
+/* Writes an error answer on k's socket and shuts it, so that libmicrohttpd's thread sees the
+ * end and closes (conn_mu held: k and its fd are alive, libmicrohttpd closes the fd only after
+ * NOTIFY_CLOSED); the handler, if it is ever called, finds the phase CONN_EXPIRED. */
+static void answer_and_shut(struct srv_conn *k, const struct oai_error *err, const char *reason)
 {
-    struct oai_error err;
-    oai_errorf(&err, 408, "invalid_request_error", "request_timeout", NULL,
-               "the request's %s did not arrive within %d s (%s)", what, limit_s, flag);
-    char *body = k->error_json ? k->error_json(&err) : oai_error_json(&err);
+    char *body = k->error_json ? k->error_json(err) : oai_error_json(err);
     if (body) {
-        char head[192];
+        char head[256];
         int n = snprintf(head, sizeof head,
-                         "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-                         "Content-Length: %zu\r\nConnection: close\r\n\r\n", strlen(body));
+                         "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                         "%sConnection: close\r\n\r\n", err->status, reason, strlen(body),
+                         err->status == 503 ? "Retry-After: 1\r\n" : "");
         /* best effort and never blocking: a client that does not read gets the close only */
         if (send(k->fd, head, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n)
             (void)send(k->fd, body, strlen(body), MSG_DONTWAIT | MSG_NOSIGNAL);
         free(body);
     }
-    shutdown(k->fd, SHUT_RDWR);  /* libmicrohttpd's thread sees the end and closes */
+    shutdown(k->fd, SHUT_RDWR);
     k->phase = CONN_EXPIRED;
+}
+
+/* The 408 of a request past a deadline. */
+static void expire(struct srv_conn *k, const char *what, int limit_s, const char *flag)
+{
+    struct oai_error err;
+    oai_errorf(&err, 408, "invalid_request_error", "request_timeout", NULL,
+               "the request's %s did not arrive within %d s (%s)", what, limit_s, flag);
+    answer_and_shut(k, &err, "Request Timeout");
 }
 
 static void watch_once(struct server *s)

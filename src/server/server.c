@@ -697,14 +697,15 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
         return rc;
     }
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,  /* first: it asks so */
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + SRV_CONN_RESERVE,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(o->max_connections + SRV_CONN_RESERVE + SRV_CONN_REFUSE),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MHD_POOL_BYTES,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, guard_notify_connection, s,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
         int errnum = errno;

@@ -11,9 +11,11 @@
 #include "oai_request.h"
 #include "server.h"
 
-/* Connections accepted beyond --max-connections, to answer them 503 (and GET /health) rather
- * than leave them unanswered in the listen backlog (guard.c). */
-#define SRV_CONN_RESERVE 16
+/* Connections accepted beyond --max-connections to answer their requests 503 (GET /health
+ * normally), and beyond those, connections answered 503 as soon as they open; past both,
+ * libmicrohttpd closes new connections without an answer (guard.c). */
+#define SRV_CONN_RESERVE 64
+#define SRV_CONN_REFUSE 256
 
 /* Where a connection's current request stands (guard.c's watchdog reads it). */
 enum srv_conn_phase {

@@ -5,7 +5,8 @@
 //   socket looks to the idle --timeout; an idle kept-alive connection stays open (it is under
 //   --timeout), but the next request on it is under the deadlines again;
 // - the connection limit: with --max-connections full of such clients, /health still answers
-//   200 and other requests get 503 JSON with Retry-After, then the server recovers;
+//   200 and other requests get 503 JSON with Retry-After, then the server recovers; past the
+//   64 connections of the reserve, new connections are answered 503 JSON at once;
 // - framing (RFC 9112): Content-Length twice, Content-Length with Transfer-Encoding, an
 //   unknown Transfer-Encoding (501, promptly), no Host or two Hosts, a field name with a space
 //   before the colon: each answered 4xx/501 JSON and the connection closed;
@@ -145,6 +146,30 @@ describe('deadlines and the connection limit', { timeout: 120_000 * SLOW }, () =
         for (const r of ends) rawError(r, 408, 'a slow client of the flood');
         const ok = await post(srv.base, '/v1/chat/completions', JSON.parse(chat()));
         assert.equal(ok.status, 200, `after the flood: ${ok.text.slice(0, 200)}`);
+    });
+
+    it('a flood past the reserve: /health answered while it lasts, then 503 JSON at once, never silence', async () => {
+        // 4 served + 26 of the 64 reserve, all slow: /health is still answered
+        let slow = Array.from({ length: 30 }, () => slowly(srv.port, httpBytes({ method: 'GET', path: '/v1/models',
+            headers: { 'x-pad': 'p'.repeat(200) } })));
+        await sleep(400);
+        const h = await rawRequest(srv.port, httpBytes({ method: 'GET', path: '/health' }), { timeout: 3000 * SLOW });
+        assert.equal(h.status, 200, `/health in the reserve: ${h.status ?? (h.timedOut ? 'no answer' : 'closed')}`);
+        for (const r of await Promise.all(slow)) rawError(r, 408, 'a slow client of the flood');
+        // 100 slow clients: past 4 + 64, each is answered 503 as it opens; every one gets JSON
+        slow = Array.from({ length: 100 }, () => slowly(srv.port, httpBytes({ method: 'GET', path: '/v1/models',
+            headers: { 'x-pad': 'p'.repeat(200) } })));
+        const all = await Promise.all(slow);
+        const counts = {};
+        for (const r of all) {
+            const st = r.status ?? (r.timedOut ? 'timeout' : 'closed');
+            counts[st] = (counts[st] || 0) + 1;
+            if (r.status === 503 || r.status === 408) rawError(r, r.status, `a client of the flood (${r.status})`);
+        }
+        console.error(`# 100 slow clients: ${JSON.stringify(counts)}`);
+        assert.equal((counts[408] || 0) + (counts[503] || 0), 100, `answers: ${JSON.stringify(counts)}`);
+        assert.ok(counts[503] >= 20, `too few immediate 503s: ${JSON.stringify(counts)}`);
+        assert.equal((await get(srv.base, '/health')).status, 200, 'after the flood');
     });
 });
 
