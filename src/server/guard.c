@@ -318,8 +318,8 @@ static bool split_host(const char *v, size_t n, char *name, size_t cap)
     if (colon) {
         const char *p = colon + 1, *pe = v + n;
         long port = 0;
-        if (p == pe || pe - p > 5)
-            return false;
+        if (pe - p > 5)
+            return false;  /* an empty port is allowed (RFC 3986 3.2.3) */
         for (; p < pe; p++) {
             if (*p < '0' || *p > '9')
                 return false;

@@ -237,7 +237,7 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
     it('Host: IP literals, localhost and --allowed-host only (403 JSON otherwise)', async () => {
         const host = async (h) => (await raw(srv, `GET /health HTTP/1.1\r\nHost: ${h}\r\nConnection: close\r\n\r\n`));
         for (const h of ['127.0.0.1', `127.0.0.1:${srv.port}`, 'localhost', 'LOCALHOST:9', 'chat.localhost:80', '[::1]:8080',
-            '10.1.2.3:8080', 'models.example.org', 'Models.Example.Org:443', 'lan.test', 'gpu.lan.test:8080'])
+            '10.1.2.3:8080', '127.0.0.1:', 'models.example.org', 'Models.Example.Org:443', 'lan.test', 'gpu.lan.test:8080'])
             assert.equal((await host(h)).status, 200, `Host ${h}`);
         for (const h of ['evil.test', `evil.test:${srv.port}`, 'localhost.evil.test', 'example.org', 'xmodels.example.org',
             'notlan.test', '127.0.0.1.nip.io', 'a b', '127.0.0.1:99999', 'localhost:x']) {
