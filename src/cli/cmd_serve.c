@@ -43,10 +43,22 @@ static const char *k_help =
     "                             most min(N, the model's context)\n"
     "      --api-key KEY          require 'Authorization: Bearer KEY' (or $MLXCEL_API_KEY)\n"
     "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name)\n"
-    "      --max-queue N          requests waiting beyond --parallel before 429 (default 64)\n"
+    "      --max-queue N          requests waiting beyond --parallel before 429 (default 64);\n"
+    "                             a request with n choices takes n places\n"
     "      --max-body BYTES       largest request body (default 4194304)\n"
     "      --timeout S            close connections idle for S seconds (default 600)\n"
-    "      --max-connections N    open connections at once (default 256)\n"
+    "      --header-timeout S     a request's line and headers must arrive within S seconds\n"
+    "                             (default 60; then 408)\n"
+    "      --request-timeout S    a whole request, body included, must arrive within S seconds\n"
+    "                             (default 300; then 408)\n"
+    "      --max-connections N    connections served at once (default 256); 64 more are\n"
+    "                             accepted to answer 503 (GET /health normally); more get\n"
+    "                             503 as they open\n"
+    "      --allowed-host NAME    accept this Host name besides IP addresses and localhost\n"
+    "                             (repeatable; '.example.org' for it and its subdomains; '*' any)\n"
+    "      --cors-origin ORIGIN   allow cross-origin requests from ORIGIN, e.g.\n"
+    "                             http://localhost:3000 (repeatable; '*' any); without it a\n"
+    "                             request with another site's Origin is refused 403\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it; CPU)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
@@ -58,14 +70,56 @@ static const char *k_help =
 
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
-    OPT_MAX_CONN, OPT_NO_PREFIX, OPT_UBATCH,
+    OPT_MAX_CONN, OPT_NO_PREFIX, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
+    OPT_CORS_ORIGIN,
 };
+
+#define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
 
 struct serve_cli {
     const char *model, *host, *api_key, *name;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
+    long header_timeout, request_timeout;
     bool log_json, no_prefix_cache;
+    const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
+    int n_allowed_hosts, n_cors_origins;
 };
+
+/* Appends --allowed-host NAME: a host name (no scheme, port or path), '.name' or '*'. */
+static int add_allowed_host(struct serve_cli *o, const char *v, struct err *e)
+{
+    if (o->n_allowed_hosts == SERVE_MAX_LIST)
+        return err_setf(e, ERR_ARG, "--allowed-host: at most %d", SERVE_MAX_LIST);
+    size_t n = strlen(v);
+    bool ok = n > 0 && n < 256;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (unsigned char)v[i] > ' ' && (unsigned char)v[i] < 0x7f && !strchr("/:@\\[]", v[i]);
+    if (!ok)
+        return err_setf(e, ERR_ARG, "--allowed-host '%.64s' is not a host name (no scheme, port or path; "
+                        "IP addresses are always accepted)", v);
+    o->allowed_hosts[o->n_allowed_hosts++] = v;
+    return 0;
+}
+
+/* Appends --cors-origin ORIGIN: '*', 'null' or scheme://host[:port] as browsers send it. */
+static int add_cors_origin(struct serve_cli *o, const char *v, struct err *e)
+{
+    if (o->n_cors_origins == SERVE_MAX_LIST)
+        return err_setf(e, ERR_ARG, "--cors-origin: at most %d", SERVE_MAX_LIST);
+    const char *auth = strstr(v, "://");
+    size_t n = strlen(v);
+    bool ok = strcmp(v, "*") == 0 || strcmp(v, "null") == 0;
+    if (!ok && auth && auth > v && n < 200) {
+        ok = auth[3] != 0;
+        for (const char *p = auth + 3; ok && *p; p++)
+            ok = (unsigned char)*p > ' ' && (unsigned char)*p < 0x7f && (*p != '/' || p[1] == 0);
+    }
+    if (!ok)
+        return err_setf(e, ERR_ARG, "--cors-origin '%.64s' is not an origin (scheme://host[:port], e.g. "
+                        "http://localhost:3000, or '*')", v);
+    o->cors_origins[o->n_cors_origins++] = v;
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
 {
@@ -83,6 +137,10 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
         {"max-body", required_argument, NULL, OPT_MAX_BODY},
         {"timeout", required_argument, NULL, OPT_TIMEOUT},
+        {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
+        {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+        {"allowed-host", required_argument, NULL, OPT_ALLOWED_HOST},
+        {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
         {"max-connections", required_argument, NULL, OPT_MAX_CONN},
         {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
         {"threads", required_argument, NULL, 't'},
@@ -108,6 +166,12 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_MAX_QUEUE: rc = cli_parse_int("--max-queue", optarg, 0, 1 << 16, &o->max_queue, e); break;
         case OPT_MAX_BODY: rc = cli_parse_int("--max-body", optarg, 1, 1L << 30, &o->max_body, e); break;
         case OPT_TIMEOUT: rc = cli_parse_int("--timeout", optarg, 1, 86400, &o->timeout, e); break;
+        case OPT_HEADER_TIMEOUT: rc = cli_parse_int("--header-timeout", optarg, 1, 86400, &o->header_timeout, e); break;
+        case OPT_REQUEST_TIMEOUT:
+            rc = cli_parse_int("--request-timeout", optarg, 1, 86400, &o->request_timeout, e);
+            break;
+        case OPT_ALLOWED_HOST: rc = add_allowed_host(o, optarg, e); break;
+        case OPT_CORS_ORIGIN: rc = add_cors_origin(o, optarg, e); break;
         case OPT_MAX_CONN: rc = cli_parse_int("--max-connections", optarg, 1, 4096, &o->max_conn, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
@@ -230,7 +294,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
 int cmd_serve(int argc, char **argv)
 {
     struct serve_cli o = {.port = 8080, .parallel = 4, .max_queue = 64, .max_body = 4L << 20, .timeout = 600,
-                          .max_conn = 256};
+                          .header_timeout = 60, .request_timeout = 300, .max_conn = 256};
     struct err e = {0};
     char dir[4096], id[256];
     struct served sv = {0};
@@ -258,7 +322,10 @@ int cmd_serve(int argc, char **argv)
     struct server_opts so = {.host = o.host ? o.host : "127.0.0.1", .port = (int)o.port, .api_key = o.api_key,
                              .parallel = (int)o.parallel, .max_queue = (int)o.max_queue,
                              .max_body = (size_t)o.max_body, .timeout_s = (int)o.timeout,
-                             .max_connections = (int)o.max_conn, .log_json = o.log_json};
+                             .header_timeout_s = (int)o.header_timeout, .request_timeout_s = (int)o.request_timeout,
+                             .max_connections = (int)o.max_conn, .log_json = o.log_json,
+                             .allowed_hosts = o.allowed_hosts, .n_allowed_hosts = o.n_allowed_hosts,
+                             .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins};
     if ((rc = server_start(&srv, &so, &e)) < 0 || (rc = load(&o, dir, &sv, &sm, &e)) < 0)
         goto out;
     sm.id = id;

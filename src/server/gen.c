@@ -584,6 +584,18 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
     return 0;
 }
 
+/* Whether any choice has a token or has ended (the engine took the request in). */
+static bool started(struct gen *g)
+{
+    struct runner *run = g->s->m.runner;
+    bool any = g->ch[0].job.params.n_predict == 0;
+    runner_lock(run);
+    for (int i = 0; i < g->n && !any; i++)
+        any = g->ch[i].job.n_out > 0 || g->ch[i].job.done;
+    runner_unlock(run);
+    return any;
+}
+
 static bool all_finished(const struct gen *g)
 {
     for (int i = 0; i < g->n; i++)
@@ -800,7 +812,12 @@ enum MHD_Result gen_serve(struct gen *g)
         r->status = 499;
         return MHD_NO;
     }
-    if (g->q.stream) {
+    /* a stream's 200 goes out once its generation has begun: a request still waiting in the
+     * queue when the server stops is answered 503 JSON, as a non-streamed one is, not a 200
+     * whose stream is nothing but an error event */
+    while (g->q.stream && !started(g) && wait_engine(g))
+        ;
+    if (g->q.stream && !g->aborted) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, stream_read, g,
                                                                       stream_free);
         if (!resp) {
@@ -810,10 +827,8 @@ enum MHD_Result gen_serve(struct gen *g)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         r->stream = g;
-        enum MHD_Result ok = MHD_queue_response(c, MHD_HTTP_OK, resp);
+        enum MHD_Result ok = srv_queue(c, r, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);  /* g now belongs to the response: stream_free frees it */
-        r->status = 200;
-        r->queued = ok == MHD_YES;
         return ok;
     }
     while (!all_finished(g) && g->rc == 0) {

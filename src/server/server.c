@@ -4,12 +4,14 @@
  * api_anthropic.c.
  *
  * A request's life in libmicrohttpd: the access handler is called once with
- * the headers (a Content-Length over --max-body is answered 413 there,
- * before any byte of the body is read), then with each piece of the body
- * (kept up to --max-body; more marks it too big), then once more with no
- * data: the request is complete and is routed. The completion callback
- * writes the access-log line, counts the request in the metrics and frees
- * the request state.
+ * the headers (guard.c checks the head there: framing, sizes, Host, Origin,
+ * the connection limit, Content-Type; and a Content-Length over --max-body is
+ * answered 413, before any byte of the body is read), then with each piece of
+ * the body (kept up to --max-body; more marks it too big), then once more
+ * with no data: the request is complete and is routed. Each step first moves
+ * the connection's phase (guard_advance), which fails when guard.c's watchdog
+ * has already answered 408. The completion callback writes the access-log
+ * line, counts the request in the metrics and frees the request state.
  */
 #include "srv_impl.h"
 
@@ -31,9 +33,29 @@
 #include "../tokenizer/tokenizer.h"
 #include "api_anthropic.h"
 
-#define SRV_MAX_HEADER_BYTES (64u << 10)  /* MHD's per-connection memory: request line + headers */
+/* libmicrohttpd's memory per connection, for the request line and headers among other things:
+ * well above guard.c's 64 KiB limit on them, so that a head over that limit reaches the access
+ * handler and is answered 431 JSON there (one over this, libmicrohttpd answers itself, in
+ * HTML). Allocated as it is used. */
+#define SRV_MHD_POOL_BYTES (512u << 10)
 
 // ---- responses ----
+
+enum MHD_Result srv_queue(struct MHD_Connection *c, struct srv_req *r, int status, struct MHD_Response *resp)
+{
+    bool ok = true;
+    if (r->cors_origin[0])
+        ok = MHD_add_response_header(resp, "Access-Control-Allow-Origin", r->cors_origin) == MHD_YES &&
+             MHD_add_response_header(resp, "Vary", "Origin") == MHD_YES;
+    if (r->must_close)
+        ok = ok && MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close") == MHD_YES;
+    enum MHD_Result q = ok ? MHD_queue_response(c, (unsigned)status, resp) : MHD_NO;
+    r->status = status;
+    r->queued = q == MHD_YES;
+    if (r->queued)
+        guard_advance(r, CONN_SERVING);
+    return q;
+}
 
 enum MHD_Result srv_reply(struct MHD_Connection *c, struct srv_req *r, int status, const char *content_type,
                           const char *body, size_t len, const char *hname, const char *hvalue)
@@ -44,10 +66,8 @@ enum MHD_Result srv_reply(struct MHD_Connection *c, struct srv_req *r, int statu
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (hname)
         MHD_add_response_header(resp, hname, hvalue);
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, resp);
+    enum MHD_Result ok = srv_queue(c, r, status, resp);
     MHD_destroy_response(resp);
-    r->status = status;
-    r->queued = ok == MHD_YES;
     return ok;
 }
 
@@ -56,12 +76,13 @@ enum MHD_Result srv_reply_error(struct MHD_Connection *c, struct srv_req *r, con
     char *body = r->error_json ? r->error_json(err) : oai_error_json(err);
     static const char k_oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                                 "\"param\":null,\"code\":null}}";
-    /* the header a status carries (429: when to retry, 401: the scheme, 405: the method) */
-    const char *hname = err->status == 429   ? "Retry-After"
+    /* the header a status carries (429, 503: when to retry, 401: the scheme, 405: the method) */
+    bool retry = err->status == 429 || err->status == 503;
+    const char *hname = retry                ? "Retry-After"
                         : err->status == 401 ? "WWW-Authenticate"
                         : err->status == 405 ? "Allow"
                                              : NULL;
-    const char *hvalue = err->status == 429   ? "1"
+    const char *hvalue = retry                ? "1"
                          : err->status == 401 ? "Bearer"
                                               : r->endpoint_ok == 1 ? "GET" : "POST";
     enum MHD_Result ok = srv_reply(c, r, body ? err->status : 500, "application/json", body ? body : k_oom,
@@ -342,10 +363,28 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
               MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff") == MHD_YES &&
               MHD_add_response_header(resp, "Referrer-Policy", "no-referrer") == MHD_YES &&
               MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache") == MHD_YES;
-    enum MHD_Result q = ok ? MHD_queue_response(c, 200, resp) : MHD_NO;
+    enum MHD_Result q = ok ? srv_queue(c, r, 200, resp) : MHD_NO;
     MHD_destroy_response(resp);
-    r->status = 200;
-    r->queued = q == MHD_YES;
+    return q;
+}
+
+/* GET /favicon.ico -> a small SVG icon (what browsers ask for beside the chat page; an SVG is
+ * read by its Content-Type whatever the name). */
+static enum MHD_Result ep_favicon(struct MHD_Connection *c, struct srv_req *r)
+{
+    static const char k_icon[] =
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">"
+        "<rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#2d6cdf\"/>"
+        "<path d=\"M4 11V5l2 3 2-3 2 3 2-3v6\" fill=\"none\" stroke=\"#fff\" stroke-width=\"1.5\"/></svg>";
+    struct MHD_Response *resp = MHD_create_response_from_buffer(sizeof k_icon - 1, (void *)k_icon,
+                                                                MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    bool ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "image/svg+xml") == MHD_YES &&
+              MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff") == MHD_YES &&
+              MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "max-age=86400") == MHD_YES;
+    enum MHD_Result q = ok ? srv_queue(c, r, 200, resp) : MHD_NO;
+    MHD_destroy_response(resp);
     return q;
 }
 
@@ -353,7 +392,7 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS,
+    R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON,
 };
 
 struct route_entry {
@@ -365,6 +404,7 @@ struct route_entry {
 
 static const struct route_entry k_routes[] = {
     {"/", false, R_PAGE, NULL},
+    {"/favicon.ico", false, R_FAVICON, NULL},
     {"/health", false, R_HEALTH, NULL},
     {"/v1/health", false, R_HEALTH, NULL},
     {"/v1/models", false, R_MODELS, NULL},
@@ -411,7 +451,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     enum route rt = find_route(url, &post);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
-    if (rt != R_HEALTH && rt != R_PAGE && !authorized(s, c)) {
+    if (rt != R_HEALTH && rt != R_PAGE && rt != R_FAVICON && !authorized(s, c)) {
         oai_errorf(&err, 401, "authentication_error", "invalid_api_key", NULL,
                    "missing or incorrect API key: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'");
         return srv_reply_error(c, r, &err);
@@ -455,6 +495,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_DETOKENIZE: return ep_detokenize(s, c, r);
     case R_TEMPLATE: return ep_apply_template(s, c, r);
     case R_PAGE: return ep_page(c, r);
+    case R_FAVICON: return ep_favicon(c, r);
     case R_MESSAGES: return srv_anthropic_messages(s, c, r);
     case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
     default: break;
@@ -478,40 +519,61 @@ static void escape_into(char *out, size_t cap, const char *s)
     out[o] = 0;
 }
 
+/* The first call, with the headers: the request's state, then guard.c's checks of its head
+ * and the body's announced size, answered before any body byte is read. */
+static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c, const char *url,
+                                     const char *method, const char *version, void **ctx)
+{
+    struct srv_req *r = calloc(1, sizeof *r);
+    if (!r)
+        return MHD_NO;
+    *ctx = r;
+    atomic_fetch_add(&s->n_active, 1);
+    r->t_start = gen_now();
+    r->n_prompt = r->n_gen = -1;
+    r->ttft = r->itl = -1;
+    escape_into(r->method, sizeof r->method, method);
+    escape_into(r->path, sizeof r->path, url);
+    r->error_json = route_error_json(url);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    r->conn = ci ? ci->socket_context : NULL;
+    if (!guard_advance(r, CONN_BODY))
+        return MHD_NO;  /* the watchdog answered 408 first */
+    bool post = false;
+    enum route rt = find_route(url, &post);
+    enum srv_route_kind kind = rt == R_NONE ? ROUTE_KIND_NONE : post ? ROUTE_KIND_POST : ROUTE_KIND_GET;
+    bool health = rt == R_HEALTH && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0);
+    struct oai_error err;
+    int g = guard_head(s, c, r, url, method, version, kind, health, &err);
+    if (g > 0)
+        return MHD_YES;
+    if (g < 0)
+        return srv_reply_error(c, r, &err);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (errno || end == cl || v > s->o.max_body) {
+            oai_errorf(&err, 413, "invalid_request_error", NULL, NULL, "the request body is larger than %zu bytes",
+                       s->o.max_body);
+            r->too_big = true;
+            return srv_reply_error(c, r, &err);
+        }
+    }
+    return MHD_YES;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **ctx)
 {
     struct server *s = cls;
     struct srv_req *r = *ctx;
-    (void)version;
-    if (!r) {
-        r = calloc(1, sizeof *r);
-        if (!r)
-            return MHD_NO;
-        *ctx = r;
-        atomic_fetch_add(&s->n_active, 1);
-        r->t_start = gen_now();
-        r->n_prompt = r->n_gen = -1;
-        r->ttft = r->itl = -1;
-        escape_into(r->method, sizeof r->method, method);
-        escape_into(r->path, sizeof r->path, url);
-        r->error_json = route_error_json(url);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || end == cl || v > s->o.max_body) {
-                struct oai_error err;
-                oai_errorf(&err, 413, "invalid_request_error", NULL, NULL,
-                           "the request body is larger than %zu bytes", s->o.max_body);
-                r->too_big = true;
-                return srv_reply_error(c, r, &err);
-            }
-        }
-        return MHD_YES;
-    }
+    if (!r)
+        return begin_request(s, c, url, method, version ? version : "", ctx);
     if (*upload_size) {
+        if (!guard_advance(r, CONN_BODY))
+            return MHD_NO;
         if (!r->too_big && r->len + *upload_size <= s->o.max_body) {
             if (r->len + *upload_size + 1 > r->cap) {
                 size_t cap = r->cap ? r->cap : 4096;
@@ -536,6 +598,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (r->queued)
         return MHD_YES;
+    if (!guard_advance(r, CONN_SERVING))
+        return MHD_NO;  /* the whole request came too late: the watchdog answered 408 */
     return dispatch(s, c, r, url, method);
 }
 
@@ -561,6 +625,8 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
         return;
     srv_generate_end(s, r);
     double dt = gen_now() - r->t_start;
+    if (!guard_advance(r, CONN_IDLE))
+        r->status = 408;  /* answered by the watchdog */
     if (r->status == 0)
         r->status = toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;  /* never answered */
     log_request(s, r, dt * 1e3);
@@ -605,6 +671,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
     s->listen_fd = MHD_INVALID_SOCKET;
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
+    pthread_mutex_init(&s->conn_mu, NULL);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
 
     struct sockaddr_storage ss;
@@ -624,14 +691,21 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
         server_free(s);
         return err_setf(e, ERR_ARG, "--host '%.64s' is not an IPv4 or IPv6 address", o->host);
     }
+    int rc = guard_start(s, e);
+    if (rc < 0) {
+        server_free(s);
+        return rc;
+    }
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,  /* first: it asks so */
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(o->max_connections + SRV_CONN_RESERVE + SRV_CONN_REFUSE),
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MAX_HEADER_BYTES,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SRV_MHD_POOL_BYTES,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, 0u,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, guard_notify_connection, s,
                             MHD_OPTION_END);
     if (!s->d) {
         int errnum = errno;
@@ -680,11 +754,13 @@ void server_free(struct server *s)
         nanosleep(&ts, NULL);
     }
     if (s->d)
-        MHD_stop_daemon(s->d);
+        MHD_stop_daemon(s->d);  /* every connection closed and unregistered (guard.c) */
+    guard_stop(s);
     if (s->listen_fd != MHD_INVALID_SOCKET)
         close(s->listen_fd);
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
+    pthread_mutex_destroy(&s->conn_mu);
     free((char *)s->o.api_key);
     free(s);
 }

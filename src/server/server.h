@@ -32,8 +32,17 @@ struct server_opts {
     int max_queue;               /* requests waiting beyond them (for /metrics) */
     size_t max_body;             /* request body bytes */
     int timeout_s;               /* idle connection timeout */
-    int max_connections;
+    int header_timeout_s;        /* request line + headers must arrive within this (0: 60) */
+    int request_timeout_s;       /* the whole request, body included (0: 300) */
+    int max_connections;         /* served at once; SRV_CONN_RESERVE more are answered 503 */
     bool log_json;               /* access log lines as JSON */
+    /* Host names accepted besides IP literals and localhost ("*": any; ".x.org": x.org and its
+     * subdomains) and origins allowed cross-origin requests ("*": any); borrowed, they outlive
+     * the server */
+    const char *const *allowed_hosts;
+    int n_allowed_hosts;
+    const char *const *cors_origins;
+    int n_cors_origins;
 };
 
 /* What the server serves, once loaded (all borrowed; they outlive the server). */

@@ -77,6 +77,22 @@ err_has "serve --ubatch-size 0" 'out of range \[1, 512\]'
 run "$BIN" serve -ub 513
 expect_rc 2 "serve -ub 513"
 err_has "serve -ub 513" 'out of range \[1, 512\]'
+# the HTTP layer's flags (docs/server.md "Limits and errors", "Host, Origin and CORS")
+run "$BIN" serve --header-timeout 0
+expect_rc 2 "serve --header-timeout 0"
+err_has "serve --header-timeout 0" 'out of range'
+run "$BIN" serve --request-timeout x
+expect_rc 2 "serve --request-timeout x"
+run "$BIN" serve --allowed-host http://evil.test
+expect_rc 2 "serve --allowed-host URL"
+err_has "serve --allowed-host URL" 'is not a host name'
+run "$BIN" serve --cors-origin evil.test
+expect_rc 2 "serve --cors-origin without a scheme"
+err_has "serve --cors-origin without a scheme" 'is not an origin'
+run "$BIN" serve --help
+for f in --header-timeout --request-timeout --allowed-host --cors-origin --max-connections --timeout; do
+    grep -q -- "$f" "$T/out" || fail "serve --help does not list $f"
+done
 run "$BIN" bench -p -5
 expect_rc 2 "bench -p -5"
 run "$BIN" bench -p 0 -n 0

@@ -38,8 +38,10 @@ const CSP = {
 function pacedRelay(target, gapMs) {
     const up = new URL(target);
     const server = http.createServer((req, res) => {
+        // the Host the browser sent goes through (nginx: proxy_set_header Host $host), so the
+        // page's Origin is the server's own (docs/server.md "Host, Origin and CORS")
         const fwd = http.request({ host: up.hostname, port: up.port, method: req.method, path: req.url,
-            headers: { ...req.headers, host: up.host } }, (ures) => {
+            headers: { ...req.headers } }, (ures) => {
             res.writeHead(ures.statusCode, ures.headers);
             if (!/^text\/event-stream/.test(ures.headers['content-type'] || '')) return ures.pipe(res);
             let buf = '', queue = [], timer = null, ended = false, closed = false;
@@ -185,6 +187,14 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         await page.goto(srv.base + '/');
         await page.waitForFunction((m) => document.getElementById('model').textContent === m, MODEL, { timeout: WAIT });
         assert.equal(await page.title(), `${MODEL} · mlxcel`);
+        // the page's icon is served (playwright neither reports the browser's own favicon
+        // fetch nor lets a routed fetch of a URL ending in favicon.ico through: hence the query)
+        const icon = await page.evaluate(async () => {
+            const link = document.querySelector('link[rel=icon]');
+            const r = link && await fetch(link.href + '?check');
+            return r && { status: r.status, type: r.headers.get('content-type') };
+        });
+        assert.deepEqual(icon, { status: 200, type: 'image/svg+xml' });
         assert.deepEqual(external, []);
         assert.deepEqual(problems, []);
     });

@@ -306,6 +306,8 @@ export function checkResponse(res, c) {
     }
     // 505 is the right answer to an HTTP version other than 1.0 and 1.1
     if (res.status === 505 && c.version && !/^HTTP\/1\.[01]$/.test(c.version)) return null;
+    // 501 to a Transfer-Encoding other than chunked (RFC 9112 6.1)
+    if (res.status === 501 && c.kind === 'chunked' && res.headers['content-type']?.includes('json')) return null;
     if (res.status >= 500) return `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 300) ?? ''}`;
     if (res.incomplete && !c.opts.head) return `${what}: status ${res.status}, response cut short (${res.timedOut ? 'timed out' : 'closed'})`;
     const ct = (res.headers['content-type'] || '').toLowerCase();

@@ -11,7 +11,8 @@ const ask = (base, user) => fetch(`${base}/v1/chat/completions`, {
     body: JSON.stringify({ messages: [{ role: 'system', content: SYSTEM }, { role: 'user', content: user }],
                            max_tokens: 12, temperature: 0 }),
 }).then(async (r) => { assert.equal(r.status, 200); return r.json(); });
-const tokens = (base, text) => fetch(`${base}/tokenize`, { method: 'POST', body: JSON.stringify({ content: text }) })
+const tokens = (base, text) => fetch(`${base}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ content: text }) })
     .then((r) => r.json()).then((j) => j.tokens.length);
 
 describe('prefix cache', { timeout: 240_000 * SLOW }, () => {
