@@ -155,7 +155,7 @@ int grammar_compile(struct grammar **out, const cJSON *schema, const struct toke
     *out = NULL;
     if (!opts)
         opts = &k_none;
-    if (!schema && !opts->any_object)
+    if (!schema && !opts->any_object && opts->n_calls <= 0)
         return err_setf(e, ERR_ARG, "grammar: no schema");
     if (opts->n_eos < 0 || opts->n_eos > GM_MAX_EOS || (opts->n_eos > 0 && !opts->eos_ids))
         return err_setf(e, ERR_RANGE, "grammar: %d end-of-sequence ids (at most %d)", opts->n_eos, GM_MAX_EOS);
@@ -174,7 +174,7 @@ int grammar_compile(struct grammar **out, const cJSON *schema, const struct toke
             g->eos[g->n_eos++] = opts->eos_ids[i];
     if (g->n_eos == 0 && tok_eos_id(tok) >= 0)
         g->eos[g->n_eos++] = tok_eos_id(tok);
-    if ((rc = gm_schema_compile(g, schema, opts->any_object, e)) < 0)
+    if ((rc = gm_schema_compile(g, schema, opts, e)) < 0)
         goto fail;
     g->voc = opts->vocab;
     if (!g->voc) {

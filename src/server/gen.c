@@ -445,42 +445,34 @@ static bool pump(struct gen *g)
     return changed;
 }
 
-/* The schema of one forced call of tool t, in the format's key names:
- * {"name": <const>, "arguments" | "parameters": <its parameters>}. */
-static cJSON *call_schema(const cJSON *t, int format)
+/* The parameters of tool t as a forced call enforces them (a new tree, NULL: out of memory):
+ * read as OpenAI's strict mode reads them, no keys beyond the listed ones unless the schema
+ * says otherwise (a small model would otherwise invent keys), and an object. */
+static cJSON *call_params(const cJSON *t)
 {
-    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-    cJSON *s = cJSON_CreateObject(), *props, *nm, *req;
-    const char *args_key = format == OUTPARSE_LLAMA3 ? "parameters" : "arguments";
-    /* the arguments as OpenAI's strict mode reads the parameters: no keys beyond the listed
-     * ones unless the schema says otherwise (a small model would otherwise invent keys) */
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "parameters");
     cJSON *args = params ? cJSON_Duplicate(params, true) : cJSON_CreateObject();
-    if (args && cJSON_GetObjectItemCaseSensitive(args, "properties") &&
+    bool ok = args != NULL;
+    if (ok && cJSON_GetObjectItemCaseSensitive(args, "properties") &&
         !cJSON_GetObjectItemCaseSensitive(args, "additionalProperties"))
-        cJSON_AddFalseToObject(args, "additionalProperties");
-    if (args && !cJSON_GetObjectItemCaseSensitive(args, "type"))
-        cJSON_AddStringToObject(args, "type", "object");
-    bool ok = s && args && cJSON_AddStringToObject(s, "type", "object") &&
-              (props = cJSON_AddObjectToObject(s, "properties")) && (nm = cJSON_AddObjectToObject(props, "name")) &&
-              cJSON_AddStringToObject(nm, "const", name->valuestring) &&
-              (cJSON_AddItemToObject(props, args_key, args) ? (args = NULL, true) : false) &&
-              (req = cJSON_AddArrayToObject(s, "required")) && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
-              cJSON_AddItemToArray(req, cJSON_CreateString(args_key)) &&
-              cJSON_AddFalseToObject(s, "additionalProperties");
-    cJSON_Delete(args);
+        ok = cJSON_AddFalseToObject(args, "additionalProperties") != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(args, "type") && !cJSON_GetObjectItemCaseSensitive(args, "$ref") &&
+        !cJSON_GetObjectItemCaseSensitive(args, "anyOf") && !cJSON_GetObjectItemCaseSensitive(args, "oneOf") &&
+        !cJSON_GetObjectItemCaseSensitive(args, "allOf"))
+        ok = cJSON_AddStringToObject(args, "type", "object") != NULL;
     if (!ok) {
-        cJSON_Delete(s);
+        cJSON_Delete(args);
         return NULL;
     }
-    return s;
+    return args;
 }
 
 /* Structured output: response_format's JSON (any object, or a schema), or a forced tool call
  * (tool_choice required: one of the tools; named: that one) in the template's tool-call
  * format (a template without one gets Hermes' <tool_call> wrapper, which the output parser
- * then reads). The grammar masks every token that would leave it. */
+ * then reads). A forced call is {"name": ..., "arguments": ...}, name first, each tool's
+ * parameters compiled against their own root ("#/$defs/..." refs) and named in errors by
+ * the request's path. The grammar masks every token that would leave it. */
 static int plan_grammar(struct gen *g, struct oai_error *err)
 {
     const struct server_model *m = &g->s->m;
@@ -492,7 +484,11 @@ static int plan_grammar(struct gen *g, struct oai_error *err)
         return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
                           "structured output needs a chat request");
     struct grammar_opts o = {.eos_ids = m->hp->eos_ids, .n_eos = m->hp->n_eos, .vocab = m->gvocab};
-    cJSON *schema = NULL, *alts = NULL, *t;
+    struct grammar_call calls[GRAMMAR_MAX_CALLS];
+    char where[GRAMMAR_MAX_CALLS][64];
+    int n = 0, i = 0, rc = 0;
+    bool nomem = false;
+    const cJSON *t;
     const char *param = forced ? "tools" : "response_format";
     if (forced) {
         if (g->tool_format == OUTPARSE_NONE)
@@ -504,23 +500,28 @@ static int plan_grammar(struct gen *g, struct oai_error *err)
         };
         o.prefix = k_wrap[g->tool_format][0];
         o.suffix = k_wrap[g->tool_format][1];
-        bool ok = (schema = cJSON_CreateObject()) && (alts = cJSON_AddArrayToObject(schema, "anyOf"));
+        o.args_key = g->tool_format == OUTPARSE_LLAMA3 ? "parameters" : "arguments";
         cJSON_ArrayForEach(t, q->tools) {
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
-            if (ok && (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || strcmp(name->valuestring, q->tool_choice_name) == 0))
-                ok = cJSON_AddItemToArray(alts, call_schema(t, g->tool_format));
+            if (n < GRAMMAR_MAX_CALLS &&
+                (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || strcmp(name->valuestring, q->tool_choice_name) == 0)) {
+                snprintf(where[n], sizeof where[n], q->tools_where ? q->tools_where : "tools[%d].function.parameters", i);
+                calls[n] = (struct grammar_call){.name = name->valuestring, .params = call_params(t), .where = where[n]};
+                nomem |= !calls[n++].params;
+            }
+            i++;
         }
-        if (!ok) {
-            cJSON_Delete(schema);
-            return oom(err);
-        }
+        o.calls = calls;
+        o.n_calls = n;
     } else {
         o.any_object = q->format == OAI_FORMAT_JSON_OBJECT;
     }
     struct err e = {0};
-    int rc = grammar_compile(&g->gram, forced ? schema : q->format_schema, m->tok, &o, &e);
-    cJSON_Delete(schema);
-    if (rc == -ERR_NOMEM)
+    if (!nomem)
+        rc = grammar_compile(&g->gram, forced ? NULL : q->format_schema, m->tok, &o, &e);
+    for (int k = 0; k < n; k++)
+        cJSON_Delete((cJSON *)calls[k].params);
+    if (nomem || rc == -ERR_NOMEM)
         return oom(err);
     if (rc < 0)
         return oai_errorf(err, 400, "invalid_request_error", NULL, param, "%s: %s",
