@@ -123,6 +123,10 @@ static int build_prompt(struct gen *g, struct oai_error *err)
             cJSON_Delete(extra);
             return oom(err);
         }
+        if (outparse_detect_short_ids(chat_tmpl_source(m->tmpl)) && outparse_shorten_ids(g->q.messages) < 0) {
+            cJSON_Delete(extra);
+            return oom(err);
+        }
         rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
         cJSON_Delete(extra);
         if (rc == 0 && m->reasoning)
@@ -230,21 +234,39 @@ static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_er
 
 // ---- pumping tokens into text ----
 
-/* {"token", "logprob", "bytes"} of a piece of text. */
-static cJSON *lp_entry(const char *text, size_t len, float lp)
+/* {"token", "logprob", "bytes"}: token the text, bytes the n bytes of raw. */
+static cJSON *lp_entry(const char *text, size_t len, const char *raw, size_t n, float lp)
 {
     cJSON *o = cJSON_CreateObject(), *b;
     char *t = strndup(text, len);
     bool ok = o && t && cJSON_AddStringToObject(o, "token", t) && cJSON_AddNumberToObject(o, "logprob", lp) &&
               (b = cJSON_AddArrayToObject(o, "bytes"));
-    for (size_t i = 0; ok && i < len; i++)
-        ok = cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)text[i]));
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
     free(t);
     if (!ok) {
         cJSON_Delete(o);
         return NULL;
     }
     return o;
+}
+
+/* A chat logprob entry for token id whose text (the characters it completes) is text[len].
+ * Where tokens split a UTF-8 character, "token" is "" on the tokens before the last and
+ * the whole character on the one that completes it, so the tokens concatenate to the
+ * content; "bytes" is always the token's own bytes (as OpenAI gives them), so they
+ * concatenate to the content's bytes. held: text of earlier tokens is waiting for this one.
+ * A token that splits nothing carries its text's bytes (the same bytes, after what the
+ * decoder does to them: a leading space stripped, a special token skipped). */
+static cJSON *chat_lp_entry(const struct gen *g, int32_t id, bool held, const char *text, size_t len, float lp)
+{
+    char own[TOK_TOKEN_BYTES_MAX];
+    const struct tokenizer *tok = g->s->m.tok;
+    if ((held || len == 0) && id >= 0 && id < tok_vocab_size(tok) && !tok_is_special(tok, id)) {
+        int n = tok_token_bytes(tok, id, own, sizeof own);
+        return lp_entry(text, len, own, n > 0 ? (size_t)n : 0, lp);
+    }
+    return lp_entry(text, len, text, len, lp);
 }
 
 /* The logprob record of token k of choice c (before its text is pushed: alternatives are
@@ -255,14 +277,16 @@ static int record_logprobs(struct gen *g, struct gen_choice *c, int k, const cha
     const struct runner_job *j = &c->job;
     char *alt_buf = g->alt;
     if (g->ep == OAI_CHAT) {
-        cJSON *e = lp_entry(piece, piece_len, j->lp[k]), *tops;
+        bool held = c->out.ts.n_ids > c->out.ts.n_ctx;  /* the stream as before the token */
+        cJSON *e = chat_lp_entry(g, j->ids[k], held, piece, piece_len, j->lp[k]), *tops;
         if (!e || !cJSON_AddItemToArray(c->lp, e) || !(tops = cJSON_AddArrayToObject(e, "top_logprobs")))
             return -1;
         for (int t = 0; t < j->n_top; t++) {
             int32_t id = j->top_id[(size_t)k * j->n_top + t];
             int w = id == j->ids[k] ? -2 : textout_peek(&c->out, id, alt_buf, TOK_STREAM_CAP);
-            cJSON *a = w == -2 ? lp_entry(piece, piece_len, j->top_lp[(size_t)k * j->n_top + t])
-                               : lp_entry(alt_buf, w > 0 ? (size_t)w : 0, j->top_lp[(size_t)k * j->n_top + t]);
+            float lp = j->top_lp[(size_t)k * j->n_top + t];
+            cJSON *a = w == -2 ? chat_lp_entry(g, id, held, piece, piece_len, lp)
+                               : chat_lp_entry(g, id, held, alt_buf, w > 0 ? (size_t)w : 0, lp);
             if (!a || !cJSON_AddItemToArray(tops, a))
                 return -1;
         }
@@ -298,8 +322,13 @@ static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err
     if (g->ep != OAI_CHAT || !m->tmpl)
         return 0;
     bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
+    /* ids as the dialect's clients know them; 9 alphanumerics where the template demands them
+     * (an Anthropic client's toolu_ ids are shortened when they come back: outparse_shorten_ids) */
+    enum outparse_ids ids = g->q.anthropic ? OUTPARSE_IDS_ANTHROPIC
+                            : outparse_detect_short_ids(chat_tmpl_source(m->tmpl)) ? OUTPARSE_IDS_MISTRAL
+                                                                                   : OUTPARSE_IDS_OPENAI;
     struct outparse_opts o = {.format = tools ? (enum outparse_format)g->tool_format : OUTPARSE_NONE,
-                              .reasoning = m->reasoning,
+                              .reasoning = m->reasoning, .ids = ids,
                               .in_reasoning = g->in_reasoning, .tools = tools ? g->q.tools : NULL};
     if (o.format == OUTPARSE_NONE && !o.reasoning)
         return 0;
@@ -359,12 +388,34 @@ const char *gen_finish_openai(enum gen_finish f)
 }
 
 /* A choice's text is complete: flush the parser; tool calls decide the finish reason. */
+/* The decoder's last flush (bytes of an unfinished character, as U+FFFD) belongs to the
+ * last token's logprob entry, so the entries' tokens still concatenate to the content (the
+ * entries after the last complete character are held back from the stream for this). */
+static int lp_flushed(struct gen_choice *c, size_t before)
+{
+    int n = c->lp ? cJSON_GetArraySize(c->lp) : 0;
+    if (n == 0 || c->out.len <= before)
+        return 0;
+    cJSON *tok = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(c->lp, n - 1), "token");
+    size_t old = strlen(tok->valuestring), add = c->out.len - before;
+    char *t = malloc(old + add + 1);
+    if (!t)
+        return -1;
+    memcpy(t, tok->valuestring, old);
+    memcpy(t + old, c->out.text + before, add);
+    t[old + add] = '\0';
+    bool ok = cJSON_SetValuestring(tok, t) != NULL;
+    free(t);
+    return ok ? 0 : -1;
+}
+
 static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
 {
     struct err e = {0};
+    size_t before = c->out.len;
     c->finished = true;
     c->finish = f;
-    if (textout_finish(&c->out, &e) < 0 || feed_ready(c) < 0 ||
+    if (textout_finish(&c->out, &e) < 0 || lp_flushed(c, before) < 0 || feed_ready(c) < 0 ||
         (c->op && outparse_finish(c->op, emit_event, c) < 0)) {
         g->rc = -1;
         oom(&g->err);

@@ -184,6 +184,7 @@ describe('structured output and tool calls', { timeout: 300_000 * SLOW }, () => 
         assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m.content));
         const use = m.content.find((b) => b.type === 'tool_use');
         assert.equal(use.name, 'get_weather');
+        assert.match(use.id, /^toolu_01[A-Za-z0-9]{22}$/, 'Anthropic-style tool_use ids (issue 39 item 9)');
         assert.equal(validate(use.input, { ...WEATHER, additionalProperties: false }), null, JSON.stringify(use.input));
         const r = await oa.responses.create({ model: MODEL, input: 'weather in Oslo?', max_output_tokens: 120, temperature: 1,
             tools: [{ type: 'function', name: 'get_weather', parameters: WEATHER, strict: false }],
