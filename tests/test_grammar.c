@@ -243,6 +243,7 @@ static void walk(const struct grammar *g, const struct tokenizer *t, uint64_t se
     if (step == max_steps)
         fail_msg("seed %llu: no end after %d tokens: ...%s", (unsigned long long)seed, max_steps, o->text + (o->len > 300 ? o->len - 300 : 0));
     assert_true(grammar_state_complete(st));
+    assert_false(grammar_state_cut(st));
     grammar_state_free(st);
     free(logits);
     free(ok);
@@ -539,6 +540,7 @@ static void unreachable_end(void **st)
             break;
     }
     assert_true(steps < 500);
+    assert_true(grammar_state_cut(gs));  /* the server says length, not stop */
     free(l);
     grammar_state_free(gs);
     grammar_free(g);

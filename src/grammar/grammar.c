@@ -216,6 +216,7 @@ struct grammar_state {
     struct gset cur;
     bool done;          /* an end-of-sequence id was accepted */
     bool stuck;         /* the last mask found nothing but end of sequence */
+    bool cut;           /* the end of sequence came when stuck: the document is unfinished */
     uint32_t max_depth; /* the longest token's bytes */
     struct gset *walk;  /* [max_depth + 1] one state per trie depth */
     bool *lit;          /* [max_depth + 1] every byte so far was prefix/suffix text */
@@ -256,6 +257,13 @@ void grammar_state_free(struct grammar_state *s)
     free(s->allowed);
     free(s->stack);
     free(s);
+}
+
+bool grammar_state_cut(const struct grammar_state *s)
+{
+    /* stuck: the last mask left only end of sequence (the engine may stop on it without
+     * handing it to accept) */
+    return s->cut || s->stuck;
 }
 
 bool grammar_state_complete(const struct grammar_state *s)
@@ -371,8 +379,10 @@ static int grammar_accept(void *state, int32_t id)
     if (s->done)
         return -ERR_ARG;
     if (is_eos(g, id)) {
-        if (!s->stuck && !gm_complete(g, &s->cur))
+        bool complete = gm_complete(g, &s->cur);
+        if (!s->stuck && !complete)
             return -ERR_ARG;
+        s->cut = !complete;
         s->done = true;
         return 0;
     }

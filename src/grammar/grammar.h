@@ -105,8 +105,12 @@ void grammar_free(struct grammar *g);
 
 int grammar_state_new(struct grammar_state **out, const struct grammar *g, struct err *e);
 void grammar_state_free(struct grammar_state *s);
-/* Whether the document (and suffix) is complete. */
+/* Whether the document (and suffix) is complete, or ended. */
 bool grammar_state_complete(const struct grammar_state *s);
+/* Whether the output ended where nothing but end of sequence was left although the document
+ * was unfinished (every completion deeper than GM_DEPTH): the text does not validate, and
+ * the server says so (finish_reason "length", never "stop"). */
+bool grammar_state_cut(const struct grammar_state *s);
 
 /* The constraint_ops whose state is a struct grammar_state *. */
 extern const struct constraint_ops grammar_constraint_ops;

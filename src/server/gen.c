@@ -425,6 +425,9 @@ static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
         c->stop_seq = g->q.stop[c->out.stop_idx];
     if (cJSON_GetArraySize(c->tool_calls) > 0 && f == GEN_FINISH_STOP)
         c->finish = GEN_FINISH_TOOL_CALLS;
+    /* structured output the grammar could not finish is cut short, not a stop */
+    if (c->finish == GEN_FINISH_STOP && c->gstate && grammar_state_cut(c->gstate))
+        c->finish = GEN_FINISH_LENGTH;
     return 0;
 }
 

@@ -253,6 +253,14 @@ describe('structured output and tool calls', { timeout: 300_000 * SLOW }, () => 
             assert.ok(Number.isInteger(v.a) && v.a >= 1e15 && Number.isInteger(v.b) && v.b <= -1e15 && v.c > 0 && v.c < 1e-9,
                 `seed ${seed}: ${c.message.content}`);
         }
+        // a document the grammar cannot finish (every completion nests deeper than it follows)
+        // ends as cut short: finish_reason length, never stop
+        const DEEP = { $defs: { a: { type: 'object', properties: { x: { $ref: '#/$defs/a' } }, required: ['x'], additionalProperties: false } },
+            $ref: '#/$defs/a' };
+        const deep = await oa.chat.completions.create({ model: MODEL, messages: USER, temperature: 0, max_tokens: 450,
+            response_format: { type: 'json_schema', json_schema: { name: 'deep', schema: DEEP } } });
+        assert.equal(deep.choices[0].finish_reason, 'length', deep.choices[0].message.content);
+        assert.ok(deep.usage.completion_tokens < 450, `ended before max_tokens: ${deep.usage.completion_tokens}`);
         for (const schema of [{ type: 'integer', minimum: 9007199254740993 }, { type: 'number', minimum: 1e21 },
             { type: 'number', exclusiveMinimum: 0, exclusiveMaximum: 1e-300 }]) {
             const r = await post(srv.base, '/v1/chat/completions', { messages: USER, max_tokens: 4,
