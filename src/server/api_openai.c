@@ -155,7 +155,7 @@ static cJSON *full(struct gen *g)
 
 /* Chat logprob entries that may be streamed now: all once the choice is finished, else
  * those up to the last that completes text (the ones after it, tokens of an unfinished
- * character, wait: the decoder's last flush may still add to the last of them). */
+ * character, are held back: the decoder's last flush may still add to the last of them). */
 static int lp_ready(const struct gen_choice *c)
 {
     int k = 0;

@@ -387,7 +387,6 @@ const char *gen_finish_openai(enum gen_finish f)
     }
 }
 
-/* A choice's text is complete: flush the parser; tool calls decide the finish reason. */
 /* The decoder's last flush (bytes of an unfinished character, as U+FFFD) belongs to the
  * last token's logprob entry, so the entries' tokens still concatenate to the content (the
  * entries after the last complete character are held back from the stream for this). */
@@ -409,6 +408,7 @@ static int lp_flushed(struct gen_choice *c, size_t before)
     return ok ? 0 : -1;
 }
 
+/* A choice's text is complete: flush the parser; tool calls decide the finish reason. */
 static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
 {
     struct err e = {0};
