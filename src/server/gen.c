@@ -521,6 +521,8 @@ static cJSON *call_params(const cJSON *t)
     return args;
 }
 
+_Static_assert(OAI_MAX_TOOLS <= GRAMMAR_MAX_CALLS, "a forced call must be able to choose among every tool");
+
 /* Structured output: response_format's JSON (any object, or a schema), or a forced tool call
  * (tool_choice required: one of the tools; named: that one) in the template's tool-call
  * format (a template without one gets Hermes' <tool_call> wrapper, which the output parser
