@@ -712,6 +712,58 @@ static void test_json_invalid(void **state)
     json_case_run(&prefix);
 }
 
+/* Numbers as RFC 8259 (and Python's json) write them: cJSON alone takes these. */
+static void test_json_numbers(void **state)
+{
+    (void)state;
+    static const struct json_case k_cases[] = {
+        JSON_CASE("{\"a\":02}", "is not valid JSON (error at byte 5 of 8: not a JSON number, at 'a')"),
+        JSON_CASE("{\"a\":{\"b\":[1,2,-01]}}", "is not valid JSON (error at byte 15 of 21: not a JSON number, at 'a.b[2]')"),
+        JSON_CASE("{\"a\":1.}", "is not valid JSON (error at byte 5 of 8: not a JSON number, at 'a')"),
+        JSON_CASE("{\"a\":-.5}", "is not valid JSON (error at byte 5 of 9: not a JSON number, at 'a')"),
+        JSON_CASE("{\"a\":1.e5}", "is not valid JSON (error at byte 5 of 10: not a JSON number, at 'a')"),
+    };
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++)
+        json_case_run(&k_cases[i]);
+    static const char *const k_ok[] = {"{\"a\":[0.5,-0,1e5,1E+5,-2.5e-3,10,0e0]}", "{\"a\":\"02 1. -.5\"}"};
+    for (size_t i = 0; i < sizeof k_ok / sizeof k_ok[0]; i++) {
+        cJSON *o = NULL;
+        struct err e = {0};
+        if (json_parse_object(k_ok[i], strlen(k_ok[i]), "doc", &o, &e) != 0)
+            fail_msg("'%s': %s", k_ok[i], e.msg);
+        cJSON_Delete(o);
+    }
+}
+
+/* A key twice: config files keep the last (Python's json, as transformers reads them);
+ * json_parse_object keeps both (its readers refuse duplicates themselves); the refusing
+ * policy names the key's path. */
+static void test_json_duplicates(void **state)
+{
+    (void)state;
+    static const char k_doc[] = "{\"a\":1,\"b\":{\"c\":1,\"c\":2,\"c\":3},\"a\":2}";
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    const char *path = stb_path(dir, "config.json");
+    cJSON *o = NULL;
+    struct err e = {0};
+    assert_int_equal(stb_write_text(path, k_doc), 0);
+    assert_int_equal(json_load_object(path, FILE_USER, 256, &o, &e), 0);
+    assert_int_equal(cJSON_GetArraySize(o), 2);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(o, "a")->valueint, 2);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "b");
+    assert_int_equal(cJSON_GetArraySize(b), 1);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(b, "c")->valueint, 3);
+    cJSON_Delete(o);
+    assert_int_equal(json_parse_object(k_doc, strlen(k_doc), "doc", &o, &e), 0);
+    assert_int_equal(cJSON_GetArraySize(o), 3);
+    cJSON_Delete(o);
+    assert_int_equal(json_parse_doc(k_doc, strlen(k_doc), "doc", JSON_DUPS_REFUSE, &o, &e), -ERR_FORMAT);
+    assert_null(o);
+    assert_non_null(strstr(e.msg, "doc: the key 'b.c' appears twice"));
+    stb_rmtree(dir);
+}
+
 static void test_json_load(void **state)
 {
     (void)state;
@@ -866,6 +918,8 @@ static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_trailing),
     cmocka_unit_test(test_json_nul),
     cmocka_unit_test(test_json_invalid),
+    cmocka_unit_test(test_json_numbers),
+    cmocka_unit_test(test_json_duplicates),
     cmocka_unit_test(test_json_load),
 };
 

@@ -243,6 +243,7 @@ static void walk(const struct grammar *g, const struct tokenizer *t, uint64_t se
     if (step == max_steps)
         fail_msg("seed %llu: no end after %d tokens: ...%s", (unsigned long long)seed, max_steps, o->text + (o->len > 300 ? o->len - 300 : 0));
     assert_true(grammar_state_complete(st));
+    assert_false(grammar_state_cut(st));
     grammar_state_free(st);
     free(logits);
     free(ok);
@@ -261,7 +262,7 @@ static void check_schema(const struct tokenizer *t, const char *schema_text, con
                              .any_object = !schema_text};
     assert_true(!schema_text || schema);
     if (grammar_compile(&g, schema, t, &o, &e) < 0)
-        fail_msg("compile: %s", e.msg);
+        fail_msg("compile %s: %s", schema_text, e.msg);
     static struct walk_out w;
     size_t pl = prefix ? strlen(prefix) : 0, sl = suffix ? strlen(suffix) : 0;
     for (int seed = 1; seed <= n_seeds; seed++) {
@@ -539,10 +540,151 @@ static void unreachable_end(void **st)
             break;
     }
     assert_true(steps < 500);
+    assert_true(grammar_state_cut(gs));  /* the server says length, not stop */
     free(l);
     grammar_state_free(gs);
     grammar_free(g);
     cJSON_Delete(s);
+    tok_free(t);
+}
+
+/* ---- numeric bounds: what compiles validates, what cannot be enforced is refused ---- */
+
+/* Bounds at the edges of what a double and the output's digits hold: every walk's
+ * document must validate (the validator compares as a double-based one does). */
+static const char *const k_bound_ok[] = {
+    "{\"type\":\"integer\",\"minimum\":1e15}",
+    "{\"type\":\"integer\",\"maximum\":-1e15}",
+    "{\"type\":\"integer\",\"minimum\":1e15,\"maximum\":1000000000000005}",
+    "{\"type\":\"integer\",\"minimum\":-9007199254740991,\"maximum\":-9007199254740985}",
+    "{\"type\":\"integer\",\"exclusiveMinimum\":9007199254740990}",
+    "{\"type\":\"integer\",\"minimum\":-1e300,\"maximum\":3}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1e-10}",
+    "{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.100000000000001}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":0.1,\"exclusiveMaximum\":0.10000000000002}",
+    "{\"type\":\"number\",\"minimum\":123456.789,\"maximum\":123456.7891}",
+    "{\"type\":\"number\",\"maximum\":-1e14}",
+    "{\"type\":\"number\",\"minimum\":-1e300,\"maximum\":1e300}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":-0.5,\"exclusiveMaximum\":-0.4999999}",
+    "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1e15},"
+    "\"b\":{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1e-9}},"
+    "\"required\":[\"a\",\"b\"],\"additionalProperties\":false}",
+};
+
+/* Bounds no number the grammar writes can meet, or integer bounds a double does not hold
+ * exactly: refused at compile time, naming the path. */
+static const char *const k_bound_refused[] = {
+    "{\"type\":\"integer\",\"minimum\":9007199254740993}",
+    "{\"type\":\"integer\",\"maximum\":-9007199254740993}",
+    "{\"type\":\"integer\",\"minimum\":1e19}",
+    "{\"type\":\"integer\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1e-300}",
+    "{\"type\":\"number\",\"minimum\":1e21}",
+    "{\"type\":\"number\",\"maximum\":-1e20}",
+    "{\"type\":\"number\",\"exclusiveMinimum\":0.1,\"exclusiveMaximum\":0.1000000000000001}",
+    "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":1e16}}}",
+};
+
+static void numeric_bounds(void **st)
+{
+    (void)st;
+    struct tokenizer *t = load_tiny();
+    struct err e = {0};
+    for (size_t i = 0; i < sizeof k_bound_ok / sizeof k_bound_ok[0]; i++)
+        check_schema(t, k_bound_ok[i], NULL, NULL, 60);
+    for (size_t i = 0; i < sizeof k_bound_refused / sizeof k_bound_refused[0]; i++) {
+        if (compile_text(t, k_bound_refused[i], &e) != -ERR_ARG)
+            fail_msg("compiled: %s", k_bound_refused[i]);
+        assert_non_null(strstr(e.msg, "schema at /"));
+    }
+    assert_non_null(strstr(e.msg, "/properties/x"));
+    tok_free(t);
+}
+
+/* ---- forced tool calls ---- */
+
+/* n tools named get_<letters>; tool i's one argument v is a $ref into its own $defs, an
+ * integer in [10 i, 10 i + 5]: only the tool's own root resolves it to its own range. */
+static cJSON *tool_params(int i)
+{
+    char txt[512];
+    snprintf(txt, sizeof txt,
+             "{\"type\":\"object\",\"properties\":{\"v\":{\"$ref\":\"#/$defs/val\"}},\"required\":[\"v\"],"
+             "\"additionalProperties\":false,\"$defs\":{\"val\":{\"type\":\"integer\",\"minimum\":%d,"
+             "\"maximum\":%d}}}", 10 * i, 10 * i + 5);
+    return cJSON_Parse(txt);
+}
+
+static void forced_calls(void **st)
+{
+    (void)st;
+    enum { N = 17 };
+    struct tokenizer *t = load_tiny();
+    struct grammar_call calls[GRAMMAR_MAX_CALLS + 1];
+    char names[GRAMMAR_MAX_CALLS + 1][16], where[GRAMMAR_MAX_CALLS + 1][64];
+    cJSON *params[GRAMMAR_MAX_CALLS + 1];
+    for (int i = 0; i <= GRAMMAR_MAX_CALLS; i++) {
+        snprintf(names[i], sizeof names[i], "get_%c%c", 'a' + i % 26, 'a' + i / 26);
+        snprintf(where[i], sizeof where[i], "tools[%d].function.parameters", i);
+        params[i] = tool_params(i);
+        calls[i] = (struct grammar_call){.name = names[i], .params = params[i], .where = where[i]};
+    }
+    int32_t eos = tok_eos_id(t);
+    struct grammar_opts o = {.prefix = "<tool_call>\n", .suffix = "\n</tool_call>", .eos_ids = &eos,
+                             .n_eos = 1, .calls = calls, .n_calls = N};
+    struct grammar *g = NULL;
+    struct err e = {0};
+    if (grammar_compile(&g, NULL, t, &o, &e) < 0)
+        fail_msg("compile: %s", e.msg);
+    static struct walk_out w;
+    bool seen[N] = {0};
+    for (int seed = 1; seed <= 120; seed++) {
+        walk(g, t, (uint64_t)seed * 104729u, 3000, &w);
+        w.text[w.len - strlen(o.suffix)] = '\0';
+        cJSON *doc = cJSON_Parse(w.text + strlen(o.prefix));
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(doc, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(doc, "arguments");
+        if (!cJSON_IsString(name) || !cJSON_IsObject(args) || cJSON_GetArraySize(doc) != 2)
+            fail_msg("seed %d: not a call: '%s'", seed, w.text);
+        int k = 0;
+        while (k < N && strcmp(names[k], name->valuestring) != 0)
+            k++;
+        assert_true(k < N);
+        if (!valid(args, params[k], params[k], 0))
+            fail_msg("seed %d: arguments do not validate against %s: '%s'", seed, names[k], w.text);
+        seen[k] = true;
+        cJSON_Delete(doc);
+    }
+    int n_seen = 0, n_late = 0;
+    for (int k = 0; k < N; k++) {
+        n_seen += seen[k];
+        n_late += k >= 8 && seen[k];
+    }
+    assert_true(n_late > 0);  /* past the 8 parallel stacks an anyOf of calls could hold */
+    assert_true(n_seen >= N / 2);
+    grammar_free(g);
+    /* the documented 128 tools compile, quickly; 129 do not */
+    double t0 = now_s();
+    o.n_calls = GRAMMAR_MAX_CALLS;
+    o.args_key = "parameters";
+    assert_int_equal(grammar_compile(&g, NULL, t, &o, &e), 0);
+    grammar_free(g);
+    assert_true(now_s() - t0 < 5.0);
+    o.n_calls = GRAMMAR_MAX_CALLS + 1;
+    assert_int_equal(grammar_compile(&g, NULL, t, &o, &e), -ERR_RANGE);
+    /* errors name the caller's path of the tool, never an internal anyOf */
+    cJSON_Delete(params[3]);
+    params[3] = cJSON_Parse("{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"a\"}}}");
+    calls[3].params = params[3];
+    o.n_calls = N;
+    assert_int_equal(grammar_compile(&g, NULL, t, &o, &e), -ERR_ARG);
+    assert_non_null(strstr(e.msg, "tools[3].function.parameters.properties.x"));
+    assert_null(strstr(e.msg, "anyOf"));
+    /* two tools of one name cannot be told apart */
+    calls[3] = calls[4];
+    assert_int_equal(grammar_compile(&g, NULL, t, &o, &e), -ERR_ARG);
+    for (int i = 0; i <= GRAMMAR_MAX_CALLS; i++)
+        cJSON_Delete(params[i]);
     tok_free(t);
 }
 
@@ -593,6 +735,8 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(unsupported),
     cmocka_unit_test(hostile),
     cmocka_unit_test(unreachable_end),
+    cmocka_unit_test(numeric_bounds),
+    cmocka_unit_test(forced_calls),
     cmocka_unit_test(mask_cost),
 };
 

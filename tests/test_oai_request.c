@@ -585,8 +585,11 @@ static void logit_bias(void **state)
 {
     (void)state;
     struct oai_request r;
-    accept(&r, OAI_CHAT, "{" HI ",\"logit_bias\":{\"0\":-100,\"999\":100,\"50\":1.5,\"007\":2,\"50\":-3}}");
-    assert_int_equal(r.n_bias, 4);  /* the repeated 50 keeps its last value */
+    /* a key given twice is refused with the body (body_strict); one id spelled twice
+     * ("50", "050") keeps its last value */
+    reject_chat("{" HI ",\"logit_bias\":{\"50\":1.5,\"50\":-3}}", "logit_bias.50", "appears twice");
+    accept(&r, OAI_CHAT, "{" HI ",\"logit_bias\":{\"0\":-100,\"999\":100,\"50\":1.5,\"007\":2,\"050\":-3}}");
+    assert_int_equal(r.n_bias, 4);
     assert_int_equal(r.bias[0].id, 0);
     assert_true(r.bias[0].bias == -100.0f);
     assert_int_equal(r.bias[1].id, 999);
@@ -613,15 +616,15 @@ static void logit_bias(void **state)
 
     struct body b = {0};
     add(&b, "{" HI ",\"logit_bias\":{");
-    for (int i = 0; i < OAI_MAX_BIAS; i++)
-        add(&b, "%s\"%d\":%d", i ? "," : "", i % VOCAB, i % 7);
+    for (int i = 0; i < OAI_MAX_BIAS; i++)  /* ids past VOCAB again, spelled "0<id>" */
+        add(&b, i < VOCAB ? "%s\"%d\":%d" : "%s\"0%d\":%d", i ? "," : "", i % VOCAB, i % 7);
     size_t at = b.len;
     add(&b, "}}");
     accept_n(&r, OAI_CHAT, b.s, b.len);
     assert_int_equal(r.n_bias, VOCAB);  /* 1024 keys over 1000 ids */
     oai_request_free(&r);
     b.len = at;
-    add(&b, ",\"5\":1}}");
+    add(&b, ",\"005\":1}}");
     reject_n(OAI_CHAT, b.s, b.len, "logit_bias", "at most 1024");
     /* a long key is quoted cut short */
     b.len = 0;
@@ -686,6 +689,29 @@ static void body_json(void **state)
     accept_n(&r, OAI_CHAT, full, strlen("{" HI "}"));
     oai_request_free(&r);
     reject_n(OAI_CHAT, full, strlen("{" HI), "", "not valid JSON");
+}
+
+/* Numbers as RFC 8259 writes them (cJSON alone takes "02", "1." and "-.5"), and no key
+ * twice (cJSON would read the first, Python's json the last): both a 400 naming the place. */
+static void body_strict(void **state)
+{
+    (void)state;
+    struct oai_request r;
+    accept(&r, OAI_CHAT, "{" HI ",\"temperature\":0.5,\"max_tokens\":20,\"seed\":-0,\"top_p\":1e-1}");
+    oai_request_free(&r);
+    reject_chat("{" HI ",\"max_tokens\":02}", "max_tokens", "leading zeros");
+    reject_chat("{" HI ",\"temperature\":1.}", "temperature", "not valid JSON");
+    reject_chat("{" HI ",\"temperature\":-.5}", "temperature", "not valid JSON");
+    reject_chat("{" HI ",\"logit_bias\":{\"5\":-01}}", "logit_bias.5", "not valid JSON");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":[00]}]}",
+                "messages[1].content[0]", "not valid JSON");
+    reject_chat("{" HI ",\"max_tokens\":2,\"max_tokens\":3}", "max_tokens", "appears twice");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"role\":\"system\",\"content\":\"a\"}]}",
+                "messages[0].role", "appears twice");
+    reject_chat("{" HI ",\"a\\u0062\":1,\"ab\":2}", "ab", "appears twice");
+    /* a number-like run inside a string is a string */
+    accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"02 1. -.5\"}]}");
+    oai_request_free(&r);
 }
 
 static void body_bytes(void **state)
@@ -890,6 +916,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(logit_bias),
     cmocka_unit_test(stream),
     cmocka_unit_test(body_json),
+    cmocka_unit_test(body_strict),
     cmocka_unit_test(body_bytes),
     cmocka_unit_test(body_depth),
     cmocka_unit_test(parse_object),

@@ -654,10 +654,122 @@ static void test_prompt_opens_reasoning(void **state)
     chat_tmpl_free(ct);
 }
 
+/* ---- call ids (issue 39 items 3, 9) ---- */
+
+static int keep_id(void *ud, const struct outparse_event *ev)
+{
+    if (ev->kind == OUTPARSE_TOOL_CALL)
+        snprintf(ud, 64, "%s", ev->id);
+    return 0;
+}
+
+static bool alnum_run(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+            return false;
+    return strlen(s) == n;
+}
+
+/* Each style's id from one parsed call. */
+static void test_id_styles(void **state)
+{
+    (void)state;
+    cJSON *tools = cJSON_Parse(k_tools);
+    static const char k_call[] = "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>";
+    char id[64];
+    for (int st = 0; st < 3; st++) {
+        struct outparse_opts o = opts(OUTPARSE_HERMES, false, tools);
+        o.ids = (enum outparse_ids)st;
+        struct outparse *p = NULL;
+        struct err e = {0};
+        id[0] = '\0';
+        assert_int_equal(outparse_new(&p, &o, &e), 0);
+        assert_int_equal(outparse_feed(p, k_call, strlen(k_call), keep_id, id), 0);
+        assert_int_equal(outparse_finish(p, keep_id, id), 0);
+        outparse_free(p);
+        if (st == OUTPARSE_IDS_OPENAI)
+            assert_true(strncmp(id, "call_", 5) == 0 && alnum_run(id + 5, 24));
+        else if (st == OUTPARSE_IDS_ANTHROPIC)
+            assert_true(strncmp(id, "toolu_01", 8) == 0 && alnum_run(id + 8, 22));
+        else
+            assert_true(alnum_run(id, 9) && outparse_short_id_ok(id));
+    }
+    cJSON_Delete(tools);
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(test_path(path), "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* The OpenAI tool loop with Mistral's template: the template demands 9-alphanumeric ids,
+ * the ids a client sends back (ours or another server's) are shown to it in that form,
+ * the same on the call and on its result. */
+static void test_mistral_round_trip(void **state)
+{
+    (void)state;
+    assert_true(outparse_detect_short_ids(read_text("tests/fixtures/templates/mistral_v3_tools.jinja")));
+    assert_false(outparse_detect_short_ids(read_text("tests/fixtures/templates/llama3_1_tools.jinja")));
+    struct chat_tmpl *ct = NULL;
+    struct err e = {0};
+    if (chat_tmpl_load(&ct, test_path("tests/fixtures/tokenizers/mistral_spm"),
+                       test_path("tests/fixtures/templates/mistral_v3_tools.jinja"), &e) < 0)
+        fail_msg("load: %s", e.msg);
+    static const char k_loop[] =
+        "[{\"role\": \"user\", \"content\": \"Weather in Paris?\"},"
+        " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": ["
+        "  {\"id\": \"%s\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\","
+        "   \"arguments\": {\"city\": \"Paris\"}}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"%s\", \"content\": \"21 C\"}]";
+    static const char *const k_ids[] = {"call_a1B2c3D4e5F6g7H8i9J0k1L2", "toolu_01D7FLrfh4GYq7yT1ULFeyMV", "x", "abcDEF123"};
+    cJSON *extra = cJSON_CreateObject();
+    cJSON_AddItemToObject(extra, "tools", cJSON_Parse(k_tools));
+    for (size_t i = 0; i < sizeof k_ids / sizeof k_ids[0]; i++) {
+        char txt[1024], short_id[10];
+        snprintf(txt, sizeof txt, k_loop, k_ids[i], k_ids[i]);
+        cJSON *msgs = cJSON_Parse(txt);
+        char *out = NULL;
+        size_t n = 0;
+        int rc = chat_tmpl_apply(ct, msgs, true, extra, &out, &n, &e);
+        bool ok_as_is = outparse_short_id_ok(k_ids[i]);
+        if (!ok_as_is) {  /* what the template does with the id as the client sent it */
+            assert_true(rc < 0);
+            assert_non_null(strstr(e.msg, "length 9"));
+        } else {
+            free(out);
+        }
+        assert_int_equal(outparse_shorten_ids(msgs), 0);
+        if (chat_tmpl_apply(ct, msgs, true, extra, &out, &n, &e) < 0)
+            fail_msg("%s: %s", k_ids[i], e.msg);
+        outparse_short_id(k_ids[i], short_id);
+        assert_true(outparse_short_id_ok(short_id));
+        if (ok_as_is)
+            assert_string_equal(short_id, k_ids[i]);
+        char want[64];
+        snprintf(want, sizeof want, "\"id\": \"%s\"", short_id);
+        assert_non_null(strstr(out, want));
+        snprintf(want, sizeof want, "\"call_id\": \"%s\"", short_id);
+        assert_non_null(strstr(out, want));
+        free(out);
+        cJSON_Delete(msgs);
+    }
+    cJSON_Delete(extra);
+    chat_tmpl_free(ct);
+}
+
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_rendered_qwen3),
     cmocka_unit_test(test_rendered_llama3),
     cmocka_unit_test(test_rendered_mistral),
+    cmocka_unit_test(test_id_styles),
+    cmocka_unit_test(test_mistral_round_trip),
     cmocka_unit_test(test_hermes),
     cmocka_unit_test(test_streaming_holdback),
     cmocka_unit_test(test_reasoning),

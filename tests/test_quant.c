@@ -187,10 +187,17 @@ static void hostile_overrides(void **state)
         write_config(dir, cfg, q);
         load_fails(dir, ERR_FORMAT, path, "4-bit group 32");
     }
-    /* listed twice */
-    snprintf(q, sizeof q, "{\"group_size\": 32, \"bits\": 8, \"%s\": true, \"%s\": true}", wqkv, wqkv);
+    /* a key twice in config.json: the last wins, as in Python's json (src/core/json.h) */
+    snprintf(q, sizeof q, "{\"group_size\": 32, \"bits\": 8, \"%s\": true, \"%s\": false}", wqkv, wqkv);
     write_config(dir, cfg, q);
-    load_fails(dir, ERR_CONFIG, "listed twice", NULL);
+    load_fails(dir, ERR_CONFIG, wqkv, "float (false)");
+    snprintf(q, sizeof q, "{\"group_size\": 32, \"bits\": 8, \"%s\": false, \"%s\": true}", wqkv, wqkv);
+    write_config(dir, cfg, q);
+    struct model *m2 = NULL;
+    struct err e2 = {0};
+    if (model_load(&m2, dir, &e2) < 0)
+        fail_msg("the last of a key given twice: %s", e2.msg);
+    model_free(m2);
 
     /* positive controls: a top level that fits nothing, every module restated
      * by an override (dict with and without mode, true), expert stacks included */

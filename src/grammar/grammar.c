@@ -155,7 +155,7 @@ int grammar_compile(struct grammar **out, const cJSON *schema, const struct toke
     *out = NULL;
     if (!opts)
         opts = &k_none;
-    if (!schema && !opts->any_object)
+    if (!schema && !opts->any_object && opts->n_calls <= 0)
         return err_setf(e, ERR_ARG, "grammar: no schema");
     if (opts->n_eos < 0 || opts->n_eos > GM_MAX_EOS || (opts->n_eos > 0 && !opts->eos_ids))
         return err_setf(e, ERR_RANGE, "grammar: %d end-of-sequence ids (at most %d)", opts->n_eos, GM_MAX_EOS);
@@ -174,7 +174,7 @@ int grammar_compile(struct grammar **out, const cJSON *schema, const struct toke
             g->eos[g->n_eos++] = opts->eos_ids[i];
     if (g->n_eos == 0 && tok_eos_id(tok) >= 0)
         g->eos[g->n_eos++] = tok_eos_id(tok);
-    if ((rc = gm_schema_compile(g, schema, opts->any_object, e)) < 0)
+    if ((rc = gm_schema_compile(g, schema, opts, e)) < 0)
         goto fail;
     g->voc = opts->vocab;
     if (!g->voc) {
@@ -216,6 +216,7 @@ struct grammar_state {
     struct gset cur;
     bool done;          /* an end-of-sequence id was accepted */
     bool stuck;         /* the last mask found nothing but end of sequence */
+    bool cut;           /* the end of sequence came when stuck: the document is unfinished */
     uint32_t max_depth; /* the longest token's bytes */
     struct gset *walk;  /* [max_depth + 1] one state per trie depth */
     bool *lit;          /* [max_depth + 1] every byte so far was prefix/suffix text */
@@ -256,6 +257,13 @@ void grammar_state_free(struct grammar_state *s)
     free(s->allowed);
     free(s->stack);
     free(s);
+}
+
+bool grammar_state_cut(const struct grammar_state *s)
+{
+    /* stuck: the last mask left only end of sequence (the engine may stop on it without
+     * handing it to accept) */
+    return s->cut || s->stuck;
 }
 
 bool grammar_state_complete(const struct grammar_state *s)
@@ -371,8 +379,10 @@ static int grammar_accept(void *state, int32_t id)
     if (s->done)
         return -ERR_ARG;
     if (is_eos(g, id)) {
-        if (!s->stuck && !gm_complete(g, &s->cur))
+        bool complete = gm_complete(g, &s->cur);
+        if (!s->stuck && !complete)
             return -ERR_ARG;
+        s->cut = !complete;
         s->done = true;
         return 0;
     }

@@ -29,8 +29,13 @@
  *   - strings: valid UTF-8, JSON escapes, no \u0000 and no surrogate escapes;
  *     min/maxLength count code points (an escape is one);
  *   - numbers: at most 20 integer, 20 fraction and 3 exponent digits; with a
- *     bound, no exponent and at most 15 significant digits, and every digit
- *     is allowed only while some completion lies within the bounds;
+ *     bound, no exponent and at most 15 digits in all (18 for integers), and
+ *     every digit is allowed only while some completion with those digits
+ *     lies within the bounds, decided exactly: integers in 64-bit integer
+ *     arithmetic (an integer bound must be exact in a double: |bound| < 2^53,
+ *     or beyond every 18-digit integer), numbers on the decimal grid as a
+ *     double-based validator reads them. Bounds that no such number meets
+ *     are refused when the schema is compiled (-ERR_ARG naming the path);
  *   - oneOf is treated as anyOf (the output matches at least one), allOf only
  *     with one schema, "format" and other annotations are ignored;
  *   - nesting at run time is at most 32 levels (GM_DEPTH); a schema whose
@@ -51,6 +56,14 @@ extern "C" {
 
 struct tokenizer;
 
+/* One function of a forced tool call (grammar_opts.calls). */
+struct grammar_call {
+    const char *name;      /* the function's name: the call's "name" value */
+    const cJSON *params;   /* its parameters schema (NULL: any object); the root that its
+                            * own "#/..." references resolve against */
+    const char *where;     /* how errors name the schema, e.g. "tools[3].function.parameters" */
+};
+
 struct grammar_opts {
     const char *prefix;          /* literal text before the document (NULL: none) */
     const char *suffix;          /* literal text after it (NULL: none) */
@@ -61,7 +74,17 @@ struct grammar_opts {
      * every grammar compiled for that tokenizer (it must outlive them). NULL: compile
      * builds a private one (~0.1 s for a 150k vocabulary). */
     const struct grammar_vocab *vocab;
+    /* Optional: a forced tool call instead of a schema (schema NULL): the document is
+     * {"name":<one of calls[].name>,"<args_key>":<that call's parameters>}, name first,
+     * so the arguments follow the schema of the name written. Each call's schema is
+     * compiled against its own root; names must differ. */
+    const struct grammar_call *calls;
+    int n_calls;                 /* 1 .. GRAMMAR_MAX_CALLS */
+    const char *args_key;        /* "arguments" (NULL) or "parameters" */
 };
+
+/* The most functions one forced call chooses among (the server's tool limit). */
+#define GRAMMAR_MAX_CALLS 128
 
 struct grammar;
 struct grammar_state;
@@ -82,8 +105,12 @@ void grammar_free(struct grammar *g);
 
 int grammar_state_new(struct grammar_state **out, const struct grammar *g, struct err *e);
 void grammar_state_free(struct grammar_state *s);
-/* Whether the document (and suffix) is complete. */
+/* Whether the document (and suffix) is complete, or ended. */
 bool grammar_state_complete(const struct grammar_state *s);
+/* Whether the output ended where nothing but end of sequence was left although the document
+ * was unfinished (every completion deeper than GM_DEPTH): the text does not validate, and
+ * the server says so (finish_reason "length", never "stop"). */
+bool grammar_state_cut(const struct grammar_state *s);
 
 /* The constraint_ops whose state is a struct grammar_state *. */
 extern const struct constraint_ops grammar_constraint_ops;

@@ -24,7 +24,7 @@
 
 /* ---- bounds (every input is hostile) ---- */
 
-#define GM_MAX_NODES    4096     /* schema nodes (uint16 in frames) */
+#define GM_MAX_NODES    32768    /* schema nodes (uint16 in frames); 128 tools of ~250 each */
 #define GM_MAX_NEST     64       /* schema JSON nesting followed by the compiler */
 #define GM_MAX_WORK     100000   /* schema objects visited by one compile */
 #define GM_MAX_ENUM     1024     /* values of one enum */
@@ -41,7 +41,10 @@
 #define GM_NUM_FRAC_MAX 20
 #define GM_NUM_EXP_MAX  3
 #define GM_NUM_SIG_MAX  15
-
+/* Bounded integers: up to 18 digits, so every value and bound fits an int64. */
+#define GM_INT_SIG_MAX  18
+/* Bytes of the text between a forced call's name and its arguments: ,"<key>": */
+#define GM_CALL_MID_MAX 32
 /* ---- byte tries (trie.c) ---- */
 
 /* One node: the strings of sorted[lo, hi) share the node's bytes; the first
@@ -79,6 +82,7 @@ enum gnode_kind {
     GN_NUMBER,
     GN_LITERAL,   /* one of a set of serialized JSON values (enum, const, true/false/null) */
     GN_ALT,       /* any of alt[] (anyOf, oneOf, type lists, $ref, "any value") */
+    GN_CALL,      /* a forced tool call: {"name":<items: literal of names>,"<key>":<alt[i]>} */
 };
 
 struct gprop {
@@ -99,7 +103,9 @@ struct gnode {
     uint32_t pre0, n_pre;         /* array: prefixItems nodes in list[] */
     uint32_t min_n, max_n;        /* array: items; string: characters */
     double lo, hi;                /* number bounds (-inf, inf when absent) */
-    uint32_t alt0, n_alt;         /* alt: flattened non-alt nodes in list[] */
+    int64_t ilo, ihi;             /* integer: the same bounds, inclusive and exact */
+    uint32_t alt0, n_alt;         /* alt: flattened non-alt nodes in list[]; call: the
+                                   * arguments' node of each name, in the names' order */
 };
 
 struct grammar {
@@ -114,6 +120,8 @@ struct grammar {
     struct gtrie *lit;            /* [n_lit] literal and key tries */
     uint32_t n_lit;
     uint64_t **lit_mask;          /* [n_lit][n_node of that trie]: terminal bits below (keys) */
+    char call_mid[GM_CALL_MID_MAX]; /* a forced call's ,"arguments": ("" when none) */
+    uint32_t call_mid_len;
     char *prefix, *suffix;        /* literal text around the document ("" when none) */
     uint32_t prefix_len, suffix_len;
     int32_t *eos;                 /* [n_eos] */
@@ -132,8 +140,12 @@ struct grammar_vocab {
     struct gtrie trie;            /* over the ids with bytes (order[] holds ids) */
 };
 
-/* Compiles schema (NULL: opts->any_object) into g's node tables. */
-int gm_schema_compile(struct grammar *g, const cJSON *schema, bool any_object, struct err *e);
+/* Compiles schema (NULL: opts->calls, else opts->any_object) into g's node tables. */
+int gm_schema_compile(struct grammar *g, const cJSON *schema, const struct grammar_opts *opts,
+                      struct err *e);
+/* Whether some number the matcher can write for node nd lies within its bounds (match.c);
+ * the compiler refuses bounds for which none does. */
+bool gm_num_satisfiable(const struct gnode *nd);
 
 /* ---- the matcher (match.c) ---- */
 
@@ -144,6 +156,7 @@ enum gframe_kind {
     GF_STR,
     GF_NUM,
     GF_LIT,
+    GF_CALL,
 };
 
 /* One frame; every byte is initialised (states are compared with memcmp). */

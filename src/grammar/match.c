@@ -33,6 +33,7 @@ enum { R_FAIL = 0, R_OK, R_DONE, R_RETRY, R_VALUE };
 enum { P_PREFIX = 0, P_VALUE, P_INVAL, P_AFTER };                   /* root */
 enum { O_START = 0, O_KEY, O_COLON, O_VALUE, O_INVAL, O_AFTER, O_COMMA }; /* object */
 enum { A_START = 0, A_INVAL, A_AFTER, A_COMMA };                    /* array */
+enum { C_OPEN = 0, C_NAME, C_INNAME, C_MID, C_ARGS, C_INARGS, C_CLOSE }; /* forced call */
 enum { N_START = 0, N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP }; /* number */
 /* frame flags */
 #define FL_KEY    1   /* string: an object key (node is the object's) */
@@ -195,57 +196,122 @@ static int str_step(const struct grammar *g, struct gframe *f, uint8_t c)
 
 /* ---- numbers ---- */
 
-static double pow10i(int k)
+
+/* ---- bounded numbers: exact feasibility ----
+ *
+ * A bounded number is written without exponent in at most GM_NUM_SIG_MAX
+ * digits (GM_INT_SIG_MAX for integers), so the numbers a state can still
+ * become are a finite set: the digits so far (mantissa c, a integer and b
+ * fraction digits) followed by j more integer digits and fraction digits up
+ * to F in all. A digit is allowed only when that set meets the bounds, so
+ * the mask never leads into a number that cannot end. "Meets" is decided as
+ * a validator decides it: integers exactly in int64 (their bounds are exact,
+ * schema.c), other numbers as the double a parser reads (N / 10^F with
+ * N < 2^53 is correctly rounded, as strtod of the same digits is, and
+ * monotone in N, so the least N past the lower bound is found by search). */
+
+static const int64_t k_p10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000,
+                                1000000000, 10000000000, 100000000000, 1000000000000,
+                                10000000000000, 100000000000000, 1000000000000000,
+                                10000000000000000, 100000000000000000, 1000000000000000000};
+
+/* A number's magnitude bounds: a negative number's magnitude lies in -hi .. -lo. */
+struct mag {
+    double lo, hi;
+    bool los, his;
+    int64_t ilo, ihi;  /* integers, inclusive */
+};
+
+static struct mag mag_of(const struct gnode *nd, bool neg)
 {
-    static const double t[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
-                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
-    return k < (int)(sizeof t / sizeof t[0]) ? t[k] : pow(10.0, k);
+    struct mag m = {neg ? -nd->hi : nd->lo, neg ? -nd->lo : nd->hi, neg ? nd->hi_strict : nd->lo_strict,
+                    neg ? nd->lo_strict : nd->hi_strict, neg ? -nd->ihi : nd->ilo, neg ? -nd->ilo : nd->ihi};
+    return m;
 }
 
-/* Whether [rlo, rhi) (rhi included when !open) meets the bounds of nd as seen
- * from the number's magnitude (a negative number's magnitude is bounded by
- * -hi .. -lo). */
-static bool meets(const struct gnode *nd, bool neg, double rlo, double rhi, bool open)
+static bool mag_lo_ok(const struct mag *m, double v) { return m->los ? v > m->lo : v >= m->lo; }
+static bool mag_hi_ok(const struct mag *m, double v) { return m->his ? v < m->hi : v <= m->hi; }
+
+/* Whether some N in [nmin, nmax] (< 2^53) has N / 10^F within m. */
+static bool grid_meets(const struct mag *m, int64_t nmin, int64_t nmax, int F)
 {
-    double lo = neg ? -nd->hi : nd->lo, hi = neg ? -nd->lo : nd->hi;
-    bool los = neg ? nd->hi_strict : nd->lo_strict, his = neg ? nd->lo_strict : nd->hi_strict;
-    double a = rlo > lo ? rlo : lo, b = rhi < hi ? rhi : hi;
-    bool a_open = lo >= rlo && los;
-    bool b_open = rhi < hi ? open : rhi > hi ? his : (open || his);
-    return a < b || (a == b && !a_open && !b_open);
+    double s = (double)k_p10[F];
+    if (!mag_lo_ok(m, (double)nmin / s)) {
+        /* the least N whose value passes the lower bound: a guess, checked, else bisection */
+        double g = ceil(m->lo * s);
+        if (!(g <= (double)nmax))
+            return false;
+        int64_t n = g > (double)nmin ? (int64_t)g : nmin + 1;
+        if (!(mag_lo_ok(m, (double)n / s) && !mag_lo_ok(m, (double)(n - 1) / s))) {
+            int64_t lo = nmin, hi = nmax;  /* lo fails, hi unknown */
+            if (!mag_lo_ok(m, (double)hi / s))
+                return false;
+            while (hi - lo > 1) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (mag_lo_ok(m, (double)mid / s))
+                    hi = mid;
+                else
+                    lo = mid;
+            }
+            n = hi;
+        }
+        nmin = n;
+    }
+    return nmin <= nmax && mag_hi_ok(m, (double)nmin / s);
+}
+
+/* Whether a number with mantissa c (a integer digits; frac: a '.' was written, b fraction
+ * digits after it) followed by j_min .. j_max more integer digits can end within nd's
+ * bounds. */
+static bool can_reach(const struct gnode *nd, bool neg, int64_t c, int a, bool frac, int b, int j_min,
+                      int j_max)
+{
+    struct mag m = mag_of(nd, neg);
+    int sig = nd->integer ? GM_INT_SIG_MAX : GM_NUM_SIG_MAX;
+    for (int j = j_min; j <= j_max && a + j <= sig; j++) {
+        if (nd->integer) {  /* N in [c 10^j, (c+1) 10^j - 1] against [ilo, ihi], exactly */
+            int64_t nmin = c * k_p10[j], nmax = (c + 1) * k_p10[j] - 1;
+            if (nmin <= m.ihi && nmax >= m.ilo)
+                return true;
+            continue;
+        }
+        int F = sig - a - j;  /* the finest grid: it holds every coarser one */
+        if (frac && F < (b > 1 ? b : 1))
+            continue;
+        int k = j + F - b;
+        if (grid_meets(&m, c * k_p10[k], (c + 1) * k_p10[k] - 1, F))
+            return true;
+    }
+    return false;
 }
 
 /* Whether the number so far can still end within the bounds. */
 static bool num_feasible(const struct gnode *nd, const struct gframe *f)
 {
     bool neg = f->flags & FL_NEG;
-    double v = (double)f->c;
+    int sig = nd->integer ? GM_INT_SIG_MAX : GM_NUM_SIG_MAX;
     if (!nd->bounded)
         return true;
     switch (f->phase) {
     case N_MINUS:
-        return meets(nd, neg, 0, INFINITY, true);
+        return can_reach(nd, neg, 0, 0, false, 0, 1, sig);
     case N_ZERO:
-        return nd->integer ? meets(nd, neg, 0, 0, false) : meets(nd, neg, 0, 1, true);
-    case N_INT: {
-        int room = GM_NUM_SIG_MAX - (int)f->a;
-        for (int j = 0; j <= room; j++) {
-            double s = pow10i(j);
-            if (nd->integer ? meets(nd, neg, v * s, (v + 1) * s - 1, false)
-                            : meets(nd, neg, v * s, (v + 1) * s, true))
-                return true;
-        }
-        return false;
-    }
+        return can_reach(nd, neg, 0, 1, false, 0, 0, 0);
+    case N_INT:
+        return can_reach(nd, neg, (int64_t)f->c, (int)f->a, false, 0, 0, sig);
     case N_DOT:
-        return meets(nd, neg, v, v + 1, true);
-    case N_FRAC: {
-        double s = pow10i((int)f->b);
-        return meets(nd, neg, v / s, v / s + 1 / s, true);
-    }
+    case N_FRAC:
+        return can_reach(nd, neg, (int64_t)f->c, (int)f->a, true, (int)f->b, 0, 0);
     default:
         return true;
     }
+}
+
+bool gm_num_satisfiable(const struct gnode *nd)
+{
+    int sig = nd->integer ? GM_INT_SIG_MAX : GM_NUM_SIG_MAX;
+    return !nd->bounded || can_reach(nd, false, 0, 0, false, 0, 1, sig) ||
+           can_reach(nd, true, 0, 0, false, 0, 1, sig);
 }
 
 /* The number is complete here: its value within the bounds. */
@@ -255,13 +321,16 @@ static bool num_end_ok(const struct gnode *nd, const struct gframe *f)
         return false;
     if (!nd->bounded)
         return true;
-    double v = (double)f->c / pow10i((int)f->b);
-    return meets(nd, f->flags & FL_NEG, v, v, false);
+    struct mag m = mag_of(nd, f->flags & FL_NEG);
+    if (nd->integer)
+        return (int64_t)f->c >= m.ilo && (int64_t)f->c <= m.ihi;
+    double v = (double)f->c / (double)k_p10[f->b];
+    return mag_lo_ok(&m, v) && mag_hi_ok(&m, v);
 }
 
 static int num_digit(const struct gnode *nd, struct gframe *f, int d)
 {
-    if (nd->bounded && f->a + f->b > GM_NUM_SIG_MAX)
+    if (nd->bounded && f->a + f->b > (nd->integer ? GM_INT_SIG_MAX : GM_NUM_SIG_MAX))
         return R_FAIL;
     f->c = f->c * 10 + (uint64_t)d;
     return num_feasible(nd, f) ? R_OK : R_FAIL;
@@ -431,8 +500,42 @@ static int arr_step(const struct grammar *g, struct gframe *f, uint8_t c, uint32
     return R_FAIL;
 }
 
+/* A forced call: the text {"name": (a: bytes of it written), the name, the text
+ * ,"arguments": (a again), the arguments of the name written (b: its index), '}'. */
+static const char k_call_open[] = "{\"name\":";
+
+static int call_step(const struct grammar *g, struct gframe *f, uint8_t c, uint32_t *vn)
+{
+    const struct gnode *nd = &g->node[f->node];
+    switch (f->phase) {
+    case C_OPEN:
+        if (c != (uint8_t)k_call_open[f->a])
+            return R_FAIL;
+        if (++f->a == sizeof k_call_open - 1)
+            f->phase = C_NAME;
+        return R_OK;
+    case C_NAME:
+        f->phase = C_INNAME;
+        *vn = (uint32_t)nd->items;
+        return R_VALUE;
+    case C_MID:
+        if (c != (uint8_t)g->call_mid[f->a])
+            return R_FAIL;
+        if (++f->a == g->call_mid_len)
+            f->phase = C_ARGS;
+        return R_OK;
+    case C_ARGS:
+        f->phase = C_INARGS;
+        *vn = g->list[nd->alt0 + f->b];
+        return R_VALUE;
+    case C_CLOSE:
+        return c == '}' ? R_DONE : R_FAIL;
+    }
+    return R_FAIL;
+}
+
 /* The frame above f (now popped as child) has finished its value. */
-static void child_done(struct gstack *s, const struct gframe *child)
+static void child_done(const struct grammar *g, struct gstack *s, const struct gframe *child)
 {
     struct gframe *p = top(s);
     switch (p->kind) {
@@ -453,6 +556,16 @@ static void child_done(struct gstack *s, const struct gframe *child)
     case GF_ARR:
         p->a++;
         p->phase = A_AFTER;
+        break;
+    case GF_CALL:
+        if (p->phase == C_INNAME) {  /* the name written: which function's arguments follow */
+            const struct gtrie *t = &g->lit[g->node[child->node].trie];
+            p->b = t->order[t->node[child->a].lo];
+            p->a = 0;
+            p->phase = C_MID;
+        } else {
+            p->phase = C_CLOSE;
+        }
         break;
     }
 }
@@ -491,6 +604,9 @@ static bool start_one(const struct grammar *g, struct gstack *s, uint32_t k, uin
     case GN_LITERAL:
         f.kind = GF_LIT;
         return push(s, f) && lit_step(g, top(s), c) == R_OK;
+    case GN_CALL:
+        f.kind = GF_CALL;
+        return push(s, f) && call_step(g, top(s), c, NULL) == R_OK;
     }
     return false;
 }
@@ -560,6 +676,7 @@ static void step_one(const struct grammar *g, const struct gstack *in, uint8_t c
         case GF_STR: r = str_step(g, f, c); break;
         case GF_NUM: r = num_step(g, f, c); break;
         case GF_LIT: r = lit_step(g, f, c); break;
+        case GF_CALL: r = call_step(g, f, c, &vn); break;
         }
         if (r == R_FAIL)
             return;
@@ -573,7 +690,7 @@ static void step_one(const struct grammar *g, const struct gstack *in, uint8_t c
         }
         struct gframe child = *f;
         w->depth--;
-        child_done(w, &child);
+        child_done(g, w, &child);
         if (r == R_DONE) {
             commit(out, false, lit);
             return;
@@ -611,7 +728,7 @@ bool gm_complete(const struct grammar *g, const struct gset *s)
                 break;
             struct gframe child = *f;
             w.depth--;
-            child_done(&w, &child);
+            child_done(g, &w, &child);
         }
         const struct gframe *r = top(&w);
         if (r->kind == GF_ROOT && r->phase == P_AFTER && r->a == g->suffix_len)

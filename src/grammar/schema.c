@@ -39,6 +39,7 @@ struct cc {
     int32_t n_bool, n_null;  /* shared literal nodes, -1 until made */
     char path[256];
     size_t plen;
+    bool dotted;             /* path as tools[3].function.parameters.properties.x, not /properties/x */
 };
 
 static const char *const k_annotations[] = {
@@ -66,16 +67,29 @@ static bool in_list(const char *k, const char *const *list, size_t n)
 
 static const char *where(const struct cc *c) { return c->plen ? c->path : "/"; }
 
-/* Appends "/seg" to the path (cut when it would not fit); returns the length to restore. */
+/* Appends "/seg" (".seg" when dotted) to the path (cut when it would not fit); returns the
+ * length to restore. */
 static size_t path_push(struct cc *c, const char *seg)
 {
     size_t old = c->plen;
     size_t n = strlen(seg);
     if (old + 1 + n < sizeof c->path) {
-        c->path[old] = '/';
+        c->path[old] = c->dotted ? '.' : '/';
         memcpy(c->path + old + 1, seg, n + 1);
         c->plen = old + 1 + n;
     }
+    return old;
+}
+
+/* Appends kw and the index i: "/kw/i", or "kw[i]" when dotted; returns the length to restore. */
+static size_t path_push_idx(struct cc *c, const char *kw, unsigned i)
+{
+    size_t old = path_push(c, kw);
+    int n = snprintf(c->path + c->plen, sizeof c->path - c->plen, c->dotted ? "[%u]" : "/%u", i);
+    if (n > 0 && c->plen + (size_t)n < sizeof c->path)
+        c->plen += (size_t)n;
+    else
+        c->path[c->plen] = '\0';
     return old;
 }
 
@@ -328,10 +342,7 @@ static int build_array(struct cc *c, const cJSON *s, int depth)
                         where(c), GM_MAX_PROPS);
     uint32_t pre_nodes[GM_MAX_PROPS], n_pre = 0;
     for (p = pre ? pre->child : NULL; p; p = p->next) {
-        char idx[16];
-        snprintf(idx, sizeof idx, "%u", n_pre);
-        size_t old = path_push(c, "prefixItems");
-        path_push(c, idx);
+        size_t old = path_push_idx(c, "prefixItems", n_pre);
         int sub = compile(c, p, depth + 1);
         path_pop(c, old);
         if (sub < 0)
@@ -387,6 +398,28 @@ static int get_bound(struct cc *c, const cJSON *s, const char *key, double *v, b
     return 0;
 }
 
+/* Integer bounds are compared exactly (int64), so they must be the bounds written: cJSON
+ * reads numbers as doubles, exact for integers below 2^53 only. A bound beyond every
+ * GM_INT_SIG_MAX-digit integer is kept as a double: the loose side drops out, the tight one
+ * leaves nothing (refused below). */
+#define GM_EXACT_INT 9007199254740992.0  /* 2^53 */
+#define GM_INT_OUT   1e18                /* bounded integers have at most 18 digits */
+#define GM_INT_NONE  4000000000000000000LL
+
+static int int_bounds(struct cc *c, struct gnode *nd, double lo_w, double hi_w)
+{
+    const double w[2] = {lo_w, hi_w};
+    for (int i = 0; i < 2; i++)
+        if (isfinite(w[i]) && fabs(w[i]) >= GM_EXACT_INT && fabs(w[i]) < GM_INT_OUT)
+            return err_setf(c->e, ERR_ARG,
+                            "schema at %s: integer bound %.17g is not exact in a double (|bound| must be "
+                            "below 2^53 = 9007199254740992)", where(c), w[i]);
+    nd->ilo = nd->lo <= -GM_INT_OUT ? -GM_INT_NONE : nd->lo >= GM_INT_OUT ? GM_INT_NONE : (int64_t)nd->lo;
+    nd->ihi = nd->hi >= GM_INT_OUT ? GM_INT_NONE : nd->hi <= -GM_INT_OUT ? -GM_INT_NONE : (int64_t)nd->hi;
+    nd->bounded = nd->ilo != -GM_INT_NONE || nd->ihi != GM_INT_NONE;
+    return 0;
+}
+
 static int build_number(struct cc *c, const cJSON *s, bool integer)
 {
     double lo = -INFINITY, hi = INFINITY, v = 0;
@@ -412,6 +445,7 @@ static int build_number(struct cc *c, const cJSON *s, bool integer)
         hi = v;
         his = true;
     }
+    double lo_w = lo, hi_w = hi;
     if (integer) {  /* integer bounds become inclusive integers */
         lo = los ? floor(lo) + 1 : ceil(lo);
         hi = his ? ceil(hi) - 1 : floor(hi);
@@ -421,15 +455,22 @@ static int build_number(struct cc *c, const cJSON *s, bool integer)
         return err_setf(c->e, ERR_ARG, "schema at %s: no %s satisfies the bounds ('minimum' .. 'maximum')",
                         where(c), integer ? "integer" : "number");
     int k = new_node(c, GN_NUMBER);
-    if (k >= 0) {
-        struct gnode *nd = &c->g->node[k];
-        nd->integer = integer;
-        nd->lo = lo;
-        nd->hi = hi;
-        nd->lo_strict = los;
-        nd->hi_strict = his;
-        nd->bounded = isfinite(lo) || isfinite(hi);
-    }
+    if (k < 0)
+        return k;
+    struct gnode *nd = &c->g->node[k];
+    nd->integer = integer;
+    nd->lo = lo;
+    nd->hi = hi;
+    nd->lo_strict = los;
+    nd->hi_strict = his;
+    nd->bounded = isfinite(lo) || isfinite(hi);
+    if (integer && (rc = int_bounds(c, nd, lo_w, hi_w)) < 0)
+        return rc;
+    if (!gm_num_satisfiable(nd))
+        return err_setf(c->e, ERR_ARG,
+                        "schema at %s: no %s the output can hold (at most %d digits, no exponent, when "
+                        "bounded) satisfies the bounds ('minimum' .. 'maximum')", where(c),
+                        integer ? "integer" : "number", integer ? GM_INT_SIG_MAX : GM_NUM_SIG_MAX);
     return k;
 }
 
@@ -445,10 +486,7 @@ static int build_alt(struct cc *c, const cJSON *arr, const char *kw, int depth)
                         where(c), kw, n, GM_MAX_ALT);
     uint32_t sub[GM_MAX_ALT];
     for (const cJSON *p = arr->child; p; p = p->next, i++) {
-        char idx[16];
-        snprintf(idx, sizeof idx, "%d", i);
-        size_t old = path_push(c, kw);
-        path_push(c, idx);
+        size_t old = path_push_idx(c, kw, (unsigned)i);
         int k = compile(c, p, depth + 1);
         path_pop(c, old);
         if (k < 0)
@@ -652,8 +690,7 @@ static int compile(struct cc *c, const cJSON *s, int depth)
         const cJSON *all = cJSON_GetObjectItemCaseSensitive(s, "allOf");
         if (!cJSON_IsArray(all) || cJSON_GetArraySize(all) != 1)
             return err_setf(c->e, ERR_ARG, "schema at %s: 'allOf' is supported with one schema only", where(c));
-        size_t old = path_push(c, "allOf");
-        path_push(c, "0");
+        size_t old = path_push_idx(c, "allOf", 0);
         rc = compile(c, all->child, depth + 1);
         path_pop(c, old);
         return rc;
@@ -762,15 +799,75 @@ static int build_any(struct cc *c)
     return 0;
 }
 
-int gm_schema_compile(struct grammar *g, const cJSON *schema, bool any_object, struct err *e)
+/* A forced tool call: a GN_CALL node over the names' literal and each function's arguments,
+ * each compiled against its own parameters as the root of its "#/..." references, with
+ * errors named by the call's path (tools[i].function.parameters...). */
+static int build_calls(struct cc *c, const struct grammar_opts *o)
+{
+    struct grammar *g = c->g;
+    const char *key = o->args_key ? o->args_key : "arguments";
+    int n = o->n_calls, rc, k;
+    uint32_t args[GRAMMAR_MAX_CALLS];
+    if (n < 1 || n > GRAMMAR_MAX_CALLS || !o->calls)
+        return err_setf(c->e, ERR_RANGE, "grammar: %d functions to call (1 to %d)", n, GRAMMAR_MAX_CALLS);
+    int m = snprintf(g->call_mid, sizeof g->call_mid, ",\"%s\":", key);
+    if (m < 0 || (size_t)m >= sizeof g->call_mid || strpbrk(key, "\"\\"))
+        return err_setf(c->e, ERR_ARG, "grammar: arguments key '%.32s'", key);
+    g->call_mid_len = (uint32_t)m;
+    cJSON *names = cJSON_CreateArray();
+    if (!names)
+        return err_setf(c->e, ERR_NOMEM, "grammar: out of memory");
+    c->dotted = true;
+    for (int i = 0; i < n; i++) {
+        const struct grammar_call *call = &o->calls[i];
+        if (!call->name || !cJSON_AddItemToArray(names, cJSON_CreateString(call->name))) {
+            cJSON_Delete(names);
+            return err_setf(c->e, call->name ? ERR_NOMEM : ERR_ARG, "grammar: call %d without a name", i);
+        }
+        snprintf(c->path, sizeof c->path, "%s", call->where ? call->where : "parameters");
+        c->plen = strlen(c->path);
+        c->root = call->params;
+        k = call->params ? compile(c, call->params, 0) : (int)g->list[g->node[g->any].alt0];
+        if (k < 0) {
+            cJSON_Delete(names);
+            return k;
+        }
+        args[i] = (uint32_t)k;
+    }
+    c->plen = 0;
+    c->path[0] = '\0';
+    int lit = build_literal(c, names, NULL, "name");
+    cJSON_Delete(names);
+    if (lit < 0)
+        return lit;
+    const struct gtrie *t = &g->lit[g->node[lit].trie];
+    for (uint32_t j = 0; j < t->n_node; j++)
+        if (t->node[j].n_term > 1)
+            return err_setf(c->e, ERR_ARG, "tools: two functions named '%.64s' (a forced call needs distinct names)",
+                            o->calls[t->order[t->node[j].lo]].name);
+    if ((k = new_node(c, GN_CALL)) < 0)
+        return k;
+    g->node[k].items = lit;
+    g->node[k].alt0 = g->n_list;
+    g->node[k].n_alt = (uint32_t)n;
+    for (int i = 0; i < n; i++)
+        if ((rc = list_add(c, args[i])) < 0)
+            return rc;
+    return k;
+}
+
+int gm_schema_compile(struct grammar *g, const cJSON *schema, const struct grammar_opts *opts,
+                      struct err *e)
 {
     struct cc c = {.g = g, .root = schema, .e = e, .n_bool = -1, .n_null = -1};
     uint8_t *state = NULL;
     int rc = build_any(&c);
     if (rc < 0)
         goto out;
-    if (!schema) {
-        rc = any_object ? (int)g->list[g->node[g->any].alt0] : g->any;  /* the object alternative */
+    if (!schema && opts->n_calls > 0) {
+        rc = build_calls(&c, opts);
+    } else if (!schema) {
+        rc = opts->any_object ? (int)g->list[g->node[g->any].alt0] : g->any;  /* the object alternative */
     } else {
         rc = compile(&c, schema, 0);
     }

@@ -509,6 +509,8 @@ int anthropic_translate(const cJSON *root, bool count, int n_vocab, struct oai_r
     cJSON_Delete(o);
     if (rc < 0)
         rename_fields(err);
+    q->tools_where = "tools.%d.input_schema";  /* the tools keep their order and index */
+    q->anthropic = true;
     return rc;
 }
 

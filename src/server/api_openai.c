@@ -9,6 +9,7 @@
  * with empty choices when stream_options.include_usage (every other chunk
  * then carries "usage": null), and `data: [DONE]`.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,13 +31,27 @@ static cJSON *usage_object(const struct gen *g)
     return u;
 }
 
-/* id, object, created, model. */
+/* OpenAI's system_fingerprint names "the backend configuration the model runs with": here
+ * "fp_" and 12 hex digits of FNV-1a over the served model's id, so it changes when the
+ * model served does and stays the same across requests and restarts. */
+static void fingerprint(const struct gen *g, char out[16])
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (const char *p = g->s->model_id; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ULL;
+    snprintf(out, 16, "fp_%012llx", (unsigned long long)(h & 0xFFFFFFFFFFFFULL));
+}
+
+/* id, object, created, model, system_fingerprint. */
 static cJSON *envelope(const struct gen *g, const char *object)
 {
     cJSON *o = cJSON_CreateObject();
+    char fp[16];
+    fingerprint(g, fp);
     if (o && (!cJSON_AddStringToObject(o, "id", g->id) || !cJSON_AddStringToObject(o, "object", object) ||
               !cJSON_AddNumberToObject(o, "created", (double)g->created) ||
-              !cJSON_AddStringToObject(o, "model", g->s->model_id))) {
+              !cJSON_AddStringToObject(o, "model", g->s->model_id) ||
+              !cJSON_AddStringToObject(o, "system_fingerprint", fp))) {
         cJSON_Delete(o);
         return NULL;
     }
@@ -105,6 +120,9 @@ static cJSON *full(struct gen *g)
                 ok = cJSON_AddStringToObject(msg, "reasoning_content", c->reasoning.p) != NULL;
             if (ok && calls)
                 ok = (tc = tool_calls(c, 0, false)) && cJSON_AddItemToObject(msg, "tool_calls", tc);
+            /* as OpenAI's message has them: no refusal (this server never refuses by policy), no
+             * annotations (no web search) */
+            ok = ok && cJSON_AddNullToObject(msg, "refusal") && cJSON_AddArrayToObject(msg, "annotations");
             if (ok && c->lp) {
                 ok = (lp = cJSON_AddObjectToObject(ch, "logprobs"));
                 if (ok)
@@ -135,6 +153,32 @@ static cJSON *full(struct gen *g)
     return doc;
 }
 
+/* Chat logprob entries that may be streamed now: all once the choice is finished, else
+ * those up to the last that completes text (the ones after it, tokens of an unfinished
+ * character, are held back: the decoder's last flush may still add to the last of them). */
+static int lp_ready(const struct gen_choice *c)
+{
+    int k = 0;
+    if (c->finished)
+        return c->lp ? cJSON_GetArraySize(c->lp) : 0;
+    const cJSON *e = c->lp ? c->lp->child : NULL;
+    for (int i = 0; e; e = e->next, i++) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "token");
+        if (cJSON_IsString(t) && t->valuestring[0])
+            k = i + 1;
+    }
+    return k;
+}
+
+/* Moves the first n entries of c->lp into a new array (NULL: out of memory). */
+static cJSON *lp_take(struct gen_choice *c, int n)
+{
+    cJSON *out = cJSON_CreateArray();
+    while (out && n-- > 0)
+        cJSON_AddItemToArray(out, cJSON_DetachItemFromArray(c->lp, 0));
+    return out;
+}
+
 /* One chunk for choice i. Chat: role on the first, content / reasoning deltas (NULL: none),
  * tool calls from index `tools_from` (-1: none); completions: text. finish: NULL or the
  * reason. */
@@ -150,18 +194,15 @@ static cJSON *chunk(struct gen *g, int i, const char *text, size_t len, const ch
               cJSON_AddNumberToObject(ch, "index", i);
     if (ok && chat) {
         ok = (delta = cJSON_AddObjectToObject(ch, "delta")) &&
-             (!role || cJSON_AddStringToObject(delta, "role", "assistant")) &&
+             (!role || (cJSON_AddStringToObject(delta, "role", "assistant") && cJSON_AddNullToObject(delta, "refusal"))) &&
              (!t || cJSON_AddStringToObject(delta, "content", t)) &&
              (!rs || cJSON_AddStringToObject(delta, "reasoning_content", rs));
         if (ok && tools_from >= 0)
             ok = (tc = tool_calls(c, tools_from, true)) && cJSON_AddItemToObject(delta, "tool_calls", tc);
-        if (ok && c->lp && cJSON_GetArraySize(c->lp) > 0 && !finish) {
-            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs");
-            ok = lp != NULL;
-            if (ok) {
-                cJSON_AddItemToObject(lp, "content", c->lp);
-                ok = (c->lp = cJSON_CreateArray()) != NULL;
-            }
+        int n_lp = lp_ready(c);
+        if (ok && n_lp > 0 && !finish) {
+            cJSON *lp = cJSON_AddObjectToObject(ch, "logprobs"), *arr;
+            ok = lp && (arr = lp_take(c, n_lp)) && cJSON_AddItemToObject(lp, "content", arr);
         } else if (ok) {
             ok = cJSON_AddNullToObject(ch, "logprobs");
         }
@@ -200,7 +241,7 @@ static int events(struct gen *g)
                 return -1;
         }
         c->head_sent = true;
-        bool lp_pending = (c->lp && cJSON_GetArraySize(c->lp) > 0) ||
+        bool lp_pending = lp_ready(c) > 0 ||
                           (c->c_tokens && cJSON_GetArraySize(c->c_tokens) > 0);
         int n_tools = cJSON_GetArraySize(c->tool_calls);
         bool text = c->content.len > c->sent_content, reason = c->reasoning.len > c->sent_reasoning;

@@ -123,6 +123,10 @@ static int build_prompt(struct gen *g, struct oai_error *err)
             cJSON_Delete(extra);
             return oom(err);
         }
+        if (outparse_detect_short_ids(chat_tmpl_source(m->tmpl)) && outparse_shorten_ids(g->q.messages) < 0) {
+            cJSON_Delete(extra);
+            return oom(err);
+        }
         rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
         cJSON_Delete(extra);
         if (rc == 0 && m->reasoning)
@@ -230,21 +234,39 @@ static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_er
 
 // ---- pumping tokens into text ----
 
-/* {"token", "logprob", "bytes"} of a piece of text. */
-static cJSON *lp_entry(const char *text, size_t len, float lp)
+/* {"token", "logprob", "bytes"}: token the text, bytes the n bytes of raw. */
+static cJSON *lp_entry(const char *text, size_t len, const char *raw, size_t n, float lp)
 {
     cJSON *o = cJSON_CreateObject(), *b;
     char *t = strndup(text, len);
     bool ok = o && t && cJSON_AddStringToObject(o, "token", t) && cJSON_AddNumberToObject(o, "logprob", lp) &&
               (b = cJSON_AddArrayToObject(o, "bytes"));
-    for (size_t i = 0; ok && i < len; i++)
-        ok = cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)text[i]));
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)raw[i]));
     free(t);
     if (!ok) {
         cJSON_Delete(o);
         return NULL;
     }
     return o;
+}
+
+/* A chat logprob entry for token id whose text (the characters it completes) is text[len].
+ * Where tokens split a UTF-8 character, "token" is "" on the tokens before the last and
+ * the whole character on the one that completes it, so the tokens concatenate to the
+ * content; "bytes" is always the token's own bytes (as OpenAI gives them), so they
+ * concatenate to the content's bytes. held: text of earlier tokens is waiting for this one.
+ * A token that splits nothing carries its text's bytes (the same bytes, after what the
+ * decoder does to them: a leading space stripped, a special token skipped). */
+static cJSON *chat_lp_entry(const struct gen *g, int32_t id, bool held, const char *text, size_t len, float lp)
+{
+    char own[TOK_TOKEN_BYTES_MAX];
+    const struct tokenizer *tok = g->s->m.tok;
+    if ((held || len == 0) && id >= 0 && id < tok_vocab_size(tok) && !tok_is_special(tok, id)) {
+        int n = tok_token_bytes(tok, id, own, sizeof own);
+        return lp_entry(text, len, own, n > 0 ? (size_t)n : 0, lp);
+    }
+    return lp_entry(text, len, text, len, lp);
 }
 
 /* The logprob record of token k of choice c (before its text is pushed: alternatives are
@@ -255,14 +277,16 @@ static int record_logprobs(struct gen *g, struct gen_choice *c, int k, const cha
     const struct runner_job *j = &c->job;
     char *alt_buf = g->alt;
     if (g->ep == OAI_CHAT) {
-        cJSON *e = lp_entry(piece, piece_len, j->lp[k]), *tops;
+        bool held = c->out.ts.n_ids > c->out.ts.n_ctx;  /* the stream as before the token */
+        cJSON *e = chat_lp_entry(g, j->ids[k], held, piece, piece_len, j->lp[k]), *tops;
         if (!e || !cJSON_AddItemToArray(c->lp, e) || !(tops = cJSON_AddArrayToObject(e, "top_logprobs")))
             return -1;
         for (int t = 0; t < j->n_top; t++) {
             int32_t id = j->top_id[(size_t)k * j->n_top + t];
             int w = id == j->ids[k] ? -2 : textout_peek(&c->out, id, alt_buf, TOK_STREAM_CAP);
-            cJSON *a = w == -2 ? lp_entry(piece, piece_len, j->top_lp[(size_t)k * j->n_top + t])
-                               : lp_entry(alt_buf, w > 0 ? (size_t)w : 0, j->top_lp[(size_t)k * j->n_top + t]);
+            float lp = j->top_lp[(size_t)k * j->n_top + t];
+            cJSON *a = w == -2 ? chat_lp_entry(g, id, held, piece, piece_len, lp)
+                               : chat_lp_entry(g, id, held, alt_buf, w > 0 ? (size_t)w : 0, lp);
             if (!a || !cJSON_AddItemToArray(tops, a))
                 return -1;
         }
@@ -298,8 +322,13 @@ static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err
     if (g->ep != OAI_CHAT || !m->tmpl)
         return 0;
     bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
+    /* ids as the dialect's clients know them; 9 alphanumerics where the template demands them
+     * (an Anthropic client's toolu_ ids are shortened when they come back: outparse_shorten_ids) */
+    enum outparse_ids ids = g->q.anthropic ? OUTPARSE_IDS_ANTHROPIC
+                            : outparse_detect_short_ids(chat_tmpl_source(m->tmpl)) ? OUTPARSE_IDS_MISTRAL
+                                                                                   : OUTPARSE_IDS_OPENAI;
     struct outparse_opts o = {.format = tools ? (enum outparse_format)g->tool_format : OUTPARSE_NONE,
-                              .reasoning = m->reasoning,
+                              .reasoning = m->reasoning, .ids = ids,
                               .in_reasoning = g->in_reasoning, .tools = tools ? g->q.tools : NULL};
     if (o.format == OUTPARSE_NONE && !o.reasoning)
         return 0;
@@ -358,13 +387,35 @@ const char *gen_finish_openai(enum gen_finish f)
     }
 }
 
+/* The decoder's last flush (bytes of an unfinished character, as U+FFFD) belongs to the
+ * last token's logprob entry, so the entries' tokens still concatenate to the content (the
+ * entries after the last complete character are held back from the stream for this). */
+static int lp_flushed(struct gen_choice *c, size_t before)
+{
+    int n = c->lp ? cJSON_GetArraySize(c->lp) : 0;
+    if (n == 0 || c->out.len <= before)
+        return 0;
+    cJSON *tok = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(c->lp, n - 1), "token");
+    size_t old = strlen(tok->valuestring), add = c->out.len - before;
+    char *t = malloc(old + add + 1);
+    if (!t)
+        return -1;
+    memcpy(t, tok->valuestring, old);
+    memcpy(t + old, c->out.text + before, add);
+    t[old + add] = '\0';
+    bool ok = cJSON_SetValuestring(tok, t) != NULL;
+    free(t);
+    return ok ? 0 : -1;
+}
+
 /* A choice's text is complete: flush the parser; tool calls decide the finish reason. */
 static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
 {
     struct err e = {0};
+    size_t before = c->out.len;
     c->finished = true;
     c->finish = f;
-    if (textout_finish(&c->out, &e) < 0 || feed_ready(c) < 0 ||
+    if (textout_finish(&c->out, &e) < 0 || lp_flushed(c, before) < 0 || feed_ready(c) < 0 ||
         (c->op && outparse_finish(c->op, emit_event, c) < 0)) {
         g->rc = -1;
         oom(&g->err);
@@ -374,6 +425,9 @@ static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
         c->stop_seq = g->q.stop[c->out.stop_idx];
     if (cJSON_GetArraySize(c->tool_calls) > 0 && f == GEN_FINISH_STOP)
         c->finish = GEN_FINISH_TOOL_CALLS;
+    /* structured output the grammar could not finish is cut short, not a stop */
+    if (c->finish == GEN_FINISH_STOP && c->gstate && grammar_state_cut(c->gstate))
+        c->finish = GEN_FINISH_LENGTH;
     return 0;
 }
 
@@ -445,42 +499,36 @@ static bool pump(struct gen *g)
     return changed;
 }
 
-/* The schema of one forced call of tool t, in the format's key names:
- * {"name": <const>, "arguments" | "parameters": <its parameters>}. */
-static cJSON *call_schema(const cJSON *t, int format)
+/* The parameters of tool t as a forced call enforces them (a new tree, NULL: out of memory):
+ * read as OpenAI's strict mode reads them, no keys beyond the listed ones unless the schema
+ * says otherwise (a small model would otherwise invent keys), and an object. */
+static cJSON *call_params(const cJSON *t)
 {
-    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
-    cJSON *s = cJSON_CreateObject(), *props, *nm, *req;
-    const char *args_key = format == OUTPARSE_LLAMA3 ? "parameters" : "arguments";
-    /* the arguments as OpenAI's strict mode reads the parameters: no keys beyond the listed
-     * ones unless the schema says otherwise (a small model would otherwise invent keys) */
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "parameters");
     cJSON *args = params ? cJSON_Duplicate(params, true) : cJSON_CreateObject();
-    if (args && cJSON_GetObjectItemCaseSensitive(args, "properties") &&
+    bool ok = args != NULL;
+    if (ok && cJSON_GetObjectItemCaseSensitive(args, "properties") &&
         !cJSON_GetObjectItemCaseSensitive(args, "additionalProperties"))
-        cJSON_AddFalseToObject(args, "additionalProperties");
-    if (args && !cJSON_GetObjectItemCaseSensitive(args, "type"))
-        cJSON_AddStringToObject(args, "type", "object");
-    bool ok = s && args && cJSON_AddStringToObject(s, "type", "object") &&
-              (props = cJSON_AddObjectToObject(s, "properties")) && (nm = cJSON_AddObjectToObject(props, "name")) &&
-              cJSON_AddStringToObject(nm, "const", name->valuestring) &&
-              (cJSON_AddItemToObject(props, args_key, args) ? (args = NULL, true) : false) &&
-              (req = cJSON_AddArrayToObject(s, "required")) && cJSON_AddItemToArray(req, cJSON_CreateString("name")) &&
-              cJSON_AddItemToArray(req, cJSON_CreateString(args_key)) &&
-              cJSON_AddFalseToObject(s, "additionalProperties");
-    cJSON_Delete(args);
+        ok = cJSON_AddFalseToObject(args, "additionalProperties") != NULL;
+    if (ok && !cJSON_GetObjectItemCaseSensitive(args, "type") && !cJSON_GetObjectItemCaseSensitive(args, "$ref") &&
+        !cJSON_GetObjectItemCaseSensitive(args, "anyOf") && !cJSON_GetObjectItemCaseSensitive(args, "oneOf") &&
+        !cJSON_GetObjectItemCaseSensitive(args, "allOf"))
+        ok = cJSON_AddStringToObject(args, "type", "object") != NULL;
     if (!ok) {
-        cJSON_Delete(s);
+        cJSON_Delete(args);
         return NULL;
     }
-    return s;
+    return args;
 }
+
+_Static_assert(OAI_MAX_TOOLS <= GRAMMAR_MAX_CALLS, "a forced call must be able to choose among every tool");
 
 /* Structured output: response_format's JSON (any object, or a schema), or a forced tool call
  * (tool_choice required: one of the tools; named: that one) in the template's tool-call
  * format (a template without one gets Hermes' <tool_call> wrapper, which the output parser
- * then reads). The grammar masks every token that would leave it. */
+ * then reads). A forced call is {"name": ..., "arguments": ...}, name first, each tool's
+ * parameters compiled against their own root ("#/$defs/..." refs) and named in errors by
+ * the request's path. The grammar masks every token that would leave it. */
 static int plan_grammar(struct gen *g, struct oai_error *err)
 {
     const struct server_model *m = &g->s->m;
@@ -492,7 +540,11 @@ static int plan_grammar(struct gen *g, struct oai_error *err)
         return oai_errorf(err, 400, "invalid_request_error", NULL, "response_format",
                           "structured output needs a chat request");
     struct grammar_opts o = {.eos_ids = m->hp->eos_ids, .n_eos = m->hp->n_eos, .vocab = m->gvocab};
-    cJSON *schema = NULL, *alts = NULL, *t;
+    struct grammar_call calls[GRAMMAR_MAX_CALLS];
+    char where[GRAMMAR_MAX_CALLS][64];
+    int n = 0, i = 0, rc = 0;
+    bool nomem = false;
+    const cJSON *t;
     const char *param = forced ? "tools" : "response_format";
     if (forced) {
         if (g->tool_format == OUTPARSE_NONE)
@@ -504,23 +556,28 @@ static int plan_grammar(struct gen *g, struct oai_error *err)
         };
         o.prefix = k_wrap[g->tool_format][0];
         o.suffix = k_wrap[g->tool_format][1];
-        bool ok = (schema = cJSON_CreateObject()) && (alts = cJSON_AddArrayToObject(schema, "anyOf"));
+        o.args_key = g->tool_format == OUTPARSE_LLAMA3 ? "parameters" : "arguments";
         cJSON_ArrayForEach(t, q->tools) {
             const cJSON *name = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
-            if (ok && (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || strcmp(name->valuestring, q->tool_choice_name) == 0))
-                ok = cJSON_AddItemToArray(alts, call_schema(t, g->tool_format));
+            if (n < GRAMMAR_MAX_CALLS &&
+                (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || strcmp(name->valuestring, q->tool_choice_name) == 0)) {
+                snprintf(where[n], sizeof where[n], q->tools_where ? q->tools_where : "tools[%d].function.parameters", i);
+                calls[n] = (struct grammar_call){.name = name->valuestring, .params = call_params(t), .where = where[n]};
+                nomem |= !calls[n++].params;
+            }
+            i++;
         }
-        if (!ok) {
-            cJSON_Delete(schema);
-            return oom(err);
-        }
+        o.calls = calls;
+        o.n_calls = n;
     } else {
         o.any_object = q->format == OAI_FORMAT_JSON_OBJECT;
     }
     struct err e = {0};
-    int rc = grammar_compile(&g->gram, forced ? schema : q->format_schema, m->tok, &o, &e);
-    cJSON_Delete(schema);
-    if (rc == -ERR_NOMEM)
+    if (!nomem)
+        rc = grammar_compile(&g->gram, forced ? NULL : q->format_schema, m->tok, &o, &e);
+    for (int k = 0; k < n; k++)
+        cJSON_Delete((cJSON *)calls[k].params);
+    if (nomem || rc == -ERR_NOMEM)
         return oom(err);
     if (rc < 0)
         return oai_errorf(err, 400, "invalid_request_error", NULL, param, "%s: %s",

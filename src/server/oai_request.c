@@ -23,6 +23,8 @@
  */
 #include "oai_request.h"
 
+#include "../core/json.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -255,6 +257,23 @@ cJSON *oai_parse_object(const char *body, size_t len, struct oai_error *err)
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         bad(err, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    /* cJSON takes "02", "1." and "-.5" and keeps both members of a key given twice (and
+     * reads the first, where Python's json, and so OpenAI's server, reads the last): a
+     * request is strict JSON, and a duplicate key is refused rather than resolved, since
+     * two readers of one body (a proxy, a client's logger) may pick different values. */
+    char path[256];
+    int rc = json_check_numbers(body, len, path, sizeof path, &at);
+    if (rc == 0 && (rc = json_find_duplicate(root, path, sizeof path)) == 1)
+        bad(err, path, "the request body is not valid: the key '%s' appears twice", path);
+    else if (rc == -ERR_FORMAT)
+        bad(err, path[0] ? path : NULL, "the request body is not valid JSON (error at byte %zu: a number "
+            "must be written as JSON writes it, without leading zeros%s%s)", at, path[0] ? ", at " : "", path);
+    else if (rc < 0)
+        nomem(err);
+    if (rc != 0) {
+        cJSON_Delete(root);
         return NULL;
     }
     return root;

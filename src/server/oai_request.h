@@ -130,6 +130,10 @@ struct oai_request {
     enum oai_format format;
     cJSON *format_schema;         /* OAI_FORMAT_JSON_SCHEMA: the schema */
     cJSON *template_kwargs;
+    /* how errors name tool i's parameters in the request as the client wrote it (a printf
+     * format taking i; static, not owned); NULL: chat's "tools[%d].function.parameters" */
+    const char *tools_where;
+    bool anthropic;               /* came through /v1/messages: tool_use ids are "toolu_..." */
 };
 
 void oai_request_init(struct oai_request *r);

@@ -28,7 +28,7 @@
 #define FEED_STEP 4096      /* bytes appended per scan: bounds the buffer beyond an open call */
 #define MAX_NAME 256        /* longest function name accepted */
 #define MAX_WS_HOLD 64      /* trailing whitespace held (and dropped) before </think> */
-#define ID_CHARS 24         /* "call_" + 24 alphanumerics, as OpenAI's ids look */
+#define ID_MAX 40           /* bytes of the longest call id, NUL included */
 
 static const char k_think_open[] = "<think>";
 static const char k_think_close[] = "</think>";
@@ -147,18 +147,81 @@ static void consume(struct outparse *p, size_t n)
     p->len -= n;
 }
 
-/* xorshift64*: ids need to be unique, not secret. */
-static void make_id(struct outparse *p, char id[5 + ID_CHARS + 1])
+/* xorshift64*: ids need to be unique, not secret. A call id in the opts' style:
+ * OpenAI's "call_" + 24 alphanumerics, Anthropic's "toolu_01" + 22, or the 9
+ * alphanumerics Mistral's templates demand (vLLM issues the same for Mistral models). */
+static void make_id(struct outparse *p, char id[ID_MAX])
 {
     static const char k_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    memcpy(id, "call_", 5);
-    for (int i = 0; i < ID_CHARS; i++) {
+    static const struct { const char *prefix; int n; } k_style[] = {
+        [OUTPARSE_IDS_OPENAI] = {"call_", 24},
+        [OUTPARSE_IDS_ANTHROPIC] = {"toolu_01", 22},
+        [OUTPARSE_IDS_MISTRAL] = {"", 9},
+    };
+    unsigned st = (unsigned)p->o.ids < sizeof k_style / sizeof k_style[0] ? (unsigned)p->o.ids : 0;
+    size_t k = strlen(k_style[st].prefix);
+    memcpy(id, k_style[st].prefix, k);
+    for (int i = 0; i < k_style[st].n; i++) {
         p->rng ^= p->rng >> 12;
         p->rng ^= p->rng << 25;
         p->rng ^= p->rng >> 27;
-        id[5 + i] = k_alnum[((p->rng * 0x2545F4914F6CDD1DULL) >> 33) % 62];
+        id[k++] = k_alnum[((p->rng * 0x2545F4914F6CDD1DULL) >> 33) % 62];
     }
-    id[5 + ID_CHARS] = 0;
+    id[k] = 0;
+}
+
+bool outparse_detect_short_ids(const char *src)
+{
+    return src && (strstr(src, k_mistral_open) || strstr(src, "length != 9") || strstr(src, "length == 9"));
+}
+
+bool outparse_short_id_ok(const char *id)
+{
+    size_t n = 0;
+    for (; id[n]; n++)
+        if (!((id[n] >= '0' && id[n] <= '9') || (id[n] >= 'a' && id[n] <= 'z') || (id[n] >= 'A' && id[n] <= 'Z')))
+            return false;
+    return n == 9;
+}
+
+void outparse_short_id(const char *id, char out[10])
+{
+    static const char k_alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    if (outparse_short_id_ok(id)) {
+        memcpy(out, id, 10);
+        return;
+    }
+    uint64_t h = 0xcbf29ce484222325ULL;  /* FNV-1a: one id always maps to one short id */
+    for (const char *q = id; *q; q++)
+        h = (h ^ (uint8_t)*q) * 0x100000001b3ULL;
+    for (int i = 0; i < 9; i++) {
+        out[i] = k_alnum[h % 62];
+        h /= 62;
+    }
+    out[9] = 0;
+}
+
+int outparse_shorten_ids(cJSON *messages)
+{
+    const cJSON *m, *t;
+    char id[10];
+    cJSON_ArrayForEach(m, messages) {
+        cJSON *tid = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (cJSON_IsString(tid) && !outparse_short_id_ok(tid->valuestring)) {
+            outparse_short_id(tid->valuestring, id);
+            if (!cJSON_SetValuestring(tid, id))
+                return -ERR_NOMEM;
+        }
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
+            cJSON *cid = cJSON_GetObjectItemCaseSensitive(t, "id");
+            if (cJSON_IsString(cid) && !outparse_short_id_ok(cid->valuestring)) {
+                outparse_short_id(cid->valuestring, id);
+                if (!cJSON_SetValuestring(cid, id))
+                    return -ERR_NOMEM;
+            }
+        }
+    }
+    return 0;
 }
 
 /* ---- JSON helpers over text cJSON has already accepted ---- */
@@ -404,7 +467,7 @@ static int emit_block(struct outparse *p, outparse_emit_fn emit, void *ud)
     }
     rc = 0;
     for (int i = 0; i < nc && rc == 0; i++) {
-        char id[5 + ID_CHARS + 1];
+        char id[ID_MAX];
         make_id(p, id);
         struct outparse_event ev = {.kind = OUTPARSE_TOOL_CALL, .text = calls[i].args,
                                     .len = strlen(calls[i].args), .name = calls[i].name, .id = id,

@@ -83,7 +83,7 @@ struct outparse_event {
     const char *text;            /* TEXT / REASONING: the delta; TOOL_CALL: arguments JSON */
     size_t len;
     const char *name;            /* TOOL_CALL: function name */
-    const char *id;              /* TOOL_CALL: "call_<random>" */
+    const char *id;              /* TOOL_CALL: in the opts' style (enum outparse_ids) */
     int index;                   /* TOOL_CALL: 0, 1, ... in order */
     const char *raw;             /* TOOL_CALL: the input bytes of the block the call came from,
                                   * markers included (on the first call of a block; the other
@@ -97,6 +97,32 @@ struct outparse_event {
  * later call on the parser. */
 typedef int (*outparse_emit_fn)(void *ud, const struct outparse_event *ev);
 
+/* The form of the call ids a parser makes. */
+enum outparse_ids {
+    OUTPARSE_IDS_OPENAI = 0,     /* "call_" + 24 alphanumerics, as OpenAI's */
+    OUTPARSE_IDS_ANTHROPIC = 1,  /* "toolu_01" + 22 alphanumerics, as Anthropic's */
+    OUTPARSE_IDS_MISTRAL = 2,    /* 9 alphanumerics: what Mistral's chat templates demand */
+};
+
+/* Whether a chat template's source demands 9-character call ids: it teaches Mistral's
+ * [TOOL_CALLS] format (vLLM gives every Mistral model such ids) or checks an id's length
+ * against 9 (Mistral's templates raise "Tool call IDs should be alphanumeric strings with
+ * length 9!"). */
+bool outparse_detect_short_ids(const char *template_src);
+/* Whether id is 9 alphanumerics. */
+bool outparse_short_id_ok(const char *id);
+/* The 9-alphanumeric id such a template is shown for a client's id: the id itself when it
+ * is one, else a hash of it (so an assistant turn's call and the tool turn answering it,
+ * which carry the same id, keep matching). */
+void outparse_short_id(const char *id, char out[10]);
+/* Every call id of a chat request's messages (assistant tool_calls[].id, tool turns'
+ * tool_call_id) in place as outparse_short_id gives it, for a template that demands
+ * short ids: the ids a client sends back are whatever it got, from this server (already
+ * short) or another ("call_...", "toolu_..."). vLLM does the same for Mistral models (it
+ * keeps an id's last 9 characters); the hash keeps ids that are not alphanumeric, or
+ * shorter than 9, usable too. 0 or -ERR_NOMEM. */
+int outparse_shorten_ids(cJSON *messages);
+
 struct outparse_opts {
     enum outparse_format format; /* OUTPARSE_NONE: no tool calls are parsed */
     bool reasoning;              /* split <think>...</think> */
@@ -106,6 +132,7 @@ struct outparse_opts {
                                   * {"type": "function", "function": {"name": ...}} or
                                   * Anthropic {"name": ...} tools. */
     uint64_t id_seed;            /* 0: call ids are random; else they are a function of it (tests) */
+    enum outparse_ids ids;       /* the form of the call ids */
 };
 
 struct outparse;

@@ -516,6 +516,7 @@ int responses_translate(const cJSON *root, int n_vocab, struct oai_request *q, c
         responses_rename_fields(err);
         goto out;
     }
+    q->tools_where = "tools[%d].parameters";  /* flat function tools, in their order */
     if (!(*echo = echo_new(&p))) {
         oai_request_free(q);
         nomem(err);

@@ -77,6 +77,13 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         assert.ok(['stop', 'length'].includes(ch.finish_reason), ch.finish_reason);
         checkUsage(c.usage, 16);
         if (ch.finish_reason === 'length') assert.equal(c.usage.completion_tokens, 16);
+        // issue 39 item 9: the fields OpenAI's message and response carry
+        assert.equal(ch.message.refusal, null);
+        assert.deepEqual(ch.message.annotations, []);
+        assert.match(c.system_fingerprint, /^fp_[0-9a-f]{12}$/);
+        const chunks = await collect(await chat('ROMEO:', { stream: true, max_tokens: 3 }));
+        assert.ok(chunks.every((k) => k.system_fingerprint === c.system_fingerprint), JSON.stringify(chunks[0]));
+        assert.equal(chunks[0].choices[0].delta.refusal, null);
     });
 
     it('max_tokens 3 -> finish_reason length, 3 completion tokens', async () => {
@@ -286,6 +293,36 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         const slp = chunks.flatMap((ch) => ch.choices[0]?.logprobs?.content ?? []);
         assert.deepEqual(slp.map((e) => e.token), lp.map((e) => e.token));
         slp.forEach((e, i) => assert.ok(Math.abs(e.logprob - lp[i].logprob) <= 1e-6));
+    });
+
+    // issue 39 item 8: tokens that split a UTF-8 character (the bias leaves only the byte tokens
+    // of 'ü', so every token is half a character): each entry carries its own token's bytes, the
+    // tokens concatenate to the content (the character on the token that completes it, "" before),
+    // streamed entries equal the non-streamed ones, also when the output ends mid-character
+    it('chat logprobs where tokens split characters: own bytes, tokens concatenate to the content', async () => {
+        const ids = (await post(srv.base, '/tokenize', { content: 'ü' })).json.tokens;
+        assert.equal(ids.length, 2, 'ü is two byte tokens in this vocabulary');
+        const logit_bias = Object.fromEntries(ids.map((i) => [String(i), 100]));
+        let splits = 0;
+        for (const [temperature, max_tokens, seed] of [[0, 2, 1], [0, 5, 1], [1, 6, 2], [1, 7, 3], [1, 6, 4]]) {
+            const body = { model: MODEL, messages: [{ role: 'user', content: 'hi' }], temperature, seed, max_tokens,
+                logprobs: true, top_logprobs: 2, logit_bias };
+            const c = await api.chat.completions.create(body);
+            const content = c.choices[0].message.content, lp = c.choices[0].logprobs.content;
+            const what = `${JSON.stringify(content)} ${JSON.stringify(lp.map((e) => [e.token, e.bytes]))}`;
+            assert.equal(lp.length, c.usage.completion_tokens, what);
+            assert.equal(lp.map((e) => e.token).join(''), content, what);
+            for (const e of lp) {
+                assert.equal(e.bytes.length, 1, `each byte token's own byte: ${what}`);
+                for (const t of e.top_logprobs) if (t.token !== '') assert.ok(t.bytes.length > 0, `${what} ${JSON.stringify(t)}`);
+                splits += e.token === '';
+            }
+            if (!content.includes('\ufffd')) assert.equal(Buffer.from(lp.flatMap((e) => e.bytes)).toString('utf8'), content, what);
+            const slp = (await collect(await api.chat.completions.create({ ...body, stream: true })))
+                .flatMap((k) => k.choices[0]?.logprobs?.content ?? []);
+            assert.deepEqual(slp.map((e) => [e.token, e.bytes]), lp.map((e) => [e.token, e.bytes]), what);
+        }
+        assert.ok(splits > 0);
     });
 
     it('chat logprobs with a stop string: the tokens run through the stop string', async () => {

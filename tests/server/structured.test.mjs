@@ -184,6 +184,7 @@ describe('structured output and tool calls', { timeout: 300_000 * SLOW }, () => 
         assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m.content));
         const use = m.content.find((b) => b.type === 'tool_use');
         assert.equal(use.name, 'get_weather');
+        assert.match(use.id, /^toolu_01[A-Za-z0-9]{22}$/, 'Anthropic-style tool_use ids (issue 39 item 9)');
         assert.equal(validate(use.input, { ...WEATHER, additionalProperties: false }), null, JSON.stringify(use.input));
         const r = await oa.responses.create({ model: MODEL, input: 'weather in Oslo?', max_output_tokens: 120, temperature: 1,
             tools: [{ type: 'function', name: 'get_weather', parameters: WEATHER, strict: false }],
@@ -192,6 +193,81 @@ describe('structured output and tool calls', { timeout: 300_000 * SLOW }, () => 
         assert.ok(fc, JSON.stringify(r.output));
         assert.equal(fc.name, 'get_weather');
         assert.equal(validate(JSON.parse(fc.arguments), { ...WEATHER, additionalProperties: false }), null, fc.arguments);
+    });
+
+    // issue 39 item 2: 17 tools and tools whose parameters use $defs (as pydantic and zod emit) in a
+    // forced call; each tool's "#/..." refs resolve against its own parameters
+    const MANY = Array.from({ length: 17 }, (_, i) => ({ type: 'function', function: { name: `tool_${String.fromCharCode(97 + i)}`,
+        parameters: { type: 'object', properties: { v: { $ref: '#/$defs/val' } }, required: ['v'], additionalProperties: false,
+            $defs: { val: { type: 'integer', minimum: 10 * i, maximum: 10 * i + 5 } } } } }));
+    const checkMany = (name, args, what) => {
+        const k = MANY.findIndex((t) => t.function.name === name);
+        assert.ok(k >= 0, `${what}: unknown tool ${name}`);
+        assert.deepEqual(Object.keys(args), ['v'], what);
+        assert.ok(Number.isInteger(args.v) && args.v >= 10 * k && args.v <= 10 * k + 5, `${what}: ${name} ${JSON.stringify(args)}`);
+    };
+
+    it('forced calls over 17 tools with $defs refs: chat required and named, Anthropic any and tool', async () => {
+        for (let seed = 1; seed <= 6; seed++) {
+            const r = await oa.chat.completions.create({ model: MODEL, messages: USER, tools: MANY, tool_choice: 'required',
+                temperature: 1, seed, max_tokens: 60 });
+            const c = r.choices[0];
+            assert.equal(c.finish_reason, 'tool_calls', `seed ${seed}: ${JSON.stringify(c.message)}`);
+            checkMany(c.message.tool_calls[0].function.name, JSON.parse(c.message.tool_calls[0].function.arguments), `seed ${seed}`);
+        }
+        const named = await oa.chat.completions.create({ model: MODEL, messages: USER, tools: MANY, temperature: 1, seed: 3,
+            tool_choice: { type: 'function', function: { name: 'tool_q' } }, max_tokens: 60 });
+        const call = named.choices[0].message.tool_calls[0];
+        assert.equal(call.function.name, 'tool_q');
+        checkMany('tool_q', JSON.parse(call.function.arguments), 'named');
+        const an = new Anthropic({ baseURL: srv.base, apiKey: 'x', maxRetries: 0 });
+        const atools = MANY.map((t) => ({ name: t.function.name, input_schema: t.function.parameters }));
+        for (const tool_choice of [{ type: 'any' }, { type: 'tool', name: 'tool_p' }]) {
+            const m = await an.messages.create({ model: MODEL, max_tokens: 60, messages: USER, temperature: 1, tools: atools, tool_choice });
+            assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m.content));
+            const use = m.content.find((b) => b.type === 'tool_use');
+            if (tool_choice.name) assert.equal(use.name, tool_choice.name);
+            checkMany(use.name, use.input, JSON.stringify(tool_choice));
+        }
+    });
+
+    it('a tool schema that cannot be enforced is a 400 naming the tool path, not an internal anyOf', async () => {
+        const tools = MANY.map((t, i) => i !== 3 ? t : { type: 'function', function: { name: 'bad',
+            parameters: { type: 'object', properties: { x: { type: 'string', pattern: 'a+' } } } } });
+        const r = await post(srv.base, '/v1/chat/completions', { messages: USER, tools, tool_choice: 'required', max_tokens: 4 });
+        assert.equal(r.status, 400, r.text);
+        assert.match(r.json.error.message, /tools\[3\]\.function\.parameters\.properties\.x/);
+        assert.doesNotMatch(r.json.error.message, /anyOf/);
+    });
+
+    // issue 39 item 4: bounds are met exactly, or the schema is refused; never invalid output with stop
+    it('numeric bounds at the edges validate; bounds that cannot be met are a 400', async () => {
+        const BIG = { type: 'object', properties: { a: { type: 'integer', minimum: 1e15 }, b: { type: 'integer', maximum: -1e15 },
+            c: { type: 'number', exclusiveMinimum: 0, exclusiveMaximum: 1e-9 } }, required: ['a', 'b', 'c'], additionalProperties: false };
+        for (let seed = 1; seed <= 4; seed++) {
+            const r = await oa.chat.completions.create({ model: MODEL, messages: USER, temperature: 1, seed, max_tokens: 120,
+                response_format: { type: 'json_schema', json_schema: { name: 'b', schema: BIG } } });
+            const c = r.choices[0];
+            if (c.finish_reason !== 'stop') continue;
+            const v = JSON.parse(c.message.content);
+            assert.ok(Number.isInteger(v.a) && v.a >= 1e15 && Number.isInteger(v.b) && v.b <= -1e15 && v.c > 0 && v.c < 1e-9,
+                `seed ${seed}: ${c.message.content}`);
+        }
+        // a document the grammar cannot finish (every completion nests deeper than it follows)
+        // ends as cut short: finish_reason length, never stop
+        const DEEP = { $defs: { a: { type: 'object', properties: { x: { $ref: '#/$defs/a' } }, required: ['x'], additionalProperties: false } },
+            $ref: '#/$defs/a' };
+        const deep = await oa.chat.completions.create({ model: MODEL, messages: USER, temperature: 0, max_tokens: 450,
+            response_format: { type: 'json_schema', json_schema: { name: 'deep', schema: DEEP } } });
+        assert.equal(deep.choices[0].finish_reason, 'length', deep.choices[0].message.content);
+        assert.ok(deep.usage.completion_tokens < 450, `ended before max_tokens: ${deep.usage.completion_tokens}`);
+        for (const schema of [{ type: 'integer', minimum: 9007199254740993 }, { type: 'number', minimum: 1e21 },
+            { type: 'number', exclusiveMinimum: 0, exclusiveMaximum: 1e-300 }]) {
+            const r = await post(srv.base, '/v1/chat/completions', { messages: USER, max_tokens: 4,
+                response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { n: schema } } } } });
+            assert.equal(r.status, 400, `${JSON.stringify(schema)}: ${r.text}`);
+            assert.match(r.json.error.message, /\/properties\/n/);
+        }
     });
 
     it('stops cleanly', async () => { await srv.stop(); });
