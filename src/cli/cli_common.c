@@ -3,22 +3,24 @@
  * range checks, file reading with a size cap, model-folder resolution.
  *
  * Everything the CLI prints about untrusted names goes through one of two
- * filters: messages on stderr (cli_fail, cli_usage_error) escape control
- * bytes and bytes that are not UTF-8 as \n, \t, \xNN, so a message is
- * always one line of valid UTF-8; JSON on stdout (cli_print_json) replaces
- * bytes that are not UTF-8 with \ufffd, since cJSON copies strings as they
- * are and its output would otherwise not be JSON.
+ * filters: messages on stderr (cli_fail, cli_usage_error) and names in text
+ * tables are escaped by src/core/termsafe (control bytes and bytes that are
+ * not UTF-8 as \n, \t, \xNN, C1 and bidi controls as \uNNNN), so a message
+ * is always one line of valid UTF-8 that cannot drive the terminal; JSON on
+ * stdout (cli_print_json) replaces bytes that are not UTF-8 with \ufffd, since
+ * cJSON copies strings as they are and its output would otherwise not be
+ * JSON, and writes C1 and bidi controls as \u escapes (cJSON escapes C0).
  */
 #include "cli.h"
 
 #include <cjson/cJSON.h>
 
 #include "../core/fileio.h"
+#include "../core/termsafe.h"
 #include "../engine/kvcache.h"
 #include "../hub/hub.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
-#include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
 
 #include <ctype.h>
 #include <dirent.h>
@@ -41,25 +43,13 @@
 /* Length of the valid UTF-8 character at s (n bytes left), 0 when s[0] starts none. */
 static size_t utf8_char_len(const char *s, size_t n)
 {
-    size_t need, ok = tok_utf8_seq((const unsigned char *)s, n, &need);
-    return need > 0 && ok == need ? need : 0;
+    return termsafe_utf8_len(s, n);
 }
 
-/* s as one line of valid UTF-8 on f: control and invalid bytes as \n, \r, \t, \xNN. */
+/* s as one line of valid UTF-8 on f that cannot drive a terminal (termsafe.h). */
 static void put_escaped(FILE *f, const char *s)
 {
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        size_t k = utf8_char_len(s + i, n - i);
-        if (c == '\n' || c == '\r' || c == '\t')
-            fprintf(f, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
-        else if (k == 0 || c < 0x20 || c == 0x7f)
-            fprintf(f, "\\x%02X", c);
-        else
-            fwrite(s + i, 1, k, f);
-        i += k ? k : 1;
-    }
+    termsafe_fputs(s, f);
 }
 
 int cli_fail(const char *cmd, const struct err *e)
@@ -314,8 +304,11 @@ int cli_print_json(struct cJSON *root, struct err *e)
     size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
         size_t k = utf8_char_len(s + i, n - i);
+        unsigned cp = k ? termsafe_unicode_control(s + i, k) : 0;
         if (k == 0)
             fputs("\\ufffd", stdout);
+        else if (cp)
+            printf("\\u%04x", cp);
         else
             fwrite(s + i, 1, k, stdout);
         i += k ? k : 1;

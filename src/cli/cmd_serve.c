@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "../core/log.h"
+#include "../core/termsafe.h"
 #include "../engine/runner.h"
 #include "../grammar/grammar.h"
 #include "../server/outparse.h"
@@ -265,8 +266,10 @@ int cmd_serve(int argc, char **argv)
     server_set_model(srv, &sm);
     bool v6 = strchr(so.host, ':') != NULL;
     enum dtype kvt = sv.en.kv->dtype;
+    char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
-           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx,
+           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), termsafe_str(id, id_esc, sizeof id_esc),
+           o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be->fast ? ", fast" : "");
     fflush(stdout);
