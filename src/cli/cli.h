@@ -92,6 +92,17 @@ struct cJSON;
  * become \ufffd, so the output is always valid JSON. */
 int cli_print_json(struct cJSON *root, struct err *e);
 
+/* Standard output as a checked stream. Writes to stdout are buffered, so a full disk,
+ * /dev/full or a closed descriptor shows only at a flush: cli_stdout_check flushes and
+ * returns 0, or -ERR_IO with "writing standard output: <reason>" in e once any write
+ * has failed. main() calls cli_stdout_close after every command (help and version
+ * included), so no command exits 0 with output that was not written; commands that
+ * stream (generate) or print before running on (serve) call cli_stdout_check to stop
+ * early. */
+int cli_stdout_check(struct err *e);
+/* Flush and close stdout; as cli_stdout_check, also when only the close fails. */
+int cli_stdout_close(struct err *e);
+
 /* True when stderr is a terminal (progress output goes there only then). */
 bool cli_stderr_is_tty(void);
 

@@ -318,6 +318,37 @@ int cli_print_json(struct cJSON *root, struct err *e)
     return 0;
 }
 
+/* ---- standard output ---- */
+
+/* errno of the first failed stdout flush seen, 0 while none has failed: ferror() keeps
+ * only that a write failed, and errno is overwritten by later calls. */
+static int g_stdout_errno;
+
+static int stdout_error(struct err *e)
+{
+    return err_setf(e, ERR_IO, "writing standard output: %s",
+                    g_stdout_errno ? strerror(g_stdout_errno) : "a write failed");
+}
+
+int cli_stdout_check(struct err *e)
+{
+    errno = 0;
+    if (fflush(stdout) != 0 && !g_stdout_errno)
+        g_stdout_errno = errno;
+    return ferror(stdout) || g_stdout_errno ? stdout_error(e) : 0;
+}
+
+int cli_stdout_close(struct err *e)
+{
+    int rc = cli_stdout_check(e);
+    errno = 0;
+    if (fclose(stdout) != 0 && rc == 0) {
+        g_stdout_errno = errno;
+        rc = stdout_error(e);
+    }
+    return rc;
+}
+
 bool cli_stderr_is_tty(void)
 {
     return isatty(STDERR_FILENO) == 1;

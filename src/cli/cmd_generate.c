@@ -79,6 +79,7 @@ struct sink {
     int32_t *ids;
     size_t n, cap;
     int failed;
+    bool write_failed;  /* stdout could not be written: generation stops */
     int undecodable;   /* ids the tokenizer has no text for (model vocab > tokenizer vocab) */
 };
 
@@ -99,7 +100,8 @@ static int on_token(void *ud, int32_t id)
         int w = tok_stream_push(&s->ts, id, buf, sizeof buf, NULL);
         if (w > 0) {
             fwrite(buf, 1, (size_t)w, stdout);
-            fflush(stdout);
+            if (cli_stdout_check(NULL) < 0)
+                return s->write_failed = true;  /* no use computing what cannot be shown */
         } else if (w < 0) {
             s->undecodable++;
         }
@@ -378,6 +380,10 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     if (sink.failed) {
         err_setf(&e, ERR_NOMEM, "out of memory collecting output");
+        goto fail;
+    }
+    if (sink.write_failed) {
+        cli_stdout_check(&e);
         goto fail;
     }
     if (o.output_ids) {

@@ -272,7 +272,10 @@ int cmd_serve(int argc, char **argv)
            o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be->fast ? ", fast" : "");
-    fflush(stdout);
+    /* the ready line is what scripts wait for: a server that cannot say where it
+     * listens stops rather than run unseen */
+    if ((rc = cli_stdout_check(&e)) < 0)
+        goto out;
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "mlxcel serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");

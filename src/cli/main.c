@@ -106,6 +106,18 @@ static int strip_global(int *argc, char **argv)
     return 0;
 }
 
+/* The exit status once stdout is closed: a command that succeeded but whose output
+ * could not be written (a full disk, /dev/full, a closed descriptor) fails with a
+ * message, as coreutils' close_stdout does; a failed command keeps its own status and
+ * message. */
+static int finish(const char *cmd, int status)
+{
+    struct err e = {0};
+    if (cli_stdout_close(&e) < 0 && status == CLI_EXIT_OK)
+        return cli_fail(cmd, &e);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -114,13 +126,13 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return CLI_EXIT_OK;
+        return finish("--help", CLI_EXIT_OK);
     }
     if (strcmp(argv[1], "--version") == 0) {
         char buf[2048];
         backend_describe(buf, sizeof buf);
         printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
-        return CLI_EXIT_OK;
+        return finish("--version", CLI_EXIT_OK);
     }
     int sg = strip_global(&argc, argv);
     if (sg < 0) {
@@ -130,7 +142,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
-            return k_commands[i].run(argc - 1, argv + 1);
+            return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "mlxcel: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return CLI_EXIT_USAGE;
