@@ -87,6 +87,12 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                     int max_seq_len, struct err *e);
 void cli_engine_close(struct cli_engine *en);
 
+/* The values m's generation_config.json gave, checked against the bounds of the flags
+ * that override them (sampler_bounds: the same rule for --temp and "temperature"):
+ * -ERR_ARG naming the file, the key and the range otherwise. generate and serve call it
+ * once the model is loaded, so a bad file fails before any work. */
+int cli_check_generation_config(const struct model *m, struct err *e);
+
 struct cJSON;
 /* Print root to stdout and free it; bytes that are not UTF-8 (in names read from disk)
  * become \ufffd, so the output is always valid JSON. */

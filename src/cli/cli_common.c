@@ -18,6 +18,7 @@
 #include "../core/fileio.h"
 #include "../core/termsafe.h"
 #include "../engine/kvcache.h"
+#include "../engine/sampler.h"
 #include "../hub/hub.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
@@ -387,6 +388,29 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
 }
 
 // ---- engine ----
+
+int cli_check_generation_config(const struct model *m, struct err *e)
+{
+    const struct generation_defaults *g = &m->gen;
+    const struct {
+        enum sampler_field f;
+        double v;
+    } k_vals[] = {
+        {SAMPLER_TEMPERATURE, g->temperature},
+        {SAMPLER_TOP_K, g->top_k == GEN_TOP_K_ABSENT ? NAN : g->top_k},
+        {SAMPLER_TOP_P, g->top_p},
+        {SAMPLER_MIN_P, g->min_p},
+        {SAMPLER_REPEAT_PENALTY, g->repeat_penalty},
+    };
+    char src[4200];
+    snprintf(src, sizeof src, "%s/generation_config.json", m->dir);
+    for (size_t i = 0; i < sizeof k_vals / sizeof k_vals[0]; i++) {
+        int rc;
+        if (!isnan(k_vals[i].v) && (rc = sampler_bound_check(k_vals[i].f, k_vals[i].v, src, e)) < 0)
+            return rc;
+    }
+    return 0;
+}
 
 int cli_kv_dtype(enum dtype *out, struct err *e)
 {

@@ -194,7 +194,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
                 struct err *e)
 {
     int rc;
-    if ((rc = tok_load(&sv->tok, dir, e)) < 0 || (rc = model_load(&sv->m, dir, e)) < 0)
+    if ((rc = model_load(&sv->m, dir, e)) < 0 || (rc = cli_check_generation_config(sv->m, e)) < 0 ||
+        (rc = tok_load(&sv->tok, dir, e)) < 0)
         return rc;
     rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
     if (rc == -ERR_MISSING)

@@ -931,15 +931,6 @@ static int copy_metadata(void *ud, struct outdir *od, struct err *e)
     return rc;
 }
 
-/* The dtype mlx-lm casts to: config "torch_dtype" (or "dtype"), when it names one. */
-static int config_dtype(const cJSON *cfg)
-{
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
-    if (!cJSON_IsString(j))
-        j = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
-    return cJSON_IsString(j) ? ck_dtype_parse(j->valuestring) : -1;
-}
-
 int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, struct err *e)
 {
     char path[4200];
@@ -959,7 +950,13 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);
         goto out;
     }
-    st->dtype = o->dtype >= 0 ? o->dtype : config_dtype(cfg);
+    /* the dtype mlx-lm casts to: the config's (a dtype that is none is refused) */
+    int cfg_dt;
+    if ((rc = cfg_model_dtype(cfg, &cfg_dt, e)) < 0) {
+        err_prefix(e, "%s", path);
+        goto out;
+    }
+    st->dtype = o->dtype >= 0 ? o->dtype : cfg_dt;
     if ((rc = st_set_open(&set, o->src, e)) < 0)
         goto out;
     st->n_inputs = st_set_count(set);
