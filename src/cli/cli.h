@@ -94,6 +94,17 @@ void cli_engine_close(struct cli_engine *en);
 int cli_check_generation_config(const struct model *m, struct err *e);
 
 struct cJSON;
+/* Parse len bytes of JSON the user gave (a file or a flag's value; `what` names it in
+ * messages) into *out (any JSON value; the caller cJSON_Deletes it). The whole text must
+ * be one value. A NUL character, as a raw byte or as \u0000 in a string, is refused
+ * naming its byte offset: cJSON strings end at a NUL and chat templates render them, so it
+ * would otherwise cut the message short without a word. */
+int cli_parse_json(const char *buf, size_t len, const char *what, struct cJSON **out, struct err *e);
+/* n bytes of s (NULs included) as a malloc'd JSON string literal with its quotes, for
+ * cJSON_AddRawToObject / cJSON_CreateRaw where cJSON's own strings would stop at a NUL;
+ * NULL when out of memory. */
+char *cli_json_quote(const char *s, size_t n);
+
 /* Print root to stdout and free it; bytes that are not UTF-8 (in names read from disk)
  * become \ufffd, so the output is always valid JSON. */
 int cli_print_json(struct cJSON *root, struct err *e);

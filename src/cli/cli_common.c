@@ -295,6 +295,78 @@ int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
     return cli_pull_model(arg, buf, cap, e);
 }
 
+/* Offset of the first \u0000 escape inside a JSON string of buf, or -1. */
+static long find_nul_escape(const char *buf, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = buf[i] == '"';
+            continue;
+        }
+        if (buf[i] == '"') {
+            in_str = false;
+        } else if (buf[i] == '\\' && i + 1 < len) {
+            if (buf[i + 1] == 'u' && i + 5 < len && memcmp(buf + i + 2, "0000", 4) == 0)
+                return (long)i;
+            i++;  /* the escaped character: \" does not end the string */
+        }
+    }
+    return -1;
+}
+
+int cli_parse_json(const char *buf, size_t len, const char *what, cJSON **out, struct err *e)
+{
+    const char *nul = len ? memchr(buf, '\0', len) : NULL, *end = NULL;
+    long esc = find_nul_escape(buf, len);
+    *out = NULL;
+    if (nul)
+        return err_setf(e, ERR_ARG, "%s: a NUL byte at byte %zu (NUL characters cannot go through chat "
+                        "templates; remove it)", what, (size_t)(nul - buf));
+    if (esc >= 0)
+        return err_setf(e, ERR_ARG, "%s: a \\u0000 (NUL) character at byte %ld (NUL characters cannot go "
+                        "through chat templates, whose strings end at one; remove it)", what, esc);
+    errno = 0;
+    cJSON *v = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    if (!v)
+        return errno == ENOMEM ? err_setf(e, ERR_NOMEM, "%s: out of memory", what)
+                               : err_setf(e, ERR_ARG, "%s is not valid JSON (error at byte %zu of %zu)", what,
+                                          end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0, len);
+    size_t at = (size_t)(end - buf);
+    while (at < len && (buf[at] == ' ' || buf[at] == '\t' || buf[at] == '\n' || buf[at] == '\r'))
+        at++;
+    if (at != len) {
+        cJSON_Delete(v);
+        return err_setf(e, ERR_ARG, "%s is not valid JSON (trailing bytes at byte %zu of %zu)", what, at, len);
+    }
+    *out = v;
+    return 0;
+}
+
+char *cli_json_quote(const char *s, size_t n)
+{
+    size_t cap = 6 * n + 3, k = 0;
+    char *o = malloc(cap);
+    if (!o)
+        return NULL;
+    o[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            o[k++] = '\\';
+            o[k++] = (char)c;
+        } else if (c < 0x20) {  /* as cJSON writes them */
+            const char *sh = c == '\b' ? "b" : c == '\f' ? "f" : c == '\n' ? "n" : c == '\r' ? "r" : c == '\t' ? "t" : NULL;
+            k += sh ? (size_t)snprintf(o + k, cap - k, "\\%s", sh) : (size_t)snprintf(o + k, cap - k, "\\u%04x", c);
+        } else {
+            o[k++] = (char)c;
+        }
+    }
+    o[k++] = '"';
+    o[k] = '\0';
+    return o;
+}
+
 int cli_print_json(struct cJSON *root, struct err *e)
 {
     char *s = root ? cJSON_Print(root) : NULL;

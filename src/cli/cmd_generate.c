@@ -298,6 +298,13 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
             if (o->chat < 0)
                 err_prefix(e, "chat template (use --no-chat to send the prompt as is)");
             goto out;
+        } else if (memchr(t, '\0', len)) {
+            /* transformers keeps a NUL (a Python str carries it), but chat templates render
+             * NUL-terminated strings here: refuse rather than cut the prompt at it */
+            rc = err_setf(e, ERR_ARG, "the prompt holds a NUL byte at byte %zu, which a chat template "
+                          "cannot carry (--no-chat encodes the text as it is, NUL included)",
+                          (size_t)((const char *)memchr(t, '\0', len) - t));
+            goto out;
         } else if ((rc = render_chat(o, ct, t, len, &chat, &chat_len, e)) < 0) {
             goto out;
         } else {
