@@ -171,7 +171,8 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
             return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
-    fprintf(stderr, "mlxcel: unknown command '%s'\n\n", argv[1]);
+    char esc[256];
+    fprintf(stderr, "mlxcel: unknown command '%s'\n\n", termsafe_str(argv[1], esc, sizeof esc));
     usage(stderr);
     return CLI_EXIT_USAGE;
 }
