@@ -89,8 +89,9 @@ void cli_engine_close(struct cli_engine *en);
 
 /* The values m's generation_config.json gave, checked against the bounds of the flags
  * that override them (sampler_bounds: the same rule for --temp and "temperature"):
- * -ERR_ARG naming the file, the key and the range otherwise. generate and serve call it
- * once the model is loaded, so a bad file fails before any work. */
+ * -ERR_ARG naming the file, the key and the range otherwise. serve calls it once the
+ * model is loaded, since any of them may become a request's default; generate checks
+ * the same way only the values no flag replaces. */
 int cli_check_generation_config(const struct model *m, struct err *e);
 
 struct cJSON;

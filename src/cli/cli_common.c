@@ -343,6 +343,19 @@ int cli_parse_json(const char *buf, size_t len, const char *what, cJSON **out, s
     return 0;
 }
 
+/* The letter of JSON's short escape of c (\b \f \n \r \t), or 0. */
+static char short_escape(unsigned char c)
+{
+    switch (c) {
+    case '\b': return 'b';
+    case '\f': return 'f';
+    case '\n': return 'n';
+    case '\r': return 'r';
+    case '\t': return 't';
+    default: return 0;
+    }
+}
+
 char *cli_json_quote(const char *s, size_t n)
 {
     size_t cap = 6 * n + 3, k = 0;
@@ -355,9 +368,11 @@ char *cli_json_quote(const char *s, size_t n)
         if (c == '"' || c == '\\') {
             o[k++] = '\\';
             o[k++] = (char)c;
-        } else if (c < 0x20) {  /* as cJSON writes them */
-            const char *sh = c == '\b' ? "b" : c == '\f' ? "f" : c == '\n' ? "n" : c == '\r' ? "r" : c == '\t' ? "t" : NULL;
-            k += sh ? (size_t)snprintf(o + k, cap - k, "\\%s", sh) : (size_t)snprintf(o + k, cap - k, "\\u%04x", c);
+        } else if (c < 0x20 && short_escape(c)) {  /* as cJSON writes them */
+            o[k++] = '\\';
+            o[k++] = short_escape(c);
+        } else if (c < 0x20) {
+            k += (size_t)snprintf(o + k, cap - k, "\\u%04x", c);
         } else {
             o[k++] = (char)c;
         }

@@ -225,29 +225,43 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
     return 0;
 }
 
-/* One generation_config.json value (NaN: absent; checked at load by
- * cli_check_generation_config) unless its flag was given. */
-static void gen_default(bool has_flag, double v, double *out)
+/* One generation_config.json value (NaN: absent) unless its flag was given, checked against
+ * the same bounds as the flag (cli_check_generation_config's rule; a value a flag replaces is
+ * not used, so not checked). src names the file. */
+static int gen_default(bool has_flag, enum sampler_field f, double v, const char *src, double *out,
+                       struct err *e)
 {
-    if (!has_flag && !isnan(v))
-        *out = v;
+    if (has_flag || isnan(v))
+        return 0;
+    int rc = sampler_bound_check(f, v, src, e);
+    if (rc < 0)
+        return rc;
+    *out = v;
+    return 0;
 }
 
 /* Flags override the checkpoint's generation_config.json. */
-static void apply_defaults(struct gen_cli *o, const struct generation_defaults *g)
+static int apply_defaults(struct gen_cli *o, const struct model *m, struct err *e)
 {
+    const struct generation_defaults *g = &m->gen;
     double t = o->sp.temperature, k = o->sp.top_k, p = o->sp.top_p, mp = o->sp.min_p,
            r = o->sp.repeat_penalty;
-    gen_default(o->has_temp, g->temperature, &t);
-    gen_default(o->has_top_k, g->top_k == GEN_TOP_K_ABSENT ? NAN : g->top_k, &k);
-    gen_default(o->has_top_p, g->top_p, &p);
-    gen_default(o->has_min_p, g->min_p, &mp);
-    gen_default(o->has_rep, g->repeat_penalty, &r);
+    char src[4200];
+    int rc;
+    snprintf(src, sizeof src, "%s/generation_config.json", m->dir);
+    if ((rc = gen_default(o->has_temp, SAMPLER_TEMPERATURE, g->temperature, src, &t, e)) < 0 ||
+        (rc = gen_default(o->has_top_k, SAMPLER_TOP_K, g->top_k == GEN_TOP_K_ABSENT ? NAN : g->top_k, src, &k,
+                          e)) < 0 ||
+        (rc = gen_default(o->has_top_p, SAMPLER_TOP_P, g->top_p, src, &p, e)) < 0 ||
+        (rc = gen_default(o->has_min_p, SAMPLER_MIN_P, g->min_p, src, &mp, e)) < 0 ||
+        (rc = gen_default(o->has_rep, SAMPLER_REPEAT_PENALTY, g->repeat_penalty, src, &r, e)) < 0)
+        return rc;
     o->sp.temperature = (float)t;
     o->sp.top_k = (int)k;
     o->sp.top_p = (float)p;
     o->sp.min_p = (float)mp;
     o->sp.repeat_penalty = (float)r;
+    return 0;
 }
 
 /* The chat prompt for text: [system,] user rendered by the template, add_generation_prompt. */
@@ -357,9 +371,8 @@ int cmd_generate(int argc, char **argv)
     }
     if ((rc = model_load(&m, dir, &e)) < 0)
         goto fail;
-    if ((rc = cli_check_generation_config(m, &e)) < 0)
+    if ((rc = apply_defaults(&o, m, &e)) < 0)
         goto fail;
-    apply_defaults(&o, &m->gen);
     /* one sequence: the cache holds what this run can reach; the engine checks the
      * context (--ctx, else the model's; kv_cache_new refuses one above the model's) */
     long max_len = o.n_ctx > 0 ? o.n_ctx : m->hp.n_ctx;

@@ -79,7 +79,8 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
 void chat_tmpl_free(struct chat_tmpl *c);  /* NULL is a no-op */
 
 /* The source text of the template used without tools (the only one, or "default"; else the
- * first by name), NUL-terminated (a NUL inside it ends the string early), owned by c and
+ * first found: chat_template.jinja, the folder's by name, or the config list's first),
+ * NUL-terminated (a NUL inside it ends the string early), owned by c and
  * valid until chat_tmpl_free. For inspecting what the
  * template teaches (outparse_detect_format, outparse_detect_reasoning). */
 const char *chat_tmpl_source(const struct chat_tmpl *c);
