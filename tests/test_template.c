@@ -522,6 +522,10 @@ static void test_sources(void **state)
     spit(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tool\"}, {\"name\": \"x\", "
             "\"template\": \"x\"}]}");
     expect_chat_tools(dir, "{\"tools\": [1]}", "tool");
+    /* a name given twice keeps the later template (transformers builds a dict) */
+    spit(p, "{\"chat_template\": [{\"name\": \"default\", \"template\": \"first\"}, {\"name\": \"default\", "
+            "\"template\": \"second\"}]}");
+    expect_chat(dir, NULL, "second");
     /* ...but a single template is used whatever its name */
     spit(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tool\"}]}");
     expect_chat(dir, NULL, "tool");

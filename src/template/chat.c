@@ -67,15 +67,18 @@ static int read_json(const char *dir, const char *name, cJSON **out, struct err 
 static int add_template(struct chat_tmpl *c, const char *name, const char *src, size_t len, const char *what,
                         struct err *e)
 {
-    int rc;
-    if (c->n == CHAT_MAX_TEMPLATES)
-        return err_setf(e, ERR_RANGE, "%s: more than %d chat templates", what, CHAT_MAX_TEMPLATES);
+    int rc, at = c->n;
     if (!name[0] || strlen(name) >= CHAT_NAME_MAX)
         return err_setf(e, ERR_FORMAT, "%s: a chat template name must have 1 to %d bytes", what,
                         CHAT_NAME_MAX - 1);
+    /* a name given twice keeps the later template, as transformers' dict does (a list's
+     * {name: template} comprehension; additional_chat_templates/default.jinja after
+     * chat_template.jinja) */
     for (int i = 0; i < c->n; i++)
         if (strcmp(c->v[i].name, name) == 0)
-            return err_setf(e, ERR_FORMAT, "%s: two chat templates are named '%s'", what, name);
+            at = i;
+    if (at == CHAT_MAX_TEMPLATES)
+        return err_setf(e, ERR_RANGE, "%s: more than %d chat templates", what, CHAT_MAX_TEMPLATES);
     /* an empty template renders no prompt at all: refuse it rather than fail later on
      * "the prompt encodes to no tokens" */
     size_t blank = 0;
@@ -83,18 +86,26 @@ static int add_template(struct chat_tmpl *c, const char *name, const char *src, 
         blank++;
     if (blank == len)
         return err_setf(e, ERR_FORMAT, "%s: the chat template is empty", what);
-    struct chat_one *o = &c->v[c->n];
-    if ((rc = tmpl_parse(&o->t, src, len, NULL, e)) < 0)
+    struct tmpl *t = NULL;
+    char *copy = NULL;
+    if ((rc = tmpl_parse(&t, src, len, NULL, e)) < 0)
         return err_prefix(e, "%s", what);
-    if (!(o->src = malloc(len + 1))) {
-        tmpl_free(o->t);
-        o->t = NULL;
+    if (!(copy = malloc(len + 1))) {
+        tmpl_free(t);
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
-    memcpy(o->src, src, len);
-    o->src[len] = 0;
+    memcpy(copy, src, len);
+    copy[len] = 0;
+    struct chat_one *o = &c->v[at];
+    if (at < c->n) {
+        tmpl_free(o->t);
+        free(o->src);
+    } else {
+        c->n++;
+    }
+    o->t = t;
+    o->src = copy;
     snprintf(o->name, sizeof o->name, "%s", name);
-    c->n++;
     return 0;
 }
 
