@@ -32,6 +32,7 @@
 
 #include "../core/fileio.h"
 #include "../core/json.h"
+#include "../core/log.h"
 #include "template.h"
 
 #define CHAT_FILE_MAX (16u << 20)
@@ -48,6 +49,7 @@ struct chat_one {
 struct chat_tmpl {
     struct chat_one v[CHAT_MAX_TEMPLATES];
     int n;
+    const char *from; /* which source won, for the log */
     cJSON *special;   /* object: token name -> string */
 };
 
@@ -227,17 +229,21 @@ static int find_templates(struct chat_tmpl *c, const char *dir, const char *over
         if ((rc = file_read_all(override_file, CHAT_FILE_MAX, &src, &len, e)) == 0)
             rc = add_template(c, "default", src, len, override_file, e);
         free(src);
+        c->from = "--chat-template-file";
         return rc;
     }
+    c->from = "chat_template.jinja / additional_chat_templates/";
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     if ((rc = add_file(c, "default", path, "chat_template.jinja", e)) < 0 || (rc = add_folder(c, dir, e)) < 0)
         return rc;
     if (c->n > 0)
         return 0;
+    c->from = "tokenizer_config.json";
     if (cfg && (rc = add_config(c, cfg, e)) < 0)
         return rc;
     if (c->n > 0)
         return 0;
+    c->from = "chat_template.json";
     cJSON *ctj = NULL;
     if ((rc = read_json(dir, "chat_template.json", &ctj, e)) != 0)
         return rc < 0 ? rc : 0;
@@ -273,6 +279,12 @@ int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override
                       "tokenizer_config.json, chat_template.json)", dir);
         goto fail;
     }
+    char names[256];
+    size_t len = 0;
+    names[0] = 0;
+    for (int i = 0; i < c->n && len < sizeof names; i++)
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", c->v[i].name);
+    LOG_INFO("chat template%s %s from %s", c->n > 1 ? "s" : "", names, c->from);
     cJSON_Delete(cfg);
     *out = c;
     return 0;
