@@ -3,6 +3,7 @@
  * and model-level config handling (generation_config.json, quantization,
  * missing files) driven through model_load and the mlxcel CLI on temporary folders.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <dirent.h>
 
 #include "cli_run.h"
+#include "core/dtype.h"
 #include "core/fileio.h"
 #include "loading/config.h"
 #include "models/model.h"
@@ -140,6 +142,106 @@ static void generation_config(void **state)
     model_free(m);
     write_file(dir, "generation_config.json", "{\"eos_token_id\": \"two\"}");
     load_expect(dir, ERR_CONFIG, "eos_token_id");
+
+    /* values the sampler would refuse as flags are refused from the file too, naming the
+     * file and the key (generate and serve check once the model is loaded) */
+    char args[700], *out = NULL;
+    static const char *const bad[][2] = {
+        {"{\"do_sample\": true, \"temperature\": -1}", "temperature (--temp) = -1"},
+        {"{\"do_sample\": true, \"min_p\": -1}", "min_p (--min-p) = -1"},
+        {"{\"do_sample\": true, \"top_p\": 2}", "top_p (--top-p) = 2"},
+        {"{\"do_sample\": true, \"top_k\": -1}", "top_k (--top-k) = -1"},
+        {"{\"repetition_penalty\": 0}", "repetition_penalty (--repeat-penalty) = 0"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(dir, "generation_config.json", bad[i][0]);
+        snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,2 -n 1 --output-ids", dir);
+        cli_expect_error(args, bad[i][1]);
+        cli_expect_error(args, "generation_config.json");
+        snprintf(args, sizeof args, "serve -m %s --port 0", dir);
+        cli_expect_error(args, bad[i][1]);
+    }
+    /* ...but without do_sample they are not used (greedy), as in transformers: a top_p of
+     * 2 or a negative temperature beside do_sample false does not break greedy runs */
+    write_file(dir, "generation_config.json", "{\"do_sample\": false, \"top_p\": 2, \"temperature\": -1, "
+               "\"min_p\": -1, \"top_k\": -5}");
+    assert_int_equal(model_load(&m, dir, &e), 0);
+    assert_true(m->gen.temperature == 0.0f && isnan(m->gen.top_p) && isnan(m->gen.min_p));
+    model_free(m);
+    snprintf(args, sizeof args, "generate -m %s --prompt-ids 1,2 -n 2 --output-ids", dir);
+    if (cli_run(NULL, args, &out, NULL) != 0)
+        fail_msg("a greedy run failed on unused sampling values");
+    free(out);
+    remove_dir(dir);
+}
+
+/* The model dtype: transformers 5's "dtype" or "torch_dtype", a torch dtype name or an
+ * error naming it; and model_type alone picks the family, as AutoConfig. */
+static void dtype_and_model_type(void **state)
+{
+    (void)state;
+    char *dir = copy_case("llama");
+    char path[1024], *text = NULL;
+    size_t n = 0;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(file_read_all(path, 1 << 20, &text, &n, &e), 0);
+    cJSON *base = parse(text);
+    free(text);
+    cJSON_DeleteItemFromObjectCaseSensitive(base, "torch_dtype");
+    static const struct {
+        const char *dtype, *torch_dtype;  /* NULL: absent */
+        int code;
+        const char *sub;
+    } k_cases[] = {
+        {NULL, "float8", ERR_CONFIG, "'float8' is not a torch dtype"},
+        {"bf16", NULL, ERR_CONFIG, "config field 'dtype': 'bf16'"},
+        /* transformers 5's key wins over the old one */
+        {"nope", "bfloat16", ERR_CONFIG, "'nope'"},
+        {"bfloat16", "nope", 0, NULL},
+        {NULL, "float8_e4m3fn", 0, NULL},
+        {NULL, "torch.float16", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+        cJSON *c = cJSON_Duplicate(base, 1);
+        if (k_cases[i].dtype)
+            cJSON_AddStringToObject(c, "dtype", k_cases[i].dtype);
+        if (k_cases[i].torch_dtype)
+            cJSON_AddStringToObject(c, "torch_dtype", k_cases[i].torch_dtype);
+        text = cJSON_Print(c);
+        write_file(dir, "config.json", text);
+        cJSON_free(text);
+        cJSON_Delete(c);
+        load_expect(dir, k_cases[i].code, k_cases[i].sub);
+    }
+    int dt = 0;
+    cJSON *j = parse("{\"dtype\": \"half\"}");
+    assert_int_equal(cfg_model_dtype(j, &dt, &e), 0);
+    assert_int_equal(dt, DTYPE_F16);
+    cJSON_Delete(j);
+    j = parse("{\"torch_dtype\": \"float64\"}");
+    assert_int_equal(cfg_model_dtype(j, &dt, &e), 0);
+    assert_int_equal(dt, -1);
+    cJSON_Delete(j);
+    j = parse("{\"torch_dtype\": 16}");
+    assert_int_equal(cfg_model_dtype(j, &dt, &e), -ERR_CONFIG);
+    assert_non_null(strstr(e.msg, "torch_dtype"));
+    cJSON_Delete(j);
+
+    /* model_type alone picks the family: llama4 is refused though architectures names
+     * LlamaForCausalLM; a missing one is an error whose hint comes from architectures */
+    cJSON_DeleteItemFromObjectCaseSensitive(base, "model_type");
+    text = cJSON_Print(base);
+    write_file(dir, "config.json", text);
+    cJSON_free(text);
+    load_expect(dir, ERR_CONFIG, "no model_type");
+    load_expect(dir, ERR_CONFIG, "\"model_type\": \"llama\"");
+    cJSON_AddStringToObject(base, "model_type", "llama4");
+    text = cJSON_Print(base);
+    write_file(dir, "config.json", text);
+    cJSON_free(text);
+    load_expect(dir, ERR_UNSUPPORTED, "unsupported model_type 'llama4'");
+    cJSON_Delete(base);
     remove_dir(dir);
 }
 
@@ -251,6 +353,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(oversized_dims),
     cmocka_unit_test(accessors),
     cmocka_unit_test(generation_config),
+    cmocka_unit_test(dtype_and_model_type),
     cmocka_unit_test(bad_configs),
 };
 

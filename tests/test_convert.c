@@ -11,6 +11,8 @@
  * Recording: for every family's golden checkpoint, the tensors synth records
  * from config.json alone are exactly the ones the loader consumes.
  */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +185,110 @@ static void test_tied_head_dropped(void **state)
     model_free(m);
     stb_rmtree(dir);
     stb_rmtree(dst);
+}
+
+/* ---- non-finite and overflowing weights ---- */
+
+/* qwen2's golden checkpoint into a fresh folder, the tensor `name` changed: element idx set
+ * to v, the whole tensor stored as F32 when f32 (else kept BF16). */
+static char *write_with_value(const char *name, bool f32, int64_t idx, float v)
+{
+    struct st_set *src = NULL;
+    struct err e = {0};
+    char *dir = stb_tmpdir();
+    assert_non_null(dir);
+    assert_int_equal(st_set_open_file(&src, test_path("tests/fixtures/golden/qwen2/model.safetensors"), &e), 0);
+    size_t n = st_set_count(src);
+    struct st_wentry *we = calloc(n, sizeof *we);
+    assert_non_null(we);
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(src, i);
+        we[i] = (struct st_wentry){t->name, t->dtype, t->ndim, {0}};
+        memcpy(we[i].shape, t->shape, sizeof we[i].shape);
+        if (f32 && strcmp(t->name, name) == 0)
+            we[i].dtype = DTYPE_F32;
+    }
+    struct st_writer *w = NULL;
+    assert_int_equal(st_writer_open(&w, stb_path(dir, "model.safetensors"), we, n, &e), 0);
+    bool found = false;
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(src, i);
+        size_t bytes = st_wentry_bytes(&we[i]), ne = bytes / dtype_size(we[i].dtype);
+        void *buf = malloc(bytes);
+        assert_non_null(buf);
+        if (we[i].dtype == t->dtype) {
+            memcpy(buf, t->data, bytes);
+        } else {
+            dtype_to_f32_ref(buf, t->data, t->dtype, ne);
+        }
+        if (strcmp(t->name, name) == 0) {
+            assert_true((size_t)idx < ne);
+            dtype_store_f32(we[i].dtype, buf, idx, v);
+            found = true;
+        }
+        assert_int_equal(st_writer_write(w, buf, bytes, &e), 0);
+        free(buf);
+    }
+    assert_true(found);
+    assert_int_equal(st_writer_close(w, &e), 0);
+    assert_int_equal(ck_copy_file(test_path("tests/fixtures/golden/qwen2/config.json"),
+                                  stb_path(dir, "config.json"), 1 << 20, &e), 0);
+    free(we);
+    st_set_free(src);
+    return dir;
+}
+
+/* `convert -m dir -o dir/out FLAGS`: 0 and a loadable folder, or 1 with want in the one error
+ * line and no folder written. */
+static void expect_convert(const char *dir, const char *flags, const char *want)
+{
+    char args[600], out[512], *o = NULL, *er = NULL;
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(args, sizeof args, "convert -m %s -o %s %s", dir, out, flags);
+    if (!want) {
+        int rc = cli_run(NULL, args, &o, &er);
+        if (rc != 0)
+            fail_msg("convert %s: %s", flags, er);
+        free(o);
+        free(er);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", out);
+        assert_int_equal(system(cmd), 0);
+        return;
+    }
+    cli_expect_error(args, want);
+    struct stat sb;
+    assert_true(stat(out, &sb) != 0);
+}
+
+static void test_nonfinite_weights(void **state)
+{
+    (void)state;
+    const char *name = "model.layers.0.mlp.down_proj.weight";
+    /* NaN: quantized it used to become the group's minimum, cast or copied a NaN model */
+    char *dir = write_with_value(name, false, 37, NAN);
+    expect_convert(dir, "-q", "tensor 'model.layers.0.mlp.down_proj.weight' holds NaN at element [0, 37]");
+    expect_convert(dir, "", "holds NaN at element [0, 37]");
+    expect_convert(dir, "--dtype f32", "holds NaN");
+    stb_rmtree(dir);
+    dir = write_with_value(name, false, 170, -INFINITY);
+    expect_convert(dir, "-q --q-bits 8", "holds -inf at element [1, 10]");
+    stb_rmtree(dir);
+    /* narrowing: 1e10 fits bf16 but not f16 (largest 65504) */
+    dir = write_with_value(name, false, 3, 1e10f);
+    expect_convert(dir, "--dtype f16", "element [0, 3] (9.99922e+09) overflows F16");
+    expect_convert(dir, "", NULL);
+    expect_convert(dir, "--dtype f32", NULL);
+    stb_rmtree(dir);
+    /* bf16 has f32's range, but FLT_MAX rounds past its largest value to inf */
+    dir = write_with_value(name, true, 0, 3.4028235e38f);
+    expect_convert(dir, "--dtype bf16", "overflows BF16");
+    expect_convert(dir, "--dtype f16", "overflows F16");
+    expect_convert(dir, "--dtype f32", NULL);
+    stb_rmtree(dir);
+    dir = write_with_value(name, true, 0, 3.38e38f);  /* rounds to bf16's largest, finite */
+    expect_convert(dir, "--dtype bf16", NULL);
+    stb_rmtree(dir);
 }
 
 /* ---- planning ---- */
@@ -537,6 +643,7 @@ static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_phixtral_tiny_4bit),
     cmocka_unit_test(test_golden_phixtral_mlx),
     cmocka_unit_test(test_tied_head_dropped),
+    cmocka_unit_test(test_nonfinite_weights),
     cmocka_unit_test(test_plan),
     cmocka_unit_test(test_st_write),
     cmocka_unit_test(test_synth_record),

@@ -30,6 +30,7 @@
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
+#include "core/termsafe.h"
 #include "core/threadpool.h"
 #include "st_build.h"
 #include "test.h"
@@ -914,6 +915,51 @@ static const struct CMUnitTest k_threadpool_tests[] = {
 
 TEST_SUITE(dtype, k_dtype_tests);
 TEST_SUITE(tensor, k_tensor_tests);
+/* ---- termsafe: untrusted text for a terminal ---- */
+
+static void expect_escaped(const char *in, size_t n, const char *want)
+{
+    char buf[256];
+    size_t total = termsafe_escape(buf, sizeof buf, in, n);
+    if (strcmp(buf, want) != 0)
+        fail_msg("escape: got '%s', want '%s'", buf, want);
+    assert_int_equal(total, strlen(want));
+}
+
+static void test_termsafe(void **state)
+{
+    (void)state;
+    expect_escaped("plain caf\xc3\xa9", 11, "plain caf\xc3\xa9");
+    /* OSC title, BEL, CSI, newline forging a second line, DEL, NUL inside */
+    expect_escaped("a\x1b]0;t\x07" "b", 8, "a\\x1B]0;t\\x07b");
+    expect_escaped("x\x1b[2J\ny\r\tz\x7f", 11, "x\\x1B[2J\\ny\\r\\tz\\x7F");
+    expect_escaped("n\0ul", 4, "n\\x00ul");
+    /* C1 CSI and bidi controls as \u; bytes that are not UTF-8 as \x */
+    expect_escaped("\xc2\x9b" "1m \xe2\x80\xae" "x \xe2\x81\xa6", 13, "\\u009b1m \\u202ex \\u2066");
+    expect_escaped("\xff\xc0\x80\xed\xa0\x80", 6, "\\xFF\\xC0\\x80\\xED\\xA0\\x80");
+    /* cut output: never in the middle of an escape or a character, total still counted */
+    char small[6];
+    size_t total = termsafe_escape(small, sizeof small, "ab\x1b" "cd", 5);
+    assert_string_equal(small, "ab");
+    assert_int_equal(total, 8);
+    total = termsafe_escape(small, sizeof small, "abcd\xc3\xa9", 6);
+    assert_string_equal(small, "abcd");
+    assert_int_equal(total, 6);
+    assert_int_equal(termsafe_unicode_control("\xc2\x85", 2), 0x85);
+    assert_int_equal(termsafe_unicode_control("\xc3\xa9", 2), 0);
+    /* termsafe_fputs over many slices equals one termsafe_escape */
+    char big[3000], want[12100], got[12100];
+    for (size_t i = 0; i < sizeof big - 1; i++)
+        big[i] = "a\x1b\xc2\x9b\xe2\x80\xae\xff"[i % 8];
+    big[sizeof big - 1] = 0;
+    termsafe_escape(want, sizeof want, big, strlen(big));
+    FILE *f = fmemopen(got, sizeof got, "w");
+    assert_non_null(f);
+    assert_true(termsafe_fputs(big, f) != EOF);
+    fclose(f);
+    assert_string_equal(got, want);
+}
+
 static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_trailing),
     cmocka_unit_test(test_json_nul),
@@ -921,6 +967,7 @@ static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_numbers),
     cmocka_unit_test(test_json_duplicates),
     cmocka_unit_test(test_json_load),
+    cmocka_unit_test(test_termsafe),
 };
 
 static const struct CMUnitTest k_fileio_tests[] = {

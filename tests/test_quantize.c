@@ -149,6 +149,28 @@ static void test_worked_example(void **state)
     assert_int_equal(w4q[1], 0x2u);
 }
 
+/* Finite weights whose affine scale is not finite in the stored dtype are refused, naming
+ * the row and group, never written as inf (issue 39 item 14). */
+static void test_scale_overflow(void **state)
+{
+    (void)state;
+    float w[64] = {0}, s[2], b[2];
+    uint32_t wq[8];
+    struct err e = {0};
+    struct quant_params p = {QMODE_AFFINE, 4, 32, QUANT_GPU};
+    w[40] = 3.0e38f;  /* group 1 spans -3e38 .. 3e38: the range overflows f32 */
+    w[41] = -3.0e38f;
+    assert_int_equal(quant_rows(&p, DTYPE_F32, w, 1, 64, wq, s, b, &e), -ERR_RANGE);
+    assert_non_null(strstr(e.msg, "row 0, group 1"));
+    /* f16: 6e4 - -6e4 over 2 bits (3 bins) is a scale of 40000, fine; so is any f16 pair */
+    uint16_t h[32], hs, hb;
+    for (int i = 0; i < 32; i++)
+        h[i] = f32_to_f16(i == 0 ? 60000.0f : i == 1 ? -60000.0f : 0.0f);
+    p = (struct quant_params){QMODE_AFFINE, 2, 32, QUANT_GPU};
+    assert_int_equal(quant_rows(&p, DTYPE_F16, h, 1, 32, wq, &hs, &hb, &e), 0);
+    assert_true(isfinite(f16_to_f32(hs)) && isfinite(f16_to_f32(hb)));
+}
+
 static void test_codecs(void **state)
 {
     (void)state;
@@ -216,6 +238,7 @@ static const struct CMUnitTest quantize_tests[] = {
     cmocka_unit_test(test_affine_vs_mlxq),
     cmocka_unit_test(test_fp_modes_vs_mlxq),
     cmocka_unit_test(test_worked_example),
+    cmocka_unit_test(test_scale_overflow),
     cmocka_unit_test(test_codecs),
     cmocka_unit_test(test_rejections),
 };

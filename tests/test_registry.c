@@ -1,8 +1,8 @@
 /*
  * registry: the family table itself. Every entry's ops are complete, every
  * alias points at a real family (not at another alias), names are unique,
- * unknown types are rejected with the list of supported ones, architectures
- * resolve as a fallback, and every family's self-test passes.
+ * unknown or missing types are rejected with the list of supported ones (even when
+ * architectures names a known class, as transformers does), and every family's self-test passes.
  */
 #include <stdio.h>
 #include <string.h>
@@ -86,9 +86,19 @@ static void detection(void **state)
     struct err e = {0};
     assert_int_equal(resolve("{\"model_type\": \"mistral\"}", &ops, &e), 0);
     assert_string_equal(ops->family, "llama");
-    /* architectures is the fallback when model_type is missing */
-    assert_int_equal(resolve("{\"architectures\": [\"Qwen3ForCausalLM\"]}", &ops, &e), 0);
-    assert_string_equal(ops->family, "qwen3");
+    /* model_type alone decides, as transformers' AutoConfig: missing, it is an error whose
+     * hint is the type the architectures suggest */
+    assert_int_equal(resolve("{\"architectures\": [\"Qwen3ForCausalLM\"]}", &ops, &e), -ERR_CONFIG);
+    assert_null(ops);
+    assert_non_null(strstr(e.msg, "no model_type"));
+    assert_non_null(strstr(e.msg, "\"model_type\": \"qwen3\""));
+    /* an unknown model_type is refused even when architectures names a family we have */
+    assert_int_equal(resolve("{\"model_type\": \"llama4\", \"architectures\": [\"LlamaForCausalLM\"]}", &ops,
+                             &e), -ERR_UNSUPPORTED);
+    assert_null(ops);
+    assert_non_null(strstr(e.msg, "'llama4'"));
+    assert_non_null(strstr(e.msg, "mlxcel arch"));
+    assert_int_equal(resolve("{\"model_type\": 7}", &ops, &e), -ERR_CONFIG);
     /* unknown type: error lists the supported names */
     assert_int_equal(resolve("{\"model_type\": \"gpt-neo-x9\"}", &ops, &e), -ERR_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "gpt-neo-x9"));

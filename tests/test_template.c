@@ -13,7 +13,9 @@
  *   -ERR_MISSING.
  * - hostile input: infinite recursion, huge loops and strings, deep nesting,
  *   syntax errors (with their line), run-time errors: all clean errors.
- * - template sources: override file, chat_template list, .jinja, .json.
+ * - template sources in transformers' order: override file, chat_template.jinja and
+ *   additional_chat_templates/ over tokenizer_config.json's chat_template (a string or
+ *   named list) over chat_template.json; tool_use picked when tools are given.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,32 +431,106 @@ static void expect_chat(const char *dir, const char *override, const char *want)
     chat_tmpl_free(ct);
 }
 
+/* Render [{"role": "user", "content": "hi"}] with tools when tools is non-NULL (JSON). */
+static void expect_chat_tools(const char *dir, const char *tools, const char *want)
+{
+    struct chat_tmpl *ct = NULL;
+    struct err e = {0};
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    cJSON *extra = tools ? cJSON_Parse(tools) : NULL;
+    char *out = NULL;
+    size_t len;
+    if (chat_tmpl_load(&ct, dir, NULL, &e) < 0)
+        fail_msg("load: %s", e.msg);
+    if (chat_tmpl_apply(ct, msgs, true, extra, &out, &len, &e) < 0)
+        fail_msg("apply: %s", e.msg);
+    if (strcmp(out, want) != 0)
+        fail_msg("got '%s', want '%s'", out, want);
+    free(out);
+    cJSON_Delete(msgs);
+    cJSON_Delete(extra);
+    chat_tmpl_free(ct);
+}
+
+/* The sources in transformers' precedence: --chat-template-file, then the files
+ * (chat_template.jinja, additional_chat_templates/<name>.jinja) over tokenizer_config.json's
+ * chat_template, which wins over the processor's legacy chat_template.json. */
 static void test_sources(void **state)
 {
     (void)state;
-    char dir[64], p[512];
+    char dir[64], p[512], sub[512];
     struct chat_tmpl *ct = NULL;
     struct err e = {0};
     mkdir_tmp(dir, sizeof dir);
     /* nothing at all */
     assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), -ERR_MISSING);
-    /* chat_template.json, then chat_template.jinja wins over it */
+    /* chat_template.json alone */
     snprintf(p, sizeof p, "%s/chat_template.json", dir);
     spit(p, "{\"chat_template\": \"json:{{ messages[0].content }}\"}");
     expect_chat(dir, NULL, "json:hi");
-    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
-    spit(p, "jinja:{{ messages[0].content }}{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ add_generation_prompt }}\n");
-    expect_chat(dir, NULL, "jinja:hi||None|True");
-    /* tokenizer_config.json wins over both; bos as an object, eos null */
+    /* tokenizer_config.json wins over chat_template.json; bos as an object, eos null */
     snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
     spit(p, "{\"bos_token\": {\"content\": \"<B>\"}, \"eos_token\": null, \"chat_template\": "
             "[{\"name\": \"tool_use\", \"template\": \"tool\"}, {\"name\": \"default\", "
             "\"template\": \"cfg:{{ bos_token }}{{ eos_token is defined }}\"}]}");
     expect_chat(dir, NULL, "cfg:<B>False");
-    /* a list without "default" is an error */
-    spit(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tool\"}]}");
-    assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), -ERR_FORMAT);
+    /* of named templates, tool_use renders when tools are given (transformers' pick) */
+    expect_chat_tools(dir, "{\"tools\": [{\"type\": \"function\"}]}", "tool");
+    expect_chat_tools(dir, "{\"tools\": null}", "cfg:<B>False");
+    /* chat_template.jinja wins over tokenizer_config.json (transformers: the file clobbers
+     * the config's template), and the config's named templates are not merged in */
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    spit(p, "jinja:{{ messages[0].content }}{{ bos_token }}|{{ eos_token }}|{{ tools }}|{{ add_generation_prompt }}\n");
+    expect_chat(dir, NULL, "jinja:hi<B>||None|True");
+    expect_chat_tools(dir, "{\"tools\": [1]}", "jinja:hi<B>||[1]|True");
+    /* additional_chat_templates/<name>.jinja beside it: named templates */
+    snprintf(sub, sizeof sub, "%s/additional_chat_templates", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    snprintf(p, sizeof p, "%s/tool_use.jinja", sub);
+    spit(p, "extra-tool:{{ tools | length }}");
+    expect_chat(dir, NULL, "jinja:hi<B>||None|True");
+    expect_chat_tools(dir, "{\"tools\": [1, 2]}", "extra-tool:2");
+    /* without chat_template.jinja, the folder alone still replaces the config's templates:
+     * no default among them is an error when rendering without tools, naming them */
+    snprintf(p, sizeof p, "%s/chat_template.jinja", dir);
+    unlink(p);
+    assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), 0);
+    cJSON *msgs = cJSON_Parse("[{\"role\": \"user\", \"content\": \"hi\"}]");
+    char *out = NULL;
+    size_t len;
+    snprintf(p, sizeof p, "%s/rag.jinja", sub);
+    spit(p, "rag");
+    chat_tmpl_free(ct);
+    assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), 0);
+    assert_int_equal(chat_tmpl_apply(ct, msgs, true, NULL, &out, &len, &e), -ERR_FORMAT);
+    assert_null(out);
+    assert_non_null(strstr(e.msg, "'rag', 'tool_use'"));
     assert_non_null(strstr(e.msg, "default"));
+    chat_tmpl_free(ct);
+    cJSON_Delete(msgs);
+    expect_chat_tools(dir, "{\"tools\": []}", "extra-tool:0");
+    /* a broken named template names its file */
+    spit(p, "{% if %}");
+    assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), -ERR_FORMAT);
+    assert_non_null(strstr(e.msg, "additional_chat_templates/rag.jinja"));
+    unlink(p);
+    snprintf(p, sizeof p, "%s/tool_use.jinja", sub);
+    unlink(p);
+    rmdir(sub);
+    /* back to the config: a list without "default" renders only with tools */
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    spit(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tool\"}, {\"name\": \"x\", "
+            "\"template\": \"x\"}]}");
+    expect_chat_tools(dir, "{\"tools\": [1]}", "tool");
+    /* a name given twice keeps the later template (transformers builds a dict) */
+    spit(p, "{\"chat_template\": [{\"name\": \"default\", \"template\": \"first\"}, {\"name\": \"default\", "
+            "\"template\": \"second\"}]}");
+    expect_chat(dir, NULL, "second");
+    /* ...but a single template is used whatever its name */
+    spit(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"tool\"}]}");
+    expect_chat(dir, NULL, "tool");
+    spit(p, "{\"chat_template\": [{\"name\": \"tool_use\"}]}");
+    assert_int_equal(chat_tmpl_load(&ct, dir, NULL, &e), -ERR_FORMAT);
     /* the override file wins over everything */
     snprintf(p, sizeof p, "%s/override.jinja", dir);
     spit(p, "override");

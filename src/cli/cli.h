@@ -87,10 +87,39 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                     int max_seq_len, struct err *e);
 void cli_engine_close(struct cli_engine *en);
 
+/* The values m's generation_config.json gave, checked against the bounds of the flags
+ * that override them (sampler_bounds: the same rule for --temp and "temperature"):
+ * -ERR_ARG naming the file, the key and the range otherwise. serve calls it once the
+ * model is loaded, since any of them may become a request's default; generate checks
+ * the same way only the values no flag replaces. */
+int cli_check_generation_config(const struct model *m, struct err *e);
+
 struct cJSON;
+/* Parse len bytes of JSON the user gave (a file or a flag's value; `what` names it in
+ * messages) into *out (any JSON value; the caller cJSON_Deletes it). The whole text must
+ * be one value. A NUL character, as a raw byte or as \u0000 in a string, is refused
+ * naming its byte offset: cJSON strings end at a NUL and chat templates render them, so it
+ * would otherwise cut the message short without a word. */
+int cli_parse_json(const char *buf, size_t len, const char *what, struct cJSON **out, struct err *e);
+/* n bytes of s (NULs included) as a malloc'd JSON string literal with its quotes, for
+ * cJSON_AddRawToObject / cJSON_CreateRaw where cJSON's own strings would stop at a NUL;
+ * NULL when out of memory. */
+char *cli_json_quote(const char *s, size_t n);
+
 /* Print root to stdout and free it; bytes that are not UTF-8 (in names read from disk)
  * become \ufffd, so the output is always valid JSON. */
 int cli_print_json(struct cJSON *root, struct err *e);
+
+/* Standard output as a checked stream. Writes to stdout are buffered, so a full disk,
+ * /dev/full or a closed descriptor shows only at a flush: cli_stdout_check flushes and
+ * returns 0, or -ERR_IO with "writing standard output: <reason>" in e once any write
+ * has failed. main() calls cli_stdout_close after every command (help and version
+ * included), so no command exits 0 with output that was not written; commands that
+ * stream (generate) or print before running on (serve) call cli_stdout_check to stop
+ * early. */
+int cli_stdout_check(struct err *e);
+/* Flush and close stdout; as cli_stdout_check, also when only the close fails. */
+int cli_stdout_close(struct err *e);
 
 /* True when stderr is a terminal (progress output goes there only then). */
 bool cli_stderr_is_tty(void);

@@ -3,22 +3,25 @@
  * range checks, file reading with a size cap, model-folder resolution.
  *
  * Everything the CLI prints about untrusted names goes through one of two
- * filters: messages on stderr (cli_fail, cli_usage_error) escape control
- * bytes and bytes that are not UTF-8 as \n, \t, \xNN, so a message is
- * always one line of valid UTF-8; JSON on stdout (cli_print_json) replaces
- * bytes that are not UTF-8 with \ufffd, since cJSON copies strings as they
- * are and its output would otherwise not be JSON.
+ * filters: messages on stderr (cli_fail, cli_usage_error) and names in text
+ * tables are escaped by src/core/termsafe (control bytes and bytes that are
+ * not UTF-8 as \n, \t, \xNN, C1 and bidi controls as \uNNNN), so a message
+ * is always one line of valid UTF-8 that cannot drive the terminal; JSON on
+ * stdout (cli_print_json) replaces bytes that are not UTF-8 with \ufffd, since
+ * cJSON copies strings as they are and its output would otherwise not be
+ * JSON, and writes C1 and bidi controls as \u escapes (cJSON escapes C0).
  */
 #include "cli.h"
 
 #include <cjson/cJSON.h>
 
 #include "../core/fileio.h"
+#include "../core/termsafe.h"
 #include "../engine/kvcache.h"
+#include "../engine/sampler.h"
 #include "../hub/hub.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
-#include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
 
 #include <ctype.h>
 #include <dirent.h>
@@ -41,25 +44,13 @@
 /* Length of the valid UTF-8 character at s (n bytes left), 0 when s[0] starts none. */
 static size_t utf8_char_len(const char *s, size_t n)
 {
-    size_t need, ok = tok_utf8_seq((const unsigned char *)s, n, &need);
-    return need > 0 && ok == need ? need : 0;
+    return termsafe_utf8_len(s, n);
 }
 
-/* s as one line of valid UTF-8 on f: control and invalid bytes as \n, \r, \t, \xNN. */
+/* s as one line of valid UTF-8 on f that cannot drive a terminal (termsafe.h). */
 static void put_escaped(FILE *f, const char *s)
 {
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        size_t k = utf8_char_len(s + i, n - i);
-        if (c == '\n' || c == '\r' || c == '\t')
-            fprintf(f, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
-        else if (k == 0 || c < 0x20 || c == 0x7f)
-            fprintf(f, "\\x%02X", c);
-        else
-            fwrite(s + i, 1, k, f);
-        i += k ? k : 1;
-    }
+    termsafe_fputs(s, f);
 }
 
 int cli_fail(const char *cmd, const struct err *e)
@@ -304,6 +295,93 @@ int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
     return cli_pull_model(arg, buf, cap, e);
 }
 
+/* Offset of the first \u0000 escape inside a JSON string of buf, or -1. */
+static long find_nul_escape(const char *buf, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = buf[i] == '"';
+            continue;
+        }
+        if (buf[i] == '"') {
+            in_str = false;
+        } else if (buf[i] == '\\' && i + 1 < len) {
+            if (buf[i + 1] == 'u' && i + 5 < len && memcmp(buf + i + 2, "0000", 4) == 0)
+                return (long)i;
+            i++;  /* the escaped character: \" does not end the string */
+        }
+    }
+    return -1;
+}
+
+int cli_parse_json(const char *buf, size_t len, const char *what, cJSON **out, struct err *e)
+{
+    const char *nul = len ? memchr(buf, '\0', len) : NULL, *end = NULL;
+    long esc = find_nul_escape(buf, len);
+    *out = NULL;
+    if (nul)
+        return err_setf(e, ERR_ARG, "%s: a NUL byte at byte %zu (NUL characters cannot go through chat "
+                        "templates; remove it)", what, (size_t)(nul - buf));
+    if (esc >= 0)
+        return err_setf(e, ERR_ARG, "%s: a \\u0000 (NUL) character at byte %ld (NUL characters cannot go "
+                        "through chat templates, whose strings end at one; remove it)", what, esc);
+    errno = 0;
+    cJSON *v = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    if (!v)
+        return errno == ENOMEM ? err_setf(e, ERR_NOMEM, "%s: out of memory", what)
+                               : err_setf(e, ERR_ARG, "%s is not valid JSON (error at byte %zu of %zu)", what,
+                                          end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0, len);
+    size_t at = (size_t)(end - buf);
+    while (at < len && (buf[at] == ' ' || buf[at] == '\t' || buf[at] == '\n' || buf[at] == '\r'))
+        at++;
+    if (at != len) {
+        cJSON_Delete(v);
+        return err_setf(e, ERR_ARG, "%s is not valid JSON (trailing bytes at byte %zu of %zu)", what, at, len);
+    }
+    *out = v;
+    return 0;
+}
+
+/* The letter of JSON's short escape of c (\b \f \n \r \t), or 0. */
+static char short_escape(unsigned char c)
+{
+    switch (c) {
+    case '\b': return 'b';
+    case '\f': return 'f';
+    case '\n': return 'n';
+    case '\r': return 'r';
+    case '\t': return 't';
+    default: return 0;
+    }
+}
+
+char *cli_json_quote(const char *s, size_t n)
+{
+    size_t cap = 6 * n + 3, k = 0;
+    char *o = malloc(cap);
+    if (!o)
+        return NULL;
+    o[k++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            o[k++] = '\\';
+            o[k++] = (char)c;
+        } else if (c < 0x20 && short_escape(c)) {  /* as cJSON writes them */
+            o[k++] = '\\';
+            o[k++] = short_escape(c);
+        } else if (c < 0x20) {
+            k += (size_t)snprintf(o + k, cap - k, "\\u%04x", c);
+        } else {
+            o[k++] = (char)c;
+        }
+    }
+    o[k++] = '"';
+    o[k] = '\0';
+    return o;
+}
+
 int cli_print_json(struct cJSON *root, struct err *e)
 {
     char *s = root ? cJSON_Print(root) : NULL;
@@ -314,8 +392,11 @@ int cli_print_json(struct cJSON *root, struct err *e)
     size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
         size_t k = utf8_char_len(s + i, n - i);
+        unsigned cp = k ? termsafe_unicode_control(s + i, k) : 0;
         if (k == 0)
             fputs("\\ufffd", stdout);
+        else if (cp)
+            printf("\\u%04x", cp);
         else
             fwrite(s + i, 1, k, stdout);
         i += k ? k : 1;
@@ -323,6 +404,37 @@ int cli_print_json(struct cJSON *root, struct err *e)
     fputc('\n', stdout);
     cJSON_free(s);
     return 0;
+}
+
+/* ---- standard output ---- */
+
+/* errno of the first failed stdout flush seen, 0 while none has failed: ferror() keeps
+ * only that a write failed, and errno is overwritten by later calls. */
+static int g_stdout_errno;
+
+static int stdout_error(struct err *e)
+{
+    return err_setf(e, ERR_IO, "writing standard output: %s",
+                    g_stdout_errno ? strerror(g_stdout_errno) : "a write failed");
+}
+
+int cli_stdout_check(struct err *e)
+{
+    errno = 0;
+    if (fflush(stdout) != 0 && !g_stdout_errno)
+        g_stdout_errno = errno;
+    return ferror(stdout) || g_stdout_errno ? stdout_error(e) : 0;
+}
+
+int cli_stdout_close(struct err *e)
+{
+    int rc = cli_stdout_check(e);
+    errno = 0;
+    if (fclose(stdout) != 0 && rc == 0) {
+        g_stdout_errno = errno;
+        rc = stdout_error(e);
+    }
+    return rc;
 }
 
 bool cli_stderr_is_tty(void)
@@ -363,6 +475,29 @@ void cli_format_bytes(uint64_t n, char *buf, size_t cap)
 }
 
 // ---- engine ----
+
+int cli_check_generation_config(const struct model *m, struct err *e)
+{
+    const struct generation_defaults *g = &m->gen;
+    const struct {
+        enum sampler_field f;
+        double v;
+    } k_vals[] = {
+        {SAMPLER_TEMPERATURE, g->temperature},
+        {SAMPLER_TOP_K, g->top_k == GEN_TOP_K_ABSENT ? NAN : g->top_k},
+        {SAMPLER_TOP_P, g->top_p},
+        {SAMPLER_MIN_P, g->min_p},
+        {SAMPLER_REPEAT_PENALTY, g->repeat_penalty},
+    };
+    char src[4200];
+    snprintf(src, sizeof src, "%s/generation_config.json", m->dir);
+    for (size_t i = 0; i < sizeof k_vals / sizeof k_vals[0]; i++) {
+        int rc;
+        if (!isnan(k_vals[i].v) && (rc = sampler_bound_check(k_vals[i].f, k_vals[i].v, src, e)) < 0)
+            return rc;
+    }
+    return 0;
+}
 
 int cli_kv_dtype(enum dtype *out, struct err *e)
 {

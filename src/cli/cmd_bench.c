@@ -475,7 +475,7 @@ int cmd_bench(int argc, char **argv)
     } else {
         print_table(&mt, res, n_res);
     }
-    fflush(stdout);   /* the table before the footer when both go to one terminal */
+    cli_stdout_check(NULL);  /* the table before the footer when both go to one terminal */
     print_footer(&mt);
     status = CLI_EXIT_OK;
 out:

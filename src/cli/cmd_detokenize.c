@@ -28,7 +28,7 @@ static const char *k_help =
 /* Streams ids through tok_stream; the chunks are appended to text and, when
  * pieces is set, each one to it. */
 static int stream_ids(const struct tokenizer *tok, const int32_t *ids, size_t n, bool skip,
-                      char **text, cJSON *pieces, struct err *e)
+                      char **text, size_t *text_len, cJSON *pieces, struct err *e)
 {
     struct tok_stream s;
     static char chunk[TOK_STREAM_CAP];
@@ -52,11 +52,15 @@ static int stream_ids(const struct tokenizer *tok, const int32_t *ids, size_t n,
         out = no;
         memcpy(out + len, chunk, (size_t)w);
         len += (size_t)w;
-        if (pieces)
-            cJSON_AddItemToArray(pieces, cJSON_CreateString(chunk));
+        if (pieces) {  /* a piece may hold a NUL byte: quoted by hand, not by cJSON */
+            char *q = cli_json_quote(chunk, (size_t)w);
+            cJSON_AddItemToArray(pieces, q ? cJSON_CreateRaw(q) : NULL);
+            free(q);
+        }
     }
     out[len] = '\0';
     *text = out;
+    *text_len = len;
     return 0;
 }
 
@@ -95,6 +99,7 @@ int cmd_detokenize(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
+    size_t text_len = 0;
     cJSON *root = NULL, *pieces = NULL;
     int status = CLI_EXIT_ERROR;
     if (cli_parse_ids(ids_arg, &ids, &n, &e) < 0)
@@ -110,17 +115,24 @@ int cmd_detokenize(int argc, char **argv)
         }
     }
     if (stream || json) {
-        if (stream_ids(tok, ids, n, skip, &text, pieces, &e) < 0)
+        if (stream_ids(tok, ids, n, skip, &text, &text_len, pieces, &e) < 0)
             goto out;
         if (!stream) {  /* --json alone: the text is the full decode */
             free(text);
             text = NULL;
         }
     }
-    if (!text && tok_decode(tok, ids, n, skip, &text, &e) < 0)
+    if (!text && tok_decode_len(tok, ids, n, skip, &text, &text_len, &e) < 0)
         goto out;
     if (json) {
-        cJSON_AddStringToObject(root, "text", text);
+        /* the text keeps its NUL bytes (transformers' decode does): quoted by hand */
+        char *q = cli_json_quote(text, text_len);
+        if (!q || !cJSON_AddRawToObject(root, "text", q)) {
+            free(q);
+            err_setf(&e, ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        free(q);
         cJSON_AddItemToObject(root, "pieces", pieces);
         pieces = NULL;
         int rc = cli_print_json(root, &e);
@@ -128,7 +140,7 @@ int cmd_detokenize(int argc, char **argv)
         if (rc < 0)
             goto out;
     } else {
-        fputs(text, stdout);
+        fwrite(text, 1, text_len, stdout);
         fputc('\n', stdout);
     }
     status = CLI_EXIT_OK;

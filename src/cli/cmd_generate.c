@@ -14,6 +14,7 @@
  * sends the prompt as is; --chat makes a missing template an error.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,7 @@ struct sink {
     int32_t *ids;
     size_t n, cap;
     int failed;
+    bool write_failed;  /* stdout could not be written: generation stops */
     int undecodable;   /* ids the tokenizer has no text for (model vocab > tokenizer vocab) */
 };
 
@@ -99,7 +101,8 @@ static int on_token(void *ud, int32_t id)
         int w = tok_stream_push(&s->ts, id, buf, sizeof buf, NULL);
         if (w > 0) {
             fwrite(buf, 1, (size_t)w, stdout);
-            fflush(stdout);
+            if (cli_stdout_check(NULL) < 0)
+                return s->write_failed = true;  /* no use computing what cannot be shown */
         } else if (w < 0) {
             s->undecodable++;
         }
@@ -222,13 +225,15 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
     return 0;
 }
 
-/* One generation_config.json value (-1: absent) unless its flag was given; checked against
- * the same bounds as the flag. */
-static int gen_default(bool has_flag, enum sampler_field f, double v, double *out, struct err *e)
+/* One generation_config.json value (NaN: absent) unless its flag was given, checked against
+ * the same bounds as the flag (cli_check_generation_config's rule; a value a flag replaces is
+ * not used, so not checked). src names the file. */
+static int gen_default(bool has_flag, enum sampler_field f, double v, const char *src, double *out,
+                       struct err *e)
 {
-    if (has_flag || v == -1.0)
+    if (has_flag || isnan(v))
         return 0;
-    int rc = sampler_bound_check(f, v, "generation_config.json", e);
+    int rc = sampler_bound_check(f, v, src, e);
     if (rc < 0)
         return rc;
     *out = v;
@@ -236,16 +241,20 @@ static int gen_default(bool has_flag, enum sampler_field f, double v, double *ou
 }
 
 /* Flags override the checkpoint's generation_config.json. */
-static int apply_defaults(struct gen_cli *o, const struct generation_defaults *g, struct err *e)
+static int apply_defaults(struct gen_cli *o, const struct model *m, struct err *e)
 {
+    const struct generation_defaults *g = &m->gen;
     double t = o->sp.temperature, k = o->sp.top_k, p = o->sp.top_p, mp = o->sp.min_p,
            r = o->sp.repeat_penalty;
+    char src[4200];
     int rc;
-    if ((rc = gen_default(o->has_temp, SAMPLER_TEMPERATURE, g->temperature, &t, e)) < 0 ||
-        (rc = gen_default(o->has_top_k, SAMPLER_TOP_K, g->top_k, &k, e)) < 0 ||
-        (rc = gen_default(o->has_top_p, SAMPLER_TOP_P, g->top_p, &p, e)) < 0 ||
-        (rc = gen_default(o->has_min_p, SAMPLER_MIN_P, g->min_p, &mp, e)) < 0 ||
-        (rc = gen_default(o->has_rep, SAMPLER_REPEAT_PENALTY, g->repeat_penalty, &r, e)) < 0)
+    snprintf(src, sizeof src, "%s/generation_config.json", m->dir);
+    if ((rc = gen_default(o->has_temp, SAMPLER_TEMPERATURE, g->temperature, src, &t, e)) < 0 ||
+        (rc = gen_default(o->has_top_k, SAMPLER_TOP_K, g->top_k == GEN_TOP_K_ABSENT ? NAN : g->top_k, src, &k,
+                          e)) < 0 ||
+        (rc = gen_default(o->has_top_p, SAMPLER_TOP_P, g->top_p, src, &p, e)) < 0 ||
+        (rc = gen_default(o->has_min_p, SAMPLER_MIN_P, g->min_p, src, &mp, e)) < 0 ||
+        (rc = gen_default(o->has_rep, SAMPLER_REPEAT_PENALTY, g->repeat_penalty, src, &r, e)) < 0)
         return rc;
     o->sp.temperature = (float)t;
     o->sp.top_k = (int)k;
@@ -303,6 +312,13 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
             if (o->chat < 0)
                 err_prefix(e, "chat template (use --no-chat to send the prompt as is)");
             goto out;
+        } else if (memchr(t, '\0', len)) {
+            /* transformers keeps a NUL (a Python str carries it), but chat templates render
+             * NUL-terminated strings here: refuse rather than cut the prompt at it */
+            rc = err_setf(e, ERR_ARG, "the prompt holds a NUL byte at byte %zu, which a chat template "
+                          "cannot carry (--no-chat encodes the text as it is, NUL included)",
+                          (size_t)((const char *)memchr(t, '\0', len) - t));
+            goto out;
         } else if ((rc = render_chat(o, ct, t, len, &chat, &chat_len, e)) < 0) {
             goto out;
         } else {
@@ -355,7 +371,7 @@ int cmd_generate(int argc, char **argv)
     }
     if ((rc = model_load(&m, dir, &e)) < 0)
         goto fail;
-    if ((rc = apply_defaults(&o, &m->gen, &e)) < 0)
+    if ((rc = apply_defaults(&o, m, &e)) < 0)
         goto fail;
     /* one sequence: the cache holds what this run can reach; the engine checks the
      * context (--ctx, else the model's; kv_cache_new refuses one above the model's) */
@@ -378,6 +394,10 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     if (sink.failed) {
         err_setf(&e, ERR_NOMEM, "out of memory collecting output");
+        goto fail;
+    }
+    if (sink.write_failed) {
+        cli_stdout_check(&e);
         goto fail;
     }
     if (o.output_ids) {

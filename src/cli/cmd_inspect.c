@@ -9,6 +9,9 @@
  * config.json, so what inspect shows is what the forward pass uses. The text
  * form is for people (unused tensors capped at INSPECT_MAX_UNUSED unless -v);
  * --json is one object with stable keys for scripts, always complete.
+ * Names from the files (tensor names, paths, model_type) are escaped in the
+ * text form (src/core/termsafe.h), so a hostile checkpoint cannot drive the
+ * terminal; --json escapes them as JSON does.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include <cjson/cJSON.h>
 
 #include "../core/log.h"
+#include "../core/termsafe.h"
 #include "../engine/kvcache.h"
 #include "../models/model.h"
 #include "cli.h"
@@ -219,7 +223,8 @@ static void print_unused(const struct st_set *st, bool verbose)
             printf("  ... and %zu more (-v or --json lists all)\n", n_unused - shown);
             break;
         }
-        printf("  %s\n", t->name);
+        char name[1024];
+        printf("  %s\n", termsafe_str(t->name, name, sizeof name));
         shown++;
     }
 }
@@ -255,9 +260,11 @@ static void print_text(const struct model *m, bool verbose, enum dtype kvt)
     char buf[64];
     size_t counts[DTYPE_COUNT];
 
-    printf("%-18s %s\n", "path", m->dir);
+    char esc[4200];
+    /* the folder and model_type come from the disk and config.json: escaped (termsafe.h) */
+    printf("%-18s %s\n", "path", termsafe_str(m->dir, esc, sizeof esc));
     printf("%-18s %s\n", "family", m->ops->family);
-    printf("%-18s %s\n", "model_type", hp->model_type);
+    printf("%-18s %s\n", "model_type", termsafe_str(hp->model_type, esc, sizeof esc));
     print_dims(hp);
     int64_t params = model_n_params(m);
     cli_format_count(params, buf, sizeof buf);
@@ -295,7 +302,7 @@ static void print_text(const struct model *m, bool verbose, enum dtype kvt)
     size_t n_files = st_set_n_files(m->st);
     printf("%-18s %zu\n", "files", n_files);
     for (size_t i = 0; verbose && i < n_files; i++)
-        printf("  %s\n", st_set_file_path(m->st, i));
+        printf("  %s\n", termsafe_str(st_set_file_path(m->st, i), esc, sizeof esc));
     print_unused(m->st, verbose);
 }
 

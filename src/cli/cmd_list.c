@@ -22,6 +22,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/termsafe.h"
 #include "../loading/config.h"
 #include "../loading/quant.h"
 #include "../models/registry.h"
@@ -258,8 +259,11 @@ static void print_text(const struct list *l)
         else
             snprintf(quant, sizeof quant, "none");
         cli_format_bytes(le->size, size, sizeof size);
-        printf("%-*s  %-6s  %-14s  %-14s  %-12s  %10s  %s\n", wn, le->name, le->source,
-               le->model_type[0] ? le->model_type : "-", family_text(le), quant, size, le->path);
+        /* names, model_type and paths come from the disk: escaped (termsafe.h) */
+        char name[1024], mt[256], path[4200];
+        printf("%-*s  %-6s  %-14s  %-14s  %-12s  %10s  %s\n", wn, termsafe_str(le->name, name, sizeof name),
+               le->source, le->model_type[0] ? termsafe_str(le->model_type, mt, sizeof mt) : "-",
+               family_text(le), quant, size, termsafe_str(le->path, path, sizeof path));
     }
     if (l->n == 0)
         printf("(no models found)\n");

@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/termsafe.h"
 #include "../hub/hub.h"
 #include "cli.h"
 
@@ -77,7 +78,9 @@ static void on_progress(void *ud, const struct hub_pull *p)
             if (l->files[i].state == HUB_FILE_DONE && !v->told[i]) {
                 char b[32];
                 cli_format_bytes((uint64_t)l->files[i].size, b, sizeof b);
-                fprintf(stderr, "mlxcel: fetched %s/%s (%s)\n", p->repo, l->files[i].name, b);
+                char name[1024];
+                fprintf(stderr, "mlxcel: fetched %s/%s (%s)\n", p->repo,
+                        termsafe_str(l->files[i].name, name, sizeof name), b);
                 v->told[i] = true;
             }
         }
@@ -92,7 +95,8 @@ static void on_progress(void *ud, const struct hub_pull *p)
     for (size_t i = 0; i < l->n_files; i++) {
         const struct hub_file *f = &l->files[i];
         if (f->state == HUB_FILE_ACTIVE) {
-            draw_bar(f->name, f->done, f->size);
+            char name[512];  /* a name from the Hub's listing: escaped (C1, bidi) */
+            draw_bar(termsafe_str(f->name, name, sizeof name), f->done, f->size);
             n++;
         }
         if (f->state != HUB_FILE_CACHED)

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "../core/log.h"
+#include "../core/termsafe.h"
 #include "../engine/runner.h"
 #include "../grammar/grammar.h"
 #include "../server/outparse.h"
@@ -257,7 +258,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
                 struct err *e)
 {
     int rc;
-    if ((rc = tok_load(&sv->tok, dir, e)) < 0 || (rc = model_load(&sv->m, dir, e)) < 0)
+    if ((rc = model_load(&sv->m, dir, e)) < 0 || (rc = cli_check_generation_config(sv->m, e)) < 0 ||
+        (rc = tok_load(&sv->tok, dir, e)) < 0)
         return rc;
     rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
     if (rc == -ERR_MISSING)
@@ -332,11 +334,16 @@ int cmd_serve(int argc, char **argv)
     server_set_model(srv, &sm);
     bool v6 = strchr(so.host, ':') != NULL;
     enum dtype kvt = sv.en.kv->dtype;
+    char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
-           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), id, o.parallel, sm.n_ctx,
+           v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), termsafe_str(id, id_esc, sizeof id_esc),
+           o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be->fast ? ", fast" : "");
-    fflush(stdout);
+    /* the ready line is what scripts wait for: a server that cannot say where it
+     * listens stops rather than run unseen */
+    if ((rc = cli_stdout_check(&e)) < 0)
+        goto out;
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "mlxcel serve: %s: shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");

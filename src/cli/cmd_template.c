@@ -40,9 +40,12 @@ static int add_var(cJSON *extra, const char *kv, struct err *e)
         return err_setf(e, ERR_ARG, "--var: key longer than %zu bytes", sizeof key - 1);
     memcpy(key, kv, klen);
     key[klen] = 0;
-    cJSON *v = cJSON_Parse(eq + 1);
-    if (!v)
-        return err_setf(e, ERR_ARG, "--var %s: value is not valid JSON: '%s'", key, eq + 1);
+    char what[300];
+    snprintf(what, sizeof what, "--var %s", key);
+    cJSON *v = NULL;
+    int rc = cli_parse_json(eq + 1, strlen(eq + 1), what, &v, e);
+    if (rc < 0)
+        return rc;
     cJSON_DeleteItemFromObjectCaseSensitive(extra, key);
     if (!cJSON_AddItemToObject(extra, key, v)) {
         cJSON_Delete(v);
@@ -102,7 +105,12 @@ int cmd_template(int argc, char **argv)
     }
     if (file_read_all(messages_file, 16u << 20, &buf, &len, &e) < 0)
         goto out;
-    if (!(messages = cJSON_ParseWithLength(buf, len)) || !cJSON_IsArray(messages)) {
+    if (cli_parse_json(buf, len, messages_file, &messages, &e) < 0) {
+        if (!strstr(e.msg, "NUL"))
+            err_prefix(&e, "expected a JSON array of messages");
+        goto out;
+    }
+    if (!cJSON_IsArray(messages)) {
         err_setf(&e, ERR_FORMAT, "%s: expected a JSON array of messages", messages_file);
         goto out;
     }

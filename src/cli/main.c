@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/boolenv.h"
+#include "../core/termsafe.h"
 #include "cli.h"
 #include "kernels/backend_plugin.h"
 
@@ -52,7 +54,9 @@ static void usage(FILE *f)
                "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n"
                "--fast (MLXCEL_FAST=1) trades exactness for speed: 4-bit weights multiply x\n"
                "rounded to 8 bits per group, as llama.cpp does (AVX2 / AVX-512 CPUs; see\n"
-               "docs/benchmarks.md for its perplexity cost). Off by default.\n");
+               "docs/benchmarks.md for its perplexity cost). Off by default.\n"
+               "On/off variables (MLXCEL_FAST, MLXCEL_MMAP, ...) take 1/0, true/false, yes/no\n"
+               "or on/off; any other value is refused.\n");
 }
 
 /* --offline, --[no-]mmap, --device, --kv-type and --fast are understood by every command:
@@ -106,6 +110,40 @@ static int strip_global(int *argc, char **argv)
     return 0;
 }
 
+/* The on/off environment settings the backends read (backend_env_flag): a value that is
+ * not one of boolenv's eight words is refused here, before anything runs, rather than
+ * read as on (MLXCEL_FAST=no turned fast mode on) or as the default. Empty is unset. */
+static const char *const k_bool_env[] = {
+    "MLXCEL_FAST", "MLXCEL_MMAP", "MLXCEL_FUSED_MOE", "MLXCEL_REPACK",
+    "MLXCEL_CUDA_PDL", "MLXCEL_CUDA_QI", "MLXCEL_CUDA_ATTN_SPLIT", "MLXCEL_CUDA_GRAPHS",
+};
+
+static int check_bool_env(void)
+{
+    for (size_t i = 0; i < sizeof k_bool_env / sizeof k_bool_env[0]; i++) {
+        const char *v = getenv(k_bool_env[i]);
+        if (v && *v && boolenv_parse(v) < 0) {
+            char esc[256];
+            fprintf(stderr, "mlxcel: %s='%s' is neither on nor off (1/0, true/false, yes/no, on/off)\n",
+                    k_bool_env[i], termsafe_str(v, esc, sizeof esc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The exit status once stdout is closed: a command that succeeded but whose output
+ * could not be written (a full disk, /dev/full, a closed descriptor) fails with a
+ * message, as coreutils' close_stdout does; a failed command keeps its own status and
+ * message. */
+static int finish(const char *cmd, int status)
+{
+    struct err e = {0};
+    if (cli_stdout_close(&e) < 0 && status == CLI_EXIT_OK)
+        return cli_fail(cmd, &e);
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -114,13 +152,13 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return CLI_EXIT_OK;
+        return finish("--help", CLI_EXIT_OK);
     }
     if (strcmp(argv[1], "--version") == 0) {
         char buf[2048];
         backend_describe(buf, sizeof buf);
         printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
-        return CLI_EXIT_OK;
+        return finish("--version", CLI_EXIT_OK);
     }
     int sg = strip_global(&argc, argv);
     if (sg < 0) {
@@ -128,10 +166,13 @@ int main(int argc, char **argv)
                                  : "mlxcel: --kv-type needs a value (f32, f16 or bf16)\n");
         return CLI_EXIT_USAGE;
     }
+    if (check_bool_env() < 0)
+        return CLI_EXIT_USAGE;
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
-            return k_commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "mlxcel: unknown command '%s'\n\n", argv[1]);
+            return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
+    char esc[256];
+    fprintf(stderr, "mlxcel: unknown command '%s'\n\n", termsafe_str(argv[1], esc, sizeof esc));
     usage(stderr);
     return CLI_EXIT_USAGE;
 }

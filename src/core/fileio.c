@@ -58,12 +58,21 @@ static int confine_root(const char *path, char root[PATH_MAX], struct err *e)
         snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
     if (!realpath(dir, root))
         return err_setf(e, ERR_IO, "cannot resolve the folder of %s: %s", path, strerror(errno));
-    /* root = .../models--owner--name/snapshots/<rev> -> .../models--owner--name */
-    memcpy(repo, root, sizeof repo);
-    const char *snaps, *owner;
-    if (cut_last(repo) && (snaps = cut_last(repo)) && strcmp(snaps, "snapshots") == 0 &&
-        (owner = strrchr(repo, '/')) && strncmp(owner + 1, "models--", 8) == 0)
-        memcpy(root, repo, strlen(repo) + 1);
+    /* root = .../models--owner--name/snapshots/<rev>[/sub/...] -> .../models--owner--name
+     * (a snapshot's subfolders, additional_chat_templates/, link into blobs/ too) */
+    char up[PATH_MAX];
+    memcpy(up, root, sizeof up);
+    for (int depth = 0; depth < 8; depth++) {
+        const char *snaps, *owner;
+        memcpy(repo, up, sizeof repo);
+        if (cut_last(repo) && (snaps = cut_last(repo)) && strcmp(snaps, "snapshots") == 0 &&
+            (owner = strrchr(repo, '/')) && strncmp(owner + 1, "models--", 8) == 0) {
+            memcpy(root, repo, strlen(repo) + 1);
+            break;
+        }
+        if (!cut_last(up))
+            break;
+    }
     return 0;
 }
 

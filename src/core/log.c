@@ -1,11 +1,19 @@
 /*
  * log: one sink, one level, set at startup (the only mutable globals besides
  * the kernel dispatch table).
+ *
+ * Messages quote names read from files and requests (tensor names, config
+ * values, paths), so each line is escaped (termsafe.h) before it reaches
+ * the sink: a name holding ESC, BEL or a newline shows as \x1B, \x07, \n
+ * and cannot drive the terminal or forge a second log line.
  */
 #include "log.h"
 
+#include "termsafe.h"
+
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static int g_level = LOG_LEVEL_WARN;
 static log_sink_fn g_sink;
@@ -30,11 +38,13 @@ void log_msg(int level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    char safe[4096];
+    termsafe_escape(safe, sizeof safe, line, strlen(line));
     if (g_sink) {
-        g_sink(level, line, g_sink_ud);
+        g_sink(level, safe, g_sink_ud);
         return;
     }
     if (level < 0 || level > LOG_LEVEL_DEBUG)
         level = LOG_LEVEL_DEBUG;
-    fprintf(stderr, "mlxcel: %s: %s\n", names[level], line);
+    fprintf(stderr, "mlxcel: %s: %s\n", names[level], safe);
 }

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/boolenv.h"
 #include "../core/err.h"
 #include "../core/tensor.h"
 
@@ -312,14 +313,13 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct
 void backend_free(struct backend *be);
 /* backend->ops->sync with a NULL check: 0, or the first error recorded since the last sync. */
 int backend_sync(struct backend *be, struct err *e);
-/* A backend's on/off setting from the environment: def when name is unset or empty, else
- * on unless it is "0", "off" or "false" (MLXCEL_FUSED_MOE, MLXCEL_CUDA_GRAPHS, ...). */
+/* A backend's on/off setting from the environment (MLXCEL_FUSED_MOE, MLXCEL_CUDA_GRAPHS,
+ * ...): 1/true/yes/on or 0/false/no/off (src/core/boolenv.h); def when unset, empty or
+ * another word (the CLI refuses those before any backend starts). */
 static inline bool backend_env_flag(const char *name, bool def)
 {
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return def;
-    return !(strcmp(v, "0") == 0 || strcmp(v, "off") == 0 || strcmp(v, "false") == 0);
+    int v = boolenv_parse(getenv(name));
+    return v < 0 ? def : v == 1;
 }
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
  */
 #include "config.h"
 
+#include "../core/dtype.h"
 #include "../core/json.h"
 
 #include <math.h>
@@ -151,4 +152,42 @@ int cfg_float_array(const cJSON *o, const char *key, float *out, int n, struct e
             return rc;
     }
     return 0;
+}
+
+/* ---- the model dtype ---- */
+
+/* Every dtype name torch has (torch.<name> is a torch.dtype), which transformers accepts in
+ * a config: those mlxcel casts to, then the rest. */
+static const struct {
+    const char *name;
+    int dtype;
+} k_torch_dtypes[] = {
+    {"float32", DTYPE_F32}, {"float", DTYPE_F32}, {"float16", DTYPE_F16}, {"half", DTYPE_F16},
+    {"bfloat16", DTYPE_BF16}, {"auto", -1},
+    {"float64", -1}, {"double", -1}, {"complex32", -1}, {"complex64", -1}, {"complex128", -1},
+    {"cfloat", -1}, {"cdouble", -1}, {"chalf", -1}, {"uint8", -1}, {"uint16", -1}, {"uint32", -1},
+    {"uint64", -1}, {"int8", -1}, {"int16", -1}, {"short", -1}, {"int32", -1}, {"int", -1},
+    {"int64", -1}, {"long", -1}, {"bool", -1}, {"float8_e4m3fn", -1}, {"float8_e4m3fnuz", -1},
+    {"float8_e5m2", -1}, {"float8_e5m2fnuz", -1}, {"float8_e8m0fnu", -1}, {"float4_e2m1fn_x2", -1},
+};
+
+int cfg_model_dtype(const cJSON *o, int *out, struct err *e)
+{
+    const char *key = cfg_has(o, "dtype") ? "dtype" : "torch_dtype";
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = -1;
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsString(v))
+        return err_setf(e, ERR_CONFIG, "config field '%s': expected a dtype name such as \"bfloat16\"", key);
+    /* transformers also takes "torch.bfloat16", the repr of a torch.dtype */
+    const char *name = strncmp(v->valuestring, "torch.", 6) == 0 ? v->valuestring + 6 : v->valuestring;
+    for (size_t i = 0; i < sizeof k_torch_dtypes / sizeof k_torch_dtypes[0]; i++) {
+        if (strcmp(name, k_torch_dtypes[i].name) == 0) {
+            *out = k_torch_dtypes[i].dtype;
+            return 0;
+        }
+    }
+    return err_setf(e, ERR_CONFIG, "config field '%s': '%.64s' is not a torch dtype (float32, float16, bfloat16, "
+                    "float64, float8_e4m3fn, ...)", key, v->valuestring);
 }

@@ -40,6 +40,14 @@ int cfg_opt_str(const cJSON *o, const char *key, const char *def, char *buf, siz
                 struct err *e);
 /* An int or a list of ints (eos_token_id); at most cap ids; absent -> *n = 0. */
 int cfg_opt_ids(const cJSON *o, const char *key, int32_t *ids, int cap, int *n, struct err *e);
+/* The model's dtype: transformers 5's "dtype", else the older "torch_dtype" ("dtype" wins
+ * when both are given, as PretrainedConfig does); absent or null -> *out = -1. The names
+ * mlxcel casts to give their enum dtype: float32 (float), float16 (half), bfloat16. Other
+ * torch dtypes (float64, float8_e4m3fn, int8, ...) give -1 (no cast: weights keep their
+ * stored dtypes, as mlx-lm keeps them), and so does "auto". Any other value is an error
+ * (-ERR_CONFIG) naming the key and the value, as transformers refuses it
+ * (getattr(torch, name) fails): "float8" is not a dtype. */
+int cfg_model_dtype(const cJSON *o, int *out, struct err *e);
 /* A list of exactly n numbers. */
 int cfg_float_array(const cJSON *o, const char *key, float *out, int n, struct err *e);
 

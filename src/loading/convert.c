@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -866,7 +867,74 @@ int ck_dtype_parse(const char *s)
 
 /* ---- convert ---- */
 
-/* Reader over mmapped source tensors (handles are struct st_tensor *). */
+/* Index of the first NaN or infinity among n elements of dt at p (exponent bits all ones),
+ * or -1; integer dtypes have none. */
+static int64_t first_nonfinite(enum dtype dt, const void *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t x;
+        switch (dt) {
+        case DTYPE_F32: {
+            uint32_t b;
+            memcpy(&b, (const uint8_t *)p + 4 * i, 4);
+            if ((b & 0x7f800000u) == 0x7f800000u)
+                return i;
+            break;
+        }
+        case DTYPE_F16:
+        case DTYPE_BF16: {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)p + 2 * i, 2);
+            uint16_t m = dt == DTYPE_F16 ? 0x7c00 : 0x7f80;
+            if ((h & m) == m)
+                return i;
+            break;
+        }
+        case DTYPE_F64:
+            memcpy(&x, (const uint8_t *)p + 8 * i, 8);
+            if ((x & 0x7ff0000000000000ull) == 0x7ff0000000000000ull)
+                return i;
+            break;
+        default:
+            return -1;
+        }
+    }
+    return -1;
+}
+
+/* "[i, j, k]" of flat element idx of t into buf. */
+static void element_coords(const struct st_tensor *t, int64_t idx, char *buf, size_t cap)
+{
+    int64_t c[8] = {0};
+    int nd = t->ndim < 8 ? t->ndim : 8;
+    for (int d = nd - 1; d >= 0; d--) {
+        int64_t dim = t->shape[d] > 0 ? t->shape[d] : 1;
+        c[d] = idx % dim;
+        idx /= dim;
+    }
+    size_t len = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < nd && len < cap; d++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", d ? ", " : "", (long long)c[d]);
+    if (len < cap)
+        snprintf(buf + len, cap - len, "]");
+}
+
+/* A NaN or infinity in a weight is refused, naming the tensor and the element: quantized,
+ * it would become a finite value (the group's minimum) and the model would run on without
+ * a sign; cast, it would be copied into a checkpoint that produces NaN logits. mlx-lm
+ * propagates it; refusing says where it is. */
+static int nonfinite_error(const struct st_tensor *t, int64_t idx, float v, struct err *e)
+{
+    char at[160];
+    element_coords(t, idx, at, sizeof at);
+    return err_setf(e, ERR_FORMAT, "tensor '%s' holds %s at element %s: a checkpoint with non-finite weights "
+                    "is not converted", t->name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", at);
+}
+
+/* Reader over mmapped source tensors (handles are struct st_tensor *). Every element read is
+ * checked: a non-finite source value is an error (nonfinite_error), and so is a finite
+ * value that the cast to dt overflows (3.4e38 to f16, whose largest is 65504; to bf16 only
+ * f32 values within half a bf16 step of FLT_MAX overflow). */
 static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
                    struct err *e)
 {
@@ -874,19 +942,42 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
     const struct st_tensor *t = handle;
     size_t esz = dtype_size(t->dtype);
     const uint8_t *src = (const uint8_t *)t->data + (size_t)elem0 * esz;
+    int64_t bad;
     if (t->dtype == dt) {
         memcpy(dst, src, (size_t)n * esz);
+        if ((bad = first_nonfinite(dt, dst, n)) >= 0) {
+            const uint8_t *at = (const uint8_t *)dst + (size_t)bad * esz;
+            double d = 0.0;
+            float v;
+            if (dt == DTYPE_F64)
+                memcpy(&d, at, sizeof d);
+            else
+                dtype_to_f32_ref(&v, at, dt, 1);
+            return nonfinite_error(t, elem0 + bad, dt == DTYPE_F64 ? (float)d : v, e);
+        }
         return 0;
     }
     if (!dtype_is_float(t->dtype) || !dtype_is_float(dt))
         return err_setf(e, ERR_INTERNAL, "tensor '%s': cannot cast %s to %s", t->name,
                         dtype_name(t->dtype), dtype_name(dt));
     float tmp[256];
+    size_t osz = dtype_size(dt);
     for (int64_t i0 = 0; i0 < n; i0 += 256) {
         int64_t k = n - i0 < 256 ? n - i0 : 256;
+        if ((bad = first_nonfinite(t->dtype, src + (size_t)i0 * esz, k)) >= 0) {
+            dtype_to_f32_ref(tmp, src + (size_t)i0 * esz, t->dtype, (size_t)k);
+            return nonfinite_error(t, elem0 + i0 + bad, tmp[bad], e);
+        }
         dtype_to_f32_ref(tmp, src + (size_t)i0 * esz, t->dtype, (size_t)k);
         for (int64_t i = 0; i < k; i++)
             dtype_store_f32(dt, dst, i0 + i, tmp[i]);
+        if ((bad = first_nonfinite(dt, (uint8_t *)dst + (size_t)i0 * osz, k)) >= 0) {
+            char at[160];
+            element_coords(t, elem0 + i0 + bad, at, sizeof at);
+            return err_setf(e, ERR_RANGE, "tensor '%s': element %s (%g) overflows %s (its largest finite "
+                            "value is %g): keep the source dtype or use --dtype f32", t->name, at,
+                            (double)tmp[bad], dtype_name(dt), dt == DTYPE_F16 ? 65504.0 : 3.3895313892515355e38);
+        }
     }
     return 0;
 }
@@ -931,15 +1022,6 @@ static int copy_metadata(void *ud, struct outdir *od, struct err *e)
     return rc;
 }
 
-/* The dtype mlx-lm casts to: config "torch_dtype" (or "dtype"), when it names one. */
-static int config_dtype(const cJSON *cfg)
-{
-    const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
-    if (!cJSON_IsString(j))
-        j = cJSON_GetObjectItemCaseSensitive(cfg, "dtype");
-    return cJSON_IsString(j) ? ck_dtype_parse(j->valuestring) : -1;
-}
-
 int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, struct err *e)
 {
     char path[4200];
@@ -959,7 +1041,13 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);
         goto out;
     }
-    st->dtype = o->dtype >= 0 ? o->dtype : config_dtype(cfg);
+    /* the dtype mlx-lm casts to: the config's (a dtype that is none is refused) */
+    int cfg_dt;
+    if ((rc = cfg_model_dtype(cfg, &cfg_dt, e)) < 0) {
+        err_prefix(e, "%s", path);
+        goto out;
+    }
+    st->dtype = o->dtype >= 0 ? o->dtype : cfg_dt;
     if ((rc = st_set_open(&set, o->src, e)) < 0)
         goto out;
     st->n_inputs = st_set_count(set);

@@ -10,7 +10,11 @@
  * accumulator that emits a u32 word whenever it holds 32 bits.
  *
  * Non-finite inputs are not meaningful to MLX either; here they give
- * well-defined (clamped) codes instead of undefined float -> int casts.
+ * well-defined (clamped) codes instead of undefined float -> int casts
+ * (convert refuses them before they get here). A finite group can still
+ * give a scale or bias that is not finite in the stored dtype (weights
+ * spanning more than FLT_MAX, or a scale past f16's 65504): quant_rows
+ * refuses that, naming the row and group, rather than write inf.
  */
 #include "quantize.h"
 
@@ -253,6 +257,15 @@ int quant_rows(const struct quant_params *p, enum dtype dt, const void *src, int
                 affine_group(p, row + g * p->group, &bp, &s, &b);
                 dtype_store_f32(dt, scales, gi, s);
                 dtype_store_f32(dt, biases, gi, b);
+                float sv, bv;
+                dtype_to_f32_ref(&sv, (const uint8_t *)scales + (size_t)gi * esz, dt, 1);
+                dtype_to_f32_ref(&bv, (const uint8_t *)biases + (size_t)gi * esz, dt, 1);
+                if (!isfinite(sv) || !isfinite(bv)) {
+                    free(row);
+                    return err_setf(e, ERR_RANGE, "row %lld, group %lld: the %s scale or bias overflows "
+                                    "(the group's weights span too wide a range for %d bits in %s)",
+                                    (long long)r, (long long)g, dtype_name(dt), p->bits, dtype_name(dt));
+                }
             } else {
                 ((uint8_t *)scales)[gi] = fp_group(p, row + g * p->group, &bp);
             }

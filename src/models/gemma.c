@@ -32,15 +32,13 @@ static const struct hf_defaults gemma_defaults = {"rms_norm_eps", 1e-6f, 10000.0
  * transformers 5's dtype), so bf16 / f16 checkpoints scale by the rounded value. */
 static int gemma_embd_scale(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    char dt[32];
-    int rc;
-    if ((rc = cfg_opt_str(cfg, "dtype", "", dt, sizeof dt, e)) < 0 ||
-        (!dt[0] && (rc = cfg_opt_str(cfg, "torch_dtype", "float32", dt, sizeof dt, e)) < 0))
+    int dt, rc;
+    if ((rc = cfg_model_dtype(cfg, &dt, e)) < 0)
         return rc;
     float s = (float)sqrt((double)hp->n_embd);
-    if (strcmp(dt, "bfloat16") == 0)
+    if (dt == DTYPE_BF16)
         s = bf16_to_f32(f32_to_bf16(s));
-    else if (strcmp(dt, "float16") == 0)
+    else if (dt == DTYPE_F16)
         s = f16_to_f32(f32_to_f16(s));
     hp->embd_scale = s;
     return 0;

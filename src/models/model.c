@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "../core/fileio.h"
@@ -25,15 +26,12 @@ static int parse_generation(struct model *m, const char *dir, struct err *e)
 {
     char path[4200];
     struct generation_defaults *g = &m->gen;
-    g->temperature = -1.0f;
-    g->top_p = -1.0f;
-    g->top_k = -1;
-    g->min_p = -1.0f;
-    g->repeat_penalty = -1.0f;
+    g->temperature = g->top_p = g->min_p = g->repeat_penalty = NAN;
+    g->top_k = GEN_TOP_K_ABSENT;
+    g->do_sample = false;
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
     cJSON *cfg = NULL;
     int rc, n = 0;
-    bool do_sample;
     int32_t ids[HP_MAX_EOS];
     if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) == -ERR_MISSING) {
         err_clear(e);  /* optional */
@@ -42,18 +40,24 @@ static int parse_generation(struct model *m, const char *dir, struct err *e)
     if (rc < 0)
         return rc;
     if ((rc = cfg_opt_ids(cfg, "eos_token_id", ids, HP_MAX_EOS, &n, e)) < 0 ||
-        (rc = cfg_opt_bool(cfg, "do_sample", false, &do_sample, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "temperature", -1.0f, &g->temperature, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "top_p", -1.0f, &g->top_p, e)) < 0 ||
-        (rc = cfg_opt_int(cfg, "top_k", -1, &g->top_k, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "min_p", -1.0f, &g->min_p, e)) < 0 ||
-        (rc = cfg_opt_float(cfg, "repetition_penalty", -1.0f, &g->repeat_penalty, e)) < 0) {
+        (rc = cfg_opt_bool(cfg, "do_sample", false, &g->do_sample, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "temperature", NAN, &g->temperature, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "top_p", NAN, &g->top_p, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "top_k", GEN_TOP_K_ABSENT, &g->top_k, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "min_p", NAN, &g->min_p, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "repetition_penalty", NAN, &g->repeat_penalty, e)) < 0) {
         cJSON_Delete(cfg);
         return err_prefix(e, "%s", path);
     }
-    /* transformers samples only with do_sample; otherwise its default is greedy */
-    if (!do_sample)
+    /* transformers samples only with do_sample; otherwise it is greedy and the sampling
+     * values are not used at all (GenerationConfig.validate only warns of them), so they
+     * are dropped here: a top_p of 2 beside do_sample false does not break greedy runs.
+     * repetition_penalty applies in greedy search too. */
+    if (!g->do_sample) {
         g->temperature = 0.0f;
+        g->top_p = g->min_p = NAN;
+        g->top_k = GEN_TOP_K_ABSENT;
+    }
     if (n > 0) {
         memcpy(m->hp.eos_ids, ids, (size_t)n * sizeof ids[0]);
         m->hp.n_eos = n;
@@ -64,8 +68,11 @@ static int parse_generation(struct model *m, const char *dir, struct err *e)
 
 static int parse_common_ids(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
-    int rc;
-    if ((rc = cfg_opt_int(cfg, "bos_token_id", -1, &hp->bos_id, e)) < 0)
+    int rc, dtype;
+    /* the dtype is only checked here (a family that needs it reads it again): one that is
+     * no torch dtype ("float8") is refused as transformers refuses it */
+    if ((rc = cfg_opt_int(cfg, "bos_token_id", -1, &hp->bos_id, e)) < 0 ||
+        (rc = cfg_model_dtype(cfg, &dtype, e)) < 0)
         return rc;
     return cfg_opt_ids(cfg, "eos_token_id", hp->eos_ids, HP_MAX_EOS, &hp->n_eos, e);
 }

@@ -81,12 +81,18 @@ struct layer {
     struct tensor *mla_heads;
 };
 
+/* generation_config.json's sampling values: NaN (top_k: GEN_TOP_K_ABSENT) when not given.
+ * Without do_sample (transformers' default) the model decodes greedily: temperature is 0
+ * and top_p, top_k and min_p are dropped. Values given are not range-checked here (the
+ * bounds live with the sampler): callers check them (cli_check_generation_config). */
+#define GEN_TOP_K_ABSENT (-2147483647 - 1)
 struct generation_defaults {
-    float temperature;   /* < 0: not given */
+    float temperature;
     float top_p;
     int top_k;
     float min_p;
     float repeat_penalty;
+    bool do_sample;
 };
 
 struct prepared_view;

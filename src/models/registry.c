@@ -71,25 +71,44 @@ static const struct model_ops *find_by_architecture(const char *arch)
     return NULL;
 }
 
+/* The model_type of the family that lists arch among its architectures, or NULL. */
+static const char *type_of_architecture(const char *arch)
+{
+    const struct model_ops *ops = find_by_architecture(arch);
+    for (size_t i = 0; ops && i < N_MODELS; i++)
+        if (k_models[i].ops == ops)
+            return k_models[i].model_type;
+    return NULL;
+}
+
+/* Resolution is by model_type alone, as transformers' AutoConfig and mlx-lm do: the
+ * architectures list names classes, and a family it names (LlamaForCausalLM under
+ * model_type llama4) is not the model the config describes. An unknown model_type is
+ * refused naming it; a missing one too (AutoConfig only guesses from the folder's
+ * name), with the model_type its architectures suggest as a hint. */
 int registry_resolve(const cJSON *cfg, const struct model_ops **out, struct err *e)
 {
     char names[1024];
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
-    const char *type = cJSON_IsString(mt) ? mt->valuestring : NULL;
-    *out = type ? registry_find(type) : NULL;
-    if (*out)
-        return 0;
+    *out = NULL;
+    registry_names(names, sizeof names);
+    if (mt && !cJSON_IsString(mt))
+        return err_setf(e, ERR_CONFIG, "config.json: model_type must be a string");
+    if (mt) {
+        if ((*out = registry_find(mt->valuestring)))
+            return 0;
+        return err_setf(e, ERR_UNSUPPORTED, "unsupported model_type '%.64s' (supported, as `mlxcel arch` "
+                        "lists them: %s)", mt->valuestring, names);
+    }
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
     const cJSON *a;
     cJSON_ArrayForEach(a, archs) {
-        if (cJSON_IsString(a) && (*out = find_by_architecture(a->valuestring)))
-            return 0;
+        const char *t = cJSON_IsString(a) ? type_of_architecture(a->valuestring) : NULL;
+        if (t)
+            return err_setf(e, ERR_CONFIG, "config.json has no model_type (transformers and mlx-lm need it "
+                            "too); its architectures name %.64s: add \"model_type\": \"%s\" if that is "
+                            "the model", a->valuestring, t);
     }
-    registry_names(names, sizeof names);
-    if (type)
-        return err_setf(e, ERR_UNSUPPORTED, "unsupported model_type '%s' (supported: %s)", type,
-                        names);
-    return err_setf(e, ERR_CONFIG,
-                    "config.json has no usable model_type or architectures (supported: %s)",
+    return err_setf(e, ERR_CONFIG, "config.json has no model_type (supported, as `mlxcel arch` lists them: %s)",
                     names);
 }

@@ -1,7 +1,8 @@
 /*
  * registry: model_type -> family ops, expanded from registry.def.
- * Detection uses config.json "model_type" first and "architectures" as a
- * fallback; an unknown type is an error listing every supported name.
+ * Detection uses config.json's "model_type" alone, as transformers' AutoConfig
+ * does; an unknown or missing type is an error listing every supported name
+ * ("architectures" only gives a hint when model_type is missing).
  */
 #pragma once
 #include <stddef.h>

@@ -162,9 +162,9 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     }
     st->family = ops->family;
     int dt = o->dtype;
-    if (dt < 0) {
-        const cJSON *j = cJSON_GetObjectItemCaseSensitive(cfg, "torch_dtype");
-        dt = cJSON_IsString(j) ? ck_dtype_parse(j->valuestring) : -1;
+    if (dt < 0 && (rc = cfg_model_dtype(cfg, &dt, e)) < 0) {
+        err_prefix(e, "%s", o->config);
+        goto out;
     }
     st->dtype = dt >= 0 ? (enum dtype)dt : DTYPE_BF16;
 
@@ -187,6 +187,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "torch_dtype");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "dtype");  /* transformers 5's key would win */
     if (!cJSON_AddStringToObject(cfg, "torch_dtype", torch_dtype_name(st->dtype))) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;

@@ -64,26 +64,34 @@ int tmpl_render(const struct tmpl *t, const cJSON *vars, char **out, size_t *len
 
 struct chat_tmpl;
 
-/* Find and parse the chat template of checkpoint folder dir. Sources, in
- * order: override_file (when non-NULL), tokenizer_config.json
- * "chat_template" (a string, or a list of {name, template}: "default"),
- * chat_template.jinja, chat_template.json {"chat_template": ...}.
- * Special tokens (bos_token, eos_token, ... as strings or {"content": ...})
- * come from tokenizer_config.json. -ERR_MISSING when there is no template;
- * other errors as tmpl_parse and for unreadable/malformed files. */
+/* Find and parse the chat templates of checkpoint folder dir, in transformers'
+ * order (chat.c has it in full, docs/adr/0050 why): override_file (when
+ * non-NULL); else the files chat_template.jinja ("default") and
+ * additional_chat_templates/<name>.jinja, which replace tokenizer_config.json's
+ * template when any exists; else tokenizer_config.json "chat_template" (a
+ * string, or a list of {name, template}); else chat_template.json
+ * {"chat_template": ...}. Special tokens (bos_token, eos_token, ... as strings
+ * or {"content": ...}) come from tokenizer_config.json. -ERR_MISSING when there
+ * is no template; other errors as tmpl_parse (naming the source) and for
+ * unreadable or malformed files. */
 int chat_tmpl_load(struct chat_tmpl **out, const char *dir, const char *override_file,
                    struct err *e);
 void chat_tmpl_free(struct chat_tmpl *c);  /* NULL is a no-op */
 
-/* The template's source text as loaded (NUL-terminated; a NUL inside it ends the
- * string early), owned by c and valid until chat_tmpl_free. For inspecting what the
+/* The source text of the template used without tools (the only one, or "default"; else the
+ * first found: chat_template.jinja, the folder's by name, or the config list's first),
+ * NUL-terminated (a NUL inside it ends the string early), owned by c and
+ * valid until chat_tmpl_free. For inspecting what the
  * template teaches (outparse_detect_format, outparse_detect_reasoning). */
 const char *chat_tmpl_source(const struct chat_tmpl *c);
 
 /* Render messages (a JSON array) as apply_chat_template(messages,
  * add_generation_prompt=agp, **extra) does: variables are the special tokens,
  * messages, tools and documents (none unless in extra), add_generation_prompt,
- * then every member of extra (a JSON object or NULL). Output as tmpl_render. */
+ * then every member of extra (a JSON object or NULL). Of several named
+ * templates, "tool_use" renders when extra has non-null "tools" and it exists,
+ * else "default"; with neither, -ERR_FORMAT naming those there are. Output as
+ * tmpl_render. */
 int chat_tmpl_apply(const struct chat_tmpl *c, const cJSON *messages, bool agp, const cJSON *extra,
                     char **out, size_t *len, struct err *e);
 

@@ -563,6 +563,13 @@ static int make_valid(struct tok_buf *out, struct err *e)
 int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                char **out, struct err *e)
 {
+    size_t len;
+    return tok_decode_len(t, ids, n, skip_special, out, &len, e);
+}
+
+int tok_decode_len(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                   char **out, size_t *len, struct err *e)
+{
     struct tok_buf res = {0};
     int rc;
     *out = NULL;
@@ -578,6 +585,7 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool ski
         return rc;
     }
     *out = res.p;
+    *len = res.n;
     return 0;
 }
 

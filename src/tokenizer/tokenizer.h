@@ -76,6 +76,11 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
  * UTF-8 become U+FFFD. Ids out of range -> -ERR_RANGE. */
 int tok_decode(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
                char **out, struct err *e);
+/* tok_decode that also gives the text's length in *len: the text may hold NUL bytes (a
+ * byte-level vocabulary decodes id of byte 0 to one, as transformers' decode keeps it), so
+ * a caller that prints or stores the whole text must use *len, not strlen. */
+int tok_decode_len(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                   char **out, size_t *len, struct err *e);
 
 /* Largest piece in bytes; longer vocab entries are rejected at load. */
 #define TOK_PIECE_MAX 1024

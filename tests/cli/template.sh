@@ -106,4 +106,37 @@ expect_rc 1 "generate --chat without a template"
 one_line_error "generate --chat without a template" "no chat template"
 run "$BIN" generate -m $M -p 'Hello!' --no-chat --system x -n 1
 expect_rc 2 "--no-chat with --system"
+
+# ---- template sources, in transformers' precedence ----
+# chat_template.jinja wins over tokenizer_config.json's chat_template (it was the other way)
+S="$T/src"
+mkdir -p "$S"
+printf '{"chat_template": "config:{{ messages[0].content }}"}' >"$S/tokenizer_config.json"
+printf 'file:{{ messages[0].content }}' >"$S/chat_template.jinja"
+run "$BIN" template -m "$S" --messages "$T/hello.json"
+expect_rc 0 "jinja beside tokenizer_config.json"
+expect_out 'file:Hello!' "chat_template.jinja must win over tokenizer_config.json"
+# additional_chat_templates/tool_use.jinja renders when tools are given
+mkdir "$S/additional_chat_templates"
+printf 'tools:{{ tools | length }}' >"$S/additional_chat_templates/tool_use.jinja"
+run "$BIN" template -m "$S" --messages "$T/hello.json"
+expect_out 'file:Hello!' "default template without tools"
+run "$BIN" template -m "$S" --messages "$T/hello.json" --var 'tools=[{"type": "function"}]'
+expect_rc 0 "tool_use template"
+expect_out 'tools:1' "additional_chat_templates/tool_use.jinja with tools"
+# in a Hugging Face cache snapshot the subfolder's files link into blobs/: followed; a link
+# out of the repository is refused
+R="$T/hub/models--a--b"
+mkdir -p "$R/blobs" "$R/snapshots/0a1b/additional_chat_templates"
+printf 'blob-tool' >"$R/blobs/0123"
+cp "$S/chat_template.jinja" "$R/snapshots/0a1b/"
+ln -s ../../../blobs/0123 "$R/snapshots/0a1b/additional_chat_templates/tool_use.jinja"
+run "$BIN" template -m "$R/snapshots/0a1b" --messages "$T/hello.json" --var 'tools=[]'
+expect_rc 0 "snapshot subfolder link into blobs"
+expect_out 'blob-tool' "snapshot's additional template"
+printf 'secret' >"$T/outside.jinja"
+ln -s "$T/outside.jinja" "$R/snapshots/0a1b/additional_chat_templates/rag.jinja"
+run "$BIN" template -m "$R/snapshots/0a1b" --messages "$T/hello.json"
+expect_rc 1 "link out of the repository"
+one_line_error "link out of the repository" "rag.jinja"
 echo "template: ok"
