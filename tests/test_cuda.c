@@ -3,7 +3,9 @@
  * on awkward shapes, every weight format (F32/F16/BF16, MLX affine 2..8 bits
  * x groups 32/64/128 with F16/BF16/F32 scales, mxfp4, mxfp8, nvfp4), token
  * counts on both sides of the GEMV/GEMM switch, with and without bias, and
- * the embedding of quantized rows. Data goes through buf_alloc / upload /
+ * the embedding of quantized rows. Attention (tiled prefill and decode, every
+ * cache element type, mixed sequences, windows, soft-capping, sinks) against
+ * the same. Data goes through buf_alloc / upload /
  * download as a model's would. Then decode steps replayed from a CUDA graph
  * against the same steps run op by op. Skipped where no CUDA device is
  * usable; the golden suite on MLXCEL_DEVICE=cuda covers every other op end
@@ -232,6 +234,138 @@ static void test_linear_formats(void **state)
     backend_free(gpu);
 }
 
+// ---- attention ----
+
+/* One attention call on both backends over a paged cache of 4-slot blocks holding two
+ * sequences: rows [0, split) are positions pos0.. of sequence A, rows [split, n_tok)
+ * positions pos1.. of sequence B (split == n_tok: one sequence). The blocks of each
+ * sequence lie in reverse order in the pool. The worst |diff| / max|cpu| is returned. */
+struct attn_tc {
+    int n_tok, split, pos0, pos1, n_head, n_kv, hd, window;
+    float softcap;
+    bool sinks;
+};
+
+static double attn_case(struct backend *cpu, struct backend *gpu, const struct attn_tc *tc,
+                        enum dtype dt)
+{
+    const int bs = 4, kvd = tc->n_kv * tc->hd, qd = tc->n_head * tc->hd;
+    int len[2] = {tc->pos0 + tc->split, tc->pos1 + (tc->n_tok - tc->split)};
+    int nb[2] = {(len[0] + bs - 1) / bs, (len[1] + bs - 1) / bs}, nbt = nb[0] + nb[1];
+    size_t es = dtype_size(dt), pool = (size_t)nbt * bs * kvd;
+    char *kc = calloc(pool, es), *vc = calloc(pool, es);
+    int32_t *tables = malloc((size_t)nbt * sizeof *tables);
+    for (int b = 0; b < nbt; b++)   /* A's blocks, then B's, each in reverse */
+        tables[b] = b < nb[0] ? nb[0] - 1 - b : nb[0] + nb[1] - 1 - (b - nb[0]);
+    for (int sq = 0; sq < 2; sq++)
+        for (int j = 0; j < len[sq]; j++) {
+            size_t sl = (size_t)tables[(sq ? nb[0] : 0) + j / bs] * bs + j % bs;
+            for (int i = 0; i < kvd; i++) {
+                dtype_store_f32(dt, kc, (int64_t)(sl * kvd + i), frnd(-2.0f, 2.0f));
+                dtype_store_f32(dt, vc, (int64_t)(sl * kvd + i), frnd(-1.0f, 1.0f));
+            }
+        }
+    int32_t *rows = malloc((size_t)tc->n_tok * 4 * sizeof *rows);
+    int32_t *pos = rows, *slot = rows + tc->n_tok, *tab = slot + tc->n_tok, *end = tab + tc->n_tok;
+    for (int t = 0; t < tc->n_tok; t++) {
+        int sq = t >= tc->split, p = sq ? tc->pos1 + (t - tc->split) : tc->pos0 + t;
+        pos[t] = p;
+        tab[t] = sq ? nb[0] : 0;
+        slot[t] = tables[tab[t] + p / bs] * bs + p % bs;
+        end[t] = len[sq];
+    }
+    size_t nq = (size_t)tc->n_tok * qd;
+    float *q = malloc(nq * sizeof *q), *oc = malloc(nq * sizeof *oc), *og = malloc(nq * sizeof *og);
+    float sk[64];
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frnd(-2.0f, 2.0f);
+    for (int h = 0; h < tc->n_head && h < 64; h++)
+        sk[h] = frnd(-2.0f, 2.0f);
+    struct attn_params ap = {tc->n_head, tc->n_kv, tc->hd, 1.0f / sqrtf((float)tc->hd),
+                             tc->softcap, tc->window, tc->sinks ? sk : NULL};
+    struct kv_layer kv = {kc, vc, kvd, kvd, dt};
+    struct kv_rows kr = {pos, slot, tab, tables, end, bs};
+    cpu->ops->attention(cpu, oc, qd, q, qd, &kv, &kr, tc->n_tok, &ap);
+    /* the same on the GPU, every array uploaded */
+    struct err e = {0};
+    void *d[8];
+    size_t sz[8] = {pool * es, pool * es, (size_t)nbt * 4, (size_t)tc->n_tok * 16, nq * 4, nq * 4,
+                    sizeof sk, 0};
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], kc, sz[0]);
+    gpu->ops->upload(gpu, d[1], vc, sz[1]);
+    gpu->ops->upload(gpu, d[2], tables, sz[2]);
+    gpu->ops->upload(gpu, d[3], rows, sz[3]);
+    gpu->ops->upload(gpu, d[4], q, sz[4]);
+    gpu->ops->upload(gpu, d[6], sk, sz[6]);
+    int32_t *dr = d[3];
+    struct kv_layer gkv = {d[0], d[1], kvd, kvd, dt};
+    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs};
+    struct attn_params gap = ap;
+    gap.sinks = tc->sinks ? d[6] : NULL;
+    gpu->ops->attention(gpu, d[5], qd, d[4], qd, &gkv, &gkr, tc->n_tok, &gap);
+    gpu->ops->download(gpu, og, d[5], sz[5]);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("attention: %s", e.msg);
+    double mx = 0, md = 0;
+    for (size_t i = 0; i < nq; i++) {
+        mx = fmax(mx, fabs(oc[i]));
+        md = fmax(md, fabs((double)oc[i] - og[i]));
+    }
+    for (int i = 0; i < 7; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(kc);
+    free(vc);
+    free(tables);
+    free(rows);
+    free(q);
+    free(oc);
+    free(og);
+    return mx > 0 ? md / mx : md;
+}
+
+/* Prefill-sized calls (the tiled tensor-core kernel from 32 rows, its head_dims 64/80/128; the
+ * per-row kernels for the others) and decode ones, against the CPU scalar backend, for every
+ * cache element type: one sequence, chunks after cached tokens, two sequences in one batch
+ * (a tile whose rows have different tables), windows, soft-capping, sinks. */
+static void test_attention(void **state)
+{
+    (void)state;
+    static const struct attn_tc cases[] = {
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false},     /* one sequence, GQA */
+        {70, 70, 37, 0, 8, 2, 128, 0, 0.0f, false},    /* a chunk after 37 cached tokens */
+        {40, 40, 0, 0, 4, 4, 80, 0, 0.0f, false},      /* MHA, head_dim 80 */
+        {33, 33, 200, 0, 4, 1, 64, 50, 0.0f, false},   /* window, a tile of one row past 32 */
+        {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true},    /* soft-cap and sinks */
+        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false},      /* two sequences, a tile across both */
+        {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true},  /* two sequences on tile bounds */
+        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false},      /* head_dim 96: the per-row kernel */
+        {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false},      /* decode-sized */
+    };
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+            double r = attn_case(cpu, gpu, &cases[c], dts[i]);
+            if (r > 1e-4)
+                fail_msg("attention case %zu (%d rows, head_dim %d) %s: rel err %.3g", c,
+                         cases[c].n_tok, cases[c].hd, dtype_name(dts[i]), r);
+            worst = fmax(worst, r);
+        }
+    printf("cuda attention: %zu cases x 3 cache types, worst rel err %.2e\n",
+           sizeof cases / sizeof cases[0], worst);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -302,6 +436,7 @@ static void test_graph_decode(void **state)
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_formats),
+    cmocka_unit_test(test_attention),
     cmocka_unit_test(test_graph_decode),
 };
 

@@ -61,7 +61,7 @@ static const char *k_help =
     "                             http://localhost:3000 (repeatable; '*' any); without it a\n"
     "                             request with another site's Origin is refused 403\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
-    "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it; CPU)\n"
+    "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"

@@ -51,7 +51,7 @@ static void usage(FILE *f)
                "mapping; --mmap (MLXCEL_MMAP=1) reads them all through the mapping (a quicker\n"
                "load, a slower run), --no-mmap (MLXCEL_MMAP=0) copies them whatever the memory.\n"
                "--kv-type f32|f16|bf16 (MLXCEL_KV_TYPE) is the KV cache's element type: f32 (the\n"
-               "default) keeps K and V exact; f16 and bf16 halve the cache (CPU backend).\n"
+               "default) keeps K and V exact; f16 and bf16 halve the cache (CPU and CUDA).\n"
                "--fast (MLXCEL_FAST=1) trades exactness for speed: 4-bit weights multiply x\n"
                "rounded to 8 bits per group, as llama.cpp does (AVX2 / AVX-512 CPUs; see\n"
                "docs/benchmarks.md for its perplexity cost). Off by default.\n"

@@ -10,7 +10,9 @@
  *            nearest even (as the CPU's), attention widens each element to f32
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
- *            Prefill (ATTN_PIECES_MIN_TOK rows or more): warp w takes the row's
+ *            Prefill (ATTN_PIECES_MIN_TOK rows or more), head_dim 64, 80 or 128:
+ *            attn_fa_kernel, tiles of 64 rows on tensor cores (below). Other
+ *            head_dims: warp w takes the row's
  *            keys 32 at a time (pieces w, w + ATTN_WARPS, ...): the lanes hold
  *            q and the output spread over head_dim (HD_PER_LANE each), read
  *            each key row of the piece coalesced into 32 partial dot products
@@ -29,7 +31,9 @@
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
+#include <mma.h>
 
 #include "cuda_impl.h"
 
@@ -387,6 +391,272 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args<T
     cl.sync(); /* block 0 has read the others' shared memory before they exit */
 }
 
+
+// ---- prefill: tiles of 64 query rows on tensor cores ----
+
+/* Prefill attention on tensor cores (ADR 0054). A block of FA_WARPS warps takes FA_ROWS query
+ * rows of one head that share one sequence (block table) and walks their keys FA_KEYS at a
+ * time: the tile's K and V rows are read once for all 64 rows. q, K, P and V are each split
+ * into two bf16 parts (hi + lo, 16 significant bits) and every product is three bf16 WMMA
+ * products accumulated in f32 (hi hi + hi lo + lo hi), so scores and outputs keep f32-level
+ * accuracy. Warp w owns rows 16 w .. 16 w + 15: S = Q Kᵀ into shared memory, the online
+ * softmax per row (two keys a lane), P split into shared memory, O (in shared memory) scaled
+ * and O += P V. Rows of a block whose tables differ (a batch mixing sequences) take a plain
+ * loop, a warp per row and a key at a time. */
+#define FA_ROWS 64
+#define FA_KEYS 64
+#define FA_WARPS 4
+
+template <int HD>
+struct __align__(128) fa_smem {
+    __nv_bfloat16 qh[FA_ROWS][HD + 8], ql[FA_ROWS][HD + 8];
+    __nv_bfloat16 kh[FA_KEYS][HD + 8], kl[FA_KEYS][HD + 8];
+    __nv_bfloat16 vh[FA_KEYS][HD + 8], vl[FA_KEYS][HD + 8];
+    float s[FA_WARPS][16][FA_KEYS + 4];
+    __nv_bfloat16 ph[FA_WARPS][16][FA_KEYS + 8], pl[FA_WARPS][16][FA_KEYS + 8];
+    float o[FA_WARPS][16][HD + 4];
+    int rlo[FA_ROWS], rhi[FA_ROWS];
+    int slot[FA_KEYS];
+    int klo, khi, mixed;
+};
+
+__device__ __forceinline__ void fa_split(float v, __nv_bfloat16 &hi, __nv_bfloat16 &lo)
+{
+    hi = __float2bfloat16_rn(v);
+    lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+}
+
+/* One row of a mixed block: warp per row, a key at a time (attn_keys' arithmetic). */
+template <class T, int HD>
+__device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
+{
+    constexpr int PL = HD / 32 > 0 ? (HD + 31) / 32 : 1;
+    int g = h / a.n_rep, p = a.pos[t];
+    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    const int32_t *tab = a.tables + a.table[t];
+    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * HD;
+    float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < HD ? qh[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+    for (int j = lo; j < hi; j++) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const T *kr = a.kc + slot * a.k_dim + (size_t)g * HD;
+        const T *vr = a.vc + slot * a.v_dim + (size_t)g * HD;
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            if (d < HD)
+                sc += qv[i] * kv_ld(&kr[d]);
+        }
+        sc = cu_warp_sum(sc) * a.scale;
+        if (a.softcap > 0.0f)
+            sc = a.softcap * tanhf(sc / a.softcap);
+        float mn = fmaxf(m, sc), corr = expf(m - mn), pj = expf(sc - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < HD ? pj * kv_ld(&vr[d]) : 0.0f);
+        }
+        m = mn;
+    }
+    float L = l, f = 1.0f;
+    if (a.sinks) {
+        float sk = a.sinks[h], M = fmaxf(m, sk);
+        f = expf(m - M);
+        L = l * f + expf(sk - M);
+    }
+    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * HD;
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        int d = lane + 32 * i;
+        if (d < HD)
+            oh[d] = o[i] * f / L;
+    }
+}
+
+template <class T, int HD>
+__global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, int n_tok)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char fa_raw[];
+    fa_smem<HD> &S = *reinterpret_cast<fa_smem<HD> *>(fa_raw);
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int h = blockIdx.x, t0 = blockIdx.y * FA_ROWS, tid = threadIdx.x;
+    const int lane = tid % 32, w = tid / 32, g = h / a.n_rep;
+    const int nr = n_tok - t0 < FA_ROWS ? n_tok - t0 : FA_ROWS;
+    const int tab0 = a.table[t0];
+    if (tid == 0) {
+        S.klo = INT_MAX;
+        S.khi = 0;
+        S.mixed = 0;
+    }
+    __syncthreads();
+    for (int r = tid; r < FA_ROWS; r += blockDim.x) {
+        int lo = 0, hi = 0;
+        if (r < nr) {
+            int p = a.pos[t0 + r];
+            hi = p + 1;
+            lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+            if (a.table[t0 + r] != tab0)
+                S.mixed = 1;
+            atomicMin(&S.klo, lo);
+            atomicMax(&S.khi, hi);
+        }
+        S.rlo[r] = lo;
+        S.rhi[r] = hi;
+    }
+    __syncthreads();
+    if (S.mixed) {
+        for (int r = w; r < nr; r += FA_WARPS)
+            fa_row_plain<T, HD>(a, t0 + r, h, lane);
+        return;
+    }
+    const int32_t *tab = a.tables + tab0;
+    for (int i = tid; i < FA_ROWS * HD; i += blockDim.x) {
+        int r = i / HD, d = i % HD;
+        float v = r < nr ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * HD + d] : 0.0f;
+        fa_split(v, S.qh[r][d], S.ql[r][d]);
+    }
+    for (int i = lane; i < 16 * HD; i += 32)
+        S.o[w][i / HD][i % HD] = 0.0f;
+    float m[16], l[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+    }
+    const int klo = S.klo, khi = S.khi;
+    for (int kt = klo; kt < khi; kt += FA_KEYS) {
+        __syncthreads(); /* the last tile's K, V and slots are no longer read */
+        if (tid < FA_KEYS) {
+            int j = kt + tid;
+            S.slot[tid] = j < khi ? tab[j / a.bs] * a.bs + j % a.bs : -1;
+        }
+        __syncthreads();
+        for (int i = tid; i < FA_KEYS * HD; i += blockDim.x) {
+            int kk = i / HD, d = i % HD, sl = S.slot[kk];
+            float kv = 0.0f, vv = 0.0f;
+            if (sl >= 0) {
+                kv = kv_ld(&a.kc[(size_t)sl * a.k_dim + (size_t)g * HD + d]);
+                vv = kv_ld(&a.vc[(size_t)sl * a.v_dim + (size_t)g * HD + d]);
+            }
+            fa_split(kv, S.kh[kk][d], S.kl[kk][d]);
+            fa_split(vv, S.vh[kk][d], S.vl[kk][d]);
+        }
+        __syncthreads();
+        /* S_w = Q_w Kᵀ */
+#pragma unroll
+        for (int nt = 0; nt < FA_KEYS / 16; nt++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qa, qb;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ka, kb;
+                wmma::load_matrix_sync(qa, &S.qh[16 * w][16 * kk], HD + 8);
+                wmma::load_matrix_sync(qb, &S.ql[16 * w][16 * kk], HD + 8);
+                wmma::load_matrix_sync(ka, &S.kh[16 * nt][16 * kk], HD + 8);
+                wmma::load_matrix_sync(kb, &S.kl[16 * nt][16 * kk], HD + 8);
+                wmma::mma_sync(acc, qa, ka, acc);
+                wmma::mma_sync(acc, qa, kb, acc);
+                wmma::mma_sync(acc, qb, ka, acc);
+            }
+            wmma::store_matrix_sync(&S.s[w][0][16 * nt], acc, FA_KEYS + 4, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* the online softmax of the warp's rows, keys lane and lane + 32 */
+        float corr[16];
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            const int r = 16 * w + rr, rlo = S.rlo[r], rhi = S.rhi[r];
+            float sv[2], pv[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int c = lane + 32 * u, j = kt + c;
+                float x = S.s[w][rr][c] * a.scale;
+                if (a.softcap > 0.0f)
+                    x = a.softcap * tanhf(x / a.softcap);
+                sv[u] = j >= rlo && j < rhi ? x : -INFINITY;
+            }
+            float mn = fmaxf(m[rr], cu_warp_max(fmaxf(sv[0], sv[1])));
+            if (mn == -INFINITY) { /* no key of this row yet */
+                corr[rr] = 1.0f;
+                pv[0] = pv[1] = 0.0f;
+            } else {
+                corr[rr] = expf(m[rr] - mn);
+                pv[0] = expf(sv[0] - mn);
+                pv[1] = expf(sv[1] - mn);
+            }
+            l[rr] = l[rr] * corr[rr] + cu_warp_sum(pv[0] + pv[1]);
+            m[rr] = mn;
+            fa_split(pv[0], S.ph[w][rr][lane], S.pl[w][rr][lane]);
+            fa_split(pv[1], S.ph[w][rr][lane + 32], S.pl[w][rr][lane + 32]);
+        }
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++)
+            for (int d = lane; d < HD; d += 32)
+                S.o[w][rr][d] *= corr[rr];
+        __syncwarp();
+        /* O_w += P_w V */
+#pragma unroll
+        for (int dt = 0; dt < HD / 16; dt++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, &S.o[w][0][16 * dt], HD + 4, wmma::mem_row_major);
+#pragma unroll
+            for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa, pb;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> va, vb;
+                wmma::load_matrix_sync(pa, &S.ph[w][0][16 * kk], FA_KEYS + 8);
+                wmma::load_matrix_sync(pb, &S.pl[w][0][16 * kk], FA_KEYS + 8);
+                wmma::load_matrix_sync(va, &S.vh[16 * kk][16 * dt], HD + 8);
+                wmma::load_matrix_sync(vb, &S.vl[16 * kk][16 * dt], HD + 8);
+                wmma::mma_sync(acc, pa, va, acc);
+                wmma::mma_sync(acc, pa, vb, acc);
+                wmma::mma_sync(acc, pb, va, acc);
+            }
+            wmma::store_matrix_sync(&S.o[w][0][16 * dt], acc, HD + 4, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    /* out = O / L, with the sink logit in L */
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++) {
+        const int r = 16 * w + rr;
+        if (r >= nr)
+            break;
+        float L = l[rr], f = 1.0f;
+        if (a.sinks) {
+            float sk = a.sinks[h], M = fmaxf(m[rr], sk);
+            f = expf(m[rr] - M);
+            L = l[rr] * f + expf(sk - M);
+        }
+        float *oh = a.out + (size_t)(t0 + r) * a.ldo + (size_t)h * HD;
+        for (int d = lane; d < HD; d += 32)
+            oh[d] = S.o[w][rr][d] * f / L;
+    }
+}
+
+template <class T, int HD>
+static void fa_launch(struct cuda_backend *c, const attn_args<T> &a, int n_head, int n_tok)
+{
+    size_t smem = sizeof(fa_smem<HD>);
+    cudaError_t rc = cudaFuncSetAttribute(attn_fa_kernel<T, HD>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (rc != cudaSuccess) {
+        cu_fail(c, "attention: shared memory", rc);
+        return;
+    }
+    cu_launch_smem(c, attn_fa_kernel<T, HD>, dim3(n_head, (n_tok + FA_ROWS - 1) / FA_ROWS),
+                   dim3(32 * FA_WARPS), smem, a, n_tok);
+}
+
 template <class T>
 static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float *q, int ldq,
                         const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
@@ -397,7 +667,13 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
                       ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
                       ap->sinks};
     dim3 grid(ap->n_head, n_tok);
-    if (n_tok >= ATTN_PIECES_MIN_TOK)
+    if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 64)
+        fa_launch<T, 64>(c, a, ap->n_head, n_tok);
+    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 80)
+        fa_launch<T, 80>(c, a, ap->n_head, n_tok);
+    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 128)
+        fa_launch<T, 128>(c, a, ap->n_head, n_tok);
+    else if (n_tok >= ATTN_PIECES_MIN_TOK)
         cu_launch(c, attn_kernel<T, true>, grid, dim3(32 * ATTN_WARPS), a);
     else if (c->attn_split)
         cu_launch(c, attn_split_kernel<T>, dim3(ap->n_head, n_tok, ATTN_SPLIT), dim3(32 * ATTN_WARPS), a);
