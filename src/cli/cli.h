@@ -63,6 +63,24 @@ void cli_hf_hub_dir(char *buf, size_t cap);
 /* The snapshot folder of an HF cache repo folder (refs/main, else the newest snapshot). */
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap);
 
+/* Whether a model folder is whole (cli_snapshot.c): the files its index names, at least
+ * one *.safetensors, no dangling links, and for an HF snapshot no *.incomplete blob. */
+struct cli_snapshot_check {
+    size_t n_missing;          /* files named or linked but absent */
+    char first_missing[256];   /* the first of them ("*.safetensors": no weights at all) */
+    size_t n_incomplete;       /* blobs/ *.incomplete of the HF repository */
+};
+void cli_snapshot_check(const char *dir, struct cli_snapshot_check *c);
+bool cli_snapshot_is_partial(const struct cli_snapshot_check *c);
+/* "X missing", "X and N more file(s) missing" or "N unfinished download(s) in blobs/". */
+void cli_snapshot_describe(const struct cli_snapshot_check *c, char *buf, size_t cap);
+/* After a failure to load from dir: when dir is partial, the message gains what is missing
+ * and `mlxcel pull owner/name`. */
+void cli_hint_partial(const char *dir, struct err *e);
+/* model_load(m, dir, e) with cli_hint_partial on failure. */
+struct model;
+int cli_model_load(struct model **m, const char *dir, struct err *e);
+
 /* Print root as JSON on stdout and delete it (root may be NULL after an allocation
  * failure: -ERR_NOMEM). Takes ownership of root. */
 /* What a command needs to run a model: a backend (the one factory, $MLXCEL_DEVICE or

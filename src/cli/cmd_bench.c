@@ -442,7 +442,7 @@ int cmd_bench(int argc, char **argv)
     if (rc < 0)
         return cli_usage_error("bench", "%s", e.msg);
 
-    if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0 ||
+    if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || cli_model_load(&m, dir, &e) < 0 ||
         bench_setup(&b, m, &o, &e) < 0 ||
         warm_up(&b, &o, m, &e) < 0)
         goto out;

@@ -345,6 +345,7 @@ int cmd_generate(int argc, char **argv)
     if (need_tok && (rc = tok_load(&tok, dir, &e)) < 0) {
         if (o.prompt_ids)
             err_prefix(&e, "decoding output needs a tokenizer (use --output-ids for raw ids)");
+        cli_hint_partial(dir, &e);
         goto fail;
     }
     if ((rc = encode_prompt(&o, dir, tok, &prompt, &n_prompt, &e)) < 0)
@@ -353,7 +354,7 @@ int cmd_generate(int argc, char **argv)
         err_setf(&e, ERR_ARG, "the prompt encodes to no tokens");
         goto fail;
     }
-    if ((rc = model_load(&m, dir, &e)) < 0)
+    if ((rc = cli_model_load(&m, dir, &e)) < 0)
         goto fail;
     if ((rc = apply_defaults(&o, &m->gen, &e)) < 0)
         goto fail;

@@ -332,7 +332,7 @@ int cmd_inspect(int argc, char **argv)
     struct model *m = NULL;
     enum dtype kvt;
     if (cli_kv_dtype(&kvt, &e) < 0 || cli_resolve_model(model, dir, sizeof dir, &e) < 0 ||
-        model_load(&m, dir, &e) < 0)
+        cli_model_load(&m, dir, &e) < 0)
         return cli_fail("inspect", &e);
     int status = CLI_EXIT_OK;
     if (json) {

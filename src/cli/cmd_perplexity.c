@@ -134,7 +134,7 @@ int cmd_perplexity(int argc, char **argv)
         err_setf(&e, ERR_ARG, "need at least 2 ids to score, got %zu", n_ids);
         goto out;
     }
-    if (model_load(&m, dir, &e) < 0)
+    if (cli_model_load(&m, dir, &e) < 0)
         goto out;
     /* a window longer than the model's context fails in the engine's context check */
     int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
