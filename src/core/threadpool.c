@@ -16,8 +16,8 @@
  * Waiting workers spin (SPIN_US) and then sleep on `cv`; the caller takes the
  * mutex to wake them only when one sleeps (`sleepers`). When the caller has run
  * every part of nearly every job of a window (the workers keep arriving late:
- * the machine is oversubscribed), it runs the next SOLO_JOBS jobs alone, part
- * by part, without waking anyone, and then looks again; the idle workers sleep.
+ * the machine is oversubscribed), it runs a stretch of jobs alone, part by part,
+ * without waking anyone, and then looks again; the idle workers sleep.
  * Memory ordering: release on publish, acquire on observe.
  */
 /* sched_getaffinity and CPU_COUNT need _GNU_SOURCE, which the build defines */
@@ -47,15 +47,19 @@
 /* Pauses between clock reads while spinning (a read is 24 ns through the vDSO). */
 #define SPIN_CHECK_EVERY 64
 /* Oversubscription: in a window of SOLO_WINDOW shared jobs, when the caller ran all the
- * parts of at least SOLO_ALONE of them (no worker claimed one in time), the next SOLO_JOBS
- * jobs run in the caller alone; then a window is shared again. On a quiet machine a
+ * parts of at least SOLO_ALONE of them (no worker claimed one in time), the next jobs run
+ * in the caller alone, SOLO_MIN of them, twice as many after each window that ends the
+ * same way (at most SOLO_MAX); then a window is shared again. On a quiet machine a
  * spinning worker claims its part within a fraction of a microsecond, so a window of
  * nearly all lone jobs means the workers are not getting a CPU. A window costs, on a busy
- * machine, SOLO_WINDOW wake-ups of sleeping workers (a few microseconds each); SOLO_JOBS
- * makes that a few per cent of the jobs (ADR 0052). */
+ * machine, SOLO_WINDOW wake-ups of sleeping workers (a few microseconds each) and a worker
+ * that spins beside the caller; the doubling makes that a per cent or less of the jobs
+ * while the machine stays busy (ADR 0052). Decode runs a few hundred jobs per token: a
+ * stretch is a few tokens to a few hundred. */
 #define SOLO_WINDOW 64
 #define SOLO_ALONE  56
-#define SOLO_JOBS   2048
+#define SOLO_MIN    1024
+#define SOLO_MAX    65536
 
 /* A part's claim slot, alone on its cache line: the threads claim their own parts at once. */
 struct claim_slot {
@@ -80,6 +84,7 @@ struct tpool {
     unsigned last_gen;         /* the last generation published */
     int win_jobs, win_alone;   /* shared jobs of this window, and those the caller ran alone */
     int solo_left;             /* jobs still to run alone */
+    int solo_next;             /* the length of the next stretch */
     struct tpool_stats stats;
 };
 
@@ -200,6 +205,7 @@ int tpool_new(struct tpool **out, int n_threads, struct err *e)
         return err_setf(e, ERR_NOMEM, "thread pool: out of memory");
     p->n = n_threads;
     p->yield = n_threads > usable_cpus();
+    p->solo_next = SOLO_MIN;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
@@ -260,8 +266,11 @@ static void note_shared_job(struct tpool *p, int ran)
     if (++p->win_jobs < SOLO_WINDOW)
         return;
     if (p->win_alone >= SOLO_ALONE) {
-        p->solo_left = SOLO_JOBS;
+        p->solo_left = p->solo_next;
+        p->solo_next = p->solo_next < SOLO_MAX ? 2 * p->solo_next : SOLO_MAX;
         p->stats.solo_stretches++;
+    } else {
+        p->solo_next = SOLO_MIN;
     }
     p->win_jobs = p->win_alone = 0;
 }
