@@ -35,6 +35,19 @@ int cmd_pull(int argc, char **argv);
 /* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. The message is
  * escaped (control and non-UTF-8 bytes as \n, \xNN), so it is one line of valid UTF-8. */
 int cli_fail(const char *cmd, const struct err *e);
+/* The flags every command takes (src/cli/main.c strips them from argv), for --help:
+ * CLI_GLOBAL_MODEL is --offline (commands that resolve -m owner/name), CLI_GLOBAL_KV
+ * --kv-type (commands that size or run a KV cache), CLI_GLOBAL_RUN the engine's --device,
+ * --fast and --[no-]mmap. */
+#define CLI_GLOBAL_MODEL 1u
+#define CLI_GLOBAL_KV    2u
+#define CLI_GLOBAL_RUN   4u
+#define CLI_GLOBAL_ALL   (CLI_GLOBAL_MODEL | CLI_GLOBAL_KV | CLI_GLOBAL_RUN)
+/* outdir_sweep's callback for the commands that write folders: says what was removed
+ * (ud: the command's name). */
+void cli_on_swept(void *ud, const char *path, const char *why);
+/* Print help (a command's usage text) and then the global flags of which to stdout. */
+void cli_help(const char *help, unsigned which);
 /* Print a usage error (escaped as cli_fail) and a hint to run --help; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -18,11 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "../core/fileio.h"
 #include "../core/json.h"
+#include "../core/log.h"
 #include "../models/model.h"
 #include "cli.h"
 
@@ -176,8 +178,14 @@ void cli_hint_partial(const char *dir, struct err *e)
 
 int cli_model_load(struct model **m, const char *dir, struct err *e)
 {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = model_load(m, dir, e);
-    if (rc < 0)
+    if (rc < 0) {
         cli_hint_partial(dir, e);
+        return rc;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    LOG_INFO("loaded %s in %.3f s", dir, (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
     return rc;
 }

@@ -160,7 +160,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case 'c': rc = cli_parse_int("--ctx-size", optarg, 1, 1 << 24, &o->n_ctx, e); break;
         case OPT_KEEP: rc = cli_parse_int("--keep", optarg, 0, 1 << 24, &o->keep, e); break;
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
-        case 'h': fputs(k_help, stdout); return 1;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case OPT_TEMP:
             rc = parse_sampling(SAMPLER_TEMPERATURE, optarg, &d, e);
             o->sp.temperature = (float)d;

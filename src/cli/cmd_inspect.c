@@ -317,7 +317,7 @@ int cmd_inspect(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'J': json = true; break;
         case 'v': verbose = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_MODEL | CLI_GLOBAL_KV); return CLI_EXIT_OK;
         case ':': return cli_usage_error("inspect", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("inspect", "unknown option %s", argv[optind - 1]);
         }

@@ -315,7 +315,9 @@ static int print_json(const struct list *l, struct err *e)
         } else {
             cJSON_AddNullToObject(o, "quantization");
         }
+        /* weight_bytes as in `inspect` and `bench`; size_bytes, the older name, stays */
         cJSON_AddNumberToObject(o, "size_bytes", (double)le->size);
+        cJSON_AddNumberToObject(o, "weight_bytes", (double)le->size);
         cJSON_AddStringToObject(o, "path", le->path);
     }
     return cli_print_json(arr, e);

@@ -102,7 +102,7 @@ int cmd_perplexity(int argc, char **argv)
         case 'c': rc = cli_parse_int("--ctx-size", optarg, 2, 1 << 24, &n_ctx, &e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &threads, &e); break;
         case 'J': json = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("perplexity", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("perplexity", "unknown option %s", argv[optind - 1]);
         }

@@ -121,7 +121,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
                 rc = err_setf(e, ERR_ARG, "--log-format: '%s' is not text or json", optarg);
             break;
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
-        case 'h': fputs(k_help, stdout); return 1;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
