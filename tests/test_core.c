@@ -661,16 +661,24 @@ static void tp_hold_fn(void *ctx, int ith, int nth)
         return;
     }
     atomic_fetch_add(&h->hits[ith], 1);
-    if (!pthread_equal(pthread_self(), h->caller) && !atomic_load(&h->have_worker)) {
-        h->worker = pthread_self();
-        atomic_store(&h->have_worker, 1);
+    if (!pthread_equal(pthread_self(), h->caller)) {
+        if (!atomic_load(&h->have_worker)) {
+            h->worker = pthread_self();
+            atomic_store(&h->have_worker, 1);
+        }
+        return;
     }
+    /* until the worker is known, the caller's part waits for it (up to 100 ms) so that it
+     * claims the other part even on a loaded machine, where the caller would take both */
+    struct timespec ts = {0, 100000};
+    for (int i = 0; i < 1000 && !atomic_load(&h->have_worker); i++)
+        nanosleep(&ts, NULL);
 }
 
 static void test_tpool_held_worker(void **state)
 {
     (void)state;
-    enum { JOBS = 1000, WARM_MAX = 1000000 };
+    enum { JOBS = 1000, WARM_MAX = 1000 };
     struct tp_hold h = {.caller = pthread_self()};
     struct sigaction sa = {.sa_handler = tp_hold_handler}, old;
     sigemptyset(&sa.sa_mask);

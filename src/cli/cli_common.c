@@ -25,7 +25,6 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -206,21 +205,13 @@ int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct
     struct stat st;
     if (strcmp(path, "-") == 0 || strcmp(path, "/dev/stdin") == 0 || strcmp(path, "/dev/fd/0") == 0)
         return file_read_fd(STDIN_FILENO, "standard input", max, out, len, e);
-    if (stat(path, &st) == 0 && S_ISFIFO(st.st_mode)) {
-        /* a pipe the user named (mkfifo, <(...) process substitution): read to its end, as
-         * cat would; the size cap still holds */
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            return err_setf(e, ERR_IO, "cannot open %s: %s", path, strerror(errno));
-        int rc = file_read_fd(fd, path, max, out, len, e);
-        close(fd);
-        return rc;
-    }
+    /* other special files (a FIFO waits for a writer that may never come) are refused by
+     * the one opening rule (ADR 0017); the message says how to pipe instead */
     int rc = file_read_all(path, max, out, len, e);
     if (rc < 0 && e && stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
         char old[sizeof e->msg];
         snprintf(old, sizeof old, "%s", e->msg);
-        err_setf(e, e->code, "%s; `-f -` reads standard input", old);
+        err_setf(e, e->code, "%s; `-f -` reads standard input (cat FILE | mlxcel ... -f -)", old);
     }
     return rc;
 }

@@ -66,6 +66,7 @@ struct claim_slot {
     atomic_uint gen;           /* the last generation that claimed the part */
     char pad[64 - sizeof(atomic_uint)];
 };
+_Static_assert(sizeof(struct claim_slot) == 64, "a claim slot is one cache line");
 
 struct tpool {
     int n;                     /* total threads including the caller */
@@ -209,7 +210,10 @@ int tpool_new(struct tpool **out, int n_threads, struct err *e)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    p->claimed = calloc((size_t)n_threads, sizeof *p->claimed);
+    /* one cache line per slot: aligned, and a whole number of lines */
+    p->claimed = aligned_alloc(64, (size_t)n_threads * sizeof *p->claimed);
+    for (int k = 0; p->claimed && k < n_threads; k++)
+        atomic_init(&p->claimed[k].gen, 0u);
     if (!p->threads || !p->claimed)
         goto fail_free;
     for (int i = 1; i < n_threads; i++) {
