@@ -303,9 +303,14 @@ static void chat_keep(const struct tokenizer *tok, const char *chat, size_t chat
                       size_t user_len, int *head, int *tail)
 {
     const char *at = NULL;
-    for (const char *c = chat; user_len > 0 && c + user_len <= chat + chat_len; c++)
-        if (memcmp(c, user, user_len) == 0)
-            at = c;  /* the last one: the user's text follows any system message */
+    /* the last occurrence (the user's text follows any system message), searched from the
+     * end: the template's tail is short, so this takes a few comparisons */
+    for (size_t i = chat_len >= user_len && user_len > 0 ? chat_len - user_len + 1 : 0; i-- > 0;) {
+        if (memcmp(chat + i, user, user_len) == 0) {
+            at = chat + i;
+            break;
+        }
+    }
     *head = *tail = 0;
     if (!at)
         return;
