@@ -196,10 +196,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
                 struct err *e)
 {
     int rc;
-    if ((rc = tok_load(&sv->tok, dir, e)) < 0 || (rc = model_load(&sv->m, dir, e)) < 0) {
-        cli_hint_partial(dir, e);
+    if ((rc = tok_load(&sv->tok, dir, e)) < 0 || (rc = model_load(&sv->m, dir, e)) < 0)
         return rc;
-    }
     rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
     if (rc == -ERR_MISSING)
         fprintf(stderr, "mlxcel serve: the model has no chat template: /v1/chat/completions will answer 400\n");
