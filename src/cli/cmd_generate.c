@@ -47,7 +47,8 @@ static const char *k_help =
     "      --seed S           RNG seed (default 1)\n"
     "  -t, --threads N        CPU threads (default: all online CPUs)\n"
     "  -c, --ctx-size, --ctx N  context size (default: the model's max_position_embeddings,\n"
-    "                         x rope_scaling.factor for dynamic NTK rope; above it is an error)\n"
+    "                         x rope_scaling.factor for dynamic NTK rope); a prompt longer\n"
+    "                         than it is an error unless --truncate\n"
     "      --truncate left|right  cut a prompt longer than the context to fit, leaving room\n"
     "                         for the -n tokens (at most half the context): the head (--keep)\n"
     "                         and the chat template's generation prompt stay, and of the rest\n"
@@ -57,7 +58,7 @@ static const char *k_help =
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
-    "  -v, --verbose          log loading details to stderr\n"
+    "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
     "  -h, --help             show this help\n";
 
 enum {
