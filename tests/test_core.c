@@ -9,7 +9,9 @@
  *   threadpool  tpool_run runs each ith exactly once per call, repeatedly and
  *               across pool sizes; results written by workers are visible to
  *               the caller; tpool_range partitions exactly; tpool_claim_guided
- *               hands out shrinking pieces, each unit once across threads.
+ *               hands out shrinking pieces, each unit once across threads;
+ *               a worker held outside any job (blocked in a signal handler)
+ *               holds up no job: the caller claims its parts.
  *   json        json_parse_object takes exactly one object plus JSON
  *               whitespace: trailing junk, a second value, NUL bytes and
  *               other control bytes are refused at the right byte offset,
@@ -20,10 +22,15 @@
  *               mem_anon_alloc start large blocks on a huge-page boundary.
  */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/dtype.h"
 #include "core/fileio.h"
@@ -620,6 +627,105 @@ static void test_tpool_claim_guided_pool(void **state)
     free(hits);
 }
 
+/* A worker held outside any job (blocked in a signal handler, as if the host had descheduled
+ * it) stalls nothing: the parts are claimed, so the caller runs the held worker's part of
+ * every job, and after a window of such jobs runs stretches of them alone. The handler lets
+ * go by itself after TP_HOLD_S, so a pool that waits for every worker (the one before ADR
+ * 0052) finishes the test too, late, and fails its check that the jobs ran while the
+ * worker was held. */
+#define TP_HOLD_S 10
+
+static atomic_int g_tp_held, g_tp_release;
+
+static void tp_hold_handler(int sig)
+{
+    (void)sig;
+    atomic_store(&g_tp_held, 1);
+    struct timespec ts = {0, 1000000};
+    for (int i = 0; i < TP_HOLD_S * 1000 && !atomic_load(&g_tp_release); i++)
+        nanosleep(&ts, NULL);
+    atomic_store(&g_tp_held, 0);
+}
+
+struct tp_hold {
+    atomic_int hits[2];
+    atomic_int bad;
+    atomic_int have_worker;
+    pthread_t caller, worker;
+};
+
+static void tp_hold_fn(void *ctx, int ith, int nth)
+{
+    struct tp_hold *h = ctx;
+    if (nth != 2 || ith < 0 || ith > 1) {
+        atomic_fetch_add(&h->bad, 1);
+        return;
+    }
+    atomic_fetch_add(&h->hits[ith], 1);
+    if (!pthread_equal(pthread_self(), h->caller)) {
+        if (!atomic_load(&h->have_worker)) {
+            h->worker = pthread_self();
+            atomic_store(&h->have_worker, 1);
+        }
+        return;
+    }
+    /* until the worker is known, the caller's part waits for it (up to 100 ms) so that it
+     * claims the other part even on a loaded machine, where the caller would take both */
+    struct timespec ts = {0, 100000};
+    for (int i = 0; i < 1000 && !atomic_load(&h->have_worker); i++)
+        nanosleep(&ts, NULL);
+}
+
+static void test_tpool_held_worker(void **state)
+{
+    (void)state;
+    enum { JOBS = 1000, WARM_MAX = 1000 };
+    struct tp_hold h = {.caller = pthread_self()};
+    struct sigaction sa = {.sa_handler = tp_hold_handler}, old;
+    sigemptyset(&sa.sa_mask);
+    assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+    atomic_store(&g_tp_held, 0);
+    atomic_store(&g_tp_release, 0);
+    struct tpool *p;
+    assert_int_equal(tpool_new(&p, 2, NULL), 0);
+    int runs = 0;
+    /* until the worker has run a part, which tells its thread */
+    while (!atomic_load(&h.have_worker) && runs < WARM_MAX) {
+        tpool_run(p, tp_hold_fn, &h);
+        runs++;
+    }
+    assert_true(atomic_load(&h.have_worker));
+    assert_int_equal(pthread_kill(h.worker, SIGUSR1), 0);
+    struct timespec ts = {0, 1000000};
+    for (int i = 0; i < 10000 && !atomic_load(&g_tp_held); i++)
+        nanosleep(&ts, NULL);
+    assert_true(atomic_load(&g_tp_held));
+
+    struct tpool_stats before, after;
+    tpool_get_stats(p, &before);
+    for (int j = 0; j < JOBS; j++, runs++)
+        tpool_run(p, tp_hold_fn, &h);
+    tpool_get_stats(p, &after);
+    int still_held = atomic_load(&g_tp_held);
+    atomic_store(&g_tp_release, 1);
+    tpool_free(p);
+    sigaction(SIGUSR1, &old, NULL);
+
+    assert_int_equal(atomic_load(&h.bad), 0);
+    assert_int_equal(atomic_load(&h.hits[0]), runs);
+    assert_int_equal(atomic_load(&h.hits[1]), runs);
+    if (!still_held)
+        fail_msg("the %d jobs waited for the held worker (it was let go after %d s)", JOBS, TP_HOLD_S);
+    uint64_t shared = after.shared_jobs - before.shared_jobs, alone = after.solo_jobs - before.solo_jobs;
+    uint64_t stolen = after.parts_stolen - before.parts_stolen;
+    /* every shared job: the caller ran the held worker's part itself */
+    assert_int_equal(shared + alone, JOBS);
+    assert_int_equal(stolen, shared);
+    /* a window of lone jobs starts a stretch of jobs run alone */
+    assert_true(after.solo_stretches > before.solo_stretches);
+    assert_true(alone > 0);
+}
+
 // ---- json ----
 
 /* One document for json_parse_object and st_header_parse (as a header with an
@@ -911,6 +1017,7 @@ static const struct CMUnitTest k_threadpool_tests[] = {
     cmocka_unit_test(test_tpool_range),
     cmocka_unit_test(test_tpool_claim_guided_shape),
     cmocka_unit_test(test_tpool_claim_guided_pool),
+    cmocka_unit_test(test_tpool_held_worker),
 };
 
 TEST_SUITE(dtype, k_dtype_tests);

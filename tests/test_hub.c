@@ -137,6 +137,12 @@ static void listing(void **state)
     assert_int_equal(parse(&l, doc, &e), 0);
     assert_string_equal(l.commit, SHA40);
     assert_int_equal(l.n_files, 3);
+    hub_listing_deinit(&l);
+    /* an escaped backslash followed by "u0000" is text, not a NUL (the card may hold it) */
+    const char *text = "{\"sha\":\"" SHA40 "\",\"cardData\":{\"x\":\"c:\\\\u0000\"},\"siblings\":[]}";
+    assert_int_equal(parse(&l, text, &e), 0);
+    hub_listing_deinit(&l);
+    assert_int_equal(parse(&l, doc, &e), 0);
     assert_string_equal(l.files[0].name, "model.safetensors");  /* sorted */
     assert_int_equal(l.files[0].size, 100);
     assert_string_equal(l.files[0].sha256, SHA64);
@@ -166,6 +172,10 @@ static void listing_hostile(void **state)
         {SIB("{\"rfilename\":\"a\",\"size\":10,\"lfs\":{\"sha256\":\"" SHA64 "\",\"size\":11}}"), "two sizes"},
         {SIB("{\"rfilename\":\"a\",\"lfs\":{\"sha256\":\"xyz\"}}"), "valid sha256"},
         {SIB("{\"rfilename\":\"a\",\"lfs\":{}}"), "valid sha256"},
+        {SIB("{\"rfilename\":\"config.json\\u0000../../x\"}"), "NUL character"},
+        {SIB("{\"rfilename\":\"a\\u0001b\"}"), "unsafe file name"},
+        {SIB("{\"rfilename\":\"a\\\\..\\\\x\"}"), "unsafe file name"},
+        {SIB("{\"rfilename\":\"a\\u002f..\\u002fx\"}"), "unsafe file name"},
         {SIB("{\"rfilename\":7}"), "rfilename"},
         {SIB("{}"), "rfilename"},
         {"{\"sha\":\"abc\",\"siblings\":[]}", "commit hash"},

@@ -35,6 +35,19 @@ int cmd_pull(int argc, char **argv);
 /* Print "mlxcel <cmd>: <message>" to stderr and return CLI_EXIT_ERROR. The message is
  * escaped (control and non-UTF-8 bytes as \n, \xNN), so it is one line of valid UTF-8. */
 int cli_fail(const char *cmd, const struct err *e);
+/* The flags every command takes (src/cli/main.c strips them from argv), for --help:
+ * CLI_GLOBAL_MODEL is --offline (commands that resolve -m owner/name), CLI_GLOBAL_KV
+ * --kv-type (commands that size or run a KV cache), CLI_GLOBAL_RUN the engine's --device,
+ * --fast and --[no-]mmap. */
+#define CLI_GLOBAL_MODEL 1u
+#define CLI_GLOBAL_KV    2u
+#define CLI_GLOBAL_RUN   4u
+#define CLI_GLOBAL_ALL   (CLI_GLOBAL_MODEL | CLI_GLOBAL_KV | CLI_GLOBAL_RUN)
+/* outdir_sweep's callback for the commands that write folders: says what was removed
+ * (ud: the command's name). */
+void cli_on_swept(void *ud, const char *path, const char *why);
+/* Print help (a command's usage text) and then the global flags of which to stdout. */
+void cli_help(const char *help, unsigned which);
 /* Print a usage error (escaped as cli_fail) and a hint to run --help; returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -62,6 +75,24 @@ void cli_models_dir(char *buf, size_t cap);
 void cli_hf_hub_dir(char *buf, size_t cap);
 /* The snapshot folder of an HF cache repo folder (refs/main, else the newest snapshot). */
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap);
+
+/* Whether a model folder is whole (cli_snapshot.c): the files its index names, at least
+ * one *.safetensors, no dangling links, and for an HF snapshot no *.incomplete blob. */
+struct cli_snapshot_check {
+    size_t n_missing;          /* files named or linked but absent */
+    char first_missing[256];   /* the first of them ("*.safetensors": no weights at all) */
+    size_t n_incomplete;       /* blobs/ *.incomplete of the HF repository */
+};
+void cli_snapshot_check(const char *dir, struct cli_snapshot_check *c);
+bool cli_snapshot_is_partial(const struct cli_snapshot_check *c);
+/* "X missing", "X and N more file(s) missing" or "N unfinished download(s) in blobs/". */
+void cli_snapshot_describe(const struct cli_snapshot_check *c, char *buf, size_t cap);
+/* After a failure to load from dir: when dir is partial, the message gains what is missing
+ * and `mlxcel pull owner/name`. */
+void cli_hint_partial(const char *dir, struct err *e);
+/* model_load(m, dir, e) with cli_hint_partial on failure. */
+struct model;
+int cli_model_load(struct model **m, const char *dir, struct err *e);
 
 /* Print root as JSON on stdout and delete it (root may be NULL after an allocation
  * failure: -ERR_NOMEM). Takes ownership of root. */

@@ -20,7 +20,9 @@
 #include "../engine/kvcache.h"
 #include "../engine/sampler.h"
 #include "../hub/hub.h"
+#include "../core/log.h"
 #include "../kernels/backend.h"
+#include "../kernels/backend_plugin.h"
 #include "../models/model.h"
 
 #include <ctype.h>
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MLXCEL_SOURCE_DIR
@@ -59,6 +62,33 @@ int cli_fail(const char *cmd, const struct err *e)
     put_escaped(stderr, e->msg[0] ? e->msg : err_code_name(e->code));
     fputc('\n', stderr);
     return CLI_EXIT_ERROR;
+}
+
+void cli_on_swept(void *ud, const char *path, const char *why)
+{
+    fprintf(stderr, "mlxcel %s: removed %s, the staging folder of a run that did not finish (%s)\n",
+            (const char *)ud, path, why);
+}
+
+void cli_help(const char *help, unsigned which)
+{
+    fputs(help, stdout);
+    if (!which)
+        return;
+    fputs("\nGlobal options (any position; also as environment variables):\n", stdout);
+    if (which & CLI_GLOBAL_MODEL)
+        fputs("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n",
+              stdout);
+    if (which & CLI_GLOBAL_KV)
+        fputs("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n",
+              stdout);
+    if (which & CLI_GLOBAL_RUN)
+        fputs("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
+              "                         usable GPU, else the CPU)\n"
+              "      --fast             4-bit products with x rounded to 8 bits, as llama.cpp (MLXCEL_FAST=1)\n"
+              "      --mmap, --no-mmap  read the weights through the file mapping, or copy them into memory\n"
+              "                         whatever its size (MLXCEL_MMAP=1 / 0; default: copy while they fit)\n",
+              stdout);
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
@@ -163,9 +193,18 @@ int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e)
 
 int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct err *e)
 {
-    if (strcmp(path, "-") == 0)
+    struct stat st;
+    if (strcmp(path, "-") == 0 || strcmp(path, "/dev/stdin") == 0 || strcmp(path, "/dev/fd/0") == 0)
         return file_read_fd(STDIN_FILENO, "standard input", max, out, len, e);
-    return file_read_all(path, max, out, len, e);
+    /* other special files (a FIFO waits for a writer that may never come) are refused by
+     * the one opening rule (ADR 0017); the message says how to pipe instead */
+    int rc = file_read_all(path, max, out, len, e);
+    if (rc < 0 && e && stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        char old[sizeof e->msg];
+        snprintf(old, sizeof old, "%s", e->msg);
+        err_setf(e, e->code, "%s; `-f -` reads standard input (cat FILE | mlxcel ... -f -)", old);
+    }
+    return rc;
 }
 
 static bool is_dir(const char *p)
@@ -234,31 +273,37 @@ int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
     return found;
 }
 
-/* The embedded default model: $MLXCEL_DEFAULT_MODEL, next to the binary
- * (build/mlxcel -> models/), or in the source tree it was built from. */
+/* The embedded default model: $MLXCEL_DEFAULT_MODEL, else relative to the executable
+ * (/proc/self/exe): <bin>/../models/NAME (the build tree: build/mlxcel) or
+ * <bin>/../share/mlxcel/models/NAME (an installed prefix), else in the source tree the
+ * binary was built from (baked in, a last resort: it moves or goes away). */
 static int default_model(char *buf, size_t cap, struct err *e)
 {
+    static const char *const k_rel[] = {"../" DEFAULT_MODEL, "../share/mlxcel/" DEFAULT_MODEL};
     const char *env = getenv("MLXCEL_DEFAULT_MODEL");
     if (env && *env) {
         snprintf(buf, cap, "%s", env);
         return 0;
     }
-    char exe[PATH_MAX];
+    char exe[PATH_MAX], bin[PATH_MAX] = "";
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(buf, cap, "%s/../%s", exe, DEFAULT_MODEL);
-            if (is_dir(buf))
-                return 0;
+            snprintf(bin, sizeof bin, "%s", exe);
         }
     }
-    snprintf(buf, cap, "%s/%s", MLXCEL_SOURCE_DIR, DEFAULT_MODEL);
-    if (is_dir(buf))
+    for (size_t i = 0; bin[0] && i < sizeof k_rel / sizeof k_rel[0]; i++) {
+        if ((size_t)snprintf(buf, cap, "%s/%s", bin, k_rel[i]) < cap && is_dir(buf))
+            return 0;
+    }
+    if ((size_t)snprintf(buf, cap, "%s/%s", MLXCEL_SOURCE_DIR, DEFAULT_MODEL) < cap && is_dir(buf))
         return 0;
-    return err_setf(e, ERR_MISSING, "no -m given and the embedded default model (%s) was not found",
+    return err_setf(e, ERR_MISSING, "no -m given and the embedded default model was not found (looked in "
+                    "%s/../%s, %s/../share/mlxcel/%s and %s/%s; $MLXCEL_DEFAULT_MODEL names another)",
+                    bin[0] ? bin : "?", DEFAULT_MODEL, bin[0] ? bin : "?", DEFAULT_MODEL, MLXCEL_SOURCE_DIR,
                     DEFAULT_MODEL);
 }
 
@@ -528,12 +573,32 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                            .dtype = DTYPE_F32};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
         return rc;
-    if ((rc = backend_new(&en->be, getenv("MLXCEL_DEVICE"), (int)threads, e)) < 0)
+    const char *dev = getenv("MLXCEL_DEVICE");
+    if ((rc = backend_new(&en->be, dev, (int)threads, e)) < 0)
         return rc;
+    if (dev && strcmp(dev, "auto") == 0 && backend_is_cpu(en->be)) {
+        /* auto means "a GPU if there is one": no CUDA at all is said at -v only, a CUDA
+         * plugin that loaded but gave no usable GPU always (that is not what was meant) */
+        struct err why = {0};
+        if (backend_cuda_plugin(&why))
+            fprintf(stderr, "mlxcel: warning: --device auto: CUDA is installed but no GPU could be used; "
+                    "running on the CPU (--device cuda says why)\n");
+        else
+            LOG_INFO("--device auto: no CUDA backend (%s); running on the CPU", why.msg[0] ? why.msg : "not built");
+    }
+    LOG_INFO("backend %s, %d thread%s, KV cache %s", en->be->name, en->be->n_threads,
+             en->be->n_threads == 1 ? "" : "s", cli_kv_dtype_name(kp.dtype));
     if (backend_env_flag("MLXCEL_FAST", false) && !en->be->fast)
         fprintf(stderr, "mlxcel: --fast changes nothing on %s (only the CPU backend with AVX2 or "
                 "AVX-512 has it); running exact\n", en->be->name);
-    if ((rc = model_prepare(m, en->be, e)) < 0 ||
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = model_prepare(m, en->be, e);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0)
+        LOG_INFO("weights ready on %s in %.3f s", en->be->name,
+                 (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    if (rc < 0 ||
         (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
         (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
         cli_engine_close(en);

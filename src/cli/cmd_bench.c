@@ -114,7 +114,7 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
         case 'd': rc = cli_parse_int("-d", optarg, 0, 1 << 24, &o->n_depth, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case 'J': o->json = true; break;
-        case 'h': fputs(k_help, stdout); return 1;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -442,7 +442,7 @@ int cmd_bench(int argc, char **argv)
     if (rc < 0)
         return cli_usage_error("bench", "%s", e.msg);
 
-    if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || model_load(&m, dir, &e) < 0 ||
+    if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || cli_model_load(&m, dir, &e) < 0 ||
         bench_setup(&b, m, &o, &e) < 0 ||
         warm_up(&b, &o, m, &e) < 0)
         goto out;

@@ -197,7 +197,7 @@ int cmd_convert(int argc, char **argv)
         case OPT_QVARIANT: qf.variant = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_JSON: json = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_MODEL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("convert", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("convert", "unknown option %s", argv[optind - 1]);
         }
@@ -239,6 +239,7 @@ int cmd_convert(int argc, char **argv)
         o.progress_ud = &prog;
     }
     outdir_catch_signals();  /* an interrupted run leaves no partial folder */
+    outdir_sweep(dst, cli_on_swept, "convert");  /* ... and a killed one's is removed now */
     double t0 = gen_now();
     if (convert_checkpoint(&o, &st, &e) < 0) {
         cli_progress_end(&prog);

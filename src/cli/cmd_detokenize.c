@@ -83,7 +83,7 @@ int cmd_detokenize(int argc, char **argv)
         case 's': skip = true; break;
         case 'S': stream = true; break;
         case 'j': json = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_MODEL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("detokenize", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("detokenize", "unknown option %s", argv[optind - 1]);
         }

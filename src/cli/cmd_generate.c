@@ -47,19 +47,25 @@ static const char *k_help =
     "      --repeat-last-n N  tokens the penalty looks back over (default 64)\n"
     "      --seed S           RNG seed (default 1)\n"
     "  -t, --threads N        CPU threads (default: all online CPUs)\n"
-    "  -c, --ctx N            context size (default: the model's; above it is an error)\n"
-    "      --truncate left|right  cut a prompt longer than the context to fit (left: drop the\n"
-    "                         oldest tokens, right: the newest), leaving room for one token\n"
+    "  -c, --ctx-size, --ctx N  context size (default: the model's max_position_embeddings,\n"
+    "                         x rope_scaling.factor for dynamic NTK rope); a prompt longer\n"
+    "                         than it is an error unless --truncate\n"
+    "      --truncate left|right  cut a prompt longer than the context to fit, leaving room\n"
+    "                         for the -n tokens (at most half the context): the head (--keep)\n"
+    "                         and the chat template's generation prompt stay, and of the rest\n"
+    "                         left drops the oldest tokens, right the newest (as llama-server)\n"
+    "      --keep N           with --truncate: prompt tokens at the start never cut (default:\n"
+    "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
-    "  -v, --verbose          log loading details to stderr\n"
+    "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
     "  -h, --help             show this help\n";
 
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
-    OPT_TEMPLATE_FILE, OPT_TRUNCATE,
+    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP,
 };
 
 struct gen_cli {
@@ -67,6 +73,7 @@ struct gen_cli {
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
+    long keep;          /* --keep, -1 when not given */
     bool ignore_eos, stats, output_ids;
     enum gen_truncate truncate;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
@@ -129,6 +136,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'}, {"n-predict", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, 'c'},
+        {"ctx-size", required_argument, 0, 'c'}, {"keep", required_argument, 0, OPT_KEEP},
         {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'},
         {"temp", required_argument, 0, OPT_TEMP}, {"top-k", required_argument, 0, OPT_TOPK},
         {"top-p", required_argument, 0, OPT_TOPP}, {"min-p", required_argument, 0, OPT_MINP},
@@ -153,9 +161,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case 'f': o->prompt_file = optarg; break;
         case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_predict, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
-        case 'c': rc = cli_parse_int("--ctx", optarg, 1, 1 << 24, &o->n_ctx, e); break;
+        case 'c': rc = cli_parse_int("--ctx-size", optarg, 1, 1 << 24, &o->n_ctx, e); break;
+        case OPT_KEEP: rc = cli_parse_int("--keep", optarg, 0, 1 << 24, &o->keep, e); break;
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
-        case 'h': fputs(k_help, stdout); return 1;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case OPT_TEMP:
             rc = parse_sampling(SAMPLER_TEMPERATURE, optarg, &d, e);
             o->sp.temperature = (float)d;
@@ -286,12 +295,47 @@ static int render_chat(const struct gen_cli *o, const struct chat_tmpl *ct, cons
     return rc;
 }
 
+/* Tokens of text[0, len) encoded without special tokens; 0 when it does not encode. */
+static int count_tokens(const struct tokenizer *tok, const char *text, size_t len)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (len == 0 || tok_encode(tok, text, len, false, &ids, &n, NULL) < 0)
+        n = 0;
+    free(ids);
+    return (int)n;
+}
+
+/* The parts of a rendered chat prompt that --truncate keeps: the tokens before the user's
+ * text (BOS, system message, user header) and after it (end of turn, generation prompt).
+ * The text is found as rendered; when the template changed it, nothing is kept. */
+static void chat_keep(const struct tokenizer *tok, const char *chat, size_t chat_len, const char *user,
+                      size_t user_len, int *head, int *tail)
+{
+    const char *at = NULL;
+    /* the last occurrence (the user's text follows any system message), searched from the
+     * end: the template's tail is short, so this takes a few comparisons */
+    for (size_t i = chat_len >= user_len && user_len > 0 ? chat_len - user_len + 1 : 0; i-- > 0;) {
+        if (memcmp(chat + i, user, user_len) == 0) {
+            at = chat + i;
+            break;
+        }
+    }
+    *head = *tail = 0;
+    if (!at)
+        return;
+    *head = count_tokens(tok, chat, (size_t)(at - chat));
+    *tail = count_tokens(tok, at + user_len, chat_len - (size_t)(at - chat) - user_len);
+}
+
 /* Prompt ids: --prompt-ids as given, else the text (-p / -f) through the chat
  * template when one applies (encoded without special tokens), else the text
- * encoded with the tokenizer's special tokens. */
+ * encoded with the tokenizer's special tokens. *head / *tail: what --truncate keeps by
+ * default (chat_keep; else the BOS token when the prompt starts with it). */
 static int encode_prompt(const struct gen_cli *o, const char *dir, const struct tokenizer *tok, int32_t **ids,
-                         size_t *n, struct err *e)
+                         size_t *n, int *head, int *tail, struct err *e)
 {
+    *head = *tail = 0;
     if (o->prompt_ids)
         return cli_parse_ids(o->prompt_ids, ids, n, e);
     char *text = NULL, *chat = NULL;
@@ -326,6 +370,10 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
         }
     }
     rc = chat ? tok_encode(tok, chat, chat_len, false, ids, n, e) : tok_encode(tok, t, len, true, ids, n, e);
+    if (rc == 0 && chat && o->truncate != GEN_TRUNCATE_OFF)
+        chat_keep(tok, chat, chat_len, t, len, head, tail);
+    else if (rc == 0 && *n > 0 && (*ids)[0] == tok_bos_id(tok))
+        *head = 1;
 out:
     chat_tmpl_free(ct);
     free(chat);
@@ -335,7 +383,7 @@ out:
 
 int cmd_generate(int argc, char **argv)
 {
-    struct gen_cli o = {.n_predict = 128, .threads = 0, .chat = -1};
+    struct gen_cli o = {.n_predict = 128, .threads = 0, .chat = -1, .keep = -1};
     struct err e = {0};
     char dir[4096];
     struct tokenizer *tok = NULL;
@@ -361,21 +409,24 @@ int cmd_generate(int argc, char **argv)
     if (need_tok && (rc = tok_load(&tok, dir, &e)) < 0) {
         if (o.prompt_ids)
             err_prefix(&e, "decoding output needs a tokenizer (use --output-ids for raw ids)");
+        cli_hint_partial(dir, &e);
         goto fail;
     }
-    if ((rc = encode_prompt(&o, dir, tok, &prompt, &n_prompt, &e)) < 0)
+    int keep_head, keep_tail;
+    if ((rc = encode_prompt(&o, dir, tok, &prompt, &n_prompt, &keep_head, &keep_tail, &e)) < 0)
         goto fail;
     if (n_prompt == 0) {
         err_setf(&e, ERR_ARG, "the prompt encodes to no tokens");
         goto fail;
     }
-    if ((rc = model_load(&m, dir, &e)) < 0)
+    if ((rc = cli_model_load(&m, dir, &e)) < 0)
         goto fail;
     if ((rc = apply_defaults(&o, m, &e)) < 0)
         goto fail;
     /* one sequence: the cache holds what this run can reach; the engine checks the
-     * context (--ctx, else the model's; kv_cache_new refuses one above the model's) */
-    long max_len = o.n_ctx > 0 ? o.n_ctx : m->hp.n_ctx;
+     * context (--ctx, else the model's default, which for dynamic NTK rope reaches past
+     * max_position_embeddings; kv_cache_new refuses one above the model's limit) */
+    long max_len = o.n_ctx > 0 ? o.n_ctx : hparams_ctx_default(&m->hp);
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
     if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
         goto fail;
@@ -384,12 +435,26 @@ int cmd_generate(int argc, char **argv)
     if (tok)
         tok_stream_init(&sink.ts, tok, true);
     struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos,
-                            .truncate = o.truncate, .sampling = o.sp};
+                            .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
+                            .n_keep_tail = keep_tail, .sampling = o.sp};
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
     if (st.n_dropped > 0)
-        fprintf(stderr, "mlxcel generate: truncated the prompt: dropped %d of %zu tokens (%s) to fit "
-                "the context of %d\n", st.n_dropped, n_prompt,
-                o.truncate == GEN_TRUNCATE_LEFT ? "the oldest" : "the newest", en.kv->max_seq_len);
+        fprintf(stderr, "mlxcel generate: truncated the prompt: dropped %d of %zu tokens (%s, keeping the first "
+                "%d and the last %d) to fit the context of %d with room for %ld to generate\n", st.n_dropped,
+                n_prompt, o.truncate == GEN_TRUNCATE_LEFT ? "the oldest" : "the newest",
+                gp.n_keep < st.n_prompt ? gp.n_keep : st.n_prompt,
+                gp.n_keep_tail < st.n_prompt - gp.n_keep ? gp.n_keep_tail : 0, en.kv->max_seq_len,
+                (long)(en.kv->max_seq_len - st.n_prompt));
+    if (rc == -ERR_RANGE && strstr(e.msg, "context overflow")) {
+        /* what to do about it: a larger context where the model allows one, or a cut prompt */
+        char msg[sizeof e.msg];
+        int limit = hparams_ctx_limit(&m->hp);
+        snprintf(msg, sizeof msg, "%s", e.msg);
+        if (en.kv->max_seq_len < limit)
+            err_setf(&e, ERR_RANGE, "%s; use --ctx-size N (up to %d for this model) or --truncate left", msg, limit);
+        else
+            err_setf(&e, ERR_RANGE, "%s (the model's limit); use --truncate left to cut the prompt", msg);
+    }
     if (rc < 0)
         goto fail;
     if (sink.failed) {

@@ -324,7 +324,7 @@ int cmd_inspect(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'J': json = true; break;
         case 'v': verbose = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_MODEL | CLI_GLOBAL_KV); return CLI_EXIT_OK;
         case ':': return cli_usage_error("inspect", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("inspect", "unknown option %s", argv[optind - 1]);
         }
@@ -339,7 +339,7 @@ int cmd_inspect(int argc, char **argv)
     struct model *m = NULL;
     enum dtype kvt;
     if (cli_kv_dtype(&kvt, &e) < 0 || cli_resolve_model(model, dir, sizeof dir, &e) < 0 ||
-        model_load(&m, dir, &e) < 0)
+        cli_model_load(&m, dir, &e) < 0)
         return cli_fail("inspect", &e);
     int status = CLI_EXIT_OK;
     if (json) {

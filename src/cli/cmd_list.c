@@ -12,6 +12,9 @@
  * levels are walked (no recursion, so symlink loops cannot trap us), entries
  * are capped at LIST_MAX_ENTRIES, unreadable ones are skipped, and a broken
  * config.json is reported as "invalid config" rather than failing the listing.
+ * A supported model with files missing (cli_snapshot_check: shards its index
+ * names, weights, link targets, unfinished downloads) is "partial", with a hint
+ * to pull it again on stderr.
  */
 #include <dirent.h>
 #include <getopt.h>
@@ -39,18 +42,21 @@ static const char *k_help =
     "List downloaded models that `-m owner/name` can use:\n"
     "  mlxcel  $MLXCEL_MODELS_DIR/<owner>/<name>/ (default ~/.cache/mlxcel/models)\n"
     "  hf      the Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub)\n"
+    "STATUS is ok, partial (files missing: `mlxcel pull owner/name` completes it),\n"
+    "unsupported (a model_type mlxcel does not run) or invalid config.\n"
     "  --json    print a JSON array\n"
     "  -h, --help show this help\n";
 
-enum list_status { LIST_OK = 0, LIST_UNSUPPORTED = 1, LIST_INVALID = 2 };
+enum list_status { LIST_OK = 0, LIST_UNSUPPORTED = 1, LIST_INVALID = 2, LIST_PARTIAL = 3 };
 
 struct list_entry {
     char name[512];            /* owner/name */
     const char *source;        /* "mlxcel" or "hf" */
     char path[LIST_PATH_MAX];
     char model_type[64];       /* "" when config.json has none */
-    const char *family;        /* NULL unless LIST_OK */
+    const char *family;        /* NULL unless LIST_OK or LIST_PARTIAL */
     enum list_status status;
+    char missing[320];         /* LIST_PARTIAL: what is missing (cli_snapshot_describe) */
     struct qparams q;          /* top-level quantization; bits 0: none or invalid */
     int q_n_ov;                /* per-module overrides */
     uint64_t size;             /* bytes of *.safetensors */
@@ -132,6 +138,12 @@ static void describe(struct list_entry *le)
     }
     read_quantization(le, cfg);
     cJSON_Delete(cfg);
+    struct cli_snapshot_check sc;
+    cli_snapshot_check(le->path, &sc);
+    if (le->status == LIST_OK && cli_snapshot_is_partial(&sc)) {
+        le->status = LIST_PARTIAL;
+        cli_snapshot_describe(&sc, le->missing, sizeof le->missing);
+    }
 }
 
 static void add(struct list *l, const char *owner, int owner_len, const char *name,
@@ -237,6 +249,7 @@ static const char *family_text(const struct list_entry *le)
     case LIST_OK: return le->family;
     case LIST_UNSUPPORTED: return "unsupported";
     case LIST_INVALID: return "invalid config";
+    case LIST_PARTIAL: return "partial";
     }
     return "?";
 }
@@ -248,7 +261,7 @@ static void print_text(const struct list *l)
         if ((int)strlen(l->v[i].name) > wn)
             wn = (int)strlen(l->v[i].name);
     printf("%-*s  %-6s  %-14s  %-14s  %-12s  %10s  %s\n", wn, "NAME", "SOURCE", "MODEL_TYPE",
-           "FAMILY", "QUANT", "SIZE", "PATH");
+           "FAMILY/STATUS", "QUANT", "SIZE", "PATH");
     for (size_t i = 0; i < l->n; i++) {
         const struct list_entry *le = &l->v[i];
         char quant[32], size[32];
@@ -267,11 +280,15 @@ static void print_text(const struct list *l)
     }
     if (l->n == 0)
         printf("(no models found)\n");
+    for (size_t i = 0; i < l->n; i++)
+        if (l->v[i].status == LIST_PARTIAL)
+            fprintf(stderr, "mlxcel list: %s (%s) is partial: %s; `mlxcel pull %s` completes it\n", l->v[i].name,
+                    l->v[i].source, l->v[i].missing, l->v[i].name);
 }
 
 static int print_json(const struct list *l, struct err *e)
 {
-    static const char *const k_status[] = {"ok", "unsupported", "invalid config"};
+    static const char *const k_status[] = {"ok", "unsupported", "invalid config", "partial"};
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; arr && i < l->n; i++) {
         const struct list_entry *le = &l->v[i];
@@ -284,11 +301,13 @@ static int print_json(const struct list *l, struct err *e)
             cJSON_AddStringToObject(o, "model_type", le->model_type);
         else
             cJSON_AddNullToObject(o, "model_type");
-        if (le->status == LIST_OK)
+        if (le->status == LIST_OK || le->status == LIST_PARTIAL)
             cJSON_AddStringToObject(o, "family", le->family);
         else
             cJSON_AddNullToObject(o, "family");
         cJSON_AddStringToObject(o, "status", k_status[le->status]);
+        if (le->status == LIST_PARTIAL)
+            cJSON_AddStringToObject(o, "missing", le->missing);
         if (le->q.bits) {
             cJSON *q = cJSON_AddObjectToObject(o, "quantization");
             if (q) {
@@ -300,7 +319,9 @@ static int print_json(const struct list *l, struct err *e)
         } else {
             cJSON_AddNullToObject(o, "quantization");
         }
+        /* weight_bytes as in `inspect` and `bench`; size_bytes, the older name, stays */
         cJSON_AddNumberToObject(o, "size_bytes", (double)le->size);
+        cJSON_AddNumberToObject(o, "weight_bytes", (double)le->size);
         cJSON_AddStringToObject(o, "path", le->path);
     }
     return cli_print_json(arr, e);

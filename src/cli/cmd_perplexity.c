@@ -28,9 +28,10 @@ static const char *k_help =
     "  -m, --model MODEL   checkpoint folder or owner/name (default: the embedded model)\n"
     "  -f, --file FILE     text file (encoded with the model's tokenizer; - reads stdin)\n"
     "      --ids-file FILE token ids: a JSON array, or ids separated by whitespace\n"
-    "  -c, --ctx N         window size in ids (default: the model's context)\n"
+    "  -c, --ctx-size, --ctx N  window size in ids (default: the model's context)\n"
     "  -t, --threads N     CPU threads (default: all online CPUs)\n"
-    "      --json          print {\"ppl\": ..., \"nll\": ..., \"tokens\": ...}\n";
+    "      --json          print {\"ppl\": ..., \"nll\": ..., \"n_tokens\": ...} (\"tokens\" too, the\n"
+    "                      older name)\n";
 
 /* -log softmax(logits)[target], in double */
 static double nll_of(const float *logits, int V, int32_t target)
@@ -81,6 +82,7 @@ int cmd_perplexity(int argc, char **argv)
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"file", required_argument, 0, 'f'},
         {"ids-file", required_argument, 0, 'I'}, {"ctx", required_argument, 0, 'c'},
+        {"ctx-size", required_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
@@ -97,10 +99,10 @@ int cmd_perplexity(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'f': file = optarg; break;
         case 'I': ids_file = optarg; break;
-        case 'c': rc = cli_parse_int("--ctx", optarg, 2, 1 << 24, &n_ctx, &e); break;
+        case 'c': rc = cli_parse_int("--ctx-size", optarg, 2, 1 << 24, &n_ctx, &e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &threads, &e); break;
         case 'J': json = true; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("perplexity", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("perplexity", "unknown option %s", argv[optind - 1]);
         }
@@ -134,7 +136,7 @@ int cmd_perplexity(int argc, char **argv)
         err_setf(&e, ERR_ARG, "need at least 2 ids to score, got %zu", n_ids);
         goto out;
     }
-    if (model_load(&m, dir, &e) < 0)
+    if (cli_model_load(&m, dir, &e) < 0)
         goto out;
     /* a window longer than the model's context fails in the engine's context check */
     int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
@@ -163,7 +165,7 @@ int cmd_perplexity(int argc, char **argv)
         fputc('\n', stderr);
     double mean = nll / (double)count;
     if (json)
-        printf("{\"ppl\": %.6f, \"nll\": %.6f, \"tokens\": %ld}\n", exp(mean), mean, count);
+        printf("{\"ppl\": %.6f, \"nll\": %.6f, \"n_tokens\": %ld, \"tokens\": %ld}\n", exp(mean), mean, count, count);
     else
         printf("perplexity: %.4f  (mean NLL %.6f over %ld tokens, %zu windows of up to %d)\n",
                exp(mean), mean, count, n_win, win);

@@ -9,6 +9,7 @@
  * commands that take -m owner/name and find it in no cache: it says what it
  * fetches, one line per file.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,11 @@ static const char *k_help =
     "  --offline        only look in the cache (also HF_HUB_OFFLINE=1)\n"
     "  --json           print a JSON summary\n"
     "  -h, --help       show this help\n"
-    "Environment: HF_ENDPOINT (default https://huggingface.co), HF_HOME, HF_HUB_CACHE, HF_TOKEN.\n";
+    "A request that does not connect, or then receives nothing, for 10 s fails its attempt\n"
+    "(huggingface_hub's timeouts); each is tried 5 times with doubling delays, said on stderr.\n"
+    "Environment: HF_ENDPOINT (default https://huggingface.co), HF_HOME, HF_HUB_CACHE, HF_TOKEN,\n"
+    "HF_HUB_ETAG_TIMEOUT and HF_HUB_DOWNLOAD_TIMEOUT (seconds, default 10: listing and HEAD\n"
+    "requests, file transfers).\n";
 
 // ---- progress ----
 
@@ -111,6 +116,39 @@ static void on_progress(void *ud, const struct hub_pull *p)
     v->drawn = n;
 }
 
+/* A retry: said on stderr whether or not it is a terminal (a silent wait reads as a hang);
+ * the bars, if drawn, are cleared first and redrawn below it at the next progress call. */
+static void on_notice(void *ud, const char *line)
+{
+    struct pull_view *v = ud;
+    if (v->drawn)
+        fprintf(stderr, "\033[%dA\033[J", v->drawn);
+    v->drawn = 0;
+    fprintf(stderr, "mlxcel: %s\n", line);
+}
+
+/* $HF_HUB_ETAG_TIMEOUT and $HF_HUB_DOWNLOAD_TIMEOUT as huggingface_hub reads them (whole
+ * seconds); a value that is not a positive integer is said and the default kept. */
+static void env_timeouts(struct hub_opts *o)
+{
+    static const char *const k_env[] = {"HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"};
+    int *k_dst[] = {&o->etag_timeout_s, &o->download_timeout_s};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(k_env[i]);
+        if (!v || !*v)
+            continue;
+        char *end;
+        errno = 0;
+        long t = strtol(v, &end, 10);
+        if (errno || *end || t <= 0 || t > 86400) {
+            fprintf(stderr, "mlxcel: %s='%.32s' is not a number of seconds in [1, 86400]; using %d\n", k_env[i], v,
+                    HUB_TIMEOUT_S_DEFAULT);
+            continue;
+        }
+        *k_dst[i] = (int)t;
+    }
+}
+
 // ---- output ----
 
 static int print_json(const struct hub_pull *p, struct err *e)
@@ -147,8 +185,9 @@ int cli_pull_model(const char *repo, char *buf, size_t cap, struct err *e)
 {
     struct pull_view v = {.tty = cli_stderr_is_tty()};
     v.lines = !v.tty;
-    struct hub_opts o = {.progress = on_progress, .ud = &v};
+    struct hub_opts o = {.progress = on_progress, .notice = on_notice, .ud = &v};
     struct hub_pull p;
+    env_timeouts(&o);
     char endpoint[512];
     hub_endpoint(endpoint, sizeof endpoint);
     fprintf(stderr, "mlxcel: %s is not in the cache; pulling it from %s (--offline or HF_HUB_OFFLINE=1 "
@@ -217,7 +256,9 @@ int cmd_pull(int argc, char **argv)
 
     struct pull_view v = {.tty = cli_stderr_is_tty()};
     o.progress = on_progress;
+    o.notice = on_notice;
     o.ud = &v;
+    env_timeouts(&o);
     struct hub_pull p;
     int status = CLI_EXIT_OK;
     if (hub_pull_run(&p, repo, &o, &e) < 0) {

@@ -40,8 +40,10 @@ static const char *k_help =
     "                             1 to 512 (default: on the CPU 128 or 2 x --parallel if more,\n"
     "                             so a prompt never stalls the streams for long; else 512)\n"
     "  -c, --ctx-size N           KV cache tokens shared by all sequences (default: the model's\n"
-    "                             context, at most 8192, times --parallel); one request holds at\n"
-    "                             most min(N, the model's context)\n"
+    "                             context, at most 8192, times --parallel; the model's context is\n"
+    "                             max_position_embeddings, x rope_scaling.factor for dynamic NTK\n"
+    "                             rope); one request holds at most min(N, the model's context,\n"
+    "                             or for dynamic NTK its limit); --ctx is the same flag\n"
     "      --api-key KEY          require 'Authorization: Bearer KEY' (or $MLXCEL_API_KEY)\n"
     "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name)\n"
     "      --max-queue N          requests waiting beyond --parallel before 429 (default 64);\n"
@@ -133,6 +135,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"ubatch-size", required_argument, NULL, OPT_UBATCH},
         {"ub", required_argument, NULL, OPT_UBATCH},
         {"ctx-size", required_argument, NULL, 'c'},
+        {"ctx", required_argument, NULL, 'c'},
         {"api-key", required_argument, NULL, OPT_API_KEY},
         {"served-model-name", required_argument, NULL, OPT_NAME},
         {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
@@ -183,7 +186,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
                 rc = err_setf(e, ERR_ARG, "--log-format: '%s' is not text or json", optarg);
             break;
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
-        case 'h': fputs(k_help, stdout); return 1;
+        case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -267,9 +270,12 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     else if (rc < 0)
         return err_prefix(e, "chat template");
     const struct hparams *hp = &sv->m->hp;
-    long per_seq = hp->n_ctx < 8192 ? hp->n_ctx : 8192;
+    /* a sequence may reach the model's default context (past max_position_embeddings for
+     * dynamic NTK rope), or with --ctx-size its limit */
+    long ctx = o->ctx_size > 0 ? hparams_ctx_limit(hp) : hparams_ctx_default(hp);
+    long per_seq = ctx < 8192 ? ctx : 8192;
     long pool = o->ctx_size > 0 ? o->ctx_size : per_seq * o->parallel;
-    long max_len = pool < hp->n_ctx ? pool : hp->n_ctx;
+    long max_len = pool < ctx ? pool : ctx;
     if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len, e)) < 0)
         return rc;
     struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache,

@@ -138,6 +138,7 @@ int cmd_synth(int argc, char **argv)
         o.progress_ud = &prog;
     }
     outdir_catch_signals();  /* an interrupted run leaves no partial folder */
+    outdir_sweep(o.dst, cli_on_swept, "synth");  /* ... and a killed one's is removed now */
     double t0 = gen_now();
     if (synth_checkpoint(&o, &st, &e) < 0) {
         cli_progress_end(&prog);

@@ -88,7 +88,7 @@ int cmd_template(int argc, char **argv)
                 goto out;
             break;
         case 'h':
-            fputs(k_help, stdout);
+            cli_help(k_help, CLI_GLOBAL_MODEL);
             cJSON_Delete(extra);
             return CLI_EXIT_OK;
         case ':': usage = "option needs a value"; goto out;

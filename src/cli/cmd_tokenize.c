@@ -33,7 +33,7 @@ static const char *k_help =
     "      --no-special    do not add them (the default)\n"
     "      --json          print {\"ids\": [...], \"pieces\": [...], \"n_tokens\": N}\n"
     "      --stats         print load time, bytes, tokens and MB/s (stderr, or in --json)\n"
-    "  -r, --repeat N      with --stats: encode N times, report the fastest (default 3)\n";
+    "  -r, --repetitions, --repeat N  with --stats: encode N times, report the fastest (default 3)\n";
 
 /* Wall-clock and this thread's CPU time: on a shared machine the CPU time
  * is what one core would take without the others' load. */
@@ -113,7 +113,7 @@ int cmd_tokenize(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
         {"file", required_argument, 0, 'f'}, {"special", no_argument, 0, 's'},
         {"no-special", no_argument, 0, 'S'}, {"json", no_argument, 0, 'j'},
-        {"stats", no_argument, 0, 't'}, {"repeat", required_argument, 0, 'r'},
+        {"stats", no_argument, 0, 't'}, {"repeat", required_argument, 0, 'r'}, {"repetitions", required_argument, 0, 'r'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = NULL, *text = NULL, *file = NULL, *repeat_arg = NULL;
@@ -133,7 +133,7 @@ int cmd_tokenize(int argc, char **argv)
         case 'j': json = true; break;
         case 't': stats = true; break;
         case 'r': repeat_arg = optarg; break;
-        case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
+        case 'h': cli_help(k_help, CLI_GLOBAL_MODEL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("tokenize", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("tokenize", "unknown option %s", argv[optind - 1]);
         }

@@ -2,6 +2,7 @@
  * mlxcel: command dispatch. Each command lives in cmd_<name>.c and parses
  * its own flags; `mlxcel <command> --help` documents it.
  */
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,9 @@ int main(int argc, char **argv)
         printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
         return finish("--version", CLI_EXIT_OK);
     }
+    /* A write past `ulimit -f` raises SIGXFSZ, whose default kills the process without a
+     * word; ignored, the write fails with EFBIG and the command names the file. */
+    signal(SIGXFSZ, SIG_IGN);
     int sg = strip_global(&argc, argv);
     if (sg < 0) {
         fprintf(stderr, sg == -1 ? "mlxcel: --device needs a value (auto, cpu, cuda or cuda:N)\n"

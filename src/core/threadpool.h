@@ -1,16 +1,22 @@
 /*
  * threadpool: the one pool of worker threads. tpool_run() runs fn(ctx, ith,
- * nth) on every thread (the caller is thread 0) and returns when all are
- * done. Workers spin briefly between jobs (decode issues hundreds of small
- * jobs per token) and then sleep on a condition variable. Kernels split their
- * work by (ith, nth) or claim it in pieces (tpool_claim_guided); they never
- * create threads themselves.
+ * nth) once for every ith in [0, nth) and returns when all are done. The
+ * parts are claimed: each thread takes its own ith first and then any left,
+ * so a part may run on any thread (the caller included), and a worker the
+ * host has descheduled does not hold up the job. fn must therefore depend on
+ * ith only, never on the calling thread, and must not wait for another part
+ * (no barrier inside a job). Workers spin briefly between jobs (decode issues
+ * hundreds of small jobs per token) and then sleep on a condition variable;
+ * on an oversubscribed machine the caller runs stretches of jobs alone.
+ * Kernels split their work by (ith, nth) or claim it in pieces
+ * (tpool_claim_guided); they never create threads themselves.
  *
  * A pool is used by one caller thread at a time (one request context).
  */
 #pragma once
 
 #include <stdatomic.h>
+#include <stdint.h>
 
 #include "err.h"
 
@@ -29,6 +35,15 @@ int tpool_size(const struct tpool *p);
 void tpool_run(struct tpool *p, tpool_fn fn, void *ctx);
 /* Online CPUs (>= 1). */
 int tpool_default_threads(void);
+
+/* What the pool did, for tests and -v: jobs shared with the workers, jobs the caller ran
+ * alone (oversubscribed), parts of shared jobs the caller ran in place of a late worker,
+ * and how many stretches of lone jobs began. */
+struct tpool_stats {
+    uint64_t shared_jobs, solo_jobs, parts_stolen, solo_stretches;
+};
+/* p may be NULL (all zero). Read by the caller thread only. */
+void tpool_get_stats(const struct tpool *p, struct tpool_stats *out);
 
 /* Split [0, n) into nth contiguous chunks; chunk ith is [*lo, *hi). */
 static inline void tpool_range(long n, int ith, int nth, long *lo, long *hi)

@@ -4,6 +4,7 @@
 #include "generate.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 double gen_now(void)
@@ -31,6 +32,25 @@ bool gen_is_eos(const struct hparams *hp, int32_t id)
     return false;
 }
 
+/* The prompt cut to fit tokens for gen_params.truncate (generate.h): a malloc'd copy in
+ * *out. The head and tail are bounded so that they fit together. */
+static int truncate_prompt(const int32_t *prompt, int n_prompt, int fit, const struct gen_params *p, int32_t **out,
+                           struct err *e)
+{
+    int head = p->n_keep < 0 ? 0 : p->n_keep < fit ? p->n_keep : fit;
+    int tail = p->n_keep_tail < 0 ? 0 : p->n_keep_tail < fit - head ? p->n_keep_tail : fit - head;
+    int32_t *t = malloc((size_t)fit * sizeof *t);
+    if (!t)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    /* LEFT: the head, then the newest fit - head tokens (the tail among them);
+     * RIGHT: the oldest fit - tail tokens (the head among them), then the tail */
+    int first = p->truncate == GEN_TRUNCATE_LEFT ? head : fit - tail;
+    memcpy(t, prompt, (size_t)first * sizeof *t);
+    memcpy(t + first, prompt + n_prompt - (fit - first), (size_t)(fit - first) * sizeof *t);
+    *out = t;
+    return 0;
+}
+
 int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e)
@@ -39,6 +59,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     struct sampler *smp = NULL;
     struct batch b = {0};
     float *logits = NULL;
+    int32_t *cut = NULL;
     int rc;
     struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
 
@@ -46,11 +67,14 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         return err_setf(e, ERR_ARG, "the prompt is empty");
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
-    int fit = kv->max_seq_len - 1; /* room for one generated token */
+    /* room for the tokens asked for, at most half the context, at least one */
+    int room = p->n_predict < kv->max_seq_len / 2 ? p->n_predict : kv->max_seq_len / 2;
+    int fit = kv->max_seq_len - (room > 1 ? room : 1);
     if (p->truncate != GEN_TRUNCATE_OFF && n_prompt > fit && fit >= 1) {
+        if ((rc = truncate_prompt(prompt, n_prompt, fit, p, &cut, e)) < 0)
+            return rc;
         st.n_dropped = n_prompt - fit;
-        if (p->truncate == GEN_TRUNCATE_LEFT)
-            prompt += st.n_dropped;
+        prompt = cut;
         n_prompt = st.n_prompt = fit;
     }
     kv_seq_remove(kv, seq);
@@ -102,6 +126,7 @@ out:
     if (stats)
         *stats = st;
     free(logits);
+    free(cut);
     batch_free(&b);
     sampler_free(smp);
     return rc;

@@ -5,10 +5,14 @@
  * tokens, at an EOS id of the checkpoint (unless ignore_eos), when the
  * callback asks, or when the context is full.
  *
- * A prompt longer than the context is an error, or with `truncate` is cut
- * to max_seq_len - 1 tokens so at least one generated token fits: LEFT drops
- * the oldest tokens (keeps the end), RIGHT keeps the beginning. Logits with
- * NaN or inf stop generation with -ERR_FORMAT (sampling them is garbage).
+ * A prompt longer than the context is an error, or with `truncate` is cut so
+ * that the n_predict tokens fit after it (at most half the context is kept
+ * for them, at least one token): the first n_keep tokens (BOS, a system
+ * prompt; llama.cpp's --keep) and the last n_keep_tail (a chat template's
+ * generation prompt) stay, and the tokens between them are cut, LEFT the
+ * oldest of them (keeps the end), RIGHT the newest (keeps the beginning), as
+ * llama-server cuts after its n_keep. Logits with NaN or inf stop generation
+ * with -ERR_FORMAT (sampling them is garbage).
  */
 #pragma once
 #include <stdbool.h>
@@ -25,14 +29,16 @@ extern "C" {
 
 enum gen_truncate {
     GEN_TRUNCATE_OFF = 0,       /* a prompt longer than the context is an error */
-    GEN_TRUNCATE_LEFT = 1,      /* drop the oldest tokens */
-    GEN_TRUNCATE_RIGHT = 2,     /* drop the newest tokens */
+    GEN_TRUNCATE_LEFT = 1,      /* drop the oldest tokens after the kept head */
+    GEN_TRUNCATE_RIGHT = 2,     /* drop the newest tokens before the kept tail */
 };
 
 struct gen_params {
     int n_predict;              /* tokens to generate (>= 0) */
     bool ignore_eos;
     enum gen_truncate truncate;
+    int n_keep;                 /* with truncate: prompt tokens at the start never cut */
+    int n_keep_tail;            /* with truncate: prompt tokens at the end never cut */
     struct sampler_params sampling;
 };
 

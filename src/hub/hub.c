@@ -345,6 +345,10 @@ int hub_pull_run(struct hub_pull *p, const char *repo, const struct hub_opts *o,
     const char *bo = getenv("MLXCEL_HUB_BACKOFF_MS");
     if (bo && atol(bo) >= 0)
         c.backoff_ms = atol(bo);
+    c.etag_timeout_s = o->etag_timeout_s > 0 ? o->etag_timeout_s : HUB_TIMEOUT_S_DEFAULT;
+    c.download_timeout_s = o->download_timeout_s > 0 ? o->download_timeout_s : HUB_TIMEOUT_S_DEFAULT;
+    c.notice = o->notice;
+    c.ud = o->ud;
     if ((rc = find_token(o, c.token, sizeof c.token, e)) < 0)
         return rc;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)

@@ -60,6 +60,14 @@ struct hub_listing {
  * (a file starts, moves on, ends), at most every ~100 ms while bytes flow. */
 struct hub_pull;
 typedef void (*hub_progress_fn)(void *ud, const struct hub_pull *p);
+/* Notice callback: one line (no newline) worth telling the user now, such as a retry
+ * ("listing tiny/llama: Operation timed out (...); retrying in 1.0 s (attempt 2 of 5)"). */
+typedef void (*hub_notice_fn)(void *ud, const char *line);
+
+/* huggingface_hub's defaults (constants.py: DEFAULT_ETAG_TIMEOUT, DEFAULT_DOWNLOAD_TIMEOUT,
+ * both 10 s, the connect timeout of its requests the same): a server that accepts and then
+ * says nothing fails an attempt after this long instead of stalling the pull. */
+#define HUB_TIMEOUT_S_DEFAULT 10
 
 struct hub_opts {
     const char *revision;          /* NULL: "main" */
@@ -70,8 +78,12 @@ struct hub_opts {
     size_t n_exclude;
     int jobs;                      /* parallel transfers, <= 0: 4 */
     bool offline;                  /* resolve from the cache only (also $HF_HUB_OFFLINE) */
+    int etag_timeout_s;            /* listing and HEAD requests: connect, and no byte for this long,
+                                    * fail an attempt ($HF_HUB_ETAG_TIMEOUT); <= 0: 10 */
+    int download_timeout_s;        /* file transfers, the same ($HF_HUB_DOWNLOAD_TIMEOUT); <= 0: 10 */
     hub_progress_fn progress;      /* may be NULL */
-    void *ud;
+    hub_notice_fn notice;          /* retries; may be NULL */
+    void *ud;                      /* for progress and notice */
 };
 
 /* The outcome of a pull (and what the progress callback sees). */
@@ -111,7 +123,8 @@ int hub_repo_check(const char *repo, struct err *e);
 int hub_revision_check(const char *rev, struct err *e);
 /* A file name from the server that may become snapshots/<commit>/<name>: relative, no
  * empty, "." or ".." component, no backslash or control byte, < HUB_NAME_MAX bytes,
- * components < 256 bytes. */
+ * components < 256 bytes. (A NUL cannot reach it: hub_listing_parse refuses a listing
+ * with a \u0000 escape, which the JSON reader would cut the name at.) */
 bool hub_name_is_safe(const char *name);
 /* Whether name is pulled: it matches an include glob (none given: the inference set,
  * hub_default_include) and no exclude glob. */
@@ -121,7 +134,9 @@ bool hub_name_is_wanted(const char *name, const char *const *include, size_t n_i
  * (*.json), tokenizer files, chat templates (*.jinja), the model card. */
 bool hub_name_is_default(const char *name);
 /* Parse a listing document (len bytes). Every file name is checked (an unsafe name, a
- * duplicate, a bad commit, a negative or huge size, a bad sha256 is -ERR_FORMAT naming it).
+ * duplicate, a bad commit, a negative or huge size, a bad sha256 is -ERR_FORMAT naming it);
+ * a NUL in any string (\u0000) is -ERR_FORMAT: the reader's strings end there, so a name
+ * "a.json\u0000../x" would arrive cut to "a.json".
  * l is filled on success (release with hub_listing_deinit). */
 int hub_listing_parse(struct hub_listing *l, const char *doc, size_t len, struct err *e);
 void hub_listing_deinit(struct hub_listing *l);

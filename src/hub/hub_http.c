@@ -8,7 +8,10 @@
  * connections are retried HUB_ATTEMPTS times with doubling delays; a file
  * transfer resumes from what is on disk with Range. The bearer token goes
  * to the endpoint only: curl drops Authorization on a redirect to another
- * host (the CDN the Hub sends LFS downloads to).
+ * host (the CDN the Hub sends LFS downloads to). Timeouts are huggingface_hub's
+ * (HUB_TIMEOUT_S_DEFAULT): connecting, and then less than a byte a second, for
+ * that long fails an attempt, and each retry is told through hub_opts.notice
+ * with its number, so a silent server costs about a minute, said as it goes.
  *
  * hub_http_transfer runs the file downloads: one curl_multi loop in the
  * calling thread, at most `jobs` transfers at a time, each appending to
@@ -34,8 +37,6 @@
 #include "../core/fileio.h"
 #include "../core/sha256.h"
 
-#define CONNECT_TIMEOUT_S 30
-#define STALL_TIMEOUT_S   60   /* less than 1 byte/s for this long aborts a transfer */
 #define PROGRESS_MS       100
 #define BACKOFF_MAX_MS    16000
 
@@ -168,9 +169,11 @@ CURL *hub_easy_new(const struct hub_client *c, const char *url, struct curl_slis
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, (long)HUB_REDIRECTS);
-    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, (long)CONNECT_TIMEOUT_S);
+    /* requests' timeout=(connect, read) as huggingface_hub passes it: a read timeout is
+     * "no byte for this long", which curl's low-speed check (< 1 byte/s) approximates */
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, c->etag_timeout_s);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)STALL_TIMEOUT_S);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, c->etag_timeout_s);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "mlxcel/0.1 (huggingface_hub-compatible)");
     *hdrs = curl_slist_append(NULL, "Accept-Encoding: identity");
@@ -231,12 +234,37 @@ int hub_status_error(const struct hub_client *c, const struct hub_headers *h, co
     }
 }
 
+void hub_notice_retry(const struct hub_client *c, const char *what, const char *reason, int attempt,
+                      long delay_ms)
+{
+    if (!c->notice)
+        return;
+    char line[HUB_NAME_MAX + 512];
+    snprintf(line, sizeof line, "%.*s: %.200s; retrying in %.1f s (attempt %d of %d)", HUB_NAME_MAX, what, reason,
+             (double)delay_ms / 1000.0, attempt + 1, HUB_ATTEMPTS);
+    c->notice(c->ud, line);
+}
+
+void hub_curl_reason(char *buf, size_t cap, CURLcode cc, const char *errbuf, long timeout_s, bool download)
+{
+    const char *var = download ? "HF_HUB_DOWNLOAD_TIMEOUT" : "HF_HUB_ETAG_TIMEOUT";
+    if (cc == CURLE_OPERATION_TIMEDOUT && strncmp(errbuf, "Connection timed out", 20) == 0)
+        snprintf(buf, cap, "could not connect within %ld s (%s)", timeout_s, var);
+    else if (cc == CURLE_OPERATION_TIMEDOUT)
+        snprintf(buf, cap, "the server sent nothing for %ld s (%s)", timeout_s, var);
+    else
+        snprintf(buf, cap, "%s", errbuf[0] ? errbuf : curl_easy_strerror(cc));
+}
+
 int hub_curl_error(const struct hub_client *c, CURLcode cc, const char *errbuf, const char *what, int attempts,
-                      struct err *e)
+                   bool download, struct err *e)
 {
     if (cc == CURLE_TOO_MANY_REDIRECTS)
         return err_setf(e, ERR_FORMAT, "%s: more than %d redirects (a redirect loop?)", what, HUB_REDIRECTS);
-    return err_setf(e, ERR_IO, "%s: %s (%s)%s", what, errbuf[0] ? errbuf : curl_easy_strerror(cc), c->endpoint,
+    char reason[CURL_ERROR_SIZE + 64];
+    hub_curl_reason(reason, sizeof reason, cc, errbuf, download ? c->download_timeout_s : c->etag_timeout_s,
+                    download);
+    return err_setf(e, ERR_IO, "%s: %s (%s)%s", what, reason, c->endpoint,
                     attempts > 1 ? ", after retries" : "");
 }
 
@@ -303,11 +331,17 @@ static int request(const struct hub_client *c, const char *url, bool head, struc
             return err_setf(e, ERR_FORMAT, "%s: the response is larger than %zu bytes", what, b->max);
         bool transient = cc != CURLE_OK ? hub_curl_is_transient(cc) : hub_status_is_transient(hd->status);
         if (transient && attempt < HUB_ATTEMPTS) {
+            char reason[CURL_ERROR_SIZE + 64];
+            if (cc != CURLE_OK)
+                hub_curl_reason(reason, sizeof reason, cc, errbuf, c->etag_timeout_s, false);
+            else
+                snprintf(reason, sizeof reason, "HTTP %ld", hd->status);
+            hub_notice_retry(c, what, reason, attempt, hub_backoff_ms(c, attempt));
             sleep_ms(hub_backoff_ms(c, attempt));
             continue;
         }
         if (cc != CURLE_OK)
-            return hub_curl_error(c, cc, errbuf, what, attempt, e);
+            return hub_curl_error(c, cc, errbuf, what, attempt, false, e);
         return 0;
     }
 }

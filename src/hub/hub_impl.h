@@ -37,6 +37,10 @@ struct hub_client {
     char token[512];
     char repo[256];
     long backoff_ms;        /* first retry delay, doubling ($MLXCEL_HUB_BACKOFF_MS, tests) */
+    long etag_timeout_s;    /* connect and read timeout of listing/HEAD requests (hub_opts) */
+    long download_timeout_s;/* the same for file transfers */
+    hub_notice_fn notice;   /* retries are told here (may be NULL) */
+    void *ud;
 };
 
 bool hub_hex_is_valid(const char *s, size_t min, size_t max);
@@ -72,13 +76,22 @@ struct hub_header_state {
 size_t hub_on_header(char *line, size_t size, size_t nitems, void *ud);
 /* Settle status, etag and size once a response is complete. */
 void hub_headers_finish(struct hub_header_state *st, CURL *h);
-/* An easy handle for url with the common options (protocols, redirect bound, timeouts,
- * bearer token); *hdrs is the header list to free after the handle. NULL: out of memory. */
+/* An easy handle for url with the common options (protocols, redirect bound, the
+ * listing/HEAD timeouts, bearer token); *hdrs is the header list to free after the
+ * handle. NULL: out of memory. */
 CURL *hub_easy_new(const struct hub_client *c, const char *url, struct curl_slist **hdrs);
 bool hub_curl_is_transient(CURLcode cc);
 bool hub_status_is_transient(long status);
 /* Delay before retry number attempt (1, 2, ...). */
 long hub_backoff_ms(const struct hub_client *c, int attempt);
-/* The error for a failed curl transfer of what. */
+/* Tell c->notice that attempt (1, 2, ...) of what failed for reason and that it is retried
+ * after delay_ms. */
+void hub_notice_retry(const struct hub_client *c, const char *what, const char *reason, int attempt,
+                      long delay_ms);
+/* Why a curl transfer failed, in words: a timeout says which (connecting, or no byte
+ * for timeout_s seconds) and the variable that sets it (download: HF_HUB_DOWNLOAD_TIMEOUT,
+ * else HF_HUB_ETAG_TIMEOUT); anything else is curl's message. */
+void hub_curl_reason(char *buf, size_t cap, CURLcode cc, const char *errbuf, long timeout_s, bool download);
+/* The error for a failed curl transfer of what (reason as hub_curl_reason). */
 int hub_curl_error(const struct hub_client *c, CURLcode cc, const char *errbuf, const char *what, int attempts,
-                   struct err *e);
+                   bool download, struct err *e);

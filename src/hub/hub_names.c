@@ -215,6 +215,26 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(((const struct hub_file *)a)->name, ((const struct hub_file *)b)->name);
 }
 
+/* The offset of the first \u0000 escape inside a JSON string of doc, or -1. The reader
+ * ends its strings at a NUL, so such a file name would arrive cut short: "a.json\u0000../x"
+ * as "a.json", another file than the one listed. Escaped backslashes are skipped. */
+static long nul_escape_at(const char *doc, size_t len)
+{
+    bool in_str = false;
+    for (size_t i = 0; i < len; i++) {
+        if (!in_str) {
+            in_str = doc[i] == '"';
+        } else if (doc[i] == '"') {
+            in_str = false;
+        } else if (doc[i] == '\\' && i + 1 < len) {
+            if (doc[i + 1] == 'u' && i + 5 < len && strncmp(doc + i + 2, "0000", 4) == 0)
+                return (long)i;
+            i++;
+        }
+    }
+    return -1;
+}
+
 int hub_listing_parse(struct hub_listing *l, const char *doc, size_t len, struct err *e)
 {
     cJSON *root = NULL;
@@ -222,6 +242,12 @@ int hub_listing_parse(struct hub_listing *l, const char *doc, size_t len, struct
     memset(l, 0, sizeof *l);
     if ((rc = json_parse_object(doc, len, "the repository listing", &root, e)) < 0)
         return rc;
+    long nul = nul_escape_at(doc, len);
+    if (nul >= 0) {
+        cJSON_Delete(root);
+        return err_setf(e, ERR_FORMAT, "listing: a string holds a NUL character (\\u0000 at byte %ld); refusing "
+                        "it, since a file name would be cut there", nul);
+    }
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(root, "sha");
     const cJSON *sib = cJSON_GetObjectItemCaseSensitive(root, "siblings");
     if (!cJSON_IsString(sha) || !hub_hex_is_valid(sha->valuestring, 40, 40)) {

@@ -121,6 +121,8 @@ static int xfer_start(const struct hub_client *c, CURLM *m, struct xfer *x, cons
     x->h = hub_easy_new(c, url, &x->hdrs);
     if (!x->h)
         return err_setf(e, ERR_NOMEM, "out of memory");
+    curl_easy_setopt(x->h, CURLOPT_CONNECTTIMEOUT, c->download_timeout_s);
+    curl_easy_setopt(x->h, CURLOPT_LOW_SPEED_TIME, c->download_timeout_s);
     char range[64];
     snprintf(range, sizeof range, "Range: bytes=%lld-", (long long)x->start);
     if (x->start > 0) {
@@ -268,10 +270,19 @@ static int xfer_done(const struct hub_client *c, struct hub_pull *p, CURLM *m, s
         if (cc == CURLE_OK)
             return err_setf(e, ERR_IO, "%s: got %lld of %lld bytes after %d attempts", what, (long long)on_disk,
                             (long long)f->size, x->attempts);
-        return hub_curl_error(c, cc, x->errbuf, what, x->attempts, e);
+        return hub_curl_error(c, cc, x->errbuf, what, x->attempts, true, e);
     }
     f->state = HUB_FILE_PENDING;
     x->not_before = hub_now_ms() + hub_backoff_ms(c, x->attempts);
+    char what[HUB_NAME_MAX + 32], reason[CURL_ERROR_SIZE + 64];
+    snprintf(what, sizeof what, "downloading %s", f->name);
+    if (cc != CURLE_OK)
+        hub_curl_reason(reason, sizeof reason, cc, x->errbuf, c->download_timeout_s, true);
+    else if (status == 200 || status == 206)
+        snprintf(reason, sizeof reason, "got %lld of %lld bytes", (long long)on_disk, (long long)f->size);
+    else
+        snprintf(reason, sizeof reason, "HTTP %ld", status);
+    hub_notice_retry(c, what, reason, x->attempts, hub_backoff_ms(c, x->attempts));
     return 1;
 }
 

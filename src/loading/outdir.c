@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define OD_MAX_NAMES 64
@@ -123,7 +124,7 @@ int outdir_begin(struct outdir *o, const char *dst, struct err *e)
         return err_setf(e, ERR_ARG, "output path '%s' must name a folder", dst);
     snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash == o->dst ? 1 : slash - o->dst) : 1,
              slash ? o->dst : ".");
-    snprintf(o->tmp, sizeof o->tmp, "%s/.%s.partial-XXXXXX", parent, base);
+    snprintf(o->tmp, sizeof o->tmp, "%s/.%s.partial-%ld-XXXXXX", parent, base, (long)getpid());
     if (!mkdtemp(o->tmp)) {
         rc = err_setf(e, ERR_IO, "cannot create a folder beside %s: %s", o->dst, strerror(errno));
         o->tmp[0] = '\0';
@@ -136,6 +137,109 @@ int outdir_begin(struct outdir *o, const char *dst, struct err *e)
     g_n_names = 0;
     g_active = 1;
     return 0;
+}
+
+// ---- stale staging folders ----
+
+/* The parent folder of dst (without trailing '/') into buf. */
+static void parent_of(const char *dst, char *buf, size_t cap)
+{
+    size_t n = strlen(dst);
+    while (n > 1 && dst[n - 1] == '/')
+        n--;
+    const char *slash = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (dst[i] == '/')
+            slash = dst + i;
+    if (!slash)
+        snprintf(buf, cap, ".");
+    else
+        snprintf(buf, cap, "%.*s", slash == dst ? 1 : (int)(slash - dst), dst);
+}
+
+/* Whether name is a staging folder's (.<x>.partial-<pid>-XXXXXX or .<x>.partial-XXXXXX); *pid is
+ * its pid, or 0 when the name has none. */
+static bool staging_name(const char *name, long *pid)
+{
+    const char *p = name[0] == '.' ? strstr(name, ".partial-") : NULL;
+    if (!p || p == name)
+        return false;
+    p += strlen(".partial-");
+    const char *dash = strchr(p, '-');
+    *pid = 0;
+    if (!dash)
+        return strlen(p) == 6;  /* mkdtemp's six characters */
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end != dash || v <= 0 || strlen(dash + 1) != 6)
+        return false;
+    *pid = v;
+    return true;
+}
+
+/* Remove dir if it holds only regular files: true when it is gone. */
+static bool remove_flat(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    char p[PATH_MAX + 260];
+    bool flat = true;
+    for (struct dirent *de; flat && (de = readdir(d)) != NULL;) {
+        struct stat st;
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        flat = lstat(p, &st) == 0 && S_ISREG(st.st_mode);
+    }
+    if (flat) {
+        rewinddir(d);
+        for (struct dirent *de; (de = readdir(d)) != NULL;) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    }
+    closedir(d);
+    return flat && rmdir(dir) == 0;
+}
+
+int outdir_sweep(const char *dst, outdir_swept_fn fn, void *ud)
+{
+    char parent[PATH_MAX];
+    parent_of(dst, parent, sizeof parent);
+    DIR *d = opendir(parent);
+    if (!d)
+        return 0;
+    int n = 0;
+    time_t now = time(NULL);
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        char p[PATH_MAX + 260], why[64];
+        struct stat st;
+        long pid;
+        if (!staging_name(de->d_name, &pid) ||
+            (size_t)snprintf(p, sizeof p, "%s/%s", parent, de->d_name) >= sizeof p ||
+            lstat(p, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid())
+            continue;
+        if (pid > 0 && pid == (long)getpid())
+            continue;
+        if (pid > 0 && !(kill((pid_t)pid, 0) < 0 && errno == ESRCH))
+            continue;  /* its process runs (or we cannot tell) */
+        if (pid == 0 && !(now - st.st_mtime > OUTDIR_STALE_S))
+            continue;
+        if (pid > 0)
+            snprintf(why, sizeof why, "its process %ld is gone", pid);
+        else
+            snprintf(why, sizeof why, "untouched for more than a day");
+        if (remove_flat(p)) {
+            n++;
+            if (fn)
+                fn(ud, p, why);
+        }
+    }
+    closedir(d);
+    return n;
 }
 
 int outdir_file(struct outdir *o, const char *name, char *buf, size_t cap, struct err *e)

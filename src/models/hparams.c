@@ -195,3 +195,17 @@ int hparams_validate(const struct hparams *hp, struct err *e)
             return rc;
     return 0;
 }
+
+int hparams_ctx_limit(const struct hparams *hp)
+{
+    return hp->n_ctx_max > hp->n_ctx ? hp->n_ctx_max : hp->n_ctx;
+}
+
+int hparams_ctx_default(const struct hparams *hp)
+{
+    if (hp->rope != ROPE_DYNAMIC || !(hp->rope_factor > 1.0f))
+        return hp->n_ctx;
+    double want = ceil((double)hp->n_ctx * (double)hp->rope_factor);
+    int limit = hparams_ctx_limit(hp);
+    return want < (double)limit ? (int)want : limit;
+}

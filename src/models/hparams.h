@@ -204,6 +204,15 @@ void hparams_fill_layers(struct hparams *hp);
  * config field. */
 int hparams_validate(const struct hparams *hp, struct err *e);
 
+/* The longest sequence a cache may hold: n_ctx_max when a rope extends past the trained
+ * context (dynamic NTK), else n_ctx. */
+int hparams_ctx_limit(const struct hparams *hp);
+/* The context a run gets when none is asked for: n_ctx, except for dynamic NTK rope, whose
+ * scaling engages only past n_ctx (transformers rescales at any length, llama.cpp has no
+ * such rope): n_ctx x rope_scaling.factor, the length the factor was chosen for, at most
+ * hparams_ctx_limit. A cache is sized for what a run needs, not for this. */
+int hparams_ctx_default(const struct hparams *hp);
+
 /* v in [lo, hi], else -ERR_CONFIG naming the config field. Families call it on the values
  * they derive sizes from (products, head_dim, rotary dims) before computing them, so every
  * derived size is computed from bounded inputs (in int64_t) and checked before narrowing. */

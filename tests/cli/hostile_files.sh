@@ -86,8 +86,12 @@ expect_error "--chat-template-file FIFO" "$T/pipe is not a regular file"
 run "$BIN" synth --config "$T/pipe" -o "$T/synth-fifo"
 expect_error "synth --config FIFO" "$T/pipe is not a regular file"
 no_output "synth --config FIFO" "$T/synth-fifo"
-run "$BIN" generate -m "$T/base" -f /dev/stdin -n 1
-expect_error "-f /dev/stdin" "not a regular file"
+# /dev/stdin is standard input, read as `-f -` reads it (issue 39); a FIFO by another
+# name is refused above, with the hint to `-f -`
+printf 'hello' >"$T/stdin.txt"
+timeout 10 "$BIN" generate -m "$T/base" -f /dev/stdin -n 1 --output-ids <"$T/stdin.txt" >"$T/out" 2>"$T/err" ||
+    fail "-f /dev/stdin: $(cat "$T/err")"
+grep -q '`-f -` reads standard input' "$T/err" && fail "-f /dev/stdin was refused"
 
 # ---- FIFOs where `list` looks: config.json and refs/main ----
 MD="$T/models"

@@ -85,10 +85,10 @@ run "$BIN" perplexity -m models/llama-tiny -f "$T/text.txt" --ctx 1000
 expect_rc 1 "perplexity --ctx 1000"
 err_has "perplexity --ctx" "context of 1000 tokens exceeds the model's context of 512"
 
-# ---- --truncate: 40 ids into a context of 16 (15 kept, room for one token) ----
+# ---- --truncate: 40 ids into a context of 16 (12 kept, room for the 4 to generate) ----
 LONG=$(seq 10 49 | paste -sd, -)
-HEAD=$(seq 10 24 | paste -sd, -)
-TAIL=$(seq 35 49 | paste -sd, -)
+HEAD=$(seq 10 21 | paste -sd, -)
+TAIL=$(seq 38 49 | paste -sd, -)
 run "$BIN" generate -m models/llama-tiny --prompt-ids "$LONG" -n 4 --temp 0 --ctx 16 --output-ids
 expect_rc 1 "a prompt longer than the context without --truncate"
 run "$BIN" generate -m models/llama-tiny --prompt-ids "$TAIL" -n 4 --temp 0 --ctx 16 --output-ids
@@ -98,7 +98,7 @@ cp "$T/out" "$T/head"
 run "$BIN" generate -m models/llama-tiny --prompt-ids "$LONG" -n 4 --temp 0 --ctx 16 --output-ids --truncate left
 expect_rc 0 "--truncate left"
 same_out "--truncate left keeps the end" "$T/tail"
-err_has "--truncate left" "dropped 25 of 40 tokens"
+err_has "--truncate left" "dropped 28 of 40 tokens"
 run "$BIN" generate -m models/llama-tiny --prompt-ids "$LONG" -n 4 --temp 0 --ctx 16 --output-ids --truncate right
 expect_rc 0 "--truncate right"
 same_out "--truncate right keeps the beginning" "$T/head"

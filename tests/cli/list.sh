@@ -93,6 +93,43 @@ run env HF_HUB_OFFLINE=1 "$BIN" inspect -m nobody/nothing
 expect_rc 1 "inspect -m nobody/nothing"
 grep -q "nobody/nothing" "$T/err" || fail "missing-model error does not name it: $(cat "$T/err")"
 
+# ---- partial snapshots: listed as partial with a hint, and -m names `mlxcel pull` ----
+# an index naming two shards, one absent (a huggingface_hub download cut between shards)
+R3="$HUB/models--cut--sharded"
+mkdir -p "$R3/refs" "$R3/blobs" "$R3/snapshots/aa11"
+printf 'aa11' >"$R3/refs/main"
+cp "$TINY/config.json" "$R3/blobs/c"
+cp "$TINY/model.safetensors" "$R3/blobs/s1"
+ln -s ../../blobs/c "$R3/snapshots/aa11/config.json"
+ln -s ../../blobs/s1 "$R3/snapshots/aa11/model-00001-of-00002.safetensors"
+printf '{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}' \
+    >"$R3/blobs/i"
+ln -s ../../blobs/i "$R3/snapshots/aa11/model.safetensors.index.json"
+# no weights yet, the download of them left behind as .incomplete
+R4="$HUB/models--cut--single"
+mkdir -p "$R4/blobs" "$R4/snapshots/bb22"
+cp "$TINY/config.json" "$R4/snapshots/bb22/config.json"
+head -c 1000 "$TINY/model.safetensors" >"$R4/blobs/$(printf x | sha256sum | cut -c1-64).incomplete"
+run "$BIN" list
+expect_rc 0 "list with partial snapshots"
+has "partial sharded" '^cut/sharded  *hf  *llama  *partial '
+has "partial single" '^cut/single  *hf  *llama  *partial '
+has "whole a/b still ok" '^a/b  *hf  *llama  *llama '
+grep -q "cut/sharded (hf) is partial: model-00002-of-00002.safetensors missing; \`mlxcel pull cut/sharded\` completes it" \
+    "$T/err" || fail "no pull hint for cut/sharded: $(cat "$T/err")"
+grep -q "cut/single (hf) is partial: .*mlxcel pull cut/single" "$T/err" || fail "no hint for cut/single: $(cat "$T/err")"
+run "$BIN" list --json
+flat
+jhas "partial --json" '"name":"cut/sharded","source":"hf","model_type":"llama","family":"llama","status":"partial","missing":"model-00002-of-00002.safetensorsmissing"'
+jhas "partial single --json" '"name":"cut/single","source":"hf","model_type":"llama","family":"llama","status":"partial"'
+run env HF_HUB_OFFLINE=1 "$BIN" inspect -m cut/sharded
+expect_rc 1 "inspect -m of a partial snapshot"
+grep -q "mlxcel pull cut/sharded" "$T/err" || fail "partial -m: no pull hint: $(cat "$T/err")"
+run env HF_HUB_OFFLINE=1 "$BIN" generate -m cut/single -p x -n 1
+expect_rc 1 "generate -m of a snapshot without weights"
+grep -q "mlxcel pull cut/single" "$T/err" || fail "no-weights -m: no pull hint: $(cat "$T/err")"
+rm -rf "$R3" "$R4"
+
 # HF_HUB_CACHE wins over HF_HOME
 mv "$HUB" "$T/elsewhere"
 run env HF_HUB_CACHE="$T/elsewhere" "$BIN" list

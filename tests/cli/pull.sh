@@ -9,8 +9,10 @@
 # exit 1 and 500-then-ok recovers; tokens (HF_TOKEN, the token file);
 # --include/--exclude; --revision; --offline; hostile listings and servers
 # (../ and absolute names, huge sizes, endless bodies, redirect loops,
-# invalid JSON) are refused with no snapshot written; `generate -m owner/name`
-# pulls by itself.
+# invalid JSON, a NUL in a name) are refused with no snapshot written; a
+# silent server fails within the HF_HUB_*_TIMEOUT saying each retry; a file
+# size limit (ulimit -f) is an error naming the file, not a SIGXFSZ death;
+# `generate -m owner/name` pulls by itself.
 # Usage (from the repo root): sh tests/cli/pull.sh path/to/mlxcel
 BIN=${1:?usage: pull.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -142,8 +144,9 @@ fresh
 mode dropall
 run "$BIN" pull tiny/llama
 expect_rc 1 "pull with a connection that always drops"
-one_line "always drops"
-expect_err "model.safetensors" "always drops"
+[ "$(grep -c 'downloading model.safetensors: .*retrying in .* (attempt [2-5] of 5)' "$T/err")" -eq 4 ] ||
+    fail "always drops: the 4 retries were not said: $(cat "$T/err")"
+tail -n 1 "$T/err" | grep -q "error: downloading model.safetensors" || fail "always drops: last line: $(cat "$T/err")"
 [ -s "$R/blobs/$SHA.incomplete" ] || fail "no partial file to resume from"
 [ ! -e "$S" ] || fail "a failed pull wrote a snapshot"
 part=$(wc -c <"$R/blobs/$SHA.incomplete")
@@ -178,8 +181,11 @@ expect_err "HTTP 404: repository tiny/llama" "404"
 mode 500
 run "$BIN" pull tiny/llama
 expect_rc 1 "500"
-one_line "500"
-expect_err "HTTP 500: server error .* after 5 attempts" "500"
+# each retry is said, with its number, and the last line is the error
+[ "$(grep -c 'retrying in .* (attempt [2-5] of 5)' "$T/err")" -eq 4 ] || fail "500: retries not said: $(cat "$T/err")"
+expect_err "listing tiny/llama.*HTTP 500; retrying" "500"
+[ "$(wc -l <"$T/err")" -eq 5 ] || fail "500: more than the 4 retries and the error: $(cat "$T/err")"
+tail -n 1 "$T/err" | grep -q "HTTP 500: server error .* after 5 attempts" || fail "500: last line: $(cat "$T/err")"
 [ "$(grep -c . "$T/state/log")" -eq 5 ] || fail "500: not 5 attempts: $(cat "$T/state/log")"
 [ ! -e "$R/snapshots/$COMMIT" ] || fail "a failed pull wrote a snapshot"
 mode 500twice
@@ -208,7 +214,7 @@ run "$BIN" pull ../etc
 expect_rc 2 "a bad repository name"
 run "$BIN" pull tiny/llama --revision ../../x
 expect_rc 2 "a bad revision"
-for m in dotdot abs huge bigdisk endless loop badjson; do
+for m in dotdot abs nul huge bigdisk endless loop badjson; do
     fresh
     mode "$m"
     run "$BIN" pull tiny/llama
@@ -219,6 +225,8 @@ for m in dotdot abs huge bigdisk endless loop badjson; do
         fail "hostile server ($m): a file escaped"
     case $m in
     dotdot|abs) expect_err "unsafe file name" "$m" ;;
+    nul) expect_err "NUL character" "$m"
+        grep -q "extra.json" "$T/state/log" && fail "nul: the cut name was fetched: $(cat "$T/state/log")" ;;
     huge) expect_err "size outside" "$m" ;;
     bigdisk) expect_err "not enough disk space" "$m" ;;
     endless) expect_err "more than the 7348736 bytes declared" "$m"
@@ -228,4 +236,26 @@ for m in dotdot abs huge bigdisk endless loop badjson; do
     badjson) expect_err "listing is not valid JSON" "$m" ;;
     esac
 done
+# ---- a server that accepts and never answers: short timeouts, each retry said ----
+fresh
+mode silent
+start=$(date +%s)
+run env HF_HUB_ETAG_TIMEOUT=1 timeout 100 "$BIN" pull tiny/llama
+took=$(($(date +%s) - start))
+expect_rc 1 "silent server"
+[ "$took" -lt 60 ] || fail "silent server: took ${took}s with HF_HUB_ETAG_TIMEOUT=1"
+[ "$(grep -c 'retrying in .* (attempt [2-5] of 5)' "$T/err")" -eq 4 ] || fail "silent: retries not said: $(cat "$T/err")"
+tail -n 1 "$T/err" | grep -q "sent nothing for 1 s (HF_HUB_ETAG_TIMEOUT)" || fail "silent server: last line: $(cat "$T/err")"
+[ ! -e "$R/snapshots/$COMMIT" ] || fail "silent server: a snapshot was written"
+run "$BIN" pull tiny/llama --help
+grep -q "HF_HUB_DOWNLOAD_TIMEOUT" "$T/out" || fail "pull --help does not document the timeouts"
+
+# ---- a file size limit: an error naming the file, not a silent SIGXFSZ death ----
+fresh
+mode ok
+run sh -c 'ulimit -f 1024 && exec "$0" pull tiny/llama' "$BIN"
+expect_rc 1 "ulimit -f"
+expect_err "model.safetensors.*$SHA.incomplete.*File too large" "ulimit -f"
+[ ! -e "$S" ] || fail "ulimit -f: a snapshot was written"
+
 echo "ok pull"

@@ -19,7 +19,10 @@
 //   dotdot / abs (a listed name "../evil.json" / "/tmp/evil.json"), huge (a
 //   declared size of 1e18 bytes), bigdisk (a consistent 512 TiB), endless (an
 //   LFS body without end), loop (the LFS redirect points at itself),
-//   badjson (a listing that is not JSON), auth (needs "Bearer hf_secret").
+//   badjson (a listing that is not JSON), auth (needs "Bearer hf_secret"),
+//   nul (a listed name "extra.json\u0000../../evil.json", which a reader that
+//   stops at NUL would see as extra.json), silent (accepts every request and
+//   never answers it).
 import http from 'node:http';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -59,6 +62,7 @@ function listing(m) {
   });
   if (m === 'dotdot') sib.push({ rfilename: '../evil.json', size: 2, blobId: '0'.repeat(40) });
   if (m === 'abs') sib.push({ rfilename: '/tmp/evil.json', size: 2, blobId: '0'.repeat(40) });
+  if (m === 'nul') sib.push({ rfilename: 'extra.json\0../../evil.json', size: 2, blobId: '0'.repeat(40) });
   for (const s of sib) {
     if (!s.lfs) continue;
     if (m === 'huge') s.size = s.lfs.size = 1e18;
@@ -100,6 +104,7 @@ const server = http.createServer((req, res) => {
   fs.appendFileSync(path.join(state, 'log'),
     `${req.method} ${req.url} range=${req.headers.range || '-'} auth=${auth ? 'yes' : 'no'}\n`);
   served++;
+  if (m === 'silent') return;
   if (m === '401') return send(res, 401, { 'X-Error-Message': 'Invalid credentials in Authorization header' }, '');
   if (m === 'auth' && auth !== 'Bearer hf_secret' && !req.url.startsWith('/cdn/'))
     return send(res, 401, { 'X-Error-Code': 'GatedRepo', 'X-Error-Message': 'Access to this model is restricted' }, '');
