@@ -9,7 +9,6 @@
 #                                     or the driver's into DIR (default .gpu, ignored by git);
 #                                     with BASE_PLUGIN=FILE, a baseline plugin (an older
 #                                     build) that bench runs around the new one, A/B/A;
-#                                     with LLAMA_SRC=DIR, a trimmed llama.cpp source too;
 #                                     all of it as DIR/pack.tar.xz (carry DIR)
 #   scripts/gpu-loop.sh gate [DIR]    on the GPU machine: the `cuda` CTest gate
 #                                     (MLXCEL_DEVICE=cuda run_tests golden models quant cuda)
@@ -17,13 +16,12 @@
 #                                     MLA golden
 #   scripts/gpu-loop.sh bench [DIR]   random-weight models (mlxcel synth, Llama-3.2-1B and
 #                                     Llama-3.1-8B proportions, 4-bit g64) and mlxcel bench
-#                                     on them (BENCH_MODELS, BENCH_ARGS to choose); with a
-#                                     packed llama.cpp source, llama-bench on the Q4_0 twins
-#                                     in the same run
+#                                     on them (BENCH_MODELS, BENCH_ARGS to choose; -p/-n take
+#                                     one value each)
 #   scripts/gpu-loop.sh all [DIR]     gate, sanitize and bench, stopping at the first failure
 #
-# Output: logs and a results table under $OUT when set (the device tool's folder), else
-# DIR/out. Everything else the script writes lives under DIR or /tmp.
+# Output: gpu.txt, gate.log, sanitize-*.log and bench.log under $OUT when set (the device
+# tool's folder), else DIR/out. Everything else the script writes lives under DIR or /tmp.
 set -euo pipefail
 
 cmd=${1:-}
@@ -32,7 +30,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$dir/out}
 
 usage() {
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"
     exit 2
 }
 
@@ -55,10 +53,6 @@ pack() {
         *) cp -L "$lib" "$dir/lib/" ;;
         esac
     done
-    if [ -n "${LLAMA_SRC:-}" ]; then
-        tar -C "$LLAMA_SRC" -cJf "$dir/llama-src.tar.xz" --exclude='*.md' --exclude=docs \
-            --exclude=examples --exclude=.git --exclude=models --exclude=gguf-py .
-    fi
     # the tree and what is carried travel together within 64 MiB: send one xz archive
     tar -C "$dir" -cJf "$root/$dir.tar.xz" .
     rm -rf "$dir"
