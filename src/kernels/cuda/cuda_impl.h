@@ -2,7 +2,7 @@
  * cuda_impl: what the CUDA backend's files share (internal to
  * src/kernels/cuda/). backend_cuda.cu holds the lifetime, memory, weights,
  * the plugin entry point and the ops' table; linear.cu the products
- * (fused dequant-GEMV for decode, dequantize + cuBLAS SGEMM for prefill) and
+ * (fused dequant-GEMV for decode, bf16-split cuBLAS products for prefill) and
  * the embedding; elem.cu norms and elementwise ops; attn.cu rope, the paged
  * KV store and attention; moe.cu routing, grouping, expert linears, combine.
  *
