@@ -480,25 +480,13 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
     }
 }
 
+/* The block's rows: their key ranges [rlo, rhi), the union [klo, khi), and whether their
+ * tables differ (mixed). */
 template <class T, int HD>
-__global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, int n_tok)
+__device__ __forceinline__ void fa_rows(const attn_args<T> &a, fa_smem<HD> &S, int t0, int nr,
+                                        int tab0)
 {
-    using namespace nvcuda;
-    extern __shared__ __align__(128) unsigned char fa_raw[];
-    fa_smem<HD> &S = *reinterpret_cast<fa_smem<HD> *>(fa_raw);
-    cu_pdl_trigger();
-    cu_pdl_wait();
-    const int h = blockIdx.x, t0 = blockIdx.y * FA_ROWS, tid = threadIdx.x;
-    const int lane = tid % 32, w = tid / 32, g = h / a.n_rep;
-    const int nr = n_tok - t0 < FA_ROWS ? n_tok - t0 : FA_ROWS;
-    const int tab0 = a.table[t0];
-    if (tid == 0) {
-        S.klo = INT_MAX;
-        S.khi = 0;
-        S.mixed = 0;
-    }
-    __syncthreads();
-    for (int r = tid; r < FA_ROWS; r += blockDim.x) {
+    for (int r = threadIdx.x; r < FA_ROWS; r += blockDim.x) {
         int lo = 0, hi = 0;
         if (r < nr) {
             int p = a.pos[t0 + r];
@@ -512,120 +500,125 @@ __global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, 
         S.rlo[r] = lo;
         S.rhi[r] = hi;
     }
+}
+
+/* The tile of keys kt .. kt + FA_KEYS (past khi: zeros) split into the K and V planes. */
+template <class T, int HD>
+__device__ __forceinline__ void fa_load_kv(const attn_args<T> &a, fa_smem<HD> &S,
+                                           const int32_t *tab, int kt, int khi, int g)
+{
+    if (threadIdx.x < FA_KEYS) {
+        int j = kt + threadIdx.x;
+        S.slot[threadIdx.x] = j < khi ? tab[j / a.bs] * a.bs + j % a.bs : -1;
+    }
     __syncthreads();
-    if (S.mixed) {
-        for (int r = w; r < nr; r += FA_WARPS)
-            fa_row_plain<T, HD>(a, t0 + r, h, lane);
-        return;
+    for (int i = threadIdx.x; i < FA_KEYS * HD; i += blockDim.x) {
+        int kk = i / HD, d = i % HD, sl = S.slot[kk];
+        float kv = 0.0f, vv = 0.0f;
+        if (sl >= 0) {
+            kv = kv_ld(&a.kc[(size_t)sl * a.k_dim + (size_t)g * HD + d]);
+            vv = kv_ld(&a.vc[(size_t)sl * a.v_dim + (size_t)g * HD + d]);
+        }
+        fa_split(kv, S.kh[kk][d], S.kl[kk][d]);
+        fa_split(vv, S.vh[kk][d], S.vl[kk][d]);
     }
-    const int32_t *tab = a.tables + tab0;
-    for (int i = tid; i < FA_ROWS * HD; i += blockDim.x) {
-        int r = i / HD, d = i % HD;
-        float v = r < nr ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * HD + d] : 0.0f;
-        fa_split(v, S.qh[r][d], S.ql[r][d]);
+}
+
+/* Warp w's scores S.s[w] = Q_w Kᵀ of the tile (three products per 16 x 16 x 16 step). */
+template <int HD>
+__device__ __forceinline__ void fa_scores(fa_smem<HD> &S, int w)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int nt = 0; nt < FA_KEYS / 16; nt++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qa, qb;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ka, kb;
+            wmma::load_matrix_sync(qa, &S.qh[16 * w][16 * kk], HD + 8);
+            wmma::load_matrix_sync(qb, &S.ql[16 * w][16 * kk], HD + 8);
+            wmma::load_matrix_sync(ka, &S.kh[16 * nt][16 * kk], HD + 8);
+            wmma::load_matrix_sync(kb, &S.kl[16 * nt][16 * kk], HD + 8);
+            wmma::mma_sync(acc, qa, ka, acc);
+            wmma::mma_sync(acc, qa, kb, acc);
+            wmma::mma_sync(acc, qb, ka, acc);
+        }
+        wmma::store_matrix_sync(&S.s[w][0][16 * nt], acc, FA_KEYS + 4, wmma::mem_row_major);
     }
-    for (int i = lane; i < 16 * HD; i += 32)
-        S.o[w][i / HD][i % HD] = 0.0f;
-    float m[16], l[16];
+}
+
+/* The online softmax of warp w's 16 rows over the tile at kt (keys lane and lane + 32): the
+ * running max m and sum l, P split into S.ph / S.pl, and O scaled by each row's correction. */
+template <class T, int HD>
+__device__ __forceinline__ void fa_softmax(const attn_args<T> &a, fa_smem<HD> &S, int w, int lane,
+                                           int kt, float (&m)[16], float (&l)[16])
+{
+    float corr[16];
 #pragma unroll
     for (int rr = 0; rr < 16; rr++) {
-        m[rr] = -INFINITY;
-        l[rr] = 0.0f;
+        const int r = 16 * w + rr, rlo = S.rlo[r], rhi = S.rhi[r];
+        float sv[2], pv[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int c = lane + 32 * u, j = kt + c;
+            float x = S.s[w][rr][c] * a.scale;
+            if (a.softcap > 0.0f)
+                x = a.softcap * tanhf(x / a.softcap);
+            sv[u] = j >= rlo && j < rhi ? x : -INFINITY;
+        }
+        float mn = fmaxf(m[rr], cu_warp_max(fmaxf(sv[0], sv[1])));
+        if (mn == -INFINITY) { /* no key of this row yet */
+            corr[rr] = 1.0f;
+            pv[0] = pv[1] = 0.0f;
+        } else {
+            corr[rr] = expf(m[rr] - mn);
+            pv[0] = expf(sv[0] - mn);
+            pv[1] = expf(sv[1] - mn);
+        }
+        l[rr] = l[rr] * corr[rr] + cu_warp_sum(pv[0] + pv[1]);
+        m[rr] = mn;
+        fa_split(pv[0], S.ph[w][rr][lane], S.pl[w][rr][lane]);
+        fa_split(pv[1], S.ph[w][rr][lane + 32], S.pl[w][rr][lane + 32]);
     }
-    const int klo = S.klo, khi = S.khi;
-    for (int kt = klo; kt < khi; kt += FA_KEYS) {
-        __syncthreads(); /* the last tile's K, V and slots are no longer read */
-        if (tid < FA_KEYS) {
-            int j = kt + tid;
-            S.slot[tid] = j < khi ? tab[j / a.bs] * a.bs + j % a.bs : -1;
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++)
+        for (int d = lane; d < HD; d += 32)
+            S.o[w][rr][d] *= corr[rr];
+}
+
+/* O_w += P_w V of the tile. */
+template <int HD>
+__device__ __forceinline__ void fa_pv(fa_smem<HD> &S, int w)
+{
+    using namespace nvcuda;
+#pragma unroll
+    for (int dt = 0; dt < HD / 16; dt++) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::load_matrix_sync(acc, &S.o[w][0][16 * dt], HD + 4, wmma::mem_row_major);
+#pragma unroll
+        for (int kk = 0; kk < FA_KEYS / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa, pb;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> va, vb;
+            wmma::load_matrix_sync(pa, &S.ph[w][0][16 * kk], FA_KEYS + 8);
+            wmma::load_matrix_sync(pb, &S.pl[w][0][16 * kk], FA_KEYS + 8);
+            wmma::load_matrix_sync(va, &S.vh[16 * kk][16 * dt], HD + 8);
+            wmma::load_matrix_sync(vb, &S.vl[16 * kk][16 * dt], HD + 8);
+            wmma::mma_sync(acc, pa, va, acc);
+            wmma::mma_sync(acc, pa, vb, acc);
+            wmma::mma_sync(acc, pb, va, acc);
         }
-        __syncthreads();
-        for (int i = tid; i < FA_KEYS * HD; i += blockDim.x) {
-            int kk = i / HD, d = i % HD, sl = S.slot[kk];
-            float kv = 0.0f, vv = 0.0f;
-            if (sl >= 0) {
-                kv = kv_ld(&a.kc[(size_t)sl * a.k_dim + (size_t)g * HD + d]);
-                vv = kv_ld(&a.vc[(size_t)sl * a.v_dim + (size_t)g * HD + d]);
-            }
-            fa_split(kv, S.kh[kk][d], S.kl[kk][d]);
-            fa_split(vv, S.vh[kk][d], S.vl[kk][d]);
-        }
-        __syncthreads();
-        /* S_w = Q_w Kᵀ */
-#pragma unroll
-        for (int nt = 0; nt < FA_KEYS / 16; nt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qa, qb;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> ka, kb;
-                wmma::load_matrix_sync(qa, &S.qh[16 * w][16 * kk], HD + 8);
-                wmma::load_matrix_sync(qb, &S.ql[16 * w][16 * kk], HD + 8);
-                wmma::load_matrix_sync(ka, &S.kh[16 * nt][16 * kk], HD + 8);
-                wmma::load_matrix_sync(kb, &S.kl[16 * nt][16 * kk], HD + 8);
-                wmma::mma_sync(acc, qa, ka, acc);
-                wmma::mma_sync(acc, qa, kb, acc);
-                wmma::mma_sync(acc, qb, ka, acc);
-            }
-            wmma::store_matrix_sync(&S.s[w][0][16 * nt], acc, FA_KEYS + 4, wmma::mem_row_major);
-        }
-        __syncwarp();
-        /* the online softmax of the warp's rows, keys lane and lane + 32 */
-        float corr[16];
-#pragma unroll
-        for (int rr = 0; rr < 16; rr++) {
-            const int r = 16 * w + rr, rlo = S.rlo[r], rhi = S.rhi[r];
-            float sv[2], pv[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                int c = lane + 32 * u, j = kt + c;
-                float x = S.s[w][rr][c] * a.scale;
-                if (a.softcap > 0.0f)
-                    x = a.softcap * tanhf(x / a.softcap);
-                sv[u] = j >= rlo && j < rhi ? x : -INFINITY;
-            }
-            float mn = fmaxf(m[rr], cu_warp_max(fmaxf(sv[0], sv[1])));
-            if (mn == -INFINITY) { /* no key of this row yet */
-                corr[rr] = 1.0f;
-                pv[0] = pv[1] = 0.0f;
-            } else {
-                corr[rr] = expf(m[rr] - mn);
-                pv[0] = expf(sv[0] - mn);
-                pv[1] = expf(sv[1] - mn);
-            }
-            l[rr] = l[rr] * corr[rr] + cu_warp_sum(pv[0] + pv[1]);
-            m[rr] = mn;
-            fa_split(pv[0], S.ph[w][rr][lane], S.pl[w][rr][lane]);
-            fa_split(pv[1], S.ph[w][rr][lane + 32], S.pl[w][rr][lane + 32]);
-        }
-#pragma unroll
-        for (int rr = 0; rr < 16; rr++)
-            for (int d = lane; d < HD; d += 32)
-                S.o[w][rr][d] *= corr[rr];
-        __syncwarp();
-        /* O_w += P_w V */
-#pragma unroll
-        for (int dt = 0; dt < HD / 16; dt++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, &S.o[w][0][16 * dt], HD + 4, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < FA_KEYS / 16; kk++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa, pb;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> va, vb;
-                wmma::load_matrix_sync(pa, &S.ph[w][0][16 * kk], FA_KEYS + 8);
-                wmma::load_matrix_sync(pb, &S.pl[w][0][16 * kk], FA_KEYS + 8);
-                wmma::load_matrix_sync(va, &S.vh[16 * kk][16 * dt], HD + 8);
-                wmma::load_matrix_sync(vb, &S.vl[16 * kk][16 * dt], HD + 8);
-                wmma::mma_sync(acc, pa, va, acc);
-                wmma::mma_sync(acc, pa, vb, acc);
-                wmma::mma_sync(acc, pb, va, acc);
-            }
-            wmma::store_matrix_sync(&S.o[w][0][16 * dt], acc, HD + 4, wmma::mem_row_major);
-        }
-        __syncwarp();
+        wmma::store_matrix_sync(&S.o[w][0][16 * dt], acc, HD + 4, wmma::mem_row_major);
     }
-    /* out = O / L, with the sink logit in L */
+}
+
+/* Warp w's rows of the output: O / L, the sink logit in L. */
+template <class T, int HD>
+__device__ __forceinline__ void fa_store(const attn_args<T> &a, fa_smem<HD> &S, int w, int lane,
+                                         int t0, int nr, int h, const float (&m)[16],
+                                         const float (&l)[16])
+{
 #pragma unroll
     for (int rr = 0; rr < 16; rr++) {
         const int r = 16 * w + rr;
@@ -641,6 +634,58 @@ __global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, 
         for (int d = lane; d < HD; d += 32)
             oh[d] = S.o[w][rr][d] * f / L;
     }
+}
+
+template <class T, int HD>
+__global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, int n_tok)
+{
+    extern __shared__ __align__(128) unsigned char fa_raw[];
+    fa_smem<HD> &S = *reinterpret_cast<fa_smem<HD> *>(fa_raw);
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int h = blockIdx.x, t0 = blockIdx.y * FA_ROWS, tid = threadIdx.x;
+    const int lane = tid % 32, w = tid / 32, g = h / a.n_rep;
+    const int nr = n_tok - t0 < FA_ROWS ? n_tok - t0 : FA_ROWS;
+    const int tab0 = a.table[t0];
+    if (tid == 0) {
+        S.klo = INT_MAX;
+        S.khi = 0;
+        S.mixed = 0;
+    }
+    __syncthreads();
+    fa_rows(a, S, t0, nr, tab0);
+    __syncthreads();
+    if (S.mixed) {
+        for (int r = w; r < nr; r += FA_WARPS)
+            fa_row_plain<T, HD>(a, t0 + r, h, lane);
+        return;
+    }
+    for (int i = tid; i < FA_ROWS * HD; i += blockDim.x) {
+        int r = i / HD, d = i % HD;
+        float v = r < nr ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * HD + d] : 0.0f;
+        fa_split(v, S.qh[r][d], S.ql[r][d]);
+    }
+    for (int i = lane; i < 16 * HD; i += 32)
+        S.o[w][i / HD][i % HD] = 0.0f;
+    float m[16], l[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+    }
+    const int32_t *tab = a.tables + tab0;
+    for (int kt = S.klo, khi = S.khi; kt < khi; kt += FA_KEYS) {
+        __syncthreads(); /* the last tile's K, V and slots are no longer read */
+        fa_load_kv(a, S, tab, kt, khi, g);
+        __syncthreads();
+        fa_scores(S, w);
+        __syncwarp();
+        fa_softmax(a, S, w, lane, kt, m, l);
+        __syncwarp();
+        fa_pv(S, w);
+        __syncwarp();
+    }
+    fa_store(a, S, w, lane, t0, nr, h, m, l);
 }
 
 template <class T, int HD>
