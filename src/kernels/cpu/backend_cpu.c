@@ -126,8 +126,6 @@ static void cpu_memcpy(struct backend *be, void *dst, const void *src, size_t by
         memmove(dst, src, bytes);
 }
 
-/* The [out, in] matrix of a tensor (below). */
-static void wmat_from(struct wmat *m, const struct tensor *w);
 
 struct pack_ctx {
     const struct cpu_kernels *k;
@@ -286,7 +284,7 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     if (w->packed)
         return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
                         w->name ? w->name : "(unnamed)");
-    wmat_from(&m, w);
+    cpu_wmat_from(&m, w);
     const bool may = c->repack && (flags & (PREP_SOURCE_DISPOSABLE | PREP_REPACK_BESIDE));
     if (may && (flags & PREP_MATRIX) && c->k.fpan_linear && w->ndim == 2 && m.out >= FPAN_R &&
         kern_fpan_ok(&m)) {
@@ -336,7 +334,7 @@ static int cpu_sync(struct backend *be, struct err *e)
 
 /* The [out, in] matrix of a 1-D ([in]: out = 1) or N-D tensor whose leading
  * dims are contiguous (they fold into out). */
-static void wmat_from(struct wmat *m, const struct tensor *w)
+void cpu_wmat_from(struct wmat *m, const struct tensor *w)
 {
     int nd = w->ndim;
     memset(m, 0, sizeof *m);
@@ -629,7 +627,7 @@ static int gemm_min_tok(const struct cpu_kernels *k, const struct wmat *m)
 int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
 {
     struct wmat m;
-    wmat_from(&m, w);
+    cpu_wmat_from(&m, w);
     return gemm_min_tok(&c->k, &m);
 }
 
@@ -640,7 +638,7 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
     struct wmat m;
     if (c->err_rc || n_tok <= 0)
         return;
-    wmat_from(&m, w);
+    cpu_wmat_from(&m, w);
     struct linear_ctx lc = {
         .c = c, .y = y, .ldy = (size_t)ldy, .x = x, .w = &m, .n_tok = n_tok, .ldx = (size_t)m.in,
         .b = b && tensor_is_present(b) ? b : NULL,
@@ -734,7 +732,7 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
         int same[BATCH_MAX]; /* an earlier job whose prepared x this one reuses, or -1 */
         long total = 0;
         for (int j = 0; j < n; j++) {
-            wmat_from(&w[j], jobs[j].w);
+            cpu_wmat_from(&w[j], jobs[j].w);
             total += w[j].out;
             same[j] = prep_twin(&c->k, jobs, w, j);
             xs_off[j] = same[j] >= 0 ? xs_off[same[j]] : xs_total;
@@ -841,7 +839,7 @@ static void cpu_embed(struct backend *be, float *y, const struct tensor *w, cons
 {
     struct cpu_backend *c = cpu_of(be);
     struct wmat m;
-    wmat_from(&m, w);
+    cpu_wmat_from(&m, w);
     struct embed_ctx ec = {c, y, &m, ids, n_tok};
     if (c->err_rc)
         return;
@@ -1153,6 +1151,7 @@ static const struct backend_ops k_cpu_ops = {
     .linear_experts = cpu_linear_experts,
     .moe_combine = cpu_moe_combine,
     .destroy = cpu_destroy,
+    .linear_plan = cpu_linear_plan_info,
 };
 
 /* backend names by ISA: static strings, valid for the program's lifetime */

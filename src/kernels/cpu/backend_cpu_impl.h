@@ -52,6 +52,10 @@ static inline struct cpu_backend *cpu_of(struct backend *be)
     return (struct cpu_backend *)be->impl;
 }
 
+/* The [out, in] matrix of a tensor as the kernels see it (its layout from tensor.packed). */
+void cpu_wmat_from(struct wmat *m, const struct tensor *w);
+/* backend_ops.linear_plan (linear_plan.c). */
+int cpu_linear_plan_info(struct backend *be, const struct tensor *w, struct linear_plan_info *out);
 /* Record the first error of a failing op (reported by sync). */
 void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes);
 /* Grow every thread's scratch to at least n floats (only grows); false after cpu_fail. */

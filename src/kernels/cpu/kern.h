@@ -238,6 +238,12 @@ static inline float kern_qval(const struct wmat *w, unsigned q)
 {
     return w->qmode == QMODE_MXFP8 ? kern_e4m3(q) : kern_e2m1(q);
 }
+/* True for the quantized W whose codes the SIMD matvecs decode in lane order (mv_quant);
+ * the others take mv_qgeneric. */
+static inline bool kern_q_lanes_ok(const struct wmat *w)
+{
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
+}
 /* Floats per token of x permuted by qxperm. */
 static inline size_t kern_qx_len(int in)
 {
