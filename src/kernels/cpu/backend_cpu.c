@@ -15,9 +15,10 @@
  * Memory is host memory: buf_alloc is a 64-byte aligned allocation, upload,
  * download and copy are memcpy, and prepare_weight keeps the mmap view.
  *
- * linear runs one of two algorithms: below gemm_min_tok tokens (decode) the
- * matvec streams every weight row once; from there on a packed-panel GEMM
- * (gemm_rows) reuses each widened weight panel across all tokens.
+ * linear runs the kernel the weight's plan names for the call's token count
+ * (linear_plan.h: made at prepare_weight, one per weight format): a matvec that
+ * streams every weight row once (f32, integer or FPAN), or the packed-panel GEMM
+ * (gemm_rows) that reuses each widened weight panel across all tokens.
  *
  * Work splits:
  *   linear       output rows (matvec) or GEMM panels of gemm_nr rows
@@ -35,6 +36,7 @@
 #include "../../core/fileio.h"
 #include "../../core/log.h"
 #include "backend_cpu_impl.h"
+#include "linear_plan.h"
 
 /* Below this many elements an elementwise op is not worth waking the pool. */
 #define ELEM_MIN_PARALLEL 32768
@@ -277,9 +279,8 @@ static void pack_panels(struct cpu_backend *c, uint8_t *dst, const struct wmat *
  * (copy_weight). Only 2-D float matrices of at least one panel of rows that linear products
  * read become FPAN (the model says which: PREP_MATRIX); cpu_embed reads a row of an FPAN
  * table (a head tied to the embedding) back. */
-static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
+static int prepare_layout(struct cpu_backend *c, struct tensor *w, unsigned flags, struct err *e)
 {
-    struct cpu_backend *c = cpu_of(be);
     struct wmat m;
     if (w->packed)
         return err_setf(e, ERR_INTERNAL, "cpu backend: weight %s was already prepared",
@@ -318,6 +319,16 @@ static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned fla
     w->data = dst;
     w->packed = CPU_PACK_QG16;
     return 0;
+}
+
+/* The weight laid out as the kernels read it, then its format's plan kept (linear_plan.h). */
+static int cpu_prepare_weight(struct backend *be, struct tensor *w, unsigned flags, struct err *e)
+{
+    struct cpu_backend *c = cpu_of(be);
+    int rc = prepare_layout(c, w, flags, e);
+    if (rc == 0)
+        cpu_plan_keep(c, w);
+    return rc;
 }
 
 static int cpu_sync(struct backend *be, struct err *e)
@@ -381,7 +392,7 @@ static size_t xsum_len(const struct wmat *w)
  * as integers (qi_prep, kern_qi_len bytes per token) instead of f32. */
 static bool use_qi(const struct cpu_kernels *k, const struct wmat *w)
 {
-    return w->qbits && k->matvec_qi && k->qi_ok(w);
+    return lp_uses_qi(k, w);
 }
 
 /* Floats per token of the x a quantized matvec reads: prepared for qi,
@@ -437,7 +448,7 @@ static void qprep_fill(struct cpu_backend *c, float *buf, const float *x, int n_
     int ng = (int)xsum_len(w), in = w->in;
     if (use_qi(k, w)) {
         struct qi_prep_ctx pc = {k, buf, x, w, n_tok};
-        if (n_tok >= 8) /* prefill: the tokens' preparations split over the threads */
+        if (n_tok >= LP_QI_PREP_THREADS) /* the tokens' preparations split over the threads */
             tpool_run(c->pool, qi_prep_task, &pc);
         else
             qi_prep_task(&pc, 0, 1);
@@ -459,14 +470,15 @@ static void qprep_fill(struct cpu_backend *c, float *buf, const float *x, int n_
     *xp = d;
 }
 
-/* The matvec for rows [r0, r1) of x as qprep_fill left it (row stride ldx floats). */
-static void matvec_rows(const struct cpu_kernels *k, float *y, size_t ldy, const float *x,
-                        size_t ldx, int n_tok, const struct wmat *w, int r0, int r1,
+/* The matvec path (w->kid names the kernel) for rows [r0, r1) of x as qprep_fill left it
+ * (row stride ldx floats). */
+static void matvec_rows(const struct cpu_kernels *k, enum lp_path path, float *y, size_t ldy,
+                        const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1,
                         const float *xsum)
 {
-    if (w->fpan)
+    if (path == LP_PATH_FPAN)
         k->fpan_linear(y, ldy, x, ldx, n_tok, w, r0, r1);
-    else if (use_qi(k, w))
+    else if (path == LP_PATH_QI)
         k->matvec_qi(y, ldy, (const uint8_t *)x, ldx * sizeof(float), n_tok, w, r0, r1);
     else
         k->matvec(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, xsum_len(w));
@@ -499,7 +511,7 @@ struct linear_ctx {
     const float *xsum;        /* [n_tok, in/qgroup] or NULL */
     size_t ldx;               /* row stride of x (permuted x: qx_stride) */
     int n_tok;
-    bool gemm;
+    const struct lp_bucket *bk; /* the plan's bucket of n_tok: path, kernel (w->kid), rows */
     atomic_long next;         /* the next unit (panel or 16 rows) to claim: tpool_claim_guided */
 };
 
@@ -590,45 +602,35 @@ static void linear_task(void *arg, int ith, int nth)
     const struct cpu_kernels *k = &lc->c->k;
     const struct wmat *w = lc->w;
     size_t ldy = lc->ldy, ldx = lc->ldx;
-    /* whole GEMM panels, or whole groups of 16 rows so SIMD row blocks (QG16 panels) do
-     * not straddle threads; the QG16 panels the kernel reads together where there are
-     * enough of them for 4 pieces a thread */
-    long unit = lc->gemm ? k->gemm_nr : w->fpan ? FPAN_R : 16;
-    if (!lc->gemm && w->qg16 && k->qg16_rows) {
-        const long u = k->qg16_rows(w, lc->n_tok);
-        unit = w->out / u >= 4L * nth ? u : unit;
-    }
+    /* the bucket's rows: whole GEMM panels or FPAN panels, or whole groups of 16 rows so
+     * SIMD row blocks (QG16 panels) do not straddle threads; the QG16 panels a kernel reads
+     * together (more than 16 rows) only where there are enough of them for 4 pieces a
+     * thread */
+    const bool gemm = lc->bk->path == LP_PATH_GEMM;
+    long unit = lc->bk->rows;
+    if (lc->bk->path == LP_PATH_QI && unit > 16 && w->out / unit < 4L * nth)
+        unit = 16;
     const long n_units = (w->out + unit - 1) / unit;
     long lo, hi;
     while (tpool_claim_guided(&lc->next, n_units, nth, &lo, &hi)) {
         lo *= unit;
         hi = hi * unit < w->out ? hi * unit : w->out;
-        if (lc->gemm)
+        if (gemm)
             gemm_rows(k, lc->c->scr[ith], lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi);
         else
-            matvec_rows(k, lc->y, ldy, lc->x, ldx, lc->n_tok, w, (int)lo, (int)hi, lc->xsum);
+            matvec_rows(k, (enum lp_path)lc->bk->path, lc->y, ldy, lc->x, ldx, lc->n_tok, w,
+                        (int)lo, (int)hi, lc->xsum);
         if (lc->b)
             bias_add(k, lc->y, ldy, lc->n_tok, lc->b, (int)lo, (int)hi);
     }
 }
 
-/* Tokens from which W (as the kernels see it) takes the GEMM path. */
-static int gemm_min_tok(const struct cpu_kernels *k, const struct wmat *m)
-{
-    if (!k->ukernel || m->fpan) /* FPAN: one kernel at every token count */
-        return 1 << 30;
-    if (!m->qbits)
-        return k->gemm_min_tok;
-    if (!use_qi(k, m))
-        return k->gemm_min_tok_q;
-    return k->qi_any_tok && k->qi_any_tok(m) ? 1 << 30 : k->gemm_min_tok_qi;
-}
-
 int cpu_gemm_min_tok(const struct cpu_backend *c, const struct tensor *w)
 {
     struct wmat m;
+    struct linear_plan tmp;
     cpu_wmat_from(&m, w);
-    return gemm_min_tok(&c->k, &m);
+    return linear_plan_gemm_from(cpu_plan_of(c, &m, &tmp));
 }
 
 void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
@@ -636,17 +638,19 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
 {
     struct cpu_backend *c = cpu_of(be);
     struct wmat m;
+    struct linear_plan tmp;
     if (c->err_rc || n_tok <= 0)
         return;
     cpu_wmat_from(&m, w);
+    const struct lp_bucket *bk = linear_plan_at(cpu_plan_of(c, &m, &tmp), n_tok);
+    m.kid = bk->kernel;
     struct linear_ctx lc = {
         .c = c, .y = y, .ldy = (size_t)ldy, .x = x, .w = &m, .n_tok = n_tok, .ldx = (size_t)m.in,
-        .b = b && tensor_is_present(b) ? b : NULL,
+        .b = b && tensor_is_present(b) ? b : NULL, .bk = bk,
     };
     assert(ldy >= m.out);
     assert(!m.qg16 || use_qi(&c->k, &m)); /* QG16 is only made for the kernels that read it */
-    lc.gemm = n_tok >= gemm_min_tok(&c->k, &m);
-    if (lc.gemm) {
+    if (bk->path == LP_PATH_GEMM) {
         if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
                                        (size_t)c->k.gemm_nr))
             return;
@@ -666,7 +670,8 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
 struct batch_ctx {
     struct cpu_backend *c;
     const struct cpu_job *jobs;
-    const struct wmat *w;     /* [n_jobs] */
+    const struct wmat *w;     /* [n_jobs], kid set from each job's plan */
+    const uint8_t *path;      /* [n_jobs] enum lp_path of each job's bucket */
     const size_t *xs_off;     /* [n_jobs] offset of each job's qprep data in c->shared */
     const float **xp;         /* [n_jobs] x as the kernel takes it (see qprep_fill) */
     long total;               /* sum of rows */
@@ -694,7 +699,8 @@ static void batch_task(void *arg, int ith, int nth)
                 const struct cpu_job *jb = &bc->jobs[j];
                 const float *xs = xsum_len(w) ? bc->c->shared + bc->xs_off[j] : NULL;
                 size_t ldx = w->qbits ? qx_stride(k, w) : (size_t)w->in;
-                matvec_rows(k, jb->y, jb->ldy, bc->xp[j], ldx, jb->n_tok, w, (int)a, (int)z, xs);
+                matvec_rows(k, (enum lp_path)bc->path[j], jb->y, jb->ldy, bc->xp[j], ldx,
+                            jb->n_tok, w, (int)a, (int)z, xs);
                 if (jb->b)
                     bias_add(k, jb->y, jb->ldy, jb->n_tok, jb->b, (int)a, (int)z);
             }
@@ -727,12 +733,18 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
     while (n_jobs > 0 && !c->err_rc) {
         int n = n_jobs < BATCH_MAX ? n_jobs : BATCH_MAX;
         struct wmat w[BATCH_MAX];
+        uint8_t path[BATCH_MAX];
         size_t xs_off[BATCH_MAX], xs_total = 0;
         const float *xp[BATCH_MAX];
         int same[BATCH_MAX]; /* an earlier job whose prepared x this one reuses, or -1 */
         long total = 0;
         for (int j = 0; j < n; j++) {
+            struct linear_plan tmp;
             cpu_wmat_from(&w[j], jobs[j].w);
+            const struct lp_bucket *bk = linear_plan_at(cpu_plan_of(c, &w[j], &tmp), jobs[j].n_tok);
+            assert(bk->path != LP_PATH_GEMM); /* callers send GEMM-sized products to cpu_linear */
+            w[j].kid = bk->kernel;
+            path[j] = bk->path;
             total += w[j].out;
             same[j] = prep_twin(&c->k, jobs, w, j);
             xs_off[j] = same[j] >= 0 ? xs_off[same[j]] : xs_total;
@@ -754,7 +766,7 @@ void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jo
         long unit = 16;
         for (int j = 0; j < n; j++)
             unit = w[j].fpan ? FPAN_R : unit;
-        struct batch_ctx bc = {.c = c, .jobs = jobs, .w = w, .xs_off = xs_off, .xp = xp,
+        struct batch_ctx bc = {.c = c, .jobs = jobs, .w = w, .path = path, .xs_off = xs_off, .xp = xp,
                                .total = total, .n_jobs = n, .unit = unit};
         atomic_init(&bc.next, 0);
         tpool_run(c->pool, batch_task, &bc);

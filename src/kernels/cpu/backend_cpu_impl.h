@@ -11,6 +11,11 @@
 #include "../../core/threadpool.h"
 #include "../backend.h"
 #include "kern.h"
+#include "linear_plan.h"
+
+/* Distinct weight formats whose plans a backend keeps (linear_plan.c); more are planned
+ * per call. */
+#define CPU_PLANS_MAX 64
 
 /* tensor.packed values of the layouts this backend repacks into (kern.h) */
 #define CPU_PACK_QG16 1
@@ -33,6 +38,9 @@ struct cpu_backend {
     uint64_t copy_budget; /* bytes of weights prepare_weight may still copy (MLXCEL_MMAP) */
     uint8_t *arena_cur;   /* the free rest of the last arena (pack_alloc) */
     size_t arena_left;
+    /* the plans made at prepare_weight, one per weight format (cpu_plan_of) */
+    struct cpu_plan { struct wmat key; struct linear_plan plan; } plans[CPU_PLANS_MAX];
+    int n_plans;
     int err_rc;           /* first error an op recorded since the last sync; 0: none */
     char err_msg[256];
 };
@@ -54,6 +62,12 @@ static inline struct cpu_backend *cpu_of(struct backend *be)
 
 /* The [out, in] matrix of a tensor as the kernels see it (its layout from tensor.packed). */
 void cpu_wmat_from(struct wmat *m, const struct tensor *w);
+/* The plan of w (cpu_wmat_from) kept since prepare_weight, or (for a weight no
+ * prepare_weight saw, or past CPU_PLANS_MAX formats) made into *tmp. */
+const struct linear_plan *cpu_plan_of(const struct cpu_backend *c, const struct wmat *w,
+                                      struct linear_plan *tmp);
+/* Keep the plan of a prepared weight's format (prepare_weight). */
+void cpu_plan_keep(struct cpu_backend *c, const struct tensor *w);
 /* backend_ops.linear_plan (linear_plan.c). */
 int cpu_linear_plan_info(struct backend *be, const struct tensor *w, struct linear_plan_info *out);
 /* Record the first error of a failing op (reported by sync). */

@@ -28,6 +28,7 @@
  * again from L1 per token.
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <float.h>
@@ -406,7 +407,7 @@ void kern_avx2_qi_init(struct cpu_kernels *k)
     k->qi_prep = a2_qi_prep;
     k->matvec_qi = kern_avx2_matvec_qi;
     k->matvec_qi_fast = a2_matvec_qi_fast;
-    k->gemm_min_tok_qi = 32;
+    k->gemm_min_tok_qi = LP_A2_GEMM_QI;
 }
 
 #else

@@ -15,9 +15,10 @@
  *            table, AND + convert, or e4m3 bit placement) against x
  *            permuted once per call, one per-lane scale FMA per block of
  *            16 lanes, affine biases through per-group sums of x (see
- *            "quantized weights" below and docs/adr/0010); float rows for
- *            2 to 15 tokens 2 rows x 4 tokens at a time, each piece widened
- *            once (docs/adr/0032)
+ *            "quantized weights" below and docs/adr/0010); float rows one
+ *            token a row at a time (mv_row), 2 rows by up to 4 tokens
+ *            (mv_block_t, ADR 0032) or 4 rows by up to 6 tokens (mv_block_p,
+ *            ADR 0038), as the weight's plan says (linear_plan.h)
  *   ukernel  8 tokens x 32 outputs (16 zmm accumulators) over a packed panel
  *   fpan     float W repacked at load as panels of 32 rows (kern.h FPAN), every token
  *            count: up to 8 tokens x 1-4 panels a tile, x broadcast per input, each
@@ -34,6 +35,7 @@
  * same shapes.
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
@@ -137,11 +139,6 @@ static inline int q_cpl(int bits)
 
 /* Lane-order matvec applies when every lane lies in one group (and groups
  * are powers of two, as MLX's all are). */
-static inline bool q_lanes_ok(const struct wmat *w)
-{
-    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
-}
-
 /* x permuted to lane order: block of B = 16 cpl codes, dst[b + 16 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
 static void a512_qxperm(float *dst, const float *x, const struct wmat *w)
@@ -364,7 +361,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const int cpl = q_cpl(bits), bc = 16 * cpl, bb = bc * bits / 8;
     const int in = w->in, g = w->qgroup;
     const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
-    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (kern_q_lanes_ok) */
     const size_t pfd = mv_pf(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float sfb[4][QCH / 16 + 16], bf[4][QCH / 16 + 16];
@@ -653,14 +650,9 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(a[j][t][0], a[j][t][1]));
 }
 
-/* From MVP_MIN tokens the float rows go through mv_block_p: MVP_R rows by up to MVP_T
- * tokens a pass, over blocks of MVP_KB inputs (x of 8 tokens in a block is 16 KiB: it stays
- * in L1 for both parities and every token group). llama-1b bf16 decode, 2 threads, Zen 5,
- * t/s against mv_block_t's two rows by four tokens: 8 sequences 81-97 against 71-74 (four
- * tokens a pass 82-94, blocks of 256 inputs 86-91, three rows by six 74-76: ADR 0038), 12
- * sequences 90-101 against 65-66, 5 and 6 sequences 68-77 against 60-67; at 4 sequences,
- * still bound by memory, mv_block_t's two streams are faster (79 against 70). */
-#define MVP_MIN 5
+/* mv_block_p: MVP_R rows by up to MVP_T tokens a pass, over blocks of MVP_KB inputs (x of
+ * 8 tokens in a block is 16 KiB: it stays in L1 for both parities and every token group);
+ * the plan takes it from LP_A512_MVP_MIN tokens (ADR 0038). */
 #define MVP_R 4
 #define MVP_T 6
 #define MVP_KB 512
@@ -748,20 +740,19 @@ AI void mv_block_p(float *y, size_t ldy, const float *x, size_t ldx, const struc
                 _mm512_reduce_add_ps(_mm512_add_ps(acc[j * T + t], acc[(size_t)R * T + j * T + t]));
 }
 
-/* Float rows [r0, r1): one token a row at a time (mv_row, which streams
- * them); 2-4 tokens a pass over a pair of rows, which stays in L1 for the
- * next 4 (mv_block_t); from MVP_MIN tokens mv_block_p. Only the first pass
- * of mv_block_t prefetches the next rows; mv_block_p spreads its prefetches
- * over every pass. */
+/* Float rows [r0, r1), by the kernel the plan named (w->kid): one token a row at a time
+ * (mv_row, which streams them); up to 4 tokens a pass over a pair of rows, which stays in
+ * L1 for the next 4 (mv_block_t); or mv_block_p. Only the first pass of mv_block_t
+ * prefetches the next rows; mv_block_p spreads its prefetches over every pass. */
 AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                 int r0, int r1, enum dtype dt)
 {
-    if (n_tok == 1) {
+    if (w->kid == LK_A512_MV_ROW) {
         for (int r = r0; r < r1; r++)
             mv_row(y, x, w, r, dt);
         return;
     }
-    if (n_tok < MVP_MIN) {
+    if (w->kid == LK_A512_MV_BLOCK_T) {
         for (int r = r0; r < r1; r += 2) {
             int nr = r1 - r < 2 ? r1 - r : 2;
             for (int t = 0; t < n_tok; t += 4) {
@@ -813,7 +804,7 @@ static void a512_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_
                         const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
 {
     if (w->qbits) {
-        if (q_lanes_ok(w))
+        if (w->kid == LK_A512_MV_QUANT)
             mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
         else
             mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
@@ -1420,19 +1411,15 @@ AI int fpan_np(int t)
     return t <= 2 ? 4 : t <= 4 ? 2 : 1;
 }
 
-/* From this many tokens the tiles are 2 panels by 6 tokens (24 accumulators, a broadcast of x
- * per 4 products; the tiles of 8 take one per 2). Zen 5, 2 threads, 1 by 8 against 2 by 6:
- * bf16 4096 x 4096 prepared as at load (bench_linear pf), GFLOP/s best of 10, 16 tokens
- * 355-357 / 373-376, 64 374-391 / 391-402, 512 342-366 / 359-387 (3 by 4 no better but at 32);
- * llama-1b bf16 in one binary, 4 alternated rounds: pp512 1.03-1.05x, 16 sequences
- * 0.96-1.05x. */
-#define FPAN_SIX_MIN 12
 #define FPAN_T(NP, T) fpan_tile(yt, ldy, xt, ldx, pp, w->fpan_panel, m, k0, kc, tg == 0, dt, NP, T)
 
+/* Rows [r0, r1) of an FPAN W: tiles of 1-4 panels by up to 8 tokens, or (the plan's
+ * avx512.fpan_rows6, from LP_FPAN_SIX_MIN tokens) 2 panels by 6 tokens: 24 accumulators, a
+ * broadcast of x per 4 products where the tiles of 8 take one per 2. */
 AI void fpan_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                   int r0, int r1, enum dtype dt)
 {
-    const bool six = n_tok >= FPAN_SIX_MIN;
+    const bool six = w->kid == LK_A512_FPAN6;
     const int NPmax = six ? 2 : fpan_np(n_tok < 8 ? n_tok : 8), pe = (r1 + FPAN_R - 1) / FPAN_R,
               TG = six ? 6 : 8;
     for (int p0 = r0 / FPAN_R; p0 < pe; p0 += NPmax) {
@@ -1505,10 +1492,8 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->fpan_linear = a512_fpan_linear;
     k->gemm_nr = 32;
     k->gemm_mr = 8;
-    /* mv_block_p against the GEMM, llama-1b bf16 decode, 2 threads, Zen 5: 16 sequences
-     * 96-100 t/s against 65-68, 24 sequences 84-98 against 75-102 */
-    k->gemm_min_tok = 24;
-    k->gemm_min_tok_q = 6;
+    k->gemm_min_tok = LP_A512_GEMM_F;
+    k->gemm_min_tok_q = LP_A512_GEMM_Q;
     k->dot = a512_dot;
     k->axpy = a512_axpy;
     k->scale = a512_scale;

@@ -18,6 +18,7 @@
  * which kern_avx2_qi.c also takes, stay with its matvec.
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
     defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -154,6 +155,7 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
  * the matvec; only the f32 summation order differs (|I| of a group can pass
  * 2^24: its conversion rounds like an f32 sum would). */
 #define QG_TILE 8
+_Static_assert(QG_TILE == LP_VNNI_QG_TILE, "below one tile of tokens the plan takes qg_rows16n");
 _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles");
 /* Bytes ahead prefetched in each of a per-call pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
  * from DRAM at 8 tokens: 0 B 55 GB/s a token, 256 B 74, 512 B 67, 1 KiB 55). */
@@ -556,15 +558,10 @@ AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
 /* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
  * (qg_panelsn, ADR 0040): every word's limbs broadcast once for both panels' words and four
  * or eight integer chains side by side, where the one-panel tiles of 1-2 tokens wait on
- * vpdpbusd's latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b,
- * tg t/s, medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 71.3 /
- * 87.4, 2 128 / 142, 4 183 / 201; 8-bit 1 sequence 36.7 / 39.8, 4 99.6 / 121. Three or four
- * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
+ * vpdpbusd's latency and those of 4 reload a limb per product. From LP_VNNI_QG_T4 tokens
+ * four at a time (qg_panels4n, ADR 0043). The plan chooses (linear_plan.h has the
+ * measurements). */
 #define QGN_NP 2
-#define QGN_MAX_TOK (QG_TILE - 1)
-/* From this many tokens (to QGN_MAX_TOK) the two panels go four tokens a tile (qg_tile4n,
- * ADR 0043; llama-1b 4-bit, 4 sequences: 1.18-1.24x the pairs). */
-#define QGN_T4 4
 
 /* Tokens t0 .. t0+T (T <= 2) of QGN_NP consecutive 4-bit panels (op[i], each with the
  * prefetches of its own stream ahead when op[i]->pf) over the chunk from c0: each word's
@@ -995,23 +992,6 @@ AI void qg_panels3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
     }
 }
 
-/* From this many tokens qg_rows16 reads 4-bit panels three at a time (qg_panels3); below it
- * one panel's tiles of 8 tokens, which read each chunk once, do as well or better (llama-1b
- * 4-bit, 2 threads, three panels against one: 8 sequences 0.87-1.03x, 16 sequences
- * 0.91-1.09x; prompts of 128 and 512 tokens 1.2-1.4x, docs/benchmarks.md). */
-#define QG3_MIN_TOK 32
-
-/* Whether qg_rows16 reads this W three panels at a time for n_tok tokens. */
-AI bool qg3_applies(int bits, int n_tok)
-{
-    return bits == 4 && n_tok >= QG3_MIN_TOK;
-}
-
-/* Whether qg_rows16 reads QGN_NP panels of W together for n_tok tokens (qg_panelsn). */
-AI bool qgn_applies(int n_tok)
-{
-    return n_tok <= QGN_MAX_TOK;
-}
 
 /* Every token of QGN_NP panels p .. (rows inside r0 .. r1), chunk by chunk, each panel's
  * stream prefetched ahead (by the first pair's tiles) into its next chunk, after its last
@@ -1050,16 +1030,18 @@ AI void qg_panelsn(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
 }
 
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
- * streamed in order; 4-bit codes of QG3_MIN_TOK tokens or more three panels at a time. */
+ * streamed in order; with three (4-bit codes, the plan's qg_panels3) three panels at a time
+ * where three are left. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                  const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
+                  const struct wmat *w, int r0, int r1, const int B, const int G, const int L,
+                  const bool three)
 {
     const size_t hdr = kern_qi_hdr(w);
     const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
     r1 = r1 < w->out ? r1 : w->out;
     for (int p = r0 / 16; p * 16 < r1;) {
-        if (qg3_applies(B, n_tok) && 16 * (p + 2) < r1) {
+        if (B == 4 && three && 16 * (p + 2) < r1) {
             qg_panels3(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, G, L);
             p += 3;
             continue;
@@ -1076,8 +1058,8 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
     }
 }
 
-/* Rows r0 .. r1 of a QG16 W for fewer than QG_TILE tokens (qgn_applies): two panels at a
- * time (qg_panelsn), a thread's odd last panel on its own (qg_rows16). */
+/* Rows r0 .. r1 of a QG16 W for fewer than QG_TILE tokens: two panels at a time
+ * (qg_panelsn), a thread's odd last panel on its own (qg_rows16). */
 AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                    const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -1086,10 +1068,10 @@ AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
     for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
         qg_panelsn(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
     if (16 * p < r1)
-        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L, false);
 }
 
-/* qg_panelsn from QGN_T4 tokens (qg_some): the tokens four at a time (qg_tile4n), the last
+/* qg_panelsn from LP_VNNI_QG_T4 tokens (qg_some): the tokens four at a time (qg_tile4n), the last
  * one to three as a pair and a single. The first tile streams each chunk with the
  * prefetches; the others read it from L1 or L2. Its set-up repeats qg_panelsn's rather than
  * sharing it: through a helper function or a flag on qg_panelsn, qg_few (one to three
@@ -1131,7 +1113,8 @@ AI void qg_panels4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_
     }
 }
 
-/* Rows r0 .. r1 of a QG16 W for QGN_T4 .. QG_TILE - 1 tokens: qg_rows16n with qg_panels4n. */
+/* Rows r0 .. r1 of a QG16 W for LP_VNNI_QG_T4 .. QG_TILE - 1 tokens: qg_rows16n with
+ * qg_panels4n. */
 AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                      const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -1140,7 +1123,7 @@ AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n
     for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
         qg_panels4n(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
     if (16 * p < r1)
-        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L, false);
 }
 
 /* The (bits, group) switch of qg_few and qg_some: CALL(B, G, L) for W's (fast: 4-bit W by
@@ -1164,7 +1147,7 @@ AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n
             }                                                                                    \
     } while (0)
 
-/* A QG16 W for QGN_T4 .. QG_TILE - 1 tokens, out of line on its own: compiled into qg_few,
+/* A QG16 W for LP_VNNI_QG_T4 .. QG_TILE - 1 tokens, out of line on its own: compiled into qg_few,
  * the tiles of four cost one sequence 2-6 % (ADR 0043). */
 QI_NOSAN __attribute__((noinline)) static void qg_some(float *y, size_t ldy, const uint8_t *xq,
                                                        size_t ldxq, int n_tok,
@@ -1176,17 +1159,12 @@ QI_NOSAN __attribute__((noinline)) static void qg_some(float *y, size_t ldy, con
 #undef QG_SOME
 }
 
-/* A QG16 W for fewer than QG_TILE tokens (from QGN_T4 on, qg_some), out of line: inlined
- * beside the tiles of 8 in a5_matvec_qi_l, it cost those 7-10 % (8 sequences, llama-1b 4-bit,
- * 217-219 against 235 t/s). */
+/* A QG16 W for fewer than LP_VNNI_QG_T4 tokens, out of line: inlined beside the tiles of 8
+ * in a5_matvec_qi_l, it cost those 7-10 % (ADR 0043). */
 QI_NOSAN __attribute__((noinline)) static void qg_few(float *y, size_t ldy, const uint8_t *xq,
                                                       size_t ldxq, int n_tok, const struct wmat *w,
                                                       int r0, int r1, bool fast)
 {
-    if (n_tok >= QGN_T4) {
-        qg_some(y, ldy, xq, ldxq, n_tok, w, r0, r1, fast);
-        return;
-    }
 #define QG_FEW(B, G, L) qg_rows16n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
     QG_FEW_SWITCH(QG_FEW);
 #undef QG_FEW
@@ -1204,36 +1182,37 @@ QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, in
                             w->in - c0 < QI_CH ? w->in - c0 : QI_CH, 0);
 }
 
-/* From this many tokens the 4-bit GEMM beats the matvec (its panels cost a
- * transpose per 16 rows and chunk). Zen 5, 1024 x 4096 from L3, 1 thread, µs
- * matvec / GEMM: 3 tokens 172 / 229, 4 295 / 235, 6 424 / 297, 8 455 / 354. */
-#define QG_MIN_TOK 4
-
 /* Affine 4-bit W with L limbs of x per code (2: exact; 1: --fast), and for L 2 every other
- * W this variant takes. */
+ * W this variant takes: the kernel the plan named (w->kid, linear_plan.h). */
 AI void a5_matvec_qi_l(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                        const struct wmat *w, int r0, int r1, const int L)
 {
-    if (w->qmode != QMODE_AFFINE) {
+    const bool three = w->kid == LK_VNNI_QG_TILES3;
+    switch (w->kid) {
+    case LK_A2_QI: /* mxfp4 */
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
         return;
-    }
-    if (w->qg16 && qgn_applies(n_tok)) {
+    case LK_VNNI_QG_FEW:
         qg_few(y, ldy, xq, ldxq, n_tok, w, r0, r1, L == 1 && w->qbits == 4);
         return;
-    }
-    if (w->qg16) {
+    case LK_VNNI_QG_SOME:
+        qg_some(y, ldy, xq, ldxq, n_tok, w, r0, r1, L == 1 && w->qbits == 4);
+        return;
+    case LK_VNNI_QG_TILES:
+    case LK_VNNI_QG_TILES3:
         switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32, L); break;
-        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64, L); break;
-        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128, L); break;
-        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32, 2); break;
-        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64, 2); break;
-        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128, 2); break;
+        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32, L, three); break;
+        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64, L, three); break;
+        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128, L, three); break;
+        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32, 2, false); break;
+        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64, 2, false); break;
+        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128, 2, false); break;
         }
         return;
+    default:
+        break;
     }
-    if (w->qbits == 4 && n_tok >= QG_MIN_TOK) {
+    if (w->kid == LK_VNNI_QG_ROWS) {
         switch (w->qgroup) {
         case 32: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32, L); break;
         case 64: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64, L); break;
@@ -1275,11 +1254,6 @@ QI_NOSAN static void a5_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, 
     a5_matvec_qi_l(y, ldy, xq, ldxq, n_tok, w, r0, r1, 1);
 }
 
-static int a5_qg16_rows(const struct wmat *w, int n_tok)
-{
-    return qg3_applies(w->qbits, n_tok) ? 48 : 16;
-}
-
 static bool a5_qi_any_tok(const struct wmat *w)
 {
     return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qg16);
@@ -1292,11 +1266,8 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     k->matvec_qi = a5_matvec_qi;
     k->matvec_qi_fast = a5_matvec_qi_fast;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
-    k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16, */
-    k->qg16_rows = a5_qg16_rows;   /* some three panels at a time (qg_panels3) */
-    /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
-     * matvec costs far less per token than the f32 one it replaces */
-    k->gemm_min_tok_qi = 32;
+    k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16 */
+    k->gemm_min_tok_qi = LP_VNNI_GEMM_QI;
     return true;
 }
 

@@ -174,20 +174,48 @@ const char *lp_kernel_name(enum lp_kernel k)
     return (unsigned)k < LK_COUNT && names[k] ? names[k] : "?";
 }
 
+/* Whether a and b have one plan: the fields lp_classify reads. */
+static bool same_format(const struct wmat *a, const struct wmat *b)
+{
+    return a->fpan == b->fpan && a->qg16 == b->qg16 && a->dt == b->dt && a->qbits == b->qbits &&
+           a->qmode == b->qmode && a->qgroup == b->qgroup && a->in == b->in;
+}
+
+const struct linear_plan *cpu_plan_of(const struct cpu_backend *c, const struct wmat *w,
+                                      struct linear_plan *tmp)
+{
+    for (int i = 0; i < c->n_plans; i++)
+        if (same_format(&c->plans[i].key, w))
+            return &c->plans[i].plan;
+    linear_plan_make(tmp, &c->k, w);
+    return tmp;
+}
+
+void cpu_plan_keep(struct cpu_backend *c, const struct tensor *w)
+{
+    struct wmat m;
+    struct linear_plan tmp;
+    cpu_wmat_from(&m, w);
+    if (c->n_plans == CPU_PLANS_MAX || cpu_plan_of(c, &m, &tmp) != &tmp)
+        return;
+    c->plans[c->n_plans].key = m;
+    c->plans[c->n_plans++].plan = tmp;
+}
+
 int cpu_linear_plan_info(struct backend *be, const struct tensor *w, struct linear_plan_info *out)
 {
     struct cpu_backend *c = cpu_of(be);
     struct wmat m;
-    struct linear_plan p;
+    struct linear_plan tmp;
     cpu_wmat_from(&m, w);
-    linear_plan_make(&p, &c->k, &m);
+    const struct linear_plan *p = cpu_plan_of(c, &m, &tmp);
     memset(out, 0, sizeof *out);
-    out->layout = lp_layout_name((enum lp_layout)p.layout);
-    out->fast = p.fast;
-    for (int i = 0; i < p.n && i < LINEAR_PLAN_MAX; i++) {
-        out->b[i].from_tok = p.b[i].from_tok;
-        out->b[i].path = lp_path_name((enum lp_path)p.b[i].path);
-        out->b[i].kernel = lp_kernel_name((enum lp_kernel)p.b[i].kernel);
+    out->layout = lp_layout_name((enum lp_layout)p->layout);
+    out->fast = p->fast;
+    for (int i = 0; i < p->n && i < LINEAR_PLAN_MAX; i++) {
+        out->b[i].from_tok = p->b[i].from_tok;
+        out->b[i].path = lp_path_name((enum lp_path)p->b[i].path);
+        out->b[i].kernel = lp_kernel_name((enum lp_kernel)p->b[i].kernel);
         out->n = i + 1;
     }
     return 0;
