@@ -1,7 +1,8 @@
 /*
  * backend_cpu_impl: what the CPU backend's files share (internal to
- * src/kernels/cpu/). backend_cpu.c holds the lifetime, memory, dense and
- * elementwise ops; backend_cpu_attn.c rope, the paged KV store and
+ * src/kernels/cpu/). backend_cpu.c holds the lifetime, memory, weight
+ * preparation, embedding, norms and elementwise ops; backend_cpu_linear.c the
+ * linear products; backend_cpu_attn.c rope, the paged KV store and
  * attention; backend_cpu_moe.c routing, grouping and the expert linears.
  */
 #pragma once
@@ -80,7 +81,8 @@ float *cpu_shared_ensure(struct cpu_backend *c, size_t n);
 int32_t *cpu_iscratch_ensure(struct cpu_backend *c, size_t n);
 /* Run the jobs as matvecs in one dispatch (every n_tok small), rows split across threads. */
 void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jobs);
-/* The dense linear op (backend_ops.linear). */
+/* backend_cpu_linear.c: the dense linear ops (backend_ops.linear, linear_batch). */
+void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs);
 void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
                 const struct tensor *b, int n_tok);
 /* Tokens from which linear takes the GEMM path for w (below it: matvec). */

@@ -344,6 +344,10 @@ void kern_avx2_qi_init(struct cpu_kernels *k);
 /* Its matvec_qi, which kern_avx512_qi.c calls for the modes it leaves to AVX2 (mxfp4). */
 void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1);
+/* kern_avx512_qv.c: the VNNI integer matvec of rows [r0, r1) of a stored affine 4/8-bit w,
+ * L limbs of x per 4-bit code (1: --fast); kern_avx512_qi.c's matvec_qi calls it. */
+void kern_avx512_qv_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                         const struct wmat *w, int r0, int r1, int L);
 /* kern_avx512_qi.c: the VNNI matvec_qi over the AVX2 entries (call only when
  * cpu_has_avx512_vnni()); false when compiled out or without them. */
 bool kern_avx512_qi_init(struct cpu_kernels *k);
