@@ -392,18 +392,21 @@ static void plan_one(void *arg, const char *name, const struct tensor *w)
         printf("%s\n", pi.fast ? " (fast)" : "");
         return;
     }
-    cJSON *o = cJSON_CreateObject(), *bs = o ? cJSON_AddArrayToObject(o, "buckets") : NULL;
+    cJSON *o = cJSON_CreateObject(), *bs = NULL;
+    if (o) {
+        cJSON_AddStringToObject(o, "name", name);
+        cJSON_AddNumberToObject(o, "out", (double)(w->ndim == 2 ? w->shape[0] : 1));
+        cJSON_AddNumberToObject(o, "in", (double)w->shape[w->ndim - 1]);
+        cJSON_AddStringToObject(o, "format", fmt);
+        cJSON_AddStringToObject(o, "layout", pi.layout);
+        cJSON_AddBoolToObject(o, "fast", pi.fast);
+        bs = cJSON_AddArrayToObject(o, "buckets");
+    }
     if (!bs) {
         cJSON_Delete(o);
         po->rc = po->rc ? po->rc : -ERR_NOMEM;
         return;
     }
-    cJSON_AddStringToObject(o, "name", name);
-    cJSON_AddNumberToObject(o, "out", (double)(w->ndim == 2 ? w->shape[0] : 1));
-    cJSON_AddNumberToObject(o, "in", (double)w->shape[w->ndim - 1]);
-    cJSON_AddStringToObject(o, "format", fmt);
-    cJSON_AddStringToObject(o, "layout", pi.layout);
-    cJSON_AddBoolToObject(o, "fast", pi.fast);
     for (int i = 0; i < pi.n; i++) {
         cJSON *b = cJSON_CreateObject();
         if (!b)
