@@ -86,9 +86,8 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
 
 /* Row r for one token, one row at a time: the matrix is then one sequential stream, which
  * the hardware prefetcher follows across rows; four rows side by side were four streams a
- * page apart (bench_linear "mv", bf16 from DRAM, 2 threads, Zen 5 on these kernels: 4096 x
- * 4096, 14336 x 4096 and 4096 x 14336 at 51-96 GB/s against 31-38). Two accumulators (even
- * and odd pieces of 8), hsum, then the scalar tail. */
+ * page apart, and slower (ADR 0036). Two accumulators (even and odd pieces of 8), hsum,
+ * then the scalar tail. */
 AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype dt)
 {
     const void *wr = w->data + (size_t)r * w->row_bytes;
@@ -113,9 +112,8 @@ AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype
  * widened once for all T; x is read from L1 by the FMAs themselves. Every
  * token's sum is formed exactly as mv_row forms it (two accumulators, hsum,
  * the scalar tail), so a token's outputs do not depend on the tokens beside it.
- * One row by 4 tokens (8 accumulators) beat two rows by two (bench_linear "pf",
- * 4096 x 4096 bf16, 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s
- * against 94-96, the f32 GEMM 100-103; 6 tokens a pass 108-111). */
+ * One row by 4 tokens (8 accumulators) beat two rows by two and 6 tokens a pass
+ * (ADR 0055, "Measurements moved out of the kernels"). */
 #define MV_T 4
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
                    enum dtype dt, bool pf, const int T)

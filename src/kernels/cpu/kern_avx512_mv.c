@@ -475,9 +475,8 @@ void a512_wrow_f32(float *dst, const struct wmat *w, int r, int k0, int n)
 
 /* Row r for one token, one row at a time: the matrix is then one sequential stream, which
  * the hardware prefetcher follows across rows; four rows side by side were four streams a
- * page apart (bench_linear "mv", bf16 from DRAM, 2 threads, Zen 5: 4096 x 4096, 14336 x 4096
- * and 4096 x 14336 at 41-47 GB/s against 33-41). Even and odd pieces of 32 in two
- * accumulators (the FMA chains), the masked tail into the even one, then one reduce. */
+ * page apart, and slower (ADR 0036). Even and odd pieces of 32 in two accumulators (the
+ * FMA chains), the masked tail into the even one, then one reduce. */
 AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype dt)
 {
     const void *wr = w->data + (size_t)r * w->row_bytes;

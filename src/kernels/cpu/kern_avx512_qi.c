@@ -37,8 +37,8 @@
 #define QG_TILE 8
 _Static_assert(QG_TILE == LP_VNNI_QG_TILE, "below one tile of tokens the plan takes qg_rows16n");
 _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles");
-/* Bytes ahead prefetched in each of a per-call pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
- * from DRAM at 8 tokens: 0 B 55 GB/s a token, 256 B 74, 512 B 67, 1 KiB 55). */
+/* Bytes ahead prefetched in each of a per-call pack's 16 rows (the best of 0 B to 1 KiB;
+ * ADR 0055, "Measurements moved out of the kernels"). */
 #define QG_PF 256
 
 /* What a tile reads for one chunk of a panel: the words (from a chunk packed per call, or
@@ -367,9 +367,8 @@ AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
  * chunk from c0 in p[i]) over the chunk's groups g0 .. g1, each row and token's f32 sum carried
  * in fs ([T][3] vectors) from the groups before. Each token's limbs of a word are broadcast
  * once for the three panels' words, where qg_tile broadcasts them for each panel: 11 loads per
- * 24 products instead of 33 per 32. In a loop on L1-resident data (Zen 5, one core) that ran
- * the products 1.23-1.52x as fast (about 88 % of vpdpbusd's peak). The integers and the f32
- * steps of each row and token are qg_tile's, in the same order: the same bits. */
+ * 24 products instead of 33 per 32 (ADR 0034). The integers and the f32 steps of each row and
+ * token are qg_tile's, in the same order: the same bits. */
 AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                  const struct qg_ops *const p[3], int c0, int g0, int g1, __m512 *fs,
                  const int T, const int G, const int L)
@@ -705,12 +704,9 @@ AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         }
 }
 
-/* Bytes ahead of the tile that the QG16 stream is prefetched: farther when one token
- * consumes it faster (Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM, none / 1 / 2 / 4 /
- * 8 KiB ahead, measured on a first version reading words in this layout: 8 tokens 1174 /
- * 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 / 310 us; the host is shared and
- * noisy, so only the first step is large; a later sweep on the final kernel was noise). */
-#define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
+/* Bytes ahead of the tile that the QG16 stream is prefetched: farther below
+ * LP_VNNI_QG16_PF_NEAR tokens, where one token consumes it faster (linear_plan.h). */
+#define QG_PF16(n_tok) ((n_tok) >= LP_VNNI_QG16_PF_NEAR ? 2048 : 4096)
 
 /* Rows r0 .. r1 of a 4-bit affine W in its stored layout (not repacked at load): each
  * block of 16 rows and chunk packed as QG16 on the stack, then the same tiles. */

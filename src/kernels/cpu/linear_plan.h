@@ -84,6 +84,12 @@ enum {
      * llama-1b 4-bit, 2 threads, three panels against one: 8 sequences 0.87-1.03x, 16
      * sequences 0.91-1.09x; prompts of 128 and 512 tokens 1.2-1.4x. */
     LP_VNNI_QG3_MIN = 32,
+    /* VNNI, QG16: the stream is prefetched 2 KiB ahead of the tile from 4 tokens, 4 KiB
+     * below (one token consumes it faster). Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM,
+     * none / 1 / 2 / 4 / 8 KiB ahead on a first version of the tiles: 8 tokens 1174 / 761 /
+     * 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 / 310 us (the host shared and noisy:
+     * only the first step is large; a later sweep on the final kernel was noise). */
+    LP_VNNI_QG16_PF_NEAR = 4,
     /* x prepared for the integer matvec on every thread from 8 tokens (prefill); on the
      * calling thread alone below (a token's preparation is shorter than a dispatch). */
     LP_QI_PREP_THREADS = 8,
