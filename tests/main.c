@@ -24,6 +24,7 @@
     X(corrupt)    \
     X(kernels)    \
     X(kernel_ops) \
+    X(linear_plan) \
     X(config)     \
     X(registry)   \
     X(golden)     \

@@ -12,15 +12,10 @@
  *            mxfp4, mxfp8, nvfp4) on 10240x2560 and 2560x10240 from DRAM,
  *            or 64x4096 from L2 (BENCH_Q=q4g64,q8g64 restricts the list)
  *
- * Build (from the repo root):
- *   S="src/core/dtype.c src/core/err.c src/core/log.c src/core/tensor.c src/core/threadpool.c \
- *      src/kernels/backend.c src/kernels/cpu/backend_cpu.c src/kernels/cpu/backend_cpu_attn.c \
- *      src/kernels/cpu/backend_cpu_moe.c src/kernels/cpu/dispatch.c src/kernels/cpu/kern_ref.c"
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx2.c -mavx2 -mfma -mf16c -o /tmp/a2.o
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -c src/kernels/cpu/kern_avx512.c -mavx512f -mavx512bw \
- *       -mavx512vl -mavx512dq -mfma -mf16c -o /tmp/a5.o
- *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_linear.c $S /tmp/a2.o /tmp/a5.o \
- *       -o /tmp/bench_linear -lpthread -lm
+ * Build (from the repo root, after building the library in build/):
+ *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_linear.c build/libmlxcel_lib.a \
+ *       $(pkg-config --libs libcjson libpcre2-8 libutf8proc libmicrohttpd libcurl) \
+ *       -o /tmp/bench_linear -lpthread -lm -ldl
  *   /tmp/bench_linear [threads] [isa] [bw,mv,l2,pf,at,q,ql2]
  */
 #include <stdbool.h>

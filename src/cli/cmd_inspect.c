@@ -12,6 +12,10 @@
  * Names from the files (tensor names, paths, model_type) are escaped in the
  * text form (src/core/termsafe.h), so a hostile checkpoint cannot drive the
  * terminal; --json escapes them as JSON does.
+ *
+ * --kernels prepares the weights for the CPU backend as generate does and adds, for every
+ * weight a linear product reads, the backend's plan (backend_ops.linear_plan): the layout
+ * prepare_weight chose and, per range of token counts, the path and the kernel function.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -23,6 +27,8 @@
 #include "../core/log.h"
 #include "../core/termsafe.h"
 #include "../engine/kvcache.h"
+#include "../kernels/backend.h"
+#include "../loading/quant.h"
 #include "../models/model.h"
 #include "cli.h"
 
@@ -30,13 +36,17 @@
 #define INSPECT_MAX_UNUSED 20
 
 static const char *k_help =
-    "usage: mlxcel inspect [-m MODEL] [--json] [-v]\n"
+    "usage: mlxcel inspect [-m MODEL] [--json] [--kernels] [-v]\n"
     "\n"
     "Describe a checkpoint: family, dimensions, parameter count, dtypes,\n"
     "quantization, weight and KV-cache sizes (of the --kv-type cache, default f32), and\n"
     "tensors the family does not use.\n"
     "  -m, --model MODEL   checkpoint folder or owner/name (default: the embedded model)\n"
     "      --json          print one JSON object (every unused tensor listed)\n"
+    "      --kernels       also prepare the weights for the CPU backend (--device is not\n"
+    "                      read; MLXCEL_ISA, --fast and MLXCEL_REPACK are) and print each\n"
+    "                      linear weight's plan: its layout and the kernel that runs each\n"
+    "                      range of token counts (docs/architecture.md, \"Which kernel runs\")\n"
     "  -v, --verbose       list every unused tensor and shard file; log loading details\n"
     "  -h, --help          show this help\n";
 
@@ -183,9 +193,17 @@ static cJSON *build_json(const struct model *m, enum dtype kvt)
     return o;
 }
 
-static int print_json(const struct model *m, enum dtype kvt, struct err *e)
+static int print_kernels(struct model *m, cJSON *o, struct err *e);
+
+static int print_json(struct model *m, enum dtype kvt, bool kernels, struct err *e)
 {
-    return cli_print_json(build_json(m, kvt), e);
+    cJSON *o = build_json(m, kvt);
+    int rc;
+    if (o && kernels && (rc = print_kernels(m, o, e)) < 0) {
+        cJSON_Delete(o);
+        return rc;
+    }
+    return cli_print_json(o, e);
 }
 
 /* ---- text ---- */
@@ -306,16 +324,151 @@ static void print_text(const struct model *m, bool verbose, enum dtype kvt)
     print_unused(m->st, verbose);
 }
 
+
+/* ---- kernel plans (--kernels) ---- */
+
+/* fn(ctx, name, w) for every weight m's linear products read, in model order. */
+static void each_linear(const struct model *m, void (*fn)(void *, const char *, const struct tensor *),
+                        void *ctx)
+{
+    char nm[96];
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+#define LAYER_MAT(slot)                                                              \
+    if (tensor_is_present(&L->slot)) {                                               \
+        snprintf(nm, sizeof nm, "layers.%d.%s", il, #slot);                          \
+        fn(ctx, L->slot.name ? L->slot.name : nm, &L->slot);                         \
+    }
+        LAYER_MATRICES(LAYER_MAT)
+#undef LAYER_MAT
+        for (int h = 0; L->mla_heads && h < 4 * m->hp.n_head; h++) {
+            snprintf(nm, sizeof nm, "layers.%d.mla_heads.%d", il, h);
+            fn(ctx, nm, &L->mla_heads[h]);
+        }
+    }
+    for (size_t i = 0; i < m->expert_views_used; i++)
+        if (m->expert_views[i].ndim == 2) {
+            snprintf(nm, sizeof nm, "expert_views.%zu", i);
+            fn(ctx, m->expert_views[i].name ? m->expert_views[i].name : nm, &m->expert_views[i]);
+        }
+    if (tensor_is_present(&m->lm_head))
+        fn(ctx, m->lm_head.name ? m->lm_head.name : "lm_head", &m->lm_head);
+}
+
+/* A weight's format for the plan listing: dtype, or quantization mode, bits and group. */
+static void format_name(char *buf, size_t cap, const struct tensor *w)
+{
+    if (!w->qbits)
+        snprintf(buf, cap, "%s", dtype_name(w->dtype));
+    else if (w->qmode == QMODE_AFFINE)
+        snprintf(buf, cap, "affine %d-bit g%d", w->qbits, w->qgroup);
+    else
+        snprintf(buf, cap, "%s g%d", qmode_name(w->qmode), w->qgroup);
+}
+
+struct plan_out {
+    struct backend *be;
+    cJSON *arr;   /* JSON: the array of plans; NULL: text */
+    int rc;       /* first error */
+};
+
+static void plan_one(void *arg, const char *name, const struct tensor *w)
+{
+    struct plan_out *po = arg;
+    struct linear_plan_info pi;
+    char fmt[48];
+    int rc = backend_linear_plan(po->be, w, &pi);
+    if (rc < 0) {
+        po->rc = po->rc ? po->rc : rc;
+        return;
+    }
+    format_name(fmt, sizeof fmt, w);
+    if (!po->arr) {
+        char shape[48];
+        snprintf(shape, sizeof shape, "%lldx%lld", (long long)(w->ndim == 2 ? w->shape[0] : 1),
+                 (long long)w->shape[w->ndim - 1]);
+        printf("  %-48s %-12s %-18s %-6s", name, shape, fmt, pi.layout);
+        for (int i = 0; i < pi.n; i++) {
+            if (i + 1 < pi.n && pi.b[i + 1].from_tok - 1 > pi.b[i].from_tok)
+                printf(" %d-%d %s", pi.b[i].from_tok, pi.b[i + 1].from_tok - 1, pi.b[i].kernel);
+            else if (i + 1 < pi.n)
+                printf(" %d %s", pi.b[i].from_tok, pi.b[i].kernel);
+            else
+                printf(" %d+ %s", pi.b[i].from_tok, pi.b[i].kernel);
+        }
+        printf("%s\n", pi.fast ? " (fast)" : "");
+        return;
+    }
+    cJSON *o = cJSON_CreateObject(), *bs = NULL;
+    if (o) {
+        cJSON_AddStringToObject(o, "name", name);
+        cJSON_AddNumberToObject(o, "out", (double)(w->ndim == 2 ? w->shape[0] : 1));
+        cJSON_AddNumberToObject(o, "in", (double)w->shape[w->ndim - 1]);
+        cJSON_AddStringToObject(o, "format", fmt);
+        cJSON_AddStringToObject(o, "layout", pi.layout);
+        cJSON_AddBoolToObject(o, "fast", pi.fast);
+        bs = cJSON_AddArrayToObject(o, "buckets");
+    }
+    if (!bs) {
+        cJSON_Delete(o);
+        po->rc = po->rc ? po->rc : -ERR_NOMEM;
+        return;
+    }
+    for (int i = 0; i < pi.n; i++) {
+        cJSON *b = cJSON_CreateObject();
+        if (!b)
+            continue;
+        cJSON_AddNumberToObject(b, "from_tok", pi.b[i].from_tok);
+        cJSON_AddStringToObject(b, "path", pi.b[i].path);
+        cJSON_AddStringToObject(b, "kernel", pi.b[i].kernel);
+        cJSON_AddItemToArray(bs, b);
+    }
+    cJSON_AddItemToArray(po->arr, o);
+}
+
+/* Prepare m for a new CPU backend and list every linear weight's plan: into o["kernels"]
+ * (o not NULL), else as text. */
+static int print_kernels(struct model *m, cJSON *o, struct err *e)
+{
+    struct backend *be = NULL;
+    int rc;
+    if ((rc = backend_cpu_new(&be, 0, NULL, e)) < 0)
+        return rc;
+    struct plan_out po = {be, NULL, 0};
+    if ((rc = model_prepare(m, be, e)) < 0)
+        goto out;
+    if (o) {
+        cJSON *k = cJSON_AddObjectToObject(o, "kernels");
+        po.arr = k ? cJSON_AddArrayToObject(k, "weights") : NULL;
+        if (!po.arr) {
+            rc = err_setf(e, ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        cJSON_AddStringToObject(k, "backend", be->name);
+        cJSON_AddNumberToObject(k, "threads", be->n_threads);
+    } else {
+        printf("%-18s %s, %d threads (from each token count on: kernel)\n", "kernels", be->name,
+               be->n_threads);
+    }
+    each_linear(m, plan_one, &po);
+    if (po.rc < 0)
+        rc = err_setf(e, -po.rc, "cannot describe the kernel plans");
+out:
+    backend_free(be);
+    return rc;
+}
+
 /* ---- command ---- */
 
 int cmd_inspect(int argc, char **argv)
 {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'}, {"json", no_argument, 0, 'J'},
-        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"kernels", no_argument, 0, 'K'}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = NULL;
-    bool json = false, verbose = false;
+    bool json = false, verbose = false, kernels = false;
     int c;
     optind = 1;
     opterr = 0;
@@ -323,6 +476,7 @@ int cmd_inspect(int argc, char **argv)
         switch (c) {
         case 'm': model = optarg; break;
         case 'J': json = true; break;
+        case 'K': kernels = true; break;
         case 'v': verbose = true; break;
         case 'h': cli_help(k_help, CLI_GLOBAL_MODEL | CLI_GLOBAL_KV); return CLI_EXIT_OK;
         case ':': return cli_usage_error("inspect", "option %s needs a value", argv[optind - 1]);
@@ -343,10 +497,13 @@ int cmd_inspect(int argc, char **argv)
         return cli_fail("inspect", &e);
     int status = CLI_EXIT_OK;
     if (json) {
-        if (print_json(m, kvt, &e) < 0)
+        if (print_json(m, kvt, kernels, &e) < 0)
             status = cli_fail("inspect", &e);
     } else {
         print_text(m, verbose, kvt);
+        fflush(stdout);
+        if (kernels && print_kernels(m, NULL, &e) < 0)
+            status = cli_fail("inspect", &e);
     }
     model_free(m);
     return status;

@@ -157,6 +157,21 @@ struct rope_params {
  * slow its lookups). */
 #define PREP_MATRIX 4u
 
+/* What backend_ops.linear_plan reports for one weight: its layout, and from each bucket's
+ * from_tok on (to the next one's) the path and kernel of the product. Names are static
+ * strings. */
+#define LINEAR_PLAN_MAX 8
+struct linear_plan_info {
+    const char *layout;     /* "stored", "qg16", "fpan" */
+    bool fast;              /* --fast's coarser x is in effect for this weight */
+    int n;                  /* buckets */
+    struct {
+        int from_tok;
+        const char *path;   /* "matvec", "matvec_qi", "fpan_linear", "gemm" */
+        const char *kernel; /* the function, "isa.name" */
+    } b[LINEAR_PLAN_MAX];
+};
+
 struct backend_ops {
     /* ---- memory ---- */
     /* bytes of backend memory (64-byte aligned, uninitialized) into *out; -ERR_NOMEM. */
@@ -276,6 +291,11 @@ struct backend_ops {
     void *(*graph_end)(struct backend *be);
     void (*graph_launch)(struct backend *be, void *graph);
     void (*graph_free)(struct backend *be, void *graph);
+
+    /* ---- description (optional: NULL where the backend has none) ----
+     * The plan of a prepared weight's linear products: which kernel runs each bucket of
+     * token counts (`mlxcel inspect --kernels`; the CPU's linear_plan.h). 0, or -ERR_*. */
+    int (*linear_plan)(struct backend *be, const struct tensor *w, struct linear_plan_info *out);
 };
 
 struct backend {
@@ -309,6 +329,12 @@ int backend_new(struct backend **out, const char *name, int n_threads, struct er
 /* CPU backend on a new thread pool of n_threads (<= 0: online CPUs).
  * isa: NULL/"auto", "scalar", "avx2" or "avx512" (also read from $MLXCEL_ISA when NULL). */
 int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct err *e);
+/* be->ops->linear_plan, or -ERR_UNSUPPORTED where the backend has none. */
+static inline int backend_linear_plan(struct backend *be, const struct tensor *w,
+                                      struct linear_plan_info *out)
+{
+    return be->ops->linear_plan ? be->ops->linear_plan(be, w, out) : -ERR_UNSUPPORTED;
+}
 /* Free any backend (NULL is a no-op). */
 void backend_free(struct backend *be);
 /* backend->ops->sync with a NULL check: 0, or the first error recorded since the last sync. */

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../../tests/st_build.h"
 #include "../core/safetensors.h"
 #include "../core/st_write.h"
 #include "../loading/config.h"
@@ -389,7 +388,7 @@ out:
 /* the published layout binds the MXFP4 blocks as mxfp4 views and matches gpt_oss_mlx's golden */
 static int published_mxfp4(struct err *e)
 {
-    char *tmp = stb_tmpdir();
+    char *tmp = stest_tmpdir();
     struct model *m = NULL;
     struct st_set *g = NULL;
     struct stest_run r = {0};
@@ -432,7 +431,7 @@ out:
     free(logits);
     st_set_free(g);
     model_free(m);
-    stb_rmtree(tmp);
+    stest_rmtree(tmp);
     return rc;
 }
 

@@ -111,9 +111,9 @@ struct model_ops {
     int (*parse_config)(struct hparams *hp, const cJSON *cfg, struct err *e);
     /* Bind canonical slots of m (m->hp is final) to tensors of st. */
     int (*map_weights)(struct model *m, struct st_set *st, struct err *e);
-    /* One chunk of a batch (engine/forward.c prepared the cache): every row through the
-     * layers, logits of the chunk's out_rows into c->bufs.logits. Ops may fail
-     * asynchronously: the engine checks backend_sync() afterwards. */
+    /* One chunk of a batch (model_forward in engine/batch.c prepared the cache): every
+     * row through the layers, logits of the chunk's out_rows into c->bufs.logits. Ops may
+     * fail asynchronously: the engine checks backend_sync() afterwards. */
     int (*forward)(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e);
     /* mlx-lm's sanitize of per-expert tensors into stacked ones, for `mlxcel convert`
      * and `synth -q`; NULL-terminated, or NULL for dense families. */

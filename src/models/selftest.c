@@ -1,23 +1,51 @@
 /*
  * selftest: helpers for family self-tests (selftest.h). Changed copies of
  * the fixtures are written with the library's own writers (st_write,
- * ck_config_write, convert_checkpoint) into folders of tests/st_build, so
- * what the loader reads is what `mlxcel convert` would write.
+ * ck_config_write, convert_checkpoint) into temporary folders (stest_tmpdir),
+ * so what the loader reads is what `mlxcel convert` would write.
  */
 #include "selftest.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "../../tests/st_build.h"
 #include "../core/st_write.h"
 #include "../engine/batch.h"
 #include "../engine/kvcache.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
 #include "registry.h"
+
+char *stest_tmpdir(void)
+{
+    char tmpl[] = "/tmp/mlxcel-st-XXXXXX";
+    return mkdtemp(tmpl) ? strdup(tmpl) : NULL;
+}
+
+void stest_rmtree(char *dir)
+{
+    if (!dir)
+        return;
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *de;
+        char p[4096];
+        while ((de = readdir(d)) != NULL) {
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            if (unlink(p) != 0)
+                rmdir(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+    free(dir);
+}
 
 int stest_parse(const struct model_ops *ops, const char *json, struct hparams *hp, struct err *e)
 {
@@ -224,17 +252,17 @@ int stest_load_variant(struct model **m, const char *fixture, const char *patch,
     snprintf(src, sizeof src, STEST_GOLDEN "%s", fixture);
     if (!patch && !drop)
         return model_load(m, src, e);
-    if (!(tmp = stb_tmpdir()))
+    if (!(tmp = stest_tmpdir()))
         return err_setf(e, ERR_IO, "cannot make a temporary folder");
     if ((rc = write_config(src, tmp, patch, e)) == 0 && (rc = write_tensors(src, tmp, drop, e)) == 0)
         rc = model_load(m, tmp, e);
-    stb_rmtree(tmp);
+    stest_rmtree(tmp);
     return rc;
 }
 
 int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
 {
-    char src[512], *tmp = stb_tmpdir();
+    char src[512], *tmp = stest_tmpdir();
     const struct model_ops *ops = NULL;
     cJSON *cfg = NULL;
     int rc;
@@ -252,7 +280,7 @@ int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
             rc = model_load(m, tmp, e);
     }
     cJSON_Delete(cfg);
-    stb_rmtree(tmp);
+    stest_rmtree(tmp);
     return rc;
 }
 

@@ -64,6 +64,10 @@ void stest_run_close(struct stest_run *r);
 /* ---- changed copies of the golden fixtures ---- */
 
 #define STEST_GOLDEN "tests/fixtures/golden/"
+/* A fresh folder /tmp/mlxcel-st-XXXXXX (malloc'd path), or NULL. */
+char *stest_tmpdir(void);
+/* Remove the files in dir (one level deep) and dir, and free the path (NULL: no-op). */
+void stest_rmtree(char *dir);
 
 /* Load golden fixture `fixture` changed: the keys of patch (a JSON object text; NULL: none)
  * replace or add config.json keys, and its tensors are rewritten without `drop` (NULL: all;

@@ -131,7 +131,7 @@ int tmpl_lex(struct arena *ar, const char *src, size_t len, struct token **toks,
 int tmpl_parse_tokens(struct arena *ar, const struct token *toks, size_t n, struct node **root,
                       struct err *e);
 
-/* ---- render context (eval.c, builtins.c, value.c) ---- */
+/* ---- render context (eval.c, filters.c, methods.c, value.c) ---- */
 
 struct frame {
     struct frame *parent;
@@ -202,12 +202,13 @@ size_t utf8_count(const char *s, size_t len);   /* code points */
 size_t utf8_offset(const char *s, size_t len, size_t cp);  /* byte offset of code point cp */
 void fmt_float(double f, char *buf, size_t cap);  /* Python repr(float) */
 
-/* builtins.c */
+/* filters.c: filters and tests */
 int bi_filter(struct rctx *c, const char *name, struct tv v, struct tv *args, size_t n_args,
               struct tstr **kw, struct tv *kwv, size_t n_kw, struct tv *out);
 int bi_test(struct rctx *c, const char *name, struct tv v, struct tv *args, size_t n_args,
             bool *out);
-/* Attribute lookup of a method or value on a builtin type: *found false when none. */
+/* methods.c: attribute lookup of a method or value on a builtin type (*found false when
+ * none), calls, and the global functions */
 int bi_getattr(struct rctx *c, struct tv obj, const char *name, size_t len, struct tv *out,
                bool *found);
 /* Call a TV_FUNC (global or bound method). */

@@ -155,10 +155,9 @@ void cpu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k,
 /* Keys per decode item: a row's keys split at multiples of ATTN_DC, each
  * chunk on one thread, the chunks merged in order. */
 #define ATTN_DC 128
-/* Rows of an f16 / bf16 cache block widened at a time in decode (every head:
- * widening one kv head's rows at a time, or fewer rows to stay in L1, measured
- * slower: a call per 64-80 values, 1.5-1.7 against 1.1-1.3 ms per layer for
- * 16 sequences x 512 keys; 3 rows of phi-2's 2560, 4.9-5.3 against 3.5-3.8). */
+/* Rows of an f16 / bf16 cache block widened at a time in decode, every head at once:
+ * widening one kv head's rows at a time, or fewer rows to stay in L1, made a call per
+ * 64-80 values and was slower (ADR 0055, "Measurements moved out of the kernels"). */
 #define ATTN_SEG 16
 
 struct attn_ctx {

@@ -1,7 +1,8 @@
 /*
  * backend_cpu_impl: what the CPU backend's files share (internal to
- * src/kernels/cpu/). backend_cpu.c holds the lifetime, memory, dense and
- * elementwise ops; backend_cpu_attn.c rope, the paged KV store and
+ * src/kernels/cpu/). backend_cpu.c holds the lifetime, memory, weight
+ * preparation, embedding, norms and elementwise ops; backend_cpu_linear.c the
+ * linear products; backend_cpu_attn.c rope, the paged KV store and
  * attention; backend_cpu_moe.c routing, grouping and the expert linears.
  */
 #pragma once
@@ -11,6 +12,11 @@
 #include "../../core/threadpool.h"
 #include "../backend.h"
 #include "kern.h"
+#include "linear_plan.h"
+
+/* Distinct weight formats whose plans a backend keeps (linear_plan.c); more are planned
+ * per call. */
+#define CPU_PLANS_MAX 64
 
 /* tensor.packed values of the layouts this backend repacks into (kern.h) */
 #define CPU_PACK_QG16 1
@@ -33,6 +39,9 @@ struct cpu_backend {
     uint64_t copy_budget; /* bytes of weights prepare_weight may still copy (MLXCEL_MMAP) */
     uint8_t *arena_cur;   /* the free rest of the last arena (pack_alloc) */
     size_t arena_left;
+    /* the plans made at prepare_weight, one per weight format (cpu_plan_of) */
+    struct cpu_plan { struct wmat key; struct linear_plan plan; } plans[CPU_PLANS_MAX];
+    int n_plans;
     int err_rc;           /* first error an op recorded since the last sync; 0: none */
     char err_msg[256];
 };
@@ -52,6 +61,16 @@ static inline struct cpu_backend *cpu_of(struct backend *be)
     return (struct cpu_backend *)be->impl;
 }
 
+/* The [out, in] matrix of a tensor as the kernels see it (its layout from tensor.packed). */
+void cpu_wmat_from(struct wmat *m, const struct tensor *w);
+/* The plan of w (cpu_wmat_from) kept since prepare_weight, or (for a weight no
+ * prepare_weight saw, or past CPU_PLANS_MAX formats) made into *tmp. */
+const struct linear_plan *cpu_plan_of(const struct cpu_backend *c, const struct wmat *w,
+                                      struct linear_plan *tmp);
+/* Keep the plan of a prepared weight's format (prepare_weight). */
+void cpu_plan_keep(struct cpu_backend *c, const struct tensor *w);
+/* backend_ops.linear_plan (linear_plan.c). */
+int cpu_linear_plan_info(struct backend *be, const struct tensor *w, struct linear_plan_info *out);
 /* Record the first error of a failing op (reported by sync). */
 void cpu_fail(struct cpu_backend *c, const char *what, size_t bytes);
 /* Grow every thread's scratch to at least n floats (only grows); false after cpu_fail. */
@@ -62,7 +81,8 @@ float *cpu_shared_ensure(struct cpu_backend *c, size_t n);
 int32_t *cpu_iscratch_ensure(struct cpu_backend *c, size_t n);
 /* Run the jobs as matvecs in one dispatch (every n_tok small), rows split across threads. */
 void cpu_linear_jobs(struct cpu_backend *c, const struct cpu_job *jobs, int n_jobs);
-/* The dense linear op (backend_ops.linear). */
+/* backend_cpu_linear.c: the dense linear ops (backend_ops.linear, linear_batch). */
+void cpu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs);
 void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
                 const struct tensor *b, int n_tok);
 /* Tokens from which linear takes the GEMM path for w (below it: matvec). */

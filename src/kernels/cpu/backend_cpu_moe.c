@@ -1,6 +1,7 @@
 /*
  * backend_cpu_moe: mixture-of-experts ops on the CPU (backend.h): routing
- * (top-k and weights per token), grouping of (token, slot) pairs by expert,
+ * (top-k and weights per token: ../moe_route.h, shared with the CUDA backend),
+ * grouping of (token, slot) pairs by expert,
  * the expert linears over grouped rows, and the weighted combine.
  *
  * linear_experts runs every expert's rows in one dispatch of matvecs when
@@ -15,148 +16,25 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "../moe_route.h"
 #include "backend_cpu_impl.h"
 
 // ---- routing ----
 
-/* Top-k by repeated selection over floats (vf) or doubles (vd, when vf is NULL); strict '>'
- * keeps the lower index on ties. */
-static void topk_fd(const float *vf, const double *vd, int n, int k, int32_t *idx)
-{
-    for (int s = 0; s < k; s++) {
-        int best = -1;
-        double bv = 0.0;
-        for (int i = 0; i < n; i++) {
-            bool taken = false;
-            for (int t = 0; t < s; t++)
-                taken |= idx[t] == i;
-            double v = vf ? (double)vf[i] : vd[i];  /* float -> double is exact: same order */
-            if (!taken && (best < 0 || v > bv)) {
-                best = i;
-                bv = v;
-            }
-        }
-        idx[s] = best;
-    }
-}
-
-static void topk(const float *v, int n, int k, int32_t *idx)
-{
-    topk_fd(v, NULL, n, k, idx);
-}
-
-static void topk_d(const double *v, int n, int k, int32_t *idx)
-{
-    topk_fd(NULL, v, n, k, idx);
-}
-
-/* PhiMoE sparsemixer, inference form (transformers modeling_phimoe.sparsemixer):
- * the winner's weight is its softmax over the experts whose logit lies within
- * a relative band 2*eps of the max; the band is measured against
- * max(|logit_i|, max). The second pick repeats this with the winner masked. */
-static float sparsemixer_pick(const float *logits, const bool *masked, int n, float eps,
-                              int32_t *pick)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!masked[i] && (best < 0 || logits[i] > logits[best]))
-            best = i;
-    float thr = logits[best];
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        if (masked[i])
-            continue;
-        float factor = fabsf(logits[i]) > thr ? fabsf(logits[i]) : thr;
-        if ((thr - logits[i]) / factor > 2.0f * eps)
-            continue;
-        sum += exp((double)logits[i] - thr);
-    }
-    *pick = best;
-    return (float)(1.0 / sum);
-}
-
-/* One token's routing. */
-static void route_one(enum router_kind kind, const float *logits, int n, int k, float jitter,
-                      int32_t *sel, float *w)
-{
-    if (kind == ROUTER_SPARSEMIXER) {
-        bool masked[256] = {0};
-        w[0] = sparsemixer_pick(logits, masked, n, jitter, &sel[0]);
-        masked[sel[0]] = true;
-        w[1] = sparsemixer_pick(logits, masked, n, jitter, &sel[1]);
-        return;
-    }
-    /* Phixtral: softmax over the top-k logits. Mixtral: softmax over all, keep top-k,
-     * renormalize -- the same weights, since the shared denominator cancels. */
-    topk(logits, n, k, sel);
-    double sum = 0.0, mx = logits[sel[0]];
-    /* Qwen-MoE without norm_topk_prob: the softmax over all experts, not renormalized */
-    bool all = kind == ROUTER_SOFTMAX_TOPK_RAW;
-    for (int s = 0; s < (all ? n : k); s++)
-        sum += exp((double)logits[all ? s : sel[s]] - mx);
-    for (int s = 0; s < k; s++)
-        w[s] = (float)(exp((double)logits[sel[s]] - mx) / sum);
-}
-
 void cpu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
                    const float *logits, int n_tok, int n_expert, int k, float jitter)
 {
-    if (cpu_of(be)->err_rc)
+    struct cpu_backend *c = cpu_of(be);
+    if (c->err_rc)
         return;
+    if (n_expert > MOE_ROUTE_MAX_EXPERTS || k > n_expert) { /* hparams bound both below */
+        c->err_rc = -ERR_INTERNAL;
+        snprintf(c->err_msg, sizeof c->err_msg, "moe_route: %d experts, k %d", n_expert, k);
+        return;
+    }
     for (int t = 0; t < n_tok; t++)
-        route_one(kind, logits + (size_t)t * n_expert, n_expert, k, jitter, sel + (size_t)t * k,
-                  w + (size_t)t * k);
-}
-
-/* One token of a grouped router (backend.h, struct moe_group_params), in double. */
-static void route_grouped_one(enum router_kind kind, const float *logits, int n, int k,
-                              const struct moe_group_params *p, const float *bias, int32_t *sel,
-                              float *w)
-{
-    double s[256], c[256], gscore[256];
-    int32_t gsel[256];
-    if (kind == ROUTER_GROUP_SOFTMAX) {
-        double mx = logits[0], sum = 0.0;
-        for (int i = 1; i < n; i++)
-            mx = logits[i] > mx ? logits[i] : mx;
-        for (int i = 0; i < n; i++)
-            sum += s[i] = exp((double)logits[i] - mx);
-        for (int i = 0; i < n; i++)
-            s[i] /= sum;
-    } else {
-        for (int i = 0; i < n; i++)
-            s[i] = 1.0 / (1.0 + exp(-(double)logits[i]));
-    }
-    for (int i = 0; i < n; i++)
-        c[i] = s[i] + (bias ? (double)bias[i] : 0.0);
-    int ng = p->n_group, gs = n / ng;
-    if (ng > 1 && p->topk_group < ng) {
-        for (int g = 0; g < ng; g++) {
-            const double *cg = c + (size_t)g * gs;
-            int32_t two[2] = {0, 0};
-            if (kind == ROUTER_GROUP_SIGMOID && gs >= 2) {
-                topk_d(cg, gs, 2, two);
-                gscore[g] = cg[two[0]] + cg[two[1]];
-            } else {
-                topk_d(cg, gs, 1, two);
-                gscore[g] = cg[two[0]];
-            }
-        }
-        topk_d(gscore, ng, p->topk_group, gsel);
-        for (int g = 0; g < ng; g++) {
-            bool keep = false;
-            for (int t = 0; t < p->topk_group; t++)
-                keep |= gsel[t] == g;
-            for (int i = 0; !keep && i < gs; i++)
-                c[(size_t)g * gs + i] = 0.0;
-        }
-    }
-    topk_d(c, n, k, sel);
-    double sum = 0.0;
-    for (int j = 0; j < k; j++)
-        sum += s[sel[j]];
-    for (int j = 0; j < k; j++)
-        w[j] = (float)((p->norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * p->scale);
+        moe_route_one(kind, logits + (size_t)t * n_expert, n_expert, k, jitter,
+                      sel + (size_t)t * k, w + (size_t)t * k);
 }
 
 void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
@@ -166,7 +44,7 @@ void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *s
     struct cpu_backend *c = cpu_of(be);
     if (c->err_rc)
         return;
-    if (n_expert > 256 || p->n_group < 1 || n_expert % p->n_group != 0 || p->topk_group < 1 ||
+    if (n_expert > MOE_ROUTE_MAX_EXPERTS || p->n_group < 1 || n_expert % p->n_group != 0 || p->topk_group < 1 ||
         p->topk_group > p->n_group || k > n_expert ||
         (kind != ROUTER_GROUP_SOFTMAX && kind != ROUTER_GROUP_SIGMOID)) {
         if (!c->err_rc) {
@@ -179,8 +57,9 @@ void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *s
     }
     const float *bias = p->bias && tensor_is_present(p->bias) ? p->bias->data : NULL;
     for (int t = 0; t < n_tok; t++)
-        route_grouped_one(kind, logits + (size_t)t * n_expert, n_expert, k, p, bias,
-                          sel + (size_t)t * k, w + (size_t)t * k);
+        moe_route_grouped_one(kind, logits + (size_t)t * n_expert, n_expert, k, p->n_group,
+                              p->topk_group, p->norm, p->scale, bias, sel + (size_t)t * k,
+                              w + (size_t)t * k);
 }
 
 // ---- grouping and combining ----

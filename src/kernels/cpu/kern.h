@@ -61,6 +61,9 @@ struct wmat {
      * row_bytes is then unused. */
     bool fpan;
     size_t fpan_panel;
+    /* The kernel the weight's plan chose for this call's token count (enum lp_kernel,
+     * linear_plan.h): the matvec entries below run that one, and decide nothing. */
+    uint8_t kid;
 };
 
 struct cpu_kernels {
@@ -112,10 +115,10 @@ struct cpu_kernels {
                            const struct wmat *w, int r0, int r1);
     int gemm_nr;              /* panel width of ukernel */
     int gemm_mr;              /* token rows per ukernel call (<= GEMM_MR_MAX) */
-    /* Use the GEMM path from this many tokens on (float / quantized W).
-     * Below it the matvec, which reads each weight row once per call and
-     * re-reads it from L1 per token, is faster: the GEMM pays a fixed cost
-     * to widen and transpose every panel (measured on the dev machine). */
+    /* Use the GEMM path from this many tokens on (float / quantized W; the values and their
+     * measurements are linear_plan.h's table). Below it the matvec, which reads each weight
+     * row once per call and re-reads it from L1 per token, is faster: the GEMM pays a fixed
+     * cost to widen and transpose every panel. */
     int gemm_min_tok;
     int gemm_min_tok_q;
     int gemm_min_tok_qi;      /* quantized W that the integer matvec takes */
@@ -125,10 +128,6 @@ struct cpu_kernels {
     /* Optional: panels [p0, p1) of w (stored layout) as QG16 (below) into dst, which holds
      * every panel; set when matvec_qi also reads QG16 W, at any token count. */
     void (*qg16_pack)(uint8_t *dst, const struct wmat *w, int p0, int p1);
-    /* Optional: the rows of QG16 W that matvec_qi reads together for n_tok tokens (a multiple
-     * of 16; NULL: 16); the backend hands threads rows in multiples of them where that leaves
-     * at least 4 pieces a thread. */
-    int (*qg16_rows)(const struct wmat *w, int n_tok);
     /* Optional: y[t*ldy + r] = sum_i x[t*ldx + i] * W[r, i] for t < n_tok, r0 <= r < r1
      * (overwrites y), for float W in the FPAN layout (below), at any token count. Each
      * output is the same sum whatever n_tok and the row range (kern.h FPAN). Set by the
@@ -238,6 +237,12 @@ static inline float kern_qval(const struct wmat *w, unsigned q)
 {
     return w->qmode == QMODE_MXFP8 ? kern_e4m3(q) : kern_e2m1(q);
 }
+/* True for the quantized W whose codes the SIMD matvecs decode in lane order (mv_quant);
+ * the others take mv_qgeneric. */
+static inline bool kern_q_lanes_ok(const struct wmat *w)
+{
+    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
+}
 /* Floats per token of x permuted by qxperm. */
 static inline size_t kern_qx_len(int in)
 {
@@ -339,6 +344,10 @@ void kern_avx2_qi_init(struct cpu_kernels *k);
 /* Its matvec_qi, which kern_avx512_qi.c calls for the modes it leaves to AVX2 (mxfp4). */
 void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                          const struct wmat *w, int r0, int r1);
+/* kern_avx512_qv.c: the VNNI integer matvec of rows [r0, r1) of a stored affine 4/8-bit w,
+ * L limbs of x per 4-bit code (1: --fast); kern_avx512_qi.c's matvec_qi calls it. */
+void kern_avx512_qv_rows(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                         const struct wmat *w, int r0, int r1, int L);
 /* kern_avx512_qi.c: the VNNI matvec_qi over the AVX2 entries (call only when
  * cpu_has_avx512_vnni()); false when compiled out or without them. */
 bool kern_avx512_qi_init(struct cpu_kernels *k);

@@ -18,6 +18,7 @@
  *   exp      Cephes expf polynomial, 2^n built in the exponent field
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -85,9 +86,8 @@ static void a2_to_f32(float *dst, const void *src, enum dtype dt, size_t n)
 
 /* Row r for one token, one row at a time: the matrix is then one sequential stream, which
  * the hardware prefetcher follows across rows; four rows side by side were four streams a
- * page apart (bench_linear "mv", bf16 from DRAM, 2 threads, Zen 5 on these kernels: 4096 x
- * 4096, 14336 x 4096 and 4096 x 14336 at 51-96 GB/s against 31-38). Two accumulators (even
- * and odd pieces of 8), hsum, then the scalar tail. */
+ * page apart, and slower (ADR 0036). Two accumulators (even and odd pieces of 8), hsum,
+ * then the scalar tail. */
 AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype dt)
 {
     const void *wr = w->data + (size_t)r * w->row_bytes;
@@ -112,9 +112,8 @@ AI void mv_row(float *y, const float *x, const struct wmat *w, int r, enum dtype
  * widened once for all T; x is read from L1 by the FMAs themselves. Every
  * token's sum is formed exactly as mv_row forms it (two accumulators, hsum,
  * the scalar tail), so a token's outputs do not depend on the tokens beside it.
- * One row by 4 tokens (8 accumulators) beat two rows by two (bench_linear "pf",
- * 4096 x 4096 bf16, 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s
- * against 94-96, the f32 GEMM 100-103; 6 tokens a pass 108-111). */
+ * One row by 4 tokens (8 accumulators) beat two rows by two and 6 tokens a pass
+ * (ADR 0055, "Measurements moved out of the kernels"). */
 #define MV_T 4
 AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struct wmat *w, int r0,
                    enum dtype dt, bool pf, const int T)
@@ -148,13 +147,13 @@ AI void mv_block_t(float *y, size_t ldy, const float *x, size_t ldx, const struc
     }
 }
 
-/* Float rows [r0, r1): one token a row at a time (mv_row, which streams
- * them); more tokens up to MV_T per pass over one row, which stays in L1 for
- * the next pass. Only the first pass prefetches the next row. */
+/* Float rows [r0, r1), by the kernel the plan named (w->kid): one token a row at a time
+ * (mv_row, which streams them); or up to MV_T tokens per pass over one row, which stays in
+ * L1 for the next pass (mv_block_t). Only the first pass prefetches the next row. */
 AI void mv_rows(float *y, size_t ldy, const float *x, size_t ldx, int n_tok, const struct wmat *w,
                 int r0, int r1, enum dtype dt)
 {
-    if (n_tok == 1) {
+    if (w->kid == LK_A2_MV_ROW) {
         for (int r = r0; r < r1; r++)
             mv_row(y, x, w, r, dt);
         return;
@@ -218,11 +217,6 @@ static inline int q_cpl(int bits)
 
 /* Lane-order matvec applies when every lane lies in one group (and groups
  * are powers of two, as MLX's all are). */
-static inline bool q_lanes_ok(const struct wmat *w)
-{
-    return w->qgroup % 16 == 0 && !(w->qgroup & (w->qgroup - 1)) && w->in % 16 == 0;
-}
-
 /* x permuted to lane order: block of B = 8 cpl codes, dst[b + 8 j + i] =
  * x[b + cpl i + j]; lanes past `in` and the padding to QX_PAD are 0. */
 static void a2_qxperm(float *dst, const float *x, const struct wmat *w)
@@ -402,9 +396,6 @@ AI void mvq_step(__m256 acc[4], const uint8_t *const p[4], int nb, size_t avail,
     }
 }
 
-/* Tokens from which mvq_block decodes each block of its 4 rows once and reuses the scaled
- * weights for every token (below it decodes per token, fused with the products). */
-#define MVQ_MULTI 2
 
 /* What mvq_step multiplies with x, stored instead: the decoded codes of one block of the 4
  * rows times their lane scales, at wd[j] + 8 jj (lane order, as x is permuted). */
@@ -441,7 +432,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
     const int in = w->in, g = w->qgroup;
     const size_t rowlen = (size_t)in * bits / 8;
     const bool aff = mode == QMODE_AFFINE, lanes = bc > g;
-    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (q_lanes_ok) */
+    const int gshift = __builtin_ctz((unsigned)g); /* g is a power of two (kern_q_lanes_ok) */
     const size_t pfd = mvq_pf(w);
     const uint8_t *rw[4], *rs[4], *rb[4];
     float sfb[4][QCH / 16 + 8], bf[4][QCH / 16 + 8];
@@ -469,7 +460,7 @@ AI void mvq_block(float *y, size_t ldy, const float *x, size_t ldx, int n_tok,
                 qscales_f32(bf[j], w, rb[j], g0, gn);
         }
         int nblk = (cn + bc - 1) / bc;
-        if (n_tok >= MVQ_MULTI) {
+        if (w->kid == LK_A2_MV_QUANT_M) { /* each block decoded once, reused by every token */
             for (int b = 0; b < nblk; b++) {
                 size_t off = (size_t)(c0 + b * bc) * bits / 8;
                 int nb = (b + 1) * bc <= cn ? bb : (cn - b * bc) * bits / 8;
@@ -670,7 +661,7 @@ static void a2_matvec(float *y, size_t ldy, const float *x, size_t ldx, int n_to
                       const struct wmat *w, int r0, int r1, const float *xsum, size_t ldxs)
 {
     if (w->qbits) {
-        if (q_lanes_ok(w))
+        if (w->kid != LK_A2_MV_QGENERIC)
             mv_quant(y, ldy, x, ldx, n_tok, w, r0, r1, xsum, ldxs);
         else
             mv_qgeneric(y, ldy, x, ldx, n_tok, w, r0, r1);
@@ -1117,16 +1108,11 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->pack_w = a2_pack_w;
     k->gemm_nr = 16;
     k->gemm_mr = 6;
-    /* Float W: below 16 tokens mv_rows (one row by 4 tokens a pass) beat the GEMM (bench_linear
-     * "pf", 2 threads, Zen 5 on these kernels: 8 tokens 110-116 GFLOP/s against 100-103);
-     * at 16 the GEMM won (141-157 against 100-105). */
-    k->gemm_min_tok = 16;
     /* Quantized W: the GEMM dequantizes and transposes every panel, a fixed cost the
-     * matvec (one dequantized row reused from L1 by every token) avoids. Measured on a
-     * Zen 4 host (family 25 model 17, AVX2 path, 2 threads, Llama-3.2-1B-shaped MLX 4-bit):
-     * 24 rows: matvec 22.2 t/s vs GEMM 19.1; 32 rows: 19.5 vs 19.9; batched decode of 8
-     * sequences 19.3 t/s by matvec vs 6.7 by GEMM (docs/benchmarks.md). */
-    k->gemm_min_tok_q = 32;
+     * matvec (one dequantized row reused from L1 by every token) avoids; the crossovers
+     * and their measurements are in linear_plan.h. */
+    k->gemm_min_tok = LP_A2_GEMM_F;
+    k->gemm_min_tok_q = LP_A2_GEMM_Q;
     k->dot = a2_dot;
     k->axpy = a2_axpy;
     k->scale = a2_scale;

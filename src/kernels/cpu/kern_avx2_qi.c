@@ -28,6 +28,7 @@
  * again from L1 per token.
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <float.h>
@@ -268,11 +269,8 @@ AI float qi8_row(const uint8_t *rw, int cn, const int16_t *q16, const float *m, 
 }
 
 /* Bytes ahead prefetched (into L2) in each weight row by the first token: the same offset
- * 8 rows on, at most 32 KiB. Against 4 rows into L1 (kern_qi.h's qi_pf_dist) whole-process
- * pairs of llama-1b tg128 (Zen 5 on these kernels, 2 threads, with the prefetch of the next
- * block's scales below) took 0.87x the time at 8-bit and 0.95x at 4-bit (medians of 8; 8 rows
- * into L1: 0.91x and 0.89x, medians of 6): into L2 or L1 made no difference there, and L2
- * keeps the lines out of a 32 KiB L1 (Zen 4). */
+ * 8 rows on, at most 32 KiB; faster than 4 rows into L1 (kern_qi.h's qi_pf_dist), and L2
+ * keeps the lines out of a 32 KiB L1 (ADR 0055, "Measurements moved out of the kernels"). */
 #define QI2_PF_MAX 32768
 AI size_t qi2_pf_dist(const struct wmat *w)
 {
@@ -389,11 +387,9 @@ static void a2_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, size_t ld
     }
 }
 
-/* Affine 4-bit W stays on this matvec at every token count, prefill included: against the f32
- * GEMM on panels widened from the codes it was faster at pp512 in every pair measured (Zen 5
- * running these AVX2 kernels, 2 threads: llama-1b 4-bit 1.06-1.30x, phi-2 1.17-1.18x; 8-bit
- * even, so it keeps the GEMM), and a token's outputs no longer depend on how many share its
- * call. */
+/* Affine 4-bit W stays on this matvec at every token count, prefill included: faster than
+ * the f32 GEMM on panels widened from the codes (ADR 0025 item 8; 8-bit was even, so it
+ * keeps the GEMM), and a token's outputs then do not depend on how many share its call. */
 static bool a2_qi_any_tok(const struct wmat *w)
 {
     return w->qmode == QMODE_AFFINE && w->qbits == 4;
@@ -406,7 +402,7 @@ void kern_avx2_qi_init(struct cpu_kernels *k)
     k->qi_prep = a2_qi_prep;
     k->matvec_qi = kern_avx2_matvec_qi;
     k->matvec_qi_fast = a2_matvec_qi_fast;
-    k->gemm_min_tok_qi = 32;
+    k->gemm_min_tok_qi = LP_A2_GEMM_QI;
 }
 
 #else

@@ -2,22 +2,16 @@
  * kern_avx512_qi: the integer matvec (kern.h, "qi") with AVX-512 VNNI, for
  * the weights kern_avx2_qi.c takes (affine 4/8-bit, groups 32/64/128) and
  * from the same prepared x (its qi_prep stays in the table): only the
- * products change, so both variants compute the same integers.
- *
- *   4-bit  64 bytes of codes per step (128 codes, two of kern_avx2_qi's
- *          64-code chunks side by side in the two 256-bit halves). The low
- *          and high nibbles go straight into vpdpbusd (unsigned code times
- *          signed limb, four products summed into each int32 lane), one
- *          accumulator per limb: I = (hi << 8) + lo per lane, exact.
- *   8-bit  vpmovzxbw widens 32 codes to words and vpdpwssd multiplies them
- *          by q and accumulates, per group.
- *
- * Lane l of a 4-bit step holds codes of one group: bytes 4l .. 4l+3 of its
- * half, so the per-lane multiplier vector repeats m_g over 4, 8 or 16 lanes.
- * Only called after dispatch.c has seen AVX512_VNNI in CPUID. mxfp4 rows,
- * which kern_avx2_qi.c also takes, stay with its matvec.
+ * products change, so both variants compute the same integers. Rows in the
+ * stored layout a few tokens at a time go through kern_avx512_qv.c's
+ * 4-row blocks; this file holds the 4-bit GEMM of 16-row panels (QG16,
+ * packed at load or per call) and the dispatch over the kernel the plan
+ * named (linear_plan.h). Only called after dispatch.c has seen AVX512_VNNI
+ * in CPUID. mxfp4 rows, which kern_avx2_qi.c also takes, stay with its
+ * matvec.
  */
 #include "kern.h"
+#include "linear_plan.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
     defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -25,119 +19,6 @@
 #include <string.h>
 
 #include "kern_qi.h"
-
-/* The prepared x of 128 codes at xc (two 64-code chunks of 128 bytes):
- * limb part o (0 hi even, 1 hi odd, 2 lo even, 3 lo odd) of both chunks. */
-AI __m512i qx_pair(const uint8_t *xc, int o)
-{
-    __m256i a = _mm256_loadu_si256((const __m256i *)(xc + 32 * o)),
-            b = _mm256_loadu_si256((const __m256i *)(xc + 128 + 32 * o));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
-/* The multiplier of each int32 lane of a 4-bit step at code k. */
-AI __m512 qv_mul4(const float *m, int k, const int G)
-{
-    if (G == 32)
-        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                     _mm512_loadu_ps(m + k / 32));
-    if (G == 64)
-        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                     _mm512_loadu_ps(m + k / 64));
-    return _mm512_set1_ps(m[k / 128]);
-}
-
-/* 4-bit step: codes k .. k+nc (nc <= 128, a multiple of 32) of 4 rows. */
-AI void qv4_step(__m512 acc[4], const uint8_t *const rw[4], int k, int nc, const uint8_t *xc,
-                 const float *const m[4], const size_t pf, const int G, const int L)
-{
-    const __m512i m0f = _mm512_set1_epi8(0x0f);
-    const __m512i xhe = qx_pair(xc, 0), xho = qx_pair(xc, 1);
-    const __m512i xle = L == 2 ? qx_pair(xc, 2) : xhe, xlo = L == 2 ? qx_pair(xc, 3) : xho;
-    const __mmask64 ld = nc == 128 ? ~0ull : (1ull << (nc / 2)) - 1;
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) {
-        const uint8_t *p = rw[j] + k / 2;
-        if (pf)
-            _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-        __m512i v = nc == 128 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(ld, p);
-        __m512i lo = _mm512_and_si512(v, m0f), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-        __m512i ih = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xhe), hi, xho);
-        __m512i i32 = _mm512_slli_epi32(ih, 8);
-        if (L == 2) /* the low limb; --fast (L 1) takes the high limb alone */
-            i32 = _mm512_add_epi32(i32, _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xle),
-                                                            hi, xlo));
-        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i32), qv_mul4(m[j], k, G), acc[j]);
-    }
-}
-
-/* 8-bit group: codes k .. k+G of 4 rows against q16 (natural order). */
-AI void qv8_step(__m512 acc[4], const uint8_t *const rw[4], int k, const int16_t *q16,
-                 const float *const m[4], const size_t pf, const int G)
-{
-    __m512i s[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-        s[j] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int kk = 0; kk < G; kk += 32) {
-        __m512i xv = _mm512_loadu_si512(q16 + k + kk);
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const uint8_t *p = rw[j] + k + kk;
-            if (pf && !(kk & 63))
-                _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-            __m512i wv = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-            s[j] = _mm512_dpwssd_epi32(s[j], wv, xv);
-        }
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++)
-        acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[j]), _mm512_set1_ps(m[j][k / G]), acc[j]);
-}
-
-/* Rows r0 .. r0+nr (nr <= 4) for every token (see kern_avx2_qi.c qi_block). */
-AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                 const struct wmat *w, int r0, int nr, const int bits, const int G, const int L)
-{
-    const int in = w->in;
-    const size_t pfd = qi_pf_dist(w);
-    const uint8_t *rw[4], *rs[4], *rb[4];
-    float mb[4][QI_NG];
-    const float *const m[4] = {mb[0], mb[1], mb[2], mb[3]};
-    for (int c0 = 0; c0 < in; c0 += QI_CH) {
-        const int cn = in - c0 < QI_CH ? in - c0 : QI_CH, g0 = c0 / G, gn = cn / G;
-        qi_rows(rw, rs, rb, w, r0, nr, c0);
-        for (int t = 0; t < n_tok; t++) {
-            float bias[4];
-            const uint8_t *xc = qi_token(mb, bias, rs, rb, w, xq, ldxq, t, c0, g0, gn);
-            __m512 acc[4];
-            for (int j = 0; j < 4; j++)
-                acc[j] = _mm512_setzero_ps();
-            if (bits == 4) {
-                const int kf = cn & ~127;
-                if (t == 0)
-                    for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, pfd, G, L);
-                else
-                    for (int k = 0; k < kf; k += 128)
-                        qv4_step(acc, rw, k, 128, xc + 2 * (size_t)k, m, 0, G, L);
-                if (kf < cn)
-                    qv4_step(acc, rw, kf, cn - kf, xc + 2 * (size_t)kf, m, 0, G, L);
-            } else if (t == 0) {
-                for (int k = 0; k < cn; k += G)
-                    qv8_step(acc, rw, k, (const int16_t *)xc, m, pfd, G);
-            } else {
-                for (int k = 0; k < cn; k += G)
-                    qv8_step(acc, rw, k, (const int16_t *)xc, m, 0, G);
-            }
-            float v[4];
-            for (int j = 0; j < 4; j++)
-                v[j] = _mm512_reduce_add_ps(acc[j]);
-            qi_store(y, ldy, t, r0, nr, c0, v, bias);
-        }
-    }
-}
 
 /* ---- 4-bit GEMM: 16 rows in the lanes, up to 8 tokens a tile ----
  * For more than one token (batched decode, prefill) the rows go into the
@@ -154,9 +35,10 @@ AI void qv_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
  * the matvec; only the f32 summation order differs (|I| of a group can pass
  * 2^24: its conversion rounds like an f32 sum would). */
 #define QG_TILE 8
+_Static_assert(QG_TILE == LP_VNNI_QG_TILE, "below one tile of tokens the plan takes qg_rows16n");
 _Static_assert(QI_CH == QG16_CH, "a QG16 chunk is one column chunk of the tiles");
-/* Bytes ahead prefetched in each of a per-call pack's 16 rows (Zen 5, 2 threads, 4-bit 10240 x 2560
- * from DRAM at 8 tokens: 0 B 55 GB/s a token, 256 B 74, 512 B 67, 1 KiB 55). */
+/* Bytes ahead prefetched in each of a per-call pack's 16 rows (the best of 0 B to 1 KiB;
+ * ADR 0055, "Measurements moved out of the kernels"). */
 #define QG_PF 256
 
 /* What a tile reads for one chunk of a panel: the words (from a chunk packed per call, or
@@ -485,9 +367,8 @@ AI void qg_tile_b(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t h
  * chunk from c0 in p[i]) over the chunk's groups g0 .. g1, each row and token's f32 sum carried
  * in fs ([T][3] vectors) from the groups before. Each token's limbs of a word are broadcast
  * once for the three panels' words, where qg_tile broadcasts them for each panel: 11 loads per
- * 24 products instead of 33 per 32. In a loop on L1-resident data (Zen 5, one core) that ran
- * the products 1.23-1.52x as fast (about 88 % of vpdpbusd's peak). The integers and the f32
- * steps of each row and token are qg_tile's, in the same order: the same bits. */
+ * 24 products instead of 33 per 32 (ADR 0034). The integers and the f32 steps of each row and
+ * token are qg_tile's, in the same order: the same bits. */
 AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
                  const struct qg_ops *const p[3], int c0, int g0, int g1, __m512 *fs,
                  const int T, const int G, const int L)
@@ -556,15 +437,10 @@ AI void qg_tile3(const uint8_t *xq, size_t ldxq, size_t hdr, int t0,
 /* Below QG_TILE tokens, two QG16 panels are read together, a pair of tokens at a time
  * (qg_panelsn, ADR 0040): every word's limbs broadcast once for both panels' words and four
  * or eight integer chains side by side, where the one-panel tiles of 1-2 tokens wait on
- * vpdpbusd's latency and those of 4 reload a limb per product. Zen 5, 2 threads, llama-1b,
- * tg t/s, medians of 3 interleaved runs, one panel against two: 4-bit 1 sequence 71.3 /
- * 87.4, 2 128 / 142, 4 183 / 201; 8-bit 1 sequence 36.7 / 39.8, 4 99.6 / 121. Three or four
- * panels ran as two; from 8 tokens the tiles of 8 do as well (4-bit) or better (8-bit). */
+ * vpdpbusd's latency and those of 4 reload a limb per product. From LP_VNNI_QG_T4 tokens
+ * four at a time (qg_panels4n, ADR 0043). The plan chooses (linear_plan.h has the
+ * measurements). */
 #define QGN_NP 2
-#define QGN_MAX_TOK (QG_TILE - 1)
-/* From this many tokens (to QGN_MAX_TOK) the two panels go four tokens a tile (qg_tile4n,
- * ADR 0043; llama-1b 4-bit, 4 sequences: 1.18-1.24x the pairs). */
-#define QGN_T4 4
 
 /* Tokens t0 .. t0+T (T <= 2) of QGN_NP consecutive 4-bit panels (op[i], each with the
  * prefetches of its own stream ahead when op[i]->pf) over the chunk from c0: each word's
@@ -828,12 +704,9 @@ AI void qg_tiles(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, size_t hd
         }
 }
 
-/* Bytes ahead of the tile that the QG16 stream is prefetched: farther when one token
- * consumes it faster (Zen 5, 2 threads, 4-bit 10240 x 2560 from DRAM, none / 1 / 2 / 4 /
- * 8 KiB ahead, measured on a first version reading words in this layout: 8 tokens 1174 /
- * 761 / 733 / 755 / 768 us, 1 token 446 / 349 / 364 / 319 / 310 us; the host is shared and
- * noisy, so only the first step is large; a later sweep on the final kernel was noise). */
-#define QG_PF16(n_tok) ((n_tok) >= 4 ? 2048 : 4096)
+/* Bytes ahead of the tile that the QG16 stream is prefetched: farther below
+ * LP_VNNI_QG16_PF_NEAR tokens, where one token consumes it faster (linear_plan.h). */
+#define QG_PF16(n_tok) ((n_tok) >= LP_VNNI_QG16_PF_NEAR ? 2048 : 4096)
 
 /* Rows r0 .. r1 of a 4-bit affine W in its stored layout (not repacked at load): each
  * block of 16 rows and chunk packed as QG16 on the stack, then the same tiles. */
@@ -995,23 +868,6 @@ AI void qg_panels3(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
     }
 }
 
-/* From this many tokens qg_rows16 reads 4-bit panels three at a time (qg_panels3); below it
- * one panel's tiles of 8 tokens, which read each chunk once, do as well or better (llama-1b
- * 4-bit, 2 threads, three panels against one: 8 sequences 0.87-1.03x, 16 sequences
- * 0.91-1.09x; prompts of 128 and 512 tokens 1.2-1.4x, docs/benchmarks.md). */
-#define QG3_MIN_TOK 32
-
-/* Whether qg_rows16 reads this W three panels at a time for n_tok tokens. */
-AI bool qg3_applies(int bits, int n_tok)
-{
-    return bits == 4 && n_tok >= QG3_MIN_TOK;
-}
-
-/* Whether qg_rows16 reads QGN_NP panels of W together for n_tok tokens (qg_panelsn). */
-AI bool qgn_applies(int n_tok)
-{
-    return n_tok <= QGN_MAX_TOK;
-}
 
 /* Every token of QGN_NP panels p .. (rows inside r0 .. r1), chunk by chunk, each panel's
  * stream prefetched ahead (by the first pair's tiles) into its next chunk, after its last
@@ -1050,16 +906,18 @@ AI void qg_panelsn(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
 }
 
 /* Rows r0 .. r1 of a QG16 W of B-bit codes: each panel's chunks straight from memory,
- * streamed in order; 4-bit codes of QG3_MIN_TOK tokens or more three panels at a time. */
+ * streamed in order; with three (4-bit codes, the plan's qg_panels3) three panels at a time
+ * where three are left. */
 AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                  const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
+                  const struct wmat *w, int r0, int r1, const int B, const int G, const int L,
+                  const bool three)
 {
     const size_t hdr = kern_qi_hdr(w);
     const int n_tiles = (n_tok + QG_TILE - 1) / QG_TILE,
               pf_at = (n_tiles > 3 ? n_tiles - 3 : 0) * QG_TILE;
     r1 = r1 < w->out ? r1 : w->out;
     for (int p = r0 / 16; p * 16 < r1;) {
-        if (qg3_applies(B, n_tok) && 16 * (p + 2) < r1) {
+        if (B == 4 && three && 16 * (p + 2) < r1) {
             qg_panels3(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, G, L);
             p += 3;
             continue;
@@ -1076,8 +934,8 @@ AI void qg_rows16(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_to
     }
 }
 
-/* Rows r0 .. r1 of a QG16 W for fewer than QG_TILE tokens (qgn_applies): two panels at a
- * time (qg_panelsn), a thread's odd last panel on its own (qg_rows16). */
+/* Rows r0 .. r1 of a QG16 W for fewer than QG_TILE tokens: two panels at a time
+ * (qg_panelsn), a thread's odd last panel on its own (qg_rows16). */
 AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                    const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -1086,10 +944,10 @@ AI void qg_rows16n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_t
     for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
         qg_panelsn(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
     if (16 * p < r1)
-        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L, false);
 }
 
-/* qg_panelsn from QGN_T4 tokens (qg_some): the tokens four at a time (qg_tile4n), the last
+/* qg_panelsn from LP_VNNI_QG_T4 tokens (qg_some): the tokens four at a time (qg_tile4n), the last
  * one to three as a pair and a single. The first tile streams each chunk with the
  * prefetches; the others read it from L1 or L2. Its set-up repeats qg_panelsn's rather than
  * sharing it: through a helper function or a flag on qg_panelsn, qg_few (one to three
@@ -1131,7 +989,8 @@ AI void qg_panels4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_
     }
 }
 
-/* Rows r0 .. r1 of a QG16 W for QGN_T4 .. QG_TILE - 1 tokens: qg_rows16n with qg_panels4n. */
+/* Rows r0 .. r1 of a QG16 W for LP_VNNI_QG_T4 .. QG_TILE - 1 tokens: qg_rows16n with
+ * qg_panels4n. */
 AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                      const struct wmat *w, int r0, int r1, const int B, const int G, const int L)
 {
@@ -1140,7 +999,7 @@ AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n
     for (; 16 * (p + QGN_NP - 1) < r1; p += QGN_NP)
         qg_panels4n(y, ldy, xq, ldxq, n_tok, w, p, r0, r1, B, G, L);
     if (16 * p < r1)
-        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L);
+        qg_rows16(y, ldy, xq, ldxq, n_tok, w, 16 * p > r0 ? 16 * p : r0, r1, B, G, L, false);
 }
 
 /* The (bits, group) switch of qg_few and qg_some: CALL(B, G, L) for W's (fast: 4-bit W by
@@ -1164,7 +1023,7 @@ AI void qg_rows16_4n(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n
             }                                                                                    \
     } while (0)
 
-/* A QG16 W for QGN_T4 .. QG_TILE - 1 tokens, out of line on its own: compiled into qg_few,
+/* A QG16 W for LP_VNNI_QG_T4 .. QG_TILE - 1 tokens, out of line on its own: compiled into qg_few,
  * the tiles of four cost one sequence 2-6 % (ADR 0043). */
 QI_NOSAN __attribute__((noinline)) static void qg_some(float *y, size_t ldy, const uint8_t *xq,
                                                        size_t ldxq, int n_tok,
@@ -1176,17 +1035,12 @@ QI_NOSAN __attribute__((noinline)) static void qg_some(float *y, size_t ldy, con
 #undef QG_SOME
 }
 
-/* A QG16 W for fewer than QG_TILE tokens (from QGN_T4 on, qg_some), out of line: inlined
- * beside the tiles of 8 in a5_matvec_qi_l, it cost those 7-10 % (8 sequences, llama-1b 4-bit,
- * 217-219 against 235 t/s). */
+/* A QG16 W for fewer than LP_VNNI_QG_T4 tokens, out of line: inlined beside the tiles of 8
+ * in a5_matvec_qi_l, it cost those 7-10 % (ADR 0043). */
 QI_NOSAN __attribute__((noinline)) static void qg_few(float *y, size_t ldy, const uint8_t *xq,
                                                       size_t ldxq, int n_tok, const struct wmat *w,
                                                       int r0, int r1, bool fast)
 {
-    if (n_tok >= QGN_T4) {
-        qg_some(y, ldy, xq, ldxq, n_tok, w, r0, r1, fast);
-        return;
-    }
 #define QG_FEW(B, G, L) qg_rows16n(y, ldy, xq, ldxq, n_tok, w, r0, r1, B, G, L)
     QG_FEW_SWITCH(QG_FEW);
 #undef QG_FEW
@@ -1204,36 +1058,37 @@ QI_NOSAN static void a5_qg16_pack(uint8_t *dst, const struct wmat *w, int p0, in
                             w->in - c0 < QI_CH ? w->in - c0 : QI_CH, 0);
 }
 
-/* From this many tokens the 4-bit GEMM beats the matvec (its panels cost a
- * transpose per 16 rows and chunk). Zen 5, 1024 x 4096 from L3, 1 thread, µs
- * matvec / GEMM: 3 tokens 172 / 229, 4 295 / 235, 6 424 / 297, 8 455 / 354. */
-#define QG_MIN_TOK 4
-
 /* Affine 4-bit W with L limbs of x per code (2: exact; 1: --fast), and for L 2 every other
- * W this variant takes. */
+ * W this variant takes: the kernel the plan named (w->kid, linear_plan.h). */
 AI void a5_matvec_qi_l(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                        const struct wmat *w, int r0, int r1, const int L)
 {
-    if (w->qmode != QMODE_AFFINE) {
+    const bool three = w->kid == LK_VNNI_QG_TILES3;
+    switch (w->kid) {
+    case LK_A2_QI: /* mxfp4 */
         kern_avx2_matvec_qi(y, ldy, xq, ldxq, n_tok, w, r0, r1);
         return;
-    }
-    if (w->qg16 && qgn_applies(n_tok)) {
+    case LK_VNNI_QG_FEW:
         qg_few(y, ldy, xq, ldxq, n_tok, w, r0, r1, L == 1 && w->qbits == 4);
         return;
-    }
-    if (w->qg16) {
+    case LK_VNNI_QG_SOME:
+        qg_some(y, ldy, xq, ldxq, n_tok, w, r0, r1, L == 1 && w->qbits == 4);
+        return;
+    case LK_VNNI_QG_TILES:
+    case LK_VNNI_QG_TILES3:
         switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32, L); break;
-        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64, L); break;
-        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128, L); break;
-        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32, 2); break;
-        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64, 2); break;
-        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128, 2); break;
+        case 4032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 32, L, three); break;
+        case 4064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 64, L, three); break;
+        case 4128: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 4, 128, L, three); break;
+        case 8032: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 32, 2, false); break;
+        case 8064: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 64, 2, false); break;
+        default: qg_rows16(y, ldy, xq, ldxq, n_tok, w, r0, r1, 8, 128, 2, false); break;
         }
         return;
+    default:
+        break;
     }
-    if (w->qbits == 4 && n_tok >= QG_MIN_TOK) {
+    if (w->kid == LK_VNNI_QG_ROWS) {
         switch (w->qgroup) {
         case 32: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 32, L); break;
         case 64: qg_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, 64, L); break;
@@ -1241,19 +1096,7 @@ AI void a5_matvec_qi_l(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int
         }
         return;
     }
-#define QV_BLOCK(B, G, L) qv_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, L)
-    for (int r = r0; r < r1; r += 4) {
-        int nr = r1 - r < 4 ? r1 - r : 4;
-        switch (w->qbits * 1000 + w->qgroup) {
-        case 4032: QV_BLOCK(4, 32, L); break;
-        case 4064: QV_BLOCK(4, 64, L); break;
-        case 4128: QV_BLOCK(4, 128, L); break;
-        case 8032: QV_BLOCK(8, 32, 2); break;
-        case 8064: QV_BLOCK(8, 64, 2); break;
-        default: QV_BLOCK(8, 128, 2); break;
-        }
-    }
-#undef QV_BLOCK
+    kern_avx512_qv_rows(y, ldy, xq, ldxq, n_tok, w, r0, r1, L);
 }
 
 QI_NOSAN static void a5_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
@@ -1275,11 +1118,6 @@ QI_NOSAN static void a5_matvec_qi_fast(float *y, size_t ldy, const uint8_t *xq, 
     a5_matvec_qi_l(y, ldy, xq, ldxq, n_tok, w, r0, r1, 1);
 }
 
-static int a5_qg16_rows(const struct wmat *w, int n_tok)
-{
-    return qg3_applies(w->qbits, n_tok) ? 48 : 16;
-}
-
 static bool a5_qi_any_tok(const struct wmat *w)
 {
     return w->qmode == QMODE_AFFINE && (w->qbits == 4 || w->qg16);
@@ -1292,11 +1130,8 @@ bool kern_avx512_qi_init(struct cpu_kernels *k)
     k->matvec_qi = a5_matvec_qi;
     k->matvec_qi_fast = a5_matvec_qi_fast;
     k->qi_any_tok = a5_qi_any_tok; /* the 4-bit GEMM above also runs prefill */
-    k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16, */
-    k->qg16_rows = a5_qg16_rows;   /* some three panels at a time (qg_panels3) */
-    /* the f32 GEMM takes over from 6 tokens without VNNI (kern_avx512.c); the VNNI
-     * matvec costs far less per token than the f32 one it replaces */
-    k->gemm_min_tok_qi = 32;
+    k->qg16_pack = a5_qg16_pack;   /* and reads weights repacked as QG16 */
+    k->gemm_min_tok_qi = LP_VNNI_GEMM_QI;
     return true;
 }
 

@@ -21,9 +21,8 @@
 /* Multipliers per row and chunk, with room for the zero padding read past the last group. */
 #define QI_NG (QI_CH / 32 + 16)
 /* Bytes ahead prefetched in each weight row (first token only): the same
- * offset of the next block of 4 rows, at most 16 KiB. Measured on a Zen 4
- * host (2 threads, 64 MB of 4-bit rows): 1 KiB rows 5.9 GB/s at 1 KiB ahead,
- * 7.2-8.2 at 4 KiB, lower past it; 4 KiB rows best at 8-16 KiB. */
+ * offset of the next block of 4 rows, at most 16 KiB (ADR 0055, "Measurements
+ * moved out of the kernels"). */
 #define QI_PF_MAX 16384
 AI size_t qi_pf_dist(const struct wmat *w)
 {

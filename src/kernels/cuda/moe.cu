@@ -1,7 +1,8 @@
 /*
  * moe: mixture-of-experts ops on the GPU (backend.h), the CPU reference's
- * arithmetic (backend_cpu_moe.c): top-k by repeated selection (ties to the
- * lower index), softmax weights in double, PhiMoE's sparsemixer.
+ * arithmetic: the routing is ../moe_route.h, the same functions the CPU
+ * backend runs (top-k by repeated selection, ties to the lower index, softmax
+ * weights in double, PhiMoE's sparsemixer, the grouped routers).
  *
  * route:   one thread per token
  * group:   one thread (a stable counting sort of n_slot = n_tok * k pairs)
@@ -13,33 +14,13 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../moe_route.h"
 #include "cuda_impl.h"
 
-#define MOE_MAX_EXPERTS 256
+#define MOE_MAX_EXPERTS MOE_ROUTE_MAX_EXPERTS
 #define MOE_MAX_K 16
 
 // ---- routing ----
-
-__device__ float sparsemixer_pick(const float *logits, const bool *masked, int n, float eps,
-                                  int32_t *pick)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!masked[i] && (best < 0 || logits[i] > logits[best]))
-            best = i;
-    float thr = logits[best];
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        if (masked[i])
-            continue;
-        float factor = fabsf(logits[i]) > thr ? fabsf(logits[i]) : thr;
-        if ((thr - logits[i]) / factor > 2.0f * eps)
-            continue;
-        sum += exp((double)logits[i] - thr);
-    }
-    *pick = best;
-    return (float)(1.0 / sum);
-}
 
 __global__ void route_kernel(int kind, int32_t *sel_all, float *w_all, const float *logits_all,
                              int n_tok, int n, int k, float jitter)
@@ -47,33 +28,8 @@ __global__ void route_kernel(int kind, int32_t *sel_all, float *w_all, const flo
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok)
         return;
-    const float *logits = logits_all + (size_t)t * n;
-    int32_t *sel = sel_all + (size_t)t * k;
-    float *w = w_all + (size_t)t * k;
-    if (kind == ROUTER_SPARSEMIXER) {
-        bool masked[MOE_MAX_EXPERTS] = {};
-        w[0] = sparsemixer_pick(logits, masked, n, jitter, &sel[0]);
-        masked[sel[0]] = true;
-        w[1] = sparsemixer_pick(logits, masked, n, jitter, &sel[1]);
-        return;
-    }
-    for (int s = 0; s < k; s++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            bool taken = false;
-            for (int u = 0; u < s; u++)
-                taken |= sel[u] == i;
-            if (!taken && (best < 0 || logits[i] > logits[best]))
-                best = i;
-        }
-        sel[s] = best;
-    }
-    double sum = 0.0, mx = logits[sel[0]];
-    bool all = kind == ROUTER_SOFTMAX_TOPK_RAW;
-    for (int s = 0; s < (all ? n : k); s++)
-        sum += exp((double)logits[all ? s : sel[s]] - mx);
-    for (int s = 0; s < k; s++)
-        w[s] = (float)(exp((double)logits[sel[s]] - mx) / sum);
+    moe_route_one(kind, logits_all + (size_t)t * n, n, k, jitter, sel_all + (size_t)t * k,
+                  w_all + (size_t)t * k);
 }
 
 void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
@@ -91,23 +47,7 @@ void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float
     cu_check(c, "moe_route");
 }
 
-/* Top-k of doubles by repeated selection, ties toward the lower index. */
-__device__ void topk_d(const double *v, int n, int k, int32_t *idx)
-{
-    for (int s = 0; s < k; s++) {
-        int best = -1;
-        for (int i = 0; i < n; i++) {
-            bool taken = false;
-            for (int t = 0; t < s; t++)
-                taken |= idx[t] == i;
-            if (!taken && (best < 0 || v[i] > v[best]))
-                best = i;
-        }
-        idx[s] = best;
-    }
-}
-
-/* One thread per token: the CPU's route_grouped_one (backend_cpu_moe.c), in double. */
+/* One thread per token: the CPU's arithmetic (../moe_route.h), in double. */
 __global__ void route_grouped_kernel(int kind, int32_t *sel_all, float *w_all,
                                      const float *logits_all, int n_tok, int n, int k,
                                      const float *bias, int n_group, int topk_group, bool norm,
@@ -116,53 +56,8 @@ __global__ void route_grouped_kernel(int kind, int32_t *sel_all, float *w_all,
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok)
         return;
-    const float *logits = logits_all + (size_t)t * n;
-    int32_t *sel = sel_all + (size_t)t * k;
-    float *w = w_all + (size_t)t * k;
-    double s[MOE_MAX_EXPERTS], c[MOE_MAX_EXPERTS], gscore[MOE_MAX_EXPERTS];
-    int32_t gsel[MOE_MAX_EXPERTS];
-    if (kind == ROUTER_GROUP_SOFTMAX) {
-        double mx = logits[0], sum = 0.0;
-        for (int i = 1; i < n; i++)
-            mx = logits[i] > mx ? logits[i] : mx;
-        for (int i = 0; i < n; i++)
-            sum += s[i] = exp((double)logits[i] - mx);
-        for (int i = 0; i < n; i++)
-            s[i] /= sum;
-    } else {
-        for (int i = 0; i < n; i++)
-            s[i] = 1.0 / (1.0 + exp(-(double)logits[i]));
-    }
-    for (int i = 0; i < n; i++)
-        c[i] = s[i] + (bias ? (double)bias[i] : 0.0);
-    int gs = n / n_group;
-    if (n_group > 1 && topk_group < n_group) {
-        for (int g = 0; g < n_group; g++) {
-            const double *cg = c + (size_t)g * gs;
-            int32_t two[2] = {0, 0};
-            if (kind == ROUTER_GROUP_SIGMOID && gs >= 2) {
-                topk_d(cg, gs, 2, two);
-                gscore[g] = cg[two[0]] + cg[two[1]];
-            } else {
-                topk_d(cg, gs, 1, two);
-                gscore[g] = cg[two[0]];
-            }
-        }
-        topk_d(gscore, n_group, topk_group, gsel);
-        for (int g = 0; g < n_group; g++) {
-            bool keep = false;
-            for (int u = 0; u < topk_group; u++)
-                keep |= gsel[u] == g;
-            for (int i = 0; !keep && i < gs; i++)
-                c[(size_t)g * gs + i] = 0.0;
-        }
-    }
-    topk_d(c, n, k, sel);
-    double sum = 0.0;
-    for (int j = 0; j < k; j++)
-        sum += s[sel[j]];
-    for (int j = 0; j < k; j++)
-        w[j] = (float)((norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * scale);
+    moe_route_grouped_one(kind, logits_all + (size_t)t * n, n, k, n_group, topk_group, norm, scale,
+                          bias, sel_all + (size_t)t * k, w_all + (size_t)t * k);
 }
 
 void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
