@@ -888,7 +888,7 @@ static const struct filter_entry {
     {"escape", f_escape},
     {"first", f_first},
     {"float", f_float},
-    {"forceescape", f_format},  /* as the strcmp chain dispatched it (its first letter) */
+    {"forceescape", f_escape},
     {"format", f_format},
     {"indent", f_indent},
     {"int", f_int},
