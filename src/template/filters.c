@@ -8,6 +8,9 @@
  * as Python's round() does, `indent`'s handling of blank lines.
  * An unknown filter or test name is a render error naming it (jinja2
  * reports that at compile time; the text is the same).
+ * Each filter is one function (f_<name>, or one per family: the case
+ * filters, first/last, min/max, the map/select family), found by name in
+ * k_filters, where aliases (count, d, e, escape, forceescape) are entries.
  */
 #include <math.h>
 #include <stdio.h>
