@@ -3,7 +3,11 @@
  * runs the suites whose name contains one of the NAMEs, and if none matches,
  * the tests whose name contains it (cmocka's filter). Family self-tests run
  * through the registry suite (one per model_ops entry), so adding a family
- * never edits this file.
+ * never edits this file. The golden, batch and convert suites read their
+ * cases from the folders of tests/fixtures/golden (golden_cases.c): one
+ * test per case, golden_<case> and batched_<case>, so `run_tests
+ * golden_llama` runs the cases whose name contains llama (llama,
+ * llama3_rope, llama_dynamic), and a new folder is a new case.
  */
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +101,16 @@ int test_backend_new(struct backend **be, int n_threads, struct err *e)
     return backend_new(be, dev && *dev ? dev : "cpu", n_threads, e);
 }
 
+/* A suite's tests: its static array, or those its build gives (the golden cases). */
+static int run_suite(const struct test_suite *s)
+{
+    const struct CMUnitTest *tests = s->tests;
+    size_t n_tests = s->n_tests;
+    if (s->build)
+        s->build(&tests, &n_tests);
+    return _cmocka_run_group_tests(s->name, tests, n_tests, NULL, NULL);
+}
+
 int main(int argc, char **argv)
 {
     /* a device that cannot run here (no driver, no GPU, no plugin): skipped, not failed */
@@ -135,8 +149,7 @@ int main(int argc, char **argv)
         if (!run)
             continue;
         matched++;
-        failed |= _cmocka_run_group_tests(k_suites[i]->name, k_suites[i]->tests,
-                                          k_suites[i]->n_tests, NULL, NULL);
+        failed |= run_suite(k_suites[i]);
     }
     if (!matched && argc >= 2) {
         /* cmocka filters are globs over the whole test name */
@@ -144,8 +157,7 @@ int main(int argc, char **argv)
         snprintf(glob, sizeof glob, "*%s*", argv[1]);
         cmocka_set_test_filter(glob);
         for (size_t i = 0; i < n; i++)
-            failed |= _cmocka_run_group_tests(k_suites[i]->name, k_suites[i]->tests,
-                                              k_suites[i]->n_tests, NULL, NULL);
+            failed |= run_suite(k_suites[i]);
     }
     return failed ? 1 : 0;
 }

@@ -17,10 +17,14 @@ struct test_suite {
     const char *name;
     const struct CMUnitTest *tests;
     size_t n_tests;
+    /* Or, for a suite whose tests come from the fixture folders (one per golden case):
+     * its tests, built at run time (the array lives as long as the process). */
+    void (*build)(const struct CMUnitTest **tests, size_t *n_tests);
 };
 
 #define TEST_SUITE(sname, arr) \
-    const struct test_suite sname##_suite = {#sname, arr, sizeof(arr) / sizeof((arr)[0])}
+    const struct test_suite sname##_suite = {#sname, arr, sizeof(arr) / sizeof((arr)[0]), NULL}
+#define TEST_SUITE_BUILT(sname, fn) const struct test_suite sname##_suite = {#sname, NULL, 0, fn}
 
 /* Absolute path of a file under the repository root (static buffer per call site is not
  * thread-safe; tests are single-threaded). */
@@ -31,6 +35,29 @@ const char *test_path(const char *rel);
  * golden_dir/golden.safetensors (prefill + greedy decode, 1e-3 x max|logit|);
  * fails the test otherwise. Returns the worst relative error. (test_golden.c) */
 double golden_check_model(const char *model_dir, const char *golden_dir, bool fused);
+
+/* The golden cases: every folder of tests/fixtures/golden holding a golden.json, by
+ * name, sorted (golden_cases.c). golden_cases_scan reads the folders of root (-1: root
+ * cannot be read); golden_cases() is the repository's, read once (n == 0 when none). */
+struct golden_cases {
+    size_t n;
+    char **names;
+};
+int golden_cases_scan(const char *root, struct golden_cases *out);
+void golden_cases_deinit(struct golden_cases *gc);
+const struct golden_cases *golden_cases(void);
+/* tests/fixtures/golden/<name> as test_path gives it (a static buffer, 4 in rotation). */
+const char *golden_case_dir(const char *name);
+/* Whether the case in dir is one the convert suite quantizes: a golden2 case
+ * (golden.json records attended_keys_last_query, which only the golden2 generator
+ * writes) in the Hugging Face layout (no "layout" key: not an mlx-lm or per-expert
+ * layout case). -1 when golden.json cannot be read or is not an object. */
+int golden_case_is_convert_q(const char *dir, bool *out);
+/* One test per golden case, named prefix<case>, running fn with the case name as its
+ * state, then the n_extra tests of extra; a single failing test when there is no case.
+ * *tests is allocated (for the life of the process). */
+void golden_case_tests(const char *prefix, CMUnitTestFunction fn, const struct CMUnitTest *extra,
+                       size_t n_extra, struct CMUnitTest **tests, size_t *n_tests);
 
 /* Index of the largest of v[0 .. n) (the first on ties). (main.c) */
 int test_argmax(const float *v, int n);

@@ -1,7 +1,8 @@
 /*
  * batch: the batched forward and the paged KV cache.
  *
- * batched_<case>: for every golden family, 8 sequences with prompts of
+ * batched_<case>: for every golden case (the folders of tests/fixtures/golden
+ * holding a golden.json, golden_cases.c), 8 sequences with prompts of
  * different lengths run together in mixed batches (prompts fed in chunks of
  * up to 3 tokens while other sequences decode, sequences joining at
  * different steps) give, per sequence, the logits of the same sequence run
@@ -160,7 +161,7 @@ static void batched_case(void **state)
     struct err e = {0};
     struct st_set *gs = NULL;
     struct tensor ids;
-    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    snprintf(dir, sizeof dir, "%s", golden_case_dir(name));
     snprintf(path, sizeof path, "%s/golden.safetensors", dir);
     if (st_set_open_file(&gs, path, &e) < 0 || st_set_take(gs, "input_ids", &ids, &e) < 0)
         fail_msg("%s", e.msg);
@@ -360,22 +361,21 @@ static void kv_exhaustion_and_rules(void **state)
     test_eng_close(&g);
 }
 
-#define BATCH_CASES(X) \
-    X(llama) X(llama3_rope) X(mistral) X(qwen2) X(qwen3) X(phi) X(phi3) \
-    X(phi3_longrope_short) X(phi3_longrope_long) X(mixtral) X(phimoe) X(phixtral) X(phixtral_mlx) \
-    X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa) \
-    X(smollm3) X(granite) X(starcoder2) X(olmo2) X(gemma) X(cohere) X(gemma2) X(gemma3_text) \
-    X(qwen3_moe) X(qwen3_moe_mlx_q4) X(qwen2_moe) X(qwen3_yarn) X(llama_dynamic) \
-    X(gpt_oss) X(gpt_oss_mlx) X(deepseek_v2) X(deepseek_v3)
+/* batched_<case> for every golden case (golden_cases.c), then the sequence operations. */
+static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
+{
+    static struct CMUnitTest *t;
+    static size_t n;
+    static const struct CMUnitTest extra[] = {
+        cmocka_unit_test(kv_fork_cow),
+        cmocka_unit_test(kv_truncate),
+        cmocka_unit_test(kv_remove_reuse),
+        cmocka_unit_test(kv_exhaustion_and_rules),
+    };
+    if (!t)
+        golden_case_tests("batched_", batched_case, extra, sizeof extra / sizeof extra[0], &t, &n);
+    *tests = t;
+    *n_tests = n;
+}
 
-#define ENTRY(n) {"batched_" #n, batched_case, NULL, NULL, (void *)#n},
-static const struct CMUnitTest tests[] = {
-    BATCH_CASES(ENTRY)
-    cmocka_unit_test(kv_fork_cow),
-    cmocka_unit_test(kv_truncate),
-    cmocka_unit_test(kv_remove_reuse),
-    cmocka_unit_test(kv_exhaustion_and_rules),
-};
-#undef ENTRY
-
-TEST_SUITE(batch, tests);
+TEST_SUITE_BUILT(batch, build_tests);

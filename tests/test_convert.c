@@ -588,13 +588,6 @@ static void golden2_quantized(const char *name, const struct quant_params *q, do
     stb_rmtree(dir);
 }
 
-/* Every golden2 family (and the rope / window variants of older ones) written by
- * convert -q at 8 and 4 bits, as mlx-lm lays it out, and run again. */
-#define GOLDEN2_QCASES(X) \
-    X(gemma) X(gemma2) X(gemma3_text) X(qwen2_moe) X(qwen3_moe) X(deepseek_v2) X(deepseek_v3) \
-    X(gpt_oss) X(olmo2) X(granite) X(starcoder2) X(cohere) X(smollm3) X(mistral_swa) \
-    X(phi3_swa) X(qwen3_yarn) X(llama_dynamic)
-
 /* config.json's quantization object of folder dir (owned by the caller). */
 static cJSON *quantization_of(const char *dir)
 {
@@ -627,9 +620,24 @@ static void test_golden2_quantized(void **state)
     qwen3_moe_config_as_mlx_lm();
     (void)state;
     struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
-#define RUN(n) golden2_quantized(#n, &q8, 0.1); golden2_quantized(#n, &q4, 0);
-    GOLDEN2_QCASES(RUN)
-#undef RUN
+    /* every golden2 case in the Hugging Face layout (golden_case_is_convert_q: the golden2
+     * families and the rope / window variants of older ones), written by convert -q at 8
+     * and 4 bits, as mlx-lm lays it out, and run again */
+    const struct golden_cases *gc = golden_cases();
+    size_t n_run = 0;
+    for (size_t i = 0; i < gc->n; i++) {
+        bool yes;
+        if (golden_case_is_convert_q(golden_case_dir(gc->names[i]), &yes) < 0)
+            fail_msg("%s: golden.json cannot be read", gc->names[i]);
+        if (!yes)
+            continue;
+        golden2_quantized(gc->names[i], &q8, 0.1);
+        golden2_quantized(gc->names[i], &q4, 0);
+        n_run++;
+    }
+    if (n_run == 0)
+        fail_msg("no golden case to convert under %s", test_path("tests/fixtures/golden"));
+    printf("convert -q: %zu golden cases\n", n_run);
     /* group 32 quantizes DeepSeek-V3's unembed_out (kv_lora_rank 32) too */
     struct quant_params q8g32 = {QMODE_AFFINE, 8, 32, QUANT_GPU};
     golden2_quantized("deepseek_v3", &q8g32, 0.1);

@@ -6,18 +6,22 @@
  * 1e-3 x max|logit| of that row, then greedy decoding through the KV cache
  * must pick exactly the reference ids while each step's logits stay within
  * the same tolerance. MoE cases run with the fused single-token path on and
- * off. Each case prints its max error.
+ * off. Each case prints its max error. The cases are the folders of
+ * tests/fixtures/golden holding a golden.json (golden_cases.c): one test
+ * golden_<case> each.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/safetensors.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
 #include "kernels/backend.h"
 #include "models/model.h"
+#include "st_build.h"
 #include "test.h"
 
 #define REL_TOL 1e-3
@@ -106,8 +110,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
 
 static double run_case(const char *name, struct backend *be, bool fused)
 {
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    const char *dir = golden_case_dir(name);
     return run_dirs(name, dir, dir, be, fused, 0);
 }
 
@@ -134,27 +137,15 @@ static void check_case(void **state)
     run_case(name, be, false);
     /* chunks of 5 rows: prefill split across forward chunks and logit downloads */
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", test_path("tests/fixtures/golden"), name);
+    snprintf(dir, sizeof dir, "%s", golden_case_dir(name));
     run_dirs(name, dir, dir, be, true, 5);
     backend_free(be);
 }
-
-#define GOLDEN_CASES(X) \
-    X(llama) X(llama3_rope) X(mistral) X(qwen2) X(qwen3) X(phi) X(phi3) \
-    X(phi3_longrope_short) X(phi3_longrope_long) X(mixtral) X(phimoe) X(phixtral) X(phixtral_mlx) \
-    X(phixtral_mlx_q4) X(phixtral_mlx_q8) X(mistral_swa) X(phi3_swa) \
-    X(smollm3) X(granite) X(starcoder2) X(olmo2) X(gemma) X(cohere) X(gemma2) X(gemma3_text) \
-    X(qwen3_moe) X(qwen3_moe_mlx_q4) X(qwen2_moe) X(qwen3_yarn) X(llama_dynamic) \
-    X(gpt_oss) X(gpt_oss_mlx) X(deepseek_v2) X(deepseek_v3)
 
 /* Every case again with the narrow KV caches of --kv-type (ADR 0030), greedy ids identical:
  * f16 within 2e-3 (measured: at most 7.4e-4 with AVX2 and AVX-512, gpt_oss; 1.01e-3 on the
  * scalar path, gpt_oss_mlx, the one case past the 1e-3 bound of the f32 default), bf16 (8
  * significant bits) within 3e-2 (measured: at most 1.6e-2, qwen3_moe_mlx_q4). */
-#define NAME(n) #n,
-static const char *const k_cases[] = {GOLDEN_CASES(NAME)};
-#undef NAME
-
 static void check_kv_narrow(void **state)
 {
     (void)state;
@@ -163,20 +154,23 @@ static void check_kv_narrow(void **state)
     if (test_backend_new(&be, 2, &e) < 0)
         fail_msg("%s", e.msg);
     double worst16 = 0.0, worstb = 0.0;
-    for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
+    const struct golden_cases *gc = golden_cases();
+    if (gc->n == 0)
+        fail_msg("no golden cases");
+    for (size_t i = 0; i < gc->n; i++) {
         test_kv_dtype = DTYPE_F16;
         g_tol = 2e-3;
-        double r16 = run_case(k_cases[i], be, true);
+        double r16 = run_case(gc->names[i], be, true);
         test_kv_dtype = DTYPE_BF16;
         g_tol = 3e-2;
-        double rb = run_case(k_cases[i], be, true);
+        double rb = run_case(gc->names[i], be, true);
         test_kv_dtype = DTYPE_F32;
         g_tol = REL_TOL;
         worst16 = r16 > worst16 ? r16 : worst16;
         worstb = rb > worstb ? rb : worstb;
     }
     printf("golden kv caches: f16 max rel err %.2e, bf16 %.2e over %zu cases\n", worst16, worstb,
-           sizeof k_cases / sizeof k_cases[0]);
+           gc->n);
     backend_free(be);
 }
 
@@ -189,10 +183,91 @@ static int kv_reset(void **state)
     return 0;
 }
 
-/* the case name travels as the test's initial state */
-#define ENTRY(n) {"golden_" #n, check_case, NULL, NULL, (void *)#n},
-static const struct CMUnitTest tests[] = {GOLDEN_CASES(ENTRY)
-                                           cmocka_unit_test_teardown(check_kv_narrow, kv_reset)};
-#undef ENTRY
+/* The case list comes from the folders: one with a golden.json is a case (hidden ones and
+ * folders without it are not), sorted by name; the convert suite's selection follows
+ * golden.json (a golden2 case in the Hugging Face layout). */
+static void golden_cases_from_folders(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *dir, *golden_json;  /* NULL: no golden.json */
+        int convert_q;                  /* golden_case_is_convert_q: 1, 0, -1 (error) */
+    } k[] = {
+        {"zeta", "{\"attended_keys_last_query\": [28, 28]}", 1},
+        {"alpha", "{\"attended_keys_last_query\": [28, 28], \"layout\": \"mlx-lm converted\"}", 0},
+        {"mid", "{\"min_top2_margin\": 0.5}", 0},
+        {"broken", "[1, 2", -1},
+        {"no_json", NULL, -1},
+        {".hidden", "{}", 0},
+    };
+    char *root = stb_tmpdir();
+    assert_non_null(root);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        char sub[4200];
+        snprintf(sub, sizeof sub, "%s/%s", root, k[i].dir);
+        assert_int_equal(mkdir(sub, 0700), 0);
+        assert_int_equal(stb_write_text(stb_path(sub, "config.json"), "{}"), 0);
+        if (k[i].golden_json)
+            assert_int_equal(stb_write_text(stb_path(sub, "golden.json"), k[i].golden_json), 0);
+    }
+    assert_int_equal(stb_write_text(stb_path(root, "a_file"), "x"), 0);
+    struct golden_cases gc;
+    assert_int_equal(golden_cases_scan(root, &gc), 0);
+    assert_int_equal(gc.n, 4);
+    assert_string_equal(gc.names[0], "alpha");
+    assert_string_equal(gc.names[1], "broken");
+    assert_string_equal(gc.names[2], "mid");
+    assert_string_equal(gc.names[3], "zeta");
+    golden_cases_deinit(&gc);
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        char sub[4200];
+        bool yes = true;
+        snprintf(sub, sizeof sub, "%s/%s", root, k[i].dir);
+        int rc = golden_case_is_convert_q(sub, &yes);
+        if (k[i].convert_q < 0) {
+            assert_int_equal(rc, -1);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(yes, k[i].convert_q == 1);
+        }
+        stb_rmtree(strdup(sub));
+    }
+    stb_rmtree(root);
+    assert_int_equal(golden_cases_scan("/nonexistent/golden", &gc), -1);
+    /* the repository's: every case has its reference data; the convert selection is the
+     * golden2 float cases (deepseek_v3), not the older families (llama) nor the mlx-lm
+     * layouts (qwen3_moe_mlx_q4) */
+    const struct golden_cases *rc = golden_cases();
+    assert_true(rc->n > 0);
+    for (size_t i = 0; i < rc->n; i++) {
+        struct stat st;
+        if (stat(stb_path(golden_case_dir(rc->names[i]), "golden.safetensors"), &st) != 0)
+            fail_msg("golden case %s has no golden.safetensors", rc->names[i]);
+    }
+    static const struct {
+        const char *name;
+        bool convert_q;
+    } known[] = {{"deepseek_v3", true}, {"llama_dynamic", true}, {"llama", false}, {"qwen3_moe_mlx_q4", false}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        bool yes;
+        assert_int_equal(golden_case_is_convert_q(golden_case_dir(known[i].name), &yes), 0);
+        if (yes != known[i].convert_q)
+            fail_msg("%s: convert selection %d, want %d", known[i].name, yes, known[i].convert_q);
+    }
+}
 
-TEST_SUITE(golden, tests);
+/* golden_<case> for every folder of tests/fixtures/golden (golden_cases.c), then the
+ * narrow caches over all of them. */
+static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
+{
+    static struct CMUnitTest *t;
+    static size_t n;
+    static const struct CMUnitTest extra[] = {cmocka_unit_test(golden_cases_from_folders),
+                                              cmocka_unit_test_teardown(check_kv_narrow, kv_reset)};
+    if (!t)
+        golden_case_tests("golden_", check_case, extra, sizeof extra / sizeof extra[0], &t, &n);
+    *tests = t;
+    *n_tests = n;
+}
+
+TEST_SUITE_BUILT(golden, build_tests);

@@ -151,6 +151,9 @@ static const struct { const char *name, *src, *want; } k_cases[] = {
      "[3, 1, 2]|{\"b\": 2, \"a\": 1}|{\n  \"b\": 2,\n  \"a\": 1\n}|{\"role\": \"assistant\", \"content\": \"<think>\\nr\\n</think>\\n\\nok\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {\"a\": 1, \"b\": [1.5, \"x\"]}}}]}|\"\303\274\\n\\\"\\\\\"|{\"a\": 1, \"b\": 2}|1.0|null|{\n    \"a\": [\n        1,\n        {\n            \"b\": null\n        }\n    ],\n    \"e\": [],\n    \"f\": {}\n}|{\"b\":2,\"a\":1}"},
     {"conversions", "{{ '3'|int + 1 }}|{{ '3.7'|int }}|{{ 'x'|int }}|{{ 'x'|int(7) }}|{{ '2.5'|float }}|{{ 3|float }}|{{ 2.567|round(2) }}|{{ 2.5|round }}|{{ 3.5|round }}|{{ 2.1|round(method='ceil') }}|{{ 7|string ~ 'x' }}|{{ 'ab'|list }}|{{ '%s-%d'|format('a', 3) }}|{{ \"<&>\"|e }}|{{ s|safe }}",
      "4|3|0|7|2.5|3.0|2.57|2.0|4.0|3.0|7x|['a', 'b']|a-3|&lt;&amp;&gt;|Hello World"},
+    /* jinja2's forceescape is escape (markupsafe's five characters), never a format string */
+    {"escape_filters", "{{ \"<&>'\\\"\"|e }}|{{ '<a>'|escape }}|{{ \"<a href='x'>%\"|forceescape }}|{{ 5|forceescape }}",
+     "&lt;&amp;&gt;&#39;&#34;|&lt;a&gt;|&lt;a href=&#39;x&#39;&gt;%|5"},
     {"indent", "{{ \"a\\nb\\n\\nc\"|indent(2) }}|{{ \"a\\nb\"|indent(2, true) }}|{{ \"a\\n\\nb\"|indent(2, blank=true) }}|{{ \"x\"|indent }}",
      "a\n  b\n\n  c|  a\n  b|a\n  \n  b|x"},
     {"logic_and_compare", "{{ 1 if x > 2 else 0 }}{{ 'a' if false }}{{ x > 2 and 'yes' or 'no' }}{{ not x }}{{ x in l }}{{ 5 not in l }}{{ 'W' in s }}{{ 'a' in d }}{{ 1 < x < 5 }}{{ x != 3 }}{{ 'a' < 'b' }}{{ [1,2] < [1,3] }}{{ 1 == 1.0 }}{{ true == 1 }}{{ not x is defined }}{{ messages|length - 1 }}{{ -1|abs }}",

@@ -134,8 +134,10 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
      *    or over the whole q / k width before the head split (OLMo 2), one "head" per row */
     if (cfg->qk_norm) {
         int qh = cfg->qk_norm_full ? 1 : ap->n_head, kh = cfg->qk_norm_full ? 1 : ap->n_kv_head;
-        struct blk_norm_w qn = {cfg->norm, cfg->norm_eps, &L->q_norm, NULL, cfg->norm_w_off};
-        struct blk_norm_w kn = {cfg->norm, cfg->norm_eps, &L->k_norm, NULL, cfg->norm_w_off};
+        struct blk_norm_w qn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->q_norm, .b = NULL,
+                                .w_off = cfg->norm_w_off};
+        struct blk_norm_w kn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->k_norm, .b = NULL,
+                                .w_off = cfg->norm_w_off};
         norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
         norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
     }

@@ -23,8 +23,11 @@
 
 
 /* transformers CohereConfig defaults */
-static const struct hf_defaults cohere_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu",
-                                                   0, false, true};
+static const struct hf_defaults cohere_defaults = {
+    .eps_key = "layer_norm_eps", .norm_eps = 1e-5f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = true,
+};
 
 static int cohere_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -66,11 +66,26 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
     const struct hparams *hp = &c->m->hp;
     const struct ctx_bufs *b = &c->bufs;
     if (ls->moe) {
-        struct moe_group_params gp = {hp->router_bias ? &L->router_b : NULL, hp->moe_n_group,
-                                      hp->moe_topk_group, hp->moe_norm, hp->moe_scale};
-        struct blk_moe_cfg mc = {ls->router, hp->n_expert, ls->n_expert_used, ls->router_jitter,
-                                 &gp, ls->ffn, ls->act, ls->n_ff, hp->n_embd, ls->glu_alpha,
-                                 ls->glu_limit};
+        struct moe_group_params gp = {
+            .bias = hp->router_bias ? &L->router_b : NULL,
+            .n_group = hp->moe_n_group,
+            .topk_group = hp->moe_topk_group,
+            .norm = hp->moe_norm,
+            .scale = hp->moe_scale,
+        };
+        struct blk_moe_cfg mc = {
+            .router = ls->router,
+            .n_expert = hp->n_expert,
+            .k = ls->n_expert_used,
+            .jitter = ls->router_jitter,
+            .group = &gp,
+            .ffn = ls->ffn,
+            .act = ls->act,
+            .n_ff = ls->n_ff,
+            .n_embd = hp->n_embd,
+            .glu_alpha = ls->glu_alpha,
+            .glu_limit = ls->glu_limit,
+        };
         blk_moe(c->be, b->f, in, L, &mc, b, n);
         if (ls->n_ff_shexp > 0)
             blk_shared_expert(c->be, b->f, in, L, ls->act, ls->n_ff_shexp, ls->shexp_plain, b, n);
@@ -98,14 +113,18 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         const struct layer *L = &m->layers[il];
         const struct layer_spec *ls = &hp->layer[il];
         float wo = hp->norm_w_offset;
-        struct blk_norm_w n1 = {hp->norm, hp->norm_eps, &L->attn_norm, &L->attn_norm_b, wo};
-        struct blk_norm_w n2 = {hp->norm, hp->norm_eps, &L->ffn_norm, &L->ffn_norm_b, wo};
+        struct blk_norm_w n1 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->attn_norm,
+                                .b = &L->attn_norm_b, .w_off = wo};
+        struct blk_norm_w n2 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->ffn_norm,
+                                .b = &L->ffn_norm_b, .w_off = wo};
         struct blk_attn_cfg ac;
         struct rope_params rp;
         attn_cfg_of(c, il, &ac, &rp);
 
-        struct blk_norm_w p1 = {hp->norm, hp->norm_eps, &L->attn_post_norm, NULL, wo};
-        struct blk_norm_w p2 = {hp->norm, hp->norm_eps, &L->ffn_post_norm, NULL, wo};
+        struct blk_norm_w p1 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->attn_post_norm,
+                                .b = NULL, .w_off = wo};
+        struct blk_norm_w p2 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->ffn_post_norm,
+                                .b = NULL, .w_off = wo};
         bool post = ls->residual == RESID_POST, sandwich = ls->residual == RESID_SANDWICH;
         /* the norms of the block outputs: OLMo 2's only ones, or Gemma 2's second pair */
         const struct blk_norm_w *after1 = post ? &n1 : sandwich ? &p1 : NULL;
@@ -115,10 +134,19 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         if (!post)
             blk_norm(c->be, b->xn, b->x, &n1, n, d);
         if (ls->kv == KV_LATENT) {
-            struct blk_mla_cfg mla = {hp->n_head, hp->qk_nope_dim, hp->qk_rope_dim, hp->v_head_dim,
-                                      hp->kv_lora_rank, hp->q_lora_rank, ls->attn_scale,
-                                      &rp, 1e-6f, d};  /* the q_a / kv_a norms: transformers'
-                                                        * RMSNorm default, not rms_norm_eps */
+            struct blk_mla_cfg mla = {
+                .n_head = hp->n_head,
+                .nope = hp->qk_nope_dim,
+                .rope = hp->qk_rope_dim,
+                .v_dim = hp->v_head_dim,
+                .kv_rank = hp->kv_lora_rank,
+                .q_rank = hp->q_lora_rank,
+                .scale = ls->attn_scale,
+                .rp = &rp,
+                .norm_eps = 1e-6f,  /* the q_a / kv_a norms: transformers' RMSNorm default,
+                                     * not rms_norm_eps */
+                .n_embd = d,
+            };
             blk_mla_attention(c->be, b->o, in, L, &mla, &ch->kv[il], ch->rows, b, n);
         } else {
             blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il],
@@ -137,8 +165,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
         op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
     }
-    struct blk_norm_w nout = {hp->norm, hp->norm_eps, &m->out_norm, &m->out_norm_b,
-                              hp->norm_w_offset};
+    struct blk_norm_w nout = {.kind = hp->norm, .eps = hp->norm_eps, .w = &m->out_norm,
+                              .b = &m->out_norm_b, .w_off = hp->norm_w_offset};
     if (ch->n_out > 0) {
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
                  d, b);

@@ -51,7 +51,11 @@
 #include "../loading/config.h"
 
 /* transformers DeepseekV2Config / DeepseekV3Config defaults of the fields shared with Llama */
-static const struct hf_defaults deepseek_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false, false};
+static const struct hf_defaults deepseek_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = false,
+};
 
 /* An int field where null means "none" (0) and absence the default. */
 static int int_or_null(const cJSON *cfg, const char *key, int def, int *out, struct err *e)

@@ -103,8 +103,9 @@ static int bias_routing(struct err *e)
     float logits[8] = {0};
     int32_t with[2], without[2];
     float ww[2], wo[2];
-    struct moe_group_params p = {&m->layers[1].router_b, hp->moe_n_group, hp->moe_topk_group,
-                                 hp->moe_norm, hp->moe_scale};
+    struct moe_group_params p = {.bias = &m->layers[1].router_b, .n_group = hp->moe_n_group,
+                                 .topk_group = hp->moe_topk_group, .norm = hp->moe_norm,
+                                 .scale = hp->moe_scale};
     struct moe_group_params q = p;
     q.bias = NULL;
     if ((rc = backend_cpu_new(&be, 1, "scalar", e)) == 0) {

@@ -25,8 +25,11 @@
 
 
 /* transformers GemmaConfig defaults */
-static const struct hf_defaults gemma_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f,
-                                                  "gelu_pytorch_tanh", 256, false, true};
+static const struct hf_defaults gemma_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "gelu_pytorch_tanh",
+    .head_dim = 256, .sliding = false, .tie_embd = true,
+};
 
 /* sqrt(n_embd) as transformers holds it: a tensor of the model dtype (torch_dtype, or
  * transformers 5's dtype), so bf16 / f16 checkpoints scale by the rounded value. */

@@ -18,8 +18,12 @@
 
 /* transformers Gemma2Config defaults */
 static const struct gemma_defaults gemma2_defaults = {
-    {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "gelu_pytorch_tanh", 256, false, true},
-    4096, 2, 50.0f, 30.0f,
+    .hf = {
+        .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+        .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "gelu_pytorch_tanh",
+        .head_dim = 256, .sliding = false, .tie_embd = true,
+    },
+    .window = 4096, .pattern = 2, .attn_softcap = 50.0f, .final_softcap = 30.0f,
 };
 
 static int gemma2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)

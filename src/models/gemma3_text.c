@@ -21,8 +21,12 @@
 
 /* transformers Gemma3TextConfig defaults */
 static const struct gemma_defaults gemma3_text_defaults = {
-    {"rms_norm_eps", 1e-6f, 1000000.0f, 1.0f, "gelu_pytorch_tanh", 256, false, true},
-    4096, 6, 0.0f, 0.0f,
+    .hf = {
+        .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+        .rope_theta = 1000000.0f, .partial_rotary = 1.0f, .act = "gelu_pytorch_tanh",
+        .head_dim = 256, .sliding = false, .tie_embd = true,
+    },
+    .window = 4096, .pattern = 6, .attn_softcap = 0.0f, .final_softcap = 0.0f,
 };
 
 /* transformers 5's form: rope_parameters per layer type, {"full_attention": {rope_type,

@@ -47,7 +47,11 @@
 #include "hf_common.h"
 
 /* transformers GptOssConfig defaults of the fields hf_common reads */
-static const struct hf_defaults gpt_oss_defaults = {"rms_norm_eps", 1e-5f, 150000.0f, 1.0f, "silu", 64, false, false};
+static const struct hf_defaults gpt_oss_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-5f,
+    .rope_theta = 150000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 64, .sliding = false, .tie_embd = false,
+};
 
 /* GptOssConfig's defaults of required-elsewhere fields, filled in when absent */
 static const struct {

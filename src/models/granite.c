@@ -23,7 +23,11 @@
 
 
 /* transformers GraniteConfig defaults */
-static const struct hf_defaults granite_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false, false};
+static const struct hf_defaults granite_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = false,
+};
 
 /* A multiplier read with default 1 that must be finite and non-zero. */
 static int parse_multiplier(const cJSON *cfg, const char *key, float *out, struct err *e)

@@ -9,7 +9,11 @@
 
 
 /* transformers MixtralConfig defaults */
-static const struct hf_defaults mixtral_defaults = {"rms_norm_eps", 1e-5f, 1e6f, 1.0f, "silu", 0, true, false};
+static const struct hf_defaults mixtral_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-5f,
+    .rope_theta = 1e6f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = true, .tie_embd = false,
+};
 
 static int mixtral_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -13,7 +13,11 @@
 
 
 /* transformers PhiConfig defaults */
-static const struct hf_defaults phi_defaults = {"layer_norm_eps", 1e-5f, 10000.0f, 0.5f, "gelu_new", 0, true, false};
+static const struct hf_defaults phi_defaults = {
+    .eps_key = "layer_norm_eps", .norm_eps = 1e-5f,
+    .rope_theta = 10000.0f, .partial_rotary = 0.5f, .act = "gelu_new",
+    .head_dim = 0, .sliding = true, .tie_embd = false,
+};
 
 static int phi_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -11,7 +11,11 @@
 
 
 /* transformers Phi3Config defaults */
-static const struct hf_defaults phi3_defaults = {"rms_norm_eps", 1e-5f, 10000.0f, 1.0f, "silu", 0, true, false};
+static const struct hf_defaults phi3_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-5f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = true, .tie_embd = false,
+};
 
 static int phi3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -7,7 +7,11 @@
 
 
 /* transformers Qwen2Config defaults */
-static const struct hf_defaults qwen2_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false, false};
+static const struct hf_defaults qwen2_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = false,
+};
 
 static int qwen2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -18,7 +18,11 @@
 #include "../loading/config.h"
 
 /* transformers Qwen2MoeConfig defaults */
-static const struct hf_defaults qwen2_moe_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 0, false, false};
+static const struct hf_defaults qwen2_moe_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = false,
+};
 
 static int qwen2_moe_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -8,7 +8,11 @@
 
 
 /* transformers Qwen3Config defaults */
-static const struct hf_defaults qwen3_defaults = {"rms_norm_eps", 1e-6f, 10000.0f, 1.0f, "silu", 128, false, false};
+static const struct hf_defaults qwen3_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 128, .sliding = false, .tie_embd = false,
+};
 
 static int qwen3_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

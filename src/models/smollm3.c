@@ -22,7 +22,11 @@
 
 
 /* transformers SmolLM3Config defaults */
-static const struct hf_defaults smollm3_defaults = {"rms_norm_eps", 1e-6f, 2000000.0f, 1.0f, "silu", 0, false, true};
+static const struct hf_defaults smollm3_defaults = {
+    .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
+    .rope_theta = 2000000.0f, .partial_rotary = 1.0f, .act = "silu",
+    .head_dim = 0, .sliding = false, .tie_embd = true,
+};
 
 /* no_rope_layers (a list of 0/1, at least n_layer long) or its derivation from
  * no_rope_layer_interval: layer il without rope gets n_rot = 0. */

@@ -19,8 +19,11 @@
 
 
 /* transformers Starcoder2Config defaults (sliding_window, when set, covers every layer) */
-static const struct hf_defaults starcoder2_defaults = {"norm_epsilon", 1e-5f, 10000.0f, 1.0f,
-                                                       "gelu_pytorch_tanh", 0, true, true};
+static const struct hf_defaults starcoder2_defaults = {
+    .eps_key = "norm_epsilon", .norm_eps = 1e-5f,
+    .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "gelu_pytorch_tanh",
+    .head_dim = 0, .sliding = true, .tie_embd = true,
+};
 
 static int starcoder2_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {

@@ -552,11 +552,143 @@ static int ev_filter(struct rctx *c, const struct node *n, struct tv in, struct 
     return bi_filter(c, n->name->s, in, a.pos, a.n, a.kw, a.kwv, a.n_kw, out);
 }
 
+/* [a, b] and (a, b): a list of the evaluated items, marked a tuple for the second. */
+static int ev_list(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    int rc;
+    struct tlist *l = tlist_new(c, n->n_kids);
+    if (!l)
+        return -c->e->code;
+    for (size_t i = 0; i < n->n_kids; i++)
+        if ((rc = ev(c, n->kids[i], f, &l->v[l->n++])) < 0)
+            return rc;
+    l->tuple = n->type == N_TUPLE;
+    *out = (struct tv){.k = TV_LIST, .l = l};
+    return 0;
+}
+
+/* {k: v, ...}: keys and values evaluated in source order. */
+static int ev_dict(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a, b;
+    int rc;
+    struct tdict *d = tdict_new(c, n->n_kids);
+    if (!d)
+        return -c->e->code;
+    for (size_t i = 0; i < n->n_kids; i++)
+        if ((rc = ev(c, n->kids[i], f, &a)) < 0 || (rc = ev(c, n->kv[i], f, &b)) < 0 ||
+            (rc = tdict_set(c, d, a, b)) < 0)
+            return rc;
+    *out = (struct tv){.k = TV_DICT, .d = d};
+    return 0;
+}
+
+/* x[start:stop:step], each bound None when left out. */
+static int ev_slice(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a, s0 = tv_none(), s1 = tv_none(), s2 = tv_none();
+    int rc;
+    if ((rc = ev(c, n->a, f, &a)) < 0 || (n->b && (rc = ev(c, n->b, f, &s0)) < 0) ||
+        (n->c && (rc = ev(c, n->c, f, &s1)) < 0) || (n->d && (rc = ev(c, n->d, f, &s2)) < 0))
+        return rc;
+    c->line = n->line;
+    return do_slice(c, a, s0, s1, s2, out);
+}
+
+/* fn(args...): the callee first, then the arguments. */
+static int ev_call(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a;
+    struct args args;
+    int rc;
+    if ((rc = ev(c, n->a, f, &a)) < 0 || (rc = eval_args(c, n, f, &args)) < 0)
+        return rc;
+    c->line = n->line;
+    return call_value(c, a, &args, tv_undef(NULL), out);
+}
+
+/* x is [not] name(args...). */
+static int ev_test(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a;
+    struct args args;
+    bool r;
+    int rc;
+    if ((rc = ev(c, n->a, f, &a)) < 0 || (rc = eval_args(c, n, f, &args)) < 0)
+        return rc;
+    c->line = n->line;
+    if ((rc = bi_test(c, n->name->s, a, args.pos, args.n, &r)) < 0)
+        return rc;
+    *out = tv_bool(n->op ? !r : r);
+    return 0;
+}
+
+/* -x and +x on numbers (a bool becomes an int, as in Python). */
+static int ev_unary(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a;
+    int rc;
+    if ((rc = ev(c, n->a, f, &a)) < 0)
+        return rc;
+    if (a.k == TV_UNDEF)
+        return undefined_err(c, a);
+    if (!is_num(a))
+        return rerr(c, ERR_FORMAT, "bad operand type for unary %s: '%s'", n->type == N_NEG ? "-" : "+",
+                    tv_type_name(a));
+    if (n->type == N_POS)
+        *out = a.k == TV_BOOL ? tv_int(a.b) : a;
+    else if (a.k == TV_FLOAT)
+        *out = tv_float(-a.f);
+    else if (ival(a) == INT64_MIN)
+        return rerr(c, ERR_RANGE, "integer overflow in unary -");
+    else
+        *out = tv_int(-ival(a));
+    return 0;
+}
+
+/* a < b <= c ...: chained as Python does, stopping at the first false link. */
+static int ev_cmp(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct tv a, b;
+    bool r = true;  /* the parser gives at least one link */
+    int rc;
+    if ((rc = ev(c, n->a, f, &a)) < 0)
+        return rc;
+    for (size_t i = 0; i < n->n_kids; i++) {
+        if ((rc = ev(c, n->kids[i], f, &b)) < 0)
+            return rc;
+        c->line = n->line;
+        if ((rc = compare(c, n->ops[i], a, b, &r)) < 0)
+            return rc;
+        if (!r)
+            break;
+        a = b;
+    }
+    *out = tv_bool(r);
+    return 0;
+}
+
+/* a ~ b ~ ...: the items' string forms joined. */
+static int ev_concat(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
+{
+    struct sbuf sb = {0};
+    struct tv a;
+    int rc;
+    for (size_t i = 0; i < n->n_kids; i++)
+        if ((rc = ev(c, n->kids[i], f, &a)) < 0 || (rc = tv_write(c, &sb, a, false)) < 0)
+            return rc;
+    struct tstr *s = tstr_new(c, sb.p ? sb.p : "", sb.len);
+    if (!s)
+        return -c->e->code;
+    *out = tv_str(s);
+    return 0;
+}
+
+/* One expression node: the leaves and short-circuit forms here, the rest in the ev_* above. */
 static int ev_inner(struct rctx *c, const struct node *n, struct frame *f, struct tv *out)
 {
     struct tv a, b;
     int rc;
-    bool r;
     switch (n->type) {
     case N_CONST:
         *out = n->val;
@@ -565,28 +697,10 @@ static int ev_inner(struct rctx *c, const struct node *n, struct frame *f, struc
         *out = lookup(c, f, n->name);
         return 0;
     case N_LIST:
-    case N_TUPLE: {
-        struct tlist *l = tlist_new(c, n->n_kids);
-        if (!l)
-            return -c->e->code;
-        for (size_t i = 0; i < n->n_kids; i++)
-            if ((rc = ev(c, n->kids[i], f, &l->v[l->n++])) < 0)
-                return rc;
-        l->tuple = n->type == N_TUPLE;
-        *out = (struct tv){.k = TV_LIST, .l = l};
-        return 0;
-    }
-    case N_DICT: {
-        struct tdict *d = tdict_new(c, n->n_kids);
-        if (!d)
-            return -c->e->code;
-        for (size_t i = 0; i < n->n_kids; i++)
-            if ((rc = ev(c, n->kids[i], f, &a)) < 0 || (rc = ev(c, n->kv[i], f, &b)) < 0 ||
-                (rc = tdict_set(c, d, a, b)) < 0)
-                return rc;
-        *out = (struct tv){.k = TV_DICT, .d = d};
-        return 0;
-    }
+    case N_TUPLE:
+        return ev_list(c, n, f, out);
+    case N_DICT:
+        return ev_dict(c, n, f, out);
     case N_ATTR:
         if ((rc = ev(c, n->a, f, &a)) < 0)
             return rc;
@@ -597,53 +711,19 @@ static int ev_inner(struct rctx *c, const struct node *n, struct frame *f, struc
             return rc;
         c->line = n->line;
         return get_item(c, a, b, out);
-    case N_SLICE: {
-        struct tv s0 = tv_none(), s1 = tv_none(), s2 = tv_none();
-        if ((rc = ev(c, n->a, f, &a)) < 0 || (n->b && (rc = ev(c, n->b, f, &s0)) < 0) ||
-            (n->c && (rc = ev(c, n->c, f, &s1)) < 0) || (n->d && (rc = ev(c, n->d, f, &s2)) < 0))
-            return rc;
-        c->line = n->line;
-        return do_slice(c, a, s0, s1, s2, out);
-    }
-    case N_CALL: {
-        struct args args;
-        if ((rc = ev(c, n->a, f, &a)) < 0 || (rc = eval_args(c, n, f, &args)) < 0)
-            return rc;
-        c->line = n->line;
-        return call_value(c, a, &args, tv_undef(NULL), out);
-    }
+    case N_SLICE:
+        return ev_slice(c, n, f, out);
+    case N_CALL:
+        return ev_call(c, n, f, out);
     case N_FILTER:
         if ((rc = ev(c, n->a, f, &a)) < 0)
             return rc;
         return ev_filter(c, n, a, f, out);
-    case N_TEST: {
-        struct args args;
-        if ((rc = ev(c, n->a, f, &a)) < 0 || (rc = eval_args(c, n, f, &args)) < 0)
-            return rc;
-        c->line = n->line;
-        if ((rc = bi_test(c, n->name->s, a, args.pos, args.n, &r)) < 0)
-            return rc;
-        *out = tv_bool(n->op ? !r : r);
-        return 0;
-    }
+    case N_TEST:
+        return ev_test(c, n, f, out);
     case N_NEG:
     case N_POS:
-        if ((rc = ev(c, n->a, f, &a)) < 0)
-            return rc;
-        if (a.k == TV_UNDEF)
-            return undefined_err(c, a);
-        if (!is_num(a))
-            return rerr(c, ERR_FORMAT, "bad operand type for unary %s: '%s'", n->type == N_NEG ? "-" : "+",
-                        tv_type_name(a));
-        if (n->type == N_POS)
-            *out = a.k == TV_BOOL ? tv_int(a.b) : a;
-        else if (a.k == TV_FLOAT)
-            *out = tv_float(-a.f);
-        else if (ival(a) == INT64_MIN)
-            return rerr(c, ERR_RANGE, "integer overflow in unary -");
-        else
-            *out = tv_int(-ival(a));
-        return 0;
+        return ev_unary(c, n, f, out);
     case N_NOT:
         if ((rc = ev(c, n->a, f, &a)) < 0)
             return rc;
@@ -655,20 +735,7 @@ static int ev_inner(struct rctx *c, const struct node *n, struct frame *f, struc
         c->line = n->line;
         return binop(c, n->op, a, b, out);
     case N_CMP:
-        if ((rc = ev(c, n->a, f, &a)) < 0)
-            return rc;
-        for (size_t i = 0; i < n->n_kids; i++) {
-            if ((rc = ev(c, n->kids[i], f, &b)) < 0)
-                return rc;
-            c->line = n->line;
-            if ((rc = compare(c, n->ops[i], a, b, &r)) < 0)
-                return rc;
-            if (!r)
-                break;
-            a = b;
-        }
-        *out = tv_bool(r);
-        return 0;
+        return ev_cmp(c, n, f, out);
     case N_AND:
     case N_OR:
         if ((rc = ev(c, n->a, f, &a)) < 0)
@@ -687,17 +754,8 @@ static int ev_inner(struct rctx *c, const struct node *n, struct frame *f, struc
             return ev(c, n->c, f, out);
         *out = tv_undef(NULL);
         return 0;
-    case N_CONCAT: {
-        struct sbuf sb = {0};
-        for (size_t i = 0; i < n->n_kids; i++)
-            if ((rc = ev(c, n->kids[i], f, &a)) < 0 || (rc = tv_write(c, &sb, a, false)) < 0)
-                return rc;
-        struct tstr *s = tstr_new(c, sb.p ? sb.p : "", sb.len);
-        if (!s)
-            return -c->e->code;
-        *out = tv_str(s);
-        return 0;
-    }
+    case N_CONCAT:
+        return ev_concat(c, n, f, out);
     }
     return rerr(c, ERR_INTERNAL, "statement used as an expression");
 }

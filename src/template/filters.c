@@ -8,6 +8,9 @@
  * as Python's round() does, `indent`'s handling of blank lines.
  * An unknown filter or test name is a render error naming it (jinja2
  * reports that at compile time; the text is the same).
+ * Each filter is one function (f_<name>, or one per family: the case
+ * filters, first/last, min/max, the map/select family), found by name in
+ * k_filters, where aliases (count, d, e, escape, forceescape) are entries.
  */
 #include <math.h>
 #include <stdio.h>
@@ -16,23 +19,30 @@
 
 #include "strutil.h"
 
+/* One filter call: the filter's name and its arguments, positional then keyword. */
+struct fcall {
+    const char *name;
+    struct tv *pos;
+    size_t n;
+    struct tstr **kw;
+    struct tv *kwv;
+    size_t n_kw;
+};
+
 /* Argument i by position, or by keyword name; *v untouched when absent. */
-static bool arg(struct tv *args, size_t n, struct tstr **kw, struct tv *kwv, size_t n_kw, size_t i,
-                const char *name, struct tv *v)
+static bool arg(const struct fcall *fc, size_t i, const char *name, struct tv *v)
 {
-    if (i < n) {
-        *v = args[i];
+    if (i < fc->n) {
+        *v = fc->pos[i];
         return true;
     }
-    for (size_t k = 0; k < n_kw; k++)
-        if (!strcmp(kw[k]->s, name)) {
-            *v = kwv[k];
+    for (size_t k = 0; k < fc->n_kw; k++)
+        if (!strcmp(fc->kw[k]->s, name)) {
+            *v = fc->kwv[k];
             return true;
         }
     return false;
 }
-
-#define ARG(i, name, v) arg(args, n_args, kw, kwv, n_kw, (i), (name), (v))
 
 static int need_str(struct rctx *c, struct tv v, struct tstr **out) { return tv_to_str(c, v, out); }
 
@@ -132,13 +142,12 @@ static int sort_list(struct rctx *c, struct tlist *src, struct tstr *attr, bool 
     return 0;
 }
 
-static int do_tojson(struct rctx *c, struct tv v, struct tv *args, size_t n_args, struct tstr **kw,
-                     struct tv *kwv, size_t n_kw, struct tv *out)
+static int do_tojson(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
 {
     struct tv ind = tv_none(), seps = tv_none(), sk = tv_bool(false);
-    ARG(0, "indent", &ind);
-    ARG(1, "separators", &seps);  /* transformers' tojson(x, ensure_ascii, indent, separators, sort_keys) */
-    ARG(99, "sort_keys", &sk);
+    arg(fc, 0, "indent", &ind);
+    arg(fc, 1, "separators", &seps);  /* transformers' tojson(x, ensure_ascii, indent, separators, sort_keys) */
+    arg(fc, 99, "sort_keys", &sk);
     int indent = -1;
     if (ind.k == TV_INT) {
         if (ind.i < 0 || ind.i > 64)
@@ -235,9 +244,11 @@ static int do_round(struct rctx *c, struct tv v, int64_t prec, const char *metho
 }
 
 /* map / select / reject / selectattr / rejectattr over an iterable. */
-static int do_seq_filter(struct rctx *c, const char *name, struct tv v, struct tv *args, size_t n_args,
-                         struct tstr **kw, struct tv *kwv, size_t n_kw, struct tv *out)
+static int do_seq_filter(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
 {
+    const char *name = fc->name;
+    struct tv *args = fc->pos;
+    size_t n_args = fc->n;
     struct tlist *items, *res;
     int rc;
     if ((rc = tv_iter(c, v, &items)) < 0 || !(res = tlist_new(c, 0)))
@@ -247,8 +258,8 @@ static int do_seq_filter(struct rctx *c, const char *name, struct tv v, struct t
     struct tv attr = tv_undef(NULL), dflt = tv_undef(NULL), fname = tv_undef(NULL);
     size_t rest = 0;
     if (is_map) {
-        if (ARG(99, "attribute", &attr)) {
-            ARG(99, "default", &dflt);
+        if (arg(fc, 99, "attribute", &attr)) {
+            arg(fc, 99, "default", &dflt);
         } else if (n_args < 1 || args[0].k != TV_STR) {
             return rerr(c, ERR_FORMAT, "map: expected a filter name or attribute=");
         } else {
@@ -293,7 +304,7 @@ static int do_seq_filter(struct rctx *c, const char *name, struct tv v, struct t
             if (attr.k == TV_STR) {
                 if (r.k == TV_UNDEF && dflt.k != TV_UNDEF)
                     r = dflt;
-            } else if ((rc = bi_filter(c, fname.s->s, x, args + rest, n_args - rest, kw, kwv, n_kw, &r)) < 0) {
+            } else if ((rc = bi_filter(c, fname.s->s, x, args + rest, n_args - rest, fc->kw, fc->kwv, fc->n_kw, &r)) < 0) {
                 return rc;
             }
             if ((rc = tlist_push(c, res, r)) < 0)
@@ -377,304 +388,551 @@ static int py_int(struct rctx *c, struct tv v, struct tv dflt, int64_t base, str
 
 static int py_format(struct rctx *c, struct tstr *fmt, struct tv *args, size_t n_args, struct tv *out);
 
+/* ---- filters: one function per filter (or per family), found through k_filters ---- */
+
+/* `default` / `d`: the value, or default_value (""), when it is Undefined (or falsy with
+ * boolean=true). */
+static int f_default(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_str(tstr_new(c, "", 0)), b = tv_undef(NULL);
+    arg(fc, 0, "default_value", &a);
+    arg(fc, 1, "boolean", &b);
+    bool use = v.k == TV_UNDEF || (tv_truthy(b) && !tv_truthy(v));
+    *out = use ? a : v;
+    return 0;
+}
+
+static int f_safe(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)c;
+    (void)fc;
+    *out = v;
+    return 0;
+}
+
+static int f_string(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    if (v.k == TV_STR)
+        return f_safe(c, v, fc, out);
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    return out_str(c, s, out);
+}
+
+static int f_tojson(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    return do_tojson(c, v, fc, out);
+}
+
+/* `length` / `count` */
+static int f_length(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    switch (v.k) {
+    case TV_UNDEF: *out = tv_int(0); return 0;
+    case TV_STR: *out = tv_int((int64_t)utf8_count(v.s->s, v.s->len)); return 0;
+    case TV_LIST: *out = tv_int((int64_t)v.l->n); return 0;
+    case TV_DICT: *out = tv_int((int64_t)v.d->n); return 0;
+    case TV_LOOP: *out = tv_int((int64_t)v.loop->items->n); return 0;
+    default: return rerr(c, ERR_FORMAT, "object of type '%s' has no len()", tv_type_name(v));
+    }
+}
+
+// ---- string filters: the value turned into a string first ----
+
+static int f_trim(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    struct tv a = tv_undef(NULL);
+    int rc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    arg(fc, 0, "chars", &a);
+    return out_str(c, su_strip(c, s, a.k == TV_STR ? a.s : NULL, true, true), out);
+}
+
+/* lower / upper / title / capitalize: one su_case mode each */
+static int str_case(struct rctx *c, struct tv v, enum su_case mode, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    return out_str(c, su_case(c, s, mode), out);
+}
+
+static int f_lower(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return str_case(c, v, SU_LOWER, out);
+}
+
+static int f_upper(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return str_case(c, v, SU_UPPER, out);
+}
+
+static int f_title(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return str_case(c, v, SU_JINJA_TITLE, out);
+}
+
+static int f_capitalize(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return str_case(c, v, SU_CAPITALIZE, out);
+}
+
+static int f_center(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    (void)fc;
+    (void)out;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    return rerr(c, ERR_UNSUPPORTED, "filter 'center' is not supported");
+}
+
+/* words as jinja2's \w+ counts them (any non-ASCII byte is a word byte) */
+static int f_wordcount(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    (void)fc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    int64_t n = 0;
+    bool in = false;
+    for (size_t i = 0; i < s->len; i++) {
+        unsigned char ch = (unsigned char)s->s[i];
+        bool w = ch >= 0x80 || ch == '_' || (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'z');
+        n += w && !in;
+        in = w;
+    }
+    *out = tv_int(n);
+    return 0;
+}
+
+static int f_replace(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    struct tv a = tv_undef(NULL), b = tv_undef(NULL), d = tv_int(-1);
+    int rc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    if (!arg(fc, 0, "old", &a) || !arg(fc, 1, "new", &b) || a.k != TV_STR || b.k != TV_STR)
+        return rerr(c, ERR_FORMAT, "replace: expected two strings");
+    arg(fc, 2, "count", &d);
+    return out_str(c, su_replace(c, s, a.s, b.s, d.k == TV_INT ? d.i : -1), out);
+}
+
+static int f_indent(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    struct tv a = tv_int(4), b = tv_undef(NULL), d = tv_undef(NULL);
+    int rc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    arg(fc, 0, "width", &a);
+    arg(fc, 1, "first", &b);
+    arg(fc, 2, "blank", &d);
+    return do_indent(c, s, a, tv_truthy(b), tv_truthy(d), out);
+}
+
+static int f_format(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    return py_format(c, s, fc->pos, fc->n, out);
+}
+
+/* `escape` / `e` / `forceescape`: & < > " ' as jinja2's markupsafe writes them */
+static int f_escape(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tstr *s;
+    int rc;
+    (void)fc;
+    if ((rc = need_str(c, v, &s)) < 0)
+        return rc;
+    struct sbuf sb = {0};
+    for (size_t i = 0; i < s->len; i++) {
+        const char *r = NULL;
+        switch (s->s[i]) {
+        case '&': r = "&amp;"; break;
+        case '<': r = "&lt;"; break;
+        case '>': r = "&gt;"; break;
+        case '"': r = "&#34;"; break;
+        case '\'': r = "&#39;"; break;
+        }
+        if ((rc = r ? sbuf_put(c, &sb, r, strlen(r)) : sbuf_put(c, &sb, s->s + i, 1)) < 0)
+            return rc;
+    }
+    return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
+}
+
+// ---- mappings and joins ----
+
+static int f_items(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    if (v.k == TV_UNDEF)
+        return out_list(tlist_new(c, 0), out);
+    if (v.k != TV_DICT)
+        return rerr(c, ERR_FORMAT, "items: can only be used on mappings, not '%s'", tv_type_name(v));
+    struct tfunc fn = {.name = "items", .self = v};
+    return bi_call(c, &fn, NULL, 0, NULL, NULL, 0, out);
+}
+
+static int f_join(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_str(tstr_new(c, "", 0)), b = tv_undef(NULL);
+    struct tlist *l;
+    int rc;
+    arg(fc, 0, "d", &a);
+    arg(fc, 1, "attribute", &b);
+    if ((rc = tv_iter(c, v, &l)) < 0)
+        return rc;
+    struct sbuf sb = {0};
+    for (size_t i = 0; i < l->n; i++) {
+        struct tv x = l->v[i];
+        if (b.k == TV_STR && (rc = get_path(c, x, b.s, &x)) < 0)
+            return rc;
+        if ((i && (rc = tv_write(c, &sb, a, false)) < 0) || (rc = tv_write(c, &sb, x, false)) < 0 ||
+            (rc = ev_step(c)) < 0)
+            return rc;
+    }
+    return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
+}
+
+static int f_dictsort(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_undef(NULL), by = tv_undef(NULL), d = tv_undef(NULL);
+    int rc;
+    if (v.k != TV_DICT)
+        return rerr(c, ERR_FORMAT, "dictsort: expected a mapping, not '%s'", tv_type_name(v));
+    arg(fc, 0, "case_sensitive", &a);
+    arg(fc, 1, "by", &by);
+    arg(fc, 2, "reverse", &d);
+    struct tv items;
+    struct tfunc fn = {.name = "items", .self = v};
+    if ((rc = bi_call(c, &fn, NULL, 0, NULL, NULL, 0, &items)) < 0)
+        return rc;
+    bool by_value = by.k == TV_STR && !strcmp(by.s->s, "value");
+    struct tlist *r;
+    if ((rc = sort_list(c, items.l, NULL, tv_truthy(a), tv_truthy(d), by_value ? 1 : 0, &r)) < 0)
+        return rc;
+    return out_list(r, out);
+}
+
+// ---- sequence filters: over the items of a list, string, mapping or Undefined ----
+
+static int seq_items(struct rctx *c, struct tv v, struct tlist **l)
+{
+    if (v.k != TV_UNDEF && v.k != TV_LIST && v.k != TV_STR && v.k != TV_DICT)
+        return rerr(c, ERR_FORMAT, "'%s' object is not iterable", tv_type_name(v));
+    return tv_iter(c, v, l);
+}
+
+/* first / last */
+static int seq_end(struct rctx *c, struct tv v, bool last, struct tv *out)
+{
+    struct tlist *l;
+    int rc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    *out = l->n ? l->v[last ? l->n - 1 : 0] : tv_undef("first/last of an empty sequence");
+    return 0;
+}
+
+static int f_first(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return seq_end(c, v, false, out);
+}
+
+static int f_last(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    return seq_end(c, v, true, out);
+}
+
+static int f_list(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tlist *l;
+    int rc;
+    (void)fc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    struct tlist *cp = tlist_new(c, l->n);
+    if (!cp)
+        return -c->e->code;
+    if (l->n)
+        memcpy(cp->v, l->v, l->n * sizeof *l->v);
+    cp->n = l->n;
+    return out_list(cp, out);
+}
+
+static int f_reverse(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tlist *l;
+    int rc;
+    (void)fc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    if (v.k == TV_STR) {
+        struct sbuf sb = {0};
+        for (size_t i = l->n; i-- > 0;)
+            if ((rc = sbuf_put(c, &sb, l->v[i].s->s, l->v[i].s->len)) < 0)
+                return rc;
+        return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
+    }
+    struct tlist *r = tlist_new(c, l->n);
+    if (!r)
+        return -c->e->code;
+    for (size_t i = l->n; i-- > 0;)
+        r->v[r->n++] = l->v[i];
+    return out_list(r, out);
+}
+
+static int f_sum(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tlist *l;
+    struct tv a = tv_undef(NULL), acc = tv_int(0);
+    int rc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    arg(fc, 0, "attribute", &a);
+    arg(fc, 1, "start", &acc);
+    for (size_t i = 0; i < l->n; i++) {
+        struct tv x = l->v[i];
+        if (a.k == TV_STR && (rc = get_path(c, x, a.s, &x)) < 0)
+            return rc;
+        if (x.k != TV_INT && x.k != TV_FLOAT && x.k != TV_BOOL)
+            return rerr(c, ERR_FORMAT, "sum: '%s' is not a number", tv_type_name(x));
+        if (acc.k == TV_INT && x.k != TV_FLOAT) {
+            if (__builtin_add_overflow(acc.i, x.k == TV_INT ? x.i : x.b, &acc.i))
+                return rerr(c, ERR_RANGE, "integer overflow in sum");
+        } else {
+            double ax = acc.k == TV_FLOAT ? acc.f : (double)acc.i;
+            acc = tv_float(ax + (x.k == TV_FLOAT ? x.f : x.k == TV_INT ? (double)x.i : x.b));
+        }
+    }
+    *out = acc;
+    return 0;
+}
+
+/* min / max */
+static int seq_minmax(struct rctx *c, struct tv v, const struct fcall *fc, bool max, struct tv *out)
+{
+    struct tlist *l;
+    struct tv a = tv_undef(NULL), b = tv_undef(NULL);
+    int rc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    arg(fc, 0, "case_sensitive", &a);
+    arg(fc, 1, "attribute", &b);
+    return do_minmax(c, v, max, tv_truthy(a), b, out);
+}
+
+static int f_min(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    return seq_minmax(c, v, fc, false, out);
+}
+
+static int f_max(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    return seq_minmax(c, v, fc, true, out);
+}
+
+static int f_unique(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tlist *l;
+    struct tv a = tv_undef(NULL), b = tv_undef(NULL);
+    int rc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    arg(fc, 0, "case_sensitive", &a);
+    arg(fc, 1, "attribute", &b);
+    struct tlist *r = tlist_new(c, 0), *seen = tlist_new(c, 0);
+    if (!r || !seen)
+        return -c->e->code;
+    if ((uint64_t)l->n * l->n > c->lim->max_steps)
+        return rerr(c, ERR_RANGE, "unique over %zu items is over the step limit", l->n);
+    for (size_t i = 0; i < l->n; i++) {
+        struct tv k = l->v[i];
+        bool dup = false;
+        if (b.k == TV_STR && (rc = get_path(c, k, b.s, &k)) < 0)
+            return rc;
+        if (!tv_truthy(a) && k.k == TV_STR && !(k = tv_str(su_case(c, k.s, SU_LOWER))).s)
+            return -c->e->code;
+        for (size_t j = 0; j < seen->n && !dup; j++)
+            dup = tv_equal(c, seen->v[j], k);
+        c->steps += seen->n / 16;
+        if (!dup && ((rc = tlist_push(c, seen, k)) < 0 || (rc = tlist_push(c, r, l->v[i])) < 0))
+            return rc;
+    }
+    return out_list(r, out);
+}
+
+static int f_sort(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tlist *l, *r;
+    struct tv a = tv_undef(NULL), b = tv_undef(NULL), d = tv_undef(NULL);
+    int rc;
+    if ((rc = seq_items(c, v, &l)) < 0)
+        return rc;
+    arg(fc, 0, "reverse", &a);
+    arg(fc, 1, "case_sensitive", &b);
+    arg(fc, 2, "attribute", &d);
+    if ((rc = sort_list(c, l, d.k == TV_STR ? d.s : NULL, tv_truthy(b), tv_truthy(a), -1, &r)) < 0)
+        return rc;
+    return out_list(r, out);
+}
+
+/* map / select / reject / selectattr / rejectattr */
+static int f_seq_filter(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    return do_seq_filter(c, v, fc, out);
+}
+
+// ---- numbers and attributes ----
+
+static int f_int(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_int(0), b = tv_int(10);
+    arg(fc, 0, "default", &a);
+    arg(fc, 1, "base", &b);
+    if (b.k != TV_INT || b.i < 2 || b.i > 36)
+        b = tv_int(10);
+    return py_int(c, v, a, b.i, out);
+}
+
+static int f_float(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_float(0);
+    arg(fc, 0, "default", &a);
+    *out = a;
+    if (v.k == TV_FLOAT || v.k == TV_INT || v.k == TV_BOOL) {
+        *out = tv_float(v.k == TV_FLOAT ? v.f : v.k == TV_INT ? (double)v.i : v.b);
+    } else if (v.k == TV_STR) {
+        struct tstr *t = su_strip(c, v.s, NULL, true, true);
+        char *end;
+        if (!t)
+            return -c->e->code;
+        double x = strtod(t->s, &end);
+        if (t->len && *end == 0)
+            *out = tv_float(x);
+    }
+    return 0;
+}
+
+static int f_round(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_int(0), b = tv_undef(NULL);
+    arg(fc, 0, "precision", &a);
+    arg(fc, 1, "method", &b);
+    return do_round(c, v, a.k == TV_INT ? a.i : 0, b.k == TV_STR ? b.s->s : "common", out);
+}
+
+static int f_abs(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    (void)fc;
+    if (v.k == TV_INT && v.i != INT64_MIN)
+        *out = tv_int(v.i < 0 ? -v.i : v.i);
+    else if (v.k == TV_FLOAT)
+        *out = tv_float(fabs(v.f));
+    else if (v.k == TV_BOOL)
+        *out = tv_int(v.b);
+    else
+        return rerr(c, ERR_FORMAT, "bad operand type for abs(): '%s'", tv_type_name(v));
+    return 0;
+}
+
+static int f_attr(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out)
+{
+    struct tv a = tv_undef(NULL);
+    int rc;
+    if (!arg(fc, 0, "name", &a) || a.k != TV_STR)
+        return rerr(c, ERR_FORMAT, "attr: expected a name");
+    if (v.k == TV_NS) {
+        const struct tv *x = tdict_get(v.d, a.s->s, a.s->len);
+        *out = x ? *x : tv_undef(a.s->s);
+        return 0;
+    }
+    bool found;
+    if ((rc = bi_getattr(c, v, a.s->s, a.s->len, out, &found)) < 0)
+        return rc;
+    if (!found)
+        *out = tv_undef(a.s->s);
+    return 0;
+}
+
+/* Every filter by name; aliases are entries of their own (sorted by name). */
+static const struct filter_entry {
+    const char *name;
+    int (*fn)(struct rctx *c, struct tv v, const struct fcall *fc, struct tv *out);
+} k_filters[] = {
+    {"abs", f_abs},
+    {"attr", f_attr},
+    {"capitalize", f_capitalize},
+    {"center", f_center},
+    {"count", f_length},
+    {"d", f_default},
+    {"default", f_default},
+    {"dictsort", f_dictsort},
+    {"e", f_escape},
+    {"escape", f_escape},
+    {"first", f_first},
+    {"float", f_float},
+    {"forceescape", f_escape},
+    {"format", f_format},
+    {"indent", f_indent},
+    {"int", f_int},
+    {"items", f_items},
+    {"join", f_join},
+    {"last", f_last},
+    {"length", f_length},
+    {"list", f_list},
+    {"lower", f_lower},
+    {"map", f_seq_filter},
+    {"max", f_max},
+    {"min", f_min},
+    {"reject", f_seq_filter},
+    {"rejectattr", f_seq_filter},
+    {"replace", f_replace},
+    {"reverse", f_reverse},
+    {"round", f_round},
+    {"safe", f_safe},
+    {"select", f_seq_filter},
+    {"selectattr", f_seq_filter},
+    {"sort", f_sort},
+    {"string", f_string},
+    {"sum", f_sum},
+    {"title", f_title},
+    {"tojson", f_tojson},
+    {"trim", f_trim},
+    {"unique", f_unique},
+    {"upper", f_upper},
+    {"wordcount", f_wordcount},
+};
+
 int bi_filter(struct rctx *c, const char *name, struct tv v, struct tv *args, size_t n_args,
               struct tstr **kw, struct tv *kwv, size_t n_kw, struct tv *out)
 {
-    struct tstr *s;
-    struct tlist *l;
-    struct tv a = tv_undef(NULL), b = tv_undef(NULL), d = tv_undef(NULL);
     int rc;
     if ((rc = ev_step(c)) < 0)
         return rc;
-    if (!strcmp(name, "safe") || (!strcmp(name, "string") && v.k == TV_STR)) {
-        *out = v;
-        return 0;
-    }
-    if (!strcmp(name, "string")) {
-        if ((rc = need_str(c, v, &s)) < 0)
-            return rc;
-        return out_str(c, s, out);
-    }
-    if (!strcmp(name, "tojson"))
-        return do_tojson(c, v, args, n_args, kw, kwv, n_kw, out);
-    if (!strcmp(name, "length") || !strcmp(name, "count")) {
-        switch (v.k) {
-        case TV_UNDEF: *out = tv_int(0); return 0;
-        case TV_STR: *out = tv_int((int64_t)utf8_count(v.s->s, v.s->len)); return 0;
-        case TV_LIST: *out = tv_int((int64_t)v.l->n); return 0;
-        case TV_DICT: *out = tv_int((int64_t)v.d->n); return 0;
-        case TV_LOOP: *out = tv_int((int64_t)v.loop->items->n); return 0;
-        default: return rerr(c, ERR_FORMAT, "object of type '%s' has no len()", tv_type_name(v));
-        }
-    }
-    if (!strcmp(name, "default") || !strcmp(name, "d")) {
-        a = tv_str(tstr_new(c, "", 0));
-        ARG(0, "default_value", &a);
-        ARG(1, "boolean", &b);
-        bool use = v.k == TV_UNDEF || (tv_truthy(b) && !tv_truthy(v));
-        *out = use ? a : v;
-        return 0;
-    }
-    if (!strcmp(name, "trim") || !strcmp(name, "lower") || !strcmp(name, "upper") || !strcmp(name, "title") ||
-        !strcmp(name, "capitalize") || !strcmp(name, "escape") || !strcmp(name, "e") ||
-        !strcmp(name, "forceescape") || !strcmp(name, "wordcount") || !strcmp(name, "replace") ||
-        !strcmp(name, "indent") || !strcmp(name, "format") || !strcmp(name, "center")) {
-        if ((rc = need_str(c, v, &s)) < 0)
-            return rc;
-        switch (name[0]) {
-        case 't':
-            if (name[1] == 'r') {
-                ARG(0, "chars", &a);
-                return out_str(c, su_strip(c, s, a.k == TV_STR ? a.s : NULL, true, true), out);
-            }
-            return out_str(c, su_case(c, s, SU_JINJA_TITLE), out);
-        case 'l': return out_str(c, su_case(c, s, SU_LOWER), out);
-        case 'u': return out_str(c, su_case(c, s, SU_UPPER), out);
-        case 'c':
-            if (name[1] == 'e')
-                return rerr(c, ERR_UNSUPPORTED, "filter 'center' is not supported");
-            return out_str(c, su_case(c, s, SU_CAPITALIZE), out);
-        case 'w': {
-            int64_t n = 0;
-            bool in = false;
-            for (size_t i = 0; i < s->len; i++) {
-                unsigned char ch = (unsigned char)s->s[i];
-                bool w = ch >= 0x80 || ch == '_' || (ch >= '0' && ch <= '9') || ((ch | 32) >= 'a' && (ch | 32) <= 'z');
-                n += w && !in;
-                in = w;
-            }
-            *out = tv_int(n);
-            return 0;
-        }
-        case 'r': {
-            if (!ARG(0, "old", &a) || !ARG(1, "new", &b) || a.k != TV_STR || b.k != TV_STR)
-                return rerr(c, ERR_FORMAT, "replace: expected two strings");
-            d = tv_int(-1);
-            ARG(2, "count", &d);
-            return out_str(c, su_replace(c, s, a.s, b.s, d.k == TV_INT ? d.i : -1), out);
-        }
-        case 'i': {
-            a = tv_int(4);
-            ARG(0, "width", &a);
-            ARG(1, "first", &b);
-            ARG(2, "blank", &d);
-            return do_indent(c, s, a, tv_truthy(b), tv_truthy(d), out);
-        }
-        case 'f': return py_format(c, s, args, n_args, out);
-        default: {  /* escape */
-            struct sbuf sb = {0};
-            for (size_t i = 0; i < s->len; i++) {
-                const char *r = NULL;
-                switch (s->s[i]) {
-                case '&': r = "&amp;"; break;
-                case '<': r = "&lt;"; break;
-                case '>': r = "&gt;"; break;
-                case '"': r = "&#34;"; break;
-                case '\'': r = "&#39;"; break;
-                }
-                if ((rc = r ? sbuf_put(c, &sb, r, strlen(r)) : sbuf_put(c, &sb, s->s + i, 1)) < 0)
-                    return rc;
-            }
-            return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
-        }
-        }
-    }
-    if (!strcmp(name, "items")) {
-        if (v.k == TV_UNDEF)
-            return out_list(tlist_new(c, 0), out);
-        if (v.k != TV_DICT)
-            return rerr(c, ERR_FORMAT, "items: can only be used on mappings, not '%s'", tv_type_name(v));
-        struct tfunc fn = {.name = "items", .self = v};
-        return bi_call(c, &fn, NULL, 0, NULL, NULL, 0, out);
-    }
-    if (!strcmp(name, "join")) {
-        a = tv_str(tstr_new(c, "", 0));
-        ARG(0, "d", &a);
-        ARG(1, "attribute", &b);
-        if ((rc = tv_iter(c, v, &l)) < 0)
-            return rc;
-        struct sbuf sb = {0};
-        for (size_t i = 0; i < l->n; i++) {
-            struct tv x = l->v[i];
-            if (b.k == TV_STR && (rc = get_path(c, x, b.s, &x)) < 0)
-                return rc;
-            if ((i && (rc = tv_write(c, &sb, a, false)) < 0) || (rc = tv_write(c, &sb, x, false)) < 0 ||
-                (rc = ev_step(c)) < 0)
-                return rc;
-        }
-        return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
-    }
-    if (!strcmp(name, "first") || !strcmp(name, "last") || !strcmp(name, "list") || !strcmp(name, "reverse") ||
-        !strcmp(name, "unique") || !strcmp(name, "sort") || !strcmp(name, "sum") || !strcmp(name, "min") ||
-        !strcmp(name, "max")) {
-        if (v.k != TV_UNDEF && v.k != TV_LIST && v.k != TV_STR && v.k != TV_DICT)
-            return rerr(c, ERR_FORMAT, "'%s' object is not iterable", tv_type_name(v));
-        if ((rc = tv_iter(c, v, &l)) < 0)
-            return rc;
-        if (!strcmp(name, "first") || !strcmp(name, "last")) {
-            *out = l->n ? l->v[name[0] == 'f' ? 0 : l->n - 1] : tv_undef("first/last of an empty sequence");
-            return 0;
-        }
-        if (!strcmp(name, "list")) {
-            struct tlist *cp = tlist_new(c, l->n);
-            if (!cp)
-                return -c->e->code;
-            if (l->n)
-                memcpy(cp->v, l->v, l->n * sizeof *l->v);
-            cp->n = l->n;
-            return out_list(cp, out);
-        }
-        if (!strcmp(name, "reverse")) {
-            if (v.k == TV_STR) {
-                struct sbuf sb = {0};
-                for (size_t i = l->n; i-- > 0;)
-                    if ((rc = sbuf_put(c, &sb, l->v[i].s->s, l->v[i].s->len)) < 0)
-                        return rc;
-                return out_str(c, tstr_new(c, sb.p ? sb.p : "", sb.len), out);
-            }
-            struct tlist *r = tlist_new(c, l->n);
-            if (!r)
-                return -c->e->code;
-            for (size_t i = l->n; i-- > 0;)
-                r->v[r->n++] = l->v[i];
-            return out_list(r, out);
-        }
-        if (!strcmp(name, "sum")) {
-            ARG(0, "attribute", &a);
-            struct tv acc = tv_int(0);
-            ARG(1, "start", &acc);
-            for (size_t i = 0; i < l->n; i++) {
-                struct tv x = l->v[i];
-                if (a.k == TV_STR && (rc = get_path(c, x, a.s, &x)) < 0)
-                    return rc;
-                if (x.k != TV_INT && x.k != TV_FLOAT && x.k != TV_BOOL)
-                    return rerr(c, ERR_FORMAT, "sum: '%s' is not a number", tv_type_name(x));
-                if (acc.k == TV_INT && x.k != TV_FLOAT) {
-                    if (__builtin_add_overflow(acc.i, x.k == TV_INT ? x.i : x.b, &acc.i))
-                        return rerr(c, ERR_RANGE, "integer overflow in sum");
-                } else {
-                    double ax = acc.k == TV_FLOAT ? acc.f : (double)acc.i;
-                    acc = tv_float(ax + (x.k == TV_FLOAT ? x.f : x.k == TV_INT ? (double)x.i : x.b));
-                }
-            }
-            *out = acc;
-            return 0;
-        }
-        if (!strcmp(name, "min") || !strcmp(name, "max")) {
-            ARG(0, "case_sensitive", &a);
-            ARG(1, "attribute", &b);
-            return do_minmax(c, v, name[1] == 'a', tv_truthy(a), b, out);
-        }
-        if (!strcmp(name, "unique")) {
-            ARG(0, "case_sensitive", &a);
-            ARG(1, "attribute", &b);
-            struct tlist *r = tlist_new(c, 0), *seen = tlist_new(c, 0);
-            if (!r || !seen)
-                return -c->e->code;
-            if ((uint64_t)l->n * l->n > c->lim->max_steps)
-                return rerr(c, ERR_RANGE, "unique over %zu items is over the step limit", l->n);
-            for (size_t i = 0; i < l->n; i++) {
-                struct tv k = l->v[i];
-                bool dup = false;
-                if (b.k == TV_STR && (rc = get_path(c, k, b.s, &k)) < 0)
-                    return rc;
-                if (!tv_truthy(a) && k.k == TV_STR && !(k = tv_str(su_case(c, k.s, SU_LOWER))).s)
-                    return -c->e->code;
-                for (size_t j = 0; j < seen->n && !dup; j++)
-                    dup = tv_equal(c, seen->v[j], k);
-                c->steps += seen->n / 16;
-                if (!dup && ((rc = tlist_push(c, seen, k)) < 0 || (rc = tlist_push(c, r, l->v[i])) < 0))
-                    return rc;
-            }
-            return out_list(r, out);
-        }
-        /* sort */
-        ARG(0, "reverse", &a);
-        ARG(1, "case_sensitive", &b);
-        ARG(2, "attribute", &d);
-        struct tlist *r;
-        if ((rc = sort_list(c, l, d.k == TV_STR ? d.s : NULL, tv_truthy(b), tv_truthy(a), -1, &r)) < 0)
-            return rc;
-        return out_list(r, out);
-    }
-    if (!strcmp(name, "dictsort")) {
-        if (v.k != TV_DICT)
-            return rerr(c, ERR_FORMAT, "dictsort: expected a mapping, not '%s'", tv_type_name(v));
-        ARG(0, "case_sensitive", &a);
-        struct tv by = tv_undef(NULL);
-        ARG(1, "by", &by);
-        ARG(2, "reverse", &d);
-        struct tv items;
-        struct tfunc fn = {.name = "items", .self = v};
-        if ((rc = bi_call(c, &fn, NULL, 0, NULL, NULL, 0, &items)) < 0)
-            return rc;
-        bool by_value = by.k == TV_STR && !strcmp(by.s->s, "value");
-        struct tlist *r;
-        if ((rc = sort_list(c, items.l, NULL, tv_truthy(a), tv_truthy(d), by_value ? 1 : 0, &r)) < 0)
-            return rc;
-        return out_list(r, out);
-    }
-    if (!strcmp(name, "map") || !strcmp(name, "select") || !strcmp(name, "reject") ||
-        !strcmp(name, "selectattr") || !strcmp(name, "rejectattr"))
-        return do_seq_filter(c, name, v, args, n_args, kw, kwv, n_kw, out);
-    if (!strcmp(name, "int")) {
-        a = tv_int(0);
-        b = tv_int(10);
-        ARG(0, "default", &a);
-        ARG(1, "base", &b);
-        if (b.k != TV_INT || b.i < 2 || b.i > 36)
-            b = tv_int(10);
-        return py_int(c, v, a, b.i, out);
-    }
-    if (!strcmp(name, "float")) {
-        a = tv_float(0);
-        ARG(0, "default", &a);
-        *out = a;
-        if (v.k == TV_FLOAT || v.k == TV_INT || v.k == TV_BOOL) {
-            *out = tv_float(v.k == TV_FLOAT ? v.f : v.k == TV_INT ? (double)v.i : v.b);
-        } else if (v.k == TV_STR) {
-            struct tstr *t = su_strip(c, v.s, NULL, true, true);
-            char *end;
-            if (!t)
-                return -c->e->code;
-            double x = strtod(t->s, &end);
-            if (t->len && *end == 0)
-                *out = tv_float(x);
-        }
-        return 0;
-    }
-    if (!strcmp(name, "round")) {
-        a = tv_int(0);
-        ARG(0, "precision", &a);
-        ARG(1, "method", &b);
-        return do_round(c, v, a.k == TV_INT ? a.i : 0, b.k == TV_STR ? b.s->s : "common", out);
-    }
-    if (!strcmp(name, "abs")) {
-        if (v.k == TV_INT && v.i != INT64_MIN)
-            *out = tv_int(v.i < 0 ? -v.i : v.i);
-        else if (v.k == TV_FLOAT)
-            *out = tv_float(fabs(v.f));
-        else if (v.k == TV_BOOL)
-            *out = tv_int(v.b);
-        else
-            return rerr(c, ERR_FORMAT, "bad operand type for abs(): '%s'", tv_type_name(v));
-        return 0;
-    }
-    if (!strcmp(name, "attr")) {
-        if (!ARG(0, "name", &a) || a.k != TV_STR)
-            return rerr(c, ERR_FORMAT, "attr: expected a name");
-        if (v.k == TV_NS) {
-            const struct tv *x = tdict_get(v.d, a.s->s, a.s->len);
-            *out = x ? *x : tv_undef(a.s->s);
-            return 0;
-        }
-        bool found;
-        if ((rc = bi_getattr(c, v, a.s->s, a.s->len, out, &found)) < 0)
-            return rc;
-        if (!found)
-            *out = tv_undef(a.s->s);
-        return 0;
-    }
+    struct fcall fc = {.name = name, .pos = args, .n = n_args, .kw = kw, .kwv = kwv, .n_kw = n_kw};
+    for (size_t i = 0; i < sizeof k_filters / sizeof k_filters[0]; i++)
+        if (!strcmp(name, k_filters[i].name))
+            return k_filters[i].fn(c, v, &fc, out);
     return rerr(c, ERR_FORMAT, "no filter named '%s'", name);
 }
 
