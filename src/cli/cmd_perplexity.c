@@ -129,6 +129,13 @@ int cmd_perplexity(int argc, char **argv)
         goto out;
     if (cli_read_input(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
         goto out;
+    /* ids are text: a NUL would end the list there and drop the ids after it */
+    const char *nul = ids_file ? memchr(text, 0, len) : NULL;
+    if (nul) {
+        err_setf(&e, ERR_ARG, "%s: a NUL byte at byte %zu (token ids are text: numbers and separators)",
+                 ids_file, (size_t)(nul - text));
+        goto out;
+    }
     if (ids_file ? cli_parse_ids(text, &ids, &n_ids, &e) < 0
                  : (tok_load(&tok, dir, &e) < 0 || tok_encode(tok, text, len, false, &ids, &n_ids, &e) < 0))
         goto out;
