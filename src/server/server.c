@@ -129,6 +129,16 @@ static bool key_equal(const char *got, size_t got_len, const char *want)
     return diff == 0;
 }
 
+/* The length of a field value without the whitespace after it, which is not part of the
+ * value (RFC 9110 5.5) and which libmicrohttpd 0.9.75 keeps. */
+static size_t value_len(const char *v)
+{
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    return n;
+}
+
 static bool authorized(const struct server *s, struct MHD_Connection *c)
 {
     if (!s->o.api_key)
@@ -138,10 +148,10 @@ static bool authorized(const struct server *s, struct MHD_Connection *c)
         h += 7;
         while (*h == ' ')
             h++;
-        return key_equal(h, strlen(h), s->o.api_key);
+        return key_equal(h, value_len(h), s->o.api_key);
     }
     h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    return h && key_equal(h, strlen(h), s->o.api_key);
+    return h && key_equal(h, value_len(h), s->o.api_key);
 }
 
 // ---- small endpoints ----
