@@ -291,6 +291,13 @@ static void translate_tool_results_and_max_tokens(void **state)
     assert_int_equal(err.status, 400);
     assert_string_equal(err.message, "max_tokens: field required");
     assert_null(q.messages);
+
+    /* an input_schema of another type than object is refused under its own name */
+    assert_int_equal(translate_text("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                    "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"string\"}}]}", &q, &err),
+                     -1);
+    assert_int_equal(err.status, 400);
+    assert_non_null(strstr(err.message, "'tools[0].input_schema' must be a schema of type 'object'"));
 }
 
 /* A body of ~100k tool_result blocks (what a 4 MiB body holds) is refused in linear time: each

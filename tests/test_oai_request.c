@@ -341,6 +341,16 @@ static void cmpl_prompt(void **state)
     reject_chat("{" HI ",\"tools\":[{\"type\":\"function\"}]}", "tools[0]", "must be");
     reject_chat("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a b\"}}]}",
                 "tools[0].function.name", "letters");
+    /* a call's arguments are an object: OpenAI refuses parameters of another type ("schema must be
+     * a JSON Schema of 'type: \"object\"'"), as Anthropic does an input_schema; a forced call
+     * generated a JSON string as the arguments */
+    reject_chat("{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                "{\"type\":\"string\"}}}],\"tool_choice\":\"required\"}", "tools[0].function.parameters", "object");
+    reject_chat("{" HI ",\"tools\":[" TOOL ",{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":"
+                "{\"type\":[\"object\",\"null\"]}}}]}", "tools[1].function.parameters", "object");
+    accept(&r, OAI_CHAT, "{" HI ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                         "{\"properties\":{}}}}]}");
+    oai_request_free(&r);
     reject_chat("{" HI ",\"tools\":[" TOOL "],\"tool_choice\":{\"type\":\"function\",\"function\":"
                 "{\"name\":\"other\"}}}", "tool_choice", "not among");
     reject_chat("{" HI ",\"tool_choice\":\"required\"}", "tool_choice", "empty");

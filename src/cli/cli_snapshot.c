@@ -14,6 +14,7 @@
  * with the loader's size bound.
  */
 #include <dirent.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,23 +143,30 @@ void cli_snapshot_describe(const struct cli_snapshot_check *c, char *buf, size_t
         snprintf(buf, cap, "%zu unfinished download(s) in blobs/", c->n_incomplete);
 }
 
-/* The repository of dir for the hint: owner/name from <cache>/models--owner--name/snapshots/<rev>,
- * else the folder's last two components (<models dir>/owner/name). */
-static void repo_of(const char *dir, char *buf, size_t cap)
+/* The repository of dir for the hint, false when dir is none: owner/name from
+ * <cache>/models--owner--name/snapshots/<rev>, or from <models dir>/owner/name (where
+ * `-m owner/name` finds a converted model). A folder elsewhere is the user's own: its last two
+ * components name no repository (a pull of them would fetch something unrelated). */
+static bool repo_of(const char *dir, char *buf, size_t cap)
 {
     const char *s = strstr(dir, "/models--"), *snap = s ? strstr(s, "/snapshots/") : NULL;
     const char *sep = s && snap ? strstr(s + 9, "--") : NULL;
     if (sep && sep < snap) {
         snprintf(buf, cap, "%.*s/%.*s", (int)(sep - (s + 9)), s + 9, (int)(snap - (sep + 2)), sep + 2);
-        return;
+        return true;
     }
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    size_t k = n, slashes = 0;
-    while (k > 0 && !(dir[k - 1] == '/' && ++slashes == 2))
-        k--;
-    snprintf(buf, cap, "%.*s", (int)(n - k), dir + k);
+    char md[PATH_MAX], rmd[PATH_MAX], rdir[PATH_MAX];
+    cli_models_dir(md, sizeof md);
+    if (!realpath(md, rmd) || !realpath(dir, rdir))
+        return false;
+    size_t n = strlen(rmd);
+    if (strncmp(rdir, rmd, n) != 0 || rdir[n] != '/')
+        return false;
+    const char *rest = rdir + n + 1, *slash = strchr(rest, '/');
+    if (!slash || slash == rest || !slash[1] || strchr(slash + 1, '/'))
+        return false;
+    snprintf(buf, cap, "%s", rest);
+    return true;
 }
 
 void cli_hint_partial(const char *dir, struct err *e)
@@ -171,9 +179,12 @@ void cli_hint_partial(const char *dir, struct err *e)
         return;
     char what[320], repo[512], msg[sizeof e->msg];
     cli_snapshot_describe(&sc, what, sizeof what);
-    repo_of(dir, repo, sizeof repo);
     snprintf(msg, sizeof msg, "%s", e->msg);
-    err_setf(e, e->code, "%s; the model folder is incomplete (%s): `mlxcel pull %s` completes it", msg, what, repo);
+    if (repo_of(dir, repo, sizeof repo))
+        err_setf(e, e->code, "%s; the model folder is incomplete (%s): `mlxcel pull %s` completes it", msg, what,
+                 repo);
+    else
+        err_setf(e, e->code, "%s; the model folder is incomplete (%s)", msg, what);
 }
 
 int cli_model_load(struct model **m, const char *dir, struct err *e)

@@ -31,6 +31,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/log.h"
 #include "../engine/generate.h"
 #include "../models/model.h"
 #include "cli.h"
@@ -56,6 +57,7 @@ static const char *k_help =
     "                        (default 0; prefilled untimed before every run)\n"
     "  -r, --repetitions N   timed runs per test (default 3)\n"
     "  -t, --threads N       CPU threads (default: all online CPUs)\n"
+    "  -v, --verbose         log the backend, threads, load times and loading details to stderr\n"
     "      --json            print a JSON array, one object per test\n"
     "  -h, --help            show this help\n"
     "\n"
@@ -99,14 +101,15 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
         {"n-gen", required_argument, 0, 'n'}, {"repetitions", required_argument, 0, 'r'},
         {"sequences", required_argument, 0, 's'}, {"n-depth", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int c, rc = 0;
     optind = 1;
     opterr = 0;
-    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:s:d:r:t:h", opts, NULL)) != -1) {
+    while (rc == 0 && (c = getopt_long(argc, argv, ":m:p:n:s:d:r:t:vh", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o->model = optarg; break;
+        case 'v': log_set_level(LOG_LEVEL_INFO); break;
         case 'p': rc = cli_parse_int("-p", optarg, 0, 1 << 24, &o->n_prompt, e); break;
         case 'n': rc = cli_parse_int("-n", optarg, 0, 1 << 24, &o->n_gen, e); break;
         case 'r': rc = cli_parse_int("-r", optarg, 1, BENCH_MAX_REPS, &o->reps, e); break;

@@ -30,6 +30,7 @@ static const char *k_help =
     "      --ids-file FILE token ids: a JSON array, or ids separated by whitespace\n"
     "  -c, --ctx-size, --ctx N  window size in ids (default: the model's context)\n"
     "  -t, --threads N     CPU threads (default: all online CPUs)\n"
+    "  -v, --verbose       log the backend, threads, load times and loading details to stderr\n"
     "      --json          print {\"ppl\": ..., \"nll\": ..., \"n_tokens\": ...} (\"tokens\" too, the\n"
     "                      older name)\n";
 
@@ -84,7 +85,7 @@ int cmd_perplexity(int argc, char **argv)
         {"ids-file", required_argument, 0, 'I'}, {"ctx", required_argument, 0, 'c'},
         {"ctx-size", required_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     const char *model = NULL, *file = NULL, *ids_file = NULL;
     long n_ctx = 0, threads = 0;
@@ -93,11 +94,12 @@ int cmd_perplexity(int argc, char **argv)
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":m:f:c:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":m:f:c:t:vh", opts, NULL)) != -1) {
         int rc = 0;
         switch (c) {
         case 'm': model = optarg; break;
         case 'f': file = optarg; break;
+        case 'v': log_set_level(LOG_LEVEL_INFO); break;
         case 'I': ids_file = optarg; break;
         case 'c': rc = cli_parse_int("--ctx-size", optarg, 2, 1 << 24, &n_ctx, &e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &threads, &e); break;
@@ -129,6 +131,13 @@ int cmd_perplexity(int argc, char **argv)
         goto out;
     if (cli_read_input(file ? file : ids_file, 256u << 20, &text, &len, &e) < 0)
         goto out;
+    /* ids are text: a NUL would end the list there and drop the ids after it */
+    const char *nul = ids_file ? memchr(text, 0, len) : NULL;
+    if (nul) {
+        err_setf(&e, ERR_ARG, "%s: a NUL byte at byte %zu (token ids are text: numbers and separators)",
+                 ids_file, (size_t)(nul - text));
+        goto out;
+    }
     if (ids_file ? cli_parse_ids(text, &ids, &n_ids, &e) < 0
                  : (tok_load(&tok, dir, &e) < 0 || tok_encode(tok, text, len, false, &ids, &n_ids, &e) < 0))
         goto out;

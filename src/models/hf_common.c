@@ -51,6 +51,11 @@ static int parse_yarn(struct hparams *hp, const cJSON *rs, struct err *e)
     int rc;
     float mscale, mscale_all;
     hp->rope = ROPE_YARN;
+    /* a stated original context must be positive (transformers divides by it); checked
+     * before the default below replaces it */
+    if (cfg_has(rs, "original_max_position_embeddings") && hp->rope_orig_ctx <= 0)
+        return err_setf(e, ERR_CONFIG, "rope_scaling: original_max_position_embeddings %d must be positive",
+                        hp->rope_orig_ctx);
     if (hp->rope_orig_ctx <= 0)
         hp->rope_orig_ctx = hp->n_ctx;
     if ((rc = cfg_float(rs, "factor", &hp->rope_factor, e)) < 0 ||
@@ -63,9 +68,6 @@ static int parse_yarn(struct hparams *hp, const cJSON *rs, struct err *e)
     /* transformers: a stated original context replaces the factor by the context ratio
      * (DeepSeek-V3, gpt-oss), for the frequencies and the attention factor alike */
     if (cfg_has(rs, "original_max_position_embeddings")) {
-        if (hp->rope_orig_ctx <= 0)
-            return err_setf(e, ERR_CONFIG, "rope_scaling: original_max_position_embeddings %d must "
-                            "be positive", hp->rope_orig_ctx);
         hp->rope_factor = (float)((double)hp->n_ctx / hp->rope_orig_ctx);
     }
     double af = mscale != 0.0f && mscale_all != 0.0f

@@ -125,6 +125,10 @@ int llama_ops_self_test(struct err *e)
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"mlp_bias\": true}", "mlp_bias", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2}}", "ntk", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"dynamic\"}}", "factor", e)) < 0 ||
+        /* a stated original context of 0 divides by zero in transformers; it was read as
+         * max_position_embeddings, turning factor 4 into 1 without a word */
+        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"rope_type\": \"yarn\", "
+                                "\"factor\": 4, \"original_max_position_embeddings\": 0}}", "original_max_position_embeddings", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4.5}", "num_attention_heads", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{\"vocab_size\": -5, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                                 "\"intermediate_size\": 128, \"max_position_embeddings\": 256}", "vocab_size", e)) < 0)

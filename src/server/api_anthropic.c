@@ -96,6 +96,7 @@ static void rename_fields(struct oai_error *err)
 {
     static const char *const k[][2] = {
         {"'stop'", "'stop_sequences'"}, {"stop[", "stop_sequences["}, {".function.name", ".name"},
+        {".function.parameters", ".input_schema"},
         {".function'", "'"},           {"max_completion_tokens", "max_tokens"},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {

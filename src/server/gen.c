@@ -103,6 +103,15 @@ static int oom(struct oai_error *err)
     return oai_errorf(err, 500, "server_error", NULL, NULL, "out of memory");
 }
 
+/* Code points in n bytes of UTF-8 (the bytes that do not continue a character). */
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
 /* Prompt ids: the chat template's text encoded without special tokens (as transformers'
  * apply_chat_template(tokenize=True)); a completion's text with them; or its ids. */
 static int build_prompt(struct gen *g, struct oai_error *err)
@@ -155,8 +164,10 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         return rc == -ERR_NOMEM ? oom(err)
                                 : oai_errorf(err, 400, "invalid_request_error", NULL,
                                              g->ep == OAI_CHAT ? "messages" : "prompt", "%s", e.msg);
-    if (g->echo)
+    if (g->echo) {
         g->echo_len = strlen(g->echo);
+        g->echo_chars = utf8_chars(g->echo, g->echo_len);
+    }
     g->n_prompt = (int)n;
     if (n == 0)
         return oai_errorf(err, 400, "invalid_request_error", NULL, g->ep == OAI_CHAT ? "messages" : "prompt",
@@ -449,7 +460,8 @@ static bool pump(struct gen *g)
         for (; c->consumed < n_out && !c->finished; c->consumed++) {
             int k = c->consumed;
             const char *piece;
-            size_t plen, offset = g->echo_len + c->out.len;
+            /* completions' text_offset counts characters, as OpenAI's and vLLM's (Python's len) */
+            size_t plen, offset = g->echo_chars + c->lp_chars;
             struct err e = {0};
             /* logprob alternatives are decoded against the text before this token */
             struct tok_stream before = c->out.ts;
@@ -463,6 +475,7 @@ static bool pump(struct gen *g)
                 struct tok_stream saved = c->out.ts;
                 c->out.ts = before;  /* alternatives see the stream state before the token */
                 int lr = record_logprobs(g, c, k, piece, plen, offset);
+                c->lp_chars += utf8_chars(piece, plen);
                 c->out.ts = saved;
                 if (lr < 0) {
                     g->rc = -1;

@@ -46,6 +46,7 @@ struct gen_choice {
     struct outparse *op;         /* NULL: the text is all content */
     int consumed;                /* job tokens turned into text */
     size_t fed;                  /* bytes of out.text handed to the parser */
+    size_t lp_chars;             /* code points of the logprob tokens so far (text_offset) */
     bool finished;
     enum gen_finish finish;
     const char *stop_seq;        /* the stop string that ended it, if one did */
@@ -89,6 +90,7 @@ struct gen {
     int n_prompt;
     char *echo;                  /* completions' echo: the prompt text */
     size_t echo_len;
+    size_t echo_chars;           /* its code points: the first text_offset */
     struct sampler_bias *bias;
     char *alt;                   /* [TOK_STREAM_CAP] a logprob alternative's text */
     struct grammar *gram;        /* structured output or a forced tool call, NULL: free text */

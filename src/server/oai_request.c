@@ -822,6 +822,15 @@ static int parse_tools(struct oai_request *r, const cJSON *root, struct oai_erro
             snprintf(param, sizeof param, "tools[%d].function", i);
             return bad(err, param, "'%s': description must be a string and parameters an object", param);
         }
+        /* a call's arguments are an object (OpenAI: "schema must be a JSON Schema of 'type:
+         * \"object\"'"; Anthropic's input_schema likewise): another type would force a call
+         * whose arguments are a string or a number */
+        const cJSON *ptype = params ? member(params, "type") : NULL;
+        if (ptype && !(cJSON_IsString(ptype) && strcmp(ptype->valuestring, "object") == 0)) {
+            snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+            return bad(err, param, "'%s' must be a schema of type 'object' (a call's arguments are an object)",
+                       param);
+        }
         i++;
     }
     r->tool_choice = OAI_TOOL_CHOICE_AUTO;

@@ -32,6 +32,7 @@
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "api_anthropic.h"
+#include "outparse.h"
 
 /* libmicrohttpd's memory per connection, for the request line and headers among other things:
  * well above guard.c's 64 KiB limit on them, so that a head over that limit reaches the access
@@ -128,6 +129,16 @@ static bool key_equal(const char *got, size_t got_len, const char *want)
     return diff == 0;
 }
 
+/* The length of a field value without the whitespace after it, which is not part of the
+ * value (RFC 9110 5.5) and which libmicrohttpd 0.9.75 keeps. */
+static size_t value_len(const char *v)
+{
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    return n;
+}
+
 static bool authorized(const struct server *s, struct MHD_Connection *c)
 {
     if (!s->o.api_key)
@@ -137,10 +148,10 @@ static bool authorized(const struct server *s, struct MHD_Connection *c)
         h += 7;
         while (*h == ' ')
             h++;
-        return key_equal(h, strlen(h), s->o.api_key);
+        return key_equal(h, value_len(h), s->o.api_key);
     }
     h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
-    return h && key_equal(h, strlen(h), s->o.api_key);
+    return h && key_equal(h, value_len(h), s->o.api_key);
 }
 
 // ---- small endpoints ----
@@ -316,7 +327,10 @@ fail:
     return srv_reply_error(c, r, &err);
 }
 
-/* POST /apply-template {"messages": [...]} -> {"prompt": text} (the chat prompt as rendered). */
+/* POST /apply-template {"messages": [...], "tools"?, "chat_template_kwargs"?} -> {"prompt": text}:
+ * the chat prompt /v1/chat/completions renders for the same body (as llama-server's): the
+ * tools (unless tool_choice is none) and chat_template_kwargs go to the template, and with
+ * a template that demands 9-character call ids the ids are shortened as there (gen.c). */
 static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
     struct oai_error err;
@@ -327,9 +341,15 @@ static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection
     if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, s->m.n_vocab, &err) < 0)
         return srv_reply_error(c, r, &err);
     struct err e = {0};
+    cJSON *extra = NULL;
     if (!s->m.tmpl) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "messages", "this model has no chat template");
-    } else if (chat_tmpl_apply(s->m.tmpl, q.messages, true, NULL, &text, &len, &e) < 0) {
+    } else if (!(extra = q.template_kwargs ? cJSON_Duplicate(q.template_kwargs, true) : cJSON_CreateObject()) ||
+               (q.tools && q.tool_choice != OAI_TOOL_CHOICE_NONE &&
+                !cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(q.tools, true))) ||
+               (outparse_detect_short_ids(chat_tmpl_source(s->m.tmpl)) && outparse_shorten_ids(q.messages) < 0)) {
+        oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
+    } else if (chat_tmpl_apply(s->m.tmpl, q.messages, true, extra, &text, &len, &e) < 0) {
         oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
                    NULL, "messages", "the chat template failed: %s", e.msg);
     } else if ((out = cJSON_CreateObject()) && !cJSON_AddStringToObject(out, "prompt", text)) {
@@ -337,6 +357,7 @@ static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection
         out = NULL;
     }
     free(text);
+    cJSON_Delete(extra);
     oai_request_free(&q);
     if (text || out)
         return srv_reply_json(c, r, 200, out);

@@ -129,6 +129,19 @@ run env HF_HUB_OFFLINE=1 "$BIN" generate -m cut/single -p x -n 1
 expect_rc 1 "generate -m of a snapshot without weights"
 grep -q "mlxcel pull cut/single" "$T/err" || fail "no-weights -m: no pull hint: $(cat "$T/err")"
 rm -rf "$R3" "$R4"
+# the pull hint names a repository only where the folder is one: a cache snapshot or
+# <models dir>/owner/name; a folder of the user's own (here $T/work/mine) is not "work/mine"
+mkdir -p "$MD/acme/cut" "$T/work/mine"
+cp "$TINY/config.json" "$MD/acme/cut/"
+cp "$TINY/config.json" "$TINY/tokenizer.json" "$T/work/mine/"
+run env HF_HUB_OFFLINE=1 "$BIN" inspect -m acme/cut
+expect_rc 1 "inspect -m of a models-dir folder without weights"
+grep -q "mlxcel pull acme/cut" "$T/err" || fail "models dir: no pull hint: $(cat "$T/err")"
+run "$BIN" inspect -m "$T/work/mine"
+expect_rc 1 "inspect of a folder of one's own without weights"
+grep -q "incomplete" "$T/err" || fail "own folder: no word of what is missing: $(cat "$T/err")"
+grep -q "mlxcel pull" "$T/err" && fail "own folder: a pull of an unrelated repository was suggested: $(cat "$T/err")"
+rm -rf "$MD/acme/cut" "$T/work"
 
 # HF_HUB_CACHE wins over HF_HOME
 mv "$HUB" "$T/elsewhere"

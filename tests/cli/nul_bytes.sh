@@ -8,7 +8,9 @@
 #     and --json's "\u0000"), so tokenize -> detokenize gives the bytes back;
 #   - chat templates render NUL-terminated strings (cJSON's): a prompt with a
 #     NUL under a chat template, and --messages / --var JSON with \u0000 or a
-#     raw NUL, are refused naming the offset.
+#     raw NUL, are refused naming the offset;
+#   - perplexity --ids-file is text of ids: a NUL in it is refused (it cut the
+#     list there: "1 2<NUL> 3 4" scored 2 ids).
 # Usage (from the repo root): sh tests/cli/nul_bytes.sh path/to/mlxcel
 BIN=${1:?usage: nul_bytes.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -71,4 +73,14 @@ echo '[{"role": "user", "content": "hi"}]' >"$T/ok.json"
 run "$BIN" template -m $CHAT --messages "$T/ok.json" --var 'x="a\u0000b"'
 expect_rc 1 "--var with \\u0000"
 err_has "--var with \\u0000" "--var x: a \\u0000 (NUL) character at byte 2"
+
+# ---- refused: a NUL in a token-id file (the ids after it were dropped) ----
+printf '1 2\000 3 4 5 6' >"$T/ids.txt"
+run "$BIN" perplexity -m $M --ids-file "$T/ids.txt"
+expect_rc 1 "perplexity --ids-file with a NUL"
+err_has "perplexity --ids-file with a NUL" "NUL byte at byte 3"
+printf '[1, 2]\000[' >"$T/ids.json"
+run "$BIN" perplexity -m $M --ids-file "$T/ids.json"
+expect_rc 1 "perplexity --ids-file (JSON) with a NUL"
+err_has "perplexity --ids-file (JSON) with a NUL" "NUL byte at byte 6"
 echo "nul_bytes: ok"

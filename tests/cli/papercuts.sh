@@ -42,6 +42,18 @@ grep -q "info: weights ready on cpu" "$T/err" || fail "-v: no weight preparation
 run "$BIN" generate -m models/llama-tiny -p hi -n 1 -v --device auto
 expect_rc 0 "generate -v --device auto"
 grep -q "info: backend cuda\|device auto: .*running on the CPU" "$T/err" || fail "-v auto: no word of the choice: $(cat "$T/err")"
+# perplexity and bench run a model too: the same -v (they refused it as an unknown option)
+printf 'hello world, and more words to score' >"$T/pp.txt"
+run "$BIN" perplexity -m models/llama-tiny -f "$T/pp.txt" -v -t 1 --device cpu
+expect_rc 0 "perplexity -v"
+grep -q "info: backend cpu[-a-z0-9]*, 1 thread" "$T/err" || fail "perplexity -v: no backend line: $(cat "$T/err")"
+grep -q "info: loaded .*llama-tiny in [0-9.]* s" "$T/err" || fail "perplexity -v: no load time: $(cat "$T/err")"
+run "$BIN" bench -m models/llama-tiny -p 4 -n 2 -r 1 -v -t 1 --device cpu
+expect_rc 0 "bench -v"
+grep -q "info: loaded .*llama-tiny in [0-9.]* s" "$T/err" || fail "bench -v: no load time: $(cat "$T/err")"
+for c in perplexity bench; do
+    "$BIN" $c --help | grep -q -- "-v, --verbose" || fail "$c --help does not list -v"
+done
 
 # ---- the embedded default model, relative to the executable ----
 mkdir -p "$T/prefix/bin" "$T/prefix/share/mlxcel/models"

@@ -228,6 +228,14 @@ for (const how of ['--api-key', 'MLXCEL_API_KEY']) {
             const h = await get(srv.base, '/health');
             assert.equal(h.status, 200, h.text);
             assert.deepEqual(h.json, { status: 'ok' });
+            // whitespace after a field value is not part of it (RFC 9110 5.5); libmicrohttpd keeps
+            // it, and the key with a space after it was refused (fetch strips it, so raw bytes)
+            for (const field of [`Authorization: Bearer ${key} \t`, `x-api-key: ${key} `]) {
+                const r = await rawRequest(srv.port, `GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n${field}\r\n\r\n`);
+                assert.equal(r.status, 200, `${JSON.stringify(field)}: ${r.raw.toString().slice(0, 300)}`);
+            }
+            const r = await rawRequest(srv.port, `GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: ${key}x \r\n\r\n`);
+            assert.equal(r.status, 401, 'a longer key with a space after it');
         });
 
         it('stops cleanly on SIGTERM', async () => { await srv.stop(); });

@@ -196,6 +196,15 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
             ['the same Content-Length twice', 400, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\n${cl}\r\n${cl}\r\n\r\n${body}`],
             ['Content-Length with chunked', 400, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\n${cl}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`],
             ['an unknown Transfer-Encoding', 501, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nTransfer-Encoding: gzip\r\n\r\nxx`],
+            // libmicrohttpd keeps the whitespace after a value and reads 'chunked ' as another
+            // coding, waiting for the body until the connection closes: 501 at once
+            ['chunked with a space after', 501, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nTransfer-Encoding: chunked \r\n\r\n0\r\n\r\n`],
+            ['chunked with a tab after', 501, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nTransfer-Encoding: Chunked\t\r\n\r\n0\r\n\r\n`],
+            // libmicrohttpd glues a continuation line (obs-fold) onto the field's name: the framing
+            // field would vanish and the body be read as the next request (smuggling behind a proxy
+            // that reads the fold as a space, as RFC 9112 5.2 allows)
+            ['Transfer-Encoding folded', 400, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n`],
+            ['Content-Length folded', 400, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nContent-Length:\r\n\t${body.length}\r\n\r\n${body}`],
             ['gzip, chunked', 501, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n${json}\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n`],
             ['Transfer-Encoding in HTTP/1.0', 400, `POST /v1/chat/completions HTTP/1.0\r\n${json}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`],
             ['HTTP/1.1 without Host', 400, `GET /health HTTP/1.1\r\n\r\n`],

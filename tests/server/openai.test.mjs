@@ -367,8 +367,17 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
             assert.ok(vals.every((v) => Number.isFinite(v) && v <= 0), JSON.stringify(top));
             assert.ok(Math.abs(Math.max(...vals) - lp.token_logprobs[i]) <= 1e-6, `greedy: ${JSON.stringify(top)}`);
             assert.ok(Number.isInteger(lp.text_offset[i]));
-            if (i) assert.equal(lp.text_offset[i] - lp.text_offset[i - 1], lp.tokens[i - 1].length, 'text_offset steps by the token length');
+            if (i) assert.equal(lp.text_offset[i] - lp.text_offset[i - 1], [...lp.tokens[i - 1]].length, 'text_offset steps by the token length');
         }
+    });
+
+    it('completions text_offset counts characters, as OpenAI and vLLM do (Python len), not bytes', async () => {
+        const prompt = 'é😀x';
+        const c = await complete(prompt, { logprobs: 1, echo: true, max_tokens: 6 });
+        const lp = c.choices[0].logprobs;
+        assert.equal(lp.text_offset[0], [...prompt].length, JSON.stringify(lp.text_offset));
+        for (let i = 1; i < lp.tokens.length; i++)
+            assert.equal(lp.text_offset[i] - lp.text_offset[i - 1], [...lp.tokens[i - 1]].length);
     });
 
     it('n: 2', async () => {

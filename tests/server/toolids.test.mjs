@@ -56,5 +56,24 @@ describe('tool-call ids with a Mistral template', { timeout: 120_000 * SLOW }, (
         }
     });
 
+    it('/apply-template renders the prompt the chat endpoint renders: ids shortened, tools shown', async () => {
+        const id = 'call_a1B2c3D4e5F6g7H8i9J0k1L2';
+        const messages = [USER, { role: 'assistant', content: null, tool_calls: [{ id, type: 'function',
+            function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+        { role: 'tool', tool_call_id: id, content: '12 C' }];
+        const r = await fetch(`${srv.base}/apply-template`, { method: 'POST',
+            headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages, tools: TOOLS }) });
+        const j = await r.json();
+        assert.equal(r.status, 200, JSON.stringify(j));
+        assert.doesNotMatch(j.prompt, /call_a1B2/, 'the long id reached the template');
+        assert.match(j.prompt, /"id": "[A-Za-z0-9]{9}"|"call_id": "[A-Za-z0-9]{9}"/, j.prompt);
+        assert.match(j.prompt, /\[AVAILABLE_TOOLS\].*get_weather/s, 'the tools were not rendered');
+        // and it is the prompt the chat endpoint counts
+        const chat = await oa.chat.completions.create({ model: path.basename(dir), messages, tools: TOOLS, max_tokens: 1 });
+        const tok = await (await fetch(`${srv.base}/tokenize`, { method: 'POST', headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ content: j.prompt, add_special: true }) })).json();
+        assert.equal(tok.tokens.length, chat.usage.prompt_tokens);
+    });
+
     it('stops cleanly', async () => { await srv.stop(); });
 });
