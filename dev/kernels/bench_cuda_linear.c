@@ -181,11 +181,11 @@ int main(int argc, char **argv)
 {
     struct backend *gpu, *cpu;
     struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+    if (backend_new(&gpu, "cuda", 1, NULL, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    if (backend_cpu_new(&cpu, 0, NULL, &e) < 0) {
+    if (backend_cpu_new(&cpu, 0, NULL, NULL, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }

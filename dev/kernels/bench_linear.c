@@ -402,7 +402,7 @@ int main(int argc, char **argv)
     struct err e = {0};
     struct backend *be;
     struct tpool *pool;
-    if (backend_cpu_new(&be, nth, isa, &e) < 0 || tpool_new(&pool, nth, &e) < 0) {
+    if (backend_cpu_new(&be, nth, isa, NULL, &e) < 0 || tpool_new(&pool, nth, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
