@@ -1165,7 +1165,7 @@ static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, const c
     const char *src = "isa argument";
     if (!req) {
         req = opt;
-        src = "isa option";
+        src = "isa option, MLXCEL_ISA";
     }
     if (!req)
         req = "auto";
