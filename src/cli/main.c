@@ -57,7 +57,9 @@ static void usage(FILE *f)
                "rounded to 8 bits per group, as llama.cpp does (AVX2 / AVX-512 CPUs; see\n"
                "docs/benchmarks.md for its perplexity cost). Off by default.\n"
                "On/off variables (MLXCEL_FAST, MLXCEL_MMAP, ...) take 1/0, true/false, yes/no\n"
-               "or on/off; any other value is refused.\n");
+               "or on/off; any other value is refused. A flag wins over its variable. README.md\n"
+               "(\"Environment\") lists every variable, and the developer switches of the\n"
+               "kernels (MLXCEL_ISA, MLXCEL_REPACK, MLXCEL_FUSED_MOE, MLXCEL_CUDA_*).\n");
 }
 
 /* The exit status once stdout is closed: a command that succeeded but whose output
