@@ -13,7 +13,7 @@
  *   6. only then write the snapshot links and refs/<revision>, so a failed
  *      pull leaves blobs/<etag>.incomplete to resume from but never a snapshot
  *      with missing or unverified files.
- * Offline (opts.offline or $HF_HUB_OFFLINE) only resolves what the cache has.
+ * Offline (opts.offline: --offline or $HF_HUB_OFFLINE in the CLI) only resolves what the cache has.
  */
 #include "hub.h"
 #include "hub_impl.h"

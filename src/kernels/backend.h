@@ -323,7 +323,7 @@ struct backend_opts {
     bool fast;              /* --fast: 4-bit products take x at 8 bits per group (off) */
     const char *cuda_plugin;/* path of libmlxcel-cuda.so; NULL: beside the executable. The
                              * plugin is loaded once per process: the first call's path wins */
-    /* CUDA code-path switches (developer options, --dev / MLXCEL_DEV in the CLI) */
+    /* CUDA code-path switches (developer options: MLXCEL_CUDA_* in the CLI, ADR 0056) */
     bool cuda_qi;           /* integer (dp4a) GEMV for 4-bit decode (off; ADR 0026) */
     bool cuda_pdl;          /* programmatic dependent launch (off) */
     bool cuda_attn_split;   /* split-K decode attention over long contexts (on) */
