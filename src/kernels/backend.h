@@ -326,8 +326,8 @@ struct backend_opts {
     /* CUDA code-path switches (developer options: MLXCEL_CUDA_* in the CLI, ADR 0056) */
     bool cuda_qi;           /* integer (dp4a) GEMV for 4-bit decode (off; ADR 0026) */
     bool cuda_pdl;          /* programmatic dependent launch (off) */
-    bool cuda_attn_split;   /* split-K decode attention over long contexts (on) */
-    bool cuda_graphs;       /* record and replay decode steps as CUDA graphs (on) */
+    bool cuda_attn_split;   /* decode attention split over a cluster of blocks (on; ADR 0028) */
+    bool cuda_graphs;       /* record and replay decode steps as CUDA graphs (on; ADR 0024) */
 };
 
 /* The defaults of every option, as an initializer: struct backend_opts o = BACKEND_OPTS_DEFAULT; */
