@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/backend_plugin.h"
 #include "test.h"
 
 #include "kern_check.h"
@@ -1274,6 +1275,25 @@ static const char *isa_best_expected(void)
 #endif
 }
 
+/* A plugin table is refused unless both its ABI and the size of the options it was built
+ * with are this build's (ADR 0056): the loader hands the plugin a struct backend_opts. */
+static void test_plugin_check(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    struct backend_plugin p = {.abi = BACKEND_PLUGIN_ABI, .opts_size = sizeof(struct backend_opts),
+                               .name = "cuda"};
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), 0);
+    p.opts_size = sizeof(struct backend_opts) - sizeof(bool);
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "options of"));
+    p.opts_size = sizeof(struct backend_opts);
+    p.abi = BACKEND_PLUGIN_ABI - 1;
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "abi"));
+    assert_int_equal(backend_plugin_check(NULL, "x.so", &e), -ERR_UNSUPPORTED);
+}
+
 /* "auto" (and the isa option) resolve to the best ISA the CPU supports, every ISA up
  * to that one opens and those above are refused, and the auto-selected kernels
  * compute what the scalar references compute. */
@@ -1348,7 +1368,7 @@ static void test_isa_select(void **state)
 }
 
 static const struct CMUnitTest k_tests[] = {
-    cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_linear),
+    cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_plugin_check),   cmocka_unit_test(test_linear),
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_linear_batch_invariant),

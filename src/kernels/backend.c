@@ -63,17 +63,18 @@ static const struct backend_plugin *plugin_load(const char *want, struct err *e)
     backend_plugin_entry_fn fn;
     *(void **)&fn = dlsym(h, BACKEND_PLUGIN_ENTRY);
     const struct backend_plugin *p = fn ? fn() : NULL;
-    if (!p || p->abi != BACKEND_PLUGIN_ABI) {
-        err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (abi %d, "
-                 "expected %d)", path, p ? p->abi : -1, BACKEND_PLUGIN_ABI);
-        return NULL;
-    }
-    if (p->opts_size != sizeof(struct backend_opts)) {
-        err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (options of "
-                 "%zu bytes, expected %zu)", path, p->opts_size, sizeof(struct backend_opts));
-        return NULL;
-    }
-    return p;
+    return backend_plugin_check(p, path, e) == 0 ? p : NULL;
+}
+
+int backend_plugin_check(const struct backend_plugin *p, const char *path, struct err *e)
+{
+    if (!p || p->abi != BACKEND_PLUGIN_ABI)
+        return err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (abi %d, "
+                        "expected %d)", path, p ? p->abi : -1, BACKEND_PLUGIN_ABI);
+    if (p->opts_size != sizeof(struct backend_opts))
+        return err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (options of "
+                        "%zu bytes, expected %zu)", path, p->opts_size, sizeof(struct backend_opts));
+    return 0;
 }
 
 const struct backend_plugin *backend_cuda_plugin(const char *path, struct err *e)

@@ -38,6 +38,9 @@ typedef const struct backend_plugin *(*backend_plugin_entry_fn)(void);
  * process (a later call's path is not looked at); the plugin table, or NULL with why in e
  * (no driver, plugin missing, wrong ABI). */
 const struct backend_plugin *backend_cuda_plugin(const char *path, struct err *e);
+/* Whether the table p (NULL: no entry point) matches this build: 0, or -ERR_UNSUPPORTED
+ * naming path and the abi or options size that differs. */
+int backend_plugin_check(const struct backend_plugin *p, const char *path, struct err *e);
 /* What `mlxcel --version` prints: the compiled-in backends and, per usable device, its
  * name and memory, one line each into buf; plugin_path as for backend_cuda_plugin. */
 void backend_describe(char *buf, size_t cap, const char *plugin_path);
