@@ -113,7 +113,7 @@ int main(int argc, char **argv)
     struct kv_cache *kv = NULL;
     struct sched *s = NULL;
     struct kv_params kp = {.n_tokens = 2 * (S + N_USER + N_GEN) + 64, .max_seqs = 2, .dtype = DTYPE_F32};
-    if (backend_new(&be, NULL, T, &e) < 0 || model_load(&m, argv[1], &e) < 0 ||
+    if (backend_new(&be, NULL, T, NULL, &e) < 0 || model_load(&m, argv[1], &e) < 0 ||
         model_prepare(m, be, &e) < 0 || model_ctx_new(&c, m, be, 0, &e) < 0 ||
         kv_cache_new(&kv, m, be, &kp, &e) < 0 || sched_new(&s, c, kv, NULL, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);

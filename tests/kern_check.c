@@ -13,6 +13,11 @@ uint64_t kc_rng = 0x9e3779b97f4a7c15ull;
 /* Every ISA the machine supports x threads {1, 3}. */
 void kc_open(struct kc_bes *b)
 {
+    kc_open_opts(b, test_backend_opts());
+}
+
+void kc_open_opts(struct kc_bes *b, const struct backend_opts *o)
+{
     static const char *const isas[] = {"scalar", "avx2", "avx512"};
     static const int threads[] = {1, 3};
     kc_rng = 0x9e3779b97f4a7c15ull; /* each test's data independent of the others */
@@ -21,7 +26,7 @@ void kc_open(struct kc_bes *b)
         for (int t = 0; t < 2; t++) {
             struct err e = {0};
             struct backend *be;
-            if (backend_cpu_new(&be, threads[t], isas[i], &e) == 0)
+            if (backend_cpu_new(&be, threads[t], isas[i], o, &e) == 0)
                 b->be[b->n++] = be;
         }
     }

@@ -28,6 +28,9 @@ extern uint64_t kc_rng;
 
 /* Every ISA the machine supports x threads {1, 3}. */
 void kc_open(struct kc_bes *b);
+/* The same with the backend options o (kc_open: test_backend_opts()). */
+struct backend_opts;
+void kc_open_opts(struct kc_bes *b, const struct backend_opts *o);
 void kc_close(struct kc_bes *b);
 float kc_frand(float lo, float hi);
 unsigned kc_urand(unsigned n);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/boolenv.h"
 #include "kernels/backend.h"
 #include "test.h"
 
@@ -95,10 +96,49 @@ double test_row_rel_err(const float *got, const float *ref, int n)
     return ma > 0 ? mx / ma : mx;
 }
 
+/* The runner's backend options: the defaults, then the variables the CLI reads for the
+ * same options (src/cli/config.c), so `MLXCEL_ISA=avx2 run_tests golden` runs what
+ * `MLXCEL_ISA=avx2 mlxcel ...` runs. Read once, before any suite. */
+static struct backend_opts g_opts = BACKEND_OPTS_DEFAULT;
+
+static int opts_read(void)
+{
+    static const struct {
+        const char *name;
+        bool *dst;
+    } k_bool[] = {
+        {"MLXCEL_FAST", &g_opts.fast},           {"MLXCEL_REPACK", &g_opts.repack},
+        {"MLXCEL_FUSED_MOE", &g_opts.fused_moe}, {"MLXCEL_CUDA_QI", &g_opts.cuda_qi},
+        {"MLXCEL_CUDA_PDL", &g_opts.cuda_pdl},   {"MLXCEL_CUDA_ATTN_SPLIT", &g_opts.cuda_attn_split},
+        {"MLXCEL_CUDA_GRAPHS", &g_opts.cuda_graphs},
+    };
+    for (size_t i = 0; i < sizeof k_bool / sizeof k_bool[0]; i++) {
+        const char *v = getenv(k_bool[i].name);
+        int b = boolenv_parse(v);
+        if (v && *v && b < 0) {
+            printf("%s='%s' is neither on nor off\n", k_bool[i].name, v);
+            return -1;
+        }
+        if (b >= 0)
+            *k_bool[i].dst = b == 1;
+    }
+    const char *mm = getenv("MLXCEL_MMAP");
+    if (mm && *mm)
+        g_opts.copy = boolenv_parse(mm) == 1 ? BACKEND_COPY_NONE : BACKEND_COPY_ALL;
+    g_opts.isa = getenv("MLXCEL_ISA");
+    g_opts.cuda_plugin = getenv("MLXCEL_CUDA_PLUGIN");
+    return 0;
+}
+
+const struct backend_opts *test_backend_opts(void)
+{
+    return &g_opts;
+}
+
 int test_backend_new(struct backend **be, int n_threads, struct err *e)
 {
     const char *dev = getenv("MLXCEL_DEVICE");
-    return backend_new(be, dev && *dev ? dev : "cpu", n_threads, e);
+    return backend_new(be, dev && *dev ? dev : "cpu", n_threads, &g_opts, e);
 }
 
 /* A suite's tests: its static array, or those its build gives (the golden cases). */
@@ -113,6 +153,8 @@ static int run_suite(const struct test_suite *s)
 
 int main(int argc, char **argv)
 {
+    if (opts_read() < 0)
+        return 1;
     /* a device that cannot run here (no driver, no GPU, no plugin): skipped, not failed */
     if (getenv("MLXCEL_DEVICE") && *getenv("MLXCEL_DEVICE")) {
         struct backend *be = NULL;
@@ -133,7 +175,7 @@ int main(int argc, char **argv)
     if (getenv("MLXCEL_ISA")) {
         struct backend *be = NULL;
         struct err e = {0};
-        if (backend_cpu_new(&be, 1, NULL, &e) == -ERR_UNSUPPORTED) {
+        if (backend_cpu_new(&be, 1, NULL, &g_opts, &e) == -ERR_UNSUPPORTED) {
             printf("skipped: %s\n", e.msg);
             return 77;
         }

@@ -66,6 +66,11 @@ int test_argmax(const float *v, int n);
 struct backend;
 struct err;
 int test_backend_new(struct backend **be, int n_threads, struct err *e);
+/* The backend options of the run: the defaults, then $MLXCEL_ISA, $MLXCEL_FAST,
+ * $MLXCEL_REPACK, $MLXCEL_FUSED_MOE, $MLXCEL_MMAP and $MLXCEL_CUDA_* as the CLI reads
+ * them (read once by main.c; the library reads no environment). (main.c) */
+struct backend_opts;
+const struct backend_opts *test_backend_opts(void);
 /* max |got - ref| / max |ref| over one row of n (max |got - ref| when ref is all zero). */
 double test_row_rel_err(const float *got, const float *ref, int n);
 

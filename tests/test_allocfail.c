@@ -202,7 +202,7 @@ static int op_engine(const void *arg, struct err *e)
     struct batch b = {0};
     float *logits = NULL;
     int rc;
-    if ((rc = backend_new(&be, "cpu", 1, e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+    if ((rc = backend_new(&be, "cpu", 1, test_backend_opts(), e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
         (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
         (rc = batch_init(&b, 8, e)) < 0)
         goto out;
@@ -266,7 +266,7 @@ static int op_sched(const void *arg, struct err *e)
     struct sched_out o = {0};
     int rc;
     sampler_params_default(&gp.sampling);
-    if ((rc = backend_new(&be, "cpu", 1, e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+    if ((rc = backend_new(&be, "cpu", 1, test_backend_opts(), e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
         (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
         (rc = sched_new(&s, ctx, kv, NULL, e)) < 0 ||
         (rc = sched_submit(s, prompt, 5, &gp, &(struct sched_cb){.on_done = sched_done, .ud = &o}, NULL, e)) < 0 ||

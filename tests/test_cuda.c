@@ -210,26 +210,20 @@ static void test_linear_formats(void **state)
     (void)state;
     struct backend *gpu = NULL, *cpu = NULL;
     struct err e = {0};
-    /* the default, then with one token's 4-bit GEMV on 16-bit integer x (MLXCEL_CUDA_QI=1) */
-    const char *qi = getenv("MLXCEL_CUDA_QI");
-    char *saved = qi ? strdup(qi) : NULL;
-    unsetenv("MLXCEL_CUDA_QI");
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
-        free(saved);
+    /* the default, then with one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the
+     * CLI's MLXCEL_CUDA_QI=1) */
+    struct backend_opts o = *test_backend_opts();
+    o.cuda_qi = false;
+    if (backend_new(&gpu, "cuda", 1, &o, &e) < 0) {
         printf("cuda: %s\n", e.msg);
         skip();
     }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
     linear_formats(cpu, gpu, "");
     backend_free(gpu);
-    setenv("MLXCEL_CUDA_QI", "1", 1);
-    assert_int_equal(backend_new(&gpu, "cuda", 1, &e), 0);
+    o.cuda_qi = true;
+    assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
     linear_formats(cpu, gpu, " (qi)");
-    if (saved)
-        setenv("MLXCEL_CUDA_QI", saved, 1);
-    else
-        unsetenv("MLXCEL_CUDA_QI");
-    free(saved);
     backend_free(cpu);
     backend_free(gpu);
 }
@@ -346,11 +340,11 @@ static void test_attention(void **state)
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct backend *gpu = NULL, *cpu = NULL;
     struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
         printf("cuda: %s\n", e.msg);
         skip();
     }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", &e), 0);
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
     double worst = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
@@ -404,7 +398,7 @@ static void graph_case(const char *dir, bool want_graph)
 {
     struct backend *gpu = NULL;
     struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
         printf("cuda: %s\n", e.msg);
         skip();
     }

@@ -25,6 +25,14 @@
 #include "test.h"
 
 #define REL_TOL 1e-3
+/* With --fast (the run's backend_opts.fast, MLXCEL_FAST=1: the CI sweep) the affine 4-bit
+ * products take x rounded to 8 bits per group. On the random-weight 4-bit cases that moves
+ * the logits by up to 7.5e-2 of max|logit| with an f32 KV cache (measured: qwen3_moe_mlx_q4
+ * 7.52e-2 AVX2, 6.45e-2 AVX-512), 5.1e-2 with f16, 1.27e-1 with bf16 (phixtral_mlx_q4), and
+ * flips near-tied greedy ids (qwen3_moe_mlx_q4 step 7, AVX2). A case with such weights is
+ * held to its bound plus FAST_TOL, and decoding, which feeds the reference ids anyway, does
+ * not require the argmax to be them; every other case changes no bit and keeps its bound. */
+#define FAST_TOL 1.5e-1
 /* The bound run_dirs holds each logit row to (REL_TOL unless a test widens it). */
 static double g_tol = REL_TOL;
 
@@ -51,6 +59,23 @@ static void golden_open(struct golden *g, const char *dir)
 
 /* The model in dir against the golden data in golden_dir (usually the same folder),
  * with chunks of n_batch rows (0: the default). */
+/* Whether a linear of m is affine 4-bit (what --fast changes). */
+static bool has_affine4(const struct model *m)
+{
+    const struct tensor *t[] = {&m->lm_head};
+    bool any = t[0]->qbits == 4 && t[0]->qmode == QMODE_AFFINE;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *l = &m->layers[il];
+#define AFFINE4(name) any = any || (l->name.qbits == 4 && l->name.qmode == QMODE_AFFINE);
+        LAYER_MATRICES(AFFINE4)
+#undef AFFINE4
+        const struct expert_linear *el[] = {&l->ex.up, &l->ex.gate, &l->ex.down, &l->ex.gate_up};
+        for (size_t k = 0; k < 4; k++)
+            any = any || (el[k]->w && el[k]->w[0].qbits == 4 && el[k]->w[0].qmode == QMODE_AFFINE);
+    }
+    return any;
+}
+
 static double run_dirs(const char *name, const char *dir, const char *golden_dir, struct backend *be,
                        bool fused, int n_batch)
 {
@@ -61,6 +86,8 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     int L = (int)g.ids.shape[0], N = (int)g.greedy.shape[0];
     test_eng_open(&r, dir, be, n_batch, L + N, 1, 4);
     be->fused_moe = fused;
+    const bool fast = be->fast && has_affine4(r.m);
+    const double tol = fast ? g_tol + FAST_TOL : g_tol;
     int V = r.m->hp.n_vocab;
     assert_int_equal(g.prefill.shape[1], V);
     float *logits = malloc((size_t)L * V * sizeof(float));
@@ -78,8 +105,8 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
         double rr = test_row_rel_err(logits + (size_t)i * V, ref + (size_t)i * V, V);
         if (rr > worst)
             worst = rr;
-        if (rr > g_tol)
-            fail_msg("%s: prefill position %d: relative error %.3g > %.0e", name, i, rr, g_tol);
+        if (rr > tol)
+            fail_msg("%s: prefill position %d: relative error %.3g > %.0e", name, i, rr, tol);
     }
 
     /* greedy decode through the cache */
@@ -87,7 +114,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     const float *dref = g.decode.data;
     int next = test_argmax(logits + (size_t)(L - 1) * V, V);
     for (int s = 0; s < N; s++) {
-        if (next != greedy[s])
+        if (next != greedy[s] && !fast)
             fail_msg("%s: greedy step %d: got id %d, reference %d", name, s, next, greedy[s]);
         batch_clear(r.b);
         assert_int_equal(batch_add(r.b, greedy[s], L + s, 0, true, &e), 0);
@@ -96,12 +123,12 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
         double rr = test_row_rel_err(logits, dref + (size_t)s * V, V);
         if (rr > worst)
             worst = rr;
-        if (rr > g_tol)
-            fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, rr, g_tol);
+        if (rr > tol)
+            fail_msg("%s: decode step %d: relative error %.3g > %.0e", name, s, rr, tol);
         next = test_argmax(logits, V);
     }
-    printf("golden %-20s fused_moe=%d n_batch=%d kv=%s  prefill %d + decode %d tokens  max rel err "
-           "%.2e\n", name, fused, r.c->n_batch, dtype_name(test_kv_dtype), L, N, worst);
+    printf("golden %-20s fused_moe=%d fast=%d n_batch=%d kv=%s  prefill %d + decode %d tokens  max rel "
+           "err %.2e\n", name, fused, fast, r.c->n_batch, dtype_name(test_kv_dtype), L, N, worst);
     free(logits);
     test_eng_close(&r);
     st_set_free(g.st);
@@ -158,12 +185,13 @@ static void check_kv_narrow(void **state)
     if (gc->n == 0)
         fail_msg("no golden cases");
     for (size_t i = 0; i < gc->n; i++) {
+        /* fused MoE on and off (the CI sweep's axes: fused MoE x KV type) */
         test_kv_dtype = DTYPE_F16;
         g_tol = 2e-3;
-        double r16 = run_case(gc->names[i], be, true);
+        double r16 = fmax(run_case(gc->names[i], be, true), run_case(gc->names[i], be, false));
         test_kv_dtype = DTYPE_BF16;
         g_tol = 3e-2;
-        double rb = run_case(gc->names[i], be, true);
+        double rb = fmax(run_case(gc->names[i], be, true), run_case(gc->names[i], be, false));
         test_kv_dtype = DTYPE_F32;
         g_tol = REL_TOL;
         worst16 = r16 > worst16 ? r16 : worst16;

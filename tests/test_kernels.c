@@ -20,6 +20,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "kernels/backend.h"
+#include "kernels/backend_plugin.h"
 #include "test.h"
 
 #include "kern_check.h"
@@ -903,9 +904,9 @@ static void test_linear_quant_fast(void **state)
     (void)state;
     struct kc_bes bs, fs;
     kc_open(&bs);
-    setenv("MLXCEL_FAST", "1", 1);
-    kc_open(&fs);
-    unsetenv("MLXCEL_FAST");
+    struct backend_opts fo = *test_backend_opts();
+    fo.fast = true;
+    kc_open_opts(&fs, &fo);
     static const int shapes[][3] = {{1, 1, 7},    {3, 2, 33},  {4, 5, 3},    {4, 3, 200},
                                     {9, 17, 9},   {17, 40, 21}, {33, 2, 19}, {300, 4, 20},
                                     {32, 9, 200}};
@@ -1274,7 +1275,26 @@ static const char *isa_best_expected(void)
 #endif
 }
 
-/* "auto" (and MLXCEL_ISA) resolve to the best ISA the CPU supports, every ISA up
+/* A plugin table is refused unless both its ABI and the size of the options it was built
+ * with are this build's (ADR 0056): the loader hands the plugin a struct backend_opts. */
+static void test_plugin_check(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    struct backend_plugin p = {.abi = BACKEND_PLUGIN_ABI, .opts_size = sizeof(struct backend_opts),
+                               .name = "cuda"};
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), 0);
+    p.opts_size = sizeof(struct backend_opts) - sizeof(bool);
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "options of"));
+    p.opts_size = sizeof(struct backend_opts);
+    p.abi = BACKEND_PLUGIN_ABI - 1;
+    assert_int_equal(backend_plugin_check(&p, "x.so", &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "abi"));
+    assert_int_equal(backend_plugin_check(NULL, "x.so", &e), -ERR_UNSUPPORTED);
+}
+
+/* "auto" (and the isa option) resolve to the best ISA the CPU supports, every ISA up
  * to that one opens and those above are refused, and the auto-selected kernels
  * compute what the scalar references compute. */
 static void test_isa_select(void **state)
@@ -1284,16 +1304,16 @@ static void test_isa_select(void **state)
     struct backend *be;
     struct err e = {0};
     char want[32];
-    assert_true(backend_cpu_new(&be, 1, "bogus", &e) < 0);
+    assert_true(backend_cpu_new(&be, 1, "bogus", test_backend_opts(), &e) < 0);
     assert_non_null(strstr(e.msg, "bogus"));
-    assert_int_equal(backend_cpu_new(&be, 2, "scalar", &e), 0);
+    assert_int_equal(backend_cpu_new(&be, 2, "scalar", test_backend_opts(), &e), 0);
     assert_string_equal(be->name, "cpu-scalar");
     assert_int_equal(be->n_threads, 2);
     backend_free(be);
 
     const char *best = isa_best_expected();
     snprintf(want, sizeof want, "cpu-%s", best);
-    assert_int_equal(backend_cpu_new(&be, 1, "auto", &e), 0);
+    assert_int_equal(backend_cpu_new(&be, 1, "auto", test_backend_opts(), &e), 0);
     printf("    auto ISA: %s (the CPU supports up to %s)\n", be->name, best);
     assert_string_equal(be->name, want);
 
@@ -1301,7 +1321,7 @@ static void test_isa_select(void **state)
     struct kc_bes bs = {.n = 2};
     struct kc_errstat es = {0};
     struct qstat qs = {{0}};
-    assert_int_equal(backend_cpu_new(&bs.be[0], 1, "scalar", &e), 0); /* qlinear_case's reference */
+    assert_int_equal(backend_cpu_new(&bs.be[0], 1, "scalar", test_backend_opts(), &e), 0); /* qlinear_case's reference */
     bs.be[1] = be;
     struct tensor w = wrand(DTYPE_BF16, 37, 300, 300, 0.5f);
     struct tensor q = qrand(4, 64, DTYPE_BF16, 37, 256);
@@ -1315,21 +1335,22 @@ static void test_isa_select(void **state)
     kc_report("auto", &es);
     qreport("auto_q", &qs);
 
-    char *old = getenv("MLXCEL_ISA") ? strdup(getenv("MLXCEL_ISA")) : NULL;
-    setenv("MLXCEL_ISA", "scalar", 1);
-    assert_int_equal(backend_cpu_new(&be, 1, NULL, &e), 0);
+    /* the options' isa when the argument is NULL; the argument (a cpu-<isa> device) wins */
+    struct backend_opts so = BACKEND_OPTS_DEFAULT;
+    so.isa = "scalar";
+    assert_int_equal(backend_cpu_new(&be, 1, NULL, &so, &e), 0);
     assert_string_equal(be->name, "cpu-scalar");
     backend_free(be);
-    if (old) {
-        setenv("MLXCEL_ISA", old, 1);
-        free(old);
-    } else {
-        unsetenv("MLXCEL_ISA");
-    }
+    assert_int_equal(backend_new(&be, "cpu-scalar", 1, NULL, &e), 0);
+    assert_string_equal(be->name, "cpu-scalar");
+    backend_free(be);
+    so.isa = "bogus";
+    assert_true(backend_new(&be, "cpu", 1, &so, &e) < 0);
+    assert_non_null(strstr(e.msg, "bogus"));
 
     bool above = false;
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        int rc = backend_cpu_new(&be, 1, isas[i], &e);
+        int rc = backend_cpu_new(&be, 1, isas[i], test_backend_opts(), &e);
         snprintf(want, sizeof want, "cpu-%s", isas[i]);
         if (above) {
             if (rc != -ERR_UNSUPPORTED)
@@ -1347,7 +1368,7 @@ static void test_isa_select(void **state)
 }
 
 static const struct CMUnitTest k_tests[] = {
-    cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_linear),
+    cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_plugin_check),   cmocka_unit_test(test_linear),
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
     cmocka_unit_test(test_dequant),      cmocka_unit_test(test_linear_batch),
     cmocka_unit_test(test_linear_batch_invariant),

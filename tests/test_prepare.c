@@ -33,23 +33,21 @@
 #define MODEL "models/phixtral-tiny-4bit"
 #define NTOK  6
 
-/* Logits of NTOK prompt tokens (all rows) for m on a new CPU backend made with env=val
- * (MLXCEL_REPACK, MLXCEL_MMAP; NULL val: unset); *n_packed: views repacked, *n_copied:
- * linear views no longer in the checkpoint's mapping. */
-static float *run_env(struct model *m, const char *env, const char *val, int *n_packed,
-                      int *n_copied, int *n_lin)
+/* Logits of NTOK prompt tokens (all rows) for m on a new CPU backend made with the run's
+ * options but repack and copy as given (MLXCEL_REPACK, MLXCEL_MMAP in the CLI); *n_packed:
+ * views repacked, *n_copied: linear views no longer in the checkpoint's mapping. */
+static float *run_opts(struct model *m, bool repack, enum backend_copy copy, int *n_packed,
+                       int *n_copied, int *n_lin)
 {
     static const int32_t ids[NTOK] = {5, 17, 42, 8, 99, 3};
     struct backend *be = NULL;
     struct stest_run r = {0};
     struct err e = {0};
-    if (val)
-        setenv(env, val, 1);
-    else
-        unsetenv(env);
-    if (backend_cpu_new(&be, 2, NULL, &e) < 0)
+    struct backend_opts o = *test_backend_opts();
+    o.repack = repack;
+    o.copy = copy;
+    if (backend_cpu_new(&be, 2, NULL, &o, &e) < 0)
         fail_msg("%s", e.msg);
-    unsetenv(env);
     float *logits = malloc((size_t)NTOK * m->hp.n_vocab * sizeof *logits);
     assert_non_null(logits);
     if (stest_run_open(&r, NULL, m, be, NTOK, &e) < 0 || stest_run_feed(&r, ids, NTOK, true, logits, &e) < 0)
@@ -96,7 +94,7 @@ static double close_greedy(const float *ref, const float *a, int V)
 static float *run(struct model *m, bool repack, int *n_packed)
 {
     int n_copied, n_lin;
-    return run_env(m, "MLXCEL_REPACK", repack ? "1" : "0", n_packed, &n_copied, &n_lin);
+    return run_opts(m, repack, BACKEND_COPY_AUTO, n_packed, &n_copied, &n_lin);
 }
 
 static void repack_and_again(void **state)
@@ -143,20 +141,18 @@ static void copy_and_again(void **state)
 {
     (void)state;
     struct model *m = load_float_tiny();
-    setenv("MLXCEL_REPACK", "0", 1);
     int np, nc, nl;
-    float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    float *mapped = run_opts(m, false, BACKEND_COPY_NONE, &np, &nc, &nl);
     assert_true(nl > m->hp.n_layer);
     assert_int_equal(np, 0);
     assert_int_equal(nc, 0);
-    float *copied = run_env(m, "MLXCEL_MMAP", NULL, &np, &nc, &nl);
+    float *copied = run_opts(m, false, BACKEND_COPY_AUTO, &np, &nc, &nl);
     assert_int_equal(np, 0);
     assert_int_equal(nc, nl);
-    float *forced = run_env(m, "MLXCEL_MMAP", "0", &np, &nc, &nl);
+    float *forced = run_opts(m, false, BACKEND_COPY_ALL, &np, &nc, &nl);
     assert_int_equal(nc, nl);
-    float *again = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    float *again = run_opts(m, false, BACKEND_COPY_NONE, &np, &nc, &nl);
     assert_int_equal(nc, 0);
-    unsetenv("MLXCEL_REPACK");
     const size_t n = (size_t)NTOK * m->hp.n_vocab * sizeof *mapped;
     assert_memory_equal(mapped, copied, n);
     assert_memory_equal(mapped, forced, n);
@@ -180,7 +176,7 @@ static void fpan_and_again(void **state)
     struct model *m = load_float_tiny();
     struct backend *be = NULL;
     struct err e = {0};
-    if (backend_cpu_new(&be, 1, NULL, &e) < 0)
+    if (backend_cpu_new(&be, 1, NULL, test_backend_opts(), &e) < 0)
         fail_msg("%s", e.msg);
     const bool fpan = strcmp(be->name, "cpu-avx512") == 0;
     backend_free(be);
@@ -190,11 +186,11 @@ static void fpan_and_again(void **state)
     /* its embedding table is not tied to the head: no product reads it, it stays as stored */
     assert_int_equal(m->tok_embd.packed, 0);
     assert_int_equal(m->lm_head.packed != 0, fpan);
-    float *b = run_env(m, "MLXCEL_REPACK", NULL, &np2, &nc, &nl); /* prepared again */
+    float *b = run_opts(m, true, BACKEND_COPY_AUTO, &np2, &nc, &nl); /* prepared again */
     assert_int_equal(nps, 0);
     assert_int_equal(np, fpan ? nl : 0);
     assert_int_equal(np2, np);
-    float *mapped = run_env(m, "MLXCEL_MMAP", "1", &np, &nc, &nl);
+    float *mapped = run_opts(m, true, BACKEND_COPY_NONE, &np, &nc, &nl);
     assert_int_equal(np, 0);
     const int V = m->hp.n_vocab;
     const double rel = close_greedy(stored, a, V);
@@ -208,7 +204,7 @@ static void fpan_and_again(void **state)
     struct model *tied = NULL;
     if (model_load(&tied, test_path("models/llama-tiny"), &e) < 0)
         fail_msg("%s", e.msg);
-    float *t = run_env(tied, "MLXCEL_REPACK", NULL, &np, &nc, &nl);
+    float *t = run_opts(tied, true, BACKEND_COPY_AUTO, &np, &nc, &nl);
     assert_int_equal(tied->tok_embd.packed != 0, fpan);
     assert_int_equal(tied->lm_head.packed != 0, fpan);
     free(t);
@@ -289,7 +285,7 @@ static void given_back_pages(void **state)
     if (model_load(&m, ck, &e) < 0)
         fail_msg("%s", e.msg);
     const void *src = m->layers[0].up.data; /* a view's bytes as stored, in the mapping */
-    if (backend_cpu_new(&be, 2, NULL, &e) < 0 || model_prepare(m, be, &e) < 0)
+    if (backend_cpu_new(&be, 2, NULL, test_backend_opts(), &e) < 0 || model_prepare(m, be, &e) < 0)
         fail_msg("%s", e.msg);
     int n_views = 0, n_kept = 0;
     const struct tensor *tv[] = {&m->tok_embd, &m->out_norm, &m->out_norm_b, &m->lm_head, &m->lm_head_b};

@@ -595,7 +595,7 @@ static void mixed_case(const char *name)
          * SIMD variants run affine 4/8-bit linears on 16-bit activations (kern.h "qi":
          * 1.5e-5 of each group's largest |x|), about 1e-4 of the largest logit on
          * these random-weight models: held to 5e-4, half the golden tolerance. */
-        const char *isa = getenv("MLXCEL_ISA");
+        const char *isa = test_backend_opts()->isa;
         assert_true(r < (isa && !strcmp(isa, "scalar") ? 1e-4 : 5e-4));
     }
     stb_rmtree(qdir);

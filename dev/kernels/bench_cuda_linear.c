@@ -15,7 +15,7 @@
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_cuda_linear.c build/libmlxcel_lib.a \
  *       -o build/bench_cuda_linear -lm -lpthread -ldl
  *   build/bench_cuda_linear [BITS...]   (widths: 4 8 0 = bf16 by default; libmlxcel-cuda.so
- *                                        beside it, or MLXCEL_CUDA_PLUGIN)
+ *                                        beside it, or MLXCEL_CUDA_PLUGIN; MLXCEL_CUDA_QI=1)
  */
 #include <math.h>
 #include <stdio.h>
@@ -181,11 +181,16 @@ int main(int argc, char **argv)
 {
     struct backend *gpu, *cpu;
     struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, &e) < 0) {
+    /* the library reads no environment (ADR 0056): this lab passes the plugin path and the
+     * integer GEMV switch on */
+    struct backend_opts bo = BACKEND_OPTS_DEFAULT;
+    bo.cuda_plugin = getenv("MLXCEL_CUDA_PLUGIN");
+    bo.cuda_qi = getenv("MLXCEL_CUDA_QI") && strcmp(getenv("MLXCEL_CUDA_QI"), "1") == 0;
+    if (backend_new(&gpu, "cuda", 1, &bo, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    if (backend_cpu_new(&cpu, 0, NULL, &e) < 0) {
+    if (backend_cpu_new(&cpu, 0, NULL, NULL, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }

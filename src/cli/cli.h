@@ -64,8 +64,8 @@ int cli_read_input(const char *path, size_t max, char **out, size_t *len, struct
 
 /* Resolve -m: an existing folder, or owner/name in $MLXCEL_MODELS_DIR or the Hugging Face
  * cache, else pulled from the Hub into the cache (cli_pull_model) unless offline
- * ($HF_HUB_OFFLINE, which `--offline` on any command sets); NULL means the embedded
- * default model. buf receives the folder. */
+ * (`--offline` on any command, or $HF_HUB_OFFLINE: cli_cfg()->offline); NULL means the
+ * embedded default model. buf receives the folder. */
 int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e);
 /* Pull owner/name from the Hub into the HF cache for a command that needs it (cmd_pull.c),
  * saying on stderr what it fetches; buf receives the snapshot folder. */
@@ -96,8 +96,8 @@ int cli_model_load(struct model **m, const char *dir, struct err *e);
 
 /* Print root as JSON on stdout and delete it (root may be NULL after an allocation
  * failure: -ERR_NOMEM). Takes ownership of root. */
-/* What a command needs to run a model: a backend (the one factory, $MLXCEL_DEVICE or
- * "auto"), the model's weights prepared for it, an activation context and a paged KV
+/* What a command needs to run a model: a backend (the one factory, with cli_cfg()'s device
+ * and backend options), the model's weights prepared for it, an activation context and a paged KV
  * cache of n_tokens slots for max_seqs sequences of at most max_seq_len tokens
  * (<= 0: the model's context). */
 struct model;
@@ -109,7 +109,7 @@ struct cli_engine {
     struct model_ctx *ctx;
     struct kv_cache *kv;
 };
-/* The KV cache element type --kv-type (MLXCEL_KV_TYPE) asks for: f32 (the default), f16
+/* The KV cache element type --kv-type (MLXCEL_KV_TYPE; cli_cfg()->kv_type) asks for: f32 (the default), f16
  * or bf16; -ERR_ARG naming the value otherwise. cli_engine_open uses it. */
 int cli_kv_dtype(enum dtype *out, struct err *e);
 /* Its name as --kv-type spells it: "f32", "f16" or "bf16". */

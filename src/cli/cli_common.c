@@ -12,6 +12,7 @@
  * JSON, and writes C1 and bidi controls as \u escapes (cJSON escapes C0).
  */
 #include "cli.h"
+#include "config.h"
 
 #include <cjson/cJSON.h>
 
@@ -213,24 +214,14 @@ static bool is_dir(const char *p)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static void home_path(char *buf, size_t cap, const char *rel)
-{
-    const char *home = getenv("HOME");
-    snprintf(buf, cap, "%s/%s", home && *home ? home : ".", rel);
-}
-
 void cli_models_dir(char *buf, size_t cap)
 {
-    const char *d = getenv("MLXCEL_MODELS_DIR");
-    if (d && *d)
-        snprintf(buf, cap, "%s", d);
-    else
-        home_path(buf, cap, ".cache/mlxcel/models");
+    snprintf(buf, cap, "%s", cli_cfg()->models_dir);
 }
 
 void cli_hf_hub_dir(char *buf, size_t cap)
 {
-    hub_cache_dir(buf, cap);
+    snprintf(buf, cap, "%s", cli_cfg()->hf_cache);
 }
 
 int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
@@ -280,8 +271,8 @@ int cli_hf_snapshot(const char *repo_dir, char *buf, size_t cap)
 static int default_model(char *buf, size_t cap, struct err *e)
 {
     static const char *const k_rel[] = {"../" DEFAULT_MODEL, "../share/mlxcel/" DEFAULT_MODEL};
-    const char *env = getenv("MLXCEL_DEFAULT_MODEL");
-    if (env && *env) {
+    const char *env = cli_cfg()->default_model;
+    if (env) {
         snprintf(buf, cap, "%s", env);
         return 0;
     }
@@ -334,9 +325,9 @@ int cli_resolve_model(const char *arg, char *buf, size_t cap, struct err *e)
     snprintf(repo, sizeof repo, "%s/models--%.*s--%s", hub, (int)(slash - arg), arg, slash + 1);
     if (is_dir(repo) && cli_hf_snapshot(repo, buf, cap) == 0)
         return 0;
-    if (hub_is_offline() || hub_repo_check(arg, NULL) < 0)
+    if (cli_cfg()->offline || hub_repo_check(arg, NULL) < 0)
         return err_setf(e, ERR_MISSING, "model '%s' not found (looked in %s and %s)%s", arg, path, repo,
-                        hub_is_offline() ? "; offline, so not downloading it" : "");
+                        cli_cfg()->offline ? "; offline, so not downloading it" : "");
     return cli_pull_model(arg, buf, cap, e);
 }
 
@@ -546,7 +537,7 @@ int cli_check_generation_config(const struct model *m, struct err *e)
 
 int cli_kv_dtype(enum dtype *out, struct err *e)
 {
-    const char *v = getenv("MLXCEL_KV_TYPE");
+    const char *v = cli_cfg()->kv_type;
     *out = DTYPE_F32;
     if (!v || !*v || strcmp(v, "f32") == 0)
         return 0;
@@ -573,14 +564,14 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                            .dtype = DTYPE_F32};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
         return rc;
-    const char *dev = getenv("MLXCEL_DEVICE");
-    if ((rc = backend_new(&en->be, dev, (int)threads, e)) < 0)
+    const char *dev = cli_cfg()->device;
+    if ((rc = backend_new(&en->be, dev, (int)threads, &cli_cfg()->be, e)) < 0)
         return rc;
     if (dev && strcmp(dev, "auto") == 0 && backend_is_cpu(en->be)) {
         /* auto means "a GPU if there is one": no CUDA at all is said at -v only, a CUDA
          * plugin that loaded but gave no usable GPU always (that is not what was meant) */
         struct err why = {0};
-        if (backend_cuda_plugin(&why))
+        if (backend_cuda_plugin(cli_cfg()->be.cuda_plugin, &why))
             fprintf(stderr, "mlxcel: warning: --device auto: CUDA is installed but no GPU could be used; "
                     "running on the CPU (--device cuda says why)\n");
         else
@@ -588,7 +579,7 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     }
     LOG_INFO("backend %s, %d thread%s, KV cache %s", en->be->name, en->be->n_threads,
              en->be->n_threads == 1 ? "" : "s", cli_kv_dtype_name(kp.dtype));
-    if (backend_env_flag("MLXCEL_FAST", false) && !en->be->fast)
+    if (cli_cfg()->be.fast && !en->be->fast)
         fprintf(stderr, "mlxcel: --fast changes nothing on %s (only the CPU backend with AVX2 or "
                 "AVX-512 has it); running exact\n", en->be->name);
     struct timespec t0, t1;

@@ -31,6 +31,7 @@
 #include "../loading/quant.h"
 #include "../models/model.h"
 #include "cli.h"
+#include "config.h"
 
 /* Unused tensor names shown in non-verbose text output; the rest are counted. */
 #define INSPECT_MAX_UNUSED 20
@@ -432,7 +433,7 @@ static int print_kernels(struct model *m, cJSON *o, struct err *e)
 {
     struct backend *be = NULL;
     int rc;
-    if ((rc = backend_cpu_new(&be, 0, NULL, e)) < 0)
+    if ((rc = backend_cpu_new(&be, 0, NULL, &cli_cfg()->be, e)) < 0)
         return rc;
     struct plan_out po = {be, NULL, 0};
     if ((rc = model_prepare(m, be, e)) < 0)

@@ -20,6 +20,7 @@
 #include "../core/termsafe.h"
 #include "../hub/hub.h"
 #include "cli.h"
+#include "config.h"
 
 #define MAX_GLOBS 64
 #define BAR_WIDTH 24
@@ -132,10 +133,11 @@ static void on_notice(void *ud, const char *line)
 static void env_timeouts(struct hub_opts *o)
 {
     static const char *const k_env[] = {"HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"};
+    const char *k_val[] = {cli_cfg()->hf_etag_timeout, cli_cfg()->hf_download_timeout};
     int *k_dst[] = {&o->etag_timeout_s, &o->download_timeout_s};
     for (int i = 0; i < 2; i++) {
-        const char *v = getenv(k_env[i]);
-        if (!v || !*v)
+        const char *v = k_val[i];
+        if (!v)
             continue;
         char *end;
         errno = 0;
@@ -188,10 +190,9 @@ int cli_pull_model(const char *repo, char *buf, size_t cap, struct err *e)
     struct hub_opts o = {.progress = on_progress, .notice = on_notice, .ud = &v};
     struct hub_pull p;
     env_timeouts(&o);
-    char endpoint[512];
-    hub_endpoint(endpoint, sizeof endpoint);
+    cli_hub_opts(&o);
     fprintf(stderr, "mlxcel: %s is not in the cache; pulling it from %s (--offline or HF_HUB_OFFLINE=1 "
-            "turns this off)\n", repo, endpoint);
+            "turns this off)\n", repo, o.endpoint);
     int rc = hub_pull_run(&p, repo, &o, e);
     if (rc == 0) {
         if ((size_t)snprintf(buf, cap, "%s", p.snapshot) >= cap)
@@ -259,6 +260,7 @@ int cmd_pull(int argc, char **argv)
     o.notice = on_notice;
     o.ud = &v;
     env_timeouts(&o);
+    cli_hub_opts(&o);
     struct hub_pull p;
     int status = CLI_EXIT_OK;
     if (hub_pull_run(&p, repo, &o, &e) < 0) {

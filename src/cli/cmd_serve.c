@@ -24,6 +24,7 @@
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "cli.h"
+#include "config.h"
 
 static const char *k_help =
     "usage: mlxcel serve [-m MODEL] [options]\n"
@@ -313,8 +314,8 @@ int cmd_serve(int argc, char **argv)
         return CLI_EXIT_OK;
     if (rc < 0)
         return cli_usage_error("serve", "%s", e.msg);
-    if (!o.api_key && getenv("MLXCEL_API_KEY") && *getenv("MLXCEL_API_KEY"))
-        o.api_key = getenv("MLXCEL_API_KEY");
+    if (!o.api_key)
+        o.api_key = cli_cfg()->api_key;
     if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
         return cli_fail("serve", &e);
     model_id(&o, dir, id, sizeof id);

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/boolenv.h"
 #include "../core/termsafe.h"
 #include "cli.h"
+#include "config.h"
 #include "kernels/backend_plugin.h"
 
 #define MLXCEL_VERSION "0.1.0"
@@ -57,80 +57,9 @@ static void usage(FILE *f)
                "rounded to 8 bits per group, as llama.cpp does (AVX2 / AVX-512 CPUs; see\n"
                "docs/benchmarks.md for its perplexity cost). Off by default.\n"
                "On/off variables (MLXCEL_FAST, MLXCEL_MMAP, ...) take 1/0, true/false, yes/no\n"
-               "or on/off; any other value is refused.\n");
-}
-
-/* --offline, --[no-]mmap, --device, --kv-type and --fast are understood by every command:
- * they are taken out of argv (before a "--") and become HF_HUB_OFFLINE=1, which the model
- * resolution and `pull` read, and MLXCEL_MMAP, MLXCEL_DEVICE, MLXCEL_KV_TYPE and
- * MLXCEL_FAST, which cli_engine_open and the backends read. 0; -1 when --device lacks its
- * value, -2 when --kv-type does. */
-/* argv[*i] as `flag VALUE` or `flag=VALUE` into the environment variable env: 1 taken
- * (*i past it), 0 another argument, -1 the value missing. */
-static int take_value(int argc, char **argv, int *i, const char *flag, const char *env)
-{
-    size_t n = strlen(flag);
-    if (strncmp(argv[*i], flag, n) != 0 || (argv[*i][n] != '=' && argv[*i][n] != '\0'))
-        return 0;
-    if (argv[*i][n] == '=') {
-        setenv(env, argv[*i] + n + 1, 1);
-        return 1;
-    }
-    if (*i + 1 >= argc)
-        return -1;
-    setenv(env, argv[++*i], 1);
-    return 1;
-}
-
-static int strip_global(int *argc, char **argv)
-{
-    int k = 2, rc;
-    bool tail = false;
-    for (int i = 2; i < *argc; i++) {
-        tail = tail || strcmp(argv[i], "--") == 0;
-        if (tail) {
-            argv[k++] = argv[i];
-        } else if (strcmp(argv[i], "--offline") == 0) {
-            setenv("HF_HUB_OFFLINE", "1", 1);
-        } else if (strcmp(argv[i], "--fast") == 0) {
-            setenv("MLXCEL_FAST", "1", 1);
-        } else if (strcmp(argv[i], "--mmap") == 0 || strcmp(argv[i], "--no-mmap") == 0) {
-            setenv("MLXCEL_MMAP", argv[i][2] == 'n' ? "0" : "1", 1);
-        } else if ((rc = take_value(*argc, argv, &i, "--device", "MLXCEL_DEVICE")) != 0) {
-            if (rc < 0)
-                return -1;
-        } else if ((rc = take_value(*argc, argv, &i, "--kv-type", "MLXCEL_KV_TYPE")) != 0) {
-            if (rc < 0)
-                return -2;
-        } else {
-            argv[k++] = argv[i];
-        }
-    }
-    argv[k] = NULL;
-    *argc = k;
-    return 0;
-}
-
-/* The on/off environment settings the backends read (backend_env_flag): a value that is
- * not one of boolenv's eight words is refused here, before anything runs, rather than
- * read as on (MLXCEL_FAST=no turned fast mode on) or as the default. Empty is unset. */
-static const char *const k_bool_env[] = {
-    "MLXCEL_FAST", "MLXCEL_MMAP", "MLXCEL_FUSED_MOE", "MLXCEL_REPACK",
-    "MLXCEL_CUDA_PDL", "MLXCEL_CUDA_QI", "MLXCEL_CUDA_ATTN_SPLIT", "MLXCEL_CUDA_GRAPHS",
-};
-
-static int check_bool_env(void)
-{
-    for (size_t i = 0; i < sizeof k_bool_env / sizeof k_bool_env[0]; i++) {
-        const char *v = getenv(k_bool_env[i]);
-        if (v && *v && boolenv_parse(v) < 0) {
-            char esc[256];
-            fprintf(stderr, "mlxcel: %s='%s' is neither on nor off (1/0, true/false, yes/no, on/off)\n",
-                    k_bool_env[i], termsafe_str(v, esc, sizeof esc));
-            return -1;
-        }
-    }
-    return 0;
+               "or on/off; any other value is refused. A flag wins over its variable. README.md\n"
+               "(\"Environment\") lists every variable, and the developer switches of the\n"
+               "kernels (MLXCEL_ISA, MLXCEL_REPACK, MLXCEL_FUSED_MOE, MLXCEL_CUDA_*).\n");
 }
 
 /* The exit status once stdout is closed: a command that succeeded but whose output
@@ -157,21 +86,22 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--version") == 0) {
         char buf[2048];
-        backend_describe(buf, sizeof buf);
+        struct err ve = {0};
+        int ac = 2; /* the environment only: --version takes no flags */
+        (void)cli_config_load(&ac, argv, &ve);
+        backend_describe(buf, sizeof buf, cli_cfg()->be.cuda_plugin);
         printf("mlxcel %s\n%s", MLXCEL_VERSION, buf);
         return finish("--version", CLI_EXIT_OK);
     }
     /* A write past `ulimit -f` raises SIGXFSZ, whose default kills the process without a
      * word; ignored, the write fails with EFBIG and the command names the file. */
     signal(SIGXFSZ, SIG_IGN);
-    int sg = strip_global(&argc, argv);
-    if (sg < 0) {
-        fprintf(stderr, sg == -1 ? "mlxcel: --device needs a value (auto, cpu, cuda or cuda:N)\n"
-                                 : "mlxcel: --kv-type needs a value (f32, f16 or bf16)\n");
+    /* the global flags and the environment, read once here (config.h) */
+    struct err e = {0};
+    if (cli_config_load(&argc, argv, &e) < 0) {
+        fprintf(stderr, "mlxcel: %s\n", e.msg);
         return CLI_EXIT_USAGE;
     }
-    if (check_bool_env() < 0)
-        return CLI_EXIT_USAGE;
     for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
         if (strcmp(argv[1], k_commands[i].name) == 0)
             return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));

@@ -13,7 +13,7 @@
  *   6. only then write the snapshot links and refs/<revision>, so a failed
  *      pull leaves blobs/<etag>.incomplete to resume from but never a snapshot
  *      with missing or unverified files.
- * Offline (opts.offline or $HF_HUB_OFFLINE) only resolves what the cache has.
+ * Offline (opts.offline: --offline or $HF_HUB_OFFLINE in the CLI) only resolves what the cache has.
  */
 #include "hub.h"
 #include "hub_impl.h"
@@ -61,25 +61,14 @@ static int mkdir_p(const char *path, struct err *e)
     }
 }
 
-/* The token: opts, $HF_TOKEN, $HUGGING_FACE_HUB_TOKEN, then $HF_TOKEN_PATH or
- * $HF_HOME/token (~/.cache/huggingface/token), the file `huggingface-cli login` writes. */
+/* The token: opts' token, else the token file opts names (the CLI resolves both from
+ * $HF_TOKEN, $HUGGING_FACE_HUB_TOKEN, $HF_TOKEN_PATH and $HF_HOME as huggingface_hub does). */
 static int find_token(const struct hub_opts *o, char *buf, size_t cap, struct err *e)
 {
     const char *t = o->token;
-    if (!t || !*t)
-        t = getenv("HF_TOKEN");
-    if (!t || !*t)
-        t = getenv("HUGGING_FACE_HUB_TOKEN");
     char *text = NULL;
-    if (!t || !*t) {
-        char path[4200];
-        const char *tp = getenv("HF_TOKEN_PATH"), *home = getenv("HF_HOME"), *h = getenv("HOME");
-        if (tp && *tp)
-            snprintf(path, sizeof path, "%s", tp);
-        else if (home && *home)
-            snprintf(path, sizeof path, "%s/token", home);
-        else
-            snprintf(path, sizeof path, "%s/.cache/huggingface/token", h && *h ? h : ".");
+    if ((!t || !*t) && o->token_path && *o->token_path) {
+        const char *path = o->token_path;
         if (access(path, F_OK) == 0 && file_read_all(path, TOKEN_FILE_MAX, &text, NULL, e) < 0)
             return err_prefix(e, "reading the token file: ");
         t = text;
@@ -332,19 +321,18 @@ int hub_pull_run(struct hub_pull *p, const char *repo, const struct hub_opts *o,
         return rc;
     snprintf(p->repo, sizeof p->repo, "%s", repo);
     snprintf(p->revision, sizeof p->revision, "%s", rev);
-    hub_endpoint(p->endpoint, sizeof p->endpoint);
-    hub_cache_dir(cache, sizeof cache);
+    snprintf(p->endpoint, sizeof p->endpoint, "%s", o->endpoint ? o->endpoint : HUB_DEFAULT_ENDPOINT);
+    snprintf(cache, sizeof cache, "%s", o->cache_dir ? o->cache_dir : ".");
     const char *slash = strchr(repo, '/');
     snprintf(p->repo_dir, sizeof p->repo_dir, "%s/models--%.*s--%s", cache, (int)(slash - repo), repo, slash + 1);
-    if (o->offline || hub_is_offline())
+    if (o->offline)
         return pull_offline(p, e);
     if (strncmp(p->endpoint, "http://", 7) != 0 && strncmp(p->endpoint, "https://", 8) != 0)
         return err_setf(e, ERR_ARG, "HF_ENDPOINT '%s' is not an http:// or https:// URL", p->endpoint);
     snprintf(c.endpoint, sizeof c.endpoint, "%s", p->endpoint);
     snprintf(c.repo, sizeof c.repo, "%s", repo);
-    const char *bo = getenv("MLXCEL_HUB_BACKOFF_MS");
-    if (bo && atol(bo) >= 0)
-        c.backoff_ms = atol(bo);
+    if (o->backoff_ms >= 0)
+        c.backoff_ms = o->backoff_ms;
     c.etag_timeout_s = o->etag_timeout_s > 0 ? o->etag_timeout_s : HUB_TIMEOUT_S_DEFAULT;
     c.download_timeout_s = o->download_timeout_s > 0 ? o->download_timeout_s : HUB_TIMEOUT_S_DEFAULT;
     c.notice = o->notice;

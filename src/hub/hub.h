@@ -7,9 +7,9 @@
  *   <cache>/models--<owner>--<name>/snapshots/<commit>/<file> -> ../../blobs/<etag>
  *   <cache>/models--<owner>--<name>/refs/<revision>       the commit, for a branch or tag
  *
- * <cache> is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub.
- * The Hub is $HF_ENDPOINT (default https://huggingface.co); the token is
- * --token, $HF_TOKEN, or the file `huggingface-cli login` writes.
+ * <cache>, the Hub's endpoint and the token come in struct hub_opts: the CLI
+ * resolves them from HF_HUB_CACHE / HF_HOME / HF_ENDPOINT / HF_TOKEN as
+ * huggingface_hub does (src/cli/config.c); this module reads no environment.
  *
  * Everything the server says is untrusted: the repository listing is parsed
  * with the one JSON reader, file names must stay inside the snapshot, etags
@@ -71,13 +71,17 @@ typedef void (*hub_notice_fn)(void *ud, const char *line);
 
 struct hub_opts {
     const char *revision;          /* NULL: "main" */
-    const char *token;             /* NULL: $HF_TOKEN, then the token file */
+    const char *cache_dir;         /* the cache root; NULL: "." (the CLI passes the HF cache) */
+    const char *endpoint;          /* NULL: HUB_DEFAULT_ENDPOINT; no trailing '/' */
+    const char *token;             /* NULL or "": the token file */
+    const char *token_path;        /* the token file `huggingface-cli login` writes; NULL: none */
+    long backoff_ms;               /* first retry's wait, doubled per attempt; < 0: 500 */
     const char *const *include;    /* globs (fnmatch, '*' crosses '/'); none: the inference set */
     size_t n_include;
     const char *const *exclude;
     size_t n_exclude;
     int jobs;                      /* parallel transfers, <= 0: 4 */
-    bool offline;                  /* resolve from the cache only (also $HF_HUB_OFFLINE) */
+    bool offline;                  /* resolve from the cache only */
     int etag_timeout_s;            /* listing and HEAD requests: connect, and no byte for this long,
                                     * fail an attempt ($HF_HUB_ETAG_TIMEOUT); <= 0: 10 */
     int download_timeout_s;        /* file transfers, the same ($HF_HUB_DOWNLOAD_TIMEOUT); <= 0: 10 */
@@ -106,13 +110,6 @@ struct hub_pull {
  * disk, -ERR_FORMAT a broken or hostile server) name the repository or file. */
 int hub_pull_run(struct hub_pull *p, const char *repo, const struct hub_opts *o, struct err *e);
 void hub_pull_deinit(struct hub_pull *p);
-
-/* The cache root (see above) into buf. */
-void hub_cache_dir(char *buf, size_t cap);
-/* The endpoint: $HF_ENDPOINT without trailing '/', or the default. */
-void hub_endpoint(char *buf, size_t cap);
-/* True when $HF_HUB_OFFLINE is set to 1/true/yes/on. */
-bool hub_is_offline(void);
 
 /* ---- pure checks (unit-tested) ---- */
 

@@ -36,7 +36,7 @@ struct hub_client {
     char endpoint[512];
     char token[512];
     char repo[256];
-    long backoff_ms;        /* first retry delay, doubling ($MLXCEL_HUB_BACKOFF_MS, tests) */
+    long backoff_ms;        /* first retry delay, doubling (hub_opts.backoff_ms) */
     long etag_timeout_s;    /* connect and read timeout of listing/HEAD requests (hub_opts) */
     long download_timeout_s;/* the same for file transfers */
     hub_notice_fn notice;   /* retries are told here (may be NULL) */

@@ -287,37 +287,3 @@ out:
         hub_listing_deinit(l);
     return rc;
 }
-
-// ---- environment ----
-
-void hub_cache_dir(char *buf, size_t cap)
-{
-    const char *d = getenv("HF_HUB_CACHE");
-    if (d && *d) {
-        snprintf(buf, cap, "%s", d);
-        return;
-    }
-    d = getenv("HF_HOME");
-    if (d && *d) {
-        snprintf(buf, cap, "%s/hub", d);
-        return;
-    }
-    const char *home = getenv("HOME");
-    snprintf(buf, cap, "%s/.cache/huggingface/hub", home && *home ? home : ".");
-}
-
-void hub_endpoint(char *buf, size_t cap)
-{
-    const char *d = getenv("HF_ENDPOINT");
-    snprintf(buf, cap, "%s", d && *d ? d : HUB_DEFAULT_ENDPOINT);
-    size_t n = strlen(buf);
-    while (n > 0 && buf[n - 1] == '/')
-        buf[--n] = '\0';
-}
-
-bool hub_is_offline(void)
-{
-    const char *v = getenv("HF_HUB_OFFLINE");
-    return v && (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0 || strcasecmp(v, "yes") == 0 ||
-                 strcasecmp(v, "on") == 0);
-}

@@ -34,12 +34,11 @@ static void exe_dir(char *buf, size_t cap)
         buf[0] = '\0';
 }
 
-static const struct backend_plugin *plugin_load(struct err *e)
+static const struct backend_plugin *plugin_load(const char *want, struct err *e)
 {
     char path[PATH_MAX + 32];
-    const char *env = getenv("MLXCEL_CUDA_PLUGIN");
-    if (env && *env) {
-        snprintf(path, sizeof path, "%s", env);
+    if (want && *want) {
+        snprintf(path, sizeof path, "%s", want);
     } else {
         char dir[PATH_MAX];
         exe_dir(dir, sizeof dir);
@@ -53,7 +52,7 @@ static const struct backend_plugin *plugin_load(struct err *e)
     }
     if (access(path, R_OK) != 0) {
         err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s is missing (this build has no CUDA "
-                 "backend; set MLXCEL_CUDA_PLUGIN to its path)", path);
+                 "backend; MLXCEL_CUDA_PLUGIN names its path)", path);
         return NULL;
     }
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -64,15 +63,21 @@ static const struct backend_plugin *plugin_load(struct err *e)
     backend_plugin_entry_fn fn;
     *(void **)&fn = dlsym(h, BACKEND_PLUGIN_ENTRY);
     const struct backend_plugin *p = fn ? fn() : NULL;
-    if (!p || p->abi != BACKEND_PLUGIN_ABI) {
-        err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (abi %d, "
-                 "expected %d)", path, p ? p->abi : -1, BACKEND_PLUGIN_ABI);
-        return NULL;
-    }
-    return p;
+    return backend_plugin_check(p, path, e) == 0 ? p : NULL;
 }
 
-const struct backend_plugin *backend_cuda_plugin(struct err *e)
+int backend_plugin_check(const struct backend_plugin *p, const char *path, struct err *e)
+{
+    if (!p || p->abi != BACKEND_PLUGIN_ABI)
+        return err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (abi %d, "
+                        "expected %d)", path, p ? p->abi : -1, BACKEND_PLUGIN_ABI);
+    if (p->opts_size != sizeof(struct backend_opts))
+        return err_setf(e, ERR_UNSUPPORTED, "cuda: plugin %s does not match this mlxcel (options of "
+                        "%zu bytes, expected %zu)", path, p->opts_size, sizeof(struct backend_opts));
+    return 0;
+}
+
+const struct backend_plugin *backend_cuda_plugin(const char *path, struct err *e)
 {
     /* loaded once; a failure is remembered with its message */
     static const struct backend_plugin *p;
@@ -80,14 +85,15 @@ const struct backend_plugin *backend_cuda_plugin(struct err *e)
     static bool tried;
     if (!tried) {
         tried = true;
-        p = plugin_load(&why);
+        p = plugin_load(path, &why);
     }
     if (!p && e)
         *e = why;
     return p;
 }
 
-static int cuda_new(struct backend **out, const char *name, struct err *e)
+static int cuda_new(struct backend **out, const char *name, const struct backend_opts *o,
+                    struct err *e)
 {
     int dev = 0;
     if (name[4] == ':') {
@@ -99,11 +105,11 @@ static int cuda_new(struct backend **out, const char *name, struct err *e)
     } else if (name[4]) {
         return err_setf(e, ERR_ARG, "unknown device '%s'", name);
     }
-    const struct backend_plugin *p = backend_cuda_plugin(e);
-    return p ? p->create(out, dev, e) : -ERR_UNSUPPORTED;
+    const struct backend_plugin *p = backend_cuda_plugin(o->cuda_plugin, e);
+    return p ? p->create(out, dev, o, e) : -ERR_UNSUPPORTED;
 }
 
-void backend_describe(char *buf, size_t cap)
+void backend_describe(char *buf, size_t cap, const char *plugin_path)
 {
     struct err e = {0};
     int n = snprintf(buf, cap, "backends: cpu%s\n",
@@ -115,7 +121,7 @@ void backend_describe(char *buf, size_t cap)
     );
     if (n < 0 || (size_t)n >= cap)
         return;
-    const struct backend_plugin *p = backend_cuda_plugin(&e);
+    const struct backend_plugin *p = backend_cuda_plugin(plugin_path, &e);
     if (p && p->describe(buf + n, cap - (size_t)n, &e) >= 0)
         return;
     snprintf(buf + n, cap - (size_t)n, "cuda: not usable: %s\n", e.msg);
@@ -123,21 +129,25 @@ void backend_describe(char *buf, size_t cap)
 
 // ---- factory ----
 
-int backend_new(struct backend **out, const char *name, int n_threads, struct err *e)
+int backend_new(struct backend **out, const char *name, int n_threads, const struct backend_opts *o,
+                struct err *e)
 {
+    static const struct backend_opts k_default = BACKEND_OPTS_DEFAULT;
     *out = NULL;
+    if (!o)
+        o = &k_default;
     if (!name || !strcmp(name, "cpu"))
-        return backend_cpu_new(out, n_threads, NULL, e);
+        return backend_cpu_new(out, n_threads, NULL, o, e);
     if (!strcmp(name, "auto")) {
         /* a usable GPU when there is one; any reason there is none means the CPU */
-        if (backend_cuda_plugin(NULL) && cuda_new(out, "cuda", NULL) == 0)
+        if (backend_cuda_plugin(o->cuda_plugin, NULL) && cuda_new(out, "cuda", o, NULL) == 0)
             return 0;
-        return backend_cpu_new(out, n_threads, NULL, e);
+        return backend_cpu_new(out, n_threads, NULL, o, e);
     }
     if (!strncmp(name, "cpu-", 4))
-        return backend_cpu_new(out, n_threads, name + 4, e);
+        return backend_cpu_new(out, n_threads, name + 4, o, e);
     if (!strncmp(name, "cuda", 4))
-        return cuda_new(out, name, e);
+        return cuda_new(out, name, o, e);
     return err_setf(e, ERR_ARG, "unknown device '%s' (expected auto, cpu, cuda, cuda:N, cpu-scalar, "
                     "cpu-avx2 or cpu-avx512)", name);
 }

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/boolenv.h"
 #include "../core/err.h"
 #include "../core/tensor.h"
 
@@ -303,14 +302,14 @@ struct backend {
     const char *name;       /* "cpu-avx512", "cpu-avx2", "cpu-scalar", "cuda" */
     int n_threads;
     /* linear_experts runs all experts' rows in one dispatch when every expert has few
-     * rows (decode); false forces one linear per expert ($MLXCEL_FUSED_MOE=0). */
+     * rows (decode); false forces one linear per expert (backend_opts.fused_moe). */
     bool fused_moe;
     /* model_forward records decode steps as graphs and replays them (graph_* set; the
-     * CUDA backend unless $MLXCEL_CUDA_GRAPHS=0). */
+     * CUDA backend unless backend_opts.cuda_graphs is off). */
     bool graphs;
     /* KV cache element types its kv_store and attention take: bit 1 << dtype (F32 always). */
     unsigned kv_dtypes;
-    /* --fast (MLXCEL_FAST) is in effect: some products take x at 8 significant bits per group
+    /* --fast (backend_opts.fast) is in effect: some products take x at 8 significant bits per group
      * (CPU, affine 4-bit on AVX2 / AVX-512); false where the backend has no such form. */
     bool fast;
     void *impl;             /* owned by the backend */
@@ -323,12 +322,49 @@ static inline bool backend_is_cpu(const struct backend *be)
     return strncmp(be->name, "cpu", 3) == 0;
 }
 
-/* The backend called name: "cpu" (or "auto", NULL: the best CPU ISA), or "cpu-scalar",
- * "cpu-avx2", "cpu-avx512" to force an ISA; n_threads <= 0: online CPUs. */
-int backend_new(struct backend **out, const char *name, int n_threads, struct err *e);
+/* What the weights copied into the CPU backend's own memory at load are (--mmap / --no-mmap). */
+enum backend_copy {
+    BACKEND_COPY_AUTO = 0,  /* up to 3/4 of the memory available at creation, the rest mapped
+                             * (ADR 0037) */
+    BACKEND_COPY_NONE = 1,  /* --mmap: every weight read through the file mapping */
+    BACKEND_COPY_ALL = 2,   /* --no-mmap: every weight copied, whatever the memory */
+};
+
+/* The options of a backend, set by the caller (the CLI's one config reader, src/cli/config.c,
+ * or a test) and never read from the environment by the library (ADR 0056). Start from
+ * BACKEND_OPTS_DEFAULT; a NULL options pointer means the defaults. Fields a backend has no
+ * use for are ignored (the CPU reads no cuda_*, CUDA reads no isa, copy, repack, fast). */
+struct backend_opts {
+    const char *isa;        /* CPU ISA: NULL or "auto" the best this CPU and build run, else
+                             * "scalar", "avx2", "avx512" (a "cpu-<isa>" device name wins) */
+    enum backend_copy copy; /* CPU: the weight copy budget (--mmap / --no-mmap) */
+    bool repack;            /* CPU: repack weights into the kernels' layouts at load (on) */
+    bool fused_moe;         /* one dispatch for all experts' rows at decode (on) */
+    bool fast;              /* --fast: 4-bit products take x at 8 bits per group (off) */
+    const char *cuda_plugin;/* path of libmlxcel-cuda.so; NULL: beside the executable. The
+                             * plugin is loaded once per process: the first call's path wins */
+    /* CUDA code-path switches (developer options: MLXCEL_CUDA_* in the CLI, ADR 0056) */
+    bool cuda_qi;           /* integer (dp4a) GEMV for 4-bit decode (off; ADR 0026) */
+    bool cuda_pdl;          /* programmatic dependent launch (off) */
+    bool cuda_attn_split;   /* decode attention split over a cluster of blocks (on; ADR 0028) */
+    bool cuda_graphs;       /* record and replay decode steps as CUDA graphs (on; ADR 0024) */
+};
+
+/* The defaults of every option, as an initializer: struct backend_opts o = BACKEND_OPTS_DEFAULT; */
+#define BACKEND_OPTS_DEFAULT                                                                 \
+    {.isa = NULL, .copy = BACKEND_COPY_AUTO, .repack = true, .fused_moe = true, .fast = false, \
+     .cuda_plugin = NULL, .cuda_qi = false, .cuda_pdl = false, .cuda_attn_split = true,       \
+     .cuda_graphs = true}
+
+/* The backend called name: "cpu" (or NULL: the CPU at o->isa), "auto" (a usable CUDA GPU,
+ * else the CPU), "cpu-scalar", "cpu-avx2", "cpu-avx512" to force an ISA, "cuda" / "cuda:N";
+ * n_threads <= 0: online CPUs; o NULL: BACKEND_OPTS_DEFAULT. */
+int backend_new(struct backend **out, const char *name, int n_threads, const struct backend_opts *o,
+                struct err *e);
 /* CPU backend on a new thread pool of n_threads (<= 0: online CPUs).
- * isa: NULL/"auto", "scalar", "avx2" or "avx512" (also read from $MLXCEL_ISA when NULL). */
-int backend_cpu_new(struct backend **out, int n_threads, const char *isa, struct err *e);
+ * isa: NULL (o->isa, else auto), "auto", "scalar", "avx2" or "avx512"; o NULL: the defaults. */
+int backend_cpu_new(struct backend **out, int n_threads, const char *isa, const struct backend_opts *o,
+                    struct err *e);
 /* be->ops->linear_plan, or -ERR_UNSUPPORTED where the backend has none. */
 static inline int backend_linear_plan(struct backend *be, const struct tensor *w,
                                       struct linear_plan_info *out)
@@ -339,14 +375,6 @@ static inline int backend_linear_plan(struct backend *be, const struct tensor *w
 void backend_free(struct backend *be);
 /* backend->ops->sync with a NULL check: 0, or the first error recorded since the last sync. */
 int backend_sync(struct backend *be, struct err *e);
-/* A backend's on/off setting from the environment (MLXCEL_FUSED_MOE, MLXCEL_CUDA_GRAPHS,
- * ...): 1/true/yes/on or 0/false/no/off (src/core/boolenv.h); def when unset, empty or
- * another word (the CLI refuses those before any backend starts). */
-static inline bool backend_env_flag(const char *name, bool def)
-{
-    int v = boolenv_parse(getenv(name));
-    return v < 0 ? def : v == 1;
-}
 
 #ifdef __cplusplus
 }

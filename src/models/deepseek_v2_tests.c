@@ -130,7 +130,7 @@ static int latent_cache(struct err *e)
         return rc;
     const struct hparams *hp = &m->hp;
     struct kv_params kp = {.n_tokens = 64, .max_seqs = 1, .dtype = DTYPE_F32};
-    if ((rc = backend_cpu_new(&be, 1, "scalar", e)) == 0 && (rc = kv_cache_new(&kv, m, be, &kp, e)) == 0) {
+    if ((rc = backend_cpu_new(&be, 1, "scalar", NULL, e)) == 0 && (rc = kv_cache_new(&kv, m, be, &kp, e)) == 0) {
         int row = hp->kv_lora_rank + hp->qk_rope_dim;
         int full = hp->n_head * (hp->qk_nope_dim + hp->qk_rope_dim) + hp->n_head * hp->v_head_dim;
         bool ok = true;

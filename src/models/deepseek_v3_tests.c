@@ -108,7 +108,7 @@ static int bias_routing(struct err *e)
                                  .scale = hp->moe_scale};
     struct moe_group_params q = p;
     q.bias = NULL;
-    if ((rc = backend_cpu_new(&be, 1, "scalar", e)) == 0) {
+    if ((rc = backend_cpu_new(&be, 1, "scalar", NULL, e)) == 0) {
         be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, with, ww, logits, 1, 8, 2, &p);
         be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, without, wo, logits, 1, 8, 2, &q);
         rc = backend_sync(be, e);

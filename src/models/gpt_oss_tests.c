@@ -407,7 +407,7 @@ static int published_mxfp4(struct err *e)
     struct tensor ids, ref;
     if ((rc = st_set_open_file(&g, MLX_DIR "/golden.safetensors", e)) < 0 ||
         (rc = st_set_take(g, "input_ids", &ids, e)) < 0 || (rc = st_set_take(g, "prefill_logits", &ref, e)) < 0 ||
-        (rc = backend_cpu_new(&be, 1, NULL, e)) < 0)
+        (rc = backend_cpu_new(&be, 1, NULL, NULL, e)) < 0)
         goto out;
     int L = (int)ids.shape[0], V = m->hp.n_vocab;
     logits = malloc((size_t)L * V * sizeof *logits);

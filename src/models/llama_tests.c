@@ -24,7 +24,7 @@ static int logits_with_act(enum act_kind act, float *out, struct err *e)
     struct stest_run r;
     const int32_t ids[3] = {5, 17, 42};
     int rc;
-    if ((rc = backend_cpu_new(&be, 1, NULL, e)) < 0)
+    if ((rc = backend_cpu_new(&be, 1, NULL, NULL, e)) < 0)
         return rc;
     if ((rc = stest_run_open(&r, "tests/fixtures/golden/llama", NULL, be, 8, e)) == 0) {
         for (int il = 0; il < r.m->hp.n_layer; il++)

@@ -109,7 +109,7 @@ static int partial_rotary(struct err *e)
         if ((rc = stest_check(stest_near(inv[j], pow(10000.0, -2.0 * j / 8), 1e-7), "inverse frequencies", e)) < 0)
             return rc;
     struct backend *be = NULL;
-    if ((rc = backend_cpu_new(&be, 1, NULL, e)) < 0)
+    if ((rc = backend_cpu_new(&be, 1, NULL, NULL, e)) < 0)
         return rc;
     float x[16], y[16];
     for (int i = 0; i < 16; i++)
@@ -179,7 +179,7 @@ static int parallel_residual(struct err *e)
     int rc;
     if (!s)
         return err_setf(e, ERR_NOMEM, "out of memory");
-    if ((rc = model_load(&m, STEST_GOLDEN "phixtral", e)) < 0 || (rc = backend_cpu_new(&cpu, 1, NULL, e)) < 0)
+    if ((rc = model_load(&m, STEST_GOLDEN "phixtral", e)) < 0 || (rc = backend_cpu_new(&cpu, 1, NULL, NULL, e)) < 0)
         goto out;
     s->be = *cpu;
     s->ops = *cpu->ops;

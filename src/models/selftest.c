@@ -97,7 +97,7 @@ bool stest_near(double a, double b, double tol)
 int stest_route(const struct hparams *hp, const float *logits, int32_t *sel, float *w, struct err *e)
 {
     struct backend *be = NULL;
-    int rc = backend_cpu_new(&be, 1, "scalar", e);
+    int rc = backend_cpu_new(&be, 1, "scalar", NULL, e);
     if (rc < 0)
         return rc;
     be->ops->moe_route(be, hp->router, sel, w, logits, 1, hp->n_expert, hp->n_expert_used,
@@ -327,7 +327,7 @@ int stest_prompt_logits(struct model *m, float *out, struct err *e)
     struct backend *be = NULL;
     struct stest_run r;
     int rc;
-    if ((rc = backend_cpu_new(&be, 1, NULL, e)) < 0)
+    if ((rc = backend_cpu_new(&be, 1, NULL, NULL, e)) < 0)
         return rc;
     if ((rc = stest_run_open(&r, NULL, m, be, 16, e)) == 0) {
         rc = stest_run_feed(&r, ids, 12, false, out, e);

@@ -746,14 +746,14 @@ static const struct backend_ops k_cpu_ops = {
 /* backend names by ISA: static strings, valid for the program's lifetime */
 static const char *const k_names[] = {"cpu-scalar", "cpu-avx2", "cpu-avx512"};
 
-/* Resolve the requested ISA (argument, else $MLXCEL_ISA, else auto); *is_auto
+/* Resolve the requested ISA (argument, else the options' isa, else auto); *is_auto
  * tells the caller it may step down to a variant compiled into this build. */
-static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, struct err *e)
+static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, const char *opt, struct err *e)
 {
     const char *src = "isa argument";
     if (!req) {
-        req = getenv("MLXCEL_ISA");
-        src = "MLXCEL_ISA";
+        req = opt;
+        src = "isa option, MLXCEL_ISA";
     }
     if (!req)
         req = "auto";
@@ -769,13 +769,17 @@ static int isa_choose(enum cpu_isa *isa, bool *is_auto, const char *req, struct 
 }
 
 /* Creates the pool and the dispatch table; the backend owns both (backend_free). */
-int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, struct err *e)
+int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, const struct backend_opts *o,
+                    struct err *e)
 {
+    static const struct backend_opts k_default = BACKEND_OPTS_DEFAULT;
     enum cpu_isa isa;
     bool is_auto;
     int rc;
     *out = NULL;
-    if ((rc = isa_choose(&isa, &is_auto, isa_req, e)) < 0)
+    if (!o)
+        o = &k_default;
+    if ((rc = isa_choose(&isa, &is_auto, isa_req, o->isa, e)) < 0)
         return rc;
     struct cpu_backend *c = calloc(1, sizeof *c);
     if (!c)
@@ -801,15 +805,14 @@ int backend_cpu_new(struct backend **out, int n_threads, const char *isa_req, st
     c->be.name = k_names[isa];
     c->be.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_F16 | 1u << DTYPE_BF16;
     c->be.n_threads = c->nth;
-    c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
-    c->repack = backend_env_flag("MLXCEL_REPACK", true);
-    /* MLXCEL_MMAP (--mmap / --no-mmap): 1 reads the weights through the file mapping, 0
-     * copies them whatever the memory, unset copies up to 3/4 of the memory available now
-     * (the rest stays mapped, which the kernel can page out; ADR 0037) */
-    const char *mm = getenv("MLXCEL_MMAP");
-    c->copy_budget = !mm || !*mm ? mem_available_bytes() / 4 * 3
-                     : backend_env_flag("MLXCEL_MMAP", true) ? 0 : UINT64_MAX;
-    if (backend_env_flag("MLXCEL_FAST", false) && c->k.matvec_qi_fast) {
+    c->be.fused_moe = o->fused_moe;
+    c->repack = o->repack;
+    /* the copy budget: auto copies up to 3/4 of the memory available now (the rest stays
+     * mapped, which the kernel can page out; ADR 0037) */
+    c->copy_budget = o->copy == BACKEND_COPY_NONE  ? 0
+                     : o->copy == BACKEND_COPY_ALL ? UINT64_MAX
+                                                   : mem_available_bytes() / 4 * 3;
+    if (o->fast && c->k.matvec_qi_fast) {
         c->k.matvec_qi = c->k.matvec_qi_fast;
         c->be.fast = true;
     }

@@ -330,7 +330,7 @@ static int device_count(int *n, struct err *e)
     return err_setf(e, ERR_UNSUPPORTED, "cuda: cannot query devices: %s", cudaGetErrorString(rc));
 }
 
-static int cuda_create(struct backend **out, int dev, struct err *e)
+static int cuda_create(struct backend **out, int dev, const struct backend_opts *o, struct err *e)
 {
     int n = 0, rc;
     *out = NULL;
@@ -361,13 +361,13 @@ static int cuda_create(struct backend **out, int dev, struct err *e)
     c->be.name = c->name;
     c->be.kv_dtypes = 1u << DTYPE_F32 | 1u << DTYPE_F16 | 1u << DTYPE_BF16;
     c->be.n_threads = 1;
-    c->be.fused_moe = backend_env_flag("MLXCEL_FUSED_MOE", true);
+    c->be.fused_moe = o->fused_moe;
     /* opt-in: no faster inside the decode graphs on the H200 (docs/benchmarks.md) */
-    c->pdl = backend_env_flag("MLXCEL_CUDA_PDL", false);
+    c->pdl = o->cuda_pdl;
     /* opt-in: measured on the H200 it costs the Llama-3.1-8B shape 6 % (ADR 0026) */
-    c->qi = backend_env_flag("MLXCEL_CUDA_QI", false);
-    c->attn_split = backend_env_flag("MLXCEL_CUDA_ATTN_SPLIT", true);
-    c->be.graphs = backend_env_flag("MLXCEL_CUDA_GRAPHS", true);
+    c->qi = o->cuda_qi;
+    c->attn_split = o->cuda_attn_split;
+    c->be.graphs = o->cuda_graphs;
     c->be.impl = c;
     *out = &c->be;
     return 0;
@@ -392,8 +392,8 @@ static int cuda_describe(char *buf, size_t cap, struct err *e)
     return n;
 }
 
-static const struct backend_plugin k_plugin = {BACKEND_PLUGIN_ABI, "cuda", cuda_create,
-                                               cuda_describe};
+static const struct backend_plugin k_plugin = {BACKEND_PLUGIN_ABI, sizeof(struct backend_opts), "cuda",
+                                               cuda_create, cuda_describe};
 
 extern "C" __attribute__((visibility("default"))) const struct backend_plugin *
 mlxcel_backend_plugin(void)

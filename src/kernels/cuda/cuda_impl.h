@@ -38,9 +38,9 @@ struct cuda_backend {
     size_t h_off_cap;
     void *pin;                  /* pinned staging of large downloads (logits), grows only */
     size_t pin_cap;
-    bool pdl;                   /* cu_launch lets kernels start early ($MLXCEL_CUDA_PDL=1) */
-    bool qi;                    /* one token's 4-bit GEMV on integer x ($MLXCEL_CUDA_QI=1) */
-    bool attn_split;            /* decode attention over clusters of blocks ($MLXCEL_CUDA_ATTN_SPLIT=0: off) */
+    bool pdl;                   /* cu_launch lets kernels start early (backend_opts.cuda_pdl) */
+    bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
+    bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
