@@ -12,33 +12,17 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "models/selftest.h"
+
+/* the family self-tests' own (src/models/selftest.c), so both make and remove alike */
 char *stb_tmpdir(void)
 {
-    char tmpl[] = "/tmp/mlxcel-st-XXXXXX";
-    if (!mkdtemp(tmpl))
-        return NULL;
-    return strdup(tmpl);
+    return stest_tmpdir();
 }
 
 void stb_rmtree(char *dir)
 {
-    if (!dir)
-        return;
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        char p[4096];
-        while ((de = readdir(d)) != NULL) {
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            if (unlink(p) != 0)
-                rmdir(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-    free(dir);
+    stest_rmtree(dir);
 }
 
 const char *stb_path(const char *dir, const char *name)

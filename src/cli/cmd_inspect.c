@@ -502,8 +502,8 @@ int cmd_inspect(int argc, char **argv)
             status = cli_fail("inspect", &e);
     } else {
         print_text(m, verbose, kvt);
-        fflush(stdout);
-        if (kernels && print_kernels(m, NULL, &e) < 0)
+        /* the text before the plans' preparation starts; a full disk said here, with errno */
+        if (cli_stdout_check(&e) < 0 || (kernels && print_kernels(m, NULL, &e) < 0))
             status = cli_fail("inspect", &e);
     }
     model_free(m);
