@@ -19,7 +19,6 @@
 #include <stdlib.h>
 
 #include "selftest.h"
-#include "../engine/kvcache.h"
 
 extern const struct model_ops deepseek_v3_ops;
 int deepseek_v3_ops_self_test(struct err *e);

@@ -14,8 +14,6 @@
 #include <unistd.h>
 
 #include "../core/st_write.h"
-#include "../engine/batch.h"
-#include "../engine/kvcache.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
 #include "registry.h"
@@ -123,53 +121,6 @@ int stest_route_softmax_top2(const struct hparams *hp, bool renorm, struct err *
                            stest_near(w[1], p4 / d, 1e-6),
                        renorm ? "softmax, top-k, renormalize" : "softmax over all, top-k, not renormalized",
                        e);
-}
-
-// ---- one-sequence runner ----
-
-int stest_run_open(struct stest_run *r, const char *dir, struct model *m, struct backend *be,
-                   int n_tokens, struct err *e)
-{
-    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = 1, .dtype = DTYPE_F32};
-    int rc;
-    memset(r, 0, sizeof *r);
-    r->b = calloc(1, sizeof *r->b);
-    if (!r->b)
-        return err_setf(e, ERR_NOMEM, "out of memory");
-    if ((dir && (rc = model_load(&r->m, dir, e)) < 0) ||
-        (rc = model_prepare(dir ? r->m : m, be, e)) < 0 ||
-        (rc = model_ctx_new(&r->c, dir ? r->m : m, be, 0, e)) < 0 ||
-        (rc = kv_cache_new(&r->kv, dir ? r->m : m, be, &kp, e)) < 0 ||
-        (rc = batch_init(r->b, n_tokens, e)) < 0 || (rc = kv_seq_add(r->kv, 0, e)) < 0) {
-        stest_run_close(r);
-        return rc;
-    }
-    return 0;
-}
-
-int stest_run_feed(struct stest_run *r, const int32_t *ids, int n, bool all, float *logits,
-                   struct err *e)
-{
-    int rc;
-    batch_clear(r->b);
-    for (int i = 0; i < n; i++)
-        if ((rc = batch_add(r->b, ids[i], r->pos + i, 0, all || i == n - 1, e)) < 0)
-            return rc;
-    if ((rc = model_forward(r->c, r->b, r->kv, logits, e)) < 0)
-        return rc;
-    r->pos += n;
-    return 0;
-}
-
-void stest_run_close(struct stest_run *r)
-{
-    if (r->b)
-        batch_free(r->b);
-    free(r->b);
-    kv_cache_free(r->kv);
-    model_ctx_free(r->c);
-    model_free(r->m);
-    memset(r, 0, sizeof *r);
 }
 
 // ---- changed copies of the golden fixtures ----

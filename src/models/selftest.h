@@ -44,6 +44,12 @@ int stest_route(const struct hparams *hp, const float *logits, int32_t *sel, flo
  * and 4 with softmax weights over all 8, renormalized over the two when renorm. */
 int stest_route_softmax_top2(const struct hparams *hp, bool renorm, struct err *e);
 
+/* ---- calls into the engine ----
+ * models sits below engine, so these are defined in the test binary
+ * (tests/stest_engine.c) and this header needs only the engine's struct names. */
+struct kv_cache;
+struct batch;
+
 /* One model on one backend with a one-sequence cache, for tests that feed tokens
  * and read logits (the batch / KV plumbing in one place). */
 struct stest_run {
@@ -60,6 +66,10 @@ int stest_run_open(struct stest_run *r, const char *dir, struct model *m, struct
 int stest_run_feed(struct stest_run *r, const int32_t *ids, int n, bool all, float *logits,
                    struct err *e);
 void stest_run_close(struct stest_run *r);
+/* The rows of the KV cache m gets on a one-thread CPU backend (64 tokens, one sequence, f32):
+ * per layer il (m->hp.n_layer of them, caller's arrays) its K row width and whether V shares
+ * K's row (a latent layer). 0 or the backend's / the cache's error. */
+int stest_kv_rows(const struct model *m, int *k_dim, bool *v_is_k, struct err *e);
 
 /* ---- changed copies of the golden fixtures ---- */
 
