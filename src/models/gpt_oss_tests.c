@@ -252,6 +252,129 @@ static void interleave_rows(char *dst, const char *a, const char *b, int64_t E, 
         }
 }
 
+/* Every non-expert tensor of s into t: floats as they are, affine 8-bit (group 64) linears
+ * dequantized to F32 (w = scale * q + bias). */
+static void pub_linears(struct pub_tensor *t, size_t *n, const struct st_set *s)
+{
+    for (size_t i = 0; i < st_set_count(s); i++) {
+        const struct st_tensor *st = st_set_at(s, i);
+        size_t len = strlen(st->name);
+        char pre[160], nm[200];
+        if (strstr(st->name, ".mlp.experts."))
+            continue;  /* pub_experts */
+        if (len > 7 && (!strcmp(st->name + len - 7, ".scales") || !strcmp(st->name + len - 7, ".biases")))
+            continue;
+        snprintf(pre, sizeof pre, "%.*s", (int)(len > 7 ? len - 7 : 0), st->name);
+        if (st->dtype != DTYPE_U32) {
+            struct pub_tensor *p = pub_add(t, n, st->name, st->dtype, st->ndim, st->shape);
+            memcpy(p->data, st->data, p->bytes);
+            continue;
+        }
+        /* affine 8-bit, group 64: four codes a word, low byte first */
+        snprintf(nm, sizeof nm, "%s.scales", pre);
+        const struct st_tensor *sc = st_set_find(s, nm);
+        snprintf(nm, sizeof nm, "%s.biases", pre);
+        const struct st_tensor *bi = st_set_find(s, nm);
+        int64_t out = st->shape[0], in = st->shape[1] * 4, shape[2] = {out, in};
+        struct pub_tensor *p = pub_add(t, n, st->name, DTYPE_F32, 2, shape);
+        const uint32_t *q = st->data;
+        for (int64_t r = 0; sc && bi && r < out; r++)
+            for (int64_t c = 0; c < in; c++) {
+                float scale = bf16_to_f32(((const uint16_t *)sc->data)[r * (in / 64) + c / 64]);
+                float bias = bf16_to_f32(((const uint16_t *)bi->data)[r * (in / 64) + c / 64]);
+                uint32_t code = (q[r * (in / 4) + c / 4] >> (8 * (c % 4))) & 0xffu;
+                ((float *)p->data)[r * in + c] = scale * (float)code + bias;
+            }
+    }
+}
+
+/* Layer il's experts into t as openai publishes them: gate_up_proj_blocks / _scales / _bias
+ * (gate and up rows interleaved) and down_proj_blocks / _scales / _bias. */
+static int pub_experts(struct pub_tensor *t, size_t *n, const struct st_set *s, int il, struct err *e)
+{
+    char nm[6][160], name[160];
+    const char *part[6] = {"gate_proj.weight", "up_proj.weight", "gate_proj.scales", "up_proj.scales",
+                           "gate_proj.bias", "up_proj.bias"};
+    const struct st_tensor *g[6];
+    for (int k = 0; k < 6; k++) {
+        snprintf(nm[k], sizeof nm[k], "model.layers.%d.mlp.experts.%s", il, part[k]);
+        if (!(g[k] = st_set_find(s, nm[k])))
+            return err_setf(e, ERR_MISSING, "%s", nm[k]);
+    }
+    int64_t E = g[0]->shape[0], I = g[0]->shape[1], H = g[0]->shape[2] * 8;
+    int64_t bsh[4] = {E, 2 * I, H / 32, 16}, ssh[3] = {E, 2 * I, H / 32}, bish[2] = {E, 2 * I};
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_blocks", il);
+    interleave_rows(pub_add(t, n, name, DTYPE_U8, 4, bsh)->data, g[0]->data, g[1]->data, E, I, (size_t)H / 2);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_scales", il);
+    interleave_rows(pub_add(t, n, name, DTYPE_U8, 3, ssh)->data, g[2]->data, g[3]->data, E, I, (size_t)H / 32);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_bias", il);
+    interleave_rows(pub_add(t, n, name, g[4]->dtype, 2, bish)->data, g[4]->data, g[5]->data, E, I,
+                    dtype_size(g[4]->dtype));
+    const struct st_tensor *dw, *ds, *db;
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.weight", il);
+    dw = st_set_find(s, name);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.scales", il);
+    ds = st_set_find(s, name);
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.bias", il);
+    db = st_set_find(s, name);
+    if (!dw || !ds || !db)
+        return err_setf(e, ERR_MISSING, "down_proj of layer %d", il);
+    int64_t dbs[4] = {E, H, I / 32, 16};
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_blocks", il);
+    memcpy(pub_add(t, n, name, DTYPE_U8, 4, dbs)->data, dw->data, (size_t)(E * H * I / 2));
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_scales", il);
+    memcpy(pub_add(t, n, name, DTYPE_U8, 3, ds->shape)->data, ds->data, (size_t)(E * H * I / 32));
+    snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_bias", il);
+    struct pub_tensor *p = pub_add(t, n, name, db->dtype, 2, db->shape);
+    memcpy(p->data, db->data, p->bytes);
+    return 0;
+}
+
+/* The n tensors of t as dir/model.safetensors. */
+static int pub_write_weights(const struct pub_tensor *t, size_t n, const char *dir, struct err *e)
+{
+    struct st_wentry *ents = calloc(n, sizeof *ents);
+    struct st_writer *w = NULL;
+    char path[600];
+    int rc;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    for (size_t i = 0; ents && i < n; i++) {
+        ents[i] = (struct st_wentry){t[i].name, t[i].dt, t[i].ndim, {0}};
+        memcpy(ents[i].shape, t[i].shape, sizeof t[i].shape);
+    }
+    rc = ents ? st_writer_open(&w, path, ents, n, e) : err_setf(e, ERR_NOMEM, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = st_writer_write(w, t[i].data, t[i].bytes, e);
+    if (w)
+        rc = rc == 0 ? st_writer_close(w, e) : (st_writer_abort(w), rc);
+    free(ents);
+    return rc;
+}
+
+/* gpt_oss_mlx's config.json with quantization_config {quant_method: mxfp4}, into dir. */
+static int pub_write_config(const char *dir, struct err *e)
+{
+    cJSON *cfg = NULL;
+    char path[600];
+    int rc;
+    if ((rc = cfg_load_file(MLX_DIR "/config.json", FILE_FOLDER, &cfg, e)) < 0)
+        return rc;
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
+    cJSON_AddItemToObject(cfg, "quantization_config", cJSON_Parse("{\"quant_method\": \"mxfp4\"}"));
+    char *text = cJSON_PrintUnformatted(cfg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    rc = f && fputs(text, f) >= 0 ? 0 : -1;
+    if (f && fclose(f) != 0)
+        rc = -1;
+    if (rc < 0)
+        rc = err_setf(e, ERR_IO, "cannot write %s", path);
+    free(text);
+    cJSON_Delete(cfg);
+    return rc;
+}
+
 /* The gpt_oss_mlx checkpoint rewritten as openai publishes gpt-oss: experts as gate_up_proj_blocks /
  * _scales (gate and up rows interleaved, the same MXFP4 codes and E8M0 scales) and down_proj_blocks /
  * _scales with [E, out] biases; every other linear dequantized to F32 (w = scale * q + bias);
@@ -264,119 +387,15 @@ static int write_published(const char *dir, struct err *e)
     int rc;
     if ((rc = st_set_open(&s, MLX_DIR, e)) < 0)
         return rc;
-    t = calloc(st_set_count(s) + 8, sizeof *t);
-    for (size_t i = 0; t && i < st_set_count(s); i++) {
-        const struct st_tensor *st = st_set_at(s, i);
-        size_t len = strlen(st->name);
-        char pre[160];
-        const struct st_tensor *sc, *bi;
-        if (strstr(st->name, ".mlp.experts."))
-            continue;  /* below */
-        if (len > 7 && (!strcmp(st->name + len - 7, ".scales") || !strcmp(st->name + len - 7, ".biases")))
-            continue;
-        snprintf(pre, sizeof pre, "%.*s", (int)(len > 7 ? len - 7 : 0), st->name);
-        if (st->dtype != DTYPE_U32) {
-            struct pub_tensor *p = pub_add(t, &n, st->name, st->dtype, st->ndim, st->shape);
-            memcpy(p->data, st->data, p->bytes);
-            continue;
-        }
-        /* affine 8-bit, group 64: four codes a word, low byte first */
-        char nm[200];
-        snprintf(nm, sizeof nm, "%s.scales", pre);
-        sc = st_set_find(s, nm);
-        snprintf(nm, sizeof nm, "%s.biases", pre);
-        bi = st_set_find(s, nm);
-        int64_t out = st->shape[0], in = st->shape[1] * 4, shape[2] = {out, in};
-        struct pub_tensor *p = pub_add(t, &n, st->name, DTYPE_F32, 2, shape);
-        const uint32_t *q = st->data;
-        for (int64_t r = 0; sc && bi && r < out; r++)
-            for (int64_t c = 0; c < in; c++) {
-                float scale = bf16_to_f32(((const uint16_t *)sc->data)[r * (in / 64) + c / 64]);
-                float bias = bf16_to_f32(((const uint16_t *)bi->data)[r * (in / 64) + c / 64]);
-                uint32_t code = (q[r * (in / 4) + c / 4] >> (8 * (c % 4))) & 0xffu;
-                ((float *)p->data)[r * in + c] = scale * (float)code + bias;
-            }
-    }
-    for (int il = 0; t && il < 2; il++) {
-        char nm[6][160];
-        const char *part[6] = {"gate_proj.weight", "up_proj.weight", "gate_proj.scales", "up_proj.scales",
-                               "gate_proj.bias", "up_proj.bias"};
-        const struct st_tensor *g[6];
-        for (int k = 0; k < 6; k++) {
-            snprintf(nm[k], sizeof nm[k], "model.layers.%d.mlp.experts.%s", il, part[k]);
-            g[k] = st_set_find(s, nm[k]);
-            if (!g[k]) {
-                rc = err_setf(e, ERR_MISSING, "%s", nm[k]);
-                goto out;
-            }
-        }
-        int64_t E = g[0]->shape[0], I = g[0]->shape[1], H = g[0]->shape[2] * 8;
-        int64_t bsh[4] = {E, 2 * I, H / 32, 16}, ssh[3] = {E, 2 * I, H / 32}, bish[2] = {E, 2 * I};
-        char name[160];
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_blocks", il);
-        interleave_rows(pub_add(t, &n, name, DTYPE_U8, 4, bsh)->data, g[0]->data, g[1]->data, E, I, (size_t)H / 2);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_scales", il);
-        interleave_rows(pub_add(t, &n, name, DTYPE_U8, 3, ssh)->data, g[2]->data, g[3]->data, E, I, (size_t)H / 32);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_bias", il);
-        interleave_rows(pub_add(t, &n, name, g[4]->dtype, 2, bish)->data, g[4]->data, g[5]->data, E, I,
-                        dtype_size(g[4]->dtype));
-        const struct st_tensor *dw, *ds, *db;
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.weight", il);
-        dw = st_set_find(s, name);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.scales", il);
-        ds = st_set_find(s, name);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj.bias", il);
-        db = st_set_find(s, name);
-        if (!dw || !ds || !db) {
-            rc = err_setf(e, ERR_MISSING, "down_proj of layer %d", il);
-            goto out;
-        }
-        int64_t dbs[4] = {E, H, I / 32, 16};
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_blocks", il);
-        memcpy(pub_add(t, &n, name, DTYPE_U8, 4, dbs)->data, dw->data, (size_t)(E * H * I / 2));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_scales", il);
-        memcpy(pub_add(t, &n, name, DTYPE_U8, 3, ds->shape)->data, ds->data, (size_t)(E * H * I / 32));
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj_bias", il);
-        struct pub_tensor *p = pub_add(t, &n, name, db->dtype, 2, db->shape);
-        memcpy(p->data, db->data, p->bytes);
-    }
-    if (!t) {
+    if (!(t = calloc(st_set_count(s) + 8, sizeof *t))) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    {
-        struct st_wentry *ents = calloc(n, sizeof *ents);
-        struct st_writer *w = NULL;
-        char path[600];
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        for (size_t i = 0; ents && i < n; i++) {
-            ents[i] = (struct st_wentry){t[i].name, t[i].dt, t[i].ndim, {0}};
-            memcpy(ents[i].shape, t[i].shape, sizeof t[i].shape);
-        }
-        rc = ents ? st_writer_open(&w, path, ents, n, e) : err_setf(e, ERR_NOMEM, "out of memory");
-        for (size_t i = 0; rc == 0 && i < n; i++)
-            rc = st_writer_write(w, t[i].data, t[i].bytes, e);
-        if (w)
-            rc = rc == 0 ? st_writer_close(w, e) : (st_writer_abort(w), rc);
-        free(ents);
-    }
-    if (rc == 0) {
-        cJSON *cfg = NULL;
-        char path[600];
-        if ((rc = cfg_load_file(MLX_DIR "/config.json", FILE_FOLDER, &cfg, e)) < 0)
-            goto out;
-        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization");
-        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
-        cJSON_AddItemToObject(cfg, "quantization_config", cJSON_Parse("{\"quant_method\": \"mxfp4\"}"));
-        char *text = cJSON_PrintUnformatted(cfg);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        FILE *f = text ? fopen(path, "w") : NULL;
-        rc = f && fputs(text, f) >= 0 ? 0 : err_setf(e, ERR_IO, "cannot write %s", path);
-        if (f)
-            fclose(f);
-        free(text);
-        cJSON_Delete(cfg);
-    }
+    pub_linears(t, &n, s);
+    for (int il = 0; rc == 0 && il < 2; il++)
+        rc = pub_experts(t, &n, s, il, e);
+    if (rc == 0 && (rc = pub_write_weights(t, n, dir, e)) == 0)
+        rc = pub_write_config(dir, e);
 out:
     for (size_t i = 0; t && i < n; i++)
         free(t[i].data);
