@@ -478,8 +478,9 @@ static int check_framing(struct srv_req *r, const struct head_scan *h, const cha
     return 0;
 }
 
-int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *method,
-               const char *version, enum srv_route_kind kind, bool health, struct oai_error *err)
+int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *authority,
+               const char *method, const char *version, enum srv_route_kind kind, bool health,
+               struct oai_error *err)
 {
     struct head_scan h = {0};
     const char *inv = "invalid_request_error";
@@ -499,11 +500,15 @@ int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, co
                           SRV_MAX_HEADER_BYTES);
     }
 
+    /* an absolute-form target's authority stands for Host (RFC 9112 3.2.2: a Host field
+     * then is ignored), for the allowlist and the same-origin check alike */
     char name[256];
-    if (h.host && !(split_host(h.host, strlen(h.host), name, sizeof name) && host_allowed(s, name)))
+    const char *host = authority ? authority : h.host;
+    if (host && !(split_host(host, strlen(host), name, sizeof name) && host_allowed(s, name)))
         return oai_errorf(err, 403, inv, "host_not_allowed", NULL,
-                          "Host '%.100s' is not allowed: this server answers IP addresses, localhost and "
-                          "--allowed-host names (against DNS rebinding)", h.host);
+                          "%s '%.100s' is not allowed: this server answers IP addresses, localhost and "
+                          "--allowed-host names (against DNS rebinding)",
+                          authority ? "the request target's authority" : "Host", host);
 
     if (h.n_origin > 1)
         return oai_errorf(err, 403, inv, "origin_not_allowed", NULL, "more than one Origin field");
@@ -511,7 +516,7 @@ int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, co
         const char *m = cors_match(s, h.origin);
         if (m)
             snprintf(r->cors_origin, sizeof r->cors_origin, "%s", strcmp(m, "*") == 0 ? "*" : h.origin);
-        else if (!same_origin(h.origin, h.host))
+        else if (!same_origin(h.origin, host))
             return oai_errorf(err, 403, inv, "origin_not_allowed", NULL,
                               "cross-origin requests from '%.100s' are not allowed (start the server with "
                               "--cors-origin %.100s to allow them)", h.origin, h.origin);

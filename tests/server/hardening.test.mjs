@@ -256,6 +256,21 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
         assert.equal(e.code, 'host_not_allowed');
     });
 
+    it('absolute-form targets (RFC 9112 3.2.2): routed on the path, the authority checked instead of Host', async () => {
+        const abs = (target, h = '127.0.0.1') => raw(srv, `GET ${target} HTTP/1.1\r\nHost: ${h}\r\nConnection: close\r\n\r\n`);
+        const models = await abs(`http://127.0.0.1:${srv.port}/v1/models`);
+        assert.equal(models.status, 200, models.raw.toString('latin1').slice(0, 300));
+        assert.equal(JSON.parse(models.body).object, 'list');
+        for (const t of [`HTTP://localhost:${srv.port}/health`, 'http://models.example.org/health', `https://[::1]:${srv.port}/health`])
+            assert.equal((await abs(t, 'evil.test')).status, 200, `${t}: the authority replaces a disallowed Host`);
+        assert.equal((await abs(`http://127.0.0.1:${srv.port}`)).status, 200, 'an empty path is /');
+        for (const t of [`http://evil.test:${srv.port}/v1/models`, 'http://127.0.0.1.nip.io/health', 'http://user@127.0.0.1/health']) {
+            const e = rawError(await abs(t), 403, `${t} with an allowed Host`);
+            assert.equal(e.code, 'host_not_allowed');
+        }
+        rawError(await abs(`http://127.0.0.1:${srv.port}/v1/nope`), 404, 'an unknown path in absolute-form');
+    });
+
     it('Origin: the server\'s own passes, any other is 403 JSON without --cors-origin', async () => {
         const p = (origin, s = srv, extra = '') => raw(s, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\n` +
             `${json}\r\n${cl}\r\nOrigin: ${origin}\r\nConnection: close\r\n${extra}\r\n${body}`);
