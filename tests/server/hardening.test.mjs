@@ -271,6 +271,22 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
         rawError(await abs(`http://127.0.0.1:${srv.port}/v1/nope`), 404, 'an unknown path in absolute-form');
     });
 
+    it('methods: an unrecognized or lowercase one is 501 JSON (RFC 9110 9.1); OPTIONS * is 204 with Allow', async () => {
+        const req = (m, target = '/v1/models') => raw(srv, `${m} ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`);
+        for (const [m, target] of [['get', '/v1/models'], ['FOO', '/v1/models'], ['Post', '/v1/chat/completions'],
+            ['FOO', '/nowhere'], ['options', '*']]) {
+            const e = rawError(await req(m, target), 501, `${m} ${target}`);
+            assert.equal(e.code, 'method_not_implemented');
+            assert.match(e.message, new RegExp(`'${m}'`));
+        }
+        rawError(await req('PUT'), 405, 'PUT, a standard method, on a GET path');
+        assert.equal((await req('GET')).status, 200, 'GET still works');
+        const star = await req('OPTIONS', '*');
+        assert.equal(star.status, 204, star.raw.toString('latin1').slice(0, 300));
+        assert.equal(star.headers.allow, 'GET, HEAD, POST, OPTIONS');
+        rawError(await req('GET', '*'), 400, 'GET *');
+    });
+
     it('Origin: the server\'s own passes, any other is 403 JSON without --cors-origin', async () => {
         const p = (origin, s = srv, extra = '') => raw(s, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\n` +
             `${json}\r\n${cl}\r\nOrigin: ${origin}\r\nConnection: close\r\n${extra}\r\n${body}`);
