@@ -677,7 +677,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     bool gen = r->n_gen >= 0;
     if (!r->tokens_counted) /* a generation that ended without its answer (count_usage, gen.c) */
         metrics_tokens(&s->metrics, r->n_prompt, r->n_gen);
-    metrics_request(&s->metrics, r->path, r->status, r->ttft, r->itl, gen ? dt : -1.0);
+    char auth[256];  /* an absolute-form target counts under its path's endpoint */
+    metrics_request(&s->metrics, target_path(r->path, auth, sizeof auth), r->status, r->ttft, r->itl,
+                    gen ? dt : -1.0);
     free(r->body);
     free(r);
     *ctx = NULL;

@@ -258,9 +258,19 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
 
     it('absolute-form targets (RFC 9112 3.2.2): routed on the path, the authority checked instead of Host', async () => {
         const abs = (target, h = '127.0.0.1') => raw(srv, `GET ${target} HTTP/1.1\r\nHost: ${h}\r\nConnection: close\r\n\r\n`);
+        const counted = async () => Number((await get(srv.base, '/metrics')).text
+            .match(/mlxcel_requests_total\{endpoint="\/v1\/models",status="200"\} (\d+)/)?.[1] ?? 0);
+        const before = await counted();
         const models = await abs(`http://127.0.0.1:${srv.port}/v1/models`);
         assert.equal(models.status, 200, models.raw.toString('latin1').slice(0, 300));
         assert.equal(JSON.parse(models.body).object, 'list');
+        // counted under its endpoint, not as another path (the count lands as the answer completes)
+        let after = await counted();
+        for (let i = 0; i < 50 && after === before; i++) {
+            await new Promise((res) => setTimeout(res, 20));
+            after = await counted();
+        }
+        assert.equal(after, before + 1, 'the absolute-form request is counted under /v1/models');
         for (const t of [`HTTP://localhost:${srv.port}/health`, 'http://models.example.org/health', `https://[::1]:${srv.port}/health`])
             assert.equal((await abs(t, 'evil.test')).status, 200, `${t}: the authority replaces a disallowed Host`);
         assert.equal((await abs(`http://127.0.0.1:${srv.port}`)).status, 200, 'an empty path is /');
