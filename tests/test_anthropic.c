@@ -298,6 +298,31 @@ static void translate_tool_results_and_max_tokens(void **state)
                      -1);
     assert_int_equal(err.status, 400);
     assert_non_null(strstr(err.message, "'tools[0].input_schema' must be a schema of type 'object'"));
+
+    /* Anthropic's ranges: temperature 0..1 (OpenAI's 0..2 is not), top_k an integer >= 0 */
+    static const struct { const char *field, *want; } bad_sampling[] = {
+        {"\"temperature\":1.5", "temperature: must be a number from 0 to 1"},
+        {"\"temperature\":-0.1", "temperature: must be a number from 0 to 1"},
+        {"\"temperature\":\"1\"", "temperature: must be a number from 0 to 1"},
+        {"\"top_k\":-1", "top_k: must be an integer >= 0"},
+        {"\"top_k\":2.5", "top_k: must be an integer >= 0"},
+        {"\"top_k\":true", "top_k: must be an integer >= 0"},
+    };
+    char body[256];
+    for (size_t i = 0; i < sizeof bad_sampling / sizeof bad_sampling[0]; i++) {
+        snprintf(body, sizeof body, "{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],%s}",
+                 bad_sampling[i].field);
+        assert_int_equal(translate_text(body, &q, &err), -1);
+        assert_int_equal(err.status, 400);
+        assert_string_equal(err.type, "invalid_request_error");
+        assert_string_equal(err.message, bad_sampling[i].want);
+        assert_int_equal(strncmp(err.param, bad_sampling[i].field + 1, strlen(err.param)), 0);
+        assert_true(err.param[0]);
+    }
+    assert_int_equal(translate_text("{\"max_tokens\":8,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                    "\"temperature\":1,\"top_k\":0}", &q, &err), 0);
+    assert_true(q.temperature == 1.0f && q.top_k == 0);
+    oai_request_free(&q);
 }
 
 /* A body of ~100k tool_result blocks (what a 4 MiB body holds) is refused in linear time: each

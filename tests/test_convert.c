@@ -291,6 +291,22 @@ static void test_nonfinite_weights(void **state)
     stb_rmtree(dir);
 }
 
+/* nvfp4 holds +-2688 at most (6 x the e4m3 scale's 448): a weight beyond is refused, naming
+ * the tensor and the element, not silently clipped; mxfp4 (e8m0 scales) holds it. */
+static void test_nvfp4_range(void **state)
+{
+    (void)state;
+    const char *name = "model.layers.0.mlp.down_proj.weight";
+    char *dir = write_with_value(name, false, 170, -3000.0f);
+    expect_convert(dir, "-q --q-mode nvfp4",
+                   "tensor 'model.layers.0.mlp.down_proj.weight': element [1, 10] (-3008) is beyond nvfp4's range");
+    expect_convert(dir, "-q --q-mode mxfp4", NULL);
+    stb_rmtree(dir);
+    dir = write_with_value(name, false, 170, 2688.0f);  /* the largest, exactly: written */
+    expect_convert(dir, "-q --q-mode nvfp4", NULL);
+    stb_rmtree(dir);
+}
+
 /* ---- planning ---- */
 
 static const struct expert_stack_rule k_rules[] = {
@@ -652,6 +668,7 @@ static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_golden_phixtral_mlx),
     cmocka_unit_test(test_tied_head_dropped),
     cmocka_unit_test(test_nonfinite_weights),
+    cmocka_unit_test(test_nvfp4_range),
     cmocka_unit_test(test_plan),
     cmocka_unit_test(test_st_write),
     cmocka_unit_test(test_synth_record),

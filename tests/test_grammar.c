@@ -471,11 +471,27 @@ static void hostile(void **st)
         "{\"$ref\":\"#\"}",
         "{\"$defs\":{\"a\":{\"anyOf\":[{\"$ref\":\"#/$defs/a\"},{\"type\":\"null\"}]}},\"$ref\":\"#/$defs/a\"}",
     };
+    /* each names the user's path of a $ref target in the cycle, not an internal node */
+    static const char *const cycle_at[] = {
+        "schema at /$defs/a: '$ref' cycle that never reaches a value (#/$defs/a -> #/$defs/b -> #/$defs/a)",
+        "schema at /: '$ref' cycle that never reaches a value (# -> #)",
+        "schema at /$defs/a: '$ref' cycle that never reaches a value (#/$defs/a -> #/$defs/a)",
+    };
     for (size_t i = 0; i < sizeof cycles / sizeof cycles[0]; i++) {
         cJSON *s = cJSON_Parse(cycles[i]);
         assert_int_equal(grammar_compile(&g, s, t, &o, &e), -ERR_ARG);
+        assert_string_equal(e.msg, cycle_at[i]);
         cJSON_Delete(s);
     }
+    /* in a tool's parameters, the tool's path: tools[2].function.parameters.$defs.b */
+    cJSON *cyc = cJSON_Parse("{\"type\":\"object\",\"properties\":{\"x\":{\"$ref\":\"#/$defs/b\"}},"
+                             "\"$defs\":{\"b\":{\"anyOf\":[{\"$ref\":\"#/$defs/c\"}]},\"c\":{\"$ref\":\"#/$defs/b\"}}}");
+    struct grammar_call call = {.name = "f", .params = cyc, .where = "tools[2].function.parameters"};
+    struct grammar_opts oc = {.calls = &call, .n_calls = 1};
+    assert_int_equal(grammar_compile(&g, NULL, t, &oc, &e), -ERR_ARG);
+    assert_string_equal(e.msg, "schema at tools[2].function.parameters.$defs.b: '$ref' cycle that never reaches "
+                               "a value (#/$defs/b -> #/$defs/c -> #/$defs/b)");
+    cJSON_Delete(cyc);
     /* too many alternatives, too many properties */
     char txt[8192];
     size_t n = (size_t)snprintf(txt, sizeof txt, "{\"anyOf\":[");

@@ -114,6 +114,13 @@ static void test_errors(void **state)
         {"{\"input\": [{\"role\": \"user\", \"content\": \"x\"}, {\"type\": \"function_call\", \"call_id\": 1}]}",
          "input[1].call_id"},
         {"{\"input\": [{\"type\": \"function_call_output\", \"call_id\": \"c\", \"output\": 5}]}", "input[0].output"},
+        /* an output with no function_call before it with its call_id (OpenAI: 400 "No tool call found") */
+        {"{\"input\": [{\"role\": \"user\", \"content\": \"x\"}, {\"type\": \"function_call_output\", "
+         "\"call_id\": \"c\", \"output\": \"o\"}]}", "input[1].call_id"},
+        {"{\"input\": [{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"f\", \"arguments\": \"{}\"}, "
+         "{\"type\": \"function_call_output\", \"call_id\": \"c2\", \"output\": \"o\"}]}", "input[1].call_id"},
+        {"{\"input\": [{\"type\": \"function_call_output\", \"call_id\": \"c1\", \"output\": \"o\"}, "
+         "{\"type\": \"function_call\", \"call_id\": \"c1\", \"name\": \"f\", \"arguments\": \"{}\"}]}", "input[0].call_id"},
         {"{\"input\": \"x\", \"previous_response_id\": \"resp_1\"}", "previous_response_id"},
         {"{\"input\": \"x\", \"max_output_tokens\": -1}", "max_output_tokens"},
         {"{\"input\": \"x\", \"tools\": [{\"type\": \"file_search\"}]}", "tools[0]"},

@@ -438,13 +438,21 @@ int cmd_generate(int argc, char **argv)
                             .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
                             .n_keep_tail = keep_tail, .sampling = o.sp};
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
-    if (st.n_dropped > 0)
-        fprintf(stderr, "mlxcel generate: truncated the prompt: dropped %d of %zu tokens (%s, keeping the first "
-                "%d and the last %d) to fit the context of %d with room for %ld to generate\n", st.n_dropped,
-                n_prompt, o.truncate == GEN_TRUNCATE_LEFT ? "the oldest" : "the newest",
-                gp.n_keep < st.n_prompt ? gp.n_keep : st.n_prompt,
-                gp.n_keep_tail < st.n_prompt - gp.n_keep ? gp.n_keep_tail : 0, en.kv->max_seq_len,
+    if (st.n_dropped > 0) {
+        /* the protected head and tail, named only when there is one: "(the oldest, keeping the
+         * first 3 and the last 5)", "(the oldest, keeping the first 3)", "(the newest)" */
+        int head = gp.n_keep < st.n_prompt ? gp.n_keep : st.n_prompt;
+        int tail = gp.n_keep_tail < st.n_prompt - gp.n_keep ? gp.n_keep_tail : 0;
+        char kept[96] = "";
+        if (head > 0 && tail > 0)
+            snprintf(kept, sizeof kept, ", keeping the first %d and the last %d", head, tail);
+        else if (head > 0 || tail > 0)
+            snprintf(kept, sizeof kept, ", keeping the %s %d", head > 0 ? "first" : "last", head > 0 ? head : tail);
+        fprintf(stderr, "mlxcel generate: truncated the prompt: dropped %d of %zu tokens (%s%s) to fit the context "
+                "of %d with room for %ld to generate\n", st.n_dropped, n_prompt,
+                o.truncate == GEN_TRUNCATE_LEFT ? "the oldest" : "the newest", kept, en.kv->max_seq_len,
                 (long)(en.kv->max_seq_len - st.n_prompt));
+    }
     if (rc == -ERR_RANGE && strstr(e.msg, "context overflow")) {
         /* what to do about it: a larger context where the model allows one, or a cut prompt */
         char msg[sizeof e.msg];

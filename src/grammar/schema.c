@@ -34,6 +34,10 @@ struct cc {
     uint32_t cap_node, cap_prop, cap_list, cap_lit;
     const cJSON **ref_src;   /* [n_ref] compiled $ref targets */
     uint16_t *ref_node;
+    char **ref_loc;          /* [n_ref] where the target is ("tools[2].function.parameters.$defs.a",
+                              * "/$defs/a"), a NUL, then the $ref as written ("#/$defs/a") */
+    char base[256];          /* the location of the root of "#/..." references (dotted paths) */
+    uint32_t stack[GM_MAX_REF_CHAIN + 2];  /* flatten's nodes in progress, outermost first */
     uint32_t n_ref, cap_ref;
     size_t lit_bytes;
     int32_t n_bool, n_null;  /* shared literal nodes, -1 until made */
@@ -536,6 +540,35 @@ static const cJSON *resolve(struct cc *c, const char *ref)
     return cur;
 }
 
+/* The target of the local $ref "#/a/b" as the user's path: base.a.b when dotted, else /a/b. */
+static char *ref_location(const struct cc *c, const char *ref)
+{
+    char buf[512];
+    const char *base = c->dotted ? c->base : "";
+    size_t n = strlen(base) < 256 ? strlen(base) : 255;
+    memcpy(buf, base, n);
+    for (const char *p = ref + 1; *p && n + 2 < sizeof buf; p++) {
+        if (*p == '/')
+            buf[n++] = c->dotted ? '.' : '/';
+        else if (*p == '~' && (p[1] == '0' || p[1] == '1'))
+            buf[n++] = *++p == '0' ? '~' : '/';
+        else
+            buf[n++] = *p;
+    }
+    buf[n] = '\0';
+    const char *s = n == 0 ? "/" : buf[0] == '.' ? buf + 1 : buf;
+    size_t ls = strlen(s), lr = 0;
+    while (lr < 128 && ref[lr])
+        lr++;
+    char *out = malloc(ls + lr + 2);  /* the location, then the $ref as written */
+    if (out) {
+        memcpy(out, s, ls + 1);
+        memcpy(out + ls + 1, ref, lr);
+        out[ls + 1 + lr] = '\0';
+    }
+    return out;
+}
+
 static int build_ref(struct cc *c, const cJSON *ref, int depth)
 {
     if (!cJSON_IsString(ref))
@@ -548,12 +581,15 @@ static int build_ref(struct cc *c, const cJSON *ref, int depth)
         if (c->ref_src[i] == t)
             return c->ref_node[i];
     int rc, k = new_node(c, GN_ALT);
-    uint32_t cap = c->cap_ref;
+    uint32_t cap = c->cap_ref, cap2 = c->cap_ref;
     if (k < 0)
         return k;
     if ((rc = grow((void **)&c->ref_src, &cap, c->n_ref + 1, sizeof *c->ref_src, c->e)) < 0 ||
+        (rc = grow((void **)&c->ref_loc, &cap2, c->n_ref + 1, sizeof *c->ref_loc, c->e)) < 0 ||
         (rc = grow((void **)&c->ref_node, &c->cap_ref, c->n_ref + 1, sizeof *c->ref_node, c->e)) < 0)
         return rc;
+    if (!(c->ref_loc[c->n_ref] = ref_location(c, ref->valuestring)))
+        return err_setf(c->e, ERR_NOMEM, "grammar: out of memory");
     c->ref_src[c->n_ref] = t;
     c->ref_node[c->n_ref++] = (uint16_t)k;
     /* the target's errors are reported at the referring place, naming the $ref */
@@ -713,6 +749,48 @@ static int compile(struct cc *c, const cJSON *s, int depth)
 
 /* ---- flattening ---- */
 
+/* The $ref node k's index in ref_node, or -1 (an anyOf). */
+static int ref_index(const struct cc *c, uint32_t k)
+{
+    for (uint32_t i = 0; i < c->n_ref; i++)
+        if (c->ref_node[i] == k)
+            return (int)i;
+    return -1;
+}
+
+/* Node k is reached again while in progress (c->stack[0..depth-1]): a cycle of $refs and
+ * anyOf with no value in between. Every such cycle passes a $ref (only a $ref's node is
+ * made before the nodes it reaches), so the error names the first $ref target in the cycle
+ * where the user wrote it, and the chain of $refs: "schema at
+ * tools[0].function.parameters.$defs.a: '$ref' cycle that never reaches a value
+ * (#/$defs/a -> #/$defs/b -> #/$defs/a)". */
+static int cycle_error(struct cc *c, uint32_t k, int depth)
+{
+    int from = depth - 1;
+    while (from > 0 && c->stack[from] != k)
+        from--;
+    char chain[384];
+    size_t n = 0;
+    const char *first = NULL;
+    for (int d = from; d <= depth; d++) {
+        int r = ref_index(c, d < depth ? c->stack[d] : k);
+        if (r < 0 || !c->ref_loc[r])
+            continue;
+        if (!first)
+            first = c->ref_loc[r];
+        const char *ref = c->ref_loc[r] + strlen(c->ref_loc[r]) + 1;
+        int m = snprintf(chain + n, sizeof chain - n, "%s%s", n ? " -> " : "", ref);
+        if (m < 0 || n + (size_t)m >= sizeof chain) {
+            chain[n] = '\0';
+            break;
+        }
+        n += (size_t)m;
+    }
+    if (!first)
+        return err_setf(c->e, ERR_ARG, "schema: '$ref'/'anyOf' cycle that never reaches a value");
+    return err_setf(c->e, ERR_ARG, "schema at %s: '$ref' cycle that never reaches a value (%s)", first, chain);
+}
+
 /* Replaces node k's alternatives by the concrete nodes they reach. */
 static int flatten(struct cc *c, uint8_t *state, uint32_t k, int depth)
 {
@@ -722,10 +800,11 @@ static int flatten(struct cc *c, uint8_t *state, uint32_t k, int depth)
     if (state[k] == 2)
         return 0;
     if (state[k] == 1)
-        return err_setf(c->e, ERR_ARG, "schema: '$ref' cycle that never reaches a value (node %u)", k);
+        return cycle_error(c, k, depth);
     if (depth > GM_MAX_REF_CHAIN)
         return err_setf(c->e, ERR_RANGE, "schema: '$ref'/'anyOf' chain longer than %d", GM_MAX_REF_CHAIN);
     state[k] = 1;
+    c->stack[depth] = k;
     uint32_t a0 = g->node[k].alt0, na = g->node[k].n_alt;
     for (uint32_t i = 0; i < na; i++) {
         uint32_t sub = g->list[a0 + i];
@@ -827,6 +906,7 @@ static int build_calls(struct cc *c, const struct grammar_opts *o)
         snprintf(c->path, sizeof c->path, "%s", call->where ? call->where : "parameters");
         c->plen = strlen(c->path);
         c->root = call->params;
+        snprintf(c->base, sizeof c->base, "%s", c->path);
         k = call->params ? compile(c, call->params, 0) : (int)g->list[g->node[g->any].alt0];
         if (k < 0) {
             cJSON_Delete(names);
@@ -884,6 +964,9 @@ int gm_schema_compile(struct grammar *g, const cJSON *schema, const struct gramm
             rc = flatten(&c, state, k, 0);
 out:
     free(state);
+    for (uint32_t i = 0; i < c.n_ref; i++)
+        free(c.ref_loc[i]);
+    free(c.ref_loc);
     free(c.ref_src);
     free(c.ref_node);
     return rc < 0 ? rc : 0;

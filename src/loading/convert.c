@@ -507,6 +507,42 @@ static void qjob_run(void *ctx, int ith, int nth)
                                        j->bi ? j->bi + (size_t)(lo * groups) * j->ssz : NULL, &j->e[ith]);
 }
 
+/* nvfp4's largest magnitude: e2m1's 6 times the e4m3 group scale's 448. */
+#define CK_NVFP4_MAX (6.0f * 448.0f)
+
+/* nvfp4 cannot hold a weight beyond +-2688: its group's scale saturates at 448 and the weight
+ * would be written as +-2688 (mlx clips it the same, silently). Refused, as non-finite
+ * weights are (issue 39 item 14), naming the tensor, the element (idx, flat, of t) and the
+ * value, with the modes that hold it. n elements of t->dtype at buf. */
+static int nvfp4_range_check(const struct ck_tensor *t, const void *buf, int64_t idx0, int64_t n, struct err *e)
+{
+    float tmp[256];
+    for (int64_t i0 = 0; i0 < n; i0 += 256) {
+        int64_t k = n - i0 < 256 ? n - i0 : 256;
+        dtype_to_f32_ref(tmp, (const uint8_t *)buf + (size_t)i0 * dtype_size(t->dtype), t->dtype, (size_t)k);
+        for (int64_t i = 0; i < k; i++) {
+            if (!(fabsf(tmp[i]) > CK_NVFP4_MAX))
+                continue;
+            char at[160];
+            int64_t c[ST_MAX_DIMS] = {0}, idx = idx0 + i0 + i;
+            for (int d = t->ndim - 1; d >= 0; d--) {
+                int64_t dim = t->shape[d] > 0 ? t->shape[d] : 1;
+                c[d] = idx % dim;
+                idx /= dim;
+            }
+            size_t len = (size_t)snprintf(at, sizeof at, "[");
+            for (int d = 0; d < t->ndim && len < sizeof at; d++)
+                len += (size_t)snprintf(at + len, sizeof at - len, "%s%lld", d ? ", " : "", (long long)c[d]);
+            if (len < sizeof at)
+                snprintf(at + len, sizeof at - len, "]");
+            return err_setf(e, ERR_RANGE, "tensor '%s': element %s (%g) is beyond nvfp4's range (+-2688: 6 times "
+                            "the largest e4m3 group scale, 448) and would be clipped; use --q-mode mxfp4, mxfp8 "
+                            "or affine", t->name, at, (double)tmp[i]);
+        }
+    }
+    return 0;
+}
+
 static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct err *e)
 {
     const struct ck_tensor *t = &c->t[ti];
@@ -532,6 +568,8 @@ static int quantize_tensor(struct wctx *c, size_t ti, struct qcache *qc, struct 
         for (int64_t r0 = 0; r0 < part_rows; r0 += step) {
             int64_t k = part_rows - r0 < step ? part_rows - r0 : step, row = p * part_rows + r0;
             if ((rc = read_part(c, t, p, r0 * n_in, k * n_in, c->buf, e)) < 0)
+                return rc;
+            if (q->mode == QMODE_NVFP4 && (rc = nvfp4_range_check(t, c->buf, row * n_in, k * n_in, e)) < 0)
                 return rc;
             struct qjob *j = &c->job;
             j->q = q;

@@ -20,6 +20,7 @@
  * error of these routes, down to a 401 or 413 answered before routing, has
  * Anthropic's shape {"type": "error", "error": {"type", "message"}}.
  */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -461,6 +462,18 @@ static cJSON *translate(const cJSON *root, bool count, struct oai_error *err)
     if (!o) {
         nomem(err);
         return NULL;
+    }
+    /* Anthropic's ranges, narrower than OpenAI's (temperature 0..2, top_k -1 for off) that
+     * oai_request checks after: temperature 0..1, top_k an integer >= 0 (its API reference) */
+    const cJSON *temp = member(root, "temperature"), *top_k = member(root, "top_k");
+    if (temp && !cJSON_IsNull(temp) && !(cJSON_IsNumber(temp) && temp->valuedouble >= 0.0 && temp->valuedouble <= 1.0)) {
+        oai_errorf(err, 400, INVALID, NULL, "temperature", "temperature: must be a number from 0 to 1");
+        goto fail;
+    }
+    if (top_k && !cJSON_IsNull(top_k) &&
+        !(cJSON_IsNumber(top_k) && top_k->valuedouble >= 0.0 && top_k->valuedouble == floor(top_k->valuedouble))) {
+        oai_errorf(err, 400, INVALID, NULL, "top_k", "top_k: must be an integer >= 0");
+        goto fail;
     }
     for (size_t i = 0; i < sizeof k_same / sizeof k_same[0]; i++) {
         const cJSON *v = member(root, k_same[i]);

@@ -428,14 +428,17 @@ static bool is_name_list(const char *v)
 }
 
 /* The answer to OPTIONS on a known route: 204 with Allow and, for an allowed cross-origin
- * preflight, the Access-Control-Allow-* fields. */
+ * preflight, the Access-Control-Allow-* fields. kind NONE: "OPTIONS *", the server as a
+ * whole (RFC 9110 9.3.7): every method it implements. */
 static int answer_options(struct MHD_Connection *c, struct srv_req *r, enum srv_route_kind kind,
                           const struct head_scan *h)
 {
     struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
     if (!resp)
         return -1;
-    const char *methods = kind == ROUTE_KIND_POST ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+    const char *methods = kind == ROUTE_KIND_POST  ? "POST, OPTIONS"
+                          : kind == ROUTE_KIND_GET ? "GET, HEAD, OPTIONS"
+                                                   : "GET, HEAD, POST, OPTIONS";
     bool ok = MHD_add_response_header(resp, "Allow", methods) == MHD_YES;
     if (r->cors_origin[0] && h->acrm) {
         const char *hdrs = h->acrh && is_name_list(h->acrh) ? h->acrh
@@ -478,8 +481,9 @@ static int check_framing(struct srv_req *r, const struct head_scan *h, const cha
     return 0;
 }
 
-int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *method,
-               const char *version, enum srv_route_kind kind, bool health, struct oai_error *err)
+int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *authority,
+               const char *method, const char *version, enum srv_route_kind kind, bool health,
+               struct oai_error *err)
 {
     struct head_scan h = {0};
     const char *inv = "invalid_request_error";
@@ -499,11 +503,15 @@ int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, co
                           SRV_MAX_HEADER_BYTES);
     }
 
+    /* an absolute-form target's authority stands for Host (RFC 9112 3.2.2: a Host field
+     * then is ignored), for the allowlist and the same-origin check alike */
     char name[256];
-    if (h.host && !(split_host(h.host, strlen(h.host), name, sizeof name) && host_allowed(s, name)))
+    const char *host = authority ? authority : h.host;
+    if (host && !(split_host(host, strlen(host), name, sizeof name) && host_allowed(s, name)))
         return oai_errorf(err, 403, inv, "host_not_allowed", NULL,
-                          "Host '%.100s' is not allowed: this server answers IP addresses, localhost and "
-                          "--allowed-host names (against DNS rebinding)", h.host);
+                          "%s '%.100s' is not allowed: this server answers IP addresses, localhost and "
+                          "--allowed-host names (against DNS rebinding)",
+                          authority ? "the request target's authority" : "Host", host);
 
     if (h.n_origin > 1)
         return oai_errorf(err, 403, inv, "origin_not_allowed", NULL, "more than one Origin field");
@@ -511,7 +519,7 @@ int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, co
         const char *m = cors_match(s, h.origin);
         if (m)
             snprintf(r->cors_origin, sizeof r->cors_origin, "%s", strcmp(m, "*") == 0 ? "*" : h.origin);
-        else if (!same_origin(h.origin, h.host))
+        else if (!same_origin(h.origin, host))
             return oai_errorf(err, 403, inv, "origin_not_allowed", NULL,
                               "cross-origin requests from '%.100s' are not allowed (start the server with "
                               "--cors-origin %.100s to allow them)", h.origin, h.origin);
@@ -519,7 +527,23 @@ int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, co
             return oai_errorf(err, 403, inv, "origin_not_allowed", NULL, "the Origin field is too long");
     }
 
-    if (strcmp(method, "OPTIONS") == 0 && kind != ROUTE_KIND_NONE)
+    /* RFC 9110 9.1: methods are case-sensitive, and one the server does not recognize is 501
+     * ("get", "FOO"); a standard method it does not implement on a known path is 405 there */
+    static const char *const k_known[] = {"GET", "HEAD", "POST", "OPTIONS", "PUT", "DELETE", "PATCH",
+                                          "CONNECT", "TRACE"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof k_known / sizeof k_known[0]; i++)
+        known |= strcmp(method, k_known[i]) == 0;
+    if (!known)
+        return oai_errorf(err, 501, inv, "method_not_implemented", NULL,
+                          "the method '%.32s' is not implemented: GET, HEAD, POST and OPTIONS are (methods are "
+                          "case-sensitive, RFC 9110 9.1)", method);
+    /* the asterisk-form target is for OPTIONS only (RFC 9112 3.2.4): 204 with the server's
+     * methods in Allow, as for a path */
+    bool star = strcmp(url, "*") == 0;
+    if (star && strcmp(method, "OPTIONS") != 0)
+        return oai_errorf(err, 400, inv, NULL, NULL, "the request target '*' is for OPTIONS only (RFC 9112 3.2.4)");
+    if (strcmp(method, "OPTIONS") == 0 && (kind != ROUTE_KIND_NONE || star))
         return answer_options(c, r, kind, &h) > 0 ? 1 : oai_errorf(err, 500, "server_error", NULL, NULL,
                                                                      "out of memory");
 

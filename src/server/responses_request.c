@@ -35,6 +35,8 @@ struct rs_parse {
     cJSON *last;          /* the last message appended */
     cJSON *tools_echo;    /* the tools as the response repeats them */
     struct oai_error *err;
+    const char **call_ids;  /* the function_call items' call_ids so far: open addressing, id_cap slots */
+    uint32_t id_cap;
 };
 
 __attribute__((format(printf, 3, 4)))
@@ -154,6 +156,18 @@ static int add_message(struct rs_parse *p, const cJSON *item, int i)
     return push_text(p, role->valuestring, text);
 }
 
+/* The slot of call_id in p->call_ids: where it is, or the empty slot where it would go (the
+ * table is never full: id_cap is over twice the items). */
+static uint32_t id_slot(const struct rs_parse *p, const char *id)
+{
+    uint32_t h = 2166136261u;
+    for (const unsigned char *c = (const unsigned char *)id; *c; c++)
+        h = (h ^ *c) * 16777619u;
+    for (h &= p->id_cap - 1; p->call_ids[h] && strcmp(p->call_ids[h], id) != 0; h = (h + 1) & (p->id_cap - 1))
+        ;
+    return h;
+}
+
 /* A function_call item i: a tool call of the assistant turn it follows (its text or the calls
  * before it), or of a new one. */
 static int add_call(struct rs_parse *p, const cJSON *item, int i)
@@ -182,7 +196,9 @@ static int add_call(struct rs_parse *p, const cJSON *item, int i)
         cJSON_Delete(call);
         return nomem(p->err);
     }
-    bool ok = cJSON_AddStringToObject(call, "id", field(item, "call_id")->valuestring) &&
+    const char *id = field(item, "call_id")->valuestring;
+    p->call_ids[id_slot(p, id)] = id;
+    bool ok = cJSON_AddStringToObject(call, "id", id) &&
               cJSON_AddStringToObject(call, "type", "function") && (fn = cJSON_AddObjectToObject(call, "function")) &&
               cJSON_AddStringToObject(fn, "name", field(item, "name")->valuestring) &&
               cJSON_AddStringToObject(fn, "arguments", field(item, "arguments")->valuestring);
@@ -203,6 +219,13 @@ static int add_call_output(struct rs_parse *p, const cJSON *item, int i)
     char *text;
     if (content_text(p->err, output, param, &text) < 0)
         return -1;
+    /* as OpenAI: an output answers a function_call item before it, by its call_id */
+    if (!p->call_ids[id_slot(p, id->valuestring)]) {
+        free(text);
+        snprintf(param, sizeof param, "input[%d].call_id", i);
+        return bad(p->err, param, "No tool call found for function call output with call_id '%.64s': '%s' must "
+                   "be the call_id of a function_call item before it", id->valuestring, param);
+    }
     cJSON *m = push_message(p, "tool");
     bool ok = m && cJSON_AddStringToObject(m, "content", text) &&
               cJSON_AddStringToObject(m, "tool_call_id", id->valuestring);
@@ -230,6 +253,10 @@ static int parse_input(struct rs_parse *p)
         return bad(p->err, "input", "'input' must not be empty");
     if (n > OAI_MAX_MESSAGES)
         return bad(p->err, "input", "'input' must have at most %d items", OAI_MAX_MESSAGES);
+    for (p->id_cap = 16; p->id_cap <= 2u * (uint32_t)n; p->id_cap *= 2)
+        ;
+    if (!(p->call_ids = calloc(p->id_cap, sizeof *p->call_ids)))
+        return nomem(p->err);
     cJSON_ArrayForEach(item, in) {
         snprintf(param, sizeof param, "input[%d]", i);
         const cJSON *type = cJSON_IsObject(item) ? field(item, "type") : NULL;
@@ -526,6 +553,7 @@ int responses_translate(const cJSON *root, int n_vocab, struct oai_request *q, c
 out:
     cJSON_Delete(p.chat);
     cJSON_Delete(p.tools_echo);
+    free(p.call_ids);
     return rc;
 }
 

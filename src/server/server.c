@@ -464,11 +464,32 @@ static enum route find_route(const char *path, bool *post)
     return R_NONE;
 }
 
-static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url,
+/* The path of a request target. RFC 9112 3.2.2: a server accepts the absolute-form
+ * ("GET http://127.0.0.1:8080/v1/models HTTP/1.1", the scheme in any case) as well as the
+ * origin-form ("/v1/models"): its path ("/" when empty) is routed, and its authority, copied
+ * into auth, stands for Host (guard_head checks it against the allowlist instead).
+ * Origin-form: the target itself, auth empty; an authority too long for auth becomes one
+ * that no allowlist accepts (" "). */
+static const char *target_path(const char *url, char *auth, size_t cap)
+{
+    const char *p = strncasecmp(url, "http://", 7) == 0 ? url + 7 : strncasecmp(url, "https://", 8) == 0 ? url + 8 : NULL;
+    auth[0] = '\0';
+    if (!p)
+        return url;
+    size_t n = strcspn(p, "/?#");
+    snprintf(auth, cap, "%.*s", (int)(n < cap ? n : 0), n < cap ? p : " ");
+    if (!auth[0])
+        snprintf(auth, cap, " ");  /* "http:///x": no authority, not allowed */
+    return p[n] == '/' ? p + n : "/";
+}
+
+static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *target,
                                 const char *method)
 {
     struct oai_error err;
     bool post = false;
+    char auth[256];
+    const char *url = target_path(target, auth, sizeof auth);
     enum route rt = find_route(url, &post);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
@@ -542,9 +563,11 @@ static void escape_into(char *out, size_t cap, const char *s)
 
 /* The first call, with the headers: the request's state, then guard.c's checks of its head
  * and the body's announced size, answered before any body byte is read. */
-static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c, const char *url,
+static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c, const char *target,
                                      const char *method, const char *version, void **ctx)
 {
+    char auth[256];
+    const char *url = target_path(target, auth, sizeof auth);
     struct srv_req *r = calloc(1, sizeof *r);
     if (!r)
         return MHD_NO;
@@ -554,7 +577,7 @@ static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c,
     r->n_prompt = r->n_gen = -1;
     r->ttft = r->itl = -1;
     escape_into(r->method, sizeof r->method, method);
-    escape_into(r->path, sizeof r->path, url);
+    escape_into(r->path, sizeof r->path, target);
     r->error_json = route_error_json(url);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     r->conn = ci ? ci->socket_context : NULL;
@@ -565,7 +588,7 @@ static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c,
     enum srv_route_kind kind = rt == R_NONE ? ROUTE_KIND_NONE : post ? ROUTE_KIND_POST : ROUTE_KIND_GET;
     bool health = rt == R_HEALTH && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0);
     struct oai_error err;
-    int g = guard_head(s, c, r, url, method, version, kind, health, &err);
+    int g = guard_head(s, c, r, target, auth[0] ? auth : NULL, method, version, kind, health, &err);
     if (g > 0)
         return MHD_YES;
     if (g < 0)
@@ -654,7 +677,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     bool gen = r->n_gen >= 0;
     if (!r->tokens_counted) /* a generation that ended without its answer (count_usage, gen.c) */
         metrics_tokens(&s->metrics, r->n_prompt, r->n_gen);
-    metrics_request(&s->metrics, r->path, r->status, r->ttft, r->itl, gen ? dt : -1.0);
+    char auth[256];  /* an absolute-form target counts under its path's endpoint */
+    metrics_request(&s->metrics, target_path(r->path, auth, sizeof auth), r->status, r->ttft, r->itl,
+                    gen ? dt : -1.0);
     free(r->body);
     free(r);
     *ctx = NULL;

@@ -123,11 +123,13 @@ void guard_stop(struct server *s);
 enum srv_route_kind { ROUTE_KIND_NONE, ROUTE_KIND_GET, ROUTE_KIND_POST };
 
 /* The checks on a request's head once its headers are in, before any body byte: RFC 9112
- * framing, sizes, Host, Origin / CORS, the connection limit, Content-Type. Returns 0 to go
- * on, 1 when it answered (a CORS preflight), -1 with *err the answer to send (r->must_close
- * set when the connection must close after it). */
-int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *method,
-               const char *version, enum srv_route_kind kind, bool health, struct oai_error *err);
+ * framing, sizes, Host, Origin / CORS, the connection limit, Content-Type. authority: an
+ * absolute-form target's (RFC 9112 3.2.2), checked in place of Host; NULL for the
+ * origin-form. Returns 0 to go on, 1 when it answered (a CORS preflight), -1 with *err the
+ * answer to send (r->must_close set when the connection must close after it). */
+int guard_head(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *url, const char *authority,
+               const char *method, const char *version, enum srv_route_kind kind, bool health,
+               struct oai_error *err);
 /* The request's phase moves on (first call: CONN_BODY; final call or an early answer:
  * CONN_SERVING; completion: CONN_IDLE). False when the watchdog expired it first: the
  * handler then answers MHD_NO. */

@@ -22,11 +22,16 @@ pick() { echo "$1" | cut -d, -f"$2"; }
 LONG=$(seq 10 49 | paste -sd, -)        # 40 ids; ctx 16, -n 4: 12 kept
 run "$BIN" generate -m $M --prompt-ids "$LONG" -n 4 --temp 0 --ctx 16 --output-ids --truncate left --keep 3
 expect_rc 0 "--truncate left --keep 3"
-grep -q "dropped 28 of 40 tokens (the oldest, keeping the first 3 and the last 0) .* room for 4" "$T/err" ||
+grep -q "dropped 28 of 40 tokens (the oldest, keeping the first 3) .* room for 4" "$T/err" ||
     fail "--keep 3: $(cat "$T/err")"
 cp "$T/out" "$T/cut"
 run "$BIN" generate -m $M --prompt-ids "$(pick "$LONG" 1-3),$(pick "$LONG" 32-40)" -n 4 --temp 0 --ctx 16 --output-ids
 cmp -s "$T/out" "$T/cut" || fail "--keep 3 left: $(cat "$T/cut"), the kept ids give $(cat "$T/out")"
+# nothing protected: the message says only what was dropped, not "the first 0 and the last 0"
+run "$BIN" generate -m $M --prompt-ids "$LONG" -n 4 --temp 0 --ctx 16 --output-ids --truncate left --keep 0
+expect_rc 0 "--truncate left --keep 0"
+grep -q "dropped 28 of 40 tokens (the oldest) to fit the context of 16 with room for 4" "$T/err" ||
+    fail "--keep 0: $(cat "$T/err")"
 # -n larger than half the context: half of it stays for the prompt
 run "$BIN" generate -m $M --prompt-ids "$LONG" -n 100 --temp 0 --ctx 16 --output-ids --truncate right
 expect_rc 0 "--truncate right -n 100"

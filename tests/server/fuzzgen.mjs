@@ -263,7 +263,7 @@ export function makeCase(r) {
         const path = r.chance(0.85) ? r.pick(PATHS) : '/' + r.bytes(r.range(0, 60)).toString('latin1').replace(/[\r\n ]/g, '_');
         const body = r.chance(0.5) ? JSON.stringify(baseBody(r, 'chat')) : '';
         const head = method === 'HEAD';
-        return { kind: 'method-path', chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head } };
+        return { kind: 'method-path', method, chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head } };
     }
     // malformed request lines and headers
     const body = JSON.stringify(baseBody(r, 'chat'));
@@ -297,6 +297,8 @@ export function makeCase(r) {
     return { kind: 'malformed', chunks: [Buffer.from(shape, 'latin1')], opts: {}, version: /^\S* \S* (HTTP\/[\d.]+)/.exec(shape)?.[1] };
 }
 
+const STANDARD_METHODS = ['GET', 'HEAD', 'POST', 'OPTIONS', 'PUT', 'DELETE', 'PATCH', 'CONNECT', 'TRACE'];
+
 export function checkResponse(res, c) {
     const what = `${c.kind} #${c.index}`;
     if (res.bad) return `${what}: unparsable response: ${res.bad}`;
@@ -308,6 +310,9 @@ export function checkResponse(res, c) {
     if (res.status === 505 && c.version && !/^HTTP\/1\.[01]$/.test(c.version)) return null;
     // 501 to a Transfer-Encoding other than chunked (RFC 9112 6.1)
     if (res.status === 501 && c.kind === 'chunked' && res.headers['content-type']?.includes('json')) return null;
+    // 501 to a method the server does not recognize ('FOO', 'get': methods are case-sensitive, RFC 9110 9.1)
+    if (res.status === 501 && c.kind === 'method-path' && !STANDARD_METHODS.includes(c.method) &&
+        res.headers['content-type']?.includes('json')) return null;
     if (res.status >= 500) return `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 300) ?? ''}`;
     if (res.incomplete && !c.opts.head) return `${what}: status ${res.status}, response cut short (${res.timedOut ? 'timed out' : 'closed'})`;
     const ct = (res.headers['content-type'] || '').toLowerCase();

@@ -256,6 +256,47 @@ describe('framing, sizes, Host, Origin, CORS, Content-Type', { timeout: 120_000 
         assert.equal(e.code, 'host_not_allowed');
     });
 
+    it('absolute-form targets (RFC 9112 3.2.2): routed on the path, the authority checked instead of Host', async () => {
+        const abs = (target, h = '127.0.0.1') => raw(srv, `GET ${target} HTTP/1.1\r\nHost: ${h}\r\nConnection: close\r\n\r\n`);
+        const counted = async () => Number((await get(srv.base, '/metrics')).text
+            .match(/mlxcel_requests_total\{endpoint="\/v1\/models",status="200"\} (\d+)/)?.[1] ?? 0);
+        const before = await counted();
+        const models = await abs(`http://127.0.0.1:${srv.port}/v1/models`);
+        assert.equal(models.status, 200, models.raw.toString('latin1').slice(0, 300));
+        assert.equal(JSON.parse(models.body).object, 'list');
+        // counted under its endpoint, not as another path (the count lands as the answer completes)
+        let after = await counted();
+        for (let i = 0; i < 50 && after === before; i++) {
+            await new Promise((res) => setTimeout(res, 20));
+            after = await counted();
+        }
+        assert.equal(after, before + 1, 'the absolute-form request is counted under /v1/models');
+        for (const t of [`HTTP://localhost:${srv.port}/health`, 'http://models.example.org/health', `https://[::1]:${srv.port}/health`])
+            assert.equal((await abs(t, 'evil.test')).status, 200, `${t}: the authority replaces a disallowed Host`);
+        assert.equal((await abs(`http://127.0.0.1:${srv.port}`)).status, 200, 'an empty path is /');
+        for (const t of [`http://evil.test:${srv.port}/v1/models`, 'http://127.0.0.1.nip.io/health', 'http://user@127.0.0.1/health']) {
+            const e = rawError(await abs(t), 403, `${t} with an allowed Host`);
+            assert.equal(e.code, 'host_not_allowed');
+        }
+        rawError(await abs(`http://127.0.0.1:${srv.port}/v1/nope`), 404, 'an unknown path in absolute-form');
+    });
+
+    it('methods: an unrecognized or lowercase one is 501 JSON (RFC 9110 9.1); OPTIONS * is 204 with Allow', async () => {
+        const req = (m, target = '/v1/models') => raw(srv, `${m} ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`);
+        for (const [m, target] of [['get', '/v1/models'], ['FOO', '/v1/models'], ['Post', '/v1/chat/completions'],
+            ['FOO', '/nowhere'], ['options', '*']]) {
+            const e = rawError(await req(m, target), 501, `${m} ${target}`);
+            assert.equal(e.code, 'method_not_implemented');
+            assert.match(e.message, new RegExp(`'${m}'`));
+        }
+        rawError(await req('PUT'), 405, 'PUT, a standard method, on a GET path');
+        assert.equal((await req('GET')).status, 200, 'GET still works');
+        const star = await req('OPTIONS', '*');
+        assert.equal(star.status, 204, star.raw.toString('latin1').slice(0, 300));
+        assert.equal(star.headers.allow, 'GET, HEAD, POST, OPTIONS');
+        rawError(await req('GET', '*'), 400, 'GET *');
+    });
+
     it('Origin: the server\'s own passes, any other is 403 JSON without --cors-origin', async () => {
         const p = (origin, s = srv, extra = '') => raw(s, `POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:${s.port}\r\n` +
             `${json}\r\n${cl}\r\nOrigin: ${origin}\r\nConnection: close\r\n${extra}\r\n${body}`);
