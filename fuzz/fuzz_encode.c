@@ -1,7 +1,7 @@
 /*
  * fuzz_encode: libFuzzer target for encoding and decoding with real
  * tokenizers. Two committed fixtures are loaded once (decompressed with
- * `gzip -dc` into a temporary folder): llama2 (SentencePiece-style BPE:
+ * `xz -dc` into a temporary folder): llama2 (SentencePiece-style BPE:
  * Metaspace, byte fallback, Replace/ByteFallback/Fuse/Strip decoder) and
  * shakespeare (byte-level BPE). The first input byte picks the tokenizer
  * and mode:
@@ -35,7 +35,7 @@ static struct tokenizer *load_fixture(const char *name)
     if (!mkdtemp(dir))
         abort();
     snprintf(json, sizeof json, "%s/tokenizer.json", dir);
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s/tests/fixtures/tokenizers/%s/tokenizer.json.gz' > '%s'",
+    snprintf(cmd, sizeof cmd, "xz -dc '%s/tests/fixtures/tokenizers/%s/tokenizer.json.xz' > '%s'",
              root ? root : ".", name, json);
     snprintf(cfg, sizeof cfg, "%s/tests/fixtures/tokenizers/%s/tokenizer_config.json",
              root ? root : ".", name);

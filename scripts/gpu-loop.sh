@@ -66,6 +66,7 @@ env_there() {
     export LD_LIBRARY_PATH="$root/$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export MLXCEL_CUDA_PLUGIN="$root/$dir/bin/libmlxcel-cuda.so"
     export MLXCEL_BIN="$root/$dir/bin/mlxcel"   # the suites that run the CLI (models)
+    sh "$root/scripts/fixtures.sh" unpack        # the golden folders travel as .tar.xz
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
         | tee "$out/gpu.txt"

@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages mlxcel needs to build and test.
 # Idempotent: packages already present are skipped without touching apt.
 set -eu
-PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev \
+PKGS="build-essential cmake pkg-config xz-utils clang libclang-rt-14-dev \
 libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev nodejs chromium"
 missing=""
 for p in $PKGS; do

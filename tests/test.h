@@ -110,7 +110,7 @@ void test_model_close(struct test_model *f);
 /* A paged cache of n_tokens slots for max_seqs sequences in blocks of block (f32). */
 struct kv_cache *test_kv_new(const struct test_model *f, int n_tokens, int max_seqs, int block);
 
-/* The tokenizer of a committed fixture folder whose tokenizer.json is gzip'd (relative to the
+/* The tokenizer of a committed fixture folder whose tokenizer.json is xz-compressed (relative to the
  * repository root). (test_tokenizer.c) */
 struct tokenizer;
 struct tokenizer *test_tok_load_gz(const char *dir);

@@ -359,7 +359,7 @@ static int op_tokenizer(const void *arg, struct err *e)
     return rc;
 }
 
-/* The fixture's tokenizer.json.gz is decompressed into a temporary folder,
+/* The fixture's tokenizer.json.xz is decompressed into a temporary folder,
  * as the tokenizer suite does. */
 static void check_tokenizer(const char *name, long max_runs)
 {
@@ -370,7 +370,7 @@ static void check_tokenizer(const char *name, long max_runs)
     assert_non_null(mkdtemp(dir));
     snprintf(c.json, sizeof c.json, "%s/tokenizer.json", dir);
     snprintf(c.config, sizeof c.config, "%s/tokenizer_config.json", src);
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s/tokenizer.json.gz' > '%s'", src, c.json);
+    snprintf(cmd, sizeof cmd, "xz -dc '%s/tokenizer.json.xz' > '%s'", src, c.json);
     assert_int_equal(system(cmd), 0);
     const cJSON *g = load_golden(src);
     for (int i = 0; i < N_TOK_CASES; i++)

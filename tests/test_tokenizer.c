@@ -7,7 +7,7 @@
  *
  * Every golden case checks: ids (no special tokens), ids_with_special
  * (post-processor), decode with and without skip_special, and a streamed
- * decode equal to the full one. The six fixtures are committed gzip'd and
+ * decode equal to the full one. The six fixtures are committed xz-compressed and
  * decompressed into a temporary folder per test; more tokenizers are
  * checked when MLXCEL_EXTRA_TOKENIZERS lists directories holding an
  * uncompressed tokenizer.json and golden.json, separated by ':'.
@@ -107,8 +107,8 @@ static char *stream_decode(const struct tokenizer *t, const int32_t *ids, size_t
     return out;
 }
 
-/* Decompresses dir/tokenizer.json.gz into a fresh temporary folder (with
- * `gzip -dc`: the product reads plain JSON; only the committed fixtures are
+/* Decompresses dir/tokenizer.json.xz into a fresh temporary folder (with
+ * `xz -dc`: the product reads plain JSON; only the committed fixtures are
  * compressed) and loads it with dir/tokenizer_config.json. */
 struct tokenizer *test_tok_load_gz(const char *dir)
 {
@@ -117,7 +117,7 @@ struct tokenizer *test_tok_load_gz(const char *dir)
     struct err e = {0};
     assert_non_null(mkdtemp(tmp));
     snprintf(json, sizeof json, "%s/tokenizer.json", tmp);
-    snprintf(cmd, sizeof cmd, "gzip -dc '%s/tokenizer.json.gz' > '%s'", dir, json);
+    snprintf(cmd, sizeof cmd, "xz -dc '%s/tokenizer.json.xz' > '%s'", dir, json);
     assert_int_equal(system(cmd), 0);
     snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
     int rc = tok_load_files(&t, json, access(cfg, F_OK) == 0 ? cfg : NULL, &e);
@@ -192,7 +192,7 @@ static void check_goldens(const char *dir)
 
 /* ---- goldens ---- */
 
-/* The six committed fixtures (tokenizer.json.gz): byte-level BPE (gpt2,
+/* The six committed fixtures (tokenizer.json.xz): byte-level BPE (gpt2,
  * shakespeare, llama3_1 with ignore_merges, qwen3 with NFC) and
  * SentencePiece-style BPE (llama2: Metaspace; mistral_spm: Prepend/Replace
  * normalizer), all with ByteLevel or Replace/ByteFallback/Fuse/Strip decoders. */

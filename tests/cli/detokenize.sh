@@ -17,7 +17,7 @@ expect_out() { [ "$(cat "$T/out")" = "$1" ] || fail "$2: got '$(cat "$T/out")', 
 
 for n in llama2 gpt2; do
     mkdir "$T/$n"
-    gzip -dc "tests/fixtures/tokenizers/$n/tokenizer.json.gz" >"$T/$n/tokenizer.json" ||
+    xz -dc "tests/fixtures/tokenizers/$n/tokenizer.json.xz" >"$T/$n/tokenizer.json" ||
         fail "cannot unpack $n"
     cp "tests/fixtures/tokenizers/$n/tokenizer_config.json" "$T/$n/"
 done

@@ -10,8 +10,8 @@ BIN=${1:?usage: template.sh path/to/mlxcel}
 T=$(mktemp -d) || exit 1
 trap 'rm -rf "$T"' EXIT INT TERM
 FX=tests/fixtures/tokenizers
-# gpt2 (no chat template): the committed fixture is gzip'd
-mkdir "$T/gpt2" && gzip -dc "$FX/gpt2/tokenizer.json.gz" > "$T/gpt2/tokenizer.json" &&
+# gpt2 (no chat template): the committed fixture is xz-compressed
+mkdir "$T/gpt2" && xz -dc "$FX/gpt2/tokenizer.json.xz" > "$T/gpt2/tokenizer.json" &&
     cp "$FX/gpt2/tokenizer_config.json" "$T/gpt2/" || exit 1
 
 fail() { echo "FAIL template: $*" >&2; exit 1; }

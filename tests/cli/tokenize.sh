@@ -16,10 +16,10 @@ run() { "$@" >"$T/out" 2>"$T/err"; rc=$?; }
 expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(cat "$T/err")"; }
 expect_out() { [ "$(cat "$T/out")" = "$1" ] || fail "$2: got '$(cat "$T/out")', want '$1'"; }
 
-# unpack a fixture folder: tokenizer.json.gz -> tokenizer.json
+# unpack a fixture folder: tokenizer.json.xz -> tokenizer.json
 unpack() {
     mkdir "$T/$1"
-    gzip -dc "tests/fixtures/tokenizers/$1/tokenizer.json.gz" >"$T/$1/tokenizer.json" ||
+    xz -dc "tests/fixtures/tokenizers/$1/tokenizer.json.xz" >"$T/$1/tokenizer.json" ||
         fail "cannot unpack $1"
     cp "tests/fixtures/tokenizers/$1/tokenizer_config.json" "$T/$1/"
 }
