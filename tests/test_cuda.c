@@ -278,7 +278,7 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     struct attn_params ap = {tc->n_head, tc->n_kv, tc->hd, 1.0f / sqrtf((float)tc->hd),
                              tc->softcap, tc->window, tc->sinks ? sk : NULL};
     struct kv_layer kv = {kc, vc, kvd, kvd, dt};
-    struct kv_rows kr = {pos, slot, tab, tables, end, bs};
+    struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL};
     cpu->ops->attention(cpu, oc, qd, q, qd, &kv, &kr, tc->n_tok, &ap);
     /* the same on the GPU, every array uploaded */
     struct err e = {0};
@@ -295,7 +295,7 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     gpu->ops->upload(gpu, d[6], sk, sz[6]);
     int32_t *dr = d[3];
     struct kv_layer gkv = {d[0], d[1], kvd, kvd, dt};
-    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs};
+    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs, NULL};
     struct attn_params gap = ap;
     gap.sinks = tc->sinks ? d[6] : NULL;
     gpu->ops->attention(gpu, d[5], qd, d[4], qd, &gkv, &gkr, tc->n_tok, &gap);

@@ -110,7 +110,7 @@ static void paged_open(struct paged *pg, const float *k, const float *v, int n_c
         pg->slot[t] = pg->tables[(pos0 + t) / bs] * bs + (pos0 + t) % bs;
         pg->end[t] = n_ctx;
     }
-    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs};
+    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs, NULL};
 }
 
 static void paged_close(struct paged *pg)
@@ -311,7 +311,7 @@ static void test_attention_batch(void **state)
             }
         }
         struct kv_layer kv = {kp, vp, kvd, kvd, dt};
-        struct kv_rows rows = {pos, slot, tab, tables, end, bs};
+        struct kv_rows rows = {pos, slot, tab, tables, end, bs, NULL};
         size_t qs = (size_t)n_head * hd;
         for (int i = 0; i < bes.n; i++) {
             struct backend *be = bes.be[i];
@@ -325,7 +325,7 @@ static void test_attention_batch(void **state)
                 if (ntok[s] != 1)
                     continue;
                 struct kv_rows one = {pos + row0[s], slot + row0[s], tab + row0[s], tables,
-                                      end + row0[s], bs};
+                                      end + row0[s], bs, NULL};
                 be->ops->attention(be, solo, (int)qs, q + row0[s] * qs, (int)qs, &kv, &one, 1, &ap);
                 if (memcmp(solo, out + row0[s] * qs, qs * sizeof *solo) != 0)
                     fail_msg("attention_batch on %s: sequence %d's decode row differs alone", be->name,
@@ -384,7 +384,7 @@ static void test_attention_chunks(void **state)
             for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
                 const int t0 = cuts[c], n = cuts[c + 1] - t0;
                 struct kv_rows sub = {pg.pos + t0, pg.slot + t0, pg.table + t0, pg.tables,
-                                      pg.end + t0, pg.rows.block_size};
+                                      pg.end + t0, pg.rows.block_size, NULL};
                 be->ops->attention(be, part + t0 * qs, (int)qs, q + t0 * qs, (int)qs, &pg.kv, &sub,
                                    n, &ap);
             }

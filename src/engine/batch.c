@@ -135,7 +135,7 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
 {
     int B = c->n_batch, n_out = 0;
     int32_t *ids = c->meta_host, *pos = ids + B, *slot = pos + B, *tab = slot + B;
-    int32_t *end = tab + B, *out = end + B, *slot_swa = out + B;
+    int32_t *end = tab + B, *out = end + B, *slot_swa = out + B, *state = slot_swa + B;
     bool swa = kv->swa.window > 0;
     for (int r = r0; r < r1; r++) {
         int i = r - r0, s = b->seq[r];
@@ -145,10 +145,11 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
         slot_swa[i] = swa ? kv_slot_window(kv, s, b->pos[r]) : 0;
         tab[i] = s * kv->max_blocks;
         end[i] = kv->want[s];
+        state[i] = s;
         if (b->logits[r])
             out[n_out++] = i;
     }
-    c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)7 * B * sizeof(int32_t));
+    c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)CTX_META_ROWS * B * sizeof(int32_t));
     return n_out;
 }
 
@@ -273,10 +274,12 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     if ((rc = check_rows(c, b, kv, e)) < 0 || (rc = kv_reserve(kv, kv->want, e)) < 0)
         return rc;
     const int32_t *meta = c->bufs.meta;
-    struct kv_rows rows = {meta + B, meta + 2 * B, meta + 3 * B, kv->blk.tables, meta + 4 * B,
-                           kv->block_size};
-    struct kv_rows rows_swa = {meta + B, meta + 6 * B, meta + 3 * B, kv->swa.blk.tables,
-                               meta + 4 * B, kv->block_size};
+    struct kv_rows rows = {.pos = meta + B, .slot = meta + 2 * B, .table = meta + 3 * B,
+                           .tables = kv->blk.tables, .seq_end = meta + 4 * B,
+                           .block_size = kv->block_size, .state = meta + 7 * B};
+    struct kv_rows rows_swa = rows;
+    rows_swa.slot = meta + 6 * B;
+    rows_swa.tables = kv->swa.blk.tables;
     for (int r0 = 0; r0 < b->n_tok;) {
         int r1 = chunk_end(c, b, r0);
         if ((rc = kv_reserve_window(kv, b->seq + r0, b->pos + r0, r1 - r0, e)) < 0)

@@ -211,7 +211,7 @@ static void block_copy(struct kv_cache *kv, const struct kv_blocks *k, int32_t d
     bool swa = k != &kv->blk;
     for (int il = 0; il < kv->n_layer; il++) {
         const struct kv_layer *L = &kv->layers[il];
-        if (kv->layer_swa[il] != swa)
+        if (kv->layer_swa[il] != swa || kv->layer_rec[il])
             continue;
         size_t es = dtype_size(L->dtype), kb = bs * (size_t)L->k_dim * es,
                vb = bs * (size_t)L->v_dim * es;
@@ -248,6 +248,10 @@ static int layer_dims(const struct hparams *hp, int il, int *k_dim, int *v_dim, 
     if (ls->kv == KV_LATENT) {
         *k_dim = hp->kv_lora_rank + hp->qk_rope_dim;
         *v_dim = 0;
+        return 0;
+    }
+    if (ls->kv == KV_RECURRENT) {
+        *k_dim = *v_dim = 0;  /* no rows in the pool: a state per sequence (alloc_state) */
         return 0;
     }
     if (ls->kv != KV_FULL && ls->kv != KV_SLIDING)
@@ -318,9 +322,10 @@ static int alloc_host(struct kv_cache *kv, const struct hparams *hp, const struc
     int n_swa = 0;
     kv->layers = calloc((size_t)kv->n_layer, sizeof *kv->layers);
     kv->layer_swa = calloc((size_t)kv->n_layer, sizeof *kv->layer_swa);
+    kv->layer_rec = calloc((size_t)kv->n_layer, sizeof *kv->layer_rec);
     kv->seqs = calloc((size_t)kv->max_seqs, sizeof *kv->seqs);
     kv->want = malloc((size_t)kv->max_seqs * sizeof *kv->want);
-    if (!kv->layers || !kv->layer_swa || !kv->seqs || !kv->want ||
+    if (!kv->layers || !kv->layer_swa || !kv->layer_rec || !kv->seqs || !kv->want ||
         blocks_init(&kv->blk, kv, kv->n_blocks) < 0)
         return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
     swa_plan(kv, hp, p, &n_swa);
@@ -373,7 +378,8 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
         total += slots * (size_t)(kd + vd);
     }
     size_t es = dtype_size(kv->dtype);
-    if ((rc = kv->be->ops->buf_alloc(kv->be, total * es, &kv->pool, e)) < 0)
+    /* a model of recurrent layers only keeps no rows: the pool still exists (one element) */
+    if ((rc = kv->be->ops->buf_alloc(kv->be, (total > 0 ? total : 1) * es, &kv->pool, e)) < 0)
         return err_prefix(e, "kv cache (%zu MiB)", (total * es) >> 20);
     size_t tb = (size_t)kv->max_seqs * kv->max_blocks * sizeof(int32_t);
     if ((rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->blk.tables, e)) < 0 ||
@@ -388,13 +394,64 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
         p += slots * (size_t)L->k_dim * es;
         L->v = p;
         p += slots * (size_t)L->v_dim * es;
-        if (L->v_dim == 0) {
+        if (L->v_dim == 0 && hp->layer[il].kv == KV_LATENT) {
             /* latent: V reads the K row (attention's values are the latent columns) */
             L->v = L->k;
             L->v_dim = L->k_dim;
         }
     }
     return 0;
+}
+
+/* The recurrent layers' states: f32, [max_seqs] of each layer's conv and recurrent state,
+ * in one backend buffer (ADR 0057). */
+static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err *e)
+{
+    size_t total = 0, S = (size_t)kv->max_seqs;
+    for (int il = 0; il < kv->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        kv->layer_rec[il] = ls->kv == KV_RECURRENT;
+        if (!kv->layer_rec[il])
+            continue;
+        kv->n_rec++;
+        total += S * ((size_t)ls->state_conv + (size_t)ls->state_rec);
+    }
+    if (kv->n_rec == 0)
+        return 0;
+    kv->state_bytes = total * sizeof(float);
+    int rc = kv->be->ops->buf_alloc(kv->be, kv->state_bytes, &kv->state, e);
+    if (rc < 0)
+        return err_prefix(e, "recurrent state (%zu MiB for %d sequences)", kv->state_bytes >> 20,
+                          kv->max_seqs);
+    float *p = kv->state;
+    for (int il = 0; il < kv->n_layer; il++) {
+        if (!kv->layer_rec[il])
+            continue;
+        struct kv_layer *L = &kv->layers[il];
+        L->dtype = DTYPE_F32;
+        L->k_dim = hp->layer[il].state_conv;
+        L->v_dim = hp->layer[il].state_rec;
+        L->k = p;
+        p += S * (size_t)L->k_dim;
+        L->v = p;
+        p += S * (size_t)L->v_dim;
+    }
+    return 0;
+}
+
+/* The recurrent states of sequence src copied to dst (kv_seq_fork). */
+static void state_copy(struct kv_cache *kv, int dst, int src)
+{
+    for (int il = 0; il < kv->n_layer; il++) {
+        if (!kv->layer_rec[il])
+            continue;
+        const struct kv_layer *L = &kv->layers[il];
+        size_t kb = (size_t)L->k_dim * sizeof(float), vb = (size_t)L->v_dim * sizeof(float);
+        if (kb)
+            kv->be->ops->copy(kv->be, (char *)L->k + (size_t)dst * kb, (char *)L->k + (size_t)src * kb, kb);
+        if (vb)
+            kv->be->ops->copy(kv->be, (char *)L->v + (size_t)dst * vb, (char *)L->v + (size_t)src * vb, vb);
+    }
 }
 
 int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *be,
@@ -436,7 +493,8 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         kv_cache_free(kv);
         return rc;
     }
-    if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0) {
+    if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0 ||
+        (rc = alloc_state(kv, hp, e)) < 0) {
         kv_cache_free(kv);
         return rc;
     }
@@ -450,6 +508,8 @@ void kv_cache_free(struct kv_cache *kv)
         return;
     if (kv->pool)
         kv->be->ops->buf_free(kv->be, kv->pool);
+    if (kv->state)
+        kv->be->ops->buf_free(kv->be, kv->state);
     blocks_deinit(&kv->blk, kv->be);
     blocks_deinit(&kv->swa.blk, kv->be);
     free(kv->swa.owner);
@@ -458,6 +518,7 @@ void kv_cache_free(struct kv_cache *kv)
     free(kv->swa.to);
     free(kv->layers);
     free(kv->layer_swa);
+    free(kv->layer_rec);
     free(kv->seqs);
     free(kv->want);
     free(kv->px.hash);
@@ -520,6 +581,9 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
     if (len < 0 || len > s->len)
         return err_setf(e, ERR_RANGE, "cannot truncate sequence %d of %d positions to %d", seq,
                         s->len, len);
+    if (kv->n_rec > 0 && len > 0 && len < s->len)
+        return err_setf(e, ERR_UNSUPPORTED, "cannot truncate sequence %d to %d positions: the "
+                        "model's recurrent state holds all %d (only 0 is possible)", seq, len, s->len);
     int bs = kv->block_size, keep = (len + bs - 1) / bs;
     if (has_swa(kv) && len > 0 && window_first_block(len, kv->swa.window, bs) < s->swa_lo)
         return err_setf(e, ERR_RANGE, "cannot truncate sequence %d to %d positions: its "
@@ -562,6 +626,8 @@ int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
         return err_setf(e, ERR_ARG, "sequence %d already exists", dst);
     const struct kv_seq *s = &kv->seqs[src];
     kv->seqs[dst] = *s;
+    if (kv->n_rec > 0)
+        state_copy(kv, dst, src);
     kv->seqs[dst].dirty = kv->seqs[dst].swa_dirty = true;
     int32_t *ts = seq_table(&kv->blk, kv, src), *td = seq_table(&kv->blk, kv, dst);
     for (int i = 0; i < s->n_blocks; i++) {
@@ -802,6 +868,8 @@ static void side_register(struct kv_cache *kv, int seq, int i, int32_t b)
 
 void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n)
 {
+    if (kv->n_rec > 0)
+        return;  /* a block's rows are not what a recurrent layer would need (ADR 0057) */
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
         return;
     struct kv_seq *s = &kv->seqs[seq];
@@ -854,6 +922,8 @@ static int swa_usable(const struct kv_cache *kv, const int32_t *m, int k)
 
 int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
 {
+    if (kv->n_rec > 0)
+        return 0;
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used || kv->seqs[seq].n_blocks > 0)
         return 0;
     struct kv_seq *s = &kv->seqs[seq];

@@ -19,7 +19,13 @@
  * (plus one forward chunk while it is computed); a latent (MLA) layer keeps
  * one row per position, kv_lora_rank + qk_rope_dim floats (the normalized latent and the
  * roped shared key), which is its K and its V (layer.v == layer.k; ADR 0019);
- * the recurrent kind is refused at creation until a family needs it. Elements are f32, or
+ * a recurrent layer (SSM, linear attention, short convolution: ADR 0057) keeps no rows in
+ * the pool but a fixed-size f32 state per sequence id, in a buffer of its own (state): its
+ * kv_layer's k is the convolution states [max_seqs][state_conv], v the recurrent states
+ * [max_seqs][state_rec]; the kernels start a sequence's state from zero at its position 0.
+ * A model with recurrent layers cannot truncate a sequence except to 0 (a state does not
+ * go back), forks copy the state, and the prefix cache is off (kv_prefix_attach attaches
+ * nothing: a prompt is recomputed). Elements are f32, or
  * f16 / bf16 on a backend that keeps them (kv_params.dtype, ADR 0030).
  *
  * Prefix cache (ADR 0022): full blocks can be registered in a content index
@@ -131,8 +137,12 @@ struct kv_cache {
     enum dtype dtype;                /* element type of the pool */
     int n_blocks;                    /* blocks of the full pool (blk.n_blocks) */
     void *pool;                      /* backend memory of every layer's K and V */
-    struct kv_layer *layers;         /* [n_layer] views into pool */
+    struct kv_layer *layers;         /* [n_layer] views into pool (recurrent: into state) */
     bool *layer_swa;                 /* [n_layer] the layer lives in the sliding pool */
+    bool *layer_rec;                 /* [n_layer] the layer keeps a recurrent state */
+    int n_rec;                       /* recurrent layers */
+    void *state;                     /* backend memory of the recurrent layers' states */
+    size_t state_bytes;              /* its size */
     struct kv_blocks blk;            /* the full pool: full and latent layers */
     struct kv_swa swa;
     struct kv_seq *seqs;             /* [max_seqs] */
@@ -150,7 +160,8 @@ void kv_cache_free(struct kv_cache *kv);
 /* Sequence operations. seq must be in [0, max_seqs) (-ERR_RANGE otherwise). */
 int kv_seq_add(struct kv_cache *kv, int seq, struct err *e);          /* empty; -ERR_ARG if used */
 void kv_seq_remove(struct kv_cache *kv, int seq);                     /* no-op if unused */
-int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e); /* keep [0, len) */
+/* keep [0, len); with recurrent layers only len 0 or the current length (-ERR_UNSUPPORTED) */
+int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e);
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);

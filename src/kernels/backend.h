@@ -95,7 +95,9 @@ struct expert_linear {
 };
 
 /* One layer's slice of the paged KV pool: slot s (= block * block_size +
- * offset) holds K row k + s * k_dim and V row v + s * v_dim. */
+ * offset) holds K row k + s * k_dim and V row v + s * v_dim. A recurrent layer's (ADR 0057):
+ * k holds each sequence's convolution state (k_dim floats at k + seq * k_dim), v its
+ * recurrent state (v_dim floats at v + seq * v_dim); dtype F32. */
 struct kv_layer {
     void *k, *v;             /* [slots][k_dim], [slots][v_dim] elements of dtype */
     int k_dim, v_dim;        /* elements per slot: n_kv_head * head_dim; a latent (MLA) layer
@@ -115,6 +117,8 @@ struct kv_rows {
                               * [j * block_size, (j + 1) * block_size) */
     const int32_t *seq_end;  /* [n] the sequence's length after this forward call */
     int block_size;
+    const int32_t *state;    /* [n] the row's sequence id: its slot of a recurrent layer's
+                              * states (kv_layer k / v of KV_RECURRENT layers) */
 };
 
 /* Attention of one layer. */
@@ -273,6 +277,27 @@ struct backend_ops {
     /* y[order[r] / k, :] += w[order[r]] * x[r, :] for r < n_slot (rows of n, y dense). */
     void (*moe_combine)(struct backend *be, float *y, const float *x, const int32_t *order,
                         const float *w, int k, int n_slot, int n);
+
+    /* y[r, :n] = a[r, :n] * b[r, :n] over n_rows rows (strides ldy, lda, ldb); y may be a or b
+     * (same stride): the gates of recurrent mixers. New ops go after this one, before
+     * destroy, in the same place of every backend's table (the CUDA table is positional). */
+    void (*mul)(struct backend *be, float *y, int ldy, const float *a, int lda, const float *b,
+                int ldb, int n_rows, int n);
+
+    /* ---- recurrent layers (ADR 0057): states in a KV_RECURRENT kv_layer, one per sequence ----
+     * Row i of a chunk is position rows->pos[i] of the sequence whose state slot is
+     * rows->state[i]; one sequence's rows come in position order (other sequences' rows may
+     * sit between), and a row at position 0 starts its sequence's state from zero. */
+    /* Causal depthwise convolution of n_ch channels, width K, with the carried state st->k
+     * (per sequence (K - 1) * n_ch floats: its last K - 1 inputs, oldest first, channel
+     * fastest): y[i, c] = b[c] + sum_{j<K} w[c, j] * u(pos_i - K + 1 + j, c), where u(t, c) is
+     * the sequence's input at position t (x's row, or the state; 0 before position 0), then
+     * silu(y) when silu. w [n_ch, K] and b [n_ch] (NULL / absent: none) are F32. The state
+     * ends holding each sequence's last K - 1 inputs. y (stride ldy) may alias x (ldx) only
+     * when y == x and ldy == ldx. */
+    void (*conv1d)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                   const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
+                   const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);

@@ -105,6 +105,18 @@ void blk_mla_attention(struct backend *be, float *o, const float *xn, const stru
                        const struct blk_mla_cfg *cfg, const struct kv_layer *kv,
                        const struct kv_rows *rows, const struct ctx_bufs *b, int n);
 
+/* o[n, n_embd] = the recurrent mixer of layer il (hp.layer[il].mixer) over xn [n, n_embd],
+ * carrying each sequence's state in kv (a KV_RECURRENT layer: conv state k, recurrent state
+ * v; ADR 0057) across chunks. Uses b->rec (hp.rec_scratch floats per row), b->qkv, b->att.
+ * blocks_rec.c dispatches to the mixer's block. */
+void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n);
+
+/* LFM2's gated short convolution: B | C | x = ssm_in(xn) (+ bias); y = conv(B * x) (state:
+ * the last d_conv - 1 products); o = ssm_out(C * y). */
+void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n);
+
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,
               const struct blk_norm_w *nw, const struct tensor *lm_head, const struct tensor *lm_head_b,

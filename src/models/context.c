@@ -22,7 +22,7 @@
  * this many bytes of logits, but never fewer than CTX_MIN_OUT rows. */
 #define CTX_LOGITS_BUDGET (32u << 20)
 #define CTX_MIN_OUT       16
-#define CTX_META_ROWS     7   /* ids, pos, slot, table, seq_end, out_rows, sliding slot */
+
 
 /* Carve n 4-byte elements (rounded up to 16 for 64-byte alignment) at byte offset
  * *off of base; with base == NULL only advances the offset. */
@@ -92,6 +92,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.logits = carve(base, &off, (size_t)out_rows_for(hp, B) * hp->n_vocab);
     t.rope = carve(base, &off, (size_t)hp->n_layer * 2 * HP_MAX_ROT_HALF);
     t.sinks = carve(base, &off, (size_t)hp->n_layer * hp->n_head);
+    t.rec = carve(base, &off, (size_t)B * (hp->rec_scratch > 0 ? hp->rec_scratch : 1));
     t.meta = carve(base, &off, (size_t)CTX_META_ROWS * B);
     if (base)
         *b = t;

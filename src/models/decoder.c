@@ -12,7 +12,10 @@
  *     RESID_SANDWICH:    x += post1(attn(norm1(x)));  x += post2(ffn(norm2(x)))
  *     norms: hp.norm kind, weights used as w + hp.norm_w_offset
  *     attn: ls.kv (full / sliding window; latent: multi-head latent attention), ls.n_rot, ls.rope_style and rope tables, ls.qk_norm(_full),
- *           ls.softcap, ls.sinks, ls.attn_scale
+ *           ls.softcap, ls.sinks, ls.attn_scale; or, by ls.mixer, a recurrent mixer over the
+ *           layer's state (KV_RECURRENT: blk_recurrent), or none (an FFN-only layer: its
+ *           norm is norm2)
+ *     ffn:  absent for FFN_NONE layers (a mixer-only layer)
  *     ffn:  ls.moe ? routed experts (ls.router (+ router bias), ls.n_expert_used; GLU, MLP or
  *                    the clamped GLU of ls.glu_alpha / ls.glu_limit)
  *                    [+ sigmoid-gated (or plain) shared expert of ls.n_ff_shexp] : dense GLU / MLP
@@ -131,9 +134,14 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         const struct blk_norm_w *after2 = post ? &n2 : sandwich ? &p2 : NULL;
         /* post-norm blocks read the residual stream itself; the others its norm */
         const float *in = post ? b->x : b->xn;
-        if (!post)
+        bool mix = ls->mixer != MIXER_NONE, has_ffn = ls->moe || ls->ffn != FFN_NONE;
+        if (!post && mix)
             blk_norm(c->be, b->xn, b->x, &n1, n, d);
-        if (ls->kv == KV_LATENT) {
+        if (!mix) {
+            /* an FFN-only layer (Nemotron-H): its one norm is the FFN's */
+        } else if (ls->kv == KV_RECURRENT) {
+            blk_recurrent(c, b->o, in, il, &ch->kv[il], ch->rows, n);
+        } else if (ls->kv == KV_LATENT) {
             struct blk_mla_cfg mla = {
                 .n_head = hp->n_head,
                 .nope = hp->qk_nope_dim,
@@ -152,16 +160,18 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il],
                           ls->kv == KV_SLIDING && ls->window > 0 ? ch->rows_swa : ch->rows, b, n);
         }
-        if (after1)
+        if (mix && after1)
             blk_norm(c->be, b->o, b->o, after1, n, d);
-        if (ls->residual != RESID_PARALLEL)
+        if (mix && ls->residual != RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
+        if (!has_ffn)
+            continue;
         if (ls->residual == RESID_SEQUENTIAL || sandwich)
             blk_norm(c->be, b->xn, b->x, &n2, n, d);
         ffn(c, L, ls, in, n);
         if (after2)
             blk_norm(c->be, b->f, b->f, after2, n, d);
-        if (ls->residual == RESID_PARALLEL)
+        if (mix && ls->residual == RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
         op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
     }

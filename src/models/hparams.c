@@ -58,8 +58,20 @@ void hparams_fill_layers(struct hparams *hp)
 static int validate_layer(const struct hparams *hp, const struct layer_spec *ls, int il,
                           struct err *e)
 {
-    if (ls->kv == KV_RECURRENT)
-        return err_setf(e, ERR_UNSUPPORTED, "layer %d: recurrent caches are not supported yet", il);
+    bool rec_mixer = ls->mixer != MIXER_ATTENTION && ls->mixer != MIXER_NONE;
+    if ((ls->kv == KV_RECURRENT) != rec_mixer)
+        return err_setf(e, ERR_INTERNAL, "layer %d: a recurrent mixer needs a recurrent cache and "
+                        "only it", il);
+    if (ls->kv == KV_RECURRENT &&
+        (ls->state_conv < 0 || ls->state_conv > HP_MAX_STATE || ls->state_rec < 0 ||
+         ls->state_rec > HP_MAX_STATE || ls->state_conv + ls->state_rec == 0))
+        return err_setf(e, ERR_CONFIG, "layer %d: recurrent state sizes %d + %d floats must be in "
+                        "[0, %d], not both 0", il, ls->state_conv, ls->state_rec, HP_MAX_STATE);
+    if (ls->kv == KV_RECURRENT && (hp->rec_scratch < 1 || hp->rec_scratch > HP_MAX_DIM * 8))
+        return err_setf(e, ERR_INTERNAL, "layer %d: recurrent scratch %d floats per row", il,
+                        hp->rec_scratch);
+    if (ls->mixer == MIXER_NONE && ls->ffn == FFN_NONE)
+        return err_setf(e, ERR_CONFIG, "layer %d has neither a mixer nor an FFN", il);
     if (ls->kv == KV_LATENT &&
         (hp->kv_lora_rank < 1 || hp->kv_lora_rank > HP_MAX_HEAD_DIM || hp->qk_rope_dim < 2 ||
          hp->qk_rope_dim > HP_MAX_HEAD_DIM || hp->qk_nope_dim < 1 ||
@@ -80,6 +92,8 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
                         (double)ls->rope_theta);
     if (!(ls->softcap >= 0.0f) || !isfinite(ls->softcap) || !isfinite(ls->attn_scale))
         return err_setf(e, ERR_CONFIG, "layer %d: attention scale / softcap must be finite", il);
+    if (ls->ffn == FFN_NONE && !ls->moe)
+        return 0;
     if (ls->n_ff < 1 || ls->n_ff > hp->n_ff)
         return err_setf(e, ERR_CONFIG, "layer %d: FFN width %d must be in [1, %d]", il, ls->n_ff,
                         hp->n_ff);

@@ -37,6 +37,7 @@ extern "C" {
 #define HP_MAX_DIM      (1 << 20)
 #define HP_MAX_HEADS    4096
 #define HP_MAX_HEAD_DIM 4096
+#define HP_MAX_STATE    (1 << 26) /* floats of one layer's recurrent state per sequence */
 
 enum norm_kind   { NORM_RMS = 0, NORM_LAYER = 1 };
 /* enum act_kind and enum router_kind live in kernels/backend.h (ops take them). */
@@ -45,6 +46,17 @@ enum ffn_kind    {
     FFN_MLP = 1,   /* fc2(act(fc1(x)))             (GPT-2 / Phi) */
     FFN_GLU_CLAMPED = 2, /* down((u + 1) * g * sigmoid(alpha g)), g = min(gate(x), limit),
                           * u = clamp(up(x), -limit, limit)  (gpt-oss; act unused) */
+    FFN_NONE = 3,  /* no FFN in this layer (Mamba's blocks, Nemotron-H's mixer-only layers) */
+};
+/* What mixes positions in a layer (the block before its FFN). The recurrent kinds keep a
+ * fixed-size state per sequence (layer_spec.kv = KV_RECURRENT, ADR 0057). */
+enum mixer_kind {
+    MIXER_ATTENTION = 0,  /* attention over the KV cache (kv: full, sliding or latent) */
+    MIXER_NONE = 1,       /* none: the layer is its FFN alone (Nemotron-H's MLP / MoE layers) */
+    MIXER_SHORTCONV = 2,  /* LFM2's gated short convolution */
+    MIXER_MAMBA = 3,      /* Mamba's selective scan */
+    MIXER_MAMBA2 = 4,     /* Mamba-2's SSD */
+    MIXER_DELTANET = 5,   /* the gated delta rule (Qwen3-Next's linear attention) */
 };
 enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3, ROPE_YARN = 4,
                    ROPE_DYNAMIC = 5 };
@@ -54,7 +66,8 @@ enum kv_kind {
     KV_SLIDING = 1,    /* a query at p attends (p - window, p] */
     KV_LATENT = 2,     /* MLA: per position one row of the normalized latent (kv_lora_rank)
                         * and the roped shared key (qk_rope_dim), no per-head K/V (ADR 0019) */
-    KV_RECURRENT = 3,  /* fixed-size state per sequence (SSM, linear attention): not yet */
+    KV_RECURRENT = 3,  /* fixed-size state per sequence (SSM, linear attention, short conv):
+                        * state_conv + state_rec floats, no per-position rows (ADR 0057) */
 };
 /* Where a layer's norms and residual adds sit. */
 enum residual_kind {
@@ -74,7 +87,12 @@ enum residual_kind {
  * second rope base, no-rope layers). The decoder forward reads only these
  * for per-layer behaviour. */
 struct layer_spec {
+    enum mixer_kind mixer;      /* attention (the default), none, or a recurrent kind */
     enum kv_kind kv;
+    /* KV_RECURRENT: floats per sequence of its convolution state (the last d_conv - 1 inputs
+     * of the conv channels) and of its recurrent state (SSM / delta-rule matrices); either
+     * may be 0, not both */
+    int state_conv, state_rec;
     int window;                 /* KV_SLIDING: positions attended, the query's own included */
     int n_rot;                  /* rotary dims per head; 0: no rope in this layer */
     float rope_theta;
@@ -167,6 +185,26 @@ struct hparams {
     int q_lora_rank;            /* > 0: q = q_b(norm(q_a(x))); 0: q = q_proj(x) */
     int kv_lora_rank;           /* width of the compressed latent */
     int qk_nope_dim, qk_rope_dim, v_head_dim;
+
+    /* recurrent layers (KV_RECURRENT): the families' model-wide values. Each family reads
+     * its own config names into these and sets every recurrent layer's state sizes. */
+    struct {
+        int d_conv;             /* convolution width (LFM2 conv_L_cache, Mamba conv_kernel) */
+        int d_inner;            /* inner width of the mixer (Mamba: expand * hidden) */
+        int d_state;            /* SSM state per channel / head dim */
+        int n_head;             /* SSM heads (Mamba-2), value heads (delta rule) */
+        int head_dim;           /* channels per head (Mamba-2), value head dim (delta rule) */
+        int n_group;            /* B/C groups (Mamba-2), key heads (delta rule) */
+        int k_head_dim;         /* key head dim (delta rule) */
+        int dt_rank;            /* Mamba's dt projection rank */
+        int chunk;              /* prefill chunk of the chunked scans */
+        bool conv_bias;         /* the convolution has a bias */
+        bool proj_bias;         /* in / out projections have biases */
+        float dt_min, dt_max;   /* clamp of softplus(dt + dt_bias) (time_step_limit); 0, inf: none */
+        float norm_eps;         /* the gated norm's epsilon */
+    } ssm;
+    /* floats per row the recurrent blocks need beyond the attention buffers (ctx_bufs.rec) */
+    int rec_scratch;
 
     /* scales (1 = none): x = embd_scale * embed(ids); every residual add is
      * x += residual_scale * block(x); logits *= logit_scale (Granite's multipliers and

@@ -178,6 +178,27 @@ int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e)
     return 0;
 }
 
+int model_widen_f32(struct model *m, struct tensor *t, struct err *e)
+{
+    if (!tensor_is_present(t) || t->dtype == DTYPE_F32)
+        return 0;
+    if (t->qbits || !tensor_is_contiguous(t))
+        return err_setf(e, ERR_FORMAT, "tensor %s: a quantized or strided tensor where a float "
+                        "one is read", t->name ? t->name : "?");
+    int64_t n = tensor_nelem(t);
+    float *dst;
+    int rc = model_alloc_owned(m, (size_t)n * sizeof *dst, (void **)&dst, e);
+    if (rc < 0)
+        return rc;
+    dtype_to_f32_ref(dst, t->data, t->dtype, (size_t)n);
+    const char *name = t->name;
+    int64_t shape[TENSOR_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    tensor_init(t, DTYPE_F32, dst, t->ndim, shape);
+    t->name = name;
+    return 0;
+}
+
 void model_free(struct model *m)
 {
     if (!m)

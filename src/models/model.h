@@ -31,6 +31,13 @@
  *        wk_lat [n_head, kv_lora_rank, nope] (its k rows transposed: q_nope -> latent) and
  *        wv_lat [n_head, v_head_dim, kv_lora_rank + rope] (its v rows, zero past the latent);
  *        wo [n_embd, n_head * v_head_dim].
+ *   Recurrent mixers (KV_RECURRENT layers; each family's file says which it binds):
+ *        ssm_in [proj, n_embd] (+ ssm_in_b) the input projection (Mamba's in_proj: x | z, Mamba-2's
+ *        z | xBC | dt, LFM2's B | C | x, the delta rule's q | k | v | z), ssm_x a second input
+ *        projection (Mamba's x_proj, the delta rule's b | a), ssm_dt / ssm_dt_b Mamba's
+ *        dt_proj or the per-head dt bias, ssm_conv [channels, d_conv] and ssm_conv_b the
+ *        depthwise convolution (F32: model_widen_f32), ssm_a A_log, ssm_d the D skip,
+ *        ssm_norm the gated norm, ssm_out [n_embd, inner] (+ ssm_out_b) the output projection.
  */
 #pragma once
 #include <stdbool.h>
@@ -64,12 +71,15 @@ struct experts {
     X(q_norm) X(k_norm) X(sinks) \
     X(up) X(gate) X(down) X(gate_up) X(up_b) X(down_b) X(router) X(router_b) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) \
-    X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat)
+    X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat) \
+    X(ssm_in) X(ssm_in_b) X(ssm_x) X(ssm_dt) X(ssm_dt_b) X(ssm_conv) X(ssm_conv_b) X(ssm_a) \
+    X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b)
 
 /* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
 #define LAYER_MATRICES(X) \
     X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
-    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat)
+    X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat) \
+    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;
@@ -158,6 +168,11 @@ struct model {
  * keep a view (a stored layout the kernels do not read). */
 int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e);
 
+/* Replace the view t (absent: nothing) by an owned F32 copy of it, for the small
+ * per-channel weights recurrent kernels read as F32 (conv weights, A_log, D, dt biases).
+ * -ERR_FORMAT for a quantized or strided tensor (names it). */
+int model_widen_f32(struct model *m, struct tensor *t, struct err *e);
+
 /* Load the checkpoint in dir. */
 int model_load(struct model **out, const char *dir, struct err *e);
 void model_free(struct model *m);
@@ -219,8 +234,11 @@ struct ctx_bufs {
     float *logits;   /* [n_out, n_vocab] */
     float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
-    int32_t *meta;   /* [7][B] ids, pos, slot, table, seq_end, out_rows, sliding slot */
+    float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
+    int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
+                      * slot, state slot (the row's sequence id) */
 };
+#define CTX_META_ROWS 8
 
 /* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
  * reserved), of which n_out need logits. Pointers are backend memory except
@@ -253,7 +271,7 @@ struct model_ctx {
     int n_out;                       /* max logit rows per chunk */
     void *arena;                     /* backend memory of bufs, owned */
     struct ctx_bufs bufs;
-    int32_t *meta_host;              /* [7][B] staging of bufs.meta, owned */
+    int32_t *meta_host;              /* [CTX_META_ROWS][B] staging of bufs.meta, owned */
     int n_nonfinite;                 /* logit rows holding NaN/Inf in the last model_forward */
     bool warned_nonfinite;           /* the one warning about them was logged */
     struct ctx_graph graphs[CTX_MAX_GRAPHS]; /* recorded decode steps, n_graphs of them */

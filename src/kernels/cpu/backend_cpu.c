@@ -520,7 +520,8 @@ static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
 
 // ---- elementwise (rows of n, strided) ----
 
-enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_GLU_CLAMPED, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP };
+enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_GLU_CLAMPED, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP,
+               ELEM_MUL };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
@@ -530,7 +531,8 @@ struct elem_ctx {
     const float *x;
     const int32_t *idx;       /* gather */
     const float *g;           /* sigmoid_axpy: one gate logit per row */
-    size_t ldy, ldx;
+    const float *x2;          /* mul: the second factor (stride ldx2) */
+    size_t ldy, ldx, ldx2;
     float s;
     float alpha;              /* glu_clamped: sigmoid gain (s holds the limit) */
     bool interleaved;         /* glu_clamped: gate / up in alternate columns */
@@ -608,6 +610,12 @@ static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
     case ELEM_GATHER:
         memcpy(y, ec->x + (size_t)(ec->idx[r] / ec->div) * ec->ldx + c0, n * sizeof *y);
         break;
+    case ELEM_MUL: {
+        const float *x2 = ec->x2 + r * ec->ldx2 + c0;
+        for (size_t i = 0; i < n; i++)
+            y[i] = x[i] * x2[i];
+        break;
+    }
     }
 }
 
@@ -706,6 +714,14 @@ static void cpu_gather(struct backend *be, float *y, const float *x, int ldx, co
     elem_run(be, &ec);
 }
 
+static void cpu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, const float *b,
+                    int ldb, int n_rows, int n)
+{
+    struct elem_ctx ec = {.op = ELEM_MUL, .y = y, .x = a, .x2 = b, .ldy = (size_t)ldy,
+                          .ldx = (size_t)lda, .ldx2 = (size_t)ldb, .n_rows = n_rows, .n = n};
+    elem_run(be, &ec);
+}
+
 // ---- lifetime ----
 
 static void cpu_destroy(struct backend *be);
@@ -739,6 +755,8 @@ static const struct backend_ops k_cpu_ops = {
     .moe_group = cpu_moe_group,
     .linear_experts = cpu_linear_experts,
     .moe_combine = cpu_moe_combine,
+    .mul = cpu_mul,
+    .conv1d = cpu_conv1d,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
 };

@@ -110,3 +110,8 @@ void cpu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
                         int n_expert, int n_slot);
 void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
                      const float *w, int k, int n_slot, int n);
+
+/* backend_ops.conv1d (backend_cpu_rec.c). */
+void cpu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
+                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);

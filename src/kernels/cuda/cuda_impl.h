@@ -129,6 +129,12 @@ void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
                        int n_expert, int n_slot);
 void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
                     const float *w, int k, int n_slot, int n);
+void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, const float *b, int ldb,
+            int n_rows, int n);
+/* rec.cu */
+void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
+               const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
+               const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__

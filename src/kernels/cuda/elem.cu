@@ -92,7 +92,7 @@ void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const st
 // ---- elementwise ----
 
 enum elem_op { EL_ACT, EL_GLU, EL_GLU_CLAMPED, EL_AXPY, EL_SIGMOID_AXPY, EL_GATHER, EL_SCALE,
-               EL_SOFTCAP };
+               EL_SOFTCAP, EL_MUL };
 
 struct elem_args {
     int op, act;
@@ -100,7 +100,8 @@ struct elem_args {
     const float *x;
     const int32_t *idx;
     const float *g;
-    size_t ldy, ldx;
+    const float *x2;
+    size_t ldy, ldx, ldx2;
     float s, alpha;
     bool interleaved;
     int n_rows, n, div;
@@ -159,6 +160,9 @@ __global__ void elem_kernel(elem_args a)
             break;
         case EL_GATHER:
             *y = a.x[(size_t)(a.idx[r] / a.div) * a.ldx + j];
+            break;
+        case EL_MUL:
+            *y = xr[j] * a.x2[(size_t)r * a.ldx2 + j];
             break;
         }
     }
@@ -245,4 +249,13 @@ void cu_gather(struct backend *be, float *y, const float *x, int ldx, const int3
     dim3 grid((n + 255) / 256, n_rows < 65535 ? n_rows : 65535);
     cu_launch(c, elem_kernel, grid, dim3(256), a);
     cu_check(c, "gather");
+}
+
+void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, const float *b, int ldb,
+            int n_rows, int n)
+{
+    elem_args e = {};
+    e.op = EL_MUL, e.y = y, e.x = a, e.x2 = b, e.ldy = (size_t)ldy, e.ldx = (size_t)lda;
+    e.ldx2 = (size_t)ldb, e.n_rows = n_rows, e.n = n;
+    elem_run(be, &e);
 }

@@ -1,0 +1,42 @@
+/*
+ * blocks_rec: the recurrent mixers of the block library (blocks.h, ADR 0057). Each works
+ * on the n rows of a chunk, carrying every sequence's state in its layer's kv_layer (conv
+ * state k, recurrent state v, slot rows->state[i]) from one chunk to the next, through the
+ * backend ops only.
+ */
+#include "blocks.h"
+
+/* absent tensor -> NULL (the ops' "no bias") */
+static const struct tensor *opt_t(const struct tensor *t)
+{
+    return tensor_is_present(t) ? t : NULL;
+}
+
+void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n)
+{
+    struct backend *be = c->be;
+    const struct backend_ops *op = be->ops;
+    const struct hparams *hp = &c->m->hp;
+    int d = hp->n_embd, w = 3 * d;
+    float *bcx = c->bufs.rec;  /* [n, 3d]: B | C | x */
+    op->linear(be, bcx, w, xn, &L->ssm_in, opt_t(&L->ssm_in_b), n);
+    op->mul(be, bcx + 2 * d, w, bcx, w, bcx + 2 * d, w, n, d);          /* x = B * x */
+    op->conv1d(be, bcx + 2 * d, w, bcx + 2 * d, w, &L->ssm_conv, opt_t(&L->ssm_conv_b), kv, rows,
+               n, d, hp->ssm.d_conv, false);
+    op->mul(be, bcx + 2 * d, w, bcx + d, w, bcx + 2 * d, w, n, d);      /* y = C * conv */
+    op->linear(be, o, d, bcx + 2 * d, &L->ssm_out, opt_t(&L->ssm_out_b), n);
+}
+
+void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
+                   const struct kv_layer *kv, const struct kv_rows *rows, int n)
+{
+    const struct layer *L = &c->m->layers[il];
+    switch (c->m->hp.layer[il].mixer) {
+    case MIXER_SHORTCONV:
+        blk_shortconv(c, o, xn, L, kv, rows, n);
+        break;
+    default:
+        break;  /* hparams_validate admits only the mixers a family binds */
+    }
+}
