@@ -173,6 +173,11 @@ static cJSON *build_json(const struct model *m, enum dtype kvt)
         cJSON_AddNumberToObject(swa, "max_positions", most);
         cJSON_AddNumberToObject(swa, "bytes_at_n_ctx", (double)(z.swa_per_token * (uint64_t)most));
     }
+    cJSON *rec = kinds && z.n_rec ? cJSON_AddObjectToObject(kinds, "recurrent") : NULL;
+    if (rec) {
+        cJSON_AddNumberToObject(rec, "layers", z.n_rec);
+        cJSON_AddNumberToObject(rec, "bytes_per_sequence", (double)z.rec_per_seq);
+    }
     cJSON_AddNumberToObject(o, "kv_bytes_at_n_ctx", (double)model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK, kvt));
     int n_latent = latent_layers(hp);
     if (n_latent > 0) {
@@ -260,6 +265,11 @@ static void print_kv(const struct model *m, uint64_t per_token, enum dtype kvt)
     cli_format_bytes(model_kv_bytes(m, hp->n_ctx, KV_DEFAULT_BLOCK, kvt), b, sizeof b);
     printf("%-18s %s per token; %s per sequence at n_ctx %d%s%s\n", "kv cache", a, b, hp->n_ctx,
            kvt == DTYPE_F32 ? "" : ", ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt));
+    if (z.n_rec > 0) {
+        cli_format_bytes(z.rec_per_seq, a, sizeof a);
+        printf("%-18s %d layers, %s per sequence at any length (f32)\n", "  recurrent layers",
+               z.n_rec, a);
+    }
     if (z.n_swa == 0)
         return;
     int most = model_kv_window_positions(z.window, hp->n_ctx, KV_DEFAULT_BLOCK);

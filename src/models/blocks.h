@@ -113,7 +113,7 @@ void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
                    const struct kv_layer *kv, const struct kv_rows *rows, int n);
 
 /* LFM2's gated short convolution: B | C | x = ssm_in(xn) (+ bias); y = conv(B * x) (state:
- * the last d_conv - 1 products); o = ssm_out(C * y). */
+ * the last d_conv - 1 products); o = ssm_out(C * y). Needs rec_scratch >= 4 n_embd. */
 void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
                    const struct kv_layer *kv, const struct kv_rows *rows, int n);
 

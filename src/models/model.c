@@ -507,6 +507,12 @@ void model_kv_sizes(const struct model *m, enum dtype kv_dtype, struct model_kv_
     memset(out, 0, sizeof *out);
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer_spec *ls = &hp->layer[il];
+        if (ls->kv == KV_RECURRENT) {
+            /* no rows: an f32 state per sequence (ADR 0057) */
+            out->n_rec++;
+            out->rec_per_seq += ((uint64_t)ls->state_conv + (uint64_t)ls->state_rec) * sizeof(float);
+            continue;
+        }
         uint64_t row = ls->kv == KV_LATENT ? (uint64_t)(hp->kv_lora_rank + hp->qk_rope_dim)
                                            : 2ull * hp->n_kv_head * hp->head_dim;
         if (ls->kv == KV_SLIDING && ls->window > 0) {
@@ -537,6 +543,6 @@ uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size, enu
 {
     struct model_kv_sizes z;
     model_kv_sizes(m, kv_dtype, &z);
-    return z.full_per_token * (uint64_t)n_tokens +
+    return z.rec_per_seq + z.full_per_token * (uint64_t)n_tokens +
            z.swa_per_token * (uint64_t)model_kv_window_positions(z.window, n_tokens, block_size);
 }

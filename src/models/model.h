@@ -188,12 +188,15 @@ int model_convert_views(const struct model_ops *ops, const cJSON *cfg, struct ck
  * while a sequence is shorter than every window (every layer's rows). */
 uint64_t model_kv_bytes_per_token(const struct model *m, enum dtype kv_dtype);
 /* The cache by layer kind (ADR 0023): full and latent layers keep every position,
- * sliding-window layers at most their window plus one block. */
+ * sliding-window layers at most their window plus one block, recurrent layers a fixed state
+ * per sequence (ADR 0057). */
 struct model_kv_sizes {
     int n_full, n_swa;              /* layers of each kind (latent layers count as full) */
     uint64_t full_per_token;        /* bytes per position of the full and latent layers */
     uint64_t swa_per_token;         /* bytes per position of the sliding layers */
     int window;                     /* the largest window (0: no sliding layer) */
+    int n_rec;                      /* recurrent layers (KV_RECURRENT: no rows) */
+    uint64_t rec_per_seq;           /* bytes of their f32 states per sequence */
 };
 void model_kv_sizes(const struct model *m, enum dtype kv_dtype, struct model_kv_sizes *out);
 /* Most positions a sliding layer holds for one decoding sequence in blocks of
@@ -202,7 +205,7 @@ void model_kv_sizes(const struct model *m, enum dtype kv_dtype, struct model_kv_
 int model_kv_window_positions(int window, int n_tokens, int block_size);
 /* KV-cache bytes of one sequence of n_tokens positions in blocks of block_size (kv_dtype
  * elements): the full layers' rows of every position, the sliding layers' of at most their
- * window. */
+ * window, and the recurrent layers' states. */
 uint64_t model_kv_bytes(const struct model *m, int n_tokens, int block_size, enum dtype kv_dtype);
 
 /* Prepare every weight for be once (backend_ops.prepare_weight: the CPU copies the
