@@ -545,6 +545,106 @@ static void test_elementwise(void **state)
 
 /* Grouping: every slot appears once, runs are by ascending expert, slots ascend inside a
  * run, offsets delimit the runs. */
+// ---- recurrent ops ----
+
+/* conv1d with its state against the textbook convolution over each whole sequence: S
+ * sequences of T positions, their rows interleaved (row order: position-major, so every
+ * sequence's rows sit between the others'), fed in chunks of `chunk` rows, so the state
+ * carries both within a chunk and across chunks; a sequence restarted at position 0 forgets
+ * what its slot held. */
+static void conv_case(struct kc_bes *bs, struct kc_errstat *es, int S, int T, int C, int K,
+                      int chunk, bool silu, bool bias)
+{
+    int n = S * T;
+    float *x = kc_fvec((size_t)n * C, -2, 2), *wv = kc_fvec((size_t)C * K, -1, 1);
+    float *bv = kc_fvec((size_t)C, -1, 1), *y = malloc((size_t)n * C * sizeof *y);
+    double *ref = malloc((size_t)n * C * sizeof *ref);
+    int32_t *pos = malloc((size_t)n * sizeof *pos), *seq = malloc((size_t)n * sizeof *seq);
+    for (int t = 0; t < T; t++)
+        for (int s = 0; s < S; s++) {
+            int r = t * S + s;
+            pos[r] = t;
+            seq[r] = (s * 5 + 3) % S;  /* slots not in row order */
+        }
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < C; c++) {
+            double acc = bias ? bv[c] : 0.0;
+            for (int j = 0; j < K; j++) {
+                int t = pos[r] - K + 1 + j;
+                if (t >= 0)
+                    acc += (double)wv[(size_t)c * K + j] * x[((size_t)t * S + r % S) * C + c];
+            }
+            ref[(size_t)r * C + c] = silu ? acc / (1.0 + exp(-acc)) : acc;
+        }
+    int64_t ws[2] = {C, K}, bsz[1] = {C};
+    struct tensor w, b;
+    tensor_init(&w, DTYPE_F32, wv, 2, ws);
+    tensor_init(&b, DTYPE_F32, bv, 1, bsz);
+    size_t sd = (size_t)(K - 1) * C;
+    float *st = malloc((size_t)S * (sd ? sd : 1) * sizeof *st);
+    struct kv_layer kl = {.k = st, .v = NULL, .k_dim = (int)sd, .v_dim = 0, .dtype = DTYPE_F32};
+    for (int i = 0; i < bs->n; i++) {
+        struct backend *be = bs->be[i];
+        for (size_t q = 0; q < (size_t)S * sd; q++)
+            st[q] = 1e3f;  /* garbage a restarted sequence must not see */
+        for (int r0 = 0; r0 < n; r0 += chunk) {
+            int m = n - r0 < chunk ? n - r0 : chunk;
+            struct kv_rows rows = {.pos = pos + r0, .state = seq + r0};
+            /* in place, as the families call it */
+            memcpy(y + (size_t)r0 * C, x + (size_t)r0 * C, (size_t)m * C * sizeof *y);
+            be->ops->conv1d(be, y + (size_t)r0 * C, C, y + (size_t)r0 * C, C, &w, bias ? &b : NULL,
+                            &kl, &rows, m, C, K, silu);
+        }
+        struct err e = {0};
+        assert_int_equal(backend_sync(be, &e), 0);
+        kc_check(es, "conv1d", be, y, ref, (size_t)n * C, 1e-12, 1e-5);
+    }
+    free(x), free(wv), free(bv), free(y), free(ref), free(pos), free(seq), free(st);
+}
+
+static void test_conv1d(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    conv_case(&bs, &es, 1, 12, 64, 3, 12, false, false);   /* LFM2's shape, one chunk */
+    conv_case(&bs, &es, 3, 9, 40, 4, 5, true, true);       /* Mamba's: silu, bias, chunks of 5 */
+    conv_case(&bs, &es, 8, 6, 1000, 4, 7, true, false);    /* threads split the channels */
+    conv_case(&bs, &es, 2, 5, 16, 1, 3, false, true);      /* width 1: no state */
+    kc_report("conv1d", &es);
+    kc_close(&bs);
+}
+
+static void test_mul(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    const int rows = 7, n = 1001, lda = 1100, ldb = 1003;
+    float *a = kc_fvec((size_t)rows * lda, -3, 3), *b = kc_fvec((size_t)rows * ldb, -3, 3);
+    float *y = malloc((size_t)rows * n * sizeof *y), *yb = malloc((size_t)rows * ldb * sizeof *yb);
+    double *ref = malloc((size_t)rows * n * sizeof *ref);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++)
+            ref[(size_t)r * n + j] = (double)a[(size_t)r * lda + j] * b[(size_t)r * ldb + j];
+    for (int i = 0; i < bs.n; i++) {
+        struct backend *be = bs.be[i];
+        be->ops->mul(be, y, n, a, lda, b, ldb, rows, n);
+        kc_check(&es, "mul", be, y, ref, (size_t)rows * n, 1e-14, 1e-6);
+        /* in place over the second factor */
+        memcpy(yb, b, (size_t)rows * ldb * sizeof *yb);
+        be->ops->mul(be, yb, ldb, a, lda, yb, ldb, rows, n);
+        for (int r = 0; r < rows; r++)
+            memcpy(y + (size_t)r * n, yb + (size_t)r * ldb, (size_t)n * sizeof *y);
+        kc_check(&es, "mul in place", be, y, ref, (size_t)rows * n, 1e-14, 1e-6);
+    }
+    kc_report("mul", &es);
+    free(a), free(b), free(y), free(yb), free(ref);
+    kc_close(&bs);
+}
+
 static void test_moe_group(void **state)
 {
     (void)state;
@@ -820,6 +920,8 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention_batch),
     cmocka_unit_test(test_attention_chunks),
     cmocka_unit_test(test_elementwise),
+    cmocka_unit_test(test_conv1d),
+    cmocka_unit_test(test_mul),
     cmocka_unit_test(test_moe_group),
     cmocka_unit_test(test_moe_route),
     cmocka_unit_test(test_moe_route_grouped),
