@@ -1,7 +1,7 @@
 /*
  * prefix: the prefix cache (kvcache.c's index, the scheduler's attach and
  * register; ADR 0022) on real checkpoints of the three cache kinds (full,
- * sliding-window mixed with full, latent).
+ * sliding-window mixed with full, latent), and its absence for recurrent layers (ADR 0057).
  *
  * A request that finds its prompt's prefix cached must produce exactly the
  * tokens generate() produces for it alone from an empty cache (greedy and
@@ -223,6 +223,64 @@ static void prefix_equals_cold(void **state)
     }
 }
 
+/* A model with recurrent layers (LFM2: short convolutions, ADR 0057): its states cannot be
+ * rebuilt from cached blocks, so nothing is found cached and every output equals the cold
+ * reference, one after another and concurrently; the cache's other rules hold for it: a
+ * sequence truncates only to 0 or its length, and a fork continues exactly as its source. */
+static void prefix_recurrent(void **state)
+{
+    (void)state;
+    const char *dir = "tests/fixtures/golden/lfm2";
+    struct test_model f;
+    struct req reqs[4], want[4];
+    test_model_open(&f, dir);
+    int V = f.m->hp.n_vocab;
+    for (int i = 0; i < 4; i++)
+        make_req(&reqs[i], 0, 37, i, 1 + 2 * i, V, i);
+    reference(&f, reqs, want, 4);
+    struct kv_cache *kv = test_kv_new(&f, 512, 4, BLOCK);
+    struct sched *s = sched_open(&f, kv, 16, false);
+    for (int i = 0; i < 4; i++) {
+        reqs[i].submit_at = 0;
+        run_sched(&f, s, kv, &reqs[i], 1, &want[i], dir);
+        assert_int_equal(reqs[i].n_cached, 0);
+    }
+    static const int at[4] = {0, 0, 2, 6};
+    for (int i = 0; i < 4; i++)
+        reqs[i].submit_at = at[i];
+    run_sched(&f, s, kv, reqs, 4, want, dir);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(reqs[i].n_cached, 0);
+    assert_int_equal(kv_n_cached_blocks(kv), 0);
+    sched_done(s, kv, dir);
+
+    /* truncate: only to 0 or the current length; fork: the copy continues as the source */
+    struct err e = {0};
+    struct batch b;
+    float *la = malloc((size_t)2 * V * sizeof *la);
+    assert_non_null(la);
+    assert_int_equal(batch_init(&b, 64, &e), 0);
+    assert_int_equal(kv_seq_add(kv, 0, &e), 0);
+    batch_add_seq(&b, reqs[0].toks, 10, 0, 0, true, &e);
+    assert_int_equal(model_forward(f.c, &b, kv, la, &e), 0);
+    assert_true(kv_seq_truncate(kv, 0, 5, &e) < 0);
+    assert_non_null(strstr(e.msg, "recurrent"));
+    assert_int_equal(kv_seq_truncate(kv, 0, 10, &e), 0);
+    assert_int_equal(kv_seq_fork(kv, 0, 1, &e), 0);
+    batch_clear(&b);
+    batch_add(&b, 7, 10, 0, true, &e);
+    batch_add(&b, 7, 10, 1, true, &e);
+    assert_int_equal(model_forward(f.c, &b, kv, la, &e), 0);
+    assert_memory_equal(la, la + V, (size_t)V * sizeof *la);
+    assert_int_equal(kv_seq_truncate(kv, 1, 0, &e), 0);
+    kv_seq_remove(kv, 0);
+    kv_seq_remove(kv, 1);
+    batch_free(&b);
+    free(la);
+    kv_cache_free(kv);
+    test_model_close(&f);
+}
+
 /* A pool of 16 blocks: prefixes A, B (24 ids + 2 each, 7 full blocks cached per run), A
  * again (A becomes the most recently used), then C: its blocks are taken from the least
  * recently used chain, B's, so A is still found whole and B only in part. */
@@ -416,6 +474,7 @@ static void prefix_kv_blocks(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(prefix_kv_blocks),
     cmocka_unit_test(prefix_equals_cold),
+    cmocka_unit_test(prefix_recurrent),
     cmocka_unit_test(prefix_lru_eviction),
     cmocka_unit_test(prefix_hash_collision),
     cmocka_unit_test(prefix_preemption),

@@ -1,0 +1,67 @@
+// A hybrid model on `mlxcel serve`: LFM2 (gated short convolutions, whose state is a fixed
+// size per sequence, beside attention; ADR 0057), random weights from `mlxcel synth` with the
+// llama-tiny tokenizer (an untied head: tied random weights repeat the last token). 8 concurrent greedy completions with the prefix cache on (the default)
+// each equal `mlxcel generate` of the same prompt alone, and so do 8 that share a long prefix
+// (which the prefix cache must not reuse for a recurrent state); a second round on the same
+// server (slots reused by new sequences) equals the first.
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const BIN = process.env.MLXCEL_BIN;
+const work = mkdtempSync(join(tmpdir(), 'mlxcel-hybrid-'));
+const modelDir = join(work, 'lfm2');
+writeFileSync(join(work, 'config.json'), JSON.stringify({
+    architectures: ['Lfm2ForCausalLM'], model_type: 'lfm2', vocab_size: 2048, hidden_size: 128,
+    intermediate_size: 256, block_auto_adjust_ff_dim: false, num_hidden_layers: 4,
+    num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 512,
+    layer_types: ['conv', 'full_attention', 'conv', 'conv'], conv_L_cache: 3,
+    tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 0,
+}));
+if (BIN) {
+    execFileSync(BIN, ['synth', '-c', join(work, 'config.json'), '-o', modelDir, '--seed', '7',
+        '--tokenizer', 'models/llama-tiny'], { stdio: ['ignore', 'ignore', 'inherit'] });
+}
+process.env.MLXCEL_TEST_MODEL = modelDir;
+const { startServer, completeGreedy, withTimeout, SLOW } = await import('./harness.mjs');
+
+const N = 12;
+const PROMPTS = ['ROMEO:', 'JULIET:', 'First Citizen:', 'MENENIUS:', 'GLOUCESTER:', 'LADY ANNE:',
+    'BRUTUS:', 'Nurse:'];
+const LONG = 'KING RICHARD III: Now is the winter of our discontent made glorious summer by this sun of York; ';
+const SHARED = PROMPTS.map((p) => LONG + p);
+
+// `mlxcel generate` alone: the raw prompt (no chat template), greedy, N tokens, text on stdout.
+const generate = (prompt) => execFileSync(BIN, ['generate', '-m', modelDir, '--no-chat', '-p', prompt,
+    '-n', String(N), '--temp', '0'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).replace(/\n$/, '');
+
+describe('hybrid model (LFM2) on serve', { timeout: 240_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['--parallel', '8']); });
+    after(async () => {
+        try {
+            if (srv && !srv.stopped) await srv.stop();
+        } finally {
+            rmSync(work, { recursive: true, force: true });
+        }
+    });
+
+    it('8 concurrent greedy completions == mlxcel generate alone, twice', async () => {
+        for (const set of [PROMPTS, SHARED]) {
+            const alone = set.map(generate);
+            for (let round = 0; round < 2; round++) {
+                const all = await withTimeout(Promise.all(set.map((p) => completeGreedy(srv.base, p, N))),
+                    120_000 * SLOW, '8 concurrent completions');
+                set.forEach((p, i) => {
+                    const t = all[i].choices[0].text;
+                    assert.ok(t.length > 0, `empty completion for ${JSON.stringify(p)}`);
+                    assert.ok(alone[i].startsWith(p) ? alone[i] === p + t : alone[i] === t,
+                        `round ${round} ${JSON.stringify(p)}: served ${JSON.stringify(t)}, generate ${JSON.stringify(alone[i])}`);
+                });
+            }
+        }
+    });
+});
