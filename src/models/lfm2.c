@@ -261,6 +261,18 @@ static int lfm2_map_weights(struct model *m, struct st_set *st, struct err *e)
                        hp->tie_embd ? NULL : "lm_head", e);
 }
 
+/* mlx-lm's sanitize stores the depthwise conv as MLX's [out, K, in / groups]: [hidden, L, 1]. */
+static const struct ck_view_rule lfm2_views[] = {
+    {"model.layers.%d.conv.conv.weight", "model.layers.%d.conv.conv.weight", CK_VIEW_T, 0, 0},
+    {NULL, NULL, CK_VIEW_NONE, 0, 0},
+};
+
+static void lfm2_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    memcpy(out, lfm2_views, sizeof lfm2_views);
+}
+
 static const char *const lfm2_archs[] = {"Lfm2ForCausalLM", NULL};
 
 const struct model_ops lfm2_ops = {
@@ -270,4 +282,5 @@ const struct model_ops lfm2_ops = {
     .parse_config = lfm2_parse_config,
     .map_weights = lfm2_map_weights,
     .forward = decoder_forward,
+    .convert_views = lfm2_convert_views,
 };

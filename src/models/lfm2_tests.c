@@ -6,11 +6,15 @@
  *    each conv layer a recurrent layer with a state of (L - 1) * hidden floats; rejections
  *    name the field (a layer_types list of the wrong length, an unknown kind, a bad index).
  *  - Weights: the published checkpoint is consumed entirely, the conv weight widened to F32
- *    [hidden, L]; a missing conv weight, in_proj or q_layernorm is named.
+ *    [hidden, L]; a missing conv weight, in_proj or q_layernorm is named; `convert` writes
+ *    mlx-lm's [hidden, L, 1] conv, which loads to the same taps and logits.
  *  - Forward: the conv layers' state reaches the logits (a conv weight tap other than the
  *    current position changes them).
  * Numerical parity with transformers lives in tests/test_golden.c.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "selftest.h"
 
 extern const struct model_ops lfm2_ops;
@@ -85,6 +89,39 @@ static int weights(struct err *e)
     return rc;
 }
 
+/* `mlxcel convert`'s MLX layout (mlx-lm's sanitize: the conv as [hidden, L, 1]) loads to the
+ * same conv taps and the same logits as the published one. */
+static int mlx_layout(struct err *e)
+{
+    struct model *a = NULL, *b = NULL;
+    float *la = NULL, *lb = NULL;
+    int rc;
+    if ((rc = stest_load_variant(&a, "lfm2", NULL, NULL, e)) < 0 ||
+        (rc = stest_load_stacked(&b, "lfm2", e)) < 0)
+        goto out;
+    const struct st_tensor *t = st_set_find(b->st, "model.layers.2.conv.conv.weight");
+    size_t V = (size_t)a->hp.n_vocab;
+    la = malloc(V * sizeof *la);
+    lb = malloc(V * sizeof *lb);
+    if (!la || !lb) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = stest_check(t && t->ndim == 3 && t->shape[1] == 3 && t->shape[2] == 1,
+                          "the converted conv weight is [64, 3, 1]", e)) < 0 ||
+        (rc = stest_check(memcmp(a->layers[2].ssm_conv.data, b->layers[2].ssm_conv.data,
+                                 64 * 3 * sizeof(float)) == 0, "the same taps in both layouts", e)) < 0 ||
+        (rc = stest_prompt_logits(a, la, e)) < 0 || (rc = stest_prompt_logits(b, lb, e)) < 0)
+        goto out;
+    rc = stest_check(memcmp(la, lb, V * sizeof *la) == 0, "the same logits in both layouts", e);
+out:
+    free(la);
+    free(lb);
+    model_free(a);
+    model_free(b);
+    return rc;
+}
+
 /* The oldest tap of every conv layer zeroed: only positions before the current one see it. */
 static void drop_oldest_tap(struct model *m)
 {
@@ -112,7 +149,8 @@ static int forward_reads_state(struct err *e)
 int lfm2_ops_self_test(struct err *e)
 {
     int rc;
-    if ((rc = config_rules(e)) < 0 || (rc = weights(e)) < 0 || (rc = forward_reads_state(e)) < 0)
+    if ((rc = config_rules(e)) < 0 || (rc = weights(e)) < 0 || (rc = mlx_layout(e)) < 0 ||
+        (rc = forward_reads_state(e)) < 0)
         return rc;
     return 0;
 }
