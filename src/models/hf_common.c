@@ -255,6 +255,37 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     return 0;
 }
 
+int hf_hybrid_layers(struct hparams *hp, const cJSON *cfg, int win_default, int pattern,
+                     struct err *e)
+{
+    int rc, window = 0;
+    if (hp->n_layer < 1 || hp->n_layer > HP_MAX_LAYERS)
+        return err_setf(e, ERR_CONFIG, "config field 'num_hidden_layers' = %d is out of range [1, %d]",
+                        hp->n_layer, HP_MAX_LAYERS);
+    hparams_fill_layers(hp);
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(cfg, "sliding_window");
+    if (!sw)
+        window = win_default;
+    else if (!cJSON_IsNull(sw) && (rc = cfg_int(cfg, "sliding_window", &window, e)) < 0)
+        return rc;
+    if (window < 0)
+        return err_setf(e, ERR_CONFIG, "config field 'sliding_window' = %d must not be negative",
+                        window);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    if (lt && !cJSON_IsNull(lt))
+        return parse_layer_types(hp, lt, window, e);
+    for (int il = 0; pattern > 0 && il < hp->n_layer; il++) {
+        if ((il + 1) % pattern == 0)
+            continue;
+        if (window <= 0)
+            return err_setf(e, ERR_CONFIG, "layer %d is a sliding layer but 'sliding_window' is not set",
+                            il);
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
+    }
+    return 0;
+}
+
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc;

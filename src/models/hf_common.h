@@ -50,6 +50,13 @@ int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, str
 int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
                      int max_window_default, struct err *e);
 
+/* The sliding / full layers of the hybrid families (OLMo 3, EXAONE 4): every layer's spec
+ * (hparams_fill_layers), then `layer_types` when listed, else layer il slides unless
+ * (il + 1) % pattern == 0 (pattern 0: no layer slides). The window is `sliding_window`
+ * (absent: win_default; null: none, an error for a sliding layer). */
+int hf_hybrid_layers(struct hparams *hp, const cJSON *cfg, int win_default, int pattern,
+                     struct err *e);
+
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
