@@ -65,7 +65,7 @@ static int config_rules(struct err *e)
         {CFG(2, ", \"sliding_window\": null, \"layer_types\": [\"sliding_attention\", \"full_attention\"]"),
          "sliding_window"},
         {CFG(3, ", \"layer_types\": [\"full_attention\"]"), "layer_types"},
-        {CFG(2, ", \"hidden_act\": \"relu2\""), "hidden_act"},
+        {CFG(2, ", \"hidden_act\": \"mish\""), "hidden_act"},
     };
     return stest_parse_fails_all(&exaone4_ops, bad, sizeof bad / sizeof bad[0], e);
 }

@@ -58,7 +58,7 @@ static int config_rules(struct err *e)
         {CFG(", \"rope_parameters\": {\"partial_rotary_factor\": \"half\"}"), "partial_rotary_factor"},
         {CFG(", \"attention_bias\": 1"), "attention_bias"},
         {CFG(", \"num_key_value_heads\": 3"), "num_key_value_heads"},
-        {CFG(", \"hidden_act\": \"relu2\""), "hidden_act"},
+        {CFG(", \"hidden_act\": \"mish\""), "hidden_act"},
     };
     return stest_parse_fails_all(&glm4_ops, bad, sizeof bad / sizeof bad[0], e);
 }

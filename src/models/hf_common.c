@@ -31,6 +31,8 @@ static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, cons
         hp->act = ACT_GELU_ERF;
     else if (strcmp(act, "relu") == 0)
         hp->act = ACT_RELU;
+    else if (strcmp(act, "relu2") == 0)
+        hp->act = ACT_RELU2;
     else
         return err_setf(e, ERR_UNSUPPORTED, "config field '%s': activation '%s' is not supported",
                         key, act);
@@ -590,7 +592,11 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
         return 0;
     }
     snprintf(pre, sizeof pre, "model.layers.%d.mlp", il);
-    if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
+    if (ls->ffn == FFN_MLP) {
+        /* a non-gated MLP (Arcee, Nemotron): down(act(up(x))) */
+        if ((rc = wm_linear(w, &L->up, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.up_proj", pre)) < 0)
+            return rc;
+    } else if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
         if ((rc = wm_linear(w, &L->gate_up, WM_REQUIRED, 0, 2 * (int64_t)ls->n_ff, hp->n_embd, e, "%s.gate_up_proj", pre)) < 0)
             return rc;
     } else if ((rc = wm_linear(w, &L->gate, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.gate_proj", pre)) < 0 ||

@@ -90,7 +90,8 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
 
 /* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm (not with a
  * parallel residual), self_attn (hf_map_attention), mlp.{gate,up,down}_proj |
- * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head.
+ * gate_up_proj (a non-gated FFN_MLP layer: up_proj, down_proj), block_sparse_moe.{gate,
+ * experts.E.w1/w2/w3}}, model.norm, lm_head.
  * Post-norm layers (RESID_POST) bind post_attention_layernorm and post_feedforward_layernorm
  * to the attn_norm / ffn_norm slots instead. Sandwich layers (RESID_SANDWICH) bind
  * input_layernorm / pre_feedforward_layernorm there and post_attention_layernorm /

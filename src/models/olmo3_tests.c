@@ -70,7 +70,7 @@ static int config_rules(struct err *e)
         {CFG(2, ", \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"linear\", \"factor\": 2.0}}"),
          "sliding_attention"},
         {CFG(2, ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"su2\"}}"), "su2"},
-        {CFG(2, ", \"hidden_act\": \"relu2\""), "hidden_act"},
+        {CFG(2, ", \"hidden_act\": \"mish\""), "hidden_act"},
     };
     return stest_parse_fails_all(&olmo3_ops, bad, sizeof bad / sizeof bad[0], e);
 }

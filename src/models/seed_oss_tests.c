@@ -46,7 +46,7 @@ static int config_rules(struct err *e)
         {CFG(", \"attention_out_bias\": \"yes\""), "attention_out_bias"},
         {CFG(", \"head_dim\": \"wide\""), "head_dim"},
         {CFG(", \"num_key_value_heads\": 3"), "num_key_value_heads"},
-        {CFG(", \"hidden_act\": \"relu2\""), "hidden_act"},
+        {CFG(", \"hidden_act\": \"mish\""), "hidden_act"},
     };
     return stest_parse_fails_all(&seed_oss_ops, bad, sizeof bad / sizeof bad[0], e);
 }
