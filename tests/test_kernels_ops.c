@@ -524,6 +524,40 @@ static void test_elementwise(void **state)
             for (size_t i = 0; i < n; i++)
                 r5[i] = 4.0 * tanh((double)a[i] / 4.0);
             kc_check(&es, "softcap", be, y, r5, n, 1e-12, 1e-6);
+            /* relu2 (Arcee): max(a, 0)², alone and as a GLU's gate */
+            memcpy(y, a, n * sizeof *y);
+            be->ops->act(be, ACT_RELU2, y, (int)n, 1, (int)n);
+            for (size_t i = 0; i < n; i++)
+                r5[i] = a[i] > 0 ? (double)a[i] * a[i] : 0.0;
+            kc_check(&es, "relu2", be, y, r5, n, 1e-12, 1e-6);
+            memcpy(gu, a, n * sizeof *gu);
+            memcpy(gu + n, b, n * sizeof *gu);
+            be->ops->glu(be, ACT_RELU2, y, (int)n, gu, (int)(2 * n), 1, (int)n);
+            for (size_t i = 0; i < n; i++)
+                r5[i] *= b[i];
+            kc_check(&es, "glu relu2", be, y, r5, n, 1e-12, 1e-6);
+            /* xielu (Apertus) over a with the first entries inside (eps, 0] and at 0, two rows */
+            {
+                const struct xielu_params xp = {0.9f, 1.1f, 0.5f, -1e-6f};
+                size_t rows = n % 2 == 0 ? 2 : 1, w = n / rows;
+                memcpy(y, a, n * sizeof *y);
+                if (n >= 2) {
+                    y[0] = -4e-7f;
+                    y[1] = 0.0f;
+                }
+                for (size_t i = 0; i < n; i++) {
+                    double v = y[i], m = v < xp.eps ? v : (double)xp.eps;
+                    r5[i] = v > 0 ? (double)xp.alpha_p * v * v + (double)xp.beta * v
+                                  : (expm1(m) - v) * xp.alpha_n + (double)xp.beta * v;
+                }
+                be->ops->xielu(be, y, (int)w, (int)rows, (int)w, &xp);
+                kc_check(&es, "xielu", be, y, r5, n, 1e-11, 1e-5);
+                /* act / glu refuse xIELU (its constants come only through xielu) */
+                struct err e = {0};
+                be->ops->act(be, ACT_XIELU, y, (int)n, 1, (int)n);
+                assert_true(be->ops->sync(be, &e) < 0);
+                assert_non_null(strstr(e.msg, "xielu"));
+            }
             for (size_t i = 0; i < n; i++)
                 r5[i] = gelu_erf_d(a[i]) * b[i];
         }

@@ -57,6 +57,15 @@ enum act_kind {
     ACT_GELU_TANH = 1,        /* GPT-2 "gelu_new", gelu_pytorch_tanh */
     ACT_GELU_ERF = 2,         /* exact gelu */
     ACT_RELU = 3,
+    ACT_RELU2 = 4,            /* relu(x)² (transformers "relu2") */
+    ACT_XIELU = 5,            /* xIELU (Apertus), learned per layer: the xielu op only (act and
+                               * glu record an error for it) */
+};
+
+/* xIELU's constants of one layer (transformers XIELUActivation): alpha_p = softplus(alpha_p),
+ * alpha_n = beta + softplus(alpha_n) of the stored parameters, beta and eps as stored. */
+struct xielu_params {
+    float alpha_p, alpha_n, beta, eps;
 };
 
 /* Expert routing rules (moe_route). */
@@ -320,6 +329,13 @@ struct backend_ops {
      * The plan of a prepared weight's linear products: which kernel runs each bucket of
      * token counts (`mlxcel inspect --kernels`; the CPU's linear_plan.h). 0, or -ERR_*. */
     int (*linear_plan)(struct backend *be, const struct tensor *w, struct linear_plan_info *out);
+
+    /* ---- parameterized activations ---- */
+    /* x = xIELU(x) over n_rows rows of n (stride ld), with p's constants (host memory, read
+     * at the call): alpha_p x² + beta x where x > 0, else (expm1(min(x, eps)) - x) alpha_n +
+     * beta x (Apertus). */
+    void (*xielu)(struct backend *be, float *x, int ld, int n_rows, int n,
+                  const struct xielu_params *p);
 };
 
 struct backend {

@@ -187,7 +187,10 @@ void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *
     const struct backend_ops *op = be->ops;
     int n_embd = (int)L->down.shape[0];
     op->linear(be, b->h, n_ff, xn, &L->up, opt(&L->up_b), n);
-    op->act(be, act, b->h, n_ff, n, n_ff);
+    if (act == ACT_XIELU)
+        op->xielu(be, b->h, n_ff, n, n_ff, &L->xielu);
+    else
+        op->act(be, act, b->h, n_ff, n, n_ff);
     op->linear(be, f, n_embd, b->h, &L->down, opt(&L->down_b), n);
 }
 

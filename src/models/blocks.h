@@ -61,7 +61,7 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
 /* f[n, n_embd] = down(act(gate(xn)) * up(xn)) (L->gate/up or fused L->gate_up). Uses b->h, b->h1. */
 void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
              int n_ff, const struct ctx_bufs *b, int n);
-/* f[n, n_embd] = down(act(up(xn) + up_b)) + down_b. Uses b->h. */
+/* f[n, n_embd] = down(act(up(xn) + up_b)) + down_b (ACT_XIELU: with L->xielu). Uses b->h. */
 void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
              int n_ff, const struct ctx_bufs *b, int n);
 

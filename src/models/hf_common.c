@@ -31,6 +31,8 @@ static int parse_act(struct hparams *hp, const cJSON *cfg, const char *key, cons
         hp->act = ACT_GELU_ERF;
     else if (strcmp(act, "relu") == 0)
         hp->act = ACT_RELU;
+    else if (strcmp(act, "relu2") == 0)
+        hp->act = ACT_RELU2;
     else
         return err_setf(e, ERR_UNSUPPORTED, "config field '%s': activation '%s' is not supported",
                         key, act);
@@ -249,6 +251,37 @@ int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     if (!use)
         window = 0;
     for (int il = first > 0 ? first : 0; window > 0 && il < hp->n_layer; il++) {
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
+    }
+    return 0;
+}
+
+int hf_hybrid_layers(struct hparams *hp, const cJSON *cfg, int win_default, int pattern,
+                     struct err *e)
+{
+    int rc, window = 0;
+    if (hp->n_layer < 1 || hp->n_layer > HP_MAX_LAYERS)
+        return err_setf(e, ERR_CONFIG, "config field 'num_hidden_layers' = %d is out of range [1, %d]",
+                        hp->n_layer, HP_MAX_LAYERS);
+    hparams_fill_layers(hp);
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(cfg, "sliding_window");
+    if (!sw)
+        window = win_default;
+    else if (!cJSON_IsNull(sw) && (rc = cfg_int(cfg, "sliding_window", &window, e)) < 0)
+        return rc;
+    if (window < 0)
+        return err_setf(e, ERR_CONFIG, "config field 'sliding_window' = %d must not be negative",
+                        window);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    if (lt && !cJSON_IsNull(lt))
+        return parse_layer_types(hp, lt, window, e);
+    for (int il = 0; pattern > 0 && il < hp->n_layer; il++) {
+        if ((il + 1) % pattern == 0)
+            continue;
+        if (window <= 0)
+            return err_setf(e, ERR_CONFIG, "layer %d is a sliding layer but 'sliding_window' is not set",
+                            il);
         hp->layer[il].kv = KV_SLIDING;
         hp->layer[il].window = window;
     }
@@ -559,7 +592,11 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
         return 0;
     }
     snprintf(pre, sizeof pre, "model.layers.%d.mlp", il);
-    if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
+    if (ls->ffn == FFN_MLP) {
+        /* a non-gated MLP (Arcee, Nemotron): down(act(up(x))) */
+        if ((rc = wm_linear(w, &L->up, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.up_proj", pre)) < 0)
+            return rc;
+    } else if (wm_has(w, "%s.gate_up_proj.weight", pre) || wm_has(w, "%s.gate_up_proj.scales", pre)) {
         if ((rc = wm_linear(w, &L->gate_up, WM_REQUIRED, 0, 2 * (int64_t)ls->n_ff, hp->n_embd, e, "%s.gate_up_proj", pre)) < 0)
             return rc;
     } else if ((rc = wm_linear(w, &L->gate, WM_REQUIRED, 0, ls->n_ff, hp->n_embd, e, "%s.gate_proj", pre)) < 0 ||

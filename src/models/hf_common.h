@@ -50,6 +50,13 @@ int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, str
 int hf_finish_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
                      int max_window_default, struct err *e);
 
+/* The sliding / full layers of the hybrid families (OLMo 3, EXAONE 4): every layer's spec
+ * (hparams_fill_layers), then `layer_types` when listed, else layer il slides unless
+ * (il + 1) % pattern == 0 (pattern 0: no layer slides). The window is `sliding_window`
+ * (absent: win_default; null: none, an error for a sliding layer). */
+int hf_hybrid_layers(struct hparams *hp, const cJSON *cfg, int win_default, int pattern,
+                     struct err *e);
+
 /* Experts-per-layer fields of MoE configs: num_local_experts, num_experts_per_tok. */
 int hf_parse_moe(struct hparams *hp, const cJSON *cfg, struct err *e);
 
@@ -83,7 +90,8 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
 
 /* model.embed_tokens, model.layers.N.{input_layernorm, post_attention_layernorm (not with a
  * parallel residual), self_attn (hf_map_attention), mlp.{gate,up,down}_proj |
- * gate_up_proj, block_sparse_moe.{gate, experts.E.w1/w2/w3}}, model.norm, lm_head.
+ * gate_up_proj (a non-gated FFN_MLP layer: up_proj, down_proj), block_sparse_moe.{gate,
+ * experts.E.w1/w2/w3}}, model.norm, lm_head.
  * Post-norm layers (RESID_POST) bind post_attention_layernorm and post_feedforward_layernorm
  * to the attn_norm / ffn_norm slots instead. Sandwich layers (RESID_SANDWICH) bind
  * input_layernorm / pre_feedforward_layernorm there and post_attention_layernorm /

@@ -105,6 +105,9 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
                         "finite", il, (double)ls->glu_limit);
     if (ls->ffn == FFN_GLU_CLAMPED && !ls->moe)
         return err_setf(e, ERR_UNSUPPORTED, "layer %d: a dense clamped SwiGLU is not supported", il);
+    if (ls->act == ACT_XIELU && (ls->ffn != FFN_MLP || ls->moe))
+        return err_setf(e, ERR_UNSUPPORTED, "layer %d: xIELU is supported in a dense non-gated MLP only",
+                        il);
     if (ls->ffn == FFN_MLP && ls->act == ACT_SILU)
         return err_setf(e, ERR_UNSUPPORTED, "a non-gated MLP with silu is not supported");
     if (!ls->moe)

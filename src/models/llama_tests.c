@@ -121,7 +121,7 @@ int llama_ops_self_test(struct err *e)
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 0}", "num_attention_heads", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 6}", "divisible", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"num_key_value_heads\": 3}", "multiple", e)) < 0 ||
-        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"hidden_act\": \"relu2\"}", "hidden_act", e)) < 0 ||
+        (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"hidden_act\": \"mish\"}", "hidden_act", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"mlp_bias\": true}", "mlp_bias", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"ntk\", \"factor\": 2}}", "ntk", e)) < 0 ||
         (rc = stest_parse_fails(&llama_ops, "{" BASE ", \"num_attention_heads\": 4, \"rope_scaling\": {\"type\": \"dynamic\"}}", "factor", e)) < 0 ||

@@ -89,6 +89,9 @@ struct layer {
     /* MLA: per head h, mla_heads[4 h ..]: wq's q_nope rows, wq's q_pe rows, wk_lat[h],
      * wv_lat[h] (views; storage in model.derived), or NULL */
     struct tensor *mla_heads;
+    /* ACT_XIELU layers: the activation's constants, computed at load from the layer's
+     * act_fn.{alpha_p, alpha_n, beta, eps} (Apertus) */
+    struct xielu_params xielu;
 };
 
 /* generation_config.json's sampling values: NaN (top_k: GEN_TOP_K_ABSENT) when not given.

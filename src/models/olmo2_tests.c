@@ -51,7 +51,7 @@ static int config_rules(struct err *e)
         return rc;
     static const struct stest_bad bad[] = {
         {"{" BASE ", \"rms_norm_eps\": \"small\"}", "rms_norm_eps"},
-        {"{" BASE ", \"hidden_act\": \"relu2\"}", "hidden_act"},
+        {"{" BASE ", \"hidden_act\": \"mish\"}", "hidden_act"},
         {"{" BASE ", \"attention_bias\": 1}", "attention_bias"},
         {"{\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
          "\"max_position_embeddings\": 256}", "intermediate_size"},

@@ -59,7 +59,7 @@ static int config_rules(struct err *e)
         {"{" BASE ", \"qk_layernorm\": true}", "qk_layernorm"},
         {"{" BASE ", \"partial_rotary_factor\": 1.5}", "partial_rotary_factor"},
         {"{" BASE ", \"partial_rotary_factor\": 0}", "partial_rotary_factor"},
-        {"{" BASE ", \"hidden_act\": \"relu2\"}", "hidden_act"},
+        {"{" BASE ", \"hidden_act\": \"mish\"}", "hidden_act"},
         {"{" BASE ", \"layer_norm_eps\": \"small\"}", "layer_norm_eps"},
         {"{\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
          "\"max_position_embeddings\": 256}", "intermediate_size"},

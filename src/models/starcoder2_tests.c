@@ -60,7 +60,7 @@ static int config_rules(struct err *e)
         {"{" BASE ", \"norm_epsilon\": \"small\"}", "norm_epsilon"},
         {"{" BASE ", \"norm_epsilon\": 0}", "epsilon"},
         {"{" BASE ", \"tie_word_embeddings\": \"yes\"}", "tie_word_embeddings"},
-        {"{" BASE ", \"hidden_act\": \"relu2\"}", "hidden_act"},
+        {"{" BASE ", \"hidden_act\": \"mish\"}", "hidden_act"},
         {"{" BASE ", \"hidden_act\": \"silu\"}", "silu"},
         {"{" BASE ", \"sliding_window\": -1}", "sliding_window"},
     };

@@ -521,7 +521,7 @@ static void cpu_layernorm(struct backend *be, float *y, const float *x, int ld,
 // ---- elementwise (rows of n, strided) ----
 
 enum elem_op { ELEM_ACT, ELEM_GLU, ELEM_GLU_CLAMPED, ELEM_AXPY, ELEM_SIGMOID_AXPY, ELEM_GATHER, ELEM_SCALE, ELEM_SOFTCAP,
-               ELEM_MUL };
+               ELEM_MUL, ELEM_XIELU };
 
 struct elem_ctx {
     const struct cpu_kernels *k;
@@ -536,6 +536,7 @@ struct elem_ctx {
     float s;
     float alpha;              /* glu_clamped: sigmoid gain (s holds the limit) */
     bool interleaved;         /* glu_clamped: gate / up in alternate columns */
+    struct xielu_params xp;   /* xielu */
     int n_rows, n, div;
 };
 
@@ -555,6 +556,12 @@ static void act_apply(const struct cpu_kernels *k, enum act_kind act, float *x, 
     case ACT_RELU:
         for (size_t i = 0; i < n; i++)
             x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+    case ACT_RELU2:
+        for (size_t i = 0; i < n; i++)
+            x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+        break;
+    case ACT_XIELU:  /* refused by cpu_act / cpu_glu: it needs its constants (xielu) */
         break;
     }
 }
@@ -616,6 +623,15 @@ static void elem_row(const struct elem_ctx *ec, size_t r, size_t c0, size_t c1)
             y[i] = x[i] * x2[i];
         break;
     }
+    case ELEM_XIELU: {
+        const struct xielu_params *p = &ec->xp;
+        for (size_t i = 0; i < n; i++) {
+            float v = y[i];
+            y[i] = v > 0.0f ? p->alpha_p * v * v + p->beta * v
+                            : (expm1f(v < p->eps ? v : p->eps) - v) * p->alpha_n + p->beta * v;
+        }
+        break;
+    }
     }
 }
 
@@ -652,8 +668,23 @@ static void elem_run(struct backend *be, struct elem_ctx *ec)
         tpool_run(c->pool, elem_task, ec);
 }
 
+/* An activation act / glu cannot apply (xIELU needs its constants): recorded, nothing runs. */
+static bool act_refused(struct backend *be, enum act_kind act)
+{
+    struct cpu_backend *c = cpu_of(be);
+    if (act != ACT_XIELU)
+        return false;
+    if (!c->err_rc) {
+        c->err_rc = -ERR_INTERNAL;
+        snprintf(c->err_msg, sizeof c->err_msg, "cpu backend: xIELU goes through the xielu op");
+    }
+    return true;
+}
+
 static void cpu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n)
 {
+    if (act_refused(be, act))
+        return;
     struct elem_ctx ec = {.op = ELEM_ACT, .act = act, .y = x, .ldy = (size_t)ld, .n_rows = n_rows,
                           .n = n};
     elem_run(be, &ec);
@@ -662,6 +693,8 @@ static void cpu_act(struct backend *be, enum act_kind act, float *x, int ld, int
 static void cpu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x,
                     int ldx, int n_rows, int n)
 {
+    if (act_refused(be, act))
+        return;
     struct elem_ctx ec = {.op = ELEM_GLU, .act = act, .y = y, .x = x, .ldy = (size_t)ldy,
                           .ldx = (size_t)ldx, .n_rows = n_rows, .n = n};
     elem_run(be, &ec);
@@ -673,6 +706,14 @@ static void cpu_glu_clamped(struct backend *be, float *y, int ldy, const float *
     struct elem_ctx ec = {.op = ELEM_GLU_CLAMPED, .y = y, .x = x, .ldy = (size_t)ldy,
                           .ldx = (size_t)ldx, .s = limit, .alpha = alpha,
                           .interleaved = interleaved, .n_rows = n_rows, .n = n};
+    elem_run(be, &ec);
+}
+
+static void cpu_xielu(struct backend *be, float *x, int ld, int n_rows, int n,
+                      const struct xielu_params *p)
+{
+    struct elem_ctx ec = {.op = ELEM_XIELU, .y = x, .xp = *p, .ldy = (size_t)ld, .n_rows = n_rows,
+                          .n = n};
     elem_run(be, &ec);
 }
 
@@ -745,6 +786,7 @@ static const struct backend_ops k_cpu_ops = {
     .act = cpu_act,
     .glu = cpu_glu,
     .glu_clamped = cpu_glu_clamped,
+    .xielu = cpu_xielu,
     .axpy = cpu_axpy,
     .sigmoid_axpy = cpu_sigmoid_axpy,
     .scale = cpu_scale,

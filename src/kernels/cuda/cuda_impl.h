@@ -96,6 +96,7 @@ void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const st
 void cu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n);
 void cu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
             int n_rows, int n);
+void cu_xielu(struct backend *be, float *x, int ld, int n_rows, int n, const struct xielu_params *p);
 void cu_glu_clamped(struct backend *be, float *y, int ldy, const float *x, int ldx, int n_rows,
                     int n, float alpha, float limit, bool interleaved);
 void cu_scale(struct backend *be, float *x, int ld, float a, int n_rows, int n);

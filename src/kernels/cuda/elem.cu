@@ -92,7 +92,7 @@ void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const st
 // ---- elementwise ----
 
 enum elem_op { EL_ACT, EL_GLU, EL_GLU_CLAMPED, EL_AXPY, EL_SIGMOID_AXPY, EL_GATHER, EL_SCALE,
-               EL_SOFTCAP, EL_MUL };
+               EL_SOFTCAP, EL_MUL, EL_XIELU };
 
 struct elem_args {
     int op, act;
@@ -103,6 +103,7 @@ struct elem_args {
     const float *x2;
     size_t ldy, ldx, ldx2;
     float s, alpha;
+    struct xielu_params xp;
     bool interleaved;
     int n_rows, n, div;
 };
@@ -116,6 +117,8 @@ __device__ __forceinline__ float act_f(int act, float v)
         return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     case ACT_RELU:
         return v > 0.0f ? v : 0.0f;
+    case ACT_RELU2:
+        return v > 0.0f ? v * v : 0.0f;
     default:
         return v / (1.0f + expf(-v));
     }
@@ -164,6 +167,12 @@ __global__ void elem_kernel(elem_args a)
         case EL_MUL:
             *y = xr[j] * a.x2[(size_t)r * a.ldx2 + j];
             break;
+        case EL_XIELU: {
+            float v = *y;
+            *y = v > 0.0f ? a.xp.alpha_p * v * v + a.xp.beta * v
+                          : (expm1f(v < a.xp.eps ? v : a.xp.eps) - v) * a.xp.alpha_n + a.xp.beta * v;
+            break;
+        }
         }
     }
 }
@@ -178,8 +187,19 @@ static void elem_run(struct backend *be, elem_args *a)
     cu_check(c, "elementwise");
 }
 
+/* xIELU needs its constants (the xielu op): act / glu record an error for it. */
+static bool act_refused(struct backend *be, enum act_kind act)
+{
+    if (act != ACT_XIELU)
+        return false;
+    cu_fail(cu_of(be), "act / glu: xIELU goes through the xielu op", cudaErrorInvalidValue);
+    return true;
+}
+
 void cu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows, int n)
 {
+    if (act_refused(be, act))
+        return;
     elem_args a = {};
     a.op = EL_ACT, a.act = act, a.y = x, a.ldy = (size_t)ld, a.n_rows = n_rows, a.n = n;
     elem_run(be, &a);
@@ -188,6 +208,8 @@ void cu_act(struct backend *be, enum act_kind act, float *x, int ld, int n_rows,
 void cu_glu(struct backend *be, enum act_kind act, float *y, int ldy, const float *x, int ldx,
             int n_rows, int n)
 {
+    if (act_refused(be, act))
+        return;
     elem_args a = {};
     a.op = EL_GLU, a.act = act, a.y = y, a.x = x, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
     a.n_rows = n_rows, a.n = n;
@@ -200,6 +222,13 @@ void cu_glu_clamped(struct backend *be, float *y, int ldy, const float *x, int l
     elem_args a = {};
     a.op = EL_GLU_CLAMPED, a.y = y, a.x = x, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
     a.s = limit, a.alpha = alpha, a.interleaved = interleaved, a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_xielu(struct backend *be, float *x, int ld, int n_rows, int n, const struct xielu_params *p)
+{
+    elem_args a = {};
+    a.op = EL_XIELU, a.y = x, a.xp = *p, a.ldy = (size_t)ld, a.n_rows = n_rows, a.n = n;
     elem_run(be, &a);
 }
 
