@@ -662,8 +662,29 @@ static void test_golden2_quantized(void **state)
     golden2_quantized("gpt_oss", &mx, 0);
 }
 
+/* The golden3 MoE attention families (h-moe) through convert -q at 8 and 4 bits, as
+ * test_golden2_quantized does for the golden2 cases: mlx-lm's stacked layout, every tensor
+ * consumed, 8-bit argmax near the reference. Listed by name: golden3 cases carry no golden2
+ * marker. The 8-bit logit tolerance is per case: in these tiny random models a sigmoid
+ * router's choice among near-equal scores flips under 8-bit noise (dots1: one token's
+ * experts, 0.65 of max|logit| on that row; its float conversion is within 1e-6). */
+static void test_golden3_moe_quantized(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        double tol8;
+    } cases[] = {{"dots1", 1.0}};
+    struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        golden2_quantized(cases[i].name, &q8, cases[i].tol8);
+        golden2_quantized(cases[i].name, &q4, 0);
+    }
+}
+
 static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_golden2_quantized),
+    cmocka_unit_test(test_golden3_moe_quantized),
     cmocka_unit_test(test_phixtral_tiny_4bit),
     cmocka_unit_test(test_golden_phixtral_mlx),
     cmocka_unit_test(test_tied_head_dropped),

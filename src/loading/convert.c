@@ -114,11 +114,21 @@ static bool is_norm(const char *name)
     return false;
 }
 
+/* A tensor mlx-lm's convert leaves in its source dtype: the cast_predicate of every family
+ * that routes with a correction bias (deepseek_v3, dots1, glm4_moe, minimax_m2) keeps
+ * e_score_correction_bias (published F32) out of the cast, since rounding it to bf16 moves
+ * the expert choices it exists to make. */
+static bool keeps_source_dtype(const char *name)
+{
+    return strstr(name, "e_score_correction_bias") != NULL;
+}
+
 /* Fill the dtype and quantize flag of an output tensor from its source dtype; the
  * family's predicate has the last word on a candidate. */
 static void finish_tensor(struct ck_tensor *t, enum dtype src_dt, const struct ck_plan_opts *o)
 {
-    t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 ? (enum dtype)o->dtype : src_dt;
+    t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 && !keeps_source_dtype(t->name)
+                   ? (enum dtype)o->dtype : src_dt;
     t->quantize = o->q && dtype_is_float(t->dtype) && ends_with(t->name, ".weight") &&
                   !is_norm(t->name) && quant_shape_ok(o->q, t->ndim, t->shape);
     if (!t->quantize || !o->predicate)
