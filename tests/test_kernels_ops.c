@@ -653,7 +653,7 @@ static void route_grouped_ref(enum router_kind kind, const float *lg, const floa
         for (int t = 0; t < tg; t++)
             keep |= gtop[t] == g;
         for (int i = 0; i < gs && !keep; i++)
-            c[g * gs + i] = 0.0;
+            c[g * gs + i] = -HUGE_VAL;
     }
     rank_top(c, n, k, sel);
     double sum = 0.0;
@@ -728,6 +728,17 @@ static void test_moe_route_grouped(void **state)
         assert_int_equal(backend_sync(be, NULL), 0);
         assert_int_equal(sel[0], 0);
         assert_int_equal(sel[1], 1);
+        /* a kept group whose second choice score (0.5 - 1.0) is negative still supplies it:
+         * the dropped group's experts are out (-inf), not 0, which would beat it
+         * (transformers 5's Glm4Moe router; glm4_moe golden position 9) */
+        float l6[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b6[4] = {-0.1f, -1.0f, -0.6f, -0.7f};
+        tensor_init(&bt, DTYPE_F32, b6, 1, s4);
+        p = (struct moe_group_params){&bt, 2, 1, true, 1.0f};
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l6, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 1);
+        assert_true(fabs(w[0] - 0.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6);
     }
     kc_close(&bs);
 }

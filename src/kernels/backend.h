@@ -77,7 +77,7 @@ enum router_kind {
  * (softmax or sigmoid of the logits) and choice scores c = s + bias (bias: 0 when NULL):
  * the experts split into n_group equal groups of consecutive ids; the topk_group groups
  * with the best group score (c's max for ROUTER_GROUP_SOFTMAX, the sum of c's top 2 for
- * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become 0; the k experts with the
+ * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become -inf; the k experts with the
  * highest c are chosen (ties toward the lower index), each weighted by its s, divided by
  * the sum of the k (+ 1e-20) when norm, then times scale. */
 struct moe_group_params {

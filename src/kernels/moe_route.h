@@ -146,8 +146,12 @@ MOE_FN void moe_route_grouped_one(int kind, const float *logits, int n, int k, i
             bool keep = false;
             for (int u = 0; u < topk_group; u++)
                 keep |= gsel[u] == g;
+            /* -inf, not 0: a choice score s + bias may be negative, and an expert outside
+             * the kept groups must never win over one inside (transformers 5's Glm4Moe
+             * router; DeepSeek's own code masks with -inf too). The caller keeps k within
+             * the kept groups' experts, so no -inf is ever chosen. */
             for (int i = 0; !keep && i < gs; i++)
-                c[(size_t)g * gs + i] = 0.0;
+                c[(size_t)g * gs + i] = -HUGE_VAL;
         }
     }
     moe_topk_d(c, n, k, sel);
