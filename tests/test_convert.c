@@ -674,7 +674,7 @@ static void test_golden3_moe_quantized(void **state)
     static const struct {
         const char *name;
         double tol8;
-    } cases[] = {{"dots1", 1.0}, {"glm4_moe", 0.1}, {"minimax_m2", 0.1}};
+    } cases[] = {{"dots1", 1.0}, {"glm4_moe", 0.1}, {"minimax_m2", 0.1}, {"hunyuan_v1_moe", 0.1}};
     struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         golden2_quantized(cases[i].name, &q8, cases[i].tol8);

@@ -50,6 +50,7 @@ struct blk_attn_cfg {
     float norm_eps;
     float norm_w_off;
     int n_embd;
+    bool qk_norm_post_rope;       /* the q/k norm after RoPE (HunYuan), else before */
 };
 
 /* o[n, n_embd] = wo(attend(rope(q), rope(k), v)) for xn [n, n_embd], with this

@@ -56,6 +56,7 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
         .norm_eps = hp->norm_eps,
         .norm_w_off = hp->norm_w_offset,
         .n_embd = hp->n_embd,
+        .qk_norm_post_rope = ls->qk_norm_post_rope,
     };
 }
 

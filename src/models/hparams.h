@@ -98,6 +98,7 @@ struct layer_spec {
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */
+    bool qk_norm_post_rope;     /* the q/k norm after RoPE instead of before (HunYuan) */
 };
 
 struct hparams {
