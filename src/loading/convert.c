@@ -228,7 +228,8 @@ static int add_view(struct ck_tensor *t, const struct ck_input *in, const struct
     const char *od = strstr(r->out, "%d");
     char name[CK_MAX_NAME + 64];
     snprintf(name, sizeof name, "%.*s%.*s%s", (int)(od - r->out), r->out, (int)(end - num), num, od + 2);
-    bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD;
+    bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD ||
+                 r->view == CK_VIEW_T_LO || r->view == CK_VIEW_T_HI;
     bool two = r->view == CK_VIEW_EVEN || r->view == CK_VIEW_ODD;
     bool heads = r->view == CK_VIEW_HEAD_K_T || r->view == CK_VIEW_HEAD_V;
     if ((three && in->ndim != 3) || (two && in->ndim != 2) ||
@@ -477,7 +478,9 @@ static int read_part(struct wctx *c, const struct ck_tensor *t, int p, int64_t e
             src = (t->head_a + r) * B + col;         /* out [x][p][i] = in [x][a + p][i] */
         } else if (t->ndim == 3) {
             /* out [x][r][col] from in [x][col][r'] */
-            int64_t rr = t->view == CK_VIEW_T ? r : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
+            int64_t rr = t->view == CK_VIEW_T || t->view == CK_VIEW_T_LO ? r
+                         : t->view == CK_VIEW_T_HI ? R + r
+                         : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
             src = col * B + rr;
         } else {
             src = t->view == CK_VIEW_EVEN ? 2 * w : 2 * w + 1;

@@ -156,6 +156,9 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         op->rope(be, q, ld, n, ap->n_head + ap->n_kv_head, hd, cfg->rp, rows);
     if (cfg->qk_norm && cfg->qk_norm_post_rope)
         qk_norm_rows(be, q, k, ld, L, cfg, n);
+    /* Llama 4's NoPE layers: the query temperature grows with the position */
+    if (cfg->temp_floor > 0)
+        op->attn_temp(be, q, ld, n, q_dim, rows, cfg->temp_floor, cfg->temp_scale);
     /* 4. this chunk's K/V into the cache, then attend over each row's sequence */
     op->kv_store(be, kv, k, ld, v, ld, rows, n);
     op->attention(be, b->att, q_dim, q, ld, kv, rows, n, ap);
@@ -223,6 +226,9 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
         op->moe_route(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k, cfg->jitter);
     op->moe_group(be, b->order, b->offsets, b->sel, n_slot, cfg->n_expert);
     op->gather(be, b->xg, xn, d, b->order, k, n_slot, d);
+    /* Llama 4 weighs what enters an expert (its weights become 1 for the combine) */
+    if (cfg->weight_input)
+        op->moe_weight_input(be, b->xg, b->order, b->sel_w, n_slot, d);
 
     /* each expert over its rows: up (and gate) -> activation -> down */
     if (cfg->ffn == FFN_GLU_CLAMPED) {

@@ -129,6 +129,10 @@ void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
                        int n_expert, int n_slot);
 void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
                     const float *w, int k, int n_slot, int n);
+void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w, int n_slot,
+                         int n);
+void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,
+                  int floor_scale, float attn_scale);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
