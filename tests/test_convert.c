@@ -662,8 +662,44 @@ static void test_golden2_quantized(void **state)
     golden2_quantized("gpt_oss", &mx, 0);
 }
 
+/* The golden3 MoE attention families (h-moe) through convert -q at 8 and 4 bits, as
+ * test_golden2_quantized does for the golden2 cases: mlx-lm's stacked layout, every tensor
+ * consumed, 8-bit argmax near the reference. Listed by name: golden3 cases carry no golden2
+ * marker. The 8-bit logit tolerance is per case: in these tiny random models a sigmoid
+ * router's choice among near-equal scores flips under 8-bit noise (dots1: one token's
+ * experts, 0.65 of max|logit| on that row; llama4_text's top-1 of 4: 0.31, argmax 25/27);
+ * their float conversions (stacking, llama4's split and transposed experts) stay within 1e-6
+ * (checked first). */
+static void test_golden3_moe_quantized(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        double tol8;
+    } cases[] = {{"dots1", 1.0}, {"glm4_moe", 0.1}, {"minimax_m2", 0.1}, {"hunyuan_v1_moe", 0.1}, {"llama4_text", 1.0}};
+    struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        /* float: mlx-lm's layout (stacked / split and transposed experts, the F32 correction
+         * bias) computes what the published one does */
+        char src[512];
+        int agree = 0, rows = 0;
+        snprintf(src, sizeof src, "tests/fixtures/golden/%s", cases[i].name);
+        char *dir = convert_to_tmp(test_path(src), NULL);
+        check_mlx_layout(cases[i].name, dir);
+        double err = quantized_err(dir, test_path(src), &agree, &rows);
+        printf("convert %-12s float: max rel err %.3g\n", cases[i].name, err);
+        if (!(err < 1e-5) || agree != rows)
+            fail_msg("%s converted (float): relative error %.3g, argmax %d of %d", cases[i].name,
+                     err, agree, rows);
+        stb_rmtree(dir);
+        golden2_quantized(cases[i].name, &q8, cases[i].tol8);
+        golden2_quantized(cases[i].name, &q4, 0);
+    }
+}
+
 static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_golden2_quantized),
+    cmocka_unit_test(test_golden3_moe_quantized),
     cmocka_unit_test(test_phixtral_tiny_4bit),
     cmocka_unit_test(test_golden_phixtral_mlx),
     cmocka_unit_test(test_tied_head_dropped),

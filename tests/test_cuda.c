@@ -238,6 +238,7 @@ struct attn_tc {
     int n_tok, split, pos0, pos1, n_head, n_kv, hd, window;
     float softcap;
     bool sinks;
+    int chunk;      /* Llama 4's chunked attention (0: none) */
 };
 
 static double attn_case(struct backend *cpu, struct backend *gpu, const struct attn_tc *tc,
@@ -276,7 +277,7 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     for (int h = 0; h < tc->n_head && h < 64; h++)
         sk[h] = frnd(-2.0f, 2.0f);
     struct attn_params ap = {tc->n_head, tc->n_kv, tc->hd, 1.0f / sqrtf((float)tc->hd),
-                             tc->softcap, tc->window, tc->sinks ? sk : NULL};
+                             tc->softcap, tc->window, tc->sinks ? sk : NULL, tc->chunk};
     struct kv_layer kv = {kc, vc, kvd, kvd, dt};
     struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL};
     cpu->ops->attention(cpu, oc, qd, q, qd, &kv, &kr, tc->n_tok, &ap);
@@ -322,20 +323,23 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
 /* Prefill-sized calls (the tiled tensor-core kernel from 32 rows, its head_dims 64/80/128; the
  * per-row kernels for the others) and decode ones, against the CPU scalar backend, for every
  * cache element type: one sequence, chunks after cached tokens, two sequences in one batch
- * (a tile whose rows have different tables), windows, soft-capping, sinks. */
+ * (a tile whose rows have different tables), windows, soft-capping, sinks, chunks. */
 static void test_attention(void **state)
 {
     (void)state;
     static const struct attn_tc cases[] = {
-        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false},     /* one sequence, GQA */
-        {70, 70, 37, 0, 8, 2, 128, 0, 0.0f, false},    /* a chunk after 37 cached tokens */
-        {40, 40, 0, 0, 4, 4, 80, 0, 0.0f, false},      /* MHA, head_dim 80 */
-        {33, 33, 200, 0, 4, 1, 64, 50, 0.0f, false},   /* window, a tile of one row past 32 */
-        {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true},    /* soft-cap and sinks */
-        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false},      /* two sequences, a tile across both */
-        {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true},  /* two sequences on tile bounds */
-        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false},      /* head_dim 96: the per-row kernel */
-        {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false},      /* decode-sized */
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 0},     /* one sequence, GQA */
+        {70, 70, 37, 0, 8, 2, 128, 0, 0.0f, false, 0},    /* a chunk after 37 cached tokens */
+        {40, 40, 0, 0, 4, 4, 80, 0, 0.0f, false, 0},      /* MHA, head_dim 80 */
+        {33, 33, 200, 0, 4, 1, 64, 50, 0.0f, false, 0},   /* window, a tile of one row past 32 */
+        {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true, 0},    /* soft-cap and sinks */
+        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0},      /* two sequences, a tile across both */
+        {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true, 0},  /* two sequences on tile bounds */
+        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false, 0},      /* head_dim 96: the per-row kernel */
+        {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false, 0},      /* decode-sized */
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 24},     /* chunks of 24 across tiles */
+        {70, 40, 13, 90, 4, 2, 128, 32, 0.0f, true, 32},   /* two sequences, window = chunk */
+        {3, 2, 47, 64, 8, 2, 96, 0, 0.0f, false, 16},      /* decode-sized, at and past a chunk start */
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct backend *gpu = NULL, *cpu = NULL;

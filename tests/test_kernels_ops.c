@@ -43,6 +43,8 @@ static void attn_ref(double *out, const float *q, const float *k, const float *v
                     d = ap->softcap * tanh(d / ap->softcap);
                 if (ap->window > 0 && p - j >= ap->window)
                     d = -INFINITY;
+                if (ap->chunk > 0 && j / ap->chunk != p / ap->chunk)
+                    d = -INFINITY;
                 s[j] = d;
                 m = s[j] > m ? s[j] : m;
             }
@@ -124,8 +126,9 @@ static void paged_close(struct paged *pg)
     free(pg->end);
 }
 
-static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
-                           int n_kv, int hd, float amp, int window, float softcap, bool sinks)
+static void attn_case_chunk(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
+                            int n_kv, int hd, float amp, int window, float softcap, bool sinks,
+                            int chunk)
 {
     int n_ctx = pos0 + n_tok;
     size_t nq = (size_t)n_tok * n_head * hd, nkv = (size_t)n_ctx * n_kv * hd;
@@ -133,7 +136,7 @@ static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, 
     float *sk = sinks ? kc_fvec((size_t)n_head, -2, 2) : NULL;
     float *out = malloc(nq * sizeof *out);
     double *ref = malloc(nq * sizeof *ref);
-    struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window, sk};
+    struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window, sk, chunk};
     for (size_t ti = 0; ti < sizeof k_kv_types / sizeof k_kv_types[0]; ti++) {
         enum dtype dt = k_kv_types[ti];
         struct paged pg;
@@ -155,6 +158,12 @@ static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, 
     free(sk);
     free(out);
     free(ref);
+}
+
+static void attn_case_opts(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
+                           int n_kv, int hd, float amp, int window, float softcap, bool sinks)
+{
+    attn_case_chunk(bs, es, n_tok, pos0, n_head, n_kv, hd, amp, window, softcap, sinks, 0);
 }
 
 static void attn_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int n_head,
@@ -271,7 +280,7 @@ static void test_attention_batch(void **state)
         size_t esz = dtype_size(dt);
         struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd),
                                  variant ? 20.0f : 0.0f, variant ? 150 : 0,
-                                 variant ? sinks_v : NULL};
+                                 variant ? sinks_v : NULL, 0};
         int nb[NS], b0[NS], nblk = 0, n_rows = 0;
         for (int s = 0; s < NS; s++) {
             nb[s] = (pos0[s] + ntok[s] + bs - 1) / bs;
@@ -373,7 +382,7 @@ static void test_attention_chunks(void **state)
         assert_non_null(part);
         double *ref = malloc(N_TOK * qs * sizeof *ref);
         assert_non_null(ref);
-        struct attn_params ap = {nh, nkv, hd, 1.0f / sqrtf((float)hd), 0.0f, 0, NULL};
+        struct attn_params ap = {nh, nkv, hd, 1.0f / sqrtf((float)hd), 0.0f, 0, NULL, 0};
         struct paged pg;
         attn_ref(ref, q, k, v, N_TOK, 0, nh, nkv, hd, &ap);
         paged_open(&pg, k, v, N_TOK, nkv * hd, 0, N_TOK, DTYPE_F32);
@@ -420,6 +429,12 @@ static void test_attention_window(void **state)
     attn_case_opts(&bs, &es, 5, 0, 4, 4, 8, 1.0f, 1, 0.0f, false);       /* only itself */
     attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 6.0f, 0, 3.0f, false);      /* softcap */
     attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 1.0f, 4, 0.0f, true);       /* sinks + window */
+    /* Llama 4's chunked attention: a query sees only its chunk [p - p % chunk, p] */
+    attn_case_chunk(&bs, &es, 20, 0, 4, 2, 16, 1.0f, 0, 0.0f, false, 8);   /* prefill over 3 chunks */
+    attn_case_chunk(&bs, &es, 1, 37, 4, 1, 16, 1.0f, 0, 0.0f, false, 8);   /* decode mid-chunk */
+    attn_case_chunk(&bs, &es, 1, 40, 4, 1, 16, 1.0f, 0, 0.0f, false, 8);   /* decode at a chunk start */
+    attn_case_chunk(&bs, &es, 70, 30, 2, 2, 64, 2.0f, 24, 0.0f, false, 24); /* window = chunk (the pool) */
+    attn_case_chunk(&bs, &es, 9, 7, 4, 2, 16, 1.0f, 6, 0.0f, true, 5);     /* window and chunk, sinks */
     kc_report("attention_window", &es);
     kc_close(&bs);
 }
@@ -736,8 +751,61 @@ static void test_moe_route(void **state)
         assert_int_equal(sel[0], 0);
         assert_int_equal(sel[1], 4);
         assert_true(fabs(w[0] - exp(3.0) / z) < 1e-6 && fabs(w[1] - exp(2.9) / z) < 1e-6);
+        /* Llama 4: the top logits, each weighted by its own sigmoid (no normalization) */
+        be->ops->moe_route(be, ROUTER_TOPK_SIGMOID, sel, w, &logits[1][0], 1, 6, 2, 0.0f);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 4);
+        assert_true(fabs(w[0] - 1.0 / (1.0 + exp(-3.0))) < 1e-6 &&
+                    fabs(w[1] - 1.0 / (1.0 + exp(-2.9))) < 1e-6);
         assert_int_equal(backend_sync(be, NULL), 0);
     }
+    kc_close(&bs);
+}
+
+/* Llama 4's two ops. attn_temp: each row times 1 + s ln(floor((pos + 1) / floor) + 1) in
+ * double, at positions on both sides of the floor steps, rows strided wider than n.
+ * moe_weight_input: each gathered row times its slot's weight, then that weight 1 (order a
+ * permutation that is not the identity). */
+static void test_llama4_ops(void **state)
+{
+    (void)state;
+    enum { T = 6, N = 20, LD = 24, SLOTS = 5 };
+    static const int32_t pos[T] = {0, 6, 7, 8, 15, 1000};
+    struct kv_rows rows = {.pos = pos, .block_size = 16};
+    struct kc_bes bs;
+    kc_open(&bs);
+    float *x0 = kc_fvec((size_t)T * LD, -2, 2), *x = malloc((size_t)T * LD * sizeof *x);
+    float *g0 = kc_fvec((size_t)SLOTS * N, -2, 2), *g = malloc((size_t)SLOTS * N * sizeof *g);
+    static const int32_t order[SLOTS] = {3, 0, 4, 1, 2};
+    static const float w0[SLOTS] = {0.5f, -1.5f, 2.0f, 0.25f, 3.0f};
+    float w[SLOTS];
+    for (int b = 0; b < bs.n; b++) {
+        struct backend *be = bs.be[b];
+        memcpy(x, x0, (size_t)T * LD * sizeof *x);
+        be->ops->attn_temp(be, x, LD, T, N, &rows, 8, 0.1f);
+        memcpy(g, g0, (size_t)SLOTS * N * sizeof *g);
+        memcpy(w, w0, sizeof w);
+        be->ops->moe_weight_input(be, g, order, w, SLOTS, N);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        for (int t = 0; t < T; t++) {
+            double f = 1.0 + 0.1 * log(floor((pos[t] + 1.0) / 8.0) + 1.0);
+            for (int j = 0; j < LD; j++) {
+                double want = j < N ? x0[t * LD + j] * f : x0[t * LD + j];
+                assert_true(fabs(x[t * LD + j] - want) <= 1e-6 * fabs(want) + 1e-7);
+            }
+        }
+        /* positions 0..6 keep their queries, 7 (pos + 1 = 8) is the first to grow */
+        assert_true(x[1 * LD] == x0[1 * LD] && x[2 * LD] != x0[2 * LD]);
+        for (int r = 0; r < SLOTS; r++) {
+            for (int j = 0; j < N; j++)
+                assert_true(fabsf(g[r * N + j] - g0[r * N + j] * w0[order[r]]) <= 1e-6f);
+            assert_true(w[r] == 1.0f);
+        }
+    }
+    free(x0);
+    free(x);
+    free(g0);
+    free(g);
     kc_close(&bs);
 }
 
@@ -787,7 +855,7 @@ static void route_grouped_ref(enum router_kind kind, const float *lg, const floa
         for (int t = 0; t < tg; t++)
             keep |= gtop[t] == g;
         for (int i = 0; i < gs && !keep; i++)
-            c[g * gs + i] = 0.0;
+            c[g * gs + i] = -HUGE_VAL;
     }
     rank_top(c, n, k, sel);
     double sum = 0.0;
@@ -862,6 +930,17 @@ static void test_moe_route_grouped(void **state)
         assert_int_equal(backend_sync(be, NULL), 0);
         assert_int_equal(sel[0], 0);
         assert_int_equal(sel[1], 1);
+        /* a kept group whose second choice score (0.5 - 1.0) is negative still supplies it:
+         * the dropped group's experts are out (-inf), not 0, which would beat it
+         * (transformers 5's Glm4Moe router; glm4_moe golden position 9) */
+        float l6[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b6[4] = {-0.1f, -1.0f, -0.6f, -0.7f};
+        tensor_init(&bt, DTYPE_F32, b6, 1, s4);
+        p = (struct moe_group_params){&bt, 2, 1, true, 1.0f};
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l6, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        assert_int_equal(sel[0], 0);
+        assert_int_equal(sel[1], 1);
+        assert_true(fabs(w[0] - 0.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6);
     }
     kc_close(&bs);
 }
@@ -960,6 +1039,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_moe_route),
     cmocka_unit_test(test_moe_route_grouped),
     cmocka_unit_test(test_moe),
+    cmocka_unit_test(test_llama4_ops),
 };
 
 TEST_SUITE(kernel_ops, k_tests);

@@ -340,7 +340,7 @@ static void bench_attn(struct backend *be, int n_seq, int n_tok, int n_ctx, int 
             end[i] = n_ctx;
         }
     struct kv_rows rows = {pos, slot, tab, tables, end, bs};
-    struct attn_params ap = {nh, nkv, hd, 0.088f, 0.0f, 0, NULL};
+    struct attn_params ap = {nh, nkv, hd, 0.088f, 0.0f, 0, NULL, 0};
     for (int r = 0; r < reps; r++) {
         struct kv_layer kv = {k + nk * es * (r % n_layer), v + nk * es * (r % n_layer), nkv * hd,
                               nkv * hd, dt};

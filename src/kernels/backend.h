@@ -80,13 +80,14 @@ enum router_kind {
                                * group's score its best expert (moe_route_grouped) */
     ROUTER_GROUP_SIGMOID = 6, /* DeepSeek-V3 noaux_tc: sigmoid scores, choice on score +
                                * correction bias, group score the sum of its top 2 */
+    ROUTER_TOPK_SIGMOID = 7,  /* top-k logits, each weighted by its own sigmoid (Llama 4) */
 };
 
 /* The options of the grouped routers (moe_route_grouped). Per token, with scores s
  * (softmax or sigmoid of the logits) and choice scores c = s + bias (bias: 0 when NULL):
  * the experts split into n_group equal groups of consecutive ids; the topk_group groups
  * with the best group score (c's max for ROUTER_GROUP_SOFTMAX, the sum of c's top 2 for
- * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become 0; the k experts with the
+ * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become -inf; the k experts with the
  * highest c are chosen (ties toward the lower index), each weighted by its s, divided by
  * the sum of the k (+ 1e-20) when norm, then times scale. */
 struct moe_group_params {
@@ -137,6 +138,8 @@ struct attn_params {
     float softcap;           /* > 0: scores = softcap * tanh(scores / softcap) before the mask */
     int window;              /* > 0: a query at p attends positions (p - window, p] only */
     const float *sinks;      /* [n_head] per-head sink logits joining the softmax, or NULL */
+    int chunk;               /* > 0: ... and only those of its chunk, [p - p % chunk, p]
+                              * (Llama 4's chunked local attention); both bounds may apply */
 };
 
 /* Which dims of a head RoPE rotates together with frequency j. */
@@ -336,6 +339,18 @@ struct backend_ops {
      * beta x (Apertus). */
     void (*xielu)(struct backend *be, float *x, int ld, int n_rows, int n,
                   const struct xielu_params *p);
+    /* ---- Llama 4 (appended) ---- */
+    /* Attention temperature of a NoPE layer (arXiv 2501.19399): row i of x (n_tok rows of n,
+     * stride ld) times 1 + attn_scale * ln(floor((rows->pos[i] + 1) / floor_scale) + 1), the
+     * factor computed in double. floor_scale >= 1. */
+    void (*attn_temp)(struct backend *be, float *x, int ld, int n_tok, int n,
+                      const struct kv_rows *rows, int floor_scale, float attn_scale);
+    /* Routing weights applied to what enters an expert instead of what leaves it: for
+     * r < n_slot, x[r, :n] (dense rows) *= w[order[r]], then w[order[r]] = 1, so that
+     * moe_combine adds the expert outputs unweighted. order is moe_group's permutation of the
+     * slots (each weight is read and reset by one row only). */
+    void (*moe_weight_input)(struct backend *be, float *x, const int32_t *order, float *w,
+                             int n_slot, int n);
 };
 
 struct backend {

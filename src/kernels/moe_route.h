@@ -80,10 +80,18 @@ MOE_FN float moe_sparsemixer_pick(const float *logits, const bool *masked, int n
 }
 
 /* One token's routing (kind: ROUTER_TOPK_SOFTMAX, ROUTER_SOFTMAX_TOPK,
- * ROUTER_SOFTMAX_TOPK_RAW, ROUTER_SPARSEMIXER): k experts into sel, their weights into w. */
+ * ROUTER_SOFTMAX_TOPK_RAW, ROUTER_SPARSEMIXER, ROUTER_TOPK_SIGMOID): k experts into sel, their
+ * weights into w. */
 MOE_FN void moe_route_one(int kind, const float *logits, int n, int k, float jitter, int32_t *sel,
                           float *w)
 {
+    if (kind == ROUTER_TOPK_SIGMOID) {
+        /* Llama 4: the k largest logits, each weight sigmoid(its logit), not normalized */
+        moe_topk_f(logits, n, k, sel);
+        for (int s = 0; s < k; s++)
+            w[s] = (float)(1.0 / (1.0 + exp(-(double)logits[sel[s]])));
+        return;
+    }
     if (kind == ROUTER_SPARSEMIXER) {
         bool masked[MOE_ROUTE_MAX_EXPERTS];
         for (int i = 0; i < n; i++)
@@ -146,8 +154,12 @@ MOE_FN void moe_route_grouped_one(int kind, const float *logits, int n, int k, i
             bool keep = false;
             for (int u = 0; u < topk_group; u++)
                 keep |= gsel[u] == g;
+            /* -inf, not 0: a choice score s + bias may be negative, and an expert outside
+             * the kept groups must never win over one inside (transformers 5's Glm4Moe
+             * router; DeepSeek's own code masks with -inf too). The caller keeps k within
+             * the kept groups' experts, so no -inf is ever chosen. */
             for (int i = 0; !keep && i < gs; i++)
-                c[(size_t)g * gs + i] = 0.0;
+                c[(size_t)g * gs + i] = -HUGE_VAL;
         }
     }
     moe_topk_d(c, n, k, sel);

@@ -114,11 +114,21 @@ static bool is_norm(const char *name)
     return false;
 }
 
+/* A tensor mlx-lm's convert leaves in its source dtype: the cast_predicate of every family
+ * that routes with a correction bias (deepseek_v3, dots1, glm4_moe, minimax_m2) keeps
+ * e_score_correction_bias (published F32) out of the cast, since rounding it to bf16 moves
+ * the expert choices it exists to make. */
+static bool keeps_source_dtype(const char *name)
+{
+    return strstr(name, "e_score_correction_bias") != NULL;
+}
+
 /* Fill the dtype and quantize flag of an output tensor from its source dtype; the
  * family's predicate has the last word on a candidate. */
 static void finish_tensor(struct ck_tensor *t, enum dtype src_dt, const struct ck_plan_opts *o)
 {
-    t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 ? (enum dtype)o->dtype : src_dt;
+    t->dtype = dtype_is_float(src_dt) && o->dtype >= 0 && !keeps_source_dtype(t->name)
+                   ? (enum dtype)o->dtype : src_dt;
     t->quantize = o->q && dtype_is_float(t->dtype) && ends_with(t->name, ".weight") &&
                   !is_norm(t->name) && quant_shape_ok(o->q, t->ndim, t->shape);
     if (!t->quantize || !o->predicate)
@@ -218,7 +228,8 @@ static int add_view(struct ck_tensor *t, const struct ck_input *in, const struct
     const char *od = strstr(r->out, "%d");
     char name[CK_MAX_NAME + 64];
     snprintf(name, sizeof name, "%.*s%.*s%s", (int)(od - r->out), r->out, (int)(end - num), num, od + 2);
-    bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD;
+    bool three = r->view == CK_VIEW_T || r->view == CK_VIEW_T_EVEN || r->view == CK_VIEW_T_ODD ||
+                 r->view == CK_VIEW_T_LO || r->view == CK_VIEW_T_HI;
     bool two = r->view == CK_VIEW_EVEN || r->view == CK_VIEW_ODD;
     bool heads = r->view == CK_VIEW_HEAD_K_T || r->view == CK_VIEW_HEAD_V;
     if ((three && in->ndim != 3) || (two && in->ndim != 2) ||
@@ -467,7 +478,9 @@ static int read_part(struct wctx *c, const struct ck_tensor *t, int p, int64_t e
             src = (t->head_a + r) * B + col;         /* out [x][p][i] = in [x][a + p][i] */
         } else if (t->ndim == 3) {
             /* out [x][r][col] from in [x][col][r'] */
-            int64_t rr = t->view == CK_VIEW_T ? r : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
+            int64_t rr = t->view == CK_VIEW_T || t->view == CK_VIEW_T_LO ? r
+                         : t->view == CK_VIEW_T_HI ? R + r
+                         : t->view == CK_VIEW_T_EVEN ? 2 * r : 2 * r + 1;
             src = col * B + rr;
         } else {
             src = t->view == CK_VIEW_EVEN ? 2 * w : 2 * w + 1;

@@ -57,6 +57,8 @@ enum ck_view {
     CK_VIEW_RENAME,     /* unchanged, renamed */
     CK_VIEW_HEAD_K_T,   /* [H * (a + b), C] -> [H, C, a]: each head's first a rows, transposed */
     CK_VIEW_HEAD_V,     /* [H * (a + b), C] -> [H, b, C]: each head's last b rows */
+    CK_VIEW_T_LO,       /* [E, A, 2C] -> [E, C, A]: the first C columns, transposed (Llama 4) */
+    CK_VIEW_T_HI,       /* [E, A, 2C] -> [E, C, A]: the last C columns, transposed */
 };
 struct ck_view_rule {
     const char *in, *out;

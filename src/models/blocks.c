@@ -109,6 +109,21 @@ void blk_rope_freqs(const struct hparams *hp, const struct layer_spec *ls, float
 
 /* ---- attention ---- */
 
+/* The q/k norms of blk_attention over the q and k columns of n rows of stride ld. */
+static void qk_norm_rows(struct backend *be, float *q, float *k, int ld, const struct layer *L,
+                         const struct blk_attn_cfg *cfg, int n)
+{
+    const struct attn_params *ap = &cfg->ap;
+    int q_dim = ap->n_head * ap->head_dim, kv_dim = ap->n_kv_head * ap->head_dim;
+    int qh = cfg->qk_norm_full ? 1 : ap->n_head, kh = cfg->qk_norm_full ? 1 : ap->n_kv_head;
+    struct blk_norm_w qn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->q_norm, .b = NULL,
+                            .w_off = cfg->norm_w_off};
+    struct blk_norm_w kn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->k_norm, .b = NULL,
+                            .w_off = cfg->norm_w_off};
+    norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
+    norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
+}
+
 void blk_attention(struct backend *be, float *o, const float *xn, const struct layer *L,
                    const struct blk_attn_cfg *cfg, const struct kv_layer *kv,
                    const struct kv_rows *rows, const struct ctx_bufs *b, int n)
@@ -130,21 +145,20 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         };
         op->linear_batch(be, jobs, 3);
     }
-    /* 2. q/k norm before RoPE: per head (Qwen3 RMS, Cohere LayerNorm with a weight per head),
-     *    or over the whole q / k width before the head split (OLMo 2), one "head" per row */
-    if (cfg->qk_norm) {
-        int qh = cfg->qk_norm_full ? 1 : ap->n_head, kh = cfg->qk_norm_full ? 1 : ap->n_kv_head;
-        struct blk_norm_w qn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->q_norm, .b = NULL,
-                                .w_off = cfg->norm_w_off};
-        struct blk_norm_w kn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->k_norm, .b = NULL,
-                                .w_off = cfg->norm_w_off};
-        norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
-        norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
-    }
+    /* 2. q/k norm before RoPE (or, qk_norm_post_rope, after it: step 3): per head (Qwen3 RMS,
+     *    Cohere LayerNorm with a weight per head), or over the whole q / k width before the
+     *    head split (OLMo 2), one "head" per row */
+    if (cfg->qk_norm && !cfg->qk_norm_post_rope)
+        qk_norm_rows(be, q, k, ld, L, cfg, n);
     /* 3. RoPE at each row's position: the k heads follow the q heads in each row, so one
      *    call rotates both */
     if (cfg->rp && cfg->rp->n_rot > 0)
         op->rope(be, q, ld, n, ap->n_head + ap->n_kv_head, hd, cfg->rp, rows);
+    if (cfg->qk_norm && cfg->qk_norm_post_rope)
+        qk_norm_rows(be, q, k, ld, L, cfg, n);
+    /* Llama 4's NoPE layers: the query temperature grows with the position */
+    if (cfg->temp_floor > 0)
+        op->attn_temp(be, q, ld, n, q_dim, rows, cfg->temp_floor, cfg->temp_scale);
     /* 4. this chunk's K/V into the cache, then attend over each row's sequence */
     op->kv_store(be, kv, k, ld, v, ld, rows, n);
     op->attention(be, b->att, q_dim, q, ld, kv, rows, n, ap);
@@ -215,6 +229,9 @@ void blk_moe(struct backend *be, float *f, const float *xn, const struct layer *
         op->moe_route(be, cfg->router, b->sel, b->sel_w, b->router, n, cfg->n_expert, k, cfg->jitter);
     op->moe_group(be, b->order, b->offsets, b->sel, n_slot, cfg->n_expert);
     op->gather(be, b->xg, xn, d, b->order, k, n_slot, d);
+    /* Llama 4 weighs what enters an expert (its weights become 1 for the combine) */
+    if (cfg->weight_input)
+        op->moe_weight_input(be, b->xg, b->order, b->sel_w, n_slot, d);
 
     /* each expert over its rows: up (and gate) -> activation -> down */
     if (cfg->ffn == FFN_GLU_CLAMPED) {

@@ -50,6 +50,9 @@ struct blk_attn_cfg {
     float norm_eps;
     float norm_w_off;
     int n_embd;
+    bool qk_norm_post_rope;       /* the q/k norm after RoPE (HunYuan), else before */
+    int temp_floor;               /* > 0: query temperature by position (attn_temp op) */
+    float temp_scale;
 };
 
 /* o[n, n_embd] = wo(attend(rope(q), rope(k), v)) for xn [n, n_embd], with this
@@ -74,6 +77,7 @@ struct blk_moe_cfg {
     enum act_kind act;
     int n_ff, n_embd;
     float glu_alpha, glu_limit;   /* FFN_GLU_CLAMPED */
+    bool weight_input;            /* the routing weights scale the experts' inputs (Llama 4) */
 };
 
 /* f[n, n_embd] = sum over the k routed experts of weight * expert(xn). Uses b->router, sel,

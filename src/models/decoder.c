@@ -51,6 +51,7 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
             .softcap = ls->softcap,
             .window = ls->kv == KV_SLIDING ? ls->window : 0,
             .sinks = ls->sinks ? c->bufs.sinks + (size_t)il * hp->n_head : NULL,
+            .chunk = ls->kv == KV_SLIDING ? ls->chunk : 0,
         },
         .rp = ls->n_rot > 0 ? rp : NULL,
         .qk_norm = ls->qk_norm,
@@ -59,6 +60,9 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
         .norm_eps = hp->norm_eps,
         .norm_w_off = hp->norm_w_offset,
         .n_embd = hp->n_embd,
+        .qk_norm_post_rope = ls->qk_norm_post_rope,
+        .temp_floor = ls->attn_temp_floor,
+        .temp_scale = ls->attn_temp_scale,
     };
 }
 
@@ -88,6 +92,7 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
             .n_embd = hp->n_embd,
             .glu_alpha = ls->glu_alpha,
             .glu_limit = ls->glu_limit,
+            .weight_input = ls->moe_weight_input,
         };
         blk_moe(c->be, b->f, in, L, &mc, b, n);
         if (ls->n_ff_shexp > 0)

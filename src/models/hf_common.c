@@ -549,7 +549,7 @@ int hf_quant_gate_float(const char *module, const struct quant_params *base, str
 }
 
 static const struct hf_moe_names block_sparse_moe_names = {
-    "model.layers.%d.block_sparse_moe.gate", hf_moe_stacking, NULL, NULL,
+    "model.layers.%d.block_sparse_moe.gate", hf_moe_stacking, NULL, NULL, NULL,
 };
 
 /* A shared expert's GLU and its sigmoid gate (one output). */
@@ -560,12 +560,41 @@ static int map_shared_expert(struct wmap *w, const struct hparams *hp, struct la
     char pre[256], gate[256];
     int rc;
     snprintf(pre, sizeof pre, names->shared, il);
-    snprintf(gate, sizeof gate, names->shared_gate, il);
     if ((rc = wm_linear(w, &L->shexp_gate, WM_REQUIRED, 0, ff, d, e, "%s.gate_proj", pre)) < 0 ||
         (rc = wm_linear(w, &L->shexp_up, WM_REQUIRED, 0, ff, d, e, "%s.up_proj", pre)) < 0 ||
         (rc = wm_linear(w, &L->shexp_down, WM_REQUIRED, 0, d, ff, e, "%s.down_proj", pre)) < 0)
         return rc;
+    if (hp->layer[il].shexp_plain)
+        return 0;
+    snprintf(gate, sizeof gate, names->shared_gate, il);
     return wm_linear(w, &L->shexp_inp_gate, WM_REQUIRED, 0, 1, d, e, "%s", gate);
+}
+
+/* The correction bias of a grouped router, names->router_bias: published F32; another float
+ * dtype (a conversion) is widened once, exactly, into model-owned memory. */
+static int map_router_bias(struct model *m, struct wmap *w, struct layer *L, int il,
+                           const struct hf_moe_names *names, struct err *e)
+{
+    int64_t E = m->hp.n_expert;
+    char name[256];
+    int rc;
+    snprintf(name, sizeof name, names->router_bias, il);
+    if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, E, e, "%s", name)) < 0)
+        return rc;
+    if (L->router_b.dtype == DTYPE_F32)
+        return 0;
+    if (L->router_b.qbits || !dtype_is_float(L->router_b.dtype))
+        return err_setf(e, ERR_FORMAT, "%s: dtype %s, expected a float", name,
+                        dtype_name(L->router_b.dtype));
+    void *buf;
+    if ((rc = model_alloc_owned(m, (size_t)E * sizeof(float), &buf, e)) < 0)
+        return rc;
+    if (!st_set_is_recording(w->st))
+        dtype_to_f32_ref(buf, L->router_b.data, L->router_b.dtype, (size_t)E);
+    int64_t shape[1] = {E};
+    tensor_init(&L->router_b, DTYPE_F32, buf, 1, shape);
+    L->router_b.name = "correction bias (widened to F32)";
+    return 0;
 }
 
 static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
@@ -578,6 +607,9 @@ static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
     if (ls->moe) {
         snprintf(pre, sizeof pre, names->router, il);
         if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s", pre)) < 0)
+            return rc;
+        if (hp->router_bias && names->router_bias &&
+            (rc = map_router_bias(m, w, L, il, names, e)) < 0)
             return rc;
         if (ls->n_ff_shexp > 0 && (rc = map_shared_expert(w, hp, L, il, names, e)) < 0)
             return rc;
@@ -655,5 +687,53 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
             (rc = map_ffn(m, &w, L, il, names, e)) < 0)
             return rc;
     }
+    return 0;
+}
+
+/* ---- DeepSeek-V3 experts beside ordinary attention ---- */
+
+int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
+                    struct err *e)
+{
+    int rc, n_routed = d->n_routed, k = d->k, moe_ff = d->moe_ff, n_shared = d->n_shared;
+    int first = d->first_dense, ff = hp->n_ff, widest = 0;
+    /* a field without a default (-1) is required: transformers fails on its None */
+    if ((rc = n_routed < 0 ? cfg_int(cfg, "n_routed_experts", &n_routed, e)
+                           : cfg_opt_int(cfg, "n_routed_experts", n_routed, &n_routed, e)) < 0 ||
+        (rc = k < 0 ? cfg_int(cfg, "num_experts_per_tok", &k, e)
+                    : cfg_opt_int(cfg, "num_experts_per_tok", k, &k, e)) < 0 ||
+        (rc = n_shared < 0 ? cfg_int(cfg, "n_shared_experts", &n_shared, e)
+                           : cfg_opt_int(cfg, "n_shared_experts", n_shared, &n_shared, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "moe_intermediate_size", moe_ff, &moe_ff, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "first_k_dense_replace", first, &first, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "n_group", d->n_group, &hp->moe_n_group, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "topk_group", d->topk_group, &hp->moe_topk_group, e)) < 0 ||
+        (rc = cfg_opt_bool(cfg, "norm_topk_prob", d->norm_topk, &hp->moe_norm, e)) < 0 ||
+        (rc = cfg_opt_float(cfg, "routed_scaling_factor", d->scale, &hp->moe_scale, e)) < 0)
+        return rc;
+    if ((rc = hparams_check_dim(n_routed, "n_routed_experts", 1, HP_MAX_EXPERTS, e)) < 0 ||
+        (rc = hparams_check_dim(k, "num_experts_per_tok", 1, n_routed, e)) < 0 ||
+        (rc = hparams_check_dim(moe_ff, "moe_intermediate_size", 1, HP_MAX_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(n_shared, "n_shared_experts", 0, 1024, e)) < 0 ||
+        (rc = hparams_check_dim((int64_t)moe_ff * n_shared, "n_shared_experts * moe_intermediate_size",
+                                0, HP_MAX_DIM, e)) < 0 ||
+        (rc = hparams_check_dim(first, "first_k_dense_replace", 0, HP_MAX_LAYERS, e)) < 0)
+        return rc;
+    hp->n_expert = n_routed;
+    hp->n_expert_used = k;
+    hp->router = ROUTER_GROUP_SIGMOID;
+    hp->router_bias = true;
+    for (int il = 0; il < hp->n_layer; il++) {
+        struct layer_spec *ls = &hp->layer[il];
+        ls->moe = il >= first;
+        ls->n_ff = ls->moe ? moe_ff : ff;
+        ls->n_ff_shexp = ls->moe ? moe_ff * n_shared : 0;
+        ls->shexp_plain = true;
+        ls->router = ls->moe ? hp->router : ROUTER_NONE;
+        ls->n_expert_used = k;
+        widest = ls->n_ff > widest ? ls->n_ff : widest;
+        widest = ls->n_ff_shexp > widest ? ls->n_ff_shexp : widest;
+    }
+    hp->n_ff = widest;
     return 0;
 }

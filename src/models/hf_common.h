@@ -81,7 +81,10 @@ struct hf_moe_names {
     const char *router;                       /* the gate linear */
     const struct expert_stack_rule *experts;  /* gate, down, up: per-expert and stacked formats */
     const char *shared;                       /* shared expert prefix ({gate,up,down}_proj), or NULL */
-    const char *shared_gate;                  /* its sigmoid gate linear [1, n_embd] */
+    const char *shared_gate;                  /* its sigmoid gate linear [1, n_embd] (not read for
+                                               * layers whose spec adds the shared expert plain) */
+    const char *router_bias;                  /* with hp->router_bias: the correction bias of a
+                                               * grouped router [n_expert] (widened to F32), or NULL */
 };
 
 /* hf_map_decoder with the MoE layers under the given names. */
@@ -119,6 +122,27 @@ extern const struct expert_stack_rule hf_mlp_experts_stacking[];
 int hf_quant_gate_8bit(const char *module, const struct quant_params *base, struct quant_params *qp);
 int hf_quant_router_8bit(const char *module, const struct quant_params *base, struct quant_params *qp);
 int hf_quant_gate_float(const char *module, const struct quant_params *base, struct quant_params *qp);
+
+/* DeepSeek-V3's routed experts beside ordinary attention (dots1, glm4_moe): the defaults of
+ * the family's config class for the fields below; -1: the field is required. */
+struct hf_v3_moe_defaults {
+    int n_routed;        /* n_routed_experts */
+    int k;               /* num_experts_per_tok */
+    int moe_ff;          /* moe_intermediate_size */
+    int n_shared;        /* n_shared_experts */
+    int first_dense;     /* first_k_dense_replace */
+    int n_group, topk_group;
+    bool norm_topk;      /* norm_topk_prob */
+    float scale;         /* routed_scaling_factor */
+};
+
+/* After hf_finish_layers: the noaux_tc router of DeepSeek-V3 (ROUTER_GROUP_SIGMOID with the
+ * correction bias in router_b) on the layers from first_k_dense_replace on, each with experts
+ * of moe_intermediate_size and n_shared_experts shared ones added plain (one GLU of
+ * n_shared * moe_intermediate_size); the layers before it a dense GLU of intermediate_size.
+ * hp->n_ff becomes the widest FFN. Rejections name the field. */
+int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
+                    struct err *e);
 
 /* Token embedding, final norm and head under the given names (head NULL: tied). */
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,

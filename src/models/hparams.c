@@ -83,6 +83,13 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
                         "[1, %d]", il, HP_MAX_HEAD_DIM);
     if (ls->kv == KV_SLIDING && ls->window <= 0)
         return err_setf(e, ERR_CONFIG, "layer %d: sliding window %d must be positive", il, ls->window);
+    /* a chunked layer's cache is its sliding pool: the window must cover the chunk */
+    if (ls->chunk < 0 || (ls->chunk > 0 && (ls->kv != KV_SLIDING || ls->window < ls->chunk)))
+        return err_setf(e, ERR_CONFIG, "layer %d: attention chunk %d needs a sliding window of at "
+                        "least it", il, ls->chunk);
+    if (ls->attn_temp_floor < 0 || !isfinite(ls->attn_temp_scale))
+        return err_setf(e, ERR_CONFIG, "layer %d: attention temperature floor %d / scale %g", il,
+                        ls->attn_temp_floor, (double)ls->attn_temp_scale);
     if (ls->n_rot < 0 || ls->n_rot > hp->head_dim || ls->n_rot % 2 != 0 ||
         ls->n_rot / 2 > HP_MAX_ROT_HALF)
         return err_setf(e, ERR_CONFIG, "layer %d: rotary dims %d must be even and within head_dim %d",

@@ -116,6 +116,14 @@ struct layer_spec {
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */
+    bool qk_norm_post_rope;     /* the q/k norm after RoPE instead of before (HunYuan) */
+    int chunk;                  /* > 0: a query at p attends only [p - p % chunk, p] (Llama 4's
+                                 * chunked local attention; the layer is KV_SLIDING with a
+                                 * window of chunk, which bounds its cache) */
+    int attn_temp_floor;        /* > 0: q at p times 1 + attn_temp_scale * ln(floor((p + 1) /
+                                 * attn_temp_floor) + 1) (Llama 4's NoPE layers) */
+    float attn_temp_scale;
+    bool moe_weight_input;      /* routing weights scale each expert's input, not its output */
 };
 
 struct hparams {

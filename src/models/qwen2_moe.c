@@ -38,7 +38,7 @@ static int qwen2_moe_parse_config(struct hparams *hp, const cJSON *cfg, struct e
 
 static const struct hf_moe_names qwen2_moe_names = {
     "model.layers.%d.mlp.gate", hf_mlp_experts_stacking, "model.layers.%d.mlp.shared_expert",
-    "model.layers.%d.mlp.shared_expert_gate",
+    "model.layers.%d.mlp.shared_expert_gate", NULL,
 };
 
 static int qwen2_moe_map_weights(struct model *m, struct st_set *st, struct err *e)

@@ -35,7 +35,7 @@ static int qwen3_moe_parse_config(struct hparams *hp, const cJSON *cfg, struct e
 }
 
 static const struct hf_moe_names qwen3_moe_names = {"model.layers.%d.mlp.gate", hf_mlp_experts_stacking,
-                                                    NULL, NULL};
+                                                    NULL, NULL, NULL};
 
 static int qwen3_moe_map_weights(struct model *m, struct st_set *st, struct err *e)
 {

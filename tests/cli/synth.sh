@@ -25,7 +25,7 @@ n_ids() { "$BIN" generate -m "$1" --prompt-ids 1,2,3 -n 4 --temp 0 --output-ids 
 unused() { "$BIN" inspect -m "$1" --json | tr -d ' \t\n' | grep -o '"unused_tensors":\[[^]]*\]'; }
 
 G=tests/fixtures/golden
-for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral deepseek_v2 deepseek_v3 qwen3_moe gpt_oss; do
+for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral deepseek_v2 deepseek_v3 qwen3_moe gpt_oss dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text; do
     for q in "" "-q"; do
         d="$T/$f$q"
         run "$BIN" synth --config $G/$f/config.json -o "$d" $q --seed 7
@@ -53,7 +53,7 @@ run "$BIN" synth --config $G/phixtral/config.json -o "$T/again" --seed 7
 cmp -s "$T/again/model.safetensors" "$T/phixtral/model.safetensors" || fail "same seed, different bytes"
 run "$BIN" synth --config $G/phixtral/config.json -o "$T/seed8" --seed 8
 cmp -s "$T/seed8/model.safetensors" "$T/phixtral/model.safetensors" && fail "seed 8 gives seed 7's bytes"
-for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3; do
+for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3 dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text; do
     run "$BIN" convert -m "$T/$f" -o "$T/$f-conv" -q
     expect_rc 0 "convert -q of synth $f"
     cmp -s "$T/$f-conv/model.safetensors" "$T/$f-q/model.safetensors" || fail "$f: synth -q != convert -q of synth"

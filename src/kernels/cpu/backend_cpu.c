@@ -763,6 +763,36 @@ static void cpu_mul(struct backend *be, float *y, int ldy, const float *a, int l
     elem_run(be, &ec);
 }
 
+/* Llama 4's NoPE-layer attention temperature (backend.h attn_temp): one factor per row, in
+ * double, on the calling thread (n_tok x n multiplies). */
+static void cpu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n,
+                          const struct kv_rows *rows, int floor_scale, float attn_scale)
+{
+    if (cpu_of(be)->err_rc)
+        return;
+    for (int i = 0; i < n_tok; i++) {
+        double f = 1.0 + attn_scale * log(floor((rows->pos[i] + 1.0) / floor_scale) + 1.0);
+        float *r = x + (size_t)i * ld;
+        for (int j = 0; j < n; j++)
+            r[j] = (float)(r[j] * f);
+    }
+}
+
+/* Routing weights onto the expert inputs (backend.h moe_weight_input), on the calling thread. */
+static void cpu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w,
+                                 int n_slot, int n)
+{
+    if (cpu_of(be)->err_rc)
+        return;
+    for (int r = 0; r < n_slot; r++) {
+        float s = w[order[r]];
+        float *row = x + (size_t)r * n;
+        for (int j = 0; j < n; j++)
+            row[j] *= s;
+        w[order[r]] = 1.0f;
+    }
+}
+
 // ---- lifetime ----
 
 static void cpu_destroy(struct backend *be);
@@ -801,6 +831,8 @@ static const struct backend_ops k_cpu_ops = {
     .conv1d = cpu_conv1d,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
+    .attn_temp = cpu_attn_temp,
+    .moe_weight_input = cpu_moe_weight_input,
 };
 
 /* backend names by ISA: static strings, valid for the program's lifetime */

@@ -219,6 +219,15 @@ static void attn_gather(const struct cpu_kernels *k, float *dst, const void *bas
     }
 }
 
+/* The first key a query at position p attends: past the window (p - window, p] and the
+ * chunk [p - p % chunk, p] where they are set (backend.h, struct attn_params). */
+static int attn_lo(const struct attn_params *ap, int p)
+{
+    int lo = ap->window > 0 && p + 1 > ap->window ? p + 1 - ap->window : 0;
+    int c0 = ap->chunk > 0 ? p - p % ap->chunk : 0;
+    return c0 > lo ? c0 : lo;
+}
+
 static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int g, int h0, int nh,
                             int t0, int tt)
 {
@@ -233,7 +242,7 @@ static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int
         ar->q[i] = ac->q + (size_t)t * ac->ldq + (size_t)h * hd;
         ar->o[i] = ac->out + (size_t)t * ac->ldo + (size_t)h * hd;
         ar->hi[i] = p + 1;
-        ar->lo[i] = ap->window > 0 && p + 1 > ap->window ? p + 1 - ap->window : 0;
+        ar->lo[i] = attn_lo(ap, p);
         ar->sink[i] = ap->sinks ? &ap->sinks[h] : NULL;
         ar->k_lo = ar->lo[i] < ar->k_lo ? ar->lo[i] : ar->k_lo;
         ar->k_hi = ar->hi[i] > ar->k_hi ? ar->hi[i] : ar->k_hi;
@@ -373,9 +382,9 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int 
 /* Keys [lo, hi) of query row t. */
 static void attn_key_range(const struct attn_ctx *ac, int t, int *lo, int *hi)
 {
-    int p = ac->rows->pos[t], w = ac->ap->window;
+    int p = ac->rows->pos[t];
     *hi = p + 1;
-    *lo = w > 0 && p + 1 > w ? p + 1 - w : 0;
+    *lo = attn_lo(ac->ap, p);
 }
 
 /* One decode item: every head of query row t over keys [a, z) (inside one

@@ -2,7 +2,8 @@
  * attn: rotary embedding, the paged KV store and attention on the GPU
  * (backend.h), with the CPU reference's semantics (backend_cpu_attn.c):
  * rope angles pos * inv_freq in double; a query at position p attends the
- * positions (p - window, p] of its sequence through the block table, scores
+ * positions (p - window, p] (and of its chunk, [p - p % chunk, p]) of its sequence
+ * through the block table, scores
  * scale * q.k, soft-capped, softmax with an optional per-head sink logit.
  *
  * rope:      one thread per (token, head, frequency)
@@ -146,7 +147,17 @@ struct attn_args {
     float scale, softcap;
     int window;
     const float *sinks;
+    int chunk;
 };
+
+/* The first key a query at position p attends: past the window and the chunk (backend.h). */
+template <class T>
+__device__ __forceinline__ int attn_lo(const attn_args<T> &a, int p)
+{
+    int lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int c0 = a.chunk > 0 ? p - p % a.chunk : 0;
+    return c0 > lo ? c0 : lo;
+}
 
 /* Lane's share of q (dims lane + 32 i) into qv, and the output o zeroed. */
 template <class T>
@@ -266,7 +277,7 @@ __global__ void attn_kernel(attn_args<T> a)
     cu_pdl_wait();
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int hi = p + 1, lo = attn_lo(a, p);
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
     float qv[HD_PER_LANE], o[HD_PER_LANE];
@@ -356,7 +367,7 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args<T
     int h = blockIdx.x, t = blockIdx.y, sp = (int)cl.block_rank();
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int hi = p + 1, lo = attn_lo(a, p);
     int per = (hi - lo + ATTN_SPLIT - 1) / ATTN_SPLIT;
     int klo = lo + sp * per, khi = klo + per < hi ? klo + per : hi;
     const int32_t *tab = a.tables + a.table[t];
@@ -432,7 +443,7 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
 {
     constexpr int PL = HD / 32 > 0 ? (HD + 31) / 32 : 1;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+    int hi = p + 1, lo = attn_lo(a, p);
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * HD;
     float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
@@ -491,7 +502,7 @@ __device__ __forceinline__ void fa_rows(const attn_args<T> &a, fa_smem<HD> &S, i
         if (r < nr) {
             int p = a.pos[t0 + r];
             hi = p + 1;
-            lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
+            lo = attn_lo(a, p);
             if (a.table[t0 + r] != tab0)
                 S.mixed = 1;
             atomicMin(&S.klo, lo);
@@ -710,7 +721,7 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
     attn_args<T> a = {out, q, ldo, ldq, (const T *)kv->k, (const T *)kv->v, kv->k_dim, kv->v_dim,
                       rows->pos, rows->table, rows->tables, rows->block_size, ap->n_head,
                       ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
-                      ap->sinks};
+                      ap->sinks, ap->chunk};
     dim3 grid(ap->n_head, n_tok);
     if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 64)
         fa_launch<T, 64>(c, a, ap->n_head, n_tok);

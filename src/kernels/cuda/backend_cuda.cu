@@ -317,6 +317,8 @@ static const struct backend_ops k_cuda_ops = {
     /* .graph_free = */ cu_graph_free,
     /* .linear_plan = */ NULL, /* the CPU's plans only (mlxcel inspect --kernels) */
     /* .xielu = */ cu_xielu,
+    /* .attn_temp = */ cu_attn_temp,
+    /* .moe_weight_input = */ cu_moe_weight_input,
 };
 
 /* Why no device can run: no device, a driver older than this runtime, or another error. */

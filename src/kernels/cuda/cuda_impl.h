@@ -136,6 +136,10 @@ void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, cons
 void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w, int n_slot,
+                         int n);
+void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,
+                  int floor_scale, float attn_scale);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__

@@ -92,7 +92,7 @@ void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const st
 // ---- elementwise ----
 
 enum elem_op { EL_ACT, EL_GLU, EL_GLU_CLAMPED, EL_AXPY, EL_SIGMOID_AXPY, EL_GATHER, EL_SCALE,
-               EL_SOFTCAP, EL_MUL, EL_XIELU };
+               EL_SOFTCAP, EL_MUL, EL_XIELU, EL_ATTN_TEMP };
 
 struct elem_args {
     int op, act;
@@ -173,6 +173,9 @@ __global__ void elem_kernel(elem_args a)
                           : (expm1f(v < a.xp.eps ? v : a.xp.eps) - v) * a.xp.alpha_n + a.xp.beta * v;
             break;
         }
+        case EL_ATTN_TEMP: /* idx: positions, div: floor_scale, s: attn_scale (the CPU's double) */
+            *y = (float)(*y * (1.0 + a.s * log(floor((a.idx[r] + 1.0) / a.div) + 1.0)));
+            break;
         }
     }
 }
@@ -252,6 +255,15 @@ void cu_axpy(struct backend *be, float *y, int ldy, float s, const float *x, int
     elem_args a = {};
     a.op = EL_AXPY, a.y = y, a.x = x, a.s = s, a.ldy = (size_t)ldy, a.ldx = (size_t)ldx;
     a.n_rows = n_rows, a.n = n;
+    elem_run(be, &a);
+}
+
+void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,
+                  int floor_scale, float attn_scale)
+{
+    elem_args a = {};
+    a.op = EL_ATTN_TEMP, a.y = x, a.idx = rows->pos, a.div = floor_scale, a.s = attn_scale;
+    a.ldy = (size_t)ld, a.n_rows = n_tok, a.n = n;
     elem_run(be, &a);
 }
 

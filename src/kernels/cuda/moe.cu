@@ -145,6 +145,31 @@ void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t 
     cu_check(c, "moe_combine");
 }
 
+/* grid: one block per slot row r (grid-stride over rows), threads over its n columns. The
+ * row's weight is read by every thread before thread 0 resets it (order is a permutation:
+ * no other block touches it). */
+__global__ void weight_input_kernel(float *x, const int32_t *order, float *w, int n_slot, int n)
+{
+    for (int r = blockIdx.x; r < n_slot; r += gridDim.x) {
+        float s = w[order[r]];
+        for (int j = threadIdx.x; j < n; j += blockDim.x)
+            x[(size_t)r * n + j] *= s;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            w[order[r]] = 1.0f;
+    }
+}
+
+void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w, int n_slot,
+                         int n)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (c->err_rc || n_slot <= 0 || n <= 0)
+        return;
+    weight_input_kernel<<<n_slot < 65535 ? n_slot : 65535, 256, 0, c->st>>>(x, order, w, n_slot, n);
+    cu_check(c, "moe_weight_input");
+}
+
 // ---- expert linears ----
 
 void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
