@@ -135,6 +135,12 @@ void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, cons
 void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* scan.cu */
+void cu_selective_scan(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                       const float *dt, int lddt, const float *B, const float *C, int ldbc,
+                       const float *z, int ldz, const struct tensor *A_log, const struct tensor *D,
+                       const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
+                       int d_inner, int d_state);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
