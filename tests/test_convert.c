@@ -480,7 +480,7 @@ static void test_synth_record(void **state)
 {
     (void)state;
     static const char *const fams[] = {"llama", "qwen2", "qwen3", "phi", "phi3", "mixtral", "phimoe",
-                                       "phixtral"};
+                                       "phixtral", "mamba"};
     char dir[64];
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         snprintf(dir, sizeof dir, "tests/fixtures/golden/%s", fams[i]);
@@ -662,7 +662,21 @@ static void test_golden2_quantized(void **state)
     golden2_quantized("gpt_oss", &mx, 0);
 }
 
+/* The recurrent families' golden cases (golden3) through convert -q, as for golden2: mlx-lm's
+ * layout (conv1d weights [d_inner, d_conv, 1], stacked experts), loaded and run again. */
+static void test_recurrent_quantized(void **state)
+{
+    (void)state;
+    struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    static const char *const cases[] = {"mamba"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        golden2_quantized(cases[i], &q8, 0.1);
+        golden2_quantized(cases[i], &q4, 0);
+    }
+}
+
 static const struct CMUnitTest convert_tests[] = {
+    cmocka_unit_test(test_recurrent_quantized),
     cmocka_unit_test(test_golden2_quantized),
     cmocka_unit_test(test_phixtral_tiny_4bit),
     cmocka_unit_test(test_golden_phixtral_mlx),
