@@ -364,6 +364,117 @@ static void test_attention(void **state)
     backend_free(gpu);
 }
 
+// ---- Mamba's selective scan ----
+
+/* One case of the scan against the CPU scalar backend: n_tok rows of 3 sequences interleaved
+ * (sequence 1 continuing a carried state, the others starting at 0 over garbage), the GPU's run
+ * cut into two chunks at row cut; the rows' outputs and the states after both. */
+static double scan_case(struct backend *cpu, struct backend *gpu, int di, int ds, int n, int cut)
+{
+    enum { S = 3 };
+    struct err e = {0};
+    int next[S] = {0, 5, 0};
+    int32_t pos[64], seq[64];
+    size_t nx = (size_t)n * di, nbc = (size_t)n * 2 * ds, nz = (size_t)n * 2 * di, nst = (size_t)S * di * ds;
+    float *x = malloc(nx * 4), *dt = malloc(nx * 4), *bc = malloc(nbc * 4), *z = malloc(nz * 4);
+    float *al = malloc((size_t)di * ds * 4), *dd = malloc((size_t)di * 4), *st = malloc(nst * 4);
+    float *yc = malloc(nx * 4), *yg = malloc(nx * 4), *sg = malloc(nst * 4);
+    for (size_t i = 0; i < nx; i++) {
+        x[i] = frnd(-2.0f, 2.0f);
+        dt[i] = frnd(-4.0f, 3.0f);
+    }
+    for (size_t i = 0; i < nbc; i++)
+        bc[i] = frnd(-1.5f, 1.5f);
+    for (size_t i = 0; i < nz; i++)
+        z[i] = frnd(-3.0f, 3.0f);
+    for (size_t i = 0; i < (size_t)di * ds; i++)
+        al[i] = frnd(-1.0f, 2.8f);
+    for (int i = 0; i < di; i++)
+        dd[i] = frnd(-1.0f, 1.0f);
+    for (size_t i = 0; i < nst; i++)
+        st[i] = frnd(-1.0f, 1.0f);
+    for (int i = 0; i < n; i++) {
+        seq[i] = (int32_t)(rnd32() % S);
+        pos[i] = next[seq[i]]++;
+    }
+    int64_t ashape[2] = {di, ds}, dshape[1] = {di};
+    struct tensor a, d, ag, dg;
+    tensor_init(&a, DTYPE_F32, al, 2, ashape);
+    tensor_init(&d, DTYPE_F32, dd, 1, dshape);
+    ag = a;
+    dg = d;
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &ag, 0, &e), 0);
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &dg, 0, &e), 0);
+    /* the GPU's copies, uploaded before the CPU changes the states */
+    size_t sz[7] = {nx * 4, nx * 4, nbc * 4, nz * 4, nst * 4, 64 * 4, 64 * 4};
+    void *g[7];
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &g[i], &e), 0);
+    const void *src[7] = {x, dt, bc, z, st, pos, seq};
+    for (int i = 0; i < 7; i++)
+        gpu->ops->upload(gpu, g[i], src[i], sz[i]);
+    struct kv_layer kv = {NULL, st, 0, di * ds, DTYPE_F32};
+    struct kv_rows rows = {.pos = pos, .state = seq};
+    cpu->ops->selective_scan(cpu, yc, di, x, di, dt, di, bc, bc + ds, 2 * ds, z + di, 2 * di, &a, &d, &kv,
+                             &rows, n, di, ds);
+    assert_int_equal(backend_sync(cpu, &e), 0);
+    struct kv_layer gkv = {NULL, g[4], 0, di * ds, DTYPE_F32};
+    float *gx = g[0], *gdt = g[1], *gbc = g[2], *gz = g[3];
+    for (int c = 0; c < 2; c++) { /* rows [0, cut), then [cut, n), in place over x */
+        int r0 = c ? cut : 0, r1 = c ? n : cut;
+        struct kv_rows gr = {.pos = (int32_t *)g[5] + r0, .state = (int32_t *)g[6] + r0};
+        gpu->ops->selective_scan(gpu, gx + (size_t)r0 * di, di, gx + (size_t)r0 * di, di, gdt + (size_t)r0 * di, di,
+                                 gbc + (size_t)r0 * 2 * ds, gbc + (size_t)r0 * 2 * ds + ds, 2 * ds,
+                                 gz + (size_t)r0 * 2 * di + di, 2 * di, &ag, &dg, &gkv, &gr, r1 - r0, di, ds);
+    }
+    gpu->ops->download(gpu, yg, g[0], nx * 4);
+    gpu->ops->download(gpu, sg, g[4], nst * 4);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("selective_scan: %s", e.msg);
+    double mx = 0, md = 0;
+    for (size_t i = 0; i < nx; i++) {
+        mx = fmax(mx, fabs(yc[i]));
+        md = fmax(md, fabs((double)yc[i] - yg[i]));
+    }
+    double sx = 0, sd = 0;
+    for (size_t i = 0; i < nst; i++) {
+        sx = fmax(sx, fabs(st[i]));
+        sd = fmax(sd, fabs((double)st[i] - sg[i]));
+    }
+    for (int i = 0; i < 7; i++)
+        gpu->ops->buf_free(gpu, g[i]);
+    float *bufs[] = {x, dt, bc, z, al, dd, st, yc, yg, sg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        free(bufs[i]);
+    return fmax(mx > 0 ? md / mx : md, sx > 0 ? sd / sx : sd);
+}
+
+/* The CUDA scan (a warp per channel, lanes over the states) against the CPU reference: one and
+ * several lanes' states, a state size past 32, prefill- and decode-sized chunks. */
+static void test_selective_scan(void **state)
+{
+    (void)state;
+    static const int cases[][4] = {{300, 16, 37, 17}, {70, 40, 20, 1}, {9, 256, 12, 11}, {130, 1, 3, 2}};
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        double r = scan_case(cpu, gpu, cases[c][0], cases[c][1], cases[c][2], cases[c][3]);
+        if (r > 1e-5)
+            fail_msg("selective_scan case %zu (d_inner %d, d_state %d): rel err %.3g", c, cases[c][0],
+                     cases[c][1], r);
+        worst = fmax(worst, r);
+    }
+    printf("cuda selective_scan: %zu cases, worst rel err %.2e\n", sizeof cases / sizeof cases[0], worst);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -430,12 +541,14 @@ static void test_graph_decode(void **state)
     (void)state;
     graph_case("models/llama-tiny", true);
     graph_case("models/phixtral-tiny-4bit", false);
+    graph_case("tests/fixtures/golden/mamba", true);  /* recurrent states in the graph */
 }
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_formats),
     cmocka_unit_test(test_attention),
     cmocka_unit_test(test_graph_decode),
+    cmocka_unit_test(test_selective_scan),
 };
 
 TEST_SUITE(cuda, k_tests);

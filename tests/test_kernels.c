@@ -1367,6 +1367,181 @@ static void test_isa_select(void **state)
     backend_free(NULL);
 }
 
+// ---- Mamba's selective scan ----
+
+/* The rows of one scan case: N_SEQ sequences interleaved in one chunk (each in position order),
+ * sequence 1 continuing from a carried state (its first row past position 0), the others
+ * starting at 0 over a state full of garbage. */
+#define SCAN_SEQS 3
+struct scan_case {
+    int di, ds, n, ldx, lddt, ldbc, ldz;
+    bool has_d, has_z;
+    float *x, *dt, *bc, *z, *a_log, *d, *st0;  /* st0: the states before the chunk */
+    int32_t pos[64], seq[64];
+};
+
+static void scan_case_init(struct scan_case *sc, int di, int ds, int n, bool has_d, bool has_z)
+{
+    int start[SCAN_SEQS] = {0, 7, 0}, next[SCAN_SEQS];
+    *sc = (struct scan_case){.di = di, .ds = ds, .n = n, .ldx = di + 3, .lddt = di + 1,
+                             .ldbc = 2 * ds + 5, .ldz = 2 * di, .has_d = has_d, .has_z = has_z};
+    memcpy(next, start, sizeof next);
+    sc->x = kc_fvec((size_t)n * sc->ldx, -2, 2);
+    sc->dt = kc_fvec((size_t)n * sc->lddt, -4, 3);
+    sc->dt[0] = 25.0f;  /* past softplus' threshold: dt itself */
+    sc->bc = kc_fvec((size_t)n * sc->ldbc, -1.5f, 1.5f);
+    sc->z = kc_fvec((size_t)n * sc->ldz, -3, 3);
+    sc->a_log = kc_fvec((size_t)di * ds, -1.0f, 2.8f);
+    sc->d = kc_fvec((size_t)di, -1, 1);
+    sc->st0 = kc_fvec((size_t)SCAN_SEQS * di * ds, -1, 1);
+    for (int i = 0; i < n; i++) { /* a random interleaving, each sequence in order */
+        int q = (int)kc_urand(SCAN_SEQS);
+        sc->seq[i] = q;
+        sc->pos[i] = next[q]++;
+    }
+}
+
+static void scan_case_free(struct scan_case *sc)
+{
+    free(sc->x);
+    free(sc->dt);
+    free(sc->bc);
+    free(sc->z);
+    free(sc->a_log);
+    free(sc->d);
+    free(sc->st0);
+}
+
+/* The scan in double: y [n, di] and the states after the chunk [SCAN_SEQS][di][ds]. */
+static void scan_ref(const struct scan_case *sc, double *y, double *h)
+{
+    int di = sc->di, ds = sc->ds;
+    for (size_t k = 0; k < (size_t)SCAN_SEQS * di * ds; k++)
+        h[k] = sc->st0[k];
+    for (int i = 0; i < sc->n; i++) {
+        double *hq = h + (size_t)sc->seq[i] * di * ds;
+        const float *B = sc->bc + (size_t)i * sc->ldbc, *C = B + ds;
+        if (sc->pos[i] == 0)
+            memset(hq, 0, (size_t)di * ds * sizeof *hq);
+        for (int c = 0; c < di; c++) {
+            double xc = sc->x[(size_t)i * sc->ldx + c], v = sc->dt[(size_t)i * sc->lddt + c];
+            double delta = v > 20.0 ? v : log1p(exp(v)), acc = 0.0;
+            for (int s = 0; s < ds; s++) {
+                double *hs = &hq[(size_t)c * ds + s];
+                *hs = exp(-delta * exp((double)sc->a_log[(size_t)c * ds + s])) * *hs + delta * B[s] * xc;
+                acc += *hs * C[s];
+            }
+            if (sc->has_d)
+                acc += sc->d[c] * xc;
+            if (sc->has_z) {
+                double g = sc->z[(size_t)i * sc->ldz + c];
+                acc *= g / (1.0 + exp(-g));
+            }
+            y[(size_t)i * di + c] = acc;
+        }
+    }
+}
+
+/* Rows [r0, r1) of the case through be's scan, into y (stride ldx: in place over a copy of x
+ * when inplace) and the states st. */
+static void scan_run(struct backend *be, const struct scan_case *sc, float *y, bool inplace,
+                     float *st, int r0, int r1)
+{
+    int di = sc->di, ds = sc->ds;
+    int64_t ashape[2] = {di, ds}, dshape[1] = {di};
+    struct tensor a, d;
+    tensor_init(&a, DTYPE_F32, sc->a_log, 2, ashape);
+    tensor_init(&d, DTYPE_F32, sc->d, 1, dshape);
+    struct kv_layer kv = {.v = st, .v_dim = di * ds, .dtype = DTYPE_F32};
+    struct kv_rows rows = {.pos = sc->pos + r0, .state = sc->seq + r0};
+    float *yo = y + (size_t)r0 * sc->ldx;
+    const float *x = inplace ? yo : sc->x + (size_t)r0 * sc->ldx;
+    const float *B = sc->bc + (size_t)r0 * sc->ldbc;
+    be->ops->selective_scan(be, yo, sc->ldx, x, sc->ldx, sc->dt + (size_t)r0 * sc->lddt, sc->lddt,
+                            B, B + ds, sc->ldbc, sc->has_z ? sc->z + (size_t)r0 * sc->ldz + di : NULL,
+                            sc->ldz, &a, sc->has_d ? &d : NULL, &kv, &rows, r1 - r0, di, ds);
+}
+
+static void scan_case_check(struct kc_bes *bs, struct kc_errstat *es, struct scan_case *sc)
+{
+    int di = sc->di, ds = sc->ds, n = sc->n;
+    size_t ny = (size_t)n * di, nst = (size_t)SCAN_SEQS * di * ds;
+    double *yr = malloc(ny * sizeof *yr), *hr = malloc(nst * sizeof *hr);
+    float *y = malloc((size_t)n * sc->ldx * sizeof *y), *y1 = malloc(ny * sizeof *y1);
+    float *st = malloc(nst * sizeof *st), *st1 = malloc(nst * sizeof *st1);
+    struct err e = {0};
+    /* the gate z is the second half of an in_proj row: shift the reference's view of it */
+    float *zs = sc->z;
+    sc->z = zs + di;
+    scan_ref(sc, yr, hr);
+    sc->z = zs;
+    for (int b = 0; b < bs->n; b++) {
+        struct backend *be = bs->be[b];
+        for (int inplace = 0; inplace < 2; inplace++) {
+            /* one chunk */
+            memcpy(st, sc->st0, nst * sizeof *st);
+            memcpy(y, sc->x, (size_t)n * sc->ldx * sizeof *y);
+            scan_run(be, sc, y, inplace, st, 0, n);
+            assert_int_equal(backend_sync(be, &e), 0);
+            for (int i = 0; i < n; i++)
+                memcpy(y1 + (size_t)i * di, y + (size_t)i * sc->ldx, (size_t)di * sizeof *y1);
+            kc_check(es, "selective_scan y", be, y1, yr, ny, 1e-10, 2e-4);
+            kc_check(es, "selective_scan state", be, st, hr, nst, 1e-10, 2e-4);
+            memcpy(st1, st, nst * sizeof *st);
+            /* the same rows in chunks cut at arbitrary rows: the same bits */
+            memcpy(st, sc->st0, nst * sizeof *st);
+            memcpy(y, sc->x, (size_t)n * sc->ldx * sizeof *y);
+            for (int r0 = 0, r1; r0 < n; r0 = r1) {
+                r1 = r0 + 1 + (int)kc_urand(5);
+                r1 = r1 < n ? r1 : n;
+                scan_run(be, sc, y, inplace, st, r0, r1);
+            }
+            assert_int_equal(backend_sync(be, &e), 0);
+            assert_memory_equal(st, st1, nst * sizeof *st);
+            for (int i = 0; i < n; i++)
+                assert_memory_equal(y + (size_t)i * sc->ldx, y1 + (size_t)i * di, (size_t)di * sizeof *y);
+        }
+    }
+    free(yr);
+    free(hr);
+    free(y);
+    free(y1);
+    free(st);
+    free(st1);
+}
+
+static void test_selective_scan(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    static const int shapes[][3] = {{5, 1, 1}, {37, 16, 23}, {130, 33, 40}, {9, 256, 17}, {600, 16, 64}};
+    kc_open(&bs);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        struct scan_case sc;
+        scan_case_init(&sc, shapes[k][0], shapes[k][1], shapes[k][2], k != 1, k != 2);
+        scan_case_check(&bs, &es, &sc);
+        scan_case_free(&sc);
+    }
+    /* what the op refuses: more states than it takes, a state of the wrong size */
+    struct backend *be = bs.be[0];
+    struct err e = {0};
+    float v[4] = {0}, st[4] = {0};
+    int32_t pos[1] = {0}, seq[1] = {0};
+    int64_t shape[2] = {1, 4};
+    struct tensor a;
+    tensor_init(&a, DTYPE_F32, v, 2, shape);
+    struct kv_layer kv = {.v = st, .v_dim = 3, .dtype = DTYPE_F32};
+    struct kv_rows rows = {.pos = pos, .state = seq};
+    be->ops->selective_scan(be, v, 1, v, 1, v, 1, v, v, 1, NULL, 0, &a, NULL, &kv, &rows, 1, 1, 4);
+    assert_int_not_equal(backend_sync(be, &e), 0);
+    be->ops->selective_scan(be, v, 1, v, 1, v, 1, v, v, 1, NULL, 0, &a, NULL, &kv, &rows, 1, 1,
+                            BACKEND_SCAN_MAX_STATE + 1);
+    assert_int_not_equal(backend_sync(be, &e), 0);
+    kc_report("selective_scan", &es);
+    kc_close(&bs);
+}
+
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_isa_select),   cmocka_unit_test(test_plugin_check),   cmocka_unit_test(test_linear),
     cmocka_unit_test(test_linear_quant), cmocka_unit_test(test_linear_quant_nonfinite), cmocka_unit_test(test_linear_fp),
@@ -1378,6 +1553,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_quant_fast),
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),          
+    cmocka_unit_test(test_selective_scan),
     
 };
 

@@ -41,6 +41,9 @@ extern "C" {
 
 struct backend;
 
+/* The most states per channel selective_scan takes (Mamba's state_size is 16). */
+#define BACKEND_SCAN_MAX_STATE 256
+
 /* One product of linear_batch(): y[n_tok, out] (row stride ldy) = x[n_tok, in] Wᵀ (+ b). */
 struct linear_job {
     float *y;
@@ -310,6 +313,20 @@ struct backend_ops {
     void (*conv1d)(struct backend *be, float *y, int ldy, const float *x, int ldx,
                    const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                    const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+    /* Mamba's selective scan (transformers MambaMixer.slow_forward) over n_tok rows of d_inner
+     * channels of d_state states each, carried in st->v (per sequence d_inner * d_state floats,
+     * channel-major: state [c][s]). Per row i and channel c, with delta = softplus(dt[i, c])
+     * (identity above 20, as torch's) and A[c, s] = -exp(A_log[c, s]):
+     *   h[c, s] = exp(delta * A[c, s]) * h[c, s] + delta * B[i, s] * x[i, c]
+     *   y[i, c] = (sum_s h[c, s] * C[i, s] + D[c] * x[i, c]) * silu(z[i, c])
+     * A_log [d_inner, d_state] and D [d_inner] (NULL / absent: no skip) are F32; z NULL: no gate.
+     * B and C rows share the stride ldbc. d_state <= BACKEND_SCAN_MAX_STATE. y (stride ldy) may
+     * alias x (ldx) only when y == x and ldy == ldx. */
+    void (*selective_scan)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                           const float *dt, int lddt, const float *B, const float *C, int ldbc,
+                           const float *z, int ldz, const struct tensor *A_log,
+                           const struct tensor *D, const struct kv_layer *st,
+                           const struct kv_rows *rows, int n_tok, int d_inner, int d_state);
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);

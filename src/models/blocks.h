@@ -121,6 +121,15 @@ void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
 void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
                    const struct kv_layer *kv, const struct kv_rows *rows, int n);
 
+/* Mamba's mixer (MIXER_MAMBA): x | z = ssm_in(xn) (+ bias); x = silu(conv(x)) (state: the last
+ * d_conv - 1 inputs); dt = ssm_x(x), B | C = ssm_xbc(x), each RMS-normalized when the layer
+ * has ssm_dt_norm / ssm_b_norm / ssm_c_norm (Jamba, epsilon hp.ssm.norm_eps); y = the
+ * selective scan of x with softplus(ssm_dt(dt) + ssm_dt_b), A = -exp(ssm_a), B, C, D = ssm_d,
+ * gated by silu(z); o = ssm_out(y) (+ bias). Uses b->rec: 4 d_inner + dt_rank + 2 d_state
+ * floats per row. */
+void blk_mamba(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+               const struct kv_layer *kv, const struct kv_rows *rows, int n);
+
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,
               const struct blk_norm_w *nw, const struct tensor *lm_head, const struct tensor *lm_head_b,

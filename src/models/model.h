@@ -38,6 +38,9 @@
  *        dt_proj or the per-head dt bias, ssm_conv [channels, d_conv] and ssm_conv_b the
  *        depthwise convolution (F32: model_widen_f32), ssm_a A_log, ssm_d the D skip,
  *        ssm_norm the gated norm, ssm_out [n_embd, inner] (+ ssm_out_b) the output projection.
+ *        Mamba (MIXER_MAMBA) splits x_proj [dt_rank + 2 d_state, inner] by rows: ssm_x its
+ *        dt_rank rows, ssm_xbc its B | C rows (views); ssm_dt_norm [dt_rank], ssm_b_norm and
+ *        ssm_c_norm [d_state] are Jamba's RMSNorms of dt, B and C (absent: none).
  */
 #pragma once
 #include <stdbool.h>
@@ -73,13 +76,15 @@ struct experts {
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) \
     X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat) \
     X(ssm_in) X(ssm_in_b) X(ssm_x) X(ssm_dt) X(ssm_dt_b) X(ssm_conv) X(ssm_conv_b) X(ssm_a) \
-    X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b)
+    X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b) \
+    X(ssm_xbc) X(ssm_dt_norm) X(ssm_b_norm) X(ssm_c_norm)
 
 /* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
 #define LAYER_MATRICES(X) \
     X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat) \
-    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out)
+    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) \
+    X(ssm_xbc)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;

@@ -115,3 +115,9 @@ void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t
 void cpu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                 const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                 const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* backend_ops.selective_scan (backend_cpu_scan.c). */
+void cpu_selective_scan(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                        const float *dt, int lddt, const float *B, const float *C, int ldbc,
+                        const float *z, int ldz, const struct tensor *A_log, const struct tensor *D,
+                        const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
+                        int d_inner, int d_state);

@@ -140,6 +140,12 @@ void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, flo
                          int n);
 void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,
                   int floor_scale, float attn_scale);
+/* scan.cu */
+void cu_selective_scan(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                       const float *dt, int lddt, const float *B, const float *C, int ldbc,
+                       const float *z, int ldz, const struct tensor *A_log, const struct tensor *D,
+                       const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
+                       int d_inner, int d_state);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
