@@ -36,6 +36,11 @@
 #define N_DECODE 6
 #define BATCH_REL_TOL 1e-5
 #define BATCH_REL_TOL_QI 5e-4
+/* On a GPU a row's products depend on its chunk's row count (tensor-core split products from
+ * 9 rows on, the GEMV below: ADR 0054), so the same token batched or alone, or prefilled in one
+ * chunk or two, differs by rounding: measured up to 1.1e-5 on an H100 (olmo3), 100x inside the
+ * golden rule's 1e-3; the CPU's products do not depend on the chunk (1e-5, 1e-6 here). */
+#define BATCH_REL_TOL_GPU 1e-4
 
 /* Feed ids to seq at its next positions in one batch; logits of the last row. */
 static void feed(struct test_eng *g, int seq, const int32_t *ids, int n, float *logits)
@@ -106,7 +111,8 @@ static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const ch
     int fed[N_SEQ] = {0}, got[N_SEQ] = {0};
     int32_t next[N_SEQ] = {0};
     float *out = malloc((size_t)N_SEQ * V * sizeof *out);
-    double worst = 0, tol = runs_qi(g) ? BATCH_REL_TOL_QI : BATCH_REL_TOL;
+    double worst = 0, tol = runs_qi(g) ? BATCH_REL_TOL_QI
+                            : backend_is_cpu(g->be) ? BATCH_REL_TOL : BATCH_REL_TOL_GPU;
     assert_non_null(out);
     for (int s = 0; s < N_SEQ; s++)
         assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
@@ -197,6 +203,12 @@ static void batched_case(void **state)
 
 static const int32_t k_prefix[10] = {5, 17, 42, 8, 99, 3, 61, 27, 14, 70};
 
+/* Two computations of the same logits by different chunkings: equal up to rounding. */
+static double same_tol(const struct test_eng *g)
+{
+    return backend_is_cpu(g->be) ? 1e-6 : BATCH_REL_TOL_GPU;
+}
+
 /* fork + copy-on-write: the fork continues like a fresh run of the same prefix, and
  * neither sequence sees the other's later tokens; in a cache of element type dt (the
  * copied block's bytes). */
@@ -227,8 +239,8 @@ static void kv_fork_cow_dt(enum dtype dt)
     feed(&g, 2, &x, 1, c);
     feed(&g, 3, k_prefix, 10, d);
     feed(&g, 3, &y, 1, d);
-    assert_true(test_row_rel_err(a, c, V) <= 1e-6);
-    assert_true(test_row_rel_err(b, d, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, c, V) <= same_tol(&g));
+    assert_true(test_row_rel_err(b, d, V) <= same_tol(&g));
     assert_true(test_row_rel_err(a, b, V) > 1e-3);   /* the continuations did differ */
     /* forking an unknown or used sequence is an error */
     assert_true(kv_seq_fork(g.kv, 9, 1, &e) < 0);
@@ -264,7 +276,7 @@ static void kv_truncate(void **state)
     feed(&g, 0, &x, 1, a);
     feed(&g, 1, k_prefix, 5, b);
     feed(&g, 1, &x, 1, b);
-    assert_true(test_row_rel_err(a, b, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, b, V) <= same_tol(&g));
     assert_true(kv_seq_truncate(g.kv, 0, 99, &e) < 0);         /* cannot grow */
     assert_true(kv_seq_truncate(g.kv, 0, -1, &e) < 0);
     free(a);
@@ -291,7 +303,7 @@ static void kv_remove_reuse(void **state)
     assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
     kv_seq_remove(g.kv, 1);
     feed(&g, 0, k_prefix + 2, 8, a);
-    assert_true(test_row_rel_err(a, b, V) <= 1e-6);
+    assert_true(test_row_rel_err(a, b, V) <= same_tol(&g));
     free(a);
     test_eng_close(&g);
 }
