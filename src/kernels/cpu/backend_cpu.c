@@ -556,6 +556,10 @@ static void act_apply(const struct cpu_kernels *k, enum act_kind act, float *x, 
         for (size_t i = 0; i < n; i++)
             x[i] = x[i] > 0.0f ? x[i] : 0.0f;
         break;
+    case ACT_SIGMOID:
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
     }
 }
 
@@ -757,6 +761,7 @@ static const struct backend_ops k_cpu_ops = {
     .moe_combine = cpu_moe_combine,
     .mul = cpu_mul,
     .conv1d = cpu_conv1d,
+    .gated_delta = cpu_gated_delta,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
 };

@@ -115,3 +115,7 @@ void cpu_moe_combine(struct backend *be, float *y, const float *x, const int32_t
 void cpu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                 const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                 const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* backend_ops.gated_delta (backend_cpu_gdn.c). */
+void cpu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                     const float *ab, int ldab, const struct gdn_params *p,
+                     const struct kv_layer *st, const struct kv_rows *rows, int n_tok);

@@ -135,6 +135,10 @@ void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, cons
 void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* gdn.cu */
+void cu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                    const float *ab, int ldab, const struct gdn_params *p,
+                    const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__

@@ -116,6 +116,8 @@ __device__ __forceinline__ float act_f(int act, float v)
         return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     case ACT_RELU:
         return v > 0.0f ? v : 0.0f;
+    case ACT_SIGMOID:
+        return 1.0f / (1.0f + expf(-v));
     default:
         return v / (1.0f + expf(-v));
     }
