@@ -116,6 +116,9 @@ struct layer_spec {
     enum router_kind router;
     int n_expert_used;
     float router_jitter;        /* sparsemixer epsilon */
+    bool attn_gate;             /* attention output times sigmoid(wq_gate x) before wo (Qwen3-Next;
+                                 * the gate's values sit in ctx_bufs.rec: rec_scratch >= n_head *
+                                 * head_dim) */
 };
 
 struct hparams {

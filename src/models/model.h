@@ -38,6 +38,12 @@
  *        dt_proj or the per-head dt bias, ssm_conv [channels, d_conv] and ssm_conv_b the
  *        depthwise convolution (F32: model_widen_f32), ssm_a A_log, ssm_d the D skip,
  *        ssm_norm the gated norm, ssm_out [n_embd, inner] (+ ssm_out_b) the output projection.
+ *        The gated delta rule (blocks_gdn.c): ssm_in [q | k | v rows], ssm_z the output gate's
+ *        projection [value dim, n_embd], ssm_x b [value heads, n_embd], ssm_xa a (the decay's
+ *        input) [value heads, n_embd], ssm_dt_b dt_bias, ssm_a A_log, ssm_conv [q|k|v channels,
+ *        d_conv], ssm_norm [value head dim].
+ *   wq_gate [n_head * head_dim, n_embd]: an attention output gate, o = wo(att * sigmoid(wq_gate
+ *        x)) (layer_spec.attn_gate; Qwen3-Next's q_proj rows split into wq and wq_gate).
  */
 #pragma once
 #include <stdbool.h>
@@ -73,13 +79,14 @@ struct experts {
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) \
     X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat) \
     X(ssm_in) X(ssm_in_b) X(ssm_x) X(ssm_dt) X(ssm_dt_b) X(ssm_conv) X(ssm_conv_b) X(ssm_a) \
-    X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b)
+    X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b) \
+    X(wq_gate) X(ssm_z) X(ssm_xa)
 
 /* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
 #define LAYER_MATRICES(X) \
     X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat) \
-    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out)
+    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) X(wq_gate) X(ssm_z) X(ssm_xa)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;
