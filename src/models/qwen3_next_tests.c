@@ -1,0 +1,156 @@
+/*
+ * qwen3_next self-test: what the Qwen3-Next family makes of its config and checkpoint.
+ *  - Config: Qwen3NextConfig's defaults when fields are absent (a full-attention layer every
+ *    4th, linear_* 4 / 128 / 128 / 16 / 32, head_dim 256, partial rotary 0.25, renormalized
+ *    top-k), the DeltaNet layers' state sizes from them, layer_types and
+ *    full_attention_interval per layer, rope_parameters' partial_rotary_factor winning, the
+ *    output gate on the full-attention layers only; every rejection names its field.
+ *  - Weights: a missing A_log, conv1d, dt_bias, in_proj_qkvz or q_proj is named; a config
+ *    whose DeltaNet sizes disagree with the checkpoint names the tensor; the stacked expert
+ *    layout binds byte-identical experts.
+ *  - Forward: the output gate, the DeltaNet layers' recurrence and their state reach the
+ *    logits (edits of the loaded golden model change them).
+ */
+#include "selftest.h"
+
+extern const struct model_ops qwen3_next_ops;
+int qwen3_next_ops_self_test(struct err *e);
+
+#define BASE "\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 4, " \
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, " \
+             "\"max_position_embeddings\": 256, \"num_experts\": 8, \"num_experts_per_tok\": 2, " \
+             "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 48"
+/* the fixture's DeltaNet shape */
+#define LIN ", \"head_dim\": 16, \"linear_conv_kernel_dim\": 4, \"linear_key_head_dim\": 16, " \
+            "\"linear_value_head_dim\": 16, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4"
+
+static int defaults(struct err *e)
+{
+    struct hparams hp;
+    int rc;
+    if ((rc = stest_parse(&qwen3_next_ops, "{" BASE "}", &hp, e)) < 0)
+        return rc;
+    const struct layer_spec *l0 = &hp.layer[0], *l3 = &hp.layer[3];
+    /* conv: 3 rows of 2 * 16 * 128 + 32 * 128 channels; state: 32 heads of 128 x 128 */
+    if ((rc = stest_check(hp.ssm.d_conv == 4 && hp.ssm.k_head_dim == 128 && hp.ssm.head_dim == 128 &&
+                              hp.ssm.n_group == 16 && hp.ssm.n_head == 32 && hp.head_dim == 256 &&
+                              hp.n_rot == 64 && hp.ssm.norm_eps == 1e-6f,
+                          "Qwen3NextConfig's defaults", e)) < 0 ||
+        (rc = stest_check(l0->mixer == MIXER_DELTANET && l0->kv == KV_RECURRENT &&
+                              hp.layer[2].mixer == MIXER_DELTANET && l0->state_conv == 3 * 8192 &&
+                              l0->state_rec == 32 * 128 * 128 && !l0->attn_gate,
+                          "layers 0-2 DeltaNet with their state sizes", e)) < 0 ||
+        (rc = stest_check(l3->mixer == MIXER_ATTENTION && l3->kv == KV_FULL && l3->attn_gate &&
+                              l3->qk_norm && l3->moe && l3->router == ROUTER_SOFTMAX_TOPK &&
+                              l3->n_ff_shexp == 48 && hp.norm_w_offset == 0.0f,
+                          "layer 3 gated full attention, renormalized MoE with a shared expert", e)) < 0)
+        return rc;
+    /* the scratch holds the DeltaNet's planes and the output gate */
+    return stest_check(hp.rec_scratch >= 2 * 16 * 128 + 3 * 32 * 128 + 64 &&
+                           hp.rec_scratch >= 4 * 256, "the recurrent scratch", e);
+}
+
+static int layer_patterns(struct err *e)
+{
+    struct hparams hp;
+    int rc;
+    if ((rc = stest_parse(&qwen3_next_ops, "{" BASE LIN ", \"full_attention_interval\": 2}", &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].mixer == MIXER_DELTANET && hp.layer[1].attn_gate &&
+                              hp.layer[2].mixer == MIXER_DELTANET && hp.layer[3].attn_gate,
+                          "full_attention_interval 2: layers 1 and 3 attend", e)) < 0 ||
+        (rc = stest_parse(&qwen3_next_ops, "{" BASE LIN ", \"full_attention_interval\": 2, \"layer_types\": "
+                          "[\"full_attention\", \"linear_attention\", \"linear_attention\", "
+                          "\"linear_attention\"]}", &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].attn_gate && hp.layer[0].kv == KV_FULL &&
+                              hp.layer[1].mixer == MIXER_DELTANET && hp.layer[3].mixer == MIXER_DELTANET,
+                          "layer_types wins over full_attention_interval", e)) < 0 ||
+        (rc = stest_parse(&qwen3_next_ops, "{" BASE LIN ", \"partial_rotary_factor\": 0.25, "
+                          "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5000, "
+                          "\"partial_rotary_factor\": 0.5}, \"norm_topk_prob\": false}", &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[3].n_rot == 8 && hp.layer[3].rope_theta == 5000.0f &&
+                              hp.layer[3].router == ROUTER_SOFTMAX_TOPK_RAW,
+                          "rope_parameters' partial_rotary_factor and rope_theta, norm_topk_prob "
+                          "false", e)) < 0)
+        return rc;
+    return 0;
+}
+
+static int rejections(struct err *e)
+{
+    static const struct stest_bad bad[] = {
+        {"{" BASE LIN ", \"layer_types\": [\"linear_attention\", \"full_attention\"]}", "layer_types"},
+        {"{" BASE LIN ", \"layer_types\": [\"linear_attention\", \"full_attention\", \"sliding_attention\", "
+         "\"full_attention\"]}", "layer_types"},
+        {"{" BASE LIN ", \"layer_types\": \"full_attention\"}", "layer_types"},
+        {"{" BASE LIN ", \"full_attention_interval\": 0}", "full_attention_interval"},
+        {"{" BASE ", \"linear_num_key_heads\": 3, \"linear_num_value_heads\": 4}", "linear_num_value_heads"},
+        {"{" BASE ", \"linear_num_key_heads\": 0}", "linear_num_key_heads"},
+        {"{" BASE ", \"linear_conv_kernel_dim\": 0}", "linear_conv_kernel_dim"},
+        {"{" BASE ", \"linear_key_head_dim\": 4096, \"linear_value_head_dim\": 4096}",
+         "linear_num_value_heads x linear_key_head_dim"},
+        {"{" BASE ", \"linear_value_head_dim\": 1.5}", "linear_value_head_dim"},
+        {"{" BASE LIN ", \"hidden_act\": \"gelu\"}", "hidden_act"},
+        {"{" BASE LIN ", \"attention_bias\": true}", "attention_bias"},
+        {"{" BASE LIN ", \"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0}}",
+         "partial_rotary_factor"},
+        {"{\"vocab_size\": 384, \"hidden_size\": 64, \"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+         "\"intermediate_size\": 128, \"max_position_embeddings\": 256, \"num_experts\": 8, "
+         "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32}", "shared_expert_intermediate_size"},
+    };
+    return stest_parse_fails_all(&qwen3_next_ops, bad, sizeof bad / sizeof bad[0], e);
+}
+
+static int weights(struct err *e)
+{
+    static const char *const required[] = {
+        "model.layers.0.linear_attn.A_log", "model.layers.1.linear_attn.conv1d.weight",
+        "model.layers.3.linear_attn.dt_bias", "model.layers.0.linear_attn.in_proj_qkvz.weight",
+        "model.layers.1.linear_attn.in_proj_ba.weight", "model.layers.0.linear_attn.norm.weight",
+        "model.layers.2.self_attn.q_proj.weight", "model.layers.2.self_attn.q_norm.weight",
+        "model.layers.0.mlp.shared_expert_gate.weight", NULL};
+    int rc;
+    if ((rc = stest_missing_named("qwen3_next", required, e)) < 0 ||
+        /* state sizes the checkpoint does not have: the tensor that disagrees is named */
+        (rc = stest_load_fails("qwen3_next", "{\"linear_conv_kernel_dim\": 3}", NULL, "conv1d", e)) < 0 ||
+        (rc = stest_load_fails("qwen3_next", "{\"linear_num_value_heads\": 2}", NULL, "in_proj_qkvz", e)) < 0 ||
+        (rc = stest_load_fails("qwen3_next", "{\"linear_value_head_dim\": 8}", NULL, "in_proj_qkvz", e)) < 0 ||
+        (rc = stest_load_fails("qwen3_next", "{\"layer_types\": [\"linear_attention\", \"linear_attention\", "
+                               "\"linear_attention\", \"linear_attention\"]}", NULL, "linear_attn", e)) < 0)
+        return rc;
+    return stest_stacked_agrees("qwen3_next", "model.layers.1.mlp.switch_mlp.gate_proj.weight", e);
+}
+
+/* edits of the loaded model that the logits must see */
+static void no_gate(struct model *m)
+{
+    m->hp.layer[2].attn_gate = false;
+}
+
+static void no_decay(struct model *m)
+{
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        float *a = m->layers[il].ssm_a.data;
+        if (m->hp.layer[il].mixer == MIXER_DELTANET)
+            for (int h = 0; h < m->hp.ssm.n_head; h++)
+                a[h] = -30.0f;  /* exp(g) = 1: no decay */
+    }
+}
+
+static int forward(struct err *e)
+{
+    struct model *m = NULL;
+    int rc = stest_load_variant(&m, "qwen3_next", NULL, NULL, e);
+    if (rc == 0 && (rc = stest_edit_changes_logits(m, no_gate, "the attention output gate", e)) == 0)
+        rc = stest_edit_changes_logits(m, no_decay, "the DeltaNet decay (A_log)", e);
+    model_free(m);
+    return rc;
+}
+
+int qwen3_next_ops_self_test(struct err *e)
+{
+    int rc;
+    if ((rc = defaults(e)) < 0 || (rc = layer_patterns(e)) < 0 || (rc = rejections(e)) < 0 ||
+        (rc = weights(e)) < 0)
+        return rc;
+    return forward(e);
+}
