@@ -8,9 +8,19 @@
  *  - Weights: a missing A_log, conv1d, dt_bias, in_proj_qkvz or q_proj is named; a config
  *    whose DeltaNet sizes disagree with the checkpoint names the tensor; the stacked expert
  *    layout binds byte-identical experts.
+ *  - mlx-lm's layout (conv1d [ch, K, 1], the zero-centred norms stored as 1 + w): the golden
+ *    checkpoint rewritten so gives the same logits (the norms are not shifted twice).
  *  - Forward: the output gate, the DeltaNet layers' recurrence and their state reach the
  *    logits (edits of the loaded golden model change them).
  */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/st_write.h"
+#include "../loading/config.h"
+#include "../loading/convert.h"
 #include "selftest.h"
 
 extern const struct model_ops qwen3_next_ops;
@@ -146,11 +156,113 @@ static int forward(struct err *e)
     return rc;
 }
 
+// ---- mlx-lm's layout ----
+
+/* A norm mlx-lm's sanitize stores as 1 + w (the attention's gated norm is not one). */
+static bool is_centred_norm(const char *name)
+{
+    static const char *const sfx[] = {".input_layernorm.weight", ".post_attention_layernorm.weight",
+                                      "model.norm.weight", ".q_norm.weight", ".k_norm.weight"};
+    size_t n = strlen(name);
+    for (size_t i = 0; i < sizeof sfx / sizeof sfx[0]; i++)
+        if (n >= strlen(sfx[i]) && strcmp(name + n - strlen(sfx[i]), sfx[i]) == 0)
+            return true;
+    return false;
+}
+
+/* src's tensors as mlx-lm's sanitize leaves them, into dst/model.safetensors: every conv1d
+ * weight [ch, 1, K] as [ch, K, 1] (the same bytes), every centred norm as F32 1 + w. */
+static int write_mlx_layout(const struct st_set *s, const char *dst, struct err *e)
+{
+    char path[600];
+    size_t n = st_set_count(s);
+    struct st_wentry *ents = calloc(n, sizeof *ents);
+    struct st_writer *w = NULL;
+    float buf[256];
+    int rc = 0;
+    if (!ents)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(s, i);
+        ents[i] = (struct st_wentry){t->name, t->dtype, t->ndim, {0}};
+        memcpy(ents[i].shape, t->shape, sizeof t->shape);
+        if (strstr(t->name, "conv1d.weight")) {
+            ents[i].shape[1] = t->shape[2];
+            ents[i].shape[2] = 1;
+        } else if (is_centred_norm(t->name)) {
+            ents[i].dtype = DTYPE_F32;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dst);
+    if ((rc = st_writer_open(&w, path, ents, n, e)) < 0)
+        goto out;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const struct st_tensor *t = st_set_at(s, i);
+        if (!is_centred_norm(t->name)) {
+            rc = st_writer_write(w, t->data, (size_t)(t->end - t->begin), e);
+        } else if (t->ndim != 1 || t->shape[0] > 256) {
+            rc = err_setf(e, ERR_INTERNAL, "norm %s wider than the test's buffer", t->name);
+        } else {
+            dtype_to_f32_ref(buf, t->data, t->dtype, (size_t)t->shape[0]);
+            for (int64_t j = 0; j < t->shape[0]; j++)
+                buf[j] += 1.0f;
+            rc = st_writer_write(w, buf, (size_t)t->shape[0] * sizeof *buf, e);
+        }
+    }
+    rc = rc == 0 ? st_writer_close(w, e) : (st_writer_abort(w), rc);
+out:
+    free(ents);
+    return rc;
+}
+
+static int mlx_layout(struct err *e)
+{
+    const char *src = STEST_GOLDEN "qwen3_next";
+    char path[600], *tmp = stest_tmpdir();
+    struct st_set *s = NULL;
+    struct model *a = NULL, *b = NULL;
+    cJSON *cfg = NULL;
+    float *la = NULL, *lb = NULL;
+    int rc;
+    if (!tmp)
+        return err_setf(e, ERR_IO, "cannot make a temporary folder");
+    snprintf(path, sizeof path, "%s/config.json", src);
+    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0 || (rc = ck_config_write(tmp, cfg, NULL, e)) < 0 ||
+        (rc = st_set_open(&s, src, e)) < 0 || (rc = write_mlx_layout(s, tmp, e)) < 0 ||
+        (rc = model_load(&a, src, e)) < 0 || (rc = model_load(&b, tmp, e)) < 0)
+        goto out;
+    int nv = a->hp.n_vocab;
+    la = malloc((size_t)nv * sizeof *la);
+    lb = malloc((size_t)nv * sizeof *lb);
+    if (!la || !lb) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = stest_prompt_logits(a, la, e)) < 0 || (rc = stest_prompt_logits(b, lb, e)) < 0)
+        goto out;
+    double d = 0.0, mx = 0.0;
+    for (int i = 0; i < nv; i++) {
+        d = fmax(d, fabs((double)la[i] - lb[i]));
+        mx = fmax(mx, fabs((double)la[i]));
+    }
+    rc = stest_check(d <= 1e-4 * mx, "mlx-lm's layout (conv [ch, K, 1], norms 1 + w) gives the "
+                     "published layout's logits", e);
+out:
+    free(la);
+    free(lb);
+    model_free(a);
+    model_free(b);
+    st_set_free(s);
+    cJSON_Delete(cfg);
+    stest_rmtree(tmp);
+    return rc;
+}
+
 int qwen3_next_ops_self_test(struct err *e)
 {
     int rc;
     if ((rc = defaults(e)) < 0 || (rc = layer_patterns(e)) < 0 || (rc = rejections(e)) < 0 ||
-        (rc = weights(e)) < 0)
+        (rc = weights(e)) < 0 || (rc = mlx_layout(e)) < 0)
         return rc;
     return forward(e);
 }
