@@ -1256,14 +1256,17 @@ static void test_rope(void **state)
 
 // ---- gated delta rule ----
 
-/* One gated-delta case: n_seq sequences whose rows interleave (row r belongs to sequence
- * r % n_seq, except that sequence 0 takes two rows in a row at the start), sequence s
+/* One gated-delta case: n_seq sequences whose rows interleave (run 0: row r belongs to
+ * sequence r % n_seq, except that sequence 0 takes two rows in a row at the start; else
+ * runs of `run` rows per sequence in turn, which the CPU takes as blocks), sequence s
  * starting at position s % 2 (position 0: from zero, over a slot holding garbage; else
  * from a random state). Checked against a double-precision reference of the recurrence,
- * outputs and final states, in one chunk and split at the rows cuts[0..n_cuts). */
+ * outputs and final states: in one chunk, split at the rows cuts[0..n_cuts), and one row
+ * per call (every row a recurrent step: the block form is held to the same reference). */
 struct gdn_case {
     int nk, nv, dk, dv, n_tok, n_seq;
     int cuts[4], n_cuts;
+    int run;
 };
 
 static double gdn_softplus(double x)
@@ -1277,7 +1280,7 @@ static void gdn_ref(const struct gdn_case *gc, double *y, double *S, const float
                     const int32_t *pos, const int32_t *seq)
 {
     int nk = gc->nk, nv = gc->nv, dk = gc->dk, dv = gc->dv, ldx = 2 * nk * dk + nv * dv;
-    double q[64], k[64], kv[64];
+    double q[64], k[64], kv[64];  /* dk, dv <= 64 */
     for (int i = 0; i < gc->n_tok; i++)
         for (int h = 0; h < nv; h++) {
             const float *xr = x + (size_t)i * ldx, *abr = ab + (size_t)i * 2 * nv;
@@ -1323,12 +1326,12 @@ static void gdn_case_run(struct kc_bes *bs, struct kc_errstat *es, const struct 
     float *st0 = kc_fvec(n_st, -0.5f, 0.5f), *st = malloc(n_st * sizeof *st);
     float *y = malloc((size_t)n * ldy * sizeof *y), *yd = malloc((size_t)n * nv * dv * sizeof *yd);
     double *yr = malloc((size_t)n * nv * dv * sizeof *yr), *sr = malloc(n_st * sizeof *sr);
-    int32_t pos[64], seq[64], next[8];
-    assert_true(n <= 64 && gc->n_seq <= 8 && dk <= 64 && dv <= 64);
+    int32_t pos[256], seq[256], next[8];
+    assert_true(n <= 256 && gc->n_seq <= 8 && dk <= 64 && dv <= 64);
     for (int s = 0; s < gc->n_seq; s++)
         next[s] = s % 2;
     for (int i = 0; i < n; i++) {
-        seq[i] = i < 2 ? 0 : i % gc->n_seq;
+        seq[i] = gc->run ? (i / gc->run) % gc->n_seq : i < 2 ? 0 : i % gc->n_seq;
         pos[i] = next[seq[i]]++;
     }
     for (size_t i = 0; i < n_st; i++)
@@ -1348,12 +1351,19 @@ static void gdn_case_run(struct kc_bes *bs, struct kc_errstat *es, const struct 
     for (int b = 0; b < bs->n; b++) {
         struct backend *be = bs->be[b];
         struct err e = {0};
-        /* split 0: one chunk; split 1: at the cuts */
-        for (int split = 0; split < 2; split++) {
-            int bounds[6] = {0}, nb = 0;
-            if (split)
+        /* split 0: one chunk; 1: at the cuts; 2: one row per call */
+        static const char *const what_y[] = {"gated_delta y", "gated_delta y (split)",
+                                             "gated_delta y (by rows)"};
+        static const char *const what_s[] = {"gated_delta state", "gated_delta state (split)",
+                                             "gated_delta state (by rows)"};
+        for (int split = 0; split < 3; split++) {
+            int bounds[258] = {0}, nb = 0;
+            if (split == 1)
                 for (int c = 0; c < gc->n_cuts; c++)
                     bounds[++nb] = gc->cuts[c];
+            if (split == 2)
+                for (int r = 1; r < n; r++)
+                    bounds[++nb] = r;
             bounds[++nb] = n;
             memcpy(st, st0, n_st * sizeof *st);
             for (int c = 0; c < nb; c++) {
@@ -1365,10 +1375,8 @@ static void gdn_case_run(struct kc_bes *bs, struct kc_errstat *es, const struct 
             assert_int_equal(backend_sync(be, &e), 0);
             for (int i = 0; i < n; i++)
                 memcpy(yd + (size_t)i * nv * dv, y + (size_t)i * ldy, (size_t)nv * dv * sizeof *yd);
-            kc_check(es, split ? "gated_delta y (split)" : "gated_delta y", be, yd, yr,
-                     (size_t)n * nv * dv, 1e-10, 1e-4);
-            kc_check(es, split ? "gated_delta state (split)" : "gated_delta state", be, st, srd,
-                     n_st, 1e-10, 1e-4);
+            kc_check(es, what_y[split], be, yd, yr, (size_t)n * nv * dv, 1e-10, 1e-4);
+            kc_check(es, what_s[split], be, st, srd, n_st, 1e-10, 1e-4);
         }
     }
     free(x), free(ab), free(a_log), free(dt_b), free(st0), free(st), free(y), free(yd);
@@ -1382,10 +1390,15 @@ static void test_gated_delta(void **state)
     struct kc_errstat es = {0};
     kc_open(&bs);
     static const struct gdn_case cases[] = {
-        {1, 1, 16, 33, 1, 1, {0}, 0},                  /* one decode row from a state */
-        {2, 4, 5, 7, 11, 3, {3, 4, 9}, 3},             /* grouped value heads, odd dims */
-        {2, 2, 32, 16, 9, 2, {1, 5}, 2},
-        {2, 8, 32, 32, 12, 3, {7}, 1},                 /* large enough for the threads */
+        {1, 1, 16, 33, 1, 1, {0}, 0, 0},               /* one decode row from a state */
+        {2, 4, 5, 7, 11, 3, {3, 4, 9}, 3, 0},          /* grouped value heads, odd dims */
+        {2, 2, 32, 16, 9, 2, {1, 5}, 2, 0},
+        {2, 8, 32, 32, 12, 3, {7}, 1, 0},              /* large enough for the threads */
+        /* blocks: a 150-row prefill (blocks of 64, 64, 22; cut into 37 + 64 + 49), and runs
+         * of 7 rows of three sequences (blocks of 7, of 3 and 4 at cuts, steps below 4) */
+        {1, 2, 16, 24, 150, 1, {37, 101}, 2, 150},
+        {2, 4, 9, 12, 60, 3, {10, 25, 33}, 3, 7},
+        {2, 2, 64, 64, 70, 1, {0}, 0, 70},             /* the widest heads, one block + 6 */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         gdn_case_run(&bs, &es, &cases[c]);
