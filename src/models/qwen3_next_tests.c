@@ -8,6 +8,8 @@
  *  - Weights: a missing A_log, conv1d, dt_bias, in_proj_qkvz or q_proj is named; a config
  *    whose DeltaNet sizes disagree with the checkpoint names the tensor; the stacked expert
  *    layout binds byte-identical experts.
+ *  - Row permutation (the de-interleave at load) moves an MLX-quantized row's codes, scale
+ *    and bias together.
  *  - mlx-lm's layout (conv1d [ch, K, 1], the zero-centred norms stored as 1 + w): the golden
  *    checkpoint rewritten so gives the same logits (the norms are not shifted twice).
  *  - Forward: the output gate, the DeltaNet layers' recurrence and their state reach the
@@ -21,6 +23,7 @@
 #include "../core/st_write.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
+#include "qwen3_next.h"
 #include "selftest.h"
 
 extern const struct model_ops qwen3_next_ops;
@@ -156,6 +159,47 @@ static int forward(struct err *e)
     return rc;
 }
 
+// ---- the de-interleave ----
+
+/* A 4-bit affine [5, 64] tensor (group 32) of distinct words, scales and biases, permuted. */
+static int permute_quantized(struct err *e)
+{
+    uint32_t words[5 * 8];
+    float sc[5 * 2], bi[5 * 2];
+    int32_t perm[5] = {3, 0, 4, 1, 2};
+    int64_t shape[2] = {5, 64};
+    struct tensor t;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    for (int i = 0; i < 40; i++)
+        words[i] = 1000u + (uint32_t)i;
+    for (int i = 0; i < 10; i++) {
+        sc[i] = (float)i;
+        bi[i] = -(float)i;
+    }
+    tensor_init(&t, DTYPE_U32, words, 2, shape);
+    t.shape[1] = 64;
+    t.stride[0] = 8;
+    t.qbits = 4;
+    t.qgroup = 32;
+    t.qmode = QMODE_AFFINE;
+    t.qsdtype = DTYPE_F32;
+    t.qscales = sc;
+    t.qbiases = bi;
+    int rc = qwen3_next_permute_rows(m, NULL, &t, perm, e);
+    bool ok = rc == 0 && t.data != (void *)words;
+    for (int r = 0; r < 5 && ok; r++) {
+        const uint32_t *w = (const uint32_t *)t.data + r * 8;
+        const float *s2 = (const float *)t.qscales + r * 2, *b2 = (const float *)t.qbiases + r * 2;
+        ok = w[0] == 1000u + (uint32_t)(perm[r] * 8) && w[7] == 1000u + (uint32_t)(perm[r] * 8 + 7) &&
+             s2[1] == (float)(perm[r] * 2 + 1) && b2[0] == -(float)(perm[r] * 2);
+    }
+    model_free(m);
+    return rc < 0 ? rc : stest_check(ok, "row r of the permuted tensor is row perm[r]: codes, "
+                                     "scales and biases", e);
+}
+
 // ---- mlx-lm's layout ----
 
 /* A norm mlx-lm's sanitize stores as 1 + w (the attention's gated norm is not one). */
@@ -262,7 +306,7 @@ int qwen3_next_ops_self_test(struct err *e)
 {
     int rc;
     if ((rc = defaults(e)) < 0 || (rc = layer_patterns(e)) < 0 || (rc = rejections(e)) < 0 ||
-        (rc = weights(e)) < 0 || (rc = mlx_layout(e)) < 0)
+        (rc = weights(e)) < 0 || (rc = permute_quantized(e)) < 0 || (rc = mlx_layout(e)) < 0)
         return rc;
     return forward(e);
 }
