@@ -336,6 +336,13 @@ int qwen3_next_map_common(struct model *m, struct st_set *st, const struct hf_mo
         (rc = hf_map_head(m, &w, "model.embed_tokens", "model.norm", "lm_head", e)) < 0 ||
         (rc = norm_plus_one(m, st, &m->out_norm, mlx, e)) < 0)
         return rc;
+    /* the multi-token-prediction head: transformers ignores it (_keys_to_ignore_on_load_unexpected
+     * ^mtp.*), so does mlx-lm's sanitize */
+    for (size_t i = 0; i < st_set_count(st); i++) {
+        const struct st_tensor *t = st_set_at(st, i);
+        if (strncmp(t->name, "mtp.", 4) == 0)
+            st_set_mark(st, t->name);
+    }
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
         snprintf(n1, sizeof n1, "model.layers.%d.input_layernorm", il);

@@ -153,6 +153,8 @@ static int forward(struct err *e)
 {
     struct model *m = NULL;
     int rc = stest_load_variant(&m, "qwen3_next", NULL, NULL, e);
+    if (rc == 0)
+        rc = stest_check(st_set_n_unused(m->st) == 0, "every tensor of the golden checkpoint bound", e);
     if (rc == 0 && (rc = stest_edit_changes_logits(m, no_gate, "the attention output gate", e)) == 0)
         rc = stest_edit_changes_logits(m, no_decay, "the DeltaNet decay (A_log)", e);
     model_free(m);
@@ -215,12 +217,13 @@ static bool is_centred_norm(const char *name)
 }
 
 /* src's tensors as mlx-lm's sanitize leaves them, into dst/model.safetensors: every conv1d
- * weight [ch, 1, K] as [ch, K, 1] (the same bytes), every centred norm as F32 1 + w. */
+ * weight [ch, 1, K] as [ch, K, 1] (the same bytes), every centred norm as F32 1 + w; plus a
+ * multi-token-prediction tensor (published checkpoints have them; the loader drops them). */
 static int write_mlx_layout(const struct st_set *s, const char *dst, struct err *e)
 {
     char path[600];
     size_t n = st_set_count(s);
-    struct st_wentry *ents = calloc(n, sizeof *ents);
+    struct st_wentry *ents = calloc(n + 1, sizeof *ents);
     struct st_writer *w = NULL;
     float buf[256];
     int rc = 0;
@@ -237,8 +240,9 @@ static int write_mlx_layout(const struct st_set *s, const char *dst, struct err 
             ents[i].dtype = DTYPE_F32;
         }
     }
+    ents[n] = (struct st_wentry){"mtp.norm.weight", DTYPE_F32, 1, {64}};
     snprintf(path, sizeof path, "%s/model.safetensors", dst);
-    if ((rc = st_writer_open(&w, path, ents, n, e)) < 0)
+    if ((rc = st_writer_open(&w, path, ents, n + 1, e)) < 0)
         goto out;
     for (size_t i = 0; i < n && rc == 0; i++) {
         const struct st_tensor *t = st_set_at(s, i);
@@ -253,6 +257,9 @@ static int write_mlx_layout(const struct st_set *s, const char *dst, struct err 
             rc = st_writer_write(w, buf, (size_t)t->shape[0] * sizeof *buf, e);
         }
     }
+    memset(buf, 0, sizeof buf);
+    if (rc == 0)
+        rc = st_writer_write(w, buf, 64 * sizeof *buf, e);
     rc = rc == 0 ? st_writer_close(w, e) : (st_writer_abort(w), rc);
 out:
     free(ents);
@@ -291,6 +298,8 @@ static int mlx_layout(struct err *e)
     }
     rc = stest_check(d <= 1e-4 * mx, "mlx-lm's layout (conv [ch, K, 1], norms 1 + w) gives the "
                      "published layout's logits", e);
+    if (rc == 0)
+        rc = stest_check(st_set_n_unused(b->st) == 0, "the mtp.* tensors dropped", e);
 out:
     free(la);
     free(lb);
