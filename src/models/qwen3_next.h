@@ -4,7 +4,8 @@
  * its config fields, and the weights both bind the same way. The families differ in their
  * FFN (sparse MoE with a shared expert, or dense) and in how the DeltaNet input
  * projections are stored (one head-interleaved in_proj_qkvz / in_proj_ba, or four plain
- * ones), which each family maps through its own qn_inproj_fn.
+ * ones), which each family maps through its own qn_inproj_fn. The shared code is in
+ * qwen3_next_common.c.
  */
 #pragma once
 #include <cjson/cJSON.h>
