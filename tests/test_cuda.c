@@ -475,6 +475,96 @@ static void test_selective_scan(void **state)
     backend_free(gpu);
 }
 
+// ---- the gated delta rule ----
+
+/* gated_delta on the GPU against the CPU scalar backend (its double-precision forms): three
+ * sequences in runs of 5 rows (the CPU takes blocks and steps, the GPU steps), one from a
+ * random state at position 1, one at position 0 over a garbage slot; the GPU in two calls
+ * cut inside a run. Outputs and final states. */
+static void test_gated_delta(void **state)
+{
+    (void)state;
+    enum { NK = 2, NV = 4, DK = 32, DV = 160, N = 40, NSEQ = 3, CUT = 17 };
+    const int ldx = 2 * NK * DK + NV * DV, vdim = NV * DK * DV;
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    size_t nx = (size_t)N * ldx, nab = (size_t)N * 2 * NV, ny = (size_t)N * NV * DV;
+    size_t nst = (size_t)NSEQ * vdim;
+    float *x = malloc(nx * 4), *ab = malloc(nab * 4), *st = malloc(nst * 4), *stc = malloc(nst * 4);
+    float *stg = malloc(nst * 4), *yc = malloc(ny * 4), *yg = malloc(ny * 4), par[2 * NV];
+    int32_t meta[2 * N], next[NSEQ] = {1, 0, 1};
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frnd(-1.0f, 1.0f);
+    for (size_t i = 0; i < nab; i++)
+        ab[i] = frnd(-3.0f, 3.0f);
+    for (size_t i = 0; i < nst; i++)
+        st[i] = frnd(-0.5f, 0.5f);
+    for (int i = 0; i < 2 * NV; i++)
+        par[i] = frnd(-1.0f, 1.0f);  /* A_log | dt_bias */
+    for (int i = 0; i < N; i++) {
+        meta[N + i] = (i / 5) % NSEQ;  /* state slot (sequence) */
+        meta[i] = next[meta[N + i]]++; /* position */
+    }
+    memcpy(stc, st, nst * 4);
+    struct tensor ta, td;
+    int64_t shape[1] = {NV};
+    tensor_init(&ta, DTYPE_F32, par, 1, shape);
+    tensor_init(&td, DTYPE_F32, par + NV, 1, shape);
+    struct gdn_params p = {NK, NV, DK, DV, &ta, &td};
+    struct kv_layer kv = {NULL, stc, 0, vdim, DTYPE_F32};
+    struct kv_rows kr = {meta, NULL, NULL, NULL, NULL, 0, meta + N};
+    cpu->ops->gated_delta(cpu, yc, NV * DV, x, ldx, ab, 2 * NV, &p, &kv, &kr, N);
+    assert_int_equal(backend_sync(cpu, &e), 0);
+    void *d[6];
+    size_t sz[6] = {nx * 4, nab * 4, nst * 4, ny * 4, sizeof par, sizeof meta};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], x, sz[0]);
+    gpu->ops->upload(gpu, d[1], ab, sz[1]);
+    gpu->ops->upload(gpu, d[2], st, sz[2]);
+    gpu->ops->upload(gpu, d[4], par, sz[4]);
+    gpu->ops->upload(gpu, d[5], meta, sz[5]);
+    struct tensor ga = ta, gd = td;
+    ga.data = d[4];
+    gd.data = (float *)d[4] + NV;
+    struct gdn_params gp = {NK, NV, DK, DV, &ga, &gd};
+    struct kv_layer gkv = {NULL, d[2], 0, vdim, DTYPE_F32};
+    int32_t *dm = d[5];
+    for (int c = 0; c < 2; c++) {
+        int r0 = c ? CUT : 0, m = c ? N - CUT : CUT;
+        struct kv_rows gkr = {dm + r0, NULL, NULL, NULL, NULL, 0, dm + N + r0};
+        gpu->ops->gated_delta(gpu, (float *)d[3] + (size_t)r0 * NV * DV, NV * DV,
+                              (float *)d[0] + (size_t)r0 * ldx, ldx, (float *)d[1] + (size_t)r0 * 2 * NV,
+                              2 * NV, &gp, &gkv, &gkr, m);
+    }
+    gpu->ops->download(gpu, yg, d[3], sz[3]);
+    gpu->ops->download(gpu, stg, d[2], sz[2]);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("gated_delta: %s", e.msg);
+    double my = 0, dy = 0, ms = 0, ds = 0;
+    for (size_t i = 0; i < ny; i++) {
+        my = fmax(my, fabs(yc[i]));
+        dy = fmax(dy, fabs((double)yc[i] - yg[i]));
+    }
+    for (size_t i = 0; i < nst; i++) {
+        ms = fmax(ms, fabs(stc[i]));
+        ds = fmax(ds, fabs((double)stc[i] - stg[i]));
+    }
+    printf("cuda gated_delta: rel err y %.2e, state %.2e\n", dy / my, ds / ms);
+    if (dy > 1e-4 * my || ds > 1e-4 * ms)
+        fail_msg("gated_delta: rel err y %.3g, state %.3g", dy / my, ds / ms);
+    for (int i = 0; i < 6; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(x), free(ab), free(st), free(stc), free(stg), free(yc), free(yg);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -547,6 +637,7 @@ static void test_graph_decode(void **state)
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_formats),
     cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_gated_delta),
     cmocka_unit_test(test_graph_decode),
     cmocka_unit_test(test_selective_scan),
 };

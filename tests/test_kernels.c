@@ -1254,6 +1254,174 @@ static void test_rope(void **state)
     kc_close(&bs);
 }
 
+// ---- gated delta rule ----
+
+/* One gated-delta case: n_seq sequences whose rows interleave (run 0: row r belongs to
+ * sequence r % n_seq, except that sequence 0 takes two rows in a row at the start; else
+ * runs of `run` rows per sequence in turn, which the CPU takes as blocks), sequence s
+ * starting at position s % 2 (position 0: from zero, over a slot holding garbage; else
+ * from a random state). Checked against a double-precision reference of the recurrence,
+ * outputs and final states: in one chunk, split at the rows cuts[0..n_cuts), and one row
+ * per call (every row a recurrent step: the block form is held to the same reference). */
+struct gdn_case {
+    int nk, nv, dk, dv, n_tok, n_seq;
+    int cuts[4], n_cuts;
+    int run;
+};
+
+static double gdn_softplus(double x)
+{
+    return x > 20.0 ? x : log1p(exp(x));
+}
+
+/* The reference: y [n_tok][nv * dv], S [n_seq][nv][dk][dv] (starting states in S). */
+static void gdn_ref(const struct gdn_case *gc, double *y, double *S, const float *x,
+                    const float *ab, const float *a_log, const float *dt_bias,
+                    const int32_t *pos, const int32_t *seq)
+{
+    int nk = gc->nk, nv = gc->nv, dk = gc->dk, dv = gc->dv, ldx = 2 * nk * dk + nv * dv;
+    double q[64], k[64], kv[64];  /* dk, dv <= 64 */
+    for (int i = 0; i < gc->n_tok; i++)
+        for (int h = 0; h < nv; h++) {
+            const float *xr = x + (size_t)i * ldx, *abr = ab + (size_t)i * 2 * nv;
+            int kh = h / (nv / nk);
+            double *Sh = S + ((size_t)seq[i] * nv + h) * dk * dv, qq = 0, kk = 0;
+            if (pos[i] == 0)
+                memset(Sh, 0, (size_t)dk * dv * sizeof *Sh);
+            for (int r = 0; r < dk; r++) {
+                q[r] = xr[kh * dk + r];
+                k[r] = xr[(nk + kh) * dk + r];
+                qq += q[r] * q[r];
+                kk += k[r] * k[r];
+            }
+            for (int r = 0; r < dk; r++) {
+                q[r] /= sqrt(qq + 1e-6) * sqrt((double)dk);
+                k[r] /= sqrt(kk + 1e-6);
+            }
+            double g = -exp((double)a_log[h]) * gdn_softplus((double)abr[nv + h] + dt_bias[h]);
+            double beta = 1.0 / (1.0 + exp(-(double)abr[h]));
+            for (int j = 0; j < dv; j++) {
+                kv[j] = 0;
+                for (int r = 0; r < dk; r++) {
+                    Sh[r * dv + j] *= exp(g);
+                    kv[j] += Sh[r * dv + j] * k[r];
+                }
+                double d = beta * (xr[2 * nk * dk + h * dv + j] - kv[j]), o = 0;
+                for (int r = 0; r < dk; r++) {
+                    Sh[r * dv + j] += k[r] * d;
+                    o += Sh[r * dv + j] * q[r];
+                }
+                y[(size_t)i * nv * dv + h * dv + j] = o;
+            }
+        }
+}
+
+static void gdn_case_run(struct kc_bes *bs, struct kc_errstat *es, const struct gdn_case *gc)
+{
+    int nk = gc->nk, nv = gc->nv, dk = gc->dk, dv = gc->dv, n = gc->n_tok;
+    int ldx = 2 * nk * dk + nv * dv, vdim = nv * dk * dv, ldy = nv * dv + 3;
+    size_t n_st = (size_t)gc->n_seq * vdim;
+    float *x = kc_fvec((size_t)n * ldx, -1, 1), *ab = kc_fvec((size_t)n * 2 * nv, -3, 3);
+    float *a_log = kc_fvec((size_t)nv, -1, 1), *dt_b = kc_fvec((size_t)nv, -1, 1);
+    float *st0 = kc_fvec(n_st, -0.5f, 0.5f), *st = malloc(n_st * sizeof *st);
+    float *y = malloc((size_t)n * ldy * sizeof *y), *yd = malloc((size_t)n * nv * dv * sizeof *yd);
+    double *yr = malloc((size_t)n * nv * dv * sizeof *yr), *sr = malloc(n_st * sizeof *sr);
+    int32_t pos[256], seq[256], next[8];
+    assert_true(n <= 256 && gc->n_seq <= 8 && dk <= 64 && dv <= 64);
+    for (int s = 0; s < gc->n_seq; s++)
+        next[s] = s % 2;
+    for (int i = 0; i < n; i++) {
+        seq[i] = gc->run ? (i / gc->run) % gc->n_seq : i < 2 ? 0 : i % gc->n_seq;
+        pos[i] = next[seq[i]]++;
+    }
+    for (size_t i = 0; i < n_st; i++)
+        sr[i] = st0[i];
+    gdn_ref(gc, yr, sr, x, ab, a_log, dt_b, pos, seq);
+
+    struct tensor ta, td;
+    int64_t shape[1] = {nv};
+    tensor_init(&ta, DTYPE_F32, a_log, 1, shape);
+    tensor_init(&td, DTYPE_F32, dt_b, 1, shape);
+    struct gdn_params p = {.n_k_head = nk, .n_v_head = nv, .k_dim = dk, .v_dim = dv,
+                           .a_log = &ta, .dt_bias = &td};
+    struct kv_layer kv = {.k = NULL, .v = st, .k_dim = 0, .v_dim = vdim, .dtype = DTYPE_F32};
+    double *srd = malloc(n_st * sizeof *srd);
+    for (size_t i = 0; i < n_st; i++)
+        srd[i] = sr[i];
+    for (int b = 0; b < bs->n; b++) {
+        struct backend *be = bs->be[b];
+        struct err e = {0};
+        /* split 0: one chunk; 1: at the cuts; 2: one row per call */
+        static const char *const what_y[] = {"gated_delta y", "gated_delta y (split)",
+                                             "gated_delta y (by rows)"};
+        static const char *const what_s[] = {"gated_delta state", "gated_delta state (split)",
+                                             "gated_delta state (by rows)"};
+        for (int split = 0; split < 3; split++) {
+            int bounds[258] = {0}, nb = 0;
+            if (split == 1)
+                for (int c = 0; c < gc->n_cuts; c++)
+                    bounds[++nb] = gc->cuts[c];
+            if (split == 2)
+                for (int r = 1; r < n; r++)
+                    bounds[++nb] = r;
+            bounds[++nb] = n;
+            memcpy(st, st0, n_st * sizeof *st);
+            for (int c = 0; c < nb; c++) {
+                int r0 = bounds[c], m = bounds[c + 1] - r0;
+                struct kv_rows rows = {.pos = pos + r0, .state = seq + r0};
+                be->ops->gated_delta(be, y + (size_t)r0 * ldy, ldy, x + (size_t)r0 * ldx, ldx,
+                                     ab + (size_t)r0 * 2 * nv, 2 * nv, &p, &kv, &rows, m);
+            }
+            assert_int_equal(backend_sync(be, &e), 0);
+            for (int i = 0; i < n; i++)
+                memcpy(yd + (size_t)i * nv * dv, y + (size_t)i * ldy, (size_t)nv * dv * sizeof *yd);
+            kc_check(es, what_y[split], be, yd, yr, (size_t)n * nv * dv, 1e-10, 1e-4);
+            kc_check(es, what_s[split], be, st, srd, n_st, 1e-10, 1e-4);
+        }
+    }
+    free(x), free(ab), free(a_log), free(dt_b), free(st0), free(st), free(y), free(yd);
+    free(yr), free(sr), free(srd);
+}
+
+static void test_gated_delta(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    static const struct gdn_case cases[] = {
+        {1, 1, 16, 33, 1, 1, {0}, 0, 0},               /* one decode row from a state */
+        {2, 4, 5, 7, 11, 3, {3, 4, 9}, 3, 0},          /* grouped value heads, odd dims */
+        {2, 2, 32, 16, 9, 2, {1, 5}, 2, 0},
+        {2, 8, 32, 32, 12, 3, {7}, 1, 0},              /* large enough for the threads */
+        /* blocks: a 150-row prefill (blocks of 64, 64, 22; cut into 37 + 64 + 49), and runs
+         * of 7 rows of three sequences (blocks of 7, of 3 and 4 at cuts, steps below 4) */
+        {1, 2, 16, 24, 150, 1, {37, 101}, 2, 150},
+        {2, 4, 9, 12, 60, 3, {10, 25, 33}, 3, 7},
+        {2, 2, 64, 64, 70, 1, {0}, 0, 70},             /* the widest heads, one block + 6 */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        gdn_case_run(&bs, &es, &cases[c]);
+    /* a state that does not match the shape is an error, not a write past it */
+    struct backend *be = bs.be[0];
+    float a1 = 0, d1 = 0, xs[8] = {0}, abs_[2] = {0}, ys[1], sts[4];
+    struct tensor ta, td;
+    int64_t shape[1] = {1};
+    tensor_init(&ta, DTYPE_F32, &a1, 1, shape);
+    tensor_init(&td, DTYPE_F32, &d1, 1, shape);
+    struct gdn_params p = {.n_k_head = 1, .n_v_head = 1, .k_dim = 2, .v_dim = 2, .a_log = &ta,
+                           .dt_bias = &td};
+    struct kv_layer kv = {.v = sts, .v_dim = 3, .dtype = DTYPE_F32};
+    int32_t pos0 = 0, seq0 = 0;
+    struct kv_rows rows = {.pos = &pos0, .state = &seq0};
+    struct err e = {0};
+    be->ops->gated_delta(be, ys, 2, xs, 6, abs_, 2, &p, &kv, &rows, 1);
+    assert_true(backend_sync(be, &e) < 0);
+    assert_non_null(strstr(e.msg, "gated_delta"));
+    kc_report("gated_delta", &es);
+    kc_close(&bs);
+}
+
 // ---- dispatch ----
 
 /* The best ISA this CPU and OS can run, worked out without dispatch.c: from
@@ -1554,6 +1722,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_embed),        cmocka_unit_test(test_norms),
     cmocka_unit_test(test_rope),          
     cmocka_unit_test(test_selective_scan),
+    cmocka_unit_test(test_gated_delta),
     
 };
 

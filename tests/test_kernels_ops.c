@@ -480,6 +480,14 @@ static void test_elementwise(void **state)
             memcpy(y, a, n * sizeof *y);
             be->ops->act(be, ACT_GELU_ERF, y, (int)n, 1, (int)n);
             kc_check(&es, "gelu_erf", be, y, r2, n, 1e-11, 1e-5);
+            /* sigmoid (output gates) */
+            double *rs = malloc(n * sizeof *rs);
+            for (size_t i = 0; i < n; i++)
+                rs[i] = 1.0 / (1.0 + exp(-(double)a[i]));
+            memcpy(y, a, n * sizeof *y);
+            be->ops->act(be, ACT_SIGMOID, y, (int)n, 1, (int)n);
+            kc_check(&es, "sigmoid", be, y, rs, n, 1e-11, 1e-5);
+            free(rs);
             /* glu: one row [gate | up], written over the gate half */
             memcpy(gu, a, n * sizeof *gu);
             memcpy(gu + n, b, n * sizeof *gu);

@@ -63,6 +63,7 @@ enum act_kind {
     ACT_RELU2 = 4,            /* relu(x)² (transformers "relu2") */
     ACT_XIELU = 5,            /* xIELU (Apertus), learned per layer: the xielu op only (act and
                                * glu record an error for it) */
+    ACT_SIGMOID = 6,          /* 1 / (1 + exp(-x)): output gates (Qwen3-Next's attention) */
 };
 
 /* xIELU's constants of one layer (transformers XIELUActivation): alpha_p = softplus(alpha_p),
@@ -161,6 +162,13 @@ struct rope_params {
                               * s = ntk_factor * seq_end / long_after - (ntk_factor - 1) */
     float mscale;            /* cos/sin multiplier (longrope / yarn attention factor; 1 otherwise) */
     enum rope_style style;   /* which dims pair up (zero: rotate-half) */
+};
+
+/* The gated delta rule's shape and per-head weights (backend_ops.gated_delta). */
+struct gdn_params {
+    int n_k_head, n_v_head;  /* key heads, value heads (a multiple of the key heads) */
+    int k_dim, v_dim;        /* key / value head dims */
+    const struct tensor *a_log, *dt_bias;  /* F32 [n_v_head] */
 };
 
 /* prepare_weight flags. A backend that copies or repacks a weight into memory of its own
@@ -327,6 +335,20 @@ struct backend_ops {
                            const float *z, int ldz, const struct tensor *A_log,
                            const struct tensor *D, const struct kv_layer *st,
                            const struct kv_rows *rows, int n_tok, int d_inner, int d_state);
+    /* The gated delta rule (Qwen3-Next's linear attention; Yang et al. 2024, "Gated Delta
+     * Networks") with the carried state st->v: per sequence and value head h a matrix
+     * S [k_dim][v_dim] (v_dim fastest; st->v_dim = n_v_head * k_dim * v_dim floats). Row i of
+     * x (stride ldx) is q | k | v: n_k_head * k_dim, n_k_head * k_dim, n_v_head * v_dim; value
+     * head h reads key head h / (n_v_head / n_k_head). Row i of ab (stride ldab) is
+     * b [n_v_head] | a [n_v_head]. Per row and value head:
+     *   q = l2norm(q) / sqrt(k_dim), k = l2norm(k)  (l2norm: x / sqrt(sum x^2 + 1e-6))
+     *   g = -exp(A_log[h]) * softplus(a + dt_bias[h]), beta = sigmoid(b)
+     *   S = S * exp(g);  S += k (beta (v - S^T k))^T;  y = S^T q
+     * y[i, h * v_dim + j] (stride ldy) does not alias x or ab. A_log and dt_bias are F32
+     * [n_v_head]. */
+    void (*gated_delta)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                        const float *ab, int ldab, const struct gdn_params *p,
+                        const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);

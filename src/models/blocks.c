@@ -137,13 +137,16 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
     /* 1. projections into the q | k | v columns */
     if (tensor_is_present(&L->wqkv)) {
         op->linear(be, b->qkv, ld, xn, &L->wqkv, opt(&L->bqkv), n);
+        if (cfg->out_gate)
+            op->linear(be, b->rec, q_dim, xn, &L->wq_gate, NULL, n);
     } else {
-        struct linear_job jobs[3] = {
+        struct linear_job jobs[4] = {
             {q, ld, xn, &L->wq, opt(&L->bq), n},
             {k, ld, xn, &L->wk, opt(&L->bk), n},
             {v, ld, xn, &L->wv, opt(&L->bv), n},
+            {b->rec, q_dim, xn, &L->wq_gate, NULL, n},  /* Qwen3-Next's output gate */
         };
-        op->linear_batch(be, jobs, 3);
+        op->linear_batch(be, jobs, cfg->out_gate ? 4 : 3);
     }
     /* 2. q/k norm before RoPE (or, qk_norm_post_rope, after it: step 3): per head (Qwen3 RMS,
      *    Cohere LayerNorm with a weight per head), or over the whole q / k width before the
@@ -162,7 +165,12 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
     /* 4. this chunk's K/V into the cache, then attend over each row's sequence */
     op->kv_store(be, kv, k, ld, v, ld, rows, n);
     op->attention(be, b->att, q_dim, q, ld, kv, rows, n, ap);
-    /* 5. output projection */
+    /* 5. the output gate (Qwen3-Next: per element, from its own projection), then the
+     *    output projection */
+    if (cfg->out_gate) {
+        op->act(be, ACT_SIGMOID, b->rec, q_dim, n, q_dim);
+        op->mul(be, b->att, q_dim, b->att, q_dim, b->rec, q_dim, n, q_dim);
+    }
     op->linear(be, o, cfg->n_embd, b->att, &L->wo, opt(&L->bo), n);
 }
 

@@ -46,6 +46,7 @@ struct blk_attn_cfg {
     const struct rope_params *rp; /* NULL: no rope */
     bool qk_norm;                 /* norm of q and k (weights L->q_norm/k_norm) ... */
     bool qk_norm_full;            /* ... over the whole q / k row, else per head */
+    bool out_gate;                /* att *= sigmoid(L->wq_gate xn) before wo (in b->rec) */
     enum norm_kind norm;          /* its kind, epsilon and weight offset (no bias) */
     float norm_eps;
     float norm_w_off;
@@ -129,6 +130,15 @@ void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const s
  * floats per row. */
 void blk_mamba(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
                const struct kv_layer *kv, const struct kv_rows *rows, int n);
+/* Qwen3-Next's gated DeltaNet (blocks_gdn.c): q | k | v = ssm_in(xn), z = ssm_z(xn),
+ * b = ssm_x(xn), a = ssm_xa(xn); q | k | v = silu(conv(q | k | v)) (state: the last d_conv - 1
+ * rows); y = the gated delta rule (backend gated_delta, state: per value head a [k_dim, v_dim]
+ * matrix); o = ssm_out(rmsnorm(y) * ssm_norm * silu(z)), the norm per value head. Uses b->rec
+ * (blk_deltanet_scratch floats per row). */
+void blk_deltanet(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+                  const struct kv_layer *kv, const struct kv_rows *rows, int n);
+/* Floats per row blk_deltanet needs in b->rec for hp's hp->ssm shape. */
+int blk_deltanet_scratch(const struct hparams *hp);
 
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,

@@ -40,6 +40,9 @@ void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
     case MIXER_MAMBA:
         blk_mamba(c, o, xn, L, kv, rows, n);
         break;
+    case MIXER_DELTANET:
+        blk_deltanet(c, o, xn, L, kv, rows, n);
+        break;
     default:
         break;  /* hparams_validate admits only the mixers a family binds */
     }

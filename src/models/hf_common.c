@@ -597,8 +597,8 @@ static int map_router_bias(struct model *m, struct wmap *w, struct layer *L, int
     return 0;
 }
 
-static int map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
-                   const struct hf_moe_names *names, struct err *e)
+int hf_map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
+               const struct hf_moe_names *names, struct err *e)
 {
     const struct hparams *hp = &m->hp;
     const struct layer_spec *ls = &hp->layer[il];
@@ -684,7 +684,7 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
             (!m->hp.parallel_residual &&
              (rc = hf_map_norm(&w, &m->hp, &L->ffn_norm, &L->ffn_norm_b, n2, e)) < 0) ||
             (rc = hf_map_attention(&w, &m->hp, L, il, e)) < 0 ||
-            (rc = map_ffn(m, &w, L, il, names, e)) < 0)
+            (rc = hf_map_ffn(m, &w, L, il, names, e)) < 0)
             return rc;
     }
     return 0;

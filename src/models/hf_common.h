@@ -87,6 +87,11 @@ struct hf_moe_names {
                                                * grouped router [n_expert] (widened to F32), or NULL */
 };
 
+/* Layer il's FFN: with layer_spec.moe the router, the shared expert (n_ff_shexp > 0) and the
+ * experts under names; else model.layers.N.mlp.{gate,up,down}_proj or gate_up_proj. */
+int hf_map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
+               const struct hf_moe_names *names, struct err *e);
+
 /* hf_map_decoder with the MoE layers under the given names. */
 int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_names *names,
                        struct err *e);

@@ -70,6 +70,9 @@ static int validate_layer(const struct hparams *hp, const struct layer_spec *ls,
     if (ls->kv == KV_RECURRENT && (hp->rec_scratch < 1 || hp->rec_scratch > HP_MAX_DIM * 8))
         return err_setf(e, ERR_INTERNAL, "layer %d: recurrent scratch %d floats per row", il,
                         hp->rec_scratch);
+    if (ls->attn_gate && (int64_t)hp->rec_scratch < (int64_t)hp->n_head * hp->head_dim)
+        return err_setf(e, ERR_INTERNAL, "layer %d: an attention output gate needs %d floats of "
+                        "recurrent scratch per row", il, hp->n_head * hp->head_dim);
     if (ls->mixer == MIXER_NONE && ls->ffn == FFN_NONE)
         return err_setf(e, ERR_CONFIG, "layer %d has neither a mixer nor an FFN", il);
     if (ls->kv == KV_LATENT &&

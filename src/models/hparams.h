@@ -124,6 +124,9 @@ struct layer_spec {
                                  * attn_temp_floor) + 1) (Llama 4's NoPE layers) */
     float attn_temp_scale;
     bool moe_weight_input;      /* routing weights scale each expert's input, not its output */
+    bool attn_gate;             /* attention output times sigmoid(wq_gate x) before wo (Qwen3-Next;
+                                 * the gate's values sit in ctx_bufs.rec: rec_scratch >= n_head *
+                                 * head_dim) */
 };
 
 struct hparams {

@@ -41,6 +41,12 @@
  *        Mamba (MIXER_MAMBA) splits x_proj [dt_rank + 2 d_state, inner] by rows: ssm_x its
  *        dt_rank rows, ssm_xbc its B | C rows (views); ssm_dt_norm [dt_rank], ssm_b_norm and
  *        ssm_c_norm [d_state] are Jamba's RMSNorms of dt, B and C (absent: none).
+ *        The gated delta rule (blocks_gdn.c): ssm_in [q | k | v rows], ssm_z the output gate's
+ *        projection [value dim, n_embd], ssm_x b [value heads, n_embd], ssm_xa a (the decay's
+ *        input) [value heads, n_embd], ssm_dt_b dt_bias, ssm_a A_log, ssm_conv [q|k|v channels,
+ *        d_conv], ssm_norm [value head dim].
+ *   wq_gate [n_head * head_dim, n_embd]: an attention output gate, o = wo(att * sigmoid(wq_gate
+ *        x)) (layer_spec.attn_gate; Qwen3-Next's q_proj rows split into wq and wq_gate).
  */
 #pragma once
 #include <stdbool.h>
@@ -77,14 +83,13 @@ struct experts {
     X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat) \
     X(ssm_in) X(ssm_in_b) X(ssm_x) X(ssm_dt) X(ssm_dt_b) X(ssm_conv) X(ssm_conv_b) X(ssm_a) \
     X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b) \
-    X(ssm_xbc) X(ssm_dt_norm) X(ssm_b_norm) X(ssm_c_norm)
+    X(ssm_xbc) X(ssm_dt_norm) X(ssm_b_norm) X(ssm_c_norm) X(wq_gate) X(ssm_z) X(ssm_xa)
 
 /* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
 #define LAYER_MATRICES(X) \
     X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat) \
-    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) \
-    X(ssm_xbc)
+    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) X(ssm_xbc) X(wq_gate) X(ssm_z) X(ssm_xa)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;

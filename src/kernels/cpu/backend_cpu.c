@@ -563,6 +563,10 @@ static void act_apply(const struct cpu_kernels *k, enum act_kind act, float *x, 
         break;
     case ACT_XIELU:  /* refused by cpu_act / cpu_glu: it needs its constants (xielu) */
         break;
+    case ACT_SIGMOID:
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f / (1.0f + expf(-x[i]));
+        break;
     }
 }
 
@@ -830,6 +834,7 @@ static const struct backend_ops k_cpu_ops = {
     .mul = cpu_mul,
     .conv1d = cpu_conv1d,
     .selective_scan = cpu_selective_scan,
+    .gated_delta = cpu_gated_delta,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
     .attn_temp = cpu_attn_temp,

@@ -121,3 +121,7 @@ void cpu_selective_scan(struct backend *be, float *y, int ldy, const float *x, i
                         const float *z, int ldz, const struct tensor *A_log, const struct tensor *D,
                         const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
                         int d_inner, int d_state);
+/* backend_ops.gated_delta (backend_cpu_gdn.c). */
+void cpu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                     const float *ab, int ldab, const struct gdn_params *p,
+                     const struct kv_layer *st, const struct kv_rows *rows, int n_tok);

@@ -311,6 +311,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .mul = */ cu_mul,
     /* .conv1d = */ cu_conv1d,
     /* .selective_scan = */ cu_selective_scan,
+    /* .gated_delta = */ cu_gated_delta,
     /* .destroy = */ cuda_destroy,
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,

@@ -146,6 +146,10 @@ void cu_selective_scan(struct backend *be, float *y, int ldy, const float *x, in
                        const float *z, int ldz, const struct tensor *A_log, const struct tensor *D,
                        const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
                        int d_inner, int d_state);
+/* gdn.cu */
+void cu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                    const float *ab, int ldab, const struct gdn_params *p,
+                    const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__

@@ -119,6 +119,8 @@ __device__ __forceinline__ float act_f(int act, float v)
         return v > 0.0f ? v : 0.0f;
     case ACT_RELU2:
         return v > 0.0f ? v * v : 0.0f;
+    case ACT_SIGMOID:
+        return 1.0f / (1.0f + expf(-v));
     default:
         return v / (1.0f + expf(-v));
     }
