@@ -41,6 +41,10 @@
  * chunk or two, differs by rounding: measured up to 1.1e-5 on an H100 (olmo3), 100x inside the
  * golden rule's 1e-3; the CPU's products do not depend on the chunk (1e-5, 1e-6 here). */
 #define BATCH_REL_TOL_GPU 1e-4
+/* AVX2's float products also depend on the row count (qwen3: 2.7e-7 batched vs alone), and the
+ * gated delta rule's l2-normalised q/k magnify that 40x in these tiny random models (qwen3_next:
+ * 1.1e-5, qwen3_5_text: 8.2e-6); scalar and AVX-512 give 0. */
+#define BATCH_REL_TOL_AVX2 1e-4
 
 /* Feed ids to seq at its next positions in one batch; logits of the last row. */
 static void feed(struct test_eng *g, int seq, const int32_t *ids, int n, float *logits)
@@ -112,7 +116,8 @@ static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const ch
     int32_t next[N_SEQ] = {0};
     float *out = malloc((size_t)N_SEQ * V * sizeof *out);
     double worst = 0, tol = runs_qi(g) ? BATCH_REL_TOL_QI
-                            : backend_is_cpu(g->be) ? BATCH_REL_TOL : BATCH_REL_TOL_GPU;
+                            : !backend_is_cpu(g->be) ? BATCH_REL_TOL_GPU
+                            : strcmp(g->be->name, "cpu-avx2") == 0 ? BATCH_REL_TOL_AVX2 : BATCH_REL_TOL;
     assert_non_null(out);
     for (int s = 0; s < N_SEQ; s++)
         assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
