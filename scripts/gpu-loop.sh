@@ -15,7 +15,8 @@
 #   scripts/gpu-loop.sh sanitize [DIR] compute-sanitizer memcheck on a dense, a MoE and an
 #                                     MLA golden
 #   scripts/gpu-loop.sh bench [DIR]   random-weight models (mlxcel synth, Llama-3.2-1B and
-#                                     Llama-3.1-8B proportions, 4-bit g64) and mlxcel bench
+#                                     Llama-3.1-8B proportions, the hybrids Nemotron-H-8B and
+#                                     Qwen3-Next (32 experts), 4-bit g64) and mlxcel bench
 #                                     on them (BENCH_MODELS, BENCH_ARGS to choose; -p/-n take
 #                                     one value each)
 #   scripts/gpu-loop.sh all [DIR]     gate, sanitize and bench, stopping at the first failure
@@ -112,6 +113,43 @@ llama_config() {
 JSON
 }
 
+# Nemotron-H-8B proportions (nvidia/Nemotron-H-8B-Base-8K): 52 layers in 26 (mixer, relu² MLP)
+# pairs, the mixer Mamba-2 (128 heads of 64, state 128, 8 groups) except 4 attention layers
+nemotron_h_8b_config() {
+    local types="" i
+    for i in $(seq 0 25); do
+        case $i in 4 | 10 | 16 | 22) types="$types\"full_attention\", " ;; *) types="$types\"linear_attention\", " ;; esac
+        types="$types\"mlp\"$([ "$i" -lt 25 ] && echo ', ')"
+    done
+    cat <<JSON
+{"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072,
+ "hidden_size": 4096, "intermediate_size": 21504, "num_hidden_layers": 52,
+ "layers_block_type": [$types], "num_attention_heads": 32, "num_key_value_heads": 8,
+ "head_dim": 128, "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128,
+ "n_groups": 8, "conv_kernel": 4, "expand": 2, "chunk_size": 128, "mlp_hidden_act": "relu2",
+ "max_position_embeddings": 16384, "layer_norm_epsilon": 1e-05, "tie_word_embeddings": false,
+ "use_conv_bias": true, "use_bias": false, "mamba_proj_bias": false,
+ "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+JSON
+}
+
+# Qwen3-Next-80B-A3B proportions with 32 of its 512 experts (the active path is the published
+# one: 10 routed + 1 shared of 512, 36 gated-DeltaNet and 12 attention layers of 2048)
+qwen3_next_config() {
+    cat <<JSON
+{"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936,
+ "hidden_size": 2048, "intermediate_size": 5120, "num_hidden_layers": 48,
+ "full_attention_interval": 4, "num_attention_heads": 16, "num_key_value_heads": 2,
+ "head_dim": 256, "partial_rotary_factor": 0.25, "rope_theta": 10000000.0,
+ "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+ "linear_num_value_heads": 32, "linear_value_head_dim": 128, "num_experts": 32,
+ "num_experts_per_tok": 10, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+ "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+ "max_position_embeddings": 16384, "rms_norm_eps": 1e-06, "tie_word_embeddings": false,
+ "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}
+JSON
+}
+
 bench() {
     env_there
     cd "$root"
@@ -126,6 +164,8 @@ bench() {
             case $base in
             llama-1b) llama_config llama-1b 16 2048 8192 32 8 128256 >"$m/$base.json" ;;
             llama-8b) llama_config llama-8b 32 4096 14336 32 8 128256 >"$m/$base.json" ;;
+            nemotron-h-8b) nemotron_h_8b_config >"$m/$base.json" ;;
+            qwen3-next) qwen3_next_config >"$m/$base.json" ;;
             *) echo "bench: unknown model $name" >&2; return 2 ;;
             esac
             local t0=$SECONDS

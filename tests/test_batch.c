@@ -107,6 +107,29 @@ static bool runs_qi(const struct test_eng *g)
     return false;
 }
 
+static double max_abs(const float *v, int n)
+{
+    double m = 0;
+    for (int i = 0; i < n; i++)
+        m = fmax(m, fabs((double)v[i]));
+    return m;
+}
+
+/* The largest logit minus the second largest. */
+static double top2_margin(const float *v, int n)
+{
+    double a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (v[i] > a) {
+            b = a;
+            a = v[i];
+        } else if (v[i] > b) {
+            b = v[i];
+        }
+    }
+    return a - b;
+}
+
 /* All sequences together: step k adds, for every started sequence, its next prompt
  * chunk (<= 3 tokens) or its next decode token; sequence s starts at step s / 2. */
 static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const char *name)
@@ -150,10 +173,15 @@ static double run_mixed(struct test_eng *g, struct seq_ref *ref, int V, const ch
             if (d > tol)
                 fail_msg("%s: sequence %d step %d: batched logits differ from alone by %.3g", name, s,
                          t, d);
-            next[s] = test_argmax(out + (size_t)o * V, V);
-            if (next[s] != ref[s].greedy[t])
+            /* the batched argmax must be the alone one unless the alone top 2 are within the
+             * bound of each other (a near tie that rounding may flip: MoE routers of these
+             * tiny random models on a GPU); either way the sequence goes on with the alone
+             * token, so every later step is compared on the same input */
+            int am = test_argmax(out + (size_t)o * V, V);
+            next[s] = ref[s].greedy[t];
+            if (am != next[s] && top2_margin(want, V) > 2 * tol * max_abs(want, V))
                 fail_msg("%s: sequence %d step %d: greedy id %d batched, %d alone", name, s, t,
-                         next[s], ref[s].greedy[t]);
+                         am, next[s]);
             got[s]++;
         }
     }
