@@ -757,6 +757,7 @@ static const struct backend_ops k_cpu_ops = {
     .moe_combine = cpu_moe_combine,
     .mul = cpu_mul,
     .conv1d = cpu_conv1d,
+    .ssd_scan = cpu_ssd_scan,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
 };

@@ -310,6 +310,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .moe_combine = */ cu_moe_combine,
     /* .mul = */ cu_mul,
     /* .conv1d = */ cu_conv1d,
+    /* .ssd_scan = */ cu_ssd_scan,
     /* .destroy = */ cuda_destroy,
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,

@@ -135,6 +135,11 @@ void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, cons
 void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* ssm.cu */
+void cu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const float *B,
+                 const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
+                 const struct tensor *d, const struct tensor *dt_bias, const struct kv_layer *st,
+                 const struct kv_rows *rows, int n_tok, const struct ssd_params *p);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
