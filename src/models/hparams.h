@@ -202,6 +202,8 @@ struct hparams {
         bool proj_bias;         /* in / out projections have biases */
         float dt_min, dt_max;   /* clamp of softplus(dt + dt_bias) (time_step_limit); 0, inf: none */
         float norm_eps;         /* the gated norm's epsilon */
+        int norm_groups;        /* Mamba-2's gated norm: RMS over d_inner / norm_groups columns
+                                 * at a time (1: the whole row; n_group in Nemotron-H) */
     } ssm;
     /* floats per row the recurrent blocks need beyond the attention buffers (ctx_bufs.rec) */
     int rec_scratch;
