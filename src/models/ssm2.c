@@ -73,8 +73,12 @@ int ssm2_parse(struct hparams *hp, const cJSON *cfg, const struct ssm2_keys *k, 
     int rc, inner = 0;
     float expand = k->def_expand;
     char act[32];
+    /* Bamba's mamba_d_head may be "auto": the inner width over the heads (below) */
+    const cJSON *hd = k->head_dim ? cJSON_GetObjectItemCaseSensitive(cfg, k->head_dim) : NULL;
+    bool hd_auto = (cJSON_IsString(hd) && strcmp(hd->valuestring, "auto") == 0) ||
+                   ((!hd || cJSON_IsNull(hd)) && k->def_head_dim == 0);
     if ((rc = opt_int(cfg, k->n_head, k->def_n_head, &hp->ssm.n_head, e)) < 0 ||
-        (rc = opt_int(cfg, k->head_dim, k->def_head_dim, &hp->ssm.head_dim, e)) < 0 ||
+        (!hd_auto && (rc = opt_int(cfg, k->head_dim, k->def_head_dim, &hp->ssm.head_dim, e)) < 0) ||
         (rc = opt_int(cfg, k->d_state, k->def_d_state, &hp->ssm.d_state, e)) < 0 ||
         (rc = opt_int(cfg, k->n_group, k->def_n_group, &hp->ssm.n_group, e)) < 0 ||
         (rc = opt_int(cfg, k->d_conv, k->def_d_conv, &hp->ssm.d_conv, e)) < 0 ||
@@ -100,6 +104,8 @@ int ssm2_parse(struct hparams *hp, const cJSON *cfg, const struct ssm2_keys *k, 
         inner = (int)di;
     }
     hp->ssm.d_inner = inner;
+    if (hd_auto)
+        hp->ssm.head_dim = hp->ssm.n_head > 0 ? inner / hp->ssm.n_head : 0;
     const char *kh = k->n_head ? k->n_head : "num_heads", *kp = k->head_dim ? k->head_dim : "head_dim";
     const char *kg = k->n_group ? k->n_group : "n_groups";
     if ((rc = hparams_check_dim(hp->ssm.n_head, kh, 1, HP_MAX_HEADS, e)) < 0 ||
