@@ -57,6 +57,7 @@ enum act_kind {
     ACT_GELU_TANH = 1,        /* GPT-2 "gelu_new", gelu_pytorch_tanh */
     ACT_GELU_ERF = 2,         /* exact gelu */
     ACT_RELU = 3,
+    ACT_RELU2 = 4,            /* relu(x)^2 (Nemotron-H's "relu2" MLPs) */
 };
 
 /* Expert routing rules (moe_route). */

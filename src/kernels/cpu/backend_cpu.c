@@ -556,6 +556,10 @@ static void act_apply(const struct cpu_kernels *k, enum act_kind act, float *x, 
         for (size_t i = 0; i < n; i++)
             x[i] = x[i] > 0.0f ? x[i] : 0.0f;
         break;
+    case ACT_RELU2:
+        for (size_t i = 0; i < n; i++)
+            x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+        break;
     }
 }
 

@@ -116,6 +116,8 @@ __device__ __forceinline__ float act_f(int act, float v)
         return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     case ACT_RELU:
         return v > 0.0f ? v : 0.0f;
+    case ACT_RELU2:
+        return v > 0.0f ? v * v : 0.0f;
     default:
         return v / (1.0f + expf(-v));
     }
