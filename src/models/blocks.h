@@ -121,7 +121,9 @@ void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const s
  * n_group, d_conv, dt clamp, norm_eps, norm_groups): z | xBC | dt = ssm_in(xn) (+ bias);
  * xBC = silu(conv(xBC)) (state: its last d_conv - 1 inputs); y = SSD scan of x, B, C, dt
  * with A_log (ssm_a), D (ssm_d), dt_bias (ssm_dt_b) (state: [n_head][head_dim][d_state]);
- * y = rmsnorm(y * silu(z)) over norm_groups groups (weight ssm_norm); o = ssm_out(y). Uses
+ * y = rmsnorm(y * silu(z)) over norm_groups groups (weight ssm_norm; Falcon-H1's options:
+ * norm_before_gate rmsnorm(y) * silu(z), norm_off y * silu(z), mup: the projection's
+ * column segments scaled by mup_mult); o = ssm_out(y). Uses
  * b->rec: [n_batch][2 d_inner + 2 n_group d_state + n_head] then [n][d_inner]. */
 void blk_mamba2(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
                 const struct kv_layer *kv, const struct kv_rows *rows, int n);

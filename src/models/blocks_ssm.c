@@ -34,12 +34,23 @@ void blk_mamba2(const struct model_ctx *c, float *o, const float *xn, const stru
         .n_group = hp->ssm.n_group, .dt_min = hp->ssm.dt_min, .dt_max = hp->ssm.dt_max,
     };
     op->linear(be, zx, w, xn, &L->ssm_in, opt_t(&L->ssm_in_b), n);
+    if (hp->ssm.mup) {
+        /* Falcon-H1's per-segment multipliers of z | x | B | C | dt */
+        int off[6] = {0, di, 2 * di, 2 * di + gn, 2 * di + 2 * gn, w};
+        for (int k = 0; k < 5; k++)
+            if (hp->ssm.mup_mult[k] != 1.0f)
+                op->scale(be, zx + off[k], w, hp->ssm.mup_mult[k], n, off[k + 1] - off[k]);
+    }
     op->conv1d(be, zx + di, w, zx + di, w, &L->ssm_conv, opt_t(&L->ssm_conv_b), kv, rows, n, cd,
                hp->ssm.d_conv, true);
     op->ssd_scan(be, y, di, zx + di, zx + 2 * di, zx + 2 * di + gn, w, zx + di + cd, w, &L->ssm_a,
                  opt_t(&L->ssm_d), &L->ssm_dt_b, kv, rows, n, &sp);
+    bool before = hp->ssm.norm_before_gate && !hp->ssm.norm_off;
+    if (before)
+        op->rmsnorm(be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
     op->act(be, ACT_SILU, zx, w, n, di);                          /* z = silu(z) */
     op->mul(be, y, di, y, di, zx, w, n, di);                      /* y = y * silu(z) */
-    op->rmsnorm(be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
+    if (!before && !hp->ssm.norm_off)
+        op->rmsnorm(be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
     op->linear(be, o, hp->n_embd, y, &L->ssm_out, opt_t(&L->ssm_out_b), n);
 }

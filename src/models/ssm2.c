@@ -120,7 +120,9 @@ int ssm2_parse(struct hparams *hp, const cJSON *cfg, const struct ssm2_keys *k, 
         return rc;
     if ((int64_t)hp->ssm.n_head * hp->ssm.head_dim != inner)
         return err_setf(e, ERR_CONFIG, "config fields '%s' x '%s' = %d x %d must equal the "
-                        "mixer's inner width %d", kh, kp, hp->ssm.n_head, hp->ssm.head_dim, inner);
+                        "mixer's inner width %d (%s)", kh, kp, hp->ssm.n_head, hp->ssm.head_dim,
+                        inner, k->inner && cfg_has(cfg, k->inner) ? k->inner
+                        : k->expand ? "expand x hidden_size" : "2 x hidden_size");
     if (hp->ssm.n_head % hp->ssm.n_group != 0)
         return err_setf(e, ERR_CONFIG, "config field '%s' = %d must divide '%s' = %d", kg,
                         hp->ssm.n_group, kh, hp->ssm.n_head);
@@ -190,7 +192,8 @@ int ssm2_map(struct model *m, struct wmap *w, struct layer *L, const char *prefi
         (rc = wm_vec(w, &L->ssm_dt_b, WM_REQUIRED, H, e, "%s.dt_bias", prefix)) < 0 ||
         (rc = wm_vec(w, &L->ssm_a, WM_REQUIRED, H, e, "%s.A_log", prefix)) < 0 ||
         (rc = wm_vec(w, &L->ssm_d, WM_REQUIRED, H, e, "%s.D", prefix)) < 0 ||
-        (rc = wm_vec(w, &L->ssm_norm, WM_REQUIRED, di, e, "%s.norm.weight", prefix)) < 0 ||
+        (!hp->ssm.norm_off &&
+         (rc = wm_vec(w, &L->ssm_norm, WM_REQUIRED, di, e, "%s.norm.weight", prefix)) < 0) ||
         (rc = wm_linear(w, &L->ssm_out, WM_REQUIRED, 0, d, di, e, "%s.out_proj", prefix)) < 0 ||
         (pb && (rc = wm_vec(w, &L->ssm_out_b, WM_REQUIRED, d, e, "%s.out_proj.bias", prefix)) < 0))
         return rc;
