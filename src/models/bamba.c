@@ -103,6 +103,14 @@ static int bamba_map_weights(struct model *m, struct st_set *st, struct err *e)
     return 0;
 }
 
+/* mlx-lm's sanitize moves conv1d's kernel axis last but one: [ch, 1, K] -> [ch, K, 1] */
+static void bamba_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    out[0] = (struct ck_view_rule){"model.layers.%d.mamba.conv1d.weight", "model.layers.%d.mamba.conv1d.weight", CK_VIEW_T, 0, 0};
+    out[1] = (struct ck_view_rule){NULL, NULL, CK_VIEW_NONE, 0, 0};
+}
+
 static const char *const bamba_archs[] = {"BambaForCausalLM", NULL};
 
 const struct model_ops bamba_ops = {
@@ -111,5 +119,6 @@ const struct model_ops bamba_ops = {
     .architectures = bamba_archs,
     .parse_config = bamba_parse_config,
     .map_weights = bamba_map_weights,
+    .convert_views = bamba_convert_views,
     .forward = decoder_forward,
 };

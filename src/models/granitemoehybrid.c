@@ -146,7 +146,8 @@ static int map_moe(struct model *m, struct wmap *w, struct layer *L, int il, str
     snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe", il);
     if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, E, d, e, "%s.router.layer", pre)) < 0)
         return rc;
-    if (!wm_has(w, "%s.input_linear.weight", pre) && !wm_has(w, "%s.input_linear.scales", pre)) {
+    if (wm_has(w, "%s.switch_mlp.gate_proj.weight", pre) ||
+        wm_has(w, "%s.switch_mlp.gate_proj.scales", pre)) {
         /* mlx-lm's sanitize: switch_mlp.{gate,up,down}_proj, stacked */
         char g[160], u[160], dn[160];
         snprintf(g, sizeof g, "model.layers.%%d.block_sparse_moe.switch_mlp.gate_proj");
@@ -233,6 +234,26 @@ static int gmh_map_weights(struct model *m, struct st_set *st, struct err *e)
     return 0;
 }
 
+/* mlx-lm's sanitize moves conv1d's kernel axis last but one: [ch, 1, K] -> [ch, K, 1] */
+static void granitemoehybrid_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    out[0] = (struct ck_view_rule){"model.layers.%d.mamba.conv1d.weight", "model.layers.%d.mamba.conv1d.weight", CK_VIEW_T, 0, 0};
+    out[1] = (struct ck_view_rule){NULL, NULL, CK_VIEW_NONE, 0, 0};
+}
+
+/* mlx-lm's quant_predicate: the router at 8 bits, group 64 (affine) */
+static int gmh_quant_predicate(const char *module, const struct quant_params *base,
+                               struct quant_params *qp)
+{
+    static const char suffix[] = ".block_sparse_moe.router.layer";
+    size_t a = strlen(module), b = sizeof suffix - 1;
+    if (a < b || strcmp(module + a - b, suffix) != 0)
+        return CK_Q_DEFAULT;
+    *qp = (struct quant_params){QMODE_AFFINE, 8, 64, base->variant};
+    return CK_Q_OVERRIDE;
+}
+
 static const char *const gmh_archs[] = {"GraniteMoeHybridForCausalLM", NULL};
 
 const struct model_ops granitemoehybrid_ops = {
@@ -242,5 +263,7 @@ const struct model_ops granitemoehybrid_ops = {
     .architectures = gmh_archs,
     .parse_config = gmh_parse_config,
     .map_weights = gmh_map_weights,
+    .convert_views = granitemoehybrid_convert_views,
+    .quant_predicate = gmh_quant_predicate,
     .forward = decoder_forward,
 };

@@ -80,6 +80,14 @@ static int mamba2_map_weights(struct model *m, struct st_set *st, struct err *e)
     return 0;
 }
 
+/* mlx-lm's sanitize moves conv1d's kernel axis last but one: [ch, 1, K] -> [ch, K, 1] */
+static void mamba2_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    out[0] = (struct ck_view_rule){"backbone.layers.%d.mixer.conv1d.weight", "backbone.layers.%d.mixer.conv1d.weight", CK_VIEW_T, 0, 0};
+    out[1] = (struct ck_view_rule){NULL, NULL, CK_VIEW_NONE, 0, 0};
+}
+
 static const char *const mamba2_archs[] = {"Mamba2ForCausalLM", NULL};
 
 const struct model_ops mamba2_ops = {
@@ -88,5 +96,6 @@ const struct model_ops mamba2_ops = {
     .architectures = mamba2_archs,
     .parse_config = mamba2_parse_config,
     .map_weights = mamba2_map_weights,
+    .convert_views = mamba2_convert_views,
     .forward = decoder_forward,
 };

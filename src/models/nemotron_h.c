@@ -238,6 +238,14 @@ static int nemotron_h_map_weights(struct model *m, struct st_set *st, struct err
     return 0;
 }
 
+/* mlx-lm's sanitize moves conv1d's kernel axis last but one: [ch, 1, K] -> [ch, K, 1] */
+static void nemotron_h_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+{
+    (void)hp;
+    out[0] = (struct ck_view_rule){"backbone.layers.%d.mixer.conv1d.weight", "backbone.layers.%d.mixer.conv1d.weight", CK_VIEW_T, 0, 0};
+    out[1] = (struct ck_view_rule){NULL, NULL, CK_VIEW_NONE, 0, 0};
+}
+
 static const char *const nemotron_h_archs[] = {"NemotronHForCausalLM", NULL};
 
 const struct model_ops nemotron_h_ops = {
@@ -246,5 +254,6 @@ const struct model_ops nemotron_h_ops = {
     .architectures = nemotron_h_archs,
     .parse_config = nemotron_h_parse_config,
     .map_weights = nemotron_h_map_weights,
+    .convert_views = nemotron_h_convert_views,
     .forward = decoder_forward,
 };
