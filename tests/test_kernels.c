@@ -1256,12 +1256,14 @@ static void test_rope(void **state)
 
 // ---- ssd scan (Mamba-2) ----
 
-/* One ssd_scan case: n_seq sequences' rows interleaved at random, each sequence either
+/* One ssd_scan case: n_seq sequences' rows interleaved at random (blocked: in runs of one
+ * sequence, every 9th row another's, as a prefill beside decodes), each sequence either
  * starting at position 0 or continuing from a random state, against the recurrence in
- * double precision; then the same rows split into chunks at random rows must leave the
- * same state and outputs as one call. alias: y written over x. */
+ * double precision; then the same rows split into chunks of 1 to 6 rows at random (each
+ * row by the recurrence) must give the same state and outputs as one call (whose long runs
+ * take the chunked form) within float rounding. alias: y written over x. */
 static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_seq, int H, int P,
-                     int N, int G, float dt_lo, float dt_hi, bool skip, bool alias)
+                     int N, int G, float dt_lo, float dt_hi, bool skip, bool alias, bool blocked)
 {
     int di = H * P, ldx = di + 2 * G * N + 3, lddt = H + 1, ldy = alias ? ldx : di + 2;
     size_t sd = (size_t)H * P * N;
@@ -1278,7 +1280,8 @@ static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_
     for (int q = 0; q < n_seq; q++)
         next[q] = q % 2 ? 3 + q : 0;   /* odd sequences continue from their random state */
     for (int i = 0; i < n_tok; i++) {
-        seq[i] = (int32_t)kc_urand((unsigned)n_seq);
+        seq[i] = blocked && i % 9 != 4 ? (int32_t)((int64_t)i * n_seq / n_tok)
+                                       : (int32_t)kc_urand((unsigned)n_seq);
         pos[i] = next[seq[i]]++;
     }
     for (size_t k = 0; k < sd * n_seq; k++)
@@ -1313,7 +1316,8 @@ static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_
     struct ssd_params sp = {.n_head = H, .head_dim = P, .d_state = N, .n_group = G,
                             .dt_min = dt_lo, .dt_max = dt_hi};
     double *sref = malloc(sd * n_seq * sizeof *sref);
-    assert_non_null(sref);
+    double *y1d = malloc((size_t)n_tok * di * sizeof *y1d), *st1d = malloc(sd * n_seq * sizeof *st1d);
+    assert_true(sref && y1d && st1d);
     for (size_t k = 0; k < sd * n_seq; k++)
         sref[k] = S[k];
     for (int ib = 0; ib < bs->n; ib++) {
@@ -1347,9 +1351,17 @@ static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_
         }
         assert_int_equal(backend_sync(be, &e), 0);
         for (int i = 0; i < n_tok; i++)
-            assert_memory_equal(out + (size_t)i * ldy, y1 + (size_t)i * ldy, (size_t)di * sizeof *y1);
-        assert_memory_equal(stv, st1, sd * n_seq * sizeof *stv);
+            for (int k = 0; k < di; k++) {
+                yr[(size_t)i * di + k] = out[(size_t)i * ldy + k];
+                y1d[(size_t)i * di + k] = y1[(size_t)i * ldy + k];
+            }
+        for (size_t k = 0; k < sd * n_seq; k++)
+            st1d[k] = st1[k];
+        kc_check(es, "ssd_scan y split vs whole", be, yr, y1d, (size_t)n_tok * di, 1e-10, 5e-5);
+        kc_check(es, "ssd_scan state split vs whole", be, stv, st1d, sd * n_seq, 1e-10, 5e-5);
     }
+    free(y1d);
+    free(st1d);
     free(sref);
     free(x0);
     free(dt);
@@ -1375,11 +1387,15 @@ static void test_ssd_scan(void **state)
     struct kc_bes bs;
     struct kc_errstat es = {0};
     kc_open(&bs);
-    ssd_case(&bs, &es, 1, 1, 1, 1, 1, 1, 0.0f, INFINITY, true, false);
-    ssd_case(&bs, &es, 13, 3, 6, 5, 7, 3, 0.0f, INFINITY, true, false);
-    ssd_case(&bs, &es, 17, 4, 4, 3, 33, 2, 0.01f, 0.5f, false, true);   /* clamp, no D, y over x */
-    ssd_case(&bs, &es, 40, 5, 8, 16, 64, 1, 0.0f, INFINITY, true, false); /* threaded */
-    ssd_case(&bs, &es, 9, 2, 2, 4, 130, 2, 0.0f, INFINITY, true, true);
+    ssd_case(&bs, &es, 1, 1, 1, 1, 1, 1, 0.0f, INFINITY, true, false, false);
+    ssd_case(&bs, &es, 13, 3, 6, 5, 7, 3, 0.0f, INFINITY, true, false, false);
+    ssd_case(&bs, &es, 17, 4, 4, 3, 33, 2, 0.01f, 0.5f, false, true, false); /* clamp, no D, y over x */
+    ssd_case(&bs, &es, 40, 5, 8, 16, 64, 1, 0.0f, INFINITY, true, false, false); /* threaded */
+    ssd_case(&bs, &es, 9, 2, 2, 4, 130, 2, 0.0f, INFINITY, true, true, false);
+    /* the chunked form: runs of 8 to 64+ rows (blocks of 64 and a tail), beside decode rows */
+    ssd_case(&bs, &es, 150, 2, 4, 8, 16, 2, 0.0f, INFINITY, true, false, true);
+    ssd_case(&bs, &es, 70, 3, 6, 5, 33, 3, 0.01f, 0.5f, false, true, true);   /* y over x */
+    ssd_case(&bs, &es, 200, 1, 3, 16, 64, 1, 0.0f, INFINITY, true, false, true);
     kc_report("ssd_scan", &es);
     kc_close(&bs);
 }
