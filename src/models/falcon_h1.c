@@ -27,9 +27,15 @@
  * mamba_d_state, mamba_n_groups, mamba_d_conv, mamba_chunk_size, mamba_conv_bias,
  * mamba_proj_bias (in_proj), projectors_bias (out_proj; must equal mamba_proj_bias here),
  * mamba_rms_norm (false), mamba_norm_before_gate (true), time_step_limit.
- * Refused: mlx-lm's converted layout (conv1d [ch, K, 1]): its sanitize folds the
- * multipliers into the weights, and not all of them (key_multiplier, v's share of
- * attention_in_multiplier), so it is a different model.
+ *
+ * mlx-lm's converted layout (conv1d [ch, K, 1]) holds the multipliers folded into the
+ * weights by its sanitize (embedding, lm_head, q / k by attention_in, o, out_proj, the MLP's
+ * gate and down, in_proj by ssm_in x the mup vector; not key_multiplier, nor v's share of
+ * attention_in), and mlx-lm's forward applies none of them, except a tied head's
+ * lm_head / embedding ratio: such a checkpoint runs as mlx-lm runs it (map_weights resets
+ * the multipliers, the one hparams change a weight layout makes). `mlxcel convert` keeps
+ * transformers' layout for this family (a view cannot fold a scale), so its output runs with
+ * the multipliers applied.
  */
 #include <math.h>
 #include <stdio.h>
@@ -129,6 +135,21 @@ static int falcon_h1_parse_config(struct hparams *hp, const cJSON *cfg, struct e
     return 0;
 }
 
+/* mlx-lm's Falcon-H1 checkpoint: the multipliers are in the weights (or, key_multiplier,
+ * nowhere), and mlx-lm's forward scales only a tied head, by lm_head / embedding */
+static void mlx_folded(struct hparams *hp)
+{
+    hp->logit_scale = hp->tie_embd ? hp->logit_scale / hp->embd_scale : 1.0f;
+    hp->embd_scale = 1.0f;
+    hp->mup.ssm_in = hp->mup.ssm_out = hp->mup.attn_in = hp->mup.attn_out = 1.0f;
+    hp->mup.mlp_gate = hp->mup.mlp_down = 1.0f;
+    hp->ssm.mup = false;
+    float scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->attn_scale = scale;
+    for (int il = 0; il < hp->n_layer; il++)
+        hp->layer[il].attn_scale = scale;
+}
+
 static int falcon_h1_map_weights(struct model *m, struct st_set *st, struct err *e)
 {
     const struct hparams *hp = &m->hp;
@@ -137,9 +158,7 @@ static int falcon_h1_map_weights(struct model *m, struct st_set *st, struct err 
     int rc;
     const struct st_tensor *c0 = st_set_find(st, "model.layers.0.mamba.conv1d.weight");
     if (c0 && c0->ndim == 3 && c0->shape[2] == 1 && c0->shape[1] > 1)
-        return err_setf(e, ERR_UNSUPPORTED, "model.layers.0.mamba.conv1d.weight is in mlx-lm's "
-                        "layout, whose Falcon-H1 weights have the multipliers folded in: not "
-                        "supported (convert from the Hugging Face checkpoint)");
+        mlx_folded(&m->hp);
     if ((rc = hf_map_head(m, &w, "model.embed_tokens", "model.final_layernorm", "lm_head", e)) < 0)
         return rc;
     for (int il = 0; il < hp->n_layer; il += 2) {
