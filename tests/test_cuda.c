@@ -451,7 +451,7 @@ static void test_ssd_scan(void **state)
     static const int cases[][6] = {
         {1, 1, 4, 8, 16, 1},      /* one decode row */
         {5, 4, 8, 16, 64, 2},     /* decode rows of 4 sequences */
-        {150, 2, 8, 16, 128, 2},  /* prefill runs: the CPU's chunked form */
+        {150, 2, 8, 16, 128, 2},  /* prefill runs beside decode rows */
         {77, 3, 6, 10, 256, 3},   /* d_state 256: 8 floats a lane */
         {40, 2, 4, 7, 33, 1},     /* odd sizes */
     };

@@ -1259,9 +1259,9 @@ static void test_rope(void **state)
 /* One ssd_scan case: n_seq sequences' rows interleaved at random (blocked: in runs of one
  * sequence, every 9th row another's, as a prefill beside decodes), each sequence either
  * starting at position 0 or continuing from a random state, against the recurrence in
- * double precision; then the same rows split into chunks of 1 to 6 rows at random (each
- * row by the recurrence) must give the same state and outputs as one call (whose long runs
- * take the chunked form) within float rounding. alias: y written over x. */
+ * double precision; then the same rows split into chunks of 1 to 6 rows at random must
+ * give the same state and outputs as one call (within float rounding: a backend may
+ * evaluate a long run another way). alias: y written over x. */
 static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_seq, int H, int P,
                      int N, int G, float dt_lo, float dt_hi, bool skip, bool alias, bool blocked)
 {
@@ -1392,7 +1392,7 @@ static void test_ssd_scan(void **state)
     ssd_case(&bs, &es, 17, 4, 4, 3, 33, 2, 0.01f, 0.5f, false, true, false); /* clamp, no D, y over x */
     ssd_case(&bs, &es, 40, 5, 8, 16, 64, 1, 0.0f, INFINITY, true, false, false); /* threaded */
     ssd_case(&bs, &es, 9, 2, 2, 4, 130, 2, 0.0f, INFINITY, true, true, false);
-    /* the chunked form: runs of 8 to 64+ rows (blocks of 64 and a tail), beside decode rows */
+    /* prefill-like runs of 8 to 64+ rows of one sequence, beside decode rows */
     ssd_case(&bs, &es, 150, 2, 4, 8, 16, 2, 0.0f, INFINITY, true, false, true);
     ssd_case(&bs, &es, 70, 3, 6, 5, 33, 3, 0.01f, 0.5f, false, true, true);   /* y over x */
     ssd_case(&bs, &es, 200, 1, 3, 16, 64, 1, 0.0f, INFINITY, true, false, true);
