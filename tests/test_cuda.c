@@ -7,7 +7,8 @@
  * cache element type, mixed sequences, windows, soft-capping, sinks) against
  * the same. Data goes through buf_alloc / upload /
  * download as a model's would. Then decode steps replayed from a CUDA graph
- * against the same steps run op by op. Skipped where no CUDA device is
+ * against the same steps run op by op (recurrent models too). Mamba-2's SSD scan against
+ * the CPU on mixed sequences. Skipped where no CUDA device is
  * usable; the golden suite on MLXCEL_DEVICE=cuda covers every other op end
  * to end.
  */
@@ -565,6 +566,120 @@ static void test_gated_delta(void **state)
     backend_free(gpu);
 }
 
+// ---- ssd scan ----
+
+/* ssd_scan of n_tok rows of n_seq sequences (runs of one sequence with others' rows
+ * between, some sequences from position 0, others from a random state) on the GPU against
+ * the CPU scalar backend (its chunked form on the runs): outputs and states, as the worst
+ * |diff| / max|cpu|. */
+static double ssd_case(struct backend *cpu, struct backend *gpu, int n_tok, int n_seq, int H,
+                       int P, int N, int G)
+{
+    int di = H * P, ldx = di + 2 * G * N, next[4] = {0, 5, 0, 9};
+    size_t sd = (size_t)H * P * N, nst = sd * n_seq, nx = (size_t)n_tok * ldx;
+    float *x = malloc(nx * sizeof *x), *dt = malloc((size_t)n_tok * H * sizeof *dt);
+    float *yc = malloc((size_t)n_tok * di * sizeof *yc), *yg = malloc((size_t)n_tok * di * sizeof *yg);
+    float *st = malloc(nst * sizeof *st), *stc = malloc(nst * sizeof *stc), *stg = malloc(nst * sizeof *stg);
+    float par[3][64];
+    int32_t *rows = malloc((size_t)n_tok * 2 * sizeof *rows), *pos = rows, *seq = rows + n_tok;
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frnd(-1.0f, 1.0f);
+    for (int i = 0; i < n_tok * H; i++)
+        dt[i] = frnd(-4.0f, 3.0f);
+    for (size_t i = 0; i < nst; i++)
+        st[i] = stc[i] = frnd(-1.0f, 1.0f);
+    for (int h = 0; h < H && h < 64; h++) {
+        par[0][h] = frnd(-2.0f, 1.5f);
+        par[1][h] = frnd(-1.0f, 1.0f);
+        par[2][h] = frnd(-1.0f, 1.0f);
+    }
+    for (int i = 0; i < n_tok; i++) {
+        seq[i] = i % 7 == 3 ? (int32_t)(rnd32() % (unsigned)n_seq) : (int32_t)((int64_t)i * n_seq / n_tok);
+        pos[i] = next[seq[i]]++;
+    }
+    struct ssd_params sp = {H, P, N, G, 0.0f, INFINITY};
+    int64_t shape[1] = {H};
+    struct tensor t[3];
+    for (int k = 0; k < 3; k++)
+        tensor_init(&t[k], DTYPE_F32, par[k], 1, shape);
+    struct kv_layer kv = {NULL, stc, 0, (int)sd, DTYPE_F32};
+    struct kv_rows kr = {.pos = pos, .state = seq};
+    cpu->ops->ssd_scan(cpu, yc, di, x, x + di, x + di + G * N, ldx, dt, H, &t[0], &t[1], &t[2],
+                       &kv, &kr, n_tok, &sp);
+    struct err e = {0};
+    assert_int_equal(backend_sync(cpu, &e), 0);
+    void *d[5];
+    size_t sz[5] = {nx * 4, (size_t)n_tok * H * 4, (size_t)n_tok * di * 4, nst * 4, (size_t)n_tok * 8};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], x, sz[0]);
+    gpu->ops->upload(gpu, d[1], dt, sz[1]);
+    gpu->ops->upload(gpu, d[3], st, sz[3]);
+    gpu->ops->upload(gpu, d[4], rows, sz[4]);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(gpu->ops->prepare_weight(gpu, &t[k], 0, &e), 0);
+    float *gx = d[0];
+    int32_t *gr = d[4];
+    struct kv_layer gkv = {NULL, d[3], 0, (int)sd, DTYPE_F32};
+    struct kv_rows gkr = {.pos = gr, .state = gr + n_tok};
+    gpu->ops->ssd_scan(gpu, d[2], di, gx, gx + di, gx + di + G * N, ldx, d[1], H, &t[0], &t[1],
+                       &t[2], &gkv, &gkr, n_tok, &sp);
+    gpu->ops->download(gpu, yg, d[2], sz[2]);
+    gpu->ops->download(gpu, stg, d[3], sz[3]);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("ssd_scan: %s", e.msg);
+    double mx = 0, md = 0, sx = 0, smd = 0;
+    for (int i = 0; i < n_tok * di; i++) {
+        mx = fmax(mx, fabs(yc[i]));
+        md = fmax(md, fabs((double)yc[i] - yg[i]));
+    }
+    for (size_t i = 0; i < nst; i++) {
+        sx = fmax(sx, fabs(stc[i]));
+        smd = fmax(smd, fabs((double)stc[i] - stg[i]));
+    }
+    for (int i = 0; i < 5; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(x);
+    free(dt);
+    free(yc);
+    free(yg);
+    free(st);
+    free(stc);
+    free(stg);
+    free(rows);
+    return fmax(mx > 0 ? md / mx : md, sx > 0 ? smd / sx : smd);
+}
+
+static void test_ssd_scan(void **state)
+{
+    (void)state;
+    static const int cases[][6] = {
+        {1, 1, 4, 8, 16, 1},      /* one decode row */
+        {5, 4, 8, 16, 64, 2},     /* decode rows of 4 sequences */
+        {150, 2, 8, 16, 128, 2},  /* prefill runs beside decode rows */
+        {77, 3, 6, 10, 256, 3},   /* d_state 256: 8 floats a lane */
+        {40, 2, 4, 7, 33, 1},     /* odd sizes */
+    };
+    struct backend *gpu = NULL, *cpu = NULL;
+    struct err e = {0};
+    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    double worst = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int *k = cases[c];
+        double r = ssd_case(cpu, gpu, k[0], k[1], k[2], k[3], k[4], k[5]);
+        if (r > 1e-4)
+            fail_msg("ssd_scan case %zu: rel err %.3g", c, r);
+        worst = fmax(worst, r);
+    }
+    printf("cuda ssd_scan: %zu cases, worst rel err %.2e\n", sizeof cases / sizeof cases[0], worst);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -632,12 +747,16 @@ static void test_graph_decode(void **state)
     graph_case("models/llama-tiny", true);
     graph_case("models/phixtral-tiny-4bit", false);
     graph_case("tests/fixtures/golden/mamba", true);  /* recurrent states in the graph */
+    /* recurrent states: Mamba-2 alone, and beside attention */
+    graph_case("tests/fixtures/golden/mamba2", true);
+    graph_case("tests/fixtures/golden/nemotron_h", true);
 }
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_formats),
     cmocka_unit_test(test_attention),
     cmocka_unit_test(test_gated_delta),
+    cmocka_unit_test(test_ssd_scan),
     cmocka_unit_test(test_graph_decode),
     cmocka_unit_test(test_selective_scan),
 };

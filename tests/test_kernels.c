@@ -1422,6 +1422,152 @@ static void test_gated_delta(void **state)
     kc_close(&bs);
 }
 
+// ---- ssd scan (Mamba-2) ----
+
+/* One ssd_scan case: n_seq sequences' rows interleaved at random (blocked: in runs of one
+ * sequence, every 9th row another's, as a prefill beside decodes), each sequence either
+ * starting at position 0 or continuing from a random state, against the recurrence in
+ * double precision; then the same rows split into chunks of 1 to 6 rows at random must
+ * give the same state and outputs as one call (within float rounding: a backend may
+ * evaluate a long run another way). alias: y written over x. */
+static void ssd_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_seq, int H, int P,
+                     int N, int G, float dt_lo, float dt_hi, bool skip, bool alias, bool blocked)
+{
+    int di = H * P, ldx = di + 2 * G * N + 3, lddt = H + 1, ldy = alias ? ldx : di + 2;
+    size_t sd = (size_t)H * P * N;
+    float *x0 = kc_fvec((size_t)n_tok * ldx, -1, 1), *dt = kc_fvec((size_t)n_tok * lddt, -4, 3);
+    float *alog = kc_fvec(H, -2, 1.5f), *dv = kc_fvec(H, -1, 1), *dtb = kc_fvec(H, -1, 1);
+    float *st0 = kc_fvec(sd * n_seq, -1, 1), *stv = malloc(sd * n_seq * sizeof *stv);
+    float *x = malloc((size_t)n_tok * ldx * sizeof *x), *y = malloc((size_t)n_tok * ldy * sizeof *y);
+    float *y1 = malloc((size_t)n_tok * ldy * sizeof *y1), *st1 = malloc(sd * n_seq * sizeof *st1);
+    double *ref = calloc((size_t)n_tok * di, sizeof *ref), *S = malloc(sd * n_seq * sizeof *S);
+    float *yr = malloc((size_t)n_tok * di * sizeof *yr);
+    int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *seq = malloc((size_t)n_tok * sizeof *seq);
+    int next[8];
+    assert_true(n_seq <= 8 && x && y && y1 && st1 && ref && S && yr && pos && seq && stv);
+    for (int q = 0; q < n_seq; q++)
+        next[q] = q % 2 ? 3 + q : 0;   /* odd sequences continue from their random state */
+    for (int i = 0; i < n_tok; i++) {
+        seq[i] = blocked && i % 9 != 4 ? (int32_t)((int64_t)i * n_seq / n_tok)
+                                       : (int32_t)kc_urand((unsigned)n_seq);
+        pos[i] = next[seq[i]]++;
+    }
+    for (size_t k = 0; k < sd * n_seq; k++)
+        S[k] = st0[k];
+    for (int i = 0; i < n_tok; i++) {
+        double *Sq = S + (size_t)seq[i] * sd;
+        const float *xr = x0 + (size_t)i * ldx, *B = xr + di, *C = xr + di + G * N;
+        if (pos[i] == 0)
+            memset(Sq, 0, sd * sizeof *Sq);
+        for (int h = 0; h < H; h++) {
+            double v = (double)dt[(size_t)i * lddt + h] + dtb[h];
+            double d = v > 20.0 ? v : log1p(exp(v));
+            d = fmin(fmax(d, dt_lo), dt_hi);
+            double a = exp(-exp((double)alog[h]) * d);
+            int g = h / (H / G);
+            for (int p = 0; p < P; p++) {
+                double *sr = Sq + ((size_t)h * P + p) * N, acc = 0.0, xv = xr[h * P + p];
+                for (int n = 0; n < N; n++) {
+                    sr[n] = a * sr[n] + d * xv * B[g * N + n];
+                    acc += sr[n] * C[g * N + n];
+                }
+                ref[(size_t)i * di + h * P + p] = acc + (skip ? dv[h] * xv : 0.0);
+            }
+        }
+    }
+    int64_t one[1] = {H};
+    struct tensor ta, td, tb;
+    tensor_init(&ta, DTYPE_F32, alog, 1, one);
+    tensor_init(&td, DTYPE_F32, dv, 1, one);
+    tensor_init(&tb, DTYPE_F32, dtb, 1, one);
+    struct kv_layer kv = {.v = stv, .v_dim = (int)sd, .dtype = DTYPE_F32};
+    struct ssd_params sp = {.n_head = H, .head_dim = P, .d_state = N, .n_group = G,
+                            .dt_min = dt_lo, .dt_max = dt_hi};
+    double *sref = malloc(sd * n_seq * sizeof *sref);
+    double *y1d = malloc((size_t)n_tok * di * sizeof *y1d), *st1d = malloc(sd * n_seq * sizeof *st1d);
+    assert_true(sref && y1d && st1d);
+    for (size_t k = 0; k < sd * n_seq; k++)
+        sref[k] = S[k];
+    for (int ib = 0; ib < bs->n; ib++) {
+        struct backend *be = bs->be[ib];
+        struct err e = {0};
+        /* one call */
+        memcpy(x, x0, (size_t)n_tok * ldx * sizeof *x);
+        memcpy(stv, st0, sd * n_seq * sizeof *stv);
+        struct kv_rows rows = {.pos = pos, .state = seq};
+        float *out = alias ? x : y;
+        be->ops->ssd_scan(be, out, ldy, x, x + di, x + di + G * N, ldx, dt, lddt, &ta,
+                          skip ? &td : NULL, &tb, &kv, &rows, n_tok, &sp);
+        assert_int_equal(backend_sync(be, &e), 0);
+        for (int i = 0; i < n_tok; i++)
+            memcpy(yr + (size_t)i * di, out + (size_t)i * ldy, (size_t)di * sizeof *yr);
+        kc_check(es, "ssd_scan y", be, yr, ref, (size_t)n_tok * di, 1e-10, 1e-4);
+        kc_check(es, "ssd_scan state", be, stv, sref, sd * n_seq, 1e-10, 1e-4);
+        memcpy(y1, out, (size_t)n_tok * ldy * sizeof *y1);
+        memcpy(st1, stv, sd * n_seq * sizeof *st1);
+        /* the same rows in chunks cut at random rows: the same outputs and state, exactly */
+        memcpy(x, x0, (size_t)n_tok * ldx * sizeof *x);
+        memcpy(stv, st0, sd * n_seq * sizeof *stv);
+        for (int i0 = 0; i0 < n_tok;) {
+            int len = 1 + (int)kc_urand((unsigned)(n_tok - i0 < 6 ? n_tok - i0 : 6));
+            struct kv_rows r = {.pos = pos + i0, .state = seq + i0};
+            float *xi = x + (size_t)i0 * ldx;
+            be->ops->ssd_scan(be, (alias ? x : y) + (size_t)i0 * ldy, ldy, xi, xi + di,
+                              xi + di + G * N, ldx, dt + (size_t)i0 * lddt, lddt, &ta,
+                              skip ? &td : NULL, &tb, &kv, &r, len, &sp);
+            i0 += len;
+        }
+        assert_int_equal(backend_sync(be, &e), 0);
+        for (int i = 0; i < n_tok; i++)
+            for (int k = 0; k < di; k++) {
+                yr[(size_t)i * di + k] = out[(size_t)i * ldy + k];
+                y1d[(size_t)i * di + k] = y1[(size_t)i * ldy + k];
+            }
+        for (size_t k = 0; k < sd * n_seq; k++)
+            st1d[k] = st1[k];
+        kc_check(es, "ssd_scan y split vs whole", be, yr, y1d, (size_t)n_tok * di, 1e-10, 5e-5);
+        kc_check(es, "ssd_scan state split vs whole", be, stv, st1d, sd * n_seq, 1e-10, 5e-5);
+    }
+    free(y1d);
+    free(st1d);
+    free(sref);
+    free(x0);
+    free(dt);
+    free(alog);
+    free(dv);
+    free(dtb);
+    free(st0);
+    free(stv);
+    free(x);
+    free(y);
+    free(y1);
+    free(st1);
+    free(ref);
+    free(S);
+    free(yr);
+    free(pos);
+    free(seq);
+}
+
+static void test_ssd_scan(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    ssd_case(&bs, &es, 1, 1, 1, 1, 1, 1, 0.0f, INFINITY, true, false, false);
+    ssd_case(&bs, &es, 13, 3, 6, 5, 7, 3, 0.0f, INFINITY, true, false, false);
+    ssd_case(&bs, &es, 17, 4, 4, 3, 33, 2, 0.01f, 0.5f, false, true, false); /* clamp, no D, y over x */
+    ssd_case(&bs, &es, 40, 5, 8, 16, 64, 1, 0.0f, INFINITY, true, false, false); /* threaded */
+    ssd_case(&bs, &es, 9, 2, 2, 4, 130, 2, 0.0f, INFINITY, true, true, false);
+    /* prefill-like runs of 8 to 64+ rows of one sequence, beside decode rows */
+    ssd_case(&bs, &es, 150, 2, 4, 8, 16, 2, 0.0f, INFINITY, true, false, true);
+    ssd_case(&bs, &es, 70, 3, 6, 5, 33, 3, 0.01f, 0.5f, false, true, true);   /* y over x */
+    ssd_case(&bs, &es, 200, 1, 3, 16, 64, 1, 0.0f, INFINITY, true, false, true);
+    kc_report("ssd_scan", &es);
+    kc_close(&bs);
+}
+
 // ---- dispatch ----
 
 /* The best ISA this CPU and OS can run, worked out without dispatch.c: from
@@ -1723,6 +1869,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_rope),          
     cmocka_unit_test(test_selective_scan),
     cmocka_unit_test(test_gated_delta),
+    cmocka_unit_test(test_ssd_scan),
     
 };
 

@@ -488,6 +488,14 @@ static void test_elementwise(void **state)
             be->ops->act(be, ACT_SIGMOID, y, (int)n, 1, (int)n);
             kc_check(&es, "sigmoid", be, y, rs, n, 1e-11, 1e-5);
             free(rs);
+            /* relu2 (Nemotron-H): relu(x)^2 */
+            memcpy(y, a, n * sizeof *y);
+            be->ops->act(be, ACT_RELU2, y, (int)n, 1, (int)n);
+            for (size_t k = 0; k < n; k++)
+                r4[k] = a[k] > 0.0f ? (double)a[k] * a[k] : 0.0;
+            kc_check(&es, "relu2", be, y, r4, n, 1e-11, 1e-6);
+            for (size_t k = 0; k < n; k++)
+                r4[k] = b[k] + 0.37 * (double)a[k];
             /* glu: one row [gate | up], written over the gate half */
             memcpy(gu, a, n * sizeof *gu);
             memcpy(gu + n, b, n * sizeof *gu);

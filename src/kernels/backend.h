@@ -146,6 +146,14 @@ struct attn_params {
                               * (Llama 4's chunked local attention); both bounds may apply */
 };
 
+/* The shape of Mamba-2's SSD scan (ssd_scan): n_head heads of head_dim channels, B / C in
+ * n_group groups of d_state (n_head a multiple of n_group), dt clamped to [dt_min, dt_max]
+ * (transformers' time_step_limit; 0, INFINITY: none). */
+struct ssd_params {
+    int n_head, head_dim, d_state, n_group;
+    float dt_min, dt_max;
+};
+
 /* Which dims of a head RoPE rotates together with frequency j. */
 enum rope_style {
     ROPE_STYLE_HALF = 0,     /* (j, j + n_rot / 2): NeoX / HF rotate_half */
@@ -349,6 +357,22 @@ struct backend_ops {
     void (*gated_delta)(struct backend *be, float *y, int ldy, const float *x, int ldx,
                         const float *ab, int ldab, const struct gdn_params *p,
                         const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
+    /* Mamba-2's SSD scan (Dao & Gu 2024, "Transformers are SSMs"), in its recurrent form:
+     * for row i of the sequence with state S = st->v + rows->state[i] * v_dim ([n_head]
+     * [head_dim][d_state] floats, v_dim their product) and head h of group
+     * g = h / (n_head / n_group):
+     *   dt  = clamp(softplus(dt[i, h] + dt_bias[h]), dt_min, dt_max)
+     *   S[h, p, :] = exp(-exp(a_log[h]) * dt) * S[h, p, :] + dt * x[i, h P + p] * B[i, g, :]
+     *   y[i, h P + p] = S[h, p, :] . C[i, g, :] + d[h] * x[i, h P + p]
+     * x, B and C are rows of stride ldx (B[i, g, :] at B + i * ldx + g * d_state, C alike;
+     * the columns of one xBC buffer), dt rows of stride lddt, y rows of stride ldy (y may
+     * be x with ldy == ldx). a_log, d and dt_bias are F32 [n_head] (d NULL / absent: no
+     * skip). softplus is torch's (x above 20 passes through). */
+    void (*ssd_scan)(struct backend *be, float *y, int ldy, const float *x, const float *B,
+                     const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
+                     const struct tensor *d, const struct tensor *dt_bias,
+                     const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
+                     const struct ssd_params *p);
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);

@@ -139,6 +139,18 @@ void blk_deltanet(const struct model_ctx *c, float *o, const float *xn, const st
                   const struct kv_layer *kv, const struct kv_rows *rows, int n);
 /* Floats per row blk_deltanet needs in b->rec for hp's hp->ssm shape. */
 int blk_deltanet_scratch(const struct hparams *hp);
+/* Mamba-2's mixer (blocks_ssm.c), with hp.ssm's sizes (d_inner, d_state, n_head, head_dim,
+ * n_group, d_conv, dt clamp, norm_eps, norm_groups): z | xBC | dt = ssm_in(xn) (+ bias);
+ * xBC = silu(conv(xBC)) (state: its last d_conv - 1 inputs); y = SSD scan of x, B, C, dt
+ * with A_log (ssm_a), D (ssm_d), dt_bias (ssm_dt_b) (state: [n_head][head_dim][d_state]);
+ * y = rmsnorm(y * silu(z)) over norm_groups groups (weight ssm_norm; Falcon-H1's options:
+ * norm_before_gate rmsnorm(y) * silu(z), norm_off y * silu(z), mup: the projection's
+ * column segments scaled by mup_mult); o = ssm_out(y). Uses
+ * b->rec: [n_batch][2 d_inner + 2 n_group d_state + n_head] then [n][d_inner]. */
+void blk_mamba2(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+                const struct kv_layer *kv, const struct kv_rows *rows, int n);
+/* Floats per row blk_mamba2 needs in b->rec (hparams.rec_scratch) for hp's sizes. */
+int blk_mamba2_scratch(const struct hparams *hp);
 
 /* logits[n_out, n_vocab] = lm_head(norm(x[out_rows])) (+ bias). Uses b->xn. */
 void blk_head(struct backend *be, float *logits, const float *x, const int32_t *out_rows, int n_out,

@@ -213,9 +213,21 @@ struct hparams {
         bool proj_bias;         /* in / out projections have biases */
         float dt_min, dt_max;   /* clamp of softplus(dt + dt_bias) (time_step_limit); 0, inf: none */
         float norm_eps;         /* the gated norm's epsilon */
+        int norm_groups;        /* Mamba-2's gated norm: RMS over d_inner / norm_groups columns
+                                 * at a time (1: the whole row; n_group in Nemotron-H) */
+        bool norm_before_gate;  /* Falcon-H1: y = norm(y) * silu(z) (else norm(y * silu(z))) */
+        bool norm_off;          /* Falcon-H1 without mamba_rms_norm: y = y * silu(z), no norm */
+        bool mup;               /* Falcon-H1: the input projection's z | x | B | C | dt columns
+                                 * scaled by mup_mult[0..4] (ssm_multipliers) */
+        float mup_mult[5];
     } ssm;
     /* floats per row the recurrent blocks need beyond the attention buffers (ctx_bufs.rec) */
     int rec_scratch;
+    /* Falcon-H1's muP multipliers (1 = none), read by its own forward: the Mamba-2 and
+     * attention inputs and outputs of a layer, and its MLP's gate and output */
+    struct {
+        float ssm_in, ssm_out, attn_in, attn_out, mlp_gate, mlp_down;
+    } mup;
 
     /* scales (1 = none): x = embd_scale * embed(ids); every residual add is
      * x += residual_scale * block(x); logits *= logit_scale (Granite's multipliers and

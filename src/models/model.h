@@ -132,7 +132,8 @@ struct model_ops {
     const char *const *architectures;  /* config "architectures" names, NULL-terminated */
     /* config.json -> hparams (hparams_init already ran). */
     int (*parse_config)(struct hparams *hp, const cJSON *cfg, struct err *e);
-    /* Bind canonical slots of m (m->hp is final) to tensors of st. */
+    /* Bind canonical slots of m (m->hp is final, except scales a layout has folded into
+     * its weights: falcon_h1 resets them for mlx-lm's checkpoints) to tensors of st. */
     int (*map_weights)(struct model *m, struct st_set *st, struct err *e);
     /* One chunk of a batch (model_forward in engine/batch.c prepared the cache): every
      * row through the layers, logits of the chunk's out_rows into c->bufs.logits. Ops may

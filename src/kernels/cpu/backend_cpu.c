@@ -835,6 +835,7 @@ static const struct backend_ops k_cpu_ops = {
     .conv1d = cpu_conv1d,
     .selective_scan = cpu_selective_scan,
     .gated_delta = cpu_gated_delta,
+    .ssd_scan = cpu_ssd_scan,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
     .attn_temp = cpu_attn_temp,

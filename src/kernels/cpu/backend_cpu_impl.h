@@ -125,3 +125,8 @@ void cpu_selective_scan(struct backend *be, float *y, int ldy, const float *x, i
 void cpu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
                      const float *ab, int ldab, const struct gdn_params *p,
                      const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
+/* backend_ops.ssd_scan (backend_cpu_ssm.c). */
+void cpu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const float *B,
+                  const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
+                  const struct tensor *d, const struct tensor *dt_bias, const struct kv_layer *st,
+                  const struct kv_rows *rows, int n_tok, const struct ssd_params *p);

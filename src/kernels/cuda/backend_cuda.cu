@@ -312,6 +312,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .conv1d = */ cu_conv1d,
     /* .selective_scan = */ cu_selective_scan,
     /* .gated_delta = */ cu_gated_delta,
+    /* .ssd_scan = */ cu_ssd_scan,
     /* .destroy = */ cuda_destroy,
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,

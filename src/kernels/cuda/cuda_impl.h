@@ -150,6 +150,11 @@ void cu_selective_scan(struct backend *be, float *y, int ldy, const float *x, in
 void cu_gated_delta(struct backend *be, float *y, int ldy, const float *x, int ldx,
                     const float *ab, int ldab, const struct gdn_params *p,
                     const struct kv_layer *st, const struct kv_rows *rows, int n_tok);
+/* ssm.cu */
+void cu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const float *B,
+                 const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
+                 const struct tensor *d, const struct tensor *dt_bias, const struct kv_layer *st,
+                 const struct kv_rows *rows, int n_tok, const struct ssd_params *p);
 
 /* ---- device helpers shared by the kernels ---- */
 #ifdef __CUDACC__
