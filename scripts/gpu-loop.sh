@@ -67,7 +67,10 @@ env_there() {
     export LD_LIBRARY_PATH="$root/$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export MLXCEL_CUDA_PLUGIN="$root/$dir/bin/libmlxcel-cuda.so"
     export MLXCEL_BIN="$root/$dir/bin/mlxcel"   # the suites that run the CLI (models)
-    sh "$root/scripts/fixtures.sh" unpack        # the golden folders travel as .tar.xz
+    # the golden folders travel as .tar.xz; a warm machine may keep folders of an earlier call
+    # with files missing (the copy of the tree replaces what it carries), so unpack afresh
+    rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/
+    sh "$root/scripts/fixtures.sh" unpack
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
         | tee "$out/gpu.txt"

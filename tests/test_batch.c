@@ -38,9 +38,10 @@
 #define BATCH_REL_TOL_QI 5e-4
 /* On a GPU a row's products depend on its chunk's row count (tensor-core split products from
  * 9 rows on, the GEMV below: ADR 0054), so the same token batched or alone, or prefilled in one
- * chunk or two, differs by rounding: measured up to 1.1e-5 on an H100 (olmo3), 100x inside the
- * golden rule's 1e-3; the CPU's products do not depend on the chunk (1e-5, 1e-6 here). */
-#define BATCH_REL_TOL_GPU 1e-4
+ * chunk or two, differs by rounding: measured up to 1.1e-5 on an H100 for attention families
+ * (olmo3) and, magnified by the recurrent states, 1.3e-4 (qwen3_5_text, qwen3_next, bamba),
+ * still 8x inside the golden rule's 1e-3; the CPU's products do not depend on the chunk. */
+#define BATCH_REL_TOL_GPU 5e-4
 /* AVX2's float products also depend on the row count (qwen3: 2.7e-7 batched vs alone), and the
  * gated delta rule's l2-normalised q/k magnify that 40x in these tiny random models (qwen3_next:
  * 1.1e-5, qwen3_5_text: 8.2e-6); scalar and AVX-512 give 0. */
