@@ -267,7 +267,10 @@ static void test_attention_batch(void **state)
 {
     (void)state;
     enum { NS = 4 };
-    static const int pos0[NS] = {300, 10, 41, 129}, ntok[NS] = {1, 6, 1, 1};
+    /* the prefill chunk fills a whole item (16 tokens x 4 heads) and decode rows follow it: the
+     * item must end where its sequence's rows do (an item that ran on to the next tile's start
+     * took the decode rows too, 18 tokens x 4 heads, past its 64 rows) */
+    static const int pos0[NS] = {300, 10, 41, 129}, ntok[NS] = {1, 16, 1, 1};
     int n_head = 8, n_kv = 2, hd = 32, bs = 16, kvd = n_kv * hd;
     float sinks_v[8] = {0.5f, -1.0f, 2.0f, 0.0f, 1.5f, -2.0f, 0.25f, 3.0f};
     struct kc_bes bes;
@@ -294,7 +297,7 @@ static void test_attention_batch(void **state)
             tables[i] = (int32_t)((size_t)i * 7 % (size_t)nblk);
         assert_true(nblk % 7 != 0);
         char *kp = calloc((size_t)nblk * bs * kvd, esz), *vp = calloc((size_t)nblk * bs * kvd, esz);
-        int32_t pos[16], slot[16], tab[16], end[16], row0[NS];
+        int32_t pos[32], slot[32], tab[32], end[32], row0[NS];
         float *q = kc_fvec((size_t)n_rows * n_head * hd, -3, 3);
         float *out = malloc((size_t)n_rows * n_head * hd * sizeof *out);
         float *solo = malloc((size_t)n_head * hd * sizeof *solo);

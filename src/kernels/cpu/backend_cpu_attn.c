@@ -168,7 +168,7 @@ struct attn_ctx {
     float *out;
     const float *q;
     size_t ldo, ldq;
-    const int32_t *tiles;     /* [n_tiles + 1] first row of each tile (one sequence each) */
+    const int32_t *tiles;     /* [n_tiles][2] first and end row of each tile (one sequence) */
     int n_tiles;
     const int32_t *dec;       /* [n_dec][3] decode items: row, first key, end key */
     int n_dec;
@@ -467,8 +467,8 @@ static void attn_task(void *arg, int ith, int nth)
         }
         int ti = (int)(it / per_tile);
         int g = (int)(it % per_tile / n_hc), h0 = (int)(it % n_hc) * ac->hc;
-        int t0 = ac->tiles[ti];
-        attn_item(ac, ac->c->scr[ith], g, h0, t0, ac->tiles[ti + 1] - t0);
+        int t0 = ac->tiles[2 * ti];
+        attn_item(ac, ac->c->scr[ith], g, h0, t0, ac->tiles[2 * ti + 1] - t0);
     }
 }
 
@@ -521,19 +521,21 @@ static bool attn_cont(const struct kv_rows *rows, int i)
 
 /* Split the rows into tiles of at most tt consecutive rows of one sequence at
  * consecutive positions, leaving out the rows alone in theirs (decode rows:
- * attn_dec_items); tiles [n_tiles + 1] gets each tile's first row. */
+ * attn_dec_items); tile k is rows [tiles[2k], tiles[2k + 1]). A tile ends where its
+ * sequence's run does, not where the next tile starts: rows left out may follow it. */
 static int attn_tiles(int32_t *tiles, const struct kv_rows *rows, int n_tok, int tt)
 {
-    int n = 0, end = 0;
+    int n = 0;
     for (int i = 0; i < n_tok; i++) {
         if (!attn_cont(rows, i) && !(i + 1 < n_tok && attn_cont(rows, i + 1)))
             continue;
-        bool cont = n > 0 && end == i && i - tiles[n - 1] < tt && attn_cont(rows, i);
-        if (!cont)
-            tiles[n++] = i;
-        end = i + 1;
+        bool cont = n > 0 && tiles[2 * n - 1] == i && i - tiles[2 * n - 2] < tt && attn_cont(rows, i);
+        if (!cont) {
+            tiles[2 * n] = i;
+            n++;
+        }
+        tiles[2 * n - 1] = i + 1;
     }
-    tiles[n] = n_tok;
     return n;
 }
 
@@ -581,7 +583,7 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     const int most = ATTN_ROWS / ac.hc;
     ac.tt = want < (size_t)most ? (int)want : most;
     ac.n_dec = attn_dec_items(NULL, &ac, n_tok);
-    int32_t *tiles = cpu_iscratch_ensure(c, (size_t)n_tok + 1 + 3 * (size_t)ac.n_dec);
+    int32_t *tiles = cpu_iscratch_ensure(c, 2 * (size_t)n_tok + 3 * (size_t)ac.n_dec);
     size_t scr = (ac.ld_s + (size_t)ap->head_dim) * (size_t)(ac.tt * ac.hc) +
                  (size_t)ATTN_JB * ap->head_dim;
     size_t scr_dec = (size_t)ap->n_head * ATTN_DC +
@@ -596,7 +598,7 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
         ac.part = cpu_shared_ensure(c, (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2));
         if (!ac.part)
             return;
-        int32_t *d = tiles + n_tok + 1;
+        int32_t *d = tiles + 2 * (size_t)n_tok;
         attn_dec_items(d, &ac, n_tok);
         ac.dec = d;
     }
