@@ -109,7 +109,7 @@ llama_config() {
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": $7,
  "hidden_size": $3, "intermediate_size": $4, "num_hidden_layers": $2,
  "num_attention_heads": $5, "num_key_value_heads": $6, "head_dim": $(($3 / $5)),
- "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-05,
+ "hidden_act": "silu", "max_position_embeddings": 16384, "rms_norm_eps": 1e-05,
  "rope_theta": 500000.0, "tie_word_embeddings": $([ "$3" -lt 4096 ] && echo true || echo false),
  "attention_bias": false, "mlp_bias": false, "initializer_range": 0.02,
  "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0}
@@ -122,7 +122,8 @@ nemotron_h_8b_config() {
     local types="" i
     for i in $(seq 0 25); do
         case $i in 4 | 10 | 16 | 22) types="$types\"full_attention\", " ;; *) types="$types\"linear_attention\", " ;; esac
-        types="$types\"mlp\"$([ "$i" -lt 25 ] && echo ', ')"
+        types="$types\"mlp\""
+        [ "$i" -lt 25 ] && types="$types, "
     done
     cat <<JSON
 {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072,
