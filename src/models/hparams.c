@@ -217,6 +217,11 @@ int hparams_validate(const struct hparams *hp, struct err *e)
         return err_setf(e, ERR_CONFIG, "longrope needs original_max_position_embeddings > 0");
     if (hp->n_expert > 0 && (rc = hparams_check_dim(hp->n_expert, "num_local_experts", 1, HP_MAX_EXPERTS, e)) < 0)
         return rc;
+    /* checked model-wide too: a config whose MoE layers all fall away (decoder_sparse_step,
+     * mlp_only_layers) still states a top-k the engine sizes buffers from */
+    if (hp->n_expert > 0 &&
+        (rc = hparams_check_dim(hp->n_expert_used, "num_experts_per_tok", 1, hp->n_expert, e)) < 0)
+        return rc;
     for (int il = 0; il < hp->n_layer; il++)
         if ((rc = validate_layer(hp, &hp->layer[il], il, e)) < 0)
             return rc;
