@@ -269,6 +269,7 @@ struct bench_meta {
     enum dtype kv_dtype;
     bool fast;               /* --fast in effect on the backend */
     uint64_t peak_rss;       /* bytes */
+    uint64_t state_bytes;    /* the cache's recurrent states (every sequence), bytes */
 };
 
 static uint64_t peak_rss_bytes(void)
@@ -306,8 +307,13 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddNumberToObject(o, "n_ctx", mt->n_ctx);
         cJSON_AddNumberToObject(o, "weight_bytes", (double)model_weight_bytes(mt->m));
         cJSON_AddStringToObject(o, "kv_type", cli_kv_dtype_name(mt->kv_dtype));
+        /* the rows of n_ctx positions, and the recurrent states of every sequence the cache
+         * holds (model_kv_bytes counts one sequence's) */
+        struct model_kv_sizes z;
+        model_kv_sizes(mt->m, mt->kv_dtype, &z);
         cJSON_AddNumberToObject(o, "kv_bytes",
-                                (double)model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK, mt->kv_dtype));
+                                (double)(model_kv_bytes(mt->m, mt->n_ctx, KV_DEFAULT_BLOCK, mt->kv_dtype) -
+                                         z.rec_per_seq + mt->state_bytes));
         cJSON_AddBoolToObject(o, "fast", mt->fast);
         cJSON_AddNumberToObject(o, "peak_rss_bytes", (double)mt->peak_rss);
     }
@@ -347,7 +353,7 @@ static void print_table(const struct bench_meta *mt, const struct bench_result *
 static void print_footer(const struct bench_meta *mt)
 {
     uint64_t wb = model_weight_bytes(mt->m);
-    uint64_t kv = model_kv_bytes_per_token(mt->m, mt->kv_dtype) * (uint64_t)mt->n_ctx;
+    uint64_t kv = model_kv_bytes_per_token(mt->m, mt->kv_dtype) * (uint64_t)mt->n_ctx + mt->state_bytes;
     uint64_t budget = wb + kv + BENCH_RSS_SLACK;
     char s_rss[32], s_w[32], s_kv[32], s_b[32];
     cli_format_bytes(mt->peak_rss, s_rss, sizeof s_rss);
@@ -470,6 +476,7 @@ int cmd_bench(int argc, char **argv)
     struct bench_meta mt = {
         .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
         .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(), .kv_dtype = b.en.kv->dtype,
+        .state_bytes = b.en.kv->state_bytes,
         .fast = b.en.be->fast,
     };
     if (o.json) {
