@@ -36,7 +36,7 @@ void blk_rglru(const struct model_ctx *c, float *o, const float *xn, const struc
         {xb, w, xn, &L->ssm_in, opt_t(&L->ssm_in_b), n},
     };
     op->linear_batch(be, jobs, 2);
-    op->act(be, hp->layer[0].act, yb, w, n, w);
+    op->act(be, hp->act, yb, w, n, w);
     op->conv1d(be, xb, w, xb, w, &L->ssm_conv, opt_t(&L->ssm_conv_b), kv, rows, n, w,
                hp->ssm.d_conv, false);
     struct rglru_params p = {.wi = &L->rg_wi, .bi = &L->rg_bi, .wa = &L->rg_wa, .ba = &L->rg_ba,
