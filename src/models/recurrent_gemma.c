@@ -73,6 +73,20 @@ static int with_defaults(const cJSON *cfg, cJSON **out, struct err *e)
     const cJSON *prf = cJSON_IsObject(rp) ? cJSON_GetObjectItemCaseSensitive(rp, "partial_rotary_factor")
                                           : NULL;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, "hidden_activation");
+    /* the activations the common parser takes under hidden_act, refused here by their own name */
+    static const char *const acts[] = {"silu", "swish", "gelu_new", "gelu_pytorch_tanh",
+                                       "gelu_fast", "gelu", "relu", "relu2", NULL};
+    if (act && !cJSON_IsNull(act)) {
+        int k = 0;
+        while (cJSON_IsString(act) && acts[k] && strcmp(acts[k], act->valuestring) != 0)
+            k++;
+        if (!cJSON_IsString(act) || !acts[k]) {
+            cJSON_Delete(c);
+            *out = NULL;
+            return err_setf(e, ERR_UNSUPPORTED, "config field 'hidden_activation': the "
+                            "activation is not supported");
+        }
+    }
     int rc = put(c, cfg, "vocab_size", cJSON_CreateNumber(256000)) |
              put(c, cfg, "hidden_size", cJSON_CreateNumber(2560)) |
              put(c, cfg, "num_hidden_layers", cJSON_CreateNumber(26)) |

@@ -62,7 +62,9 @@ static int config_rules(struct err *e)
         {"{" BASE ", \"attention_window_size\": 0}", "attention_window_size"},
         {"{" BASE ", \"partial_rotary_factor\": 0.25}", "partial_rotary_factor"},
         {"{" BASE ", \"logits_soft_cap\": 0}", "logits_soft_cap"},
-        {"{" BASE ", \"hidden_activation\": \"tanh\"}", "hidden_act"},
+        {"{" BASE ", \"hidden_activation\": \"tanh\"}", "hidden_activation"},
+        {"{" BASE ", \"hidden_activation\": 3}", "hidden_activation"},
+        {"{" BASE ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2.0}}", "rope"},
     };
     return stest_parse_fails_all(&recurrent_gemma_ops, bad, sizeof bad / sizeof bad[0], e);
 }
