@@ -712,6 +712,33 @@ static void test_recurrent_quantized(void **state)
     golden2_quantized("jamba", &q4, 0);
 }
 
+/* RecurrentGemma (golden3) through convert -q at 8 and 4 bits in mlx-lm's layout: conv_1d as
+ * [lru, K, 1] and float, the RG-LRU's gates (parameters, no Linear) and recurrent_param
+ * float, the projections quantized; every tensor consumed and the logits finite; at 8 bits
+ * within 0.2 x max|logit| of the reference with 80% of the argmax kept. */
+static void test_recurrent_gemma_quantized(void **state)
+{
+    (void)state;
+    struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
+    golden2_quantized("recurrent_gemma", &q8, 0.2);
+    golden2_quantized("recurrent_gemma", &q4, 0);
+    char *dir = convert_to_tmp(test_path("tests/fixtures/golden/recurrent_gemma"), &q8);
+    struct st_set *s = NULL;
+    struct err e = {0};
+    assert_int_equal(st_set_open(&s, dir, &e), 0);
+    const struct st_tensor *conv = st_set_find(s, "model.layers.0.temporal_block.conv_1d.weight");
+    const struct st_tensor *gate = st_set_find(s, "model.layers.1.temporal_block.rg_lru.input_gate_weight");
+    const struct st_tensor *lin = st_set_find(s, "model.layers.0.temporal_block.linear_x.weight");
+    assert_non_null(conv);
+    assert_non_null(gate);
+    assert_non_null(lin);
+    assert_true(conv->ndim == 3 && conv->shape[1] == 4 && conv->shape[2] == 1 && conv->dtype != DTYPE_U32);
+    assert_true(gate->ndim == 3 && gate->dtype != DTYPE_U32);
+    assert_int_equal(lin->dtype, DTYPE_U32);
+    st_set_free(s);
+    stb_rmtree(dir);
+}
+
 /* The Mamba-2 families (golden3 cases, which golden_case_is_convert_q leaves out) through
  * convert -q at 8 and 4 bits in mlx-lm's layout (conv1d [ch, K, 1]; granitemoehybrid's
  * router at 8 bits): the projections quantized, conv / A_log / D / dt_bias / the gated norm
@@ -754,6 +781,7 @@ static void test_ssm_quantized(void **state)
 
 static const struct CMUnitTest convert_tests[] = {
     cmocka_unit_test(test_recurrent_quantized),
+    cmocka_unit_test(test_recurrent_gemma_quantized),
     cmocka_unit_test(test_golden2_quantized),
     cmocka_unit_test(test_golden3_moe_quantized),
     cmocka_unit_test(test_ssm_quantized),

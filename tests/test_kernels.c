@@ -1568,6 +1568,124 @@ static void test_ssd_scan(void **state)
     kc_close(&bs);
 }
 
+// ---- RG-LRU (RecurrentGemma) ----
+
+/* One rglru case: n_seq sequences' rows interleaved at random, even sequences starting at
+ * position 0 (a zero state: the random state they hold must not leak), odd ones continuing
+ * from a random state, against the recurrence in double precision; then the same rows in
+ * chunks cut at random (1 to 6 rows) give the same outputs and state as one call. */
+static void rglru_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int n_seq, int H, int bw)
+{
+    int w = H * bw, ldx = w + 3, ldy = w + 1;
+    size_t nw = (size_t)H * bw * bw;
+    float *x = kc_fvec((size_t)n_tok * ldx, -2, 2), *wi = kc_fvec(nw, -0.5f, 0.5f);
+    float *wa = kc_fvec(nw, -0.5f, 0.5f), *bi = kc_fvec(w, -1, 1), *ba = kc_fvec(w, -1, 1);
+    float *ap = kc_fvec(w, -3, 3), *st0 = kc_fvec((size_t)w * n_seq, -1, 1);
+    float *stv = malloc((size_t)w * n_seq * sizeof *stv), *y = malloc((size_t)n_tok * ldy * sizeof *y);
+    float *yr = malloc((size_t)n_tok * w * sizeof *yr), *st1 = malloc((size_t)w * n_seq * sizeof *st1);
+    double *ref = malloc((size_t)n_tok * w * sizeof *ref), *S = malloc((size_t)w * n_seq * sizeof *S);
+    double *y1d = malloc((size_t)n_tok * w * sizeof *y1d), *st1d = malloc((size_t)w * n_seq * sizeof *st1d);
+    int32_t *pos = malloc((size_t)n_tok * sizeof *pos), *seq = malloc((size_t)n_tok * sizeof *seq);
+    int next[8];
+    assert_true(n_seq <= 8 && stv && y && yr && st1 && ref && S && y1d && st1d && pos && seq);
+    ap[0] = 25.0f;  /* softplus passes it through */
+    for (int q = 0; q < n_seq; q++)
+        next[q] = q % 2 ? 3 + q : 0;
+    for (int i = 0; i < n_tok; i++) {
+        seq[i] = (int32_t)kc_urand((unsigned)n_seq);
+        pos[i] = next[seq[i]]++;
+    }
+    for (size_t k = 0; k < (size_t)w * n_seq; k++)
+        S[k] = st0[k];
+    for (int i = 0; i < n_tok; i++) {
+        double *Sq = S + (size_t)seq[i] * w;
+        const float *xr = x + (size_t)i * ldx;
+        for (int c = 0; c < w; c++) {
+            int h = c / bw, j = c % bw;
+            double gi = bi[c], ga = ba[c];
+            for (int k = 0; k < bw; k++) {
+                gi += (double)xr[h * bw + k] * wi[((size_t)h * bw + k) * bw + j];
+                ga += (double)xr[h * bw + k] * wa[((size_t)h * bw + k) * bw + j];
+            }
+            gi = 1.0 / (1.0 + exp(-gi));
+            ga = 1.0 / (1.0 + exp(-ga));
+            double sp = ap[c] > 20.0f ? ap[c] : log1p(exp((double)ap[c]));
+            double la = -8.0 * ga * sp, u = xr[c] * gi;
+            Sq[c] = pos[i] == 0 ? u : exp(la) * Sq[c] + u * sqrt(1.0 - exp(2.0 * la));
+            ref[(size_t)i * w + c] = Sq[c];
+        }
+    }
+    int64_t s3[3] = {H, bw, bw}, s1[1] = {w};
+    struct tensor twi, twa, tbi, tba, tap;
+    tensor_init(&twi, DTYPE_F32, wi, 3, s3);
+    tensor_init(&twa, DTYPE_F32, wa, 3, s3);
+    tensor_init(&tbi, DTYPE_F32, bi, 1, s1);
+    tensor_init(&tba, DTYPE_F32, ba, 1, s1);
+    tensor_init(&tap, DTYPE_F32, ap, 1, s1);
+    struct rglru_params p = {.wi = &twi, .bi = &tbi, .wa = &twa, .ba = &tba, .a_param = &tap,
+                             .width = w, .n_head = H};
+    struct kv_layer kv = {.v = stv, .v_dim = w, .dtype = DTYPE_F32};
+    for (int ib = 0; ib < bs->n; ib++) {
+        struct backend *be = bs->be[ib];
+        struct err e = {0};
+        memcpy(stv, st0, (size_t)w * n_seq * sizeof *stv);
+        struct kv_rows rows = {.pos = pos, .state = seq};
+        be->ops->rglru(be, y, ldy, x, ldx, &p, &kv, &rows, n_tok);
+        assert_int_equal(backend_sync(be, &e), 0);
+        for (int i = 0; i < n_tok; i++)
+            memcpy(yr + (size_t)i * w, y + (size_t)i * ldy, (size_t)w * sizeof *yr);
+        kc_check(es, "rglru y", be, yr, ref, (size_t)n_tok * w, 1e-10, 1e-4);
+        kc_check(es, "rglru state", be, stv, S, (size_t)w * n_seq, 1e-10, 1e-4);
+        for (size_t k = 0; k < (size_t)n_tok * w; k++)
+            y1d[k] = yr[k];
+        for (size_t k = 0; k < (size_t)w * n_seq; k++)
+            st1d[k] = stv[k];
+        memcpy(stv, st0, (size_t)w * n_seq * sizeof *stv);
+        for (int i0 = 0; i0 < n_tok;) {
+            int len = 1 + (int)kc_urand((unsigned)(n_tok - i0 < 6 ? n_tok - i0 : 6));
+            struct kv_rows r = {.pos = pos + i0, .state = seq + i0};
+            be->ops->rglru(be, y + (size_t)i0 * ldy, ldy, x + (size_t)i0 * ldx, ldx, &p, &kv, &r, len);
+            i0 += len;
+        }
+        assert_int_equal(backend_sync(be, &e), 0);
+        for (int i = 0; i < n_tok; i++)
+            memcpy(yr + (size_t)i * w, y + (size_t)i * ldy, (size_t)w * sizeof *yr);
+        kc_check(es, "rglru y split vs whole", be, yr, y1d, (size_t)n_tok * w, 1e-10, 1e-6);
+        kc_check(es, "rglru state split vs whole", be, stv, st1d, (size_t)w * n_seq, 1e-10, 1e-6);
+    }
+    free(x); free(wi); free(wa); free(bi); free(ba); free(ap); free(st0); free(stv); free(y);
+    free(yr); free(st1); free(ref); free(S); free(y1d); free(st1d); free(pos); free(seq);
+}
+
+static void test_rglru(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    rglru_case(&bs, &es, 1, 1, 1, 1);
+    rglru_case(&bs, &es, 13, 3, 4, 5);
+    rglru_case(&bs, &es, 40, 5, 8, 16);    /* threaded */
+    rglru_case(&bs, &es, 70, 4, 10, 12);
+    /* a state that does not match the width is an error, not a write past it */
+    struct backend *be = bs.be[0];
+    float v1 = 0, xs[2] = {0}, ys[2], sts[4];
+    struct tensor t1;
+    int64_t shape[1] = {1};
+    tensor_init(&t1, DTYPE_F32, &v1, 1, shape);
+    struct rglru_params p = {.wi = &t1, .bi = &t1, .wa = &t1, .ba = &t1, .a_param = &t1,
+                             .width = 1, .n_head = 1};
+    struct kv_layer kv = {.v = sts, .v_dim = 3, .dtype = DTYPE_F32};
+    int32_t pos0 = 0, seq0 = 0;
+    struct kv_rows rows = {.pos = &pos0, .state = &seq0};
+    struct err e = {0};
+    be->ops->rglru(be, ys, 1, xs, 1, &p, &kv, &rows, 1);
+    assert_true(backend_sync(be, &e) < 0);
+    assert_non_null(strstr(e.msg, "rglru"));
+    kc_report("rglru", &es);
+    kc_close(&bs);
+}
+
 // ---- dispatch ----
 
 /* The best ISA this CPU and OS can run, worked out without dispatch.c: from
@@ -1870,6 +1988,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_selective_scan),
     cmocka_unit_test(test_gated_delta),
     cmocka_unit_test(test_ssd_scan),
+    cmocka_unit_test(test_rglru),
     
 };
 

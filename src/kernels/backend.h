@@ -154,6 +154,14 @@ struct ssd_params {
     float dt_min, dt_max;
 };
 
+/* The RG-LRU's weights (backend.h rglru): width channels in n_head blocks, every tensor F32. */
+struct rglru_params {
+    const struct tensor *wi, *bi;   /* input gate: [n_head, bw, bw], [width] */
+    const struct tensor *wa, *ba;   /* recurrence gate: [n_head, bw, bw], [width] */
+    const struct tensor *a_param;   /* [width]: a = exp(-8 r softplus(a_param)) */
+    int width, n_head;
+};
+
 /* Which dims of a head RoPE rotates together with frequency j. */
 enum rope_style {
     ROPE_STYLE_HALF = 0,     /* (j, j + n_rot / 2): NeoX / HF rotate_half */
@@ -373,6 +381,18 @@ struct backend_ops {
                      const struct tensor *d, const struct tensor *dt_bias,
                      const struct kv_layer *st, const struct kv_rows *rows, int n_tok,
                      const struct ssd_params *p);
+    /* Griffin's RG-LRU (RecurrentGemma; De et al. 2024) with the carried state st->v (per
+     * sequence `width` floats; st->v_dim == width). Channel c of head h = c / (width / n_head)
+     * (block width bw), with x_h the row's bw inputs of head h and torch's softplus:
+     *   i = sigmoid(bi[c] + x_h . wi[h, :, c % bw]),  r = sigmoid(ba[c] + x_h . wa[h, :, c % bw])
+     *   log_a = -8 r softplus(a_param[c]),  a = exp(log_a)
+     *   h[c] = a h[c] + x[i, c] * i * sqrt(1 - exp(2 log_a)),  y[i, c] = h[c]
+     * and at position 0: h[c] = x[i, c] * i (no normalization, no past). wi / wa are F32
+     * [n_head, bw, bw], bi / ba F32 [width], a_param F32 [width]. y (stride ldy) does not
+     * alias x (ldx). */
+    void (*rglru)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                  const struct rglru_params *p, const struct kv_layer *st,
+                  const struct kv_rows *rows, int n_tok);
 
     /* Release everything the backend owns, the struct included (backend_free). */
     void (*destroy)(struct backend *be);

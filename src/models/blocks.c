@@ -200,6 +200,10 @@ static void glu_w(struct backend *be, float *f, const float *xn, const struct te
 void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
              int n_ff, const struct ctx_bufs *b, int n)
 {
+    if (tensor_is_present(&L->gate_b)) {   /* RecurrentGemma: biases on all three */
+        blk_glu_bias(be, f, xn, L, act, n_ff, b, n);
+        return;
+    }
     glu_w(be, f, xn, &L->gate, &L->up, opt(&L->gate_up), &L->down, act, n_ff, b, n);
 }
 
@@ -373,4 +377,18 @@ void blk_head(struct backend *be, float *logits, const float *x, const int32_t *
     op->gather(be, b->xn, x, n_embd, out_rows, 1, n_out, n_embd);
     blk_norm(be, b->xn, b->xn, nw, n_out, n_embd);
     op->linear(be, logits, (int)lm_head->shape[0], b->xn, lm_head, opt(lm_head_b), n_out);
+}
+
+void blk_glu_bias(struct backend *be, float *f, const float *xn, const struct layer *L,
+                  enum act_kind act, int n_ff, const struct ctx_bufs *b, int n)
+{
+    const struct backend_ops *op = be->ops;
+    int n_embd = (int)L->down.shape[0];
+    struct linear_job jobs[2] = {
+        {b->h, 2 * n_ff, xn, &L->gate, opt(&L->gate_b), n},
+        {b->h + n_ff, 2 * n_ff, xn, &L->up, opt(&L->up_b), n},
+    };
+    op->linear_batch(be, jobs, 2);
+    op->glu(be, act, b->h1, n_ff, b->h, 2 * n_ff, n, n_ff);
+    op->linear(be, f, n_embd, b->h1, &L->down, opt(&L->down_b), n);
 }

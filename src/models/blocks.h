@@ -166,6 +166,18 @@ void blk_rope_freqs(const struct hparams *hp, const struct layer_spec *ls, float
  * norms and residuals from layer_spec.residual, attention, then a dense or MoE FFN. */
 int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e);
 
+/* blk_glu with biases on gate, up and down (L->gate_b, up_b, down_b; RecurrentGemma's MLP):
+ * blk_glu calls it when L->gate_b is present. Uses b->h, b->h1. */
+void blk_glu_bias(struct backend *be, float *f, const float *xn, const struct layer *L,
+                  enum act_kind act, int n_ff, const struct ctx_bufs *b, int n);
+/* Griffin's recurrent block (RecurrentGemma; blocks_rglru.c): o = linear_out(rglru(conv1d(
+ * linear_x(xn))) * act(linear_y(xn))), the conv state in kv->k, the RG-LRU's in kv->v. Uses
+ * b->rec: blk_rglru_scratch floats per row. */
+void blk_rglru(const struct model_ctx *c, float *o, const float *xn, const struct layer *L,
+               const struct kv_layer *kv, const struct kv_rows *rows, int n);
+/* Floats per row blk_rglru needs in b->rec for an RG-LRU of width lru_width. */
+int blk_rglru_scratch(int lru_width);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,6 +46,9 @@ void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,
     case MIXER_MAMBA2:
         blk_mamba2(c, o, xn, L, kv, rows, n);
         break;
+    case MIXER_RGLRU:
+        blk_rglru(c, o, xn, L, kv, rows, n);
+        break;
     default:
         break;  /* hparams_validate admits only the mixers a family binds */
     }

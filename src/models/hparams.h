@@ -57,6 +57,7 @@ enum mixer_kind {
     MIXER_MAMBA = 3,      /* Mamba's selective scan */
     MIXER_MAMBA2 = 4,     /* Mamba-2's SSD */
     MIXER_DELTANET = 5,   /* the gated delta rule (Qwen3-Next's linear attention) */
+    MIXER_RGLRU = 6,      /* Griffin's recurrent block: conv1d + RG-LRU, gated (RecurrentGemma) */
 };
 enum rope_kind   { ROPE_DEFAULT = 0, ROPE_LINEAR = 1, ROPE_LLAMA3 = 2, ROPE_LONGROPE = 3, ROPE_YARN = 4,
                    ROPE_DYNAMIC = 5 };

@@ -83,13 +83,14 @@ struct experts {
     X(wq_a) X(q_a_norm) X(wkv_a) X(kv_a_norm) X(wk_lat) X(wv_lat) \
     X(ssm_in) X(ssm_in_b) X(ssm_x) X(ssm_dt) X(ssm_dt_b) X(ssm_conv) X(ssm_conv_b) X(ssm_a) \
     X(ssm_d) X(ssm_norm) X(ssm_out) X(ssm_out_b) \
-    X(ssm_xbc) X(ssm_dt_norm) X(ssm_b_norm) X(ssm_c_norm) X(wq_gate) X(ssm_z) X(ssm_xa)
+    X(ssm_xbc) X(ssm_dt_norm) X(ssm_b_norm) X(ssm_c_norm) X(wq_gate) X(ssm_z) X(ssm_xa) \
+    X(gate_b) X(rg_y) X(rg_y_b) X(rg_wi) X(rg_bi) X(rg_wa) X(rg_ba) X(rg_a)
 
 /* The slots of LAYER_TENSORS that only linear products read (prepare_weight's PREP_MATRIX). */
 #define LAYER_MATRICES(X) \
     X(wq) X(wk) X(wv) X(wqkv) X(wo) X(up) X(gate) X(down) X(gate_up) X(router) \
     X(shexp_gate) X(shexp_up) X(shexp_down) X(shexp_inp_gate) X(wq_a) X(wkv_a) X(wk_lat) X(wv_lat) \
-    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) X(ssm_xbc) X(wq_gate) X(ssm_z) X(ssm_xa)
+    X(ssm_in) X(ssm_x) X(ssm_dt) X(ssm_out) X(ssm_xbc) X(wq_gate) X(ssm_z) X(ssm_xa) X(rg_y)
 
 struct layer {
 #define LAYER_FIELD(name) struct tensor name;

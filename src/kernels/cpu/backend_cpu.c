@@ -836,6 +836,7 @@ static const struct backend_ops k_cpu_ops = {
     .selective_scan = cpu_selective_scan,
     .gated_delta = cpu_gated_delta,
     .ssd_scan = cpu_ssd_scan,
+    .rglru = cpu_rglru,
     .destroy = cpu_destroy,
     .linear_plan = cpu_linear_plan_info,
     .attn_temp = cpu_attn_temp,

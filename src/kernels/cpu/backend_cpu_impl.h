@@ -130,3 +130,7 @@ void cpu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const f
                   const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
                   const struct tensor *d, const struct tensor *dt_bias, const struct kv_layer *st,
                   const struct kv_rows *rows, int n_tok, const struct ssd_params *p);
+/* backend_ops.rglru (backend_cpu_rglru.c). */
+void cpu_rglru(struct backend *be, float *y, int ldy, const float *x, int ldx,
+               const struct rglru_params *p, const struct kv_layer *st, const struct kv_rows *rows,
+               int n_tok);

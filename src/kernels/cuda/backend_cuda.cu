@@ -313,6 +313,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .selective_scan = */ cu_selective_scan,
     /* .gated_delta = */ cu_gated_delta,
     /* .ssd_scan = */ cu_ssd_scan,
+    /* .rglru = */ cu_rglru,
     /* .destroy = */ cuda_destroy,
     /* .graph_begin = */ cu_graph_begin,
     /* .graph_end = */ cu_graph_end,
