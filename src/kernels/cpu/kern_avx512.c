@@ -222,47 +222,60 @@ AI __m512 hsum16(const __m512 a[16])
     return _mm512_add_ps(_mm512_shuffle_ps(f01, f23, 0x88), _mm512_shuffle_ps(f01, f23, 0xdd));
 }
 
-/* attn_scores of nq query heads over the same keys: four heads by four keys at a time, each
- * key's row loaded once for the four heads (a GQA group's heads read one kv head), the 16 sums
- * reduced together. Per head and key the products and sums are a512_attn_scores', in the same
- * order: the same bits. */
+/* Scores of up to four query heads (rows q[0 .. nr), nr in 2..4) over n keys, four keys at a
+ * time: each key's row loaded once for the heads, the 16 sums reduced together; a missing fourth
+ * (third) head repeats the last one and its sums are dropped. Per head and key the products and
+ * sums are a512_attn_scores', in the same order: the same bits. */
+static void scores_group(float *sh, size_t lds, const float *const q[4], int nr, const float *k,
+                         size_t ld, int n, int hd, float scale)
+{
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = k + (size_t)j * ld;
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            a[i] = _mm512_setzero_ps();
+        for (int d = 0; d < hd; d += 16) {
+            __m512 kv[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                kv[i] = _mm512_loadu_ps(k0 + (size_t)i * ld + d);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                __m512 qv = _mm512_loadu_ps(q[r] + d);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
+            }
+        }
+        __m512 v = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
+        _mm_storeu_ps(sh + j, _mm512_castps512_ps128(v));
+        _mm_storeu_ps(sh + lds + j, _mm512_extractf32x4_ps(v, 1));
+        if (nr > 2)
+            _mm_storeu_ps(sh + 2 * lds + j, _mm512_extractf32x4_ps(v, 2));
+        if (nr > 3)
+            _mm_storeu_ps(sh + 3 * lds + j, _mm512_extractf32x4_ps(v, 3));
+    }
+    for (int r = 0; r < nr && j < n; r++) /* the last n % 4 keys, as that kernel does */
+        a512_attn_scores(sh + (size_t)r * lds + j, q[r], k + (size_t)j * ld, ld, n - j, hd, scale);
+}
+
+/* attn_scores of nq query heads over the same keys: groups of four heads, and the two or three
+ * left (GQA groups of 3, 6, 7 ...) as one group too, so a kv head's keys are read once per
+ * group rather than once per head; a last single head alone. The same bits as one head at a
+ * time. */
 static void a512_attn_scores_heads(float *s, size_t lds, const float *q, int nq, const float *k,
                                    size_t ld, int n, int hd, float scale)
 {
     int h = 0;
     if (hd % 16 == 0)
-        for (; h + 4 <= nq; h += 4) {
-            const float *qh = q + (size_t)h * (size_t)hd;
-            float *sh = s + (size_t)h * lds;
-            int j = 0;
-            for (; j + 4 <= n; j += 4) {
-                const float *k0 = k + (size_t)j * ld;
-                __m512 a[16];
-#pragma GCC unroll 16
-                for (int i = 0; i < 16; i++)
-                    a[i] = _mm512_setzero_ps();
-                for (int d = 0; d < hd; d += 16) {
-                    __m512 kv[4];
-#pragma GCC unroll 4
-                    for (int i = 0; i < 4; i++)
-                        kv[i] = _mm512_loadu_ps(k0 + (size_t)i * ld + d);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) {
-                        __m512 qv = _mm512_loadu_ps(qh + (size_t)r * (size_t)hd + d);
-#pragma GCC unroll 4
-                        for (int i = 0; i < 4; i++)
-                            a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
-                    }
-                }
-                __m512 v = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
-                _mm_storeu_ps(sh + j, _mm512_castps512_ps128(v));
-                _mm_storeu_ps(sh + lds + j, _mm512_extractf32x4_ps(v, 1));
-                _mm_storeu_ps(sh + 2 * lds + j, _mm512_extractf32x4_ps(v, 2));
-                _mm_storeu_ps(sh + 3 * lds + j, _mm512_extractf32x4_ps(v, 3));
-            }
-            for (int r = 0; r < 4 && j < n; r++) /* the last n % 4 keys, as that kernel does */
-                a512_attn_scores(sh + (size_t)r * lds + j, qh + (size_t)r * (size_t)hd,
-                                 k + (size_t)j * ld, ld, n - j, hd, scale);
+        for (; h + 2 <= nq; h += 4) {
+            int nr = nq - h < 4 ? nq - h : 4;
+            const float *qr[4];
+            for (int r = 0; r < 4; r++)
+                qr[r] = q + (size_t)(h + (r < nr ? r : nr - 1)) * (size_t)hd;
+            scores_group(s + (size_t)h * lds, lds, qr, nr, k, ld, n, hd, scale);
         }
     for (; h < nq; h++)
         a512_attn_scores(s + (size_t)h * lds, q + (size_t)h * (size_t)hd, k, ld, n, hd, scale);
