@@ -338,6 +338,42 @@ out:
     return rc;
 }
 
+int stest_all_bound(const char *fixture, const char *const *names, struct err *e)
+{
+    struct model *m = NULL;
+    int rc = stest_load_variant(&m, fixture, NULL, NULL, e);
+    if (rc < 0)
+        return rc;
+    rc = stest_check(st_set_n_unused(m->st) == 0, "every tensor consumed", e);
+    model_free(m);
+    return rc < 0 ? rc : stest_missing_named(fixture, names, e);
+}
+
+/* The oldest tap of every conv layer zeroed (F32 [channels, K] ssm_conv, model-owned): only
+ * positions before the current one see it. */
+static void drop_oldest_tap(struct model *m)
+{
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        struct tensor *w = &m->layers[il].ssm_conv;
+        if (!tensor_is_present(w))
+            continue;
+        float *f = w->data;
+        for (int64_t c = 0; c < w->shape[0]; c++)
+            f[c * w->shape[1]] = 0.0f;
+    }
+}
+
+int stest_conv_state_reaches_logits(const char *fixture, struct err *e)
+{
+    struct model *m = NULL;
+    int rc;
+    if ((rc = stest_load_variant(&m, fixture, NULL, NULL, e)) < 0)
+        return rc;
+    rc = stest_edit_changes_logits(m, drop_oldest_tap, "the conv state's oldest input", e);
+    model_free(m);
+    return rc;
+}
+
 static bool same_tensor(const struct tensor *a, const struct tensor *b)
 {
     if (a->ndim != b->ndim || a->dtype != b->dtype || (a->ndim > 0 && a->data == b->data))

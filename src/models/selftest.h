@@ -108,6 +108,12 @@ int stest_edit_changes_logits(struct model *m, void (*edit)(struct model *m), co
 /* 0 when the config patch changes fixture's prompt logits by more than 1e-3 (the field reaches
  * the forward); an error naming the patch otherwise. */
 int stest_patch_changes_logits(const char *fixture, const char *patch, struct err *e);
+/* 0 when fixture loads with every tensor consumed and leaving out each of names (as
+ * stest_missing_named) fails naming it. */
+int stest_all_bound(const char *fixture, const char *const *names, struct err *e);
+/* 0 when zeroing the oldest tap of every conv layer (ssm_conv) of fixture changes its prompt
+ * logits: the convolution's carried state reaches the forward. */
+int stest_conv_state_reaches_logits(const char *fixture, struct err *e);
 /* Every expert view of every layer (gate, up, down; weights and biases) of a and b has the
  * same dtype, shape and bytes, and the two models' views are distinct memory. */
 bool stest_same_experts(const struct model *a, const struct model *b);
