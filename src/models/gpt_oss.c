@@ -150,22 +150,6 @@ out:
 
 #define EXPERTS "model.layers.%d.mlp.experts"
 
-/* dst [E][rows][cols] = src [E][cols][rows] transposed per expert, elements of es bytes */
-static void transpose_experts(void *dst, const void *src, int64_t E, int64_t rows, int64_t cols,
-                              size_t es)
-{
-    enum { T = 32 };
-    for (int64_t x = 0; x < E; x++) {
-        const char *s = (const char *)src + (size_t)(x * rows * cols) * es;
-        char *d = (char *)dst + (size_t)(x * rows * cols) * es;
-        for (int64_t c0 = 0; c0 < cols; c0 += T)
-            for (int64_t r0 = 0; r0 < rows; r0 += T)
-                for (int64_t c = c0; c < cols && c < c0 + T; c++)
-                    for (int64_t r = r0; r < rows && r < r0 + T; r++)
-                        memcpy(d + (size_t)(r * cols + c) * es, s + (size_t)(c * rows + r) * es, es);
-    }
-}
-
 /* The bias [E, n_out] of an expert linear, sliced per expert into el->b. */
 static int map_expert_bias(struct model *m, struct wmap *w, struct expert_linear *el, int il,
                            int64_t n_out, const char *name, struct err *e)
@@ -182,25 +166,14 @@ static int map_expert_bias(struct model *m, struct wmap *w, struct expert_linear
 static int map_transposed(struct model *m, struct wmap *w, struct expert_linear *el, int il,
                           int64_t n_out, int64_t n_in, const char *name, struct err *e)
 {
-    int64_t E = m->hp.n_expert, shape[3] = {E, n_in, n_out};
-    struct tensor t, all;
-    void *buf;
+    struct tensor all;
     int rc;
-    char bias[64];
+    char full[160], bias[64];
+    snprintf(full, sizeof full, EXPERTS ".%s", il, name);
     if ((rc = hf_expert_views(m, el, true, e)) < 0 ||
-        (rc = wm_tensor(w, &t, WM_REQUIRED, 3, shape, e, EXPERTS ".%s", il, name)) < 0)
+        (rc = hf_take_transposed(m, w, &all, n_out, n_in, full, e)) < 0)
         return rc;
-    if (!tensor_is_contiguous(&t))
-        return err_setf(e, ERR_FORMAT, "tensor '%s' is not contiguous", t.name ? t.name : name);
-    size_t es = dtype_size(t.dtype);
-    if ((rc = model_alloc_owned(m, (size_t)(E * n_in * n_out) * es, &buf, e)) < 0)
-        return rc;
-    if (!st_set_is_recording(w->st)) /* a recorded tensor's data is a placeholder (synth) */
-        transpose_experts(buf, t.data, E, n_out, n_in, es);
-    int64_t tshape[3] = {E, n_out, n_in};
-    tensor_init(&all, t.dtype, buf, 3, tshape);
-    all.name = t.name;
-    for (int x = 0; x < E; x++)
+    for (int x = 0; x < m->hp.n_expert; x++)
         el->w[x] = tensor_slice0(&all, x);
     snprintf(bias, sizeof bias, "%s_bias", name);
     return map_expert_bias(m, w, el, il, n_out, bias, e);

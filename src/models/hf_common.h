@@ -149,6 +149,16 @@ struct hf_v3_moe_defaults {
 int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
                     struct err *e);
 
+/* dst [E][rows][cols] = src [E][cols][rows], transposed per expert, elements of es bytes
+ * (transformers' x @ W expert tensors into the [out, in] the kernels read: gpt-oss, Llama 4). */
+void hf_transpose_experts(void *dst, const void *src, int64_t E, int64_t rows, int64_t cols,
+                          size_t es);
+
+/* The float tensor name [E, n_in, n_out] (transformers' x @ W experts) transposed into an
+ * owned [E, n_out, n_in] in *out (from a recording st_set: its shape only). */
+int hf_take_transposed(struct model *m, struct wmap *w, struct tensor *out, int64_t n_out,
+                       int64_t n_in, const char *name, struct err *e);
+
 /* Token embedding, final norm and head under the given names (head NULL: tied). */
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,
                 const char *head, struct err *e);

@@ -208,44 +208,13 @@ static int llama4_parse_config(struct hparams *hp, const cJSON *cfg, struct err 
 
 #define FF "model.layers.%d.feed_forward"
 
-/* dst [E][rows][cols] = src [E][cols][rows] transposed per expert, elements of es bytes */
-static void transpose_experts(void *dst, const void *src, int64_t E, int64_t rows, int64_t cols,
-                              size_t es)
-{
-    enum { T = 32 };
-    for (int64_t x = 0; x < E; x++) {
-        const char *s = (const char *)src + (size_t)(x * rows * cols) * es;
-        char *d = (char *)dst + (size_t)(x * rows * cols) * es;
-        for (int64_t c0 = 0; c0 < cols; c0 += T)
-            for (int64_t r0 = 0; r0 < rows; r0 += T)
-                for (int64_t c = c0; c < cols && c < c0 + T; c++)
-                    for (int64_t r = r0; r < rows && r < r0 + T; r++)
-                        memcpy(d + (size_t)(r * cols + c) * es, s + (size_t)(c * rows + r) * es, es);
-    }
-}
-
 /* transformers' FF.experts.NAME [E, n_in, n_out] (x @ W) transposed into owned [E, n_out, n_in]. */
 static int take_transposed(struct model *m, struct wmap *w, struct tensor *all, int il,
                            int64_t n_out, int64_t n_in, const char *name, struct err *e)
 {
-    int64_t E = m->hp.n_expert, shape[3] = {E, n_in, n_out};
-    struct tensor t;
-    void *buf;
-    int rc;
-    if ((rc = wm_tensor(w, &t, WM_REQUIRED, 3, shape, e, FF ".experts.%s", il, name)) < 0)
-        return rc;
-    if (!tensor_is_contiguous(&t) || !dtype_is_float(t.dtype) || t.qbits)
-        return err_setf(e, ERR_FORMAT, "tensor '%s' must be a contiguous float tensor",
-                        t.name ? t.name : name);
-    size_t es = dtype_size(t.dtype);
-    if ((rc = model_alloc_owned(m, (size_t)(E * n_in * n_out) * es, &buf, e)) < 0)
-        return rc;
-    if (!st_set_is_recording(w->st)) /* a recorded tensor's data is a placeholder (synth) */
-        transpose_experts(buf, t.data, E, n_out, n_in, es);
-    int64_t tshape[3] = {E, n_out, n_in};
-    tensor_init(all, t.dtype, buf, 3, tshape);
-    all->name = t.name;
-    return 0;
+    char full[160];
+    snprintf(full, sizeof full, FF ".experts.%s", il, name);
+    return hf_take_transposed(m, w, all, n_out, n_in, full, e);
 }
 
 static int map_experts(struct model *m, struct wmap *w, struct layer *L, int il, struct err *e)
