@@ -242,6 +242,17 @@ struct attn_tc {
     int chunk;      /* Llama 4's chunked attention (0: none) */
 };
 
+/* The GPU (skip the test without one) and the CPU scalar backend it is compared with. */
+static void open_pair(struct backend **gpu, struct backend **cpu)
+{
+    struct err e = {0};
+    if (backend_new(gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    assert_int_equal(backend_cpu_new(cpu, 1, "scalar", test_backend_opts(), &e), 0);
+}
+
 static double attn_case(struct backend *cpu, struct backend *gpu, const struct attn_tc *tc,
                         enum dtype dt)
 {
@@ -344,12 +355,7 @@ static void test_attention(void **state)
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct backend *gpu = NULL, *cpu = NULL;
-    struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
-        printf("cuda: %s\n", e.msg);
-        skip();
-    }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    open_pair(&gpu, &cpu);
     double worst = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
@@ -457,12 +463,7 @@ static void test_selective_scan(void **state)
     (void)state;
     static const int cases[][4] = {{300, 16, 37, 17}, {70, 40, 20, 1}, {9, 256, 12, 11}, {130, 1, 3, 2}};
     struct backend *gpu = NULL, *cpu = NULL;
-    struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
-        printf("cuda: %s\n", e.msg);
-        skip();
-    }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    open_pair(&gpu, &cpu);
     double worst = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         double r = scan_case(cpu, gpu, cases[c][0], cases[c][1], cases[c][2], cases[c][3]);
@@ -489,11 +490,7 @@ static void test_gated_delta(void **state)
     const int ldx = 2 * NK * DK + NV * DV, vdim = NV * DK * DV;
     struct backend *gpu = NULL, *cpu = NULL;
     struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
-        printf("cuda: %s\n", e.msg);
-        skip();
-    }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    open_pair(&gpu, &cpu);
     size_t nx = (size_t)N * ldx, nab = (size_t)N * 2 * NV, ny = (size_t)N * NV * DV;
     size_t nst = (size_t)NSEQ * vdim;
     float *x = malloc(nx * 4), *ab = malloc(nab * 4), *st = malloc(nst * 4), *stc = malloc(nst * 4);
@@ -661,12 +658,7 @@ static void test_ssd_scan(void **state)
         {40, 2, 4, 7, 33, 1},     /* odd sizes */
     };
     struct backend *gpu = NULL, *cpu = NULL;
-    struct err e = {0};
-    if (backend_new(&gpu, "cuda", 1, test_backend_opts(), &e) < 0) {
-        printf("cuda: %s\n", e.msg);
-        skip();
-    }
-    assert_int_equal(backend_cpu_new(&cpu, 1, "scalar", test_backend_opts(), &e), 0);
+    open_pair(&gpu, &cpu);
     double worst = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int *k = cases[c];
