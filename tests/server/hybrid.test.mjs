@@ -1,9 +1,11 @@
 // A hybrid model on `mlxcel serve`: LFM2 (gated short convolutions, whose state is a fixed
 // size per sequence, beside attention; ADR 0057), random weights from `mlxcel synth` with the
-// llama-tiny tokenizer (an untied head: tied random weights repeat the last token). 8 concurrent greedy completions with the prefix cache on (the default)
-// each equal `mlxcel generate` of the same prompt alone, and so do 8 that share a long prefix
-// (which the prefix cache must not reuse for a recurrent state); a second round on the same
-// server (slots reused by new sequences) equals the first.
+// llama-tiny tokenizer (an untied head: tied random weights repeat the last token).
+// 8 concurrent greedy completions with the prefix cache on (the default) each equal
+// `mlxcel generate` of the same prompt alone, and so do 8 that share a long prefix; a second
+// round on the same server (slots reused by new sequences) equals the first. (LFM2's state is
+// its last 2 inputs, too short a memory for this test to see a prefix-cache hit restore a
+// wrong state: test_prefix.c's prefix_recurrent checks that nothing is attached.)
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
