@@ -442,9 +442,11 @@ static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
     return 0;
 }
 
-/* Turns the tokens the engine produced into text for every choice; ends choices. Returns
- * whether anything changed. Failures set g->rc / g->err. */
-static bool pump(struct gen *g)
+/* Turns the tokens the engine produced into text for every choice, at most `limit` tokens
+ * per choice (0: all of them); ends choices. Returns whether anything changed. Failures set
+ * g->rc / g->err. A stream takes one token at a time, so each token gets its own event (as
+ * OpenAI's, vLLM's and llama-server's streams do) however far the engine has run ahead. */
+static bool pump(struct gen *g, int limit)
 {
     struct runner *run = g->s->m.runner;
     bool changed = false;
@@ -456,6 +458,10 @@ static bool pump(struct gen *g)
         int n_out = c->job.n_out;
         bool done = c->job.done;
         runner_unlock(run);
+        if (limit > 0 && n_out - c->consumed > limit) {
+            n_out = c->consumed + limit;
+            done = false;
+        }
         /* entries below n_out are written before n_out grows and never change */
         for (; c->consumed < n_out && !c->finished; c->consumed++) {
             int k = c->consumed;
@@ -780,7 +786,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
         bool alive = true;
-        if (!pump(g) && !all_finished(g) && g->rc == 0)
+        if (!pump(g, 1) && !all_finished(g) && g->rc == 0)
             alive = wait_engine(g);
         if (!alive && srv_client_gone(g->conn))
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -902,7 +908,7 @@ enum MHD_Result gen_serve(struct gen *g)
         return ok;
     }
     while (!all_finished(g) && g->rc == 0) {
-        if (!pump(g) && !all_finished(g) && g->rc == 0 && !wait_engine(g))
+        if (!pump(g, 0) && !all_finished(g) && g->rc == 0 && !wait_engine(g))
             break;
     }
     count_usage(g);

@@ -293,6 +293,9 @@ describe('openai API', { timeout: 300_000 * SLOW }, () => {
         const slp = chunks.flatMap((ch) => ch.choices[0]?.logprobs?.content ?? []);
         assert.deepEqual(slp.map((e) => e.token), lp.map((e) => e.token));
         slp.forEach((e, i) => assert.ok(Math.abs(e.logprob - lp[i].logprob) <= 1e-6));
+        // one token per chunk, as OpenAI streams (a fast engine does not merge tokens into one event)
+        const per = chunks.map((ch) => ch.choices[0]?.logprobs?.content?.length ?? 0).filter((k) => k > 0);
+        assert.ok(per.length > 1 && per.every((k) => k === 1), `tokens per chunk: ${JSON.stringify(per)}`);
     });
 
     // issue 39 item 8: tokens that split a UTF-8 character (the bias leaves only the byte tokens
