@@ -188,17 +188,19 @@ static const struct wcase k_cases[] = {
 
 /* The tensor-core product over affine 4/8-bit codes (mma.cu, more than 8 tokens): groups 32,
  * 64 and 128, f16/bf16/f32 scales, out past a 128-row tile (300, 129: one row in the last
- * tile; 31, 45, 67: one short tile) and in not a multiple of 128. Short rows (96, 160, 384 at
- * g128) run K whole; the others split K over blocks (4160 = 65 groups: 13 splits of 5, the
- * last short), 4 steps a group at g128. */
+ * tile; 13, 31, 45, 67: one short tile) and in not a multiple of 128. Short rows (96, 160, 384
+ * at g128) run K whole; the others split K over blocks in whole groups (on an H100: 4160 at
+ * g32 = 130 groups in 15 splits of 9, the last of 4; at g64 13 splits of 5; 1472 at g64 = 23
+ * groups in 8 splits of 3, the last of 2), 4 steps a group at g128. */
 static const struct wcase k_mma_cases[] = {
     {"q4 g32 bf16 300x96", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_BF16, 300, 96},
     {"q8 g32 f16 31x160", DTYPE_U32, 8, 32, QMODE_AFFINE, DTYPE_F16, 31, 160},
     {"q8 g128 bf16 300x384", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_BF16, 300, 384},
-    {"q4 g64 f32 45x4160", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_F32, 45, 4160},
+    {"q4 g32 f32 45x4160", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_F32, 45, 4160},
+    {"q8 g64 f16 13x4160", DTYPE_U32, 8, 64, QMODE_AFFINE, DTYPE_F16, 13, 4160},
     {"q4 g128 f16 129x1024", DTYPE_U32, 4, 128, QMODE_AFFINE, DTYPE_F16, 129, 1024},
     {"q8 g64 f32 67x640", DTYPE_U32, 8, 64, QMODE_AFFINE, DTYPE_F32, 67, 640},
-    {"q4 g32 bf16 40x2048", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_BF16, 40, 2048},
+    {"q4 g64 bf16 40x1472", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 40, 1472},
 };
 
 /* Each case at each token count against the CPU scalar backend; worst rel err returned. */

@@ -109,9 +109,9 @@ def run(bits, group, sdt_round, out, inn, n_tok, n_sm=132, seed=1):
     blocks = bx * by
     target = 8 // (4 * wm_) * n_sm
     nz = 1
-    if blocks < target:
+    if 2 * blocks <= target:
         zmax = min(min(ng // 2, nk // 4), MMA_MAX_Z)
-        nz = min(max(zmax, 1), (target + blocks - 1) // blocks)
+        nz = min(max(zmax, 1), target // blocks)
     gpz = (ng + nz - 1) // nz
     nz = (ng + gpz - 1) // gpz
     part = [[[None] * out for _ in range(n_tok)] for _ in range(nz)]

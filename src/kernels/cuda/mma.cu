@@ -370,8 +370,8 @@ bool cu_mma_ok(const struct cu_wmat *m)
            (m->qsdt == DTYPE_F32 || m->qsdt == DTYPE_F16 || m->qsdt == DTYPE_BF16);
 }
 
-/* Warps per SM below which K is split: 8, two blocks of 256 threads or four of 128 (the
- * launch bounds keep a thread at 128 registers or fewer, so they fit). */
+/* Warps per SM the split of K aims at: 8, one block of 256 threads or two of 128 (a thread
+ * takes 208-224 registers). */
 #define MMA_WARPS_PER_SM 8
 
 void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, int ldx,
@@ -385,13 +385,14 @@ void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
         return;
     }
     /* split K in whole groups while the grid is short of blocks, each split >= 2 groups and
-     * >= 4 steps */
+     * >= 4 steps, into as many splits as fill one wave (rounded down: a second wave of a few
+     * blocks would cost as much as the first) */
     long blocks = (long)bx * by;
     long target = (long)MMA_WARPS_PER_SM / (4 * wm) * (c->n_sm > 0 ? c->n_sm : 132);
     int nz = 1;
-    if (blocks < target) {
+    if (2 * blocks <= target) {
         int zmax = min(min(ng / 2, nk / 4), MMA_MAX_Z);
-        nz = (int)min((long)max(zmax, 1), (target + blocks - 1) / blocks);
+        nz = (int)min((long)max(zmax, 1), target / blocks);
     }
     const int gpz = (ng + nz - 1) / nz;
     nz = (ng + gpz - 1) / gpz;
