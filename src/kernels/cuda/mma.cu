@@ -380,6 +380,8 @@ void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
     const int ng = w->in / w->qgroup, nk = w->in / MMA_KS;
     const int wm = n_tok <= 32 ? 1 : 2, bm = 32 * wm;
     const int bx = (w->out + MMA_BN - 1) / MMA_BN, by = (n_tok + bm - 1) / bm;
+    if (w->out <= 0)
+        return;
     if (by > 65535) {
         cu_fail(c, "mma: too many tokens", cudaErrorInvalidValue);
         return;
