@@ -275,7 +275,8 @@ mma_affine_kernel(float *y, int ldy, size_t zstride, const __nv_bfloat16 *xh,
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     int row = p * C::BM + wm * 32 + mi * 16 + lane % 16;
-                    ldsm_x4(a[p][mi], smem_u32(sp + (row * MMA_XROW + 16 * h + 8 * (lane / 16)) * 2));
+                    int col = 16 * h + 8 * (lane / 16);
+                    ldsm_x4(a[p][mi], smem_u32(sp + (row * MMA_XROW + col) * 2));
                 }
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
@@ -294,7 +295,8 @@ mma_affine_kernel(float *y, int ldy, size_t zstride, const __nv_bfloat16 *xh,
                 for (int ni = 0; ni < 4; ni++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        yo[mi][ni][e] += sc[ni][e & 1] * acc[mi][ni][e] + bi[ni][e & 1] * sx[mi][e >> 1];
+                        yo[mi][ni][e] += sc[ni][e & 1] * acc[mi][ni][e] +
+                                         bi[ni][e & 1] * sx[mi][e >> 1];
                         acc[mi][ni][e] = 0.0f;
                     }
         }
