@@ -54,6 +54,7 @@
     X(hub)        \
     X(grammar)    \
     X(allocfail)  \
+    X(image)      \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
