@@ -55,6 +55,7 @@
     X(grammar)    \
     X(allocfail)  \
     X(image)      \
+    X(spec)       \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -57,6 +57,11 @@ static const char *k_help =
     "      --keep N           with --truncate: prompt tokens at the start never cut (default:\n"
     "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
+    "      --spec MODE        speculative decoding: none (default) or ngram (prompt lookup: drafts\n"
+    "                         copied from where the last tokens occurred before in the prompt or\n"
+    "                         output); the output is the same, faster when it repeats its input\n"
+    "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n"
+    "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
     "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
@@ -65,7 +70,7 @@ static const char *k_help =
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
-    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP,
+    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
 };
 
 struct gen_cli {
@@ -78,6 +83,7 @@ struct gen_cli {
     enum gen_truncate truncate;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
     struct sampler_params sp;
+    struct spec_params spec;
 };
 
 /* Streaming output state passed to the token callback. */
@@ -147,7 +153,9 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {"chat", no_argument, 0, OPT_CHAT},
         {"no-chat", no_argument, 0, OPT_NO_CHAT}, {"system", required_argument, 0, OPT_SYSTEM},
         {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE},
-        {"truncate", required_argument, 0, OPT_TRUNCATE}, {0, 0, 0, 0},
+        {"truncate", required_argument, 0, OPT_TRUNCATE}, {"spec", required_argument, 0, OPT_SPEC},
+        {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
+        {0, 0, 0, 0},
     };
     int c, rc = 0;
     long l;
@@ -214,6 +222,26 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
             else
                 rc = err_setf(e, ERR_ARG, "--truncate: '%s' is not left or right", optarg);
             break;
+        case OPT_SPEC:
+            if (strcmp(optarg, "ngram") == 0)
+                o->spec.mode = SPEC_NGRAM;
+            else if (strcmp(optarg, "none") == 0)
+                o->spec.mode = SPEC_NONE;
+            else
+                rc = err_setf(e, ERR_ARG, "--spec: '%s' is not none or ngram", optarg);
+            break;
+        case OPT_DRAFT_MAX: {
+            long v = 0;
+            rc = cli_parse_int("--draft-max", optarg, 1, SPEC_DRAFT_MAX_LIMIT, &v, e);
+            o->spec.draft_max = (int)v;
+            break;
+        }
+        case OPT_DRAFT_MIN: {
+            long v = 0;
+            rc = cli_parse_int("--draft-min", optarg, 0, SPEC_DRAFT_MAX_LIMIT, &v, e);
+            o->spec.draft_min = (int)v;
+            break;
+        }
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -396,8 +424,11 @@ int cmd_generate(int argc, char **argv)
     int rc, status = CLI_EXIT_ERROR;
 
     sampler_params_default(&o.sp);
+    spec_params_default(&o.spec);
     o.sp.seed = 1;
     rc = parse_args(argc, argv, &o, &e);
+    if (rc == 0 && o.spec.mode != SPEC_NONE)
+        rc = spec_params_check(&o.spec, &e);
     if (rc > 0)
         return CLI_EXIT_OK;
     if (rc < 0)
@@ -436,7 +467,7 @@ int cmd_generate(int argc, char **argv)
         tok_stream_init(&sink.ts, tok, true);
     struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos,
                             .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
-                            .n_keep_tail = keep_tail, .sampling = o.sp};
+                            .n_keep_tail = keep_tail, .sampling = o.sp, .spec = o.spec};
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
     if (st.n_dropped > 0) {
         /* the protected head and tail, named only when there is one: "(the oldest, keeping the
@@ -491,6 +522,12 @@ int cmd_generate(int argc, char **argv)
     if (st.stop == GEN_STOP_CONTEXT)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
                 en.kv->max_seq_len);
+    if (st.spec_off)
+        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its sliding-window "
+                "or recurrent layers cannot step back, or its rope follows the sequence's length)\n");
+    if (o.stats && gp.spec.mode != SPEC_NONE && !st.spec_off)
+        fprintf(stderr, "speculative: %d tokens drafted, %d accepted (%.1f %%)\n", st.n_drafted, st.n_accepted,
+                st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0);
     if (o.stats)
         fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s)\ngeneration: %d tokens in %.3f s (%.1f tok/s)\n",
                 st.n_prompt, st.t_prompt_s, st.t_prompt_s > 0 ? st.n_prompt / st.t_prompt_s : 0.0,

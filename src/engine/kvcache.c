@@ -615,6 +615,11 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
     return 0;
 }
 
+bool kv_can_step_back(const struct kv_cache *kv)
+{
+    return kv->n_rec == 0 && !has_swa(kv);
+}
+
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
 {
     int rc;

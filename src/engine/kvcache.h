@@ -163,6 +163,10 @@ void kv_seq_remove(struct kv_cache *kv, int seq);                     /* no-op i
 /* keep [0, len); with recurrent layers only len 0 or the current length (-ERR_UNSUPPORTED) */
 int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e);
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
+/* Whether any sequence can be truncated by a few positions at any time (speculative
+ * decoding's rollback): not with recurrent layers (their state holds every position) nor
+ * sliding-window layers (their blocks older than the window are already released). */
+bool kv_can_step_back(const struct kv_cache *kv);
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);
 /* Blocks of the full pool not held by any sequence: never used, or cached (reclaimable).

@@ -1,0 +1,65 @@
+/*
+ * spec: drafts for speculative decoding (generate.c verifies them).
+ *
+ * A drafter proposes the next tokens of a sequence; the target model scores the last
+ * token and the drafts in one batch, and the longest prefix that sampling accepts
+ * (sampler_sample_draft) is kept, plus one token of the target's own. Greedy output is
+ * token for token what plain decoding gives; sampled output follows the same
+ * distribution. ADR 0079.
+ *
+ * Prompt lookup (SPEC_NGRAM, "prompt lookup decoding", Saxena 2023; llama.cpp's
+ * lookup and vLLM's n-gram speculator): the last n tokens of the history (prompt and
+ * output so far), n from ngram_max down to ngram_min, are looked for earlier in the
+ * history, most recent occurrence first; the tokens that followed it are the draft.
+ * It pays where the output copies its input: code editing, summaries, RAG answers.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../core/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum spec_mode {
+    SPEC_NONE = 0,
+    SPEC_NGRAM = 1,
+};
+
+#define SPEC_DRAFT_MAX_LIMIT 64  /* the bound of draft_max */
+
+/* Proposes up to max tokens after hist[0..n) into out; returns how many (0: none). */
+typedef int (*spec_draft_fn)(void *ud, const int32_t *hist, int n, int32_t *out, int max);
+
+struct spec_params {
+    enum spec_mode mode;
+    int draft_max;      /* tokens drafted per step at most (1..SPEC_DRAFT_MAX_LIMIT) */
+    int draft_min;      /* fewer than this: decode plainly this step (0..draft_max) */
+    int ngram_min;      /* SPEC_NGRAM: the shortest suffix looked up (1..ngram_max) */
+    int ngram_max;      /* SPEC_NGRAM: the longest (<= 16) */
+    spec_draft_fn draft;  /* with mode SPEC_NONE and draft set: this drafter (tests) */
+    void *draft_ud;
+};
+
+/* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted
+ * tokens, n-grams of 1 to 3 (its ngram-min 1 / max 3 in lookup decoding), draft_min 1. */
+void spec_params_default(struct spec_params *p);
+
+/* The fields within their bounds (-ERR_ARG naming the field). */
+int spec_params_check(const struct spec_params *p, struct err *e);
+
+/* Whether p drafts at all. */
+bool spec_on(const struct spec_params *p);
+
+/* The draft of p for hist[0..n): up to max tokens into out. */
+int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t *out, int max);
+
+/* Prompt lookup: the tokens after the most recent earlier occurrence of hist's last
+ * m tokens, m from ngram_max down to ngram_min, up to max of them. */
+int spec_ngram(const int32_t *hist, int n, int ngram_min, int ngram_max, int32_t *out, int max);
+
+#ifdef __cplusplus
+}
+#endif
