@@ -62,6 +62,11 @@ static bool rope_follows_length(const struct hparams *hp)
     return false;
 }
 
+bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv)
+{
+    return kv_can_step_back(kv) && !rope_follows_length(&c->m->hp);
+}
+
 /* What one generation carries between steps. */
 struct gstate {
     const struct hparams *hp;
@@ -112,7 +117,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     bool spec = spec_on(&p->spec);
     if (spec && (rc = spec_params_check(&p->spec, e)) < 0)
         return rc;
-    if (spec && (!kv_can_step_back(kv) || rope_follows_length(hp))) {
+    if (spec && !gen_spec_supported(c, kv)) {
         spec = false;
         st.spec_off = true;
     }
@@ -196,7 +201,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         if (j == k)
             id = sampler_sample(smp, logits + (size_t)k * V);
         if (k > 0)
-            k_cur = j == k ? (2 * k_cur < K ? 2 * k_cur : K) : j == 0 ? (k_cur > 1 ? k_cur / 2 : 1) : k_cur;
+            k_cur = spec_next_len(k_cur, K, j, k);
         /* the cache keeps what plain decoding would hold: the step's token and the drafts
          * output before the one that stopped or was rejected */
         if (j < k && (rc = kv_seq_truncate(kv, seq, len + 1 + j, e)) < 0)

@@ -80,6 +80,10 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e);
 
+/* Whether speculative decoding can run on c with kv (generate.h, ADR 0079): the cache can step
+ * back and the rope does not follow the sequence's length. */
+bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv);
+
 /* Whether id is one of the checkpoint's EOS ids. */
 bool gen_is_eos(const struct hparams *hp, int32_t id);
 

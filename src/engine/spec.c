@@ -61,3 +61,12 @@ int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t 
         return spec_ngram(hist, n, p->ngram_min, p->ngram_max, out, max);
     return 0;
 }
+
+int spec_next_len(int cur, int max, int j, int k)
+{
+    if (j == k)
+        return 2 * cur < max ? 2 * cur : max;
+    if (j == 0)
+        return cur > 1 ? cur / 2 : 1;
+    return cur;
+}

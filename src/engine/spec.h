@@ -56,6 +56,10 @@ bool spec_on(const struct spec_params *p);
 /* The draft of p for hist[0..n): up to max tokens into out. */
 int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t *out, int max);
 
+/* The next draft length after a step that drafted k (> 0) and kept j of them, now cur,
+ * at most max: halved after none kept (at least 1), doubled after all, else the same. */
+int spec_next_len(int cur, int max, int j, int k);
+
 /* Prompt lookup: the tokens after the most recent earlier occurrence of hist's last
  * m tokens, m from ngram_max down to ngram_min, up to max of them. */
 int spec_ngram(const int32_t *hist, int n, int ngram_min, int ngram_max, int32_t *out, int max);
