@@ -3,7 +3,8 @@
  * "configs with inconsistent state sizes, a checkpoint missing A_log or conv1d,
  * layer patterns that do not match the layer count: a clear error naming the
  * field"). One table of mutations of the golden fixtures
- * (tests/fixtures/golden/<family>): a config.json key replaced, added or
+ * (tests/fixtures/golden/<family>; "q:<family>" is that config synthesized
+ * with `synth -q`, mlx-lm's layout at 4 bits): a config.json key replaced, added or
  * removed, a tensor left out, cut short by one row, stored with its dims
  * reversed, or declared an integer type. Each must be refused by model_load (and by `mlxcel inspect`, one
  * error line, exit 1) with a message naming the field or the tensor: never a
@@ -30,6 +31,7 @@
 #include "loading/convert.h"
 #include "models/model.h"
 #include "models/registry.h"
+#include "models/synth.h"
 #include "st_build.h"
 #include "test.h"
 
@@ -400,6 +402,58 @@ static const struct mut k_muts[] = {
         "model.layers.0.temporal_block.linear_y.weight"),
 };
 
+/* ---- mlx-lm's quantized layouts (q:<family>, from synth -q of the golden config) ---- */
+static const struct mut k_qmuts[] = {
+    DROP("q:mamba2", "backbone.layers.0.mixer.in_proj.scales"),
+    DROP("q:mamba2", "backbone.layers.0.mixer.in_proj.biases"),
+    SWAP("q:mamba2", "backbone.layers.0.mixer.in_proj.scales"),
+    SHRINK("q:mamba2", "backbone.layers.0.mixer.in_proj.weight"),
+    SWAP("q:mamba2", "backbone.layers.0.mixer.out_proj.weight"),
+    SHRINK("q:mamba2", "backbone.layers.0.mixer.conv1d.weight"),
+    SWAP("q:mamba2", "backbone.layers.0.mixer.conv1d.weight"),
+    DROP("q:mamba2", "backbone.layers.1.mixer.A_log"),
+    DROP("q:mamba", "backbone.layers.0.mixer.x_proj.scales"),
+    SHRINK("q:mamba", "backbone.layers.0.mixer.x_proj.weight"),
+    SWAP("q:mamba", "backbone.layers.0.mixer.conv1d.weight"),
+    DROP("q:jamba", "model.layers.1.feed_forward.switch_mlp.up_proj.scales"),
+    SHRINK("q:jamba", "model.layers.1.feed_forward.switch_mlp.gate_proj.weight"),
+    DROP("q:lfm2", "model.layers.0.conv.in_proj.scales"),
+    SWAP("q:lfm2", "model.layers.0.conv.conv.weight"),
+    DROP("q:qwen3_next", "model.layers.0.linear_attn.in_proj_ba.scales"),
+    SHRINK("q:qwen3_next", "model.layers.0.linear_attn.in_proj_qkvz.weight"),
+    SHRINK("q:qwen3_next", "model.layers.0.mlp.switch_mlp.gate_proj.scales"),
+    DROP("q:qwen3_next", "model.layers.0.mlp.switch_mlp.up_proj.biases"),
+    DROP("q:granitemoehybrid", "model.layers.0.mamba.in_proj.scales"),
+    DROP("q:recurrent_gemma", "model.layers.0.temporal_block.linear_x.scales"),
+    SWAP("q:recurrent_gemma", "model.layers.0.temporal_block.conv_1d.weight"),
+};
+
+/* The folder a case starts from: the golden fixture, or for "q:<family>" its config through
+ * `synth -q` (4-bit affine, group 64, seed 1), made once per family into a folder under
+ * *cache (removed by the caller). */
+static const char *source_dir(const char *family, char **cache, char *buf, size_t cap)
+{
+    if (strncmp(family, "q:", 2) != 0) {
+        snprintf(buf, cap, "%s/%s", test_path("tests/fixtures/golden"), family);
+        return buf;
+    }
+    if (!*cache)
+        *cache = stb_tmpdir();
+    assert_non_null(*cache);
+    snprintf(buf, cap, "%s/%s", *cache, family + 2);
+    if (access(buf, F_OK) == 0)
+        return buf;
+    char cfg[600];
+    snprintf(cfg, sizeof cfg, "%s/%s/config.json", test_path("tests/fixtures/golden"), family + 2);
+    struct quant_params q = {QMODE_AFFINE, 4, 64, 0};
+    struct synth_opts o = {.config = cfg, .dst = buf, .q = &q, .dtype = -1, .seed = 1, .n_threads = 1};
+    struct synth_stats st;
+    struct err e = {0};
+    if (synth_checkpoint(&o, &st, &e) < 0)
+        fail_msg("synth -q %s: %s", family + 2, e.msg);
+    return buf;
+}
+
 /* ---- building a mutated copy ---- */
 
 /* The fixture's config.json with the keys of patch replaced, added or ("$delete") removed. */
@@ -498,17 +552,19 @@ static const char *op_name(enum mut_op op)
 
 /* ---- the table ---- */
 
-static void mutations(void **state)
+/* Run n cases; a case that loads, or fails without naming its field or tensor, is
+ * reported and counted, and the test fails at the end naming how many. */
+static void run_table(const struct mut *cases, size_t n)
 {
-    (void)state;
     bool table = getenv("HYBRID_INPUT_TABLE") != NULL;
+    char *cache = NULL;
     int failures = 0;
-    for (size_t i = 0; i < sizeof k_muts / sizeof k_muts[0]; i++) {
-        const struct mut *m = &k_muts[i];
-        char src[512], args[700];
+    for (size_t i = 0; i < n; i++) {
+        const struct mut *m = &cases[i];
+        char buf[700], args[700];
         struct err e = {0};
         struct model *md = NULL;
-        snprintf(src, sizeof src, "%s/%s", test_path("tests/fixtures/golden"), m->family);
+        const char *src = source_dir(m->family, &cache, buf, sizeof buf);
         char *dir = stb_tmpdir();
         assert_non_null(dir);
         if (write_config(src, dir, m->patch, &e) < 0 || write_tensors(src, dir, m, &e) < 0)
@@ -528,9 +584,26 @@ static void mutations(void **state)
         model_free(md);
         stb_rmtree(dir);
     }
+    if (cache) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
+        assert_int_equal(system(cmd), 0);
+        free(cache);
+    }
     if (failures)
-        fail_msg("%d of %zu mutations were not refused naming their field or tensor", failures,
-                 sizeof k_muts / sizeof k_muts[0]);
+        fail_msg("%d of %zu mutations were not refused naming their field or tensor", failures, n);
+}
+
+static void mutations(void **state)
+{
+    (void)state;
+    run_table(k_muts, sizeof k_muts / sizeof k_muts[0]);
+}
+
+static void quantized_mutations(void **state)
+{
+    (void)state;
+    run_table(k_qmuts, sizeof k_qmuts / sizeof k_qmuts[0]);
 }
 
 /* ---- extreme values ---- */
@@ -617,6 +690,7 @@ static void extreme_fields(void **state)
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(mutations),
+    cmocka_unit_test(quantized_mutations),
     cmocka_unit_test(extreme_fields),
 };
 
