@@ -27,6 +27,7 @@
     X(fileio)     \
     X(safetensors) \
     X(corrupt)    \
+    X(hybrid_input) \
     X(kernels)    \
     X(kernel_ops) \
     X(linear_plan) \
