@@ -12,6 +12,7 @@
 
 #include "../core/err.h"
 #include "../core/fileio.h"
+#include "../engine/spec.h"
 #include "../loading/quantize.h"
 
 #define CLI_EXIT_OK    0
@@ -54,6 +55,17 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Parse a decimal integer in [lo, hi] from a flag value. */
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e);
 int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e);
+/* The speculative decoding flags of generate and serve (--spec none|ngram, --draft-max N,
+ * --draft-min N): flag is the name without dashes; -ERR_ARG for a bad value. CLI_SPEC_HELP is
+ * their --help text. */
+int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e);
+#define CLI_SPEC_HELP \
+    "      --spec MODE        speculative decoding: none (default) or ngram (prompt lookup: drafts\n" \
+    "                         copied from where the last tokens occurred before in the prompt or\n" \
+    "                         output); the output is the same, faster when it repeats its input\n" \
+    "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
+    "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
+
 /* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
 

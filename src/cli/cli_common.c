@@ -105,6 +105,26 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return CLI_EXIT_USAGE;
 }
 
+int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e)
+{
+    long v = 0;
+    int rc;
+    if (strcmp(flag, "spec") == 0) {
+        if (strcmp(arg, "ngram") == 0)
+            p->mode = SPEC_NGRAM;
+        else if (strcmp(arg, "none") == 0)
+            p->mode = SPEC_NONE;
+        else
+            return err_setf(e, ERR_ARG, "--spec: '%s' is not none or ngram", arg);
+        return 0;
+    }
+    bool max = strcmp(flag, "draft-max") == 0;
+    if ((rc = cli_parse_int(max ? "--draft-max" : "--draft-min", arg, max ? 1 : 0, SPEC_DRAFT_MAX_LIMIT, &v, e)) < 0)
+        return rc;
+    *(max ? &p->draft_max : &p->draft_min) = (int)v;
+    return 0;
+}
+
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e)
 {
     char *end;

@@ -57,11 +57,7 @@ static const char *k_help =
     "      --keep N           with --truncate: prompt tokens at the start never cut (default:\n"
     "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
-    "      --spec MODE        speculative decoding: none (default) or ngram (prompt lookup: drafts\n"
-    "                         copied from where the last tokens occurred before in the prompt or\n"
-    "                         output); the output is the same, faster when it repeats its input\n"
-    "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n"
-    "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
+    CLI_SPEC_HELP
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
     "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
@@ -222,26 +218,9 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
             else
                 rc = err_setf(e, ERR_ARG, "--truncate: '%s' is not left or right", optarg);
             break;
-        case OPT_SPEC:
-            if (strcmp(optarg, "ngram") == 0)
-                o->spec.mode = SPEC_NGRAM;
-            else if (strcmp(optarg, "none") == 0)
-                o->spec.mode = SPEC_NONE;
-            else
-                rc = err_setf(e, ERR_ARG, "--spec: '%s' is not none or ngram", optarg);
-            break;
-        case OPT_DRAFT_MAX: {
-            long v = 0;
-            rc = cli_parse_int("--draft-max", optarg, 1, SPEC_DRAFT_MAX_LIMIT, &v, e);
-            o->spec.draft_max = (int)v;
-            break;
-        }
-        case OPT_DRAFT_MIN: {
-            long v = 0;
-            rc = cli_parse_int("--draft-min", optarg, 0, SPEC_DRAFT_MAX_LIMIT, &v, e);
-            o->spec.draft_min = (int)v;
-            break;
-        }
+        case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
