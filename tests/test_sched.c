@@ -67,6 +67,9 @@ static const struct sched_cb *cbs(struct out *o)
 /* 0: plain; 1: speculative decoding for even requests (prompt lookup, drafts of up to 4);
  * 2: the same parameters, drafts turned off (the plain reference of spec mode 1) */
 static int g_spec;
+/* compare only the greedy (even) requests: a step's row budget or a short pool cuts drafts,
+ * so sampled requests draw differently than alone (in distribution, the same) */
+static bool g_greedy_only;
 
 /* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps); with
  * g_spec, a phrase of 5 repeated, so that prompt lookup drafts. */
@@ -139,13 +142,16 @@ static void run_sched(struct test_model *f, int pool_tokens, int budget, struct 
     for (int i = 0; i < N_REQ; i++) {
         assert_int_equal(got[i].done, 1);
         assert_int_equal(got[i].rc, 0);
+        if (g_greedy_only && i % 2)
+            continue;
         if (got[i].n != want[i].n || memcmp(got[i].ids, want[i].ids, (size_t)got[i].n * 4) != 0 ||
             got[i].stop != want[i].stop)
             fail_msg("%s: request %d: %d tokens (stop %d) differ from %d alone (stop %d)", what, i,
                      got[i].n, got[i].stop, want[i].n, want[i].stop);
     }
     assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
-    printf("sched %-28s %d requests in %d steps, identical to each alone\n", what, N_REQ, steps);
+    printf("sched %-28s %d requests in %d steps, %s identical to each alone\n", what, N_REQ, steps,
+           g_greedy_only ? "the greedy ones" : "all");
     if (g_spec == 1) {
         uint64_t drafted, accepted;
         sched_spec_stats(s, &drafted, &accepted);
@@ -238,6 +244,10 @@ static void sched_spec_equals_alone(void **state)
                 fail_msg("%s: request %d with drafts differs from plain decoding", dirs[d], i);
         /* a budget of 64 rows never cuts a draft (6 x 5 rows), so sampled requests draw as alone */
         run_sched(&f, 512, 64, got, want, "speculative");
+        /* 16 rows a step and a pool too small for all: drafts cut, dropped, preemption */
+        g_greedy_only = true;
+        run_sched(&f, 64, 16, got, want, "speculative, small pool");
+        g_greedy_only = false;
         g_spec = 0;
         test_model_close(&f);
     }

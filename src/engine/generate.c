@@ -137,7 +137,9 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         (rc = batch_init(&b, n_prompt > K + 1 ? n_prompt : K + 1, e)) < 0)
         goto out;
     logits = malloc((size_t)V * (size_t)(K + 1) * sizeof *logits);
-    hist = malloc(((size_t)n_prompt + (size_t)p->n_predict) * sizeof *hist);
+    /* the output is at most n_predict tokens, and at most one past a full context */
+    int n_out = p->n_predict < kv->max_seq_len ? p->n_predict : kv->max_seq_len;
+    hist = malloc(((size_t)n_prompt + (size_t)n_out + 1) * sizeof *hist);
     draft = malloc((size_t)(K + 1) * sizeof *draft);
     if (!logits || !hist || !draft) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");

@@ -54,6 +54,7 @@ struct sched {
     bool prefix;                 /* the prefix cache is on */
     bool spec_ok;                /* the model and cache can take drafts (gen_spec_supported) */
     uint64_t n_drafted, n_accepted;  /* speculative decoding, all requests (sched_spec_stats) */
+    bool no_drafts;              /* this step's batch is built without drafts (the pool is short) */
     uint64_t n_query, n_hit;     /* prompt tokens admitted / found cached (sched_prefix_stats) */
 };
 
@@ -326,13 +327,15 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
 static void build_batch(struct sched *s)
 {
     batch_clear(&s->b);
+    for (int i = 0; i < s->max_requests; i++)
+        s->reqs[i].n_draft = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
             if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
                 continue;
-            r->n_draft = pass == 0 && r->spec ? draft_for(s, r, room) : 0;
+            r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
             if (r->n_draft > 0) {
                 batch_add(&s->b, r->toks[r->n_fed], r->n_fed, r->seq, true, NULL);
                 s->row_req[s->b.n_tok - 1] = i;
@@ -443,12 +446,23 @@ int sched_step(struct sched *s, struct err *e)
 {
     int V = s->c->m->hp.n_vocab, rc;
     admit(s);
-    /* the pool decides who runs: preempt the newest request until the batch fits */
+    /* the pool decides who runs: drafts are dropped first, then the newest request is
+     * preempted until the batch fits (a draft never costs another request its cache) */
+    s->no_drafts = false;
     for (;;) {
         build_batch(s);
         if (s->b.n_tok == 0)
             return s->n_waiting > 0 ? 1 : 0;
-        if (batch_blocks_needed(s) <= kv_n_free_blocks(s->kv) || !preempt(s))
+        if (batch_blocks_needed(s) <= kv_n_free_blocks(s->kv))
+            break;
+        bool drafted = false;
+        for (int i = 0; i < s->max_requests && !s->no_drafts; i++)
+            drafted |= s->reqs[i].id > 0 && s->reqs[i].n_draft > 0;
+        if (drafted) {
+            s->no_drafts = true;
+            continue;
+        }
+        if (!preempt(s))
             break;
     }
     if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
