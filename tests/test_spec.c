@@ -5,7 +5,8 @@
  * decoding gives, and leaves the cache as long: prompt lookup; an oracle whose drafts are
  * the plain output (all accepted); a drafter that is always wrong (all rejected); one
  * wrong at a moving position (partly accepted); short drafts with draft_min; a callback
- * that stops inside an accepted run; a context that ends mid-draft. Models whose cache
+ * that stops inside an accepted run; a context that ends mid-draft; draft models (the model
+ * itself: all accepted; another of the same vocabulary). Models whose cache
  * cannot step back (sliding-window, recurrent) or whose rope follows the length (dynamic
  * NTK, LongRoPE) decode plainly, saying so.
  *
@@ -152,6 +153,41 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
     sp.draft_min = 3;
     run_gen(&g, prompt, L, &sp, 0, &r);
     same(name, "drafts of 3", &plain, &r);
+    /* draft models: the model itself (greedy: every draft accepted) and golden llama where the
+     * vocabularies agree (most drafts rejected); each in its own cache on the same backend */
+    const char *drafts[] = {dir, golden_case_dir("llama")};
+    struct run plain_b;
+    run_gen(&g, prompt + 1, L - 1, NULL, 0, &plain_b);
+    for (int d = 0; d < 2 && can; d++) {
+        struct test_eng dg;
+        test_eng_open(&dg, drafts[d], g.be, 0, 256, 1, 4);
+        struct spec_model *sm = NULL;
+        if (spec_model_check(g.m, dg.m, dg.kv, &e) < 0) {
+            assert_int_equal(d, 1);  /* only the other model may differ */
+            test_eng_close(&dg);
+            continue;
+        }
+        assert_int_equal(spec_model_new(&sm, dg.c, dg.kv, 0, 16, &e), 0);
+        struct spec_params dp;
+        spec_params_default(&dp);
+        dp.mode = SPEC_DRAFT;
+        dp.draft = spec_model_draft;
+        dp.draft_ud = sm;
+        run_gen(&g, prompt, L, &dp, 0, &r);
+        same(name, d ? "draft model llama" : "itself as the draft model", &plain, &r);
+        assert_null(spec_model_error(sm));
+        assert_true(r.st.n_drafted > 0);
+        if (d == 0 && r.st.n_accepted != r.st.n_drafted)
+            fail_msg("%s, itself as the draft model: %d of %d accepted", name, r.st.n_accepted, r.st.n_drafted);
+        /* again on the same drafter: its cache follows the new history (truncated back) */
+        run_gen(&g, prompt + 1, L - 1, &dp, 0, &r);
+        same(name, "the draft model on a second prompt", &plain_b, &r);
+        if (d == 0 && r.st.n_accepted != r.st.n_drafted)  /* a stale draft cache would draft wrong */
+            fail_msg("%s, itself as the draft model, second prompt: %d of %d accepted", name, r.st.n_accepted,
+                     r.st.n_drafted);
+        spec_model_free(sm);
+        test_eng_close(&dg);
+    }
     /* a callback (a stop string) that stops inside an accepted run: the cache as plain's */
     struct run plain7;
     run_gen(&g, prompt, L, NULL, 7, &plain7);

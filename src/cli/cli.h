@@ -60,9 +60,10 @@ int cli_parse_float(const char *flag, const char *s, double lo, double hi, doubl
  * their --help text. */
 int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e);
 #define CLI_SPEC_HELP \
-    "      --spec MODE        speculative decoding: none (default) or ngram (prompt lookup: drafts\n" \
+    "      --spec MODE        speculative decoding: none (default), ngram (prompt lookup: drafts\n" \
     "                         copied from where the last tokens occurred before in the prompt or\n" \
-    "                         output); the output is the same, faster when it repeats its input\n" \
+    "                         output) or draft (a draft model, --model-draft); the output is the\n" \
+    "                         same, faster when drafts are often right\n" \
     "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
     "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
 
@@ -118,6 +119,7 @@ struct model_ctx;
 struct kv_cache;
 struct cli_engine {
     struct backend *be;
+    bool be_borrowed;    /* be belongs to another engine (cli_engine_attach) */
     struct model_ctx *ctx;
     struct kv_cache *kv;
 };
@@ -128,6 +130,9 @@ int cli_kv_dtype(enum dtype *out, struct err *e);
 const char *cli_kv_dtype_name(enum dtype t);
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, struct err *e);
+/* An engine for a second model (a draft model) on the backend of `on` (borrowed). */
+int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
+                      int max_seqs, int max_seq_len, struct err *e);
 void cli_engine_close(struct cli_engine *en);
 
 /* The values m's generation_config.json gave, checked against the bounds of the flags

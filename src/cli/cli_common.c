@@ -112,10 +112,12 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
     if (strcmp(flag, "spec") == 0) {
         if (strcmp(arg, "ngram") == 0)
             p->mode = SPEC_NGRAM;
+        else if (strcmp(arg, "draft") == 0)
+            p->mode = SPEC_DRAFT;
         else if (strcmp(arg, "none") == 0)
             p->mode = SPEC_NONE;
         else
-            return err_setf(e, ERR_ARG, "--spec: '%s' is not none or ngram", arg);
+            return err_setf(e, ERR_ARG, "--spec: '%s' is not none, ngram or draft", arg);
         return 0;
     }
     bool max = strcmp(flag, "draft-max") == 0;
@@ -618,10 +620,29 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     return 0;
 }
 
+int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
+                      int max_seqs, int max_seq_len, struct err *e)
+{
+    int rc;
+    memset(en, 0, sizeof *en);
+    en->be = on->be;
+    en->be_borrowed = true;
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
+                           .dtype = DTYPE_F32};
+    if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
+        (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
+        (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
+        cli_engine_close(en);
+        return rc;
+    }
+    return 0;
+}
+
 void cli_engine_close(struct cli_engine *en)
 {
     kv_cache_free(en->kv);
     model_ctx_free(en->ctx);
-    backend_free(en->be);
+    if (!en->be_borrowed)
+        backend_free(en->be);
     memset(en, 0, sizeof *en);
 }

@@ -58,6 +58,8 @@ static const char *k_help =
     "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
     CLI_SPEC_HELP
+    "      --model-draft MODEL  the draft model of --spec draft (implies it): a smaller\n"
+    "                         checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
     "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
@@ -67,10 +69,11 @@ enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
     OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
+    OPT_MODEL_DRAFT,
 };
 
 struct gen_cli {
-    const char *model, *prompt, *prompt_file, *prompt_ids;
+    const char *model, *prompt, *prompt_file, *prompt_ids, *model_draft;
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -151,6 +154,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE},
         {"truncate", required_argument, 0, OPT_TRUNCATE}, {"spec", required_argument, 0, OPT_SPEC},
         {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
+        {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {0, 0, 0, 0},
     };
     int c, rc = 0;
@@ -221,6 +225,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
+        case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -388,6 +393,40 @@ out:
     return rc;
 }
 
+/* The draft model of --model-draft: loaded, on the target's backend, in a cache as long as
+ * the target's. */
+struct draft {
+    struct model *m;
+    struct cli_engine en;
+    struct spec_model *sm;
+};
+
+static int open_draft(const struct gen_cli *o, const struct model *target, const struct cli_engine *on, int slots,
+                      struct draft *d, struct err *e)
+{
+    char dir[4096];
+    int rc;
+    if ((rc = cli_resolve_model(o->model_draft, dir, sizeof dir, e)) < 0 || (rc = cli_model_load(&d->m, dir, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, NULL, e)) < 0)
+        return err_prefix(e, "--model-draft %s", o->model_draft);
+    /* a draft model with a shorter context drafts only while the history fits it */
+    int ctx = hparams_ctx_default(&d->m->hp) < on->kv->max_seq_len ? hparams_ctx_default(&d->m->hp)
+                                                                   : on->kv->max_seq_len;
+    if ((rc = cli_engine_attach(&d->en, on, d->m, slots + SPEC_DRAFT_MAX_LIMIT, 1, ctx, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, d->en.kv, e)) < 0 ||
+        (rc = spec_model_new(&d->sm, d->en.ctx, d->en.kv, 0, o->spec.draft_max, e)) < 0)
+        return err_prefix(e, "--model-draft %s", o->model_draft);
+    return 0;
+}
+
+static void draft_close(struct draft *d)
+{
+    spec_model_free(d->sm);
+    cli_engine_close(&d->en);
+    model_free(d->m);
+    memset(d, 0, sizeof *d);
+}
+
 int cmd_generate(int argc, char **argv)
 {
     struct gen_cli o = {.n_predict = 128, .threads = 0, .chat = -1, .keep = -1};
@@ -400,13 +439,20 @@ int cmd_generate(int argc, char **argv)
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     struct gen_stats st;
+    struct draft draft = {0};
     int rc, status = CLI_EXIT_ERROR;
 
     sampler_params_default(&o.sp);
     spec_params_default(&o.spec);
     o.sp.seed = 1;
     rc = parse_args(argc, argv, &o, &e);
-    if (rc == 0 && o.spec.mode != SPEC_NONE)
+    if (rc == 0 && o.model_draft && o.spec.mode == SPEC_NGRAM)
+        rc = err_setf(&e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (rc == 0 && o.spec.mode == SPEC_DRAFT && !o.model_draft)
+        rc = err_setf(&e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
+    if (rc == 0 && o.model_draft)
+        o.spec.mode = SPEC_DRAFT;
+    if (rc == 0 && o.spec.mode == SPEC_NGRAM)
         rc = spec_params_check(&o.spec, &e);
     if (rc > 0)
         return CLI_EXIT_OK;
@@ -440,6 +486,14 @@ int cmd_generate(int argc, char **argv)
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
     if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
         goto fail;
+    if (o.model_draft && (rc = open_draft(&o, m, &en, (int)slots, &draft, &e)) < 0)
+        goto fail;
+    if (draft.sm) {
+        o.spec.draft = spec_model_draft;
+        o.spec.draft_ud = draft.sm;
+        if ((rc = spec_params_check(&o.spec, &e)) < 0)
+            goto fail;
+    }
 
     sink.text = !o.output_ids;
     if (tok)
@@ -501,6 +555,9 @@ int cmd_generate(int argc, char **argv)
     if (st.stop == GEN_STOP_CONTEXT)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
                 en.kv->max_seq_len);
+    if (draft.sm && spec_model_error(draft.sm))
+        fprintf(stderr, "mlxcel generate: warning: the draft model failed (%s); decoding went on without it\n",
+                spec_model_error(draft.sm));
     if (st.spec_off)
         fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its sliding-window "
                 "or recurrent layers cannot step back, or its rope follows the sequence's length)\n");
@@ -517,6 +574,7 @@ fail:
         cli_fail("generate", &e);
     free(sink.ids);
     free(prompt);
+    draft_close(&draft);
     cli_engine_close(&en);
     model_free(m);
     tok_free(tok);

@@ -3,7 +3,12 @@
  */
 #include "spec.h"
 
+#include <stdlib.h>
 #include <string.h>
+
+#include "../models/model.h"
+#include "batch.h"
+#include "kvcache.h"
 
 void spec_params_default(struct spec_params *p)
 {
@@ -17,8 +22,10 @@ void spec_params_default(struct spec_params *p)
 
 int spec_params_check(const struct spec_params *p, struct err *e)
 {
-    if (p->mode != SPEC_NONE && p->mode != SPEC_NGRAM)
+    if (p->mode != SPEC_NONE && p->mode != SPEC_NGRAM && p->mode != SPEC_DRAFT)
         return err_setf(e, ERR_ARG, "unknown speculative mode %d", (int)p->mode);
+    if (p->mode == SPEC_DRAFT && !p->draft)
+        return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (p->draft_max < 1 || p->draft_max > SPEC_DRAFT_MAX_LIMIT)
         return err_setf(e, ERR_ARG, "--draft-max must be in [1, %d] (got %d)", SPEC_DRAFT_MAX_LIMIT, p->draft_max);
     if (p->draft_min < 0 || p->draft_min > p->draft_max)
@@ -69,4 +76,132 @@ int spec_next_len(int cur, int max, int j, int k)
     if (j == 0)
         return cur > 1 ? cur / 2 : 1;
     return cur;
+}
+
+// ---- a draft model ----
+
+struct spec_model {
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    int seq, cap;
+    int32_t *toks;     /* [cap] what the draft's sequence holds, position by position */
+    int n_toks;
+    float *logits;     /* [n_vocab] */
+    struct batch b;
+    struct err err;    /* the first failure; drafting stops */
+};
+
+int spec_model_check(const struct model *target, const struct model *draft, const struct kv_cache *draft_kv,
+                     struct err *e)
+{
+    const struct hparams *t = &target->hp, *d = &draft->hp;
+    if (t->n_vocab != d->n_vocab)
+        return err_setf(e, ERR_ARG, "the draft model's vocabulary has %d ids, the model's %d: drafts must "
+                        "be the model's tokens", d->n_vocab, t->n_vocab);
+    if (t->n_eos != d->n_eos || memcmp(t->eos_ids, d->eos_ids, (size_t)t->n_eos * sizeof *t->eos_ids) != 0)
+        return err_setf(e, ERR_ARG, "the draft model's end-of-sequence ids differ from the model's: not "
+                        "the same tokenizer");
+    if (draft_kv && !kv_can_step_back(draft_kv))
+        return err_setf(e, ERR_UNSUPPORTED, "the draft model has sliding-window or recurrent layers: its "
+                        "cache cannot step back after a rejected draft");
+    return 0;
+}
+
+int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, int seq, int draft_max,
+                   struct err *e)
+{
+    int rc;
+    *out = NULL;
+    struct spec_model *d = calloc(1, sizeof *d);
+    if (!d)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    d->c = c;
+    d->kv = kv;
+    d->seq = seq;
+    d->cap = kv->max_seq_len;
+    d->toks = malloc((size_t)d->cap * sizeof *d->toks);
+    d->logits = malloc((size_t)c->m->hp.n_vocab * sizeof *d->logits);
+    if (!d->toks || !d->logits) {
+        spec_model_free(d);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    (void)draft_max;
+    if ((rc = batch_init(&d->b, d->cap, e)) < 0 || (rc = kv_seq_add(kv, seq, e)) < 0) {
+        spec_model_free(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
+
+void spec_model_free(struct spec_model *d)
+{
+    if (!d)
+        return;
+    if (d->kv)
+        kv_seq_remove(d->kv, d->seq);
+    batch_free(&d->b);
+    free(d->toks);
+    free(d->logits);
+    free(d);
+}
+
+const char *spec_model_error(const struct spec_model *d)
+{
+    return d->err.code ? d->err.msg : NULL;
+}
+
+static int32_t argmax_row(const float *l, int V)
+{
+    int32_t best = 0;
+    for (int i = 1; i < V; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+/* Feed ids[0..n) at the end of the draft's sequence; the logits of the last into d->logits. */
+static int feed(struct spec_model *d, const int32_t *ids, int n)
+{
+    batch_clear(&d->b);
+    int rc = batch_add_seq(&d->b, ids, n, d->n_toks, d->seq, true, &d->err);
+    if (rc == 0)
+        rc = model_forward(d->c, &d->b, d->kv, d->logits, &d->err);
+    if (rc < 0)
+        return rc;
+    memcpy(d->toks + d->n_toks, ids, (size_t)n * sizeof *ids);
+    d->n_toks += n;
+    return 0;
+}
+
+int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max)
+{
+    struct spec_model *d = ud;
+    int V = d->c->m->hp.n_vocab;
+    if (d->err.code || n <= 0 || max <= 0)
+        return 0;
+    /* room: the history, then max - 1 drafted tokens fed back */
+    if (n + max - 1 > d->cap)
+        max = d->cap - n + 1;
+    if (max <= 0)
+        return 0;
+    /* keep the prefix the draft's sequence shares with the history, but always feed at
+     * least the last token (its logits start the draft) */
+    int keep = 0;
+    while (keep < d->n_toks && keep < n - 1 && d->toks[keep] == hist[keep])
+        keep++;
+    if (keep < d->n_toks) {
+        if (kv_seq_truncate(d->kv, d->seq, keep, &d->err) < 0)
+            return 0;
+        d->n_toks = keep;
+    }
+    if (feed(d, hist + keep, n - keep) < 0)
+        return 0;
+    int k = 0;
+    for (;;) {
+        out[k] = argmax_row(d->logits, V);
+        if (++k == max || feed(d, out + k - 1, 1) < 0)
+            break;
+    }
+    return k;
 }

@@ -19,6 +19,10 @@
 
 #include "../core/err.h"
 
+struct model;
+struct model_ctx;
+struct kv_cache;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,6 +30,7 @@ extern "C" {
 enum spec_mode {
     SPEC_NONE = 0,
     SPEC_NGRAM = 1,
+    SPEC_DRAFT = 2,   /* a draft model (spec_model_draft as the drafter) */
 };
 
 #define SPEC_DRAFT_MAX_LIMIT 64  /* the bound of draft_max */
@@ -55,6 +60,27 @@ bool spec_on(const struct spec_params *p);
 
 /* The draft of p for hist[0..n): up to max tokens into out. */
 int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t *out, int max);
+
+/* A draft model: a smaller checkpoint of the same vocabulary proposes its greedy
+ * continuation, one forward per drafted token, in its own cache sequence, which follows the
+ * history: the longest prefix it shares with the history stays, the rest is truncated and
+ * the new tokens fed (so a rejected draft costs only its own positions). */
+struct spec_model;
+
+/* Whether draft can draft for target: the same vocabulary size and EOS ids, and (draft_kv
+ * not NULL) a cache that can step back (-ERR_ARG / -ERR_UNSUPPORTED naming what differs). */
+int spec_model_check(const struct model *target, const struct model *draft, const struct kv_cache *draft_kv,
+                     struct err *e);
+/* A drafter over c and its cache kv (borrowed; sequence seq is the drafter's), drafting up to
+ * draft_max tokens at a time. */
+int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, int seq, int draft_max,
+                   struct err *e);
+void spec_model_free(struct spec_model *d);
+/* spec_draft_fn for spec_params.draft (ud: the spec_model). A failing forward of the draft
+ * model drafts nothing from then on (spec_model_error says why). */
+int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max);
+/* The draft model's error, or NULL. */
+const char *spec_model_error(const struct spec_model *d);
 
 /* The next draft length after a step that drafted k (> 0) and kept j of them, now cur,
  * at most max: halved after none kept (at least 1), doubled after all, else the same. */

@@ -2,7 +2,8 @@
 # `generate --spec ngram` (prompt lookup, ADR 0079): the same greedy ids as plain decoding
 # on a prompt that repeats itself (drafts accepted) and on one that does not, at a
 # context that ends mid-draft; --stats reports the drafts; models that cannot roll back
-# say so and still give the plain ids; bad values of the flags are usage errors.
+# say so and still give the plain ids; `--model-draft` (the model itself: all accepted;
+# another checkpoint; another vocabulary refused); bad values of the flags are usage errors.
 # Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
 BIN=${1:?usage: spec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -46,8 +47,30 @@ if [ -f $G/config.json ]; then
     grep -q "decodes without speculation" "$T/err" || fail "no note for the sliding window: $(cat "$T/err")"
 fi
 
+# a draft model: the model itself drafts what it will say (all accepted); another checkpoint
+# of the same vocabulary drafts worse; both give the plain ids
+run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids
+cp "$T/out" "$T/plain"
+for D in $M models/phixtral-tiny-4bit; do
+    run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids --model-draft $D --stats
+    expect_rc 0 "--model-draft $D"
+    cmp -s "$T/out" "$T/plain" || fail "--model-draft $D: $(cat "$T/out"), plain $(cat "$T/plain")"
+done
+grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "--model-draft: no drafts: $(cat "$T/err")"
+run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids --model-draft $M --stats
+grep -q "^speculative: \([0-9]*\) tokens drafted, \1 accepted" "$T/err" ||
+    fail "the model as its own draft: not all accepted: $(cat "$T/err")"
+# a draft model of another vocabulary is refused, naming both sizes
+G=tests/fixtures/golden/llama
+if [ -f $G/config.json ]; then
+    run "$BIN" generate -m $M --prompt-ids 1,2,3 -n 4 --model-draft $G
+    expect_rc 1 "--model-draft of another vocabulary"
+    grep -q "vocabulary has" "$T/err" || fail "another vocabulary: $(cat "$T/err")"
+fi
+
 # usage errors
-for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" "--spec ngram --draft-max 3 --draft-min 4"; do
+for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" "--spec ngram --draft-max 3 --draft-min 4" \
+    "--spec draft" "--spec ngram --model-draft $M"; do
     # shellcheck disable=SC2086
     run "$BIN" generate -m $M --prompt-ids 1,2 -n 2 $bad
     expect_rc 2 "$bad"
