@@ -7,7 +7,7 @@
  * wrong at a moving position (partly accepted); short drafts with draft_min; a callback
  * that stops inside an accepted run; a context that ends mid-draft; draft models (the model
  * itself: all accepted; another of the same vocabulary). Models whose cache
- * cannot step back (sliding-window, recurrent) or whose rope follows the length (dynamic
+ * cannot step back (recurrent; sliding-window layers get slack) or whose rope follows the length (dynamic
  * NTK, LongRoPE) decode plainly, saying so.
  *
  * spec_sampling: with sampling, sampler_sample_draft's results follow sampler_sample's
@@ -98,18 +98,26 @@ static void same(const char *name, const char *what, const struct run *plain, co
         fail_msg("%s, %s: stop %d, plain decoding %d", name, what, (int)r->st.stop, (int)plain->st.stop);
 }
 
+/* g's cache replaced by one with a context of ctx (max_seq_len) in a pool with room to spare,
+ * its sliding-window layers keeping 16 positions of slack (speculative decoding's rollback, as
+ * the CLI asks for --draft-max). */
+static void with_context(struct test_eng *g, int ctx)
+{
+    struct kv_params kp = {.n_tokens = 256, .max_seqs = 1, .max_seq_len = ctx, .block_size = 4,
+                           .dtype = test_kv_dtype, .n_batch = g->c->n_batch, .swa_slack = 16};
+    struct err e = {0};
+    kv_cache_free(g->kv);
+    if (kv_cache_new(&g->kv, g->m, g->be, &kp, &e) < 0)
+        fail_msg("%s", e.msg);
+}
+
 /* All drafters against plain decoding on one engine (ctx: the context's size). */
 static void check_drafters(const char *name, const char *dir, const int32_t *prompt, int L, int ctx)
 {
     struct test_eng g;
-    test_eng_open(&g, dir, NULL, 0, 256, 1, 4);
-    /* the context: max_seq_len, in a pool with room to spare */
-    struct kv_params kp = {.n_tokens = 256, .max_seqs = 1, .max_seq_len = ctx, .block_size = 4,
-                           .dtype = test_kv_dtype, .n_batch = g.c->n_batch};
     struct err e = {0};
-    kv_cache_free(g.kv);
-    if (kv_cache_new(&g.kv, g.m, g.be, &kp, &e) < 0)
-        fail_msg("%s: %s", name, e.msg);
+    test_eng_open(&g, dir, NULL, 0, 256, 1, 4);
+    with_context(&g, ctx);
     int V = g.m->hp.n_vocab;
     bool can = kv_can_step_back(g.kv);
     for (int il = 0; il < g.m->hp.n_layer; il++)  /* generate.c's rope_follows_length */
@@ -161,6 +169,7 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
     for (int d = 0; d < 2 && can; d++) {
         struct test_eng dg;
         test_eng_open(&dg, drafts[d], g.be, 0, 256, 1, 4);
+        with_context(&dg, 0);  /* the model's own context */
         struct spec_model *sm = NULL;
         if (spec_model_check(g.m, dg.m, dg.kv, &e) < 0) {
             assert_int_equal(d, 1);  /* only the other model may differ */

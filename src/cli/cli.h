@@ -128,11 +128,12 @@ struct cli_engine {
 int cli_kv_dtype(enum dtype *out, struct err *e);
 /* Its name as --kv-type spells it: "f32", "f16" or "bf16". */
 const char *cli_kv_dtype_name(enum dtype t);
+/* swa_slack: kv_params.swa_slack (speculative decoding's --draft-max, else 0). */
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
-                    int max_seq_len, struct err *e);
+                    int max_seq_len, int swa_slack, struct err *e);
 /* An engine for a second model (a draft model) on the backend of `on` (borrowed). */
 int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
-                      int max_seqs, int max_seq_len, struct err *e);
+                      int max_seqs, int max_seq_len, int swa_slack, struct err *e);
 void cli_engine_close(struct cli_engine *en);
 
 /* The values m's generation_config.json gave, checked against the bounds of the flags

@@ -578,12 +578,12 @@ const char *cli_kv_dtype_name(enum dtype t)
 }
 
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
-                    int max_seq_len, struct err *e)
+                    int max_seq_len, int swa_slack, struct err *e)
 {
     int rc;
     memset(en, 0, sizeof *en);
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
-                           .dtype = DTYPE_F32};
+                           .dtype = DTYPE_F32, .swa_slack = swa_slack};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
         return rc;
     const char *dev = cli_cfg()->device;
@@ -621,14 +621,14 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
 }
 
 int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
-                      int max_seqs, int max_seq_len, struct err *e)
+                      int max_seqs, int max_seq_len, int swa_slack, struct err *e)
 {
     int rc;
     memset(en, 0, sizeof *en);
     en->be = on->be;
     en->be_borrowed = true;
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
-                           .dtype = DTYPE_F32};
+                           .dtype = DTYPE_F32, .swa_slack = swa_slack};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
         (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
         (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {

@@ -412,7 +412,7 @@ static int open_draft(const struct gen_cli *o, const struct model *target, const
     /* a draft model with a shorter context drafts only while the history fits it */
     int ctx = hparams_ctx_default(&d->m->hp) < on->kv->max_seq_len ? hparams_ctx_default(&d->m->hp)
                                                                    : on->kv->max_seq_len;
-    if ((rc = cli_engine_attach(&d->en, on, d->m, slots + SPEC_DRAFT_MAX_LIMIT, 1, ctx, e)) < 0 ||
+    if ((rc = cli_engine_attach(&d->en, on, d->m, slots + SPEC_DRAFT_MAX_LIMIT, 1, ctx, o->spec.draft_max, e)) < 0 ||
         (rc = spec_model_check(target, d->m, d->en.kv, e)) < 0 ||
         (rc = spec_model_new(&d->sm, d->en.ctx, d->en.kv, 0, o->spec.draft_max, e)) < 0)
         return err_prefix(e, "--model-draft %s", o->model_draft);
@@ -484,7 +484,8 @@ int cmd_generate(int argc, char **argv)
      * max_position_embeddings; kv_cache_new refuses one above the model's limit) */
     long max_len = o.n_ctx > 0 ? o.n_ctx : hparams_ctx_default(&m->hp);
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
-    if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
+    if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len,
+                              o.spec.mode != SPEC_NONE ? o.spec.draft_max : 0, &e)) < 0)
         goto fail;
     if (o.model_draft && (rc = open_draft(&o, m, &en, (int)slots, &draft, &e)) < 0)
         goto fail;
@@ -559,8 +560,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "mlxcel generate: warning: the draft model failed (%s); decoding went on without it\n",
                 spec_model_error(draft.sm));
     if (st.spec_off)
-        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its sliding-window "
-                "or recurrent layers cannot step back, or its rope follows the sequence's length)\n");
+        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its recurrent layers "
+                "cannot step back, or its rope follows the sequence's length)\n");
     if (o.stats && gp.spec.mode != SPEC_NONE && !st.spec_off)
         fprintf(stderr, "speculative: %d tokens drafted, %d accepted (%.1f %%)\n", st.n_drafted, st.n_accepted,
                 st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0);

@@ -291,7 +291,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     long per_seq = ctx < 8192 ? ctx : 8192;
     long pool = o->ctx_size > 0 ? o->ctx_size : per_seq * o->parallel;
     long max_len = pool < ctx ? pool : ctx;
-    if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len, e)) < 0)
+    if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len,
+                               o->spec.mode != SPEC_NONE ? o->spec.draft_max : 0, e)) < 0)
         return rc;
     struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache,
                                .max_batch_tokens = serve_ubatch(o, sv->en.be)};
@@ -300,8 +301,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
                                 .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = o->spec};
     if (o->spec.mode != SPEC_NONE && !gen_spec_supported(sv->en.ctx, sv->en.kv))
-        fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its sliding-window or "
-                "recurrent layers cannot step back, or its rope follows the sequence's length)\n");
+        fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its recurrent layers "
+                "cannot step back, or its rope follows the sequence's length)\n");
     /* every structured-output request masks through the vocabulary's byte trie: built once */
     if ((rc = grammar_vocab_new(&sv->gvocab, sv->tok, e)) < 0)
         return rc;

@@ -176,6 +176,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             int max = p->n_predict - st.n_gen - 1, ctx = kv->max_seq_len - len - 1;
             max = max < k_cur ? max : k_cur;
             max = max < ctx ? max : ctx;
+            max = max < kv_step_back_max(kv) ? max : kv_step_back_max(kv);
             k = spec_draft(&p->spec, hist, g.n_hist, draft, max);
             k = k < p->spec.draft_min || k < 0 ? 0 : k > max ? max : k;
         }

@@ -17,9 +17,11 @@
  * With gen_params.spec on, each step scores the last token and a draft (spec.h) in one
  * batch, keeps the drafted tokens sampling accepts plus one token of the model's own, and
  * truncates the rest from the cache: the same tokens as plain decoding when greedy, the
- * same distribution when sampling. Models whose cache cannot step back (kv_can_step_back)
- * or whose rope follows the sequence's length (dynamic NTK, LongRoPE: scoring later positions
- * would change the step's own numbers) decode plainly (stats.spec_off says so).
+ * same distribution when sampling. Drafts reach at most kv_step_back_max positions (a
+ * sliding-window cache's slack, kv_params.swa_slack). Models whose cache cannot step back
+ * (recurrent layers) or whose rope follows the sequence's length (dynamic NTK, LongRoPE:
+ * scoring later positions would change the step's own numbers) decode plainly
+ * (stats.spec_off says so).
  */
 #pragma once
 #include <stdbool.h>

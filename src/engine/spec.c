@@ -102,8 +102,8 @@ int spec_model_check(const struct model *target, const struct model *draft, cons
         return err_setf(e, ERR_ARG, "the draft model's end-of-sequence ids differ from the model's: not "
                         "the same tokenizer");
     if (draft_kv && !kv_can_step_back(draft_kv))
-        return err_setf(e, ERR_UNSUPPORTED, "the draft model has sliding-window or recurrent layers: its "
-                        "cache cannot step back after a rejected draft");
+        return err_setf(e, ERR_UNSUPPORTED, "the draft model has recurrent layers (or sliding-window ones "
+                        "without slack): its cache cannot step back after a rejected draft");
     return 0;
 }
 
@@ -191,8 +191,15 @@ int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max
     while (keep < d->n_toks && keep < n - 1 && d->toks[keep] == hist[keep])
         keep++;
     if (keep < d->n_toks) {
-        if (kv_seq_truncate(d->kv, d->seq, keep, &d->err) < 0)
+        if (d->n_toks - keep > kv_step_back_max(d->kv) && keep > 0) {
+            /* further back than the draft's cache can step (sliding window): start over */
+            kv_seq_remove(d->kv, d->seq);
+            if (kv_seq_add(d->kv, d->seq, &d->err) < 0)
+                return 0;
+            keep = 0;
+        } else if (kv_seq_truncate(d->kv, d->seq, keep, &d->err) < 0) {
             return 0;
+        }
         d->n_toks = keep;
     }
     if (feed(d, hist + keep, n - keep) < 0)

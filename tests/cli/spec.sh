@@ -1,8 +1,8 @@
 #!/bin/sh
 # `generate --spec ngram` (prompt lookup, ADR 0079): the same greedy ids as plain decoding
 # on a prompt that repeats itself (drafts accepted) and on one that does not, at a
-# context that ends mid-draft; --stats reports the drafts; models that cannot roll back
-# say so and still give the plain ids; `--model-draft` (the model itself: all accepted;
+# context that ends mid-draft; --stats reports the drafts; a sliding-window model drafts too,
+# a recurrent one says it cannot and still gives the plain ids; `--model-draft` (the model itself: all accepted;
 # another checkpoint; another vocabulary refused); bad values of the flags are usage errors.
 # Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
 BIN=${1:?usage: spec.sh path/to/mlxcel}
@@ -36,16 +36,20 @@ same "$REP" "--draft-max 2 --draft-min 2"
 run "$BIN" generate -m $M --prompt-ids "$REP" -n 20 --temp 0.8 --top-p 0.9 --seed 4 --spec ngram --output-ids
 expect_rc 0 "--spec ngram sampled"
 
-# a sliding-window model decodes plainly and says why
-G=tests/fixtures/golden/mistral_swa
-if [ -f $G/config.json ]; then
-    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6 -n 8 --temp 0 --output-ids
+# a sliding-window model speculates too (its cache keeps --draft-max positions of slack), and
+# a recurrent one decodes plainly, saying why; both give the plain ids
+for G in tests/fixtures/golden/mistral_swa tests/fixtures/golden/mamba; do
+    [ -f $G/config.json ] || continue
+    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids
     cp "$T/out" "$T/plain"
-    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6 -n 8 --temp 0 --output-ids --spec ngram
-    expect_rc 0 "--spec on a sliding-window model"
-    cmp -s "$T/out" "$T/plain" || fail "sliding window: $(cat "$T/out"), plain $(cat "$T/plain")"
-    grep -q "decodes without speculation" "$T/err" || fail "no note for the sliding window: $(cat "$T/err")"
-fi
+    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids --spec ngram --stats
+    expect_rc 0 "--spec on $G"
+    cmp -s "$T/out" "$T/plain" || fail "$G: $(cat "$T/out"), plain $(cat "$T/plain")"
+    case $G in
+    *mamba) grep -q "decodes without speculation" "$T/err" || fail "no note for $G: $(cat "$T/err")" ;;
+    *) grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "$G drafted nothing: $(cat "$T/err")" ;;
+    esac
+done
 
 # a draft model: the model itself drafts what it will say (all accepted); another checkpoint
 # of the same vocabulary drafts worse; both give the plain ids
