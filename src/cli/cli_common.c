@@ -71,25 +71,34 @@ void cli_on_swept(void *ud, const char *path, const char *why)
             (const char *)ud, path, why);
 }
 
+/* errno of the first failed stdout write or flush seen, 0 while none has failed: ferror()
+ * keeps only that a write failed, and errno is overwritten by later calls. */
+static int g_stdout_errno;
+
+/* fputs to stdout, keeping the errno of a failure (a text longer than stdio's buffer is
+ * written, and may fail, inside fputs). */
+static void out_puts(const char *s)
+{
+    if (fputs(s, stdout) == EOF && !g_stdout_errno)
+        g_stdout_errno = errno;
+}
+
 void cli_help(const char *help, unsigned which)
 {
-    fputs(help, stdout);
+    out_puts(help);
     if (!which)
         return;
-    fputs("\nGlobal options (any position; also as environment variables):\n", stdout);
+    out_puts("\nGlobal options (any position; also as environment variables):\n");
     if (which & CLI_GLOBAL_MODEL)
-        fputs("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n",
-              stdout);
+        out_puts("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n");
     if (which & CLI_GLOBAL_KV)
-        fputs("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n",
-              stdout);
+        out_puts("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n");
     if (which & CLI_GLOBAL_RUN)
-        fputs("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
-              "                         usable GPU, else the CPU)\n"
-              "      --fast             4-bit products with x rounded to 8 bits, as llama.cpp (MLXCEL_FAST=1)\n"
-              "      --mmap, --no-mmap  read the weights through the file mapping, or copy them into memory\n"
-              "                         whatever its size (MLXCEL_MMAP=1 / 0; default: copy while they fit)\n",
-              stdout);
+        out_puts("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
+                 "                         usable GPU, else the CPU)\n"
+                 "      --fast             4-bit products with x rounded to 8 bits, as llama.cpp (MLXCEL_FAST=1)\n"
+                 "      --mmap, --no-mmap  read the weights through the file mapping, or copy them into memory\n"
+                 "                         whatever its size (MLXCEL_MMAP=1 / 0; default: copy while they fit)\n");
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
@@ -466,9 +475,6 @@ int cli_print_json(struct cJSON *root, struct err *e)
 
 /* ---- standard output ---- */
 
-/* errno of the first failed stdout flush seen, 0 while none has failed: ferror() keeps
- * only that a write failed, and errno is overwritten by later calls. */
-static int g_stdout_errno;
 
 static int stdout_error(struct err *e)
 {

@@ -212,6 +212,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--served-model-name must have 1 to 200 bytes");
     if (o->api_key && !*o->api_key)
         return err_setf(e, ERR_ARG, "--api-key must not be empty");
+    if (o->spec.mode == SPEC_DRAFT)
+        return err_setf(e, ERR_ARG, "--spec draft: the server drafts by prompt lookup only (--spec ngram); a draft "
+                        "model is generate's (--model-draft)");
     if (o->spec.mode != SPEC_NONE)
         return spec_params_check(&o->spec, e);
     return 0;
