@@ -355,6 +355,42 @@ static void spec_ngram_lookup(void **state)
     assert_int_equal(spec_params_check(&p, &e), -ERR_ARG);
 }
 
+/* The pace: halves to 1, then pauses 1, 2, 4 ... 64 steps, a kept draft ends the pauses,
+ * all kept doubles back up. */
+static void spec_pacing(void **state)
+{
+    (void)state;
+    struct spec_pace a;
+    spec_pace_init(&a, 16);
+    assert_int_equal(spec_pace_len(&a), 16);
+    for (int want = 8; want >= 1; want /= 2) {
+        spec_pace_update(&a, 0, spec_pace_len(&a));
+        assert_int_equal(spec_pace_len(&a), want);
+    }
+    /* at length 1, nothing kept: pauses of 1, 2, 4 ... 64, 64 plain steps */
+    for (int pause = 1, n = 0; n < 9; n++, pause = pause * 2 < SPEC_PAUSE_MAX ? pause * 2 : SPEC_PAUSE_MAX) {
+        spec_pace_update(&a, 0, 1);
+        for (int i = 0; i < pause; i++) {
+            assert_int_equal(spec_pace_len(&a), 0);
+            spec_pace_update(&a, 0, 0);
+        }
+        assert_int_equal(spec_pace_len(&a), 1);
+    }
+    /* one kept ends the pauses (the next rejection pauses 1 step), all kept doubles */
+    spec_pace_update(&a, 1, 1);
+    assert_int_equal(spec_pace_len(&a), 2);
+    spec_pace_update(&a, 1, 2);
+    assert_int_equal(spec_pace_len(&a), 2);
+    spec_pace_update(&a, 0, 2);
+    spec_pace_update(&a, 0, 1);
+    assert_int_equal(spec_pace_len(&a), 0);
+    spec_pace_update(&a, 0, 0);
+    assert_int_equal(spec_pace_len(&a), 1);
+    for (int i = 0; i < 8; i++)
+        spec_pace_update(&a, spec_pace_len(&a), spec_pace_len(&a));
+    assert_int_equal(spec_pace_len(&a), 16);
+}
+
 static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static struct CMUnitTest *t;
@@ -363,6 +399,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         static const struct CMUnitTest extra[] = {
             cmocka_unit_test(spec_sampling),
             cmocka_unit_test(spec_ngram_lookup),
+            cmocka_unit_test(spec_pacing),
         };
         golden_case_tests("spec_", spec_case, extra, sizeof extra / sizeof extra[0], &t, &n);
     }

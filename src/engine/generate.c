@@ -160,8 +160,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     /* id: sampled, not yet output nor in the cache. Each step outputs it, then scores it with
      * k drafted tokens (k = 0: plain decoding) and keeps the accepted ones and one more. */
     int32_t id = p->n_predict > 0 ? sampler_sample(smp, logits) : 0;
-    int k_cur = K;  /* the draft length now: halved after a step that kept none, doubled after
-                     * one that kept all (a rejected draft costs its rows' compute) */
+    struct spec_pace pace;  /* the draft length now (spec.h) */
+    spec_pace_init(&pace, K);
     while (st.n_gen < p->n_predict) {
         if (emit(&g, id))
             break;
@@ -174,7 +174,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         if (spec) {
             /* useful drafts: the output left after this step's own token, the context left */
             int max = p->n_predict - st.n_gen - 1, ctx = kv->max_seq_len - len - 1;
-            max = max < k_cur ? max : k_cur;
+            int lim = spec_pace_len(&pace);
+            max = max < lim ? max : lim;
             max = max < ctx ? max : ctx;
             max = max < kv_step_back_max(kv) ? max : kv_step_back_max(kv);
             k = spec_draft(&p->spec, hist, g.n_hist, draft, max);
@@ -203,8 +204,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         }
         if (j == k)
             id = sampler_sample(smp, logits + (size_t)k * V);
-        if (k > 0)
-            k_cur = spec_next_len(k_cur, K, j, k);
+        if (spec)
+            spec_pace_update(&pace, j, k);
         /* the cache keeps what plain decoding would hold: the step's token and the drafts
          * output before the one that stopped or was rejected */
         if (j < k && (rc = kv_seq_truncate(kv, seq, len + 1 + j, e)) < 0)

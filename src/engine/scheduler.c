@@ -35,7 +35,9 @@ struct sreq {
     bool cons_broken;            /* the constraint refused a token (an internal error) */
     bool spec;                   /* drafts for this request (asked, and the model can take them) */
     int32_t *draft;              /* [p.spec.draft_max] this step's draft */
-    int n_draft, k_cur;          /* its length; the draft length now (spec_next_len) */
+    int n_draft;                 /* its length */
+    bool decoding;               /* this step feeds its one sampled token (a decode step) */
+    struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
 };
@@ -170,7 +172,7 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
         r->toks = r->draft = NULL;
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
-    r->k_cur = r->spec ? p->spec.draft_max : 0;
+    spec_pace_init(&r->pace, r->spec ? p->spec.draft_max : 0);
     if ((rc = sampler_new(&r->smp, &p->sampling, s->c->m->hp.n_vocab, e)) < 0) {
         free(r->toks);
         free(r->draft);
@@ -316,7 +318,8 @@ static bool preempt(struct sched *s)
 static int draft_for(const struct sched *s, struct sreq *r, int room)
 {
     int max = r->p.n_predict - r->st.n_gen - 1, ctx = s->kv->max_seq_len - r->n_fed - 1;
-    max = max < r->k_cur ? max : r->k_cur;
+    int lim = spec_pace_len(&r->pace);
+    max = max < lim ? max : lim;
     max = max < ctx ? max : ctx;
     max = max < kv_step_back_max(s->kv) ? max : kv_step_back_max(s->kv);
     max = max < room - 1 ? max : room - 1;
@@ -328,14 +331,17 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
 static void build_batch(struct sched *s)
 {
     batch_clear(&s->b);
-    for (int i = 0; i < s->max_requests; i++)
+    for (int i = 0; i < s->max_requests; i++) {
         s->reqs[i].n_draft = 0;
+        s->reqs[i].decoding = false;
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
             if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
                 continue;
+            r->decoding = pass == 0;
             r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
             if (r->n_draft > 0) {
                 batch_add(&s->b, r->toks[r->n_fed], r->n_fed, r->seq, true, NULL);
@@ -418,7 +424,7 @@ static bool verify(struct sched *s, struct sreq *r, const float *lg, int V, stru
     }
     if (alive && acc)
         alive = emit(s, r, sampler_sample(r->smp, lg + (size_t)k * V), lg + (size_t)k * V);
-    r->k_cur = spec_next_len(r->k_cur, r->p.spec.draft_max, j, k);
+    spec_pace_update(&r->pace, j, k);
     if (alive && kv_seq_truncate(s->kv, r->seq, r->n_toks - 1, e) < 0)
         return false;
     r->n_fed = r->n_toks - 1;
@@ -501,7 +507,11 @@ int sched_step(struct sched *s, struct err *e)
             err_setf(&re, ERR_FORMAT, "the model produced non-finite logits (NaN or inf) at position "
                      "%d: its weights or config are broken", r->n_fed - 1);
             req_end(s, r, -ERR_FORMAT, &re);
-        } else if (rows > 1 ? !verify(s, r, lg, V, &re) : !sample_one(s, r, lg)) {
+            continue;
+        }
+        if (rows == 1 && r->spec && r->decoding)
+            spec_pace_update(&r->pace, 0, 0);  /* a plain step counts toward a pause, as in generate() */
+        if (rows > 1 ? !verify(s, r, lg, V, &re) : !sample_one(s, r, lg)) {
             bool failed = r->cons_broken || re.code != 0;
             if (r->cons_broken)
                 err_setf(&re, ERR_INTERNAL, "the output constraint rejected a token its mask allowed");

@@ -69,13 +69,32 @@ int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t 
     return 0;
 }
 
-int spec_next_len(int cur, int max, int j, int k)
+void spec_pace_init(struct spec_pace *a, int draft_max)
 {
-    if (j == k)
-        return 2 * cur < max ? 2 * cur : max;
-    if (j == 0)
-        return cur > 1 ? cur / 2 : 1;
-    return cur;
+    *a = (struct spec_pace){.len = draft_max, .max = draft_max};
+}
+
+int spec_pace_len(const struct spec_pace *a)
+{
+    return a->rest > 0 ? 0 : a->len;
+}
+
+void spec_pace_update(struct spec_pace *a, int j, int k)
+{
+    if (k == 0) {
+        if (a->rest > 0)
+            a->rest--;
+    } else if (j == k) {
+        a->len = 2 * a->len < a->max ? 2 * a->len : a->max;
+        a->pause = 0;
+    } else if (j > 0) {
+        a->pause = 0;
+    } else if (a->len > 1) {
+        a->len /= 2;
+    } else {
+        a->pause = a->pause ? (2 * a->pause < SPEC_PAUSE_MAX ? 2 * a->pause : SPEC_PAUSE_MAX) : 1;
+        a->rest = a->pause;
+    }
 }
 
 // ---- a draft model ----

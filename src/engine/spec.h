@@ -82,9 +82,22 @@ int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max
 /* The draft model's error, or NULL. */
 const char *spec_model_error(const struct spec_model *d);
 
-/* The next draft length after a step that drafted k (> 0) and kept j of them, now cur,
- * at most max: halved after none kept (at least 1), doubled after all, else the same. */
-int spec_next_len(int cur, int max, int j, int k);
+/* How long a sequence's drafts are, adapted to what was kept: the length halves after a
+ * step that kept none and doubles after one that kept all (up to draft_max); at length 1,
+ * a step that keeps none pauses drafting for 1, 2, 4 ... up to SPEC_PAUSE_MAX steps (a
+ * draft nobody accepts costs rows for nothing), any kept draft ends the pauses. generate()
+ * and the scheduler pace the same way, so a request drafts alike in both. */
+#define SPEC_PAUSE_MAX 64
+struct spec_pace {
+    int len, max;     /* the draft length now; draft_max */
+    int pause, rest;  /* the last pause's length; steps of it left */
+};
+void spec_pace_init(struct spec_pace *a, int draft_max);
+/* The most the next step may draft: 0 while paused. */
+int spec_pace_len(const struct spec_pace *a);
+/* After each decode step: it drafted k and kept j of them (k = 0: a plain step, which
+ * counts toward a pause). */
+void spec_pace_update(struct spec_pace *a, int j, int k);
 
 /* Prompt lookup: the tokens after the most recent earlier occurrence of hist's last
  * m tokens, m from ngram_max down to ngram_min, up to max of them. */
