@@ -57,6 +57,7 @@
     X(allocfail)  \
     X(image)      \
     X(spec)       \
+    X(multimodal) \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;
