@@ -50,9 +50,10 @@ struct oracle {
     int n_prompt, mode, V, step;
 };
 
-static int oracle_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max)
+static int oracle_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max)
 {
     struct oracle *o = ud;
+    (void)seq;
     (void)hist;
     int at = n - o->n_prompt, k = 0;
     for (; k < max && at + k < o->want->n; k++) {
@@ -176,7 +177,7 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
             test_eng_close(&dg);
             continue;
         }
-        assert_int_equal(spec_model_new(&sm, dg.c, dg.kv, 0, 16, &e), 0);
+        assert_int_equal(spec_model_new(&sm, dg.c, dg.kv, &e), 0);
         struct spec_params dp;
         spec_params_default(&dp);
         dp.mode = SPEC_DRAFT;

@@ -136,6 +136,19 @@ int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct
                       int max_seqs, int max_seq_len, int swa_slack, struct err *e);
 void cli_engine_close(struct cli_engine *en);
 
+/* The draft model of --model-draft (speculative decoding, ADR 0079): loaded, checked against
+ * target (vocabulary, EOS ids, a cache that can step back), on the backend of `on`, its cache
+ * holding max_seqs sequences of up to on's context (or the draft's own, if shorter) in
+ * n_tokens slots plus drafting room. Errors name the flag and the path. */
+struct cli_draft {
+    struct model *m;
+    struct cli_engine en;
+    struct spec_model *sm;
+};
+int cli_draft_open(struct cli_draft *d, const char *path, const struct model *target, const struct cli_engine *on,
+                   int n_tokens, int max_seqs, int draft_max, struct err *e);
+void cli_draft_close(struct cli_draft *d);
+
 /* The values m's generation_config.json gave, checked against the bounds of the flags
  * that override them (sampler_bounds: the same rule for --temp and "temperature"):
  * -ERR_ARG naming the file, the key and the range otherwise. serve calls it once the

@@ -644,6 +644,33 @@ int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct
     return 0;
 }
 
+int cli_draft_open(struct cli_draft *d, const char *path, const struct model *target, const struct cli_engine *on,
+                   int n_tokens, int max_seqs, int draft_max, struct err *e)
+{
+    char dir[4096];
+    int rc;
+    memset(d, 0, sizeof *d);
+    if ((rc = cli_resolve_model(path, dir, sizeof dir, e)) < 0 || (rc = cli_model_load(&d->m, dir, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, NULL, e)) < 0)
+        return err_prefix(e, "--model-draft %s", path);
+    /* a draft model with a shorter context drafts only while the history fits it */
+    int ctx = hparams_ctx_default(&d->m->hp) < on->kv->max_seq_len ? hparams_ctx_default(&d->m->hp)
+                                                                   : on->kv->max_seq_len;
+    if ((rc = cli_engine_attach(&d->en, on, d->m, n_tokens + max_seqs * SPEC_DRAFT_MAX_LIMIT, max_seqs, ctx,
+                                draft_max, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, d->en.kv, e)) < 0 || (rc = spec_model_new(&d->sm, d->en.ctx, d->en.kv, e)) < 0)
+        return err_prefix(e, "--model-draft %s", path);
+    return 0;
+}
+
+void cli_draft_close(struct cli_draft *d)
+{
+    spec_model_free(d->sm);
+    cli_engine_close(&d->en);
+    model_free(d->m);
+    memset(d, 0, sizeof *d);
+}
+
 void cli_engine_close(struct cli_engine *en)
 {
     kv_cache_free(en->kv);

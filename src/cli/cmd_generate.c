@@ -393,40 +393,6 @@ out:
     return rc;
 }
 
-/* The draft model of --model-draft: loaded, on the target's backend, in a cache as long as
- * the target's. */
-struct draft {
-    struct model *m;
-    struct cli_engine en;
-    struct spec_model *sm;
-};
-
-static int open_draft(const struct gen_cli *o, const struct model *target, const struct cli_engine *on, int slots,
-                      struct draft *d, struct err *e)
-{
-    char dir[4096];
-    int rc;
-    if ((rc = cli_resolve_model(o->model_draft, dir, sizeof dir, e)) < 0 || (rc = cli_model_load(&d->m, dir, e)) < 0 ||
-        (rc = spec_model_check(target, d->m, NULL, e)) < 0)
-        return err_prefix(e, "--model-draft %s", o->model_draft);
-    /* a draft model with a shorter context drafts only while the history fits it */
-    int ctx = hparams_ctx_default(&d->m->hp) < on->kv->max_seq_len ? hparams_ctx_default(&d->m->hp)
-                                                                   : on->kv->max_seq_len;
-    if ((rc = cli_engine_attach(&d->en, on, d->m, slots + SPEC_DRAFT_MAX_LIMIT, 1, ctx, o->spec.draft_max, e)) < 0 ||
-        (rc = spec_model_check(target, d->m, d->en.kv, e)) < 0 ||
-        (rc = spec_model_new(&d->sm, d->en.ctx, d->en.kv, 0, o->spec.draft_max, e)) < 0)
-        return err_prefix(e, "--model-draft %s", o->model_draft);
-    return 0;
-}
-
-static void draft_close(struct draft *d)
-{
-    spec_model_free(d->sm);
-    cli_engine_close(&d->en);
-    model_free(d->m);
-    memset(d, 0, sizeof *d);
-}
-
 int cmd_generate(int argc, char **argv)
 {
     struct gen_cli o = {.n_predict = 128, .threads = 0, .chat = -1, .keep = -1};
@@ -439,7 +405,7 @@ int cmd_generate(int argc, char **argv)
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     struct gen_stats st;
-    struct draft draft = {0};
+    struct cli_draft draft = {0};
     int rc, status = CLI_EXIT_ERROR;
 
     sampler_params_default(&o.sp);
@@ -487,7 +453,7 @@ int cmd_generate(int argc, char **argv)
     if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len,
                               o.spec.mode != SPEC_NONE ? o.spec.draft_max : 0, &e)) < 0)
         goto fail;
-    if (o.model_draft && (rc = open_draft(&o, m, &en, (int)slots, &draft, &e)) < 0)
+    if (o.model_draft && (rc = cli_draft_open(&draft, o.model_draft, m, &en, (int)slots, 1, o.spec.draft_max, &e)) < 0)
         goto fail;
     if (draft.sm) {
         o.spec.draft = spec_model_draft;
@@ -556,9 +522,6 @@ int cmd_generate(int argc, char **argv)
     if (st.stop == GEN_STOP_CONTEXT)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
                 en.kv->max_seq_len);
-    if (draft.sm && spec_model_error(draft.sm))
-        fprintf(stderr, "mlxcel generate: warning: the draft model failed (%s); decoding went on without it\n",
-                spec_model_error(draft.sm));
     if (st.spec_off)
         fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its recurrent layers "
                 "cannot step back, or its rope follows the sequence's length)\n");
@@ -575,7 +538,7 @@ fail:
         cli_fail("generate", &e);
     free(sink.ids);
     free(prompt);
-    draft_close(&draft);
+    cli_draft_close(&draft);
     cli_engine_close(&en);
     model_free(m);
     tok_free(tok);

@@ -178,7 +178,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             max = max < lim ? max : lim;
             max = max < ctx ? max : ctx;
             max = max < kv_step_back_max(kv) ? max : kv_step_back_max(kv);
-            k = spec_draft(&p->spec, hist, g.n_hist, draft, max);
+            k = spec_draft(&p->spec, seq, hist, g.n_hist, draft, max);
             k = k < p->spec.draft_min || k < 0 ? 0 : k > max ? max : k;
         }
         batch_clear(&b);

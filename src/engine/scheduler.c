@@ -323,7 +323,7 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
     max = max < ctx ? max : ctx;
     max = max < kv_step_back_max(s->kv) ? max : kv_step_back_max(s->kv);
     max = max < room - 1 ? max : room - 1;
-    int k = max > 0 ? spec_draft(&r->p.spec, r->toks, r->n_toks, r->draft, max) : 0;
+    int k = max > 0 ? spec_draft(&r->p.spec, r->seq, r->toks, r->n_toks, r->draft, max) : 0;
     return k < r->p.spec.draft_min || k < 0 ? 0 : k > max ? max : k;
 }
 

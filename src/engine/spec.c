@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/log.h"
 #include "../models/model.h"
 #include "batch.h"
 #include "kvcache.h"
@@ -60,10 +61,10 @@ int spec_ngram(const int32_t *hist, int n, int ngram_min, int ngram_max, int32_t
     return 0;
 }
 
-int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t *out, int max)
+int spec_draft(const struct spec_params *p, int seq, const int32_t *hist, int n, int32_t *out, int max)
 {
     if (p->draft)
-        return p->draft(p->draft_ud, hist, n, out, max);
+        return p->draft(p->draft_ud, seq, hist, n, out, max);
     if (p->mode == SPEC_NGRAM)
         return spec_ngram(hist, n, p->ngram_min, p->ngram_max, out, max);
     return 0;
@@ -102,9 +103,9 @@ void spec_pace_update(struct spec_pace *a, int j, int k)
 struct spec_model {
     struct model_ctx *c;
     struct kv_cache *kv;
-    int seq, cap;
-    int32_t *toks;     /* [cap] what the draft's sequence holds, position by position */
-    int n_toks;
+    int n_seqs, cap;
+    int32_t *toks;     /* [n_seqs][cap] what each draft sequence holds, position by position */
+    int *n_toks;       /* [n_seqs]; -1: the sequence is not in the cache yet */
     float *logits;     /* [n_vocab] */
     struct batch b;
     struct err err;    /* the first failure; drafting stops */
@@ -126,8 +127,7 @@ int spec_model_check(const struct model *target, const struct model *draft, cons
     return 0;
 }
 
-int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, int seq, int draft_max,
-                   struct err *e)
+int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, struct err *e)
 {
     int rc;
     *out = NULL;
@@ -136,16 +136,18 @@ int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache
         return err_setf(e, ERR_NOMEM, "out of memory");
     d->c = c;
     d->kv = kv;
-    d->seq = seq;
+    d->n_seqs = kv->max_seqs;
     d->cap = kv->max_seq_len;
-    d->toks = malloc((size_t)d->cap * sizeof *d->toks);
+    d->toks = malloc((size_t)d->n_seqs * (size_t)d->cap * sizeof *d->toks);
+    d->n_toks = malloc((size_t)d->n_seqs * sizeof *d->n_toks);
     d->logits = malloc((size_t)c->m->hp.n_vocab * sizeof *d->logits);
-    if (!d->toks || !d->logits) {
+    if (!d->toks || !d->n_toks || !d->logits) {
         spec_model_free(d);
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
-    (void)draft_max;
-    if ((rc = batch_init(&d->b, d->cap, e)) < 0 || (rc = kv_seq_add(kv, seq, e)) < 0) {
+    for (int s = 0; s < d->n_seqs; s++)
+        d->n_toks[s] = -1;
+    if ((rc = batch_init(&d->b, d->cap, e)) < 0) {
         spec_model_free(d);
         return rc;
     }
@@ -157,10 +159,12 @@ void spec_model_free(struct spec_model *d)
 {
     if (!d)
         return;
-    if (d->kv)
-        kv_seq_remove(d->kv, d->seq);
+    for (int s = 0; d->n_toks && s < d->n_seqs; s++)
+        if (d->n_toks[s] >= 0)
+            kv_seq_remove(d->kv, s);
     batch_free(&d->b);
     free(d->toks);
+    free(d->n_toks);
     free(d->logits);
     free(d);
 }
@@ -179,54 +183,85 @@ static int32_t argmax_row(const float *l, int V)
     return best;
 }
 
-/* Feed ids[0..n) at the end of the draft's sequence; the logits of the last into d->logits. */
-static int feed(struct spec_model *d, const int32_t *ids, int n)
+/* Feed ids[0..n) at the end of draft sequence seq; the logits of the last into d->logits. The
+ * draft's cache keeps the sequences of requests that ended until their ids are taken again:
+ * when the pool runs short, those of the other ids are dropped (they start over when drafted
+ * for next) and the feed is tried once more. */
+static int feed(struct spec_model *d, int seq, const int32_t *ids, int n)
 {
-    batch_clear(&d->b);
-    int rc = batch_add_seq(&d->b, ids, n, d->n_toks, d->seq, true, &d->err);
-    if (rc == 0)
-        rc = model_forward(d->c, &d->b, d->kv, d->logits, &d->err);
+    int rc = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        batch_clear(&d->b);
+        err_clear(&d->err);
+        rc = batch_add_seq(&d->b, ids, n, d->n_toks[seq], seq, true, &d->err);
+        if (rc == 0)
+            rc = model_forward(d->c, &d->b, d->kv, d->logits, &d->err);
+        if (rc != -ERR_NOMEM || attempt > 0)
+            break;
+        for (int s = 0; s < d->n_seqs; s++)
+            if (s != seq && d->n_toks[s] > 0) {
+                kv_seq_truncate(d->kv, s, 0, NULL);
+                d->n_toks[s] = 0;
+            }
+    }
     if (rc < 0)
         return rc;
-    memcpy(d->toks + d->n_toks, ids, (size_t)n * sizeof *ids);
-    d->n_toks += n;
+    memcpy(d->toks + (size_t)seq * d->cap + d->n_toks[seq], ids, (size_t)n * sizeof *ids);
+    d->n_toks[seq] += n;
     return 0;
 }
 
-int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max)
+static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, int32_t *out, int max, int V);
+
+int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max)
 {
     struct spec_model *d = ud;
     int V = d->c->m->hp.n_vocab;
-    if (d->err.code || n <= 0 || max <= 0)
+    if (d->err.code || n <= 0 || max <= 0 || seq < 0 || seq >= d->n_seqs)
         return 0;
+    int k = draft_seq(d, seq, hist, n, out, max, V);
+    if (d->err.code)
+        LOG_WARN("the draft model failed (%s): decoding goes on without drafts", d->err.msg);
+    return k;
+}
+
+/* spec_model_draft's work; d->err set on a failure (what was drafted before it stands). */
+static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, int32_t *out, int max, int V)
+{
     /* room: the history, then max - 1 drafted tokens fed back */
     if (n + max - 1 > d->cap)
         max = d->cap - n + 1;
     if (max <= 0)
         return 0;
+    if (d->n_toks[seq] < 0) {
+        if (kv_seq_add(d->kv, seq, &d->err) < 0)
+            return 0;
+        d->n_toks[seq] = 0;
+    }
     /* keep the prefix the draft's sequence shares with the history, but always feed at
      * least the last token (its logits start the draft) */
-    int keep = 0;
-    while (keep < d->n_toks && keep < n - 1 && d->toks[keep] == hist[keep])
+    const int32_t *have = d->toks + (size_t)seq * d->cap;
+    int held = d->n_toks[seq], keep = 0;
+    while (keep < held && keep < n - 1 && have[keep] == hist[keep])
         keep++;
-    if (keep < d->n_toks) {
-        if (d->n_toks - keep > kv_step_back_max(d->kv) && keep > 0) {
+    if (keep < held) {
+        if (held - keep > kv_step_back_max(d->kv) && keep > 0) {
             /* further back than the draft's cache can step (sliding window): start over */
-            kv_seq_remove(d->kv, d->seq);
-            if (kv_seq_add(d->kv, d->seq, &d->err) < 0)
+            kv_seq_remove(d->kv, seq);
+            if (kv_seq_add(d->kv, seq, &d->err) < 0)
                 return 0;
             keep = 0;
-        } else if (kv_seq_truncate(d->kv, d->seq, keep, &d->err) < 0) {
+        } else if (kv_seq_truncate(d->kv, seq, keep, &d->err) < 0) {
             return 0;
         }
-        d->n_toks = keep;
+        d->n_toks[seq] = keep;
     }
-    if (feed(d, hist + keep, n - keep) < 0)
+    if (feed(d, seq, hist + keep, n - keep) < 0)
         return 0;
     int k = 0;
     for (;;) {
         out[k] = argmax_row(d->logits, V);
-        if (++k == max || feed(d, out + k - 1, 1) < 0)
+        if (++k == max || feed(d, seq, out + k - 1, 1) < 0)
             break;
     }
     return k;

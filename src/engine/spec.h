@@ -35,8 +35,9 @@ enum spec_mode {
 
 #define SPEC_DRAFT_MAX_LIMIT 64  /* the bound of draft_max */
 
-/* Proposes up to max tokens after hist[0..n) into out; returns how many (0: none). */
-typedef int (*spec_draft_fn)(void *ud, const int32_t *hist, int n, int32_t *out, int max);
+/* Proposes up to max tokens after hist[0..n), the history of cache sequence seq, into out;
+ * returns how many (0: none). */
+typedef int (*spec_draft_fn)(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
 
 struct spec_params {
     enum spec_mode mode;
@@ -58,27 +59,27 @@ int spec_params_check(const struct spec_params *p, struct err *e);
 /* Whether p drafts at all. */
 bool spec_on(const struct spec_params *p);
 
-/* The draft of p for hist[0..n): up to max tokens into out. */
-int spec_draft(const struct spec_params *p, const int32_t *hist, int n, int32_t *out, int max);
+/* The draft of p for hist[0..n), the history of cache sequence seq: up to max tokens into out. */
+int spec_draft(const struct spec_params *p, int seq, const int32_t *hist, int n, int32_t *out, int max);
 
 /* A draft model: a smaller checkpoint of the same vocabulary proposes its greedy
- * continuation, one forward per drafted token, in its own cache sequence, which follows the
- * history: the longest prefix it shares with the history stays, the rest is truncated and
- * the new tokens fed (so a rejected draft costs only its own positions). */
+ * continuation, one forward per drafted token, in its own cache, whose sequence s follows
+ * the history of the model's sequence s: the longest prefix it shares with the history
+ * stays, the rest is truncated and the new tokens fed (so a rejected draft costs only its
+ * own positions, and a sequence id taken over by another request starts over by itself). */
 struct spec_model;
 
 /* Whether draft can draft for target: the same vocabulary size and EOS ids, and (draft_kv
  * not NULL) a cache that can step back (-ERR_ARG / -ERR_UNSUPPORTED naming what differs). */
 int spec_model_check(const struct model *target, const struct model *draft, const struct kv_cache *draft_kv,
                      struct err *e);
-/* A drafter over c and its cache kv (borrowed; sequence seq is the drafter's), drafting up to
- * draft_max tokens at a time. */
-int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, int seq, int draft_max,
-                   struct err *e);
+/* A drafter over c and its cache kv (borrowed; its sequences are the drafter's, one per
+ * sequence of the model's cache it drafts for: kv->max_seqs of them). */
+int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, struct err *e);
 void spec_model_free(struct spec_model *d);
 /* spec_draft_fn for spec_params.draft (ud: the spec_model). A failing forward of the draft
  * model drafts nothing from then on (spec_model_error says why). */
-int spec_model_draft(void *ud, const int32_t *hist, int n, int32_t *out, int max);
+int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
 /* The draft model's error, or NULL. */
 const char *spec_model_error(const struct spec_model *d);
 

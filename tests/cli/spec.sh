@@ -81,10 +81,12 @@ for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" 
     [ -s "$T/err" ] || fail "$bad: no message"
 done
 "$BIN" generate --help | grep -q -- "--draft-min" || fail "--help lacks --draft-min"
-# the server drafts by prompt lookup only
+# the server: --spec draft needs its model, and a draft model goes with no other mode
 run "$BIN" serve --spec draft
 expect_rc 2 "serve --spec draft"
-grep -q "prompt lookup only" "$T/err" || fail "serve --spec draft: $(cat "$T/err")"
+grep -q "needs a draft model" "$T/err" || fail "serve --spec draft: $(cat "$T/err")"
+run "$BIN" serve --spec ngram --model-draft $M
+expect_rc 2 "serve --spec ngram --model-draft"
 run "$BIN" serve --draft-max 0
 expect_rc 2 "serve --draft-max 0"
 echo "spec: ok"

@@ -1,10 +1,12 @@
 // Speculative decoding on `mlxcel serve --spec ngram` (ADR 0079): greedy answers, alone and
 // 8 at once (drafted rows and plain rows in the same steps), equal a server without it,
 // streamed and not; logprobs come one token per chunk with the same values; sampled
-// requests complete; /metrics counts drafted and accepted tokens.
+// requests complete; /metrics counts drafted and accepted tokens. With `--model-draft` (the
+// served model as its own draft: every greedy draft is accepted), 8 concurrent requests,
+// each drafting in its own sequence of the draft's cache, equal the server without it.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { MODEL, SLOW, startServer, client, get, withTimeout } from './harness.mjs';
+import { MODEL, MODEL_DIR, SLOW, startServer, client, get, withTimeout } from './harness.mjs';
 
 // prompts that repeat themselves, so that prompt lookup has something to draft from
 const PROMPTS = [
@@ -72,5 +74,30 @@ describe('serve --spec ngram', { timeout: 180_000 * SLOW }, () => {
         assert.ok(drafted > 0 && accepted > 0 && accepted <= drafted, `drafted ${drafted}, accepted ${accepted}`);
         const none = (await get(plain.base, '/metrics')).text;
         assert.equal(metric(none, 'mlxcel_spec_draft_tokens_total'), 0);
+    });
+});
+
+describe('serve --model-draft', { timeout: 180_000 * SLOW }, () => {
+    let plain, spec;
+    before(async () => {
+        plain = await startServer(['--parallel', '8']);
+        spec = await startServer(['--parallel', '8', '--model-draft', MODEL_DIR, '--draft-max', '5']);
+    });
+    after(async () => {
+        if (plain) await plain.stop();
+        if (spec) await spec.stop();
+    });
+
+    it('8 concurrent greedy answers equal plain decoding; every draft of the model itself is accepted', async () => {
+        const want = await Promise.all(PROMPTS.map((p) => client(plain.base).chat.completions.create(req(p))));
+        for (let round = 0; round < 2; round++) {  // the second round reuses the draft's sequences
+            const all = await withTimeout(Promise.all(PROMPTS.map((p) => client(spec.base).chat.completions.create(req(p)))),
+                120_000 * SLOW, '8 concurrent requests');
+            PROMPTS.forEach((p, i) => assert.equal(text(all[i]), text(want[i]), `round ${round}: ${p}`));
+        }
+        const m = (await get(spec.base, '/metrics')).text;
+        const drafted = metric(m, 'mlxcel_spec_draft_tokens_total');
+        const accepted = metric(m, 'mlxcel_spec_accepted_tokens_total');
+        assert.ok(drafted > 0 && accepted === drafted, `drafted ${drafted}, accepted ${accepted}`);
     });
 });
