@@ -356,6 +356,31 @@ static void spec_ngram_lookup(void **state)
     assert_int_equal(spec_params_check(&p, &e), -ERR_ARG);
 }
 
+/* A draft model drafting for two sequences in a pool too small for both histories: the
+ * other sequence is dropped and rebuilt on demand, never an error. */
+static void spec_draft_pool(void **state)
+{
+    (void)state;
+    struct test_eng g;
+    struct err e = {0};
+    test_eng_open(&g, golden_case_dir("llama"), NULL, 0, 64, 2, 4);
+    struct spec_model *sm = NULL;
+    assert_int_equal(spec_model_new(&sm, g.c, g.kv, &e), 0);
+    int32_t h0[40], h1[40], out[4], again[4];
+    for (int i = 0; i < 40; i++) {
+        h0[i] = (i * 7 + 3) % g.m->hp.n_vocab;
+        h1[i] = (i * 11 + 5) % g.m->hp.n_vocab;
+    }
+    assert_int_equal(spec_model_draft(sm, 0, h0, 40, out, 4), 4);
+    assert_int_equal(spec_model_draft(sm, 1, h1, 40, again, 4), 4);  /* 43 + 43 > 64 slots */
+    assert_null(spec_model_error(sm));
+    assert_int_equal(spec_model_draft(sm, 0, h0, 40, again, 4), 4);  /* rebuilt: the same draft */
+    assert_memory_equal(out, again, sizeof out);
+    assert_null(spec_model_error(sm));
+    spec_model_free(sm);
+    test_eng_close(&g);
+}
+
 /* The pace: halves to 1, then pauses 1, 2, 4 ... 64 steps, a kept draft ends the pauses,
  * all kept doubles back up. */
 static void spec_pacing(void **state)
@@ -401,6 +426,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             cmocka_unit_test(spec_sampling),
             cmocka_unit_test(spec_ngram_lookup),
             cmocka_unit_test(spec_pacing),
+            cmocka_unit_test(spec_draft_pool),
         };
         golden_case_tests("spec_", spec_case, extra, sizeof extra / sizeof extra[0], &t, &n);
     }
