@@ -31,6 +31,7 @@
 #include "loading/convert.h"
 #include "models/model.h"
 #include "models/registry.h"
+#include "models/selftest.h"
 #include "models/synth.h"
 #include "st_build.h"
 #include "test.h"
@@ -456,35 +457,6 @@ static const char *source_dir(const char *family, char **cache, char *buf, size_
 
 /* ---- building a mutated copy ---- */
 
-/* The fixture's config.json with the keys of patch replaced, added or ("$delete") removed. */
-static int write_config(const char *src, const char *dst, const char *patch, struct err *e)
-{
-    char path[4200];
-    cJSON *cfg = NULL, *p = NULL;
-    int rc;
-    snprintf(path, sizeof path, "%s/config.json", src);
-    if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
-        return rc;
-    if (patch && (rc = cfg_parse(patch, strlen(patch), "patch", &p, e)) < 0)
-        goto out;
-    for (const cJSON *it = p ? p->child : NULL; it; it = it->next) {
-        cJSON_DeleteItemFromObjectCaseSensitive(cfg, it->string);
-        if (cJSON_IsString(it) && strcmp(it->valuestring, "$delete") == 0)
-            continue;
-        cJSON *copy = cJSON_Duplicate(it, true);
-        if (!copy || !cJSON_AddItemToObject(cfg, it->string, copy)) {
-            cJSON_Delete(copy);
-            rc = err_setf(e, ERR_NOMEM, "out of memory");
-            goto out;
-        }
-    }
-    rc = ck_config_write(dst, cfg, NULL, e);
-out:
-    cJSON_Delete(p);
-    cJSON_Delete(cfg);
-    return rc;
-}
-
 /* The fixture's tensors into dst/model.safetensors, mutation m applied. */
 static int write_tensors(const char *src, const char *dst, const struct mut *m, struct err *e)
 {
@@ -567,7 +539,7 @@ static void run_table(const struct mut *cases, size_t n)
         const char *src = source_dir(m->family, &cache, buf, sizeof buf);
         char *dir = stb_tmpdir();
         assert_non_null(dir);
-        if (write_config(src, dir, m->patch, &e) < 0 || write_tensors(src, dir, m, &e) < 0)
+        if (stest_write_config(src, dir, m->patch, &e) < 0 || write_tensors(src, dir, m, &e) < 0)
             fail_msg("%s: cannot build the mutation: %s", m->family, e.msg);
         int rc = model_load(&md, dir, &e);
         const char *what = m->op == MUT_CONFIG ? m->patch : m->tensor;

@@ -138,19 +138,23 @@ static cJSON *renamed_keys(const cJSON *o)
     cJSON *n = cJSON_CreateObject();
     const cJSON *it;
     cJSON_ArrayForEach(it, o) {
-        char key[1024];
-        snprintf(key, sizeof key, "%s", it->string ? it->string : "");
-        for (size_t r = 0; r < N_NEST_RENAME; r++) {
-            size_t nf = strlen(k_nest_rename[r][0]);
-            if (strncmp(key, k_nest_rename[r][0], nf) == 0) {
-                char tmp[1024];
-                snprintf(tmp, sizeof tmp, "%s%s", k_nest_rename[r][1], key + nf);
-                snprintf(key, sizeof key, "%s", tmp);
-                break;
+        const char *old = it->string ? it->string : "", *to = "";
+        size_t skip = 0;
+        for (size_t r = 0; r < N_NEST_RENAME && !skip; r++)
+            if (strncmp(old, k_nest_rename[r][0], strlen(k_nest_rename[r][0])) == 0) {
+                skip = strlen(k_nest_rename[r][0]);
+                to = k_nest_rename[r][1];
             }
-        }
+        char *key = malloc(strlen(to) + strlen(old + skip) + 1);
         cJSON *d = cJSON_Duplicate(it, true);
-        if (!n || !d || !cJSON_AddItemToObject(n, key, d)) {
+        bool ok = n && key && d;
+        if (ok) {
+            strcpy(key, to);
+            strcat(key, old + skip);
+            ok = cJSON_AddItemToObject(n, key, d);
+        }
+        free(key);
+        if (!ok) {
             cJSON_Delete(d);
             cJSON_Delete(n);
             return NULL;
