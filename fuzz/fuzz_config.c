@@ -3,7 +3,9 @@
  * parsed as JSON and handed to the registry and to every family's
  * parse_config + hparams_validate, exactly as model_load would; any crash,
  * leak or undefined behaviour is a bug. Accepted configs must also satisfy
- * the invariants the rest of the engine relies on.
+ * the invariants the rest of the engine relies on (recurrent layers included:
+ * fuzz/seeds/config/mamba2-chunk-size-0.json was accepted before issue 41's
+ * audit).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,6 +20,18 @@ static void check_invariants(const struct hparams *hp)
         hp->n_vocab <= 0 || hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_ff <= 0 ||
         (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)))
         abort();
+    /* recurrent layers (issue 41): a state to carry, and Mamba-2's shape rules */
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        if (ls->kv == KV_RECURRENT && (ls->state_conv < 0 || ls->state_rec < 0 ||
+                                      ls->state_conv + ls->state_rec <= 0))
+            abort();
+        if (ls->mixer == MIXER_MAMBA2 &&
+            (hp->ssm.chunk < 1 || hp->ssm.d_state < 1 || hp->ssm.d_conv < 1 || hp->ssm.n_group < 1 ||
+             hp->ssm.n_head % hp->ssm.n_group != 0 ||
+             (int64_t)hp->ssm.n_head * hp->ssm.head_dim != hp->ssm.d_inner))
+            abort();
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

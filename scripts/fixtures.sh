@@ -1,14 +1,15 @@
 #!/bin/sh
 # Test fixtures are committed as one .tar.xz per folder (tests/fixtures/golden/<case>.tar.xz,
-# tests/fixtures/models/<name>.tar.xz) to keep the tracked tree small; the build unpacks each
-# beside its archive (the folders are ignored by git), so every path the tests name stays the same.
+# tests/fixtures/models/<name>.tar.xz, models/llama-tiny.tar.xz) to keep the tracked tree small;
+# the build unpacks each beside its archive (the folders are ignored by git), so every path the
+# tests name stays the same.
 #
 #   scripts/fixtures.sh unpack          unpack every archive whose folder is missing or older
 #   scripts/fixtures.sh pack DIR...     replace folder DIR by DIR.tar.xz (reproducible: sorted
 #                                       names, fixed owner and time) and unpack it again
 set -eu
 cd "$(dirname "$0")/.."
-ROOTS="tests/fixtures/golden tests/fixtures/models"
+ROOTS="tests/fixtures/golden tests/fixtures/models models"
 
 unpack_one() {
     a=$1

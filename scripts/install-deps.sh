@@ -3,7 +3,8 @@
 # Idempotent: packages already present are skipped without touching apt.
 set -eu
 PKGS="build-essential cmake pkg-config xz-utils clang libclang-rt-14-dev \
-libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev nodejs chromium"
+libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libcmocka-dev libcurl4-openssl-dev \
+libjpeg62-turbo-dev libpng-dev libwebp-dev libgif-dev nodejs chromium"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

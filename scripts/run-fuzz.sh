@@ -36,6 +36,8 @@
 #                     enums, anyOf, recursive and cyclic $ref, bounds,
 #                     unsupported keywords), with a dictionary of the keywords;
 #                     a schema that compiles is walked with llama-tiny
+#   fuzz_image        the test images (tests/fixtures/images: every format, the
+#                     hostile ones too), with a dictionary of the formats' markers
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -233,6 +235,15 @@ for bin in "$BUILD"/fuzz_*; do
         cp "$ROOT"/fuzz/seeds/outparse/*.txt "$corpus"/
         dict_outparse > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
+        ;;
+    image)
+        cp "$ROOT"/tests/fixtures/images/*.jpg "$ROOT"/tests/fixtures/images/*.png \
+            "$ROOT"/tests/fixtures/images/*.webp "$ROOT"/tests/fixtures/images/*.gif "$corpus"/
+        printf '%s\n' 'kw="\xff\xd8\xff"' 'kw="\xff\xda"' 'kw="\xff\xc2"' 'kw="Exif\x00\x00"' \
+            'kw="IHDR"' 'kw="IDAT"' 'kw="PLTE"' 'kw="tRNS"' 'kw="eXIf"' 'kw="IEND"' 'kw="RIFF"' \
+            'kw="WEBP"' 'kw="VP8X"' 'kw="VP8L"' 'kw="ANMF"' 'kw="EXIF"' 'kw="GIF89a"' 'kw="NETSCAPE2.0"' \
+            >"$WORK/$short.dict"
+        set -- -dict="$WORK/$short.dict" -max_len=16384
         ;;
     grammar)
         cp "$ROOT"/fuzz/seeds/grammar/* "$corpus"/

@@ -20,6 +20,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/fileio.h"
+#include "core/safetensors.h"
 #include "test.h"
 
 #define GOLDEN_DIR "tests/fixtures/golden"
@@ -141,4 +142,14 @@ void golden_case_tests(const char *prefix, CMUnitTestFunction fn, const struct C
         memcpy(t + n, extra, n_extra * sizeof *t);
     *tests = t;
     *n_tests = n + n_extra;
+}
+
+void golden_case_input_ids(const char *name, struct st_set **gs, struct tensor *ids)
+{
+    char path[600];
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/golden.safetensors", golden_case_dir(name));
+    if (st_set_open_file(gs, path, &e) < 0 || st_set_take(*gs, "input_ids", ids, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_true(ids->shape[0] >= 3 && ids->shape[0] < 64);
 }

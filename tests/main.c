@@ -27,6 +27,7 @@
     X(fileio)     \
     X(safetensors) \
     X(corrupt)    \
+    X(hybrid_input) \
     X(kernels)    \
     X(kernel_ops) \
     X(linear_plan) \
@@ -54,6 +55,9 @@
     X(hub)        \
     X(grammar)    \
     X(allocfail)  \
+    X(image)      \
+    X(spec)       \
+    X(multimodal) \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -46,6 +46,11 @@ struct golden_cases {
 int golden_cases_scan(const char *root, struct golden_cases *out);
 void golden_cases_deinit(struct golden_cases *gc);
 const struct golden_cases *golden_cases(void);
+/* The input_ids of golden case name (3 to 63 of them): *gs holds the opened golden.safetensors
+ * (the caller st_set_frees it, ids viewing into it); fails the test otherwise. */
+struct st_set;
+struct tensor;
+void golden_case_input_ids(const char *name, struct st_set **gs, struct tensor *ids);
 /* tests/fixtures/golden/<name> as test_path gives it (a static buffer, 4 in rotation). */
 const char *golden_case_dir(const char *name);
 /* Whether the case in dir is one the convert suite quantizes: a golden2 case

@@ -37,6 +37,7 @@
 #include "engine/batch.h"
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
+#include "image/image.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "server/oai_request.h"
@@ -178,6 +179,29 @@ static void test_model_load(void **state)
         c.weight_bytes = model_weight_bytes(m);
         model_free(m);
         check_alloc_failures(dirs[i], op_model_load, &c, 0);
+    }
+}
+
+/* ---- images: every format's decoder, EXIF transposes, 16-bit and interlaced PNG ---- */
+
+static int op_image(const void *arg, struct err *e)
+{
+    struct image im;
+    int rc = image_load(&im, arg, NULL, e);
+    if (rc == 0)
+        image_free(&im);
+    return rc;
+}
+
+static void test_image(void **state)
+{
+    (void)state;
+    static const char *const files[] = {"photo.jpg", "cmyk.jpg", "exif6.jpg", "interlaced.png", "gray16.png",
+                                        "exif8.png", "photo.webp", "animated.webp", "animated.gif"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/images/%s", files[i]);
+        check_alloc_failures(files[i], op_image, test_path(rel), 0);
     }
 }
 
@@ -516,6 +540,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_tokenizer, disarm),
     cmocka_unit_test_teardown(test_chat, disarm),
     cmocka_unit_test_teardown(test_oai_request, disarm),
+    cmocka_unit_test_teardown(test_image, disarm),
 };
 
 TEST_SUITE(allocfail, k_tests);

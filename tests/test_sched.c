@@ -7,6 +7,10 @@
  * than one step's row budget (prefilled over several steps), a pool too
  * small for all of them at once (preemption by recomputation), cancellation,
  * and refused submissions. on_done is called exactly once per request.
+ * With speculative decoding (prompt lookup on prompts that repeat), each
+ * request equals generate() alone with the same parameters (greedy and
+ * sampled), and the greedy ones equal plain decoding, while requests without
+ * drafts and prefills share the steps.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,12 +64,20 @@ static const struct sched_cb *cbs(struct out *o)
     return &cb;
 }
 
-/* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps). */
+/* 0: plain; 1: speculative decoding for even requests (prompt lookup, drafts of up to 4);
+ * 2: the same parameters, drafts turned off (the plain reference of spec mode 1) */
+static int g_spec;
+/* compare only the greedy (even) requests: a step's row budget or a short pool cuts drafts,
+ * so sampled requests draw differently than alone (in distribution, the same) */
+static bool g_greedy_only;
+
+/* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps); with
+ * g_spec, a phrase of 5 repeated, so that prompt lookup drafts. */
 static int prompt_of(int i, int n_vocab, int32_t *p)
 {
     int n = 3 + 7 * i;
     for (int j = 0; j < n; j++)
-        p[j] = (int32_t)((j * 31 + i * 17 + 5) % n_vocab);
+        p[j] = (int32_t)(((g_spec ? j % 5 : j) * 31 + i * 17 + 5) % n_vocab);
     return n;
 }
 
@@ -75,6 +87,12 @@ static struct gen_params params_of(int i)
     sampler_params_default(&gp.sampling);
     gp.sampling.seed = 7 + (uint64_t)i;
     gp.sampling.temperature = i % 2 ? 0.8f : 0.0f;   /* greedy and seeded sampling */
+    if (g_spec) {
+        gp.n_predict += 8;
+        spec_params_default(&gp.spec);
+        gp.spec.mode = g_spec == 1 && i % 3 != 2 ? SPEC_NGRAM : SPEC_NONE;
+        gp.spec.draft_max = 4;
+    }
     return gp;
 }
 
@@ -124,13 +142,23 @@ static void run_sched(struct test_model *f, int pool_tokens, int budget, struct 
     for (int i = 0; i < N_REQ; i++) {
         assert_int_equal(got[i].done, 1);
         assert_int_equal(got[i].rc, 0);
+        if (g_greedy_only && i % 2)
+            continue;
         if (got[i].n != want[i].n || memcmp(got[i].ids, want[i].ids, (size_t)got[i].n * 4) != 0 ||
             got[i].stop != want[i].stop)
             fail_msg("%s: request %d: %d tokens (stop %d) differ from %d alone (stop %d)", what, i,
                      got[i].n, got[i].stop, want[i].n, want[i].stop);
     }
     assert_int_equal(kv_n_free_blocks(kv), kv->n_blocks);
-    printf("sched %-28s %d requests in %d steps, identical to each alone\n", what, N_REQ, steps);
+    printf("sched %-28s %d requests in %d steps, %s identical to each alone\n", what, N_REQ, steps,
+           g_greedy_only ? "the greedy ones" : "all");
+    if (g_spec == 1) {
+        uint64_t drafted, accepted;
+        sched_spec_stats(s, &drafted, &accepted);
+        printf("sched %-28s %llu tokens drafted, %llu accepted\n", what, (unsigned long long)drafted,
+               (unsigned long long)accepted);
+        assert_true(drafted > 0 && accepted > 0 && accepted < drafted);
+    }
     sched_free(s);
     kv_cache_free(kv);
 }
@@ -198,8 +226,36 @@ static void sched_cancel_and_refuse(void **state)
     test_model_close(&f);
 }
 
+static void sched_spec_equals_alone(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/phixtral_mlx_q4",
+                                       "tests/fixtures/golden/qwen3_moe"};
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        struct test_model f;
+        struct out want[N_REQ], got[N_REQ], plain[N_REQ];
+        test_model_open(&f, dirs[d]);
+        g_spec = 2;
+        run_alone(&f, plain);
+        g_spec = 1;
+        run_alone(&f, want);
+        for (int i = 0; i < N_REQ; i += 2)  /* greedy: speculation changes nothing */
+            if (want[i].n != plain[i].n || memcmp(want[i].ids, plain[i].ids, (size_t)want[i].n * 4) != 0)
+                fail_msg("%s: request %d with drafts differs from plain decoding", dirs[d], i);
+        /* a budget of 64 rows never cuts a draft (6 x 5 rows), so sampled requests draw as alone */
+        run_sched(&f, 512, 64, got, want, "speculative");
+        /* 16 rows a step and a pool too small for all: drafts cut, dropped, preemption */
+        g_greedy_only = true;
+        run_sched(&f, 64, 16, got, want, "speculative, small pool");
+        g_greedy_only = false;
+        g_spec = 0;
+        test_model_close(&f);
+    }
+}
+
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(sched_equals_alone),
+    cmocka_unit_test(sched_spec_equals_alone),
     cmocka_unit_test(sched_cancel_and_refuse),
 };
 

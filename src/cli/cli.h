@@ -12,6 +12,7 @@
 
 #include "../core/err.h"
 #include "../core/fileio.h"
+#include "../engine/spec.h"
 #include "../loading/quantize.h"
 
 #define CLI_EXIT_OK    0
@@ -54,6 +55,18 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 /* Parse a decimal integer in [lo, hi] from a flag value. */
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e);
 int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e);
+/* The speculative decoding flags of generate and serve (--spec none|ngram, --draft-max N,
+ * --draft-min N): flag is the name without dashes; -ERR_ARG for a bad value. CLI_SPEC_HELP is
+ * their --help text. */
+int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e);
+#define CLI_SPEC_HELP \
+    "      --spec MODE        speculative decoding: none (default), ngram (prompt lookup: drafts\n" \
+    "                         copied from where the last tokens occurred before in the prompt or\n" \
+    "                         output) or draft (a draft model, --model-draft); the output is the\n" \
+    "                         same, faster when drafts are often right\n" \
+    "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
+    "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
+
 /* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
 
@@ -106,6 +119,7 @@ struct model_ctx;
 struct kv_cache;
 struct cli_engine {
     struct backend *be;
+    bool be_borrowed;    /* be belongs to another engine (cli_engine_attach) */
     struct model_ctx *ctx;
     struct kv_cache *kv;
 };
@@ -114,9 +128,26 @@ struct cli_engine {
 int cli_kv_dtype(enum dtype *out, struct err *e);
 /* Its name as --kv-type spells it: "f32", "f16" or "bf16". */
 const char *cli_kv_dtype_name(enum dtype t);
+/* swa_slack: kv_params.swa_slack (speculative decoding's --draft-max, else 0). */
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
-                    int max_seq_len, struct err *e);
+                    int max_seq_len, int swa_slack, struct err *e);
+/* An engine for a second model (a draft model) on the backend of `on` (borrowed). */
+int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
+                      int max_seqs, int max_seq_len, int swa_slack, struct err *e);
 void cli_engine_close(struct cli_engine *en);
+
+/* The draft model of --model-draft (speculative decoding, ADR 0079): loaded, checked against
+ * target (vocabulary, EOS ids, a cache that can step back), on the backend of `on`, its cache
+ * holding max_seqs sequences of up to on's context (or the draft's own, if shorter) in
+ * n_tokens slots plus drafting room. Errors name the flag and the path. */
+struct cli_draft {
+    struct model *m;
+    struct cli_engine en;
+    struct spec_model *sm;
+};
+int cli_draft_open(struct cli_draft *d, const char *path, const struct model *target, const struct cli_engine *on,
+                   int n_tokens, int max_seqs, int draft_max, struct err *e);
+void cli_draft_close(struct cli_draft *d);
 
 /* The values m's generation_config.json gave, checked against the bounds of the flags
  * that override them (sampler_bounds: the same rule for --temp and "temperature"):

@@ -71,25 +71,34 @@ void cli_on_swept(void *ud, const char *path, const char *why)
             (const char *)ud, path, why);
 }
 
+/* errno of the first failed stdout write or flush seen, 0 while none has failed: ferror()
+ * keeps only that a write failed, and errno is overwritten by later calls. */
+static int g_stdout_errno;
+
+/* fputs to stdout, keeping the errno of a failure (a text longer than stdio's buffer is
+ * written, and may fail, inside fputs). */
+static void out_puts(const char *s)
+{
+    if (fputs(s, stdout) == EOF && !g_stdout_errno)
+        g_stdout_errno = errno;
+}
+
 void cli_help(const char *help, unsigned which)
 {
-    fputs(help, stdout);
+    out_puts(help);
     if (!which)
         return;
-    fputs("\nGlobal options (any position; also as environment variables):\n", stdout);
+    out_puts("\nGlobal options (any position; also as environment variables):\n");
     if (which & CLI_GLOBAL_MODEL)
-        fputs("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n",
-              stdout);
+        out_puts("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n");
     if (which & CLI_GLOBAL_KV)
-        fputs("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n",
-              stdout);
+        out_puts("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n");
     if (which & CLI_GLOBAL_RUN)
-        fputs("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
-              "                         usable GPU, else the CPU)\n"
-              "      --fast             4-bit products with x rounded to 8 bits, as llama.cpp (MLXCEL_FAST=1)\n"
-              "      --mmap, --no-mmap  read the weights through the file mapping, or copy them into memory\n"
-              "                         whatever its size (MLXCEL_MMAP=1 / 0; default: copy while they fit)\n",
-              stdout);
+        out_puts("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
+                 "                         usable GPU, else the CPU)\n"
+                 "      --fast             4-bit products with x rounded to 8 bits, as llama.cpp (MLXCEL_FAST=1)\n"
+                 "      --mmap, --no-mmap  read the weights through the file mapping, or copy them into memory\n"
+                 "                         whatever its size (MLXCEL_MMAP=1 / 0; default: copy while they fit)\n");
 }
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)
@@ -103,6 +112,28 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     put_escaped(stderr, msg);
     fprintf(stderr, "\nRun `mlxcel %s --help` for usage.\n", cmd);
     return CLI_EXIT_USAGE;
+}
+
+int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e)
+{
+    long v = 0;
+    int rc;
+    if (strcmp(flag, "spec") == 0) {
+        if (strcmp(arg, "ngram") == 0)
+            p->mode = SPEC_NGRAM;
+        else if (strcmp(arg, "draft") == 0)
+            p->mode = SPEC_DRAFT;
+        else if (strcmp(arg, "none") == 0)
+            p->mode = SPEC_NONE;
+        else
+            return err_setf(e, ERR_ARG, "--spec: '%s' is not none, ngram or draft", arg);
+        return 0;
+    }
+    bool max = strcmp(flag, "draft-max") == 0;
+    if ((rc = cli_parse_int(max ? "--draft-max" : "--draft-min", arg, max ? 1 : 0, SPEC_DRAFT_MAX_LIMIT, &v, e)) < 0)
+        return rc;
+    *(max ? &p->draft_max : &p->draft_min) = (int)v;
+    return 0;
 }
 
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e)
@@ -444,9 +475,6 @@ int cli_print_json(struct cJSON *root, struct err *e)
 
 /* ---- standard output ---- */
 
-/* errno of the first failed stdout flush seen, 0 while none has failed: ferror() keeps
- * only that a write failed, and errno is overwritten by later calls. */
-static int g_stdout_errno;
 
 static int stdout_error(struct err *e)
 {
@@ -556,12 +584,12 @@ const char *cli_kv_dtype_name(enum dtype t)
 }
 
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
-                    int max_seq_len, struct err *e)
+                    int max_seq_len, int swa_slack, struct err *e)
 {
     int rc;
     memset(en, 0, sizeof *en);
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
-                           .dtype = DTYPE_F32};
+                           .dtype = DTYPE_F32, .swa_slack = swa_slack};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
         return rc;
     const char *dev = cli_cfg()->device;
@@ -598,10 +626,56 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     return 0;
 }
 
+int cli_engine_attach(struct cli_engine *en, const struct cli_engine *on, struct model *m, int n_tokens,
+                      int max_seqs, int max_seq_len, int swa_slack, struct err *e)
+{
+    int rc;
+    memset(en, 0, sizeof *en);
+    en->be = on->be;
+    en->be_borrowed = true;
+    struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
+                           .dtype = DTYPE_F32, .swa_slack = swa_slack};
+    if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0 || (rc = model_prepare(m, en->be, e)) < 0 ||
+        (rc = model_ctx_new(&en->ctx, m, en->be, 0, e)) < 0 ||
+        (kp.n_batch = en->ctx->n_batch, rc = kv_cache_new(&en->kv, m, en->be, &kp, e)) < 0) {
+        cli_engine_close(en);
+        return rc;
+    }
+    return 0;
+}
+
+int cli_draft_open(struct cli_draft *d, const char *path, const struct model *target, const struct cli_engine *on,
+                   int n_tokens, int max_seqs, int draft_max, struct err *e)
+{
+    char dir[4096];
+    int rc;
+    memset(d, 0, sizeof *d);
+    if ((rc = cli_resolve_model(path, dir, sizeof dir, e)) < 0 || (rc = cli_model_load(&d->m, dir, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, NULL, e)) < 0)
+        return err_prefix(e, "--model-draft %s", path);
+    /* a draft model with a shorter context drafts only while the history fits it */
+    int ctx = hparams_ctx_default(&d->m->hp) < on->kv->max_seq_len ? hparams_ctx_default(&d->m->hp)
+                                                                   : on->kv->max_seq_len;
+    if ((rc = cli_engine_attach(&d->en, on, d->m, n_tokens + max_seqs * SPEC_DRAFT_MAX_LIMIT, max_seqs, ctx,
+                                draft_max, e)) < 0 ||
+        (rc = spec_model_check(target, d->m, d->en.kv, e)) < 0 || (rc = spec_model_new(&d->sm, d->en.ctx, d->en.kv, e)) < 0)
+        return err_prefix(e, "--model-draft %s", path);
+    return 0;
+}
+
+void cli_draft_close(struct cli_draft *d)
+{
+    spec_model_free(d->sm);
+    cli_engine_close(&d->en);
+    model_free(d->m);
+    memset(d, 0, sizeof *d);
+}
+
 void cli_engine_close(struct cli_engine *en)
 {
     kv_cache_free(en->kv);
     model_ctx_free(en->ctx);
-    backend_free(en->be);
+    if (!en->be_borrowed)
+        backend_free(en->be);
     memset(en, 0, sizeof *en);
 }

@@ -405,7 +405,7 @@ static int bench_setup(struct bench_state *b, struct model *m, const struct benc
         return err_setf(e, ERR_RANGE,
                         "-d %ld + -n %ld x -s %ld needs a KV cache of %ld tokens, more than %d",
                         d, o->n_gen, o->n_seq, slots, KV_MAX_TOKENS);
-    if ((rc = cli_engine_open(&b->en, m, o->threads, (int)slots, b->n_seq, 0, e)) < 0 ||
+    if ((rc = cli_engine_open(&b->en, m, o->threads, (int)slots, b->n_seq, 0, 0, e)) < 0 ||
         (rc = batch_init(&b->b, (int)rows, e)) < 0)
         return rc;
     b->n_slots = b->en.kv->n_blocks * b->en.kv->block_size;

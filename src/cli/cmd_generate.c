@@ -57,6 +57,9 @@ static const char *k_help =
     "      --keep N           with --truncate: prompt tokens at the start never cut (default:\n"
     "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
+    CLI_SPEC_HELP
+    "      --model-draft MODEL  the draft model of --spec draft (implies it): a smaller\n"
+    "                         checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
     "      --stats            print prompt and generation tokens/s to stderr\n"
     "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
@@ -65,11 +68,12 @@ static const char *k_help =
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
-    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP,
+    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
+    OPT_MODEL_DRAFT,
 };
 
 struct gen_cli {
-    const char *model, *prompt, *prompt_file, *prompt_ids;
+    const char *model, *prompt, *prompt_file, *prompt_ids, *model_draft;
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -78,6 +82,7 @@ struct gen_cli {
     enum gen_truncate truncate;
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
     struct sampler_params sp;
+    struct spec_params spec;
 };
 
 /* Streaming output state passed to the token callback. */
@@ -147,7 +152,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"output-ids", no_argument, 0, OPT_OUTPUT_IDS}, {"chat", no_argument, 0, OPT_CHAT},
         {"no-chat", no_argument, 0, OPT_NO_CHAT}, {"system", required_argument, 0, OPT_SYSTEM},
         {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE},
-        {"truncate", required_argument, 0, OPT_TRUNCATE}, {0, 0, 0, 0},
+        {"truncate", required_argument, 0, OPT_TRUNCATE}, {"spec", required_argument, 0, OPT_SPEC},
+        {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
+        {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
+        {0, 0, 0, 0},
     };
     int c, rc = 0;
     long l;
@@ -214,6 +222,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
             else
                 rc = err_setf(e, ERR_ARG, "--truncate: '%s' is not left or right", optarg);
             break;
+        case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
+        case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -393,11 +405,21 @@ int cmd_generate(int argc, char **argv)
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
     struct gen_stats st;
+    struct cli_draft draft = {0};
     int rc, status = CLI_EXIT_ERROR;
 
     sampler_params_default(&o.sp);
+    spec_params_default(&o.spec);
     o.sp.seed = 1;
     rc = parse_args(argc, argv, &o, &e);
+    if (rc == 0 && o.model_draft && o.spec.mode == SPEC_NGRAM)
+        rc = err_setf(&e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (rc == 0 && o.spec.mode == SPEC_DRAFT && !o.model_draft)
+        rc = err_setf(&e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
+    if (rc == 0 && o.model_draft)
+        o.spec.mode = SPEC_DRAFT;
+    if (rc == 0 && o.spec.mode == SPEC_NGRAM)
+        rc = spec_params_check(&o.spec, &e);
     if (rc > 0)
         return CLI_EXIT_OK;
     if (rc < 0)
@@ -428,15 +450,24 @@ int cmd_generate(int argc, char **argv)
      * max_position_embeddings; kv_cache_new refuses one above the model's limit) */
     long max_len = o.n_ctx > 0 ? o.n_ctx : hparams_ctx_default(&m->hp);
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
-    if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len, &e)) < 0)
+    if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len,
+                              o.spec.mode != SPEC_NONE ? o.spec.draft_max : 0, &e)) < 0)
         goto fail;
+    if (o.model_draft && (rc = cli_draft_open(&draft, o.model_draft, m, &en, (int)slots, 1, o.spec.draft_max, &e)) < 0)
+        goto fail;
+    if (draft.sm) {
+        o.spec.draft = spec_model_draft;
+        o.spec.draft_ud = draft.sm;
+        if ((rc = spec_params_check(&o.spec, &e)) < 0)
+            goto fail;
+    }
 
     sink.text = !o.output_ids;
     if (tok)
         tok_stream_init(&sink.ts, tok, true);
     struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos,
                             .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
-                            .n_keep_tail = keep_tail, .sampling = o.sp};
+                            .n_keep_tail = keep_tail, .sampling = o.sp, .spec = o.spec};
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
     if (st.n_dropped > 0) {
         /* the protected head and tail, named only when there is one: "(the oldest, keeping the
@@ -491,6 +522,12 @@ int cmd_generate(int argc, char **argv)
     if (st.stop == GEN_STOP_CONTEXT)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
                 en.kv->max_seq_len);
+    if (st.spec_off)
+        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its recurrent layers "
+                "cannot step back, or its rope follows the sequence's length)\n");
+    if (o.stats && gp.spec.mode != SPEC_NONE && !st.spec_off)
+        fprintf(stderr, "speculative: %d tokens drafted, %d accepted (%.1f %%)\n", st.n_drafted, st.n_accepted,
+                st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0);
     if (o.stats)
         fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s)\ngeneration: %d tokens in %.3f s (%.1f tok/s)\n",
                 st.n_prompt, st.t_prompt_s, st.t_prompt_s > 0 ? st.n_prompt / st.t_prompt_s : 0.0,
@@ -501,6 +538,7 @@ fail:
         cli_fail("generate", &e);
     free(sink.ids);
     free(prompt);
+    cli_draft_close(&draft);
     cli_engine_close(&en);
     model_free(m);
     tok_free(tok);

@@ -151,7 +151,7 @@ int cmd_perplexity(int argc, char **argv)
     int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
     /* the cache only needs to hold one window, and never more than the input */
     int cache = (size_t)win < n_ids ? win : (int)n_ids;
-    if (cli_engine_open(&en, m, threads, cache, 1, win, &e) < 0 || batch_init(&b, en.ctx->n_out, &e) < 0)
+    if (cli_engine_open(&en, m, threads, cache, 1, win, 0, &e) < 0 || batch_init(&b, en.ctx->n_out, &e) < 0)
         goto out;
     logits = malloc((size_t)b.cap * m->hp.n_vocab * sizeof *logits);
     if (!logits) {

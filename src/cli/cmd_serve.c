@@ -64,6 +64,13 @@ static const char *k_help =
     "                             http://localhost:3000 (repeatable; '*' any); without it a\n"
     "                             request with another site's Origin is refused 403\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
+    "      --spec MODE            speculative decoding of every request: none (default), ngram\n"
+    "                             (prompt lookup) or draft (a draft model); the same output,\n"
+    "                             fewer steps when drafts are often right (counted in /metrics)\n"
+    "  -md, --model-draft MODEL   the draft model of --spec draft (implies it): a smaller\n"
+    "                             checkpoint with the same vocabulary (folder or owner/name)\n"
+    "      --draft-max N          tokens drafted per step at most (default 16, up to 64)\n"
+    "      --draft-min N          decode plainly when fewer are drafted (default 1)\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
@@ -75,16 +82,17 @@ static const char *k_help =
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
-    OPT_CORS_ORIGIN,
+    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
 
 struct serve_cli {
-    const char *model, *host, *api_key, *name;
+    const char *model, *host, *api_key, *name, *model_draft;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
     bool log_json, no_prefix_cache;
+    struct spec_params spec;
     const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
     int n_allowed_hosts, n_cors_origins;
 };
@@ -148,6 +156,11 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
         {"max-connections", required_argument, NULL, OPT_MAX_CONN},
         {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
+        {"spec", required_argument, NULL, OPT_SPEC},
+        {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
+        {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
+        {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
+        {"md", required_argument, NULL, OPT_MODEL_DRAFT},
         {"threads", required_argument, NULL, 't'},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
         {"verbose", no_argument, NULL, 'v'},
@@ -180,6 +193,10 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_MAX_CONN: rc = cli_parse_int("--max-connections", optarg, 1, 4096, &o->max_conn, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
+        case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
+        case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
+        case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
         case OPT_LOG_FORMAT:
             if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
                 o->log_json = strcmp(optarg, "json") == 0;
@@ -200,6 +217,14 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--served-model-name must have 1 to 200 bytes");
     if (o->api_key && !*o->api_key)
         return err_setf(e, ERR_ARG, "--api-key must not be empty");
+    if (o->model_draft && o->spec.mode == SPEC_NGRAM)
+        return err_setf(e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (o->spec.mode == SPEC_DRAFT && !o->model_draft)
+        return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
+    if (o->model_draft)
+        o->spec.mode = SPEC_DRAFT;
+    if (o->spec.mode == SPEC_NGRAM)
+        return spec_params_check(&o->spec, e);
     return 0;
 }
 
@@ -228,6 +253,7 @@ struct served {
     struct tokenizer *tok;
     struct chat_tmpl *tmpl;
     struct cli_engine en;
+    struct cli_draft draft;          /* --model-draft: used by the runner's engine thread only */
     struct runner *run;
 };
 
@@ -235,6 +261,7 @@ static void served_free(struct served *sv)
 {
     runner_free(sv->run);
     grammar_vocab_free(sv->gvocab);
+    cli_draft_close(&sv->draft);  /* before the engine whose backend it borrows */
     cli_engine_close(&sv->en);
     chat_tmpl_free(sv->tmpl);
     tok_free(sv->tok);
@@ -277,14 +304,29 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     long per_seq = ctx < 8192 ? ctx : 8192;
     long pool = o->ctx_size > 0 ? o->ctx_size : per_seq * o->parallel;
     long max_len = pool < ctx ? pool : ctx;
-    if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len, e)) < 0)
+    if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len,
+                               o->spec.mode != SPEC_NONE ? o->spec.draft_max : 0, e)) < 0)
         return rc;
+    struct spec_params spec = o->spec;
+    if (o->model_draft) {
+        /* one draft sequence per sequence of the model's cache; drafts run on the engine thread */
+        if ((rc = cli_draft_open(&sv->draft, o->model_draft, sv->m, &sv->en, (int)pool, (int)o->parallel,
+                                 spec.draft_max, e)) < 0)
+            return rc;
+        spec.draft = spec_model_draft;
+        spec.draft_ud = sv->draft.sm;
+        if ((rc = spec_params_check(&spec, e)) < 0)
+            return rc;
+    }
     struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache,
                                .max_batch_tokens = serve_ubatch(o, sv->en.be)};
     if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
-                                .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen};
+                                .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = spec};
+    if (o->spec.mode != SPEC_NONE && !gen_spec_supported(sv->en.ctx, sv->en.kv))
+        fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its recurrent layers "
+                "cannot step back, or its rope follows the sequence's length)\n");
     /* every structured-output request masks through the vocabulary's byte trie: built once */
     if ((rc = grammar_vocab_new(&sv->gvocab, sv->tok, e)) < 0)
         return rc;
@@ -309,6 +351,7 @@ int cmd_serve(int argc, char **argv)
     struct served sv = {0};
     struct server *srv = NULL;
     struct server_model sm;
+    spec_params_default(&o.spec);
     int rc = parse_args(argc, argv, &o, &e), status = CLI_EXIT_ERROR;
     if (rc > 0)
         return CLI_EXIT_OK;

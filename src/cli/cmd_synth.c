@@ -1,6 +1,6 @@
 /*
  * synth: `mlxcel synth --config CONFIG.json -o DIR [-q ...] [--dtype D]
- * [--seed N] [--tokenizer DIR]` writes a random-weight checkpoint of the
+ * [--seed N] [-t N] [--tokenizer DIR]` writes a random-weight checkpoint of the
  * shape config.json describes, for benchmarks at real proportions without
  * a download (synth.h: the tensor list comes from the family's own weight
  * mapping; tensors stream one at a time, so size is bounded by disk only).
@@ -18,7 +18,8 @@
 
 static const char *k_help =
     "usage: mlxcel synth --config CONFIG.json -o DIR [-q] [--q-bits B] [--q-group-size G]\n"
-    "                    [--q-mode M] [--dtype bf16|f16|f32] [--seed N] [--tokenizer DIR] [--json]\n"
+    "                    [--q-mode M] [--dtype bf16|f16|f32] [--seed N] [-t N] [--tokenizer DIR]\n"
+    "                    [--json]\n"
     "\n"
     "Write a checkpoint with random weights (matrices N(0, 0.02), norms 1, biases\n"
     "N(0, 0.002); deterministic from the seed) of any size a family's config.json\n"
@@ -30,6 +31,8 @@ static const char *k_help =
     "                         as for `mlxcel convert`)\n"
     "      --dtype D          bf16, f16 or f32 (default: the config's torch_dtype, else bf16)\n"
     "      --seed N           generator seed (default 0)\n"
+    "  -t, --threads N        threads generating and quantizing (default: all online CPUs,\n"
+    "                         at most 64); the output is the same for any N\n"
     "      --tokenizer DIR    copy tokenizer.json (+ tokenizer_config.json) from DIR\n"
     "      --json             print a JSON summary on stdout\n"
     "  -h, --help             show this help\n";
@@ -78,16 +81,17 @@ int cmd_synth(int argc, char **argv)
         {"q-variant", required_argument, 0, OPT_QVARIANT}, {"dtype", required_argument, 0, OPT_DTYPE},
         {"seed", required_argument, 0, OPT_SEED},    {"tokenizer", required_argument, 0, OPT_TOK},
         {"json", no_argument, 0, OPT_JSON},          {"help", no_argument, 0, 'h'},
+        {"threads", required_argument, 0, 't'},
         {0, 0, 0, 0},
     };
     struct synth_opts o = {.dtype = -1};
     struct cli_quant_flags qf = {0};
-    const char *dtype = NULL, *seed = NULL;
+    const char *dtype = NULL, *seed = NULL, *threads = NULL;
     bool quantize = false, json = false;
     int c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":c:o:qh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":c:o:qt:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': o.config = optarg; break;
         case 'o': o.dst = optarg; break;
@@ -98,6 +102,7 @@ int cmd_synth(int argc, char **argv)
         case OPT_QVARIANT: qf.variant = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_SEED: seed = optarg; break;
+        case 't': threads = optarg; break;
         case OPT_TOK: o.tokenizer = optarg; break;
         case OPT_JSON: json = true; break;
         case 'h': fputs(k_help, stdout); return CLI_EXIT_OK;
@@ -127,6 +132,11 @@ int cmd_synth(int argc, char **argv)
         if (cli_parse_int("--seed", seed, 0, 0x7fffffffL, &v, &e) < 0)
             return cli_fail("synth", &e);
         o.seed = (uint64_t)v;
+    }
+    if (threads) {
+        if (cli_parse_int("--threads", threads, 1, 1024, &v, &e) < 0)
+            return cli_fail("synth", &e);
+        o.n_threads = (int)v;
     }
     if (quantize) {
         if (cli_quant_resolve(&qf, &q, &e) < 0)

@@ -818,6 +818,45 @@ size_t st_set_n_unused(const struct st_set *s)
     return n;
 }
 
+int st_set_rename_prefix(struct st_set *s, const char *from, const char *to, struct err *e)
+{
+    size_t nf = strlen(from), nt = strlen(to);
+    int n = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        const char *name = s->t[i].name;
+        if (strncmp(name, from, nf) != 0)
+            continue;
+        size_t rest = strlen(name + nf);
+        char *nn = malloc(nt + rest + 1);
+        if (!nn)
+            return err_setf(e, ERR_NOMEM, "out of memory renaming tensors");
+        memcpy(nn, to, nt);
+        memcpy(nn + nt, name + nf, rest + 1);
+        free(s->t[i].name);
+        s->t[i].name = nn;
+        n++;
+    }
+    if (n == 0)
+        return 0;
+    qsort(s->t, s->n, sizeof *s->t, cmp_by_name);
+    for (size_t i = 1; i < s->n; i++)
+        if (strcmp(s->t[i - 1].name, s->t[i].name) == 0)
+            return err_setf(e, ERR_FORMAT, "%s: tensor '%.200s' is stored twice (once as '%s...')", s->where,
+                            s->t[i].name, from);
+    return n;
+}
+
+size_t st_set_mark_prefix(struct st_set *s, const char *prefix)
+{
+    size_t np = strlen(prefix), n = 0;
+    for (size_t i = 0; s && i < s->n; i++)
+        if (strncmp(s->t[i].name, prefix, np) == 0 && !s->t[i].consumed) {
+            s->t[i].consumed = true;
+            n++;
+        }
+    return n;
+}
+
 // ---- recording sets ----
 
 int st_set_new_recording(struct st_set **out, const char *const *prefer, struct err *e)

@@ -86,6 +86,14 @@ int st_set_take_opt(struct st_set *s, const char *name, struct tensor *out, stru
 void st_set_mark(struct st_set *s, const char *name);
 /* Number of tensors not consumed. */
 size_t st_set_n_unused(const struct st_set *s);
+/* Rename every tensor whose name starts with `from` to `to` + the rest (a multimodal
+ * checkpoint's text model read under the text family's names). Returns how many were
+ * renamed; two tensors under one name afterwards -> -ERR_FORMAT naming it, the set then
+ * unusable. Not for recording sets. */
+int st_set_rename_prefix(struct st_set *s, const char *from, const char *to, struct err *e);
+/* Mark every tensor whose name starts with prefix as consumed (parts of a checkpoint that
+ * are knowingly not loaded); returns how many. */
+size_t st_set_mark_prefix(struct st_set *s, const char *prefix);
 
 /* Recording sets (`mlxcel synth`): a set with no files that learns its tensors from the
  * requests a family's map_weights makes. wmap records each float tensor it is asked for

@@ -25,6 +25,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -216,6 +217,17 @@ int tpool_new(struct tpool **out, int n_threads, struct err *e)
         atomic_init(&p->claimed[k].gen, 0u);
     if (!p->threads || !p->claimed)
         goto fail_free;
+    /* The process's termination signals go to the threads that run the program, never to a
+     * worker: a handler such as outdir's cleanup (which removes a half-written folder) run on
+     * a worker would race the caller thread, which goes on writing files meanwhile. The
+     * workers are started with them blocked (a thread inherits its creator's mask). */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP);
+    sigaddset(&sigs, SIGQUIT);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
     for (int i = 1; i < n_threads; i++) {
         struct worker_arg *wa = malloc(sizeof *wa);
         if (wa) {
@@ -224,11 +236,13 @@ int tpool_new(struct tpool **out, int n_threads, struct err *e)
         }
         if (!wa || pthread_create(&p->threads[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
             p->n = i; /* only i - 1 workers exist */
             tpool_free(p);
             return err_setf(e, ERR_NOMEM, "thread pool: cannot start thread %d", i);
         }
     }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     *out = p;
     return 0;
 fail_free:

@@ -12,6 +12,8 @@
  * (tpool_claim_guided); they never create threads themselves.
  *
  * A pool is used by one caller thread at a time (one request context).
+ * Workers start with SIGINT, SIGTERM, SIGHUP and SIGQUIT blocked: those
+ * signals' handlers run on the program's own threads.
  */
 #pragma once
 

@@ -51,15 +51,62 @@ static int truncate_prompt(const int32_t *prompt, int n_prompt, int fit, const s
     return 0;
 }
 
+/* Whether scoring drafted positions with a step's token could change that token's numbers:
+ * rope whose frequencies follow the length of the sequence in the forward (dynamic NTK's
+ * rescaling, LongRoPE's switch to its long factors), as transformers computes them. */
+static bool rope_follows_length(const struct hparams *hp)
+{
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].n_rot > 0 && (hp->layer[il].rope == ROPE_DYNAMIC || hp->layer[il].rope == ROPE_LONGROPE))
+            return true;
+    return false;
+}
+
+bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv)
+{
+    return kv_can_step_back(kv) && !rope_follows_length(&c->m->hp);
+}
+
+/* What one generation carries between steps. */
+struct gstate {
+    const struct hparams *hp;
+    const struct gen_params *p;
+    struct sampler *smp;
+    gen_token_fn cb;
+    void *ud;
+    struct gen_stats *st;
+    int32_t *hist;  /* [n_prompt + n_predict]: the prompt and the output so far (drafts read it) */
+    int n_hist;
+};
+
+/* Hands one sampled id to the output: 1 when generation stops there (st->stop says why; an
+ * EOS id is not output), 0 to go on. */
+static int emit(struct gstate *g, int32_t id)
+{
+    if (!g->p->ignore_eos && gen_is_eos(g->hp, id)) {
+        g->st->stop = GEN_STOP_EOS;
+        return 1;
+    }
+    g->st->n_gen++;
+    sampler_accept_output(g->smp, id);
+    g->hist[g->n_hist++] = id;
+    if (g->cb && g->cb(g->ud, id)) {
+        g->st->stop = GEN_STOP_CALLBACK;
+        return 1;
+    }
+    return g->st->n_gen == g->p->n_predict;
+}
+
 int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e)
 {
     const struct hparams *hp = &c->m->hp;
+    const int V = hp->n_vocab;
     struct sampler *smp = NULL;
     struct batch b = {0};
     float *logits = NULL;
-    int32_t *cut = NULL;
+    int32_t *cut = NULL, *hist = NULL, *draft = NULL;
     int rc;
     struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
 
@@ -67,6 +114,14 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         return err_setf(e, ERR_ARG, "the prompt is empty");
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
+    bool spec = spec_on(&p->spec);
+    if (spec && (rc = spec_params_check(&p->spec, e)) < 0)
+        return rc;
+    if (spec && !gen_spec_supported(c, kv)) {
+        spec = false;
+        st.spec_off = true;
+    }
+    int K = spec ? p->spec.draft_max : 0;
     /* room for the tokens asked for, at most half the context, at least one */
     int room = p->n_predict < kv->max_seq_len / 2 ? p->n_predict : kv->max_seq_len / 2;
     int fit = kv->max_seq_len - (room > 1 ? room : 1);
@@ -78,14 +133,20 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         n_prompt = st.n_prompt = fit;
     }
     kv_seq_remove(kv, seq);
-    if ((rc = kv_seq_add(kv, seq, e)) < 0 || (rc = sampler_new(&smp, &p->sampling, hp->n_vocab, e)) < 0 ||
-        (rc = batch_init(&b, n_prompt, e)) < 0)
+    if ((rc = kv_seq_add(kv, seq, e)) < 0 || (rc = sampler_new(&smp, &p->sampling, V, e)) < 0 ||
+        (rc = batch_init(&b, n_prompt > K + 1 ? n_prompt : K + 1, e)) < 0)
         goto out;
-    logits = malloc((size_t)hp->n_vocab * sizeof *logits);
-    if (!logits) {
+    logits = malloc((size_t)V * (size_t)(K + 1) * sizeof *logits);
+    /* the output is at most n_predict tokens, and at most one past a full context */
+    int n_out = p->n_predict < kv->max_seq_len ? p->n_predict : kv->max_seq_len;
+    hist = malloc(((size_t)n_prompt + (size_t)n_out + 1) * sizeof *hist);
+    draft = malloc((size_t)(K + 1) * sizeof *draft);
+    if (!logits || !hist || !draft) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    struct gstate g = {hp, p, smp, cb, ud, &st, hist, n_prompt};
 
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(smp, prompt[i]);
@@ -96,29 +157,61 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
 
+    /* id: sampled, not yet output nor in the cache. Each step outputs it, then scores it with
+     * k drafted tokens (k = 0: plain decoding) and keeps the accepted ones and one more. */
+    int32_t id = p->n_predict > 0 ? sampler_sample(smp, logits) : 0;
+    struct spec_pace pace;  /* the draft length now (spec.h) */
+    spec_pace_init(&pace, K);
     while (st.n_gen < p->n_predict) {
-        int32_t id = sampler_sample(smp, logits);
-        if (!p->ignore_eos && gen_is_eos(hp, id)) {
-            st.stop = GEN_STOP_EOS;
-            break;
-        }
-        st.n_gen++;
-        sampler_accept_output(smp, id);
-        if (cb && cb(ud, id)) {
-            st.stop = GEN_STOP_CALLBACK;
-            break;
-        }
-        if (st.n_gen == p->n_predict)
+        if (emit(&g, id))
             break;
         int len = kv_seq_len(kv, seq);
         if (len >= kv->max_seq_len) {
             st.stop = GEN_STOP_CONTEXT;
             break;
         }
+        int k = 0;
+        if (spec) {
+            /* useful drafts: the output left after this step's own token, the context left */
+            int max = p->n_predict - st.n_gen - 1, ctx = kv->max_seq_len - len - 1;
+            int lim = spec_pace_len(&pace);
+            max = max < lim ? max : lim;
+            max = max < ctx ? max : ctx;
+            max = max < kv_step_back_max(kv) ? max : kv_step_back_max(kv);
+            k = spec_draft(&p->spec, seq, hist, g.n_hist, draft, max);
+            k = k < p->spec.draft_min || k < 0 ? 0 : k > max ? max : k;
+        }
         batch_clear(&b);
-        if ((rc = batch_add(&b, id, len, seq, true, e)) < 0 ||
-            (rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, len, e)) < 0)
+        if ((rc = batch_add(&b, id, len, seq, true, e)) < 0)
             goto out;
+        for (int i = 0; i < k; i++)
+            if ((rc = batch_add(&b, draft[i], len + 1 + i, seq, true, e)) < 0)
+                goto out;
+        if ((rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, len, e)) < 0)
+            goto out;
+        st.n_drafted += k;
+        int j = 0;
+        bool stop = false, acc = true;
+        for (; j < k; j++) {
+            id = sampler_sample_draft(smp, logits + (size_t)j * V, draft[j], &acc);
+            if (!acc)
+                break;
+            st.n_accepted++;
+            if (emit(&g, draft[j])) {
+                stop = true;
+                break;
+            }
+        }
+        if (j == k)
+            id = sampler_sample(smp, logits + (size_t)k * V);
+        if (spec)
+            spec_pace_update(&pace, j, k);
+        /* the cache keeps what plain decoding would hold: the step's token and the drafts
+         * output before the one that stopped or was rejected */
+        if (j < k && (rc = kv_seq_truncate(kv, seq, len + 1 + j, e)) < 0)
+            goto out;
+        if (stop)
+            break;
     }
     st.t_gen_s = gen_now() - t1;
     rc = 0;
@@ -127,6 +220,8 @@ out:
         *stats = st;
     free(logits);
     free(cut);
+    free(hist);
+    free(draft);
     batch_free(&b);
     sampler_free(smp);
     return rc;

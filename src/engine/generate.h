@@ -13,6 +13,15 @@
  * oldest of them (keeps the end), RIGHT the newest (keeps the beginning), as
  * llama-server cuts after its n_keep. Logits with NaN or inf stop generation
  * with -ERR_FORMAT (sampling them is garbage).
+ *
+ * With gen_params.spec on, each step scores the last token and a draft (spec.h) in one
+ * batch, keeps the drafted tokens sampling accepts plus one token of the model's own, and
+ * truncates the rest from the cache: the same tokens as plain decoding when greedy, the
+ * same distribution when sampling. Drafts reach at most kv_step_back_max positions (a
+ * sliding-window cache's slack, kv_params.swa_slack). Models whose cache cannot step back
+ * (recurrent layers) or whose rope follows the sequence's length (dynamic NTK, LongRoPE:
+ * scoring later positions would change the step's own numbers) decode plainly
+ * (stats.spec_off says so).
  */
 #pragma once
 #include <stdbool.h>
@@ -22,6 +31,7 @@
 #include "batch.h"
 #include "kvcache.h"
 #include "sampler.h"
+#include "spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,6 +50,7 @@ struct gen_params {
     int n_keep;                 /* with truncate: prompt tokens at the start never cut */
     int n_keep_tail;            /* with truncate: prompt tokens at the end never cut */
     struct sampler_params sampling;
+    struct spec_params spec;    /* speculative decoding (spec.h); mode SPEC_NONE: off */
 };
 
 enum gen_stop {
@@ -54,6 +65,8 @@ struct gen_stats {
     int n_dropped;                /* prompt tokens cut by gen_params.truncate */
     int n_cached;                 /* prompt tokens found in the prefix cache (the scheduler's) */
     double t_prompt_s, t_gen_s;   /* wall time of prefill and of decode */
+    int n_drafted, n_accepted;    /* speculative decoding: tokens drafted, and accepted */
+    bool spec_off;                /* speculation was asked for but the model cannot take it */
     enum gen_stop stop;
 };
 
@@ -68,6 +81,10 @@ typedef int (*gen_token_fn)(void *ud, int32_t id);
 int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e);
+
+/* Whether speculative decoding can run on c with kv (generate.h, ADR 0079): the cache can step
+ * back and the rope does not follow the sequence's length. */
+bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv);
 
 /* Whether id is one of the checkpoint's EOS ids. */
 bool gen_is_eos(const struct hparams *hp, int32_t id);

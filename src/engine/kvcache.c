@@ -31,6 +31,7 @@
  */
 #include "kvcache.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -233,6 +234,8 @@ static int check_params(const struct kv_params *p, int *bs, struct err *e)
         return err_setf(e, ERR_ARG, "kv cache: n_tokens %d must be in [1, 2^28]", p->n_tokens);
     if (p->max_seqs < 1 || p->max_seqs > 65536)
         return err_setf(e, ERR_ARG, "kv cache: max_seqs %d must be in [1, 65536]", p->max_seqs);
+    if (p->swa_slack < 0 || p->swa_slack > 4096)
+        return err_setf(e, ERR_ARG, "kv cache: swa_slack %d must be in [0, 4096]", p->swa_slack);
     if (p->dtype != DTYPE_F32 && p->dtype != DTYPE_F16 && p->dtype != DTYPE_BF16)
         return err_setf(e, ERR_UNSUPPORTED,
                         "kv cache: element type %s is not supported (f32, f16, bf16)",
@@ -307,10 +310,11 @@ static void swa_plan(struct kv_cache *kv, const struct hparams *hp, const struct
             kv->swa.window = ls->window > kv->swa.window ? ls->window : kv->swa.window;
         }
     }
+    kv->swa.keep = kv->swa.window + (has_swa(kv) && p->swa_slack > 0 ? p->swa_slack : 0);
     *n_blocks = kv->n_blocks;
     if (!has_swa(kv) || p->n_batch <= 0)
         return;
-    int64_t per = kv_window_seq_blocks(kv->swa.window, p->n_batch, kv->block_size);
+    int64_t per = kv_window_seq_blocks(kv->swa.keep, p->n_batch, kv->block_size);
     int64_t want = (int64_t)kv->max_seqs * per + 1;
     if (want < *n_blocks)
         *n_blocks = (int)want;
@@ -615,6 +619,18 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
     return 0;
 }
 
+int kv_step_back_max(const struct kv_cache *kv)
+{
+    if (kv->n_rec > 0)
+        return 0;
+    return has_swa(kv) ? kv->swa.keep - kv->swa.window : INT_MAX;
+}
+
+bool kv_can_step_back(const struct kv_cache *kv)
+{
+    return kv_step_back_max(kv) > 0;
+}
+
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
 {
     int rc;
@@ -726,7 +742,7 @@ int kv_reserve(struct kv_cache *kv, const int32_t *want, struct err *e)
 static void swa_release_dead(struct kv_cache *kv, int seq, int p)
 {
     struct kv_seq *s = &kv->seqs[seq];
-    int first = window_first_block(p, kv->swa.window, kv->block_size);
+    int first = window_first_block(p, kv->swa.keep, kv->block_size);
     int32_t *t = seq_table(&kv->swa.blk, kv, seq);
     if (first <= s->swa_lo)
         return;

@@ -69,6 +69,9 @@ struct kv_params {
     enum dtype dtype;    /* element type: F32, or F16 / BF16 where the backend keeps them
                           * (backend.kv_dtypes; the CPU does): half the bytes, K and V
                           * rounded to it when stored */
+    int swa_slack;       /* sliding-window layers: positions kept beyond the window, so a
+                          * sequence can step back that far (speculative decoding's
+                          * rollback; kv_step_back_max); 0: none */
     int n_batch;         /* most rows of one sequence in one forward chunk (the context's
                           * n_batch): sizes the sliding-window pool; <= 0: no bound (the
                           * sliding pool gets as many blocks as the full one) */
@@ -110,6 +113,7 @@ struct kv_blocks {
 /* The sliding-window layers' pool (ADR 0023); window 0: the model has no sliding layer. */
 struct kv_swa {
     int window;                      /* the largest window of the sliding layers */
+    int keep;                        /* window + kv_params.swa_slack: positions a sequence keeps */
     int n_layer;                     /* sliding layers */
     struct kv_blocks blk;
     int32_t *owner;                  /* [blk.n_blocks] index entry (full block) it belongs to, -1 */
@@ -163,6 +167,14 @@ void kv_seq_remove(struct kv_cache *kv, int seq);                     /* no-op i
 /* keep [0, len); with recurrent layers only len 0 or the current length (-ERR_UNSUPPORTED) */
 int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e);
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
+/* How many positions back from its end any sequence can be truncated at any time
+ * (speculative decoding's rollback): 0 with recurrent layers (their state holds every
+ * position), kv_params.swa_slack with sliding-window layers (their blocks older than the
+ * window are released as the forward passes them, unless the slack keeps them), else
+ * INT_MAX. */
+int kv_step_back_max(const struct kv_cache *kv);
+/* kv_step_back_max(kv) > 0. */
+bool kv_can_step_back(const struct kv_cache *kv);
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);
 /* Blocks of the full pool not held by any sequence: never used, or cached (reclaimable).

@@ -30,6 +30,7 @@ struct runner {
     uint64_t n_steps;
     int mirror_waiting, mirror_running, mirror_kv_used, mirror_kv_cached;  /* after a step */
     uint64_t mirror_query, mirror_hit;   /* the scheduler's prefix counts after a step */
+    uint64_t mirror_drafted, mirror_accepted;  /* and its speculative counts */
 };
 
 // ---- callbacks (engine thread) ----
@@ -155,8 +156,9 @@ static void *engine_main(void *arg)
         sched_step(r->s, &e);
         int nw = sched_n_waiting(r->s), nr = sched_n_running(r->s);
         int used = r->kv->n_blocks - kv_n_free_blocks(r->kv), cached = kv_n_cached_blocks(r->kv);
-        uint64_t query, hit;
+        uint64_t query, hit, drafted, accepted;
         sched_prefix_stats(r->s, &query, &hit);
+        sched_spec_stats(r->s, &drafted, &accepted);
         pthread_mutex_lock(&r->mu);
         r->n_steps++;
         r->mirror_waiting = nw;
@@ -165,6 +167,8 @@ static void *engine_main(void *arg)
         r->mirror_kv_cached = cached;
         r->mirror_query = query;
         r->mirror_hit = hit;
+        r->mirror_drafted = drafted;
+        r->mirror_accepted = accepted;
         pthread_mutex_unlock(&r->mu);
     }
     return NULL;
@@ -350,5 +354,7 @@ void runner_get_stats(struct runner *r, struct runner_stats *st)
     st->n_steps = r->n_steps;
     st->prefix_query_tokens = r->mirror_query;
     st->prefix_hit_tokens = r->mirror_hit;
+    st->spec_draft_tokens = r->mirror_drafted;
+    st->spec_accepted_tokens = r->mirror_accepted;
     pthread_mutex_unlock(&r->mu);
 }

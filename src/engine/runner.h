@@ -75,6 +75,8 @@ struct runner_stats {
     uint64_t n_steps;            /* forwards run */
     uint64_t prefix_query_tokens;   /* prompt tokens of the jobs admitted (each once) */
     uint64_t prefix_hit_tokens;     /* of them, found in the prefix cache (0 when it is off) */
+    uint64_t spec_draft_tokens;     /* speculative decoding: tokens drafted */
+    uint64_t spec_accepted_tokens;  /* of them, accepted */
 };
 
 struct runner;

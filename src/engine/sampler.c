@@ -233,7 +233,10 @@ static int32_t draw(struct sampler *s, int n)
 /* Candidates considered before top-p can stop growing the sorted prefix. */
 #define TOPP_FIRST 256
 
-int32_t sampler_sample(struct sampler *s, const float *logits)
+/* Steps 0-5 below: the candidates idx[0..n) with their probabilities prob[0..n) (not
+ * normalized when a filter cut some), returned as n; greedy sampling returns 0 and its pick
+ * in *greedy. */
+static int candidates(struct sampler *s, const float *logits, int32_t *greedy)
 {
     const struct sampler_params *p = &s->p;
     int V = s->n_vocab;
@@ -264,8 +267,10 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
             s->work[id] = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
         }
     }
-    if (p->temperature < SAMPLER_GREEDY_TEMP)
-        return argmax(s->work, V);
+    if (p->temperature < SAMPLER_GREEDY_TEMP) {
+        *greedy = argmax(s->work, V);
+        return 0;
+    }
 
     /* 2. temperature, in the safe form (l - max) / T: every scaled logit is <= 0, so a
      * small T sends the others to -inf (probability 0), never the max to +inf */
@@ -332,7 +337,45 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
         n = keep;
     }
 
-    /* 6. draw */
+    return n;
+}
+
+int32_t sampler_sample(struct sampler *s, const float *logits)
+{
+    int32_t g = 0;
+    int n = candidates(s, logits, &g);
+    return n ? draw(s, n) : g;  /* 6. draw */
+}
+
+int32_t sampler_sample_draft(struct sampler *s, const float *logits, int32_t draft, bool *accepted)
+{
+    int32_t g = 0;
+    int n = candidates(s, logits, &g);
+    if (!n) {
+        *accepted = g == draft;
+        return g;
+    }
+    double total = 0.0, pd = 0.0;
+    int at = -1;
+    for (int i = 0; i < n; i++) {
+        total += s->prob[i];
+        if (s->idx[i] == draft)
+            at = i;
+    }
+    if (at >= 0)
+        pd = s->prob[at] / total;
+    /* accept with probability p(draft) (the draft's own probability is 1); else draw from
+     * p without the draft, renormalized: P(x) = p(d) [x = d] + (1 - p(d)) p(x) / (1 - p(d)) */
+    if (at >= 0 && rng_uniform(&s->rng) < pd) {
+        *accepted = true;
+        return draft;
+    }
+    *accepted = false;
+    if (at >= 0) {
+        if (pd >= 1.0)  /* only the draft could come (u < 1 always accepts it; kept for safety) */
+            return draft;
+        s->prob[at] = 0.0f;
+    }
     return draw(s, n);
 }
 

@@ -94,6 +94,13 @@ int sampler_accept_output(struct sampler *s, int32_t id);
 /* Pick the next id from logits [n_vocab]; logits are not modified. */
 int32_t sampler_sample(struct sampler *s, const float *logits);
 
+/* Speculative sampling of a drafted token (the draft is one id, its own probability 1):
+ * accepted with the probability the transforms above give it, else a draw from the rest,
+ * renormalized, so the result follows exactly sampler_sample's distribution (Leviathan et al.
+ * 2023; for a greedy sampler: the argmax, accepted when it is the draft). *accepted says
+ * whether the result is the draft. logits are not modified. */
+int32_t sampler_sample_draft(struct sampler *s, const float *logits, int32_t draft, bool *accepted);
+
 /* Log-probabilities under the model: log_softmax of the raw logits [n_vocab] (before any
  * sampling transform, as OpenAI's and vLLM's logprobs). *lp_id receives id's; the n_top
  * most likely ids (descending, ties to the lower id) go to top_id/top_lp (n_top <= n_vocab;

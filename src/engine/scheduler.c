@@ -8,6 +8,12 @@
  * asks for logits where a request's feed reaches its last token, and
  * samples those. Decode rows go first, so prefills never delay them; a long
  * prompt is prefilled over several steps.
+ *
+ * Speculative decoding (gen_params.spec, ADR 0079): a decoding request's row is
+ * followed by its draft's rows (within the step's budget), all with logits;
+ * after the forward the request's rows are judged in order as generate()
+ * judges them and its sequence is truncated back to the tokens it keeps, so
+ * its output equals generate()'s with the same parameters.
  */
 #include "scheduler.h"
 
@@ -27,6 +33,11 @@ struct sreq {
     struct gen_params p;
     struct sched_cb cb;
     bool cons_broken;            /* the constraint refused a token (an internal error) */
+    bool spec;                   /* drafts for this request (asked, and the model can take them) */
+    int32_t *draft;              /* [p.spec.draft_max] this step's draft */
+    int n_draft;                 /* its length */
+    bool decoding;               /* this step feeds its one sampled token (a decode step) */
+    struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
 };
@@ -43,6 +54,9 @@ struct sched {
     float *logits;               /* [max_batch_tokens, n_vocab] */
     int budget;
     bool prefix;                 /* the prefix cache is on */
+    bool spec_ok;                /* the model and cache can take drafts (gen_spec_supported) */
+    uint64_t n_drafted, n_accepted;  /* speculative decoding, all requests (sched_spec_stats) */
+    bool no_drafts;              /* this step's batch is built without drafts (the pool is short) */
     uint64_t n_query, n_hit;     /* prompt tokens admitted / found cached (sched_prefix_stats) */
 };
 
@@ -58,6 +72,7 @@ static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e
         r->cb.on_done(r->cb.ud, &r->st, rc, e);
     sampler_free(r->smp);
     free(r->toks);
+    free(r->draft);
     memset(r, 0, sizeof *r);
     r->seq = -1;
 }
@@ -86,6 +101,7 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->budget = p && p->max_batch_tokens > 0 ? p->max_batch_tokens : c->n_batch;
     s->max_requests = p && p->max_requests > 0 ? p->max_requests : SCHED_DEFAULT_MAX_REQUESTS;
     s->prefix = !(p && p->no_prefix_cache);
+    s->spec_ok = gen_spec_supported(c, kv);
     s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
     s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
     s->logits = malloc((size_t)s->budget * c->m->hp.n_vocab * sizeof *s->logits);
@@ -145,12 +161,22 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
     memset(r, 0, sizeof *r);
     r->seq = -1;
     r->cap = n_prompt + (p->n_predict < s->kv->max_seq_len ? p->n_predict : s->kv->max_seq_len) + 1;
+    if (spec_on(&p->spec) && (rc = spec_params_check(&p->spec, e)) < 0)
+        return rc;
+    r->spec = spec_on(&p->spec) && s->spec_ok;
     r->toks = malloc((size_t)r->cap * sizeof *r->toks);
-    if (!r->toks)
+    r->draft = r->spec ? malloc((size_t)p->spec.draft_max * sizeof *r->draft) : NULL;
+    if (!r->toks || (r->spec && !r->draft)) {
+        free(r->toks);
+        free(r->draft);
+        r->toks = r->draft = NULL;
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+    }
+    spec_pace_init(&r->pace, r->spec ? p->spec.draft_max : 0);
     if ((rc = sampler_new(&r->smp, &p->sampling, s->c->m->hp.n_vocab, e)) < 0) {
         free(r->toks);
-        r->toks = NULL;
+        free(r->draft);
+        r->toks = r->draft = NULL;
         return rc;
     }
     memcpy(r->toks, prompt, (size_t)n_prompt * sizeof *prompt);
@@ -160,7 +186,8 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
     r->p = *p;
     if (cb)
         r->cb = *cb;
-    r->st = (struct gen_stats){.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
+    r->st = (struct gen_stats){.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH,
+                               .spec_off = spec_on(&p->spec) && !s->spec_ok};
     r->id = s->next_id++;
     if (s->next_id <= 0)
         s->next_id = 1;
@@ -209,6 +236,12 @@ void sched_prefix_stats(const struct sched *s, uint64_t *query_tokens, uint64_t 
 {
     *query_tokens = s->n_query;
     *hit_tokens = s->n_hit;
+}
+
+void sched_spec_stats(const struct sched *s, uint64_t *drafted, uint64_t *accepted)
+{
+    *drafted = s->n_drafted;
+    *accepted = s->n_accepted;
 }
 
 // ---- one step ----
@@ -280,16 +313,45 @@ static bool preempt(struct sched *s)
     return true;
 }
 
-/* Rows for every running request: decode rows first, then prompt chunks. */
+/* r's draft after its last token, as generate() drafts: at most its draft length now, the
+ * output left after the step's own token, the context left, and room - 1 rows. */
+static int draft_for(const struct sched *s, struct sreq *r, int room)
+{
+    int max = r->p.n_predict - r->st.n_gen - 1, ctx = s->kv->max_seq_len - r->n_fed - 1;
+    int lim = spec_pace_len(&r->pace);
+    max = max < lim ? max : lim;
+    max = max < ctx ? max : ctx;
+    max = max < kv_step_back_max(s->kv) ? max : kv_step_back_max(s->kv);
+    max = max < room - 1 ? max : room - 1;
+    int k = max > 0 ? spec_draft(&r->p.spec, r->seq, r->toks, r->n_toks, r->draft, max) : 0;
+    return k < r->p.spec.draft_min || k < 0 ? 0 : k > max ? max : k;
+}
+
+/* Rows for every running request: decode rows (with their drafts) first, then prompt chunks. */
 static void build_batch(struct sched *s)
 {
     batch_clear(&s->b);
+    for (int i = 0; i < s->max_requests; i++) {
+        s->reqs[i].n_draft = 0;
+        s->reqs[i].decoding = false;
+    }
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
             if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
                 continue;
+            r->decoding = pass == 0;
+            r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
+            if (r->n_draft > 0) {
+                batch_add(&s->b, r->toks[r->n_fed], r->n_fed, r->seq, true, NULL);
+                s->row_req[s->b.n_tok - 1] = i;
+                for (int j = 0; j < r->n_draft; j++) {
+                    batch_add(&s->b, r->draft[j], r->n_fed + 1 + j, r->seq, true, NULL);
+                    s->row_req[s->b.n_tok - 1] = i;
+                }
+                continue;
+            }
             int k = left < room ? left : room;
             batch_add_seq(&s->b, r->toks + r->n_fed, k, r->n_fed, r->seq, k == left, NULL);
             if (k == left)
@@ -297,20 +359,10 @@ static void build_batch(struct sched *s)
         }
 }
 
-/* Sample request r from its logits row; false when it ended. */
-static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
+/* Output id, drawn from logits, for r; false when r ended (st.stop set, or cons_broken). */
+static bool emit(struct sched *s, struct sreq *r, int32_t id, const float *logits)
 {
-    const struct hparams *hp = &s->c->m->hp;
-    if (r->t_first == 0) {
-        r->t_first = gen_now();
-        r->st.t_prompt_s = r->t_first - r->t_admit;
-    }
-    if (r->st.n_gen >= r->p.n_predict) {
-        r->st.stop = GEN_STOP_LENGTH;
-        return false;
-    }
-    int32_t id = sampler_sample(r->smp, logits);
-    if (!r->p.ignore_eos && gen_is_eos(hp, id)) {
+    if (!r->p.ignore_eos && gen_is_eos(&s->c->m->hp, id)) {
         r->st.stop = GEN_STOP_EOS;
         return false;
     }
@@ -335,6 +387,50 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
     return true;
 }
 
+/* Sample request r from its logits row; false when it ended. */
+static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
+{
+    if (r->t_first == 0) {
+        r->t_first = gen_now();
+        r->st.t_prompt_s = r->t_first - r->t_admit;
+    }
+    if (r->st.n_gen >= r->p.n_predict) {
+        r->st.stop = GEN_STOP_LENGTH;
+        return false;
+    }
+    return emit(s, r, sampler_sample(r->smp, logits), logits);
+}
+
+/* Judge r's draft on its rows lg[0..k] (row j scores draft j; row k follows the whole draft)
+ * as generate() does; false when r ended. Its sequence is cut back to the tokens it keeps. */
+static bool verify(struct sched *s, struct sreq *r, const float *lg, int V, struct err *e)
+{
+    int k = r->n_draft, j = 0;
+    bool alive = true, acc = true;
+    r->n_draft = 0;
+    r->st.n_drafted += k;
+    s->n_drafted += (uint64_t)k;
+    for (; j < k; j++) {
+        const float *row = lg + (size_t)j * V;
+        int32_t id = sampler_sample_draft(r->smp, row, r->draft[j], &acc);
+        if (!acc) {
+            alive = emit(s, r, id, row);
+            break;
+        }
+        r->st.n_accepted++;
+        s->n_accepted++;
+        if (!(alive = emit(s, r, id, row)))
+            break;
+    }
+    if (alive && acc)
+        alive = emit(s, r, sampler_sample(r->smp, lg + (size_t)k * V), lg + (size_t)k * V);
+    spec_pace_update(&r->pace, j, k);
+    if (alive && kv_seq_truncate(s->kv, r->seq, r->n_toks - 1, e) < 0)
+        return false;
+    r->n_fed = r->n_toks - 1;
+    return alive;
+}
+
 /* Blocks the built batch needs beyond what its sequences hold (no request is forked, so
  * no copy-on-write). */
 static int batch_blocks_needed(const struct sched *s)
@@ -357,12 +453,23 @@ int sched_step(struct sched *s, struct err *e)
 {
     int V = s->c->m->hp.n_vocab, rc;
     admit(s);
-    /* the pool decides who runs: preempt the newest request until the batch fits */
+    /* the pool decides who runs: drafts are dropped first, then the newest request is
+     * preempted until the batch fits (a draft never costs another request its cache) */
+    s->no_drafts = false;
     for (;;) {
         build_batch(s);
         if (s->b.n_tok == 0)
             return s->n_waiting > 0 ? 1 : 0;
-        if (batch_blocks_needed(s) <= kv_n_free_blocks(s->kv) || !preempt(s))
+        if (batch_blocks_needed(s) <= kv_n_free_blocks(s->kv))
+            break;
+        bool drafted = false;
+        for (int i = 0; i < s->max_requests && !s->no_drafts; i++)
+            drafted |= s->reqs[i].id > 0 && s->reqs[i].n_draft > 0;
+        if (drafted) {
+            s->no_drafts = true;
+            continue;
+        }
+        if (!preempt(s))
             break;
     }
     if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
@@ -373,33 +480,48 @@ int sched_step(struct sched *s, struct err *e)
                 req_end(s, &s->reqs[i], rc, e);
         return s->n_waiting > 0 ? 1 : 0;
     }
-    /* the fed rows are in the cache; then sample in row order */
+    /* the fed rows are in the cache; then sample in row order (a request's draft rows
+     * together), then index what each running request keeps */
     int out = 0;
     for (int i = 0; i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
-        if (r->id <= 0 || r->seq < 0)
-            continue;
-        r->n_fed = kv_seq_len(s->kv, r->seq);
-        if (s->prefix)
-            kv_prefix_register(s->kv, r->seq, r->toks, r->n_fed);
+        if (r->id > 0 && r->seq >= 0)
+            r->n_fed = kv_seq_len(s->kv, r->seq);
     }
     for (int row = 0; row < s->b.n_tok; row++) {
         if (!s->b.logits[row])
             continue;
         struct sreq *r = &s->reqs[s->row_req[row]];
-        const float *lg = s->logits + (size_t)out++ * V;
-        if (s->c->n_nonfinite > 0 && !logits_row_finite(lg, V)) {
+        const float *lg = s->logits + (size_t)out * V;
+        int rows = 1 + r->n_draft;
+        out += rows;
+        row += rows - 1;
+        bool finite = true;
+        for (int j = 0; j < rows && s->c->n_nonfinite > 0; j++)
+            finite &= logits_row_finite(lg + (size_t)j * V, V);
+        struct err re;
+        re.code = ERR_OK;
+        re.msg[0] = 0;
+        if (!finite) {
             /* as generate(): a request whose logits are broken ends with an error */
-            struct err re;
             err_setf(&re, ERR_FORMAT, "the model produced non-finite logits (NaN or inf) at position "
                      "%d: its weights or config are broken", r->n_fed - 1);
             req_end(s, r, -ERR_FORMAT, &re);
-        } else if (!sample_one(s, r, lg)) {
-            struct err re;
+            continue;
+        }
+        if (rows == 1 && r->spec && r->decoding)
+            spec_pace_update(&r->pace, 0, 0);  /* a plain step counts toward a pause, as in generate() */
+        if (rows > 1 ? !verify(s, r, lg, V, &re) : !sample_one(s, r, lg)) {
+            bool failed = r->cons_broken || re.code != 0;
             if (r->cons_broken)
                 err_setf(&re, ERR_INTERNAL, "the output constraint rejected a token its mask allowed");
-            req_end(s, r, r->cons_broken ? -ERR_INTERNAL : 0, r->cons_broken ? &re : NULL);
+            req_end(s, r, failed ? -re.code : 0, failed ? &re : NULL);
         }
+    }
+    for (int i = 0; s->prefix && i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id > 0 && r->seq >= 0)
+            kv_prefix_register(s->kv, r->seq, r->toks, r->n_fed);
     }
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
 }

@@ -81,6 +81,8 @@ int sched_n_running(const struct sched *s);
 /* Prompt tokens of the requests admitted so far (each counted once, at its first
  * admission) and, of them, the ones found in the prefix cache. */
 void sched_prefix_stats(const struct sched *s, uint64_t *query_tokens, uint64_t *hit_tokens);
+/* Speculative decoding over all requests so far: tokens drafted, and accepted. */
+void sched_spec_stats(const struct sched *s, uint64_t *drafted, uint64_t *accepted);
 
 #ifdef __cplusplus
 }

@@ -36,8 +36,6 @@
 #define CK_MAX_NAME      1024
 /* metadata files copied by convert (tokenizer.json of large vocabularies is ~30 MB) */
 #define CK_MAX_META      (256ull << 20)
-/* quantizer threads (rows are independent; more than this gains nothing on a stream) */
-#define CK_MAX_THREADS   64
 
 /* ---- planning ---- */
 
@@ -445,7 +443,7 @@ static int put(struct wctx *c, const void *data, size_t n, struct err *e)
 
 /* Elements [e0, e0 + k) of part p of t in t->dtype: a plain read, or for a view the
  * gathered elements of its source, one source slab (expert) held in c->vbuf at a time
- * and read in order (synth's generator reads each tensor once, front to back). */
+ * and read whole. */
 static int read_part(struct wctx *c, const struct ck_tensor *t, int p, int64_t e0, int64_t k,
                      uint8_t *dst, struct err *e)
 {
@@ -666,7 +664,7 @@ oom:
 
 int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct quant_params *q,
              const struct ck_reader *rd, ck_progress_fn progress, void *progress_ud,
-             struct ck_stats *stats, struct err *e)
+             struct tpool *pool, struct ck_stats *stats, struct err *e)
 {
     struct entry *en = NULL;
     struct st_wentry *we = NULL;
@@ -690,7 +688,14 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
     if ((rc = build_entries(t, n, q, &en, &ne, e)) < 0)
         return rc;
     int nth = tpool_default_threads();
-    if (nq > 0 && nth > 1 && (rc = tpool_new(&c.pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
+    if (pool && tpool_size(pool) > CK_MAX_THREADS) {
+        rc = err_setf(e, ERR_INTERNAL, "a pool of %d threads for the quantizer (at most %d)",
+                      tpool_size(pool), CK_MAX_THREADS);
+        goto out;
+    }
+    if (pool)
+        c.pool = pool;
+    else if (nq > 0 && nth > 1 && (rc = tpool_new(&c.pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
         goto out;
     we = malloc((ne ? ne : 1) * sizeof *we);
     if (!we) {
@@ -730,7 +735,8 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
             stats->n_params += n_elems(&t[i]);
     }
 out:
-    tpool_free(c.pool);
+    if (c.pool != pool)
+        tpool_free(c.pool);
     qcache_clear(&qc);
     free(c.buf);
     free(c.vbuf);
@@ -892,7 +898,7 @@ int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t
         return rc;
     if ((f->copy && (rc = f->copy(f->copy_ud, &od, e)) < 0) ||
         (rc = outdir_file(&od, "model.safetensors", path, sizeof path, e)) < 0 ||
-        (rc = ck_write(path, t, n, f->q, f->rd, f->progress, f->progress_ud, stats, e)) < 0 ||
+        (rc = ck_write(path, t, n, f->q, f->rd, f->progress, f->progress_ud, f->pool, stats, e)) < 0 ||
         (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
         (f->q && (rc = ck_config_set_quant(cfg, f->q, e)) < 0) ||
         (f->q && (rc = config_add_overrides(cfg, t, n, e)) < 0) ||
@@ -1117,7 +1123,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         goto out;
     struct ck_reader rd = {st_read, NULL};
     struct metadata_copy mc = {o->src, 0};
-    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud};
+    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud, NULL};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
     st->n_copied = mc.n_copied;
 out:

@@ -137,11 +137,17 @@ struct ck_stats {
     uint64_t bytes;       /* data bytes written */
 };
 
+/* Most threads the quantizer uses (rows are independent; more gains nothing on a stream). */
+#define CK_MAX_THREADS 64
+
+struct tpool;
 /* Write the planned tensors to path (st_write: temp file then rename), quantized with q
- * when they are marked (q may be NULL when none is). stats and progress may be NULL. */
+ * when they are marked (q may be NULL when none is). stats and progress may be NULL. pool
+ * (borrowed, at most CK_MAX_THREADS threads) quantizes; NULL: a pool of the online CPUs
+ * while there is something to quantize. The bytes do not depend on the threads. */
 int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct quant_params *q,
              const struct ck_reader *rd, ck_progress_fn progress, void *progress_ud,
-             struct ck_stats *stats, struct err *e);
+             struct tpool *pool, struct ck_stats *stats, struct err *e);
 
 /* Add "quantization" and "quantization_config" = {"group_size", "bits", "mode"} to cfg (as
  * current mlx-lm writes them), replacing any present. */
@@ -166,6 +172,7 @@ struct ck_folder {
     const struct ck_reader *rd;
     ck_progress_fn progress;
     void *progress_ud;
+    struct tpool *pool;     /* ck_write's pool (borrowed), or NULL */
 };
 /* Write the folder f->dst whole or not at all (outdir.h): built beside it and renamed into
  * place when complete; on any failure nothing is left. cfg is modified (ck_config_write). */

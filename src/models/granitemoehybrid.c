@@ -73,7 +73,7 @@ static int gmh_layers(struct hparams *hp, const cJSON *cfg, struct err *e)
     int il = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, lt) {
-        const char *s = cJSON_IsString(t) ? t->valuestring : "";
+        const char *s = cJSON_IsString(t) ? t->valuestring : "(not a string)";
         if (strcmp(s, "mamba") == 0 || strcmp(s, "linear_attention") == 0)
             ssm2_layer(hp, il);
         else if (strcmp(s, "attention") != 0 && strcmp(s, "full_attention") != 0)

@@ -168,6 +168,11 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &hp->qkv_bias, e)) < 0 ||
         (rc = parse_act(hp, cfg, "hidden_act", d->act, e)) < 0)
         return rc;
+    /* bounded here, before any family walks its layers (a family's layer pattern is read
+     * before hparams_validate runs; LFM2's walked 2^31 of them: a fuzz timeout) */
+    if (hp->n_layer < 1 || hp->n_layer > HP_MAX_LAYERS)
+        return err_setf(e, ERR_CONFIG, "config field 'num_hidden_layers' = %d is out of range [1, %d]",
+                        hp->n_layer, HP_MAX_LAYERS);
     /* no decoder family binds MLP biases: a config that has them must not load silently */
     bool mlp_bias;
     if ((rc = cfg_opt_bool(cfg, "mlp_bias", false, &mlp_bias, e)) < 0)

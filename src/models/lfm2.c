@@ -114,7 +114,7 @@ static int layer_kinds(struct hparams *hp, const cJSON *cfg, struct err *e)
         int il = 0;
         const cJSON *t;
         cJSON_ArrayForEach(t, lt) {
-            const char *s = cJSON_IsString(t) ? t->valuestring : "";
+            const char *s = cJSON_IsString(t) ? t->valuestring : "(not a string)";
             if (strcmp(s, "conv") == 0) {
                 conv[il] = true;
             } else if (strcmp(s, "full_attention") != 0) {

@@ -111,6 +111,112 @@ static void warn_unused(const struct model *m)
              n > shown ? ", ..." : "");
 }
 
+// ---- multimodal checkpoints: the text model alone ----
+
+/* Where a multimodal checkpoint keeps its text model, and the names the text families read
+ * (transformers 5: model.language_model.*; transformers 4 and mlx-vlm: language_model.model.*
+ * and language_model.lm_head.*; Idefics3: model.text_model.*). */
+static const char *const k_nest_rename[][2] = {
+    {"model.language_model.", "model."},
+    {"language_model.model.", "model."},
+    {"language_model.lm_head.", "lm_head."},
+    {"model.text_model.", "model."},
+};
+/* What such a checkpoint holds besides it, not loaded: vision towers, projectors,
+ * multi-token-prediction heads. */
+static const char *const k_nest_skip[] = {
+    "model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.vision_model.", "vision_model.",
+    "model.multi_modal_projector.", "multi_modal_projector.", "model.connector.", "mtp.", "model.mtp.",
+};
+#define N_NEST_RENAME (sizeof k_nest_rename / sizeof k_nest_rename[0])
+#define N_NEST_SKIP (sizeof k_nest_skip / sizeof k_nest_skip[0])
+
+/* A copy of object o whose keys are renamed by k_nest_rename (per-module quantization
+ * entries name modules), NULL when out of memory. */
+static cJSON *renamed_keys(const cJSON *o)
+{
+    cJSON *n = cJSON_CreateObject();
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        const char *old = it->string ? it->string : "", *to = "";
+        size_t skip = 0;
+        for (size_t r = 0; r < N_NEST_RENAME && !skip; r++)
+            if (strncmp(old, k_nest_rename[r][0], strlen(k_nest_rename[r][0])) == 0) {
+                skip = strlen(k_nest_rename[r][0]);
+                to = k_nest_rename[r][1];
+            }
+        char *key = malloc(strlen(to) + strlen(old + skip) + 1);
+        cJSON *d = cJSON_Duplicate(it, true);
+        bool ok = n && key && d;
+        if (ok) {
+            strcpy(key, to);
+            strcat(key, old + skip);
+            ok = cJSON_AddItemToObject(n, key, d);
+        }
+        free(key);
+        if (!ok) {
+            cJSON_Delete(d);
+            cJSON_Delete(n);
+            return NULL;
+        }
+    }
+    return n;
+}
+
+/* ADR 0080. A multimodal checkpoint (Qwen3.5, Gemma 3, Mistral 3, Llama 4, LLaVA, Idefics3, ...) whose
+ * own model_type no family has, but whose text_config names one: *cfg becomes its text
+ * config, with the keys about the whole checkpoint the text config lacks copied in
+ * (quantization with its module names renamed, tied embeddings, special ids, dtype), and
+ * wrapper names the outer type. 1 when nested, 0 when not. */
+static int nest_text_config(cJSON **cfg, char *wrapper, size_t cap, struct err *e)
+{
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(*cfg, "model_type");
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(*cfg, "text_config");
+    if (!cJSON_IsString(mt) || !cJSON_IsObject(tc) || registry_find(mt->valuestring))
+        return 0;
+    const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
+    if (!cJSON_IsString(tmt) || !registry_find(tmt->valuestring))
+        return 0;
+    static const char *const whole[] = {"quantization", "quantization_config", "tie_word_embeddings",
+                                        "eos_token_id", "bos_token_id", "pad_token_id", "torch_dtype", "dtype"};
+    cJSON *n = cJSON_Duplicate(tc, true);
+    bool ok = n != NULL;
+    for (size_t i = 0; ok && i < sizeof whole / sizeof whole[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(*cfg, whole[i]);
+        if (!v || cJSON_GetObjectItemCaseSensitive(n, whole[i]))
+            continue;
+        cJSON *d = strncmp(whole[i], "quantization", 12) == 0 && cJSON_IsObject(v) ? renamed_keys(v)
+                                                                                  : cJSON_Duplicate(v, true);
+        ok = d && cJSON_AddItemToObject(n, whole[i], d);
+        if (!ok)
+            cJSON_Delete(d);
+    }
+    if (!ok) {
+        cJSON_Delete(n);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    snprintf(wrapper, cap, "%s", mt->valuestring);
+    cJSON_Delete(*cfg);
+    *cfg = n;
+    return 1;
+}
+
+/* The text model's tensors under the text family's names; the rest marked as not loaded. */
+static int nest_weights(struct model *m, struct err *e)
+{
+    for (size_t r = 0; r < N_NEST_RENAME; r++) {
+        int rc = st_set_rename_prefix(m->st, k_nest_rename[r][0], k_nest_rename[r][1], e);
+        if (rc < 0)
+            return rc;
+    }
+    size_t skipped = 0;
+    for (size_t i = 0; i < N_NEST_SKIP; i++)
+        skipped += st_set_mark_prefix(m->st, k_nest_skip[i]);
+    LOG_INFO("a multimodal %s checkpoint: its text model (%s) is loaded; %zu tensors of its vision "
+             "tower, projector or prediction heads are not", m->multimodal, m->hp.model_type, skipped);
+    return 0;
+}
+
 int model_load(struct model **out, const char *dir, struct err *e)
 {
     char path[4200];
@@ -127,6 +233,8 @@ int model_load(struct model **out, const char *dir, struct err *e)
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         goto fail;
+    if ((rc = nest_text_config(&cfg, m->multimodal, sizeof m->multimodal, e)) < 0)
+        goto fail_prefix;
     if ((rc = registry_resolve(cfg, &m->ops, e)) < 0)
         goto fail_prefix;
     hparams_init(&m->hp);
@@ -143,7 +251,7 @@ int model_load(struct model **out, const char *dir, struct err *e)
     cJSON_Delete(cfg);
     cfg = NULL;
 
-    if ((rc = st_set_open(&m->st, dir, e)) < 0)
+    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, e)) < 0))
         goto fail;
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {

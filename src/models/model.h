@@ -166,6 +166,8 @@ struct model {
     size_t n_prepared, cap_prepared;
     struct generation_defaults gen;
     char dir[4096];
+    char multimodal[64];             /* a multimodal checkpoint's model_type, whose text model this
+                                      * is (its vision tower not loaded); "" for a text checkpoint */
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
     struct tensor out_norm, out_norm_b;  /* [n_embd] */
     struct tensor lm_head, lm_head_b;    /* [n_vocab, n_embd], [n_vocab] */

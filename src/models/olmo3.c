@@ -47,16 +47,23 @@ static int full_rope(cJSON *c, const cJSON *cfg, const cJSON *rp, struct err *e)
         return err_setf(e, ERR_NOMEM, "out of memory copying config.json");
     const cJSON *it, *from = cJSON_IsObject(rs) ? rs : NULL;
     cJSON_ArrayForEach(it, from) {
+        /* the same (case-sensitive) test as the replacement: a key differing only in case is
+         * added, and a value that could not be placed is freed (a fuzz-found leak) */
         cJSON *v = cJSON_Duplicate(it, true);
-        if (!v || (cJSON_HasObjectItem(f, it->string) ? !cJSON_ReplaceItemInObjectCaseSensitive(f, it->string, v)
-                                                      : !cJSON_AddItemToObject(f, it->string, v))) {
+        if (!v || (cJSON_GetObjectItemCaseSensitive(f, it->string)
+                       ? !cJSON_ReplaceItemInObjectCaseSensitive(f, it->string, v)
+                       : !cJSON_AddItemToObject(f, it->string, v))) {
+            cJSON_Delete(v);
             cJSON_Delete(f);
             return err_setf(e, ERR_NOMEM, "out of memory copying config.json");
         }
     }
     cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_scaling");
     cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_parameters");
-    cJSON_AddItemToObject(c, "rope_parameters", f);
+    if (!cJSON_AddItemToObject(c, "rope_parameters", f)) {
+        cJSON_Delete(f);
+        return err_setf(e, ERR_NOMEM, "out of memory copying config.json");
+    }
     return 0;
 }
 

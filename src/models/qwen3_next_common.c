@@ -62,7 +62,7 @@ static int parse_layer_kinds(const struct hparams *hp, const cJSON *cfg, bool *l
                         "layer types, not %d", hp->n_layer,
                         cJSON_IsArray(lt) ? cJSON_GetArraySize(lt) : -1);
     cJSON_ArrayForEach(t, lt) {
-        const char *s = cJSON_IsString(t) ? t->valuestring : "";
+        const char *s = cJSON_IsString(t) ? t->valuestring : "(not a string)";
         if (strcmp(s, "linear_attention") != 0 && strcmp(s, "full_attention") != 0)
             return err_setf(e, ERR_UNSUPPORTED, "config field 'layer_types'[%d] = '%s' is not "
                             "supported (linear_attention, full_attention)", il, s);

@@ -122,7 +122,7 @@ static int layer_kinds(struct hparams *hp, const cJSON *cfg, int window, struct 
         const char *s = def[il % 3];
         if (bt) {
             const cJSON *t = cJSON_GetArrayItem(bt, il % n);
-            s = cJSON_IsString(t) ? t->valuestring : "";
+            s = cJSON_IsString(t) ? t->valuestring : "(not a string)";
         }
         struct layer_spec *ls = &hp->layer[il];
         if (strcmp(s, "recurrent") == 0) {

@@ -125,8 +125,7 @@ int stest_route_softmax_top2(const struct hparams *hp, bool renorm, struct err *
 
 // ---- changed copies of the golden fixtures ----
 
-/* src/config.json with the keys of patch replaced or added, written to dst/config.json. */
-static int write_config(const char *src, const char *dst, const char *patch, struct err *e)
+int stest_write_config(const char *src, const char *dst, const char *patch, struct err *e)
 {
     char path[4200];
     cJSON *cfg = NULL, *p = NULL;
@@ -137,8 +136,10 @@ static int write_config(const char *src, const char *dst, const char *patch, str
     if (patch && (rc = cfg_parse(patch, strlen(patch), "config patch", &p, e)) < 0)
         goto out;
     for (const cJSON *it = p ? p->child : NULL; it; it = it->next) {
-        cJSON *copy = cJSON_Duplicate(it, true);
         cJSON_DeleteItemFromObjectCaseSensitive(cfg, it->string);
+        if (cJSON_IsString(it) && strcmp(it->valuestring, "$delete") == 0)
+            continue;
+        cJSON *copy = cJSON_Duplicate(it, true);
         if (!copy || !cJSON_AddItemToObject(cfg, it->string, copy)) {
             cJSON_Delete(copy);
             rc = err_setf(e, ERR_NOMEM, "out of memory");
@@ -205,7 +206,7 @@ int stest_load_variant(struct model **m, const char *fixture, const char *patch,
         return model_load(m, src, e);
     if (!(tmp = stest_tmpdir()))
         return err_setf(e, ERR_IO, "cannot make a temporary folder");
-    if ((rc = write_config(src, tmp, patch, e)) == 0 && (rc = write_tensors(src, tmp, drop, e)) == 0)
+    if ((rc = stest_write_config(src, tmp, patch, e)) == 0 && (rc = write_tensors(src, tmp, drop, e)) == 0)
         rc = model_load(m, tmp, e);
     stest_rmtree(tmp);
     return rc;

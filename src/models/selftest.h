@@ -111,6 +111,9 @@ int stest_patch_changes_logits(const char *fixture, const char *patch, struct er
 /* 0 when fixture loads with every tensor consumed and leaving out each of names (as
  * stest_missing_named) fails naming it. */
 int stest_all_bound(const char *fixture, const char *const *names, struct err *e);
+/* src/config.json with the keys of patch (a JSON object) replaced or added, or removed where
+ * the value is the string "$delete", written to dst/config.json. */
+int stest_write_config(const char *src, const char *dst, const char *patch, struct err *e);
 /* 0 when zeroing the oldest tap of every conv layer (ssm_conv) of fixture changes its prompt
  * logits: the convolution's carried state reaches the forward. */
 int stest_conv_state_reaches_logits(const char *fixture, struct err *e);

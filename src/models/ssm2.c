@@ -116,7 +116,9 @@ int ssm2_parse(struct hparams *hp, const cJSON *cfg, const struct ssm2_keys *k, 
         (rc = hparams_check_dim(hp->ssm.d_conv, k->d_conv ? k->d_conv : "conv_kernel", 1, 64,
                                 e)) < 0 ||
         (rc = hparams_check_dim(inner, k->inner ? k->inner : "expand * hidden_size", 1, HP_MAX_DIM,
-                                e)) < 0)
+                                e)) < 0 ||
+        (rc = hparams_check_dim(hp->ssm.chunk, k->chunk ? k->chunk : "chunk_size", 1, HP_MAX_CTX,
+                                e)) < 0)  /* transformers' chunked scan divides by it */
         return rc;
     if ((int64_t)hp->ssm.n_head * hp->ssm.head_dim != inner)
         return err_setf(e, ERR_CONFIG, "config fields '%s' x '%s' = %d x %d must equal the "

@@ -1,17 +1,21 @@
 /*
  * synth: recording a family's tensor list and writing random checkpoints
- * (synth.h). The generator is read strictly in order per tensor (the
- * convert pipeline reads each part once, front to back), which the reader
- * checks, so a tensor's values are fixed by (seed, name) alone.
+ * (synth.h). Each value is a function of (seed, tensor name, index) alone:
+ * a tensor is cut into blocks of SYNTH_BLOCK elements, each with its own
+ * stream, so one read is generated block by block on all the pool's threads
+ * (and quantized on them, convert.c) with the same bytes for any thread
+ * count, and any range can be read in any order.
  */
 #include "synth.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/rng.h"
+#include "../core/threadpool.h"
 #include "../loading/config.h"
 #include "registry.h"
 
@@ -50,19 +54,32 @@ out:
 
 /* ---- generator ---- */
 
+/* Elements per block of a tensor: each block draws from its own stream, so blocks are
+ * generated on any thread in any order with the same result. Block 0's stream is the one
+ * that used to cover the whole tensor, so tensors of at most this many elements keep the
+ * bytes synth wrote before it ran on several threads. */
+#define SYNTH_BLOCK ((int64_t)1 << 16)
+
 struct nrng {
     struct rng r;
     float spare;
     bool has_spare;
 };
 
-/* One stream per tensor: FNV-1a of the name mixed into the seed. */
-static void rng_init(struct nrng *r, uint64_t seed, const char *name)
+/* FNV-1a of a tensor name, mixed into the seed: one family of streams per tensor. */
+static uint64_t name_key(uint64_t seed, const char *name)
 {
     uint64_t h = 0xcbf29ce484222325ull;
     for (const char *p = name; *p; p++)
         h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    rng_seed(&r->r, seed ^ h);
+    return seed ^ h;
+}
+
+/* Block b's stream. rng_seed takes 4 splitmix64 steps from its seed, so seeds 4 golden-ratio
+ * steps apart give blocks disjoint state words. */
+static void rng_init(struct nrng *r, uint64_t key, int64_t b)
+{
+    rng_seed(&r->r, key + (uint64_t)b * 4u * 0x9e3779b97f4a7c15ull);
     r->has_spare = false;
 }
 
@@ -81,19 +98,63 @@ static float rng_normal(struct nrng *r)
     return (float)(rad * cos(th));
 }
 
-struct gen {
-    uint64_t seed;
-    const struct st_tensor *cur;  /* tensor being generated */
-    int64_t next;                 /* its next element */
-    struct nrng r;
-};
-
 static bool ends_with(const char *s, const char *suf)
 {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+/* One read split over the pool: elements [elem0, elem0 + n) of one tensor, block by block
+ * (a block cut by the range's ends is generated from its start, values skipped). */
+struct gen_job {
+    uint64_t key;
+    float std;
+    enum dtype dt;
+    int64_t elem0, n;
+    void *dst;
+    long n_blocks;            /* blocks the range touches */
+    atomic_long next;         /* next of them to claim */
+};
+
+static void gen_block(const struct gen_job *j, int64_t b)
+{
+    int64_t lo = b * SYNTH_BLOCK, hi = lo + SYNTH_BLOCK;
+    if (lo < j->elem0)
+        lo = j->elem0;
+    if (hi > j->elem0 + j->n)
+        hi = j->elem0 + j->n;
+    struct nrng r;
+    rng_init(&r, j->key, b);
+    /* element i of a block is the cosine (even i) or sine (odd i) half of pair i / 2,
+     * and each pair takes two draws */
+    for (int64_t i = b * SYNTH_BLOCK; i + 1 < lo; i += 2) {
+        rng_next(&r.r);
+        rng_next(&r.r);
+    }
+    if ((lo - b * SYNTH_BLOCK) % 2)
+        (void)rng_normal(&r);
+    for (int64_t i = lo; i < hi; i++)
+        dtype_store_f32(j->dt, j->dst, i - j->elem0, j->std * rng_normal(&r));
+}
+
+static void gen_run(void *ctx, int ith, int nth)
+{
+    struct gen_job *j = ctx;
+    int64_t b0 = j->elem0 / SYNTH_BLOCK;
+    long lo, hi;
+    (void)ith;
+    while (tpool_claim_guided(&j->next, j->n_blocks, nth, &lo, &hi))
+        for (long k = lo; k < hi; k++)
+            gen_block(j, b0 + k);
+}
+
+struct gen {
+    uint64_t seed;
+    struct tpool *pool;       /* borrowed; NULL: the caller's thread */
+};
+
+/* ck_reader.read: any range of any tensor, in any order; each value depends on (seed,
+ * tensor name, index) only. */
 static int gen_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n, void *dst,
                     struct err *e)
 {
@@ -101,20 +162,24 @@ static int gen_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, 
     const struct st_tensor *t = handle;
     if (!dtype_is_float(dt))
         return err_setf(e, ERR_INTERNAL, "synth: cannot generate %s data", dtype_name(dt));
-    if (g->cur != t || elem0 == 0) {
-        if (elem0 != 0)
-            return err_setf(e, ERR_INTERNAL, "synth: '%s' read out of order", t->name);
-        g->cur = t;
-        g->next = 0;
-        rng_init(&g->r, g->seed, t->name);
+    if (n <= 0)
+        return 0;
+    if (t->ndim == 1 && ends_with(t->name, ".weight")) {  /* norms: ones */
+        for (int64_t i = 0; i < n; i++)
+            dtype_store_f32(dt, dst, i, 1.0f);
+        return 0;
     }
-    if (elem0 != g->next)
-        return err_setf(e, ERR_INTERNAL, "synth: '%s' read out of order", t->name);
-    bool ones = t->ndim == 1 && ends_with(t->name, ".weight");
-    float std = ends_with(t->name, ".bias") ? SYNTH_STD_BIAS : SYNTH_STD_WEIGHT;
-    for (int64_t i = 0; i < n; i++)
-        dtype_store_f32(dt, dst, i, ones ? 1.0f : std * rng_normal(&g->r));
-    g->next += n;
+    struct gen_job j = {
+        .key = name_key(g->seed, t->name),
+        .std = ends_with(t->name, ".bias") ? SYNTH_STD_BIAS : SYNTH_STD_WEIGHT,
+        .dt = dt, .elem0 = elem0, .n = n, .dst = dst,
+        .n_blocks = (long)((elem0 + n - 1) / SYNTH_BLOCK - elem0 / SYNTH_BLOCK + 1),
+    };
+    atomic_init(&j.next, 0);
+    if (g->pool && j.n_blocks > 1)
+        tpool_run(g->pool, gen_run, &j);
+    else
+        gen_run(&j, 0, 1);
     return 0;
 }
 
@@ -149,6 +214,7 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     const struct model_ops *ops = NULL;
     struct ck_input *in = NULL;
     struct ck_tensor *t = NULL;
+    struct tpool *pool = NULL;
     size_t nt = 0, n = 0;
     int rc;
     memset(st, 0, sizeof *st);
@@ -194,12 +260,16 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     }
     if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0)
         goto out;
-    struct gen g = {.seed = o->seed};
+    int nth = o->n_threads > 0 ? o->n_threads : tpool_default_threads();
+    if ((rc = tpool_new(&pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
+        goto out;
+    struct gen g = {o->seed, pool};
     struct ck_reader rd = {gen_read, &g};
     struct ck_folder f = {o->dst, o->tokenizer ? copy_tokenizer : NULL, (void *)o->tokenizer,
-                          o->q, &rd, o->progress, o->progress_ud};
+                          o->q, &rd, o->progress, o->progress_ud, pool};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
 out:
+    tpool_free(pool);
     ck_tensors_free(t, nt);
     free(in);
     st_set_free(rec);

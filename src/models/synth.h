@@ -12,9 +12,10 @@
  * float output of the same seed.
  *
  * Values: matrices ~ N(0, 0.02) (the HF initializer_range), norm weights 1,
- * biases ~ N(0, 0.002); each tensor draws from its own xoshiro256** stream
- * seeded from (seed, tensor name), so its values do not depend on the other
- * tensors, the dtype or the layout.
+ * biases ~ N(0, 0.002); each block of 65536 elements of a tensor draws from
+ * its own xoshiro256** stream seeded from (seed, tensor name, block), so its
+ * values do not depend on the other tensors, the dtype, the layout or the
+ * number of threads.
  */
 #pragma once
 #include <stdint.h>
@@ -36,6 +37,8 @@ struct synth_opts {
     const struct quant_params *q;    /* NULL: float */
     int dtype;                       /* -1: the config's torch_dtype, else BF16 */
     uint64_t seed;
+    int n_threads;                   /* generator and quantizer threads; <= 0: online CPUs
+                                      * (at most CK_MAX_THREADS); the bytes do not depend on it */
     const char *tokenizer;           /* folder to copy tokenizer files from, or NULL */
     ck_progress_fn progress;
     void *progress_ud;

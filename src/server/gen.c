@@ -629,7 +629,8 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         struct err e = {0};
         c->job.prompt = g->prompt;
         c->job.n_prompt = g->n_prompt;
-        c->job.params = (struct gen_params){.n_predict = n_predict, .ignore_eos = g->q.ignore_eos, .sampling = sp};
+        c->job.params = (struct gen_params){.n_predict = n_predict, .ignore_eos = g->q.ignore_eos, .sampling = sp,
+                                            .spec = g->s->m.spec};
         c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
         if (g->gram) {
             if (grammar_state_new(&c->gstate, g->gram, &e) < 0)

@@ -170,6 +170,11 @@ char *metrics_render(struct metrics *m, const struct metrics_gauges *g)
                   "# TYPE mlxcel_prefix_cache_hit_tokens_total counter\nmlxcel_prefix_cache_hit_tokens_total %llu\n",
               g->kv_blocks_cached, (unsigned long long)g->prefix_query_tokens,
               (unsigned long long)g->prefix_hit_tokens);
+    sb_printf(&b, "# HELP mlxcel_spec_draft_tokens_total Tokens drafted by speculative decoding.\n"
+                  "# TYPE mlxcel_spec_draft_tokens_total counter\nmlxcel_spec_draft_tokens_total %llu\n"
+                  "# HELP mlxcel_spec_accepted_tokens_total Drafted tokens accepted.\n"
+                  "# TYPE mlxcel_spec_accepted_tokens_total counter\nmlxcel_spec_accepted_tokens_total %llu\n",
+              (unsigned long long)g->spec_draft_tokens, (unsigned long long)g->spec_accepted_tokens);
     histogram_render(&b, "mlxcel_time_to_first_token_seconds", "Time from request to first generated token.",
                      &m->ttft);
     histogram_render(&b, "mlxcel_inter_token_latency_seconds", "Mean time between generated tokens, per request.",

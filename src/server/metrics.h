@@ -36,6 +36,7 @@ struct metrics_gauges {
     int kv_blocks_used, kv_blocks_total;
     int kv_blocks_cached;                   /* kept for the prefix cache, reclaimable */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
+    uint64_t spec_draft_tokens, spec_accepted_tokens;  /* speculative decoding */
 };
 
 void metrics_init(struct metrics *m);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "../core/err.h"
+#include "../engine/spec.h"
 #include "../models/model.h"
 
 #ifdef __cplusplus
@@ -62,6 +63,7 @@ struct server_model {
     const struct grammar_vocab *gvocab;  /* the tokenizer's byte trie for structured output */
     int tool_format;                     /* enum outparse_format the chat template teaches */
     bool reasoning;                      /* the template emits <think> reasoning */
+    struct spec_params spec;             /* speculative decoding of every request (serve --spec) */
 };
 
 struct server;

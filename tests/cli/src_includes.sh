@@ -4,7 +4,7 @@
 #    come from src/models/selftest.c, their calls into the engine from tests/stest_engine.c);
 #  - a file under src/<layer>/ includes nothing from a higher layer, nor from a layer beside
 #    its own. The order is docs/architecture.md's "cli → server → engine → models → loading
-#    → kernels → core", with tokenizer and template beside models (needing only core), grammar
+#    → kernels → core", with tokenizer, template and image beside models (needing only core), grammar
 #    (tokenizer and the engine's constraint interface) under server, hub (core) under cli.
 #    A folder of src/ missing from the table below fails, so a new layer gets placed.
 # Usage (from the repo root): sh tests/cli/src_includes.sh [path/to/mlxcel, unused]
@@ -12,7 +12,7 @@ bad=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"([^"]*/)?tests/' 
 [ -z "$bad" ] || { echo "FAIL src_includes: src/ includes from tests/:" >&2; echo "$bad" >&2; exit 1; }
 
 # rank of each layer: a file may include its own layer's headers and a lower rank's only
-layers="core:0 kernels:1 loading:2 models:3 tokenizer:3 template:3 engine:4 grammar:5 hub:5 server:6 cli:7"
+layers="core:0 kernels:1 loading:2 models:3 tokenizer:3 template:3 image:3 engine:4 grammar:5 hub:5 server:6 cli:7"
 bad=$(find src -type f | sort | while IFS= read -r f; do
         grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" | sed "s|^|$f:|"
     done | awk -v layers="$layers" '

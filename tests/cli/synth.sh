@@ -64,6 +64,41 @@ for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3 dots1 glm4_moe minimax_m
     cmp -s "$T/$f-conv/model.safetensors" "$T/$f-q/model.safetensors" || fail "$f: synth -q != convert -q of synth"
 done
 
+# ---- -t: the same bytes on any number of threads ----
+# The embedding (24000 x 192 = 4.6M elements) spans 71 generator blocks of 65536 and two 8 MiB
+# reads; -q reads it by rows (21845 of them first), so the second read starts inside a block.
+cat >"$T/wide.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 24000,
+ "hidden_size": 192, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 3,
+ "num_key_value_heads": 1, "head_dim": 64, "rms_norm_eps": 1e-05, "tie_word_embeddings": true,
+ "max_position_embeddings": 512,
+ "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 0}
+JSON
+for q in "" "-q"; do
+    for t in 1 2 3; do
+        run "$BIN" synth --config "$T/wide.json" -o "$T/wide$q-t$t" $q -t $t --seed 5
+        expect_rc 0 "synth wide $q -t $t"
+    done
+    run "$BIN" synth --config "$T/wide.json" -o "$T/wide$q-tdef" $q --seed 5
+    expect_rc 0 "synth wide $q (default threads)"
+    for t in 2 3 def; do
+        cmp -s "$T/wide$q-t1/model.safetensors" "$T/wide$q-t$t/model.safetensors" ||
+            fail "synth wide $q: -t $t differs from -t 1"
+    done
+    [ "$(n_ids "$T/wide$q-t2")" -eq 4 ] || fail "synth wide $q -t 2: generate failed: $(cat "$T/gen.err")"
+    [ "$(unused "$T/wide$q-t2")" = '"unused_tensors":[]' ] || fail "synth wide $q: $(unused "$T/wide$q-t2")"
+done
+# a range read from the middle of a block (-q) holds the values the aligned reads wrote
+run "$BIN" convert -m "$T/wide-t2" -o "$T/wide-conv" -q
+expect_rc 0 "convert -q of synth wide"
+cmp -s "$T/wide-conv/model.safetensors" "$T/wide-q-t1/model.safetensors" || fail "wide: synth -q != convert -q of synth"
+cmp -s "$T/wide-t1/model.safetensors" "$T/wide-q-t1/model.safetensors" && fail "wide: -q wrote the float bytes"
+rm -rf "$T"/wide*
+for t in 0 -1 x 1025; do
+    run "$BIN" synth --config $G/llama/config.json -o "$T/xt" -t "$t"
+    expect_error "-t $t" "threads"
+done
+
 # ---- dtype, quantization flags, tokenizer, --json ----
 # the tokenizer's 2048 ids need a vocabulary that large
 sed 's/"vocab_size": *384/"vocab_size": 2048/' $G/llama/config.json >"$T/v2048.json"

@@ -1,0 +1,109 @@
+/*
+ * spec: drafts for speculative decoding (generate.c verifies them).
+ *
+ * A drafter proposes the next tokens of a sequence; the target model scores the last
+ * token and the drafts in one batch, and the longest prefix that sampling accepts
+ * (sampler_sample_draft) is kept, plus one token of the target's own. Greedy output is
+ * token for token what plain decoding gives; sampled output follows the same
+ * distribution. ADR 0079.
+ *
+ * Prompt lookup (SPEC_NGRAM, "prompt lookup decoding", Saxena 2023; llama.cpp's
+ * lookup and vLLM's n-gram speculator): the last n tokens of the history (prompt and
+ * output so far), n from ngram_max down to ngram_min, are looked for earlier in the
+ * history, most recent occurrence first; the tokens that followed it are the draft.
+ * It pays where the output copies its input: code editing, summaries, RAG answers.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../core/err.h"
+
+struct model;
+struct model_ctx;
+struct kv_cache;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum spec_mode {
+    SPEC_NONE = 0,
+    SPEC_NGRAM = 1,
+    SPEC_DRAFT = 2,   /* a draft model (spec_model_draft as the drafter) */
+};
+
+#define SPEC_DRAFT_MAX_LIMIT 64  /* the bound of draft_max */
+
+/* Proposes up to max tokens after hist[0..n), the history of cache sequence seq, into out;
+ * returns how many (0: none). */
+typedef int (*spec_draft_fn)(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
+
+struct spec_params {
+    enum spec_mode mode;
+    int draft_max;      /* tokens drafted per step at most (1..SPEC_DRAFT_MAX_LIMIT) */
+    int draft_min;      /* fewer than this: decode plainly this step (0..draft_max) */
+    int ngram_min;      /* SPEC_NGRAM: the shortest suffix looked up (1..ngram_max) */
+    int ngram_max;      /* SPEC_NGRAM: the longest (<= 16) */
+    spec_draft_fn draft;  /* with mode SPEC_NONE and draft set: this drafter (tests) */
+    void *draft_ud;
+};
+
+/* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted
+ * tokens, n-grams of 1 to 3 (its ngram-min 1 / max 3 in lookup decoding), draft_min 1. */
+void spec_params_default(struct spec_params *p);
+
+/* The fields within their bounds (-ERR_ARG naming the field). */
+int spec_params_check(const struct spec_params *p, struct err *e);
+
+/* Whether p drafts at all. */
+bool spec_on(const struct spec_params *p);
+
+/* The draft of p for hist[0..n), the history of cache sequence seq: up to max tokens into out. */
+int spec_draft(const struct spec_params *p, int seq, const int32_t *hist, int n, int32_t *out, int max);
+
+/* A draft model: a smaller checkpoint of the same vocabulary proposes its greedy
+ * continuation, one forward per drafted token, in its own cache, whose sequence s follows
+ * the history of the model's sequence s: the longest prefix it shares with the history
+ * stays, the rest is truncated and the new tokens fed (so a rejected draft costs only its
+ * own positions, and a sequence id taken over by another request starts over by itself). */
+struct spec_model;
+
+/* Whether draft can draft for target: the same vocabulary size and EOS ids, and (draft_kv
+ * not NULL) a cache that can step back (-ERR_ARG / -ERR_UNSUPPORTED naming what differs). */
+int spec_model_check(const struct model *target, const struct model *draft, const struct kv_cache *draft_kv,
+                     struct err *e);
+/* A drafter over c and its cache kv (borrowed; its sequences are the drafter's, one per
+ * sequence of the model's cache it drafts for: kv->max_seqs of them). */
+int spec_model_new(struct spec_model **out, struct model_ctx *c, struct kv_cache *kv, struct err *e);
+void spec_model_free(struct spec_model *d);
+/* spec_draft_fn for spec_params.draft (ud: the spec_model). A failing forward of the draft
+ * model drafts nothing from then on (spec_model_error says why). */
+int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
+/* The draft model's error, or NULL. */
+const char *spec_model_error(const struct spec_model *d);
+
+/* How long a sequence's drafts are, adapted to what was kept: the length halves after a
+ * step that kept none and doubles after one that kept all (up to draft_max); at length 1,
+ * a step that keeps none pauses drafting for 1, 2, 4 ... up to SPEC_PAUSE_MAX steps (a
+ * draft nobody accepts costs rows for nothing), any kept draft ends the pauses. generate()
+ * and the scheduler pace the same way, so a request drafts alike in both. */
+#define SPEC_PAUSE_MAX 64
+struct spec_pace {
+    int len, max;     /* the draft length now; draft_max */
+    int pause, rest;  /* the last pause's length; steps of it left */
+};
+void spec_pace_init(struct spec_pace *a, int draft_max);
+/* The most the next step may draft: 0 while paused. */
+int spec_pace_len(const struct spec_pace *a);
+/* After each decode step: it drafted k and kept j of them (k = 0: a plain step, which
+ * counts toward a pause). */
+void spec_pace_update(struct spec_pace *a, int j, int k);
+
+/* Prompt lookup: the tokens after the most recent earlier occurrence of hist's last
+ * m tokens, m from ngram_max down to ngram_min, up to max of them. */
+int spec_ngram(const int32_t *hist, int n, int ngram_min, int ngram_max, int32_t *out, int max);
+
+#ifdef __cplusplus
+}
+#endif

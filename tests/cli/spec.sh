@@ -1,0 +1,92 @@
+#!/bin/sh
+# `generate --spec ngram` (prompt lookup, ADR 0079): the same greedy ids as plain decoding
+# on a prompt that repeats itself (drafts accepted) and on one that does not, at a
+# context that ends mid-draft; --stats reports the drafts; a sliding-window model drafts too,
+# a recurrent one says it cannot and still gives the plain ids; `--model-draft` (the model itself: all accepted;
+# another checkpoint; another vocabulary refused); bad values of the flags are usage errors.
+# Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
+BIN=${1:?usage: spec.sh path/to/mlxcel}
+[ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
+T=$(mktemp -d) || exit 1
+trap 'rm -rf "$T"' EXIT INT TERM
+
+fail() { echo "FAIL spec: $*" >&2; exit 1; }
+run() { "$@" >"$T/out" 2>"$T/err"; rc=$?; }
+expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(cat "$T/err")"; }
+M=models/llama-tiny
+REP=$(for i in 1 2 3 4; do seq 100 120; done | paste -sd, -)   # 84 ids, a phrase 4 times
+ONCE=$(seq 300 340 | paste -sd, -)
+
+same() {  # prompt ids, extra flags: plain vs --spec ngram
+    run "$BIN" generate -m $M --prompt-ids "$1" -n 40 --temp 0 --output-ids $2
+    expect_rc 0 "plain $2"
+    cp "$T/out" "$T/plain"
+    run "$BIN" generate -m $M --prompt-ids "$1" -n 40 --temp 0 --output-ids --spec ngram --stats $2
+    expect_rc 0 "--spec ngram $2"
+    cmp -s "$T/out" "$T/plain" || fail "--spec ngram $2: $(cat "$T/out"), plain $(cat "$T/plain")"
+}
+same "$REP" ""
+grep -q "^speculative: [1-9][0-9]* tokens drafted, [1-9][0-9]* accepted" "$T/err" ||
+    fail "no accepted drafts reported: $(cat "$T/err")"
+same "$ONCE" ""
+same "$REP" "--ctx 100 --draft-max 7"          # the context ends 16 tokens on
+same "$REP" "--draft-max 2 --draft-min 2"
+# sampling with a seed runs (the draws differ from plain decoding's; their distribution
+# does not: the spec suite's chi-square)
+run "$BIN" generate -m $M --prompt-ids "$REP" -n 20 --temp 0.8 --top-p 0.9 --seed 4 --spec ngram --output-ids
+expect_rc 0 "--spec ngram sampled"
+
+# a sliding-window model speculates too (its cache keeps --draft-max positions of slack), and
+# a recurrent one decodes plainly, saying why; both give the plain ids
+for G in tests/fixtures/golden/mistral_swa tests/fixtures/golden/mamba; do
+    [ -f $G/config.json ] || continue
+    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids
+    cp "$T/out" "$T/plain"
+    run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids --spec ngram --stats
+    expect_rc 0 "--spec on $G"
+    cmp -s "$T/out" "$T/plain" || fail "$G: $(cat "$T/out"), plain $(cat "$T/plain")"
+    case $G in
+    *mamba) grep -q "decodes without speculation" "$T/err" || fail "no note for $G: $(cat "$T/err")" ;;
+    *) grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "$G drafted nothing: $(cat "$T/err")" ;;
+    esac
+done
+
+# a draft model: the model itself drafts what it will say (all accepted); another checkpoint
+# of the same vocabulary drafts worse; both give the plain ids
+run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids
+cp "$T/out" "$T/plain"
+for D in $M models/phixtral-tiny-4bit; do
+    run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids --model-draft $D --stats
+    expect_rc 0 "--model-draft $D"
+    cmp -s "$T/out" "$T/plain" || fail "--model-draft $D: $(cat "$T/out"), plain $(cat "$T/plain")"
+done
+grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "--model-draft: no drafts: $(cat "$T/err")"
+run "$BIN" generate -m $M --prompt-ids "$ONCE" -n 40 --temp 0 --output-ids --model-draft $M --stats
+grep -q "^speculative: \([0-9]*\) tokens drafted, \1 accepted" "$T/err" ||
+    fail "the model as its own draft: not all accepted: $(cat "$T/err")"
+# a draft model of another vocabulary is refused, naming both sizes
+G=tests/fixtures/golden/llama
+if [ -f $G/config.json ]; then
+    run "$BIN" generate -m $M --prompt-ids 1,2,3 -n 4 --model-draft $G
+    expect_rc 1 "--model-draft of another vocabulary"
+    grep -q "vocabulary has" "$T/err" || fail "another vocabulary: $(cat "$T/err")"
+fi
+
+# usage errors
+for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" "--spec ngram --draft-max 3 --draft-min 4" \
+    "--spec draft" "--spec ngram --model-draft $M"; do
+    # shellcheck disable=SC2086
+    run "$BIN" generate -m $M --prompt-ids 1,2 -n 2 $bad
+    expect_rc 2 "$bad"
+    [ -s "$T/err" ] || fail "$bad: no message"
+done
+"$BIN" generate --help | grep -q -- "--draft-min" || fail "--help lacks --draft-min"
+# the server: --spec draft needs its model, and a draft model goes with no other mode
+run "$BIN" serve --spec draft
+expect_rc 2 "serve --spec draft"
+grep -q "needs a draft model" "$T/err" || fail "serve --spec draft: $(cat "$T/err")"
+run "$BIN" serve --spec ngram --model-draft $M
+expect_rc 2 "serve --spec ngram --model-draft"
+run "$BIN" serve --draft-max 0
+expect_rc 2 "serve --draft-max 0"
+echo "spec: ok"
