@@ -243,12 +243,14 @@ static void test_linear_formats(void **state)
     (void)state;
     struct backend *gpu = NULL, *cpu = NULL;
     struct err e = {0};
-    /* the default, then with one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the
-     * CLI's MLXCEL_CUDA_QI=1), then affine products of > 8 tokens on decoded bf16 planes
-     * instead of the tensor-core product over the codes (cuda_mma off, MLXCEL_CUDA_MMA=0) */
+    /* every affine product of > 8 tokens on the tensor-core product over the codes (whatever
+     * its size: the tile edges up to 300 tokens), then the default split at 128 tokens with
+     * one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the CLI's MLXCEL_CUDA_QI=1), then
+     * affine products of > 8 tokens on decoded bf16 planes (cuda_mma off, MLXCEL_CUDA_MMA=0) */
     struct backend_opts o = *test_backend_opts();
     o.cuda_qi = false;
     o.cuda_mma = true;
+    o.cuda_mma_max_tokens = 1 << 24;
     if (backend_new(&gpu, "cuda", 1, &o, &e) < 0) {
         printf("cuda: %s\n", e.msg);
         skip();
@@ -257,6 +259,7 @@ static void test_linear_formats(void **state)
     linear_formats(cpu, gpu, "");
     backend_free(gpu);
     o.cuda_qi = true;
+    o.cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS;
     assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
     linear_formats(cpu, gpu, " (qi)");
     backend_free(gpu);

@@ -17,7 +17,7 @@
  *   build/bench_cuda_linear [BITS...]   (widths: 4 8 0 = bf16 by default; libmlxcel-cuda.so
  *                                        beside it, or MLXCEL_CUDA_PLUGIN; MLXCEL_CUDA_QI=1)
  *   build/bench_cuda_linear gemm [BITS...]
- *          the products of 16, 64 and 512 tokens on the Llama-3.1-8B shapes (affine, 4 bits
+ *          the products of 16 to 2048 tokens on the Llama-3.2-1B and 3.1-8B shapes (affine, 4 bits
  *          by default) with the tensor-core product over the codes (mma.cu, ADR 0074) and
  *          with the decoded bf16 planes (cuda_mma off, ADR 0054): TFLOP/s, GB/s of weights
  */
@@ -193,8 +193,10 @@ static int gemm_main(struct backend *gpu, struct backend *cpu, const struct back
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
-    static const struct shape shapes[] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
-    static const int toks[] = {16, 64, 512};
+    static const struct shape shapes[] = {{2048, 2048}, {512, 2048},  {8192, 2048},
+                                          {2048, 8192}, {4096, 4096}, {1024, 4096},
+                                          {14336, 4096}, {4096, 14336}};
+    static const int toks[] = {16, 64, 128, 256, 512, 2048};
     int bits[4] = {4};
     int n_bits = 1;
     if (argc > 1) {
@@ -233,6 +235,7 @@ int main(int argc, char **argv)
     struct backend_opts bo = BACKEND_OPTS_DEFAULT;
     bo.cuda_plugin = getenv("MLXCEL_CUDA_PLUGIN");
     bo.cuda_qi = getenv("MLXCEL_CUDA_QI") && strcmp(getenv("MLXCEL_CUDA_QI"), "1") == 0;
+    bo.cuda_mma_max_tokens = 1 << 24; /* gemm mode measures the kernel at every size */
     if (backend_new(&gpu, "cuda", 1, &bo, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;

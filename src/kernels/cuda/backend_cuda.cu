@@ -377,6 +377,7 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     c->qi = o->cuda_qi;
     c->attn_split = o->cuda_attn_split;
     c->mma = o->cuda_mma;
+    c->mma_max_tok = o->cuda_mma_max_tokens;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         c->n_sm = 0;
     c->be.graphs = o->cuda_graphs;

@@ -43,6 +43,7 @@ struct cuda_backend {
     bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
+    int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
     int n_sm;                   /* multiprocessors of the device */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */

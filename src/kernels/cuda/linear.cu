@@ -14,14 +14,15 @@
  * the weight row is read once for all tokens. Elements past the last whole
  * chunk go one per lane. A warp reduction finishes each dot product.
  *
- * Prefill and batched decode (n_tok > GEMV_TOK), MLX affine 4/8 bits (the
+ * Batched decode and short prefill chunks (GEMV_TOK < n_tok <= 128,
+ * backend_opts.cuda_mma_max_tokens), MLX affine 4/8 bits (the
  * ga_ok conditions): mma.cu's tensor-core product straight from the codes
  * (ADR 0074): x split into bf16 hi + lo once, the codes exact in bf16, one
  * group's Σ q x in f32 registers, then s Σ q x + b Σ x per group; each weight
  * byte read once per 32 or 64 tokens. MLXCEL_CUDA_MMA=0 (backend_opts.cuda_mma)
  * sends them down the path below instead.
  *
- * Prefill, every other format: tensor cores (ADR 0054). x and the weight rows
+ * Prefill, every other format and longer affine products: tensor cores (ADR 0054). x and the weight rows
  * are split into two bf16 parts each (hi + lo, 16 significant bits), the rows
  * decoded panel by panel (up to PANEL_FLOATS f32's worth of scratch) into the
  * two planes, and three bf16 cuBLAS products accumulate in f32; bf16 weights
@@ -760,7 +761,7 @@ static bool gemm_bf16(struct cuda_backend *c, float *y, int ldy, const __nv_bflo
 static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, const cu_wmat &w,
                  int n_tok)
 {
-    if (c->mma && cu_mma_ok(&w)) {
+    if (c->mma && n_tok <= c->mma_max_tok && cu_mma_ok(&w)) {
         cu_mma_affine(c, y, ldy, x, w.in, &w, n_tok);
         return;
     }
