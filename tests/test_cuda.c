@@ -2,7 +2,8 @@
  * test_cuda: the CUDA backend's products against the CPU scalar reference
  * on awkward shapes, every weight format (F32/F16/BF16, MLX affine 2..8 bits
  * x groups 32/64/128 with F16/BF16/F32 scales, mxfp4, mxfp8, nvfp4), token
- * counts on both sides of the GEMV/GEMM switch, with and without bias, and
+ * counts on both sides of the GEMV/GEMM switch, with and without bias, the
+ * tensor-core product over affine codes at its tile edges (and with it off), and
  * the embedding of quantized rows. Attention (tiled prefill and decode, every
  * cache element type, mixed sequences, windows, soft-capping, sinks) against
  * the same. Data goes through buf_alloc / upload /
@@ -185,25 +186,56 @@ static const struct wcase k_cases[] = {
     {"nvfp4 in=400", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 31, 400},
 };
 
-/* Every format at every token count against the CPU scalar backend; worst rel err returned. */
-static double linear_formats(struct backend *cpu, struct backend *gpu, const char *what)
+/* The tensor-core product over affine 4/8-bit codes (mma.cu, more than 8 tokens): groups 32,
+ * 64 and 128, f16/bf16/f32 scales, out past a 128-row tile (300, 129: one row in the last
+ * tile; 13, 31, 45, 67: one short tile) and in not a multiple of 128. Short rows (96, 160, 384
+ * at g128) run K whole; the others split K over blocks in whole groups (on an H100: 4160 at
+ * g32 = 130 groups in 15 splits of 9, the last of 4; at g64 13 splits of 5; 1472 at g64 = 23
+ * groups in 8 splits of 3, the last of 2), 4 steps a group at g128. */
+static const struct wcase k_mma_cases[] = {
+    {"q4 g32 bf16 300x96", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_BF16, 300, 96},
+    {"q8 g32 f16 31x160", DTYPE_U32, 8, 32, QMODE_AFFINE, DTYPE_F16, 31, 160},
+    {"q8 g128 bf16 300x384", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_BF16, 300, 384},
+    {"q4 g32 f32 45x4160", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_F32, 45, 4160},
+    {"q8 g64 f16 13x4160", DTYPE_U32, 8, 64, QMODE_AFFINE, DTYPE_F16, 13, 4160},
+    {"q4 g128 f16 129x1024", DTYPE_U32, 4, 128, QMODE_AFFINE, DTYPE_F16, 129, 1024},
+    {"q8 g64 f32 67x640", DTYPE_U32, 8, 64, QMODE_AFFINE, DTYPE_F32, 67, 640},
+    {"q4 g64 bf16 40x1472", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 40, 1472},
+};
+
+/* Each case at each token count against the CPU scalar backend; worst rel err returned. */
+static double linear_list(struct backend *cpu, struct backend *gpu, const char *what,
+                          const struct wcase *cases, size_t n_cases, const int *toks, size_t n_toks)
 {
-    static const int toks[] = {1, 2, 3, 5, 8, 9, 33};
     double worst = 0;
-    for (size_t c = 0; c < sizeof k_cases / sizeof k_cases[0]; c++) {
+    for (size_t c = 0; c < n_cases; c++) {
         double wc = 0;
-        for (size_t t = 0; t < sizeof toks / sizeof toks[0]; t++) {
-            double r = linear_case(cpu, gpu, &k_cases[c], toks[t], t % 2 == 1);
+        for (size_t t = 0; t < n_toks; t++) {
+            double r = linear_case(cpu, gpu, &cases[c], toks[t], t % 2 == 1);
             if (r > 1e-4)
-                fail_msg("linear%s %s n_tok=%d: rel err %.3g", what, k_cases[c].name, toks[t], r);
+                fail_msg("linear%s %s n_tok=%d: rel err %.3g", what, cases[c].name, toks[t], r);
             wc = fmax(wc, r);
         }
-        printf("cuda linear%s %-14s max rel err %.2e\n", what, k_cases[c].name, wc);
+        printf("cuda linear%s %-20s max rel err %.2e\n", what, cases[c].name, wc);
         worst = fmax(worst, wc);
     }
-    printf("cuda linear%s: %zu formats x %zu token counts, worst rel err %.2e\n", what,
-           sizeof k_cases / sizeof k_cases[0], sizeof toks / sizeof toks[0], worst);
+    printf("cuda linear%s: %zu formats x %zu token counts, worst rel err %.2e\n", what, n_cases,
+           n_toks, worst);
     return worst;
+}
+
+/* Every format at token counts on both sides of the GEMV / GEMM switch (65: one past a
+ * 64-token tile), then the affine cases of the tensor-core product at its tile edges. */
+static void linear_formats(struct backend *cpu, struct backend *gpu, const char *what)
+{
+    static const int toks[] = {1, 2, 3, 5, 8, 9, 33, 65};
+    static const int mma_toks[] = {9, 16, 32, 33, 64, 65, 130, 300};
+    char mw[64];
+    linear_list(cpu, gpu, what, k_cases, sizeof k_cases / sizeof k_cases[0], toks,
+                sizeof toks / sizeof toks[0]);
+    snprintf(mw, sizeof mw, "%s mma shapes", what);
+    linear_list(cpu, gpu, mw, k_mma_cases, sizeof k_mma_cases / sizeof k_mma_cases[0], mma_toks,
+                sizeof mma_toks / sizeof mma_toks[0]);
 }
 
 static void test_linear_formats(void **state)
@@ -211,10 +243,14 @@ static void test_linear_formats(void **state)
     (void)state;
     struct backend *gpu = NULL, *cpu = NULL;
     struct err e = {0};
-    /* the default, then with one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the
-     * CLI's MLXCEL_CUDA_QI=1) */
+    /* every affine product of > 8 tokens on the tensor-core product over the codes (whatever
+     * its size: the tile edges up to 300 tokens), then the default split at 128 tokens with
+     * one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the CLI's MLXCEL_CUDA_QI=1), then
+     * affine products of > 8 tokens on decoded bf16 planes (cuda_mma off, MLXCEL_CUDA_MMA=0) */
     struct backend_opts o = *test_backend_opts();
     o.cuda_qi = false;
+    o.cuda_mma = true;
+    o.cuda_mma_max_tokens = 1 << 24;
     if (backend_new(&gpu, "cuda", 1, &o, &e) < 0) {
         printf("cuda: %s\n", e.msg);
         skip();
@@ -223,8 +259,14 @@ static void test_linear_formats(void **state)
     linear_formats(cpu, gpu, "");
     backend_free(gpu);
     o.cuda_qi = true;
+    o.cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS;
     assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
     linear_formats(cpu, gpu, " (qi)");
+    backend_free(gpu);
+    o.cuda_qi = false;
+    o.cuda_mma = false;
+    assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
+    linear_formats(cpu, gpu, " (no mma)");
     backend_free(cpu);
     backend_free(gpu);
 }

@@ -16,6 +16,10 @@
  *       -o build/bench_cuda_linear -lm -lpthread -ldl
  *   build/bench_cuda_linear [BITS...]   (widths: 4 8 0 = bf16 by default; libmlxcel-cuda.so
  *                                        beside it, or MLXCEL_CUDA_PLUGIN; MLXCEL_CUDA_QI=1)
+ *   build/bench_cuda_linear gemm [BITS...]
+ *          the products of 16 to 2048 tokens on the Llama-3.2-1B and 3.1-8B shapes (affine, 4 bits
+ *          by default) with the tensor-core product over the codes (mma.cu, ADR 0074) and
+ *          with the decoded bf16 planes (cuda_mma off, ADR 0054): TFLOP/s, GB/s of weights
  */
 #include <math.h>
 #include <stdio.h>
@@ -177,6 +181,51 @@ static double gemv_bw(struct backend *gpu, struct backend *cpu, struct shape sh,
     return (double)wb * reps / t / 1e9;
 }
 
+/* gemm mode: the tensor-core product over the codes against the decoded planes. */
+static int gemm_main(struct backend *gpu, struct backend *cpu, const struct backend_opts *bo,
+                     int argc, char **argv)
+{
+    struct err e = {0};
+    struct backend_opts off = *bo;
+    off.cuda_mma = false;
+    struct backend *old;
+    if (backend_new(&old, "cuda", 1, &off, &e) < 0) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    static const struct shape shapes[] = {{2048, 2048}, {512, 2048},  {8192, 2048},
+                                          {2048, 8192}, {4096, 4096}, {1024, 4096},
+                                          {14336, 4096}, {4096, 14336}};
+    static const int toks[] = {16, 64, 128, 256, 512, 2048};
+    int bits[4] = {4};
+    int n_bits = 1;
+    if (argc > 1) {
+        n_bits = 0;
+        for (int i = 1; i < argc && n_bits < 4; i++)
+            bits[n_bits++] = atoi(argv[i]);
+    }
+    printf("%-12s %4s %4s %6s %9s %9s %9s\n", "shape", "fmt", "tok", "path", "TFLOP/s", "GB/s",
+           "rel err");
+    for (int b = 0; b < n_bits; b++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            for (size_t t = 0; t < sizeof toks / sizeof toks[0]; t++)
+                for (int m = 0; m < 2; m++) {
+                    double rel, bw = gemv_bw(m ? old : gpu, cpu, shapes[s], bits[b], toks[t], &rel);
+                    double wb = (double)weight_bytes(shapes[s].out, shapes[s].in, bits[b], 64);
+                    double tf = bw * 1e9 / wb * 2.0 * shapes[s].out * shapes[s].in * toks[t] / 1e12;
+                    char nm[32], fm[8];
+                    snprintf(nm, sizeof nm, "%dx%d", shapes[s].out, shapes[s].in);
+                    snprintf(fm, sizeof fm, "q%d", bits[b]);
+                    printf("%-12s %4s %4d %6s %9.1f %9.0f %9.2e\n", nm, fm, toks[t],
+                           m ? "planes" : "mma", tf, bw, rel);
+                    fflush(stdout);
+                }
+    backend_free(old);
+    backend_free(cpu);
+    backend_free(gpu);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct backend *gpu, *cpu;
@@ -186,6 +235,7 @@ int main(int argc, char **argv)
     struct backend_opts bo = BACKEND_OPTS_DEFAULT;
     bo.cuda_plugin = getenv("MLXCEL_CUDA_PLUGIN");
     bo.cuda_qi = getenv("MLXCEL_CUDA_QI") && strcmp(getenv("MLXCEL_CUDA_QI"), "1") == 0;
+    bo.cuda_mma_max_tokens = 1 << 24; /* gemm mode measures the kernel at every size */
     if (backend_new(&gpu, "cuda", 1, &bo, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);
         return 1;
@@ -194,6 +244,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", e.msg);
         return 1;
     }
+    if (argc > 1 && strcmp(argv[1], "gemm") == 0)
+        return gemm_main(gpu, cpu, &bo, argc - 1, argv + 1);
     double cbw = copy_bw(gpu);
     printf("copy: %.0f GB/s (read + write)\n", cbw);
     static const struct shape shapes[] = {

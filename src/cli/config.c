@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cli.h"
 #include "../core/boolenv.h"
 #include "../core/termsafe.h"
 #include "../hub/hub.h"
@@ -116,6 +117,7 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
         {"MLXCEL_CUDA_QI", offsetof(struct backend_opts, cuda_qi)},
         {"MLXCEL_CUDA_ATTN_SPLIT", offsetof(struct backend_opts, cuda_attn_split)},
         {"MLXCEL_CUDA_GRAPHS", offsetof(struct backend_opts, cuda_graphs)},
+        {"MLXCEL_CUDA_MMA", offsetof(struct backend_opts, cuda_mma)},
     };
     int rc;
     /* MLXCEL_ISA is kept as given (even empty, which is auto): the backend says what is wrong */
@@ -137,6 +139,13 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
     for (size_t i = 0; i < sizeof k_bool / sizeof k_bool[0]; i++)
         if ((rc = env_bool(k_bool[i].name, (bool *)((char *)&g_cfg.be + k_bool[i].off), e)) < 0)
             return rc;
+    const char *v = env_str("MLXCEL_CUDA_MMA_MAX_TOKENS");
+    long n;
+    if (v) {
+        if ((rc = cli_parse_int("MLXCEL_CUDA_MMA_MAX_TOKENS", v, 0, 1 << 24, &n, e)) < 0)
+            return rc;
+        g_cfg.be.cuda_mma_max_tokens = (int)n;
+    }
     return 0;
 }
 

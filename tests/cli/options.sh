@@ -48,11 +48,16 @@ expect_rc 1 "MLXCEL_ISA=bogus"
 err_has "MLXCEL_ISA=bogus" "unknown ISA 'bogus'"
 run env MLXCEL_ISA=bogus "$BIN" generate -m $M -p hi -n 1 --no-chat --device cpu-scalar
 expect_rc 0 "a cpu-<isa> device over MLXCEL_ISA"
-for var in MLXCEL_FUSED_MOE MLXCEL_CUDA_QI MLXCEL_CUDA_PDL MLXCEL_CUDA_ATTN_SPLIT MLXCEL_CUDA_GRAPHS; do
+for var in MLXCEL_FUSED_MOE MLXCEL_CUDA_QI MLXCEL_CUDA_PDL MLXCEL_CUDA_ATTN_SPLIT MLXCEL_CUDA_GRAPHS MLXCEL_CUDA_MMA; do
     run env "$var=maybe" "$BIN" inspect -m $M
     expect_rc 2 "$var=maybe"
     err_has "$var=maybe" "$var='maybe' is neither on nor off"
 done
+run env MLXCEL_CUDA_MMA_MAX_TOKENS=lots "$BIN" inspect -m $M
+expect_rc 2 "MLXCEL_CUDA_MMA_MAX_TOKENS=lots"
+err_has "MLXCEL_CUDA_MMA_MAX_TOKENS=lots" "MLXCEL_CUDA_MMA_MAX_TOKENS: 'lots' is not an integer"
+run env MLXCEL_CUDA_MMA_MAX_TOKENS=256 "$BIN" inspect -m $M
+expect_rc 0 "MLXCEL_CUDA_MMA_MAX_TOKENS=256"
 # the same greedy text with the stored layout and with panels (MLXCEL_REPACK), one sequence
 run "$BIN" generate -m models/phixtral-tiny-4bit -p hello -n 8 --no-chat --temp 0
 expect_rc 0 "repack on"

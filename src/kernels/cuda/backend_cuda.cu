@@ -376,6 +376,10 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     /* opt-in: measured on the H200 it costs the Llama-3.1-8B shape 6 % (ADR 0026) */
     c->qi = o->cuda_qi;
     c->attn_split = o->cuda_attn_split;
+    c->mma = o->cuda_mma;
+    c->mma_max_tok = o->cuda_mma_max_tokens;
+    if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        c->n_sm = 0;
     c->be.graphs = o->cuda_graphs;
     c->be.impl = c;
     *out = &c->be;

@@ -3,7 +3,8 @@
  * src/kernels/cuda/). backend_cuda.cu holds the lifetime, memory, weights,
  * the plugin entry point and the ops' table; linear.cu the products
  * (fused dequant-GEMV for decode, bf16-split cuBLAS products for prefill) and
- * the embedding; elem.cu norms and elementwise ops; attn.cu rope, the paged
+ * the embedding; mma.cu the tensor-core product over affine 4/8-bit codes
+ * for prefill; elem.cu norms and elementwise ops; attn.cu rope, the paged
  * KV store and attention; moe.cu routing, grouping, expert linears, combine.
  *
  * Every op runs on the backend's one stream, records the first failure
@@ -41,6 +42,9 @@ struct cuda_backend {
     bool pdl;                   /* cu_launch lets kernels start early (backend_opts.cuda_pdl) */
     bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
+    bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
+    int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
+    int n_sm;                   /* multiprocessors of the device */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
@@ -87,6 +91,13 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
                const struct tensor *b, int n_tok);
 void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs);
 void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok);
+
+/* mma.cu: whether the tensor-core product over affine codes takes w (4/8 bits, power-of-two
+ * groups >= 32, 16-byte aligned rows, f32/f16/bf16 scales); y[n_tok, out] (leading dimension
+ * ldy, overwritten) = x[n_tok, in] (leading dimension ldx) wᵀ on it. */
+bool cu_mma_ok(const struct cu_wmat *w);
+void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, int ldx,
+                   const struct cu_wmat *w, int n_tok);
 
 /* elem.cu */
 void cu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,

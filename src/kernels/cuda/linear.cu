@@ -14,11 +14,19 @@
  * the weight row is read once for all tokens. Elements past the last whole
  * chunk go one per lane. A warp reduction finishes each dot product.
  *
- * Prefill: tensor cores (ADR 0054). x and the weight rows are split into two
- * bf16 parts each (hi + lo, 16 significant bits), the rows decoded panel by
- * panel (up to PANEL_FLOATS f32's worth of scratch) into the two planes, and
- * three bf16 cuBLAS products accumulate in f32; bf16 weights take two, read in
- * place. The bias is added after.
+ * Batched decode and short prefill chunks (GEMV_TOK < n_tok <= 128,
+ * backend_opts.cuda_mma_max_tokens), MLX affine 4/8 bits (the
+ * ga_ok conditions): mma.cu's tensor-core product straight from the codes
+ * (ADR 0074): x split into bf16 hi + lo once, the codes exact in bf16, one
+ * group's Σ q x in f32 registers, then s Σ q x + b Σ x per group; each weight
+ * byte read once per 32 or 64 tokens. MLXCEL_CUDA_MMA=0 (backend_opts.cuda_mma)
+ * sends them down the path below instead.
+ *
+ * Prefill, every other format and longer affine products: tensor cores (ADR 0054). x and the weight rows
+ * are split into two bf16 parts each (hi + lo, 16 significant bits), the rows
+ * decoded panel by panel (up to PANEL_FLOATS f32's worth of scratch) into the
+ * two planes, and three bf16 cuBLAS products accumulate in f32; bf16 weights
+ * take two, read in place. The bias is added after.
  *
  * Values follow the CPU reference (kern_ref.c): affine w = s * q + b, fp
  * modes w = value(q) * scale, codes a little-endian bit stream per row.
@@ -743,7 +751,8 @@ static bool gemm_bf16(struct cuda_backend *c, float *y, int ldy, const __nv_bflo
     return true;
 }
 
-/* Prefill products on tensor cores with f32-level accuracy (ADR 0054): W and x each split into
+/* Prefill products on tensor cores with f32-level accuracy. Affine 4/8-bit weights: mma.cu
+ * (ADR 0074). Others (ADR 0054): W and x each split into
  * two bf16 parts, y = Wh xh + Wh xl + Wl xh (Wl xl, about 2^-16 of the product, is left out).
  * bf16 products are exact in the f32 accumulator, so the error is that of 16-bit operands: the
  * golden error stays at the f32 path's (measured in docs/benchmarks.md). bf16 weights are their
@@ -752,6 +761,10 @@ static bool gemm_bf16(struct cuda_backend *c, float *y, int ldy, const __nv_bflo
 static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, const cu_wmat &w,
                  int n_tok)
 {
+    if (c->mma && n_tok <= c->mma_max_tok && cu_mma_ok(&w)) {
+        cu_mma_affine(c, y, ldy, x, w.in, &w, n_tok);
+        return;
+    }
     bool direct = !w.qbits && w.dt == DTYPE_BF16 && w.row_bytes % 2 == 0;
     int panel = direct ? 0 : (int)(PANEL_FLOATS / (size_t)w.in);
     panel = direct ? 0 : panel < 1 ? 1 : panel > w.out ? w.out : panel;
