@@ -88,7 +88,8 @@ struct image_proc_config {
     uint32_t pas_min_crop_size, pas_max_num_crops;
     double pas_min_ratio;
     uint32_t image_seq_length;         /* GEMMA3: tokens per image (processor_config.json) */
-    uint32_t num_additional_image_tokens;  /* CLIP/LLaVA: 1 when the CLS token is kept */
+    uint32_t num_additional_image_tokens;  /* CLIP/LLaVA: processor_config.json's (1: CLS) */
+    bool drop_cls;                     /* LLaVA: vision_feature_select_strategy "default" */
 };
 
 /* The processor's output for one image (caller-owned; image_pixels_free releases it). */
