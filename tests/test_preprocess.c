@@ -229,7 +229,9 @@ static void test_config_hostile(void **state)
         {"{\"image_processor_type\":\"Qwen2VLImageProcessor\",\"merge_size\":4096}", ERR_CONFIG},
         {"{\"image_processor_type\":\"Qwen2VLImageProcessor\",\"size\":224}", ERR_CONFIG},
         {"{\"image_processor_type\":\"CLIPImageProcessor\",\"crop_size\":{\"height\":3}}", ERR_CONFIG},
-        {"{\"image_processor_type\":\"Idefics3ImageProcessor\"}", ERR_UNSUPPORTED},
+        {"{\"image_processor_type\":\"MllamaImageProcessor\"}", ERR_UNSUPPORTED},
+        {"{\"image_processor_type\":\"PixtralImageProcessor\",\"patch_size\":{\"height\":16,\"width\":14}}", ERR_UNSUPPORTED},
+        {"{\"image_processor_type\":\"Idefics3ImageProcessor\",\"max_image_size\":{\"longest_edge\":0}}", ERR_CONFIG},
         {"{\"image_processor_type\":\"Gemma3ImageProcessorSlow\"}", ERR_UNSUPPORTED},
         {"{\"image_processor\":[1,2]}", ERR_CONFIG},
         {"{}", ERR_UNSUPPORTED},
@@ -352,7 +354,8 @@ static void test_prompt(void **state)
     assert_int_equal(out[3 + 260 + 2 + 260], 6);
     assert_int_equal(image_prompt_expand(out, 10, &n, &cfg, &px, &ids, &e), -ERR_RANGE);
     assert_int_equal(n, 786);
-    struct image_prompt_strings s = {"<image_soft_token>", "<start_of_image>", "<end_of_image>"};
+    struct image_prompt_strings s = {.image = "<image_soft_token>", .boi = "<start_of_image>",
+                                     .eoi = "<end_of_image>"};
     char *t = NULL;
     assert_int_equal(image_prompt_text(&t, &cfg, &px, &s, &e), 0);
     assert_true(strncmp(t, "Here is the original image \n\n<start_of_image><image_soft_token>", 63) == 0);
@@ -381,6 +384,92 @@ static void test_prompt(void **state)
     assert_int_equal(image_preprocess(&px, &cfg, &one, &e), 0);
     assert_int_equal(px.n_image_tokens, 576);
     image_pixels_free(&px);
+    /* Pixtral: 70x40 in patches of 16 -> 80x48; with spatial merge 2 the processor counts
+     * 48 // 32 = 1 row of 80 // 32 = 2 (floor, as PixtralProcessor) */
+    struct image r = solid(70, 40);
+    image_proc_config_default(&cfg, IMAGE_PROC_PIXTRAL);
+    cfg.spatial_merge_size = 2;
+    assert_int_equal(image_preprocess(&px, &cfg, &r, &e), 0);
+    assert_int_equal(px.width, 80);
+    assert_int_equal(px.height, 48);
+    assert_int_equal(px.n_image_tokens, 1 * (2 + 1));
+    image_pixels_free(&px);
+    /* rows of [IMG] x cols then [IMG_BREAK], the last [IMG_END]: 3 x 2 at merge 1 of 40x20 */
+    struct image q = solid(40, 20);
+    cfg.spatial_merge_size = 1;
+    assert_int_equal(image_preprocess(&px, &cfg, &q, &e), 0);
+    assert_int_equal(px.width, 48);
+    assert_int_equal(px.height, 32);
+    ids.image = 10;
+    ids.img_break = 12;
+    ids.img_end = 13;
+    assert_int_equal(image_prompt_expand(out, 2048, &n, &cfg, &px, &ids, &e), 0);
+    static const int32_t pix[] = {10, 10, 10, 12, 10, 10, 10, 13};
+    assert_int_equal(n, 8);
+    assert_memory_equal(out, pix, sizeof pix);
+    s.image = "[IMG]";
+    s.img_break = "[IMG_BREAK]";
+    s.img_end = "[IMG_END]";
+    assert_int_equal(image_prompt_text(&t, &cfg, &px, &s, &e), 0);
+    assert_string_equal(t, "[IMG][IMG][IMG][IMG_BREAK][IMG][IMG][IMG][IMG_END]");
+    free(t);
+    image_pixels_free(&px);
+    image_free(&q);
+    /* Idefics3: 70x40 -> longest edge 1456 (1456x832) -> multiples of 364 (1456x832 -> 1456x
+     * 1092): 3 rows x 4 cols of tiles + the global image */
+    image_proc_config_default(&cfg, IMAGE_PROC_IDEFICS3);
+    assert_int_equal(image_preprocess(&px, &cfg, &r, &e), 0);
+    assert_int_equal(px.rows, 3);
+    assert_int_equal(px.cols, 4);
+    assert_int_equal(px.n_images, 13);
+    assert_int_equal(px.n_image_tokens, 13 * 169);
+    static const int32_t nl[] = {198}, nl2b[] = {271};
+    int32_t rc_ids[36];
+    for (int i = 0; i < 36; i++)
+        rc_ids[i] = 1000 + i;
+    ids.image = 7;
+    ids.fake_around = 8;
+    ids.global_img = 9;
+    ids.row_col = rc_ids;
+    ids.row_col_dim = 6;
+    ids.nl = nl;
+    ids.n_nl = 1;
+    ids.nl2 = nl2b;
+    ids.n_nl2 = 1;
+    assert_int_equal(image_prompt_expand(out, 2048, &n, &cfg, &px, &ids, &e), -ERR_RANGE);
+    int32_t *big = malloc(4096 * sizeof *big);
+    assert_non_null(big);
+    assert_int_equal(image_prompt_expand(big, 4096, &n, &cfg, &px, &ids, &e), 0);
+    assert_int_equal(n, 12 * (2 + 169) + 3 + 3 + 169);
+    assert_int_equal(big[0], 8);
+    assert_int_equal(big[1], 1000);       /* <row_1_col_1> */
+    assert_int_equal(big[171 + 1], 1001); /* <row_1_col_2> */
+    assert_int_equal(big[4 * 171], 198);  /* "\n" after the first row */
+    assert_int_equal(big[4 * 171 + 1 + 1], 1006); /* <row_2_col_1> */
+    assert_int_equal(big[12 * 171 + 2], 271);     /* "\n\n" after the last row */
+    assert_int_equal(big[12 * 171 + 3 + 1], 9);   /* <global-img> */
+    assert_int_equal(big[n - 1], 8);
+    free(big);
+    s.image = "<image>";
+    s.fake_around = "<fake_token_around_image>";
+    s.global_img = "<global-img>";
+    assert_int_equal(image_prompt_text(&t, &cfg, &px, &s, &e), 0);
+    assert_true(strncmp(t, "<fake_token_around_image><row_1_col_1><image><image>", 52) == 0);
+    assert_non_null(strstr(t, "<image>\n<fake_token_around_image><row_2_col_1><image>"));
+    assert_non_null(strstr(t, "<row_3_col_4>"));
+    assert_non_null(strstr(t, "<image>\n\n<fake_token_around_image><global-img><image>"));
+    free(t);
+    image_pixels_free(&px);
+    /* not split: the one image, <fake_token_around_image><global-img><image>*n<fake...> */
+    cfg.do_image_splitting = false;
+    assert_int_equal(image_preprocess(&px, &cfg, &r, &e), 0);
+    assert_int_equal(px.rows, 0);
+    assert_int_equal(px.n_images, 1);
+    assert_int_equal(px.height, 364);
+    assert_int_equal(image_prompt_expand(out, 2048, &n, &cfg, &px, &ids, &e), 0);
+    assert_int_equal(n, 3 + 169);
+    image_pixels_free(&px);
+    image_free(&r);
     image_free(&one);
 }
 

@@ -296,6 +296,168 @@ static int fixed_size(struct image_pixels *px, const struct image_proc_config *c
     return 0;
 }
 
+/* ---- Pixtral ---- */
+
+static int pixtral(struct image_pixels *px, const struct image_proc_config *cfg, const struct image *im,
+                   struct err *e)
+{
+    uint32_t oh = im->h, ow = im->w, ps = cfg->patch_size;
+    if (cfg->do_resize) {
+        /* pixtral get_resize_output_image_size: shrink (floor) to fit longest_edge, then round
+         * each side up to whole patches */
+        double H = im->h, W = im->w, le = cfg->longest_edge;
+        double ratio = fmax(H / le, W / le);
+        int64_t h = im->h, w = im->w;
+        if (ratio > 1) {
+            h = (int64_t)floor(H / ratio);
+            w = (int64_t)floor(W / ratio);
+        }
+        int64_t nh = h > 0 ? (h - 1) / ps + 1 : 0, nw = w > 0 ? (w - 1) / ps + 1 : 0;
+        if (!nh || !nw)
+            return err_setf(e, ERR_RANGE, "image preprocess: a %ux%u image shrinks to nothing within %u", im->w,
+                            im->h, cfg->longest_edge);
+        oh = (uint32_t)(nh * ps);
+        ow = (uint32_t)(nw * ps);
+    }
+    px->n_images = 1;
+    px->channels = 3;
+    px->height = oh;
+    px->width = ow;
+    px->n_values = (size_t)3 * oh * ow;
+    if (px->n_values > IMAGE_PROC_MAX_VALUES)
+        return err_setf(e, ERR_RANGE, "image preprocess: %ux%u is over the limit of %zu values", ow, oh,
+                        IMAGE_PROC_MAX_VALUES);
+    px->pixel_values = malloc(px->n_values * sizeof(float));
+    if (!px->pixel_values)
+        return err_setf(e, ERR_NOMEM, "image preprocess: no memory for %zu values", px->n_values);
+    struct u8img whole = {im->w, im->h, im->rgb};
+    int rc = fixed_one(px->pixel_values, &whole, cfg, ow, oh, e);
+    if (rc < 0)
+        return rc;
+    /* PixtralProcessor: rows of [IMG] x cols then [IMG_BREAK], the last break [IMG_END] */
+    uint32_t unit = ps * (cfg->spatial_merge_size ? cfg->spatial_merge_size : 1);
+    px->rows = oh / unit;
+    px->cols = ow / unit;
+    px->n_image_tokens = px->rows * (px->cols + 1);
+    return 0;
+}
+
+/* ---- Idefics3 / SmolVLM ---- */
+
+/* _resize_output_size_rescale_to_max_len then _resize_output_size_scale_below_upper_bound */
+static void idefics3_size(uint32_t h0, uint32_t w0, uint32_t max_len, uint32_t *oh, uint32_t *ow)
+{
+    double aspect = (double)w0 / h0;
+    int64_t h = h0, w = w0;
+    if (w >= h) {
+        w = max_len;
+        h = (int64_t)((double)w / aspect);
+        h += h % 2;
+    } else {
+        h = max_len;
+        w = (int64_t)((double)h * aspect);
+        w += w % 2;
+    }
+    h = h < 1 ? 1 : h;
+    w = w < 1 ? 1 : w;
+    const int64_t upper = 4096;  /* MAX_IMAGE_SIZE */
+    aspect = (double)w / h;
+    if (w >= h && w > upper) {
+        w = upper;
+        h = (int64_t)((double)w / aspect);
+    } else if (h > w && h > upper) {
+        h = upper;
+        w = (int64_t)((double)h * aspect);
+    }
+    *oh = (uint32_t)(h < 1 ? 1 : h);
+    *ow = (uint32_t)(w < 1 ? 1 : w);
+}
+
+/* resize_for_vision_encoder: each side up to a multiple of the tile side, the aspect kept */
+static void idefics3_tile_size(uint32_t h0, uint32_t w0, uint32_t m, uint32_t *oh, uint32_t *ow)
+{
+    double aspect = (double)w0 / h0;
+    int64_t h, w;
+    if (w0 >= h0) {
+        w = (int64_t)ceil((double)w0 / m) * m;
+        h = (int64_t)((double)w / aspect);
+        h = (int64_t)ceil((double)h / m) * m;
+    } else {
+        h = (int64_t)ceil((double)h0 / m) * m;
+        w = (int64_t)((double)h * aspect);
+        w = (int64_t)ceil((double)w / m) * m;
+    }
+    *oh = (uint32_t)h;
+    *ow = (uint32_t)w;
+}
+
+static int idefics3(struct image_pixels *px, const struct image_proc_config *cfg, const struct image *im,
+                    struct err *e)
+{
+    struct u8img a = {0}, b = {0}, g = {0};
+    struct u8img cur = {im->w, im->h, im->rgb};
+    uint32_t m = cfg->max_image_size, h, w;
+    int rc = 0;
+    if (cfg->do_resize) {
+        idefics3_size(cur.h, cur.w, cfg->longest_edge, &h, &w);
+        if ((rc = u8_resize(&a, cur.p, cur.w, cur.h, w, h, cfg, e)) < 0)
+            goto out;
+        cur = a;
+    }
+    if (cfg->do_image_splitting) {
+        idefics3_tile_size(cur.h, cur.w, m, &h, &w);
+        if ((uint64_t)h * w > IMAGE_PROC_MAX_VALUES / 3) {
+            rc = err_setf(e, ERR_RANGE, "image preprocess: %ux%u tiles of %u are over the limit", w, h, m);
+            goto out;
+        }
+        if ((rc = u8_resize(&b, cur.p, cur.w, cur.h, w, h, cfg, e)) < 0)
+            goto out;
+        cur = b;
+        if (cur.h > m || cur.w > m) {
+            px->rows = (cur.h - m) / m + 1;
+            px->cols = (cur.w - m) / m + 1;
+        }
+    }
+    if (px->rows || !cfg->do_image_splitting) {
+        /* the whole image at the tile size (the global image, or the only one) */
+        if ((rc = u8_resize(&g, cur.p, cur.w, cur.h, m, m, cfg, e)) < 0)
+            goto out;
+    } else if (cur.w != m || cur.h != m) {
+        rc = err_setf(e, ERR_RANGE, "image preprocess: a %ux%u frame is not %u square", cur.w, cur.h, m);
+        goto out;
+    }
+    px->n_images = px->rows * px->cols + 1;
+    px->channels = 3;
+    px->height = px->width = m;
+    size_t per = (size_t)3 * m * m;
+    px->n_values = per * px->n_images;
+    if (px->n_values > IMAGE_PROC_MAX_VALUES) {
+        rc = err_setf(e, ERR_RANGE, "image preprocess: %u tiles of %u are over the limit", px->n_images, m);
+        goto out;
+    }
+    px->pixel_values = malloc(px->n_values * sizeof(float));
+    if (!px->pixel_values) {
+        rc = err_setf(e, ERR_NOMEM, "image preprocess: no memory for %zu values", px->n_values);
+        goto out;
+    }
+    for (uint32_t r = 0; r < px->rows; r++)
+        for (uint32_t c = 0; c < px->cols; c++) {
+            struct u8img t = {0};
+            struct image src = {cur.w, cur.h, cur.p, IMAGE_UNKNOWN};
+            if ((rc = u8_crop(&t, &src, c * m, r * m, m, m, e)) < 0)
+                goto out;
+            to_float_chw(px->pixel_values + per * (r * px->cols + c), &t, cfg);
+            u8_free(&t);
+        }
+    to_float_chw(px->pixel_values + per * (px->n_images - 1), g.p ? &g : &cur, cfg);
+    px->n_image_tokens = cfg->image_seq_length * px->n_images;
+out:
+    u8_free(&a);
+    u8_free(&b);
+    u8_free(&g);
+    return rc;
+}
+
 /* ---- Qwen2-VL ---- */
 
 /* Qwen2VLImageProcessor's smart_resize (Python's round: half to even, as nearbyint). */
@@ -392,6 +554,12 @@ int image_preprocess(struct image_pixels *out, const struct image_proc_config *c
     case IMAGE_PROC_QWEN2VL:
         rc = qwen2vl(out, cfg, im, e);
         break;
+    case IMAGE_PROC_PIXTRAL:
+        rc = pixtral(out, cfg, im, e);
+        break;
+    case IMAGE_PROC_IDEFICS3:
+        rc = idefics3(out, cfg, im, e);
+        break;
     default:
         rc = err_setf(e, ERR_UNSUPPORTED, "image preprocess: no processor");
     }
@@ -458,6 +626,27 @@ int image_prompt_expand(int32_t *out, size_t cap, size_t *n_out, const struct im
         } else {
             gemma_full(&b, cfg, ids);
         }
+    } else if (cfg->kind == IMAGE_PROC_PIXTRAL) {
+        for (uint32_t r = 0; r < px->rows; r++) {
+            put_run(&b, ids->image, px->cols);
+            put_run(&b, r + 1 < px->rows ? ids->img_break : ids->img_end, 1);
+        }
+    } else if (cfg->kind == IMAGE_PROC_IDEFICS3) {
+        /* Idefics3Processor's _prompt_split_image / _prompt_single_image */
+        if (px->rows && (px->rows > ids->row_col_dim || px->cols > ids->row_col_dim || !ids->row_col))
+            return err_setf(e, ERR_RANGE, "image prompt: no <row_%u_col_%u> token id given", px->rows, px->cols);
+        for (uint32_t r = 0; r < px->rows; r++) {
+            for (uint32_t c = 0; c < px->cols; c++) {
+                put_run(&b, ids->fake_around, 1);
+                put_run(&b, ids->row_col[r * ids->row_col_dim + c], 1);
+                put_run(&b, ids->image, cfg->image_seq_length);
+            }
+            put(&b, r + 1 < px->rows ? ids->nl : ids->nl2, r + 1 < px->rows ? ids->n_nl : ids->n_nl2);
+        }
+        put_run(&b, ids->fake_around, 1);
+        put_run(&b, ids->global_img, 1);
+        put_run(&b, ids->image, cfg->image_seq_length);
+        put_run(&b, ids->fake_around, 1);
     } else {
         /* Qwen: <|image_pad|> * n, LLaVA: <image> * n (the template already wrote the
          * <|vision_start|> / <|vision_end|> around Qwen's) */
@@ -523,6 +712,28 @@ int image_prompt_text(char **out, const struct image_proc_config *cfg, const str
         } else {
             gemma_full_text(&s, cfg, t);
         }
+    } else if (cfg->kind == IMAGE_PROC_PIXTRAL) {
+        for (uint32_t r = 0; r < px->rows; r++) {
+            sput(&s, t->image, px->cols);
+            sput(&s, r + 1 < px->rows ? t->img_break : t->img_end, 1);
+        }
+    } else if (cfg->kind == IMAGE_PROC_IDEFICS3) {
+        char rc[48];
+        for (uint32_t r = 0; r < px->rows; r++) {
+            for (uint32_t c = 0; c < px->cols; c++) {
+                snprintf(rc, sizeof rc, "<row_%u_col_%u>", r + 1, c + 1);
+                sput(&s, t->fake_around, 1);
+                sput(&s, rc, 1);
+                sput(&s, t->image, cfg->image_seq_length);
+            }
+            sput(&s, "\n", 1);
+        }
+        if (px->rows)
+            sput(&s, "\n", 1);
+        sput(&s, t->fake_around, 1);
+        sput(&s, t->global_img, 1);
+        sput(&s, t->image, cfg->image_seq_length);
+        sput(&s, t->fake_around, 1);
     } else {
         sput(&s, t->image, px->n_image_tokens);
     }

@@ -12,21 +12,31 @@
  *            of patch_size * merge_size within [min_pixels, max_pixels], bicubic, patchified.
  *   CLIP     CLIPImageProcessor (LLaVA): resize the shortest edge, center crop.
  *   SIGLIP   SiglipImageProcessor: resize to size.height x size.width (bicubic).
+ *   PIXTRAL  PixtralImageProcessor (Pixtral, Mistral 3): longest edge within size.longest_edge,
+ *            each side rounded up to whole patches (variable resolution).
+ *   IDEFICS3 Idefics3ImageProcessor / SmolVLMImageProcessor: longest edge to size.longest_edge,
+ *            then to multiples of max_image_size, split into max_image_size tiles plus the
+ *            whole image at max_image_size (Lanczos; transformers defaults these two to PIL).
  * transformers 5 has two backends per processor: torchvision (the default, and what
  * AutoImageProcessor picks when torchvision is installed) and PIL; both are implemented
  * (their resize kernels differ in fixed-point precision, their normalizations in float
  * rounding), torchvision by default.
  *
  * pixel_values layout (float32, row-major):
- *   fixed-size processors (GEMMA3, CLIP, SIGLIP): [n_images][3][height][width], n_images =
- *     1 + num_crops (Gemma 3 pan-and-scan: the whole image first, then its crops, row-major).
+ *   GEMMA3, CLIP, SIGLIP, PIXTRAL, IDEFICS3: [n_images][3][height][width], n_images =
+ *     1 + num_crops for Gemma 3 (pan-and-scan: the whole image first, then its crops,
+ *     row-major), rows * cols + 1 for Idefics3 (the tiles row-major, then the whole image; 1
+ *     when the image is not split), 1 otherwise; PIXTRAL's height x width is the image's own
+ *     (image_sizes).
  *   QWEN2VL: [n_patches][patch_dim], n_patches = grid_t * grid_h * grid_w, patch_dim =
  *     3 * temporal_patch_size * patch_size^2; rows ordered (t, h / merge, w / merge, merge_h,
  *     merge_w), each row (channel, temporal, py, px): the image is repeated temporal_patch_size
  *     times, as transformers does for a still image.
  * n_image_tokens is what the prompt expansion inserts for this image: Gemma 3 image_seq_length
  * per image (crops included), Qwen grid_t * grid_h * grid_w / merge_size^2, LLaVA
- * (crop / patch)^2 (+ 1 for the "full" feature strategy), SigLIP (height / patch)^2.
+ * (crop / patch)^2 (+ 1 for the "full" feature strategy), SigLIP (height / patch)^2, Pixtral
+ * rows * (cols + 1) (a break after each row, the last one the end token), Idefics3
+ * image_seq_len per tile and for the whole image.
  */
 #pragma once
 #include <stdbool.h>
@@ -46,6 +56,8 @@ enum image_proc_kind {
     IMAGE_PROC_QWEN2VL = 2,
     IMAGE_PROC_CLIP = 3,
     IMAGE_PROC_SIGLIP = 4,
+    IMAGE_PROC_PIXTRAL = 5,
+    IMAGE_PROC_IDEFICS3 = 6,
 };
 
 enum image_backend {
@@ -90,6 +102,10 @@ struct image_proc_config {
     uint32_t image_seq_length;         /* GEMMA3: tokens per image (processor_config.json) */
     uint32_t num_additional_image_tokens;  /* CLIP/LLaVA: processor_config.json's (1: CLS) */
     bool drop_cls;                     /* LLaVA: vision_feature_select_strategy "default" */
+    uint32_t longest_edge;             /* PIXTRAL, IDEFICS3: size.longest_edge */
+    uint32_t spatial_merge_size;       /* PIXTRAL: processor_config.json's (1 for Pixtral-12B) */
+    uint32_t max_image_size;           /* IDEFICS3: max_image_size.longest_edge (tile side) */
+    bool do_image_splitting;           /* IDEFICS3 */
 };
 
 /* The processor's output for one image (caller-owned; image_pixels_free releases it). */
@@ -101,6 +117,7 @@ struct image_pixels {
     uint32_t n_patches, patch_dim;     /* QWEN2VL */
     uint32_t grid_t, grid_h, grid_w;   /* QWEN2VL: image_grid_thw */
     uint32_t num_crops;      /* GEMMA3 pan-and-scan */
+    uint32_t rows, cols;     /* IDEFICS3: the tile grid (0, 0: not split) */
     uint32_t n_image_tokens; /* image tokens the prompt expansion inserts for this image */
 };
 
@@ -145,11 +162,19 @@ struct image_prompt_ids {
                                                     * image ", " and here are some crops to help
                                                     * you see better ", " " */
     size_t n_pas_intro, n_pas_crops, n_space;
+    int32_t img_break, img_end;        /* Pixtral [IMG_BREAK] / [IMG_END] */
+    int32_t fake_around, global_img;   /* Idefics3 <fake_token_around_image> / <global-img> */
+    const int32_t *row_col;            /* Idefics3: id of <row_{r+1}_col_{c+1}> at [r * dim + c] */
+    uint32_t row_col_dim;
+    const int32_t *nl;                 /* Idefics3: the ids of "\n" (nl2: of "\n\n") */
+    size_t n_nl;
 };
 
 /* The strings of the same pieces, for image_prompt_text. */
 struct image_prompt_strings {
     const char *image, *boi, *eoi;  /* e.g. "<image_soft_token>", "<start_of_image>", ... */
+    const char *img_break, *img_end;    /* Pixtral */
+    const char *fake_around, *global_img;  /* Idefics3 (rows and columns: "<row_R_col_C>") */
 };
 
 /* Write the ids for one placeholder into out[cap], *n_out = their count (ERR_RANGE when cap is

@@ -31,7 +31,7 @@ void image_proc_config_default(struct image_proc_config *cfg, enum image_proc_ki
     cfg->do_resize = cfg->do_rescale = cfg->do_normalize = true;
     cfg->rescale_factor = 1.0 / 255;
     for (int c = 0; c < 3; c++) {
-        bool clip = kind == IMAGE_PROC_QWEN2VL || kind == IMAGE_PROC_CLIP;
+        bool clip = kind == IMAGE_PROC_QWEN2VL || kind == IMAGE_PROC_CLIP || kind == IMAGE_PROC_PIXTRAL;
         cfg->image_mean[c] = clip ? k_clip_mean[c] : 0.5;
         cfg->image_std[c] = clip ? k_clip_std[c] : 0.5;
     }
@@ -65,6 +65,22 @@ void image_proc_config_default(struct image_proc_config *cfg, enum image_proc_ki
         cfg->resample = IMAGE_RESAMPLE_BICUBIC;
         cfg->height = cfg->width = 224;
         break;
+    case IMAGE_PROC_PIXTRAL:
+        cfg->resample = IMAGE_RESAMPLE_BICUBIC;
+        cfg->longest_edge = 1024;
+        cfg->patch_size = 16;
+        cfg->spatial_merge_size = 1;
+        break;
+    case IMAGE_PROC_IDEFICS3:
+        /* Idefics3ImageProcessor's defaults; transformers picks its PIL backend by default
+         * (DEFAULT_TO_PIL_BACKEND_IMAGE_PROCESSORS: torchvision has no Lanczos) */
+        cfg->backend = IMAGE_BACKEND_PIL;
+        cfg->resample = IMAGE_RESAMPLE_LANCZOS;
+        cfg->longest_edge = 4 * 364;
+        cfg->max_image_size = 364;
+        cfg->do_image_splitting = true;
+        cfg->image_seq_length = 169;
+        break;
     default:
         break;
     }
@@ -77,6 +93,9 @@ static enum image_proc_kind kind_of_class(const char *s)
         {"Qwen2VLImageProcessor", IMAGE_PROC_QWEN2VL},
         {"CLIPImageProcessor", IMAGE_PROC_CLIP},
         {"SiglipImageProcessor", IMAGE_PROC_SIGLIP},
+        {"PixtralImageProcessor", IMAGE_PROC_PIXTRAL},
+        {"Idefics3ImageProcessor", IMAGE_PROC_IDEFICS3},
+        {"SmolVLMImageProcessor", IMAGE_PROC_IDEFICS3},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         size_t n = strlen(k[i].name);
@@ -93,7 +112,9 @@ static enum image_proc_kind kind_of_model(const char *mt)
         {"gemma3", IMAGE_PROC_GEMMA3},        {"qwen2_vl", IMAGE_PROC_QWEN2VL},
         {"qwen2_5_vl", IMAGE_PROC_QWEN2VL},   {"qwen3_vl", IMAGE_PROC_QWEN2VL},
         {"qwen3_vl_moe", IMAGE_PROC_QWEN2VL}, {"llava", IMAGE_PROC_CLIP},
-        {"siglip", IMAGE_PROC_SIGLIP},
+        {"siglip", IMAGE_PROC_SIGLIP},         {"pixtral", IMAGE_PROC_PIXTRAL},
+        {"mistral3", IMAGE_PROC_PIXTRAL},      {"idefics3", IMAGE_PROC_IDEFICS3},
+        {"smolvlm", IMAGE_PROC_IDEFICS3},
     };
     for (size_t i = 0; mt && i < sizeof k / sizeof k[0]; i++)
         if (strcmp(mt, k[i].name) == 0)
@@ -210,6 +231,22 @@ static int get_size(const cJSON *o, struct image_proc_config *cfg, struct err *e
             return rc;
         return 0;
     }
+    if (cfg->kind == IMAGE_PROC_PIXTRAL || cfg->kind == IMAGE_PROC_IDEFICS3) {
+        uint32_t le = 0, h = 0, w = 0;
+        if ((rc = get_u32(j, "longest_edge", 1, IMAGE_PROC_MAX_SIDE, &le, e)) < 0 ||
+            (rc = get_u32(j, "height", 1, IMAGE_PROC_MAX_SIDE, &h, e)) < 0 ||
+            (rc = get_u32(j, "width", 1, IMAGE_PROC_MAX_SIDE, &w, e)) < 0)
+            return rc;
+        if (le) {
+            cfg->longest_edge = le;
+            return 0;
+        }
+        if (h && w && h == w) {
+            cfg->longest_edge = h;  /* a square bound: (h, w) with h == w is longest_edge's pair */
+            return 0;
+        }
+        return err_setf(e, ERR_UNSUPPORTED, "image processor config: size must hold longest_edge");
+    }
     uint32_t h = 0, w = 0, se = 0;
     if ((rc = get_u32(j, "height", 1, IMAGE_PROC_MAX_SIDE, &h, e)) < 0 ||
         (rc = get_u32(j, "width", 1, IMAGE_PROC_MAX_SIDE, &w, e)) < 0 ||
@@ -251,6 +288,29 @@ static int get_crop(const cJSON *o, struct image_proc_config *cfg, struct err *e
     return 0;
 }
 
+/* "patch_size" (int or {height, width}, square) and Idefics3's "max_image_size" */
+static int get_square(const cJSON *o, const char *key, const char *sub, uint32_t hi, uint32_t *v, struct err *e)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    int rc;
+    if (!j || cJSON_IsNull(j) || cJSON_IsNumber(j))
+        return get_u32(o, key, 1, hi, v, e);
+    if (!cJSON_IsObject(j))
+        return err_setf(e, ERR_CONFIG, "image processor config: %s must be a number or an object", key);
+    uint32_t a = 0, b = 0;
+    if (sub) {
+        if ((rc = get_u32(j, sub, 1, hi, &a, e)) < 0)
+            return rc;
+        b = a;
+    } else if ((rc = get_u32(j, "height", 1, hi, &a, e)) < 0 || (rc = get_u32(j, "width", 1, hi, &b, e)) < 0) {
+        return rc;
+    }
+    if (!a || a != b)
+        return err_setf(e, ERR_UNSUPPORTED, "image processor config: %s must be square", key);
+    *v = a;
+    return 0;
+}
+
 /* The image processor's keys (o) and, from processor_config.json, the processor's (top). */
 static int read_keys(struct image_proc_config *cfg, const cJSON *o, const cJSON *top, struct err *e)
 {
@@ -269,7 +329,9 @@ static int read_keys(struct image_proc_config *cfg, const cJSON *o, const cJSON 
         (rc = get_size(o, cfg, e)) < 0 || (rc = get_crop(o, cfg, e)) < 0 ||
         (rc = get_u64(o, "min_pixels", IMAGE_PROC_MAX_PIXELS, &cfg->min_pixels, e)) < 0 ||
         (rc = get_u64(o, "max_pixels", IMAGE_PROC_MAX_PIXELS, &cfg->max_pixels, e)) < 0 ||
-        (rc = get_u32(o, "patch_size", 1, IMAGE_PROC_MAX_PATCH, &cfg->patch_size, e)) < 0 ||
+        (rc = get_square(o, "patch_size", NULL, IMAGE_PROC_MAX_PATCH, &cfg->patch_size, e)) < 0 ||
+        (rc = get_square(o, "max_image_size", "longest_edge", IMAGE_PROC_MAX_SIDE, &cfg->max_image_size, e)) < 0 ||
+        (rc = get_bool(o, "do_image_splitting", &cfg->do_image_splitting, e)) < 0 ||
         (rc = get_u32(o, "temporal_patch_size", 1, IMAGE_PROC_MAX_MERGE, &cfg->temporal_patch_size, e)) < 0 ||
         (rc = get_u32(o, "merge_size", 1, IMAGE_PROC_MAX_MERGE, &cfg->merge_size, e)) < 0 ||
         (rc = get_u32(o, "pan_and_scan_min_crop_size", 1, IMAGE_PROC_MAX_SIDE, &cfg->pas_min_crop_size, e)) < 0 ||
@@ -286,13 +348,17 @@ static int read_keys(struct image_proc_config *cfg, const cJSON *o, const cJSON 
             return rc;
         cfg->pas_min_ratio = d;
     }
-    if ((rc = get_u32(o, "image_seq_length", 1, IMAGE_PROC_MAX_SEQ, &cfg->image_seq_length, e)) < 0)
+    if ((rc = get_u32(o, "image_seq_length", 1, IMAGE_PROC_MAX_SEQ, &cfg->image_seq_length, e)) < 0 ||
+        (rc = get_u32(o, "image_seq_len", 1, IMAGE_PROC_MAX_SEQ, &cfg->image_seq_length, e)) < 0)
         return rc;
     if (top) {
         if ((rc = get_u32(top, "image_seq_length", 1, IMAGE_PROC_MAX_SEQ, &cfg->image_seq_length, e)) < 0 ||
             (rc = get_u32(top, "num_additional_image_tokens", 0, 16, &cfg->num_additional_image_tokens, e)) < 0)
             return rc;
-        if (cfg->kind == IMAGE_PROC_CLIP &&
+        if ((rc = get_u32(top, "image_seq_len", 1, IMAGE_PROC_MAX_SEQ, &cfg->image_seq_length, e)) < 0 ||
+            (rc = get_u32(top, "spatial_merge_size", 1, IMAGE_PROC_MAX_MERGE, &cfg->spatial_merge_size, e)) < 0)
+            return rc;
+        if ((cfg->kind == IMAGE_PROC_CLIP || cfg->kind == IMAGE_PROC_PIXTRAL) &&
             (rc = get_u32(top, "patch_size", 1, IMAGE_PROC_MAX_PATCH, &cfg->patch_size, e)) < 0)
             return rc;
         j = cJSON_GetObjectItemCaseSensitive(top, "vision_feature_select_strategy");
@@ -311,6 +377,8 @@ static int validate(const struct image_proc_config *cfg, struct err *e)
         if (!cfg->max_pixels)
             return err_setf(e, ERR_CONFIG, "image processor config: max_pixels is 0");
     }
+    if (cfg->kind == IMAGE_PROC_IDEFICS3 && cfg->do_image_splitting && !cfg->max_image_size)
+        return err_setf(e, ERR_CONFIG, "image processor config: max_image_size is missing");
     if (cfg->resample == IMAGE_RESAMPLE_NEAREST)
         return err_setf(e, ERR_UNSUPPORTED, "image processor config: resample 0 (nearest) is not supported");
     return 0;
@@ -333,6 +401,11 @@ static int parse_root(struct image_proc_config *cfg, const cJSON *root, const cJ
                             model_type ? model_type : "");
     }
     image_proc_config_default(cfg, kind);
+    if (cJSON_IsString(t) && strncmp(t->valuestring, "SmolVLM", 7) == 0) {
+        cfg->longest_edge = 4 * 512;  /* SmolVLMImageProcessor's class defaults */
+        cfg->max_image_size = 512;
+        cfg->image_seq_length = 64;
+    }
     int rc = read_keys(cfg, root, top, e);
     return rc < 0 ? rc : validate(cfg, e);
 }
