@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/sha256.h"
@@ -224,6 +225,50 @@ static void test_config_parse(void **state)
     assert_int_equal(cfg.patch_size, 14);
     assert_int_equal(cfg.num_additional_image_tokens, 1);
     assert_true(cfg.drop_cls);
+}
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A folder: processor_config.json's nested image_processor wins; a legacy processor_config.json
+ * (no nested object) still gives the processor's own keys beside preprocessor_config.json. */
+static void test_config_load(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-preproc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    struct image_proc_config cfg;
+    struct err e = {0};
+    write_file(dir, "preprocessor_config.json",
+               "{\"image_processor_type\":\"Gemma3ImageProcessor\",\"size\":{\"height\":896,\"width\":896}}");
+    write_file(dir, "processor_config.json", "{\"processor_class\":\"Gemma3Processor\",\"image_seq_length\":64}");
+    assert_int_equal(image_proc_config_load(&cfg, dir, NULL, &e), 0);
+    assert_int_equal(cfg.kind, IMAGE_PROC_GEMMA3);
+    assert_int_equal(cfg.height, 896);
+    assert_int_equal(cfg.image_seq_length, 64);
+    write_file(dir, "processor_config.json",
+               "{\"image_processor\":{\"image_processor_type\":\"SiglipImageProcessor\",\"size\":{\"height\":384,"
+               "\"width\":384}},\"image_seq_length\":729}");
+    assert_int_equal(image_proc_config_load(&cfg, dir, NULL, &e), 0);
+    assert_int_equal(cfg.kind, IMAGE_PROC_SIGLIP);
+    assert_int_equal(cfg.width, 384);
+    assert_int_equal(cfg.image_seq_length, 729);
+    write_file(dir, "processor_config.json", "{\"image_processor\":{\"size\":{\"height\":-1}}}");
+    assert_int_equal(image_proc_config_load(&cfg, dir, "siglip", &e), -ERR_CONFIG);
+    char path[512];
+    snprintf(path, sizeof path, "%s/processor_config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+    unlink(path);
+    assert_int_equal(image_proc_config_load(&cfg, dir, NULL, &e), -ERR_MISSING);
+    assert_int_equal(rmdir(dir), 0);
 }
 
 static void test_config_hostile(void **state)
@@ -495,6 +540,7 @@ static void test_prompt(void **state)
 static const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_references),
     cmocka_unit_test(test_config_parse),
+    cmocka_unit_test(test_config_load),
     cmocka_unit_test(test_config_hostile),
     cmocka_unit_test(test_hostile_sizes),
     cmocka_unit_test(test_prompt),
