@@ -225,6 +225,13 @@ static void test_config_parse(void **state)
     assert_int_equal(cfg.patch_size, 14);
     assert_int_equal(cfg.num_additional_image_tokens, 1);
     assert_true(cfg.drop_cls);
+    /* Pixtral: an int size bounds both sides, as {height: n, width: n} does */
+    assert_int_equal(parse("{\"image_processor_type\":\"PixtralImageProcessorFast\",\"size\":512}", &cfg, &e), 0);
+    assert_int_equal(cfg.longest_edge, 512);
+    assert_int_equal(parse("{\"image_processor_type\":\"PixtralImageProcessor\",\"size\":{\"height\":256,"
+                           "\"width\":256},\"patch_size\":{\"height\":14,\"width\":14}}", &cfg, &e), 0);
+    assert_int_equal(cfg.longest_edge, 256);
+    assert_int_equal(cfg.patch_size, 14);
 }
 
 static void write_file(const char *dir, const char *name, const char *text)
@@ -296,6 +303,8 @@ static void test_config_hostile(void **state)
         {"{\"image_processor_type\":\"MllamaImageProcessor\"}", ERR_UNSUPPORTED},
         {"{\"image_processor_type\":\"PixtralImageProcessor\",\"patch_size\":{\"height\":16,\"width\":14}}", ERR_UNSUPPORTED},
         {"{\"image_processor_type\":\"Idefics3ImageProcessor\",\"max_image_size\":{\"longest_edge\":0}}", ERR_CONFIG},
+        {"{\"image_processor_type\":\"Idefics3ImageProcessor\",\"size\":{\"height\":64,\"width\":64}}", ERR_UNSUPPORTED},
+        {"{\"image_processor_type\":\"Idefics3ImageProcessor\",\"size\":64}", ERR_CONFIG},
         {"{\"image_processor_type\":\"Gemma3ImageProcessorSlow\"}", ERR_UNSUPPORTED},
         {"{\"image_processor\":[1,2]}", ERR_CONFIG},
         {"{}", ERR_UNSUPPORTED},

@@ -215,8 +215,11 @@ static int get_size(const cJSON *o, struct image_proc_config *cfg, struct err *e
             return rc;
         if (cfg->kind == IMAGE_PROC_CLIP)
             cfg->shortest_edge = n;  /* default_to_square=False */
-        else if (cfg->kind == IMAGE_PROC_QWEN2VL)
-            return err_setf(e, ERR_CONFIG, "image processor config: size must hold shortest_edge and longest_edge");
+        else if (cfg->kind == IMAGE_PROC_PIXTRAL)
+            cfg->longest_edge = n;   /* {height: n, width: n}: the same bound on both sides */
+        else if (cfg->kind == IMAGE_PROC_QWEN2VL || cfg->kind == IMAGE_PROC_IDEFICS3)
+            return err_setf(e, ERR_CONFIG, "image processor config: size must be an object holding %s",
+                            cfg->kind == IMAGE_PROC_QWEN2VL ? "shortest_edge and longest_edge" : "longest_edge");
         else
             cfg->height = cfg->width = n;
         return 0;
@@ -241,7 +244,7 @@ static int get_size(const cJSON *o, struct image_proc_config *cfg, struct err *e
             cfg->longest_edge = le;
             return 0;
         }
-        if (h && w && h == w) {
+        if (h && w && h == w && cfg->kind == IMAGE_PROC_PIXTRAL) {
             cfg->longest_edge = h;  /* a square bound: (h, w) with h == w is longest_edge's pair */
             return 0;
         }
