@@ -38,6 +38,8 @@
 #                     a schema that compiles is walked with llama-tiny
 #   fuzz_image        the test images (tests/fixtures/images: every format, the
 #                     hostile ones too), with a dictionary of the formats' markers
+#   fuzz_preprocess   the image processor configs in fuzz/seeds/preprocess/ (3 bytes of
+#                     image size and backend, then a preprocessor_config.json)
 #   anything else     an empty corpus
 # A persistent corpus in fuzz/corpus-<name>/ (git-ignored) is read as well
 # when it exists. Crash inputs are kept in BUILD_DIR/fuzz-artifacts/.
@@ -244,6 +246,9 @@ for bin in "$BUILD"/fuzz_*; do
             'kw="WEBP"' 'kw="VP8X"' 'kw="VP8L"' 'kw="ANMF"' 'kw="EXIF"' 'kw="GIF89a"' 'kw="NETSCAPE2.0"' \
             >"$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict" -max_len=16384
+        ;;
+    preprocess)
+        cp "$ROOT"/fuzz/seeds/preprocess/* "$corpus"/
         ;;
     grammar)
         cp "$ROOT"/fuzz/seeds/grammar/* "$corpus"/

@@ -56,6 +56,7 @@
     X(grammar)    \
     X(allocfail)  \
     X(image)      \
+    X(preprocess) \
     X(spec)       \
     X(multimodal) \
     X(cuda)

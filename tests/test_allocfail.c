@@ -38,6 +38,7 @@
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
 #include "image/image.h"
+#include "image/preprocess.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "server/oai_request.h"
@@ -203,6 +204,51 @@ static void test_image(void **state)
         snprintf(rel, sizeof rel, "tests/fixtures/images/%s", files[i]);
         check_alloc_failures(files[i], op_image, test_path(rel), 0);
     }
+}
+
+/* ---- image processors: every kind, both backends, crops, tiles, padding ---- */
+
+struct preprocess_case {
+    struct image_proc_config cfg;
+    struct image im;
+};
+
+static int op_preprocess(const void *arg, struct err *e)
+{
+    const struct preprocess_case *c = arg;
+    struct image_pixels px;
+    int rc = image_preprocess(&px, &c->cfg, &c->im, e);
+    if (rc == 0)
+        image_pixels_free(&px);
+    return rc;
+}
+
+static void test_preprocess(void **state)
+{
+    (void)state;
+    struct preprocess_case c = {.im = {45, 20, malloc(45 * 20 * 3), IMAGE_PNG}};
+    assert_non_null(c.im.rgb);
+    for (size_t i = 0; i < 45 * 20 * 3; i++)
+        c.im.rgb[i] = (uint8_t)(i * 7);
+    static const enum image_proc_kind kinds[] = {IMAGE_PROC_GEMMA3, IMAGE_PROC_QWEN2VL, IMAGE_PROC_CLIP,
+                                                 IMAGE_PROC_SIGLIP, IMAGE_PROC_PIXTRAL, IMAGE_PROC_IDEFICS3};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int b = 0; b < 2; b++) {
+            image_proc_config_default(&c.cfg, kinds[k]);
+            c.cfg.backend = b ? IMAGE_BACKEND_PIL : IMAGE_BACKEND_TORCHVISION;
+            c.cfg.height = c.cfg.width = 16;            /* Gemma 3, SigLIP */
+            c.cfg.do_pan_and_scan = true;               /* Gemma 3: 2 crops */
+            c.cfg.pas_min_crop_size = 8;
+            c.cfg.shortest_edge = 12;                   /* CLIP: crop larger than the image: padding */
+            c.cfg.crop_height = c.cfg.crop_width = 14;
+            c.cfg.max_pixels = 28 * 28 * 4;             /* Qwen */
+            c.cfg.longest_edge = 40;                    /* Pixtral, Idefics3: 2 x 3 tiles */
+            c.cfg.max_image_size = 16;
+            char what[64];
+            snprintf(what, sizeof what, "preprocess kind %d backend %d", (int)kinds[k], b);
+            check_alloc_failures(what, op_preprocess, &c, 0);
+        }
+    free(c.im.rgb);
 }
 
 /* ---- the engine: backend, context, paged cache, batched forwards, fork ---- */
@@ -541,6 +587,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_chat, disarm),
     cmocka_unit_test_teardown(test_oai_request, disarm),
     cmocka_unit_test_teardown(test_image, disarm),
+    cmocka_unit_test_teardown(test_preprocess, disarm),
 };
 
 TEST_SUITE(allocfail, k_tests);
