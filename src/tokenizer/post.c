@@ -16,7 +16,7 @@
  *
  * Truncation (tokenizers' truncate_encodings, direction right, no stride):
  * the budget is max_length minus the special tokens the post-processor will
- * add; longest_first cuts a pair as tokenizers does (the shorter sequence is
+ * add (max_length itself when they are more than it, as tokenizers does); longest_first cuts a pair as tokenizers does (the shorter sequence is
  * kept whole when the longer one can take the whole cut, else both get half
  * the budget, the odd token to the second), only_first / only_second cut
  * one sequence and fail when it is not longer than the cut.
@@ -316,9 +316,9 @@ int tok_post_assemble(const struct tokenizer *t, const struct tok_ids *a, const 
                         "encode: the post-processor has no template for a pair of texts");
     size_t added = o->add_special ? n_added(p, b != NULL) : 0;
     if (o->max_length > 0) {
-        /* tokenizers subtracts the added tokens from max_length in usize; the
-         * budget cannot go below 0 here (see docs/architecture.md). */
-        size_t budget = o->max_length > added ? o->max_length - added : 0;
+        /* tokenizers leaves max_length as it is when the special tokens alone
+         * exceed it (so the result may be longer than max_length) */
+        size_t budget = o->max_length >= added ? o->max_length - added : o->max_length;
         if ((rc = truncate_lengths(budget, o->strategy, &na, b ? &nb : NULL, e)) < 0)
             return rc;
     }

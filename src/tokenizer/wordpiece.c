@@ -40,10 +40,13 @@ int tok_wp_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist 
     t->wp_max_chars = 100;  /* tokenizers' default */
     const cJSON *mc = cJSON_GetObjectItemCaseSensitive(model, "max_input_chars_per_word");
     if (mc && !cJSON_IsNull(mc)) {
-        if (!cJSON_IsNumber(mc) || mc->valuedouble < 0 || mc->valuedouble != (double)(int64_t)mc->valuedouble)
-            return err_setf(e, ERR_FORMAT, "model.max_input_chars_per_word: expected an integer >= 0");
         /* beyond 2^40 characters every text fits: saturate */
-        t->wp_max_chars = mc->valuedouble > 1099511627776.0 ? (size_t)1 << 40 : (size_t)mc->valuedouble;
+        double x = cJSON_IsNumber(mc) ? mc->valuedouble : -1;
+        if (x > 1099511627776.0)
+            x = 1099511627776.0;
+        if (x < 0 || x != (double)(int64_t)x)
+            return err_setf(e, ERR_FORMAT, "model.max_input_chars_per_word: expected an integer >= 0");
+        t->wp_max_chars = (size_t)x;
     }
     t->wp_max_piece = 0;
     for (size_t i = 0; i < v->n; i++)
