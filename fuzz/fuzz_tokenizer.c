@@ -2,7 +2,7 @@
  * fuzz_tokenizer: libFuzzer target for tokenizer.json loading. The input is
  * the whole tokenizer.json (handed over through a memfd, as the loader reads
  * files); when it loads, a fixed mixed-script text is encoded, decoded in
- * one go and streamed token by token. Any crash, leak or undefined behaviour
+ * one go and streamed token by token, and encoded as a pair with truncation. Any crash, leak or undefined behaviour
  * is a bug; so is a streamed decode that disagrees with the full decode
  * when that holds no U+FFFD (the stream and tok_decode may differ only for
  * invalid byte runs, see decode.c).
@@ -17,10 +17,31 @@
 
 #include "tokenizer/tokenizer.h"
 
+#define TOK_POST_MAX_PUBLIC 8  /* TOK_POST_MAX of tok_impl.h */
+
 static const char k_text[] = "Hello, world! It's 2026: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80  end.\n";
+
+/* The text as a (query, document) pair, truncated to a few lengths. */
+static void exercise_pair(const struct tokenizer *t)
+{
+    static const size_t k_max[] = {0, 1, 5, 12};
+    for (size_t i = 0; i < sizeof k_max / sizeof k_max[0]; i++) {
+        struct tok_encode_opts o = {.add_special = true, .max_length = k_max[i],
+                                    .strategy = (enum tok_trunc)(i % 3)};
+        struct tok_encoding enc;
+        if (tok_encode_pair(t, k_text, 12, k_text + 12, sizeof k_text - 13, &o, &enc, NULL) == 0) {
+            /* truncated texts hold at most max_length ids, plus at most
+             * 2 * TOK_POST_MAX + 2 special ones */
+            if (k_max[i] > 0 && enc.n > k_max[i] + 2 * TOK_POST_MAX_PUBLIC + 2)
+                abort();
+            tok_encoding_deinit(&enc);
+        }
+    }
+}
 
 static void exercise(const struct tokenizer *t)
 {
+    exercise_pair(t);
     int32_t *ids = NULL;
     size_t n = 0;
     char *full = NULL;
