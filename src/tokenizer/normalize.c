@@ -14,10 +14,10 @@
  *                      U+2581)
  *   ByteLevel          every byte to its GPT-2 byte-level character
  *   BertNormalizer     clean_text (drop NUL, U+FFFD and Cc/Cf/Co except
- *                      \t\n\r; whitespace -> " "), spaces around CJK
+ *                      \t\n\r, then the remaining whitespace -> " "), spaces around CJK
  *                      ideographs, strip_accents (NFD, drop Mn; null means
  *                      "as lowercase"), lowercase, in that order
- *   StripAccents       drop Mn (files put an NFD before it)
+ *   StripAccents       drop every mark, Mn, Mc and Me (files put an NFD before it)
  *   Precompiled        SentencePiece's charsmap (charsmap.c)
  * Unicode categories come from utf8proc; tokenizers takes Cc/Cf/Co/Mn from
  * the unicode_categories crate, whose tables are older: a character given
@@ -422,8 +422,10 @@ static int bert_clean(const struct tok_norm_step *st, const char *s, size_t len,
     for (size_t i = 0; i < len && rc == 0;) {
         int32_t cp;
         size_t k = tok_utf8_next(s + i, len - i, &cp);
-        bool ws = cp == '\t' || cp == '\n' || cp == '\r' || tok_cp_is_space(cp);
-        if (st->clean_text && !ws && (cp == 0 || cp == 0xFFFD || is_bert_other(cp))) {
+        bool tnr = cp == '\t' || cp == '\n' || cp == '\r', ws = tnr || tok_cp_is_space(cp);
+        /* tokenizers filters before it maps: a control character that is
+         * also White_Space (U+000B, U+000C, U+0085...) is dropped */
+        if (st->clean_text && (cp == 0 || cp == 0xFFFD || (!tnr && is_bert_other(cp)))) {
             i += k;
             continue;
         }
@@ -443,14 +445,18 @@ static int bert_clean(const struct tok_norm_step *st, const char *s, size_t len,
     return rc;
 }
 
-/* Drops nonspacing marks (Mn). */
-static int drop_marks(const char *s, size_t len, struct tok_buf *o, struct err *e)
+/* Drops nonspacing marks (Mn), or with all_marks every mark (Mn, Mc, Me:
+ * StripAccents uses is_combining_mark, BertNormalizer is_mark_nonspacing). */
+static int drop_marks(const char *s, size_t len, bool all_marks, struct tok_buf *o, struct err *e)
 {
     int rc = tok_buf_put(o, "", 0, e);
     for (size_t i = 0; i < len && rc == 0;) {
         int32_t cp;
         size_t k = tok_utf8_next(s + i, len - i, &cp);
-        if (utf8proc_category(cp) != UTF8PROC_CATEGORY_MN)
+        int c = utf8proc_category(cp);
+        bool mark = c == UTF8PROC_CATEGORY_MN ||
+                    (all_marks && (c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME));
+        if (!mark)
             rc = tok_buf_put(o, s + i, k, e);
         i += k;
     }
@@ -473,7 +479,7 @@ static int apply_bert(const struct tok_norm_step *st, const char *s, size_t len,
     if (rc == 0 && st->strip_accents) {
         if ((rc = apply_unicode(TOK_NORM_NFD, a.p, a.n, &b, e)) == 0) {
             a.n = 0;
-            rc = drop_marks(b.p, b.n, &a, e);
+            rc = drop_marks(b.p, b.n, false, &a, e);
         }
     }
     if (rc == 0)
@@ -504,7 +510,7 @@ static int apply_step(const struct tokenizer *t, const struct tok_norm_step *st,
     case TOK_NORM_BERT:
         return apply_bert(st, s, len, o, e);
     case TOK_NORM_STRIP_ACCENTS:
-        return drop_marks(s, len, o, e);
+        return drop_marks(s, len, true, o, e);
     case TOK_NORM_PRECOMPILED:
         return tok_charsmap_apply(st->cmap, s, len, o, e);
     case TOK_NORM_BYTELEVEL:

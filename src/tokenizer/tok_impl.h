@@ -264,7 +264,7 @@ enum tok_norm_kind {
     TOK_NORM_REPLACE,
     TOK_NORM_BYTELEVEL,
     TOK_NORM_BERT,         /* BertNormalizer */
-    TOK_NORM_STRIP_ACCENTS,/* StripAccents: drop Mn (after an NFD the file puts first) */
+    TOK_NORM_STRIP_ACCENTS,/* StripAccents: drop marks (after an NFD the file puts first) */
     TOK_NORM_PRECOMPILED,  /* SentencePiece charsmap (charsmap.c) */
 };
 struct tok_charsmap;
