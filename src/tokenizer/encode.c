@@ -55,6 +55,11 @@ struct enc {
     char *map;  /* byte-level mapped word */
     size_t map_cap;
     struct err *e;
+    /* tokenizers 0.23's early exit under truncation: once a text has limit
+     * ids (counted from base), the words and added tokens after the word
+     * that got there are dropped (0: no limit) */
+    size_t limit, base;
+    bool stop;
 };
 
 /* ---- word cache ---- */
@@ -201,17 +206,24 @@ static int on_word(void *ctx, const char *w, size_t len)
 {
     struct enc *c = ctx;
     int rc;
-    if (!c->t->spm_cut)
-        return cached_word(c, w, len);
-    size_t start = 0;
-    for (size_t i = 1; i < len; i++) {
-        if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
-            continue;
-        if ((rc = cached_word(c, w + start, i - start)) < 0)
-            return rc;
-        start = i;
+    if (c->stop)
+        return 0;
+    if (!c->t->spm_cut) {
+        rc = cached_word(c, w, len);
+    } else {
+        size_t start = 0;
+        for (size_t i = 1; i < len; i++) {
+            if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
+                continue;
+            if ((rc = cached_word(c, w + start, i - start)) < 0)
+                return rc;
+            start = i;
+        }
+        rc = cached_word(c, w + start, len - start);
     }
-    return cached_word(c, w + start, len - start);
+    if (c->limit > 0 && c->out.n - c->base >= c->limit)
+        c->stop = true;
+    return rc;
 }
 
 /* ---- added tokens ---- */
@@ -280,7 +292,7 @@ static int split_added(struct enc *c, const struct tok_added_set *set, const cha
             me += tok_utf8_next(s + me, len - me, &(int32_t){0});
         if (ms > seg_start && (rc = seg(c, s + seg_start, ms - seg_start, first && seg_start == 0)) < 0)
             return rc;
-        if ((rc = tok_ids_push(&c->out, a->id, c->e)) < 0)
+        if (!c->stop && (rc = tok_ids_push(&c->out, a->id, c->e)) < 0)
             return rc;
         seg_start = i = me;
     }
@@ -398,9 +410,14 @@ int tok_encode_pair(const struct tokenizer *t, const char *a, size_t a_len, cons
         return err_setf(e, ERR_RANGE, "encode: texts of %zu bytes (limit %zu)",
                         a_len + (b ? b_len : 0), TOK_TEXT_MAX);
     rc = enc_init(&c, t, a_len + (b ? b_len : 0), e);
+    /* tokenizers' early exit applies to the first text unless only the
+     * second may be cut, and always to the second */
+    c.limit = o->strategy == TOK_TRUNC_ONLY_SECOND ? 0 : o->max_length;
     if (rc == 0 && (rc = encode_text(&c, a, a_len)) == 0) {
         ia = c.out;  /* the cache is shared; each text gets its own id list */
         c.out = (struct tok_ids){0};
+        c.limit = o->max_length;
+        c.stop = false;
         if (b)
             rc = encode_text(&c, b, b_len);
     }

@@ -15,8 +15,10 @@
  * With no post-processor a pair is A then B, type ids 0 and 1.
  *
  * Truncation (tokenizers' truncate_encodings, direction right, no stride):
- * the budget is max_length minus the special tokens the post-processor will
- * add (max_length itself when they are more than it, as tokenizers does); longest_first cuts a pair as tokenizers does (the shorter sequence is
+ * encode.c has already stopped each text after the word that reached
+ * max_length (tokenizers 0.23's early exit), then the budget is max_length
+ * minus the special tokens the post-processor will add (no cut at all when
+ * they are more than max_length: tokenizers' usize subtraction wraps); longest_first cuts a pair as tokenizers does (the shorter sequence is
  * kept whole when the longer one can take the whole cut, else both get half
  * the budget, the odd token to the second), only_first / only_second cut
  * one sequence and fail when it is not longer than the cut.
@@ -315,13 +317,11 @@ int tok_post_assemble(const struct tokenizer *t, const struct tok_ids *a, const 
         return err_setf(e, ERR_UNSUPPORTED,
                         "encode: the post-processor has no template for a pair of texts");
     size_t added = o->add_special ? n_added(p, b != NULL) : 0;
-    if (o->max_length > 0) {
-        /* tokenizers leaves max_length as it is when the special tokens alone
-         * exceed it (so the result may be longer than max_length) */
-        size_t budget = o->max_length >= added ? o->max_length - added : o->max_length;
-        if ((rc = truncate_lengths(budget, o->strategy, &na, b ? &nb : NULL, e)) < 0)
-            return rc;
-    }
+    /* tokenizers takes the special tokens off max_length in usize: when
+     * they alone exceed it the subtraction wraps and nothing is cut here */
+    if (o->max_length > 0 && o->max_length >= added &&
+        (rc = truncate_lengths(o->max_length - added, o->strategy, &na, b ? &nb : NULL, e)) < 0)
+        return rc;
     size_t n = na + nb + added;
     out->ids = malloc((n + 1) * sizeof *out->ids);
     out->type_ids = malloc((n + 1) * sizeof *out->type_ids);
