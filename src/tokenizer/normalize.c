@@ -19,9 +19,11 @@
  *                      "as lowercase"), lowercase, in that order
  *   StripAccents       drop every mark, Mn, Mc and Me (files put an NFD before it)
  *   Precompiled        SentencePiece's charsmap (charsmap.c)
- * Unicode categories come from utf8proc; tokenizers takes Cc/Cf/Co/Mn from
- * the unicode_categories crate, whose tables are older: a character given
- * one of those categories by a recent Unicode version only may differ.
+ * BertNormalizer's and StripAccents' classes are the old crates' that
+ * tokenizers uses (uccat.c), not utf8proc's. Lowercase and NFC/NFD/NFKC/NFKD
+ * come from utf8proc, whose Unicode version is newer than tokenizers'
+ * unicode-normalization-alignments (9.0) and older than Rust's std: the few
+ * characters added in between may differ.
  * HF tracks offsets through each rewrite; we only need the text. Each
  * output is bounded (TOK_TEXT_MAX times a small factor is rejected), so a
  * hostile Replace cannot blow memory up.
@@ -399,12 +401,6 @@ static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, str
 
 /* ---- BertNormalizer, StripAccents ---- */
 
-static bool is_bert_other(int32_t cp)
-{
-    int c = utf8proc_category(cp);
-    return c == UTF8PROC_CATEGORY_CC || c == UTF8PROC_CATEGORY_CF || c == UTF8PROC_CATEGORY_CO;
-}
-
 /* The CJK blocks of tokenizers' is_chinese_char. */
 static bool is_chinese(int32_t c)
 {
@@ -425,7 +421,7 @@ static int bert_clean(const struct tok_norm_step *st, const char *s, size_t len,
         bool tnr = cp == '\t' || cp == '\n' || cp == '\r', ws = tnr || tok_cp_is_space(cp);
         /* tokenizers filters before it maps: a control character that is
          * also White_Space (U+000B, U+000C, U+0085...) is dropped */
-        if (st->clean_text && (cp == 0 || cp == 0xFFFD || (!tnr && is_bert_other(cp)))) {
+        if (st->clean_text && (cp == 0 || cp == 0xFFFD || (!tnr && tok_cp_is_bert_other(cp)))) {
             i += k;
             continue;
         }
@@ -453,10 +449,7 @@ static int drop_marks(const char *s, size_t len, bool all_marks, struct tok_buf 
     for (size_t i = 0; i < len && rc == 0;) {
         int32_t cp;
         size_t k = tok_utf8_next(s + i, len - i, &cp);
-        int c = utf8proc_category(cp);
-        bool mark = c == UTF8PROC_CATEGORY_MN ||
-                    (all_marks && (c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME));
-        if (!mark)
+        if (!(all_marks ? tok_cp_is_combining_mark(cp) : tok_cp_is_bert_mn(cp)))
             rc = tok_buf_put(o, s + i, k, e);
         i += k;
     }

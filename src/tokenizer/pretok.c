@@ -36,8 +36,6 @@ static const char k_gpt2_regex[] =
 #define RUST_W "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
 static const char k_whitespace_regex[] = "[" RUST_W "]+|[^" RUST_W "\\p{White_Space}]+";
 static const char k_space_regex[] = "\\p{White_Space}+";
-/* Rust's char::is_ascii_punctuation || char::is_punctuation. */
-static const char k_punct_regex[] = "[\\p{P}!-/:-@\\[-`{-~]";
 
 static const char *json_type(const cJSON *j)
 {
@@ -173,7 +171,7 @@ static int load_simple(struct tok_pretok *p, const char *type, const cJSON *j, s
     if (strcmp(type, "Punctuation") == 0) {
         if ((rc = parse_behavior(j, "pre_tokenizer Punctuation", TOK_SPLIT_ISOLATED, &b, e)) < 0)
             return rc;
-        return add_regex_step(p, "pre_tokenizer Punctuation", k_punct_regex, b, false, e);
+        return add_regex_step(p, "pre_tokenizer Punctuation", tok_punct_class, b, false, e);
     }
     if (strcmp(type, "Whitespace") == 0)
         return add_regex_step(p, "pre_tokenizer Whitespace", k_whitespace_regex, TOK_SPLIT_REMOVED,
@@ -185,7 +183,7 @@ static int load_simple(struct tok_pretok *p, const char *type, const cJSON *j, s
         if ((rc = add_regex_step(p, "pre_tokenizer BertPreTokenizer", k_space_regex,
                                  TOK_SPLIT_REMOVED, false, e)) < 0)
             return rc;
-        return add_regex_step(p, "pre_tokenizer BertPreTokenizer", k_punct_regex,
+        return add_regex_step(p, "pre_tokenizer BertPreTokenizer", tok_punct_class,
                               TOK_SPLIT_ISOLATED, false, e);
     }
     if (strcmp(type, "CharDelimiterSplit") == 0) {

@@ -166,6 +166,14 @@ bool tok_cp_is_space(int32_t cp);
  * punctuation, Join_Control. */
 bool tok_cp_is_word(int32_t cp);
 
+/* The classes tokenizers takes from old crates (uccat.c, about Unicode 9):
+ * unicode_categories' Cc|Cf|Co, Mn and punctuation (the latter as a PCRE2
+ * class, with ASCII punctuation), unicode-normalization-alignments' marks. */
+bool tok_cp_is_bert_other(int32_t cp);
+bool tok_cp_is_bert_mn(int32_t cp);
+bool tok_cp_is_combining_mark(int32_t cp);
+extern const char tok_punct_class[];
+
 /* GPT-2 byte-level alphabet: each byte maps to one printable code point
  * (printable Latin-1 bytes map to themselves, the rest to U+0100 + k). */
 #define TOK_BL_CP_MAX 0x144  /* every mapped code point is below this */
