@@ -120,14 +120,31 @@ static int wc_put(struct word_cache *wc, struct wc_slot *sl, const char *w, size
 
 /* ---- model ---- */
 
-/* Runs the model on one word of at most TOK_WORD_MAX bytes. */
+/* Runs the model on one word (already in the vocab's alphabet). */
+static int model_ids(struct enc *c, const char *w, size_t len)
+{
+    switch (c->t->model) {
+    case TOK_MODEL_UNIGRAM:
+        return tok_uni_word(c->t, w, len, &c->out, c->e);
+    case TOK_MODEL_WORDPIECE:
+        return tok_wp_word(c->t, w, len, &c->out, c->e);
+    case TOK_MODEL_WORDLEVEL:
+        return tok_wl_word(c->t, w, len, &c->out, c->e);
+    default:
+        return tok_bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
+    }
+}
+
+/* Runs the model on one word of at most TOK_WORD_MAX bytes (any length for
+ * WordPiece and WordLevel), byte-level mapped first when the pre-tokenizer
+ * ends with ByteLevel. */
 static int chunk_ids(struct enc *c, const char *w, size_t len)
 {
     const struct tok_bytelevel *bl = &c->t->bl;
-    if (c->t->model == TOK_MODEL_UNIGRAM && !c->t->pretok.byte_level)
-        return tok_uni_word(c->t, w, len, &c->out, c->e);
     if (!c->t->pretok.byte_level)
-        return tok_bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
+        return model_ids(c, w, len);
+    if (len > SIZE_MAX / 2 - 256)
+        return err_setf(c->e, ERR_RANGE, "encode: %zu-byte word", len);
     if (2 * len > c->map_cap) {
         size_t cap = 2 * len < 256 ? 256 : 2 * len;
         char *nm = realloc(c->map, cap);
@@ -143,9 +160,7 @@ static int chunk_ids(struct enc *c, const char *w, size_t len)
         c->map[n + 1] = bl->enc[b][1];
         n += bl->enc_len[b];
     }
-    if (c->t->model == TOK_MODEL_UNIGRAM)
-        return tok_uni_word(c->t, c->map, n, &c->out, c->e);
-    return tok_bpe_word(c->t, &c->bs, c->map, n, &c->out, c->e);
+    return model_ids(c, c->map, n);
 }
 
 /* BPE scratch costs ~100 bytes per byte of a word, so a word longer than
@@ -158,10 +173,8 @@ static int word_ids(struct enc *c, const char *w, size_t len)
     /* WordPiece counts a word's characters against max_input_chars_per_word
      * and WordLevel looks the word up whole: both cost O(len) and are never
      * cut. Unigram's lattice is cut as BPE is. */
-    if (c->t->model == TOK_MODEL_WORDPIECE)
-        return tok_wp_word(c->t, w, len, &c->out, c->e);
-    if (c->t->model == TOK_MODEL_WORDLEVEL)
-        return tok_wl_word(c->t, w, len, &c->out, c->e);
+    if (c->t->model == TOK_MODEL_WORDPIECE || c->t->model == TOK_MODEL_WORDLEVEL)
+        return chunk_ids(c, w, len);
     while (len > TOK_WORD_MAX) {
         size_t cut = TOK_WORD_MAX;
         while (cut > 0 && ((unsigned char)w[cut] & 0xC0) == 0x80)
