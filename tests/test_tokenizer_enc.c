@@ -7,7 +7,7 @@
  * tokens, impossible truncations. ASan checks that every error path frees.
  *
  * A golden folder (tests/fixtures/tokenizers/<name>/) holds tokenizer.json.xz,
- * tokenizer_config.json and golden.json with, per text: ids without and with
+ * tokenizer_config.json and golden.json.xz with, per text: ids without and with
  * special tokens, the type ids, decode() of both (specials kept or skipped);
  * per pair: ids and type ids; per truncation case (single or pair, max_length,
  * strategy): ids and type ids, or the error tokenizers raised.
@@ -20,24 +20,31 @@
 #include <cjson/cJSON.h>
 
 #include "test.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/tok_impl.h"
 
 /* ---- helpers ---- */
 
-static char *slurp(const char *path)
+/* The text of an xz-compressed file (the goldens are committed as .xz). */
+static char *slurp_xz(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long n = ftell(f);
-    assert_true(n >= 0);
-    rewind(f);
-    char *buf = malloc((size_t)n + 1);
+    char cmd[4200];
+    size_t n = 0, cap = 1 << 16;
+    char *buf = malloc(cap);
     assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    snprintf(cmd, sizeof cmd, "xz -dc '%s'", path);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        fail_msg("cannot run %s", cmd);
+    for (size_t r; (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (cap - n - 1 == 0) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+    }
+    assert_int_equal(pclose(f), 0);
     buf[n] = '\0';
-    fclose(f);
     return buf;
 }
 
@@ -68,6 +75,34 @@ static const char *jstr(const cJSON *o, const char *key)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* The raw golden text and a read position in it: input texts are read from
+ * the JSON source (cJSON's strings end at a \u0000, which one golden text
+ * holds), in file order: "text" per encode case, "a" and "b" per pair and
+ * truncation case. */
+struct raw_reader {
+    const char *raw;
+    size_t pos;
+};
+
+/* Decodes the value of the next `"key": ` into o (o->p NULL for null). */
+static void raw_next(struct raw_reader *r, const char *key, struct tok_buf *o)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *at = strstr(r->raw + r->pos, pat);
+    if (!at)
+        fail_msg("golden: no more \"%s\"", key);
+    struct tok_jcur c = {at + strlen(pat), r->raw + strlen(r->raw)};
+    r->pos = (size_t)(c.p - r->raw);
+    if (strncmp(c.p, "null", 4) == 0) {
+        free(o->p);
+        *o = (struct tok_buf){0};
+        return;
+    }
+    assert_int_equal(tok_json_string(&c, o, NULL), 0);
+    r->pos = (size_t)(c.p - r->raw);
+}
+
 /* Decodes ids one at a time through a tok_stream. */
 static char *stream_all(const struct tokenizer *t, const int32_t *ids, size_t n, bool skip)
 {
@@ -95,9 +130,11 @@ static char *stream_all(const struct tokenizer *t, const int32_t *ids, size_t n,
 /* ---- goldens ---- */
 
 /* Counts a mismatch: prints it and keeps going, so one run shows them all. */
-static int check_encode(const struct tokenizer *t, const cJSON *c)
+static int check_encode(const struct tokenizer *t, const cJSON *c, const struct tok_buf *in)
 {
-    const char *text = jstr(c, "text");
+    const char *text = in->p;
+    size_t len = in->n;
+    assert_int_equal(strncmp(text, jstr(c, "text"), strlen(jstr(c, "text"))), 0);  /* in step */
     struct tok_encode_opts o = {.add_special = true};
     struct tok_encoding enc = {0};
     struct err e = {0};
@@ -105,14 +142,14 @@ static int check_encode(const struct tokenizer *t, const cJSON *c)
     size_t n = 0;
     int bad = 0;
     char *dec = NULL, *skip = NULL, *with = NULL, *st = NULL;
-    if (tok_encode(t, text, strlen(text), false, &ids, &n, &e) < 0)
+    if (tok_encode(t, text, len, false, &ids, &n, &e) < 0)
         fail_msg("encode '%s': %s", text, e.msg);
     if (!same_ids(ids, n, cJSON_GetObjectItem(c, "ids"))) {
         fprintf(stderr, "ids of '%s' differ\n", text);
         print_ids("ids", ids, n, cJSON_GetObjectItem(c, "ids"));
         bad++;
     }
-    assert_int_equal(tok_encode_pair(t, text, strlen(text), NULL, 0, &o, &enc, &e), 0);
+    assert_int_equal(tok_encode_pair(t, text, len, NULL, 0, &o, &enc, &e), 0);
     if (!same_ids(enc.ids, enc.n, cJSON_GetObjectItem(c, "ids_with_special")) ||
         !same_ids(enc.type_ids, enc.n, cJSON_GetObjectItem(c, "type_ids_with_special"))) {
         fprintf(stderr, "ids_with_special / type ids of '%s' differ\n", text);
@@ -123,7 +160,7 @@ static int check_encode(const struct tokenizer *t, const cJSON *c)
     /* tok_encode with specials agrees with tok_encode_pair */
     int32_t *ids2 = NULL;
     size_t n2 = 0;
-    assert_int_equal(tok_encode(t, text, strlen(text), true, &ids2, &n2, &e), 0);
+    assert_int_equal(tok_encode(t, text, len, true, &ids2, &n2, &e), 0);
     assert_int_equal(n2, enc.n);
     assert_memory_equal(ids2, enc.ids, n2 * sizeof *ids2);
     assert_int_equal(tok_decode(t, ids, n, false, &dec, &e), 0);
@@ -157,14 +194,16 @@ static int check_encode(const struct tokenizer *t, const cJSON *c)
     return bad;
 }
 
-static int check_pair(const struct tokenizer *t, const cJSON *c)
+static int check_pair(const struct tokenizer *t, const cJSON *c, const struct tok_buf *ia,
+                      const struct tok_buf *ib)
 {
-    const char *a = jstr(c, "a"), *b = jstr(c, "b");
+    const char *a = ia->p, *b = ib->p;
     struct tok_encode_opts o = {.add_special = true};
+    assert_string_equal(a, jstr(c, "a"));
     struct tok_encoding enc = {0};
     struct err e = {0};
     int bad = 0;
-    if (tok_encode_pair(t, a, strlen(a), b, strlen(b), &o, &enc, &e) < 0)
+    if (tok_encode_pair(t, a, ia->n, b, ib->n, &o, &enc, &e) < 0)
         fail_msg("pair '%s' / '%s': %s", a, b, e.msg);
     if (!same_ids(enc.ids, enc.n, cJSON_GetObjectItem(c, "ids")) ||
         !same_ids(enc.type_ids, enc.n, cJSON_GetObjectItem(c, "type_ids"))) {
@@ -177,9 +216,10 @@ static int check_pair(const struct tokenizer *t, const cJSON *c)
     return bad;
 }
 
-static int check_truncate(const struct tokenizer *t, const cJSON *c)
+static int check_truncate(const struct tokenizer *t, const cJSON *c, const struct tok_buf *ia,
+                          const struct tok_buf *ib)
 {
-    const char *a = jstr(c, "a"), *b = jstr(c, "b"), *strat = jstr(c, "strategy");
+    const char *a = ia->p, *b = ib->p, *strat = jstr(c, "strategy");
     struct tok_encode_opts o = {.add_special = true};
     struct tok_encoding enc = {0};
     struct err e = {0};
@@ -188,7 +228,7 @@ static int check_truncate(const struct tokenizer *t, const cJSON *c)
     o.strategy = strcmp(strat, "only_first") == 0    ? TOK_TRUNC_ONLY_FIRST
                  : strcmp(strat, "only_second") == 0 ? TOK_TRUNC_ONLY_SECOND
                                                      : TOK_TRUNC_LONGEST_FIRST;
-    int rc = tok_encode_pair(t, a, strlen(a), b, b ? strlen(b) : 0, &o, &enc, &e);
+    int rc = tok_encode_pair(t, a, ia->n, b, ib->n, &o, &enc, &e);
     if (cJSON_GetObjectItem(c, "error")) {
         if (rc >= 0) {
             fprintf(stderr, "truncate '%s' / '%s' max %zu %s: ok, want error '%s'\n", a,
@@ -217,24 +257,33 @@ static void check_fixture(const char *name)
     snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", name);
     const char *dir = test_path(rel);
     struct tokenizer *t = test_tok_load_gz(dir);
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *text = slurp(path);
+    snprintf(path, sizeof path, "%s/golden.json.xz", dir);
+    char *text = slurp_xz(path);
     cJSON *g = cJSON_Parse(text);
     assert_non_null(g);
     const cJSON *c;
     int bad = 0, n = 0;
+    struct raw_reader r = {text, 0};
+    struct tok_buf ia = {0}, ib = {0};
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "encode")) {
-        bad += check_encode(t, c);
+        raw_next(&r, "text", &ia);
+        bad += check_encode(t, c, &ia);
         n++;
     }
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "pairs")) {
-        bad += check_pair(t, c);
+        raw_next(&r, "a", &ia);
+        raw_next(&r, "b", &ib);
+        bad += check_pair(t, c, &ia, &ib);
         n++;
     }
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(g, "truncate")) {
-        bad += check_truncate(t, c);
+        raw_next(&r, "a", &ia);
+        raw_next(&r, "b", &ib);
+        bad += check_truncate(t, c, &ia, &ib);
         n++;
     }
+    free(ia.p);
+    free(ib.p);
     cJSON_Delete(g);
     free(text);
     tok_free(t);
