@@ -72,7 +72,8 @@ int32_t tok_piece_to_id(const struct tokenizer *t, const char *piece);
  * BOS when the tokenizer's template adds one). *ids is malloc'd (non-NULL
  * on success, even for 0 ids) and owned by the caller. Errors: -ERR_RANGE
  * (len over 64 MiB), -ERR_ARG (invalid UTF-8, with its byte offset),
- * -ERR_NOMEM. */
+ * -ERR_FORMAT (a word needs an unk token the vocabulary lacks, as tokenizers
+ * fails then, or a Precompiled charsmap points outside itself), -ERR_NOMEM. */
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                int32_t **ids, size_t *n_ids, struct err *e);
 /* Truncation strategies of tok_encode_pair, as tokenizers' TruncationStrategy. */
