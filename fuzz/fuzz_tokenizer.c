@@ -1,9 +1,9 @@
 /*
  * fuzz_tokenizer: libFuzzer target for tokenizer.json loading. The input is
- * the whole tokenizer.json (handed over through a memfd, as the loader reads
+ * the whole tokenizer.json (written to a temporary file, as the loader reads
  * files); when it loads, a fixed mixed-script text is encoded, decoded in
- * one go and streamed token by token, and encoded as a pair with truncation. Any crash, leak or undefined behaviour
- * is a bug; so is a streamed decode that disagrees with the full decode
+ * one go and streamed token by token, and encoded as a pair with
+ * truncation. Any crash, leak or undefined behaviour is a bug; so is a streamed decode that disagrees with the full decode
  * when that holds no U+FFFD (the stream and tok_decode may differ only for
  * invalid byte runs, see decode.c).
  */
@@ -66,20 +66,29 @@ static void exercise(const struct tokenizer *t)
     free(ids);
 }
 
+/* The input is written to a real file in a folder made once: the loader
+ * follows a symlink only when it resolves inside its folder, and a memfd's
+ * /proc/self/fd/N link resolves to "/memfd:... (deleted)", so every load of
+ * one failed (the fuzzer then only ever saw the first error path). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    int fd = memfd_create("tokenizer.json", 0);
-    if (fd < 0)
-        return 0;
-    if (write(fd, data, size) == (ssize_t)size) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        struct tokenizer *t = NULL;
-        if (tok_load_files(&t, path, NULL, NULL) == 0) {
-            exercise(t);
-            tok_free(t);
-        }
+    static char dir[] = "/tmp/fuzz_tokenizer_XXXXXX";
+    static char path[sizeof dir + 16];
+    if (!path[0]) {
+        if (!mkdtemp(dir))
+            return 0;
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     }
-    close(fd);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return 0;
+    bool ok = fwrite(data, 1, size, f) == size;
+    if (fclose(f) != 0 || !ok)
+        return 0;
+    struct tokenizer *t = NULL;
+    if (tok_load_files(&t, path, NULL, NULL) == 0) {
+        exercise(t);
+        tok_free(t);
+    }
     return 0;
 }
