@@ -424,6 +424,7 @@ struct tok_unigram {
     int32_t unk_id;      /* -1: none */
     bool byte_fallback;  /* unknown pieces -> <0xXX> when all their bytes have one */
     size_t max_piece;    /* longest piece in bytes */
+    size_t max_chars;    /* longest piece in characters (SentencePiece: <= 16) */
 };
 
 struct tokenizer {
@@ -436,6 +437,7 @@ struct tokenizer {
     struct tok_bpe bpe;
     size_t wp_max_chars;      /* WordPiece max_input_chars_per_word */
     size_t wp_max_piece;      /* WordPiece: longest vocab piece in bytes */
+    size_t wp_piece_chars;    /* WordPiece: longest vocab piece in characters */
     struct tok_unigram uni;
     struct tok_added *added;  /* [n_added] */
     size_t n_added;

@@ -21,7 +21,8 @@
  * -> its id, else with byte_fallback its bytes' <0xXX> pieces when all
  * exist, else unk.
  *
- * Cost: O(word bytes x longest piece) time, 16 bytes of lattice per byte;
+ * Cost: O(word x longest piece) time (probes bounded by the longest piece
+ * in bytes and in characters), 16 bytes of lattice per byte;
  * encode.c cuts words longer than TOK_WORD_MAX as it does for BPE.
  */
 #include <stdio.h>
@@ -177,6 +178,11 @@ int tok_uni_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist
             min_score = scores[i];
         if (v->len[i] > u->max_piece)
             u->max_piece = v->len[i];
+        size_t nc = 0;
+        for (uint32_t k = 0; k < v->len[i]; k++)
+            nc += ((unsigned char)t->pool.buf[v->off[i] + k] & 0xC0) != 0x80;
+        if (nc > u->max_chars)
+            u->max_chars = nc;
     }
     u->unk_score = min_score - UNI_UNK_PENALTY;
     for (int b = 0; b < 256; b++) {
@@ -242,10 +248,12 @@ static int viterbi(const struct tokenizer *t, const char *w, size_t len, struct 
         double base = nodes[s].score;
         bool single = false;
         uint32_t h = 2166136261u;
-        for (size_t k = s; k < len && k - s < u->max_piece; k++) {
+        size_t chars = 0;
+        for (size_t k = s; k < len && k - s < u->max_piece && chars < u->max_chars; k++) {
             h = fnv_byte(h, (unsigned char)w[k]);
             if (k + 1 < len && ((unsigned char)w[k + 1] & 0xC0) == 0x80)
                 continue;
+            chars++;
             int32_t id = map_get_h(t, w + s, k + 1 - s, h);
             if (id < 0)
                 continue;

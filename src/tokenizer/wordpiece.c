@@ -48,10 +48,16 @@ int tok_wp_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist 
             return err_setf(e, ERR_FORMAT, "model.max_input_chars_per_word: expected an integer >= 0");
         t->wp_max_chars = (size_t)x;
     }
-    t->wp_max_piece = 0;
-    for (size_t i = 0; i < v->n; i++)
+    t->wp_max_piece = t->wp_piece_chars = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        size_t nc = 0;
+        for (uint32_t k = 0; k < v->len[i]; k++)
+            nc += ((unsigned char)t->pool.buf[v->off[i] + k] & 0xC0) != 0x80;
         if (v->len[i] > t->wp_max_piece)
             t->wp_max_piece = v->len[i];
+        if (nc > t->wp_piece_chars)
+            t->wp_piece_chars = nc;
+    }
     return 0;
 }
 
@@ -106,10 +112,15 @@ int tok_wp_word(const struct tokenizer *t, const char *w, size_t len, struct tok
         size_t plen = start > 0 ? t->bpe.prefix_len : 0, best_end = 0;
         int32_t best = -1;
         uint32_t h = fnv_feed(2166136261u, pre, plen);
-        for (size_t k = start; k < len && plen + (k - start) < t->wp_max_piece; k++) {
+        size_t chars = 0;  /* of pre + the candidate, bounded by the longest piece */
+        for (size_t k = 0; k < plen; k++)
+            chars += ((unsigned char)pre[k] & 0xC0) != 0x80;
+        for (size_t k = start; k < len && plen + (k - start) < t->wp_max_piece &&
+                               chars < t->wp_piece_chars; k++) {
             h = fnv_feed(h, w + k, 1);
             if (k + 1 < len && ((unsigned char)w[k + 1] & 0xC0) == 0x80)
                 continue;  /* not a character boundary */
+            chars++;
             int32_t id = lookup2(t, pre, plen, w + start, k + 1 - start, h);
             if (id >= 0) {
                 best = id;
