@@ -558,6 +558,19 @@ static void test_charsmap(void **state)
                                "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AA!A\"}}", &t, &e),
                      -ERR_FORMAT);
     assert_non_null(strstr(e.msg, "base64"));
+    /* a charsmap over TOK_CHARSMAP_MAX (16 MiB decoded) is refused before decoding */
+    {
+        size_t n_b64 = (TOK_CHARSMAP_MAX / 3 + 1) * 4;
+        char *json = malloc(n_b64 + 256);
+        assert_non_null(json);
+        int k = sprintf(json, "{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0}},\"normalizer\":"
+                              "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"");
+        memset(json + k, 'A', n_b64);
+        strcpy(json + k + n_b64, "\"}}");
+        assert_int_equal(load_json(json, &t, &e), -ERR_RANGE);
+        assert_null(t);
+        free(json);
+    }
     /* normalized strings that are not UTF-8 */
     len = make_charsmap(blob, 0x80, 1u << 10, 0, "\xC3(\0", 3);
     assert_int_equal(load_charsmap(blob, len, &t, &e), -ERR_FORMAT);
