@@ -19,7 +19,8 @@
  * and decoding goes through decode.c (a list of decoder steps over the
  * token strings, as HF's decode_chain). Shared containers (string pool,
  * hash tables, id vector, byte buffer) and UTF-8 helpers live in tables.c,
- * Unicode classes in normalize.c.
+ * Unicode classes in normalize.c and uccat.c (the old tables tokenizers
+ * takes some classes from), the Precompiled charsmap in charsmap.c.
  *
  * A loaded tokenizer is immutable: every function taking a const tokenizer
  * is safe to call from several threads; per-call scratch lives on the stack
