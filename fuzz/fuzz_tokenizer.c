@@ -1,9 +1,9 @@
 /*
  * fuzz_tokenizer: libFuzzer target for tokenizer.json loading. The input is
- * the whole tokenizer.json (handed over through a memfd, as the loader reads
+ * the whole tokenizer.json (written to a temporary file, as the loader reads
  * files); when it loads, a fixed mixed-script text is encoded, decoded in
- * one go and streamed token by token. Any crash, leak or undefined behaviour
- * is a bug; so is a streamed decode that disagrees with the full decode
+ * one go and streamed token by token, and encoded as a pair with
+ * truncation. Any crash, leak or undefined behaviour is a bug; so is a streamed decode that disagrees with the full decode
  * when that holds no U+FFFD (the stream and tok_decode may differ only for
  * invalid byte runs, see decode.c).
  */
@@ -17,10 +17,31 @@
 
 #include "tokenizer/tokenizer.h"
 
+#define TOK_POST_MAX_PUBLIC 8  /* TOK_POST_MAX of tok_impl.h */
+
 static const char k_text[] = "Hello, world! It's 2026: caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x98\x80  end.\n";
+
+/* The text as a (query, document) pair, truncated to a few lengths. */
+static void exercise_pair(const struct tokenizer *t)
+{
+    static const size_t k_max[] = {0, 1, 5, 12};
+    for (size_t i = 0; i < sizeof k_max / sizeof k_max[0]; i++) {
+        struct tok_encode_opts o = {.add_special = true, .max_length = k_max[i],
+                                    .strategy = (enum tok_trunc)(i % 3)};
+        struct tok_encoding enc;
+        if (tok_encode_pair(t, k_text, 12, k_text + 12, sizeof k_text - 13, &o, &enc, NULL) == 0) {
+            /* truncated texts hold at most max_length ids, plus at most
+             * 2 * TOK_POST_MAX + 2 special ones */
+            if (k_max[i] > 0 && enc.n > k_max[i] + 2 * TOK_POST_MAX_PUBLIC + 2)
+                abort();
+            tok_encoding_deinit(&enc);
+        }
+    }
+}
 
 static void exercise(const struct tokenizer *t)
 {
+    exercise_pair(t);
     int32_t *ids = NULL;
     size_t n = 0;
     char *full = NULL;
@@ -45,20 +66,29 @@ static void exercise(const struct tokenizer *t)
     free(ids);
 }
 
+/* The input is written to a real file in a folder made once: the loader
+ * follows a symlink only when it resolves inside its folder, and a memfd's
+ * /proc/self/fd/N link resolves to "/memfd:... (deleted)", so every load of
+ * one failed (the fuzzer then only ever saw the first error path). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    int fd = memfd_create("tokenizer.json", 0);
-    if (fd < 0)
-        return 0;
-    if (write(fd, data, size) == (ssize_t)size) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        struct tokenizer *t = NULL;
-        if (tok_load_files(&t, path, NULL, NULL) == 0) {
-            exercise(t);
-            tok_free(t);
-        }
+    static char dir[] = "/tmp/fuzz_tokenizer_XXXXXX";
+    static char path[sizeof dir + 16];
+    if (!path[0]) {
+        if (!mkdtemp(dir))
+            return 0;
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     }
-    close(fd);
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return 0;
+    bool ok = fwrite(data, 1, size, f) == size;
+    if (fclose(f) != 0 || !ok)
+        return 0;
+    struct tokenizer *t = NULL;
+    if (tok_load_files(&t, path, NULL, NULL) == 0) {
+        exercise(t);
+        tok_free(t);
+    }
     return 0;
 }

@@ -10,7 +10,9 @@
 #                     (oversized and negative dimensions; the unit test
 #                     config/oversized_dims runs them under UBSan in make test)
 #   fuzz_tokenizer    the tokenizer.json fixtures under 256 KiB plus small
-#                     hand-written ones using every component type
+#                     hand-written ones using every component type, and
+#                     fuzz/seeds/tokenizer/ (WordPiece + BERT pipeline, Unigram
+#                     with a Precompiled charsmap, WordLevel + Roberta)
 #   fuzz_template     the chat templates in fuzz/seeds/template/ (the fixtures'
 #                     own plus one exercising most constructs)
 #   fuzz_encode       texts (mixed scripts, added tokens, invalid UTF-8) and
@@ -171,6 +173,7 @@ seed_tokenizer() {
         i=$((i + 1))
         cp "$f" "$dir/tokenizer-$i.json"
     done
+    cp "$ROOT"/fuzz/seeds/tokenizer/*.json "$dir"/
 }
 
 # seed_tokenizer_small DIR: one tiny tokenizer.json per component family.

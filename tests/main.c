@@ -45,6 +45,7 @@
     X(models)     \
     X(tokenizer_parts) \
     X(tokenizer)  \
+    X(tokenizer_enc) \
     X(template)   \
     X(quantize)   \
     X(convert)    \

@@ -469,6 +469,54 @@ static void test_tokenizer(void **state)
         check_tokenizer(k_fixtures[i].name, k_fixtures[i].max_runs);
 }
 
+/* ---- encoder tokenizers: load, pair encode with truncation, decode ---- */
+
+/* The decompressed tokenizer.json of an encoder fixture: WordPiece, Unigram
+ * with a Precompiled charsmap, WordLevel. */
+static int op_tokenizer_enc(const void *arg, struct err *e)
+{
+    static const char k_a[] = "Caf\xc3\xa9? \xef\xbc\xa1\xef\xbc\xa2 \xe4\xb8\xad\xe6\x96\x87 unbelievable!";
+    static const char k_b[] = "What light through yonder window breaks? It is the east.";
+    struct tok_encode_opts o = {.add_special = true, .max_length = 12};
+    struct tok_encoding enc = {0};
+    struct tokenizer *t = NULL;
+    char *text = NULL;
+    int rc = tok_load_files(&t, (const char *)arg, NULL, e);
+    if (rc < 0) {
+        assert_null(t);
+        return rc;
+    }
+    if ((rc = tok_encode_pair(t, k_a, sizeof k_a - 1, k_b, sizeof k_b - 1, &o, &enc, e)) == 0) {
+        assert_true(enc.n > 0 && enc.n <= 12);
+        rc = tok_decode(t, enc.ids, enc.n, true, &text, e);
+    } else {
+        assert_null(enc.ids);
+    }
+    free(text);
+    tok_encoding_deinit(&enc);
+    tok_free(t);
+    return rc;
+}
+
+/* The loads take a few ms each: 40 runs a fixture, plus the first
+ * allocation of every call site. */
+static void test_tokenizer_enc(void **state)
+{
+    (void)state;
+    static const char *const k_fixtures[] = {"bert_uncased", "xlmr_unigram", "wordlevel"};
+    for (size_t i = 0; i < sizeof k_fixtures / sizeof k_fixtures[0]; i++) {
+        char dir[64] = "/tmp/mlxcel_allocfail_XXXXXX", cmd[4600], rel[128], json[128];
+        snprintf(rel, sizeof rel, "tests/fixtures/tokenizers/%s", k_fixtures[i]);
+        assert_non_null(mkdtemp(dir));
+        snprintf(json, sizeof json, "%s/tokenizer.json", dir);
+        snprintf(cmd, sizeof cmd, "xz -dc '%s/tokenizer.json.xz' > '%s'", test_path(rel), json);
+        assert_int_equal(system(cmd), 0);
+        check_alloc_failures(k_fixtures[i], op_tokenizer_enc, json, 40);
+        unlink(json);
+        rmdir(dir);
+    }
+}
+
 /* ---- chat template render ---- */
 
 struct chat_case {
@@ -584,6 +632,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_model_load, disarm),
     cmocka_unit_test_teardown(test_engine, disarm),
     cmocka_unit_test_teardown(test_tokenizer, disarm),
+    cmocka_unit_test_teardown(test_tokenizer_enc, disarm),
     cmocka_unit_test_teardown(test_chat, disarm),
     cmocka_unit_test_teardown(test_oai_request, disarm),
     cmocka_unit_test_teardown(test_image, disarm),

@@ -470,8 +470,8 @@ static void test_hostile_files(void **state)
         {"{" MODEL("[[\"a\",0.0]]", "[]") "}", -ERR_FORMAT, "vocab"},
         {"{\"model\":{\"type\":\"BPE\",\"continuing_subword_prefix\":\"##\",\"vocab\":"
          "{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}}", -ERR_FORMAT, "prefix"},
-        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0}}}", -ERR_UNSUPPORTED,
-         "WordLevel"},
+        {"{\"model\":{\"type\":\"WordLevel\",\"vocab\":[[\"a\",0.0]]}}", -ERR_FORMAT,
+         "vocab"},
         {"{" MODEL("{\"a\":0}", "[]") ",\"added_tokens\":[{\"id\":1,\"content\":\"\\udc00\"}]}",
          -ERR_FORMAT, "JSON"},
         {"{\"a\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["

@@ -18,6 +18,9 @@
  *   Metaspace     replacement -> " " in each token, dropped in token 0
  *                 (unless prepend_scheme is never)
  *   BPEDecoder    suffix -> " " in each token, "" in the last
+ *   WordPiece     each token but token 0: the prefix ("##") stripped, else
+ *                 " " in front; then (cleanup) " ." -> "." and tokenizers'
+ *                 other ten replacements, one after the other, in each token
  * Without a decoder the tokens are joined with " " (HF does the same).
  *
  * Streaming uses HF's DecodeStream method over a small window of ids:
@@ -127,7 +130,7 @@ static int dec_add_one(struct tok_dec *d, const char *ty, const cJSON *j, struct
         {"ByteLevel", TOK_DEC_BYTELEVEL}, {"ByteFallback", TOK_DEC_BYTEFALLBACK},
         {"Fuse", TOK_DEC_FUSE},           {"Strip", TOK_DEC_STRIP},
         {"Replace", TOK_DEC_REPLACE},     {"Metaspace", TOK_DEC_METASPACE},
-        {"BPEDecoder", TOK_DEC_BPE},
+        {"BPEDecoder", TOK_DEC_BPE},      {"WordPiece", TOK_DEC_WORDPIECE},
     };
     int rc;
     for (size_t i = 0; i < sizeof k_kinds / sizeof k_kinds[0]; i++) {
@@ -154,6 +157,16 @@ static int dec_add_one(struct tok_dec *d, const char *ty, const cJSON *j, struct
             if (s->str_len == 0)
                 return err_setf(e, ERR_FORMAT, "decoder BPEDecoder: empty \"suffix\"");
             return 0;
+        case TOK_DEC_WORDPIECE: {
+            const cJSON *cl = cJSON_GetObjectItemCaseSensitive(j, "cleanup");
+            s->cleanup = !cJSON_IsFalse(cl);
+            if (!cJSON_GetObjectItemCaseSensitive(j, "prefix")) {
+                s->str = strdup("##");
+                s->str_len = 2;
+                return s->str ? 0 : err_setf(e, ERR_NOMEM, "decoder WordPiece");
+            }
+            return copy_str(j, "prefix", "decoder WordPiece", &s->str, &s->str_len, e);
+        }
         default:
             return 0;
         }
@@ -446,6 +459,45 @@ static int step_replace(const struct tok_dec_step *st, pcre2_match_data *md,
     return rc;
 }
 
+/* tokenizers' decoders::wordpiece::cleanup, applied in this order. */
+static const char *const k_wp_cleanup[][2] = {
+    {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},
+    {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},   {" do not", " don't"},
+    {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
+};
+
+/* One WordPiece token: i > 0 (or a stream window's token 0) loses the
+ * prefix or gains a leading space; then cleanup. */
+static int wordpiece_token(const struct tok_dec_step *st, bool first, const char *p, size_t len,
+                           struct tlist *o, struct err *e)
+{
+    struct tok_buf cur = {0};
+    int rc = 0;
+    if (!first && st->str_len <= len && memcmp(p, st->str, st->str_len) == 0) {
+        p += st->str_len;
+        len -= st->str_len;
+    } else if (!first) {
+        rc = tok_buf_put(&cur, " ", 1, e);
+    }
+    if (rc == 0)
+        rc = tok_buf_put(&cur, p, len, e);
+    for (size_t r = 0; st->cleanup && rc == 0 && r < sizeof k_wp_cleanup / sizeof k_wp_cleanup[0]; r++) {
+        struct tlist tmp = {0};
+        const char *w = k_wp_cleanup[r][0], *to = k_wp_cleanup[r][1];
+        if (!memmem(cur.p, cur.n, w, strlen(w)))
+            continue;
+        if ((rc = replace_literal(&tmp, cur.p, cur.n, w, strlen(w), to, strlen(to), e)) == 0) {
+            cur.n = 0;
+            rc = tok_buf_put(&cur, tl_tok(&tmp, 0), tmp.len[0], e);
+        }
+        tl_free(&tmp);
+    }
+    if (rc == 0)
+        rc = tl_add(o, cur.p, cur.n, e);
+    free(cur.p);
+    return rc;
+}
+
 /* How a decode runs: the whole text (tok_decode) or a stream window. */
 struct dec_mode {
     bool skip_special;
@@ -485,6 +537,10 @@ static int run_step(const struct tokenizer *t, const struct tok_dec_step *st,
         for (size_t i = 0; i < in->n && rc == 0; i++)
             rc = replace_literal(o, tl_tok(in, i), in->len[i], st->str, st->str_len, " ",
                                  i + 1 == in->n ? 0 : 1, e);
+        return rc;
+    case TOK_DEC_WORDPIECE:
+        for (size_t i = 0; i < in->n && rc == 0; i++)
+            rc = wordpiece_token(st, i == 0 && !m->mid, tl_tok(in, i), in->len[i], o, e);
         return rc;
     }
     return err_setf(e, ERR_INTERNAL, "decoder: bad step kind %d", (int)st->kind);

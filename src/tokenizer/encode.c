@@ -55,6 +55,11 @@ struct enc {
     char *map;  /* byte-level mapped word */
     size_t map_cap;
     struct err *e;
+    /* tokenizers 0.23's early exit under truncation: once a text has limit
+     * ids (counted from base), the words and added tokens after the word
+     * that got there are dropped (0: no limit) */
+    size_t limit, base;
+    bool stop;
 };
 
 /* ---- word cache ---- */
@@ -115,12 +120,31 @@ static int wc_put(struct word_cache *wc, struct wc_slot *sl, const char *w, size
 
 /* ---- model ---- */
 
-/* Runs the model on one word of at most TOK_WORD_MAX bytes. */
+/* Runs the model on one word (already in the vocab's alphabet). */
+static int model_ids(struct enc *c, const char *w, size_t len)
+{
+    switch (c->t->model) {
+    case TOK_MODEL_UNIGRAM:
+        return tok_uni_word(c->t, w, len, &c->out, c->e);
+    case TOK_MODEL_WORDPIECE:
+        return tok_wp_word(c->t, w, len, &c->out, c->e);
+    case TOK_MODEL_WORDLEVEL:
+        return tok_wl_word(c->t, w, len, &c->out, c->e);
+    default:
+        return tok_bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
+    }
+}
+
+/* Runs the model on one word of at most TOK_WORD_MAX bytes (any length for
+ * WordPiece and WordLevel), byte-level mapped first when the pre-tokenizer
+ * ends with ByteLevel. */
 static int chunk_ids(struct enc *c, const char *w, size_t len)
 {
     const struct tok_bytelevel *bl = &c->t->bl;
     if (!c->t->pretok.byte_level)
-        return tok_bpe_word(c->t, &c->bs, w, len, &c->out, c->e);
+        return model_ids(c, w, len);
+    if (len > SIZE_MAX / 2 - 256)
+        return err_setf(c->e, ERR_RANGE, "encode: %zu-byte word", len);
     if (2 * len > c->map_cap) {
         size_t cap = 2 * len < 256 ? 256 : 2 * len;
         char *nm = realloc(c->map, cap);
@@ -136,7 +160,7 @@ static int chunk_ids(struct enc *c, const char *w, size_t len)
         c->map[n + 1] = bl->enc[b][1];
         n += bl->enc_len[b];
     }
-    return tok_bpe_word(c->t, &c->bs, c->map, n, &c->out, c->e);
+    return model_ids(c, c->map, n);
 }
 
 /* BPE scratch costs ~100 bytes per byte of a word, so a word longer than
@@ -146,6 +170,11 @@ static int chunk_ids(struct enc *c, const char *w, size_t len)
 static int word_ids(struct enc *c, const char *w, size_t len)
 {
     int rc;
+    /* WordPiece counts a word's characters against max_input_chars_per_word
+     * and WordLevel looks the word up whole: both cost O(len) and are never
+     * cut. Unigram's lattice is cut as BPE is. */
+    if (c->t->model == TOK_MODEL_WORDPIECE || c->t->model == TOK_MODEL_WORDLEVEL)
+        return chunk_ids(c, w, len);
     while (len > TOK_WORD_MAX) {
         size_t cut = TOK_WORD_MAX;
         while (cut > 0 && ((unsigned char)w[cut] & 0xC0) == 0x80)
@@ -190,17 +219,24 @@ static int on_word(void *ctx, const char *w, size_t len)
 {
     struct enc *c = ctx;
     int rc;
-    if (!c->t->spm_cut)
-        return cached_word(c, w, len);
-    size_t start = 0;
-    for (size_t i = 1; i < len; i++) {
-        if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
-            continue;
-        if ((rc = cached_word(c, w + start, i - start)) < 0)
-            return rc;
-        start = i;
+    if (c->stop)
+        return 0;
+    if (!c->t->spm_cut) {
+        rc = cached_word(c, w, len);
+    } else {
+        size_t start = 0;
+        for (size_t i = 1; i < len; i++) {
+            if (!is_meta(w, len, i) || (i >= 3 && is_meta(w, len, i - 3)))
+                continue;
+            if ((rc = cached_word(c, w + start, i - start)) < 0)
+                return rc;
+            start = i;
+        }
+        rc = cached_word(c, w + start, len - start);
     }
-    return cached_word(c, w + start, len - start);
+    if (c->limit > 0 && c->out.n - c->base >= c->limit)
+        c->stop = true;
+    return rc;
 }
 
 /* ---- added tokens ---- */
@@ -269,7 +305,7 @@ static int split_added(struct enc *c, const struct tok_added_set *set, const cha
             me += tok_utf8_next(s + me, len - me, &(int32_t){0});
         if (ms > seg_start && (rc = seg(c, s + seg_start, ms - seg_start, first && seg_start == 0)) < 0)
             return rc;
-        if ((rc = tok_ids_push(&c->out, a->id, c->e)) < 0)
+        if (!c->stop && (rc = tok_ids_push(&c->out, a->id, c->e)) < 0)
             return rc;
         seg_start = i = me;
     }
@@ -306,39 +342,66 @@ static int seg_normalize(struct enc *c, const char *s, size_t len, bool first)
 
 /* ---- public ---- */
 
+/* The ids of one text without special tokens, appended to c->out (c->md
+ * and the cache set up by the caller). */
+static int encode_text(struct enc *c, const char *text, size_t len)
+{
+    if (len > TOK_TEXT_MAX)
+        return err_setf(c->e, ERR_RANGE, "encode: text of %zu bytes (limit %zu)", len,
+                        TOK_TEXT_MAX);
+    if (len > 0 && !text)
+        return err_setf(c->e, ERR_ARG, "encode: NULL text");
+    size_t bad = len ? tok_utf8_check(text, len) : 0;
+    if (bad < len)
+        return err_setf(c->e, ERR_ARG, "encode: text is not valid UTF-8 at byte %zu", bad);
+    if (len == 0)
+        return 0;
+    return split_added(c, &c->t->added_raw, text, len, true, seg_normalize);
+}
+
+static void enc_deinit(struct enc *c)
+{
+    pcre2_match_data_free(c->md);
+    wc_deinit(&c->wc);
+    tok_bpe_scratch_deinit(&c->bs);
+    free(c->map);
+}
+
+/* Sets up c for texts of len bytes in all. */
+static int enc_init(struct enc *c, const struct tokenizer *t, size_t len, struct err *e)
+{
+    memset(c, 0, sizeof *c);
+    c->t = t;
+    c->e = e;
+    c->md = pcre2_match_data_create(1, NULL);
+    if (!c->md)
+        return err_setf(e, ERR_NOMEM, "encode: PCRE2 match data");
+    if (len >= WC_MIN_TEXT && len <= TOK_TEXT_MAX)
+        return wc_init(&c->wc, len, e);
+    return 0;
+}
+
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                int32_t **ids, size_t *n_ids, struct err *e)
 {
-    struct enc c = {.t = t, .e = e};
-    int rc = 0;
+    struct enc c;
+    int rc;
     *ids = NULL;
     *n_ids = 0;
     if (len > TOK_TEXT_MAX)
         return err_setf(e, ERR_RANGE, "encode: text of %zu bytes (limit %zu)", len, TOK_TEXT_MAX);
-    if (len > 0 && !text)
-        return err_setf(e, ERR_ARG, "encode: NULL text");
-    size_t bad = len ? tok_utf8_check(text, len) : 0;
-    if (bad < len)
-        return err_setf(e, ERR_ARG, "encode: text is not valid UTF-8 at byte %zu", bad);
-    c.md = pcre2_match_data_create(1, NULL);
-    if (!c.md)
-        return err_setf(e, ERR_NOMEM, "encode: PCRE2 match data");
-    if (len >= WC_MIN_TEXT)
-        rc = wc_init(&c.wc, len, e);
+    rc = enc_init(&c, t, len, e);
     for (int i = 0; add_special && i < t->post.n_prefix && rc == 0; i++)
         rc = tok_ids_push(&c.out, t->post.prefix[i], e);
-    if (rc == 0 && len > 0)
-        rc = split_added(&c, &t->added_raw, text, len, true, seg_normalize);
+    if (rc == 0)
+        rc = encode_text(&c, text, len);
     for (int i = 0; add_special && i < t->post.n_suffix && rc == 0; i++)
         rc = tok_ids_push(&c.out, t->post.suffix[i], e);
     if (rc == 0 && !c.out.v) {  /* always hand back an array, even for no ids */
         rc = tok_ids_push(&c.out, 0, e);
         c.out.n = 0;
     }
-    pcre2_match_data_free(c.md);
-    wc_deinit(&c.wc);
-    tok_bpe_scratch_deinit(&c.bs);
-    free(c.map);
+    enc_deinit(&c);
     if (rc < 0) {
         free(c.out.v);
         return rc;
@@ -346,4 +409,35 @@ int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add
     *ids = c.out.v;
     *n_ids = c.out.n;
     return 0;
+}
+
+int tok_encode_pair(const struct tokenizer *t, const char *a, size_t a_len, const char *b,
+                    size_t b_len, const struct tok_encode_opts *o, struct tok_encoding *out,
+                    struct err *e)
+{
+    struct enc c;
+    struct tok_ids ia = {0};
+    int rc;
+    memset(out, 0, sizeof *out);
+    if (a_len > TOK_TEXT_MAX || (b && b_len > TOK_TEXT_MAX - a_len))
+        return err_setf(e, ERR_RANGE, "encode: texts of %zu bytes (limit %zu)",
+                        a_len + (b ? b_len : 0), TOK_TEXT_MAX);
+    rc = enc_init(&c, t, a_len + (b ? b_len : 0), e);
+    /* tokenizers' early exit applies to the first text unless only the
+     * second may be cut, and always to the second */
+    c.limit = o->strategy == TOK_TRUNC_ONLY_SECOND ? 0 : o->max_length;
+    if (rc == 0 && (rc = encode_text(&c, a, a_len)) == 0) {
+        ia = c.out;  /* the cache is shared; each text gets its own id list */
+        c.out = (struct tok_ids){0};
+        c.limit = o->max_length;
+        c.stop = false;
+        if (b)
+            rc = encode_text(&c, b, b_len);
+    }
+    if (rc == 0)
+        rc = tok_post_assemble(t, &ia, b ? &c.out : NULL, o, out, e);
+    enc_deinit(&c);
+    free(ia.v);
+    free(c.out.v);
+    return rc;
 }

@@ -13,6 +13,17 @@
  *                      PCRE2 regex by a fixed string (SentencePiece's " " ->
  *                      U+2581)
  *   ByteLevel          every byte to its GPT-2 byte-level character
+ *   BertNormalizer     clean_text (drop NUL, U+FFFD and Cc/Cf/Co except
+ *                      \t\n\r, then the remaining whitespace -> " "), spaces around CJK
+ *                      ideographs, strip_accents (NFD, drop Mn; null means
+ *                      "as lowercase"), lowercase, in that order
+ *   StripAccents       drop every mark, Mn, Mc and Me (files put an NFD before it)
+ *   Precompiled        SentencePiece's charsmap (charsmap.c)
+ * BertNormalizer's and StripAccents' classes are the old crates' that
+ * tokenizers uses (uccat.c), not utf8proc's. Lowercase and NFC/NFD/NFKC/NFKD
+ * come from utf8proc, whose Unicode version is newer than tokenizers'
+ * unicode-normalization-alignments (9.0) and older than Rust's std: the few
+ * characters added in between may differ.
  * HF tracks offsets through each rewrite; we only need the text. Each
  * output is bounded (TOK_TEXT_MAX times a small factor is rejected), so a
  * hostile Replace cannot blow memory up.
@@ -161,6 +172,36 @@ static struct tok_norm_step *norm_new_step(struct tok_norm *nm, enum tok_norm_ki
     return s;
 }
 
+/* A BertNormalizer option: true, false, or (strip_accents) null. */
+static int bert_opt(const cJSON *j, const char *key, bool dflt, bool *out, bool *is_null,
+                    struct err *e)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    *out = dflt;
+    if (is_null)
+        *is_null = !v || cJSON_IsNull(v);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsBool(v))
+        return err_setf(e, ERR_FORMAT, "normalizer BertNormalizer: \"%s\" must be a boolean", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static int load_bert(struct tok_norm_step *s, const cJSON *j, struct err *e)
+{
+    bool strip_null;
+    int rc;
+    if ((rc = bert_opt(j, "clean_text", true, &s->clean_text, NULL, e)) < 0 ||
+        (rc = bert_opt(j, "handle_chinese_chars", true, &s->chinese, NULL, e)) < 0 ||
+        (rc = bert_opt(j, "lowercase", true, &s->lowercase, NULL, e)) < 0 ||
+        (rc = bert_opt(j, "strip_accents", false, &s->strip_accents, &strip_null, e)) < 0)
+        return rc;
+    if (strip_null)  /* tokenizers: strip_accents.unwrap_or(lowercase) */
+        s->strip_accents = s->lowercase;
+    return 0;
+}
+
 static int norm_add(struct tok_norm *nm, const cJSON *j, int depth, struct err *e)
 {
     static const struct {
@@ -170,7 +211,8 @@ static int norm_add(struct tok_norm *nm, const cJSON *j, int depth, struct err *
         {"NFC", TOK_NORM_NFC}, {"NFD", TOK_NORM_NFD}, {"NFKC", TOK_NORM_NFKC},
         {"NFKD", TOK_NORM_NFKD}, {"Lowercase", TOK_NORM_LOWERCASE}, {"Strip", TOK_NORM_STRIP},
         {"Prepend", TOK_NORM_PREPEND}, {"Replace", TOK_NORM_REPLACE},
-        {"ByteLevel", TOK_NORM_BYTELEVEL},
+        {"ByteLevel", TOK_NORM_BYTELEVEL}, {"BertNormalizer", TOK_NORM_BERT},
+        {"StripAccents", TOK_NORM_STRIP_ACCENTS}, {"Precompiled", TOK_NORM_PRECOMPILED},
     };
     const char *type = json_type(j);
     if (!type)
@@ -208,6 +250,14 @@ static int norm_add(struct tok_norm *nm, const cJSON *j, int depth, struct err *
             return tok_pattern_load(&s->re, cJSON_GetObjectItemCaseSensitive(j, "pattern"),
                                     "normalizer Replace", e);
         }
+        case TOK_NORM_BERT:
+            return load_bert(s, j, e);
+        case TOK_NORM_PRECOMPILED: {
+            const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(j, "precompiled_charsmap");
+            if (!cJSON_IsString(b64))
+                return err_setf(e, ERR_FORMAT, "normalizer Precompiled: missing \"precompiled_charsmap\"");
+            return tok_charsmap_new(&s->cmap, b64->valuestring, strlen(b64->valuestring), e);
+        }
         default:
             return 0;
         }
@@ -228,6 +278,7 @@ void tok_norm_deinit(struct tok_norm *nm)
     for (int i = 0; i < nm->n; i++) {
         free(nm->step[i].str);
         pcre2_code_free(nm->step[i].re);
+        tok_charsmap_free(nm->step[i].cmap);
     }
     memset(nm, 0, sizeof *nm);
 }
@@ -348,6 +399,91 @@ static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, str
     return tok_buf_put(o, "", 0, e);
 }
 
+/* ---- BertNormalizer, StripAccents ---- */
+
+/* The CJK blocks of tokenizers' is_chinese_char. */
+static bool is_chinese(int32_t c)
+{
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+           (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+           (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+/* clean_text and handle_chinese_chars in one pass. */
+static int bert_clean(const struct tok_norm_step *st, const char *s, size_t len,
+                      struct tok_buf *o, struct err *e)
+{
+    int rc = tok_buf_put(o, "", 0, e);
+    for (size_t i = 0; i < len && rc == 0;) {
+        int32_t cp;
+        size_t k = tok_utf8_next(s + i, len - i, &cp);
+        bool tnr = cp == '\t' || cp == '\n' || cp == '\r', ws = tnr || tok_cp_is_space(cp);
+        /* tokenizers filters before it maps: a control character that is
+         * also White_Space (U+000B, U+000C, U+0085...) is dropped */
+        if (st->clean_text && (cp == 0 || cp == 0xFFFD || (!tnr && tok_cp_is_bert_other(cp)))) {
+            i += k;
+            continue;
+        }
+        bool cjk = st->chinese && is_chinese(cp);
+        if (st->clean_text && ws) {
+            rc = tok_buf_put(o, " ", 1, e);
+        } else {
+            if (cjk)
+                rc = tok_buf_put(o, " ", 1, e);
+            if (rc == 0)
+                rc = tok_buf_put(o, s + i, k, e);
+            if (rc == 0 && cjk)
+                rc = tok_buf_put(o, " ", 1, e);
+        }
+        i += k;
+    }
+    return rc;
+}
+
+/* Drops nonspacing marks (Mn), or with all_marks every mark (Mn, Mc, Me:
+ * StripAccents uses is_combining_mark, BertNormalizer is_mark_nonspacing). */
+static int drop_marks(const char *s, size_t len, bool all_marks, struct tok_buf *o, struct err *e)
+{
+    int rc = tok_buf_put(o, "", 0, e);
+    for (size_t i = 0; i < len && rc == 0;) {
+        int32_t cp;
+        size_t k = tok_utf8_next(s + i, len - i, &cp);
+        if (!(all_marks ? tok_cp_is_combining_mark(cp) : tok_cp_is_bert_mn(cp)))
+            rc = tok_buf_put(o, s + i, k, e);
+        i += k;
+    }
+    return rc;
+}
+
+static int apply_unicode(enum tok_norm_kind kind, const char *s, size_t len, struct tok_buf *o,
+                         struct err *e);
+
+/* BertNormalizer: its four passes through scratch buffers. */
+static int apply_bert(const struct tok_norm_step *st, const char *s, size_t len,
+                      struct tok_buf *o, struct err *e)
+{
+    struct tok_buf a = {0}, b = {0};
+    int rc = 0;
+    if (st->clean_text || st->chinese)
+        rc = bert_clean(st, s, len, &a, e);
+    else
+        rc = tok_buf_put(&a, s, len, e);
+    if (rc == 0 && st->strip_accents) {
+        if ((rc = apply_unicode(TOK_NORM_NFD, a.p, a.n, &b, e)) == 0) {
+            a.n = 0;
+            rc = drop_marks(b.p, b.n, false, &a, e);
+        }
+    }
+    if (rc == 0)
+        rc = st->lowercase ? apply_lowercase(a.p, a.n, o, e) : tok_buf_put(o, a.p, a.n, e);
+    if (rc == 0)
+        rc = tok_buf_put(o, "", 0, e);
+    free(a.p);
+    free(b.p);
+    return rc;
+}
+
 static int apply_step(const struct tokenizer *t, const struct tok_norm_step *st,
                       pcre2_match_data *md, const char *s, size_t len, struct tok_buf *o,
                       struct err *e)
@@ -364,6 +500,12 @@ static int apply_step(const struct tokenizer *t, const struct tok_norm_step *st,
         return tok_buf_put(o, s, len, e);
     case TOK_NORM_REPLACE:
         return apply_replace(st, md, s, len, o, e);
+    case TOK_NORM_BERT:
+        return apply_bert(st, s, len, o, e);
+    case TOK_NORM_STRIP_ACCENTS:
+        return drop_marks(s, len, true, o, e);
+    case TOK_NORM_PRECOMPILED:
+        return tok_charsmap_apply(st->cmap, s, len, o, e);
     case TOK_NORM_BYTELEVEL:
         for (size_t i = 0; i < len; i++) {
             unsigned char b = (unsigned char)s[i];

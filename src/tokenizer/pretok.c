@@ -30,8 +30,12 @@
 /* The GPT-2 pre-tokenization regex (openai/gpt-2 encoder.py, also HF's ByteLevel). */
 static const char k_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-/* Rust's char::is_ascii_punctuation || char::is_punctuation. */
-static const char k_punct_regex[] = "[\\p{P}!-/:-@\\[-`{-~]";
+/* Rust's regex \w and \s (what tokenizers' Whitespace pattern \w+|[^\w\s]+
+ * means: Alphabetic, not PCRE2's \p{L}\p{N}) and char::is_whitespace (the
+ * White_Space property: PCRE2's \s also takes U+180E). */
+#define RUST_W "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}"
+static const char k_whitespace_regex[] = "[" RUST_W "]+|[^" RUST_W "\\p{White_Space}]+";
+static const char k_space_regex[] = "\\p{White_Space}+";
 
 static const char *json_type(const cJSON *j)
 {
@@ -167,18 +171,19 @@ static int load_simple(struct tok_pretok *p, const char *type, const cJSON *j, s
     if (strcmp(type, "Punctuation") == 0) {
         if ((rc = parse_behavior(j, "pre_tokenizer Punctuation", TOK_SPLIT_ISOLATED, &b, e)) < 0)
             return rc;
-        return add_regex_step(p, "pre_tokenizer Punctuation", k_punct_regex, b, false, e);
+        return add_regex_step(p, "pre_tokenizer Punctuation", tok_punct_class, b, false, e);
     }
     if (strcmp(type, "Whitespace") == 0)
-        return add_regex_step(p, "pre_tokenizer Whitespace", "\\w+|[^\\w\\s]+", TOK_SPLIT_REMOVED,
+        return add_regex_step(p, "pre_tokenizer Whitespace", k_whitespace_regex, TOK_SPLIT_REMOVED,
                               true, e);
     if (strcmp(type, "WhitespaceSplit") == 0)
-        return add_regex_step(p, "pre_tokenizer WhitespaceSplit", "\\s+", TOK_SPLIT_REMOVED, false, e);
+        return add_regex_step(p, "pre_tokenizer WhitespaceSplit", k_space_regex, TOK_SPLIT_REMOVED,
+                              false, e);
     if (strcmp(type, "BertPreTokenizer") == 0) {
-        if ((rc = add_regex_step(p, "pre_tokenizer BertPreTokenizer", "\\s+", TOK_SPLIT_REMOVED,
-                                 false, e)) < 0)
+        if ((rc = add_regex_step(p, "pre_tokenizer BertPreTokenizer", k_space_regex,
+                                 TOK_SPLIT_REMOVED, false, e)) < 0)
             return rc;
-        return add_regex_step(p, "pre_tokenizer BertPreTokenizer", k_punct_regex,
+        return add_regex_step(p, "pre_tokenizer BertPreTokenizer", tok_punct_class,
                               TOK_SPLIT_ISOLATED, false, e);
     }
     if (strcmp(type, "CharDelimiterSplit") == 0) {

@@ -12,11 +12,15 @@
  *   pre-tokenizer(pretok.c)     steps that rewrite and cut a segment into
  *                               words (Split, ByteLevel, Metaspace, Digits...)
  *   model        (bpe.c)        BPE over one word with merge ranks
- *   post-process (encode.c)     prefix/suffix special ids (TemplateProcessing)
+ *                (wordpiece.c)  WordPiece (greedy longest match) and WordLevel
+ *                (unigram.c)    Unigram (Viterbi over the vocab's scores)
+ *   post-process (post.c)       special ids and type ids of a single text or a
+ *                               pair (Template/Bert/RobertaProcessing), truncation
  * and decoding goes through decode.c (a list of decoder steps over the
  * token strings, as HF's decode_chain). Shared containers (string pool,
  * hash tables, id vector, byte buffer) and UTF-8 helpers live in tables.c,
- * Unicode classes in normalize.c.
+ * Unicode classes in normalize.c and uccat.c (the old tables tokenizers
+ * takes some classes from), the Precompiled charsmap in charsmap.c.
  *
  * A loaded tokenizer is immutable: every function taking a const tokenizer
  * is safe to call from several threads; per-call scratch lives on the stack
@@ -47,6 +51,8 @@
 #define TOK_POST_MAX   8   /* special ids a post-processor adds on one side */
 #define TOK_JSON_DEPTH 128 /* nesting the span reader (jscan.c) accepts */
 #define TOK_AFFIX_MAX  32  /* BPE continuing_subword_prefix / end_of_word_suffix bytes */
+#define TOK_TYPE_ID_MAX 65535  /* post-processor type ids (real ones are 0..2) */
+#define TOK_CHARSMAP_MAX ((size_t)16 << 20)  /* Precompiled charsmap, decoded bytes */
 
 /* ---- containers (tables.c) ---- */
 
@@ -161,6 +167,14 @@ bool tok_cp_is_space(int32_t cp);
  * punctuation, Join_Control. */
 bool tok_cp_is_word(int32_t cp);
 
+/* The classes tokenizers takes from old crates (uccat.c, about Unicode 9):
+ * unicode_categories' Cc|Cf|Co, Mn and punctuation (the latter as a PCRE2
+ * class, with ASCII punctuation), unicode-normalization-alignments' marks. */
+bool tok_cp_is_bert_other(int32_t cp);
+bool tok_cp_is_bert_mn(int32_t cp);
+bool tok_cp_is_combining_mark(int32_t cp);
+extern const char tok_punct_class[];
+
 /* GPT-2 byte-level alphabet: each byte maps to one printable code point
  * (printable Latin-1 bytes map to themselves, the rest to U+0100 + k). */
 #define TOK_BL_CP_MAX 0x144  /* every mapped code point is below this */
@@ -258,10 +272,17 @@ enum tok_norm_kind {
     TOK_NORM_PREPEND,
     TOK_NORM_REPLACE,
     TOK_NORM_BYTELEVEL,
+    TOK_NORM_BERT,         /* BertNormalizer */
+    TOK_NORM_STRIP_ACCENTS,/* StripAccents: drop marks (after an NFD the file puts first) */
+    TOK_NORM_PRECOMPILED,  /* SentencePiece charsmap (charsmap.c) */
 };
+struct tok_charsmap;
 struct tok_norm_step {
     enum tok_norm_kind kind;
     bool left, right;   /* Strip */
+    /* BertNormalizer; strip_accents is resolved at load (null: = lowercase) */
+    bool clean_text, chinese, strip_accents, lowercase;
+    struct tok_charsmap *cmap;  /* Precompiled (owned) */
     char *str;          /* Prepend's string, Replace's content (owned) */
     size_t str_len;
     pcre2_code *re;     /* Replace's pattern (a literal is compiled as one) */
@@ -343,10 +364,24 @@ struct tok_added_set {
     uint32_t start[257];   /* idx[start[b] .. start[b+1]) begin with byte b */
 };
 
+/* One item of a pair template: a special id, or sequence A or B. */
+#define TOK_POST_SEQ_A (-1)
+#define TOK_POST_SEQ_B (-2)
+#define TOK_POST_PAIR_MAX (2 * TOK_POST_MAX + 2)
+struct tok_post_item {
+    int32_t id;       /* >= 0: special id; TOK_POST_SEQ_A / TOK_POST_SEQ_B */
+    int32_t type_id;
+};
 struct tok_post {
     int n_prefix, n_suffix;
     int32_t prefix[TOK_POST_MAX];  /* ids before the sequence (e.g. BOS) */
     int32_t suffix[TOK_POST_MAX];  /* ids after it (e.g. EOS) */
+    int32_t prefix_type[TOK_POST_MAX], suffix_type[TOK_POST_MAX];
+    int32_t type_a;                /* type id of the single sequence */
+    bool all_zero;                 /* RobertaProcessing: every type id is 0, even without specials */
+    /* the pair template; n_pair = 0: none (A:0 B:1, no special ids) */
+    int n_pair;
+    struct tok_post_item pair[TOK_POST_PAIR_MAX];
 };
 
 enum tok_dec_kind {
@@ -357,6 +392,7 @@ enum tok_dec_kind {
     TOK_DEC_REPLACE,        /* pattern -> content in each token */
     TOK_DEC_METASPACE,      /* replacement -> " ", dropped in the first token */
     TOK_DEC_BPE,            /* BPEDecoder: suffix -> " " ("" in the last token) */
+    TOK_DEC_WORDPIECE,      /* prefix stripped, else " " before (not token 0); cleanup */
 };
 struct tok_dec_step {
     enum tok_dec_kind kind;
@@ -367,6 +403,7 @@ struct tok_dec_step {
     size_t ch_len;
     int start, stop;  /* Strip */
     bool prepend;     /* Metaspace: prepend_scheme != never */
+    bool cleanup;     /* WordPiece: " ." -> "." and the like */
 };
 struct tok_dec {
     bool present;  /* false: no decoder, tokens are joined with " " (as HF) */
@@ -374,11 +411,35 @@ struct tok_dec {
     struct tok_dec_step step[TOK_STEPS_MAX];
 };
 
+enum tok_model_kind {
+    TOK_MODEL_BPE = 1,
+    TOK_MODEL_WORDPIECE,
+    TOK_MODEL_WORDLEVEL,
+    TOK_MODEL_UNIGRAM,
+};
+
+/* Unigram model (unigram.c); the piece -> id map is tok_bpe.vocab. */
+struct tok_unigram {
+    double *score;       /* [n_ids] log-probabilities */
+    double unk_score;    /* lowest score - 10 (tokenizers' K_UNK_PENALTY) */
+    int32_t unk_id;      /* -1: none */
+    bool byte_fallback;  /* unknown pieces -> <0xXX> when all their bytes have one */
+    size_t max_piece;    /* longest piece in bytes */
+    size_t max_chars;    /* longest piece in characters (SentencePiece: <= 16) */
+};
+
 struct tokenizer {
     struct tok_pool pool;
     struct tok_entry *entry;  /* [n_ids] */
     int32_t n_ids;            /* highest id + 1 */
+    enum tok_model_kind model;
+    /* BPE; for WordPiece / WordLevel / Unigram only vocab (piece -> id),
+     * unk_id, and for WordPiece prefix (continuing_subword_prefix) */
     struct tok_bpe bpe;
+    size_t wp_max_chars;      /* WordPiece max_input_chars_per_word */
+    size_t wp_max_piece;      /* WordPiece: longest vocab piece in bytes */
+    size_t wp_piece_chars;    /* WordPiece: longest vocab piece in characters */
+    struct tok_unigram uni;
     struct tok_added *added;  /* [n_added] */
     size_t n_added;
     struct tok_added_set added_raw;   /* normalized = false: matched on raw text */
@@ -398,6 +459,66 @@ struct tokenizer {
 
 /* Id of an added token's content or model piece, -1 when absent. */
 int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len);
+
+/* ---- other models (wordpiece.c, unigram.c) ---- */
+
+/* Loads a WordPiece or WordLevel model: vocab ({piece: id}) as tok_bpe_load
+ * does, unk_token, WordPiece's continuing_subword_prefix and
+ * max_input_chars_per_word. Errors: ERR_FORMAT, ERR_NOMEM. */
+int tok_wp_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist *v,
+                struct err *e);
+/* Appends the ids of one word: WordPiece (greedy longest match, one unk for
+ * a word that cannot be matched or is too long) or WordLevel (the word or
+ * unk). Errors: ERR_FORMAT (unk needed but absent from the vocab), ERR_NOMEM. */
+int tok_wp_word(const struct tokenizer *t, const char *w, size_t len, struct tok_ids *out,
+                struct err *e);
+int tok_wl_word(const struct tokenizer *t, const char *w, size_t len, struct tok_ids *out,
+                struct err *e);
+
+/* Reads a Unigram model.vocab ([[piece, score], ...], ids = positions)
+ * into v (pieces into t's pool) and *scores (malloc'd [v->n], caller owns).
+ * Errors: ERR_FORMAT (with the byte offset), ERR_NOMEM. */
+int tok_uni_read_vocab(struct tokenizer *t, struct tok_span sp, struct tok_vlist *v,
+                       double **scores, struct err *e);
+/* Fills t->uni and t->bpe.vocab from the list (takes ownership of scores).
+ * Errors: ERR_FORMAT (unk_id out of range, empty vocab), ERR_NOMEM. */
+int tok_uni_load(struct tokenizer *t, const cJSON *model, const struct tok_vlist *v,
+                 double *scores, struct err *e);
+void tok_uni_deinit(struct tok_unigram *u);
+/* Appends the Viterbi segmentation of one word. Errors: ERR_FORMAT (an
+ * unknown character and no unk_id), ERR_NOMEM. */
+int tok_uni_word(const struct tokenizer *t, const char *w, size_t len, struct tok_ids *out,
+                 struct err *e);
+
+/* ---- Precompiled charsmap (charsmap.c) ---- */
+
+/* Parses a base64 precompiled_charsmap (SentencePiece's: u32 trie size, a
+ * darts-clone double array, then NUL-separated normalized strings) into
+ * *out (caller frees with tok_charsmap_free). Errors: ERR_FORMAT (bad
+ * base64, truncated blob, normalized strings not UTF-8), ERR_RANGE (over
+ * TOK_CHARSMAP_MAX), ERR_NOMEM. */
+int tok_charsmap_new(struct tok_charsmap **out, const char *b64, size_t len, struct err *e);
+void tok_charsmap_free(struct tok_charsmap *m);
+/* Normalizes s[0..len) (valid UTF-8) into o as tokenizers' Precompiled
+ * normalizer: grapheme by grapheme, whole graphemes under 6 bytes first,
+ * else character by character. Errors: ERR_FORMAT (an offset in the
+ * charsmap leads outside it: hostile file), ERR_NOMEM. */
+int tok_charsmap_apply(const struct tok_charsmap *m, const char *s, size_t len,
+                       struct tok_buf *o, struct err *e);
+
+/* ---- post-processor (post.c) ---- */
+
+/* Reads the "post_processor" section (NULL or null: none) into t->post.
+ * Errors: ERR_FORMAT, ERR_UNSUPPORTED, ERR_NOMEM. */
+int tok_post_load(struct tokenizer *t, const cJSON *j, struct err *e);
+/* Builds the final encoding of a (and b: NULL for a single text): truncation
+ * per o, then the template's special ids and type ids. out is owned by the
+ * caller. Errors: ERR_RANGE (truncation impossible), ERR_UNSUPPORTED (pair
+ * without a pair template), ERR_NOMEM. */
+int tok_post_assemble(const struct tokenizer *t, const struct tok_ids *a, const struct tok_ids *b,
+                      const struct tok_encode_opts *o, struct tok_encoding *out, struct err *e);
+/* Appends special id `id` to the single template's prefix or suffix. */
+int tok_post_push(struct tokenizer *t, bool prefix, int32_t id, struct err *e);
 
 /* ---- decoding (decode.c) ---- */
 

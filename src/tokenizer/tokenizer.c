@@ -7,8 +7,10 @@
  * far cheaper than a cJSON tree), parse the rest with cJSON; size the id
  * table from the vocab and added_tokens ids so it is allocated in one
  * piece; then each stage loads its own section (model: bpe.c, normalizer:
- * normalize.c, pre_tokenizer: pretok.c, decoder: decode.c; added tokens
- * and post_processor here). tokenizer_config.json only contributes
+ * normalize.c, pre_tokenizer: pretok.c, decoder: decode.c, post_processor:
+ * post.c; added tokens here). The model is BPE (bpe.c), WordPiece or
+ * WordLevel (wordpiece.c) or Unigram (unigram.c, whose vocab is a list of
+ * [piece, score] pairs instead of a {piece: id} object). tokenizer_config.json only contributes
  * bos/eos and add_bos_token/add_eos_token. Every section is validated as
  * hostile input: ids in [0, 2^24), pieces <= TOK_PIECE_MAX bytes, duplicate
  * ids or pieces rejected, unknown component types -> ERR_UNSUPPORTED.
@@ -251,93 +253,6 @@ int32_t tok_lookup(const struct tokenizer *t, const char *s, size_t len)
     return tok_strmap_get(&t->bpe.vocab, &t->pool, s, len);
 }
 
-/* ---- post-processor ---- */
-
-static int post_push(struct tokenizer *t, bool prefix, int32_t id, struct err *e)
-{
-    int *n = prefix ? &t->post.n_prefix : &t->post.n_suffix;
-    if (id < 0 || id >= t->n_ids)
-        return err_setf(e, ERR_FORMAT, "post_processor: id %d out of range [0, %d)", id, t->n_ids);
-    if (*n >= TOK_POST_MAX)
-        return err_setf(e, ERR_UNSUPPORTED, "post_processor: more than %d special tokens",
-                        TOK_POST_MAX);
-    (prefix ? t->post.prefix : t->post.suffix)[(*n)++] = id;
-    return 0;
-}
-
-/* TemplateProcessing "single": special tokens before $A go first, after it last. */
-static int load_template(struct tokenizer *t, const cJSON *j, struct err *e)
-{
-    const cJSON *single = cJSON_GetObjectItemCaseSensitive(j, "single");
-    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(j, "special_tokens");
-    const cJSON *it, *idv;
-    bool before = true;
-    int rc;
-    t->post.n_prefix = t->post.n_suffix = 0;
-    if (!cJSON_IsArray(single))
-        return err_setf(e, ERR_FORMAT, "post_processor TemplateProcessing: missing \"single\"");
-    cJSON_ArrayForEach(it, single) {
-        if (cJSON_GetObjectItemCaseSensitive(it, "Sequence")) {
-            before = false;
-            continue;
-        }
-        const cJSON *st = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(st, "id");
-        if (!cJSON_IsString(name))
-            return err_setf(e, ERR_FORMAT, "post_processor TemplateProcessing: bad item");
-        const cJSON *spec = cJSON_GetObjectItemCaseSensitive(specials, name->valuestring);
-        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(spec, "ids");
-        if (!cJSON_IsArray(ids))
-            return err_setf(e, ERR_FORMAT, "post_processor: special token '%.64s' has no ids",
-                            name->valuestring);
-        cJSON_ArrayForEach(idv, ids) {
-            if (!cJSON_IsNumber(idv))
-                return err_setf(e, ERR_FORMAT, "post_processor: non-numeric id");
-            if ((rc = post_push(t, before, (int32_t)idv->valuedouble, e)) < 0)
-                return rc;
-        }
-    }
-    return 0;
-}
-
-/* RobertaProcessing / BertProcessing: "cls": [piece, id] first, "sep": [piece, id] last. */
-static int load_cls_sep(struct tokenizer *t, const cJSON *j, struct err *e)
-{
-    const cJSON *cls = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "cls"), 1);
-    const cJSON *sep = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "sep"), 1);
-    int rc;
-    if (!cJSON_IsNumber(cls) || !cJSON_IsNumber(sep))
-        return err_setf(e, ERR_FORMAT, "post_processor: bad \"cls\"/\"sep\"");
-    if ((rc = post_push(t, true, (int32_t)cls->valuedouble, e)) < 0)
-        return rc;
-    return post_push(t, false, (int32_t)sep->valuedouble, e);
-}
-
-static int load_post(struct tokenizer *t, const cJSON *j, int depth, struct err *e)
-{
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type"), *it;
-    if (!j || cJSON_IsNull(j))
-        return 0;
-    if (!cJSON_IsString(type))
-        return err_setf(e, ERR_FORMAT, "post_processor: missing \"type\"");
-    const char *ty = type->valuestring;
-    if (strcmp(ty, "ByteLevel") == 0)
-        return 0;  /* only adjusts offsets */
-    if (strcmp(ty, "TemplateProcessing") == 0)
-        return load_template(t, j, e);
-    if (strcmp(ty, "RobertaProcessing") == 0 || strcmp(ty, "BertProcessing") == 0)
-        return load_cls_sep(t, j, e);
-    if (strcmp(ty, "Sequence") == 0 && depth < 4) {
-        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(j, "processors")) {
-            int rc = load_post(t, it, depth + 1, e);
-            if (rc < 0)
-                return rc;
-        }
-        return 0;
-    }
-    return err_setf(e, ERR_UNSUPPORTED, "post_processor type '%.64s' is not supported", ty);
-}
-
 /* ---- tokenizer.json ---- */
 
 /* The model section: options from the cJSON tree, vocab and merges from
@@ -352,17 +267,47 @@ static int load_model(struct tokenizer *t, const cJSON *root, const struct tok_s
     if (!cJSON_IsObject(model))
         return err_setf(e, ERR_FORMAT, "missing \"model\" object");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
-    /* Old files omit the type; a model with merges is BPE. */
+    double *scores = NULL;
+    /* Old files omit the type; a model with merges is BPE, one with
+     * max_input_chars_per_word WordPiece, one with an unk_id Unigram. */
     const char *ty = cJSON_IsString(type) ? type->valuestring
-                     : cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE" : "(none)";
-    if (strcmp(ty, "BPE") != 0)
-        return err_setf(e, ERR_UNSUPPORTED, "model type '%.64s' is not supported (only BPE)", ty);
+                     : cJSON_GetObjectItemCaseSensitive(model, "merges") ? "BPE"
+                     : cJSON_GetObjectItemCaseSensitive(model, "max_input_chars_per_word") ? "WordPiece"
+                     : cJSON_GetObjectItemCaseSensitive(model, "unk_id") ? "Unigram" : "(none)";
+    if (strcmp(ty, "BPE") == 0)
+        t->model = TOK_MODEL_BPE;
+    else if (strcmp(ty, "WordPiece") == 0)
+        t->model = TOK_MODEL_WORDPIECE;
+    else if (strcmp(ty, "WordLevel") == 0)
+        t->model = TOK_MODEL_WORDLEVEL;
+    else if (strcmp(ty, "Unigram") == 0)
+        t->model = TOK_MODEL_UNIGRAM;
+    else
+        return err_setf(e, ERR_UNSUPPORTED,
+                        "model type '%.64s' is not supported (BPE, WordPiece, WordLevel, Unigram)", ty);
     if (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))
         return err_setf(e, ERR_FORMAT, "added_tokens: expected an array");
-    if ((rc = tok_bpe_read_vocab(t, spans[0], &vl, e)) == 0 &&
-        (rc = alloc_ids(t, &vl, added, e)) == 0 &&
-        (rc = tok_bpe_load(t, model, &vl, spans[1], e)) == 0)
+    if (t->model == TOK_MODEL_UNIGRAM)
+        rc = tok_uni_read_vocab(t, spans[0], &vl, &scores, e);
+    else
+        rc = tok_bpe_read_vocab(t, spans[0], &vl, e);
+    if (rc == 0 && (rc = alloc_ids(t, &vl, added, e)) == 0) {
+        switch (t->model) {
+        case TOK_MODEL_BPE:
+            rc = tok_bpe_load(t, model, &vl, spans[1], e);
+            break;
+        case TOK_MODEL_UNIGRAM:
+            rc = tok_uni_load(t, model, &vl, scores, e);
+            scores = NULL;
+            break;
+        default:
+            rc = tok_wp_load(t, model, &vl, e);
+            break;
+        }
+    }
+    if (rc == 0)
         rc = load_added(t, added, e);
+    free(scores);
     tok_vlist_deinit(&vl);
     return rc;
 }
@@ -373,7 +318,7 @@ static int load_model(struct tokenizer *t, const cJSON *root, const struct tok_s
  * not skipped (ignore_merges), and words are not byte-level mapped. */
 static bool spm_cut_ok(const struct tokenizer *t)
 {
-    if (t->bpe.ignore_merges || t->pretok.byte_level ||
+    if (t->model != TOK_MODEL_BPE || t->bpe.ignore_merges || t->pretok.byte_level ||
         tok_strmap_get(&t->bpe.vocab, &t->pool, TOK_META, 3) < 0)
         return false;
     for (int i = 0; i < t->pretok.n; i++)
@@ -408,7 +353,7 @@ static int load_tokenizer_json(struct tokenizer *t, const cJSON *root, const str
     if ((rc = tok_pretok_load(&t->pretok, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"),
                               e)) < 0)
         return rc;
-    if ((rc = load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), 0, e)) < 0)
+    if ((rc = tok_post_load(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), e)) < 0)
         return rc;
     t->spm_cut = spm_cut_ok(t);
     return tok_decoder_load(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"), e);
@@ -441,12 +386,17 @@ static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
         if (t->post.n_prefix >= TOK_POST_MAX)
             return err_setf(e, ERR_UNSUPPORTED, "add_bos_token: template full");
         memmove(t->post.prefix + 1, t->post.prefix, (size_t)t->post.n_prefix * sizeof(int32_t));
+        memmove(t->post.prefix_type + 1, t->post.prefix_type,
+                (size_t)t->post.n_prefix * sizeof(int32_t));
         t->post.prefix[0] = t->bos_id;
+        t->post.prefix_type[0] = 0;
         t->post.n_prefix++;
     }
     if (t->bos_id >= 0 && !flag(cfg, "add_bos_token", true) && t->post.n_prefix > 0 &&
         t->post.prefix[0] == t->bos_id) {
         memmove(t->post.prefix, t->post.prefix + 1,
+                (size_t)(t->post.n_prefix - 1) * sizeof(int32_t));
+        memmove(t->post.prefix_type, t->post.prefix_type + 1,
                 (size_t)(t->post.n_prefix - 1) * sizeof(int32_t));
         t->post.n_prefix--;
     }
@@ -455,7 +405,7 @@ static int apply_config(struct tokenizer *t, const cJSON *cfg, struct err *e)
         t->post.n_suffix--;
     if (t->eos_id >= 0 && flag(cfg, "add_eos_token", false) &&
         !(t->post.n_suffix > 0 && t->post.suffix[t->post.n_suffix - 1] == t->eos_id)) {
-        if ((rc = post_push(t, false, t->eos_id, e)) < 0)
+        if ((rc = tok_post_push(t, false, t->eos_id, e)) < 0)
             return rc;
     }
     return 0;
@@ -520,6 +470,7 @@ void tok_free(struct tokenizer *t)
     if (!t)
         return;
     tok_bpe_deinit(&t->bpe);
+    tok_uni_deinit(&t->uni);
     tok_pretok_deinit(&t->pretok);
     tok_norm_deinit(&t->norm);
     tok_decoder_deinit(&t->dec);

@@ -7,18 +7,22 @@
  *   model           BPE: byte-level (GPT-2, Llama 3, Qwen) or SentencePiece
  *                   style (byte_fallback, unk_token, fuse_unk), ignore_merges,
  *                   continuing_subword_prefix / end_of_word_suffix; merges as
- *                   "a b" strings or [a, b] pairs; dropout is ignored
+ *                   "a b" strings or [a, b] pairs; dropout is ignored.
+ *                   WordPiece (BERT), WordLevel, Unigram (XLM-R, T5: Viterbi,
+ *                   unk fusion, byte_fallback)
  *   normalizer      NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace
- *                   (string or regex), ByteLevel, Sequence
+ *                   (string or regex), ByteLevel, BertNormalizer, StripAccents,
+ *                   Precompiled (SentencePiece charsmap), Sequence
  *   pre_tokenizer   Split (regex or string, every behaviour, invert),
  *                   ByteLevel, Metaspace, Digits, Punctuation, Whitespace,
  *                   WhitespaceSplit, CharDelimiterSplit, BertPreTokenizer,
  *                   Sequence (regexes via PCRE2 with Unicode properties, JIT)
  *   added_tokens    special and normal, lstrip/rstrip/single_word/normalized,
  *                   matched leftmost-longest before normalization
- *   post_processor  TemplateProcessing, ByteLevel, Roberta/Bert, Sequence
+ *   post_processor  TemplateProcessing (single and pair, type ids), ByteLevel,
+ *                   RobertaProcessing, BertProcessing, Sequence
  *   decoder         ByteLevel, ByteFallback, Fuse, Strip, Replace, Metaspace,
- *                   BPEDecoder, Sequence
+ *                   BPEDecoder, WordPiece, Sequence
  * tokenizer_config.json (optional) supplies bos/eos and add_bos_token /
  * add_eos_token.
  *
@@ -68,9 +72,41 @@ int32_t tok_piece_to_id(const struct tokenizer *t, const char *piece);
  * BOS when the tokenizer's template adds one). *ids is malloc'd (non-NULL
  * on success, even for 0 ids) and owned by the caller. Errors: -ERR_RANGE
  * (len over 64 MiB), -ERR_ARG (invalid UTF-8, with its byte offset),
- * -ERR_NOMEM. */
+ * -ERR_FORMAT (a word needs an unk token the vocabulary lacks, as tokenizers
+ * fails then, or a Precompiled charsmap points outside itself), -ERR_NOMEM. */
 int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool add_special,
                int32_t **ids, size_t *n_ids, struct err *e);
+/* Truncation strategies of tok_encode_pair, as tokenizers' TruncationStrategy. */
+enum tok_trunc {
+    TOK_TRUNC_LONGEST_FIRST = 0,  /* a pair: cut the longer text first (tokenizers' rule) */
+    TOK_TRUNC_ONLY_FIRST = 1,
+    TOK_TRUNC_ONLY_SECOND = 2,
+};
+struct tok_encode_opts {
+    bool add_special;        /* the post-processor's special tokens ([CLS] ... [SEP]) */
+    size_t max_length;       /* 0: no truncation; else at most this many ids, specials included */
+    enum tok_trunc strategy;
+};
+/* One encoding: ids and their token type ids (segment ids: 0 for the first
+ * text, 1 for the second with BERT's template), both malloc'd [n + 1] and
+ * owned by the caller (tok_encoding_deinit). */
+struct tok_encoding {
+    int32_t *ids;
+    int32_t *type_ids;
+    size_t n;
+};
+/* Encodes text a, or the pair (a, b) when b is non-NULL (a reranker's
+ * query and document), with the post-processor's pair template and type
+ * ids, truncated as tokenizers does (Tokenizer::encode with a
+ * TruncationParams of direction right and stride 0). Same input errors as
+ * tok_encode, plus -ERR_RANGE when only_first / only_second cannot cut
+ * enough (or only_second without b) and -ERR_UNSUPPORTED for a pair when
+ * the template has none. out is zeroed on error. */
+int tok_encode_pair(const struct tokenizer *t, const char *a, size_t a_len, const char *b,
+                    size_t b_len, const struct tok_encode_opts *o, struct tok_encoding *out,
+                    struct err *e);
+void tok_encoding_deinit(struct tok_encoding *enc);  /* NULL is a no-op */
+
 /* Decode ids to a malloc'd NUL-terminated string (caller frees).
  * skip_special drops special tokens. Byte sequences that are not valid
  * UTF-8 become U+FFFD. Ids out of range -> -ERR_RANGE. */
