@@ -58,6 +58,7 @@
     X(image)      \
     X(spec)       \
     X(multimodal) \
+    X(embed)      \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -1,0 +1,253 @@
+/*
+ * embed: the encoder families and sentence-transformers' modules against the float64
+ * references of tests/fixtures/gen/gen_embed.py (tests/fixtures/golden/<case>/embed.json).
+ *
+ * Embedding cases (bert_st: mean pooling + Normalize, float32; xlmr_st: CLS pooling + Dense
+ * (tanh), bfloat16): per text the last hidden states, every pooling mode of ST's Pooling
+ * over them, the final vector alone and in one batch of every text; batched must equal
+ * alone. Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
+ * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
+ * The token ids come from the references (the tokenizers are tested on their own).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/embedder.h"
+#include "kernels/backend.h"
+#include "loading/config.h"
+#include "models/model.h"
+#include "test.h"
+
+#define REL_TOL 1e-4
+#define COS_MIN 0.99999
+
+struct ecase {
+    cJSON *ref;
+    struct model *m;
+    struct backend *be;
+    struct embedder *em;
+};
+
+static void ecase_open(struct ecase *c, const char *name)
+{
+    char path[4096];
+    struct err e = {0};
+    memset(c, 0, sizeof *c);
+    const char *dir = golden_case_dir(name);
+    snprintf(path, sizeof path, "%s/embed.json", dir);
+    if (cfg_load_file(path, FILE_USER, &c->ref, &e) < 0 || model_load(&c->m, dir, &e) < 0 ||
+        test_backend_new(&c->be, 2, &e) < 0 || model_prepare(c->m, c->be, &e) < 0 ||
+        embedder_new(&c->em, c->m, c->be, NULL, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+}
+
+static void ecase_close(struct ecase *c)
+{
+    embedder_free(c->em);
+    backend_free(c->be);
+    model_free(c->m);
+    cJSON_Delete(c->ref);
+}
+
+/* A JSON array of numbers into v (at most cap); returns the count. */
+static int json_floats(const cJSON *a, float *v, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        if (cJSON_IsArray(it)) {
+            n += json_floats(it, v + n, cap - n);
+            continue;
+        }
+        assert_true(cJSON_IsNumber(it) && n < cap);
+        v[n++] = (float)it->valuedouble;
+    }
+    return n;
+}
+
+static int json_ids(const cJSON *a, int32_t *v, int cap)
+{
+    int n = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, a) {
+        assert_true(cJSON_IsNumber(it) && n < cap);
+        v[n++] = (int32_t)it->valuedouble;
+    }
+    return n;
+}
+
+/* Cosine and relative max error of got against ref (n values); fails past the bounds. */
+static double check_vec(const char *what, const float *got, const float *ref, int n)
+{
+    double dot = 0, ng = 0, nr = 0, md = 0, mr = 0;
+    for (int i = 0; i < n; i++) {
+        dot += (double)got[i] * ref[i];
+        ng += (double)got[i] * got[i];
+        nr += (double)ref[i] * ref[i];
+        md = fmax(md, fabs((double)got[i] - ref[i]));
+        mr = fmax(mr, fabs((double)ref[i]));
+    }
+    double cos = dot / (sqrt(ng) * sqrt(nr) + 1e-300), rel = md / (mr > 0 ? mr : 1);
+    if (!(cos >= COS_MIN) || !(rel <= REL_TOL))
+        fail_msg("%s: cosine %.9f, relative error %.3g", what, cos, rel);
+    return rel;
+}
+
+/* The ids of a text entry as an item (types too when given). */
+static void item_of(const struct embedder *em, const cJSON *ids, const cJSON *types, struct emb_item *it)
+{
+    int32_t buf[1024], tb[1024];
+    struct err e = {0};
+    int n = json_ids(ids, buf, 1024);
+    if (embedder_ids(em, buf, n, false, it, &e) < 0)
+        fail_msg("%s", e.msg);
+    if (cJSON_IsArray(types)) {
+        assert_int_equal(json_ids(types, tb, 1024), n);
+        memcpy(it->types, tb, (size_t)n * sizeof *tb);
+    }
+}
+
+static const struct { const char *name; unsigned bit; } k_modes[] = {
+    {"cls", EMB_POOL_CLS}, {"mean", EMB_POOL_MEAN}, {"max", EMB_POOL_MAX},
+    {"lasttoken", EMB_POOL_LAST}, {"mean_sqrt_len_tokens", EMB_POOL_MEAN_SQRT},
+};
+
+static void embed_case(void **state)
+{
+    const char *name = *state;
+    struct ecase c;
+    struct err e = {0};
+    ecase_open(&c, name);
+    const cJSON *texts = cJSON_GetObjectItem(c.ref, "texts");
+    int nt = cJSON_GetArraySize(texts), d = c.m->hp.n_embd, dim = c.em->cfg.dim;
+    assert_true(nt >= 6);
+    struct emb_item *items = calloc((size_t)nt, sizeof *items);
+    float *alone = calloc((size_t)nt * dim, sizeof *alone), *batched = calloc((size_t)nt * dim, sizeof *batched);
+    float *ref = calloc(1 << 16, sizeof *ref), *hid = calloc(1 << 16, sizeof *hid), pooled[4096];
+    double worst = 0;
+    for (int i = 0; i < nt; i++) {
+        const cJSON *t = cJSON_GetArrayItem(texts, i);
+        char what[128];
+        item_of(c.em, cJSON_GetObjectItem(t, "ids"), cJSON_GetObjectItem(t, "token_type_ids"), &items[i]);
+        int n = items[i].n;
+        struct enc_seq s = {items[i].ids, items[i].types, n};
+        assert_true((size_t)n * d <= (1 << 16));
+        if (enc_run(c.em->enc, &s, 1, hid, NULL, &e) < 0)
+            fail_msg("%s", e.msg);
+        const cJSON *h = cJSON_GetObjectItem(t, "hidden");
+        for (int r = 0; h && r < n; r++) {
+            assert_int_equal(json_floats(cJSON_GetArrayItem(h, r), ref, d), d);
+            snprintf(what, sizeof what, "%s text %d hidden row %d", name, i, r);
+            worst = fmax(worst, check_vec(what, hid + (size_t)r * d, ref, d));
+        }
+        /* every pooling mode of ST's Pooling over the same hidden states */
+        for (size_t k = 0; k < sizeof k_modes / sizeof k_modes[0]; k++) {
+            const cJSON *p = cJSON_GetObjectItem(cJSON_GetObjectItem(t, "pooled"), k_modes[k].name);
+            if (!p)
+                fail_msg("%s: no pooled %s", name, k_modes[k].name);
+            struct emb_config pc = {.pool = k_modes[k].bit, .include_prompt = true, .dim = d};
+            emb_finish(&pc, pooled, hid, n, d, 0);
+            assert_int_equal(json_floats(p, ref, d), d);
+            snprintf(what, sizeof what, "%s text %d pooling %s", name, i, k_modes[k].name);
+            worst = fmax(worst, check_vec(what, pooled, ref, d));
+        }
+        if (embedder_embed(c.em, &items[i], 1, alone + (size_t)i * dim, &e) < 0)
+            fail_msg("%s", e.msg);
+        assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding"), ref, dim), dim);
+        snprintf(what, sizeof what, "%s text %d embedding", name, i);
+        worst = fmax(worst, check_vec(what, alone + (size_t)i * dim, ref, dim));
+    }
+    /* one batch of every text: the batched reference, and equal to each text alone */
+    if (embedder_embed(c.em, items, nt, batched, &e) < 0)
+        fail_msg("%s", e.msg);
+    for (int i = 0; i < nt; i++) {
+        char what[128];
+        const cJSON *t = cJSON_GetArrayItem(texts, i);
+        assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding_batched"), ref, dim), dim);
+        snprintf(what, sizeof what, "%s text %d batched", name, i);
+        worst = fmax(worst, check_vec(what, batched + (size_t)i * dim, ref, dim));
+        for (int j = 0; j < dim; j++)
+            if (fabsf(batched[(size_t)i * dim + j] - alone[(size_t)i * dim + j]) > 1e-6f)
+                fail_msg("%s text %d: batched differs from alone at %d (%g vs %g)", name, i, j,
+                         (double)batched[(size_t)i * dim + j], (double)alone[(size_t)i * dim + j]);
+    }
+    /* prompts: the ids of "query: " + text, pooled with the prompt */
+    const cJSON *pr = cJSON_GetObjectItem(c.ref, "prompt");
+    for (int i = 0; pr && i < cJSON_GetArraySize(cJSON_GetObjectItem(pr, "ids")); i++) {
+        struct emb_item it;
+        char what[128];
+        float v[4096];
+        item_of(c.em, cJSON_GetArrayItem(cJSON_GetObjectItem(pr, "ids"), i), NULL, &it);
+        assert_non_null(emb_prompt_find(&c.em->cfg, "query"));
+        if (embedder_embed(c.em, &it, 1, v, &e) < 0)
+            fail_msg("%s", e.msg);
+        assert_int_equal(json_floats(cJSON_GetArrayItem(cJSON_GetObjectItem(pr, "embedding"), i), ref, dim), dim);
+        snprintf(what, sizeof what, "%s prompt %d", name, i);
+        worst = fmax(worst, check_vec(what, v, ref, dim));
+        emb_item_deinit(&it);
+    }
+    printf("  %s: %d texts, worst relative error %.3g\n", name, nt, worst);
+    for (int i = 0; i < nt; i++)
+        emb_item_deinit(&items[i]);
+    free(items);
+    free(alone);
+    free(batched);
+    free(ref);
+    free(hid);
+    ecase_close(&c);
+}
+
+static void rerank_case(void **state)
+{
+    const char *name = *state;
+    struct ecase c;
+    struct err e = {0};
+    ecase_open(&c, name);
+    assert_true(embedder_is_reranker(c.em));
+    const cJSON *ids = cJSON_GetObjectItem(c.ref, "ids"), *types = cJSON_GetObjectItem(c.ref, "token_type_ids");
+    int n = cJSON_GetArraySize(ids);
+    assert_true(n >= 5);
+    struct emb_item *items = calloc((size_t)n, sizeof *items);
+    float scores[64], alone, ref[64], lg[64];
+    for (int i = 0; i < n; i++)
+        item_of(c.em, cJSON_GetArrayItem(ids, i), cJSON_GetArrayItem(types, i), &items[i]);
+    if (embedder_score(c.em, items, n, scores, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_int_equal(json_floats(cJSON_GetObjectItem(c.ref, "scores"), ref, 64), n);
+    assert_int_equal(json_floats(cJSON_GetObjectItem(c.ref, "logits"), lg, 64), n);
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        if (embedder_score(c.em, &items[i], 1, &alone, &e) < 0)
+            fail_msg("%s", e.msg);
+        double err = fabs(scores[i] - ref[i]) / fmax(fabs(ref[i]), 1e-6);
+        /* the logit: sigmoid's inverse of the score is ill-conditioned near 0 / 1 */
+        double el = fabs(log(scores[i] / (1 - scores[i])) - lg[i]) / fmax(fabs(lg[i]), 1.0);
+        if (err > REL_TOL || el > REL_TOL || fabsf(alone - scores[i]) > 1e-6f)
+            fail_msg("%s pair %d: score %.9g vs %.9g (logit %.9g), alone %.9g", name, i, (double)scores[i],
+                     (double)ref[i], (double)lg[i], (double)alone);
+        worst = fmax(worst, err);
+    }
+    printf("  %s: %d pairs, worst relative error %.3g\n", name, n, worst);
+    for (int i = 0; i < n; i++)
+        emb_item_deinit(&items[i]);
+    free(items);
+    ecase_close(&c);
+}
+
+static void embed_bert_st(void **s) { *s = (void *)"bert_st"; embed_case(s); }
+static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
+static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
+static void rerank_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; rerank_case(s); }
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(embed_bert_st),
+    cmocka_unit_test(embed_xlmr_st),
+    cmocka_unit_test(rerank_bert_ce),
+    cmocka_unit_test(rerank_xlmr_ce),
+};
+
+TEST_SUITE(embed, tests);
