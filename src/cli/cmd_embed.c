@@ -157,8 +157,11 @@ static int run_open(struct emb_run *r, const char *model, const char *file, bool
     size_t len;
     if ((rc = cli_resolve_model(model, dir, sizeof dir, e)) < 0 ||
         (rc = cli_read_input(file, EMB_CLI_MAX_INPUT, &r->text, &len, e)) < 0 ||
-        (rc = split_lines(r->text, len, &r->lines, &r->n_lines, e)) < 0 ||
-        (rc = cli_model_load(&r->m, dir, e)) < 0)
+        (rc = split_lines(r->text, len, &r->lines, &r->n_lines, e)) < 0)
+        return rc;
+    if (r->n_lines == 0)
+        return err_setf(e, ERR_ARG, "%s: no input lines", file);
+    if ((rc = cli_model_load(&r->m, dir, e)) < 0)
         return rc;
     if (!r->m->hp.encoder)
         return err_setf(e, ERR_ARG, "%s is a '%s' model, not an encoder: embed and rerank need an "
@@ -168,8 +171,6 @@ static int run_open(struct emb_run *r, const char *model, const char *file, bool
     if ((rc = backend_new(&r->be, cli_cfg()->device, (int)threads, &cli_cfg()->be, e)) < 0 ||
         (rc = model_prepare(r->m, r->be, e)) < 0 || (rc = embedder_new(&r->em, r->m, r->be, r->tok, e)) < 0)
         return rc;
-    if (r->n_lines == 0)
-        return err_setf(e, ERR_ARG, "%s: no input lines", file);
     return 0;
 }
 
