@@ -83,6 +83,24 @@ expect_rc 0 "--dimensions"
 [ "$(awk '{print NF}' "$T/out" | sort -u)" = 8 ] || fail "--dimensions 8: $(head -1 "$T/out")"
 [ "$(norms "$T/out")" = "1.0000" ] || fail "--dimensions 8 not renormalized"
 
+# ---- MLX-quantized (mlxcel convert -q, 8 bits; the sentence-transformers files copied beside):
+# every vector within cosine 0.9999 of the float64 reference ----
+run "$BIN" convert -m "$G" -o "$T/q8" -q --q-bits 8
+expect_rc 0 "convert -q"
+cp "$G/modules.json" "$T/q8/" && cp -r "$G"/1_* "$G"/2_* "$T/q8/" 2>/dev/null
+cp "$G"/config_sentence_transformers.json "$G"/sentence_bert_config.json "$T/q8/" 2>/dev/null
+grep -q '"quantization"' "$T/q8/config.json" || fail "convert -q wrote no quantization"
+run "$BIN" embed -m "$T/q8" --ids-file "$T/ids.txt"
+expect_rc 0 "embed on the 8-bit model"
+python3 - "$T/out" "$T/ref.txt" <<'PY' || exit 1
+import math, sys
+for i, (g, w) in enumerate(zip(open(sys.argv[1]), open(sys.argv[2]))):
+    g, w = list(map(float, g.split())), list(map(float, w.split()))
+    c = sum(a * b for a, b in zip(g, w)) / math.sqrt(sum(a * a for a in g) * sum(b * b for b in w))
+    if c < 0.9999:
+        sys.exit("FAIL embed: 8-bit row %d: cosine %.6f" % (i, c))
+PY
+
 # ---- texts equal their ids (synth BERT with the llama-tiny tokenizer) ----
 cat >"$T/cfg.json" <<'J'
 {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 2048, "hidden_size": 64,
