@@ -125,6 +125,24 @@ run "$BIN" embed -m "$T/bert" -f -
 expect_rc 1 "empty standard input"
 err_has "no input" "no input lines"
 
+# ---- NaN-producing weights: a clear error, exit 1 ----
+cp -r "$T/bert" "$T/nan"
+python3 - "$T/nan/model.safetensors" <<'PY' || fail "cannot patch the checkpoint"
+import json, struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+name = [k for k in h if k.endswith("embeddings.LayerNorm.weight")][0]
+assert h[name]["dtype"] == "BF16"
+a = 8 + n + h[name]["data_offsets"][0]
+b[a:a + 2] = struct.pack("<H", 0x7fc0)
+open(p, "wb").write(b)
+PY
+run "$BIN" embed -m "$T/nan" -f "$T/lines.txt"
+expect_rc 1 "NaN weights"
+err_has "NaN weights" "non-finite"
+
 # ---- rerank: the cross-encoder golden's scores from its pair ids ----
 python3 - "$CE/embed.json" "$T" <<'PY' || fail "cannot read the rerank reference"
 import json, sys
