@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -238,12 +239,124 @@ static void rerank_case(void **state)
     ecase_close(&c);
 }
 
+/* ---- sentence-transformers files: rules and hostile input, no model needed ---- */
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* emb_config_load of a folder holding modules.json (NULL: none), 1_Pooling/config.json and
+ * config_sentence_transformers.json (NULL: none); returns its status, *c filled. */
+static int load_st(struct emb_config *c, const char *modules, const char *pool, const char *stcfg,
+                   const struct hparams *hp, struct err *e)
+{
+    char dir[] = "/tmp/mlxcel-st-XXXXXX", sub[64], cmd[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sub, sizeof sub, "%s/1_Pooling", dir);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    if (modules)
+        write_file(dir, "modules.json", modules);
+    if (pool)
+        write_file(sub, "config.json", pool);
+    if (stcfg)
+        write_file(dir, "config_sentence_transformers.json", stcfg);
+    int rc = emb_config_load(c, dir, hp, e);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    return rc;
+}
+
+#define MODS(extra) "[{\"idx\":0,\"name\":\"0\",\"path\":\"\",\"type\":\"sentence_transformers.models.Transformer\"}," \
+    "{\"idx\":1,\"name\":\"1\",\"path\":\"1_Pooling\",\"type\":\"sentence_transformers.models.Pooling\"}" extra "]"
+
+static void st_config_rules(void **state)
+{
+    (void)state;
+    struct hparams hp = {.n_embd = 8};
+    struct emb_config c;
+    struct err e = {0};
+    /* no modules.json: what ST makes of a plain model, mean pooling */
+    assert_int_equal(load_st(&c, NULL, NULL, NULL, &hp, &e), 0);
+    assert_true(c.pool == EMB_POOL_MEAN && c.dim == 8 && !c.normalize && c.n_dense == 0);
+    emb_config_deinit(&c);
+    /* several modes concatenate; Normalize; prompts with a default */
+    assert_int_equal(load_st(&c, MODS(",{\"idx\":2,\"path\":\"2_Normalize\",\"type\":\"sentence_transformers.models.Normalize\"}"),
+                             "{\"word_embedding_dimension\": 8, \"pooling_mode_cls_token\": true, "
+                             "\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": true, \"include_prompt\": false}",
+                             "{\"prompts\": {\"query\": \"query: \", \"doc\": \"\"}, \"default_prompt_name\": \"query\"}",
+                             &hp, &e), 0);
+    assert_true(c.pool == (EMB_POOL_CLS | EMB_POOL_MEAN | EMB_POOL_LAST) && c.dim == 24 && c.normalize &&
+                !c.include_prompt);
+    assert_string_equal(emb_prompt_find(&c, "query"), "query: ");
+    assert_string_equal(c.default_prompt, "query");
+    /* the modes in ST's order on 3 rows of 8: cls | mean | lasttoken, the first row skipped by
+     * the mean (include_prompt false), normalized */
+    float h[24], out[24];
+    for (int i = 0; i < 24; i++)
+        h[i] = (float)(i % 8) + (float)(i / 8);
+    emb_finish(&c, out, h, 3, 8, 1);
+    double n = 0;
+    for (int j = 0; j < 8; j++)
+        n += (double)j * j + (j + 1.5) * (j + 1.5) + (j + 2.0) * (j + 2.0);
+    n = sqrt(n);
+    for (int j = 0; j < 8; j++) {
+        assert_true(fabs(out[j] - j / n) < 1e-6);
+        assert_true(fabs(out[8 + j] - (j + 1.5) / n) < 1e-6);
+        assert_true(fabs(out[16 + j] - (j + 2.0) / n) < 1e-6);
+    }
+    emb_config_deinit(&c);
+    /* a cross-encoder: sigmoid for one label, raw for more, a stated activation wins */
+    struct hparams ce = {.n_embd = 8, .n_cls = 1};
+    assert_int_equal(load_st(&c, NULL, NULL, NULL, &ce, &e), 0);
+    assert_true(c.score_act == EMB_ACT_SIGMOID && fabsf(emb_score(&c, 0.0f) - 0.5f) < 1e-7f);
+    ce.n_cls = 3;
+    assert_int_equal(load_st(&c, NULL, NULL, NULL, &ce, &e), 0);
+    assert_true(c.score_act == EMB_ACT_IDENTITY && emb_score(&c, 2.5f) == 2.5f);
+    ce.n_cls = 1;
+    assert_int_equal(load_st(&c, NULL, NULL, "{\"activation_fn\": \"torch.nn.modules.linear.Identity\"}", &ce, &e), 0);
+    assert_true(c.score_act == EMB_ACT_IDENTITY);
+    emb_config_deinit(&c);
+    /* rejections name what is wrong */
+    static const struct { const char *mods, *pool, *st, *want; } bad[] = {
+        {"{}", NULL, NULL, "JSON list"},
+        {"[]", NULL, NULL, "JSON list"},
+        {MODS(""), NULL, NULL, "Pooling module's config is missing"},
+        {MODS(""), "{\"word_embedding_dimension\": 8}", NULL, "no pooling mode"},
+        {MODS(""), "{\"word_embedding_dimension\": 16, \"pooling_mode_mean_tokens\": true}", NULL, "hidden_size"},
+        {MODS(""), "{\"pooling_mode_weightedmean_tokens\": true}", NULL, "weighted-mean"},
+        {MODS(""), "{\"pooling_mode_mean_tokens\": \"yes\"}", NULL, "pooling_mode_mean_tokens"},
+        {MODS(",{\"idx\":2,\"path\":\"../../etc\",\"type\":\"sentence_transformers.models.Dense\"}"),
+         "{\"pooling_mode_mean_tokens\": true}", NULL, "leaves the folder"},
+        {MODS(",{\"idx\":2,\"path\":\"2_Dense\",\"type\":\"sentence_transformers.models.Dense\"}"),
+         "{\"pooling_mode_mean_tokens\": true}", NULL, "Dense module's config is missing"},
+        {MODS(",{\"idx\":2,\"path\":\"x\",\"type\":\"sentence_transformers.models.LSTM\"}"),
+         "{\"pooling_mode_mean_tokens\": true}", NULL, "LSTM"},
+        {"[{\"type\":\"sentence_transformers.models.Pooling\",\"path\":\"1_Pooling\"}]", NULL, NULL, "not a Transformer"},
+        {"[{\"type\":\"sentence_transformers.models.Transformer\",\"path\":\"\"}]", NULL, NULL, "no Pooling"},
+        {MODS(""), "{\"pooling_mode_mean_tokens\": true}", "{\"prompts\": {\"q\": 5}}", "prompts"},
+        {MODS(""), "{\"pooling_mode_mean_tokens\": true}", "{\"default_prompt_name\": \"nope\"}", "nope"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e = (struct err){0};
+        if (load_st(&c, bad[i].mods, bad[i].pool, bad[i].st, &hp, &e) >= 0 || !strstr(e.msg, bad[i].want))
+            fail_msg("case %zu: expected an error naming '%s', got '%s'", i, bad[i].want, e.msg);
+        emb_config_deinit(&c);
+    }
+}
+
 static void embed_bert_st(void **s) { *s = (void *)"bert_st"; embed_case(s); }
 static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
 static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
 static void rerank_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; rerank_case(s); }
 
 static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(st_config_rules),
     cmocka_unit_test(embed_bert_st),
     cmocka_unit_test(embed_xlmr_st),
     cmocka_unit_test(rerank_bert_ce),
