@@ -147,6 +147,21 @@ describe('embeddings and rerank on serve', { timeout: 300_000 * SLOW }, () => {
             }
             assert.equal(byText.json.usage.prompt_tokens, ids.reduce((s, x) => s + x.length, 0));
         });
+
+        it('8 concurrent requests each equal their solo answer; /health answers meanwhile', async () => {
+            const bodies = Array.from({ length: 8 }, (_, i) => ({ input: [`ROMEO ${i}: `.repeat(i + 1), 'x'.repeat(3 * i + 1)] }));
+            const solo = [];
+            for (const b of bodies) solo.push((await post(srv.base, '/v1/embeddings', b)).json);
+            const [all, health] = await Promise.all([
+                Promise.all(bodies.map((b) => post(srv.base, '/v1/embeddings', b))),
+                fetch(srv.base + '/health').then((r) => r.status),
+            ]);
+            assert.equal(health, 200);
+            all.forEach((r, i) => {
+                assert.equal(r.status, 200, r.text);
+                r.json.data.forEach((d, j) => close(d.embedding, solo[i].data[j].embedding, `request ${i} input ${j}`));
+            });
+        });
     });
 
     describe('cross-encoder', () => {
