@@ -112,7 +112,7 @@ static void item_of(const struct embedder *em, const cJSON *ids, const cJSON *ty
     }
 }
 
-static const struct { const char *name; unsigned bit; } k_modes[] = {
+static const struct { const char *name; enum emb_pool mode; } k_modes[] = {
     {"cls", EMB_POOL_CLS}, {"mean", EMB_POOL_MEAN}, {"max", EMB_POOL_MAX},
     {"lasttoken", EMB_POOL_LAST}, {"mean_sqrt_len_tokens", EMB_POOL_MEAN_SQRT},
 };
@@ -150,7 +150,7 @@ static void embed_case(void **state)
             const cJSON *p = cJSON_GetObjectItem(cJSON_GetObjectItem(t, "pooled"), k_modes[k].name);
             if (!p)
                 fail_msg("%s: no pooled %s", name, k_modes[k].name);
-            struct emb_config pc = {.pool = k_modes[k].bit, .include_prompt = true, .dim = d};
+            struct emb_config pc = {.pool = {k_modes[k].mode}, .n_pool = 1, .include_prompt = true, .dim = d};
             emb_finish(&pc, pooled, hid, n, d, 0);
             assert_int_equal(json_floats(p, ref, d), d);
             snprintf(what, sizeof what, "%s text %d pooling %s", name, i, k_modes[k].name);
@@ -283,7 +283,7 @@ static void st_config_rules(void **state)
     struct err e = {0};
     /* no modules.json: what ST makes of a plain model, mean pooling */
     assert_int_equal(load_st(&c, NULL, NULL, NULL, &hp, &e), 0);
-    assert_true(c.pool == EMB_POOL_MEAN && c.dim == 8 && !c.normalize && c.n_dense == 0);
+    assert_true(c.n_pool == 1 && c.pool[0] == EMB_POOL_MEAN && c.dim == 8 && !c.normalize && c.n_dense == 0);
     emb_config_deinit(&c);
     /* several modes concatenate; Normalize; prompts with a default */
     assert_int_equal(load_st(&c, MODS(",{\"idx\":2,\"path\":\"2_Normalize\",\"type\":\"sentence_transformers.models.Normalize\"}"),
@@ -291,25 +291,42 @@ static void st_config_rules(void **state)
                              "\"pooling_mode_mean_tokens\": true, \"pooling_mode_lasttoken\": true, \"include_prompt\": false}",
                              "{\"prompts\": {\"query\": \"query: \", \"doc\": \"\"}, \"default_prompt_name\": \"query\"}",
                              &hp, &e), 0);
-    assert_true(c.pool == (EMB_POOL_CLS | EMB_POOL_MEAN | EMB_POOL_LAST) && c.dim == 24 && c.normalize &&
-                !c.include_prompt);
+    assert_true(c.n_pool == 3 && c.pool[0] == EMB_POOL_CLS && c.pool[1] == EMB_POOL_MEAN &&
+                c.pool[2] == EMB_POOL_LAST && c.dim == 24 && c.normalize && !c.include_prompt);
     assert_string_equal(emb_prompt_find(&c, "query"), "query: ");
     assert_string_equal(c.default_prompt, "query");
-    /* the modes in ST's order on 3 rows of 8: cls | mean | lasttoken, the first row skipped by
-     * the mean (include_prompt false), normalized */
+    /* the legacy booleans in ST's legacy order on 3 rows of 8: cls | mean | lasttoken, the
+     * first row (a prompt, include_prompt false) masked: cls is the first row after it,
+     * normalized */
     float h[24], out[24];
     for (int i = 0; i < 24; i++)
         h[i] = (float)(i % 8) + (float)(i / 8);
     emb_finish(&c, out, h, 3, 8, 1);
     double n = 0;
     for (int j = 0; j < 8; j++)
-        n += (double)j * j + (j + 1.5) * (j + 1.5) + (j + 2.0) * (j + 2.0);
+        n += (j + 1.0) * (j + 1.0) + (j + 1.5) * (j + 1.5) + (j + 2.0) * (j + 2.0);
     n = sqrt(n);
     for (int j = 0; j < 8; j++) {
-        assert_true(fabs(out[j] - j / n) < 1e-6);
+        assert_true(fabs(out[j] - (j + 1.0) / n) < 1e-6);
         assert_true(fabs(out[8 + j] - (j + 1.5) / n) < 1e-6);
         assert_true(fabs(out[16 + j] - (j + 2.0) / n) < 1e-6);
     }
+    emb_config_deinit(&c);
+    /* sentence-transformers 6: pooling_mode, a list kept in its order; weightedmean; no mode
+     * at all is mean */
+    assert_int_equal(load_st(&c, MODS(""), "{\"embedding_dimension\": 8, \"pooling_mode\": [\"lasttoken\", "
+                             "\"weightedmean\", \"max\"]}", NULL, &hp, &e), 0);
+    assert_true(c.n_pool == 3 && c.pool[0] == EMB_POOL_LAST && c.pool[1] == EMB_POOL_WEIGHTED_MEAN &&
+                c.pool[2] == EMB_POOL_MAX && c.dim == 24 && c.include_prompt);
+    emb_finish(&c, out, h, 3, 8, 0);
+    for (int j = 0; j < 8; j++) {   /* rows j, j + 1, j + 2 weighted 1, 2, 3 */
+        assert_true(fabsf(out[j] - (j + 2.0f)) < 1e-5f);
+        assert_true(fabsf(out[8 + j] - (1 * j + 2 * (j + 1) + 3 * (j + 2)) / 6.0f) < 1e-5f);
+        assert_true(fabsf(out[16 + j] - (j + 2.0f)) < 1e-5f);
+    }
+    emb_config_deinit(&c);
+    assert_int_equal(load_st(&c, MODS(""), "{\"word_embedding_dimension\": 8}", NULL, &hp, &e), 0);
+    assert_true(c.n_pool == 1 && c.pool[0] == EMB_POOL_MEAN);
     emb_config_deinit(&c);
     /* a cross-encoder: sigmoid for one label, raw for more, a stated activation wins */
     struct hparams ce = {.n_embd = 8, .n_cls = 1};
@@ -327,9 +344,11 @@ static void st_config_rules(void **state)
         {"{}", NULL, NULL, "JSON list"},
         {"[]", NULL, NULL, "JSON list"},
         {MODS(""), NULL, NULL, "Pooling module's config is missing"},
-        {MODS(""), "{\"word_embedding_dimension\": 8}", NULL, "no pooling mode"},
+        {MODS(""), "{\"pooling_mode\": \"median\"}", NULL, "pooling_mode 0"},
+        {MODS(""), "{\"pooling_mode\": [\"cls\", 3]}", NULL, "pooling_mode 1"},
+        {MODS(""), "{\"pooling_mode\": []}", NULL, "list of 1 to"},
         {MODS(""), "{\"word_embedding_dimension\": 16, \"pooling_mode_mean_tokens\": true}", NULL, "hidden_size"},
-        {MODS(""), "{\"pooling_mode_weightedmean_tokens\": true}", NULL, "weighted-mean"},
+        {MODS(""), "{\"embedding_dimension\": 4, \"pooling_mode\": \"cls\"}", NULL, "embedding_dimension 4"},
         {MODS(""), "{\"pooling_mode_mean_tokens\": \"yes\"}", NULL, "pooling_mode_mean_tokens"},
         {MODS(",{\"idx\":2,\"path\":\"../../etc\",\"type\":\"sentence_transformers.models.Dense\"}"),
          "{\"pooling_mode_mean_tokens\": true}", NULL, "leaves the folder"},

@@ -64,43 +64,80 @@ static int parse_act(const char *s, enum emb_act *out, const char *where, struct
 
 // ---- modules ----
 
+/* A pooling mode's name (ST's POOLING_MODES) -> enum emb_pool, 0 when unknown. */
+static enum emb_pool pool_mode(const char *s)
+{
+    static const struct { const char *name; enum emb_pool mode; } k[] = {
+        {"cls", EMB_POOL_CLS}, {"max", EMB_POOL_MAX}, {"mean", EMB_POOL_MEAN},
+        {"mean_sqrt_len_tokens", EMB_POOL_MEAN_SQRT}, {"weightedmean", EMB_POOL_WEIGHTED_MEAN},
+        {"lasttoken", EMB_POOL_LAST},
+    };
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (strcmp(s, k[i].name) == 0)
+            return k[i].mode;
+    return (enum emb_pool)0;
+}
+
+/* pooling_mode (a string or a list), else the legacy booleans (ST's
+ * _convert_legacy_pooling_kwargs: their order, none set -> mean). */
+static int pool_modes(struct emb_config *c, const cJSON *j, const char *sub, struct err *e)
+{
+    static const struct { const char *key; enum emb_pool mode; } legacy[] = {
+        {"pooling_mode_cls_token", EMB_POOL_CLS}, {"pooling_mode_max_tokens", EMB_POOL_MAX},
+        {"pooling_mode_mean_tokens", EMB_POOL_MEAN}, {"pooling_mode_mean_sqrt_len_tokens", EMB_POOL_MEAN_SQRT},
+        {"pooling_mode_weightedmean_tokens", EMB_POOL_WEIGHTED_MEAN}, {"pooling_mode_lasttoken", EMB_POOL_LAST},
+    };
+    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(j, "pooling_mode"), *it;
+    int rc;
+    bool on;
+    c->n_pool = 0;
+    if (pm && !cJSON_IsNull(pm)) {
+        int n = cJSON_IsString(pm) ? 1 : cJSON_IsArray(pm) ? cJSON_GetArraySize(pm) : 0;
+        if (n < 1 || n > EMB_MAX_POOL)
+            return err_setf(e, ERR_CONFIG, "%s/config.json: pooling_mode must be a mode or a list of 1 to "
+                            "%d modes", sub, EMB_MAX_POOL);
+        for (int i = 0; i < n; i++) {
+            it = cJSON_IsString(pm) ? pm : cJSON_GetArrayItem(pm, i);
+            enum emb_pool m = cJSON_IsString(it) ? pool_mode(it->valuestring) : (enum emb_pool)0;
+            if (!m)
+                return err_setf(e, ERR_CONFIG, "%s/config.json: pooling_mode %d is not one of cls, max, "
+                                "mean, mean_sqrt_len_tokens, weightedmean, lasttoken", sub, i);
+            c->pool[c->n_pool++] = m;
+        }
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof legacy / sizeof legacy[0]; i++) {
+        if ((rc = cfg_opt_bool(j, legacy[i].key, false, &on, e)) < 0)
+            return rc;
+        if (on)
+            c->pool[c->n_pool++] = legacy[i].mode;
+    }
+    if (c->n_pool == 0)
+        c->pool[c->n_pool++] = EMB_POOL_MEAN;
+    return 0;
+}
+
 static int load_pooling(struct emb_config *c, const char *dir, const char *sub,
                         const struct hparams *hp, struct err *e)
 {
-    static const struct { const char *key; unsigned bit; } modes[] = {
-        {"pooling_mode_cls_token", EMB_POOL_CLS},
-        {"pooling_mode_max_tokens", EMB_POOL_MAX},
-        {"pooling_mode_mean_tokens", EMB_POOL_MEAN},
-        {"pooling_mode_mean_sqrt_len_tokens", EMB_POOL_MEAN_SQRT},
-        {"pooling_mode_lasttoken", EMB_POOL_LAST},
-    };
     cJSON *j;
     int rc, wdim;
-    bool on, wmean;
     if ((rc = load_opt(dir, sub, "config.json", &j, e)) < 0)
         return rc;
     if (!j)
         return err_setf(e, ERR_MISSING, "%s/%s/config.json: the Pooling module's config is missing",
                         dir, sub);
-    c->pool = 0;
-    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
-        if ((rc = cfg_opt_bool(j, modes[i].key, false, &on, e)) < 0)
-            goto out;
-        c->pool |= on ? modes[i].bit : 0u;
-    }
-    if ((rc = cfg_opt_bool(j, "pooling_mode_weightedmean_tokens", false, &wmean, e)) < 0 ||
+    /* embedding_dimension (sentence-transformers 6), word_embedding_dimension before */
+    const char *dkey = cfg_has(j, "embedding_dimension") ? "embedding_dimension" : "word_embedding_dimension";
+    if ((rc = pool_modes(c, j, sub, e)) < 0 ||
         (rc = cfg_opt_bool(j, "include_prompt", true, &c->include_prompt, e)) < 0 ||
-        (rc = cfg_opt_int(j, "word_embedding_dimension", hp->n_embd, &wdim, e)) < 0)
+        (rc = cfg_opt_int(j, dkey, hp->n_embd, &wdim, e)) < 0)
         goto out;
-    if (wmean)
-        rc = err_setf(e, ERR_UNSUPPORTED, "%s/config.json: weighted-mean pooling is not supported", sub);
-    else if (!c->pool)
-        rc = err_setf(e, ERR_CONFIG, "%s/config.json: no pooling mode is set", sub);
-    else if (wdim != hp->n_embd)
-        rc = err_setf(e, ERR_CONFIG, "%s/config.json: word_embedding_dimension %d is not the model's "
-                      "hidden_size %d", sub, wdim, hp->n_embd);
+    if (wdim != hp->n_embd)
+        rc = err_setf(e, ERR_CONFIG, "%s/config.json: %s %d is not the model's hidden_size %d", sub, dkey,
+                      wdim, hp->n_embd);
     else
-        c->dim = __builtin_popcount(c->pool) * hp->n_embd;
+        c->dim = c->n_pool * hp->n_embd;
 out:
     cJSON_Delete(j);
     return rc;
@@ -217,7 +254,8 @@ static int load_modules(struct emb_config *c, const char *dir, const struct hpar
     int rc = file_read_scoped(path, FILE_FOLDER, CFG_MAX_BYTES, &buf, &len, e);
     if (rc == -ERR_MISSING) {   /* a plain transformers model: ST adds mean pooling */
         err_clear(e);
-        c->pool = EMB_POOL_MEAN;
+        c->pool[0] = EMB_POOL_MEAN;
+        c->n_pool = 1;
         c->dim = hp->n_embd;
         return 0;
     }
@@ -296,28 +334,49 @@ static int load_score_act(struct emb_config *c, const char *dir, const cJSON *st
     return 0;
 }
 
+/* The token limit: sentence_bert_config.json's max_seq_length (sentence-transformers before 6),
+ * else tokenizer_config.json's model_max_length (where 6 keeps it, and CrossEncoder's
+ * max_length); 0 when neither says (transformers writes 1e30 for "none"). */
+static int load_max_len(struct emb_config *c, const char *dir, struct err *e)
+{
+    cJSON *sb = NULL, *tc = NULL;
+    int rc;
+    if ((rc = load_opt(dir, "", "sentence_bert_config.json", &sb, e)) < 0)
+        return rc;
+    if (sb && cfg_has(sb, "max_seq_length")) {
+        rc = cfg_opt_int(sb, "max_seq_length", 0, &c->max_seq_length, e);
+        if (rc == 0 && c->max_seq_length < 1)
+            rc = err_setf(e, ERR_CONFIG, "sentence_bert_config.json: max_seq_length %d must be positive",
+                          c->max_seq_length);
+        goto out;
+    }
+    if ((rc = load_opt(dir, "", "tokenizer_config.json", &tc, e)) < 0)
+        goto out;
+    const cJSON *m = tc ? cJSON_GetObjectItemCaseSensitive(tc, "model_max_length") : NULL;
+    if (cJSON_IsNumber(m) && m->valuedouble >= 1 && m->valuedouble <= HP_MAX_CTX)
+        c->max_seq_length = (int)m->valuedouble;
+out:
+    cJSON_Delete(sb);
+    cJSON_Delete(tc);
+    return rc;
+}
+
 int emb_config_load(struct emb_config *c, const char *dir, const struct hparams *hp, struct err *e)
 {
-    cJSON *sb = NULL, *st = NULL;
+    cJSON *st = NULL;
     int rc;
     memset(c, 0, sizeof *c);
     c->include_prompt = true;
     if ((rc = load_opt(dir, "", "config_sentence_transformers.json", &st, e)) < 0)
         return rc;
     if (hp->n_cls > 0) {   /* a cross-encoder: no pooling modules, a score */
-        rc = load_score_act(c, dir, st, hp, e);
         c->dim = hp->n_cls;
-        goto out;
+        rc = load_score_act(c, dir, st, hp, e);
+    } else if ((rc = load_modules(c, dir, hp, e)) == 0 && st) {
+        rc = load_prompts(c, st, e);
     }
-    if ((rc = load_modules(c, dir, hp, e)) < 0 || (rc = load_opt(dir, "", "sentence_bert_config.json", &sb, e)) < 0 ||
-        (sb && (rc = cfg_opt_int(sb, "max_seq_length", 0, &c->max_seq_length, e)) < 0) ||
-        (st && (rc = load_prompts(c, st, e)) < 0))
-        goto out;
-    if (c->max_seq_length < 0)
-        rc = err_setf(e, ERR_CONFIG, "sentence_bert_config.json: max_seq_length %d is negative",
-                      c->max_seq_length);
-out:
-    cJSON_Delete(sb);
+    if (rc == 0)
+        rc = load_max_len(c, dir, e);
     cJSON_Delete(st);
     return rc;
 }
@@ -352,47 +411,55 @@ static double act_apply(enum emb_act a, double x)
     }
 }
 
-/* ST's Pooling.forward for one unpadded sequence: the modes concatenated in its order (cls,
- * max, mean, mean_sqrt_len, lasttoken); rows before skip are masked out of max and means. */
+/* ST's Pooling._forward_padded for one unpadded sequence of n rows: the modes concatenated in
+ * their order; rows before skip (a prompt with include_prompt false) are masked out, so cls is
+ * the first row after them, as ST's first unmasked token. */
 static void pool(const struct emb_config *c, double *out, const float *h, int n, int d, int skip)
 {
-    int k = 0, m = n - skip > 0 ? n - skip : 0;
-    if (c->pool & EMB_POOL_CLS) {
-        for (int j = 0; j < d; j++)
-            out[k + j] = h[j];
-        k += d;
-    }
-    if (c->pool & EMB_POOL_MAX) {
-        for (int j = 0; j < d; j++) {
-            double v = -1e9;   /* ST's value of masked rows */
+    int m = n - skip > 0 ? n - skip : 0;
+    for (int p = 0; p < c->n_pool; p++, out += d) {
+        switch (c->pool[p]) {
+        case EMB_POOL_CLS:
+            for (int j = 0; j < d; j++)
+                out[j] = h[(size_t)(skip < n ? skip : 0) * d + j];
+            break;
+        case EMB_POOL_LAST:
+            for (int j = 0; j < d; j++)
+                out[j] = m > 0 ? h[(size_t)(n - 1) * d + j] : 0.0;
+            break;
+        case EMB_POOL_MAX:
+            for (int j = 0; j < d; j++) {
+                double v = -INFINITY;   /* ST 6: masked rows are -inf */
+                for (int i = skip; i < n; i++)
+                    v = h[(size_t)i * d + j] > v ? h[(size_t)i * d + j] : v;
+                out[j] = v;
+            }
+            break;
+        case EMB_POOL_MEAN:
+        case EMB_POOL_MEAN_SQRT:
+        case EMB_POOL_WEIGHTED_MEAN: {
+            /* weights: 1 (means) or the row's position + 1 (weightedmean); the sum clamped at 1e-9 */
+            bool wm = c->pool[p] == EMB_POOL_WEIGHTED_MEAN;
+            double den = 0.0;
             for (int i = skip; i < n; i++)
-                v = h[(size_t)i * d + j] > v ? h[(size_t)i * d + j] : v;
-            out[k + j] = v;
+                den += wm ? i + 1 : 1;
+            den = den > 1e-9 ? den : 1e-9;
+            den = c->pool[p] == EMB_POOL_MEAN_SQRT ? sqrt(den) : den;
+            for (int j = 0; j < d; j++) {
+                double s = 0.0;
+                for (int i = skip; i < n; i++)
+                    s += (wm ? i + 1 : 1) * (double)h[(size_t)i * d + j];
+                out[j] = s / den;
+            }
+            break;
         }
-        k += d;
-    }
-    for (int sq = 0; sq < 2; sq++) {
-        if (!(c->pool & (sq ? EMB_POOL_MEAN_SQRT : EMB_POOL_MEAN)))
-            continue;
-        double den = m > 0 ? m : 1e-9;   /* clamp(min=1e-9) */
-        den = sq ? sqrt(den) : den;
-        for (int j = 0; j < d; j++) {
-            double s = 0.0;
-            for (int i = skip; i < n; i++)
-                s += h[(size_t)i * d + j];
-            out[k + j] = s / den;
         }
-        k += d;
-    }
-    if (c->pool & EMB_POOL_LAST) {
-        for (int j = 0; j < d; j++)
-            out[k + j] = h[(size_t)(n - 1) * d + j];
     }
 }
 
 void emb_finish(const struct emb_config *c, float *out, const float *hidden, int n, int n_embd, int skip)
 {
-    int cap = c->dim > 5 * n_embd ? c->dim : 5 * n_embd;
+    int cap = c->dim > EMB_MAX_POOL * n_embd ? c->dim : EMB_MAX_POOL * n_embd;
     for (int i = 0; i < c->n_dense; i++)
         cap = c->dense[i].n_out > cap ? c->dense[i].n_out : cap;
     double *a = calloc((size_t)cap, sizeof *a), *b = calloc((size_t)cap, sizeof *b);

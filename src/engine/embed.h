@@ -5,12 +5,15 @@
  * emb_config_load reads the folder's sentence-transformers files:
  *   modules.json                     the module list: Transformer, then Pooling, Dense (any
  *                                    number, in order), Normalize; another module is refused
- *   1_Pooling/config.json            pooling_mode_{cls_token, mean_tokens, max_tokens,
- *                                    mean_sqrt_len_tokens, lasttoken} (concatenated in
- *                                    that order, as ST's Pooling does), include_prompt
+ *   1_Pooling/config.json            pooling_mode: a mode or a list of them (cls, max, mean,
+ *                                    mean_sqrt_len_tokens, weightedmean, lasttoken),
+ *                                    concatenated in the list's order; or the older
+ *                                    pooling_mode_* booleans (concatenated in ST's legacy
+ *                                    order, none set: mean); include_prompt
  *   2_Dense/config.json + model.safetensors   in/out features, bias, activation (Tanh or
  *                                    Identity), linear.weight / linear.bias
- *   sentence_bert_config.json        max_seq_length
+ *   sentence_bert_config.json        max_seq_length (else tokenizer_config.json's
+ *                                    model_max_length, where sentence-transformers 6 keeps it)
  *   config_sentence_transformers.json prompts, default_prompt_name; a cross-encoder's
  *                                    activation_fn (also config.json's "sentence_transformers")
  * A folder without modules.json is what SentenceTransformer makes of a plain transformers
@@ -31,13 +34,16 @@ extern "C" {
 #define EMB_MAX_DENSE   4
 #define EMB_MAX_PROMPTS 16
 
+/* sentence-transformers' pooling modes; a Pooling module concatenates its modes in order. */
 enum emb_pool {
-    EMB_POOL_CLS = 1u << 0,
-    EMB_POOL_MAX = 1u << 1,
-    EMB_POOL_MEAN = 1u << 2,
-    EMB_POOL_MEAN_SQRT = 1u << 3,
-    EMB_POOL_LAST = 1u << 4,
+    EMB_POOL_CLS = 1,
+    EMB_POOL_MAX = 2,
+    EMB_POOL_MEAN = 3,
+    EMB_POOL_MEAN_SQRT = 4,
+    EMB_POOL_WEIGHTED_MEAN = 5,
+    EMB_POOL_LAST = 6,
 };
+#define EMB_MAX_POOL 6
 
 /* A cross-encoder's score from its logit (CrossEncoder's activation_fn). */
 enum emb_act { EMB_ACT_IDENTITY = 0, EMB_ACT_SIGMOID = 1, EMB_ACT_TANH = 2 };
@@ -55,7 +61,8 @@ struct emb_prompt {
 };
 
 struct emb_config {
-    unsigned pool;            /* enum emb_pool bits */
+    enum emb_pool pool[EMB_MAX_POOL];  /* the modes, concatenated in this order */
+    int n_pool;
     bool include_prompt;      /* false: a prompt's tokens are left out of the pooling */
     struct emb_dense dense[EMB_MAX_DENSE];
     int n_dense;

@@ -157,8 +157,12 @@ int enc_map_weights(struct model *m, struct st_set *st, const struct enc_names *
         if ((rc = enc_map_layer(&w, hp, &m->layers[il], pre, e)) < 0)
             return rc;
     }
-    if (hp->n_cls == 0)
+    if (hp->n_cls == 0) {
+        /* BertModel's pooler: sentence-transformers does not use it (the Pooling module does) */
+        snprintf(pre, sizeof pre, "%spooler.", p);
+        st_set_mark_prefix(st, pre);
         return 0;
+    }
     if ((rc = wm_linear(&w, &m->cls_dense, WM_REQUIRED, 0, d, d, e, "%s", nm->cls_dense)) < 0 ||
         (rc = wm_vec(&w, &m->cls_dense_b, WM_REQUIRED, d, e, "%s.bias", nm->cls_dense)) < 0 ||
         (rc = wm_linear(&w, &m->cls_out, WM_REQUIRED, 0, hp->n_cls, d, e, "%s", nm->cls_out)) < 0 ||
