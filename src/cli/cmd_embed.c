@@ -100,6 +100,7 @@ static int parse_ids_line(const struct embedder *em, const char *line, int no, b
     if (cJSON_IsObject(j)) {
         ids = cJSON_GetObjectItemCaseSensitive(j, "ids");
         types = cJSON_GetObjectItemCaseSensitive(j, "token_type_ids");
+        types = cJSON_IsNull(types) ? NULL : types;
     }
     int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
     if (n < 1 || n > (1 << 20) || (types && (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n))) {
@@ -217,6 +218,9 @@ static int embed_run(const struct embed_opts *o, struct err *e)
     }
     if (!prompt && !o->prompt_name && r.em->cfg.default_prompt[0])
         prompt = emb_prompt_find(&r.em->cfg, r.em->cfg.default_prompt);
+    bool model_norm = r.em->cfg.normalize;
+    if (o->normalize >= 0)   /* the flags replace the model's Normalize module */
+        r.em->cfg.normalize = false;
     int dim = r.em->cfg.dim, k = o->dims > 0 ? (int)o->dims : dim;
     if (k > dim) {
         rc = err_setf(e, ERR_ARG, "--dimensions %d exceeds the model's %d", k, dim);
@@ -244,10 +248,10 @@ static int embed_run(const struct embed_opts *o, struct err *e)
             goto out;
         progress(tty, "embedded", i + k1, n_items);
     }
-    bool norm = o->normalize < 0 ? r.em->cfg.normalize : o->normalize == 1;
-    for (int i = 0; i < n_items; i++)
-        if (norm || (k < dim && r.em->cfg.normalize))
-            emb_renormalize(out + (size_t)i * dim, k);
+    /* --normalize, or the model's Normalize with --dimensions: unit length over the kept k */
+    bool norm = o->normalize < 0 ? model_norm && k < dim : o->normalize == 1;
+    for (int i = 0; norm && i < n_items; i++)
+        emb_renormalize(out + (size_t)i * dim, k);
     if (!o->json) {
         for (int i = 0; i < n_items; i++)
             print_vec(out + (size_t)i * dim, k);

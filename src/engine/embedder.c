@@ -5,9 +5,14 @@
  * ids), so truncation cuts the text and keeps P and S as tokenizers' truncation does before
  * post-processing; pairs are assembled from P and S in the BERT or RoBERTa template.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
+#include "../core/fileio.h"
+#include "../loading/config.h"
 #include "../tokenizer/tokenizer.h"
 #include "embedder.h"
 
@@ -18,6 +23,29 @@ void emb_item_deinit(struct emb_item *it)
     free(it->ids);
     free(it->types);
     memset(it, 0, sizeof *it);
+}
+
+/* Whether the tokenizer gives the model token_type_ids (embedder.h, embedder_tokenize_pair). */
+static bool tok_returns_types(const char *dir)
+{
+    char path[4096 + 32];
+    cJSON *tc = NULL;
+    struct err e = {0};
+    bool yes = false;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (cfg_load_file(path, FILE_FOLDER, &tc, &e) < 0)
+        return false;
+    const cJSON *names = cJSON_GetObjectItemCaseSensitive(tc, "model_input_names"), *it;
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(tc, "tokenizer_class");
+    if (cJSON_IsArray(names)) {
+        cJSON_ArrayForEach(it, names)
+            yes = yes || (cJSON_IsString(it) && strcmp(it->valuestring, "token_type_ids") == 0);
+    } else if (cJSON_IsString(cls)) {
+        yes = strncmp(cls->valuestring, "BertTokenizer", 13) == 0 ||
+              strncmp(cls->valuestring, "ElectraTokenizer", 16) == 0;
+    }
+    cJSON_Delete(tc);
+    return yes;
 }
 
 int embedder_new(struct embedder **out, const struct model *m, struct backend *be,
@@ -35,6 +63,7 @@ int embedder_new(struct embedder **out, const struct model *m, struct backend *b
         return rc;
     }
     em->max_len = enc_max_tokens(m);
+    em->pair_types = m->hp.n_type_vocab > 1 && tok_returns_types(m->dir);
     if (em->cfg.max_seq_length > 0 && em->cfg.max_seq_length < em->max_len)
         em->max_len = em->cfg.max_seq_length;
     *out = em;
@@ -126,6 +155,10 @@ int embedder_tokenize(const struct embedder *em, const char *prompt, const char 
         goto out;
     }
     int keep = nb < room ? nb : room > 0 ? room : 0;
+    if (np + keep + ns == 0) {   /* an empty text with a tokenizer that adds no special token */
+        rc = err_setf(e, ERR_RANGE, "the text gives no tokens (the model needs at least one)");
+        goto out;
+    }
     if ((rc = item_alloc(it, np + keep + ns, e)) < 0)
         goto out;
     memcpy(it->ids, full, (size_t)np * sizeof(int32_t));
@@ -180,7 +213,7 @@ int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, 
     longest_first(&kq, &kd, room > 0 ? room : 0);
     if ((rc = item_alloc(it, np + kq + mid + kd + ns, e)) < 0)
         goto out;
-    int r = 0, type_b = em->m->hp.n_type_vocab > 1 ? 1 : 0;
+    int r = 0, type_b = em->pair_types ? 1 : 0;
     memcpy(it->ids + r, fq, (size_t)np * sizeof(int32_t)), r += np;
     memcpy(it->ids + r, bq, (size_t)kq * sizeof(int32_t)), r += kq;
     for (int i = 0; i < mid; i++)

@@ -40,6 +40,8 @@ struct embedder {
     struct encoder *enc;          /* owned */
     struct emb_config cfg;        /* owned */
     int max_len;                  /* tokens per sequence, specials included */
+    bool pair_types;              /* a pair's second segment gets token type 1 (the tokenizer
+                                   * returns token_type_ids: embedder_new) */
 };
 
 /* An embedder of m (an encoder prepared for be) with dir's sentence-transformers files. */
@@ -54,7 +56,10 @@ bool embedder_is_reranker(const struct embedder *em);
 int embedder_tokenize(const struct embedder *em, const char *prompt, const char *text, size_t len,
                       bool truncate, struct emb_item *it, struct err *e);
 /* A query / document pair as the tokenizer's pair template makes it (BERT: [CLS] q [SEP] d
- * [SEP] with types 0 / 1; RoBERTa: <s> q </s></s> d </s>), into *it. */
+ * [SEP]; RoBERTa: <s> q </s></s> d </s>), into *it. The document's segment has token type 1
+ * when the tokenizer returns token_type_ids (transformers passes them to the model then):
+ * tokenizer_config.json's model_input_names lists them, or, without that key, its
+ * tokenizer_class is BERT's or ELECTRA's; else every type is 0. */
 int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, const char *d,
                            size_t dl, bool truncate, struct emb_item *it, struct err *e);
 /* Token ids given as they are (no special tokens added), into *it. */
