@@ -299,6 +299,9 @@ int embedder_score(struct embedder *em, const struct emb_item *items, int n, flo
     int nc = em->m->hp.n_cls, rc = 0;
     if (!embedder_is_reranker(em))
         return err_setf(e, ERR_ARG, "this model embeds texts: it has no classification head to rerank with");
+    if (nc != 1)   /* CrossEncoder.predict gives such a model's label logits, not one relevance */
+        return err_setf(e, ERR_UNSUPPORTED, "reranking needs a cross-encoder of one label (num_labels 1); "
+                        "this one has %d", nc);
     float *logits = malloc((size_t)(n > 0 ? n : 1) * nc * sizeof *logits);
     if (!logits)
         return err_setf(e, ERR_NOMEM, "out of memory");

@@ -69,7 +69,7 @@ int embedder_ids(const struct embedder *em, const int32_t *ids, int n, bool trun
 /* out[n, cfg.dim] for n items. */
 int embedder_embed(struct embedder *em, const struct emb_item *items, int n, float *out,
                    struct err *e);
-/* scores[n] of n pair items (a reranker). */
+/* scores[n] of n pair items (a reranker of one label: -ERR_UNSUPPORTED for more). */
 int embedder_score(struct embedder *em, const struct emb_item *items, int n, float *scores,
                    struct err *e);
 

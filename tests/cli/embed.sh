@@ -171,6 +171,19 @@ run "$BIN" rerank -m "$CE" --ids-file "$T/pairs.txt" --top-n 2
 expect_rc 0 "rerank --top-n"
 [ "$(wc -l <"$T/out")" -eq 2 ] || fail "--top-n 2: $(cat "$T/out")"
 
+# ---- a cross-encoder of 3 labels (NLI-style) does not rerank ----
+cat >"$T/ce3.json" <<'J'
+{"architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": 120,
+ "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128,
+ "max_position_embeddings": 64, "id2label": {"0": "a", "1": "b", "2": "c"}}
+J
+run "$BIN" synth -c "$T/ce3.json" -o "$T/ce3" --seed 2
+expect_rc 0 "synth ce3"
+echo '[2, 5, 3, 7, 3]' >"$T/p3.txt"
+run "$BIN" rerank -m "$T/ce3" --ids-file "$T/p3.txt"
+expect_rc 1 "rerank with 3 labels"
+err_has "rerank with 3 labels" "one label"
+
 # ---- wrong kinds and bad input ----
 run "$BIN" embed -m "$CE" --ids-file "$T/pairs.txt"
 expect_rc 1 "embed on a cross-encoder"
