@@ -1,8 +1,8 @@
 /*
  * encode: packed, padding-free encoder batches (ADR 0083).
  *
- * A chunk holds whole sequences, at most n_batch rows and at most n_batch / 2 + ... of
- * them (the context's logit rows). Sequence s of a chunk starts at a slot aligned to
+ * A chunk holds whole sequences: at most n_batch rows, 2 n_batch slots of the pool and
+ * n_out sequences (the context's logit rows). Sequence s of a chunk starts at a slot aligned to
  * ENC_BLOCK in the K/V scratch pool (its own block table: consecutive blocks), so every
  * row of s reads exactly the keys of s. Per row the metadata rows of the context are:
  *   0 ids   1 type ids   2 position ids (pos_offset + i; RoBERTa: a pad token takes
