@@ -5,7 +5,8 @@
  * Embedding cases (bert_st: mean pooling + Normalize, float32; xlmr_st: CLS pooling + Dense
  * (tanh), bfloat16): per text the last hidden states, every pooling mode of ST's Pooling
  * over them, the final vector alone and in one batch of every text; batched must equal
- * alone. Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
+ * alone within 1e-5 of the row (the batch suite's bound; matvec alone and gemm in a batch may
+ * sum in another order). Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
  * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
  * The token ids come from the references (the tokenizers are tested on their own).
  */
@@ -130,7 +131,7 @@ static void embed_case(void **state)
     struct emb_item *items = calloc((size_t)nt, sizeof *items);
     float *alone = calloc((size_t)nt * dim, sizeof *alone), *batched = calloc((size_t)nt * dim, sizeof *batched);
     float *ref = calloc(1 << 16, sizeof *ref), *hid = calloc(1 << 16, sizeof *hid), pooled[4096];
-    double worst = 0;
+    double worst = 0, worst_ba = 0;
     for (int i = 0; i < nt; i++) {
         const cJSON *t = cJSON_GetArrayItem(texts, i);
         char what[128];
@@ -172,10 +173,12 @@ static void embed_case(void **state)
         assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding_batched"), ref, dim), dim);
         snprintf(what, sizeof what, "%s text %d batched", name, i);
         worst = fmax(worst, check_vec(what, batched + (size_t)i * dim, ref, dim));
-        for (int j = 0; j < dim; j++)
-            if (fabsf(batched[(size_t)i * dim + j] - alone[(size_t)i * dim + j]) > 1e-6f)
-                fail_msg("%s text %d: batched differs from alone at %d (%g vs %g)", name, i, j,
-                         (double)batched[(size_t)i * dim + j], (double)alone[(size_t)i * dim + j]);
+        /* equal to alone within 1e-5 of the row, as the batch suite holds decoders: a row's
+         * products may take another kernel (matvec alone, gemm in a batch) on some ISAs */
+        double err = test_row_rel_err(batched + (size_t)i * dim, alone + (size_t)i * dim, dim);
+        if (err > 1e-5)
+            fail_msg("%s text %d: batched differs from alone by %.3g of the row", name, i, err);
+        worst_ba = fmax(worst_ba, err);
     }
     /* prompts: the ids of "query: " + text, pooled with the prompt */
     const cJSON *pr = cJSON_GetObjectItem(c.ref, "prompt");
@@ -192,7 +195,7 @@ static void embed_case(void **state)
         worst = fmax(worst, check_vec(what, v, ref, dim));
         emb_item_deinit(&it);
     }
-    printf("  %s: %d texts, worst relative error %.3g\n", name, nt, worst);
+    printf("  %s: %d texts, worst relative error %.3g, batched vs alone %.3g\n", name, nt, worst, worst_ba);
     for (int i = 0; i < nt; i++)
         emb_item_deinit(&items[i]);
     free(items);
@@ -228,7 +231,7 @@ static void rerank_case(void **state)
         double err = fabs(scores[i] - ref[i]) / fmax(fabs(ref[i]), 1e-6);
         /* the logit: sigmoid's inverse of the score is ill-conditioned near 0 / 1 */
         double el = fabs(log(scores[i] / (1 - scores[i])) - lg[i]) / fmax(fabs(lg[i]), 1.0);
-        if (err > REL_TOL || el > REL_TOL || fabsf(alone - scores[i]) > 1e-6f)
+        if (err > REL_TOL || el > REL_TOL || fabsf(alone - scores[i]) > 1e-5f * fmaxf(fabsf(alone), 1e-3f))
             fail_msg("%s pair %d: score %.9g vs %.9g (logit %.9g), alone %.9g", name, i, (double)scores[i],
                      (double)ref[i], (double)lg[i], (double)alone);
         worst = fmax(worst, err);
