@@ -55,6 +55,10 @@ static int config_rules(struct err *e)
         {CFG(", \"pad_token_id\": 100"), "pad_token_id"},
         {CFG(", \"type_vocab_size\": -1"), "type_vocab_size"},
         {CFG(", \"hidden_act\": \"mish\""), "hidden_act"},
+        /* bounded before pad_token_id's range is derived from it (UBSan: INT_MIN - 1) */
+        {"{\"vocab_size\": -2147483648, \"hidden_size\": 64, \"num_hidden_layers\": 2, "
+         "\"num_attention_heads\": 4, \"intermediate_size\": 96, \"max_position_embeddings\": 128}",
+         "vocab_size"},
     };
     return stest_parse_fails_all(&bert_ops, bad, sizeof bad / sizeof bad[0], e);
 }

@@ -67,7 +67,8 @@ int enc_parse_config(struct hparams *hp, const cJSON *cfg, bool roberta_position
         return err_setf(e, ERR_UNSUPPORTED, "config field 'position_embedding_type' = '%s' is not "
                         "supported (only \"absolute\")", pet);
     if ((rc = hparams_check_dim(hp->n_type_vocab, "type_vocab_size", 0, 1 << 16, e)) < 0 ||
-        (rc = hparams_check_dim(pad, "pad_token_id", 0, hp->n_vocab - 1, e)) < 0)
+        (rc = hparams_check_dim(hp->n_vocab, "vocab_size", 1, 1 << 24, e)) < 0 ||
+        (rc = hparams_check_dim(pad, "pad_token_id", 0, (int64_t)hp->n_vocab - 1, e)) < 0)
         return rc;
     if (hp->n_kv_head != hp->n_head)
         return err_setf(e, ERR_CONFIG, "config field 'num_key_value_heads' = %d: an encoder has "
