@@ -87,6 +87,7 @@ expect_rc 0 "--dimensions"
 # every vector within cosine 0.999 of the float64 reference (measured worst 0.99974) ----
 run "$BIN" convert -m "$G" -o "$T/q8" -q --q-bits 8
 expect_rc 0 "convert -q"
+err_has "convert of a sentence-transformers folder" "copy modules.json"
 cp "$G/modules.json" "$T/q8/" && cp -r "$G"/1_* "$G"/2_* "$T/q8/" 2>/dev/null
 cp "$G"/config_sentence_transformers.json "$G"/sentence_bert_config.json "$T/q8/" 2>/dev/null
 grep -q '"quantization"' "$T/q8/config.json" || fail "convert -q wrote no quantization"
