@@ -49,6 +49,21 @@ static int opt_bool(const cJSON *in, const char *key, bool def, bool *out, struc
     return 0;
 }
 
+/* "model", when given, names the served model (as the generation endpoints require): 404
+ * model_not_found otherwise. */
+static int check_model(const struct server *s, const cJSON *in, struct oai_error *err)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(in, "model");
+    if (!m || cJSON_IsNull(m))
+        return 0;
+    if (!cJSON_IsString(m))
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "model", "'model' must be a string");
+    if (strcmp(m->valuestring, s->model_id) != 0)
+        return oai_errorf(err, 404, "invalid_request_error", "model_not_found", "model", "the model '%.64s' "
+                          "does not exist; this server serves '%s'", m->valuestring, s->model_id);
+    return 0;
+}
+
 /* A token-id array into an item. */
 static int ids_item(const struct embedder *em, const cJSON *a, bool truncate, struct emb_item *it,
                     const char *param, struct oai_error *err)
@@ -200,6 +215,8 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
     cJSON *in = oai_parse_object(r->body, r->len, &err);
     if (!in)
         return srv_reply_error(c, r, &err);
+    if (check_model(s, in, &err) < 0)
+        goto fail;
     if (em && embedder_is_reranker(em)) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "model", "model '%s' is a reranker (cross-encoder): "
                    "use /v1/rerank", s->model_id);
@@ -314,6 +331,8 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
     cJSON *in = oai_parse_object(r->body, r->len, &err);
     if (!in)
         return srv_reply_error(c, r, &err);
+    if (check_model(s, in, &err) < 0)
+        goto fail;
     if (!embedder_is_reranker(em)) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "model", "model '%s' embeds texts; reranking needs "
                    "a cross-encoder (a *ForSequenceClassification checkpoint)", s->model_id);

@@ -108,6 +108,8 @@ describe('embeddings and rerank on serve', { timeout: 300_000 * SLOW }, () => {
             ];
             for (const [body, param] of bad)
                 assertError(await post(srv.base, '/v1/embeddings', body), 400, JSON.stringify(body).slice(0, 80), { param });
+            assertError(await post(srv.base, '/v1/embeddings', { model: 'other', input: [[2, 3]] }), 404, 'another model',
+                { param: 'model', code: 'model_not_found' });
             // too long is truncated by default (sentence-transformers' rule): 128 tokens counted
             const r = await post(srv.base, '/v1/embeddings', { input: [Array.from({ length: 400 }, () => 5)] });
             assert.equal(r.status, 200, r.text);
