@@ -60,6 +60,7 @@
     X(preprocess) \
     X(spec)       \
     X(multimodal) \
+    X(embed)      \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -24,6 +24,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
+int cmd_rerank(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_list(int argc, char **argv);

@@ -588,6 +588,9 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
 {
     int rc;
     memset(en, 0, sizeof *en);
+    if (m->hp.encoder)
+        return err_setf(e, ERR_ARG, "'%s' is an encoder (embeddings / reranking): it does not generate "
+                        "text; use mlxcel embed, mlxcel rerank or serve's /v1/embeddings", m->hp.model_type);
     struct kv_params kp = {.n_tokens = n_tokens, .max_seqs = max_seqs, .max_seq_len = max_seq_len,
                            .dtype = DTYPE_F32, .swa_slack = swa_slack};
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)

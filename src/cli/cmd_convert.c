@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -248,5 +249,13 @@ int cmd_convert(int argc, char **argv)
     double secs = gen_now() - t0;
     if (print_summary(dir, dst, &st, o.q, json, secs, &e) < 0)
         return cli_fail("convert", &e);
+    /* the copy is of plain files: a sentence-transformers folder's modules (Pooling, Dense,
+     * Normalize in subfolders) stay behind, and without them the output embeds differently */
+    char st_path[4096 + 16];
+    snprintf(st_path, sizeof st_path, "%s/modules.json", dir);
+    if (access(st_path, F_OK) == 0)
+        fprintf(stderr, "mlxcel convert: warning: %s is a sentence-transformers folder: copy modules.json, "
+                "its module folders (1_Pooling/, 2_Dense/, ...) and config_sentence_transformers.json "
+                "into %s, or its embeddings will differ\n", dir, dst);
     return CLI_EXIT_OK;
 }

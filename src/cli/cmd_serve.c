@@ -17,7 +17,10 @@
 
 #include "../core/log.h"
 #include "../core/termsafe.h"
+#include "../engine/embedder.h"
 #include "../engine/runner.h"
+#include "../kernels/backend.h"
+#include "../models/model.h"
 #include "../grammar/grammar.h"
 #include "../server/outparse.h"
 #include "../server/server.h"
@@ -255,10 +258,14 @@ struct served {
     struct cli_engine en;
     struct cli_draft draft;          /* --model-draft: used by the runner's engine thread only */
     struct runner *run;
+    struct backend *enc_be;          /* an encoder's backend (embeddings / rerank), owned */
+    struct embedder *em;             /* an encoder served instead of a generating model */
 };
 
 static void served_free(struct served *sv)
 {
+    embedder_free(sv->em);
+    backend_free(sv->enc_be);
     runner_free(sv->run);
     grammar_vocab_free(sv->gvocab);
     cli_draft_close(&sv->draft);  /* before the engine whose backend it borrows */
@@ -284,13 +291,35 @@ static int serve_ubatch(const struct serve_cli *o, const struct backend *be)
     return (int)(n < 512 ? n : 512);
 }
 
+/* An encoder (hp.encoder): its backend, the embedder and, when it loads, the tokenizer (without
+ * it, /v1/embeddings takes token ids only); no runner, no KV cache, no chat template. */
+static int load_encoder(const struct serve_cli *o, const char *dir, struct served *sv, struct server_model *sm,
+                        struct err *e)
+{
+    struct err te = {0};
+    int rc;
+    if (tok_load(&sv->tok, dir, &te) < 0)
+        fprintf(stderr, "mlxcel serve: the tokenizer did not load (%s): texts will answer 400, token ids work\n",
+                te.msg);
+    if ((rc = backend_new(&sv->enc_be, cli_cfg()->device, (int)o->threads, &cli_cfg()->be, e)) < 0 ||
+        (rc = model_prepare(sv->m, sv->enc_be, e)) < 0 ||
+        (rc = embedder_new(&sv->em, sv->m, sv->enc_be, sv->tok, e)) < 0)
+        return rc;
+    *sm = (struct server_model){.tok = sv->tok, .n_vocab = sv->m->hp.n_vocab, .n_ctx = sv->em->max_len,
+                                .hp = &sv->m->hp, .gen = sv->m->gen, .embedder = sv->em};
+    return 0;
+}
+
 /* Loads the model, tokenizer, template, engine and runner. */
 static int load(const struct serve_cli *o, const char *dir, struct served *sv, struct server_model *sm,
                 struct err *e)
 {
     int rc;
-    if ((rc = model_load(&sv->m, dir, e)) < 0 || (rc = cli_check_generation_config(sv->m, e)) < 0 ||
-        (rc = tok_load(&sv->tok, dir, e)) < 0)
+    if ((rc = model_load(&sv->m, dir, e)) < 0)
+        return rc;
+    if (sv->m->hp.encoder)
+        return load_encoder(o, dir, sv, sm, e);
+    if ((rc = cli_check_generation_config(sv->m, e)) < 0 || (rc = tok_load(&sv->tok, dir, e)) < 0)
         return rc;
     rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
     if (rc == -ERR_MISSING)
@@ -383,13 +412,13 @@ int cmd_serve(int argc, char **argv)
     sm.id = id;
     server_set_model(srv, &sm);
     bool v6 = strchr(so.host, ':') != NULL;
-    enum dtype kvt = sv.en.kv->dtype;
+    enum dtype kvt = sv.en.kv ? sv.en.kv->dtype : DTYPE_F32;
     char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
            v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), termsafe_str(id, id_esc, sizeof id_esc),
            o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
-           sv.en.be->fast ? ", fast" : "");
+           sv.en.be && sv.en.be->fast ? ", fast" : "");
     /* the ready line is what scripts wait for: a server that cannot say where it
      * listens stops rather than run unseen */
     if ((rc = cli_stdout_check(&e)) < 0)

@@ -286,7 +286,7 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
             break;
         kv_sync_tables(kv);
         int n_out = stage_chunk(c, b, kv, r0, r1);
-        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, &rows_swa, kv->layers};
+        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, &rows_swa, kv->layers, NULL, NULL};
         if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)

@@ -240,6 +240,17 @@ struct hparams {
                                  * (Gemma 2's final_logit_softcapping); 0: none */
     float attn_softcap;         /* every layer's attention soft-capping (layer_spec.softcap) */
 
+    /* encoders (BERT, XLM-RoBERTa; ADR 0083): every layer attends its whole sequence, no KV
+     * cache is kept, and the forward leaves the last hidden states in ctx_bufs.x (and a
+     * sequence-classification head's logits in ctx_bufs.logits) instead of next-token logits */
+    bool encoder;
+    int n_type_vocab;           /* token_type_embeddings rows (type_vocab_size); 0: none */
+    int pos_offset;             /* the first token's absolute position id: 0 (BERT), or
+                                 * padding_idx + 1 (RoBERTa's create_position_ids_from_input_ids) */
+    int32_t pad_id;             /* RoBERTa: a pad token takes position padding_idx; -1: none */
+    int n_cls;                  /* labels of a sequence-classification head (pooler dense + tanh,
+                                 * then the classifier); 0: none */
+
     /* head */
     bool tie_embd;              /* lm_head shares the token embedding */
     bool head_bias;             /* bias on lm_head */

@@ -461,6 +461,14 @@ static size_t prep_items(struct model *m, struct prep_item *it)
     PREP_ADD(&m->out_norm_b, false, USE_VALUES);
     PREP_ADD(&m->lm_head, false, USE_LINEAR);
     PREP_ADD(&m->lm_head_b, false, USE_VALUES);
+    PREP_ADD(&m->pos_embd, false, 0u);   /* embedding rows */
+    PREP_ADD(&m->type_embd, false, 0u);
+    PREP_ADD(&m->embd_norm, false, USE_VALUES);
+    PREP_ADD(&m->embd_norm_b, false, USE_VALUES);
+    PREP_ADD(&m->cls_dense, false, USE_LINEAR);
+    PREP_ADD(&m->cls_dense_b, false, USE_VALUES);
+    PREP_ADD(&m->cls_out, false, USE_LINEAR);
+    PREP_ADD(&m->cls_out_b, false, USE_VALUES);
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
 #define LAYER_PTR(name) &L->name,

@@ -171,6 +171,14 @@ struct model {
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
     struct tensor out_norm, out_norm_b;  /* [n_embd] */
     struct tensor lm_head, lm_head_b;    /* [n_vocab, n_embd], [n_vocab] */
+    /* encoders (hp.encoder): absolute position and token-type embeddings, the LayerNorm of
+     * their sum, and a sequence-classification head: cls_dense (BERT's pooler, RoBERTa's
+     * classifier.dense) + tanh on the first token, then cls_out (classifier / out_proj) */
+    struct tensor pos_embd;              /* [n_ctx, n_embd] */
+    struct tensor type_embd;             /* [n_type_vocab, n_embd] */
+    struct tensor embd_norm, embd_norm_b;/* [n_embd] */
+    struct tensor cls_dense, cls_dense_b;/* [n_embd, n_embd], [n_embd] */
+    struct tensor cls_out, cls_out_b;    /* [n_cls, n_embd], [n_cls] */
     struct layer *layers;            /* [n_layer], owned */
     struct tensor *expert_views;     /* backing store of every expert_linear, owned */
     void *derived;                   /* weights a family rearranged at load (MLA's per-head
@@ -270,6 +278,10 @@ struct fwd_chunk {
     const struct kv_rows *rows;      /* full and latent layers */
     const struct kv_rows *rows_swa;  /* sliding-window layers: their own pool (ADR 0023) */
     const struct kv_layer *kv; /* [n_layer] */
+    /* encoders (hp.encoder; engine/encode.c): per row its token type and absolute position
+     * id (the embedding rows), backend memory; NULL for decoders */
+    const int32_t *type_ids;   /* [n_tok] */
+    const int32_t *emb_pos;    /* [n_tok] */
 };
 
 /* Graphs a context keeps (decode shapes: one per row count and cache layout). */

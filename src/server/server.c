@@ -192,8 +192,9 @@ static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, str
 
 static enum MHD_Result ep_metrics(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
-    struct runner_stats st;
-    runner_get_stats(s->m.runner, &st);
+    struct runner_stats st = {0};
+    if (s->m.runner)
+        runner_get_stats(s->m.runner, &st);
     struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = s->o.parallel,
                                .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total,
                                .kv_blocks_cached = st.kv_blocks_cached, .prefix_query_tokens = st.prefix_query_tokens,
@@ -415,7 +416,7 @@ static enum MHD_Result ep_favicon(struct MHD_Connection *c, struct srv_req *r)
 
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
-    R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON,
+    R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
 };
 
 struct route_entry {
@@ -440,6 +441,9 @@ static const struct route_entry k_routes[] = {
     {"/apply-template", true, R_TEMPLATE, NULL},
     {"/v1/messages", true, R_MESSAGES, anthropic_error_json},
     {"/v1/messages/count_tokens", true, R_COUNT_TOKENS, anthropic_error_json},
+    {"/v1/embeddings", true, R_EMBEDDINGS, NULL},
+    {"/v1/rerank", true, R_RERANK, NULL},
+    {"/rerank", true, R_RERANK, NULL},
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -528,7 +532,30 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
                    atomic_load(&s->stopping) ? "the server is shutting down" : "the model is loading");
         return srv_reply_error(c, r, &err);
     }
+    /* one model per server: an encoder does not generate, a generating model does not embed */
+    bool gen_route = rt == R_CHAT || rt == R_COMPLETIONS || rt == R_RESPONSES || rt == R_MESSAGES ||
+                     rt == R_COUNT_TOKENS || rt == R_TEMPLATE;
+    if (s->m.embedder && gen_route) {
+        oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
+                   "embedding model (%s): it does not generate text; use %s", s->model_id,
+                   s->m.hp->n_cls > 0 ? "a cross-encoder" : "an encoder",
+                   s->m.hp->n_cls > 0 ? "/v1/rerank" : "/v1/embeddings");
+        return srv_reply_error(c, r, &err);
+    }
+    if (!s->m.embedder && (rt == R_EMBEDDINGS || rt == R_RERANK)) {
+        oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' generates "
+                   "text: it does not %s (serve an embedding model or a cross-encoder)", s->model_id,
+                   rt == R_RERANK ? "rerank" : "produce embeddings");
+        return srv_reply_error(c, r, &err);
+    }
+    if (!s->m.tok && (rt == R_TOKENIZE || rt == R_DETOKENIZE)) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, NULL, "model '%s' has no usable tokenizer",
+                   s->model_id);
+        return srv_reply_error(c, r, &err);
+    }
     switch (rt) {
+    case R_EMBEDDINGS: return srv_embeddings(s, c, r);
+    case R_RERANK: return srv_rerank(s, c, r);
     case R_MODELS: return ep_models(s, c, r, NULL);
     case R_MODEL: return ep_models(s, c, r, url + 11);
     case R_METRICS: return ep_metrics(s, c, r);
@@ -720,6 +747,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
+    pthread_mutex_init(&s->embed_mu, NULL);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
 
     struct sockaddr_storage ss;
@@ -809,6 +837,7 @@ void server_free(struct server *s)
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->conn_mu);
+    pthread_mutex_destroy(&s->embed_mu);
     free((char *)s->o.api_key);
     free(s);
 }

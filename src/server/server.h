@@ -64,8 +64,12 @@ struct server_model {
     int tool_format;                     /* enum outparse_format the chat template teaches */
     bool reasoning;                      /* the template emits <think> reasoning */
     struct spec_params spec;             /* speculative decoding of every request (serve --spec) */
+    /* an encoder (embeddings, reranking) instead of a generating model: runner, tmpl and
+     * gvocab are NULL, tok may be (token-id inputs only); borrowed */
+    struct embedder *embedder;
 };
 
+struct embedder;
 struct server;
 
 /* Binds and starts answering (503 for everything but /health until the model is set). */

@@ -56,6 +56,7 @@ struct server {
     atomic_uint_least64_t next_id;
     pthread_mutex_t log_mu;
     pthread_mutex_t conn_mu;     /* guards conns, n_conns and every srv_conn's phase */
+    pthread_mutex_t embed_mu;    /* guards m.embedder: one embedding / rerank request runs at a time */
     struct srv_conn *conns;
     int n_conns;
     pthread_t watchdog;          /* guard.c: the deadlines */
@@ -105,6 +106,9 @@ enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct
 /* POST /v1/messages and /v1/messages/count_tokens, the Anthropic dialect (api_anthropic.c). */
 enum MHD_Result srv_anthropic_messages(struct server *s, struct MHD_Connection *c, struct srv_req *r);
 enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+/* POST /v1/embeddings and /v1/rerank, /rerank for an encoder (api_embed.c). */
+enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct srv_req *r);
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);
 

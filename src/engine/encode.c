@@ -1,0 +1,219 @@
+/*
+ * encode: packed, padding-free encoder batches (ADR 0083).
+ *
+ * A chunk holds whole sequences: at most n_batch rows, 2 n_batch slots of the pool and
+ * n_out sequences (the context's logit rows). Sequence s of a chunk starts at a slot aligned to
+ * ENC_BLOCK in the K/V scratch pool (its own block table: consecutive blocks), so every
+ * row of s reads exactly the keys of s. Per row the metadata rows of the context are:
+ *   0 ids   1 type ids   2 position ids (pos_offset + i; RoBERTa: a pad token takes
+ *   padding_idx)   3 attention position (the sequence's last: the causal mask spans it)
+ *   4 slot   5 table offset   6 seq_end   7 out_rows (the first row of each sequence)
+ * and the block tables follow in a buffer of their own.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/log.h"
+#include "encode.h"
+
+#define ENC_BLOCK 16   /* slots per block of the scratch pool: a sequence wastes < 16 slots */
+
+struct encoder {
+    const struct model *m;
+    struct backend *be;
+    struct model_ctx *c;         /* owned */
+    void *kv_mem;                /* K | V scratch, n_slots rows each, owned (backend memory) */
+    struct kv_layer *kv;         /* [n_layer] all the same pool, owned */
+    int n_slots;
+    int32_t *tables_dev;         /* [n_slots / ENC_BLOCK], owned (backend memory) */
+    int32_t *tables_host;        /* owned */
+};
+
+int enc_max_tokens(const struct model *m)
+{
+    return m->hp.n_ctx - m->hp.pos_offset;
+}
+
+int enc_new(struct encoder **out, const struct model *m, struct backend *be, struct err *e)
+{
+    const struct hparams *hp = &m->hp;
+    const struct backend_ops *op = be->ops;
+    int rc, max_len = enc_max_tokens(m);
+    *out = NULL;
+    if (!hp->encoder)
+        return err_setf(e, ERR_ARG, "model '%s' is not an encoder (no embeddings from it)",
+                        hp->model_type);
+    struct encoder *en = calloc(1, sizeof *en);
+    if (!en)
+        return err_setf(e, ERR_NOMEM, "encoder: out of memory");
+    en->m = m;
+    en->be = be;
+    /* one chunk holds the longest sequence; 512 rows or more to batch short ones */
+    if ((rc = model_ctx_new(&en->c, m, be, max_len > 512 ? max_len : 512, e)) < 0)
+        goto fail;
+    if (en->c->n_batch < max_len) {
+        rc = err_setf(e, ERR_CONFIG, "encoder: a chunk of %d rows cannot hold a sequence of %d",
+                      en->c->n_batch, max_len);
+        goto fail;
+    }
+    en->n_slots = (2 * en->c->n_batch + ENC_BLOCK - 1) / ENC_BLOCK * ENC_BLOCK;
+    size_t row = (size_t)hp->n_embd * sizeof(float);
+    en->kv = calloc((size_t)hp->n_layer, sizeof *en->kv);
+    en->tables_host = calloc((size_t)en->n_slots / ENC_BLOCK, sizeof *en->tables_host);
+    if (!en->kv || !en->tables_host) {
+        rc = err_setf(e, ERR_NOMEM, "encoder: out of memory");
+        goto fail;
+    }
+    if ((rc = op->buf_alloc(be, 2 * row * en->n_slots, &en->kv_mem, e)) < 0 ||
+        (rc = op->buf_alloc(be, sizeof(int32_t) * (en->n_slots / ENC_BLOCK), (void **)&en->tables_dev,
+                            e)) < 0)
+        goto fail;
+    for (int il = 0; il < hp->n_layer; il++)
+        en->kv[il] = (struct kv_layer){
+            .k = en->kv_mem,
+            .v = (char *)en->kv_mem + row * en->n_slots,
+            .k_dim = hp->n_embd,
+            .v_dim = hp->n_embd,
+            .dtype = DTYPE_F32,
+        };
+    for (int j = 0; j < en->n_slots / ENC_BLOCK; j++)
+        en->tables_host[j] = j;   /* the pool's blocks in order: a sequence's are consecutive */
+    op->upload(be, en->tables_dev, en->tables_host, sizeof(int32_t) * (en->n_slots / ENC_BLOCK));
+    if ((rc = backend_sync(be, e)) < 0)
+        goto fail;
+    *out = en;
+    return 0;
+fail:
+    enc_free(en);
+    return rc;
+}
+
+void enc_free(struct encoder *en)
+{
+    if (!en)
+        return;
+    if (en->kv_mem)
+        en->be->ops->buf_free(en->be, en->kv_mem);
+    if (en->tables_dev)
+        en->be->ops->buf_free(en->be, en->tables_dev);
+    model_ctx_free(en->c);
+    free(en->kv);
+    free(en->tables_host);
+    free(en);
+}
+
+/* Every sequence non-empty, within the position table, ids and types in range. */
+static int enc_check(const struct encoder *en, const struct enc_seq *seqs, int n_seq, struct err *e)
+{
+    const struct hparams *hp = &en->m->hp;
+    int max_len = enc_max_tokens(en->m);
+    for (int s = 0; s < n_seq; s++) {
+        const struct enc_seq *q = &seqs[s];
+        if (q->n < 1 || q->n > max_len)
+            return err_setf(e, ERR_RANGE, "sequence %d has %d tokens: it must have 1 to %d", s, q->n,
+                            max_len);
+        for (int i = 0; i < q->n; i++) {
+            if (q->ids[i] < 0 || q->ids[i] >= hp->n_vocab)
+                return err_setf(e, ERR_RANGE, "sequence %d: token id %d at %d is outside the "
+                                "vocabulary of %d", s, q->ids[i], i, hp->n_vocab);
+            int t = q->type_ids ? q->type_ids[i] : 0;
+            if (t < 0 || t >= (hp->n_type_vocab > 0 ? hp->n_type_vocab : 1))
+                return err_setf(e, ERR_RANGE, "sequence %d: token type %d at %d is outside [0, %d)", s,
+                                t, i, hp->n_type_vocab > 0 ? hp->n_type_vocab : 1);
+        }
+    }
+    return 0;
+}
+
+/* Slots a sequence of n rows takes in the pool. */
+static int enc_span(int n)
+{
+    return (n + ENC_BLOCK - 1) / ENC_BLOCK * ENC_BLOCK;
+}
+
+/* The metadata of sequences [s0, s1) into the context's staging rows; returns the rows. */
+static int enc_stage(struct encoder *en, const struct enc_seq *seqs, int s0, int s1)
+{
+    const struct hparams *hp = &en->m->hp;
+    int B = en->c->n_batch, r = 0, slot0 = 0;
+    int32_t *mh = en->c->meta_host;
+    for (int s = s0; s < s1; s++) {
+        const struct enc_seq *q = &seqs[s];
+        int emb = hp->pos_offset;
+        mh[7 * B + (s - s0)] = r;
+        for (int i = 0; i < q->n; i++, r++) {
+            mh[r] = q->ids[i];
+            mh[B + r] = q->type_ids ? q->type_ids[i] : 0;
+            /* RoBERTa: cumsum of non-pad tokens + padding_idx, a pad token padding_idx */
+            bool pad = hp->pad_id >= 0 && q->ids[i] == hp->pad_id;
+            mh[2 * B + r] = pad ? hp->pad_id : emb++;
+            mh[3 * B + r] = q->n - 1;
+            mh[4 * B + r] = slot0 + i;
+            mh[5 * B + r] = slot0 / ENC_BLOCK;
+            mh[6 * B + r] = q->n;
+        }
+        slot0 += enc_span(q->n);
+    }
+    return r;
+}
+
+/* Whether the rows hold a NaN or an infinity. */
+static bool enc_finite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return false;
+    return true;
+}
+
+int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hidden, float *logits,
+            struct err *e)
+{
+    const struct hparams *hp = &en->m->hp;
+    const struct backend_ops *op = en->be->ops;
+    struct model_ctx *c = en->c;
+    int B = c->n_batch, rc, d = hp->n_embd;
+    if (logits && hp->n_cls <= 0)
+        return err_setf(e, ERR_ARG, "model '%s' has no classification head", hp->model_type);
+    if ((rc = enc_check(en, seqs, n_seq, e)) < 0)
+        return rc;
+    const int32_t *meta = c->bufs.meta;
+    struct kv_rows rows = {.pos = meta + 3 * B, .slot = meta + 4 * B, .table = meta + 5 * B,
+                           .tables = en->tables_dev, .seq_end = meta + 6 * B,
+                           .block_size = ENC_BLOCK, .state = NULL};
+    size_t row0 = 0;
+    for (int s0 = 0; s0 < n_seq;) {
+        /* whole sequences while the rows, the slots and the logit rows last */
+        int s1 = s0, n_rows = 0, n_sl = 0;
+        while (s1 < n_seq && n_rows + seqs[s1].n <= B && n_sl + enc_span(seqs[s1].n) <= en->n_slots &&
+               s1 - s0 < c->n_out) {
+            n_rows += seqs[s1].n;
+            n_sl += enc_span(seqs[s1].n);
+            s1++;
+        }
+        int n = enc_stage(en, seqs, s0, s1), k = s1 - s0;
+        op->upload(en->be, c->bufs.meta, c->meta_host, sizeof(int32_t) * CTX_META_ROWS * (size_t)B);
+        struct fwd_chunk ch = {.n_tok = n, .n_out = logits ? k : 0, .ids = meta,
+                               .out_rows = meta + 7 * B, .rows = &rows, .rows_swa = &rows,
+                               .kv = en->kv, .type_ids = meta + B, .emb_pos = meta + 2 * B};
+        if ((rc = en->m->ops->forward(c, &ch, e)) < 0)
+            break;
+        if (hidden)
+            op->download(en->be, hidden + row0 * d, c->bufs.x, (size_t)n * d * sizeof(float));
+        if (logits)
+            op->download(en->be, logits + (size_t)s0 * hp->n_cls, c->bufs.logits,
+                         (size_t)k * hp->n_cls * sizeof(float));
+        /* the staging rows are read by the upload: wait before the next chunk rewrites them */
+        if ((rc = backend_sync(en->be, e)) < 0)
+            return rc;
+        if ((hidden && !enc_finite(hidden + row0 * d, (size_t)n * d)) ||
+            (logits && !enc_finite(logits + (size_t)s0 * hp->n_cls, (size_t)k * hp->n_cls)))
+            return err_setf(e, ERR_FORMAT, "the encoder produced non-finite values (NaN or inf) for "
+                            "sequences %d to %d: the weights or the config are broken", s0, s1 - 1);
+        row0 += n;
+        s0 = s1;
+    }
+    int rs = backend_sync(en->be, rc < 0 ? NULL : e);
+    return rc < 0 ? rc : rs;
+}

@@ -1,0 +1,49 @@
+/*
+ * encode: runs an encoder model (hp.encoder: BERT, XLM-RoBERTa) over a batch of token
+ * sequences of different lengths, packed without padding (ADR 0083), and returns each
+ * token's last hidden state and, for a sequence-classification head, each sequence's logits.
+ *
+ * The sequences of one forward chunk are laid end to end as rows; every row's attention
+ * "position" is its sequence's last, so the decoder's causal attention op over the paged KV
+ * layout attends the whole sequence (bidirectional), and the K/V of a layer live in one
+ * scratch pool reused by every layer (nothing is cached between calls). One encoder is used
+ * by one thread at a time; the model may be shared.
+ */
+#pragma once
+#include <stdint.h>
+
+#include "../core/err.h"
+#include "../models/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One input sequence: n token ids (and token types, NULL: all 0). Borrowed. */
+struct enc_seq {
+    const int32_t *ids;
+    const int32_t *type_ids;
+    int n;
+};
+
+struct encoder;
+
+/* An encoder of m (hp.encoder) on be (m prepared for it): its context, K/V scratch and
+ * staging. -ERR_ARG for a model that is not an encoder. */
+int enc_new(struct encoder **out, const struct model *m, struct backend *be, struct err *e);
+void enc_free(struct encoder *en);
+
+/* The longest sequence the model takes: its position table less the first position id
+ * (RoBERTa's padding_idx + 1). */
+int enc_max_tokens(const struct model *m);
+
+/* Run n_seq sequences. hidden (host, may be NULL): [sum of n, n_embd], the sequences' rows
+ * in order; logits (host, may be NULL; needs hp.n_cls): [n_seq, n_cls] from each sequence's
+ * first token. -ERR_RANGE naming the sequence for an empty or too long one, or an id / type
+ * out of range; -ERR_FORMAT when the forward produced a NaN or an infinity (broken weights). */
+int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hidden, float *logits,
+            struct err *e);
+
+#ifdef __cplusplus
+}
+#endif
