@@ -575,17 +575,21 @@ static int map_shared_expert(struct wmap *w, const struct hparams *hp, struct la
     return wm_linear(w, &L->shexp_inp_gate, WM_REQUIRED, 0, 1, d, e, "%s", gate);
 }
 
-/* The correction bias of a grouped router, names->router_bias: published F32; another float
- * dtype (a conversion) is widened once, exactly, into model-owned memory. */
-static int map_router_bias(struct model *m, struct wmap *w, struct layer *L, int il,
-                           const struct hf_moe_names *names, struct err *e)
+int hf_map_router_bias(struct model *m, struct wmap *w, struct layer *L, const char *name,
+                       bool grouped, struct err *e)
 {
     int64_t E = m->hp.n_expert;
-    char name[256];
     int rc;
-    snprintf(name, sizeof name, names->router_bias, il);
-    if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, E, e, "%s", name)) < 0)
+    const struct st_tensor *t = st_set_find(w->st, name);
+    if (t ? t->ndim == 2 : grouped) {
+        int64_t shape[2] = {1, E};
+        struct tensor g;
+        if ((rc = wm_tensor(w, &g, WM_REQUIRED, 2, shape, e, "%s", name)) < 0)
+            return rc;
+        L->router_b = tensor_slice0(&g, 0);
+    } else if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, E, e, "%s", name)) < 0) {
         return rc;
+    }
     if (L->router_b.dtype == DTYPE_F32)
         return 0;
     if (L->router_b.qbits || !dtype_is_float(L->router_b.dtype))
@@ -613,9 +617,11 @@ int hf_map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
         snprintf(pre, sizeof pre, names->router, il);
         if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s", pre)) < 0)
             return rc;
-        if (hp->router_bias && names->router_bias &&
-            (rc = map_router_bias(m, w, L, il, names, e)) < 0)
-            return rc;
+        if (hp->router_bias && names->router_bias) {
+            snprintf(pre, sizeof pre, names->router_bias, il);
+            if ((rc = hf_map_router_bias(m, w, L, pre, false, e)) < 0)
+                return rc;
+        }
         if (ls->n_ff_shexp > 0 && (rc = map_shared_expert(w, hp, L, il, names, e)) < 0)
             return rc;
         const struct expert_stack_rule *r = names->experts;
@@ -697,6 +703,26 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
 
 /* ---- DeepSeek-V3 experts beside ordinary attention ---- */
 
+/* mlp_layer_types: exactly one "dense" or "sparse" per layer into sparse[] (transformers
+ * builds the experts where it says "sparse"; any other word is refused, not read as dense). */
+static int parse_mlp_layer_types(const struct hparams *hp, const cJSON *lt, bool *sparse,
+                                 struct err *e)
+{
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layer)
+        return err_setf(e, ERR_CONFIG, "config field 'mlp_layer_types' must list %d layer types",
+                        hp->n_layer);
+    int il = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, lt) {
+        const char *s = cJSON_IsString(t) ? t->valuestring : "";
+        if (strcmp(s, "sparse") != 0 && strcmp(s, "dense") != 0)
+            return err_setf(e, ERR_CONFIG, "config field 'mlp_layer_types'[%d] = '%.32s' is not "
+                            "'dense' or 'sparse'", il, s);
+        sparse[il++] = s[0] == 's';
+    }
+    return 0;
+}
+
 int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
                     struct err *e)
 {
@@ -724,13 +750,19 @@ int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe
                                 0, HP_MAX_DIM, e)) < 0 ||
         (rc = hparams_check_dim(first, "first_k_dense_replace", 0, HP_MAX_LAYERS, e)) < 0)
         return rc;
+    bool sparse[HP_MAX_LAYERS];
+    const cJSON *lt = d->mlp_layer_types ? cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types") : NULL;
+    for (int il = 0; il < hp->n_layer; il++)
+        sparse[il] = il >= first;
+    if (lt && !cJSON_IsNull(lt) && (rc = parse_mlp_layer_types(hp, lt, sparse, e)) < 0)
+        return rc;
     hp->n_expert = n_routed;
     hp->n_expert_used = k;
     hp->router = ROUTER_GROUP_SIGMOID;
     hp->router_bias = true;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer_spec *ls = &hp->layer[il];
-        ls->moe = il >= first;
+        ls->moe = sparse[il];
         ls->n_ff = ls->moe ? moe_ff : ff;
         ls->n_ff_shexp = ls->moe ? moe_ff * n_shared : 0;
         ls->shexp_plain = true;
