@@ -12,6 +12,9 @@
  *  - Routing: the bias chooses, the weights are the chosen probabilities over their sum.
  *  - Forward: moe_norm_min, the correction bias, the rope style and the layer pattern reach
  *    the logits.
+ *  - Golden case (`ernie4_5_moe`): ../shared/tools/golden/gen_golden3.py, transformers 5.17,
+ *    with its correction-bias cast to float64 made through m._parameters (Ernie's bias is an
+ *    nn.Parameter of Ernie4_5_MoeStatics, not a buffer as in DeepSeek's router).
  */
 #include <math.h>
 #include <string.h>

@@ -12,6 +12,9 @@
  *  - Cache: the latent row is kv_lora_rank + qk_rope_head_dim = 40 floats per layer.
  *  - Forward: rope_interleave, routed_scaling_factor, norm_topk_prob reach the logits; an
  *    mlp_layer_types that calls a sparse layer dense makes its dense MLP required.
+ *  - Golden case (`glm4_moe_lite`): ../shared/tools/golden/gen_golden3.py, transformers 5.17,
+ *    with rope_parameters stating partial_rotary_factor 1.0 (5.17's default glm rope takes half of qk_rope_head_dim, and
+ *    transformers itself then fails: see glm4_moe_lite.c).
  */
 #include <math.h>
 
