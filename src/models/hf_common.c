@@ -205,27 +205,44 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     return parse_rope_scaling(hp, cfg, e);
 }
 
-/* layer_types: one string per layer. */
-static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, struct err *e)
+/* KEY: one of words (NULL-terminated) per layer, no more, no fewer; out[il] the index of layer
+ * il's word. Any other word is refused, naming it. */
+static int layer_words(const struct hparams *hp, const cJSON *lt, const char *key,
+                       const char *const *words, int *out, struct err *e)
 {
     if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layer)
-        return err_setf(e, ERR_CONFIG, "config field 'layer_types' must list %d layer types",
+        return err_setf(e, ERR_CONFIG, "config field '%s' must list %d layer types", key,
                         hp->n_layer);
     int il = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, lt) {
         const char *s = cJSON_IsString(t) ? t->valuestring : "";
-        if (strcmp(s, "sliding_attention") == 0) {
-            if (window <= 0)
-                return err_setf(e, ERR_CONFIG, "layer_types[%d] is sliding_attention but "
-                                "'sliding_window' is not set", il);
-            hp->layer[il].kv = KV_SLIDING;
-            hp->layer[il].window = window;
-        } else if (strcmp(s, "full_attention") != 0) {
-            return err_setf(e, ERR_UNSUPPORTED, "config field 'layer_types'[%d] = '%s' is not "
-                            "supported", il, s);
-        }
+        out[il] = -1;
+        for (int w = 0; words[w] && out[il] < 0; w++)
+            out[il] = strcmp(s, words[w]) == 0 ? w : -1;
+        if (out[il] < 0)
+            return err_setf(e, ERR_UNSUPPORTED, "config field '%s'[%d] = '%.64s' is not supported",
+                            key, il, s);
         il++;
+    }
+    return 0;
+}
+
+/* layer_types: one string per layer. */
+static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, struct err *e)
+{
+    static const char *const words[] = {"full_attention", "sliding_attention", NULL};
+    int kind[HP_MAX_LAYERS], rc;
+    if ((rc = layer_words(hp, lt, "layer_types", words, kind, e)) < 0)
+        return rc;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (kind[il] == 0)
+            continue;
+        if (window <= 0)
+            return err_setf(e, ERR_CONFIG, "layer_types[%d] is sliding_attention but "
+                            "'sliding_window' is not set", il);
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
     }
     return 0;
 }
@@ -703,26 +720,6 @@ int hf_map_decoder_moe(struct model *m, struct st_set *st, const struct hf_moe_n
 
 /* ---- DeepSeek-V3 experts beside ordinary attention ---- */
 
-/* mlp_layer_types: exactly one "dense" or "sparse" per layer into sparse[] (transformers
- * builds the experts where it says "sparse"; any other word is refused, not read as dense). */
-static int parse_mlp_layer_types(const struct hparams *hp, const cJSON *lt, bool *sparse,
-                                 struct err *e)
-{
-    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layer)
-        return err_setf(e, ERR_CONFIG, "config field 'mlp_layer_types' must list %d layer types",
-                        hp->n_layer);
-    int il = 0;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, lt) {
-        const char *s = cJSON_IsString(t) ? t->valuestring : "";
-        if (strcmp(s, "sparse") != 0 && strcmp(s, "dense") != 0)
-            return err_setf(e, ERR_CONFIG, "config field 'mlp_layer_types'[%d] = '%.32s' is not "
-                            "'dense' or 'sparse'", il, s);
-        sparse[il++] = s[0] == 's';
-    }
-    return 0;
-}
-
 int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
                     struct err *e)
 {
@@ -750,11 +747,14 @@ int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe
                                 0, HP_MAX_DIM, e)) < 0 ||
         (rc = hparams_check_dim(first, "first_k_dense_replace", 0, HP_MAX_LAYERS, e)) < 0)
         return rc;
-    bool sparse[HP_MAX_LAYERS];
+    /* mlp_layer_types (transformers builds the experts where it says "sparse"; another word
+     * is refused, not read as dense), else first_k_dense_replace */
+    static const char *const words[] = {"dense", "sparse", NULL};
+    int sparse[HP_MAX_LAYERS];
     const cJSON *lt = d->mlp_layer_types ? cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types") : NULL;
     for (int il = 0; il < hp->n_layer; il++)
         sparse[il] = il >= first;
-    if (lt && !cJSON_IsNull(lt) && (rc = parse_mlp_layer_types(hp, lt, sparse, e)) < 0)
+    if (lt && !cJSON_IsNull(lt) && (rc = layer_words(hp, lt, "mlp_layer_types", words, sparse, e)) < 0)
         return rc;
     hp->n_expert = n_routed;
     hp->n_expert_used = k;
@@ -762,7 +762,7 @@ int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe
     hp->router_bias = true;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer_spec *ls = &hp->layer[il];
-        ls->moe = sparse[il];
+        ls->moe = sparse[il] == 1;
         ls->n_ff = ls->moe ? moe_ff : ff;
         ls->n_ff_shexp = ls->moe ? moe_ff * n_shared : 0;
         ls->shexp_plain = true;
