@@ -17,6 +17,8 @@
  *            with one group, the correction bias, renormalization and scale 1.
  *   head     lm_head, tied to the embedding by default (tie_word_embeddings true)
  *
+ * partial_rotary_factor other than 1 is refused: transformers' interleaving of cos / sin then
+ * misses half the head's dims and fails.
  * use_bias (false) puts biases on every projection in transformers, but not on its experts
  * (transformers 5's MixtralExperts have none, mlx-lm's SwitchGLU has): no published ERNIE
  * 4.5 MoE sets it, and it is refused rather than half-read.
@@ -86,6 +88,7 @@ static int ernie4_5_moe_parse_config(struct hparams *hp, const cJSON *cfg, struc
     bool bias;
     int rc;
     if ((rc = hf_parse_decoder(hp, cfg, &ernie_defaults, e)) < 0 ||
+        (rc = hf_check_full_rotary(cfg, "Ernie 4.5's rope covers the whole head", e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "use_bias", false, &bias, e)) < 0)
         return rc;
     if (bias)

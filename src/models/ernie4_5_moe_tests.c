@@ -3,8 +3,8 @@
  *  - Config: Ernie4_5_MoeConfig's defaults (64 experts top-6, 2 shared experts of 1536, MoE
  *    from layer 1 to the last, rope_theta 500000 on interleaved pairs, tied head, moe_norm_min
  *    1e-12, the softmax router with the correction bias); the layer rule (il + 1) % interval
- *    == 0 within [start, end]; attention_bias is not Ernie's (ignored); use_bias and
- *    impossible values are refused, naming the field.
+ *    == 0 within [start, end]; attention_bias is not Ernie's (ignored); use_bias, a partial
+ *    rotary factor and impossible values are refused, naming the field.
  *  - Weights: the golden checkpoint is consumed entirely, its [1, E] correction bias bound as
  *    [E] F32; a missing correction bias, router or shared expert is named; mlx-lm's stacked
  *    layout binds byte-identical experts, and without the bias (mlx-lm's sanitize drops it)
@@ -64,6 +64,9 @@ static int config_rules(struct err *e)
         return rc;
     static const struct stest_bad bad[] = {
         {"{" BASE ", \"use_bias\": true}", "use_bias"},
+        {"{" BASE ", \"partial_rotary_factor\": 0.5}", "partial_rotary_factor"},
+        {"{" BASE ", \"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}}",
+         "partial_rotary_factor"},
         {"{" BASE ", \"moe_k\": 9}", "moe_k"},
         {"{" HEAD ", \"num_hidden_layers\": 4, \"moe_num_experts\": 0}", "moe_num_experts"},
         {"{" BASE ", \"moe_layer_interval\": 0}", "moe_layer_interval"},

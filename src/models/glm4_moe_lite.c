@@ -57,28 +57,12 @@ static const struct hf_v3_moe_defaults glm4_moe_lite_moe = {
     .n_group = 1, .topk_group = 1, .norm_topk = true, .scale = 1.8f, .mlp_layer_types = true,
 };
 
-/* partial_rotary_factor, from rope_parameters (transformers 5) or the top level: 1 or absent */
-static int check_rotary(const cJSON *cfg, struct err *e)
-{
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
-    const cJSON *src = rp && cJSON_IsObject(rp) && cfg_has(rp, "partial_rotary_factor") ? rp : cfg;
-    float partial;
-    int rc;
-    if ((rc = cfg_opt_float(src, "partial_rotary_factor", 1.0f, &partial, e)) < 0)
-        return src == rp ? err_prefix(e, "rope_parameters") : rc;
-    if (partial != 1.0f)
-        return err_setf(e, ERR_UNSUPPORTED, "config field 'partial_rotary_factor' = %g is not "
-                        "supported: latent attention rotates all of qk_rope_head_dim (1.0)",
-                        (double)partial);
-    return 0;
-}
-
 static int glm4_moe_lite_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     char method[32];
     int rc;
     if ((rc = deepseek_parse_mla(hp, cfg, &glm4_moe_lite_defaults, &glm4_moe_lite_mla, e)) < 0 ||
-        (rc = check_rotary(cfg, e)) < 0 ||
+        (rc = hf_check_full_rotary(cfg, "latent attention rotates all of qk_rope_head_dim", e)) < 0 ||
         (rc = cfg_opt_str(cfg, "topk_method", "noaux_tc", method, sizeof method, e)) < 0)
         return rc;
     if (strcmp(method, "noaux_tc") != 0)

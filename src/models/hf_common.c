@@ -205,6 +205,20 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     return parse_rope_scaling(hp, cfg, e);
 }
 
+int hf_check_full_rotary(const cJSON *cfg, const char *why, struct err *e)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    const cJSON *src = rp && cJSON_IsObject(rp) && cfg_has(rp, "partial_rotary_factor") ? rp : cfg;
+    float partial;
+    int rc;
+    if ((rc = cfg_opt_float(src, "partial_rotary_factor", 1.0f, &partial, e)) < 0)
+        return src == rp ? err_prefix(e, "rope_parameters") : rc;
+    if (partial != 1.0f)
+        return err_setf(e, ERR_UNSUPPORTED, "config field 'partial_rotary_factor' = %g is not "
+                        "supported: %s (1.0)", (double)partial, why);
+    return 0;
+}
+
 /* KEY: one of words (NULL-terminated) per layer, no more, no fewer; out[il] the index of layer
  * il's word. Any other word is refused, naming it. */
 static int layer_words(const struct hparams *hp, const cJSON *lt, const char *key,

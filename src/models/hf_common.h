@@ -42,6 +42,11 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                 const char *prefix, struct err *e);
 
+/* partial_rotary_factor, from rope_parameters (transformers 5) or the top level, must be 1 or
+ * absent (the families whose rope transformers cannot run on part of the head); else an error
+ * naming the field, with why. */
+int hf_check_full_rotary(const cJSON *cfg, const char *why, struct err *e);
+
 /* Fill every layer's spec (hparams_fill_layers) once the family set its model-wide
  * fields, then the attention kind per layer, as transformers resolves it:
  * `layer_types` ("full_attention" / "sliding_attention") when present, else
