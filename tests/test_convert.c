@@ -554,7 +554,7 @@ static void check_mlx_layout(const char *name, const char *dir)
     if (st_set_open(&s, dir, &e) < 0)
         fail_msg("%s", e.msg);
     bool router8 = strcmp(name, "qwen3_moe") == 0 || strcmp(name, "gpt_oss") == 0;
-    bool gate_float = strncmp(name, "deepseek", 8) == 0;
+    bool gate_float = strncmp(name, "deepseek", 8) == 0 || strcmp(name, "glm4_moe_lite") == 0;
     int n_router = 0;
     for (size_t i = 0; i < st_set_count(s); i++) {
         const struct st_tensor *t = st_set_at(s, i);
@@ -574,8 +574,9 @@ static void check_mlx_layout(const char *name, const char *dir)
     }
     if (router8 && n_router == 0)
         fail_msg("%s: no router found", name);
-    /* mlx-lm's deepseek_v3 splits kv_b_proj into the MultiLinears embed_q / unembed_out */
-    bool v3 = strcmp(name, "deepseek_v3") == 0;
+    /* mlx-lm's deepseek_v3 and glm4_moe_lite split kv_b_proj into the MultiLinears embed_q /
+     * unembed_out */
+    bool v3 = strcmp(name, "deepseek_v3") == 0 || strcmp(name, "glm4_moe_lite") == 0;
     if (gate_float && (v3 != (st_set_find(s, "model.layers.0.self_attn.embed_q.weight") != NULL) ||
                        v3 == (st_set_find(s, "model.layers.0.self_attn.kv_b_proj.weight") != NULL)))
         fail_msg("%s: kv_b_proj is not laid out as mlx-lm's %s", name, name);
@@ -667,7 +668,8 @@ static void test_golden2_quantized(void **state)
  * consumed, 8-bit argmax near the reference. Listed by name: golden3 cases carry no golden2
  * marker. The 8-bit logit tolerance is per case: in these tiny random models a sigmoid
  * router's choice among near-equal scores flips under 8-bit noise (dots1: one token's
- * experts, 0.65 of max|logit| on that row; llama4_text's top-1 of 4: 0.31, argmax 25/27);
+ * experts, 0.65 of max|logit| on that row; llama4_text's top-1 of 4: 0.31, argmax 25/27;
+ * glm4_moe_lite: 0.18, argmax 25/27);
  * their float conversions (stacking, llama4's split and transposed experts) stay within 1e-6
  * (checked first). */
 static void test_golden3_moe_quantized(void **state)
@@ -676,7 +678,8 @@ static void test_golden3_moe_quantized(void **state)
     static const struct {
         const char *name;
         double tol8;
-    } cases[] = {{"dots1", 1.0}, {"glm4_moe", 0.1}, {"minimax_m2", 0.1}, {"hunyuan_v1_moe", 0.1}, {"llama4_text", 1.0}};
+    } cases[] = {{"dots1", 1.0}, {"glm4_moe", 0.1}, {"minimax_m2", 0.1}, {"hunyuan_v1_moe", 0.1}, {"llama4_text", 1.0},
+                   {"ernie4_5_moe", 0.1}, {"glm4_moe_lite", 1.0}};
     struct quant_params q8 = {QMODE_AFFINE, 8, 64, QUANT_GPU}, q4 = {QMODE_AFFINE, 4, 64, QUANT_GPU};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         /* float: mlx-lm's layout (stacked / split and transposed experts, the F32 correction

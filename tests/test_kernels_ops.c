@@ -908,7 +908,7 @@ static void test_moe_route_grouped(void **state)
         for (int kind = ROUTER_GROUP_SOFTMAX; kind <= ROUTER_GROUP_SIGMOID; kind++)
             for (int var = 0; var < 4; var++) {
                 struct moe_group_params p = {var & 1 ? &bias : NULL, var & 2 ? 4 : 1,
-                                             var & 2 ? 2 : 1, var == 3, 2.5f};
+                                             var & 2 ? 2 : 1, var == 3, 2.5f, 0.0f};
                 be->ops->moe_route_grouped(be, (enum router_kind)kind, sel, w, lg, T, E, K, &p);
                 assert_int_equal(backend_sync(be, NULL), 0);
                 for (int t = 0; t < T; t++) {
@@ -928,7 +928,7 @@ static void test_moe_route_grouped(void **state)
         struct tensor bt;
         int64_t s4[1] = {4};
         tensor_init(&bt, DTYPE_F32, b4, 1, s4);
-        struct moe_group_params p = {&bt, 1, 1, false, 1.0f};
+        struct moe_group_params p = {&bt, 1, 1, false, 1.0f, 0.0f};
         be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l4, 1, 4, 2, &p);
         assert_int_equal(backend_sync(be, NULL), 0);
         assert_int_equal(sel[0], 1);
@@ -938,7 +938,7 @@ static void test_moe_route_grouped(void **state)
         /* groups {0,1} {2,3} with top-1 group: the best single expert 0 lives in group 0, but
          * the sum of group 1's top two wins: experts 2, 3 */
         float l5[4] = {3.0f, -3.0f, 1.5f, 1.5f};
-        p = (struct moe_group_params){NULL, 2, 1, true, 1.0f};
+        p = (struct moe_group_params){NULL, 2, 1, true, 1.0f, 0.0f};
         be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l5, 1, 4, 2, &p);
         assert_int_equal(backend_sync(be, NULL), 0);
         assert_int_equal(sel[0], 2);
@@ -954,11 +954,29 @@ static void test_moe_route_grouped(void **state)
          * (transformers 5's Glm4Moe router; glm4_moe golden position 9) */
         float l6[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b6[4] = {-0.1f, -1.0f, -0.6f, -0.7f};
         tensor_init(&bt, DTYPE_F32, b6, 1, s4);
-        p = (struct moe_group_params){&bt, 2, 1, true, 1.0f};
+        p = (struct moe_group_params){&bt, 2, 1, true, 1.0f, 0.0f};
         be->ops->moe_route_grouped(be, ROUTER_GROUP_SIGMOID, sel, w, l6, 1, 4, 2, &p);
         assert_int_equal(backend_sync(be, NULL), 0);
         assert_int_equal(sel[0], 0);
         assert_int_equal(sel[1], 1);
+        assert_true(fabs(w[0] - 0.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6);
+        /* ERNIE 4.5's norm_min: softmax over {0, 0, -30, -30}; the bias chooses experts 2 and
+         * 3, whose probabilities (about 4.7e-14 each) sum below norm_min 1e-12: each weight is
+         * p / 1e-12, not the 0.5 that sum + 1e-20 would give */
+        float l7[4] = {0.0f, 0.0f, -30.0f, -30.0f}, b7[4] = {0.0f, 0.0f, 1.0f, 1.0f};
+        tensor_init(&bt, DTYPE_F32, b7, 1, s4);
+        p = (struct moe_group_params){&bt, 1, 1, true, 1.0f, 1e-12f};
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SOFTMAX, sel, w, l7, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
+        double p7 = exp(-30.0) / (2.0 + 2.0 * exp(-30.0));
+        assert_int_equal(sel[0], 2);
+        assert_int_equal(sel[1], 3);
+        assert_true(fabs(w[0] - p7 / (double)1e-12f) < 1e-5 * (p7 / 1e-12));
+        assert_true(fabs(w[1] - p7 / (double)1e-12f) < 1e-5 * (p7 / 1e-12));
+        /* above norm_min the division is by the sum, as without it */
+        p.norm_min = 1e-20f;
+        be->ops->moe_route_grouped(be, ROUTER_GROUP_SOFTMAX, sel, w, l7, 1, 4, 2, &p);
+        assert_int_equal(backend_sync(be, NULL), 0);
         assert_true(fabs(w[0] - 0.5) < 1e-6 && fabs(w[1] - 0.5) < 1e-6);
     }
     kc_close(&bs);

@@ -93,12 +93,15 @@ enum router_kind {
  * with the best group score (c's max for ROUTER_GROUP_SOFTMAX, the sum of c's top 2 for
  * ROUTER_GROUP_SIGMOID) stay eligible, the others' c become -inf; the k experts with the
  * highest c are chosen (ties toward the lower index), each weighted by its s, divided by
- * the sum of the k (+ 1e-20) when norm, then times scale. */
+ * the sum of the k (+ 1e-20; with norm_min > 0: by max(sum, norm_min)) when norm, then times
+ * scale. */
 struct moe_group_params {
     const struct tensor *bias;   /* [n_expert] F32 correction bias, or NULL */
     int n_group, topk_group;     /* 1, 1: no group limit */
     bool norm;                   /* renormalize the k weights */
     float scale;                 /* routed_scaling_factor */
+    float norm_min;              /* > 0: the renormalization divides by max(sum, norm_min)
+                                  * (ERNIE 4.5's moe_norm_min); 0: by sum + 1e-20 (DeepSeek) */
 };
 
 /* E linears of one shape: views into a stacked [E, out, in] tensor or into

@@ -117,8 +117,8 @@ MOE_FN void moe_route_one(int kind, const float *logits, int n, int k, float jit
  * struct moe_group_params, whose fields are passed one by one), in double. bias: n
  * floats or NULL. The caller has checked n <= MOE_ROUTE_MAX_EXPERTS and the groups. */
 MOE_FN void moe_route_grouped_one(int kind, const float *logits, int n, int k, int n_group,
-                                  int topk_group, bool norm, float scale, const float *bias,
-                                  int32_t *sel, float *w)
+                                  int topk_group, bool norm, float scale, float norm_min,
+                                  const float *bias, int32_t *sel, float *w)
 {
     double s[MOE_ROUTE_MAX_EXPERTS], c[MOE_ROUTE_MAX_EXPERTS], gscore[MOE_ROUTE_MAX_EXPERTS];
     int32_t gsel[MOE_ROUTE_MAX_EXPERTS];
@@ -166,6 +166,8 @@ MOE_FN void moe_route_grouped_one(int kind, const float *logits, int n, int k, i
     double sum = 0.0;
     for (int j = 0; j < k; j++)
         sum += s[sel[j]];
+    /* DeepSeek: sum + 1e-20; ERNIE 4.5: clamp(sum, min=moe_norm_min) */
+    double den = norm_min > 0.0f ? (sum > (double)norm_min ? sum : (double)norm_min) : sum + 1e-20;
     for (int j = 0; j < k; j++)
-        w[j] = (float)((norm ? s[sel[j]] / (sum + 1e-20) : s[sel[j]]) * scale);
+        w[j] = (float)((norm ? s[sel[j]] / den : s[sel[j]]) * scale);
 }

@@ -80,6 +80,7 @@ static void ffn(const struct model_ctx *c, const struct layer *L, const struct l
             .topk_group = hp->moe_topk_group,
             .norm = hp->moe_norm,
             .scale = hp->moe_scale,
+            .norm_min = hp->moe_norm_min,
         };
         struct blk_moe_cfg mc = {
             .router = ls->router,

@@ -96,15 +96,16 @@ static int mla_scale(struct hparams *hp, const cJSON *cfg, struct err *e)
     return 0;
 }
 
-static int parse_mla(struct hparams *hp, const cJSON *cfg, struct err *e)
+static int parse_mla(struct hparams *hp, const cJSON *cfg, const struct deepseek_mla_defaults *md,
+                     struct err *e)
 {
     int rc;
     bool bias;
-    if ((rc = int_or_null(cfg, "q_lora_rank", 1536, &hp->q_lora_rank, e)) < 0 ||
-        (rc = cfg_opt_int(cfg, "kv_lora_rank", 512, &hp->kv_lora_rank, e)) < 0 ||
-        (rc = cfg_opt_int(cfg, "qk_nope_head_dim", 128, &hp->qk_nope_dim, e)) < 0 ||
-        (rc = cfg_opt_int(cfg, "qk_rope_head_dim", 64, &hp->qk_rope_dim, e)) < 0 ||
-        (rc = cfg_opt_int(cfg, "v_head_dim", 128, &hp->v_head_dim, e)) < 0 ||
+    if ((rc = int_or_null(cfg, "q_lora_rank", md->q_lora_rank, &hp->q_lora_rank, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "kv_lora_rank", md->kv_lora_rank, &hp->kv_lora_rank, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "qk_nope_head_dim", md->qk_nope_dim, &hp->qk_nope_dim, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "qk_rope_head_dim", md->qk_rope_dim, &hp->qk_rope_dim, e)) < 0 ||
+        (rc = cfg_opt_int(cfg, "v_head_dim", md->v_head_dim, &hp->v_head_dim, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "attention_bias", false, &bias, e)) < 0)
         return rc;
     if (bias)
@@ -161,18 +162,49 @@ static int parse_router(struct hparams *hp, const cJSON *cfg, enum deepseek_vers
     return 0;
 }
 
+/* DeepseekV2Config / DeepseekV3Config defaults of the latent attention */
+static const struct deepseek_mla_defaults deepseek_mla = {
+    .q_lora_rank = 1536, .kv_lora_rank = 512, .qk_nope_dim = 128, .qk_rope_dim = 64,
+    .v_head_dim = 128,
+};
+
+int deepseek_parse_mla(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                       const struct deepseek_mla_defaults *md, struct err *e)
+{
+    bool interleave = true;
+    int rc;
+    if ((rc = hf_parse_decoder(hp, cfg, d, e)) < 0 || (rc = parse_mla(hp, cfg, md, e)) < 0)
+        return rc;
+    hp->qkv_bias = hp->out_bias = false;
+    if (md->rope_interleave && (rc = cfg_opt_bool(cfg, "rope_interleave", true, &interleave, e)) < 0)
+        return rc;
+    hp->rope_style = interleave ? ROPE_STYLE_PAIRS : ROPE_STYLE_HALF;
+    return mla_scale(hp, cfg, e);
+}
+
+int deepseek_latent_layers(struct hparams *hp, const cJSON *cfg, const struct hf_defaults *d,
+                           struct err *e)
+{
+    int rc;
+    if ((rc = hf_finish_layers(hp, cfg, d, 0, e)) < 0)
+        return rc;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (hp->layer[il].kv != KV_FULL)
+            return err_setf(e, ERR_UNSUPPORTED, "layer %d: sliding windows are not supported with "
+                            "latent attention", il);
+        hp->layer[il].kv = KV_LATENT;
+    }
+    return 0;
+}
+
 int deepseek_parse_config(struct hparams *hp, const cJSON *cfg, enum deepseek_version v,
                           struct err *e)
 {
-    bool v3 = v == DEEPSEEK_V3, interleave = true;
+    bool v3 = v == DEEPSEEK_V3;
     int rc, n_routed, moe_ff, n_shared, first_dense, freq;
-    if ((rc = hf_parse_decoder(hp, cfg, &deepseek_defaults, e)) < 0 || (rc = parse_mla(hp, cfg, e)) < 0)
-        return rc;
-    hp->qkv_bias = hp->out_bias = false;
-    if (v3 && (rc = cfg_opt_bool(cfg, "rope_interleave", true, &interleave, e)) < 0)
-        return rc;
-    hp->rope_style = interleave ? ROPE_STYLE_PAIRS : ROPE_STYLE_HALF;
-    if ((rc = mla_scale(hp, cfg, e)) < 0)
+    struct deepseek_mla_defaults md = deepseek_mla;
+    md.rope_interleave = v3;
+    if ((rc = deepseek_parse_mla(hp, cfg, &deepseek_defaults, &md, e)) < 0)
         return rc;
 
     if ((rc = int_or_null(cfg, "n_routed_experts", 0, &n_routed, e)) < 0 ||
@@ -195,15 +227,11 @@ int deepseek_parse_config(struct hparams *hp, const cJSON *cfg, enum deepseek_ve
     hp->n_expert = n_routed;
     if (n_routed > 0 && (rc = parse_router(hp, cfg, v, e)) < 0)
         return rc;
-    if ((rc = hf_finish_layers(hp, cfg, &deepseek_defaults, 0, e)) < 0)
+    if ((rc = deepseek_latent_layers(hp, cfg, &deepseek_defaults, e)) < 0)
         return rc;
     int ff = hp->n_ff, widest = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer_spec *ls = &hp->layer[il];
-        if (ls->kv != KV_FULL)
-            return err_setf(e, ERR_UNSUPPORTED, "layer %d: sliding windows are not supported with "
-                            "latent attention", il);
-        ls->kv = KV_LATENT;
         ls->moe = n_routed > 0 && il >= first_dense && il % freq == 0;
         ls->n_ff = ls->moe ? moe_ff : ff;
         ls->n_ff_shexp = ls->moe ? moe_ff * n_shared : 0;

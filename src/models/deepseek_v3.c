@@ -25,10 +25,8 @@ static int deepseek_v3_parse_config(struct hparams *hp, const cJSON *cfg, struct
     return deepseek_parse_config(hp, cfg, DEEPSEEK_V3, e);
 }
 
-/* mlx-lm's deepseek_v3 sanitize: kv_b_proj [n_head * (nope + v), kv_lora_rank] becomes the
- * MultiLinears embed_q [n_head, kv_lora_rank, nope] (each head's k rows, transposed) and
- * unembed_out [n_head, v, kv_lora_rank] (its v rows); mlx-lm's deepseek_v2 keeps kv_b_proj. */
-static void deepseek_v3_convert_views(const struct hparams *hp, struct ck_view_rule *out)
+/* mlx-lm's deepseek_v2 keeps kv_b_proj; its deepseek_v3 splits it (deepseek.h). */
+void deepseek_convert_views(const struct hparams *hp, struct ck_view_rule *out)
 {
     out[0] = (struct ck_view_rule){"model.layers.%d.self_attn.kv_b_proj.weight",
                                    "model.layers.%d.self_attn.embed_q.weight", CK_VIEW_HEAD_K_T,
@@ -51,5 +49,5 @@ const struct model_ops deepseek_v3_ops = {
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
     .quant_predicate = hf_quant_gate_float,
-    .convert_views = deepseek_v3_convert_views,
+    .convert_views = deepseek_convert_views,
 };

@@ -205,27 +205,58 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
     return parse_rope_scaling(hp, cfg, e);
 }
 
-/* layer_types: one string per layer. */
-static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, struct err *e)
+int hf_check_full_rotary(const cJSON *cfg, const char *why, struct err *e)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    const cJSON *src = rp && cJSON_IsObject(rp) && cfg_has(rp, "partial_rotary_factor") ? rp : cfg;
+    float partial;
+    int rc;
+    if ((rc = cfg_opt_float(src, "partial_rotary_factor", 1.0f, &partial, e)) < 0)
+        return src == rp ? err_prefix(e, "rope_parameters") : rc;
+    if (partial != 1.0f)
+        return err_setf(e, ERR_UNSUPPORTED, "config field 'partial_rotary_factor' = %g is not "
+                        "supported: %s (1.0)", (double)partial, why);
+    return 0;
+}
+
+/* KEY: one of words (NULL-terminated) per layer, no more, no fewer; out[il] the index of layer
+ * il's word. Any other word is refused, naming it. */
+static int layer_words(const struct hparams *hp, const cJSON *lt, const char *key,
+                       const char *const *words, int *out, struct err *e)
 {
     if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != hp->n_layer)
-        return err_setf(e, ERR_CONFIG, "config field 'layer_types' must list %d layer types",
+        return err_setf(e, ERR_CONFIG, "config field '%s' must list %d layer types", key,
                         hp->n_layer);
     int il = 0;
     const cJSON *t;
     cJSON_ArrayForEach(t, lt) {
         const char *s = cJSON_IsString(t) ? t->valuestring : "";
-        if (strcmp(s, "sliding_attention") == 0) {
-            if (window <= 0)
-                return err_setf(e, ERR_CONFIG, "layer_types[%d] is sliding_attention but "
-                                "'sliding_window' is not set", il);
-            hp->layer[il].kv = KV_SLIDING;
-            hp->layer[il].window = window;
-        } else if (strcmp(s, "full_attention") != 0) {
-            return err_setf(e, ERR_UNSUPPORTED, "config field 'layer_types'[%d] = '%s' is not "
-                            "supported", il, s);
-        }
+        out[il] = -1;
+        for (int w = 0; words[w] && out[il] < 0; w++)
+            out[il] = strcmp(s, words[w]) == 0 ? w : -1;
+        if (out[il] < 0)
+            return err_setf(e, ERR_UNSUPPORTED, "config field '%s'[%d] = '%.64s' is not supported",
+                            key, il, s);
         il++;
+    }
+    return 0;
+}
+
+/* layer_types: one string per layer. */
+static int parse_layer_types(struct hparams *hp, const cJSON *lt, int window, struct err *e)
+{
+    static const char *const words[] = {"full_attention", "sliding_attention", NULL};
+    int kind[HP_MAX_LAYERS], rc;
+    if ((rc = layer_words(hp, lt, "layer_types", words, kind, e)) < 0)
+        return rc;
+    for (int il = 0; il < hp->n_layer; il++) {
+        if (kind[il] == 0)
+            continue;
+        if (window <= 0)
+            return err_setf(e, ERR_CONFIG, "layer_types[%d] is sliding_attention but "
+                            "'sliding_window' is not set", il);
+        hp->layer[il].kv = KV_SLIDING;
+        hp->layer[il].window = window;
     }
     return 0;
 }
@@ -575,17 +606,21 @@ static int map_shared_expert(struct wmap *w, const struct hparams *hp, struct la
     return wm_linear(w, &L->shexp_inp_gate, WM_REQUIRED, 0, 1, d, e, "%s", gate);
 }
 
-/* The correction bias of a grouped router, names->router_bias: published F32; another float
- * dtype (a conversion) is widened once, exactly, into model-owned memory. */
-static int map_router_bias(struct model *m, struct wmap *w, struct layer *L, int il,
-                           const struct hf_moe_names *names, struct err *e)
+int hf_map_router_bias(struct model *m, struct wmap *w, struct layer *L, const char *name,
+                       bool grouped, struct err *e)
 {
     int64_t E = m->hp.n_expert;
-    char name[256];
     int rc;
-    snprintf(name, sizeof name, names->router_bias, il);
-    if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, E, e, "%s", name)) < 0)
+    const struct st_tensor *t = st_set_find(w->st, name);
+    if (t ? t->ndim == 2 : grouped) {
+        int64_t shape[2] = {1, E};
+        struct tensor g;
+        if ((rc = wm_tensor(w, &g, WM_REQUIRED, 2, shape, e, "%s", name)) < 0)
+            return rc;
+        L->router_b = tensor_slice0(&g, 0);
+    } else if ((rc = wm_vec(w, &L->router_b, WM_REQUIRED, E, e, "%s", name)) < 0) {
         return rc;
+    }
     if (L->router_b.dtype == DTYPE_F32)
         return 0;
     if (L->router_b.qbits || !dtype_is_float(L->router_b.dtype))
@@ -613,9 +648,11 @@ int hf_map_ffn(struct model *m, struct wmap *w, struct layer *L, int il,
         snprintf(pre, sizeof pre, names->router, il);
         if ((rc = wm_linear(w, &L->router, WM_REQUIRED, 0, hp->n_expert, hp->n_embd, e, "%s", pre)) < 0)
             return rc;
-        if (hp->router_bias && names->router_bias &&
-            (rc = map_router_bias(m, w, L, il, names, e)) < 0)
-            return rc;
+        if (hp->router_bias && names->router_bias) {
+            snprintf(pre, sizeof pre, names->router_bias, il);
+            if ((rc = hf_map_router_bias(m, w, L, pre, false, e)) < 0)
+                return rc;
+        }
         if (ls->n_ff_shexp > 0 && (rc = map_shared_expert(w, hp, L, il, names, e)) < 0)
             return rc;
         const struct expert_stack_rule *r = names->experts;
@@ -724,13 +761,22 @@ int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe
                                 0, HP_MAX_DIM, e)) < 0 ||
         (rc = hparams_check_dim(first, "first_k_dense_replace", 0, HP_MAX_LAYERS, e)) < 0)
         return rc;
+    /* mlp_layer_types (transformers builds the experts where it says "sparse"; another word
+     * is refused, not read as dense), else first_k_dense_replace */
+    static const char *const words[] = {"dense", "sparse", NULL};
+    int sparse[HP_MAX_LAYERS];
+    const cJSON *lt = d->mlp_layer_types ? cJSON_GetObjectItemCaseSensitive(cfg, "mlp_layer_types") : NULL;
+    for (int il = 0; il < hp->n_layer; il++)
+        sparse[il] = il >= first;
+    if (lt && !cJSON_IsNull(lt) && (rc = layer_words(hp, lt, "mlp_layer_types", words, sparse, e)) < 0)
+        return rc;
     hp->n_expert = n_routed;
     hp->n_expert_used = k;
     hp->router = ROUTER_GROUP_SIGMOID;
     hp->router_bias = true;
     for (int il = 0; il < hp->n_layer; il++) {
         struct layer_spec *ls = &hp->layer[il];
-        ls->moe = il >= first;
+        ls->moe = sparse[il] == 1;
         ls->n_ff = ls->moe ? moe_ff : ff;
         ls->n_ff_shexp = ls->moe ? moe_ff * n_shared : 0;
         ls->shexp_plain = true;

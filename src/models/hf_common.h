@@ -42,6 +42,11 @@ int hf_parse_decoder(struct hparams *hp, const cJSON *cfg, const struct hf_defau
 int hf_map_norm(struct wmap *w, const struct hparams *hp, struct tensor *wt, struct tensor *b,
                 const char *prefix, struct err *e);
 
+/* partial_rotary_factor, from rope_parameters (transformers 5) or the top level, must be 1 or
+ * absent (the families whose rope transformers cannot run on part of the head); else an error
+ * naming the field, with why. */
+int hf_check_full_rotary(const cJSON *cfg, const char *why, struct err *e);
+
 /* Fill every layer's spec (hparams_fill_layers) once the family set its model-wide
  * fields, then the attention kind per layer, as transformers resolves it:
  * `layer_types` ("full_attention" / "sliding_attention") when present, else
@@ -86,6 +91,12 @@ struct hf_moe_names {
     const char *router_bias;                  /* with hp->router_bias: the correction bias of a
                                                * grouped router [n_expert] (widened to F32), or NULL */
 };
+
+/* The correction bias NAME of a grouped router into L->router_b: [n_expert], or [1, n_expert]
+ * (ERNIE 4.5's one expert group; grouped: the shape a recording st_set writes), published F32;
+ * another float dtype is widened once, exactly, into model-owned memory. */
+int hf_map_router_bias(struct model *m, struct wmap *w, struct layer *L, const char *name,
+                       bool grouped, struct err *e);
 
 /* Layer il's FFN: with layer_spec.moe the router, the shared expert (n_ff_shexp > 0) and the
  * experts under names; else model.layers.N.mlp.{gate,up,down}_proj or gate_up_proj. */
@@ -139,13 +150,15 @@ struct hf_v3_moe_defaults {
     int n_group, topk_group;
     bool norm_topk;      /* norm_topk_prob */
     float scale;         /* routed_scaling_factor */
+    bool mlp_layer_types; /* the config may list mlp_layer_types (GLM-4.7-Flash) */
 };
 
 /* After hf_finish_layers: the noaux_tc router of DeepSeek-V3 (ROUTER_GROUP_SIGMOID with the
  * correction bias in router_b) on the layers from first_k_dense_replace on, each with experts
  * of moe_intermediate_size and n_shared_experts shared ones added plain (one GLU of
  * n_shared * moe_intermediate_size); the layers before it a dense GLU of intermediate_size.
- * hp->n_ff becomes the widest FFN. Rejections name the field. */
+ * With d->mlp_layer_types, a config's non-null `mlp_layer_types` (one "dense" / "sparse" per
+ * layer) decides instead. hp->n_ff becomes the widest FFN. Rejections name the field. */
 int hf_parse_v3_moe(struct hparams *hp, const cJSON *cfg, const struct hf_v3_moe_defaults *d,
                     struct err *e);
 

@@ -191,6 +191,8 @@ struct hparams {
     int moe_n_group, moe_topk_group;  /* n_group, topk_group (1, 1: no group limit) */
     bool moe_norm;              /* renormalize the chosen weights (norm_topk_prob) */
     float moe_scale;            /* routed_scaling_factor */
+    float moe_norm_min;         /* > 0: renormalize by max(sum, moe_norm_min) (ERNIE 4.5); 0: by
+                                 * sum + 1e-20 (DeepSeek) */
 
     /* multi-head latent attention (layers with kv = KV_LATENT; DeepSeek-V2/V3): per head
      * q = [nope | rope] of qk_nope_dim + qk_rope_dim, v of v_head_dim; n_rot = qk_rope_dim */

@@ -214,7 +214,13 @@ int stest_load_variant(struct model **m, const char *fixture, const char *patch,
 
 int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
 {
-    char src[512], *tmp = stest_tmpdir();
+    return stest_load_stacked_without(m, fixture, NULL, e);
+}
+
+int stest_load_stacked_without(struct model **m, const char *fixture, const char *drop,
+                               struct err *e)
+{
+    char src[512], *tmp = stest_tmpdir(), *tmp2 = NULL;
     const struct model_ops *ops = NULL;
     cJSON *cfg = NULL;
     int rc;
@@ -228,11 +234,20 @@ int stest_load_stacked(struct model **m, const char *fixture, struct err *e)
         struct convert_opts o = {src, tmp, ops->expert_stacking, NULL, -1, NULL, NULL, NULL, NULL, NULL};
         struct convert_stats st;
         if ((rc = model_convert_views(ops, cfg, vbuf, &o.views, e)) == 0 &&
-            (rc = convert_checkpoint(&o, &st, e)) == 0)
-            rc = model_load(m, tmp, e);
+            (rc = convert_checkpoint(&o, &st, e)) == 0 && drop) {
+            /* the converted folder again, without drop */
+            if (!(tmp2 = stest_tmpdir()))
+                rc = err_setf(e, ERR_IO, "cannot make a temporary folder");
+            else if ((rc = stest_write_config(tmp, tmp2, NULL, e)) == 0)
+                rc = write_tensors(tmp, tmp2, drop, e);
+        }
+        if (rc == 0)
+            rc = model_load(m, tmp2 ? tmp2 : tmp, e);
     }
     cJSON_Delete(cfg);
     stest_rmtree(tmp);
+    if (tmp2)
+        stest_rmtree(tmp2);
     return rc;
 }
 

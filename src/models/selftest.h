@@ -89,6 +89,9 @@ int stest_load_variant(struct model **m, const char *fixture, const char *patch,
 /* Load golden fixture `fixture` converted to mlx-lm's stacked expert layout (`mlxcel convert`
  * with its family's expert_stacking, float), from a temporary folder removed before returning. */
 int stest_load_stacked(struct model **m, const char *fixture, struct err *e);
+/* stest_load_stacked, the converted checkpoint's tensor drop (its stacked name) left out. */
+int stest_load_stacked_without(struct model **m, const char *fixture, const char *drop,
+                               struct err *e);
 /* 0 when loading that variant fails with a message containing substr; an error otherwise. */
 int stest_load_fails(const char *fixture, const char *patch, const char *drop, const char *substr,
                      struct err *e);

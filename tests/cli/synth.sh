@@ -25,7 +25,8 @@ n_ids() { "$BIN" generate -m "$1" --prompt-ids 1,2,3 -n 4 --temp 0 --output-ids 
 unused() { "$BIN" inspect -m "$1" --json | tr -d ' \t\n' | grep -o '"unused_tensors":\[[^]]*\]'; }
 
 G=tests/fixtures/golden
-for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral deepseek_v2 deepseek_v3 qwen3_moe gpt_oss dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text mamba jamba; do
+for f in llama qwen2 qwen3 phi phi3 mixtral phimoe phixtral deepseek_v2 deepseek_v3 qwen3_moe gpt_oss dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text mamba jamba \
+         ernie4_5_moe glm4_moe_lite; do
     for q in "" "-q"; do
         d="$T/$f$q"
         run "$BIN" synth --config $G/$f/config.json -o "$d" $q --seed 7
@@ -47,6 +48,8 @@ grep -q 'experts.gate_up_proj' "$T/gpt_oss-q/model.safetensors" && fail "gpt_oss
 grep -q '"model.layers.0.mlp.router":[[:space:]]*{' "$T/gpt_oss-q/config.json" || fail "gpt_oss -q: no 8-bit router entry"
 grep -q '"model.layers.1.mlp.gate":[[:space:]]*{' "$T/qwen3_moe-q/config.json" || fail "qwen3_moe -q: no 8-bit router entry"
 grep -q 'self_attn.unembed_out.weight' "$T/deepseek_v3-q/model.safetensors" || fail "deepseek_v3 -q keeps kv_b_proj"
+grep -q 'self_attn.unembed_out.weight' "$T/glm4_moe_lite-q/model.safetensors" || fail "glm4_moe_lite -q keeps kv_b_proj"
+grep -q 'switch_mlp' "$T/ernie4_5_moe-q/model.safetensors" || fail "ernie4_5_moe -q is not stacked"
 # mlx-lm's layout for the Mamba families: conv1d [d_inner, d_conv, 1], Jamba's experts stacked and router at 8 bits
 grep -aq '"backbone.layers.0.mixer.conv1d.weight":{"dtype":"BF16","shape":\[128,4,1\]' "$T/mamba-q/model.safetensors" ||
     fail "mamba -q: conv1d is not [d_inner, d_conv, 1]"
@@ -58,7 +61,8 @@ run "$BIN" synth --config $G/phixtral/config.json -o "$T/again" --seed 7
 cmp -s "$T/again/model.safetensors" "$T/phixtral/model.safetensors" || fail "same seed, different bytes"
 run "$BIN" synth --config $G/phixtral/config.json -o "$T/seed8" --seed 8
 cmp -s "$T/seed8/model.safetensors" "$T/phixtral/model.safetensors" && fail "seed 8 gives seed 7's bytes"
-for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3 dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text jamba; do
+for f in phixtral mixtral gpt_oss qwen3_moe deepseek_v3 dots1 glm4_moe minimax_m2 hunyuan_v1_moe llama4_text jamba \
+         ernie4_5_moe glm4_moe_lite; do
     run "$BIN" convert -m "$T/$f" -o "$T/$f-conv" -q
     expect_rc 0 "convert -q of synth $f"
     cmp -s "$T/$f-conv/model.safetensors" "$T/$f-q/model.safetensors" || fail "$f: synth -q != convert -q of synth"

@@ -58,8 +58,8 @@ void cpu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *s
     const float *bias = p->bias && tensor_is_present(p->bias) ? p->bias->data : NULL;
     for (int t = 0; t < n_tok; t++)
         moe_route_grouped_one(kind, logits + (size_t)t * n_expert, n_expert, k, p->n_group,
-                              p->topk_group, p->norm, p->scale, bias, sel + (size_t)t * k,
-                              w + (size_t)t * k);
+                              p->topk_group, p->norm, p->scale, p->norm_min, bias,
+                              sel + (size_t)t * k, w + (size_t)t * k);
 }
 
 // ---- grouping and combining ----

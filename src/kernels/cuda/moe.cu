@@ -51,13 +51,13 @@ void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float
 __global__ void route_grouped_kernel(int kind, int32_t *sel_all, float *w_all,
                                      const float *logits_all, int n_tok, int n, int k,
                                      const float *bias, int n_group, int topk_group, bool norm,
-                                     float scale)
+                                     float scale, float norm_min)
 {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tok)
         return;
     moe_route_grouped_one(kind, logits_all + (size_t)t * n, n, k, n_group, topk_group, norm, scale,
-                          bias, sel_all + (size_t)t * k, w_all + (size_t)t * k);
+                          norm_min, bias, sel_all + (size_t)t * k, w_all + (size_t)t * k);
 }
 
 void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
@@ -76,7 +76,7 @@ void cu_moe_route_grouped(struct backend *be, enum router_kind kind, int32_t *se
     const float *bias = p->bias && tensor_is_present(p->bias) ? (const float *)p->bias->data : NULL;
     route_grouped_kernel<<<(n_tok + 63) / 64, 64, 0, c->st>>>(kind, sel, w, logits, n_tok, n_expert,
                                                               k, bias, p->n_group, p->topk_group,
-                                                              p->norm, p->scale);
+                                                              p->norm, p->scale, p->norm_min);
     cu_check(c, "moe_route_grouped");
 }
 
