@@ -291,7 +291,7 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     struct attn_params ap = {tc->n_head, tc->n_kv, tc->hd, 1.0f / sqrtf((float)tc->hd),
                              tc->softcap, tc->window, tc->sinks ? sk : NULL, tc->chunk};
     struct kv_layer kv = {kc, vc, kvd, kvd, dt};
-    struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL};
+    struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL, NULL};
     cpu->ops->attention(cpu, oc, qd, q, qd, &kv, &kr, tc->n_tok, &ap);
     /* the same on the GPU, every array uploaded */
     struct err e = {0};
@@ -308,7 +308,7 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     gpu->ops->upload(gpu, d[6], sk, sz[6]);
     int32_t *dr = d[3];
     struct kv_layer gkv = {d[0], d[1], kvd, kvd, dt};
-    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs, NULL};
+    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs, NULL, NULL};
     struct attn_params gap = ap;
     gap.sinks = tc->sinks ? d[6] : NULL;
     gpu->ops->attention(gpu, d[5], qd, d[4], qd, &gkv, &gkr, tc->n_tok, &gap);
@@ -515,7 +515,7 @@ static void test_gated_delta(void **state)
     tensor_init(&td, DTYPE_F32, par + NV, 1, shape);
     struct gdn_params p = {NK, NV, DK, DV, &ta, &td};
     struct kv_layer kv = {NULL, stc, 0, vdim, DTYPE_F32};
-    struct kv_rows kr = {meta, NULL, NULL, NULL, NULL, 0, meta + N};
+    struct kv_rows kr = {meta, NULL, NULL, NULL, NULL, 0, meta + N, NULL};
     cpu->ops->gated_delta(cpu, yc, NV * DV, x, ldx, ab, 2 * NV, &p, &kv, &kr, N);
     assert_int_equal(backend_sync(cpu, &e), 0);
     void *d[6];
@@ -535,7 +535,7 @@ static void test_gated_delta(void **state)
     int32_t *dm = d[5];
     for (int c = 0; c < 2; c++) {
         int r0 = c ? CUT : 0, m = c ? N - CUT : CUT;
-        struct kv_rows gkr = {dm + r0, NULL, NULL, NULL, NULL, 0, dm + N + r0};
+        struct kv_rows gkr = {dm + r0, NULL, NULL, NULL, NULL, 0, dm + N + r0, NULL};
         gpu->ops->gated_delta(gpu, (float *)d[3] + (size_t)r0 * NV * DV, NV * DV,
                               (float *)d[0] + (size_t)r0 * ldx, ldx, (float *)d[1] + (size_t)r0 * 2 * NV,
                               2 * NV, &gp, &gkv, &gkr, m);

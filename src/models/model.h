@@ -120,6 +120,7 @@ struct generation_defaults {
 };
 
 struct prepared_view;
+struct vision;             /* vision.h */
 struct model;
 struct model_ctx;
 struct fwd_chunk;
@@ -167,7 +168,9 @@ struct model {
     struct generation_defaults gen;
     char dir[4096];
     char multimodal[64];             /* a multimodal checkpoint's model_type, whose text model this
-                                      * is (its vision tower not loaded); "" for a text checkpoint */
+                                      * is; "" for a text checkpoint */
+    struct vision *vision;           /* its image tower and projector (vision.h, ADR 0087), owned;
+                                      * NULL: the model takes no images */
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
     struct tensor out_norm, out_norm_b;  /* [n_embd] */
     struct tensor lm_head, lm_head_b;    /* [n_vocab, n_embd], [n_vocab] */
