@@ -58,6 +58,7 @@
     X(image)      \
     X(spec)       \
     X(multimodal) \
+    X(vision)     \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

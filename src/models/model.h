@@ -259,13 +259,21 @@ struct ctx_bufs {
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
     float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
     int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
-                      * slot, state slot (the row's sequence id) */
+                      * slot, state slot (the row's sequence id), then [B][2] the rows'
+                      * bidirectional spans (kv_rows.span, chunks with images only) */
 };
-#define CTX_META_ROWS 8
+#define CTX_META_ROWS 10
 
 /* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
  * reserved), of which n_out need logits. Pointers are backend memory except
  * kv, the per-layer views of the cache pool (host array). */
+/* Rows [row, row + n) of a chunk that take embeddings embd [n, n_embd] (backend memory)
+ * in place of their tokens' (an image's, ADR 0087). */
+struct fwd_image {
+    int row, n;
+    const float *embd;
+};
+
 struct fwd_chunk {
     int n_tok, n_out;
     const int32_t *ids;       /* [n_tok] */
@@ -273,6 +281,8 @@ struct fwd_chunk {
     const struct kv_rows *rows;      /* full and latent layers */
     const struct kv_rows *rows_swa;  /* sliding-window layers: their own pool (ADR 0023) */
     const struct kv_layer *kv; /* [n_layer] */
+    const struct fwd_image *img;     /* [n_img] host array; NULL: no image rows */
+    int n_img;
 };
 
 /* Graphs a context keeps (decode shapes: one per row count and cache layout). */
