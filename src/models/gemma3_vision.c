@@ -15,7 +15,7 @@
  *              attend to each other bidirectionally in every layer, sliding or full
  *              (token_type_ids: create_causal_mask_mapping's or_mask_function)
  *
- * Tensors: transformers 5's model.vision_tower.vision_model.* / model.multi_modal_projector.*,
+ * Tensors: transformers 5's model.vision_tower[.vision_model].* / model.multi_modal_projector.*,
  * or transformers 4's and mlx-vlm's vision_tower.vision_model.* / multi_modal_projector.*
  * (mlx-vlm keeps them float beside a quantized text model and stores the patch conv
  * channels-last).
@@ -112,11 +112,15 @@ static int map_projection(struct gemma3_proj *gp, struct model *m, struct wmap *
 
 static int gemma3_vision_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model."};
-    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector."};
+    /* transformers 4's and mlx-vlm's SiglipVisionModel holds the transformer as .vision_model;
+     * transformers 5.17's is the transformer itself */
+    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
+                                         "model.vision_tower.", "vision_tower."};
+    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector.",
+                                        "model.multi_modal_projector.", "multi_modal_projector."};
     struct wmap w = {m->st, &m->hp.quant};
     int rc, which = -1;
-    for (int i = 0; i < 2 && which < 0; i++)
+    for (int i = 0; i < 4 && which < 0; i++)
         if (wm_has(&w, "%sembeddings.patch_embedding.weight", towers[i]))
             which = i;
     const cJSON *vc = cJSON_GetObjectItemCaseSensitive(cfg, "vision_config");
