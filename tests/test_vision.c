@@ -347,13 +347,17 @@ static void write_mlx_vlm(const char *name, const char *dst)
         if (!strncmp(rest, "model.language_model.", 21)) {
             pre = "language_model.model.";
             rest += 21;
+        } else if (!strncmp(rest, "model.vision_tower.", 19) && strncmp(rest, "model.vision_tower.vision_model.", 32)) {
+            pre = "vision_tower.vision_model."; /* transformers 5.17 saves the tower without it */
+            rest += 19;
         } else if (!strncmp(rest, "model.", 6)) {
-            rest += 6; /* model.vision_tower. / model.multi_modal_projector. */
+            rest += 6; /* model.vision_tower.vision_model. / model.multi_modal_projector. */
         }
         size_t nl = strlen(pre) + strlen(rest) + 16;
         char *nm = malloc(nl);
         snprintf(nm, nl, "%s%s", pre, rest);
-        bool lin = *pre && tv.ndim == 2 && strstr(rest, "_proj.weight") && !strstr(rest, "embed");
+        bool lin = !strcmp(pre, "language_model.model.") && tv.ndim == 2 && strstr(rest, "_proj.weight") &&
+                   !strstr(rest, "embed");
         size_t bytes = (size_t)tensor_nelem(&tv) * dtype_size(tv.dtype);
         if (strstr(rest, "patch_embedding.weight")) { /* [O, C, p, p] -> [O, p, p, C] */
             int64_t O = tv.shape[0], C = tv.shape[1], p = tv.shape[2];
