@@ -342,17 +342,22 @@ static void write_mlx_vlm(const char *name, const char *dst)
         const struct st_tensor *t = st_set_at(s, i);
         struct tensor tv;
         assert_int_equal(st_set_take(s, t->name, &tv, &e), 0);
-        const char *rest = t->name;
-        const char *pre = "";
-        if (!strncmp(rest, "model.language_model.", 21)) {
-            pre = "language_model.model.";
-            rest += 21;
-        } else if (!strncmp(rest, "model.vision_tower.", 19) && strncmp(rest, "model.vision_tower.vision_model.", 32)) {
-            pre = "vision_tower.vision_model."; /* transformers 5.17 saves the tower without it */
-            rest += 19;
-        } else if (!strncmp(rest, "model.", 6)) {
-            rest += 6; /* model.vision_tower.vision_model. / model.multi_modal_projector. */
-        }
+        /* the canonical part of the name under each of the layouts transformers writes */
+        static const char *const from[][2] = {
+            {"model.language_model.", "language_model.model."}, {"language_model.model.", "language_model.model."},
+            {"model.vision_tower.vision_model.", "vision_tower.vision_model."},
+            {"vision_tower.vision_model.", "vision_tower.vision_model."},
+            {"model.vision_tower.", "vision_tower.vision_model."}, {"vision_tower.", "vision_tower.vision_model."},
+            {"model.multi_modal_projector.", "multi_modal_projector."},
+            {"multi_modal_projector.", "multi_modal_projector."},
+        };
+        const char *rest = t->name, *pre = "";
+        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
+            if (!strncmp(t->name, from[k][0], strlen(from[k][0]))) {
+                rest = t->name + strlen(from[k][0]);
+                pre = from[k][1];
+                break;
+            }
         size_t nl = strlen(pre) + strlen(rest) + 16;
         char *nm = malloc(nl);
         snprintf(nm, nl, "%s%s", pre, rest);
@@ -374,7 +379,7 @@ static void write_mlx_vlm(const char *name, const char *dst)
             data[m++] = d;
         } else if (lin) {
             int64_t R = tv.shape[0], I = tv.shape[1];
-            uint32_t *wq = malloc((size_t)R * I / 4);
+            uint32_t *wq = malloc((size_t)R * (I / 4) * sizeof *wq); /* 8 bits: 4 codes a word */
             void *sc = malloc((size_t)R * (I / 64) * dtype_size(tv.dtype));
             void *bi = malloc((size_t)R * (I / 64) * dtype_size(tv.dtype));
             if (quant_rows(&qp, tv.dtype, tv.data, R, I, wq, sc, bi, &e) < 0)
@@ -546,17 +551,24 @@ static void bad_configs(void **state)
     if (gc->n == 0)
         fail_msg("no image golden cases");
     const char *src = golden_case_dir(gc->names[0]);
-    static const char *const patches[][2] = {
-        {"mm_tokens_per_image", "15"},
-        {"mm_tokens_per_image", "9"},
-        {"image_token_index", "100000"},
+    static const char *const patches[][3] = {
+        {"mm_tokens_per_image", "15", "mm_tokens_per_image 15"},
+        {"mm_tokens_per_image", "9", "mm_tokens_per_image 9"},
+        {"image_token_index", "100000", "image_token_index 100000"},
         {"vision_config", "{\"hidden_size\": 32, \"num_attention_heads\": 3, \"image_size\": 64, "
-                          "\"patch_size\": 8, \"intermediate_size\": 64, \"num_hidden_layers\": 2}"},
+                          "\"patch_size\": 8, \"intermediate_size\": 64, \"num_hidden_layers\": 2}",
+         "num_attention_heads 3"},
         {"vision_config", "{\"hidden_size\": 32, \"num_attention_heads\": 2, \"image_size\": 64, "
-                          "\"patch_size\": 7, \"intermediate_size\": 64, \"num_hidden_layers\": 2}"},
+                          "\"patch_size\": 7, \"intermediate_size\": 64, \"num_hidden_layers\": 2}",
+         "patch_size 7"},
         {"vision_config", "{\"hidden_size\": 32, \"num_attention_heads\": 2, \"image_size\": 64, "
-                          "\"patch_size\": 8, \"intermediate_size\": 64, \"num_hidden_layers\": 3}"},
-        {"vision_config", "\"none\""},
+                          "\"patch_size\": 8, \"intermediate_size\": 64, \"num_hidden_layers\": 3}",
+         "layers.2"},
+        {"vision_config", "\"none\"", "no vision_config object"},
+        {"vision_config", "{\"hidden_size\": 32, \"num_attention_heads\": 2, \"image_size\": 64, "
+                          "\"patch_size\": 8, \"intermediate_size\": 64, \"num_hidden_layers\": 2, "
+                          "\"hidden_act\": \"quick_gelu\"}",
+         "quick_gelu"},
     };
     for (size_t i = 0; i < sizeof patches / sizeof patches[0]; i++) {
         char dir[] = "/tmp/mlxcel-vbad-XXXXXX";
@@ -574,13 +586,24 @@ static void bad_configs(void **state)
         assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
         free(out);
         cJSON_Delete(cfg);
+        /* a copy: the loader refuses a link out of the model's folder */
         snprintf(path, sizeof path, "%s/model.safetensors", src);
-        assert_int_equal(symlink(path, stb_path(dir, "model.safetensors")), 0);
+        char *w = NULL;
+        size_t wl = 0;
+        assert_int_equal(file_read_all(path, 64u << 20, &w, &wl, &e), 0);
+        FILE *f = fopen(stb_path(dir, "model.safetensors"), "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(w, 1, wl, f), wl);
+        fclose(f);
+        free(w);
         struct model *m = NULL;
         int rc = model_load(&m, dir, &e);
         if (rc >= 0)
             fail_msg("config patch %s = %s loaded", patches[i][0], patches[i][1]);
         printf("vision bad config %s: %s\n", patches[i][0], e.msg);
+        if (!strstr(e.msg, patches[i][2]))
+            fail_msg("config patch %s = %s: '%s' does not say '%s'", patches[i][0], patches[i][1], e.msg,
+                     patches[i][2]);
         rm_ckpt(dir);
     }
 }

@@ -124,8 +124,10 @@ static int gemma3_vision_load(struct vision *v, struct model *m, const cJSON *cf
         if (wm_has(&w, "%sembeddings.patch_embedding.weight", towers[i]))
             which = i;
     const cJSON *vc = cJSON_GetObjectItemCaseSensitive(cfg, "vision_config");
-    if (which < 0)
-        return err_setf(e, ERR_MISSING, "no vision_tower.vision_model.embeddings.patch_embedding.weight");
+    if (which < 0) {
+        err_setf(e, ERR_MISSING, "no vision_tower.embeddings.patch_embedding.weight");
+        return 1;
+    }
     if (!cJSON_IsObject(vc))
         return err_setf(e, ERR_CONFIG, "the vision tower's tensors are there but config.json has no "
                         "vision_config object");

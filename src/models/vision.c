@@ -40,7 +40,7 @@ int vision_load(struct model *m, const cJSON *cfg, struct err *e)
         return err_setf(e, ERR_NOMEM, "out of memory");
     v->ops = ops;
     int rc = ops->load(v, m, cfg, e);
-    if (rc == -ERR_MISSING) {
+    if (rc == 1) {
         LOG_WARN("%s checkpoint without its vision tower (%s): it runs text only", m->multimodal, e->msg);
         err_clear(e);
         vision_free(v);

@@ -47,8 +47,9 @@ struct vision_ops {
     const char *model_type;     /* the wrapper's config.json model_type */
     const char *description;    /* one line */
     /* Parse cfg (the whole config.json) and bind the tower and projector from m->st (with
-     * m->hp.quant), filling v->info, v->vh, v->vw and v->family. -ERR_MISSING (message set)
-     * when the checkpoint holds no vision tower at all. */
+     * m->hp.quant), filling v->info, v->vh, v->vw and v->family: 0, or 1 (e->msg saying what
+     * is absent) when the checkpoint holds no vision tower at all; any error of a tower that
+     * is there (a missing tensor among them) is returned as it is. */
     int (*load)(struct vision *v, struct model *m, const cJSON *cfg, struct err *e);
     void (*free_family)(struct vision *v);
     /* Every weight view besides the ViT's (projector) for model_prepare. */

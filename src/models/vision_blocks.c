@@ -36,7 +36,7 @@ static int parse_act(const char *name, enum act_kind *out, struct err *e)
     else if (!strcmp(name, "relu"))
         *out = ACT_RELU;
     else
-        return err_setf(e, ERR_UNSUPPORTED, "vision_config.hidden_act '%s' is not supported", name);
+        return err_setf(e, ERR_UNSUPPORTED, "hidden_act '%s' is not supported", name);
     return 0;
 }
 

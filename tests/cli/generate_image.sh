@@ -40,17 +40,17 @@ for G in tests/fixtures/golden/gemma3_vision tests/fixtures/golden/gemma3_vision
 done
 [ $n -gt 0 ] || fail "no image golden case (cmake unpacks tests/fixtures/golden/*.tar.xz)"
 
-# pixel_values of another image size: the input_ids tensor of a golden file is no image
+# a file without pixel_values (a text golden's references)
 G=tests/fixtures/golden/gemma3_vision
-run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values tests/fixtures/golden/gemma3_text/golden.safetensors -n 1
+run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values tests/fixtures/golden/gemma3_text/golden.safetensors -n 1 --output-ids
 expect_rc 1 "pixel_values missing"
 grep -q "pixel_values" "$T/err" || fail "missing tensor: $(cat "$T/err")"
 # a text model takes no pixels
-run "$BIN" generate -m tests/fixtures/golden/gemma3_text --prompt-ids 2,5 --pixel-values $G/golden.safetensors -n 1
+run "$BIN" generate -m tests/fixtures/golden/gemma3_text --prompt-ids 2,5 --pixel-values $G/golden.safetensors -n 1 --output-ids
 expect_rc 1 "text model"
 grep -q "does not take images" "$T/err" || fail "text model: $(cat "$T/err")"
 # --image waits for the image processor
-run "$BIN" generate -m $G --prompt-ids 2,297 --image tests/fixtures/images/photo.jpg -n 1
+run "$BIN" generate -m $G --prompt-ids 2,297 --image tests/fixtures/images/photo.jpg -n 1 --output-ids
 expect_rc 2 "--image"
 grep -q "pixel-values" "$T/err" || fail "--image: $(cat "$T/err")"
 "$BIN" generate --help | grep -q -- "--pixel-values FILE" || fail "--help lacks --pixel-values"
