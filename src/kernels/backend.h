@@ -138,7 +138,8 @@ struct kv_rows {
                               * Gemma 3, a vision tower's patches), which it attends besides
                               * its causal (window, chunk) keys: keys [min(lo, first),
                               * max(pos, last)]; (pos, pos) for a row in none. Their K/V are
-                              * stored by the same forward (ADR 0087) */
+                              * stored by the same forward. Gemma 3's image rows take (pos,
+                              * last): ahead only, the window still bounding the past (ADR 0087) */
 };
 
 /* Attention of one layer. */
