@@ -45,6 +45,12 @@ G=tests/fixtures/golden/gemma3_vision
 run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values tests/fixtures/golden/gemma3_text/golden.safetensors -n 1 --output-ids
 expect_rc 1 "pixel_values missing"
 grep -q "pixel_values" "$T/err" || fail "missing tensor: $(cat "$T/err")"
+# pixel_values of another size than the model's 3 x 64 x 64: a hand-made safetensors file
+H='{"pixel_values":{"dtype":"F32","shape":[1,3,2,2],"data_offsets":[0,48]}}'
+python3 -c "import struct,sys; h=sys.argv[1].encode(); sys.stdout.buffer.write(struct.pack('<Q', len(h)) + h + bytes(48))" "$H" >"$T/small.safetensors"
+run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values "$T/small.safetensors" -n 1 --output-ids
+expect_rc 1 "pixel_values of another size"
+grep -q "\[n, 3, 64, 64\]" "$T/err" || fail "wrong size: $(cat "$T/err")"
 # a text model takes no pixels
 run "$BIN" generate -m tests/fixtures/golden/gemma3_text --prompt-ids 2,5 --pixel-values $G/golden.safetensors -n 1 --output-ids
 expect_rc 1 "text model"
