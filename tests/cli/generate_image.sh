@@ -61,4 +61,7 @@ expect_rc 2 "--image"
 grep -q "pixel-values" "$T/err" || fail "--image: $(cat "$T/err")"
 "$BIN" generate --help | grep -q -- "--pixel-values FILE" || fail "--help lacks --pixel-values"
 "$BIN" generate --help | grep -q -- "--image FILE" || fail "--help lacks --image"
+# inspect says what the tower is
+"$BIN" inspect -m $G | grep -q "^vision  *gemma3: a ViT 32 wide, 2 layers, 64 px in 8 px patches; 16 rows per image" ||
+    fail "inspect: $("$BIN" inspect -m $G)"
 echo "ok generate_image"
