@@ -168,6 +168,7 @@ static void test_model_load(void **state)
         "models/phixtral-tiny-4bit",              /* mlx 4-bit */
         "tests/fixtures/golden/llama",            /* sharded: 9 files and an index */
         "tests/fixtures/golden/phixtral_mlx_q4",  /* mlx 4-bit, stacked experts */
+        "tests/fixtures/golden/gemma3_vision",    /* a text model with its vision tower (ADR 0088) */
     };
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         struct model_case c = {test_path(dirs[i]), 0, 0};
