@@ -32,6 +32,7 @@
 #include "engine/batch.h"
 #include "engine/generate.h"
 #include "engine/kvcache.h"
+#include "engine/scheduler.h"
 #include "kernels/backend.h"
 #include "loading/quantize.h"
 #include "models/model.h"
@@ -516,12 +517,22 @@ static void refusals(void **state)
     struct batch_image off = {0, 30, T, embd};
     r.b->img = &off;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
+    /* 5. the scheduler refuses an image prompt (its encode step is the server's work) rather
+     *    than run the placeholders as text */
+    struct sched *sc = NULL;
+    struct gen_params gp = {.n_predict = 1, .images = &img, .n_images = 1};
+    sampler_params_default(&gp.sampling);
+    kv_seq_remove(r.kv, 0);
+    assert_int_equal(sched_new(&sc, r.c, r.kv, NULL, &e), 0);
+    assert_int_equal(sched_submit(sc, ids, 2 + T + 2, &gp, &(struct sched_cb){0}, NULL, &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "images"));
+    sched_free(sc);
     free(logits);
     r.be->ops->buf_free(r.be, embd);
     test_eng_close(&r);
     st_set_free(g.st);
 
-    /* 5. a text model takes no images */
+    /* 6. a text model takes no images */
     struct test_eng t;
     test_eng_open(&t, golden_case_dir("gemma3_text"), NULL, 0, 64, 1, 4);
     assert_null(t.m->vision);
