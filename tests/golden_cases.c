@@ -9,7 +9,8 @@
  * The suites that run one cmocka test per case build their test array
  * here at run time (test_suite.build), so each case keeps its own test
  * name (golden_<case>, batched_<case>) and `run_tests golden_llama`
- * still selects it.
+ * still selects it. Image cases (golden.json with "n_images") are listed
+ * apart (golden_image_cases): the vision suite runs them with their images.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -31,7 +32,28 @@ static int cmp_name(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Whether the golden.json at path describes an image case (gen_vision_models.py writes
+ * "n_images"): those run in the vision suite, with their pixel_values, not as text. */
+static bool is_image_case(const char *path)
+{
+    char *text = NULL;
+    size_t len = 0;
+    struct err e = {0};
+    if (file_read_all(path, 64u << 20, &text, &len, &e) < 0)
+        return false;
+    bool yes = strstr(text, "\"n_images\"") != NULL;
+    free(text);
+    return yes;
+}
+
+static int scan_kind(const char *root, bool images, struct golden_cases *out);
+
 int golden_cases_scan(const char *root, struct golden_cases *out)
+{
+    return scan_kind(root, false, out);
+}
+
+static int scan_kind(const char *root, bool images, struct golden_cases *out)
 {
     char path[4096];
     struct stat st;
@@ -48,7 +70,7 @@ int golden_cases_scan(const char *root, struct golden_cases *out)
         if (de->d_name[0] == '.')
             continue;
         snprintf(path, sizeof path, "%s/%s/golden.json", root, de->d_name);
-        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || is_image_case(path) != images)
             continue;
         if (!(out->names[out->n] = strdup(de->d_name)))
             break;
@@ -73,6 +95,17 @@ const struct golden_cases *golden_cases(void)
     static bool done;
     if (!done) {
         golden_cases_scan(test_path(GOLDEN_DIR), &gc);
+        done = true;
+    }
+    return &gc;
+}
+
+const struct golden_cases *golden_image_cases(void)
+{
+    static struct golden_cases gc;
+    static bool done;
+    if (!done) {
+        scan_kind(test_path(GOLDEN_DIR), true, &gc);
         done = true;
     }
     return &gc;

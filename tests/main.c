@@ -61,6 +61,7 @@
     X(spec)       \
     X(multimodal) \
     X(embed)      \
+    X(vision)     \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -46,6 +46,9 @@ struct golden_cases {
 int golden_cases_scan(const char *root, struct golden_cases *out);
 void golden_cases_deinit(struct golden_cases *gc);
 const struct golden_cases *golden_cases(void);
+/* The image cases (golden.json with "n_images"), which golden_cases() leaves out: the
+ * vision suite's (test_vision.c). */
+const struct golden_cases *golden_image_cases(void);
 /* The input_ids of golden case name (3 to 63 of them): *gs holds the opened golden.safetensors
  * (the caller st_set_frees it, ids viewing into it); fails the test otherwise. */
 struct st_set;

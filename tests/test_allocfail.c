@@ -41,6 +41,7 @@
 #include "image/preprocess.h"
 #include "kernels/backend.h"
 #include "models/model.h"
+#include "models/vision.h"
 #include "server/oai_request.h"
 #include "template/template.h"
 #include "test.h"
@@ -169,6 +170,7 @@ static void test_model_load(void **state)
         "models/phixtral-tiny-4bit",              /* mlx 4-bit */
         "tests/fixtures/golden/llama",            /* sharded: 9 files and an index */
         "tests/fixtures/golden/phixtral_mlx_q4",  /* mlx 4-bit, stacked experts */
+        "tests/fixtures/golden/gemma3_vision",    /* a text model with its vision tower (ADR 0088) */
     };
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         struct model_case c = {test_path(dirs[i]), 0, 0};
@@ -373,6 +375,88 @@ static void test_engine(void **state)
         check_alloc_failures(dirs[i], op_sched, &c, 0);
         model_free(c.m);
     }
+}
+
+/* ---- an image prompt: the vision tower's context and encoding, a prefill with its rows ---- */
+
+struct vision_case {
+    struct model *m;        /* gemma3_vision, loaded outside the hook */
+    const float *pixels;    /* its golden pixel_values, image 0 */
+    const int32_t *ids;     /* its golden prompt */
+    int n_ids, img_pos;     /* the prompt's length, its image's first position */
+    float want;             /* the last row's logits[0] of a clean run */
+    bool have_want;
+};
+
+static int op_vision(const void *arg, struct err *e)
+{
+    struct vision_case *c = (struct vision_case *)arg;
+    struct kv_params kp = {.n_tokens = 64, .max_seqs = 1, .block_size = 4, .dtype = DTYPE_F32};
+    struct backend *be = NULL;
+    struct vision_ctx *vc = NULL;
+    struct model_ctx *ctx = NULL;
+    struct kv_cache *kv = NULL;
+    struct batch b = {0};
+    float *embd = NULL, *logits = NULL;
+    int rc, T = c->m->vision->info.tokens_per_image;
+    if ((rc = backend_new(&be, "cpu", 1, test_backend_opts(), e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+        (rc = vision_ctx_new(&vc, c->m, be, e)) < 0 ||
+        (rc = be->ops->buf_alloc(be, vision_embd_bytes(c->m), (void **)&embd, e)) < 0 ||
+        (rc = vision_encode(vc, embd, c->pixels, 1, e)) < 0 || (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 ||
+        (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 || (rc = batch_init(&b, 64, e)) < 0)
+        goto out;
+    if (!(logits = malloc((size_t)c->m->hp.n_vocab * sizeof *logits))) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    struct batch_image img = {0, c->img_pos, T, embd};
+    if ((rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0)
+        goto out;
+    b.img = &img;
+    b.n_img = 1;
+    if ((rc = model_forward(ctx, &b, kv, logits, e)) < 0)
+        goto out;
+    alloc_hook_stop();
+    if (c->have_want) {
+        assert_true(logits[0] == c->want);
+    } else {
+        c->want = logits[0];
+        c->have_want = true;
+    }
+out:
+    free(logits);
+    batch_free(&b);
+    kv_cache_free(kv);
+    model_ctx_free(ctx);
+    if (embd)
+        be->ops->buf_free(be, embd);
+    vision_ctx_free(vc);
+    backend_free(be);
+    return rc;
+}
+
+static void test_vision(void **state)
+{
+    (void)state;
+    const char *dir = test_path("tests/fixtures/golden/gemma3_vision");
+    char path[4200];
+    struct vision_case c = {0};
+    struct st_set *gs = NULL;
+    struct tensor px, ids;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (model_load(&c.m, dir, &e) < 0 || st_set_open_file(&gs, path, &e) < 0 ||
+        st_set_take(gs, "pixel_values", &px, &e) < 0 || st_set_take(gs, "input_ids", &ids, &e) < 0)
+        fail_msg("%s", e.msg);
+    c.pixels = px.data;
+    c.ids = ids.data;
+    c.n_ids = (int)ids.shape[0];
+    while (c.img_pos < c.n_ids && c.ids[c.img_pos] != c.m->vision->info.image_token_id)
+        c.img_pos++;
+    assert_int_equal(op_vision(&c, &e), 0);
+    check_alloc_failures("gemma3_vision", op_vision, &c, 0);
+    st_set_free(gs);
+    model_free(c.m);
 }
 
 /* ---- tokenizer load, encode, decode ---- */
@@ -631,6 +715,7 @@ static int disarm(void **state)
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_model_load, disarm),
     cmocka_unit_test_teardown(test_engine, disarm),
+    cmocka_unit_test_teardown(test_vision, disarm),
     cmocka_unit_test_teardown(test_tokenizer, disarm),
     cmocka_unit_test_teardown(test_tokenizer_enc, disarm),
     cmocka_unit_test_teardown(test_chat, disarm),

@@ -282,6 +282,8 @@ struct attn_tc {
     float softcap;
     bool sinks;
     int chunk;      /* Llama 4's chunked attention (0: none) */
+    int b0, b1;     /* rows [b0, b1) of sequence A attend each other both ways (kv_rows.span,
+                     * an image's tokens; b1 <= b0: none) */
 };
 
 /* The GPU (skip the test without one) and the CPU scalar backend it is compared with. */
@@ -314,15 +316,20 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
                 dtype_store_f32(dt, vc, (int64_t)(sl * kvd + i), frnd(-1.0f, 1.0f));
             }
         }
-    int32_t *rows = malloc((size_t)tc->n_tok * 4 * sizeof *rows);
+    int32_t *rows = malloc((size_t)tc->n_tok * 6 * sizeof *rows);
     int32_t *pos = rows, *slot = rows + tc->n_tok, *tab = slot + tc->n_tok, *end = tab + tc->n_tok;
+    int32_t *span = end + tc->n_tok;
     for (int t = 0; t < tc->n_tok; t++) {
         int sq = t >= tc->split, p = sq ? tc->pos1 + (t - tc->split) : tc->pos0 + t;
+        bool in = t >= tc->b0 && t < tc->b1 && t < tc->split;
         pos[t] = p;
         tab[t] = sq ? nb[0] : 0;
         slot[t] = tables[tab[t] + p / bs] * bs + p % bs;
         end[t] = len[sq];
+        span[2 * t] = in ? tc->pos0 + tc->b0 : p;
+        span[2 * t + 1] = in ? tc->pos0 + (tc->b1 < tc->split ? tc->b1 : tc->split) - 1 : p;
     }
+    bool spans = tc->b1 > tc->b0;
     size_t nq = (size_t)tc->n_tok * qd;
     float *q = malloc(nq * sizeof *q), *oc = malloc(nq * sizeof *oc), *og = malloc(nq * sizeof *og);
     float sk[64];
@@ -333,12 +340,12 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     struct attn_params ap = {tc->n_head, tc->n_kv, tc->hd, 1.0f / sqrtf((float)tc->hd),
                              tc->softcap, tc->window, tc->sinks ? sk : NULL, tc->chunk};
     struct kv_layer kv = {kc, vc, kvd, kvd, dt};
-    struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL};
+    struct kv_rows kr = {pos, slot, tab, tables, end, bs, NULL, spans ? span : NULL};
     cpu->ops->attention(cpu, oc, qd, q, qd, &kv, &kr, tc->n_tok, &ap);
     /* the same on the GPU, every array uploaded */
     struct err e = {0};
     void *d[8];
-    size_t sz[8] = {pool * es, pool * es, (size_t)nbt * 4, (size_t)tc->n_tok * 16, nq * 4, nq * 4,
+    size_t sz[8] = {pool * es, pool * es, (size_t)nbt * 4, (size_t)tc->n_tok * 24, nq * 4, nq * 4,
                     sizeof sk, 0};
     for (int i = 0; i < 7; i++)
         assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
@@ -350,7 +357,8 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
     gpu->ops->upload(gpu, d[6], sk, sz[6]);
     int32_t *dr = d[3];
     struct kv_layer gkv = {d[0], d[1], kvd, kvd, dt};
-    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs, NULL};
+    struct kv_rows gkr = {dr, dr + tc->n_tok, dr + 2 * tc->n_tok, d[2], dr + 3 * tc->n_tok, bs, NULL,
+                          spans ? dr + 4 * tc->n_tok : NULL};
     struct attn_params gap = ap;
     gap.sinks = tc->sinks ? d[6] : NULL;
     gpu->ops->attention(gpu, d[5], qd, d[4], qd, &gkv, &gkr, tc->n_tok, &gap);
@@ -382,18 +390,25 @@ static void test_attention(void **state)
 {
     (void)state;
     static const struct attn_tc cases[] = {
-        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 0},     /* one sequence, GQA */
-        {70, 70, 37, 0, 8, 2, 128, 0, 0.0f, false, 0},    /* a chunk after 37 cached tokens */
-        {40, 40, 0, 0, 4, 4, 80, 0, 0.0f, false, 0},      /* MHA, head_dim 80 */
-        {33, 33, 200, 0, 4, 1, 64, 50, 0.0f, false, 0},   /* window, a tile of one row past 32 */
-        {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true, 0},    /* soft-cap and sinks */
-        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0},      /* two sequences, a tile across both */
-        {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true, 0},  /* two sequences on tile bounds */
-        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false, 0},      /* head_dim 96: the per-row kernel */
-        {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false, 0},      /* decode-sized */
-        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 24},     /* chunks of 24 across tiles */
-        {70, 40, 13, 90, 4, 2, 128, 32, 0.0f, true, 32},   /* two sequences, window = chunk */
-        {3, 2, 47, 64, 8, 2, 96, 0, 0.0f, false, 16},      /* decode-sized, at and past a chunk start */
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 0, 0, 0},     /* one sequence, GQA */
+        {70, 70, 37, 0, 8, 2, 128, 0, 0.0f, false, 0, 0, 0},    /* a chunk after 37 cached tokens */
+        {40, 40, 0, 0, 4, 4, 80, 0, 0.0f, false, 0, 0, 0},      /* MHA, head_dim 80 */
+        {33, 33, 200, 0, 4, 1, 64, 50, 0.0f, false, 0, 0, 0},   /* window, a tile of one row past 32 */
+        {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true, 0, 0, 0},    /* soft-cap and sinks */
+        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0, 0, 0},      /* two sequences, a tile across both */
+        {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true, 0, 0, 0},  /* two sequences on tile bounds */
+        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 0, 0},      /* head_dim 96: the per-row kernel */
+        {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false, 0, 0, 0},      /* decode-sized */
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 24, 0, 0},     /* chunks of 24 across tiles */
+        {70, 40, 13, 90, 4, 2, 128, 32, 0.0f, true, 32, 0, 0},   /* two sequences, window = chunk */
+        {3, 2, 47, 64, 8, 2, 96, 0, 0.0f, false, 16, 0, 0},      /* decode-sized, at and past a chunk start */
+        /* bidirectional blocks (ADR 0087): an image's rows in a prompt, tiled and per row */
+        {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 0, 20, 60},
+        {100, 100, 0, 0, 8, 2, 64, 16, 0.0f, false, 0, 20, 60},   /* window 16 < the block */
+        {40, 40, 7, 0, 4, 4, 80, 0, 0.0f, false, 0, 5, 35},
+        {20, 20, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 2, 18},       /* per-row kernels */
+        {64, 64, 0, 0, 2, 2, 16, 0, 0.0f, false, 0, 0, 64},       /* a vision tower's image */
+        {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0, 10, 30},      /* beside another sequence */
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct backend *gpu = NULL, *cpu = NULL;
@@ -557,7 +572,7 @@ static void test_gated_delta(void **state)
     tensor_init(&td, DTYPE_F32, par + NV, 1, shape);
     struct gdn_params p = {NK, NV, DK, DV, &ta, &td};
     struct kv_layer kv = {NULL, stc, 0, vdim, DTYPE_F32};
-    struct kv_rows kr = {meta, NULL, NULL, NULL, NULL, 0, meta + N};
+    struct kv_rows kr = {meta, NULL, NULL, NULL, NULL, 0, meta + N, NULL};
     cpu->ops->gated_delta(cpu, yc, NV * DV, x, ldx, ab, 2 * NV, &p, &kv, &kr, N);
     assert_int_equal(backend_sync(cpu, &e), 0);
     void *d[6];
@@ -577,7 +592,7 @@ static void test_gated_delta(void **state)
     int32_t *dm = d[5];
     for (int c = 0; c < 2; c++) {
         int r0 = c ? CUT : 0, m = c ? N - CUT : CUT;
-        struct kv_rows gkr = {dm + r0, NULL, NULL, NULL, NULL, 0, dm + N + r0};
+        struct kv_rows gkr = {dm + r0, NULL, NULL, NULL, NULL, 0, dm + N + r0, NULL};
         gpu->ops->gated_delta(gpu, (float *)d[3] + (size_t)r0 * NV * DV, NV * DV,
                               (float *)d[0] + (size_t)r0 * ldx, ldx, (float *)d[1] + (size_t)r0 * 2 * NV,
                               2 * NV, &gp, &gkv, &gkr, m);

@@ -25,14 +25,15 @@
 /* Brute-force causal attention over positions [0, pos0 + n_tok) in dense k/v [n_ctx][n_kv*hd]
  * with every mask and option applied the textbook way: scores, softcap, -inf outside the
  * window, softmax with an optional sink logit per head. */
-static void attn_ref(double *out, const float *q, const float *k, const float *v, int n_tok,
-                     int pos0, int n_head, int n_kv, int hd, const struct attn_params *ap)
+static void attn_ref_span(double *out, const float *q, const float *k, const float *v, int n_tok,
+                          int pos0, int n_head, int n_kv, int hd, const struct attn_params *ap,
+                          const int32_t *span)
 {
     size_t qs = (size_t)n_head * hd, kvs = (size_t)n_kv * hd;
     double *s = malloc((size_t)(pos0 + n_tok) * sizeof *s);
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
-            int g = h / (n_head / n_kv), p = pos0 + t, n_ctx = p + 1;
+            int g = h / (n_head / n_kv), p = pos0 + t, n_ctx = span && span[2 * t + 1] > p ? span[2 * t + 1] + 1 : p + 1;
             double m = ap->sinks ? ap->sinks[h] : -INFINITY, sum = 0;
             for (int j = 0; j < n_ctx; j++) {
                 double d = 0;
@@ -41,9 +42,12 @@ static void attn_ref(double *out, const float *q, const float *k, const float *v
                 d *= ap->scale;
                 if (ap->softcap > 0)
                     d = ap->softcap * tanh(d / ap->softcap);
-                if (ap->window > 0 && p - j >= ap->window)
+                bool in_span = span && j >= span[2 * t] && j <= span[2 * t + 1];
+                if (ap->window > 0 && p - j >= ap->window && !in_span)
                     d = -INFINITY;
-                if (ap->chunk > 0 && j / ap->chunk != p / ap->chunk)
+                if (ap->chunk > 0 && j / ap->chunk != p / ap->chunk && !in_span)
+                    d = -INFINITY;
+                if (j > p && !in_span)
                     d = -INFINITY;
                 s[j] = d;
                 m = s[j] > m ? s[j] : m;
@@ -60,6 +64,12 @@ static void attn_ref(double *out, const float *q, const float *k, const float *v
             }
         }
     free(s);
+}
+
+static void attn_ref(double *out, const float *q, const float *k, const float *v, int n_tok,
+                     int pos0, int n_head, int n_kv, int hd, const struct attn_params *ap)
+{
+    attn_ref_span(out, q, k, v, n_tok, pos0, n_head, n_kv, hd, ap, NULL);
 }
 
 /* KV element types the attention tests store the cache in. */
@@ -112,7 +122,7 @@ static void paged_open(struct paged *pg, const float *k, const float *v, int n_c
         pg->slot[t] = pg->tables[(pos0 + t) / bs] * bs + (pos0 + t) % bs;
         pg->end[t] = n_ctx;
     }
-    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs, NULL};
+    pg->rows = (struct kv_rows){pg->pos, pg->slot, pg->table, pg->tables, pg->end, bs, NULL, NULL};
 }
 
 static void paged_close(struct paged *pg)
@@ -170,6 +180,65 @@ static void attn_case(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int p
                       int n_kv, int hd, float amp)
 {
     attn_case_opts(bs, es, n_tok, pos0, n_head, n_kv, hd, amp, 0, 0.0f, false);
+}
+
+/* Bidirectional blocks (kv_rows.span, ADR 0087): rows [b0, b1) of a prefill chunk at
+ * positions pos0.. form one block (an image's tokens), the others plain causal rows; with a
+ * window shorter than the block (Gemma 3's sliding layers: the block reaches back past it)
+ * and without. whole: every row's block is the whole chunk (a vision tower, pos0 0). */
+static void attn_case_span(struct kc_bes *bs, struct kc_errstat *es, int n_tok, int pos0, int b0, int b1,
+                           int n_head, int n_kv, int hd, int window, bool whole)
+{
+    int n_ctx = pos0 + n_tok;
+    size_t nq = (size_t)n_tok * n_head * hd, nkv = (size_t)n_ctx * n_kv * hd;
+    float *q = kc_fvec(nq, -2, 2), *k = kc_fvec(nkv, -2, 2), *v = kc_fvec(nkv, -1, 1);
+    float *out = malloc(nq * sizeof *out);
+    double *ref = malloc(nq * sizeof *ref);
+    int32_t *span = malloc(2 * (size_t)n_tok * sizeof *span);
+    for (int t = 0; t < n_tok; t++) {
+        bool in = whole || (t >= b0 && t < b1);
+        span[2 * t] = whole ? pos0 : in ? pos0 + b0 : pos0 + t;
+        span[2 * t + 1] = whole ? pos0 + n_tok - 1 : in ? pos0 + b1 - 1 : pos0 + t;
+    }
+    struct attn_params ap = {n_head, n_kv, hd, 1.0f / sqrtf((float)hd), 0.0f, window, NULL, 0};
+    for (size_t ti = 0; ti < sizeof k_kv_types / sizeof k_kv_types[0]; ti++) {
+        enum dtype dt = k_kv_types[ti];
+        struct paged pg;
+        kv_round(k, nkv, dt);
+        kv_round(v, nkv, dt);
+        attn_ref_span(ref, q, k, v, n_tok, pos0, n_head, n_kv, hd, &ap, span);
+        paged_open(&pg, k, v, n_ctx, n_kv * hd, pos0, n_tok, dt);
+        pg.rows.span = span;
+        for (int i = 0; i < bs->n; i++) {
+            memset(out, 0xff, nq * sizeof *out);
+            bs->be[i]->ops->attention(bs->be[i], out, n_head * hd, q, n_head * hd, &pg.kv, &pg.rows,
+                                      n_tok, &ap);
+            kc_check(es, "attention_span", bs->be[i], out, ref, nq, 1e-10, 1e-4);
+        }
+        paged_close(&pg);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    free(ref);
+    free(span);
+}
+
+static void test_attention_span(void **state)
+{
+    (void)state;
+    struct kc_bes bs;
+    struct kc_errstat es = {0};
+    kc_open(&bs);
+    attn_case_span(&bs, &es, 30, 0, 6, 22, 4, 2, 16, 0, false);   /* an image of 16 in a prompt */
+    attn_case_span(&bs, &es, 30, 0, 6, 22, 4, 2, 16, 8, false);   /* ... sliding window 8 */
+    attn_case_span(&bs, &es, 24, 9, 0, 20, 4, 1, 64, 5, false);   /* after cached rows, window 5 */
+    attn_case_span(&bs, &es, 20, 3, 19, 20, 2, 2, 8, 0, false);   /* a block of one row */
+    attn_case_span(&bs, &es, 64, 0, 0, 0, 2, 2, 16, 0, true);     /* a vision tower's 8 x 8 patches */
+    attn_case_span(&bs, &es, 49, 0, 0, 0, 3, 3, 24, 0, true);     /* odd counts */
+    kc_report("attention_span", &es);
+    kc_close(&bs);
 }
 
 static void test_attention(void **state)
@@ -323,7 +392,7 @@ static void test_attention_batch(void **state)
             }
         }
         struct kv_layer kv = {kp, vp, kvd, kvd, dt};
-        struct kv_rows rows = {pos, slot, tab, tables, end, bs, NULL};
+        struct kv_rows rows = {pos, slot, tab, tables, end, bs, NULL, NULL};
         size_t qs = (size_t)n_head * hd;
         for (int i = 0; i < bes.n; i++) {
             struct backend *be = bes.be[i];
@@ -337,7 +406,7 @@ static void test_attention_batch(void **state)
                 if (ntok[s] != 1)
                     continue;
                 struct kv_rows one = {pos + row0[s], slot + row0[s], tab + row0[s], tables,
-                                      end + row0[s], bs, NULL};
+                                      end + row0[s], bs, NULL, NULL};
                 be->ops->attention(be, solo, (int)qs, q + row0[s] * qs, (int)qs, &kv, &one, 1, &ap);
                 if (memcmp(solo, out + row0[s] * qs, qs * sizeof *solo) != 0)
                     fail_msg("attention_batch on %s: sequence %d's decode row differs alone", be->name,
@@ -396,7 +465,7 @@ static void test_attention_chunks(void **state)
             for (size_t c = 0; c + 1 < sizeof cuts / sizeof cuts[0]; c++) {
                 const int t0 = cuts[c], n = cuts[c + 1] - t0;
                 struct kv_rows sub = {pg.pos + t0, pg.slot + t0, pg.table + t0, pg.tables,
-                                      pg.end + t0, pg.rows.block_size, NULL};
+                                      pg.end + t0, pg.rows.block_size, NULL, NULL};
                 be->ops->attention(be, part + t0 * qs, (int)qs, q + t0 * qs, (int)qs, &pg.kv, &sub,
                                    n, &ap);
             }
@@ -1065,6 +1134,7 @@ static void test_moe(void **state)
 
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_span),
     cmocka_unit_test(test_attention_heads),
     cmocka_unit_test(test_attention_window),
     cmocka_unit_test(test_attention_batch),

@@ -24,6 +24,7 @@
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "cli.h"
+#include "cli_images.h"
 
 static const char *k_help =
     "usage: mlxcel generate [-m MODEL] (-p TEXT | -f FILE | --prompt-ids IDS) [options]\n"
@@ -34,6 +35,12 @@ static const char *k_help =
     "  -p, --prompt TEXT      prompt text\n"
     "  -f, --file FILE        read the prompt from a file (- reads standard input)\n"
     "      --prompt-ids IDS   prompt as token ids: 1,2,3 (no tokenizer needed)\n"
+    "      --image FILE       an image for the prompt (repeatable); needs the image processor\n"
+    "                         (issue 43), not built yet: use --pixel-values\n"
+    "      --pixel-values FILE  the prompt's images as processed pixel_values: a safetensors\n"
+    "                         file with a tensor pixel_values [n, 3, S, S] (what transformers'\n"
+    "                         processor returns); each image goes where the prompt has the\n"
+    "                         model's start-of-image token (<start_of_image> for Gemma 3)\n"
     "      --chat             wrap the prompt in the model's chat template (error if it has none)\n"
     "      --no-chat          send the prompt as is (default: chat template when the model has one)\n"
     "      --system TEXT      system message for the chat template\n"
@@ -69,11 +76,12 @@ enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
     OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
-    OPT_MODEL_DRAFT,
+    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES,
 };
 
 struct gen_cli {
     const char *model, *prompt, *prompt_file, *prompt_ids, *model_draft;
+    const char *image, *pixel_values;  /* the first --image; --pixel-values */
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -155,6 +163,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"truncate", required_argument, 0, OPT_TRUNCATE}, {"spec", required_argument, 0, OPT_SPEC},
         {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
+        {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
         {0, 0, 0, 0},
     };
     int c, rc = 0;
@@ -226,6 +235,8 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
+        case OPT_IMAGE: o->image = o->image ? o->image : optarg; break;
+        case OPT_PIXEL_VALUES: o->pixel_values = optarg; break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -243,6 +254,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--no-chat contradicts --chat, --system and --chat-template-file");
     if (o->system || o->template_file)
         o->chat = 1;
+    if (o->image)
+        return err_setf(e, ERR_ARG, "--image %s: decoding and preprocessing images (issue 43's image "
+                        "processor) is not built yet; give the processed pixels with --pixel-values FILE",
+                        o->image);
     return 0;
 }
 
@@ -404,6 +419,9 @@ int cmd_generate(int argc, char **argv)
     struct sink sink = {0};
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
+    float *pixels = NULL;
+    int n_img = 0;
+    struct cli_images imgs = {0};
     struct gen_stats st;
     struct cli_draft draft = {0};
     int rc, status = CLI_EXIT_ERROR;
@@ -445,6 +463,10 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     if ((rc = apply_defaults(&o, m, &e)) < 0)
         goto fail;
+    /* the images' places in the prompt before the cache is sized for it (ADR 0087) */
+    if (o.pixel_values && ((rc = cli_pixel_values_read(o.pixel_values, m, &pixels, &n_img, &e)) < 0 ||
+                           (rc = cli_images_expand(m, &prompt, &n_prompt, n_img, &e)) < 0))
+        goto fail;
     /* one sequence: the cache holds what this run can reach; the engine checks the
      * context (--ctx, else the model's default, which for dynamic NTK rope reaches past
      * max_position_embeddings; kv_cache_new refuses one above the model's limit) */
@@ -462,12 +484,15 @@ int cmd_generate(int argc, char **argv)
             goto fail;
     }
 
+    if (n_img > 0 && (rc = cli_images_encode(&imgs, m, en.be, prompt, n_prompt, pixels, n_img, &e)) < 0)
+        goto fail;
     sink.text = !o.output_ids;
     if (tok)
         tok_stream_init(&sink.ts, tok, true);
     struct gen_params gp = {.n_predict = (int)o.n_predict, .ignore_eos = o.ignore_eos,
                             .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
-                            .n_keep_tail = keep_tail, .sampling = o.sp, .spec = o.spec};
+                            .n_keep_tail = keep_tail, .sampling = o.sp, .spec = o.spec,
+                            .images = imgs.n ? imgs.img : NULL, .n_images = imgs.n};
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
     if (st.n_dropped > 0) {
         /* the protected head and tail, named only when there is one: "(the oldest, keeping the
@@ -538,6 +563,8 @@ fail:
         cli_fail("generate", &e);
     free(sink.ids);
     free(prompt);
+    free(pixels);
+    cli_images_free(&imgs);
     cli_draft_close(&draft);
     cli_engine_close(&en);
     model_free(m);

@@ -30,6 +30,7 @@
 #include "../kernels/backend.h"
 #include "../loading/quant.h"
 #include "../models/model.h"
+#include "../models/vision.h"
 #include "cli.h"
 #include "config.h"
 
@@ -189,6 +190,19 @@ static cJSON *build_json(const struct model *m, enum dtype kvt)
             cJSON_AddNumberToObject(lat, "full_kv_bytes_per_token", (double)full_kv_bytes(hp, kvt));
         }
     }
+    if (m->vision) {
+        const struct vision *v = m->vision;
+        cJSON *vo = cJSON_AddObjectToObject(o, "vision");
+        if (vo) {
+            cJSON_AddStringToObject(vo, "model_type", v->ops->model_type);
+            cJSON_AddNumberToObject(vo, "n_embd", v->vh.n_embd);
+            cJSON_AddNumberToObject(vo, "n_layer", v->vh.n_layer);
+            cJSON_AddNumberToObject(vo, "image_size", v->vh.image_size);
+            cJSON_AddNumberToObject(vo, "patch_size", v->vh.patch_size);
+            cJSON_AddNumberToObject(vo, "tokens_per_image", v->info.tokens_per_image);
+            cJSON_AddNumberToObject(vo, "image_token_id", v->info.image_token_id);
+        }
+    }
     cJSON_AddNumberToObject(o, "files", (double)st_set_n_files(m->st));
     cJSON *un = cJSON_AddArrayToObject(o, "unused_tensors");
     for (size_t i = 0; un && i < st_set_count(m->st); i++) {
@@ -328,6 +342,12 @@ static void print_text(const struct model *m, bool verbose, enum dtype kvt)
                hp->qk_rope_dim, buf, kv ? (double)full / (double)kv : 0.0);
     }
 
+    if (m->vision) {
+        const struct vision *v = m->vision;
+        printf("%-18s %s: a ViT %d wide, %d layers, %d px in %d px patches; %d rows per image (token %d)\n",
+               "vision", v->ops->model_type, v->vh.n_embd, v->vh.n_layer, v->vh.image_size, v->vh.patch_size,
+               v->info.tokens_per_image, v->info.image_token_id);
+    }
     size_t n_files = st_set_n_files(m->st);
     printf("%-18s %zu\n", "files", n_files);
     for (size_t i = 0; verbose && i < n_files; i++)

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "../core/log.h"
+#include "../models/vision.h"
 
 int batch_init(struct batch *b, int cap, struct err *e)
 {
@@ -64,6 +65,8 @@ void batch_free(struct batch *b)
 void batch_clear(struct batch *b)
 {
     b->n_tok = 0;
+    b->img = NULL;
+    b->n_img = 0;
 }
 
 int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e)
@@ -116,8 +119,47 @@ static int check_rows(const struct model_ctx *c, const struct batch *b, struct k
     return 0;
 }
 
-/* Rows [r0, *r1) of the next chunk: at most n_batch rows and n_out logit rows. */
-static int chunk_end(const struct model_ctx *c, const struct batch *b, int r0)
+// ---- images (ADR 0087) ----
+
+/* The batch's images against its rows (batch.h, struct batch_image): the model takes
+ * images; each image's rows are consecutive rows of its sequence at its positions, holding
+ * the image token, shared with no other image, few enough for one chunk. first[k]: the
+ * batch row of image k's first position. */
+static int check_images(const struct model_ctx *c, const struct batch *b, int32_t *first, struct err *e)
+{
+    const struct vision *v = c->m->vision;
+    if (!v)
+        return err_setf(e, ERR_ARG, "model %s does not take images", c->m->hp.model_type);
+    for (int k = 0; k < b->n_img; k++) {
+        const struct batch_image *im = &b->img[k];
+        int r = 0;
+        if (im->n_tok < 1 || im->n_tok > c->n_batch || !im->embd)
+            return err_setf(e, ERR_ARG, "image %d: %d rows (1 to the %d rows of a forward chunk, with "
+                            "embeddings)", k + 1, im->n_tok, c->n_batch);
+        while (r < b->n_tok && !(b->seq[r] == im->seq && b->pos[r] == im->pos))
+            r++;
+        if (r + im->n_tok > b->n_tok)
+            return err_setf(e, ERR_ARG, "image %d: the batch lacks rows for positions %d..%d of "
+                            "sequence %d", k + 1, im->pos, im->pos + im->n_tok - 1, im->seq);
+        for (int i = 0; i < im->n_tok; i++)
+            if (b->seq[r + i] != im->seq || b->pos[r + i] != im->pos + i ||
+                b->ids[r + i] != v->info.image_token_id)
+                return err_setf(e, ERR_ARG, "image %d: batch row %d is not position %d of sequence %d "
+                                "holding the image token %d", k + 1, r + i, im->pos + i, im->seq,
+                                v->info.image_token_id);
+        for (int j = 0; j < k; j++)
+            if (r < first[j] + b->img[j].n_tok && first[j] < r + im->n_tok)
+                return err_setf(e, ERR_ARG, "images %d and %d share batch rows", j + 1, k + 1);
+        first[k] = r;
+    }
+    return 0;
+}
+
+/* Rows [r0, *r1) of the next chunk: at most n_batch rows and n_out logit rows, ending
+ * before an image it would cut (first[k]: image k's first row). -ERR_ARG when an image
+ * starting at r0 does not fit. */
+static int chunk_end(const struct model_ctx *c, const struct batch *b, const int32_t *first, int r0,
+                     int *r1, struct err *e)
 {
     int n_out = 0, r = r0;
     while (r < b->n_tok && r - r0 < c->n_batch) {
@@ -126,7 +168,45 @@ static int chunk_end(const struct model_ctx *c, const struct batch *b, int r0)
         n_out += b->logits[r];
         r++;
     }
-    return r;
+    for (int k = 0; k < b->n_img; k++) {
+        if (!(first[k] < r && r < first[k] + b->img[k].n_tok))
+            continue;
+        if (first[k] <= r0)
+            return err_setf(e, ERR_ARG, "image %d's %d rows do not fit one forward chunk (%d rows, "
+                            "%d of them with logits)", k + 1, b->img[k].n_tok, c->n_batch, c->n_out);
+        r = first[k];
+    }
+    *r1 = r;
+    return 0;
+}
+
+/* The images of rows [r0, r1) into fi (chunk rows), their spans into the staged metadata
+ * when the model attends bidirectionally within images; returns how many. An image row's
+ * span is (its position, the image's last): it sees the rest of its image ahead of it, and
+ * behind it what it sees anyway, so a sliding layer's window still bounds its past, as
+ * transformers 5.17 computes Gemma 3 (the vision goldens: 3e-7 this way; 5e-2 off at the
+ * image's last rows with the window lifted back to the image's first). */
+static int stage_images(struct model_ctx *c, const struct batch *b, const int32_t *first, int r0, int r1,
+                        struct fwd_image *fi, bool *spans)
+{
+    int n = 0, B = c->n_batch;
+    int32_t *span = c->meta_host + 8 * B;
+    *spans = false;
+    for (int k = 0; k < b->n_img; k++)
+        if (first[k] >= r0 && first[k] < r1)
+            fi[n++] = (struct fwd_image){first[k] - r0, b->img[k].n_tok, b->img[k].embd};
+    if (n == 0 || !c->m->vision->info.bidirectional)
+        return n;
+    for (int r = r0; r < r1; r++)
+        span[2 * (r - r0)] = span[2 * (r - r0) + 1] = b->pos[r];
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < fi[i].n; j++) {
+            int r = r0 + fi[i].row + j;
+            span[2 * (r - r0)] = b->pos[r];
+            span[2 * (r - r0) + 1] = b->pos[r0 + fi[i].row] + fi[i].n - 1;
+        }
+    *spans = true;
+    return n;
 }
 
 /* Stage and upload the metadata of rows [r0, r1); returns the logit rows. */
@@ -187,7 +267,7 @@ static struct ctx_graph *graph_slot(struct model_ctx *c, const struct kv_cache *
 {
     *fresh = false;
     if (!c->be->graphs || !c->be->ops->graph_begin || ch->n_tok > GRAPH_MAX_ROWS ||
-        ch->n_out != ch->n_tok)
+        ch->n_out != ch->n_tok || ch->n_img > 0)
         return NULL;
     uint64_t key = cache_key(kv);
     for (int i = 0; i < c->n_graphs; i++)
@@ -271,8 +351,26 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     c->n_nonfinite = 0;
     if (kv->n_layer != m->hp.n_layer)
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
-    if ((rc = check_rows(c, b, kv, e)) < 0 || (rc = kv_reserve(kv, kv->want, e)) < 0)
+    if (b->n_img < 0 || (b->n_img > 0 && !b->img))
+        return err_setf(e, ERR_ARG, "forward: %d images without their list", b->n_img);
+    /* per call, not per token: a batch with images is a prompt's prefill */
+    int32_t *first = NULL;
+    struct fwd_image *fi = NULL;
+    if (b->n_img > 0) {
+        first = malloc((size_t)b->n_img * sizeof *first);
+        fi = malloc((size_t)b->n_img * sizeof *fi);
+        if (!first || !fi) {
+            free(first);
+            free(fi);
+            return err_setf(e, ERR_NOMEM, "forward: out of memory");
+        }
+    }
+    if ((rc = check_rows(c, b, kv, e)) < 0 || (b->n_img > 0 && (rc = check_images(c, b, first, e)) < 0) ||
+        (rc = kv_reserve(kv, kv->want, e)) < 0) {
+        free(first);
+        free(fi);
         return rc;
+    }
     const int32_t *meta = c->bufs.meta;
     struct kv_rows rows = {.pos = meta + B, .slot = meta + 2 * B, .table = meta + 3 * B,
                            .tables = kv->blk.tables, .seq_end = meta + 4 * B,
@@ -281,12 +379,18 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     rows_swa.slot = meta + 6 * B;
     rows_swa.tables = kv->swa.blk.tables;
     for (int r0 = 0; r0 < b->n_tok;) {
-        int r1 = chunk_end(c, b, r0);
-        if ((rc = kv_reserve_window(kv, b->seq + r0, b->pos + r0, r1 - r0, e)) < 0)
+        int r1 = r0;
+        if ((rc = chunk_end(c, b, first, r0, &r1, e)) < 0 ||
+            (rc = kv_reserve_window(kv, b->seq + r0, b->pos + r0, r1 - r0, e)) < 0)
             break;
         kv_sync_tables(kv);
+        bool spans = false;
+        int n_img = b->n_img > 0 ? stage_images(c, b, first, r0, r1, fi, &spans) : 0;
         int n_out = stage_chunk(c, b, kv, r0, r1);
-        struct fwd_chunk ch = {r1 - r0, n_out, meta, meta + 5 * B, &rows, &rows_swa, kv->layers, NULL, NULL};
+        rows.span = rows_swa.span = spans ? meta + 8 * B : NULL;
+        struct fwd_chunk ch = {.n_tok = r1 - r0, .n_out = n_out, .ids = meta,
+                               .out_rows = meta + 5 * B, .rows = &rows, .rows_swa = &rows_swa,
+                               .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img};
         if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)
@@ -295,6 +399,8 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         done_out += n_out;
         r0 = r1;
     }
+    free(first);
+    free(fi);
     /* always sync: it also clears an error recorded after a failing forward */
     int rs = backend_sync(c->be, rc < 0 ? NULL : e);
     rc = rc < 0 ? rc : rs;

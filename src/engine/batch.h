@@ -22,17 +22,31 @@
 extern "C" {
 #endif
 
+/* An image's rows in a batch (ADR 0087): the n_tok rows of sequence seq at positions
+ * [pos, pos + n_tok), consecutive rows of the batch holding the model's image token, take
+ * the rows of embd [n_tok, n_embd] (backend memory: vision_encode's output, the caller's)
+ * in place of their token's embedding; where the model's vision_info.bidirectional says so
+ * they also attend to each other both ways (kv_rows.span). An image is never split across
+ * forward chunks, so it must fit one (n_tok <= the context's n_batch). */
+struct batch_image {
+    int32_t seq, pos, n_tok;
+    const float *embd;
+};
+
 struct batch {
     int n_tok, cap;
     int32_t *ids;     /* [cap] token ids */
     int32_t *pos;     /* [cap] positions */
     int32_t *seq;     /* [cap] sequence ids */
     bool *logits;     /* [cap] whether the row's logits are wanted */
+    const struct batch_image *img;  /* [n_img] images among the rows, borrowed; NULL: none */
+    int n_img;
 };
 
 /* Room for cap rows (owned arrays). */
 int batch_init(struct batch *b, int cap, struct err *e);
 void batch_free(struct batch *b);
+/* No rows and no images. */
 void batch_clear(struct batch *b);
 /* Append a row; -ERR_RANGE when the batch is full. */
 int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e);

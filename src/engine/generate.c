@@ -107,6 +107,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     struct batch b = {0};
     float *logits = NULL;
     int32_t *cut = NULL, *hist = NULL, *draft = NULL;
+    struct batch_image *imgs = NULL;
     int rc;
     struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
 
@@ -125,7 +126,10 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     /* room for the tokens asked for, at most half the context, at least one */
     int room = p->n_predict < kv->max_seq_len / 2 ? p->n_predict : kv->max_seq_len / 2;
     int fit = kv->max_seq_len - (room > 1 ? room : 1);
-    if (p->truncate != GEN_TRUNCATE_OFF && n_prompt > fit && fit >= 1) {
+    if (p->n_images < 0 || (p->n_images > 0 && !p->images))
+        return err_setf(e, ERR_ARG, "%d images without their list", p->n_images);
+    /* an image's rows cannot be cut, nor moved (its positions are fixed) */
+    if (p->truncate != GEN_TRUNCATE_OFF && n_prompt > fit && fit >= 1 && p->n_images == 0) {
         if ((rc = truncate_prompt(prompt, n_prompt, fit, p, &cut, e)) < 0)
             return rc;
         st.n_dropped = n_prompt - fit;
@@ -146,13 +150,26 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         goto out;
     }
     memcpy(hist, prompt, (size_t)n_prompt * sizeof *hist);
+    if (p->n_images > 0) {
+        if (!(imgs = malloc((size_t)p->n_images * sizeof *imgs))) {
+            rc = err_setf(e, ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int i = 0; i < p->n_images; i++) {
+            imgs[i] = p->images[i];
+            imgs[i].seq = seq;
+        }
+    }
     struct gstate g = {hp, p, smp, cb, ud, &st, hist, n_prompt};
 
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(smp, prompt[i]);
     double t0 = gen_now();
-    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0 ||
-        (rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, n_prompt - 1, e)) < 0)
+    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0)
+        goto out;
+    b.img = imgs;
+    b.n_img = p->n_images;
+    if ((rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, n_prompt - 1, e)) < 0)
         goto out;
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
@@ -222,6 +239,7 @@ out:
     free(cut);
     free(hist);
     free(draft);
+    free(imgs);
     batch_free(&b);
     sampler_free(smp);
     return rc;

@@ -51,6 +51,9 @@ struct gen_params {
     int n_keep_tail;            /* with truncate: prompt tokens at the end never cut */
     struct sampler_params sampling;
     struct spec_params spec;    /* speculative decoding (spec.h); mode SPEC_NONE: off */
+    const struct batch_image *images; /* [n_images] the prompt's images (their seq ignored:
+                                       * the generated sequence's), borrowed; ADR 0087 */
+    int n_images;
 };
 
 enum gen_stop {
@@ -77,7 +80,8 @@ typedef int (*gen_token_fn)(void *ud, int32_t id);
 /* Generates as sequence `seq` of kv, starting from an empty sequence (any previous
  * one is removed first, and the sequence is left in the cache). A prompt that does
  * not fit the cache is an error (-ERR_RANGE) naming both sizes; reaching the
- * context while decoding stops with GEN_STOP_CONTEXT. */
+ * context while decoding stops with GEN_STOP_CONTEXT. A prompt with images (p->images)
+ * is never truncated: one that does not fit is an error. */
 int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e);

@@ -145,6 +145,10 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
         return err_setf(e, ERR_ARG, "the prompt is empty");
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
+    /* ADR 0087: the scheduler's encode step and the prefix key of image rows are issue 43's
+     * server work; until then an image prompt is refused, never run as its placeholder ids */
+    if (p->n_images != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "the scheduler does not take images yet");
     if (n_prompt > s->kv->max_seq_len)
         return err_setf(e, ERR_RANGE, "the prompt has %d tokens but the context holds %d", n_prompt,
                         s->kv->max_seq_len);

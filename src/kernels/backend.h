@@ -136,6 +136,13 @@ struct kv_rows {
     int block_size;
     const int32_t *state;    /* [n] the row's sequence id: its slot of a recurrent layer's
                               * states (kv_layer k / v of KV_RECURRENT layers) */
+    const int32_t *span;     /* [n][2] or NULL: row i's bidirectional block, positions
+                              * [span[2i], span[2i + 1]] around pos[i] (an image's tokens in
+                              * Gemma 3, a vision tower's patches), which it attends besides
+                              * its causal (window, chunk) keys: keys [min(lo, first),
+                              * max(pos, last)]; (pos, pos) for a row in none. Their K/V are
+                              * stored by the same forward. Gemma 3's image rows take (pos,
+                              * last): ahead only, the window still bounding the past (ADR 0087) */
 };
 
 /* Attention of one layer. */

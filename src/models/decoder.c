@@ -4,7 +4,7 @@
  * Gemma, Cohere, Gemma 2, Gemma 3, gpt-oss), composed from the block library
  * and driven per layer by struct layer_spec:
  *
- *   x = embd_scale * embed(ids)
+ *   x = embd_scale * embed(ids), an image's rows (fwd_chunk.img) its embeddings instead
  *   for each layer il (ls = hp->layer[il]), every residual add scaled by residual_scale:
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
@@ -119,6 +119,11 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     op->embed(c->be, b->x, &m->tok_embd, ch->ids, n);
     if (hp->embd_scale != 1.0f)
         op->scale(c->be, b->x, d, hp->embd_scale, n, d);
+    /* an image's rows take its embeddings as they are: the embedding scale belongs to the
+     * token embedding (Gemma's), which they never pass (ADR 0087) */
+    for (int i = 0; i < ch->n_img; i++)
+        op->copy(c->be, b->x + (size_t)ch->img[i].row * d, ch->img[i].embd,
+                 (size_t)ch->img[i].n * d * sizeof(float));
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const struct layer_spec *ls = &hp->layer[il];

@@ -70,7 +70,12 @@ static int split_rope_parameters(const cJSON *cfg, cJSON **flat, float *local, s
     }
     cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_scaling");
     cJSON_DeleteItemFromObjectCaseSensitive(c, "rope_parameters");
-    cJSON_AddItemToObject(c, "rope_parameters", f);
+    /* the key's copy may fail: the config would then silently lose its rope */
+    if (!cJSON_AddItemToObject(c, "rope_parameters", f)) {
+        cJSON_Delete(c);
+        cJSON_Delete(f);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
     *flat = c;
     return 0;
 }

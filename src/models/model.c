@@ -18,6 +18,7 @@
 #include "../loading/config.h"
 #include "../loading/convert.h"
 #include "registry.h"
+#include "vision.h"
 
 /* ---- loading ---- */
 
@@ -166,9 +167,10 @@ static cJSON *renamed_keys(const cJSON *o)
 /* ADR 0080. A multimodal checkpoint (Qwen3.5, Gemma 3, Mistral 3, Llama 4, LLaVA, Idefics3, ...) whose
  * own model_type no family has, but whose text_config names one: *cfg becomes its text
  * config, with the keys about the whole checkpoint the text config lacks copied in
- * (quantization with its module names renamed, tied embeddings, special ids, dtype), and
- * wrapper names the outer type. 1 when nested, 0 when not. */
-static int nest_text_config(cJSON **cfg, char *wrapper, size_t cap, struct err *e)
+ * (quantization with its module names renamed, tied embeddings, special ids, dtype),
+ * *outer the whole config (the caller's to free: the vision family reads it), and wrapper
+ * names the outer type. 1 when nested, 0 when not. */
+static int nest_text_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t cap, struct err *e)
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(*cfg, "model_type");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(*cfg, "text_config");
@@ -196,31 +198,34 @@ static int nest_text_config(cJSON **cfg, char *wrapper, size_t cap, struct err *
         return err_setf(e, ERR_NOMEM, "out of memory");
     }
     snprintf(wrapper, cap, "%s", mt->valuestring);
-    cJSON_Delete(*cfg);
+    *outer = *cfg;
     *cfg = n;
     return 1;
 }
 
-/* The text model's tensors under the text family's names; the rest marked as not loaded. */
-static int nest_weights(struct model *m, struct err *e)
+/* The text model's tensors under the text family's names; the vision tower and projector
+ * bound where the wrapper has a vision family (ADR 0087); the rest marked as not loaded. */
+static int nest_weights(struct model *m, const cJSON *outer, struct err *e)
 {
-    for (size_t r = 0; r < N_NEST_RENAME; r++) {
-        int rc = st_set_rename_prefix(m->st, k_nest_rename[r][0], k_nest_rename[r][1], e);
-        if (rc < 0)
+    int rc;
+    for (size_t r = 0; r < N_NEST_RENAME; r++)
+        if ((rc = st_set_rename_prefix(m->st, k_nest_rename[r][0], k_nest_rename[r][1], e)) < 0)
             return rc;
-    }
+    if ((rc = vision_load(m, outer, e)) < 0)
+        return rc;
     size_t skipped = 0;
     for (size_t i = 0; i < N_NEST_SKIP; i++)
         skipped += st_set_mark_prefix(m->st, k_nest_skip[i]);
-    LOG_INFO("a multimodal %s checkpoint: its text model (%s) is loaded; %zu tensors of its vision "
-             "tower, projector or prediction heads are not", m->multimodal, m->hp.model_type, skipped);
+    LOG_INFO("a multimodal %s checkpoint: its text model (%s)%s is loaded; %zu tensors of its "
+             "vision tower, projector or prediction heads are not", m->multimodal, m->hp.model_type,
+             m->vision ? " with its vision tower" : "", skipped);
     return 0;
 }
 
 int model_load(struct model **out, const char *dir, struct err *e)
 {
     char path[4200];
-    cJSON *cfg = NULL;
+    cJSON *cfg = NULL, *outer = NULL;
     int rc;
     *out = NULL;
     if (strlen(dir) >= sizeof((struct model *)0)->dir)
@@ -233,7 +238,7 @@ int model_load(struct model **out, const char *dir, struct err *e)
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         goto fail;
-    if ((rc = nest_text_config(&cfg, m->multimodal, sizeof m->multimodal, e)) < 0)
+    if ((rc = nest_text_config(&cfg, &outer, m->multimodal, sizeof m->multimodal, e)) < 0)
         goto fail_prefix;
     if ((rc = registry_resolve(cfg, &m->ops, e)) < 0)
         goto fail_prefix;
@@ -251,8 +256,10 @@ int model_load(struct model **out, const char *dir, struct err *e)
     cJSON_Delete(cfg);
     cfg = NULL;
 
-    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, e)) < 0))
+    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0))
         goto fail;
+    cJSON_Delete(outer);
+    outer = NULL;
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
     if (!m->layers) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
@@ -270,6 +277,7 @@ fail_prefix:
     err_prefix(e, "%s", path);
 fail:
     cJSON_Delete(cfg);
+    cJSON_Delete(outer);
     model_free(m);
     return rc;
 }
@@ -314,6 +322,7 @@ void model_free(struct model *m)
     for (size_t i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);
+    vision_free(m->vision);
     st_set_free(m->st);
     free(m->layers);
     free(m->expert_views);
@@ -437,6 +446,21 @@ static int view_ranges(const struct tensor *t, struct prep_range *r, int item)
     return n;
 }
 
+struct prep_vision {
+    struct prep_item *it;
+    size_t n;
+};
+
+static void prep_add_vision(void *ud, struct tensor *t, bool linear)
+{
+    struct prep_vision *pv = ud;
+    if (!tensor_is_present(t))
+        return;
+    if (pv->it)
+        pv->it[pv->n] = (struct prep_item){t, (int)pv->n, false, false, false, linear ? USE_LINEAR : USE_VALUES};
+    pv->n++;
+}
+
 static int prep_root(struct prep_item *it, int i)
 {
     while (it[i].root != i)
@@ -490,7 +514,9 @@ static size_t prep_items(struct model *m, struct prep_item *it)
     for (size_t i = 0; i < m->expert_views_used; i++) /* expert views of every layer (biases: 1-D) */
         PREP_ADD(&m->expert_views[i], false, m->expert_views[i].ndim == 2 ? USE_LINEAR : USE_VALUES);
 #undef PREP_ADD
-    return n;
+    struct prep_vision pv = {it, n};
+    vision_each_weight(m->vision, prep_add_vision, &pv); /* the image tower and projector */
+    return pv.n;
 }
 
 /* A fault in a weight's pages maps the page-cache folio around it (up to 2 MiB on this kernel),

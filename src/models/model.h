@@ -120,6 +120,7 @@ struct generation_defaults {
 };
 
 struct prepared_view;
+struct vision;             /* vision.h */
 struct model;
 struct model_ctx;
 struct fwd_chunk;
@@ -167,7 +168,9 @@ struct model {
     struct generation_defaults gen;
     char dir[4096];
     char multimodal[64];             /* a multimodal checkpoint's model_type, whose text model this
-                                      * is (its vision tower not loaded); "" for a text checkpoint */
+                                      * is; "" for a text checkpoint */
+    struct vision *vision;           /* its image tower and projector (vision.h, ADR 0087), owned;
+                                      * NULL: the model takes no images */
     struct tensor tok_embd;          /* [n_vocab, n_embd] */
     struct tensor out_norm, out_norm_b;  /* [n_embd] */
     struct tensor lm_head, lm_head_b;    /* [n_vocab, n_embd], [n_vocab] */
@@ -264,13 +267,21 @@ struct ctx_bufs {
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
     float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
     int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
-                      * slot, state slot (the row's sequence id) */
+                      * slot, state slot (the row's sequence id), then [B][2] the rows'
+                      * bidirectional spans (kv_rows.span, chunks with images only) */
 };
-#define CTX_META_ROWS 8
+#define CTX_META_ROWS 10
 
 /* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
  * reserved), of which n_out need logits. Pointers are backend memory except
  * kv, the per-layer views of the cache pool (host array). */
+/* Rows [row, row + n) of a chunk that take embeddings embd [n, n_embd] (backend memory)
+ * in place of their tokens' (an image's, ADR 0087). */
+struct fwd_image {
+    int row, n;
+    const float *embd;
+};
+
 struct fwd_chunk {
     int n_tok, n_out;
     const int32_t *ids;       /* [n_tok] */
@@ -282,6 +293,8 @@ struct fwd_chunk {
      * id (the embedding rows), backend memory; NULL for decoders */
     const int32_t *type_ids;   /* [n_tok] */
     const int32_t *emb_pos;    /* [n_tok] */
+    const struct fwd_image *img;     /* [n_img] host array; NULL: no image rows */
+    int n_img;
 };
 
 /* Graphs a context keeps (decode shapes: one per row count and cache layout). */

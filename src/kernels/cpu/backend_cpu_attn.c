@@ -228,6 +228,20 @@ static int attn_lo(const struct attn_params *ap, int p)
     return c0 > lo ? c0 : lo;
 }
 
+/* Keys [lo, hi) of query row t: its causal range (window, chunk), widened to its
+ * bidirectional block where the rows have one (kv_rows.span). */
+static void attn_key_range(const struct attn_ctx *ac, int t, int *lo, int *hi)
+{
+    int p = ac->rows->pos[t];
+    *hi = p + 1;
+    *lo = attn_lo(ac->ap, p);
+    if (ac->rows->span) {
+        const int32_t *sp = ac->rows->span + 2 * (size_t)t;
+        *lo = sp[0] < *lo ? sp[0] : *lo;
+        *hi = sp[1] + 1 > *hi ? sp[1] + 1 : *hi;
+    }
+}
+
 static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int g, int h0, int nh,
                             int t0, int tt)
 {
@@ -238,11 +252,10 @@ static void attn_setup_rows(const struct attn_ctx *ac, struct attn_rows *ar, int
     ar->k_lo = 1 << 30;
     ar->k_hi = 0;
     for (int i = 0; i < ar->n_rows; i++) {
-        int t = t0 + i / nh, h = g * n_rep + h0 + i % nh, p = ac->rows->pos[t];
+        int t = t0 + i / nh, h = g * n_rep + h0 + i % nh;
         ar->q[i] = ac->q + (size_t)t * ac->ldq + (size_t)h * hd;
         ar->o[i] = ac->out + (size_t)t * ac->ldo + (size_t)h * hd;
-        ar->hi[i] = p + 1;
-        ar->lo[i] = attn_lo(ap, p);
+        attn_key_range(ac, t, &ar->lo[i], &ar->hi[i]);
         ar->sink[i] = ap->sinks ? &ap->sinks[h] : NULL;
         ar->k_lo = ar->lo[i] < ar->k_lo ? ar->lo[i] : ar->k_lo;
         ar->k_hi = ar->hi[i] > ar->k_hi ? ar->hi[i] : ar->k_hi;
@@ -377,14 +390,6 @@ static void attn_item(const struct attn_ctx *ac, float *scr, int g, int h0, int 
     attn_pass(ac, &ar, scr, blk, qb, table, g, true);
     for (int i = 0; i < ar.n_rows; i++)
         k->scale(ar.o[i], 1.0f / ar.sum[i], (size_t)hd);
-}
-
-/* Keys [lo, hi) of query row t. */
-static void attn_key_range(const struct attn_ctx *ac, int t, int *lo, int *hi)
-{
-    int p = ac->rows->pos[t];
-    *hi = p + 1;
-    *lo = attn_lo(ac->ap, p);
 }
 
 /* One decode item: every head of query row t over keys [a, z) (inside one
@@ -572,8 +577,11 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
     struct attn_ctx ac = {.c = c, .ap = ap, .kv = kv, .rows = rows, .out = out, .q = q,
                           .ldo = (size_t)ldo, .ldq = (size_t)ldq};
     ac.hc = n_rep < ATTN_ROWS ? n_rep : ATTN_ROWS;
-    for (int i = 0; i < n_tok; i++)
-        max_keys = rows->pos[i] + 1 > max_keys ? rows->pos[i] + 1 : max_keys;
+    for (int i = 0; i < n_tok; i++) {
+        int lo, hi;
+        attn_key_range(&ac, i, &lo, &hi);
+        max_keys = hi > max_keys ? hi : max_keys;
+    }
     /* padded to a cache line so score rows do not share lines */
     ac.ld_s = ((size_t)max_keys + 15) & ~(size_t)15;
     /* tokens per prefill item: as many as ATTN_ROWS rows and ATTN_SCORES scores hold, at

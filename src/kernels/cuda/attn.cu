@@ -148,6 +148,7 @@ struct attn_args {
     int window;
     const float *sinks;
     int chunk;
+    const int32_t *span;     /* [n_tok][2] bidirectional blocks, or NULL (kv_rows.span) */
 };
 
 /* The first key a query at position p attends: past the window and the chunk (backend.h). */
@@ -157,6 +158,20 @@ __device__ __forceinline__ int attn_lo(const attn_args<T> &a, int p)
     int lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
     int c0 = a.chunk > 0 ? p - p % a.chunk : 0;
     return c0 > lo ? c0 : lo;
+}
+
+/* Keys [lo, hi) of query row t at position p: the causal range, widened to the row's
+ * bidirectional block where the rows have them (kv_rows.span). */
+template <class T>
+__device__ __forceinline__ void attn_range(const attn_args<T> &a, int t, int p, int &lo, int &hi)
+{
+    hi = p + 1;
+    lo = attn_lo(a, p);
+    if (a.span) {
+        int s0 = a.span[2 * t], s1 = a.span[2 * t + 1] + 1;
+        lo = s0 < lo ? s0 : lo;
+        hi = s1 > hi ? s1 : hi;
+    }
 }
 
 /* Lane's share of q (dims lane + 32 i) into qv, and the output o zeroed. */
@@ -277,7 +292,8 @@ __global__ void attn_kernel(attn_args<T> a)
     cu_pdl_wait();
     int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = attn_lo(a, p);
+    int hi, lo;
+    attn_range(a, t, p, lo, hi);
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * a.hd;
     float qv[HD_PER_LANE], o[HD_PER_LANE];
@@ -367,7 +383,8 @@ __global__ void __cluster_dims__(1, 1, ATTN_SPLIT) attn_split_kernel(attn_args<T
     int h = blockIdx.x, t = blockIdx.y, sp = (int)cl.block_rank();
     int lane = threadIdx.x % 32, w = threadIdx.x / 32;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = attn_lo(a, p);
+    int hi, lo;
+    attn_range(a, t, p, lo, hi);
     int per = (hi - lo + ATTN_SPLIT - 1) / ATTN_SPLIT;
     int klo = lo + sp * per, khi = klo + per < hi ? klo + per : hi;
     const int32_t *tab = a.tables + a.table[t];
@@ -443,7 +460,8 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
 {
     constexpr int PL = HD / 32 > 0 ? (HD + 31) / 32 : 1;
     int g = h / a.n_rep, p = a.pos[t];
-    int hi = p + 1, lo = attn_lo(a, p);
+    int hi, lo;
+    attn_range(a, t, p, lo, hi);
     const int32_t *tab = a.tables + a.table[t];
     const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * HD;
     float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
@@ -500,9 +518,7 @@ __device__ __forceinline__ void fa_rows(const attn_args<T> &a, fa_smem<HD> &S, i
     for (int r = threadIdx.x; r < FA_ROWS; r += blockDim.x) {
         int lo = 0, hi = 0;
         if (r < nr) {
-            int p = a.pos[t0 + r];
-            hi = p + 1;
-            lo = attn_lo(a, p);
+            attn_range(a, t0 + r, a.pos[t0 + r], lo, hi);
             if (a.table[t0 + r] != tab0)
                 S.mixed = 1;
             atomicMin(&S.klo, lo);
@@ -721,7 +737,7 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
     attn_args<T> a = {out, q, ldo, ldq, (const T *)kv->k, (const T *)kv->v, kv->k_dim, kv->v_dim,
                       rows->pos, rows->table, rows->tables, rows->block_size, ap->n_head,
                       ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
-                      ap->sinks, ap->chunk};
+                      ap->sinks, ap->chunk, rows->span};
     dim3 grid(ap->n_head, n_tok);
     if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 64)
         fa_launch<T, 64>(c, a, ap->n_head, n_tok);

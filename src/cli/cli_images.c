@@ -1,0 +1,147 @@
+/*
+ * cli_images: pixel_values in, a prompt's image rows out (cli_images.h).
+ */
+#include "cli_images.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/safetensors.h"
+#include "../models/vision.h"
+
+int cli_pixel_values_read(const char *path, const struct model *m, float **out, int *n_img, struct err *e)
+{
+    struct st_set *st = NULL;
+    struct tensor t;
+    const struct vision *v = m->vision;
+    int rc;
+    *out = NULL;
+    *n_img = 0;
+    if (!v)
+        return err_setf(e, ERR_ARG, "model %s does not take images", m->hp.model_type);
+    if ((rc = st_set_open_file(&st, path, e)) < 0)
+        return err_prefix(e, "--pixel-values");
+    if ((rc = st_set_take(st, "pixel_values", &t, e)) < 0) {
+        st_set_free(st);
+        return err_prefix(e, "--pixel-values %s", path);
+    }
+    int C = v->info.n_channels, S = v->info.image_size;
+    bool ok = t.ndim == 4 && t.shape[0] >= 1 && t.shape[0] <= CLI_MAX_IMAGES && t.shape[1] == C &&
+              t.shape[2] == S && t.shape[3] == S && tensor_is_contiguous(&t) && !t.qbits &&
+              (t.dtype == DTYPE_F32 || t.dtype == DTYPE_F16 || t.dtype == DTYPE_BF16);
+    if (!ok) {
+        rc = err_setf(e, ERR_FORMAT, "--pixel-values %s: pixel_values must be F32, F16 or BF16 [n, %d, %d, %d] "
+                      "with 1 <= n <= %d (the model's image size), got %s of %d dims [%lld, %lld, ...]",
+                      path, C, S, S, CLI_MAX_IMAGES, dtype_name(t.dtype), t.ndim, (long long)t.shape[0],
+                      (long long)(t.ndim > 1 ? t.shape[1] : 0));
+        st_set_free(st);
+        return rc;
+    }
+    size_t n = (size_t)tensor_nelem(&t);
+    float *px = malloc(n * sizeof *px);
+    if (!px) {
+        st_set_free(st);
+        return err_setf(e, ERR_NOMEM, "out of memory for %zu pixel values", n);
+    }
+    dtype_to_f32_ref(px, t.data, t.dtype, n);
+    st_set_free(st);
+    *out = px;
+    *n_img = (int)t.shape[0];
+    return 0;
+}
+
+int cli_images_expand(const struct model *m, int32_t **ids, size_t *n, int n_img, struct err *e)
+{
+    const struct vision *v = m->vision;
+    if (!v)
+        return err_setf(e, ERR_ARG, "model %s does not take images", m->hp.model_type);
+    const struct vision_info *vi = &v->info;
+    size_t T = (size_t)vi->tokens_per_image, extra = 0, runs = 0;
+    for (size_t i = 0; i < *n; i++)
+        if ((*ids)[i] == vi->boi_token_id && !(i + 1 < *n && (*ids)[i + 1] == vi->image_token_id))
+            extra += T + 1;
+    int32_t *out = malloc((*n + extra) * sizeof *out);
+    if (!out)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        out[k++] = (*ids)[i];
+        if ((*ids)[i] != vi->boi_token_id || (i + 1 < *n && (*ids)[i + 1] == vi->image_token_id))
+            continue;
+        for (size_t j = 0; j < T; j++)
+            out[k++] = vi->image_token_id;
+        out[k++] = vi->eoi_token_id;
+    }
+    for (size_t i = 0; i < k;) {
+        if (out[i] != vi->image_token_id) {
+            i++;
+            continue;
+        }
+        size_t len = 0;
+        while (i + len < k && out[i + len] == vi->image_token_id)
+            len++;
+        if (len != T) {
+            free(out);
+            return err_setf(e, ERR_ARG, "the prompt holds a run of %zu image tokens where an image takes %zu",
+                            len, T);
+        }
+        runs++;
+        i += len;
+    }
+    if (runs != (size_t)n_img) {
+        free(out);
+        return err_setf(e, ERR_ARG, "%d image%s but the prompt has %zu place%s for one: write the model's "
+                        "start-of-image token (<start_of_image> for Gemma 3) where each image goes",
+                        n_img, n_img == 1 ? "" : "s", runs, runs == 1 ? "" : "s");
+    }
+    free(*ids);
+    *ids = out;
+    *n = k;
+    return 0;
+}
+
+int cli_images_encode(struct cli_images *ci, const struct model *m, struct backend *be, const int32_t *ids,
+                      size_t n_ids, const float *pixels, int n_img, struct err *e)
+{
+    struct vision_ctx *vc = NULL;
+    int rc;
+    memset(ci, 0, sizeof *ci);
+    ci->be = be;
+    if (n_img < 1 || n_img > CLI_MAX_IMAGES)
+        return err_setf(e, ERR_ARG, "%d images (1 to %d)", n_img, CLI_MAX_IMAGES);
+    if ((rc = vision_ctx_new(&vc, m, be, e)) < 0)
+        return rc;
+    size_t rows = vision_embd_bytes(m);
+    if ((rc = be->ops->buf_alloc(be, rows * (size_t)n_img, (void **)&ci->embd, e)) < 0 ||
+        (rc = vision_encode(vc, ci->embd, pixels, n_img, e)) < 0) {
+        vision_ctx_free(vc);
+        cli_images_free(ci);
+        return rc;
+    }
+    vision_ctx_free(vc);
+    /* the runs cli_images_expand checked, in order */
+    int T = m->vision->info.tokens_per_image;
+    for (size_t i = 0; i < n_ids && ci->n < n_img;) {
+        if (ids[i] != m->vision->info.image_token_id) {
+            i++;
+            continue;
+        }
+        ci->img[ci->n] = (struct batch_image){0, (int32_t)i, T,
+                                              ci->embd + (size_t)ci->n * rows / sizeof(float)};
+        ci->n++;
+        i += (size_t)T;
+    }
+    if (ci->n != n_img) {
+        cli_images_free(ci);
+        return err_setf(e, ERR_ARG, "the prompt has places for %d of the %d images", ci->n, n_img);
+    }
+    return 0;
+}
+
+void cli_images_free(struct cli_images *ci)
+{
+    if (ci->embd)
+        ci->be->ops->buf_free(ci->be, ci->embd);
+    ci->embd = NULL;
+    ci->n = 0;
+}

@@ -1,0 +1,130 @@
+/*
+ * vision: the table of vision families (vision.def, X-macro), loading a checkpoint's
+ * tower into m->vision, and encoding images through the family's ops (vision.h).
+ * Images are encoded one at a time: a tower's activations for one 896 px image (4096
+ * patches) are already tens of MiB, and the text model's prefill, not the encoder, is
+ * what batches.
+ */
+#include "vision.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/log.h"
+
+#define VISION(name, ops) extern const struct vision_ops ops;
+#include "vision.def"
+#undef VISION
+
+#define VISION(name, ops) &ops,
+static const struct vision_ops *const k_vision[] = {
+#include "vision.def"
+};
+#undef VISION
+
+const struct vision_ops *vision_find(const char *model_type)
+{
+    for (size_t i = 0; i < sizeof k_vision / sizeof k_vision[0]; i++)
+        if (strcmp(k_vision[i]->model_type, model_type) == 0)
+            return k_vision[i];
+    return NULL;
+}
+
+int vision_load(struct model *m, const cJSON *cfg, struct err *e)
+{
+    const struct vision_ops *ops = vision_find(m->multimodal);
+    if (!ops)
+        return 0;
+    struct vision *v = calloc(1, sizeof *v);
+    if (!v)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    v->ops = ops;
+    int rc = ops->load(v, m, cfg, e);
+    if (rc == 1) {
+        LOG_WARN("%s checkpoint without its vision tower (%s): it runs text only", m->multimodal, e->msg);
+        err_clear(e);
+        vision_free(v);
+        return 0;
+    }
+    if (rc < 0) {
+        vision_free(v);
+        return err_prefix(e, "%s vision tower", m->multimodal);
+    }
+    m->vision = v;
+    return 0;
+}
+
+void vision_free(struct vision *v)
+{
+    if (!v)
+        return;
+    if (v->ops && v->ops->free_family)
+        v->ops->free_family(v);
+    vit_weights_free(&v->vw);
+    free(v);
+}
+
+void vision_each_weight(struct vision *v, void (*fn)(void *ud, struct tensor *t, bool linear), void *ud)
+{
+    if (!v)
+        return;
+    vit_each_weight(&v->vw, &v->vh, fn, ud);
+    if (v->ops->each_weight)
+        v->ops->each_weight(v, fn, ud);
+}
+
+int vision_ctx_new(struct vision_ctx **out, const struct model *m, struct backend *be, struct err *e)
+{
+    int rc;
+    *out = NULL;
+    if (!m->vision)
+        return err_setf(e, ERR_ARG, "model %s does not take images", m->hp.model_type);
+    struct vision_ctx *vc = calloc(1, sizeof *vc);
+    if (!vc)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    vc->m = m;
+    vc->be = be;
+    if ((rc = vit_ctx_new(&vc->vit, &m->vision->vh, &m->vision->vw, be, e)) < 0 ||
+        (rc = m->vision->ops->ctx_new(vc, e)) < 0) {
+        vision_ctx_free(vc);
+        return rc;
+    }
+    *out = vc;
+    return 0;
+}
+
+void vision_ctx_free(struct vision_ctx *vc)
+{
+    if (!vc)
+        return;
+    if (vc->fam)
+        vc->m->vision->ops->ctx_free(vc);
+    vit_ctx_free(vc->vit);
+    free(vc);
+}
+
+size_t vision_pixel_bytes(const struct vision *v)
+{
+    return (size_t)v->info.n_channels * v->info.image_size * v->info.image_size * sizeof(float);
+}
+
+size_t vision_embd_bytes(const struct model *m)
+{
+    return m->vision ? (size_t)m->vision->info.tokens_per_image * m->hp.n_embd * sizeof(float) : 0;
+}
+
+int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e)
+{
+    const struct vision *v = vc->m->vision;
+    if (n_img < 0)
+        return err_setf(e, ERR_ARG, "vision_encode: %d images", n_img);
+    size_t px = vision_pixel_bytes(v) / sizeof(float), rows = vision_embd_bytes(vc->m) / sizeof(float);
+    for (int i = 0; i < n_img; i++) {
+        v->ops->encode_one(vc, out + (size_t)i * rows, pixels + (size_t)i * px);
+        /* the host staging of the patches is rewritten by the next image */
+        int rc = backend_sync(vc->be, e);
+        if (rc < 0)
+            return err_prefix(e, "encoding image %d", i + 1);
+    }
+    return 0;
+}

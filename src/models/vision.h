@@ -1,0 +1,105 @@
+/*
+ * vision: the image side of a multimodal checkpoint (ADR 0087). A family of image-text
+ * models (vision.def: one line per wrapper model_type, e.g. "gemma3") loads its vision tower
+ * and projector beside the text model ADR 0080 loads, into struct vision (owned by struct
+ * model: m->vision, NULL for a text model), and encodes images into rows of the text
+ * model's embedding space: pixel_values (what the image processor gives) in, for each
+ * image tokens_per_image rows of n_embd floats out, in backend memory. The engine then
+ * puts those rows in place of the image placeholder tokens' embeddings (batch.h, struct
+ * batch_image) during the prompt's prefill.
+ *
+ *   vision_load    model_load calls it for a wrapper with a vision family: parses the
+ *                  whole config.json (vision_config, projector keys, image token ids) and
+ *                  binds the tower's tensors; a checkpoint without them (a text-only
+ *                  extraction) loads as text (m->vision stays NULL, a warning says so)
+ *   vision_ctx     the activations of one image on a backend (its own allocation: encoding
+ *                  runs between forward calls, never inside one)
+ *   vision_encode  n images -> n * tokens_per_image rows
+ */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model.h"
+#include "vision_blocks.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What prompt building and the engine need to know about a model's images. */
+struct vision_info {
+    int tokens_per_image;       /* embedding rows per image (Gemma 3: mm_tokens_per_image) */
+    int image_size;             /* pixel_values of one image: [n_channels, image_size, image_size] */
+    int n_channels;
+    int32_t image_token_id;     /* the placeholder each image row replaces */
+    int32_t boi_token_id, eoi_token_id;  /* tokens around an image's rows (-1: none) */
+    bool bidirectional;         /* the text model attends bidirectionally among one image's
+                                 * rows during prefill (Gemma 3's token_type_ids mask) */
+};
+
+struct vision;
+struct vision_ctx;
+
+struct vision_ops {
+    const char *model_type;     /* the wrapper's config.json model_type */
+    const char *description;    /* one line */
+    /* Parse cfg (the whole config.json) and bind the tower and projector from m->st (with
+     * m->hp.quant), filling v->info, v->vh, v->vw and v->family: 0, or 1 (e->msg saying what
+     * is absent) when the checkpoint holds no vision tower at all; any error of a tower that
+     * is there (a missing tensor among them) is returned as it is. */
+    int (*load)(struct vision *v, struct model *m, const cJSON *cfg, struct err *e);
+    void (*free_family)(struct vision *v);
+    /* Every weight view besides the ViT's (projector) for model_prepare. */
+    void (*each_weight)(struct vision *v, void (*fn)(void *ud, struct tensor *t, bool linear), void *ud);
+    /* The family's buffers of one image in vc (vc->fam), and their release. */
+    int (*ctx_new)(struct vision_ctx *vc, struct err *e);
+    void (*ctx_free)(struct vision_ctx *vc);
+    /* One image: pixels [C, S, S] host -> out [tokens_per_image, n_embd] backend memory. */
+    void (*encode_one)(struct vision_ctx *vc, float *out, const float *pixels);
+};
+
+struct vision {
+    const struct vision_ops *ops;
+    struct vision_info info;
+    struct vit_hparams vh;
+    struct vit_weights vw;
+    void *family;               /* the family's weights (Gemma 3's projector), owned */
+};
+
+struct vision_ctx {
+    const struct model *m;      /* borrowed */
+    struct backend *be;         /* borrowed */
+    struct vit_ctx *vit;        /* the tower's activations (vit->b.x: the last image's
+                                 * last_hidden_state after vision_encode), owned */
+    void *fam;                  /* the family's buffers, owned through ops->ctx_free */
+};
+
+/* The vision family of a wrapper model_type, or NULL. */
+const struct vision_ops *vision_find(const char *model_type);
+
+/* model_load's step for a multimodal checkpoint whose wrapper has a vision family:
+ * m->vision loaded, or left NULL (with a warning) when the checkpoint has no tower. */
+int vision_load(struct model *m, const cJSON *cfg, struct err *e);
+void vision_free(struct vision *v);
+
+/* Every weight view of v for model_prepare (fn once per present tensor). */
+void vision_each_weight(struct vision *v, void (*fn)(void *ud, struct tensor *t, bool linear), void *ud);
+
+int vision_ctx_new(struct vision_ctx **out, const struct model *m, struct backend *be, struct err *e);
+void vision_ctx_free(struct vision_ctx *vc);
+
+/* n_img images, pixels [n_img, C, S, S] (host, float32 as the processor gives them) ->
+ * out [n_img * tokens_per_image, n_embd] (backend memory the caller owns). Synchronizes
+ * the backend (its error is returned). -ERR_ARG for a model without vision. */
+int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e);
+
+/* Bytes of one image's pixel_values, and of its rows of embeddings. */
+size_t vision_pixel_bytes(const struct vision *v);
+size_t vision_embd_bytes(const struct model *m);
+
+#ifdef __cplusplus
+}
+#endif

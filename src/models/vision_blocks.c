@@ -1,0 +1,347 @@
+/*
+ * vision_blocks: the ViT tower (vision_blocks.h). Loading binds SigLIP's names to the
+ * canonical slots of struct layer; the forward runs one image as one "sequence" of n_patch
+ * rows through blk_attention, whose kv_rows give every patch the whole image as its
+ * bidirectional span (kv_rows.span), over a K/V buffer of the image's own (one block of
+ * n_patch slots, reused by every layer: a layer's K/V are not read after it).
+ */
+#include "vision_blocks.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../loading/config.h"
+#include "blocks.h"
+
+/* Bounds on an untrusted vision_config: far above every published tower (SigLIP so400m:
+ * 1152 wide, 27 layers, 896 px / 14 = 4096 patches), low enough that no size overflows. */
+#define VIT_MAX_EMBD   8192
+#define VIT_MAX_FF     65536
+#define VIT_MAX_LAYERS 128
+#define VIT_MAX_IMAGE  4096
+#define VIT_MAX_PATCHES 16384
+
+// ---- config ----
+
+static int parse_act(const char *name, enum act_kind *out, struct err *e)
+{
+    if (!strcmp(name, "gelu_pytorch_tanh") || !strcmp(name, "gelu_new") || !strcmp(name, "gelu_fast"))
+        *out = ACT_GELU_TANH;
+    else if (!strcmp(name, "gelu"))
+        *out = ACT_GELU_ERF;
+    else if (!strcmp(name, "silu") || !strcmp(name, "swish"))
+        *out = ACT_SILU;
+    else if (!strcmp(name, "relu"))
+        *out = ACT_RELU;
+    else
+        return err_setf(e, ERR_UNSUPPORTED, "hidden_act '%s' is not supported", name);
+    return 0;
+}
+
+int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
+{
+    char act[64];
+    int rc;
+    memset(vh, 0, sizeof *vh);
+    /* transformers SiglipVisionConfig defaults */
+    if ((rc = cfg_opt_int(vc, "hidden_size", 768, &vh->n_embd, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "intermediate_size", 3072, &vh->n_ff, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "num_hidden_layers", 12, &vh->n_layer, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "num_attention_heads", 12, &vh->n_head, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "num_channels", 3, &vh->n_channels, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "image_size", 224, &vh->image_size, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "patch_size", 16, &vh->patch_size, e)) < 0 ||
+        (rc = cfg_opt_float(vc, "layer_norm_eps", 1e-6f, &vh->norm_eps, e)) < 0 ||
+        (rc = cfg_opt_str(vc, "hidden_act", "gelu_pytorch_tanh", act, sizeof act, e)) < 0 ||
+        (rc = parse_act(act, &vh->act, e)) < 0)
+        return err_prefix(e, "vision_config");
+    if (vh->n_embd < 1 || vh->n_embd > VIT_MAX_EMBD || vh->n_ff < 1 || vh->n_ff > VIT_MAX_FF ||
+        vh->n_layer < 1 || vh->n_layer > VIT_MAX_LAYERS || vh->n_head < 1 || vh->n_embd % vh->n_head)
+        return err_setf(e, ERR_CONFIG, "vision_config: hidden_size %d, intermediate_size %d, "
+                        "num_hidden_layers %d, num_attention_heads %d out of range (hidden_size a "
+                        "multiple of the heads, at most %d wide, %d layers)", vh->n_embd, vh->n_ff,
+                        vh->n_layer, vh->n_head, VIT_MAX_EMBD, VIT_MAX_LAYERS);
+    if (vh->n_channels < 1 || vh->n_channels > 4 || vh->patch_size < 1 || vh->image_size < 1 ||
+        vh->image_size > VIT_MAX_IMAGE || vh->image_size % vh->patch_size)
+        return err_setf(e, ERR_CONFIG, "vision_config: image_size %d, patch_size %d, num_channels %d "
+                        "out of range (image_size a multiple of patch_size, at most %d; 1-4 channels)",
+                        vh->image_size, vh->patch_size, vh->n_channels, VIT_MAX_IMAGE);
+    if (!(vh->norm_eps > 0.0f) || !isfinite(vh->norm_eps))
+        return err_setf(e, ERR_CONFIG, "vision_config.layer_norm_eps %g must be positive", vh->norm_eps);
+    vh->head_dim = vh->n_embd / vh->n_head;
+    vh->side = vh->image_size / vh->patch_size;
+    vh->n_patch = vh->side * vh->side;
+    if (vh->n_patch > VIT_MAX_PATCHES || vh->head_dim > 256)
+        return err_setf(e, ERR_CONFIG, "vision_config: %d patches (at most %d) or head dim %d (at most "
+                        "256)", vh->n_patch, VIT_MAX_PATCHES, vh->head_dim);
+    return 0;
+}
+
+// ---- weights ----
+
+/* The conv weight [out, C, p, p] (torch) or [out, p, p, C] (MLX), bound as the matrix
+ * [out, C p p] in the stored order. */
+static int map_patch(struct vit_weights *vw, struct wmap *w, const struct vit_hparams *vh,
+                     const char *prefix, struct err *e)
+{
+    char name[512];
+    int64_t D = vh->n_embd, C = vh->n_channels, p = vh->patch_size;
+    snprintf(name, sizeof name, "%sembeddings.patch_embedding.weight", prefix);
+    const struct st_tensor *t = st_set_find(w->st, name);
+    bool hwc = t && t->ndim == 4 && t->shape[1] == p && t->shape[3] == C && !(t->shape[1] == C);
+    int64_t chw[4] = {D, C, p, p}, mlx[4] = {D, p, p, C};
+    int rc = wm_tensor(w, &vw->patch_w, WM_REQUIRED, 4, hwc ? mlx : chw, e, "%s", name);
+    if (rc < 0)
+        return rc;
+    vw->layout = hwc ? VIT_PATCH_HWC : VIT_PATCH_CHW;
+    int64_t mat[2] = {D, C * p * p};
+    const char *keep = vw->patch_w.name;
+    tensor_init(&vw->patch_w, vw->patch_w.dtype, vw->patch_w.data, 2, mat);
+    vw->patch_w.name = keep;
+    int64_t pos[2] = {vh->n_patch, D};
+    if ((rc = wm_vec(w, &vw->patch_b, WM_REQUIRED, D, e, "%sembeddings.patch_embedding.bias", prefix)) < 0 ||
+        (rc = wm_tensor(w, &vw->pos_embd, WM_REQUIRED, 2, pos, e, "%sembeddings.position_embedding.weight",
+                        prefix)) < 0)
+        return rc;
+    return 0;
+}
+
+static int map_layer(struct layer *L, struct wmap *w, const struct vit_hparams *vh, const char *prefix,
+                     int il, struct err *e)
+{
+    int64_t D = vh->n_embd, F = vh->n_ff;
+    const char *p = prefix;
+    int rc;
+    if ((rc = wm_vec(w, &L->attn_norm, WM_REQUIRED, D, e, "%sencoder.layers.%d.layer_norm1.weight", p, il)) < 0 ||
+        (rc = wm_vec(w, &L->attn_norm_b, WM_REQUIRED, D, e, "%sencoder.layers.%d.layer_norm1.bias", p, il)) < 0 ||
+        (rc = wm_vec(w, &L->ffn_norm, WM_REQUIRED, D, e, "%sencoder.layers.%d.layer_norm2.weight", p, il)) < 0 ||
+        (rc = wm_vec(w, &L->ffn_norm_b, WM_REQUIRED, D, e, "%sencoder.layers.%d.layer_norm2.bias", p, il)) < 0)
+        return rc;
+    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    struct tensor *ws[4] = {&L->wq, &L->wk, &L->wv, &L->wo}, *bs[4] = {&L->bq, &L->bk, &L->bv, &L->bo};
+    for (int i = 0; i < 4; i++)
+        if ((rc = wm_linear(w, ws[i], WM_REQUIRED, 0, D, D, e, "%sencoder.layers.%d.self_attn.%s", p, il,
+                            proj[i])) < 0 ||
+            (rc = wm_vec(w, bs[i], WM_REQUIRED, D, e, "%sencoder.layers.%d.self_attn.%s.bias", p, il,
+                         proj[i])) < 0)
+            return rc;
+    if ((rc = wm_linear(w, &L->up, WM_REQUIRED, 0, F, D, e, "%sencoder.layers.%d.mlp.fc1", p, il)) < 0 ||
+        (rc = wm_vec(w, &L->up_b, WM_REQUIRED, F, e, "%sencoder.layers.%d.mlp.fc1.bias", p, il)) < 0 ||
+        (rc = wm_linear(w, &L->down, WM_REQUIRED, 0, D, F, e, "%sencoder.layers.%d.mlp.fc2", p, il)) < 0 ||
+        (rc = wm_vec(w, &L->down_b, WM_REQUIRED, D, e, "%sencoder.layers.%d.mlp.fc2.bias", p, il)) < 0)
+        return rc;
+    return 0;
+}
+
+int vit_map_siglip(struct vit_weights *vw, struct wmap *w, const struct vit_hparams *vh,
+                   const char *prefix, struct err *e)
+{
+    int rc;
+    memset(vw, 0, sizeof *vw);
+    vw->layers = calloc((size_t)vh->n_layer, sizeof *vw->layers);
+    if (!vw->layers)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    if ((rc = map_patch(vw, w, vh, prefix, e)) < 0)
+        return rc;
+    for (int il = 0; il < vh->n_layer; il++)
+        if ((rc = map_layer(&vw->layers[il], w, vh, prefix, il, e)) < 0)
+            return rc;
+    if ((rc = wm_vec(w, &vw->post_norm, WM_REQUIRED, vh->n_embd, e, "%spost_layernorm.weight", prefix)) < 0 ||
+        (rc = wm_vec(w, &vw->post_norm_b, WM_REQUIRED, vh->n_embd, e, "%spost_layernorm.bias", prefix)) < 0)
+        return rc;
+    return 0;
+}
+
+void vit_weights_free(struct vit_weights *vw)
+{
+    free(vw->layers);
+    vw->layers = NULL;
+}
+
+void vit_each_weight(struct vit_weights *vw, const struct vit_hparams *vh,
+                     void (*fn)(void *ud, struct tensor *t, bool linear), void *ud)
+{
+    struct tensor *top[] = {&vw->patch_w, &vw->patch_b, &vw->pos_embd, &vw->post_norm, &vw->post_norm_b};
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (tensor_is_present(top[i]))
+            fn(ud, top[i], i == 0);
+    for (int il = 0; vw->layers && il < vh->n_layer; il++) {
+        struct layer *L = &vw->layers[il];
+        struct tensor *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->up, &L->down};
+        struct tensor *vals[] = {&L->attn_norm, &L->attn_norm_b, &L->ffn_norm, &L->ffn_norm_b, &L->bq,
+                                 &L->bk, &L->bv, &L->bo, &L->up_b, &L->down_b};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            fn(ud, mats[i], true);
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+            fn(ud, vals[i], false);
+    }
+}
+
+// ---- context ----
+
+static void *carve(char *base, size_t *off, size_t n)
+{
+    void *p = base ? base + *off : NULL;
+    *off += ((n + 15) & ~(size_t)15) * sizeof(float);
+    return p;
+}
+
+/* Lay out the buffers of one image; with base == NULL only returns the bytes. */
+static size_t vit_layout(struct vit_ctx *vc, char *base)
+{
+    const struct vit_hparams *vh = vc->vh;
+    size_t P = (size_t)vh->n_patch, D = (size_t)vh->n_embd, off = 0;
+    size_t cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
+    struct ctx_bufs b = {0};
+    b.x = carve(base, &off, P * D);
+    b.xn = carve(base, &off, P * D);
+    b.qkv = carve(base, &off, P * 3 * D);
+    b.att = carve(base, &off, P * D);
+    b.o = carve(base, &off, P * D);
+    b.f = carve(base, &off, P * D);
+    b.h = carve(base, &off, P * (size_t)vh->n_ff);
+    b.meta = carve(base, &off, 6 * P + 1);
+    float *k = carve(base, &off, P * D), *v = carve(base, &off, P * D);
+    float *patches = carve(base, &off, P * cpp);
+    if (base) {
+        vc->b = b;
+        vc->kv = (struct kv_layer){k, v, (int)D, (int)D, DTYPE_F32};
+        vc->patches = patches;
+    }
+    return off;
+}
+
+/* Positions 0..P-1, slots = positions, one table of one block of P slots, every row's
+ * span the whole image: uploaded once. */
+static void vit_rows(struct vit_ctx *vc, int32_t *host)
+{
+    int P = vc->vh->n_patch;
+    int32_t *pos = host, *slot = pos + P, *tab = slot + P, *end = tab + P, *span = end + P;
+    int32_t *tables = span + 2 * P;
+    for (int i = 0; i < P; i++) {
+        pos[i] = slot[i] = i;
+        tab[i] = 0;
+        end[i] = P;
+        span[2 * i] = 0;
+        span[2 * i + 1] = P - 1;
+    }
+    tables[0] = 0;
+    int32_t *d = vc->b.meta;
+    vc->rows = (struct kv_rows){.pos = d, .slot = d + P, .table = d + 2 * P, .seq_end = d + 3 * P,
+                                .span = d + 4 * P, .tables = d + 6 * P, .block_size = P};
+}
+
+int vit_ctx_new(struct vit_ctx **out, const struct vit_hparams *vh, const struct vit_weights *vw,
+                struct backend *be, struct err *e)
+{
+    int rc;
+    *out = NULL;
+    struct vit_ctx *vc = calloc(1, sizeof *vc);
+    if (!vc)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    vc->vh = vh;
+    vc->vw = vw;
+    vc->be = be;
+    size_t P = (size_t)vh->n_patch, cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
+    size_t bytes = vit_layout(vc, NULL);
+    int32_t *meta = malloc((6 * P + 1) * sizeof *meta);
+    vc->patches_host = malloc(P * cpp * sizeof *vc->patches_host);
+    if (!meta || !vc->patches_host) {
+        free(meta);
+        vit_ctx_free(vc);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    if ((rc = be->ops->buf_alloc(be, bytes, &vc->arena, e)) < 0) {
+        free(meta);
+        vit_ctx_free(vc);
+        return err_prefix(e, "vision tower activations (%zu MiB)", bytes >> 20);
+    }
+    vit_layout(vc, vc->arena);
+    vit_rows(vc, meta);
+    be->ops->upload(be, vc->b.meta, meta, (6 * P + 1) * sizeof *meta);
+    rc = backend_sync(be, e);
+    free(meta);
+    if (rc < 0) {
+        vit_ctx_free(vc);
+        return rc;
+    }
+    *out = vc;
+    return 0;
+}
+
+void vit_ctx_free(struct vit_ctx *vc)
+{
+    if (!vc)
+        return;
+    if (vc->arena)
+        vc->be->ops->buf_free(vc->be, vc->arena);
+    free(vc->patches_host);
+    free(vc);
+}
+
+// ---- forward ----
+
+/* pixels [C, S, S] -> one row per patch (row-major over the patch grid, as the conv's
+ * flatten(2) orders them), its values in the stored weight's order: (c, ky, kx) for
+ * torch's layout, (ky, kx, c) for MLX's. */
+static void im2col(float *out, const float *px, const struct vit_hparams *vh, enum vit_patch_layout lay)
+{
+    int C = vh->n_channels, p = vh->patch_size, S = vh->image_size, side = vh->side;
+    size_t cpp = (size_t)C * p * p;
+    for (int py = 0; py < side; py++)
+        for (int pxi = 0; pxi < side; pxi++) {
+            float *row = out + ((size_t)py * side + pxi) * cpp;
+            for (int c = 0; c < C; c++)
+                for (int ky = 0; ky < p; ky++)
+                    for (int kx = 0; kx < p; kx++) {
+                        float v = px[((size_t)c * S + (size_t)py * p + ky) * S + (size_t)pxi * p + kx];
+                        size_t j = lay == VIT_PATCH_CHW ? ((size_t)c * p + ky) * p + kx
+                                                        : ((size_t)ky * p + kx) * C + c;
+                        row[j] = v;
+                    }
+        }
+}
+
+void vit_forward(struct vit_ctx *vc, const float *pixels)
+{
+    const struct vit_hparams *vh = vc->vh;
+    const struct vit_weights *vw = vc->vw;
+    struct backend *be = vc->be;
+    const struct backend_ops *op = be->ops;
+    const struct ctx_bufs *b = &vc->b;
+    int P = vh->n_patch, D = vh->n_embd;
+    size_t cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
+
+    /* 1. patch embedding: the stride-p convolution as one product over the patches */
+    im2col(vc->patches_host, pixels, vh, vw->layout);
+    op->upload(be, vc->patches, vc->patches_host, (size_t)P * cpp * sizeof(float));
+    op->linear(be, b->x, D, vc->patches, &vw->patch_w, &vw->patch_b, P);
+    /* 2. + the position embedding of each patch (rows 0..P-1: the positions themselves) */
+    op->embed(be, b->o, &vw->pos_embd, vc->rows.pos, P);
+    op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
+    /* 3. pre-LN blocks, attention over the whole image */
+    struct blk_attn_cfg ac = {
+        .ap = {.n_head = vh->n_head, .n_kv_head = vh->n_head, .head_dim = vh->head_dim,
+               .scale = 1.0f / sqrtf((float)vh->head_dim)},
+        .norm = NORM_LAYER,
+        .norm_eps = vh->norm_eps,
+        .n_embd = D,
+    };
+    for (int il = 0; il < vh->n_layer; il++) {
+        const struct layer *L = &vw->layers[il];
+        struct blk_norm_w n1 = {NORM_LAYER, vh->norm_eps, &L->attn_norm, &L->attn_norm_b, 0.0f};
+        struct blk_norm_w n2 = {NORM_LAYER, vh->norm_eps, &L->ffn_norm, &L->ffn_norm_b, 0.0f};
+        blk_norm(be, b->xn, b->x, &n1, P, D);
+        blk_attention(be, b->o, b->xn, L, &ac, &vc->kv, &vc->rows, b, P);
+        op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
+        blk_norm(be, b->xn, b->x, &n2, P, D);
+        blk_mlp(be, b->f, b->xn, L, vh->act, vh->n_ff, b, P);
+        op->axpy(be, b->x, D, 1.0f, b->f, D, P, D);
+    }
+    /* 4. post_layernorm */
+    struct blk_norm_w pn = {NORM_LAYER, vh->norm_eps, &vw->post_norm, &vw->post_norm_b, 0.0f};
+    if (tensor_is_present(&vw->post_norm))
+        blk_norm(be, b->x, b->x, &pn, P, D);
+}

@@ -1,0 +1,97 @@
+/*
+ * vision_blocks: the vision transformer (ViT) every image tower is made of, over the
+ * backend ops and the decoder's blocks (blocks.h), so a GPU backend runs it unchanged.
+ *
+ *   patches  the image cut into p x p patches on the host (im2col, in the order the
+ *            stored conv weight reads them), one row of C p p values per patch
+ *   embed    x = patches · W_patchᵀ + b (the stride-p convolution as one product)
+ *            + the learned position embedding of each patch
+ *   layers   pre-LN blocks with biases: x += wo(attn(ln1(x))); x += fc2(act(fc1(ln2(x))))
+ *            attention bidirectional over the image's patches (kv_rows.span covers them)
+ *   post     post_layernorm (SigLIP's last_hidden_state)
+ *
+ * A layer is a struct layer (model.h) bound as a decoder layer would be: attn_norm(_b) the
+ * first LayerNorm, wq/wk/wv/wo with bq/bk/bv/bo, ffn_norm(_b) the second, up/up_b = fc1,
+ * down/down_b = fc2; blk_attention and blk_mlp run it. SigLIP (Gemma 3, Idefics3, PaliGemma)
+ * is what binds today; CLIP (LLaVA: pre_layrnorm, quick_gelu), Qwen2-VL (2-D rope, window
+ * attention) and Pixtral (2-D rope) towers reuse the same layer walk with their own
+ * embedding and attention options.
+ */
+#pragma once
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "../loading/wmap.h"
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The tower's shape. */
+struct vit_hparams {
+    int n_embd, n_head, head_dim, n_ff, n_layer;
+    int image_size, patch_size, n_channels;
+    int side;                 /* patches per side: image_size / patch_size */
+    int n_patch;              /* side * side */
+    float norm_eps;           /* layer_norm_eps */
+    enum act_kind act;        /* hidden_act */
+};
+
+/* How the patch embedding's conv weight is stored: torch's [out, C, p, p], or MLX's
+ * [out, p, p, C] (mlx-vlm transposes conv weights to channels-last). */
+enum vit_patch_layout { VIT_PATCH_CHW = 0, VIT_PATCH_HWC = 1 };
+
+struct vit_weights {
+    struct tensor patch_w;    /* [n_embd, C p p]: the conv weight as a matrix (a view) */
+    struct tensor patch_b;    /* [n_embd] */
+    struct tensor pos_embd;   /* [n_patch, n_embd] */
+    struct layer *layers;     /* [n_layer], owned */
+    struct tensor post_norm, post_norm_b;  /* [n_embd] (absent: none) */
+    enum vit_patch_layout layout;
+};
+
+/* SigLIP's vision_config (SiglipVisionConfig defaults for absent keys): hidden_size,
+ * intermediate_size, num_hidden_layers, num_attention_heads, num_channels, image_size,
+ * patch_size, layer_norm_eps, hidden_act. Sizes are bounded (an untrusted config). */
+int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
+
+/* SiglipVisionTransformer's tensors under prefix (e.g. "vision_tower.vision_model."):
+ * embeddings.{patch_embedding, position_embedding}, encoder.layers.N.{layer_norm1,
+ * self_attn.{q,k,v,out}_proj, layer_norm2, mlp.fc1, mlp.fc2}, post_layernorm. The layers
+ * array is allocated here (vit_weights_free). */
+int vit_map_siglip(struct vit_weights *vw, struct wmap *w, const struct vit_hparams *vh,
+                   const char *prefix, struct err *e);
+void vit_weights_free(struct vit_weights *vw);
+
+/* Every weight view of the tower for model_prepare (fn called once per present tensor,
+ * linear: read by linear products only). */
+void vit_each_weight(struct vit_weights *vw, const struct vit_hparams *vh,
+                     void (*fn)(void *ud, struct tensor *t, bool linear), void *ud);
+
+/* Activations of one image through the tower, in one backend allocation. */
+struct vit_ctx {
+    const struct vit_hparams *vh;     /* borrowed */
+    const struct vit_weights *vw;     /* borrowed */
+    struct backend *be;               /* borrowed */
+    void *arena;                      /* owned backend memory */
+    struct ctx_bufs b;                /* x, xn, qkv, att, o, f, h: [n_patch, ...] */
+    struct kv_layer kv;               /* the image's K/V of the layer being run (F32) */
+    struct kv_rows rows;              /* positions, slots, one table, spans of every patch */
+    float *patches;                   /* [n_patch, C p p] backend */
+    float *patches_host;              /* [n_patch, C p p] host staging, owned */
+};
+
+int vit_ctx_new(struct vit_ctx **out, const struct vit_hparams *vh, const struct vit_weights *vw,
+                struct backend *be, struct err *e);
+void vit_ctx_free(struct vit_ctx *vc);
+
+/* One image through the tower: pixels [C, S, S] (host, as the image processor gives
+ * pixel_values) -> vc->b.x [n_patch, n_embd] (backend memory, post_layernorm applied).
+ * Ops may fail asynchronously (backend_sync). */
+void vit_forward(struct vit_ctx *vc, const float *pixels);
+
+#ifdef __cplusplus
+}
+#endif
