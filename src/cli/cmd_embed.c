@@ -339,26 +339,12 @@ struct rerank_opts {
     bool json, no_truncate;
 };
 
-struct ranked {
-    int index;
-    float score;
-};
-
-/* Best first; equal scores in input order. */
-static int ranked_cmp(const void *a, const void *b)
-{
-    const struct ranked *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score < y->score ? 1 : -1;
-    return x->index - y->index;
-}
-
 static int rerank_run(const struct rerank_opts *o, struct err *e)
 {
     struct emb_run r;
     struct emb_item *items = NULL;
     float *scores = NULL;
-    struct ranked *rk = NULL;
+    struct emb_ranked *rk = NULL;
     int rc, n = 0;
     if ((rc = run_open(&r, o->model, o->ids_file ? o->ids_file : o->file, !o->ids_file, o->threads, e)) < 0)
         goto out;
@@ -392,8 +378,8 @@ static int rerank_run(const struct rerank_opts *o, struct err *e)
         progress(tty, "scored", i + k, n);
     }
     for (int i = 0; i < n; i++)
-        rk[i] = (struct ranked){i, scores[i]};
-    qsort(rk, (size_t)n, sizeof *rk, ranked_cmp);
+        rk[i] = (struct emb_ranked){i, scores[i]};
+    emb_rank_sort(rk, n);
     int top = o->top_n > 0 && o->top_n < n ? (int)o->top_n : n;
     if (!o->json) {
         for (int i = 0; i < top; i++)

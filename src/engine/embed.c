@@ -514,3 +514,17 @@ void emb_renormalize(float *v, int k)
     for (int j = 0; j < k; j++)
         v[j] = (float)(v[j] / s);
 }
+
+static int ranked_cmp(const void *a, const void *b)
+{
+    const struct emb_ranked *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return x->index - y->index;
+}
+
+void emb_rank_sort(struct emb_ranked *r, int n)
+{
+    if (n > 1)
+        qsort(r, (size_t)n, sizeof *r, ranked_cmp);
+}

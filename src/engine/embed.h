@@ -94,6 +94,15 @@ float emb_score(const struct emb_config *c, float logit);
 /* v[0, k) = v[0, k) / ||v[0, k)|| (nothing for a zero vector): Matryoshka truncation. */
 void emb_renormalize(float *v, int k);
 
+/* A rerank result: the document's index and its score. */
+struct emb_ranked {
+    int index;
+    float score;
+};
+
+/* Orders r best first, equal scores in input order (the rerank APIs' order). */
+void emb_rank_sort(struct emb_ranked *r, int n);
+
 #ifdef __cplusplus
 }
 #endif

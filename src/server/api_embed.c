@@ -294,20 +294,6 @@ fail:
     return srv_reply_error(c, r, &err);
 }
 
-struct ranked {
-    int index;
-    float score;
-};
-
-/* Best first; equal scores in input order. */
-static int ranked_cmp(const void *a, const void *b)
-{
-    const struct ranked *x = a, *y = b;
-    if (x->score != y->score)
-        return x->score < y->score ? 1 : -1;
-    return x->index - y->index;
-}
-
 /* documents[i] as text: a string, or {"text": string} (Cohere's older shape). */
 static const char *doc_text(const cJSON *d)
 {
@@ -323,7 +309,7 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
     struct embedder *em = s->m.embedder;
     struct emb_item *items = NULL;
     float *scores = NULL;
-    struct ranked *rk = NULL;
+    struct emb_ranked *rk = NULL;
     cJSON *out = NULL;
     int n = 0, top;
     bool truncate, ret_docs;
@@ -398,8 +384,8 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
     if (run_locked(s, items, n, scores, true, &err) < 0)
         goto fail;
     for (int i = 0; i < n; i++)
-        rk[i] = (struct ranked){i, scores[i]};
-    qsort(rk, (size_t)n, sizeof *rk, ranked_cmp);
+        rk[i] = (struct emb_ranked){i, scores[i]};
+    emb_rank_sort(rk, n);
     cJSON *res;
     bool ok = (out = cJSON_CreateObject()) && cJSON_AddStringToObject(out, "object", "list") &&
               cJSON_AddStringToObject(out, "model", s->model_id) && (res = cJSON_AddArrayToObject(out, "results"));
