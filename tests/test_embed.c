@@ -173,10 +173,13 @@ static void embed_case(void **state)
         assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding_batched"), ref, dim), dim);
         snprintf(what, sizeof what, "%s text %d batched", name, i);
         worst = fmax(worst, check_vec(what, batched + (size_t)i * dim, ref, dim));
-        /* equal to alone within 1e-5 of the row, as the batch suite holds decoders: a row's
-         * products may take another kernel (matvec alone, gemm in a batch) on some ISAs */
+        /* equal to alone within 1e-5 of the row on the CPU, as the batch suite holds decoders:
+         * a row's products may take another kernel (matvec alone, gemm in a batch) on some
+         * ISAs. On a GPU the products of 9 rows on take tensor cores over x split in two bf16
+         * parts and below that the GEMV (ADR 0054, 0074): 1.4e-5 and 2.6e-5 measured on an
+         * H100 (bert_st, xlmr_st), held to the issue's embedding bound of 1e-4 */
         double err = test_row_rel_err(batched + (size_t)i * dim, alone + (size_t)i * dim, dim);
-        if (err > 1e-5)
+        if (err > (backend_is_cpu(c.be) ? 1e-5 : 1e-4))
             fail_msg("%s text %d: batched differs from alone by %.3g of the row", name, i, err);
         worst_ba = fmax(worst_ba, err);
     }
