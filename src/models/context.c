@@ -14,10 +14,14 @@
 
 /* Prefill chunk: 512 tokens amortize each weight read over many rows, but the
  * activations of a chunk must stay small next to the weights (peak RSS is
- * budgeted at weights + KV cache + 64 MiB), so wide models get smaller chunks. */
+ * budgeted at weights + KV cache + 64 MiB), so wide models get smaller chunks.
+ * A GPU's arena is device memory, outside that budget: there the chunk stays at 512
+ * rows up to Llama-3.1-70B's width (the 8B shape got 128-row chunks under the host
+ * budget, and its products of more than 128 rows run 2x faster, ADR 0074). */
 #define CTX_MAX_BATCH    512
 #define CTX_MIN_BATCH    32
 #define CTX_ARENA_BUDGET (40u << 20)
+#define CTX_ARENA_BUDGET_DEVICE ((size_t)512 << 20)
 /* Logit rows per chunk: a chunk that wants more (perplexity) is split; at most
  * this many bytes of logits, but never fewer than CTX_MIN_OUT rows. */
 #define CTX_LOGITS_BUDGET (32u << 20)
@@ -154,8 +158,9 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
     } else {
         c->n_batch = CTX_MAX_BATCH;
         /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */
+        size_t budget = backend_is_cpu(be) ? CTX_ARENA_BUDGET : CTX_ARENA_BUDGET_DEVICE;
         while (c->n_batch > CTX_MIN_BATCH &&
-               layout(NULL, hp, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > CTX_ARENA_BUDGET)
+               layout(NULL, hp, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > budget)
             c->n_batch /= 2;
     }
     c->n_out = out_rows_for(hp, c->n_batch);
