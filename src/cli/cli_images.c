@@ -8,8 +8,6 @@
 #include <string.h>
 
 #include "../core/safetensors.h"
-#include "../image/image.h"
-#include "../image/preprocess.h"
 #include "../models/vision.h"
 
 int cli_pixel_values_read(const char *path, const struct model *m, float **out, int *n_img, struct err *e)
@@ -149,132 +147,35 @@ void cli_images_free(struct cli_images *ci)
     ci->n = 0;
 }
 
-/* The tokenizer's piece of id into buf (ERR_FORMAT when it has none). */
-static int piece(const struct tokenizer *tok, int32_t id, const char *what, char *buf, size_t cap, struct err *e)
-{
-    const char *p = id >= 0 ? tok_id_to_piece(tok, id) : NULL;
-    if (!p || !*p || strlen(p) >= cap)
-        return err_setf(e, ERR_FORMAT, "the tokenizer has no %s token (id %d)", what, (int)id);
-    snprintf(buf, cap, "%s", p);
-    return 0;
-}
-
-/* One file through the decoder and the processor: its pixels appended to in->pixels. */
-static int load_one(struct cli_image_input *in, const struct image_proc_config *cfg, const struct vision_info *vi,
-                    const struct image_prompt_strings *ps, const char *path, struct err *e)
-{
-    struct image im = {0};
-    struct image_pixels px = {0};
-    int rc;
-    if ((rc = image_load(&im, path, NULL, e)) < 0)
-        return err_prefix(e, "--image");  /* the message names the file */
-    rc = image_preprocess(&px, cfg, &im, e);
-    image_free(&im);
-    if (rc < 0)
-        return err_prefix(e, "--image %s", path);
-    size_t one = (size_t)vi->n_channels * (size_t)vi->image_size * (size_t)vi->image_size;
-    if (px.channels != (uint32_t)vi->n_channels || px.height != (uint32_t)vi->image_size ||
-        px.width != (uint32_t)vi->image_size || px.n_values != one * px.n_images) {
-        rc = err_setf(e, ERR_CONFIG, "--image %s: the image processor makes %u x %u x %u pixels where the "
-                      "model's vision tower takes %d x %d x %d (preprocessor_config.json's size)",
-                      path, px.channels, px.height, px.width, vi->n_channels, vi->image_size, vi->image_size);
-        goto out;
-    }
-    if (px.n_image_tokens != (uint32_t)vi->tokens_per_image * px.n_images) {
-        rc = err_setf(e, ERR_CONFIG, "--image %s: the processor writes %u image tokens for %u image%s where the "
-                      "model takes %d each (processor_config.json's image_seq_length)", path,
-                      px.n_image_tokens, px.n_images, px.n_images == 1 ? "" : "s", vi->tokens_per_image);
-        goto out;
-    }
-    if (in->n_img + (int)px.n_images > CLI_MAX_IMAGES) {
-        rc = err_setf(e, ERR_RANGE, "--image %s: more than %d images for the tower in one prompt (pan-and-scan "
-                      "crops count)", path, CLI_MAX_IMAGES);
-        goto out;
-    }
-    float *grown = realloc(in->pixels, (size_t)(in->n_img + (int)px.n_images) * one * sizeof *grown);
-    if (!grown) {
-        rc = err_setf(e, ERR_NOMEM, "out of memory for the pixels of %s", path);
-        goto out;
-    }
-    in->pixels = grown;
-    memcpy(grown + (size_t)in->n_img * one, px.pixel_values, px.n_values * sizeof *grown);
-    in->n_img += (int)px.n_images;
-    if (ps && (rc = image_prompt_text(&in->text[in->n_files], cfg, &px, ps, e)) < 0)
-        goto out;
-    in->n_files++;
-out:
-    image_pixels_free(&px);
-    return rc;
-}
-
 int cli_image_input_load(struct cli_image_input *in, const char *dir, const struct model *m,
                          const struct tokenizer *tok, const char *const *paths, int n_paths, struct err *e)
 {
-    struct image_proc_config cfg;
-    char image[64], eoi[64];
     int rc;
     memset(in, 0, sizeof *in);
-    if (!m->vision)
-        return err_setf(e, ERR_ARG, "model %s (%s) does not take images", dir, m->hp.model_type);
     if (n_paths < 1 || n_paths > CLI_MAX_IMAGES)
         return err_setf(e, ERR_ARG, "%d images (1 to %d)", n_paths, CLI_MAX_IMAGES);
-    const struct vision_info *vi = &m->vision->info;
-    if ((rc = image_proc_config_load(&cfg, dir, m->hp.model_type, e)) < 0)
-        return err_prefix(e, "--image needs the checkpoint's image processor");
-    /* the placeholders' text (for a text prompt; ids given as ids are expanded as ids) */
-    if (tok && ((rc = piece(tok, vi->boi_token_id, "start-of-image", in->boi, sizeof in->boi, e)) < 0 ||
-        (rc = piece(tok, vi->image_token_id, "image", image, sizeof image, e)) < 0 ||
-        (rc = piece(tok, vi->eoi_token_id, "end-of-image", eoi, sizeof eoi, e)) < 0))
-        return rc;
-    struct image_prompt_strings ps = {.image = image, .boi = in->boi, .eoi = eoi};
-    for (int i = 0; i < n_paths; i++)
-        if ((rc = load_one(in, &cfg, vi, tok ? &ps : NULL, paths[i], e)) < 0) {
+    if ((rc = image_setup_init(&in->su, dir, m, tok, e)) < 0)
+        return m->vision ? err_prefix(e, "--image needs the checkpoint's image processor") : rc;
+    image_input_init(&in->in, &in->su);
+    for (int i = 0; i < n_paths; i++) {
+        struct image im = {0};
+        if ((rc = image_load(&im, paths[i], NULL, e)) < 0) {
             cli_image_input_free(in);
-            return rc;
+            return err_prefix(e, "--image");  /* the message names the file */
         }
+        rc = image_input_add(&in->in, &im, e);
+        image_free(&im);
+        if (rc < 0) {
+            cli_image_input_free(in);
+            return err_prefix(e, "--image %s", paths[i]);
+        }
+    }
     return 0;
 }
 
 void cli_image_input_free(struct cli_image_input *in)
 {
-    free(in->pixels);
-    for (int i = 0; i < CLI_MAX_IMAGES; i++)
-        free(in->text[i]);
-    memset(in, 0, sizeof *in);
-}
-
-int cli_image_input_substitute(const struct cli_image_input *in, const char *text, size_t len, char **out,
-                               size_t *out_len, struct err *e)
-{
-    size_t nb = strlen(in->boi), total = len, at = 0, n = 0;
-    int k = 0;
-    /* sizes first: every placeholder matched by a file grows by its text less the boi */
-    for (size_t i = 0; nb && i + nb <= len && k < in->n_files;) {
-        if (memcmp(text + i, in->boi, nb) == 0) {
-            total += strlen(in->text[k++]) - nb;
-            i += nb;
-        } else {
-            i++;
-        }
-    }
-    char *o = malloc(total + 1);
-    if (!o)
-        return err_setf(e, ERR_NOMEM, "out of memory for the prompt");
-    k = 0;
-    while (at < len) {
-        if (nb && k < in->n_files && at + nb <= len && memcmp(text + at, in->boi, nb) == 0) {
-            size_t t = strlen(in->text[k]);
-            memcpy(o + n, in->text[k++], t);
-            n += t;
-            at += nb;
-        } else {
-            o[n++] = text[at++];
-        }
-    }
-    o[n] = 0;
-    *out = o;
-    *out_len = n;
-    return 0;
+    image_input_free(&in->in);
 }
 
 int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,

@@ -16,6 +16,7 @@
 #include "../core/err.h"
 #include "../engine/batch.h"
 #include "../models/model.h"
+#include "../engine/image_input.h"
 #include "../tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
@@ -51,31 +52,18 @@ int cli_images_encode(struct cli_images *ci, const struct model *m, struct backe
                       size_t n_ids, const float *pixels, int n_img, struct err *e);
 void cli_images_free(struct cli_images *ci);
 
-/* --image FILE...: each file decoded (image_load, the default limits), run through the
- * checkpoint's processor (image_proc_config_load of dir: preprocessor_config.json /
- * processor_config.json), its pixels appended to pixels ([n_img, C, S, S]; a pan-and-scan
- * image is 1 + num_crops of them) and the text its placeholder becomes (image_prompt_text:
- * Gemma 3's "\n\n<start_of_image><image_soft_token> x T<end_of_image>\n\n") kept in text[i]
- * with boi, the placeholder the chat template writes (the tokenizer's piece of the model's
- * boi_token_id; tok NULL, for a prompt given as ids: no text). A model without a vision
- * tower: ERR_ARG naming it. */
+/* --image FILE...: each file decoded (image_load, the default limits) and run through the
+ * checkpoint's processor (image_input.h): in.pixels [in.n_img, C, S, S] for the tower, and the
+ * text each placeholder becomes (tok NULL, for a prompt given as ids: no text). A model without
+ * a vision tower: ERR_ARG naming it. */
 struct cli_image_input {
-    float *pixels;                   /* malloc'd */
-    int n_img;                       /* images for the tower (crops included) */
-    char *text[CLI_MAX_IMAGES];      /* per file: its placeholder's expansion, malloc'd */
-    int n_files;
-    char boi[64];                    /* the placeholder, e.g. "<start_of_image>" */
+    struct image_setup su;
+    struct image_input in;
 };
 int cli_image_input_load(struct cli_image_input *in, const char *dir, const struct model *m,
                          const struct tokenizer *tok, const char *const *paths, int n_paths,
                          struct err *e);
 void cli_image_input_free(struct cli_image_input *in);
-
-/* text[0, len) with its k-th placeholder (in->boi) replaced by in->text[k], as transformers'
- * processor replaces them before tokenizing (*out malloc'd, NUL-terminated). Placeholders past
- * the files are left as they are (cli_images_expand then reports the mismatch). */
-int cli_image_input_substitute(const struct cli_image_input *in, const char *text, size_t len, char **out,
-                               size_t *out_len, struct err *e);
 
 /* pixels [n_img, C, S, S] (C, S: m's tower's) written as a safetensors file with one F32 tensor "pixel_values"
  * (what --pixel-values reads). */

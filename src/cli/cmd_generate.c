@@ -396,7 +396,7 @@ static bool contains(const char *text, size_t len, const char *needle)
  * encoded with the tokenizer's special tokens. *head / *tail: what --truncate keeps by
  * default (chat_keep; else the BOS token when the prompt starts with it). */
 static int encode_prompt(const struct gen_cli *o, const char *dir, const struct tokenizer *tok,
-                         const struct cli_image_input *img, int32_t **ids, size_t *n, int *head, int *tail,
+                         const struct image_input *img, int32_t **ids, size_t *n, int *head, int *tail,
                          struct err *e)
 {
     *head = *tail = 0;
@@ -427,8 +427,8 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
                           "cannot carry (--no-chat encodes the text as it is, NUL included)",
                           (size_t)((const char *)memchr(t, '\0', len) - t));
             goto out;
-        } else if ((rc = render_chat(o, ct, t, len, img && !contains(t, len, img->boi) ?
-                                     img->n_files : 0, &chat, &chat_len, e)) < 0) {
+        } else if ((rc = render_chat(o, ct, t, len, img && !contains(t, len, img->su->boi) ?
+                                     img->n_added : 0, &chat, &chat_len, e)) < 0) {
             goto out;
         } else {
             LOG_INFO("chat template applied: %zu bytes of prompt text", chat_len);
@@ -439,15 +439,15 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
     bool templated = chat != NULL;
     const char *src = templated ? chat : t;
     size_t src_len = templated ? chat_len : len;
-    if (img && !templated && !contains(t, len, img->boi)) {
+    if (img && !templated && !contains(t, len, img->su->boi)) {
         /* no template and no placeholder: the images go before the text */
-        size_t nb = strlen(img->boi), n_pre = nb * (size_t)img->n_files;
+        size_t nb = strlen(img->su->boi), n_pre = nb * (size_t)img->n_added;
         if (!(pre = malloc(n_pre + len + 1))) {
             rc = err_setf(e, ERR_NOMEM, "out of memory for the prompt");
             goto out;
         }
-        for (int i = 0; i < img->n_files; i++)
-            memcpy(pre + nb * (size_t)i, img->boi, nb);
+        for (int i = 0; i < img->n_added; i++)
+            memcpy(pre + nb * (size_t)i, img->su->boi, nb);
         memcpy(pre + n_pre, t, len);
         pre[n_pre + len] = 0;
         src = pre;
@@ -456,7 +456,7 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
     if (img) {
         /* as transformers' processor: each placeholder replaced by its image's text, then the
          * whole prompt tokenized */
-        if ((rc = cli_image_input_substitute(img, src, src_len, &sub, &src_len, e)) < 0)
+        if ((rc = image_input_substitute(img, src, src_len, &sub, &src_len, e)) < 0)
             goto out;
         src = sub;
     }
@@ -524,10 +524,10 @@ int cmd_generate(int argc, char **argv)
     if (o.n_images && ((rc = cli_model_load(&m, dir, &e)) < 0 ||
                        (rc = cli_image_input_load(&input, dir, m, tok, o.images, o.n_images, &e)) < 0))
         goto fail;
-    if (input.n_img && o.pixel_values_out &&
-        (rc = cli_pixel_values_write(o.pixel_values_out, m, input.pixels, input.n_img, &e)) < 0)
+    if (input.in.n_img && o.pixel_values_out &&
+        (rc = cli_pixel_values_write(o.pixel_values_out, m, input.in.pixels, input.in.n_img, &e)) < 0)
         goto fail;
-    if ((rc = encode_prompt(&o, dir, tok, o.n_images && !o.prompt_ids ? &input : NULL, &prompt, &n_prompt,
+    if ((rc = encode_prompt(&o, dir, tok, o.n_images && !o.prompt_ids ? &input.in : NULL, &prompt, &n_prompt,
                             &keep_head, &keep_tail, &e)) < 0)
         goto fail;
     if (n_prompt == 0) {
@@ -541,10 +541,10 @@ int cmd_generate(int argc, char **argv)
     /* the images' places in the prompt before the cache is sized for it (ADR 0087) */
     if (o.pixel_values && (rc = cli_pixel_values_read(o.pixel_values, m, &pixels, &n_img, &e)) < 0)
         goto fail;
-    if (input.n_img) {
-        pixels = input.pixels;  /* taken */
-        input.pixels = NULL;
-        n_img = input.n_img;
+    if (input.in.n_img) {
+        pixels = input.in.pixels;  /* taken */
+        input.in.pixels = NULL;
+        n_img = input.in.n_img;
     }
     if (n_img && (rc = cli_images_expand(m, &prompt, &n_prompt, n_img, &e)) < 0)
         goto fail;
