@@ -18,6 +18,7 @@
 #include "../core/log.h"
 #include "../core/termsafe.h"
 #include "../engine/embedder.h"
+#include "../engine/image_input.h"
 #include "../engine/runner.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
@@ -260,6 +261,8 @@ struct served {
     struct runner *run;
     struct backend *enc_be;          /* an encoder's backend (embeddings / rerank), owned */
     struct embedder *em;             /* an encoder served instead of a generating model */
+    struct image_setup img;          /* a model with a vision tower: its image parts' setup */
+    char img_err[400];               /* why it takes none, when it has a tower */
 };
 
 static void served_free(struct served *sv)
@@ -353,6 +356,17 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
                                 .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = spec};
+    if (sv->m->vision) {
+        /* image parts need the checkpoint's image processor; without it they answer 400 */
+        struct err ie = {0};
+        if (image_setup_init(&sv->img, dir, sv->m, sv->tok, &ie) == 0) {
+            sm->images = &sv->img;
+        } else {
+            snprintf(sv->img_err, sizeof sv->img_err, "its image processor did not load: %s", ie.msg);
+            sm->images_error = sv->img_err;
+            fprintf(stderr, "mlxcel serve: image parts will answer 400: %s\n", sv->img_err);
+        }
+    }
     if (o->spec.mode != SPEC_NONE && !gen_spec_supported(sv->en.ctx, sv->en.kv))
         fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its recurrent layers "
                 "cannot step back, or its rope follows the sequence's length)\n");

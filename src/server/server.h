@@ -64,12 +64,17 @@ struct server_model {
     int tool_format;                     /* enum outparse_format the chat template teaches */
     bool reasoning;                      /* the template emits <think> reasoning */
     struct spec_params spec;             /* speculative decoding of every request (serve --spec) */
+    /* image parts: the model's image setup (processor and placeholder text), NULL when it takes
+     * none; then images_error says why (NULL: it has no vision tower) */
+    const struct image_setup *images;
+    const char *images_error;
     /* an encoder (embeddings, reranking) instead of a generating model: runner, tmpl and
      * gvocab are NULL, tok may be (token-id inputs only); borrowed */
     struct embedder *embedder;
 };
 
 struct embedder;
+struct image_setup;
 struct server;
 
 /* Binds and starts answering (503 for everything but /health until the model is set). */
