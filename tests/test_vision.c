@@ -518,8 +518,8 @@ static void refusals(void **state)
     struct batch_image off = {0, 30, T, embd};
     r.b->img = &off;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
-    /* 5. the scheduler refuses an image prompt (its encode step is the server's work) rather
-     *    than run the placeholders as text */
+    /* 5. the scheduler refuses rows encoded elsewhere (gen_params.images carry no content hash
+     *    for its prefix key; it takes pixels, sched_submit_images: sched_images below) */
     struct sched *sc = NULL;
     struct gen_params gp = {.n_predict = 1, .images = &img, .n_images = 1};
     sampler_params_default(&gp.sampling);
