@@ -151,7 +151,8 @@ static void check_request(const struct oai_request *r, enum oai_endpoint ep)
             abort();
         check_messages(r->messages, r->n_images);
         for (int i = 0; i < r->n_images; i++)
-            if (!r->images[i].data || r->images[i].len < 1 || r->images[i].len > OAI_MAX_IMAGE_BYTES)
+            if (r->images[i].url ? r->images[i].data || strlen(r->images[i].url) > OAI_MAX_IMAGE_URL
+                                 : !r->images[i].data || r->images[i].len < 1 || r->images[i].len > OAI_MAX_IMAGE_BYTES)
                 abort();
         check_tools_format(r);
     } else {

@@ -217,8 +217,15 @@ static void chat_images(void **state)
     assert_true(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 0), "content")));
     oai_request_free(&r);
     const char *P = "messages[0].content[0].image_url.url";
+    /* an http(s) URL is kept for the server (fetched only with serve --allow-image-urls) */
+    accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+           "{\"url\":\"https://example.com/a.png\"}}]}]}");
+    assert_int_equal(r.n_images, 1);
+    assert_null(r.images[0].data);
+    assert_string_equal(r.images[0].url, "https://example.com/a.png");
+    oai_request_free(&r);
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
-                "{\"url\":\"https://example.com/a.png\"}}]}]}", P, "--allow-image-urls");
+                "{\"url\":\"ftp://example.com/a.png\"}}]}]}", P, "data: URL");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
                 "{\"url\":\"data:image/png;base64,aGV$bG8=\"}}]}]}", P, "not base64");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"

@@ -208,11 +208,22 @@ static int add_image_part(cJSON *parts, const cJSON *block, const char *where, s
                 *data = src ? member(src, "data") : NULL;
     if (!cJSON_IsObject(src) || !cJSON_IsString(ty))
         return bad(err, "%s.source: an image block needs a 'source' object with a string 'type'", where);
-    if (strcmp(ty->valuestring, "url") == 0)
-        return bad(err, "%s.source: image URLs are not fetched by this server (that needs `mlxcel serve "
-                   "--allow-image-urls`, which is not built): send the image as base64", where);
+    if (strcmp(ty->valuestring, "url") == 0) {
+        /* an http(s) URL, fetched where OpenAI's are (serve --allow-image-urls) */
+        const cJSON *u = member(src, "url");
+        if (!cJSON_IsString(u) || (strncmp(u->valuestring, "http://", 7) && strncmp(u->valuestring, "https://", 8)))
+            return bad(err, "%s.source.url: a url image source needs an http(s) 'url'", where);
+        cJSON *p = cJSON_CreateObject(), *iu;
+        if (!p || !cJSON_AddItemToArray(parts, p)) {
+            cJSON_Delete(p);
+            return nomem(err);
+        }
+        return cJSON_AddStringToObject(p, "type", "image_url") && (iu = cJSON_AddObjectToObject(p, "image_url")) &&
+                       cJSON_AddStringToObject(iu, "url", u->valuestring)
+                   ? 0 : nomem(err);
+    }
     if (strcmp(ty->valuestring, "base64") != 0)
-        return bad(err, "%s.source.type: '%.32s' is not supported (only 'base64')", where, ty->valuestring);
+        return bad(err, "%s.source.type: '%.32s' is not supported ('base64', 'url')", where, ty->valuestring);
     bool known = false;
     for (size_t i = 0; cJSON_IsString(mt) && i < sizeof k_types / sizeof k_types[0]; i++)
         known |= strcmp(mt->valuestring, k_types[i]) == 0;

@@ -24,6 +24,7 @@
 
 #include "../grammar/grammar.h"
 #include "../models/vision.h"
+#include "image_fetch.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 
@@ -128,9 +129,19 @@ static int take_images(struct gen *g, struct oai_error *err)
                           m->images_error ? m->images_error : "");
     image_input_init(&g->imgs, m->images);
     for (int i = 0; i < g->q.n_images; i++) {
+        struct oai_image *qi = &g->q.images[i];
         struct image im = {0};
         struct err e = {0};
-        int rc = image_decode(&im, g->q.images[i].data, g->q.images[i].len, NULL, &e);
+        int rc;
+        if (qi->url && !g->s->o.allow_image_urls)
+            return oai_errorf(err, 400, "invalid_request_error", NULL, qi->param,
+                              "image URLs are not fetched by this server (start it with `mlxcel serve "
+                              "--allow-image-urls` for that): send the image as a data: URL "
+                              "(data:image/png;base64,...)");
+        if (qi->url && (rc = image_fetch(qi->url, OAI_MAX_IMAGE_BYTES, &qi->data, &qi->len, &e)) < 0)
+            return rc == -ERR_NOMEM ? oom(err)
+                                    : oai_errorf(err, 400, "invalid_request_error", NULL, qi->param, "%s", e.msg);
+        rc = image_decode(&im, qi->data, qi->len, NULL, &e);
         if (rc == 0) {
             rc = image_input_add(&g->imgs, &im, &e);
             image_free(&im);
@@ -138,8 +149,8 @@ static int take_images(struct gen *g, struct oai_error *err)
         if (rc == -ERR_NOMEM)
             return oom(err);
         if (rc < 0)
-            return oai_errorf(err, 400, "invalid_request_error", NULL, g->q.images[i].param,
-                              "the image could not be used: %s", e.msg);
+            return oai_errorf(err, 400, "invalid_request_error", NULL, qi->param, "the image could not be used: %s",
+                              e.msg);
     }
     return 0;
 }

@@ -398,10 +398,23 @@ static int take_image_url(struct oai_request *r, struct oai_error *err, const ch
     char q[QUOTE_MAX + 4];
     if (r->n_images >= OAI_MAX_IMAGES)
         return bad(err, param, "a request takes at most %d images", OAI_MAX_IMAGES);
-    if (strncasecmp(url, "http://", 7) == 0 || strncasecmp(url, "https://", 8) == 0)
-        return bad(err, param, "image URLs are not fetched by this server (that needs `mlxcel serve "
-                   "--allow-image-urls`, which is not built): send the image as a data: URL "
-                   "(data:image/png;base64,...)");
+    if (strncasecmp(url, "http://", 7) == 0 || strncasecmp(url, "https://", 8) == 0) {
+        /* kept: the server fetches it only when started with --allow-image-urls */
+        size_t n = strlen(url);
+        if (n > OAI_MAX_IMAGE_URL)
+            return bad(err, param, "'%s' is over %d bytes", param, OAI_MAX_IMAGE_URL);
+        struct oai_image *grown = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *grown);
+        if (!grown)
+            return nomem(err);
+        r->images = grown;
+        struct oai_image *im = &r->images[r->n_images];
+        memset(im, 0, sizeof *im);
+        if (!(im->url = copy_bytes(url, n)))
+            return nomem(err);
+        snprintf(im->param, sizeof im->param, "%s", param);
+        r->n_images++;
+        return 0;
+    }
     if (strncasecmp(url, "data:", 5) != 0)
         return bad(err, param, "'%s' must be a data: URL (data:image/png;base64,...), got '%s'", param,
                    quote(q, url));
@@ -453,6 +466,7 @@ static int take_image_url(struct oai_request *r, struct oai_error *err, const ch
     struct oai_image *im = &r->images[r->n_images++];
     im->data = out;
     im->len = k;
+    im->url = NULL;
     snprintf(im->param, sizeof im->param, "%s", param);
     return 0;
 }
@@ -1088,8 +1102,10 @@ void oai_request_free(struct oai_request *r)
 {
     free(r->model);
     cJSON_Delete(r->messages);
-    for (int i = 0; i < r->n_images; i++)
+    for (int i = 0; i < r->n_images; i++) {
         free(r->images[i].data);
+        free(r->images[i].url);
+    }
     free(r->images);
     free(r->prompt);
     free(r->prompt_ids);

@@ -80,10 +80,13 @@ struct oai_bias {
     float bias;            /* [-100, 100] */
 };
 
-/* An image part's bytes (base64-decoded from its data: URL; not yet decoded as an image). */
+/* An image part's bytes (base64-decoded from its data: URL; not yet decoded as an image), or
+ * its http(s) URL (fetched only with `serve --allow-image-urls`). */
+#define OAI_MAX_IMAGE_URL 8192    /* bytes of an http(s) image URL */
 struct oai_image {
-    unsigned char *data;          /* malloc'd */
+    unsigned char *data;          /* malloc'd; NULL for a URL */
     size_t len;                   /* 1 .. OAI_MAX_IMAGE_BYTES */
+    char *url;                    /* malloc'd http(s) URL, NULL for data */
     char param[128];              /* where the request has it: "messages[1].content[0]" */
 };
 

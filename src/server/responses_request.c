@@ -182,11 +182,10 @@ static int push_parts(struct rs_parse *p, const cJSON *content, const char *para
                            "image_url as a data: URL", pp);
             if (!cJSON_IsString(v = field(part, "image_url")))
                 return bad(p->err, pp, "'%s.image_url' must be a string (a data: URL)", pp);
-            if (strncasecmp(v->valuestring, "data:", 5) != 0)
-                return bad(p->err, pp, "'%s.image_url' must be a data: URL (data:image/png;base64,...)%s", pp,
-                           strncasecmp(v->valuestring, "http", 4) == 0
-                               ? "; image URLs are not fetched by this server (that needs `mlxcel serve "
-                                 "--allow-image-urls`, which is not built)" : "");
+            if (strncasecmp(v->valuestring, "data:", 5) != 0 && strncasecmp(v->valuestring, "http://", 7) != 0 &&
+                strncasecmp(v->valuestring, "https://", 8) != 0)
+                return bad(p->err, pp, "'%s.image_url' must be a data: URL (data:image/png;base64,...) or an "
+                           "http(s) URL", pp);
             if (!cJSON_AddStringToObject(o, "type", "image_url") || !(iu = cJSON_AddObjectToObject(o, "image_url")) ||
                 !cJSON_AddStringToObject(iu, "url", v->valuestring))
                 return nomem(p->err);

@@ -37,6 +37,7 @@ struct server_opts {
     int request_timeout_s;       /* the whole request, body included (0: 300) */
     int max_connections;         /* served at once; SRV_CONN_RESERVE more are answered 503 */
     bool log_json;               /* access log lines as JSON */
+    bool allow_image_urls;       /* fetch image parts' http(s) URLs (image_fetch.h); else 400 */
     /* Host names accepted besides IP literals and localhost ("*": any; ".x.org": x.org and its
      * subdomains) and origins allowed cross-origin requests ("*": any); borrowed, they outlive
      * the server */

@@ -9,8 +9,12 @@
 //    same text does not;
 //  - hostile images (truncated, wrong magic, 0 bytes, a 60000 x 60000 header, not base64) and
 //    http(s) URLs are 400s in each API's error shape, and the server keeps serving;
-//  - a text model (llama-tiny) answers an image part with a 400 naming the model.
+//  - a text model (llama-tiny) answers an image part with a 400 naming the model;
+//  - `serve --allow-image-urls`: an http URL (a local server's) is fetched, redirects followed up
+//    to 3, and nothing of the client's request (its Authorization) forwarded; a 404, a redirect
+//    loop, a body over 20 MiB, a server that never answers (10 s) and a non-http URL are 400s.
 import { describe, it, before, after } from 'node:test';
+import { createServer } from 'node:http';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -22,6 +26,7 @@ import { MODEL, SLOW, startServer, client, post, assertError } from './harness.m
 const BIN = process.env.MLXCEL_BIN;
 const work = mkdtempSync(join(tmpdir(), 'mlxcel-vision-'));
 const ck = join(work, 'gemma3v');
+process.on('exit', () => rmSync(work, { recursive: true, force: true }));
 if (BIN) execFileSync('python3', ['tests/cli/make_vision_checkpoint.py', ck], { stdio: ['ignore', 'ignore', 'inherit'] });
 const IMG = 'tests/fixtures/images';
 const b64 = (f) => readFileSync(join(IMG, f)).toString('base64');
@@ -46,10 +51,7 @@ describe('vision: images through the APIs', () => {
         srv = await startServer(['-m', ck]);
         oai = client(srv.base);
     });
-    after(async () => {
-        await srv?.stop();
-        rmSync(work, { recursive: true, force: true });
-    });
+    after(async () => { await srv?.stop(); });
 
     it('openai chat: an image_url data: URL equals generate --image; the image counts in usage', async () => {
         const want = cli('vis_photo.jpg');
@@ -147,5 +149,78 @@ describe('vision: a text model', () => {
         const r = await post(srv.base, '/v1/chat/completions', chatBody(dataUrl('vis_photo.jpg'), { model: MODEL }));
         const e = assertError(r, 400, 'text model', { param: 'messages[0].content[0].image_url.url' });
         assert.match(e.message, new RegExp(`'${MODEL}' does not take images`));
+    });
+});
+
+describe('vision: serve --allow-image-urls', () => {
+    let srv, web, base;
+    const seen = [];
+    const photo = readFileSync(join(IMG, 'vis_photo.jpg'));
+    before(async () => {
+        web = createServer((req, res) => {
+            seen.push({ url: req.url, headers: req.headers });
+            if (req.url === '/photo.jpg') return res.end(photo);
+            if (req.url === '/redirect') return res.writeHead(302, { location: '/photo.jpg' }).end();
+            if (req.url.startsWith('/loop')) return res.writeHead(302, { location: `/loop${seen.length}` }).end();
+            if (req.url === '/big') {
+                res.writeHead(200, { 'content-length': String(30 << 20) });
+                return res.end(Buffer.alloc(1 << 16));  // a lie: the fetch refuses the length first
+            }
+            if (req.url === '/chunked-big') {
+                res.writeHead(200);
+                const chunk = Buffer.alloc(1 << 20);
+                let n = 0;
+                const more = () => { while (n++ < 24) if (!res.write(chunk)) return res.once('drain', more); res.end(); };
+                return more();
+            }
+            if (req.url === '/slow') return;  // never answers (closed when the test ends)
+            res.writeHead(404).end('no');
+        });
+        await new Promise((r) => web.listen(0, '127.0.0.1', r));
+        base = `http://127.0.0.1:${web.address().port}`;
+        srv = await startServer(['-m', ck, '--allow-image-urls']);
+    });
+    after(async () => {
+        await srv?.stop();
+        web?.closeAllConnections();
+        await new Promise((r) => web ? web.close(r) : r());
+    });
+
+    it('fetches an http URL (redirects too), forwarding nothing of the request', async () => {
+        const want = cli('vis_photo.jpg');
+        for (const path of ['/photo.jpg', '/redirect']) {
+            seen.length = 0;
+            const r = await post(srv.base, '/v1/chat/completions', chatBody(`${base}${path}`),
+                { headers: { authorization: 'Bearer secret-of-the-client', cookie: 'a=b' } });
+            assert.equal(r.status, 200, r.text);
+            assert.equal(r.json.choices[0].message.content, want, path);
+            assert.equal(r.json.usage.prompt_tokens, PROMPT_TOKENS);
+            assert.ok(seen.length >= 1);
+            for (const s of seen) {
+                assert.equal(s.headers.authorization, undefined, JSON.stringify(s.headers));
+                assert.equal(s.headers.cookie, undefined, JSON.stringify(s.headers));
+                assert.equal(s.headers['user-agent'], 'mlxcel');
+            }
+        }
+    });
+
+    it('bounds what it fetches: 400s, and the server keeps serving', { timeout: 60_000 * SLOW }, async () => {
+        const cases = [
+            ['/missing', /HTTP status 404/],
+            ['/loop', /redirects/],
+            ['/big', /over \d+ bytes/],
+            ['/chunked-big', /over \d+ bytes/],
+            ['/slow', /10 seconds/],
+        ];
+        for (const [path, re] of cases) {
+            const r = await post(srv.base, '/v1/chat/completions', chatBody(`${base}${path}`));
+            const e = assertError(r, 400, path, { param: 'messages[0].content[0].image_url.url' });
+            assert.match(e.message, re, path);
+            srv.assertAlive(path);
+        }
+        const ftp = await post(srv.base, '/v1/chat/completions', chatBody('ftp://127.0.0.1/x.png'));
+        assertError(ftp, 400, 'ftp');
+        const ok = await post(srv.base, '/v1/chat/completions', chatBody(`${base}/photo.jpg`));
+        assert.equal(ok.status, 200, ok.text);
     });
 });
