@@ -736,6 +736,21 @@ static void sched_images(void **state)
     free(t.logits);
     free(b.logits);
 
+    /* a step budget below an image's rows (8 < 16, as serve's 128 < Gemma 3's 256): the image
+     * goes whole in one step past it, and the output is the same */
+    {
+        struct sched *small = NULL;
+        struct sched_params sp8 = {.max_batch_tokens = 8, .no_prefix_cache = true};
+        assert_int_equal(sched_new(&small, r.c, r.kv, &sp8, &e), 0);
+        si_submit(small, ids, L, pos, pxA, &a, V);
+        si_run(small);
+        assert_true(a.done && a.rc == 0 && a.n == SI_N);
+        if (si_diff(&a, &refA) > 1e-5)
+            fail_msg("budget 8: logits %.3g from alone", si_diff(&a, &refA));
+        free(a.logits);
+        sched_free(small);
+    }
+
     /* refusals: image tokens no image fills, an image off its tokens, a text model's */
     struct sched_image bad = {pos + 1, pxA};
     assert_int_equal(sched_submit(sc, ids, L, &gp, NULL, NULL, &e), -ERR_ARG);

@@ -74,6 +74,7 @@ struct sched {
     int *row_req;                /* [max_batch_tokens] request slot of each logits row */
     float *logits;               /* [max_batch_tokens, n_vocab] */
     int budget;
+    int cap;                     /* rows a step may hold: budget, + one image's rows (vision) */
     bool prefix;                 /* the prefix cache is on */
     bool spec_ok;                /* the model and cache can take drafts (gen_spec_supported) */
     uint64_t n_drafted, n_accepted;  /* speculative decoding, all requests (sched_spec_stats) */
@@ -135,16 +136,18 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->spec_ok = gen_spec_supported(c, kv);
     s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
     s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
-    s->logits = malloc((size_t)s->budget * c->m->hp.n_vocab * sizeof *s->logits);
-    s->row_req = malloc((size_t)s->budget * sizeof *s->row_req);
-    s->bimg = c->m->vision ? malloc((size_t)s->budget * sizeof *s->bimg) : NULL;
+    /* an image's rows go in one step whole, past the budget when it is smaller (once a step) */
+    s->cap = s->budget + (c->m->vision ? c->m->vision->info.tokens_per_image : 0);
+    s->logits = malloc((size_t)s->cap * c->m->hp.n_vocab * sizeof *s->logits);
+    s->row_req = malloc((size_t)s->cap * sizeof *s->row_req);
+    s->bimg = c->m->vision ? malloc((size_t)s->cap * sizeof *s->bimg) : NULL;
     if (!s->reqs || !s->waiting || !s->logits || !s->row_req || (c->m->vision && !s->bimg)) {
         sched_free(s);
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
     for (int i = 0; i < s->max_requests; i++)
         s->reqs[i].seq = -1;
-    if ((rc = batch_init(&s->b, s->budget, e)) < 0) {
+    if ((rc = batch_init(&s->b, s->cap, e)) < 0) {
         sched_free(s);
         return rc;
     }
@@ -214,8 +217,9 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
         return err_setf(e, ERR_RANGE, "%d images in one request (at most %d)", n, SCHED_MAX_IMAGES);
     const struct vision_info *vi = &m->vision->info;
     int T = vi->tokens_per_image, covered = 0;
-    if (T > s->budget)
-        return err_setf(e, ERR_RANGE, "an image takes %d rows but a step holds %d", T, s->budget);
+    if (T > s->c->n_batch)
+        return err_setf(e, ERR_RANGE, "an image takes %d rows but a forward chunk holds %d (the context's "
+                        "n_batch)", T, s->c->n_batch);
     for (int k = 0; k < n; k++) {
         int32_t p = images[k].pos;
         if (!images[k].pixels || p < (k ? images[k - 1].pos + T : 0) || p > n_prompt - 1 - T)
@@ -509,6 +513,15 @@ static int chunk_images(struct sched *s, const struct sreq *r, int k)
     return k;
 }
 
+/* Whether r's next row to feed starts one of its images (encoded). */
+static bool image_next(const struct sreq *r)
+{
+    for (int j = 0; j < r->n_img; j++)
+        if (r->img[j].pos == r->n_fed)
+            return r->img[j].embd != NULL;
+    return false;
+}
+
 /* Rows for every running request: decode rows (with their drafts) first, then prompt chunks. */
 static void build_batch(struct sched *s)
 {
@@ -517,11 +530,12 @@ static void build_batch(struct sched *s)
         s->reqs[i].n_draft = 0;
         s->reqs[i].decoding = false;
     }
+    bool past = false;  /* an image went past the budget this step */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
-            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
+            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || (room <= 0 && pass == 0))
                 continue;
             r->decoding = pass == 0;
             r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
@@ -534,7 +548,13 @@ static void build_batch(struct sched *s)
                 }
                 continue;
             }
-            int k = chunk_images(s, r, left < room ? left : room);
+            int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
+            if (k <= 0 && !past && image_next(r) && image_rows(s) <= s->cap - s->b.n_tok) {
+                /* the next rows are an image larger than what the budget leaves: it goes whole,
+                 * past the budget (at most one image's rows past it a step) */
+                k = chunk_images(s, r, image_rows(s));
+                past = k > 0;
+            }
             if (k <= 0)
                 continue;
             batch_add_seq(&s->b, r->toks + r->n_fed, k, r->n_fed, r->seq, k == left, NULL);
