@@ -57,20 +57,50 @@ static void check_error(const struct oai_error *err)
 static void check_empty(const struct oai_request *r)
 {
     if (r->messages || r->prompt || r->prompt_ids || r->model || r->bias || r->n_stop || r->tools ||
-        r->tool_choice_name || r->format_schema || r->template_kwargs)
+        r->tool_choice_name || r->format_schema || r->template_kwargs || r->images || r->n_images)
         abort();
 }
 
-static void check_messages(const cJSON *msgs)
+/* A user message's parts with images: {"type": "text", "text"} and {"type": "image"} only;
+ * returns the images. */
+static int check_parts(const cJSON *parts)
 {
-    int n = 0;
+    int n_img = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, parts) {
+        const cJSON *type = cJSON_GetObjectItem(p, "type"), *text = cJSON_GetObjectItem(p, "text");
+        if (!cJSON_IsString(type))
+            abort();
+        if (strcmp(type->valuestring, "image") == 0) {
+            if (cJSON_GetArraySize(p) != 1)
+                abort();
+            n_img++;
+        } else if (strcmp(type->valuestring, "text") != 0 || cJSON_GetArraySize(p) != 2 || !cJSON_IsString(text)) {
+            abort();
+        } else {
+            check_utf8(text->valuestring, strlen(text->valuestring));
+        }
+    }
+    if (n_img < 1)
+        abort();
+    return n_img;
+}
+
+static void check_messages(const cJSON *msgs, int n_images)
+{
+    int n = 0, n_img = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
         const cJSON *role = cJSON_GetObjectItem(m, "role"), *content = cJSON_GetObjectItem(m, "content");
         const cJSON *calls = cJSON_GetObjectItem(m, "tool_calls"), *call_id = cJSON_GetObjectItem(m, "tool_call_id");
         if (cJSON_GetArraySize(m) != 2 + !!calls + !!call_id || !cJSON_IsString(role) ||
-            !cJSON_IsString(content))
+            !(cJSON_IsString(content) || (cJSON_IsArray(content) && strcmp(role->valuestring, "user") == 0)))
             abort();
+        if (cJSON_IsArray(content)) {
+            n_img += check_parts(content);
+            n++;
+            continue;
+        }
         if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
             strcmp(role->valuestring, "assistant") && strcmp(role->valuestring, "tool"))
             abort();
@@ -81,7 +111,7 @@ static void check_messages(const cJSON *msgs)
         check_utf8(content->valuestring, strlen(content->valuestring));
         n++;
     }
-    if (n < 1 || n > OAI_MAX_MESSAGES)
+    if (n < 1 || n > OAI_MAX_MESSAGES || n_img != n_images || n_images > OAI_MAX_IMAGES)
         abort();
 }
 
@@ -119,10 +149,14 @@ static void check_request(const struct oai_request *r, enum oai_endpoint ep)
     if (ep == OAI_CHAT) {
         if (!cJSON_IsArray(r->messages) || r->prompt || r->prompt_ids || r->max_tokens == 0)
             abort();
-        check_messages(r->messages);
+        check_messages(r->messages, r->n_images);
+        for (int i = 0; i < r->n_images; i++)
+            if (r->images[i].url ? r->images[i].data || strlen(r->images[i].url) > OAI_MAX_IMAGE_URL
+                                 : !r->images[i].data || r->images[i].len < 1 || r->images[i].len > OAI_MAX_IMAGE_BYTES)
+                abort();
         check_tools_format(r);
     } else {
-        if (r->messages || !r->prompt == !r->prompt_ids)
+        if (r->messages || r->images || !r->prompt == !r->prompt_ids)
             abort();
         if (r->prompt && (strlen(r->prompt) != r->prompt_len))
             abort();

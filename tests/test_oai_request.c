@@ -180,7 +180,9 @@ static void chat_message_errors(void **state)
                 "required");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
                 "{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
-                "messages[0].content[1].type", "'image_url'");
+                "messages[0].content[1].image_url.url", "data: URL");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_audio\"}]}]}",
+                "messages[0].content[0].type", "'input_audio'");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\"}]}]}",
                 "messages[0].content[0].text", "required");
     reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"user\",\"content\":"
@@ -189,6 +191,64 @@ static void chat_message_errors(void **state)
 }
 
 /* A long role is quoted cut at QUOTE_MAX bytes on a character boundary. */
+/* image_url parts: data: URLs decoded into images[], the message's content kept as typed
+ * parts for the template; URLs, bad base64, empty images, images outside user messages and
+ * too many images refused naming the part. */
+static void chat_images(void **state)
+{
+    (void)state;
+    struct oai_request r;
+    accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\","
+           "\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\",\"image_url\":{\"url\":"
+           "\"data:image/png;base64,aGVsbG8=\"}},{\"type\":\"image_url\",\"image_url\":{\"url\":"
+           "\"DATA:image/jpeg;BASE64,aGk\",\"detail\":\"low\"}}]}]}");
+    assert_int_equal(r.n_images, 2);
+    assert_int_equal(r.images[0].len, 5);
+    assert_memory_equal(r.images[0].data, "hello", 5);
+    assert_int_equal(r.images[1].len, 2);
+    assert_memory_equal(r.images[1].data, "hi", 2);
+    assert_string_equal(r.images[1].param, "messages[1].content[2].image_url.url");
+    const cJSON *c = cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 1), "content");
+    assert_true(cJSON_IsArray(c));
+    assert_int_equal(cJSON_GetArraySize(c), 3);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(c, 0), "text")->valuestring, "a");
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(c, 1), "type")->valuestring, "image");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetArrayItem(c, 2)), 1);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(cJSON_GetArrayItem(r.messages, 0), "content")));
+    oai_request_free(&r);
+    const char *P = "messages[0].content[0].image_url.url";
+    /* an http(s) URL is kept for the server (fetched only with serve --allow-image-urls) */
+    accept(&r, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+           "{\"url\":\"https://example.com/a.png\"}}]}]}");
+    assert_int_equal(r.n_images, 1);
+    assert_null(r.images[0].data);
+    assert_string_equal(r.images[0].url, "https://example.com/a.png");
+    oai_request_free(&r);
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"ftp://example.com/a.png\"}}]}]}", P, "data: URL");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"data:image/png;base64,aGV$bG8=\"}}]}]}", P, "not base64");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"data:image/png;base64,\"}}]}]}", P, "empty");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"data:image/png;base64,a\"}}]}]}", P, "cut short");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"data:image/png,aGk=\"}}]}]}", P, "base64 data: URL");
+    reject_chat("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "\"data:image/png;base64,aGk=\"}]}]}", "messages[0].content[0].image_url", "an object");
+    reject_chat("{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"image_url\",\"image_url\":"
+                "{\"url\":\"data:image/png;base64,aGk=\"}}]}]}", "messages[0].content", "user messages");
+    struct body b = {0};
+    add(&b, "{\"messages\":[{\"role\":\"user\",\"content\":[");
+    for (int i = 0; i <= OAI_MAX_IMAGES; i++)
+        add(&b, "%s{\"type\":\"image_url\",\"image_url\":{\"url\":\"data:image/png;base64,aGk=\"}}", i ? "," : "");
+    add(&b, "]}]}");
+    char param[64];
+    snprintf(param, sizeof param, "messages[0].content[%d].image_url.url", OAI_MAX_IMAGES);
+    reject_chat(b.s, param, "at most 16 images");
+    free(b.s);
+}
+
 static void chat_role_quoted(void **state)
 {
     (void)state;
@@ -913,6 +973,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(chat_messages),
     cmocka_unit_test(chat_message_errors),
     cmocka_unit_test(chat_role_quoted),
+    cmocka_unit_test(chat_images),
     cmocka_unit_test(chat_message_bounds),
     cmocka_unit_test(chat_logprobs),
     cmocka_unit_test(cmpl_prompt),

@@ -16,7 +16,8 @@
  *              itself run alone
  * Then: mlx-vlm's layout (language_model.model.* 8-bit affine, vision_tower.vision_model.*
  * float with the patch conv channels-last, multi_modal_projector.*), the CLI's path from
- * pixel_values (cli_generate_images), and the refusals.
+ * pixel_values (cli_generate_images), the refusals, and the scheduler's images (ADR 0090:
+ * the encode step, the prefix key by content hash).
  */
 #include <math.h>
 #include <stdio.h>
@@ -517,8 +518,8 @@ static void refusals(void **state)
     struct batch_image off = {0, 30, T, embd};
     r.b->img = &off;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
-    /* 5. the scheduler refuses an image prompt (its encode step is the server's work) rather
-     *    than run the placeholders as text */
+    /* 5. the scheduler refuses rows encoded elsewhere (gen_params.images carry no content hash
+     *    for its prefix key; it takes pixels, sched_submit_images: sched_images below) */
     struct sched *sc = NULL;
     struct gen_params gp = {.n_predict = 1, .images = &img, .n_images = 1};
     sampler_params_default(&gp.sampling);
@@ -551,6 +552,231 @@ static void refusals(void **state)
     assert_non_null(strstr(e.msg, "does not take images"));
     free(l1);
     test_eng_close(&t);
+}
+
+/* One scheduler request's output: its ids and the logits rows they came from. */
+#define SI_N 6
+struct si_out {
+    int32_t ids[SI_N];
+    float *logits;  /* [SI_N, V] */
+    int n, V, rc;
+    bool done;
+};
+
+static int si_token(void *ud, int32_t id, const float *logits)
+{
+    struct si_out *o = ud;
+    if (o->n < SI_N) {
+        o->ids[o->n] = id;
+        memcpy(o->logits + (size_t)o->n * o->V, logits, (size_t)o->V * sizeof *logits);
+    }
+    o->n++;
+    return 0;
+}
+
+static void si_done(void *ud, const struct gen_stats *st, int rc, const struct err *e)
+{
+    struct si_out *o = ud;
+    (void)st;
+    (void)e;
+    o->rc = rc;
+    o->done = true;
+}
+
+static void si_submit(struct sched *sc, const int32_t *ids, int L, int pos, const float *px, struct si_out *o,
+                      int V)
+{
+    struct err e = {0};
+    struct gen_params gp = {.n_predict = SI_N, .ignore_eos = true};
+    sampler_params_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    memset(o, 0, sizeof *o);
+    o->V = V;
+    o->logits = malloc((size_t)SI_N * V * sizeof *o->logits);
+    assert_non_null(o->logits);
+    struct sched_image im = {pos, px};
+    if (sched_submit_images(sc, ids, L, &gp, &im, 1, &(struct sched_cb){si_token, si_done, o}, NULL, &e) < 0)
+        fail_msg("sched_submit_images: %s", e.msg);
+}
+
+static void si_run(struct sched *sc)
+{
+    struct err e = {0};
+    int rc, steps = 0;
+    while ((rc = sched_step(sc, &e)) == 1 && steps++ < 200) {
+    }
+    assert_int_equal(rc, 0);
+}
+
+/* The largest |a - b| over a's logits over the largest |a|. */
+static double si_diff(const struct si_out *a, const struct si_out *b)
+{
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < (size_t)SI_N * a->V; i++) {
+        double x = fabs((double)a->logits[i] - b->logits[i]);
+        d = x > d ? x : d;
+        mx = fabs(a->logits[i]) > mx ? fabs(a->logits[i]) : mx;
+    }
+    return d / (mx > 0 ? mx : 1);
+}
+
+/* One image prompt through a scheduler of its own, no prefix cache: the reference "alone". */
+static void si_alone(struct test_eng *r, const int32_t *ids, int L, int pos, const float *px, struct si_out *o)
+{
+    struct err e = {0};
+    struct sched *sc = NULL;
+    struct sched_params sp = {.no_prefix_cache = true};
+    assert_int_equal(sched_new(&sc, r->c, r->kv, &sp, &e), 0);
+    si_submit(sc, ids, L, pos, px, o, r->m->hp.n_vocab);
+    si_run(sc);
+    assert_true(o->done && o->rc == 0 && o->n == SI_N);
+    assert_int_equal(sched_n_encoded(sc), 1);
+    sched_free(sc);
+}
+
+/* The scheduler's images (ADR 0090): two requests with the same text and different images
+ * (running together, with the prefix cache on) each equal their own run alone, and share no
+ * image block; the same image again shares the prefix through the image and is not encoded
+ * again; a text request keeps decoding in the step that encodes an image. */
+static void sched_images(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    const struct golden_cases *gc = golden_image_cases();
+    if (gc->n == 0)
+        fail_msg("no image golden cases");
+    struct vgold g;
+    struct test_eng r;
+    vgold_open(&g, golden_case_dir("gemma3_vision"));
+    /* blocks of 4 rows: the image (rows 7 .. 22) starts and ends inside blocks */
+    test_eng_open(&r, golden_case_dir("gemma3_vision"), NULL, 64, 256, 4, 4);
+    const struct vision *v = r.m->vision;
+    int T = v->info.tokens_per_image, L = g.L, V = r.m->hp.n_vocab, pos = -1;
+    const int32_t *ids = g.ids.data;
+    for (int i = 0; i < L && pos < 0; i++)
+        if (ids[i] == v->info.image_token_id)
+            pos = i;
+    assert_int_equal(pos, 7);
+    size_t npx = vision_pixel_bytes(v) / sizeof(float);
+    const float *pxA = g.px.data;
+    float *pxB = malloc(npx * sizeof *pxB), *pxA2 = malloc(npx * sizeof *pxA2);
+    assert_true(pxB && pxA2);
+    for (size_t i = 0; i < npx; i++)
+        pxB[i] = -pxA[i];
+    memcpy(pxA2, pxA, npx * sizeof *pxA2);
+    struct si_out refA, refB, a, b, a2;
+    si_alone(&r, ids, L, pos, pxA, &refA);
+    si_alone(&r, ids, L, pos, pxB, &refB);
+    /* the image matters: the two references differ far beyond the bound below */
+    double apart = si_diff(&refA, &refB);
+    if (apart < 1e-3)
+        fail_msg("the two images give logits only %.3g apart", apart);
+    /* the golden's greedy ids, from the scheduler */
+    for (int i = 0; i < SI_N && i < g.N; i++)
+        assert_int_equal(refA.ids[i], ((const int32_t *)g.greedy.data)[i]);
+
+    struct sched *sc = NULL;
+    uint64_t q0, h0, q1, h1, q2, h2;
+    assert_int_equal(sched_new(&sc, r.c, r.kv, NULL, &e), 0);
+    si_submit(sc, ids, L, pos, pxA, &a, V);
+    si_run(sc);
+    sched_prefix_stats(sc, &q0, &h0);
+    assert_int_equal(h0, 0);
+    /* B (another image, the same text) and A2 (A's pixels again) together */
+    si_submit(sc, ids, L, pos, pxB, &b, V);
+    si_run(sc);
+    sched_prefix_stats(sc, &q1, &h1);
+    /* B shares only the text blocks before the image's first block (rows 0 .. 3) */
+    assert_int_equal(h1 - h0, 4);
+    si_submit(sc, ids, L, pos, pxA2, &a2, V);
+    si_run(sc);
+    sched_prefix_stats(sc, &q2, &h2);
+    /* A2 shares everything but the last block's worth (its last token is computed) */
+    assert_int_equal(h2 - h1, (L - 1) / 4 * 4);
+    assert_int_equal(sched_n_encoded(sc), 2);  /* A and B; A2's image was in the cache */
+    struct si_out *outs[] = {&a, &b, &a2}, *refs[] = {&refA, &refB, &refA};
+    for (int k = 0; k < 3; k++) {
+        assert_true(outs[k]->done && outs[k]->rc == 0 && outs[k]->n == SI_N);
+        assert_memory_equal(outs[k]->ids, refs[k]->ids, sizeof refs[k]->ids);
+        double d = si_diff(outs[k], refs[k]);
+        if (d > 1e-5)
+            fail_msg("request %d: logits %.3g from its run alone", k, d);
+    }
+    for (int k = 0; k < 3; k++)
+        free(outs[k]->logits);
+    /* B and A2 at once, the cache dropped: each equals its own run alone */
+    kv_prefix_clear(r.kv);
+    si_submit(sc, ids, L, pos, pxB, &b, V);
+    si_submit(sc, ids, L, pos, pxA2, &a2, V);
+    si_run(sc);
+    if (si_diff(&b, &refB) > 1e-5 || si_diff(&a2, &refA) > 1e-5)
+        fail_msg("together: %.3g and %.3g from alone", si_diff(&b, &refB), si_diff(&a2, &refA));
+    free(b.logits);
+    free(a2.logits);
+
+    /* a text request decodes in the step that encodes an image */
+    struct si_out t;
+    memset(&t, 0, sizeof t);
+    t.V = V;
+    t.logits = malloc((size_t)SI_N * V * sizeof *t.logits);
+    struct gen_params gp = {.n_predict = SI_N, .ignore_eos = true};
+    sampler_params_default(&gp.sampling);
+    int32_t text[3] = {2, 65, 231};
+    assert_int_equal(sched_submit(sc, text, 3, &gp, &(struct sched_cb){si_token, si_done, &t}, NULL, &e), 0);
+    assert_int_equal(sched_step(sc, &e), 1);
+    assert_int_equal(t.n, 1);
+    kv_prefix_clear(r.kv);
+    uint64_t enc = sched_n_encoded(sc);
+    si_submit(sc, ids, L, pos, pxB, &b, V);
+    assert_int_equal(sched_step(sc, &e), 1);
+    assert_int_equal(sched_n_encoded(sc), enc + 1);
+    assert_int_equal(t.n, 2);
+    si_run(sc);
+    assert_true(t.done && b.done && b.rc == 0);
+    free(t.logits);
+    free(b.logits);
+
+    /* a step budget below an image's rows (8 < 16, as serve's 128 < Gemma 3's 256): the image
+     * goes whole in one step past it, and the output is the same */
+    {
+        struct sched *small = NULL;
+        struct sched_params sp8 = {.max_batch_tokens = 8, .no_prefix_cache = true};
+        assert_int_equal(sched_new(&small, r.c, r.kv, &sp8, &e), 0);
+        si_submit(small, ids, L, pos, pxA, &a, V);
+        si_run(small);
+        assert_true(a.done && a.rc == 0 && a.n == SI_N);
+        if (si_diff(&a, &refA) > 1e-5)
+            fail_msg("budget 8: logits %.3g from alone", si_diff(&a, &refA));
+        free(a.logits);
+        sched_free(small);
+    }
+
+    /* refusals: image tokens no image fills, an image off its tokens, a text model's */
+    struct sched_image bad = {pos + 1, pxA};
+    assert_int_equal(sched_submit(sc, ids, L, &gp, NULL, NULL, &e), -ERR_ARG);
+    assert_non_null(strstr(e.msg, "no image fills"));
+    assert_int_equal(sched_submit_images(sc, ids, L, &gp, &bad, 1, NULL, NULL, &e), -ERR_ARG);
+    assert_non_null(strstr(e.msg, "not the image token"));
+    assert_int_equal(sched_submit_images(sc, ids, pos + T, &gp, &(struct sched_image){pos, pxA}, 1, NULL, NULL, &e),
+                     -ERR_ARG);
+    sched_free(sc);
+    free(refA.logits);
+    free(refB.logits);
+    free(pxB);
+    free(pxA2);
+    test_eng_close(&r);
+    st_set_free(g.st);
+
+    struct test_eng tm;
+    test_eng_open(&tm, golden_case_dir("gemma3_text"), NULL, 0, 64, 1, 4);
+    assert_int_equal(sched_new(&sc, tm.c, tm.kv, NULL, &e), 0);
+    int32_t one[2] = {2, 5};
+    float px1[4] = {0};
+    assert_int_equal(sched_submit_images(sc, one, 2, &gp, &(struct sched_image){0, px1}, 1, NULL, NULL, &e),
+                     -ERR_ARG);
+    assert_non_null(strstr(e.msg, "does not take images"));
+    sched_free(sc);
+    test_eng_close(&tm);
 }
 
 /* Configs a tower must refuse: mm_tokens_per_image no square dividing the grid, token ids
@@ -625,16 +851,17 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         cmocka_unit_test(mlx_vlm_layout),
         cmocka_unit_test(refusals),
         cmocka_unit_test(bad_configs),
+        cmocka_unit_test(sched_images),
     };
     static struct CMUnitTest *t; /* built once, for the life of the process */
     const struct golden_cases *gc = golden_image_cases();
     size_t n = gc->n ? gc->n : 1;
     if (t) {
         *tests = t;
-        *n_tests = n + 3;
+        *n_tests = n + 4;
         return;
     }
-    t = calloc(n + 3, sizeof *t);
+    t = calloc(n + 4, sizeof *t);
     if (!t) {
         *tests = NULL;
         *n_tests = 0;
@@ -650,7 +877,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         t[0] = (struct CMUnitTest){.name = "vision_cases_found", .test_func = refusals};
     memcpy(t + n, extra, sizeof extra);
     *tests = t;
-    *n_tests = n + 3;
+    *n_tests = n + 4;
 }
 
 TEST_SUITE_BUILT(vision, build_tests);

@@ -3,6 +3,7 @@
  */
 #include "cli_images.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,4 +145,62 @@ void cli_images_free(struct cli_images *ci)
         ci->be->ops->buf_free(ci->be, ci->embd);
     ci->embd = NULL;
     ci->n = 0;
+}
+
+int cli_image_input_load(struct cli_image_input *in, const char *dir, const struct model *m,
+                         const struct tokenizer *tok, const char *const *paths, int n_paths, struct err *e)
+{
+    int rc;
+    memset(in, 0, sizeof *in);
+    if (n_paths < 1 || n_paths > CLI_MAX_IMAGES)
+        return err_setf(e, ERR_ARG, "%d images (1 to %d)", n_paths, CLI_MAX_IMAGES);
+    if ((rc = image_setup_init(&in->su, dir, m, tok, e)) < 0)
+        return m->vision ? err_prefix(e, "--image needs the checkpoint's image processor") : rc;
+    image_input_init(&in->in, &in->su);
+    for (int i = 0; i < n_paths; i++) {
+        struct image im = {0};
+        if ((rc = image_load(&im, paths[i], NULL, e)) < 0) {
+            cli_image_input_free(in);
+            return err_prefix(e, "--image");  /* the message names the file */
+        }
+        rc = image_input_add(&in->in, &im, e);
+        image_free(&im);
+        if (rc < 0) {
+            cli_image_input_free(in);
+            return err_prefix(e, "--image %s", paths[i]);
+        }
+    }
+    return 0;
+}
+
+void cli_image_input_free(struct cli_image_input *in)
+{
+    image_input_free(&in->in);
+}
+
+int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
+                           struct err *e)
+{
+    int C = m->vision->info.n_channels, S = m->vision->info.image_size;
+    char hdr[256];
+    size_t nb = (size_t)n_img * (size_t)C * (size_t)S * (size_t)S * sizeof(float);
+    int h = snprintf(hdr, sizeof hdr, "{\"pixel_values\":{\"dtype\":\"F32\",\"shape\":[%d,%d,%d,%d],"
+                     "\"data_offsets\":[0,%zu]}}", n_img, C, S, S, nb);
+    while (h % 8)
+        hdr[h++] = ' ';
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)h >> (8 * i));
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return err_setf(e, ERR_IO, "--pixel-values-out %s: cannot create it", path);
+    /* the data little-endian as the format says (this host's floats are: x86-64, aarch64) */
+    bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, (size_t)h, f) == (size_t)h &&
+              fwrite(pixels, 1, nb, f) == nb;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        remove(path);
+        return err_setf(e, ERR_IO, "--pixel-values-out %s: write failed", path);
+    }
+    return 0;
 }

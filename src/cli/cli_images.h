@@ -5,9 +5,9 @@
  * by the model's vision tower on the engine's backend, and each image matched to its run of
  * image tokens for generate() (gen_params.images).
  *
- * The image processor (decode, resize, rescale, normalize: issue 43 item 2) is another
- * module's; until it lands, --pixel-values FILE (a safetensors file holding a tensor
- * "pixel_values") is how pixels come in, and --image FILE says it is not there yet.
+ * Pixels come in two ways: --image FILE (decoded by src/image, then the checkpoint's image
+ * processor, preprocess.h: cli_image_input_load) or --pixel-values FILE (a safetensors file
+ * holding a tensor "pixel_values", as transformers' processor returns it).
  */
 #pragma once
 #include <stddef.h>
@@ -16,6 +16,8 @@
 #include "../core/err.h"
 #include "../engine/batch.h"
 #include "../models/model.h"
+#include "../engine/image_input.h"
+#include "../tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +51,24 @@ struct cli_images {
 int cli_images_encode(struct cli_images *ci, const struct model *m, struct backend *be, const int32_t *ids,
                       size_t n_ids, const float *pixels, int n_img, struct err *e);
 void cli_images_free(struct cli_images *ci);
+
+/* --image FILE...: each file decoded (image_load, the default limits) and run through the
+ * checkpoint's processor (image_input.h): in.pixels [in.n_img, C, S, S] for the tower, and the
+ * text each placeholder becomes (tok NULL, for a prompt given as ids: no text). A model without
+ * a vision tower: ERR_ARG naming it. */
+struct cli_image_input {
+    struct image_setup su;
+    struct image_input in;
+};
+int cli_image_input_load(struct cli_image_input *in, const char *dir, const struct model *m,
+                         const struct tokenizer *tok, const char *const *paths, int n_paths,
+                         struct err *e);
+void cli_image_input_free(struct cli_image_input *in);
+
+/* pixels [n_img, C, S, S] (C, S: m's tower's) written as a safetensors file with one F32 tensor "pixel_values"
+ * (what --pixel-values reads). */
+int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
+                           struct err *e);
 
 #ifdef __cplusplus
 }

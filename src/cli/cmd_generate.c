@@ -35,8 +35,13 @@ static const char *k_help =
     "  -p, --prompt TEXT      prompt text\n"
     "  -f, --file FILE        read the prompt from a file (- reads standard input)\n"
     "      --prompt-ids IDS   prompt as token ids: 1,2,3 (no tokenizer needed)\n"
-    "      --image FILE       an image for the prompt (repeatable); needs the image processor\n"
-    "                         (issue 43), not built yet: use --pixel-values\n"
+    "      --image FILE       an image for the prompt (repeatable, up to 16): JPEG, PNG, WebP or\n"
+    "                         GIF, through the checkpoint's image processor\n"
+    "                         (preprocessor_config.json); each goes where the prompt has the\n"
+    "                         model's start-of-image token (<start_of_image> for Gemma 3), else\n"
+    "                         all of them before the text, as the chat template places images\n"
+    "      --pixel-values-out FILE  with --image: also write the processed pixel_values there\n"
+    "                         (the safetensors file --pixel-values reads)\n"
     "      --pixel-values FILE  the prompt's images as processed pixel_values: a safetensors\n"
     "                         file with a tensor pixel_values [n, 3, S, S] (what transformers'\n"
     "                         processor returns); each image goes where the prompt has the\n"
@@ -76,12 +81,14 @@ enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
     OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
-    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES,
+    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT,
 };
 
 struct gen_cli {
     const char *model, *prompt, *prompt_file, *prompt_ids, *model_draft;
-    const char *image, *pixel_values;  /* the first --image; --pixel-values */
+    const char *images[CLI_MAX_IMAGES];  /* --image, in order */
+    int n_images;
+    const char *pixel_values, *pixel_values_out;  /* --pixel-values, --pixel-values-out */
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -164,6 +171,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
+        {"pixel-values-out", required_argument, 0, OPT_PIXEL_VALUES_OUT},
         {0, 0, 0, 0},
     };
     int c, rc = 0;
@@ -235,7 +243,13 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
-        case OPT_IMAGE: o->image = o->image ? o->image : optarg; break;
+        case OPT_IMAGE:
+            if (o->n_images == CLI_MAX_IMAGES)
+                rc = err_setf(e, ERR_ARG, "--image: at most %d images", CLI_MAX_IMAGES);
+            else
+                o->images[o->n_images++] = optarg;
+            break;
+        case OPT_PIXEL_VALUES_OUT: o->pixel_values_out = optarg; break;
         case OPT_PIXEL_VALUES: o->pixel_values = optarg; break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
@@ -254,10 +268,10 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--no-chat contradicts --chat, --system and --chat-template-file");
     if (o->system || o->template_file)
         o->chat = 1;
-    if (o->image)
-        return err_setf(e, ERR_ARG, "--image %s: decoding and preprocessing images (issue 43's image "
-                        "processor) is not built yet; give the processed pixels with --pixel-values FILE",
-                        o->image);
+    if (o->n_images && o->pixel_values)
+        return err_setf(e, ERR_ARG, "--image and --pixel-values both give the prompt's images: use one");
+    if (o->pixel_values_out && !o->n_images)
+        return err_setf(e, ERR_ARG, "--pixel-values-out writes the pixels of --image: give --image FILE");
     return 0;
 }
 
@@ -302,7 +316,7 @@ static int apply_defaults(struct gen_cli *o, const struct model *m, struct err *
 
 /* The chat prompt for text: [system,] user rendered by the template, add_generation_prompt. */
 static int render_chat(const struct gen_cli *o, const struct chat_tmpl *ct, const char *text, size_t len,
-                       char **out, size_t *out_len, struct err *e)
+                       int n_images, char **out, size_t *out_len, struct err *e)
 {
     cJSON *msgs = cJSON_CreateArray(), *m;
     char *content = malloc(len + 1);
@@ -315,7 +329,19 @@ static int render_chat(const struct gen_cli *o, const struct chat_tmpl *ct, cons
         ok = (m = cJSON_CreateObject()) && cJSON_AddItemToArray(msgs, m) &&
              cJSON_AddStringToObject(m, "role", "system") && cJSON_AddStringToObject(m, "content", o->system);
     ok = ok && (m = cJSON_CreateObject()) && cJSON_AddItemToArray(msgs, m) &&
-         cJSON_AddStringToObject(m, "role", "user") && cJSON_AddStringToObject(m, "content", content);
+         cJSON_AddStringToObject(m, "role", "user");
+    if (ok && n_images > 0) {
+        /* transformers' typed content: the images, then the text (the template writes each
+         * image's placeholder) */
+        cJSON *parts = cJSON_AddArrayToObject(m, "content"), *p;
+        ok = parts != NULL;
+        for (int i = 0; ok && i <= n_images; i++)
+            ok = (p = cJSON_CreateObject()) && cJSON_AddItemToArray(parts, p) &&
+                 cJSON_AddStringToObject(p, "type", i < n_images ? "image" : "text") &&
+                 (i < n_images || cJSON_AddStringToObject(p, "text", content));
+    } else {
+        ok = ok && cJSON_AddStringToObject(m, "content", content);
+    }
     free(content);
     int rc = ok ? chat_tmpl_apply(ct, msgs, true, NULL, out, out_len, e) : err_setf(e, ERR_NOMEM, "out of memory");
     cJSON_Delete(msgs);
@@ -355,17 +381,28 @@ static void chat_keep(const struct tokenizer *tok, const char *chat, size_t chat
     *tail = count_tokens(tok, at + user_len, chat_len - (size_t)(at - chat) - user_len);
 }
 
+/* Whether text[0, len) holds the NUL-terminated needle. */
+static bool contains(const char *text, size_t len, const char *needle)
+{
+    size_t nb = strlen(needle);
+    for (size_t i = 0; nb && i + nb <= len; i++)
+        if (memcmp(text + i, needle, nb) == 0)
+            return true;
+    return false;
+}
+
 /* Prompt ids: --prompt-ids as given, else the text (-p / -f) through the chat
  * template when one applies (encoded without special tokens), else the text
  * encoded with the tokenizer's special tokens. *head / *tail: what --truncate keeps by
  * default (chat_keep; else the BOS token when the prompt starts with it). */
-static int encode_prompt(const struct gen_cli *o, const char *dir, const struct tokenizer *tok, int32_t **ids,
-                         size_t *n, int *head, int *tail, struct err *e)
+static int encode_prompt(const struct gen_cli *o, const char *dir, const struct tokenizer *tok,
+                         const struct image_input *img, int32_t **ids, size_t *n, int *head, int *tail,
+                         struct err *e)
 {
     *head = *tail = 0;
     if (o->prompt_ids)
         return cli_parse_ids(o->prompt_ids, ids, n, e);
-    char *text = NULL, *chat = NULL;
+    char *text = NULL, *chat = NULL, *sub = NULL, *pre = NULL;
     size_t len, chat_len = 0;
     struct chat_tmpl *ct = NULL;
     int rc;
@@ -390,20 +427,49 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
                           "cannot carry (--no-chat encodes the text as it is, NUL included)",
                           (size_t)((const char *)memchr(t, '\0', len) - t));
             goto out;
-        } else if ((rc = render_chat(o, ct, t, len, &chat, &chat_len, e)) < 0) {
+        } else if ((rc = render_chat(o, ct, t, len, img && !contains(t, len, img->su->boi) ?
+                                     img->n_added : 0, &chat, &chat_len, e)) < 0) {
             goto out;
         } else {
             LOG_INFO("chat template applied: %zu bytes of prompt text", chat_len);
         }
     }
-    rc = chat ? tok_encode(tok, chat, chat_len, false, ids, n, e) : tok_encode(tok, t, len, true, ids, n, e);
-    if (rc == 0 && chat && o->truncate != GEN_TRUNCATE_OFF)
-        chat_keep(tok, chat, chat_len, t, len, head, tail);
+    /* what is encoded: the rendered chat (without special tokens: the template wrote them),
+     * else the text as it is (with them) */
+    bool templated = chat != NULL;
+    const char *src = templated ? chat : t;
+    size_t src_len = templated ? chat_len : len;
+    if (img && !templated && !contains(t, len, img->su->boi)) {
+        /* no template and no placeholder: the images go before the text */
+        size_t nb = strlen(img->su->boi), n_pre = nb * (size_t)img->n_added;
+        if (!(pre = malloc(n_pre + len + 1))) {
+            rc = err_setf(e, ERR_NOMEM, "out of memory for the prompt");
+            goto out;
+        }
+        for (int i = 0; i < img->n_added; i++)
+            memcpy(pre + nb * (size_t)i, img->su->boi, nb);
+        memcpy(pre + n_pre, t, len);
+        pre[n_pre + len] = 0;
+        src = pre;
+        src_len = n_pre + len;
+    }
+    if (img) {
+        /* as transformers' processor: each placeholder replaced by its image's text, then the
+         * whole prompt tokenized */
+        if ((rc = image_input_substitute(img, src, src_len, &sub, &src_len, e)) < 0)
+            goto out;
+        src = sub;
+    }
+    rc = tok_encode(tok, src, src_len, !templated, ids, n, e);
+    if (rc == 0 && templated && o->truncate != GEN_TRUNCATE_OFF)
+        chat_keep(tok, src, src_len, t, len, head, tail);
     else if (rc == 0 && *n > 0 && (*ids)[0] == tok_bos_id(tok))
         *head = 1;
 out:
     chat_tmpl_free(ct);
     free(chat);
+    free(sub);
+    free(pre);
     free(text);
     return rc;
 }
@@ -422,6 +488,7 @@ int cmd_generate(int argc, char **argv)
     float *pixels = NULL;
     int n_img = 0;
     struct cli_images imgs = {0};
+    struct cli_image_input input = {0};
     struct gen_stats st;
     struct cli_draft draft = {0};
     int rc, status = CLI_EXIT_ERROR;
@@ -453,19 +520,33 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     }
     int keep_head, keep_tail;
-    if ((rc = encode_prompt(&o, dir, tok, &prompt, &n_prompt, &keep_head, &keep_tail, &e)) < 0)
+    /* --image: the model first (its tower and tokens say what the images become) */
+    if (o.n_images && ((rc = cli_model_load(&m, dir, &e)) < 0 ||
+                       (rc = cli_image_input_load(&input, dir, m, tok, o.images, o.n_images, &e)) < 0))
+        goto fail;
+    if (input.in.n_img && o.pixel_values_out &&
+        (rc = cli_pixel_values_write(o.pixel_values_out, m, input.in.pixels, input.in.n_img, &e)) < 0)
+        goto fail;
+    if ((rc = encode_prompt(&o, dir, tok, o.n_images && !o.prompt_ids ? &input.in : NULL, &prompt, &n_prompt,
+                            &keep_head, &keep_tail, &e)) < 0)
         goto fail;
     if (n_prompt == 0) {
         err_setf(&e, ERR_ARG, "the prompt encodes to no tokens");
         goto fail;
     }
-    if ((rc = cli_model_load(&m, dir, &e)) < 0)
+    if (!m && (rc = cli_model_load(&m, dir, &e)) < 0)
         goto fail;
     if ((rc = apply_defaults(&o, m, &e)) < 0)
         goto fail;
     /* the images' places in the prompt before the cache is sized for it (ADR 0087) */
-    if (o.pixel_values && ((rc = cli_pixel_values_read(o.pixel_values, m, &pixels, &n_img, &e)) < 0 ||
-                           (rc = cli_images_expand(m, &prompt, &n_prompt, n_img, &e)) < 0))
+    if (o.pixel_values && (rc = cli_pixel_values_read(o.pixel_values, m, &pixels, &n_img, &e)) < 0)
+        goto fail;
+    if (input.in.n_img) {
+        pixels = input.in.pixels;  /* taken */
+        input.in.pixels = NULL;
+        n_img = input.in.n_img;
+    }
+    if (n_img && (rc = cli_images_expand(m, &prompt, &n_prompt, n_img, &e)) < 0)
         goto fail;
     /* one sequence: the cache holds what this run can reach; the engine checks the
      * context (--ctx, else the model's default, which for dynamic NTK rope reaches past
@@ -565,6 +646,7 @@ fail:
     free(prompt);
     free(pixels);
     cli_images_free(&imgs);
+    cli_image_input_free(&input);
     cli_draft_close(&draft);
     cli_engine_close(&en);
     model_free(m);

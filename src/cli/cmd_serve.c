@@ -15,9 +15,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <curl/curl.h>
+
 #include "../core/log.h"
 #include "../core/termsafe.h"
 #include "../engine/embedder.h"
+#include "../engine/image_input.h"
 #include "../engine/runner.h"
 #include "../kernels/backend.h"
 #include "../models/model.h"
@@ -67,6 +70,8 @@ static const char *k_help =
     "                             http://localhost:3000 (repeatable; '*' any); without it a\n"
     "                             request with another site's Origin is refused 403\n"
     "      --no-prefix-cache      recompute shared prompt prefixes instead of reusing their KV\n"
+    "      --allow-image-urls     fetch image parts' http(s) URLs (at most 20 MiB, 10 s, 3 redirects,\n"
+    "                             nothing of the request forwarded); without it they answer 400\n"
     "      --spec MODE            speculative decoding of every request: none (default), ngram\n"
     "                             (prompt lookup) or draft (a draft model); the same output,\n"
     "                             fewer steps when drafts are often right (counted in /metrics)\n"
@@ -84,7 +89,7 @@ static const char *k_help =
 
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
-    OPT_MAX_CONN, OPT_NO_PREFIX, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
+    OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
     OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT,
 };
 
@@ -94,7 +99,7 @@ struct serve_cli {
     const char *model, *host, *api_key, *name, *model_draft;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
-    bool log_json, no_prefix_cache;
+    bool log_json, no_prefix_cache, allow_image_urls;
     struct spec_params spec;
     const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
     int n_allowed_hosts, n_cors_origins;
@@ -159,6 +164,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
         {"max-connections", required_argument, NULL, OPT_MAX_CONN},
         {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
+        {"allow-image-urls", no_argument, NULL, OPT_ALLOW_IMAGE_URLS},
         {"spec", required_argument, NULL, OPT_SPEC},
         {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
         {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
@@ -196,6 +202,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_MAX_CONN: rc = cli_parse_int("--max-connections", optarg, 1, 4096, &o->max_conn, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
+        case OPT_ALLOW_IMAGE_URLS: o->allow_image_urls = true; break;
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
@@ -260,6 +267,8 @@ struct served {
     struct runner *run;
     struct backend *enc_be;          /* an encoder's backend (embeddings / rerank), owned */
     struct embedder *em;             /* an encoder served instead of a generating model */
+    struct image_setup img;          /* a model with a vision tower: its image parts' setup */
+    char img_err[400];               /* why it takes none, when it has a tower */
 };
 
 static void served_free(struct served *sv)
@@ -353,6 +362,17 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
                                 .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = spec};
+    if (sv->m->vision) {
+        /* image parts need the checkpoint's image processor; without it they answer 400 */
+        struct err ie = {0};
+        if (image_setup_init(&sv->img, dir, sv->m, sv->tok, &ie) == 0) {
+            sm->images = &sv->img;
+        } else {
+            snprintf(sv->img_err, sizeof sv->img_err, "its image processor did not load: %s", ie.msg);
+            sm->images_error = sv->img_err;
+            fprintf(stderr, "mlxcel serve: image parts will answer 400: %s\n", sv->img_err);
+        }
+    }
     if (o->spec.mode != SPEC_NONE && !gen_spec_supported(sv->en.ctx, sv->en.kv))
         fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its recurrent layers "
                 "cannot step back, or its rope follows the sequence's length)\n");
@@ -392,6 +412,7 @@ int cmd_serve(int argc, char **argv)
         return cli_fail("serve", &e);
     model_id(&o, dir, id, sizeof id);
 
+    bool curl_on = false;
     /* every thread started from here on inherits the blocked signals; main waits for them */
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -405,8 +426,14 @@ int cmd_serve(int argc, char **argv)
                              .max_body = (size_t)o.max_body, .timeout_s = (int)o.timeout,
                              .header_timeout_s = (int)o.header_timeout, .request_timeout_s = (int)o.request_timeout,
                              .max_connections = (int)o.max_conn, .log_json = o.log_json,
+                             .allow_image_urls = o.allow_image_urls,
                              .allowed_hosts = o.allowed_hosts, .n_allowed_hosts = o.n_allowed_hosts,
                              .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins};
+    /* libcurl's global state before any connection thread fetches an image URL */
+    if (o.allow_image_urls && !(curl_on = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK)) {
+        rc = err_setf(&e, ERR_NOMEM, "--allow-image-urls: libcurl did not start");
+        goto out;
+    }
     if ((rc = server_start(&srv, &so, &e)) < 0 || (rc = load(&o, dir, &sv, &sm, &e)) < 0)
         goto out;
     sm.id = id;
@@ -432,6 +459,8 @@ out:
         server_begin_stop(srv);
     server_free(srv);
     served_free(&sv);
+    if (curl_on)
+        curl_global_cleanup();
     if (status != CLI_EXIT_OK)
         return cli_fail("serve", &e);
     return status;

@@ -114,7 +114,8 @@ static void admit_locked(struct runner *r)
         }
         j->next = r->active;
         r->active = j;
-        if ((rc = sched_submit(r->s, j->prompt, j->n_prompt, &j->params, &cb, &j->sched_id, &e)) < 0) {
+        if ((rc = sched_submit_images(r->s, j->prompt, j->n_prompt, &j->params, j->images, j->n_images, &cb,
+                                       &j->sched_id, &e)) < 0) {
             r->active = j->next;
             finish_locked(r, j, NULL, rc, &e);
         }

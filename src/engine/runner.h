@@ -39,6 +39,8 @@ struct runner_job {
     const int32_t *prompt;       /* borrowed until done */
     int n_prompt;
     struct gen_params params;    /* params.sampling.bias is borrowed until done */
+    const struct sched_image *images;  /* [n_images] the prompt's images (pixels), borrowed until done */
+    int n_images;
     bool logprobs;               /* record each token's log-probability */
     int n_top;                   /* and its n_top most likely alternatives, <= RUNNER_MAX_TOP */
     pthread_cond_t *cv;          /* signalled on every new token and at the end */

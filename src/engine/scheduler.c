@@ -14,18 +14,39 @@
  * after the forward the request's rows are judged in order as generate()
  * judges them and its sequence is truncated back to the tokens it keeps, so
  * its output equals generate()'s with the same parameters.
+ *
+ * Images (ADR 0090): a request keeps its images' pixels and, once encoded, their rows of
+ * embeddings (backend memory) until it ends, so a preempted request is fed again without
+ * encoding again. key[] is what the prefix cache sees of toks[]: the ids, except in blocks
+ * holding an image row, where each row's key is 32 bits of SHA-256(the digests of the
+ * block's images, the row's offset in the block, its id); a block of block_size such rows
+ * matches another only when every row's 32 bits do.
  */
 #include "scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/sha256.h"
+#include "../kernels/backend.h"
+#include "../models/vision.h"
+
 #define SCHED_DEFAULT_MAX_REQUESTS 1024
+
+struct simg {
+    int32_t pos;                 /* its first row in toks */
+    float *pixels;               /* [C, S, S] host, owned */
+    float *embd;                 /* [T, n_embd] backend memory once encoded, owned; NULL before */
+    char sha[65];                /* SHA-256 of the pixel values' bytes, hex */
+};
 
 struct sreq {
     int id;                      /* > 0 while in use */
     int seq;                     /* cache sequence, -1 while waiting */
     int32_t *toks;               /* [cap] prompt, then generated ids */
+    int32_t *key;                /* [cap] the prefix cache's key of each of toks (see above) */
+    struct simg *img;            /* [n_img] the prompt's images, in order */
+    int n_img;
     int n_toks, cap, n_prompt;
     int n_fed;                   /* toks in the cache */
     long admitted;               /* admission order (preemption takes the newest) */
@@ -53,11 +74,15 @@ struct sched {
     int *row_req;                /* [max_batch_tokens] request slot of each logits row */
     float *logits;               /* [max_batch_tokens, n_vocab] */
     int budget;
+    int cap;                     /* rows a step may hold: budget, + one image's rows (vision) */
     bool prefix;                 /* the prefix cache is on */
     bool spec_ok;                /* the model and cache can take drafts (gen_spec_supported) */
     uint64_t n_drafted, n_accepted;  /* speculative decoding, all requests (sched_spec_stats) */
     bool no_drafts;              /* this step's batch is built without drafts (the pool is short) */
     uint64_t n_query, n_hit;     /* prompt tokens admitted / found cached (sched_prefix_stats) */
+    struct vision_ctx *vc;       /* the tower's buffers, made at the first encode; owned */
+    struct batch_image *bimg;    /* [budget] this step's images (a model with vision) */
+    uint64_t n_encoded;          /* images encoded (sched_n_encoded) */
 };
 
 // ---- requests ----
@@ -71,7 +96,14 @@ static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e
     if (r->cb.on_done)
         r->cb.on_done(r->cb.ud, &r->st, rc, e);
     sampler_free(r->smp);
+    for (int k = 0; k < r->n_img; k++) {
+        free(r->img[k].pixels);
+        if (r->img[k].embd)
+            s->c->be->ops->buf_free(s->c->be, r->img[k].embd);
+    }
+    free(r->img);
     free(r->toks);
+    free(r->key);
     free(r->draft);
     memset(r, 0, sizeof *r);
     r->seq = -1;
@@ -104,15 +136,18 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->spec_ok = gen_spec_supported(c, kv);
     s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
     s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
-    s->logits = malloc((size_t)s->budget * c->m->hp.n_vocab * sizeof *s->logits);
-    s->row_req = malloc((size_t)s->budget * sizeof *s->row_req);
-    if (!s->reqs || !s->waiting || !s->logits || !s->row_req) {
+    /* an image's rows go in one step whole, past the budget when it is smaller (once a step) */
+    s->cap = s->budget + (c->m->vision ? c->m->vision->info.tokens_per_image : 0);
+    s->logits = malloc((size_t)s->cap * c->m->hp.n_vocab * sizeof *s->logits);
+    s->row_req = malloc((size_t)s->cap * sizeof *s->row_req);
+    s->bimg = c->m->vision ? malloc((size_t)s->cap * sizeof *s->bimg) : NULL;
+    if (!s->reqs || !s->waiting || !s->logits || !s->row_req || (c->m->vision && !s->bimg)) {
         sched_free(s);
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
     for (int i = 0; i < s->max_requests; i++)
         s->reqs[i].seq = -1;
-    if ((rc = batch_init(&s->b, s->budget, e)) < 0) {
+    if ((rc = batch_init(&s->b, s->cap, e)) < 0) {
         sched_free(s);
         return rc;
     }
@@ -130,6 +165,8 @@ void sched_free(struct sched *s)
             req_end(s, &s->reqs[i], 0, NULL);
         }
     batch_free(&s->b);
+    vision_ctx_free(s->vc);
+    free(s->bimg);
     free(s->reqs);
     free(s->waiting);
     free(s->logits);
@@ -137,18 +174,122 @@ void sched_free(struct sched *s)
     free(s);
 }
 
+/* Rows of one image (the model's tokens_per_image). */
+static int image_rows(const struct sched *s)
+{
+    return s->c->m->vision ? s->c->m->vision->info.tokens_per_image : 0;
+}
+
+/* The prefix key of r's token i (toks[i] set; see the file's comment). */
+static int32_t key_of(const struct sched *s, const struct sreq *r, int i)
+{
+    int B = s->kv->block_size, b0 = i / B * B, T = image_rows(s);
+    struct sha256 h;
+    bool any = false;
+    for (int k = 0; k < r->n_img; k++) {
+        if (r->img[k].pos >= b0 + B || r->img[k].pos + T <= b0)
+            continue;
+        if (!any)
+            sha256_init(&h);
+        any = true;
+        sha256_update(&h, r->img[k].sha, 64);
+    }
+    if (!any)
+        return r->toks[i];
+    int32_t tail[2] = {i - b0, r->toks[i]};
+    char hex[65];
+    sha256_update(&h, tail, sizeof tail);
+    sha256_final_hex(&h, hex);
+    uint32_t v = 0;
+    for (int j = 0; j < 8; j++)
+        v = v << 4 | (uint32_t)(hex[j] <= '9' ? hex[j] - '0' : hex[j] - 'a' + 10);
+    return (int32_t)v;
+}
+
+/* images[0, n) checked against prompt and copied into r (pixels hashed). */
+static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, int n_prompt,
+                       const struct sched_image *images, int n, struct err *e)
+{
+    const struct model *m = s->c->m;
+    if (!m->vision)
+        return err_setf(e, ERR_ARG, "model %s does not take images", m->hp.model_type);
+    if (n > SCHED_MAX_IMAGES)
+        return err_setf(e, ERR_RANGE, "%d images in one request (at most %d)", n, SCHED_MAX_IMAGES);
+    const struct vision_info *vi = &m->vision->info;
+    int T = vi->tokens_per_image, covered = 0;
+    if (T > s->c->n_batch)
+        return err_setf(e, ERR_RANGE, "an image takes %d rows but a forward chunk holds %d (the context's "
+                        "n_batch)", T, s->c->n_batch);
+    for (int k = 0; k < n; k++) {
+        int32_t p = images[k].pos;
+        if (!images[k].pixels || p < (k ? images[k - 1].pos + T : 0) || p > n_prompt - 1 - T)
+            return err_setf(e, ERR_ARG, "image %d at token %d: images go in order, apart, each before the "
+                            "prompt's last token", k, (int)p);
+        for (int j = p; j < p + T; j++)
+            if (prompt[j] != vi->image_token_id)
+                return err_setf(e, ERR_ARG, "image %d: token %d of its %d rows is %d, not the image token %d",
+                                k, j, T, prompt[j], vi->image_token_id);
+        covered += T;
+    }
+    for (int j = 0; j < n_prompt; j++)
+        covered -= prompt[j] == vi->image_token_id;
+    if (covered != 0)
+        return err_setf(e, ERR_ARG, "the prompt holds image tokens that no image fills");
+    if (n == 0)
+        return 0;
+    size_t px = vision_pixel_bytes(m->vision);
+    if (!(r->img = calloc((size_t)n, sizeof *r->img)))
+        return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+    for (int k = 0; k < n; k++, r->n_img++) {
+        struct simg *im = &r->img[k];
+        struct sha256 h;
+        im->pos = images[k].pos;
+        if (!(im->pixels = malloc(px)))
+            return err_setf(e, ERR_NOMEM, "scheduler: out of memory for an image's pixels");
+        memcpy(im->pixels, images[k].pixels, px);
+        sha256_init(&h);
+        sha256_update(&h, im->pixels, px);
+        sha256_final_hex(&h, im->sha);
+    }
+    return 0;
+}
+
+/* Undo a failed submission's allocations. */
+static void req_discard(struct sreq *r)
+{
+    for (int k = 0; k < r->n_img; k++)
+        free(r->img[k].pixels);
+    free(r->img);
+    free(r->toks);
+    free(r->key);
+    free(r->draft);
+    sampler_free(r->smp);
+    memset(r, 0, sizeof *r);
+    r->seq = -1;
+}
+
 int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
                  const struct sched_cb *cb, int *id, struct err *e)
+{
+    return sched_submit_images(s, prompt, n_prompt, p, NULL, 0, cb, id, e);
+}
+
+int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                        const struct sched_image *images, int n_images, const struct sched_cb *cb, int *id,
+                        struct err *e)
 {
     int rc, slot = -1;
     if (n_prompt <= 0)
         return err_setf(e, ERR_ARG, "the prompt is empty");
     if (p->n_predict < 0)
         return err_setf(e, ERR_ARG, "the number of tokens to generate must not be negative");
-    /* ADR 0087: the scheduler's encode step and the prefix key of image rows are issue 43's
-     * server work; until then an image prompt is refused, never run as its placeholder ids */
+    /* ADR 0090: the scheduler encodes images itself (sched_submit_images); rows encoded
+     * elsewhere carry no content hash for the prefix key */
     if (p->n_images != 0)
-        return err_setf(e, ERR_UNSUPPORTED, "the scheduler does not take images yet");
+        return err_setf(e, ERR_UNSUPPORTED, "the scheduler takes images as pixels (sched_submit_images), "
+                        "not encoded rows");
+    if (n_images < 0 || (n_images > 0 && !images))
+        return err_setf(e, ERR_ARG, "%d images without their list", n_images);
     if (n_prompt > s->kv->max_seq_len)
         return err_setf(e, ERR_RANGE, "the prompt has %d tokens but the context holds %d", n_prompt,
                         s->kv->max_seq_len);
@@ -167,25 +308,30 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
     r->cap = n_prompt + (p->n_predict < s->kv->max_seq_len ? p->n_predict : s->kv->max_seq_len) + 1;
     if (spec_on(&p->spec) && (rc = spec_params_check(&p->spec, e)) < 0)
         return rc;
+    /* a vision model's text prompt is checked too: no image tokens without their image */
+    if ((n_images > 0 || image_rows(s) > 0) &&
+        (rc = take_images(s, r, prompt, n_prompt, images, n_images, e)) < 0) {
+        req_discard(r);
+        return rc;
+    }
     r->spec = spec_on(&p->spec) && s->spec_ok;
     r->toks = malloc((size_t)r->cap * sizeof *r->toks);
+    r->key = malloc((size_t)r->cap * sizeof *r->key);
     r->draft = r->spec ? malloc((size_t)p->spec.draft_max * sizeof *r->draft) : NULL;
-    if (!r->toks || (r->spec && !r->draft)) {
-        free(r->toks);
-        free(r->draft);
-        r->toks = r->draft = NULL;
+    if (!r->toks || !r->key || (r->spec && !r->draft)) {
+        req_discard(r);
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
     spec_pace_init(&r->pace, r->spec ? p->spec.draft_max : 0);
     if ((rc = sampler_new(&r->smp, &p->sampling, s->c->m->hp.n_vocab, e)) < 0) {
-        free(r->toks);
-        free(r->draft);
-        r->toks = r->draft = NULL;
+        req_discard(r);
         return rc;
     }
     memcpy(r->toks, prompt, (size_t)n_prompt * sizeof *prompt);
-    for (int i = 0; i < n_prompt; i++)
+    for (int i = 0; i < n_prompt; i++) {
         sampler_accept(r->smp, prompt[i]);
+        r->key[i] = key_of(s, r, i);
+    }
     r->n_toks = r->n_prompt = n_prompt;
     r->p = *p;
     if (cb)
@@ -248,6 +394,11 @@ void sched_spec_stats(const struct sched *s, uint64_t *drafted, uint64_t *accept
     *accepted = s->n_accepted;
 }
 
+uint64_t sched_n_encoded(const struct sched *s)
+{
+    return s->n_encoded;
+}
+
 // ---- one step ----
 
 /* Blocks a request needs to hold all its tokens. */
@@ -268,7 +419,14 @@ static void admit(struct sched *s)
         if (q < 0)
             return;
         kv_seq_add(s->kv, q, NULL);
-        int hit = s->prefix ? kv_prefix_attach(s->kv, q, r->toks, r->n_toks - 1) : 0;
+        int hit = s->prefix ? kv_prefix_attach(s->kv, q, r->key, r->n_toks - 1) : 0;
+        for (int k = r->n_img - 1; k >= 0 && hit > 0; k--)
+            if (r->img[k].pos < hit && hit < r->img[k].pos + image_rows(s)) {
+                /* a hit ends inside an image: attach only what lies before it */
+                kv_seq_remove(s->kv, q);
+                kv_seq_add(s->kv, q, NULL);
+                hit = kv_prefix_attach(s->kv, q, r->key, r->img[k].pos);
+            }
         int held = hit / s->kv->block_size, avail = kv_n_free_blocks(s->kv);
         if (avail < blocks_for(s, r->n_toks + 1) - held && !alone) {
             kv_seq_remove(s->kv, q);
@@ -331,6 +489,39 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
     return k < r->p.spec.draft_min || k < 0 ? 0 : k > max ? max : k;
 }
 
+/* The rows of r's next prompt chunk, at most k: it ends before an image not yet encoded or
+ * not whole in it; the images it holds are added to the step's list. */
+static int chunk_images(struct sched *s, const struct sreq *r, int k)
+{
+    int T = image_rows(s), from = r->n_fed;
+    for (int j = 0; j < r->n_img; j++) {
+        const struct simg *im = &r->img[j];
+        if (im->pos + T <= from)
+            continue;  /* fed */
+        if (im->pos >= from + k)
+            break;
+        if (im->pos < from)
+            return 0;  /* never: a hit and a chunk both end outside images */
+        if (!im->embd || im->pos + T > from + k)
+            return im->pos - from;
+    }
+    for (int j = 0; j < r->n_img; j++)
+        if (r->img[j].pos >= from && r->img[j].pos + T <= from + k) {
+            s->bimg[s->b.n_img++] = (struct batch_image){r->seq, r->img[j].pos, T, r->img[j].embd};
+            s->b.img = s->bimg;
+        }
+    return k;
+}
+
+/* Whether r's next row to feed starts one of its images (encoded). */
+static bool image_next(const struct sreq *r)
+{
+    for (int j = 0; j < r->n_img; j++)
+        if (r->img[j].pos == r->n_fed)
+            return r->img[j].embd != NULL;
+    return false;
+}
+
 /* Rows for every running request: decode rows (with their drafts) first, then prompt chunks. */
 static void build_batch(struct sched *s)
 {
@@ -339,11 +530,12 @@ static void build_batch(struct sched *s)
         s->reqs[i].n_draft = 0;
         s->reqs[i].decoding = false;
     }
+    bool past = false;  /* an image went past the budget this step */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
-            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || room <= 0)
+            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || (room <= 0 && pass == 0))
                 continue;
             r->decoding = pass == 0;
             r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
@@ -356,7 +548,15 @@ static void build_batch(struct sched *s)
                 }
                 continue;
             }
-            int k = left < room ? left : room;
+            int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
+            if (k <= 0 && !past && image_next(r) && image_rows(s) <= s->cap - s->b.n_tok) {
+                /* the next rows are an image larger than what the budget leaves: it goes whole,
+                 * past the budget (at most one image's rows past it a step) */
+                k = chunk_images(s, r, image_rows(s));
+                past = k > 0;
+            }
+            if (k <= 0)
+                continue;
             batch_add_seq(&s->b, r->toks + r->n_fed, k, r->n_fed, r->seq, k == left, NULL);
             if (k == left)
                 s->row_req[s->b.n_tok - 1] = i;
@@ -387,7 +587,9 @@ static bool emit(struct sched *s, struct sreq *r, int32_t id, const float *logit
         r->st.stop = GEN_STOP_CONTEXT;
         return false;
     }
-    r->toks[r->n_toks++] = id;
+    r->toks[r->n_toks] = id;
+    r->key[r->n_toks] = key_of(s, r, r->n_toks);
+    r->n_toks++;
     return true;
 }
 
@@ -453,10 +655,45 @@ static int batch_blocks_needed(const struct sched *s)
     return need;
 }
 
+/* The encode step: the first image that a running request feeds next and that is not
+ * encoded yet goes through the tower (one per step). A failure ends that request. */
+static void encode_step(struct sched *s)
+{
+    int T = image_rows(s);
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id <= 0 || r->seq < 0)
+            continue;
+        for (int j = 0; j < r->n_img; j++) {
+            struct simg *im = &r->img[j];
+            if (im->embd || im->pos + T <= r->n_fed)
+                continue;
+            struct err e;
+            struct backend *be = s->c->be;
+            int rc = s->vc ? 0 : vision_ctx_new(&s->vc, s->c->m, be, &e);
+            if (rc == 0 && (rc = be->ops->buf_alloc(be, vision_embd_bytes(s->c->m), (void **)&im->embd, &e)) < 0)
+                im->embd = NULL;
+            if (rc == 0 && (rc = vision_encode(s->vc, im->embd, im->pixels, 1, &e)) < 0) {
+                be->ops->buf_free(be, im->embd);
+                im->embd = NULL;
+            }
+            if (rc < 0) {
+                err_prefix(&e, "encoding image %d", j);
+                req_end(s, r, rc, &e);
+            } else {
+                s->n_encoded++;
+            }
+            return;
+        }
+    }
+}
+
 int sched_step(struct sched *s, struct err *e)
 {
     int V = s->c->m->hp.n_vocab, rc;
     admit(s);
+    if (s->bimg)
+        encode_step(s);
     /* the pool decides who runs: drafts are dropped first, then the newest request is
      * preempted until the batch fits (a draft never costs another request its cache) */
     s->no_drafts = false;
@@ -525,7 +762,7 @@ int sched_step(struct sched *s, struct err *e)
     for (int i = 0; s->prefix && i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
         if (r->id > 0 && r->seq >= 0)
-            kv_prefix_register(s->kv, r->seq, r->toks, r->n_fed);
+            kv_prefix_register(s->kv, r->seq, r->key, r->n_fed);
     }
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
 }

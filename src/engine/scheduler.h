@@ -23,6 +23,16 @@
  * output is the same with or without a hit. A preempted request usually
  * finds its own blocks again when it is readmitted.
  *
+ * Images (ADR 0090): sched_submit_images takes a prompt's images as pixels. Each is
+ * encoded by the model's vision tower as a step of the scheduler (at most one image per
+ * sched_step, before that step's forward, so the other requests keep decoding while an image
+ * prompt waits one step per image), once its request is running and its rows are next to be
+ * fed; its rows then go into one forward whole (a prompt chunk ends before an image that does
+ * not fit the step). In the prefix cache a block holding any image row is keyed, row by row,
+ * by a SHA-256 of the SHA-256 of its images' pixel values, the row's place and its token: the
+ * same text with another image never shares such a block (or any after it), the same image
+ * does. A hit never ends inside an image.
+ *
  * Single-threaded: one owner calls submit / cancel / step (the server puts a
  * lock around submit and runs steps on the engine thread). Nothing here
  * allocates per step; a request's token buffer grows when it is (re)admitted.
@@ -69,6 +79,27 @@ void sched_free(struct sched *s);
  * cache's max_seq_len, or the queue full. */
 int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
                  const struct sched_cb *cb, int *id, struct err *e);
+/* An image of a prompt for sched_submit_images: pixels (host float32 [C, S, S] as the
+ * model's image processor gives them; copied) and the first of the prompt's tokens_per_image
+ * image tokens it fills, prompt[pos, pos + tokens_per_image). */
+struct sched_image {
+    int32_t pos;
+    const float *pixels;
+};
+
+/* At most this many images in one request. */
+#define SCHED_MAX_IMAGES 64
+
+/* sched_submit with n_images images (in prompt order, not overlapping). Errors: a model
+ * without a vision tower, an image whose run is not all image tokens or includes the
+ * prompt's last token, image tokens no image covers, an image of more rows than a step
+ * (max_batch_tokens), more than SCHED_MAX_IMAGES. gen_params.images (images already encoded)
+ * is refused: the scheduler encodes its own. */
+int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, const struct gen_params *p,
+                        const struct sched_image *images, int n_images, const struct sched_cb *cb, int *id,
+                        struct err *e);
+/* Images encoded so far (every encode step; a preempted request keeps its embeddings). */
+uint64_t sched_n_encoded(const struct sched *s);
 /* End request id (waiting or running) as stopped by its callback; false if unknown. */
 bool sched_cancel(struct sched *s, int id);
 /* One batch over every running request; 0 when nothing is left to do after it, 1 when

@@ -197,14 +197,65 @@ static int add_message(cJSON *out, const char *role, cJSON *content, const char 
     return !call_id || cJSON_AddStringToObject(m, "tool_call_id", call_id) ? 0 : nomem(err);
 }
 
+/* Appends an image block {"type": "image", "source": {"type": "base64", "media_type", "data"}}
+ * at `where` to parts as OpenAI's {"type": "image_url", "image_url": {"url": "data:...;base64,..."}}
+ * (the bytes are checked where OpenAI's parts are). */
+static int add_image_part(cJSON *parts, const cJSON *block, const char *where, struct oai_error *err)
+{
+    static const char *const k_types[] = {"image/jpeg", "image/png", "image/gif", "image/webp"};
+    const cJSON *src = member(block, "source");
+    const cJSON *ty = src ? member(src, "type") : NULL, *mt = src ? member(src, "media_type") : NULL,
+                *data = src ? member(src, "data") : NULL;
+    if (!cJSON_IsObject(src) || !cJSON_IsString(ty))
+        return bad(err, "%s.source: an image block needs a 'source' object with a string 'type'", where);
+    if (strcmp(ty->valuestring, "url") == 0) {
+        /* an http(s) URL, fetched where OpenAI's are (serve --allow-image-urls) */
+        const cJSON *u = member(src, "url");
+        if (!cJSON_IsString(u) || (strncmp(u->valuestring, "http://", 7) && strncmp(u->valuestring, "https://", 8)))
+            return bad(err, "%s.source.url: a url image source needs an http(s) 'url'", where);
+        cJSON *p = cJSON_CreateObject(), *iu;
+        if (!p || !cJSON_AddItemToArray(parts, p)) {
+            cJSON_Delete(p);
+            return nomem(err);
+        }
+        return cJSON_AddStringToObject(p, "type", "image_url") && (iu = cJSON_AddObjectToObject(p, "image_url")) &&
+                       cJSON_AddStringToObject(iu, "url", u->valuestring)
+                   ? 0 : nomem(err);
+    }
+    if (strcmp(ty->valuestring, "base64") != 0)
+        return bad(err, "%s.source.type: '%.32s' is not supported ('base64', 'url')", where, ty->valuestring);
+    bool known = false;
+    for (size_t i = 0; cJSON_IsString(mt) && i < sizeof k_types / sizeof k_types[0]; i++)
+        known |= strcmp(mt->valuestring, k_types[i]) == 0;
+    if (!known)
+        return bad(err, "%s.source.media_type: must be one of image/jpeg, image/png, image/gif, image/webp", where);
+    if (!cJSON_IsString(data))
+        return bad(err, "%s.source.data: a base64 image block needs a string 'data'", where);
+    size_t n = strlen(data->valuestring), m = strlen(mt->valuestring);
+    char *url = malloc(n + m + 16);
+    cJSON *p = cJSON_CreateObject(), *iu;
+    bool ok = url && p && cJSON_AddItemToArray(parts, p);
+    if (!ok)
+        cJSON_Delete(p);
+    if (ok) {
+        snprintf(url, n + m + 16, "data:%s;base64,%s", mt->valuestring, data->valuestring);
+        ok = cJSON_AddStringToObject(p, "type", "image_url") && (iu = cJSON_AddObjectToObject(p, "image_url")) &&
+             cJSON_AddStringToObject(iu, "url", url);
+    }
+    free(url);
+    return ok ? 0 : nomem(err);
+}
+
 /* A block type no endpoint here takes: a clear 400. */
 static int unsupported_block(const cJSON *b, const char *where, struct oai_error *err)
 {
     const cJSON *t = member(b, "type");
     if (!cJSON_IsString(t))
         return bad(err, "%s: a content block needs a string 'type'", where);
-    if (strcmp(t->valuestring, "image") == 0 || strcmp(t->valuestring, "document") == 0)
-        return bad(err, "%s: '%.32s' blocks are not supported (this server takes text only)", where, t->valuestring);
+    if (strcmp(t->valuestring, "image") == 0)
+        return bad(err, "%s: image blocks go in user messages", where);
+    if (strcmp(t->valuestring, "document") == 0)
+        return bad(err, "%s: 'document' blocks are not supported (this server takes text and images)", where);
     return bad(err, "%s: unsupported content block type '%.32s'", where, t->valuestring);
 }
 
@@ -217,8 +268,12 @@ static int user_turn(cJSON *out, const cJSON *content, int i, struct oai_error *
     int j = 0;
     cJSON_ArrayForEach(b, content) {
         snprintf(w, sizeof w, "messages.%d.content.%d", i, j++);
-        if (type_is(b, "text")) {
-            if ((!parts && !(parts = cJSON_CreateArray())) || add_text_part(parts, b, w, err) < 0)
+        if (type_is(b, "text") || type_is(b, "image")) {
+            if (!parts && !(parts = cJSON_CreateArray())) {
+                nomem(err);
+                goto fail;
+            }
+            if ((type_is(b, "text") ? add_text_part(parts, b, w, err) : add_image_part(parts, b, w, err)) < 0)
                 goto fail;
             continue;
         }

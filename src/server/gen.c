@@ -23,6 +23,8 @@
 #include <time.h>
 
 #include "../grammar/grammar.h"
+#include "../models/vision.h"
+#include "image_fetch.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 
@@ -88,6 +90,8 @@ void gen_free(struct gen *g)
     free(g->ch);
     grammar_free(g->gram);
     free(g->prompt);
+    if (g->imgs.su)
+        image_input_free(&g->imgs);
     free(g->echo);
     free(g->bias);
     free(g->alt);
@@ -112,6 +116,70 @@ static size_t utf8_chars(const char *s, size_t n)
     return k;
 }
 
+/* The request's images decoded (bounded: image.h's defaults, the bytes by OAI_MAX_IMAGE_BYTES)
+ * and processed into g->imgs; 400 naming the part for an image that does not decode, naming
+ * the model when it takes no images. */
+static int take_images(struct gen *g, struct oai_error *err)
+{
+    const struct server_model *m = &g->s->m;
+    if (!m->images)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, g->q.images[0].param,
+                          "the model '%s' does not take images%s%s", m->id ? m->id : "",
+                          m->images_error ? ": " : " (it has no vision tower)",
+                          m->images_error ? m->images_error : "");
+    image_input_init(&g->imgs, m->images);
+    for (int i = 0; i < g->q.n_images; i++) {
+        struct oai_image *qi = &g->q.images[i];
+        struct image im = {0};
+        struct err e = {0};
+        int rc;
+        if (qi->url && !g->s->o.allow_image_urls)
+            return oai_errorf(err, 400, "invalid_request_error", NULL, qi->param,
+                              "image URLs are not fetched by this server (start it with `mlxcel serve "
+                              "--allow-image-urls` for that): send the image as a data: URL "
+                              "(data:image/png;base64,...)");
+        if (qi->url && (rc = image_fetch(qi->url, OAI_MAX_IMAGE_BYTES, &qi->data, &qi->len, &e)) < 0)
+            return rc == -ERR_NOMEM ? oom(err)
+                                    : oai_errorf(err, 400, "invalid_request_error", NULL, qi->param, "%s", e.msg);
+        rc = image_decode(&im, qi->data, qi->len, NULL, &e);
+        if (rc == 0) {
+            rc = image_input_add(&g->imgs, &im, &e);
+            image_free(&im);
+        }
+        if (rc == -ERR_NOMEM)
+            return oom(err);
+        if (rc < 0)
+            return oai_errorf(err, 400, "invalid_request_error", NULL, qi->param, "the image could not be used: %s",
+                              e.msg);
+    }
+    return 0;
+}
+
+/* Each image's run of image tokens in the n prompt ids (the jobs' images); 400 when they do
+ * not match (a placeholder the template did not write, or image tokens written as text). */
+static int image_rows(struct gen *g, size_t n, struct oai_error *err)
+{
+    struct err e = {0};
+    int32_t pos[IMAGE_INPUT_MAX];
+    if (!g->imgs.su && g->q.n_images == 0) {
+        /* a text prompt: image tokens written as text are no image */
+        struct image_input none;
+        image_input_init(&none, g->s->m.images);
+        if (image_input_runs(&none, g->prompt, n, pos, &e) < 0)
+            return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
+                              "the prompt holds image tokens without images: %s", e.msg);
+        return 0;
+    }
+    if (image_input_runs(&g->imgs, g->prompt, n, pos, &e) < 0)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
+                          "%s: the chat template writes each image's placeholder, and the text may not hold one",
+                          e.msg);
+    size_t one = vision_pixel_bytes(g->s->m.images->m->vision) / sizeof(float);
+    for (int k = 0; k < g->imgs.n_img; k++)
+        g->simg[k] = (struct sched_image){pos[k], g->imgs.pixels + (size_t)k * one};
+    return 0;
+}
+
 /* Prompt ids: the chat template's text encoded without special tokens (as transformers'
  * apply_chat_template(tokenize=True)); a completion's text with them; or its ids. */
 static int build_prompt(struct gen *g, struct oai_error *err)
@@ -122,6 +190,8 @@ static int build_prompt(struct gen *g, struct oai_error *err)
     size_t len = 0, n = 0;
     int rc;
     if (g->ep == OAI_CHAT) {
+        if (g->q.n_images > 0 && take_images(g, err) < 0)
+            return -1;
         if (!m->tmpl)
             return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                               "this model has no chat template: use /v1/completions");
@@ -138,6 +208,18 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         }
         rc = chat_tmpl_apply(m->tmpl, g->q.messages, true, extra, &text, &len, &e);
         cJSON_Delete(extra);
+        if (rc == 0 && g->q.n_images > 0) {
+            /* as transformers' processor: each placeholder the template wrote becomes the
+             * image's tokens in the text, then the whole prompt is tokenized */
+            char *sub = NULL;
+            size_t sub_len = 0;
+            rc = image_input_substitute(&g->imgs, text, len, &sub, &sub_len, &e);
+            free(text);
+            text = sub;
+            len = sub_len;
+            if (rc < 0)
+                return oom(err);
+        }
         if (rc == 0 && m->reasoning)
             g->in_reasoning = outparse_prompt_opens_reasoning(text, len);
         if (rc < 0)
@@ -164,6 +246,8 @@ static int build_prompt(struct gen *g, struct oai_error *err)
         return rc == -ERR_NOMEM ? oom(err)
                                 : oai_errorf(err, 400, "invalid_request_error", NULL,
                                              g->ep == OAI_CHAT ? "messages" : "prompt", "%s", e.msg);
+    if (m->images && image_rows(g, n, err) < 0)
+        return -1;
     if (g->echo) {
         g->echo_len = strlen(g->echo);
         g->echo_chars = utf8_chars(g->echo, g->echo_len);
@@ -182,6 +266,8 @@ int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_re
     struct gen g = {.s = s, .ep = ep, .q = *q};
     int rc = build_prompt(&g, err);
     free(g.prompt);
+    if (g.imgs.su)
+        image_input_free(&g.imgs);
     free(g.echo);
     *n = rc < 0 ? 0 : g.n_prompt;
     return rc < 0 ? -1 : 0;
@@ -629,6 +715,8 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         struct err e = {0};
         c->job.prompt = g->prompt;
         c->job.n_prompt = g->n_prompt;
+        c->job.images = g->imgs.n_img ? g->simg : NULL;
+        c->job.n_images = g->imgs.n_img;
         c->job.params = (struct gen_params){.n_predict = n_predict, .ignore_eos = g->q.ignore_eos, .sampling = sp,
                                             .spec = g->s->m.spec};
         c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */

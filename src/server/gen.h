@@ -19,6 +19,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../engine/image_input.h"
 #include "../engine/runner.h"
 #include "oai_request.h"
 #include "outparse.h"
@@ -88,6 +89,8 @@ struct gen {
     struct oai_request q;
     int32_t *prompt;
     int n_prompt;
+    struct image_input imgs;     /* the request's images, processed (imgs.su NULL: none) */
+    struct sched_image simg[IMAGE_INPUT_MAX];  /* each image's pixels and first row, for the jobs */
     char *echo;                  /* completions' echo: the prompt text */
     size_t echo_len;
     size_t echo_chars;           /* its code points: the first text_offset */

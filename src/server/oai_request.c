@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../tokenizer/tokenizer.h"  /* tok_utf8_seq: the one UTF-8 validator */
 
@@ -378,13 +379,109 @@ static const char *chat_role(const char *role)
     return NULL;
 }
 
-/* Checks content parts (an array) of message i and joins their texts into *out (malloc'd). */
-static int join_parts(struct oai_error *err, const cJSON *parts, int i, char **out)
+/* The value of one base64 character, -1 for none. */
+static int b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    return c == '+' || c == '-' ? 62 : c == '/' || c == '_' ? 63 : -1;
+}
+
+/* An image_url part's url (param names it) into r->images: a data: URL with base64 data
+ * (RFC 2397; the media type is not trusted, the bytes are sniffed when decoded). */
+static int take_image_url(struct oai_request *r, struct oai_error *err, const char *param, const char *url)
+{
+    char q[QUOTE_MAX + 4];
+    if (r->n_images >= OAI_MAX_IMAGES)
+        return bad(err, param, "a request takes at most %d images", OAI_MAX_IMAGES);
+    if (strncasecmp(url, "http://", 7) == 0 || strncasecmp(url, "https://", 8) == 0) {
+        /* kept: the server fetches it only when started with --allow-image-urls */
+        size_t n = strlen(url);
+        if (n > OAI_MAX_IMAGE_URL)
+            return bad(err, param, "'%s' is over %d bytes", param, OAI_MAX_IMAGE_URL);
+        struct oai_image *grown = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *grown);
+        if (!grown)
+            return nomem(err);
+        r->images = grown;
+        struct oai_image *im = &r->images[r->n_images];
+        memset(im, 0, sizeof *im);
+        if (!(im->url = copy_bytes(url, n)))
+            return nomem(err);
+        snprintf(im->param, sizeof im->param, "%s", param);
+        r->n_images++;
+        return 0;
+    }
+    if (strncasecmp(url, "data:", 5) != 0)
+        return bad(err, param, "'%s' must be a data: URL (data:image/png;base64,...), got '%s'", param,
+                   quote(q, url));
+    const char *comma = strchr(url, ',');
+    if (!comma || comma - url < 12 || strncasecmp(comma - 7, ";base64", 7) != 0)
+        return bad(err, param, "'%s' must be a base64 data: URL (data:image/png;base64,...)", param);
+    const unsigned char *d = (const unsigned char *)comma + 1;
+    size_t n = strlen((const char *)d);
+    while (n > 0 && d[n - 1] == '=')
+        n--;
+    if (n == 0)
+        return bad(err, param, "'%s' holds an empty image", param);
+    if (n / 4 * 3 + (n % 4) * 3 / 4 > OAI_MAX_IMAGE_BYTES)
+        return bad(err, param, "the image of '%s' is over %u bytes", param, OAI_MAX_IMAGE_BYTES);
+    if (n % 4 == 1)
+        return bad(err, param, "the base64 data of '%s' is cut short", param);
+    unsigned char *out = malloc(n / 4 * 3 + 3);
+    if (!out)
+        return nomem(err);
+    size_t k = 0;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = b64_value(d[i]);
+        if (v < 0) {
+            free(out);
+            return bad(err, param, "the base64 data of '%s' holds a byte that is not base64 at offset %zu",
+                       param, i);
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3) {
+            out[k++] = (unsigned char)(acc >> 16);
+            out[k++] = (unsigned char)(acc >> 8);
+            out[k++] = (unsigned char)acc;
+            acc = 0;
+        }
+    }
+    if (n % 4 == 2) {
+        out[k++] = (unsigned char)(acc >> 4);
+    } else if (n % 4 == 3) {
+        out[k++] = (unsigned char)(acc >> 10);
+        out[k++] = (unsigned char)(acc >> 2);
+    }
+    struct oai_image *grown = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *grown);
+    if (!grown) {
+        free(out);
+        return nomem(err);
+    }
+    r->images = grown;
+    struct oai_image *im = &r->images[r->n_images++];
+    im->data = out;
+    im->len = k;
+    im->url = NULL;
+    snprintf(im->param, sizeof im->param, "%s", param);
+    return 0;
+}
+
+/* Checks content parts (an array) of message i: text parts joined into *out (malloc'd), or,
+ * when image_url parts are among them, *parts as the template takes them ({"type": "text",
+ * "text"} and {"type": "image"} in order) with the images in r->images. */
+static int join_parts(struct oai_request *r, struct oai_error *err, const cJSON *parts, int i, char **out,
+                      cJSON **parts_out)
 {
     char param[128];
     size_t total = 0;
-    int j = 0;
+    int j = 0, n_img = 0;
     const cJSON *part;
+    *parts_out = NULL;
     cJSON_ArrayForEach(part, parts) {
         if (j >= OAI_MAX_CONTENT_PARTS) {
             snprintf(param, sizeof param, "messages[%d].content", i);
@@ -400,8 +497,26 @@ static int join_parts(struct oai_error *err, const cJSON *parts, int i, char **o
         if (!cJSON_IsString(type))
             return type_error(err, param, "a string");
         char q[QUOTE_MAX + 4];
+        if (strcmp(type->valuestring, "image_url") == 0) {
+            snprintf(param, sizeof param, "messages[%d].content[%d].image_url", i, j);
+            const cJSON *iu = member(part, "image_url"), *url = iu ? member(iu, "url") : NULL;
+            if (!iu)
+                return bad(err, param, "'%s' is required", param);
+            if (!cJSON_IsObject(iu))
+                return type_error(err, param, "an object");
+            snprintf(param, sizeof param, "messages[%d].content[%d].image_url.url", i, j);
+            if (!url)
+                return bad(err, param, "'%s' is required", param);
+            if (!cJSON_IsString(url))
+                return type_error(err, param, "a string");
+            if (take_image_url(r, err, param, url->valuestring) < 0)
+                return -1;
+            n_img++;
+            j++;
+            continue;
+        }
         if (strcmp(type->valuestring, "text") != 0)
-            return bad(err, param, "content parts of type '%s' are not supported (only 'text')",
+            return bad(err, param, "content parts of type '%s' are not supported (only 'text' and 'image_url')",
                        quote(q, type->valuestring));
         snprintf(param, sizeof param, "messages[%d].content[%d].text", i, j);
         const cJSON *text = member(part, "text");
@@ -411,6 +526,23 @@ static int join_parts(struct oai_error *err, const cJSON *parts, int i, char **o
             return type_error(err, param, "a string");
         total += strlen(text->valuestring);  /* each a distinct part of the body: no overflow */
         j++;
+    }
+    if (n_img > 0) {
+        cJSON *arr = cJSON_CreateArray(), *p;
+        bool ok = arr != NULL;
+        cJSON_ArrayForEach(part, parts) {
+            bool img = strcmp(member(part, "type")->valuestring, "image_url") == 0;
+            ok = ok && (p = cJSON_CreateObject()) && cJSON_AddItemToArray(arr, p) &&
+                 cJSON_AddStringToObject(p, "type", img ? "image" : "text") &&
+                 (img || cJSON_AddStringToObject(p, "text", member(part, "text")->valuestring));
+        }
+        if (!ok) {
+            cJSON_Delete(arr);
+            return nomem(err);
+        }
+        *parts_out = arr;
+        *out = NULL;
+        return 0;
     }
     char *s = malloc(total + 1);
     if (!s)
@@ -482,15 +614,19 @@ static int parse_tool_calls(struct oai_error *err, const cJSON *calls, int i, cJ
 }
 
 /* Appends {"role", "content" (text, or null), "tool_calls" / "tool_call_id"} for message i. */
-static int add_message(struct oai_error *err, cJSON *out, const char *role, const char *text, const cJSON *m, int i)
+static int add_message(struct oai_error *err, cJSON *out, const char *role, const char *text, cJSON *parts,
+                       const cJSON *m, int i)
 {
     char param[128];
     cJSON *calls = NULL;
     const cJSON *tc = strcmp(role, "assistant") == 0 ? member(m, "tool_calls") : NULL;
     const cJSON *call_id = strcmp(role, "tool") == 0 ? member(m, "tool_call_id") : NULL;
-    if (tc && parse_tool_calls(err, tc, i, &calls) < 0)
+    if (tc && parse_tool_calls(err, tc, i, &calls) < 0) {
+        cJSON_Delete(parts);
         return -1;
+    }
     if (call_id && !cJSON_IsString(call_id)) {
+        cJSON_Delete(parts);
         cJSON_Delete(calls);
         snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
         return type_error(err, param, "a string");
@@ -499,19 +635,23 @@ static int add_message(struct oai_error *err, cJSON *out, const char *role, cons
     if (!msg || !cJSON_AddItemToArray(out, msg)) {
         cJSON_Delete(msg);
         cJSON_Delete(calls);
+        cJSON_Delete(parts);
         return nomem(err);
     }
     /* an assistant turn of tool calls only gets "" for content: templates that join strings
      * (most of the simple ones) fail on None, and the ones that test it read "" alike */
-    bool ok = cJSON_AddStringToObject(msg, "role", role) && cJSON_AddStringToObject(msg, "content", text ? text : "");
+    bool ok = cJSON_AddStringToObject(msg, "role", role);
+    if (parts && !(ok && cJSON_AddItemToObject(msg, "content", parts)))
+        cJSON_Delete(parts), ok = false;
+    ok = ok && (parts || cJSON_AddStringToObject(msg, "content", text ? text : ""));
     if (calls && !(ok && cJSON_AddItemToObject(msg, "tool_calls", calls)))
         cJSON_Delete(calls), ok = false;
     ok = ok && (!call_id || cJSON_AddStringToObject(msg, "tool_call_id", call_id->valuestring));
     return ok ? 0 : nomem(err);
 }
 
-/* Checks message i and appends {"role", "content"} to out. */
-static int parse_message(struct oai_error *err, cJSON *out, const cJSON *m, int i)
+/* Checks message i and appends {"role", "content"} to out (its images to r->images). */
+static int parse_message(struct oai_request *r, struct oai_error *err, cJSON *out, const cJSON *m, int i)
 {
     char param[128], q[QUOTE_MAX + 4];
     snprintf(param, sizeof param, "messages[%d]", i);
@@ -537,17 +677,23 @@ static int parse_message(struct oai_error *err, cJSON *out, const cJSON *m, int 
     snprintf(param, sizeof param, "messages[%d].content", i);
     const cJSON *content = member(m, "content");
     char *joined = NULL;
+    cJSON *parts = NULL;
     if (!content && !(calls && cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0))
         return bad(err, param, "'%s' is required", param);
     if (!content)
-        return add_message(err, out, name, NULL, m, i);
+        return add_message(err, out, name, NULL, NULL, m, i);
     if (cJSON_IsArray(content)) {
-        if (join_parts(err, content, i, &joined) < 0)
+        int n_before = r->n_images;
+        if (join_parts(r, err, content, i, &joined, &parts) < 0)
             return -1;
+        if (r->n_images > n_before && strcmp(name, "user") != 0) {
+            cJSON_Delete(parts);
+            return bad(err, param, "images go in user messages (messages[%d] is '%s')", i, name);
+        }
     } else if (!cJSON_IsString(content)) {
         return type_error(err, param, "a string or an array of content parts");
     }
-    int rc = add_message(err, out, name, joined ? joined : content->valuestring, m, i);
+    int rc = add_message(err, out, name, joined ? joined : parts ? NULL : content->valuestring, parts, m, i);
     free(joined);
     return rc;
 }
@@ -569,7 +715,7 @@ static int parse_messages(struct oai_request *r, const cJSON *root, struct oai_e
     int i = 0;
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
-        if (parse_message(err, r->messages, m, i++) < 0)
+        if (parse_message(r, err, r->messages, m, i++) < 0)
             return -1;
     }
     return 0;
@@ -956,6 +1102,11 @@ void oai_request_free(struct oai_request *r)
 {
     free(r->model);
     cJSON_Delete(r->messages);
+    for (int i = 0; i < r->n_images; i++) {
+        free(r->images[i].data);
+        free(r->images[i].url);
+    }
+    free(r->images);
     free(r->prompt);
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++)

@@ -33,6 +33,9 @@ extern "C" {
 #define OAI_MAX_BIAS          1024      /* logit_bias entries */
 #define OAI_MAX_PROMPT_IDS    (1 << 20) /* ids in a token-id prompt */
 #define OAI_MAX_TOKENS_VALUE  (1 << 30) /* largest max_tokens accepted (the context decides further) */
+#define OAI_MAX_IMAGES        16        /* image parts in one request */
+#define OAI_MAX_IMAGE_BYTES   (20u << 20)  /* one image's decoded bytes (OpenAI's limit; the body's
+                                          * --max-body bounds it first) */
 
 enum oai_endpoint {
     OAI_CHAT = 0,          /* POST /v1/chat/completions */
@@ -77,6 +80,16 @@ struct oai_bias {
     float bias;            /* [-100, 100] */
 };
 
+/* An image part's bytes (base64-decoded from its data: URL; not yet decoded as an image), or
+ * its http(s) URL (fetched only with `serve --allow-image-urls`). */
+#define OAI_MAX_IMAGE_URL 8192    /* bytes of an http(s) image URL */
+struct oai_image {
+    unsigned char *data;          /* malloc'd; NULL for a URL */
+    size_t len;                   /* 1 .. OAI_MAX_IMAGE_BYTES */
+    char *url;                    /* malloc'd http(s) URL, NULL for data */
+    char param[128];              /* where the request has it: "messages[1].content[0]" */
+};
+
 struct oai_request {
     enum oai_endpoint endpoint;
     char *model;                  /* NULL when absent */
@@ -86,8 +99,12 @@ struct oai_request {
      * tool calls only)} (content arrays of text parts joined into one string; "developer"
      * becomes "system"); assistant turns keep "tool_calls" ([{"id", "type": "function",
      * "function": {"name", "arguments": <object, parsed from the JSON text when it is one>}}])
-     * and tool turns "tool_call_id" */
+     * and tool turns "tool_call_id". A message with image parts keeps its content as parts
+     * in order, as transformers' chat templates take them: [{"type": "text", "text"},
+     * {"type": "image"}, ...]; its images are in images[], in order over all messages */
     cJSON *messages;
+    struct oai_image *images;     /* [n_images] image_url parts with data: URLs */
+    int n_images;
     /* completions: a text prompt (NUL-terminated, prompt_len bytes), or token ids */
     char *prompt;
     size_t prompt_len;

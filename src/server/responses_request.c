@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "api_responses.h"
 
@@ -139,6 +140,63 @@ static int push_text(struct rs_parse *p, const char *role, char *text)
     return ok ? 0 : nomem(p->err);
 }
 
+/* Whether content (an array) holds an input_image part. */
+static bool has_image(const cJSON *content)
+{
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        if (cJSON_IsObject(part) && is(field(part, "type"), "input_image"))
+            return true;
+    }
+    return false;
+}
+
+/* A user message's content with input_image parts as OpenAI's parts: input_text {"type":
+ * "text", "text"}, input_image {"type": "image_url", "image_url": {"url": image_url}} (its
+ * bytes are checked where OpenAI's are). */
+static int push_parts(struct rs_parse *p, const cJSON *content, const char *param)
+{
+    char pp[128];
+    if (cJSON_GetArraySize(content) > OAI_MAX_CONTENT_PARTS)
+        return bad(p->err, param, "'%s' must have at most %d parts", param, OAI_MAX_CONTENT_PARTS);
+    cJSON *m = push_message(p, "user"), *parts = m ? cJSON_AddArrayToObject(m, "content") : NULL, *o, *iu;
+    if (!parts)
+        return nomem(p->err);
+    int j = 0;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, content) {
+        snprintf(pp, sizeof pp, "%s[%d]", param, j++);
+        const cJSON *type = cJSON_IsObject(part) ? field(part, "type") : NULL, *v;
+        if (!(o = cJSON_CreateObject()) || !cJSON_AddItemToArray(parts, o)) {
+            cJSON_Delete(o);
+            return nomem(p->err);
+        }
+        if (is(type, "input_text") || is(type, "text")) {
+            if (!cJSON_IsString(v = field(part, "text")))
+                return bad(p->err, pp, "'%s.text' must be a string", pp);
+            if (!cJSON_AddStringToObject(o, "type", "text") || !cJSON_AddStringToObject(o, "text", v->valuestring))
+                return nomem(p->err);
+        } else if (is(type, "input_image")) {
+            if (field(part, "file_id"))
+                return bad(p->err, pp, "'%s.file_id': files are not supported (this server is stateless): send "
+                           "image_url as a data: URL", pp);
+            if (!cJSON_IsString(v = field(part, "image_url")))
+                return bad(p->err, pp, "'%s.image_url' must be a string (a data: URL)", pp);
+            if (strncasecmp(v->valuestring, "data:", 5) != 0 && strncasecmp(v->valuestring, "http://", 7) != 0 &&
+                strncasecmp(v->valuestring, "https://", 8) != 0)
+                return bad(p->err, pp, "'%s.image_url' must be a data: URL (data:image/png;base64,...) or an "
+                           "http(s) URL", pp);
+            if (!cJSON_AddStringToObject(o, "type", "image_url") || !(iu = cJSON_AddObjectToObject(o, "image_url")) ||
+                !cJSON_AddStringToObject(iu, "url", v->valuestring))
+                return nomem(p->err);
+        } else {
+            return bad(p->err, pp, "content parts of type '%.64s' are not supported with images (only "
+                       "'input_text', 'input_image')", cJSON_IsString(type) ? type->valuestring : "?");
+        }
+    }
+    return 0;
+}
+
 /* {"role", "content"} item i (type "message" or none). */
 static int add_message(struct rs_parse *p, const cJSON *item, int i)
 {
@@ -150,6 +208,11 @@ static int add_message(struct rs_parse *p, const cJSON *item, int i)
     snprintf(param, sizeof param, "input[%d].content", i);
     if (!content)
         return bad(p->err, param, "'%s' is required", param);
+    if (cJSON_IsArray(content) && has_image(content)) {
+        if (!is(role, "user"))
+            return bad(p->err, param, "images go in user messages");
+        return push_parts(p, content, param);
+    }
     char *text;
     if (content_text(p->err, content, param, &text) < 0)
         return -1;

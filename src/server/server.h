@@ -37,6 +37,7 @@ struct server_opts {
     int request_timeout_s;       /* the whole request, body included (0: 300) */
     int max_connections;         /* served at once; SRV_CONN_RESERVE more are answered 503 */
     bool log_json;               /* access log lines as JSON */
+    bool allow_image_urls;       /* fetch image parts' http(s) URLs (image_fetch.h); else 400 */
     /* Host names accepted besides IP literals and localhost ("*": any; ".x.org": x.org and its
      * subdomains) and origins allowed cross-origin requests ("*": any); borrowed, they outlive
      * the server */
@@ -64,12 +65,17 @@ struct server_model {
     int tool_format;                     /* enum outparse_format the chat template teaches */
     bool reasoning;                      /* the template emits <think> reasoning */
     struct spec_params spec;             /* speculative decoding of every request (serve --spec) */
+    /* image parts: the model's image setup (processor and placeholder text), NULL when it takes
+     * none; then images_error says why (NULL: it has no vision tower) */
+    const struct image_setup *images;
+    const char *images_error;
     /* an encoder (embeddings, reranking) instead of a generating model: runner, tmpl and
      * gvocab are NULL, tok may be (token-id inputs only); borrowed */
     struct embedder *embedder;
 };
 
 struct embedder;
+struct image_setup;
 struct server;
 
 /* Binds and starts answering (503 for everything but /health until the model is set). */

@@ -1,0 +1,69 @@
+/*
+ * image_input: a prompt's images as the model's processor and tokenizer make them (issue 43
+ * item 4; shared by `mlxcel generate --image` and the server's image parts). Decoded images
+ * (src/image) go through the checkpoint's image processor into the pixels the vision tower
+ * takes, and each image's placeholder in the prompt text (what the chat template writes:
+ * Gemma 3's <start_of_image>) is replaced by the processor's expansion (image_prompt_text)
+ * before the whole prompt is tokenized, as transformers' processors do; image_input_runs then
+ * finds each image's run of image tokens in the ids.
+ */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/err.h"
+#include "../image/image.h"
+#include "../image/preprocess.h"
+#include "../models/model.h"
+#include "../tokenizer/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tower images (pan-and-scan crops count) in one prompt. */
+#define IMAGE_INPUT_MAX 16
+
+/* What a model's images need, made once per model. */
+struct image_setup {
+    const struct model *m;           /* borrowed */
+    struct image_proc_config cfg;    /* the checkpoint's processor */
+    bool has_text;                   /* the pieces below are known (a tokenizer was given) */
+    char boi[64], image[64], eoi[64];  /* e.g. "<start_of_image>", "<image_soft_token>", ... */
+};
+
+/* m's setup from checkpoint folder dir (preprocessor_config.json / processor_config.json) and
+ * tok (NULL: no text, for prompts given as ids). ERR_ARG naming the model when it has no vision
+ * tower; the processor's load errors (ERR_MISSING when there is none). */
+int image_setup_init(struct image_setup *su, const char *dir, const struct model *m, const struct tokenizer *tok,
+                     struct err *e);
+
+/* One prompt's images. */
+struct image_input {
+    const struct image_setup *su;    /* borrowed */
+    float *pixels;                   /* [n_img, C, S, S] malloc'd */
+    int n_img;
+    char *text[IMAGE_INPUT_MAX];     /* per image added: its placeholder's expansion (has_text) */
+    int n_added;
+};
+
+void image_input_init(struct image_input *in, const struct image_setup *su);
+/* im through the processor, appended (ERR_CONFIG when the processor's output does not fit the
+ * tower; ERR_RANGE past IMAGE_INPUT_MAX). */
+int image_input_add(struct image_input *in, const struct image *im, struct err *e);
+void image_input_free(struct image_input *in);
+
+/* text[0, len) with its k-th placeholder (su->boi) replaced by text[k] (*out malloc'd, NUL-
+ * terminated). Placeholders past the images are left as they are. */
+int image_input_substitute(const struct image_input *in, const char *text, size_t len, char **out,
+                           size_t *out_len, struct err *e);
+
+/* The first row of each image's run of tokens_per_image image tokens in ids, in order, into
+ * pos[n_img]. ERR_ARG when the runs are not exactly n_img whole runs (a placeholder missing,
+ * one too many, or image tokens written as text). */
+int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n, int32_t *pos, struct err *e);
+
+#ifdef __cplusplus
+}
+#endif

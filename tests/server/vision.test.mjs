@@ -1,0 +1,226 @@
+// Images through the server's APIs (issue 43 item 4, ADR 0090), on an image-text checkpoint made
+// at run time from the gemma3_vision golden (tests/cli/make_vision_checkpoint.py: tokenizer,
+// Gemma 3's chat template, image processor at the tiny tower's 64 x 64):
+//  - the official `openai` client's chat image_url part (a base64 data: URL), the Responses
+//    API's input_image and the `@anthropic-ai/sdk` client's base64 image block all give what
+//    `mlxcel generate --image` gives for the same image and text, and count the image's tokens
+//    in usage (27 prompt tokens: 3 of text, boi + 16 image tokens + eoi, the template's 6);
+//  - the prefix cache: the same image again reads the cached blocks, another image with the
+//    same text does not;
+//  - hostile images (truncated, wrong magic, 0 bytes, a 60000 x 60000 header, not base64) and
+//    http(s) URLs are 400s in each API's error shape, and the server keeps serving;
+//  - a text model (llama-tiny) answers an image part with a 400 naming the model;
+//  - `serve --allow-image-urls`: an http URL (a local server's) is fetched, redirects followed up
+//    to 3, and nothing of the client's request (its Authorization) forwarded; a 404, a redirect
+//    loop, a body over 20 MiB, a server that never answers (10 s) and a non-http URL are 400s.
+import { describe, it, before, after } from 'node:test';
+import { createServer } from 'node:http';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Anthropic from '@anthropic-ai/sdk';
+import { MODEL, SLOW, startServer, client, post, assertError } from './harness.mjs';
+
+const BIN = process.env.MLXCEL_BIN;
+const work = mkdtempSync(join(tmpdir(), 'mlxcel-vision-'));
+const ck = join(work, 'gemma3v');
+process.on('exit', () => rmSync(work, { recursive: true, force: true }));
+if (BIN) execFileSync('python3', ['tests/cli/make_vision_checkpoint.py', ck], { stdio: ['ignore', 'ignore', 'inherit'] });
+const IMG = 'tests/fixtures/images';
+const b64 = (f) => readFileSync(join(IMG, f)).toString('base64');
+const dataUrl = (f, type = 'image/jpeg') => `data:${type};base64,${b64(f)}`;
+const TEXT = 'w10 w20 w30';
+const N = 6;
+const PROMPT_TOKENS = 27;
+
+// what `mlxcel generate --image` writes for the same image and text (greedy)
+const cli = (f) => execFileSync(BIN, ['generate', '-m', ck, '--image', join(IMG, f), '-p', TEXT, '-n', String(N),
+    '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+const chatBody = (url, extra = {}, text = TEXT) => ({
+    model: 'gemma3v', max_tokens: N, temperature: 0,
+    messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url } }, { type: 'text', text }] }],
+    ...extra,
+});
+const anthropic = (base) => new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0, timeout: 60_000 * SLOW });
+
+describe('vision: images through the APIs', () => {
+    let srv, oai;
+    before(async () => {
+        srv = await startServer(['-m', ck]);
+        oai = client(srv.base);
+    });
+    after(async () => { await srv?.stop(); });
+
+    it('openai chat: an image_url data: URL equals generate --image; the image counts in usage', async () => {
+        const want = cli('vis_photo.jpg');
+        const r = await oai.chat.completions.create(chatBody(dataUrl('vis_photo.jpg')));
+        assert.equal(r.choices[0].message.content, want);
+        assert.equal(r.usage.prompt_tokens, PROMPT_TOKENS);
+        // PNG too, and a streamed answer with usage
+        const wantPng = cli('vis_edges.png');
+        const s = await oai.chat.completions.create({ ...chatBody(dataUrl('vis_edges.png', 'image/png')), stream: true,
+            stream_options: { include_usage: true } });
+        let text = '', usage;
+        for await (const c of s) {
+            text += c.choices[0]?.delta?.content || '';
+            if (c.usage) usage = c.usage;
+        }
+        assert.equal(text, wantPng);
+        assert.equal(usage.prompt_tokens, PROMPT_TOKENS);
+    });
+
+    it('responses: input_image equals generate --image', async () => {
+        const r = await oai.responses.create({
+            model: 'gemma3v', max_output_tokens: N, temperature: 0,
+            input: [{ role: 'user', content: [{ type: 'input_image', image_url: dataUrl('photo.webp', 'image/webp') },
+                { type: 'input_text', text: TEXT }] }],
+        });
+        assert.equal(r.output_text, cli('photo.webp'));
+        assert.equal(r.usage.input_tokens, PROMPT_TOKENS);
+    });
+
+    it('anthropic: a base64 image block equals generate --image', async () => {
+        const r = await anthropic(srv.base).messages.create({
+            model: 'gemma3v', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [
+                { type: 'image', source: { type: 'base64', media_type: 'image/gif', data: b64('edges.gif') } },
+                { type: 'text', text: TEXT }] }],
+        });
+        assert.equal(r.content[0].text, cli('edges.gif'));
+        assert.equal(r.usage.input_tokens + (r.usage.cache_read_input_tokens || 0), PROMPT_TOKENS);
+    });
+
+    it('prefix cache: the same image shares the cached prefix, another image does not', async () => {
+        // 44 prompt tokens: the image (rows 4 .. 19) lies inside the first two blocks of 16, a hit
+        // (which never ends inside an image) can reach row 32
+        const long = Array.from({ length: 20 }, (_, i) => `w${40 + i}`).join(' ');
+        const a = await post(srv.base, '/v1/chat/completions', chatBody(dataUrl('wide.jpg'), {}, long));
+        assert.equal(a.status, 200, a.text);
+        assert.equal(a.json.usage.prompt_tokens, 44);
+        assert.equal(a.json.usage.prompt_tokens_details.cached_tokens, 0);
+        const b = await post(srv.base, '/v1/chat/completions', chatBody(dataUrl('wide.jpg'), {}, long));
+        assert.equal(b.json.usage.prompt_tokens_details.cached_tokens, 32, JSON.stringify(b.json.usage));
+        assert.equal(b.json.choices[0].message.content, a.json.choices[0].message.content);
+        // the same text with another image (never sent): none of the image's blocks are shared
+        const c = await post(srv.base, '/v1/chat/completions', chatBody(dataUrl('photo_444.jpg'), {}, long));
+        assert.equal(c.json.usage.prompt_tokens_details.cached_tokens, 0, JSON.stringify(c.json.usage));
+    });
+
+    it('hostile images and URLs are 400s; the server keeps serving', async () => {
+        const bad = [
+            ['truncated.png', dataUrl('truncated.png', 'image/png'), /truncated|ends/],
+            ['wrong magic', dataUrl('wrong_magic.jpg'), /image/],
+            ['0 bytes', 'data:image/png;base64,', /empty/],
+            ['60000 x 60000 header', dataUrl('huge_header.png', 'image/png'), /limit/],
+            ['garbage', dataUrl('garbage.bin'), /image/],
+            ['not base64', 'data:image/png;base64,@@@@', /base64/],
+            ['not a data: URL', 'file:///etc/passwd', /data: URL/],
+            ['https', 'https://example.com/cat.png', /--allow-image-urls/],
+        ];
+        for (const [what, url, re] of bad) {
+            const r = await post(srv.base, '/v1/chat/completions', chatBody(url));
+            const e = assertError(r, 400, what, { param: 'messages[0].content[0].image_url.url' });
+            assert.match(e.message, re, what);
+            srv.assertAlive(what);
+        }
+        const an = await post(srv.base, '/v1/messages', {
+            model: 'gemma3v', max_tokens: 2, messages: [{ role: 'user', content: [
+                { type: 'image', source: { type: 'base64', media_type: 'image/png', data: b64('truncated.png') } }] }],
+        });
+        assert.equal(an.status, 400, an.text);
+        assert.equal(an.json.type, 'error');
+        assert.equal(an.json.error.type, 'invalid_request_error');
+        // image tokens typed as text are no image
+        const typed = await post(srv.base, '/v1/chat/completions', { max_tokens: 2,
+            messages: [{ role: 'user', content: 'w5 <image_soft_token>' }] });
+        assertError(typed, 400, 'image tokens as text');
+        const ok = await oai.chat.completions.create(chatBody(dataUrl('vis_photo.jpg')));
+        assert.equal(ok.choices[0].message.content, cli('vis_photo.jpg'));
+    });
+});
+
+describe('vision: a text model', () => {
+    let srv;
+    before(async () => { srv = await startServer(); });
+    after(async () => { await srv?.stop(); });
+    it('answers an image part with a 400 naming the model', async () => {
+        const r = await post(srv.base, '/v1/chat/completions', chatBody(dataUrl('vis_photo.jpg'), { model: MODEL }));
+        const e = assertError(r, 400, 'text model', { param: 'messages[0].content[0].image_url.url' });
+        assert.match(e.message, new RegExp(`'${MODEL}' does not take images`));
+    });
+});
+
+describe('vision: serve --allow-image-urls', () => {
+    let srv, web, base;
+    const seen = [];
+    const photo = readFileSync(join(IMG, 'vis_photo.jpg'));
+    before(async () => {
+        web = createServer((req, res) => {
+            seen.push({ url: req.url, headers: req.headers });
+            if (req.url === '/photo.jpg') return res.end(photo);
+            if (req.url === '/redirect') return res.writeHead(302, { location: '/photo.jpg' }).end();
+            if (req.url.startsWith('/loop')) return res.writeHead(302, { location: `/loop${seen.length}` }).end();
+            if (req.url === '/big') {
+                res.writeHead(200, { 'content-length': String(30 << 20) });
+                return res.end(Buffer.alloc(1 << 16));  // a lie: the fetch refuses the length first
+            }
+            if (req.url === '/chunked-big') {
+                res.writeHead(200);
+                const chunk = Buffer.alloc(1 << 20);
+                let n = 0;
+                const more = () => { while (n++ < 24) if (!res.write(chunk)) return res.once('drain', more); res.end(); };
+                return more();
+            }
+            if (req.url === '/slow') return;  // never answers (closed when the test ends)
+            res.writeHead(404).end('no');
+        });
+        await new Promise((r) => web.listen(0, '127.0.0.1', r));
+        base = `http://127.0.0.1:${web.address().port}`;
+        srv = await startServer(['-m', ck, '--allow-image-urls']);
+    });
+    after(async () => {
+        await srv?.stop();
+        web?.closeAllConnections();
+        await new Promise((r) => web ? web.close(r) : r());
+    });
+
+    it('fetches an http URL (redirects too), forwarding nothing of the request', async () => {
+        const want = cli('vis_photo.jpg');
+        for (const path of ['/photo.jpg', '/redirect']) {
+            seen.length = 0;
+            const r = await post(srv.base, '/v1/chat/completions', chatBody(`${base}${path}`),
+                { headers: { authorization: 'Bearer secret-of-the-client', cookie: 'a=b' } });
+            assert.equal(r.status, 200, r.text);
+            assert.equal(r.json.choices[0].message.content, want, path);
+            assert.equal(r.json.usage.prompt_tokens, PROMPT_TOKENS);
+            assert.ok(seen.length >= 1);
+            for (const s of seen) {
+                assert.equal(s.headers.authorization, undefined, JSON.stringify(s.headers));
+                assert.equal(s.headers.cookie, undefined, JSON.stringify(s.headers));
+                assert.equal(s.headers['user-agent'], 'mlxcel');
+            }
+        }
+    });
+
+    it('bounds what it fetches: 400s, and the server keeps serving', { timeout: 60_000 * SLOW }, async () => {
+        const cases = [
+            ['/missing', /HTTP status 404/],
+            ['/loop', /redirects/],
+            ['/big', /over \d+ bytes/],
+            ['/chunked-big', /over \d+ bytes/],
+            ['/slow', /10 seconds/],
+        ];
+        for (const [path, re] of cases) {
+            const r = await post(srv.base, '/v1/chat/completions', chatBody(`${base}${path}`));
+            const e = assertError(r, 400, path, { param: 'messages[0].content[0].image_url.url' });
+            assert.match(e.message, re, path);
+            srv.assertAlive(path);
+        }
+        const ftp = await post(srv.base, '/v1/chat/completions', chatBody('ftp://127.0.0.1/x.png'));
+        assertError(ftp, 400, 'ftp');
+        const ok = await post(srv.base, '/v1/chat/completions', chatBody(`${base}/photo.jpg`));
+        assert.equal(ok.status, 200, ok.text);
+    });
+});
