@@ -439,6 +439,113 @@ static void tokenized_case(void **state)
     tok_free(tok);
 }
 
+/* The embedder encodes as the tokenizer's own post-processor says, whatever the model
+ * family: bert_st's tokenizer.json with its post_processor replaced. RobertaProcessing on a
+ * BERT model repeats the separator between the texts (types all 0); no post-processor adds
+ * no special token (tokenizers' default processing: a then b, b of type 1; transformers adds
+ * none either); a template without "pair" refuses pairs. Expected ids are assembled from the
+ * texts' ids without special tokens and the [CLS] / [SEP] ids. */
+static void tok_with_post(const char *src, const char *post, struct tokenizer **tok)
+{
+    char path[4096], dir[] = "/tmp/mlxcel-tokpost-XXXXXX", cmd[128];
+    struct err e = {0};
+    cJSON *j = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "post_processor", cJSON_Parse(post));
+    char *text = cJSON_PrintUnformatted(j);
+    assert_non_null(mkdtemp(dir));
+    write_file(dir, "tokenizer.json", text);
+    if (tok_load(tok, dir, &e) < 0)
+        fail_msg("%s: %s", post, e.msg);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void tokens_follow_post_processor(void **state)
+{
+    (void)state;
+    struct ecase c;
+    struct tokenizer *tok = NULL;
+    struct emb_item it;
+    struct err e = {0};
+    const char *q = "where is the king", *d = "the king is in the castle";
+    int32_t *bq, *bd;
+    size_t nq, nd;
+    char post[512];
+    ecase_open(&c, "bert_st");
+    tok_with_post(c.m->dir, "null", &tok);
+    int32_t cls = tok_piece_to_id(tok, "[CLS]"), sep = tok_piece_to_id(tok, "[SEP]");
+    assert_true(cls >= 0 && sep >= 0);
+    assert_int_equal(tok_encode(tok, q, strlen(q), false, &bq, &nq, &e), 0);
+    assert_int_equal(tok_encode(tok, d, strlen(d), false, &bd, &nd, &e), 0);
+    c.em->pair_types = true;   /* as a tokenizer returning token_type_ids */
+
+    /* no post-processor: the text alone; the pair concatenated, the document of type 1 */
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize(c.em, NULL, q, strlen(q), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)nq);
+    assert_memory_equal(it.ids, bq, nq * sizeof *bq);
+    emb_item_deinit(&it);
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)(nq + nd));
+    assert_memory_equal(it.ids, bq, nq * sizeof *bq);
+    assert_memory_equal(it.ids + nq, bd, nd * sizeof *bd);
+    for (int k = 0; k < it.n; k++)
+        assert_int_equal(it.types[k], k < (int)nq ? 0 : 1);
+    emb_item_deinit(&it);
+    tok_free(tok);
+
+    /* RobertaProcessing on a BERT model: <cls> q <sep><sep> d <sep>, all of type 0 */
+    snprintf(post, sizeof post,
+             "{\"type\":\"RobertaProcessing\",\"sep\":[\"[SEP]\",%d],\"cls\":[\"[CLS]\",%d],"
+             "\"trim_offsets\":true,\"add_prefix_space\":false}", sep, cls);
+    tok_with_post(c.m->dir, post, &tok);
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)(nq + nd + 4));
+    assert_int_equal(it.ids[0], cls);
+    assert_memory_equal(it.ids + 1, bq, nq * sizeof *bq);
+    assert_int_equal(it.ids[1 + nq], sep);
+    assert_int_equal(it.ids[2 + nq], sep);
+    assert_memory_equal(it.ids + 3 + nq, bd, nd * sizeof *bd);
+    assert_int_equal(it.ids[it.n - 1], sep);
+    for (int k = 0; k < it.n; k++)
+        assert_int_equal(it.types[k], 0);
+    emb_item_deinit(&it);
+    /* truncated to the model's limit by the pair's rule, the specials kept */
+    int keep = c.em->max_len;
+    c.em->max_len = 4 + 3;
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, 7);
+    assert_int_equal(it.ids[6], sep);
+    emb_item_deinit(&it);
+    assert_true(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), false, &it, &e) == -ERR_RANGE);
+    c.em->max_len = keep;
+    tok_free(tok);
+
+    /* a template without a pair: pairs are refused, single texts get the template */
+    snprintf(post, sizeof post,
+             "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"[CLS]\",\"type_id\":0}},"
+             "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":null,"
+             "\"special_tokens\":{\"[CLS]\":{\"id\":\"[CLS]\",\"ids\":[%d],\"tokens\":[\"[CLS]\"]}}}", cls);
+    tok_with_post(c.m->dir, post, &tok);
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize(c.em, NULL, q, strlen(q), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)nq + 1);
+    assert_int_equal(it.ids[0], cls);
+    emb_item_deinit(&it);
+    e = (struct err){0};
+    assert_true(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e) == -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "pair"));
+    tok_free(tok);
+    free(bq);
+    free(bd);
+    ecase_close(&c);
+}
+
 static void tokens_bert_st(void **s) { *s = (void *)"bert_st"; tokenized_case(s); }
 static void tokens_xlmr_st(void **s) { *s = (void *)"xlmr_st"; tokenized_case(s); }
 static void tokens_bert_ce(void **s) { *s = (void *)"bert_ce"; tokenized_case(s); }
@@ -459,6 +566,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tokens_xlmr_st),
     cmocka_unit_test(tokens_bert_ce),
     cmocka_unit_test(tokens_xlmr_ce),
+    cmocka_unit_test(tokens_follow_post_processor),
 };
 
 TEST_SUITE(embed, tests);
