@@ -546,6 +546,58 @@ static void tokens_follow_post_processor(void **state)
     ecase_close(&c);
 }
 
+/* The rows the encoder hands the attention op: each at its own position in its sequence,
+ * with the whole sequence as its bidirectional span (kv_rows.span), so the op's tiled
+ * prefill path takes them (ADR 0092; before, every row sat at its sequence's last position
+ * and the op took them one at a time). The CPU backend's metadata lives in host memory. */
+static const struct backend_ops *g_real_ops;
+static int g_attn_calls, g_attn_bad;
+static int g_lens[3];
+
+static void attn_spy(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                     const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                     const struct attn_params *ap)
+{
+    int r = 0;
+    g_attn_calls++;
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < g_lens[s]; i++, r++)
+            if (r >= n_tok || rows->pos[r] != i || !rows->span || rows->span[2 * r] != 0 ||
+                rows->span[2 * r + 1] != g_lens[s] - 1)
+                g_attn_bad++;
+    if (r != n_tok)
+        g_attn_bad++;
+    g_real_ops->attention(be, out, ldo, q, ldq, kv, rows, n_tok, ap);
+}
+
+static void encoder_rows_own_positions(void **state)
+{
+    (void)state;
+    struct ecase c;
+    struct err e = {0};
+    ecase_open(&c, "bert_st");
+    struct backend_ops spy = *c.be->ops;
+    g_real_ops = c.be->ops;
+    spy.attention = attn_spy;
+    c.be->ops = &spy;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = 5 + i;
+    g_lens[0] = 17, g_lens[1] = 1, g_lens[2] = 9;
+    struct enc_seq seqs[3] = {{ids, NULL, 17}, {ids + 17, NULL, 1}, {ids + 18, NULL, 9}};
+    float *hidden = malloc(27 * (size_t)c.m->hp.n_embd * sizeof *hidden);
+    assert_non_null(hidden);
+    g_attn_calls = g_attn_bad = 0;
+    if (enc_run(c.em->enc, seqs, 3, hidden, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    c.be->ops = g_real_ops;
+    assert_int_equal(g_attn_calls, c.m->hp.n_layer);
+    if (g_attn_bad)
+        fail_msg("%d rows reached the attention op without their own position and span", g_attn_bad);
+    free(hidden);
+    ecase_close(&c);
+}
+
 static void tokens_bert_st(void **s) { *s = (void *)"bert_st"; tokenized_case(s); }
 static void tokens_xlmr_st(void **s) { *s = (void *)"xlmr_st"; tokenized_case(s); }
 static void tokens_bert_ce(void **s) { *s = (void *)"bert_ce"; tokenized_case(s); }
@@ -567,6 +619,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tokens_bert_ce),
     cmocka_unit_test(tokens_xlmr_ce),
     cmocka_unit_test(tokens_follow_post_processor),
+    cmocka_unit_test(encoder_rows_own_positions),
 };
 
 TEST_SUITE(embed, tests);

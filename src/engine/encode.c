@@ -6,9 +6,13 @@
  * ENC_BLOCK in the K/V scratch pool (its own block table: consecutive blocks), so every
  * row of s reads exactly the keys of s. Per row the metadata rows of the context are:
  *   0 ids   1 type ids   2 position ids (pos_offset + i; RoBERTa: a pad token takes
- *   padding_idx)   3 attention position (the sequence's last: the causal mask spans it)
- *   4 slot   5 table offset   6 seq_end   7 out_rows (the first row of each sequence)
- * and the block tables follow in a buffer of their own.
+ *   padding_idx)   3 attention position (the row's own, i)   4 slot   5 table offset
+ *   6 seq_end   7 out_rows (the first row of each sequence)   8-9 [B][2] the row's
+ *   bidirectional span, (0, n - 1): the whole sequence (kv_rows.span)
+ * and the block tables follow in a buffer of their own. With their own positions a
+ * sequence's rows are consecutive, so the attention op takes them in tiles (its prefill
+ * path) rather than one row at a time, as it did when every row sat at the sequence's last
+ * position (ADR 0092).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -148,7 +152,9 @@ static int enc_stage(struct encoder *en, const struct enc_seq *seqs, int s0, int
             /* RoBERTa: cumsum of non-pad tokens + padding_idx, a pad token padding_idx */
             bool pad = hp->pad_id >= 0 && q->ids[i] == hp->pad_id;
             mh[2 * B + r] = pad ? hp->pad_id : emb++;
-            mh[3 * B + r] = q->n - 1;
+            mh[3 * B + r] = i;
+            mh[8 * B + 2 * r] = 0;
+            mh[8 * B + 2 * r + 1] = q->n - 1;
             mh[4 * B + r] = slot0 + i;
             mh[5 * B + r] = slot0 / ENC_BLOCK;
             mh[6 * B + r] = q->n;
@@ -181,7 +187,7 @@ int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hi
     const int32_t *meta = c->bufs.meta;
     struct kv_rows rows = {.pos = meta + 3 * B, .slot = meta + 4 * B, .table = meta + 5 * B,
                            .tables = en->tables_dev, .seq_end = meta + 6 * B,
-                           .block_size = ENC_BLOCK, .state = NULL};
+                           .block_size = ENC_BLOCK, .state = NULL, .span = meta + 8 * B};
     size_t row0 = 0;
     for (int s0 = 0; s0 < n_seq;) {
         /* whole sequences while the rows, the slots and the logit rows last */
