@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "loading/config.h"
 #include "models/model.h"
+#include "models/synth.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -598,6 +599,97 @@ static void encoder_rows_own_positions(void **state)
     ecase_close(&c);
 }
 
+/* ModernBERT's local layers (ADR 0093): a random tiny ModernBertModel (mlxcel synth's
+ * generator; 4 layers, global every 3, local_attention 16: a band of 8 each side). Every
+ * global layer's rows reach the op with the whole sequence as their span and no window,
+ * every local layer's with the band (max(0, i - 8), min(n - 1, i + 8)) and a causal window of
+ * one; sequences longer than the band come out batched equal to alone. */
+static int g_band_calls[2], g_band_bad;
+static const int *g_band_lens;
+static int g_band_nseq;
+
+static void band_spy(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                     const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                     const struct attn_params *ap)
+{
+    bool local = ap->window == 1;
+    int r = 0;
+    g_band_calls[local]++;
+    if (!local && ap->window != 0)
+        g_band_bad++;
+    for (int s = 0; s < g_band_nseq; s++)
+        for (int i = 0; i < g_band_lens[s]; i++, r++) {
+            int lo = local ? (i - 8 > 0 ? i - 8 : 0) : 0;
+            int hi = local ? (i + 8 < g_band_lens[s] - 1 ? i + 8 : g_band_lens[s] - 1) : g_band_lens[s] - 1;
+            if (r >= n_tok || rows->pos[r] != i || !rows->span || rows->span[2 * r] != lo ||
+                rows->span[2 * r + 1] != hi)
+                g_band_bad++;
+        }
+    if (r != n_tok)
+        g_band_bad++;
+    g_real_ops->attention(be, out, ldo, q, ldq, kv, rows, n_tok, ap);
+}
+
+static void modernbert_band_rows(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-mbert-XXXXXX", cfg[128], out[160], cmd[200];
+    struct err e = {0};
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct encoder *en = NULL;
+    assert_non_null(mkdtemp(dir));
+    snprintf(out, sizeof out, "%s/m", dir);
+    write_file(dir, "config.json",
+               "{\"architectures\": [\"ModernBertModel\"], \"model_type\": \"modernbert\", "
+               "\"vocab_size\": 300, \"hidden_size\": 64, \"intermediate_size\": 48, "
+               "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"max_position_embeddings\": 128, "
+               "\"local_attention\": 16, \"global_attn_every_n_layers\": 3, \"torch_dtype\": \"float32\"}");
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    struct synth_opts o = {.config = cfg, .dst = out, .dtype = -1, .seed = 7, .n_threads = 1};
+    struct synth_stats st;
+    if (synth_checkpoint(&o, &st, &e) < 0 || model_load(&m, out, &e) < 0 ||
+        test_backend_new(&be, 2, &e) < 0 || model_prepare(m, be, &e) < 0 || enc_new(&en, m, be, &e) < 0)
+        fail_msg("%s", e.msg);
+    static const int lens[4] = {40, 1, 9, 25};
+    int32_t ids[75];
+    for (int i = 0; i < 75; i++)
+        ids[i] = 5 + (i * 37) % 290;
+    struct enc_seq seqs[4] = {{ids, NULL, 40}, {ids + 40, NULL, 1}, {ids + 41, NULL, 9}, {ids + 50, NULL, 25}};
+    int d = m->hp.n_embd;
+    float *batched = malloc(75 * (size_t)d * sizeof(float)), *alone = malloc(75 * (size_t)d * sizeof(float));
+    assert_true(batched && alone);
+    struct backend_ops spy = *be->ops;
+    g_real_ops = be->ops;
+    spy.attention = band_spy;
+    be->ops = &spy;
+    g_band_lens = lens;
+    g_band_nseq = 4;
+    g_band_calls[0] = g_band_calls[1] = g_band_bad = 0;
+    if (enc_run(en, seqs, 4, batched, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    be->ops = g_real_ops;
+    assert_int_equal(g_band_calls[0], 2);   /* layers 0 and 3 */
+    assert_int_equal(g_band_calls[1], 2);   /* layers 1 and 2 */
+    if (g_band_bad)
+        fail_msg("%d rows reached the attention op without their position, span or window", g_band_bad);
+    for (int s = 0, r = 0; s < 4; r += lens[s++])
+        if (enc_run(en, &seqs[s], 1, alone + (size_t)r * d, NULL, &e) < 0)
+            fail_msg("%s", e.msg);
+    for (int r = 0; r < 75; r++) {
+        double err = test_row_rel_err(batched + (size_t)r * d, alone + (size_t)r * d, d);
+        if (err > 1e-5)
+            fail_msg("row %d: batched differs from alone by %.3g of the row", r, err);
+    }
+    free(batched);
+    free(alone);
+    enc_free(en);
+    backend_free(be);
+    model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void tokens_bert_st(void **s) { *s = (void *)"bert_st"; tokenized_case(s); }
 static void tokens_xlmr_st(void **s) { *s = (void *)"xlmr_st"; tokenized_case(s); }
 static void tokens_bert_ce(void **s) { *s = (void *)"bert_ce"; tokenized_case(s); }
@@ -620,6 +712,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tokens_xlmr_ce),
     cmocka_unit_test(tokens_follow_post_processor),
     cmocka_unit_test(encoder_rows_own_positions),
+    cmocka_unit_test(modernbert_band_rows),
 };
 
 TEST_SUITE(embed, tests);
