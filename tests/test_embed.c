@@ -8,6 +8,9 @@
  * alone within 1e-5 of the row (the batch suite's bound; matvec alone and gemm in a batch may
  * sum in another order). Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
  * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
+ * ModernBERT (gen_modernbert.py): modernbert_st (float32, mean + Normalize, prompts),
+ * modernbert_st_bf16 (CLS pooling), modernbert_ce (CLS head); texts longer than the local
+ * layers' band of 8 positions each side.
  * The token ids come from the references (the tokenizers are tested on their own).
  */
 #include <math.h>
@@ -690,6 +693,32 @@ static void modernbert_band_rows(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A ModernBERT cross-encoder with classifier_pooling "mean" (modernbert_ce's config so
+ * patched; gen_modernbert.py makes its reference, modernbert_ce_mean, for the day it runs)
+ * is refused at load naming the field, never scored with the CLS row (ADR 0093). */
+static void modernbert_mean_head_refused(void **state)
+{
+    (void)state;
+    char path[4096], dir[] = "/tmp/mlxcel-mbmean-XXXXXX", cmd[128];
+    struct model *m = NULL;
+    struct err e = {0};
+    cJSON *j = NULL;
+    snprintf(path, sizeof path, "%s/config.json", golden_case_dir("modernbert_ce"));
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "classifier_pooling", cJSON_CreateString("mean"));
+    char *text = cJSON_PrintUnformatted(j);
+    assert_non_null(mkdtemp(dir));
+    write_file(dir, "config.json", text);
+    int rc = model_load(&m, dir, &e);
+    model_free(m);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    if (rc != -ERR_UNSUPPORTED || !strstr(e.msg, "classifier_pooling"))
+        fail_msg("expected a refusal naming classifier_pooling, got %d '%s'", rc, e.msg);
+}
+
 static void tokens_bert_st(void **s) { *s = (void *)"bert_st"; tokenized_case(s); }
 static void tokens_xlmr_st(void **s) { *s = (void *)"xlmr_st"; tokenized_case(s); }
 static void tokens_bert_ce(void **s) { *s = (void *)"bert_ce"; tokenized_case(s); }
@@ -697,6 +726,11 @@ static void tokens_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; tokenized_case(s)
 
 static void embed_bert_st(void **s) { *s = (void *)"bert_st"; embed_case(s); }
 static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
+static void embed_modernbert_st(void **s) { *s = (void *)"modernbert_st"; embed_case(s); }
+static void embed_modernbert_st_bf16(void **s) { *s = (void *)"modernbert_st_bf16"; embed_case(s); }
+static void rerank_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; rerank_case(s); }
+static void tokens_modernbert_st(void **s) { *s = (void *)"modernbert_st"; tokenized_case(s); }
+static void tokens_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; tokenized_case(s); }
 static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
 static void rerank_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; rerank_case(s); }
 
@@ -710,9 +744,15 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tokens_xlmr_st),
     cmocka_unit_test(tokens_bert_ce),
     cmocka_unit_test(tokens_xlmr_ce),
+    cmocka_unit_test(embed_modernbert_st),
+    cmocka_unit_test(embed_modernbert_st_bf16),
+    cmocka_unit_test(rerank_modernbert_ce),
+    cmocka_unit_test(tokens_modernbert_st),
+    cmocka_unit_test(tokens_modernbert_ce),
     cmocka_unit_test(tokens_follow_post_processor),
     cmocka_unit_test(encoder_rows_own_positions),
     cmocka_unit_test(modernbert_band_rows),
+    cmocka_unit_test(modernbert_mean_head_refused),
 };
 
 TEST_SUITE(embed, tests);
