@@ -8,6 +8,9 @@
  * alone within 1e-5 of the row (the batch suite's bound; matvec alone and gemm in a batch may
  * sum in another order). Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
  * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
+ * ModernBERT (gen_modernbert.py): modernbert_st (float32, mean + Normalize, prompts),
+ * modernbert_st_bf16 (CLS pooling), modernbert_ce (CLS head); texts longer than the local
+ * layers' band of 8 positions each side.
  * The token ids come from the references (the tokenizers are tested on their own).
  */
 #include <math.h>
@@ -22,6 +25,7 @@
 #include "kernels/backend.h"
 #include "loading/config.h"
 #include "models/model.h"
+#include "models/synth.h"
 #include "test.h"
 #include "tokenizer/tokenizer.h"
 
@@ -442,6 +446,282 @@ static void tokenized_case(void **state)
     tok_free(tok);
 }
 
+/* The embedder encodes as the tokenizer's own post-processor says, whatever the model
+ * family: bert_st's tokenizer.json with its post_processor replaced. RobertaProcessing on a
+ * BERT model repeats the separator between the texts (types all 0); no post-processor adds
+ * no special token (tokenizers' default processing: a then b, b of type 1; transformers adds
+ * none either); a template without "pair" refuses pairs. Expected ids are assembled from the
+ * texts' ids without special tokens and the [CLS] / [SEP] ids. */
+static void tok_with_post(const char *src, const char *post, struct tokenizer **tok)
+{
+    char path[4096], dir[] = "/tmp/mlxcel-tokpost-XXXXXX", cmd[128];
+    struct err e = {0};
+    cJSON *j = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer.json", src);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "post_processor", cJSON_Parse(post));
+    char *text = cJSON_PrintUnformatted(j);
+    assert_non_null(mkdtemp(dir));
+    write_file(dir, "tokenizer.json", text);
+    if (tok_load(tok, dir, &e) < 0)
+        fail_msg("%s: %s", post, e.msg);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void tokens_follow_post_processor(void **state)
+{
+    (void)state;
+    struct ecase c;
+    struct tokenizer *tok = NULL;
+    struct emb_item it;
+    struct err e = {0};
+    const char *q = "where is the king", *d = "the king is in the castle";
+    int32_t *bq, *bd;
+    size_t nq, nd;
+    char post[512];
+    ecase_open(&c, "bert_st");
+    tok_with_post(c.m->dir, "null", &tok);
+    int32_t cls = tok_piece_to_id(tok, "[CLS]"), sep = tok_piece_to_id(tok, "[SEP]");
+    assert_true(cls >= 0 && sep >= 0);
+    assert_int_equal(tok_encode(tok, q, strlen(q), false, &bq, &nq, &e), 0);
+    assert_int_equal(tok_encode(tok, d, strlen(d), false, &bd, &nd, &e), 0);
+    c.em->pair_types = true;   /* as a tokenizer returning token_type_ids */
+
+    /* no post-processor: the text alone; the pair concatenated, the document of type 1 */
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize(c.em, NULL, q, strlen(q), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)nq);
+    assert_memory_equal(it.ids, bq, nq * sizeof *bq);
+    emb_item_deinit(&it);
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)(nq + nd));
+    assert_memory_equal(it.ids, bq, nq * sizeof *bq);
+    assert_memory_equal(it.ids + nq, bd, nd * sizeof *bd);
+    for (int k = 0; k < it.n; k++)
+        assert_int_equal(it.types[k], k < (int)nq ? 0 : 1);
+    emb_item_deinit(&it);
+    tok_free(tok);
+
+    /* RobertaProcessing on a BERT model: <cls> q <sep><sep> d <sep>, all of type 0 */
+    snprintf(post, sizeof post,
+             "{\"type\":\"RobertaProcessing\",\"sep\":[\"[SEP]\",%d],\"cls\":[\"[CLS]\",%d],"
+             "\"trim_offsets\":true,\"add_prefix_space\":false}", sep, cls);
+    tok_with_post(c.m->dir, post, &tok);
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)(nq + nd + 4));
+    assert_int_equal(it.ids[0], cls);
+    assert_memory_equal(it.ids + 1, bq, nq * sizeof *bq);
+    assert_int_equal(it.ids[1 + nq], sep);
+    assert_int_equal(it.ids[2 + nq], sep);
+    assert_memory_equal(it.ids + 3 + nq, bd, nd * sizeof *bd);
+    assert_int_equal(it.ids[it.n - 1], sep);
+    for (int k = 0; k < it.n; k++)
+        assert_int_equal(it.types[k], 0);
+    emb_item_deinit(&it);
+    /* truncated to the model's limit by the pair's rule, the specials kept */
+    int keep = c.em->max_len;
+    c.em->max_len = 4 + 3;
+    assert_int_equal(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e), 0);
+    assert_int_equal(it.n, 7);
+    assert_int_equal(it.ids[6], sep);
+    emb_item_deinit(&it);
+    assert_true(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), false, &it, &e) == -ERR_RANGE);
+    c.em->max_len = keep;
+    tok_free(tok);
+
+    /* a template without a pair: pairs are refused, single texts get the template */
+    snprintf(post, sizeof post,
+             "{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"[CLS]\",\"type_id\":0}},"
+             "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"pair\":null,"
+             "\"special_tokens\":{\"[CLS]\":{\"id\":\"[CLS]\",\"ids\":[%d],\"tokens\":[\"[CLS]\"]}}}", cls);
+    tok_with_post(c.m->dir, post, &tok);
+    c.em->tok = tok;
+    assert_int_equal(embedder_tokenize(c.em, NULL, q, strlen(q), true, &it, &e), 0);
+    assert_int_equal(it.n, (int)nq + 1);
+    assert_int_equal(it.ids[0], cls);
+    emb_item_deinit(&it);
+    e = (struct err){0};
+    assert_true(embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e) == -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "pair"));
+    tok_free(tok);
+    free(bq);
+    free(bd);
+    ecase_close(&c);
+}
+
+/* The rows the encoder hands the attention op: each at its own position in its sequence,
+ * with the whole sequence as its bidirectional span (kv_rows.span), so the op's tiled
+ * prefill path takes them (ADR 0092; before, every row sat at its sequence's last position
+ * and the op took them one at a time). The CPU backend's metadata lives in host memory. */
+static const struct backend_ops *g_real_ops;
+static int g_attn_calls, g_attn_bad;
+static int g_lens[3];
+
+static void attn_spy(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                     const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                     const struct attn_params *ap)
+{
+    int r = 0;
+    g_attn_calls++;
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < g_lens[s]; i++, r++)
+            if (r >= n_tok || rows->pos[r] != i || !rows->span || rows->span[2 * r] != 0 ||
+                rows->span[2 * r + 1] != g_lens[s] - 1)
+                g_attn_bad++;
+    if (r != n_tok)
+        g_attn_bad++;
+    g_real_ops->attention(be, out, ldo, q, ldq, kv, rows, n_tok, ap);
+}
+
+static void encoder_rows_own_positions(void **state)
+{
+    (void)state;
+    struct ecase c;
+    struct err e = {0};
+    ecase_open(&c, "bert_st");
+    struct backend_ops spy = *c.be->ops;
+    g_real_ops = c.be->ops;
+    spy.attention = attn_spy;
+    c.be->ops = &spy;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = 5 + i;
+    g_lens[0] = 17, g_lens[1] = 1, g_lens[2] = 9;
+    struct enc_seq seqs[3] = {{ids, NULL, 17}, {ids + 17, NULL, 1}, {ids + 18, NULL, 9}};
+    float *hidden = malloc(27 * (size_t)c.m->hp.n_embd * sizeof *hidden);
+    assert_non_null(hidden);
+    g_attn_calls = g_attn_bad = 0;
+    if (enc_run(c.em->enc, seqs, 3, hidden, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    c.be->ops = g_real_ops;
+    assert_int_equal(g_attn_calls, c.m->hp.n_layer);
+    if (g_attn_bad)
+        fail_msg("%d rows reached the attention op without their own position and span", g_attn_bad);
+    free(hidden);
+    ecase_close(&c);
+}
+
+/* ModernBERT's local layers (ADR 0093): a random tiny ModernBertModel (mlxcel synth's
+ * generator; 4 layers, global every 3, local_attention 16: a band of 8 each side). Every
+ * global layer's rows reach the op with the whole sequence as their span and no window,
+ * every local layer's with the band (max(0, i - 8), min(n - 1, i + 8)) and a causal window of
+ * one; sequences longer than the band come out batched equal to alone. */
+static int g_band_calls[2], g_band_bad;
+static const int *g_band_lens;
+static int g_band_nseq;
+
+static void band_spy(struct backend *be, float *out, int ldo, const float *q, int ldq,
+                     const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                     const struct attn_params *ap)
+{
+    bool local = ap->window == 1;
+    int r = 0;
+    g_band_calls[local]++;
+    if (!local && ap->window != 0)
+        g_band_bad++;
+    for (int s = 0; s < g_band_nseq; s++)
+        for (int i = 0; i < g_band_lens[s]; i++, r++) {
+            int lo = local ? (i - 8 > 0 ? i - 8 : 0) : 0;
+            int hi = local ? (i + 8 < g_band_lens[s] - 1 ? i + 8 : g_band_lens[s] - 1) : g_band_lens[s] - 1;
+            if (r >= n_tok || rows->pos[r] != i || !rows->span || rows->span[2 * r] != lo ||
+                rows->span[2 * r + 1] != hi)
+                g_band_bad++;
+        }
+    if (r != n_tok)
+        g_band_bad++;
+    g_real_ops->attention(be, out, ldo, q, ldq, kv, rows, n_tok, ap);
+}
+
+static void modernbert_band_rows(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-mbert-XXXXXX", cfg[128], out[160], cmd[200];
+    struct err e = {0};
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct encoder *en = NULL;
+    assert_non_null(mkdtemp(dir));
+    snprintf(out, sizeof out, "%s/m", dir);
+    write_file(dir, "config.json",
+               "{\"architectures\": [\"ModernBertModel\"], \"model_type\": \"modernbert\", "
+               "\"vocab_size\": 300, \"hidden_size\": 64, \"intermediate_size\": 48, "
+               "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"max_position_embeddings\": 128, "
+               "\"local_attention\": 16, \"global_attn_every_n_layers\": 3, \"torch_dtype\": \"float32\"}");
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    struct synth_opts o = {.config = cfg, .dst = out, .dtype = -1, .seed = 7, .n_threads = 1};
+    struct synth_stats st;
+    if (synth_checkpoint(&o, &st, &e) < 0 || model_load(&m, out, &e) < 0 ||
+        test_backend_new(&be, 2, &e) < 0 || model_prepare(m, be, &e) < 0 || enc_new(&en, m, be, &e) < 0)
+        fail_msg("%s", e.msg);
+    static const int lens[4] = {40, 1, 9, 25};
+    int32_t ids[75];
+    for (int i = 0; i < 75; i++)
+        ids[i] = 5 + (i * 37) % 290;
+    struct enc_seq seqs[4] = {{ids, NULL, 40}, {ids + 40, NULL, 1}, {ids + 41, NULL, 9}, {ids + 50, NULL, 25}};
+    int d = m->hp.n_embd;
+    float *batched = malloc(75 * (size_t)d * sizeof(float)), *alone = malloc(75 * (size_t)d * sizeof(float));
+    assert_true(batched && alone);
+    struct backend_ops spy = *be->ops;
+    g_real_ops = be->ops;
+    spy.attention = band_spy;
+    be->ops = &spy;
+    g_band_lens = lens;
+    g_band_nseq = 4;
+    g_band_calls[0] = g_band_calls[1] = g_band_bad = 0;
+    if (enc_run(en, seqs, 4, batched, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    be->ops = g_real_ops;
+    assert_int_equal(g_band_calls[0], 2);   /* layers 0 and 3 */
+    assert_int_equal(g_band_calls[1], 2);   /* layers 1 and 2 */
+    if (g_band_bad)
+        fail_msg("%d rows reached the attention op without their position, span or window", g_band_bad);
+    for (int s = 0, r = 0; s < 4; r += lens[s++])
+        if (enc_run(en, &seqs[s], 1, alone + (size_t)r * d, NULL, &e) < 0)
+            fail_msg("%s", e.msg);
+    for (int r = 0; r < 75; r++) {
+        double err = test_row_rel_err(batched + (size_t)r * d, alone + (size_t)r * d, d);
+        if (err > 1e-5)
+            fail_msg("row %d: batched differs from alone by %.3g of the row", r, err);
+    }
+    free(batched);
+    free(alone);
+    enc_free(en);
+    backend_free(be);
+    model_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* A ModernBERT cross-encoder with classifier_pooling "mean" (modernbert_ce's config so
+ * patched; gen_modernbert.py makes its reference, modernbert_ce_mean, for the day it runs)
+ * is refused at load naming the field, never scored with the CLS row (ADR 0093). */
+static void modernbert_mean_head_refused(void **state)
+{
+    (void)state;
+    char path[4096], dir[] = "/tmp/mlxcel-mbmean-XXXXXX", cmd[128];
+    struct model *m = NULL;
+    struct err e = {0};
+    cJSON *j = NULL;
+    snprintf(path, sizeof path, "%s/config.json", golden_case_dir("modernbert_ce"));
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "classifier_pooling", cJSON_CreateString("mean"));
+    char *text = cJSON_PrintUnformatted(j);
+    assert_non_null(mkdtemp(dir));
+    write_file(dir, "config.json", text);
+    int rc = model_load(&m, dir, &e);
+    model_free(m);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    if (rc != -ERR_UNSUPPORTED || !strstr(e.msg, "classifier_pooling"))
+        fail_msg("expected a refusal naming classifier_pooling, got %d '%s'", rc, e.msg);
+}
+
 static void tokens_bert_st(void **s) { *s = (void *)"bert_st"; tokenized_case(s); }
 static void tokens_xlmr_st(void **s) { *s = (void *)"xlmr_st"; tokenized_case(s); }
 static void tokens_bert_ce(void **s) { *s = (void *)"bert_ce"; tokenized_case(s); }
@@ -449,6 +729,11 @@ static void tokens_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; tokenized_case(s)
 
 static void embed_bert_st(void **s) { *s = (void *)"bert_st"; embed_case(s); }
 static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
+static void embed_modernbert_st(void **s) { *s = (void *)"modernbert_st"; embed_case(s); }
+static void embed_modernbert_st_bf16(void **s) { *s = (void *)"modernbert_st_bf16"; embed_case(s); }
+static void rerank_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; rerank_case(s); }
+static void tokens_modernbert_st(void **s) { *s = (void *)"modernbert_st"; tokenized_case(s); }
+static void tokens_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; tokenized_case(s); }
 static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
 static void rerank_xlmr_ce(void **s) { *s = (void *)"xlmr_ce"; rerank_case(s); }
 
@@ -462,6 +747,15 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(tokens_xlmr_st),
     cmocka_unit_test(tokens_bert_ce),
     cmocka_unit_test(tokens_xlmr_ce),
+    cmocka_unit_test(embed_modernbert_st),
+    cmocka_unit_test(embed_modernbert_st_bf16),
+    cmocka_unit_test(rerank_modernbert_ce),
+    cmocka_unit_test(tokens_modernbert_st),
+    cmocka_unit_test(tokens_modernbert_ce),
+    cmocka_unit_test(tokens_follow_post_processor),
+    cmocka_unit_test(encoder_rows_own_positions),
+    cmocka_unit_test(modernbert_band_rows),
+    cmocka_unit_test(modernbert_mean_head_refused),
 };
 
 TEST_SUITE(embed, tests);

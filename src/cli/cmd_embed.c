@@ -33,7 +33,7 @@ static const char *k_help_embed =
     "usage: mlxcel embed [-m MODEL] (-f FILE | --ids-file FILE) [options]\n"
     "\n"
     "Print one embedding per input line (sentence-transformers' encode).\n"
-    "  -m, --model MODEL      checkpoint folder or owner/name (an encoder: BERT, XLM-RoBERTa)\n"
+    "  -m, --model MODEL      checkpoint folder or owner/name (an encoder: BERT, XLM-RoBERTa, ModernBERT)\n"
     "  -f, --file FILE        texts, one per line (- reads standard input)\n"
     "      --ids-file FILE    token ids instead: one JSON array per line, used as they are\n"
     "      --json             print {\"model\", \"dim\", \"data\": [{\"index\", \"embedding\", \"n_tokens\"}]}\n"
@@ -51,7 +51,7 @@ static const char *k_help_rerank =
     "usage: mlxcel rerank [-m MODEL] -q QUERY (-f FILE | --ids-file FILE) [options]\n"
     "\n"
     "Score each document line against the query with a cross-encoder, best first.\n"
-    "  -m, --model MODEL      a cross-encoder folder (BERT / XLM-RoBERTa ForSequenceClassification)\n"
+    "  -m, --model MODEL      a cross-encoder folder (BERT / XLM-RoBERTa / ModernBERT ForSequenceClassification)\n"
     "  -q, --query QUERY      the query\n"
     "  -f, --file FILE        documents, one per line (- reads standard input)\n"
     "      --ids-file FILE    whole query/document pairs as token ids, one JSON array per line\n"
@@ -166,7 +166,7 @@ static int run_open(struct emb_run *r, const char *model, const char *file, bool
         return rc;
     if (!r->m->hp.encoder)
         return err_setf(e, ERR_ARG, "%s is a '%s' model, not an encoder: embed and rerank need an "
-                        "embedding model or a cross-encoder (BERT, XLM-RoBERTa)", dir, r->m->hp.model_type);
+                        "embedding model or a cross-encoder (BERT, XLM-RoBERTa, ModernBERT)", dir, r->m->hp.model_type);
     if (need_tok && (rc = tok_load(&r->tok, dir, e)) < 0)
         return rc;
     if ((rc = backend_new(&r->be, cli_cfg()->device, (int)threads, &cli_cfg()->be, e)) < 0 ||

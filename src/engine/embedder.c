@@ -1,10 +1,10 @@
 /*
  * embedder: texts and pairs through the tokenizer, the encoder and sentence-transformers'
- * modules (embedder.h). The special tokens of a single text come from the tokenizer's own
- * post-processor (the ids with and without it: a prefix P and a suffix S around the text's
- * ids), so truncation cuts the text and keeps P and S as tokenizers' truncation does before
- * post-processing; pairs are assembled from P and S in the BERT or RoBERTa template.
+ * modules (embedder.h). Texts and pairs go through the tokenizer's own encoding
+ * (tok_encode_pair: its post-processor's single or pair template, type ids, tokenizers'
+ * truncation), as transformers' tokenizer(text, text_pair, truncation=True) makes them.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,39 +86,6 @@ bool embedder_is_reranker(const struct embedder *em)
 
 // ---- tokens ----
 
-/* A text's ids with and without the post-processor: *body (owned) and the specials around
- * it, *np before and *ns after. */
-static int text_parts(const struct embedder *em, const char *text, size_t len, int32_t **body,
-                      int *nb, int32_t **pre, int *np, int *ns, struct err *e)
-{
-    int32_t *full = NULL;
-    size_t nf, n;
-    int rc;
-    *body = *pre = NULL;
-    if (!em->tok)
-        return err_setf(e, ERR_ARG, "this model has no tokenizer: give token ids");
-    if ((rc = tok_encode(em->tok, text, len, false, body, &n, e)) < 0 ||
-        (rc = tok_encode(em->tok, text, len, true, &full, &nf, e)) < 0)
-        goto fail;
-    size_t p = 0;
-    while (p + n <= nf && memcmp(full + p, *body, n * sizeof(int32_t)) != 0)
-        p++;
-    if (p + n > nf) {
-        rc = err_setf(e, ERR_INTERNAL, "the tokenizer's post-processor does not keep the text's ids");
-        goto fail;
-    }
-    *nb = (int)n;
-    *np = (int)p;
-    *ns = (int)(nf - n - p);
-    *pre = full;   /* full[0, p) are P, full[p + n, nf) are S */
-    return 0;
-fail:
-    free(*body);
-    free(full);
-    *body = NULL;
-    return rc;
-}
-
 static int item_alloc(struct emb_item *it, int n, struct err *e)
 {
     memset(it, 0, sizeof *it);
@@ -132,103 +99,68 @@ static int item_alloc(struct emb_item *it, int n, struct err *e)
     return 0;
 }
 
+/* a, or the pair (a, b), through the tokenizer's post-processor, truncated to the model's
+ * limit (tokenizers' longest_first, as transformers' truncation=True) or refused when it is
+ * longer and truncate is false. */
+static int encode_item(const struct embedder *em, const char *a, size_t al, const char *b, size_t bl,
+                       bool truncate, struct emb_item *it, struct err *e)
+{
+    struct tok_encode_opts o = {.add_special = true, .strategy = TOK_TRUNC_LONGEST_FIRST};
+    struct tok_encoding enc;
+    int rc;
+    memset(it, 0, sizeof *it);
+    if (!em->tok)
+        return err_setf(e, ERR_ARG, "this model has no tokenizer: give token ids");
+    o.max_length = truncate ? (size_t)em->max_len : 0;
+    if ((rc = tok_encode_pair(em->tok, a, al, b, bl, &o, &enc, e)) < 0)
+        return rc;
+    if (enc.n > (size_t)em->max_len) {   /* not asked to cut, or the specials alone exceed it */
+        rc = err_setf(e, ERR_RANGE, "the %s has %zu tokens, more than the model's %d",
+                      b ? "pair" : "input", enc.n, em->max_len);
+    } else if (enc.n == 0) {   /* an empty text with a tokenizer that adds no special token */
+        rc = err_setf(e, ERR_RANGE, "the text gives no tokens (the model needs at least one)");
+    } else if ((rc = item_alloc(it, (int)enc.n, e)) == 0) {
+        memcpy(it->ids, enc.ids, enc.n * sizeof *it->ids);
+        for (size_t i = 0; em->pair_types && i < enc.n; i++)
+            it->types[i] = enc.type_ids[i];
+    }
+    tok_encoding_deinit(&enc);
+    return rc;
+}
+
 int embedder_tokenize(const struct embedder *em, const char *prompt, const char *text, size_t len,
                       bool truncate, struct emb_item *it, struct err *e)
 {
     size_t pl = prompt ? strlen(prompt) : 0;
+    int rc;
+    if (pl == 0)
+        return encode_item(em, text, len, NULL, 0, truncate, it, e);
+    if (len > SIZE_MAX - pl - 1)
+        return err_setf(e, ERR_RANGE, "the input is too long");
     char *joined = malloc(pl + len + 1);
-    int32_t *body = NULL, *full = NULL;
-    int nb, np, ns, rc;
     if (!joined)
         return err_setf(e, ERR_NOMEM, "out of memory tokenizing");
-    memcpy(joined, prompt ? prompt : "", pl);
+    memcpy(joined, prompt, pl);
     memcpy(joined + pl, text, len);
     joined[pl + len] = 0;
-    rc = text_parts(em, joined, pl + len, &body, &nb, &full, &np, &ns, e);
+    rc = encode_item(em, joined, pl + len, NULL, 0, truncate, it, e);
     free(joined);
     if (rc < 0)
         return rc;
-    int room = em->max_len - np - ns;
-    if (nb > room && !truncate) {
-        rc = err_setf(e, ERR_RANGE, "the input has %d tokens, more than the model's %d", nb + np + ns,
-                      em->max_len);
-        goto out;
-    }
-    int keep = nb < room ? nb : room > 0 ? room : 0;
-    if (np + keep + ns == 0) {   /* an empty text with a tokenizer that adds no special token */
-        rc = err_setf(e, ERR_RANGE, "the text gives no tokens (the model needs at least one)");
-        goto out;
-    }
-    if ((rc = item_alloc(it, np + keep + ns, e)) < 0)
-        goto out;
-    memcpy(it->ids, full, (size_t)np * sizeof(int32_t));
-    memcpy(it->ids + np, body, (size_t)keep * sizeof(int32_t));
-    memcpy(it->ids + np + keep, full + np + nb, (size_t)ns * sizeof(int32_t));
-    if (pl > 0) {   /* the prompt's own tokens (ST's prompt_length) */
-        int32_t *pb = NULL;
-        size_t pn = 0;
-        if (tok_encode(em->tok, prompt, pl, false, &pb, &pn, e) == 0)
-            it->skip = np + (int)pn < it->n ? np + (int)pn : it->n;
-        free(pb);
-        err_clear(e);
-    }
-out:
-    free(body);
-    free(full);
-    return rc;
-}
-
-/* tokenizers' LongestFirst truncation of a pair to target ids (truncate_encodings). */
-static void longest_first(int *n1, int *n2, int target)
-{
-    if (*n1 + *n2 <= target)
-        return;
-    bool swap = *n1 > *n2;
-    int a = swap ? *n2 : *n1, b = swap ? *n1 : *n2;   /* a <= b */
-    b = a > target ? a : (a > target - a ? a : target - a);
-    if (a + b > target) {
-        a = target / 2;
-        b = a + target % 2;
-    }
-    *n1 = swap ? b : a;
-    *n2 = swap ? a : b;
+    /* sentence-transformers' prompt_length: the prompt's ids with the special tokens, less
+     * one (the closing special it assumes) */
+    struct emb_item p;
+    if (encode_item(em, prompt, pl, NULL, 0, true, &p, e) == 0)
+        it->skip = p.n - 1 < it->n ? (p.n - 1 > 0 ? p.n - 1 : 0) : it->n;
+    emb_item_deinit(&p);
+    err_clear(e);
+    return 0;
 }
 
 int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, const char *d,
                            size_t dl, bool truncate, struct emb_item *it, struct err *e)
 {
-    int32_t *bq = NULL, *fq = NULL, *bd = NULL, *fd = NULL;
-    int nq, nd, np, ns, np2, ns2, rc;
-    if ((rc = text_parts(em, q, ql, &bq, &nq, &fq, &np, &ns, e)) < 0 ||
-        (rc = text_parts(em, d, dl, &bd, &nd, &fd, &np2, &ns2, e)) < 0)
-        goto out;
-    /* RoBERTa's template repeats the separator between the texts */
-    int mid = em->m->hp.pos_offset > 0 ? 2 * ns : ns;
-    int room = em->max_len - np - mid - ns, kq = nq, kd = nd;
-    if (nq + nd > room && !truncate) {
-        rc = err_setf(e, ERR_RANGE, "the pair has %d tokens, more than the model's %d",
-                      nq + nd + np + mid + ns, em->max_len);
-        goto out;
-    }
-    longest_first(&kq, &kd, room > 0 ? room : 0);
-    if ((rc = item_alloc(it, np + kq + mid + kd + ns, e)) < 0)
-        goto out;
-    int r = 0, type_b = em->pair_types ? 1 : 0;
-    memcpy(it->ids + r, fq, (size_t)np * sizeof(int32_t)), r += np;
-    memcpy(it->ids + r, bq, (size_t)kq * sizeof(int32_t)), r += kq;
-    for (int i = 0; i < mid; i++)
-        it->ids[r++] = fq[np + nq + i % (ns > 0 ? ns : 1)];
-    int b0 = r;   /* the second segment: the document and its closing separator */
-    memcpy(it->ids + r, bd, (size_t)kd * sizeof(int32_t)), r += kd;
-    memcpy(it->ids + r, fq + np + nq, (size_t)ns * sizeof(int32_t)), r += ns;
-    for (int i = b0; i < r; i++)
-        it->types[i] = type_b;
-out:
-    free(bq);
-    free(fq);
-    free(bd);
-    free(fd);
-    return rc;
+    return encode_item(em, q, ql, d, dl, truncate, it, e);
 }
 
 int embedder_ids(const struct embedder *em, const int32_t *ids, int n, bool truncate,

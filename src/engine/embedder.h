@@ -52,14 +52,19 @@ void embedder_free(struct embedder *em);
 /* Whether it scores pairs (a sequence-classification head) rather than embedding texts. */
 bool embedder_is_reranker(const struct embedder *em);
 
-/* prompt (may be NULL) + text, with the tokenizer's special tokens, into *it. */
+/* prompt (may be NULL) + text, with the tokenizer's post-processor (its single template's
+ * special tokens; none when tokenizer.json has no post-processor, as transformers adds none),
+ * into *it; it->skip is sentence-transformers' prompt_length (the prompt's ids with the
+ * special tokens, less one). */
 int embedder_tokenize(const struct embedder *em, const char *prompt, const char *text, size_t len,
                       bool truncate, struct emb_item *it, struct err *e);
-/* A query / document pair as the tokenizer's pair template makes it (BERT: [CLS] q [SEP] d
- * [SEP]; RoBERTa: <s> q </s></s> d </s>), into *it. The document's segment has token type 1
- * when the tokenizer returns token_type_ids (transformers passes them to the model then):
- * tokenizer_config.json's model_input_names lists them, or, without that key, its
- * tokenizer_class is BERT's or ELECTRA's; else every type is 0. */
+/* A query / document pair as the tokenizer's pair template makes it (tok_encode_pair: BERT
+ * [CLS] q [SEP] d [SEP]; RoBERTa <s> q </s></s> d </s>; no post-processor: q d with no
+ * special token, as tokenizers' default processing concatenates them), into *it. The token
+ * types are the template's when the tokenizer returns token_type_ids (transformers passes
+ * them to the model then): tokenizer_config.json's model_input_names lists them, or, without
+ * that key, its tokenizer_class is BERT's or ELECTRA's; else every type is 0. A pair template
+ * the tokenizer lacks (a TemplateProcessing without "pair") is -ERR_UNSUPPORTED. */
 int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, const char *d,
                            size_t dl, bool truncate, struct emb_item *it, struct err *e);
 /* Token ids given as they are (no special tokens added), into *it. */

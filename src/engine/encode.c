@@ -6,9 +6,16 @@
  * ENC_BLOCK in the K/V scratch pool (its own block table: consecutive blocks), so every
  * row of s reads exactly the keys of s. Per row the metadata rows of the context are:
  *   0 ids   1 type ids   2 position ids (pos_offset + i; RoBERTa: a pad token takes
- *   padding_idx)   3 attention position (the sequence's last: the causal mask spans it)
- *   4 slot   5 table offset   6 seq_end   7 out_rows (the first row of each sequence)
- * and the block tables follow in a buffer of their own.
+ *   padding_idx)   3 attention position (the row's own, i)   4 slot   5 table offset
+ *   6 seq_end   7 out_rows (the first row of each sequence)   8-9 [B][2] the row's
+ *   bidirectional span, (0, n - 1): the whole sequence (kv_rows.span)
+ * and the block tables follow in a buffer of their own. A model with local layers
+ * (ModernBERT: KV_SLIDING with window 2h + 1) gets a second span per row in a buffer of the
+ * encoder's, the band (max(0, i - h), min(n - 1, i + h)), which those layers read through
+ * ch->rows_swa (ADR 0093). With their own positions a
+ * sequence's rows are consecutive, so the attention op takes them in tiles (its prefill
+ * path) rather than one row at a time, as it did when every row sat at the sequence's last
+ * position (ADR 0092).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,7 +35,28 @@ struct encoder {
     int n_slots;
     int32_t *tables_dev;         /* [n_slots / ENC_BLOCK], owned (backend memory) */
     int32_t *tables_host;        /* owned */
+    int band;                    /* > 0: local layers attend i - band .. i + band */
+    int32_t *band_dev;           /* [n_batch][2] their spans (backend memory), owned */
+    int32_t *band_host;          /* owned */
 };
+
+/* The half-width of the local layers' band (0: none); -ERR_UNSUPPORTED when they differ. */
+static int enc_band(const struct hparams *hp, int *band, struct err *e)
+{
+    *band = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        if (ls->kv != KV_SLIDING)
+            continue;
+        int h = ls->window > 1 ? (ls->window - 1) / 2 : 0;
+        if (*band > 0 && h != *band)
+            return err_setf(e, ERR_UNSUPPORTED, "encoder: local layers with different windows");
+        if (h == 0)
+            return err_setf(e, ERR_UNSUPPORTED, "encoder: a local layer of window %d", ls->window);
+        *band = h;
+    }
+    return 0;
+}
 
 int enc_max_tokens(const struct model *m)
 {
@@ -49,6 +77,8 @@ int enc_new(struct encoder **out, const struct model *m, struct backend *be, str
         return err_setf(e, ERR_NOMEM, "encoder: out of memory");
     en->m = m;
     en->be = be;
+    if ((rc = enc_band(hp, &en->band, e)) < 0)
+        goto fail;
     /* one chunk holds the longest sequence; 512 rows or more to batch short ones */
     if ((rc = model_ctx_new(&en->c, m, be, max_len > 512 ? max_len : 512, e)) < 0)
         goto fail;
@@ -64,6 +94,16 @@ int enc_new(struct encoder **out, const struct model *m, struct backend *be, str
     if (!en->kv || !en->tables_host) {
         rc = err_setf(e, ERR_NOMEM, "encoder: out of memory");
         goto fail;
+    }
+    if (en->band > 0) {
+        en->band_host = calloc(2 * (size_t)en->c->n_batch, sizeof *en->band_host);
+        if (!en->band_host) {
+            rc = err_setf(e, ERR_NOMEM, "encoder: out of memory");
+            goto fail;
+        }
+        if ((rc = op->buf_alloc(be, 2 * sizeof(int32_t) * (size_t)en->c->n_batch,
+                                (void **)&en->band_dev, e)) < 0)
+            goto fail;
     }
     if ((rc = op->buf_alloc(be, 2 * row * en->n_slots, &en->kv_mem, e)) < 0 ||
         (rc = op->buf_alloc(be, sizeof(int32_t) * (en->n_slots / ENC_BLOCK), (void **)&en->tables_dev,
@@ -97,6 +137,9 @@ void enc_free(struct encoder *en)
         en->be->ops->buf_free(en->be, en->kv_mem);
     if (en->tables_dev)
         en->be->ops->buf_free(en->be, en->tables_dev);
+    if (en->band_dev)
+        en->be->ops->buf_free(en->be, en->band_dev);
+    free(en->band_host);
     model_ctx_free(en->c);
     free(en->kv);
     free(en->tables_host);
@@ -148,7 +191,13 @@ static int enc_stage(struct encoder *en, const struct enc_seq *seqs, int s0, int
             /* RoBERTa: cumsum of non-pad tokens + padding_idx, a pad token padding_idx */
             bool pad = hp->pad_id >= 0 && q->ids[i] == hp->pad_id;
             mh[2 * B + r] = pad ? hp->pad_id : emb++;
-            mh[3 * B + r] = q->n - 1;
+            mh[3 * B + r] = i;
+            mh[8 * B + 2 * r] = 0;
+            mh[8 * B + 2 * r + 1] = q->n - 1;
+            if (en->band > 0) {
+                en->band_host[2 * r] = i - en->band > 0 ? i - en->band : 0;
+                en->band_host[2 * r + 1] = i + en->band < q->n - 1 ? i + en->band : q->n - 1;
+            }
             mh[4 * B + r] = slot0 + i;
             mh[5 * B + r] = slot0 / ENC_BLOCK;
             mh[6 * B + r] = q->n;
@@ -181,7 +230,9 @@ int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hi
     const int32_t *meta = c->bufs.meta;
     struct kv_rows rows = {.pos = meta + 3 * B, .slot = meta + 4 * B, .table = meta + 5 * B,
                            .tables = en->tables_dev, .seq_end = meta + 6 * B,
-                           .block_size = ENC_BLOCK, .state = NULL};
+                           .block_size = ENC_BLOCK, .state = NULL, .span = meta + 8 * B};
+    struct kv_rows band = rows;
+    band.span = en->band_dev;
     size_t row0 = 0;
     for (int s0 = 0; s0 < n_seq;) {
         /* whole sequences while the rows, the slots and the logit rows last */
@@ -194,8 +245,11 @@ int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hi
         }
         int n = enc_stage(en, seqs, s0, s1), k = s1 - s0;
         op->upload(en->be, c->bufs.meta, c->meta_host, sizeof(int32_t) * CTX_META_ROWS * (size_t)B);
+        if (en->band > 0)
+            op->upload(en->be, en->band_dev, en->band_host, 2 * sizeof(int32_t) * (size_t)n);
         struct fwd_chunk ch = {.n_tok = n, .n_out = logits ? k : 0, .ids = meta,
-                               .out_rows = meta + 7 * B, .rows = &rows, .rows_swa = &rows,
+                               .out_rows = meta + 7 * B, .rows = &rows,
+                               .rows_swa = en->band > 0 ? &band : &rows,
                                .kv = en->kv, .type_ids = meta + B, .emb_pos = meta + 2 * B};
         if ((rc = en->m->ops->forward(c, &ch, e)) < 0)
             break;

@@ -3,9 +3,10 @@
  * sequences of different lengths, packed without padding (ADR 0083), and returns each
  * token's last hidden state and, for a sequence-classification head, each sequence's logits.
  *
- * The sequences of one forward chunk are laid end to end as rows; every row's attention
- * "position" is its sequence's last, so the decoder's causal attention op over the paged KV
- * layout attends the whole sequence (bidirectional), and the K/V of a layer live in one
+ * The sequences of one forward chunk are laid end to end as rows; every row keeps its own
+ * position and carries the whole sequence as its bidirectional span (kv_rows.span, ADR
+ * 0092), so the decoder's attention op over the paged KV layout attends the whole sequence
+ * in its tiled prefill path, and the K/V of a layer live in one
  * scratch pool reused by every layer (nothing is cached between calls). One encoder is used
  * by one thread at a time; the model may be shared.
  */

@@ -38,8 +38,8 @@ int enc_map_weights(struct model *m, struct st_set *st, const struct enc_names *
 /* The forward of one chunk of packed sequences (ADR 0083): embeddings (token + position
  * (ch->emb_pos) + type (ch->type_ids)) and their LayerNorm, then per layer
  * x = LN1(x + attn(x)), x = LN2(x + mlp(x)) with every row attending all rows of its
- * sequence (ch->rows: each row's position is its sequence's last, so the causal op's mask
- * spans the sequence). Leaves the last hidden states in c->bufs.x; with hp.n_cls and
+ * sequence (ch->rows: each row at its own position with the whole sequence as its span,
+ * ADR 0092). Leaves the last hidden states in c->bufs.x; with hp.n_cls and
  * ch->n_out, the head's logits of rows ch->out_rows in c->bufs.logits ([n_out, n_cls]). */
 int encoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err *e);
 

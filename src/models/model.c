@@ -491,6 +491,8 @@ static size_t prep_items(struct model *m, struct prep_item *it)
     PREP_ADD(&m->embd_norm_b, false, USE_VALUES);
     PREP_ADD(&m->cls_dense, false, USE_LINEAR);
     PREP_ADD(&m->cls_dense_b, false, USE_VALUES);
+    PREP_ADD(&m->cls_norm, false, USE_VALUES);
+    PREP_ADD(&m->cls_norm_b, false, USE_VALUES);
     PREP_ADD(&m->cls_out, false, USE_LINEAR);
     PREP_ADD(&m->cls_out_b, false, USE_VALUES);
     for (int il = 0; il < m->hp.n_layer; il++) {

@@ -181,6 +181,7 @@ struct model {
     struct tensor type_embd;             /* [n_type_vocab, n_embd] */
     struct tensor embd_norm, embd_norm_b;/* [n_embd] */
     struct tensor cls_dense, cls_dense_b;/* [n_embd, n_embd], [n_embd] */
+    struct tensor cls_norm, cls_norm_b;  /* [n_embd]: ModernBERT's head.norm after the dense */
     struct tensor cls_out, cls_out_b;    /* [n_cls, n_embd], [n_cls] */
     struct layer *layers;            /* [n_layer], owned */
     struct tensor *expert_views;     /* backing store of every expert_linear, owned */
