@@ -21,9 +21,9 @@ static void check_invariants(const struct hparams *hp)
         (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)))
         abort();
     /* encoders (issue 44): a first position id inside the table, a head no wider than the
-     * logits buffer, no rope */
+     * logits buffer (rope is theirs too since ModernBERT: n_rot is held above) */
     if (hp->encoder && (hp->pos_offset < 0 || hp->pos_offset >= hp->n_ctx || hp->n_cls < 0 ||
-                        hp->n_cls > hp->n_vocab || hp->n_type_vocab < 0 || hp->n_rot != 0))
+                        hp->n_cls > hp->n_vocab || hp->n_type_vocab < 0))
         abort();
     /* recurrent layers (issue 41): a state to carry, and Mamba-2's shape rules */
     for (int il = 0; il < hp->n_layer; il++) {
