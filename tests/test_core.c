@@ -32,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/base64.h"
 #include "core/dtype.h"
 #include "core/fileio.h"
 #include "core/json.h"
@@ -41,6 +42,71 @@
 #include "core/threadpool.h"
 #include "st_build.h"
 #include "test.h"
+
+// ---- base64 ----
+
+/* RFC 4648 section 10's vectors both ways, every length round-tripped, and the refusals
+ * of each mode with the offset they name. */
+static void test_base64(void **state)
+{
+    (void)state;
+    static const char *const k_vec[][2] = {{"", ""},         {"f", "Zg=="},     {"fo", "Zm8="},
+                                           {"foo", "Zm9v"},  {"foob", "Zm9vYg=="}, {"fooba", "Zm9vYmE="},
+                                           {"foobar", "Zm9vYmFy"}};
+    unsigned char out[64];
+    char enc[64];
+    size_t len, bad;
+    for (size_t i = 0; i < sizeof k_vec / sizeof k_vec[0]; i++) {
+        const char *plain = k_vec[i][0], *b64 = k_vec[i][1];
+        b64_encode((const unsigned char *)plain, strlen(plain), enc);
+        assert_string_equal(enc, b64);
+        assert_int_equal(b64_encoded_len(strlen(plain)), strlen(b64));
+        for (unsigned fl = 0; fl < 4; fl++) {
+            assert_int_equal(b64_decode(b64, strlen(b64), fl, out, &len, &bad), 0);
+            assert_int_equal(len, strlen(plain));
+            assert_memory_equal(out, plain, len);
+        }
+        /* unpadded, as data: URLs may come */
+        size_t n = strlen(b64);
+        while (n && b64[n - 1] == '=')
+            n--;
+        assert_true(len <= b64_decoded_max(n));
+        assert_int_equal(b64_decode(b64, n, 0, out, &len, &bad), 0);
+        assert_int_equal(len, strlen(plain));
+        if (n % 4)
+            assert_int_equal(b64_decode(b64, n, B64_PADDED, out, &len, &bad), -1);
+    }
+    unsigned char all[256];
+    for (int i = 0; i < 256; i++)
+        all[i] = (unsigned char)(255 - i);
+    for (size_t n = 0; n <= 256; n += 17) {
+        char e[400];
+        unsigned char d[256];
+        b64_encode(all, n, e);
+        assert_int_equal(b64_decode(e, strlen(e), B64_PADDED, d, &len, &bad), 0);
+        assert_int_equal(len, n);
+        assert_memory_equal(d, all, n);
+    }
+    /* the URL-safe alphabet only when asked */
+    assert_int_equal(b64_decode("-_-_", 4, B64_URLSAFE, out, &len, &bad), 0);
+    assert_int_equal(len, 3);
+    assert_int_equal(out[0], 0xfb);
+    assert_int_equal(b64_decode("-_-_", 4, 0, out, &len, &bad), -1);
+    assert_int_equal(bad, 0);
+    /* refusals and where */
+    assert_int_equal(b64_decode("Zm9v$mFy", 8, 0, out, &len, &bad), -1);
+    assert_int_equal(bad, 4);
+    assert_int_equal(b64_decode("Zm9vY", 5, 0, out, &len, &bad), -1);   /* one char left over */
+    assert_int_equal(bad, 5);
+    assert_int_equal(b64_decode("Zm9vYg=", 7, B64_PADDED, out, &len, &bad), -1);
+    assert_int_equal(bad, 7);
+    assert_int_equal(b64_decode("Zg===", 5, 0, out, &len, &bad), -1);   /* a third '=' */
+    assert_int_equal(bad, 2);
+    assert_int_equal(b64_decode("Zm=v", 4, B64_PADDED, out, &len, &bad), -1);   /* '=' inside */
+    assert_int_equal(bad, 2);
+    assert_int_equal(b64_decode("====", 4, B64_PADDED, out, &len, &bad), -1);
+    assert_int_equal(bad, 0);
+}
 
 // ---- dtype ----
 
@@ -1075,6 +1141,7 @@ static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_duplicates),
     cmocka_unit_test(test_json_load),
     cmocka_unit_test(test_termsafe),
+    cmocka_unit_test(test_base64),
 };
 
 static const struct CMUnitTest k_fileio_tests[] = {

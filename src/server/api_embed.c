@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/base64.h"
 #include "../engine/embedder.h"
 #include "srv_impl.h"
 
@@ -152,10 +153,9 @@ static void items_free(struct emb_item *items, int n)
 
 static char *base64_floats(const float *v, int n)
 {
-    static const char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     size_t len = (size_t)n * 4;
     unsigned char *b = malloc(len ? len : 1);
-    char *out = malloc((len + 2) / 3 * 4 + 1);
+    char *out = malloc(b64_encoded_len(len) + 1);
     if (!b || !out) {
         free(b);
         free(out);
@@ -167,16 +167,7 @@ static char *base64_floats(const float *v, int n)
         for (int j = 0; j < 4; j++)
             b[4 * i + j] = (unsigned char)(u >> (8 * j));
     }
-    size_t o = 0;
-    for (size_t i = 0; i < len; i += 3) {
-        uint32_t x = (uint32_t)b[i] << 16 | (i + 1 < len ? (uint32_t)b[i + 1] << 8 : 0) |
-                     (i + 2 < len ? b[i + 2] : 0);
-        out[o++] = k[x >> 18 & 63];
-        out[o++] = k[x >> 12 & 63];
-        out[o++] = i + 1 < len ? k[x >> 6 & 63] : '=';
-        out[o++] = i + 2 < len ? k[x & 63] : '=';
-    }
-    out[o] = 0;
+    b64_encode(b, len, out);
     free(b);
     return out;
 }

@@ -23,6 +23,7 @@
  */
 #include "oai_request.h"
 
+#include "../core/base64.h"
 #include "../core/json.h"
 
 #include <errno.h>
@@ -379,18 +380,6 @@ static const char *chat_role(const char *role)
     return NULL;
 }
 
-/* The value of one base64 character, -1 for none. */
-static int b64_value(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    return c == '+' || c == '-' ? 62 : c == '/' || c == '_' ? 63 : -1;
-}
-
 /* An image_url part's url (param names it) into r->images: a data: URL with base64 data
  * (RFC 2397; the media type is not trusted, the bytes are sniffed when decoded). */
 static int take_image_url(struct oai_request *r, struct oai_error *err, const char *param, const char *url)
@@ -431,31 +420,14 @@ static int take_image_url(struct oai_request *r, struct oai_error *err, const ch
         return bad(err, param, "the image of '%s' is over %u bytes", param, OAI_MAX_IMAGE_BYTES);
     if (n % 4 == 1)
         return bad(err, param, "the base64 data of '%s' is cut short", param);
-    unsigned char *out = malloc(n / 4 * 3 + 3);
+    unsigned char *out = malloc(b64_decoded_max(n) + 1);
+    size_t k, at;
     if (!out)
         return nomem(err);
-    size_t k = 0;
-    uint32_t acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        int v = b64_value(d[i]);
-        if (v < 0) {
-            free(out);
-            return bad(err, param, "the base64 data of '%s' holds a byte that is not base64 at offset %zu",
-                       param, i);
-        }
-        acc = acc << 6 | (uint32_t)v;
-        if (i % 4 == 3) {
-            out[k++] = (unsigned char)(acc >> 16);
-            out[k++] = (unsigned char)(acc >> 8);
-            out[k++] = (unsigned char)acc;
-            acc = 0;
-        }
-    }
-    if (n % 4 == 2) {
-        out[k++] = (unsigned char)(acc >> 4);
-    } else if (n % 4 == 3) {
-        out[k++] = (unsigned char)(acc >> 10);
-        out[k++] = (unsigned char)(acc >> 2);
+    if (b64_decode((const char *)d, n, B64_URLSAFE, out, &k, &at) < 0) {
+        free(out);
+        return bad(err, param, "the base64 data of '%s' holds a byte that is not base64 at offset %zu",
+                   param, at);
     }
     struct oai_image *grown = realloc(r->images, (size_t)(r->n_images + 1) * sizeof *grown);
     if (!grown) {

@@ -27,6 +27,7 @@
 #include <utf8proc.h>
 
 #include "tok_impl.h"
+#include "../core/base64.h"
 
 struct tok_charsmap {
     uint32_t *unit;  /* [n_unit] double array */
@@ -37,58 +38,23 @@ struct tok_charsmap {
 
 /* ---- load ---- */
 
-static int b64_val(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    if (c == '+')
-        return 62;
-    if (c == '/')
-        return 63;
-    return -1;
-}
-
 /* Standard base64 with padding (what tokenizers writes and reads). */
-static int b64_decode(const char *s, size_t len, unsigned char **out, size_t *n, struct err *e)
+static int b64_decode_blob(const char *s, size_t len, unsigned char **out, size_t *n, struct err *e)
 {
     if (len % 4 != 0)
         return err_setf(e, ERR_FORMAT, "precompiled_charsmap: base64 length %zu is not a multiple of 4", len);
     if (len / 4 * 3 > TOK_CHARSMAP_MAX)
         return err_setf(e, ERR_RANGE, "precompiled_charsmap: %zu bytes of base64 (max %zu decoded)",
                         len, TOK_CHARSMAP_MAX);
-    unsigned char *b = malloc(len / 4 * 3 + 1);
-    size_t k = 0;
+    unsigned char *b = malloc(b64_decoded_max(len) + 1);
+    size_t bad;
     if (!b)
         return err_setf(e, ERR_NOMEM, "precompiled_charsmap: %zu bytes", len / 4 * 3);
-    for (size_t i = 0; i < len; i += 4) {
-        int v[4], pad = 0;
-        for (int j = 0; j < 4; j++) {
-            unsigned char c = (unsigned char)s[i + j];
-            bool last = i + 4 == len;
-            if (c == '=' && last && j >= 2 && (j == 3 || s[i + 3] == '=')) {
-                v[j] = 0;
-                pad++;
-                continue;
-            }
-            if (pad || (v[j] = b64_val(c)) < 0) {
-                free(b);
-                return err_setf(e, ERR_FORMAT, "precompiled_charsmap: bad base64 at byte %zu",
-                                i + (size_t)j);
-            }
-        }
-        uint32_t x = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
-        b[k++] = (unsigned char)(x >> 16);
-        if (pad < 2)
-            b[k++] = (unsigned char)(x >> 8);
-        if (pad < 1)
-            b[k++] = (unsigned char)x;
+    if (b64_decode(s, len, B64_PADDED, b, n, &bad) < 0) {
+        free(b);
+        return err_setf(e, ERR_FORMAT, "precompiled_charsmap: bad base64 at byte %zu", bad);
     }
     *out = b;
-    *n = k;
     return 0;
 }
 
@@ -98,7 +64,7 @@ int tok_charsmap_new(struct tok_charsmap **out, const char *b64, size_t len, str
     size_t n = 0;
     int rc;
     *out = NULL;
-    if ((rc = b64_decode(b64, len, &blob, &n, e)) < 0)
+    if ((rc = b64_decode_blob(b64, len, &blob, &n, e)) < 0)
         return rc;
     struct tok_charsmap *m = calloc(1, sizeof *m);
     if (!m) {
