@@ -1,6 +1,6 @@
 #!/bin/sh
 # Test fixtures are committed as one .tar.xz per folder (tests/fixtures/golden/<case>.tar.xz,
-# tests/fixtures/models/<name>.tar.xz, models/llama-tiny.tar.xz) to keep the tracked tree small;
+# tests/fixtures/models/<name>.tar.xz, models/<name>.tar.xz) to keep the tracked tree small;
 # the build unpacks each beside its archive (the folders are ignored by git), so every path the
 # tests name stays the same.
 #
