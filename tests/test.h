@@ -79,6 +79,11 @@ int test_backend_new(struct backend **be, int n_threads, struct err *e);
  * them (read once by main.c; the library reads no environment). (main.c) */
 struct backend_opts;
 const struct backend_opts *test_backend_opts(void);
+/* A tokenizer.json given as text, loaded through a temporary file; must_load fails the test
+ * on error. (test_tokenizer_components.c) */
+struct tokenizer;
+int test_tok_load_json(const char *json, struct tokenizer **t, struct err *e);
+struct tokenizer *test_tok_must_load(const char *json);
 /* max |got - ref| / max |ref| over one row of n (max |got - ref| when ref is all zero). */
 double test_row_rel_err(const float *got, const float *ref, int n);
 

@@ -23,8 +23,7 @@
 
 /* ---- helpers ---- */
 
-/* Loads a tokenizer.json given as text (written to a temporary file). */
-static int load_json(const char *json, struct tokenizer **t, struct err *e)
+int test_tok_load_json(const char *json, struct tokenizer **t, struct err *e)
 {
     char path[] = "/tmp/mlxcel_tokc_XXXXXX";
     int fd = mkstemp(path);
@@ -37,11 +36,11 @@ static int load_json(const char *json, struct tokenizer **t, struct err *e)
     return rc;
 }
 
-static struct tokenizer *must_load(const char *json)
+struct tokenizer *test_tok_must_load(const char *json)
 {
     struct tokenizer *t = NULL;
     struct err e = {0};
-    if (load_json(json, &t, &e) < 0)
+    if (test_tok_load_json(json, &t, &e) < 0)
         fail_msg("load: %s\n%s", e.msg, json);
     return t;
 }
@@ -70,7 +69,7 @@ static void check_normalizer(const char *norm_json, const char *text, const char
 {
     char json[2048];
     snprintf(json, sizeof json, "{\"normalizer\":%s," MODEL(ABC_VOCAB, "[]") "}", norm_json);
-    struct tokenizer *t = must_load(json);
+    struct tokenizer *t = test_tok_must_load(json);
     expect_norm(t, text, want);
     tok_free(t);
 }
@@ -99,7 +98,7 @@ static void check_pretok(const char *pre_json, const char *text, bool first, con
     struct words ws = {{0}, 0};
     struct err e = {0};
     snprintf(json, sizeof json, "{\"pre_tokenizer\":%s," MODEL(ABC_VOCAB, "[]") "}", pre_json);
-    struct tokenizer *t = must_load(json);
+    struct tokenizer *t = test_tok_must_load(json);
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     assert_non_null(md);
     assert_int_equal(tok_pretok_run(t, md, text, strlen(text), first, collect, &ws, &e), 0);
@@ -257,7 +256,7 @@ static void test_bpe_affixes_unk(void **state)
     /* continuing_subword_prefix: every character but a word's first is
      * looked up as "##c"; a merge's result drops the right part's prefix */
     struct tokenizer *t;
-    t = must_load("{\"model\":{\"type\":\"BPE\",\"continuing_subword_prefix\":\"##\","
+    t = test_tok_must_load("{\"model\":{\"type\":\"BPE\",\"continuing_subword_prefix\":\"##\","
                   "\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0,\"##b\":1,\"ab\":2,\"##c\":3,"
                   "\"abc\":4,\"<unk>\":5,\"c\":6},\"merges\":[\"a ##b\",\"ab ##c\"]},"
                   "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}");
@@ -265,7 +264,7 @@ static void test_bpe_affixes_unk(void **state)
     expect_ids(t, "ac c", (const int32_t[]){0, 3, 6}, 3);
     expect_ids(t, "ax", (const int32_t[]){0, 5}, 2);  /* "##x" unknown */
     tok_free(t);
-    t = must_load("{\"model\":{\"type\":\"BPE\",\"end_of_word_suffix\":\"</w>\",\"vocab\":"
+    t = test_tok_must_load("{\"model\":{\"type\":\"BPE\",\"end_of_word_suffix\":\"</w>\",\"vocab\":"
                   "{\"a\":0,\"b</w>\":1,\"ab</w>\":2,\"a</w>\":3},\"merges\":[\"a b</w>\"]},"
                   "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"},"
                   "\"decoder\":{\"type\":\"BPEDecoder\",\"suffix\":\"</w>\"}}");
@@ -277,18 +276,18 @@ static void test_bpe_affixes_unk(void **state)
                                "\"vocab\":" ABC_VOCAB ",\"merges\":[\"a b\"]}}";
     char json[512];
     snprintf(json, sizeof json, k_unk, "false");
-    t = must_load(json);
+    t = test_tok_must_load(json);
     expect_ids(t, "axyb", (const int32_t[]){0, 5, 5, 1}, 4);
     expect_ids(t, "abxy", (const int32_t[]){4, 5, 5}, 3);
     tok_free(t);
     snprintf(json, sizeof json, k_unk, "true");
-    t = must_load(json);
+    t = test_tok_must_load(json);
     expect_ids(t, "axyb", (const int32_t[]){0, 5, 1}, 3);
     expect_ids(t, "x\xC3\xA9y", (const int32_t[]){5}, 1);
     tok_free(t);
     /* no unk_token: unknown characters vanish (as in HF), so their
      * neighbours merge */
-    t = must_load("{" MODEL(ABC_VOCAB, "[\"a b\"]") "}");
+    t = test_tok_must_load("{" MODEL(ABC_VOCAB, "[\"a b\"]") "}");
     expect_ids(t, "axb", (const int32_t[]){4}, 1);
     tok_free(t);
 }
@@ -298,7 +297,7 @@ static void test_bpe_affixes_unk(void **state)
 static void test_bpe_byte_fallback(void **state)
 {
     (void)state;
-    struct tokenizer *t = must_load(
+    struct tokenizer *t = test_tok_must_load(
         "{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"unk_token\":\"<unk>\",\"vocab\":"
         "{\"<unk>\":0,\"a\":1,\"<0xE2>\":2,\"<0x82>\":3,\"<0xAC>\":4,\"<0xC3>\":5},\"merges\":[]},"
         "\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}]}}");
@@ -329,7 +328,7 @@ static void test_bpe_byte_fallback(void **state)
 static void test_added_tokens(void **state)
 {
     (void)state;
-    struct tokenizer *t = must_load(
+    struct tokenizer *t = test_tok_must_load(
         "{\"added_tokens\":["
         "{\"id\":10,\"content\":\"<x>\",\"special\":false,\"lstrip\":true,\"rstrip\":true,\"normalized\":false},"
         "{\"id\":11,\"content\":\"ab\",\"special\":false,\"single_word\":true,\"normalized\":false},"
@@ -352,7 +351,7 @@ static void test_added_tokens(void **state)
     tok_free(t);
     /* normalized tokens match the normalized text (their content is
      * normalized too) */
-    t = must_load("{\"added_tokens\":[{\"id\":10,\"content\":\"AB\",\"special\":false,"
+    t = test_tok_must_load("{\"added_tokens\":[{\"id\":10,\"content\":\"AB\",\"special\":false,"
                   "\"normalized\":true}],\"normalizer\":{\"type\":\"Lowercase\"},"
                   MODEL(ABC_VOCAB, "[]") "}");
     expect_ids(t, "cAbc", (const int32_t[]){2, 10, 2}, 3);
@@ -368,7 +367,7 @@ static struct tokenizer *load_decoder(const char *dec)
     char json[2048];
     snprintf(json, sizeof json, "{\"added_tokens\":[{\"id\":5,\"content\":\"<s>\",\"special\":true}],"
              "\"decoder\":%s," MODEL(DEC_VOCAB, "[]") "}", dec);
-    return must_load(json);
+    return test_tok_must_load(json);
 }
 
 static void test_decoders(void **state)
@@ -483,7 +482,7 @@ static void test_hostile_files(void **state)
     for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
         struct tokenizer *t = NULL;
         struct err e = {0};
-        int rc = load_json(k_cases[i].json, &t, &e);
+        int rc = test_tok_load_json(k_cases[i].json, &t, &e);
         if (rc != k_cases[i].code || !strstr(e.msg, k_cases[i].in_msg))
             fail_msg("case %zu: rc %d (%s), want %d with '%s'", i, rc, e.msg, k_cases[i].code,
                      k_cases[i].in_msg);

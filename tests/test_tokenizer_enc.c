@@ -302,29 +302,6 @@ static void test_golden_wordlevel_ws(void **state) { (void)state; check_fixture(
 
 /* ---- hand-written tokenizers ---- */
 
-/* Loads a tokenizer.json given as text (written to a temporary file). */
-static int load_json(const char *json, struct tokenizer **t, struct err *e)
-{
-    char path[] = "/tmp/mlxcel_tokenc_XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    size_t n = strlen(json);
-    assert_int_equal(write(fd, json, n), (ssize_t)n);
-    close(fd);
-    int rc = tok_load_files(t, path, NULL, e);
-    unlink(path);
-    return rc;
-}
-
-static struct tokenizer *must_load(const char *json)
-{
-    struct tokenizer *t = NULL;
-    struct err e = {0};
-    if (load_json(json, &t, &e) < 0)
-        fail_msg("load: %s\n%s", e.msg, json);
-    return t;
-}
-
 /* Encodes text (no specials) and compares with want[0..n). */
 static void expect_ids(const struct tokenizer *t, const char *text, const int32_t *want, size_t n)
 {
@@ -380,7 +357,7 @@ static const char k_wordpiece[] =
 static void test_wordpiece(void **state)
 {
     (void)state;
-    struct tokenizer *t = must_load(k_wordpiece);
+    struct tokenizer *t = test_tok_must_load(k_wordpiece);
     struct err e = {0};
     char *out = NULL;
     expect_ids(t, "UnAff", IDS(3, 4));               /* lowercased, ## continuation */
@@ -455,7 +432,7 @@ static void test_unigram(void **state)
         "\"decoder\":{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\",\"prepend_scheme\":\"always\"}}";
     static const char k_json_bf[] =
         "{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"byte_fallback\":true,\"vocab\":" UNIGRAM_VOCAB "}}";
-    struct tokenizer *t = must_load(k_json);
+    struct tokenizer *t = test_tok_must_load(k_json);
     struct err e = {0};
     char *out = NULL;
     /* "\u2581" + "ab" and "\u2581a" + "b" both score -3.5: the first edge
@@ -467,7 +444,7 @@ static void test_unigram(void **state)
     assert_string_equal(out, "ab a");
     free(out);
     tok_free(t);
-    t = must_load(k_json_bf);
+    t = test_tok_must_load(k_json_bf);
     expect_ids(t, "ab", IDS(3));                /* -2.5 beats a + b = -3 */
     expect_ids(t, "axyb", IDS(1, 6, 7, 2));     /* fused "xy" -> <0x78> <0x79> */
     expect_ids(t, "axzb", IDS(1, 0, 2));        /* no <0x7A>: the fused piece is unk */
@@ -524,7 +501,7 @@ static int load_charsmap(const unsigned char *blob, size_t n, struct tokenizer *
     sprintf(json, "{\"model\":{\"type\":\"WordLevel\",\"unk_token\":\"?\",\"vocab\":{\"?\":0,\"x\":1,"
                   "\"A\":2,\"xB\":3,\"B\":4}},\"normalizer\":{\"type\":\"Precompiled\","
                   "\"precompiled_charsmap\":\"%s\"},\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}", b);
-    int rc = load_json(json, t, e);
+    int rc = test_tok_load_json(json, t, e);
     free(b);
     free(json);
     return rc;
@@ -554,7 +531,7 @@ static void test_charsmap(void **state)
     put_u32(blob, 0xFFFFFFFCu);
     assert_int_equal(load_charsmap(blob, len, &t, &e), -ERR_FORMAT);
     assert_int_equal(load_charsmap(blob, 2, &t, &e), -ERR_FORMAT);
-    assert_int_equal(load_json("{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0}},\"normalizer\":"
+    assert_int_equal(test_tok_load_json("{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0}},\"normalizer\":"
                                "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AA!A\"}}", &t, &e),
                      -ERR_FORMAT);
     assert_non_null(strstr(e.msg, "base64"));
@@ -567,7 +544,7 @@ static void test_charsmap(void **state)
                               "{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"");
         memset(json + k, 'A', n_b64);
         strcpy(json + k + n_b64, "\"}}");
-        assert_int_equal(load_json(json, &t, &e), -ERR_RANGE);
+        assert_int_equal(test_tok_load_json(json, &t, &e), -ERR_RANGE);
         assert_null(t);
         free(json);
     }
@@ -633,7 +610,7 @@ static void test_hostile(void **state)
     for (size_t i = 0; i < sizeof k_cases / sizeof k_cases[0]; i++) {
         struct tokenizer *t = (struct tokenizer *)k_cases;  /* must be reset to NULL */
         struct err e = {0};
-        int rc = load_json(k_cases[i].json, &t, &e);
+        int rc = test_tok_load_json(k_cases[i].json, &t, &e);
         if (rc != k_cases[i].code || !strstr(e.msg, k_cases[i].in_msg))
             fail_msg("case %zu: rc %d (%s), want %d with '%s'", i, rc, e.msg, k_cases[i].code,
                      k_cases[i].in_msg);
@@ -646,7 +623,7 @@ static void test_hostile(void **state)
         "{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0]]}}",
     };
     for (size_t i = 0; i < sizeof k_no_unk / sizeof k_no_unk[0]; i++) {
-        struct tokenizer *t = must_load(k_no_unk[i]);
+        struct tokenizer *t = test_tok_must_load(k_no_unk[i]);
         struct err e = {0};
         int32_t *ids = NULL;
         size_t n = 0;
@@ -656,7 +633,7 @@ static void test_hostile(void **state)
         tok_free(t);
     }
     /* a pair with special tokens needs a pair template */
-    struct tokenizer *t = must_load(
+    struct tokenizer *t = test_tok_must_load(
         "{\"model\":{\"type\":\"WordLevel\",\"vocab\":{\"a\":0,\"<s>\":1}},\"post_processor\":{\"type\":"
         "\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\"}},{\"Sequence\":{\"id\":\"A\"}}],"
         "\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[1]}}}}");
@@ -688,7 +665,7 @@ static void test_long_words(void **state)
     snprintf(json, 4096, "{\"model\":{\"type\":\"WordPiece\",\"max_input_chars_per_word\":1e300,"
                          "\"unk_token\":\"[UNK]\",\"vocab\":{\"[UNK]\":0,\"a\":1,\"##a\":2,\"%s\":3,"
                          "\"##%s\":4}}}", piece, piece);
-    struct tokenizer *t = must_load(json);
+    struct tokenizer *t = test_tok_must_load(json);
     int32_t *ids = NULL;
     size_t got = 0;
     struct err e = {0};
@@ -699,7 +676,7 @@ static void test_long_words(void **state)
     /* Unigram over the same word */
     snprintf(json, 4096, "{\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"<unk>\",0],"
                          "[\"a\",-1],[\"%s\",-2]]}}", piece);
-    t = must_load(json);
+    t = test_tok_must_load(json);
     assert_int_equal(tok_encode(t, text, n, false, &ids, &got, &e), 0);
     assert_int_equal(got, n / 1000);
     free(ids);
