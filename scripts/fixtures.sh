@@ -7,6 +7,14 @@
 #   scripts/fixtures.sh unpack          unpack every archive whose folder is missing or older
 #   scripts/fixtures.sh pack DIR...     replace folder DIR by DIR.tar.xz (reproducible: sorted
 #                                       names, fixed owner and time) and unpack it again
+#   scripts/fixtures.sh derive MLXCEL   make the files that DIR.derive recipes describe with the
+#                                       built mlxcel and check each against its recorded SHA-256
+#
+# A recipe DIR.derive names one file of the unpacked DIR that is not committed because mlxcel
+# makes it byte for byte from another fixture (lines "from FOLDER", "args CONVERT-ARGS",
+# "file NAME", "sha256 HEX"): `mlxcel convert -m FOLDER -o TMP ARGS` must give TMP/NAME with
+# exactly that SHA-256 (the hash of the published file), else the build fails. So the fixture
+# stays the published bytes, and the conversion's byte-exactness is checked on every build.
 set -eu
 cd "$(dirname "$0")/.."
 ROOTS="tests/fixtures/golden tests/fixtures/models models"
@@ -36,6 +44,46 @@ unpack_one() {
     touch "$stamp"
 }
 
+sha256_of() { sha256sum <"$1" | cut -d' ' -f1; }
+
+derive_one() {
+    r=$1 bin=$2
+    d=${r%.derive}
+    from= args= file= sum=
+    while read -r k v; do
+        case $k in
+        from) from=$v ;; args) args=$v ;; file) file=$v ;; sha256) sum=$v ;;
+        '' | '#'*) ;;
+        *) echo "fixtures: $r: unknown key '$k'" >&2; return 1 ;;
+        esac
+    done <"$r"
+    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ]; then
+        echo "fixtures: $r lacks a from, file or sha256 line" >&2
+        return 1
+    fi
+    [ -d "$d" ] || { echo "fixtures: $d is missing (scripts/fixtures.sh unpack first)" >&2; return 1; }
+    if [ -f "$d/$file" ] && [ "$(sha256_of "$d/$file")" = "$sum" ]; then
+        return 0
+    fi
+    t="$d.derive.$$"
+    rm -rf "$t"
+    # shellcheck disable=SC2086 # args is a list of convert flags
+    if ! "$bin" convert -m "$from" -o "$t" $args >/dev/null; then
+        rm -rf "$t"
+        echo "fixtures: $bin convert -m $from $args failed" >&2
+        return 1
+    fi
+    got=$(sha256_of "$t/$file")
+    if [ "$got" != "$sum" ]; then
+        rm -rf "$t"
+        echo "fixtures: mlxcel convert -m $from $args gives $file with SHA-256 $got, not $sum" \
+            "(the published file's): the conversion is no longer byte-exact" >&2
+        return 1
+    fi
+    mv "$t/$file" "$d/$file"
+    rm -rf "$t"
+}
+
 case "${1:-}" in
 unpack)
     for r in $ROOTS; do
@@ -54,7 +102,11 @@ pack)
         rm -f "$d/.unpacked"
         parent=$(dirname "$d")
         base=$(basename "$d")
-        (cd "$parent" && find "$base" -type f | LC_ALL=C sort |
+        # a file a recipe derives is not packed (the build makes it)
+        skip=
+        [ -f "$d.derive" ] && skip=$(sed -n 's/^file[[:space:]]*//p' "$d.derive")
+        (cd "$parent" && find "$base" -type f | { if [ -n "$skip" ]; then grep -vxF "$base/$skip"; else cat; fi; } |
+            LC_ALL=C sort |
             tar --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a+rX,u+w,go-w \
                 -cf - --no-recursion -T - | xz -9e -T1 -c >"$base.tar.xz.tmp")
         mv "$parent/$base.tar.xz.tmp" "$d.tar.xz"
@@ -62,8 +114,17 @@ pack)
         echo "fixtures: $d.tar.xz ($(wc -c <"$d.tar.xz") bytes)"
     done
     ;;
+derive)
+    bin=${2:?usage: scripts/fixtures.sh derive path/to/mlxcel}
+    for r in $ROOTS; do
+        for f in "$r"/*.derive; do
+            [ -e "$f" ] || continue
+            derive_one "$f" "$bin"
+        done
+    done
+    ;;
 *)
-    echo "usage: scripts/fixtures.sh unpack | pack DIR..." >&2
+    echo "usage: scripts/fixtures.sh unpack | pack DIR... | derive MLXCEL" >&2
     exit 2
     ;;
 esac
