@@ -10,11 +10,12 @@
 #   scripts/fixtures.sh derive MLXCEL   make the files that DIR.derive recipes describe with the
 #                                       built mlxcel and check each against its recorded SHA-256
 #
-# A recipe DIR.derive names one file of the unpacked DIR that is not committed because mlxcel
-# makes it byte for byte from another fixture (lines "from FOLDER", "args CONVERT-ARGS",
-# "file NAME", "sha256 HEX"): `mlxcel convert -m FOLDER -o TMP ARGS` must give TMP/NAME with
-# exactly that SHA-256 (the hash of the published file), else the build fails. So the fixture
-# stays the published bytes, and the conversion's byte-exactness is checked on every build.
+# A recipe DIR.derive names one file of the unpacked DIR that is not committed because it is
+# made byte for byte from another fixture (lines "via convert|copy", "from FOLDER",
+# "args CONVERT-ARGS", "file NAME", "sha256 HEX"): via convert, `mlxcel convert -m FOLDER -o TMP
+# ARGS` must give TMP/NAME (so the conversion's byte-exactness is checked on every build); via
+# copy, FOLDER/NAME is the same file (a golden case on another case's checkpoint). Either way
+# the result must have exactly that SHA-256, else the build fails.
 set -eu
 cd "$(dirname "$0")/.."
 ROOTS="tests/fixtures/golden tests/fixtures/models models"
@@ -49,16 +50,16 @@ sha256_of() { sha256sum <"$1" | cut -d' ' -f1; }
 derive_one() {
     r=$1 bin=$2
     d=${r%.derive}
-    from= args= file= sum=
+    via= from= args= file= sum=
     while read -r k v; do
         case $k in
-        from) from=$v ;; args) args=$v ;; file) file=$v ;; sha256) sum=$v ;;
+        via) via=$v ;; from) from=$v ;; args) args=$v ;; file) file=$v ;; sha256) sum=$v ;;
         '' | '#'*) ;;
         *) echo "fixtures: $r: unknown key '$k'" >&2; return 1 ;;
         esac
     done <"$r"
-    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ]; then
-        echo "fixtures: $r lacks a from, file or sha256 line" >&2
+    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ] || { [ "$via" != convert ] && [ "$via" != copy ]; }; then
+        echo "fixtures: $r lacks a from, file or sha256 line, or a via line (convert or copy)" >&2
         return 1
     fi
     [ -d "$d" ] || { echo "fixtures: $d is missing (scripts/fixtures.sh unpack first)" >&2; return 1; }
@@ -67,8 +68,11 @@ derive_one() {
     fi
     t="$d.derive.$$"
     rm -rf "$t"
+    if [ "$via" = copy ]; then
+        mkdir -p "$t" && cp "$from/$file" "$t/$file" ||
+            { rm -rf "$t"; echo "fixtures: cannot copy $from/$file" >&2; return 1; }
     # shellcheck disable=SC2086 # args is a list of convert flags
-    if ! "$bin" convert -m "$from" -o "$t" $args >/dev/null; then
+    elif ! "$bin" convert -m "$from" -o "$t" $args >/dev/null; then
         rm -rf "$t"
         echo "fixtures: $bin convert -m $from $args failed" >&2
         return 1
@@ -76,8 +80,8 @@ derive_one() {
     got=$(sha256_of "$t/$file")
     if [ "$got" != "$sum" ]; then
         rm -rf "$t"
-        echo "fixtures: mlxcel convert -m $from $args gives $file with SHA-256 $got, not $sum" \
-            "(the published file's): the conversion is no longer byte-exact" >&2
+        echo "fixtures: $file made by $via from $from has SHA-256 $got, not $sum (the recorded" \
+            "file's): for convert, the conversion is no longer byte-exact" >&2
         return 1
     fi
     mv "$t/$file" "$d/$file"
