@@ -18,7 +18,7 @@
 # the result must have exactly that SHA-256, else the build fails.
 set -eu
 cd "$(dirname "$0")/.."
-ROOTS="tests/fixtures/golden tests/fixtures/models models"
+ROOTS="tests/fixtures/golden tests/fixtures/models tests/fixtures/quant models"
 
 unpack_one() {
     a=$1
