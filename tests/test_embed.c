@@ -6,10 +6,11 @@
  * (tanh), bfloat16): per text the last hidden states, every pooling mode of ST's Pooling
  * over them, the final vector alone and in one batch of every text; batched must equal
  * alone within 1e-5 of the row (the batch suite's bound; matvec alone and gemm in a batch may
- * sum in another order). Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
- * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
- * ModernBERT (gen_modernbert.py): modernbert_st (float32, mean + Normalize, prompts),
- * modernbert_st_bf16 (CLS pooling), modernbert_ce (CLS head); texts longer than the local
+ * sum in another order). Rerank cases (bert_ce, xlmr_ce; bfloat16): each pair's logit and
+ * CrossEncoder.predict's score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref|
+ * per vector. ModernBERT (gen_modernbert.py, all bfloat16 on one checkpoint per kind):
+ * modernbert_st (mean + Normalize, prompts), modernbert_st_bf16 (the same weights, CLS
+ * pooling), modernbert_ce (CLS head); texts longer than the local
  * layers' band of 8 positions each side.
  * The token ids come from the references (the tokenizers are tested on their own).
  */
