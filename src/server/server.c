@@ -372,7 +372,8 @@ extern const unsigned char srv_chat_html[];
 extern const size_t srv_chat_html_len;
 
 /* GET / -> the chat page: static, answered without the API key (the page asks for it) and
- * confined by its Content-Security-Policy to inline code and this server. */
+ * confined by its Content-Security-Policy to inline code and this server (images: only the data:
+ * URLs the page makes from files the user attaches). */
 static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
 {
     struct MHD_Response *resp =
@@ -382,7 +383,7 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
     bool ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8") == MHD_YES &&
               MHD_add_response_header(resp, "Content-Security-Policy",
                                       "default-src 'self'; script-src 'unsafe-inline' 'self'; "
-                                      "style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+                                      "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                       "form-action 'none'; frame-ancestors 'none'") == MHD_YES &&
               MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff") == MHD_YES &&
               MHD_add_response_header(resp, "Referrer-Policy", "no-referrer") == MHD_YES &&
