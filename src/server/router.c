@@ -42,6 +42,7 @@ struct rt_entry {
     bool want_unload;                /* unload once its references are gone */
     char error[ERR_MSG_MAX + 64];
     int refs;                        /* requests and generations using it */
+    int waiters;                     /* requests waiting in router_acquire for it (kept loaded for them) */
     uint64_t last_used;              /* router.clock at its last acquire or release */
     uint64_t bytes;                  /* measured once loaded, else its weight files' size */
     double deadline;                 /* RT_LOADING: a load that finds no room by then gives up */
@@ -163,7 +164,7 @@ static int make_room(struct router *rt, int w)
             struct rt_entry *en = &rt->e[i];
             items[i] = (struct router_lru_item){
                 .loaded = en->st == RT_LOADED || en->st == RT_UNLOADING || (en->st == RT_LOADING && en->started),
-                .refs = en->refs + (en->st == RT_UNLOADING), .last_used = en->last_used, .bytes = en->bytes};
+                .refs = en->refs + en->waiters + (en->st == RT_UNLOADING), .last_used = en->last_used, .bytes = en->bytes};
         }
         r = router_pick_victim(items, rt->n, w, rt->o.max_loaded, rt->o.memory_budget);
         if (r < 0)
@@ -384,7 +385,9 @@ int router_acquire(struct router *rt, const char *name, const atomic_int *stoppi
                                 "load: %s (POST /models/load retries)", name, en->error);
                 break;
             }
-            if (asked || !rt->o.autoload) {
+            if (asked && !en->failed && !en->error[0]) {
+                queue_load(rt, en);  /* unloaded again before this request could take it */
+            } else if (asked || !rt->o.autoload) {
                 rc = asked ? oai_errorf(err, en->failed ? 500 : 503, "server_error",
                                         en->failed ? "model_load_failed" : NULL, "model",
                                         "the model '%s' did not load: %s", name, en->error)
@@ -392,9 +395,10 @@ int router_acquire(struct router *rt, const char *name, const atomic_int *stoppi
                                         "the model '%s' is not loaded (--no-models-autoload): POST /models/load "
                                         "loads it", name);
                 break;
+            } else {
+                queue_load(rt, en);
+                asked = true;
             }
-            queue_load(rt, en);
-            asked = true;
         }
         /* loading or unloading: wait, bounded */
         if (now_s() >= until) {
@@ -404,7 +408,9 @@ int router_acquire(struct router *rt, const char *name, const atomic_int *stoppi
         }
         struct timespec ts;
         deadline_in(&ts, 0.1);  /* stopping is looked at again */
+        en->waiters++;
         pthread_cond_timedwait(&rt->cv, &rt->mu, &ts);
+        en->waiters--;
     }
     pthread_mutex_unlock(&rt->mu);
     return rc;
