@@ -280,6 +280,65 @@ describe('router mode', { timeout: 600_000 * SLOW }, () => {
         });
     });
 
+    describe('--memory-budget', () => {
+        let srv;
+        // llama-tiny holds about 9 MiB with 512 tokens of KV cache, phixtral-tiny about 15 MiB
+        before(async () => { srv = await serve(['-m', LLAMA, '-m', PHI, '--memory-budget', '20M', '--ctx-size', '512']); });
+        after(async () => { if (srv) await srv.stop(); });
+
+        it('unloads the least recently used model to stay within the budget', async () => {
+            const api = openai(srv.base);
+            await completion(api, 'llama-tiny', 'ROMEO:');
+            const l = await entry(srv.base, 'llama-tiny');
+            assert.equal(l.status.value, 'loaded');
+            await completion(api, 'phixtral-tiny', 'ROMEO:');
+            const p = await entry(srv.base, 'phixtral-tiny');
+            assert.ok(l.status.bytes + p.status.bytes > 20 << 20, `${l.status.bytes} + ${p.status.bytes} bytes fit 20 MiB`);
+            assert.equal((await entry(srv.base, 'llama-tiny')).status.value, 'unloaded');
+            let sum = 0;
+            for (const m of (await get(srv.base, '/models')).json.data)
+                if (m.status.value === 'loaded') sum += m.status.bytes;
+            assert.ok(sum <= 20 << 20, `${sum} bytes loaded`);
+        });
+    });
+
+    describe('a model over the budget', () => {
+        let srv;
+        before(async () => { srv = await serve(['-m', LLAMA, '-m', PHI, '--memory-budget', '12M', '--ctx-size', '512']); });
+        after(async () => { if (srv) await srv.stop(); });
+
+        it('fails to load, saying so; the others serve', async () => {
+            const r = await post(srv.base, '/v1/completions', { model: 'phixtral-tiny', prompt: 'x', max_tokens: 2 });
+            assert.match(assertError(r, 500, 'a model over the budget', { code: 'model_load_failed' }).message, /memory-budget/);
+            assert.equal((await post(srv.base, '/v1/completions', { model: 'llama-tiny', prompt: 'x', max_tokens: 2 })).status, 200);
+        });
+    });
+
+    describe('load / unload races', () => {
+        let srv;
+        before(async () => { srv = await serve(['-m', LLAMA, '-m', PHI, '--models-max', '1']); });
+        after(async () => { if (srv) await srv.stop(); });
+
+        it('loads, unloads and requests at once: each answer is a completion or a clear 503, nothing crashes', async () => {
+            const models = ['llama-tiny', 'phixtral-tiny'];
+            const jobs = [];
+            for (let i = 0; i < 60; i++) {
+                const m = models[i % 2];
+                if (i % 3 === 0) jobs.push(post(srv.base, '/models/unload', { model: m }).then((r) => assert.equal(r.status, 200)));
+                else if (i % 5 === 0) jobs.push(post(srv.base, '/models/load', { model: m }).then((r) => assert.equal(r.status, 200)));
+                else jobs.push(post(srv.base, '/v1/completions', { model: m, prompt: 'ROMEO:', max_tokens: 4, stream: i % 2 === 0 })
+                    .then((r) => {
+                        if (r.status !== 200) assert.match(assertError(r, 503, `completion ${i}`).message, /did not load|loading/);
+                    }));
+            }
+            await withTimeout(Promise.all(jobs), 120_000 * SLOW, 'the racing requests');
+            assert.equal(srv.proc.exitCode, null, 'the server is alive');
+            // and it still serves both
+            for (const m of models)
+                assert.equal((await post(srv.base, '/v1/completions', { model: m, prompt: 'x', max_tokens: 2 })).status, 200);
+        });
+    });
+
     describe('--models-dir', () => {
         let srv;
         const dir = join(work, 'models');
