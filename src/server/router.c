@@ -40,6 +40,7 @@ struct rt_entry {
     bool started;                    /* RT_LOADING: the thread is loading it (else queued) */
     bool failed;                     /* the last load failed: error says why */
     bool want_unload;                /* unload once its references are gone */
+    bool want_load;                  /* POST /models/load while unloading: load it again after */
     char error[ERR_MSG_MAX + 64];
     int refs;                        /* requests and generations using it */
     int waiters;                     /* requests waiting in router_acquire for it (kept loaded for them) */
@@ -136,7 +137,9 @@ static uint64_t weight_file_bytes(const char *dir)
 
 // ---- the router's thread ----
 
-/* Frees entry i's model (lock held on entry and exit; released around the unload). */
+static void queue_load(struct router *rt, struct rt_entry *en);
+
+/* Frees en's model (lock held on entry and exit; released around the unload). */
 static void do_unload(struct router *rt, struct rt_entry *en)
 {
     en->st = RT_UNLOADING;
@@ -148,6 +151,10 @@ static void do_unload(struct router *rt, struct rt_entry *en)
     memset(&en->sm.m, 0, sizeof en->sm.m);
     en->st = RT_UNLOADED;
     en->want_unload = false;
+    if (en->want_load) {
+        en->want_load = false;
+        queue_load(rt, en);
+    }
     pthread_cond_broadcast(&rt->cv);
 }
 
@@ -175,7 +182,7 @@ static int make_room(struct router *rt, int w)
     return r;
 }
 
-/* Loads entry w (lock held on entry and exit, released around the load). */
+/* Loads en (lock held on entry and exit, released around the load). */
 static void do_load(struct router *rt, struct rt_entry *en)
 {
     en->started = true;
@@ -440,7 +447,11 @@ int router_request(struct router *rt, const char *name, bool load, struct oai_er
         if (en->st == RT_UNLOADED) {
             en->failed = false;
             queue_load(rt, en);
+        } else if (en->st == RT_UNLOADING) {
+            en->want_load = true;
         }
+    } else if (en->st == RT_UNLOADING) {
+        en->want_load = false;
     } else if (en->st == RT_LOADING && !en->started) {
         en->st = RT_UNLOADED;  /* queued, not begun: dropped */
         snprintf(en->error, sizeof en->error, "its load was cancelled by POST /models/unload");
