@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "server/router.h"
+#include "server/router_impl.h"
+#include "server/srv_impl.h"
 #include "test.h"
 
 // ---- a scratch directory ----
@@ -303,7 +305,188 @@ static void budget_counts_bytes(void **state)
     assert_int_equal(router_pick_victim(w, 2, 0, 0, 1000), ROUTER_FITS);
 }
 
+// ---- the router with a fake loader: references, eviction, failures ----
+
+struct fake {
+    int loads, unloads;
+    char last_loaded[64], last_unloaded[64];
+    uint64_t bytes;
+};
+
+static int fake_load(void *ud, const struct router_spec *spec, struct server_model *out, void **handle,
+                     uint64_t *bytes, struct err *e)
+{
+    struct fake *f = ud;
+    if (strcmp(spec->name, "bad") == 0) {
+        f->loads++;
+        return err_setf(e, ERR_FORMAT, "%s/config.json: not JSON", spec->path);
+    }
+    f->loads++;
+    snprintf(f->last_loaded, sizeof f->last_loaded, "%s", spec->name);
+    memset(out, 0, sizeof *out);
+    out->n_vocab = 7;
+    *handle = strdup(spec->name);
+    *bytes = f->bytes;
+    return 0;
+}
+
+static void fake_unload(void *ud, void *handle)
+{
+    struct fake *f = ud;
+    f->unloads++;
+    snprintf(f->last_unloaded, sizeof f->last_unloaded, "%s", (char *)handle);
+    free(handle);
+}
+
+/* The model's status value in the list. */
+static const char *status_of(struct router *rt, const char *name)
+{
+    static char buf[32];
+    bool found;
+    cJSON *m = router_models_json(rt, name, 0, &found);
+    assert_non_null(m);
+    snprintf(buf, sizeof buf, "%s", cJSON_GetObjectItem(cJSON_GetObjectItem(m, "status"), "value")->valuestring);
+    cJSON_Delete(m);
+    return buf;
+}
+
+/* Waits (bounded) until name's status is want. */
+static void wait_status(struct router *rt, const char *name, const char *want)
+{
+    for (int i = 0; i < 500 && strcmp(status_of(rt, name), want) != 0; i++)
+        usleep(10000);
+    assert_string_equal(status_of(rt, name), want);
+}
+
+static void router_references_and_eviction(void **state)
+{
+    (void)state;
+    struct router_list l = {0};
+    struct err e = {0};
+    assert_int_equal(router_list_add(&l, "a", "/m/a", &e), 0);
+    assert_int_equal(router_list_add(&l, "b", "/m/b", &e), 0);
+    assert_int_equal(router_list_add(&l, "bad", "/m/bad", &e), 0);
+    struct fake f = {.bytes = 100};
+    struct router_opts o = {.max_loaded = 1, .autoload = true, .load_timeout_s = 1};
+    struct router_loader ld = {.ud = &f, .load = fake_load, .unload = fake_unload};
+    struct router *rt = NULL;
+    atomic_int stopping = 0;
+    assert_int_equal(router_new(&rt, &l, &o, &ld, &e), 0);
+    struct srv_model *ma = NULL, *mb = NULL;
+    struct oai_error err;
+
+    /* first use loads; the model answers with its own values */
+    assert_int_equal(router_acquire(rt, "a", &stopping, &ma, &err), 0);
+    assert_non_null(ma);
+    assert_string_equal(ma->id, "a");
+    assert_int_equal(ma->m.n_vocab, 7);
+    assert_int_equal(f.loads, 1);
+    /* --models-max 1 and a in use: b finds no room, a stays (503 after the timeout) */
+    assert_int_equal(router_acquire(rt, "b", &stopping, &mb, &err), -1);
+    assert_int_equal(err.status, 503);
+    assert_null(mb);
+    assert_string_equal(status_of(rt, "a"), "loaded");
+    assert_int_equal(f.unloads, 0);
+    /* a idle: b evicts it */
+    srv_model_release(ma);
+    assert_int_equal(router_acquire(rt, "b", &stopping, &mb, &err), 0);
+    assert_string_equal(f.last_unloaded, "a");
+    assert_string_equal(status_of(rt, "a"), "unloaded");
+
+    /* an unload asked for while in use waits for the last reference */
+    srv_model_retain(mb);  /* a generation's own reference */
+    assert_int_equal(router_request(rt, "b", false, &err), 0);
+    usleep(100000);
+    assert_string_equal(status_of(rt, "b"), "loaded");
+    srv_model_release(mb);
+    usleep(100000);
+    assert_string_equal(status_of(rt, "b"), "loaded");
+    srv_model_release(mb);
+    wait_status(rt, "b", "unloaded");
+    assert_string_equal(f.last_unloaded, "b");
+
+    /* a failed load: its error, not retried per request, retried by a load request */
+    int loads = f.loads;
+    assert_int_equal(router_acquire(rt, "bad", &stopping, &mb, &err), -1);
+    assert_int_equal(err.status, 500);
+    assert_non_null(strstr(err.message, "not JSON"));
+    assert_int_equal(router_acquire(rt, "bad", &stopping, &mb, &err), -1);
+    assert_int_equal(err.status, 500);
+    assert_int_equal(f.loads, loads + 1);
+    assert_int_equal(router_request(rt, "bad", true, &err), 0);
+    wait_status(rt, "bad", "unloaded");
+    for (int i = 0; i < 200 && f.loads < loads + 2; i++)
+        usleep(10000);
+    assert_int_equal(f.loads, loads + 2);
+
+    /* unknown names; shutting down */
+    assert_int_equal(router_acquire(rt, "zzz", &stopping, &mb, &err), -1);
+    assert_int_equal(err.status, 404);
+    assert_int_equal(router_request(rt, "zzz", true, &err), -1);
+    atomic_store(&stopping, 1);
+    assert_int_equal(router_acquire(rt, "a", &stopping, &mb, &err), -1);
+    assert_int_equal(err.status, 503);
+
+    router_free(rt);  /* unloads what is loaded: nothing is left */
+    assert_int_equal(f.unloads, 2);  /* a (evicted) and b (asked), each once */
+    router_list_free(&l);
+}
+
+static void router_budget_and_autoload_off(void **state)
+{
+    (void)state;
+    struct router_list l = {0};
+    struct err e = {0};
+    assert_int_equal(router_list_add(&l, "a", "/m/a", &e), 0);
+    assert_int_equal(router_list_add(&l, "b", "/m/b", &e), 0);
+    assert_int_equal(router_list_add(&l, "c", "/m/c", &e), 0);
+    struct fake f = {.bytes = 400};
+    /* 1000 bytes: two models of 400 fit, a third evicts the least recently used */
+    struct router_opts o = {.memory_budget = 1000, .autoload = false, .load_timeout_s = 5};
+    struct router_loader ld = {.ud = &f, .load = fake_load, .unload = fake_unload};
+    struct router *rt = NULL;
+    atomic_int stopping = 0;
+    struct oai_error err;
+    struct srv_model *m = NULL;
+    assert_int_equal(router_new(&rt, &l, &o, &ld, &e), 0);
+    assert_int_equal(router_acquire(rt, "a", &stopping, &m, &err), -1);
+    assert_int_equal(err.status, 400);
+    assert_string_equal(err.code, "model_not_loaded");
+    const char *order[] = {"a", "b", "a", "c"};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(router_request(rt, order[i], true, &err), 0);
+        wait_status(rt, order[i], "loaded");
+        assert_int_equal(router_acquire(rt, order[i], &stopping, &m, &err), 0);
+        srv_model_release(m);
+    }
+    /* b was used least recently */
+    assert_string_equal(status_of(rt, "b"), "unloaded");
+    assert_string_equal(status_of(rt, "a"), "loaded");
+    assert_string_equal(status_of(rt, "c"), "loaded");
+    /* a model alone over the budget fails, saying so */
+    f.bytes = 2000;
+    assert_int_equal(router_request(rt, "b", true, &err), 0);
+    bool found;
+    cJSON *j = NULL;
+    const cJSON *st = NULL;
+    for (int i = 0; i < 300; i++) {
+        cJSON_Delete(j);
+        j = router_models_json(rt, "b", 0, &found);
+        st = cJSON_GetObjectItem(j, "status");
+        if (cJSON_GetObjectItem(st, "failed"))
+            break;
+        usleep(10000);
+    }
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(st, "failed")));
+    assert_non_null(strstr(cJSON_GetObjectItem(st, "error")->valuestring, "--memory-budget"));
+    cJSON_Delete(j);
+    router_free(rt);
+    router_list_free(&l);
+}
+
 static const struct CMUnitTest k_tests[] = {
+    cmocka_unit_test(router_references_and_eviction),
+    cmocka_unit_test(router_budget_and_autoload_off),
     cmocka_unit_test_setup_teardown(scan_finds_models_at_both_levels, setup_root, teardown_root),
     cmocka_unit_test_setup_teardown(scan_bounds_the_entries, setup_root, teardown_root),
     cmocka_unit_test(list_names_are_checked),
