@@ -8,6 +8,7 @@
  * SIGINT/SIGTERM stop it: no new connections, in-flight requests cancelled,
  * every thread joined, everything freed, exit 0.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include "../models/model.h"
 #include "../grammar/grammar.h"
 #include "../server/outparse.h"
+#include "../server/router.h"
 #include "../server/server.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
@@ -34,12 +36,34 @@
 
 static const char *k_help =
     "usage: mlxcel serve [-m MODEL] [options]\n"
+    "       mlxcel serve --models-dir DIR | -m [NAME=]MODEL -m [NAME=]MODEL ... [options]\n"
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
     "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-    "/tokenize, /detokenize, /apply-template; a chat page at /.\n"
+    "/tokenize, /detokenize, /apply-template; a chat page at /; GET /models,\n"
+    "POST /models/load and /models/unload in router mode.\n"
     "\n"
-    "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model)\n"
+    "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model);\n"
+    "                             given more than once (or with --models-dir), router mode:\n"
+    "                             each request's \"model\" picks one; NAME=MODEL names it (else\n"
+    "                             the folder's name, or owner/name as given)\n"
+    "\n"
+    "Router mode (several models, as llama-server's; docs/server.md):\n"
+    "      --models-dir DIR       serve every subfolder of DIR holding a config.json, named by\n"
+    "                             the folder (owner/name for DIR/owner/name); symlinks leading\n"
+    "                             out of DIR are skipped\n"
+    "      --models-max N         models loaded at once, least recently used unloaded first\n"
+    "                             (default 4; 0: no limit); --max-loaded is the same flag\n"
+    "      --memory-budget BYTES  bytes of loaded models (weights + KV cache; K, M, G suffixes;\n"
+    "                             default: no limit)\n"
+    "      --no-models-autoload   load models only through POST /models/load (default: a\n"
+    "                             request's first use loads its model); --models-autoload: on\n"
+    "      --models-preset FILE   per-model defaults: llama-server's INI ([*], [NAME]; keys\n"
+    "                             ctx-size, parallel, temp, top-p, top-k, min-p, repeat-penalty,\n"
+    "                             chat-template-file, load-on-startup, model) or the same as JSON\n"
+    "      --models-load-timeout S  a request waits S seconds for its model to load, then 503\n"
+    "                             (default 600)\n"
+    "\n"
     "      --host ADDR            address to listen on (default 127.0.0.1; an IPv4 or IPv6 literal)\n"
     "      --port N               port (default 8080; 0 picks a free one)\n"
     "  -np, --parallel N          sequences decoded together in one batch (default 4)\n"
@@ -91,6 +115,8 @@ enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
     OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT,
+    OPT_MODELS_DIR, OPT_MODELS_MAX, OPT_MEMORY_BUDGET, OPT_AUTOLOAD, OPT_NO_AUTOLOAD, OPT_MODELS_PRESET,
+    OPT_LOAD_TIMEOUT,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
@@ -103,7 +129,36 @@ struct serve_cli {
     struct spec_params spec;
     const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
     int n_allowed_hosts, n_cors_origins;
+    /* router mode: every -m, --models-dir and its limits */
+    const char *models[SERVE_MAX_LIST];
+    int n_models;
+    const char *models_dir, *models_preset;
+    long models_max, load_timeout;
+    unsigned long long memory_budget;
+    bool no_autoload;
+    const char *chat_template_file;  /* a preset's chat-template-file (router mode) */
 };
+
+/* --memory-budget: bytes, with an optional K, M, G or T (powers of 1024). */
+static int parse_bytes(const char *v, unsigned long long *out, struct err *e)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k') shift = 10;
+    else if (*end == 'M' || *end == 'm') shift = 20;
+    else if (*end == 'G' || *end == 'g') shift = 30;
+    else if (*end == 'T' || *end == 't') shift = 40;
+    if (shift)
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (errno || end == v || *end || v[0] == '-' || x == 0 || x > (~0ULL >> shift))
+        return err_setf(e, ERR_ARG, "--memory-budget '%.32s' is not a byte count (e.g. 8G, 512M, 1073741824)", v);
+    *out = x << shift;
+    return 0;
+}
 
 /* Appends --allowed-host NAME: a host name (no scheme, port or path), '.name' or '*'. */
 static int add_allowed_host(struct serve_cli *o, const char *v, struct err *e)
@@ -170,6 +225,14 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
         {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
         {"md", required_argument, NULL, OPT_MODEL_DRAFT},
+        {"models-dir", required_argument, NULL, OPT_MODELS_DIR},
+        {"models-max", required_argument, NULL, OPT_MODELS_MAX},
+        {"max-loaded", required_argument, NULL, OPT_MODELS_MAX},
+        {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+        {"models-autoload", no_argument, NULL, OPT_AUTOLOAD},
+        {"no-models-autoload", no_argument, NULL, OPT_NO_AUTOLOAD},
+        {"models-preset", required_argument, NULL, OPT_MODELS_PRESET},
+        {"models-load-timeout", required_argument, NULL, OPT_LOAD_TIMEOUT},
         {"threads", required_argument, NULL, 't'},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
         {"verbose", no_argument, NULL, 'v'},
@@ -182,7 +245,19 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
     /* getopt_long_only: -np like llama-server (and every long option with one dash) */
     while (rc == 0 && (c = getopt_long_only(argc, argv, ":m:c:t:vh", k_opts, NULL)) != -1) {
         switch (c) {
-        case 'm': o->model = optarg; break;
+        case 'm':
+            if (o->n_models == SERVE_MAX_LIST)
+                rc = err_setf(e, ERR_ARG, "-m: at most %d (use --models-dir for more)", SERVE_MAX_LIST);
+            else
+                o->model = o->models[o->n_models++] = optarg;
+            break;
+        case OPT_MODELS_DIR: o->models_dir = optarg; break;
+        case OPT_MODELS_MAX: rc = cli_parse_int("--models-max", optarg, 0, ROUTER_MAX_MODELS, &o->models_max, e); break;
+        case OPT_MEMORY_BUDGET: rc = parse_bytes(optarg, &o->memory_budget, e); break;
+        case OPT_AUTOLOAD: o->no_autoload = false; break;
+        case OPT_NO_AUTOLOAD: o->no_autoload = true; break;
+        case OPT_MODELS_PRESET: o->models_preset = optarg; break;
+        case OPT_LOAD_TIMEOUT: rc = cli_parse_int("--models-load-timeout", optarg, 1, 86400, &o->load_timeout, e); break;
         case OPT_HOST: o->host = optarg; break;
         case OPT_PORT: rc = cli_parse_int("--port", optarg, 0, 65535, &o->port, e); break;
         case 'P': rc = cli_parse_int("--parallel", optarg, 1, 256, &o->parallel, e); break;
@@ -233,6 +308,14 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (o->model_draft)
         o->spec.mode = SPEC_DRAFT;
+    bool router = o->models_dir || o->n_models > 1;
+    if (!router && o->models_preset)
+        return err_setf(e, ERR_ARG, "--models-preset: presets are for router mode (--models-dir or several -m)");
+    if (router && o->model_draft)
+        return err_setf(e, ERR_ARG, "--model-draft: one draft model does not fit several models (router mode)");
+    if (router && o->name)
+        return err_setf(e, ERR_ARG, "--served-model-name: in router mode models are named by their folder "
+                        "or by -m NAME=MODEL");
     if (o->spec.mode == SPEC_NGRAM)
         return spec_params_check(&o->spec, e);
     return 0;
@@ -330,7 +413,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return load_encoder(o, dir, sv, sm, e);
     if ((rc = cli_check_generation_config(sv->m, e)) < 0 || (rc = tok_load(&sv->tok, dir, e)) < 0)
         return rc;
-    rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
+    rc = chat_tmpl_load(&sv->tmpl, dir, o->chat_template_file, e);
     if (rc == -ERR_MISSING)
         fprintf(stderr, "mlxcel serve: the model has no chat template: /v1/chat/completions will answer 400\n");
     else if (rc < 0)
@@ -391,12 +474,111 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     return 0;
 }
 
+
+// ---- router mode ----
+
+/* -m [NAME=]MODEL: an existing path is a model, whatever it holds; else NAME= before the
+ * first '=' names it (NAME without '/'). *path points into arg; name "" when none. */
+static void split_model_arg(const char *arg, char *name, size_t cap, const char **path)
+{
+    struct stat st;
+    const char *eq = strchr(arg, '=');
+    name[0] = 0;
+    *path = arg;
+    if (stat(arg, &st) == 0 || !eq || eq == arg || (size_t)(eq - arg) >= cap || memchr(arg, '/', (size_t)(eq - arg)))
+        return;
+    snprintf(name, cap, "%.*s", (int)(eq - arg), arg);
+    *path = eq + 1;
+}
+
+/* The loader of router mode (router.h): one model as a single-model serve loads it, with
+ * its preset's context, parallel sequences, chat template and sampling defaults. ud: the
+ * serve flags (struct serve_cli), outliving the server. */
+static int router_load(void *ud, const struct router_spec *spec, struct server_model *out, void **handle,
+                       uint64_t *bytes, struct err *e)
+{
+    struct serve_cli o = *(const struct serve_cli *)ud;
+    const struct router_preset *p = &spec->preset;
+    if (p->set & ROUTER_SET_CTX)
+        o.ctx_size = p->ctx_size;
+    if (p->set & ROUTER_SET_PARALLEL)
+        o.parallel = p->parallel;
+    o.chat_template_file = p->set & ROUTER_SET_TEMPLATE ? p->chat_template_file : NULL;
+    struct served *sv = calloc(1, sizeof *sv);
+    if (!sv)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    int rc = load(&o, spec->path, sv, out, e);
+    if (rc < 0) {
+        served_free(sv);
+        free(sv);
+        return rc;
+    }
+    struct generation_defaults *g = &out->gen;
+    if (p->set & ROUTER_SET_TEMP) g->temperature = p->temp;
+    if (p->set & ROUTER_SET_TOP_P) g->top_p = p->top_p;
+    if (p->set & ROUTER_SET_TOP_K) g->top_k = p->top_k;
+    if (p->set & ROUTER_SET_MIN_P) g->min_p = p->min_p;
+    if (p->set & ROUTER_SET_REPEAT_PENALTY) g->repeat_penalty = p->repeat_penalty;
+    /* its memory: the weights, and the KV cache of --ctx-size tokens */
+    uint64_t kv = 0;
+    if (sv->en.kv) {
+        long ctx = o.ctx_size > 0 ? o.ctx_size : (long)out->n_ctx * o.parallel;
+        kv = model_kv_bytes_per_token(sv->m, sv->en.kv->dtype) * (uint64_t)ctx;
+    }
+    *bytes = model_weight_bytes(sv->m) + kv;
+    *handle = sv;
+    return 0;
+}
+
+static void router_unload(void *ud, void *handle)
+{
+    (void)ud;
+    served_free(handle);
+    free(handle);
+}
+
+/* The models of router mode: every -m (resolved as a single -m is), then --models-dir's,
+ * then the presets (which may add models); each one's parallel made explicit for /metrics. */
+static int router_models(struct serve_cli *o, struct router_list *l, char (*dirs)[4096], struct err *e)
+{
+    int rc;
+    for (int i = 0; i < o->n_models; i++) {
+        char name[ROUTER_NAME_MAX];
+        const char *path;
+        split_model_arg(o->models[i], name, sizeof name, &path);
+        if ((rc = cli_resolve_model(path, dirs[i], sizeof dirs[i], e)) < 0)
+            return rc;
+        if (!name[0]) {
+            struct serve_cli one = {.model = path};
+            model_id(&one, dirs[i], name, sizeof name);
+        }
+        if ((rc = router_list_add(l, name, dirs[i], e)) < 0)
+            return err_prefix(e, "-m %s", o->models[i]);
+    }
+    int found = 0;
+    if (o->models_dir && (rc = router_scan_dir(l, o->models_dir, &found, e)) < 0)
+        return rc;
+    if (o->models_dir && found == 0)
+        fprintf(stderr, "mlxcel serve: --models-dir %s: no folder holding a config.json\n", o->models_dir);
+    if (o->models_preset && (rc = router_presets_load(l, o->models_preset, e)) < 0)
+        return rc;
+    if (l->n == 0)
+        return err_setf(e, ERR_ARG, "no model to serve");
+    for (int i = 0; i < l->n; i++)
+        if (!(l->v[i].preset.set & ROUTER_SET_PARALLEL))
+            l->v[i].preset.parallel = o->parallel;
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     struct serve_cli o = {.port = 8080, .parallel = 4, .max_queue = 64, .max_body = 4L << 20, .timeout = 600,
-                          .header_timeout = 60, .request_timeout = 300, .max_conn = 256};
+                          .header_timeout = 60, .request_timeout = 300, .max_conn = 256, .models_max = 4,
+                          .load_timeout = 600};
     struct err e = {0};
-    char dir[4096], id[256];
+    char dir[4096], id[256], name[ROUTER_NAME_MAX];
+    char (*dirs)[4096] = NULL;       /* router mode: each -m's folder */
+    struct router_list models = {0};
     struct served sv = {0};
     struct server *srv = NULL;
     struct server_model sm;
@@ -408,9 +590,26 @@ int cmd_serve(int argc, char **argv)
         return cli_usage_error("serve", "%s", e.msg);
     if (!o.api_key)
         o.api_key = cli_cfg()->api_key;
-    if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
-        return cli_fail("serve", &e);
-    model_id(&o, dir, id, sizeof id);
+    bool router = o.models_dir || o.n_models > 1;
+    if (router) {
+        if (!(dirs = calloc((size_t)(o.n_models ? o.n_models : 1), sizeof *dirs)) ||
+            router_models(&o, &models, dirs, &e) < 0) {
+            if (!dirs)
+                err_setf(&e, ERR_NOMEM, "out of memory");
+            free(dirs);
+            router_list_free(&models);
+            return cli_fail("serve", &e);
+        }
+    } else {
+        if (o.model) {
+            split_model_arg(o.model, name, sizeof name, &o.model);
+            if (name[0] && !o.name)
+                o.name = name;  /* -m NAME=MODEL: NAME is its id */
+        }
+        if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
+            return cli_fail("serve", &e);
+        model_id(&o, dir, id, sizeof id);
+    }
 
     bool curl_on = false;
     /* every thread started from here on inherits the blocked signals; main waits for them */
@@ -434,11 +633,24 @@ int cmd_serve(int argc, char **argv)
         rc = err_setf(&e, ERR_NOMEM, "--allow-image-urls: libcurl did not start");
         goto out;
     }
-    if ((rc = server_start(&srv, &so, &e)) < 0 || (rc = load(&o, dir, &sv, &sm, &e)) < 0)
+    if ((rc = server_start(&srv, &so, &e)) < 0)
+        goto out;
+    bool v6 = strchr(so.host, ':') != NULL;
+    if (router) {
+        struct router_opts ro = {.max_loaded = (int)o.models_max, .memory_budget = o.memory_budget,
+                                 .autoload = !o.no_autoload, .load_timeout_s = (int)o.load_timeout};
+        struct router_loader ld = {.ud = &o, .load = router_load, .unload = router_unload};
+        if ((rc = server_set_router(srv, &models, &ro, &ld, &e)) < 0)
+            goto out;
+        printf("mlxcel serve: listening on http://%s%s%s:%d (router: %d models, at most %ld loaded%s)\n",
+               v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), models.n, o.models_max,
+               o.no_autoload ? ", no autoload" : "");
+        goto ready;
+    }
+    if ((rc = load(&o, dir, &sv, &sm, &e)) < 0)
         goto out;
     sm.id = id;
     server_set_model(srv, &sm);
-    bool v6 = strchr(so.host, ':') != NULL;
     enum dtype kvt = sv.en.kv ? sv.en.kv->dtype : DTYPE_F32;
     char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
@@ -446,6 +658,7 @@ int cmd_serve(int argc, char **argv)
            o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be && sv.en.be->fast ? ", fast" : "");
+ready:
     /* the ready line is what scripts wait for: a server that cannot say where it
      * listens stops rather than run unseen */
     if ((rc = cli_stdout_check(&e)) < 0)
@@ -457,8 +670,10 @@ int cmd_serve(int argc, char **argv)
 out:
     if (srv)
         server_begin_stop(srv);
-    server_free(srv);
+    server_free(srv);  /* in router mode, unloads every model (router_unload) */
     served_free(&sv);
+    router_list_free(&models);
+    free(dirs);
     if (curl_on)
         curl_global_cleanup();
     if (status != CLI_EXIT_OK)

@@ -33,6 +33,7 @@
 #include "../tokenizer/tokenizer.h"
 #include "api_anthropic.h"
 #include "outparse.h"
+#include "router_impl.h"
 
 /* libmicrohttpd's memory per connection, for the request line and headers among other things:
  * well above guard.c's 64 KiB limit on them, so that a head over that limit reaches the access
@@ -159,7 +160,7 @@ static bool authorized(const struct server *s, struct MHD_Connection *c)
 static cJSON *model_object(const struct server *s)
 {
     cJSON *m = cJSON_CreateObject();
-    if (m && (!cJSON_AddStringToObject(m, "id", s->model_id) || !cJSON_AddStringToObject(m, "object", "model") ||
+    if (m && (!cJSON_AddStringToObject(m, "id", s->single.id) || !cJSON_AddStringToObject(m, "object", "model") ||
               !cJSON_AddNumberToObject(m, "created", (double)s->created) ||
               !cJSON_AddStringToObject(m, "owned_by", "mlxcel"))) {
         cJSON_Delete(m);
@@ -170,11 +171,13 @@ static cJSON *model_object(const struct server *s)
 
 static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *id)
 {
+    if (s->router)
+        return srv_router_models(s, c, r, id);
     if (id) {
-        if (strcmp(id, s->model_id) != 0) {
+        if (strcmp(id, s->single.id) != 0) {
             struct oai_error err;
             oai_errorf(&err, 404, "invalid_request_error", "model_not_found", "model",
-                       "the model '%.64s' does not exist; this server serves '%s'", id, s->model_id);
+                       "the model '%.64s' does not exist; this server serves '%s'", id, s->single.id);
             return srv_reply_error(c, r, &err);
         }
         return srv_reply_json(c, r, 200, model_object(s));
@@ -193,9 +196,12 @@ static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, str
 static enum MHD_Result ep_metrics(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
     struct runner_stats st = {0};
-    if (s->m.runner)
-        runner_get_stats(s->m.runner, &st);
-    struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = s->o.parallel,
+    int slots = s->o.parallel;
+    if (s->router)
+        router_stats(s->router, &st, &slots);
+    else if (s->single.m.runner)
+        runner_get_stats(s->single.m.runner, &st);
+    struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = slots,
                                .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total,
                                .kv_blocks_cached = st.kv_blocks_cached, .prefix_query_tokens = st.prefix_query_tokens,
                                .prefix_hit_tokens = st.prefix_hit_tokens,
@@ -230,6 +236,7 @@ static int get_bool(const cJSON *o, const char *name, bool dflt, bool *out, stru
 /* POST /tokenize {"content", "add_special", "with_pieces"} -> {"tokens": [...]} (llama-server). */
 static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL, *toks = NULL;
     int32_t *ids = NULL;
@@ -245,7 +252,7 @@ static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, s
     if (get_bool(in, "add_special", false, &special, &err) < 0 || get_bool(in, "with_pieces", false, &pieces, &err) < 0)
         goto fail;
     struct err e = {0};
-    if (tok_encode(s->m.tok, content->valuestring, strlen(content->valuestring), special, &ids, &n, &e) < 0) {
+    if (tok_encode(r->model->m.tok, content->valuestring, strlen(content->valuestring), special, &ids, &n, &e) < 0) {
         oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
                    NULL, "content", "%s", e.msg);
         goto fail;
@@ -260,7 +267,7 @@ static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, s
         char *txt = NULL;
         cJSON *t = cJSON_CreateObject();
         ok = t && cJSON_AddItemToArray(toks, t) && cJSON_AddNumberToObject(t, "id", ids[i]) &&
-             tok_decode(s->m.tok, &ids[i], 1, false, &txt, NULL) == 0;
+             tok_decode(r->model->m.tok, &ids[i], 1, false, &txt, NULL) == 0;
         if (ok)
             snprintf(piece, sizeof piece, "%s", txt);
         free(txt);
@@ -283,6 +290,7 @@ fail:
 /* POST /detokenize {"tokens": [ids]} -> {"content": text}. */
 static enum MHD_Result ep_detokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL;
     int32_t *ids = NULL;
@@ -304,15 +312,15 @@ static enum MHD_Result ep_detokenize(struct server *s, struct MHD_Connection *c,
     }
     cJSON_ArrayForEach(t, toks) {
         double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
-        if (!(v >= 0 && v < s->m.n_vocab && v == (double)(int32_t)v)) {
+        if (!(v >= 0 && v < r->model->m.n_vocab && v == (double)(int32_t)v)) {
             oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens",
-                       "tokens[%d] is not a token id in [0, %d)", i, s->m.n_vocab);
+                       "tokens[%d] is not a token id in [0, %d)", i, r->model->m.n_vocab);
             goto fail;
         }
         ids[i++] = (int32_t)v;
     }
     struct err e = {0};
-    if (tok_decode(s->m.tok, ids, (size_t)n, false, &text, &e) < 0) {
+    if (tok_decode(r->model->m.tok, ids, (size_t)n, false, &text, &e) < 0) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens", "%s", e.msg);
         goto fail;
     }
@@ -336,23 +344,24 @@ fail:
  * a template that demands 9-character call ids the ids are shortened as there (gen.c). */
 static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     struct oai_request q;
     char *text = NULL;
     size_t len;
     cJSON *out = NULL;
-    if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, s->m.n_vocab, &err) < 0)
+    if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, r->model->m.n_vocab, &err) < 0)
         return srv_reply_error(c, r, &err);
     struct err e = {0};
     cJSON *extra = NULL;
-    if (!s->m.tmpl) {
+    if (!r->model->m.tmpl) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "messages", "this model has no chat template");
     } else if (!(extra = q.template_kwargs ? cJSON_Duplicate(q.template_kwargs, true) : cJSON_CreateObject()) ||
                (q.tools && q.tool_choice != OAI_TOOL_CHOICE_NONE &&
                 !cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(q.tools, true))) ||
-               (outparse_detect_short_ids(chat_tmpl_source(s->m.tmpl)) && outparse_shorten_ids(q.messages) < 0)) {
+               (outparse_detect_short_ids(chat_tmpl_source(r->model->m.tmpl)) && outparse_shorten_ids(q.messages) < 0)) {
         oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
-    } else if (chat_tmpl_apply(s->m.tmpl, q.messages, true, extra, &text, &len, &e) < 0) {
+    } else if (chat_tmpl_apply(r->model->m.tmpl, q.messages, true, extra, &text, &len, &e) < 0) {
         oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
                    NULL, "messages", "the chat template failed: %s", e.msg);
     } else if ((out = cJSON_CreateObject()) && !cJSON_AddStringToObject(out, "prompt", text)) {
@@ -418,6 +427,7 @@ static enum MHD_Result ep_favicon(struct MHD_Connection *c, struct srv_req *r)
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
     R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
+    R_ROUTER_MODELS, R_ROUTER_LOAD, R_ROUTER_UNLOAD,  /* llama-server's router mode (api_router.c) */
 };
 
 struct route_entry {
@@ -445,6 +455,9 @@ static const struct route_entry k_routes[] = {
     {"/v1/embeddings", true, R_EMBEDDINGS, NULL},
     {"/v1/rerank", true, R_RERANK, NULL},
     {"/rerank", true, R_RERANK, NULL},
+    {"/models", false, R_ROUTER_MODELS, NULL},
+    {"/models/load", true, R_ROUTER_LOAD, NULL},
+    {"/models/unload", true, R_ROUTER_UNLOAD, NULL},
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -533,31 +546,41 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
                    atomic_load(&s->stopping) ? "the server is shutting down" : "the model is loading");
         return srv_reply_error(c, r, &err);
     }
-    /* one model per server: an encoder does not generate, a generating model does not embed */
     bool gen_route = rt == R_CHAT || rt == R_COMPLETIONS || rt == R_RESPONSES || rt == R_MESSAGES ||
                      rt == R_COUNT_TOKENS || rt == R_TEMPLATE;
-    if (s->m.embedder && gen_route) {
+    /* the model answering: the server's one, or in router mode the one the body's "model" names
+     * (loaded, referenced until the request completes) */
+    bool model_route = gen_route || rt == R_EMBEDDINGS || rt == R_RERANK || rt == R_TOKENIZE || rt == R_DETOKENIZE;
+    if (!s->router)
+        r->model = &s->single;
+    else if (model_route && srv_router_resolve(s, r, &err) < 0)
+        return srv_reply_error(c, r, &err);
+    /* an encoder does not generate, a generating model does not embed */
+    if (gen_route && r->model->m.embedder) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
-                   "embedding model (%s): it does not generate text; use %s", s->model_id,
-                   s->m.hp->n_cls > 0 ? "a cross-encoder" : "an encoder",
-                   s->m.hp->n_cls > 0 ? "/v1/rerank" : "/v1/embeddings");
+                   "embedding model (%s): it does not generate text; use %s", r->model->id,
+                   r->model->m.hp->n_cls > 0 ? "a cross-encoder" : "an encoder",
+                   r->model->m.hp->n_cls > 0 ? "/v1/rerank" : "/v1/embeddings");
         return srv_reply_error(c, r, &err);
     }
-    if (!s->m.embedder && (rt == R_EMBEDDINGS || rt == R_RERANK)) {
+    if ((rt == R_EMBEDDINGS || rt == R_RERANK) && !r->model->m.embedder) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' generates "
-                   "text: it does not %s (serve an embedding model or a cross-encoder)", s->model_id,
+                   "text: it does not %s (serve an embedding model or a cross-encoder)", r->model->id,
                    rt == R_RERANK ? "rerank" : "produce embeddings");
         return srv_reply_error(c, r, &err);
     }
-    if (!s->m.tok && (rt == R_TOKENIZE || rt == R_DETOKENIZE)) {
+    if ((rt == R_TOKENIZE || rt == R_DETOKENIZE) && !r->model->m.tok) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, NULL, "model '%s' has no usable tokenizer",
-                   s->model_id);
+                   r->model->id);
         return srv_reply_error(c, r, &err);
     }
     switch (rt) {
     case R_EMBEDDINGS: return srv_embeddings(s, c, r);
     case R_RERANK: return srv_rerank(s, c, r);
     case R_MODELS: return ep_models(s, c, r, NULL);
+    case R_ROUTER_MODELS: return ep_models(s, c, r, NULL);
+    case R_ROUTER_LOAD: return srv_router_load(s, c, r, true);
+    case R_ROUTER_UNLOAD: return srv_router_load(s, c, r, false);
     case R_MODEL: return ep_models(s, c, r, url + 11);
     case R_METRICS: return ep_metrics(s, c, r);
     case R_CHAT: return srv_generate(s, c, r, OAI_CHAT);
@@ -698,6 +721,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     if (!r)
         return;
     srv_generate_end(s, r);
+    srv_model_release(r->model);  /* a stream's generation holds its own reference */
     double dt = gen_now() - r->t_start;
     if (!guard_advance(r, CONN_IDLE))
         r->status = 408;  /* answered by the watchdog */
@@ -748,7 +772,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
-    pthread_mutex_init(&s->embed_mu, NULL);
+    pthread_mutex_init(&s->single.embed_mu, NULL);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
 
     struct sockaddr_storage ss;
@@ -803,9 +827,9 @@ int server_port(const struct server *s)
 
 void server_set_model(struct server *s, const struct server_model *m)
 {
-    s->m = *m;
-    snprintf(s->model_id, sizeof s->model_id, "%s", m->id);
-    s->m.id = s->model_id;
+    s->single.m = *m;
+    snprintf(s->single.id, sizeof s->single.id, "%s", m->id);
+    s->single.m.id = s->single.id;
     atomic_store(&s->ready, 1);
 }
 
@@ -832,13 +856,14 @@ void server_free(struct server *s)
     }
     if (s->d)
         MHD_stop_daemon(s->d);  /* every connection closed and unregistered (guard.c) */
+    router_free(s->router);     /* no request or generation holds a model any more */
     guard_stop(s);
     if (s->listen_fd != MHD_INVALID_SOCKET)
         close(s->listen_fd);
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->conn_mu);
-    pthread_mutex_destroy(&s->embed_mu);
+    pthread_mutex_destroy(&s->single.embed_mu);
     free((char *)s->o.api_key);
     free(s);
 }
