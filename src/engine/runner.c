@@ -381,7 +381,9 @@ int runner_get_jobs(struct runner *r, struct runner_job_view *out, int cap)
         v->sampling.cons = (struct constraint){0};
         v->ignore_eos = j->params.ignore_eos;
         v->spec = j->params.spec.mode != SPEC_NONE;
-        v->running = i < r->mirror_running;
+        /* a job with output holds its sequence until done; of the others, the oldest are
+         * the ones the last step counted running (prefilling) */
+        v->running = j->n_out > 0 || i < r->mirror_running;
     }
     pthread_mutex_unlock(&r->mu);
     return k;

@@ -116,8 +116,9 @@ void runner_wait_locked(struct runner *r, pthread_cond_t *cv, int timeout_ms);
 /* A snapshot of the queue and cache (takes the lock). */
 void runner_get_stats(struct runner *r, struct runner_stats *st);
 /* The jobs in the scheduler, oldest first, at most cap into out (takes the lock); returns how
- * many were written. The scheduler runs them first come, first served, so the oldest
- * n_running of them (as of the last step) hold the sequences. */
+ * many were written. running: the job has output (it holds a sequence until done), or is
+ * among the oldest n_running of the last step (the scheduler runs jobs first come, first
+ * served). */
 int runner_get_jobs(struct runner *r, struct runner_job_view *out, int cap);
 
 #ifdef __cplusplus

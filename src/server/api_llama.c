@@ -160,30 +160,43 @@ static int prompt_object(const struct server *s, const cJSON *p, struct ids *b, 
     return encode(s, ps->valuestring, true, b, "prompt", err);
 }
 
-/* The request's prompt as token ids (llama-server's tokenize_input_prompts, one prompt). */
-static int parse_prompt(const struct server *s, const cJSON *in, struct ids *b, struct oai_error *err)
+/* One element of a list of prompts: a string, ids and strings, or {"prompt_string"}. */
+static int one_prompt(const struct server *s, const cJSON *p, struct ids *b, struct oai_error *err)
 {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(in, "prompt");
-    if (!p || cJSON_IsNull(p))
-        return bad(err, "\"%s\" is required", "prompt");
     if (cJSON_IsObject(p))
         return prompt_object(s, p, b, err);
-    if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+    if (!is_single(p))
         return bad(err, "\"%s\" must be a string, a list of tokens, a list of mixed strings & tokens, or a list "
                    "of prompts", "prompt");
-    if (!is_single(p)) {
-        int n = cJSON_GetArraySize(p);
-        if (n != 1)
-            return oai_errorf(err, 400, "invalid_request_error", NULL, "prompt",
-                              "a list of %d prompts in one request is not supported by this server: send one "
-                              "request per prompt (\"n\" asks for several completions of one prompt)", n);
-        p = p->child;
-        if (cJSON_IsObject(p))
-            return prompt_object(s, p, b, err);
-        if (!is_single(p))
-            return bad(err, "\"%s\"[0] must be a string or an array of token ids and strings", "prompt");
-    }
     return tokenize_mixed(s, p, true, b, "prompt", err);
+}
+
+/* The request's prompts as token ids (llama-server's tokenize_input_prompts): one (a
+ * string, ids, ids and strings, an object), or a list of them (strings, id arrays,
+ * objects), at most OAI_MAX_N. */
+static int parse_prompts(const struct server *s, const cJSON *in, struct ids *b, int *n_prompts,
+                         struct oai_error *err)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(in, "prompt"), *e;
+    *n_prompts = 0;
+    if (!p || cJSON_IsNull(p))
+        return bad(err, "\"%s\" is required", "prompt");
+    if (!cJSON_IsString(p) && !cJSON_IsArray(p) && !cJSON_IsObject(p))
+        return bad(err, "\"%s\" must be a string, a list of tokens, a list of mixed strings & tokens, or a list "
+                   "of prompts", "prompt");
+    if (cJSON_IsObject(p) || is_single(p)) {
+        *n_prompts = 1;
+        return one_prompt(s, p, &b[0], err);
+    }
+    int n = cJSON_GetArraySize(p);
+    if (n > OAI_MAX_N)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "prompt",
+                          "\"prompt\" holds %d prompts; at most %d in one request", n, OAI_MAX_N);
+    cJSON_ArrayForEach(e, p) {
+        if (one_prompt(s, e, &b[(*n_prompts)++], err) < 0)
+            return -1;
+    }
+    return 0;
 }
 
 // ---- the other fields ----
@@ -432,13 +445,19 @@ static int parse_options(const struct server *s, const cJSON *in, struct oai_req
 struct lstate {
     struct lopts o;
     int *sent;                   /* [n] tokens of each choice streamed */
+    struct ids *prompts;         /* [n_prompts]: choice i runs prompts[i / n_cmpl] */
+    int n_prompts;
 };
 
 static void lstate_free(void *p)
 {
     struct lstate *st = p;
-    if (st)
-        free(st->sent);
+    if (!st)
+        return;
+    for (int i = 0; i < st->n_prompts; i++)
+        free(st->prompts[i].p);
+    free(st->prompts);
+    free(st->sent);
     free(st);
 }
 
@@ -523,7 +542,7 @@ static cJSON *timings(const struct gen *g, const struct gen_choice *c)
 {
     const struct gen_stats *st = &c->job.stats;
     bool ran = g->submitted;
-    double cache_n = ran ? st->n_cached : 0, prompt_n = ran ? g->n_prompt - st->n_cached : 0;
+    double cache_n = ran ? st->n_cached : 0, prompt_n = ran ? c->job.n_prompt - st->n_cached : 0;
     double prompt_ms = ran ? st->t_prompt_s * 1e3 : 0, pred_n = c->consumed, pred_ms = ran ? st->t_gen_s * 1e3 : 0;
     static const char *const k_names[] = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms",
                                           "prompt_per_second", "predicted_n", "predicted_ms",
@@ -567,16 +586,16 @@ static cJSON *final_object(struct gen *g, int i, bool stream)
     char *content = strndup(c->content.p + from, c->content.len - from), *prompt = NULL;
     bool word = c->finish != GEN_FINISH_LENGTH && c->stop_seq;
     const char *stop_type = c->finish == GEN_FINISH_LENGTH ? "limit" : word ? "word" : "eos";
-    bool truncated = c->finish == GEN_FINISH_LENGTH && g->n_prompt + c->consumed >= g->s->m.n_ctx;
+    bool truncated = c->finish == GEN_FINISH_LENGTH && c->job.n_prompt + c->consumed >= g->s->m.n_ctx;
     cJSON *o = cJSON_CreateObject(), *gs = settings(g, c), *tm = timings(g, c), *pr;
     bool ok = o && gs && tm && content &&
-              tok_decode(g->s->m.tok, g->prompt, (size_t)g->n_prompt, false, &prompt, NULL) == 0 &&
+              tok_decode(g->s->m.tok, c->job.prompt, (size_t)c->job.n_prompt, false, &prompt, NULL) == 0 &&
               cJSON_AddNumberToObject(o, "index", i) && cJSON_AddStringToObject(o, "content", content) &&
               add_ids(o, "tokens", c->job.ids, 0, !stream && st->o.return_tokens ? c->consumed : 0) &&
               cJSON_AddNumberToObject(o, "id_slot", -1) && cJSON_AddTrueToObject(o, "stop") &&
               cJSON_AddStringToObject(o, "model", g->s->model_id) &&
               cJSON_AddNumberToObject(o, "tokens_predicted", c->consumed) &&
-              cJSON_AddNumberToObject(o, "tokens_evaluated", g->n_prompt);
+              cJSON_AddNumberToObject(o, "tokens_evaluated", c->job.n_prompt);
     if (ok) {
         cJSON_AddItemToObject(o, "generation_settings", gs);
         gs = NULL;
@@ -630,7 +649,7 @@ static cJSON *partial(struct gen *g, int i)
               cJSON_AddStringToObject(o, "content", content) &&
               add_ids(o, "tokens", c->job.ids, st->sent[i], c->consumed) && cJSON_AddFalseToObject(o, "stop") &&
               cJSON_AddNumberToObject(o, "id_slot", -1) && cJSON_AddNumberToObject(o, "tokens_predicted", c->consumed) &&
-              cJSON_AddNumberToObject(o, "tokens_evaluated", g->n_prompt);
+              cJSON_AddNumberToObject(o, "tokens_evaluated", c->job.n_prompt);
     if (ok && st->o.n_probs > 0)
         ok = (pr = cJSON_AddArrayToObject(o, "completion_probabilities")) && add_probs(g, c, st->sent[i], c->consumed, pr);
     free(content);
@@ -691,69 +710,100 @@ static enum MHD_Result reply_context(struct MHD_Connection *c, struct srv_req *r
     return srv_reply(c, r, 400, "application/json", body, (size_t)n, NULL, NULL);
 }
 
-/* Runs prompt ids b (moved into q) with q and lo; answers. */
+static void free_prompts(struct ids *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(b[i].p);
+}
+
+/* Runs n_prompts prompts (b, moved into the generation) q->n times each with q and lo;
+ * answers. Choice i runs prompt i / q->n with the request's seed + i % q->n, so the same
+ * prompt twice gives the same completion, as llama-server's tasks of one request do. */
 static enum MHD_Result run(struct server *s, struct MHD_Connection *c, struct srv_req *r, struct oai_request *q,
-                           struct ids *b, const struct lopts *lo)
+                           struct ids *b, int n_prompts, const struct lopts *lo)
 {
     struct oai_error err;
     struct gen *g;
-    int ctx = s->m.n_ctx;
-    if (b->n == 0) {
-        free(b->p);
-        oai_request_free(q);
-        bad(&err, "\"%s\" is empty", "prompt");
-        return srv_reply_error(c, r, &err);
+    struct lstate *st = NULL;
+    int ctx = s->m.n_ctx, n_cmpl = q->n, total = n_prompts * n_cmpl;
+    if (total > OAI_MAX_N) {
+        oai_errorf(&err, 400, "invalid_request_error", NULL, "prompt", "%d prompts x n_cmpl %d: at most %d "
+                   "completions in one request", n_prompts, n_cmpl, OAI_MAX_N);
+        goto fail;
     }
-    if ((long)b->n >= ctx) {
-        free(b->p);
-        oai_request_free(q);
-        return reply_context(c, r, (int)b->n, ctx);
+    for (int k = 0; k < n_prompts; k++) {
+        if (b[k].n == 0) {
+            bad(&err, "\"%s\" is empty", "prompt");
+            goto fail;
+        }
+        if ((long)b[k].n >= ctx) {
+            free_prompts(b, n_prompts);
+            oai_request_free(q);
+            return reply_context(c, r, (int)b[k].n, ctx);
+        }
     }
-    int room = ctx - (int)b->n;
-    q->prompt_ids = b->p;
-    q->n_prompt_ids = (int)b->n;
-    q->max_tokens = lo->n_predict < 0 || lo->n_predict > room ? room : lo->n_predict;
-    struct lstate *st = calloc(1, sizeof *st);
-    int *sent = calloc((size_t)q->n, sizeof *sent);
-    if (!st || !sent) {
-        free(st);
-        free(sent);
-        oai_request_free(q);
+    st = calloc(1, sizeof *st);
+    if (!st || !(st->sent = calloc((size_t)total, sizeof *st->sent)) ||
+        !(st->prompts = calloc((size_t)n_prompts, sizeof *st->prompts)) ||
+        !(q->prompt_ids = malloc(b[0].n * sizeof *q->prompt_ids))) {
         oom(&err);
-        return srv_reply_error(c, r, &err);
+        goto fail;
     }
-    if (gen_new(&g, s, c, r, OAI_COMPLETIONS, q, "cmpl", &k_llama, &err) < 0) {
-        free(st);
-        free(sent);
-        return srv_reply_error(c, r, &err);
-    }
+    /* gen builds its prompt (the log's count) from the first; each job gets its own below */
+    memcpy(q->prompt_ids, b[0].p, b[0].n * sizeof *q->prompt_ids);
+    q->n_prompt_ids = (int)b[0].n;
+    q->max_tokens = lo->n_predict < 0 || lo->n_predict > ctx - (int)b[0].n ? ctx - (int)b[0].n : lo->n_predict;
+    q->n = total;
+    if (gen_new(&g, s, c, r, OAI_COMPLETIONS, q, "cmpl", &k_llama, &err) < 0)
+        goto fail;
     st->o = *lo;
-    st->sent = sent;
+    memcpy(st->prompts, b, (size_t)n_prompts * sizeof *b);
+    st->n_prompts = n_prompts;
     g->dstate = st;
+    uint64_t seed = g->ch[0].job.params.sampling.seed;
+    for (int i = 0; i < total; i++) {
+        struct runner_job *j = &g->ch[i].job;
+        const struct ids *p = &st->prompts[i / n_cmpl];
+        int room = ctx - (int)p->n;
+        j->prompt = p->p;
+        j->n_prompt = (int)p->n;
+        if (j->params.n_predict > 0)  /* 0: nothing runs (n_predict 0) */
+            j->params.n_predict = lo->n_predict < 0 || lo->n_predict > room ? room : lo->n_predict;
+        j->params.sampling.seed = seed + (uint64_t)(i % n_cmpl);
+    }
     return gen_serve(g);
+fail:
+    free_prompts(b, n_prompts);
+    oai_request_free(q);
+    if (st) {
+        st->n_prompts = 0;
+        lstate_free(st);
+    }
+    return srv_reply_error(c, r, &err);
 }
 
 enum MHD_Result srv_llama_completion(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
     struct oai_error err;
     struct oai_request q;
-    struct ids b = {0};
+    struct ids b[OAI_MAX_N] = {{0}};
     struct lopts lo = {.n_predict = -1};
+    int n_prompts = 0;
     cJSON *in = oai_parse_object(r->body ? r->body : "", r->len, &err);
     if (!in)
         return srv_reply_error(c, r, &err);
     oai_request_init(&q);
     q.endpoint = OAI_COMPLETIONS;
-    int rc = parse_prompt(s, in, &b, &err);
+    int rc = parse_prompts(s, in, b, &n_prompts, &err);
     if (rc == 0)
         rc = parse_options(s, in, &q, &lo, &err);
     cJSON_Delete(in);
     if (rc < 0) {
-        free(b.p);
+        free_prompts(b, OAI_MAX_N);
         oai_request_free(&q);
         return srv_reply_error(c, r, &err);
     }
-    return run(s, c, r, &q, &b, &lo);
+    return run(s, c, r, &q, b, n_prompts, &lo);
 }
 
 // ---- /infill ----
@@ -941,5 +991,5 @@ enum MHD_Result srv_llama_infill(struct server *s, struct MHD_Connection *c, str
         oai_request_free(&q);
         return srv_reply_error(c, r, &err);
     }
-    return run(s, c, r, &q, &b, &lo);
+    return run(s, c, r, &q, &b, 1, &lo);
 }

@@ -184,6 +184,22 @@ describe('llama-server /completion', { timeout: 300_000 * SLOW }, () => {
         assert.equal(m.tokens_evaluated, 5 + 2 * t.length);
         const want = await ok(srv.base, '/completion', { ...base, prompt: [1, 2, 3, ...t, 7, 8, ...t] });
         assert.equal(m.content, want.content);
+        // a list of prompts: an array of results, in order (llama-server's batch completion)
+        const batch = await ok(srv.base, '/completion', { ...base, prompt: [t, t] });
+        assert.ok(Array.isArray(batch) && batch.length === 2, JSON.stringify(batch).slice(0, 200));
+        batch.forEach((x, i) => { checkFinal(x, `batch ${i}`); assert.equal(x.index, i); assert.equal(x.content, s.content); });
+        const mix = await ok(srv.base, '/completion', { ...base, prompt: [t, PROMPT, 'Hello there', { prompt_string: PROMPT }] });
+        assert.equal(mix.length, 4);
+        assert.equal(mix[1].content, s.content);
+        assert.equal(mix[3].content, s.content);
+        assert.equal(mix[2].prompt, 'Hello there');
+        assert.equal(mix[2].tokens_evaluated, (await ids('Hello there')).length);
+        // sampled with a seed: the same prompt twice, the same text; n_cmpl copies differ by seed
+        const seeded = await ok(srv.base, '/completion', { prompt: [PROMPT, PROMPT], n_predict: 12, temperature: 1, seed: 3 });
+        assert.equal(seeded[0].content, seeded[1].content);
+        const ev = await stream(srv.base, '/completion', { ...base, prompt: [t, 'Hello there'] });
+        assert.equal(ev.filter((e) => e.stop).length, 2);
+        assert.equal(ev.filter((e) => e.index === 0).map((e) => e.content).join(''), s.content);
         // {"prompt_string"} without media
         const o = await ok(srv.base, '/completion', { ...base, prompt: { prompt_string: PROMPT } });
         assert.equal(o.content, s.content);
@@ -317,7 +333,8 @@ describe('llama-server /completion', { timeout: 300_000 * SLOW }, () => {
 
     it('bad input: 400 in llama-server\'s error body', async () => {
         const cases = [
-            {}, { prompt: 5 }, { prompt: true }, { prompt: null }, { prompt: [[1], [2]] }, { prompt: ['a', 'b'] },
+            {}, { prompt: 5 }, { prompt: true }, { prompt: null }, { prompt: [[1], 5] }, { prompt: [['a', 'b']] },
+            { prompt: Array(17).fill('a') }, { prompt: Array(9).fill('a'), n_cmpl: 2, n_predict: 1 }, { prompt: ['a', ''] },
             { prompt: [-1] }, { prompt: [1 << 20] }, { prompt: [1.5] }, { prompt: [true] }, { prompt: [] }, { prompt: '' },
             { prompt: { prompt_string: 'x', multimodal_data: ['AAAA'] } }, { prompt: { prompt_string: 3 } },
             { prompt: 'x', n_predict: -2 }, { prompt: 'x', n_predict: '5' }, { prompt: 'x', n_predict: 1.5 },
