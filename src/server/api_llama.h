@@ -6,7 +6,7 @@
  * {"error": {"code", "message", "type"}}.
  *
  * api_llama.c: /completion and /infill (the request parsed into a struct
- * oai_request and run by gen, the llama dialect rendering it);
+ * oai_request and run by gen); api_llama_dialect.c: their answers and streams;
  * api_llama_props.c: /props, /slots and the generation-settings object they
  * share with /completion's answer. Which fields are honoured and which are
  * refused or ignored: docs/server.md ("llama-server's routes"), ADR 0101.
@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "../engine/sampler.h"
+#include "gen.h"
 #include "srv_impl.h"
 
 #ifdef __cplusplus
@@ -60,6 +61,32 @@ cJSON *llama_params_json(const struct sampler_params *sp, const struct llama_set
  * 1); seed 4294967295, llama-server's "random". */
 void llama_default_sampling(const struct server *s, struct sampler_params *sp);
 #define LLAMA_SEED_RANDOM 4294967295u  /* LLAMA_DEFAULT_SEED: a random seed per request */
+
+// ---- between api_llama.c and api_llama_dialect.c ----
+
+/* A growable array of token ids (a prompt). */
+struct ids {
+    int32_t *p;
+    size_t n, cap;
+};
+
+/* What the llama dialect needs beyond struct oai_request. */
+struct lopts {
+    int n_predict;               /* as requested: -1 none */
+    int n_probs;
+    bool return_tokens;
+};
+
+/* The dialect's state of one generation (gen.dstate): owns the prompts. */
+struct lstate {
+    struct lopts o;
+    int *sent;                   /* [n] tokens of each choice streamed */
+    struct ids *prompts;         /* [n_prompts]: choice i runs prompts[i / n_cmpl] */
+    int n_prompts;
+};
+
+void llama_state_free(void *st);
+extern const struct gen_dialect llama_dialect;
 
 #ifdef __cplusplus
 }
