@@ -74,6 +74,12 @@ static int ids_push(struct ids *b, const int32_t *v, size_t n, struct oai_error 
     return 0;
 }
 
+/* The last n ids of src (n <= src->n) onto b. */
+static int ids_push_tail(struct ids *b, const struct ids *src, size_t n, struct oai_error *err)
+{
+    return n ? ids_push(b, src->p + (src->n - n), n, err) : 0;
+}
+
 static int ids_push1(struct ids *b, int32_t id, struct oai_error *err)
 {
     return ids_push(b, &id, 1, err);
@@ -659,19 +665,19 @@ static int infill_prompt(const struct server *s, const struct fim *f, const cJSO
         long n_suf = (long)suf.n < (room > 0 ? room : 0) ? (long)suf.n : (room > 0 ? room : 0);
         long avail = (long)ctx - n_batch - 2L * reserve;
         long n_ext = (long)ext.n < (avail > 0 ? avail : 0) ? (long)ext.n : (avail > 0 ? avail : 0);
-        rc = ids_push(out, ext.p + ext.n - n_ext, (size_t)n_ext, err);
+        rc = ids_push_tail(out, &ext, (size_t)n_ext, err);
         if (rc == 0 && adds_bos(s->m.tok))
             rc = ids_push1(out, tok_bos_id(s->m.tok), err);
         if (rc == 0)
             rc = ids_push1(out, f->pre, err);
         if (rc == 0)
-            rc = ids_push(out, pre.p + pre.n - n_pre, (size_t)n_pre, err);
+            rc = ids_push_tail(out, &pre, (size_t)n_pre, err);
         if (rc == 0)
-            rc = ids_push(out, prm.p, prm.n, err);
+            rc = ids_push_tail(out, &prm, prm.n, err);
         if (rc == 0)
             rc = ids_push1(out, f->suf, err);
         if (rc == 0)
-            rc = ids_push(out, suf.p, (size_t)n_suf, err);
+            rc = n_suf ? ids_push(out, suf.p, (size_t)n_suf, err) : 0;
         if (rc == 0)
             rc = ids_push1(out, f->mid, err);
     }
