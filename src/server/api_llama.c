@@ -264,6 +264,11 @@ static int refuse_unsupported(const cJSON *in, struct oai_error *err)
     if (js && !cJSON_IsNull(js))
         return bad(err, "\"%s\" is not supported on this route: use /v1/chat/completions with response_format",
                    "json_schema");
+    const cJSON *lora = cJSON_GetObjectItemCaseSensitive(in, "lora");
+    if (lora && !cJSON_IsNull(lora) && !cJSON_IsArray(lora))
+        return bad(err, "\"%s\" must be an array of objects with 'id' and 'scale' fields", "lora");
+    if (cJSON_IsArray(lora) && lora->child)
+        return bad(err, "\"%s\": per-request LoRA adapters are not supported on this route", "lora");
     bool post = false;
     if (boolean(in, "post_sampling_probs", &post, err) < 0)
         return -1;

@@ -345,6 +345,7 @@ describe('llama-server /completion', { timeout: 300_000 * SLOW }, () => {
             { prompt: 'x', grammar: 'root ::= "a"' }, { prompt: 'x', json_schema: {} }, { prompt: 'x', post_sampling_probs: true },
             { prompt: 'x', logit_bias: 'x' }, { prompt: 'x', logit_bias: [[1]] }, { prompt: 'x', logit_bias: [[1, 'x']] },
             { prompt: 'x', n_cmpl: 0 }, { prompt: 'x', return_tokens: 1 }, { prompt: 'x', presence_penalty: 5 },
+            { prompt: 'x', lora: {} }, { prompt: 'x', lora: [{ id: 0, scale: 1 }] },
         ];
         for (const body of cases)
             assertLlamaError(await post(srv.base, '/completion', body), 400, 'invalid_request_error', JSON.stringify(body));
