@@ -20,7 +20,8 @@ for v in $(env | sed -n 's/^\(LLAMA_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 # line or the exit; $ready holds the line, $rc the exit status when it exited first
 serve() {
     ready=; rc=
-    env "$@" >"$T/out" 2>"$T/err" &
+    : >"$T/out"; : >"$T/err"  # emptied here: the child's own truncation may come after a first look
+    env "$@" >>"$T/out" 2>>"$T/err" &
     PID=$!
     i=0
     while [ $i -lt 600 ]; do
