@@ -40,7 +40,8 @@ static const char *k_help =
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
     "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-    "/tokenize, /detokenize, /apply-template; a chat page at /; GET /models,\n"
+    "/tokenize, /detokenize, /apply-template; llama-server's /completion,\n"
+    "/infill, /props and /slots; a chat page at /; GET /models,\n"
     "POST /models/load and /models/unload in router mode.\n"
     "\n"
     "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model);\n"
@@ -76,7 +77,8 @@ static const char *k_help =
     "                             rope); one request holds at most min(N, the model's context,\n"
     "                             or for dynamic NTK its limit); --ctx is the same flag\n"
     "      --api-key KEY          require 'Authorization: Bearer KEY' (or $MLXCEL_API_KEY)\n"
-    "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name)\n"
+    "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name);\n"
+    "                             -a, --alias is the same flag (llama-server's name)\n"
     "      --max-queue N          requests waiting beyond --parallel before 429 (default 64);\n"
     "                             a request with n choices takes n places\n"
     "      --max-body BYTES       largest request body (default 4194304)\n"
@@ -107,16 +109,30 @@ static const char *k_help =
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
+    "      --props                accept POST /props (llama-server's; default: answered 501)\n"
+    "      --slots, --no-slots    GET /slots on (default) or answered 501\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"
-    "  -h, --help                 show this help\n";
+    "  -h, --help                 show this help\n"
+    "\n"
+    "llama-server's environment variables set the flags they name when the command\n"
+    "line does not give the flag (a flag wins; the variable is then not read):\n"
+    "  LLAMA_ARG_MODEL (-m), LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_N_PARALLEL (-np),\n"
+    "  LLAMA_ARG_CTX_SIZE (-c), LLAMA_ARG_UBATCH (-ub), LLAMA_ARG_THREADS (-t),\n"
+    "  LLAMA_API_KEY (--api-key, before $MLXCEL_API_KEY), LLAMA_ARG_ALIAS (--alias),\n"
+    "  LLAMA_ARG_TIMEOUT, LLAMA_ARG_MODEL_DRAFT or LLAMA_ARG_SPEC_DRAFT_MODEL (-md),\n"
+    "  LLAMA_ARG_DRAFT_MAX or LLAMA_ARG_SPEC_DRAFT_N_MAX, LLAMA_ARG_DRAFT_MIN or\n"
+    "  LLAMA_ARG_SPEC_DRAFT_N_MIN, and on/off (true/1/on/enabled, false/0/off/disabled):\n"
+    "  LLAMA_ARG_ENDPOINT_SLOTS (--slots), LLAMA_ARG_NO_ENDPOINT_SLOTS (--no-slots),\n"
+    "  LLAMA_ARG_ENDPOINT_PROPS (--props).\n";
 
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
-    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT,
+    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_PROPS, OPT_SLOTS, OPT_NO_SLOTS,
     OPT_MODELS_DIR, OPT_MODELS_MAX, OPT_MEMORY_BUDGET, OPT_AUTOLOAD, OPT_NO_AUTOLOAD, OPT_MODELS_PRESET,
     OPT_LOAD_TIMEOUT,
+    OPT_END,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
@@ -125,7 +141,8 @@ struct serve_cli {
     const char *model, *host, *api_key, *name, *model_draft;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
-    bool log_json, no_prefix_cache, allow_image_urls;
+    bool log_json, no_prefix_cache, allow_image_urls, props, no_slots;
+    bool seen[OPT_END];          /* the options the command line gave (by getopt code) */
     struct spec_params spec;
     const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
     int n_allowed_hosts, n_cors_origins;
@@ -196,54 +213,62 @@ static int add_cors_origin(struct serve_cli *o, const char *v, struct err *e)
     return 0;
 }
 
+static const struct option k_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"host", required_argument, NULL, OPT_HOST},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"parallel", required_argument, NULL, 'P'},
+    {"np", required_argument, NULL, 'P'},
+    {"ubatch-size", required_argument, NULL, OPT_UBATCH},
+    {"ub", required_argument, NULL, OPT_UBATCH},
+    {"ctx-size", required_argument, NULL, 'c'},
+    {"ctx", required_argument, NULL, 'c'},
+    {"api-key", required_argument, NULL, OPT_API_KEY},
+    {"served-model-name", required_argument, NULL, OPT_NAME},
+    {"alias", required_argument, NULL, OPT_NAME},
+    {"a", required_argument, NULL, OPT_NAME},
+    {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
+    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+    {"allowed-host", required_argument, NULL, OPT_ALLOWED_HOST},
+    {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+    {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
+    {"allow-image-urls", no_argument, NULL, OPT_ALLOW_IMAGE_URLS},
+    {"props", no_argument, NULL, OPT_PROPS},
+    {"slots", no_argument, NULL, OPT_SLOTS},
+    {"no-slots", no_argument, NULL, OPT_NO_SLOTS},
+    {"spec", required_argument, NULL, OPT_SPEC},
+    {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
+    {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
+    {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
+    {"md", required_argument, NULL, OPT_MODEL_DRAFT},
+    {"models-dir", required_argument, NULL, OPT_MODELS_DIR},
+    {"models-max", required_argument, NULL, OPT_MODELS_MAX},
+    {"max-loaded", required_argument, NULL, OPT_MODELS_MAX},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    {"models-autoload", no_argument, NULL, OPT_AUTOLOAD},
+    {"no-models-autoload", no_argument, NULL, OPT_NO_AUTOLOAD},
+    {"models-preset", required_argument, NULL, OPT_MODELS_PRESET},
+    {"models-load-timeout", required_argument, NULL, OPT_LOAD_TIMEOUT},
+    {"threads", required_argument, NULL, 't'},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"verbose", no_argument, NULL, 'v'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
 static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
 {
-    static const struct option k_opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"host", required_argument, NULL, OPT_HOST},
-        {"port", required_argument, NULL, OPT_PORT},
-        {"parallel", required_argument, NULL, 'P'},
-        {"np", required_argument, NULL, 'P'},
-        {"ubatch-size", required_argument, NULL, OPT_UBATCH},
-        {"ub", required_argument, NULL, OPT_UBATCH},
-        {"ctx-size", required_argument, NULL, 'c'},
-        {"ctx", required_argument, NULL, 'c'},
-        {"api-key", required_argument, NULL, OPT_API_KEY},
-        {"served-model-name", required_argument, NULL, OPT_NAME},
-        {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
-        {"max-body", required_argument, NULL, OPT_MAX_BODY},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
-        {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
-        {"allowed-host", required_argument, NULL, OPT_ALLOWED_HOST},
-        {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
-        {"max-connections", required_argument, NULL, OPT_MAX_CONN},
-        {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
-        {"allow-image-urls", no_argument, NULL, OPT_ALLOW_IMAGE_URLS},
-        {"spec", required_argument, NULL, OPT_SPEC},
-        {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
-        {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
-        {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
-        {"md", required_argument, NULL, OPT_MODEL_DRAFT},
-        {"models-dir", required_argument, NULL, OPT_MODELS_DIR},
-        {"models-max", required_argument, NULL, OPT_MODELS_MAX},
-        {"max-loaded", required_argument, NULL, OPT_MODELS_MAX},
-        {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
-        {"models-autoload", no_argument, NULL, OPT_AUTOLOAD},
-        {"no-models-autoload", no_argument, NULL, OPT_NO_AUTOLOAD},
-        {"models-preset", required_argument, NULL, OPT_MODELS_PRESET},
-        {"models-load-timeout", required_argument, NULL, OPT_LOAD_TIMEOUT},
-        {"threads", required_argument, NULL, 't'},
-        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-        {"verbose", no_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     int c, rc = 0;
     opterr = 0;
     optind = 1;
     /* getopt_long_only: -np like llama-server (and every long option with one dash) */
     while (rc == 0 && (c = getopt_long_only(argc, argv, ":m:c:t:vh", k_opts, NULL)) != -1) {
+        if (c >= 0 && c < OPT_END)
+            o->seen[c] = true;
         switch (c) {
         case 'm':
             if (o->n_models == SERVE_MAX_LIST)
@@ -278,6 +303,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
         case OPT_ALLOW_IMAGE_URLS: o->allow_image_urls = true; break;
+        case OPT_PROPS: o->props = true; break;
+        case OPT_SLOTS: o->no_slots = false; break;
+        case OPT_NO_SLOTS: o->no_slots = true; break;
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
@@ -318,6 +346,78 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
                         "or by -m NAME=MODEL");
     if (o->spec.mode == SPEC_NGRAM)
         return spec_params_check(&o->spec, e);
+    return 0;
+}
+
+// ---- llama-server's environment variables ----
+
+static const struct {
+    const char *var, *flag, *neg;
+    bool is_bool;
+} k_llama_env[] = {
+#define LLAMA_ENV(var, flag, neg, is_bool) {var, flag, neg, is_bool},
+#include "llama_env.def"
+#undef LLAMA_ENV
+};
+
+/* The getopt code of long option name (-1: none). */
+static int opt_code(const char *name)
+{
+    for (const struct option *p = k_opts; p->name; p++)
+        if (strcmp(p->name, name) == 0)
+            return p->val;
+    return -1;
+}
+
+/* llama.cpp's on/off words (common/arg.cpp is_truthy / is_falsey): 1 on, 0 off, -1 neither. */
+static int llama_bool(const char *v)
+{
+    static const char *const k_on[] = {"on", "enabled", "true", "1"}, *const k_off[] = {"off", "disabled", "false", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(v, k_on[i]) == 0)
+            return 1;
+        if (strcmp(v, k_off[i]) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+/* The variables of llama_env.def (read by config.c) whose flag the command line did not give,
+ * applied as that flag (and checked as it is); a bad value is an error naming the variable.
+ * Both of a pair (LLAMA_ARG_ENDPOINT_SLOTS and LLAMA_ARG_NO_ENDPOINT_SLOTS) count as one
+ * flag: --slots or --no-slots on the command line replaces both. */
+static int apply_llama_env(struct serve_cli *o, struct err *e)
+{
+    char esc[256];
+    for (int i = 0; i < CLI_N_LLAMA_ENV; i++) {
+        const char *v = cli_cfg()->llama_env[i], *flag = k_llama_env[i].flag;
+        int code = opt_code(flag), neg = k_llama_env[i].neg ? opt_code(k_llama_env[i].neg) : -1;
+        if (!v || code < 0 || o->seen[code] || (neg >= 0 && o->seen[neg]))
+            continue;
+        char opt[64];
+        char *argv[4] = {"serve", opt, (char *)v, NULL};
+        int argc = 3;
+        if (k_llama_env[i].is_bool) {
+            int b = llama_bool(v);
+            if (b < 0)
+                return err_setf(e, ERR_ARG, "%s='%s' is neither on nor off (true/1/on/enabled, "
+                                "false/0/off/disabled)", k_llama_env[i].var, termsafe_str(v, esc, sizeof esc));
+            if (!b && !k_llama_env[i].neg)
+                continue;  /* off: the flag's default */
+            flag = b ? flag : k_llama_env[i].neg;
+            argc = 2;
+            argv[2] = NULL;
+        }
+        snprintf(opt, sizeof opt, "--%s", flag);
+        struct err fe = {0};
+        bool seen[OPT_END];
+        memcpy(seen, o->seen, sizeof seen);
+        int rc = parse_args(argc, argv, o, &fe);
+        memcpy(o->seen, seen, sizeof seen);  /* a variable is not the command line */
+        if (rc != 0)
+            return err_setf(e, ERR_ARG, "%s='%s': %s", k_llama_env[i].var, termsafe_str(v, esc, sizeof esc),
+                            rc > 0 ? "not a value" : fe.msg);
+    }
     return 0;
 }
 
@@ -586,7 +686,7 @@ int cmd_serve(int argc, char **argv)
     int rc = parse_args(argc, argv, &o, &e), status = CLI_EXIT_ERROR;
     if (rc > 0)
         return CLI_EXIT_OK;
-    if (rc < 0)
+    if (rc < 0 || (rc = apply_llama_env(&o, &e)) < 0)
         return cli_usage_error("serve", "%s", e.msg);
     if (!o.api_key)
         o.api_key = cli_cfg()->api_key;
@@ -627,7 +727,9 @@ int cmd_serve(int argc, char **argv)
                              .max_connections = (int)o.max_conn, .log_json = o.log_json,
                              .allow_image_urls = o.allow_image_urls,
                              .allowed_hosts = o.allowed_hosts, .n_allowed_hosts = o.n_allowed_hosts,
-                             .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins};
+                             .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins,
+                             .endpoint_props = o.props, .no_slots = o.no_slots,
+                             .build_info = "mlxcel " MLXCEL_VERSION};
     /* libcurl's global state before any connection thread fetches an image URL */
     if (o.allow_image_urls && !(curl_on = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK)) {
         rc = err_setf(&e, ERR_NOMEM, "--allow-image-urls: libcurl did not start");
@@ -650,6 +752,7 @@ int cmd_serve(int argc, char **argv)
     if ((rc = load(&o, dir, &sv, &sm, &e)) < 0)
         goto out;
     sm.id = id;
+    sm.path = dir;
     server_set_model(srv, &sm);
     enum dtype kvt = sv.en.kv ? sv.en.kv->dtype : DTYPE_F32;
     char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */

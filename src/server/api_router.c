@@ -40,6 +40,17 @@ static int body_model(const struct srv_req *r, char *name, size_t cap, struct oa
     return rc;
 }
 
+int srv_router_resolve_name(struct server *s, struct srv_req *r, const char *name, struct oai_error *err)
+{
+    if (!name || !*name)
+        return oai_errorf(err, 400, "invalid_request_error", NULL, "model", "this server serves several models: "
+                          "name one as ?model=NAME (GET /models lists them)");
+    if (strlen(name) >= ROUTER_NAME_MAX)
+        return oai_errorf(err, 404, "invalid_request_error", "model_not_found", "model",
+                          "the model '%.64s...' does not exist", name);
+    return router_acquire(s->router, name, &s->stopping, &r->model, err);
+}
+
 int srv_router_resolve(struct server *s, struct srv_req *r, struct oai_error *err)
 {
     char name[ROUTER_NAME_MAX];

@@ -48,6 +48,8 @@ struct srv_req;
 /* r->model: the model the body's "model" names, referenced (router_acquire); 0, or -1 with
  * *err (400: no "model", or the body is not a JSON object; router_acquire's errors). */
 int srv_router_resolve(struct server *s, struct srv_req *r, struct oai_error *err);
+/* The same for a model named elsewhere (the query of GET /props and /slots); NULL or "": a 400. */
+int srv_router_resolve_name(struct server *s, struct srv_req *r, const char *name, struct oai_error *err);
 /* GET /v1/models, /models, /v1/models/{id} in router mode: every model with its status. */
 enum MHD_Result srv_router_models(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *id);
 /* POST /models/load and /models/unload {"model": NAME} -> {"success": true}. */

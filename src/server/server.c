@@ -32,6 +32,7 @@
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "api_anthropic.h"
+#include "api_llama.h"
 #include "outparse.h"
 #include "router_impl.h"
 
@@ -428,6 +429,7 @@ enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
     R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
     R_ROUTER_MODELS, R_ROUTER_LOAD, R_ROUTER_UNLOAD,  /* llama-server's router mode (api_router.c) */
+    R_LLAMA_COMPLETION, R_LLAMA_INFILL, R_LLAMA_PROPS, R_LLAMA_SLOTS,
 };
 
 struct route_entry {
@@ -458,6 +460,12 @@ static const struct route_entry k_routes[] = {
     {"/models", false, R_ROUTER_MODELS, NULL},
     {"/models/load", true, R_ROUTER_LOAD, NULL},
     {"/models/unload", true, R_ROUTER_UNLOAD, NULL},
+    /* llama-server's native routes (api_llama.h); POST /props as well (dispatch) */
+    {"/completion", true, R_LLAMA_COMPLETION, llama_error_json},
+    {"/completions", true, R_LLAMA_COMPLETION, llama_error_json},
+    {"/infill", true, R_LLAMA_INFILL, llama_error_json},
+    {"/props", false, R_LLAMA_PROPS, llama_error_json},
+    {"/slots", false, R_LLAMA_SLOTS, llama_error_json},
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -522,7 +530,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
         oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint: %s %s", r->method, r->path);
         return srv_reply_error(c, r, &err);
     }
-    if (post ? !is_post : !is_get) {
+    if ((post ? !is_post : !is_get) && !(rt == R_LLAMA_PROPS && is_post)) {
         r->endpoint_ok = post ? 2 : 1;
         oai_errorf(&err, 405, "invalid_request_error", NULL, NULL, "%s %s is not allowed; use %s", r->method,
                    r->path, post ? "POST" : "GET");
@@ -547,14 +555,21 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
         return srv_reply_error(c, r, &err);
     }
     bool gen_route = rt == R_CHAT || rt == R_COMPLETIONS || rt == R_RESPONSES || rt == R_MESSAGES ||
-                     rt == R_COUNT_TOKENS || rt == R_TEMPLATE;
+                     rt == R_COUNT_TOKENS || rt == R_TEMPLATE || rt == R_LLAMA_COMPLETION || rt == R_LLAMA_INFILL;
     /* the model answering: the server's one, or in router mode the one the body's "model" names
-     * (loaded, referenced until the request completes) */
+     * (loaded, referenced until the request completes); /props and /slots name it in the query
+     * (?model=NAME), as llama-server's router does */
     bool model_route = gen_route || rt == R_EMBEDDINGS || rt == R_RERANK || rt == R_TOKENIZE || rt == R_DETOKENIZE;
-    if (!s->router)
+    bool query_model = rt == R_LLAMA_PROPS || rt == R_LLAMA_SLOTS;
+    if (!s->router) {
         r->model = &s->single;
-    else if (model_route && srv_router_resolve(s, r, &err) < 0)
+    } else if (query_model) {
+        const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+        if (srv_router_resolve_name(s, r, name, &err) < 0)
+            return srv_reply_error(c, r, &err);
+    } else if (model_route && srv_router_resolve(s, r, &err) < 0) {
         return srv_reply_error(c, r, &err);
+    }
     /* an encoder does not generate, a generating model does not embed */
     if (gen_route && r->model->m.embedder) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
@@ -593,6 +608,10 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_FAVICON: return ep_favicon(c, r);
     case R_MESSAGES: return srv_anthropic_messages(s, c, r);
     case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
+    case R_LLAMA_COMPLETION: return srv_llama_completion(s, c, r);
+    case R_LLAMA_INFILL: return srv_llama_infill(s, c, r);
+    case R_LLAMA_PROPS: return srv_llama_props(s, c, r, is_post);
+    case R_LLAMA_SLOTS: return srv_llama_slots(s, c, r);
     default: break;
     }
     oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint");
