@@ -437,3 +437,40 @@ describe('router mode', { timeout: 600_000 * SLOW }, () => {
         });
     });
 });
+
+describe('router mode: llama-server routes', () => {
+    let both, one;
+    before(async () => {
+        both = await serve(['-m', LLAMA, '-m', PHI]);
+        one = await serve(['-m', PHI]);
+    });
+    after(async () => {
+        await both?.stop();
+        await one?.stop();
+    });
+
+    it('/completion takes the body\'s model, equal to the model served alone; /props and /slots take ?model=', async () => {
+        const body = { prompt: 'ROMEO:', n_predict: 8, temperature: 0, seed: 1 };
+        const alone = await post(one.base, '/completion', body);
+        assert.equal(alone.status, 200);
+        const r = await post(both.base, '/completion', { ...body, model: 'phixtral-tiny' });
+        assert.equal(r.status, 200, JSON.stringify(r.json));
+        assert.equal(r.json.content, alone.json.content);
+        assert.equal(r.json.model, 'phixtral-tiny');
+        // no model named: llama-server's error body, naming the field
+        const none = await post(both.base, '/completion', body);
+        assert.equal(none.status, 400);
+        assert.match(none.json.error.message, /model/);
+        const props = await get(both.base, '/props?model=llama-tiny');
+        assert.equal(props.status, 200);
+        assert.equal(props.json.model_alias, 'llama-tiny');
+        const noq = await get(both.base, '/props');
+        assert.equal(noq.status, 400);
+        assert.match(noq.json.error.message, /\?model=/);
+        const slots = await get(both.base, '/slots?model=phixtral-tiny');
+        assert.equal(slots.status, 200);
+        assert.ok(Array.isArray(slots.json));
+        const unknown = await get(both.base, '/slots?model=nope');
+        assert.equal(unknown.status, 404);
+    });
+});
