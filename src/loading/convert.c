@@ -1039,6 +1039,22 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
     return 0;
 }
 
+/* st_read for --fuse-lora: a tensor the caller merged is read from its F32 values (cast to dt
+ * and checked as st_read checks), the others as stored. */
+static int fused_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n,
+                      void *dst, struct err *e)
+{
+    const struct convert_opts *o = ud;
+    const struct st_tensor *t = handle;
+    const float *v = o->replace(o->replace_ud, t->name);
+    if (!v)
+        return st_read(NULL, handle, dt, elem0, n, dst, e);
+    struct st_tensor f32 = *t;
+    f32.dtype = DTYPE_F32;
+    f32.data = v;
+    return st_read(NULL, &f32, dt, elem0, n, dst, e);
+}
+
 /* The files convert copies besides the weights: what Hugging Face and mlx-lm folders carry
  * for the tokenizer, generation and chat template, and the model card and licence texts. */
 static bool is_metadata_file(const char *name)
@@ -1121,7 +1137,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop, o->predicate, o->views};
     if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
         goto out;
-    struct ck_reader rd = {st_read, NULL};
+    struct ck_reader rd = {o->replace ? fused_read : st_read, (void *)o};
     struct metadata_copy mc = {o->src, 0};
     struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud, NULL};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
