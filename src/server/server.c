@@ -417,6 +417,7 @@ static enum MHD_Result ep_favicon(struct MHD_Connection *c, struct srv_req *r)
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
     R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
+    R_LORA,
 };
 
 struct route_entry {
@@ -444,6 +445,7 @@ static const struct route_entry k_routes[] = {
     {"/v1/embeddings", true, R_EMBEDDINGS, NULL},
     {"/v1/rerank", true, R_RERANK, NULL},
     {"/rerank", true, R_RERANK, NULL},
+    {"/lora-adapters", false, R_LORA, NULL},  /* GET, and POST (route_post) */
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -453,6 +455,12 @@ static char *(*route_error_json(const char *path))(const struct oai_error *)
         if (strcmp(path, k_routes[i].path) == 0)
             return k_routes[i].error_json;
     return NULL;
+}
+
+/* Whether a POST to route rt is its POST form: /lora-adapters answers both methods. */
+static bool route_post(enum route rt, bool post, const char *method)
+{
+    return post || (rt == R_LORA && strcmp(method, "POST") == 0);
 }
 
 /* The route of path, and whether it is a POST endpoint (*post). */
@@ -497,6 +505,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     char auth[256];
     const char *url = target_path(target, auth, sizeof auth);
     enum route rt = find_route(url, &post);
+    post = route_post(rt, post, method);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
     if (rt != R_HEALTH && rt != R_PAGE && rt != R_FAVICON && !authorized(s, c)) {
@@ -567,6 +576,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_TEMPLATE: return ep_apply_template(s, c, r);
     case R_PAGE: return ep_page(c, r);
     case R_FAVICON: return ep_favicon(c, r);
+    case R_LORA: return srv_lora_adapters(s, c, r, post);
     case R_MESSAGES: return srv_anthropic_messages(s, c, r);
     case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
     default: break;
@@ -614,6 +624,7 @@ static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c,
         return MHD_NO;  /* the watchdog answered 408 first */
     bool post = false;
     enum route rt = find_route(url, &post);
+    post = route_post(rt, post, method);
     enum srv_route_kind kind = rt == R_NONE ? ROUTE_KIND_NONE : post ? ROUTE_KIND_POST : ROUTE_KIND_GET;
     bool health = rt == R_HEALTH && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0);
     struct oai_error err;
