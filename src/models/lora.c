@@ -192,8 +192,13 @@ static int parse_peft(struct lora_cfg *c, const cJSON *j, const char *path, stru
     if (json_true(j, "fan_in_fan_out"))
         return err_setf(e, ERR_UNSUPPORTED, "%s: fan_in_fan_out (GPT-2 Conv1D layers) is not "
                         "supported", path);
+    /* anything but plain LoRA on whole linears: per-module ranks, extra trained modules,
+     * biases, parameter (expert) targets, aLoRA, QA-LoRA, Arrow routing (peft 0.21's fields) */
     static const char *const refused[] = {"rank_pattern", "alpha_pattern", "modules_to_save",
-                                          "layer_replication", "trainable_token_indices"};
+                                          "layer_replication", "trainable_token_indices",
+                                          "lora_bias", "target_parameters",
+                                          "alora_invocation_tokens", "use_qalora", "use_bdlora",
+                                          "arrow_config"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (json_set(j, refused[i]))
             return err_setf(e, ERR_UNSUPPORTED, "%s: '%s' is not supported", path, refused[i]);
