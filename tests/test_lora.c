@@ -9,7 +9,7 @@
  *   lora_ref_*        the adapter applied unmerged at run time equals the float64 reference
  *                     within 1e-4 (every prefill row); the base alone still equals its own
  *   lora_mixed_batch  four sequences with different adapters (and scales) in one batch equal
- *                     each run alone (CPU: 1e-6 relative) and the references
+ *                     each run alone (CPU: 1e-6 relative, a GPU 5e-4) and the references
  *   lora_fuse_f32     convert --fuse-lora's merged checkpoint (f32) equals the unmerged run
  *                     within 1e-4
  *   lora_quantized    an 8-bit base with the adapter unmerged against the merged-then-quantized
@@ -33,7 +33,10 @@
 
 #define BASE "tests/fixtures/golden/llama"
 #define REF "tests/fixtures/golden/lora_ref"
+/* The CPU's bound (issue 46: 1e-4 against float64). A GPU's bf16 products are held to the
+ * golden suite's rule instead, 1e-3 x max |logit| (tol_ref). */
 #define TOL_REF 1e-4
+static double g_tol = TOL_REF;
 
 static const char *const k_cases[] = {"peft_a", "peft_rs", "mlx_a"};
 
@@ -54,7 +57,17 @@ static void ref_open(struct ref *r)
     assert_true(t->dtype == DTYPE_I32 && t->shape[0] <= 64);
     r->n = (int)t->shape[0];
     memcpy(r->ids, t->data, (size_t)r->n * sizeof(int32_t));
-    r->V = (int)st_set_find(r->st, "logits_base")->shape[1];
+    const struct st_tensor *lb = st_set_find(r->st, "logits_base");
+    r->V = (int)lb->shape[1];
+    double mx = 0.0;
+    for (size_t i = 0; i < (size_t)r->n * r->V; i++)
+        mx = fabs(((const double *)lb->data)[i]) > mx ? fabs(((const double *)lb->data)[i]) : mx;
+    struct backend *be = NULL;
+    struct err e = {0};
+    if (test_backend_new(&be, 1, &e) < 0)
+        fail_msg("%s", e.msg);
+    g_tol = backend_is_cpu(be) ? TOL_REF : 1e-3 * mx;
+    backend_free(be);
 }
 
 /* max |got - ref| over rows x V, ref F64 logits_<name> */
@@ -122,15 +135,15 @@ static void lora_ref_cases(void **state)
         printf("lora %-8s (%s, r %d, scale %g, %d linears): max |logit - f64| %.2e (base alone "
                "would be %.2e off)\n", k_cases[k], a->format, a->rank, (double)a->scale,
                a->n_targets, d, d0);
-        assert_true(d < TOL_REF);
-        assert_true(d0 > 100 * TOL_REF);  /* the adapter matters: the test can fail */
+        assert_true(d < g_tol);
+        assert_true(d0 > 100 * g_tol);  /* the adapter matters: the test can fail */
         kv_seq_remove(g.kv, 0);
         /* global scale 0: the base alone, exactly as without adapters */
         float zero = 0.0f;
         assert_int_equal(model_ctx_set_lora_scales(g.c, &zero, 1, &e), 0);
         assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
         prefill(&g, 0, r.ids, r.n, NULL, 0, out);
-        assert_true(ref_diff(&r, "base", out, r.n) < TOL_REF);
+        assert_true(ref_diff(&r, "base", out, r.n) < g_tol);
         kv_seq_remove(g.kv, 0);
         assert_int_equal(model_ctx_set_lora(g.c, NULL, 0, &e), 0);
         lora_free(a);
@@ -192,15 +205,15 @@ static void lora_mixed_batch(void **state)
                                         alone + ((size_t)s * n + i) * V, V);
             worst = d > worst ? d : worst;
         }
-    double tol = backend_is_cpu(g.be) ? 1e-6 : 1e-4;
+    double tol = backend_is_cpu(g.be) ? 1e-6 : 5e-4;
     double d0 = ref_diff(&r, "peft_a", mixed, n), d1 = ref_diff(&r, "mlx_a", mixed + (size_t)n * V, n);
     double d2 = ref_diff(&r, "base", mixed + (size_t)2 * n * V, n);
     printf("lora mixed batch: max rel diff vs alone %.2e; peft_a %.2e, mlx_a %.2e, base %.2e "
            "from f64\n", worst, d0, d1, d2);
     assert_true(worst < tol);
-    assert_true(d0 < TOL_REF && d1 < TOL_REF && d2 < TOL_REF);
+    assert_true(d0 < g_tol && d1 < g_tol && d2 < g_tol);
     /* the fourth differs from every single-adapter run: its scales were applied */
-    assert_true(ref_diff(&r, "peft_a", mixed + (size_t)3 * n * V, n) > 100 * TOL_REF);
+    assert_true(ref_diff(&r, "peft_a", mixed + (size_t)3 * n * V, n) > 100 * g_tol);
     /* a table for another adapter count is refused */
     g.b->lora = &table[0][0];
     g.b->n_lora = 2;
@@ -298,7 +311,7 @@ static void lora_fuse_f32(void **state)
         double d = max_abs_diff(unmerged, merged, N), dr = ref_diff(&r, k_cases[k], merged, r.n);
         printf("lora fuse %-8s (f32): max |merged - unmerged| %.2e, merged vs f64 %.2e\n",
                k_cases[k], d, dr);
-        assert_true(d < TOL_REF && dr < TOL_REF);
+        assert_true(d < g_tol && dr < g_tol);
         rm_out(dst);
     }
     free(unmerged);
