@@ -63,7 +63,6 @@ static void ref_open(struct ref *r)
     for (size_t i = 0; i < (size_t)r->n * r->V; i++)
         mx = fabs(((const double *)lb->data)[i]) > mx ? fabs(((const double *)lb->data)[i]) : mx;
     struct backend *be = NULL;
-    struct err e = {0};
     if (test_backend_new(&be, 1, &e) < 0)
         fail_msg("%s", e.msg);
     g_tol = backend_is_cpu(be) ? TOL_REF : 1e-3 * mx;
