@@ -72,7 +72,8 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
 /* LoRA adapters (cli_lora.c, ADR 0103): --lora PATH[:SCALE], --lora-scaled PATH SCALE
  * (llama.cpp's names; repeatable) and --lora-init-without-apply, in the commands that load a
  * model to run it. cli_lora_flag takes one of the CLI_OPT_LORA* options getopt returned
- * (optarg its value; --lora-scaled's SCALE is argv[optind], consumed); cli_lora_attach loads
+ * (optarg its value, cut at a ":SCALE" suffix in place; --lora-scaled's SCALE is
+ * argv[optind], consumed); cli_lora_attach loads
  * them against m, prepares them for en's backend and gives them to en's context with their
  * scales as the global ones (0 with --lora-init-without-apply). */
 struct lora_adapter;
@@ -96,7 +97,7 @@ enum { CLI_OPT_LORA = 0x4c00, CLI_OPT_LORA_SCALED, CLI_OPT_LORA_NO_APPLY };
     "      --lora-scaled PATH S  the same at scale S (llama.cpp's form)\n" \
     "      --lora-init-without-apply  load the adapters at scale 0 (serve: set scales later\n" \
     "                         with POST /lora-adapters or per request)\n"
-int cli_lora_flag(struct cli_lora *l, int opt, const char *optarg_, int argc, char **argv,
+int cli_lora_flag(struct cli_lora *l, int opt, char *optarg_, int argc, char **argv,
                   struct err *e);
 struct cli_engine;
 struct model;

@@ -36,15 +36,16 @@ static int add(struct cli_lora *l, const char *path, float scale, struct err *e)
     return 0;
 }
 
-int cli_lora_flag(struct cli_lora *l, int opt, const char *optarg_, int argc, char **argv,
+int cli_lora_flag(struct cli_lora *l, int opt, char *optarg_, int argc, char **argv,
                   struct err *e)
 {
     switch (opt) {
     case CLI_OPT_LORA: {
         /* PATH[:SCALE]: a suffix after the last ':' that is a number is the scale, unless
-         * the whole argument names an existing file or folder */
+         * the whole argument names an existing file or folder; the path is cut in place (the
+         * argument string is the process's, like every other flag value kept) */
         struct stat sb;
-        const char *colon = strrchr(optarg_, ':');
+        char *colon = strrchr(optarg_, ':');
         if (!colon || stat(optarg_, &sb) == 0)
             return add(l, optarg_, 1.0f, e);
         char *end;
@@ -55,13 +56,8 @@ int cli_lora_flag(struct cli_lora *l, int opt, const char *optarg_, int argc, ch
         int rc = parse_scale("--lora", colon + 1, &s, e);
         if (rc < 0)
             return rc;
-        size_t n = (size_t)(colon - optarg_);
-        char *p = malloc(n + 1);  /* lives as long as the process: flags are parsed once */
-        if (!p)
-            return err_setf(e, ERR_NOMEM, "out of memory");
-        memcpy(p, optarg_, n);
-        p[n] = 0;
-        return add(l, p, s, e);
+        *colon = 0;
+        return add(l, optarg_, s, e);
     }
     case CLI_OPT_LORA_SCALED: {
         if (optind >= argc)
