@@ -447,7 +447,6 @@ int lora_load(struct lora_adapter **out, const struct model *m, const char *path
         most = ne > most ? ne : most;
     }
     /* every targeted linear has both matrices */
-    total = 0;
     for (int il = 0; il < n_layer; il++)
         for (int s = 0; s < LORA_N_SLOTS; s++) {
             struct lora_delta *d = &a->d[(size_t)il * LORA_N_SLOTS + s];

@@ -1,7 +1,8 @@
 /*
  * api_lora: llama-server's LoRA adapter routes and per-request selection (ADR 0103).
  *
- *   GET  /lora-adapters   [{"id": 0, "path": "...", "scale": 1.0}, ...] in id order
+ *   GET  /lora-adapters   [{"id": 0, "path": "...", "scale": 1.0, "task_name": "",
+ *                         "prompt_prefix": ""}, ...] in id order
  *   POST /lora-adapters   [{"id": 0, "scale": 0.5}, ...]: the global scales (adapters not
  *                         named go to 0, as llama-server's parse_lora_request does)
  *   "lora" in a completion / chat body: the same list for that request only
@@ -69,7 +70,10 @@ static enum MHD_Result list(struct server *s, struct MHD_Connection *c, struct s
         cJSON *o = cJSON_CreateObject();
         ok = o && cJSON_AddItemToArray(out, o) && cJSON_AddNumberToObject(o, "id", i) &&
              cJSON_AddStringToObject(o, "path", s->m.lora_paths[i]) &&
-             cJSON_AddNumberToObject(o, "scale", model_ctx_lora_scale(s->m.lora_ctx, i));
+             cJSON_AddNumberToObject(o, "scale", model_ctx_lora_scale(s->m.lora_ctx, i)) &&
+             /* llama-server's GGUF adapter metadata; safetensors adapters carry none */
+             cJSON_AddStringToObject(o, "task_name", "") &&
+             cJSON_AddStringToObject(o, "prompt_prefix", "");
     }
     if (s->m.n_lora)
         runner_unlock(s->m.runner);
