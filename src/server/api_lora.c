@@ -23,6 +23,8 @@
 #include "../models/lora.h"
 #include "srv_impl.h"
 
+_Static_assert(OAI_MAX_LORA == LORA_MAX_ADAPTERS, "a request names every adapter at most once");
+
 /* Scales of every served adapter from a list of {id, scale} (0 for the others); -1 with *err
  * for an id out of range. */
 static int scales_of(const struct server *s, const int *id, const float *scale, int n, float *out,
