@@ -14,6 +14,8 @@
  *                     within 1e-4
  *   lora_quantized    an 8-bit base with the adapter unmerged against the merged-then-quantized
  *                     checkpoint, within twice the base's own quantization error
+ *   lora_fuse_quantized  convert --fuse-lora over an 8-bit folder (dequantize, add, requantize)
+ *                     against the adapter unmerged on it
  *   lora_hostile      adapters that do not fit the base fail naming the tensor or field
  */
 #include <math.h>
@@ -229,9 +231,9 @@ static void lora_mixed_batch(void **state)
     st_set_free(r.st);
 }
 
-/* convert (dtype dt, quantized with q when not NULL) of the base, fused with adapter name at
- * scale 1 when name is not NULL, into a fresh folder (caller's, stb_rmtree) */
-static char *convert_fused(const char *name, int dt, const struct quant_params *q)
+/* convert (dtype dt, quantized with q when not NULL) of the checkpoint src, fused with adapter
+ * name at scale 1 when name is not NULL, into a fresh folder (caller's, rm_out) */
+static char *convert_from(const char *src, const char *name, int dt, const struct quant_params *q)
 {
     struct err e = {0};
     struct model *m = NULL;
@@ -242,7 +244,7 @@ static char *convert_fused(const char *name, int dt, const struct quant_params *
     char *dst = malloc(strlen(tmp) + 8);
     sprintf(dst, "%s/out", tmp);
     float one = 1.0f;
-    if (model_load(&m, test_path(BASE), &e) < 0)
+    if (model_load(&m, src, &e) < 0)
         fail_msg("%s", e.msg);
     if (name) {
         char path[512];
@@ -250,7 +252,7 @@ static char *convert_fused(const char *name, int dt, const struct quant_params *
         if (lora_load(&a, m, path, &e) < 0 || lora_fused_new(&f, m, &a, &one, 1, &e) < 0)
             fail_msg("%s", e.msg);
     }
-    struct convert_opts o = {.src = test_path(BASE), .dst = dst, .dtype = dt, .q = q,
+    struct convert_opts o = {.src = src, .dst = dst, .dtype = dt, .q = q,
                              .replace = f ? lora_fused_find : NULL, .replace_ud = f};
     struct convert_stats st;
     if (convert_checkpoint(&o, &st, &e) < 0)
@@ -260,6 +262,11 @@ static char *convert_fused(const char *name, int dt, const struct quant_params *
     model_free(m);
     free(tmp);
     return dst;
+}
+
+static char *convert_fused(const char *name, int dt, const struct quant_params *q)
+{
+    return convert_from(test_path(BASE), name, dt, q);
 }
 
 static void rm_out(char *dst)
@@ -350,6 +357,44 @@ static void lora_quantized(void **state)
     rm_out(qmerged);
     free(unm);
     free(mer);
+    free(base);
+    st_set_free(r.st);
+}
+
+/* convert --fuse-lora over the 8-bit folder itself, as mlx-lm's fuse does for a quantized base:
+ * dequantize, add, quantize again with the folder's parameters (modules it left float stay
+ * float). Against the adapter unmerged on that 8-bit base: one more rounding to 8 bits, held
+ * to the same bound as lora_quantized (twice the base's own quantization error). */
+static void lora_fuse_quantized(void **state)
+{
+    (void)state;
+    struct ref r;
+    ref_open(&r);
+    size_t N = (size_t)r.n * r.V;
+    float *unm = malloc(N * sizeof(float)), *fused = malloc(N * sizeof(float));
+    float *base = malloc(N * sizeof(float));
+    assert_true(unm && fused && base);
+    struct quant_params q = {.mode = QMODE_AFFINE, .bits = 8, .group = 32};
+    char *qbase = convert_fused(NULL, -1, &q), *qfused = convert_from(qbase, "mlx_a", -1, NULL);
+    run_model(qbase, "mlx_a", &r, unm);
+    run_model(qfused, NULL, &r, fused);
+    run_model(qbase, NULL, &r, base);
+    double d = max_abs_diff(unm, fused, N), eq = ref_diff(&r, "base", base, r.n);
+    double effect = max_abs_diff(base, fused, N);
+    printf("lora fused into an 8-bit folder: max |fused - unmerged| %.3g (the 8-bit base's own "
+           "error %.3g); the adapter moves the base by %.3g\n", d, eq, effect);
+    assert_true(d <= 2 * eq);
+    assert_true(effect > 5 * d);
+    /* -q or --dtype on a quantized source stays refused */
+    struct err e = {0};
+    struct convert_opts o = {.src = qbase, .dst = "/nonexistent/x", .dtype = DTYPE_F32};
+    struct convert_stats st;
+    assert_true(convert_checkpoint(&o, &st, &e) < 0);
+    assert_non_null(strstr(e.msg, "already quantized"));
+    rm_out(qbase);
+    rm_out(qfused);
+    free(unm);
+    free(fused);
     free(base);
     st_set_free(r.st);
 }
@@ -463,6 +508,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(lora_mixed_batch),
     cmocka_unit_test(lora_fuse_f32),
     cmocka_unit_test(lora_quantized),
+    cmocka_unit_test(lora_fuse_quantized),
     cmocka_unit_test(lora_hostile),
 };
 

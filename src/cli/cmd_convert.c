@@ -47,7 +47,8 @@ static const char *k_help =
     "      --fuse-lora PATH[:S]  merge a LoRA adapter (mlx-lm or PEFT; repeatable) into the\n"
     "                         weights at scale S (default 1), as mlx-lm's fuse: W + S s B A\n"
     "                         computed in f32, then cast to the output dtype (and quantized with\n"
-    "                         -q); the source must be a float checkpoint\n"
+    "                         -q); an MLX-quantized source keeps its quantization (each merged\n"
+    "                         weight dequantized, added to, quantized again; no -q or --dtype)\n"
     "      --json             print a JSON summary on stdout\n"
     "  -h, --help             show this help\n";
 

@@ -25,6 +25,7 @@
 #include "../core/fileio.h"
 #include "../core/json.h"
 #include "../core/safetensors.h"
+#include "../loading/quant.h"
 #include "blocks.h"
 
 /* ---- slots ---- */
@@ -710,6 +711,45 @@ void lora_fused_free(struct lora_fused *f)
     free(f);
 }
 
+/* An element of an affine-quantized row: code j of the little-endian bitstream row (MLX's
+ * packing, as kern_qcode reads it) times its group's scale plus its bias. */
+static float dequant_affine(const struct tensor *w, const uint8_t *row, const uint8_t *sc,
+                            const uint8_t *bi, int64_t j)
+{
+    size_t o = (size_t)j * (size_t)w->qbits, g = (size_t)(j / w->qgroup);
+    unsigned v = row[o >> 3];
+    if ((o & 7) + (size_t)w->qbits > 8)
+        v |= (unsigned)row[(o >> 3) + 1] << 8;
+    unsigned q = (v >> (o & 7)) & ((1u << w->qbits) - 1);
+    float s, b;
+    size_t esz = dtype_size(w->qsdtype);
+    dtype_to_f32_ref(&s, sc + g * esz, w->qsdtype, 1);
+    dtype_to_f32_ref(&b, bi + g * esz, w->qsdtype, 1);
+    return s * (float)q + b;
+}
+
+/* Base tensor w widened into v [out * in]: a float's values, or (mlx-lm fuse's first step for
+ * a quantized base) an affine-quantized one's dequantized values. */
+static int widen_base(float *v, const struct tensor *w, const struct st_tensor *src, struct err *e)
+{
+    int64_t out = w->shape[0], in = w->shape[1];
+    if (!w->qbits) {
+        dtype_to_f32_ref(v, src->data, src->dtype, (size_t)(out * in));
+        return 0;
+    }
+    if (w->qmode != QMODE_AFFINE || !w->qbiases || w->packed)
+        return err_setf(e, ERR_UNSUPPORTED, "--fuse-lora: base tensor '%s' is quantized in mode %s: "
+                        "only affine bases are dequantized", w->name, qmode_name(w->qmode));
+    size_t rw = (size_t)tensor_row_storage(w) * sizeof(uint32_t);
+    size_t rs = (size_t)(in / w->qgroup) * dtype_size(w->qsdtype);
+    for (int64_t r = 0; r < out; r++)
+        for (int64_t j = 0; j < in; j++)
+            v[r * in + j] = dequant_affine(w, (const uint8_t *)w->data + (size_t)r * rw,
+                                           (const uint8_t *)w->qscales + (size_t)r * rs,
+                                           (const uint8_t *)w->qbiases + (size_t)r * rs, j);
+    return 0;
+}
+
 /* The merged F32 copy of base tensor w, made once (the first adapter targeting it). */
 static int fused_slot(struct lora_fused *f, const struct model *m, const struct tensor *w,
                       float **out, struct err *e)
@@ -720,11 +760,12 @@ static int fused_slot(struct lora_fused *f, const struct model *m, const struct 
             return 0;
         }
     const struct st_tensor *src = st_set_find(m->st, w->name);
-    if (w->qbits || !src || src->ndim != 2 || src->shape[0] != w->shape[0] ||
-        src->shape[1] != w->shape[1] || !tensor_is_contiguous(w))
-        return err_setf(e, ERR_UNSUPPORTED, "--fuse-lora: base tensor '%s' is %s: only float "
-                        "checkpoints whose stored tensor is the product's weight are fused",
-                        w->name ? w->name : "?", w->qbits ? "quantized" : "rearranged at load");
+    int64_t cols = w->qbits ? w->shape[1] * w->qbits / 32 : w->shape[1];
+    if (!src || src->ndim != 2 || src->shape[0] != w->shape[0] || src->shape[1] != cols ||
+        src->data != w->data || !tensor_is_contiguous(w))
+        return err_setf(e, ERR_UNSUPPORTED, "--fuse-lora: base tensor '%s' is rearranged at load: "
+                        "only checkpoints whose stored tensor is the product's weight are fused",
+                        w->name ? w->name : "?");
     size_t ne = (size_t)w->shape[0] * (size_t)w->shape[1];
     float *v = malloc(ne * sizeof *v);
     const char **nn = realloc(f->name, (f->n + 1) * sizeof *nn);
@@ -737,7 +778,11 @@ static int fused_slot(struct lora_fused *f, const struct model *m, const struct 
         free(v);
         return err_setf(e, ERR_NOMEM, "--fuse-lora: out of memory");
     }
-    dtype_to_f32_ref(v, src->data, src->dtype, ne);
+    int rc = widen_base(v, w, src, e);
+    if (rc < 0) {
+        free(v);
+        return rc;
+    }
     f->name[f->n] = w->name;
     f->w[f->n++] = v;
     *out = v;

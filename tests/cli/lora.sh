@@ -3,7 +3,8 @@
 # --lora-init-without-apply in generate, bench and perplexity, and convert --fuse-lora, on the
 # tiny llama golden base with gen_lora.py's adapters (tests/fixtures/golden/lora_ref): an
 # adapter changes the greedy ids, scale 0 and --lora-init-without-apply give the base's,
-# the two flag spellings agree, the f32 merge generates what the unmerged run does, every
+# the two flag spellings agree, the f32 merge generates what the unmerged run does, a merge into
+# a quantized folder keeps its quantization, every
 # --help lists the flags, and bad values or hostile adapters are one-line errors with exit 1.
 # Usage (from the repo root): sh tests/cli/lora.sh path/to/mlxcel
 BIN=${1:?usage: lora.sh path/to/mlxcel}
@@ -56,9 +57,16 @@ run "$BIN" convert -m $BASE -o "$T/fused2" --dtype f32 --fuse-lora $REF/peft_a -
 [ "$(ids "$T/fused2")" = "$pa" ] || fail "an adapter fused at scale 0 changed the weights"
 run "$BIN" convert -m $BASE -o "$T/fq" -q --fuse-lora $REF/peft_a
 [ "$rc" -eq 0 ] || fail "convert -q --fuse-lora: $(cat "$T/err")"
-run "$BIN" convert -m "$T/fq" -o "$T/fq2" --fuse-lora $REF/peft_a
-expect_error "fuse into a quantized folder" "quantized"
-[ -e "$T/fq2" ] && fail "a failed convert left $T/fq2"
+# into a quantized folder (mlx-lm's fuse: dequantize, add, requantize): its quantization stays
+run "$BIN" convert -m $BASE -o "$T/q4" -q
+[ "$rc" -eq 0 ] || fail "convert -q: $(cat "$T/err")"
+run "$BIN" convert -m "$T/q4" -o "$T/q4f" --fuse-lora $REF/peft_a
+[ "$rc" -eq 0 ] || fail "convert --fuse-lora of a quantized folder: $(cat "$T/err")"
+cmp -s "$T/q4/config.json" "$T/q4f/config.json" || fail "the fused folder's config.json differs"
+[ "$(ids "$T/q4f")" != "$(ids "$T/q4")" ] || fail "fusing into the 4-bit folder changed nothing"
+run "$BIN" convert -m "$T/q4" -o "$T/q4g" -q --fuse-lora $REF/peft_a
+expect_error "-q over a quantized folder" "already quantized"
+[ -e "$T/q4g" ] && fail "a failed convert left $T/q4g"
 
 # ---- perplexity and bench take the flags ----
 printf '[242,339,311,60,228,99,367,317,117,177,377,79]' >"$T/ids.json"
