@@ -63,6 +63,7 @@
     X(multimodal) \
     X(embed)      \
     X(vision)     \
+    X(lora)       \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

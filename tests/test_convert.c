@@ -86,7 +86,7 @@ static char *convert_to_tmp(const char *src, const struct quant_params *q)
     assert_int_equal(registry_resolve(cfg, &ops, &e), 0);
     struct ck_view_rule vbuf[CK_MAX_VIEWS];
     struct convert_opts o = {src, NULL, ops->expert_stacking, NULL, -1, q, NULL, NULL, ops->quant_predicate,
-                             NULL};
+                             NULL, NULL, NULL};
     assert_int_equal(model_convert_views(ops, cfg, vbuf, &o.views, &e), 0);
     cJSON_Delete(cfg);
     char *dir = stb_tmpdir();

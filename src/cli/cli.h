@@ -71,6 +71,41 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
     "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
     "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
 
+/* LoRA adapters (cli_lora.c, ADR 0103): --lora PATH[:SCALE], --lora-scaled PATH SCALE
+ * (llama.cpp's names; repeatable) and --lora-init-without-apply, in the commands that load a
+ * model to run it. cli_lora_flag takes one of the CLI_OPT_LORA* options getopt returned
+ * (optarg its value, cut at a ":SCALE" suffix in place; --lora-scaled's SCALE is
+ * argv[optind], consumed); cli_lora_attach loads
+ * them against m, prepares them for en's backend and gives them to en's context with their
+ * scales as the global ones (0 with --lora-init-without-apply). */
+struct lora_adapter;
+#define CLI_LORA_MAX 32
+struct cli_lora {
+    int n;
+    const char *path[CLI_LORA_MAX];
+    float scale[CLI_LORA_MAX];
+    bool no_apply;
+    struct lora_adapter *ad[CLI_LORA_MAX];  /* loaded by cli_lora_attach, owned */
+};
+enum { CLI_OPT_LORA = 0x4c00, CLI_OPT_LORA_SCALED, CLI_OPT_LORA_NO_APPLY };
+#define CLI_LORA_OPTIONS                                                              \
+    {"lora", required_argument, 0, CLI_OPT_LORA},                                    \
+    {"lora-scaled", required_argument, 0, CLI_OPT_LORA_SCALED},                      \
+    {"lora-init-without-apply", no_argument, 0, CLI_OPT_LORA_NO_APPLY}
+#define CLI_LORA_HELP \
+    "      --lora PATH[:S]    apply a LoRA adapter (mlx-lm adapters.safetensors or PEFT\n" \
+    "                         adapter_model.safetensors, with adapter_config.json; a folder or\n" \
+    "                         the file) unmerged, at scale S (default 1; repeatable)\n" \
+    "      --lora-scaled PATH S  the same at scale S (llama.cpp's form)\n" \
+    "      --lora-init-without-apply  load the adapters at scale 0 (serve: set scales later\n" \
+    "                         with POST /lora-adapters or per request)\n"
+int cli_lora_flag(struct cli_lora *l, int opt, char *optarg_, int argc, char **argv,
+                  struct err *e);
+struct cli_engine;
+struct model;
+int cli_lora_attach(struct cli_lora *l, const struct model *m, struct cli_engine *en, struct err *e);
+void cli_lora_free(struct cli_lora *l);
+
 /* Parse "1,2,3" (or whitespace separated, or a JSON array) into a malloc'd id array. */
 int cli_parse_ids(const char *s, int32_t **ids, size_t *n, struct err *e);
 

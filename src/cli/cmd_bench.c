@@ -59,6 +59,7 @@ static const char *k_help =
     "  -t, --threads N       CPU threads (default: all online CPUs)\n"
     "  -v, --verbose         log the backend, threads, load times and loading details to stderr\n"
     "      --json            print a JSON array, one object per test\n"
+    CLI_LORA_HELP
     "  -h, --help            show this help\n"
     "\n"
     "Each test starts from an empty cache (or one holding -d tokens); one untimed\n"
@@ -71,6 +72,7 @@ struct bench_opts {
     const char *model;
     long n_prompt, n_gen, reps, threads, n_seq, n_depth;
     bool json;
+    struct cli_lora lora;
 };
 
 struct bench_result {
@@ -101,7 +103,8 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
         {"n-gen", required_argument, 0, 'n'}, {"repetitions", required_argument, 0, 'r'},
         {"sequences", required_argument, 0, 's'}, {"n-depth", required_argument, 0, 'd'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
-        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, CLI_LORA_OPTIONS,
+        {0, 0, 0, 0},
     };
     int c, rc = 0;
     optind = 1;
@@ -117,6 +120,9 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
         case 'd': rc = cli_parse_int("-d", optarg, 0, 1 << 24, &o->n_depth, e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case 'J': o->json = true; break;
+        case CLI_OPT_LORA:
+        case CLI_OPT_LORA_SCALED:
+        case CLI_OPT_LORA_NO_APPLY: rc = cli_lora_flag(&o->lora, c, optarg, argc, argv, e); break;
         case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return 1;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
@@ -452,7 +458,7 @@ int cmd_bench(int argc, char **argv)
         return cli_usage_error("bench", "%s", e.msg);
 
     if (cli_resolve_model(o.model, dir, sizeof dir, &e) < 0 || cli_model_load(&m, dir, &e) < 0 ||
-        bench_setup(&b, m, &o, &e) < 0 ||
+        bench_setup(&b, m, &o, &e) < 0 || cli_lora_attach(&o.lora, m, &b.en, &e) < 0 ||
         warm_up(&b, &o, m, &e) < 0)
         goto out;
     if (o.n_prompt > 0)
@@ -498,6 +504,7 @@ out:
     free(b.logits);
     batch_free(&b.b);
     cli_engine_close(&b.en);
+    cli_lora_free(&o.lora);
     model_free(m);
     return status;
 }

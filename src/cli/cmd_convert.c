@@ -21,6 +21,8 @@
 
 #include "../loading/config.h"
 #include "../loading/convert.h"
+#include "../models/lora.h"
+#include "../models/model.h"
 #include "../models/registry.h"
 #include "../engine/generate.h"
 #include "cli.h"
@@ -42,6 +44,11 @@ static const char *k_help =
     "      --q-variant V      gpu (default: MLX's Metal/CUDA quantizer, which made the\n"
     "                         mlx-community uploads) or cpu (MLX's CPU kernel)\n"
     "      --dtype D          bf16, f16 or f32 (default: the config's torch_dtype)\n"
+    "      --fuse-lora PATH[:S]  merge a LoRA adapter (mlx-lm or PEFT; repeatable) into the\n"
+    "                         weights at scale S (default 1), as mlx-lm's fuse: W + S s B A\n"
+    "                         computed in f32, then cast to the output dtype (and quantized with\n"
+    "                         -q); an MLX-quantized source keeps its quantization (each merged\n"
+    "                         weight dequantized, added to, quantized again; no -q or --dtype)\n"
     "      --json             print a JSON summary on stdout\n"
     "  -h, --help             show this help\n";
 
@@ -169,7 +176,33 @@ static int print_summary(const char *src, const char *dst, const struct convert_
     return cli_print_json(o, e);
 }
 
-enum { OPT_QBITS = 256, OPT_QGROUP, OPT_QMODE, OPT_QVARIANT, OPT_DTYPE, OPT_JSON };
+enum { OPT_QBITS = 256, OPT_QGROUP, OPT_QMODE, OPT_QVARIANT, OPT_DTYPE, OPT_JSON, OPT_FUSE };
+
+/* --fuse-lora: the base loaded (for its shapes and tensor names) and each adapter merged into
+ * an F32 copy of the weights it targets (lora_fused_new); convert reads those. */
+struct fuse {
+    struct model *m;
+    struct cli_lora l;
+    struct lora_fused *f;
+};
+
+static int fuse_open(struct fuse *fu, const char *dir, struct err *e)
+{
+    int rc;
+    if ((rc = cli_model_load(&fu->m, dir, e)) < 0)
+        return err_prefix(e, "--fuse-lora");
+    for (int i = 0; i < fu->l.n; i++)
+        if ((rc = lora_load(&fu->l.ad[i], fu->m, fu->l.path[i], e)) < 0)
+            return err_prefix(e, "--fuse-lora %s", fu->l.path[i]);
+    return lora_fused_new(&fu->f, fu->m, fu->l.ad, fu->l.scale, fu->l.n, e);
+}
+
+static void fuse_close(struct fuse *fu)
+{
+    lora_fused_free(fu->f);
+    cli_lora_free(&fu->l);
+    model_free(fu->m);
+}
 
 int cmd_convert(int argc, char **argv)
 {
@@ -179,10 +212,13 @@ int cmd_convert(int argc, char **argv)
         {"q-group-size", required_argument, 0, OPT_QGROUP}, {"q-mode", required_argument, 0, OPT_QMODE},
         {"q-variant", required_argument, 0, OPT_QVARIANT}, {"dtype", required_argument, 0, OPT_DTYPE},
         {"json", no_argument, 0, OPT_JSON},          {"help", no_argument, 0, 'h'},
+        {"fuse-lora", required_argument, 0, OPT_FUSE},
         {0, 0, 0, 0},
     };
     const char *src = NULL, *dst = NULL, *dtype = NULL;
     struct cli_quant_flags qf = {0};
+    struct fuse fu = {0};
+    struct err e = {0};
     bool quantize = false, json = false;
     int c;
     optind = 1;
@@ -198,6 +234,10 @@ int cmd_convert(int argc, char **argv)
         case OPT_QVARIANT: qf.variant = optarg; break;
         case OPT_DTYPE: dtype = optarg; break;
         case OPT_JSON: json = true; break;
+        case OPT_FUSE:
+            if (cli_lora_flag(&fu.l, CLI_OPT_LORA, optarg, argc, argv, &e) < 0)
+                return cli_usage_error("convert", "--fuse-lora: %s", e.msg);
+            break;
         case 'h': cli_help(k_help, CLI_GLOBAL_MODEL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("convert", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("convert", "unknown option %s", argv[optind - 1]);
@@ -208,7 +248,6 @@ int cmd_convert(int argc, char **argv)
     if (!src || !dst)
         return cli_usage_error("convert", "give the source with -m and the output folder with -o");
 
-    struct err e = {0};
     struct quant_params q;
     struct convert_opts o = {0};
     struct ck_view_rule views[CK_MAX_VIEWS];
@@ -231,6 +270,14 @@ int cmd_convert(int argc, char **argv)
         return cli_fail("convert", &e);
     /* mlx-lm's sanitize drops a tied head's copy; the embedding serves as the head */
     static const char *const drop_tied[] = {"lm_head.weight", NULL};
+    if (fu.l.n > 0) {
+        if (fuse_open(&fu, dir, &e) < 0) {
+            fuse_close(&fu);
+            return cli_fail("convert", &e);
+        }
+        o.replace = lora_fused_find;
+        o.replace_ud = fu.f;
+    }
     o.src = dir;
     o.dst = dst;
     o.q = quantize ? &q : NULL;
@@ -242,7 +289,9 @@ int cmd_convert(int argc, char **argv)
     outdir_catch_signals();  /* an interrupted run leaves no partial folder */
     outdir_sweep(dst, cli_on_swept, "convert");  /* ... and a killed one's is removed now */
     double t0 = gen_now();
-    if (convert_checkpoint(&o, &st, &e) < 0) {
+    int crc = convert_checkpoint(&o, &st, &e);
+    fuse_close(&fu);
+    if (crc < 0) {
         cli_progress_end(&prog);
         return cli_fail("convert", &e);
     }

@@ -69,6 +69,7 @@ static const char *k_help =
     "      --keep N           with --truncate: prompt tokens at the start never cut (default:\n"
     "                         the chat template's system message and user header, else BOS)\n"
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
+    CLI_LORA_HELP
     CLI_SPEC_HELP
     "      --model-draft MODEL  the draft model of --spec draft (implies it): a smaller\n"
     "                         checkpoint with the same vocabulary (folder or owner/name)\n"
@@ -98,6 +99,7 @@ struct gen_cli {
     bool has_temp, has_top_k, has_top_p, has_min_p, has_rep;
     struct sampler_params sp;
     struct spec_params spec;
+    struct cli_lora lora;
 };
 
 /* Streaming output state passed to the token callback. */
@@ -172,6 +174,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
         {"pixel-values-out", required_argument, 0, OPT_PIXEL_VALUES_OUT},
+        CLI_LORA_OPTIONS,
         {0, 0, 0, 0},
     };
     int c, rc = 0;
@@ -251,6 +254,9 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
             break;
         case OPT_PIXEL_VALUES_OUT: o->pixel_values_out = optarg; break;
         case OPT_PIXEL_VALUES: o->pixel_values = optarg; break;
+        case CLI_OPT_LORA:
+        case CLI_OPT_LORA_SCALED:
+        case CLI_OPT_LORA_NO_APPLY: rc = cli_lora_flag(&o->lora, c, optarg, argc, argv, e); break;
         case ':': return err_setf(e, ERR_ARG, "option %s needs a value", argv[optind - 1]);
         default: return err_setf(e, ERR_ARG, "unknown option %s", argv[optind - 1]);
         }
@@ -554,7 +560,8 @@ int cmd_generate(int argc, char **argv)
     long max_len = o.n_ctx > 0 ? o.n_ctx : hparams_ctx_default(&m->hp);
     long slots = (long)n_prompt + o.n_predict < max_len ? (long)n_prompt + o.n_predict : max_len;
     if ((rc = cli_engine_open(&en, m, o.threads, (int)slots, 1, (int)max_len,
-                              o.spec.mode != SPEC_NONE ? o.spec.draft_max : 0, &e)) < 0)
+                              o.spec.mode != SPEC_NONE ? o.spec.draft_max : 0, &e)) < 0 ||
+        (rc = cli_lora_attach(&o.lora, m, &en, &e)) < 0)
         goto fail;
     if (o.model_draft && (rc = cli_draft_open(&draft, o.model_draft, m, &en, (int)slots, 1, o.spec.draft_max, &e)) < 0)
         goto fail;
@@ -649,6 +656,7 @@ fail:
     cli_image_input_free(&input);
     cli_draft_close(&draft);
     cli_engine_close(&en);
+    cli_lora_free(&o.lora);
     model_free(m);
     tok_free(tok);
     return status;

@@ -32,7 +32,8 @@ static const char *k_help =
     "  -t, --threads N     CPU threads (default: all online CPUs)\n"
     "  -v, --verbose       log the backend, threads, load times and loading details to stderr\n"
     "      --json          print {\"ppl\": ..., \"nll\": ..., \"n_tokens\": ...} (\"tokens\" too, the\n"
-    "                      older name)\n";
+    "                      older name)\n"
+    CLI_LORA_HELP;
 
 /* -log softmax(logits)[target], in double */
 static double nll_of(const float *logits, int V, int32_t target)
@@ -85,8 +86,10 @@ int cmd_perplexity(int argc, char **argv)
         {"ids-file", required_argument, 0, 'I'}, {"ctx", required_argument, 0, 'c'},
         {"ctx-size", required_argument, 0, 'c'},
         {"threads", required_argument, 0, 't'}, {"json", no_argument, 0, 'J'},
-        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, CLI_LORA_OPTIONS,
+        {0, 0, 0, 0},
     };
+    struct cli_lora lora = {0};
     const char *model = NULL, *file = NULL, *ids_file = NULL;
     long n_ctx = 0, threads = 0;
     bool json = false;
@@ -104,6 +107,9 @@ int cmd_perplexity(int argc, char **argv)
         case 'c': rc = cli_parse_int("--ctx-size", optarg, 2, 1 << 24, &n_ctx, &e); break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &threads, &e); break;
         case 'J': json = true; break;
+        case CLI_OPT_LORA:
+        case CLI_OPT_LORA_SCALED:
+        case CLI_OPT_LORA_NO_APPLY: rc = cli_lora_flag(&lora, c, optarg, argc, argv, &e); break;
         case 'h': cli_help(k_help, CLI_GLOBAL_ALL); return CLI_EXIT_OK;
         case ':': return cli_usage_error("perplexity", "option %s needs a value", argv[optind - 1]);
         default: return cli_usage_error("perplexity", "unknown option %s", argv[optind - 1]);
@@ -151,7 +157,8 @@ int cmd_perplexity(int argc, char **argv)
     int win = n_ctx > 0 ? (int)n_ctx : m->hp.n_ctx;
     /* the cache only needs to hold one window, and never more than the input */
     int cache = (size_t)win < n_ids ? win : (int)n_ids;
-    if (cli_engine_open(&en, m, threads, cache, 1, win, 0, &e) < 0 || batch_init(&b, en.ctx->n_out, &e) < 0)
+    if (cli_engine_open(&en, m, threads, cache, 1, win, 0, &e) < 0 ||
+        cli_lora_attach(&lora, m, &en, &e) < 0 || batch_init(&b, en.ctx->n_out, &e) < 0)
         goto out;
     logits = malloc((size_t)b.cap * m->hp.n_vocab * sizeof *logits);
     if (!logits) {
@@ -185,6 +192,7 @@ out:
     free(logits);
     batch_free(&b);
     cli_engine_close(&en);
+    cli_lora_free(&lora);
     model_free(m);
     tok_free(tok);
     free(ids);

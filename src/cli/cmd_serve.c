@@ -105,6 +105,12 @@ static const char *k_help =
     "                             checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --draft-max N          tokens drafted per step at most (default 16, up to 64)\n"
     "      --draft-min N          decode plainly when fewer are drafted (default 1)\n"
+    "      --lora PATH[:S]        a LoRA adapter (mlx-lm adapters.safetensors or PEFT\n"
+    "                             adapter_model.safetensors, with adapter_config.json) served\n"
+    "                             unmerged at global scale S (default 1); repeatable: ids 0, 1, ..\n"
+    "                             (GET/POST /lora-adapters; a request's \"lora\": [{\"id\", \"scale\"}])\n"
+    "      --lora-scaled PATH S   the same at scale S (llama.cpp's form)\n"
+    "      --lora-init-without-apply  load the adapters at scale 0\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
@@ -154,6 +160,7 @@ struct serve_cli {
     unsigned long long memory_budget;
     bool no_autoload;
     const char *chat_template_file;  /* a preset's chat-template-file (router mode) */
+    struct cli_lora lora;            /* the flags (paths, scales); loaded into served.lora */
 };
 
 /* --memory-budget: bytes, with an optional K, M, G or T (powers of 1024). */
@@ -257,6 +264,7 @@ static const struct option k_opts[] = {
     {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
     {"verbose", no_argument, NULL, 'v'},
     {"help", no_argument, NULL, 'h'},
+    CLI_LORA_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 
@@ -310,6 +318,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
+        case CLI_OPT_LORA:
+        case CLI_OPT_LORA_SCALED:
+        case CLI_OPT_LORA_NO_APPLY: rc = cli_lora_flag(&o->lora, c, optarg, argc, argv, e); break;
         case OPT_LOG_FORMAT:
             if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
                 o->log_json = strcmp(optarg, "json") == 0;
@@ -341,6 +352,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--models-preset: presets are for router mode (--models-dir or several -m)");
     if (router && o->model_draft)
         return err_setf(e, ERR_ARG, "--model-draft: one draft model does not fit several models (router mode)");
+    if (router && o->lora.n > 0)
+        return err_setf(e, ERR_ARG, "--lora: adapters belong to one base model and router mode serves several: "
+                        "serve the adapters' base model alone (one -m)");
     if (router && o->name)
         return err_setf(e, ERR_ARG, "--served-model-name: in router mode models are named by their folder "
                         "or by -m NAME=MODEL");
@@ -452,6 +466,7 @@ struct served {
     struct embedder *em;             /* an encoder served instead of a generating model */
     struct image_setup img;          /* a model with a vision tower: its image parts' setup */
     char img_err[400];               /* why it takes none, when it has a tower */
+    struct cli_lora lora;            /* the adapters served (--lora), owned */
 };
 
 static void served_free(struct served *sv)
@@ -462,6 +477,7 @@ static void served_free(struct served *sv)
     grammar_vocab_free(sv->gvocab);
     cli_draft_close(&sv->draft);  /* before the engine whose backend it borrows */
     cli_engine_close(&sv->en);
+    cli_lora_free(&sv->lora);
     chat_tmpl_free(sv->tmpl);
     tok_free(sv->tok);
     model_free(sv->m);
@@ -509,6 +525,9 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     int rc;
     if ((rc = model_load(&sv->m, dir, e)) < 0)
         return rc;
+    if (sv->m->hp.encoder && o->lora.n > 0)
+        return err_setf(e, ERR_UNSUPPORTED, "--lora: '%s' is an encoder; adapters apply to "
+                        "generating models only", sv->m->hp.model_type);
     if (sv->m->hp.encoder)
         return load_encoder(o, dir, sv, sm, e);
     if ((rc = cli_check_generation_config(sv->m, e)) < 0 || (rc = tok_load(&sv->tok, dir, e)) < 0)
@@ -528,6 +547,9 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     if ((rc = cli_engine_open(&sv->en, sv->m, o->threads, (int)pool, (int)o->parallel, (int)max_len,
                                o->spec.mode != SPEC_NONE ? o->spec.draft_max : 0, e)) < 0)
         return rc;
+    sv->lora = o->lora;
+    if ((rc = cli_lora_attach(&sv->lora, sv->m, &sv->en, e)) < 0)
+        return rc;
     struct spec_params spec = o->spec;
     if (o->model_draft) {
         /* one draft sequence per sequence of the model's cache; drafts run on the engine thread */
@@ -544,7 +566,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)
         return rc;
     *sm = (struct server_model){.tok = sv->tok, .tmpl = sv->tmpl, .runner = sv->run, .n_vocab = hp->n_vocab,
-                                .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = spec};
+                                .n_ctx = (int)max_len, .hp = hp, .gen = sv->m->gen, .spec = spec,
+                                .lora_ctx = sv->en.ctx, .lora_paths = sv->lora.path, .n_lora = sv->lora.n};
     if (sv->m->vision) {
         /* image parts need the checkpoint's image processor; without it they answer 400 */
         struct err ie = {0};

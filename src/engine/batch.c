@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "../core/log.h"
+#include "../models/lora.h"
 #include "../models/vision.h"
 
 int batch_init(struct batch *b, int cap, struct err *e)
@@ -266,7 +267,8 @@ static struct ctx_graph *graph_slot(struct model_ctx *c, const struct kv_cache *
                                     const struct fwd_chunk *ch, bool *fresh)
 {
     *fresh = false;
-    if (!c->be->graphs || !c->be->ops->graph_begin || ch->n_tok > GRAPH_MAX_ROWS ||
+    /* a chunk with adapters issues ops its graph would not have: op by op */
+    if (c->bufs.lora || !c->be->graphs || !c->be->ops->graph_begin || ch->n_tok > GRAPH_MAX_ROWS ||
         ch->n_out != ch->n_tok || ch->n_img > 0)
         return NULL;
     uint64_t key = cache_key(kv);
@@ -351,6 +353,9 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     c->n_nonfinite = 0;
     if (kv->n_layer != m->hp.n_layer)
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
+    if (b->lora && b->n_lora != model_ctx_n_lora(c))
+        return err_setf(e, ERR_ARG, "forward: the batch names %d adapters, the context holds %d",
+                        b->n_lora, model_ctx_n_lora(c));
     if (b->n_img < 0 || (b->n_img > 0 && !b->img))
         return err_setf(e, ERR_ARG, "forward: %d images without their list", b->n_img);
     /* per call, not per token: a batch with images is a prompt's prefill */
@@ -387,6 +392,8 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         bool spans = false;
         int n_img = b->n_img > 0 ? stage_images(c, b, first, r0, r1, fi, &spans) : 0;
         int n_out = stage_chunk(c, b, kv, r0, r1);
+        c->bufs.lora = lora_stage(c->lora, c->be, b->seq + r0, r1 - r0, b->lora, b->n_lora)
+                           ? c->lora : NULL;
         rows.span = rows_swa.span = spans ? meta + 8 * B : NULL;
         struct fwd_chunk ch = {.n_tok = r1 - r0, .n_out = n_out, .ids = meta,
                                .out_rows = meta + 5 * B, .rows = &rows, .rows_swa = &rows_swa,
@@ -401,6 +408,7 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     }
     free(first);
     free(fi);
+    c->bufs.lora = NULL;
     /* always sync: it also clears an error recorded after a failing forward */
     int rs = backend_sync(c->be, rc < 0 ? NULL : e);
     rc = rc < 0 ? rc : rs;

@@ -41,6 +41,13 @@ struct batch {
     bool *logits;     /* [cap] whether the row's logits are wanted */
     const struct batch_image *img;  /* [n_img] images among the rows, borrowed; NULL: none */
     int n_img;
+    /* LoRA adapters (models/lora.h, ADR 0103): lora[s * n_lora + a] is the scale of the
+     * context's adapter a for sequence id s (0: not used), for every sequence id the rows
+     * name; borrowed. NULL: every row at the context's global scales (model_ctx_set_lora_scales;
+     * the base alone where it has no adapters). n_lora is the context's adapter
+     * count (model_ctx_n_lora). */
+    const float *lora;
+    int n_lora;
 };
 
 /* Room for cap rows (owned arrays). */

@@ -43,6 +43,8 @@ enum gen_truncate {
     GEN_TRUNCATE_RIGHT = 2,     /* drop the newest tokens before the kept tail */
 };
 
+#define GEN_MAX_LORA 32         /* = LORA_MAX_ADAPTERS (models/lora.h) */
+
 struct gen_params {
     int n_predict;              /* tokens to generate (>= 0) */
     bool ignore_eos;
@@ -54,6 +56,11 @@ struct gen_params {
     const struct batch_image *images; /* [n_images] the prompt's images (their seq ignored:
                                        * the generated sequence's), borrowed; ADR 0087 */
     int n_images;
+    /* LoRA (ADR 0103): n_lora > 0: this request's scale of each of the context's adapters
+     * (in model_ctx_set_lora's order; llama-server's per-request "lora"); 0: the context's
+     * global scales at submission (the scheduler's; generate_run reads them every step) */
+    float lora[GEN_MAX_LORA];
+    int n_lora;
 };
 
 enum gen_stop {

@@ -24,12 +24,16 @@
  */
 #include "scheduler.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../core/sha256.h"
 #include "../kernels/backend.h"
+#include "../models/lora.h"
 #include "../models/vision.h"
+
+_Static_assert(GEN_MAX_LORA == LORA_MAX_ADAPTERS, "gen_params.lora holds every adapter");
 
 #define SCHED_DEFAULT_MAX_REQUESTS 1024
 
@@ -61,6 +65,8 @@ struct sreq {
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
+    float lora[GEN_MAX_LORA];    /* its adapters' scales, fixed at submission (ADR 0103) */
+    bool lora_on;                /* some scale is not 0: its prefix keys carry them */
 };
 
 struct sched {
@@ -82,6 +88,8 @@ struct sched {
     uint64_t n_query, n_hit;     /* prompt tokens admitted / found cached (sched_prefix_stats) */
     struct vision_ctx *vc;       /* the tower's buffers, made at the first encode; owned */
     struct batch_image *bimg;    /* [budget] this step's images (a model with vision) */
+    int n_lora;                  /* the context's adapters (model_ctx_n_lora at sched_new) */
+    float *lora;                 /* [max_seqs][n_lora] scales of each running sequence */
     uint64_t n_encoded;          /* images encoded (sched_n_encoded) */
 };
 
@@ -141,7 +149,10 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->logits = malloc((size_t)s->cap * c->m->hp.n_vocab * sizeof *s->logits);
     s->row_req = malloc((size_t)s->cap * sizeof *s->row_req);
     s->bimg = c->m->vision ? malloc((size_t)s->cap * sizeof *s->bimg) : NULL;
-    if (!s->reqs || !s->waiting || !s->logits || !s->row_req || (c->m->vision && !s->bimg)) {
+    s->n_lora = model_ctx_n_lora(c);
+    s->lora = s->n_lora ? calloc((size_t)kv->max_seqs * s->n_lora, sizeof *s->lora) : NULL;
+    if (!s->reqs || !s->waiting || !s->logits || !s->row_req || (c->m->vision && !s->bimg) ||
+        (s->n_lora && !s->lora)) {
         sched_free(s);
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
@@ -171,6 +182,7 @@ void sched_free(struct sched *s)
     free(s->waiting);
     free(s->logits);
     free(s->row_req);
+    free(s->lora);
     free(s);
 }
 
@@ -186,6 +198,12 @@ static int32_t key_of(const struct sched *s, const struct sreq *r, int i)
     int B = s->kv->block_size, b0 = i / B * B, T = image_rows(s);
     struct sha256 h;
     bool any = false;
+    if (r->lora_on) {
+        /* another adapter mix computes other K/V for the same tokens: its own keys */
+        sha256_init(&h);
+        sha256_update(&h, r->lora, (size_t)s->n_lora * sizeof *r->lora);
+        any = true;
+    }
     for (int k = 0; k < r->n_img; k++) {
         if (r->img[k].pos >= b0 + B || r->img[k].pos + T <= b0)
             continue;
@@ -204,6 +222,24 @@ static int32_t key_of(const struct sched *s, const struct sreq *r, int i)
     for (int j = 0; j < 8; j++)
         v = v << 4 | (uint32_t)(hex[j] <= '9' ? hex[j] - '0' : hex[j] - 'a' + 10);
     return (int32_t)v;
+}
+
+/* r's adapter scales: the request's own (p->n_lora of them, the context's count), or the
+ * context's global scales now. -ERR_ARG for another count, -ERR_RANGE for a bad scale. */
+static int take_lora(struct sched *s, struct sreq *r, const struct gen_params *p, struct err *e)
+{
+    if (p->n_lora < 0 || p->n_lora > GEN_MAX_LORA || (p->n_lora > 0 && p->n_lora != s->n_lora))
+        return err_setf(e, ERR_ARG, "the request gives %d adapter scales; the model has %d "
+                        "adapters", p->n_lora, s->n_lora);
+    for (int i = 0; i < s->n_lora; i++) {
+        float v = p->n_lora ? p->lora[i] : model_ctx_lora_scale(s->c, i);
+        if (!isfinite(v) || fabsf(v) > LORA_MAX_SCALE)
+            return err_setf(e, ERR_RANGE, "adapter %d's scale %g is not in [-%g, %g]", i,
+                            (double)v, (double)LORA_MAX_SCALE, (double)LORA_MAX_SCALE);
+        r->lora[i] = v;
+        r->lora_on |= v != 0.0f;
+    }
+    return 0;
 }
 
 /* images[0, n) checked against prompt and copied into r (pixels hashed). */
@@ -327,6 +363,10 @@ int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, co
         req_discard(r);
         return rc;
     }
+    if ((rc = take_lora(s, r, p, e)) < 0) {
+        req_discard(r);
+        return rc;
+    }
     memcpy(r->toks, prompt, (size_t)n_prompt * sizeof *prompt);
     for (int i = 0; i < n_prompt; i++) {
         sampler_accept(r->smp, prompt[i]);
@@ -419,6 +459,8 @@ static void admit(struct sched *s)
         if (q < 0)
             return;
         kv_seq_add(s->kv, q, NULL);
+        if (s->n_lora)
+            memcpy(s->lora + (size_t)q * s->n_lora, r->lora, (size_t)s->n_lora * sizeof *s->lora);
         int hit = s->prefix ? kv_prefix_attach(s->kv, q, r->key, r->n_toks - 1) : 0;
         for (int k = r->n_img - 1; k >= 0 && hit > 0; k--)
             if (r->img[k].pos < hit && hit < r->img[k].pos + image_rows(s)) {
@@ -713,6 +755,8 @@ int sched_step(struct sched *s, struct err *e)
         if (!preempt(s))
             break;
     }
+    s->b.lora = s->lora;   /* each running sequence's row of scales (admit) */
+    s->b.n_lora = s->n_lora;
     if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
         /* the sequences were rolled back; the running requests end with the error (a lone
          * request that outgrew the pool among them), waiting ones may still run */

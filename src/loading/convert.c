@@ -28,6 +28,7 @@
 #include "../core/st_write.h"
 #include "../core/threadpool.h"
 #include "config.h"
+#include "quant.h"
 
 /* bytes per streamed piece: large enough for sequential I/O, small next to any model */
 #define CK_CHUNK_BYTES   (8u << 20)
@@ -679,7 +680,7 @@ int ck_write(const char *path, const struct ck_tensor *t, size_t n, const struct
     c.progress = progress;
     c.pud = progress_ud;
     for (size_t i = 0; i < n; i++) {
-        if (t[i].quantize && !q)
+        if (t[i].quantize && !q && !t[i].has_qp)
             return err_setf(e, ERR_INTERNAL, "'%s' is marked for quantizing without parameters", t[i].name);
         if (t[i].quantize && (rc = quant_params_check(t[i].has_qp ? &t[i].qp : q, e)) < 0)
             return rc;
@@ -1039,6 +1040,98 @@ static int st_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, i
     return 0;
 }
 
+/* st_read for --fuse-lora: a tensor the caller merged is read from its F32 values (cast to dt
+ * and checked as st_read checks), the others as stored. */
+static int fused_read(void *ud, const void *handle, enum dtype dt, int64_t elem0, int64_t n,
+                      void *dst, struct err *e)
+{
+    const struct convert_opts *o = ud;
+    const struct st_tensor *t = handle;
+    const float *v = o->replace(o->replace_ud, t->name);
+    if (!v)
+        return st_read(NULL, handle, dt, elem0, n, dst, e);
+    struct st_tensor f32 = *t;
+    f32.dtype = DTYPE_F32;
+    f32.data = v;
+    return st_read(NULL, &f32, dt, elem0, n, dst, e);
+}
+
+/* One planned tensor read from source s (parts[0]). */
+static int plan_one(struct ck_tensor *t, const struct st_tensor *s, enum dtype dt, struct err *e)
+{
+    memset(t, 0, sizeof *t);
+    t->name = strdup(s->name);
+    t->parts = malloc(sizeof *t->parts);
+    if (!t->name || !t->parts)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    t->dtype = dt;
+    t->ndim = s->ndim;
+    memcpy(t->shape, s->shape, sizeof t->shape);
+    t->n_parts = 1;
+    t->parts[0] = s;
+    return 0;
+}
+
+/* --fuse-lora over an MLX-quantized source (mlx-lm's fuse: dequantize, add, requantize): every
+ * quantized weight the caller merged (o->replace) is planned as its logical [out, in] float
+ * matrix in its scales' dtype, quantized again with the parameters config.json gives its
+ * module, its old scales and biases dropped; a merged float weight (a module the source left
+ * float) is written in its dtype; every other tensor is copied as stored. */
+static int plan_fused_quantized(const struct st_set *set, const cJSON *cfg, const struct convert_opts *o,
+                                struct ck_tensor **out, size_t *n_out, struct err *e)
+{
+    struct qconfig qc;
+    size_t n = st_set_count(set), k = 0;
+    int rc;
+    if ((rc = qconfig_parse(&qc, cfg, e)) < 0)
+        return rc;
+    struct ck_tensor *t = calloc(n ? n : 1, sizeof *t);
+    if (!t) {
+        qconfig_free(&qc);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const struct st_tensor *s = st_set_at(set, i);
+        char module[CK_MAX_NAME + 16];
+        const char *dot = strrchr(s->name, '.');
+        snprintf(module, sizeof module, "%.*s", dot ? (int)(dot - s->name) : 0, s->name);
+        char wname[CK_MAX_NAME + 32];
+        snprintf(wname, sizeof wname, "%s.weight", module);
+        bool merged = o->replace(o->replace_ud, wname) != NULL;
+        if (merged && (ends_with(s->name, ".scales") || ends_with(s->name, ".biases")))
+            continue;  /* made again by the quantizer */
+        const struct st_tensor *sc = NULL;
+        if (!merged || !ends_with(s->name, ".weight") || dtype_is_float(s->dtype)) {
+            /* copied as stored; a merged float weight (a module left float) reads its merge */
+            rc = plan_one(&t[k++], s, s->dtype, e);
+            continue;
+        }
+        snprintf(wname, sizeof wname, "%s.scales", module);
+        struct qparams qp = qconfig_resolve(&qc, module);
+        if (s->dtype != DTYPE_U32 || s->ndim != 2 || qp.bits <= 0 || qp.mode != QMODE_AFFINE ||
+            !(sc = st_set_find(set, wname))) {
+            rc = err_setf(e, ERR_UNSUPPORTED, "--fuse-lora: '%s' is not an affine-quantized weight "
+                          "with its scales as config.json describes it", s->name);
+            break;
+        }
+        if ((rc = plan_one(&t[k], s, sc->dtype, e)) < 0)
+            break;
+        t[k].shape[1] = s->shape[1] * 32 / qp.bits;  /* the logical width */
+        t[k].quantize = true;
+        t[k].has_qp = true;
+        t[k].qp = (struct quant_params){.mode = qp.mode, .bits = qp.bits, .group = qp.group};
+        k++;
+    }
+    qconfig_free(&qc);
+    if (rc < 0) {
+        ck_tensors_free(t, k);
+        return rc;
+    }
+    *out = t;
+    *n_out = k;
+    return 0;
+}
+
 /* The files convert copies besides the weights: what Hugging Face and mlx-lm folders carry
  * for the tokenizer, generation and chat template, and the model card and licence texts. */
 static bool is_metadata_file(const char *name)
@@ -1094,8 +1187,10 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     snprintf(path, sizeof path, "%s/config.json", o->src);
     if ((rc = cfg_load_file(path, FILE_FOLDER, &cfg, e)) < 0)
         return rc;
-    if (cfg_has(cfg, "quantization") || cfg_has(cfg, "quantization_config")) {
-        rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported)", o->src);
+    bool quantized = cfg_has(cfg, "quantization") || cfg_has(cfg, "quantization_config");
+    if (quantized && (!o->replace || o->q || o->dtype >= 0)) {
+        rc = err_setf(e, ERR_UNSUPPORTED, "%s is already quantized (re-quantizing is not supported%s)",
+                      o->src, o->replace ? "; --fuse-lora keeps its quantization: drop -q and --dtype" : "");
         goto out;
     }
     /* the dtype mlx-lm casts to: the config's (a dtype that is none is refused) */
@@ -1119,9 +1214,14 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
         memcpy(in[i].shape, s->shape, sizeof in[i].shape);
     }
     struct ck_plan_opts po = {o->rules, st->dtype, o->q, o->drop, o->predicate, o->views};
-    if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0)
+    if (quantized) {
+        st->dtype = -1;
+        if ((rc = plan_fused_quantized(set, cfg, o, &t, &nt, e)) < 0)
+            goto out;
+    } else if ((rc = ck_plan(in, st->n_inputs, &po, &t, &nt, e)) < 0) {
         goto out;
-    struct ck_reader rd = {st_read, NULL};
+    }
+    struct ck_reader rd = {o->replace ? fused_read : st_read, (void *)o};
     struct metadata_copy mc = {o->src, 0};
     struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud, NULL};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);

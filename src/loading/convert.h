@@ -191,6 +191,10 @@ struct convert_opts {
     void *progress_ud;
     ck_quant_predicate_fn predicate;        /* the family's quant_predicate, or NULL */
     const struct ck_view_rule *views;       /* the family's convert_views, or NULL */
+    /* --fuse-lora: the merged F32 values [out * in] of source tensor name (W + s B A, the
+     * caller's, alive through the call), or NULL to read it as stored; NULL: none */
+    const float *(*replace)(void *ud, const char *name);
+    void *replace_ud;
 };
 
 struct convert_stats {

@@ -8,10 +8,15 @@
  * checkpoint has a fused qkv tensor or three separate ones; q/k norm, RoPE,
  * the KV store and attention then read those columns in place. The FFN
  * hidden b->h holds gate | up the same way.
+ *
+ * Adapters: after each product of a linear an adapter may target (q, k, v, qkv, o, gate, up,
+ * gate_up, down), lora_apply adds the chunk's active low-rank deltas into the same columns
+ * (b->lora; nothing when NULL). ADR 0103.
  */
 #include "blocks.h"
 
 #include <math.h>
+#include "lora.h"
 #include <string.h>
 
 /* ---- helpers ---- */
@@ -137,6 +142,7 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
     /* 1. projections into the q | k | v columns */
     if (tensor_is_present(&L->wqkv)) {
         op->linear(be, b->qkv, ld, xn, &L->wqkv, opt(&L->bqkv), n);
+        lora_apply(be, b->lora, b->qkv, ld, xn, L, &L->wqkv, n);
         if (cfg->out_gate)
             op->linear(be, b->rec, q_dim, xn, &L->wq_gate, NULL, n);
     } else {
@@ -147,6 +153,8 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
             {b->rec, q_dim, xn, &L->wq_gate, NULL, n},  /* Qwen3-Next's output gate */
         };
         op->linear_batch(be, jobs, cfg->out_gate ? 4 : 3);
+        for (int j = 0; j < 3; j++)
+            lora_apply(be, b->lora, jobs[j].y, ld, xn, L, jobs[j].w, n);
     }
     /* 2. q/k norm before RoPE (or, qk_norm_post_rope, after it: step 3): per head (Qwen3 RMS,
      *    Cohere LayerNorm with a weight per head), or over the whole q / k width before the
@@ -172,12 +180,15 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         op->mul(be, b->att, q_dim, b->att, q_dim, b->rec, q_dim, n, q_dim);
     }
     op->linear(be, o, cfg->n_embd, b->att, &L->wo, opt(&L->bo), n);
+    lora_apply(be, b->lora, o, cfg->n_embd, b->att, L, &L->wo, n);
 }
 
 /* ---- feed-forward ---- */
 
-/* down(act(gate(xn)) * up(xn)) from explicit weights (gate_up: fused, or NULL). */
-static void glu_w(struct backend *be, float *f, const float *xn, const struct tensor *gate,
+/* down(act(gate(xn)) * up(xn)) from explicit weights (gate_up: fused, or NULL) of layer L
+ * (whose adapters, if any, apply where the weights are its gate / up / down). */
+static void glu_w(struct backend *be, const struct layer *L, float *f, const float *xn,
+                  const struct tensor *gate,
                   const struct tensor *up, const struct tensor *gate_up, const struct tensor *down,
                   enum act_kind act, int n_ff, const struct ctx_bufs *b, int n)
 {
@@ -186,15 +197,19 @@ static void glu_w(struct backend *be, float *f, const float *xn, const struct te
     if (gate_up) {
         /* Phi-3 fused gate_up_proj: rows [0, n_ff) are the gate, [n_ff, 2 n_ff) the up */
         op->linear(be, b->h, 2 * n_ff, xn, gate_up, NULL, n);
+        lora_apply(be, b->lora, b->h, 2 * n_ff, xn, L, gate_up, n);
     } else {
         struct linear_job jobs[2] = {
             {b->h, 2 * n_ff, xn, gate, NULL, n},
             {b->h + n_ff, 2 * n_ff, xn, up, NULL, n},
         };
         op->linear_batch(be, jobs, 2);
+        lora_apply(be, b->lora, b->h, 2 * n_ff, xn, L, gate, n);
+        lora_apply(be, b->lora, b->h + n_ff, 2 * n_ff, xn, L, up, n);
     }
     op->glu(be, act, b->h1, n_ff, b->h, 2 * n_ff, n, n_ff);
     op->linear(be, f, n_embd, b->h1, down, NULL, n);
+    lora_apply(be, b->lora, f, n_embd, b->h1, L, down, n);
 }
 
 void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
@@ -204,7 +219,7 @@ void blk_glu(struct backend *be, float *f, const float *xn, const struct layer *
         blk_glu_bias(be, f, xn, L, act, n_ff, b, n);
         return;
     }
-    glu_w(be, f, xn, &L->gate, &L->up, opt(&L->gate_up), &L->down, act, n_ff, b, n);
+    glu_w(be, L, f, xn, &L->gate, &L->up, opt(&L->gate_up), &L->down, act, n_ff, b, n);
 }
 
 void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *L, enum act_kind act,
@@ -213,11 +228,13 @@ void blk_mlp(struct backend *be, float *f, const float *xn, const struct layer *
     const struct backend_ops *op = be->ops;
     int n_embd = (int)L->down.shape[0];
     op->linear(be, b->h, n_ff, xn, &L->up, opt(&L->up_b), n);
+    lora_apply(be, b->lora, b->h, n_ff, xn, L, &L->up, n);
     if (act == ACT_XIELU)
         op->xielu(be, b->h, n_ff, n, n_ff, &L->xielu);
     else
         op->act(be, act, b->h, n_ff, n, n_ff);
     op->linear(be, f, n_embd, b->h, &L->down, opt(&L->down_b), n);
+    lora_apply(be, b->lora, f, n_embd, b->h, L, &L->down, n);
 }
 
 /* ---- mixture of experts ---- */
@@ -274,7 +291,7 @@ void blk_shared_expert(struct backend *be, float *f, const float *xn, const stru
     const struct backend_ops *op = be->ops;
     int d = (int)L->shexp_down.shape[0];
     /* b->yg holds n_tok * k >= n rows of n_embd and is free once the experts are combined */
-    glu_w(be, b->yg, xn, &L->shexp_gate, &L->shexp_up, NULL, &L->shexp_down, act, n_ff, b, n);
+    glu_w(be, L, b->yg, xn, &L->shexp_gate, &L->shexp_up, NULL, &L->shexp_down, act, n_ff, b, n);
     if (plain) {
         op->axpy(be, f, d, 1.0f, b->yg, d, n, d);
         return;

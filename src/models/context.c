@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "lora.h"
 
 /* Prefill chunk: 512 tokens amortize each weight read over many rows, but the
  * activations of a chunk must stay small next to the weights (peak RSS is
@@ -192,6 +193,7 @@ void model_ctx_free(struct model_ctx *c)
             c->be->ops->graph_free(c->be, c->graphs[i].graph);
     if (c->arena)
         c->be->ops->buf_free(c->be, c->arena);
+    lora_run_free(c->lora, c->be);
     free(c->meta_host);
     free(c);
 }

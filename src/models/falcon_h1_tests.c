@@ -88,7 +88,7 @@ static int load_mlx(struct model **m, const char *patch, struct err *e)
     char *tmp = stest_tmpdir(), path[600];
     cJSON *cfg = NULL, *pj = patch ? cJSON_Parse(patch) : NULL;
     struct convert_opts o = {STEST_GOLDEN "falcon_h1", tmp, NULL, NULL, -1, NULL, NULL, NULL, NULL,
-                             views};
+                             views, NULL, NULL};
     struct convert_stats st;
     int rc;
     *m = NULL;

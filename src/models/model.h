@@ -120,6 +120,7 @@ struct generation_defaults {
 };
 
 struct prepared_view;
+struct lora_run;           /* lora.h */
 struct vision;             /* vision.h */
 struct model;
 struct model_ctx;
@@ -267,6 +268,8 @@ struct ctx_bufs {
     float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
     float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
+    const struct lora_run *lora; /* the chunk's active adapters (lora.h), or NULL: the base
+                                  * alone; set per chunk by model_forward */
     int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
                       * slot, state slot (the row's sequence id), then [B][2] the rows'
                       * bidirectional spans (kv_rows.span, chunks with images only) */
@@ -322,6 +325,8 @@ struct model_ctx {
     bool warned_nonfinite;           /* the one warning about them was logged */
     struct ctx_graph graphs[CTX_MAX_GRAPHS]; /* recorded decode steps, n_graphs of them */
     int n_graphs;
+    struct lora_run *lora;           /* adapters this context serves (model_ctx_set_lora), owned;
+                                      * NULL: none */
 };
 
 /* n_batch <= 0: the default (512 rows, fewer for wide models so the arena stays

@@ -231,7 +231,7 @@ int stest_load_stacked_without(struct model **m, const char *fixture, const char
     if ((rc = cfg_load_file(src, FILE_FOLDER, &cfg, e)) == 0 && (rc = registry_resolve(cfg, &ops, e)) == 0) {
         snprintf(src, sizeof src, STEST_GOLDEN "%s", fixture);
         struct ck_view_rule vbuf[CK_MAX_VIEWS];
-        struct convert_opts o = {src, tmp, ops->expert_stacking, NULL, -1, NULL, NULL, NULL, NULL, NULL};
+        struct convert_opts o = {src, tmp, ops->expert_stacking, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
         struct convert_stats st;
         if ((rc = model_convert_views(ops, cfg, vbuf, &o.views, e)) == 0 &&
             (rc = convert_checkpoint(&o, &st, e)) == 0 && drop) {

@@ -264,11 +264,6 @@ static int refuse_unsupported(const cJSON *in, struct oai_error *err)
     if (js && !cJSON_IsNull(js))
         return bad(err, "\"%s\" is not supported on this route: use /v1/chat/completions with response_format",
                    "json_schema");
-    const cJSON *lora = cJSON_GetObjectItemCaseSensitive(in, "lora");
-    if (lora && !cJSON_IsNull(lora) && !cJSON_IsArray(lora))
-        return bad(err, "\"%s\" must be an array of objects with 'id' and 'scale' fields", "lora");
-    if (cJSON_IsArray(lora) && lora->child)
-        return bad(err, "\"%s\": per-request LoRA adapters are not supported on this route", "lora");
     bool post = false;
     if (boolean(in, "post_sampling_probs", &post, err) < 0)
         return -1;
@@ -428,6 +423,7 @@ static int parse_options(const struct server *s, const struct server_model *m, c
     if (integer(in, "n_probs", 0, RUNNER_MAX_TOP, &probs, err) < 0 || boolean(in, "stream", &q->stream, err) < 0 ||
         boolean(in, "cache_prompt", &cache, err) < 0 || boolean(in, "return_tokens", &lo->return_tokens, err) < 0 ||
         boolean(in, "ignore_eos", &q->ignore_eos, err) < 0 || refuse_unsupported(in, err) < 0 ||
+        oai_parse_lora(q, in, err) < 0 ||
         parse_sampling(m, in, q, err) < 0 || parse_stop(in, q, err) < 0 || parse_bias(m, in, q, err) < 0)
         return -1;
     lo->n_predict = np > 1 << 30 ? 1 << 30 : (int)np;

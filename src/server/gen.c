@@ -721,6 +721,8 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         c->job.params = (struct gen_params){.n_predict = n_predict, .ignore_eos = g->q.ignore_eos, .sampling = sp,
                                             .spec = g->model->m.spec};
         c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
+        if (srv_lora_params(&g->model->m, &g->q, &c->job.params, err) < 0)
+            return -1;
         if (g->gram) {
             if (grammar_state_new(&c->gstate, g->gram, &e) < 0)
                 return oom(err);

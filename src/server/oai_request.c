@@ -850,7 +850,38 @@ static int parse_stream(struct oai_request *r, const cJSON *root, struct oai_err
                ? -1 : 0;
 }
 
-/* model, user, sampling, seed, stop, n, logit_bias, stream. */
+/* llama-server's "lora": [{"id": int, "scale": number}], at most OAI_MAX_LORA entries. */
+int oai_parse_lora(struct oai_request *r, const cJSON *root, struct oai_error *err)
+{
+    const cJSON *v = member(root, "lora"), *it;
+    if (!v)
+        return 0;
+    if (!cJSON_IsArray(v))
+        return type_error(err, "lora", "an array of {\"id\", \"scale\"} objects");
+    if (count_children(v, OAI_MAX_LORA + 1) > OAI_MAX_LORA)
+        return bad(err, "lora", "'lora' holds more than %d entries", OAI_MAX_LORA);
+    r->has_lora = true;
+    cJSON_ArrayForEach(it, v) {
+        char where[32], wid[40], wscale[40];
+        snprintf(where, sizeof where, "lora[%d]", r->n_lora);
+        snprintf(wid, sizeof wid, "%s.id", where);
+        snprintf(wscale, sizeof wscale, "%s.scale", where);
+        if (!cJSON_IsObject(it))
+            return type_error(err, "lora", "an array of {\"id\", \"scale\"} objects");
+        int id = -1;
+        float scale = 0.0f;
+        if (read_int(err, member(it, "id"), wid, 0, OAI_MAX_LORA - 1, &id) < 0 ||
+            read_float(err, member(it, "scale"), wscale, -1e4, 1e4, false, &scale) < 0)
+            return -1;
+        if (id < 0)
+            return bad(err, "lora", "'%s' has no \"id\"", where);
+        r->lora[r->n_lora].id = id;
+        r->lora[r->n_lora++].scale = scale;
+    }
+    return 0;
+}
+
+/* model, user, sampling, seed, stop, n, logit_bias, stream, lora. */
 static int parse_common(struct oai_request *r, const cJSON *root, int n_vocab, struct oai_error *err)
 {
     const cJSON *v = member(root, "model");
@@ -892,7 +923,8 @@ static int parse_common(struct oai_request *r, const cJSON *root, int n_vocab, s
         return rc;
     r->has_seed = rc;
     if (read_int(err, member(root, "n"), "n", 1, OAI_MAX_N, &r->n) < 0 || parse_stop(r, root, err) < 0 ||
-        parse_logit_bias(r, root, n_vocab, err) < 0 || parse_stream(r, root, err) < 0)
+        parse_logit_bias(r, root, n_vocab, err) < 0 || parse_stream(r, root, err) < 0 ||
+        oai_parse_lora(r, root, err) < 0)
         return -1;
     return 0;
 }

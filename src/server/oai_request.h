@@ -32,6 +32,7 @@ extern "C" {
 #define OAI_MAX_LOGPROBS      5         /* alternatives per token (completions' logprobs) */
 #define OAI_MAX_BIAS          1024      /* logit_bias entries */
 #define OAI_MAX_PROMPT_IDS    (1 << 20) /* ids in a token-id prompt */
+#define OAI_MAX_LORA          32        /* entries of "lora" (= LORA_MAX_ADAPTERS) */
 #define OAI_MAX_TOKENS_VALUE  (1 << 30) /* largest max_tokens accepted (the context decides further) */
 #define OAI_MAX_IMAGES        16        /* image parts in one request */
 #define OAI_MAX_IMAGE_BYTES   (20u << 20)  /* one image's decoded bytes (OpenAI's limit; the body's
@@ -151,6 +152,15 @@ struct oai_request {
      * format taking i; static, not owned); NULL: chat's "tools[%d].function.parameters" */
     const char *tools_where;
     bool anthropic;               /* came through /v1/messages: tool_use ids are "toolu_..." */
+    /* llama-server's per-request "lora": [{"id", "scale"}]; has_lora: given (the adapters it
+     * does not name run at 0), else the server's global scales. Ids are checked against the
+     * served adapters by the server (gen.c). */
+    struct {
+        int id;
+        float scale;
+    } lora[OAI_MAX_LORA];
+    int n_lora;
+    bool has_lora;
 };
 
 void oai_request_init(struct oai_request *r);
@@ -172,6 +182,11 @@ int oai_request_from_object(struct oai_request *r, enum oai_endpoint ep, const c
 /* Parse a body as one JSON object (valid UTF-8, at most OAI_MAX_JSON_DEPTH deep, no trailing
  * bytes) for the other endpoints (/tokenize, ...). NULL with *err (400) on failure. */
 cJSON *oai_parse_object(const char *body, size_t len, struct oai_error *err);
+
+/* root's "lora" (llama-server's [{"id", "scale"}]) into r->lora / n_lora / has_lora (absent: 0,
+ * nothing set); 0, or -1 with *err (400) for a bad shape, id or scale. The chat, completions and
+ * llama-server routes share it. */
+int oai_parse_lora(struct oai_request *r, const cJSON *root, struct oai_error *err);
 
 #ifdef __cplusplus
 }

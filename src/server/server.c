@@ -430,6 +430,7 @@ enum route {
     R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
     R_ROUTER_MODELS, R_ROUTER_LOAD, R_ROUTER_UNLOAD,  /* llama-server's router mode (api_router.c) */
     R_LLAMA_COMPLETION, R_LLAMA_INFILL, R_LLAMA_PROPS, R_LLAMA_SLOTS,
+    R_LORA,
 };
 
 struct route_entry {
@@ -466,6 +467,7 @@ static const struct route_entry k_routes[] = {
     {"/infill", true, R_LLAMA_INFILL, llama_error_json},
     {"/props", false, R_LLAMA_PROPS, llama_error_json},
     {"/slots", false, R_LLAMA_SLOTS, llama_error_json},
+    {"/lora-adapters", false, R_LORA, NULL},  /* GET, and POST (route_post) */
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -475,6 +477,12 @@ static char *(*route_error_json(const char *path))(const struct oai_error *)
         if (strcmp(path, k_routes[i].path) == 0)
             return k_routes[i].error_json;
     return NULL;
+}
+
+/* Whether a POST to route rt is its POST form: /lora-adapters answers both methods. */
+static bool route_post(enum route rt, bool post, const char *method)
+{
+    return post || (rt == R_LORA && strcmp(method, "POST") == 0);
 }
 
 /* The route of path, and whether it is a POST endpoint (*post). */
@@ -519,6 +527,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     char auth[256];
     const char *url = target_path(target, auth, sizeof auth);
     enum route rt = find_route(url, &post);
+    post = route_post(rt, post, method);
     bool is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool is_post = strcmp(method, "POST") == 0;
     if (rt != R_HEALTH && rt != R_PAGE && rt != R_FAVICON && !authorized(s, c)) {
@@ -557,10 +566,10 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     bool gen_route = rt == R_CHAT || rt == R_COMPLETIONS || rt == R_RESPONSES || rt == R_MESSAGES ||
                      rt == R_COUNT_TOKENS || rt == R_TEMPLATE || rt == R_LLAMA_COMPLETION || rt == R_LLAMA_INFILL;
     /* the model answering: the server's one, or in router mode the one the body's "model" names
-     * (loaded, referenced until the request completes); /props and /slots name it in the query
-     * (?model=NAME), as llama-server's router does */
+     * (loaded, referenced until the request completes); /props, /slots and /lora-adapters name
+     * it in the query (?model=NAME), as llama-server's router does */
     bool model_route = gen_route || rt == R_EMBEDDINGS || rt == R_RERANK || rt == R_TOKENIZE || rt == R_DETOKENIZE;
-    bool query_model = rt == R_LLAMA_PROPS || rt == R_LLAMA_SLOTS;
+    bool query_model = rt == R_LLAMA_PROPS || rt == R_LLAMA_SLOTS || rt == R_LORA;
     if (!s->router) {
         r->model = &s->single;
     } else if (query_model) {
@@ -606,6 +615,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_TEMPLATE: return ep_apply_template(s, c, r);
     case R_PAGE: return ep_page(c, r);
     case R_FAVICON: return ep_favicon(c, r);
+    case R_LORA: return srv_lora_adapters(s, c, r, post);
     case R_MESSAGES: return srv_anthropic_messages(s, c, r);
     case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
     case R_LLAMA_COMPLETION: return srv_llama_completion(s, c, r);
@@ -657,6 +667,7 @@ static enum MHD_Result begin_request(struct server *s, struct MHD_Connection *c,
         return MHD_NO;  /* the watchdog answered 408 first */
     bool post = false;
     enum route rt = find_route(url, &post);
+    post = route_post(rt, post, method);
     enum srv_route_kind kind = rt == R_NONE ? ROUTE_KIND_NONE : post ? ROUTE_KIND_POST : ROUTE_KIND_GET;
     bool health = rt == R_HEALTH && (strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0);
     struct oai_error err;

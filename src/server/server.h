@@ -78,6 +78,11 @@ struct server_model {
     /* an encoder (embeddings, reranking) instead of a generating model: runner, tmpl and
      * gvocab are NULL, tok may be (token-id inputs only); borrowed */
     struct embedder *embedder;
+    /* LoRA adapters (ADR 0103; api_lora.c): the context serving them (its global scales are
+     * GET / POST /lora-adapters'), their paths in id order; n_lora 0: none */
+    struct model_ctx *lora_ctx;
+    const char *const *lora_paths;
+    int n_lora;
 };
 
 struct embedder;

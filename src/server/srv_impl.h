@@ -122,6 +122,16 @@ enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connecti
 /* POST /v1/embeddings and /v1/rerank, /rerank for an encoder (api_embed.c). */
 enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struct srv_req *r);
 enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct srv_req *r);
+/* GET and POST /lora-adapters, llama-server's (api_lora.c): the list [{id, path, scale}] of
+ * the served adapters with their global scales; POST [{id, scale}] sets them (the adapters it
+ * does not name to 0). */
+enum MHD_Result srv_lora_adapters(struct server *s, struct MHD_Connection *c, struct srv_req *r,
+                                  bool post);
+struct gen_params;
+/* A request's "lora" into p (nothing when it has none: the global scales apply); -1 with *err
+ * (400, "invalid adapter id") for an id the server does not serve. */
+int srv_lora_params(const struct server_model *m, const struct oai_request *q, struct gen_params *p,
+                    struct oai_error *err);
 /* Called when the request ends (access log time): a stream's generation is torn down. */
 void srv_generate_end(struct server *s, struct srv_req *r);
 

@@ -5,7 +5,7 @@
 #   - a directory of more entries than the scan reads is refused, not walked;
 #   - --memory-budget takes a byte count with K/M/G/T, nothing else;
 #   - --models-preset outside router mode, a preset naming no model or a bad value (file and
-#     line), --model-draft and --served-model-name in router mode, two models of one name;
+#     line), --model-draft, --served-model-name and --lora in router mode, two models of one name;
 #   - serve --help lists every router flag.
 # Usage (from the repo root): sh tests/cli/router_flags.sh path/to/mlxcel
 BIN=${1:?usage: router_flags.sh path/to/mlxcel}
@@ -54,6 +54,9 @@ expect_rc 2 "--model-draft in router mode"
 err_has "--model-draft in router mode" "router mode"
 run "$BIN" serve --port 0 -m $A -m $B --served-model-name x
 expect_rc 2 "--served-model-name in router mode"
+run "$BIN" serve --port 0 -m $A -m $B --lora "$T/nonexistent-adapter"
+expect_rc 2 "--lora in router mode"
+err_has "--lora in router mode" "router mode serves several"
 run "$BIN" serve --port 0 -m $A -m llama-tiny=$B
 expect_rc 1 "two models of one name"
 err_has "two models of one name" "two models are named 'llama-tiny'"
