@@ -62,6 +62,7 @@
     X(multimodal) \
     X(embed)      \
     X(vision)     \
+    X(qwen_vl)    \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -45,7 +45,8 @@ int batch_init(struct batch *b, int cap, struct err *e)
     b->pos = malloc((size_t)cap * sizeof *b->pos);
     b->seq = malloc((size_t)cap * sizeof *b->seq);
     b->logits = malloc((size_t)cap * sizeof *b->logits);
-    if (!b->ids || !b->pos || !b->seq || !b->logits) {
+    b->rope = malloc((size_t)cap * 3 * sizeof *b->rope);
+    if (!b->ids || !b->pos || !b->seq || !b->logits || !b->rope) {
         batch_free(b);
         return err_setf(e, ERR_NOMEM, "batch: out of memory");
     }
@@ -59,6 +60,7 @@ void batch_free(struct batch *b)
     free(b->pos);
     free(b->seq);
     free(b->logits);
+    free(b->rope);
     memset(b, 0, sizeof *b);
 }
 
@@ -78,6 +80,18 @@ int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits
     b->pos[i] = pos;
     b->seq[i] = seq;
     b->logits[i] = logits;
+    b->rope[3 * i] = b->rope[3 * i + 1] = b->rope[3 * i + 2] = pos;
+    return 0;
+}
+
+int batch_rope_set(struct batch *b, int row, int n, const int32_t *p3, int32_t delta, struct err *e)
+{
+    if (row < 0 || n < 0 || n > b->n_tok - row)
+        return err_setf(e, ERR_RANGE, "rope positions for rows [%d, %d) of a batch of %d", row, row + n,
+                        b->n_tok);
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < 3; s++)
+            b->rope[3 * (row + i) + s] = p3 ? p3[3 * i + s] : b->pos[row + i] + delta;
     return 0;
 }
 
@@ -228,6 +242,12 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
         state[i] = s;
         if (b->logits[r])
             out[n_out++] = i;
+    }
+    if (hparams_has_mrope(&c->m->hp)) {
+        int32_t *mp = c->meta_host + CTX_META_MROPE * B;
+        for (int r = r0; r < r1; r++)
+            for (int s = 0; s < 3; s++)
+                mp[s * B + r - r0] = b->rope[3 * r + s];
     }
     c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)CTX_META_ROWS * B * sizeof(int32_t));
     return n_out;
@@ -390,7 +410,9 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         rows.span = rows_swa.span = spans ? meta + 8 * B : NULL;
         struct fwd_chunk ch = {.n_tok = r1 - r0, .n_out = n_out, .ids = meta,
                                .out_rows = meta + 5 * B, .rows = &rows, .rows_swa = &rows_swa,
-                               .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img};
+                               .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img,
+                               .mpos = hparams_has_mrope(&m->hp) ? meta + CTX_META_MROPE * B : NULL,
+                               .mpos_ld = B};
         if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)

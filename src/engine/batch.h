@@ -39,6 +39,10 @@ struct batch {
     int32_t *pos;     /* [cap] positions */
     int32_t *seq;     /* [cap] sequence ids */
     bool *logits;     /* [cap] whether the row's logits are wanted */
+    int32_t *rope;    /* [cap][3] rope positions (temporal, height, width) for M-RoPE models
+                       * (ADR 0094): batch_add writes (pos, pos, pos); batch_rope_set the
+                       * positions of an image prompt's rows or a shifted text row; other
+                       * models read pos alone */
     const struct batch_image *img;  /* [n_img] images among the rows, borrowed; NULL: none */
     int n_img;
 };
@@ -53,6 +57,11 @@ int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits
 /* Append n rows of seq at positions pos0.. (logits for the last one only when last). */
 int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int32_t seq, bool last,
                   struct err *e);
+
+/* Rope positions of rows [row, row + n): p3[3 i + s] (stream s of the i-th row), or, p3 NULL,
+ * each row's pos + delta in all three (text after an image: ADR 0094). -ERR_RANGE outside
+ * the rows added. */
+int batch_rope_set(struct batch *b, int row, int n, const int32_t *p3, int32_t delta, struct err *e);
 
 /* Run every row of b through the model, appending each row's K/V to its sequence
  * in kv, and write the logits of the flagged rows, in row order, to

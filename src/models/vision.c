@@ -128,3 +128,39 @@ int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_
     }
     return 0;
 }
+
+int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, int n, int32_t image_token_id,
+                           const int32_t *grid, int n_img, struct err *e)
+{
+    int64_t cur = 0;
+    int k = 0;
+    for (int i = 0; i < n;) {
+        if (ids[i] != image_token_id) {
+            pos3[3 * i] = pos3[3 * i + 1] = pos3[3 * i + 2] = (int32_t)cur++;
+            i++;
+            continue;
+        }
+        if (k >= n_img)
+            return err_setf(e, ERR_ARG, "image token at %d past the %d image%s", i, n_img, n_img == 1 ? "" : "s");
+        int gh = grid[2 * k], gw = grid[2 * k + 1];
+        if (gh < 1 || gw < 1 || (int64_t)gh * gw > n - i)
+            return err_setf(e, ERR_ARG, "image %d: a %d x %d grid of tokens does not fit the prompt at %d", k + 1,
+                            gh, gw, i);
+        for (int r = 0; r < gh * gw; r++) {
+            if (ids[i + r] != image_token_id)
+                return err_setf(e, ERR_ARG, "image %d: %d image tokens at %d where its grid takes %d", k + 1,
+                                r, i, gh * gw);
+            pos3[3 * (i + r)] = (int32_t)cur;
+            pos3[3 * (i + r) + 1] = (int32_t)(cur + r / gw);
+            pos3[3 * (i + r) + 2] = (int32_t)(cur + r % gw);
+        }
+        cur += gh > gw ? gh : gw;
+        i += gh * gw;
+        k++;
+    }
+    if (k != n_img)
+        return err_setf(e, ERR_ARG, "%d image%s but the prompt has image tokens for %d", n_img,
+                        n_img == 1 ? "" : "s", k);
+    *delta = (int32_t)(cur - n);
+    return 0;
+}

@@ -96,6 +96,16 @@ void vision_ctx_free(struct vision_ctx *vc);
  * the backend (its error is returned). -ERR_ARG for a model without vision. */
 int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e);
 
+/* M-RoPE positions of a prompt (ADR 0094), as transformers' get_rope_index computes them for
+ * images: a text row at rope position p takes (p, p, p) and the next p + 1; image k's run of
+ * grid[2k] x grid[2k+1] image tokens (its merged rows and columns; the prompt's k-th run of
+ * image_token_id), starting at p, takes (p, p + r, p + c) row-major, and the text after it
+ * p + max(rows, columns). pos3 [n][3]; *delta = the next rope position minus n (what a later
+ * text row adds to its position). ERR_ARG when the image tokens are not exactly the images'
+ * runs in order. */
+int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, int n, int32_t image_token_id,
+                           const int32_t *grid, int n_img, struct err *e);
+
 /* Bytes of one image's pixel_values, and of its rows of embeddings. */
 size_t vision_pixel_bytes(const struct vision *v);
 size_t vision_embd_bytes(const struct model *m);

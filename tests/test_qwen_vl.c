@@ -1,0 +1,299 @@
+/*
+ * qwen_vl: Qwen2-VL / Qwen2.5-VL's M-RoPE (ADR 0094) and towers.
+ *   positions     vision_mrope_positions against get_rope_index's rule on a hand example (text,
+ *                 an image of 2 x 3 merged tokens, text; two images), and its refusals
+ *   text          the qwen2 golden checkpoint relabelled qwen2_vl_text (mrope_section [2, 3, 3]):
+ *                 a text prompt's logits equal qwen2's bit for bit (three equal positions are plain
+ *                 rope), and 3-D positions change them
+ *   batched       an image-shaped prompt (3-D positions on a run of rows) prefilled at once, in
+ *                 chunks of 8 rows, and interleaved with a text sequence in the same steps, then
+ *                 decoded from max position + 1: every way gives the same logits
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "core/fileio.h"
+#include "engine/batch.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "models/vision.h"
+#include "test.h"
+
+// ---- positions ----
+
+static void mrope_positions_rule(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    enum { I = 9 };
+    /* t t [vision_start] I x 6 (2 x 3) [vision_end] t */
+    const int32_t ids[] = {1, 2, 3, I, I, I, I, I, I, 4, 5};
+    const int32_t grid[] = {2, 3};
+    const int32_t want[][3] = {{0, 0, 0}, {1, 1, 1}, {2, 2, 2}, {3, 3, 3}, {3, 3, 4}, {3, 3, 5},
+                               {3, 4, 3}, {3, 4, 4}, {3, 4, 5}, {6, 6, 6}, {7, 7, 7}};
+    int32_t pos[11][3], delta = -1;
+    assert_int_equal(vision_mrope_positions(&pos[0][0], &delta, ids, 11, I, grid, 1, &e), 0);
+    assert_memory_equal(pos, want, sizeof want);
+    assert_int_equal(delta, 8 - 11);   /* the next row (position 11) turns at 8 */
+    /* two images back to back, the second taller than wide: each advances by its longer side */
+    const int32_t ids2[] = {1, I, I, I, I, I, I, 2};
+    const int32_t grid2[] = {1, 2, 2, 2};
+    const int32_t want2[][3] = {{0, 0, 0}, {1, 1, 1}, {1, 1, 2}, {3, 3, 3}, {3, 3, 4}, {3, 4, 3}, {3, 4, 4},
+                                {5, 5, 5}};
+    int32_t pos2[8][3];
+    assert_int_equal(vision_mrope_positions(&pos2[0][0], &delta, ids2, 8, I, grid2, 2, &e), 0);
+    assert_memory_equal(pos2, want2, sizeof want2);
+    assert_int_equal(delta, 6 - 8);
+    /* text only: plain positions, no shift */
+    assert_int_equal(vision_mrope_positions(&pos2[0][0], &delta, ids, 3, I, NULL, 0, &e), 0);
+    assert_int_equal(pos2[2][1], 2);
+    assert_int_equal(delta, 0);
+    /* refusals: a run shorter than its grid, image tokens with no image, an image with none */
+    assert_int_equal(vision_mrope_positions(&pos[0][0], &delta, ids, 8, I, grid, 1, &e), -ERR_ARG);
+    assert_int_equal(vision_mrope_positions(&pos[0][0], &delta, ids, 11, I, grid, 0, &e), -ERR_ARG);
+    assert_int_equal(vision_mrope_positions(&pos[0][0], &delta, ids, 3, I, grid, 1, &e), -ERR_ARG);
+    const int32_t grid_short[] = {1, 4};   /* 4 tokens, then two more image tokens: a second run */
+    assert_int_equal(vision_mrope_positions(&pos[0][0], &delta, ids, 11, I, grid_short, 1, &e), -ERR_ARG);
+}
+
+// ---- the qwen2 golden as qwen2_vl_text ----
+
+/* dst: tests/fixtures/golden/qwen2 with model_type qwen2_vl_text and mrope_section [2, 3, 3]
+ * (its head_dim is 16), the weights copied. */
+static void make_mrope_model(char *dst)
+{
+    const char *src = golden_case_dir("qwen2");
+    char path[700], link[700];
+    char *txt = NULL;
+    size_t n = 0;
+    struct err e = {0};
+    assert_non_null(mkdtemp(dst));
+    snprintf(path, sizeof path, "%s/config.json", src);
+    if (file_read_all(path, 1 << 20, &txt, &n, &e) < 0)
+        fail_msg("%s", e.msg);
+    cJSON *c = cJSON_Parse(txt);
+    free(txt);
+    assert_non_null(c);
+    cJSON_ReplaceItemInObject(c, "model_type", cJSON_CreateString("qwen2_vl_text"));
+    cJSON *rs = cJSON_CreateObject();
+    cJSON_AddStringToObject(rs, "type", "mrope");
+    const int sec[3] = {2, 3, 3};
+    cJSON_AddItemToObject(rs, "mrope_section", cJSON_CreateIntArray(sec, 3));
+    cJSON_DeleteItemFromObject(c, "rope_scaling");
+    cJSON_AddItemToObject(c, "rope_scaling", rs);
+    char *out = cJSON_Print(c);
+    cJSON_Delete(c);
+    snprintf(path, sizeof path, "%s/config.json", dst);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(out, f);
+    fclose(f);
+    free(out);
+    /* the weights copied (the loader refuses a link out of the folder) */
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    snprintf(link, sizeof link, "%s/model.safetensors", dst);
+    if (file_read_all(path, 1 << 26, &txt, &n, &e) < 0)
+        fail_msg("%s", e.msg);
+    f = fopen(link, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(txt, 1, n, f), n);
+    fclose(f);
+    free(txt);
+}
+
+static void rm_mrope_model(const char *dir)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* All rows' logits of ids as a fresh sequence 0 of g, rope positions p3 (NULL: plain). */
+static float *prefill_all(struct test_eng *g, const int32_t *ids, int n, const int32_t *p3)
+{
+    struct err e = {0};
+    int V = g->m->hp.n_vocab;
+    float *l = malloc((size_t)n * V * sizeof *l);
+    assert_non_null(l);
+    kv_seq_remove(g->kv, 0);
+    assert_int_equal(kv_seq_add(g->kv, 0, &e), 0);
+    batch_clear(g->b);
+    assert_int_equal(batch_add_seq(g->b, ids, n, 0, 0, false, &e), 0);
+    for (int i = 0; i < n; i++)
+        g->b->logits[i] = true;
+    if (p3)
+        assert_int_equal(batch_rope_set(g->b, 0, n, p3, 0, &e), 0);
+    if (model_forward(g->c, g->b, g->kv, l, &e) < 0)
+        fail_msg("%s", e.msg);
+    return l;
+}
+
+static void mrope_text_equals_rope(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-qvl-XXXXXX";
+    struct st_set *gs = NULL;
+    struct tensor ids;
+    struct test_eng a, b;
+    make_mrope_model(dir);
+    golden_case_input_ids("qwen2", &gs, &ids);
+    int n = (int)ids.shape[0];
+    test_eng_open(&a, golden_case_dir("qwen2"), NULL, 0, 256, 2, 16);
+    test_eng_open(&b, dir, a.be, 0, 256, 2, 16);
+    assert_true(hparams_has_mrope(&b.m->hp));
+    int V = a.m->hp.n_vocab;
+    float *la = prefill_all(&a, ids.data, n, NULL), *lb = prefill_all(&b, ids.data, n, NULL);
+    /* three equal positions turn each frequency once, by the same angle: the same floats */
+    assert_memory_equal(la, lb, (size_t)n * V * sizeof *la);
+    /* 3-D positions do turn it differently (rows 2..7 as a 2 x 3 image) */
+    int32_t *p3 = malloc((size_t)n * 3 * sizeof *p3), *im = malloc((size_t)n * sizeof *im), delta;
+    struct err e = {0};
+    assert_true(p3 && im && n > 9);
+    for (int i = 0; i < n; i++)
+        im[i] = i >= 2 && i < 8 ? -7 : 1;
+    const int32_t grid[] = {2, 3};
+    assert_int_equal(vision_mrope_positions(p3, &delta, im, n, -7, grid, 1, &e), 0);
+    float *lc = prefill_all(&b, ids.data, n, p3);
+    assert_memory_equal(la, lc, (size_t)3 * V * sizeof *la);   /* rows before the image: as before */
+    assert_true(test_row_rel_err(lc + (size_t)(n - 1) * V, la + (size_t)(n - 1) * V, V) > 1e-4);
+    printf("qwen_vl text: qwen2_vl_text equals qwen2 bit for bit on %d rows; 3-D positions move the last "
+           "row by %.2e\n", n, test_row_rel_err(lc + (size_t)(n - 1) * V, la + (size_t)(n - 1) * V, V));
+    free(la);
+    free(lb);
+    free(lc);
+    free(p3);
+    free(im);
+    test_eng_close(&b);
+    test_eng_close(&a);
+    st_set_free(gs);
+    rm_mrope_model(dir);
+}
+
+// ---- batched and chunked prefill ----
+
+#define QVL_L 30
+#define QVL_DEC 4
+#define QVL_IMG_AT 6
+#define QVL_GH 3
+#define QVL_GW 4
+
+/* The image-shaped prompt: ids (the image's rows hold id 5), its 3-D positions and delta. */
+static void image_prompt(int32_t *ids, int32_t *p3, int32_t *delta, int V)
+{
+    struct err e = {0};
+    int32_t mark[QVL_L];
+    for (int i = 0; i < QVL_L; i++) {
+        bool img = i >= QVL_IMG_AT && i < QVL_IMG_AT + QVL_GH * QVL_GW;
+        ids[i] = img ? 5 : (int32_t)((i * 37 + 11) % V);
+        mark[i] = img ? -1 : 0;
+    }
+    const int32_t grid[] = {QVL_GH, QVL_GW};
+    assert_int_equal(vision_mrope_positions(p3, delta, mark, QVL_L, -1, grid, 1, &e), 0);
+}
+
+/* Prefill of the prompt as seq 0 (with text_seq: a text sequence 1 of the same ids
+ * interleaved row by row, plain positions) then QVL_DEC greedy steps of both; the logits of
+ * seq 0's last prompt row and its steps into out [(1 + QVL_DEC), V], seq 1's into out1. */
+static void run_prompt(struct test_eng *g, bool text_seq, float *out, float *out1)
+{
+    struct err e = {0};
+    int V = g->m->hp.n_vocab;
+    int32_t ids[QVL_L], p3[QVL_L * 3], delta;
+    image_prompt(ids, p3, &delta, V);
+    float *l = malloc((size_t)2 * QVL_L * V * sizeof *l);
+    assert_non_null(l);
+    for (int s = 0; s < 2; s++) {
+        kv_seq_remove(g->kv, s);
+        assert_int_equal(kv_seq_add(g->kv, s, &e), 0);
+    }
+    batch_clear(g->b);
+    for (int i = 0; i < QVL_L; i++) {
+        assert_int_equal(batch_add(g->b, ids[i], i, 0, i == QVL_L - 1, &e), 0);
+        assert_int_equal(batch_rope_set(g->b, g->b->n_tok - 1, 1, p3 + 3 * i, 0, &e), 0);
+        if (text_seq)
+            assert_int_equal(batch_add(g->b, ids[QVL_L - 1 - i], i, 1, i == QVL_L - 1, &e), 0);
+    }
+    if (model_forward(g->c, g->b, g->kv, l, &e) < 0)
+        fail_msg("%s", e.msg);
+    memcpy(out, l, (size_t)V * sizeof *l);
+    if (text_seq)
+        memcpy(out1, l + V, (size_t)V * sizeof *l);
+    for (int t = 0; t < QVL_DEC; t++) {
+        batch_clear(g->b);
+        int next = test_argmax(out + (size_t)t * V, V);
+        assert_int_equal(batch_add(g->b, next, QVL_L + t, 0, true, &e), 0);
+        /* decode rows continue from max position + 1: pos + delta */
+        assert_int_equal(batch_rope_set(g->b, 0, 1, NULL, delta, &e), 0);
+        if (text_seq)
+            assert_int_equal(batch_add(g->b, test_argmax(out1 + (size_t)t * V, V), QVL_L + t, 1, true, &e), 0);
+        if (model_forward(g->c, g->b, g->kv, l, &e) < 0)
+            fail_msg("%s", e.msg);
+        memcpy(out + (size_t)(t + 1) * V, l, (size_t)V * sizeof *l);
+        if (text_seq)
+            memcpy(out1 + (size_t)(t + 1) * V, l + V, (size_t)V * sizeof *l);
+    }
+    free(l);
+}
+
+static void mrope_batched_chunked(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-qvl-XXXXXX";
+    make_mrope_model(dir);
+    struct test_eng one, chunked;
+    test_eng_open(&one, dir, NULL, 0, 512, 2, 16);
+    test_eng_open(&chunked, dir, one.be, 8, 512, 2, 16);
+    int V = one.m->hp.n_vocab, R = 1 + QVL_DEC;
+    float *a = malloc((size_t)R * V * sizeof *a), *b = malloc((size_t)R * V * sizeof *b);
+    float *c = malloc((size_t)R * V * sizeof *c), *t1 = malloc((size_t)R * V * sizeof *t1);
+    float *t0 = malloc((size_t)R * V * sizeof *t0);
+    assert_true(a && b && c && t0 && t1);
+    run_prompt(&one, false, a, NULL);
+    run_prompt(&chunked, false, b, NULL);
+    run_prompt(&one, true, c, t1);
+    double tol = backend_is_cpu(one.be) ? 1e-5 : 5e-4, worst = 0;
+    for (int r = 0; r < R; r++) {
+        double db = test_row_rel_err(b + (size_t)r * V, a + (size_t)r * V, V);
+        double dc = test_row_rel_err(c + (size_t)r * V, a + (size_t)r * V, V);
+        worst = fmax(worst, fmax(db, dc));
+        if (db > tol || dc > tol)
+            fail_msg("row %d: chunked %.3g, batched %.3g from one-shot (> %.0e)", r, db, dc, tol);
+    }
+    /* the text sequence of the same batches equals itself alone (plain positions) */
+    int32_t ids[QVL_L], p3[QVL_L * 3], delta;
+    image_prompt(ids, p3, &delta, V);
+    int32_t rev[QVL_L];
+    for (int i = 0; i < QVL_L; i++)
+        rev[i] = ids[QVL_L - 1 - i];
+    float *alone = prefill_all(&one, rev, QVL_L, NULL);
+    double dt = test_row_rel_err(t1, alone + (size_t)(QVL_L - 1) * V, V);
+    assert_true(dt <= tol);
+    printf("qwen_vl batched: chunks of 8 and a text neighbour within %.2e of one-shot (%d rows, %d steps)\n",
+           fmax(worst, dt), QVL_L, QVL_DEC);
+    free(alone);
+    free(a);
+    free(b);
+    free(c);
+    free(t0);
+    free(t1);
+    test_eng_close(&chunked);
+    test_eng_close(&one);
+    rm_mrope_model(dir);
+}
+
+static const struct CMUnitTest tests[] = {
+    cmocka_unit_test(mrope_positions_rule),
+    cmocka_unit_test(mrope_text_equals_rope),
+    cmocka_unit_test(mrope_batched_chunked),
+};
+
+TEST_SUITE(qwen_vl, tests);
