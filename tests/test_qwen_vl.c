@@ -8,6 +8,16 @@
  *   batched       an image-shaped prompt (3-D positions on a run of rows) prefilled at once, in
  *                 chunks of 8 rows, and interleaved with a text sequence in the same steps, then
  *                 decoded from max position + 1: every way gives the same logits
+ * Then one test per Qwen image golden case (tests/fixtures/gen/gen_qwen_vl.py: golden.json
+ * "model_type" qwen2_vl / qwen2_5_vl), qwen_vl_<case>:
+ *   positions     vision_mrope_positions of the prompt equal transformers' position_ids
+ *   tower         each image's patches through the ViT and merger against vision_hidden and
+ *                 image_features
+ *   prompt        prefill with the image rows in place of the <|image_pad|> tokens, every row
+ *                 within 1e-3 x max|logit|, then greedy decoding: the reference ids and logits
+ *   text          the prompt without its images against transformers' text-only logits
+ *   batched       the image prompt and the text prompt in the same forward steps, each still
+ *                 meets its reference; chunks of a few rows more than the largest image
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "core/fileio.h"
+#include "core/safetensors.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
 #include "kernels/backend.h"
@@ -290,10 +301,283 @@ static void mrope_batched_chunked(void **state)
     rm_mrope_model(dir);
 }
 
-static const struct CMUnitTest tests[] = {
+
+// ---- the golden cases ----
+
+#define QVL_REL_TOL 1e-3
+#define QVL_FEAT_TOL 1e-4
+
+struct qgold {
+    struct st_set *st;
+    struct tensor ids, pos, px, grid, feat, hid, prefill, greedy, decode, tids, tlog;
+    bool has_hid;
+    int L, N, n_img, Lt;
+};
+
+static void qgold_open(struct qgold *g, const char *dir)
+{
+    char path[700];
+    struct err e = {0};
+    memset(g, 0, sizeof *g);
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (st_set_open_file(&g->st, path, &e) < 0)
+        fail_msg("%s", e.msg);
+    const char *names[] = {"input_ids", "position_ids", "pixel_values", "image_grid_thw", "image_features",
+                           "prefill_logits", "greedy_ids", "decode_logits", "text_ids", "text_logits"};
+    struct tensor *ts[] = {&g->ids, &g->pos, &g->px, &g->grid, &g->feat, &g->prefill, &g->greedy, &g->decode,
+                           &g->tids, &g->tlog};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (st_set_take(g->st, names[i], ts[i], &e) < 0)
+            fail_msg("%s: %s", dir, e.msg);
+    g->has_hid = st_set_find(g->st, "vision_hidden") != NULL;
+    if (g->has_hid && st_set_take(g->st, "vision_hidden", &g->hid, &e) < 0)
+        fail_msg("%s: %s", dir, e.msg);
+    g->L = (int)g->ids.shape[0];
+    g->N = (int)g->greedy.shape[0];
+    g->n_img = (int)g->grid.shape[0];
+    g->Lt = (int)g->tids.shape[0];
+}
+
+/* The merged grids [n_img][2] of the golden's images. */
+static void merged_grids(const struct qgold *g, int merge, int32_t *out)
+{
+    const int32_t *thw = g->grid.data;
+    for (int k = 0; k < g->n_img; k++) {
+        out[2 * k] = thw[3 * k + 1] / merge;
+        out[2 * k + 1] = thw[3 * k + 2] / merge;
+    }
+}
+
+/* Every image through the tower into backend memory [T, n_embd] (the caller frees it),
+ * checked against vision_hidden and image_features. */
+static float *qencode_checked(struct test_eng *r, const struct qgold *g, const char *name)
+{
+    struct err e = {0};
+    struct vision_ctx *vc = NULL;
+    const struct vision *v = r->m->vision;
+    int D = r->m->hp.n_embd, T = (int)g->feat.shape[0], pd = v->info.patch_dim;
+    assert_int_equal(g->px.shape[1], pd);
+    assert_int_equal(g->feat.shape[1], D);
+    float *embd = NULL;
+    if (vision_ctx_new(&vc, r->m, r->be, &e) < 0 ||
+        r->be->ops->buf_alloc(r->be, (size_t)T * D * sizeof(float), (void **)&embd, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    const int32_t *thw = g->grid.data;
+    int tok = 0, patch = 0;
+    double wh = 0, wf = 0;
+    for (int k = 0; k < g->n_img; k++) {
+        int n = vision_grid_tokens(v, thw + 3 * k, &e), P = thw[3 * k] * thw[3 * k + 1] * thw[3 * k + 2];
+        if (n < 0 || tok + n > T)
+            fail_msg("%s: image %d: %s", name, k + 1, n < 0 ? e.msg : "more rows than image_features");
+        if (vision_encode_grid(vc, embd + (size_t)tok * D, (const float *)g->px.data + (size_t)patch * pd,
+                               thw + 3 * k, &e) < 0)
+            fail_msg("%s: image %d: %s", name, k + 1, e.msg);
+        float *f = malloc((size_t)n * D * sizeof *f);
+        assert_non_null(f);
+        r->be->ops->download(r->be, f, embd + (size_t)tok * D, (size_t)n * D * sizeof *f);
+        if (g->has_hid) {
+            int dv = (int)g->hid.shape[1];
+            float *h = malloc((size_t)P * dv * sizeof *h);
+            assert_non_null(h);
+            assert_int_equal(vc->n_hidden, P);
+            r->be->ops->download(r->be, h, vc->hidden, (size_t)P * dv * sizeof *h);
+            assert_int_equal(backend_sync(r->be, &e), 0);
+            double eh = test_row_rel_err(h, (const float *)g->hid.data + (size_t)patch * dv, P * dv);
+            wh = fmax(wh, eh);
+            free(h);
+            if (eh > QVL_FEAT_TOL)
+                fail_msg("%s: image %d: vision tower relative error %.3g (> %.0e)", name, k + 1, eh, QVL_FEAT_TOL);
+        }
+        assert_int_equal(backend_sync(r->be, &e), 0);
+        double ef = test_row_rel_err(f, (const float *)g->feat.data + (size_t)tok * D, n * D);
+        wf = fmax(wf, ef);
+        free(f);
+        if (ef > QVL_FEAT_TOL)
+            fail_msg("%s: image %d: merger relative error %.3g (> %.0e)", name, k + 1, ef, QVL_FEAT_TOL);
+        tok += n;
+        patch += P;
+    }
+    assert_int_equal(tok, T);
+    assert_int_equal(patch, (int)g->px.shape[0]);
+    printf("qwen_vl %-16s tower max rel err %.2e, merger %.2e\n", name, wh, wf);
+    vision_ctx_free(vc);
+    return embd;
+}
+
+/* The image runs of ids as batch images of seq (embd rows in order). */
+static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const float *embd, int D,
+                      struct batch_image *out)
+{
+    const int32_t *ids = g->ids.data;
+    int n = 0, row = 0;
+    for (int i = 0; i < g->L;) {
+        if (ids[i] != img_tok) {
+            i++;
+            continue;
+        }
+        int len = 0;
+        while (i + len < g->L && ids[i + len] == img_tok)
+            len++;
+        assert_true(n < 8);
+        out[n++] = (struct batch_image){seq, i, len, embd + (size_t)row * D};
+        row += len;
+        i += len;
+    }
+    assert_int_equal(n, g->n_img);
+    return n;
+}
+
+/* Rows of the golden prompt (seq 0) and, with_text, the text prompt (seq 1) interleaved, into
+ * a cleared batch; the image prompt's rows at its M-RoPE positions, all rows wanting logits. */
+static void add_prompts(struct test_eng *r, const struct qgold *g, const int32_t *p3, bool with_text)
+{
+    struct err e = {0};
+    batch_clear(r->b);
+    const int32_t *ids = g->ids.data, *tids = g->tids.data;
+    int n = g->L > g->Lt ? g->L : g->Lt;
+    for (int i = 0; i < n; i++) {
+        if (i < g->L) {
+            assert_int_equal(batch_add(r->b, ids[i], i, 0, true, &e), 0);
+            assert_int_equal(batch_rope_set(r->b, r->b->n_tok - 1, 1, p3 + 3 * i, 0, &e), 0);
+        }
+        if (with_text && i < g->Lt)
+            assert_int_equal(batch_add(r->b, tids[i], i, 1, true, &e), 0);
+    }
+}
+
+/* Prefill (with_text: beside the text prompt) then greedy decode of seq 0 against the
+ * reference; seq 1's prefill against text_logits. Returns the worst relative error. */
+static double prompt_check(struct test_eng *r, const struct qgold *g, const float *embd, const int32_t *p3,
+                           int32_t delta, bool with_text, const char *what)
+{
+    struct err e = {0};
+    int V = r->m->hp.n_vocab, D = r->m->hp.n_embd;
+    struct batch_image img[8];
+    for (int s = 0; s < 2; s++) {
+        kv_seq_remove(r->kv, s);
+        assert_int_equal(kv_seq_add(r->kv, s, &e), 0);
+    }
+    add_prompts(r, g, p3, with_text);
+    int n_img = image_runs(g, r->m->vision->info.image_token_id, 0, embd, D, img);
+    r->b->img = img;
+    r->b->n_img = n_img;
+    float *l = malloc((size_t)r->b->n_tok * V * sizeof *l);
+    assert_non_null(l);
+    if (model_forward(r->c, r->b, r->kv, l, &e) < 0)
+        fail_msg("%s: %s", what, e.msg);
+    double worst = 0;
+    int i0 = 0, i1 = 0;
+    const float *ref = g->prefill.data, *tref = g->tlog.data;
+    for (int row = 0; row < r->b->n_tok; row++) {
+        bool text = r->b->seq[row] == 1;
+        const float *want = text ? tref + (size_t)i1++ * V : ref + (size_t)i0++ * V;
+        double d = test_row_rel_err(l + (size_t)row * V, want, V);
+        worst = fmax(worst, d);
+        if (d > QVL_REL_TOL)
+            fail_msg("%s: prefill %s row %d: relative error %.3g > %.0e", what, text ? "text" : "image prompt",
+                     text ? i1 - 1 : i0 - 1, d, QVL_REL_TOL);
+    }
+    /* greedy decoding of seq 0 from max position + 1 */
+    const int32_t *greedy = g->greedy.data;
+    const float *dref = g->decode.data;
+    int next = test_argmax(ref + (size_t)(g->L - 1) * V, V);
+    for (int s = 0; s < g->N; s++) {
+        if (next != greedy[s])
+            fail_msg("%s: greedy step %d: got id %d, reference %d", what, s, next, greedy[s]);
+        batch_clear(r->b);
+        assert_int_equal(batch_add(r->b, greedy[s], g->L + s, 0, true, &e), 0);
+        assert_int_equal(batch_rope_set(r->b, 0, 1, NULL, delta, &e), 0);
+        if (model_forward(r->c, r->b, r->kv, l, &e) < 0)
+            fail_msg("%s: %s", what, e.msg);
+        double d = test_row_rel_err(l, dref + (size_t)s * V, V);
+        worst = fmax(worst, d);
+        if (d > QVL_REL_TOL)
+            fail_msg("%s: decode step %d: relative error %.3g > %.0e", what, s, d, QVL_REL_TOL);
+        next = test_argmax(l, V);
+    }
+    free(l);
+    return worst;
+}
+
+static void check_case(void **state)
+{
+    const char *name = *state;
+    const char *dir = golden_case_dir(name);
+    struct err e = {0};
+    struct qgold g;
+    struct test_eng r, rc;
+    qgold_open(&g, dir);
+    test_eng_open(&r, dir, NULL, 0, 4 * (g.L + g.N) + 64, 2, 4);
+    if (!r.m->vision)
+        fail_msg("%s: the vision tower did not load", name);
+    const struct vision_info *vi = &r.m->vision->info;
+    assert_true(vi->merge > 0 && hparams_has_mrope(&r.m->hp));
+    /* positions: as transformers' get_rope_index */
+    int32_t grids[16], delta;
+    assert_true(g.n_img <= 8);
+    merged_grids(&g, vi->merge, grids);
+    int32_t *p3 = malloc((size_t)g.L * 3 * sizeof *p3);
+    assert_non_null(p3);
+    if (vision_mrope_positions(p3, &delta, g.ids.data, g.L, vi->image_token_id, grids, g.n_img, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    const int32_t *want = g.pos.data;
+    for (int i = 0; i < g.L; i++)
+        for (int s = 0; s < 3; s++)
+            if (p3[3 * i + s] != want[(size_t)s * g.L + i])
+                fail_msg("%s: row %d stream %d: position %d, transformers %d", name, i, s, p3[3 * i + s],
+                         want[(size_t)s * g.L + i]);
+    float *embd = qencode_checked(&r, &g, name);
+    double wp = prompt_check(&r, &g, embd, p3, delta, false, name);
+    double wb = prompt_check(&r, &g, embd, p3, delta, true, "batched with text");
+    /* chunks: a few rows more than the largest image */
+    int most = 0;
+    for (int k = 0; k < g.n_img; k++)
+        most = grids[2 * k] * grids[2 * k + 1] > most ? grids[2 * k] * grids[2 * k + 1] : most;
+    test_eng_open(&rc, dir, r.be, most + 3, 4 * (g.L + g.N) + 64, 2, 4);
+    float *embd_c = qencode_checked(&rc, &g, "chunked");
+    double wc = prompt_check(&rc, &g, embd_c, p3, delta, true, "chunked");
+    printf("qwen_vl %-16s prefill %d (%d image%s) + decode %d: max rel err %.2e, batched %.2e, chunks of %d "
+           "%.2e\n", name, g.L, g.n_img, g.n_img == 1 ? "" : "s", g.N, wp, wb, most + 3, wc);
+    rc.be->ops->buf_free(rc.be, embd_c);
+    test_eng_close(&rc);
+    r.be->ops->buf_free(r.be, embd);
+    free(p3);
+    test_eng_close(&r);
+    st_set_free(g.st);
+}
+
+static const struct CMUnitTest k_fixed[] = {
     cmocka_unit_test(mrope_positions_rule),
     cmocka_unit_test(mrope_text_equals_rope),
     cmocka_unit_test(mrope_batched_chunked),
 };
+#define N_FIXED (sizeof k_fixed / sizeof k_fixed[0])
 
-TEST_SUITE(qwen_vl, tests);
+static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
+{
+    static struct CMUnitTest *t; /* built once, for the life of the process */
+    static size_t n;
+    if (!t) {
+        const struct golden_cases *gc = golden_image_cases();
+        t = calloc(gc->n + N_FIXED, sizeof *t);
+        if (!t) {
+            *tests = NULL;
+            *n_tests = 0;
+            return;
+        }
+        memcpy(t, k_fixed, sizeof k_fixed);
+        n = N_FIXED;
+        for (size_t i = 0; i < gc->n; i++) {
+            if (strncmp(gc->names[i], "qwen", 4) != 0)
+                continue;
+            size_t len = strlen(gc->names[i]) + 9;
+            char *nm = malloc(len);
+            snprintf(nm, len, "qwen_vl_%s", gc->names[i]);
+            t[n++] = (struct CMUnitTest){.name = nm, .test_func = check_case, .initial_state = gc->names[i]};
+        }
+    }
+    *tests = t;
+    *n_tests = n;
+}
+
+TEST_SUITE_BUILT(qwen_vl, build_tests);

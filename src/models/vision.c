@@ -84,7 +84,8 @@ int vision_ctx_new(struct vision_ctx **out, const struct model *m, struct backen
         return err_setf(e, ERR_NOMEM, "out of memory");
     vc->m = m;
     vc->be = be;
-    if ((rc = vit_ctx_new(&vc->vit, &m->vision->vh, &m->vision->vw, be, e)) < 0 ||
+    /* a family of variable-size images keeps its own tower buffers (ops->ctx_new) */
+    if ((m->vision->info.merge == 0 && (rc = vit_ctx_new(&vc->vit, &m->vision->vh, &m->vision->vw, be, e)) < 0) ||
         (rc = m->vision->ops->ctx_new(vc, e)) < 0) {
         vision_ctx_free(vc);
         return rc;
@@ -116,6 +117,9 @@ size_t vision_embd_bytes(const struct model *m)
 int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e)
 {
     const struct vision *v = vc->m->vision;
+    if (v->info.merge > 0)
+        return err_setf(e, ERR_ARG, "vision_encode: %s takes images of their own size (vision_encode_grid)",
+                        v->ops->model_type);
     if (n_img < 0)
         return err_setf(e, ERR_ARG, "vision_encode: %d images", n_img);
     size_t px = vision_pixel_bytes(v) / sizeof(float), rows = vision_embd_bytes(vc->m) / sizeof(float);
@@ -163,4 +167,31 @@ int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, in
                         n_img == 1 ? "" : "s", k);
     *delta = (int32_t)(cur - n);
     return 0;
+}
+
+int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct err *e)
+{
+    const struct vision_info *vi = &v->info;
+    int64_t t = grid_thw[0], h = grid_thw[1], w = grid_thw[2];
+    if (vi->merge <= 0)
+        return err_setf(e, ERR_ARG, "%s takes images of one size, not a grid", v->ops->model_type);
+    if (t != 1 || h < vi->merge || w < vi->merge || h % vi->merge || w % vi->merge || h * w > vi->max_patches)
+        return err_setf(e, ERR_ARG, "an image grid of %lld x %lld x %lld patches: the tower takes one temporal "
+                        "patch (a still image), sides multiples of spatial_merge_size %d, at most %d patches",
+                        (long long)t, (long long)h, (long long)w, vi->merge, vi->max_patches);
+    return (int)(h * w / (vi->merge * vi->merge));
+}
+
+int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e)
+{
+    const struct vision *v = vc->m->vision;
+    int rc = vision_grid_tokens(v, grid_thw, e);
+    if (rc < 0)
+        return rc;
+    if (!v->ops->encode_grid)
+        return err_setf(e, ERR_ARG, "%s has no grid encoder", v->ops->model_type);
+    if ((rc = v->ops->encode_grid(vc, out, pixels, grid_thw, e)) < 0)
+        return rc;
+    return backend_sync(vc->be, e);
 }

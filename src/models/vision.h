@@ -38,6 +38,13 @@ struct vision_info {
     int32_t boi_token_id, eoi_token_id;  /* tokens around an image's rows (-1: none) */
     bool bidirectional;         /* the text model attends bidirectionally among one image's
                                  * rows during prefill (Gemma 3's token_type_ids mask) */
+    /* Images of their own size (Qwen2-VL, Qwen2.5-VL; ADR 0095): merge > 0, and each image comes
+     * as the processor's patch rows with its grid (t, h, w) in patches: t h w / merge² rows out,
+     * turned by M-RoPE (the text model's mrope_section). tokens_per_image and image_size are 0. */
+    int merge;                  /* spatial_merge_size; 0: fixed-size images */
+    int patch_dim;              /* values of one patch row: channels x temporal_patch_size x p² */
+    int patch_size, temporal_patch_size;
+    int max_patches;            /* the most patches of one image the tower takes */
 };
 
 struct vision;
@@ -59,6 +66,10 @@ struct vision_ops {
     void (*ctx_free)(struct vision_ctx *vc);
     /* One image: pixels [C, S, S] host -> out [tokens_per_image, n_embd] backend memory. */
     void (*encode_one)(struct vision_ctx *vc, float *out, const float *pixels);
+    /* info.merge > 0: one image of grid_thw patches, pixels [t h w, patch_dim] host -> out
+     * [t h w / merge², n_embd] backend memory (its buffers grown to the image in vc->fam). */
+    int (*encode_grid)(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e);
 };
 
 struct vision {
@@ -75,6 +86,10 @@ struct vision_ctx {
     struct vit_ctx *vit;        /* the tower's activations (vit->b.x: the last image's
                                  * last_hidden_state after vision_encode), owned */
     void *fam;                  /* the family's buffers, owned through ops->ctx_free */
+    /* info.merge > 0: the last image's last ViT block output [n_hidden, Dv] (backend memory in
+     * fam; Qwen2.5-VL: in its window order), for tests */
+    const float *hidden;
+    int n_hidden;
 };
 
 /* The vision family of a wrapper model_type, or NULL. */
@@ -105,6 +120,15 @@ int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_
  * runs in order. */
 int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, int n, int32_t image_token_id,
                            const int32_t *grid, int n_img, struct err *e);
+
+/* Images of their own size (info.merge > 0): the rows one image of grid_thw (t, h, w patches)
+ * makes, or -ERR_ARG (e says why) when the grid does not fit the tower: h and w multiples of
+ * merge, at most max_patches, t 1 (a still image). */
+int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct err *e);
+/* One such image: pixels [t h w, patch_dim] (host, as the processor gives them) -> out
+ * [vision_grid_tokens, n_embd] (backend memory the caller owns). Synchronizes the backend. */
+int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e);
 
 /* Bytes of one image's pixel_values, and of its rows of embeddings. */
 size_t vision_pixel_bytes(const struct vision *v);
