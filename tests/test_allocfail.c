@@ -409,7 +409,7 @@ static int op_vision(const void *arg, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    struct batch_image img = {0, c->img_pos, T, embd};
+    struct batch_image img = {0, c->img_pos, T, embd, 0, 0};
     if ((rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0)
         goto out;
     b.img = &img;

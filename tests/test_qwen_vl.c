@@ -406,7 +406,7 @@ static float *qencode_checked(struct test_eng *r, const struct qgold *g, const c
 
 /* The image runs of ids as batch images of seq (embd rows in order). */
 static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const float *embd, int D,
-                      struct batch_image *out)
+                      const int32_t *grids, struct batch_image *out)
 {
     const int32_t *ids = g->ids.data;
     int n = 0, row = 0;
@@ -419,7 +419,8 @@ static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const flo
         while (i + len < g->L && ids[i + len] == img_tok)
             len++;
         assert_true(n < 8);
-        out[n++] = (struct batch_image){seq, i, len, embd + (size_t)row * D};
+        out[n] = (struct batch_image){seq, i, len, embd + (size_t)row * D, grids[2 * n], grids[2 * n + 1]};
+        n++;
         row += len;
         i += len;
     }
@@ -448,7 +449,7 @@ static void add_prompts(struct test_eng *r, const struct qgold *g, const int32_t
 /* Prefill (with_text: beside the text prompt) then greedy decode of seq 0 against the
  * reference; seq 1's prefill against text_logits. Returns the worst relative error. */
 static double prompt_check(struct test_eng *r, const struct qgold *g, const float *embd, const int32_t *p3,
-                           int32_t delta, bool with_text, const char *what)
+                           const int32_t *grids, int32_t delta, bool with_text, const char *what)
 {
     struct err e = {0};
     int V = r->m->hp.n_vocab, D = r->m->hp.n_embd;
@@ -458,7 +459,7 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
         assert_int_equal(kv_seq_add(r->kv, s, &e), 0);
     }
     add_prompts(r, g, p3, with_text);
-    int n_img = image_runs(g, r->m->vision->info.image_token_id, 0, embd, D, img);
+    int n_img = image_runs(g, r->m->vision->info.image_token_id, 0, embd, D, grids, img);
     r->b->img = img;
     r->b->n_img = n_img;
     float *l = malloc((size_t)r->b->n_tok * V * sizeof *l);
@@ -527,15 +528,15 @@ static void check_case(void **state)
                 fail_msg("%s: row %d stream %d: position %d, transformers %d", name, i, s, p3[3 * i + s],
                          want[(size_t)s * g.L + i]);
     float *embd = qencode_checked(&r, &g, name);
-    double wp = prompt_check(&r, &g, embd, p3, delta, false, name);
-    double wb = prompt_check(&r, &g, embd, p3, delta, true, "batched with text");
+    double wp = prompt_check(&r, &g, embd, p3, grids, delta, false, name);
+    double wb = prompt_check(&r, &g, embd, p3, grids, delta, true, "batched with text");
     /* chunks: a few rows more than the largest image */
     int most = 0;
     for (int k = 0; k < g.n_img; k++)
         most = grids[2 * k] * grids[2 * k + 1] > most ? grids[2 * k] * grids[2 * k + 1] : most;
     test_eng_open(&rc, dir, r.be, most + 3, 4 * (g.L + g.N) + 64, 2, 4);
     float *embd_c = qencode_checked(&rc, &g, "chunked");
-    double wc = prompt_check(&rc, &g, embd_c, p3, delta, true, "chunked");
+    double wc = prompt_check(&rc, &g, embd_c, p3, grids, delta, true, "chunked");
     printf("qwen_vl %-16s prefill %d (%d image%s) + decode %d: max rel err %.2e, batched %.2e, chunks of %d "
            "%.2e\n", name, g.L, g.n_img, g.n_img == 1 ? "" : "s", g.N, wp, wb, most + 3, wc);
     rc.be->ops->buf_free(rc.be, embd_c);

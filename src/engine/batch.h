@@ -31,6 +31,9 @@ extern "C" {
 struct batch_image {
     int32_t seq, pos, n_tok;
     const float *embd;
+    /* M-RoPE models (ADR 0094): the image's merged rows and columns (grid_h x grid_w = n_tok),
+     * from which generate and the scheduler make the rows' positions; 0 otherwise */
+    int32_t grid_h, grid_w;
 };
 
 struct batch {

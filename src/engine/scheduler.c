@@ -507,7 +507,7 @@ static int chunk_images(struct sched *s, const struct sreq *r, int k)
     }
     for (int j = 0; j < r->n_img; j++)
         if (r->img[j].pos >= from && r->img[j].pos + T <= from + k) {
-            s->bimg[s->b.n_img++] = (struct batch_image){r->seq, r->img[j].pos, T, r->img[j].embd};
+            s->bimg[s->b.n_img++] = (struct batch_image){r->seq, r->img[j].pos, T, r->img[j].embd, 0, 0};
             s->b.img = s->bimg;
         }
     return k;
