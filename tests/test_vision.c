@@ -594,7 +594,7 @@ static void si_submit(struct sched *sc, const int32_t *ids, int L, int pos, cons
     o->V = V;
     o->logits = malloc((size_t)SI_N * V * sizeof *o->logits);
     assert_non_null(o->logits);
-    struct sched_image im = {pos, px};
+    struct sched_image im = {pos, px, {0, 0, 0}};
     if (sched_submit_images(sc, ids, L, &gp, &im, 1, &(struct sched_cb){si_token, si_done, o}, NULL, &e) < 0)
         fail_msg("sched_submit_images: %s", e.msg);
 }
@@ -752,12 +752,12 @@ static void sched_images(void **state)
     }
 
     /* refusals: image tokens no image fills, an image off its tokens, a text model's */
-    struct sched_image bad = {pos + 1, pxA};
+    struct sched_image bad = {pos + 1, pxA, {0, 0, 0}};
     assert_int_equal(sched_submit(sc, ids, L, &gp, NULL, NULL, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "no image fills"));
     assert_int_equal(sched_submit_images(sc, ids, L, &gp, &bad, 1, NULL, NULL, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "not the image token"));
-    assert_int_equal(sched_submit_images(sc, ids, pos + T, &gp, &(struct sched_image){pos, pxA}, 1, NULL, NULL, &e),
+    assert_int_equal(sched_submit_images(sc, ids, pos + T, &gp, &(struct sched_image){pos, pxA, {0, 0, 0}}, 1, NULL, NULL, &e),
                      -ERR_ARG);
     sched_free(sc);
     free(refA.logits);
@@ -772,7 +772,7 @@ static void sched_images(void **state)
     assert_int_equal(sched_new(&sc, tm.c, tm.kv, NULL, &e), 0);
     int32_t one[2] = {2, 5};
     float px1[4] = {0};
-    assert_int_equal(sched_submit_images(sc, one, 2, &gp, &(struct sched_image){0, px1}, 1, NULL, NULL, &e),
+    assert_int_equal(sched_submit_images(sc, one, 2, &gp, &(struct sched_image){0, px1, {0, 0, 0}}, 1, NULL, NULL, &e),
                      -ERR_ARG);
     assert_non_null(strstr(e.msg, "does not take images"));
     sched_free(sc);
