@@ -30,6 +30,16 @@ const struct vision_ops *vision_find(const char *model_type)
     return NULL;
 }
 
+size_t vision_count(void)
+{
+    return sizeof k_vision / sizeof k_vision[0];
+}
+
+const struct vision_ops *vision_at(size_t i)
+{
+    return i < vision_count() ? k_vision[i] : NULL;
+}
+
 int vision_load(struct model *m, const cJSON *cfg, struct err *e)
 {
     const struct vision_ops *ops = vision_find(m->multimodal);

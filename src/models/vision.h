@@ -94,6 +94,9 @@ struct vision_ctx {
 
 /* The vision family of a wrapper model_type, or NULL. */
 const struct vision_ops *vision_find(const char *model_type);
+/* The vision families of vision.def, in order (for `mlxcel arch`). */
+size_t vision_count(void);
+const struct vision_ops *vision_at(size_t i);
 
 /* model_load's step for a multimodal checkpoint whose wrapper has a vision family:
  * m->vision loaded, or left NULL (with a warning) when the checkpoint has no tower. */
