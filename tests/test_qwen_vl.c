@@ -18,6 +18,9 @@
  *   text          the prompt without its images against transformers' text-only logits
  *   batched       the image prompt and the text prompt in the same forward steps, each still
  *                 meets its reference; chunks of a few rows more than the largest image
+ * and qwen_vl_mlx_vlm_layout: one case of each family rewritten as mlx-vlm stores it (flat
+ * config.json, vision_tower.* / language_model.*, the Conv3d weight channels-last) meets the
+ * same reference.
  */
 #include <math.h>
 #include <stdio.h>
@@ -34,7 +37,9 @@
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "models/vision.h"
+#include "st_build.h"
 #include "test.h"
+#include "core/st_write.h"
 
 // ---- positions ----
 
@@ -500,14 +505,14 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
     return worst;
 }
 
-static void check_case(void **state)
+/* The golden case in golden_dir run from the checkpoint in dir: positions, tower, prompt and
+ * decode, text; with full also batched beside the text prompt and in chunks. */
+static void run_golden(const char *dir, const char *golden_dir, const char *name, bool full)
 {
-    const char *name = *state;
-    const char *dir = golden_case_dir(name);
     struct err e = {0};
     struct qgold g;
     struct test_eng r, rc;
-    qgold_open(&g, dir);
+    qgold_open(&g, golden_dir);
     test_eng_open(&r, dir, NULL, 0, 4 * (g.L + g.N) + 64, 2, 4);
     if (!r.m->vision)
         fail_msg("%s: the vision tower did not load", name);
@@ -529,6 +534,14 @@ static void check_case(void **state)
                          want[(size_t)s * g.L + i]);
     float *embd = qencode_checked(&r, &g, name);
     double wp = prompt_check(&r, &g, embd, p3, grids, delta, false, name);
+    if (!full) {
+        printf("qwen_vl %-16s prefill %d + decode %d: max rel err %.2e\n", name, g.L, g.N, wp);
+        r.be->ops->buf_free(r.be, embd);
+        free(p3);
+        test_eng_close(&r);
+        st_set_free(g.st);
+        return;
+    }
     double wb = prompt_check(&r, &g, embd, p3, grids, delta, true, "batched with text");
     /* chunks: a few rows more than the largest image */
     int most = 0;
@@ -547,6 +560,157 @@ static void check_case(void **state)
     st_set_free(g.st);
 }
 
+static void check_case(void **state)
+{
+    const char *name = *state;
+    run_golden(golden_case_dir(name), golden_case_dir(name), name, true);
+}
+
+// ---- mlx-vlm's layout ----
+
+/* Case name's checkpoint as mlx-vlm's convert writes a published Qwen2-VL one, at dst: a flat
+ * config.json (the text config's keys at the top beside vision_config, model_type the
+ * wrapper's), tensors renamed by its sanitize (visual -> vision_tower, model ->
+ * language_model.model, lm_head -> language_model.lm_head), the Conv3d weight channels-last
+ * [out, t, p, p, C]. */
+static void write_mlx_vlm(const char *name, const char *dst)
+{
+    struct err e = {0};
+    const char *src = golden_case_dir(name);
+    char path[700], *txt = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/config.json", src);
+    assert_int_equal(file_read_all(path, 1 << 22, &txt, &len, &e), 0);
+    cJSON *cfg = cJSON_Parse(txt), *it;
+    free(txt);
+    assert_non_null(cfg);
+    cJSON *tc = cJSON_DetachItemFromObject(cfg, "text_config");
+    assert_non_null(tc);
+    cJSON_ArrayForEach(it, tc)
+        if (strcmp(it->string, "model_type") && !cJSON_GetObjectItemCaseSensitive(cfg, it->string))
+            cJSON_AddItemToObject(cfg, it->string, cJSON_Duplicate(it, true));
+    cJSON_Delete(tc);
+    char *out = cJSON_Print(cfg);
+    assert_int_equal(stb_write_text(stb_path(dst, "config.json"), out), 0);
+    free(out);
+    cJSON_Delete(cfg);
+    static const char *const extra[] = {"preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", src, extra[i]);
+        if (file_read_all(path, 1 << 24, &txt, &len, &e) == 0) {
+            assert_int_equal(stb_write_text(stb_path(dst, extra[i]), txt), 0);
+            free(txt);
+        }
+        err_clear(&e);
+    }
+    struct st_set *s = NULL;
+    if (st_set_open(&s, src, &e) < 0)
+        fail_msg("%s", e.msg);
+    size_t n = st_set_count(s);
+    struct st_wentry *ents = calloc(n, sizeof *ents);
+    char **names = calloc(n, sizeof *names);
+    void **data = calloc(n, sizeof *data);
+    assert_true(ents && names && data);
+    static const char *const from[][2] = {
+        {"model.language_model.", "language_model.model."}, {"model.visual.", "vision_tower."},
+        {"lm_head.", "language_model.lm_head."}, {"visual.", "vision_tower."}, {"model.", "language_model.model."},
+    };
+    for (size_t i = 0; i < n; i++) {
+        const struct st_tensor *t = st_set_at(s, i);
+        struct tensor tv;
+        assert_int_equal(st_set_take(s, t->name, &tv, &e), 0);
+        const char *rest = t->name, *pre = "";
+        for (size_t k = 0; k < sizeof from / sizeof from[0]; k++)
+            if (!strncmp(t->name, from[k][0], strlen(from[k][0]))) {
+                rest = t->name + strlen(from[k][0]);
+                pre = from[k][1];
+                break;
+            }
+        size_t nl = strlen(pre) + strlen(rest) + 1, es = dtype_size(tv.dtype);
+        names[i] = malloc(nl);
+        snprintf(names[i], nl, "%s%s", pre, rest);
+        size_t bytes = (size_t)tensor_nelem(&tv) * es;
+        char *d = malloc(bytes);
+        assert_non_null(d);
+        if (strstr(rest, "patch_embed.proj.weight")) { /* [O, C, T, p, p] -> [O, T, p, p, C] */
+            int64_t O = tv.shape[0], C = tv.shape[1], T = tv.shape[2], p = tv.shape[3];
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t tt = 0; tt < T; tt++)
+                        for (int64_t y = 0; y < p; y++)
+                            for (int64_t x = 0; x < p; x++)
+                                memcpy(d + ((((o * T + tt) * p + y) * p + x) * C + c) * es,
+                                       (const char *)tv.data + ((((o * C + c) * T + tt) * p + y) * p + x) * es, es);
+            ents[i] = (struct st_wentry){names[i], tv.dtype, 5, {O, T, p, p, C}};
+        } else {
+            memcpy(d, tv.data, bytes);
+            ents[i] = (struct st_wentry){names[i], tv.dtype, tv.ndim, {0}};
+            memcpy(ents[i].shape, tv.shape, sizeof tv.shape);
+        }
+        data[i] = d;
+    }
+    struct st_writer *w = NULL;
+    if (st_writer_open(&w, stb_path(dst, "model.safetensors"), ents, n, &e) < 0)
+        fail_msg("%s", e.msg);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(st_writer_write(w, data[i], st_wentry_bytes(&ents[i]), &e), 0);
+    if (st_writer_close(w, &e) < 0)
+        fail_msg("%s", e.msg);
+    for (size_t i = 0; i < n; i++) {
+        free(names[i]);
+        free(data[i]);
+    }
+    free(names);
+    free(data);
+    free(ents);
+    st_set_free(s);
+}
+
+static void rm_ckpt(const char *dir)
+{
+    static const char *const files[] = {"config.json", "model.safetensors", "preprocessor_config.json",
+                                        "tokenizer.json", "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        unlink(stb_path(dir, files[i]));
+    rmdir(dir);
+}
+
+/* One case of each family in mlx-vlm's layout (flat config, its names, the channels-last
+ * Conv3d) meets the reference as the transformers checkpoint does, every tensor used. */
+static void mlx_vlm_layout(void **state)
+{
+    (void)state;
+    const struct golden_cases *gc = golden_image_cases();
+    static const char *const fams[] = {"qwen2_vl", "qwen2_5_vl"};
+    int done = 0;
+    for (size_t f = 0; f < 2; f++) {
+        const char *name = NULL;
+        for (size_t i = 0; i < gc->n && !name; i++)
+            if (!strcmp(gc->names[i], fams[f]))
+                name = gc->names[i];
+        if (!name)
+            continue;
+        char dir[] = "/tmp/mlxcel-qvlm-XXXXXX";
+        struct err e = {0};
+        struct model *m = NULL;
+        assert_non_null(mkdtemp(dir));
+        write_mlx_vlm(name, dir);
+        if (model_load(&m, dir, &e) < 0)
+            fail_msg("%s in mlx-vlm's layout: %s", name, e.msg);
+        assert_non_null(m->vision);
+        assert_string_equal(m->multimodal, fams[f]);
+        assert_int_equal(st_set_n_unused(m->st), 0);
+        model_free(m);
+        char label[64];
+        snprintf(label, sizeof label, "%s mlx-vlm", name);
+        run_golden(dir, golden_case_dir(name), label, false);
+        rm_ckpt(dir);
+        done++;
+    }
+    if (done == 0)
+        fail_msg("no qwen2_vl / qwen2_5_vl golden case");
+}
+
 static const struct CMUnitTest k_fixed[] = {
     cmocka_unit_test(mrope_positions_rule),
     cmocka_unit_test(mrope_text_equals_rope),
@@ -560,7 +724,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     static size_t n;
     if (!t) {
         const struct golden_cases *gc = golden_image_cases();
-        t = calloc(gc->n + N_FIXED, sizeof *t);
+        t = calloc(gc->n + N_FIXED + 1, sizeof *t);
         if (!t) {
             *tests = NULL;
             *n_tests = 0;
@@ -568,6 +732,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         }
         memcpy(t, k_fixed, sizeof k_fixed);
         n = N_FIXED;
+        bool any = false;
         for (size_t i = 0; i < gc->n; i++) {
             if (strncmp(gc->names[i], "qwen", 4) != 0)
                 continue;
@@ -575,7 +740,10 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             char *nm = malloc(len);
             snprintf(nm, len, "qwen_vl_%s", gc->names[i]);
             t[n++] = (struct CMUnitTest){.name = nm, .test_func = check_case, .initial_state = gc->names[i]};
+            any = true;
         }
+        if (any)
+            t[n++] = (struct CMUnitTest){.name = "qwen_vl_mlx_vlm_layout", .test_func = mlx_vlm_layout};
     }
     *tests = t;
     *n_tests = n;
