@@ -147,7 +147,8 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
     for (int k = 0; k < b->n_img; k++) {
         const struct batch_image *im = &b->img[k];
         int r = 0;
-        if (im->n_tok < 1 || im->n_tok > c->n_batch || !im->embd)
+        /* an image attended both ways must sit in one chunk; a causal one (Qwen) may be cut */
+        if (im->n_tok < 1 || (v->info.bidirectional && im->n_tok > c->n_batch) || !im->embd)
             return err_setf(e, ERR_ARG, "image %d: %d rows (1 to the %d rows of a forward chunk, with "
                             "embeddings)", k + 1, im->n_tok, c->n_batch);
         while (r < b->n_tok && !(b->seq[r] == im->seq && b->pos[r] == im->pos))
@@ -170,8 +171,8 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
 }
 
 /* Rows [r0, *r1) of the next chunk: at most n_batch rows and n_out logit rows, ending
- * before an image it would cut (first[k]: image k's first row). -ERR_ARG when an image
- * starting at r0 does not fit. */
+ * before a bidirectional image it would cut (first[k]: image k's first row). -ERR_ARG when
+ * such an image starting at r0 does not fit. */
 static int chunk_end(const struct model_ctx *c, const struct batch *b, const int32_t *first, int r0,
                      int *r1, struct err *e)
 {
@@ -182,7 +183,7 @@ static int chunk_end(const struct model_ctx *c, const struct batch *b, const int
         n_out += b->logits[r];
         r++;
     }
-    for (int k = 0; k < b->n_img; k++) {
+    for (int k = 0; k < b->n_img && c->m->vision->info.bidirectional; k++) {
         if (!(first[k] < r && r < first[k] + b->img[k].n_tok))
             continue;
         if (first[k] <= r0)
@@ -206,9 +207,15 @@ static int stage_images(struct model_ctx *c, const struct batch *b, const int32_
     int n = 0, B = c->n_batch;
     int32_t *span = c->meta_host + 8 * B;
     *spans = false;
-    for (int k = 0; k < b->n_img; k++)
-        if (first[k] >= r0 && first[k] < r1)
-            fi[n++] = (struct fwd_image){first[k] - r0, b->img[k].n_tok, b->img[k].embd};
+    for (int k = 0; k < b->n_img; k++) {
+        /* the image's rows in [r0, r1): all of them, or, for an image a chunk may cut (not
+         * bidirectional), the part in this chunk */
+        int lo = first[k] > r0 ? first[k] : r0, hi = first[k] + b->img[k].n_tok;
+        hi = hi < r1 ? hi : r1;
+        if (lo < hi)
+            fi[n++] = (struct fwd_image){lo - r0, hi - lo,
+                                         b->img[k].embd + (size_t)(lo - first[k]) * c->m->hp.n_embd};
+    }
     if (n == 0 || !c->m->vision->info.bidirectional)
         return n;
     for (int r = r0; r < r1; r++)

@@ -26,8 +26,9 @@ extern "C" {
  * [pos, pos + n_tok), consecutive rows of the batch holding the model's image token, take
  * the rows of embd [n_tok, n_embd] (backend memory: vision_encode's output, the caller's)
  * in place of their token's embedding; where the model's vision_info.bidirectional says so
- * they also attend to each other both ways (kv_rows.span). An image is never split across
- * forward chunks, so it must fit one (n_tok <= the context's n_batch). */
+ * they also attend to each other both ways (kv_rows.span), and then the image is never split
+ * across forward chunks, so it must fit one (n_tok <= the context's n_batch); a causal image
+ * (Qwen2-VL's) is cut between chunks like text. */
 struct batch_image {
     int32_t seq, pos, n_tok;
     const float *embd;

@@ -246,7 +246,7 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
         int32_t p = images[k].pos;
         if (vi->merge > 0 && (T = vision_grid_tokens(m->vision, images[k].grid, e)) < 0)
             return err_prefix(e, "image %d", k);
-        if (T > s->c->n_batch)
+        if (T > s->c->n_batch && vi->bidirectional)
             return err_setf(e, ERR_RANGE, "an image takes %d rows but a forward chunk holds %d (the context's "
                             "n_batch)", T, s->c->n_batch);
         if (!images[k].pixels || p < prev_end || p > n_prompt - 1 - T)
@@ -546,6 +546,8 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
 static int chunk_images(struct sched *s, const struct sreq *r, int k)
 {
     int from = r->n_fed;
+    /* an image attended both ways goes whole; a causal one (Qwen) may be cut between steps */
+    bool whole = !s->c->m->vision || s->c->m->vision->info.bidirectional;
     for (int j = 0; j < r->n_img; j++) {
         const struct simg *im = &r->img[j];
         int T = im->n_tok;
@@ -553,20 +555,22 @@ static int chunk_images(struct sched *s, const struct sreq *r, int k)
             continue;  /* fed */
         if (im->pos >= from + k)
             break;
-        if (im->pos < from)
+        if (im->pos < from && whole)
             return 0;  /* never: a hit and a chunk both end outside images */
-        if (!im->embd || im->pos + T > from + k)
-            return im->pos - from;
+        if (!im->embd || (whole && im->pos + T > from + k))
+            return im->pos > from ? im->pos - from : 0;
     }
-    int merge = s->c->m->vision ? s->c->m->vision->info.merge : 0;
+    int D = s->c->m->hp.n_embd;
     for (int j = 0; j < r->n_img; j++) {
         const struct simg *im = &r->img[j];
-        if (im->pos >= from && im->pos + im->n_tok <= from + k) {
-            s->bimg[s->b.n_img++] = (struct batch_image){r->seq, im->pos, im->n_tok, im->embd,
-                                                         merge ? im->grid[1] / merge : 0,
-                                                         merge ? im->grid[2] / merge : 0};
-            s->b.img = s->bimg;
-        }
+        int lo = im->pos > from ? im->pos : from, hi = im->pos + im->n_tok;
+        hi = hi < from + k ? hi : from + k;
+        if (lo >= hi)
+            continue;
+        /* the rows of the image in this step (all of it, or a part of a causal one) */
+        s->bimg[s->b.n_img++] = (struct batch_image){r->seq, lo, hi - lo, im->embd + (size_t)(lo - im->pos) * D,
+                                                     0, 0};
+        s->b.img = s->bimg;
     }
     return k;
 }

@@ -213,20 +213,32 @@ static int map_patch(struct qvl *q, struct model *m, struct wmap *w, const char 
     char name[512];
     int64_t D = q->dv, C = q->C, T = q->tp, P = q->p, K = C * T * P * P;
     snprintf(name, sizeof name, "%spatch_embed.proj.weight", pre);
+    /* five dims, past struct tensor's four: checked and viewed here from the stored entry */
     const struct st_tensor *st = st_set_find(w->st, name);
-    bool cl = st && st->ndim == 5 && st->shape[4] == C && st->shape[1] == T && !(st->shape[1] == C &&
-                                                                                  st->shape[2] == T);
-    int64_t torch[5] = {D, C, T, P, P}, mlx[5] = {D, T, P, P, C}, mat[2] = {D, K};
+    if (!st)
+        return err_setf(e, ERR_MISSING, "missing tensor '%s'", name);
+    bool cl = st->ndim == 5 && st->shape[4] == C && st->shape[1] == T && !(st->shape[1] == C && st->shape[2] == T);
+    const int64_t torch[5] = {D, C, T, P, P}, mlx[5] = {D, T, P, P, C}, *want = cl ? mlx : torch;
+    int64_t mat[2] = {D, K};
+    size_t es = dtype_size(st->dtype);
+    bool shape_ok = st->ndim == 5;
+    for (int i = 0; shape_ok && i < 5; i++)
+        shape_ok = st->shape[i] == want[i];
+    if (!shape_ok)
+        return err_setf(e, ERR_FORMAT, "%s: shape must be [%lld, %lld, %lld, %lld, %lld] (the Conv3d of "
+                        "vision_config), or mlx-vlm's channels-last order", name, (long long)D, (long long)C,
+                        (long long)T, (long long)P, (long long)P);
+    if ((st->dtype != DTYPE_F32 && st->dtype != DTYPE_F16 && st->dtype != DTYPE_BF16) || !st->data ||
+        st->end - st->begin != (uint64_t)(D * K) * es)
+        return err_setf(e, ERR_UNSUPPORTED, "%s: the patch embedding must be F32, F16 or BF16 (a quantized one is "
+                        "not supported)", name);
     struct tensor t;
-    int rc = wm_tensor(w, &t, WM_REQUIRED, 5, cl ? mlx : torch, e, "%s", name);
-    if (rc < 0)
-        return rc;
-    size_t es = dtype_size(t.dtype);
-    if (t.qbits || (es != 2 && es != 4) || !tensor_is_contiguous(&t))
-        return err_setf(e, ERR_UNSUPPORTED, "%s: a quantized or strided patch embedding is not supported", name);
+    tensor_init(&t, st->dtype, (void *)(uintptr_t)st->data, 2, mat);
+    t.name = st->name;
+    st_set_mark(w->st, name);
+    int rc;
     if (!cl) {
-        tensor_init(&q->patch_w, t.dtype, t.data, 2, mat);
-        q->patch_w.name = t.name;
+        q->patch_w = t;
         return 0;
     }
     char *dst;
