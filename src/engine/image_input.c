@@ -53,8 +53,8 @@ static int add_grid(struct image_input *in, const struct image_pixels *px, struc
     const struct vision_info *vi = &v->info;
     int32_t grid[3] = {(int32_t)px->grid_t, (int32_t)px->grid_h, (int32_t)px->grid_w};
     int rc;
-    if (px->patch_dim != (uint32_t)vi->patch_dim || px->n_images != 1 ||
-        px->n_values != (size_t)px->n_patches * px->patch_dim)
+    if (px->patch_dim != (uint32_t)vi->patch_dim || px->n_values != (size_t)px->n_patches * px->patch_dim ||
+        px->n_patches != px->grid_t * px->grid_h * px->grid_w)
         return err_setf(e, ERR_CONFIG, "the image processor makes patches of %u values where the model's vision "
                         "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)",
                         px->patch_dim, vi->patch_dim);
