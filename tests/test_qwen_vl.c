@@ -20,7 +20,7 @@
  *                 meets its reference; in chunks of 7 rows, which cut the images
  * and qwen_vl_mlx_vlm_layout: one case of each family rewritten as mlx-vlm stores it (flat
  * config.json, vision_tower.* / language_model.*, the Conv3d weight channels-last) meets the
- * same reference.
+ * same reference; qwen_vl_bad_configs: vision_config values the towers refuse, naming them.
  */
 #include <math.h>
 #include <stdio.h>
@@ -768,6 +768,60 @@ static void mlx_vlm_layout(void **state)
         fail_msg("no qwen2_vl / qwen2_5_vl golden case");
 }
 
+/* Configs the Qwen towers must refuse, on the qwen2_5_vl golden's weights: each patch sets one
+ * key of vision_config (or of the top) and names what the error says. */
+static void bad_configs(void **state)
+{
+    (void)state;
+    const char *src = golden_case_dir("qwen2_5_vl");
+    static const char *const patches[][4] = {
+        /* object, key, value, the error says */
+        {"vision_config", "window_size", "12", "window_size 12"},
+        {"vision_config", "fullatt_block_indexes", "[1, 9]", "fullatt_block_indexes"},
+        {"vision_config", "out_hidden_size", "48", "the text model is"},
+        {"vision_config", "hidden_act", "\"swiglu\"", "swiglu"},
+        {"vision_config", "num_heads", "3", "3 heads"},
+        {"vision_config", "depth", "5", "blocks.4"},
+        {"", "image_token_id", "100000", "image_token_id 100000"},
+        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+         "mrope_section"},
+    };
+    for (size_t i = 0; i < sizeof patches / sizeof patches[0]; i++) {
+        char dir[] = "/tmp/mlxcel-qbad-XXXXXX", path[700], *txt = NULL;
+        size_t len = 0;
+        struct err e = {0};
+        assert_non_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/config.json", src);
+        assert_int_equal(file_read_all(path, 1 << 22, &txt, &len, &e), 0);
+        cJSON *cfg = cJSON_Parse(txt);
+        free(txt);
+        assert_non_null(cfg);
+        cJSON *obj = patches[i][0][0] ? cJSON_GetObjectItemCaseSensitive(cfg, patches[i][0]) : cfg;
+        assert_non_null(obj);
+        cJSON_DeleteItemFromObjectCaseSensitive(obj, patches[i][1]);
+        cJSON_AddItemToObject(obj, patches[i][1], cJSON_Parse(patches[i][2]));
+        char *out = cJSON_Print(cfg);
+        assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
+        free(out);
+        cJSON_Delete(cfg);
+        snprintf(path, sizeof path, "%s/model.safetensors", src);
+        assert_int_equal(file_read_all(path, 64u << 20, &txt, &len, &e), 0);
+        FILE *f = fopen(stb_path(dir, "model.safetensors"), "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(txt, 1, len, f), len);
+        fclose(f);
+        free(txt);
+        struct model *m = NULL;
+        if (model_load(&m, dir, &e) >= 0)
+            fail_msg("%s.%s = %s loaded", patches[i][0], patches[i][1], patches[i][2]);
+        printf("qwen_vl bad config %s.%s: %s\n", patches[i][0], patches[i][1], e.msg);
+        if (!strstr(e.msg, patches[i][3]))
+            fail_msg("%s.%s = %s: '%s' does not say '%s'", patches[i][0], patches[i][1], patches[i][2], e.msg,
+                     patches[i][3]);
+        rm_ckpt(dir);
+    }
+}
+
 static const struct CMUnitTest k_fixed[] = {
     cmocka_unit_test(mrope_positions_rule),
     cmocka_unit_test(mrope_text_equals_rope),
@@ -781,7 +835,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     static size_t n;
     if (!t) {
         const struct golden_cases *gc = golden_image_cases();
-        t = calloc(gc->n + N_FIXED + 1, sizeof *t);
+        t = calloc(gc->n + N_FIXED + 2, sizeof *t);
         if (!t) {
             *tests = NULL;
             *n_tests = 0;
@@ -799,8 +853,10 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             t[n++] = (struct CMUnitTest){.name = nm, .test_func = check_case, .initial_state = gc->names[i]};
             any = true;
         }
-        if (any)
+        if (any) {
             t[n++] = (struct CMUnitTest){.name = "qwen_vl_mlx_vlm_layout", .test_func = mlx_vlm_layout};
+            t[n++] = (struct CMUnitTest){.name = "qwen_vl_bad_configs", .test_func = bad_configs};
+        }
     }
     *tests = t;
     *n_tests = n;
