@@ -145,8 +145,8 @@ describe('vision: images through the APIs', () => {
 // (its tokenizer, chat template and image processor). The messages are the golden's (text, then
 // the image), so the chat template renders transformers' prompt, whose greedy steps all have
 // clear margins: the openai and anthropic clients' answers equal `mlxcel generate --image` of
-// that rendered prompt (tests/cli/qwen_vl.sh: transformers' greedy ids), and the image's rows
-// count in usage.
+// that rendered prompt (tests/cli/qwen_vl.sh: transformers' greedy ids), the image's rows
+// count in usage, and the prefix cache keys the image's blocks by its content (and grid).
 describe('vision: Qwen2-VL', () => {
     const QG = 'tests/fixtures/golden/qwen2_vl';
     const gold = BIN ? JSON.parse(readFileSync(join(QG, 'golden.json'), 'utf8')) : {};
@@ -171,6 +171,22 @@ describe('vision: Qwen2-VL', () => {
         });
         assert.equal(r.choices[0].message.content, want);
         assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+        // the same image again: its blocks come from the prefix cache, the answer is the same;
+        // another image after the same text: the cache stops before the image's rows
+        const again = await oai.chat.completions.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } }] }],
+        });
+        assert.equal(again.choices[0].message.content, want);
+        const first = gold.input_ids.indexOf(gold.image_token_id);
+        assert.ok(again.usage.prompt_tokens_details.cached_tokens > first);
+        const other = await oai.chat.completions.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } }] }],
+        });
+        assert.ok(other.usage.prompt_tokens_details.cached_tokens <= first);
     });
 
     it('anthropic: a base64 image block gives the same', async () => {
