@@ -10,6 +10,7 @@
  *                 decoded from max position + 1: every way gives the same logits
  * Then one test per Qwen image golden case (tests/fixtures/gen/gen_qwen_vl.py: golden.json
  * "model_type" qwen2_vl / qwen2_5_vl), qwen_vl_<case>:
+ *   pixels        the case's images decoded and preprocessed equal the processor's pixel_values
  *   positions     vision_mrope_positions of the prompt equal transformers' position_ids
  *   tower         each image's patches through the ViT and merger against vision_hidden and
  *                 image_features
@@ -34,6 +35,8 @@
 #include "core/safetensors.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
+#include "image/image.h"
+#include "image/preprocess.h"
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "models/vision.h"
@@ -610,9 +613,58 @@ static void run_golden(const char *dir, const char *golden_dir, const char *name
     qgold_close(&g);
 }
 
+/* The case's images (golden.json "images") decoded and through its preprocessor_config.json
+ * equal the processor's pixel_values and grids (the torchvision backend's float math: 1e-5). */
+static void pixels_check(const char *dir, const char *name)
+{
+    struct err e = {0};
+    struct qgold g;
+    struct image_proc_config cfg;
+    char path[700], *txt = NULL;
+    size_t len = 0;
+    qgold_open(&g, dir);
+    if (image_proc_config_load(&cfg, dir, "qwen2_vl", &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    assert_int_equal(file_read_all(path, 1 << 22, &txt, &len, &e), 0);
+    cJSON *j = cJSON_Parse(txt), *ims = j ? cJSON_GetObjectItemCaseSensitive(j, "images") : NULL;
+    free(txt);
+    assert_true(cJSON_IsArray(ims) && cJSON_GetArraySize(ims) == g.n_img);
+    const int32_t *thw = g.grid.data;
+    size_t at = 0, pd = (size_t)g.px.shape[1];
+    double worst = 0;
+    for (int k = 0; k < g.n_img; k++) {
+        struct image im = {0};
+        struct image_pixels px = {0};
+        snprintf(path, sizeof path, "%s", test_path("tests/fixtures/images"));
+        size_t l = strlen(path);
+        snprintf(path + l, sizeof path - l, "/%s", cJSON_GetArrayItem(ims, k)->valuestring);
+        if (image_load(&im, path, NULL, &e) < 0 || image_preprocess(&px, &cfg, &im, &e) < 0)
+            fail_msg("%s: %s: %s", name, path, e.msg);
+        assert_int_equal(px.grid_t, thw[3 * k]);
+        assert_int_equal(px.grid_h, thw[3 * k + 1]);
+        assert_int_equal(px.grid_w, thw[3 * k + 2]);
+        assert_int_equal(px.patch_dim, pd);
+        const float *want = (const float *)g.px.data + at * pd;
+        for (size_t i = 0; i < px.n_values; i++)
+            worst = fmax(worst, fabs((double)px.pixel_values[i] - want[i]));
+        at += px.n_patches;
+        image_pixels_free(&px);
+        image_free(&im);
+    }
+    assert_int_equal(at, g.px.shape[0]);
+    printf("qwen_vl %-16s pixel_values of %d image%s: max abs diff %.2e\n", name, g.n_img, g.n_img == 1 ? "" : "s",
+           worst);
+    if (worst > 1e-5)
+        fail_msg("%s: pixel_values differ from the processor's by %.3g", name, worst);
+    cJSON_Delete(j);
+    qgold_close(&g);
+}
+
 static void check_case(void **state)
 {
     const char *name = *state;
+    pixels_check(golden_case_dir(name), name);
     run_golden(golden_case_dir(name), golden_case_dir(name), name, true);
 }
 
