@@ -144,7 +144,7 @@ describe('vision: images through the APIs', () => {
 // Qwen2-VL (images of their own size, M-RoPE; ADR 0094, 0095): the qwen2_vl golden checkpoint
 // (its tokenizer, chat template and image processor). The messages are the golden's (text, then
 // the image), so the chat template renders transformers' prompt, whose greedy steps all have
-// clear margins: the openai and anthropic clients' answers equal `mlxcel generate --image` of
+// clear margins: the openai (chat, responses) and anthropic clients' answers equal `mlxcel generate --image` of
 // that rendered prompt (tests/cli/qwen_vl.sh: transformers' greedy ids), the image's rows
 // count in usage, and the prefix cache keys the image's blocks by its content (and grid).
 describe('vision: Qwen2-VL', () => {
@@ -187,6 +187,15 @@ describe('vision: Qwen2-VL', () => {
                 { type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } }] }],
         });
         assert.ok(other.usage.prompt_tokens_details.cached_tokens <= first);
+    });
+
+    it('responses: input_image gives the same', async () => {
+        const r = await oai.responses.create({
+            model: 'qwen2_vl', max_output_tokens: N, temperature: 0,
+            input: [{ role: 'user', content: [{ type: 'input_text', text: QTEXT },
+                { type: 'input_image', image_url: dataUrl('vis_photo.jpg') }] }],
+        });
+        assert.equal(r.output_text, want);
     });
 
     it('anthropic: a base64 image block gives the same', async () => {
