@@ -52,6 +52,8 @@ struct qvl {
     int dv, n_head, hd, n_ff, n_layer, out_dim;
     int C, p, tp, merge;
     int win;                   /* merged tokens per window side; 0: none */
+    enum act_kind act;         /* the MLP's hidden_act ... */
+    bool quick;                /* ... or quick_gelu: x sigmoid(1.702 x) from scale, sigmoid, mul */
     bool *full;                /* [n_layer] the block attends over the whole image */
     struct tensor patch_w;     /* [dv, C tp p p] */
     struct layer *layers;      /* [n_layer] */
@@ -79,7 +81,7 @@ static int parse_act(const char *name, enum act_kind *out, bool *quick, struct e
     *quick = false;
     if (!strcmp(name, "quick_gelu")) {
         *quick = true;
-        *out = ACT_SIGMOID;
+        *out = ACT_SIGMOID;   /* unused: the flag composes it */
     } else if (!strcmp(name, "silu") || !strcmp(name, "swish")) {
         *out = ACT_SILU;
     } else if (!strcmp(name, "gelu")) {
@@ -155,9 +157,7 @@ static int parse_config(struct qvl *q, struct vision *v, const struct model *m, 
         mlp_ratio_i = (int)(q->dv * mlp_ratio);   /* int(embed_dim * mlp_ratio), as transformers */
         q->n_ff = mlp_ratio_i;
     }
-    bool quick = false;
-    enum act_kind ak = ACT_SILU;
-    if ((rc = parse_act(act, &ak, &quick, e)) < 0)
+    if ((rc = parse_act(act, &q->act, &q->quick, e)) < 0)
         return rc;
     if (q->dv < 1 || q->dv > QVL_MAX_EMBD || q->n_head < 1 || q->dv % q->n_head || q->n_ff < 1 ||
         q->n_ff > QVL_MAX_FF || q->n_layer < 1 || q->n_layer > QVL_MAX_LAYERS)
@@ -185,9 +185,6 @@ static int parse_config(struct qvl *q, struct vision *v, const struct model *m, 
     if (!hparams_has_mrope(&m->hp))
         return err_setf(e, ERR_CONFIG, "the text model has no mrope_section: %s's images need M-RoPE",
                         v->ops->model_type);
-    /* the act: quick_gelu is composed (ACT_SIGMOID marks it); otherwise ak */
-    v->vh.act = quick ? ACT_SIGMOID : ak;
-    v->vh.n_embd = 0;
     int img, vs, ve;
     if ((rc = cfg_opt_int(cfg, "image_token_id", 151655, &img, e)) < 0 ||
         (rc = cfg_opt_int(cfg, "vision_start_token_id", 151652, &vs, e)) < 0 ||
@@ -568,17 +565,18 @@ static void stage_rows(struct qvl_bufs *qb, const struct qvl *q, const int32_t *
     qb->gather = d + 15 * P + W + 1;
 }
 
-/* x = fc2(quick_gelu(fc1 x)) or down(silu(gate x) * up x) with biases. */
-static void qvl_mlp(struct backend *be, const struct qvl *q, const struct layer *L, enum act_kind act,
-                    const struct ctx_bufs *b, int P)
+/* x = fc2(act(fc1 x)) or down(act(gate x) * up x) with biases. */
+static void qvl_mlp(struct backend *be, const struct qvl *q, const struct layer *L, const struct ctx_bufs *b,
+                    int P)
 {
     const struct backend_ops *op = be->ops;
+    enum act_kind act = q->act;
     if (q->v25) {
         blk_glu(be, b->f, b->xn, L, act, q->n_ff, b, P);
         return;
     }
     op->linear(be, b->h, q->n_ff, b->xn, &L->up, &L->up_b, P);
-    if (act == ACT_SIGMOID) {   /* quick_gelu: x * sigmoid(1.702 x) */
+    if (q->quick) {   /* quick_gelu: x * sigmoid(1.702 x) */
         op->copy(be, b->h1, b->h, (size_t)P * q->n_ff * sizeof(float));
         op->scale(be, b->h1, q->n_ff, 1.702f, P, q->n_ff);
         op->act(be, ACT_SIGMOID, b->h1, q->n_ff, P, q->n_ff);
@@ -651,7 +649,7 @@ static int qvl_encode_grid(struct vision_ctx *vc, float *out, const float *pixel
         blk_attention(be, b->o, b->xn, L, &ac, &kv, q->full[il] || q->win == 0 ? &qb->full : &qb->win, b, P);
         op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
         blk_norm(be, b->xn, b->x, &n2, P, D);
-        qvl_mlp(be, q, L, v->vh.act, b, P);
+        qvl_mlp(be, q, L, b, P);
         op->axpy(be, b->x, D, 1.0f, b->f, D, P, D);
     }
     vc->hidden = b->x;
