@@ -64,6 +64,7 @@
     X(embed)      \
     X(vision)     \
     X(lora)       \
+    X(qwen_vl)    \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

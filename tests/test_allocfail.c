@@ -171,6 +171,7 @@ static void test_model_load(void **state)
         "tests/fixtures/golden/llama",            /* sharded: 9 files and an index */
         "tests/fixtures/golden/phixtral_mlx_q4",  /* mlx 4-bit, stacked experts */
         "tests/fixtures/golden/gemma3_vision",    /* a text model with its vision tower (ADR 0088) */
+        "tests/fixtures/golden/qwen2_5_vl",       /* M-RoPE text model, windowed tower (ADR 0094, 0095) */
     };
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         struct model_case c = {test_path(dirs[i]), 0, 0};
@@ -409,7 +410,7 @@ static int op_vision(const void *arg, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    struct batch_image img = {0, c->img_pos, T, embd};
+    struct batch_image img = {0, c->img_pos, T, embd, 0, 0};
     if ((rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0)
         goto out;
     b.img = &img;
@@ -455,6 +456,103 @@ static void test_vision(void **state)
         c.img_pos++;
     assert_int_equal(op_vision(&c, &e), 0);
     check_alloc_failures("gemma3_vision", op_vision, &c, 0);
+    st_set_free(gs);
+    model_free(c.m);
+}
+
+/* ---- a Qwen2.5-VL image prompt: its tower's buffers grown to the image, the window order, the
+ * M-RoPE positions, a prefill with the image's rows (ADR 0094, 0095) ---- */
+
+struct qwen_case {
+    struct model *m;        /* qwen2_5_vl, loaded outside the hook */
+    const float *pixels;    /* its golden pixel_values (image 0) */
+    int32_t grid[3];        /* image 0's grid */
+    const int32_t *ids;
+    int n_ids, img_pos, n_tok;
+    float want;
+    bool have_want;
+};
+
+static int op_qwen(const void *arg, struct err *e)
+{
+    struct qwen_case *c = (struct qwen_case *)arg;
+    struct kv_params kp = {.n_tokens = 128, .max_seqs = 1, .block_size = 4, .dtype = DTYPE_F32};
+    struct backend *be = NULL;
+    struct vision_ctx *vc = NULL;
+    struct model_ctx *ctx = NULL;
+    struct kv_cache *kv = NULL;
+    struct batch b = {0};
+    float *embd = NULL, *logits = NULL;
+    int32_t *p3 = NULL, delta;
+    int rc, D = c->m->hp.n_embd, merge = c->m->vision->info.merge;
+    int32_t gm[2] = {c->grid[1] / merge, c->grid[2] / merge};
+    if ((rc = backend_new(&be, "cpu", 1, test_backend_opts(), e)) < 0 || (rc = model_prepare(c->m, be, e)) < 0 ||
+        (rc = vision_ctx_new(&vc, c->m, be, e)) < 0 ||
+        (rc = be->ops->buf_alloc(be, (size_t)c->n_tok * D * sizeof(float), (void **)&embd, e)) < 0 ||
+        (rc = vision_encode_grid(vc, embd, c->pixels, c->grid, e)) < 0 ||
+        (rc = model_ctx_new(&ctx, c->m, be, 0, e)) < 0 || (rc = kv_cache_new(&kv, c->m, be, &kp, e)) < 0 ||
+        (rc = batch_init(&b, 128, e)) < 0)
+        goto out;
+    logits = malloc((size_t)c->m->hp.n_vocab * sizeof *logits);
+    p3 = malloc((size_t)c->n_ids * 3 * sizeof *p3);
+    if (!logits || !p3) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    struct batch_image img = {0, c->img_pos, c->n_tok, embd, gm[0], gm[1]};
+    if ((rc = vision_mrope_positions(p3, &delta, c->ids, c->n_ids, c->m->vision->info.image_token_id, gm, 1, e)) < 0 ||
+        (rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0 ||
+        (rc = batch_rope_set(&b, 0, c->n_ids, p3, 0, e)) < 0)
+        goto out;
+    b.img = &img;
+    b.n_img = 1;
+    if ((rc = model_forward(ctx, &b, kv, logits, e)) < 0)
+        goto out;
+    alloc_hook_stop();
+    if (c->have_want) {
+        assert_true(logits[0] == c->want);
+    } else {
+        c->want = logits[0];
+        c->have_want = true;
+    }
+out:
+    free(logits);
+    free(p3);
+    batch_free(&b);
+    kv_cache_free(kv);
+    model_ctx_free(ctx);
+    if (embd)
+        be->ops->buf_free(be, embd);
+    vision_ctx_free(vc);
+    backend_free(be);
+    return rc;
+}
+
+static void test_qwen_vision(void **state)
+{
+    (void)state;
+    const char *dir = test_path("tests/fixtures/golden/qwen2_5_vl");
+    char path[4200];
+    struct qwen_case c = {0};
+    struct st_set *gs = NULL;
+    struct tensor px, ids, grid;
+    struct err e = {0};
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (model_load(&c.m, dir, &e) < 0 || st_set_open_file(&gs, path, &e) < 0 ||
+        st_set_take(gs, "pixel_values", &px, &e) < 0 || st_set_take(gs, "input_ids", &ids, &e) < 0 ||
+        st_set_take(gs, "image_grid_thw", &grid, &e) < 0)
+        fail_msg("%s", e.msg);
+    c.pixels = px.data;
+    c.ids = ids.data;
+    c.n_ids = (int)ids.shape[0];
+    memcpy(c.grid, grid.data, sizeof c.grid);
+    while (c.img_pos < c.n_ids && c.ids[c.img_pos] != c.m->vision->info.image_token_id)
+        c.img_pos++;
+    while (c.img_pos + c.n_tok < c.n_ids && c.ids[c.img_pos + c.n_tok] == c.m->vision->info.image_token_id)
+        c.n_tok++;
+    assert_int_equal(c.n_tok, vision_grid_tokens(c.m->vision, c.grid, &e));
+    assert_int_equal(op_qwen(&c, &e), 0);
+    check_alloc_failures("qwen2_5_vl", op_qwen, &c, 0);
     st_set_free(gs);
     model_free(c.m);
 }
@@ -716,6 +814,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test_teardown(test_model_load, disarm),
     cmocka_unit_test_teardown(test_engine, disarm),
     cmocka_unit_test_teardown(test_vision, disarm),
+    cmocka_unit_test_teardown(test_qwen_vision, disarm),
     cmocka_unit_test_teardown(test_tokenizer, disarm),
     cmocka_unit_test_teardown(test_tokenizer_enc, disarm),
     cmocka_unit_test_teardown(test_chat, disarm),

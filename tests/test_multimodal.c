@@ -213,7 +213,7 @@ static void multimodal_errors(void **state)
     struct err e = {0};
     /* a text config no family reads: the outer type is what is unsupported */
     assert_non_null(mkdtemp(dir));
-    make_nested(&k_cases[2], dir, "qwen2_5_vl_text", false);
+    make_nested(&k_cases[2], dir, "qwen3_vl_text", false);
     assert_int_equal(model_load(&m, dir, &e), -ERR_UNSUPPORTED);
     assert_null(m);
     assert_non_null(strstr(e.msg, "'llava'"));

@@ -84,7 +84,7 @@ static int prompt_images(const struct vgold *g, struct batch_image *img, int seq
         while (i + len < g->L && tt[i + len] == 1)
             len++;
         assert_int_equal(len, T);
-        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D};
+        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D, 0, 0};
         n++;
     }
     assert_int_equal(n, g->n_img);
@@ -484,7 +484,7 @@ static void refusals(void **state)
     int32_t ids[40];
     for (int i = 0; i < 40; i++)
         ids[i] = i < 2 || i >= 2 + T ? 5 : v->info.image_token_id;
-    struct batch_image img = {0, 2, T, embd};
+    struct batch_image img = {0, 2, T, embd, 0, 0};
     /* 1. an image larger than a chunk (n_batch 16 here, the image 16 rows starting at row 2:
      *    it fits only if chunks end before it) */
     assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
@@ -507,7 +507,7 @@ static void refusals(void **state)
     assert_int_equal(kv_seq_len(r.kv, 0), 0);
     ids[5] = v->info.image_token_id;
     /* 3. an image of more rows than a chunk holds */
-    struct batch_image big = {0, 2, T + 1, embd};
+    struct batch_image big = {0, 2, T + 1, embd, 0, 0};
     ids[2 + T] = v->info.image_token_id;
     batch_clear(r.b);
     assert_int_equal(batch_add_seq(r.b, ids, 2 + T + 2, 0, 0, true, &e), 0);
@@ -515,7 +515,7 @@ static void refusals(void **state)
     r.b->n_img = 1;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
     /* 4. positions the batch lacks */
-    struct batch_image off = {0, 30, T, embd};
+    struct batch_image off = {0, 30, T, embd, 0, 0};
     r.b->img = &off;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
     /* 5. the scheduler refuses rows encoded elsewhere (gen_params.images carry no content hash
@@ -541,7 +541,7 @@ static void refusals(void **state)
     assert_int_equal(vision_ctx_new(&vc, t.m, t.be, &e), -ERR_ARG);
     int32_t one = 3;
     float dummy[4];
-    struct batch_image im1 = {0, 0, 1, dummy};
+    struct batch_image im1 = {0, 0, 1, dummy, 0, 0};
     assert_int_equal(kv_seq_add(t.kv, 0, &e), 0);
     batch_clear(t.b);
     assert_int_equal(batch_add_seq(t.b, &one, 1, 0, 0, true, &e), 0);
@@ -594,7 +594,7 @@ static void si_submit(struct sched *sc, const int32_t *ids, int L, int pos, cons
     o->V = V;
     o->logits = malloc((size_t)SI_N * V * sizeof *o->logits);
     assert_non_null(o->logits);
-    struct sched_image im = {pos, px};
+    struct sched_image im = {pos, px, {0, 0, 0}};
     if (sched_submit_images(sc, ids, L, &gp, &im, 1, &(struct sched_cb){si_token, si_done, o}, NULL, &e) < 0)
         fail_msg("sched_submit_images: %s", e.msg);
 }
@@ -752,12 +752,12 @@ static void sched_images(void **state)
     }
 
     /* refusals: image tokens no image fills, an image off its tokens, a text model's */
-    struct sched_image bad = {pos + 1, pxA};
+    struct sched_image bad = {pos + 1, pxA, {0, 0, 0}};
     assert_int_equal(sched_submit(sc, ids, L, &gp, NULL, NULL, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "no image fills"));
     assert_int_equal(sched_submit_images(sc, ids, L, &gp, &bad, 1, NULL, NULL, &e), -ERR_ARG);
     assert_non_null(strstr(e.msg, "not the image token"));
-    assert_int_equal(sched_submit_images(sc, ids, pos + T, &gp, &(struct sched_image){pos, pxA}, 1, NULL, NULL, &e),
+    assert_int_equal(sched_submit_images(sc, ids, pos + T, &gp, &(struct sched_image){pos, pxA, {0, 0, 0}}, 1, NULL, NULL, &e),
                      -ERR_ARG);
     sched_free(sc);
     free(refA.logits);
@@ -772,7 +772,7 @@ static void sched_images(void **state)
     assert_int_equal(sched_new(&sc, tm.c, tm.kv, NULL, &e), 0);
     int32_t one[2] = {2, 5};
     float px1[4] = {0};
-    assert_int_equal(sched_submit_images(sc, one, 2, &gp, &(struct sched_image){0, px1}, 1, NULL, NULL, &e),
+    assert_int_equal(sched_submit_images(sc, one, 2, &gp, &(struct sched_image){0, px1, {0, 0, 0}}, 1, NULL, NULL, &e),
                      -ERR_ARG);
     assert_non_null(strstr(e.msg, "does not take images"));
     sched_free(sc);
@@ -854,7 +854,16 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         cmocka_unit_test(sched_images),
     };
     static struct CMUnitTest *t; /* built once, for the life of the process */
-    const struct golden_cases *gc = golden_image_cases();
+    /* this suite's cases are Gemma 3's; the Qwen image cases run in the qwen_vl suite */
+    static struct golden_cases gem;
+    const struct golden_cases *all = golden_image_cases();
+    if (!t) {
+        gem.names = calloc(all->n ? all->n : 1, sizeof *gem.names);
+        for (size_t i = 0; gem.names && i < all->n; i++)
+            if (strncmp(all->names[i], "gemma3", 6) == 0)
+                gem.names[gem.n++] = all->names[i];
+    }
+    const struct golden_cases *gc = &gem;
     size_t n = gc->n ? gc->n : 1;
     if (t) {
         *tests = t;

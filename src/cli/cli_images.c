@@ -12,6 +12,9 @@
 
 int cli_pixel_values_read(const char *path, const struct model *m, float **out, int *n_img, struct err *e)
 {
+    if (m->vision && m->vision->info.merge > 0)
+        return err_setf(e, ERR_ARG, "--pixel-values takes images of the tower's one size; %s takes each image "
+                        "at its own size: give --image FILE", m->vision->ops->model_type);
     struct st_set *st = NULL;
     struct tensor t;
     const struct vision *v = m->vision;
@@ -128,7 +131,7 @@ int cli_images_encode(struct cli_images *ci, const struct model *m, struct backe
             continue;
         }
         ci->img[ci->n] = (struct batch_image){0, (int32_t)i, T,
-                                              ci->embd + (size_t)ci->n * rows / sizeof(float)};
+                                              ci->embd + (size_t)ci->n * rows / sizeof(float), 0, 0};
         ci->n++;
         i += (size_t)T;
     }
@@ -137,6 +140,44 @@ int cli_images_encode(struct cli_images *ci, const struct model *m, struct backe
         return err_setf(e, ERR_ARG, "the prompt has places for %d of the %d images", ci->n, n_img);
     }
     return 0;
+}
+
+int cli_images_encode_input(struct cli_images *ci, const struct model *m, struct backend *be, const int32_t *ids,
+                            size_t n_ids, const struct image_input *in, struct err *e)
+{
+    struct vision_ctx *vc = NULL;
+    int32_t pos[IMAGE_INPUT_MAX];
+    int rc, D = m->hp.n_embd, merge = m->vision->info.merge;
+    size_t rows = 0;
+    memset(ci, 0, sizeof *ci);
+    ci->be = be;
+    if (in->n_img < 1 || in->n_img > CLI_MAX_IMAGES)
+        return err_setf(e, ERR_ARG, "%d images (1 to %d)", in->n_img, CLI_MAX_IMAGES);
+    if ((rc = image_input_runs(in, ids, n_ids, pos, e)) < 0)
+        return rc;
+    for (int k = 0; k < in->n_img; k++)
+        rows += (size_t)in->n_tok[k];
+    if ((rc = vision_ctx_new(&vc, m, be, e)) < 0)
+        return rc;
+    if ((rc = be->ops->buf_alloc(be, rows * D * sizeof(float), (void **)&ci->embd, e)) < 0)
+        goto fail;
+    size_t at = 0;
+    for (int k = 0; k < in->n_img; k++) {
+        if ((rc = vision_encode_grid(vc, ci->embd + at * D, in->pixels + in->off[k], in->grid[k], e)) < 0) {
+            err_prefix(e, "image %d", k + 1);
+            goto fail;
+        }
+        ci->img[k] = (struct batch_image){0, pos[k], in->n_tok[k], ci->embd + at * D, in->grid[k][1] / merge,
+                                          in->grid[k][2] / merge};
+        at += (size_t)in->n_tok[k];
+    }
+    ci->n = in->n_img;
+    vision_ctx_free(vc);
+    return 0;
+fail:
+    vision_ctx_free(vc);
+    cli_images_free(ci);
+    return rc;
 }
 
 void cli_images_free(struct cli_images *ci)
@@ -181,6 +222,9 @@ void cli_image_input_free(struct cli_image_input *in)
 int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
                            struct err *e)
 {
+    if (m->vision && m->vision->info.merge > 0)
+        return err_setf(e, ERR_ARG, "--pixel-values-out writes images of the tower's one size; %s takes each "
+                        "image at its own size", m->vision->ops->model_type);
     int C = m->vision->info.n_channels, S = m->vision->info.image_size;
     char hdr[256];
     size_t nb = (size_t)n_img * (size_t)C * (size_t)S * (size_t)S * sizeof(float);

@@ -50,6 +50,11 @@ struct cli_images {
 };
 int cli_images_encode(struct cli_images *ci, const struct model *m, struct backend *be, const int32_t *ids,
                       size_t n_ids, const float *pixels, int n_img, struct err *e);
+/* Images of their own size (Qwen: vision_info.merge > 0), in->pixels by their grids: each
+ * encoded (vision_encode_grid) and matched to its run of in->n_tok[k] image tokens in ids,
+ * with its merged grid for M-RoPE. */
+int cli_images_encode_input(struct cli_images *ci, const struct model *m, struct backend *be, const int32_t *ids,
+                            size_t n_ids, const struct image_input *in, struct err *e);
 void cli_images_free(struct cli_images *ci);
 
 /* --image FILE...: each file decoded (image_load, the default limits) and run through the

@@ -1,6 +1,7 @@
 /*
  * arch: `mlxcel arch [--json]` prints the family catalog straight from the
- * registry table (src/models/registry.def), aliases included.
+ * registry table (src/models/registry.def), aliases included, then the image-text
+ * wrappers of src/models/vision.def (their text model's family, their tower).
  */
 #include <stdio.h>
 #include <string.h>
@@ -8,17 +9,27 @@
 #include <cjson/cJSON.h>
 
 #include "../models/registry.h"
+#include "../models/vision.h"
 #include "cli.h"
 
 static const char *k_help =
     "usage: mlxcel arch [--json]\n"
     "\n"
-    "List the supported model_type values and the family that runs each.\n"
+    "List the supported model_type values and the family that runs each; image-text\n"
+    "checkpoints (their outer model_type) with the text family and the vision tower.\n"
     "  --json    machine-readable output\n";
 
 static const struct model_ops *entry_ops(const struct registry_entry *r)
 {
     return r->ops ? r->ops : registry_find(r->model_type);
+}
+
+/* The text family of image-text wrapper mt: "<mt>_text" (Gemma 3, Qwen2-VL's). */
+static const struct model_ops *wrapper_text(const char *mt)
+{
+    char t[96];
+    snprintf(t, sizeof t, "%s_text", mt);
+    return registry_find(t);
 }
 
 int cmd_arch(int argc, char **argv)
@@ -46,6 +57,16 @@ int cmd_arch(int argc, char **argv)
             cJSON_AddStringToObject(o, "description", ops ? ops->description : "");
             cJSON_AddItemToArray(arr, o);
         }
+        for (size_t i = 0; i < vision_count(); i++) {
+            const struct vision_ops *v = vision_at(i);
+            const struct model_ops *t = wrapper_text(v->model_type);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "model_type", v->model_type);
+            cJSON_AddStringToObject(o, "family", t ? t->family : "?");
+            cJSON_AddBoolToObject(o, "images", true);
+            cJSON_AddStringToObject(o, "description", v->description);
+            cJSON_AddItemToArray(arr, o);
+        }
         struct err e = {0};
         return cli_print_json(arr, &e) < 0 ? cli_fail("arch", &e) : CLI_EXIT_OK;
     }
@@ -59,6 +80,12 @@ int cmd_arch(int argc, char **argv)
         else
             snprintf(desc, sizeof desc, "%s", ops->description);
         printf("%-14s %-10s %s\n", r->model_type, ops ? ops->family : "?", desc);
+    }
+    /* image-text checkpoints: the text family runs the language model, the tower the images */
+    for (size_t i = 0; i < vision_count(); i++) {
+        const struct vision_ops *v = vision_at(i);
+        const struct model_ops *t = wrapper_text(v->model_type);
+        printf("%-14s %-10s images: %s\n", v->model_type, t ? t->family : "?", v->description);
     }
     return CLI_EXIT_OK;
 }

@@ -21,6 +21,7 @@
 
 #include "../core/log.h"
 #include "../engine/generate.h"
+#include "../models/vision.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "cli.h"
@@ -433,7 +434,7 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
                           "cannot carry (--no-chat encodes the text as it is, NUL included)",
                           (size_t)((const char *)memchr(t, '\0', len) - t));
             goto out;
-        } else if ((rc = render_chat(o, ct, t, len, img && !contains(t, len, img->su->boi) ?
+        } else if ((rc = render_chat(o, ct, t, len, img && !contains(t, len, img->su->placeholder) ?
                                      img->n_added : 0, &chat, &chat_len, e)) < 0) {
             goto out;
         } else {
@@ -445,15 +446,15 @@ static int encode_prompt(const struct gen_cli *o, const char *dir, const struct 
     bool templated = chat != NULL;
     const char *src = templated ? chat : t;
     size_t src_len = templated ? chat_len : len;
-    if (img && !templated && !contains(t, len, img->su->boi)) {
+    if (img && !templated && !contains(t, len, img->su->placeholder)) {
         /* no template and no placeholder: the images go before the text */
-        size_t nb = strlen(img->su->boi), n_pre = nb * (size_t)img->n_added;
+        size_t nb = strlen(img->su->bare), n_pre = nb * (size_t)img->n_added;
         if (!(pre = malloc(n_pre + len + 1))) {
             rc = err_setf(e, ERR_NOMEM, "out of memory for the prompt");
             goto out;
         }
         for (int i = 0; i < img->n_added; i++)
-            memcpy(pre + nb * (size_t)i, img->su->boi, nb);
+            memcpy(pre + nb * (size_t)i, img->su->bare, nb);
         memcpy(pre + n_pre, t, len);
         pre[n_pre + len] = 0;
         src = pre;
@@ -547,7 +548,9 @@ int cmd_generate(int argc, char **argv)
     /* the images' places in the prompt before the cache is sized for it (ADR 0087) */
     if (o.pixel_values && (rc = cli_pixel_values_read(o.pixel_values, m, &pixels, &n_img, &e)) < 0)
         goto fail;
-    if (input.in.n_img) {
+    /* images of their own size (Qwen) stay in input: the text substitution expanded them */
+    bool grid_images = m->vision && m->vision->info.merge > 0;
+    if (input.in.n_img && !grid_images) {
         pixels = input.in.pixels;  /* taken */
         input.in.pixels = NULL;
         n_img = input.in.n_img;
@@ -573,6 +576,9 @@ int cmd_generate(int argc, char **argv)
     }
 
     if (n_img > 0 && (rc = cli_images_encode(&imgs, m, en.be, prompt, n_prompt, pixels, n_img, &e)) < 0)
+        goto fail;
+    if (grid_images && input.in.n_img > 0 &&
+        (rc = cli_images_encode_input(&imgs, m, en.be, prompt, n_prompt, &input.in, &e)) < 0)
         goto fail;
     sink.text = !o.output_ids;
     if (tok)

@@ -46,7 +46,8 @@ int batch_init(struct batch *b, int cap, struct err *e)
     b->pos = malloc((size_t)cap * sizeof *b->pos);
     b->seq = malloc((size_t)cap * sizeof *b->seq);
     b->logits = malloc((size_t)cap * sizeof *b->logits);
-    if (!b->ids || !b->pos || !b->seq || !b->logits) {
+    b->rope = malloc((size_t)cap * 3 * sizeof *b->rope);
+    if (!b->ids || !b->pos || !b->seq || !b->logits || !b->rope) {
         batch_free(b);
         return err_setf(e, ERR_NOMEM, "batch: out of memory");
     }
@@ -60,6 +61,7 @@ void batch_free(struct batch *b)
     free(b->pos);
     free(b->seq);
     free(b->logits);
+    free(b->rope);
     memset(b, 0, sizeof *b);
 }
 
@@ -79,6 +81,18 @@ int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits
     b->pos[i] = pos;
     b->seq[i] = seq;
     b->logits[i] = logits;
+    b->rope[3 * i] = b->rope[3 * i + 1] = b->rope[3 * i + 2] = pos;
+    return 0;
+}
+
+int batch_rope_set(struct batch *b, int row, int n, const int32_t *p3, int32_t delta, struct err *e)
+{
+    if (row < 0 || n < 0 || n > b->n_tok - row)
+        return err_setf(e, ERR_RANGE, "rope positions for rows [%d, %d) of a batch of %d", row, row + n,
+                        b->n_tok);
+    for (int i = 0; i < n; i++)
+        for (int s = 0; s < 3; s++)
+            b->rope[3 * (row + i) + s] = p3 ? p3[3 * i + s] : b->pos[row + i] + delta;
     return 0;
 }
 
@@ -134,7 +148,8 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
     for (int k = 0; k < b->n_img; k++) {
         const struct batch_image *im = &b->img[k];
         int r = 0;
-        if (im->n_tok < 1 || im->n_tok > c->n_batch || !im->embd)
+        /* an image attended both ways must sit in one chunk; a causal one (Qwen) may be cut */
+        if (im->n_tok < 1 || (v->info.bidirectional && im->n_tok > c->n_batch) || !im->embd)
             return err_setf(e, ERR_ARG, "image %d: %d rows (1 to the %d rows of a forward chunk, with "
                             "embeddings)", k + 1, im->n_tok, c->n_batch);
         while (r < b->n_tok && !(b->seq[r] == im->seq && b->pos[r] == im->pos))
@@ -157,8 +172,8 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
 }
 
 /* Rows [r0, *r1) of the next chunk: at most n_batch rows and n_out logit rows, ending
- * before an image it would cut (first[k]: image k's first row). -ERR_ARG when an image
- * starting at r0 does not fit. */
+ * before a bidirectional image it would cut (first[k]: image k's first row). -ERR_ARG when
+ * such an image starting at r0 does not fit. */
 static int chunk_end(const struct model_ctx *c, const struct batch *b, const int32_t *first, int r0,
                      int *r1, struct err *e)
 {
@@ -169,7 +184,7 @@ static int chunk_end(const struct model_ctx *c, const struct batch *b, const int
         n_out += b->logits[r];
         r++;
     }
-    for (int k = 0; k < b->n_img; k++) {
+    for (int k = 0; k < b->n_img && c->m->vision->info.bidirectional; k++) {
         if (!(first[k] < r && r < first[k] + b->img[k].n_tok))
             continue;
         if (first[k] <= r0)
@@ -193,9 +208,15 @@ static int stage_images(struct model_ctx *c, const struct batch *b, const int32_
     int n = 0, B = c->n_batch;
     int32_t *span = c->meta_host + 8 * B;
     *spans = false;
-    for (int k = 0; k < b->n_img; k++)
-        if (first[k] >= r0 && first[k] < r1)
-            fi[n++] = (struct fwd_image){first[k] - r0, b->img[k].n_tok, b->img[k].embd};
+    for (int k = 0; k < b->n_img; k++) {
+        /* the image's rows in [r0, r1): all of them, or, for an image a chunk may cut (not
+         * bidirectional), the part in this chunk */
+        int lo = first[k] > r0 ? first[k] : r0, hi = first[k] + b->img[k].n_tok;
+        hi = hi < r1 ? hi : r1;
+        if (lo < hi)
+            fi[n++] = (struct fwd_image){lo - r0, hi - lo,
+                                         b->img[k].embd + (size_t)(lo - first[k]) * c->m->hp.n_embd};
+    }
     if (n == 0 || !c->m->vision->info.bidirectional)
         return n;
     for (int r = r0; r < r1; r++)
@@ -229,6 +250,12 @@ static int stage_chunk(struct model_ctx *c, const struct batch *b, const struct 
         state[i] = s;
         if (b->logits[r])
             out[n_out++] = i;
+    }
+    if (hparams_has_mrope(&c->m->hp)) {
+        int32_t *mp = c->meta_host + CTX_META_MROPE * B;
+        for (int r = r0; r < r1; r++)
+            for (int s = 0; s < 3; s++)
+                mp[s * B + r - r0] = b->rope[3 * r + s];
     }
     c->be->ops->upload(c->be, c->bufs.meta, c->meta_host, (size_t)CTX_META_ROWS * B * sizeof(int32_t));
     return n_out;
@@ -397,7 +424,9 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         rows.span = rows_swa.span = spans ? meta + 8 * B : NULL;
         struct fwd_chunk ch = {.n_tok = r1 - r0, .n_out = n_out, .ids = meta,
                                .out_rows = meta + 5 * B, .rows = &rows, .rows_swa = &rows_swa,
-                               .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img};
+                               .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img,
+                               .mpos = hparams_has_mrope(&m->hp) ? meta + CTX_META_MROPE * B : NULL,
+                               .mpos_ld = B};
         if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)

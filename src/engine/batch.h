@@ -26,11 +26,15 @@ extern "C" {
  * [pos, pos + n_tok), consecutive rows of the batch holding the model's image token, take
  * the rows of embd [n_tok, n_embd] (backend memory: vision_encode's output, the caller's)
  * in place of their token's embedding; where the model's vision_info.bidirectional says so
- * they also attend to each other both ways (kv_rows.span). An image is never split across
- * forward chunks, so it must fit one (n_tok <= the context's n_batch). */
+ * they also attend to each other both ways (kv_rows.span), and then the image is never split
+ * across forward chunks, so it must fit one (n_tok <= the context's n_batch); a causal image
+ * (Qwen2-VL's) is cut between chunks like text. */
 struct batch_image {
     int32_t seq, pos, n_tok;
     const float *embd;
+    /* M-RoPE models (ADR 0094): the image's merged rows and columns (grid_h x grid_w = n_tok),
+     * from which generate and the scheduler make the rows' positions; 0 otherwise */
+    int32_t grid_h, grid_w;
 };
 
 struct batch {
@@ -39,6 +43,10 @@ struct batch {
     int32_t *pos;     /* [cap] positions */
     int32_t *seq;     /* [cap] sequence ids */
     bool *logits;     /* [cap] whether the row's logits are wanted */
+    int32_t *rope;    /* [cap][3] rope positions (temporal, height, width) for M-RoPE models
+                       * (ADR 0094): batch_add writes (pos, pos, pos); batch_rope_set the
+                       * positions of an image prompt's rows or a shifted text row; other
+                       * models read pos alone */
     const struct batch_image *img;  /* [n_img] images among the rows, borrowed; NULL: none */
     int n_img;
     /* LoRA adapters (models/lora.h, ADR 0103): lora[s * n_lora + a] is the scale of the
@@ -60,6 +68,11 @@ int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits
 /* Append n rows of seq at positions pos0.. (logits for the last one only when last). */
 int batch_add_seq(struct batch *b, const int32_t *ids, int n, int32_t pos0, int32_t seq, bool last,
                   struct err *e);
+
+/* Rope positions of rows [row, row + n): p3[3 i + s] (stream s of the i-th row), or, p3 NULL,
+ * each row's pos + delta in all three (text after an image: ADR 0094). -ERR_RANGE outside
+ * the rows added. */
+int batch_rope_set(struct batch *b, int row, int n, const int32_t *p3, int32_t delta, struct err *e);
 
 /* Run every row of b through the model, appending each row's K/V to its sequence
  * in kv, and write the logits of the flagged rows, in row order, to

@@ -3,6 +3,8 @@
  */
 #include "generate.h"
 
+#include "../models/vision.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -97,6 +99,38 @@ static int emit(struct gstate *g, int32_t id)
     return g->st->n_gen == g->p->n_predict;
 }
 
+/* M-RoPE models with images (ADR 0094): the prompt rows' three positions, as get_rope_index
+ * makes them from the images' grids, into b (rows 0..n); *delta what later rows add. */
+static int mrope_prompt(const struct model_ctx *c, struct batch *b, const int32_t *prompt, int n,
+                        const struct batch_image *imgs, int n_img, int32_t *delta, struct err *e)
+{
+    *delta = 0;
+    if (!hparams_has_mrope(&c->m->hp) || n_img == 0 || !c->m->vision)
+        return 0;
+    int32_t *grid = malloc((size_t)n_img * 2 * sizeof *grid), *p3 = malloc((size_t)n * 3 * sizeof *p3);
+    int rc = 0;
+    if (!grid || !p3) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < n_img; k++) {
+        if (imgs[k].grid_h < 1 || imgs[k].grid_w < 1 || imgs[k].grid_h * imgs[k].grid_w != imgs[k].n_tok) {
+            rc = err_setf(e, ERR_ARG, "image %d: %d rows without their grid (M-RoPE needs it)", k + 1,
+                          imgs[k].n_tok);
+            goto out;
+        }
+        grid[2 * k] = imgs[k].grid_h;
+        grid[2 * k + 1] = imgs[k].grid_w;
+    }
+    if ((rc = vision_mrope_positions(p3, delta, prompt, n, c->m->vision->info.image_token_id, grid, n_img, e)) < 0 ||
+        (rc = batch_rope_set(b, 0, n, p3, 0, e)) < 0)
+        goto out;
+out:
+    free(grid);
+    free(p3);
+    return rc;
+}
+
 int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *prompt, int n_prompt,
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e)
@@ -108,6 +142,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     float *logits = NULL;
     int32_t *cut = NULL, *hist = NULL, *draft = NULL;
     struct batch_image *imgs = NULL;
+    int32_t delta = 0;
     int rc;
     struct gen_stats st = {.n_prompt = n_prompt, .stop = GEN_STOP_LENGTH};
 
@@ -165,7 +200,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(smp, prompt[i]);
     double t0 = gen_now();
-    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0)
+    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0 ||
+        (rc = mrope_prompt(c, &b, prompt, n_prompt, imgs, p->n_images, &delta, e)) < 0)
         goto out;
     b.img = imgs;
     b.n_img = p->n_images;
@@ -204,6 +240,9 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         for (int i = 0; i < k; i++)
             if ((rc = batch_add(&b, draft[i], len + 1 + i, seq, true, e)) < 0)
                 goto out;
+        /* after an image, M-RoPE positions continue from its max position + 1 */
+        if (delta != 0 && (rc = batch_rope_set(&b, 0, b.n_tok, NULL, delta, e)) < 0)
+            goto out;
         if ((rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, len, e)) < 0)
             goto out;
         st.n_drafted += k;

@@ -36,6 +36,45 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
                 (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0))
         return rc;
     su->has_text = tok != NULL;
+    if (su->has_text && vi->merge > 0) {
+        snprintf(su->placeholder, sizeof su->placeholder, "%s", su->image);
+        snprintf(su->bare, sizeof su->bare, "%s%s%s", su->boi, su->image, su->eoi);
+    } else {
+        snprintf(su->placeholder, sizeof su->placeholder, "%s", su->boi);
+        snprintf(su->bare, sizeof su->bare, "%s", su->boi);
+    }
+    return 0;
+}
+
+/* Images of their own size (Qwen): px's patch rows appended with their grid. */
+static int add_grid(struct image_input *in, const struct image_pixels *px, struct err *e)
+{
+    const struct vision *v = in->su->m->vision;
+    const struct vision_info *vi = &v->info;
+    int32_t grid[3] = {(int32_t)px->grid_t, (int32_t)px->grid_h, (int32_t)px->grid_w};
+    int rc;
+    if (px->patch_dim != (uint32_t)vi->patch_dim || px->n_values != (size_t)px->n_patches * px->patch_dim ||
+        px->n_patches != px->grid_t * px->grid_h * px->grid_w)
+        return err_setf(e, ERR_CONFIG, "the image processor makes patches of %u values where the model's vision "
+                        "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)",
+                        px->patch_dim, vi->patch_dim);
+    if ((rc = vision_grid_tokens(v, grid, e)) < 0)
+        return err_prefix(e, "the image processor's output");
+    if ((uint32_t)rc != px->n_image_tokens)
+        return err_setf(e, ERR_CONFIG, "the processor writes %u image tokens where the tower's merge of %d makes "
+                        "%d (preprocessor_config.json's merge_size)", px->n_image_tokens, vi->merge, rc);
+    if (in->n_img >= IMAGE_INPUT_MAX)
+        return err_setf(e, ERR_RANGE, "more than %d images in one prompt", IMAGE_INPUT_MAX);
+    float *grown = realloc(in->pixels, (in->n_values + px->n_values) * sizeof *grown);
+    if (!grown)
+        return err_setf(e, ERR_NOMEM, "out of memory for an image's pixels");
+    in->pixels = grown;
+    memcpy(grown + in->n_values, px->pixel_values, px->n_values * sizeof *grown);
+    in->off[in->n_img] = in->n_values;
+    memcpy(in->grid[in->n_img], grid, sizeof grid);
+    in->n_tok[in->n_img] = rc;
+    in->n_values += px->n_values;
+    in->n_img++;
     return 0;
 }
 
@@ -55,6 +94,17 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
         return err_setf(e, ERR_RANGE, "more than %d images in one prompt", IMAGE_INPUT_MAX);
     if ((rc = image_preprocess(&px, &su->cfg, im, e)) < 0)
         return rc;
+    if (vi->merge > 0) {
+        if ((rc = add_grid(in, &px, e)) < 0)
+            goto out;
+        if (su->has_text) {
+            struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi};
+            if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
+                goto out;
+        }
+        in->n_added++;
+        goto out;
+    }
     size_t one = (size_t)vi->n_channels * (size_t)vi->image_size * (size_t)vi->image_size;
     if (px.channels != (uint32_t)vi->n_channels || px.height != (uint32_t)vi->image_size ||
         px.width != (uint32_t)vi->image_size || px.n_values != one * px.n_images) {
@@ -86,6 +136,11 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
             goto out;
     }
     memcpy(grown + (size_t)in->n_img * one, px.pixel_values, px.n_values * sizeof *grown);
+    for (uint32_t k = 0; k < px.n_images; k++) {
+        in->n_tok[in->n_img + (int)k] = vi->tokens_per_image;
+        in->off[in->n_img + (int)k] = (size_t)(in->n_img + (int)k) * one;
+    }
+    in->n_values += px.n_values;
     in->n_img += (int)px.n_images;
     in->n_added++;
 out:
@@ -104,7 +159,7 @@ void image_input_free(struct image_input *in)
 int image_input_substitute(const struct image_input *in, const char *text, size_t len, char **out,
                            size_t *out_len, struct err *e)
 {
-    const char *boi = in->su->boi;
+    const char *boi = in->su->placeholder;
     size_t nb = strlen(boi), total = len, at = 0, n = 0;
     int k = 0;
     if (!in->su->has_text)
@@ -141,7 +196,6 @@ int image_input_substitute(const struct image_input *in, const char *text, size_
 int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n, int32_t *pos, struct err *e)
 {
     const struct vision_info *vi = &in->su->m->vision->info;
-    size_t T = (size_t)vi->tokens_per_image;
     int runs = 0;
     for (size_t i = 0; i < n;) {
         if (ids[i] != vi->image_token_id) {
@@ -151,7 +205,9 @@ int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n,
         size_t len = 0;
         while (i + len < n && ids[i + len] == vi->image_token_id)
             len++;
-        if (len != T)
+        /* each image its own count (Qwen's grids), else the model's */
+        size_t T = vi->merge > 0 ? (runs < in->n_img ? (size_t)in->n_tok[runs] : 0) : (size_t)vi->tokens_per_image;
+        if (len != T && (vi->merge == 0 || runs < in->n_img))
             return err_setf(e, ERR_ARG, "the prompt holds a run of %zu image tokens where an image takes %zu",
                             len, T);
         if (runs < in->n_img)

@@ -31,6 +31,11 @@ struct image_setup {
     struct image_proc_config cfg;    /* the checkpoint's processor */
     bool has_text;                   /* the pieces below are known (a tokenizer was given) */
     char boi[64], image[64], eoi[64];  /* e.g. "<start_of_image>", "<image_soft_token>", ... */
+    /* the text the chat template writes for an image, which the processor replaces: Gemma 3's
+     * boi; Qwen's image piece (<|image_pad|>, between <|vision_start|> and <|vision_end|>) */
+    char placeholder[64];
+    char bare[200];                  /* what stands for an image in a prompt without a template
+                                      * or a placeholder (Gemma 3: boi; Qwen: start, pad, end) */
 };
 
 /* m's setup from checkpoint folder dir (preprocessor_config.json / processor_config.json) and
@@ -42,8 +47,15 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
 /* One prompt's images. */
 struct image_input {
     const struct image_setup *su;    /* borrowed */
-    float *pixels;                   /* [n_img, C, S, S] malloc'd */
+    float *pixels;                   /* [n_img, C, S, S] malloc'd; images of their own size
+                                      * (vision_info.merge > 0): each its patch rows, at off[k] */
     int n_img;
+    /* per tower image: its image tokens, its grid (t, h, w patches; merge > 0) and where its
+     * pixels start in pixels */
+    int n_tok[IMAGE_INPUT_MAX];
+    int32_t grid[IMAGE_INPUT_MAX][3];
+    size_t off[IMAGE_INPUT_MAX];
+    size_t n_values;
     char *text[IMAGE_INPUT_MAX];     /* per image added: its placeholder's expansion (has_text) */
     int n_added;
 };
@@ -54,12 +66,12 @@ void image_input_init(struct image_input *in, const struct image_setup *su);
 int image_input_add(struct image_input *in, const struct image *im, struct err *e);
 void image_input_free(struct image_input *in);
 
-/* text[0, len) with its k-th placeholder (su->boi) replaced by text[k] (*out malloc'd, NUL-
+/* text[0, len) with its k-th placeholder (su->placeholder) replaced by text[k] (*out malloc'd, NUL-
  * terminated). Placeholders past the images are left as they are. */
 int image_input_substitute(const struct image_input *in, const char *text, size_t len, char **out,
                            size_t *out_len, struct err *e);
 
-/* The first row of each image's run of tokens_per_image image tokens in ids, in order, into
+/* The first row of each image's run of image tokens (n_tok[k] of them) in ids, in order, into
  * pos[n_img]. ERR_ARG when the runs are not exactly n_img whole runs (a placeholder missing,
  * one too many, or image tokens written as text). */
 int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n, int32_t *pos, struct err *e);

@@ -39,7 +39,10 @@ _Static_assert(GEN_MAX_LORA == LORA_MAX_ADAPTERS, "gen_params.lora holds every a
 
 struct simg {
     int32_t pos;                 /* its first row in toks */
-    float *pixels;               /* [C, S, S] host, owned */
+    int n_tok;                   /* its rows */
+    int32_t grid[3];             /* images of their own size: t, h, w patches (else 0) */
+    size_t n_px;                 /* floats of pixels */
+    float *pixels;               /* [C, S, S] (or [t h w, patch_dim]) host, owned */
     float *embd;                 /* [T, n_embd] backend memory once encoded, owned; NULL before */
     char sha[65];                /* SHA-256 of the pixel values' bytes, hex */
 };
@@ -51,6 +54,9 @@ struct sreq {
     int32_t *key;                /* [cap] the prefix cache's key of each of toks (see above) */
     struct simg *img;            /* [n_img] the prompt's images, in order */
     int n_img;
+    int32_t *rope;               /* [n_prompt][3] M-RoPE positions of an image prompt (ADR 0094),
+                                  * or NULL: a row's position in all three */
+    int32_t delta;               /* what rows past the prompt add to their position */
     int n_toks, cap, n_prompt;
     int n_fed;                   /* toks in the cache */
     long admitted;               /* admission order (preemption takes the newest) */
@@ -110,6 +116,7 @@ static void req_end(struct sched *s, struct sreq *r, int rc, const struct err *e
             s->c->be->ops->buf_free(s->c->be, r->img[k].embd);
     }
     free(r->img);
+    free(r->rope);
     free(r->toks);
     free(r->key);
     free(r->draft);
@@ -126,6 +133,14 @@ static int free_seq(const struct sched *s)
 }
 
 // ---- lifetime and submission ----
+
+/* The most rows of one image: the model's tokens_per_image, or for images of their own size
+ * what one forward chunk holds. */
+static int image_rows(const struct sched *s)
+{
+    const struct vision *v = s->c->m->vision;
+    return !v ? 0 : v->info.merge > 0 ? s->c->n_batch : v->info.tokens_per_image;
+}
 
 int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, const struct sched_params *p,
               struct err *e)
@@ -145,7 +160,7 @@ int sched_new(struct sched **out, struct model_ctx *c, struct kv_cache *kv, cons
     s->reqs = calloc((size_t)s->max_requests, sizeof *s->reqs);
     s->waiting = calloc((size_t)s->max_requests, sizeof *s->waiting);
     /* an image's rows go in one step whole, past the budget when it is smaller (once a step) */
-    s->cap = s->budget + (c->m->vision ? c->m->vision->info.tokens_per_image : 0);
+    s->cap = s->budget + image_rows(s);
     s->logits = malloc((size_t)s->cap * c->m->hp.n_vocab * sizeof *s->logits);
     s->row_req = malloc((size_t)s->cap * sizeof *s->row_req);
     s->bimg = c->m->vision ? malloc((size_t)s->cap * sizeof *s->bimg) : NULL;
@@ -186,16 +201,25 @@ void sched_free(struct sched *s)
     free(s);
 }
 
-/* Rows of one image (the model's tokens_per_image). */
-static int image_rows(const struct sched *s)
+
+/* Rope positions of rows [row0, row0 + n) of the batch, r's at positions from pos0. */
+static void rope_rows(struct sched *s, const struct sreq *r, int row0, int n, int pos0)
 {
-    return s->c->m->vision ? s->c->m->vision->info.tokens_per_image : 0;
+    if (!r->rope)
+        return;
+    for (int i = 0; i < n; i++) {
+        int pos = pos0 + i;
+        if (pos < r->n_prompt)
+            batch_rope_set(&s->b, row0 + i, 1, r->rope + 3 * (size_t)pos, 0, NULL);
+        else
+            batch_rope_set(&s->b, row0 + i, 1, NULL, r->delta, NULL);
+    }
 }
 
 /* The prefix key of r's token i (toks[i] set; see the file's comment). */
 static int32_t key_of(const struct sched *s, const struct sreq *r, int i)
 {
-    int B = s->kv->block_size, b0 = i / B * B, T = image_rows(s);
+    int B = s->kv->block_size, b0 = i / B * B;
     struct sha256 h;
     bool any = false;
     if (r->lora_on) {
@@ -205,7 +229,7 @@ static int32_t key_of(const struct sched *s, const struct sreq *r, int i)
         any = true;
     }
     for (int k = 0; k < r->n_img; k++) {
-        if (r->img[k].pos >= b0 + B || r->img[k].pos + T <= b0)
+        if (r->img[k].pos >= b0 + B || r->img[k].pos + r->img[k].n_tok <= b0)
             continue;
         if (!any)
             sha256_init(&h);
@@ -252,13 +276,16 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
     if (n > SCHED_MAX_IMAGES)
         return err_setf(e, ERR_RANGE, "%d images in one request (at most %d)", n, SCHED_MAX_IMAGES);
     const struct vision_info *vi = &m->vision->info;
-    int T = vi->tokens_per_image, covered = 0;
-    if (T > s->c->n_batch)
-        return err_setf(e, ERR_RANGE, "an image takes %d rows but a forward chunk holds %d (the context's "
-                        "n_batch)", T, s->c->n_batch);
+    int T = vi->tokens_per_image, covered = 0, prev_end = 0, rc;
+    int32_t *grids = NULL;
     for (int k = 0; k < n; k++) {
         int32_t p = images[k].pos;
-        if (!images[k].pixels || p < (k ? images[k - 1].pos + T : 0) || p > n_prompt - 1 - T)
+        if (vi->merge > 0 && (T = vision_grid_tokens(m->vision, images[k].grid, e)) < 0)
+            return err_prefix(e, "image %d", k);
+        if (T > s->c->n_batch && vi->bidirectional)
+            return err_setf(e, ERR_RANGE, "an image takes %d rows but a forward chunk holds %d (the context's "
+                            "n_batch)", T, s->c->n_batch);
+        if (!images[k].pixels || p < prev_end || p > n_prompt - 1 - T)
             return err_setf(e, ERR_ARG, "image %d at token %d: images go in order, apart, each before the "
                             "prompt's last token", k, (int)p);
         for (int j = p; j < p + T; j++)
@@ -266,6 +293,7 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
                 return err_setf(e, ERR_ARG, "image %d: token %d of its %d rows is %d, not the image token %d",
                                 k, j, T, prompt[j], vi->image_token_id);
         covered += T;
+        prev_end = p + T;
     }
     for (int j = 0; j < n_prompt; j++)
         covered -= prompt[j] == vi->image_token_id;
@@ -273,19 +301,42 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
         return err_setf(e, ERR_ARG, "the prompt holds image tokens that no image fills");
     if (n == 0)
         return 0;
-    size_t px = vision_pixel_bytes(m->vision);
     if (!(r->img = calloc((size_t)n, sizeof *r->img)))
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     for (int k = 0; k < n; k++, r->n_img++) {
         struct simg *im = &r->img[k];
         struct sha256 h;
         im->pos = images[k].pos;
+        im->n_tok = vi->merge > 0 ? vision_grid_tokens(m->vision, images[k].grid, NULL) : vi->tokens_per_image;
+        memcpy(im->grid, images[k].grid, sizeof im->grid);
+        im->n_px = vi->merge > 0 ? (size_t)im->n_tok * vi->merge * vi->merge * (size_t)vi->patch_dim
+                                 : vision_pixel_bytes(m->vision) / sizeof(float);
+        size_t px = im->n_px * sizeof(float);
         if (!(im->pixels = malloc(px)))
             return err_setf(e, ERR_NOMEM, "scheduler: out of memory for an image's pixels");
         memcpy(im->pixels, images[k].pixels, px);
         sha256_init(&h);
         sha256_update(&h, im->pixels, px);
+        if (vi->merge > 0)
+            sha256_update(&h, im->grid, sizeof im->grid);
         sha256_final_hex(&h, im->sha);
+    }
+    /* M-RoPE: the prompt's positions as get_rope_index makes them, once (ADR 0094) */
+    if (vi->merge > 0 && hparams_has_mrope(&m->hp)) {
+        grids = malloc((size_t)n * 2 * sizeof *grids);
+        r->rope = malloc((size_t)n_prompt * 3 * sizeof *r->rope);
+        if (!grids || !r->rope) {
+            free(grids);
+            return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
+        }
+        for (int k = 0; k < n; k++) {
+            grids[2 * k] = r->img[k].grid[1] / vi->merge;
+            grids[2 * k + 1] = r->img[k].grid[2] / vi->merge;
+        }
+        rc = vision_mrope_positions(r->rope, &r->delta, prompt, n_prompt, vi->image_token_id, grids, n, e);
+        free(grids);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -296,6 +347,7 @@ static void req_discard(struct sreq *r)
     for (int k = 0; k < r->n_img; k++)
         free(r->img[k].pixels);
     free(r->img);
+    free(r->rope);
     free(r->toks);
     free(r->key);
     free(r->draft);
@@ -345,7 +397,7 @@ int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, co
     if (spec_on(&p->spec) && (rc = spec_params_check(&p->spec, e)) < 0)
         return rc;
     /* a vision model's text prompt is checked too: no image tokens without their image */
-    if ((n_images > 0 || image_rows(s) > 0) &&
+    if ((n_images > 0 || s->c->m->vision) &&
         (rc = take_images(s, r, prompt, n_prompt, images, n_images, e)) < 0) {
         req_discard(r);
         return rc;
@@ -463,7 +515,7 @@ static void admit(struct sched *s)
             memcpy(s->lora + (size_t)q * s->n_lora, r->lora, (size_t)s->n_lora * sizeof *s->lora);
         int hit = s->prefix ? kv_prefix_attach(s->kv, q, r->key, r->n_toks - 1) : 0;
         for (int k = r->n_img - 1; k >= 0 && hit > 0; k--)
-            if (r->img[k].pos < hit && hit < r->img[k].pos + image_rows(s)) {
+            if (r->img[k].pos < hit && hit < r->img[k].pos + r->img[k].n_tok) {
                 /* a hit ends inside an image: attach only what lies before it */
                 kv_seq_remove(s->kv, q);
                 kv_seq_add(s->kv, q, NULL);
@@ -535,33 +587,43 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
  * not whole in it; the images it holds are added to the step's list. */
 static int chunk_images(struct sched *s, const struct sreq *r, int k)
 {
-    int T = image_rows(s), from = r->n_fed;
+    int from = r->n_fed;
+    /* an image attended both ways goes whole; a causal one (Qwen) may be cut between steps */
+    bool whole = !s->c->m->vision || s->c->m->vision->info.bidirectional;
     for (int j = 0; j < r->n_img; j++) {
         const struct simg *im = &r->img[j];
+        int T = im->n_tok;
         if (im->pos + T <= from)
             continue;  /* fed */
         if (im->pos >= from + k)
             break;
-        if (im->pos < from)
+        if (im->pos < from && whole)
             return 0;  /* never: a hit and a chunk both end outside images */
-        if (!im->embd || im->pos + T > from + k)
-            return im->pos - from;
+        if (!im->embd || (whole && im->pos + T > from + k))
+            return im->pos > from ? im->pos - from : 0;
     }
-    for (int j = 0; j < r->n_img; j++)
-        if (r->img[j].pos >= from && r->img[j].pos + T <= from + k) {
-            s->bimg[s->b.n_img++] = (struct batch_image){r->seq, r->img[j].pos, T, r->img[j].embd};
-            s->b.img = s->bimg;
-        }
+    int D = s->c->m->hp.n_embd;
+    for (int j = 0; j < r->n_img; j++) {
+        const struct simg *im = &r->img[j];
+        int lo = im->pos > from ? im->pos : from, hi = im->pos + im->n_tok;
+        hi = hi < from + k ? hi : from + k;
+        if (lo >= hi)
+            continue;
+        /* the rows of the image in this step (all of it, or a part of a causal one) */
+        s->bimg[s->b.n_img++] = (struct batch_image){r->seq, lo, hi - lo, im->embd + (size_t)(lo - im->pos) * D,
+                                                     0, 0};
+        s->b.img = s->bimg;
+    }
     return k;
 }
 
-/* Whether r's next row to feed starts one of its images (encoded). */
-static bool image_next(const struct sreq *r)
+/* The rows of r's next image when its next row to feed starts one (encoded), else 0. */
+static int image_next(const struct sreq *r)
 {
     for (int j = 0; j < r->n_img; j++)
         if (r->img[j].pos == r->n_fed)
-            return r->img[j].embd != NULL;
-    return false;
+            return r->img[j].embd != NULL ? r->img[j].n_tok : 0;
+    return 0;
 }
 
 /* Rows for every running request: decode rows (with their drafts) first, then prompt chunks. */
@@ -588,18 +650,21 @@ static void build_batch(struct sched *s)
                     batch_add(&s->b, r->draft[j], r->n_fed + 1 + j, r->seq, true, NULL);
                     s->row_req[s->b.n_tok - 1] = i;
                 }
+                rope_rows(s, r, s->b.n_tok - 1 - r->n_draft, 1 + r->n_draft, r->n_fed);
                 continue;
             }
             int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
-            if (k <= 0 && !past && image_next(r) && image_rows(s) <= s->cap - s->b.n_tok) {
+            int nxt = k <= 0 && !past ? image_next(r) : 0;
+            if (nxt > 0 && nxt <= s->cap - s->b.n_tok) {
                 /* the next rows are an image larger than what the budget leaves: it goes whole,
                  * past the budget (at most one image's rows past it a step) */
-                k = chunk_images(s, r, image_rows(s));
+                k = chunk_images(s, r, nxt);
                 past = k > 0;
             }
             if (k <= 0)
                 continue;
             batch_add_seq(&s->b, r->toks + r->n_fed, k, r->n_fed, r->seq, k == left, NULL);
+            rope_rows(s, r, s->b.n_tok - k, k, r->n_fed);
             if (k == left)
                 s->row_req[s->b.n_tok - 1] = i;
         }
@@ -701,21 +766,23 @@ static int batch_blocks_needed(const struct sched *s)
  * encoded yet goes through the tower (one per step). A failure ends that request. */
 static void encode_step(struct sched *s)
 {
-    int T = image_rows(s);
     for (int i = 0; i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
         if (r->id <= 0 || r->seq < 0)
             continue;
         for (int j = 0; j < r->n_img; j++) {
             struct simg *im = &r->img[j];
-            if (im->embd || im->pos + T <= r->n_fed)
+            if (im->embd || im->pos + im->n_tok <= r->n_fed)
                 continue;
             struct err e;
             struct backend *be = s->c->be;
+            size_t bytes = (size_t)im->n_tok * s->c->m->hp.n_embd * sizeof(float);
+            bool grid = s->c->m->vision->info.merge > 0;
             int rc = s->vc ? 0 : vision_ctx_new(&s->vc, s->c->m, be, &e);
-            if (rc == 0 && (rc = be->ops->buf_alloc(be, vision_embd_bytes(s->c->m), (void **)&im->embd, &e)) < 0)
+            if (rc == 0 && (rc = be->ops->buf_alloc(be, bytes, (void **)&im->embd, &e)) < 0)
                 im->embd = NULL;
-            if (rc == 0 && (rc = vision_encode(s->vc, im->embd, im->pixels, 1, &e)) < 0) {
+            if (rc == 0 && (rc = grid ? vision_encode_grid(s->vc, im->embd, im->pixels, im->grid, &e)
+                                      : vision_encode(s->vc, im->embd, im->pixels, 1, &e)) < 0) {
                 be->ops->buf_free(be, im->embd);
                 im->embd = NULL;
             }

@@ -85,6 +85,10 @@ int sched_submit(struct sched *s, const int32_t *prompt, int n_prompt, const str
 struct sched_image {
     int32_t pos;
     const float *pixels;
+    /* images of their own size (vision_info.merge > 0: Qwen2-VL, ADR 0095): its grid of t, h, w
+     * patches; pixels [t h w, patch_dim], and t h w / merge² image tokens at pos. Zero for
+     * fixed-size images. */
+    int32_t grid[3];
 };
 
 /* At most this many images in one request. */

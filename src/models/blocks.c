@@ -163,8 +163,15 @@ void blk_attention(struct backend *be, float *o, const float *xn, const struct l
         qk_norm_rows(be, q, k, ld, L, cfg, n);
     /* 3. RoPE at each row's position: the k heads follow the q heads in each row, so one
      *    call rotates both */
-    if (cfg->rp && cfg->rp->n_rot > 0)
+    if (cfg->mrope) {
+        for (int s = 0; s < 3; s++) {
+            struct kv_rows rs = *rows;
+            rs.pos = cfg->mpos + (size_t)s * cfg->mpos_ld;
+            op->rope(be, q, ld, n, ap->n_head + ap->n_kv_head, hd, &cfg->mrope[s], &rs);
+        }
+    } else if (cfg->rp && cfg->rp->n_rot > 0) {
         op->rope(be, q, ld, n, ap->n_head + ap->n_kv_head, hd, cfg->rp, rows);
+    }
     if (cfg->qk_norm && cfg->qk_norm_post_rope)
         qk_norm_rows(be, q, k, ld, L, cfg, n);
     /* Llama 4's NoPE layers: the query temperature grows with the position */

@@ -54,6 +54,11 @@ struct blk_attn_cfg {
     bool qk_norm_post_rope;       /* the q/k norm after RoPE (HunYuan), else before */
     int temp_floor;               /* > 0: query temperature by position (attn_temp op) */
     float temp_scale;
+    /* M-RoPE (ADR 0094): instead of rp, three rope passes, stream s with mrope[s] (its
+     * section's frequencies, the rest zero) at positions mpos + s * mpos_ld (backend memory) */
+    const struct rope_params *mrope;  /* [3], or NULL */
+    const int32_t *mpos;
+    int mpos_ld;
 };
 
 /* o[n, n_embd] = wo(attend(rope(q), rope(k), v)) for xn [n, n_embd], with this

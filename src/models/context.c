@@ -96,6 +96,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.yg = carve(base, &off, E ? K * d : 1);
     t.logits = carve(base, &off, (size_t)out_rows_for(hp, B) * hp->n_vocab);
     t.rope = carve(base, &off, (size_t)hp->n_layer * 2 * HP_MAX_ROT_HALF);
+    t.mrope = carve(base, &off, hparams_has_mrope(hp) ? 3 * HP_MAX_ROT_HALF : 1);
     t.sinks = carve(base, &off, (size_t)hp->n_layer * hp->n_head);
     t.rec = carve(base, &off, (size_t)B * (hp->rec_scratch > 0 ? hp->rec_scratch : 1));
     t.meta = carve(base, &off, (size_t)CTX_META_ROWS * B);
@@ -118,8 +119,18 @@ static int upload_rope(struct model_ctx *c, struct err *e)
             blk_rope_freqs(hp, &hp->layer[il], t, t + HP_MAX_ROT_HALF);
     }
     c->be->ops->upload(c->be, c->bufs.rope, tab, n * sizeof *tab);
+    /* M-RoPE: stream s keeps the frequencies of its section, the others turn by 0 (an exact
+     * identity), so three plain rope passes make it (blk_attention; ADR 0094) */
+    float m[3 * HP_MAX_ROT_HALF] = {0};
+    if (hparams_has_mrope(hp)) {
+        for (int s = 0, j0 = 0; s < 3; j0 += hp->mrope_section[s], s++)
+            for (int j = j0; j < j0 + hp->mrope_section[s]; j++)
+                m[s * HP_MAX_ROT_HALF + j] = tab[j];
+        c->be->ops->upload(c->be, c->bufs.mrope, m, 3 * HP_MAX_ROT_HALF * sizeof *m);
+    }
+    int rc = backend_sync(c->be, e);
     free(tab);
-    return backend_sync(c->be, e);
+    return rc;
 }
 
 /* Per-layer attention sink logits, widened to f32 on the host and uploaded once (the

@@ -5,6 +5,7 @@
  * and driven per layer by struct layer_spec:
  *
  *   x = embd_scale * embed(ids), an image's rows (fwd_chunk.img) its embeddings instead
+ *   rope at each row's position, or M-RoPE's three positions (hp.mrope_section, ADR 0094)
  *   for each layer il (ls = hp->layer[il]), every residual add scaled by residual_scale:
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
@@ -133,8 +134,18 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         struct blk_norm_w n2 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->ffn_norm,
                                 .b = &L->ffn_norm_b, .w_off = wo};
         struct blk_attn_cfg ac;
-        struct rope_params rp;
+        struct rope_params rp, mrp[3];
         attn_cfg_of(c, il, &ac, &rp);
+        if (hparams_has_mrope(hp) && ac.rp && ch->mpos) {
+            /* M-RoPE (ADR 0094): the layer's rope, per stream with its section's frequencies */
+            for (int s = 0; s < 3; s++) {
+                mrp[s] = rp;
+                mrp[s].inv_freq = b->mrope + (size_t)s * HP_MAX_ROT_HALF;
+            }
+            ac.mrope = mrp;
+            ac.mpos = ch->mpos;
+            ac.mpos_ld = ch->mpos_ld;
+        }
 
         struct blk_norm_w p1 = {.kind = hp->norm, .eps = hp->norm_eps, .w = &L->attn_post_norm,
                                 .b = NULL, .w_off = wo};

@@ -103,7 +103,9 @@ static int parse_rope_scaling(struct hparams *hp, const cJSON *cfg, struct err *
         (rc = cfg_opt_int(rs, "original_max_position_embeddings", orig_top, &hp->rope_orig_ctx, e)) < 0)
         return rc;
 
-    if (strcmp(type, "default") == 0)
+    /* Qwen2-VL's published configs say "mrope" for default rope over M-RoPE's sections
+     * (transformers maps it to "default"; the sections are the family's to read) */
+    if (strcmp(type, "default") == 0 || strcmp(type, "mrope") == 0)
         return 0;
     if (strcmp(type, "linear") == 0) {
         hp->rope = ROPE_LINEAR;

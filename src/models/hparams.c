@@ -183,6 +183,14 @@ int hparams_validate(const struct hparams *hp, struct err *e)
     if (hp->n_rot / 2 > HP_MAX_ROT_HALF)
         return err_setf(e, ERR_CONFIG, "rotary dims %d exceed the supported %d", hp->n_rot,
                         2 * HP_MAX_ROT_HALF);
+    if (hparams_has_mrope(hp)) {
+        const int *ms = hp->mrope_section;
+        if (ms[0] < 0 || ms[1] < 0 || ms[2] < 0 || ms[0] + ms[1] + ms[2] != hp->n_rot / 2 ||
+            hp->rope != ROPE_DEFAULT || hp->rope_style != ROPE_STYLE_HALF)
+            return err_setf(e, ERR_CONFIG, "mrope_section [%d, %d, %d] must be three non-negative counts "
+                            "summing to half the rotary dims (%d), over default rotate-half rope", ms[0],
+                            ms[1], ms[2], hp->n_rot / 2);
+    }
     if (!isfinite(hp->embd_scale) || !isfinite(hp->residual_scale) || !isfinite(hp->logit_scale) ||
         hp->embd_scale == 0.0f || hp->logit_scale == 0.0f)
         return err_setf(e, ERR_CONFIG, "embedding, residual and logit scales must be finite and non-zero");

@@ -173,6 +173,10 @@ struct hparams {
     bool rope_truncate;         /* yarn: floor / ceil the correction range */
     float rope_short[HP_MAX_ROT_HALF]; /* longrope factors (n_rot / 2) */
     float rope_long[HP_MAX_ROT_HALF];
+    /* M-RoPE (Qwen2-VL, ADR 0094): frequencies [0, s0) turn with a row's temporal position,
+     * [s0, s0 + s1) with its height, the next s2 with its width (s0 + s1 + s2 = n_rot / 2);
+     * all zero: plain rope */
+    int mrope_section[3];
 
     /* feed-forward */
     enum ffn_kind ffn;
@@ -278,6 +282,12 @@ void hparams_fill_layers(struct hparams *hp);
 /* Reject values that cannot work (model-wide and per layer); the message names the
  * config field. */
 int hparams_validate(const struct hparams *hp, struct err *e);
+
+/* The model turns rope by three position streams (M-RoPE: hp->mrope_section set). */
+static inline bool hparams_has_mrope(const struct hparams *hp)
+{
+    return hp->mrope_section[0] + hp->mrope_section[1] + hp->mrope_section[2] > 0;
+}
 
 /* The longest sequence a cache may hold: n_ctx_max when a rope extends past the trained
  * context (dynamic NTK), else n_ctx. */

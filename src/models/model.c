@@ -164,6 +164,29 @@ static cJSON *renamed_keys(const cJSON *o)
     return n;
 }
 
+/* A published Qwen2-VL / Qwen2.5-VL config.json is flat: the text model's keys at its top
+ * beside vision_config (transformers reads it into text_config). *cfg becomes a copy with
+ * model_type "<outer>_text" where a family reads that (ADR 0094), *outer the whole config.
+ * 1 when so, 0 when no family does. */
+static int flat_text_config(cJSON **cfg, cJSON **outer, const char *mt, char *wrapper, size_t cap,
+                            struct err *e)
+{
+    char text_mt[96];
+    snprintf(text_mt, sizeof text_mt, "%s_text", mt);
+    if (strlen(mt) + 5 >= sizeof text_mt || !registry_find(text_mt))
+        return 0;
+    cJSON *n = cJSON_Duplicate(*cfg, true), *s = cJSON_CreateString(text_mt);
+    if (!n || !s || !cJSON_ReplaceItemInObjectCaseSensitive(n, "model_type", s)) {
+        cJSON_Delete(n);
+        cJSON_Delete(s);
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    }
+    snprintf(wrapper, cap, "%s", mt);
+    *outer = *cfg;
+    *cfg = n;
+    return 1;
+}
+
 /* ADR 0080. A multimodal checkpoint (Qwen3.5, Gemma 3, Mistral 3, Llama 4, LLaVA, Idefics3, ...) whose
  * own model_type no family has, but whose text_config names one: *cfg becomes its text
  * config, with the keys about the whole checkpoint the text config lacks copied in
@@ -174,7 +197,11 @@ static int nest_text_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t ca
 {
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(*cfg, "model_type");
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(*cfg, "text_config");
-    if (!cJSON_IsString(mt) || !cJSON_IsObject(tc) || registry_find(mt->valuestring))
+    if (!cJSON_IsString(mt) || registry_find(mt->valuestring))
+        return 0;
+    if (!tc && vision_find(mt->valuestring))
+        return flat_text_config(cfg, outer, mt->valuestring, wrapper, cap, e);
+    if (!cJSON_IsObject(tc))
         return 0;
     const cJSON *tmt = cJSON_GetObjectItemCaseSensitive(tc, "model_type");
     if (!cJSON_IsString(tmt) || !registry_find(tmt->valuestring))

@@ -266,15 +266,19 @@ struct ctx_bufs {
     float *yg;       /* [K, n_embd] expert outputs */
     float *logits;   /* [n_out, n_vocab] */
     float *rope;     /* [n_layer][2][HP_MAX_ROT_HALF] inv_freq | longrope long factors */
+    float *mrope;    /* [3][HP_MAX_ROT_HALF] M-RoPE: layer 0's inv_freq with the frequencies
+                      * outside stream s's section zero (hp.mrope_section; ADR 0094) */
     float *sinks;    /* [n_layer][n_head] attention sink logits in f32 (layers with sinks) */
     float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
     const struct lora_run *lora; /* the chunk's active adapters (lora.h), or NULL: the base
                                   * alone; set per chunk by model_forward */
     int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
                       * slot, state slot (the row's sequence id), then [B][2] the rows'
-                      * bidirectional spans (kv_rows.span, chunks with images only) */
+                      * bidirectional spans (kv_rows.span, chunks with images only), then
+                      * [3][B] the rows' M-RoPE positions (t, h, w; M-RoPE models only) */
 };
-#define CTX_META_ROWS 10
+#define CTX_META_ROWS 13
+#define CTX_META_MROPE 10   /* the row of meta where the M-RoPE positions start */
 
 /* Per-chunk input of a family forward: n_tok rows (ids in range, K/V slots
  * reserved), of which n_out need logits. Pointers are backend memory except
@@ -299,6 +303,10 @@ struct fwd_chunk {
     const int32_t *emb_pos;    /* [n_tok] */
     const struct fwd_image *img;     /* [n_img] host array; NULL: no image rows */
     int n_img;
+    /* M-RoPE models (hp.mrope_section): [3][mpos_ld] each row's temporal, height and width
+     * rope positions, backend memory (ADR 0094); NULL otherwise */
+    const int32_t *mpos;
+    int mpos_ld;
 };
 
 /* Graphs a context keeps (decode shapes: one per row count and cache layout). */

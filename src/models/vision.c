@@ -30,6 +30,16 @@ const struct vision_ops *vision_find(const char *model_type)
     return NULL;
 }
 
+size_t vision_count(void)
+{
+    return sizeof k_vision / sizeof k_vision[0];
+}
+
+const struct vision_ops *vision_at(size_t i)
+{
+    return i < vision_count() ? k_vision[i] : NULL;
+}
+
 int vision_load(struct model *m, const cJSON *cfg, struct err *e)
 {
     const struct vision_ops *ops = vision_find(m->multimodal);
@@ -84,7 +94,8 @@ int vision_ctx_new(struct vision_ctx **out, const struct model *m, struct backen
         return err_setf(e, ERR_NOMEM, "out of memory");
     vc->m = m;
     vc->be = be;
-    if ((rc = vit_ctx_new(&vc->vit, &m->vision->vh, &m->vision->vw, be, e)) < 0 ||
+    /* a family of variable-size images keeps its own tower buffers (ops->ctx_new) */
+    if ((m->vision->info.merge == 0 && (rc = vit_ctx_new(&vc->vit, &m->vision->vh, &m->vision->vw, be, e)) < 0) ||
         (rc = m->vision->ops->ctx_new(vc, e)) < 0) {
         vision_ctx_free(vc);
         return rc;
@@ -116,6 +127,9 @@ size_t vision_embd_bytes(const struct model *m)
 int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e)
 {
     const struct vision *v = vc->m->vision;
+    if (v->info.merge > 0)
+        return err_setf(e, ERR_ARG, "vision_encode: %s takes images of their own size (vision_encode_grid)",
+                        v->ops->model_type);
     if (n_img < 0)
         return err_setf(e, ERR_ARG, "vision_encode: %d images", n_img);
     size_t px = vision_pixel_bytes(v) / sizeof(float), rows = vision_embd_bytes(vc->m) / sizeof(float);
@@ -127,4 +141,67 @@ int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_
             return err_prefix(e, "encoding image %d", i + 1);
     }
     return 0;
+}
+
+int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, int n, int32_t image_token_id,
+                           const int32_t *grid, int n_img, struct err *e)
+{
+    int64_t cur = 0;
+    int k = 0;
+    for (int i = 0; i < n;) {
+        if (ids[i] != image_token_id) {
+            pos3[3 * i] = pos3[3 * i + 1] = pos3[3 * i + 2] = (int32_t)cur++;
+            i++;
+            continue;
+        }
+        if (k >= n_img)
+            return err_setf(e, ERR_ARG, "image token at %d past the %d image%s", i, n_img, n_img == 1 ? "" : "s");
+        int gh = grid[2 * k], gw = grid[2 * k + 1];
+        if (gh < 1 || gw < 1 || (int64_t)gh * gw > n - i)
+            return err_setf(e, ERR_ARG, "image %d: a %d x %d grid of tokens does not fit the prompt at %d", k + 1,
+                            gh, gw, i);
+        for (int r = 0; r < gh * gw; r++) {
+            if (ids[i + r] != image_token_id)
+                return err_setf(e, ERR_ARG, "image %d: %d image tokens at %d where its grid takes %d", k + 1,
+                                r, i, gh * gw);
+            pos3[3 * (i + r)] = (int32_t)cur;
+            pos3[3 * (i + r) + 1] = (int32_t)(cur + r / gw);
+            pos3[3 * (i + r) + 2] = (int32_t)(cur + r % gw);
+        }
+        cur += gh > gw ? gh : gw;
+        i += gh * gw;
+        k++;
+    }
+    if (k != n_img)
+        return err_setf(e, ERR_ARG, "%d image%s but the prompt has image tokens for %d", n_img,
+                        n_img == 1 ? "" : "s", k);
+    *delta = (int32_t)(cur - n);
+    return 0;
+}
+
+int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct err *e)
+{
+    const struct vision_info *vi = &v->info;
+    int64_t t = grid_thw[0], h = grid_thw[1], w = grid_thw[2];
+    if (vi->merge <= 0)
+        return err_setf(e, ERR_ARG, "%s takes images of one size, not a grid", v->ops->model_type);
+    if (t != 1 || h < vi->merge || w < vi->merge || h % vi->merge || w % vi->merge || h * w > vi->max_patches)
+        return err_setf(e, ERR_ARG, "an image grid of %lld x %lld x %lld patches: the tower takes one temporal "
+                        "patch (a still image), sides multiples of spatial_merge_size %d, at most %d patches",
+                        (long long)t, (long long)h, (long long)w, vi->merge, vi->max_patches);
+    return (int)(h * w / (vi->merge * vi->merge));
+}
+
+int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e)
+{
+    const struct vision *v = vc->m->vision;
+    int rc = vision_grid_tokens(v, grid_thw, e);
+    if (rc < 0)
+        return rc;
+    if (!v->ops->encode_grid)
+        return err_setf(e, ERR_ARG, "%s has no grid encoder", v->ops->model_type);
+    if ((rc = v->ops->encode_grid(vc, out, pixels, grid_thw, e)) < 0)
+        return rc;
+    return backend_sync(vc->be, e);
 }

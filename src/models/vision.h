@@ -38,6 +38,13 @@ struct vision_info {
     int32_t boi_token_id, eoi_token_id;  /* tokens around an image's rows (-1: none) */
     bool bidirectional;         /* the text model attends bidirectionally among one image's
                                  * rows during prefill (Gemma 3's token_type_ids mask) */
+    /* Images of their own size (Qwen2-VL, Qwen2.5-VL; ADR 0095): merge > 0, and each image comes
+     * as the processor's patch rows with its grid (t, h, w) in patches: t h w / merge² rows out,
+     * turned by M-RoPE (the text model's mrope_section). tokens_per_image and image_size are 0. */
+    int merge;                  /* spatial_merge_size; 0: fixed-size images */
+    int patch_dim;              /* values of one patch row: channels x temporal_patch_size x p² */
+    int patch_size, temporal_patch_size;
+    int max_patches;            /* the most patches of one image the tower takes */
 };
 
 struct vision;
@@ -59,6 +66,10 @@ struct vision_ops {
     void (*ctx_free)(struct vision_ctx *vc);
     /* One image: pixels [C, S, S] host -> out [tokens_per_image, n_embd] backend memory. */
     void (*encode_one)(struct vision_ctx *vc, float *out, const float *pixels);
+    /* info.merge > 0: one image of grid_thw patches, pixels [t h w, patch_dim] host -> out
+     * [t h w / merge², n_embd] backend memory (its buffers grown to the image in vc->fam). */
+    int (*encode_grid)(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e);
 };
 
 struct vision {
@@ -75,10 +86,17 @@ struct vision_ctx {
     struct vit_ctx *vit;        /* the tower's activations (vit->b.x: the last image's
                                  * last_hidden_state after vision_encode), owned */
     void *fam;                  /* the family's buffers, owned through ops->ctx_free */
+    /* info.merge > 0: the last image's last ViT block output [n_hidden, Dv] (backend memory in
+     * fam; Qwen2.5-VL: in its window order), for tests */
+    const float *hidden;
+    int n_hidden;
 };
 
 /* The vision family of a wrapper model_type, or NULL. */
 const struct vision_ops *vision_find(const char *model_type);
+/* The vision families of vision.def, in order (for `mlxcel arch`). */
+size_t vision_count(void);
+const struct vision_ops *vision_at(size_t i);
 
 /* model_load's step for a multimodal checkpoint whose wrapper has a vision family:
  * m->vision loaded, or left NULL (with a warning) when the checkpoint has no tower. */
@@ -95,6 +113,25 @@ void vision_ctx_free(struct vision_ctx *vc);
  * out [n_img * tokens_per_image, n_embd] (backend memory the caller owns). Synchronizes
  * the backend (its error is returned). -ERR_ARG for a model without vision. */
 int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e);
+
+/* M-RoPE positions of a prompt (ADR 0094), as transformers' get_rope_index computes them for
+ * images: a text row at rope position p takes (p, p, p) and the next p + 1; image k's run of
+ * grid[2k] x grid[2k+1] image tokens (its merged rows and columns; the prompt's k-th run of
+ * image_token_id), starting at p, takes (p, p + r, p + c) row-major, and the text after it
+ * p + max(rows, columns). pos3 [n][3]; *delta = the next rope position minus n (what a later
+ * text row adds to its position). ERR_ARG when the image tokens are not exactly the images'
+ * runs in order. */
+int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, int n, int32_t image_token_id,
+                           const int32_t *grid, int n_img, struct err *e);
+
+/* Images of their own size (info.merge > 0): the rows one image of grid_thw (t, h, w patches)
+ * makes, or -ERR_ARG (e says why) when the grid does not fit the tower: h and w multiples of
+ * merge, at most max_patches, t 1 (a still image). */
+int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct err *e);
+/* One such image: pixels [t h w, patch_dim] (host, as the processor gives them) -> out
+ * [vision_grid_tokens, n_embd] (backend memory the caller owns). Synchronizes the backend. */
+int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
+                       struct err *e);
 
 /* Bytes of one image's pixel_values, and of its rows of embeddings. */
 size_t vision_pixel_bytes(const struct vision *v);

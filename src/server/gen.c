@@ -175,9 +175,13 @@ static int image_rows(struct gen *g, size_t n, struct oai_error *err)
         return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                           "%s: the chat template writes each image's placeholder, and the text may not hold one",
                           e.msg);
-    size_t one = vision_pixel_bytes(g->model->m.images->m->vision) / sizeof(float);
-    for (int k = 0; k < g->imgs.n_img; k++)
-        g->simg[k] = (struct sched_image){pos[k], g->imgs.pixels + (size_t)k * one};
+    /* each image's pixels where image_input put them; a grid for images of their own size */
+    bool grid = g->model->m.images->m->vision->info.merge > 0;
+    for (int k = 0; k < g->imgs.n_img; k++) {
+        g->simg[k] = (struct sched_image){pos[k], g->imgs.pixels + g->imgs.off[k], {0, 0, 0}};
+        if (grid)
+            memcpy(g->simg[k].grid, g->imgs.grid[k], sizeof g->simg[k].grid);
+    }
     return 0;
 }
 

@@ -17,7 +17,7 @@ import { describe, it, before, after } from 'node:test';
 import { createServer } from 'node:http';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
@@ -138,6 +138,73 @@ describe('vision: images through the APIs', () => {
         assertError(typed, 400, 'image tokens as text');
         const ok = await oai.chat.completions.create(chatBody(dataUrl('vis_photo.jpg')));
         assert.equal(ok.choices[0].message.content, cli('vis_photo.jpg'));
+    });
+});
+
+// Qwen2-VL (images of their own size, M-RoPE; ADR 0094, 0095): the qwen2_vl golden checkpoint
+// (its tokenizer, chat template and image processor). The messages are the golden's (text, then
+// the image), so the chat template renders transformers' prompt, whose greedy steps all have
+// clear margins: the openai (chat, responses) and anthropic clients' answers equal `mlxcel generate --image` of
+// that rendered prompt (tests/cli/qwen_vl.sh: transformers' greedy ids), the image's rows
+// count in usage, and the prefix cache keys the image's blocks by its content (and grid).
+describe('vision: Qwen2-VL', () => {
+    const QG = 'tests/fixtures/golden/qwen2_vl';
+    const gold = BIN ? JSON.parse(readFileSync(join(QG, 'golden.json'), 'utf8')) : {};
+    const QTEXT = 'Describe this picture.';
+    let want;
+    let srv, oai;
+    before(async () => {
+        const pf = join(work, 'qwen2_vl.prompt');
+        writeFileSync(pf, gold.prompt);
+        want = execFileSync(BIN, ['generate', '-m', QG, '--image', join(IMG, 'vis_photo.jpg'), '-f', pf, '--no-chat',
+            '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+        srv = await startServer(['-m', QG]);
+        oai = client(srv.base);
+    });
+    after(async () => { await srv?.stop(); });
+
+    it('openai chat: the image_url part gives transformers\' answer; its rows count in usage', async () => {
+        const r = await oai.chat.completions.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } }] }],
+        });
+        assert.equal(r.choices[0].message.content, want);
+        assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+        // the same image again: its blocks come from the prefix cache, the answer is the same;
+        // another image after the same text: the cache stops before the image's rows
+        const again = await oai.chat.completions.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } }] }],
+        });
+        assert.equal(again.choices[0].message.content, want);
+        const first = gold.input_ids.indexOf(gold.image_token_id);
+        assert.ok(again.usage.prompt_tokens_details.cached_tokens > first);
+        const other = await oai.chat.completions.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } }] }],
+        });
+        assert.ok(other.usage.prompt_tokens_details.cached_tokens <= first);
+    });
+
+    it('responses: input_image gives the same', async () => {
+        const r = await oai.responses.create({
+            model: 'qwen2_vl', max_output_tokens: N, temperature: 0,
+            input: [{ role: 'user', content: [{ type: 'input_text', text: QTEXT },
+                { type: 'input_image', image_url: dataUrl('vis_photo.jpg') }] }],
+        });
+        assert.equal(r.output_text, want);
+    });
+
+    it('anthropic: a base64 image block gives the same', async () => {
+        const r = await anthropic(srv.base).messages.create({
+            model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image', source: { type: 'base64', media_type: 'image/jpeg', data: b64('vis_photo.jpg') } }] }],
+        });
+        assert.equal(r.content[0].text, want);
     });
 });
 
