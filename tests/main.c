@@ -61,6 +61,7 @@
     X(spec)       \
     X(multimodal) \
     X(embed)      \
+    X(embed_dec)  \
     X(vision)     \
     X(cuda)
 

@@ -79,6 +79,8 @@ static const char *k_help =
     "                             checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --draft-max N          tokens drafted per step at most (default 16, up to 64)\n"
     "      --draft-min N          decode plainly when fewer are drafted (default 1)\n"
+    "      --reranker qwen3       serve the model (a causal LM) as Qwen3-Reranker: /v1/rerank scores\n"
+    "                             P(\"yes\") of its prompt (docs/server.md)\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
@@ -90,13 +92,13 @@ static const char *k_help =
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
-    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT,
+    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_RERANKER,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
 
 struct serve_cli {
-    const char *model, *host, *api_key, *name, *model_draft;
+    const char *model, *host, *api_key, *name, *model_draft, *reranker;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
     bool log_json, no_prefix_cache, allow_image_urls;
@@ -170,6 +172,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
         {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
         {"md", required_argument, NULL, OPT_MODEL_DRAFT},
+        {"reranker", required_argument, NULL, OPT_RERANKER},
         {"threads", required_argument, NULL, 't'},
         {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
         {"verbose", no_argument, NULL, 'v'},
@@ -207,6 +210,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
+        case OPT_RERANKER: o->reranker = optarg; break;
         case OPT_LOG_FORMAT:
             if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
                 o->log_json = strcmp(optarg, "json") == 0;
@@ -324,7 +328,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
                 struct err *e)
 {
     int rc;
-    if ((rc = model_load(&sv->m, dir, e)) < 0)
+    if ((rc = model_load(&sv->m, dir, e)) < 0 || (rc = cli_reranker_apply(sv->m, o->reranker, e)) < 0)
         return rc;
     if (sv->m->hp.encoder)
         return load_encoder(o, dir, sv, sm, e);

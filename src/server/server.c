@@ -538,8 +538,8 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     if (s->m.embedder && gen_route) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
                    "embedding model (%s): it does not generate text; use %s", s->model_id,
-                   s->m.hp->n_cls > 0 ? "a cross-encoder" : "an encoder",
-                   s->m.hp->n_cls > 0 ? "/v1/rerank" : "/v1/embeddings");
+                   s->m.hp->n_cls > 0 || s->m.hp->lm_rerank ? "a reranker" : "an encoder",
+                   s->m.hp->n_cls > 0 || s->m.hp->lm_rerank ? "/v1/rerank" : "/v1/embeddings");
         return srv_reply_error(c, r, &err);
     }
     if (!s->m.embedder && (rt == R_EMBEDDINGS || rt == R_RERANK)) {
