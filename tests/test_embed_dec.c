@@ -377,8 +377,9 @@ static void write_text(const char *path, const char *text)
     fclose(f);
 }
 
-/* A copy of the qwen3_rr folder whose config.json gets field = value (JSON). */
-static void rr_copy(char *dir, const char *field, const char *value)
+/* A copy of the qwen3_rr folder whose config.json gets field = value (JSON), and
+ * is_original_qwen3_reranker: true with orig. */
+static void rr_copy(char *dir, const char *field, const char *value, bool orig)
 {
     char cmd[8400], path[4200];
     struct err e = {0};
@@ -390,6 +391,8 @@ static void rr_copy(char *dir, const char *field, const char *value)
     snprintf(path, sizeof path, "%s/config.json", dir);
     assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
     cJSON_AddItemToObject(j, field, cJSON_Parse(value));
+    if (orig)
+        cJSON_AddTrueToObject(j, "is_original_qwen3_reranker");
     char *text = cJSON_PrintUnformatted(j);
     write_text(path, text);
     free(text);
@@ -403,27 +406,33 @@ static void rm_dir(const char *dir)
     assert_int_equal(system(cmd), 0);
 }
 
-/* vLLM's conversion fields in config.json make the same reranker without a flag; other
- * tokens are refused naming the field. */
+/* vLLM's fields in config.json make the same reranker without a flag; other tokens, or
+ * one field alone, are refused naming the fields. */
 static void rerank_config_field(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/mlxcel-rr-XXXXXX", bad[] = "/tmp/mlxcel-rrbad-XXXXXX";
+    char dir[] = "/tmp/mlxcel-rr-XXXXXX";
     struct dcase c;
-    struct model *m = NULL;
-    struct err e = {0};
-    rr_copy(dir, "classifier_from_token", "[\"no\", \"yes\"]");
+    rr_copy(dir, "classifier_from_token", "[\"no\", \"yes\"]", true);
     dcase_open_dir(&c, dir, golden_case_dir("qwen3_rr"), false);
     assert_true(c.m->hp.lm_rerank);
     rerank_check(&c, "qwen3_rr classifier_from_token");
     dcase_close(&c);
     rm_dir(dir);
-    rr_copy(bad, "classifier_from_token", "[\"yes\", \"no\"]");
-    int rc = model_load(&m, bad, &e);
-    model_free(m);
-    rm_dir(bad);
-    if (rc != -ERR_UNSUPPORTED || !strstr(e.msg, "classifier_from_token"))
-        fail_msg("expected a refusal naming classifier_from_token, got %d '%s'", rc, e.msg);
+    static const struct { const char *v; bool orig; } bad[] = {
+        {"[\"yes\", \"no\"]", true}, {"[\"no\", \"yes\"]", false}, {"\"yes\"", true},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char b[] = "/tmp/mlxcel-rrbad-XXXXXX";
+        struct model *m = NULL;
+        struct err e = {0};
+        rr_copy(b, "classifier_from_token", bad[i].v, bad[i].orig);
+        int rc = model_load(&m, b, &e);
+        model_free(m);
+        rm_dir(b);
+        if (rc != -ERR_UNSUPPORTED || !strstr(e.msg, "classifier_from_token"))
+            fail_msg("case %zu: expected a refusal naming classifier_from_token, got %d '%s'", i, rc, e.msg);
+    }
 }
 
 /* Without the flag the causal LM is a generator; the flag on an encoder or an embedding

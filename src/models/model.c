@@ -236,19 +236,24 @@ static bool attention_only(const struct hparams *hp)
     return true;
 }
 
-/* vLLM's Qwen3-Reranker conversion (its hf_overrides, written into config.json):
- * "classifier_from_token": ["no", "yes"]; 1 when present, 0 when not. Other tokens are
- * refused: the score is P(yes) over exactly these two. */
+/* vLLM's Qwen3-Reranker fields (its documented hf_overrides, written into config.json):
+ * "classifier_from_token": ["no", "yes"] with "is_original_qwen3_reranker": true; 1 when
+ * present, 0 when neither is. Other tokens, or one field without the other (vLLM's
+ * classifier built from other token rows), are refused: the score here is P(yes) over
+ * exactly these two. */
 static int reranker_fields(const cJSON *cfg, struct err *e)
 {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(cfg, "classifier_from_token");
-    if (!c || cJSON_IsNull(c))
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(cfg, "is_original_qwen3_reranker");
+    bool has_c = c && !cJSON_IsNull(c), has_o = o && !cJSON_IsNull(o) && !cJSON_IsFalse(o);
+    if (!has_c && !has_o)
         return 0;
     const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
-    if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsString(a) || !cJSON_IsString(b) ||
-        strcmp(a->valuestring, "no") != 0 || strcmp(b->valuestring, "yes") != 0)
-        return err_setf(e, ERR_UNSUPPORTED, "config field 'classifier_from_token' must be [\"no\", "
-                        "\"yes\"] (a Qwen3-Reranker: the score is P(yes) of the last token)");
+    if (!has_c || !cJSON_IsTrue(o) || !cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsString(a) ||
+        !cJSON_IsString(b) || strcmp(a->valuestring, "no") != 0 || strcmp(b->valuestring, "yes") != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "config fields 'classifier_from_token' = [\"no\", \"yes\"] and "
+                        "'is_original_qwen3_reranker' = true go together (a Qwen3-Reranker: the score is "
+                        "P(yes) of the last token); other forms are not supported");
     return 1;
 }
 

@@ -205,7 +205,8 @@ int model_widen_f32(struct model *m, struct tensor *t, struct err *e);
 /* Load the checkpoint in dir. A decoder checkpoint that is an embedding model or an LM
  * reranker is loaded as one (hp.encoder, ADR 0097 / 0098): a sentence-transformers folder
  * (modules.json) of a causal decoder (hp.causal: Qwen3-Embedding), or a config.json carrying
- * vLLM's Qwen3-Reranker conversion fields ("classifier_from_token": ["no", "yes"]; hp.lm_rerank).
+ * vLLM's Qwen3-Reranker fields ("classifier_from_token": ["no", "yes"],
+ * "is_original_qwen3_reranker": true; hp.lm_rerank).
  * A decoder's base model saved alone (embed_tokens.*, layers.N.*, norm.*: Qwen3Model /
  * Gemma3TextModel as sentence-transformers saves them) loads under its LM's "model." names. */
 int model_load(struct model **out, const char *dir, struct err *e);
