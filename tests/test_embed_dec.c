@@ -25,6 +25,8 @@
 
 #include "engine/embedder.h"
 #include "kernels/backend.h"
+#include "core/dtype.h"
+#include "core/safetensors.h"
 #include "loading/config.h"
 #include "models/model.h"
 #include "test.h"
@@ -475,6 +477,108 @@ static void rerank_refusals(void **state)
     dcase_close(&c);
 }
 
+/* ---- ModernBERT's classifier_pooling "mean" ---- */
+
+/* v[n] as float from a stored tensor of m's checkpoint (any float dtype). */
+static float *st_floats(const struct model *m, const char *name, size_t n)
+{
+    const struct st_tensor *t = st_set_find(m->st, name);
+    if (!t)
+        fail_msg("no tensor %s", name);
+    float *v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    dtype_to_f32_ref(v, t->data, t->dtype, n);
+    return v;
+}
+
+/* modernbert_ce with classifier_pooling "mean" (its config so patched): each pair's logit is
+ * transformers' head on the mean of the sequence's last hidden states, computed here on the
+ * host in double from the same hidden states and the stored head weights
+ * (classifier(LN(gelu(dense(mean))))); batched equals alone. */
+static void modernbert_mean_head(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-mbmean-XXXXXX", cmd[8400], path[4200];
+    const char *src = golden_case_dir("modernbert_ce");
+    struct err e = {0};
+    struct model *m = NULL;
+    struct backend *be = NULL;
+    struct embedder *em = NULL;
+    cJSON *j = NULL, *ref = NULL;
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp %s/*.json %s/*.safetensors %s/", src, src, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "classifier_pooling", cJSON_CreateString("mean"));
+    char *text = cJSON_PrintUnformatted(j);
+    write_text(path, text);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/embed.json", src);
+    if (cfg_load_file(path, FILE_USER, &ref, &e) < 0 || model_load(&m, dir, &e) < 0 ||
+        test_backend_new(&be, 2, &e) < 0 || model_prepare(m, be, &e) < 0 || embedder_new(&em, m, be, NULL, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_true(m->hp.cls_mean && m->hp.n_cls == 1);
+    int d = m->hp.n_embd, n = cJSON_GetArraySize(cJSON_GetObjectItem(ref, "ids")), rows = 0;
+    assert_true(n >= 5 && n <= 16);
+    struct enc_seq seqs[16];
+    int32_t *ids = malloc(16 * 256 * sizeof *ids);
+    assert_non_null(ids);
+    for (int i = 0; i < n; i++) {
+        const cJSON *a = cJSON_GetArrayItem(cJSON_GetObjectItem(ref, "ids"), i), *x;
+        seqs[i] = (struct enc_seq){ids + rows, NULL, 0};
+        cJSON_ArrayForEach(x, a) {
+            assert_true(rows < 16 * 256);
+            ids[rows++] = (int32_t)x->valuedouble;
+            seqs[i].n++;
+        }
+    }
+    float *hid = malloc((size_t)rows * d * sizeof *hid), logits[16], alone;
+    assert_non_null(hid);
+    if (enc_run(em->enc, seqs, n, hid, logits, &e) < 0)
+        fail_msg("%s", e.msg);
+    float *wd = st_floats(m, "head.dense.weight", (size_t)d * d), *wn = st_floats(m, "head.norm.weight", d);
+    float *wc = st_floats(m, "classifier.weight", d), *bc = st_floats(m, "classifier.bias", 1);
+    double mean[1024], h[1024], worst = 0;
+    assert_true(d <= 1024 && !st_set_find(m->st, "head.dense.bias") && !st_set_find(m->st, "head.norm.bias"));
+    for (int i = 0, r = 0; i < n; r += seqs[i++].n) {
+        for (int k = 0; k < d; k++) {
+            mean[k] = 0;
+            for (int t = 0; t < seqs[i].n; t++)
+                mean[k] += hid[(size_t)(r + t) * d + k];
+            mean[k] /= seqs[i].n;
+        }
+        double mu = 0, var = 0, logit = bc[0];
+        for (int o = 0; o < d; o++) {   /* gelu(dense(mean)), exact erf */
+            double acc = 0;
+            for (int k = 0; k < d; k++)
+                acc += (double)wd[(size_t)o * d + k] * mean[k];
+            h[o] = 0.5 * acc * (1.0 + erf(acc / sqrt(2.0)));
+            mu += h[o] / d;
+        }
+        for (int o = 0; o < d; o++)
+            var += (h[o] - mu) * (h[o] - mu) / d;
+        for (int o = 0; o < d; o++)
+            logit += (double)wc[o] * (h[o] - mu) / sqrt(var + m->hp.norm_eps) * wn[o];
+        double err = fabs(logits[i] - logit) / fmax(fabs(logit), 1.0);
+        if (err > REL_TOL)
+            fail_msg("pair %d: logit %.9g, the head on the mean row gives %.9g", i, (double)logits[i], logit);
+        worst = fmax(worst, err);
+        if (enc_run(em->enc, &seqs[i], 1, NULL, &alone, &e) < 0)
+            fail_msg("%s", e.msg);
+        if (fabsf(alone - logits[i]) > 1e-5f * fmaxf(fabsf(alone), 1.0f))
+            fail_msg("pair %d: alone %.9g, batched %.9g", i, (double)alone, (double)logits[i]);
+    }
+    printf("  modernbert mean head: %d pairs, worst relative error %.3g against the host head\n", n, worst);
+    free(wd), free(wn), free(wc), free(bc), free(hid), free(ids);
+    embedder_free(em);
+    backend_free(be);
+    model_free(m);
+    cJSON_Delete(ref);
+    rm_dir(dir);
+}
+
 static void embed_qwen3_emb(void **s) { *s = (void *)"qwen3_emb"; embed_dec_case(s); }
 static void embed_embgemma(void **s) { *s = (void *)"embgemma"; embed_dec_case(s); }
 
@@ -486,6 +590,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rerank_flag),
     cmocka_unit_test(rerank_config_field),
     cmocka_unit_test(rerank_refusals),
+    cmocka_unit_test(modernbert_mean_head),
 };
 
 TEST_SUITE(embed_dec, tests);

@@ -259,6 +259,8 @@ struct hparams {
      * head's logits of "yes" and "no" at the last row (Qwen3-Reranker, ADR 0098) */
     bool causal;
     bool lm_rerank;
+    bool cls_mean;              /* the classification head reads the mean of the sequence's rows,
+                                 * not its first (ModernBERT's classifier_pooling "mean") */
 
     /* head */
     bool tie_embd;              /* lm_head shares the token embedding */
