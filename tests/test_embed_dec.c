@@ -175,10 +175,15 @@ static void embed_dec_case(void **state)
         fail_msg("%s", e.msg);
     for (int i = 0; i < nt; i++) {
         char what[128];
-        const cJSON *t = cJSON_GetArrayItem(texts, i);
-        assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding_batched"), ref, dim), dim);
+        const cJSON *t = cJSON_GetArrayItem(texts, i), *eb = cJSON_GetObjectItem(t, "embedding_batched");
+        /* the reference alone; its own padded batch where it is not null (gen_embed_dec.py) */
+        assert_int_equal(json_floats(cJSON_GetObjectItem(t, "embedding"), ref, dim), dim);
         snprintf(what, sizeof what, "%s text %d batched", name, i);
         worst = fmax(worst, check_vec(what, batched + (size_t)i * dim, ref, dim));
+        if (cJSON_IsArray(eb)) {
+            assert_int_equal(json_floats(eb, ref, dim), dim);
+            worst = fmax(worst, check_vec(what, batched + (size_t)i * dim, ref, dim));
+        }
         double err = test_row_rel_err(batched + (size_t)i * dim, alone + (size_t)i * dim, dim);
         if (err > batched_bound(c.be))
             fail_msg("%s text %d: batched differs from alone by %.3g of the row", name, i, err);
@@ -199,12 +204,15 @@ static void embed_dec_case(void **state)
             snprintf(what, sizeof what, "%s prompt %s text %d", name, pname, i);
             tokenize_checked(&c, ptext, cJSON_GetArrayItem(cJSON_GetObjectItem(p, "texts"), i),
                              cJSON_GetArrayItem(cJSON_GetObjectItem(p, "ids"), i), &it, what);
-            if (embedder_embed(c.em, &it, 1, v, &e) < 0)
-                fail_msg("%s", e.msg);
-            assert_int_equal(json_floats(cJSON_GetArrayItem(cJSON_GetObjectItem(p, "embedding"), i), ref, dim), dim);
-            worst = fmax(worst, check_vec(what, v, ref, dim));
+            const cJSON *pe = cJSON_GetArrayItem(cJSON_GetObjectItem(p, "embedding"), i);
+            if (cJSON_IsArray(pe)) {   /* null: the reference's padded batch gave NaN */
+                if (embedder_embed(c.em, &it, 1, v, &e) < 0)
+                    fail_msg("%s", e.msg);
+                assert_int_equal(json_floats(pe, ref, dim), dim);
+                worst = fmax(worst, check_vec(what, v, ref, dim));
+                np++;
+            }
             emb_item_deinit(&it);
-            np++;
         }
     }
     assert_true(np >= 2);
@@ -239,7 +247,7 @@ static void recognised_kinds(void **state)
             assert_int_equal(c.m->hp.layer[il].window, 2 * (w - 1) + 1);
             n_slide++;
         }
-    assert_int_equal(n_slide, 3);
+    assert_true(n_slide >= 1 && n_slide < c.m->hp.n_layer);
     dcase_close(&c);
 }
 
@@ -274,11 +282,16 @@ static void attn_spy(struct backend *be, float *out, int ldo, const float *q, in
     g_real_ops->attention(be, out, ldo, q, ldq, kv, rows, n_tok, ap);
 }
 
-static void rows_of(const char *name, bool causal, int band, int want_local)
+/* band: the sliding layers' half-width (the reference's effective sliding_window less one) */
+static void rows_of(const char *name, bool causal)
 {
     struct dcase c;
     struct err e = {0};
     dcase_open(&c, name, false);
+    const cJSON *sw = cJSON_GetObjectItem(cJSON_GetObjectItem(c.ref, "config_effective"), "sliding_window");
+    int band = cJSON_IsNumber(sw) ? (int)sw->valuedouble - 1 : 0, want_local = 0;
+    for (int il = 0; !causal && il < c.m->hp.n_layer; il++)
+        want_local += c.m->hp.layer[il].kv == KV_SLIDING;
     static const int lens[3] = {17, 1, 11};
     int32_t ids[29];
     for (int i = 0; i < 29; i++)
@@ -306,8 +319,8 @@ static void rows_of(const char *name, bool causal, int band, int want_local)
 static void attention_rows(void **state)
 {
     (void)state;
-    rows_of("qwen3_emb", true, 0, 0);
-    rows_of("embgemma", false, 4, 3);   /* sliding_window 8: W' = 5, a band of 4 */
+    rows_of("qwen3_emb", true);
+    rows_of("embgemma", false);   /* sliding_window 8: W' = 5, a band of 4 */
 }
 
 /* ---- the LM reranker ---- */
