@@ -7,9 +7,18 @@
 #   scripts/fixtures.sh unpack          unpack every archive whose folder is missing or older
 #   scripts/fixtures.sh pack DIR...     replace folder DIR by DIR.tar.xz (reproducible: sorted
 #                                       names, fixed owner and time) and unpack it again
+#   scripts/fixtures.sh derive MLXCEL   make the files that DIR.derive recipes describe with the
+#                                       built mlxcel and check each against its recorded SHA-256
+#
+# A recipe DIR.derive names one file of the unpacked DIR that is not committed because it is
+# made byte for byte from another fixture (lines "via convert|copy", "from FOLDER",
+# "args CONVERT-ARGS", "file NAME", "sha256 HEX"): via convert, `mlxcel convert -m FOLDER -o TMP
+# ARGS` must give TMP/NAME (so the conversion's byte-exactness is checked on every build); via
+# copy, FOLDER/NAME is the same file (a golden case on another case's checkpoint). Either way
+# the result must have exactly that SHA-256, else the build fails.
 set -eu
 cd "$(dirname "$0")/.."
-ROOTS="tests/fixtures/golden tests/fixtures/models models"
+ROOTS="tests/fixtures/golden tests/fixtures/models tests/fixtures/quant models"
 
 unpack_one() {
     a=$1
@@ -36,6 +45,49 @@ unpack_one() {
     touch "$stamp"
 }
 
+sha256_of() { sha256sum <"$1" | cut -d' ' -f1; }
+
+derive_one() {
+    r=$1 bin=$2
+    d=${r%.derive}
+    via= from= args= file= sum=
+    while read -r k v; do
+        case $k in
+        via) via=$v ;; from) from=$v ;; args) args=$v ;; file) file=$v ;; sha256) sum=$v ;;
+        '' | '#'*) ;;
+        *) echo "fixtures: $r: unknown key '$k'" >&2; return 1 ;;
+        esac
+    done <"$r"
+    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ] || { [ "$via" != convert ] && [ "$via" != copy ]; }; then
+        echo "fixtures: $r lacks a from, file or sha256 line, or a via line (convert or copy)" >&2
+        return 1
+    fi
+    [ -d "$d" ] || { echo "fixtures: $d is missing (scripts/fixtures.sh unpack first)" >&2; return 1; }
+    if [ -f "$d/$file" ] && [ "$(sha256_of "$d/$file")" = "$sum" ]; then
+        return 0
+    fi
+    t="$d.derive.$$"
+    rm -rf "$t"
+    if [ "$via" = copy ]; then
+        mkdir -p "$t" && cp "$from/$file" "$t/$file" ||
+            { rm -rf "$t"; echo "fixtures: cannot copy $from/$file" >&2; return 1; }
+    # shellcheck disable=SC2086 # args is a list of convert flags
+    elif ! "$bin" convert -m "$from" -o "$t" $args >/dev/null; then
+        rm -rf "$t"
+        echo "fixtures: $bin convert -m $from $args failed" >&2
+        return 1
+    fi
+    got=$(sha256_of "$t/$file")
+    if [ "$got" != "$sum" ]; then
+        rm -rf "$t"
+        echo "fixtures: $file made by $via from $from has SHA-256 $got, not $sum (the recorded" \
+            "file's): for convert, the conversion is no longer byte-exact" >&2
+        return 1
+    fi
+    mv "$t/$file" "$d/$file"
+    rm -rf "$t"
+}
+
 case "${1:-}" in
 unpack)
     for r in $ROOTS; do
@@ -54,7 +106,11 @@ pack)
         rm -f "$d/.unpacked"
         parent=$(dirname "$d")
         base=$(basename "$d")
-        (cd "$parent" && find "$base" -type f | LC_ALL=C sort |
+        # a file a recipe derives is not packed (the build makes it)
+        skip=
+        [ -f "$d.derive" ] && skip=$(sed -n 's/^file[[:space:]]*//p' "$d.derive")
+        (cd "$parent" && find "$base" -type f | { if [ -n "$skip" ]; then grep -vxF "$base/$skip"; else cat; fi; } |
+            LC_ALL=C sort |
             tar --owner=0 --group=0 --numeric-owner --mtime=@0 --mode=a+rX,u+w,go-w \
                 -cf - --no-recursion -T - | xz -9e -T1 -c >"$base.tar.xz.tmp")
         mv "$parent/$base.tar.xz.tmp" "$d.tar.xz"
@@ -62,8 +118,17 @@ pack)
         echo "fixtures: $d.tar.xz ($(wc -c <"$d.tar.xz") bytes)"
     done
     ;;
+derive)
+    bin=${2:?usage: scripts/fixtures.sh derive path/to/mlxcel}
+    for r in $ROOTS; do
+        for f in "$r"/*.derive; do
+            [ -e "$f" ] || continue
+            derive_one "$f" "$bin"
+        done
+    done
+    ;;
 *)
-    echo "usage: scripts/fixtures.sh unpack | pack DIR..." >&2
+    echo "usage: scripts/fixtures.sh unpack | pack DIR... | derive MLXCEL" >&2
     exit 2
     ;;
 esac

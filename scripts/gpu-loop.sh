@@ -71,6 +71,7 @@ env_there() {
     # with files missing (the copy of the tree replaces what it carries), so unpack afresh
     rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/
     sh "$root/scripts/fixtures.sh" unpack
+    sh "$root/scripts/fixtures.sh" derive "$dir/bin/mlxcel"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \
         | tee "$out/gpu.txt"

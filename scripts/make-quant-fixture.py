@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """make-quant-fixture.py: expected bytes for the C quantizer (tests/test_quantize.c).
 
-Writes tests/fixtures/quant/quant.safetensors with the bit-exact NumPy
+Writes tests/fixtures/quant/affine/quant.safetensors with the bit-exact NumPy
 reference ../shared/tools/mlxq.py (needs python3-numpy; CI never runs this,
-it only reads the committed file):
+it only reads the committed file; commit it with `scripts/fixtures.sh pack
+tests/fixtures/quant/affine`, which writes affine.tar.xz):
 
   in.F32 / in.F16 / in.BF16        the input rows [8, 256] in each dtype
   affine.<var>.<dt>.b<B>.g<G>.{weight,scales,biases}
@@ -29,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MLXQ = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "..", "shared", "tools", "mlxq.py")
 OUT = sys.argv[2] if len(sys.argv) > 2 else os.path.join(ROOT, "tests", "fixtures", "quant",
-                                                        "quant.safetensors")
+                                                        "affine", "quant.safetensors")
 
 spec = importlib.util.spec_from_file_location("mlxq", MLXQ)
 mlxq = importlib.util.module_from_spec(spec)

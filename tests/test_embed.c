@@ -6,10 +6,11 @@
  * (tanh), bfloat16): per text the last hidden states, every pooling mode of ST's Pooling
  * over them, the final vector alone and in one batch of every text; batched must equal
  * alone within 1e-5 of the row (the batch suite's bound; matvec alone and gemm in a batch may
- * sum in another order). Rerank cases (bert_ce, xlmr_ce): each pair's logit and CrossEncoder.predict's
- * score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector.
- * ModernBERT (gen_modernbert.py): modernbert_st (float32, mean + Normalize, prompts),
- * modernbert_st_bf16 (CLS pooling), modernbert_ce (CLS head); texts longer than the local
+ * sum in another order). Rerank cases (bert_ce, xlmr_ce; bfloat16): each pair's logit and
+ * CrossEncoder.predict's score. Bounds: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref|
+ * per vector. ModernBERT (gen_modernbert.py, all bfloat16 on one checkpoint per kind):
+ * modernbert_st (mean + Normalize, prompts), modernbert_st_bf16 (the same weights, CLS
+ * pooling), modernbert_ce (CLS head); texts longer than the local
  * layers' band of 8 positions each side.
  * The token ids come from the references (the tokenizers are tested on their own).
  */
@@ -39,7 +40,9 @@ struct ecase {
     struct embedder *em;
 };
 
-static void ecase_open(struct ecase *c, const char *name)
+/* Open a case on the test backend ($MLXCEL_DEVICE), or on the CPU when the test spies on what
+ * reaches a backend op: a device backend's kv_rows arrays live in device memory. */
+static void ecase_open_on(struct ecase *c, const char *name, bool cpu)
 {
     char path[4096];
     struct err e = {0};
@@ -47,9 +50,15 @@ static void ecase_open(struct ecase *c, const char *name)
     const char *dir = golden_case_dir(name);
     snprintf(path, sizeof path, "%s/embed.json", dir);
     if (cfg_load_file(path, FILE_USER, &c->ref, &e) < 0 || model_load(&c->m, dir, &e) < 0 ||
-        test_backend_new(&c->be, 2, &e) < 0 || model_prepare(c->m, c->be, &e) < 0 ||
+        (cpu ? backend_new(&c->be, "cpu", 2, test_backend_opts(), &e) : test_backend_new(&c->be, 2, &e)) < 0 ||
+        model_prepare(c->m, c->be, &e) < 0 ||
         embedder_new(&c->em, c->m, c->be, NULL, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
+}
+
+static void ecase_open(struct ecase *c, const char *name)
+{
+    ecase_open_on(c, name, false);
 }
 
 static void ecase_close(struct ecase *c)
@@ -582,7 +591,7 @@ static void encoder_rows_own_positions(void **state)
     (void)state;
     struct ecase c;
     struct err e = {0};
-    ecase_open(&c, "bert_st");
+    ecase_open_on(&c, "bert_st", true);   /* the spy reads the rows on the host */
     struct backend_ops spy = *c.be->ops;
     g_real_ops = c.be->ops;
     spy.attention = attn_spy;
@@ -655,7 +664,10 @@ static void modernbert_band_rows(void **state)
     struct synth_opts o = {.config = cfg, .dst = out, .dtype = -1, .seed = 7, .n_threads = 1};
     struct synth_stats st;
     if (synth_checkpoint(&o, &st, &e) < 0 || model_load(&m, out, &e) < 0 ||
-        test_backend_new(&be, 2, &e) < 0 || model_prepare(m, be, &e) < 0 || enc_new(&en, m, be, &e) < 0)
+        /* the spy reads the rows on the host: the CPU backend (the rows are the engine's,
+         * the same on every backend) */
+        backend_new(&be, "cpu", 2, test_backend_opts(), &e) < 0 || model_prepare(m, be, &e) < 0 ||
+        enc_new(&en, m, be, &e) < 0)
         fail_msg("%s", e.msg);
     static const int lens[4] = {40, 1, 9, 25};
     int32_t ids[75];

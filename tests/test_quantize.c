@@ -1,7 +1,7 @@
 /*
  * quantize suite: the C quantizer (src/loading/quantize.c) against expected
  * bytes written by the NumPy reference mlxq.py (scripts/make-quant-fixture.py
- * -> tests/fixtures/quant/quant.safetensors): every affine bits x group x
+ * -> tests/fixtures/quant/affine/quant.safetensors): every affine bits x group x
  * input dtype x variant and every fp mode, on adversarial rows. Plus the
  * spec's worked examples, the codec edges and the rejected parameters.
  */
@@ -14,7 +14,7 @@
 #include "../src/loading/quantize.h"
 #include "test.h"
 
-#define FIXTURE "tests/fixtures/quant/quant.safetensors"
+#define FIXTURE "tests/fixtures/quant/affine/quant.safetensors"
 
 static const char *const k_dtypes[] = {"F32", "F16", "BF16"};
 

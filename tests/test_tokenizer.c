@@ -180,6 +180,10 @@ static void check_golden_cases(const struct tokenizer *t, const char *dir)
 }
 
 /* Runs every encode case of dir/golden.json against dir/tokenizer.json. */
+/* The shakespeare tokenizer as plain files in a folder (the trained checkpoint's: the same
+ * bytes as tests/fixtures/tokenizers/shakespeare/tokenizer.json.xz unpacked). */
+#define SHAKESPEARE_PLAIN "tests/fixtures/models/phixtral-tiny"
+
 static void check_goldens(const char *dir)
 {
     struct tokenizer *t = NULL;
@@ -210,7 +214,14 @@ static void test_golden_shakespeare(void **state)
 {
     (void)state;
     check_gz_golden("shakespeare");
-    check_goldens(test_path("tests/fixtures/tokenizers/shakespeare"));  /* the plain copy */
+    /* the plain file, loaded from a folder as a checkpoint's is: phixtral-tiny's is the same
+     * tokenizer (tokenizer.json and tokenizer_config.json byte for byte) */
+    struct tokenizer *t = NULL;
+    struct err e = {0};
+    if (tok_load(&t, test_path(SHAKESPEARE_PLAIN), &e) < 0)
+        fail_msg("tok_load(%s): %s", SHAKESPEARE_PLAIN, e.msg);
+    check_golden_cases(t, test_path("tests/fixtures/tokenizers/shakespeare"));
+    tok_free(t);
 }
 
 static void test_golden_gpt2(void **state)
@@ -261,7 +272,7 @@ static void test_accessors(void **state)
     (void)state;
     struct tokenizer *t = NULL;
     struct err e = {0};
-    assert_int_equal(tok_load(&t, test_path("tests/fixtures/tokenizers/shakespeare"), &e), 0);
+    assert_int_equal(tok_load(&t, test_path(SHAKESPEARE_PLAIN), &e), 0);
     assert_int_equal(tok_vocab_size(t), 2048);
     assert_int_equal(tok_bos_id(t), 0);
     assert_int_equal(tok_eos_id(t), 0);
@@ -741,7 +752,7 @@ static void test_corrupt_files(void **state)
     free(json);
 
     size_t len = 0;
-    char *real = read_text(test_path("tests/fixtures/tokenizers/shakespeare/tokenizer.json"), &len);
+    char *real = read_text(test_path(SHAKESPEARE_PLAIN "/tokenizer.json"), &len);
     real[len / 2] = '\0';
     assert_int_equal(load_text(&d, real, &t, &e), -ERR_FORMAT);
     assert_null(t);
@@ -753,7 +764,7 @@ static void test_corrupt_files(void **state)
     assert_null(t);
 
     write_text(d.config, "{\"bos_token\": ");
-    char *good = read_text(test_path("tests/fixtures/tokenizers/shakespeare/tokenizer.json"), NULL);
+    char *good = read_text(test_path(SHAKESPEARE_PLAIN "/tokenizer.json"), NULL);
     assert_int_equal(load_text(&d, good, &t, &e), -ERR_FORMAT);
     assert_non_null(strstr(e.msg, "tokenizer_config.json"));
     assert_null(t);
