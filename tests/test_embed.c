@@ -744,6 +744,7 @@ static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
 static void embed_modernbert_st(void **s) { *s = (void *)"modernbert_st"; embed_case(s); }
 static void embed_modernbert_st_bf16(void **s) { *s = (void *)"modernbert_st_bf16"; embed_case(s); }
 static void rerank_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; rerank_case(s); }
+static void rerank_modernbert_ce_mean(void **s) { *s = (void *)"modernbert_ce_mean"; rerank_case(s); }
 static void tokens_modernbert_st(void **s) { *s = (void *)"modernbert_st"; tokenized_case(s); }
 static void tokens_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; tokenized_case(s); }
 static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
@@ -762,6 +763,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(embed_modernbert_st),
     cmocka_unit_test(embed_modernbert_st_bf16),
     cmocka_unit_test(rerank_modernbert_ce),
+    cmocka_unit_test(rerank_modernbert_ce_mean),
     cmocka_unit_test(tokens_modernbert_st),
     cmocka_unit_test(tokens_modernbert_ce),
     cmocka_unit_test(tokens_follow_post_processor),

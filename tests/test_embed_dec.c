@@ -43,8 +43,10 @@ struct dcase {
     struct embedder *em;
 };
 
-/* dir's model (as an LM reranker with rerank), its tokenizer, an embedder; ref from refdir. */
-static void dcase_open_dir(struct dcase *c, const char *dir, const char *refdir, bool rerank)
+/* dir's model (as an LM reranker with rerank), its tokenizer, an embedder; ref from refdir;
+ * on the test backend ($MLXCEL_DEVICE), or the CPU for a test that spies on what reaches a
+ * backend op (a device backend's kv_rows live in device memory). */
+static void dcase_open_on(struct dcase *c, const char *dir, const char *refdir, bool rerank, bool cpu)
 {
     char path[4096];
     struct err e = {0};
@@ -52,9 +54,14 @@ static void dcase_open_dir(struct dcase *c, const char *dir, const char *refdir,
     snprintf(path, sizeof path, "%s/embed.json", refdir);
     if (cfg_load_file(path, FILE_USER, &c->ref, &e) < 0 || model_load(&c->m, dir, &e) < 0 ||
         (rerank && model_set_lm_reranker(c->m, &e) < 0) || tok_load(&c->tok, dir, &e) < 0 ||
-        test_backend_new(&c->be, 2, &e) < 0 || model_prepare(c->m, c->be, &e) < 0 ||
-        embedder_new(&c->em, c->m, c->be, c->tok, &e) < 0)
+        (cpu ? backend_new(&c->be, "cpu", 2, test_backend_opts(), &e) : test_backend_new(&c->be, 2, &e)) < 0 ||
+        model_prepare(c->m, c->be, &e) < 0 || embedder_new(&c->em, c->m, c->be, c->tok, &e) < 0)
         fail_msg("%s: %s", dir, e.msg);
+}
+
+static void dcase_open_dir(struct dcase *c, const char *dir, const char *refdir, bool rerank)
+{
+    dcase_open_on(c, dir, refdir, rerank, false);
 }
 
 static void dcase_open(struct dcase *c, const char *name, bool rerank)
@@ -287,7 +294,7 @@ static void rows_of(const char *name, bool causal)
 {
     struct dcase c;
     struct err e = {0};
-    dcase_open(&c, name, false);
+    dcase_open_on(&c, golden_case_dir(name), golden_case_dir(name), false, true);   /* the spy reads rows */
     const cJSON *sw = cJSON_GetObjectItem(cJSON_GetObjectItem(c.ref, "config_effective"), "sliding_window");
     int band = cJSON_IsNumber(sw) ? (int)sw->valuedouble - 1 : 0, want_local = 0;
     for (int il = 0; !causal && il < c.m->hp.n_layer; il++)
