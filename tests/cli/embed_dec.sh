@@ -40,10 +40,12 @@ import json, sys
 ref = json.load(open(sys.argv[1]))
 d = sys.argv[2]
 open(d + "/texts.txt", "w").write("".join(t["text"] + "\n" for t in ref["texts"]))
-open(d + "/ref.txt", "w").write("".join(" ".join(repr(x) for x in t["embedding_batched"]) + "\n" for t in ref["texts"]))
-for p in ref["prompts"]:
-    open(d + "/p_%s.txt" % p["name"], "w").write("".join(t + "\n" for t in p["texts"]))
-    open(d + "/pref_%s.txt" % p["name"], "w").write("".join(" ".join(repr(x) for x in v) + "\n" for v in p["embedding"]))
+open(d + "/ref.txt", "w").write("".join(" ".join(repr(x) for x in t["embedding"]) + "\n" for t in ref["texts"]))
+for p in ref["prompts"]:   # the texts whose reference is not null
+    keep = [i for i, v in enumerate(p["embedding"]) if v]
+    assert keep, p["name"]
+    open(d + "/p_%s.txt" % p["name"], "w").write("".join(p["texts"][i] + "\n" for i in keep))
+    open(d + "/pref_%s.txt" % p["name"], "w").write("".join(" ".join(repr(x) for x in p["embedding"][i]) + "\n" for i in keep))
 PY
     run "$BIN" embed -m "$G/$c" -f "$T/texts.txt"
     expect_rc 0 "$c embed -f"
