@@ -47,7 +47,7 @@ describe('decoder embedding models and the LM reranker on serve', { timeout: 300
                 const texts = ref.texts.map((t) => t.text);
                 const r = await oa.embeddings.create({ model: name, input: texts, ...(fmt ? { encoding_format: fmt } : {}) });
                 assert.equal(r.data.length, texts.length);
-                r.data.forEach((d, i) => close(Array.from(d.embedding), ref.texts[i].embedding_batched, `text ${i}`));
+                r.data.forEach((d, i) => close(Array.from(d.embedding), ref.texts[i].embedding, `text ${i}`));
                 const n = ref.texts.reduce((s, t) => s + t.ids.length, 0);
                 assert.equal(r.usage.prompt_tokens, n);
                 for (const i of [0, 7]) {
