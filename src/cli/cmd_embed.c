@@ -182,9 +182,9 @@ static int run_open(struct emb_run *r, const char *model, const char *file, bool
     if ((rc = cli_model_load(&r->m, dir, e)) < 0 || (rc = cli_reranker_apply(r->m, reranker, e)) < 0)
         return rc;
     if (!r->m->hp.encoder)
-        return err_setf(e, ERR_ARG, "%s is a '%s' model, not an embedding model: embed and rerank need an "
-                        "encoder or a cross-encoder (BERT, XLM-RoBERTa, ModernBERT), a decoder's "
-                        "sentence-transformers folder (Qwen3-Embedding, EmbeddingGemma) or an LM reranker "
+        return err_setf(e, ERR_ARG, "%s is a '%s' model, not an encoder: embed and rerank need an embedding "
+                        "model or a cross-encoder (BERT, XLM-RoBERTa, ModernBERT; a decoder's "
+                        "sentence-transformers folder: Qwen3-Embedding, EmbeddingGemma) or an LM reranker "
                         "(--reranker qwen3)", dir, r->m->hp.model_type);
     if ((need_tok || r->m->hp.lm_rerank) && (rc = tok_load(&r->tok, dir, e)) < 0)
         return rc;

@@ -44,7 +44,8 @@ int enc_max_tokens(const struct model *m);
 /* Run n_seq sequences. hidden (host, may be NULL): [sum of n, n_embd], the sequences' rows
  * in order; logits (host, may be NULL; needs hp.n_cls or hp.lm_rerank): [n_seq, n_cls] from
  * each sequence's first token, or for a causal model (hp.causal) its last token, an LM
- * reranker's [n_seq, n_vocab]. -ERR_RANGE naming the sequence for an empty or too long one,
+ * reranker's [n_seq, n_vocab] (a decoder's hidden states are final-normalized only in a call
+ * without logits). -ERR_RANGE naming the sequence for an empty or too long one,
  * or an id / type out of range; -ERR_FORMAT when the forward produced a NaN or an infinity
  * (broken weights). */
 int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hidden, float *logits,
