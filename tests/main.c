@@ -40,6 +40,7 @@
     X(prepare)    \
     X(window)     \
     X(server)     \
+    X(router)     \
     X(quant)      \
     X(sampler)    \
     X(models)     \

@@ -25,6 +25,7 @@ static struct gen *fake_gen(struct server *s, int n_prompt, int n_out)
     struct gen *g = calloc(1, sizeof *g);
     assert_non_null(g);
     g->s = s;
+    g->model = &s->single;  /* the model answering (no router: no references) */
     g->n = 1;
     g->ch = calloc(1, sizeof *g->ch);
     assert_non_null(g->ch);
@@ -82,7 +83,7 @@ static void full_message_with_tool_use(void **state)
 {
     (void)state;
     struct server s = {0};
-    snprintf(s.model_id, sizeof s.model_id, "tiny");
+    snprintf(s.single.id, sizeof s.single.id, "tiny");
     struct gen *g = fake_gen(&s, 12, 30);
     struct gen_choice *c = &g->ch[0];
     parse_output(c, k_output);
@@ -152,7 +153,7 @@ static void stream_blocks_in_order(void **state)
 {
     (void)state;
     struct server s = {0};
-    snprintf(s.model_id, sizeof s.model_id, "tiny");
+    snprintf(s.single.id, sizeof s.single.id, "tiny");
     struct gen *g = fake_gen(&s, 12, 30);
     struct gen_choice *c = &g->ch[0];
     /* pump 1: reasoning and the start of the text */

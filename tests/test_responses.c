@@ -161,7 +161,7 @@ struct fake {
 static void fake_open(struct fake *f, const char *body)
 {
     memset(&f->s, 0, sizeof f->s);
-    strcpy(f->s.model_id, k_model);
+    strcpy(f->s.single.id, k_model);
     struct gen *g = f->g = calloc(1, sizeof *g);
     struct oai_error err = {0};
     cJSON *root = cJSON_Parse(body), *echo;
@@ -170,6 +170,7 @@ static void fake_open(struct fake *f, const char *body)
     assert_non_null(g->dstate = responses_state_new(echo));
     cJSON_Delete(root);
     g->s = &f->s;
+    g->model = &f->s.single;
     g->d = &responses_dialect;
     g->n = 1;
     g->ch = calloc(1, sizeof *g->ch);

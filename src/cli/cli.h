@@ -15,6 +15,8 @@
 #include "../engine/spec.h"
 #include "../loading/quantize.h"
 
+#define MLXCEL_VERSION "0.1.0"  /* --version, and GET /props' build_info */
+
 #define CLI_EXIT_OK    0
 #define CLI_EXIT_ERROR 1
 #define CLI_EXIT_USAGE 2

@@ -8,6 +8,7 @@
  * SIGINT/SIGTERM stop it: no new connections, in-flight requests cancelled,
  * every thread joined, everything freed, exit 0.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 #include "../models/model.h"
 #include "../grammar/grammar.h"
 #include "../server/outparse.h"
+#include "../server/router.h"
 #include "../server/server.h"
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
@@ -34,12 +36,35 @@
 
 static const char *k_help =
     "usage: mlxcel serve [-m MODEL] [options]\n"
+    "       mlxcel serve --models-dir DIR | -m [NAME=]MODEL -m [NAME=]MODEL ... [options]\n"
     "\n"
     "Serve a model over an OpenAI-compatible HTTP API (docs/server.md):\n"
     "/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-    "/tokenize, /detokenize, /apply-template; a chat page at /.\n"
+    "/tokenize, /detokenize, /apply-template; llama-server's /completion,\n"
+    "/infill, /props and /slots; a chat page at /; GET /models,\n"
+    "POST /models/load and /models/unload in router mode.\n"
     "\n"
-    "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model)\n"
+    "  -m, --model MODEL          checkpoint folder or owner/name (default: the embedded model);\n"
+    "                             given more than once (or with --models-dir), router mode:\n"
+    "                             each request's \"model\" picks one; NAME=MODEL names it (else\n"
+    "                             the folder's name, or owner/name as given)\n"
+    "\n"
+    "Router mode (several models, as llama-server's; docs/server.md):\n"
+    "      --models-dir DIR       serve every subfolder of DIR holding a config.json, named by\n"
+    "                             the folder (owner/name for DIR/owner/name); symlinks leading\n"
+    "                             out of DIR are skipped\n"
+    "      --models-max N         models loaded at once, least recently used unloaded first\n"
+    "                             (default 4; 0: no limit); --max-loaded is the same flag\n"
+    "      --memory-budget BYTES  bytes of loaded models (weights + KV cache; K, M, G suffixes;\n"
+    "                             default: no limit)\n"
+    "      --no-models-autoload   load models only through POST /models/load (default: a\n"
+    "                             request's first use loads its model); --models-autoload: on\n"
+    "      --models-preset FILE   per-model defaults: llama-server's INI ([*], [NAME]; keys\n"
+    "                             ctx-size, parallel, temp, top-p, top-k, min-p, repeat-penalty,\n"
+    "                             chat-template-file, load-on-startup, model) or the same as JSON\n"
+    "      --models-load-timeout S  a request waits S seconds for its model to load, then 503\n"
+    "                             (default 600)\n"
+    "\n"
     "      --host ADDR            address to listen on (default 127.0.0.1; an IPv4 or IPv6 literal)\n"
     "      --port N               port (default 8080; 0 picks a free one)\n"
     "  -np, --parallel N          sequences decoded together in one batch (default 4)\n"
@@ -52,7 +77,8 @@ static const char *k_help =
     "                             rope); one request holds at most min(N, the model's context,\n"
     "                             or for dynamic NTK its limit); --ctx is the same flag\n"
     "      --api-key KEY          require 'Authorization: Bearer KEY' (or $MLXCEL_API_KEY)\n"
-    "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name)\n"
+    "      --served-model-name NAME  the model's id in the API (default: the folder or owner/name);\n"
+    "                             -a, --alias is the same flag (llama-server's name)\n"
     "      --max-queue N          requests waiting beyond --parallel before 429 (default 64);\n"
     "                             a request with n choices takes n places\n"
     "      --max-body BYTES       largest request body (default 4194304)\n"
@@ -85,14 +111,30 @@ static const char *k_help =
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
     "  -t, --threads N            CPU threads (default: all online CPUs)\n"
+    "      --props                accept POST /props (llama-server's; default: answered 501)\n"
+    "      --slots, --no-slots    GET /slots on (default) or answered 501\n"
     "      --log-format text|json access log format on stderr (default text)\n"
     "  -v, --verbose              log loading details to stderr\n"
-    "  -h, --help                 show this help\n";
+    "  -h, --help                 show this help\n"
+    "\n"
+    "llama-server's environment variables set the flags they name when the command\n"
+    "line does not give the flag (a flag wins; the variable is then not read):\n"
+    "  LLAMA_ARG_MODEL (-m), LLAMA_ARG_HOST, LLAMA_ARG_PORT, LLAMA_ARG_N_PARALLEL (-np),\n"
+    "  LLAMA_ARG_CTX_SIZE (-c), LLAMA_ARG_UBATCH (-ub), LLAMA_ARG_THREADS (-t),\n"
+    "  LLAMA_API_KEY (--api-key, before $MLXCEL_API_KEY), LLAMA_ARG_ALIAS (--alias),\n"
+    "  LLAMA_ARG_TIMEOUT, LLAMA_ARG_MODEL_DRAFT or LLAMA_ARG_SPEC_DRAFT_MODEL (-md),\n"
+    "  LLAMA_ARG_DRAFT_MAX or LLAMA_ARG_SPEC_DRAFT_N_MAX, LLAMA_ARG_DRAFT_MIN or\n"
+    "  LLAMA_ARG_SPEC_DRAFT_N_MIN, and on/off (true/1/on/enabled, false/0/off/disabled):\n"
+    "  LLAMA_ARG_ENDPOINT_SLOTS (--slots), LLAMA_ARG_NO_ENDPOINT_SLOTS (--no-slots),\n"
+    "  LLAMA_ARG_ENDPOINT_PROPS (--props).\n";
 
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
-    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_RERANKER,
+    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_PROPS, OPT_SLOTS, OPT_NO_SLOTS,
+    OPT_MODELS_DIR, OPT_MODELS_MAX, OPT_MEMORY_BUDGET, OPT_AUTOLOAD, OPT_NO_AUTOLOAD, OPT_MODELS_PRESET,
+    OPT_LOAD_TIMEOUT, OPT_RERANKER,
+    OPT_END,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
@@ -101,11 +143,41 @@ struct serve_cli {
     const char *model, *host, *api_key, *name, *model_draft, *reranker;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
-    bool log_json, no_prefix_cache, allow_image_urls;
+    bool log_json, no_prefix_cache, allow_image_urls, props, no_slots;
+    bool seen[OPT_END];          /* the options the command line gave (by getopt code) */
     struct spec_params spec;
     const char *allowed_hosts[SERVE_MAX_LIST], *cors_origins[SERVE_MAX_LIST];
     int n_allowed_hosts, n_cors_origins;
+    /* router mode: every -m, --models-dir and its limits */
+    const char *models[SERVE_MAX_LIST];
+    int n_models;
+    const char *models_dir, *models_preset;
+    long models_max, load_timeout;
+    unsigned long long memory_budget;
+    bool no_autoload;
+    const char *chat_template_file;  /* a preset's chat-template-file (router mode) */
 };
+
+/* --memory-budget: bytes, with an optional K, M, G or T (powers of 1024). */
+static int parse_bytes(const char *v, unsigned long long *out, struct err *e)
+{
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    unsigned shift = 0;
+    if (*end == 'K' || *end == 'k') shift = 10;
+    else if (*end == 'M' || *end == 'm') shift = 20;
+    else if (*end == 'G' || *end == 'g') shift = 30;
+    else if (*end == 'T' || *end == 't') shift = 40;
+    if (shift)
+        end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (errno || end == v || *end || v[0] == '-' || x == 0 || x > (~0ULL >> shift))
+        return err_setf(e, ERR_ARG, "--memory-budget '%.32s' is not a byte count (e.g. 8G, 512M, 1073741824)", v);
+    *out = x << shift;
+    return 0;
+}
 
 /* Appends --allowed-host NAME: a host name (no scheme, port or path), '.name' or '*'. */
 static int add_allowed_host(struct serve_cli *o, const char *v, struct err *e)
@@ -143,49 +215,77 @@ static int add_cors_origin(struct serve_cli *o, const char *v, struct err *e)
     return 0;
 }
 
+static const struct option k_opts[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"host", required_argument, NULL, OPT_HOST},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"parallel", required_argument, NULL, 'P'},
+    {"np", required_argument, NULL, 'P'},
+    {"ubatch-size", required_argument, NULL, OPT_UBATCH},
+    {"ub", required_argument, NULL, OPT_UBATCH},
+    {"ctx-size", required_argument, NULL, 'c'},
+    {"ctx", required_argument, NULL, 'c'},
+    {"api-key", required_argument, NULL, OPT_API_KEY},
+    {"served-model-name", required_argument, NULL, OPT_NAME},
+    {"alias", required_argument, NULL, OPT_NAME},
+    {"a", required_argument, NULL, OPT_NAME},
+    {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
+    {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
+    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+    {"allowed-host", required_argument, NULL, OPT_ALLOWED_HOST},
+    {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+    {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
+    {"allow-image-urls", no_argument, NULL, OPT_ALLOW_IMAGE_URLS},
+    {"props", no_argument, NULL, OPT_PROPS},
+    {"slots", no_argument, NULL, OPT_SLOTS},
+    {"no-slots", no_argument, NULL, OPT_NO_SLOTS},
+    {"spec", required_argument, NULL, OPT_SPEC},
+    {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
+    {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
+    {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
+    {"md", required_argument, NULL, OPT_MODEL_DRAFT},
+    {"reranker", required_argument, NULL, OPT_RERANKER},
+    {"models-dir", required_argument, NULL, OPT_MODELS_DIR},
+    {"models-max", required_argument, NULL, OPT_MODELS_MAX},
+    {"max-loaded", required_argument, NULL, OPT_MODELS_MAX},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    {"models-autoload", no_argument, NULL, OPT_AUTOLOAD},
+    {"no-models-autoload", no_argument, NULL, OPT_NO_AUTOLOAD},
+    {"models-preset", required_argument, NULL, OPT_MODELS_PRESET},
+    {"models-load-timeout", required_argument, NULL, OPT_LOAD_TIMEOUT},
+    {"threads", required_argument, NULL, 't'},
+    {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
+    {"verbose", no_argument, NULL, 'v'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
 static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
 {
-    static const struct option k_opts[] = {
-        {"model", required_argument, NULL, 'm'},
-        {"host", required_argument, NULL, OPT_HOST},
-        {"port", required_argument, NULL, OPT_PORT},
-        {"parallel", required_argument, NULL, 'P'},
-        {"np", required_argument, NULL, 'P'},
-        {"ubatch-size", required_argument, NULL, OPT_UBATCH},
-        {"ub", required_argument, NULL, OPT_UBATCH},
-        {"ctx-size", required_argument, NULL, 'c'},
-        {"ctx", required_argument, NULL, 'c'},
-        {"api-key", required_argument, NULL, OPT_API_KEY},
-        {"served-model-name", required_argument, NULL, OPT_NAME},
-        {"max-queue", required_argument, NULL, OPT_MAX_QUEUE},
-        {"max-body", required_argument, NULL, OPT_MAX_BODY},
-        {"timeout", required_argument, NULL, OPT_TIMEOUT},
-        {"header-timeout", required_argument, NULL, OPT_HEADER_TIMEOUT},
-        {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
-        {"allowed-host", required_argument, NULL, OPT_ALLOWED_HOST},
-        {"cors-origin", required_argument, NULL, OPT_CORS_ORIGIN},
-        {"max-connections", required_argument, NULL, OPT_MAX_CONN},
-        {"no-prefix-cache", no_argument, NULL, OPT_NO_PREFIX},
-        {"allow-image-urls", no_argument, NULL, OPT_ALLOW_IMAGE_URLS},
-        {"spec", required_argument, NULL, OPT_SPEC},
-        {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
-        {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
-        {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
-        {"md", required_argument, NULL, OPT_MODEL_DRAFT},
-        {"reranker", required_argument, NULL, OPT_RERANKER},
-        {"threads", required_argument, NULL, 't'},
-        {"log-format", required_argument, NULL, OPT_LOG_FORMAT},
-        {"verbose", no_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
     int c, rc = 0;
     opterr = 0;
     optind = 1;
     /* getopt_long_only: -np like llama-server (and every long option with one dash) */
     while (rc == 0 && (c = getopt_long_only(argc, argv, ":m:c:t:vh", k_opts, NULL)) != -1) {
+        if (c >= 0 && c < OPT_END)
+            o->seen[c] = true;
         switch (c) {
-        case 'm': o->model = optarg; break;
+        case 'm':
+            if (o->n_models == SERVE_MAX_LIST)
+                rc = err_setf(e, ERR_ARG, "-m: at most %d (use --models-dir for more)", SERVE_MAX_LIST);
+            else
+                o->model = o->models[o->n_models++] = optarg;
+            break;
+        case OPT_MODELS_DIR: o->models_dir = optarg; break;
+        case OPT_MODELS_MAX: rc = cli_parse_int("--models-max", optarg, 0, ROUTER_MAX_MODELS, &o->models_max, e); break;
+        case OPT_MEMORY_BUDGET: rc = parse_bytes(optarg, &o->memory_budget, e); break;
+        case OPT_AUTOLOAD: o->no_autoload = false; break;
+        case OPT_NO_AUTOLOAD: o->no_autoload = true; break;
+        case OPT_MODELS_PRESET: o->models_preset = optarg; break;
+        case OPT_LOAD_TIMEOUT: rc = cli_parse_int("--models-load-timeout", optarg, 1, 86400, &o->load_timeout, e); break;
         case OPT_HOST: o->host = optarg; break;
         case OPT_PORT: rc = cli_parse_int("--port", optarg, 0, 65535, &o->port, e); break;
         case 'P': rc = cli_parse_int("--parallel", optarg, 1, 256, &o->parallel, e); break;
@@ -206,6 +306,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o->threads, e); break;
         case OPT_NO_PREFIX: o->no_prefix_cache = true; break;
         case OPT_ALLOW_IMAGE_URLS: o->allow_image_urls = true; break;
+        case OPT_PROPS: o->props = true; break;
+        case OPT_SLOTS: o->no_slots = false; break;
+        case OPT_NO_SLOTS: o->no_slots = true; break;
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
@@ -237,8 +340,92 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (o->model_draft)
         o->spec.mode = SPEC_DRAFT;
+    bool router = o->models_dir || o->n_models > 1;
+    if (!router && o->models_preset)
+        return err_setf(e, ERR_ARG, "--models-preset: presets are for router mode (--models-dir or several -m)");
+    if (router && o->model_draft)
+        return err_setf(e, ERR_ARG, "--model-draft: one draft model does not fit several models (router mode)");
+    if (router && o->reranker)
+        return err_setf(e, ERR_ARG, "--reranker: it names one model's kind (router mode: write "
+                        "\"classifier_from_token\": [\"no\", \"yes\"] and \"is_original_qwen3_reranker\": true "
+                        "into that model's config.json)");
+    if (router && o->name)
+        return err_setf(e, ERR_ARG, "--served-model-name: in router mode models are named by their folder "
+                        "or by -m NAME=MODEL");
     if (o->spec.mode == SPEC_NGRAM)
         return spec_params_check(&o->spec, e);
+    return 0;
+}
+
+// ---- llama-server's environment variables ----
+
+static const struct {
+    const char *var, *flag, *neg;
+    bool is_bool;
+} k_llama_env[] = {
+#define LLAMA_ENV(var, flag, neg, is_bool) {var, flag, neg, is_bool},
+#include "llama_env.def"
+#undef LLAMA_ENV
+};
+
+/* The getopt code of long option name (-1: none). */
+static int opt_code(const char *name)
+{
+    for (const struct option *p = k_opts; p->name; p++)
+        if (strcmp(p->name, name) == 0)
+            return p->val;
+    return -1;
+}
+
+/* llama.cpp's on/off words (common/arg.cpp is_truthy / is_falsey): 1 on, 0 off, -1 neither. */
+static int llama_bool(const char *v)
+{
+    static const char *const k_on[] = {"on", "enabled", "true", "1"}, *const k_off[] = {"off", "disabled", "false", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(v, k_on[i]) == 0)
+            return 1;
+        if (strcmp(v, k_off[i]) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+/* The variables of llama_env.def (read by config.c) whose flag the command line did not give,
+ * applied as that flag (and checked as it is); a bad value is an error naming the variable.
+ * Both of a pair (LLAMA_ARG_ENDPOINT_SLOTS and LLAMA_ARG_NO_ENDPOINT_SLOTS) count as one
+ * flag: --slots or --no-slots on the command line replaces both. */
+static int apply_llama_env(struct serve_cli *o, struct err *e)
+{
+    char esc[256];
+    for (int i = 0; i < CLI_N_LLAMA_ENV; i++) {
+        const char *v = cli_cfg()->llama_env[i], *flag = k_llama_env[i].flag;
+        int code = opt_code(flag), neg = k_llama_env[i].neg ? opt_code(k_llama_env[i].neg) : -1;
+        if (!v || code < 0 || o->seen[code] || (neg >= 0 && o->seen[neg]))
+            continue;
+        char opt[64];
+        char *argv[4] = {"serve", opt, (char *)v, NULL};
+        int argc = 3;
+        if (k_llama_env[i].is_bool) {
+            int b = llama_bool(v);
+            if (b < 0)
+                return err_setf(e, ERR_ARG, "%s='%s' is neither on nor off (true/1/on/enabled, "
+                                "false/0/off/disabled)", k_llama_env[i].var, termsafe_str(v, esc, sizeof esc));
+            if (!b && !k_llama_env[i].neg)
+                continue;  /* off: the flag's default */
+            flag = b ? flag : k_llama_env[i].neg;
+            argc = 2;
+            argv[2] = NULL;
+        }
+        snprintf(opt, sizeof opt, "--%s", flag);
+        struct err fe = {0};
+        bool seen[OPT_END];
+        memcpy(seen, o->seen, sizeof seen);
+        int rc = parse_args(argc, argv, o, &fe);
+        memcpy(o->seen, seen, sizeof seen);  /* a variable is not the command line */
+        if (rc != 0)
+            return err_setf(e, ERR_ARG, "%s='%s': %s", k_llama_env[i].var, termsafe_str(v, esc, sizeof esc),
+                            rc > 0 ? "not a value" : fe.msg);
+    }
     return 0;
 }
 
@@ -334,7 +521,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         return load_encoder(o, dir, sv, sm, e);
     if ((rc = cli_check_generation_config(sv->m, e)) < 0 || (rc = tok_load(&sv->tok, dir, e)) < 0)
         return rc;
-    rc = chat_tmpl_load(&sv->tmpl, dir, NULL, e);
+    rc = chat_tmpl_load(&sv->tmpl, dir, o->chat_template_file, e);
     if (rc == -ERR_MISSING)
         fprintf(stderr, "mlxcel serve: the model has no chat template: /v1/chat/completions will answer 400\n");
     else if (rc < 0)
@@ -395,12 +582,111 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     return 0;
 }
 
+
+// ---- router mode ----
+
+/* -m [NAME=]MODEL: an existing path is a model, whatever it holds; else NAME= before the
+ * first '=' names it (NAME without '/'). *path points into arg; name "" when none. */
+static void split_model_arg(const char *arg, char *name, size_t cap, const char **path)
+{
+    struct stat st;
+    const char *eq = strchr(arg, '=');
+    name[0] = 0;
+    *path = arg;
+    if (stat(arg, &st) == 0 || !eq || eq == arg || (size_t)(eq - arg) >= cap || memchr(arg, '/', (size_t)(eq - arg)))
+        return;
+    snprintf(name, cap, "%.*s", (int)(eq - arg), arg);
+    *path = eq + 1;
+}
+
+/* The loader of router mode (router.h): one model as a single-model serve loads it, with
+ * its preset's context, parallel sequences, chat template and sampling defaults. ud: the
+ * serve flags (struct serve_cli), outliving the server. */
+static int router_load(void *ud, const struct router_spec *spec, struct server_model *out, void **handle,
+                       uint64_t *bytes, struct err *e)
+{
+    struct serve_cli o = *(const struct serve_cli *)ud;
+    const struct router_preset *p = &spec->preset;
+    if (p->set & ROUTER_SET_CTX)
+        o.ctx_size = p->ctx_size;
+    if (p->set & ROUTER_SET_PARALLEL)
+        o.parallel = p->parallel;
+    o.chat_template_file = p->set & ROUTER_SET_TEMPLATE ? p->chat_template_file : NULL;
+    struct served *sv = calloc(1, sizeof *sv);
+    if (!sv)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    int rc = load(&o, spec->path, sv, out, e);
+    if (rc < 0) {
+        served_free(sv);
+        free(sv);
+        return rc;
+    }
+    struct generation_defaults *g = &out->gen;
+    if (p->set & ROUTER_SET_TEMP) g->temperature = p->temp;
+    if (p->set & ROUTER_SET_TOP_P) g->top_p = p->top_p;
+    if (p->set & ROUTER_SET_TOP_K) g->top_k = p->top_k;
+    if (p->set & ROUTER_SET_MIN_P) g->min_p = p->min_p;
+    if (p->set & ROUTER_SET_REPEAT_PENALTY) g->repeat_penalty = p->repeat_penalty;
+    /* its memory: the weights, and the KV cache of --ctx-size tokens */
+    uint64_t kv = 0;
+    if (sv->en.kv) {
+        long ctx = o.ctx_size > 0 ? o.ctx_size : (long)out->n_ctx * o.parallel;
+        kv = model_kv_bytes_per_token(sv->m, sv->en.kv->dtype) * (uint64_t)ctx;
+    }
+    *bytes = model_weight_bytes(sv->m) + kv;
+    *handle = sv;
+    return 0;
+}
+
+static void router_unload(void *ud, void *handle)
+{
+    (void)ud;
+    served_free(handle);
+    free(handle);
+}
+
+/* The models of router mode: every -m (resolved as a single -m is), then --models-dir's,
+ * then the presets (which may add models); each one's parallel made explicit for /metrics. */
+static int router_models(struct serve_cli *o, struct router_list *l, char (*dirs)[4096], struct err *e)
+{
+    int rc;
+    for (int i = 0; i < o->n_models; i++) {
+        char name[ROUTER_NAME_MAX];
+        const char *path;
+        split_model_arg(o->models[i], name, sizeof name, &path);
+        if ((rc = cli_resolve_model(path, dirs[i], sizeof dirs[i], e)) < 0)
+            return rc;
+        if (!name[0]) {
+            struct serve_cli one = {.model = path};
+            model_id(&one, dirs[i], name, sizeof name);
+        }
+        if ((rc = router_list_add(l, name, dirs[i], e)) < 0)
+            return err_prefix(e, "-m %s", o->models[i]);
+    }
+    int found = 0;
+    if (o->models_dir && (rc = router_scan_dir(l, o->models_dir, &found, e)) < 0)
+        return rc;
+    if (o->models_dir && found == 0)
+        fprintf(stderr, "mlxcel serve: --models-dir %s: no folder holding a config.json\n", o->models_dir);
+    if (o->models_preset && (rc = router_presets_load(l, o->models_preset, e)) < 0)
+        return rc;
+    if (l->n == 0)
+        return err_setf(e, ERR_ARG, "no model to serve");
+    for (int i = 0; i < l->n; i++)
+        if (!(l->v[i].preset.set & ROUTER_SET_PARALLEL))
+            l->v[i].preset.parallel = o->parallel;
+    return 0;
+}
+
 int cmd_serve(int argc, char **argv)
 {
     struct serve_cli o = {.port = 8080, .parallel = 4, .max_queue = 64, .max_body = 4L << 20, .timeout = 600,
-                          .header_timeout = 60, .request_timeout = 300, .max_conn = 256};
+                          .header_timeout = 60, .request_timeout = 300, .max_conn = 256, .models_max = 4,
+                          .load_timeout = 600};
     struct err e = {0};
-    char dir[4096], id[256];
+    char dir[4096], id[256], name[ROUTER_NAME_MAX];
+    char (*dirs)[4096] = NULL;       /* router mode: each -m's folder */
+    struct router_list models = {0};
     struct served sv = {0};
     struct server *srv = NULL;
     struct server_model sm;
@@ -408,13 +694,30 @@ int cmd_serve(int argc, char **argv)
     int rc = parse_args(argc, argv, &o, &e), status = CLI_EXIT_ERROR;
     if (rc > 0)
         return CLI_EXIT_OK;
-    if (rc < 0)
+    if (rc < 0 || (rc = apply_llama_env(&o, &e)) < 0)
         return cli_usage_error("serve", "%s", e.msg);
     if (!o.api_key)
         o.api_key = cli_cfg()->api_key;
-    if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
-        return cli_fail("serve", &e);
-    model_id(&o, dir, id, sizeof id);
+    bool router = o.models_dir || o.n_models > 1;
+    if (router) {
+        if (!(dirs = calloc((size_t)(o.n_models ? o.n_models : 1), sizeof *dirs)) ||
+            router_models(&o, &models, dirs, &e) < 0) {
+            if (!dirs)
+                err_setf(&e, ERR_NOMEM, "out of memory");
+            free(dirs);
+            router_list_free(&models);
+            return cli_fail("serve", &e);
+        }
+    } else {
+        if (o.model) {
+            split_model_arg(o.model, name, sizeof name, &o.model);
+            if (name[0] && !o.name)
+                o.name = name;  /* -m NAME=MODEL: NAME is its id */
+        }
+        if ((rc = cli_resolve_model(o.model, dir, sizeof dir, &e)) < 0)
+            return cli_fail("serve", &e);
+        model_id(&o, dir, id, sizeof id);
+    }
 
     bool curl_on = false;
     /* every thread started from here on inherits the blocked signals; main waits for them */
@@ -432,17 +735,33 @@ int cmd_serve(int argc, char **argv)
                              .max_connections = (int)o.max_conn, .log_json = o.log_json,
                              .allow_image_urls = o.allow_image_urls,
                              .allowed_hosts = o.allowed_hosts, .n_allowed_hosts = o.n_allowed_hosts,
-                             .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins};
+                             .cors_origins = o.cors_origins, .n_cors_origins = o.n_cors_origins,
+                             .endpoint_props = o.props, .no_slots = o.no_slots,
+                             .build_info = "mlxcel " MLXCEL_VERSION};
     /* libcurl's global state before any connection thread fetches an image URL */
     if (o.allow_image_urls && !(curl_on = curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK)) {
         rc = err_setf(&e, ERR_NOMEM, "--allow-image-urls: libcurl did not start");
         goto out;
     }
-    if ((rc = server_start(&srv, &so, &e)) < 0 || (rc = load(&o, dir, &sv, &sm, &e)) < 0)
+    if ((rc = server_start(&srv, &so, &e)) < 0)
+        goto out;
+    bool v6 = strchr(so.host, ':') != NULL;
+    if (router) {
+        struct router_opts ro = {.max_loaded = (int)o.models_max, .memory_budget = o.memory_budget,
+                                 .autoload = !o.no_autoload, .load_timeout_s = (int)o.load_timeout};
+        struct router_loader ld = {.ud = &o, .load = router_load, .unload = router_unload};
+        if ((rc = server_set_router(srv, &models, &ro, &ld, &e)) < 0)
+            goto out;
+        printf("mlxcel serve: listening on http://%s%s%s:%d (router: %d models, at most %ld loaded%s)\n",
+               v6 ? "[" : "", so.host, v6 ? "]" : "", server_port(srv), models.n, o.models_max,
+               o.no_autoload ? ", no autoload" : "");
+        goto ready;
+    }
+    if ((rc = load(&o, dir, &sv, &sm, &e)) < 0)
         goto out;
     sm.id = id;
+    sm.path = dir;
     server_set_model(srv, &sm);
-    bool v6 = strchr(so.host, ':') != NULL;
     enum dtype kvt = sv.en.kv ? sv.en.kv->dtype : DTYPE_F32;
     char id_esc[1024];  /* the id is the folder's name unless --alias: escaped (termsafe.h) */
     printf("mlxcel serve: listening on http://%s%s%s:%d (model %s, %ld parallel, %d tokens per request%s%s%s)\n",
@@ -450,6 +769,7 @@ int cmd_serve(int argc, char **argv)
            o.parallel, sm.n_ctx,
            kvt == DTYPE_F32 ? "" : ", kv ", kvt == DTYPE_F32 ? "" : cli_kv_dtype_name(kvt),
            sv.en.be && sv.en.be->fast ? ", fast" : "");
+ready:
     /* the ready line is what scripts wait for: a server that cannot say where it
      * listens stops rather than run unseen */
     if ((rc = cli_stdout_check(&e)) < 0)
@@ -461,8 +781,10 @@ int cmd_serve(int argc, char **argv)
 out:
     if (srv)
         server_begin_stop(srv);
-    server_free(srv);
+    server_free(srv);  /* in router mode, unloads every model (router_unload) */
     served_free(&sv);
+    router_list_free(&models);
+    free(dirs);
     if (curl_on)
         curl_global_cleanup();
     if (status != CLI_EXIT_OK)

@@ -194,6 +194,13 @@ static void read_paths(const struct flags_seen *seen)
         snprintf(g_cfg.models_dir, sizeof g_cfg.models_dir, "%s/.cache/mlxcel/models", home);
     g_cfg.default_model = env_str("MLXCEL_DEFAULT_MODEL");
     g_cfg.api_key = env_str("MLXCEL_API_KEY");
+    static const char *const k_llama[] = {
+#define LLAMA_ENV(var, flag, neg, is_bool) var,
+#include "llama_env.def"
+#undef LLAMA_ENV
+    };
+    for (int i = 0; i < CLI_N_LLAMA_ENV; i++)
+        g_cfg.llama_env[i] = env_str(k_llama[i]);
 }
 
 int cli_config_load(int *argc, char **argv, struct err *e)

@@ -24,6 +24,13 @@
 
 struct hub_opts;
 
+/* How many variables llama_env.def lists. */
+#define LLAMA_ENV(var, flag, neg, is_bool) 1 +
+enum { CLI_N_LLAMA_ENV = (
+#include "llama_env.def"
+    0) };
+#undef LLAMA_ENV
+
 struct cli_config {
     const char *device;       /* --device / $MLXCEL_DEVICE; NULL: "cpu" */
     const char *kv_type;      /* --kv-type / $MLXCEL_KV_TYPE as given; NULL: f32 (cli_kv_dtype) */
@@ -41,6 +48,9 @@ struct cli_config {
     char models_dir[4096];    /* $MLXCEL_MODELS_DIR, else ~/.cache/mlxcel/models */
     const char *default_model;/* $MLXCEL_DEFAULT_MODEL; NULL: beside the executable */
     const char *api_key;      /* $MLXCEL_API_KEY (serve, when --api-key is absent); NULL: none */
+    /* llama-server's variables for serve's flags, in llama_env.def's order, as given (NULL:
+     * unset or empty); cmd_serve checks and applies them */
+    const char *llama_env[CLI_N_LLAMA_ENV];
 };
 
 /* Read the environment and take the global flags out of argv[2..] (before a "--"), then

@@ -13,8 +13,6 @@
 #include "config.h"
 #include "kernels/backend_plugin.h"
 
-#define MLXCEL_VERSION "0.1.0"
-
 struct command {
     const char *name;
     int (*run)(int argc, char **argv);

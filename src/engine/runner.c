@@ -359,3 +359,32 @@ void runner_get_stats(struct runner *r, struct runner_stats *st)
     st->spec_accepted_tokens = r->mirror_accepted;
     pthread_mutex_unlock(&r->mu);
 }
+
+int runner_get_jobs(struct runner *r, struct runner_job_view *out, int cap)
+{
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (const struct runner_job *j = r->active; j; j = j->next)
+        n++;
+    int skip = n > cap ? n - cap : 0, k = n - skip;  /* the newest beyond cap are left out */
+    int i = n;
+    for (const struct runner_job *j = r->active; j; j = j->next) {
+        i--;  /* j is the i-th oldest */
+        if (i >= k)
+            continue;
+        struct runner_job_view *v = &out[i];
+        v->n_prompt = j->n_prompt;
+        v->n_out = j->n_out;
+        v->n_predict = j->params.n_predict;
+        v->sampling = j->params.sampling;
+        v->sampling.bias = NULL;
+        v->sampling.cons = (struct constraint){0};
+        v->ignore_eos = j->params.ignore_eos;
+        v->spec = j->params.spec.mode != SPEC_NONE;
+        /* a job with output holds its sequence until done; of the others, the oldest are
+         * the ones the last step counted running (prefilling) */
+        v->running = j->n_out > 0 || i < r->mirror_running;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return k;
+}

@@ -81,6 +81,15 @@ struct runner_stats {
     uint64_t spec_accepted_tokens;  /* of them, accepted */
 };
 
+/* What GET /slots shows of a job in the scheduler (runner_get_jobs): a copy, no pointers. */
+struct runner_job_view {
+    int n_prompt, n_out, n_predict;
+    struct sampler_params sampling;   /* bias and cons cleared (n_bias kept) */
+    bool ignore_eos;
+    bool spec;                        /* speculative decoding asked for */
+    bool running;                     /* holds a sequence (else waits in the scheduler's queue) */
+};
+
 struct runner;
 
 /* Starts the engine thread over c and kv (borrowed; kv's sequences become the runner's). */
@@ -106,6 +115,11 @@ void runner_unlock(struct runner *r);
 void runner_wait_locked(struct runner *r, pthread_cond_t *cv, int timeout_ms);
 /* A snapshot of the queue and cache (takes the lock). */
 void runner_get_stats(struct runner *r, struct runner_stats *st);
+/* The jobs in the scheduler, oldest first, at most cap into out (takes the lock); returns how
+ * many were written. running: the job has output (it holds a sequence until done), or is
+ * among the oldest n_running of the last step (the scheduler runs jobs first come, first
+ * served). */
+int runner_get_jobs(struct runner *r, struct runner_job_view *out, int cap);
 
 #ifdef __cplusplus
 }

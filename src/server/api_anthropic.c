@@ -586,11 +586,12 @@ int anthropic_translate(const cJSON *root, bool count, int n_vocab, struct oai_r
 /* The request body into q (checked as OpenAI's chat request); -1 with *err. */
 static int parse_body(struct server *s, struct srv_req *r, bool count, struct oai_request *q, struct oai_error *err)
 {
+    (void)s;  /* the model is the request's (r->model) */
     oai_request_init(q);
     cJSON *root = oai_parse_object(r->body ? r->body : "", r->len, err);
     if (!root)
         return -1;
-    int rc = anthropic_translate(root, count, s->m.n_vocab, q, err);
+    int rc = anthropic_translate(root, count, r->model->m.n_vocab, q, err);
     cJSON_Delete(root);
     return rc;
 }
@@ -669,7 +670,7 @@ static cJSON *message(const struct gen *g, bool start)
     cJSON *m = cJSON_CreateObject(), *content, *u = usage(g, start), *t;
     bool ok = m && u && cJSON_AddStringToObject(m, "id", g->id) && cJSON_AddStringToObject(m, "type", "message") &&
               cJSON_AddStringToObject(m, "role", "assistant") &&
-              cJSON_AddStringToObject(m, "model", g->s->model_id) && (content = cJSON_AddArrayToObject(m, "content"));
+              cJSON_AddStringToObject(m, "model", g->model->id) && (content = cJSON_AddArrayToObject(m, "content"));
     if (ok && !start) {
         if (c->reasoning.len > 0)
             ok = cJSON_AddItemToArray(content, text_block(true, c->reasoning.p));
@@ -872,13 +873,13 @@ enum MHD_Result srv_anthropic_count_tokens(struct server *s, struct MHD_Connecti
     int n = 0;
     if (parse_body(s, r, true, &q, &err) < 0)
         return srv_reply_error(c, r, &err);
-    if (q.model && strcmp(q.model, s->model_id) != 0) {
+    if (q.model && strcmp(q.model, r->model->id) != 0) {
         oai_errorf(&err, 404, "not_found_error", "model_not_found", "model",
-                   "the model '%.64s' does not exist; this server serves '%s'", q.model, s->model_id);
+                   "the model '%.64s' does not exist; this server serves '%s'", q.model, r->model->id);
         oai_request_free(&q);
         return srv_reply_error(c, r, &err);
     }
-    int rc = gen_count_prompt(s, OAI_CHAT, &q, &n, &err);
+    int rc = gen_count_prompt(r->model, OAI_CHAT, &q, &n, &err);
     oai_request_free(&q);
     if (rc < 0)
         return srv_reply_error(c, r, &err);

@@ -4,7 +4,7 @@
  *
  * A server serves one model: an encoder answers these two and refuses generation (server.c),
  * a generation model refuses these. The embedder runs one request at a time under
- * server.embed_mu; a request's inputs go through it together, packed without padding
+ * srv_model.embed_mu; a request's inputs go through it together, packed without padding
  * (ADR 0083). Tokenizing happens before the lock (the tokenizer is immutable).
  *
  * Bounds (OpenAI's for embeddings): at most SRV_EMBED_MAX_INPUTS inputs (documents) and
@@ -52,16 +52,16 @@ static int opt_bool(const cJSON *in, const char *key, bool def, bool *out, struc
 
 /* "model", when given, names the served model (as the generation endpoints require): 404
  * model_not_found otherwise. */
-static int check_model(const struct server *s, const cJSON *in, struct oai_error *err)
+static int check_model(const struct srv_model *sm, const cJSON *in, struct oai_error *err)
 {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(in, "model");
     if (!m || cJSON_IsNull(m))
         return 0;
     if (!cJSON_IsString(m))
         return oai_errorf(err, 400, "invalid_request_error", NULL, "model", "'model' must be a string");
-    if (strcmp(m->valuestring, s->model_id) != 0)
+    if (strcmp(m->valuestring, sm->id) != 0)
         return oai_errorf(err, 404, "invalid_request_error", "model_not_found", "model", "the model '%.64s' "
-                          "does not exist; this server serves '%s'", m->valuestring, s->model_id);
+                          "does not exist; this server serves '%s'", m->valuestring, sm->id);
     return 0;
 }
 
@@ -173,14 +173,14 @@ static char *base64_floats(const float *v, int n)
 }
 
 /* Run items through the embedder under the lock. */
-static int run_locked(struct server *s, const struct emb_item *items, int n, float *out, bool score,
+static int run_locked(struct srv_model *sm, const struct emb_item *items, int n, float *out, bool score,
                       struct oai_error *err)
 {
     struct err e = {0};
-    pthread_mutex_lock(&s->embed_mu);
-    int rc = score ? embedder_score(s->m.embedder, items, n, out, &e)
-                   : embedder_embed(s->m.embedder, items, n, out, &e);
-    pthread_mutex_unlock(&s->embed_mu);
+    pthread_mutex_lock(&sm->embed_mu);
+    int rc = score ? embedder_score(sm->m.embedder, items, n, out, &e)
+                   : embedder_embed(sm->m.embedder, items, n, out, &e);
+    pthread_mutex_unlock(&sm->embed_mu);
     return rc < 0 ? fail_from(err, &e, NULL) : 0;
 }
 
@@ -196,8 +196,9 @@ static cJSON *usage_json(cJSON *root, long tokens)
 
 enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
-    struct embedder *em = s->m.embedder;
+    struct embedder *em = r->model->m.embedder;
     struct emb_item *items = NULL;
     float *vec = NULL;
     cJSON *out = NULL;
@@ -206,11 +207,11 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
     cJSON *in = oai_parse_object(r->body, r->len, &err);
     if (!in)
         return srv_reply_error(c, r, &err);
-    if (check_model(s, in, &err) < 0)
+    if (check_model(r->model, in, &err) < 0)
         goto fail;
     if (em && embedder_is_reranker(em)) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "model", "model '%s' is a reranker (cross-encoder): "
-                   "use /v1/rerank", s->model_id);
+                   "use /v1/rerank", r->model->id);
         goto fail;
     }
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(in, "encoding_format");
@@ -245,7 +246,7 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
         oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    if (run_locked(s, items, n, vec, false, &err) < 0)
+    if (run_locked(r->model, items, n, vec, false, &err) < 0)
         goto fail;
     cJSON *data;
     bool ok = (out = cJSON_CreateObject()) && cJSON_AddStringToObject(out, "object", "list") &&
@@ -268,7 +269,7 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
             ok = a != NULL;
         }
     }
-    ok = ok && cJSON_AddStringToObject(out, "model", s->model_id) && usage_json(out, tokens);
+    ok = ok && cJSON_AddStringToObject(out, "model", r->model->id) && usage_json(out, tokens);
     if (!ok) {
         cJSON_Delete(out);
         out = NULL;
@@ -296,8 +297,9 @@ static const char *doc_text(const cJSON *d)
 
 enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
-    struct embedder *em = s->m.embedder;
+    struct embedder *em = r->model->m.embedder;
     struct emb_item *items = NULL;
     float *scores = NULL;
     struct emb_ranked *rk = NULL;
@@ -308,11 +310,11 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
     cJSON *in = oai_parse_object(r->body, r->len, &err);
     if (!in)
         return srv_reply_error(c, r, &err);
-    if (check_model(s, in, &err) < 0)
+    if (check_model(r->model, in, &err) < 0)
         goto fail;
     if (!embedder_is_reranker(em)) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "model", "model '%s' embeds texts; reranking needs "
-                   "a cross-encoder (a *ForSequenceClassification checkpoint)", s->model_id);
+                   "a cross-encoder (a *ForSequenceClassification checkpoint)", r->model->id);
         goto fail;
     }
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(in, "query");
@@ -372,14 +374,14 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
             goto fail;
         }
     }
-    if (run_locked(s, items, n, scores, true, &err) < 0)
+    if (run_locked(r->model, items, n, scores, true, &err) < 0)
         goto fail;
     for (int i = 0; i < n; i++)
         rk[i] = (struct emb_ranked){i, scores[i]};
     emb_rank_sort(rk, n);
     cJSON *res;
     bool ok = (out = cJSON_CreateObject()) && cJSON_AddStringToObject(out, "object", "list") &&
-              cJSON_AddStringToObject(out, "model", s->model_id) && (res = cJSON_AddArrayToObject(out, "results"));
+              cJSON_AddStringToObject(out, "model", r->model->id) && (res = cJSON_AddArrayToObject(out, "results"));
     for (int i = 0; ok && i < top; i++) {
         cJSON *it = cJSON_CreateObject();
         ok = it && cJSON_AddItemToArray(res, it) && cJSON_AddNumberToObject(it, "index", rk[i].index) &&

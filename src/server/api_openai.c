@@ -37,7 +37,7 @@ static cJSON *usage_object(const struct gen *g)
 static void fingerprint(const struct gen *g, char out[16])
 {
     uint64_t h = 0xcbf29ce484222325ULL;
-    for (const char *p = g->s->model_id; *p; p++)
+    for (const char *p = g->model->id; *p; p++)
         h = (h ^ (uint8_t)*p) * 0x100000001b3ULL;
     snprintf(out, 16, "fp_%012llx", (unsigned long long)(h & 0xFFFFFFFFFFFFULL));
 }
@@ -50,7 +50,7 @@ static cJSON *envelope(const struct gen *g, const char *object)
     fingerprint(g, fp);
     if (o && (!cJSON_AddStringToObject(o, "id", g->id) || !cJSON_AddStringToObject(o, "object", object) ||
               !cJSON_AddNumberToObject(o, "created", (double)g->created) ||
-              !cJSON_AddStringToObject(o, "model", g->s->model_id) ||
+              !cJSON_AddStringToObject(o, "model", g->model->id) ||
               !cJSON_AddStringToObject(o, "system_fingerprint", fp))) {
         cJSON_Delete(o);
         return NULL;
@@ -299,7 +299,7 @@ enum MHD_Result srv_generate(struct server *s, struct MHD_Connection *c, struct 
     struct oai_error err;
     struct oai_request q;
     struct gen *g;
-    if (oai_request_parse(&q, ep, r->body ? r->body : "", r->len, s->m.n_vocab, &err) < 0)
+    if (oai_request_parse(&q, ep, r->body ? r->body : "", r->len, r->model->m.n_vocab, &err) < 0)
         return srv_reply_error(c, r, &err);
     if (gen_new(&g, s, c, r, ep, &q, ep == OAI_CHAT ? "chatcmpl" : "cmpl", &k_openai, &err) < 0)
         return srv_reply_error(c, r, &err);

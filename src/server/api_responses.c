@@ -114,7 +114,7 @@ static cJSON *response_new(struct gen *g, const char *status, cJSON *output)
     bool ok = r && cJSON_AddStringToObject(r, "id", g->id) && cJSON_AddStringToObject(r, "object", "response") &&
               cJSON_AddNumberToObject(r, "created_at", (double)g->created) &&
               cJSON_AddStringToObject(r, "status", status) && cJSON_AddNullToObject(r, "error") &&
-              cJSON_AddNullToObject(r, "incomplete_details") && cJSON_AddStringToObject(r, "model", g->s->model_id);
+              cJSON_AddNullToObject(r, "incomplete_details") && cJSON_AddStringToObject(r, "model", g->model->id);
     cJSON_ArrayForEach(v, st->echo) {
         cJSON *x = ok ? cJSON_Duplicate(v, true) : NULL;
         ok = x && cJSON_AddItemToObject(r, v->string, x);
@@ -505,7 +505,7 @@ enum MHD_Result srv_responses(struct server *s, struct MHD_Connection *c, struct
     cJSON *root = oai_parse_object(r->body ? r->body : "", r->len, &err);
     if (!root)
         return srv_reply_error(c, r, &err);
-    int rc = responses_translate(root, s->m.n_vocab, &q, &echo, &err);
+    int rc = responses_translate(root, r->model->m.n_vocab, &q, &echo, &err);
     cJSON_Delete(root);
     if (rc < 0)
         return srv_reply_error(c, r, &err);

@@ -57,18 +57,18 @@ void gen_free(struct gen *g)
         return;
     if (g->submitted) {
         /* the runner owns submitted jobs until done: cancel and wait */
-        runner_lock(g->s->m.runner);
+        runner_lock(g->model->m.runner);
         for (int i = 0; i < g->n; i++)
-            runner_cancel_locked(g->s->m.runner, &g->ch[i].job);
+            runner_cancel_locked(g->model->m.runner, &g->ch[i].job);
         for (;;) {
             bool all = true;
             for (int i = 0; i < g->n; i++)
                 all &= g->ch[i].job.done;
             if (all)
                 break;
-            runner_wait_locked(g->s->m.runner, &g->cv, WAIT_MS);
+            runner_wait_locked(g->model->m.runner, &g->cv, WAIT_MS);
         }
-        runner_unlock(g->s->m.runner);
+        runner_unlock(g->model->m.runner);
     }
     for (int i = 0; g->ch && i < g->n; i++) {
         struct gen_choice *c = &g->ch[i];
@@ -99,6 +99,7 @@ void gen_free(struct gen *g)
     if (g->dstate && g->d->free_state)
         g->d->free_state(g->dstate);
     oai_request_free(&g->q);
+    srv_model_release(g->model);
     free(g);
 }
 
@@ -121,7 +122,7 @@ static size_t utf8_chars(const char *s, size_t n)
  * the model when it takes no images. */
 static int take_images(struct gen *g, struct oai_error *err)
 {
-    const struct server_model *m = &g->s->m;
+    const struct server_model *m = &g->model->m;
     if (!m->images)
         return oai_errorf(err, 400, "invalid_request_error", NULL, g->q.images[0].param,
                           "the model '%s' does not take images%s%s", m->id ? m->id : "",
@@ -164,7 +165,7 @@ static int image_rows(struct gen *g, size_t n, struct oai_error *err)
     if (!g->imgs.su && g->q.n_images == 0) {
         /* a text prompt: image tokens written as text are no image */
         struct image_input none;
-        image_input_init(&none, g->s->m.images);
+        image_input_init(&none, g->model->m.images);
         if (image_input_runs(&none, g->prompt, n, pos, &e) < 0)
             return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                               "the prompt holds image tokens without images: %s", e.msg);
@@ -174,7 +175,7 @@ static int image_rows(struct gen *g, size_t n, struct oai_error *err)
         return oai_errorf(err, 400, "invalid_request_error", NULL, "messages",
                           "%s: the chat template writes each image's placeholder, and the text may not hold one",
                           e.msg);
-    size_t one = vision_pixel_bytes(g->s->m.images->m->vision) / sizeof(float);
+    size_t one = vision_pixel_bytes(g->model->m.images->m->vision) / sizeof(float);
     for (int k = 0; k < g->imgs.n_img; k++)
         g->simg[k] = (struct sched_image){pos[k], g->imgs.pixels + (size_t)k * one};
     return 0;
@@ -184,7 +185,7 @@ static int image_rows(struct gen *g, size_t n, struct oai_error *err)
  * apply_chat_template(tokenize=True)); a completion's text with them; or its ids. */
 static int build_prompt(struct gen *g, struct oai_error *err)
 {
-    const struct server_model *m = &g->s->m;
+    const struct server_model *m = &g->model->m;
     struct err e = {0};
     char *text = NULL;
     size_t len = 0, n = 0;
@@ -259,11 +260,11 @@ static int build_prompt(struct gen *g, struct oai_error *err)
     return 0;
 }
 
-int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_request *q, int *n,
+int gen_count_prompt(struct srv_model *sm, enum oai_endpoint ep, const struct oai_request *q, int *n,
                      struct oai_error *err)
 {
     /* a generation that only builds its prompt: q is read, never freed, through the copy */
-    struct gen g = {.s = s, .ep = ep, .q = *q};
+    struct gen g = {.model = sm, .ep = ep, .q = *q};
     int rc = build_prompt(&g, err);
     free(g.prompt);
     if (g.imgs.su)
@@ -277,7 +278,7 @@ int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_re
  * OpenAI's; without one, generation may fill the context. */
 static int plan_tokens(struct gen *g, int *n_predict, struct oai_error *err)
 {
-    int ctx = g->s->m.n_ctx;
+    int ctx = g->model->m.n_ctx;
     if (g->n_prompt >= ctx && !(g->n_prompt == ctx && g->q.max_tokens == 0))
         return oai_errorf(err, 400, "invalid_request_error", "context_length_exceeded",
                           g->ep == OAI_CHAT ? "messages" : "prompt",
@@ -295,7 +296,7 @@ static int plan_tokens(struct gen *g, int *n_predict, struct oai_error *err)
 /* Sampling: the request's fields, else generation_config.json's, else OpenAI's defaults. */
 static int plan_sampling(struct gen *g, struct sampler_params *sp, struct oai_error *err)
 {
-    const struct generation_defaults *d = &g->s->m.gen;
+    const struct generation_defaults *d = &g->model->m.gen;
     const struct oai_request *q = &g->q;
     sampler_params_default(sp);
     sp->temperature = q->has_temperature ? q->temperature : d->temperature >= 0 ? d->temperature : 1.0f;
@@ -358,7 +359,7 @@ static cJSON *lp_entry(const char *text, size_t len, const char *raw, size_t n, 
 static cJSON *chat_lp_entry(const struct gen *g, int32_t id, bool held, const char *text, size_t len, float lp)
 {
     char own[TOK_TOKEN_BYTES_MAX];
-    const struct tokenizer *tok = g->s->m.tok;
+    const struct tokenizer *tok = g->model->m.tok;
     if ((held || len == 0) && id >= 0 && id < tok_vocab_size(tok) && !tok_is_special(tok, id)) {
         int n = tok_token_bytes(tok, id, own, sizeof own);
         return lp_entry(text, len, own, n > 0 ? (size_t)n : 0, lp);
@@ -415,7 +416,7 @@ static int record_logprobs(struct gen *g, struct gen_choice *c, int k, const cha
  * template emits <think>; none (all content) otherwise. */
 static int parser_new(struct gen *g, struct gen_choice *c, struct oai_error *err)
 {
-    const struct server_model *m = &g->s->m;
+    const struct server_model *m = &g->model->m;
     if (g->ep != OAI_CHAT || !m->tmpl)
         return 0;
     bool tools = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE;
@@ -534,7 +535,7 @@ static int finish_choice(struct gen *g, struct gen_choice *c, enum gen_finish f)
  * OpenAI's, vLLM's and llama-server's streams do) however far the engine has run ahead. */
 static bool pump(struct gen *g, int limit)
 {
-    struct runner *run = g->s->m.runner;
+    struct runner *run = g->model->m.runner;
     bool changed = false;
     for (int i = 0; i < g->n; i++) {
         struct gen_choice *c = &g->ch[i];
@@ -636,7 +637,7 @@ _Static_assert(OAI_MAX_TOOLS <= GRAMMAR_MAX_CALLS, "a forced call must be able t
  * the request's path. The grammar masks every token that would leave it. */
 static int plan_grammar(struct gen *g, struct oai_error *err)
 {
-    const struct server_model *m = &g->s->m;
+    const struct server_model *m = &g->model->m;
     const struct oai_request *q = &g->q;
     bool forced = q->tools && (q->tool_choice == OAI_TOOL_CHOICE_REQUIRED || q->tool_choice == OAI_TOOL_CHOICE_NAMED);
     if (!forced && q->format == OAI_FORMAT_TEXT)
@@ -693,7 +694,7 @@ static int plan_grammar(struct gen *g, struct oai_error *err)
 
 static int gen_prepare(struct gen *g, struct oai_error *err)
 {
-    g->tool_format = g->s->m.tool_format;
+    g->tool_format = g->model->m.tool_format;
     if (plan_grammar(g, err) < 0)
         return -1;
     int n_predict = 0, rc;
@@ -718,7 +719,7 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         c->job.images = g->imgs.n_img ? g->simg : NULL;
         c->job.n_images = g->imgs.n_img;
         c->job.params = (struct gen_params){.n_predict = n_predict, .ignore_eos = g->q.ignore_eos, .sampling = sp,
-                                            .spec = g->s->m.spec};
+                                            .spec = g->model->m.spec};
         c->job.params.sampling.seed = sp.seed + (uint64_t)i;  /* n choices differ, a seed reproduces them */
         if (g->gram) {
             if (grammar_state_new(&c->gstate, g->gram, &e) < 0)
@@ -731,7 +732,7 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
         /* special tokens stay out of the text, except where the tool-call parser reads them
          * (Mistral's [TOOL_CALLS], Llama's <|python_tag|> are special tokens) */
         bool keep_special = g->q.tools && g->q.tool_choice != OAI_TOOL_CHOICE_NONE && g->tool_format != OUTPARSE_NONE;
-        if (textout_init(&c->out, g->s->m.tok, !keep_special, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
+        if (textout_init(&c->out, g->model->m.tok, !keep_special, (const char *const *)g->q.stop, g->q.stop_len, g->q.n_stop,
                          &e) < 0)
             return oom(err);
         if (!(c->tool_calls = cJSON_CreateArray()) || gbuf_add(&c->content, "", 0) < 0 ||
@@ -752,7 +753,7 @@ static int gen_prepare(struct gen *g, struct oai_error *err)
 /* Whether any choice has a token or has ended (the engine took the request in). */
 static bool started(struct gen *g)
 {
-    struct runner *run = g->s->m.runner;
+    struct runner *run = g->model->m.runner;
     bool any = g->ch[0].job.params.n_predict == 0;
     runner_lock(run);
     for (int i = 0; i < g->n && !any; i++)
@@ -773,7 +774,7 @@ static bool all_finished(const struct gen *g)
  * are then cancelled and the generation is aborted. */
 static bool wait_engine(struct gen *g)
 {
-    struct runner *run = g->s->m.runner;
+    struct runner *run = g->model->m.runner;
     runner_lock(run);
     bool news = false;
     for (int i = 0; i < g->n && !news; i++)
@@ -920,6 +921,8 @@ int gen_new(struct gen **out, struct server *s, struct MHD_Connection *c, struct
         return oom(err);
     }
     g->s = s;
+    g->model = r->model;  /* a stream's generation may outlive the request: its own reference */
+    srv_model_retain(g->model);
     g->conn = c;
     g->r = r;
     g->d = d;
@@ -929,9 +932,9 @@ int gen_new(struct gen **out, struct server *s, struct MHD_Connection *c, struct
     snprintf(g->id, sizeof g->id, "%s-%016llx", id_prefix, (unsigned long long)atomic_fetch_add(&s->next_id, 1));
     g->q = *q;
     oai_request_init(q);
-    if (g->q.model && strcmp(g->q.model, s->model_id) != 0) {
+    if (g->q.model && strcmp(g->q.model, g->model->id) != 0) {
         oai_errorf(err, 404, "invalid_request_error", "model_not_found", "model",
-                   "the model '%.64s' does not exist; this server serves '%s'", g->q.model, s->model_id);
+                   "the model '%.64s' does not exist; this server serves '%s'", g->q.model, g->model->id);
         gen_free(g);
         return -1;
     }
@@ -962,7 +965,7 @@ enum MHD_Result gen_serve(struct gen *g)
             jobs[i] = &g->ch[i].job;
         struct err e = {0};
         bool busy;
-        if (runner_submit(s->m.runner, jobs, g->n, &busy, &e) < 0) {
+        if (runner_submit(g->model->m.runner, jobs, g->n, &busy, &e) < 0) {
             if (busy)
                 oai_errorf(&err, 429, "rate_limit_error", "rate_limit_exceeded", NULL, "%s; retry later", e.msg);
             else

@@ -81,6 +81,7 @@ struct gen_dialect {
 
 struct gen {
     struct server *s;
+    struct srv_model *model;     /* the model generating, referenced until gen_free */
     struct MHD_Connection *conn;
     struct srv_req *r;           /* NULL once the request is over */
     const struct gen_dialect *d;
@@ -129,7 +130,7 @@ enum MHD_Result gen_serve(struct gen *g);
 /* The prompt's token count for request q at endpoint ep, as gen_new would build it (the
  * chat template with q's tools and template variables, encoded), without running anything.
  * 0, or -1 with *err (400: the template or the encoding failed). */
-int gen_count_prompt(struct server *s, enum oai_endpoint ep, const struct oai_request *q, int *n,
+int gen_count_prompt(struct srv_model *sm, enum oai_endpoint ep, const struct oai_request *q, int *n,
                      struct oai_error *err);
 
 /* Prompt and completion token counts (completion: the tokens every choice consumed). */

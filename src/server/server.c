@@ -32,7 +32,9 @@
 #include "../template/template.h"
 #include "../tokenizer/tokenizer.h"
 #include "api_anthropic.h"
+#include "api_llama.h"
 #include "outparse.h"
+#include "router_impl.h"
 
 /* libmicrohttpd's memory per connection, for the request line and headers among other things:
  * well above guard.c's 64 KiB limit on them, so that a head over that limit reaches the access
@@ -159,7 +161,7 @@ static bool authorized(const struct server *s, struct MHD_Connection *c)
 static cJSON *model_object(const struct server *s)
 {
     cJSON *m = cJSON_CreateObject();
-    if (m && (!cJSON_AddStringToObject(m, "id", s->model_id) || !cJSON_AddStringToObject(m, "object", "model") ||
+    if (m && (!cJSON_AddStringToObject(m, "id", s->single.id) || !cJSON_AddStringToObject(m, "object", "model") ||
               !cJSON_AddNumberToObject(m, "created", (double)s->created) ||
               !cJSON_AddStringToObject(m, "owned_by", "mlxcel"))) {
         cJSON_Delete(m);
@@ -170,11 +172,13 @@ static cJSON *model_object(const struct server *s)
 
 static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, struct srv_req *r, const char *id)
 {
+    if (s->router)
+        return srv_router_models(s, c, r, id);
     if (id) {
-        if (strcmp(id, s->model_id) != 0) {
+        if (strcmp(id, s->single.id) != 0) {
             struct oai_error err;
             oai_errorf(&err, 404, "invalid_request_error", "model_not_found", "model",
-                       "the model '%.64s' does not exist; this server serves '%s'", id, s->model_id);
+                       "the model '%.64s' does not exist; this server serves '%s'", id, s->single.id);
             return srv_reply_error(c, r, &err);
         }
         return srv_reply_json(c, r, 200, model_object(s));
@@ -193,9 +197,12 @@ static enum MHD_Result ep_models(struct server *s, struct MHD_Connection *c, str
 static enum MHD_Result ep_metrics(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
     struct runner_stats st = {0};
-    if (s->m.runner)
-        runner_get_stats(s->m.runner, &st);
-    struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = s->o.parallel,
+    int slots = s->o.parallel;
+    if (s->router)
+        router_stats(s->router, &st, &slots);
+    else if (s->single.m.runner)
+        runner_get_stats(s->single.m.runner, &st);
+    struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = slots,
                                .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total,
                                .kv_blocks_cached = st.kv_blocks_cached, .prefix_query_tokens = st.prefix_query_tokens,
                                .prefix_hit_tokens = st.prefix_hit_tokens,
@@ -230,6 +237,7 @@ static int get_bool(const cJSON *o, const char *name, bool dflt, bool *out, stru
 /* POST /tokenize {"content", "add_special", "with_pieces"} -> {"tokens": [...]} (llama-server). */
 static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL, *toks = NULL;
     int32_t *ids = NULL;
@@ -245,7 +253,7 @@ static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, s
     if (get_bool(in, "add_special", false, &special, &err) < 0 || get_bool(in, "with_pieces", false, &pieces, &err) < 0)
         goto fail;
     struct err e = {0};
-    if (tok_encode(s->m.tok, content->valuestring, strlen(content->valuestring), special, &ids, &n, &e) < 0) {
+    if (tok_encode(r->model->m.tok, content->valuestring, strlen(content->valuestring), special, &ids, &n, &e) < 0) {
         oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
                    NULL, "content", "%s", e.msg);
         goto fail;
@@ -260,7 +268,7 @@ static enum MHD_Result ep_tokenize(struct server *s, struct MHD_Connection *c, s
         char *txt = NULL;
         cJSON *t = cJSON_CreateObject();
         ok = t && cJSON_AddItemToArray(toks, t) && cJSON_AddNumberToObject(t, "id", ids[i]) &&
-             tok_decode(s->m.tok, &ids[i], 1, false, &txt, NULL) == 0;
+             tok_decode(r->model->m.tok, &ids[i], 1, false, &txt, NULL) == 0;
         if (ok)
             snprintf(piece, sizeof piece, "%s", txt);
         free(txt);
@@ -283,6 +291,7 @@ fail:
 /* POST /detokenize {"tokens": [ids]} -> {"content": text}. */
 static enum MHD_Result ep_detokenize(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     cJSON *in = oai_parse_object(r->body, r->len, &err), *out = NULL;
     int32_t *ids = NULL;
@@ -304,15 +313,15 @@ static enum MHD_Result ep_detokenize(struct server *s, struct MHD_Connection *c,
     }
     cJSON_ArrayForEach(t, toks) {
         double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
-        if (!(v >= 0 && v < s->m.n_vocab && v == (double)(int32_t)v)) {
+        if (!(v >= 0 && v < r->model->m.n_vocab && v == (double)(int32_t)v)) {
             oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens",
-                       "tokens[%d] is not a token id in [0, %d)", i, s->m.n_vocab);
+                       "tokens[%d] is not a token id in [0, %d)", i, r->model->m.n_vocab);
             goto fail;
         }
         ids[i++] = (int32_t)v;
     }
     struct err e = {0};
-    if (tok_decode(s->m.tok, ids, (size_t)n, false, &text, &e) < 0) {
+    if (tok_decode(r->model->m.tok, ids, (size_t)n, false, &text, &e) < 0) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "tokens", "%s", e.msg);
         goto fail;
     }
@@ -336,23 +345,24 @@ fail:
  * a template that demands 9-character call ids the ids are shortened as there (gen.c). */
 static enum MHD_Result ep_apply_template(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
+    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     struct oai_request q;
     char *text = NULL;
     size_t len;
     cJSON *out = NULL;
-    if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, s->m.n_vocab, &err) < 0)
+    if (oai_request_parse(&q, OAI_CHAT, r->body, r->len, r->model->m.n_vocab, &err) < 0)
         return srv_reply_error(c, r, &err);
     struct err e = {0};
     cJSON *extra = NULL;
-    if (!s->m.tmpl) {
+    if (!r->model->m.tmpl) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, "messages", "this model has no chat template");
     } else if (!(extra = q.template_kwargs ? cJSON_Duplicate(q.template_kwargs, true) : cJSON_CreateObject()) ||
                (q.tools && q.tool_choice != OAI_TOOL_CHOICE_NONE &&
                 !cJSON_AddItemToObject(extra, "tools", cJSON_Duplicate(q.tools, true))) ||
-               (outparse_detect_short_ids(chat_tmpl_source(s->m.tmpl)) && outparse_shorten_ids(q.messages) < 0)) {
+               (outparse_detect_short_ids(chat_tmpl_source(r->model->m.tmpl)) && outparse_shorten_ids(q.messages) < 0)) {
         oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
-    } else if (chat_tmpl_apply(s->m.tmpl, q.messages, true, extra, &text, &len, &e) < 0) {
+    } else if (chat_tmpl_apply(r->model->m.tmpl, q.messages, true, extra, &text, &len, &e) < 0) {
         oai_errorf(&err, e.code == ERR_NOMEM ? 500 : 400, e.code == ERR_NOMEM ? "server_error" : "invalid_request_error",
                    NULL, "messages", "the chat template failed: %s", e.msg);
     } else if ((out = cJSON_CreateObject()) && !cJSON_AddStringToObject(out, "prompt", text)) {
@@ -372,7 +382,8 @@ extern const unsigned char srv_chat_html[];
 extern const size_t srv_chat_html_len;
 
 /* GET / -> the chat page: static, answered without the API key (the page asks for it) and
- * confined by its Content-Security-Policy to inline code and this server. */
+ * confined by its Content-Security-Policy to inline code and this server (images: only the data:
+ * URLs the page makes from files the user attaches). */
 static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
 {
     struct MHD_Response *resp =
@@ -382,7 +393,7 @@ static enum MHD_Result ep_page(struct MHD_Connection *c, struct srv_req *r)
     bool ok = MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/html; charset=utf-8") == MHD_YES &&
               MHD_add_response_header(resp, "Content-Security-Policy",
                                       "default-src 'self'; script-src 'unsafe-inline' 'self'; "
-                                      "style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+                                      "style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
                                       "form-action 'none'; frame-ancestors 'none'") == MHD_YES &&
               MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff") == MHD_YES &&
               MHD_add_response_header(resp, "Referrer-Policy", "no-referrer") == MHD_YES &&
@@ -417,6 +428,8 @@ static enum MHD_Result ep_favicon(struct MHD_Connection *c, struct srv_req *r)
 enum route {
     R_NONE = 0, R_HEALTH, R_MODELS, R_MODEL, R_METRICS, R_CHAT, R_COMPLETIONS, R_TOKENIZE, R_DETOKENIZE,
     R_TEMPLATE, R_PAGE, R_RESPONSES, R_MESSAGES, R_COUNT_TOKENS, R_FAVICON, R_EMBEDDINGS, R_RERANK,
+    R_ROUTER_MODELS, R_ROUTER_LOAD, R_ROUTER_UNLOAD,  /* llama-server's router mode (api_router.c) */
+    R_LLAMA_COMPLETION, R_LLAMA_INFILL, R_LLAMA_PROPS, R_LLAMA_SLOTS,
 };
 
 struct route_entry {
@@ -444,6 +457,15 @@ static const struct route_entry k_routes[] = {
     {"/v1/embeddings", true, R_EMBEDDINGS, NULL},
     {"/v1/rerank", true, R_RERANK, NULL},
     {"/rerank", true, R_RERANK, NULL},
+    {"/models", false, R_ROUTER_MODELS, NULL},
+    {"/models/load", true, R_ROUTER_LOAD, NULL},
+    {"/models/unload", true, R_ROUTER_UNLOAD, NULL},
+    /* llama-server's native routes (api_llama.h); POST /props as well (dispatch) */
+    {"/completion", true, R_LLAMA_COMPLETION, llama_error_json},
+    {"/completions", true, R_LLAMA_COMPLETION, llama_error_json},
+    {"/infill", true, R_LLAMA_INFILL, llama_error_json},
+    {"/props", false, R_LLAMA_PROPS, llama_error_json},
+    {"/slots", false, R_LLAMA_SLOTS, llama_error_json},
 };
 
 /* The error renderer of path's route (NULL: OpenAI's). */
@@ -508,7 +530,7 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
         oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint: %s %s", r->method, r->path);
         return srv_reply_error(c, r, &err);
     }
-    if (post ? !is_post : !is_get) {
+    if ((post ? !is_post : !is_get) && !(rt == R_LLAMA_PROPS && is_post)) {
         r->endpoint_ok = post ? 2 : 1;
         oai_errorf(&err, 405, "invalid_request_error", NULL, NULL, "%s %s is not allowed; use %s", r->method,
                    r->path, post ? "POST" : "GET");
@@ -532,31 +554,48 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
                    atomic_load(&s->stopping) ? "the server is shutting down" : "the model is loading");
         return srv_reply_error(c, r, &err);
     }
-    /* one model per server: an encoder does not generate, a generating model does not embed */
     bool gen_route = rt == R_CHAT || rt == R_COMPLETIONS || rt == R_RESPONSES || rt == R_MESSAGES ||
-                     rt == R_COUNT_TOKENS || rt == R_TEMPLATE;
-    if (s->m.embedder && gen_route) {
-        oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
-                   "embedding model (%s): it does not generate text; use %s", s->model_id,
-                   s->m.hp->n_cls > 0 || s->m.hp->lm_rerank ? "a reranker" : "an encoder",
-                   s->m.hp->n_cls > 0 || s->m.hp->lm_rerank ? "/v1/rerank" : "/v1/embeddings");
+                     rt == R_COUNT_TOKENS || rt == R_TEMPLATE || rt == R_LLAMA_COMPLETION || rt == R_LLAMA_INFILL;
+    /* the model answering: the server's one, or in router mode the one the body's "model" names
+     * (loaded, referenced until the request completes); /props and /slots name it in the query
+     * (?model=NAME), as llama-server's router does */
+    bool model_route = gen_route || rt == R_EMBEDDINGS || rt == R_RERANK || rt == R_TOKENIZE || rt == R_DETOKENIZE;
+    bool query_model = rt == R_LLAMA_PROPS || rt == R_LLAMA_SLOTS;
+    if (!s->router) {
+        r->model = &s->single;
+    } else if (query_model) {
+        const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+        if (srv_router_resolve_name(s, r, name, &err) < 0)
+            return srv_reply_error(c, r, &err);
+    } else if (model_route && srv_router_resolve(s, r, &err) < 0) {
         return srv_reply_error(c, r, &err);
     }
-    if (!s->m.embedder && (rt == R_EMBEDDINGS || rt == R_RERANK)) {
+    /* an encoder does not generate, a generating model does not embed */
+    if (gen_route && r->model->m.embedder) {
+        oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
+                   "embedding model (%s): it does not generate text; use %s", r->model->id,
+                   r->model->m.hp->n_cls > 0 || r->model->m.hp->lm_rerank ? "a reranker" : "an encoder",
+                   r->model->m.hp->n_cls > 0 || r->model->m.hp->lm_rerank ? "/v1/rerank" : "/v1/embeddings");
+        return srv_reply_error(c, r, &err);
+    }
+    if ((rt == R_EMBEDDINGS || rt == R_RERANK) && !r->model->m.embedder) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' generates "
-                   "text: it does not %s (serve an embedding model or a cross-encoder)", s->model_id,
+                   "text: it does not %s (serve an embedding model or a cross-encoder)", r->model->id,
                    rt == R_RERANK ? "rerank" : "produce embeddings");
         return srv_reply_error(c, r, &err);
     }
-    if (!s->m.tok && (rt == R_TOKENIZE || rt == R_DETOKENIZE)) {
+    if ((rt == R_TOKENIZE || rt == R_DETOKENIZE) && !r->model->m.tok) {
         oai_errorf(&err, 400, "invalid_request_error", NULL, NULL, "model '%s' has no usable tokenizer",
-                   s->model_id);
+                   r->model->id);
         return srv_reply_error(c, r, &err);
     }
     switch (rt) {
     case R_EMBEDDINGS: return srv_embeddings(s, c, r);
     case R_RERANK: return srv_rerank(s, c, r);
     case R_MODELS: return ep_models(s, c, r, NULL);
+    case R_ROUTER_MODELS: return ep_models(s, c, r, NULL);
+    case R_ROUTER_LOAD: return srv_router_load(s, c, r, true);
+    case R_ROUTER_UNLOAD: return srv_router_load(s, c, r, false);
     case R_MODEL: return ep_models(s, c, r, url + 11);
     case R_METRICS: return ep_metrics(s, c, r);
     case R_CHAT: return srv_generate(s, c, r, OAI_CHAT);
@@ -569,6 +608,10 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     case R_FAVICON: return ep_favicon(c, r);
     case R_MESSAGES: return srv_anthropic_messages(s, c, r);
     case R_COUNT_TOKENS: return srv_anthropic_count_tokens(s, c, r);
+    case R_LLAMA_COMPLETION: return srv_llama_completion(s, c, r);
+    case R_LLAMA_INFILL: return srv_llama_infill(s, c, r);
+    case R_LLAMA_PROPS: return srv_llama_props(s, c, r, is_post);
+    case R_LLAMA_SLOTS: return srv_llama_slots(s, c, r);
     default: break;
     }
     oai_errorf(&err, 404, "not_found_error", NULL, NULL, "no such endpoint");
@@ -697,6 +740,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **ctx, enum M
     if (!r)
         return;
     srv_generate_end(s, r);
+    srv_model_release(r->model);  /* a stream's generation holds its own reference */
     double dt = gen_now() - r->t_start;
     if (!guard_advance(r, CONN_IDLE))
         r->status = 408;  /* answered by the watchdog */
@@ -747,7 +791,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
-    pthread_mutex_init(&s->embed_mu, NULL);
+    pthread_mutex_init(&s->single.embed_mu, NULL);
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
 
     struct sockaddr_storage ss;
@@ -802,9 +846,9 @@ int server_port(const struct server *s)
 
 void server_set_model(struct server *s, const struct server_model *m)
 {
-    s->m = *m;
-    snprintf(s->model_id, sizeof s->model_id, "%s", m->id);
-    s->m.id = s->model_id;
+    s->single.m = *m;
+    snprintf(s->single.id, sizeof s->single.id, "%s", m->id);
+    s->single.m.id = s->single.id;
     atomic_store(&s->ready, 1);
 }
 
@@ -831,13 +875,14 @@ void server_free(struct server *s)
     }
     if (s->d)
         MHD_stop_daemon(s->d);  /* every connection closed and unregistered (guard.c) */
+    router_free(s->router);     /* no request or generation holds a model any more */
     guard_stop(s);
     if (s->listen_fd != MHD_INVALID_SOCKET)
         close(s->listen_fd);
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->conn_mu);
-    pthread_mutex_destroy(&s->embed_mu);
+    pthread_mutex_destroy(&s->single.embed_mu);
     free((char *)s->o.api_key);
     free(s);
 }

@@ -45,6 +45,11 @@ struct server_opts {
     int n_allowed_hosts;
     const char *const *cors_origins;
     int n_cors_origins;
+    /* llama-server's native routes (api_llama.h): POST /props accepted (--props), GET /slots
+     * answered 501 (--no-slots) */
+    bool endpoint_props;
+    bool no_slots;
+    const char *build_info;      /* GET /props build_info (borrowed; NULL: "mlxcel") */
 };
 
 /* What the server serves, once loaded (all borrowed; they outlive the server). */
@@ -54,6 +59,7 @@ struct runner;
 struct grammar_vocab;
 struct server_model {
     const char *id;                      /* the model's name in the API */
+    const char *path;                    /* the checkpoint folder (GET /props), NULL: unknown */
     struct tokenizer *tok;
     const struct chat_tmpl *tmpl;        /* NULL: the model has no chat template */
     struct runner *runner;

@@ -26,6 +26,19 @@ enum srv_conn_phase {
     CONN_EXPIRED,                /* over a deadline: answered 408 by the watchdog, socket shut */
 };
 
+/* One model the server answers for: the model of a single-model server (server.single), or one
+ * of the router's (router.c), whose requests each hold a reference while they use it
+ * (srv_model_retain / srv_model_release; a no-op without a router). */
+struct router;
+struct srv_model {
+    struct server_model m;       /* what it serves (borrowed from the loader), valid while referenced */
+    char id[256];                /* its name in the API */
+    pthread_mutex_t embed_mu;    /* guards m.embedder: one embedding / rerank request runs at a time */
+    struct router *rt;           /* its router, NULL for a single-model server */
+};
+void srv_model_retain(struct srv_model *sm);
+void srv_model_release(struct srv_model *sm);
+
 /* One TCP connection (libmicrohttpd's socket context), from its opening to its closing. */
 struct server;
 struct srv_conn {
@@ -49,14 +62,13 @@ struct server {
     atomic_int ready;            /* model set */
     atomic_int stopping;
     atomic_int n_active;         /* requests between their first call and their completion */
-    struct server_model m;       /* valid once ready */
-    char model_id[256];
+    struct srv_model single;     /* the model of a single-model server, valid once ready */
+    struct router *router;       /* several models (router.c), owned; NULL: single */
     long created;
     struct metrics metrics;
     atomic_uint_least64_t next_id;
     pthread_mutex_t log_mu;
     pthread_mutex_t conn_mu;     /* guards conns, n_conns and every srv_conn's phase */
-    pthread_mutex_t embed_mu;    /* guards m.embedder: one embedding / rerank request runs at a time */
     struct srv_conn *conns;
     int n_conns;
     pthread_t watchdog;          /* guard.c: the deadlines */
@@ -80,6 +92,7 @@ struct srv_req {
     double ttft, itl;            /* seconds (-1: none) */
     struct gen *stream;          /* the streaming generation answering it, if any */
     struct srv_conn *conn;       /* its connection (NULL: unknown) */
+    struct srv_model *model;     /* the model answering it, referenced until its completion (NULL: none) */
     bool must_close;             /* answer with Connection: close (broken framing) */
     char cors_origin[256];       /* Access-Control-Allow-Origin for its answers ("": none) */
     /* the error body of its route's dialect (set from the path with the headers, so even a

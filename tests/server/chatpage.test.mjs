@@ -9,7 +9,11 @@
 // (the text stops growing, the next message works); user and model text with
 // HTML in it shows as text (no element made from it, no handler run);
 // reasoning_content lands folded in a <details>; with --api-key the page asks
-// for the key and sends it as a bearer token.
+// for the key and sends it as a bearer token; images: the Image button attaches a file (shown as
+// a thumbnail, removable), the message goes as OpenAI content parts (image_url data: URL, then the
+// text) and the answer equals `mlxcel generate --image` on an image-text checkpoint; a text
+// model's 400 for an image shows and gives the text and the image back; a file that is not an
+// image is refused on the page.
 // chromium is installed by scripts/install-deps.sh (or MLXCEL_CHROMIUM=path);
 // without it this FAILS, unless MLXCEL_SKIP_BROWSER=1 (then only the header
 // checks run). MLXCEL_CHAT_SCREENSHOT=file.png saves a screenshot of a short
@@ -18,6 +22,9 @@ import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { execFileSync } from 'node:child_process';
 import { MODEL, SLOW, startServer, client, get, request, sleep } from './harness.mjs';
 
 const CHROMIUM = process.env.MLXCEL_CHROMIUM || '/usr/bin/chromium';
@@ -27,7 +34,7 @@ const WAIT = 30_000 * SLOW;
 
 const CSP = {
     'default-src': "'self'", 'script-src': "'unsafe-inline' 'self'", 'style-src': "'unsafe-inline'",
-    'connect-src': "'self'",
+    'connect-src': "'self'", 'img-src': "'self' data:",
 };
 
 // A relay on 127.0.0.1 in front of a server that passes everything through,
@@ -110,7 +117,7 @@ describe('chat page: headers', () => {
 });
 
 describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=1' }, () => {
-    let srv, keyed, slow, browser, ctx, page;
+    let srv, keyed, slow, vsrv, vwork, browser, ctx, page;
     const external = [];       // requests to anything but our servers
     const problems = [];       // page errors, CSP violations
     const chatBodies = [];     // the JSON bodies the page POSTed to /v1/chat/completions
@@ -129,6 +136,11 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         srv = await startServer();
         keyed = await startServer(['--api-key', 'sekrit']);
         slow = await pacedRelay(srv.base, 60);
+        // an image-text checkpoint (the gemma3_vision golden with a tokenizer and a processor)
+        vwork = fs.mkdtempSync(path.join(os.tmpdir(), 'mlxcel-chatpage-'));
+        execFileSync('python3', ['tests/cli/make_vision_checkpoint.py', path.join(vwork, 'gemma3v')],
+            { stdio: ['ignore', 'ignore', 'inherit'] });
+        vsrv = await startServer(['-m', path.join(vwork, 'gemma3v')]);
         browser = await chromium.launch({
             executablePath: CHROMIUM,
             args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
@@ -136,7 +148,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
                 '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'],
         });
         ctx = await browser.newContext({ viewport: { width: 900, height: 640 } });
-        const ours = [srv.base, keyed.base, slow.base].map((b) => new URL(b).origin);
+        const ours = [srv.base, keyed.base, slow.base, vsrv.base].map((b) => new URL(b).origin);
         await ctx.route('**/*', (route) => {
             const req = route.request();
             const u = new URL(req.url());
@@ -162,6 +174,8 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         if (slow) await slow.stop();
         if (srv) await srv.stop();
         if (keyed) await keyed.stop();
+        if (vsrv) await vsrv.stop();
+        if (vwork) fs.rmSync(vwork, { recursive: true, force: true });
     });
 
     const lastText = () => page.evaluate(() => {
@@ -328,6 +342,68 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         } finally {
             await p.close();
         }
+        assert.deepEqual(external, []);
+        assert.deepEqual(problems, []);
+    });
+
+    it('images: attach, thumbnail, content parts; the answer equals generate --image', async () => {
+        const IMG = 'tests/fixtures/images/vis_photo.jpg';
+        const TEXT = 'w10 w20 w30';
+        const want = execFileSync(process.env.MLXCEL_BIN, ['generate', '-m', path.join(vwork, 'gemma3v'),
+            '--image', IMG, '-p', TEXT, '-n', '6', '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+        await page.goto(vsrv.base + '/');
+        await page.waitForFunction(() => document.getElementById('model').textContent === 'gemma3v', null, { timeout: WAIT });
+        assert.ok(await page.isVisible('#attach'), 'no Image button');
+        await page.click('#settings summary');
+        await page.fill('#system', '');
+        await page.fill('#temperature', '0');
+        await page.fill('#max-tokens', '6');
+        await page.click('#settings summary');
+        // two files attached, one removed again
+        await page.setInputFiles('#file', [IMG, 'tests/fixtures/images/vis_edges.png']);
+        await page.waitForFunction(() => document.querySelectorAll('#attached img').length === 2, null, { timeout: WAIT });
+        await page.click('#attached .thumb:nth-child(2) button');
+        assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 1);
+        await send(TEXT);
+        await idle();
+        assert.equal(await lastText(), want);
+        const url = `data:image/jpeg;base64,${fs.readFileSync(IMG).toString('base64')}`;
+        assert.deepEqual(chatBodies.at(-1).messages, [{ role: 'user', content: [
+            { type: 'image_url', image_url: { url } }, { type: 'text', text: TEXT }] }]);
+        const shown = await page.evaluate(() => [...document.querySelectorAll('#log .msg.user .images img')]
+            .map((i) => ({ data: i.src.startsWith('data:image/jpeg;base64,'), loaded: i.complete && i.naturalWidth > 0 })));
+        assert.deepEqual(shown, [{ data: true, loaded: true }], 'the message does not show its image');
+        assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 0,
+            'the sent image is still attached');
+        // the next turn resends the conversation with its image
+        await send('w40');
+        await idle();
+        const msgs = chatBodies.at(-1).messages;
+        assert.equal(msgs.length, 3);
+        assert.deepEqual(msgs[0].content[0], { type: 'image_url', image_url: { url } });
+        assert.deepEqual(external, []);
+        assert.deepEqual(problems, [], 'CSP violations or page errors (img-src for the thumbnails)');
+    });
+
+    it('images: a text model refuses one (text and image given back); a non-image is refused', async () => {
+        await page.goto(srv.base + '/');
+        await page.waitForFunction((m) => document.getElementById('model').textContent === m, MODEL, { timeout: WAIT });
+        await page.setInputFiles('#file', { name: 'notes.txt', mimeType: 'text/plain', buffer: Buffer.from('hello') });
+        await page.waitForFunction(() => /not a PNG, JPEG, WebP or GIF/.test(document.getElementById('status').textContent),
+            null, { timeout: WAIT });
+        assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 0);
+        await page.setInputFiles('#file', 'tests/fixtures/images/vis_edges.png');
+        await page.waitForFunction(() => document.querySelectorAll('#attached img').length === 1, null, { timeout: WAIT });
+        await send('Describe it.');
+        await idle();
+        const meta = await page.textContent('#log .msg.assistant:last-child .meta');
+        assert.match(meta, new RegExp(MODEL), `the error does not name the model: ${meta}`);
+        assert.match(meta, /image/i);
+        assert.equal(await page.inputValue('#input'), 'Describe it.', 'the text was not given back');
+        assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 1,
+            'the image was not given back');
+        await page.click('#clear');
+        assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 0);
         assert.deepEqual(external, []);
         assert.deepEqual(problems, []);
     });

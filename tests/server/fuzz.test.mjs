@@ -5,7 +5,8 @@
 // stop strings or logit_bias keys, out-of-range n/top_logprobs/max_tokens);
 // wrong Content-Length; bodies in tiny chunks; chunked transfer-encoding
 // (valid and broken); 64 KiB header lines; thousands of headers; random
-// methods and paths; malformed request lines and headers. Then stalled uploads
+// methods and paths (llama-server's routes too, their errors in its body); malformed
+// request lines and headers. Then stalled uploads
 // (the server must time them out) and 64 simultaneous connections.
 // Checks: never a 5xx; every JSON response parses, and has the error shape when
 // its status is >= 400; the server stays alive; a greedy chat request answers

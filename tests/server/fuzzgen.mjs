@@ -176,12 +176,17 @@ const PATHS = ['/v1/chat/completions', '/v1/completions', '/tokenize', '/detoken
     '/metrics', '/v1/models', `/v1/models/${MODEL}`, '/v1/models/', '/', '/v1', '/v1/', '//v1/chat/completions',
     '/v1/chat/completions/', '/v1/chat/completions?x=1', '/v1/chat/completions#f', '/../../etc/passwd', '/%00',
     '/v1/models/%2e%2e', '/v1/models/' + 'a'.repeat(5000), '*', 'http://127.0.0.1/health', '/health?' + 'q'.repeat(3000),
-    '/v1/embeddings', '/v1/chat', '/%ff%fe', '/v1/models/llama-tiny%00'];
+    '/v1/embeddings', '/v1/chat', '/%ff%fe', '/v1/models/llama-tiny%00', '/completion', '/infill', '/props', '/slots',
+    '/slots?fail_on_no_slot=1'];
+// llama-server's routes answer in its error body, and 501 where it does (/infill without FIM
+// tokens, POST /props without --props)
+const LLAMA_PATHS = new Set(['/completion', '/completions', '/infill', '/props', '/slots']);
 const METHODS = ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'HEAD', 'OPTIONS', 'TRACE', 'CONNECT', 'FOO', 'get', 'POS', 'POSTT', ''];
 
 function jsonRequest(r, { path, body, extraHeaders = {} } = {}) {
     const ep = r.chance(0.6) ? 'chat' : 'completions';
-    const p = path ?? (r.chance(0.9) ? (ep === 'chat' ? '/v1/chat/completions' : '/v1/completions') : r.pick(['/tokenize', '/detokenize', '/apply-template']));
+    const p = path ?? (r.chance(0.9) ? (ep === 'chat' ? '/v1/chat/completions' : '/v1/completions')
+        : r.pick(['/tokenize', '/detokenize', '/apply-template', '/completion', '/infill']));
     let b = body ?? mutateBody(r, baseBody(r, ep));
     if (!body && r.chance(0.35)) b = damage(r, b);
     const headers = { 'content-type': r.chance(0.9) ? 'application/json' : r.pick(['text/plain', undefined, 'application/json; charset=utf-8', 'multipart/form-data; boundary=x']), ...extraHeaders };
@@ -202,7 +207,7 @@ export function makeCase(r) {
             const first = httpBytes({ method: 'GET', path: '/health', headers: { connection: 'keep-alive' } });
             return { kind: 'pipelined-json', chunks: [Buffer.concat([first, req])], opts: {} };
         }
-        return { kind: 'json', chunks: [req], opts: {}, body: q.body };
+        return { kind: 'json', chunks: [req], opts: {}, body: q.body, path: q.path };
     }
     if (k < 62) {                                                    // wrong Content-Length
         const q = jsonRequest(r);
@@ -211,7 +216,7 @@ export function makeCase(r) {
         const clText = r.chance(0.85) ? String(cl) : r.pick(['-1', 'abc', '99999999999999999999', '1e3', ' 5', '0x10', `${len}, ${len}`, '']);
         const headers = { ...q.headers, 'content-length': clText };
         const extra = r.chance(0.1) ? { 'Content-Length': String(len + 1) } : {};
-        return { kind: 'content-length', chunks: [httpBytes({ path: q.path, headers: { ...headers, ...extra }, body: q.body })], opts: { end: true } };
+        return { kind: 'content-length', chunks: [httpBytes({ path: q.path, headers: { ...headers, ...extra }, body: q.body })], opts: { end: true }, path: q.path };
     }
     if (k < 69) {                                                    // tiny chunks
         const q = jsonRequest(r, r.chance(0.5) ? { body: Buffer.from(JSON.stringify(baseBody(r, 'chat'))), path: '/v1/chat/completions' } : {});
@@ -219,7 +224,7 @@ export function makeCase(r) {
         const chunks = [];
         const size = Math.max(r.range(1, 16), Math.ceil(all.length / 150));
         for (let i = 0; i < all.length; i += size) chunks.push(all.subarray(i, i + size));
-        return { kind: 'tiny-chunks', chunks, opts: { delayMs: r.range(0, 2) } };
+        return { kind: 'tiny-chunks', chunks, opts: { delayMs: r.range(0, 2) }, path: q.path };
     }
     if (k < 77) {                                                    // chunked transfer-encoding
         const q = jsonRequest(r, r.chance(0.5) ? { body: Buffer.from(JSON.stringify(baseBody(r, 'chat'))), path: '/v1/chat/completions' } : {});
@@ -242,7 +247,7 @@ export function makeCase(r) {
         const te = r.pick(['chunked', 'chunked', 'Chunked', 'gzip, chunked', 'chunked, identity', 'identity', 'xchunked', ' chunked']);
         const headers = { ...q.headers, 'transfer-encoding': te };
         if (r.chance(0.2)) headers['content-length'] = String(r.range(0, 50));       // smuggling shape
-        return { kind: 'chunked', chunks: [httpBytes({ path: q.path, headers, body })], opts: { end } };
+        return { kind: 'chunked', chunks: [httpBytes({ path: q.path, headers, body })], opts: { end }, path: q.path };
     }
     if (k < 81) {                                                    // huge header line / request target
         const big = 'a'.repeat(r.pick([8192, 65536, 65536 * 2]));
@@ -263,7 +268,7 @@ export function makeCase(r) {
         const path = r.chance(0.85) ? r.pick(PATHS) : '/' + r.bytes(r.range(0, 60)).toString('latin1').replace(/[\r\n ]/g, '_');
         const body = r.chance(0.5) ? JSON.stringify(baseBody(r, 'chat')) : '';
         const head = method === 'HEAD';
-        return { kind: 'method-path', method, chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head } };
+        return { kind: 'method-path', method, chunks: [httpBytes({ method, path, headers: body ? { 'content-type': 'application/json' } : {}, body })], opts: { head }, path };
     }
     // malformed request lines and headers
     const body = JSON.stringify(baseBody(r, 'chat'));
@@ -313,6 +318,8 @@ export function checkResponse(res, c) {
     // 501 to a method the server does not recognize ('FOO', 'get': methods are case-sensitive, RFC 9110 9.1)
     if (res.status === 501 && c.kind === 'method-path' && !STANDARD_METHODS.includes(c.method) &&
         res.headers['content-type']?.includes('json')) return null;
+    const llama = LLAMA_PATHS.has((c.path || '').split('?')[0]);
+    if (res.status === 501 && llama && res.headers['content-type']?.includes('json')) return null;
     if (res.status >= 500) return `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 300) ?? ''}`;
     if (res.incomplete && !c.opts.head) return `${what}: status ${res.status}, response cut short (${res.timedOut ? 'timed out' : 'closed'})`;
     const ct = (res.headers['content-type'] || '').toLowerCase();
@@ -321,7 +328,11 @@ export function checkResponse(res, c) {
         try { j = JSON.parse(res.body.toString('utf8')); } catch {
             return `${what}: status ${res.status} with an unparsable JSON body: ${res.body.toString('latin1').slice(0, 200)}`;
         }
-        if (res.status >= 400) {
+        if (res.status >= 400 && llama) {
+            const e = j && j.error;
+            if (!e || e.code !== res.status || typeof e.message !== 'string' || typeof e.type !== 'string')
+                return `${what}: status ${res.status} without llama-server's error body: ${res.body.toString('utf8').slice(0, 200)}`;
+        } else if (res.status >= 400) {
             try { assertErrorShape(j, what); } catch (e) { return e.message; }
         }
     }

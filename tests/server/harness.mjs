@@ -47,7 +47,9 @@ class Server {
         this.stdout = '';
         this.exit = null;          // {code, signal} once exited
         this.stopping = false;
-        this.proc = spawn(BIN, ['serve', '--port', '0', '-m', MODEL_DIR, ...args], {
+        // the default model unless args name one (a second -m is router mode: ADR 0099)
+        const named = args.some((a) => a === '-m' || a === '--model' || a === '--models-dir');
+        this.proc = spawn(BIN, ['serve', '--port', '0', ...(named ? [] : ['-m', MODEL_DIR]), ...args], {
             env: { ...process.env, ...env },
             stdio: ['ignore', 'pipe', 'pipe'],
         });
