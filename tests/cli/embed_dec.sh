@@ -5,7 +5,7 @@
 # SentenceTransformer.encode's vectors, also with --prompt-name query / document; qwen3_rr with
 # --reranker qwen3 gives the model card's P(yes) (and its second instruction with
 # --instruction); an embedding model does not generate, a wrong --reranker kind fails with one
-# line (exit 1).
+# line (exit 1); serve refuses --reranker in router mode.
 # Usage (from the repo root): sh tests/cli/embed_dec.sh path/to/mlxcel
 BIN=${1:?usage: embed_dec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -112,4 +112,8 @@ run "$BIN" rerank -m "$G/qwen3_emb" --reranker qwen3 -q x -f "$T/docs.txt"
 expect_rc 1 "--reranker on an embedding model"
 run "$BIN" embed -m "$R" --reranker qwen3 -f "$T/docs.txt"
 expect_rc 2 "embed takes no --reranker"
+# router mode (several -m): --reranker would name every model's kind; refused before listening
+run "$BIN" serve --port 0 -m "$R" -m "$G/qwen3_emb" --reranker qwen3
+expect_rc 2 "serve --reranker in router mode"
+err_has "serve --reranker in router mode" "classifier_from_token"
 echo "ok embed_dec"
