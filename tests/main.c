@@ -62,6 +62,7 @@
     X(spec)       \
     X(multimodal) \
     X(embed)      \
+    X(embed_dec)  \
     X(vision)     \
     X(lora)       \
     X(qwen_vl)    \

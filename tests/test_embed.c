@@ -708,9 +708,9 @@ static void modernbert_band_rows(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* A ModernBERT cross-encoder with classifier_pooling "mean" (modernbert_ce's config so
- * patched; gen_modernbert.py makes its reference, modernbert_ce_mean, for the day it runs)
- * is refused at load naming the field, never scored with the CLS row (ADR 0093). */
+/* A ModernBERT cross-encoder with a classifier_pooling other than "cls" or "mean"
+ * (modernbert_ce's config so patched) is refused at load naming the field, never scored with
+ * the CLS row (ADR 0093; "mean" is test_embed_dec.c's modernbert_mean_head). */
 static void modernbert_mean_head_refused(void **state)
 {
     (void)state;
@@ -720,7 +720,7 @@ static void modernbert_mean_head_refused(void **state)
     cJSON *j = NULL;
     snprintf(path, sizeof path, "%s/config.json", golden_case_dir("modernbert_ce"));
     assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
-    cJSON_ReplaceItemInObjectCaseSensitive(j, "classifier_pooling", cJSON_CreateString("mean"));
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "classifier_pooling", cJSON_CreateString("max"));
     char *text = cJSON_PrintUnformatted(j);
     assert_non_null(mkdtemp(dir));
     write_file(dir, "config.json", text);
@@ -744,6 +744,7 @@ static void embed_xlmr_st(void **s) { *s = (void *)"xlmr_st"; embed_case(s); }
 static void embed_modernbert_st(void **s) { *s = (void *)"modernbert_st"; embed_case(s); }
 static void embed_modernbert_st_bf16(void **s) { *s = (void *)"modernbert_st_bf16"; embed_case(s); }
 static void rerank_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; rerank_case(s); }
+static void rerank_modernbert_ce_mean(void **s) { *s = (void *)"modernbert_ce_mean"; rerank_case(s); }
 static void tokens_modernbert_st(void **s) { *s = (void *)"modernbert_st"; tokenized_case(s); }
 static void tokens_modernbert_ce(void **s) { *s = (void *)"modernbert_ce"; tokenized_case(s); }
 static void rerank_bert_ce(void **s) { *s = (void *)"bert_ce"; rerank_case(s); }
@@ -762,6 +763,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(embed_modernbert_st),
     cmocka_unit_test(embed_modernbert_st_bf16),
     cmocka_unit_test(rerank_modernbert_ce),
+    cmocka_unit_test(rerank_modernbert_ce_mean),
     cmocka_unit_test(tokens_modernbert_st),
     cmocka_unit_test(tokens_modernbert_ce),
     cmocka_unit_test(tokens_follow_post_processor),

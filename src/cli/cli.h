@@ -145,6 +145,9 @@ void cli_hint_partial(const char *dir, struct err *e);
 /* model_load(m, dir, e) with cli_hint_partial on failure. */
 struct model;
 int cli_model_load(struct model **m, const char *dir, struct err *e);
+/* --reranker KIND (rerank, serve; NULL: nothing): "qwen3" serves m as an LM reranker
+ * (model_set_lm_reranker, ADR 0098); another kind is -ERR_ARG. */
+int cli_reranker_apply(struct model *m, const char *kind, struct err *e);
 
 /* Print root as JSON on stdout and delete it (root may be NULL after an allocation
  * failure: -ERR_NOMEM). Takes ownership of root. */

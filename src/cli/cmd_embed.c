@@ -33,7 +33,8 @@ static const char *k_help_embed =
     "usage: mlxcel embed [-m MODEL] (-f FILE | --ids-file FILE) [options]\n"
     "\n"
     "Print one embedding per input line (sentence-transformers' encode).\n"
-    "  -m, --model MODEL      checkpoint folder or owner/name (an encoder: BERT, XLM-RoBERTa, ModernBERT)\n"
+    "  -m, --model MODEL      checkpoint folder or owner/name (an encoder: BERT, XLM-RoBERTa, ModernBERT;\n"
+    "                         a decoder's sentence-transformers folder: Qwen3-Embedding, EmbeddingGemma)\n"
     "  -f, --file FILE        texts, one per line (- reads standard input)\n"
     "      --ids-file FILE    token ids instead: one JSON array per line, used as they are\n"
     "      --json             print {\"model\", \"dim\", \"data\": [{\"index\", \"embedding\", \"n_tokens\"}]}\n"
@@ -51,7 +52,8 @@ static const char *k_help_rerank =
     "usage: mlxcel rerank [-m MODEL] -q QUERY (-f FILE | --ids-file FILE) [options]\n"
     "\n"
     "Score each document line against the query with a cross-encoder, best first.\n"
-    "  -m, --model MODEL      a cross-encoder folder (BERT / XLM-RoBERTa / ModernBERT ForSequenceClassification)\n"
+    "  -m, --model MODEL      a cross-encoder folder (BERT / XLM-RoBERTa / ModernBERT ForSequenceClassification),\n"
+    "                         or an LM reranker (Qwen3-Reranker: --reranker qwen3)\n"
     "  -q, --query QUERY      the query\n"
     "  -f, --file FILE        documents, one per line (- reads standard input)\n"
     "      --ids-file FILE    whole query/document pairs as token ids, one JSON array per line\n"
@@ -59,6 +61,11 @@ static const char *k_help_rerank =
     "      --top-n N          print the N best only (default: all)\n"
     "      --json             print {\"model\", \"results\": [{\"index\", \"relevance_score\", \"document\"}]}\n"
     "      --no-truncate      refuse a pair longer than the model's limit (default: truncate it)\n"
+    "      --reranker qwen3   score with the causal LM's \"yes\" / \"no\" logits in Qwen3-Reranker's\n"
+    "                         prompt (a config.json with \"classifier_from_token\": [\"no\", \"yes\"]\n"
+    "                         needs no flag)\n"
+    "      --instruction TEXT the LM reranker's task instruction (default: \"Given a web search query,\n"
+    "                         retrieve relevant passages that answer the query\")\n"
     "  -t, --threads N        CPU threads (default: all online CPUs)\n"
     "  -v, --verbose          log the backend, threads and load times to stderr\n";
 
@@ -149,8 +156,18 @@ static void run_close(struct emb_run *r)
 }
 
 /* Model, backend, tokenizer (for texts), embedder and the input lines. */
+int cli_reranker_apply(struct model *m, const char *kind, struct err *e)
+{
+    if (!kind)
+        return 0;
+    if (strcmp(kind, "qwen3") != 0)
+        return err_setf(e, ERR_ARG, "--reranker '%s': the one LM reranker format is qwen3 (Qwen3-Reranker's "
+                        "yes/no prompt)", kind);
+    return model_set_lm_reranker(m, e);
+}
+
 static int run_open(struct emb_run *r, const char *model, const char *file, bool need_tok, long threads,
-                    struct err *e)
+                    const char *reranker, struct err *e)
 {
     char dir[4096];
     int rc;
@@ -162,12 +179,14 @@ static int run_open(struct emb_run *r, const char *model, const char *file, bool
         return rc;
     if (r->n_lines == 0)
         return err_setf(e, ERR_ARG, "%s: no input lines", file);
-    if ((rc = cli_model_load(&r->m, dir, e)) < 0)
+    if ((rc = cli_model_load(&r->m, dir, e)) < 0 || (rc = cli_reranker_apply(r->m, reranker, e)) < 0)
         return rc;
     if (!r->m->hp.encoder)
-        return err_setf(e, ERR_ARG, "%s is a '%s' model, not an encoder: embed and rerank need an "
-                        "embedding model or a cross-encoder (BERT, XLM-RoBERTa, ModernBERT)", dir, r->m->hp.model_type);
-    if (need_tok && (rc = tok_load(&r->tok, dir, e)) < 0)
+        return err_setf(e, ERR_ARG, "%s is a '%s' model, not an encoder: embed and rerank need an embedding "
+                        "model or a cross-encoder (BERT, XLM-RoBERTa, ModernBERT; a decoder's "
+                        "sentence-transformers folder: Qwen3-Embedding, EmbeddingGemma) or an LM reranker "
+                        "(--reranker qwen3)", dir, r->m->hp.model_type);
+    if ((need_tok || r->m->hp.lm_rerank) && (rc = tok_load(&r->tok, dir, e)) < 0)
         return rc;
     if ((rc = backend_new(&r->be, cli_cfg()->device, (int)threads, &cli_cfg()->be, e)) < 0 ||
         (rc = model_prepare(r->m, r->be, e)) < 0 || (rc = embedder_new(&r->em, r->m, r->be, r->tok, e)) < 0)
@@ -205,7 +224,8 @@ static int embed_run(const struct embed_opts *o, struct err *e)
     float *out = NULL;
     struct emb_item *items = NULL;
     int rc, n_items = 0;
-    if ((rc = run_open(&r, o->model, o->ids_file ? o->ids_file : o->file, !o->ids_file, o->threads, e)) < 0)
+    if ((rc = run_open(&r, o->model, o->ids_file ? o->ids_file : o->file, !o->ids_file, o->threads, NULL,
+                       e)) < 0)
         goto out;
     if (embedder_is_reranker(r.em)) {
         rc = err_setf(e, ERR_ARG, "this model is a cross-encoder (reranker): use mlxcel rerank");
@@ -334,7 +354,7 @@ int cmd_embed(int argc, char **argv)
 /* ---- rerank ---- */
 
 struct rerank_opts {
-    const char *model, *query, *file, *ids_file;
+    const char *model, *query, *file, *ids_file, *reranker, *instruction;
     long threads, top_n;
     bool json, no_truncate;
 };
@@ -346,7 +366,10 @@ static int rerank_run(const struct rerank_opts *o, struct err *e)
     float *scores = NULL;
     struct emb_ranked *rk = NULL;
     int rc, n = 0;
-    if ((rc = run_open(&r, o->model, o->ids_file ? o->ids_file : o->file, !o->ids_file, o->threads, e)) < 0)
+    if ((rc = run_open(&r, o->model, o->ids_file ? o->ids_file : o->file, !o->ids_file, o->threads,
+                       o->reranker, e)) < 0)
+        goto out;
+    if (o->instruction && (rc = embedder_set_instruction(r.em, o->instruction, e)) < 0)
         goto out;
     if (!embedder_is_reranker(r.em)) {
         rc = err_setf(e, ERR_ARG, "this model embeds texts; rerank needs a cross-encoder "
@@ -415,6 +438,7 @@ int cmd_rerank(int argc, char **argv)
         {"file", required_argument, 0, 'f'}, {"ids-file", required_argument, 0, 'I'},
         {"top-n", required_argument, 0, 'k'}, {"json", no_argument, 0, 'J'},
         {"no-truncate", no_argument, 0, 'T'}, {"threads", required_argument, 0, 't'},
+        {"reranker", required_argument, 0, 'R'}, {"instruction", required_argument, 0, 'i'},
         {"verbose", no_argument, 0, 'v'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     struct rerank_opts o = {0};
@@ -432,6 +456,8 @@ int cmd_rerank(int argc, char **argv)
         case 'k': rc = cli_parse_int("--top-n", optarg, 1, 1L << 30, &o.top_n, &e); break;
         case 'J': o.json = true; break;
         case 'T': o.no_truncate = true; break;
+        case 'R': o.reranker = optarg; break;
+        case 'i': o.instruction = optarg; break;
         case 't': rc = cli_parse_int("--threads", optarg, 1, 1024, &o.threads, &e); break;
         case 'v': log_set_level(LOG_LEVEL_INFO); break;
         case 'h': cli_help(k_help_rerank, CLI_GLOBAL_MODEL | CLI_GLOBAL_RUN); return CLI_EXIT_OK;

@@ -111,6 +111,8 @@ static const char *k_help =
     "                             (GET/POST /lora-adapters; a request's \"lora\": [{\"id\", \"scale\"}])\n"
     "      --lora-scaled PATH S   the same at scale S (llama.cpp's form)\n"
     "      --lora-init-without-apply  load the adapters at scale 0\n"
+    "      --reranker qwen3       serve the model (a causal LM) as Qwen3-Reranker: /v1/rerank scores\n"
+    "                             P(\"yes\") of its prompt (docs/server.md)\n"
     "      --kv-type f32|f16|bf16 KV cache element type (default f32; f16 and bf16 halve it)\n"
     "      --fast                 4-bit products on x rounded to 8 bits per group (not exact;\n"
     "                             AVX2 / AVX-512 CPUs; default off)\n"
@@ -137,14 +139,14 @@ enum {
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
     OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_PROPS, OPT_SLOTS, OPT_NO_SLOTS,
     OPT_MODELS_DIR, OPT_MODELS_MAX, OPT_MEMORY_BUDGET, OPT_AUTOLOAD, OPT_NO_AUTOLOAD, OPT_MODELS_PRESET,
-    OPT_LOAD_TIMEOUT,
+    OPT_LOAD_TIMEOUT, OPT_RERANKER,
     OPT_END,
 };
 
 #define SERVE_MAX_LIST 32  /* --allowed-host and --cors-origin values, each */
 
 struct serve_cli {
-    const char *model, *host, *api_key, *name, *model_draft;
+    const char *model, *host, *api_key, *name, *model_draft, *reranker;
     long port, parallel, ctx_size, max_queue, max_body, timeout, threads, max_conn, ubatch;
     long header_timeout, request_timeout;
     bool log_json, no_prefix_cache, allow_image_urls, props, no_slots;
@@ -252,6 +254,7 @@ static const struct option k_opts[] = {
     {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
     {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
     {"md", required_argument, NULL, OPT_MODEL_DRAFT},
+    {"reranker", required_argument, NULL, OPT_RERANKER},
     {"models-dir", required_argument, NULL, OPT_MODELS_DIR},
     {"models-max", required_argument, NULL, OPT_MODELS_MAX},
     {"max-loaded", required_argument, NULL, OPT_MODELS_MAX},
@@ -321,6 +324,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case CLI_OPT_LORA:
         case CLI_OPT_LORA_SCALED:
         case CLI_OPT_LORA_NO_APPLY: rc = cli_lora_flag(&o->lora, c, optarg, argc, argv, e); break;
+        case OPT_RERANKER: o->reranker = optarg; break;
         case OPT_LOG_FORMAT:
             if (strcmp(optarg, "json") == 0 || strcmp(optarg, "text") == 0)
                 o->log_json = strcmp(optarg, "json") == 0;
@@ -355,6 +359,10 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
     if (router && o->lora.n > 0)
         return err_setf(e, ERR_ARG, "--lora: adapters belong to one base model and router mode serves several: "
                         "serve the adapters' base model alone (one -m)");
+    if (router && o->reranker)
+        return err_setf(e, ERR_ARG, "--reranker: it names one model's kind (router mode: write "
+                        "\"classifier_from_token\": [\"no\", \"yes\"] and \"is_original_qwen3_reranker\": true "
+                        "into that model's config.json)");
     if (router && o->name)
         return err_setf(e, ERR_ARG, "--served-model-name: in router mode models are named by their folder "
                         "or by -m NAME=MODEL");
@@ -523,7 +531,7 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
                 struct err *e)
 {
     int rc;
-    if ((rc = model_load(&sv->m, dir, e)) < 0)
+    if ((rc = model_load(&sv->m, dir, e)) < 0 || (rc = cli_reranker_apply(sv->m, o->reranker, e)) < 0)
         return rc;
     if (sv->m->hp.encoder && o->lora.n > 0)
         return err_setf(e, ERR_UNSUPPORTED, "--lora: '%s' is an encoder; adapters apply to "

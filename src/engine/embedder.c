@@ -4,6 +4,7 @@
  * (tok_encode_pair: its post-processor's single or pair template, type ids, tokenizers'
  * truncation), as transformers' tokenizer(text, text_pair, truncation=True) makes them.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,8 @@
 #include "embedder.h"
 
 #define EMB_GROUP_ROWS 8192   /* rows of hidden states held on the host at once */
+#define EMB_RR_GROUP   64     /* an LM reranker's pairs per run: their logits rows (n_vocab each)
+                               * held on the host at once */
 
 void emb_item_deinit(struct emb_item *it)
 {
@@ -48,6 +51,87 @@ static bool tok_returns_types(const char *dir)
     return yes;
 }
 
+static int item_alloc(struct emb_item *it, int n, struct err *e);
+
+/* ---- LM rerankers (ADR 0098) ---- */
+
+#define EMB_RR_MAX_INSTRUCTION (64u << 10)
+
+/* The ids of "no" / "yes" and of the prompt around each pair, from the tokenizer. */
+static int rr_init(struct embedder *em, struct err *e)
+{
+    size_t np, ns;
+    int rc;
+    if (!em->tok)
+        return err_setf(e, ERR_ARG, "an LM reranker needs its tokenizer (tokenizer.json)");
+    em->rr_no = tok_piece_to_id(em->tok, "no");
+    em->rr_yes = tok_piece_to_id(em->tok, "yes");
+    if (em->rr_no < 0 || em->rr_yes < 0 || em->rr_no >= em->m->hp.n_vocab || em->rr_yes >= em->m->hp.n_vocab)
+        return err_setf(e, ERR_FORMAT, "an LM reranker's vocabulary needs the tokens \"no\" and \"yes\" "
+                        "(within the model's %d)", em->m->hp.n_vocab);
+    if ((rc = tok_encode(em->tok, EMB_RR_PREFIX, strlen(EMB_RR_PREFIX), false, &em->rr_prefix, &np, e)) < 0 ||
+        (rc = tok_encode(em->tok, EMB_RR_SUFFIX, strlen(EMB_RR_SUFFIX), false, &em->rr_suffix, &ns, e)) < 0)
+        return err_prefix(e, "the reranker's prompt");
+    em->n_rr_prefix = (int)np;
+    em->n_rr_suffix = (int)ns;
+    if ((size_t)em->max_len <= np + ns)
+        return err_setf(e, ERR_CONFIG, "the model's %d tokens leave no room for a pair after the "
+                        "reranker's prompt (%zu tokens)", em->max_len, np + ns);
+    return embedder_set_instruction(em, EMB_RR_INSTRUCTION, e);
+}
+
+int embedder_set_instruction(struct embedder *em, const char *text, struct err *e)
+{
+    if (!em->m->hp.lm_rerank)
+        return err_setf(e, ERR_ARG, "only an LM reranker (Qwen3-Reranker) takes an instruction");
+    if (strlen(text) > EMB_RR_MAX_INSTRUCTION)
+        return err_setf(e, ERR_ARG, "the instruction is over %u bytes", EMB_RR_MAX_INSTRUCTION);
+    char *t = strdup(text);
+    if (!t)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    free(em->rr_instruction);
+    em->rr_instruction = t;
+    return 0;
+}
+
+/* prefix + tokens("<Instruct>: I\n<Query>: q\n<Document>: d") + suffix into *it. */
+static int rr_pair(const struct embedder *em, const char *q, size_t ql, const char *d, size_t dl,
+                   bool truncate, struct emb_item *it, struct err *e)
+{
+    static const char f1[] = "<Instruct>: ", f2[] = "\n<Query>: ", f3[] = "\n<Document>: ";
+    size_t il = strlen(em->rr_instruction), n = sizeof f1 + sizeof f2 + sizeof f3 + il;
+    int np = em->n_rr_prefix, ns = em->n_rr_suffix, room = em->max_len - np - ns, rc;
+    struct tok_encode_opts o = {.add_special = true, .strategy = TOK_TRUNC_LONGEST_FIRST,
+                                .max_length = truncate ? (size_t)room : 0};
+    struct tok_encoding enc;
+    memset(it, 0, sizeof *it);
+    if (ql > SIZE_MAX / 4 - n || dl > SIZE_MAX / 4 - n - ql)
+        return err_setf(e, ERR_RANGE, "the pair is too long");
+    char *text = malloc(n + ql + dl), *p = text;
+    if (!text)
+        return err_setf(e, ERR_NOMEM, "out of memory tokenizing");
+    memcpy(p, f1, sizeof f1 - 1), p += sizeof f1 - 1;
+    memcpy(p, em->rr_instruction, il), p += il;
+    memcpy(p, f2, sizeof f2 - 1), p += sizeof f2 - 1;
+    memcpy(p, q, ql), p += ql;
+    memcpy(p, f3, sizeof f3 - 1), p += sizeof f3 - 1;
+    memcpy(p, d, dl), p += dl;
+    rc = tok_encode_pair(em->tok, text, (size_t)(p - text), NULL, 0, &o, &enc, e);
+    free(text);
+    if (rc < 0)
+        return rc;
+    if (enc.n > (size_t)room)
+        rc = err_setf(e, ERR_RANGE, "the pair has %zu tokens, more than the %d the model's %d leave "
+                      "after the reranker's prompt", enc.n, room, em->max_len);
+    else if ((rc = item_alloc(it, np + (int)enc.n + ns, e)) == 0) {
+        memcpy(it->ids, em->rr_prefix, (size_t)np * sizeof *it->ids);
+        memcpy(it->ids + np, enc.ids, enc.n * sizeof *it->ids);
+        memcpy(it->ids + np + enc.n, em->rr_suffix, (size_t)ns * sizeof *it->ids);
+    }
+    tok_encoding_deinit(&enc);
+    return rc;
+}
+
 int embedder_new(struct embedder **out, const struct model *m, struct backend *be,
                  const struct tokenizer *tok, struct err *e)
 {
@@ -66,6 +150,10 @@ int embedder_new(struct embedder **out, const struct model *m, struct backend *b
     em->pair_types = m->hp.n_type_vocab > 1 && tok_returns_types(m->dir);
     if (em->cfg.max_seq_length > 0 && em->cfg.max_seq_length < em->max_len)
         em->max_len = em->cfg.max_seq_length;
+    if (m->hp.lm_rerank && (rc = rr_init(em, e)) < 0) {
+        embedder_free(em);
+        return rc;
+    }
     *out = em;
     return 0;
 }
@@ -76,12 +164,15 @@ void embedder_free(struct embedder *em)
         return;
     enc_free(em->enc);
     emb_config_deinit(&em->cfg);
+    free(em->rr_prefix);
+    free(em->rr_suffix);
+    free(em->rr_instruction);
     free(em);
 }
 
 bool embedder_is_reranker(const struct embedder *em)
 {
-    return em->m->hp.n_cls > 0;
+    return em->m->hp.n_cls > 0 || em->m->hp.lm_rerank;
 }
 
 // ---- tokens ----
@@ -160,6 +251,9 @@ int embedder_tokenize(const struct embedder *em, const char *prompt, const char 
 int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, const char *d,
                            size_t dl, bool truncate, struct emb_item *it, struct err *e)
 {
+    if (em->m->hp.lm_rerank)
+        return em->tok ? rr_pair(em, q, ql, d, dl, truncate, it, e)
+                       : err_setf(e, ERR_ARG, "this model has no tokenizer: give token ids");
     return encode_item(em, q, ql, d, dl, truncate, it, e);
 }
 
@@ -226,9 +320,35 @@ int embedder_embed(struct embedder *em, const struct emb_item *items, int n, flo
     return rc;
 }
 
+/* An LM reranker's scores: P(yes) = softmax(no, yes)[1] of each item's last-token logits,
+ * computed in double as the model card's log_softmax(...).exp(). */
+static int rr_score(struct embedder *em, const struct emb_item *items, int n, float *scores, struct err *e)
+{
+    int nv = em->m->hp.n_vocab, rc = 0;
+    for (int i0 = 0; i0 < n && rc == 0;) {
+        size_t rows;
+        int i1 = group_end(items, n, i0, &rows);
+        if (i1 - i0 > EMB_RR_GROUP)
+            i1 = i0 + EMB_RR_GROUP;
+        float *logits = malloc((size_t)(i1 - i0) * nv * sizeof *logits);
+        if (!logits)
+            return err_setf(e, ERR_NOMEM, "out of memory for %d rows of logits", i1 - i0);
+        if ((rc = run_group(em, items, i0, i1, NULL, logits, e)) == 0)
+            for (int i = i0; i < i1; i++) {
+                const float *l = logits + (size_t)(i - i0) * nv;
+                scores[i] = (float)(1.0 / (1.0 + exp((double)l[em->rr_no] - (double)l[em->rr_yes])));
+            }
+        free(logits);
+        i0 = i1;
+    }
+    return rc;
+}
+
 int embedder_score(struct embedder *em, const struct emb_item *items, int n, float *scores, struct err *e)
 {
     int nc = em->m->hp.n_cls, rc = 0;
+    if (em->m->hp.lm_rerank)
+        return rr_score(em, items, n, scores, e);
     if (!embedder_is_reranker(em))
         return err_setf(e, ERR_ARG, "this model embeds texts: it has no classification head to rerank with");
     if (nc != 1)   /* CrossEncoder.predict gives such a model's label logits, not one relevance */

@@ -42,15 +42,35 @@ struct embedder {
     int max_len;                  /* tokens per sequence, specials included */
     bool pair_types;              /* a pair's second segment gets token type 1 (the tokenizer
                                    * returns token_type_ids: embedder_new) */
+    /* an LM reranker (hp.lm_rerank, ADR 0098): the ids of "no" and "yes", the prompt's ids
+     * before and after each formatted pair, and the instruction it names (owned) */
+    int32_t rr_no, rr_yes;
+    int32_t *rr_prefix, *rr_suffix;
+    int n_rr_prefix, n_rr_suffix;
+    char *rr_instruction;
 };
+
+/* Qwen3-Reranker's prompt (its model card's reference code): the system turn, then per pair
+ * the user turn "<Instruct>: I\n<Query>: Q\n<Document>: D" and the assistant's empty think
+ * block; the score is P(yes) = softmax over the last token's "no" / "yes" logits. */
+#define EMB_RR_PREFIX "<|im_start|>system\nJudge whether the Document meets the requirements based " \
+    "on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\"." \
+    "<|im_end|>\n<|im_start|>user\n"
+#define EMB_RR_SUFFIX "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+#define EMB_RR_INSTRUCTION "Given a web search query, retrieve relevant passages that answer the query"
 
 /* An embedder of m (an encoder prepared for be) with dir's sentence-transformers files. */
 int embedder_new(struct embedder **out, const struct model *m, struct backend *be,
                  const struct tokenizer *tok, struct err *e);
 void embedder_free(struct embedder *em);
 
-/* Whether it scores pairs (a sequence-classification head) rather than embedding texts. */
+/* Whether it scores pairs (a sequence-classification head, an LM reranker) rather than
+ * embedding texts. */
 bool embedder_is_reranker(const struct embedder *em);
+
+/* An LM reranker's instruction (the model card's `instruction`; default EMB_RR_INSTRUCTION),
+ * copied. -ERR_ARG for another model or an instruction over 64 KiB. */
+int embedder_set_instruction(struct embedder *em, const char *text, struct err *e);
 
 /* prompt (may be NULL) + text, with the tokenizer's post-processor (its single template's
  * special tokens; none when tokenizer.json has no post-processor, as transformers adds none),
@@ -64,7 +84,10 @@ int embedder_tokenize(const struct embedder *em, const char *prompt, const char 
  * types are the template's when the tokenizer returns token_type_ids (transformers passes
  * them to the model then): tokenizer_config.json's model_input_names lists them, or, without
  * that key, its tokenizer_class is BERT's or ELECTRA's; else every type is 0. A pair template
- * the tokenizer lacks (a TemplateProcessing without "pair") is -ERR_UNSUPPORTED. */
+ * the tokenizer lacks (a TemplateProcessing without "pair") is -ERR_UNSUPPORTED.
+ * An LM reranker's pair: the prefix ids, then the user turn formatted from the instruction,
+ * q and d, tokenized as one text (truncated at its end to the model's limit less the prefix
+ * and suffix: the model card's max_length - len(prefix) - len(suffix)), then the suffix ids. */
 int embedder_tokenize_pair(const struct embedder *em, const char *q, size_t ql, const char *d,
                            size_t dl, bool truncate, struct emb_item *it, struct err *e);
 /* Token ids given as they are (no special tokens added), into *it. */
@@ -74,7 +97,8 @@ int embedder_ids(const struct embedder *em, const int32_t *ids, int n, bool trun
 /* out[n, cfg.dim] for n items. */
 int embedder_embed(struct embedder *em, const struct emb_item *items, int n, float *out,
                    struct err *e);
-/* scores[n] of n pair items (a reranker of one label: -ERR_UNSUPPORTED for more). */
+/* scores[n] of n pair items (a reranker of one label: -ERR_UNSUPPORTED for more; an LM
+ * reranker: P(yes) of each item's last token). */
 int embedder_score(struct embedder *em, const struct emb_item *items, int n, float *scores,
                    struct err *e);
 

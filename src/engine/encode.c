@@ -25,6 +25,9 @@
 #include "encode.h"
 
 #define ENC_BLOCK 16   /* slots per block of the scratch pool: a sequence wastes < 16 slots */
+/* The longest sequence one chunk takes (a context of that many rows is allocated): a
+ * decoder's context is far longer than its embedding use (ADR 0097) */
+#define ENC_MAX_TOKENS 8192
 
 struct encoder {
     const struct model *m;
@@ -40,10 +43,13 @@ struct encoder {
     int32_t *band_host;          /* owned */
 };
 
-/* The half-width of the local layers' band (0: none); -ERR_UNSUPPORTED when they differ. */
+/* The half-width of the local layers' band (0: none, or a causal model's: its sliding rows
+ * keep their causal window); -ERR_UNSUPPORTED when they differ. */
 static int enc_band(const struct hparams *hp, int *band, struct err *e)
 {
     *band = 0;
+    if (hp->causal)
+        return 0;
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer_spec *ls = &hp->layer[il];
         if (ls->kv != KV_SLIDING)
@@ -60,7 +66,14 @@ static int enc_band(const struct hparams *hp, int *band, struct err *e)
 
 int enc_max_tokens(const struct model *m)
 {
-    return m->hp.n_ctx - m->hp.pos_offset;
+    int n = m->hp.n_ctx - m->hp.pos_offset;
+    return n < ENC_MAX_TOKENS ? n : ENC_MAX_TOKENS;
+}
+
+/* Logits per output row: a classification head's labels, or an LM reranker's vocabulary. */
+static int enc_logit_width(const struct hparams *hp)
+{
+    return hp->lm_rerank ? hp->n_vocab : hp->n_cls;
 }
 
 int enc_new(struct encoder **out, const struct model *m, struct backend *be, struct err *e)
@@ -88,7 +101,8 @@ int enc_new(struct encoder **out, const struct model *m, struct backend *be, str
         goto fail;
     }
     en->n_slots = (2 * en->c->n_batch + ENC_BLOCK - 1) / ENC_BLOCK * ENC_BLOCK;
-    size_t row = (size_t)hp->n_embd * sizeof(float);
+    int kv_dim = hp->n_kv_head * hp->head_dim;   /* n_embd for the BERT-style families */
+    size_t row = (size_t)kv_dim * sizeof(float);
     en->kv = calloc((size_t)hp->n_layer, sizeof *en->kv);
     en->tables_host = calloc((size_t)en->n_slots / ENC_BLOCK, sizeof *en->tables_host);
     if (!en->kv || !en->tables_host) {
@@ -113,8 +127,8 @@ int enc_new(struct encoder **out, const struct model *m, struct backend *be, str
         en->kv[il] = (struct kv_layer){
             .k = en->kv_mem,
             .v = (char *)en->kv_mem + row * en->n_slots,
-            .k_dim = hp->n_embd,
-            .v_dim = hp->n_embd,
+            .k_dim = kv_dim,
+            .v_dim = kv_dim,
             .dtype = DTYPE_F32,
         };
     for (int j = 0; j < en->n_slots / ENC_BLOCK; j++)
@@ -184,7 +198,8 @@ static int enc_stage(struct encoder *en, const struct enc_seq *seqs, int s0, int
     for (int s = s0; s < s1; s++) {
         const struct enc_seq *q = &seqs[s];
         int emb = hp->pos_offset;
-        mh[7 * B + (s - s0)] = r;
+        /* the output row: the first (a classification head's CLS), a causal model's last */
+        mh[7 * B + (s - s0)] = hp->causal ? r + q->n - 1 : r;
         for (int i = 0; i < q->n; i++, r++) {
             mh[r] = q->ids[i];
             mh[B + r] = q->type_ids ? q->type_ids[i] : 0;
@@ -223,14 +238,16 @@ int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hi
     const struct backend_ops *op = en->be->ops;
     struct model_ctx *c = en->c;
     int B = c->n_batch, rc, d = hp->n_embd;
-    if (logits && hp->n_cls <= 0)
+    int nl = enc_logit_width(hp);
+    if (logits && nl <= 0)
         return err_setf(e, ERR_ARG, "model '%s' has no classification head", hp->model_type);
     if ((rc = enc_check(en, seqs, n_seq, e)) < 0)
         return rc;
     const int32_t *meta = c->bufs.meta;
     struct kv_rows rows = {.pos = meta + 3 * B, .slot = meta + 4 * B, .table = meta + 5 * B,
                            .tables = en->tables_dev, .seq_end = meta + 6 * B,
-                           .block_size = ENC_BLOCK, .state = NULL, .span = meta + 8 * B};
+                           .block_size = ENC_BLOCK, .state = NULL,
+                           .span = hp->causal ? NULL : meta + 8 * B};
     struct kv_rows band = rows;
     band.span = en->band_dev;
     size_t row0 = 0;
@@ -256,13 +273,12 @@ int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hi
         if (hidden)
             op->download(en->be, hidden + row0 * d, c->bufs.x, (size_t)n * d * sizeof(float));
         if (logits)
-            op->download(en->be, logits + (size_t)s0 * hp->n_cls, c->bufs.logits,
-                         (size_t)k * hp->n_cls * sizeof(float));
+            op->download(en->be, logits + (size_t)s0 * nl, c->bufs.logits, (size_t)k * nl * sizeof(float));
         /* the staging rows are read by the upload: wait before the next chunk rewrites them */
         if ((rc = backend_sync(en->be, e)) < 0)
             return rc;
         if ((hidden && !enc_finite(hidden + row0 * d, (size_t)n * d)) ||
-            (logits && !enc_finite(logits + (size_t)s0 * hp->n_cls, (size_t)k * hp->n_cls)))
+            (logits && !enc_finite(logits + (size_t)s0 * nl, (size_t)k * nl)))
             return err_setf(e, ERR_FORMAT, "the encoder produced non-finite values (NaN or inf) for "
                             "sequences %d to %d: the weights or the config are broken", s0, s1 - 1);
         row0 += n;

@@ -1,7 +1,9 @@
 /*
- * encode: runs an encoder model (hp.encoder: BERT, XLM-RoBERTa) over a batch of token
- * sequences of different lengths, packed without padding (ADR 0083), and returns each
- * token's last hidden state and, for a sequence-classification head, each sequence's logits.
+ * encode: runs an encoder model (hp.encoder: BERT, XLM-RoBERTa, ModernBERT, and decoders
+ * served for embeddings or reranking, ADR 0097) over a batch of token sequences of
+ * different lengths, packed without padding (ADR 0083), and returns each token's last hidden
+ * state and, for a sequence-classification head or an LM reranker, each sequence's logits.
+ * A causal model's rows (hp.causal) attend their sequence up to themselves (no span).
  *
  * The sequences of one forward chunk are laid end to end as rows; every row keeps its own
  * position and carries the whole sequence as its bidirectional span (kv_rows.span, ADR
@@ -35,13 +37,17 @@ int enc_new(struct encoder **out, const struct model *m, struct backend *be, str
 void enc_free(struct encoder *en);
 
 /* The longest sequence the model takes: its position table less the first position id
- * (RoBERTa's padding_idx + 1). */
+ * (RoBERTa's padding_idx + 1), at most 8192 (a decoder's long context is not an
+ * embedding's, ADR 0097). */
 int enc_max_tokens(const struct model *m);
 
 /* Run n_seq sequences. hidden (host, may be NULL): [sum of n, n_embd], the sequences' rows
- * in order; logits (host, may be NULL; needs hp.n_cls): [n_seq, n_cls] from each sequence's
- * first token. -ERR_RANGE naming the sequence for an empty or too long one, or an id / type
- * out of range; -ERR_FORMAT when the forward produced a NaN or an infinity (broken weights). */
+ * in order; logits (host, may be NULL; needs hp.n_cls or hp.lm_rerank): [n_seq, n_cls] from
+ * each sequence's first token, or for a causal model (hp.causal) its last token, an LM
+ * reranker's [n_seq, n_vocab] (a decoder's hidden states are final-normalized only in a call
+ * without logits). -ERR_RANGE naming the sequence for an empty or too long one,
+ * or an id / type out of range; -ERR_FORMAT when the forward produced a NaN or an infinity
+ * (broken weights). */
 int enc_run(struct encoder *en, const struct enc_seq *seqs, int n_seq, float *hidden, float *logits,
             struct err *e);
 

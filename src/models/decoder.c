@@ -22,6 +22,8 @@
  *                    [+ sigmoid-gated (or plain) shared expert of ls.n_ff_shexp] : dense GLU / MLP
  *   logits = logit_scale * lm_head(norm_out(x[out_rows])), then cap * tanh(logits / cap)
  *            when logit_softcap is set
+ *   run by the encoder path for embeddings (hp.encoder, ADR 0097) without logit rows:
+ *            x = norm_out(x), every row's last hidden state
  *
  * A family whose layers are not of this shape writes its own forward from
  * the same blocks.
@@ -50,7 +52,9 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
             .head_dim = hp->head_dim,
             .scale = ls->attn_scale,
             .softcap = ls->softcap,
-            .window = ls->kv == KV_SLIDING ? ls->window : 0,
+            /* a bidirectional model's sliding rows attend the band their span gives
+             * (encode.c), their causal part themselves alone (ADR 0097) */
+            .window = ls->kv != KV_SLIDING ? 0 : hp->encoder && !hp->causal ? 1 : ls->window,
             .sinks = ls->sinks ? c->bufs.sinks + (size_t)il * hp->n_head : NULL,
             .chunk = ls->kv == KV_SLIDING ? ls->chunk : 0,
         },
@@ -200,6 +204,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     }
     struct blk_norm_w nout = {.kind = hp->norm, .eps = hp->norm_eps, .w = &m->out_norm,
                               .b = &m->out_norm_b, .w_off = hp->norm_w_offset};
+    if (hp->encoder && ch->n_out == 0)
+        blk_norm(c->be, b->x, b->x, &nout, n, d);
     if (ch->n_out > 0) {
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
                  d, b);

@@ -12,6 +12,16 @@
  *         both as rope_parameters per layer type (full_attention / sliding_attention)
  *
  * Tensors: hf_map_decoder's names (sandwich norms, q_norm / k_norm).
+ *
+ * use_bidirectional_attention true (EmbeddingGemma, ADR 0097) makes it an embedding model
+ * run by the encoder path: full layers attend the whole sequence, and sliding layers the
+ * band |i - j| < W' around each row, where W' = sliding_window // 2 + 1 is what
+ * Gemma3TextConfig turns config.json's sliding_window into for bidirectional attention
+ * (the causal sliding mask OR'ed with _bidirectional_window_overlay(W') in
+ * modeling_gemma3.py): a band of h = W' - 1 = sliding_window // 2 each side, kept as
+ * window 2h + 1 (the positions a row attends), ModernBERT's convention (encode.c).
+ * The base model's tensors (Gemma3TextModel as sentence-transformers saves it, no
+ * "model." prefix) load too (model.c).
  */
 #include <string.h>
 
@@ -80,6 +90,23 @@ static int split_rope_parameters(const cJSON *cfg, cJSON **flat, float *local, s
     return 0;
 }
 
+/* use_bidirectional_attention: false / null / absent is the causal LM; true an embedding
+ * model whose sliding layers attend a band of sliding_window // 2 each side (above). */
+static int gemma3_bidirectional(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(cfg, "use_bidirectional_attention");
+    if (!b || cJSON_IsNull(b) || cJSON_IsFalse(b))
+        return 0;
+    if (!cJSON_IsTrue(b))
+        return err_setf(e, ERR_UNSUPPORTED, "config field 'use_bidirectional_attention' must be true, "
+                        "false or null for gemma3_text");
+    hp->encoder = true;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].kv == KV_SLIDING)
+            hp->layer[il].window = 2 * (hp->layer[il].window / 2) + 1;
+    return 0;
+}
+
 static int gemma3_text_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     float local_theta;
@@ -99,7 +126,7 @@ static int gemma3_text_parse_config(struct hparams *hp, const cJSON *cfg, struct
         hp->layer[il].rope_theta = local_theta;
         hp->layer[il].rope = ROPE_DEFAULT;
     }
-    return 0;
+    return gemma3_bidirectional(hp, cfg, e);
 }
 
 static const char *const gemma3_text_archs[] = {"Gemma3ForCausalLM", NULL};

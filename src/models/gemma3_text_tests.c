@@ -3,7 +3,8 @@
  *  - Config: Gemma3TextConfig's defaults (rope_theta 1e6, local base 1e4, window 4096 with
  *    every 6th layer full, no soft-capping, per-head q/k norm); sliding layers take the
  *    local base unscaled and full layers rope_theta with rope_scaling; layer_types and
- *    sliding_window_pattern decide the kinds; rejections name the field.
+ *    sliding_window_pattern decide the kinds; use_bidirectional_attention (EmbeddingGemma) makes
+ *    an encoder whose sliding layers attend a band; rejections name the field.
  *  - Weights: the golden checkpoint is consumed entirely; a missing q/k norm or sandwich
  *    norm is named.
  *  - Forward: the q/k norm, the local rope base and the full layers' scaling reach the logits.
@@ -61,7 +62,23 @@ static int config_rules(struct err *e)
                               hp.rope_factor == 4.0f,
                           "rope_parameters per layer type: local base 300, full layers linear x4 on 2e5", e)) < 0)
         return rc;
+    /* EmbeddingGemma: bidirectional, sliding layers a band of sliding_window // 2 each side
+     * (window 2 (W // 2) + 1); false and null are the causal LM */
+    if ((rc = stest_parse(&gemma3_text_ops, CFG(", \"sliding_window\": 512, \"use_bidirectional_attention\": true"),
+                          &hp, e)) < 0 ||
+        (rc = stest_check(hp.encoder && !hp.causal && hp.layer[0].kv == KV_SLIDING && hp.layer[0].window == 513 &&
+                              hp.layer[5].kv == KV_FULL,
+                          "use_bidirectional_attention: an encoder, sliding band 256 each side", e)) < 0 ||
+        (rc = stest_parse(&gemma3_text_ops, CFG(", \"sliding_window\": 7, \"use_bidirectional_attention\": true"),
+                          &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].window == 7, "an odd sliding_window: 3 each side (7 // 2 + 1 exclusive)",
+                          e)) < 0 ||
+        (rc = stest_parse(&gemma3_text_ops, CFG(", \"sliding_window\": 8, \"use_bidirectional_attention\": null"),
+                          &hp, e)) < 0 ||
+        (rc = stest_check(!hp.encoder && hp.layer[0].window == 8, "use_bidirectional_attention null: causal", e)) < 0)
+        return rc;
     static const struct stest_bad bad[] = {
+        {CFG(", \"use_bidirectional_attention\": \"vision\""), "use_bidirectional_attention"},
         {CFG(", \"sliding_window_pattern\": 0"), "sliding_window_pattern"},
         {CFG(", \"rope_local_base_freq\": \"fast\""), "rope_local_base_freq"},
         {CFG(", \"query_pre_attn_scalar\": -4"), "query_pre_attn_scalar"},

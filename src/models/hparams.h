@@ -256,6 +256,15 @@ struct hparams {
     int32_t pad_id;             /* RoBERTa: a pad token takes position padding_idx; -1: none */
     int n_cls;                  /* labels of a sequence-classification head (pooler dense + tanh,
                                  * then the classifier); 0: none */
+    /* decoders run by the encoder path (ADR 0097): encoder is set for them too (no KV cache
+     * kept, no generation); causal: every row attends its sequence's rows up to itself (a
+     * causal decoder's embedding model: Qwen3-Embedding) instead of the whole sequence, and
+     * a sequence's output row is its last, not its first; lm_rerank: scored from the LM
+     * head's logits of "yes" and "no" at the last row (Qwen3-Reranker, ADR 0098) */
+    bool causal;
+    bool lm_rerank;
+    bool cls_mean;              /* the classification head reads the mean of the sequence's rows,
+                                 * not its first (ModernBERT's classifier_pooling "mean") */
 
     /* head */
     bool tie_embd;              /* lm_head shares the token embedding */

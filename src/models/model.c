@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../core/fileio.h"
 #include "../core/log.h"
@@ -249,6 +250,95 @@ static int nest_weights(struct model *m, const cJSON *outer, struct err *e)
     return 0;
 }
 
+// ---- decoders served as embedding models and rerankers (ADR 0097 / 0098) ----
+
+/* Whether every layer is an attention layer over per-position K/V (full or sliding): what
+ * the encoder path's scratch pool holds. */
+static bool attention_only(const struct hparams *hp)
+{
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].mixer != MIXER_ATTENTION ||
+            (hp->layer[il].kv != KV_FULL && hp->layer[il].kv != KV_SLIDING))
+            return false;
+    return true;
+}
+
+/* vLLM's Qwen3-Reranker fields (its documented hf_overrides, written into config.json):
+ * "classifier_from_token": ["no", "yes"] with "is_original_qwen3_reranker": true; 1 when
+ * present, 0 when neither is. Other tokens, or one field without the other (vLLM's
+ * classifier built from other token rows), are refused: the score here is P(yes) over
+ * exactly these two. */
+static int reranker_fields(const cJSON *cfg, struct err *e)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(cfg, "classifier_from_token");
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(cfg, "is_original_qwen3_reranker");
+    bool has_c = c && !cJSON_IsNull(c), has_o = o && !cJSON_IsNull(o) && !cJSON_IsFalse(o);
+    if (!has_c && !has_o)
+        return 0;
+    const cJSON *a = cJSON_GetArrayItem(c, 0), *b = cJSON_GetArrayItem(c, 1);
+    if (!has_c || !cJSON_IsTrue(o) || !cJSON_IsArray(c) || cJSON_GetArraySize(c) != 2 || !cJSON_IsString(a) ||
+        !cJSON_IsString(b) || strcmp(a->valuestring, "no") != 0 || strcmp(b->valuestring, "yes") != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "config fields 'classifier_from_token' = [\"no\", \"yes\"] and "
+                        "'is_original_qwen3_reranker' = true go together (a Qwen3-Reranker: the score is "
+                        "P(yes) of the last token); other forms are not supported");
+    return 1;
+}
+
+/* A decoder as an embedding model or an LM reranker, from the folder (model_load's
+ * contract); bidirectional decoders (EmbeddingGemma) set hp.encoder in their parser. */
+static int decoder_role(struct model *m, const cJSON *cfg, const char *dir, struct err *e)
+{
+    char path[4200];
+    struct err fe = {0};
+    int rc, fd = -1;
+    if ((rc = reranker_fields(cfg, e)) != 0)
+        return rc < 0 ? rc : model_set_lm_reranker(m, e);
+    if (m->hp.encoder)
+        return 0;
+    snprintf(path, sizeof path, "%s/modules.json", dir);
+    if (file_open(path, FILE_FOLDER, &fd, NULL, &fe) < 0)
+        return 0;   /* no sentence-transformers folder (unreadable: not one either) */
+    close(fd);
+    if (!attention_only(&m->hp))
+        return err_setf(e, ERR_UNSUPPORTED, "%s: a sentence-transformers folder of a '%s' model: "
+                        "embeddings from recurrent or latent-attention layers are not supported",
+                        dir, m->hp.model_type);
+    m->hp.encoder = true;
+    m->hp.causal = true;
+    return 0;
+}
+
+int model_set_lm_reranker(struct model *m, struct err *e)
+{
+    struct hparams *hp = &m->hp;
+    if ((hp->encoder && !hp->lm_rerank) || !attention_only(hp))
+        return err_setf(e, ERR_ARG, "a '%s' model cannot be an LM reranker (it needs a decoder of "
+                        "attention layers with an LM head, as Qwen3-Reranker)", hp->model_type);
+    if (m->layers && !tensor_is_present(&m->lm_head))
+        return err_setf(e, ERR_ARG, "the model has no LM head to score with");
+    hp->encoder = true;
+    hp->causal = true;
+    hp->lm_rerank = true;
+    return 0;
+}
+
+/* A decoder's base model saved alone under its LM's names ("model." prefix), as
+ * transformers loads a base model's weights into *ForCausalLM (base_model_prefix). */
+static int base_model_names(struct model *m, struct err *e)
+{
+    static const char *const parts[] = {"embed_tokens.", "layers.", "norm."};
+    char to[32];
+    int rc;
+    if (!st_set_find(m->st, "embed_tokens.weight") || st_set_find(m->st, "model.embed_tokens.weight"))
+        return 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        snprintf(to, sizeof to, "model.%s", parts[i]);
+        if ((rc = st_set_rename_prefix(m->st, parts[i], to, e)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
 int model_load(struct model **out, const char *dir, struct err *e)
 {
     char path[4200];
@@ -277,13 +367,14 @@ int model_load(struct model **out, const char *dir, struct err *e)
         goto fail_prefix;
     if ((rc = parse_generation(m, dir, e)) < 0)
         goto fail;
-    if ((rc = hparams_validate(&m->hp, e)) < 0)
+    if ((rc = hparams_validate(&m->hp, e)) < 0 || (rc = decoder_role(m, cfg, dir, e)) < 0)
         goto fail_prefix;
     filter_eos(&m->hp);
     cJSON_Delete(cfg);
     cfg = NULL;
 
-    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0))
+    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0) ||
+        (!m->multimodal[0] && (rc = base_model_names(m, e)) < 0))
         goto fail;
     cJSON_Delete(outer);
     outer = NULL;
@@ -292,7 +383,8 @@ int model_load(struct model **out, const char *dir, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = m->ops->map_weights(m, m->st, e)) < 0) {
+    if ((rc = m->ops->map_weights(m, m->st, e)) < 0 ||
+        (m->hp.lm_rerank && (rc = model_set_lm_reranker(m, e)) < 0)) {
         err_prefix(e, "%s", dir);
         goto fail;
     }

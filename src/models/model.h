@@ -203,8 +203,20 @@ int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e);
  * -ERR_FORMAT for a quantized or strided tensor (names it). */
 int model_widen_f32(struct model *m, struct tensor *t, struct err *e);
 
-/* Load the checkpoint in dir. */
+/* Load the checkpoint in dir. A decoder checkpoint that is an embedding model or an LM
+ * reranker is loaded as one (hp.encoder, ADR 0097 / 0098): a sentence-transformers folder
+ * (modules.json) of a causal decoder (hp.causal: Qwen3-Embedding), or a config.json carrying
+ * vLLM's Qwen3-Reranker fields ("classifier_from_token": ["no", "yes"],
+ * "is_original_qwen3_reranker": true; hp.lm_rerank).
+ * A decoder's base model saved alone (embed_tokens.*, layers.N.*, norm.*: Qwen3Model /
+ * Gemma3TextModel as sentence-transformers saves them) loads under its LM's "model." names. */
 int model_load(struct model **out, const char *dir, struct err *e);
+
+/* Serve loaded decoder m as an LM reranker (ADR 0098, `--reranker qwen3`): hp.encoder,
+ * hp.causal, hp.lm_rerank set; scores come from its LM head's "yes" / "no" logits at each
+ * pair's last token. -ERR_ARG for an encoder, a model whose layers are not all attention
+ * layers (recurrent, latent) or one without an LM head. Before model_prepare. */
+int model_set_lm_reranker(struct model *m, struct err *e);
 void model_free(struct model *m);
 /* Parameter count (elements of every consumed tensor; quantized counted unpacked). */
 int64_t model_n_params(const struct model *m);

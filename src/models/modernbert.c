@@ -8,6 +8,7 @@
  *           x += mlp.Wo(act(a) * g),  a|g = Wi(LN_m(x))                     GeGLU (act: gelu)
  *   out   : x = LN_f(x)                                     the last hidden state
  *   head  : logits = classifier(LN_h(gelu(head.dense(x[first token]))))   (classification)
+ *           classifier_pooling "mean": of the mean of the sequence's rows instead (hp.cls_mean)
  *
  * Layers are global (full attention over the sequence, rope theta global_rope_theta /
  * rope_parameters.full_attention, 160000) or local (`layer_types` "sliding_attention", else
@@ -163,9 +164,10 @@ static int modernbert_parse_config(struct hparams *hp, const cJSON *cfg, struct 
                             hp->n_cls, hp->n_vocab);
         if ((rc = cfg_opt_str(cfg, "classifier_pooling", "cls", s, sizeof s, e)) < 0)
             return rc;
-        if (strcmp(s, "cls") != 0)
+        if (strcmp(s, "cls") != 0 && strcmp(s, "mean") != 0)
             return err_setf(e, ERR_UNSUPPORTED, "config field 'classifier_pooling' = '%s' is not "
-                            "supported (only \"cls\")", s);
+                            "supported (\"cls\" or \"mean\")", s);
+        hp->cls_mean = strcmp(s, "mean") == 0;
         if ((rc = cfg_opt_str(cfg, "classifier_activation", "gelu", s, sizeof s, e)) < 0)
             return rc;
         if (strcmp(s, "gelu") != 0)
@@ -258,7 +260,28 @@ static const struct tensor *opt_t(const struct tensor *t)
     return tensor_is_present(t) ? t : NULL;
 }
 
-/* logits[n_out, n_cls] = classifier(LN_h(gelu(head.dense(x[out_rows])))) */
+/* b->xn[s] = the mean of output sequence s's rows of b->x (transformers' masked mean over the
+ * sequence), for classifier_pooling "mean". The rows' layout is read from the encoder path's
+ * staging (encode.c, on the host): output row s is its sequence's first row, and every row's
+ * seq_end its sequence's length. One add per row: the head runs once per sequence. */
+static void modernbert_mean_rows(struct model_ctx *c, int k)
+{
+    const struct backend_ops *op = c->be->ops;
+    const struct ctx_bufs *b = &c->bufs;
+    const int32_t *mh = c->meta_host;
+    int B = c->n_batch, d = c->m->hp.n_embd;
+    for (int s = 0; s < k; s++) {
+        int r0 = mh[7 * B + s], n = mh[6 * B + r0];
+        float *y = b->xn + (size_t)s * d;
+        op->copy(c->be, y, b->x + (size_t)r0 * d, (size_t)d * sizeof(float));
+        for (int i = 1; i < n; i++)
+            op->axpy(c->be, y, d, 1.0f, b->x + (size_t)(r0 + i) * d, d, 1, d);
+        op->scale(c->be, y, d, 1.0f / (float)n, 1, d);
+    }
+}
+
+/* logits[n_out, n_cls] = classifier(LN_h(gelu(head.dense(x[out_rows])))), or of each
+ * sequence's mean row (hp.cls_mean) */
 static void modernbert_head(struct model_ctx *c, const struct fwd_chunk *ch)
 {
     const struct model *m = c->m;
@@ -268,7 +291,10 @@ static void modernbert_head(struct model_ctx *c, const struct fwd_chunk *ch)
     int d = hp->n_embd, k = ch->n_out;
     struct blk_norm_w nh = {.kind = NORM_LAYER, .eps = hp->norm_eps, .w = &m->cls_norm,
                             .b = &m->cls_norm_b};
-    op->gather(c->be, b->xn, b->x, d, ch->out_rows, 1, k, d);
+    if (hp->cls_mean)
+        modernbert_mean_rows(c, k);
+    else
+        op->gather(c->be, b->xn, b->x, d, ch->out_rows, 1, k, d);
     op->linear(c->be, b->o, d, b->xn, &m->cls_dense, opt_t(&m->cls_dense_b), k);
     op->act(c->be, ACT_GELU_ERF, b->o, d, k, d);
     blk_norm(c->be, b->o, b->o, &nh, k, d);

@@ -56,7 +56,11 @@ int modernbert_ops_self_test(struct err *e)
         (rc = stest_parse(&modernbert_ops,
                           CFG(", \"architectures\": [\"ModernBertForSequenceClassification\"], "
                               "\"id2label\": {\"0\": \"LABEL_0\"}"), &hp, e)) < 0 ||
-        (rc = stest_check(hp.n_cls == 1, "a cross-encoder: 1 label", e)) < 0)
+        (rc = stest_check(hp.n_cls == 1 && !hp.cls_mean, "a cross-encoder: 1 label", e)) < 0 ||
+        (rc = stest_parse(&modernbert_ops,
+                          CFG(", \"architectures\": [\"ModernBertForSequenceClassification\"], "
+                              "\"classifier_pooling\": \"mean\""), &hp, e)) < 0 ||
+        (rc = stest_check(hp.n_cls == 2 && hp.cls_mean, "classifier_pooling mean", e)) < 0)
         return rc;
     static const struct stest_bad bad[] = {
         {CFG(", \"attention_bias\": true"), "attention_bias"},
@@ -69,7 +73,7 @@ int modernbert_ops_self_test(struct err *e)
         {CFG(", \"global_attn_every_n_layers\": 0"), "global_attn_every_n_layers"},
         {CFG(", \"num_key_value_heads\": 2"), "num_key_value_heads"},
         {CFG(", \"architectures\": [\"ModernBertForSequenceClassification\"], "
-             "\"classifier_pooling\": \"mean\""), "classifier_pooling"},
+             "\"classifier_pooling\": \"max\""), "classifier_pooling"},
         {CFG(", \"architectures\": [\"ModernBertForSequenceClassification\"], "
              "\"classifier_activation\": \"tanh\""), "classifier_activation"},
     };

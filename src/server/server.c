@@ -583,8 +583,8 @@ static enum MHD_Result dispatch(struct server *s, struct MHD_Connection *c, stru
     if (gen_route && r->model->m.embedder) {
         oai_errorf(&err, 400, "invalid_request_error", "model_not_supported", "model", "model '%s' is an "
                    "embedding model (%s): it does not generate text; use %s", r->model->id,
-                   r->model->m.hp->n_cls > 0 ? "a cross-encoder" : "an encoder",
-                   r->model->m.hp->n_cls > 0 ? "/v1/rerank" : "/v1/embeddings");
+                   r->model->m.hp->n_cls > 0 || r->model->m.hp->lm_rerank ? "a reranker" : "an encoder",
+                   r->model->m.hp->n_cls > 0 || r->model->m.hp->lm_rerank ? "/v1/rerank" : "/v1/embeddings");
         return srv_reply_error(c, r, &err);
     }
     if ((rt == R_EMBEDDINGS || rt == R_RERANK) && !r->model->m.embedder) {
