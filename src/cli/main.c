@@ -26,7 +26,7 @@ static const struct command k_commands[] = {
     {"template", cmd_template, "render the chat template over a message list"},
     {"perplexity", cmd_perplexity, "perplexity of a text or id file"},
     {"embed", cmd_embed, "embeddings of texts (sentence-transformers encode)"},
-    {"rerank", cmd_rerank, "rank documents against a query with a cross-encoder"},
+    {"rerank", cmd_rerank, "rank documents against a query (a cross-encoder or an LM reranker)"},
     {"inspect", cmd_inspect, "describe a checkpoint"},
     {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},
     {"list", cmd_list, "list downloaded models"},
