@@ -59,6 +59,7 @@
     X(image)      \
     X(preprocess) \
     X(spec)       \
+    X(mtp)        \
     X(multimodal) \
     X(embed)      \
     X(vision)     \

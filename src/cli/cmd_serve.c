@@ -227,8 +227,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--served-model-name must have 1 to 200 bytes");
     if (o->api_key && !*o->api_key)
         return err_setf(e, ERR_ARG, "--api-key must not be empty");
-    if (o->model_draft && o->spec.mode == SPEC_NGRAM)
-        return err_setf(e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (o->model_draft && (o->spec.mode == SPEC_NGRAM || o->spec.mode == SPEC_MTP))
+        return err_setf(e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec %s",
+                        o->spec.mode == SPEC_NGRAM ? "ngram" : "mtp");
     if (o->spec.mode == SPEC_DRAFT && !o->model_draft)
         return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (o->model_draft)
@@ -351,11 +352,13 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         if ((rc = cli_draft_open(&sv->draft, o->model_draft, sv->m, &sv->en, (int)pool, (int)o->parallel,
                                  spec.draft_max, e)) < 0)
             return rc;
-        spec.draft = spec_model_draft;
-        spec.draft_ud = sv->draft.sm;
-        if ((rc = spec_params_check(&spec, e)) < 0)
-            return rc;
     }
+    /* the MTP layer keeps one sequence per sequence of the model's cache, on the engine thread */
+    if (spec.mode == SPEC_MTP && (rc = cli_mtp_open(&sv->draft, dir, sv->m, &sv->en, (int)pool, (int)o->parallel,
+                                                    spec.draft_max, e)) < 0)
+        return rc;
+    if ((sv->draft.sm || sv->draft.mtp) && (rc = cli_draft_use(&sv->draft, &spec, e)) < 0)
+        return rc;
     struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache,
                                .max_batch_tokens = serve_ubatch(o, sv->en.be)};
     if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)
