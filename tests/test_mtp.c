@@ -34,6 +34,11 @@
 
 #define N_GEN 24
 
+struct collect {
+    int32_t ids[N_GEN + 1];
+    int n, stop_after;
+};
+
 enum head_kind { HEAD_RANDOM = 0, HEAD_ZERO = 1, HEAD_NONE = 2 };
 
 static uint64_t rng_state;
@@ -187,8 +192,12 @@ static void mtp_close(struct mtp_eng *x)
 
 /* Every draft the layer made: the history's length and the tokens. */
 #define MAX_CALLS 64
+struct collect;
 struct recorder {
     struct spec_mtp *sm;
+    const struct collect *truth;  /* set: the layer drafts (and is recorded), then its draft is
+                                   * replaced by plain decoding's continuation (all accepted) */
+    int n_prompt;
     int n_calls;
     int32_t hist[MAX_CALLS][160];
     int n_hist[MAX_CALLS], k[MAX_CALLS];
@@ -207,6 +216,12 @@ static int record_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *
         r->out[c][0] = out[0];
         r->out[c][1] = k > 1 ? out[1] : -1;
     }
+    if (r->truth) {
+        int at = n - r->n_prompt, j = 0;
+        for (; j < k && at + j < r->truth->n && at + j <= N_GEN; j++)
+            out[j] = r->truth->ids[at + j];
+        k = j;
+    }
     return k;
 }
 
@@ -215,11 +230,6 @@ static void record_observe(void *ud, int seq, int pos0, const float *hidden, int
     struct recorder *r = ud;
     spec_mtp_observe(r->sm, seq, pos0, hidden, n, hist, n_hist);
 }
-
-struct collect {
-    int32_t ids[N_GEN + 1];
-    int n, stop_after;
-};
 
 static int on_id(void *ud, int32_t id)
 {
@@ -375,6 +385,21 @@ static void check_family(const char *name, const int32_t *prompt, int L, int ctx
         checked += recheck(&x, rec, c);
     if (checked < 4)
         fail_msg("%s: only %d of the layer's drafts could be checked against a recomputation", name, checked);
+    /* the layer's drafts replaced by the truth: every draft accepted, so the layer is handed
+     * several rows per step; its own drafts still match a recomputation */
+    rec->n_calls = 0;
+    rec->truth = &plain.got;
+    rec->n_prompt = L;
+    run_gen(&x, prompt, L, &sp, 0, &r);
+    same(name, "drafts replaced by the truth", &plain, &r);
+    if (r.st.n_accepted != r.st.n_drafted || r.st.n_drafted < 4)
+        fail_msg("%s, the truth: %d of %d accepted", name, r.st.n_accepted, r.st.n_drafted);
+    int checked_all = 0;
+    for (int c = 0; c < rec->n_calls; c++)
+        checked_all += recheck(&x, rec, c);
+    if (checked_all < 2)
+        fail_msg("%s: only %d drafts checked with every draft accepted", name, checked_all);
+    rec->truth = NULL;
     /* the same drafter on a second prompt (its sequence starts over), then short drafts */
     struct run plain_b;
     run_gen(&x, prompt + 1, L - 1, NULL, 0, &plain_b);
