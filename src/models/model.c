@@ -261,9 +261,12 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     cJSON_Delete(cfg);
     cfg = NULL;
 
-    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0) ||
-        (mtp && (rc = mtp_rename(m->st, n_main, e)) < 0))
+    if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0))
         goto fail;
+    if (mtp && (rc = mtp_rename(m->st, n_main, e)) < 0) {
+        err_prefix(e, "%s", dir);
+        goto fail;
+    }
     mtp_skip(m->st, m->hp.n_layer, n_next);
     cJSON_Delete(outer);
     outer = NULL;
