@@ -39,7 +39,26 @@ struct collect {
     int n, stop_after;
 };
 
-enum head_kind { HEAD_RANDOM = 0, HEAD_ZERO = 1, HEAD_NONE = 2 };
+/* The layer's shared_head.head: random; zeros (every draft is token 0, the first of equal
+ * logits); absent (the model's lm_head); zeros with the model's lm_head zeroed too (the model
+ * then says token 0 at every step, and every draft is right). */
+enum head_kind { HEAD_RANDOM = 0, HEAD_ZERO = 1, HEAD_NONE = 2, HEAD_ZERO_BOTH = 3 };
+
+/* Zero tensor `name` in the safetensors image buf[0..len). */
+static void zero_tensor(char *buf, size_t len, const char *name)
+{
+    uint64_t hl;
+    memcpy(&hl, buf, 8);
+    assert_true(hl + 8 <= len);
+    cJSON *h = cJSON_ParseWithLength(buf + 8, (size_t)hl);
+    assert_non_null(h);
+    const cJSON *offs = cJSON_GetObjectItem(cJSON_GetObjectItem(h, name), "data_offsets");
+    assert_non_null(offs);
+    size_t a = (size_t)cJSON_GetArrayItem(offs, 0)->valuedouble, b = (size_t)cJSON_GetArrayItem(offs, 1)->valuedouble;
+    assert_true(8 + hl + b <= len && a <= b);
+    memset(buf + 8 + hl + a, 0, b - a);
+    cJSON_Delete(h);
+}
 
 static uint64_t rng_state;
 static float urand(void)  /* uniform in [-1, 1) */
@@ -90,6 +109,8 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
     assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
     free(out);
     assert_int_equal(file_read_all(stb_path(src, "model.safetensors"), 64 << 20, &text, &len, &e), 0);
+    if (head == HEAD_ZERO_BOTH)
+        zero_tensor(text, len, "lm_head.weight");
     assert_int_equal(stb_write_raw(stb_path(dir, "model.safetensors"), text, len), 0);
     free(text);
 
@@ -139,7 +160,7 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
         t[n] = (struct stb_tensor){names[n], "F32", extra[x].cols ? 2 : 1, {extra[x].rows, extra[x].cols}, NULL,
                                    cnt * sizeof(float)};
         data[n] = calloc(cnt, sizeof(float));
-        if (!(is_head && head == HEAD_ZERO))
+        if (!(is_head && (head == HEAD_ZERO || head == HEAD_ZERO_BOTH)))
             fill(data[n], "F32", cnt, extra[x].norm, 2.0f / sqrtf((float)(extra[x].cols ? extra[x].cols : 1)));
         t[n].data = data[n];
         n++;
@@ -434,6 +455,21 @@ static void check_family(const char *name, const int32_t *prompt, int L, int ctx
     mtp_close(&x);
     stb_rmtree(dir);
 
+    /* the model's head zeroed too: it says token 0 at every step, as does every draft */
+    dir = make_mtp_ckpt(name, HEAD_ZERO_BOTH, 8);
+    mtp_open(&x, dir, ctx, 1);
+    rec->sm = x.sm;
+    struct run plain0;
+    run_gen(&x, prompt, L, NULL, 0, &plain0);
+    for (int i = 0; i < plain0.got.n && i <= N_GEN; i++)
+        assert_int_equal(plain0.got.ids[i], 0);
+    run_gen(&x, prompt, L, &sp, 0, &r);
+    same(name, "model and layer saying token 0", &plain0, &r);
+    if (r.st.n_drafted == 0 || r.st.n_accepted != r.st.n_drafted)
+        fail_msg("%s: the layer's drafts of token 0: %d of %d accepted", name, r.st.n_accepted, r.st.n_drafted);
+    mtp_close(&x);
+    stb_rmtree(dir);
+
     /* no head of its own: the model's lm_head */
     dir = make_mtp_ckpt(name, HEAD_NONE, 9);
     mtp_open(&x, dir, ctx, 1);
@@ -598,6 +634,120 @@ static void mtp_errors(void **state)
     stb_rmtree(dir);
 }
 
+// ---- the float64 reference ----
+
+#define REF_DIR "tests/fixtures/models/deepseek_v3_mtp"
+
+/* The largest |a - b| over n values against the largest |b| (a: ours, b: float64 JSON). */
+static double rel_err(const float *a, const cJSON *b, int n)
+{
+    double worst = 0.0, scale = 1e-30;
+    for (int i = 0; i < n; i++)
+        scale = fmax(scale, fabs(cJSON_GetArrayItem(b, i)->valuedouble));
+    for (int i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)a[i] - cJSON_GetArrayItem(b, i)->valuedouble));
+    return worst / scale;
+}
+
+static void rows_of(const cJSON *arr, float *out, int cols)
+{
+    for (int r = 0; r < cJSON_GetArraySize(arr); r++)
+        for (int c = 0; c < cols; c++)
+            out[(size_t)r * cols + c] = (float)cJSON_GetArrayItem(cJSON_GetArrayItem(arr, r), c)->valuedouble;
+}
+
+/* gen_mtp.py's case: the model's final hidden states, the layer's logits and normalized
+ * outputs over T - 1 rows, and two chained rows, against transformers in float64. */
+static void mtp_reference(void **state)
+{
+    (void)state;
+    char *text = NULL;
+    size_t len;
+    struct err e = {0};
+    assert_int_equal(file_read_all(test_path(REF_DIR "/mtp_ref.json"), 8 << 20, &text, &len, &e), 0);
+    cJSON *ref = cJSON_Parse(text);
+    free(text);
+    assert_non_null(ref);
+    const cJSON *ids_j = cJSON_GetObjectItem(ref, "input_ids");
+    int T = cJSON_GetArraySize(ids_j);
+    struct mtp_eng x;
+    mtp_open(&x, test_path(REF_DIR), 64, 1);
+    int d = x.g.m->hp.n_embd, V = x.g.m->hp.n_vocab;
+    int32_t ids[64];
+    for (int i = 0; i < T; i++)
+        ids[i] = cJSON_GetArrayItem(ids_j, i)->valueint;
+    float *hid = malloc((size_t)(T + 2) * d * sizeof *hid), *g = malloc((size_t)(T + 2) * d * sizeof *g);
+    float *lg = malloc((size_t)T * V * sizeof *lg), *href = malloc((size_t)T * d * sizeof *href);
+    assert_true(hid && g && lg && href);
+    struct batch *b = x.g.b;
+    double tol = 1e-4, err;
+
+    /* the model: its final hidden states (what lm_head reads) and last logits */
+    assert_int_equal(kv_seq_add(x.g.kv, 0, &e), 0);
+    batch_clear(b);
+    assert_int_equal(batch_add_seq(b, ids, T, 0, 0, true, &e), 0);
+    b->hidden_out = hid;
+    if (model_forward(x.g.c, b, x.g.kv, lg, &e) < 0)
+        fail_msg("%s", e.msg);
+    const cJSON *H = cJSON_GetObjectItem(ref, "hidden");
+    for (int r = 0; r < T; r++)
+        if ((err = rel_err(hid + (size_t)r * d, cJSON_GetArrayItem(H, r), d)) > tol)
+            fail_msg("the model's hidden state at %d: rel err %.2e", r, err);
+    if ((err = rel_err(lg, cJSON_GetObjectItem(ref, "target_logits_last"), V)) > tol)
+        fail_msg("the model's last logits: rel err %.2e", err);
+
+    /* the layer over rows 0 .. T-2, fed the reference's hidden states */
+    rows_of(H, href, d);
+    assert_int_equal(kv_seq_add(x.mkv, 0, &e), 0);
+    batch_clear(b);
+    assert_int_equal(batch_add_seq(b, ids + 1, T - 1, 0, 0, false, &e), 0);
+    for (int i = 0; i < T - 1; i++)
+        b->logits[i] = true;
+    b->hidden = href;
+    b->hidden_out = g;
+    if (model_forward(x.mc, b, x.mkv, lg, &e) < 0)
+        fail_msg("%s", e.msg);
+    const cJSON *rows = cJSON_GetObjectItem(ref, "rows");
+    double worst = 0.0;
+    for (int r = 0; r < T - 1; r++) {
+        worst = fmax(worst, rel_err(lg + (size_t)r * V, cJSON_GetArrayItem(cJSON_GetObjectItem(rows, "logits"), r), V));
+        worst = fmax(worst, rel_err(g + (size_t)r * d, cJSON_GetArrayItem(cJSON_GetObjectItem(rows, "g"), r), d));
+    }
+    if (worst > tol)
+        fail_msg("the MTP rows: rel err %.2e", worst);
+
+    /* the chain: position T-1 (the model's next token, h_{T-1}), then T (the draft, its g) */
+    const cJSON *chain = cJSON_GetObjectItem(ref, "chain");
+    const cJSON *ct = cJSON_GetObjectItem(chain, "tokens");
+    int32_t t0 = cJSON_GetArrayItem(ct, 0)->valueint, t1 = cJSON_GetArrayItem(ct, 1)->valueint;
+    float margin;
+    for (int step = 0; step < 2; step++) {
+        batch_clear(b);
+        assert_int_equal(batch_add(b, step ? t1 : t0, T - 1 + step, 0, true, &e), 0);
+        float *hin = hid + (size_t)T * d;
+        memcpy(hin, step ? g : href + (size_t)(T - 1) * d, (size_t)d * sizeof *hin);
+        b->hidden = hin;
+        b->hidden_out = g;
+        if (model_forward(x.mc, b, x.mkv, lg, &e) < 0)
+            fail_msg("%s", e.msg);
+        err = fmax(rel_err(lg, cJSON_GetArrayItem(cJSON_GetObjectItem(chain, "logits"), step), V),
+                   rel_err(g, cJSON_GetArrayItem(cJSON_GetObjectItem(chain, "g"), step), d));
+        worst = fmax(worst, err);
+        if (err > tol)
+            fail_msg("chained row %d: rel err %.2e", step, err);
+        if (step == 0 && argmax(lg, V, &margin) != t1)
+            fail_msg("the chained draft is %d, the reference's %d", argmax(lg, V, &margin), t1);
+    }
+    printf("mtp reference (transformers float64): hidden, %d MTP rows and 2 chained rows within rel %.1e "
+           "(worst %.2e)\n", T - 1, tol, worst);
+    free(hid);
+    free(g);
+    free(lg);
+    free(href);
+    mtp_close(&x);
+    cJSON_Delete(ref);
+}
+
 static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static const char *const fams[] = {"deepseek_v3", "glm4_moe", "glm4_moe_lite"};
@@ -609,8 +759,9 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     }
     t[3] = (struct CMUnitTest)cmocka_unit_test(mtp_sched);
     t[4] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
+    t[5] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
     *tests = t;
-    *n_tests = 5;
+    *n_tests = 5;  /* mtp_reference: once gen_mtp.py's fixture is committed */
 }
 
 TEST_SUITE_BUILT(mtp, build_tests);
