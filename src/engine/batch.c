@@ -267,12 +267,12 @@ static uint64_t cache_key(const struct kv_cache *kv)
 static struct ctx_graph *graph_slot(struct model_ctx *c, const struct kv_cache *kv,
                                     const struct fwd_chunk *ch, bool *fresh)
 {
-    /* a graph with and one without the hidden states' norm are two shapes */
     *fresh = false;
     if (!c->be->graphs || !c->be->ops->graph_begin || ch->n_tok > GRAPH_MAX_ROWS ||
         ch->n_out != ch->n_tok || ch->n_img > 0)
         return NULL;
     uint64_t key = cache_key(kv);
+    /* a graph with and one without the hidden states' norm are two shapes */
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].n_tok == ch->n_tok && c->graphs[i].hidden == ch->hidden && c->graphs[i].cache_key == key)
             return &c->graphs[i];

@@ -322,12 +322,19 @@ int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, co
         return rc;
     }
     r->spec = spec_on(&p->spec) && s->spec_ok;
+    if (r->spec && p->spec.observe && s->c->m->ops->mtp == MTP_NONE && !tensor_is_present(&s->c->m->mtp.eh_proj)) {
+        req_discard(r);
+        return err_setf(e, ERR_UNSUPPORTED, "the %s family does not hand out the hidden states its drafter reads",
+                        s->c->m->ops->family);
+    }
     if (r->spec && p->spec.observe && !s->hid) {
         s->hid = malloc((size_t)s->cap * s->c->m->hp.n_embd * sizeof *s->hid);
         s->seq_row = malloc((size_t)s->kv->max_seqs * sizeof *s->seq_row);
         if (!s->hid || !s->seq_row) {
             free(s->hid);
+            free(s->seq_row);
             s->hid = NULL;
+            s->seq_row = NULL;
             req_discard(r);
             return err_setf(e, ERR_NOMEM, "scheduler: out of memory for the hidden states");
         }
