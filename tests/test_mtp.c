@@ -761,7 +761,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     t[4] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
     t[5] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
     *tests = t;
-    *n_tests = 5;  /* mtp_reference: once gen_mtp.py's fixture is committed */
+    *n_tests = 6;
 }
 
 TEST_SUITE_BUILT(mtp, build_tests);
