@@ -60,6 +60,7 @@
     X(image)      \
     X(preprocess) \
     X(spec)       \
+    X(mtp)        \
     X(multimodal) \
     X(embed)      \
     X(embed_dec)  \

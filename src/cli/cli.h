@@ -66,7 +66,9 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
 #define CLI_SPEC_HELP \
     "      --spec MODE        speculative decoding: none (default), ngram (prompt lookup: drafts\n" \
     "                         copied from where the last tokens occurred before in the prompt or\n" \
-    "                         output) or draft (a draft model, --model-draft); the output is the\n" \
+    "                         output), draft (a draft model, --model-draft) or mtp (the\n" \
+    "                         checkpoint's own multi-token-prediction layer: DeepSeek-V3, GLM-4.5,\n" \
+    "                         GLM-4.7-Flash with num_nextn_predict_layers); the output is the\n" \
     "                         same, faster when drafts are often right\n" \
     "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
     "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
@@ -186,10 +188,18 @@ struct cli_draft {
     struct model *m;
     struct cli_engine en;
     struct spec_model *sm;
+    struct spec_mtp *mtp;    /* --spec mtp (cli_mtp_open) instead of sm */
 };
 int cli_draft_open(struct cli_draft *d, const char *path, const struct model *target, const struct cli_engine *on,
                    int n_tokens, int max_seqs, int draft_max, struct err *e);
 void cli_draft_close(struct cli_draft *d);
+/* --spec mtp (ADR 0108): the multi-token-prediction layer of the checkpoint in dir (target's),
+ * on the backend of `on`, its cache following on's max_seqs sequences; errors say why the
+ * checkpoint has none (the family, num_nextn_predict_layers, a missing tensor). */
+int cli_mtp_open(struct cli_draft *d, const char *dir, const struct model *target, const struct cli_engine *on,
+                 int n_tokens, int max_seqs, int draft_max, struct err *e);
+/* Set p's drafter to d's (a draft model or an MTP layer), and check p. */
+int cli_draft_use(const struct cli_draft *d, struct spec_params *p, struct err *e);
 
 /* The values m's generation_config.json gave, checked against the bounds of the flags
  * that override them (sampler_bounds: the same rule for --temp and "temperature"):

@@ -123,10 +123,12 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
             p->mode = SPEC_NGRAM;
         else if (strcmp(arg, "draft") == 0)
             p->mode = SPEC_DRAFT;
+        else if (strcmp(arg, "mtp") == 0)
+            p->mode = SPEC_MTP;
         else if (strcmp(arg, "none") == 0)
             p->mode = SPEC_NONE;
         else
-            return err_setf(e, ERR_ARG, "--spec: '%s' is not none, ngram or draft", arg);
+            return err_setf(e, ERR_ARG, "--spec: '%s' is not none, ngram, draft or mtp", arg);
         return 0;
     }
     bool max = strcmp(flag, "draft-max") == 0;
@@ -666,8 +668,38 @@ int cli_draft_open(struct cli_draft *d, const char *path, const struct model *ta
     return 0;
 }
 
+int cli_mtp_open(struct cli_draft *d, const char *dir, const struct model *target, const struct cli_engine *on,
+                 int n_tokens, int max_seqs, int draft_max, struct err *e)
+{
+    int rc;
+    memset(d, 0, sizeof *d);
+    /* the layer's cache follows the model's sequences, plus each one's chained drafts */
+    if ((rc = model_load_mtp(&d->m, dir, e)) < 0 || (rc = spec_mtp_check(target, d->m, e)) < 0 ||
+        (rc = cli_engine_attach(&d->en, on, d->m, n_tokens + max_seqs * SPEC_DRAFT_MAX_LIMIT, max_seqs,
+                                on->kv->max_seq_len, draft_max, e)) < 0 ||
+        (rc = spec_mtp_new(&d->mtp, d->en.ctx, d->en.kv, e)) < 0) {
+        cli_draft_close(d);
+        return err_prefix(e, "--spec mtp");
+    }
+    return 0;
+}
+
+int cli_draft_use(const struct cli_draft *d, struct spec_params *p, struct err *e)
+{
+    if (d->sm) {
+        p->draft = spec_model_draft;
+        p->draft_ud = d->sm;
+    } else if (d->mtp) {
+        p->draft = spec_mtp_draft;
+        p->observe = spec_mtp_observe;
+        p->draft_ud = d->mtp;
+    }
+    return spec_params_check(p, e);
+}
+
 void cli_draft_close(struct cli_draft *d)
 {
+    spec_mtp_free(d->mtp);
     spec_model_free(d->sm);
     cli_engine_close(&d->en);
     model_free(d->m);

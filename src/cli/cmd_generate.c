@@ -504,8 +504,9 @@ int cmd_generate(int argc, char **argv)
     spec_params_default(&o.spec);
     o.sp.seed = 1;
     rc = parse_args(argc, argv, &o, &e);
-    if (rc == 0 && o.model_draft && o.spec.mode == SPEC_NGRAM)
-        rc = err_setf(&e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (rc == 0 && o.model_draft && (o.spec.mode == SPEC_NGRAM || o.spec.mode == SPEC_MTP))
+        rc = err_setf(&e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec %s",
+                      o.spec.mode == SPEC_NGRAM ? "ngram" : "mtp");
     if (rc == 0 && o.spec.mode == SPEC_DRAFT && !o.model_draft)
         rc = err_setf(&e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (rc == 0 && o.model_draft)
@@ -568,12 +569,10 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     if (o.model_draft && (rc = cli_draft_open(&draft, o.model_draft, m, &en, (int)slots, 1, o.spec.draft_max, &e)) < 0)
         goto fail;
-    if (draft.sm) {
-        o.spec.draft = spec_model_draft;
-        o.spec.draft_ud = draft.sm;
-        if ((rc = spec_params_check(&o.spec, &e)) < 0)
-            goto fail;
-    }
+    if (o.spec.mode == SPEC_MTP && (rc = cli_mtp_open(&draft, dir, m, &en, (int)slots, 1, o.spec.draft_max, &e)) < 0)
+        goto fail;
+    if ((draft.sm || draft.mtp) && (rc = cli_draft_use(&draft, &o.spec, &e)) < 0)
+        goto fail;
 
     if (n_img > 0 && (rc = cli_images_encode(&imgs, m, en.be, prompt, n_prompt, pixels, n_img, &e)) < 0)
         goto fail;

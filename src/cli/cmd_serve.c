@@ -99,8 +99,10 @@ static const char *k_help =
     "      --allow-image-urls     fetch image parts' http(s) URLs (at most 20 MiB, 10 s, 3 redirects,\n"
     "                             nothing of the request forwarded); without it they answer 400\n"
     "      --spec MODE            speculative decoding of every request: none (default), ngram\n"
-    "                             (prompt lookup) or draft (a draft model); the same output,\n"
-    "                             fewer steps when drafts are often right (counted in /metrics)\n"
+    "                             (prompt lookup), draft (a draft model) or mtp (the\n"
+    "                             checkpoint's own multi-token-prediction layer: DeepSeek-V3,\n"
+    "                             GLM-4.5, GLM-4.7-Flash); the same output, fewer steps when\n"
+    "                             drafts are often right (counted in /metrics)\n"
     "  -md, --model-draft MODEL   the draft model of --spec draft (implies it): a smaller\n"
     "                             checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --draft-max N          tokens drafted per step at most (default 16, up to 64)\n"
@@ -345,8 +347,9 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--served-model-name must have 1 to 200 bytes");
     if (o->api_key && !*o->api_key)
         return err_setf(e, ERR_ARG, "--api-key must not be empty");
-    if (o->model_draft && o->spec.mode == SPEC_NGRAM)
-        return err_setf(e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec ngram");
+    if (o->model_draft && (o->spec.mode == SPEC_NGRAM || o->spec.mode == SPEC_MTP))
+        return err_setf(e, ERR_ARG, "--model-draft drafts with a model: it does not go with --spec %s",
+                        o->spec.mode == SPEC_NGRAM ? "ngram" : "mtp");
     if (o->spec.mode == SPEC_DRAFT && !o->model_draft)
         return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
     if (o->model_draft)
@@ -564,11 +567,13 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         if ((rc = cli_draft_open(&sv->draft, o->model_draft, sv->m, &sv->en, (int)pool, (int)o->parallel,
                                  spec.draft_max, e)) < 0)
             return rc;
-        spec.draft = spec_model_draft;
-        spec.draft_ud = sv->draft.sm;
-        if ((rc = spec_params_check(&spec, e)) < 0)
-            return rc;
     }
+    /* the MTP layer keeps one sequence per sequence of the model's cache, on the engine thread */
+    if (spec.mode == SPEC_MTP && (rc = cli_mtp_open(&sv->draft, dir, sv->m, &sv->en, (int)pool, (int)o->parallel,
+                                                    spec.draft_max, e)) < 0)
+        return rc;
+    if ((sv->draft.sm || sv->draft.mtp) && (rc = cli_draft_use(&sv->draft, &spec, e)) < 0)
+        return rc;
     struct runner_params rp = {.max_jobs = (int)(o->parallel + o->max_queue), .no_prefix_cache = o->no_prefix_cache,
                                .max_batch_tokens = serve_ubatch(o, sv->en.be)};
     if ((rc = runner_new(&sv->run, sv->en.ctx, sv->en.kv, &rp, e)) < 0)

@@ -70,6 +70,8 @@ void batch_clear(struct batch *b)
     b->n_tok = 0;
     b->img = NULL;
     b->n_img = 0;
+    b->hidden = NULL;
+    b->hidden_out = NULL;
 }
 
 int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e)
@@ -299,13 +301,14 @@ static struct ctx_graph *graph_slot(struct model_ctx *c, const struct kv_cache *
         ch->n_out != ch->n_tok || ch->n_img > 0)
         return NULL;
     uint64_t key = cache_key(kv);
+    /* a graph with and one without the hidden states' norm are two shapes */
     for (int i = 0; i < c->n_graphs; i++)
-        if (c->graphs[i].n_tok == ch->n_tok && c->graphs[i].cache_key == key)
+        if (c->graphs[i].n_tok == ch->n_tok && c->graphs[i].hidden == ch->hidden && c->graphs[i].cache_key == key)
             return &c->graphs[i];
     if (c->n_graphs == CTX_MAX_GRAPHS)
         return NULL;
     struct ctx_graph *g = &c->graphs[c->n_graphs++];
-    *g = (struct ctx_graph){ch->n_tok, key, NULL};
+    *g = (struct ctx_graph){ch->n_tok, ch->hidden, key, NULL};
     *fresh = true;
     return g;
 }
@@ -372,17 +375,34 @@ static void rollback(const struct batch *b, struct kv_cache *kv)
             kv_seq_truncate(kv, b->seq[i], 0, NULL);
 }
 
+/* An MTP model's rows [r0, r1): zeros | h staged (the zero halves are never written) and
+ * uploaded into bufs.mtp_in. */
+static void stage_mtp(struct model_ctx *c, const struct batch *b, int r0, int r1)
+{
+    size_t d = (size_t)c->m->hp.n_embd;
+    for (int r = r0; r < r1; r++)
+        memcpy(c->mtp_host + (size_t)(r - r0) * 2 * d + d, b->hidden + (size_t)r * d, d * sizeof(float));
+    c->be->ops->upload(c->be, c->bufs.mtp_in, c->mtp_host, (size_t)(r1 - r0) * 2 * d * sizeof(float));
+}
+
 int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *kv, float *logits,
                   struct err *e)
 {
     const struct model *m = c->m;
     int B = c->n_batch, V = m->hp.n_vocab, rc, done_out = 0;
+    size_t d = (size_t)m->hp.n_embd;
+    bool mtp = tensor_is_present(&m->mtp.eh_proj);
     c->n_nonfinite = 0;
     if (kv->n_layer != m->hp.n_layer)
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
     if (b->lora && b->n_lora != model_ctx_n_lora(c))
         return err_setf(e, ERR_ARG, "forward: the batch names %d adapters, the context holds %d",
                         b->n_lora, model_ctx_n_lora(c));
+    if (mtp && !b->hidden)
+        return err_setf(e, ERR_ARG, "forward: a multi-token-prediction layer needs each row's hidden state");
+    if (b->hidden_out && m->ops->mtp == MTP_NONE && !mtp)
+        return err_setf(e, ERR_UNSUPPORTED, "forward: the %s family does not hand out hidden states",
+                        m->ops->family);
     if (b->n_img < 0 || (b->n_img > 0 && !b->img))
         return err_setf(e, ERR_ARG, "forward: %d images without their list", b->n_img);
     /* per call, not per token: a batch with images is a prompt's prefill */
@@ -421,17 +441,22 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
         int n_out = stage_chunk(c, b, kv, r0, r1);
         c->bufs.lora = lora_stage(c->lora, c->be, b->seq + r0, r1 - r0, b->lora, b->n_lora)
                            ? c->lora : NULL;
+        if (mtp)
+            stage_mtp(c, b, r0, r1);
         rows.span = rows_swa.span = spans ? meta + 8 * B : NULL;
         struct fwd_chunk ch = {.n_tok = r1 - r0, .n_out = n_out, .ids = meta,
                                .out_rows = meta + 5 * B, .rows = &rows, .rows_swa = &rows_swa,
                                .kv = kv->layers, .img = n_img ? fi : NULL, .n_img = n_img,
                                .mpos = hparams_has_mrope(&m->hp) ? meta + CTX_META_MROPE * B : NULL,
-                               .mpos_ld = B};
+                               .mpos_ld = B, .hidden = b->hidden_out != NULL};
         if ((rc = forward_chunk(c, kv, &ch, e)) < 0)
             break;
         if (n_out > 0)
             c->be->ops->download(c->be, logits + (size_t)done_out * V, c->bufs.logits,
                                  (size_t)n_out * V * sizeof(float));
+        if (b->hidden_out)
+            c->be->ops->download(c->be, b->hidden_out + (size_t)r0 * d, c->bufs.o,
+                                 (size_t)(r1 - r0) * d * sizeof(float));
         done_out += n_out;
         r0 = r1;
     }

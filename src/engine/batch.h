@@ -56,12 +56,19 @@ struct batch {
      * count (model_ctx_n_lora). */
     const float *lora;
     int n_lora;
+    /* An MTP model (model.mtp, ADR 0108): the hidden state each row conditions on, [n_tok,
+     * n_embd] host, borrowed; required for such a model, ignored by others. */
+    const float *hidden;
+    /* Not NULL: every row's final hidden state (the output norm of the residual stream, what
+     * lm_head reads) is written here, [n_tok, n_embd] host; families with an MTP layout
+     * only (model_ops.mtp), and MTP models (-ERR_UNSUPPORTED otherwise). */
+    float *hidden_out;
 };
 
 /* Room for cap rows (owned arrays). */
 int batch_init(struct batch *b, int cap, struct err *e);
 void batch_free(struct batch *b);
-/* No rows and no images. */
+/* No rows, no images, no hidden states in or out. */
 void batch_clear(struct batch *b);
 /* Append a row; -ERR_RANGE when the batch is full. */
 int batch_add(struct batch *b, int32_t id, int32_t pos, int32_t seq, bool logits, struct err *e);

@@ -139,7 +139,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     const int V = hp->n_vocab;
     struct sampler *smp = NULL;
     struct batch b = {0};
-    float *logits = NULL;
+    float *logits = NULL, *hid = NULL;
     int32_t *cut = NULL, *hist = NULL, *draft = NULL;
     struct batch_image *imgs = NULL;
     int32_t delta = 0;
@@ -180,7 +180,14 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     int n_out = p->n_predict < kv->max_seq_len ? p->n_predict : kv->max_seq_len;
     hist = malloc(((size_t)n_prompt + (size_t)n_out + 1) * sizeof *hist);
     draft = malloc((size_t)(K + 1) * sizeof *draft);
-    if (!logits || !hist || !draft) {
+    /* a drafter that reads hidden states (MTP) gets every forward's: the prompt is fed in
+     * pieces of a forward chunk (an image's prompt whole: images are not cut), so that their
+     * hidden states take a chunk's room at most */
+    bool observe = spec && p->spec.observe;
+    int piece = observe && p->n_images == 0 && c->n_batch < n_prompt ? c->n_batch : n_prompt;
+    if (observe)
+        hid = malloc((size_t)(piece > K + 1 ? piece : K + 1) * (size_t)hp->n_embd * sizeof *hid);
+    if (!logits || !hist || !draft || (observe && !hid)) {
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
@@ -200,12 +207,23 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     for (int i = 0; i < n_prompt; i++)
         sampler_accept(smp, prompt[i]);
     double t0 = gen_now();
-    if ((rc = batch_add_seq(&b, prompt, n_prompt, 0, seq, true, e)) < 0 ||
-        (rc = mrope_prompt(c, &b, prompt, n_prompt, imgs, p->n_images, &delta, e)) < 0)
-        goto out;
-    b.img = imgs;
-    b.n_img = p->n_images;
-    if ((rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, n_prompt - 1, e)) < 0)
+    for (int p0 = 0; p0 < n_prompt; p0 += piece) {
+        int np = n_prompt - p0 < piece ? n_prompt - p0 : piece;
+        batch_clear(&b);
+        /* M-RoPE positions are the prompt's as a whole (pieces only come without images, where
+         * batch_add's (pos, pos, pos) are M-RoPE's text positions already) */
+        if ((rc = batch_add_seq(&b, prompt + p0, np, p0, seq, p0 + np == n_prompt, e)) < 0 ||
+            (np == n_prompt && (rc = mrope_prompt(c, &b, prompt, n_prompt, imgs, p->n_images, &delta, e)) < 0))
+            goto out;
+        b.img = imgs;
+        b.n_img = p->n_images;
+        b.hidden_out = hid;
+        if ((rc = model_forward(c, &b, kv, logits, e)) < 0)
+            goto out;
+        if (observe)
+            p->spec.observe(p->spec.draft_ud, seq, p0, hid, np, prompt, n_prompt);
+    }
+    if ((rc = check_logits(c, n_prompt - 1, e)) < 0)
         goto out;
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
@@ -235,6 +253,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             k = k < p->spec.draft_min || k < 0 ? 0 : k > max ? max : k;
         }
         batch_clear(&b);
+        b.hidden_out = hid;
         if ((rc = batch_add(&b, id, len, seq, true, e)) < 0)
             goto out;
         for (int i = 0; i < k; i++)
@@ -266,6 +285,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
          * output before the one that stopped or was rejected */
         if (j < k && (rc = kv_seq_truncate(kv, seq, len + 1 + j, e)) < 0)
             goto out;
+        if (observe)
+            p->spec.observe(p->spec.draft_ud, seq, len, hid, kv_seq_len(kv, seq) - len, hist, g.n_hist);
         if (stop)
             break;
     }
@@ -275,6 +296,7 @@ out:
     if (stats)
         *stats = st;
     free(logits);
+    free(hid);
     free(cut);
     free(hist);
     free(draft);

@@ -18,7 +18,9 @@
  * batch, keeps the drafted tokens sampling accepts plus one token of the model's own, and
  * truncates the rest from the cache: the same tokens as plain decoding when greedy, the
  * same distribution when sampling. Drafts reach at most kv_step_back_max positions (a
- * sliding-window cache's slack, kv_params.swa_slack). Models whose cache cannot step back
+ * sliding-window cache's slack, kv_params.swa_slack). A drafter that reads the model's hidden
+ * states (spec_params.observe: the MTP layer) gets every forward's, the prompt fed in pieces
+ * of the context's n_batch rows for it. Models whose cache cannot step back
  * (recurrent layers) or whose rope follows the sequence's length (dynamic NTK, LongRoPE:
  * scoring later positions would change the step's own numbers) decode plainly
  * (stats.spec_off says so).

@@ -13,7 +13,9 @@
  * followed by its draft's rows (within the step's budget), all with logits;
  * after the forward the request's rows are judged in order as generate()
  * judges them and its sequence is truncated back to the tokens it keeps, so
- * its output equals generate()'s with the same parameters.
+ * its output equals generate()'s with the same parameters. A drafter that reads the model's
+ * hidden states (spec_params.observe: the MTP layer, ADR 0108) gets, after the step, those of
+ * the rows its request keeps (prompt chunks included).
  *
  * Images (ADR 0090): a request keeps its images' pixels and, once encoded, their rows of
  * embeddings (backend memory) until it ends, so a preempted request is fed again without
@@ -96,6 +98,9 @@ struct sched {
     struct batch_image *bimg;    /* [budget] this step's images (a model with vision) */
     int n_lora;                  /* the context's adapters (model_ctx_n_lora at sched_new) */
     float *lora;                 /* [max_seqs][n_lora] scales of each running sequence */
+    float *hid;                  /* [cap, n_embd] the step's hidden states, once a request's drafter
+                                  * reads them (spec_params.observe); NULL before */
+    int *seq_row;                /* [max_seqs] the step's first row of each sequence, or -1 */
     uint64_t n_encoded;          /* images encoded (sched_n_encoded) */
 };
 
@@ -193,6 +198,8 @@ void sched_free(struct sched *s)
     batch_free(&s->b);
     vision_ctx_free(s->vc);
     free(s->bimg);
+    free(s->hid);
+    free(s->seq_row);
     free(s->reqs);
     free(s->waiting);
     free(s->logits);
@@ -403,6 +410,23 @@ int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, co
         return rc;
     }
     r->spec = spec_on(&p->spec) && s->spec_ok;
+    if (r->spec && p->spec.observe && s->c->m->ops->mtp == MTP_NONE && !tensor_is_present(&s->c->m->mtp.eh_proj)) {
+        req_discard(r);
+        return err_setf(e, ERR_UNSUPPORTED, "the %s family does not hand out the hidden states its drafter reads",
+                        s->c->m->ops->family);
+    }
+    if (r->spec && p->spec.observe && !s->hid) {
+        s->hid = malloc((size_t)s->cap * s->c->m->hp.n_embd * sizeof *s->hid);
+        s->seq_row = malloc((size_t)s->kv->max_seqs * sizeof *s->seq_row);
+        if (!s->hid || !s->seq_row) {
+            free(s->hid);
+            free(s->seq_row);
+            s->hid = NULL;
+            s->seq_row = NULL;
+            req_discard(r);
+            return err_setf(e, ERR_NOMEM, "scheduler: out of memory for the hidden states");
+        }
+    }
     r->toks = malloc((size_t)r->cap * sizeof *r->toks);
     r->key = malloc((size_t)r->cap * sizeof *r->key);
     r->draft = r->spec ? malloc((size_t)p->spec.draft_max * sizeof *r->draft) : NULL;
@@ -797,6 +821,37 @@ static void encode_step(struct sched *s)
     }
 }
 
+/* Whether a request in the built batch drafts with the model's hidden states. */
+static bool batch_observes(const struct sched *s)
+{
+    for (int i = 0; s->hid && i < s->max_requests; i++) {
+        const struct sreq *r = &s->reqs[i];
+        if (r->id > 0 && r->seq >= 0 && r->spec && r->p.spec.observe)
+            return true;
+    }
+    return false;
+}
+
+/* After the step's sampling: each request whose drafter reads hidden states gets those of the
+ * rows it kept (the fed prompt chunk, or the decode row and the accepted drafts). */
+static void observe_step(struct sched *s)
+{
+    int d = s->c->m->hp.n_embd;
+    for (int q = 0; q < s->kv->max_seqs; q++)
+        s->seq_row[q] = -1;
+    for (int row = s->b.n_tok - 1; row >= 0; row--)
+        s->seq_row[s->b.seq[row]] = row;
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        if (r->id <= 0 || r->seq < 0 || !r->spec || !r->p.spec.observe || s->seq_row[r->seq] < 0)
+            continue;
+        int row = s->seq_row[r->seq], pos0 = s->b.pos[row], kept = r->n_fed - pos0;
+        if (kept > 0)
+            r->p.spec.observe(r->p.spec.draft_ud, r->seq, pos0, s->hid + (size_t)row * d, kept, r->toks,
+                              r->n_toks);
+    }
+}
+
 int sched_step(struct sched *s, struct err *e)
 {
     int V = s->c->m->hp.n_vocab, rc;
@@ -824,6 +879,7 @@ int sched_step(struct sched *s, struct err *e)
     }
     s->b.lora = s->lora;   /* each running sequence's row of scales (admit) */
     s->b.n_lora = s->n_lora;
+    s->b.hidden_out = batch_observes(s) ? s->hid : NULL;
     if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
         /* the sequences were rolled back; the running requests end with the error (a lone
          * request that outgrew the pool among them), waiting ones may still run */
@@ -870,6 +926,8 @@ int sched_step(struct sched *s, struct err *e)
             req_end(s, r, failed ? -re.code : 0, failed ? &re : NULL);
         }
     }
+    if (s->b.hidden_out)
+        observe_step(s);
     for (int i = 0; s->prefix && i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
         if (r->id > 0 && r->seq >= 0)

@@ -23,10 +23,12 @@ void spec_params_default(struct spec_params *p)
 
 int spec_params_check(const struct spec_params *p, struct err *e)
 {
-    if (p->mode != SPEC_NONE && p->mode != SPEC_NGRAM && p->mode != SPEC_DRAFT)
+    if (p->mode != SPEC_NONE && p->mode != SPEC_NGRAM && p->mode != SPEC_DRAFT && p->mode != SPEC_MTP)
         return err_setf(e, ERR_ARG, "unknown speculative mode %d", (int)p->mode);
     if (p->mode == SPEC_DRAFT && !p->draft)
         return err_setf(e, ERR_ARG, "--spec draft needs a draft model (--model-draft)");
+    if (p->mode == SPEC_MTP && (!p->draft || !p->observe))
+        return err_setf(e, ERR_ARG, "--spec mtp needs the checkpoint's multi-token-prediction layer");
     if (p->draft_max < 1 || p->draft_max > SPEC_DRAFT_MAX_LIMIT)
         return err_setf(e, ERR_ARG, "--draft-max must be in [1, %d] (got %d)", SPEC_DRAFT_MAX_LIMIT, p->draft_max);
     if (p->draft_min < 0 || p->draft_min > p->draft_max)

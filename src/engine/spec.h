@@ -12,6 +12,10 @@
  * output so far), n from ngram_max down to ngram_min, are looked for earlier in the
  * history, most recent occurrence first; the tokens that followed it are the draft.
  * It pays where the output copies its input: code editing, summaries, RAG answers.
+ *
+ * A draft model (SPEC_DRAFT, spec_model_*) and the checkpoint's own multi-token-prediction
+ * layer (SPEC_MTP, spec_mtp_*, ADR 0108) draft through spec_params.draft; the MTP layer also
+ * needs the model's hidden states, which the verifier hands it through spec_params.observe.
  */
 #pragma once
 #include <stdbool.h>
@@ -31,6 +35,7 @@ enum spec_mode {
     SPEC_NONE = 0,
     SPEC_NGRAM = 1,
     SPEC_DRAFT = 2,   /* a draft model (spec_model_draft as the drafter) */
+    SPEC_MTP = 3,     /* the checkpoint's MTP layer (spec_mtp_draft and spec_mtp_observe) */
 };
 
 #define SPEC_DRAFT_MAX_LIMIT 64  /* the bound of draft_max */
@@ -38,6 +43,13 @@ enum spec_mode {
 /* Proposes up to max tokens after hist[0..n), the history of cache sequence seq, into out;
  * returns how many (0: none). */
 typedef int (*spec_draft_fn)(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
+/* After a forward of the model: cache sequence seq now holds positions [pos0, pos0 + n) as
+ * computed with final hidden states hidden [n, n_embd] (batch.hidden_out; positions past
+ * pos0 + n that were scored were rolled back); hist[0..n_hist) is the sequence's history known
+ * now (prompt and output, at least up to position pos0 + n - 1). Positions at or after pos0
+ * observed before are superseded. */
+typedef void (*spec_observe_fn)(void *ud, int seq, int pos0, const float *hidden, int n, const int32_t *hist,
+                                int n_hist);
 
 struct spec_params {
     enum spec_mode mode;
@@ -47,6 +59,8 @@ struct spec_params {
     int ngram_max;      /* SPEC_NGRAM: the longest (<= 16) */
     spec_draft_fn draft;  /* with mode SPEC_NONE and draft set: this drafter (tests) */
     void *draft_ud;
+    spec_observe_fn observe;  /* set: generate() and the scheduler ask the forward for every
+                               * row's hidden state and pass them here (ud: draft_ud) */
 };
 
 /* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted
@@ -82,6 +96,32 @@ void spec_model_free(struct spec_model *d);
 int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
 /* The draft model's error, or NULL. */
 const char *spec_model_error(const struct spec_model *d);
+
+/* The checkpoint's multi-token-prediction layer (model_load_mtp, ADR 0108) as a drafter: the
+ * layer's own cache, in c's context, holds per sequence one row per position p of the model's
+ * sequence that has a successor: input the token at p + 1 and the model's hidden state at p.
+ * A draft feeds the rows not in it yet (the hidden states come through spec_mtp_observe) and
+ * takes the argmax of the last one's logits, then chains: each further draft token is fed at
+ * the next position with the layer's own final hidden state in place of the model's, and those
+ * chained rows are truncated again (their true rows come once the model has scored them). A
+ * sequence's rows start where the model first computed it for its current request (a prefix
+ * cache hit's positions have no hidden states): positions in the layer's cache are relative to
+ * that first one, which rope's relative angles do not see. The drafts are greedy: point masses,
+ * exact under sampling_draft's rule. */
+struct spec_mtp;
+
+/* A drafter over the MTP model's context c and its cache kv (borrowed; one sequence per
+ * sequence of the model's cache: kv->max_seqs of them, of kv->max_seq_len positions). */
+int spec_mtp_new(struct spec_mtp **out, struct model_ctx *c, struct kv_cache *kv, struct err *e);
+void spec_mtp_free(struct spec_mtp *d);
+/* spec_draft_fn and spec_observe_fn for spec_params (ud: the spec_mtp). A failing forward of
+ * the layer drafts nothing from then on (spec_mtp_error says why). */
+int spec_mtp_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
+void spec_mtp_observe(void *ud, int seq, int pos0, const float *hidden, int n, const int32_t *hist, int n_hist);
+const char *spec_mtp_error(const struct spec_mtp *d);
+/* Whether mtp (a model_load_mtp layer) can draft for target: the same vocabulary and width
+ * (-ERR_ARG naming what differs). */
+int spec_mtp_check(const struct model *target, const struct model *mtp, struct err *e);
 
 /* How long a sequence's drafts are, adapted to what was kept: the length halves after a
  * step that kept none and doubles after one that kept all (up to draft_max); at length 1,

@@ -55,8 +55,9 @@ static size_t logits_bytes(const struct hparams *hp, int B)
 }
 
 /* Lay out the buffers for B rows; with base == NULL only returns the bytes needed. */
-static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *base)
+static size_t layout(struct ctx_bufs *b, const struct model *m, int B, char *base)
 {
+    const struct hparams *hp = &m->hp;
     size_t off = 0;
     size_t hd = (size_t)hp->head_dim, E = (size_t)hp->n_expert;
     size_t k = 1, d = (size_t)hp->n_embd, ff = (size_t)hp->n_ff;
@@ -99,6 +100,7 @@ static size_t layout(struct ctx_bufs *b, const struct hparams *hp, int B, char *
     t.mrope = carve(base, &off, hparams_has_mrope(hp) ? 3 * HP_MAX_ROT_HALF : 1);
     t.sinks = carve(base, &off, (size_t)hp->n_layer * hp->n_head);
     t.rec = carve(base, &off, (size_t)B * (hp->rec_scratch > 0 ? hp->rec_scratch : 1));
+    t.mtp_in = tensor_is_present(&m->mtp.eh_proj) ? carve(base, &off, (size_t)B * 2 * d) : NULL;
     t.meta = carve(base, &off, (size_t)CTX_META_ROWS * B);
     if (base)
         *b = t;
@@ -172,13 +174,16 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */
         size_t budget = backend_is_cpu(be) ? CTX_ARENA_BUDGET : CTX_ARENA_BUDGET_DEVICE;
         while (c->n_batch > CTX_MIN_BATCH &&
-               layout(NULL, hp, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > budget)
+               layout(NULL, m, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > budget)
             c->n_batch /= 2;
     }
     c->n_out = out_rows_for(hp, c->n_batch);
-    size_t bytes = layout(NULL, hp, c->n_batch, NULL);
+    size_t bytes = layout(NULL, m, c->n_batch, NULL);
     c->meta_host = calloc((size_t)CTX_META_ROWS * c->n_batch, sizeof *c->meta_host);
-    if (!c->meta_host) {
+    /* an MTP model's staged input rows: zeros (the embedding's half, never written) | h */
+    if (tensor_is_present(&m->mtp.eh_proj))
+        c->mtp_host = calloc((size_t)c->n_batch * 2 * hp->n_embd, sizeof *c->mtp_host);
+    if (!c->meta_host || (tensor_is_present(&m->mtp.eh_proj) && !c->mtp_host)) {
         model_ctx_free(c);
         return err_setf(e, ERR_NOMEM, "context: out of memory");
     }
@@ -186,7 +191,7 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         model_ctx_free(c);
         return err_prefix(e, "context activations (%zu MiB)", bytes >> 20);
     }
-    layout(&c->bufs, hp, c->n_batch, c->arena);
+    layout(&c->bufs, m, c->n_batch, c->arena);
     if ((rc = upload_rope(c, e)) < 0 || (rc = upload_sinks(c, e)) < 0) {
         model_ctx_free(c);
         return rc;
@@ -206,5 +211,6 @@ void model_ctx_free(struct model_ctx *c)
         c->be->ops->buf_free(c->be, c->arena);
     lora_run_free(c->lora, c->be);
     free(c->meta_host);
+    free(c->mtp_host);
     free(c);
 }

@@ -6,6 +6,8 @@
  *
  *   x = embd_scale * embed(ids), an image's rows (fwd_chunk.img) its embeddings instead
  *   rope at each row's position, or M-RoPE's three positions (hp.mrope_section, ADR 0094)
+ *   an MTP layer (model.mtp, ADR 0108): x = eh_proj(cat(enorm(x), hnorm(h))), h each row's
+ *       hidden state (bufs.mtp_in's second half, staged by model_forward)
  *   for each layer il (ls = hp->layer[il]), every residual add scaled by residual_scale:
  *     RESID_SEQUENTIAL:  x += attn(norm1(x));  x += ffn(norm2(x))
  *     RESID_PARALLEL:    h = norm1(x);  x += attn(h) + ffn(h)
@@ -24,6 +26,7 @@
  *            when logit_softcap is set
  *   run by the encoder path for embeddings (hp.encoder, ADR 0097) without logit rows:
  *            x = norm_out(x), every row's last hidden state
+ *   fwd_chunk.hidden: norm_out(x) of every row into bufs.o (what an MTP layer conditions on)
  *
  * A family whose layers are not of this shape writes its own forward from
  * the same blocks.
@@ -70,6 +73,22 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
         .temp_floor = ls->attn_temp_floor,
         .temp_scale = ls->attn_temp_scale,
     };
+}
+
+/* An MTP layer's input (model.mtp): bufs.mtp_in holds zeros | h per row (stride 2d); the
+ * embedding in x joins the first half, both halves are normalized in place, and
+ * x = eh_proj(mtp_in). */
+static void mtp_input(const struct model_ctx *c, int n)
+{
+    const struct model *m = c->m;
+    const struct hparams *hp = &m->hp;
+    const struct backend_ops *op = c->be->ops;
+    float *in = c->bufs.mtp_in;
+    int d = hp->n_embd;
+    op->axpy(c->be, in, 2 * d, 1.0f, c->bufs.x, d, n, d);
+    op->rmsnorm(c->be, in, in, 2 * d, &m->mtp.enorm, hp->norm_w_offset, hp->norm_eps, n, 1, d);
+    op->rmsnorm(c->be, in + d, in + d, 2 * d, &m->mtp.hnorm, hp->norm_w_offset, hp->norm_eps, n, 1, d);
+    op->linear(c->be, c->bufs.x, d, in, &m->mtp.eh_proj, NULL, n);
 }
 
 /* b->f = ffn(in) for the n rows of in */
@@ -129,6 +148,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     for (int i = 0; i < ch->n_img; i++)
         op->copy(c->be, b->x + (size_t)ch->img[i].row * d, ch->img[i].embd,
                  (size_t)ch->img[i].n * d * sizeof(float));
+    if (tensor_is_present(&m->mtp.eh_proj))
+        mtp_input(c, n);
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer *L = &m->layers[il];
         const struct layer_spec *ls = &hp->layer[il];
@@ -214,5 +235,7 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
         if (hp->logit_softcap > 0.0f)
             op->softcap(c->be, b->logits, hp->n_vocab, hp->logit_softcap, ch->n_out, hp->n_vocab);
     }
+    if (ch->hidden)
+        blk_norm(c->be, b->o, b->x, &nout, n, d);
     return 0;
 }

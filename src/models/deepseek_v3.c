@@ -49,5 +49,6 @@ const struct model_ops deepseek_v3_ops = {
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
     .quant_predicate = hf_quant_gate_float,
+    .mtp = MTP_DEEPSEEK,  /* model_load_mtp: the layer past num_hidden_layers (ADR 0108) */
     .convert_views = deepseek_convert_views,
 };

@@ -17,7 +17,8 @@
  *
  * partial_rotary_factor is read from rope_parameters (transformers 5) or the top level.
  * num_nextn_predict_layers: the multi-token-prediction layer past num_hidden_layers is not
- * part of the causal LM (transformers does not build it): its tensors stay unbound.
+ * part of the causal LM (transformers does not build it): model_load leaves its tensors
+ * unbound, model_load_mtp loads it for --spec mtp (models/mtp.c, ADR 0108).
  *
  * Checkpoint names (model.layers.N.): self_attn.{q,k,v}_proj(.bias), self_attn.o_proj,
  * self_attn.{q,k}_norm, mlp.{gate,up,down}_proj (dense), mlp.gate (+ .e_score_correction_bias),
@@ -98,4 +99,5 @@ const struct model_ops glm4_moe_ops = {
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
     .quant_predicate = hf_quant_gate_float,
+    .mtp = MTP_DEEPSEEK,  /* model_load_mtp: the layer past num_hidden_layers (ADR 0108) */
 };

@@ -28,7 +28,8 @@
  * mlx-lm and vLLM. The golden case's generator states 1.0 (rope_parameters) for that reason.
  * topk_method is not read by transformers (always noaux_tc); anything else is refused, as
  * deepseek_v3 and mlx-lm do. num_nextn_predict_layers: the multi-token-prediction layer past
- * num_hidden_layers is not part of the causal LM: its tensors stay unbound.
+ * num_hidden_layers is not part of the causal LM: model_load leaves its tensors unbound,
+ * model_load_mtp loads it for --spec mtp (models/mtp.c, ADR 0108).
  *
  * Checkpoint names: DeepSeek-V3's (deepseek_v2.c), mlx-lm's too (stacked switch_mlp experts,
  * kv_b_proj split into embed_q / unembed_out).
@@ -85,5 +86,6 @@ const struct model_ops glm4_moe_lite_ops = {
     .forward = decoder_forward,
     .expert_stacking = hf_mlp_experts_stacking,
     .quant_predicate = hf_quant_gate_float,
+    .mtp = MTP_DEEPSEEK,  /* model_load_mtp: the layer past num_hidden_layers (ADR 0108) */
     .convert_views = deepseek_convert_views,  /* mlx-lm's sanitize splits kv_b_proj alike */
 };

@@ -18,6 +18,7 @@
 #include "../core/log.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
+#include "mtp.h"
 #include "registry.h"
 #include "vision.h"
 
@@ -339,11 +340,12 @@ static int base_model_names(struct model *m, struct err *e)
     return 0;
 }
 
-int model_load(struct model **out, const char *dir, struct err *e)
+/* model_load, or with mtp model_load_mtp (the MTP steps in mtp.c). */
+static int load(struct model **out, const char *dir, bool mtp, struct err *e)
 {
     char path[4200];
     cJSON *cfg = NULL, *outer = NULL;
-    int rc;
+    int rc, n_main = 0, n_next = 0;
     *out = NULL;
     if (strlen(dir) >= sizeof((struct model *)0)->dir)
         return err_setf(e, ERR_ARG, "model path is too long");
@@ -357,7 +359,8 @@ int model_load(struct model **out, const char *dir, struct err *e)
         goto fail;
     if ((rc = nest_text_config(&cfg, &outer, m->multimodal, sizeof m->multimodal, e)) < 0)
         goto fail_prefix;
-    if ((rc = registry_resolve(cfg, &m->ops, e)) < 0)
+    if ((rc = registry_resolve(cfg, &m->ops, e)) < 0 || (mtp && (rc = mtp_config(cfg, m->ops, &n_main, e)) < 0) ||
+        (!mtp && m->ops->mtp != MTP_NONE && (rc = mtp_count(cfg, &n_next, e)) < 0))
         goto fail_prefix;
     hparams_init(&m->hp);
     if ((rc = cfg_opt_str(cfg, "model_type", "", m->hp.model_type, sizeof m->hp.model_type, e)) < 0 ||
@@ -367,7 +370,9 @@ int model_load(struct model **out, const char *dir, struct err *e)
         goto fail_prefix;
     if ((rc = parse_generation(m, dir, e)) < 0)
         goto fail;
-    if ((rc = hparams_validate(&m->hp, e)) < 0 || (rc = decoder_role(m, cfg, dir, e)) < 0)
+    if (mtp)
+        mtp_layer_spec(&m->hp, n_main);
+    if ((rc = hparams_validate(&m->hp, e)) < 0 || (!mtp && (rc = decoder_role(m, cfg, dir, e)) < 0))
         goto fail_prefix;
     filter_eos(&m->hp);
     cJSON_Delete(cfg);
@@ -376,6 +381,11 @@ int model_load(struct model **out, const char *dir, struct err *e)
     if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0) ||
         (!m->multimodal[0] && (rc = base_model_names(m, e)) < 0))
         goto fail;
+    if (mtp && (rc = mtp_rename(m->st, n_main, e)) < 0) {
+        err_prefix(e, "%s", dir);
+        goto fail;
+    }
+    mtp_skip(m->st, m->hp.n_layer, n_next);
     cJSON_Delete(outer);
     outer = NULL;
     m->layers = calloc((size_t)m->hp.n_layer, sizeof *m->layers);
@@ -383,9 +393,9 @@ int model_load(struct model **out, const char *dir, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = m->ops->map_weights(m, m->st, e)) < 0 ||
+    if ((rc = m->ops->map_weights(m, m->st, e)) < 0 || (mtp && (rc = mtp_map(m, m->st, e)) < 0) ||
         (m->hp.lm_rerank && (rc = model_set_lm_reranker(m, e)) < 0)) {
-        err_prefix(e, "%s", dir);
+        err_prefix(e, "%s%s", dir, mtp ? " (its multi-token-prediction layer)" : "");
         goto fail;
     }
     warn_unused(m);
@@ -399,6 +409,16 @@ fail:
     cJSON_Delete(outer);
     model_free(m);
     return rc;
+}
+
+int model_load(struct model **out, const char *dir, struct err *e)
+{
+    return load(out, dir, false, e);
+}
+
+int model_load_mtp(struct model **out, const char *dir, struct err *e)
+{
+    return load(out, dir, true, e);
 }
 
 int model_alloc_owned(struct model *m, size_t bytes, void **out, struct err *e)
@@ -614,6 +634,9 @@ static size_t prep_items(struct model *m, struct prep_item *it)
     PREP_ADD(&m->cls_norm_b, false, USE_VALUES);
     PREP_ADD(&m->cls_out, false, USE_LINEAR);
     PREP_ADD(&m->cls_out_b, false, USE_VALUES);
+    PREP_ADD(&m->mtp.enorm, false, USE_VALUES);
+    PREP_ADD(&m->mtp.hnorm, false, USE_VALUES);
+    PREP_ADD(&m->mtp.eh_proj, false, USE_LINEAR);
     for (int il = 0; il < m->hp.n_layer; il++) {
         struct layer *L = &m->layers[il];
 #define LAYER_PTR(name) &L->name,

@@ -119,6 +119,15 @@ struct generation_defaults {
     bool do_sample;
 };
 
+/* Where a family's checkpoints keep their multi-token-prediction (MTP) layers
+ * (model_load_mtp, ADR 0108). */
+enum mtp_layout {
+    MTP_NONE = 0,      /* none the loader knows */
+    MTP_DEEPSEEK = 1,  /* DeepSeek-V3's: num_nextn_predict_layers layers past num_hidden_layers,
+                        * model.layers.N.{enorm, hnorm, eh_proj, shared_head.{norm, head}} + a
+                        * decoder layer of the model's own kind (GLM-4.5 and GLM-4.7-Flash too) */
+};
+
 struct prepared_view;
 struct lora_run;           /* lora.h */
 struct vision;             /* vision.h */
@@ -156,6 +165,18 @@ struct model_ops {
     /* Where map_weights accepts two layouts, name suffixes of the one published
      * checkpoints use (e.g. fused ".qkv_proj.weight"), for `mlxcel synth`; or NULL. */
     const char *const *synth_prefer;
+    /* Its checkpoints' MTP layers (model_load_mtp); MTP_NONE: --spec mtp is refused. A family
+     * with a layout runs decoder_forward, which honours fwd_chunk.hidden and model.mtp. */
+    enum mtp_layout mtp;
+};
+
+/* A multi-token-prediction layer loaded as a model of one layer (model_load_mtp): each row's
+ * input is x = eh_proj(cat(enorm(embed(id)), hnorm(h))), h the hidden state the row conditions
+ * on (batch.hidden); then the layer, and shared_head's norm and head as out_norm and lm_head.
+ * Absent (eh_proj.ndim == 0) in every other model. */
+struct mtp_input {
+    struct tensor enorm, hnorm;      /* [n_embd] RMSNorms of the embedding and of h */
+    struct tensor eh_proj;           /* [n_embd, 2 n_embd] */
 };
 
 struct model {
@@ -184,6 +205,7 @@ struct model {
     struct tensor cls_dense, cls_dense_b;/* [n_embd, n_embd], [n_embd] */
     struct tensor cls_norm, cls_norm_b;  /* [n_embd]: ModernBERT's head.norm after the dense */
     struct tensor cls_out, cls_out_b;    /* [n_cls, n_embd], [n_cls] */
+    struct mtp_input mtp;                /* an MTP layer's input stage, or absent */
     struct layer *layers;            /* [n_layer], owned */
     struct tensor *expert_views;     /* backing store of every expert_linear, owned */
     void *derived;                   /* weights a family rearranged at load (MLA's per-head
@@ -217,6 +239,12 @@ int model_load(struct model **out, const char *dir, struct err *e);
  * pair's last token. -ERR_ARG for an encoder, a model whose layers are not all attention
  * layers (recurrent, latent) or one without an LM head. Before model_prepare. */
 int model_set_lm_reranker(struct model *m, struct err *e);
+/* Load the first multi-token-prediction layer of the checkpoint in dir as a model of one layer
+ * (struct mtp_input; ADR 0108): its decoder layer as layer 0, shared_head.norm as out_norm,
+ * shared_head.head (or the model's lm_head when the layer has none) as lm_head, the model's
+ * embeddings. -ERR_UNSUPPORTED when the family has no MTP layout, -ERR_CONFIG when config.json
+ * has none (num_nextn_predict_layers absent or 0), -ERR_FORMAT naming a missing tensor. */
+int model_load_mtp(struct model **out, const char *dir, struct err *e);
 void model_free(struct model *m);
 /* Parameter count (elements of every consumed tensor; quantized counted unpacked). */
 int64_t model_n_params(const struct model *m);
@@ -284,6 +312,8 @@ struct ctx_bufs {
     float *rec;      /* [B, hp.rec_scratch] the recurrent blocks' projections */
     const struct lora_run *lora; /* the chunk's active adapters (lora.h), or NULL: the base
                                   * alone; set per chunk by model_forward */
+    float *mtp_in;   /* [B, 2 n_embd] an MTP model's input rows: embedding | the hidden state
+                      * it conditions on (model_forward stages zeros | h); NULL otherwise */
     int32_t *meta;   /* [CTX_META_ROWS][B] ids, pos, slot, table, seq_end, out_rows, sliding
                       * slot, state slot (the row's sequence id), then [B][2] the rows'
                       * bidirectional spans (kv_rows.span, chunks with images only), then
@@ -319,6 +349,9 @@ struct fwd_chunk {
      * rope positions, backend memory (ADR 0094); NULL otherwise */
     const int32_t *mpos;
     int mpos_ld;
+    bool hidden;               /* also every row's final hidden state, the output norm of the
+                                * residual stream (what lm_head reads), into bufs.o [n_tok,
+                                * n_embd] (decoder_forward; batch.hidden_out) */
 };
 
 /* Graphs a context keeps (decode shapes: one per row count and cache layout). */
@@ -328,6 +361,7 @@ struct fwd_chunk {
  * n_tok rows, all of them logit rows, over the cache whose buffers hash to cache_key. */
 struct ctx_graph {
     int n_tok;
+    bool hidden;                     /* recorded with fwd_chunk.hidden */
     uint64_t cache_key;
     void *graph;                     /* backend graph, owned; NULL: recording failed, run ops */
 };
@@ -341,6 +375,7 @@ struct model_ctx {
     void *arena;                     /* backend memory of bufs, owned */
     struct ctx_bufs bufs;
     int32_t *meta_host;              /* [CTX_META_ROWS][B] staging of bufs.meta, owned */
+    float *mtp_host;                 /* [B, 2 n_embd] staging of bufs.mtp_in (MTP models), owned */
     int n_nonfinite;                 /* logit rows holding NaN/Inf in the last model_forward */
     bool warned_nonfinite;           /* the one warning about them was logged */
     struct ctx_graph graphs[CTX_MAX_GRAPHS]; /* recorded decode steps, n_graphs of them */

@@ -3,7 +3,10 @@
 # on a prompt that repeats itself (drafts accepted) and on one that does not, at a
 # context that ends mid-draft; --stats reports the drafts; a sliding-window model drafts too,
 # a recurrent one says it cannot and still gives the plain ids; `--model-draft` (the model itself: all accepted;
-# another checkpoint; another vocabulary refused); bad values of the flags are usage errors.
+# another checkpoint; another vocabulary refused); `--spec mtp` (the checkpoint's own
+# multi-token-prediction layer, ADR 0108: a random one added to goldens deepseek_v3 and
+# glm4_moe by make_mtp_checkpoint.py gives the plain ids; checkpoints without one are refused
+# naming why); bad values of the flags are usage errors.
 # Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
 BIN=${1:?usage: spec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -72,9 +75,40 @@ if [ -f $G/config.json ]; then
     grep -q "vocabulary has" "$T/err" || fail "another vocabulary: $(cat "$T/err")"
 fi
 
+# --spec mtp: a random MTP layer added to golden checkpoints drafts (badly): the plain ids,
+# also at a context that ends mid-draft and with short drafts; the goldens themselves have
+# no such layer and are refused, naming what is missing
+for G in deepseek_v3 glm4_moe; do
+    [ -f tests/fixtures/golden/$G/config.json ] || continue
+    python3 tests/cli/make_mtp_checkpoint.py tests/fixtures/golden/$G "$T/$G" || fail "cannot make $G's MTP checkpoint"
+    P=$(seq 10 30 | paste -sd, -)
+    for f in "" "--ctx 40" "--draft-max 2"; do
+        # shellcheck disable=SC2086
+        run "$BIN" generate -m "$T/$G" --prompt-ids "$P" -n 16 --temp 0 --ignore-eos --output-ids $f
+        expect_rc 0 "$G plain $f"
+        cp "$T/out" "$T/plain"
+        # shellcheck disable=SC2086
+        run "$BIN" generate -m "$T/$G" --prompt-ids "$P" -n 16 --temp 0 --ignore-eos --output-ids --spec mtp --stats $f
+        expect_rc 0 "$G --spec mtp $f"
+        cmp -s "$T/out" "$T/plain" || fail "$G --spec mtp $f: $(cat "$T/out"), plain $(cat "$T/plain")"
+        grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "$G --spec mtp drafted nothing: $(cat "$T/err")"
+    done
+    run "$BIN" generate -m tests/fixtures/golden/$G --prompt-ids 1,2 -n 2 --output-ids --spec mtp
+    expect_rc 1 "--spec mtp on golden $G"
+    case $G in
+    deepseek_v3) grep -q "'num_nextn_predict_layers' is absent" "$T/err" || fail "golden $G: $(cat "$T/err")" ;;
+    *) grep -q "eh_proj.weight' is missing" "$T/err" || fail "golden $G: $(cat "$T/err")" ;;
+    esac
+done
+run "$BIN" generate -m $M --prompt-ids 1,2 -n 2 --output-ids --spec mtp
+expect_rc 1 "--spec mtp on llama"
+grep -q "the llama family has no multi-token-prediction layers" "$T/err" || fail "--spec mtp on llama: $(cat "$T/err")"
+"$BIN" generate --help | grep -q "mtp (the" || fail "--help lacks --spec mtp"
+"$BIN" serve --help | grep -q "mtp (the" || fail "serve --help lacks --spec mtp"
+
 # usage errors
 for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" "--spec ngram --draft-max 3 --draft-min 4" \
-    "--spec draft" "--spec ngram --model-draft $M"; do
+    "--spec draft" "--spec ngram --model-draft $M" "--spec mtp --model-draft $M"; do
     # shellcheck disable=SC2086
     run "$BIN" generate -m $M --prompt-ids 1,2 -n 2 $bad
     expect_rc 2 "$bad"
@@ -89,4 +123,6 @@ run "$BIN" serve --spec ngram --model-draft $M
 expect_rc 2 "serve --spec ngram --model-draft"
 run "$BIN" serve --draft-max 0
 expect_rc 2 "serve --draft-max 0"
+run "$BIN" serve --spec mtp --model-draft $M
+expect_rc 2 "serve --spec mtp --model-draft"
 echo "spec: ok"

@@ -1,0 +1,66 @@
+// `mlxcel serve --spec mtp` (ADR 0108): a tiny DeepSeek-V3 made by `mlxcel synth` with
+// llama-tiny's tokenizer, plus a random multi-token-prediction layer (make_mtp_checkpoint.py).
+// Greedy answers, 4 at once (requests drafting by the layer in one batch, each in its own
+// sequence of the layer's cache), equal a server without speculation; /metrics counts the
+// drafts. A checkpoint without the layer is refused at start, naming why.
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const BIN = process.env.MLXCEL_BIN;
+const work = mkdtempSync(join(tmpdir(), 'mlxcel-mtp-'));
+const base = join(work, 'ds-base');
+const dir = join(work, 'ds-mtp');
+const cfg = {
+    architectures: ['DeepseekV3ForCausalLM'], model_type: 'deepseek_v3', vocab_size: 2048, hidden_size: 64,
+    num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 4, max_position_embeddings: 512,
+    bos_token_id: 1, eos_token_id: 2, intermediate_size: 128, moe_intermediate_size: 32, n_routed_experts: 4,
+    n_shared_experts: 1, num_experts_per_tok: 2, n_group: 1, topk_group: 1, first_k_dense_replace: 1,
+    kv_lora_rank: 32, q_lora_rank: 48, qk_nope_head_dim: 16, qk_rope_head_dim: 16, v_head_dim: 16,
+    rms_norm_eps: 1e-6, rope_theta: 10000.0, tie_word_embeddings: false, torch_dtype: 'float32',
+};
+if (BIN) {
+    writeFileSync(join(work, 'cfg.json'), JSON.stringify(cfg));
+    execFileSync(BIN, ['synth', '-c', join(work, 'cfg.json'), '-o', base, '--seed', '3', '--tokenizer', 'models/llama-tiny'],
+        { stdio: ['ignore', 'ignore', 'inherit'] });
+    execFileSync('python3', ['tests/cli/make_mtp_checkpoint.py', base, dir, '7'], { stdio: ['ignore', 'ignore', 'inherit'] });
+}
+const { startServer, client, get, withTimeout, SLOW } = await import('./harness.mjs');
+
+const PROMPTS = ['ROMEO: what light', 'JULIET: O Romeo, Romeo', 'First Citizen: we are accounted poor', 'Nurse:'];
+const req = (prompt) => ({ model: 'ds-mtp', messages: [{ role: 'user', content: prompt }], temperature: 0, max_tokens: 24 });
+const text = (c) => c.choices[0].message.content;
+const metric = (body, name) => Number((body.match(new RegExp(`^${name} (\\d+)$`, 'm')) || [])[1]);
+
+describe('serve --spec mtp', { timeout: 180_000 * SLOW }, () => {
+    let plain, spec;
+    before(async () => {
+        plain = await startServer(['-m', dir, '--parallel', '4']);
+        spec = await startServer(['-m', dir, '--parallel', '4', '--spec', 'mtp', '--draft-max', '3']);
+    });
+    after(async () => {
+        if (plain) await plain.stop();
+        if (spec) await spec.stop();
+        rmSync(work, { recursive: true, force: true });
+    });
+
+    it('4 concurrent greedy answers equal plain decoding; /metrics counts the drafts', async () => {
+        const want = [];
+        for (const p of PROMPTS) want.push(text(await client(plain.base).chat.completions.create(req(p))));
+        for (let round = 0; round < 2; round++) {  // the second round takes over the layer's sequences
+            const all = await withTimeout(Promise.all(PROMPTS.map((p) => client(spec.base).chat.completions.create(req(p)))),
+                120_000 * SLOW, '4 concurrent requests');
+            PROMPTS.forEach((p, i) => assert.equal(text(all[i]), want[i], `round ${round}: ${p}`));
+        }
+        const m = (await get(spec.base, '/metrics')).text;
+        const drafted = metric(m, 'mlxcel_spec_draft_tokens_total');
+        assert.ok(drafted > 0, `drafted ${drafted}`);
+    });
+
+    it('a checkpoint without the layer is refused at start', async () => {
+        await assert.rejects(startServer(['-m', base, '--spec', 'mtp']), /num_nextn_predict_layers' is absent/);
+    });
+});
