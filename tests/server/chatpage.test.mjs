@@ -117,7 +117,7 @@ describe('chat page: headers', () => {
 });
 
 describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=1' }, () => {
-    let srv, keyed, slow, vsrv, vwork, browser, ctx, page;
+    let srv, keyed, slow, vsrv, rsrv, vwork, browser, ctx, page;
     const external = [];       // requests to anything but our servers
     const problems = [];       // page errors, CSP violations
     const chatBodies = [];     // the JSON bodies the page POSTed to /v1/chat/completions
@@ -141,6 +141,8 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         execFileSync('python3', ['tests/cli/make_vision_checkpoint.py', path.join(vwork, 'gemma3v')],
             { stdio: ['ignore', 'ignore', 'inherit'] });
         vsrv = await startServer(['-m', path.join(vwork, 'gemma3v')]);
+        // router mode: the text model and the image-text one behind one server
+        rsrv = await startServer(['-m', 'models/llama-tiny', '-m', `gemma3v=${path.join(vwork, 'gemma3v')}`]);
         browser = await chromium.launch({
             executablePath: CHROMIUM,
             args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update',
@@ -148,7 +150,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
                 '--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1'],
         });
         ctx = await browser.newContext({ viewport: { width: 900, height: 640 } });
-        const ours = [srv.base, keyed.base, slow.base, vsrv.base].map((b) => new URL(b).origin);
+        const ours = [srv.base, keyed.base, slow.base, vsrv.base, rsrv.base].map((b) => new URL(b).origin);
         await ctx.route('**/*', (route) => {
             const req = route.request();
             const u = new URL(req.url());
@@ -175,6 +177,7 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         if (srv) await srv.stop();
         if (keyed) await keyed.stop();
         if (vsrv) await vsrv.stop();
+        if (rsrv) await rsrv.stop();
         if (vwork) fs.rmSync(vwork, { recursive: true, force: true });
     });
 
@@ -404,6 +407,29 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
             'the image was not given back');
         await page.click('#clear');
         assert.equal(await page.evaluate(() => document.querySelectorAll('#attached img').length), 0);
+        assert.deepEqual(external, []);
+        assert.deepEqual(problems, []);
+    });
+
+    it('router mode: a menu of the models; the Image button follows the chosen one\'s /props', async () => {
+        await page.goto(rsrv.base + '/');
+        await page.waitForFunction(() => !document.getElementById('models').hidden &&
+            document.getElementById('models').options.length === 2, null, { timeout: WAIT });
+        const opts = await page.evaluate(() => [...document.getElementById('models').options].map((o) => o.value));
+        assert.deepEqual(opts.sort(), ['gemma3v', 'llama-tiny']);
+        await page.selectOption('#models', 'gemma3v');
+        await page.waitForFunction(() => document.getElementById('model').textContent === 'gemma3v' &&
+            !document.getElementById('attach').hidden, null, { timeout: WAIT });
+        await page.selectOption('#models', 'llama-tiny');
+        await page.waitForFunction(() => document.getElementById('model').textContent === 'llama-tiny' &&
+            document.getElementById('attach').hidden, null, { timeout: WAIT });
+        await page.click('#settings summary');
+        await page.fill('#max-tokens', '6');
+        await page.click('#settings summary');
+        await send('ROMEO:');
+        await idle();
+        assert.equal(chatBodies.at(-1).model, 'llama-tiny');
+        assert.ok((await lastText()).length > 0);
         assert.deepEqual(external, []);
         assert.deepEqual(problems, []);
     });
