@@ -89,10 +89,11 @@ static __host__ __device__ __forceinline__ size_t fd_smem_floats(int R, int hd)
     return (size_t)FD_WARPS * R * hd + 2 * FD_WARPS * R + (size_t)R * hd + 2 * R + FD_MAX_SPLIT * R + R;
 }
 
-/* Keys per lane and pass: fewer for 8 heads (registers). */
-template <int R>
+/* Keys per lane and pass: 64 bytes of K and V rows a key in flight for f32, 128 for f16 / bf16
+ * (their rows take half the registers); half that for 8 heads (q and o take the registers). */
+template <class T, int R>
 struct fd_u {
-    static constexpr int U = R <= 4 ? 4 : 2;
+    static constexpr int U = R > 4 ? 2 : sizeof(T) == 2 ? 8 : 4;
 };
 
 /* grid (n_kv * n_ht, n_tok, S), clusters of (1, 1, S), FD_THREADS threads. */
@@ -100,7 +101,7 @@ template <class T, int R>
 __global__ void __launch_bounds__(FD_THREADS, 1) attn_fd_kernel(attn_args<T> a, int n_ht)
 {
     namespace cg = cooperative_groups;
-    constexpr int U = fd_u<R>::U;
+    constexpr int U = fd_u<T, R>::U;
     extern __shared__ float fd_sm[];
     cg::cluster_group cl = cg::this_cluster();
     cu_pdl_trigger();
