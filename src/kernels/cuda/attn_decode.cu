@@ -7,10 +7,11 @@
  * contiguous share of the row's keys and computes, for all R heads at once, the partial
  * softmax state (max m, sum l, output o), so each K and V row is read once per group instead
  * of once per query head (ADR 0028's kernel reads it n_rep times). Inside a block, a group of
- * LPR lanes (the power of two >= head_dim / 8) holds one key row, 8 elements a lane loaded as
- * 16-byte vectors; a warp holds 32 / LPR keys and a lane U keys at a time (several loads in
- * flight), reduces each score over its group (log2 LPR shuffles) and updates its online
- * softmax once per U keys. Groups merge by shuffles, warps through shared memory, and the
+ * LPR lanes (the power of two >= head_dim / 8) holds one key row, 8 elements a lane in 16-byte
+ * pieces; a warp holds 32 / LPR keys and a lane U keys a pass. Each lane copies its rows with
+ * cp.async into its own shared-memory stages FD_NS - 1 passes ahead (HBM's latency behind the
+ * arithmetic), reduces each score over its group (log2 LPR shuffles) and updates its online
+ * softmax once per pass. Groups merge by shuffles, warps through shared memory, and the
  * cluster's blocks through distributed shared memory: each block combines its slice of the
  * outputs over the S partials with the log-sum-exp rule (and the sink logit), so no global
  * scratch is needed and decode graphs record the kernel unchanged.
