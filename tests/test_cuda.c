@@ -428,6 +428,67 @@ static void test_attention(void **state)
     backend_free(gpu);
 }
 
+/* Decode-sized calls (fewer than 32 rows) at long contexts: the flash-decoding kernel (ADR
+ * 0105, backend_opts.cuda_attn_flash), whose clusters split a row's keys into shares of at
+ * least one pass of a block (64 keys at head_dim 128 and 4 heads a group, 128 at head_dim 64),
+ * so the contexts sit on both sides of a pass and of 16 passes (the largest split); then the
+ * same cases with the option off (ADR 0028's kernel). GQA groups of 1 to 12 heads (tiles of 8),
+ * head_dims 16 to 256 (80: idle lanes), windows, sinks, soft-capping, chunks, bidirectional
+ * blocks and rows of two sequences of different lengths in one call. */
+static void test_attention_decode(void **state)
+{
+    (void)state;
+    static const struct attn_tc cases[] = {
+        {1, 1, 0, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},        /* context 1, the 8B shape */
+        {1, 1, 62, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},       /* 63: one pass - 1 */
+        {1, 1, 64, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},       /* 65: one pass + 1 */
+        {1, 1, 1022, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},     /* 1023: 16 passes - 1 */
+        {1, 1, 1024, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},     /* 1025: 16 passes + 1 */
+        {1, 1, 4999, 0, 32, 8, 128, 0, 0.0f, false, 0, 0, 0},     /* 5000 */
+        {1, 1, 2046, 0, 32, 8, 64, 0, 0.0f, false, 0, 0, 0},      /* the 1B shape: 2047 */
+        {1, 1, 2048, 0, 32, 8, 64, 0, 0.0f, false, 0, 0, 0},      /* 2049 */
+        {1, 1, 4999, 0, 32, 8, 64, 0, 0.0f, false, 0, 0, 0},      /* 5000 */
+        {5, 3, 4000, 100, 16, 4, 64, 0, 0.0f, false, 0, 0, 0},    /* rows of two lengths */
+        {4, 2, 3000, 9, 8, 2, 128, 1000, 30.0f, true, 0, 0, 0},   /* window, soft-cap, sinks */
+        {2, 2, 3000, 0, 8, 2, 64, 0, 0.0f, false, 1024, 0, 0},    /* chunks */
+        {20, 20, 500, 0, 8, 2, 64, 0, 0.0f, false, 0, 5, 15},     /* a bidirectional block */
+        {1, 1, 2000, 0, 16, 2, 128, 0, 0.0f, true, 0, 0, 0},      /* 8 heads a group */
+        {2, 1, 1500, 40, 24, 2, 64, 0, 0.0f, false, 0, 0, 0},     /* 12: tiles of 8 and 4 */
+        {3, 3, 700, 0, 4, 4, 64, 0, 0.0f, true, 0, 0, 0},         /* MHA */
+        {2, 2, 900, 0, 6, 2, 32, 0, 0.0f, false, 0, 0, 0},        /* 3 heads a group */
+        {2, 2, 1200, 0, 8, 2, 80, 64, 0.0f, false, 0, 0, 0},      /* head_dim 80 */
+        {1, 1, 1500, 0, 8, 1, 256, 0, 50.0f, true, 0, 0, 0},      /* head_dim 256 */
+        {2, 2, 600, 0, 4, 2, 16, 0, 0.0f, false, 0, 0, 0},        /* head_dim 16 */
+        {31, 31, 3000, 0, 8, 2, 128, 0, 0.0f, false, 0, 0, 0},    /* 31 rows, the most */
+    };
+    static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
+    struct backend *gpu = NULL, *cpu = NULL;
+    open_pair(&gpu, &cpu);
+    for (int flash = 1; flash >= 0; flash--) {
+        if (!flash) { /* the same on ADR 0028's kernel */
+            struct backend_opts o = *test_backend_opts();
+            struct err e = {0};
+            o.cuda_attn_flash = false;
+            backend_free(gpu);
+            assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
+        }
+        double worst = 0;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+                double r = attn_case(cpu, gpu, &cases[c], dts[i]);
+                if (r > 1e-4)
+                    fail_msg("decode attention case %zu (%d rows at %d, head_dim %d) %s, flash %d: "
+                             "rel err %.3g", c, cases[c].n_tok, cases[c].pos0, cases[c].hd,
+                             dtype_name(dts[i]), flash, r);
+                worst = fmax(worst, r);
+            }
+        printf("cuda decode attention (flash-decoding %s): %zu cases x 3 cache types, worst rel err "
+               "%.2e\n", flash ? "on" : "off", sizeof cases / sizeof cases[0], worst);
+    }
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- Mamba's selective scan ----
 
 /* One case of the scan against the CPU scalar backend: n_tok rows of 3 sequences interleaved
@@ -804,6 +865,7 @@ static void test_graph_decode(void **state)
 static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_linear_formats),
     cmocka_unit_test(test_attention),
+    cmocka_unit_test(test_attention_decode),
     cmocka_unit_test(test_gated_delta),
     cmocka_unit_test(test_ssd_scan),
     cmocka_unit_test(test_graph_decode),

@@ -28,6 +28,9 @@
  *            to hide their latency), and block 0 merges the blocks' partials
  *            through distributed shared memory. MLXCEL_CUDA_ATTN_SPLIT=0: one
  *            block per (row, head), the same per-key loop (attn_kernel<false>).
+ *            Both serve decode only where attn_decode.cu's flash-decoding (ADR 0105:
+ *            K/V read once per KV group) does not: MLXCEL_CUDA_ATTN_FLASH=0, head_dims
+ *            that are not a multiple of 8, a device without clusters.
  */
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -36,7 +39,7 @@
 #include <math.h>
 #include <mma.h>
 
-#include "cuda_impl.h"
+#include "attn_common.cuh"
 
 #define ATTN_WARPS 8
 #define HD_PER_LANE 8   /* head_dim up to 256 */
@@ -87,13 +90,6 @@ void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int he
 
 // ---- KV store ----
 
-/* A cache element from / to f32 (F32, F16 or BF16 caches; rounding to nearest even). */
-__device__ __forceinline__ float kv_ld(const float *p) { return *p; }
-__device__ __forceinline__ float kv_ld(const __half *p) { return __half2float(*p); }
-__device__ __forceinline__ float kv_ld(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void kv_st(float *p, float x) { *p = x; }
-__device__ __forceinline__ void kv_st(__half *p, float x) { *p = __float2half_rn(x); }
-__device__ __forceinline__ void kv_st(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
 
 template <class T>
 __global__ void kv_store_kernel(T *kc, T *vc, int k_dim, int v_dim, const float *k, int ldk,
@@ -134,45 +130,6 @@ void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, 
 
 // ---- attention ----
 
-template <class T>
-struct attn_args {
-    float *out;
-    const float *q;
-    int ldo, ldq;
-    const T *kc, *vc;
-    int k_dim, v_dim;
-    const int32_t *pos, *table, *tables;
-    int bs;
-    int n_head, n_rep, hd;
-    float scale, softcap;
-    int window;
-    const float *sinks;
-    int chunk;
-    const int32_t *span;     /* [n_tok][2] bidirectional blocks, or NULL (kv_rows.span) */
-};
-
-/* The first key a query at position p attends: past the window and the chunk (backend.h). */
-template <class T>
-__device__ __forceinline__ int attn_lo(const attn_args<T> &a, int p)
-{
-    int lo = a.window > 0 && p + 1 > a.window ? p + 1 - a.window : 0;
-    int c0 = a.chunk > 0 ? p - p % a.chunk : 0;
-    return c0 > lo ? c0 : lo;
-}
-
-/* Keys [lo, hi) of query row t at position p: the causal range, widened to the row's
- * bidirectional block where the rows have them (kv_rows.span). */
-template <class T>
-__device__ __forceinline__ void attn_range(const attn_args<T> &a, int t, int p, int &lo, int &hi)
-{
-    hi = p + 1;
-    lo = attn_lo(a, p);
-    if (a.span) {
-        int s0 = a.span[2 * t], s1 = a.span[2 * t + 1] + 1;
-        lo = s0 < lo ? s0 : lo;
-        hi = s1 > hi ? s1 : hi;
-    }
-}
 
 /* Lane's share of q (dims lane + 32 i) into qv, and the output o zeroed. */
 template <class T>
@@ -747,6 +704,8 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
         fa_launch<T, 128>(c, a, ap->n_head, n_tok);
     else if (n_tok >= ATTN_PIECES_MIN_TOK)
         cu_launch(c, attn_kernel<T, true>, grid, dim3(32 * ATTN_WARPS), a);
+    else if (cu_attn_decode(c, out, ldo, q, ldq, kv, rows, n_tok, ap))
+        return;
     else if (c->attn_split)
         cu_launch(c, attn_split_kernel<T>, dim3(ap->n_head, n_tok, ATTN_SPLIT), dim3(32 * ATTN_WARPS), a);
     else

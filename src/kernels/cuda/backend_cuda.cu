@@ -380,6 +380,8 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     c->mma_max_tok = o->cuda_mma_max_tokens;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         c->n_sm = 0;
+    c->attn_flash = o->cuda_attn_flash;
+    cu_attn_decode_init(c);
     c->be.graphs = o->cuda_graphs;
     c->be.impl = c;
     *out = &c->be;

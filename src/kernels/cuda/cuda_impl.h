@@ -42,6 +42,9 @@ struct cuda_backend {
     bool pdl;                   /* cu_launch lets kernels start early (backend_opts.cuda_pdl) */
     bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
+    bool attn_flash;            /* decode attention split-K per KV group (backend_opts.cuda_attn_flash) */
+    int fd_ncl[3][4][5];        /* attn_decode.cu: clusters of 1..16 blocks the device runs at once,
+                                 * per cache type (F32, F16, BF16) and heads a block (1, 2, 4, 8) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
     int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
     int n_sm;                   /* multiprocessors of the device */
@@ -127,6 +130,14 @@ void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, 
 void cu_attention(struct backend *be, float *out, int ldo, const float *q, int ldq,
                   const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
                   const struct attn_params *ap);
+/* attn_decode.cu: flash-decoding (ADR 0105). init (at creation) sets the kernels' attributes and
+ * measures the clusters the device runs; cu_attn_decode launches decode attention split along
+ * the keys and grouped by KV head, or returns false where it does not serve the call (option
+ * off, no clusters, head_dim not a multiple of 8 or over 256, unaligned cache rows). */
+void cu_attn_decode_init(struct cuda_backend *c);
+bool cu_attn_decode(struct cuda_backend *c, float *out, int ldo, const float *q, int ldq,
+                    const struct kv_layer *kv, const struct kv_rows *rows, int n_tok,
+                    const struct attn_params *ap);
 
 /* moe.cu */
 void cu_moe_route(struct backend *be, enum router_kind kind, int32_t *sel, float *w,
