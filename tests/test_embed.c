@@ -247,7 +247,10 @@ static void rerank_case(void **state)
         double err = fabs(scores[i] - ref[i]) / fmax(fabs(ref[i]), 1e-6);
         /* the logit: sigmoid's inverse of the score is ill-conditioned near 0 / 1 */
         double el = fabs(log(scores[i] / (1 - scores[i])) - lg[i]) / fmax(fabs(lg[i]), 1.0);
-        if (err > REL_TOL || el > REL_TOL || fabsf(alone - scores[i]) > 1e-5f * fmaxf(fabsf(alone), 1e-3f))
+        /* batched vs alone: 1e-5 of the score on the CPU; a GPU's products sum in another order
+         * per batch shape (1.4e-5 on the H100 for modernbert_ce), held to REL_TOL as above */
+        float tol = backend_is_cpu(c.be) ? 1e-5f : (float)REL_TOL;
+        if (err > REL_TOL || el > REL_TOL || fabsf(alone - scores[i]) > tol * fmaxf(fabsf(alone), 1e-3f))
             fail_msg("%s pair %d: score %.9g vs %.9g (logit %.9g), alone %.9g", name, i, (double)scores[i],
                      (double)ref[i], (double)lg[i], (double)alone);
         worst = fmax(worst, err);
