@@ -7,11 +7,10 @@
  * contiguous share of the row's keys and computes, for all R heads at once, the partial
  * softmax state (max m, sum l, output o), so each K and V row is read once per group instead
  * of once per query head (ADR 0028's kernel reads it n_rep times). Inside a block, a group of
- * LPR lanes (the power of two >= head_dim / 8) holds one key row, 8 elements a lane in 16-byte
- * pieces; a warp holds 32 / LPR keys and a lane U keys a pass. Each lane copies its rows with
- * cp.async into its own shared-memory stages FD_NS - 1 passes ahead (HBM's latency behind the
- * arithmetic), reduces each score over its group (log2 LPR shuffles) and updates its online
- * softmax once per pass. Groups merge by shuffles, warps through shared memory, and the
+ * LPR lanes (the power of two >= head_dim / 8) holds one key row, 8 elements a lane loaded as
+ * 16-byte vectors; a warp holds 32 / LPR keys and a lane U keys at a time (several loads in
+ * flight), reduces each score over its group (log2 LPR shuffles) and updates its online
+ * softmax once per U keys. Groups merge by shuffles, warps through shared memory, and the
  * cluster's blocks through distributed shared memory: each block combines its slice of the
  * outputs over the S partials with the log-sum-exp rule (and the sink logit), so no global
  * scratch is needed and decode graphs record the kernel unchanged.
@@ -32,7 +31,6 @@
 #define FD_EPL 8         /* elements of a head row per lane */
 #define FD_MAX_SPLIT 16  /* blocks of a cluster (16: non-portable, where the device runs it) */
 #define FD_N_SPLIT 5     /* cluster sizes 1, 2, 4, 8, 16 */
-#define FD_NS 4          /* pipeline stages: passes in flight + 1 */
 
 /* Raw vectors of a lane's 8 elements: two 16-byte words for f32, one for f16 / bf16. */
 template <class T>
@@ -41,23 +39,20 @@ struct fd_raw {
     uint4 v[NV];
 };
 
-/* 16 bytes global -> shared, asynchronously; zeros where !ok (src is then not read). */
-__device__ __forceinline__ void fd_cp16(void *dst, const void *src, bool ok)
+template <class T>
+__device__ __forceinline__ void fd_load(fd_raw<T> &r, const T *p)
 {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0)
-                 : "memory");
+#pragma unroll
+    for (int i = 0; i < fd_raw<T>::NV; i++)
+        r.v[i] = __ldg(reinterpret_cast<const uint4 *>(p) + i);
 }
 
-__device__ __forceinline__ void fd_cp_commit()
+template <class T>
+__device__ __forceinline__ void fd_zero(fd_raw<T> &r)
 {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void fd_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#pragma unroll
+    for (int i = 0; i < fd_raw<T>::NV; i++)
+        r.v[i] = make_uint4(0, 0, 0, 0);
 }
 
 __device__ __forceinline__ void fd_word(unsigned u, float *x, const float *) { x[0] = __uint_as_float(u); }
@@ -86,29 +81,20 @@ __device__ __forceinline__ void fd_cvt(const fd_raw<T> &r, float (&x)[FD_EPL])
     }
 }
 
-/* Keys per lane and pass: 64 bytes of a key's K and V rows (f32), 32 (f16 / bf16) each; 2 keys
- * for f32 or 8 heads a block (registers), 4 for f16 / bf16. */
+/* Shared memory of a block (floats): the warps' partials wo[W][R][hd], wm[W][R], wl[W][R]; the
+ * block's bo[R][hd], bm[R], bl[R] (read by the cluster); the merge factors fac[S][R] and the
+ * sums sl[R]. */
+static __host__ __device__ __forceinline__ size_t fd_smem_floats(int R, int hd)
+{
+    return (size_t)FD_WARPS * R * hd + 2 * FD_WARPS * R + (size_t)R * hd + 2 * R + FD_MAX_SPLIT * R + R;
+}
+
+/* Keys per lane and pass: 64 bytes of K and V rows a key in flight for f32, 128 for f16 / bf16
+ * (their rows take half the registers); half that for 8 heads (q and o take the registers). */
 template <class T, int R>
 struct fd_u {
-    static constexpr int U = R > 4 || sizeof(T) == 4 ? 2 : 4;
+    static constexpr int U = R > 4 ? 2 : sizeof(T) == 2 ? 8 : 4;
 };
-
-/* Shared memory of a block: the passes in flight, FD_NS stages of each lane's U keys (K and V
- * rows, raw), then (floats) the warps' partials wo[W][R][hd], wm[W][R], wl[W][R]; the block's
- * bo[R][hd], bm[R], bl[R] (read by the cluster); the merge factors fac[S][R] and the sums
- * sl[R]. */
-template <class T, int R>
-static __host__ __device__ __forceinline__ size_t fd_pipe_bytes()
-{
-    return (size_t)FD_NS * fd_u<T, R>::U * 2 * fd_raw<T>::NV * 16 * FD_THREADS;
-}
-
-template <class T, int R>
-static __host__ __device__ __forceinline__ size_t fd_smem_bytes(int hd)
-{
-    return fd_pipe_bytes<T, R>() + sizeof(float) * ((size_t)FD_WARPS * R * hd + 2 * FD_WARPS * R +
-                                                  (size_t)R * hd + 2 * R + FD_MAX_SPLIT * R + R);
-}
 
 /* grid (n_kv * n_ht, n_tok, S), clusters of (1, 1, S), FD_THREADS threads. */
 template <class T, int R>
@@ -116,7 +102,7 @@ __global__ void __launch_bounds__(FD_THREADS, 1) attn_fd_kernel(attn_args<T> a, 
 {
     namespace cg = cooperative_groups;
     constexpr int U = fd_u<T, R>::U;
-    extern __shared__ __align__(16) uint4 fd_sm[];
+    extern __shared__ float fd_sm[];
     cg::cluster_group cl = cg::this_cluster();
     cu_pdl_trigger();
     cu_pdl_wait();
@@ -154,49 +140,21 @@ __global__ void __launch_bounds__(FD_THREADS, 1) attn_fd_kernel(attn_args<T> a, 
     }
     const int32_t *tab = a.tables + a.table[t];
     const T *kb = a.kc + (size_t)g * hd + d0, *vb = a.vc + (size_t)g * hd + d0;
-    /* each lane's own pipeline: pass p's rows copied into stage p % FD_NS by cp.async FD_NS - 1
-     * passes ahead, read back by the same lane (no barrier); a warp's pass count is uniform
-     * (the shuffles below) */
-    constexpr int NV = fd_raw<T>::NV;
-    uint4 *pipe = reinterpret_cast<uint4 *>(fd_sm);
-    const int wfirst = klo + w * kpw;
-    const int n_pass = wfirst < khi ? (khi - wfirst + step - 1) / step : 0;
-    auto at = [&](int st, int u, int kv, int i) -> uint4 * {
-        return &pipe[(size_t)(((st * U + u) * 2 + kv) * NV + i) * FD_THREADS + tid];
-    };
-    auto issue = [&](int p) {
-        if (p < n_pass && act) {
-            const int st = p % FD_NS;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int j = klo + p * step + gid + ng * u;
-                const bool ok = j < khi;
-                const size_t sl = ok ? (size_t)tab[j / a.bs] * a.bs + j % a.bs : 0;
-#pragma unroll
-                for (int i = 0; i < NV; i++) {
-                    fd_cp16(at(st, u, 0, i), kb + sl * a.k_dim + i * (16 / sizeof(T)), ok);
-                    fd_cp16(at(st, u, 1, i), vb + sl * a.v_dim + i * (16 / sizeof(T)), ok);
-                }
-            }
-        }
-        fd_cp_commit();
-    };
-#pragma unroll
-    for (int p = 0; p < FD_NS - 1; p++)
-        issue(p);
-    for (int p = 0; p < n_pass; p++) {
-        issue(p + FD_NS - 1);
-        fd_cp_wait<FD_NS - 1>(); /* pass p's copies have landed */
-        const int st = p % FD_NS;
+    /* the warp's first key decides (uniform across the warp: the shuffles below) */
+    for (int jb = klo; jb + w * kpw < khi; jb += step) {
         fd_raw<T> kr[U], vr[U];
         bool ok[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            ok[u] = klo + p * step + gid + ng * u < khi;
-#pragma unroll
-            for (int i = 0; i < NV; i++) {
-                kr[u].v[i] = act ? *at(st, u, 0, i) : make_uint4(0, 0, 0, 0);
-                vr[u].v[i] = act ? *at(st, u, 1, i) : make_uint4(0, 0, 0, 0);
+            const int j = jb + gid + ng * u;
+            ok[u] = j < khi;
+            if (ok[u] && act) {
+                const size_t sl = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+                fd_load(kr[u], kb + sl * a.k_dim);
+                fd_load(vr[u], vb + sl * a.v_dim);
+            } else {
+                fd_zero(kr[u]);
+                fd_zero(vr[u]);
             }
         }
         float s[R][U];
@@ -265,7 +223,6 @@ __global__ void __launch_bounds__(FD_THREADS, 1) attn_fd_kernel(attn_args<T> a, 
                     o[r][e] += s[r][u] * vf[e];
         }
     }
-    fd_cp_wait<0>();
 
     /* the warp's groups merged (every lane of a group holds the same m, l) */
     for (int off = lpr; off < 32; off *= 2)
@@ -283,8 +240,7 @@ __global__ void __launch_bounds__(FD_THREADS, 1) attn_fd_kernel(attn_args<T> a, 
             m[r] = M;
         }
 
-    float *wo = reinterpret_cast<float *>(reinterpret_cast<char *>(fd_sm) + fd_pipe_bytes<T, R>());
-    float *wm = wo + (size_t)FD_WARPS * R * hd, *wl = wm + FD_WARPS * R;
+    float *wo = fd_sm, *wm = wo + (size_t)FD_WARPS * R * hd, *wl = wm + FD_WARPS * R;
     float *bo = wl + FD_WARPS * R, *bm = bo + (size_t)R * hd, *bl = bm + R;
     float *fac = bl + R, *sl = fac + FD_MAX_SPLIT * R;
     if (lane < lpr && act)
@@ -381,7 +337,7 @@ template <class T, int R>
 static void fd_probe(struct cuda_backend *c, int *n)
 {
     void (*k)(attn_args<T>, int) = attn_fd_kernel<T, R>;
-    size_t smem = fd_smem_bytes<T, R>(32 * FD_EPL);
+    size_t smem = fd_smem_floats(R, 32 * FD_EPL) * sizeof(float);
     for (int i = 0; i < FD_N_SPLIT; i++)
         n[i] = 0;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
@@ -470,7 +426,7 @@ static void fd_launch(struct cuda_backend *c, const attn_args<T> &a, int n_kv, i
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(n_kv * n_ht), (unsigned)n_tok, (unsigned)S);
     cfg.blockDim = dim3(FD_THREADS);
-    cfg.dynamicSmemBytes = fd_smem_bytes<T, R>(a.hd);
+    cfg.dynamicSmemBytes = fd_smem_floats(R, a.hd) * sizeof(float);
     cfg.stream = c->st;
     cfg.attrs = at;
     cfg.numAttrs = 2;
