@@ -342,9 +342,9 @@ static void check_case(void **state)
 // ---- transformers 4's and mlx-vlm's layout ----
 
 /* Case name's checkpoint as mlx-vlm (and transformers 4) store it, at dst: config.json as it
- * is, tensors renamed (model.language_model. -> language_model.model., lm_head. ->
- * language_model.lm_head., model.vision_tower. -> vision_tower., model.multi_modal_projector. ->
- * multi_modal_projector.), the patch conv channels-last [out, p, p, C] (mlx-vlm's sanitize). */
+ * is, the tower under vision_tower.vision_model. (CLIPVisionModel's own module; transformers
+ * 5.17 writes vision_tower.*), the text model under language_model.model. / language_model.lm_head.,
+ * the patch conv channels-last [out, p, p, C] (mlx-vlm's sanitize). */
 static void write_mlx_vlm(const char *name, const char *dst)
 {
     struct err e = {0};
@@ -371,7 +371,8 @@ static void write_mlx_vlm(const char *name, const char *dst)
     assert_true(ents && names && data);
     static const char *const from[][2] = {
         {"model.language_model.", "language_model.model."}, {"lm_head.", "language_model.lm_head."},
-        {"model.vision_tower.", "vision_tower."}, {"model.multi_modal_projector.", "multi_modal_projector."},
+        {"model.vision_tower.", "vision_tower.vision_model."}, {"vision_tower.", "vision_tower.vision_model."},
+        {"model.multi_modal_projector.", "multi_modal_projector."},
     };
     for (size_t i = 0; i < n; i++) {
         const struct st_tensor *t = st_set_at(s, i);

@@ -14,8 +14,9 @@
  *   language   the rows replace the embeddings of the image_token_index tokens (masked_scatter),
  *              causal attention throughout (no image mask)
  *
- * Tensors: transformers 5's model.vision_tower.vision_model.* / model.multi_modal_projector.*,
- * or transformers 4's and mlx-vlm's vision_tower.vision_model.* / multi_modal_projector.*
+ * Tensors: transformers 5.17's vision_tower.* (the CLIP transformer itself) /
+ * multi_modal_projector.*, or transformers 4's and mlx-vlm's vision_tower.vision_model.*, each
+ * also under "model."
  * (mlx-vlm stores the patch conv channels-last; vision_blocks reads either).
  * A list of feature layers (features of several layers concatenated, as VipLlava-style configs
  * give) is refused.
@@ -111,11 +112,15 @@ static int parse_top(struct vision *v, struct llava_proj *lp, const struct model
 
 static int llava_vision_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model."};
-    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector."};
+    /* transformers 4's and mlx-vlm's CLIPVisionModel holds the transformer as .vision_model;
+     * transformers 5.17's is the transformer itself */
+    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
+                                         "model.vision_tower.", "vision_tower."};
+    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector.",
+                                        "model.multi_modal_projector.", "multi_modal_projector."};
     struct wmap w = {m->st, &m->hp.quant};
     int rc, which = -1;
-    for (int i = 0; i < 2 && which < 0; i++)
+    for (int i = 0; i < 4 && which < 0; i++)
         if (wm_has(&w, "%sembeddings.patch_embedding.weight", towers[i]))
             which = i;
     if (which < 0) {
