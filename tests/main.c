@@ -67,6 +67,7 @@
     X(vision)     \
     X(lora)       \
     X(qwen_vl)    \
+    X(llava)      \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

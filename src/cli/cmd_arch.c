@@ -62,7 +62,7 @@ int cmd_arch(int argc, char **argv)
             const struct model_ops *t = wrapper_text(v->model_type);
             cJSON *o = cJSON_CreateObject();
             cJSON_AddStringToObject(o, "model_type", v->model_type);
-            cJSON_AddStringToObject(o, "family", t ? t->family : "?");
+            cJSON_AddStringToObject(o, "family", t ? t->family : v->text_family ? v->text_family : "?");
             cJSON_AddBoolToObject(o, "images", true);
             cJSON_AddStringToObject(o, "description", v->description);
             cJSON_AddItemToArray(arr, o);
@@ -85,7 +85,8 @@ int cmd_arch(int argc, char **argv)
     for (size_t i = 0; i < vision_count(); i++) {
         const struct vision_ops *v = vision_at(i);
         const struct model_ops *t = wrapper_text(v->model_type);
-        printf("%-14s %-10s images: %s\n", v->model_type, t ? t->family : "?", v->description);
+        printf("%-14s %-10s images: %s\n", v->model_type, t ? t->family : v->text_family ? v->text_family : "?",
+               v->description);
     }
     return CLI_EXIT_OK;
 }

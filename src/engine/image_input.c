@@ -31,12 +31,17 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
     const struct vision_info *vi = &m->vision->info;
     if ((rc = image_proc_config_load(&su->cfg, dir, m->hp.model_type, e)) < 0)
         return rc;
-    if (tok && ((rc = piece(tok, vi->boi_token_id, "start-of-image", su->boi, sizeof su->boi, e)) < 0 ||
+    /* a model without start/end-of-image tokens (LLaVA: boi_token_id -1) leaves them empty */
+    if (tok && ((vi->boi_token_id >= 0 &&
+                 (rc = piece(tok, vi->boi_token_id, "start-of-image", su->boi, sizeof su->boi, e)) < 0) ||
                 (rc = piece(tok, vi->image_token_id, "image", su->image, sizeof su->image, e)) < 0 ||
-                (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0))
+                (vi->eoi_token_id >= 0 &&
+                 (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0)))
         return rc;
     su->has_text = tok != NULL;
-    if (su->has_text && vi->merge > 0) {
+    /* the image token itself is the placeholder the processor expands: Qwen's <|image_pad|>,
+     * LLaVA's <image> (no start-of-image token); Gemma 3's is its <start_of_image> */
+    if (su->has_text && (vi->merge > 0 || vi->boi_token_id < 0)) {
         snprintf(su->placeholder, sizeof su->placeholder, "%s", su->image);
         snprintf(su->bare, sizeof su->bare, "%s%s%s", su->boi, su->image, su->eoi);
     } else {

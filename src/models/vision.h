@@ -53,6 +53,9 @@ struct vision_ctx;
 struct vision_ops {
     const char *model_type;     /* the wrapper's config.json model_type */
     const char *description;    /* one line */
+    /* The text family `mlxcel arch` shows where no "<model_type>_text" one is registered (LLaVA:
+     * text_config's model_type, llama by default); NULL: that one. */
+    const char *text_family;
     /* Parse cfg (the whole config.json) and bind the tower and projector from m->st (with
      * m->hp.quant), filling v->info, v->vh, v->vw and v->family: 0, or 1 (e->msg saying what
      * is absent) when the checkpoint holds no vision tower at all; any error of a tower that

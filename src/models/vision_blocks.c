@@ -3,7 +3,8 @@
  * canonical slots of struct layer; the forward runs one image as one "sequence" of n_patch
  * rows through blk_attention, whose kv_rows give every patch the whole image as its
  * bidirectional span (kv_rows.span), over a K/V buffer of the image's own (one block of
- * n_patch slots, reused by every layer: a layer's K/V are not read after it).
+ * n_pos slots, reused by every layer: a layer's K/V are not read after it). CLIP (LLaVA)
+ * adds a class row before the patches, pre_layrnorm and quick_gelu.
  */
 #include "vision_blocks.h"
 
@@ -40,22 +41,34 @@ static int parse_act(const char *name, enum act_kind *out, struct err *e)
     return 0;
 }
 
-int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
+/* A ViT vision_config with these defaults for absent keys. */
+struct vit_defaults {
+    int patch_size;
+    float norm_eps;
+    const char *act;
+    bool cls;
+};
+
+static int vit_parse(struct vit_hparams *vh, const cJSON *vc, const struct vit_defaults *d, struct err *e)
 {
     char act[64];
     int rc;
     memset(vh, 0, sizeof *vh);
-    /* transformers SiglipVisionConfig defaults */
     if ((rc = cfg_opt_int(vc, "hidden_size", 768, &vh->n_embd, e)) < 0 ||
         (rc = cfg_opt_int(vc, "intermediate_size", 3072, &vh->n_ff, e)) < 0 ||
         (rc = cfg_opt_int(vc, "num_hidden_layers", 12, &vh->n_layer, e)) < 0 ||
         (rc = cfg_opt_int(vc, "num_attention_heads", 12, &vh->n_head, e)) < 0 ||
         (rc = cfg_opt_int(vc, "num_channels", 3, &vh->n_channels, e)) < 0 ||
         (rc = cfg_opt_int(vc, "image_size", 224, &vh->image_size, e)) < 0 ||
-        (rc = cfg_opt_int(vc, "patch_size", 16, &vh->patch_size, e)) < 0 ||
-        (rc = cfg_opt_float(vc, "layer_norm_eps", 1e-6f, &vh->norm_eps, e)) < 0 ||
-        (rc = cfg_opt_str(vc, "hidden_act", "gelu_pytorch_tanh", act, sizeof act, e)) < 0 ||
-        (rc = parse_act(act, &vh->act, e)) < 0)
+        (rc = cfg_opt_int(vc, "patch_size", d->patch_size, &vh->patch_size, e)) < 0 ||
+        (rc = cfg_opt_float(vc, "layer_norm_eps", d->norm_eps, &vh->norm_eps, e)) < 0 ||
+        (rc = cfg_opt_str(vc, "hidden_act", d->act, act, sizeof act, e)) < 0)
+        return err_prefix(e, "vision_config");
+    /* quick_gelu: CLIP's (SigLIP configs do not use it) */
+    vh->quick_gelu = d->cls && strcmp(act, "quick_gelu") == 0;
+    if (vh->quick_gelu)
+        vh->act = ACT_SIGMOID;
+    else if ((rc = parse_act(act, &vh->act, e)) < 0)
         return err_prefix(e, "vision_config");
     if (vh->n_embd < 1 || vh->n_embd > VIT_MAX_EMBD || vh->n_ff < 1 || vh->n_ff > VIT_MAX_FF ||
         vh->n_layer < 1 || vh->n_layer > VIT_MAX_LAYERS || vh->n_head < 1 || vh->n_embd % vh->n_head)
@@ -76,7 +89,23 @@ int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
     if (vh->n_patch > VIT_MAX_PATCHES || vh->head_dim > 256)
         return err_setf(e, ERR_CONFIG, "vision_config: %d patches (at most %d) or head dim %d (at most "
                         "256)", vh->n_patch, VIT_MAX_PATCHES, vh->head_dim);
+    vh->cls = d->cls;
+    vh->n_pos = vh->n_patch + (d->cls ? 1 : 0);
     return 0;
+}
+
+int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
+{
+    /* transformers SiglipVisionConfig defaults */
+    static const struct vit_defaults d = {16, 1e-6f, "gelu_pytorch_tanh", false};
+    return vit_parse(vh, vc, &d, e);
+}
+
+int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
+{
+    /* transformers CLIPVisionConfig defaults */
+    static const struct vit_defaults d = {32, 1e-5f, "quick_gelu", true};
+    return vit_parse(vh, vc, &d, e);
 }
 
 // ---- weights ----
@@ -100,8 +129,9 @@ static int map_patch(struct vit_weights *vw, struct wmap *w, const struct vit_hp
     const char *keep = vw->patch_w.name;
     tensor_init(&vw->patch_w, vw->patch_w.dtype, vw->patch_w.data, 2, mat);
     vw->patch_w.name = keep;
-    int64_t pos[2] = {vh->n_patch, D};
-    if ((rc = wm_vec(w, &vw->patch_b, WM_REQUIRED, D, e, "%sembeddings.patch_embedding.bias", prefix)) < 0 ||
+    int64_t pos[2] = {vh->n_pos, D};
+    /* CLIP's patch conv has no bias */
+    if ((rc = wm_vec(w, &vw->patch_b, !vh->cls, D, e, "%sembeddings.patch_embedding.bias", prefix)) < 0 ||
         (rc = wm_tensor(w, &vw->pos_embd, WM_REQUIRED, 2, pos, e, "%sembeddings.position_embedding.weight",
                         prefix)) < 0)
         return rc;
@@ -154,6 +184,32 @@ int vit_map_siglip(struct vit_weights *vw, struct wmap *w, const struct vit_hpar
     return 0;
 }
 
+int vit_map_clip(struct vit_weights *vw, struct wmap *w, const struct vit_hparams *vh, const char *prefix,
+                 struct err *e)
+{
+    int rc;
+    memset(vw, 0, sizeof *vw);
+    vw->layers = calloc(vh->n_layer > 0 ? (size_t)vh->n_layer : 1, sizeof *vw->layers);
+    if (!vw->layers)
+        return err_setf(e, ERR_NOMEM, "out of memory");
+    if (!vh->cls)
+        return err_setf(e, ERR_ARG, "vit_map_clip: hparams without the class row (vit_parse_clip)");
+    if ((rc = map_patch(vw, w, vh, prefix, e)) < 0 ||
+        (rc = wm_vec(w, &vw->class_embd, WM_REQUIRED, vh->n_embd, e, "%sembeddings.class_embedding", prefix)) < 0 ||
+        (rc = wm_vec(w, &vw->pre_norm, WM_REQUIRED, vh->n_embd, e, "%spre_layrnorm.weight", prefix)) < 0 ||
+        (rc = wm_vec(w, &vw->pre_norm_b, WM_REQUIRED, vh->n_embd, e, "%spre_layrnorm.bias", prefix)) < 0)
+        return rc;
+    /* the class embedding as a one-row table: the embed op writes it into row 0 */
+    int64_t one[2] = {1, vh->n_embd};
+    const char *keep = vw->class_embd.name;
+    tensor_init(&vw->class_embd, vw->class_embd.dtype, vw->class_embd.data, 2, one);
+    vw->class_embd.name = keep;
+    for (int il = 0; il < vh->n_layer; il++)
+        if ((rc = map_layer(&vw->layers[il], w, vh, prefix, il, e)) < 0)
+            return rc;
+    return 0;
+}
+
 void vit_weights_free(struct vit_weights *vw)
 {
     free(vw->layers);
@@ -163,7 +219,8 @@ void vit_weights_free(struct vit_weights *vw)
 void vit_each_weight(struct vit_weights *vw, const struct vit_hparams *vh,
                      void (*fn)(void *ud, struct tensor *t, bool linear), void *ud)
 {
-    struct tensor *top[] = {&vw->patch_w, &vw->patch_b, &vw->pos_embd, &vw->post_norm, &vw->post_norm_b};
+    struct tensor *top[] = {&vw->patch_w, &vw->patch_b, &vw->pos_embd, &vw->post_norm, &vw->post_norm_b,
+                            &vw->class_embd, &vw->pre_norm, &vw->pre_norm_b};
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (tensor_is_present(top[i]))
             fn(ud, top[i], i == 0);
@@ -192,7 +249,7 @@ static void *carve(char *base, size_t *off, size_t n)
 static size_t vit_layout(struct vit_ctx *vc, char *base)
 {
     const struct vit_hparams *vh = vc->vh;
-    size_t P = (size_t)vh->n_patch, D = (size_t)vh->n_embd, off = 0;
+    size_t P = (size_t)vh->n_pos, D = (size_t)vh->n_embd, off = 0;
     size_t cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
     struct ctx_bufs b = {0};
     b.x = carve(base, &off, P * D);
@@ -202,9 +259,10 @@ static size_t vit_layout(struct vit_ctx *vc, char *base)
     b.o = carve(base, &off, P * D);
     b.f = carve(base, &off, P * D);
     b.h = carve(base, &off, P * (size_t)vh->n_ff);
+    b.h1 = vh->quick_gelu ? carve(base, &off, P * (size_t)vh->n_ff) : NULL;
     b.meta = carve(base, &off, 6 * P + 1);
     float *k = carve(base, &off, P * D), *v = carve(base, &off, P * D);
-    float *patches = carve(base, &off, P * cpp);
+    float *patches = carve(base, &off, (size_t)vh->n_patch * cpp);
     if (base) {
         vc->b = b;
         vc->kv = (struct kv_layer){k, v, (int)D, (int)D, DTYPE_F32};
@@ -217,7 +275,7 @@ static size_t vit_layout(struct vit_ctx *vc, char *base)
  * span the whole image: uploaded once. */
 static void vit_rows(struct vit_ctx *vc, int32_t *host)
 {
-    int P = vc->vh->n_patch;
+    int P = vc->vh->n_pos;
     int32_t *pos = host, *slot = pos + P, *tab = slot + P, *end = tab + P, *span = end + P;
     int32_t *tables = span + 2 * P;
     for (int i = 0; i < P; i++) {
@@ -244,10 +302,10 @@ int vit_ctx_new(struct vit_ctx **out, const struct vit_hparams *vh, const struct
     vc->vh = vh;
     vc->vw = vw;
     vc->be = be;
-    size_t P = (size_t)vh->n_patch, cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
+    size_t P = (size_t)vh->n_pos, cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
     size_t bytes = vit_layout(vc, NULL);
     int32_t *meta = malloc((6 * P + 1) * sizeof *meta);
-    vc->patches_host = malloc(P * cpp * sizeof *vc->patches_host);
+    vc->patches_host = malloc((size_t)vh->n_patch * cpp * sizeof *vc->patches_host);
     if (!meta || !vc->patches_host) {
         free(meta);
         vit_ctx_free(vc);
@@ -311,16 +369,24 @@ void vit_forward(struct vit_ctx *vc, const float *pixels)
     struct backend *be = vc->be;
     const struct backend_ops *op = be->ops;
     const struct ctx_bufs *b = &vc->b;
-    int P = vh->n_patch, D = vh->n_embd;
+    int P = vh->n_pos, D = vh->n_embd, c = vh->cls ? 1 : 0, F = vh->n_ff;
     size_t cpp = (size_t)vh->n_channels * vh->patch_size * vh->patch_size;
 
-    /* 1. patch embedding: the stride-p convolution as one product over the patches */
+    /* 1. patch embedding: the stride-p convolution as one product over the patches (after
+     *    the class row, CLIP's class_embedding, where there is one: rows.pos[0] is 0) */
     im2col(vc->patches_host, pixels, vh, vw->layout);
-    op->upload(be, vc->patches, vc->patches_host, (size_t)P * cpp * sizeof(float));
-    op->linear(be, b->x, D, vc->patches, &vw->patch_w, &vw->patch_b, P);
-    /* 2. + the position embedding of each patch (rows 0..P-1: the positions themselves) */
+    op->upload(be, vc->patches, vc->patches_host, (size_t)vh->n_patch * cpp * sizeof(float));
+    op->linear(be, b->x + (size_t)c * D, D, vc->patches, &vw->patch_w,
+               tensor_is_present(&vw->patch_b) ? &vw->patch_b : NULL, vh->n_patch);
+    if (c)
+        op->embed(be, b->x, &vw->class_embd, vc->rows.pos, 1);
+    /* 2. + the position embedding of each row (rows 0..P-1: the positions themselves) */
     op->embed(be, b->o, &vw->pos_embd, vc->rows.pos, P);
     op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
+    /* CLIP's pre_layrnorm */
+    struct blk_norm_w pre = {NORM_LAYER, vh->norm_eps, &vw->pre_norm, &vw->pre_norm_b, 0.0f};
+    if (tensor_is_present(&vw->pre_norm))
+        blk_norm(be, b->x, b->x, &pre, P, D);
     /* 3. pre-LN blocks, attention over the whole image */
     struct blk_attn_cfg ac = {
         .ap = {.n_head = vh->n_head, .n_kv_head = vh->n_head, .head_dim = vh->head_dim,
@@ -337,7 +403,16 @@ void vit_forward(struct vit_ctx *vc, const float *pixels)
         blk_attention(be, b->o, b->xn, L, &ac, &vc->kv, &vc->rows, b, P);
         op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
         blk_norm(be, b->xn, b->x, &n2, P, D);
-        blk_mlp(be, b->f, b->xn, L, vh->act, vh->n_ff, b, P);
+        if (vh->quick_gelu) {   /* fc2(quick_gelu(fc1 x)): x sigmoid(1.702 x) from scale, sigmoid, mul */
+            op->linear(be, b->h, F, b->xn, &L->up, &L->up_b, P);
+            op->copy(be, b->h1, b->h, (size_t)P * F * sizeof(float));
+            op->scale(be, b->h1, F, 1.702f, P, F);
+            op->act(be, ACT_SIGMOID, b->h1, F, P, F);
+            op->mul(be, b->h, F, b->h, F, b->h1, F, P, F);
+            op->linear(be, b->f, D, b->h, &L->down, &L->down_b, P);
+        } else {
+            blk_mlp(be, b->f, b->xn, L, vh->act, vh->n_ff, b, P);
+        }
         op->axpy(be, b->x, D, 1.0f, b->f, D, P, D);
     }
     /* 4. post_layernorm */

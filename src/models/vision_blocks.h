@@ -36,7 +36,10 @@ struct vit_hparams {
     int side;                 /* patches per side: image_size / patch_size */
     int n_patch;              /* side * side */
     float norm_eps;           /* layer_norm_eps */
-    enum act_kind act;        /* hidden_act */
+    enum act_kind act;        /* hidden_act (unused when quick_gelu) */
+    bool quick_gelu;          /* hidden_act "quick_gelu": x sigmoid(1.702 x) (CLIP) */
+    bool cls;                 /* a class-embedding row before the patches (CLIP) */
+    int n_pos;                /* rows through the tower: n_patch + cls */
 };
 
 /* How the patch embedding's conv weight is stored: torch's [out, C, p, p], or MLX's
@@ -46,7 +49,9 @@ enum vit_patch_layout { VIT_PATCH_CHW = 0, VIT_PATCH_HWC = 1 };
 struct vit_weights {
     struct tensor patch_w;    /* [n_embd, C p p]: the conv weight as a matrix (a view) */
     struct tensor patch_b;    /* [n_embd] */
-    struct tensor pos_embd;   /* [n_patch, n_embd] */
+    struct tensor pos_embd;   /* [n_pos, n_embd] */
+    struct tensor class_embd; /* [1, n_embd] (CLIP; absent: no class row) */
+    struct tensor pre_norm, pre_norm_b;    /* [n_embd] CLIP's pre_layrnorm (absent: none) */
     struct layer *layers;     /* [n_layer], owned */
     struct tensor post_norm, post_norm_b;  /* [n_embd] (absent: none) */
     enum vit_patch_layout layout;
@@ -56,6 +61,18 @@ struct vit_weights {
  * intermediate_size, num_hidden_layers, num_attention_heads, num_channels, image_size,
  * patch_size, layer_norm_eps, hidden_act. Sizes are bounded (an untrusted config). */
 int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
+
+/* CLIP's vision_config (CLIPVisionConfig defaults: hidden 768, intermediate 3072, 12 layers,
+ * 12 heads, image 224, patch 32, quick_gelu, layer_norm_eps 1e-5), with the class row. */
+int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
+
+/* CLIPVisionTransformer's tensors under prefix (e.g. "vision_tower.vision_model."):
+ * embeddings.{class_embedding, patch_embedding (no bias), position_embedding [n_pos, D]},
+ * pre_layrnorm, encoder.layers.N (as SigLIP's) for N < vh->n_layer. post_layernorm is not
+ * bound: callers of CLIP take hidden_states[k] (LLaVA's vision_feature_layer), which it never
+ * touches; a family that keeps fewer layers sets vh->n_layer before mapping. */
+int vit_map_clip(struct vit_weights *vw, struct wmap *w, const struct vit_hparams *vh, const char *prefix,
+                 struct err *e);
 
 /* SiglipVisionTransformer's tensors under prefix (e.g. "vision_tower.vision_model."):
  * embeddings.{patch_embedding, position_embedding}, encoder.layers.N.{layer_norm1,
@@ -76,7 +93,7 @@ struct vit_ctx {
     const struct vit_weights *vw;     /* borrowed */
     struct backend *be;               /* borrowed */
     void *arena;                      /* owned backend memory */
-    struct ctx_bufs b;                /* x, xn, qkv, att, o, f, h: [n_patch, ...] */
+    struct ctx_bufs b;                /* x, xn, qkv, att, o, f, h, h1: [n_pos, ...] */
     struct kv_layer kv;               /* the image's K/V of the layer being run (F32) */
     struct kv_rows rows;              /* positions, slots, one table, spans of every patch */
     float *patches;                   /* [n_patch, C p p] backend */
@@ -88,7 +105,8 @@ int vit_ctx_new(struct vit_ctx **out, const struct vit_hparams *vh, const struct
 void vit_ctx_free(struct vit_ctx *vc);
 
 /* One image through the tower: pixels [C, S, S] (host, as the image processor gives
- * pixel_values) -> vc->b.x [n_patch, n_embd] (backend memory, post_layernorm applied).
+ * pixel_values) -> vc->b.x [n_pos, n_embd] (backend memory, post_layernorm applied where
+ * bound; CLIP: the class row first).
  * Ops may fail asynchronously (backend_sync). */
 void vit_forward(struct vit_ctx *vc, const float *pixels);
 

@@ -208,6 +208,48 @@ describe('vision: Qwen2-VL', () => {
     });
 });
 
+// LLaVA (CLIP tower, MLP projector, no start-of-image token; ADR 0110): the llava golden checkpoint
+// (its tokenizer, chat template, CLIPImageProcessor, processor_config.json). The chat template puts
+// the image before the text, as the golden's prompt: the openai and anthropic clients' answers equal
+// `mlxcel generate --image` of that prompt (tests/cli/llava.sh: transformers' greedy ids), and the
+// image's 16 rows (<image> expanded as LlavaProcessor) count in usage.
+describe('vision: LLaVA', () => {
+    const LG = 'tests/fixtures/golden/llava';
+    const gold = BIN ? JSON.parse(readFileSync(join(LG, 'golden.json'), 'utf8')) : {};
+    const LTEXT = 'What is shown here?';
+    let want;
+    let srv, oai;
+    before(async () => {
+        const pf = join(work, 'llava.prompt');
+        writeFileSync(pf, gold.prompt);
+        want = execFileSync(BIN, ['generate', '-m', LG, '--image', join(IMG, 'vis_photo.jpg'), '-f', pf, '--no-chat',
+            '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+        srv = await startServer(['-m', LG]);
+        oai = client(srv.base);
+    });
+    after(async () => { await srv?.stop(); });
+
+    it('openai chat: the image_url part gives transformers\' answer; its rows count in usage', async () => {
+        const r = await oai.chat.completions.create({
+            model: 'llava', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } },
+                { type: 'text', text: LTEXT }] }],
+        });
+        assert.equal(r.choices[0].message.content, want);
+        assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+    });
+
+    it('anthropic: a base64 image block gives the same', async () => {
+        const r = await anthropic(srv.base).messages.create({
+            model: 'llava', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [
+                { type: 'image', source: { type: 'base64', media_type: 'image/jpeg', data: b64('vis_photo.jpg') } },
+                { type: 'text', text: LTEXT }] }],
+        });
+        assert.equal(r.content[0].text, want);
+    });
+});
+
 describe('vision: a text model', () => {
     let srv;
     before(async () => { srv = await startServer(); });
