@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-const { startServer, client, get, post, SLOW } = await import('./harness.mjs');
+const { startServer, client, get, post, rawRequest, httpBytes, sleep, SLOW } = await import('./harness.mjs');
 
 const G = 'tests/fixtures/golden';
 const load = (c) => existsSync(join(G, c, 'embed.json')) ? JSON.parse(readFileSync(join(G, c, 'embed.json'), 'utf8')) : null;
@@ -86,6 +86,34 @@ describe('cross-request batching of embeddings and rerank', { timeout: 300_000 *
                     assert.equal(r.usage.prompt_tokens, ts.reduce((s, t) => s + t.ids.length, 0), `${what} usage`);
                     assert.deepEqual(r.usage, want.r.usage, `${what} usage alone`);
                 });
+            });
+
+            it('requests whose clients hang up while queued leave the queue; the others are answered', async () => {
+                if (name !== 'bert_st') return;
+                const texts = ref.texts.map((t) => t.text);
+                const big = Array.from({ length: 2048 }, (_, i) => texts[i % texts.length]);
+                const body = JSON.stringify({ input: texts.slice(0, 2) });
+                let dropped = 0;
+                for (let round = 0; round < 4 && dropped === 0; round++) {
+                    const r0 = await metric(srv.base, 'mlxcel_embed_batch_requests_total');
+                    const long = post(srv.base, '/v1/embeddings', { input: big, encoding_format: 'float' });
+                    // until its batch has started (counted before its forward runs)
+                    for (let i = 0; i < 500 && await metric(srv.base, 'mlxcel_embed_batch_requests_total') === r0; i++)
+                        await sleep(5);
+                    // sent whole, then half-closed: nobody will read the answer
+                    const gone = await Promise.all(Array.from({ length: 6 }, () => rawRequest(srv.port,
+                        httpBytes({ path: '/v1/embeddings', headers: { 'content-type': 'application/json' }, body }),
+                        { end: true, timeout: 30_000 * SLOW })));
+                    const lr = await long;
+                    assert.equal(lr.status, 200, lr.text);
+                    assert.equal(lr.json.data.length, big.length);
+                    const ok = await post(srv.base, '/v1/embeddings', { input: texts.slice(0, 2) });
+                    assert.equal(ok.status, 200, ok.text);
+                    const ran = await metric(srv.base, 'mlxcel_embed_batch_requests_total') - r0;
+                    dropped = 6 + 2 - ran;
+                    assert.ok(dropped >= 0 && gone.length === 6, `ran ${ran}`);
+                }
+                assert.ok(dropped > 0, 'no hung-up request left the queue');
             });
 
             it('a bad request among concurrent ones is answered 400 alone', async () => {
