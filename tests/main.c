@@ -64,6 +64,7 @@
     X(multimodal) \
     X(embed)      \
     X(embed_dec)  \
+    X(embed_batch) \
     X(vision)     \
     X(lora)       \
     X(qwen_vl)    \

@@ -3,9 +3,10 @@
  * Cohere) for a served encoder (server_model.embedder). docs/server.md has the shapes.
  *
  * A server serves one model: an encoder answers these two and refuses generation (server.c),
- * a generation model refuses these. The embedder runs one request at a time under
- * srv_model.embed_mu; a request's inputs go through it together, packed without padding
- * (ADR 0083). Tokenizing happens before the lock (the tokenizer is immutable).
+ * a generation model refuses these. The embedder runs under
+ * srv_model.embed_b, its batcher: the inputs of the requests of the moment go through it
+ * together, packed without padding (ADR 0083, 0114), each request getting its own rows.
+ * Tokenizing happens before (the tokenizer is immutable).
  *
  * Bounds (OpenAI's for embeddings): at most SRV_EMBED_MAX_INPUTS inputs (documents) and
  * SRV_EMBED_MAX_TOKENS tokens in all per request; an empty string or token array is a 400;
@@ -172,16 +173,38 @@ static char *base64_floats(const float *v, int n)
     return out;
 }
 
-/* Run items through the embedder under the lock. */
-static int run_locked(struct srv_model *sm, const struct emb_item *items, int n, float *out, bool score,
-                      struct oai_error *err)
+struct embed_ctx {
+    struct server *s;
+    struct MHD_Connection *c;
+};
+
+/* A queued request gives up when its client closed the connection or the server stops. */
+static bool embed_gone(void *ud)
 {
-    struct err e = {0};
-    pthread_mutex_lock(&sm->embed_mu);
-    int rc = score ? embedder_score(sm->m.embedder, items, n, out, &e)
-                   : embedder_embed(sm->m.embedder, items, n, out, &e);
-    pthread_mutex_unlock(&sm->embed_mu);
-    return rc < 0 ? fail_from(err, &e, NULL) : 0;
+    const struct embed_ctx *x = ud;
+    return atomic_load(&x->s->stopping) || srv_client_gone(x->c);
+}
+
+static void embed_batch_seen(void *ud, const struct emb_batch_info *info)
+{
+    struct server *s = ud;
+    metrics_embed_batch(&s->metrics, info->n_jobs, info->n_items);
+}
+
+/* Run items through the model's batcher with the requests of the moment (ADR 0114). 1 when
+ * the request gave up while queued (client gone: *err unset; server stopping: *err a 503). */
+static int run_batched(struct server *s, struct MHD_Connection *c, struct srv_model *sm,
+                       const struct emb_item *items, int n, float *out, bool score, struct oai_error *err)
+{
+    struct embed_ctx x = {s, c};
+    struct emb_job job = {.items = items, .n = n, .score = score, .out = out};
+    if (emb_batcher_run(&sm->embed_b, sm->m.embedder, &job, embed_gone, &x, embed_batch_seen, s) != 0) {
+        if (!atomic_load(&s->stopping))
+            return 1;
+        oai_errorf(err, 503, "server_error", NULL, NULL, "the server is shutting down");
+        return -1;
+    }
+    return job.rc < 0 ? fail_from(err, &job.e, NULL) : 0;
 }
 
 static cJSON *usage_json(cJSON *root, long tokens)
@@ -196,7 +219,6 @@ static cJSON *usage_json(cJSON *root, long tokens)
 
 enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
-    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     struct embedder *em = r->model->m.embedder;
     struct emb_item *items = NULL;
@@ -246,8 +268,11 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
         oai_errorf(&err, 500, "server_error", NULL, NULL, "out of memory");
         goto fail;
     }
-    if (run_locked(r->model, items, n, vec, false, &err) < 0)
+    int brc = run_batched(s, c, r->model, items, n, vec, false, &err);
+    if (brc < 0)
         goto fail;
+    if (brc > 0)
+        goto gone;
     cJSON *data;
     bool ok = (out = cJSON_CreateObject()) && cJSON_AddStringToObject(out, "object", "list") &&
               (data = cJSON_AddArrayToObject(out, "data"));
@@ -279,6 +304,12 @@ enum MHD_Result srv_embeddings(struct server *s, struct MHD_Connection *c, struc
     free(vec);
     cJSON_Delete(in);
     return srv_reply_json(c, r, 200, out);
+gone:    /* the client closed its side while queued: nobody to answer (gen.c does the same) */
+    items_free(items, n);
+    free(vec);
+    cJSON_Delete(in);
+    r->status = 499;
+    return MHD_NO;
 fail:
     items_free(items, n);
     free(vec);
@@ -297,7 +328,6 @@ static const char *doc_text(const cJSON *d)
 
 enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct srv_req *r)
 {
-    (void)s;  /* the model is the request's (r->model) */
     struct oai_error err;
     struct embedder *em = r->model->m.embedder;
     struct emb_item *items = NULL;
@@ -374,8 +404,11 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
             goto fail;
         }
     }
-    if (run_locked(r->model, items, n, scores, true, &err) < 0)
+    int brc = run_batched(s, c, r->model, items, n, scores, true, &err);
+    if (brc < 0)
         goto fail;
+    if (brc > 0)
+        goto gone;
     for (int i = 0; i < n; i++)
         rk[i] = (struct emb_ranked){i, scores[i]};
     emb_rank_sort(rk, n);
@@ -402,6 +435,13 @@ enum MHD_Result srv_rerank(struct server *s, struct MHD_Connection *c, struct sr
     free(rk);
     cJSON_Delete(in);
     return srv_reply_json(c, r, 200, out);
+gone:
+    items_free(items, n);
+    free(scores);
+    free(rk);
+    cJSON_Delete(in);
+    r->status = 499;
+    return MHD_NO;
 fail:
     items_free(items, n);
     free(scores);

@@ -56,6 +56,17 @@ static void observe(struct histogram *h, double v)
     h->n++;
 }
 
+void metrics_embed_batch(struct metrics *m, int n_requests, int n_sequences)
+{
+    pthread_mutex_lock(&m->mu);
+    m->embed_batches++;
+    m->embed_batch_requests += (uint64_t)(n_requests > 0 ? n_requests : 0);
+    m->embed_batch_sequences += (uint64_t)(n_sequences > 0 ? n_sequences : 0);
+    if (n_requests > 0 && (uint64_t)n_requests > m->embed_batch_max_requests)
+        m->embed_batch_max_requests = (uint64_t)n_requests;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void metrics_tokens(struct metrics *m, int n_prompt, int n_gen)
 {
     pthread_mutex_lock(&m->mu);
@@ -175,6 +186,16 @@ char *metrics_render(struct metrics *m, const struct metrics_gauges *g)
                   "# HELP mlxcel_spec_accepted_tokens_total Drafted tokens accepted.\n"
                   "# TYPE mlxcel_spec_accepted_tokens_total counter\nmlxcel_spec_accepted_tokens_total %llu\n",
               (unsigned long long)g->spec_draft_tokens, (unsigned long long)g->spec_accepted_tokens);
+    sb_printf(&b, "# HELP mlxcel_embed_batches_total Embedding and rerank batches run (ADR 0114).\n"
+                  "# TYPE mlxcel_embed_batches_total counter\nmlxcel_embed_batches_total %llu\n"
+                  "# HELP mlxcel_embed_batch_requests_total Requests in those batches.\n"
+                  "# TYPE mlxcel_embed_batch_requests_total counter\nmlxcel_embed_batch_requests_total %llu\n"
+                  "# HELP mlxcel_embed_batch_sequences_total Sequences in those batches.\n"
+                  "# TYPE mlxcel_embed_batch_sequences_total counter\nmlxcel_embed_batch_sequences_total %llu\n"
+                  "# HELP mlxcel_embed_batch_max_requests The most requests one batch held.\n"
+                  "# TYPE mlxcel_embed_batch_max_requests gauge\nmlxcel_embed_batch_max_requests %llu\n",
+              (unsigned long long)m->embed_batches, (unsigned long long)m->embed_batch_requests,
+              (unsigned long long)m->embed_batch_sequences, (unsigned long long)m->embed_batch_max_requests);
     histogram_render(&b, "mlxcel_time_to_first_token_seconds", "Time from request to first generated token.",
                      &m->ttft);
     histogram_render(&b, "mlxcel_inter_token_latency_seconds", "Mean time between generated tokens, per request.",

@@ -28,6 +28,9 @@ struct metrics {
     uint64_t requests[METRICS_N_ENDPOINTS][METRICS_N_STATUS];
     uint64_t prompt_tokens, generated_tokens;
     struct histogram ttft, itl, duration;   /* seconds */
+    /* embedding / rerank batches (ADR 0114): batches run, the requests and sequences they
+     * held, the most requests one batch held */
+    uint64_t embed_batches, embed_batch_requests, embed_batch_sequences, embed_batch_max_requests;
 };
 
 /* Gauges read at render time. */
@@ -47,6 +50,8 @@ void metrics_request(struct metrics *m, const char *path, int status, double ttf
 /* A request's prompt and generated tokens (<= 0: none), counted once its generation is over,
  * before the client can read the end of its answer. */
 void metrics_tokens(struct metrics *m, int n_prompt, int n_gen);
+/* One embedding / rerank batch of n_requests requests holding n_sequences sequences. */
+void metrics_embed_batch(struct metrics *m, int n_requests, int n_sequences);
 /* The Prometheus text exposition (malloc'd, NUL-terminated; NULL when out of memory). */
 char *metrics_render(struct metrics *m, const struct metrics_gauges *g);
 

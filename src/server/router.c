@@ -324,7 +324,7 @@ int router_new(struct router **out, const struct router_list *l, const struct ro
         struct rt_entry *en = &rt->e[i];
         en->spec = l->v[i];
         snprintf(en->sm.id, sizeof en->sm.id, "%s", en->spec.name);
-        pthread_mutex_init(&en->sm.embed_mu, NULL);
+        emb_batcher_init(&en->sm.embed_b, SRV_EMBED_BATCH_TOKENS, &(struct err){0});
         en->sm.rt = rt;
         if (en->spec.preset.load_on_startup && o->autoload)
             queue_load(rt, en);
@@ -353,7 +353,7 @@ void router_free(struct router *rt)
         struct rt_entry *en = &rt->e[i];
         if (en->st == RT_LOADED)
             rt->ld.unload(rt->ld.ud, en->handle);
-        pthread_mutex_destroy(&en->sm.embed_mu);
+        emb_batcher_destroy(&en->sm.embed_b);
     }
     pthread_cond_destroy(&rt->cv);
     pthread_mutex_destroy(&rt->mu);

@@ -802,7 +802,7 @@ int server_start(struct server **out, const struct server_opts *o, struct err *e
     metrics_init(&s->metrics);
     pthread_mutex_init(&s->log_mu, NULL);
     pthread_mutex_init(&s->conn_mu, NULL);
-    pthread_mutex_init(&s->single.embed_mu, NULL);
+    emb_batcher_init(&s->single.embed_b, SRV_EMBED_BATCH_TOKENS, &(struct err){0});
     atomic_init(&s->next_id, ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)s);
 
     struct sockaddr_storage ss;
@@ -893,7 +893,7 @@ void server_free(struct server *s)
     metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->log_mu);
     pthread_mutex_destroy(&s->conn_mu);
-    pthread_mutex_destroy(&s->single.embed_mu);
+    emb_batcher_destroy(&s->single.embed_b);
     free((char *)s->o.api_key);
     free(s);
 }

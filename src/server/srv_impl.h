@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "../engine/emb_batch.h"
 #include "metrics.h"
 #include "oai_request.h"
 #include "server.h"
@@ -26,6 +27,10 @@ enum srv_conn_phase {
     CONN_EXPIRED,                /* over a deadline: answered 408 by the watchdog, socket shut */
 };
 
+/* The token budget of one embedding / rerank batch (emb_batch.h): the embedder's host group
+ * (one encoder call); a request over it runs alone. */
+#define SRV_EMBED_BATCH_TOKENS 8192
+
 /* One model the server answers for: the model of a single-model server (server.single), or one
  * of the router's (router.c), whose requests each hold a reference while they use it
  * (srv_model_retain / srv_model_release; a no-op without a router). */
@@ -33,7 +38,8 @@ struct router;
 struct srv_model {
     struct server_model m;       /* what it serves (borrowed from the loader), valid while referenced */
     char id[256];                /* its name in the API */
-    pthread_mutex_t embed_mu;    /* guards m.embedder: one embedding / rerank request runs at a time */
+    struct emb_batcher embed_b;  /* runs m.embedder: the embedding / rerank requests of the moment
+                                  * packed into shared forwards (ADR 0114) */
     struct router *rt;           /* its router, NULL for a single-model server */
 };
 void srv_model_retain(struct srv_model *sm);
