@@ -667,7 +667,8 @@ int kv_spec_back_max(const struct kv_cache *kv)
     if (kv->n_rec == 0)
         return kv_step_back_max(kv);
     /* back to the position before the step's first row: one more than the drafts */
-    return has_swa(kv) ? kv->swa.keep - kv->swa.window - 1 : INT_MAX;
+    int slack = kv->swa.keep - kv->swa.window;
+    return has_swa(kv) ? (slack > 1 ? slack - 1 : 0) : INT_MAX;
 }
 
 int kv_seq_checkpoint(struct kv_cache *kv, int seq, struct err *e)
