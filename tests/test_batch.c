@@ -16,10 +16,12 @@
  *
  * kv_*: sequence operations on a real model: fork + copy-on-write (a
  * forked sequence's continuation equals a fresh run of the same prefix, and
- * the source is unaffected by the fork's writes), truncate and continue,
+ * the source is unaffected by the fork's writes), truncate and continue, recurrent
+ * checkpoints (truncation back to one restores the states: ADR 0112),
  * remove and block reuse, pool exhaustion as a clean error that leaves the
  * cache unchanged, and the batch rules.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -313,6 +315,69 @@ static void kv_truncate(void **state)
     test_eng_close(&g);
 }
 
+/* Recurrent checkpoints (ADR 0112) on hybrids (attention beside gated DeltaNet; Mamba-2;
+ * Griffin with a sliding window): truncation goes back only to 0 or the checkpoint's length,
+ * and going back there restores the states, so the continuation equals a fresh run; other
+ * lengths are refused; truncation below it, fork and remove drop it; speculation's bound. */
+static void kv_checkpoint_recurrent(void **state)
+{
+    (void)state;
+    static const char *const cases[] = {"qwen3_next", "falcon_h1", "recurrent_gemma"};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        struct test_eng g;
+        struct err e = {0};
+        test_eng_open(&g, golden_case_dir(cases[ci]), NULL, 0, 64, 3, 4);
+        assert_true(kv_has_recurrent(g.kv));
+        assert_int_equal(kv_step_back_max(g.kv), 0);   /* truncation alone cannot */
+        /* unbounded; with sliding-window layers their slack less one (0 here: none) */
+        assert_int_equal(kv_spec_back_max(g.kv), ci < 2 ? INT_MAX : 0);
+        int V = g.m->hp.n_vocab;
+        float *a = malloc((size_t)V * 3 * sizeof *a), *b = a + V, *c = a + 2 * V;
+        const int32_t more[3] = {9, 33, 2}, x = 31;
+        assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+        feed(&g, 0, k_prefix, 6, a);
+        assert_int_equal(kv_seq_truncate(g.kv, 0, 3, &e), -ERR_UNSUPPORTED);   /* no checkpoint */
+        assert_int_equal(kv_seq_checkpoint(g.kv, 0, &e), 0);
+        assert_int_equal(kv_seq_checkpoint_len(g.kv, 0), 6);
+        feed(&g, 0, more, 3, a);
+        feed(&g, 0, &x, 1, c);                                   /* after the 3 more */
+        assert_int_equal(kv_seq_truncate(g.kv, 0, 8, &e), -ERR_UNSUPPORTED);   /* not its length */
+        assert_int_equal(kv_seq_len(g.kv, 0), 10);
+        assert_int_equal(kv_seq_truncate(g.kv, 0, 6, &e), 0);   /* back to the checkpoint */
+        assert_int_equal(kv_seq_checkpoint_len(g.kv, 0), 6);     /* it stands */
+        feed(&g, 0, &x, 1, a);
+        assert_int_equal(kv_seq_add(g.kv, 1, &e), 0);
+        feed(&g, 1, k_prefix, 6, b);
+        feed(&g, 1, &x, 1, b);
+        if (test_row_rel_err(a, b, V) > same_tol(&g))
+            fail_msg("%s: after the checkpoint's restore, %g from a fresh run", cases[ci], test_row_rel_err(a, b, V));
+        assert_true(test_row_rel_err(a, c, V) > 1e-4);           /* the 3 more did count */
+        /* twice: the checkpoint still holds the states at 6 */
+        assert_int_equal(kv_seq_truncate(g.kv, 0, 6, &e), 0);
+        feed(&g, 0, &x, 1, a);
+        assert_true(test_row_rel_err(a, b, V) <= same_tol(&g));
+        /* a fork has none of its own; truncation below the checkpoint drops it */
+        assert_int_equal(kv_seq_fork(g.kv, 0, 2, &e), 0);
+        assert_int_equal(kv_seq_checkpoint_len(g.kv, 2), 0);
+        assert_int_equal(kv_seq_truncate(g.kv, 2, 6, &e), -ERR_UNSUPPORTED);
+        assert_int_equal(kv_seq_truncate(g.kv, 0, 0, &e), 0);
+        assert_int_equal(kv_seq_checkpoint_len(g.kv, 0), 0);
+        assert_true(kv_seq_checkpoint(g.kv, 5, &e) < 0);         /* an unknown sequence */
+        free(a);
+        test_eng_close(&g);
+    }
+    /* without recurrent layers: a no-op, and the bound is truncation's */
+    struct test_eng g;
+    struct err e = {0};
+    test_eng_open(&g, test_path(KV_MODEL), NULL, 0, 64, 1, 4);
+    assert_false(kv_has_recurrent(g.kv));
+    assert_int_equal(kv_seq_add(g.kv, 0, &e), 0);
+    assert_int_equal(kv_seq_checkpoint(g.kv, 0, &e), 0);
+    assert_int_equal(kv_seq_checkpoint_len(g.kv, 0), 0);
+    assert_int_equal(kv_spec_back_max(g.kv), kv_step_back_max(g.kv));
+    test_eng_close(&g);
+}
+
 /* remove returns every block; a new sequence reuses them and runs like a fresh cache. */
 static void kv_remove_reuse(void **state)
 {
@@ -411,6 +476,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     static const struct CMUnitTest extra[] = {
         cmocka_unit_test(kv_fork_cow),
         cmocka_unit_test(kv_truncate),
+        cmocka_unit_test(kv_checkpoint_recurrent),
         cmocka_unit_test(kv_remove_reuse),
         cmocka_unit_test(kv_exhaustion_and_rules),
     };

@@ -70,6 +70,8 @@ static int g_spec;
 /* compare only the greedy (even) requests: a step's row budget or a short pool cuts drafts,
  * so sampled requests draw differently than alone (in distribution, the same) */
 static bool g_greedy_only;
+/* tokens drafted and rejected by the last run_sched in spec mode 1 */
+static uint64_t g_drafted, g_rejected;
 
 /* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps); with
  * g_spec, a phrase of 5 repeated, so that prompt lookup drafts. */
@@ -157,7 +159,9 @@ static void run_sched(struct test_model *f, int pool_tokens, int budget, struct 
         sched_spec_stats(s, &drafted, &accepted);
         printf("sched %-28s %llu tokens drafted, %llu accepted\n", what, (unsigned long long)drafted,
                (unsigned long long)accepted);
-        assert_true(drafted > 0 && accepted > 0 && accepted < drafted);
+        assert_true(accepted <= drafted);
+        g_drafted = drafted;
+        g_rejected = drafted - accepted;
     }
     sched_free(s);
     kv_cache_free(kv);
@@ -230,7 +234,13 @@ static void sched_spec_equals_alone(void **state)
 {
     (void)state;
     static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/phixtral_mlx_q4",
-                                       "tests/fixtures/golden/qwen3_moe"};
+                                       "tests/fixtures/golden/qwen3_moe",
+                                       /* recurrent and hybrid: rejected drafts roll back to a
+                                        * checkpoint, the kept rows fed again (ADR 0112) */
+                                       "tests/fixtures/golden/mamba2", "tests/fixtures/golden/falcon_h1",
+                                       "tests/fixtures/golden/qwen3_next", "tests/fixtures/golden/granitemoehybrid",
+                                       "tests/fixtures/golden/jamba", "tests/fixtures/golden/nemotron_h"};
+    bool rec_mixed = false;
     for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
         struct test_model f;
         struct out want[N_REQ], got[N_REQ], plain[N_REQ];
@@ -244,6 +254,15 @@ static void sched_spec_equals_alone(void **state)
                 fail_msg("%s: request %d with drafts differs from plain decoding", dirs[d], i);
         /* a budget of 64 rows never cuts a draft (6 x 5 rows), so sampled requests draw as alone */
         run_sched(&f, 512, 64, got, want, "speculative");
+        printf("sched %-28s %s: %llu drafted, %llu rejected\n", "speculative", dirs[d],
+               (unsigned long long)g_drafted, (unsigned long long)g_rejected);
+        /* drafts accepted and rejected both; the recurrent models drafting, and between them
+         * all accepted (mamba2), all rejected (falcon_h1...) and some of each: rolled back */
+        assert_true(g_drafted > 0);
+        if (d < 3)
+            assert_true(g_rejected > 0 && g_rejected < g_drafted);
+        else
+            rec_mixed |= g_rejected > 0 && g_rejected < g_drafted;
         /* 16 rows a step and a pool too small for all: drafts cut, dropped, preemption */
         g_greedy_only = true;
         run_sched(&f, 64, 16, got, want, "speculative, small pool");
@@ -251,6 +270,7 @@ static void sched_spec_equals_alone(void **state)
         g_spec = 0;
         test_model_close(&f);
     }
+    assert_true(rec_mixed);
 }
 
 static const struct CMUnitTest tests[] = {

@@ -6,9 +6,10 @@
  * the plain output (all accepted); a drafter that is always wrong (all rejected); one
  * wrong at a moving position (partly accepted); short drafts with draft_min; a callback
  * that stops inside an accepted run; a context that ends mid-draft; draft models (the model
- * itself: all accepted; another of the same vocabulary). Models whose cache
- * cannot step back (recurrent; sliding-window layers get slack) or whose rope follows the length (dynamic
- * NTK, LongRoPE) decode plainly, saying so.
+ * itself: all accepted; another of the same vocabulary). Hybrid and recurrent models (their
+ * states restored from a checkpoint and the kept rows fed again, ADR 0112) are among them and
+ * must not say spec_off; models whose rope follows the length (dynamic NTK, LongRoPE) decode
+ * plainly, saying so.
  *
  * spec_sampling: with sampling, sampler_sample_draft's results follow sampler_sample's
  * distribution (two-sample chi-square over 60000 draws each, temperature, top-k, top-p,
@@ -120,7 +121,7 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
     test_eng_open(&g, dir, NULL, 0, 256, 1, 4);
     with_context(&g, ctx);
     int V = g.m->hp.n_vocab;
-    bool can = kv_can_step_back(g.kv);
+    bool can = kv_spec_back_max(g.kv) > 0;  /* recurrent layers too: checkpoints (ADR 0112) */
     for (int il = 0; il < g.m->hp.n_layer; il++)  /* generate.c's rope_follows_length */
         can &= g.m->hp.layer[il].n_rot == 0 ||
                (g.m->hp.layer[il].rope != ROPE_DYNAMIC && g.m->hp.layer[il].rope != ROPE_LONGROPE);
@@ -133,6 +134,9 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
     run_gen(&g, prompt, L, &sp, 0, &r);
     same(name, "prompt lookup", &plain, &r);
     assert_true(r.st.spec_off == !can);
+    for (int il = 0; il < g.m->hp.n_layer; il++)
+        if (g.m->hp.layer[il].kv == KV_RECURRENT && r.st.spec_off)
+            fail_msg("%s: recurrent layers, yet speculation was switched off", name);
 
     struct oracle o = {&plain.got, L, 0, V, 0};
     spec_params_default(&sp);

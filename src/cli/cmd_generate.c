@@ -642,8 +642,8 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "mlxcel generate: stopped: the context of %d tokens is full\n",
                 en.kv->max_seq_len);
     if (st.spec_off)
-        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its recurrent layers "
-                "cannot step back, or its rope follows the sequence's length)\n");
+        fprintf(stderr, "mlxcel generate: --spec: this model decodes without speculation (its rope follows the "
+                "sequence's length: dynamic NTK or LongRoPE)\n");
     if (o.stats && gp.spec.mode != SPEC_NONE && !st.spec_off)
         fprintf(stderr, "speculative: %d tokens drafted, %d accepted (%.1f %%)\n", st.n_drafted, st.n_accepted,
                 st.n_drafted ? 100.0 * st.n_accepted / st.n_drafted : 0.0);

@@ -593,8 +593,8 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
         }
     }
     if (o->spec.mode != SPEC_NONE && !gen_spec_supported(sv->en.ctx, sv->en.kv))
-        fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its recurrent layers "
-                "cannot step back, or its rope follows the sequence's length)\n");
+        fprintf(stderr, "mlxcel serve: --spec: this model decodes without speculation (its rope follows the "
+                "sequence's length: dynamic NTK or LongRoPE)\n");
     /* every structured-output request masks through the vocabulary's byte trie: built once */
     if ((rc = grammar_vocab_new(&sv->gvocab, sv->tok, e)) < 0)
         return rc;

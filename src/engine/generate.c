@@ -66,7 +66,7 @@ static bool rope_follows_length(const struct hparams *hp)
 
 bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv)
 {
-    return kv_can_step_back(kv) && !rope_follows_length(&c->m->hp);
+    return kv_spec_back_max(kv) > 0 && !rope_follows_length(&c->m->hp);
 }
 
 /* What one generation carries between steps. */
@@ -173,7 +173,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     }
     kv_seq_remove(kv, seq);
     if ((rc = kv_seq_add(kv, seq, e)) < 0 || (rc = sampler_new(&smp, &p->sampling, V, e)) < 0 ||
-        (rc = batch_init(&b, n_prompt > K + 1 ? n_prompt : K + 1, e)) < 0)
+        (rc = batch_init(&b, n_prompt > 2 * K + 1 ? n_prompt : 2 * K + 1, e)) < 0)
         goto out;
     logits = malloc((size_t)V * (size_t)(K + 1) * sizeof *logits);
     /* the output is at most n_predict tokens, and at most one past a full context */
@@ -229,14 +229,19 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     st.t_prompt_s = t1 - t0;
 
     /* id: sampled, not yet output nor in the cache. Each step outputs it, then scores it with
-     * k drafted tokens (k = 0: plain decoding) and keeps the accepted ones and one more. */
+     * k drafted tokens (k = 0: plain decoding) and keeps the accepted ones and one more.
+     * want: the positions plain decoding's cache would hold. With recurrent layers a rejected
+     * draft takes the cache back to the checkpoint before its step (ADR 0112): the next step
+     * feeds the kept rows again before its own (fed < want), or the catch-up after the loop. */
     int32_t id = p->n_predict > 0 ? sampler_sample(smp, logits) : 0;
+    int want = n_prompt;
+    bool rec = kv_has_recurrent(kv);
     struct spec_pace pace;  /* the draft length now (spec.h) */
     spec_pace_init(&pace, K);
     while (st.n_gen < p->n_predict) {
         if (emit(&g, id))
             break;
-        int len = kv_seq_len(kv, seq);
+        int len = want, fed = kv_seq_len(kv, seq);
         if (len >= kv->max_seq_len) {
             st.stop = GEN_STOP_CONTEXT;
             break;
@@ -248,12 +253,15 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             int lim = spec_pace_len(&pace);
             max = max < lim ? max : lim;
             max = max < ctx ? max : ctx;
-            max = max < kv_step_back_max(kv) ? max : kv_step_back_max(kv);
+            max = max < kv_spec_back_max(kv) ? max : kv_spec_back_max(kv);
             k = spec_draft(&p->spec, seq, hist, g.n_hist, draft, max);
             k = k < p->spec.draft_min || k < 0 ? 0 : k > max ? max : k;
         }
         batch_clear(&b);
         b.hidden_out = hid;
+        for (int q = fed; q < len; q++)  /* kept rows fed again after a rollback */
+            if ((rc = batch_add(&b, hist[q], q, seq, false, e)) < 0)
+                goto out;
         if ((rc = batch_add(&b, id, len, seq, true, e)) < 0)
             goto out;
         for (int i = 0; i < k; i++)
@@ -261,6 +269,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
                 goto out;
         /* after an image, M-RoPE positions continue from its max position + 1 */
         if (delta != 0 && (rc = batch_rope_set(&b, 0, b.n_tok, NULL, delta, e)) < 0)
+            goto out;
+        if (rec && k > 0 && (rc = kv_seq_checkpoint(kv, seq, e)) < 0)
             goto out;
         if ((rc = model_forward(c, &b, kv, logits, e)) < 0 || (rc = check_logits(c, len, e)) < 0)
             goto out;
@@ -282,13 +292,28 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         if (spec)
             spec_pace_update(&pace, j, k);
         /* the cache keeps what plain decoding would hold: the step's token and the drafts
-         * output before the one that stopped or was rejected */
-        if (j < k && (rc = kv_seq_truncate(kv, seq, len + 1 + j, e)) < 0)
+         * output before the one that stopped or was rejected (recurrent layers: back to the
+         * checkpoint, those rows fed again later) */
+        want = len + 1 + j;
+        if (j < k && (rc = kv_seq_truncate(kv, seq, rec ? fed : want, e)) < 0)
             goto out;
         if (observe)
-            p->spec.observe(p->spec.draft_ud, seq, len, hid, kv_seq_len(kv, seq) - len, hist, g.n_hist);
+            p->spec.observe(p->spec.draft_ud, seq, fed, hid, kv_seq_len(kv, seq) - fed, hist, g.n_hist);
         if (stop)
             break;
+    }
+    /* catch up: the kept rows of a last rolled-back step, so that the cache ends as plain
+     * decoding's */
+    int fed = kv_seq_len(kv, seq);
+    if (fed < want) {
+        batch_clear(&b);
+        b.hidden_out = NULL;
+        for (int q = fed; q < want; q++)
+            if ((rc = batch_add(&b, hist[q], q, seq, q == want - 1, e)) < 0)
+                goto out;
+        if ((delta != 0 && (rc = batch_rope_set(&b, 0, b.n_tok, NULL, delta, e)) < 0) ||
+            (rc = model_forward(c, &b, kv, logits, e)) < 0)
+            goto out;
     }
     st.t_gen_s = gen_now() - t1;
     rc = 0;

@@ -20,10 +20,11 @@
  * same distribution when sampling. Drafts reach at most kv_step_back_max positions (a
  * sliding-window cache's slack, kv_params.swa_slack). A drafter that reads the model's hidden
  * states (spec_params.observe: the MTP layer) gets every forward's, the prompt fed in pieces
- * of the context's n_batch rows for it. Models whose cache cannot step back
- * (recurrent layers) or whose rope follows the sequence's length (dynamic NTK, LongRoPE:
- * scoring later positions would change the step's own numbers) decode plainly
- * (stats.spec_off says so).
+ * of the context's n_batch rows for it. With recurrent layers the
+ * sequence is checkpointed before a drafted step; a rejection restores it and the kept rows are
+ * fed again in front of the next step's (ADR 0112; a catch-up forward when generation ends
+ * there). Models whose rope follows the sequence's length (dynamic NTK, LongRoPE: scoring later
+ * positions would change the step's own numbers) decode plainly (stats.spec_off says so).
  */
 #pragma once
 #include <stdbool.h>
@@ -95,8 +96,9 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
              const struct gen_params *p, gen_token_fn cb, void *ud, struct gen_stats *stats,
              struct err *e);
 
-/* Whether speculative decoding can run on c with kv (generate.h, ADR 0079): the cache can step
- * back and the rope does not follow the sequence's length. */
+/* Whether speculative decoding can run on c with kv (generate.h, ADR 0079): the cache can take
+ * a draft back (kv_spec_back_max > 0: truncation, or recurrent checkpoints, ADR 0112) and the
+ * rope does not follow the sequence's length. */
 bool gen_spec_supported(const struct model_ctx *c, const struct kv_cache *kv);
 
 /* Whether id is one of the checkpoint's EOS ids. */

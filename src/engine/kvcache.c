@@ -443,6 +443,24 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
     return 0;
 }
 
+/* The recurrent states of sequence seq saved into the checkpoints' buffer (save) or restored
+ * from it: the rows of each layer at the same offsets in both buffers. */
+static void state_ckpt(struct kv_cache *kv, int seq, bool save)
+{
+    for (int il = 0; il < kv->n_layer; il++) {
+        if (!kv->layer_rec[il])
+            continue;
+        const struct kv_layer *L = &kv->layers[il];
+        size_t kb = (size_t)L->k_dim * sizeof(float), vb = (size_t)L->v_dim * sizeof(float);
+        char *k = (char *)L->k + (size_t)seq * kb, *v = (char *)L->v + (size_t)seq * vb;
+        char *ck = (char *)kv->ckpt + (k - (char *)kv->state), *cv = (char *)kv->ckpt + (v - (char *)kv->state);
+        if (kb)
+            kv->be->ops->copy(kv->be, save ? ck : k, save ? k : ck, kb);
+        if (vb)
+            kv->be->ops->copy(kv->be, save ? cv : v, save ? v : cv, vb);
+    }
+}
+
 /* The recurrent states of sequence src copied to dst (kv_seq_fork). */
 static void state_copy(struct kv_cache *kv, int dst, int src)
 {
@@ -514,6 +532,8 @@ void kv_cache_free(struct kv_cache *kv)
         kv->be->ops->buf_free(kv->be, kv->pool);
     if (kv->state)
         kv->be->ops->buf_free(kv->be, kv->state);
+    if (kv->ckpt)
+        kv->be->ops->buf_free(kv->be, kv->ckpt);
     blocks_deinit(&kv->blk, kv->be);
     blocks_deinit(&kv->swa.blk, kv->be);
     free(kv->swa.owner);
@@ -585,14 +605,20 @@ int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e)
     if (len < 0 || len > s->len)
         return err_setf(e, ERR_RANGE, "cannot truncate sequence %d of %d positions to %d", seq,
                         s->len, len);
-    if (kv->n_rec > 0 && len > 0 && len < s->len)
+    bool restore = kv->n_rec > 0 && len > 0 && len < s->len;
+    if (restore && len != s->ckpt)
         return err_setf(e, ERR_UNSUPPORTED, "cannot truncate sequence %d to %d positions: the "
-                        "model's recurrent state holds all %d (only 0 is possible)", seq, len, s->len);
+                        "model's recurrent state holds all %d (only 0%s is possible)", seq, len, s->len,
+                        s->ckpt > 0 ? " or its checkpoint's length" : "");
     int bs = kv->block_size, keep = (len + bs - 1) / bs;
     if (has_swa(kv) && len > 0 && window_first_block(len, kv->swa.window, bs) < s->swa_lo)
         return err_setf(e, ERR_RANGE, "cannot truncate sequence %d to %d positions: its "
                         "sliding-window layers no longer hold positions below %d", seq, len,
                         s->swa_lo * bs);
+    if (restore)
+        state_ckpt(kv, seq, false);
+    if (len < s->ckpt)
+        s->ckpt = 0;
     int32_t *t = seq_table(&kv->blk, kv, seq);
     for (int i = s->n_blocks - 1; i >= keep; i--) {
         block_release(kv, &kv->blk, t[i]);
@@ -631,6 +657,45 @@ bool kv_can_step_back(const struct kv_cache *kv)
     return kv_step_back_max(kv) > 0;
 }
 
+bool kv_has_recurrent(const struct kv_cache *kv)
+{
+    return kv->n_rec > 0;
+}
+
+int kv_spec_back_max(const struct kv_cache *kv)
+{
+    if (kv->n_rec == 0)
+        return kv_step_back_max(kv);
+    /* back to the position before the step's first row: one more than the drafts */
+    int slack = kv->swa.keep - kv->swa.window;
+    return has_swa(kv) ? (slack > 1 ? slack - 1 : 0) : INT_MAX;
+}
+
+int kv_seq_checkpoint(struct kv_cache *kv, int seq, struct err *e)
+{
+    int rc;
+    if ((rc = check_seq(kv, seq, e)) < 0)
+        return rc;
+    if (!kv->seqs[seq].used)
+        return err_setf(e, ERR_ARG, "sequence %d does not exist", seq);
+    if (kv->n_rec == 0)
+        return 0;
+    if (!kv->ckpt && (rc = kv->be->ops->buf_alloc(kv->be, kv->state_bytes, &kv->ckpt, e)) < 0) {
+        kv->ckpt = NULL;
+        return err_prefix(e, "recurrent state checkpoints (%zu MiB)", kv->state_bytes >> 20);
+    }
+    state_ckpt(kv, seq, true);
+    kv->seqs[seq].ckpt = kv->seqs[seq].len;
+    return 0;
+}
+
+int kv_seq_checkpoint_len(const struct kv_cache *kv, int seq)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
+        return 0;
+    return kv->seqs[seq].ckpt;
+}
+
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
 {
     int rc;
@@ -642,6 +707,7 @@ int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e)
         return err_setf(e, ERR_ARG, "sequence %d already exists", dst);
     const struct kv_seq *s = &kv->seqs[src];
     kv->seqs[dst] = *s;
+    kv->seqs[dst].ckpt = 0;  /* the checkpoint is src's */
     if (kv->n_rec > 0)
         state_copy(kv, dst, src);
     kv->seqs[dst].dirty = kv->seqs[dst].swa_dirty = true;

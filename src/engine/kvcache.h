@@ -88,6 +88,8 @@ struct kv_seq {
      * -1 (released: no later query sees them); positions [0, swa_len) are stored */
     int swa_lo, swa_n, swa_len;
     bool swa_dirty;      /* sliding table changed since the last upload */
+    int ckpt;            /* recurrent layers: length of the checkpoint of its states (kv_seq_checkpoint,
+                          * ADR 0112); 0: none */
 };
 
 /* Blocks held by no sequence but kept for the prefix index, least recently used first. */
@@ -147,6 +149,8 @@ struct kv_cache {
     int n_rec;                       /* recurrent layers */
     void *state;                     /* backend memory of the recurrent layers' states */
     size_t state_bytes;              /* its size */
+    void *ckpt;                      /* checkpoints of the states, the same layout (allocated by the
+                                      * first kv_seq_checkpoint; ADR 0112) */
     struct kv_blocks blk;            /* the full pool: full and latent layers */
     struct kv_swa swa;
     struct kv_seq *seqs;             /* [max_seqs] */
@@ -164,7 +168,9 @@ void kv_cache_free(struct kv_cache *kv);
 /* Sequence operations. seq must be in [0, max_seqs) (-ERR_RANGE otherwise). */
 int kv_seq_add(struct kv_cache *kv, int seq, struct err *e);          /* empty; -ERR_ARG if used */
 void kv_seq_remove(struct kv_cache *kv, int seq);                     /* no-op if unused */
-/* keep [0, len); with recurrent layers only len 0 or the current length (-ERR_UNSUPPORTED) */
+/* keep [0, len); with recurrent layers only len 0, the current length, or the length of the
+ * sequence's checkpoint (its recurrent states are restored from it; kv_seq_checkpoint), else
+ * -ERR_UNSUPPORTED */
 int kv_seq_truncate(struct kv_cache *kv, int seq, int len, struct err *e);
 int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst unused */
 /* How many positions back from its end any sequence can be truncated at any time
@@ -175,6 +181,23 @@ int kv_seq_fork(struct kv_cache *kv, int src, int dst, struct err *e); /* dst un
 int kv_step_back_max(const struct kv_cache *kv);
 /* kv_step_back_max(kv) > 0. */
 bool kv_can_step_back(const struct kv_cache *kv);
+/* Recurrent layers (ADR 0112): saves seq's recurrent states (conv and recurrent rows, copied
+ * in backend memory) as its checkpoint at its current length, replacing any earlier one, so
+ * that kv_seq_truncate can go back to that length (the states restored; attention layers
+ * truncate as always). The checkpoint stands while the sequence keeps its first ckpt
+ * positions (dropped by a truncation below it, remove, add). No-op (0) without recurrent
+ * layers; -ERR_NOMEM when the checkpoints' buffer (the size of the states') cannot be
+ * allocated on first use. */
+int kv_seq_checkpoint(struct kv_cache *kv, int seq, struct err *e);
+/* Length of seq's checkpoint; 0: none. */
+int kv_seq_checkpoint_len(const struct kv_cache *kv, int seq);
+/* Whether kv has recurrent layers. */
+bool kv_has_recurrent(const struct kv_cache *kv);
+/* How many drafted positions one verification step can take back (speculative decoding,
+ * ADR 0079 / 0112): kv_step_back_max without recurrent layers; with them a rejected draft
+ * goes back to the checkpoint taken before the step (one position before the step's first
+ * row), so INT_MAX, or swa_slack - 1 with sliding-window layers too. */
+int kv_spec_back_max(const struct kv_cache *kv);
 /* Positions stored for seq; -1 when seq is not in use. */
 int kv_seq_len(const struct kv_cache *kv, int seq);
 /* Blocks of the full pool not held by any sequence: never used, or cached (reclaimable).

@@ -12,8 +12,9 @@
  * Speculative decoding (gen_params.spec, ADR 0079): a decoding request's row is
  * followed by its draft's rows (within the step's budget), all with logits;
  * after the forward the request's rows are judged in order as generate()
- * judges them and its sequence is truncated back to the tokens it keeps, so
- * its output equals generate()'s with the same parameters. A drafter that reads the model's
+ * judges them and its sequence is truncated back to the tokens it keeps (recurrent layers:
+ * back to the checkpoint taken before the step, the kept rows fed again in front of its next
+ * rows, ADR 0112), so its output equals generate()'s with the same parameters. A drafter that reads the model's
  * hidden states (spec_params.observe: the MTP layer, ADR 0108) gets, after the step, those of
  * the rows its request keeps (prompt chunks included).
  *
@@ -30,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/log.h"
 #include "../core/sha256.h"
 #include "../kernels/backend.h"
 #include "../models/lora.h"
@@ -70,6 +72,9 @@ struct sreq {
     int32_t *draft;              /* [p.spec.draft_max] this step's draft */
     int n_draft;                 /* its length */
     bool decoding;               /* this step feeds its one sampled token (a decode step) */
+    bool rewind;                 /* a rejected draft took its cache back to the checkpoint before
+                                  * the step (recurrent layers, ADR 0112): the kept rows go again
+                                  * with its next token, drafts after them */
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
@@ -561,6 +566,7 @@ static void admit(struct sched *s)
         }
         r->seq = q;
         r->n_fed = hit;
+        r->rewind = false;
         r->admitted = s->n_admitted++;
         if (r->t_admit == 0) {
             /* first admission: the prompt's hit counts (a readmission's does not) */
@@ -594,15 +600,17 @@ static bool preempt(struct sched *s)
 }
 
 /* r's draft after its last token, as generate() drafts: at most its draft length now, the
- * output left after the step's own token, the context left, and room - 1 rows. */
+ * output left after the step's own token, the context left, and the rows of room its own
+ * rows (the token, and the kept rows of a rewind) leave. */
 static int draft_for(const struct sched *s, struct sreq *r, int room)
 {
-    int max = r->p.n_predict - r->st.n_gen - 1, ctx = s->kv->max_seq_len - r->n_fed - 1;
+    int left = r->n_toks - r->n_fed;  /* 1, or more after a rollback (rewind) */
+    int max = r->p.n_predict - r->st.n_gen - 1, ctx = s->kv->max_seq_len - r->n_toks;
     int lim = spec_pace_len(&r->pace);
     max = max < lim ? max : lim;
     max = max < ctx ? max : ctx;
-    max = max < kv_step_back_max(s->kv) ? max : kv_step_back_max(s->kv);
-    max = max < room - 1 ? max : room - 1;
+    max = max < kv_spec_back_max(s->kv) ? max : kv_spec_back_max(s->kv);
+    max = max < room - left ? max : room - left;
     int k = max > 0 ? spec_draft(&r->p.spec, r->seq, r->toks, r->n_toks, r->draft, max) : 0;
     return k < r->p.spec.draft_min || k < 0 ? 0 : k > max ? max : k;
 }
@@ -663,18 +671,22 @@ static void build_batch(struct sched *s)
         for (int i = 0; i < s->max_requests; i++) {
             struct sreq *r = &s->reqs[i];
             int left = r->n_toks - r->n_fed, room = s->budget - s->b.n_tok;
-            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1) || (room <= 0 && pass == 0))
+            if (r->id <= 0 || r->seq < 0 || left <= 0 || (pass == 0) != (left == 1 || r->rewind) ||
+                (room <= 0 && pass == 0))
                 continue;
             r->decoding = pass == 0;
             r->n_draft = pass == 0 && r->spec && !s->no_drafts ? draft_for(s, r, room) : 0;
             if (r->n_draft > 0) {
-                batch_add(&s->b, r->toks[r->n_fed], r->n_fed, r->seq, true, NULL);
-                s->row_req[s->b.n_tok - 1] = i;
-                for (int j = 0; j < r->n_draft; j++) {
-                    batch_add(&s->b, r->draft[j], r->n_fed + 1 + j, r->seq, true, NULL);
+                /* the kept rows of a rewind (no logits), the token, its draft */
+                for (int q = r->n_fed; q < r->n_toks; q++) {
+                    batch_add(&s->b, r->toks[q], q, r->seq, q == r->n_toks - 1, NULL);
                     s->row_req[s->b.n_tok - 1] = i;
                 }
-                rope_rows(s, r, s->b.n_tok - 1 - r->n_draft, 1 + r->n_draft, r->n_fed);
+                for (int j = 0; j < r->n_draft; j++) {
+                    batch_add(&s->b, r->draft[j], r->n_toks + j, r->seq, true, NULL);
+                    s->row_req[s->b.n_tok - 1] = i;
+                }
+                rope_rows(s, r, s->b.n_tok - left - r->n_draft, left + r->n_draft, r->n_fed);
                 continue;
             }
             int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
@@ -731,6 +743,7 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
         r->t_first = gen_now();
         r->st.t_prompt_s = r->t_first - r->t_admit;
     }
+    r->rewind = false;
     if (r->st.n_gen >= r->p.n_predict) {
         r->st.stop = GEN_STOP_LENGTH;
         return false;
@@ -739,7 +752,9 @@ static bool sample_one(struct sched *s, struct sreq *r, const float *logits)
 }
 
 /* Judge r's draft on its rows lg[0..k] (row j scores draft j; row k follows the whole draft)
- * as generate() does; false when r ended. Its sequence is cut back to the tokens it keeps. */
+ * as generate() does; false when r ended. Its sequence is cut back to the tokens it keeps, or
+ * with recurrent layers, when a draft was rejected, to the checkpoint before the step (ADR
+ * 0112: r->rewind, the kept rows fed again next step). */
 static bool verify(struct sched *s, struct sreq *r, const float *lg, int V, struct err *e)
 {
     int k = r->n_draft, j = 0;
@@ -762,9 +777,14 @@ static bool verify(struct sched *s, struct sreq *r, const float *lg, int V, stru
     if (alive && acc)
         alive = emit(s, r, sampler_sample(r->smp, lg + (size_t)k * V), lg + (size_t)k * V);
     spec_pace_update(&r->pace, j, k);
-    if (alive && kv_seq_truncate(s->kv, r->seq, r->n_toks - 1, e) < 0)
-        return false;
-    r->n_fed = r->n_toks - 1;
+    int keep = r->n_toks - 1;
+    if (alive && kv_seq_len(s->kv, r->seq) > keep) {
+        int to = kv_has_recurrent(s->kv) ? kv_seq_checkpoint_len(s->kv, r->seq) : keep;
+        if (kv_seq_truncate(s->kv, r->seq, to, e) < 0)
+            return false;
+    }
+    r->n_fed = alive ? kv_seq_len(s->kv, r->seq) : keep;
+    r->rewind = r->n_fed < keep;
     return alive;
 }
 
@@ -876,6 +896,18 @@ int sched_step(struct sched *s, struct err *e)
         }
         if (!preempt(s))
             break;
+    }
+    /* recurrent layers: each drafting sequence's states saved before the step (ADR 0112); when
+     * the checkpoints' buffer cannot be had, the step goes without drafts */
+    for (int i = 0; kv_has_recurrent(s->kv) && i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        struct err ce;
+        if (r->id > 0 && r->seq >= 0 && r->n_draft > 0 && kv_seq_checkpoint(s->kv, r->seq, &ce) < 0) {
+            LOG_WARN("speculative decoding: %s; this step goes without drafts", ce.msg);
+            s->no_drafts = true;
+            build_batch(s);
+            break;
+        }
     }
     s->b.lora = s->lora;   /* each running sequence's row of scales (admit) */
     s->b.n_lora = s->n_lora;

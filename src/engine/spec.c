@@ -123,9 +123,9 @@ int spec_model_check(const struct model *target, const struct model *draft, cons
     if (t->n_eos != d->n_eos || memcmp(t->eos_ids, d->eos_ids, (size_t)t->n_eos * sizeof *t->eos_ids) != 0)
         return err_setf(e, ERR_ARG, "the draft model's end-of-sequence ids differ from the model's: not "
                         "the same tokenizer");
-    if (draft_kv && !kv_can_step_back(draft_kv))
-        return err_setf(e, ERR_UNSUPPORTED, "the draft model has recurrent layers (or sliding-window ones "
-                        "without slack): its cache cannot step back after a rejected draft");
+    if (draft_kv && kv_spec_back_max(draft_kv) <= 0)
+        return err_setf(e, ERR_UNSUPPORTED, "the draft model has sliding-window layers without slack: its "
+                        "cache cannot step back after a rejected draft");
     return 0;
 }
 
@@ -246,8 +246,18 @@ static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, 
     int held = d->n_toks[seq], keep = 0;
     while (keep < held && keep < n - 1 && have[keep] == hist[keep])
         keep++;
+    bool rec = kv_has_recurrent(d->kv);
+    if (keep < held && rec && keep > 0) {
+        /* recurrent layers (ADR 0112): back to the checkpoint taken after the last history fed,
+         * when the kept prefix reaches it, else start over */
+        int ck = kv_seq_checkpoint_len(d->kv, seq);
+        if (ck > 0 && ck <= keep)
+            keep = ck;
+        else
+            keep = 0;
+    }
     if (keep < held) {
-        if (held - keep > kv_step_back_max(d->kv) && keep > 0) {
+        if (!rec && held - keep > kv_step_back_max(d->kv) && keep > 0) {
             /* further back than the draft's cache can step (sliding window): start over */
             kv_seq_remove(d->kv, seq);
             if (kv_seq_add(d->kv, seq, &d->err) < 0)
@@ -258,7 +268,7 @@ static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, 
         }
         d->n_toks[seq] = keep;
     }
-    if (feed(d, seq, hist + keep, n - keep) < 0)
+    if (feed(d, seq, hist + keep, n - keep) < 0 || (rec && kv_seq_checkpoint(d->kv, seq, &d->err) < 0))
         return 0;
     int k = 0;
     for (;;) {

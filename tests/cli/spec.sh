@@ -2,7 +2,9 @@
 # `generate --spec ngram` (prompt lookup, ADR 0079): the same greedy ids as plain decoding
 # on a prompt that repeats itself (drafts accepted) and on one that does not, at a
 # context that ends mid-draft; --stats reports the drafts; a sliding-window model drafts too,
-# a recurrent one says it cannot and still gives the plain ids; `--model-draft` (the model itself: all accepted;
+# and so do recurrent and hybrid ones (ADR 0112: their states checkpointed and restored, with
+# a hybrid as its own draft model too), while one whose rope follows the length says it
+# cannot, and all give the plain ids; `--model-draft` (the model itself: all accepted;
 # another checkpoint; another vocabulary refused); `--spec mtp` (the checkpoint's own
 # multi-token-prediction layer, ADR 0108: a random one added to goldens deepseek_v3 and
 # glm4_moe by make_mtp_checkpoint.py gives the plain ids; checkpoints without one are refused
@@ -39,9 +41,11 @@ same "$REP" "--draft-max 2 --draft-min 2"
 run "$BIN" generate -m $M --prompt-ids "$REP" -n 20 --temp 0.8 --top-p 0.9 --seed 4 --spec ngram --output-ids
 expect_rc 0 "--spec ngram sampled"
 
-# a sliding-window model speculates too (its cache keeps --draft-max positions of slack), and
-# a recurrent one decodes plainly, saying why; both give the plain ids
-for G in tests/fixtures/golden/mistral_swa tests/fixtures/golden/mamba; do
+# a sliding-window model speculates too (its cache keeps --draft-max positions of slack), so do
+# recurrent and hybrid ones (checkpoints, ADR 0112), and one whose rope follows the length
+# decodes plainly, saying why; all give the plain ids
+for G in tests/fixtures/golden/mistral_swa tests/fixtures/golden/mamba tests/fixtures/golden/falcon_h1 \
+    tests/fixtures/golden/qwen3_next tests/fixtures/golden/llama_dynamic; do
     [ -f $G/config.json ] || continue
     run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids
     cp "$T/out" "$T/plain"
@@ -49,8 +53,18 @@ for G in tests/fixtures/golden/mistral_swa tests/fixtures/golden/mamba; do
     expect_rc 0 "--spec on $G"
     cmp -s "$T/out" "$T/plain" || fail "$G: $(cat "$T/out"), plain $(cat "$T/plain")"
     case $G in
-    *mamba) grep -q "decodes without speculation" "$T/err" || fail "no note for $G: $(cat "$T/err")" ;;
+    *llama_dynamic) grep -q "decodes without speculation" "$T/err" || fail "no note for $G: $(cat "$T/err")" ;;
+    *falcon_h1 | *qwen3_next) ! grep -q "decodes without speculation" "$T/err" || fail "$G: $(cat "$T/err")" ;;
     *) grep -q "^speculative: [1-9][0-9]* tokens drafted" "$T/err" || fail "$G drafted nothing: $(cat "$T/err")" ;;
+    esac
+    # a hybrid as its own draft model: its cache checkpointed too, every draft accepted
+    case $G in
+    *falcon_h1 | *qwen3_next)
+        run "$BIN" generate -m $G --prompt-ids 5,6,7,5,6,7,5,6,7,5,6 -n 12 --temp 0 --output-ids --model-draft $G --stats
+        expect_rc 0 "--model-draft $G"
+        cmp -s "$T/out" "$T/plain" || fail "$G as its own draft: $(cat "$T/out"), plain $(cat "$T/plain")"
+        grep -q "^speculative: \([1-9][0-9]*\) tokens drafted, \1 accepted" "$T/err" ||
+            fail "$G as its own draft model: not all accepted: $(cat "$T/err")" ;;
     esac
 done
 

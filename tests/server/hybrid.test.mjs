@@ -6,6 +6,10 @@
 // round on the same server (slots reused by new sequences) equals the first. (LFM2's state is
 // its last 2 inputs, too short a memory for this test to see a prefix-cache hit restore a
 // wrong state: test_prefix.c's prefix_recurrent checks that nothing is attached.)
+// With speculative decoding (ADR 0112: the states checkpointed before a drafted step, restored
+// after a rejection), the model as its own draft model (its cache hybrid too: every draft
+// accepted) and prompt lookup, 8 concurrent greedy completions still equal generate alone, and
+// /metrics counts the drafts.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -28,7 +32,8 @@ if (BIN) {
         '--tokenizer', 'models/llama-tiny'], { stdio: ['ignore', 'ignore', 'inherit'] });
 }
 process.env.MLXCEL_TEST_MODEL = modelDir;
-const { startServer, completeGreedy, withTimeout, SLOW } = await import('./harness.mjs');
+const { startServer, completeGreedy, withTimeout, get, SLOW } = await import('./harness.mjs');
+const metric = (body, name) => Number((body.match(new RegExp(`^${name} (\\d+)$`, 'm')) || [])[1]);
 
 const N = 12;
 const PROMPTS = ['ROMEO:', 'JULIET:', 'First Citizen:', 'MENENIUS:', 'GLOUCESTER:', 'LADY ANNE:',
@@ -44,11 +49,7 @@ describe('hybrid model (LFM2) on serve', { timeout: 240_000 * SLOW }, () => {
     let srv;
     before(async () => { srv = await startServer(['--parallel', '8']); });
     after(async () => {
-        try {
-            if (srv && !srv.stopped) await srv.stop();
-        } finally {
-            rmSync(work, { recursive: true, force: true });
-        }
+        if (srv && !srv.stopped) await srv.stop();
     });
 
     it('8 concurrent greedy completions == mlxcel generate alone, twice', async () => {
@@ -66,4 +67,35 @@ describe('hybrid model (LFM2) on serve', { timeout: 240_000 * SLOW }, () => {
             }
         }
     });
+});
+
+describe('hybrid model (LFM2) on serve with speculative decoding', { timeout: 240_000 * SLOW }, () => {
+    after(() => rmSync(work, { recursive: true, force: true }));  /* the last describe: the model goes */
+
+    for (const flags of [['--model-draft', modelDir], ['--spec', 'ngram']]) {
+        it(`${flags.join(' ')}: 8 concurrent greedy completions == mlxcel generate alone`, async () => {
+            const srv = await startServer(['--parallel', '8', ...flags]);
+            try {
+                const alone = SHARED.map(generate);
+                const all = await withTimeout(Promise.all(SHARED.map((p) => completeGreedy(srv.base, p, N))),
+                    120_000 * SLOW, '8 concurrent completions');
+                SHARED.forEach((p, i) => {
+                    const t = all[i].choices[0].text;
+                    assert.ok(alone[i].startsWith(p) ? alone[i] === p + t : alone[i] === t,
+                        `${JSON.stringify(p)}: served ${JSON.stringify(t)}, generate ${JSON.stringify(alone[i])}`);
+                });
+                const m = (await get(srv.base, '/metrics')).text;
+                const drafted = metric(m, 'mlxcel_spec_draft_tokens_total');
+                const accepted = metric(m, 'mlxcel_spec_accepted_tokens_total');
+                if (flags[0] === '--model-draft') {
+                    assert.ok(drafted > 0, `no drafts: ${drafted}`);
+                    assert.equal(accepted, drafted, 'the model as its own draft: every draft accepted');
+                } else {
+                    assert.ok(accepted <= drafted);
+                }
+            } finally {
+                await srv.stop();
+            }
+        });
+    }
 });
