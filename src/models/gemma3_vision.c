@@ -112,19 +112,12 @@ static int map_projection(struct gemma3_proj *gp, struct model *m, struct wmap *
 
 static int gemma3_vision_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    /* transformers 4's and mlx-vlm's SiglipVisionModel holds the transformer as .vision_model;
-     * transformers 5.17's is the transformer itself */
-    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
-                                         "model.vision_tower.", "vision_tower."};
-    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector.",
-                                        "model.multi_modal_projector.", "multi_modal_projector."};
+    /* the layouts of transformers 4 / mlx-vlm and 5.17 (vit_find_tower) */
     struct wmap w = {m->st, &m->hp.quant};
-    int rc, which = -1;
-    for (int i = 0; i < 4 && which < 0; i++)
-        if (wm_has(&w, "%sembeddings.patch_embedding.weight", towers[i]))
-            which = i;
+    const char *tower = NULL, *proj = NULL;
+    int rc;
     const cJSON *vc = cJSON_GetObjectItemCaseSensitive(cfg, "vision_config");
-    if (which < 0) {
+    if (vit_find_tower(&w, &tower, &proj) < 0) {
         err_setf(e, ERR_MISSING, "no vision_tower.embeddings.patch_embedding.weight");
         return 1;
     }
@@ -141,10 +134,10 @@ static int gemma3_vision_load(struct vision *v, struct model *m, const cJSON *cf
     v->info.image_size = v->vh.image_size;
     v->info.n_channels = v->vh.n_channels;
     v->info.bidirectional = true;
-    if ((rc = vit_map_siglip(&v->vw, &w, &v->vh, towers[which], e)) < 0 ||
+    if ((rc = vit_map_siglip(&v->vw, &w, &v->vh, tower, e)) < 0 ||
         (rc = wm_vec(&w, &gp->norm, WM_REQUIRED, v->vh.n_embd, e, "%smm_soft_emb_norm.weight",
-                     projs[which])) < 0 ||
-        (rc = map_projection(gp, m, &w, projs[which], v->vh.n_embd, e)) < 0)
+                     proj)) < 0 ||
+        (rc = map_projection(gp, m, &w, proj, v->vh.n_embd, e)) < 0)
         return rc;
     return 0;
 }

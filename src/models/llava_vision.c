@@ -112,18 +112,11 @@ static int parse_top(struct vision *v, struct llava_proj *lp, const struct model
 
 static int llava_vision_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    /* transformers 4's and mlx-vlm's CLIPVisionModel holds the transformer as .vision_model;
-     * transformers 5.17's is the transformer itself */
-    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
-                                         "model.vision_tower.", "vision_tower."};
-    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector.",
-                                        "model.multi_modal_projector.", "multi_modal_projector."};
+    /* the layouts of transformers 4 / mlx-vlm and 5.17 (vit_find_tower) */
     struct wmap w = {m->st, &m->hp.quant};
-    int rc, which = -1;
-    for (int i = 0; i < 4 && which < 0; i++)
-        if (wm_has(&w, "%sembeddings.patch_embedding.weight", towers[i]))
-            which = i;
-    if (which < 0) {
+    const char *tower = NULL, *proj = NULL;
+    int rc;
+    if (vit_find_tower(&w, &tower, &proj) < 0) {
         err_setf(e, ERR_MISSING, "no vision_tower.vision_model.embeddings.patch_embedding.weight");
         return 1;
     }
@@ -143,8 +136,8 @@ static int llava_vision_load(struct vision *v, struct model *m, const cJSON *cfg
     if ((rc = cfg_opt_bool(cfg, "multimodal_projector_bias", true, &bias, e)) < 0)
         return rc;
     int64_t D = m->hp.n_embd, dv = v->vh.n_embd;
-    const char *p = projs[which];
-    if ((rc = vit_map_clip(&v->vw, &w, &v->vh, towers[which], e)) < 0 ||
+    const char *p = proj;
+    if ((rc = vit_map_clip(&v->vw, &w, &v->vh, tower, e)) < 0 ||
         (rc = wm_linear(&w, &lp->l1, WM_REQUIRED, 0, D, dv, e, "%slinear_1", p)) < 0 ||
         (rc = wm_vec(&w, &lp->l1_b, bias, D, e, "%slinear_1.bias", p)) < 0 ||
         (rc = wm_linear(&w, &lp->l2, WM_REQUIRED, 0, D, D, e, "%slinear_2", p)) < 0 ||

@@ -101,6 +101,21 @@ int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
     return vit_parse(vh, vc, &d, e);
 }
 
+int vit_find_tower(struct wmap *w, const char **tower, const char **proj)
+{
+    static const char *const towers[] = {"model.vision_tower.vision_model.", "vision_tower.vision_model.",
+                                         "model.vision_tower.", "vision_tower."};
+    static const char *const projs[] = {"model.multi_modal_projector.", "multi_modal_projector.",
+                                        "model.multi_modal_projector.", "multi_modal_projector."};
+    for (int i = 0; i < 4; i++)
+        if (wm_has(w, "%sembeddings.patch_embedding.weight", towers[i])) {
+            *tower = towers[i];
+            *proj = projs[i];
+            return i;
+        }
+    return -1;
+}
+
 int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
 {
     /* transformers CLIPVisionConfig defaults */

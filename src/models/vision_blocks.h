@@ -57,6 +57,14 @@ struct vit_weights {
     enum vit_patch_layout layout;
 };
 
+/* Where a checkpoint keeps its ViT and the projector beside it, as transformers 4 / mlx-vlm
+ * (vision_tower.vision_model.*, the CLIP / SigLIP VisionModel wrapper) and transformers 5.17
+ * (vision_tower.* the transformer itself) name them, with or without "model.": the index of
+ * the layout whose embeddings.patch_embedding.weight is there and its two prefixes
+ * (*tower, *proj: "...multi_modal_projector."), or -1 (no tower: not an image-text checkpoint
+ * of this layout). */
+int vit_find_tower(struct wmap *w, const char **tower, const char **proj);
+
 /* SigLIP's vision_config (SiglipVisionConfig defaults for absent keys): hidden_size,
  * intermediate_size, num_hidden_layers, num_attention_heads, num_channels, image_size,
  * patch_size, layer_norm_eps, hidden_act. Sizes are bounded (an untrusted config). */
