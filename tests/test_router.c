@@ -177,6 +177,7 @@ static void presets_ini(void **state)
                  "temp = 0.2\n"
                  "parallel = 2\n"
                  "chat-template-file = /t/chat.jinja\n"
+                 "lora = /ad/one,/ad/two:0.5\n"
                  "load-on-startup = true\n"
                  "[extra]\n"
                  "model = /models/extra\n"
@@ -194,6 +195,9 @@ static void presets_ini(void **state)
     /* the model's own values over [*]'s */
     assert_true(a->preset.temp == 0.2f && a->preset.ctx_size == 1024 && a->preset.parallel == 2);
     assert_string_equal(a->preset.chat_template_file, "/t/chat.jinja");
+    assert_true(a->preset.set & ROUTER_SET_LORA);
+    assert_string_equal(a->preset.lora, "/ad/one,/ad/two:0.5");
+    assert_false(b->preset.set & ROUTER_SET_LORA);
     assert_true(a->preset.load_on_startup);
     assert_true(b->preset.temp == 0.5f && b->preset.ctx_size == 1024 && !(b->preset.set & ROUTER_SET_PARALLEL));
     assert_false(b->preset.load_on_startup);
@@ -210,6 +214,7 @@ static void presets_errors_name_the_line(void **state)
     } k_cases[] = {
         {"[a]\ntemp = 3\n", "p2.ini:2"},               /* out of range */
         {"[a]\nctx-size = 1.5\n", "an integer"},
+        {"[a]\nlora =\n", "adapter paths"},
         {"[nosuch]\ntemp = 1\n", "names no model"},
         {"[a\n", "p2.ini:1"},
         {"[a]\njust words\n", "key = value"},

@@ -61,7 +61,8 @@ static const char *k_help =
     "                             request's first use loads its model); --models-autoload: on\n"
     "      --models-preset FILE   per-model defaults: llama-server's INI ([*], [NAME]; keys\n"
     "                             ctx-size, parallel, temp, top-p, top-k, min-p, repeat-penalty,\n"
-    "                             chat-template-file, load-on-startup, model) or the same as JSON\n"
+    "                             chat-template-file, lora, load-on-startup, model) or the same\n"
+    "                             as JSON\n"
     "      --models-load-timeout S  a request waits S seconds for its model to load, then 503\n"
     "                             (default 600)\n"
     "\n"
@@ -478,6 +479,8 @@ struct served {
     struct image_setup img;          /* a model with a vision tower: its image parts' setup */
     char img_err[400];               /* why it takes none, when it has a tower */
     struct cli_lora lora;            /* the adapters served (--lora), owned */
+    char lora_spec[4096];            /* router mode: the preset's "lora" list, which lora.path
+                                      * points into for the model's lifetime */
 };
 
 static void served_free(struct served *sv)
@@ -643,7 +646,23 @@ static int router_load(void *ud, const struct router_spec *spec, struct server_m
     struct served *sv = calloc(1, sizeof *sv);
     if (!sv)
         return err_setf(e, ERR_NOMEM, "out of memory");
-    int rc = load(&o, spec->path, sv, out, e);
+    int rc = 0;
+    /* the preset's adapters, each as --lora PATH[:S] would give it (--lora itself is refused
+     * in router mode: adapters belong to one base model) */
+    memset(&o.lora, 0, sizeof o.lora);
+    if (p->set & ROUTER_SET_LORA) {
+        snprintf(sv->lora_spec, sizeof sv->lora_spec, "%s", p->lora);
+        char *save = NULL;
+        for (char *t = strtok_r(sv->lora_spec, ",", &save); t && rc == 0; t = strtok_r(NULL, ",", &save)) {
+            while (*t == ' ' || *t == '\t')
+                t++;
+            rc = *t ? cli_lora_flag(&o.lora, CLI_OPT_LORA, t, 0, NULL, e) : 0;
+        }
+        if (rc < 0)
+            err_prefix(e, "preset 'lora' of model '%s'", spec->name);
+    }
+    if (rc == 0)
+        rc = load(&o, spec->path, sv, out, e);
     if (rc < 0) {
         served_free(sv);
         free(sv);

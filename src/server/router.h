@@ -43,6 +43,7 @@ enum router_preset_bits {
     ROUTER_SET_PARALLEL = 1u << 6,
     ROUTER_SET_TEMPLATE = 1u << 7,
     ROUTER_SET_LOAD = 1u << 8,
+    ROUTER_SET_LORA = 1u << 9,
 };
 
 /* One model's defaults from the presets file; 0 / "" / unset: the serve flags' (or the
@@ -55,6 +56,8 @@ struct router_preset {
     unsigned set;                    /* enum router_preset_bits */
     char chat_template_file[4096];   /* chat-template-file: a Jinja file replacing the checkpoint's */
     bool load_on_startup;            /* load-on-startup */
+    char lora[4096];                 /* lora: the model's adapters, "PATH[:S],PATH[:S]..." as
+                                      * --lora takes each (llama-server's flag) */
 };
 
 /* One servable model. */

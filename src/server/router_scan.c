@@ -224,6 +224,12 @@ static int preset_set(struct router_preset *p, char *model_path, size_t model_ca
             return err_setf(e, ERR_ARG, "%s: '%s' must be a file path", where, key);
         snprintf(p->chat_template_file, sizeof p->chat_template_file, "%s", v);
         p->set |= ROUTER_SET_TEMPLATE;
+    } else if (strcmp(key, "lora") == 0) {
+        if (!*v || strlen(v) >= sizeof p->lora)
+            return err_setf(e, ERR_ARG, "%s: '%s' must be adapter paths (PATH[:SCALE], comma-separated)",
+                            where, key);
+        snprintf(p->lora, sizeof p->lora, "%s", v);
+        p->set |= ROUTER_SET_LORA;
     } else if (strcmp(key, "load-on-startup") == 0) {
         bool t = strcmp(v, "true") == 0 || strcmp(v, "1") == 0 || strcmp(v, "on") == 0;
         if (!t && strcmp(v, "false") != 0 && strcmp(v, "0") != 0 && strcmp(v, "off") != 0)
@@ -253,6 +259,7 @@ static void preset_merge(struct router_preset *dst, const struct router_preset *
     if (src->set & ROUTER_SET_TEMPLATE) memcpy(dst->chat_template_file, src->chat_template_file,
                                                sizeof dst->chat_template_file);
     if (src->set & ROUTER_SET_LOAD) dst->load_on_startup = src->load_on_startup;
+    if (src->set & ROUTER_SET_LORA) memcpy(dst->lora, src->lora, sizeof dst->lora);
     dst->set |= src->set;
 }
 

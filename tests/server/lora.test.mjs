@@ -170,6 +170,52 @@ describe('lora adapters', { timeout: 300_000 * SLOW }, () => {
         assert.match(bad.json.error.message, /invalid adapter id 7/);
     });
 
+    it('router mode: two models with their own adapters (presets\' lora), interleaved, each equal to its own server', async () => {
+        // the same base twice under two names, each with its adapter from the presets file
+        const preset = path.join(tmp, 'presets.ini');
+        fs.writeFileSync(preset, `[tinyA]\nlora = ${a1}\n\n[tinyB]\nlora = ${a2}:1\n`);
+        const router = await startServer(['-m', 'tinyA=models/llama-tiny', '-m', 'tinyB=models/llama-tiny',
+                                          '--models-preset', preset]);
+        try {
+            const ask = (s, model, p) => client(s.base).chat.completions.create({
+                model, messages: [{ role: 'user', content: p }], max_tokens: N, temperature: 0,
+            }).then((r) => r.choices[0].message.content);
+            const want = {};
+            for (const p of PROMPTS)
+                want[p] = { tinyA: await chat(only1, p), tinyB: await chat(only2, p) };
+            const jobs = [];
+            for (const p of PROMPTS)
+                for (const m of ['tinyA', 'tinyB', 'tinyA', 'tinyB'])
+                    jobs.push(ask(router, m, p).then((t) => [p, m, t]));
+            const got = await withTimeout(Promise.all(jobs), 180_000 * SLOW, 'interleaved requests');
+            for (const [p, m, t] of got) assert.equal(t, want[p][m], `${p} on ${m}`);
+            // each model lists its own adapter
+            const la = await get(router.base, '/lora-adapters?model=tinyA');
+            const lb = await get(router.base, '/lora-adapters?model=tinyB');
+            assert.deepEqual(la.json.map((x) => x.path), [a1]);
+            assert.deepEqual(lb.json.map((x) => x.path), [a2]);
+        } finally {
+            await router.stop();
+        }
+        // a preset naming an adapter that does not fit its model: that model fails to load with
+        // the adapter's error, the server keeps serving
+        const bad = path.join(tmp, 'bad.ini');
+        fs.writeFileSync(bad, `[tinyA]\nlora = ${path.join(tmp, 'nonexistent')}\n`);
+        const r2 = await startServer(['-m', 'tinyA=models/llama-tiny', '-m', 'tinyB=models/llama-tiny',
+                                      '--models-preset', bad]);
+        try {
+            const e = await post(r2.base, '/v1/chat/completions', { model: 'tinyA', max_tokens: 2,
+                messages: [{ role: 'user', content: 'x' }] });
+            assert.ok(e.status >= 400, `status ${e.status}`);
+            assert.match(JSON.stringify(e.json), /lora|adapter|nonexistent/i);
+            const ok = await post(r2.base, '/v1/chat/completions', { model: 'tinyB', max_tokens: 2,
+                messages: [{ role: 'user', content: 'x' }] });
+            assert.equal(ok.status, 200);
+        } finally {
+            await r2.stop();
+        }
+    });
+
     it('POST /lora-adapters sets the global scales of requests without lora', async () => {
         const r = await post(multi.base, '/lora-adapters', [{ id: 1, scale: 1 }]);
         assert.equal(r.status, 200);
