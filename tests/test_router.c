@@ -106,6 +106,50 @@ static void scan_finds_models_at_both_levels(void **state)
     router_list_free(&l);
 }
 
+/* --models-dir at a Hugging Face hub cache: models--OWNER--NAME/refs/main names the snapshot
+ * that is the model (OWNER/NAME); a ref that is not a commit hash, a missing snapshot or one
+ * without config.json is no model, and nothing under models--* is scanned as an owner folder. */
+static void scan_reads_a_hub_cache(void **state)
+{
+    (void)state;
+    mk("hub");
+    mk("hub/models--acme--tiny");
+    mk("hub/models--acme--tiny/refs");
+    put("hub/models--acme--tiny/refs/main", "0123abcd4567\n");
+    mk("hub/models--acme--tiny/snapshots");
+    mk("hub/models--acme--tiny/snapshots/0123abcd4567");
+    put("hub/models--acme--tiny/snapshots/0123abcd4567/config.json", "{}");
+    mk("hub/models--acme--tiny/snapshots/ffff0000ffff");   /* another snapshot: not main */
+    put("hub/models--acme--tiny/snapshots/ffff0000ffff/config.json", "{}");
+    mk("hub/models--solo");                                  /* no owner: named "solo" */
+    mk("hub/models--solo/refs");
+    put("hub/models--solo/refs/main", "abcdef1");
+    mk("hub/models--solo/snapshots");
+    mk("hub/models--solo/snapshots/abcdef1");
+    put("hub/models--solo/snapshots/abcdef1/config.json", "{}");
+    mk("hub/models--evil--ref");                             /* a ref that is a path */
+    mk("hub/models--evil--ref/refs");
+    put("hub/models--evil--ref/refs/main", "../../../outside");
+    mk("hub/models--no--snap");                              /* the ref's snapshot is missing */
+    mk("hub/models--no--snap/refs");
+    put("hub/models--no--snap/refs/main", "1234567");
+    mk("hub/datasets--x--y");                                /* not a model entry: an owner */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/hub", g_root);
+    struct router_list l = {0};
+    struct err e = {0};
+    int found = -1;
+    assert_int_equal(router_scan_dir(&l, dir, &found, &e), 0);
+    assert_int_equal(found, 2);
+    const struct router_spec *t = find(&l, "acme/tiny");
+    assert_non_null(t);
+    assert_non_null(strstr(t->path, "/snapshots/0123abcd4567"));
+    assert_non_null(find(&l, "solo"));
+    assert_null(find(&l, "evil/ref"));
+    assert_null(find(&l, "no/snap"));
+    router_list_free(&l);
+}
+
 static void scan_bounds_the_entries(void **state)
 {
     (void)state;
@@ -493,6 +537,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(router_references_and_eviction),
     cmocka_unit_test(router_budget_and_autoload_off),
     cmocka_unit_test_setup_teardown(scan_finds_models_at_both_levels, setup_root, teardown_root),
+    cmocka_unit_test_setup_teardown(scan_reads_a_hub_cache, setup_root, teardown_root),
     cmocka_unit_test_setup_teardown(scan_bounds_the_entries, setup_root, teardown_root),
     cmocka_unit_test(list_names_are_checked),
     cmocka_unit_test_setup_teardown(presets_ini, setup_root, teardown_root),

@@ -109,6 +109,38 @@ static bool has_config(const char *dir)
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* A Hugging Face hub cache entry (models--OWNER--NAME, as huggingface_hub and `mlxcel pull`
+ * write $HF_HOME/hub): its refs/main snapshot's real path into snap and "OWNER/NAME" into
+ * name; false when entry is not one, or its snapshot is missing, outside the root or holds no
+ * config.json. */
+static bool hf_cache_entry(const struct scan *sc, const char *real, const char *entry, char *snap,
+                           char *name, size_t name_cap)
+{
+    if (strncmp(entry, "models--", 8) != 0)
+        return false;
+    const char *owner = entry + 8, *sep = strstr(owner, "--");
+    if (!*owner || (sep && (sep == owner || !sep[2])))
+        return false;
+    if (sep)
+        snprintf(name, name_cap, "%.*s/%s", (int)(sep - owner), owner, sep + 2);
+    else
+        snprintf(name, name_cap, "%s", owner);
+    char p[PATH_MAX + 64], ref[80];
+    snprintf(p, sizeof p, "%s/refs/main", real);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return false;
+    size_t n = fread(ref, 1, sizeof ref - 1, f);
+    fclose(f);
+    ref[n] = 0;
+    while (n > 0 && (ref[n - 1] == '\n' || ref[n - 1] == '\r' || ref[n - 1] == ' '))
+        ref[--n] = 0;
+    if (n < 7 || n > 64 || strspn(ref, "0123456789abcdef") != n)
+        return false;                   /* a commit hash, nothing else (no path in it) */
+    snprintf(p, sizeof p, "%s/snapshots/%s", real, ref);
+    return realpath(p, snap) && inside(sc, snap) && has_config(snap);
+}
+
 /* Reads the folders of dir (real path, inside the scan's root); name_prefix "" at the first
  * level, "owner/" at the second. */
 static int scan_level(struct scan *sc, const char *dir, const char *name_prefix, int depth, struct err *e)
@@ -139,7 +171,11 @@ static int scan_level(struct scan *sc, const char *dir, const char *name_prefix,
             continue;
         }
         snprintf(name, sizeof name, "%s%s", name_prefix, de->d_name);
-        if (has_config(real)) {
+        char snap[PATH_MAX];
+        bool hf = depth == 0 && !has_config(real) && hf_cache_entry(sc, real, de->d_name, snap, name, sizeof name);
+        if (hf)
+            snprintf(real, sizeof real, "%s", snap);   /* the model is its main snapshot */
+        if (hf || has_config(real)) {
             struct err ae = {0};
             if (!name_ok(name)) {
                 LOG_WARN("--models-dir: skipping %s: '%s' is not a valid model name", child, name);
@@ -152,7 +188,7 @@ static int scan_level(struct scan *sc, const char *dir, const char *name_prefix,
             } else {
                 sc->n_found++;
             }
-        } else if (depth == 0 && strlen(name) + 2 < ROUTER_NAME_MAX) {
+        } else if (depth == 0 && strncmp(de->d_name, "models--", 8) != 0 && strlen(name) + 2 < ROUTER_NAME_MAX) {
             char prefix[ROUTER_NAME_MAX + 2];
             snprintf(prefix, sizeof prefix, "%s/", name);
             rc = scan_level(sc, real, prefix, 1, e);
