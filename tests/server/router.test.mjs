@@ -474,3 +474,30 @@ describe('router mode: llama-server routes', () => {
         assert.equal(unknown.status, 404);
     });
 });
+
+describe('router mode: a Hugging Face hub cache as --models-dir', () => {
+    it('models--OWNER--NAME serves its refs/main snapshot as OWNER/NAME, equal to the folder served alone', async () => {
+        const hub = join(work, 'hub');
+        const entry = join(hub, 'models--local--llama-tiny');
+        const snap = join(entry, 'snapshots', '0123456789abcdef');
+        mkdirSync(snap, { recursive: true });
+        mkdirSync(join(entry, 'refs'), { recursive: true });
+        writeFileSync(join(entry, 'refs', 'main'), '0123456789abcdef\n');
+        for (const f of ['config.json', 'generation_config.json', 'model.safetensors', 'tokenizer.json',
+                         'tokenizer_config.json'])
+            writeFileSync(join(snap, f), readFileSync(join(LLAMA, f)));
+        const body = { max_tokens: 6, temperature: 0, messages: [{ role: 'user', content: 'ROMEO:' }] };
+        const one = await serve(['-m', LLAMA]);
+        const want = await openai(one.base).chat.completions.create({ ...body, model: 'llama-tiny' });
+        await one.stop();
+        const r = await serve(['--models-dir', hub]);
+        try {
+            const m = await get(r.base, '/v1/models');
+            assert.deepEqual(m.json.data.map((d) => d.id), ['local/llama-tiny']);
+            const got = await openai(r.base).chat.completions.create({ ...body, model: 'local/llama-tiny' });
+            assert.equal(got.choices[0].message.content, want.choices[0].message.content);
+        } finally {
+            await r.stop();
+        }
+    });
+});
