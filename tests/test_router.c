@@ -134,6 +134,11 @@ static void scan_reads_a_hub_cache(void **state)
     mk("hub/models--no--snap/refs");
     put("hub/models--no--snap/refs/main", "1234567");
     mk("hub/datasets--x--y");                                /* not a model entry: an owner */
+    mk("hub/models--fifo--ref");                             /* refs/main a FIFO: no hang */
+    mk("hub/models--fifo--ref/refs");
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/hub/models--fifo--ref/refs/main", g_root);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
     char dir[512];
     snprintf(dir, sizeof dir, "%s/hub", g_root);
     struct router_list l = {0};
@@ -147,6 +152,7 @@ static void scan_reads_a_hub_cache(void **state)
     assert_non_null(find(&l, "solo"));
     assert_null(find(&l, "evil/ref"));
     assert_null(find(&l, "no/snap"));
+    assert_null(find(&l, "fifo/ref"));
     router_list_free(&l);
 }
 

@@ -125,19 +125,21 @@ static bool hf_cache_entry(const struct scan *sc, const char *real, const char *
         snprintf(name, name_cap, "%.*s/%s", (int)(sep - owner), owner, sep + 2);
     else
         snprintf(name, name_cap, "%s", owner);
-    char p[PATH_MAX + 64], ref[80];
+    char p[PATH_MAX + 64], *ref = NULL;
+    size_t n = 0;
+    struct err fe = {0};
     snprintf(p, sizeof p, "%s/refs/main", real);
-    FILE *f = fopen(p, "r");
-    if (!f)
+    /* file_read_all: a regular file only (a FIFO there must not block the scan), bounded */
+    if (file_read_all(p, 80, &ref, &n, &fe) < 0)
         return false;
-    size_t n = fread(ref, 1, sizeof ref - 1, f);
-    fclose(f);
-    ref[n] = 0;
     while (n > 0 && (ref[n - 1] == '\n' || ref[n - 1] == '\r' || ref[n - 1] == ' '))
         ref[--n] = 0;
-    if (n < 7 || n > 64 || strspn(ref, "0123456789abcdef") != n)
-        return false;                   /* a commit hash, nothing else (no path in it) */
-    snprintf(p, sizeof p, "%s/snapshots/%s", real, ref);
+    bool hash = n >= 7 && n <= 64 && strspn(ref, "0123456789abcdef") == n;
+    if (hash)                           /* a commit hash, nothing else (no path in it) */
+        snprintf(p, sizeof p, "%s/snapshots/%s", real, ref);
+    free(ref);
+    if (!hash)
+        return false;
     return realpath(p, snap) && inside(sc, snap) && has_config(snap);
 }
 
