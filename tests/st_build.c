@@ -12,6 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/err.h"
+#include "core/st_write.h"
 #include "models/selftest.h"
 
 /* the family self-tests' own (src/models/selftest.c), so both make and remove alike */
@@ -115,4 +117,23 @@ int stb_write_text(const char *path, const char *text)
 int stb_truncate(const char *path, long n)
 {
     return truncate(path, n);
+}
+
+int stb_write_model(const char *dst, struct st_wentry *ents, char **names, void **data, size_t n,
+                    struct err *e)
+{
+    struct st_writer *w = NULL;
+    int rc = st_writer_open(&w, stb_path(dst, "model.safetensors"), ents, n, e);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        rc = st_writer_write(w, data[i], st_wentry_bytes(&ents[i]), e);
+    if (w && st_writer_close(w, rc == 0 ? e : &(struct err){0}) < 0)
+        rc = -1;
+    for (size_t i = 0; i < n; i++) {
+        free(names[i]);
+        free(data[i]);
+    }
+    free(names);
+    free(data);
+    free(ents);
+    return rc < 0 ? -1 : 0;
 }

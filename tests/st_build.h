@@ -35,3 +35,11 @@ int stb_write_raw(const char *path, const void *buf, size_t n);
 int stb_write_text(const char *path, const char *text);
 /* Cut the file at path to n bytes. */
 int stb_truncate(const char *path, long n);
+
+struct st_wentry;
+struct err;
+/* Write dst/model.safetensors from n entries and their payloads through the loader's own
+ * writer (st_writer), then free names[i], data[i] and the three arrays, whatever the outcome
+ * (the checkpoints the vision suites rewrite into mlx-vlm's layout). 0, or -1 with *e. */
+int stb_write_model(const char *dst, struct st_wentry *ents, char **names, void **data, size_t n,
+                    struct err *e);

@@ -407,20 +407,8 @@ static void write_mlx_vlm(const char *name, const char *dst)
             data[m++] = d;
         }
     }
-    struct st_writer *w = NULL;
-    if (st_writer_open(&w, stb_path(dst, "model.safetensors"), ents, m, &e) < 0)
+    if (stb_write_model(dst, ents, names, data, m, &e) < 0)
         fail_msg("%s", e.msg);
-    for (size_t i = 0; i < m; i++)
-        assert_int_equal(st_writer_write(w, data[i], st_wentry_bytes(&ents[i]), &e), 0);
-    if (st_writer_close(w, &e) < 0)
-        fail_msg("%s", e.msg);
-    for (size_t i = 0; i < m; i++) {
-        free(names[i]);
-        free(data[i]);
-    }
-    free(names);
-    free(data);
-    free(ents);
     st_set_free(s);
 }
 
