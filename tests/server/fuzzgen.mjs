@@ -320,6 +320,10 @@ export function checkResponse(res, c) {
         res.headers['content-type']?.includes('json')) return null;
     const llama = LLAMA_PATHS.has((c.path || '').split('?')[0]);
     if (res.status === 501 && llama && res.headers['content-type']?.includes('json')) return null;
+    // llama-server's /slots?fail_on_no_slot=1: 503 while no slot is idle (the fuzz's own
+    // concurrent requests keep them busy), in its error body
+    if (res.status === 503 && /^\/slots\?(.*&)?fail_on_no_slot=1\b/.test(c.path || '') &&
+        res.headers['content-type']?.includes('json')) return null;
     if (res.status >= 500) return `${what}: status ${res.status}: ${res.body?.toString('utf8').slice(0, 300) ?? ''}`;
     if (res.incomplete && !c.opts.head) return `${what}: status ${res.status}, response cut short (${res.timedOut ? 'timed out' : 'closed'})`;
     const ct = (res.headers['content-type'] || '').toLowerCase();
