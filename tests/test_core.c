@@ -35,6 +35,7 @@
 #include "core/base64.h"
 #include "core/dtype.h"
 #include "core/fileio.h"
+#include "core/fscan.h"
 #include "core/json.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
@@ -1133,6 +1134,64 @@ static void test_termsafe(void **state)
     assert_string_equal(got, want);
 }
 
+/* The plain loops fscan replaces: the greedy pick and the finite check. */
+static int32_t plain_argmax(const float *v, int n)
+{
+    int32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b])
+            b = i;
+    return b;
+}
+
+static bool plain_finite(const float *v, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (isnan(v[i]) || isinf(v[i]))
+            return false;
+    return true;
+}
+
+/* fscan equals the plain loops on every length 0..70 (the SIMD body and every tail), on
+ * ties, signed zeros, NaNs (first or later), infinities and a long row with its maximum
+ * in the last element. */
+static void test_fscan(void **state)
+{
+    (void)state;
+    uint64_t r = 0x243f6a8885a308d3ull;
+    float v[200];
+    const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1.0f, 3.5f};
+    for (int trial = 0; trial < 4000; trial++) {
+        int n = trial % 71;
+        for (int i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            int pick = (int)(r >> 59);
+            /* small integers make ties common; specials now and then */
+            v[i] = pick < 3 ? specials[(r >> 40) % 8] : (float)((int)((r >> 33) % 9) - 4);
+        }
+        if (trial % 7 == 0 && n > 0)
+            v[n - 1] = 100.0f;  /* the maximum in the tail */
+        assert_int_equal(fscan_argmax(v, n), plain_argmax(v, n));
+        assert_int_equal(fscan_finite(v, n), plain_finite(v, n));
+    }
+    /* -0 first, +0 later: equal, the first stays */
+    float z[20] = {-0.0f};
+    assert_int_equal(fscan_argmax(z, 20), 0);
+    /* a NaN in the first element: the plain loop never moves */
+    float big[1000];
+    for (int i = 0; i < 1000; i++)
+        big[i] = (float)i;
+    assert_int_equal(fscan_argmax(big, 1000), 999);
+    assert_true(fscan_finite(big, 1000));
+    big[0] = NAN;
+    assert_int_equal(fscan_argmax(big, 1000), 0);
+    assert_false(fscan_finite(big, 1000));
+    big[0] = 0.0f;
+    big[997] = -INFINITY;
+    assert_false(fscan_finite(big, 1000));
+    assert_int_equal(fscan_argmax(big, 1000), 999);
+}
+
 static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_trailing),
     cmocka_unit_test(test_json_nul),
@@ -1142,6 +1201,7 @@ static const struct CMUnitTest k_json_tests[] = {
     cmocka_unit_test(test_json_load),
     cmocka_unit_test(test_termsafe),
     cmocka_unit_test(test_base64),
+    cmocka_unit_test(test_fscan),
 };
 
 static const struct CMUnitTest k_fileio_tests[] = {

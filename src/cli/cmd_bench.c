@@ -31,6 +31,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "../core/fscan.h"
 #include "../core/log.h"
 #include "../engine/generate.h"
 #include "../models/model.h"
@@ -139,15 +140,6 @@ static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e
 
 /* ---- runs ---- */
 
-static int argmax(const float *x, int n)
-{
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* splitmix64: deterministic ids in [0, n_vocab), independent of libc rand(). */
 static void fill_ids(int32_t *ids, int n, int n_vocab)
 {
@@ -209,7 +201,7 @@ static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
             batch_add(&b->b, b->next[s], b->depth + i, s, true, NULL);
         rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
         for (int s = 0; s < b->n_seq; s++)
-            b->next[s] = argmax(b->logits + (size_t)s * V, V);
+            b->next[s] = fscan_argmax(b->logits + (size_t)s * V, V);
     }
     *secs = gen_now() - t0;
     return rc;

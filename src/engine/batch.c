@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/fscan.h"
 #include "../core/log.h"
 #include "../models/lora.h"
 #include "../models/vision.h"
@@ -345,15 +346,7 @@ static int forward_chunk(struct model_ctx *c, const struct kv_cache *kv, const s
 /* Logit rows of [rows, V] holding a NaN or an infinity. */
 bool logits_row_finite(const float *l, int V)
 {
-    /* an exponent of all ones is an infinity or a NaN; integer tests carry no float
-     * dependency from one element to the next (a float sum would: 4 cycles each) */
-    uint32_t bad = 0;
-    for (int i = 0; i < V; i++) {
-        uint32_t u;
-        memcpy(&u, l + i, sizeof u);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return !bad;
+    return fscan_finite(l, V);
 }
 
 static int count_nonfinite(const float *logits, int rows, int V)

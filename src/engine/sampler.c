@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/fscan.h"
 #include "../core/rng.h"
 
 struct sampler {
@@ -158,15 +159,6 @@ int sampler_accept_output(struct sampler *s, int32_t id)
     return s->p.cons.ops ? s->p.cons.ops->accept(s->p.cons.state, id) : 0;
 }
 
-static int32_t argmax(const float *v, int n)
-{
-    int32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b])
-            b = i;
-    return b;
-}
-
 /* Candidate order: higher key first, ties to the lower id. */
 static bool before(const float *key, int32_t a, int32_t b)
 {
@@ -268,13 +260,13 @@ static int candidates(struct sampler *s, const float *logits, int32_t *greedy)
         }
     }
     if (p->temperature < SAMPLER_GREEDY_TEMP) {
-        *greedy = argmax(s->work, V);
+        *greedy = fscan_argmax(s->work, V);
         return 0;
     }
 
     /* 2. temperature, in the safe form (l - max) / T: every scaled logit is <= 0, so a
      * small T sends the others to -inf (probability 0), never the max to +inf */
-    int32_t top = argmax(s->work, V);
+    int32_t top = fscan_argmax(s->work, V);
     double lmax = s->work[top], inv_t = 1.0 / (double)p->temperature;
     for (int i = 0; i < V; i++)
         s->work[i] = (float)(((double)s->work[i] - lmax) * inv_t);

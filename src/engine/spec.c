@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/fscan.h"
 #include "../core/log.h"
 #include "../models/model.h"
 #include "batch.h"
@@ -176,15 +177,6 @@ const char *spec_model_error(const struct spec_model *d)
     return d->err.code ? d->err.msg : NULL;
 }
 
-static int32_t argmax_row(const float *l, int V)
-{
-    int32_t best = 0;
-    for (int i = 1; i < V; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
-}
-
 /* Feed ids[0..n) at the end of draft sequence seq; the logits of the last into d->logits. The
  * draft's cache keeps the sequences of requests that ended until their ids are taken again:
  * when the pool runs short, those of the other ids are dropped (they start over when drafted
@@ -272,7 +264,7 @@ static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, 
         return 0;
     int k = 0;
     for (;;) {
-        out[k] = argmax_row(d->logits, V);
+        out[k] = fscan_argmax(d->logits, V);
         if (++k == max || feed(d, seq, out + k - 1, 1) < 0)
             break;
     }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/fscan.h"
 #include "../core/log.h"
 #include "../models/model.h"
 #include "batch.h"
@@ -213,15 +214,6 @@ failed:
     LOG_WARN("the multi-token-prediction layer failed (%s): decoding goes on without drafts", d->err.msg);
 }
 
-static int32_t argmax_row(const float *l, int V)
-{
-    int32_t best = 0;
-    for (int i = 1; i < V; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
-}
-
 /* spec_mtp_draft's work for a started sequence; d->err set on a failure. */
 static int draft_seq(struct spec_mtp *d, int seq, const int32_t *hist, int n, int32_t *out, int max)
 {
@@ -252,13 +244,13 @@ static int draft_seq(struct spec_mtp *d, int seq, const int32_t *hist, int n, in
         g = d->hid + (size_t)(piece - 1) * d->d;
     }
     fed0 = S->fed;
-    out[k++] = argmax_row(d->logits, d->V);
+    out[k++] = fscan_argmax(d->logits, d->V);
     /* chained rows: the token just drafted, the layer's own last hidden state */
     while (k < max) {
         memcpy(d->g, g, (size_t)d->d * sizeof *d->g);
         if (feed(d, seq, out + k - 1, d->g, 1, true) < 0)
             break;
-        out[k++] = argmax_row(d->logits, d->V);
+        out[k++] = fscan_argmax(d->logits, d->V);
         g = d->hid;
     }
     if (S->fed > fed0) {
