@@ -2,7 +2,8 @@
  * test_cuda: the CUDA backend's products against the CPU scalar reference
  * on awkward shapes, every weight format (F32/F16/BF16, MLX affine 2..8 bits
  * x groups 32/64/128 with F16/BF16/F32 scales, mxfp4, mxfp8, nvfp4), token
- * counts on both sides of the GEMV/GEMM switch, with and without bias, the
+ * counts on both sides of the GEMV/GEMM switch (2-8 tokens on tensor cores, ADR 0115),
+ * with and without bias, the
  * tensor-core product over affine codes at its tile edges (and with it off), and
  * the embedding of quantized rows. Attention (tiled prefill and decode, every
  * cache element type, mixed sequences, windows, soft-capping, sinks) against
@@ -180,6 +181,10 @@ static const struct wcase k_cases[] = {
     {"q4 g128 bf16 in=3200", DTYPE_U32, 4, 128, QMODE_AFFINE, DTYPE_BF16, 45, 3200},
     {"q4 g64 bf16 rows=8200", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 8200, 256},
     {"q4 g32 f32 in=16416", DTYPE_U32, 4, 32, QMODE_AFFINE, DTYPE_F32, 3, 16416},
+    /* 2-8 tokens on tensor cores (mmv.cu): 4 tiles a warp from 16896 rows (a last block of
+     * 1 and 7 rows past its tiles), 8-bit groups of 128 one group a load */
+    {"q4 g64 bf16 rows=16897", DTYPE_U32, 4, 64, QMODE_AFFINE, DTYPE_BF16, 16897, 192},
+    {"q8 g128 f16 rows=16903", DTYPE_U32, 8, 128, QMODE_AFFINE, DTYPE_F16, 16903, 256},
     {"mxfp4", DTYPE_U32, 4, 32, QMODE_MXFP4, DTYPE_U8, 67, 384},
     {"mxfp8", DTYPE_U32, 8, 32, QMODE_MXFP8, DTYPE_U8, 67, 384},
     {"nvfp4", DTYPE_U32, 4, 16, QMODE_NVFP4, DTYPE_U8, 67, 384},

@@ -33,7 +33,7 @@
  */
 #include <cuda_bf16.h>
 
-#include "cuda_impl.h"
+#include "affine_frag.cuh"
 
 #define GEMV_TOK 8
 #define GEMV_WARPS 8
@@ -230,18 +230,6 @@ __global__ void gemv_kernel(float *y, int ldy, const float *__restrict__ x, int 
 
 // ---- affine 4/8-bit decode ----
 
-/* Scale or bias g of a row's array, of the template dtype. */
-template <int SDT>
-__device__ __forceinline__ float ld_sb(const uint8_t *p, int g)
-{
-    if constexpr (SDT == DTYPE_F32) {
-        return __ldg((const float *)p + g);
-    } else {
-        unsigned short h = __ldg((const unsigned short *)p + g);
-        return SDT == DTYPE_BF16 ? cu_bf16(h) : cu_f16(h);
-    }
-}
-
 /* Byte K (a code < 256) of b as a float, exactly: the bit pattern of 2^23 + code, minus 2^23
  * (a byte permute and an add, where an int-to-float conversion runs at a quarter rate). */
 template <int K>
@@ -288,36 +276,6 @@ __device__ __forceinline__ float piece_dot(uint4 q, const float *x)
     return d0 + d1;
 }
 
-/* One product of a gemv_affine_kernel launch: blocks [b0, next job's b0) are its. */
-struct ga_job {
-    float *y;
-    int ldy;
-    const float *x;
-    cu_wmat w;
-    int gsh;                    /* log2 of 16-byte pieces per scale group */
-    const void *bias;
-    int bdt;
-    int b0;
-};
-
-#define GA_MAX_JOBS 4
-
-struct ga_jobs {
-    ga_job j[GA_MAX_JOBS];
-    int n;
-};
-
-/* The job block b belongs to (jobs in order of b0). */
-__device__ __forceinline__ ga_job ga_pick(const ga_jobs &js, int b)
-{
-    ga_job jb = js.j[0];
-#pragma unroll
-    for (int i = 1; i < GA_MAX_JOBS; i++)
-        if (i < js.n && b >= js.j[i].b0)
-            jb = js.j[i];
-    return jb;
-}
-
 /* Codes, scales and biases of rows r0 .. r0 + R (rows past the last repeat it). */
 template <int R>
 __device__ __forceinline__ void ga_rows(const cu_wmat &w, int r0, const uint4 *(&wr)[R],
@@ -345,8 +303,8 @@ __device__ __forceinline__ void ga_load(uint4 (&q)[U][R], float (&sc)[U][R], flo
 #pragma unroll
         for (int r = 0; r < R; r++) {
             q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
-            sc[u][r] = ok ? ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
-            bi[u][r] = ok ? ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
+            sc[u][r] = ok ? cu_ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
+            bi[u][r] = ok ? cu_ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
         }
     }
 }
@@ -892,6 +850,14 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         rows += js.j[i].w.out;
         min_in = min(min_in, js.j[i].w.in);
         max_in = max(max_in, js.j[i].w.in);
+    }
+    /* 2..8 rows: tensor cores read each weight once (ADR 0115); the jobs must share the group */
+    bool mmv = c->mma && n_tok >= 2 && n_tok <= MMV_TOK;
+    for (int i = 0; mmv && i < js.n; i++)
+        mmv = cu_mmv_ok(js.j[i].w) && js.j[i].w.qgroup == m.qgroup;
+    if (mmv) {
+        cu_mmv(c, js, n_tok);
+        return;
     }
     if (c->qi && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN) {
         if (m.qsdt == DTYPE_BF16)

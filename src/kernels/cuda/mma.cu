@@ -33,7 +33,7 @@
  */
 #include <cuda_bf16.h>
 
-#include "cuda_impl.h"
+#include "affine_frag.cuh"
 
 #define MMA_BN 128      /* out rows per block: 4 warps of 32 */
 #define MMA_KS 32       /* k per pipeline step */
@@ -84,55 +84,6 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr)
                  : "memory");
-}
-
-/* c += a b: m16n8k16, bf16 in, f32 accumulate. */
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ---- codes to bf16 ----
-
-__device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 h)
-{
-    return (uint32_t)__bfloat16_as_ushort(h.x) | (uint32_t)__bfloat16_as_ushort(h.y) << 16;
-}
-
-/* The two 4-bit codes of byte sh / 8 of v as a bf16 pair (low nibble in the low half), exactly:
- * each nibble under the exponent of 128 (0x4300 | q = 128 + q), then 128 subtracted in bf16. */
-__device__ __forceinline__ uint32_t codes4_bf16(uint32_t v, int sh)
-{
-    uint32_t b = v >> sh;
-    uint32_t r = (b & 0xfu) | (b & 0xf0u) << 12 | 0x43004300u;
-    __nv_bfloat162 h;
-    h.x = __ushort_as_bfloat16((unsigned short)(r & 0xffffu));
-    h.y = __ushort_as_bfloat16((unsigned short)(r >> 16));
-    return bf162_bits(__hsub2(h, __float2bfloat162_rn(128.0f)));
-}
-
-/* Bytes k and k + 1 of v (8-bit codes) as a bf16 pair, exactly: 2^23 + q in f32 minus 2^23. */
-__device__ __forceinline__ uint32_t codes8_bf16(uint32_t v, int k)
-{
-    float f0 = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | k)) - 8388608.0f;
-    float f1 = __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | (k + 1))) - 8388608.0f;
-    return bf162_bits(__floats2bfloat162_rn(f0, f1));
-}
-
-/* Scale or bias g of a row's array, of the template dtype. */
-template <int SDT>
-__device__ __forceinline__ float mma_ld_sb(const uint8_t *p, int g)
-{
-    if constexpr (SDT == DTYPE_F32) {
-        return __ldg((const float *)p + g);
-    } else {
-        unsigned short h = __ldg((const unsigned short *)p + g);
-        return SDT == DTYPE_BF16 ? cu_bf16(h) : cu_f16(h);
-    }
 }
 
 // ---- kernels ----
@@ -233,8 +184,8 @@ mma_affine_kernel(float *y, int ldy, size_t zstride, const __nv_bfloat16 *xh,
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     size_t r = (size_t)min(n0 + wn * 32 + ni * 8 + 2 * tq + e, w.out - 1);
-                    sc[ni][e] = mma_ld_sb<SDT>(w.qs + r * w.qrow_bytes, grp);
-                    bi[ni][e] = mma_ld_sb<SDT>(w.qb + r * w.qrow_bytes, grp);
+                    sc[ni][e] = cu_ld_sb<SDT>(w.qs + r * w.qrow_bytes, grp);
+                    bi[ni][e] = cu_ld_sb<SDT>(w.qb + r * w.qrow_bytes, grp);
                 }
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
