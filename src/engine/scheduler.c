@@ -24,6 +24,13 @@
  * holding an image row, where each row's key is 32 bits of SHA-256(the digests of the
  * block's images, the row's offset in the block, its id); a block of block_size such rows
  * matches another only when every row's 32 bits do.
+ *
+ * Recurrent layers (ADR 0129): a hit must end where the cache holds a snapshot of the states,
+ * and a snapshot can only be taken when a sequence's length is the boundary. At admission a
+ * request plans at most two: the last full block of its prompt (a repeated prompt, the next
+ * turn of a chat) and, when its tokens match an indexed chain longer than its hit, the end of
+ * that chain (where it parts from a prompt seen before: a shared system prompt). Its prompt
+ * chunks end at those boundaries, and after the step that reaches one its states are kept.
  */
 #include "scheduler.h"
 
@@ -75,6 +82,10 @@ struct sreq {
     bool rewind;                 /* a rejected draft took its cache back to the checkpoint before
                                   * the step (recurrent layers, ADR 0112): the kept rows go again
                                   * with its next token, drafts after them */
+    int snap[2];                 /* recurrent layers: block boundaries where its states are kept
+                                  * for the prefix cache (ADR 0129): the prompt's last full block,
+                                  * and the end of the chain another prompt left indexed; a
+                                  * prompt chunk ends there; 0: none */
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
@@ -528,6 +539,48 @@ static int blocks_for(const struct sched *s, int n_toks)
     return (n_toks + s->kv->block_size - 1) / s->kv->block_size;
 }
 
+/* Recurrent layers (ADR 0129): the block boundaries past the hit where r's states will be
+ * kept: the prompt's last full block (all its ids but the last, which a later identical prompt
+ * leaves to compute), and the end of the longest indexed chain its tokens match when no
+ * snapshot made that chain a hit (another prompt parts from this one there). */
+static void plan_snapshots(const struct sched *s, struct sreq *r, int hit)
+{
+    int bs = s->kv->block_size;
+    r->snap[0] = r->snap[1] = 0;
+    if (!s->prefix || !kv_can_snapshot(s->kv))
+        return;
+    int last = (r->n_prompt - 1) / bs * bs, seen = kv_prefix_match(s->kv, r->key, r->n_toks - 1);
+    if (last > hit)
+        r->snap[0] = last;
+    if (seen > hit && seen != last)
+        r->snap[1] = seen;
+}
+
+/* At most k rows of r's next prompt chunk, ending at a boundary where its states are to be
+ * kept when one lies inside (plan_snapshots). */
+static int chunk_snap(const struct sreq *r, int k)
+{
+    for (int j = 0; j < 2; j++)
+        if (r->snap[j] > r->n_fed && r->snap[j] < r->n_fed + k)
+            k = r->snap[j] - r->n_fed;
+    return k;
+}
+
+/* After a step: the states of each request that reached a planned boundary are kept as the
+ * snapshot of that block's entry (registered just before). A buffer that cannot be had turns
+ * snapshots off, with one warning. */
+static void take_snapshots(struct sched *s)
+{
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        struct err e;
+        if (r->id <= 0 || r->seq < 0 || r->n_fed <= 0 || (r->n_fed != r->snap[0] && r->n_fed != r->snap[1]))
+            continue;
+        if (kv_prefix_snapshot(s->kv, r->seq, &e) < 0)
+            LOG_WARN("prefix cache: %s; recurrent states are no longer kept (no prefix hits)", e.msg);
+    }
+}
+
 /* Admit waiting requests in order while a sequence id and room for the tokens exist. A
  * request first attaches what the prefix cache holds of its tokens (all but the last,
  * which must be computed for its logits); the room it needs is for the rest. */
@@ -567,6 +620,7 @@ static void admit(struct sched *s)
         r->seq = q;
         r->n_fed = hit;
         r->rewind = false;
+        plan_snapshots(s, r, hit);
         r->admitted = s->n_admitted++;
         if (r->t_admit == 0) {
             /* first admission: the prompt's hit counts (a readmission's does not) */
@@ -689,7 +743,7 @@ static void build_batch(struct sched *s)
                 rope_rows(s, r, s->b.n_tok - left - r->n_draft, left + r->n_draft, r->n_fed);
                 continue;
             }
-            int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
+            int k = room > 0 ? chunk_images(s, r, chunk_snap(r, left < room ? left : room)) : 0;
             int nxt = k <= 0 && !past ? image_next(r) : 0;
             if (nxt > 0 && nxt <= s->cap - s->b.n_tok) {
                 /* the next rows are an image larger than what the budget leaves: it goes whole,
@@ -965,5 +1019,7 @@ int sched_step(struct sched *s, struct err *e)
         if (r->id > 0 && r->seq >= 0)
             kv_prefix_register(s->kv, r->seq, r->key, r->n_fed);
     }
+    if (s->prefix && kv_can_snapshot(s->kv))
+        take_snapshots(s);
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
 }
