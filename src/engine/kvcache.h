@@ -263,6 +263,9 @@ int kv_prefix_match(const struct kv_cache *kv, const int32_t *toks, int n);
  * one already (it becomes the most recently used); -ERR_NOMEM when the snapshots' buffer
  * cannot be allocated at the first one (snapshots stay off from then on). */
 int kv_prefix_snapshot(struct kv_cache *kv, int seq, struct err *e);
+/* Drops the snapshot of the index entry of seq's block that ends at position len (a
+ * multiple of block_size within its registered blocks), if it has one; else nothing. */
+void kv_prefix_unsnap(struct kv_cache *kv, int seq, int len);
 /* Whether kv_prefix_snapshot can keep anything: recurrent layers and snapshot slots. */
 bool kv_can_snapshot(const struct kv_cache *kv);
 /* Snapshots kept now (0 without recurrent layers). */

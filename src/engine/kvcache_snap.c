@@ -180,6 +180,14 @@ int kv_prefix_snapshot(struct kv_cache *kv, int seq, struct err *e)
     return 1;
 }
 
+void kv_prefix_unsnap(struct kv_cache *kv, int seq, int len)
+{
+    if (kv->snap.n == 0 || seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used || len <= 0 ||
+        len % kv->block_size != 0 || len > kv->seqs[seq].n_indexed * kv->block_size)
+        return;
+    kv_snap_detach(kv, kv->blk.tables_host[(size_t)seq * kv->max_blocks + len / kv->block_size - 1]);
+}
+
 int kv_snap_check(const struct kv_cache *kv, struct err *e)
 {
     const struct kv_snap *sn = &kv->snap;

@@ -31,6 +31,8 @@
  * turn of a chat) and, when its tokens match an indexed chain longer than its hit, the end of
  * that chain (where it parts from a prompt seen before: a shared system prompt). Its prompt
  * chunks end at those boundaries, and after the step that reaches one its states are kept.
+ * Past its prompt it keeps one more, at the last block boundary its output reached (replaced as
+ * it goes on): the next turn of a chat, which renders this answer again, finds it.
  */
 #include "scheduler.h"
 
@@ -86,6 +88,9 @@ struct sreq {
                                   * for the prefix cache (ADR 0129): the prompt's last full block,
                                   * and the end of the chain another prompt left indexed; a
                                   * prompt chunk ends there; 0: none */
+    int snap_dec;                /* the length where it last kept its states past its prompt
+                                  * (decoding reaches a block boundary), replaced by the next; 0:
+                                  * none of its own */
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
@@ -546,7 +551,7 @@ static int blocks_for(const struct sched *s, int n_toks)
 static void plan_snapshots(const struct sched *s, struct sreq *r, int hit)
 {
     int bs = s->kv->block_size;
-    r->snap[0] = r->snap[1] = 0;
+    r->snap[0] = r->snap[1] = r->snap_dec = 0;
     if (!s->prefix || !kv_can_snapshot(s->kv))
         return;
     int last = (r->n_prompt - 1) / bs * bs, seen = kv_prefix_match(s->kv, r->key, r->n_toks - 1);
@@ -567,17 +572,31 @@ static int chunk_snap(const struct sreq *r, int k)
 }
 
 /* After a step: the states of each request that reached a planned boundary are kept as the
- * snapshot of that block's entry (registered just before). A buffer that cannot be had turns
- * snapshots off, with one warning. */
+ * snapshot of that block's entry (registered just before); past its prompt, at each block
+ * boundary, replacing its previous one there (the next turn of a chat renders this answer
+ * again). A buffer that cannot be had turns snapshots off, with one warning. */
 static void take_snapshots(struct sched *s)
 {
+    int bs = s->kv->block_size;
     for (int i = 0; i < s->max_requests; i++) {
         struct sreq *r = &s->reqs[i];
         struct err e;
-        if (r->id <= 0 || r->seq < 0 || r->n_fed <= 0 || (r->n_fed != r->snap[0] && r->n_fed != r->snap[1]))
+        if (r->id <= 0 || r->seq < 0 || r->n_fed <= 0)
             continue;
-        if (kv_prefix_snapshot(s->kv, r->seq, &e) < 0)
+        bool planned = r->n_fed == r->snap[0] || r->n_fed == r->snap[1];
+        bool answer = r->n_fed >= r->n_prompt && r->n_fed % bs == 0 && r->n_fed > r->snap_dec;
+        if (!planned && !answer)
+            continue;
+        int rc = kv_prefix_snapshot(s->kv, r->seq, &e);
+        if (rc < 0) {
             LOG_WARN("prefix cache: %s; recurrent states are no longer kept (no prefix hits)", e.msg);
+            return;
+        }
+        if (answer && !planned) {
+            /* its own earlier one goes; one the entry had already is another request's */
+            kv_prefix_unsnap(s->kv, r->seq, r->snap_dec);
+            r->snap_dec = rc == 1 ? r->n_fed : 0;
+        }
     }
 }
 
