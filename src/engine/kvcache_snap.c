@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/log.h"
+
 /* 64 MiB: the least the default keeps for snapshots of small states (an LFM2-1.2B snapshot is
  * 160 KiB: 409 of them), where two per sequence id would be few. */
 #define KV_SNAP_MIN_BYTES ((size_t)64 << 20)
@@ -161,6 +163,8 @@ int kv_prefix_snapshot(struct kv_cache *kv, int seq, struct err *e)
             return err_prefix(e, "prefix-cache snapshots of the recurrent states (%d of %zu KiB)", sn->n,
                               sn->per * sizeof(float) >> 10);
         }
+        LOG_INFO("prefix cache: up to %d snapshots of the recurrent states, %zu KiB each (%zu MiB)", sn->n,
+                 sn->per * sizeof(float) >> 10, bytes >> 20);
     }
     int32_t slot;
     if (sn->n_free > 0) {
