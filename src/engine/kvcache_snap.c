@@ -96,6 +96,32 @@ static void snap_copy(struct kv_cache *kv, int seq, int32_t slot, bool save)
     }
 }
 
+/* The slots' buffer, at the first snapshot: n slots, or half as many as long as the backend
+ * refuses (a GPU whose memory the weights and the pool took), at least one; the slots not
+ * had are dropped from the free list (none is used yet). -ERR_NOMEM: not even one, and no
+ * snapshots from then on. */
+static int snap_alloc(struct kv_cache *kv, struct err *e)
+{
+    struct kv_snap *sn = &kv->snap;
+    int want = sn->n;
+    for (int n = sn->n; n > 0; n /= 2) {
+        size_t bytes = (size_t)n * sn->per * sizeof(float);
+        if (kv->be->ops->buf_alloc(kv->be, bytes, &sn->buf, e) < 0) {
+            sn->buf = NULL;
+            continue;
+        }
+        sn->n = sn->n_free = n;
+        for (int i = 0; i < n; i++)
+            sn->free_list[i] = n - 1 - i;
+        LOG_INFO("prefix cache: up to %d snapshots of the recurrent states%s, %zu KiB each (%zu MiB)", n,
+                 n < want ? " (fewer than planned: memory)" : "", sn->per * sizeof(float) >> 10, bytes >> 20);
+        return 0;
+    }
+    sn->failed = true;
+    return err_prefix(e, "prefix-cache snapshots of the recurrent states (%d of %zu KiB)", want,
+                      sn->per * sizeof(float) >> 10);
+}
+
 /* The most recently used slot becomes slot. */
 static void snap_touch(struct kv_snap *sn, int32_t slot)
 {
@@ -154,18 +180,8 @@ int kv_prefix_snapshot(struct kv_cache *kv, int seq, struct err *e)
         snap_touch(sn, sn->of[b]);
         return 0;
     }
-    if (!sn->buf) {
-        size_t bytes = (size_t)sn->n * sn->per * sizeof(float);
-        int rc = kv->be->ops->buf_alloc(kv->be, bytes, &sn->buf, e);
-        if (rc < 0) {
-            sn->buf = NULL;
-            sn->failed = true;
-            return err_prefix(e, "prefix-cache snapshots of the recurrent states (%d of %zu KiB)", sn->n,
-                              sn->per * sizeof(float) >> 10);
-        }
-        LOG_INFO("prefix cache: up to %d snapshots of the recurrent states, %zu KiB each (%zu MiB)", sn->n,
-                 sn->per * sizeof(float) >> 10, bytes >> 20);
-    }
+    if (!sn->buf && snap_alloc(kv, e) < 0)
+        return -ERR_NOMEM;
     int32_t slot;
     if (sn->n_free > 0) {
         slot = sn->free_list[--sn->n_free];
