@@ -80,7 +80,8 @@ struct kv_params {
                           * sliding pool gets as many blocks as the full one) */
     int n_snap;          /* recurrent layers: most prefix-cache snapshots of the states kept at
                           * once (ADR 0129); 0: kv_snap_default; < 0: none (no prefix hits on
-                          * such a model). The buffer is allocated at the first snapshot. */
+                          * such a model). The buffer is allocated at the first snapshot, with
+                          * half as many slots while the backend refuses it. */
 };
 
 /* Snapshots kept when kv_params.n_snap is 0: two per sequence id, or as many as 64 MiB
