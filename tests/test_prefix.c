@@ -361,6 +361,49 @@ static void prefix_recurrent(void **state)
     }
 }
 
+/* Speculative decoding (prompt lookup, ADR 0112: checkpoint, restore, feed again) beside the
+ * snapshots on Mamba-2 and Qwen3-Next: three prompts of a repeated phrase that share 30 ids,
+ * one after another; the third hits where the second parted from the first (28), drafts are
+ * made and rejected, and every output equals generate() alone with the same parameters. */
+static void prefix_recurrent_spec(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {"tests/fixtures/golden/mamba2", "tests/fixtures/golden/qwen3_next"};
+    for (size_t d = 0; d < 2; d++) {
+        struct test_model f;
+        struct req reqs[3], want[3];
+        test_model_open(&f, dirs[d]);
+        int V = f.m->hp.n_vocab;
+        for (int i = 0; i < 3; i++) {
+            make_req(&reqs[i], 0, 30, i, 3, V, 0);
+            for (int j = 0; j < 30; j++)
+                reqs[i].toks[j] = (int32_t)((j % 5 * 31 + 5) % V);
+            reqs[i].gp.n_predict = 12;
+            spec_params_default(&reqs[i].gp.spec);
+            reqs[i].gp.spec.mode = SPEC_NGRAM;
+            reqs[i].gp.spec.draft_max = 4;
+        }
+        reference(&f, reqs, want, 3);
+        struct kv_cache *kv = snap_kv_new(&f, 512, 4, 0);
+        struct sched *s = sched_open(&f, kv, 16, false);
+        static const int expect[3] = {0, 0, 28};
+        for (int i = 0; i < 3; i++) {
+            reqs[i].submit_at = 0;
+            run_sched(&f, s, kv, &reqs[i], 1, &want[i], dirs[d]);
+            if (reqs[i].n_cached != expect[i])
+                fail_msg("%s: request %d found %d cached, expected %d", dirs[d], i, reqs[i].n_cached, expect[i]);
+        }
+        uint64_t drafted, accepted;
+        sched_spec_stats(s, &drafted, &accepted);
+        printf("prefix snapshot + speculation %-28s %llu drafted, %llu accepted\n", dirs[d],
+               (unsigned long long)drafted, (unsigned long long)accepted);
+        assert_true(drafted > 0);
+        sched_done(s, kv, dirs[d]);
+        kv_cache_free(kv);
+        test_model_close(&f);
+    }
+}
+
 /* Feeds toks[0 .. n) to seq 0 of a fresh cache in chunks of `chunk` rows, registers them,
  * takes the snapshot and returns a copy of it (host, [per] floats; caller frees). */
 static float *snapshot_of(struct test_model *f, const int32_t *toks, int n, int chunk, size_t *per)
@@ -731,6 +774,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(prefix_kv_blocks),
     cmocka_unit_test(prefix_equals_cold),
     cmocka_unit_test(prefix_recurrent),
+    cmocka_unit_test(prefix_recurrent_spec),
     cmocka_unit_test(prefix_snapshot_chunked),
     cmocka_unit_test(prefix_recurrent_kv),
     cmocka_unit_test(prefix_lru_eviction),
