@@ -646,30 +646,37 @@ static void prefix_hash_collision(void **state)
 }
 
 /* Six requests sharing a 20-id prefix in a pool that cannot hold them all: preemption by
- * recomputation over shared blocks, outputs unchanged; the readmitted find their blocks. */
+ * recomputation over shared blocks, outputs unchanged; the readmitted find their blocks
+ * (with recurrent layers: where their snapshots are). */
 static void prefix_preemption(void **state)
 {
     (void)state;
-    struct test_model f;
-    test_model_open(&f, "models/llama-tiny");
-    int V = f.m->hp.n_vocab;
-    struct req reqs[6], want[6];
-    for (int i = 0; i < 6; i++) {
-        make_req(&reqs[i], 6, 20, i, 2 + 5 * i, V, i);
-        reqs[i].gp.n_predict = 12;
-        reqs[i].submit_at = i < 3 ? 0 : 3;
+    /* and on recurrent models, whose hits end at snapshots (ADR 0129) */
+    static const char *const dirs[] = {"models/llama-tiny", "tests/fixtures/golden/lfm2",
+                                       "tests/fixtures/golden/mamba2", "tests/fixtures/golden/qwen3_next"};
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        struct test_model f;
+        test_model_open(&f, dirs[d]);
+        int V = f.m->hp.n_vocab;
+        struct req reqs[6], want[6];
+        for (int i = 0; i < 6; i++) {
+            make_req(&reqs[i], 6, 20, i, 2 + 5 * i, V, i);
+            reqs[i].gp.n_predict = 12;
+            reqs[i].submit_at = i < 3 ? 0 : 3;
+        }
+        reference(&f, reqs, want, 6);
+        struct kv_cache *kv = test_kv_new(&f, 20 * BLOCK, 6, BLOCK);
+        struct sched *s = sched_open(&f, kv, 16, false);
+        run_sched(&f, s, kv, reqs, 6, want, dirs[d]);
+        int hits = 0;
+        for (int i = 0; i < 6; i++)
+            hits += reqs[i].n_cached > 0;
+        printf("prefix + preemption %-36s %d of 6 hit\n", dirs[d], hits);
+        assert_true(hits >= 3);
+        sched_done(s, kv, dirs[d]);
+        kv_cache_free(kv);
+        test_model_close(&f);
     }
-    reference(&f, reqs, want, 6);
-    struct kv_cache *kv = test_kv_new(&f, 20 * BLOCK, 6, BLOCK);
-    struct sched *s = sched_open(&f, kv, 16, false);
-    run_sched(&f, s, kv, reqs, 6, want, "prefix + preemption");
-    int hits = 0;
-    for (int i = 0; i < 6; i++)
-        hits += reqs[i].n_cached > 0;
-    assert_true(hits >= 3);
-    sched_done(s, kv, "prefix + preemption");
-    kv_cache_free(kv);
-    test_model_close(&f);
 }
 
 /* The runner mirrors the scheduler's counts: two jobs with one prompt, one after the other. */
