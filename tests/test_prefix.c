@@ -1,7 +1,8 @@
 /*
  * prefix: the prefix cache (kvcache.c's index, the scheduler's attach and
  * register; ADR 0022) on real checkpoints of the three cache kinds (full,
- * sliding-window mixed with full, latent), and its absence for recurrent layers (ADR 0057).
+ * sliding-window mixed with full, latent), and on every recurrent family, whose hits
+ * restore snapshots of the states kept at chosen block boundaries (ADR 0129).
  *
  * A request that finds its prompt's prefix cached must produce exactly the
  * tokens generate() produces for it alone from an empty cache (greedy and
