@@ -362,6 +362,37 @@ static void prefix_recurrent(void **state)
     }
 }
 
+/* A long shared prefix (ADR 0129's tail snapshot, 16 blocks before a prompt's last full
+ * block): X (90 ids) + S0 keeps its states at 28 and 92; X + S1 matches 88 ids and hits 28 (the
+ * second request already finds most of what it shares); X + S2 hits 88, where X + S1 parted. */
+static void prefix_recurrent_tail(void **state)
+{
+    (void)state;
+    static const char *const dirs[] = {"tests/fixtures/golden/lfm2", "tests/fixtures/golden/mamba2",
+                                       "tests/fixtures/golden/qwen3_next", "tests/fixtures/golden/recurrent_gemma"};
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        struct test_model f;
+        struct req reqs[3], want[3];
+        test_model_open(&f, dirs[d]);
+        int V = f.m->hp.n_vocab;
+        for (int i = 0; i < 3; i++)
+            make_req(&reqs[i], 1, 90, i, 5, V, i);
+        reference(&f, reqs, want, 3);
+        struct kv_cache *kv = snap_kv_new(&f, 1024, 4, 0);
+        struct sched *s = sched_open(&f, kv, 16, false);
+        static const int expect[3] = {0, 28, 88};
+        for (int i = 0; i < 3; i++) {
+            reqs[i].submit_at = 0;
+            run_sched(&f, s, kv, &reqs[i], 1, &want[i], dirs[d]);
+            if (reqs[i].n_cached != expect[i])
+                fail_msg("%s: request %d found %d cached, expected %d", dirs[d], i, reqs[i].n_cached, expect[i]);
+        }
+        sched_done(s, kv, dirs[d]);
+        kv_cache_free(kv);
+        test_model_close(&f);
+    }
+}
+
 /* Speculative decoding (prompt lookup, ADR 0112: checkpoint, restore, feed again) beside the
  * snapshots on Mamba-2 and Qwen3-Next: three prompts of a repeated phrase that share 30 ids,
  * one after another; the third hits where the second parted from the first (28), drafts are
@@ -782,6 +813,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(prefix_kv_blocks),
     cmocka_unit_test(prefix_equals_cold),
     cmocka_unit_test(prefix_recurrent),
+    cmocka_unit_test(prefix_recurrent_tail),
     cmocka_unit_test(prefix_recurrent_spec),
     cmocka_unit_test(prefix_snapshot_chunked),
     cmocka_unit_test(prefix_recurrent_kv),
