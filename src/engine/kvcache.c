@@ -1004,7 +1004,7 @@ static bool hit_usable(const struct kv_cache *kv, const int32_t *m, int k)
 }
 
 /* Blocks of the longest chain of indexed entries matching the full blocks of toks[0 .. n),
- * at most max; their ids into m (may be NULL). */
+ * at most max_blocks; their ids into m (may be NULL). */
 static int index_match(const struct kv_cache *kv, const int32_t *toks, int n, int32_t *m)
 {
     const struct kv_prefix *px = &kv->px;
@@ -1040,8 +1040,9 @@ int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
     /* the matched chain into the table first, references taken after the sliding and
      * snapshot checks */
     int matched = index_match(kv, toks, n, t);
-    for (k = matched; k > 0 && !hit_usable(kv, t, k); k--)
-        ;
+    k = matched;
+    while (k > 0 && !hit_usable(kv, t, k))
+        k--;
     if (kv->n_rec > 0 && k > 0)
         kv_snap_restore(kv, seq, t[k - 1]);
     for (int i = 0; i < k; i++) {
