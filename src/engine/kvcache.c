@@ -27,9 +27,12 @@
  * hash does. The hash (FNV-1a over parent and tokens) only picks the bucket.
  * An entry may own one sliding block of the same positions (side / owner):
  * an owned sliding block that its sequences let go is cached in the sliding
- * pool's LRU, and reclaiming it only clears the entry's side.
+ * pool's LRU, and reclaiming it only clears the entry's side. An entry may also
+ * own a snapshot of the recurrent states at its end (kvcache_snap.c, ADR 0129), dropped
+ * when the entry is unindexed; with recurrent layers a hit ends only at such an entry.
  */
 #include "kvcache.h"
+#include "kvcache_impl.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -68,7 +71,7 @@ int kv_window_seq_blocks(int w, int n_rows, int bs)
 
 // ---- LRU lists of cached blocks ----
 
-static void lru_unlink(struct kv_lru *l, int32_t b)
+void kv_lru_unlink(struct kv_lru *l, int32_t b)
 {
     int32_t p = l->prev[b], n = l->next[b];
     if (p >= 0)
@@ -84,7 +87,7 @@ static void lru_unlink(struct kv_lru *l, int32_t b)
 }
 
 /* b becomes the most recently used cached block. */
-static void lru_push(struct kv_lru *l, int32_t b)
+void kv_lru_push(struct kv_lru *l, int32_t b)
 {
     l->prev[b] = l->tail;
     l->next[b] = -1;
@@ -148,7 +151,7 @@ static void side_detach(struct kv_cache *kv, int32_t b)
     w->side[b] = -1;
     w->owner[s] = -1;
     if (w->blk.refcnt[s] == 0) {
-        lru_unlink(&w->blk.lru, s);
+        kv_lru_unlink(&w->blk.lru, s);
         w->blk.free_list[w->blk.n_free++] = s;
     }
 }
@@ -164,6 +167,7 @@ static void index_remove(struct kv_cache *kv, int32_t b)
     px->serial[b] = 0;
     px->n_indexed--;
     side_detach(kv, b);
+    kv_snap_detach(kv, b);
 }
 
 // ---- blocks ----
@@ -183,7 +187,7 @@ static int32_t block_take(struct kv_cache *kv, struct kv_blocks *k)
         b = k->free_list[--k->n_free];
     } else {
         b = k->lru.head;
-        lru_unlink(&k->lru, b);
+        kv_lru_unlink(&k->lru, b);
         if (k == &kv->blk) {
             index_remove(kv, b);
         } else {
@@ -200,7 +204,7 @@ static void block_release(struct kv_cache *kv, struct kv_blocks *k, int32_t b)
     if (--k->refcnt[b] > 0)
         return;
     if (block_indexed(kv, k, b))
-        lru_push(&k->lru, b);
+        kv_lru_push(&k->lru, b);
     else
         k->free_list[k->n_free++] = b;
 }
@@ -516,7 +520,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         return rc;
     }
     if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0 ||
-        (rc = alloc_state(kv, hp, e)) < 0) {
+        (rc = alloc_state(kv, hp, e)) < 0 || (rc = kv_snap_init(kv, p->n_snap, e)) < 0) {
         kv_cache_free(kv);
         return rc;
     }
@@ -534,6 +538,7 @@ void kv_cache_free(struct kv_cache *kv)
         kv->be->ops->buf_free(kv->be, kv->state);
     if (kv->ckpt)
         kv->be->ops->buf_free(kv->be, kv->ckpt);
+    kv_snap_deinit(kv);
     blocks_deinit(&kv->blk, kv->be);
     blocks_deinit(&kv->swa.blk, kv->be);
     free(kv->swa.owner);
@@ -942,7 +947,7 @@ static void side_register(struct kv_cache *kv, int seq, int i, int32_t b)
     /* the entry holds the same positions' rows already: share them */
     int32_t sb = w->side[b];
     if (w->blk.refcnt[sb]++ == 0)
-        lru_unlink(&w->blk.lru, sb);
+        kv_lru_unlink(&w->blk.lru, sb);
     block_release(kv, &w->blk, own);
     t[i] = sb;
     s->swa_dirty = true;
@@ -950,8 +955,6 @@ static void side_register(struct kv_cache *kv, int seq, int i, int32_t b)
 
 void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n)
 {
-    if (kv->n_rec > 0)
-        return;  /* a block's rows are not what a recurrent layer would need (ADR 0057) */
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used)
         return;
     struct kv_seq *s = &kv->seqs[seq];
@@ -973,7 +976,7 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
             /* another sequence computed the same block first: share its block and let
              * this copy go (same tokens at the same positions: the same rows) */
             if (kv->blk.refcnt[b]++ == 0)
-                lru_unlink(&kv->blk.lru, b);
+                kv_lru_unlink(&kv->blk.lru, b);
             block_release(kv, &kv->blk, t[i]);
             t[i] = b;
             s->dirty = true;
@@ -985,50 +988,66 @@ void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n
     }
 }
 
-/* Of the first k matched entries m[0..k), the most whose last window of sliding blocks
- * is still attached (a query at k * block_size needs them); k itself without sliding
- * layers. */
-static int swa_usable(const struct kv_cache *kv, const int32_t *m, int k)
+/* Whether a hit of the first k matched entries m[0..k) is usable: the last window of
+ * sliding blocks is still attached (a query at k * block_size needs them), and with
+ * recurrent layers entry k - 1 has a snapshot of the states (ADR 0129). */
+static bool hit_usable(const struct kv_cache *kv, const int32_t *m, int k)
 {
+    if (kv->n_rec > 0 && !kv_snap_has(kv, m[k - 1]))
+        return false;
     if (!has_swa(kv))
-        return k;
-    for (; k > 0; k--) {
-        int i = window_first_block(k * kv->block_size, kv->swa.window, kv->block_size);
-        while (i < k && kv->swa.side[m[i]] >= 0)
-            i++;
-        if (i == k)
-            break;
-    }
-    return k;
+        return true;
+    int i = window_first_block(k * kv->block_size, kv->swa.window, kv->block_size);
+    while (i < k && kv->swa.side[m[i]] >= 0)
+        i++;
+    return i == k;
 }
 
-int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
+/* Blocks of the longest chain of indexed entries matching the full blocks of toks[0 .. n),
+ * at most max_blocks; their ids into m (may be NULL). */
+static int index_match(const struct kv_cache *kv, const int32_t *toks, int n, int32_t *m)
 {
-    if (kv->n_rec > 0)
-        return 0;
-    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used || kv->seqs[seq].n_blocks > 0)
-        return 0;
-    struct kv_seq *s = &kv->seqs[seq];
-    struct kv_prefix *px = &kv->px;
+    const struct kv_prefix *px = &kv->px;
     int bs = kv->block_size, full = n / bs, k = 0;
+    uint64_t chain = 0;
     if (full > kv->max_blocks)
         full = kv->max_blocks;
-    int32_t *t = seq_table(&kv->blk, kv, seq);
-    uint64_t chain = 0;
-    /* the matched chain into the table first, references taken after the sliding check */
     for (; k < full; k++) {
         const int32_t *bt = toks + (size_t)k * bs;
         int32_t b = index_find(kv, block_hash(px, chain, bt, bs), chain, bt);
         if (b < 0)
             break;
-        t[k] = b;
+        if (m)
+            m[k] = b;
         chain = px->serial[b];
     }
-    int matched = k;
-    k = swa_usable(kv, t, matched);
+    return k;
+}
+
+int kv_prefix_match(const struct kv_cache *kv, const int32_t *toks, int n)
+{
+    return n > 0 ? index_match(kv, toks, n, NULL) * kv->block_size : 0;
+}
+
+int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
+{
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].used || kv->seqs[seq].n_blocks > 0 || n <= 0)
+        return 0;
+    struct kv_seq *s = &kv->seqs[seq];
+    struct kv_prefix *px = &kv->px;
+    int bs = kv->block_size, k;
+    int32_t *t = seq_table(&kv->blk, kv, seq);
+    /* the matched chain into the table first, references taken after the sliding and
+     * snapshot checks */
+    int matched = index_match(kv, toks, n, t);
+    k = matched;
+    while (k > 0 && !hit_usable(kv, t, k))
+        k--;
+    if (kv->n_rec > 0 && k > 0)
+        kv_snap_restore(kv, seq, t[k - 1]);
     for (int i = 0; i < k; i++) {
         if (kv->blk.refcnt[t[i]]++ == 0)
-            lru_unlink(&kv->blk.lru, t[i]);
+            kv_lru_unlink(&kv->blk.lru, t[i]);
         s->chain = px->serial[t[i]];
     }
     for (int i = k; i < matched; i++)
@@ -1043,7 +1062,7 @@ int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n)
         for (int i = s->swa_lo; i < k; i++) {
             ts[i] = w->side[t[i]];
             if (w->blk.refcnt[ts[i]]++ == 0)
-                lru_unlink(&w->blk.lru, ts[i]);
+                kv_lru_unlink(&w->blk.lru, ts[i]);
         }
         s->swa_n = k;
         s->swa_len = s->len;
@@ -1057,7 +1076,7 @@ void kv_prefix_clear(struct kv_cache *kv)
     struct kv_prefix *px = &kv->px;
     while (kv->blk.lru.head >= 0) {
         int32_t b = kv->blk.lru.head;
-        lru_unlink(&kv->blk.lru, b);
+        kv_lru_unlink(&kv->blk.lru, b);
         index_remove(kv, b);
         kv->blk.free_list[kv->blk.n_free++] = b;
     }
@@ -1145,8 +1164,9 @@ int kv_check(const struct kv_cache *kv, struct err *e)
     if (!held)
         return err_setf(e, ERR_NOMEM, "kv_check: out of memory");
     if ((rc = check_pool(kv, &kv->blk, held, "full", e)) == 0 &&
-        (!has_swa(kv) || (rc = check_pool(kv, &kv->swa.blk, held, "sliding", e)) == 0))
-        rc = check_index(kv, e);
+        (!has_swa(kv) || (rc = check_pool(kv, &kv->swa.blk, held, "sliding", e)) == 0) &&
+        (rc = check_index(kv, e)) == 0)
+        rc = kv_snap_check(kv, e);
     free(held);
     return rc;
 }

@@ -24,8 +24,11 @@
  * kv_layer's k is the convolution states [max_seqs][state_conv], v the recurrent states
  * [max_seqs][state_rec]; the kernels start a sequence's state from zero at its position 0.
  * A model with recurrent layers cannot truncate a sequence except to 0 (a state does not
- * go back), forks copy the state, and the prefix cache is off (kv_prefix_attach attaches
- * nothing: a prompt is recomputed). Elements are f32, or
+ * go back), and forks copy the state. Its prefix cache needs snapshots (ADR 0129): a copy of a
+ * sequence's states taken when its length is a registered block boundary, kept with that
+ * block's index entry (and dropped with it), in a buffer of kv_params.n_snap slots reused
+ * least recently used first; a hit must end where a snapshot is, which is copied into the new
+ * sequence's states. Elements are f32, or
  * f16 / bf16 on a backend that keeps them (kv_params.dtype, ADR 0030).
  *
  * Prefix cache (ADR 0022): full blocks can be registered in a content index
@@ -75,7 +78,16 @@ struct kv_params {
     int n_batch;         /* most rows of one sequence in one forward chunk (the context's
                           * n_batch): sizes the sliding-window pool; <= 0: no bound (the
                           * sliding pool gets as many blocks as the full one) */
+    int n_snap;          /* recurrent layers: most prefix-cache snapshots of the states kept at
+                          * once (ADR 0129); 0: kv_snap_default; < 0: none (no prefix hits on
+                          * such a model). The buffer is allocated at the first snapshot, with
+                          * half as many slots while the backend refuses it. */
 };
+
+/* Snapshots kept when kv_params.n_snap is 0: two per sequence id, or as many as 64 MiB
+ * holds when that is more, never more than the pool has blocks (a snapshot belongs to an
+ * index entry). snap_bytes: bytes of one snapshot (all recurrent layers of one sequence). */
+int kv_snap_default(size_t snap_bytes, int max_seqs, int n_blocks);
 
 struct kv_seq {
     bool used;
@@ -123,6 +135,25 @@ struct kv_swa {
     int32_t *from, *to;              /* [max_seqs] scratch of kv_reserve_window */
 };
 
+/* Prefix-cache snapshots of the recurrent states (ADR 0129): n slots of `per` floats (every
+ * recurrent layer's conv row, then its recurrent row), in one backend buffer allocated at the
+ * first snapshot. A slot is free or holds the states of the index entry entry[slot] (a full-pool
+ * block, whose serial was serial[slot] when taken) at that entry's end; used slots are on lru,
+ * least recently used (taken or attached) first, and a snapshot is wanted when none is free. */
+struct kv_snap {
+    int n;                           /* slots (0: no snapshots) */
+    size_t per;                      /* floats per snapshot */
+    void *buf;                       /* backend [n][per] f32; NULL until the first snapshot */
+    bool failed;                     /* allocating buf failed: no snapshots from then on */
+    int32_t *entry;                  /* [n] full-pool block of the entry, -1: free */
+    uint64_t *serial;                /* [n] its serial when taken */
+    int32_t *of;                     /* [full n_blocks] slot of each entry's snapshot, -1 */
+    int32_t *free_list;              /* [n] */
+    int n_free;
+    struct kv_lru lru;               /* used slots */
+    uint64_t n_taken, n_evicted;     /* snapshots taken; of them, dropped to make room */
+};
+
 /* The prefix index (per block of the full pool, [n_blocks] arrays). A block is indexed
  * when serial[b] != 0; an indexed block with refcnt 0 is on the full pool's LRU list. */
 struct kv_prefix {
@@ -156,6 +187,7 @@ struct kv_cache {
     struct kv_seq *seqs;             /* [max_seqs] */
     int32_t *want;                   /* [max_seqs] scratch for kv_reserve */
     struct kv_prefix px;
+    struct kv_snap snap;
 };
 
 /* A cache for m on be. Errors: -ERR_ARG for bad params (names the field), -ERR_RANGE for a
@@ -215,14 +247,37 @@ int kv_n_cached_blocks(const struct kv_cache *kv);
 void kv_prefix_register(struct kv_cache *kv, int seq, const int32_t *toks, int n);
 /* Attach to seq, which must be empty, the longest chain of indexed blocks matching the
  * full blocks of toks[0 .. n): shared, not copied. Returns the positions attached (a
- * multiple of block_size, <= n); seq's length becomes that. */
+ * multiple of block_size, <= n); seq's length becomes that. With recurrent layers the
+ * chain ends at the longest matched entry that has a snapshot (ADR 0129), whose states are
+ * copied into seq's; none: nothing is attached (0). */
 int kv_prefix_attach(struct kv_cache *kv, int seq, const int32_t *toks, int n);
+/* Positions of the longest chain of indexed blocks matching the full blocks of toks[0 .. n),
+ * whatever snapshots and sliding blocks exist (what kv_prefix_attach could attach at best).
+ * Changes nothing. */
+int kv_prefix_match(const struct kv_cache *kv, const int32_t *toks, int n);
+/* Recurrent layers (ADR 0129): keep a copy of seq's states as the snapshot of the index
+ * entry of its last block. The caller's promise: the states are those after seq's len
+ * positions (as after every forward). Requires len > 0, a multiple of block_size, and every
+ * block registered (kv_prefix_register through len); otherwise, or without recurrent layers
+ * or snapshots (kv_params.n_snap < 0), nothing happens (0). Returns 1 when a snapshot was
+ * taken (the least recently used one dropped when every slot is used), 0 when the entry had
+ * one already (it becomes the most recently used); -ERR_NOMEM when the snapshots' buffer
+ * cannot be allocated at the first one (snapshots stay off from then on). */
+int kv_prefix_snapshot(struct kv_cache *kv, int seq, struct err *e);
+/* Drops the snapshot of the index entry of seq's block that ends at position len (a
+ * multiple of block_size within its registered blocks), if it has one; else nothing. */
+void kv_prefix_unsnap(struct kv_cache *kv, int seq, int len);
+/* Whether kv_prefix_snapshot can keep anything: recurrent layers and snapshot slots. */
+bool kv_can_snapshot(const struct kv_cache *kv);
+/* Snapshots kept now (0 without recurrent layers). */
+int kv_n_snapshots(const struct kv_cache *kv);
 /* Drop every cached block and unindex every block (the index is emptied). */
 void kv_prefix_clear(struct kv_cache *kv);
 /* Checks the pool's bookkeeping: every refcount equals the number of table entries
  * holding the block, free + cached + held blocks = n_blocks, the LRU list holds exactly
- * the indexed unheld blocks, and the index's bucket chains hold exactly the indexed
- * blocks. -ERR_INTERNAL names the first violation. (For tests.) */
+ * the indexed unheld blocks, the index's bucket chains hold exactly the indexed
+ * blocks, and every snapshot belongs to an indexed entry of the serial it was taken for.
+ * -ERR_INTERNAL names the first violation. (For tests.) */
 int kv_check(const struct kv_cache *kv, struct err *e);
 
 /* Make room for positions [len, want[seq]) of every sequence with want[seq] > len

@@ -29,6 +29,7 @@ struct runner {
     bool stopping;
     uint64_t n_steps;
     int mirror_waiting, mirror_running, mirror_kv_used, mirror_kv_cached;  /* after a step */
+    int mirror_snapshots;                /* kv_n_snapshots after a step */
     uint64_t mirror_query, mirror_hit;   /* the scheduler's prefix counts after a step */
     uint64_t mirror_drafted, mirror_accepted;  /* and its speculative counts */
 };
@@ -157,6 +158,7 @@ static void *engine_main(void *arg)
         sched_step(r->s, &e);
         int nw = sched_n_waiting(r->s), nr = sched_n_running(r->s);
         int used = r->kv->n_blocks - kv_n_free_blocks(r->kv), cached = kv_n_cached_blocks(r->kv);
+        int snaps = kv_n_snapshots(r->kv);
         uint64_t query, hit, drafted, accepted;
         sched_prefix_stats(r->s, &query, &hit);
         sched_spec_stats(r->s, &drafted, &accepted);
@@ -166,6 +168,7 @@ static void *engine_main(void *arg)
         r->mirror_running = nr;
         r->mirror_kv_used = used;
         r->mirror_kv_cached = cached;
+        r->mirror_snapshots = snaps;
         r->mirror_query = query;
         r->mirror_hit = hit;
         r->mirror_drafted = drafted;
@@ -352,6 +355,7 @@ void runner_get_stats(struct runner *r, struct runner_stats *st)
     st->kv_blocks_used = r->mirror_kv_used;
     st->kv_blocks_total = r->kv->n_blocks;
     st->kv_blocks_cached = r->mirror_kv_cached;
+    st->kv_snapshots = r->mirror_snapshots;
     st->n_steps = r->n_steps;
     st->prefix_query_tokens = r->mirror_query;
     st->prefix_hit_tokens = r->mirror_hit;

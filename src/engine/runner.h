@@ -74,6 +74,7 @@ struct runner_stats {
     int n_waiting, n_running;    /* jobs queued / with a sequence */
     int kv_blocks_used, kv_blocks_total;  /* used: held by running sequences */
     int kv_blocks_cached;        /* held only by the prefix cache (reclaimable, not in used) */
+    int kv_snapshots;            /* recurrent states kept for the prefix cache (ADR 0129) */
     uint64_t n_steps;            /* forwards run */
     uint64_t prefix_query_tokens;   /* prompt tokens of the jobs admitted (each once) */
     uint64_t prefix_hit_tokens;     /* of them, found in the prefix cache (0 when it is off) */

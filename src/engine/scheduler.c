@@ -24,6 +24,16 @@
  * holding an image row, where each row's key is 32 bits of SHA-256(the digests of the
  * block's images, the row's offset in the block, its id); a block of block_size such rows
  * matches another only when every row's 32 bits do.
+ *
+ * Recurrent layers (ADR 0129): a hit must end where the cache holds a snapshot of the states,
+ * and a snapshot can only be taken when a sequence's length is the boundary. At admission a
+ * request plans at most three: the last full block of its prompt (a repeated prompt, the next
+ * turn of a chat), SCHED_SNAP_TAIL blocks before it (a prompt that shares all but a short last
+ * turn) and, when its tokens match an indexed chain longer than its hit, the end of that chain
+ * (where it parts from a prompt seen before: a shared system prompt). Its prompt
+ * chunks end at those boundaries, and after the step that reaches one its states are kept.
+ * Past its prompt it keeps one more, at the last block boundary its output reached (replaced as
+ * it goes on): the next turn of a chat, which renders this answer again, finds it.
  */
 #include "scheduler.h"
 
@@ -40,6 +50,10 @@
 _Static_assert(GEN_MAX_LORA == LORA_MAX_ADAPTERS, "gen_params.lora holds every adapter");
 
 #define SCHED_DEFAULT_MAX_REQUESTS 1024
+/* Blocks between a prompt's last full block and the snapshot kept before it (ADR 0129): 256
+ * tokens at the default block size, more than most user turns of a chat, so a second prompt
+ * that shares only the system prompt with the first hits most of it. */
+#define SCHED_SNAP_TAIL 16
 
 struct simg {
     int32_t pos;                 /* its first row in toks */
@@ -75,6 +89,14 @@ struct sreq {
     bool rewind;                 /* a rejected draft took its cache back to the checkpoint before
                                   * the step (recurrent layers, ADR 0112): the kept rows go again
                                   * with its next token, drafts after them */
+    int snap[3];                 /* recurrent layers: block boundaries where its states are kept
+                                  * for the prefix cache (ADR 0129): the prompt's last full block,
+                                  * the end of the chain another prompt left indexed, and
+                                  * SCHED_SNAP_TAIL blocks before the first; a prompt chunk ends
+                                  * there; 0: none */
+    int snap_dec;                /* the length where it last kept its states past its prompt
+                                  * (decoding reaches a block boundary), replaced by the next; 0:
+                                  * none of its own */
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
@@ -528,6 +550,66 @@ static int blocks_for(const struct sched *s, int n_toks)
     return (n_toks + s->kv->block_size - 1) / s->kv->block_size;
 }
 
+/* Recurrent layers (ADR 0129): the block boundaries past the hit where r's states will be
+ * kept: the prompt's last full block (all its ids but the last, which a later identical prompt
+ * leaves to compute), the end of the longest indexed chain its tokens match when no snapshot
+ * made that chain a hit (another prompt parts from this one there), and SCHED_SNAP_TAIL blocks
+ * before the last full block (where a prompt that shares all but a short last turn parts). */
+static void plan_snapshots(const struct sched *s, struct sreq *r, int hit)
+{
+    int bs = s->kv->block_size;
+    r->snap[0] = r->snap[1] = r->snap[2] = r->snap_dec = 0;
+    if (!s->prefix || !kv_can_snapshot(s->kv))
+        return;
+    int last = (r->n_prompt - 1) / bs * bs, seen = kv_prefix_match(s->kv, r->key, r->n_toks - 1);
+    int tail = last - SCHED_SNAP_TAIL * bs;
+    if (last > hit)
+        r->snap[0] = last;
+    if (seen > hit && seen != last)
+        r->snap[1] = seen;
+    if (tail > hit && tail != seen)
+        r->snap[2] = tail;
+}
+
+/* At most k rows of r's next prompt chunk, ending at a boundary where its states are to be
+ * kept when one lies inside (plan_snapshots). */
+static int chunk_snap(const struct sreq *r, int k)
+{
+    for (int j = 0; j < 3; j++)
+        if (r->snap[j] > r->n_fed && r->snap[j] < r->n_fed + k)
+            k = r->snap[j] - r->n_fed;
+    return k;
+}
+
+/* After a step: the states of each request that reached a planned boundary are kept as the
+ * snapshot of that block's entry (registered just before); past its prompt, at each block
+ * boundary, replacing its previous one there (the next turn of a chat renders this answer
+ * again). A buffer that cannot be had turns snapshots off, with one warning. */
+static void take_snapshots(struct sched *s)
+{
+    int bs = s->kv->block_size;
+    for (int i = 0; i < s->max_requests; i++) {
+        struct sreq *r = &s->reqs[i];
+        struct err e;
+        if (r->id <= 0 || r->seq < 0 || r->n_fed <= 0)
+            continue;
+        bool planned = r->n_fed == r->snap[0] || r->n_fed == r->snap[1] || r->n_fed == r->snap[2];
+        bool answer = r->n_fed >= r->n_prompt && r->n_fed % bs == 0 && r->n_fed > r->snap_dec;
+        if (!planned && !answer)
+            continue;
+        int rc = kv_prefix_snapshot(s->kv, r->seq, &e);
+        if (rc < 0) {
+            LOG_WARN("prefix cache: %s; recurrent states are no longer kept (no prefix hits)", e.msg);
+            return;
+        }
+        if (answer && !planned) {
+            /* its own earlier one goes; one the entry had already is another request's */
+            kv_prefix_unsnap(s->kv, r->seq, r->snap_dec);
+            r->snap_dec = rc == 1 ? r->n_fed : 0;
+        }
+    }
+}
+
 /* Admit waiting requests in order while a sequence id and room for the tokens exist. A
  * request first attaches what the prefix cache holds of its tokens (all but the last,
  * which must be computed for its logits); the room it needs is for the rest. */
@@ -567,6 +649,7 @@ static void admit(struct sched *s)
         r->seq = q;
         r->n_fed = hit;
         r->rewind = false;
+        plan_snapshots(s, r, hit);
         r->admitted = s->n_admitted++;
         if (r->t_admit == 0) {
             /* first admission: the prompt's hit counts (a readmission's does not) */
@@ -689,7 +772,7 @@ static void build_batch(struct sched *s)
                 rope_rows(s, r, s->b.n_tok - left - r->n_draft, left + r->n_draft, r->n_fed);
                 continue;
             }
-            int k = room > 0 ? chunk_images(s, r, left < room ? left : room) : 0;
+            int k = room > 0 ? chunk_images(s, r, chunk_snap(r, left < room ? left : room)) : 0;
             int nxt = k <= 0 && !past ? image_next(r) : 0;
             if (nxt > 0 && nxt <= s->cap - s->b.n_tok) {
                 /* the next rows are an image larger than what the budget leaves: it goes whole,
@@ -965,5 +1048,7 @@ int sched_step(struct sched *s, struct err *e)
         if (r->id > 0 && r->seq >= 0)
             kv_prefix_register(s->kv, r->seq, r->key, r->n_fed);
     }
+    if (s->prefix && kv_can_snapshot(s->kv))
+        take_snapshots(s);
     return sched_n_running(s) + s->n_waiting > 0 ? 1 : 0;
 }

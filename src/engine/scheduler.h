@@ -21,7 +21,11 @@
  * there are logits to sample) and prefills only the rest. The cached KV is
  * what the request would have computed (same tokens, same positions), so the
  * output is the same with or without a hit. A preempted request usually
- * finds its own blocks again when it is readmitted.
+ * finds its own blocks again when it is readmitted. With recurrent layers a hit
+ * ends only where the cache kept a snapshot of the states (ADR 0129): a request
+ * keeps them at its prompt's last full block and 16 blocks before it, where it
+ * parts from a chain indexed before, and at the last block boundary its output
+ * reached; its prompt chunks end at those boundaries.
  *
  * Images (ADR 0090): sched_submit_images takes a prompt's images as pixels. Each is
  * encoded by the model's vision tower as a step of the scheduler (at most one image per

@@ -175,11 +175,13 @@ char *metrics_render(struct metrics *m, const struct metrics_gauges *g)
               g->kv_blocks_total > 0 ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0, g->kv_blocks_used);
     sb_printf(&b, "# HELP mlxcel_kv_cache_cached_blocks KV cache blocks kept for the prefix cache (reclaimable).\n"
                   "# TYPE mlxcel_kv_cache_cached_blocks gauge\nmlxcel_kv_cache_cached_blocks %d\n"
+                  "# HELP mlxcel_prefix_cache_snapshots Recurrent states kept for the prefix cache (ADR 0129).\n"
+                  "# TYPE mlxcel_prefix_cache_snapshots gauge\nmlxcel_prefix_cache_snapshots %d\n"
                   "# HELP mlxcel_prefix_cache_query_tokens_total Prompt tokens looked up in the prefix cache.\n"
                   "# TYPE mlxcel_prefix_cache_query_tokens_total counter\nmlxcel_prefix_cache_query_tokens_total %llu\n"
                   "# HELP mlxcel_prefix_cache_hit_tokens_total Prompt tokens found in the prefix cache.\n"
                   "# TYPE mlxcel_prefix_cache_hit_tokens_total counter\nmlxcel_prefix_cache_hit_tokens_total %llu\n",
-              g->kv_blocks_cached, (unsigned long long)g->prefix_query_tokens,
+              g->kv_blocks_cached, g->kv_snapshots, (unsigned long long)g->prefix_query_tokens,
               (unsigned long long)g->prefix_hit_tokens);
     sb_printf(&b, "# HELP mlxcel_spec_draft_tokens_total Tokens drafted by speculative decoding.\n"
                   "# TYPE mlxcel_spec_draft_tokens_total counter\nmlxcel_spec_draft_tokens_total %llu\n"

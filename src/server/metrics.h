@@ -38,6 +38,7 @@ struct metrics_gauges {
     int queue_depth, busy_slots, slots;
     int kv_blocks_used, kv_blocks_total;
     int kv_blocks_cached;                   /* kept for the prefix cache, reclaimable */
+    int kv_snapshots;                       /* recurrent states kept for the prefix cache (ADR 0129) */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
     uint64_t spec_draft_tokens, spec_accepted_tokens;  /* speculative decoding */
 };

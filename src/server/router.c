@@ -532,6 +532,7 @@ void router_stats(struct router *rt, struct runner_stats *sum, int *slots)
         sum->kv_blocks_used += st.kv_blocks_used;
         sum->kv_blocks_total += st.kv_blocks_total;
         sum->kv_blocks_cached += st.kv_blocks_cached;
+        sum->kv_snapshots += st.kv_snapshots;
         sum->prefix_query_tokens += st.prefix_query_tokens;
         sum->prefix_hit_tokens += st.prefix_hit_tokens;
         sum->spec_draft_tokens += st.spec_draft_tokens;

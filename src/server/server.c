@@ -204,7 +204,8 @@ static enum MHD_Result ep_metrics(struct server *s, struct MHD_Connection *c, st
         runner_get_stats(s->single.m.runner, &st);
     struct metrics_gauges g = {.queue_depth = st.n_waiting, .busy_slots = st.n_running, .slots = slots,
                                .kv_blocks_used = st.kv_blocks_used, .kv_blocks_total = st.kv_blocks_total,
-                               .kv_blocks_cached = st.kv_blocks_cached, .prefix_query_tokens = st.prefix_query_tokens,
+                               .kv_blocks_cached = st.kv_blocks_cached, .kv_snapshots = st.kv_snapshots,
+                               .prefix_query_tokens = st.prefix_query_tokens,
                                .prefix_hit_tokens = st.prefix_hit_tokens,
                                .spec_draft_tokens = st.spec_draft_tokens,
                                .spec_accepted_tokens = st.spec_accepted_tokens};

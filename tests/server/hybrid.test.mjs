@@ -3,9 +3,16 @@
 // llama-tiny tokenizer (an untied head: tied random weights repeat the last token).
 // 8 concurrent greedy completions with the prefix cache on (the default) each equal
 // `mlxcel generate` of the same prompt alone, and so do 8 that share a long prefix; a second
-// round on the same server (slots reused by new sequences) equals the first. (LFM2's state is
-// its last 2 inputs, too short a memory for this test to see a prefix-cache hit restore a
-// wrong state: test_prefix.c's prefix_recurrent checks that nothing is attached.)
+// round on the same server (slots reused by new sequences, prefix hits restoring snapshots of
+// the states: ADR 0129) equals the first.
+// A Mamba-2 hybrid (Granite 4 shape: 3 Mamba-2 layers of 8 heads x 32 x 16 and one attention
+// layer, dense; residual_multiplier 20 so that the random layers outweigh the embeddings and
+// the output follows the whole prompt: a hit that restored a wrong state, or none, changes the
+// text, as a build that skips the restore shows) with the prefix cache on: two
+// clients one after the other, then 8 concurrent clients sharing a long system prompt, twice;
+// each output equals `mlxcel generate` alone, and each of the 8 found cached prompt tokens
+// (states kept at the first clients' last full blocks and where their prompts part), as
+// /metrics counts.
 // With speculative decoding (ADR 0112: the states checkpointed before a drafted step, restored
 // after a rejection), the model as its own draft model (its cache hybrid too: every draft
 // accepted) and prompt lookup, 8 concurrent greedy completions still equal generate alone, and
@@ -31,6 +38,20 @@ if (BIN) {
     execFileSync(BIN, ['synth', '-c', join(work, 'config.json'), '-o', modelDir, '--seed', '7',
         '--tokenizer', 'models/llama-tiny'], { stdio: ['ignore', 'ignore', 'inherit'] });
 }
+const graniteDir = join(work, 'granite');
+writeFileSync(join(work, 'granite.json'), JSON.stringify({
+    architectures: ['GraniteMoeHybridForCausalLM'], model_type: 'granitemoehybrid', vocab_size: 2048,
+    hidden_size: 128, intermediate_size: 256, shared_intermediate_size: 256, num_local_experts: 0,
+    num_hidden_layers: 4, layer_types: ['mamba', 'attention', 'mamba', 'mamba'], num_attention_heads: 4,
+    num_key_value_heads: 2, max_position_embeddings: 512, mamba_n_heads: 8, mamba_d_head: 32,
+    mamba_d_state: 16, mamba_n_groups: 1, mamba_d_conv: 4, mamba_expand: 2, mamba_chunk_size: 8,
+    residual_multiplier: 20.0, embedding_multiplier: 1.0, logits_scaling: 1.0, attention_multiplier: 0.17,
+    position_embedding_type: 'rope', tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 0,
+}));
+if (BIN) {
+    execFileSync(BIN, ['synth', '-c', join(work, 'granite.json'), '-o', graniteDir, '--seed', '7',
+        '--tokenizer', 'models/llama-tiny'], { stdio: ['ignore', 'ignore', 'inherit'] });
+}
 process.env.MLXCEL_TEST_MODEL = modelDir;
 const { startServer, completeGreedy, withTimeout, get, SLOW } = await import('./harness.mjs');
 const metric = (body, name) => Number((body.match(new RegExp(`^${name} (\\d+)$`, 'm')) || [])[1]);
@@ -42,8 +63,10 @@ const LONG = 'KING RICHARD III: Now is the winter of our discontent made gloriou
 const SHARED = PROMPTS.map((p) => LONG + p);
 
 // `mlxcel generate` alone: the raw prompt (no chat template), greedy, N tokens, text on stdout.
-const generate = (prompt) => execFileSync(BIN, ['generate', '-m', modelDir, '--no-chat', '-p', prompt,
+const generateIn = (dir) => (prompt) => execFileSync(BIN, ['generate', '-m', dir, '--no-chat', '-p', prompt,
     '-n', String(N), '--temp', '0'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).replace(/\n$/, '');
+const generate = generateIn(modelDir);
+const sameAsAlone = (alone, p, t) => (alone.startsWith(p) ? alone === p + t : alone === t);
 
 describe('hybrid model (LFM2) on serve', { timeout: 240_000 * SLOW }, () => {
     let srv;
@@ -66,6 +89,41 @@ describe('hybrid model (LFM2) on serve', { timeout: 240_000 * SLOW }, () => {
                 });
             }
         }
+    });
+});
+
+describe('hybrid Mamba-2 model (Granite 4) on serve: prefix hits through state snapshots', { timeout: 240_000 * SLOW }, () => {
+    let srv;
+    before(async () => { srv = await startServer(['-m', graniteDir, '--parallel', '8']); });
+    after(async () => {
+        if (srv && !srv.stopped) await srv.stop();
+    });
+
+    it('8 concurrent clients sharing a system prompt: generate alone each, cached prompt tokens > 0', async () => {
+        const SYSTEM = LONG + LONG;
+        const first = ['Warwick:', 'CLARENCE:'].map((p) => SYSTEM + p);
+        const set = PROMPTS.map((p) => SYSTEM + p);
+        const alone = set.map(generateIn(graniteDir));
+        for (const p of first) {
+            const r = await completeGreedy(srv.base, p, N);
+            assert.ok(sameAsAlone(generateIn(graniteDir)(p), p, r.choices[0].text), `${JSON.stringify(p)} differs from generate`);
+        }
+        for (let round = 0; round < 2; round++) {
+            const all = await withTimeout(Promise.all(set.map((p) => completeGreedy(srv.base, p, N))),
+                120_000 * SLOW, '8 concurrent completions');
+            set.forEach((p, i) => {
+                const t = all[i].choices[0].text, cached = all[i].usage.prompt_tokens_details.cached_tokens;
+                assert.ok(t.length > 0, `empty completion for ${JSON.stringify(p)}`);
+                assert.ok(sameAsAlone(alone[i], p, t),
+                    `round ${round} ${JSON.stringify(p)}: served ${JSON.stringify(t)}, generate ${JSON.stringify(alone[i])}`);
+                // at least the system prompt's first block of 16; below the prompt's last token
+                assert.ok(cached >= 16 && cached < all[i].usage.prompt_tokens,
+                    `round ${round} ${JSON.stringify(p)}: ${cached} cached of ${all[i].usage.prompt_tokens}`);
+            });
+        }
+        const m = (await get(srv.base, '/metrics')).text;
+        assert.ok(metric(m, 'mlxcel_prefix_cache_hit_tokens_total') >= 16 * 16, 'metrics count the hits');
+        assert.ok(metric(m, 'mlxcel_prefix_cache_snapshots') > 0, 'metrics count the snapshots');
     });
 });
 
