@@ -790,6 +790,247 @@ static void test_ssd_scan(void **state)
     backend_free(gpu);
 }
 
+// ---- the chunked prefill forms (ADR 0132) ----
+
+/* A call's rows as runs {sequence, rows} in row order, each run at the next positions of
+ * its sequence; sequences 1 and 3 continue from position 5 / 9 (a random carried state),
+ * 0 and 2 start at position 0 (over a slot of garbage). */
+#define RC_MAX_RUNS 8
+struct rc_case {
+    const char *what;
+    int runs[RC_MAX_RUNS][2];
+    int cut;                 /* > 0: the GPU takes rows [0, cut) and [cut, n) in two calls */
+    bool slow;               /* mild decays: a state lives across many chunks */
+    int h, p, n, g;          /* ssd: heads, head_dim, d_state, groups; gdn: nk, nv, dk, dv */
+};
+
+static int rc_rows(const struct rc_case *rc, int32_t *pos, int32_t *seq)
+{
+    int next[4] = {0, 5, 0, 9}, n = 0;
+    for (int r = 0; r < RC_MAX_RUNS && rc->runs[r][1] > 0; r++)
+        for (int i = 0; i < rc->runs[r][1]; i++) {
+            if (pos) {
+                seq[n] = rc->runs[r][0];
+                pos[n] = next[seq[n]]++;
+            }
+            n++;
+        }
+    return n;
+}
+
+/* |a - b| / max|a| over n floats */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double m = 0, d = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = fmax(m, fabs(a[i]));
+        d = fmax(d, fabs((double)a[i] - b[i]));
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* ssd_scan of one case on the GPU (in one or two calls) against the CPU scalar backend:
+ * the worst relative error of the outputs and of the four sequences' states. */
+static double ssd_chunk_case(struct backend *cpu, struct backend *gpu, const struct rc_case *rc)
+{
+    int H = rc->h, P = rc->p, N = rc->n, G = rc->g, n_tok = rc_rows(rc, NULL, NULL);
+    int di = H * P, ldx = di + 2 * G * N, n_seq = 4;
+    size_t sd = (size_t)H * P * N, nst = sd * n_seq, nx = (size_t)n_tok * ldx, ny = (size_t)n_tok * di;
+    float *x = malloc(nx * 4), *dt = malloc((size_t)n_tok * H * 4), *yc = malloc(ny * 4);
+    float *yg = malloc(ny * 4), *st = malloc(nst * 4), *stc = malloc(nst * 4), *stg = malloc(nst * 4);
+    float *par = malloc((size_t)3 * H * 4);
+    int32_t *rows = malloc((size_t)n_tok * 2 * 4), *pos = rows, *seq = rows + n_tok;
+    rc_rows(rc, pos, seq);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frnd(-1.0f, 1.0f);
+    for (int i = 0; i < n_tok * H; i++)
+        dt[i] = rc->slow ? frnd(-5.0f, -1.0f) : frnd(-4.0f, 3.0f);
+    for (size_t i = 0; i < nst; i++)
+        st[i] = stc[i] = frnd(-1.0f, 1.0f);
+    for (int h = 0; h < H; h++) {
+        par[h] = rc->slow ? frnd(-3.0f, -0.5f) : frnd(-2.0f, 1.5f);  /* A_log */
+        par[H + h] = frnd(-1.0f, 1.0f);                               /* D */
+        par[2 * H + h] = frnd(-1.0f, 1.0f);                           /* dt_bias */
+    }
+    struct ssd_params sp = {H, P, N, G, 0.0f, INFINITY};
+    int64_t shape[1] = {H};
+    struct tensor t[3];
+    for (int k = 0; k < 3; k++)
+        tensor_init(&t[k], DTYPE_F32, par + (size_t)k * H, 1, shape);
+    struct kv_layer kv = {NULL, stc, 0, (int)sd, DTYPE_F32};
+    struct kv_rows kr = {.pos = pos, .state = seq};
+    cpu->ops->ssd_scan(cpu, yc, di, x, x + di, x + di + G * N, ldx, dt, H, &t[0], &t[1], &t[2],
+                       &kv, &kr, n_tok, &sp);
+    struct err e = {0};
+    assert_int_equal(backend_sync(cpu, &e), 0);
+    void *d[5];
+    size_t sz[5] = {nx * 4, (size_t)n_tok * H * 4, ny * 4, nst * 4, (size_t)n_tok * 8};
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], x, sz[0]);
+    gpu->ops->upload(gpu, d[1], dt, sz[1]);
+    gpu->ops->upload(gpu, d[3], st, sz[3]);
+    gpu->ops->upload(gpu, d[4], rows, sz[4]);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(gpu->ops->prepare_weight(gpu, &t[k], 0, &e), 0);
+    struct kv_layer gkv = {NULL, d[3], 0, (int)sd, DTYPE_F32};
+    for (int c = 0; c < 2; c++) {
+        int r0 = c ? rc->cut : 0, m = rc->cut > 0 ? (c ? n_tok - rc->cut : rc->cut) : (c ? 0 : n_tok);
+        if (m <= 0)
+            continue;
+        float *gx = (float *)d[0] + (size_t)r0 * ldx;
+        int32_t *gr = d[4];
+        struct kv_rows gkr = {.pos = gr + r0, .state = gr + n_tok + r0};
+        gpu->ops->ssd_scan(gpu, (float *)d[2] + (size_t)r0 * di, di, gx, gx + di, gx + di + G * N,
+                           ldx, (float *)d[1] + (size_t)r0 * H, H, &t[0], &t[1], &t[2], &gkv, &gkr,
+                           m, &sp);
+    }
+    gpu->ops->download(gpu, yg, d[2], sz[2]);
+    gpu->ops->download(gpu, stg, d[3], sz[3]);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("ssd_scan %s: %s", rc->what, e.msg);
+    double ry = rel_err(yc, yg, ny), rs = rel_err(stc, stg, nst);
+    printf("cuda ssd_scan chunked, %s: %d rows, rel err y %.2e, state %.2e\n", rc->what, n_tok, ry, rs);
+    for (int i = 0; i < 5; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(x), free(dt), free(yc), free(yg), free(st), free(stc), free(stg), free(par), free(rows);
+    return fmax(ry, rs);
+}
+
+/* The SSD scan's chunked form (runs of >= 32 rows of one sequence in chunks of <= 64)
+ * against the CPU's recurrence: long runs of odd lengths, several chunks, runs that
+ * continue a carried state, a call cut inside a run (the second call continues from the
+ * state the chunks left), decode rows and short runs beside chunks in one call, a
+ * sequence's long runs with another's between, groups, head_dim and d_state at the
+ * form's limits, a head_dim past them (the recurrence takes it). */
+static void test_ssd_chunked(void **state)
+{
+    (void)state;
+    static const struct rc_case cases[] = {
+        {"one prefill of 300 rows", {{0, 300}}, 0, true, 8, 16, 64, 2},
+        {"517 rows after a carried state, cut at 150", {{1, 517}}, 150, true, 4, 64, 128, 1},
+        {"chunks beside decode rows and short runs",
+         {{0, 200}, {1, 1}, {2, 1}, {3, 75}, {1, 1}, {0, 33}, {2, 31}}, 0, true, 6, 10, 33, 3},
+        {"head_dim 128, d_state 256", {{2, 130}, {3, 64}, {2, 1}}, 100, false, 2, 128, 256, 1},
+        {"a sequence's runs with another's between", {{0, 100}, {1, 40}, {0, 100}, {1, 1}, {0, 1}},
+         0, true, 4, 32, 16, 2},
+        {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1},
+        {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2},
+        {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1},
+    };
+    struct backend *gpu = NULL, *cpu = NULL;
+    open_pair(&gpu, &cpu);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        double r = ssd_chunk_case(cpu, gpu, &cases[c]);
+        if (!(r <= 1e-4))
+            fail_msg("ssd_scan chunked, %s: rel err %.3g", cases[c].what, r);
+    }
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
+/* gated_delta of one case on the GPU against the CPU scalar backend (double precision):
+ * the worst relative error of the outputs and the states. */
+static double gdn_chunk_case(struct backend *cpu, struct backend *gpu, const struct rc_case *rc)
+{
+    int NK = rc->h, NV = rc->p, DK = rc->n, DV = rc->g, n_tok = rc_rows(rc, NULL, NULL);
+    int ldx = 2 * NK * DK + NV * DV, vdim = NV * DK * DV, n_seq = 4;
+    size_t nx = (size_t)n_tok * ldx, nab = (size_t)n_tok * 2 * NV, ny = (size_t)n_tok * NV * DV;
+    size_t nst = (size_t)n_seq * vdim;
+    float *x = malloc(nx * 4), *ab = malloc(nab * 4), *st = malloc(nst * 4), *stc = malloc(nst * 4);
+    float *stg = malloc(nst * 4), *yc = malloc(ny * 4), *yg = malloc(ny * 4);
+    float *par = malloc((size_t)2 * NV * 4);
+    int32_t *meta = malloc((size_t)2 * n_tok * 4);
+    rc_rows(rc, meta, meta + n_tok);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = frnd(-1.0f, 1.0f);
+    for (int i = 0; i < n_tok; i++)
+        for (int h = 0; h < NV; h++) {
+            ab[(size_t)i * 2 * NV + h] = frnd(-3.0f, 3.0f);  /* b: beta */
+            ab[(size_t)i * 2 * NV + NV + h] = rc->slow ? frnd(-5.0f, -1.0f) : frnd(-3.0f, 3.0f);
+        }
+    for (size_t i = 0; i < nst; i++)
+        st[i] = stc[i] = frnd(-0.5f, 0.5f);
+    for (int h = 0; h < NV; h++) {
+        par[h] = rc->slow ? frnd(-3.0f, -1.0f) : frnd(-1.0f, 1.0f);  /* A_log */
+        par[NV + h] = frnd(-1.0f, 1.0f);                              /* dt_bias */
+    }
+    struct tensor ta, td;
+    int64_t shape[1] = {NV};
+    tensor_init(&ta, DTYPE_F32, par, 1, shape);
+    tensor_init(&td, DTYPE_F32, par + NV, 1, shape);
+    struct gdn_params p = {NK, NV, DK, DV, &ta, &td};
+    struct kv_layer kv = {NULL, stc, 0, vdim, DTYPE_F32};
+    struct kv_rows kr = {.pos = meta, .state = meta + n_tok};
+    cpu->ops->gated_delta(cpu, yc, NV * DV, x, ldx, ab, 2 * NV, &p, &kv, &kr, n_tok);
+    struct err e = {0};
+    assert_int_equal(backend_sync(cpu, &e), 0);
+    void *d[6];
+    size_t sz[6] = {nx * 4, nab * 4, nst * 4, ny * 4, (size_t)2 * NV * 4, (size_t)2 * n_tok * 4};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], x, sz[0]);
+    gpu->ops->upload(gpu, d[1], ab, sz[1]);
+    gpu->ops->upload(gpu, d[2], st, sz[2]);
+    gpu->ops->upload(gpu, d[4], par, sz[4]);
+    gpu->ops->upload(gpu, d[5], meta, sz[5]);
+    struct tensor ga = ta, gd = td;
+    ga.data = d[4];
+    gd.data = (float *)d[4] + NV;
+    struct gdn_params gp = {NK, NV, DK, DV, &ga, &gd};
+    struct kv_layer gkv = {NULL, d[2], 0, vdim, DTYPE_F32};
+    int32_t *dm = d[5];
+    for (int c = 0; c < 2; c++) {
+        int r0 = c ? rc->cut : 0, m = rc->cut > 0 ? (c ? n_tok - rc->cut : rc->cut) : (c ? 0 : n_tok);
+        if (m <= 0)
+            continue;
+        struct kv_rows gkr = {.pos = dm + r0, .state = dm + n_tok + r0};
+        gpu->ops->gated_delta(gpu, (float *)d[3] + (size_t)r0 * NV * DV, NV * DV,
+                              (float *)d[0] + (size_t)r0 * ldx, ldx,
+                              (float *)d[1] + (size_t)r0 * 2 * NV, 2 * NV, &gp, &gkv, &gkr, m);
+    }
+    gpu->ops->download(gpu, yg, d[3], sz[3]);
+    gpu->ops->download(gpu, stg, d[2], sz[2]);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("gated_delta %s: %s", rc->what, e.msg);
+    double ry = rel_err(yc, yg, ny), rs = rel_err(stc, stg, nst);
+    printf("cuda gated_delta chunked, %s: %d rows, rel err y %.2e, state %.2e\n", rc->what, n_tok,
+           ry, rs);
+    for (int i = 0; i < 6; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(x), free(ab), free(st), free(stc), free(stg), free(yc), free(yg), free(par), free(meta);
+    return fmax(ry, rs);
+}
+
+/* The gated delta rule's chunked form (the WY / UT form: a triangular solve per chunk of
+ * <= 64 rows, then the state carried chunk to chunk) against the CPU's double-precision
+ * forms: the same shapes of calls as test_ssd_chunked, value heads sharing key heads,
+ * value dims not a multiple of the pass's 32 columns, k_dim 32 to 256 (the form's limit),
+ * a k_dim that is not a multiple of 32 (the recurrence takes it). */
+static void test_gated_delta_chunked(void **state)
+{
+    (void)state;
+    static const struct rc_case cases[] = {
+        {"chunks beside decode rows, cut at 120", {{0, 200}, {1, 1}, {2, 1}, {1, 70}}, 120, false, 2, 4, 32, 100},
+        {"Qwen3-Next's head, 300 rows after a carried state", {{1, 300}}, 129, true, 1, 2, 128, 128},
+        {"short runs between chunks",
+         {{3, 40}, {0, 31}, {2, 96}, {0, 1}, {3, 1}, {2, 33}}, 0, true, 2, 2, 64, 48},
+        {"k_dim 256", {{0, 100}, {1, 1}}, 0, true, 1, 1, 256, 64},
+        {"a sequence's runs with another's between", {{1, 64}, {0, 50}, {1, 65}}, 0, false, 1, 3, 32, 32},
+        {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40},
+        {"k_dim 48 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 48, 32},
+    };
+    struct backend *gpu = NULL, *cpu = NULL;
+    open_pair(&gpu, &cpu);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        double r = gdn_chunk_case(cpu, gpu, &cases[c]);
+        if (!(r <= 1e-4))
+            fail_msg("gated_delta chunked, %s: rel err %.3g", cases[c].what, r);
+    }
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -868,6 +1109,8 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention_decode),
     cmocka_unit_test(test_gated_delta),
     cmocka_unit_test(test_ssd_scan),
+    cmocka_unit_test(test_ssd_chunked),
+    cmocka_unit_test(test_gated_delta_chunked),
     cmocka_unit_test(test_graph_decode),
     cmocka_unit_test(test_selective_scan),
 };
