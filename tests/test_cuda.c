@@ -802,6 +802,7 @@ struct rc_case {
     int cut;                 /* > 0: the GPU takes rows [0, cut) and [cut, n) in two calls */
     bool slow;               /* mild decays: a state lives across many chunks */
     int h, p, n, g;          /* ssd: heads, head_dim, d_state, groups; gdn: nk, nv, dk, dv */
+    bool inplace;            /* ssd: y written over x (ldy = ldx), as blk_mamba2 may */
 };
 
 static int rc_rows(const struct rc_case *rc, int32_t *pos, int32_t *seq)
@@ -881,11 +882,18 @@ static double ssd_chunk_case(struct backend *cpu, struct backend *gpu, const str
         float *gx = (float *)d[0] + (size_t)r0 * ldx;
         int32_t *gr = d[4];
         struct kv_rows gkr = {.pos = gr + r0, .state = gr + n_tok + r0};
-        gpu->ops->ssd_scan(gpu, (float *)d[2] + (size_t)r0 * di, di, gx, gx + di, gx + di + G * N,
-                           ldx, (float *)d[1] + (size_t)r0 * H, H, &t[0], &t[1], &t[2], &gkv, &gkr,
-                           m, &sp);
+        float *gy = rc->inplace ? gx : (float *)d[2] + (size_t)r0 * di;
+        gpu->ops->ssd_scan(gpu, gy, rc->inplace ? ldx : di, gx, gx + di, gx + di + G * N, ldx,
+                           (float *)d[1] + (size_t)r0 * H, H, &t[0], &t[1], &t[2], &gkv, &gkr, m,
+                           &sp);
     }
-    gpu->ops->download(gpu, yg, d[2], sz[2]);
+    if (rc->inplace) {  /* y: the first di columns of the x rows */
+        gpu->ops->download(gpu, x, d[0], sz[0]);
+        for (int i = 0; i < n_tok; i++)
+            memcpy(yg + (size_t)i * di, x + (size_t)i * ldx, (size_t)di * 4);
+    } else {
+        gpu->ops->download(gpu, yg, d[2], sz[2]);
+    }
     gpu->ops->download(gpu, stg, d[3], sz[3]);
     if (backend_sync(gpu, &e) < 0)
         fail_msg("ssd_scan %s: %s", rc->what, e.msg);
@@ -907,16 +915,17 @@ static void test_ssd_chunked(void **state)
 {
     (void)state;
     static const struct rc_case cases[] = {
-        {"one prefill of 300 rows", {{0, 300}}, 0, true, 8, 16, 64, 2},
-        {"517 rows after a carried state, cut at 150", {{1, 517}}, 150, true, 4, 64, 128, 1},
+        {"one prefill of 300 rows", {{0, 300}}, 0, true, 8, 16, 64, 2, false},
+        {"517 rows after a carried state, cut at 150", {{1, 517}}, 150, true, 4, 64, 128, 1, false},
         {"chunks beside decode rows and short runs",
-         {{0, 200}, {1, 1}, {2, 1}, {3, 75}, {1, 1}, {0, 33}, {2, 31}}, 0, true, 6, 10, 33, 3},
-        {"head_dim 128, d_state 256", {{2, 130}, {3, 64}, {2, 1}}, 100, false, 2, 128, 256, 1},
+         {{0, 200}, {1, 1}, {2, 1}, {3, 75}, {1, 1}, {0, 33}, {2, 31}}, 0, true, 6, 10, 33, 3, false},
+        {"head_dim 128, d_state 256", {{2, 130}, {3, 64}, {2, 1}}, 100, false, 2, 128, 256, 1, false},
         {"a sequence's runs with another's between", {{0, 100}, {1, 40}, {0, 100}, {1, 1}, {0, 1}},
-         0, true, 4, 32, 16, 2},
-        {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1},
-        {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2},
-        {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1},
+         0, true, 4, 32, 16, 2, false},
+        {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1, false},
+        {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2, false},
+        {"y over x", {{1, 150}, {2, 1}, {0, 90}}, 0, true, 4, 16, 32, 2, true},
+        {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1, false},
     };
     struct backend *gpu = NULL, *cpu = NULL;
     open_pair(&gpu, &cpu);
@@ -1005,20 +1014,23 @@ static double gdn_chunk_case(struct backend *cpu, struct backend *gpu, const str
 /* The gated delta rule's chunked form (the WY / UT form: a triangular solve per chunk of
  * <= 64 rows, then the state carried chunk to chunk) against the CPU's double-precision
  * forms: the same shapes of calls as test_ssd_chunked, value heads sharing key heads,
- * value dims not a multiple of the pass's 32 columns, k_dim 32 to 256 (the form's limit),
- * a k_dim that is not a multiple of 32 (the recurrence takes it). */
+ * value dims not a multiple of the pass's 32 columns, k_dim 16 to 256 (the form's limit),
+ * a k_dim that is not a multiple of 8 (the recurrence takes it). */
 static void test_gated_delta_chunked(void **state)
 {
     (void)state;
     static const struct rc_case cases[] = {
-        {"chunks beside decode rows, cut at 120", {{0, 200}, {1, 1}, {2, 1}, {1, 70}}, 120, false, 2, 4, 32, 100},
-        {"Qwen3-Next's head, 300 rows after a carried state", {{1, 300}}, 129, true, 1, 2, 128, 128},
+        {"chunks beside decode rows, cut at 120", {{0, 200}, {1, 1}, {2, 1}, {1, 70}}, 120, false,
+         2, 4, 32, 100, false},
+        {"Qwen3-Next's head, 300 rows after a carried state", {{1, 300}}, 129, true, 1, 2, 128, 128, false},
         {"short runs between chunks",
-         {{3, 40}, {0, 31}, {2, 96}, {0, 1}, {3, 1}, {2, 33}}, 0, true, 2, 2, 64, 48},
-        {"k_dim 256", {{0, 100}, {1, 1}}, 0, true, 1, 1, 256, 64},
-        {"a sequence's runs with another's between", {{1, 64}, {0, 50}, {1, 65}}, 0, false, 1, 3, 32, 32},
-        {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40},
-        {"k_dim 48 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 48, 32},
+         {{3, 40}, {0, 31}, {2, 96}, {0, 1}, {3, 1}, {2, 33}}, 0, true, 2, 2, 64, 48, false},
+        {"k_dim 256", {{0, 100}, {1, 1}}, 0, true, 1, 1, 256, 64, false},
+        {"a sequence's runs with another's between", {{1, 64}, {0, 50}, {1, 65}}, 0, false,
+         1, 3, 32, 32, false},
+        {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40, false},
+        {"k_dim 16, as the golden fixtures", {{2, 90}, {1, 33}}, 50, true, 2, 4, 16, 16, false},
+        {"k_dim 20 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 20, 32, false},
     };
     struct backend *gpu = NULL, *cpu = NULL;
     open_pair(&gpu, &cpu);
@@ -1029,6 +1041,71 @@ static void test_gated_delta_chunked(void **state)
     }
     backend_free(cpu);
     backend_free(gpu);
+}
+
+/* One hybrid golden model on the GPU: two sequences prefilled in one call (150 and 40 rows),
+ * then a call continuing the first by 70 rows beside one decode row of the second; every
+ * row's logits into out [261][n_vocab]. */
+static void rec_prefill_logits(const char *dir, struct backend *gpu, float *out, int *V)
+{
+    static const int len[2][2] = {{150, 40}, {70, 1}};
+    struct test_eng g;
+    struct err e = {0};
+    test_eng_open(&g, dir, gpu, 0, 512, 2, 16);
+    *V = g.m->hp.n_vocab;
+    for (int s = 0; s < 2; s++)
+        assert_int_equal(kv_seq_add(g.kv, s, &e), 0);
+    size_t done = 0;
+    for (int call = 0; call < 2; call++) {
+        batch_clear(g.b);
+        for (int s = 0; s < 2; s++)
+            for (int i = 0, p0 = kv_seq_len(g.kv, s); i < len[call][s]; i++)
+                assert_int_equal(batch_add(g.b, (7 * (p0 + i) + 3 + s) % *V, p0 + i, s, true, &e), 0);
+        if (model_forward(g.c, g.b, g.kv, out + done * *V, &e) < 0)
+            fail_msg("%s: %s", dir, e.msg);
+        done += (size_t)len[call][0] + len[call][1];
+    }
+    test_eng_close(&g);
+}
+
+/* The hybrid golden models end to end on the GPU with the chunked prefill (ADR 0132) against
+ * the recurrence for every row (MLXCEL_CUDA_CHUNKED=0): the same logits on every row within
+ * the batch suite's GPU bound, so the forms agree inside the families' own calls (xBC
+ * columns of one buffer, y over x, groups, value heads sharing key heads). */
+static void test_recurrent_prefill(void **state)
+{
+    (void)state;
+    static const char *dirs[] = {"mamba2", "nemotron_h", "granitemoehybrid", "bamba", "falcon_h1",
+                                 "qwen3_next", "qwen3_5_text"};
+    struct backend *ch = NULL, *rec = NULL;
+    struct err e = {0};
+    struct backend_opts o = *test_backend_opts();
+    o.cuda_chunked = true;
+    if (backend_new(&ch, "cuda", 1, &o, &e) < 0) {
+        printf("cuda: %s\n", e.msg);
+        skip();
+    }
+    o.cuda_chunked = false;
+    assert_int_equal(backend_new(&rec, "cuda", 1, &o, &e), 0);
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++) {
+        char dir[128];
+        snprintf(dir, sizeof dir, "tests/fixtures/golden/%s", dirs[d]);
+        int V = 0;
+        size_t n = (size_t)261 * 4096;
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        rec_prefill_logits(dir, ch, a, &V);
+        assert_true(V <= 4096);
+        rec_prefill_logits(dir, rec, b, &V);
+        double r = rel_err(b, a, (size_t)261 * V);
+        printf("cuda chunked prefill, %s: 261 rows' logits, rel err %.2e against the recurrence\n",
+               dirs[d], r);
+        if (!(r <= 5e-4))
+            fail_msg("chunked prefill, %s: rel err %.3g", dirs[d], r);
+        free(a);
+        free(b);
+    }
+    backend_free(ch);
+    backend_free(rec);
 }
 
 // ---- decode graphs ----
@@ -1111,6 +1188,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_ssd_scan),
     cmocka_unit_test(test_ssd_chunked),
     cmocka_unit_test(test_gated_delta_chunked),
+    cmocka_unit_test(test_recurrent_prefill),
     cmocka_unit_test(test_graph_decode),
     cmocka_unit_test(test_selective_scan),
 };

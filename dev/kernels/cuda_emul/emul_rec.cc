@@ -29,6 +29,7 @@ struct rc_case {
     int cut;
     bool slow;
     int h, p, n, g;
+    bool inplace;
 };
 
 static int rc_rows(const rc_case *rc, int32_t *pos, int32_t *seq)
@@ -103,9 +104,13 @@ static double ssd_case(struct backend *cpu, const rc_case *rc, bool chunked)
         struct kv_rows gkr = {};
         gkr.pos = pos + r0;
         gkr.state = seq + r0;
-        cu_ssd_scan(&g_cu.be, yg + (size_t)r0 * di, di, gx, gx + di, gx + di + G * N, ldx,
+        float *gy = rc->inplace ? gx : yg + (size_t)r0 * di;
+        cu_ssd_scan(&g_cu.be, gy, rc->inplace ? ldx : di, gx, gx + di, gx + di + G * N, ldx,
                     dt + (size_t)r0 * H, H, &t[0], &t[1], &t[2], &gkv, &gkr, m, &sp);
     }
+    if (rc->inplace)
+        for (int i = 0; i < n_tok; i++)
+            memcpy(yg + (size_t)i * di, x + (size_t)i * ldx, (size_t)di * 4);
     if (g_cu.err_rc) {
         printf("ssd %s: %s\n", rc->what, g_cu.err_msg);
         exit(1);
@@ -191,6 +196,7 @@ int main(int argc, char **argv)
          0, true, 4, 32, 16, 2},
         {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1},
         {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2},
+        {"y over x", {{1, 150}, {2, 1}, {0, 90}}, 0, true, 4, 16, 32, 2, true},
         {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1},
     };
     static const rc_case gdn[] = {
@@ -201,7 +207,8 @@ int main(int argc, char **argv)
         {"k_dim 256", {{0, 100}, {1, 1}}, 0, true, 1, 1, 256, 64},
         {"a sequence's runs with another's between", {{1, 64}, {0, 50}, {1, 65}}, 0, false, 1, 3, 32, 32},
         {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40},
-        {"k_dim 48 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 48, 32},
+        {"k_dim 16, as the golden fixtures", {{2, 90}, {1, 33}}, 50, true, 2, 4, 16, 16},
+        {"k_dim 20 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 20, 32},
     };
     const char *only = argc > 1 ? argv[1] : "";
     struct backend *cpu = NULL;

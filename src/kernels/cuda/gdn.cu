@@ -9,7 +9,7 @@
  * them). The block stages the row's q and k in shared memory; each thread reads their sums
  * of squares from there. Grid: (n_v_head, ceil(v_dim / 128)). Calls of fewer than
  * REC_CHUNK_MIN rows (decode), calls recorded into a graph, key heads of other than a
- * multiple of 32 up to 256 dims, and every call with MLXCEL_CUDA_CHUNKED=0 take it.
+ * multiple of 8 up to 256 dims, and every call with MLXCEL_CUDA_CHUNKED=0 take it.
  *
  * The chunked form (ADR 0132; the WY / UT form of transformers' torch_chunk_gated_delta_rule
  * and FLA): runs of at least REC_CHUNK_MIN consecutive rows of one sequence are cut into
@@ -351,15 +351,22 @@ __global__ void gdn_pass_kernel(float *y, size_t ldy, const float *x, size_t ldx
             for (int t = 0; t < n; t++) {
                 float v = V[t * GDN_BV + tx];
                 const float *kd = buf + t * dk + r0;
+                if (rpt % 4 == 0) {  /* 16-byte aligned: dk and rpt multiples of 4 */
 #pragma unroll
-                for (int i = 0; i < 32; i += 4)
-                    if (i < rpt) {
-                        float4 k4 = *(const float4 *)(kd + i);
-                        sa[i] += k4.x * v;
-                        sa[i + 1] += k4.y * v;
-                        sa[i + 2] += k4.z * v;
-                        sa[i + 3] += k4.w * v;
-                    }
+                    for (int i = 0; i < 32; i += 4)
+                        if (i < rpt) {
+                            float4 k4 = *(const float4 *)(kd + i);
+                            sa[i] += k4.x * v;
+                            sa[i + 1] += k4.y * v;
+                            sa[i + 2] += k4.z * v;
+                            sa[i + 3] += k4.w * v;
+                        }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; i++)
+                        if (i < rpt)
+                            sa[i] += kd[i] * v;
+                }
             }
 #pragma unroll
             for (int i = 0; i < 32; i++)
@@ -429,7 +436,7 @@ static bool gdn_chunked(struct cuda_backend *c, float *y, int ldy, const float *
                         float *st, const struct kv_rows *rows, int n_tok, int nk, int nv, int dk,
                         int dv)
 {
-    if (!c->chunked || c->capturing || n_tok < REC_CHUNK_MIN || dk % 32 || dk > 256)
+    if (!c->chunked || c->capturing || n_tok < REC_CHUNK_MIN || dk % 8 || dk > 256)
         return false;
     struct rec_plan pl;
     size_t rsz = gdn_rec_floats(dk, dv);
