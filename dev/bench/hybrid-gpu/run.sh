@@ -14,9 +14,18 @@
 # pp512 and pp4096 with MLXCEL_CUDA_CHUNKED=0 (the recurrence for every row: the A/B) and
 # pp4096 chunked. About 2-3 minutes of device time on an H100 (synthesis ~15 s a model with
 # 16 cores, each bench 10-40 s, mostly the load and the depth-8192 prefills).
-# Usage: dev/bench/hybrid-gpu/run.sh [path/to/mlxcel]   (from the repository root)
+# Usage, from the repository root: dev/bench/hybrid-gpu/run.sh [path/to/mlxcel | PACKDIR]
+# PACKDIR: a folder of `scripts/gpu-loop.sh pack` (bin/, lib/ or pack.tar.xz; unpacked here,
+# its libraries and plugin used).
 set -u
 B=${1:-build/mlxcel}
+if [ -d "$B" ]; then
+  [ -x "$B/bin/mlxcel" ] || tar -C "$B" -xJf "$B/pack.tar.xz"
+  P=$(cd "$B" && pwd)
+  export LD_LIBRARY_PATH="$P/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export MLXCEL_CUDA_PLUGIN="$P/bin/libmlxcel-cuda.so"
+  B="$P/bin/mlxcel"
+fi
 D=$(dirname "$0")
 OUT=${OUT:-/tmp/hg}
 mkdir -p "$OUT"
