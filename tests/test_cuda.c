@@ -8,8 +8,10 @@
  * cache element type, mixed sequences, windows, soft-capping, sinks) against
  * the same. Data goes through buf_alloc / upload /
  * download as a model's would. Then decode steps replayed from a CUDA graph
- * against the same steps run op by op (recurrent models too). Mamba-2's SSD scan against
- * the CPU on mixed sequences. Skipped where no CUDA device is
+ * against the same steps run op by op (recurrent models too). Mamba-2's SSD scan and the
+ * gated delta rule against the CPU on mixed sequences, in their recurrent and chunked forms
+ * (ADR 0132), and the hybrid golden models' logits with the chunked prefill against the
+ * recurrence. Skipped where no CUDA device is
  * usable; the golden suite on MLXCEL_DEVICE=cuda covers every other op end
  * to end.
  */
