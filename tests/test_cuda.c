@@ -927,6 +927,8 @@ static void test_ssd_chunked(void **state)
         {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1, false},
         {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2, false},
         {"y over x", {{1, 150}, {2, 1}, {0, 90}}, 0, true, 4, 16, 32, 2, true},
+        {"short runs only (no chunk)", {{0, 20}, {1, 20}, {2, 1}, {3, 10}}, 0, true,
+         4, 16, 32, 2, false},
         {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1, false},
     };
     struct backend *gpu = NULL, *cpu = NULL;
@@ -1032,6 +1034,8 @@ static void test_gated_delta_chunked(void **state)
          1, 3, 32, 32, false},
         {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40, false},
         {"k_dim 16, as the golden fixtures", {{2, 90}, {1, 33}}, 50, true, 2, 4, 16, 16, false},
+        {"short runs only (no chunk)", {{0, 20}, {1, 20}, {2, 1}, {3, 10}}, 0, true,
+         2, 4, 32, 32, false},
         {"k_dim 20 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 20, 32, false},
     };
     struct backend *gpu = NULL, *cpu = NULL;

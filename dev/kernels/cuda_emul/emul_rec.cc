@@ -197,6 +197,7 @@ int main(int argc, char **argv)
         {"1000 rows of head_dim 7", {{1, 1000}}, 0, true, 3, 7, 16, 1},
         {"strong decays", {{3, 257}, {0, 64}}, 0, false, 4, 16, 32, 2},
         {"y over x", {{1, 150}, {2, 1}, {0, 90}}, 0, true, 4, 16, 32, 2, true},
+        {"short runs only (no chunk)", {{0, 20}, {1, 20}, {2, 1}, {3, 10}}, 0, true, 4, 16, 32, 2, false},
         {"head_dim 130 (the recurrence)", {{0, 70}}, 0, true, 2, 130, 16, 1},
     };
     static const rc_case gdn[] = {
@@ -208,6 +209,7 @@ int main(int argc, char **argv)
         {"a sequence's runs with another's between", {{1, 64}, {0, 50}, {1, 65}}, 0, false, 1, 3, 32, 32},
         {"1000 rows", {{3, 1000}}, 0, true, 1, 1, 32, 40},
         {"k_dim 16, as the golden fixtures", {{2, 90}, {1, 33}}, 50, true, 2, 4, 16, 16},
+        {"short runs only (no chunk)", {{0, 20}, {1, 20}, {2, 1}, {3, 10}}, 0, true, 2, 4, 32, 32},
         {"k_dim 20 (the recurrence)", {{0, 80}}, 0, true, 1, 2, 20, 32},
     };
     const char *only = argc > 1 ? argv[1] : "";
