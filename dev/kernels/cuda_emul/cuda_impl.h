@@ -91,6 +91,7 @@ struct cuda_backend {
     bool capturing, pdl, chunked;
     void *rscr;
     size_t rscr_cap;
+    size_t rec_smem[4];
 };
 static inline struct cuda_backend *cu_of(struct backend *be) { return (struct cuda_backend *)be->impl; }
 static inline void cu_fail(struct cuda_backend *c, const char *what, cudaError_t rc)
@@ -155,6 +156,7 @@ struct rec_plan {
 };
 bool cu_rec_plan(struct cuda_backend *c, const struct kv_rows *rows, int n_tok, size_t floats,
                  struct rec_plan *pl);
+bool cu_rec_smem(struct cuda_backend *c, int k, const void *fn, size_t bytes);
 void cu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const float *B,
                  const float *C, int ldx, const float *dt, int lddt, const struct tensor *a_log,
                  const struct tensor *d, const struct tensor *dt_bias, const struct kv_layer *st,

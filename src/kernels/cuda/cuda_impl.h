@@ -50,6 +50,7 @@ struct cuda_backend {
     bool chunked;               /* long runs of ssd_scan / gated_delta in chunks (backend_opts.cuda_chunked) */
     void *rscr;                 /* rec.cu: the chunked forms' plan and per-chunk planes, grows only */
     size_t rscr_cap;            /* bytes */
+    size_t rec_smem[4];         /* rec.cu: dynamic shared memory the chunk kernels are opted into */
     int n_sm;                   /* multiprocessors of the device */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
@@ -180,6 +181,9 @@ struct rec_plan {
 };
 bool cu_rec_plan(struct cuda_backend *c, const struct kv_rows *rows, int n_tok, size_t floats,
                  struct rec_plan *pl);
+/* Opt chunk kernel fn (slot k of rec_smem: 0, 1 ssm.cu, 2, 3 gdn.cu) into bytes of dynamic
+ * shared memory; the runtime is asked only when a call needs more than before. */
+bool cu_rec_smem(struct cuda_backend *c, int k, const void *fn, size_t bytes);
 void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w, int n_slot,
                          int n);
 void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,

@@ -443,14 +443,9 @@ static bool gdn_chunked(struct cuda_backend *c, float *y, int ldy, const float *
     if (!cu_rec_plan(c, rows, n_tok, (size_t)(n_tok / REC_CHUNK_MIN) * nv * rsz, &pl))
         return true;  /* the failure is recorded */
     size_t s1 = gdn_prep_smem(dk), s2 = gdn_pass_smem(dk);
-    cudaError_t rc = cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)s1);
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute(gdn_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2);
-    if (rc != cudaSuccess) {
-        cu_fail(c, "gated_delta shared memory", rc);
+    if (!cu_rec_smem(c, 2, (const void *)gdn_prep_kernel, s1) ||
+        !cu_rec_smem(c, 3, (const void *)gdn_pass_kernel, s2))
         return true;
-    }
     cu_launch_smem(c, gdn_prep_kernel, dim3(pl.max_chunks, nv), dim3(GDN_T), s1, x, (size_t)ldx,
                    ab, (size_t)ldab, a_log, dt_bias, pl.cnt, pl.chunks, pl.f, nk, nv, dk, dv);
     cu_launch_smem(c, gdn_pass_kernel, dim3(nv, (dv + GDN_BV - 1) / GDN_BV), dim3(GDN_T), s2, y,

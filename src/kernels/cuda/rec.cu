@@ -152,6 +152,19 @@ __global__ void rec_plan_kernel(const int32_t *pos, const int32_t *seq, int n_to
     }
 }
 
+bool cu_rec_smem(struct cuda_backend *c, int k, const void *fn, size_t bytes)
+{
+    if (bytes <= c->rec_smem[k])
+        return true;
+    cudaError_t rc = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (rc != cudaSuccess) {
+        cu_fail(c, "shared memory of a chunked recurrent kernel", rc);
+        return false;
+    }
+    c->rec_smem[k] = bytes;
+    return true;
+}
+
 bool cu_rec_plan(struct cuda_backend *c, const struct kv_rows *rows, int n_tok, size_t floats,
                  struct rec_plan *pl)
 {

@@ -413,14 +413,9 @@ static bool ssd_chunked(struct cuda_backend *c, float *y, int ldy, const float *
         return true;  /* the failure is recorded */
     float *sb = pl.f, *dec = pl.f + own;
     size_t s1 = ssd_states_smem(pp), s3 = ssd_out_smem(pp);
-    cudaError_t rc = cudaFuncSetAttribute(ssd_states_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)s1);
-    if (rc == cudaSuccess)
-        rc = cudaFuncSetAttribute(ssd_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s3);
-    if (rc != cudaSuccess) {
-        cu_fail(c, "ssd_scan shared memory", rc);
+    if (!cu_rec_smem(c, 0, (const void *)ssd_states_kernel, s1) ||
+        !cu_rec_smem(c, 1, (const void *)ssd_out_kernel, s3))
         return true;
-    }
     cu_launch_smem(c, ssd_states_kernel, dim3(maxc, H), dim3(SSD_T), s1, x, B, (size_t)ldx, dt,
                    (size_t)lddt, a_log, dt_bias, pl.cnt, pl.chunks, sb, dec, *p, pp);
     int units = H * P, warps = 4;
