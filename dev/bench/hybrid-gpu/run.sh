@@ -46,8 +46,8 @@ for m in granite-h-tiny-10l qwen3-next-8l; do
   [ -d "$M" ] || continue
   bench 1 "$m d0" -m "$M" -p 512 -n 64 -r 2
   bench 1 "$m d8192" -m "$M" -p 512 -n 64 -d 8192 -r 2
-  bench 1 "$m pp4096" -m "$M" -p 4096 -n 0 -r 2
+  bench 1 "$m pp4096" -m "$M" -p 4096 -n 0 -r 1
   bench 0 "$m d0" -m "$M" -p 512 -n 0 -r 2
-  bench 0 "$m pp4096" -m "$M" -p 4096 -n 0 -r 2
+  bench 0 "$m pp4096" -m "$M" -p 4096 -n 0 -r 1
 done
 echo "== end $(date +%H:%M:%S)"
