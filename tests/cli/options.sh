@@ -48,7 +48,7 @@ expect_rc 1 "MLXCEL_ISA=bogus"
 err_has "MLXCEL_ISA=bogus" "unknown ISA 'bogus'"
 run env MLXCEL_ISA=bogus "$BIN" generate -m $M -p hi -n 1 --no-chat --device cpu-scalar
 expect_rc 0 "a cpu-<isa> device over MLXCEL_ISA"
-for var in MLXCEL_FUSED_MOE MLXCEL_CUDA_QI MLXCEL_CUDA_PDL MLXCEL_CUDA_ATTN_SPLIT MLXCEL_CUDA_ATTN_FLASH MLXCEL_CUDA_GRAPHS MLXCEL_CUDA_MMA; do
+for var in MLXCEL_FUSED_MOE MLXCEL_CUDA_QI MLXCEL_CUDA_PDL MLXCEL_CUDA_ATTN_SPLIT MLXCEL_CUDA_ATTN_FLASH MLXCEL_CUDA_GRAPHS MLXCEL_CUDA_MMA MLXCEL_CUDA_CHUNKED; do
     run env "$var=maybe" "$BIN" inspect -m $M
     expect_rc 2 "$var=maybe"
     err_has "$var=maybe" "$var='maybe' is neither on nor off"

@@ -73,6 +73,7 @@ int32_t *cu_iscratch(struct cuda_backend *c, size_t n)
         return NULL;
     if (n > c->iscr_cap) {
         cudaFree(c->iscr);
+    cudaFree(c->rscr);
         c->iscr = NULL;
         c->iscr_cap = 0;
         cudaError_t rc = cudaMalloc(&c->iscr, (n + 256) * sizeof(int32_t));
@@ -271,6 +272,7 @@ static void cuda_destroy(struct backend *be)
     }
     cudaFree(c->scr);
     cudaFree(c->iscr);
+    cudaFree(c->rscr);
     free(c->h_off);
     cudaFreeHost(c->pin);
     if (c->blas)
@@ -378,6 +380,7 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     c->attn_split = o->cuda_attn_split;
     c->mma = o->cuda_mma;
     c->mma_max_tok = o->cuda_mma_max_tokens;
+    c->chunked = o->cuda_chunked;
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         c->n_sm = 0;
     c->attn_flash = o->cuda_attn_flash;

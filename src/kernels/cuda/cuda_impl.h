@@ -47,6 +47,10 @@ struct cuda_backend {
                                  * per cache type (F32, F16, BF16) and heads a block (1, 2, 4, 8) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
     int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
+    bool chunked;               /* long runs of ssd_scan / gated_delta in chunks (backend_opts.cuda_chunked) */
+    void *rscr;                 /* rec.cu: the chunked forms' plan and per-chunk planes, grows only */
+    size_t rscr_cap;            /* bytes */
+    size_t rec_smem[4];         /* rec.cu: dynamic shared memory the chunk kernels are opted into */
     int n_sm;                   /* multiprocessors of the device */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
@@ -158,6 +162,28 @@ void cu_mul(struct backend *be, float *y, int ldy, const float *a, int lda, cons
 void cu_conv1d(struct backend *be, float *y, int ldy, const float *x, int ldx,
                const struct tensor *w, const struct tensor *b, const struct kv_layer *st,
                const struct kv_rows *rows, int n_tok, int n_ch, int K, bool silu);
+/* The chunked prefill of the recurrent layers (ADR 0132): a call's rows are cut into
+ * items, in row order: a run of one sequence's consecutive positions of at least
+ * REC_CHUNK_MIN rows is split into ceil(len / REC_CHUNK) chunks of near-equal length (so
+ * every chunk has at least REC_CHUNK_MIN rows), every shorter run is one item that the
+ * recurrence walks. cu_rec_plan builds that list on the device (no host round trip) in
+ * the backend's recurrent scratch, followed by `floats` floats (16-byte aligned) for the
+ * caller's per-chunk planes; max_chunks bounds the chunks any call of n_tok rows can
+ * have. NULL after a failure (recorded). */
+#define REC_CHUNK 64
+#define REC_CHUNK_MIN 32
+struct rec_plan {
+    const int32_t *cnt;         /* [2]: items, chunks (device) */
+    const int4 *items;          /* [n_tok]: row0, rows, chunk index or -1 (a recurrent run), 0 */
+    const int2 *chunks;         /* [max_chunks]: row0, rows */
+    float *f;                   /* the caller's floats */
+    int max_chunks;
+};
+bool cu_rec_plan(struct cuda_backend *c, const struct kv_rows *rows, int n_tok, size_t floats,
+                 struct rec_plan *pl);
+/* Opt chunk kernel fn (slot k of rec_smem: 0, 1 ssm.cu, 2, 3 gdn.cu) into bytes of dynamic
+ * shared memory; the runtime is asked only when a call needs more than before. */
+bool cu_rec_smem(struct cuda_backend *c, int k, const void *fn, size_t bytes);
 void cu_moe_weight_input(struct backend *be, float *x, const int32_t *order, float *w, int n_slot,
                          int n);
 void cu_attn_temp(struct backend *be, float *x, int ld, int n_tok, int n, const struct kv_rows *rows,
