@@ -40,6 +40,9 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           entries + [SEP], so both tokenizers give the same ids: checked). `mlxcel embed`
           against `llama-embedding` (-ub 512, flash attention on, --embd-normalize 2); the
           vectors of both are compared (cosine) before timing. Time: the whole process.
+          The same for Qwen3-Embedding-0.6B's shape (28 x 1024, bf16, last-token pooling,
+          the Qwen3 tokenizer with <|endoftext|> appended; lines of random vocabulary words
+          cut to 128 / 512 tokens).
   lookup  prompt lookup on a code-editing prompt: src/engine/sampler.c at commit 46dfd2c
           (410 lines) behind an instruction to rewrite it with small changes (4552 Llama-3
           tokens), on a random Llama-3.2-1B shape (vocabulary 128256 with the Llama 3.1
@@ -47,9 +50,12 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           --pure of the same bf16 values); and on the trained fixture models/llama-tiny (bf16
           against F16), with a Shakespeare passage followed by its first lines changed (its
           context is 512 positions, so no 400-line file fits). mlxcel `--spec ngram` against
-          `llama-lookup` (its n-gram cache) and `llama-speculative-simple --spec-type
-          ngram-simple`; plain decoding: mlxcel without --spec, llama.cpp
-          `llama-speculative-simple --spec-type none` (the same program and timer).
+          `llama-lookup` (its n-gram cache, n-grams of 1-4) and `llama-speculative-simple
+          --spec-type ngram-simple` (the last 3 tokens looked up, as mlxcel's longest n-gram,
+          drafts of up to --draft-max); plain decoding: mlxcel without --spec, llama.cpp
+          `llama-completion` (its "eval time": the decode steps; llama-speculative-simple
+          refuses --spec-type none). Prompt files end without a newline (llama.cpp drops
+          one from -f, mlxcel does not).
   draft   draft-model pairs: models/llama-tiny (4 layers, trained) with its own first 2 layers
           as the draft (an early-exit draft: the same embedding, head and final norm), and the
           random Llama-3.2-1B shape with a random 78M-parameter draft of the same vocabulary
@@ -109,13 +115,14 @@ py=${PYTHON:-/usr/bin/python3}
 build=${LLAMA_BUILD:-$cache/llama.cpp-build}
 NLC_VERSION=3.22.1
 SRC_COMMIT=46dfd2c  # the commit whose src/engine/sampler.c is the code-editing prompt
+case "$M$root$build" in *[[:space:]]*) die "the model, repository and build paths must not hold spaces" ;; esac
 mkdir -p "$cache" "$M" "$out"
 out=$(cd "$out" && pwd)
 "$py" -c 'import numpy' 2>/dev/null || die "$py cannot import numpy (PYTHON=a python3 with numpy)"
 
 # ---- llama.cpp ----
 
-targets=(llama-embedding llama-lookup llama-speculative-simple llama-tokenize llama-quantize)
+targets=(llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize)
 prepare_llamacpp() {
     local src=$cache/llama.cpp-src pkg=$cache/node-llama-cpp-$NLC_VERSION t missing=0
     llama_bin=$build/bin
@@ -234,6 +241,66 @@ for n, L, fn in ((16, 126, "embed-16x128.txt"), (4, 510, "embed-4x512.txt")):
         for _ in range(n):
             f.write(" ".join(r.choice(w) for _ in range(L)) + "\n")
 PY
+
+    # Qwen3-Embedding-0.6B's shape (28 x 1024, 16 q / 8 kv heads of 128, FFN 3072, vocabulary
+    # 151669, tied, bf16), last-token pooling + Normalize from tests/fixtures/golden/qwen3_emb,
+    # the Qwen3 tokenizer of tests/fixtures/tokenizers/qwen3 with Qwen3-Embedding's
+    # post-processor (<|endoftext|> appended)
+    local q=$M/qwen3-emb-0.6b qe=$M/qwen3_emb
+    if [ ! -f "$qe/config.json" ]; then
+        mkdir -p "$M/.st" && tar -xJf "$root/tests/fixtures/golden/qwen3_emb.tar.xz" -C "$M/.st" &&
+            rm -rf "$qe" && mv "$M/.st/qwen3_emb" "$qe" && rmdir "$M/.st" || die "cannot unpack qwen3_emb"
+    fi
+    unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
+    mkdir -p "$M/tok-qwen3-emb"
+    "$py" - "$M/tok-qwen3" "$M/tok-qwen3-emb" "$qe/config.json" "$M/qwen3-emb-0.6b.json" <<'PY'
+import json, shutil, sys
+t = json.load(open(f"{sys.argv[1]}/tokenizer.json"))
+E = "<|endoftext|>"
+seq = lambda x, i: {"Sequence": {"id": x, "type_id": i}}
+sp = lambda i: {"SpecialToken": {"id": E, "type_id": i}}
+t["post_processor"] = {"type": "TemplateProcessing", "single": [seq("A", 0), sp(0)],
+                       "pair": [seq("A", 0), sp(0), seq("B", 1), sp(1)],
+                       "special_tokens": {E: {"id": E, "ids": [151643], "tokens": [E]}}}
+json.dump(t, open(f"{sys.argv[2]}/tokenizer.json", "w"), ensure_ascii=False)
+shutil.copy(f"{sys.argv[1]}/tokenizer_config.json", sys.argv[2])
+c = json.load(open(sys.argv[3]))
+c.update(head_dim=128, hidden_size=1024, intermediate_size=3072, layer_types=["full_attention"] * 28,
+         max_position_embeddings=4096, num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8,
+         vocab_size=151669, bos_token_id=151643, eos_token_id=151643, pad_token_id=151643,
+         rope_theta=1000000.0, torch_dtype="bfloat16")
+json.dump(c, open(sys.argv[4], "w"), indent=1)
+PY
+    if [ ! -f "$q/modules.json" ]; then
+        rm -rf "$q"
+        synth qwen3-emb-0.6b "$M/qwen3-emb-0.6b.json" 1 "$M/tok-qwen3-emb" --dtype bf16
+        cp -r "$qe"/{1_Pooling,2_Normalize,modules.json,sentence_bert_config.json,config_sentence_transformers.json} "$q/"
+        sed -i 's/"embedding_dimension": 64/"embedding_dimension": 1024/' "$q/1_Pooling/config.json"
+    fi
+    hf2gguf "$q" "$q-f16.gguf"
+    # inputs: random words of the vocabulary, each line cut until it is 128 / 512 tokens with
+    # <|endoftext|> (a word can be two tokens), checked against llama.cpp below
+    "$py" - "$M/tok-qwen3-emb/tokenizer.json" "$M" "$mlxcel" "$q" <<'PY'
+import json, random, subprocess, sys
+t = json.load(open(sys.argv[1]))
+w = sorted(k for k in t["model"]["vocab"]
+           if k.startswith("\u0120") and k[1:].isalpha() and k[1:].islower() and k[1:].isascii() and len(k) > 3)
+r = random.Random(45)
+def ntok(s):
+    p = subprocess.run([sys.argv[3], "tokenize", "-m", sys.argv[4], "-p", s, "--special"],
+                       capture_output=True, text=True, check=True)
+    return len(json.loads(p.stdout))
+for n, L, fn in ((16, 128, "qembed-16x128.txt"), (4, 512, "qembed-4x512.txt")):
+    lines = []
+    for _ in range(n):
+        words = [r.choice(w)[1:] for _ in range(L - 1)]
+        while (k := ntok(" ".join(words))) != L:
+            if k < L:
+                sys.exit(f"cannot fit a line to {L} tokens")
+            words = words[:-max(1, (k - L) // 2)]
+        lines.append(" ".join(words))
+    open(f"{sys.argv[2]}/{fn}", "w").write("\n".join(lines) + "\n")
+PY
 }
 
 prepare_llama1b() {
@@ -259,7 +326,7 @@ prepare_llama1b() {
     # the code-editing prompt
     { printf 'Rewrite the C file below with three small changes: rename the function sampler_free to sampler_destroy, change every "default" comment to "fallback", and keep everything else byte for byte. Print the whole file.\n\n```c\n'
       git -C "$root" show "$SRC_COMMIT:src/engine/sampler.c" || die "git show $SRC_COMMIT:src/engine/sampler.c failed"
-      printf '```\n\nThe rewritten file:\n\n```c\n'; } >"$M/edit-prompt.txt"
+      printf '```\n\nThe rewritten file:\n\n```c'; } >"$M/edit-prompt.txt"
     head -c 2000 "$M/edit-prompt.txt" >"$M/draft-prompt.txt"
 }
 
@@ -339,6 +406,7 @@ By all the battles wherein we have fought,
 MARCIUS:
 Let him be;
 TXT
+    truncate -s -1 "$M/edit-tiny.txt"  # no newline at the end (see --help)
 }
 
 # ---- runs ----
@@ -351,7 +419,8 @@ run() {
     run_id=$((run_id + 1)); id=$(printf 'r%03d' $run_id)
     log "$id $engine $test $config"
     l0=$(cut -d' ' -f1-3 /proc/loadavg); s0=$(date +%s.%N)
-    timeout 1800 "$@" >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
+    # stdin from /dev/null: llama-completion otherwise waits on it and skips its timings
+    timeout 1800 "$@" </dev/null >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
     s1=$(date +%s.%N); l1=$(cut -d' ' -f1-3 /proc/loadavg)
     [ $rc = 0 ] || log "$id failed (exit $rc): $(tail -2 "$out/raw/$id.err")"
     "$py" - "$id" "$engine" "$test" "$config" "$rc" "$s0" "$s1" "$l0" "$l1" "$out/raw/$id.err" "$*" <<'PY' >>"$out/runs.jsonl"
@@ -364,6 +433,10 @@ def grab(pat, key, conv=float):
     m = re.findall(pat, err)
     if m:
         r[key] = conv(m[-1])
+# llama-completion: decode steps only ("eval time", not "prompt eval time"); the "decoded" line
+# of llama-lookup / llama-speculative-simple, read after it, wins where both are printed
+grab(r"(?<!prompt )eval time =\s+([\d.]+) ms /\s+(\d+) runs", "gen_tokens", lambda m: int(m[1]))
+grab(r"(?<!prompt )eval time =\s+([\d.]+) ms /\s+(\d+) runs", "gen_s", lambda m: float(m[0]) / 1000)
 grab(r"generation: (\d+) tokens in ([\d.]+) s", "gen_tokens", lambda m: int(m[0]))
 grab(r"generation: (\d+) tokens in ([\d.]+) s", "gen_s", lambda m: float(m[1]))
 grab(r"speculative: (\d+) tokens drafted, (\d+) accepted", "drafted", lambda m: int(m[0]))
@@ -378,18 +451,28 @@ print(json.dumps(r))
 PY
 }
 
-embed_round() {  # one round: mlxcel, llama.cpp, mlxcel for each batch shape
-    local f np
-    for f in 16x128 4x512; do
-        np=${f%%x*}
-        for e in mlxcel llamacpp mlxcel; do
-            if [ $e = mlxcel ]; then
-                run mlxcel embed "$f" -- "$mlxcel" embed -m "$M/bert-base" -f "$M/embed-$f.txt" -t "$threads" --json
-            else
-                run llamacpp embed "$f" -- "$llama_bin/llama-embedding" -m "$M/bert-base-f16.gguf" -f "$M/embed-$f.txt" \
-                    -t "$threads" -tb "$threads" -c 2048 -b 2048 -ub 512 -np "$np" -fa on --embd-normalize 2 \
-                    --embd-output-format json
-            fi
+# the embedding models and their input files' prefix
+embed_models=("bert-base:embed" "qwen3-emb-0.6b:qembed")
+
+# embed_cmd ENGINE MODEL PREFIX SHAPE: the command line of one embedding run
+embed_cmd() {
+    local np=${4%%x*}
+    if [ "$1" = mlxcel ]; then
+        echo "$mlxcel" embed -m "$M/$2" -f "$M/$3-$4.txt" -t "$threads" --json
+    else
+        echo "$llama_bin/llama-embedding" -m "$M/$2-f16.gguf" -f "$M/$3-$4.txt" -t "$threads" -tb "$threads" \
+            -c 2048 -b 2048 -ub 512 -np "$np" -fa on --embd-normalize 2 --embd-output-format json
+    fi
+}
+
+embed_round() {  # one round: mlxcel, llama.cpp, mlxcel for each model and batch shape
+    local f mp e
+    for mp in "${embed_models[@]}"; do
+        for f in 16x128 4x512; do
+            for e in mlxcel llamacpp mlxcel; do
+                # shellcheck disable=SC2046  # paths without spaces (checked at the start)
+                run "$e" embed "${mp%%:*}-$f" -- $(embed_cmd "$e" "${mp%%:*}" "${mp#*:}" "$f")
+            done
         done
     done
 }
@@ -409,6 +492,12 @@ ll_spec() {
     run llamacpp "$test" "$cfg" -- "$llama_bin/llama-speculative-simple" -m "$model" -f "$prompt" -n "$n" -c "$ctx" \
         -t "$threads" -tb "$threads" --temp 0 --ignore-eos "$@"
 }
+# ll_plain NAME MODEL PROMPT N CTX TEST: llama-completion, plain greedy decoding (its "eval time"
+# is the decode steps alone; llama-speculative-simple refuses --spec-type none)
+ll_plain() {
+    run llamacpp "$6" "$1" -- "$llama_bin/llama-completion" -m "$2" -f "$3" -n "$4" -c "$5" \
+        -t "$threads" -tb "$threads" --temp 0 --ignore-eos -no-cnv
+}
 ll_lookup() {
     local cfg=$1 model=$2 prompt=$3 n=$4 ctx=$5 test=$6
     shift 6
@@ -421,28 +510,30 @@ lookup_round() {
     # the trained fixture (bf16 / F16), 512 positions
     mlx_gen tiny-plain "$root/models/llama-tiny" "$M/edit-tiny.txt" "$n_tiny" lookup
     mlx_gen tiny-ngram "$root/models/llama-tiny" "$M/edit-tiny.txt" "$n_tiny" lookup --spec ngram --draft-max "$d"
-    ll_spec tiny-plain "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 lookup --spec-type none
+    ll_plain tiny-plain "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 lookup
     ll_lookup tiny-lookup "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 lookup --spec-draft-n-max "$d"
     ll_spec tiny-ngram-simple "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 lookup \
-        --spec-type ngram-simple --spec-draft-n-max "$d"
+        --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$d"
     # the random Llama-3.2-1B shape, 4-bit, the 410-line file
     mlx_gen 1b-plain "$M/llama-3.2-1b-q4" "$M/edit-prompt.txt" "$n_gen" lookup
     mlx_gen 1b-ngram "$M/llama-3.2-1b-q4" "$M/edit-prompt.txt" "$n_gen" lookup --spec ngram --draft-max "$d"
-    ll_spec 1b-plain "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192 lookup --spec-type none
+    ll_plain 1b-plain "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192 lookup
     ll_lookup 1b-lookup "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192 lookup --spec-draft-n-max "$d"
+    ll_spec 1b-ngram-simple "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192 lookup \
+        --spec-type ngram-simple --spec-ngram-simple-size-n 3 --spec-ngram-simple-size-m "$d"
 }
 
 draft_round() {
     mlx_gen tiny-plain "$root/models/llama-tiny" "$M/edit-tiny.txt" "$n_tiny" draft
     mlx_gen tiny-draft "$root/models/llama-tiny" "$M/edit-tiny.txt" "$n_tiny" draft \
         --model-draft "$M/llama-tiny-l2" --draft-max 4
-    ll_spec tiny-plain "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 draft --spec-type none
+    ll_plain tiny-plain "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 draft
     ll_spec tiny-draft "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 draft \
         -md "$M/llama-tiny-l2-f16.gguf" --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
     mlx_gen 1b-plain "$M/llama-3.2-1b-q4" "$M/draft-prompt.txt" "$n_gen" draft
     mlx_gen 1b-draft "$M/llama-3.2-1b-q4" "$M/draft-prompt.txt" "$n_gen" draft \
         --model-draft "$M/llama-draft-q4" --draft-max 4
-    ll_spec 1b-plain "$M/llama-3.2-1b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096 draft --spec-type none
+    ll_plain 1b-plain "$M/llama-3.2-1b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096 draft
     ll_spec 1b-draft "$M/llama-3.2-1b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096 draft \
         -md "$M/llama-draft-q4_0.gguf" --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
 }
@@ -468,14 +559,15 @@ mkdir -p "$out/raw"
 
 if want embed; then
     # the same vectors from both engines first (and the same token counts)
-    for f in 16x128 4x512; do
-        np=${f%%x*}
-        "$mlxcel" embed -m "$M/bert-base" -f "$M/embed-$f.txt" -t "$threads" --json >"$out/embed-mlxcel-$f.json" ||
-            die "mlxcel embed failed"
-        "$llama_bin/llama-embedding" -m "$M/bert-base-f16.gguf" -f "$M/embed-$f.txt" -t "$threads" -tb "$threads" \
-            -c 2048 -b 2048 -ub 512 -np "$np" -fa on --embd-normalize 2 --embd-output-format json \
-            >"$out/embed-llamacpp-$f.json" 2>"$out/raw/embed-check-$f.err" || die "llama-embedding failed"
-        "$py" - "$out/embed-mlxcel-$f.json" "$out/embed-llamacpp-$f.json" <<'PY' | tee -a "$out/meta.txt" >&2
+    for mp in "${embed_models[@]}"; do for f in 16x128 4x512; do
+        mn=${mp%%:*}
+        # shellcheck disable=SC2046
+        $(embed_cmd mlxcel "$mn" "${mp#*:}" "$f") >"$out/embed-mlxcel-$mn-$f.json" || die "mlxcel embed failed"
+        # shellcheck disable=SC2046
+        $(embed_cmd llamacpp "$mn" "${mp#*:}" "$f") >"$out/embed-llamacpp-$mn-$f.json" 2>"$out/raw/embed-check-$mn-$f.err" ||
+            die "llama-embedding failed"
+        grep -o 'batch_decode: n_tokens = [0-9]*, n_seq = [0-9]*' "$out/raw/embed-check-$mn-$f.err" | tee -a "$out/meta.txt" >&2
+        "$py" - "$out/embed-mlxcel-$mn-$f.json" "$out/embed-llamacpp-$mn-$f.json" <<'PY' | tee -a "$out/meta.txt" >&2
 import json, math, sys
 a = json.load(open(sys.argv[1]))["data"]
 b = json.load(open(sys.argv[2]))["data"]
@@ -486,12 +578,13 @@ for x, y in zip(a, b):
     nx, ny = math.sqrt(sum(v * v for v in x)), math.sqrt(sum(v * v for v in y))
     worst = min(worst, sum(p * q for p, q in zip(x, y)) / nx / ny)
     md = max(md, max(abs(p / nx - q / ny) for p, q in zip(x, y)))
-print(f"embed {sys.argv[1].split('-')[-1][:-5]}: {len(a)} vectors of {len(a[0]['embedding'])}, "
+ntok = sum(x.get("n_tokens", 0) for x in a)
+print(f"embed {sys.argv[1].split('mlxcel-')[-1][:-5]}: {len(a)} vectors ({ntok} tokens in mlxcel) of {len(a[0]['embedding'])}, "
       f"min cosine {worst:.7f}, max |diff| of unit vectors {md:.2e}")
 if worst < 0.9999:
     sys.exit("the engines disagree")
 PY
-    done
+    done; done
     for ((i = 1; i <= rounds; i++)); do embed_round; done
 fi
 if want lookup; then for ((i = 1; i <= rounds; i++)); do lookup_round; done; fi
@@ -529,7 +622,18 @@ for r in runs:
     if base:
         same = open(f"{out}/raw/{r['id']}.out").read() == open(f"{out}/raw/{base['id']}.out").read()
         ident.append(f"{r['test']} {r['config']} {r['id']} vs {base['id']}: {'identical' if same else 'DIFFERENT'}")
-open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n\nmlxcel output with speculation against without:\n" +
+# llama.cpp: the end of the printed text with speculation against without (prompt printed first)
+for r in runs:
+    if r["engine"] != "llamacpp" or r["test"] == "embed" or r["config"].endswith("plain") or r["rc"] != 0:
+        continue
+    base = next((p for p in runs if p["engine"] == "llamacpp" and p["test"] == r["test"] and p["rc"] == 0
+                 and p["config"] == r["config"].split("-")[0] + "-plain"), None)
+    if base:
+        a = open(f"{out}/raw/{r['id']}.out", errors="replace").read().rstrip()[-300:]
+        b = open(f"{out}/raw/{base['id']}.out", errors="replace").read().rstrip()[-300:]
+        ident.append(f"llama.cpp {r['test']} {r['config']} {r['id']} vs {base['id']}: last 300 characters "
+                     f"{'identical' if a == b else 'DIFFERENT'}")
+open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n\noutput with speculation against without:\n" +
                                      "\n".join(ident) + "\n")
 print("\n".join(lines))
 print("\n".join(ident))
