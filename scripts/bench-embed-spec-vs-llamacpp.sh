@@ -489,19 +489,19 @@ mlx_gen() {
 ll_spec() {
     local cfg=$1 model=$2 prompt=$3 n=$4 ctx=$5 test=$6
     shift 6
-    run llamacpp "$test" "$cfg" -- "$llama_bin/llama-speculative-simple" -m "$model" -f "$prompt" -n "$n" -c "$ctx" \
+    run llamacpp "$test" "$cfg" -- "$llama_bin/llama-speculative-simple" -m "$model" -f "$prompt" -n "$n" -c "$ctx" -b "$ctx" \
         -t "$threads" -tb "$threads" --temp 0 --ignore-eos "$@"
 }
 # ll_plain NAME MODEL PROMPT N CTX TEST: llama-completion, plain greedy decoding (its "eval time"
 # is the decode steps alone; llama-speculative-simple refuses --spec-type none)
 ll_plain() {
-    run llamacpp "$6" "$1" -- "$llama_bin/llama-completion" -m "$2" -f "$3" -n "$4" -c "$5" \
+    run llamacpp "$6" "$1" -- "$llama_bin/llama-completion" -m "$2" -f "$3" -n "$4" -c "$5" -b "$5" \
         -t "$threads" -tb "$threads" --temp 0 --ignore-eos -no-cnv
 }
 ll_lookup() {
     local cfg=$1 model=$2 prompt=$3 n=$4 ctx=$5 test=$6
     shift 6
-    run llamacpp "$test" "$cfg" -- "$llama_bin/llama-lookup" -m "$model" -f "$prompt" -n "$n" -c "$ctx" \
+    run llamacpp "$test" "$cfg" -- "$llama_bin/llama-lookup" -m "$model" -f "$prompt" -n "$n" -c "$ctx" -b "$ctx" \
         -t "$threads" -tb "$threads" --temp 0 --ignore-eos "$@"
 }
 
@@ -529,13 +529,13 @@ draft_round() {
         --model-draft "$M/llama-tiny-l2" --draft-max 4
     ll_plain tiny-plain "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 draft
     ll_spec tiny-draft "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512 draft \
-        -md "$M/llama-tiny-l2-f16.gguf" --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
+        -md "$M/llama-tiny-l2-f16.gguf" --spec-type draft-simple --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
     mlx_gen 1b-plain "$M/llama-3.2-1b-q4" "$M/draft-prompt.txt" "$n_gen" draft
     mlx_gen 1b-draft "$M/llama-3.2-1b-q4" "$M/draft-prompt.txt" "$n_gen" draft \
         --model-draft "$M/llama-draft-q4" --draft-max 4
     ll_plain 1b-plain "$M/llama-3.2-1b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096 draft
     ll_spec 1b-draft "$M/llama-3.2-1b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096 draft \
-        -md "$M/llama-draft-q4_0.gguf" --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
+        -md "$M/llama-draft-q4_0.gguf" --spec-type draft-simple --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
 }
 
 # ---- main ----
