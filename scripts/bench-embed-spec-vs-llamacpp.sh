@@ -38,7 +38,8 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           tests/fixtures/tokenizers/bert_uncased) and its F16 GGUF twin (scripts/hf2gguf.py);
           16 lines of 128 tokens and 4 lines of 512 ([CLS] + random whole-word vocabulary
           entries + [SEP], so both tokenizers give the same ids: checked). `mlxcel embed`
-          against `llama-embedding` (-ub 512, flash attention on, --embd-normalize 2); the
+          against `llama-embedding` (-ub 512 for BERT, 2048 for Qwen3: its faster; flash
+          attention on, --embd-normalize 2); the
           vectors of both are compared (cosine) before timing. Time: the whole process.
           The same for Qwen3-Embedding-0.6B's shape (28 x 1024, bf16, last-token pooling,
           the Qwen3 tokenizer with <|endoftext|> appended; lines of random vocabulary words
@@ -451,17 +452,19 @@ print(json.dumps(r))
 PY
 }
 
-# the embedding models and their input files' prefix
-embed_models=("bert-base:embed" "qwen3-emb-0.6b:qembed")
+# the embedding models, their input files' prefix and llama.cpp's physical batch (-ub): the
+# fastest of 128 / 512 / 2048 in a trial on this machine (2026-12-06): BERT 512 (one ubatch
+# holds 4 sequences of 128; 2048 makes attention span all 16), the Qwen3 shape 2048
+embed_models=("bert-base:embed:512" "qwen3-emb-0.6b:qembed:2048")
 
-# embed_cmd ENGINE MODEL PREFIX SHAPE: the command line of one embedding run
+# embed_cmd ENGINE MODEL PREFIX:UB SHAPE: the command line of one embedding run
 embed_cmd() {
-    local np=${4%%x*}
+    local np=${4%%x*} ub=${3#*:}
     if [ "$1" = mlxcel ]; then
-        echo "$mlxcel" embed -m "$M/$2" -f "$M/$3-$4.txt" -t "$threads" --json
+        echo "$mlxcel" embed -m "$M/$2" -f "$M/${3%%:*}-$4.txt" -t "$threads" --json
     else
-        echo "$llama_bin/llama-embedding" -m "$M/$2-f16.gguf" -f "$M/$3-$4.txt" -t "$threads" -tb "$threads" \
-            -c 2048 -b 2048 -ub 512 -np "$np" -fa on --embd-normalize 2 --embd-output-format json
+        echo "$llama_bin/llama-embedding" -m "$M/$2-f16.gguf" -f "$M/${3%%:*}-$4.txt" -t "$threads" -tb "$threads" \
+            -c 2048 -b 2048 -ub "$ub" -np "$np" -fa on --embd-normalize 2 --embd-output-format json
     fi
 }
 
