@@ -493,19 +493,19 @@ ll_spec() {
     local cfg=$1 model=$2 prompt=$3 n=$4 ctx=$5 test=$6
     shift 6
     run llamacpp "$test" "$cfg" -- "$llama_bin/llama-speculative-simple" -m "$model" -f "$prompt" -n "$n" -c "$ctx" -b "$ctx" \
-        -t "$threads" -tb "$threads" --temp 0 --ignore-eos "$@"
+        -t "$threads" -tb "$threads" -fa off --temp 0 --ignore-eos "$@"
 }
 # ll_plain NAME MODEL PROMPT N CTX TEST: llama-completion, plain greedy decoding (its "eval time"
 # is the decode steps alone; llama-speculative-simple refuses --spec-type none)
 ll_plain() {
     run llamacpp "$6" "$1" -- "$llama_bin/llama-completion" -m "$2" -f "$3" -n "$4" -c "$5" -b "$5" \
-        -t "$threads" -tb "$threads" --temp 0 --ignore-eos -no-cnv
+        -t "$threads" -tb "$threads" -fa off --temp 0 --ignore-eos -no-cnv
 }
 ll_lookup() {
     local cfg=$1 model=$2 prompt=$3 n=$4 ctx=$5 test=$6
     shift 6
     run llamacpp "$test" "$cfg" -- "$llama_bin/llama-lookup" -m "$model" -f "$prompt" -n "$n" -c "$ctx" -b "$ctx" \
-        -t "$threads" -tb "$threads" --temp 0 --ignore-eos "$@"
+        -t "$threads" -tb "$threads" -fa off --temp 0 --ignore-eos "$@"
 }
 
 lookup_round() {
@@ -625,18 +625,7 @@ for r in runs:
     if base:
         same = open(f"{out}/raw/{r['id']}.out").read() == open(f"{out}/raw/{base['id']}.out").read()
         ident.append(f"{r['test']} {r['config']} {r['id']} vs {base['id']}: {'identical' if same else 'DIFFERENT'}")
-# llama.cpp: the end of the printed text with speculation against without (prompt printed first)
-for r in runs:
-    if r["engine"] != "llamacpp" or r["test"] == "embed" or r["config"].endswith("plain") or r["rc"] != 0:
-        continue
-    base = next((p for p in runs if p["engine"] == "llamacpp" and p["test"] == r["test"] and p["rc"] == 0
-                 and p["config"] == r["config"].split("-")[0] + "-plain"), None)
-    if base:
-        a = open(f"{out}/raw/{r['id']}.out", errors="replace").read().rstrip()[-300:]
-        b = open(f"{out}/raw/{base['id']}.out", errors="replace").read().rstrip()[-300:]
-        ident.append(f"llama.cpp {r['test']} {r['config']} {r['id']} vs {base['id']}: last 300 characters "
-                     f"{'identical' if a == b else 'DIFFERENT'}")
-open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n\noutput with speculation against without:\n" +
+open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n\nmlxcel's output with speculation against without:\n" +
                                      "\n".join(ident) + "\n")
 print("\n".join(lines))
 print("\n".join(ident))
