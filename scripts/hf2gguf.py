@@ -11,11 +11,17 @@ and up (odd columns) and transposed, `down_proj` [experts, inter, hidden] transp
 split alike; attention sinks, router bias, q/k/v/o biases, sliding window and yarn rope scaling
 carried over (yarn's factor as transformers takes it: max_position_embeddings / the original
 context when that is stated); llama.cpp's gpt-oss makes even layers sliding, as the published
-layer_types do).
+layer_types do), `bert` (arch bert, as llama.cpp's conversion/bert.py writes it: bidirectional,
+the pooling of the folder's sentence-transformers 1_Pooling, the WordPiece vocabulary in phantom-space
+form: `##x` -> `x`, any other non-special token `x` -> U+2581 `x`; [CLS] as BOS, [SEP] as SEP;
+pooler and MLM heads dropped) and `qwen3` (arch qwen3; NEOX rotary, no permutation; a
+sentence-transformers folder with last-token pooling, Qwen3-Embedding, gets pooling LAST and
+add_eos_token, as llama.cpp's GGUFs of Qwen3-Embedding have).
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
-Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) as F32, one
+Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) and BERT's
+position and token-type tables as F32 (as llama.cpp's converter does), one
 tensor at a time (memory stays at one tensor: one expert stack for the MoE families). The
 tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size with `[PAD<id>]`
 tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape matters.
@@ -88,13 +94,103 @@ def add_tokenizer(w, src, cfg, nv):
             toks[i] = f"[PAD{i}]"
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(bpe_pre(tok))
     w.add_token_list(toks)
     w.add_token_types(ttype)
     w.add_token_merges(merges)
     w.add_bos_token_id(cfg.get("bos_token_id", 0))
     w.add_eos_token_id(cfg.get("eos_token_id", 0))
-    w.add_add_bos_token(False)
+    w.add_add_bos_token(adds_bos(tok, cfg.get("bos_token_id")))
+
+
+# llama.cpp's pre-tokenizer names for the split regexes of the tokenizer.json files we convert
+# (llama.cpp picks them by a hash of a test string's ids; here the regex itself says it)
+BPE_PRE = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "llama-bpe",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "qwen2",
+}
+
+
+def bpe_pre(tok):
+    """llama.cpp's tokenizer.ggml.pre for a ByteLevel BPE tokenizer.json: llama-bpe or qwen2 for
+    their split regex, gpt-2 otherwise (ByteLevel's own regex)."""
+    pt = tok.get("pre_tokenizer") or {}
+    for p in pt.get("pretokenizers", [pt]):
+        if p.get("type") == "Split":
+            rx = (p.get("pattern") or {}).get("Regex")
+            if rx in BPE_PRE:
+                return BPE_PRE[rx]
+    return "gpt-2"
+
+
+def adds_bos(tok, bos):
+    """Whether the tokenizer.json's post-processor puts the BOS token first (Llama 3's does)."""
+    pp = tok.get("post_processor") or {}
+    for p in pp.get("processors", [pp]):
+        if p.get("type") == "TemplateProcessing":
+            first = (p.get("single") or [{}])[0]
+            st = first.get("SpecialToken")
+            ids = (p.get("special_tokens") or {}).get(st["id"], {}).get("ids", []) if st else []
+            return bos is not None and ids == [bos]
+    return False
+
+
+def add_wordpiece(w, src, cfg, nv):
+    """A WordPiece tokenizer.json as llama.cpp's BertModel.set_vocab writes it (tokenizer model bert)."""
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tok = json.load(f)
+    if tok["model"].get("type") != "WordPiece":
+        sys.exit("hf2gguf: bert needs a WordPiece tokenizer.json")
+    toks = [None] * nv
+    ttype = [gguf.TokenType.UNUSED] * nv
+    for t, i in tok["model"]["vocab"].items():
+        if i < nv:
+            toks[i] = t[2:] if t.startswith("##") else "\u2581" + t
+            ttype[i] = gguf.TokenType.NORMAL
+    special = {}
+    for at in tok.get("added_tokens", []):
+        if at["id"] < nv and at["special"]:
+            toks[at["id"]] = at["content"]
+            ttype[at["id"]] = gguf.TokenType.CONTROL
+            special[at["content"]] = at["id"]
+    for i in range(nv):
+        if toks[i] is None:
+            toks[i] = f"[PAD{i}]"
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(toks)
+    w.add_token_types(ttype)
+    norm = tok.get("normalizer") or {}
+    w.add_bool(gguf.Keys.Tokenizer.NORMALIZER_LOWERCASE, bool(norm.get("lowercase", True)))
+    for key, add in (("[CLS]", w.add_bos_token_id), ("[SEP]", w.add_sep_token_id), ("[UNK]", w.add_unk_token_id),
+                     ("[PAD]", w.add_pad_token_id), ("[MASK]", w.add_mask_token_id)):
+        if key in special:
+            add(special[key])
+    w.add_add_bos_token(True)
+    w.add_add_sep_token(True)
+
+
+def st_pooling(src):
+    """The pooling mode of a sentence-transformers folder (modules.json -> */config.json), or None."""
+    try:
+        with open(os.path.join(src, "modules.json")) as f:
+            mods = json.load(f)
+    except OSError:
+        return None
+    for m in mods:
+        if m.get("type", "").endswith("Pooling"):
+            with open(os.path.join(src, m.get("path", ""), "config.json")) as f:
+                pc = json.load(f)
+            mode = pc.get("pooling_mode")
+            for k, v in (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+                         ("pooling_mode_lasttoken", "lasttoken")):
+                if pc.get(k):
+                    mode = v
+            table = {"mean": gguf.PoolingType.MEAN, "cls": gguf.PoolingType.CLS, "lasttoken": gguf.PoolingType.LAST}
+            if mode not in table:
+                sys.exit(f"hf2gguf: pooling {mode!r}: llama.cpp has mean, cls and last")
+            return table[mode]
+    return None
 
 
 def moe_plan(mt, index, L, NE):
@@ -159,6 +255,26 @@ def main():
         w = gguf.GGUFWriter(out, "phi2")
         w.add_layer_norm_eps(cfg["layer_norm_eps"])
         w.add_rope_dimension_count(int(cfg.get("partial_rotary_factor", 0.5) * HD))
+    elif mt == "bert":
+        arch = gguf.MODEL_ARCH.BERT
+        w = gguf.GGUFWriter(out, "bert")
+        w.add_layer_norm_eps(cfg["layer_norm_eps"])
+        w.add_causal_attention(False)
+        w.add_token_type_count(cfg.get("type_vocab_size", 1))
+        if cfg.get("hidden_act", "gelu") not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            sys.exit(f"hf2gguf: bert hidden_act {cfg.get('hidden_act')!r}: llama.cpp's bert is GELU")
+        pool = st_pooling(src)
+        if pool is not None:
+            w.add_pooling_type(pool)
+    elif mt == "qwen3":
+        arch = gguf.MODEL_ARCH.QWEN3
+        w = gguf.GGUFWriter(out, "qwen3")
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+        pool = st_pooling(src)
+        if pool is not None:
+            w.add_pooling_type(pool)
     elif mt == "qwen3_moe":
         arch = gguf.MODEL_ARCH.QWEN3MOE
         w = gguf.GGUFWriter(out, "qwen3moe")
@@ -198,7 +314,7 @@ def main():
         elif rs:
             sys.exit(f"hf2gguf: gpt_oss rope_scaling {rs} not handled (yarn only)")
     else:
-        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, qwen3_moe, gpt_oss)")
+        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, bert, qwen3, qwen3_moe, gpt_oss)")
     moe = mt in ("qwen3_moe", "gpt_oss")
     w.add_name(f"synthetic-{os.path.basename(os.path.normpath(src))}")
     w.add_context_length(ctx)
@@ -214,7 +330,12 @@ def main():
         w.add_expert_count(NE)
         w.add_expert_used_count(KE)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    add_tokenizer(w, src, cfg, NV)
+    if mt == "bert":
+        add_wordpiece(w, src, cfg, NV)
+    else:
+        add_tokenizer(w, src, cfg, NV)
+        if mt == "qwen3" and pool == gguf.PoolingType.LAST:
+            w.add_add_eos_token(True)  # the last token pooled is the <|endoftext|> the tokenizer appends
 
     names = gguf.get_tensor_name_map(arch, L)
     plan = []  # (gguf name, shape, numpy dtype, producer of the float32 values)
@@ -227,13 +348,16 @@ def main():
     for name in sorted(index, key=order):
         if moe and ".mlp.experts." in name:
             continue  # in `experts`
+        if mt == "bert" and (name.startswith(("pooler.", "cls.")) or name.endswith("position_ids")):
+            continue  # llama.cpp's bert embeds only: no pooler dense, no MLM head
         base = name + ".weight" if name.endswith(".sinks") else name
         g = names.get_name(base, try_suffixes=(".weight", ".bias"))
         if g is None:
             sys.exit(f"hf2gguf: no GGUF name for {name}")
         shape = index[name][1]["shape"]
-        plan.append((g, shape, np.float16 if len(shape) >= 2 else np.float32, lambda name=name: load(index, name)))
-    if mt == "llama" and cfg.get("tie_word_embeddings") and "lm_head.weight" in index:
+        f32 = len(shape) < 2 or g.startswith(("position_embd.", "token_types."))  # as llama.cpp's converter
+        plan.append((g, shape, np.float32 if f32 else np.float16, lambda name=name: load(index, name)))
+    if mt in ("llama", "qwen3") and cfg.get("tie_word_embeddings") and "lm_head.weight" in index:
         plan = [p for p in plan if p[0] != "output.weight"]  # llama.cpp ties on a missing output
     def place(p):  # the embedding, each layer (its experts after its other tensors), the rest
         g = p[0]
