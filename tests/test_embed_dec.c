@@ -407,16 +407,16 @@ static void write_text(const char *path, const char *text)
     fclose(f);
 }
 
-/* A copy of the qwen3_rr folder whose config.json gets field = value (JSON), and
+/* A copy of case name's folder whose config.json gets field = value (JSON), and
  * is_original_qwen3_reranker: true with orig. */
-static void rr_copy(char *dir, const char *field, const char *value, bool orig)
+static void case_copy(char *dir, const char *name, const char *field, const char *value, bool orig)
 {
     char cmd[8400], path[4200];
     struct err e = {0};
     cJSON *j = NULL;
-    const char *src = golden_case_dir("qwen3_rr");
+    const char *src = golden_case_dir(name);
     assert_non_null(mkdtemp(dir));
-    snprintf(cmd, sizeof cmd, "cp %s/*.json %s/*.safetensors %s/", src, src, dir);
+    snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", src, dir);
     assert_int_equal(system(cmd), 0);
     snprintf(path, sizeof path, "%s/config.json", dir);
     assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
@@ -429,11 +429,63 @@ static void rr_copy(char *dir, const char *field, const char *value, bool orig)
     cJSON_Delete(j);
 }
 
+static void rr_copy(char *dir, const char *field, const char *value, bool orig)
+{
+    case_copy(dir, "qwen3_rr", field, value, orig);
+}
+
 static void rm_dir(const char *dir)
 {
     char cmd[200];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+/* A model whose own maximum length is past what one chunk holds (Qwen3-Embedding ships
+ * max_position_embeddings 32768, ModernBERT 8192) loads (it was refused: "a chunk of 4096
+ * rows cannot hold a sequence of 8192") and embeds as the same model with a short maximum;
+ * past its limit an input is refused, or cut when asked. */
+static void long_max_length(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-embmax-XXXXXX";
+    struct dcase a, b;
+    struct err e = {0};
+    case_copy(dir, "qwen3_emb", "max_position_embeddings", "32768", false);
+    dcase_open_dir(&a, dir, golden_case_dir("qwen3_emb"), false);
+    dcase_open(&b, "qwen3_emb", false);
+    /* the tokenizer's model_max_length (96) is the limit of both */
+    assert_int_equal(a.em->max_len, b.em->max_len);
+    assert_true(a.em->max_len <= CTX_MAX_ROWS);
+    int dim = a.em->cfg.dim;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = 3 + i * 7 % 200;
+    struct emb_item ia = {0}, ib = {0};
+    assert_int_equal(embedder_ids(a.em, ids, 40, false, &ia, &e), 0);
+    assert_int_equal(embedder_ids(b.em, ids, 40, false, &ib, &e), 0);
+    float *va = calloc((size_t)dim, sizeof *va), *vb = calloc((size_t)dim, sizeof *vb);
+    if (embedder_embed(a.em, &ia, 1, va, &e) < 0 || embedder_embed(b.em, &ib, 1, vb, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_true(test_row_rel_err(va, vb, dim) <= 1e-6);
+    emb_item_deinit(&ia);
+    emb_item_deinit(&ib);
+    /* one past the limit: refused by name, or cut to the limit */
+    int n = a.em->max_len + 1;
+    int32_t *many = calloc((size_t)n, sizeof *many);
+    for (int i = 0; i < n; i++)
+        many[i] = 3 + i % 200;
+    assert_int_equal(embedder_ids(a.em, many, n, false, &ia, &e), -ERR_RANGE);
+    assert_non_null(strstr(e.msg, "tokens"));
+    assert_int_equal(embedder_ids(a.em, many, n, true, &ia, &e), 0);
+    assert_int_equal(ia.n, a.em->max_len);
+    emb_item_deinit(&ia);
+    free(many);
+    free(va);
+    free(vb);
+    dcase_close(&a);
+    dcase_close(&b);
+    rm_dir(dir);
 }
 
 /* vLLM's fields in config.json make the same reranker without a flag; other tokens, or
@@ -614,6 +666,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(recognised_kinds),
     cmocka_unit_test(embed_qwen3_emb),
     cmocka_unit_test(embed_embgemma),
+    cmocka_unit_test(long_max_length),
     cmocka_unit_test(attention_rows),
     cmocka_unit_test(rerank_flag),
     cmocka_unit_test(rerank_config_field),

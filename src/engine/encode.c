@@ -26,8 +26,11 @@
 
 #define ENC_BLOCK 16   /* slots per block of the scratch pool: a sequence wastes < 16 slots */
 /* The longest sequence one chunk takes (a context of that many rows is allocated): a
- * decoder's context is far longer than its embedding use (ADR 0097) */
-#define ENC_MAX_TOKENS 8192
+ * decoder's context is far longer than its embedding use (ADR 0097). It is the most a
+ * context holds: a model whose own maximum is longer (Qwen3-Embedding's 32768,
+ * ModernBERT's 8192) loads and takes inputs up to this, cut or refused past it as the
+ * caller asks. */
+#define ENC_MAX_TOKENS CTX_MAX_ROWS
 
 struct encoder {
     const struct model *m;

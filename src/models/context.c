@@ -168,7 +168,7 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
     c->m = m;
     c->be = be;
     if (n_batch > 0) {
-        c->n_batch = n_batch < CTX_MAX_BATCH * 8 ? n_batch : CTX_MAX_BATCH * 8;
+        c->n_batch = n_batch < CTX_MAX_ROWS ? n_batch : CTX_MAX_ROWS;
     } else {
         c->n_batch = CTX_MAX_BATCH;
         /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */

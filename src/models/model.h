@@ -384,8 +384,11 @@ struct model_ctx {
                                       * NULL: none */
 };
 
+/* The most rows a context's chunk holds when asked for more (n_batch > 0). */
+#define CTX_MAX_ROWS 4096
+
 /* n_batch <= 0: the default (512 rows, fewer for wide models so the arena stays
- * within its budget). */
+ * within its budget); n_batch > 0: that many rows, at most CTX_MAX_ROWS. */
 int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e);
 void model_ctx_free(struct model_ctx *c);
