@@ -450,7 +450,7 @@ static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const flo
         while (i + len < g->L && ids[i + len] == img_tok)
             len++;
         assert_true(n < 8);
-        out[n] = (struct batch_image){seq, i, len, embd + (size_t)row * D, grids[2 * n], grids[2 * n + 1]};
+        out[n] = (struct batch_image){seq, i, len, embd + (size_t)row * D, grids[2 * n], grids[2 * n + 1], 0};
         n++;
         row += len;
         i += len;
