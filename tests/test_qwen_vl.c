@@ -641,6 +641,59 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
 
 /* The golden case in golden_dir run from the checkpoint in dir: positions, tower, prompt and
  * decode, text; with full also batched beside the text prompt and in chunks. */
+/* DeepStack (ADR 0120): images without their planes are refused, and with planes of zeros (the
+ * features not added) the prompt's last row leaves the reference: the planes are what the
+ * check holds. */
+static void deepstack_needed(struct test_eng *r, const struct qgold *g, const float *embd, const int32_t *p3,
+                             const int32_t *grids, const char *name)
+{
+    struct err e = {0};
+    struct batch_image img[8];
+    int V = r->m->hp.n_vocab, D = r->m->hp.n_embd, T = (int)g->feat.shape[0];
+    size_t all = vision_image_floats(r->m, T);
+    float *l = malloc((size_t)g->L * V * sizeof *l), *host = malloc(all * sizeof *host), *zeroed = NULL;
+    assert_true(l && host);
+    kv_seq_remove(r->kv, 0);
+    assert_int_equal(kv_seq_add(r->kv, 0, &e), 0);
+    add_prompts(r, g, p3, false);
+    int n_img = image_runs(g, r->m, 0, embd, grids, img);
+    for (int k = 0; k < n_img; k++)
+        img[k].deep_ld = 0;
+    r->b->img = img;
+    r->b->n_img = n_img;
+    assert_int_equal(model_forward(r->c, r->b, r->kv, l, &e), -ERR_ARG);
+    if (!strstr(e.msg, "deepstack"))
+        fail_msg("%s: images without deepstack planes: '%s'", name, e.msg);
+    /* the planes zeroed, the rows kept */
+    r->be->ops->download(r->be, host, embd, all * sizeof *host);
+    assert_int_equal(backend_sync(r->be, &e), 0);
+    size_t at = 0;
+    for (int k = 0; k < n_img; k++) {
+        memset(host + at + (size_t)img[k].n_tok * D, 0, (vision_image_floats(r->m, img[k].n_tok) -
+                                                       (size_t)img[k].n_tok * D) * sizeof *host);
+        at += vision_image_floats(r->m, img[k].n_tok);
+    }
+    if (r->be->ops->buf_alloc(r->be, all * sizeof *host, (void **)&zeroed, &e) < 0)
+        fail_msg("%s", e.msg);
+    r->be->ops->upload(r->be, zeroed, host, all * sizeof *host);
+    kv_seq_remove(r->kv, 0);
+    assert_int_equal(kv_seq_add(r->kv, 0, &e), 0);
+    add_prompts(r, g, p3, false);
+    n_img = image_runs(g, r->m, 0, zeroed, grids, img);
+    r->b->img = img;
+    r->b->n_img = n_img;
+    if (model_forward(r->c, r->b, r->kv, l, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    double d = test_row_rel_err(l + (size_t)(g->L - 1) * V, (const float *)g->prefill.data + (size_t)(g->L - 1) * V, V);
+    printf("qwen_vl %-16s deepstack planes zeroed: last row %.2e from the reference (refused without them)\n", name,
+           d);
+    if (d <= QVL_REL_TOL)
+        fail_msg("%s: the deepstack planes change nothing the check sees (%.3g)", name, d);
+    r->be->ops->buf_free(r->be, zeroed);
+    free(host);
+    free(l);
+}
+
 static void run_golden(const char *dir, const char *golden_dir, const char *name, bool full)
 {
     struct err e = {0};
@@ -667,6 +720,8 @@ static void run_golden(const char *dir, const char *golden_dir, const char *name
                 fail_msg("%s: row %d stream %d: position %d, transformers %d", name, i, s, p3[3 * i + s],
                          want[(size_t)s * g.L + i]);
     float *embd = qencode_checked(&r, &g, name);
+    if (vi->n_deepstack > 0 && full)
+        deepstack_needed(&r, &g, embd, p3, grids, name);
     double wp = prompt_check(&r, &g, embd, p3, grids, delta, false, name);
     if (!full) {
         printf("qwen_vl %-16s prefill %d + decode %d: max rel err %.2e\n", name, g.L, g.N, wp);
@@ -857,9 +912,9 @@ static void mlx_vlm_layout(void **state)
 {
     (void)state;
     const struct golden_cases *gc = golden_image_cases();
-    static const char *const fams[] = {"qwen2_vl", "qwen2_5_vl"};
+    static const char *const fams[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
     int done = 0;
-    for (size_t f = 0; f < 2; f++) {
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         const char *name = NULL;
         for (size_t i = 0; i < gc->n && !name; i++)
             if (!strcmp(gc->names[i], fams[f]))
@@ -887,25 +942,12 @@ static void mlx_vlm_layout(void **state)
         fail_msg("no qwen2_vl / qwen2_5_vl golden case");
 }
 
-/* Configs the Qwen towers must refuse, on the qwen2_5_vl golden's weights: each patch sets one
- * key of vision_config (or of the top) and names what the error says. */
-static void bad_configs(void **state)
+/* Each patch of the case's config.json ({object ("" the top), key, JSON value, what the error
+ * says}) on its weights must fail to load, the error naming it. */
+static void refuse_patches(const char *case_name, const char *const (*patches)[4], size_t n)
 {
-    (void)state;
-    const char *src = golden_case_dir("qwen2_5_vl");
-    static const char *const patches[][4] = {
-        /* object, key, value, the error says */
-        {"vision_config", "window_size", "12", "window_size 12"},
-        {"vision_config", "fullatt_block_indexes", "[1, 9]", "fullatt_block_indexes"},
-        {"vision_config", "out_hidden_size", "48", "the text model is"},
-        {"vision_config", "hidden_act", "\"swiglu\"", "swiglu"},
-        {"vision_config", "num_heads", "3", "3 heads"},
-        {"vision_config", "depth", "5", "blocks.4"},
-        {"", "image_token_id", "100000", "image_token_id 100000"},
-        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
-         "mrope_section"},
-    };
-    for (size_t i = 0; i < sizeof patches / sizeof patches[0]; i++) {
+    const char *src = golden_case_dir(case_name);
+    for (size_t i = 0; i < n; i++) {
         char dir[] = "/tmp/mlxcel-qbad-XXXXXX", path[700], *txt = NULL;
         size_t len = 0;
         struct err e = {0};
@@ -941,6 +983,44 @@ static void bad_configs(void **state)
     }
 }
 
+/* Configs the Qwen towers must refuse, on the qwen2_5_vl golden's weights: each patch sets one
+ * key of vision_config (or of the top) and names what the error says. */
+static void bad_configs(void **state)
+{
+    (void)state;
+    static const char *const patches[][4] = {
+        /* object, key, value, the error says */
+        {"vision_config", "window_size", "12", "window_size 12"},
+        {"vision_config", "fullatt_block_indexes", "[1, 9]", "fullatt_block_indexes"},
+        {"vision_config", "out_hidden_size", "48", "the text model is"},
+        {"vision_config", "hidden_act", "\"swiglu\"", "swiglu"},
+        {"vision_config", "num_heads", "3", "3 heads"},
+        {"vision_config", "depth", "5", "blocks.4"},
+        {"", "image_token_id", "100000", "image_token_id 100000"},
+        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+         "mrope_section"},
+    };
+    refuse_patches("qwen2_5_vl", patches, sizeof patches / sizeof patches[0]);
+}
+
+/* Qwen3-VL's own keys, on the qwen3_vl golden's weights. */
+static void bad_configs_qwen3(void **state)
+{
+    (void)state;
+    static const char *const patches[][4] = {
+        {"vision_config", "deepstack_visual_indexes", "[0, 3]", "deepstack_visual_indexes[1] = 3"},
+        {"vision_config", "deepstack_visual_indexes", "[2, 2]", "names block 2 twice"},
+        {"vision_config", "deepstack_visual_indexes", "[0, 1, 2, 0.5]", "each an integer"},
+        {"vision_config", "num_position_embeddings", "15", "num_position_embeddings 15"},
+        {"vision_config", "num_position_embeddings", "25", "pos_embed.weight: shape"},
+        {"vision_config", "hidden_act", "\"relu2\"", "relu2"},
+        {"vision_config", "out_hidden_size", "48", "the text model is"},
+        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+         "mrope_section"},
+    };
+    refuse_patches("qwen3_vl", patches, sizeof patches / sizeof patches[0]);
+}
+
 static const struct CMUnitTest k_fixed[] = {
     cmocka_unit_test(mrope_positions_rule),
     cmocka_unit_test(mrope_text_equals_rope),
@@ -955,7 +1035,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     static size_t n;
     if (!t) {
         const struct golden_cases *gc = golden_image_cases();
-        t = calloc(gc->n + N_FIXED + 2, sizeof *t);
+        t = calloc(gc->n + N_FIXED + 3, sizeof *t);
         if (!t) {
             *tests = NULL;
             *n_tests = 0;
@@ -963,10 +1043,11 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         }
         memcpy(t, k_fixed, sizeof k_fixed);
         n = N_FIXED;
-        bool any = false;
+        bool any = false, q3 = false;
         for (size_t i = 0; i < gc->n; i++) {
             if (strncmp(gc->names[i], "qwen", 4) != 0)
                 continue;
+            q3 = q3 || !strcmp(gc->names[i], "qwen3_vl");
             size_t len = strlen(gc->names[i]) + 9;
             char *nm = malloc(len);
             snprintf(nm, len, "qwen_vl_%s", gc->names[i]);
@@ -977,6 +1058,8 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             t[n++] = (struct CMUnitTest){.name = "qwen_vl_mlx_vlm_layout", .test_func = mlx_vlm_layout};
             t[n++] = (struct CMUnitTest){.name = "qwen_vl_bad_configs", .test_func = bad_configs};
         }
+        if (q3)
+            t[n++] = (struct CMUnitTest){.name = "qwen_vl_bad_configs_qwen3", .test_func = bad_configs_qwen3};
     }
     *tests = t;
     *n_tests = n;
