@@ -923,6 +923,19 @@ const struct vision_ops qwen3_vl_vision_ops = {
     .encode_grid = qvl_encode_grid,
 };
 
+/* Qwen3-VL-MoE: the same tower; its text model is qwen3_vl_moe_text */
+const struct vision_ops qwen3_vl_moe_vision_ops = {
+    .model_type = "qwen3_vl_moe",
+    .description = "Qwen3-VL-MoE: Qwen3-VL's tower (learned positions, DeepStack mergers) before a Qwen3-MoE "
+                   "text model with interleaved M-RoPE",
+    .load = qwen3_vl_load,
+    .free_family = qvl_free_family,
+    .each_weight = qvl_each_weight,
+    .ctx_new = qvl_ctx_new,
+    .ctx_free = qvl_ctx_free,
+    .encode_grid = qvl_encode_grid,
+};
+
 const struct vision_ops qwen2_5_vl_vision_ops = {
     .model_type = "qwen2_5_vl",
     .description = "Qwen2.5-VL: the Qwen2-VL ViT with RMSNorm + SwiGLU blocks and window attention "
