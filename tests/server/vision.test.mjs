@@ -17,7 +17,7 @@ import { describe, it, before, after } from 'node:test';
 import { createServer } from 'node:http';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
@@ -212,7 +212,8 @@ describe('vision: Qwen2-VL', () => {
 // scheduler, whose steps carry each image's deepstack planes: the openai and anthropic clients'
 // answers equal `mlxcel generate --image` of the golden's rendered prompt (tests/cli/qwen_vl.sh:
 // transformers' greedy ids), two requests at once included (one image prompt, one text).
-describe('vision: Qwen3-VL', () => {
+describe('vision: Qwen3-VL', { skip: BIN && !existsSync('tests/fixtures/golden/qwen3_vl/golden.json') &&
+    'no qwen3_vl golden case' }, () => {
     const Q3 = 'tests/fixtures/golden/qwen3_vl';
     const gold = BIN ? JSON.parse(readFileSync(join(Q3, 'golden.json'), 'utf8')) : {};
     const QTEXT = 'Describe this picture.';
