@@ -26,7 +26,8 @@ grep -q "^qwen3_vl .*qwen3_vl_text.*images:" "$T/out" || fail "arch lists no qwe
 
 n=0
 for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img tests/fixtures/golden/qwen2_5_vl \
-         tests/fixtures/golden/qwen2_5_vl_2img tests/fixtures/golden/qwen3_vl tests/fixtures/golden/qwen3_vl_2img; do
+         tests/fixtures/golden/qwen2_5_vl_2img tests/fixtures/golden/qwen3_vl tests/fixtures/golden/qwen3_vl_2img \
+         tests/fixtures/golden/qwen3_vl_moe; do
     [ -f $G/golden.json ] || continue
     n=$((n + 1))
     WANT=$(field $G/golden.json greedy_ids)
