@@ -23,6 +23,7 @@ expect_rc 0 "arch"
 grep -q "^qwen2_vl .*qwen2_vl_text.*images:" "$T/out" || fail "arch lists no qwen2_vl: $(cat "$T/out")"
 grep -q "^qwen2_5_vl .*qwen2_vl_text.*images:" "$T/out" || fail "arch lists no qwen2_5_vl"
 grep -q "^qwen3_vl .*qwen3_vl_text.*images:" "$T/out" || fail "arch lists no qwen3_vl"
+grep -q "^qwen3_vl_moe .*qwen3_vl_moe_text.*images:" "$T/out" || fail "arch lists no qwen3_vl_moe"
 
 n=0
 for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img tests/fixtures/golden/qwen2_5_vl \
