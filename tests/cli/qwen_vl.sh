@@ -6,6 +6,7 @@
 # rendered (--no-chat: its <|image_pad|> placeholders expanded by the processor's rule, then the
 # whole text tokenized) gives transformers' greedy ids; the same with the chat template (one image
 # before the text, as typed content puts it) runs; --pixel-values is refused for these models.
+# --ignore-eos: the reference greedy loop goes on past <|im_end|> (qwen3_vl writes it 4th).
 # Usage (from the repo root): sh tests/cli/qwen_vl.sh path/to/mlxcel
 BIN=${1:?usage: qwen_vl.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -38,7 +39,7 @@ for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img test
     for im in $(field $G/golden.json images | tr ',' ' '); do
         set -- "$@" --image tests/fixtures/images/$im
     done
-    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids
+    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids --ignore-eos
     expect_rc 0 "$G"
     [ "$(tr -d ' []\n' <"$T/out")" = "$WANT" ] || fail "$G: $(cat "$T/out"), reference [$WANT]"
     # the chat template places the image itself
