@@ -422,7 +422,7 @@ static int op_vision(const void *arg, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    struct batch_image img = {0, c->img_pos, T, embd, 0, 0};
+    struct batch_image img = {0, c->img_pos, T, embd, 0, 0, 0};
     if ((rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0)
         goto out;
     b.img = &img;
@@ -511,7 +511,7 @@ static int op_qwen(const void *arg, struct err *e)
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    struct batch_image img = {0, c->img_pos, c->n_tok, embd, gm[0], gm[1]};
+    struct batch_image img = {0, c->img_pos, c->n_tok, embd, gm[0], gm[1], 0};
     if ((rc = vision_mrope_positions(p3, &delta, c->ids, c->n_ids, c->m->vision->info.image_token_id, gm, 1, e)) < 0 ||
         (rc = kv_seq_add(kv, 0, e)) < 0 || (rc = batch_add_seq(&b, c->ids, c->n_ids, 0, 0, true, e)) < 0 ||
         (rc = batch_rope_set(&b, 0, c->n_ids, p3, 0, e)) < 0)

@@ -94,7 +94,7 @@ static int prompt_image(const struct lgold *g, struct batch_image *img, int seq,
         }
     assert_true(at >= 0);
     assert_int_equal(len, T);
-    *img = (struct batch_image){seq, at, len, embd, 0, 0};
+    *img = (struct batch_image){seq, at, len, embd, 0, 0, 0};
     return 1;
 }
 

@@ -83,11 +83,11 @@ static void mrope_positions_rule(void **state)
 
 // ---- the qwen2 golden as qwen2_vl_text ----
 
-/* dst: tests/fixtures/golden/qwen2 with model_type qwen2_vl_text and mrope_section [2, 3, 3]
- * (its head_dim is 16), the weights copied. */
-static void make_mrope_model(char *dst)
+/* dst: the golden case's checkpoint with model_type mt and mrope_section sec (rope_scaling),
+ * the weights copied. */
+static void make_mrope_case(char *dst, const char *name, const char *mt, const int sec[3])
 {
-    const char *src = golden_case_dir("qwen2");
+    const char *src = golden_case_dir(name);
     char path[700], link[700];
     char *txt = NULL;
     size_t n = 0;
@@ -99,10 +99,9 @@ static void make_mrope_model(char *dst)
     cJSON *c = cJSON_Parse(txt);
     free(txt);
     assert_non_null(c);
-    cJSON_ReplaceItemInObject(c, "model_type", cJSON_CreateString("qwen2_vl_text"));
+    cJSON_ReplaceItemInObject(c, "model_type", cJSON_CreateString(mt));
     cJSON *rs = cJSON_CreateObject();
     cJSON_AddStringToObject(rs, "type", "mrope");
-    const int sec[3] = {2, 3, 3};
     cJSON_AddItemToObject(rs, "mrope_section", cJSON_CreateIntArray(sec, 3));
     cJSON_DeleteItemFromObject(c, "rope_scaling");
     cJSON_AddItemToObject(c, "rope_scaling", rs);
@@ -124,6 +123,13 @@ static void make_mrope_model(char *dst)
     assert_int_equal(fwrite(txt, 1, n, f), n);
     fclose(f);
     free(txt);
+}
+
+/* tests/fixtures/golden/qwen2 as qwen2_vl_text, mrope_section [2, 3, 3] (its head_dim is 16). */
+static void make_mrope_model(char *dst)
+{
+    static const int sec[3] = {2, 3, 3};
+    make_mrope_case(dst, "qwen2", "qwen2_vl_text", sec);
 }
 
 static void rm_mrope_model(const char *dir)
@@ -186,6 +192,50 @@ static void mrope_text_equals_rope(void **state)
     assert_true(test_row_rel_err(lc + (size_t)(n - 1) * V, la + (size_t)(n - 1) * V, V) > 1e-4);
     printf("qwen_vl text: qwen2_vl_text equals qwen2 bit for bit on %d rows; 3-D positions move the last "
            "row by %.2e\n", n, test_row_rel_err(lc + (size_t)(n - 1) * V, la + (size_t)(n - 1) * V, V));
+    free(la);
+    free(lb);
+    free(lc);
+    free(p3);
+    free(im);
+    test_eng_close(&b);
+    test_eng_close(&a);
+    st_set_free(gs);
+    rm_mrope_model(dir);
+}
+
+/* Qwen3-VL's text model is Qwen3 with interleaved M-RoPE: the qwen3 golden relabelled
+ * qwen3_vl_text (head_dim 32: mrope_section [6, 5, 5], Qwen3-VL's [24, 20, 20] / 4) gives a text
+ * prompt qwen3's logits bit for bit, and its reference logits; 3-D positions move them. */
+static void mrope_qwen3_text_equals_qwen3(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-q3vl-XXXXXX";
+    static const int sec[3] = {6, 5, 5};
+    struct st_set *gs = NULL;
+    struct tensor ids;
+    struct test_eng a, b;
+    struct err e = {0};
+    make_mrope_case(dir, "qwen3", "qwen3_vl_text", sec);
+    golden_case_input_ids("qwen3", &gs, &ids);
+    int n = (int)ids.shape[0];
+    test_eng_open(&a, golden_case_dir("qwen3"), NULL, 0, 256, 2, 16);
+    test_eng_open(&b, dir, a.be, 0, 256, 2, 16);
+    assert_true(hparams_has_mrope(&b.m->hp) && b.m->hp.mrope_interleaved && b.m->hp.qk_norm);
+    int V = a.m->hp.n_vocab;
+    float *la = prefill_all(&a, ids.data, n, NULL), *lb = prefill_all(&b, ids.data, n, NULL);
+    assert_memory_equal(la, lb, (size_t)n * V * sizeof *la);
+    int32_t *p3 = malloc((size_t)n * 3 * sizeof *p3), *im = malloc((size_t)n * sizeof *im), delta;
+    assert_true(p3 && im && n > 9);
+    for (int i = 0; i < n; i++)
+        im[i] = i >= 2 && i < 8 ? -7 : 1;
+    const int32_t grid[] = {2, 3};
+    assert_int_equal(vision_mrope_positions(p3, &delta, im, n, -7, grid, 1, &e), 0);
+    float *lc = prefill_all(&b, ids.data, n, p3);
+    double moved = test_row_rel_err(lc + (size_t)(n - 1) * V, la + (size_t)(n - 1) * V, V);
+    assert_memory_equal(la, lc, (size_t)3 * V * sizeof *la);
+    assert_true(moved > 1e-4);
+    printf("qwen_vl text: qwen3_vl_text equals qwen3 bit for bit on %d rows; 3-D positions move the last row by "
+           "%.2e\n", n, moved);
     free(la);
     free(lb);
     free(lc);
@@ -315,12 +365,15 @@ static void mrope_batched_chunked(void **state)
 #define QVL_REL_TOL 1e-3
 #define QVL_FEAT_TOL 1e-4
 
+#define QVL_MAX_DEEP 8
+
 struct qgold {
     struct st_set *st;
     struct tensor ids, pos, px, grid, feat, hid, prefill, greedy, decode, tids;
+    struct tensor deep[QVL_MAX_DEEP]; /* Qwen3-VL: deepstack_K [T, D], the planes after the rows */
     float *tlast;               /* golden.json's text_last_logits [V], or NULL */
     bool has_hid;
-    int L, N, n_img, Lt;
+    int L, N, n_img, Lt, n_deep;
 };
 
 static void qgold_open(struct qgold *g, const char *dir)
@@ -341,6 +394,13 @@ static void qgold_open(struct qgold *g, const char *dir)
     g->has_hid = st_set_find(g->st, "vision_hidden") != NULL;
     if (g->has_hid && st_set_take(g->st, "vision_hidden", &g->hid, &e) < 0)
         fail_msg("%s: %s", dir, e.msg);
+    for (char nm[32]; g->n_deep < QVL_MAX_DEEP; g->n_deep++) {
+        snprintf(nm, sizeof nm, "deepstack_%d", g->n_deep);
+        if (!st_set_find(g->st, nm))
+            break;
+        if (st_set_take(g->st, nm, &g->deep[g->n_deep], &e) < 0)
+            fail_msg("%s: %s", dir, e.msg);
+    }
     g->L = (int)g->ids.shape[0];
     g->N = (int)g->greedy.shape[0];
     g->n_img = (int)g->grid.shape[0];
@@ -379,8 +439,9 @@ static void merged_grids(const struct qgold *g, int merge, int32_t *out)
     }
 }
 
-/* Every image through the tower into backend memory [T, n_embd] (the caller frees it),
- * checked against vision_hidden and image_features. */
+/* Every image through the tower into backend memory (the caller frees it): image k's
+ * vision_image_floats after the ones before it, its rows [n_k, n_embd] then (Qwen3-VL) its
+ * deepstack planes; checked against vision_hidden, image_features and deepstack_K. */
 static float *qencode_checked(struct test_eng *r, const struct qgold *g, const char *name)
 {
     struct err e = {0};
@@ -390,22 +451,25 @@ static float *qencode_checked(struct test_eng *r, const struct qgold *g, const c
     assert_int_equal(g->px.shape[1], pd);
     assert_int_equal(g->feat.shape[1], D);
     float *embd = NULL;
+    int nd = v->info.n_deepstack;
+    if (nd != g->n_deep)
+        fail_msg("%s: the tower gives %d deepstack planes, the reference %d", name, nd, g->n_deep);
     if (vision_ctx_new(&vc, r->m, r->be, &e) < 0 ||
-        r->be->ops->buf_alloc(r->be, (size_t)T * D * sizeof(float), (void **)&embd, &e) < 0)
+        r->be->ops->buf_alloc(r->be, vision_image_floats(r->m, T) * sizeof(float), (void **)&embd, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
     const int32_t *thw = g->grid.data;
     int tok = 0, patch = 0;
-    double wh = 0, wf = 0;
+    size_t at = 0;   /* floats: image k's block */
+    double wh = 0, wf = 0, wd = 0;
     for (int k = 0; k < g->n_img; k++) {
         int n = vision_grid_tokens(v, thw + 3 * k, &e), P = thw[3 * k] * thw[3 * k + 1] * thw[3 * k + 2];
         if (n < 0 || tok + n > T)
             fail_msg("%s: image %d: %s", name, k + 1, n < 0 ? e.msg : "more rows than image_features");
-        if (vision_encode_grid(vc, embd + (size_t)tok * D, (const float *)g->px.data + (size_t)patch * pd,
-                               thw + 3 * k, &e) < 0)
+        if (vision_encode_grid(vc, embd + at, (const float *)g->px.data + (size_t)patch * pd, thw + 3 * k, &e) < 0)
             fail_msg("%s: image %d: %s", name, k + 1, e.msg);
-        float *f = malloc((size_t)n * D * sizeof *f);
+        float *f = malloc((size_t)(1 + nd) * n * D * sizeof *f);
         assert_non_null(f);
-        r->be->ops->download(r->be, f, embd + (size_t)tok * D, (size_t)n * D * sizeof *f);
+        r->be->ops->download(r->be, f, embd + at, (size_t)(1 + nd) * n * D * sizeof *f);
         if (g->has_hid) {
             int dv = (int)g->hid.shape[1];
             float *h = malloc((size_t)P * dv * sizeof *h);
@@ -422,25 +486,40 @@ static float *qencode_checked(struct test_eng *r, const struct qgold *g, const c
         assert_int_equal(backend_sync(r->be, &e), 0);
         double ef = test_row_rel_err(f, (const float *)g->feat.data + (size_t)tok * D, n * D);
         wf = fmax(wf, ef);
+        for (int j = 0; j < nd; j++) {
+            double ed = test_row_rel_err(f + (size_t)(1 + j) * n * D, (const float *)g->deep[j].data + (size_t)tok * D,
+                                         n * D);
+            wd = fmax(wd, ed);
+            if (ed > QVL_FEAT_TOL)
+                fail_msg("%s: image %d: deepstack plane %d relative error %.3g (> %.0e)", name, k + 1, j, ed,
+                         QVL_FEAT_TOL);
+        }
         free(f);
         if (ef > QVL_FEAT_TOL)
             fail_msg("%s: image %d: merger relative error %.3g (> %.0e)", name, k + 1, ef, QVL_FEAT_TOL);
         tok += n;
         patch += P;
+        at += vision_image_floats(r->m, n);
     }
     assert_int_equal(tok, T);
     assert_int_equal(patch, (int)g->px.shape[0]);
-    printf("qwen_vl %-16s tower max rel err %.2e, merger %.2e\n", name, wh, wf);
+    if (nd > 0)
+        printf("qwen_vl %-16s tower max rel err %.2e, merger %.2e, %d deepstack planes %.2e\n", name, wh, wf, nd,
+               wd);
+    else
+        printf("qwen_vl %-16s tower max rel err %.2e, merger %.2e\n", name, wh, wf);
     vision_ctx_free(vc);
     return embd;
 }
 
-/* The image runs of ids as batch images of seq (embd rows in order). */
-static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const float *embd, int D,
+/* The image runs of ids as batch images of seq (embd: the images' blocks in order, as
+ * qencode_checked writes them). */
+static int image_runs(const struct qgold *g, const struct model *m, int seq, const float *embd,
                       const int32_t *grids, struct batch_image *out)
 {
-    const int32_t *ids = g->ids.data;
-    int n = 0, row = 0;
+    const int32_t *ids = g->ids.data, img_tok = m->vision->info.image_token_id;
+    int n = 0, D = m->hp.n_embd;
+    size_t at = 0;
     for (int i = 0; i < g->L;) {
         if (ids[i] != img_tok) {
             i++;
@@ -450,9 +529,9 @@ static int image_runs(const struct qgold *g, int32_t img_tok, int seq, const flo
         while (i + len < g->L && ids[i + len] == img_tok)
             len++;
         assert_true(n < 8);
-        out[n] = (struct batch_image){seq, i, len, embd + (size_t)row * D, grids[2 * n], grids[2 * n + 1]};
+        out[n] = (struct batch_image){seq, i, len, embd + at, grids[2 * n], grids[2 * n + 1], (size_t)len * D};
         n++;
-        row += len;
+        at += vision_image_floats(m, len);
         i += len;
     }
     assert_int_equal(n, g->n_img);
@@ -510,7 +589,7 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
                            const int32_t *grids, int32_t delta, bool with_text, const char *what)
 {
     struct err e = {0};
-    int V = r->m->hp.n_vocab, D = r->m->hp.n_embd;
+    int V = r->m->hp.n_vocab;
     struct batch_image img[8];
     float *tref = with_text ? text_alone(r, g) : NULL;
     for (int s = 0; s < 2; s++) {
@@ -518,7 +597,7 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
         assert_int_equal(kv_seq_add(r->kv, s, &e), 0);
     }
     add_prompts(r, g, p3, with_text);
-    int n_img = image_runs(g, r->m->vision->info.image_token_id, 0, embd, D, grids, img);
+    int n_img = image_runs(g, r->m, 0, embd, grids, img);
     r->b->img = img;
     r->b->n_img = n_img;
     float *l = malloc((size_t)r->b->n_tok * V * sizeof *l);
@@ -562,6 +641,59 @@ static double prompt_check(struct test_eng *r, const struct qgold *g, const floa
 
 /* The golden case in golden_dir run from the checkpoint in dir: positions, tower, prompt and
  * decode, text; with full also batched beside the text prompt and in chunks. */
+/* DeepStack (ADR 0120): images without their planes are refused, and with planes of zeros (the
+ * features not added) the prompt's last row leaves the reference: the planes are what the
+ * check holds. */
+static void deepstack_needed(struct test_eng *r, const struct qgold *g, const float *embd, const int32_t *p3,
+                             const int32_t *grids, const char *name)
+{
+    struct err e = {0};
+    struct batch_image img[8];
+    int V = r->m->hp.n_vocab, D = r->m->hp.n_embd, T = (int)g->feat.shape[0];
+    size_t all = vision_image_floats(r->m, T);
+    float *l = malloc((size_t)g->L * V * sizeof *l), *host = malloc(all * sizeof *host), *zeroed = NULL;
+    assert_true(l && host);
+    kv_seq_remove(r->kv, 0);
+    assert_int_equal(kv_seq_add(r->kv, 0, &e), 0);
+    add_prompts(r, g, p3, false);
+    int n_img = image_runs(g, r->m, 0, embd, grids, img);
+    for (int k = 0; k < n_img; k++)
+        img[k].deep_ld = 0;
+    r->b->img = img;
+    r->b->n_img = n_img;
+    assert_int_equal(model_forward(r->c, r->b, r->kv, l, &e), -ERR_ARG);
+    if (!strstr(e.msg, "deepstack"))
+        fail_msg("%s: images without deepstack planes: '%s'", name, e.msg);
+    /* the planes zeroed, the rows kept */
+    r->be->ops->download(r->be, host, embd, all * sizeof *host);
+    assert_int_equal(backend_sync(r->be, &e), 0);
+    size_t at = 0;
+    for (int k = 0; k < n_img; k++) {
+        memset(host + at + (size_t)img[k].n_tok * D, 0, (vision_image_floats(r->m, img[k].n_tok) -
+                                                       (size_t)img[k].n_tok * D) * sizeof *host);
+        at += vision_image_floats(r->m, img[k].n_tok);
+    }
+    if (r->be->ops->buf_alloc(r->be, all * sizeof *host, (void **)&zeroed, &e) < 0)
+        fail_msg("%s", e.msg);
+    r->be->ops->upload(r->be, zeroed, host, all * sizeof *host);
+    kv_seq_remove(r->kv, 0);
+    assert_int_equal(kv_seq_add(r->kv, 0, &e), 0);
+    add_prompts(r, g, p3, false);
+    n_img = image_runs(g, r->m, 0, zeroed, grids, img);
+    r->b->img = img;
+    r->b->n_img = n_img;
+    if (model_forward(r->c, r->b, r->kv, l, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    double d = test_row_rel_err(l + (size_t)(g->L - 1) * V, (const float *)g->prefill.data + (size_t)(g->L - 1) * V, V);
+    printf("qwen_vl %-16s deepstack planes zeroed: last row %.2e from the reference (refused without them)\n", name,
+           d);
+    if (d <= QVL_REL_TOL)
+        fail_msg("%s: the deepstack planes change nothing the check sees (%.3g)", name, d);
+    r->be->ops->buf_free(r->be, zeroed);
+    free(host);
+    free(l);
+}
+
 static void run_golden(const char *dir, const char *golden_dir, const char *name, bool full)
 {
     struct err e = {0};
@@ -588,6 +720,8 @@ static void run_golden(const char *dir, const char *golden_dir, const char *name
                 fail_msg("%s: row %d stream %d: position %d, transformers %d", name, i, s, p3[3 * i + s],
                          want[(size_t)s * g.L + i]);
     float *embd = qencode_checked(&r, &g, name);
+    if (vi->n_deepstack > 0 && full)
+        deepstack_needed(&r, &g, embd, p3, grids, name);
     double wp = prompt_check(&r, &g, embd, p3, grids, delta, false, name);
     if (!full) {
         printf("qwen_vl %-16s prefill %d + decode %d: max rel err %.2e\n", name, g.L, g.N, wp);
@@ -778,9 +912,9 @@ static void mlx_vlm_layout(void **state)
 {
     (void)state;
     const struct golden_cases *gc = golden_image_cases();
-    static const char *const fams[] = {"qwen2_vl", "qwen2_5_vl"};
+    static const char *const fams[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl"};
     int done = 0;
-    for (size_t f = 0; f < 2; f++) {
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
         const char *name = NULL;
         for (size_t i = 0; i < gc->n && !name; i++)
             if (!strcmp(gc->names[i], fams[f]))
@@ -808,25 +942,12 @@ static void mlx_vlm_layout(void **state)
         fail_msg("no qwen2_vl / qwen2_5_vl golden case");
 }
 
-/* Configs the Qwen towers must refuse, on the qwen2_5_vl golden's weights: each patch sets one
- * key of vision_config (or of the top) and names what the error says. */
-static void bad_configs(void **state)
+/* Each patch of the case's config.json ({object ("" the top), key, JSON value, what the error
+ * says}) on its weights must fail to load, the error naming it. */
+static void refuse_patches(const char *case_name, const char *const (*patches)[4], size_t n)
 {
-    (void)state;
-    const char *src = golden_case_dir("qwen2_5_vl");
-    static const char *const patches[][4] = {
-        /* object, key, value, the error says */
-        {"vision_config", "window_size", "12", "window_size 12"},
-        {"vision_config", "fullatt_block_indexes", "[1, 9]", "fullatt_block_indexes"},
-        {"vision_config", "out_hidden_size", "48", "the text model is"},
-        {"vision_config", "hidden_act", "\"swiglu\"", "swiglu"},
-        {"vision_config", "num_heads", "3", "3 heads"},
-        {"vision_config", "depth", "5", "blocks.4"},
-        {"", "image_token_id", "100000", "image_token_id 100000"},
-        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
-         "mrope_section"},
-    };
-    for (size_t i = 0; i < sizeof patches / sizeof patches[0]; i++) {
+    const char *src = golden_case_dir(case_name);
+    for (size_t i = 0; i < n; i++) {
         char dir[] = "/tmp/mlxcel-qbad-XXXXXX", path[700], *txt = NULL;
         size_t len = 0;
         struct err e = {0};
@@ -862,9 +983,48 @@ static void bad_configs(void **state)
     }
 }
 
+/* Configs the Qwen towers must refuse, on the qwen2_5_vl golden's weights: each patch sets one
+ * key of vision_config (or of the top) and names what the error says. */
+static void bad_configs(void **state)
+{
+    (void)state;
+    static const char *const patches[][4] = {
+        /* object, key, value, the error says */
+        {"vision_config", "window_size", "12", "window_size 12"},
+        {"vision_config", "fullatt_block_indexes", "[1, 9]", "fullatt_block_indexes"},
+        {"vision_config", "out_hidden_size", "48", "the text model is"},
+        {"vision_config", "hidden_act", "\"swiglu\"", "swiglu"},
+        {"vision_config", "num_heads", "3", "3 heads"},
+        {"vision_config", "depth", "5", "blocks.4"},
+        {"", "image_token_id", "100000", "image_token_id 100000"},
+        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+         "mrope_section"},
+    };
+    refuse_patches("qwen2_5_vl", patches, sizeof patches / sizeof patches[0]);
+}
+
+/* Qwen3-VL's own keys, on the qwen3_vl golden's weights. */
+static void bad_configs_qwen3(void **state)
+{
+    (void)state;
+    static const char *const patches[][4] = {
+        {"vision_config", "deepstack_visual_indexes", "[0, 3]", "deepstack_visual_indexes[1] = 3"},
+        {"vision_config", "deepstack_visual_indexes", "[2, 2]", "names block 2 twice"},
+        {"vision_config", "deepstack_visual_indexes", "[0, 1, 2, 0.5]", "each an integer"},
+        {"vision_config", "num_position_embeddings", "15", "num_position_embeddings 15"},
+        {"vision_config", "num_position_embeddings", "25", "pos_embed.weight: shape"},
+        {"vision_config", "hidden_act", "\"relu2\"", "relu2"},
+        {"vision_config", "out_hidden_size", "48", "the text model is"},
+        {"text_config", "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+         "mrope_section"},
+    };
+    refuse_patches("qwen3_vl", patches, sizeof patches / sizeof patches[0]);
+}
+
 static const struct CMUnitTest k_fixed[] = {
     cmocka_unit_test(mrope_positions_rule),
     cmocka_unit_test(mrope_text_equals_rope),
+    cmocka_unit_test(mrope_qwen3_text_equals_qwen3),
     cmocka_unit_test(mrope_batched_chunked),
 };
 #define N_FIXED (sizeof k_fixed / sizeof k_fixed[0])
@@ -875,7 +1035,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     static size_t n;
     if (!t) {
         const struct golden_cases *gc = golden_image_cases();
-        t = calloc(gc->n + N_FIXED + 2, sizeof *t);
+        t = calloc(gc->n + N_FIXED + 3, sizeof *t);
         if (!t) {
             *tests = NULL;
             *n_tests = 0;
@@ -883,10 +1043,11 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         }
         memcpy(t, k_fixed, sizeof k_fixed);
         n = N_FIXED;
-        bool any = false;
+        bool any = false, q3 = false;
         for (size_t i = 0; i < gc->n; i++) {
             if (strncmp(gc->names[i], "qwen", 4) != 0)
                 continue;
+            q3 = q3 || !strcmp(gc->names[i], "qwen3_vl");
             size_t len = strlen(gc->names[i]) + 9;
             char *nm = malloc(len);
             snprintf(nm, len, "qwen_vl_%s", gc->names[i]);
@@ -897,6 +1058,8 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             t[n++] = (struct CMUnitTest){.name = "qwen_vl_mlx_vlm_layout", .test_func = mlx_vlm_layout};
             t[n++] = (struct CMUnitTest){.name = "qwen_vl_bad_configs", .test_func = bad_configs};
         }
+        if (q3)
+            t[n++] = (struct CMUnitTest){.name = "qwen_vl_bad_configs_qwen3", .test_func = bad_configs_qwen3};
     }
     *tests = t;
     *n_tests = n;

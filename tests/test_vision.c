@@ -84,7 +84,7 @@ static int prompt_images(const struct vgold *g, struct batch_image *img, int seq
         while (i + len < g->L && tt[i + len] == 1)
             len++;
         assert_int_equal(len, T);
-        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D, 0, 0};
+        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D, 0, 0, 0};
         n++;
     }
     assert_int_equal(n, g->n_img);
@@ -472,7 +472,7 @@ static void refusals(void **state)
     int32_t ids[40];
     for (int i = 0; i < 40; i++)
         ids[i] = i < 2 || i >= 2 + T ? 5 : v->info.image_token_id;
-    struct batch_image img = {0, 2, T, embd, 0, 0};
+    struct batch_image img = {0, 2, T, embd, 0, 0, 0};
     /* 1. an image larger than a chunk (n_batch 16 here, the image 16 rows starting at row 2:
      *    it fits only if chunks end before it) */
     assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
@@ -495,7 +495,7 @@ static void refusals(void **state)
     assert_int_equal(kv_seq_len(r.kv, 0), 0);
     ids[5] = v->info.image_token_id;
     /* 3. an image of more rows than a chunk holds */
-    struct batch_image big = {0, 2, T + 1, embd, 0, 0};
+    struct batch_image big = {0, 2, T + 1, embd, 0, 0, 0};
     ids[2 + T] = v->info.image_token_id;
     batch_clear(r.b);
     assert_int_equal(batch_add_seq(r.b, ids, 2 + T + 2, 0, 0, true, &e), 0);
@@ -503,7 +503,7 @@ static void refusals(void **state)
     r.b->n_img = 1;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
     /* 4. positions the batch lacks */
-    struct batch_image off = {0, 30, T, embd, 0, 0};
+    struct batch_image off = {0, 30, T, embd, 0, 0, 0};
     r.b->img = &off;
     assert_int_equal(model_forward(r.c, r.b, r.kv, logits, &e), -ERR_ARG);
     /* 5. the scheduler refuses rows encoded elsewhere (gen_params.images carry no content hash
@@ -529,7 +529,7 @@ static void refusals(void **state)
     assert_int_equal(vision_ctx_new(&vc, t.m, t.be, &e), -ERR_ARG);
     int32_t one = 3;
     float dummy[4];
-    struct batch_image im1 = {0, 0, 1, dummy, 0, 0};
+    struct batch_image im1 = {0, 0, 1, dummy, 0, 0, 0};
     assert_int_equal(kv_seq_add(t.kv, 0, &e), 0);
     batch_clear(t.b);
     assert_int_equal(batch_add_seq(t.b, &one, 1, 0, 0, true, &e), 0);

@@ -131,7 +131,7 @@ int cli_images_encode(struct cli_images *ci, const struct model *m, struct backe
             continue;
         }
         ci->img[ci->n] = (struct batch_image){0, (int32_t)i, T,
-                                              ci->embd + (size_t)ci->n * rows / sizeof(float), 0, 0};
+                                              ci->embd + (size_t)ci->n * rows / sizeof(float), 0, 0, 0};
         ci->n++;
         i += (size_t)T;
     }
@@ -156,20 +156,20 @@ int cli_images_encode_input(struct cli_images *ci, const struct model *m, struct
     if ((rc = image_input_runs(in, ids, n_ids, pos, e)) < 0)
         return rc;
     for (int k = 0; k < in->n_img; k++)
-        rows += (size_t)in->n_tok[k];
+        rows += vision_image_floats(m, in->n_tok[k]);
     if ((rc = vision_ctx_new(&vc, m, be, e)) < 0)
         return rc;
-    if ((rc = be->ops->buf_alloc(be, rows * D * sizeof(float), (void **)&ci->embd, e)) < 0)
+    if ((rc = be->ops->buf_alloc(be, rows * sizeof(float), (void **)&ci->embd, e)) < 0)
         goto fail;
-    size_t at = 0;
+    size_t at = 0;   /* floats */
     for (int k = 0; k < in->n_img; k++) {
-        if ((rc = vision_encode_grid(vc, ci->embd + at * D, in->pixels + in->off[k], in->grid[k], e)) < 0) {
+        if ((rc = vision_encode_grid(vc, ci->embd + at, in->pixels + in->off[k], in->grid[k], e)) < 0) {
             err_prefix(e, "image %d", k + 1);
             goto fail;
         }
-        ci->img[k] = (struct batch_image){0, pos[k], in->n_tok[k], ci->embd + at * D, in->grid[k][1] / merge,
-                                          in->grid[k][2] / merge};
-        at += (size_t)in->n_tok[k];
+        ci->img[k] = (struct batch_image){0, pos[k], in->n_tok[k], ci->embd + at, in->grid[k][1] / merge,
+                                          in->grid[k][2] / merge, (size_t)in->n_tok[k] * D};
+        at += vision_image_floats(m, in->n_tok[k]);
     }
     ci->n = in->n_img;
     vision_ctx_free(vc);

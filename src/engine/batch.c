@@ -155,6 +155,9 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
         if (im->n_tok < 1 || (v->info.bidirectional && im->n_tok > c->n_batch) || !im->embd)
             return err_setf(e, ERR_ARG, "image %d: %d rows (1 to the %d rows of a forward chunk, with "
                             "embeddings)", k + 1, im->n_tok, c->n_batch);
+        if (v->info.n_deepstack > 0 && im->deep_ld < (size_t)im->n_tok * c->m->hp.n_embd)
+            return err_setf(e, ERR_ARG, "image %d: %s adds deepstack features to its rows, but the image "
+                            "comes without them (deep_ld %zu)", k + 1, v->ops->model_type, im->deep_ld);
         while (r < b->n_tok && !(b->seq[r] == im->seq && b->pos[r] == im->pos))
             r++;
         if (r + im->n_tok > b->n_tok)
@@ -218,7 +221,8 @@ static int stage_images(struct model_ctx *c, const struct batch *b, const int32_
         hi = hi < r1 ? hi : r1;
         if (lo < hi)
             fi[n++] = (struct fwd_image){lo - r0, hi - lo,
-                                         b->img[k].embd + (size_t)(lo - first[k]) * c->m->hp.n_embd};
+                                         b->img[k].embd + (size_t)(lo - first[k]) * c->m->hp.n_embd,
+                                         c->m->vision->info.n_deepstack, b->img[k].deep_ld};
     }
     if (n == 0 || !c->m->vision->info.bidirectional)
         return n;

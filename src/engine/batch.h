@@ -35,6 +35,11 @@ struct batch_image {
     /* M-RoPE models (ADR 0094): the image's merged rows and columns (grid_h x grid_w = n_tok),
      * from which generate and the scheduler make the rows' positions; 0 otherwise */
     int32_t grid_h, grid_w;
+    /* DeepStack models (vision_info.n_deepstack > 0, ADR 0120): embd + k deep_ld (floats),
+     * k = 1 .. n_deepstack, are the same rows' deepstack features for decoder layer k - 1
+     * (vision_encode_grid writes an image as 1 + n_deepstack planes of its rows, so deep_ld
+     * is the whole image's rows x n_embd, also for a part of it); 0 otherwise */
+    size_t deep_ld;
 };
 
 struct batch {

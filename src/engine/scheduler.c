@@ -61,7 +61,8 @@ struct simg {
     int32_t grid[3];             /* images of their own size: t, h, w patches (else 0) */
     size_t n_px;                 /* floats of pixels */
     float *pixels;               /* [C, S, S] (or [t h w, patch_dim]) host, owned */
-    float *embd;                 /* [T, n_embd] backend memory once encoded, owned; NULL before */
+    float *embd;                 /* [(1 + n_deepstack) T, n_embd] backend memory once encoded
+                                  * (vision_image_floats), owned; NULL before */
     char sha[65];                /* SHA-256 of the pixel values' bytes, hex */
 };
 
@@ -726,7 +727,7 @@ static int chunk_images(struct sched *s, const struct sreq *r, int k)
             continue;
         /* the rows of the image in this step (all of it, or a part of a causal one) */
         s->bimg[s->b.n_img++] = (struct batch_image){r->seq, lo, hi - lo, im->embd + (size_t)(lo - im->pos) * D,
-                                                     0, 0};
+                                                     0, 0, (size_t)im->n_tok * D};
         s->b.img = s->bimg;
     }
     return k;
@@ -903,7 +904,7 @@ static void encode_step(struct sched *s)
                 continue;
             struct err e;
             struct backend *be = s->c->be;
-            size_t bytes = (size_t)im->n_tok * s->c->m->hp.n_embd * sizeof(float);
+            size_t bytes = vision_image_floats(s->c->m, im->n_tok) * sizeof(float);
             bool grid = s->c->m->vision->info.merge > 0;
             int rc = s->vc ? 0 : vision_ctx_new(&s->vc, s->c->m, be, &e);
             if (rc == 0 && (rc = be->ops->buf_alloc(be, bytes, (void **)&im->embd, &e)) < 0)

@@ -125,9 +125,8 @@ static int upload_rope(struct model_ctx *c, struct err *e)
      * identity), so three plain rope passes make it (blk_attention; ADR 0094) */
     float m[3 * HP_MAX_ROT_HALF] = {0};
     if (hparams_has_mrope(hp)) {
-        for (int s = 0, j0 = 0; s < 3; j0 += hp->mrope_section[s], s++)
-            for (int j = j0; j < j0 + hp->mrope_section[s]; j++)
-                m[s * HP_MAX_ROT_HALF + j] = tab[j];
+        for (int j = 0; j < hp->n_rot / 2; j++)
+            m[hparams_mrope_stream(hp, j) * HP_MAX_ROT_HALF + j] = tab[j];
         c->be->ops->upload(c->be, c->bufs.mrope, m, 3 * HP_MAX_ROT_HALF * sizeof *m);
     }
     int rc = backend_sync(c->be, e);

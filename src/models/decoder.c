@@ -4,7 +4,8 @@
  * Gemma, Cohere, Gemma 2, Gemma 3, gpt-oss), composed from the block library
  * and driven per layer by struct layer_spec:
  *
- *   x = embd_scale * embed(ids), an image's rows (fwd_chunk.img) its embeddings instead
+ *   x = embd_scale * embed(ids), an image's rows (fwd_chunk.img) its embeddings instead;
+ *       DeepStack (ADR 0120): after layer il < img.n_deep, x[image rows] += its plane il + 1
  *   rope at each row's position, or M-RoPE's three positions (hp.mrope_section, ADR 0094)
  *   an MTP layer (model.mtp, ADR 0108): x = eh_proj(cat(enorm(x), hnorm(h))), h each row's
  *       hidden state (bufs.mtp_in's second half, staged by model_forward)
@@ -212,16 +213,22 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             blk_norm(c->be, b->o, b->o, after1, n, d);
         if (mix && ls->residual != RESID_PARALLEL)
             op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
-        if (!has_ffn)
-            continue;
-        if (ls->residual == RESID_SEQUENTIAL || sandwich)
-            blk_norm(c->be, b->xn, b->x, &n2, n, d);
-        ffn(c, L, ls, in, n);
-        if (after2)
-            blk_norm(c->be, b->f, b->f, after2, n, d);
-        if (mix && ls->residual == RESID_PARALLEL)
-            op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
-        op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
+        if (has_ffn) {
+            if (ls->residual == RESID_SEQUENTIAL || sandwich)
+                blk_norm(c->be, b->xn, b->x, &n2, n, d);
+            ffn(c, L, ls, in, n);
+            if (after2)
+                blk_norm(c->be, b->f, b->f, after2, n, d);
+            if (mix && ls->residual == RESID_PARALLEL)
+                op->axpy(c->be, b->x, d, rs, b->o, d, n, d);
+            op->axpy(c->be, b->x, d, rs, b->f, d, n, d);
+        }
+        /* DeepStack (Qwen3-VL, ADR 0120): the image rows' features for this layer added to
+         * its output */
+        for (int i = 0; i < ch->n_img; i++)
+            if (il < ch->img[i].n_deep)
+                op->axpy(c->be, b->x + (size_t)ch->img[i].row * d, d, 1.0f,
+                         ch->img[i].embd + (size_t)(il + 1) * ch->img[i].deep_ld, d, ch->img[i].n, d);
     }
     struct blk_norm_w nout = {.kind = hp->norm, .eps = hp->norm_eps, .w = &m->out_norm,
                               .b = &m->out_norm_b, .w_off = hp->norm_w_offset};

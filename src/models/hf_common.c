@@ -827,3 +827,25 @@ int hf_take_transposed(struct model *m, struct wmap *w, struct tensor *out, int6
     out->name = t.name;
     return 0;
 }
+
+/* mrope_section from rope_scaling (transformers 4, published configs) or rope_parameters
+ * (transformers 5): three integers. */
+int hf_parse_mrope(struct hparams *hp, const cJSON *cfg, struct err *e)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
+    if (!cJSON_IsObject(rs))
+        rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    const cJSON *ms = cJSON_IsObject(rs) ? cJSON_GetObjectItemCaseSensitive(rs, "mrope_section") : NULL;
+    if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) != 3)
+        return err_setf(e, ERR_CONFIG, "%s needs rope_scaling.mrope_section: three integers", hp->model_type[0]
+                        ? hp->model_type : "an M-RoPE text model");
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetArrayItem(ms, i);
+        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble || v->valuedouble < 0 ||
+            v->valuedouble > HP_MAX_ROT_HALF)
+            return err_setf(e, ERR_CONFIG, "rope_scaling.mrope_section[%d] must be an integer in [0, %d]", i,
+                            HP_MAX_ROT_HALF);
+        hp->mrope_section[i] = (int)v->valuedouble;
+    }
+    return 0;
+}

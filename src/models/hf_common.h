@@ -176,6 +176,11 @@ int hf_take_transposed(struct model *m, struct wmap *w, struct tensor *out, int6
 int hf_map_head(struct model *m, struct wmap *w, const char *embd, const char *norm,
                 const char *head, struct err *e);
 
+/* M-RoPE's mrope_section (ADR 0094) into hp->mrope_section: from rope_scaling (published
+ * configs, transformers 4) or rope_parameters (transformers 5); three integers, else
+ * -ERR_CONFIG. */
+int hf_parse_mrope(struct hparams *hp, const cJSON *cfg, struct err *e);
+
 #ifdef __cplusplus
 }
 #endif

@@ -175,8 +175,11 @@ struct hparams {
     float rope_long[HP_MAX_ROT_HALF];
     /* M-RoPE (Qwen2-VL, ADR 0094): frequencies [0, s0) turn with a row's temporal position,
      * [s0, s0 + s1) with its height, the next s2 with its width (s0 + s1 + s2 = n_rot / 2);
-     * all zero: plain rope */
+     * all zero: plain rope. Interleaved (Qwen3-VL, ADR 0120): frequency j turns with the height
+     * when j % 3 == 1 and j < 3 s1, with the width when j % 3 == 2 and j < 3 s2, else with the
+     * temporal position (transformers' apply_interleaved_mrope) */
     int mrope_section[3];
+    bool mrope_interleaved;
 
     /* feed-forward */
     enum ffn_kind ffn;
@@ -296,6 +299,16 @@ int hparams_validate(const struct hparams *hp, struct err *e);
 static inline bool hparams_has_mrope(const struct hparams *hp)
 {
     return hp->mrope_section[0] + hp->mrope_section[1] + hp->mrope_section[2] > 0;
+}
+
+/* The M-RoPE stream (0 temporal, 1 height, 2 width) whose position turns rope frequency j
+ * (0 <= j < n_rot / 2): contiguous sections, or interleaved t, h, w (hp.mrope_interleaved). */
+static inline int hparams_mrope_stream(const struct hparams *hp, int j)
+{
+    const int *ms = hp->mrope_section;
+    if (hp->mrope_interleaved)
+        return j % 3 == 1 && j < 3 * ms[1] ? 1 : j % 3 == 2 && j < 3 * ms[2] ? 2 : 0;
+    return j < ms[0] ? 0 : j < ms[0] + ms[1] ? 1 : 2;
 }
 
 /* The longest sequence a cache may hold: n_ctx_max when a rope extends past the trained

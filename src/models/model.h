@@ -326,10 +326,13 @@ struct ctx_bufs {
  * reserved), of which n_out need logits. Pointers are backend memory except
  * kv, the per-layer views of the cache pool (host array). */
 /* Rows [row, row + n) of a chunk that take embeddings embd [n, n_embd] (backend memory)
- * in place of their tokens' (an image's, ADR 0087). */
+ * in place of their tokens' (an image's, ADR 0087); DeepStack (ADR 0120): after decoder
+ * layer k < n_deep, the rows embd + (k + 1) deep_ld [n, n_embd] are added to them. */
 struct fwd_image {
     int row, n;
     const float *embd;
+    int n_deep;
+    size_t deep_ld;
 };
 
 struct fwd_chunk {

@@ -22,28 +22,6 @@ static const struct hf_defaults qwen2_vl_defaults = {
     .head_dim = 0, .sliding = false, .tie_embd = false,
 };
 
-/* mrope_section from rope_scaling (transformers 4, published configs) or rope_parameters
- * (transformers 5): three integers. */
-static int parse_mrope(struct hparams *hp, const cJSON *cfg, struct err *e)
-{
-    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
-    if (!cJSON_IsObject(rs))
-        rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
-    const cJSON *ms = cJSON_IsObject(rs) ? cJSON_GetObjectItemCaseSensitive(rs, "mrope_section") : NULL;
-    if (!cJSON_IsArray(ms) || cJSON_GetArraySize(ms) != 3)
-        return err_setf(e, ERR_CONFIG, "%s needs rope_scaling.mrope_section: three integers", hp->model_type[0]
-                        ? hp->model_type : "qwen2_vl_text");
-    for (int i = 0; i < 3; i++) {
-        const cJSON *v = cJSON_GetArrayItem(ms, i);
-        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble || v->valuedouble < 0 ||
-            v->valuedouble > HP_MAX_ROT_HALF)
-            return err_setf(e, ERR_CONFIG, "rope_scaling.mrope_section[%d] must be an integer in [0, %d]", i,
-                            HP_MAX_ROT_HALF);
-        hp->mrope_section[i] = (int)v->valuedouble;
-    }
-    return 0;
-}
-
 static int qwen2_vl_text_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
 {
     int rc = hf_parse_decoder(hp, cfg, &qwen2_vl_defaults, e);
@@ -54,7 +32,7 @@ static int qwen2_vl_text_parse_config(struct hparams *hp, const cJSON *cfg, stru
     /* Qwen2VLTextConfig: max_window_layers defaults to 80 */
     if ((rc = hf_finish_layers(hp, cfg, &qwen2_vl_defaults, 80, e)) < 0)
         return rc;
-    return parse_mrope(hp, cfg, e);
+    return hf_parse_mrope(hp, cfg, e);
 }
 
 static const char *const qwen2_vl_text_archs[] = {"Qwen2VLForConditionalGeneration",

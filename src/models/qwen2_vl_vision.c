@@ -1,7 +1,8 @@
 /*
- * qwen2_vl_vision: the image side of Qwen2-VL and Qwen2.5-VL (ADR 0095), as transformers'
- * Qwen2VisionTransformerPretrainedModel / Qwen2_5_VisionTransformerPretrainedModel compute it,
- * over the backend ops and blocks.c (so the GPU backend runs it as it is):
+ * qwen2_vl_vision: the image side of Qwen2-VL, Qwen2.5-VL (ADR 0095) and Qwen3-VL (ADR 0120),
+ * as transformers' Qwen2VisionTransformerPretrainedModel / Qwen2_5_VisionTransformerPretrainedModel
+ * / Qwen3VLVisionModel compute it, over the backend ops and blocks.c (so the GPU backend runs
+ * it as it is):
  *
  *   patches   the processor's rows (t h w of them, ordered by merge unit: 2 x 2 neighbours
  *             consecutive), each C x temporal x p x p values in the Conv3d weight's order
@@ -21,6 +22,14 @@
  *   merger    ln_q (LayerNorm; Qwen2.5-VL RMSNorm) per patch, each merge unit's merge² rows as
  *             one row, Linear + GELU + Linear into the text model's width; Qwen2.5-VL's rows
  *             gathered back from window order (the inverse permutation)
+ *   Qwen3-VL  the embedding with its bias plus the learned pos_embed table (n_side x n_side)
+ *             interpolated bilinearly to the image's grid on the host (fast_pos_embed_interpolate);
+ *             LayerNorm + gelu(tanh) blocks with biases (mlp.linear_fc1 / linear_fc2); the merger
+ *             named merger.{norm, linear_fc1, linear_fc2}; after each block of
+ *             deepstack_visual_indexes, a merger of its own (deepstack_merger_list.K, LayerNorm
+ *             after the merge units are joined) writes one more plane of the image's rows
+ *             (vision_encode_grid's out: [1 + n_deep][U, n_embd]), added by the text model's
+ *             decoder after its layer K (ADR 0120)
  *
  * Tensors: transformers 5's model.visual.*, a published checkpoint's visual.*, mlx-vlm's
  * vision_tower.* (its Conv3d weight channels-last [out, t, p, p, C]: copied here into torch's
@@ -46,9 +55,18 @@
 #define QVL_MAX_LAYERS  128
 #define QVL_MAX_PATCHES 65536
 #define QVL_EPS         1e-6f
+#define QVL_MAX_POS     (1 << 24)  /* pos_embed values (Qwen3-VL: 2304 x 1152) */
+#define QVL_MAX_DEEP    16         /* deepstack_visual_indexes (Qwen3-VL: 3) */
+
+/* A Qwen3-VL merger: LayerNorm (over dv, or, post-shuffle, over merge² dv), Linear, GELU,
+ * Linear. */
+struct qvl_merger {
+    struct tensor norm, norm_b, fc1, fc1_b, fc2, fc2_b;
+};
 
 struct qvl {
     bool v25;                  /* Qwen2.5-VL: RMSNorm, SwiGLU, windows */
+    bool v3;                   /* Qwen3-VL: patch bias, learned position table, deepstack */
     int dv, n_head, hd, n_ff, n_layer, out_dim;
     int C, p, tp, merge;
     int win;                   /* merged tokens per window side; 0: none */
@@ -58,6 +76,13 @@ struct qvl {
     struct tensor patch_w;     /* [dv, C tp p p] */
     struct layer *layers;      /* [n_layer] */
     struct tensor ln_q, ln_q_b, mlp0, mlp0_b, mlp2, mlp2_b;
+    /* Qwen3-VL */
+    struct tensor patch_b;     /* [dv] */
+    float *pos;                /* [n_side², dv] pos_embed in f32 (host, owned by the model) */
+    int n_side;                /* sqrt(num_position_embeddings) */
+    int n_deep;                /* deepstack mergers */
+    int deep_at[QVL_MAX_DEEP]; /* the block after which merger k reads */
+    struct qvl_merger deep[QVL_MAX_DEEP];
 };
 
 /* The activations of one image of up to cap patches, grown on demand. */
@@ -72,6 +97,7 @@ struct qvl_bufs {
     struct kv_rows full, win;
     int32_t *mpos, *gather;
     float *mrope;              /* [3][HP_MAX_ROT_HALF] the 2-D rope tables */
+    float *pos_host;           /* [cap, dv] Qwen3-VL: the image's interpolated position rows */
 };
 
 // ---- config ----
@@ -123,22 +149,65 @@ static int parse_full(struct qvl *q, const cJSON *vc, struct err *e)
     return 0;
 }
 
+/* Qwen3-VL's num_position_embeddings (a square: the learned table's side) and
+ * deepstack_visual_indexes (distinct blocks, each a merger of its own). */
+static int parse_qwen3(struct qvl *q, const cJSON *vc, struct err *e)
+{
+    int n_pos, rc;
+    if ((rc = cfg_opt_int(vc, "num_position_embeddings", 2304, &n_pos, e)) < 0)
+        return rc;
+    q->n_side = (int)lround(sqrt((double)(n_pos > 0 ? n_pos : 0)));
+    if (n_pos < 1 || q->n_side * q->n_side != n_pos || (int64_t)n_pos * (q->dv > 0 ? q->dv : 1) > QVL_MAX_POS)
+        return err_setf(e, ERR_CONFIG, "num_position_embeddings %d must be a square (the learned position table's "
+                        "side squared), at most %d values", n_pos, QVL_MAX_POS);
+    const cJSON *di = cJSON_GetObjectItemCaseSensitive(vc, "deepstack_visual_indexes"), *it;
+    if (!di) {   /* Qwen3VLVisionConfig's default */
+        static const int def[3] = {8, 16, 24};
+        for (int k = 0; k < 3; k++)
+            q->deep_at[q->n_deep++] = def[k];
+    } else if (!cJSON_IsArray(di) || cJSON_GetArraySize(di) > QVL_MAX_DEEP) {
+        return err_setf(e, ERR_CONFIG, "deepstack_visual_indexes must be an array of at most %d block indexes",
+                        QVL_MAX_DEEP);
+    } else {
+        cJSON_ArrayForEach(it, di) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != (double)(int)it->valuedouble)
+                return err_setf(e, ERR_CONFIG, "deepstack_visual_indexes: each an integer");
+            q->deep_at[q->n_deep++] = (int)it->valuedouble;
+        }
+    }
+    for (int k = 0; k < q->n_deep; k++) {
+        if (q->deep_at[k] < 0 || q->deep_at[k] >= q->n_layer)
+            return err_setf(e, ERR_CONFIG, "deepstack_visual_indexes[%d] = %d is not a block of the %d", k,
+                            q->deep_at[k], q->n_layer);
+        for (int j = 0; j < k; j++)
+            if (q->deep_at[j] == q->deep_at[k])
+                return err_setf(e, ERR_CONFIG, "deepstack_visual_indexes names block %d twice", q->deep_at[k]);
+    }
+    return 0;
+}
+
 static int parse_config(struct qvl *q, struct vision *v, const struct model *m, const cJSON *cfg,
                         const cJSON *vc, struct err *e)
 {
     char act[64];
     int rc, mlp_ratio_i = 0, window = 0;
     double mlp_ratio = 4.0;
-    const char *def_act = q->v25 ? "silu" : "quick_gelu";
-    if ((rc = cfg_opt_int(vc, "depth", 32, &q->n_layer, e)) < 0 ||
+    const char *def_act = q->v3 ? "gelu_pytorch_tanh" : q->v25 ? "silu" : "quick_gelu";
+    if ((rc = cfg_opt_int(vc, "depth", q->v3 ? 27 : 32, &q->n_layer, e)) < 0 ||
         (rc = cfg_opt_int(vc, "num_heads", 16, &q->n_head, e)) < 0 ||
         (rc = cfg_opt_int(vc, "in_channels", 3, &q->C, e)) < 0 ||
-        (rc = cfg_opt_int(vc, "patch_size", 14, &q->p, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "patch_size", q->v3 ? 16 : 14, &q->p, e)) < 0 ||
         (rc = cfg_opt_int(vc, "temporal_patch_size", 2, &q->tp, e)) < 0 ||
         (rc = cfg_opt_int(vc, "spatial_merge_size", 2, &q->merge, e)) < 0 ||
         (rc = cfg_opt_str(vc, "hidden_act", def_act, act, sizeof act, e)) < 0)
         return err_prefix(e, "vision_config");
-    if (q->v25) {
+    if (q->v3) {
+        if ((rc = cfg_opt_int(vc, "hidden_size", 1152, &q->dv, e)) < 0 ||
+            (rc = cfg_opt_int(vc, "intermediate_size", 4304, &q->n_ff, e)) < 0 ||
+            (rc = cfg_opt_int(vc, "out_hidden_size", 3584, &q->out_dim, e)) < 0 ||
+            (rc = parse_qwen3(q, vc, e)) < 0)
+            return err_prefix(e, "vision_config");
+    } else if (q->v25) {
         if ((rc = cfg_opt_int(vc, "hidden_size", 3584, &q->dv, e)) < 0 ||
             (rc = cfg_opt_int(vc, "intermediate_size", 3420, &q->n_ff, e)) < 0 ||
             (rc = cfg_opt_int(vc, "out_hidden_size", 3584, &q->out_dim, e)) < 0 ||
@@ -194,10 +263,13 @@ static int parse_config(struct qvl *q, struct vision *v, const struct model *m, 
     if (img < 0 || img >= V || vs < 0 || vs >= V || ve < 0 || ve >= V)
         return err_setf(e, ERR_CONFIG, "image_token_id %d, vision_start_token_id %d, vision_end_token_id %d "
                         "must be inside the vocabulary [0, %d)", img, vs, ve, V);
+    if (q->n_deep > m->hp.n_layer)
+        return err_setf(e, ERR_CONFIG, "vision_config.deepstack_visual_indexes: %d deepstack features for a "
+                        "text model of %d layers", q->n_deep, m->hp.n_layer);
     v->info = (struct vision_info){.n_channels = q->C, .image_token_id = img, .boi_token_id = vs,
                                    .eoi_token_id = ve, .merge = q->merge, .patch_size = q->p,
                                    .temporal_patch_size = q->tp, .patch_dim = q->C * q->tp * q->p * q->p,
-                                   .max_patches = QVL_MAX_PATCHES};
+                                   .max_patches = QVL_MAX_PATCHES, .n_deepstack = q->n_deep};
     return parse_full(q, vc, e);
 }
 
@@ -259,6 +331,7 @@ static int map_block(struct qvl *q, struct layer *L, struct wmap *w, const char 
     int64_t D = q->dv, F = q->n_ff;
     int rc;
     bool ln = !q->v25;
+    const char *fc1 = q->v3 ? "linear_fc1" : "fc1", *fc2 = q->v3 ? "linear_fc2" : "fc2";
     if ((rc = wm_vec(w, &L->attn_norm, WM_REQUIRED, D, e, "%sblocks.%d.norm1.weight", pre, il)) < 0 ||
         (rc = wm_vec(w, &L->attn_norm_b, ln, D, e, "%sblocks.%d.norm1.bias", pre, il)) < 0 ||
         (rc = wm_vec(w, &L->ffn_norm, WM_REQUIRED, D, e, "%sblocks.%d.norm2.weight", pre, il)) < 0 ||
@@ -269,10 +342,10 @@ static int map_block(struct qvl *q, struct layer *L, struct wmap *w, const char 
         (rc = wm_vec(w, &L->bo, WM_REQUIRED, D, e, "%sblocks.%d.attn.proj.bias", pre, il)) < 0)
         return rc;
     if (!q->v25) {
-        if ((rc = wm_linear(w, &L->up, WM_REQUIRED, 0, F, D, e, "%sblocks.%d.mlp.fc1", pre, il)) < 0 ||
-            (rc = wm_vec(w, &L->up_b, WM_REQUIRED, F, e, "%sblocks.%d.mlp.fc1.bias", pre, il)) < 0 ||
-            (rc = wm_linear(w, &L->down, WM_REQUIRED, 0, D, F, e, "%sblocks.%d.mlp.fc2", pre, il)) < 0 ||
-            (rc = wm_vec(w, &L->down_b, WM_REQUIRED, D, e, "%sblocks.%d.mlp.fc2.bias", pre, il)) < 0)
+        if ((rc = wm_linear(w, &L->up, WM_REQUIRED, 0, F, D, e, "%sblocks.%d.mlp.%s", pre, il, fc1)) < 0 ||
+            (rc = wm_vec(w, &L->up_b, WM_REQUIRED, F, e, "%sblocks.%d.mlp.%s.bias", pre, il, fc1)) < 0 ||
+            (rc = wm_linear(w, &L->down, WM_REQUIRED, 0, D, F, e, "%sblocks.%d.mlp.%s", pre, il, fc2)) < 0 ||
+            (rc = wm_vec(w, &L->down_b, WM_REQUIRED, D, e, "%sblocks.%d.mlp.%s.bias", pre, il, fc2)) < 0)
             return rc;
         return 0;
     }
@@ -283,6 +356,72 @@ static int map_block(struct qvl *q, struct layer *L, struct wmap *w, const char 
         (rc = wm_linear(w, &L->down, WM_REQUIRED, 0, D, F, e, "%sblocks.%d.mlp.down_proj", pre, il)) < 0 ||
         (rc = wm_vec(w, &L->down_b, WM_REQUIRED, D, e, "%sblocks.%d.mlp.down_proj.bias", pre, il)) < 0)
         return rc;
+    return 0;
+}
+
+/* A Qwen3-VL merger under name (merger., deepstack_merger_list.K.): its norm over nw values. */
+static int map_merger(const struct qvl *q, struct qvl_merger *g, struct wmap *w, const char *pre,
+                      const char *name, int64_t nw, struct err *e)
+{
+    int64_t M = (int64_t)q->dv * q->merge * q->merge;
+    int rc;
+    if ((rc = wm_vec(w, &g->norm, WM_REQUIRED, nw, e, "%s%snorm.weight", pre, name)) < 0 ||
+        (rc = wm_vec(w, &g->norm_b, WM_REQUIRED, nw, e, "%s%snorm.bias", pre, name)) < 0 ||
+        (rc = wm_linear(w, &g->fc1, WM_REQUIRED, 0, M, M, e, "%s%slinear_fc1", pre, name)) < 0 ||
+        (rc = wm_vec(w, &g->fc1_b, WM_REQUIRED, M, e, "%s%slinear_fc1.bias", pre, name)) < 0 ||
+        (rc = wm_linear(w, &g->fc2, WM_REQUIRED, 0, q->out_dim, M, e, "%s%slinear_fc2", pre, name)) < 0 ||
+        (rc = wm_vec(w, &g->fc2_b, WM_REQUIRED, q->out_dim, e, "%s%slinear_fc2.bias", pre, name)) < 0)
+        return rc;
+    return 0;
+}
+
+/* Qwen3-VL's learned position table pos_embed [n_side², dv], widened to f32 on the host
+ * once: fast_pos_embed_interpolate reads it per image there (bilinear weights per patch). */
+static int map_pos_embed(struct qvl *q, struct model *m, struct wmap *w, const char *pre, struct err *e)
+{
+    char name[512];
+    int64_t n = (int64_t)q->n_side * q->n_side, D = q->dv;
+    snprintf(name, sizeof name, "%spos_embed.weight", pre);
+    const struct st_tensor *st = st_set_find(w->st, name);
+    if (!st)
+        return err_setf(e, ERR_MISSING, "missing tensor '%s'", name);
+    if (st->ndim != 2 || st->shape[0] != n || st->shape[1] != D)
+        return err_setf(e, ERR_FORMAT, "%s: shape must be [%lld, %lld] (num_position_embeddings, hidden_size)",
+                        name, (long long)n, (long long)D);
+    if ((st->dtype != DTYPE_F32 && st->dtype != DTYPE_F16 && st->dtype != DTYPE_BF16) || !st->data ||
+        st->end - st->begin != (uint64_t)(n * D) * dtype_size(st->dtype))
+        return err_setf(e, ERR_UNSUPPORTED, "%s must be F32, F16 or BF16 (a quantized position table is not "
+                        "supported)", name);
+    int rc = model_alloc_owned(m, (size_t)(n * D) * sizeof(float), (void **)&q->pos, e);
+    if (rc < 0)
+        return rc;
+    dtype_to_f32_ref(q->pos, st->data, st->dtype, (size_t)(n * D));
+    st_set_mark(w->st, name);
+    return 0;
+}
+
+static int map_qwen3(struct qvl *q, struct model *m, struct wmap *w, const char *pre, struct err *e)
+{
+    int64_t M = (int64_t)q->dv * q->merge * q->merge;
+    char name[64];
+    int rc;
+    if ((rc = wm_vec(w, &q->patch_b, WM_REQUIRED, q->dv, e, "%spatch_embed.proj.bias", pre)) < 0 ||
+        (rc = map_pos_embed(q, m, w, pre, e)) < 0)
+        return rc;
+    struct qvl_merger g;
+    if ((rc = map_merger(q, &g, w, pre, "merger.", q->dv, e)) < 0)
+        return rc;
+    q->ln_q = g.norm;
+    q->ln_q_b = g.norm_b;
+    q->mlp0 = g.fc1;
+    q->mlp0_b = g.fc1_b;
+    q->mlp2 = g.fc2;
+    q->mlp2_b = g.fc2_b;
+    for (int k = 0; k < q->n_deep; k++) {
+        snprintf(name, sizeof name, "deepstack_merger_list.%d.", k);
+        if ((rc = map_merger(q, &q->deep[k], w, pre, name, M, e)) < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -298,6 +437,8 @@ static int map_weights(struct qvl *q, struct model *m, struct wmap *w, const cha
     for (int il = 0; il < q->n_layer; il++)
         if ((rc = map_block(q, &q->layers[il], w, pre, il, e)) < 0)
             return rc;
+    if (q->v3)
+        return map_qwen3(q, m, w, pre, e);
     if ((rc = wm_vec(w, &q->ln_q, WM_REQUIRED, q->dv, e, "%smerger.ln_q.weight", pre)) < 0 ||
         (rc = wm_vec(w, &q->ln_q_b, !q->v25, q->dv, e, "%smerger.ln_q.bias", pre)) < 0 ||
         (rc = wm_linear(w, &q->mlp0, WM_REQUIRED, 0, M, M, e, "%smerger.mlp.0", pre)) < 0 ||
@@ -308,7 +449,7 @@ static int map_weights(struct qvl *q, struct model *m, struct wmap *w, const cha
     return 0;
 }
 
-static int qvl_load(struct vision *v, struct model *m, const cJSON *cfg, bool v25, struct err *e)
+static int qvl_load(struct vision *v, struct model *m, const cJSON *cfg, bool v25, bool v3, struct err *e)
 {
     static const char *const towers[] = {"model.visual.", "visual.", "vision_tower.", "model.vision_tower."};
     struct wmap w = {m->st, &m->hp.quant};
@@ -329,18 +470,24 @@ static int qvl_load(struct vision *v, struct model *m, const cJSON *cfg, bool v2
         return err_setf(e, ERR_NOMEM, "out of memory");
     v->family = q;
     q->v25 = v25;
+    q->v3 = v3;
     int rc = parse_config(q, v, m, cfg, vc, e);
     return rc < 0 ? rc : map_weights(q, m, &w, towers[which], e);
 }
 
 static int qwen2_vl_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    return qvl_load(v, m, cfg, false, e);
+    return qvl_load(v, m, cfg, false, false, e);
 }
 
 static int qwen2_5_vl_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
-    return qvl_load(v, m, cfg, true, e);
+    return qvl_load(v, m, cfg, true, false, e);
+}
+
+static int qwen3_vl_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
+{
+    return qvl_load(v, m, cfg, false, true, e);
 }
 
 static void qvl_free_family(struct vision *v)
@@ -364,6 +511,18 @@ static void qvl_each_weight(struct vision *v, void (*fn)(void *ud, struct tensor
     for (size_t i = 0; i < 4; i++)
         if (tensor_is_present(vals[i]))
             fn(ud, vals[i], false);
+    if (tensor_is_present(&q->patch_b))
+        fn(ud, &q->patch_b, false);
+    for (int k = 0; k < q->n_deep; k++) {
+        struct qvl_merger *g = &q->deep[k];
+        struct tensor *gm[] = {&g->fc1, &g->fc2}, *gv[] = {&g->norm, &g->norm_b, &g->fc1_b, &g->fc2_b};
+        for (size_t i = 0; i < 2; i++)
+            if (tensor_is_present(gm[i]))
+                fn(ud, gm[i], true);
+        for (size_t i = 0; i < 4; i++)
+            if (tensor_is_present(gv[i]))
+                fn(ud, gv[i], false);
+    }
     for (int il = 0; q->layers && il < q->n_layer; il++) {
         struct layer *L = &q->layers[il];
         struct tensor *lm[] = {&L->wqkv, &L->wo, &L->gate, &L->up, &L->down};
@@ -438,11 +597,15 @@ static int qvl_reserve(struct vision_ctx *vc, int P, int KV, int W, struct err *
     size_t pd = (size_t)q->C * q->tp * q->p * q->p;
     float *ph = malloc((size_t)P * pd * sizeof *ph);
     int32_t *mh = malloc(meta_ints(P, W) * sizeof *mh);
-    if (!ph || !mh) {
+    float *pos = q->v3 ? malloc((size_t)P * q->dv * sizeof *pos) : NULL;
+    if (!ph || !mh || (q->v3 && !pos)) {
         free(ph);
         free(mh);
+        free(pos);
         return err_setf(e, ERR_NOMEM, "out of memory for an image of %d patches", P);
     }
+    free(qb->pos_host);
+    qb->pos_host = pos;
     if (qb->arena)
         vc->be->ops->buf_free(vc->be, qb->arena);
     qb->arena = NULL;
@@ -488,6 +651,7 @@ static void qvl_ctx_free(struct vision_ctx *vc)
         vc->be->ops->buf_free(vc->be, qb->arena);
     free(qb->patches_host);
     free(qb->meta_host);
+    free(qb->pos_host);
     free(qb);
     vc->fam = NULL;
 }
@@ -587,6 +751,56 @@ static void qvl_mlp(struct backend *be, const struct qvl *q, const struct layer 
     op->linear(be, b->f, q->dv, b->h, &L->down, &L->down_b, P);
 }
 
+/* torch.linspace(0, side - 1, n) in float32, as its CPU kernel steps: from the start for the
+ * first half, back from the end for the rest. */
+static float linspace_at(int side, int n, int i)
+{
+    if (n == 1)
+        return 0.0f;
+    float end = (float)(side - 1), step = end / (float)(n - 1);
+    return i < n / 2 ? step * (float)i : end - step * (float)(n - 1 - i);
+}
+
+/* Qwen3-VL's fast_pos_embed_interpolate for one image of gh x gw patches: each patch's row of
+ * the learned n_side x n_side table, bilinear at (linspace(0, n_side - 1, gh)[r],
+ * linspace(..., gw)[c]) with the weights in float32 as transformers makes them, written in
+ * the processor's order (merge units of merge x merge patches, row-major). */
+static void pos_interpolate(float *dst, const struct qvl *q, int gh, int gw)
+{
+    int S = q->n_side, D = q->dv, m = q->merge;
+    for (int r = 0; r < gh; r++) {
+        float hy = linspace_at(S, gh, r);
+        int h0 = (int)hy, h1 = h0 + 1 < S ? h0 + 1 : S - 1;
+        float dh = hy - (float)h0;
+        for (int c = 0; c < gw; c++) {
+            float wx = linspace_at(S, gw, c);
+            int w0 = (int)wx, w1 = w0 + 1 < S ? w0 + 1 : S - 1;
+            float dw = wx - (float)w0;
+            const float wt[4] = {(1 - dh) * (1 - dw), (1 - dh) * dw, dh * (1 - dw), dh * dw};
+            const float *src[4] = {q->pos + ((size_t)h0 * S + w0) * D, q->pos + ((size_t)h0 * S + w1) * D,
+                                   q->pos + ((size_t)h1 * S + w0) * D, q->pos + ((size_t)h1 * S + w1) * D};
+            /* raster (r, c) -> unit (r / m, c / m), place (r % m, c % m) within it */
+            size_t row = (((size_t)(r / m) * (gw / m) + c / m) * m + r % m) * m + c % m;
+            float *o = dst + row * D;
+            for (int k = 0; k < D; k++)
+                o[k] = wt[0] * src[0][k] + wt[1] * src[1][k] + wt[2] * src[2][k] + wt[3] * src[3][k];
+        }
+    }
+}
+
+/* A Qwen3-VL deepstack merger over the tower's current rows: each merge unit's merge² rows as
+ * one of M values, LayerNorm over M (post-shuffle), Linear, GELU, Linear -> out [U, out_dim]. */
+static void deep_merge(struct backend *be, const struct qvl *q, const struct qvl_merger *g,
+                       const struct ctx_bufs *b, float *out, int U)
+{
+    int M = q->dv * q->merge * q->merge;
+    struct blk_norm_w n = {NORM_LAYER, QVL_EPS, &g->norm, &g->norm_b, 0.0f};
+    blk_norm(be, b->xn, b->x, &n, U, M);
+    be->ops->linear(be, b->h, M, b->xn, &g->fc1, &g->fc1_b, U);
+    be->ops->act(be, ACT_GELU_ERF, b->h, M, U, M);
+    be->ops->linear(be, out, q->out_dim, b->h, &g->fc2, &g->fc2_b, U);
+}
+
 static int qvl_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid,
                            struct err *e)
 {
@@ -624,8 +838,14 @@ static int qvl_encode_grid(struct vision_ctx *vc, float *out, const float *pixel
     op->upload(be, qb->patches, qb->patches_host, (size_t)P * pd * sizeof(float));
     op->upload(be, qb->meta, qb->meta_host, meta_ints(P, nw) * sizeof(int32_t));
     const struct ctx_bufs *b = &qb->b;
-    /* 3. patch embedding */
-    op->linear(be, b->x, D, qb->patches, &q->patch_w, NULL, P);
+    /* 3. patch embedding (Qwen3-VL: with its bias, plus the learned positions interpolated
+     *    to the grid) */
+    op->linear(be, b->x, D, qb->patches, &q->patch_w, q->v3 ? &q->patch_b : NULL, P);
+    if (q->v3) {
+        pos_interpolate(qb->pos_host, q, gh, gw);
+        op->upload(be, b->xn, qb->pos_host, (size_t)P * D * sizeof(float));
+        op->axpy(be, b->x, D, 1.0f, b->xn, D, P, D);
+    }
     /* 4. the blocks */
     struct rope_params rp[3];
     for (int s = 0; s < 3; s++)
@@ -641,6 +861,7 @@ static int qvl_encode_grid(struct vision_ctx *vc, float *out, const float *pixel
     };
     struct kv_layer kv = {qb->k, qb->v, D, D, DTYPE_F32};
     enum norm_kind nk = q->v25 ? NORM_RMS : NORM_LAYER;
+    int n_feat = 0;   /* deepstack planes written, in block order as transformers appends them */
     for (int il = 0; il < q->n_layer; il++) {
         const struct layer *L = &q->layers[il];
         struct blk_norm_w n1 = {nk, QVL_EPS, &L->attn_norm, &L->attn_norm_b, 0.0f};
@@ -651,6 +872,9 @@ static int qvl_encode_grid(struct vision_ctx *vc, float *out, const float *pixel
         blk_norm(be, b->xn, b->x, &n2, P, D);
         qvl_mlp(be, q, L, b, P);
         op->axpy(be, b->x, D, 1.0f, b->f, D, P, D);
+        for (int k = 0; k < q->n_deep; k++)
+            if (q->deep_at[k] == il)
+                deep_merge(be, q, &q->deep[k], b, out + (size_t)(1 + n_feat++) * U * q->out_dim, U);
     }
     vc->hidden = b->x;
     vc->n_hidden = P;
@@ -679,6 +903,32 @@ const struct vision_ops qwen2_vl_vision_ops = {
     .description = "Qwen2-VL: ViT of 2-D rope over each image's own patch grid, LayerNorm + quick_gelu "
                    "blocks, 2 x 2 patch merger; M-RoPE in the text model",
     .load = qwen2_vl_load,
+    .free_family = qvl_free_family,
+    .each_weight = qvl_each_weight,
+    .ctx_new = qvl_ctx_new,
+    .ctx_free = qvl_ctx_free,
+    .encode_grid = qvl_encode_grid,
+};
+
+const struct vision_ops qwen3_vl_vision_ops = {
+    .model_type = "qwen3_vl",
+    .description = "Qwen3-VL: ViT of 2-D rope plus a learned position table interpolated to each image's "
+                   "grid, LayerNorm + gelu(tanh) blocks, 2 x 2 patch merger and DeepStack mergers whose "
+                   "rows join the text model's first layers; interleaved M-RoPE in the text model",
+    .load = qwen3_vl_load,
+    .free_family = qvl_free_family,
+    .each_weight = qvl_each_weight,
+    .ctx_new = qvl_ctx_new,
+    .ctx_free = qvl_ctx_free,
+    .encode_grid = qvl_encode_grid,
+};
+
+/* Qwen3-VL-MoE: the same tower; its text model is qwen3_vl_moe_text */
+const struct vision_ops qwen3_vl_moe_vision_ops = {
+    .model_type = "qwen3_vl_moe",
+    .description = "Qwen3-VL-MoE: Qwen3-VL's tower (learned positions, DeepStack mergers) before a Qwen3-MoE "
+                   "text model with interleaved M-RoPE",
+    .load = qwen3_vl_load,
     .free_family = qvl_free_family,
     .each_weight = qvl_each_weight,
     .ctx_new = qvl_ctx_new,

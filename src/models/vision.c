@@ -124,6 +124,12 @@ size_t vision_embd_bytes(const struct model *m)
     return m->vision ? (size_t)m->vision->info.tokens_per_image * m->hp.n_embd * sizeof(float) : 0;
 }
 
+size_t vision_image_floats(const struct model *m, int n_tok)
+{
+    int planes = 1 + (m->vision ? m->vision->info.n_deepstack : 0);
+    return (size_t)planes * (size_t)(n_tok > 0 ? n_tok : 0) * (size_t)m->hp.n_embd;
+}
+
 int vision_encode(struct vision_ctx *vc, float *out, const float *pixels, int n_img, struct err *e)
 {
     const struct vision *v = vc->m->vision;

@@ -45,6 +45,10 @@ struct vision_info {
     int patch_dim;              /* values of one patch row: channels x temporal_patch_size x p² */
     int patch_size, temporal_patch_size;
     int max_patches;            /* the most patches of one image the tower takes */
+    /* DeepStack (Qwen3-VL, ADR 0120): the tower also gives each image row n_deepstack more rows
+     * of n_embd, added to the row's hidden state after decoder layers 0 .. n_deepstack - 1;
+     * 0: none */
+    int n_deepstack;
 };
 
 struct vision;
@@ -70,7 +74,8 @@ struct vision_ops {
     /* One image: pixels [C, S, S] host -> out [tokens_per_image, n_embd] backend memory. */
     void (*encode_one)(struct vision_ctx *vc, float *out, const float *pixels);
     /* info.merge > 0: one image of grid_thw patches, pixels [t h w, patch_dim] host -> out
-     * [t h w / merge², n_embd] backend memory (its buffers grown to the image in vc->fam). */
+     * [1 + n_deepstack][t h w / merge², n_embd] backend memory: the rows that replace the
+     * image tokens, then each deepstack plane (its buffers grown to the image in vc->fam). */
     int (*encode_grid)(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
                        struct err *e);
 };
@@ -132,13 +137,18 @@ int vision_mrope_positions(int32_t *pos3, int32_t *delta, const int32_t *ids, in
  * merge, at most max_patches, t 1 (a still image). */
 int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct err *e);
 /* One such image: pixels [t h w, patch_dim] (host, as the processor gives them) -> out
- * [vision_grid_tokens, n_embd] (backend memory the caller owns). Synchronizes the backend. */
+ * [1 + n_deepstack][vision_grid_tokens, n_embd] (backend memory the caller owns,
+ * vision_image_floats of it): the image's rows, then its deepstack planes (ADR 0120).
+ * Synchronizes the backend. */
 int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
                        struct err *e);
 
 /* Bytes of one image's pixel_values, and of its rows of embeddings. */
 size_t vision_pixel_bytes(const struct vision *v);
 size_t vision_embd_bytes(const struct model *m);
+/* Floats of an encoded image of n_tok rows: its rows and its deepstack planes, (1 +
+ * info.n_deepstack) n_tok n_embd (what vision_encode_grid writes). */
+size_t vision_image_floats(const struct model *m, int n_tok);
 
 #ifdef __cplusplus
 }

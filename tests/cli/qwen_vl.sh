@@ -1,10 +1,12 @@
 #!/bin/sh
-# Qwen2-VL / Qwen2.5-VL from the CLI (issue 43; ADR 0094, 0095): `mlxcel arch` lists both image-
-# text wrappers; `generate --image` on each Qwen golden case (tests/fixtures/gen/gen_qwen_vl.py:
-# its tokenizer, chat template and image processor are in the folder) with the prompt transformers
+# Qwen2-VL / Qwen2.5-VL / Qwen3-VL from the CLI (issue 43; ADR 0094, 0095, 0120): `mlxcel arch`
+# lists the image-text wrappers; `generate --image` on each Qwen golden case (tests/fixtures/gen/
+# gen_qwen_vl.py and gen_qwen3_vl.py: its tokenizer, chat template and image processor are in the
+# folder) with the prompt transformers
 # rendered (--no-chat: its <|image_pad|> placeholders expanded by the processor's rule, then the
 # whole text tokenized) gives transformers' greedy ids; the same with the chat template (one image
 # before the text, as typed content puts it) runs; --pixel-values is refused for these models.
+# --ignore-eos: the reference greedy loop goes on past <|im_end|> (qwen3_vl writes it 4th).
 # Usage (from the repo root): sh tests/cli/qwen_vl.sh path/to/mlxcel
 BIN=${1:?usage: qwen_vl.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -21,10 +23,13 @@ run "$BIN" arch
 expect_rc 0 "arch"
 grep -q "^qwen2_vl .*qwen2_vl_text.*images:" "$T/out" || fail "arch lists no qwen2_vl: $(cat "$T/out")"
 grep -q "^qwen2_5_vl .*qwen2_vl_text.*images:" "$T/out" || fail "arch lists no qwen2_5_vl"
+grep -q "^qwen3_vl .*qwen3_vl_text.*images:" "$T/out" || fail "arch lists no qwen3_vl"
+grep -q "^qwen3_vl_moe .*qwen3_vl_moe_text.*images:" "$T/out" || fail "arch lists no qwen3_vl_moe"
 
 n=0
 for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img tests/fixtures/golden/qwen2_5_vl \
-         tests/fixtures/golden/qwen2_5_vl_2img; do
+         tests/fixtures/golden/qwen2_5_vl_2img tests/fixtures/golden/qwen3_vl tests/fixtures/golden/qwen3_vl_2img \
+         tests/fixtures/golden/qwen3_vl_moe; do
     [ -f $G/golden.json ] || continue
     n=$((n + 1))
     WANT=$(field $G/golden.json greedy_ids)
@@ -34,7 +39,7 @@ for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img test
     for im in $(field $G/golden.json images | tr ',' ' '); do
         set -- "$@" --image tests/fixtures/images/$im
     done
-    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids
+    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids --ignore-eos
     expect_rc 0 "$G"
     [ "$(tr -d ' []\n' <"$T/out")" = "$WANT" ] || fail "$G: $(cat "$T/out"), reference [$WANT]"
     # the chat template places the image itself

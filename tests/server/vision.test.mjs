@@ -17,7 +17,7 @@ import { describe, it, before, after } from 'node:test';
 import { createServer } from 'node:http';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Anthropic from '@anthropic-ai/sdk';
@@ -201,6 +201,53 @@ describe('vision: Qwen2-VL', () => {
     it('anthropic: a base64 image block gives the same', async () => {
         const r = await anthropic(srv.base).messages.create({
             model: 'qwen2_vl', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+                { type: 'image', source: { type: 'base64', media_type: 'image/jpeg', data: b64('vis_photo.jpg') } }] }],
+        });
+        assert.equal(r.content[0].text, want);
+    });
+});
+
+// Qwen3-VL (DeepStack, interleaved M-RoPE; ADR 0120): the qwen3_vl golden checkpoint through the
+// scheduler, whose steps carry each image's deepstack planes: the openai and anthropic clients'
+// answers equal `mlxcel generate --image` of the golden's rendered prompt (tests/cli/qwen_vl.sh:
+// transformers' greedy ids), two requests at once included (one image prompt, one text).
+describe('vision: Qwen3-VL', { skip: BIN && !existsSync('tests/fixtures/golden/qwen3_vl/golden.json') &&
+    'no qwen3_vl golden case' }, () => {
+    const Q3 = 'tests/fixtures/golden/qwen3_vl';
+    const gold = BIN ? JSON.parse(readFileSync(join(Q3, 'golden.json'), 'utf8')) : {};
+    const QTEXT = 'Describe this picture.';
+    let want;
+    let srv, oai;
+    before(async () => {
+        const pf = join(work, 'qwen3_vl.prompt');
+        writeFileSync(pf, gold.prompt);
+        want = execFileSync(BIN, ['generate', '-m', Q3, '--image', join(IMG, 'vis_photo.jpg'), '-f', pf, '--no-chat',
+            '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+        srv = await startServer(['-m', Q3]);
+        oai = client(srv.base);
+    });
+    after(async () => { await srv?.stop(); });
+
+    const ask = () => oai.chat.completions.create({
+        model: 'qwen3_vl', max_tokens: N, temperature: 0,
+        messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
+            { type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } }] }],
+    });
+
+    it('openai chat: the image_url part gives transformers\' answer, also beside a text request', async () => {
+        const r = await ask();
+        assert.equal(r.choices[0].message.content, want);
+        assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+        const [a, t] = await Promise.all([ask(), oai.chat.completions.create({
+            model: 'qwen3_vl', max_tokens: N, temperature: 0, messages: [{ role: 'user', content: QTEXT }] })]);
+        assert.equal(a.choices[0].message.content, want);
+        assert.ok(t.usage.completion_tokens > 0);
+    });
+
+    it('anthropic: a base64 image block gives the same', async () => {
+        const r = await anthropic(srv.base).messages.create({
+            model: 'qwen3_vl', max_tokens: N, temperature: 0,
             messages: [{ role: 'user', content: [{ type: 'text', text: QTEXT },
                 { type: 'image', source: { type: 'base64', media_type: 'image/jpeg', data: b64('vis_photo.jpg') } }] }],
         });
