@@ -34,6 +34,8 @@ struct image_setup {
     /* the text the chat template writes for an image, which the processor replaces: Gemma 3's
      * boi; Qwen's image piece (<|image_pad|>, between <|vision_start|> and <|vision_end|>) */
     char placeholder[64];
+    char fake_around[64], global_img[64];  /* Idefics3 / SmolVLM: <fake_token_around_image>,
+                                            * <global-img> (the processor's strings) */
     char bare[200];                  /* what stands for an image in a prompt without a template
                                       * or a placeholder (Gemma 3: boi; Qwen: start, pad, end) */
 };
