@@ -43,7 +43,7 @@
 
 #define REL_TOL 1e-3
 #define FEAT_TOL 1e-4
-#define MAX_TILES 16
+#define MAX_TILES 64
 
 struct igold {
     struct st_set *st;
@@ -156,6 +156,17 @@ static void prompt_check(const struct igold *g, const struct model *m, const cha
            name, in.n_img, worst, n_ids);
     free(ids);
     free(text);
+    image_input_free(&in);
+    image_free(&im);
+    /* a large image (vis_photo640.jpg, 640x480) at 5 tiles a side: 4 x 5 tiles + the global one,
+     * more tower images than one prompt took before (16) */
+    struct image_setup big = su;
+    big.cfg.longest_edge = 5 * big.cfg.max_image_size;
+    snprintf(path, sizeof path, "%s/vis_photo640.jpg", test_path("tests/fixtures/images"));
+    image_input_init(&in, &big);
+    if (image_load(&im, path, NULL, &e) < 0 || image_input_add(&in, &im, &e) < 0)
+        fail_msg("%s: a 640x480 image in 21 tiles: %s", name, e.msg);
+    assert_int_equal(in.n_img, 21);
     image_input_free(&in);
     image_free(&im);
     tok_free(tok);

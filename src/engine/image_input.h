@@ -22,8 +22,9 @@
 extern "C" {
 #endif
 
-/* Tower images (pan-and-scan crops count) in one prompt. */
-#define IMAGE_INPUT_MAX 16
+/* Tower images (pan-and-scan crops and Idefics3 tiles count: one published Idefics3 / SmolVLM
+ * image is up to 4 x 4 tiles + the global one) in one prompt: the scheduler's SCHED_MAX_IMAGES. */
+#define IMAGE_INPUT_MAX 64
 
 /* What a model's images need, made once per model. */
 struct image_setup {
