@@ -48,9 +48,10 @@ struct idefics3_bufs {
 /* transformers Idefics3Config / SmolVLMConfig defaults */
 #define I3_IMAGE_TOKEN 128257
 #define I3_SCALE 2
-/* aten's arange on the CPU the references were made on (AVX-512: vectors of 16 floats); the
- * published towers (sides 26, 27, 32) give the same ids with any width (ADR 0126) */
-#define I3_ARANGE_LANES 16
+/* aten's CPU arange writes vectors of 8 floats (measured on the AVX-512 machine the references
+ * came from: every grid of sides 1..96 equal with 8, not with 16); the published towers (sides
+ * 26, 27, 32) give the same ids with any width (ADR 0126) */
+#define I3_ARANGE_LANES 8
 
 /* The tower, where transformers (model.vision_model.) or mlx-vlm (vision_model.) keep it. */
 static const char *find_tower(struct wmap *w, const char **conn)

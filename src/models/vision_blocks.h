@@ -78,7 +78,7 @@ int vit_parse_idefics3(struct vit_hparams *vh, const cJSON *vc, struct err *e);
  * side x side positions (NaViT-style: fractional coordinates bucketed into the side's grid),
  * out [nb_h * nb_w] row-major, computed in the float32 arithmetic of transformers' torch
  * expression (arange, 1 / nb, bucketize right=True), with aten's vectorized arange of `lanes`
- * floats (16: AVX-512, 8: AVX2, 0: scalar only). For some sides a full grid is not 0..n-1.
+ * floats (8: what torch 2.11 runs on AVX2 and AVX-512 CPUs; 0: scalar only). For some sides a full grid is not 0..n-1.
  * -ERR_ARG when sizes are out of range (side at most 128, nb within side). */
 int vit_bucket_positions(int32_t *out, int nb_h, int nb_w, int side, int lanes);
 
