@@ -250,48 +250,6 @@ describe('vision: LLaVA', () => {
     });
 });
 
-// SmolVLM (Idefics3's architecture; ADR 0126): the smolvlm golden checkpoint (its tokenizer, chat
-// template, SmolVLMImageProcessor splitting vis_edges.png into 1 x 2 tiles + the global one,
-// processor_config.json). The openai and anthropic clients' answers equal `mlxcel generate --image`
-// of transformers' prompt (tests/cli/idefics3.sh: transformers' greedy ids), and every tile's rows,
-// fake tokens and <row_R_col_C> tokens count in usage as the processor's input_ids.
-describe('vision: SmolVLM tiles', () => {
-    const SG = 'tests/fixtures/golden/smolvlm';
-    const gold = BIN ? JSON.parse(readFileSync(join(SG, 'golden.json'), 'utf8')) : {};
-    const STEXT = 'Describe it.';
-    let want;
-    let srv, oai;
-    before(async () => {
-        const pf = join(work, 'smolvlm.prompt');
-        writeFileSync(pf, gold.prompt);
-        want = execFileSync(BIN, ['generate', '-m', SG, '--image', join(IMG, 'vis_edges.png'), '-f', pf, '--no-chat',
-            '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
-        srv = await startServer(['-m', SG]);
-        oai = client(srv.base);
-    });
-    after(async () => { await srv?.stop(); });
-
-    it('openai chat: the image_url part gives transformers\' answer; its tiles count in usage', async () => {
-        const r = await oai.chat.completions.create({
-            model: 'smolvlm', max_tokens: N, temperature: 0,
-            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } },
-                { type: 'text', text: STEXT }] }],
-        });
-        assert.equal(r.choices[0].message.content, want);
-        assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
-    });
-
-    it('anthropic: a base64 image block gives the same', async () => {
-        const r = await anthropic(srv.base).messages.create({
-            model: 'smolvlm', max_tokens: N, temperature: 0,
-            messages: [{ role: 'user', content: [
-                { type: 'image', source: { type: 'base64', media_type: 'image/png', data: b64('vis_edges.png') } },
-                { type: 'text', text: STEXT }] }],
-        });
-        assert.equal(r.content[0].text, want);
-    });
-});
-
 describe('vision: a text model', () => {
     let srv;
     before(async () => { srv = await startServer(); });
