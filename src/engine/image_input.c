@@ -39,6 +39,12 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
                  (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0)))
         return rc;
     su->has_text = tok != NULL;
+    /* Idefics3Processor's and SmolVLMProcessor's own strings around each tile; transformers writes
+     * them as text, so they are tokenized with the prompt as there */
+    if (su->cfg.kind == IMAGE_PROC_IDEFICS3) {
+        snprintf(su->fake_around, sizeof su->fake_around, "%s", "<fake_token_around_image>");
+        snprintf(su->global_img, sizeof su->global_img, "%s", "<global-img>");
+    }
     /* the image token itself is the placeholder the processor expands: Qwen's <|image_pad|>,
      * LLaVA's <image> (no start-of-image token); Gemma 3's is its <start_of_image> */
     if (su->has_text && (vi->merge > 0 || vi->boi_token_id < 0)) {
@@ -103,7 +109,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
         if ((rc = add_grid(in, &px, e)) < 0)
             goto out;
         if (su->has_text) {
-            struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi};
+            struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
+                                              .fake_around = su->fake_around, .global_img = su->global_img};
             if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
                 goto out;
         }
@@ -136,7 +143,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
     }
     in->pixels = grown;
     if (su->has_text) {
-        struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi};
+        struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
+                                              .fake_around = su->fake_around, .global_img = su->global_img};
         if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
             goto out;
     }

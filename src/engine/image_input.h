@@ -22,8 +22,9 @@
 extern "C" {
 #endif
 
-/* Tower images (pan-and-scan crops count) in one prompt. */
-#define IMAGE_INPUT_MAX 16
+/* Tower images (pan-and-scan crops and Idefics3 tiles count: one published Idefics3 / SmolVLM
+ * image is up to 4 x 4 tiles + the global one) in one prompt: the scheduler's SCHED_MAX_IMAGES. */
+#define IMAGE_INPUT_MAX 64
 
 /* What a model's images need, made once per model. */
 struct image_setup {
@@ -34,6 +35,8 @@ struct image_setup {
     /* the text the chat template writes for an image, which the processor replaces: Gemma 3's
      * boi; Qwen's image piece (<|image_pad|>, between <|vision_start|> and <|vision_end|>) */
     char placeholder[64];
+    char fake_around[64], global_img[64];  /* Idefics3 / SmolVLM: <fake_token_around_image>,
+                                            * <global-img> (the processor's strings) */
     char bare[200];                  /* what stands for an image in a prompt without a template
                                       * or a placeholder (Gemma 3: boi; Qwen: start, pad, end) */
 };

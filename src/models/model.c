@@ -118,18 +118,23 @@ static void warn_unused(const struct model *m)
 
 /* Where a multimodal checkpoint keeps its text model, and the names the text families read
  * (transformers 5: model.language_model.*; transformers 4 and mlx-vlm: language_model.model.*
- * and language_model.lm_head.*; Idefics3: model.text_model.*). */
+ * and language_model.lm_head.*; Idefics3: model.text_model.*, mlx-vlm's language_model.*). */
 static const char *const k_nest_rename[][2] = {
     {"model.language_model.", "model."},
     {"language_model.model.", "model."},
     {"language_model.lm_head.", "lm_head."},
     {"model.text_model.", "model."},
+    /* mlx-vlm's Idefics3 / SmolVLM: its LanguageModel holds the llama modules directly */
+    {"language_model.embed_tokens.", "model.embed_tokens."},
+    {"language_model.layers.", "model.layers."},
+    {"language_model.norm.", "model.norm."},
 };
 /* What such a checkpoint holds besides it, not loaded: vision towers, projectors,
  * multi-token-prediction heads. */
 static const char *const k_nest_skip[] = {
     "model.visual.", "visual.", "model.vision_tower.", "vision_tower.", "model.vision_model.", "vision_model.",
-    "model.multi_modal_projector.", "multi_modal_projector.", "model.connector.", "mtp.", "model.mtp.",
+    "model.multi_modal_projector.", "multi_modal_projector.", "model.connector.", "connector.", "mtp.",
+    "model.mtp.",
 };
 #define N_NEST_RENAME (sizeof k_nest_rename / sizeof k_nest_rename[0])
 #define N_NEST_SKIP (sizeof k_nest_skip / sizeof k_nest_skip[0])

@@ -23,6 +23,7 @@
 #define VIT_MAX_LAYERS 128
 #define VIT_MAX_IMAGE  4096
 #define VIT_MAX_PATCHES 16384
+#define VIT_MAX_SIDE   128    /* patches per side: VIT_MAX_PATCHES = VIT_MAX_SIDE² */
 
 // ---- config ----
 
@@ -47,6 +48,7 @@ struct vit_defaults {
     float norm_eps;
     const char *act;
     bool cls;
+    int n_embd, n_ff, n_layer, n_head;
 };
 
 static int vit_parse(struct vit_hparams *vh, const cJSON *vc, const struct vit_defaults *d, struct err *e)
@@ -54,10 +56,10 @@ static int vit_parse(struct vit_hparams *vh, const cJSON *vc, const struct vit_d
     char act[64];
     int rc;
     memset(vh, 0, sizeof *vh);
-    if ((rc = cfg_opt_int(vc, "hidden_size", 768, &vh->n_embd, e)) < 0 ||
-        (rc = cfg_opt_int(vc, "intermediate_size", 3072, &vh->n_ff, e)) < 0 ||
-        (rc = cfg_opt_int(vc, "num_hidden_layers", 12, &vh->n_layer, e)) < 0 ||
-        (rc = cfg_opt_int(vc, "num_attention_heads", 12, &vh->n_head, e)) < 0 ||
+    if ((rc = cfg_opt_int(vc, "hidden_size", d->n_embd, &vh->n_embd, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "intermediate_size", d->n_ff, &vh->n_ff, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "num_hidden_layers", d->n_layer, &vh->n_layer, e)) < 0 ||
+        (rc = cfg_opt_int(vc, "num_attention_heads", d->n_head, &vh->n_head, e)) < 0 ||
         (rc = cfg_opt_int(vc, "num_channels", 3, &vh->n_channels, e)) < 0 ||
         (rc = cfg_opt_int(vc, "image_size", 224, &vh->image_size, e)) < 0 ||
         (rc = cfg_opt_int(vc, "patch_size", d->patch_size, &vh->patch_size, e)) < 0 ||
@@ -97,7 +99,14 @@ static int vit_parse(struct vit_hparams *vh, const cJSON *vc, const struct vit_d
 int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
 {
     /* transformers SiglipVisionConfig defaults */
-    static const struct vit_defaults d = {16, 1e-6f, "gelu_pytorch_tanh", false};
+    static const struct vit_defaults d = {16, 1e-6f, "gelu_pytorch_tanh", false, 768, 3072, 12, 12};
+    return vit_parse(vh, vc, &d, e);
+}
+
+int vit_parse_idefics3(struct vit_hparams *vh, const cJSON *vc, struct err *e)
+{
+    /* transformers Idefics3VisionConfig (and SmolVLMVisionConfig) defaults */
+    static const struct vit_defaults d = {32, 1e-6f, "gelu_pytorch_tanh", false, 1152, 3072, 12, 16};
     return vit_parse(vh, vc, &d, e);
 }
 
@@ -119,8 +128,63 @@ int vit_find_tower(struct wmap *w, const char **tower, const char **proj)
 int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e)
 {
     /* transformers CLIPVisionConfig defaults */
-    static const struct vit_defaults d = {32, 1e-5f, "quick_gelu", true};
+    static const struct vit_defaults d = {32, 1e-5f, "quick_gelu", true, 768, 3072, 12, 12};
     return vit_parse(vh, vc, &d, e);
+}
+
+// ---- bucketed position ids (Idefics2/3, SmolVLM) ----
+
+/* torch.arange(start, end, step) into float32 on the CPU, as aten's arange kernel writes it:
+ * n = ceil((end - start) / step) in double; start + step * i in double (the float kernel's
+ * accumulate type), rounded to float. Where the kernel's vectorized loop runs (blocks of two
+ * vectors of `lanes` floats while at least that many remain), each vector's base is first
+ * rounded to float and its lanes are base + j * step: last-bit differences that decide a bucket
+ * at an exact boundary. Returns n (at most cap). */
+static int torch_arange_f32(float *out, int cap, double start, double end, double step, int lanes)
+{
+    double nd = ceil((end - start) / step);
+    int n = nd < 0 ? 0 : nd > cap ? cap : (int)nd, i = 0;
+    if (lanes > 0)
+        for (; i <= n - 2 * lanes; i += 2 * lanes)
+            for (int h = 0; h < 2; h++) {
+                float base = (float)(start + step * (double)(i + h * lanes));
+                for (int j = 0; j < lanes; j++)
+                    out[i + h * lanes + j] = (float)((double)base + j * step);
+            }
+    for (; i < n; i++)
+        out[i] = (float)(start + step * (double)i);
+    return n;
+}
+
+/* torch.bucketize(frac, boundaries, right=True) of torch.arange(0, 1 - 1e-6, 1 / nb) over
+ * boundaries torch.arange(1 / side, 1.0, 1 / side): how many boundaries are <= each value. */
+static int vit_buckets(int32_t *out, int nb, int side, int lanes)
+{
+    float bd[VIT_MAX_SIDE], fr[VIT_MAX_SIDE];
+    int nbd = torch_arange_f32(bd, VIT_MAX_SIDE, 1.0 / side, 1.0, 1.0 / side, lanes);
+    /* 1 / nb_patches: a true division of int64 tensors, in the default dtype (float32) */
+    double step = (double)(1.0f / (float)nb);
+    int nf = torch_arange_f32(fr, VIT_MAX_SIDE, 0.0, 1.0 - 1e-6, step, lanes);
+    for (int k = 0; k < nf; k++) {
+        int c = 0;
+        while (c < nbd && bd[c] <= fr[k])
+            c++;
+        out[k] = c;
+    }
+    return nf;
+}
+
+int vit_bucket_positions(int32_t *out, int nb_h, int nb_w, int side, int lanes)
+{
+    int32_t bh[VIT_MAX_SIDE], bw[VIT_MAX_SIDE];
+    if (side < 1 || side > VIT_MAX_SIDE || nb_h < 1 || nb_h > side || nb_w < 1 || nb_w > side)
+        return -ERR_ARG;
+    if (vit_buckets(bh, nb_h, side, lanes) != nb_h || vit_buckets(bw, nb_w, side, lanes) != nb_w)
+        return -ERR_ARG;  /* arange's length is nb for every nb <= VIT_MAX_SIDE */
+    for (int y = 0; y < nb_h; y++)
+        for (int x = 0; x < nb_w; x++)
+            out[y * nb_w + x] = bh[y] * side + bw[x];
+    return 0;
 }
 
 // ---- weights ----
@@ -395,8 +459,9 @@ void vit_forward(struct vit_ctx *vc, const float *pixels)
                tensor_is_present(&vw->patch_b) ? &vw->patch_b : NULL, vh->n_patch);
     if (c)
         op->embed(be, b->x, &vw->class_embd, vc->rows.pos, 1);
-    /* 2. + the position embedding of each row (rows 0..P-1: the positions themselves) */
-    op->embed(be, b->o, &vw->pos_embd, vc->rows.pos, P);
+    /* 2. + the position embedding of each row (rows 0..P-1: the positions themselves, or the
+     *    family's pos_ids: Idefics3's bucketed ones) */
+    op->embed(be, b->o, &vw->pos_embd, vc->pos_ids ? vc->pos_ids : vc->rows.pos, P);
     op->axpy(be, b->x, D, 1.0f, b->o, D, P, D);
     /* CLIP's pre_layrnorm */
     struct blk_norm_w pre = {NORM_LAYER, vh->norm_eps, &vw->pre_norm, &vw->pre_norm_b, 0.0f};

@@ -70,6 +70,18 @@ int vit_find_tower(struct wmap *w, const char **tower, const char **proj);
  * patch_size, layer_norm_eps, hidden_act. Sizes are bounded (an untrusted config). */
 int vit_parse_siglip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
 
+/* Idefics3's / SmolVLM's vision_config: SigLIP's keys with Idefics3VisionConfig's defaults
+ * (hidden 1152, intermediate 3072, 12 layers, 16 heads, image 224, patch 32). */
+int vit_parse_idefics3(struct vit_hparams *vh, const cJSON *vc, struct err *e);
+
+/* Idefics3VisionEmbeddings' position ids of an image of nb_h x nb_w patches on a table of
+ * side x side positions (NaViT-style: fractional coordinates bucketed into the side's grid),
+ * out [nb_h * nb_w] row-major, computed in the float32 arithmetic of transformers' torch
+ * expression (arange, 1 / nb, bucketize right=True), with aten's vectorized arange of `lanes`
+ * floats (8: what torch 2.11 runs on AVX2 and AVX-512 CPUs; 0: scalar only). For some sides a full grid is not 0..n-1.
+ * -ERR_ARG when sizes are out of range (side at most 128, nb within side). */
+int vit_bucket_positions(int32_t *out, int nb_h, int nb_w, int side, int lanes);
+
 /* CLIP's vision_config (CLIPVisionConfig defaults: hidden 768, intermediate 3072, 12 layers,
  * 12 heads, image 224, patch 32, quick_gelu, layer_norm_eps 1e-5), with the class row. */
 int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
@@ -106,6 +118,8 @@ struct vit_ctx {
     struct kv_rows rows;              /* positions, slots, one table, spans of every patch */
     float *patches;                   /* [n_patch, C p p] backend */
     float *patches_host;              /* [n_patch, C p p] host staging, owned */
+    const int32_t *pos_ids;           /* backend [n_pos]: each row's position-embedding row, set
+                                       * by a family that has its own (Idefics3); NULL: 0..n_pos-1 */
 };
 
 int vit_ctx_new(struct vit_ctx **out, const struct vit_hparams *vh, const struct vit_weights *vw,
