@@ -102,7 +102,7 @@ static int prompt_images(const struct igold *g, struct batch_image *img, int seq
             len++;
         assert_int_equal(len, T);
         assert_true(n < g->n_tiles);
-        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D, 0, 0};
+        img[n] = (struct batch_image){seq, i, len, embd + (size_t)n * T * D, 0, 0, 0};
         n++;
         i += len;
     }
