@@ -38,6 +38,11 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
                 (vi->eoi_token_id >= 0 &&
                  (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0)))
         return rc;
+    /* Pixtral's run also holds its row breaks and end token (ADR 0123) */
+    if (tok && vi->row_breaks &&
+        ((rc = piece(tok, vi->break_token_id, "image break", su->img_break, sizeof su->img_break, e)) < 0 ||
+         (rc = piece(tok, vi->end_token_id, "image end", su->img_end, sizeof su->img_end, e)) < 0))
+        return rc;
     su->has_text = tok != NULL;
     /* the image token itself is the placeholder the processor expands: Qwen's <|image_pad|>,
      * LLaVA's <image> (no start-of-image token); Gemma 3's is its <start_of_image> */
@@ -103,7 +108,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
         if ((rc = add_grid(in, &px, e)) < 0)
             goto out;
         if (su->has_text) {
-            struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi};
+            struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
+                                              .img_break = su->img_break, .img_end = su->img_end};
             if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
                 goto out;
         }
@@ -136,7 +142,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
     }
     in->pixels = grown;
     if (su->has_text) {
-        struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi};
+        struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
+                                              .img_break = su->img_break, .img_end = su->img_end};
         if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
             goto out;
     }
@@ -207,9 +214,7 @@ int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n,
             i++;
             continue;
         }
-        size_t len = 0;
-        while (i + len < n && ids[i + len] == vi->image_token_id)
-            len++;
+        size_t len = vision_image_run(vi, ids + i, n - i);
         /* each image its own count (Qwen's grids), else the model's */
         size_t T = vi->merge > 0 ? (runs < in->n_img ? (size_t)in->n_tok[runs] : 0) : (size_t)vi->tokens_per_image;
         if (len != T && (vi->merge == 0 || runs < in->n_img))
