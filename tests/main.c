@@ -69,6 +69,7 @@
     X(lora)       \
     X(qwen_vl)    \
     X(llava)      \
+    X(mistral3)   \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

@@ -63,11 +63,13 @@ static int add_grid(struct image_input *in, const struct image_pixels *px, struc
     const struct vision_info *vi = &v->info;
     int32_t grid[3] = {(int32_t)px->grid_t, (int32_t)px->grid_h, (int32_t)px->grid_w};
     int rc;
-    if (px->patch_dim != (uint32_t)vi->patch_dim || px->n_values != (size_t)px->n_patches * px->patch_dim ||
-        px->n_patches != px->grid_t * px->grid_h * px->grid_w)
-        return err_setf(e, ERR_CONFIG, "the image processor makes patches of %u values where the model's vision "
-                        "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)",
-                        px->patch_dim, vi->patch_dim);
+    /* Qwen's rows of patch_dim values, or Pixtral's [3, H, W]: the same count a patch */
+    size_t n_patches = (size_t)px->grid_t * px->grid_h * px->grid_w;
+    size_t per = n_patches ? px->n_values / n_patches : 0;
+    if (per != (size_t)vi->patch_dim || per * n_patches != px->n_values)
+        return err_setf(e, ERR_CONFIG, "the image processor makes patches of %zu values where the model's vision "
+                        "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)", per,
+                        vi->patch_dim);
     if ((rc = vision_grid_tokens(v, grid, e)) < 0)
         return err_prefix(e, "the image processor's output");
     if ((uint32_t)rc != px->n_image_tokens)
