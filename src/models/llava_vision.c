@@ -218,7 +218,8 @@ static void llava_vision_encode_one(struct vision_ctx *vc, float *out, const flo
 const struct vision_ops llava_vision_ops = {
     .model_type = "llava",
     .description = "LLaVA: CLIP tower to vision_feature_layer (class row dropped or kept), MLP "
-                   "projector (linear, gelu, linear); text_config's language model, causal",
+                   "projector (linear, gelu, linear); text_config's language model, causal; a pixtral "
+                   "vision_config (Pixtral-12B): the Pixtral tower at each image's own size",
     .text_family = "llama",
     .load = llava_vision_load,
     .free_family = llava_vision_free_family,
