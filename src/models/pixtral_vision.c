@@ -113,9 +113,10 @@ static int parse_vision(struct pix *q, const cJSON *vc, struct err *e)
         if ((rc = cfg_opt_float(rp, "rope_theta", theta, &theta, e)) < 0 ||
             (rc = cfg_opt_str(rp, "rope_type", "default", type, sizeof type, e)) < 0)
             return err_prefix(e, "vision_config.rope_parameters");
-        if (strcmp(type, "default"))
+        /* transformers 5.17 names Pixtral's 2-D rope "axial"; older configs say "default" */
+        if (strcmp(type, "default") && strcmp(type, "axial"))
             return err_setf(e, ERR_UNSUPPORTED, "vision_config.rope_parameters.rope_type '%s': Pixtral's rope is "
-                            "\"default\" only", type);
+                            "\"axial\" (or \"default\") only", type);
     }
     if ((rc = parse_act("vision_config.hidden_act", act, &q->act, e)) < 0)
         return rc;
