@@ -70,6 +70,7 @@
     X(qwen_vl)    \
     X(llava)      \
     X(idefics3)   \
+    X(mistral3)   \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

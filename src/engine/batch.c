@@ -165,7 +165,7 @@ static int check_images(const struct model_ctx *c, const struct batch *b, int32_
                             "sequence %d", k + 1, im->pos, im->pos + im->n_tok - 1, im->seq);
         for (int i = 0; i < im->n_tok; i++)
             if (b->seq[r + i] != im->seq || b->pos[r + i] != im->pos + i ||
-                b->ids[r + i] != v->info.image_token_id)
+                !vision_is_image_row(&v->info, b->ids[r + i]))
                 return err_setf(e, ERR_ARG, "image %d: batch row %d is not position %d of sequence %d "
                                 "holding the image token %d", k + 1, r + i, im->pos + i, im->seq,
                                 v->info.image_token_id);

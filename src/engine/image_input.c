@@ -38,6 +38,11 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
                 (vi->eoi_token_id >= 0 &&
                  (rc = piece(tok, vi->eoi_token_id, "end-of-image", su->eoi, sizeof su->eoi, e)) < 0)))
         return rc;
+    /* Pixtral's run also holds its row breaks and end token (ADR 0123) */
+    if (tok && vi->row_breaks &&
+        ((rc = piece(tok, vi->break_token_id, "image break", su->img_break, sizeof su->img_break, e)) < 0 ||
+         (rc = piece(tok, vi->end_token_id, "image end", su->img_end, sizeof su->img_end, e)) < 0))
+        return rc;
     su->has_text = tok != NULL;
     /* Idefics3Processor's and SmolVLMProcessor's own strings around each tile; transformers writes
      * them as text, so they are tokenized with the prompt as there */
@@ -64,11 +69,13 @@ static int add_grid(struct image_input *in, const struct image_pixels *px, struc
     const struct vision_info *vi = &v->info;
     int32_t grid[3] = {(int32_t)px->grid_t, (int32_t)px->grid_h, (int32_t)px->grid_w};
     int rc;
-    if (px->patch_dim != (uint32_t)vi->patch_dim || px->n_values != (size_t)px->n_patches * px->patch_dim ||
-        px->n_patches != px->grid_t * px->grid_h * px->grid_w)
-        return err_setf(e, ERR_CONFIG, "the image processor makes patches of %u values where the model's vision "
-                        "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)",
-                        px->patch_dim, vi->patch_dim);
+    /* Qwen's rows of patch_dim values, or Pixtral's [3, H, W]: the same count a patch */
+    size_t n_patches = (size_t)px->grid_t * px->grid_h * px->grid_w;
+    size_t per = n_patches ? px->n_values / n_patches : 0;
+    if (per != (size_t)vi->patch_dim || per * n_patches != px->n_values)
+        return err_setf(e, ERR_CONFIG, "the image processor makes patches of %zu values where the model's vision "
+                        "tower takes %d (preprocessor_config.json's patch_size / temporal_patch_size)", per,
+                        vi->patch_dim);
     if ((rc = vision_grid_tokens(v, grid, e)) < 0)
         return err_prefix(e, "the image processor's output");
     if ((uint32_t)rc != px->n_image_tokens)
@@ -110,7 +117,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
             goto out;
         if (su->has_text) {
             struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
-                                              .fake_around = su->fake_around, .global_img = su->global_img};
+                                              .fake_around = su->fake_around, .global_img = su->global_img,
+                                              .img_break = su->img_break, .img_end = su->img_end};
             if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
                 goto out;
         }
@@ -144,7 +152,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
     in->pixels = grown;
     if (su->has_text) {
         struct image_prompt_strings ps = {.image = su->image, .boi = su->boi, .eoi = su->eoi,
-                                              .fake_around = su->fake_around, .global_img = su->global_img};
+                                              .fake_around = su->fake_around, .global_img = su->global_img,
+                                              .img_break = su->img_break, .img_end = su->img_end};
         if ((rc = image_prompt_text(&in->text[in->n_added], &su->cfg, &px, &ps, e)) < 0)
             goto out;
     }
@@ -215,9 +224,7 @@ int image_input_runs(const struct image_input *in, const int32_t *ids, size_t n,
             i++;
             continue;
         }
-        size_t len = 0;
-        while (i + len < n && ids[i + len] == vi->image_token_id)
-            len++;
+        size_t len = vision_image_run(vi, ids + i, n - i);
         /* each image its own count (Qwen's grids), else the model's */
         size_t T = vi->merge > 0 ? (runs < in->n_img ? (size_t)in->n_tok[runs] : 0) : (size_t)vi->tokens_per_image;
         if (len != T && (vi->merge == 0 || runs < in->n_img))

@@ -32,6 +32,7 @@ struct image_setup {
     struct image_proc_config cfg;    /* the checkpoint's processor */
     bool has_text;                   /* the pieces below are known (a tokenizer was given) */
     char boi[64], image[64], eoi[64];  /* e.g. "<start_of_image>", "<image_soft_token>", ... */
+    char img_break[64], img_end[64];   /* Pixtral's "[IMG_BREAK]", "[IMG_END]" (vision_info.row_breaks) */
     /* the text the chat template writes for an image, which the processor replaces: Gemma 3's
      * boi; Qwen's image piece (<|image_pad|>, between <|vision_start|> and <|vision_end|>) */
     char placeholder[64];

@@ -324,14 +324,14 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
             return err_setf(e, ERR_ARG, "image %d at token %d: images go in order, apart, each before the "
                             "prompt's last token", k, (int)p);
         for (int j = p; j < p + T; j++)
-            if (prompt[j] != vi->image_token_id)
+            if (!vision_is_image_row(vi, prompt[j]) || (j == p && prompt[j] != vi->image_token_id))
                 return err_setf(e, ERR_ARG, "image %d: token %d of its %d rows is %d, not the image token %d",
                                 k, j, T, prompt[j], vi->image_token_id);
         covered += T;
         prev_end = p + T;
     }
     for (int j = 0; j < n_prompt; j++)
-        covered -= prompt[j] == vi->image_token_id;
+        covered -= vision_is_image_row(vi, prompt[j]);
     if (covered != 0)
         return err_setf(e, ERR_ARG, "the prompt holds image tokens that no image fills");
     if (n == 0)
@@ -344,7 +344,7 @@ static int take_images(struct sched *s, struct sreq *r, const int32_t *prompt, i
         im->pos = images[k].pos;
         im->n_tok = vi->merge > 0 ? vision_grid_tokens(m->vision, images[k].grid, NULL) : vi->tokens_per_image;
         memcpy(im->grid, images[k].grid, sizeof im->grid);
-        im->n_px = vi->merge > 0 ? (size_t)im->n_tok * vi->merge * vi->merge * (size_t)vi->patch_dim
+        im->n_px = vi->merge > 0 ? (size_t)im->grid[0] * im->grid[1] * im->grid[2] * (size_t)vi->patch_dim
                                  : vision_pixel_bytes(m->vision) / sizeof(float);
         size_t px = im->n_px * sizeof(float);
         if (!(im->pixels = malloc(px)))

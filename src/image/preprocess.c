@@ -339,6 +339,10 @@ static int pixtral(struct image_pixels *px, const struct image_proc_config *cfg,
     px->rows = oh / unit;
     px->cols = ow / unit;
     px->n_image_tokens = px->rows * (px->cols + 1);
+    /* the tower's patch grid (one still image; pixel_values stay [3, H, W]) */
+    px->grid_t = 1;
+    px->grid_h = oh / ps;
+    px->grid_w = ow / ps;
     return 0;
 }
 

@@ -115,7 +115,7 @@ struct image_pixels {
     uint32_t n_images;       /* fixed-size processors: 1 + num_crops */
     uint32_t channels, height, width;  /* fixed-size processors: one image's shape */
     uint32_t n_patches, patch_dim;     /* QWEN2VL */
-    uint32_t grid_t, grid_h, grid_w;   /* QWEN2VL: image_grid_thw */
+    uint32_t grid_t, grid_h, grid_w;   /* QWEN2VL: image_grid_thw; PIXTRAL: 1, H / patch, W / patch */
     uint32_t num_crops;      /* GEMMA3 pan-and-scan */
     uint32_t rows, cols;     /* IDEFICS3: the tile grid (0, 0: not split) */
     uint32_t n_image_tokens; /* image tokens the prompt expansion inserts for this image */

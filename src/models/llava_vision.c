@@ -19,7 +19,7 @@
  * also under "model."
  * (mlx-vlm stores the patch conv channels-last; vision_blocks reads either).
  * A list of feature layers (features of several layers concatenated, as VipLlava-style configs
- * give) is refused.
+ * give) is refused. A vision_config of model_type "pixtral" (Pixtral-12B) is pixtral_vision.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -110,8 +110,17 @@ static int parse_top(struct vision *v, struct llava_proj *lp, const struct model
     return 0;
 }
 
+/* LLaVA whose vision_config is pixtral (Pixtral-12B; pixtral_vision.c, ADR 0123) */
+extern const struct vision_ops llava_pixtral_vision_ops;
+
 static int llava_vision_load(struct vision *v, struct model *m, const cJSON *cfg, struct err *e)
 {
+    const cJSON *vmt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(cfg, "vision_config"),
+                                                        "model_type");
+    if (cJSON_IsString(vmt) && !strcmp(vmt->valuestring, "pixtral")) {
+        v->ops = &llava_pixtral_vision_ops;
+        return v->ops->load(v, m, cfg, e);
+    }
     /* the layouts of transformers 4 / mlx-vlm and 5.17 (vit_find_tower) */
     struct wmap w = {m->st, &m->hp.quant};
     const char *tower = NULL, *proj = NULL;
@@ -209,7 +218,8 @@ static void llava_vision_encode_one(struct vision_ctx *vc, float *out, const flo
 const struct vision_ops llava_vision_ops = {
     .model_type = "llava",
     .description = "LLaVA: CLIP tower to vision_feature_layer (class row dropped or kept), MLP "
-                   "projector (linear, gelu, linear); text_config's language model, causal",
+                   "projector (linear, gelu, linear); text_config's language model, causal; a pixtral "
+                   "vision_config (Pixtral-12B): the Pixtral tower at each image's own size",
     .text_family = "llama",
     .load = llava_vision_load,
     .free_family = llava_vision_free_family,

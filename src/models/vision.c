@@ -191,11 +191,41 @@ int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct e
     int64_t t = grid_thw[0], h = grid_thw[1], w = grid_thw[2];
     if (vi->merge <= 0)
         return err_setf(e, ERR_ARG, "%s takes images of one size, not a grid", v->ops->model_type);
+    if (v->ops->grid_tokens)
+        return v->ops->grid_tokens(v, grid_thw, e);
     if (t != 1 || h < vi->merge || w < vi->merge || h % vi->merge || w % vi->merge || h * w > vi->max_patches)
         return err_setf(e, ERR_ARG, "an image grid of %lld x %lld x %lld patches: the tower takes one temporal "
                         "patch (a still image), sides multiples of spatial_merge_size %d, at most %d patches",
                         (long long)t, (long long)h, (long long)w, vi->merge, vi->max_patches);
     return (int)(h * w / (vi->merge * vi->merge));
+}
+
+bool vision_is_image_row(const struct vision_info *vi, int32_t id)
+{
+    return id == vi->image_token_id || (vi->row_breaks && (id == vi->break_token_id || id == vi->end_token_id));
+}
+
+size_t vision_image_run(const struct vision_info *vi, const int32_t *ids, size_t n)
+{
+    size_t len = 0;
+    if (n == 0 || ids[0] != vi->image_token_id)
+        return 0;
+    if (!vi->row_breaks) {
+        while (len < n && ids[len] == vi->image_token_id)
+            len++;
+        return len;
+    }
+    /* image and break tokens, through the end token; trailing breaks without an end are not
+     * the image's */
+    size_t last_img = 0;
+    while (len < n && (ids[len] == vi->image_token_id || ids[len] == vi->break_token_id)) {
+        if (ids[len] == vi->image_token_id)
+            last_img = len;
+        len++;
+    }
+    if (len < n && ids[len] == vi->end_token_id)
+        return len + 1;
+    return last_img + 1;
 }
 
 int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,

@@ -49,6 +49,12 @@ struct vision_info {
      * of n_embd, added to the row's hidden state after decoder layers 0 .. n_deepstack - 1;
      * 0: none */
     int n_deepstack;
+    /* Pixtral / Mistral 3 (ADR 0123): an image's run of rows holds, besides its image tokens, a
+     * break token ending each row of merged patches and the end token last ([IMG_BREAK],
+     * [IMG_END]); the tower writes the whole run, those rows as the text model's embeddings of
+     * them (vision_image_run). false: a run is image tokens only (the ids below unused). */
+    bool row_breaks;
+    int32_t break_token_id, end_token_id;
 };
 
 struct vision;
@@ -78,6 +84,9 @@ struct vision_ops {
      * image tokens, then each deepstack plane (its buffers grown to the image in vc->fam). */
     int (*encode_grid)(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
                        struct err *e);
+    /* info.merge > 0, optional: the rows one image of grid_thw makes, or -ERR_ARG (e says why);
+     * NULL: h w / merge² with the sides multiples of merge (Qwen). */
+    int (*grid_tokens)(const struct vision *v, const int32_t *grid_thw, struct err *e);
 };
 
 struct vision {
@@ -100,7 +109,9 @@ struct vision_ctx {
     int n_hidden;
 };
 
-/* The vision family of a wrapper model_type, or NULL. */
+/* The vision family of a wrapper model_type, or NULL. A family's load may hand v to the ops of
+ * a variant (LLaVA whose vision_config is pixtral: v->ops becomes llava_pixtral_vision_ops);
+ * every later call goes through v->ops. */
 const struct vision_ops *vision_find(const char *model_type);
 /* The vision families of vision.def, in order (for `mlxcel arch`). */
 size_t vision_count(void);
@@ -142,6 +153,14 @@ int vision_grid_tokens(const struct vision *v, const int32_t *grid_thw, struct e
  * Synchronizes the backend. */
 int vision_encode_grid(struct vision_ctx *vc, float *out, const float *pixels, const int32_t *grid_thw,
                        struct err *e);
+
+/* Whether id is a row of an image's run: the image token, or with row_breaks the break and end
+ * tokens. */
+bool vision_is_image_row(const struct vision_info *vi, int32_t id);
+/* The length of the image run starting at ids[0] (0 when ids[0] is not the image token): the
+ * image tokens that follow; with row_breaks, image and break tokens up to and including the
+ * first end token (a run without its end token stops at the last image row). */
+size_t vision_image_run(const struct vision_info *vi, const int32_t *ids, size_t n);
 
 /* Bytes of one image's pixel_values, and of its rows of embeddings. */
 size_t vision_pixel_bytes(const struct vision *v);

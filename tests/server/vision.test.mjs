@@ -297,6 +297,49 @@ describe('vision: LLaVA', () => {
     });
 });
 
+// Mistral 3 (Pixtral tower, images at their own size, [IMG_BREAK] / [IMG_END] inside the image's run;
+// ADR 0123): the mistral3 golden checkpoint (its tokenizer, chat template, PixtralImageProcessor,
+// processor_config.json). Its chat template puts the image before the text, as the golden's prompt:
+// the openai and anthropic clients' answers (the scheduler's path) equal `mlxcel generate --image` of
+// that prompt (tests/cli/mistral3.sh: transformers' greedy ids), and the run's rows (breaks
+// included) count in usage.
+describe('vision: Mistral 3', () => {
+    const MG = 'tests/fixtures/golden/mistral3';
+    const gold = BIN ? JSON.parse(readFileSync(join(MG, 'golden.json'), 'utf8')) : {};
+    const MTEXT = 'What is shown here?';
+    let want;
+    let srv, oai;
+    before(async () => {
+        const pf = join(work, 'mistral3.prompt');
+        writeFileSync(pf, gold.prompt);
+        want = execFileSync(BIN, ['generate', '-m', MG, '--image', join(IMG, 'vis_photo.jpg'), '-f', pf, '--no-chat',
+            '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+        srv = await startServer(['-m', MG]);
+        oai = client(srv.base);
+    });
+    after(async () => { await srv?.stop(); });
+
+    it('openai chat: the image_url part gives transformers\' answer; its run counts in usage', async () => {
+        const r = await oai.chat.completions.create({
+            model: 'mistral3', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } },
+                { type: 'text', text: MTEXT }] }],
+        });
+        assert.equal(r.choices[0].message.content, want);
+        assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+    });
+
+    it('anthropic: a base64 image block gives the same', async () => {
+        const r = await anthropic(srv.base).messages.create({
+            model: 'mistral3', max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [
+                { type: 'image', source: { type: 'base64', media_type: 'image/jpeg', data: b64('vis_photo.jpg') } },
+                { type: 'text', text: MTEXT }] }],
+        });
+        assert.equal(r.content[0].text, want);
+    });
+});
+
 describe('vision: a text model', () => {
     let srv;
     before(async () => { srv = await startServer(); });
