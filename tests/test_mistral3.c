@@ -202,7 +202,7 @@ static double prefill_check(struct test_eng *r, const struct mgold *g, const flo
 {
     struct err e = {0};
     int V = r->m->hp.n_vocab;
-    struct batch_image img = {0, g->run_at, g->run_len, embd, 0, 0};
+    struct batch_image img = {0, g->run_at, g->run_len, embd, 0, 0, 0};
     float *logits = malloc((size_t)g->L * V * sizeof *logits);
     assert_non_null(logits);
     kv_seq_remove(r->kv, 0);
@@ -291,7 +291,7 @@ static void batched_check(struct test_eng *r, const struct mgold *g, const float
     assert_true(alone && logits && N < 64);
     text_alone(r, g, alone, alone_ids);
     for (int order = 0; order < 2; order++) {
-        struct batch_image img = {0, g->run_at, g->run_len, embd, 0, 0};
+        struct batch_image img = {0, g->run_at, g->run_len, embd, 0, 0, 0};
         kv_seq_remove(r->kv, 0);
         kv_seq_remove(r->kv, 1);
         assert_int_equal(kv_seq_add(r->kv, 0, &e), 0);
