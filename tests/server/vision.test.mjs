@@ -340,6 +340,22 @@ describe('vision: Mistral 3', () => {
     });
 });
 
+// SmolVLM / Idefics3 tiles through the scheduler answer other tokens than `generate --image`
+// (transformers' ids): the server refuses them with a 400 naming the model type until that is
+// found (src/server/gen.c take_images).
+describe('vision: SmolVLM images refused by the server', () => {
+    let srv;
+    before(async () => { srv = await startServer(['-m', 'tests/fixtures/golden/smolvlm']); });
+    after(async () => { await srv?.stop(); });
+    it('openai chat with an image_url part: 400 naming smolvlm', async () => {
+        await assert.rejects(client(srv.base).chat.completions.create({
+            model: 'smolvlm', max_tokens: 2,
+            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_edges.png') } },
+                { type: 'text', text: 'What is this?' }] }],
+        }), (err) => err.status === 400 && /smolvlm models are not served yet/.test(err.message));
+    });
+});
+
 describe('vision: a text model', () => {
     let srv;
     before(async () => { srv = await startServer(); });
