@@ -360,7 +360,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = nest_text_config(&cfg, &outer, m->multimodal, sizeof m->multimodal, e)) < 0)
         goto fail_prefix;
     if ((rc = registry_resolve(cfg, &m->ops, e)) < 0 || (mtp && (rc = mtp_config(cfg, m->ops, &n_main, e)) < 0) ||
-        (!mtp && m->ops->mtp != MTP_NONE && (rc = mtp_count(cfg, &n_next, e)) < 0))
+        (!mtp && m->ops->mtp == MTP_DEEPSEEK && (rc = mtp_count(cfg, &n_next, e)) < 0))
         goto fail_prefix;
     hparams_init(&m->hp);
     if ((rc = cfg_opt_str(cfg, "model_type", "", m->hp.model_type, sizeof m->hp.model_type, e)) < 0 ||
@@ -371,7 +371,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = parse_generation(m, dir, e)) < 0)
         goto fail;
     if (mtp)
-        mtp_layer_spec(&m->hp, n_main);
+        mtp_layer_spec(&m->hp, n_main, m->ops->mtp);
     if ((rc = hparams_validate(&m->hp, e)) < 0 || (!mtp && (rc = decoder_role(m, cfg, dir, e)) < 0))
         goto fail_prefix;
     filter_eos(&m->hp);
@@ -381,7 +381,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0) ||
         (!m->multimodal[0] && (rc = base_model_names(m, e)) < 0))
         goto fail;
-    if (mtp && (rc = mtp_rename(m->st, n_main, e)) < 0) {
+    if (mtp && (rc = mtp_rename(m->st, n_main, m->ops->mtp, e)) < 0) {
         err_prefix(e, "%s", dir);
         goto fail;
     }
