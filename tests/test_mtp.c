@@ -557,6 +557,100 @@ static void mtp_family(void **state)
     check_family(name, prompt, L, L + 9, name);
 }
 
+/* dir (make_mtp_ckpt of qwen3_5_text) rewritten as a published Qwen3.5 checkpoint holds it:
+ * config.json of model_type qwen3_5 with the text config (mtp_num_hidden_layers included)
+ * under text_config, the text model's tensors under model.language_model.*, the mtp.* module
+ * at the top level where it was. */
+static void nest_qwen3_5(const char *dir)
+{
+    char *text = NULL, *buf = NULL;
+    size_t len;
+    struct err e = {0};
+    assert_int_equal(file_read_all(stb_path(dir, "config.json"), 1 << 20, &text, &len, &e), 0);
+    cJSON *tc = cJSON_Parse(text), *outer = cJSON_CreateObject();
+    free(text);
+    assert_true(tc && outer);
+    cJSON_AddStringToObject(outer, "model_type", "qwen3_5");
+    cJSON_AddItemToObject(outer, "architectures", cJSON_Parse("[\"Qwen3_5ForConditionalGeneration\"]"));
+    cJSON_AddItemToObject(outer, "tie_word_embeddings", cJSON_DetachItemFromObject(tc, "tie_word_embeddings"));
+    cJSON_AddItemToObject(outer, "text_config", tc);
+    char *out = cJSON_Print(outer);
+    cJSON_Delete(outer);
+    assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
+    free(out);
+    /* the header's names "model.X" become "model.language_model.X"; the data stays */
+    assert_int_equal(file_read_all(stb_path(dir, "model.safetensors"), 64 << 20, &buf, &len, &e), 0);
+    uint64_t hl;
+    memcpy(&hl, buf, 8);
+    cJSON *h = cJSON_ParseWithLength(buf + 8, (size_t)hl), *nh = cJSON_CreateObject(), *it;
+    assert_true(h && nh);
+    cJSON_ArrayForEach(it, h) {
+        char name[256];
+        bool in_model = strncmp(it->string, "model.", 6) == 0;
+        snprintf(name, sizeof name, "%s%s", in_model ? "model.language_model." : "", it->string + (in_model ? 6 : 0));
+        cJSON_AddItemToObject(nh, name, cJSON_Duplicate(it, true));
+    }
+    char *hs = cJSON_PrintUnformatted(nh);
+    size_t hn = strlen(hs), pad = (8 - hn % 8) % 8, data = len - 8 - (size_t)hl;
+    char *nb = malloc(8 + hn + pad + data);
+    assert_non_null(nb);
+    uint64_t nhl = hn + pad;
+    memcpy(nb, &nhl, 8);
+    memcpy(nb + 8, hs, hn);
+    memset(nb + 8 + hn, ' ', pad);
+    memcpy(nb + 8 + hn + pad, buf + 8 + hl, data);
+    assert_int_equal(stb_write_raw(stb_path(dir, "model.safetensors"), nb, 8 + hn + pad + data), 0);
+    free(nb);
+    free(hs);
+    free(buf);
+    cJSON_Delete(h);
+    cJSON_Delete(nh);
+}
+
+/* Qwen3.5 as published (multimodal wrapper, text model nested, mtp.* at the top): its module
+ * loads and computes what the text checkpoint's does, and --spec mtp keeps plain decoding's
+ * output. */
+static void mtp_qwen3_5_nested(void **state)
+{
+    (void)state;
+    char *flat = make_mtp_ckpt("qwen3_5_text", HEAD_RANDOM, 45), *dir = make_mtp_ckpt("qwen3_5_text", HEAD_RANDOM, 45);
+    nest_qwen3_5(dir);
+    struct err e = {0};
+    struct model *a = NULL, *b = NULL;
+    if (model_load_mtp(&a, flat, &e) < 0 || model_load_mtp(&b, dir, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_string_equal(b->multimodal, "qwen3_5");
+    assert_int_equal(b->hp.n_layer, 1);
+    /* the same tensors bound: the views' bytes equal */
+#define T_BYTES(t) ((size_t)tensor_nelem(t) * dtype_size((t)->dtype))
+    assert_int_equal(memcmp(a->mtp.eh_proj.data, b->mtp.eh_proj.data, T_BYTES(&a->mtp.eh_proj)), 0);
+    assert_int_equal(memcmp(a->layers[0].wq.data, b->layers[0].wq.data, T_BYTES(&a->layers[0].wq)), 0);
+    assert_int_equal(memcmp(a->out_norm.data, b->out_norm.data, T_BYTES(&a->out_norm)), 0);
+    assert_int_equal(memcmp(a->lm_head.data, b->lm_head.data, T_BYTES(&a->lm_head)), 0);
+#undef T_BYTES
+    model_free(a);
+    model_free(b);
+    int32_t prompt[128];
+    int L;
+    prompt_of("qwen3_5_text", prompt, &L);
+    struct mtp_eng x;
+    struct recorder *rec = calloc(1, sizeof *rec);
+    struct run plain, r;
+    struct spec_params sp;
+    assert_non_null(rec);
+    mtp_open(&x, dir, L + N_GEN + 8, 1);
+    run_gen(&x, prompt, L, NULL, 0, &plain);
+    rec->sm = x.sm;
+    mtp_params(&sp, rec);
+    run_gen(&x, prompt, L, &sp, 0, &r);
+    same("qwen3_5 nested", "a random MTP module", &plain, &r);
+    assert_true(r.st.n_drafted > 0 && rec->n_empty == 0);
+    mtp_close(&x);
+    free(rec);
+    stb_rmtree(flat);
+    stb_rmtree(dir);
+}
+
 // ---- the scheduler ----
 
 struct sgot {
@@ -750,7 +844,6 @@ static void mtp_errors_qwen3_next(void **state)
 
 // ---- the float64 reference ----
 
-#define REF_DIR "tests/fixtures/models/deepseek_v3_mtp"
 
 /* The largest |a - b| over n values against the largest |b| (a: ours, b: float64 JSON). */
 static double rel_err(const float *a, const cJSON *b, int n)
@@ -770,22 +863,24 @@ static void rows_of(const cJSON *arr, float *out, int cols)
             out[(size_t)r * cols + c] = (float)cJSON_GetArrayItem(cJSON_GetArrayItem(arr, r), c)->valuedouble;
 }
 
-/* gen_mtp.py's case: the model's final hidden states, the layer's logits and normalized
- * outputs over T - 1 rows, and two chained rows, against transformers in float64. */
+/* gen_mtp.py's case (gen_mtp_qwen3_next.py's with state naming the folder): the model's final
+ * hidden states, the layer's logits and normalized outputs over T - 1 rows, and two chained
+ * rows, against transformers in float64. */
 static void mtp_reference(void **state)
 {
-    (void)state;
+    char ref_dir[256];
+    snprintf(ref_dir, sizeof ref_dir, "tests/fixtures/models/%s", *state ? (const char *)*state : "deepseek_v3_mtp");
     char *text = NULL;
     size_t len;
     struct err e = {0};
-    assert_int_equal(file_read_all(test_path(REF_DIR "/mtp_ref.json"), 8 << 20, &text, &len, &e), 0);
+    assert_int_equal(file_read_all(test_path(stb_path(ref_dir, "mtp_ref.json")), 8 << 20, &text, &len, &e), 0);
     cJSON *ref = cJSON_Parse(text);
     free(text);
     assert_non_null(ref);
     const cJSON *ids_j = cJSON_GetObjectItem(ref, "input_ids");
     int T = cJSON_GetArraySize(ids_j);
     struct mtp_eng x;
-    mtp_open(&x, test_path(REF_DIR), 64, 1);
+    mtp_open(&x, test_path(ref_dir), 64, 1);
     int d = x.g.m->hp.n_embd, V = x.g.m->hp.n_vocab;
     int32_t ids[64];
     for (int i = 0; i < T; i++)
@@ -852,8 +947,8 @@ static void mtp_reference(void **state)
         if (step == 0 && argmax(lg, V, &margin) != t1)
             fail_msg("the chained draft is %d, the reference's %d", argmax(lg, V, &margin), t1);
     }
-    printf("mtp reference (transformers float64): hidden, %d MTP rows and 2 chained rows within rel %.1e "
-           "(worst %.2e)\n", T - 1, tol, worst);
+    printf("mtp reference %s (transformers float64): hidden, %d MTP rows and 2 chained rows within rel %.1e "
+           "(worst %.2e)\n", ref_dir, T - 1, tol, worst);
     free(hid);
     free(g);
     free(lg);
@@ -866,13 +961,14 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static const char *const fams[] = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5_text"};
     enum { N_FAMS = sizeof fams / sizeof fams[0] };
-    static struct CMUnitTest t[N_FAMS + 6];
+    static struct CMUnitTest t[N_FAMS + 9];
     static char names[N_FAMS][48];
     size_t n = 0;
     for (int i = 0; i < N_FAMS; i++) {
         snprintf(names[i], sizeof names[i], "mtp_%s", fams[i]);
         t[n++] = (struct CMUnitTest){names[i], mtp_family, NULL, NULL, (void *)fams[i]};
     }
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_qwen3_5_nested);
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_sched);
     t[n++] = (struct CMUnitTest){"mtp_sched_qwen3_next", mtp_sched, NULL, NULL, (void *)"qwen3_next"};
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
