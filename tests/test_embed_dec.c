@@ -646,6 +646,32 @@ static void rerank_seqcls_activation_and_refusals(void **state)
     rm_dir(other);
 }
 
+/* gen_qwen3_seqcls.py's checkpoint as transformers saved it (a random score head): the model
+ * card's ids, sigmoid of the head's logit within 1e-4 of transformers' float64, as
+ * sentence-transformers' CrossEncoder computes it. */
+static void rerank_qwen3_seqcls(void **state)
+{
+    (void)state;
+    struct dcase c;
+    dcase_open(&c, "qwen3_seqcls", false);
+    assert_true(c.m->hp.lm_rerank && c.m->hp.n_cls == 1);
+    rerank_check(&c, "qwen3_seqcls");
+    /* CrossEncoder.predict (sigmoid for one label) gave the same scores, for the pairs the
+     * model card's truncation leaves whole (CrossEncoder cuts at the tokenizer's limit) */
+    const cJSON *ce = cJSON_GetObjectItem(c.ref, "scores_ce"), *sc = cJSON_GetObjectItem(c.ref, "scores");
+    const cJSON *ids = cJSON_GetObjectItem(c.ref, "ids");
+    int max_len = (int)cJSON_GetObjectItem(c.ref, "max_length")->valuedouble, n_ce = 0;
+    assert_true(cJSON_IsArray(ce));
+    for (int i = 0; i < cJSON_GetArraySize(ce); i++) {
+        if (cJSON_GetArraySize(cJSON_GetArrayItem(ids, i)) >= max_len)
+            continue;
+        assert_true(fabs(cJSON_GetArrayItem(ce, i)->valuedouble - cJSON_GetArrayItem(sc, i)->valuedouble) < 1e-6);
+        n_ce++;
+    }
+    assert_true(n_ce >= 4);
+    dcase_close(&c);
+}
+
 /* ---- ModernBERT's classifier_pooling "mean" ---- */
 
 /* v[n] as float from a stored tensor of m's checkpoint (any float dtype). */
@@ -761,6 +787,7 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rerank_refusals),
     cmocka_unit_test(rerank_seqcls_converted),
     cmocka_unit_test(rerank_seqcls_activation_and_refusals),
+    cmocka_unit_test(rerank_qwen3_seqcls),
     cmocka_unit_test(modernbert_mean_head),
 };
 

@@ -974,6 +974,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors_qwen3_next);
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
+    t[n++] = (struct CMUnitTest){"mtp_reference_qwen3_next", mtp_reference, NULL, NULL, (void *)"qwen3_next_mtp"};
     *tests = t;
     *n_tests = n;
 }
