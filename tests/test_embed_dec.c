@@ -10,7 +10,11 @@
  *              mean pooling, two Dense layers, Normalize, prompts; bfloat16
  *   qwen3_rr   Qwen3-Reranker's shape: a Qwen3ForCausalLM scored by P(yes) in the model card's
  *              prompt, with `--reranker qwen3` (model_set_lm_reranker) and with vLLM's
- *              classifier_from_token in config.json
+ *              classifier_from_token in config.json; converted to Qwen3ForSequenceClassification
+ *              here as vLLM's convert_model_to_seq_cls.py does (score = the "yes" row less the
+ *              "no" row): sigmoid of its one logit is the same P(yes) (ADR 0136)
+ *   qwen3_seqcls  a Qwen3ForSequenceClassification saved by transformers with a random score
+ *              head (gen_qwen3_seqcls.py): the model card's prompt, sigmoid of the head's logit
  * Bounds as test_embed.c: cosine >= 0.99999 and max |got - ref| <= 1e-4 max |ref| per vector,
  * batched equal to alone within 1e-5 of the row on the CPU (1e-4 on a GPU); scores within
  * 1e-4 relative. Texts and pairs go through the tokenizer and must give the reference ids.
@@ -20,10 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "engine/embedder.h"
+#include "st_build.h"
 #include "kernels/backend.h"
 #include "core/dtype.h"
 #include "core/safetensors.h"
@@ -344,8 +350,10 @@ static void rerank_check(struct dcase *c, const char *what)
     assert_true(n >= 5 && n <= 32 && embedder_is_reranker(c->em));
     /* the model card's max_length for the tiny model (8192 for the real one, its default here) */
     c->em->max_len = (int)cJSON_GetObjectItem(c->ref, "max_length")->valuedouble;
-    assert_int_equal(c->em->rr_yes, (int)cJSON_GetObjectItem(c->ref, "yes_id")->valuedouble);
-    assert_int_equal(c->em->rr_no, (int)cJSON_GetObjectItem(c->ref, "no_id")->valuedouble);
+    if (c->m->hp.n_cls == 0) {   /* the LM head's rows (a converted one has a score head) */
+        assert_int_equal(c->em->rr_yes, (int)cJSON_GetObjectItem(c->ref, "yes_id")->valuedouble);
+        assert_int_equal(c->em->rr_no, (int)cJSON_GetObjectItem(c->ref, "no_id")->valuedouble);
+    }
     for (int pass = 0; pass < 2; pass++) {
         const char *rkey = pass ? "scores_instruction2" : "scores";
         if (pass && embedder_set_instruction(c->em, cJSON_GetObjectItem(c->ref, "instruction2")->valuestring, &e) < 0)
@@ -557,6 +565,165 @@ static void rerank_refusals(void **state)
     dcase_close(&c);
 }
 
+/* ---- converted rerankers: Qwen3ForSequenceClassification (ADR 0136) ---- */
+
+/* A copy of qwen3_rr converted as vLLM's convert_model_to_seq_cls.py (method "from_2_way_softmax")
+ * does: config.json naming Qwen3ForSequenceClassification with n_labels labels, the causal LM's
+ * weights, and score.weight [n_labels, d] in score.safetensors whose row 0 is the tied head's
+ * "yes" row less its "no" row (further rows random); extra (JSON, may be NULL) merged into
+ * config.json. */
+static void seqcls_copy(char *dir, int n_labels, const char *extra)
+{
+    char cmd[8400], path[4200];
+    struct err e = {0};
+    cJSON *j = NULL, *ref = NULL;
+    const char *src = golden_case_dir("qwen3_rr");
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "cp %s/*.json %s/*.safetensors %s/ && rm -f %s/embed.json", src, src, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &j, &e), 0);
+    cJSON_ReplaceItemInObjectCaseSensitive(j, "architectures", cJSON_Parse("[\"Qwen3ForSequenceClassification\"]"));
+    cJSON *labels = cJSON_CreateObject();
+    for (int i = 0; i < n_labels; i++) {
+        char k[16], v[32];
+        snprintf(k, sizeof k, "%d", i);
+        snprintf(v, sizeof v, "LABEL_%d", i);
+        cJSON_AddStringToObject(labels, k, v);
+    }
+    cJSON_DeleteItemFromObject(j, "id2label");
+    cJSON_AddItemToObject(j, "id2label", labels);
+    cJSON *x = extra ? cJSON_Parse(extra) : NULL, *it;
+    cJSON_ArrayForEach(it, x)
+        cJSON_AddItemToObject(j, it->string, cJSON_Duplicate(it, true));
+    cJSON_Delete(x);
+    int d = cJSON_GetObjectItem(j, "hidden_size")->valueint, V = cJSON_GetObjectItem(j, "vocab_size")->valueint;
+    char *text = cJSON_PrintUnformatted(j);
+    write_text(path, text);
+    free(text);
+    cJSON_Delete(j);
+    snprintf(path, sizeof path, "%s/embed.json", src);
+    assert_int_equal(cfg_load_file(path, FILE_USER, &ref, &e), 0);
+    int yes = (int)cJSON_GetObjectItem(ref, "yes_id")->valuedouble, no = (int)cJSON_GetObjectItem(ref, "no_id")->valuedouble;
+    cJSON_Delete(ref);
+    struct st_set *st = NULL;
+    assert_int_equal(st_set_open(&st, src, &e), 0);
+    const struct st_tensor *emb = st_set_find(st, "model.embed_tokens.weight");
+    assert_true(emb && emb->ndim == 2 && emb->shape[0] == V && emb->shape[1] == d);
+    float *all = malloc((size_t)V * d * sizeof *all), *score = calloc((size_t)n_labels * d, sizeof *score);
+    assert_true(all && score);
+    dtype_to_f32_ref(all, emb->data, emb->dtype, (size_t)V * d);
+    for (int k = 0; k < d; k++) {
+        score[k] = all[(size_t)yes * d + k] - all[(size_t)no * d + k];
+        for (int r = 1; r < n_labels; r++)
+            score[(size_t)r * d + k] = all[(size_t)(r + 7) * d + k];
+    }
+    st_set_free(st);
+    struct stb_tensor t = {"score.weight", "F32", 2, {n_labels, d}, score, (size_t)n_labels * d * sizeof *score};
+    assert_int_equal(stb_write(stb_path(dir, "score.safetensors"), &t, 1), 0);
+    free(all);
+    free(score);
+}
+
+/* The converted qwen3_rr scores pairs as the original: the model card's ids, sigmoid(score)
+ * = its P(yes) within 1e-4, batched equal to alone, with a second instruction; it loads as a
+ * reranker without a flag. */
+static void rerank_seqcls_converted(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-seqcls-XXXXXX";
+    struct dcase c;
+    seqcls_copy(dir, 1, NULL);
+    dcase_open_dir(&c, dir, golden_case_dir("qwen3_rr"), false);
+    assert_true(c.m->hp.lm_rerank && c.m->hp.n_cls == 1 && c.m->hp.causal);
+    assert_int_equal(c.m->lm_head.shape[0], 1);
+    rerank_check(&c, "qwen3_rr as Qwen3ForSequenceClassification");
+    dcase_close(&c);
+    rm_dir(dir);
+}
+
+/* sentence-transformers' activation_fn in config.json (Identity): the raw logit, which is
+ * log(p / (1 - p)) of the original's P(yes); two labels, or another family's head, refused. */
+static void rerank_seqcls_activation_and_refusals(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mlxcel-seqcls-XXXXXX";
+    struct dcase c;
+    struct err e = {0};
+    struct emb_item it;
+    float v;
+    seqcls_copy(dir, 1, "{\"sentence_transformers\": {\"activation_fn\": \"torch.nn.modules.linear.Identity\"}}");
+    dcase_open_dir(&c, dir, golden_case_dir("qwen3_rr"), false);
+    c.em->max_len = (int)cJSON_GetObjectItem(c.ref, "max_length")->valuedouble;
+    const cJSON *pair = cJSON_GetArrayItem(cJSON_GetObjectItem(c.ref, "pairs"), 0);
+    const char *q = cJSON_GetArrayItem(pair, 0)->valuestring, *d = cJSON_GetArrayItem(pair, 1)->valuestring;
+    double p = cJSON_GetArrayItem(cJSON_GetObjectItem(c.ref, "scores"), 0)->valuedouble, want = log(p / (1 - p));
+    if (embedder_tokenize_pair(c.em, q, strlen(q), d, strlen(d), true, &it, &e) < 0 ||
+        embedder_score(c.em, &it, 1, &v, &e) < 0)
+        fail_msg("%s", e.msg);
+    emb_item_deinit(&it);
+    if (fabs(v - want) > 1e-3 * fmax(1.0, fabs(want)))
+        fail_msg("Identity activation: %.9g, the logit %.9g", (double)v, want);
+    dcase_close(&c);
+    rm_dir(dir);
+
+    /* two labels: loaded, but reranking needs one */
+    char two[] = "/tmp/mlxcel-seqcls-XXXXXX";
+    seqcls_copy(two, 2, NULL);
+    dcase_open_dir(&c, two, golden_case_dir("qwen3_rr"), false);
+    assert_int_equal(c.m->hp.n_cls, 2);
+    assert_int_equal(embedder_tokenize_pair(c.em, "a", 1, "b", 1, true, &it, &e), 0);
+    e = (struct err){0};
+    assert_int_equal(embedder_score(c.em, &it, 1, &v, &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "one label"));
+    emb_item_deinit(&it);
+    dcase_close(&c);
+    rm_dir(two);
+
+    /* no score tensor: refused naming it; another family's head: refused naming it */
+    char bad[] = "/tmp/mlxcel-seqcls-XXXXXX";
+    struct model *m = NULL;
+    seqcls_copy(bad, 1, NULL);
+    assert_int_equal(unlink(stb_path(bad, "score.safetensors")), 0);
+    e = (struct err){0};
+    assert_true(model_load(&m, bad, &e) < 0);
+    if (!strstr(e.msg, "score"))
+        fail_msg("no score tensor: '%s'", e.msg);
+    rm_dir(bad);
+    char other[] = "/tmp/mlxcel-seqcls-XXXXXX";
+    seqcls_copy(other, 1, "{\"architectures\": [\"LlamaForSequenceClassification\"], \"model_type\": \"llama\"}");
+    e = (struct err){0};
+    assert_int_equal(model_load(&m, other, &e), -ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "LlamaForSequenceClassification"));
+    rm_dir(other);
+}
+
+/* gen_qwen3_seqcls.py's checkpoint as transformers saved it (a random score head): the model
+ * card's ids, sigmoid of the head's logit within 1e-4 of transformers' float64, as
+ * sentence-transformers' CrossEncoder computes it. */
+static void rerank_qwen3_seqcls(void **state)
+{
+    (void)state;
+    struct dcase c;
+    dcase_open(&c, "qwen3_seqcls", false);
+    assert_true(c.m->hp.lm_rerank && c.m->hp.n_cls == 1);
+    rerank_check(&c, "qwen3_seqcls");
+    /* CrossEncoder.predict (sigmoid for one label) gave the same scores, for the pairs the
+     * model card's truncation leaves whole (CrossEncoder cuts at the tokenizer's limit) */
+    const cJSON *ce = cJSON_GetObjectItem(c.ref, "scores_ce"), *sc = cJSON_GetObjectItem(c.ref, "scores");
+    const cJSON *ids = cJSON_GetObjectItem(c.ref, "ids");
+    int max_len = (int)cJSON_GetObjectItem(c.ref, "max_length")->valuedouble, n_ce = 0;
+    assert_true(cJSON_IsArray(ce));
+    for (int i = 0; i < cJSON_GetArraySize(ce); i++) {
+        if (cJSON_GetArraySize(cJSON_GetArrayItem(ids, i)) >= max_len)
+            continue;
+        assert_true(fabs(cJSON_GetArrayItem(ce, i)->valuedouble - cJSON_GetArrayItem(sc, i)->valuedouble) < 1e-6);
+        n_ce++;
+    }
+    assert_true(n_ce >= 4);
+    dcase_close(&c);
+}
+
 /* ---- ModernBERT's classifier_pooling "mean" ---- */
 
 /* v[n] as float from a stored tensor of m's checkpoint (any float dtype). */
@@ -671,6 +838,9 @@ static const struct CMUnitTest tests[] = {
     cmocka_unit_test(rerank_flag),
     cmocka_unit_test(rerank_config_field),
     cmocka_unit_test(rerank_refusals),
+    cmocka_unit_test(rerank_seqcls_converted),
+    cmocka_unit_test(rerank_seqcls_activation_and_refusals),
+    cmocka_unit_test(rerank_qwen3_seqcls),
     cmocka_unit_test(modernbert_mean_head),
 };
 

@@ -8,13 +8,20 @@
  * and (variant) shared_head.head. Greedy output with --spec mtp must be plain decoding's
  * whatever those weights are.
  *
- * mtp_<family> (deepseek_v3, glm4_moe, glm4_moe_lite): identity with a random layer, its
+ * Qwen3-Next and Qwen3.5 (ADR 0135) keep the module apart: mtp.layers.0.* (the golden's full
+ * attention layer's tensors, seeded random values), mtp.fc, mtp.pre_fc_norm_embedding,
+ * mtp.pre_fc_norm_hidden, mtp.norm, and mtp_num_hidden_layers = 1 in config.json; the model's
+ * lm_head is the head, so "a head of zeros" is mtp.norm's zero-centred weight at -1 (the
+ * layer's output, hence its logits, all zero: every draft token 0).
+ *
+ * mtp_<family> (deepseek_v3, glm4_moe, glm4_moe_lite, qwen3_next, qwen3_5_text): identity with a random layer, its
  * drafts checked against a fresh recomputation of the layer over the history (so its cache
  * follows every rollback), a head that always drafts token 0 (all rejected), a layer without
  * its own head (the model's lm_head), a context that ends mid-draft, a callback stop; the
  * scheduler with requests drafting by the layer and plain ones in one batch.
  * mtp_errors: a checkpoint without an MTP layer is refused naming the reason.
  * mtp_reference: the layer's forward against transformers' float64 (gen_mtp.py).
+ * mtp_reference_qwen3_next / _qwen3_5: the same for the mtp.* module (gen_mtp_qwen3_next.py).
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -86,6 +93,12 @@ static const char *st_dtype_name(enum dtype t)
     return t == DTYPE_F32 ? "F32" : t == DTYPE_BF16 ? "BF16" : "F16";
 }
 
+/* Whether golden case name is a family with Qwen3-Next's mtp.* module. */
+static bool qwen_layout(const char *name)
+{
+    return strcmp(name, "qwen3_next") == 0 || strcmp(name, "qwen3_5_text") == 0;
+}
+
 /* A folder with golden case `name`'s checkpoint and an MTP layer (the file's comment); the
  * caller stb_rmtree's it. */
 static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
@@ -94,6 +107,7 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
     char *dir = stb_tmpdir(), *text = NULL;
     size_t len;
     struct err e = {0};
+    bool qwen = qwen_layout(name);
     assert_non_null(dir);
     assert_int_equal(file_read_all(stb_path(src, "config.json"), 1 << 20, &text, &len, &e), 0);
     cJSON *cfg = cJSON_Parse(text);
@@ -102,8 +116,19 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
     int N = cJSON_GetObjectItem(cfg, "num_hidden_layers")->valueint;
     int d = cJSON_GetObjectItem(cfg, "hidden_size")->valueint;
     int V = cJSON_GetObjectItem(cfg, "vocab_size")->valueint;
-    cJSON_DeleteItemFromObject(cfg, "num_nextn_predict_layers");  /* glm4_moe's golden states 1 */
-    cJSON_AddNumberToObject(cfg, "num_nextn_predict_layers", 1);
+    int src_layer = N - 1;
+    if (qwen) {
+        /* the golden's last full-attention layer is the module's model */
+        const cJSON *lt = cJSON_GetObjectItem(cfg, "layer_types");
+        for (int il = 0; il < N; il++)
+            if (strcmp(cJSON_GetArrayItem(lt, il)->valuestring, "full_attention") == 0)
+                src_layer = il;
+        cJSON_AddNumberToObject(cfg, "mtp_num_hidden_layers", 1);
+        cJSON_AddFalseToObject(cfg, "mtp_use_dedicated_embeddings");
+    } else {
+        cJSON_DeleteItemFromObject(cfg, "num_nextn_predict_layers");  /* glm4_moe's golden states 1 */
+        cJSON_AddNumberToObject(cfg, "num_nextn_predict_layers", 1);
+    }
     char *out = cJSON_Print(cfg);
     cJSON_Delete(cfg);
     assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
@@ -114,11 +139,16 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
     assert_int_equal(stb_write_raw(stb_path(dir, "model.safetensors"), text, len), 0);
     free(text);
 
-    /* layer N: layer N - 1's tensors (the same kind of layer past first_k_dense_replace) */
+    /* layer N: layer N - 1's tensors (the same kind of layer past first_k_dense_replace);
+     * Qwen3-Next: mtp.layers.0, a full-attention layer's */
     struct st_set *st = NULL;
     assert_int_equal(st_set_open(&st, src, &e), 0);
-    char from[64];
-    snprintf(from, sizeof from, "model.layers.%d.", N - 1);
+    char from[64], to[64];
+    snprintf(from, sizeof from, "model.layers.%d.", src_layer);
+    if (qwen)
+        snprintf(to, sizeof to, "mtp.layers.0.");
+    else
+        snprintf(to, sizeof to, "model.layers.%d.", N);
     size_t n = 0, cap = st_set_count(st) + 8;
     struct stb_tensor *t = calloc(cap, sizeof *t);
     char (*names)[160] = calloc(cap, sizeof *names);
@@ -129,7 +159,7 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
         const struct st_tensor *s = st_set_at(st, i);
         if (strncmp(s->name, from, strlen(from)) != 0)
             continue;
-        snprintf(names[n], sizeof names[n], "model.layers.%d.%s", N, s->name + strlen(from));
+        snprintf(names[n], sizeof names[n], "%s%s", to, s->name + strlen(from));
         size_t cnt = 1;
         t[n] = (struct stb_tensor){names[n], st_dtype_name(s->dtype), s->ndim, {0}, NULL, 0};
         for (int k = 0; k < s->ndim; k++) {
@@ -138,10 +168,12 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
         }
         t[n].nbytes = cnt * dtype_size(s->dtype);
         data[n] = malloc(t[n].nbytes);
+        /* zero-centred norms (Qwen3-Next: 1 + w) get w near 0 */
         bool norm = s->ndim == 1 && strstr(s->name, "norm");
         float scale = strstr(s->name, "e_score_correction_bias") ? 0.1f
-                                                                  : 2.0f / sqrtf((float)s->shape[s->ndim - 1]);
-        fill(data[n], t[n].dtype, cnt, norm, scale);
+                    : qwen && norm                               ? 0.2f
+                                                                 : 2.0f / sqrtf((float)s->shape[s->ndim - 1]);
+        fill(data[n], t[n].dtype, cnt, norm && !qwen, scale);
         t[n].data = data[n];
         n++;
     }
@@ -151,17 +183,29 @@ static char *make_mtp_ckpt(const char *name, enum head_kind head, uint64_t seed)
         {"enorm.weight", d, 0, true}, {"hnorm.weight", d, 0, true}, {"eh_proj.weight", d, 2 * d, false},
         {"shared_head.norm.weight", d, 0, true}, {"shared_head.head.weight", V, d, false},
     };
+    static const char *const qwen_names[] = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+                                             "mtp.fc.weight", "mtp.norm.weight", NULL};
     for (size_t x = 0; x < sizeof extra / sizeof extra[0]; x++) {
         bool is_head = x == 4;
-        if (is_head && head == HEAD_NONE)
+        if (is_head && (head == HEAD_NONE || qwen))
             continue;
-        snprintf(names[n], sizeof names[n], "model.layers.%d.%s", N, extra[x].suffix);
+        if (qwen)
+            snprintf(names[n], sizeof names[n], "%s", qwen_names[x]);
+        else
+            snprintf(names[n], sizeof names[n], "model.layers.%d.%s", N, extra[x].suffix);
         size_t cnt = (size_t)extra[x].rows * (extra[x].cols ? (size_t)extra[x].cols : 1);
         t[n] = (struct stb_tensor){names[n], "F32", extra[x].cols ? 2 : 1, {extra[x].rows, extra[x].cols}, NULL,
                                    cnt * sizeof(float)};
         data[n] = calloc(cnt, sizeof(float));
-        if (!(is_head && (head == HEAD_ZERO || head == HEAD_ZERO_BOTH)))
+        bool zero_head = head == HEAD_ZERO || head == HEAD_ZERO_BOTH;
+        if (qwen && x == 3 && zero_head) {
+            for (size_t i = 0; i < cnt; i++)  /* 1 + w = 0: the layer's output is zeros */
+                ((float *)data[n])[i] = -1.0f;
+        } else if (qwen) {
+            fill(data[n], "F32", cnt, false, extra[x].norm ? 0.2f : 2.0f / sqrtf((float)(extra[x].cols ? extra[x].cols : 1)));
+        } else if (!(is_head && zero_head)) {
             fill(data[n], "F32", cnt, extra[x].norm, 2.0f / sqrtf((float)(extra[x].cols ? extra[x].cols : 1)));
+        }
         t[n].data = data[n];
         n++;
     }
@@ -219,6 +263,7 @@ struct recorder {
     const struct collect *truth;  /* set: the layer drafts (and is recorded), then its draft is
                                    * replaced by plain decoding's continuation (all accepted) */
     int n_prompt;
+    int n_empty;                  /* calls that could draft (max > 0) and drafted nothing */
     int n_calls;
     int32_t hist[MAX_CALLS][160];
     int n_hist[MAX_CALLS], k[MAX_CALLS];
@@ -229,6 +274,7 @@ static int record_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *
 {
     struct recorder *r = ud;
     int k = spec_mtp_draft(r->sm, seq, hist, n, out, max);
+    r->n_empty += max > 0 && k == 0;
     if (k > 0 && r->n_calls < MAX_CALLS && n <= 160) {
         int c = r->n_calls++;
         memcpy(r->hist[c], hist, (size_t)n * sizeof *hist);
@@ -401,6 +447,10 @@ static void check_family(const char *name, const int32_t *prompt, int L, int ctx
     assert_null(spec_mtp_error(x.sm));
     if (r.st.n_drafted == 0)
         fail_msg("%s: the MTP layer drafted nothing", name);
+    /* every step that asked for a draft got one: the hidden state before it was there, after
+     * a rejection too (recurrent models: the kept rows' states before they are fed again) */
+    if (rec->n_empty > 0)
+        fail_msg("%s: %d steps asked for a draft and the layer had none", name, rec->n_empty);
     int checked = 0;
     for (int c = 0; c < rec->n_calls; c++)
         checked += recheck(&x, rec, c);
@@ -470,6 +520,10 @@ static void check_family(const char *name, const int32_t *prompt, int L, int ctx
     mtp_close(&x);
     stb_rmtree(dir);
 
+    if (qwen_layout(name)) {   /* its head is always the model's */
+        free(rec);
+        return;
+    }
     /* no head of its own: the model's lm_head */
     dir = make_mtp_ckpt(name, HEAD_NONE, 9);
     mtp_open(&x, dir, ctx, 1);
@@ -503,6 +557,100 @@ static void mtp_family(void **state)
     check_family(name, prompt, L, L + 9, name);
 }
 
+/* dir (make_mtp_ckpt of qwen3_5_text) rewritten as a published Qwen3.5 checkpoint holds it:
+ * config.json of model_type qwen3_5 with the text config (mtp_num_hidden_layers included)
+ * under text_config, the text model's tensors under model.language_model.*, the mtp.* module
+ * at the top level where it was. */
+static void nest_qwen3_5(const char *dir)
+{
+    char *text = NULL, *buf = NULL;
+    size_t len;
+    struct err e = {0};
+    assert_int_equal(file_read_all(stb_path(dir, "config.json"), 1 << 20, &text, &len, &e), 0);
+    cJSON *tc = cJSON_Parse(text), *outer = cJSON_CreateObject();
+    free(text);
+    assert_true(tc && outer);
+    cJSON_AddStringToObject(outer, "model_type", "qwen3_5");
+    cJSON_AddItemToObject(outer, "architectures", cJSON_Parse("[\"Qwen3_5ForConditionalGeneration\"]"));
+    cJSON_AddItemToObject(outer, "tie_word_embeddings", cJSON_DetachItemFromObject(tc, "tie_word_embeddings"));
+    cJSON_AddItemToObject(outer, "text_config", tc);
+    char *out = cJSON_Print(outer);
+    cJSON_Delete(outer);
+    assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
+    free(out);
+    /* the header's names "model.X" become "model.language_model.X"; the data stays */
+    assert_int_equal(file_read_all(stb_path(dir, "model.safetensors"), 64 << 20, &buf, &len, &e), 0);
+    uint64_t hl;
+    memcpy(&hl, buf, 8);
+    cJSON *h = cJSON_ParseWithLength(buf + 8, (size_t)hl), *nh = cJSON_CreateObject(), *it;
+    assert_true(h && nh);
+    cJSON_ArrayForEach(it, h) {
+        char name[256];
+        bool in_model = strncmp(it->string, "model.", 6) == 0;
+        snprintf(name, sizeof name, "%s%s", in_model ? "model.language_model." : "", it->string + (in_model ? 6 : 0));
+        cJSON_AddItemToObject(nh, name, cJSON_Duplicate(it, true));
+    }
+    char *hs = cJSON_PrintUnformatted(nh);
+    size_t hn = strlen(hs), pad = (8 - hn % 8) % 8, data = len - 8 - (size_t)hl;
+    char *nb = malloc(8 + hn + pad + data);
+    assert_non_null(nb);
+    uint64_t nhl = hn + pad;
+    memcpy(nb, &nhl, 8);
+    memcpy(nb + 8, hs, hn);
+    memset(nb + 8 + hn, ' ', pad);
+    memcpy(nb + 8 + hn + pad, buf + 8 + hl, data);
+    assert_int_equal(stb_write_raw(stb_path(dir, "model.safetensors"), nb, 8 + hn + pad + data), 0);
+    free(nb);
+    free(hs);
+    free(buf);
+    cJSON_Delete(h);
+    cJSON_Delete(nh);
+}
+
+/* Qwen3.5 as published (multimodal wrapper, text model nested, mtp.* at the top): its module
+ * loads and computes what the text checkpoint's does, and --spec mtp keeps plain decoding's
+ * output. */
+static void mtp_qwen3_5_nested(void **state)
+{
+    (void)state;
+    char *flat = make_mtp_ckpt("qwen3_5_text", HEAD_RANDOM, 45), *dir = make_mtp_ckpt("qwen3_5_text", HEAD_RANDOM, 45);
+    nest_qwen3_5(dir);
+    struct err e = {0};
+    struct model *a = NULL, *b = NULL;
+    if (model_load_mtp(&a, flat, &e) < 0 || model_load_mtp(&b, dir, &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_string_equal(b->multimodal, "qwen3_5");
+    assert_int_equal(b->hp.n_layer, 1);
+    /* the same tensors bound: the views' bytes equal */
+#define T_BYTES(t) ((size_t)tensor_nelem(t) * dtype_size((t)->dtype))
+    assert_int_equal(memcmp(a->mtp.eh_proj.data, b->mtp.eh_proj.data, T_BYTES(&a->mtp.eh_proj)), 0);
+    assert_int_equal(memcmp(a->layers[0].wq.data, b->layers[0].wq.data, T_BYTES(&a->layers[0].wq)), 0);
+    assert_int_equal(memcmp(a->out_norm.data, b->out_norm.data, T_BYTES(&a->out_norm)), 0);
+    assert_int_equal(memcmp(a->lm_head.data, b->lm_head.data, T_BYTES(&a->lm_head)), 0);
+#undef T_BYTES
+    model_free(a);
+    model_free(b);
+    int32_t prompt[128];
+    int L;
+    prompt_of("qwen3_5_text", prompt, &L);
+    struct mtp_eng x;
+    struct recorder *rec = calloc(1, sizeof *rec);
+    struct run plain, r;
+    struct spec_params sp;
+    assert_non_null(rec);
+    mtp_open(&x, dir, L + N_GEN + 8, 1);
+    run_gen(&x, prompt, L, NULL, 0, &plain);
+    rec->sm = x.sm;
+    mtp_params(&sp, rec);
+    run_gen(&x, prompt, L, &sp, 0, &r);
+    same("qwen3_5 nested", "a random MTP module", &plain, &r);
+    assert_true(r.st.n_drafted > 0 && rec->n_empty == 0);
+    mtp_close(&x);
+    free(rec);
+    stb_rmtree(flat);
+    stb_rmtree(dir);
+}
+
 // ---- the scheduler ----
 
 struct sgot {
@@ -529,12 +677,20 @@ static void s_on_done(void *ud, const struct gen_stats *st, int rc, const struct
     g->done++;
 }
 
+static int s_empty;   /* scheduler steps that asked for a draft and got none */
+static int counting_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max)
+{
+    int k = spec_mtp_draft(ud, seq, hist, n, out, max);
+    s_empty += max > 0 && k == 0;
+    return k;
+}
+
 /* Requests drafting with the MTP layer and plain ones, in one batch each step, each equal to
- * plain decoding alone (two prompts, each drafted and plain). */
+ * plain decoding alone (two prompts, each drafted and plain); every step that asks for a
+ * draft gets one (after a recurrent model's rollback too). */
 static void mtp_sched(void **state)
 {
-    (void)state;
-    const char *name = "deepseek_v3";
+    const char *name = *state ? (const char *)*state : "deepseek_v3";
     char *dir = make_mtp_ckpt(name, HEAD_RANDOM, 45);
     int32_t prompt[128];
     int L;
@@ -547,6 +703,7 @@ static void mtp_sched(void **state)
     kv_seq_remove(x.g.kv, 0);
     struct sched *s = NULL;
     struct err e = {0};
+    s_empty = 0;
     assert_int_equal(sched_new(&s, x.g.c, x.g.kv, NULL, &e), 0);
     struct sgot got[4] = {0};
     for (int i = 0; i < 4; i++) {
@@ -555,7 +712,7 @@ static void mtp_sched(void **state)
         spec_params_default(&gp.spec);
         if (i % 2 == 0) {
             gp.spec.mode = SPEC_MTP;
-            gp.spec.draft = spec_mtp_draft;
+            gp.spec.draft = counting_draft;
             gp.spec.observe = spec_mtp_observe;
             gp.spec.draft_ud = x.sm;
         }
@@ -578,9 +735,11 @@ static void mtp_sched(void **state)
     uint64_t drafted, accepted;
     sched_spec_stats(s, &drafted, &accepted);
     assert_true(drafted > 0);
+    if (s_empty > 0)
+        fail_msg("%s: %d scheduler steps asked for a draft and the layer had none", name, s_empty);
     assert_null(spec_mtp_error(x.sm));
-    printf("mtp scheduler: 2 requests drafting with the layer, 2 plain: all equal plain decoding (%llu of %llu "
-           "drafted accepted)\n", (unsigned long long)accepted, (unsigned long long)drafted);
+    printf("mtp scheduler (%s): 2 requests drafting with the layer, 2 plain: all equal plain decoding (%llu of "
+           "%llu drafted accepted)\n", name, (unsigned long long)accepted, (unsigned long long)drafted);
     sched_free(s);
     mtp_close(&x);
     stb_rmtree(dir);
@@ -634,9 +793,57 @@ static void mtp_errors(void **state)
     stb_rmtree(dir);
 }
 
+/* config.json of dir with key set to v (a number, or a bool when is_bool). */
+static void set_config(const char *dir, const char *key, double v, bool is_bool)
+{
+    char *text = NULL;
+    size_t len;
+    struct err e = {0};
+    assert_int_equal(file_read_all(stb_path(dir, "config.json"), 1 << 20, &text, &len, &e), 0);
+    cJSON *cfg = cJSON_Parse(text);
+    free(text);
+    assert_non_null(cfg);
+    cJSON_DeleteItemFromObject(cfg, key);
+    cJSON_AddItemToObject(cfg, key, is_bool ? cJSON_CreateBool(v != 0) : cJSON_CreateNumber(v));
+    char *out = cJSON_Print(cfg);
+    cJSON_Delete(cfg);
+    assert_int_equal(stb_write_text(stb_path(dir, "config.json"), out), 0);
+    free(out);
+}
+
+/* Qwen3-Next's mtp.* module: what is missing or not supported is named. */
+static void mtp_errors_qwen3_next(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    /* transformers saves no mtp.* (the count defaults to 1, as vLLM's) */
+    expect_refused(golden_case_dir("qwen3_next"), ERR_FORMAT, "tensor 'mtp.fc.weight' is missing");
+    expect_refused(golden_case_dir("qwen3_5_text"), ERR_FORMAT, "tensor 'mtp.fc.weight' is missing");
+    char *dir = make_mtp_ckpt("qwen3_next", HEAD_RANDOM, 1);
+    set_config(dir, "mtp_num_hidden_layers", 0, false);
+    expect_refused(dir, ERR_CONFIG, "'mtp_num_hidden_layers' is 0");
+    set_config(dir, "mtp_num_hidden_layers", 1, false);
+    set_config(dir, "mtp_use_dedicated_embeddings", 1, true);
+    expect_refused(dir, ERR_UNSUPPORTED, "mtp_use_dedicated_embeddings");
+    set_config(dir, "mtp_use_dedicated_embeddings", 0, true);
+    /* the model loads as before, its layers and no MTP stage */
+    struct model *m = NULL;
+    assert_int_equal(model_load(&m, dir, &e), 0);
+    assert_int_equal(m->hp.n_layer, 4);
+    assert_false(tensor_is_present(&m->mtp.eh_proj));
+    model_free(m);
+    /* the layer: full attention with the gate, experts (layer 0's kind) */
+    assert_int_equal(model_load_mtp(&m, dir, &e), 0);
+    assert_int_equal(m->hp.n_layer, 1);
+    assert_int_equal(m->hp.layer[0].mixer, MIXER_ATTENTION);
+    assert_true(m->hp.layer[0].attn_gate);
+    assert_true(m->hp.layer[0].moe);
+    model_free(m);
+    stb_rmtree(dir);
+}
+
 // ---- the float64 reference ----
 
-#define REF_DIR "tests/fixtures/models/deepseek_v3_mtp"
 
 /* The largest |a - b| over n values against the largest |b| (a: ours, b: float64 JSON). */
 static double rel_err(const float *a, const cJSON *b, int n)
@@ -656,22 +863,24 @@ static void rows_of(const cJSON *arr, float *out, int cols)
             out[(size_t)r * cols + c] = (float)cJSON_GetArrayItem(cJSON_GetArrayItem(arr, r), c)->valuedouble;
 }
 
-/* gen_mtp.py's case: the model's final hidden states, the layer's logits and normalized
- * outputs over T - 1 rows, and two chained rows, against transformers in float64. */
+/* gen_mtp.py's case (gen_mtp_qwen3_next.py's with state naming the folder): the model's final
+ * hidden states, the layer's logits and normalized outputs over T - 1 rows, and two chained
+ * rows, against transformers in float64. */
 static void mtp_reference(void **state)
 {
-    (void)state;
+    char ref_dir[256];
+    snprintf(ref_dir, sizeof ref_dir, "tests/fixtures/models/%s", *state ? (const char *)*state : "deepseek_v3_mtp");
     char *text = NULL;
     size_t len;
     struct err e = {0};
-    assert_int_equal(file_read_all(test_path(REF_DIR "/mtp_ref.json"), 8 << 20, &text, &len, &e), 0);
+    assert_int_equal(file_read_all(test_path(stb_path(ref_dir, "mtp_ref.json")), 8 << 20, &text, &len, &e), 0);
     cJSON *ref = cJSON_Parse(text);
     free(text);
     assert_non_null(ref);
     const cJSON *ids_j = cJSON_GetObjectItem(ref, "input_ids");
     int T = cJSON_GetArraySize(ids_j);
     struct mtp_eng x;
-    mtp_open(&x, test_path(REF_DIR), 64, 1);
+    mtp_open(&x, test_path(ref_dir), 64, 1);
     int d = x.g.m->hp.n_embd, V = x.g.m->hp.n_vocab;
     int32_t ids[64];
     for (int i = 0; i < T; i++)
@@ -738,8 +947,8 @@ static void mtp_reference(void **state)
         if (step == 0 && argmax(lg, V, &margin) != t1)
             fail_msg("the chained draft is %d, the reference's %d", argmax(lg, V, &margin), t1);
     }
-    printf("mtp reference (transformers float64): hidden, %d MTP rows and 2 chained rows within rel %.1e "
-           "(worst %.2e)\n", T - 1, tol, worst);
+    printf("mtp reference %s (transformers float64): hidden, %d MTP rows and 2 chained rows within rel %.1e "
+           "(worst %.2e)\n", ref_dir, T - 1, tol, worst);
     free(hid);
     free(g);
     free(lg);
@@ -750,18 +959,24 @@ static void mtp_reference(void **state)
 
 static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
-    static const char *const fams[] = {"deepseek_v3", "glm4_moe", "glm4_moe_lite"};
-    static struct CMUnitTest t[6];
-    static char names[3][48];
-    for (int i = 0; i < 3; i++) {
+    static const char *const fams[] = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5_text"};
+    enum { N_FAMS = sizeof fams / sizeof fams[0] };
+    static struct CMUnitTest t[N_FAMS + 9];
+    static char names[N_FAMS][48];
+    size_t n = 0;
+    for (int i = 0; i < N_FAMS; i++) {
         snprintf(names[i], sizeof names[i], "mtp_%s", fams[i]);
-        t[i] = (struct CMUnitTest){names[i], mtp_family, NULL, NULL, (void *)fams[i]};
+        t[n++] = (struct CMUnitTest){names[i], mtp_family, NULL, NULL, (void *)fams[i]};
     }
-    t[3] = (struct CMUnitTest)cmocka_unit_test(mtp_sched);
-    t[4] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
-    t[5] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_qwen3_5_nested);
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_sched);
+    t[n++] = (struct CMUnitTest){"mtp_sched_qwen3_next", mtp_sched, NULL, NULL, (void *)"qwen3_next"};
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors);
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors_qwen3_next);
+    t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
+    t[n++] = (struct CMUnitTest){"mtp_reference_qwen3_next", mtp_reference, NULL, NULL, (void *)"qwen3_next_mtp"};
     *tests = t;
-    *n_tests = 6;
+    *n_tests = n;
 }
 
 TEST_SUITE_BUILT(mtp, build_tests);

@@ -68,8 +68,9 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
     "                         copied from where the last tokens occurred before in the prompt or\n" \
     "                         output), draft (a draft model, --model-draft) or mtp (the\n" \
     "                         checkpoint's own multi-token-prediction layer: DeepSeek-V3, GLM-4.5,\n" \
-    "                         GLM-4.7-Flash with num_nextn_predict_layers); the output is the\n" \
-    "                         same, faster when drafts are often right\n" \
+    "                         GLM-4.7-Flash with num_nextn_predict_layers, Qwen3-Next and Qwen3.5\n" \
+    "                         with their mtp.* module); the output is the same, faster when\n" \
+    "                         drafts are often right\n" \
     "      --draft-max N      tokens drafted per step at most (default 16, up to 64)\n" \
     "      --draft-min N      decode plainly when fewer are drafted (default 1)\n"
 

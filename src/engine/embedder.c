@@ -66,7 +66,9 @@ static int rr_init(struct embedder *em, struct err *e)
         return err_setf(e, ERR_ARG, "an LM reranker needs its tokenizer (tokenizer.json)");
     em->rr_no = tok_piece_to_id(em->tok, "no");
     em->rr_yes = tok_piece_to_id(em->tok, "yes");
-    if (em->rr_no < 0 || em->rr_yes < 0 || em->rr_no >= em->m->hp.n_vocab || em->rr_yes >= em->m->hp.n_vocab)
+    /* a converted one (a score head, n_cls) reads no token rows */
+    if (em->m->hp.n_cls == 0 &&
+        (em->rr_no < 0 || em->rr_yes < 0 || em->rr_no >= em->m->hp.n_vocab || em->rr_yes >= em->m->hp.n_vocab))
         return err_setf(e, ERR_FORMAT, "an LM reranker's vocabulary needs the tokens \"no\" and \"yes\" "
                         "(within the model's %d)", em->m->hp.n_vocab);
     if ((rc = tok_encode(em->tok, EMB_RR_PREFIX, strlen(EMB_RR_PREFIX), false, &em->rr_prefix, &np, e)) < 0 ||
@@ -321,10 +323,15 @@ int embedder_embed(struct embedder *em, const struct emb_item *items, int n, flo
 }
 
 /* An LM reranker's scores: P(yes) = softmax(no, yes)[1] of each item's last-token logits,
- * computed in double as the model card's log_softmax(...).exp(). */
+ * computed in double as the model card's log_softmax(...).exp(); a converted one's (score
+ * head of one label, ADR 0136): its logit through the cross-encoder activation (sigmoid unless
+ * config.json names another, as sentence-transformers' CrossEncoder). */
 static int rr_score(struct embedder *em, const struct emb_item *items, int n, float *scores, struct err *e)
 {
-    int nv = em->m->hp.n_vocab, rc = 0;
+    int nc = em->m->hp.n_cls, nv = nc > 0 ? nc : em->m->hp.n_vocab, rc = 0;
+    if (nc > 1)
+        return err_setf(e, ERR_UNSUPPORTED, "reranking needs a sequence-classification head of one label "
+                        "(num_labels 1); this one has %d", nc);
     for (int i0 = 0; i0 < n && rc == 0;) {
         size_t rows;
         int i1 = group_end(items, n, i0, &rows);
@@ -336,7 +343,8 @@ static int rr_score(struct embedder *em, const struct emb_item *items, int n, fl
         if ((rc = run_group(em, items, i0, i1, NULL, logits, e)) == 0)
             for (int i = i0; i < i1; i++) {
                 const float *l = logits + (size_t)(i - i0) * nv;
-                scores[i] = (float)(1.0 / (1.0 + exp((double)l[em->rr_no] - (double)l[em->rr_yes])));
+                scores[i] = nc > 0 ? emb_score(&em->cfg, l[0])
+                                   : (float)(1.0 / (1.0 + exp((double)l[em->rr_no] - (double)l[em->rr_yes])));
             }
         free(logits);
         i0 = i1;

@@ -73,10 +73,11 @@ int enc_max_tokens(const struct model *m)
     return n < ENC_MAX_TOKENS ? n : ENC_MAX_TOKENS;
 }
 
-/* Logits per output row: a classification head's labels, or an LM reranker's vocabulary. */
+/* Logits per output row: a classification head's labels, or an LM reranker's vocabulary
+ * (a converted one's score head: its labels). */
 static int enc_logit_width(const struct hparams *hp)
 {
-    return hp->lm_rerank ? hp->n_vocab : hp->n_cls;
+    return hp->lm_rerank && hp->n_cls == 0 ? hp->n_vocab : hp->n_cls;
 }
 
 int enc_new(struct encoder **out, const struct model *m, struct backend *be, struct err *e)

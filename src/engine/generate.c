@@ -234,7 +234,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
      * draft takes the cache back to the checkpoint before its step (ADR 0112): the next step
      * feeds the kept rows again before its own (fed < want), or the catch-up after the loop. */
     int32_t id = p->n_predict > 0 ? sampler_sample(smp, logits) : 0;
-    int want = n_prompt;
+    int want = n_prompt, obs_to = n_prompt;  /* obs_to: hidden states observed up to there */
     bool rec = kv_has_recurrent(kv);
     struct spec_pace pace;  /* the draft length now (spec.h) */
     spec_pace_init(&pace, K);
@@ -297,8 +297,16 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
         want = len + 1 + j;
         if (j < k && (rc = kv_seq_truncate(kv, seq, rec ? fed : want, e)) < 0)
             goto out;
-        if (observe)
-            p->spec.observe(p->spec.draft_ud, seq, fed, hid, kv_seq_len(kv, seq) - fed, hist, g.n_hist);
+        /* the kept rows' hidden states (after a rollback too: the rows after them do not
+         * reach them, and the MTP layer needs the last one to draft next step); rows fed
+         * again after a rollback were handed over already */
+        if (observe) {
+            int from = fed > obs_to ? fed : obs_to;
+            if (want > from)
+                p->spec.observe(p->spec.draft_ud, seq, from, hid + (size_t)(from - fed) * hp->n_embd, want - from,
+                                hist, g.n_hist);
+            obs_to = want;
+        }
         if (stop)
             break;
     }

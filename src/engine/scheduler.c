@@ -98,6 +98,9 @@ struct sreq {
     int snap_dec;                /* the length where it last kept its states past its prompt
                                   * (decoding reaches a block boundary), replaced by the next; 0:
                                   * none of its own */
+    int obs_to;                  /* after a rewind: the kept rows' hidden states went to the
+                                  * drafter already (spec_params.observe), up to this position;
+                                  * their second feed is not observed again (0: none) */
     struct spec_pace pace;       /* the draft length now (spec.h) */
     struct gen_stats st;
     double t_admit, t_first;
@@ -651,6 +654,7 @@ static void admit(struct sched *s)
         r->n_fed = hit;
         r->rewind = false;
         plan_snapshots(s, r, hit);
+        r->obs_to = 0;
         r->admitted = s->n_admitted++;
         if (r->t_admit == 0) {
             /* first admission: the prompt's hit counts (a readmission's does not) */
@@ -677,6 +681,7 @@ static bool preempt(struct sched *s)
     kv_seq_remove(s->kv, v->seq);
     v->seq = -1;
     v->n_fed = 0;
+    v->obs_to = 0;
     memmove(s->waiting + 1, s->waiting, (size_t)s->n_waiting * sizeof *s->waiting);
     s->waiting[0] = (int)(v - s->reqs);
     s->n_waiting++;
@@ -937,7 +942,11 @@ static bool batch_observes(const struct sched *s)
 }
 
 /* After the step's sampling: each request whose drafter reads hidden states gets those of the
- * rows it kept (the fed prompt chunk, or the decode row and the accepted drafts). */
+ * rows it kept (the fed prompt chunk, or the decode row and the accepted drafts). After a
+ * rewind (ADR 0112) those are the kept rows below the checkpoint's rollback, exact since the
+ * rows after them do not reach them: they are handed over now, so that the next step drafts
+ * (the MTP layer needs the hidden state of the position before its draft), and not again when
+ * the next step feeds them once more. */
 static void observe_step(struct sched *s)
 {
     int d = s->c->m->hp.n_embd;
@@ -949,10 +958,12 @@ static void observe_step(struct sched *s)
         struct sreq *r = &s->reqs[i];
         if (r->id <= 0 || r->seq < 0 || !r->spec || !r->p.spec.observe || s->seq_row[r->seq] < 0)
             continue;
-        int row = s->seq_row[r->seq], pos0 = s->b.pos[row], kept = r->n_fed - pos0;
-        if (kept > 0)
-            r->p.spec.observe(r->p.spec.draft_ud, r->seq, pos0, s->hid + (size_t)row * d, kept, r->toks,
-                              r->n_toks);
+        int row = s->seq_row[r->seq], pos0 = s->b.pos[row];
+        int end = r->rewind ? r->n_toks - 1 : r->n_fed, from = pos0 > r->obs_to ? pos0 : r->obs_to;
+        r->obs_to = r->rewind ? end : 0;
+        if (end > from)
+            r->p.spec.observe(r->p.spec.draft_ud, r->seq, from, s->hid + (size_t)(row + from - pos0) * d,
+                              end - from, r->toks, r->n_toks);
     }
 }
 

@@ -263,7 +263,9 @@ struct hparams {
      * kept, no generation); causal: every row attends its sequence's rows up to itself (a
      * causal decoder's embedding model: Qwen3-Embedding) instead of the whole sequence, and
      * a sequence's output row is its last, not its first; lm_rerank: scored from the LM
-     * head's logits of "yes" and "no" at the last row (Qwen3-Reranker, ADR 0098) */
+     * head's logits of "yes" and "no" at the last row (Qwen3-Reranker, ADR 0098), or with
+     * n_cls > 0 from a score head of n_cls labels in the LM head's place (a converted one:
+     * Qwen3ForSequenceClassification, ADR 0136), in the same prompt */
     bool causal;
     bool lm_rerank;
     bool cls_mean;              /* the classification head reads the mean of the sequence's rows,

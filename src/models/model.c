@@ -18,6 +18,7 @@
 #include "../core/log.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
+#include "../loading/wmap.h"
 #include "mtp.h"
 #include "registry.h"
 #include "vision.h"
@@ -290,17 +291,54 @@ static int reranker_fields(const cJSON *cfg, struct err *e)
     return 1;
 }
 
+/* A decoder's "<Family>ForSequenceClassification" checkpoint (transformers' score head on the
+ * last token): 1 with *n_labels (id2label's entries, else num_labels, else transformers'
+ * default of 2) for a Qwen3 one, a converted Qwen3-Reranker (ADR 0136); 0 when the config
+ * names no such architecture; -ERR_UNSUPPORTED for another family's (its prompt is unknown). */
+static int seq_cls_head(const struct model *m, const cJSON *cfg, int *n_labels, struct err *e)
+{
+    static const char k_sfx[] = "ForSequenceClassification";
+    const cJSON *a = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(cfg, "architectures"), 0);
+    if (!cJSON_IsString(a))
+        return 0;
+    size_t n = strlen(a->valuestring), k = sizeof k_sfx - 1;
+    if (n <= k || strcmp(a->valuestring + n - k, k_sfx) != 0)
+        return 0;
+    if (strcmp(m->ops->family, "qwen3") != 0)
+        return err_setf(e, ERR_UNSUPPORTED, "architecture '%s' (a sequence-classification head on a '%s' "
+                        "decoder) is not supported: only Qwen3ForSequenceClassification (converted "
+                        "Qwen3-Reranker checkpoints) is", a->valuestring, m->ops->family);
+    const cJSON *labels = cJSON_GetObjectItemCaseSensitive(cfg, "id2label");
+    int rc;
+    if (cJSON_IsObject(labels))
+        *n_labels = cJSON_GetArraySize(labels);
+    else if ((rc = cfg_opt_int(cfg, "num_labels", 2, n_labels, e)) < 0)
+        return rc;
+    if (*n_labels < 1 || *n_labels > HP_MAX_DIM)
+        return err_setf(e, ERR_CONFIG, "config: %d labels of the sequence-classification head", *n_labels);
+    return 1;
+}
+
 /* A decoder as an embedding model or an LM reranker, from the folder (model_load's
  * contract); bidirectional decoders (EmbeddingGemma) set hp.encoder in their parser. */
 static int decoder_role(struct model *m, const cJSON *cfg, const char *dir, struct err *e)
 {
     char path[4200];
     struct err fe = {0};
-    int rc, fd = -1;
+    int rc, fd = -1, n_labels = 0;
     if ((rc = reranker_fields(cfg, e)) != 0)
         return rc < 0 ? rc : model_set_lm_reranker(m, e);
     if (m->hp.encoder)
         return 0;
+    if ((rc = seq_cls_head(m, cfg, &n_labels, e)) != 0) {
+        if (rc < 0 || (rc = model_set_lm_reranker(m, e)) < 0)
+            return rc;
+        /* the score head replaces the LM head (bound after map_weights), which such a
+         * checkpoint does not carry: map_weights takes the embeddings' view meanwhile */
+        m->hp.n_cls = n_labels;
+        m->hp.tie_embd = true;
+        return 0;
+    }
     snprintf(path, sizeof path, "%s/modules.json", dir);
     if (file_open(path, FILE_FOLDER, &fd, NULL, &fe) < 0)
         return 0;   /* no sentence-transformers folder (unreadable: not one either) */
@@ -345,6 +383,13 @@ static int base_model_names(struct model *m, struct err *e)
     return 0;
 }
 
+/* A sequence-classification decoder's head: score.weight [n_cls, n_embd] as lm_head. */
+static int map_score(struct model *m, struct err *e)
+{
+    struct wmap w = {m->st, &m->hp.quant};
+    return wm_linear(&w, &m->lm_head, WM_REQUIRED, 0, m->hp.n_cls, m->hp.n_embd, e, "score");
+}
+
 /* model_load, or with mtp model_load_mtp (the MTP steps in mtp.c). */
 static int load(struct model **out, const char *dir, bool mtp, struct err *e)
 {
@@ -365,7 +410,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = nest_text_config(&cfg, &outer, m->multimodal, sizeof m->multimodal, e)) < 0)
         goto fail_prefix;
     if ((rc = registry_resolve(cfg, &m->ops, e)) < 0 || (mtp && (rc = mtp_config(cfg, m->ops, &n_main, e)) < 0) ||
-        (!mtp && m->ops->mtp != MTP_NONE && (rc = mtp_count(cfg, &n_next, e)) < 0))
+        (!mtp && m->ops->mtp == MTP_DEEPSEEK && (rc = mtp_count(cfg, &n_next, e)) < 0))
         goto fail_prefix;
     hparams_init(&m->hp);
     if ((rc = cfg_opt_str(cfg, "model_type", "", m->hp.model_type, sizeof m->hp.model_type, e)) < 0 ||
@@ -376,7 +421,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = parse_generation(m, dir, e)) < 0)
         goto fail;
     if (mtp)
-        mtp_layer_spec(&m->hp, n_main);
+        mtp_layer_spec(&m->hp, n_main, m->ops->mtp);
     if ((rc = hparams_validate(&m->hp, e)) < 0 || (!mtp && (rc = decoder_role(m, cfg, dir, e)) < 0))
         goto fail_prefix;
     filter_eos(&m->hp);
@@ -386,7 +431,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
     if ((rc = st_set_open(&m->st, dir, e)) < 0 || (m->multimodal[0] && (rc = nest_weights(m, outer, e)) < 0) ||
         (!m->multimodal[0] && (rc = base_model_names(m, e)) < 0))
         goto fail;
-    if (mtp && (rc = mtp_rename(m->st, n_main, e)) < 0) {
+    if (mtp && (rc = mtp_rename(m->st, n_main, m->ops->mtp, e)) < 0) {
         err_prefix(e, "%s", dir);
         goto fail;
     }
@@ -399,6 +444,7 @@ static int load(struct model **out, const char *dir, bool mtp, struct err *e)
         goto fail;
     }
     if ((rc = m->ops->map_weights(m, m->st, e)) < 0 || (mtp && (rc = mtp_map(m, m->st, e)) < 0) ||
+        (m->hp.lm_rerank && m->hp.n_cls > 0 && (rc = map_score(m, e)) < 0) ||
         (m->hp.lm_rerank && (rc = model_set_lm_reranker(m, e)) < 0)) {
         err_prefix(e, "%s%s", dir, mtp ? " (its multi-token-prediction layer)" : "");
         goto fail;

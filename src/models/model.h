@@ -126,6 +126,9 @@ enum mtp_layout {
     MTP_DEEPSEEK = 1,  /* DeepSeek-V3's: num_nextn_predict_layers layers past num_hidden_layers,
                         * model.layers.N.{enorm, hnorm, eh_proj, shared_head.{norm, head}} + a
                         * decoder layer of the model's own kind (GLM-4.5 and GLM-4.7-Flash too) */
+    MTP_QWEN3_NEXT = 2,  /* Qwen3-Next's and Qwen3.5's: mtp.{fc, pre_fc_norm_embedding,
+                          * pre_fc_norm_hidden, norm} + mtp.layers.0.* a full-attention decoder
+                          * layer (mtp_num_hidden_layers), the model's embeddings and lm_head */
 };
 
 struct prepared_view;
@@ -240,10 +243,11 @@ int model_load(struct model **out, const char *dir, struct err *e);
  * layers (recurrent, latent) or one without an LM head. Before model_prepare. */
 int model_set_lm_reranker(struct model *m, struct err *e);
 /* Load the first multi-token-prediction layer of the checkpoint in dir as a model of one layer
- * (struct mtp_input; ADR 0108): its decoder layer as layer 0, shared_head.norm as out_norm,
- * shared_head.head (or the model's lm_head when the layer has none) as lm_head, the model's
- * embeddings. -ERR_UNSUPPORTED when the family has no MTP layout, -ERR_CONFIG when config.json
- * has none (num_nextn_predict_layers absent or 0), -ERR_FORMAT naming a missing tensor. */
+ * (struct mtp_input; ADR 0108, 0135): its decoder layer as layer 0, shared_head.norm (Qwen3-Next:
+ * mtp.norm) as out_norm, shared_head.head (or the model's lm_head when the layer has none) as
+ * lm_head, the model's embeddings. -ERR_UNSUPPORTED when the family has no MTP layout,
+ * -ERR_CONFIG when config.json has none (num_nextn_predict_layers / mtp_num_hidden_layers
+ * absent or 0), -ERR_FORMAT naming a missing tensor. */
 int model_load_mtp(struct model **out, const char *dir, struct err *e);
 void model_free(struct model *m);
 /* Parameter count (elements of every consumed tensor; quantized counted unpacked). */

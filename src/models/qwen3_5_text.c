@@ -60,4 +60,5 @@ const struct model_ops qwen3_5_text_ops = {
     .parse_config = qwen3_5_text_parse_config,
     .map_weights = qwen3_5_text_map_weights,
     .forward = decoder_forward,
+    .mtp = MTP_QWEN3_NEXT,  /* model_load_mtp: the mtp.* module (ADR 0135) */
 };

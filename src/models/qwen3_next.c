@@ -134,6 +134,7 @@ const struct model_ops qwen3_next_ops = {
     .parse_config = qwen3_next_parse_config,
     .map_weights = qwen3_next_map_weights,
     .forward = decoder_forward,
+    .mtp = MTP_QWEN3_NEXT,  /* model_load_mtp: the mtp.* module (ADR 0135) */
     .expert_stacking = hf_mlp_experts_stacking,
     .quant_predicate = qwen3_next_quant,
 };

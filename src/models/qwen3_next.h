@@ -33,6 +33,10 @@ typedef int (*qn_inproj_fn)(struct model *m, struct wmap *w, struct layer *L, in
 int qwen3_next_map_common(struct model *m, struct st_set *st, const struct hf_moe_names *names,
                           qn_inproj_fn inproj, struct err *e);
 
+/* A zero-centred norm weight t of transformers' layout as an owned F32 1 + w (the MTP module's
+ * pre_fc norms, mtp.c); nothing for an absent tensor or a recording set. */
+int qwen3_next_norm_plus_one(struct model *m, struct st_set *st, struct tensor *t, struct err *e);
+
 /* Replace the view t by an owned copy whose row r is t's row perm[r] (n rows, float or
  * MLX-quantized); nothing on a recording set (synth). */
 int qwen3_next_permute_rows(struct model *m, struct st_set *st, struct tensor *t,

@@ -218,6 +218,11 @@ static int norm_plus_one(struct model *m, struct st_set *st, struct tensor *t, b
     return 0;
 }
 
+int qwen3_next_norm_plus_one(struct model *m, struct st_set *st, struct tensor *t, struct err *e)
+{
+    return norm_plus_one(m, st, t, false, e);
+}
+
 /* q_proj [n_head x (q | gate), n_embd] -> wq, wq_gate; k/v/o projections; q/k norms. */
 static int map_gated_attention(struct model *m, struct wmap *w, struct layer *L, int il,
                                bool mlx, struct err *e)

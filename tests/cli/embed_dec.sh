@@ -4,8 +4,10 @@
 # of qwen3_emb (Qwen3-Embedding's shape) and embgemma (EmbeddingGemma's) give
 # SentenceTransformer.encode's vectors, also with --prompt-name query / document; qwen3_rr with
 # --reranker qwen3 gives the model card's P(yes) (and its second instruction with
-# --instruction); an embedding model does not generate, a wrong --reranker kind fails with one
-# line (exit 1); serve refuses --reranker in router mode.
+# --instruction); qwen3_rr converted to Qwen3ForSequenceClassification (make_seqcls_checkpoint.py,
+# as vLLM's convert_model_to_seq_cls.py; ADR 0136) gives the same scores without a flag; an
+# embedding model does not generate, a wrong --reranker kind fails with one line (exit 1); serve
+# refuses --reranker in router mode.
 # Usage (from the repo root): sh tests/cli/embed_dec.sh path/to/mlxcel
 BIN=${1:?usage: embed_dec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -101,6 +103,16 @@ cmp_scores "$T/out" "$T/scores.txt" "rerank" || exit 1
 run "$BIN" rerank -m "$R" --reranker qwen3 --instruction "$(cat "$T/instr2.txt")" -q "$(cat "$T/q2.txt")" -f "$T/docs2.txt" --json
 expect_rc 0 "rerank --instruction"
 cmp_scores "$T/out" "$T/scores2.txt" "rerank --instruction" || exit 1
+# the converted reranker: no flag needed, the same scores (sigmoid of the score head's logit)
+python3 tests/cli/make_seqcls_checkpoint.py "$R" "$T/seqcls" || fail "cannot convert qwen3_rr"
+run "$BIN" rerank -m "$T/seqcls" -q "$(cat "$T/q.txt")" -f "$T/docs.txt" --json
+expect_rc 0 "rerank of a converted Qwen3ForSequenceClassification"
+cmp_scores "$T/out" "$T/scores.txt" "rerank (converted)" || exit 1
+run "$BIN" rerank -m "$T/seqcls" --instruction "$(cat "$T/instr2.txt")" -q "$(cat "$T/q2.txt")" -f "$T/docs2.txt" --json
+expect_rc 0 "rerank --instruction (converted)"
+cmp_scores "$T/out" "$T/scores2.txt" "rerank --instruction (converted)" || exit 1
+run "$BIN" generate -m "$T/seqcls" -p hello -n 2
+expect_rc 1 "generate with a converted reranker"
 run "$BIN" rerank -m "$R" -q x -f "$T/docs.txt"
 expect_rc 1 "rerank of a causal LM without --reranker"
 err_has "no flag" "--reranker qwen3"

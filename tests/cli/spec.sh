@@ -7,8 +7,9 @@
 # cannot, and all give the plain ids; `--model-draft` (the model itself: all accepted;
 # another checkpoint; another vocabulary refused); `--spec mtp` (the checkpoint's own
 # multi-token-prediction layer, ADR 0108: a random one added to goldens deepseek_v3 and
-# glm4_moe by make_mtp_checkpoint.py gives the plain ids; checkpoints without one are refused
-# naming why); bad values of the flags are usage errors.
+# glm4_moe, and Qwen3-Next's mtp.* module to goldens qwen3_next and qwen3_5_text (ADR 0135), by
+# make_mtp_checkpoint.py gives the plain ids; checkpoints without one are refused naming why);
+# bad values of the flags are usage errors.
 # Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
 BIN=${1:?usage: spec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -92,7 +93,7 @@ fi
 # --spec mtp: a random MTP layer added to golden checkpoints drafts (badly): the plain ids,
 # also at a context that ends mid-draft and with short drafts; the goldens themselves have
 # no such layer and are refused, naming what is missing
-for G in deepseek_v3 glm4_moe; do
+for G in deepseek_v3 glm4_moe qwen3_next qwen3_5_text; do
     [ -f tests/fixtures/golden/$G/config.json ] || continue
     python3 tests/cli/make_mtp_checkpoint.py tests/fixtures/golden/$G "$T/$G" || fail "cannot make $G's MTP checkpoint"
     P=$(seq 10 30 | paste -sd, -)
@@ -111,6 +112,7 @@ for G in deepseek_v3 glm4_moe; do
     expect_rc 1 "--spec mtp on golden $G"
     case $G in
     deepseek_v3) grep -q "'num_nextn_predict_layers' is absent" "$T/err" || fail "golden $G: $(cat "$T/err")" ;;
+    qwen3*) grep -q "tensor 'mtp.fc.weight' is missing" "$T/err" || fail "golden $G: $(cat "$T/err")" ;;
     *) grep -q "eh_proj.weight' is missing" "$T/err" || fail "golden $G: $(cat "$T/err")" ;;
     esac
 done

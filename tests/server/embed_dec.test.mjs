@@ -8,7 +8,10 @@
 //    same through base64 (the client's default);
 //  - qwen3_rr with --reranker qwen3: /v1/rerank and /rerank give the model card's P(yes)
 //    for each document (best first), equal to `mlxcel rerank --reranker qwen3 --json`; without
-//    the flag the folder is a causal LM and answers /v1/rerank with 400.
+//    the flag the folder is a causal LM and answers /v1/rerank with 400;
+//  - qwen3_rr converted to Qwen3ForSequenceClassification (tests/cli/make_seqcls_checkpoint.py,
+//    as vLLM's convert_model_to_seq_cls.py; ADR 0136): /v1/rerank gives the same P(yes) with no
+//    flag, and chat answers 400 naming /v1/rerank.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -102,6 +105,33 @@ describe('decoder embedding models and the LM reranker on serve', { timeout: 300
             assertError(await post(srv.base, '/v1/embeddings', { input: 'x' }), 400, 'embeddings on a reranker');
             const c = assertError(await post(srv.base, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }] }),
                 400, 'chat on a reranker');
+            assert.match(c.message, /\/v1\/rerank/);
+        });
+    });
+
+    describe('qwen3_rr converted to Qwen3ForSequenceClassification', () => {
+        let srv;
+        const ref = refs.qwen3_rr;
+        const dir = join(work, 'seqcls');
+        before(async () => {
+            execFileSync('python3', ['tests/cli/make_seqcls_checkpoint.py', join(G, 'qwen3_rr'), dir]);
+            srv = await startServer(['-m', dir]);
+        });
+        after(async () => { if (srv) await srv.stop(); });
+        it('/v1/rerank gives the model card\'s P(yes) without a flag', async () => {
+            const n = ref.ids.filter((x) => x.length < ref.max_length).length;
+            const query = ref.pairs[0][0];
+            const idx = ref.pairs.map((p, i) => i).filter((i) => i < n && ref.pairs[i][0] === query);
+            const r = await post(srv.base, '/v1/rerank', { query, documents: idx.map((i) => ref.pairs[i][1]) });
+            assert.equal(r.status, 200, r.text);
+            assert.equal(r.json.results.length, idx.length);
+            for (const x of r.json.results) {
+                const want = ref.scores[idx[x.index]];
+                assert.ok(Math.abs(x.relevance_score - want) <= 1e-4 * Math.max(Math.abs(want), 1e-6),
+                    `document ${x.index}: ${x.relevance_score} vs ${want}`);
+            }
+            const c = assertError(await post(srv.base, '/v1/chat/completions', { messages: [{ role: 'user', content: 'hi' }] }),
+                400, 'chat on a converted reranker');
             assert.match(c.message, /\/v1\/rerank/);
         });
     });
