@@ -167,6 +167,14 @@ static void prompt_check(const struct igold *g, const struct model *m, const cha
     if (image_load(&im, path, NULL, &e) < 0 || image_input_add(&in, &im, &e) < 0)
         fail_msg("%s: a 640x480 image in 21 tiles: %s", name, e.msg);
     assert_int_equal(in.n_img, 21);
+    /* the prompt's pixel values are bounded: 20 tiles' worth refuses the 21 */
+    size_t tile = in.n_values / 21;
+    image_input_free(&in);
+    image_input_init(&in, &big);
+    in.max_values = 20 * tile;
+    assert_int_equal(image_input_add(&in, &im, &e), -ERR_RANGE);
+    assert_non_null(strstr(e.msg, "pixel values"));
+    assert_int_equal(in.n_img, 0);
     image_input_free(&in);
     image_free(&im);
     tok_free(tok);

@@ -62,6 +62,15 @@ int image_setup_init(struct image_setup *su, const char *dir, const struct model
     return 0;
 }
 
+/* Whether n more pixel values stay within the prompt's bound; else the error. */
+static int values_fit(const struct image_input *in, size_t n, struct err *e)
+{
+    if (n > in->max_values || in->n_values > in->max_values - n)
+        return err_setf(e, ERR_RANGE, "the prompt's images take more than %zu pixel values (%zu MiB)",
+                        in->max_values, in->max_values * sizeof(float) >> 20);
+    return 0;
+}
+
 /* Images of their own size (Qwen): px's patch rows appended with their grid. */
 static int add_grid(struct image_input *in, const struct image_pixels *px, struct err *e)
 {
@@ -83,6 +92,8 @@ static int add_grid(struct image_input *in, const struct image_pixels *px, struc
                         "%d (preprocessor_config.json's merge_size)", px->n_image_tokens, vi->merge, rc);
     if (in->n_img >= IMAGE_INPUT_MAX)
         return err_setf(e, ERR_RANGE, "more than %d images in one prompt", IMAGE_INPUT_MAX);
+    if ((rc = values_fit(in, px->n_values, e)) < 0)
+        return rc;
     float *grown = realloc(in->pixels, (in->n_values + px->n_values) * sizeof *grown);
     if (!grown)
         return err_setf(e, ERR_NOMEM, "out of memory for an image's pixels");
@@ -100,7 +111,9 @@ void image_input_init(struct image_input *in, const struct image_setup *su)
 {
     memset(in, 0, sizeof *in);
     in->su = su;
+    in->max_values = IMAGE_INPUT_MAX_FLOATS;
 }
+
 
 int image_input_add(struct image_input *in, const struct image *im, struct err *e)
 {
@@ -139,6 +152,8 @@ int image_input_add(struct image_input *in, const struct image *im, struct err *
                       px.n_images == 1 ? "" : "s", vi->tokens_per_image);
         goto out;
     }
+    if ((rc = values_fit(in, px.n_values, e)) < 0)
+        goto out;
     if (in->n_img + (int)px.n_images > IMAGE_INPUT_MAX) {
         rc = err_setf(e, ERR_RANGE, "more than %d images for the tower in one prompt (pan-and-scan crops count)",
                       IMAGE_INPUT_MAX);

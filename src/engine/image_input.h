@@ -25,6 +25,11 @@ extern "C" {
 /* Tower images (pan-and-scan crops and Idefics3 tiles count: one published Idefics3 / SmolVLM
  * image is up to 4 x 4 tiles + the global one) in one prompt: the scheduler's SCHED_MAX_IMAGES. */
 #define IMAGE_INPUT_MAX 64
+/* Pixel values (floats) of one prompt's tower images together, by default: 256 MiB. One image
+ * at Qwen2-VL's default max_pixels (3 x 12845056), 64 Idefics3 tiles of 364² or 16 Gemma 3
+ * images of 896² fit; more is a clear error, so that 64 tower images cannot hold 64 times the
+ * largest. */
+#define IMAGE_INPUT_MAX_FLOATS ((size_t)64 << 20)
 
 /* What a model's images need, made once per model. */
 struct image_setup {
@@ -60,6 +65,7 @@ struct image_input {
     int32_t grid[IMAGE_INPUT_MAX][3];
     size_t off[IMAGE_INPUT_MAX];
     size_t n_values;
+    size_t max_values;               /* the bound of n_values (IMAGE_INPUT_MAX_FLOATS) */
     char *text[IMAGE_INPUT_MAX];     /* per image added: its placeholder's expansion (has_text) */
     int n_added;
 };
