@@ -114,7 +114,6 @@ void image_input_init(struct image_input *in, const struct image_setup *su)
     in->max_values = IMAGE_INPUT_MAX_FLOATS;
 }
 
-
 int image_input_add(struct image_input *in, const struct image *im, struct err *e)
 {
     const struct image_setup *su = in->su;
