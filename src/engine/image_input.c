@@ -92,8 +92,9 @@ static int add_grid(struct image_input *in, const struct image_pixels *px, struc
                         "%d (preprocessor_config.json's merge_size)", px->n_image_tokens, vi->merge, rc);
     if (in->n_img >= IMAGE_INPUT_MAX)
         return err_setf(e, ERR_RANGE, "more than %d images in one prompt", IMAGE_INPUT_MAX);
-    if ((rc = values_fit(in, px->n_values, e)) < 0)
-        return rc;
+    int fit = values_fit(in, px->n_values, e);   /* rc holds the image's tokens */
+    if (fit < 0)
+        return fit;
     float *grown = realloc(in->pixels, (in->n_values + px->n_values) * sizeof *grown);
     if (!grown)
         return err_setf(e, ERR_NOMEM, "out of memory for an image's pixels");
