@@ -59,6 +59,12 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/mlxcel-fuzz.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT INT TERM
 ARTIFACTS=$BUILD/fuzz-artifacts
 mkdir -p "$ARTIFACTS"
+# the seed corpora travel as one archive (fuzz/seeds.tar.xz: 60 small files took 4 KiB of disk
+# each); fuzz/seeds/config stays a folder, test_config reads it
+SEEDS=$WORK/seeds
+mkdir -p "$SEEDS"
+xz -dc "$ROOT/fuzz/seeds.tar.xz" | tar -xf - -C "$SEEDS"
+cp -r "$ROOT/fuzz/seeds/config" "$SEEDS/"
 
 # le64 N: N as 8 little-endian bytes (N < 2^32 is all we need here).
 le64() {
@@ -161,7 +167,7 @@ seed_config() {
         i=$((i + 1))
         cp "$f" "$dir/config-$i.json"
     done
-    cp "$ROOT"/fuzz/seeds/config/*.json "$dir"/
+    cp "$SEEDS"/config/*.json "$dir"/
 }
 
 seed_tokenizer() {
@@ -173,7 +179,7 @@ seed_tokenizer() {
         i=$((i + 1))
         cp "$f" "$dir/tokenizer-$i.json"
     done
-    cp "$ROOT"/fuzz/seeds/tokenizer/*.json "$dir"/
+    cp "$SEEDS"/tokenizer/*.json "$dir"/
 }
 
 # seed_tokenizer_small DIR: one tiny tokenizer.json per component family.
@@ -231,13 +237,13 @@ for bin in "$BUILD"/fuzz_*; do
         seed_encode "$corpus"
         ;;
     template)
-        cp "$ROOT"/fuzz/seeds/template/*.jinja "$corpus"/
+        cp "$SEEDS"/template/*.jinja "$corpus"/
         ;;
     hub_listing)
-        cp "$ROOT"/fuzz/seeds/hub_listing/*.json "$corpus"/
+        cp "$SEEDS"/hub_listing/*.json "$corpus"/
         ;;
     outparse)
-        cp "$ROOT"/fuzz/seeds/outparse/*.txt "$corpus"/
+        cp "$SEEDS"/outparse/*.txt "$corpus"/
         dict_outparse > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
@@ -251,20 +257,20 @@ for bin in "$BUILD"/fuzz_*; do
         set -- -dict="$WORK/$short.dict" -max_len=16384
         ;;
     preprocess)
-        cp "$ROOT"/fuzz/seeds/preprocess/* "$corpus"/
+        cp "$SEEDS"/preprocess/* "$corpus"/
         ;;
     grammar)
-        cp "$ROOT"/fuzz/seeds/grammar/* "$corpus"/
+        cp "$SEEDS"/grammar/* "$corpus"/
         dict_grammar > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
     oai_request)
-        cp "$ROOT"/fuzz/seeds/oai_request/*.json "$corpus"/
+        cp "$SEEDS"/oai_request/*.json "$corpus"/
         dict_oai_request > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
     responses | anthropic)
-        cp "$ROOT"/fuzz/seeds/"$short"/*.json "$corpus"/
+        cp "$SEEDS"/"$short"/*.json "$corpus"/
         "dict_$short" > "$WORK/$short.dict"
         set -- -dict="$WORK/$short.dict"
         ;;
