@@ -423,6 +423,32 @@ describe('chat page: in chromium', { skip: SKIP_BROWSER && 'MLXCEL_SKIP_BROWSER=
         await page.selectOption('#models', 'llama-tiny');
         await page.waitForFunction(() => document.getElementById('model').textContent === 'llama-tiny' &&
             document.getElementById('attach').hidden, null, { timeout: WAIT });
+        // A late answer (the router loading a model before it answers) must not overwrite the
+        // choice made since: /props for llama-tiny is held while gemma3v is chosen.
+        let held = 0, released = 0;
+        const late = (u) => u.pathname === '/props' && u.searchParams.get('model') === 'llama-tiny';
+        await page.route(late, async (route) => {
+            held++;
+            await sleep(1500);
+            released++;
+            await route.fallback();
+        });
+        await page.selectOption('#models', 'gemma3v');
+        await page.selectOption('#models', 'llama-tiny');
+        await page.selectOption('#models', 'gemma3v');
+        await page.waitForFunction(() => document.getElementById('model').textContent === 'gemma3v' &&
+            !document.getElementById('attach').hidden, null, { timeout: WAIT });
+        const t0 = Date.now();
+        while (released < held && Date.now() - t0 < WAIT) await sleep(50);
+        assert.equal(held, 1);
+        assert.equal(released, held);
+        await sleep(300);
+        assert.equal(await page.evaluate(() => document.getElementById('attach').hidden), false,
+            'a late /props answer for llama-tiny hid the Image button of gemma3v');
+        await page.unroute(late);
+        await page.selectOption('#models', 'llama-tiny');
+        await page.waitForFunction(() => document.getElementById('model').textContent === 'llama-tiny' &&
+            document.getElementById('attach').hidden, null, { timeout: WAIT });
         await page.click('#settings summary');
         await page.fill('#max-tokens', '6');
         await page.click('#settings summary');
