@@ -1564,6 +1564,9 @@ static void test_ssd_scan(void **state)
     ssd_case(&bs, &es, 150, 2, 4, 8, 16, 2, 0.0f, INFINITY, true, false, true);
     ssd_case(&bs, &es, 70, 3, 6, 5, 33, 3, 0.01f, 0.5f, false, true, true);   /* y over x */
     ssd_case(&bs, &es, 200, 1, 3, 16, 64, 1, 0.0f, INFINITY, true, false, true);
+    /* the state sizes AVX-512 keeps in registers (128: Mamba-2, Granite 4, Nemotron-H; 256) */
+    ssd_case(&bs, &es, 120, 2, 4, 4, 128, 1, 0.0f, INFINITY, true, false, true);
+    ssd_case(&bs, &es, 60, 3, 2, 4, 256, 2, 0.01f, 0.5f, false, true, true);  /* y over x */
     kc_report("ssd_scan", &es);
     kc_close(&bs);
 }

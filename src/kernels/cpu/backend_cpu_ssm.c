@@ -1,6 +1,8 @@
 /*
- * backend_cpu_ssm: Mamba-2's SSD scan on the CPU (backend.h ssd_scan), the scalar
- * reference of the recurrence. Work splits over (head, channel) pairs: a thread owns the
+ * backend_cpu_ssm: Mamba-2's SSD scan on the CPU (backend.h ssd_scan): the recurrence, per
+ * (head, channel) pair by the ISA's ssd_rows kernel (kern.h; the scalar one is the
+ * reference, AVX-512 keeps the pair's state row in registers over a run of rows). Work
+ * splits over (head, channel) pairs: a thread owns the
  * d_state floats of its pairs' state rows in every sequence, so it walks the chunk's rows
  * in order and each sequence's rows see the state its earlier rows left, wherever other
  * sequences' rows sit between them; a row at position 0 clears its own state rows first.
@@ -21,6 +23,7 @@
 #include "backend_cpu_impl.h"
 
 struct ssd_ctx {
+    const struct cpu_kernels *k;
     const float *dtd;                   /* [n_tok][n_head][2]: dt and exp(A dt) */
     float *y;
     const float *x, *B, *C, *dt;
@@ -39,8 +42,9 @@ static float ssd_dt(float v, float lo, float hi)
     return fminf(fmaxf(s, lo), hi);
 }
 
-/* The (head, channel) pairs [u0, u1) of every row: a pair's state row stays in cache while
- * its rows go by (rows inner); dtd holds each row's and head's dt and decay. */
+/* The (head, channel) pairs [u0, u1) of every row: a pair's state row stays in cache (or
+ * registers: kern.h ssd_rows) while its rows go by, one call per run of consecutive rows of
+ * one sequence; dtd holds each row's and head's dt and decay. */
 static void ssd_range(const struct ssd_ctx *sc, long u0, long u1)
 {
     const struct ssd_params *p = &sc->p;
@@ -49,19 +53,19 @@ static void ssd_range(const struct ssd_ctx *sc, long u0, long u1)
     for (long u = u0; u < u1; u++) {
         int h = (int)(u / P), g = h / rep;
         float dh = sc->d ? sc->d[h] : 0.0f;
-        for (int i = 0; i < sc->n_tok; i++) {
+        for (int i = 0; i < sc->n_tok;) {
+            int j = i + 1;
+            while (j < sc->n_tok && sc->seq[j] == sc->seq[i] && sc->pos[j] != 0)
+                j++;
             float *s = sc->st + (size_t)sc->seq[i] * sd + (size_t)u * N;
-            const float *b = sc->B + (size_t)i * sc->ldx + (size_t)g * N;
-            const float *c = sc->C + (size_t)i * sc->ldx + (size_t)g * N;
-            const float *da = sc->dtd + ((size_t)i * H + h) * 2;
-            float xv = sc->x[(size_t)i * sc->ldx + u], dx = da[0] * xv, a = da[1], acc = 0.0f;
             if (sc->pos[i] == 0)
                 memset(s, 0, (size_t)N * sizeof *s);
-            for (int n = 0; n < N; n++) {
-                s[n] = a * s[n] + dx * b[n];
-                acc += s[n] * c[n];
-            }
-            sc->y[(size_t)i * sc->ldy + u] = acc + dh * xv;
+            sc->k->ssd_rows(s, N, sc->B + (size_t)i * sc->ldx + (size_t)g * N,
+                            sc->C + (size_t)i * sc->ldx + (size_t)g * N, sc->ldx,
+                            sc->x + (size_t)i * sc->ldx + u, sc->ldx,
+                            sc->dtd + ((size_t)i * H + h) * 2, (size_t)H * 2,
+                            sc->y + (size_t)i * sc->ldy + u, sc->ldy, dh, j - i);
+            i = j;
         }
     }
 }
@@ -98,7 +102,7 @@ void cpu_ssd_scan(struct backend *be, float *y, int ldy, const float *x, const f
         return;
     }
     struct ssd_ctx sc = {
-        .y = y, .x = x, .B = B, .C = C, .dt = dt,
+        .k = &c->k, .y = y, .x = x, .B = B, .C = C, .dt = dt,
         .ldy = (size_t)ldy, .ldx = (size_t)ldx, .lddt = (size_t)lddt,
         .a_log = a_log->data, .d = has_d ? d->data : NULL, .dt_bias = dt_bias->data,
         .st = st->v, .pos = rows->pos, .seq = rows->state, .n_tok = n_tok, .p = *p,

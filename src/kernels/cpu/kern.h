@@ -169,6 +169,15 @@ struct cpu_kernels {
     void (*silu_mul)(float *y, const float *g, const float *u, size_t n);
     void (*gelu_tanh)(float *x, size_t n);
     void (*gelu_erf)(float *x, size_t n);
+    /* Mamba-2's SSD recurrence for one (head, channel) pair over n rows of one sequence
+     * (backend_cpu_ssm.c). Row i: with dt = dtd[i ldd], a = dtd[i ldd + 1] (the decay) and
+     * v = x[i ldx], s = a s + (dt v) b and y[i ldy] = s . c + dskip v, where b = B + i ldbc and
+     * c = C + i ldbc hold N floats; s [N] is the pair's state row, updated in place. y may
+     * alias x (row i's y is written after its x is read). A pair's arithmetic does not depend
+     * on n: rows given in one call or one at a time give the same bits. */
+    void (*ssd_rows)(float *s, int N, const float *B, const float *C, size_t ldbc,
+                     const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
+                     size_t ldy, float dskip, int n);
 };
 
 /* ---- kern_ref.c ---- */

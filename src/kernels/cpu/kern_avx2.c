@@ -827,6 +827,43 @@ static float a2_dot(const float *a, const float *b, int n)
     return dot_t(a, b, n);
 }
 
+/* The SSD recurrence (kern.h ssd_rows): 8 state elements per vector, the state row in
+ * memory (L1) between rows, two accumulators for the output; a tail of N % 8 elements in
+ * scalar, summed after the vectors. */
+static void a2_ssd_rows(float *s, int N, const float *B, const float *C, size_t ldbc,
+                        const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
+                        size_t ldy, float dskip, int n)
+{
+    int nv = N & ~7;
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float v = x[(size_t)i * ldx], dxs = dtd[(size_t)i * ldd] * v, as = dtd[(size_t)i * ldd + 1];
+        __m256 a = _mm256_set1_ps(as), dx = _mm256_set1_ps(dxs);
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+        int m = 0;
+        for (; m + 16 <= nv; m += 16) {
+            __m256 s0 = _mm256_fmadd_ps(dx, _mm256_loadu_ps(b + m), _mm256_mul_ps(a, _mm256_loadu_ps(s + m)));
+            __m256 s1 = _mm256_fmadd_ps(dx, _mm256_loadu_ps(b + m + 8),
+                                        _mm256_mul_ps(a, _mm256_loadu_ps(s + m + 8)));
+            _mm256_storeu_ps(s + m, s0);
+            _mm256_storeu_ps(s + m + 8, s1);
+            acc0 = _mm256_fmadd_ps(s0, _mm256_loadu_ps(c + m), acc0);
+            acc1 = _mm256_fmadd_ps(s1, _mm256_loadu_ps(c + m + 8), acc1);
+        }
+        for (; m < nv; m += 8) {
+            __m256 s0 = _mm256_fmadd_ps(dx, _mm256_loadu_ps(b + m), _mm256_mul_ps(a, _mm256_loadu_ps(s + m)));
+            _mm256_storeu_ps(s + m, s0);
+            acc0 = _mm256_fmadd_ps(s0, _mm256_loadu_ps(c + m), acc0);
+        }
+        float acc = hsum(_mm256_add_ps(acc0, acc1));
+        for (; m < N; m++) {
+            s[m] = as * s[m] + dxs * b[m];
+            acc += s[m] * c[m];
+        }
+        y[(size_t)i * ldy] = acc + dskip * v;
+    }
+}
+
 static void a2_axpy(float *y, float a, const float *x, size_t n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -1126,6 +1163,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->silu_mul = a2_silu_mul;
     k->gelu_tanh = a2_gelu_tanh;
     k->gelu_erf = a2_gelu_erf;
+    k->ssd_rows = a2_ssd_rows;
     kern_avx2_qi_init(k);
     return true;
 }

@@ -58,6 +58,73 @@ static float a512_dot(const float *a, const float *b, int n)
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
+/* The SSD recurrence (kern.h ssd_rows) with the state row in NV registers of 16 lanes for
+ * the whole run of rows (N = 16 NV: Mamba-2's d_state of 64, 128, 256); per row, a multiply
+ * and an FMA per vector for the state and an FMA into one of two accumulators for y. */
+static inline __attribute__((always_inline)) void ssd_rows_reg(
+    float *s, int NV, const float *B, const float *C, size_t ldbc, const float *x, size_t ldx,
+    const float *dtd, size_t ldd, float *y, size_t ldy, float dskip, int n)
+{
+    __m512 st[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; j++)
+        st[j] = _mm512_loadu_ps(s + 16 * j);
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float v = x[(size_t)i * ldx];
+        __m512 a = _mm512_set1_ps(dtd[(size_t)i * ldd + 1]), dx = _mm512_set1_ps(dtd[(size_t)i * ldd] * v);
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++) {
+            st[j] = _mm512_fmadd_ps(dx, _mm512_loadu_ps(b + 16 * j), _mm512_mul_ps(a, st[j]));
+            if (j & 1)
+                acc1 = _mm512_fmadd_ps(st[j], _mm512_loadu_ps(c + 16 * j), acc1);
+            else
+                acc0 = _mm512_fmadd_ps(st[j], _mm512_loadu_ps(c + 16 * j), acc0);
+        }
+        y[(size_t)i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + dskip * v;
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; j++)
+        _mm512_storeu_ps(s + 16 * j, st[j]);
+}
+
+/* Any N: the state row in memory between rows, a masked last vector. The same arithmetic per
+ * element and the same two accumulators as ssd_rows_reg, so N = 16 NV gives its bits. */
+static void ssd_rows_mem(float *s, int N, const float *B, const float *C, size_t ldbc,
+                         const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
+                         size_t ldy, float dskip, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float v = x[(size_t)i * ldx];
+        __m512 a = _mm512_set1_ps(dtd[(size_t)i * ldd + 1]), dx = _mm512_set1_ps(dtd[(size_t)i * ldd] * v);
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int m = 0, j = 0; m < N; m += 16, j++) {
+            __mmask16 k = tail_mask(N - m < 16 ? N - m : 16);
+            __m512 sv = _mm512_fmadd_ps(dx, _mm512_maskz_loadu_ps(k, b + m),
+                                        _mm512_mul_ps(a, _mm512_maskz_loadu_ps(k, s + m)));
+            _mm512_mask_storeu_ps(s + m, k, sv);
+            acc[j & 1] = _mm512_fmadd_ps(sv, _mm512_maskz_loadu_ps(k, c + m), acc[j & 1]);
+        }
+        y[(size_t)i * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + dskip * v;
+    }
+}
+
+static void a512_ssd_rows(float *s, int N, const float *B, const float *C, size_t ldbc,
+                          const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
+                          size_t ldy, float dskip, int n)
+{
+    if (N == 128)
+        ssd_rows_reg(s, 8, B, C, ldbc, x, ldx, dtd, ldd, y, ldy, dskip, n);
+    else if (N == 64)
+        ssd_rows_reg(s, 4, B, C, ldbc, x, ldx, dtd, ldd, y, ldy, dskip, n);
+    else if (N == 256)
+        ssd_rows_reg(s, 16, B, C, ldbc, x, ldx, dtd, ldd, y, ldy, dskip, n);
+    else
+        ssd_rows_mem(s, N, B, C, ldbc, x, ldx, dtd, ldd, y, ldy, dskip, n);
+}
+
 static void a512_axpy(float *y, float a, const float *x, size_t n)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -450,6 +517,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->silu_mul = a512_silu_mul;
     k->gelu_tanh = a512_gelu_tanh;
     k->gelu_erf = a512_gelu_erf;
+    k->ssd_rows = a512_ssd_rows;
     return true;
 }
 

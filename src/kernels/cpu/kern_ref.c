@@ -182,6 +182,24 @@ static void ref_gelu_erf(float *x, size_t n)
         x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
+/* The order of the recurrence as first written: one element of the state at a time, the
+ * output summed in element order. */
+static void ref_ssd_rows(float *s, int N, const float *B, const float *C, size_t ldbc,
+                         const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
+                         size_t ldy, float dskip, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float v = x[(size_t)i * ldx], dx = dtd[(size_t)i * ldd] * v, a = dtd[(size_t)i * ldd + 1];
+        float acc = 0.0f;
+        for (int m = 0; m < N; m++) {
+            s[m] = a * s[m] + dx * b[m];
+            acc += s[m] * c[m];
+        }
+        y[(size_t)i * ldy] = acc + dskip * v;
+    }
+}
+
 void cpu_kernels_ref_init(struct cpu_kernels *k)
 {
     memset(k, 0, sizeof *k);
@@ -207,4 +225,5 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->silu_mul = ref_silu_mul;
     k->gelu_tanh = ref_gelu_tanh;
     k->gelu_erf = ref_gelu_erf;
+    k->ssd_rows = ref_ssd_rows;
 }
