@@ -39,6 +39,27 @@
  * (the largest block of codes any variant unpacks at once). */
 #define QX_PAD 256
 
+/* The gated delta rule (Qwen3-Next's linear attention; backend_cpu_gdn.c, kern_gdn.h):
+ * transformers' l2norm epsilon (FLA's default), the rows per block of the block form
+ * (transformers' and FLA's chunk size) and the shortest run of one sequence's rows that takes
+ * it (decode rows and short runs step). */
+#define GDN_L2_EPS 1e-6
+#define GDN_BLOCK 64
+#define GDN_BLOCK_MIN 4
+
+struct cpu_kernels;
+struct gdn_ctx {
+    const struct cpu_kernels *k;   /* the table whose gdn_rows runs it */
+    float *y;
+    const float *x, *ab;
+    size_t ldy, ldx, ldab;
+    const float *a_log, *dt_bias;  /* [n_v_head] */
+    float *st;                     /* [seqs][n_v_head][k_dim][v_dim] */
+    const int32_t *pos, *seq;
+    float **scr;                   /* per thread: gdn_block's planes / gdn_step's vectors, doubles */
+    int n_tok, nk, nv, dk, dv;
+};
+
 /* A weight matrix [out, in] as the kernels see it. */
 struct wmat {
     const uint8_t *data;      /* row r starts at data + r * row_bytes */
@@ -178,7 +199,16 @@ struct cpu_kernels {
     void (*ssd_rows)(float *s, int N, const float *B, const float *C, size_t ldbc,
                      const float *x, size_t ldx, const float *dtd, size_t ldd, float *y,
                      size_t ldy, float dskip, int n);
+    /* The gated delta rule of value head h over rows [i, i + T) of g, one sequence at
+     * consecutive positions (backend_cpu_gdn.c): one block when T >= GDN_BLOCK_MIN, else T
+     * steps; scr: the thread's scratch of doubles. kern_gdn.h, the same bits on every ISA. */
+    void (*gdn_rows)(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 };
+
+/* kern_gdn_{ref,avx2,avx512}.c: kern_gdn.h compiled for each ISA. */
+void kern_gdn_rows_ref(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+void kern_gdn_rows_avx2(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+void kern_gdn_rows_avx512(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 
 /* ---- kern_ref.c ---- */
 /* Fill k with the scalar reference kernels. */

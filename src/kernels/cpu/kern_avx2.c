@@ -1164,6 +1164,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->gelu_tanh = a2_gelu_tanh;
     k->gelu_erf = a2_gelu_erf;
     k->ssd_rows = a2_ssd_rows;
+    k->gdn_rows = kern_gdn_rows_avx2;
     kern_avx2_qi_init(k);
     return true;
 }

@@ -518,6 +518,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->gelu_tanh = a512_gelu_tanh;
     k->gelu_erf = a512_gelu_erf;
     k->ssd_rows = a512_ssd_rows;
+    k->gdn_rows = kern_gdn_rows_avx512;
     return true;
 }
 

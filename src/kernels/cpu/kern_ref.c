@@ -226,4 +226,5 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->gelu_tanh = ref_gelu_tanh;
     k->gelu_erf = ref_gelu_erf;
     k->ssd_rows = ref_ssd_rows;
+    k->gdn_rows = kern_gdn_rows_ref;
 }

@@ -1,0 +1,11 @@
+/*
+ * kern_gdn_avx512: the gated delta rule (kern_gdn.h) vectorized for AVX-512 (8 doubles a
+ * register); called only where dispatch.c chose the avx512 table.
+ */
+#include "kern.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__FMA__) && defined(__F16C__)
+#define KERN_GDN_ENTRY kern_gdn_rows_avx512
+#include "kern_gdn.h"
+#endif
