@@ -203,6 +203,19 @@ struct cpu_kernels {
      * consecutive positions (backend_cpu_gdn.c): one block when T >= GDN_BLOCK_MIN, else T
      * steps; scr: the thread's scratch of doubles. kern_gdn.h, the same bits on every ISA. */
     void (*gdn_rows)(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+    /* Mamba's selective scan of one channel over n rows of one sequence
+     * (backend_cpu_scan.c). Row i: with d = delta[i ldd] (softplus of dt, computed by the
+     * caller) and v = x[i ldx], h = exp(d a) * h + (d v) b and acc[i lda] = h . c, where
+     * b = B + i ldbc and c = C + i ldbc hold ds floats and a [ds] is the channel's -exp(A_log);
+     * h [ds] is the channel's state, updated in place. Rows in one call or one at a time give
+     * the same bits. */
+    void (*scan_rows)(float *h, int ds, const float *a, const float *B, const float *C,
+                      size_t ldbc, const float *x, size_t ldx, const float *delta, size_t ldd,
+                      float *acc, size_t lda, int n);
+    /* y = softplus(x) over n (torch's: beta 1, x itself above 20); y may equal x. The ISA
+     * variants: max(x, 0) + log1p(exp(-|x|)), log1p by Cephes' logf of 1 + u with Goldberg's
+     * correction (relative error ~1e-7). */
+    void (*softplus)(float *y, const float *x, int n);
 };
 
 /* kern_gdn_{ref,avx2,avx512}.c: kern_gdn.h compiled for each ISA. */

@@ -977,6 +977,75 @@ AI __m256 exp256(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* log(w) for w in [1, 2] (Cephes logf as in kern_avx512.c). */
+AI __m256 log256_1to2(__m256 w)
+{
+    __m256 big = _mm256_cmp_ps(w, _mm256_set1_ps(1.41421356237f), _CMP_GT_OQ);
+    __m256 m = _mm256_blendv_ps(w, _mm256_mul_ps(w, _mm256_set1_ps(0.5f)), big);
+    __m256 e = _mm256_and_ps(big, _mm256_set1_ps(1.0f));
+    __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f)), z = _mm256_mul_ps(f, f);
+    __m256 p = _mm256_set1_ps(7.0376836292e-2f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(-1.1514610310e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.1676998740e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(-1.2420140846e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.4249322787e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(-1.6668057665e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.0000714765e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(-2.4999993993e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(3.3333331174e-1f));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, f), z);
+    y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+    y = _mm256_fnmadd_ps(z, _mm256_set1_ps(0.5f), y);
+    return _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(f, y));
+}
+
+/* softplus (kern.h) as a512_softplus, 8 lanes; a tail of n % 8 in scalar. */
+static void a2_softplus(float *y, const float *x, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 av = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+        __m256 u = exp256(_mm256_sub_ps(_mm256_setzero_ps(), av));
+        __m256 w = _mm256_add_ps(_mm256_set1_ps(1.0f), u), d = _mm256_sub_ps(w, _mm256_set1_ps(1.0f));
+        __m256 one = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_EQ_OQ);
+        __m256 l = _mm256_mul_ps(log256_1to2(w), _mm256_div_ps(u, _mm256_blendv_ps(d, u, one)));
+        l = _mm256_blendv_ps(l, u, one);
+        __m256 r = _mm256_add_ps(_mm256_max_ps(v, _mm256_setzero_ps()), l);
+        r = _mm256_blendv_ps(r, v, _mm256_cmp_ps(v, _mm256_set1_ps(20.0f), _CMP_GT_OQ));
+        _mm256_storeu_ps(y + i, r);
+    }
+    for (; i < n; i++)
+        y[i] = x[i] > 20.0f ? x[i] : log1pf(expf(x[i]));
+}
+
+/* The selective scan (kern.h scan_rows): 8 states a vector with exp256, the state in memory
+ * between rows (L1), one accumulator; states past the last multiple of 8 in scalar. */
+static void a2_scan_rows(float *h, int ds, const float *a, const float *B, const float *C,
+                         size_t ldbc, const float *x, size_t ldx, const float *delta, size_t ldd,
+                         float *acc, size_t lda, int n)
+{
+    int nv = ds & ~7;
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float d = delta[(size_t)i * ldd], dxs = d * x[(size_t)i * ldx];
+        __m256 vd = _mm256_set1_ps(d), dx = _mm256_set1_ps(dxs), sv = _mm256_setzero_ps();
+        int s = 0;
+        for (; s < nv; s += 8) {
+            __m256 e = exp256(_mm256_mul_ps(vd, _mm256_loadu_ps(a + s)));
+            __m256 hv = _mm256_fmadd_ps(dx, _mm256_loadu_ps(b + s), _mm256_mul_ps(e, _mm256_loadu_ps(h + s)));
+            _mm256_storeu_ps(h + s, hv);
+            sv = _mm256_fmadd_ps(hv, _mm256_loadu_ps(c + s), sv);
+        }
+        float sum = hsum(sv);
+        for (; s < ds; s++) {
+            h[s] = expf(d * a[s]) * h[s] + dxs * b[s];
+            sum += h[s] * c[s];
+        }
+        acc[(size_t)i * lda] = sum;
+    }
+}
+
 static float a2_exp_sum(float *y, const float *x, float mx, int n)
 {
     __m256 s = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
@@ -1164,6 +1233,8 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->gelu_tanh = a2_gelu_tanh;
     k->gelu_erf = a2_gelu_erf;
     k->ssd_rows = a2_ssd_rows;
+    k->scan_rows = a2_scan_rows;
+    k->softplus = a2_softplus;
     k->gdn_rows = kern_gdn_rows_avx2;
     kern_avx2_qi_init(k);
     return true;

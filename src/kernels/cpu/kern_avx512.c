@@ -218,6 +218,83 @@ AI __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* The selective scan (kern.h scan_rows): 16 states a vector with exp512; Mamba's 16 states
+ * stay in one register over the run of rows, other sizes go through memory (masked last
+ * vector), with the same arithmetic per element. */
+static void a512_scan_rows(float *h, int ds, const float *a, const float *B, const float *C,
+                           size_t ldbc, const float *x, size_t ldx, const float *delta, size_t ldd,
+                           float *acc, size_t lda, int n)
+{
+    if (ds == 16) {
+        __m512 hv = _mm512_loadu_ps(h), av = _mm512_loadu_ps(a);
+        for (int i = 0; i < n; i++) {
+            const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+            float d = delta[(size_t)i * ldd];
+            __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(d), av));
+            hv = _mm512_fmadd_ps(_mm512_set1_ps(d * x[(size_t)i * ldx]), _mm512_loadu_ps(b), _mm512_mul_ps(e, hv));
+            acc[(size_t)i * lda] = _mm512_reduce_add_ps(_mm512_mul_ps(hv, _mm512_loadu_ps(c)));
+        }
+        _mm512_storeu_ps(h, hv);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float d = delta[(size_t)i * ldd];
+        __m512 vd = _mm512_set1_ps(d), dx = _mm512_set1_ps(d * x[(size_t)i * ldx]);
+        __m512 sv = _mm512_setzero_ps();
+        for (int s = 0; s < ds; s += 16) {
+            __mmask16 m = tail_mask(ds - s < 16 ? ds - s : 16);
+            __m512 e = exp512(_mm512_mul_ps(vd, _mm512_maskz_loadu_ps(m, a + s)));
+            __m512 hv = _mm512_fmadd_ps(dx, _mm512_maskz_loadu_ps(m, b + s),
+                                        _mm512_mul_ps(e, _mm512_maskz_loadu_ps(m, h + s)));
+            _mm512_mask_storeu_ps(h + s, m, hv);
+            sv = _mm512_fmadd_ps(hv, _mm512_maskz_loadu_ps(m, c + s), sv);
+        }
+        acc[(size_t)i * lda] = _mm512_reduce_add_ps(sv);
+    }
+}
+
+/* log(w) for w in [1, 2] (Cephes logf: w or w / 2 around sqrt 2, degree-8 polynomial of
+ * f = m - 1, ln 2 in two parts). */
+AI __m512 log512_1to2(__m512 w)
+{
+    __mmask16 big = _mm512_cmp_ps_mask(w, _mm512_set1_ps(1.41421356237f), _CMP_GT_OQ);
+    __m512 m = _mm512_mask_mul_ps(w, big, w, _mm512_set1_ps(0.5f));
+    __m512 e = _mm512_maskz_mov_ps(big, _mm512_set1_ps(1.0f));
+    __m512 f = _mm512_sub_ps(m, _mm512_set1_ps(1.0f)), z = _mm512_mul_ps(f, f);
+    __m512 p = _mm512_set1_ps(7.0376836292e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.1514610310e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.1676998740e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.2420140846e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.4249322787e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-1.6668057665e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.0000714765e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(-2.4999993993e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(3.3333331174e-1f));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, f), z);
+    y = _mm512_fmadd_ps(e, _mm512_set1_ps(-2.12194440e-4f), y);
+    y = _mm512_fnmadd_ps(z, _mm512_set1_ps(0.5f), y);
+    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693359375f), _mm512_add_ps(f, y));
+}
+
+/* softplus (kern.h): max(x, 0) + log1p(u), u = exp(-|x|) in (0, 1], log1p(u) = log(1 + u) u /
+ * ((1 + u) - 1) (exact where 1 + u rounds to 1: u itself); x above 20 passes. */
+static void a512_softplus(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i < 16 ? n - i : 16);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __m512 u = exp512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(v)));
+        __m512 w = _mm512_add_ps(_mm512_set1_ps(1.0f), u), d = _mm512_sub_ps(w, _mm512_set1_ps(1.0f));
+        __mmask16 one = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_EQ_OQ);
+        __m512 l = _mm512_mul_ps(log512_1to2(w), _mm512_div_ps(u, _mm512_mask_blend_ps(one, d, u)));
+        l = _mm512_mask_mov_ps(l, one, u);
+        __m512 r = _mm512_add_ps(_mm512_max_ps(v, _mm512_setzero_ps()), l);
+        r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, _mm512_set1_ps(20.0f), _CMP_GT_OQ), v);
+        _mm512_mask_storeu_ps(y + i, k, r);
+    }
+}
+
 static float a512_exp_sum(float *y, const float *x, float mx, int n)
 {
     __m512 s = _mm512_setzero_ps(), vm = _mm512_set1_ps(mx);
@@ -518,6 +595,8 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->gelu_tanh = a512_gelu_tanh;
     k->gelu_erf = a512_gelu_erf;
     k->ssd_rows = a512_ssd_rows;
+    k->scan_rows = a512_scan_rows;
+    k->softplus = a512_softplus;
     k->gdn_rows = kern_gdn_rows_avx512;
     return true;
 }

@@ -200,6 +200,27 @@ static void ref_ssd_rows(float *s, int N, const float *B, const float *C, size_t
     }
 }
 
+static void ref_scan_rows(float *h, int ds, const float *a, const float *B, const float *C,
+                          size_t ldbc, const float *x, size_t ldx, const float *delta, size_t ldd,
+                          float *acc, size_t lda, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const float *b = B + (size_t)i * ldbc, *c = C + (size_t)i * ldbc;
+        float d = delta[(size_t)i * ldd], dx = d * x[(size_t)i * ldx], sum = 0.0f;
+        for (int s = 0; s < ds; s++) {
+            h[s] = expf(d * a[s]) * h[s] + dx * b[s];
+            sum += h[s] * c[s];
+        }
+        acc[(size_t)i * lda] = sum;
+    }
+}
+
+static void ref_softplus(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        y[i] = x[i] > 20.0f ? x[i] : log1pf(expf(x[i]));
+}
+
 void cpu_kernels_ref_init(struct cpu_kernels *k)
 {
     memset(k, 0, sizeof *k);
@@ -226,5 +247,7 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->gelu_tanh = ref_gelu_tanh;
     k->gelu_erf = ref_gelu_erf;
     k->ssd_rows = ref_ssd_rows;
+    k->scan_rows = ref_scan_rows;
+    k->softplus = ref_softplus;
     k->gdn_rows = kern_gdn_rows_ref;
 }
