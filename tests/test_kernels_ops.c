@@ -570,6 +570,65 @@ static void test_softplus(void **state)
     printf("    softplus: %d sizes within 2e-6 of double\n", n_checked);
 }
 
+/* The gated delta rule's body (kern_gdn.h) compiled per ISA gives the scalar file's bits:
+ * steps (T < GDN_BLOCK_MIN) and blocks, two value heads per key head, dims off the vector
+ * widths. */
+static void test_gdn_isa_bits(void **state)
+{
+    (void)state;
+    enum { NK = 2, NV = 4, DK = 20, DV = 13, N = 40 };
+    const int ldx = 2 * NK * DK + NV * DV + 3, ldab = 2 * NV + 1, ldy = NV * DV + 2;
+    float *x = kc_fvec((size_t)N * ldx, -1, 1), *ab = kc_fvec((size_t)N * ldab, -2, 2);
+    float *alog = kc_fvec(NV, -1, 1), *dtb = kc_fvec(NV, -1, 1);
+    float *st0 = kc_fvec((size_t)NV * DK * DV, -0.5f, 0.5f);
+    size_t scr_n = (size_t)GDN_BLOCK * (2 * DK + 2 * DV + 2) + DV;
+    double *scr = malloc(scr_n * sizeof *scr);
+    float *ys[CPU_ISA_AVX512 + 1] = {0}, *sts[CPU_ISA_AVX512 + 1] = {0};
+    int32_t pos[N], seq[N];
+    assert_non_null(scr);
+    for (int i = 0; i < N; i++) {
+        pos[i] = 5 + i;
+        seq[i] = 0;
+    }
+    int n_isa = 0;
+    for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best(); isa++) {
+        struct cpu_kernels k;
+        if (!cpu_kernels_init(&k, (enum cpu_isa)isa) || !k.gdn_rows)
+            continue;
+        float *y = calloc((size_t)N * ldy, sizeof *y), *st = malloc((size_t)NV * DK * DV * sizeof *st);
+        assert_true(y && st);
+        memcpy(st, st0, (size_t)NV * DK * DV * sizeof *st);
+        struct gdn_ctx g = {.k = &k, .y = y, .x = x, .ab = ab, .ldy = ldy, .ldx = ldx, .ldab = ldab,
+                            .a_log = alog, .dt_bias = dtb, .st = st, .pos = pos, .seq = seq,
+                            .n_tok = N, .nk = NK, .nv = NV, .dk = DK, .dv = DV};
+        /* rows 0-2 as steps, 3-39 as one block, per head */
+        for (int h = 0; h < NV; h++) {
+            k.gdn_rows(&g, scr, 0, 3, h);
+            k.gdn_rows(&g, scr, 3, N - 3, h);
+        }
+        ys[isa] = y;
+        sts[isa] = st;
+        if (isa != CPU_ISA_SCALAR) {
+            if (memcmp(y, ys[CPU_ISA_SCALAR], (size_t)N * ldy * sizeof *y))
+                fail_msg("%s gdn_rows: outputs differ from the scalar file's", cpu_isa_name((enum cpu_isa)isa));
+            if (memcmp(st, sts[CPU_ISA_SCALAR], (size_t)NV * DK * DV * sizeof *st))
+                fail_msg("%s gdn_rows: state differs from the scalar file's", cpu_isa_name((enum cpu_isa)isa));
+        }
+        n_isa++;
+    }
+    printf("    gated delta rule: %d ISAs, the same bits\n", n_isa);
+    for (int i = 0; i <= CPU_ISA_AVX512; i++) {
+        free(ys[i]);
+        free(sts[i]);
+    }
+    free(x);
+    free(ab);
+    free(alog);
+    free(dtb);
+    free(st0);
+    free(scr);
+}
+
 static void test_elementwise(void **state)
 {
     (void)state;
@@ -1188,6 +1247,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_attention_chunks),
     cmocka_unit_test(test_elementwise),
     cmocka_unit_test(test_softplus),
+    cmocka_unit_test(test_gdn_isa_bits),
     cmocka_unit_test(test_conv1d),
     cmocka_unit_test(test_mul),
     cmocka_unit_test(test_moe_group),
