@@ -340,21 +340,64 @@ describe('vision: Mistral 3', () => {
     });
 });
 
-// SmolVLM / Idefics3 tiles through the scheduler answer other tokens than `generate --image`
-// (transformers' ids): the server refuses them with a 400 naming the model type until that is
-// found (src/server/gen.c take_images).
-describe('vision: SmolVLM images refused by the server', () => {
-    let srv;
-    before(async () => { srv = await startServer(['-m', 'tests/fixtures/golden/smolvlm']); });
-    after(async () => { await srv?.stop(); });
-    it('openai chat with an image_url part: 400 naming smolvlm', async () => {
-        await assert.rejects(client(srv.base).chat.completions.create({
-            model: 'smolvlm', max_tokens: 2,
-            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_edges.png') } },
-                { type: 'text', text: 'What is this?' }] }],
-        }), (err) => err.status === 400 && /smolvlm models are not served yet/.test(err.message));
+// Idefics3 / SmolVLM (an image split into tiles + the global one, each its own tower image and
+// run of <image> tokens; ADR 0126): the idefics3 and smolvlm golden checkpoints (their tokenizer,
+// chat template, image processor, processor_config.json). The chat template puts the image before
+// the text, as the golden's prompt: the openai and anthropic clients' answers (the scheduler's path,
+// which encodes one tile a step) equal `mlxcel generate --image` of that prompt (tests/cli/idefics3.sh:
+// transformers' greedy ids), also while text-only requests run in the same steps; every tile's run
+// counts in usage. (A prompt chunk that ended before a tile not yet encoded once fed the encoded
+// tiles before it as the <image> token's embedding: other tokens than generate.)
+for (const [name, image, type, text] of [['smolvlm', 'vis_edges.png', 'image/png', 'Describe it.'],
+    ['idefics3', 'vis_photo.jpg', 'image/jpeg', 'What is shown here?']]) {
+    describe(`vision: ${name === 'smolvlm' ? 'SmolVLM' : 'Idefics3'}`, () => {
+        const G = `tests/fixtures/golden/${name}`;
+        const gold = BIN ? JSON.parse(readFileSync(join(G, 'golden.json'), 'utf8')) : {};
+        let want;
+        let srv, oai;
+        before(async () => {
+            assert.equal(gold.images[0], image);
+            const pf = join(work, `${name}.prompt`);
+            writeFileSync(pf, gold.prompt);
+            want = execFileSync(BIN, ['generate', '-m', G, '--image', join(IMG, image), '-f', pf, '--no-chat',
+                '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+            srv = await startServer(['-m', G]);
+            oai = client(srv.base);
+        });
+        after(async () => { await srv?.stop(); });
+
+        const ask = () => oai.chat.completions.create({
+            model: name, max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl(image, type) } },
+                { type: 'text', text }] }],
+        });
+
+        it('openai chat: the image_url part gives transformers\' answer; every tile counts in usage', async () => {
+            const r = await ask();
+            assert.equal(r.choices[0].message.content, want);
+            assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+        });
+
+        it('anthropic: a base64 image block gives the same', async () => {
+            const r = await anthropic(srv.base).messages.create({
+                model: name, max_tokens: N, temperature: 0,
+                messages: [{ role: 'user', content: [
+                    { type: 'image', source: { type: 'base64', media_type: type, data: b64(image) } },
+                    { type: 'text', text }] }],
+            });
+            assert.equal(r.content[0].text, want);
+        });
+
+        it('beside text-only requests in the same steps: the same answer', async () => {
+            const words = (k) => oai.chat.completions.create({ model: name, max_tokens: 2 * N, temperature: 0,
+                messages: [{ role: 'user', content: Array.from({ length: 12 }, (_, i) => `w${k + i}`).join(' ') }] });
+            const [a, t1, t2] = await Promise.all([ask(), words(10), words(40)]);
+            assert.equal(a.choices[0].message.content, want);
+            assert.equal(a.usage.prompt_tokens, gold.input_ids.length);
+            assert.ok(t1.usage.completion_tokens > 0 && t2.usage.completion_tokens > 0);
+        });
     });
-});
+}
 
 describe('vision: a text model', () => {
     let srv;
