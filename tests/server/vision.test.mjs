@@ -10,6 +10,8 @@
 //  - hostile images (truncated, wrong magic, 0 bytes, a 60000 x 60000 header, not base64) and
 //    http(s) URLs are 400s in each API's error shape, and the server keeps serving;
 //  - a text model (llama-tiny) answers an image part with a 400 naming the model;
+//  - per family (the golden checkpoints below), the scheduler's answers equal generate --image's,
+//    two images in one message too (Qwen2-VL, LLaVA), Idefics3 / SmolVLM tiles beside text requests;
 //  - `serve --allow-image-urls`: an http URL (a local server's) is fetched, redirects followed up
 //    to 3, and nothing of the client's request (its Authorization) forwarded; a 404, a redirect
 //    loop, a body over 20 MiB, a server that never answers (10 s) and a non-http URL are 400s.
@@ -43,6 +45,20 @@ const chatBody = (url, extra = {}, text = TEXT) => ({
     messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url } }, { type: 'text', text }] }],
     ...extra,
 });
+// Two images in one user message (the chat template places both, then the text) against
+// `generate --image A --image B -p text`: the scheduler encodes one image a step, so the chunk
+// that stops before the second image holds the first's rows (once fed as the image token's
+// embedding instead: other tokens on every family).
+const twoImages = async (oai, model, dir, text) => {
+    const want = execFileSync(BIN, ['generate', '-m', dir, '--image', join(IMG, 'vis_photo.jpg'), '--image',
+        join(IMG, 'vis_edges.png'), '-p', text, '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+    const r = await oai.chat.completions.create({
+        model, max_tokens: N, temperature: 0,
+        messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } },
+            { type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } }, { type: 'text', text }] }],
+    });
+    assert.equal(r.choices[0].message.content, want);
+};
 const anthropic = (base) => new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0, timeout: 60_000 * SLOW });
 
 describe('vision: images through the APIs', () => {
@@ -189,6 +205,8 @@ describe('vision: Qwen2-VL', () => {
         assert.ok(other.usage.prompt_tokens_details.cached_tokens <= first);
     });
 
+    it('two images in one message equal generate --image A --image B', () => twoImages(oai, 'qwen2_vl', QG, QTEXT));
+
     it('responses: input_image gives the same', async () => {
         const r = await oai.responses.create({
             model: 'qwen2_vl', max_output_tokens: N, temperature: 0,
@@ -295,6 +313,8 @@ describe('vision: LLaVA', () => {
         });
         assert.equal(r.content[0].text, want);
     });
+
+    it('two images in one message equal generate --image A --image B', () => twoImages(oai, 'llava', LG, LTEXT));
 });
 
 // Mistral 3 (Pixtral tower, images at their own size, [IMG_BREAK] / [IMG_END] inside the image's run;
