@@ -14,6 +14,10 @@
  *   text       the prompt without its image: its last row against transformers'
  *   batched    the image prompt and the text prompt in the same forward steps (both orders),
  *              prefill and decode; then the image prompt in chunks of 7 rows (which cut tiles)
+ *   scheduler  the tiles as the server submits them (sched_submit_images: pixels, one tower
+ *              image a tile, encoded one a step): the reference ids and logits alone, beside a
+ *              text request in the same steps, and with a step budget of 5 rows (tiles cut
+ *              between steps)
  * Then idefics3_positions (the bucketed position ids against torch's own, for many grid sides),
  * idefics3_mlx_vlm_layout (mlx-vlm's names: vision_model.*, connector.*, language_model.*, the
  * patch conv channels-last) and idefics3_bad_configs.
@@ -32,6 +36,7 @@
 #include "engine/batch.h"
 #include "engine/image_input.h"
 #include "engine/kvcache.h"
+#include "engine/scheduler.h"
 #include "image/image.h"
 #include "image/preprocess.h"
 #include "kernels/backend.h"
@@ -357,6 +362,109 @@ static void batched_check(struct test_eng *r, const struct igold *g, const float
     free(logits);
 }
 
+// ---- the scheduler (the server's path) ----
+
+/* One scheduler request's output: its greedy ids and the logits rows they came from. */
+struct sq_out {
+    int32_t ids[64];
+    float *logits;  /* [N, V] */
+    int n, V, rc;
+    bool done;
+};
+
+static int sq_token(void *ud, int32_t id, const float *logits)
+{
+    struct sq_out *o = ud;
+    if (o->n < 64) {
+        o->ids[o->n] = id;
+        memcpy(o->logits + (size_t)o->n * o->V, logits, (size_t)o->V * sizeof *logits);
+    }
+    o->n++;
+    return 0;
+}
+
+static void sq_done(void *ud, const struct gen_stats *st, int rc, const struct err *e)
+{
+    struct sq_out *o = ud;
+    (void)st;
+    (void)e;
+    o->rc = rc;
+    o->done = true;
+}
+
+static void sq_submit(struct sched *sc, const int32_t *ids, int L, const struct sched_image *im, int n_img, int N,
+                      int V, struct sq_out *o)
+{
+    struct err e = {0};
+    struct gen_params gp = {.n_predict = N, .ignore_eos = true};
+    sampler_params_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    memset(o, 0, sizeof *o);
+    o->V = V;
+    o->logits = malloc((size_t)N * V * sizeof *o->logits);
+    assert_non_null(o->logits);
+    if (sched_submit_images(sc, ids, L, &gp, im, n_img, &(struct sched_cb){sq_token, sq_done, o}, NULL, &e) < 0)
+        fail_msg("sched_submit_images: %s", e.msg);
+}
+
+/* The tiles through the scheduler, as the server submits them (src/server/gen.c: each tile a
+ * sched_image at its run of <image> tokens): with the default step budget and with one of 5 rows
+ * (each tile's 4 or more rows cut between steps), the second beside a text request in the same
+ * steps. Each tile is encoded in a step of its own, so a prompt chunk ends before the next tile
+ * not yet encoded while holding the encoded ones before it: their rows must be the tower's (a
+ * chunk that fed them as the <image> token's embedding answered other ids). */
+static void sched_check(struct test_eng *r, const struct igold *g, const char *name)
+{
+    struct err e = {0};
+    const struct vision_info *vi = &r->m->vision->info;
+    const int32_t *ids = g->ids.data, *greedy = g->greedy.data;
+    int V = r->m->hp.n_vocab, L = g->L, N = g->N < 64 ? g->N : 64, n = 0;
+    size_t px1 = vision_pixel_bytes(r->m->vision) / sizeof(float);
+    struct sched_image im[MAX_TILES];
+    for (int i = 0; i < L; i++)
+        if (ids[i] == vi->image_token_id && (i == 0 || ids[i - 1] != vi->image_token_id)) {
+            assert_true(n < g->n_tiles);
+            im[n] = (struct sched_image){i, (const float *)g->px.data + (size_t)n * px1, {0, 0, 0}};
+            n++;
+        }
+    assert_int_equal(n, g->n_tiles);
+    kv_seq_remove(r->kv, 0);
+    kv_seq_remove(r->kv, 1);
+    for (int pass = 0; pass < 2; pass++) {
+        struct sched *sc = NULL;
+        struct sched_params sp = {.no_prefix_cache = true, .max_batch_tokens = pass ? 5 : 0};
+        struct sq_out o, t;
+        assert_int_equal(sched_new(&sc, r->c, r->kv, &sp, &e), 0);
+        sq_submit(sc, ids, L, im, n, N, V, &o);
+        if (pass)
+            sq_submit(sc, g->text_ids.data, g->n_text, NULL, 0, N, V, &t);
+        int rc, steps = 0;
+        while ((rc = sched_step(sc, &e)) == 1 && steps++ < 4 * (L + N))
+            ;
+        if (rc != 0)
+            fail_msg("%s scheduler: %s", name, e.msg);
+        assert_true(o.done && o.rc == 0 && o.n == N);
+        assert_int_equal(sched_n_encoded(sc), n);
+        for (int s = 0; s < N; s++) {
+            const float *want = s == 0 ? (const float *)g->prefill.data + (size_t)(L - 1) * V
+                                       : (const float *)g->decode.data + (size_t)(s - 1) * V;
+            double rr = test_row_rel_err(o.logits + (size_t)s * V, want, V);
+            if (o.ids[s] != greedy[s] || rr > REL_TOL)
+                fail_msg("%s scheduler (budget %d%s): token %d is %d (reference %d), its logits %.3g from the "
+                         "reference", name, sp.max_batch_tokens, pass ? ", beside a text request" : "", s,
+                         o.ids[s], greedy[s], rr);
+        }
+        if (pass) {
+            assert_true(t.done && t.rc == 0 && t.n == N);
+            free(t.logits);
+        }
+        free(o.logits);
+        sched_free(sc);
+    }
+    printf("idefics3 %-10s scheduler: %d tiles, %d tokens as the reference (also in steps of 5 rows beside a "
+           "text request)\n", name, n, N);
+}
+
 /* The whole check of a checkpoint dir against the golden folder gdir. */
 static void run_golden(const char *dir, const char *gdir, const char *name, bool full)
 {
@@ -375,8 +483,10 @@ static void run_golden(const char *dir, const char *gdir, const char *name, bool
     float *embd = encode_checked(&r, &g, name);
     double wp = prefill_check(&r, &g, embd, name);
     double wd = decode_check(&r, &g, name);
-    if (full)
+    if (full) {
         batched_check(&r, &g, embd, name);
+        sched_check(&r, &g, name);
+    }
     printf("idefics3 %-10s prefill %d + decode %d tokens: max rel err %.2e / %.2e%s\n", name, g.L, g.N, wp, wd,
            full ? ", batched beside a text prompt" : "");
     r.be->ops->buf_free(r.be, embd);

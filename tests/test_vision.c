@@ -17,7 +17,8 @@
  * Then: mlx-vlm's layout (language_model.model.* 8-bit affine, vision_tower.vision_model.*
  * float with the patch conv channels-last, multi_modal_projector.*), the CLI's path from
  * pixel_values (cli_generate_images), the refusals, and the scheduler's images (ADR 0090:
- * the encode step, the prefix key by content hash).
+ * the encode step, the prefix key by content hash; two images in one prompt equal the prompt's
+ * forward with both).
  */
 #include <math.h>
 #include <stdio.h>
@@ -767,6 +768,108 @@ static void sched_images(void **state)
     test_eng_close(&tm);
 }
 
+/* Two images in one prompt through the scheduler (the encode step takes one image a step, so the
+ * prompt chunk that reaches the second before it is encoded holds the first, encoded): every step
+ * budget gives the ids and logits of the whole prompt's forward with both images' rows in one
+ * batch, then greedy decoding (what generate does). A chunk that fed the first image as the image
+ * token's embedding (it ended before the second and left the first out of the step's list) is far
+ * off. Gemma 3's golden prompt twice (the second without its BOS), an image each: A's pixels, then
+ * their negation. */
+static void sched_two_images(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    struct vgold g;
+    struct test_eng r;
+    struct vision_ctx *vc = NULL;
+    vgold_open(&g, golden_case_dir("gemma3_vision"));
+    test_eng_open(&r, golden_case_dir("gemma3_vision"), NULL, 64, 256, 4, 4);
+    const struct vision *v = r.m->vision;
+    int T = v->info.tokens_per_image, L = g.L, V = r.m->hp.n_vocab, D = r.m->hp.n_embd, pos = -1;
+    const int32_t *ids = g.ids.data;
+    for (int i = 0; i < L && pos < 0; i++)
+        if (ids[i] == v->info.image_token_id)
+            pos = i;
+    assert_true(pos > 0);
+    int L2 = 2 * L - 1;
+    int32_t *ids2 = malloc((size_t)L2 * sizeof *ids2);
+    size_t npx = vision_pixel_bytes(v) / sizeof(float);
+    float *pxB = malloc(npx * sizeof *pxB), *embd = NULL;
+    assert_true(ids2 && pxB);
+    memcpy(ids2, ids, (size_t)L * sizeof *ids2);
+    memcpy(ids2 + L, ids + 1, (size_t)(L - 1) * sizeof *ids2);
+    for (size_t i = 0; i < npx; i++)
+        pxB[i] = -((const float *)g.px.data)[i];
+    const float *px[2] = {g.px.data, pxB};
+    int at[2] = {pos, L - 1 + pos};
+
+    /* the reference: both images encoded, the whole prompt in one batch, greedy steps */
+    struct si_out ref;
+    memset(&ref, 0, sizeof ref);
+    ref.V = V;
+    ref.logits = malloc((size_t)SI_N * V * sizeof *ref.logits);
+    assert_non_null(ref.logits);
+    assert_int_equal(vision_ctx_new(&vc, r.m, r.be, &e), 0);
+    assert_int_equal(r.be->ops->buf_alloc(r.be, (size_t)2 * T * D * sizeof(float), (void **)&embd, &e), 0);
+    struct batch_image img[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(vision_encode(vc, embd + (size_t)k * T * D, px[k], 1, &e), 0);
+        img[k] = (struct batch_image){0, at[k], T, embd + (size_t)k * T * D, 0, 0, 0};
+    }
+    vision_ctx_free(vc);
+    kv_seq_remove(r.kv, 0);
+    assert_int_equal(kv_seq_add(r.kv, 0, &e), 0);
+    batch_clear(r.b);
+    assert_int_equal(batch_add_seq(r.b, ids2, L2, 0, 0, true, &e), 0);
+    r.b->img = img;
+    r.b->n_img = 2;
+    if (model_forward(r.c, r.b, r.kv, ref.logits, &e) < 0)
+        fail_msg("two images: %s", e.msg);
+    for (int s = 0; s < SI_N; s++) {
+        ref.ids[s] = test_argmax(ref.logits + (size_t)s * V, V);
+        if (s + 1 == SI_N)
+            break;
+        batch_clear(r.b);
+        assert_int_equal(batch_add(r.b, ref.ids[s], L2 + s, 0, true, &e), 0);
+        assert_int_equal(model_forward(r.c, r.b, r.kv, ref.logits + (size_t)(s + 1) * V, &e), 0);
+    }
+    kv_seq_remove(r.kv, 0);
+
+    /* the scheduler: the default budget, and one of 8 rows (each image's 16 go whole past it) */
+    for (int pass = 0; pass < 2; pass++) {
+        struct sched *sc = NULL;
+        struct sched_params sp = {.no_prefix_cache = true, .max_batch_tokens = pass ? 8 : 0};
+        struct gen_params gp = {.n_predict = SI_N, .ignore_eos = true};
+        struct si_out o;
+        sampler_params_default(&gp.sampling);
+        gp.sampling.temperature = 0;
+        memset(&o, 0, sizeof o);
+        o.V = V;
+        o.logits = malloc((size_t)SI_N * V * sizeof *o.logits);
+        assert_non_null(o.logits);
+        struct sched_image im[2] = {{at[0], px[0], {0, 0, 0}}, {at[1], px[1], {0, 0, 0}}};
+        assert_int_equal(sched_new(&sc, r.c, r.kv, &sp, &e), 0);
+        if (sched_submit_images(sc, ids2, L2, &gp, im, 2, &(struct sched_cb){si_token, si_done, &o}, NULL, &e) < 0)
+            fail_msg("sched_submit_images: %s", e.msg);
+        si_run(sc);
+        assert_true(o.done && o.rc == 0 && o.n == SI_N);
+        assert_int_equal(sched_n_encoded(sc), 2);
+        double d = si_diff(&o, &ref);
+        if (memcmp(o.ids, ref.ids, sizeof ref.ids) != 0 || d > 1e-5)
+            fail_msg("two images, budget %d: ids %d %d %d.. (reference %d %d %d..), logits %.3g from the "
+                     "reference", sp.max_batch_tokens, o.ids[0], o.ids[1], o.ids[2], ref.ids[0], ref.ids[1],
+                     ref.ids[2], d);
+        free(o.logits);
+        sched_free(sc);
+    }
+    r.be->ops->buf_free(r.be, embd);
+    free(ref.logits);
+    free(ids2);
+    free(pxB);
+    test_eng_close(&r);
+    st_set_free(g.st);
+}
+
 /* Configs a tower must refuse: mm_tokens_per_image no square dividing the grid, token ids
  * outside the vocabulary, a vision_config of impossible sizes. */
 static void bad_configs(void **state)
@@ -840,6 +943,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         cmocka_unit_test(refusals),
         cmocka_unit_test(bad_configs),
         cmocka_unit_test(sched_images),
+        cmocka_unit_test(sched_two_images),
     };
     static struct CMUnitTest *t; /* built once, for the life of the process */
     /* this suite's cases are Gemma 3's; the Qwen image cases run in the qwen_vl suite */
@@ -855,10 +959,10 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     size_t n = gc->n ? gc->n : 1;
     if (t) {
         *tests = t;
-        *n_tests = n + 4;
+        *n_tests = n + 5;
         return;
     }
-    t = calloc(n + 4, sizeof *t);
+    t = calloc(n + 5, sizeof *t);
     if (!t) {
         *tests = NULL;
         *n_tests = 0;
@@ -874,7 +978,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         t[0] = (struct CMUnitTest){.name = "vision_cases_found", .test_func = refusals};
     memcpy(t + n, extra, sizeof extra);
     *tests = t;
-    *n_tests = n + 4;
+    *n_tests = n + 5;
 }
 
 TEST_SUITE_BUILT(vision, build_tests);

@@ -705,7 +705,10 @@ static int draft_for(const struct sched *s, struct sreq *r, int room)
 }
 
 /* The rows of r's next prompt chunk, at most k: it ends before an image not yet encoded or
- * not whole in it; the images it holds are added to the step's list. */
+ * not whole in it; the images it holds are added to the step's list (every one before that
+ * end: an encoded image and an unencoded one after it in the same chunk's reach, as an
+ * Idefics3 image's tiles or a prompt's two images are, give a chunk ending before the second
+ * that holds the first's rows). */
 static int chunk_images(struct sched *s, const struct sreq *r, int k)
 {
     int from = r->n_fed;
@@ -720,8 +723,10 @@ static int chunk_images(struct sched *s, const struct sreq *r, int k)
             break;
         if (im->pos < from && whole)
             return 0;  /* never: a hit and a chunk both end outside images */
-        if (!im->embd || (whole && im->pos + T > from + k))
-            return im->pos > from ? im->pos - from : 0;
+        if (!im->embd || (whole && im->pos + T > from + k)) {
+            k = im->pos > from ? im->pos - from : 0;
+            break;
+        }
     }
     int D = s->c->m->hp.n_embd;
     for (int j = 0; j < r->n_img; j++) {

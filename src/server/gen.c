@@ -128,13 +128,6 @@ static int take_images(struct gen *g, struct oai_error *err)
                           "the model '%s' does not take images%s%s", m->id ? m->id : "",
                           m->images_error ? ": " : " (it has no vision tower)",
                           m->images_error ? m->images_error : "");
-    /* Idefics3 / SmolVLM images (tiles) through the scheduler give other tokens than `mlxcel
-     * generate --image`, which matches transformers (issue 43, the 2026-12-06 stop's note):
-     * refused until that is found rather than answered wrong */
-    const char *vt = m->images->m->vision->ops->model_type;
-    if (!strcmp(vt, "idefics3") || !strcmp(vt, "smolvlm"))
-        return oai_errorf(err, 400, "invalid_request_error", NULL, g->q.images[0].param,
-                          "images for %s models are not served yet (`mlxcel generate --image` takes them)", vt);
     image_input_init(&g->imgs, m->images);
     for (int i = 0; i < g->q.n_images; i++) {
         struct oai_image *qi = &g->q.images[i];

@@ -10,6 +10,8 @@
 //  - hostile images (truncated, wrong magic, 0 bytes, a 60000 x 60000 header, not base64) and
 //    http(s) URLs are 400s in each API's error shape, and the server keeps serving;
 //  - a text model (llama-tiny) answers an image part with a 400 naming the model;
+//  - per family (the golden checkpoints below), the scheduler's answers equal generate --image's,
+//    two images in one message too (Qwen2-VL, LLaVA), Idefics3 / SmolVLM tiles beside text requests;
 //  - `serve --allow-image-urls`: an http URL (a local server's) is fetched, redirects followed up
 //    to 3, and nothing of the client's request (its Authorization) forwarded; a 404, a redirect
 //    loop, a body over 20 MiB, a server that never answers (10 s) and a non-http URL are 400s.
@@ -43,6 +45,20 @@ const chatBody = (url, extra = {}, text = TEXT) => ({
     messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url } }, { type: 'text', text }] }],
     ...extra,
 });
+// Two images in one user message (the chat template places both, then the text) against
+// `generate --image A --image B -p text`: the scheduler encodes one image a step, so the chunk
+// that stops before the second image holds the first's rows (once fed as the image token's
+// embedding instead: other tokens on every family).
+const twoImages = async (oai, model, dir, text) => {
+    const want = execFileSync(BIN, ['generate', '-m', dir, '--image', join(IMG, 'vis_photo.jpg'), '--image',
+        join(IMG, 'vis_edges.png'), '-p', text, '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+    const r = await oai.chat.completions.create({
+        model, max_tokens: N, temperature: 0,
+        messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_photo.jpg') } },
+            { type: 'image_url', image_url: { url: dataUrl('vis_edges.png', 'image/png') } }, { type: 'text', text }] }],
+    });
+    assert.equal(r.choices[0].message.content, want);
+};
 const anthropic = (base) => new Anthropic({ baseURL: base, apiKey: 'x', maxRetries: 0, timeout: 60_000 * SLOW });
 
 describe('vision: images through the APIs', () => {
@@ -189,6 +205,8 @@ describe('vision: Qwen2-VL', () => {
         assert.ok(other.usage.prompt_tokens_details.cached_tokens <= first);
     });
 
+    it('two images in one message equal generate --image A --image B', () => twoImages(oai, 'qwen2_vl', QG, QTEXT));
+
     it('responses: input_image gives the same', async () => {
         const r = await oai.responses.create({
             model: 'qwen2_vl', max_output_tokens: N, temperature: 0,
@@ -295,6 +313,8 @@ describe('vision: LLaVA', () => {
         });
         assert.equal(r.content[0].text, want);
     });
+
+    it('two images in one message equal generate --image A --image B', () => twoImages(oai, 'llava', LG, LTEXT));
 });
 
 // Mistral 3 (Pixtral tower, images at their own size, [IMG_BREAK] / [IMG_END] inside the image's run;
@@ -340,21 +360,64 @@ describe('vision: Mistral 3', () => {
     });
 });
 
-// SmolVLM / Idefics3 tiles through the scheduler answer other tokens than `generate --image`
-// (transformers' ids): the server refuses them with a 400 naming the model type until that is
-// found (src/server/gen.c take_images).
-describe('vision: SmolVLM images refused by the server', () => {
-    let srv;
-    before(async () => { srv = await startServer(['-m', 'tests/fixtures/golden/smolvlm']); });
-    after(async () => { await srv?.stop(); });
-    it('openai chat with an image_url part: 400 naming smolvlm', async () => {
-        await assert.rejects(client(srv.base).chat.completions.create({
-            model: 'smolvlm', max_tokens: 2,
-            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl('vis_edges.png') } },
-                { type: 'text', text: 'What is this?' }] }],
-        }), (err) => err.status === 400 && /smolvlm models are not served yet/.test(err.message));
+// Idefics3 / SmolVLM (an image split into tiles + the global one, each its own tower image and
+// run of <image> tokens; ADR 0126): the idefics3 and smolvlm golden checkpoints (their tokenizer,
+// chat template, image processor, processor_config.json). The chat template puts the image before
+// the text, as the golden's prompt: the openai and anthropic clients' answers (the scheduler's path,
+// which encodes one tile a step) equal `mlxcel generate --image` of that prompt (tests/cli/idefics3.sh:
+// transformers' greedy ids), also while text-only requests run in the same steps; every tile's run
+// counts in usage. (A prompt chunk that ended before a tile not yet encoded once fed the encoded
+// tiles before it as the <image> token's embedding: other tokens than generate.)
+for (const [name, image, type, text] of [['smolvlm', 'vis_edges.png', 'image/png', 'Describe it.'],
+    ['idefics3', 'vis_photo.jpg', 'image/jpeg', 'What is shown here?']]) {
+    describe(`vision: ${name === 'smolvlm' ? 'SmolVLM' : 'Idefics3'}`, () => {
+        const G = `tests/fixtures/golden/${name}`;
+        const gold = BIN ? JSON.parse(readFileSync(join(G, 'golden.json'), 'utf8')) : {};
+        let want;
+        let srv, oai;
+        before(async () => {
+            assert.equal(gold.images[0], image);
+            const pf = join(work, `${name}.prompt`);
+            writeFileSync(pf, gold.prompt);
+            want = execFileSync(BIN, ['generate', '-m', G, '--image', join(IMG, image), '-f', pf, '--no-chat',
+                '-n', String(N), '--temp', '0'], { encoding: 'utf8' }).replace(/\n$/, '');
+            srv = await startServer(['-m', G]);
+            oai = client(srv.base);
+        });
+        after(async () => { await srv?.stop(); });
+
+        const ask = () => oai.chat.completions.create({
+            model: name, max_tokens: N, temperature: 0,
+            messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: dataUrl(image, type) } },
+                { type: 'text', text }] }],
+        });
+
+        it('openai chat: the image_url part gives transformers\' answer; every tile counts in usage', async () => {
+            const r = await ask();
+            assert.equal(r.choices[0].message.content, want);
+            assert.equal(r.usage.prompt_tokens, gold.input_ids.length);
+        });
+
+        it('anthropic: a base64 image block gives the same', async () => {
+            const r = await anthropic(srv.base).messages.create({
+                model: name, max_tokens: N, temperature: 0,
+                messages: [{ role: 'user', content: [
+                    { type: 'image', source: { type: 'base64', media_type: type, data: b64(image) } },
+                    { type: 'text', text }] }],
+            });
+            assert.equal(r.content[0].text, want);
+        });
+
+        it('beside text-only requests in the same steps: the same answer', async () => {
+            const words = (k) => oai.chat.completions.create({ model: name, max_tokens: 2 * N, temperature: 0,
+                messages: [{ role: 'user', content: Array.from({ length: 12 }, (_, i) => `w${k + i}`).join(' ') }] });
+            const [a, t1, t2] = await Promise.all([ask(), words(10), words(40)]);
+            assert.equal(a.choices[0].message.content, want);
+            assert.equal(a.usage.prompt_tokens, gold.input_ids.length);
+            assert.ok(t1.usage.completion_tokens > 0 && t2.usage.completion_tokens > 0);
+        });
     });
-});
+}
 
 describe('vision: a text model', () => {
     let srv;
