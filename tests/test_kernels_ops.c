@@ -855,6 +855,8 @@ static void test_conv1d(void **state)
     conv_case(&bs, &es, 3, 9, 40, 4, 5, true, true);       /* Mamba's: silu, bias, chunks of 5 */
     conv_case(&bs, &es, 8, 6, 1000, 4, 7, true, false);    /* threads split the channels */
     conv_case(&bs, &es, 2, 5, 16, 1, 3, false, true);      /* width 1: no state */
+    conv_case(&bs, &es, 2, 7, 23, 4, 4, true, true);       /* 16 channels and a tail of 7 */
+    conv_case(&bs, &es, 2, 24, 37, 18, 7, true, true);     /* wider than the kernels' taps */
     kc_report("conv1d", &es);
     kc_close(&bs);
 }

@@ -60,6 +60,20 @@ struct gdn_ctx {
     int n_tok, nk, nv, dk, dv;
 };
 
+/* The causal depthwise convolution (backend_cpu_rec.c, kern_conv.h): its arguments as the
+ * op received them. */
+struct conv_ctx {
+    const struct cpu_kernels *k;   /* the table whose conv_rows runs it (silu_mul from it) */
+    float *y;
+    const float *x;
+    size_t ldy, ldx;
+    const float *w, *b;            /* [n_ch, K], [n_ch] or NULL */
+    float *st;                     /* [seqs][K - 1][n_ch] */
+    const int32_t *pos, *seq;
+    int n_tok, n_ch, K;
+    bool silu;
+};
+
 /* A weight matrix [out, in] as the kernels see it. */
 struct wmat {
     const uint8_t *data;      /* row r starts at data + r * row_bytes */
@@ -203,6 +217,9 @@ struct cpu_kernels {
      * consecutive positions (backend_cpu_gdn.c): one block when T >= GDN_BLOCK_MIN, else T
      * steps; scr: the thread's scratch of doubles. kern_gdn.h, the same bits on every ISA. */
     void (*gdn_rows)(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+    /* The convolution of channels [c0, c1) over every row of cc (backend.h conv1d): kern_conv.h,
+     * vectorized across channels; each output sums its taps in the op's order. */
+    void (*conv_rows)(const struct conv_ctx *cc, int c0, int c1);
     /* Mamba's selective scan of one channel over n rows of one sequence
      * (backend_cpu_scan.c). Row i: with d = delta[i ldd] (softplus of dt, computed by the
      * caller) and v = x[i ldx], h = exp(d a) * h + (d v) b and acc[i lda] = h . c, where
@@ -218,10 +235,13 @@ struct cpu_kernels {
     void (*softplus)(float *y, const float *x, int n);
 };
 
-/* kern_gdn_{ref,avx2,avx512}.c: kern_gdn.h compiled for each ISA. */
+/* kern_rec_{ref,avx2,avx512}.c: kern_gdn.h and kern_conv.h compiled for each ISA. */
 void kern_gdn_rows_ref(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 void kern_gdn_rows_avx2(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 void kern_gdn_rows_avx512(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+void kern_conv_rows_ref(const struct conv_ctx *cc, int c0, int c1);
+void kern_conv_rows_avx2(const struct conv_ctx *cc, int c0, int c1);
+void kern_conv_rows_avx512(const struct conv_ctx *cc, int c0, int c1);
 
 /* ---- kern_ref.c ---- */
 /* Fill k with the scalar reference kernels. */

@@ -598,6 +598,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->scan_rows = a512_scan_rows;
     k->softplus = a512_softplus;
     k->gdn_rows = kern_gdn_rows_avx512;
+    k->conv_rows = kern_conv_rows_avx512;
     return true;
 }
 

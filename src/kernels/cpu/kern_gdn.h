@@ -1,7 +1,7 @@
 /*
  * kern_gdn.h: the body of the gated delta rule on the CPU (backend_cpu_gdn.c has the
  * threading and the forms' derivation; kern.h gdn_rows the contract). Static functions,
- * included once per ISA by kern_gdn_ref.c, kern_gdn_avx2.c and kern_gdn_avx512.c: each file
+ * included once per ISA by kern_rec_ref.c, kern_rec_avx2.c and kern_rec_avx512.c: each file
  * is compiled with its own target flags and -fvect-cost-model=dynamic, so GCC vectorizes the
  * loops over the state's columns (doubles) for that ISA. The build is ISO C (no
  * -ffp-contract): no multiply-add is fused and no sum is reassociated, so every ISA computes

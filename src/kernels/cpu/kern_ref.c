@@ -250,4 +250,5 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->scan_rows = ref_scan_rows;
     k->softplus = ref_softplus;
     k->gdn_rows = kern_gdn_rows_ref;
+    k->conv_rows = kern_conv_rows_ref;
 }
