@@ -651,7 +651,7 @@ static void rerank_seqcls_activation_and_refusals(void **state)
     struct dcase c;
     struct err e = {0};
     struct emb_item it;
-    float v;
+    float v = 0.0f;
     seqcls_copy(dir, 1, "{\"sentence_transformers\": {\"activation_fn\": \"torch.nn.modules.linear.Identity\"}}");
     dcase_open_dir(&c, dir, golden_case_dir("qwen3_rr"), false);
     c.em->max_len = (int)cJSON_GetObjectItem(c.ref, "max_length")->valuedouble;
