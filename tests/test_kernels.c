@@ -1670,6 +1670,8 @@ static void test_rglru(void **state)
     rglru_case(&bs, &es, 13, 3, 4, 5);
     rglru_case(&bs, &es, 40, 5, 8, 16);    /* threaded */
     rglru_case(&bs, &es, 70, 4, 10, 12);
+    rglru_case(&bs, &es, 30, 2, 2, 40);    /* a head wider than the kernels' 16 channels */
+    rglru_case(&bs, &es, 20, 3, 3, 7);     /* 16-channel blocks across heads of 7 */
     /* a state that does not match the width is an error, not a write past it */
     struct backend *be = bs.be[0];
     float v1 = 0, xs[2] = {0}, ys[2], sts[4];

@@ -74,6 +74,19 @@ struct conv_ctx {
     bool silu;
 };
 
+/* Griffin's RG-LRU (backend_cpu_rglru.c, kern_rglru.h): its arguments as the op received
+ * them. */
+struct rglru_ctx {
+    const struct cpu_kernels *k;   /* the table whose rglru_rows runs it */
+    float *y;
+    const float *x;
+    size_t ldy, ldx;
+    const float *wi, *bi, *wa, *ba, *ap;
+    float *st;                /* [seqs][width] */
+    const int32_t *pos, *seq;
+    int n_tok, width, bw;
+};
+
 /* A weight matrix [out, in] as the kernels see it. */
 struct wmat {
     const uint8_t *data;      /* row r starts at data + r * row_bytes */
@@ -220,6 +233,9 @@ struct cpu_kernels {
     /* The convolution of channels [c0, c1) over every row of cc (backend.h conv1d): kern_conv.h,
      * vectorized across channels; each output sums its taps in the op's order. */
     void (*conv_rows)(const struct conv_ctx *cc, int c0, int c1);
+    /* The RG-LRU of channels [c0, c1) over every row of rc (backend.h rglru): kern_rglru.h,
+     * the gates' block-diagonal products vectorized across a head's channels. */
+    void (*rglru_rows)(const struct rglru_ctx *rc, int c0, int c1);
     /* Mamba's selective scan of one channel over n rows of one sequence
      * (backend_cpu_scan.c). Row i: with d = delta[i ldd] (softplus of dt, computed by the
      * caller) and v = x[i ldx], h = exp(d a) * h + (d v) b and acc[i lda] = h . c, where
@@ -235,10 +251,13 @@ struct cpu_kernels {
     void (*softplus)(float *y, const float *x, int n);
 };
 
-/* kern_rec_{ref,avx2,avx512}.c: kern_gdn.h and kern_conv.h compiled for each ISA. */
+/* kern_rec_{ref,avx2,avx512}.c: kern_gdn.h, kern_conv.h and kern_rglru.h compiled for each ISA. */
 void kern_gdn_rows_ref(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 void kern_gdn_rows_avx2(const struct gdn_ctx *g, double *scr, int i, int T, int h);
 void kern_gdn_rows_avx512(const struct gdn_ctx *g, double *scr, int i, int T, int h);
+void kern_rglru_rows_ref(const struct rglru_ctx *rc, int c0, int c1);
+void kern_rglru_rows_avx2(const struct rglru_ctx *rc, int c0, int c1);
+void kern_rglru_rows_avx512(const struct rglru_ctx *rc, int c0, int c1);
 void kern_conv_rows_ref(const struct conv_ctx *cc, int c0, int c1);
 void kern_conv_rows_avx2(const struct conv_ctx *cc, int c0, int c1);
 void kern_conv_rows_avx512(const struct conv_ctx *cc, int c0, int c1);

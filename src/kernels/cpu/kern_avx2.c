@@ -1237,6 +1237,7 @@ bool cpu_kernels_avx2_init(struct cpu_kernels *k)
     k->softplus = a2_softplus;
     k->gdn_rows = kern_gdn_rows_avx2;
     k->conv_rows = kern_conv_rows_avx2;
+    k->rglru_rows = kern_rglru_rows_avx2;
     kern_avx2_qi_init(k);
     return true;
 }

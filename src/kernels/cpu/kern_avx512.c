@@ -599,6 +599,7 @@ bool cpu_kernels_avx512_init(struct cpu_kernels *k)
     k->softplus = a512_softplus;
     k->gdn_rows = kern_gdn_rows_avx512;
     k->conv_rows = kern_conv_rows_avx512;
+    k->rglru_rows = kern_rglru_rows_avx512;
     return true;
 }
 

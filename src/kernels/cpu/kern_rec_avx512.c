@@ -1,6 +1,6 @@
 /*
  * kern_rec_avx512: the recurrent layers' loops written in plain C, the gated delta rule
- * (kern_gdn.h) and the causal convolution (kern_conv.h), vectorized for AVX-512 (8 doubles
+ * (kern_gdn.h), the causal convolution (kern_conv.h) and the RG-LRU (kern_rglru.h), vectorized for AVX-512 (8 doubles
  * or 16 floats a register); called only where dispatch.c chose the avx512 table.
  */
 #include "kern.h"
@@ -11,4 +11,6 @@
 #include "kern_gdn.h"
 #define KERN_CONV_ENTRY kern_conv_rows_avx512
 #include "kern_conv.h"
+#define KERN_RGLRU_ENTRY kern_rglru_rows_avx512
+#include "kern_rglru.h"
 #endif

@@ -251,4 +251,5 @@ void cpu_kernels_ref_init(struct cpu_kernels *k)
     k->softplus = ref_softplus;
     k->gdn_rows = kern_gdn_rows_ref;
     k->conv_rows = kern_conv_rows_ref;
+    k->rglru_rows = kern_rglru_rows_ref;
 }
