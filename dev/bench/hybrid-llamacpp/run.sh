@@ -46,9 +46,11 @@ Peak RSS of every process (/usr/bin/time).
 Models (MODELS, default $BENCH_CACHE/hybrid-models; NAME-q4 = mlxcel, NAME-q4_0.gguf =
 llama.cpp): dev/bench/hybrid-llamacpp/shapes.py writes the configs and says where their values
 come from. Tokenizers (only their size matters: both benches feed token ids): GPT-2's padded
-to 100352 for Granite, Qwen3's for Qwen3-Next, Llama 3.1's for the Llama. Full shapes on disk
-at the end: ~4.1 + 4.0 (Granite), ~3.6 + 3.6 (Qwen3-Next), ~0.8 + 0.8 GB (Llama) = ~17 GB;
-the peak while making Granite is its bf16 folder (13.9 GB) beside what exists.
+to 100352 for Granite, Qwen3's for Qwen3-Next, Llama 3.1's for the Llama. The full shapes
+(6.94B, 6.30B and 1.24B parameters; 1.31B, 1.60B and 0.97B active outside the embedding) take
+~16.3 GB at the end (~3.9 / ~3.5 / ~0.7 GB each, twice: 4.5 bits per weight both); the GGUFs
+are made first, one bf16 folder at a time, so the peak is ~20.0 GB (18.6 GiB: Qwen3-Next's
+bf16 folder, 12.6 GB, beside its GGUF and Granite's).
 
 Environment:
   BENCH_CACHE  cache folder (default ~/.cache/mlxcel-bench), holding llama.cpp-src
@@ -177,10 +179,14 @@ tokenizer() {  # FIXTURE_NAME -> $M/tok-NAME/tokenizer.json
     xz -dc "$f/tokenizer.json.xz" >"$d/tokenizer.json" && cp "$f/tokenizer_config.json" "$d/" || die "cannot unpack $f"
 }
 
-# make_shape SHAPE: NAME-q4_0.gguf and NAME-q4 in $M (NAME = SHAPE, or SHAPE-lN with --layers N)
-make_shape() {
-    local shape=$1 name=$1 tok
-    [ "$layers" = 0 ] || name=$shape-l$layers
+model_name() {  # SHAPE -> NAME: SHAPE, or SHAPE-lN with --layers N
+    if [ "$layers" = 0 ]; then echo "$1"; else echo "$1-l$layers"; fi
+}
+
+# make_gguf SHAPE: $M/NAME.json and NAME-q4_0.gguf (through NAME-bf16, deleted after)
+make_gguf() {
+    local shape=$1 name tok
+    name=$(model_name "$shape")
     case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-1b) tok=llama3_1 ;; esac
     tokenizer $tok
     "$py" "$here/shapes.py" "$shape" "$layers" "$M/$name.json" || die "shapes.py $shape failed"
@@ -193,6 +199,12 @@ make_shape() {
         mv "$M/$name-q4_0.gguf.tmp" "$M/$name-q4_0.gguf"
         [ "$keep" = 1 ] || rm -rf "$M/$name-bf16"
     fi
+}
+
+# make_q4 SHAPE: NAME-q4, the same seed's values as MLX 4-bit g64
+make_q4() {
+    local name
+    name=$(model_name "$1")
     if [ ! -f "$M/$name-q4/config.json" ]; then
         rm -rf "$M/$name-q4"
         run setup "$name" synth-q4 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-q4" --seed 41 \
@@ -216,12 +228,14 @@ bench_pair() {  # SHAPE NAME TEST MLXCEL_ARGS... -- LLAMA_ARGS...
 }
 
 log "models in $M ($(df -BG --output=avail "$M" | tail -1 | tr -d ' ') free), output in $out"
-for s in ${shapes_sel//,/ }; do make_shape "$s"; done
+# every GGUF first, then the MLX folders: one bf16 folder at a time beside the files made so
+# far keeps the peak under 20 GB for the full shapes
+for s in ${shapes_sel//,/ }; do make_gguf "$s"; done
+for s in ${shapes_sel//,/ }; do make_q4 "$s"; done
 [ "$setup_only" = 1 ] && { log "models ready"; exit 0; }
 
 for s in ${shapes_sel//,/ }; do
-    name=$s
-    [ "$layers" = 0 ] || name=$s-l$layers
+    name=$(model_name "$s")
     for ((i = 1; i <= rounds; i++)); do
         bench_pair "$s" "$name" d0 -p "$n_pp" -n "$n_tg" -- -p "$n_pp" -n "$n_tg" -d 0
         bench_pair "$s" "$name" "d$depth" -p 0 -n "$n_tg" -d "$depth" -- -p 0 -n "$n_tg" -d "$depth"
