@@ -66,14 +66,16 @@ for m in gmh-moe gmh-rope gmh-dense q3n; do
     for t in f32 f16 q4_0; do "$py" "$root/scripts/hf2gguf.py" --outtype $t "$w/$m" "$w/$m-$t.gguf" 2>/dev/null; done
     "$build/bin/llama-quantize" --pure "$w/$m-f16.gguf" "$w/$m-q4q.gguf" Q4_0 1 >/dev/null 2>&1
     a=$("$mlxcel" generate -m "$w/$m" --prompt-ids "$csv" -n 24 --temp 0 --ignore-eos --output-ids -t 1 2>/dev/null | tail -1)
-    nll_a=$("$mlxcel" perplexity -m "$w/$m" --ids-file "$w/ids.json" --json -t 1 2>/dev/null)
+    nll_a=$("$mlxcel" perplexity -m "$w/$m" --ids-file "$w/ids.json" --json -t 1 2>/dev/null |
+        "$py" -c 'import json,sys; print("%.6f" % json.load(sys.stdin)["nll"])')
     b=$("$w/llgreedy" "$w/$m-f32.gguf" 24 $ids)
     b16=$("$w/llgreedy" "$w/$m-f16.gguf" 24 $ids)
     same=$("$py" -c 'import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), len(a)); print(n)' "$a" "$(head -1 <<<"$b")")
     same16=$("$py" -c 'import json,sys; a=json.loads(sys.argv[1]); b=json.loads(sys.argv[2]); n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), len(a)); print(n)' "$a" "$(head -1 <<<"$b16")")
     q=$("$py" "$here/cmpgguf.py" "$w/$m-q4_0.gguf" "$w/$m-q4q.gguf" | tail -1) || true
     echo "$m: greedy ids equal for $same/24 (F32 twin), $same16/24 (F16 twin); prompt NLL mlxcel $nll_a," \
-         "llama.cpp F32 $(tail -1 <<<"$b"), F16 $(tail -1 <<<"$b16"); q4_0 vs llama-quantize: $q"
+         "llama.cpp F32 $(tail -1 <<<"$b" | cut -d' ' -f2), F16 $(tail -1 <<<"$b16" | cut -d' ' -f2);" \
+         "q4_0 against llama-quantize: $q"
     [ "$same" = 24 ] && [[ $q == *", 0 differ" ]] || fail=1
 done
 exit $fail
