@@ -37,8 +37,9 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
 
 Tests, per shape (mlxcel `bench --json`, llama.cpp `llama-bench -o jsonl -v`):
   d0     -p P -n N       prefill of P tokens and decode of N tokens from an empty cache
-  dD     -p 0 -n N -d D  decode of N tokens after D tokens (prefilled untimed; mlxcel prefills
-                         them again before its warm-up and every repetition, llama-bench once)
+  dD     -p 0 -n N -d D  decode of N tokens after D tokens (prefilled untimed: mlxcel before
+                         every repetition, llama-bench once, its state restored for the later
+                         ones; both warm up from an empty cache)
 Memory per sequence at depth D: mlxcel's kv_bytes (attention rows for D + N positions and the
 recurrent states), llama.cpp's "KV buffer size" + "RS buffer size" of the same context.
 Peak RSS of every process (/usr/bin/time).
