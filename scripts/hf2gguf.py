@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""hf2gguf.py SRC OUT.gguf: an F16 GGUF of a float Hugging Face / MLX checkpoint folder, for llama.cpp.
+"""hf2gguf.py [--outtype f16|f32|q4_0] SRC OUT.gguf: a GGUF of a float Hugging Face / MLX checkpoint
+folder, for llama.cpp.
 
 The GGUF twin of a `mlxcel synth` model (scripts/bench-vs-llamacpp.sh): the same tensor values, so
 llama.cpp and mlxcel run the same weights. Families: `llama` (arch llama; q/k rows permuted as
@@ -14,14 +15,36 @@ context when that is stated); llama.cpp's gpt-oss makes even layers sliding, as 
 layer_types do), `bert` (arch bert, as llama.cpp's conversion/bert.py writes it: bidirectional,
 the pooling of the folder's sentence-transformers 1_Pooling, the WordPiece vocabulary in phantom-space
 form: `##x` -> `x`, any other non-special token `x` -> U+2581 `x`; [CLS] as BOS, [SEP] as SEP;
-pooler and MLM heads dropped) and `qwen3` (arch qwen3; NEOX rotary, no permutation; a
+pooler and MLM heads dropped), `qwen3` (arch qwen3; NEOX rotary, no permutation; a
 sentence-transformers folder with last-token pooling, Qwen3-Embedding, gets pooling LAST and
-add_eos_token, as llama.cpp's GGUFs of Qwen3-Embedding have).
+add_eos_token, as llama.cpp's GGUFs of Qwen3-Embedding have), and two hybrids, as llama.cpp's
+conversion/granite.py, mamba.py and qwen.py write them:
+- `granitemoehybrid` (arch granitehybrid, Granite 4.0-H): per-layer head_count_kv, 0 marking a
+  Mamba-2 layer (layer_types); the Mamba-2 mixer as ssm_* (A = -exp(A_log) and D as [heads, 1],
+  conv1d [C, 1, K] -> [C, K], dt_bias as ssm_dt.bias, the gated norm as [groups, inner / groups],
+  ssm_time_step_rank = mamba_n_heads); attention q/k rows permuted as llama's; input_linear
+  [E, 2I, H] split into ffn_gate_exps (first I rows) and ffn_up_exps, the shared MLP's
+  [2S, H] likewise into ffn_{gate,up}_shexp (plain ffn_{gate,up,down} when num_local_experts
+  is 0); the four Granite multipliers; rope on (rope_scaling.finetuned) only for
+  position_embedding_type "rope" (or none), NoPE otherwise. Refused: mamba_n_groups > 1
+  (llama.cpp normalizes the gated output per group, transformers and mlxcel over the whole row).
+- `qwen3_next` (arch qwen3next): recurrent_layers from layer_types (else every
+  full_attention_interval-th layer is attention); the zero-centred RMSNorm weights w written
+  as 1 + w (all but the linear attention's gated norm); in_proj_qkvz's per-key-head
+  [q k v z] groups regrouped into attn_qkv ([q | k | v]) and attn_gate (z); in_proj_ba as
+  ssm_ba; A = -exp(A_log); conv1d squeezed; experts stacked; the shared expert's sigmoid gate
+  as ffn_gate_inp_shexp. MTP layers are not written.
+--outtype: f16 (default), f32 (every tensor F32: a twin without F16 rounding, to validate a
+writer), or q4_0: the tensors `llama-quantize --pure Q4_0` quantizes (F16 matrices but the
+router), rounded to F16 and quantized by gguf-py's port of ggml's reference Q4_0 (byte for byte
+what llama-quantize writes of the F16 file, checked on llama-tiny and both hybrids), so that
+large models need no F16 file on disk.
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
 Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) and BERT's
-position and token-type tables as F32 (as llama.cpp's converter does), one
+position and token-type tables as F32 (as llama.cpp's converter does; for the hybrids also
+norms, routers and conv kernels, by its rule), one
 tensor at a time (memory stays at one tensor: one expert stack for the MoE families). The
 tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size with `[PAD<id>]`
 tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape matters.
@@ -228,10 +251,300 @@ def moe_plan(mt, index, L, NE):
     return plan
 
 
+def f32_rule(g, ndim):
+    """llama.cpp's converter: vectors, norms, routers, conv kernels and tensors not named
+    `.weight` (ssm_a, ssm_d, biases) stay F32; other matrices are F16."""
+    if ndim < 2 or g.endswith("_norm.weight") or not g.endswith(".weight"):
+        return True
+    return any(k in g for k in (".ffn_gate_inp.", ".ffn_gate_inp_shexp.", ".ssm_conv1d."))
+
+
+def need(index, name):
+    if name not in index:
+        sys.exit(f"hf2gguf: {name} missing")
+    return name
+
+
+def tensor(index, g, name, fn=None, shape=None):
+    """A plan entry for one checkpoint tensor: fn maps its float32 values, shape (numpy order)
+    is the result's when fn changes it."""
+    need(index, name)
+    shape = shape or index[name][1]["shape"]
+    dt = np.float32 if f32_rule(g, len(shape)) else np.float16
+    return (g, list(shape), dt, (lambda: fn(load(index, name))) if fn else (lambda: load(index, name)))
+
+
+def granite_hybrid_plan(index, cfg, attn):
+    """granitemoehybrid -> llama.cpp granitehybrid: Mamba-2 mixers (A = -exp(A_log) and D as
+    [heads, 1], conv1d [C, 1, K] -> [C, K], the gated norm as [groups, inner / groups],
+    dt_bias -> ssm_dt.bias), attention q/k rows permuted as Llama's, input_linear [E, 2I, H]
+    split into gate (first I rows) and up, the shared MLP's [2S, H] likewise (ffn_*_shexp
+    beside experts, plain ffn_* without)."""
+    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
+    NH, NKV = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    NE = cfg.get("num_local_experts") or 0
+    nh, ng = cfg["mamba_n_heads"], cfg.get("mamba_n_groups", 1)
+    inner = nh * cfg["mamba_d_head"]
+    I, S = cfg["intermediate_size"], cfg["shared_intermediate_size"]
+    p = [tensor(index, "token_embd.weight", "model.embed_tokens.weight")]
+    for b in range(L):
+        pre, blk = f"model.layers.{b}.", f"blk.{b}."
+        p.append(tensor(index, blk + "attn_norm.weight", pre + "input_layernorm.weight"))
+        if b in attn:
+            for x, g, nperm in (("q", "attn_q", NH), ("k", "attn_k", NKV), ("v", "attn_v", 0), ("o", "attn_output", 0)):
+                fn = (lambda w, n=nperm: permute(w, n)) if nperm else None
+                p.append(tensor(index, blk + g + ".weight", pre + f"self_attn.{x}_proj.weight", fn))
+        else:
+            m = pre + "mamba."
+            C = index[need(index, m + "conv1d.weight")][1]["shape"][0]
+            p += [tensor(index, blk + "ssm_in.weight", m + "in_proj.weight"),
+                  tensor(index, blk + "ssm_conv1d.weight", m + "conv1d.weight", lambda w: w.reshape(w.shape[0], -1),
+                         [C, cfg.get("mamba_d_conv", 4)])]
+            if m + "conv1d.bias" in index:
+                p.append(tensor(index, blk + "ssm_conv1d.bias", m + "conv1d.bias"))
+            p += [tensor(index, blk + "ssm_dt.bias", m + "dt_bias"),
+                  tensor(index, blk + "ssm_a", m + "A_log", lambda a: -np.exp(a).reshape(-1, 1), [nh, 1]),
+                  tensor(index, blk + "ssm_d", m + "D", lambda d: d.reshape(-1, 1), [nh, 1]),
+                  tensor(index, blk + "ssm_norm.weight", m + "norm.weight", lambda w: w.reshape(ng, -1), [ng, inner // ng]),
+                  tensor(index, blk + "ssm_out.weight", m + "out_proj.weight")]
+            if m + "out_proj.bias" in index or m + "in_proj.bias" in index:
+                sys.exit("hf2gguf: granitemoehybrid with mamba_proj_bias: llama.cpp's granitehybrid has no projection biases")
+        p.append(tensor(index, blk + "ffn_norm.weight", pre + "post_attention_layernorm.weight"))
+        sh = ("_shexp" if NE else "")
+        si = pre + "shared_mlp.input_linear.weight"
+        p += [tensor(index, blk + f"ffn_gate{sh}.weight", si, lambda w: w[:S], [S, H]),
+              tensor(index, blk + f"ffn_up{sh}.weight", si, lambda w: w[S:], [S, H]),
+              tensor(index, blk + f"ffn_down{sh}.weight", pre + "shared_mlp.output_linear.weight")]
+        if NE:
+            e = pre + "block_sparse_moe."
+            p += [tensor(index, blk + "ffn_gate_inp.weight", e + "router.layer.weight"),
+                  tensor(index, blk + "ffn_gate_exps.weight", e + "input_linear.weight", lambda w: w[:, :I], [NE, I, H]),
+                  tensor(index, blk + "ffn_up_exps.weight", e + "input_linear.weight", lambda w: w[:, I:], [NE, I, H]),
+                  tensor(index, blk + "ffn_down_exps.weight", e + "output_linear.weight")]
+    p.append(tensor(index, "output_norm.weight", "model.norm.weight"))
+    if not cfg.get("tie_word_embeddings", True):
+        p.append(tensor(index, "output.weight", "lm_head.weight"))
+    return p
+
+
+def qwen3next_plan(index, cfg, full):
+    """qwen3_next -> llama.cpp qwen3next: the zero-centred RMSNorm weights w stored as 1 + w
+    (every norm but the gated one of the linear attention), A = -exp(A_log), conv1d squeezed,
+    in_proj_qkvz's per-key-head [q k v z] groups regrouped into one [q | k | v] matrix
+    (attn_qkv) and z (attn_gate), in_proj_ba as is (ssm_ba), the per-expert matrices stacked."""
+    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
+    NE = cfg["num_experts"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    K = cfg.get("linear_conv_kernel_dim", 4)
+    vg = nv // nk * dv  # v (and z) rows per key head
+
+    def qkvz(w):  # [nk * (2 dk + 2 vg), H] -> [q | k | v] rows, z rows
+        w = w.reshape(nk, 2 * dk + 2 * vg, H)
+        q, k, v, z = w[:, :dk], w[:, dk:2 * dk], w[:, 2 * dk:2 * dk + vg], w[:, 2 * dk + vg:]
+        return np.concatenate([q.reshape(-1, H), k.reshape(-1, H), v.reshape(-1, H)]), z.reshape(-1, H)
+
+    plus1 = lambda w: w + 1.0
+    p = [tensor(index, "token_embd.weight", "model.embed_tokens.weight")]
+    for b in range(L):
+        pre, blk = f"model.layers.{b}.", f"blk.{b}."
+        p.append(tensor(index, blk + "attn_norm.weight", pre + "input_layernorm.weight", plus1))
+        if b in full:
+            a = pre + "self_attn."
+            p += [tensor(index, blk + f"attn_{x}.weight", a + f"{x}_proj.weight") for x in ("q", "k", "v")]
+            p += [tensor(index, blk + "attn_output.weight", a + "o_proj.weight"),
+                  tensor(index, blk + "attn_q_norm.weight", a + "q_norm.weight", plus1),
+                  tensor(index, blk + "attn_k_norm.weight", a + "k_norm.weight", plus1)]
+        else:
+            a = pre + "linear_attn."
+            src = a + "in_proj_qkvz.weight"
+            p += [tensor(index, blk + "attn_qkv.weight", src, lambda w: qkvz(w)[0], [nk * 2 * dk + nv * dv, H]),
+                  tensor(index, blk + "attn_gate.weight", src, lambda w: qkvz(w)[1], [nv * dv, H]),
+                  tensor(index, blk + "ssm_conv1d.weight", a + "conv1d.weight", lambda w: w.reshape(w.shape[0], -1),
+                         [2 * nk * dk + nv * dv, K]),
+                  tensor(index, blk + "ssm_dt.bias", a + "dt_bias"),
+                  tensor(index, blk + "ssm_a", a + "A_log", lambda x: -np.exp(x)),
+                  tensor(index, blk + "ssm_ba.weight", a + "in_proj_ba.weight"),
+                  tensor(index, blk + "ssm_norm.weight", a + "norm.weight"),
+                  tensor(index, blk + "ssm_out.weight", a + "out_proj.weight")]
+        p.append(tensor(index, blk + "post_attention_norm.weight", pre + "post_attention_layernorm.weight", plus1))
+        m = pre + "mlp."
+        p.append(tensor(index, blk + "ffn_gate_inp.weight", m + "gate.weight"))
+        for proj, g in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
+            srcs = [need(index, f"{m}experts.{e}.{proj}.weight") for e in range(NE)]
+            p.append((f"{blk}{g}.weight", [NE] + index[srcs[0]][1]["shape"], np.float16,
+                      lambda srcs=srcs: np.stack([load(index, n) for n in srcs])))
+        p += [tensor(index, blk + "ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight", lambda w: w.reshape(-1), [H])]
+        p += [tensor(index, blk + f"ffn_{x}_shexp.weight", m + f"shared_expert.{x}_proj.weight") for x in ("gate", "up", "down")]
+    p.append(tensor(index, "output_norm.weight", "model.norm.weight", plus1))
+    if not cfg.get("tie_word_embeddings", False):
+        p.append(tensor(index, "output.weight", "lm_head.weight"))
+    return p
+
+
+def q4_0_of(g, shape, dt):
+    """Whether `llama-quantize --pure Q4_0` quantizes this tensor of the F16 GGUF: every F16
+    matrix but the MoE router (and norms, conv kernels, ... which are F32 here already)."""
+    if dt != np.float16 or len(shape) < 2 or "ffn_gate_inp.weight" in g or "_norm.weight" in g:
+        return False
+    if shape[-1] % 32:
+        sys.exit(f"hf2gguf: {g} rows of {shape[-1]} are not whole Q4_0 blocks; write F16 and use llama-quantize")
+    return True
+
+
+def add_file_type(w, outtype):
+    if outtype == "q4_0":
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    elif outtype == "f32":
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    else:
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+
+
+def write_plan(w, plan, outtype, fix=None):
+    """Header, then each planned tensor (one in memory at a time). outtype q4_0: the tensors
+    llama-quantize --pure Q4_0 would quantize are rounded to F16 first, then quantized by
+    gguf-py's port of ggml's reference Q4_0, so the file is what `hf2gguf.py` F16 followed by
+    `llama-quantize --pure ... Q4_0` writes, without the F16 file on disk."""
+    Q = gguf.GGMLQuantizationType.Q4_0
+    if outtype == "f32":  # every tensor F32: a reference without F16 rounding
+        plan = [(g, shape, np.float32, get) for g, shape, _, get in plan]
+    for g, shape, dt, _ in plan:
+        if outtype == "q4_0" and q4_0_of(g, shape, dt):
+            bshape = gguf.quant_shape_to_byte_shape(shape, Q)
+            w.add_tensor_info(g, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=Q)
+        else:
+            w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for g, shape, dt, get in plan:
+        x = get()
+        if fix:
+            x = fix(g, x)
+        x = np.ascontiguousarray(x, dtype=dt)
+        if list(x.shape) != list(shape):
+            sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
+        if outtype == "q4_0" and q4_0_of(g, shape, dt):
+            x = gguf.quants.quantize(x.astype(np.float32), Q)
+        w.write_tensor_data(x)
+        del x
+    w.close()
+
+
+def write_hybrid(w, mt, src, cfg, index, attn, outtype, out):
+    add_file_type(w, outtype)
+    add_tokenizer(w, src, cfg, cfg["vocab_size"])
+    if mt == "granitemoehybrid":
+        plan = granite_hybrid_plan(index, cfg, attn)
+    else:
+        plan = qwen3next_plan(index, cfg, attn)
+    write_plan(w, plan, outtype)
+    print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
+
+
+def layer_kinds(cfg, mt):
+    """The attention layers of a hybrid: granitemoehybrid's layer_types ("attention" /
+    "full_attention" against "mamba" / "linear_attention"; absent: all Mamba-2) or
+    qwen3_next's (absent: every full_attention_interval-th layer)."""
+    L = cfg["num_hidden_layers"]
+    lt = cfg.get("layer_types")
+    if lt is not None and len(lt) != L:
+        sys.exit(f"hf2gguf: layer_types has {len(lt)} entries, num_hidden_layers is {L}")
+    if mt == "granitemoehybrid":
+        attn, ssm = ("attention", "full_attention"), ("mamba", "linear_attention")
+    else:
+        attn, ssm = ("full_attention",), ("linear_attention",)
+    if lt is None:
+        if mt == "granitemoehybrid":
+            return set()
+        n = cfg.get("full_attention_interval", 4)
+        return {i for i in range(L) if (i + 1) % n == 0}
+    for t in lt:
+        if t not in attn + ssm:
+            sys.exit(f"hf2gguf: {mt} layer_types entry {t!r} not handled")
+    return {i for i, t in enumerate(lt) if t in attn}
+
+
+def hybrid_header(w, mt, cfg, attn):
+    """The metadata llama.cpp's granitehybrid / qwen3next read, as its converter writes it."""
+    L, NH = cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    NKV = cfg.get("num_key_value_heads") or NH
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(L)
+    w.add_head_count(NH)
+    w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
+    if mt == "granitemoehybrid":
+        if cfg.get("hidden_act", "silu") != "silu":
+            sys.exit("hf2gguf: granitemoehybrid hidden_act other than silu")
+        if cfg.get("mamba_expand", 2) != 2 or cfg["mamba_n_heads"] * cfg["mamba_d_head"] != 2 * cfg["hidden_size"]:
+            sys.exit("hf2gguf: granitehybrid in llama.cpp needs mamba_n_heads * mamba_d_head = 2 * hidden_size")
+        if cfg.get("mamba_n_groups", 1) != 1:
+            # transformers (BambaRMSNormGated) and mlx-lm normalize the gated output over the whole
+            # inner row, llama.cpp's granitehybrid over each group: the same only for one group
+            sys.exit("hf2gguf: granitemoehybrid with mamba_n_groups > 1: llama.cpp normalizes the gated "
+                     "output per group, transformers over the whole row, so no GGUF is a twin")
+        NE = cfg.get("num_local_experts") or 0
+        rope = (cfg.get("position_embedding_type") or "rope") == "rope"  # as mlxcel reads it
+        w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+        w.add_context_length(cfg.get("max_position_embeddings", 2048) if rope else 2 ** 20)
+        w.add_rope_scaling_finetuned(rope)  # llama.cpp's granitehybrid: rope on or off
+        w.add_rope_dimension_count(cfg["hidden_size"] // NH)
+        # the dense model's FFN is its shared MLP
+        w.add_feed_forward_length(cfg["intermediate_size"] if NE else cfg["shared_intermediate_size"])
+        w.add_head_count_kv([NKV if i in attn else 0 for i in range(L)])  # 0: a Mamba-2 layer
+        for key, add in (("attention_multiplier", w.add_attention_scale), ("embedding_multiplier", w.add_embedding_scale),
+                         ("residual_multiplier", w.add_residual_scale), ("logits_scaling", w.add_logit_scale)):
+            if key in cfg:
+                add(float(cfg[key]))
+        if NE:
+            w.add_expert_count(NE)
+            w.add_expert_used_count(cfg["num_experts_per_tok"])
+            w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+        w.add_ssm_conv_kernel(cfg.get("mamba_d_conv", 4))
+        w.add_ssm_state_size(cfg["mamba_d_state"])
+        w.add_ssm_group_count(cfg.get("mamba_n_groups", 1))
+        w.add_ssm_inner_size(cfg["mamba_n_heads"] * cfg["mamba_d_head"])
+        w.add_ssm_time_step_rank(cfg["mamba_n_heads"])  # llama.cpp's name for the head count
+    else:
+        HD = cfg.get("head_dim") or cfg["hidden_size"] // NH
+        if cfg["linear_key_head_dim"] != cfg["linear_value_head_dim"]:
+            sys.exit("hf2gguf: qwen3next in llama.cpp needs linear_key_head_dim = linear_value_head_dim")
+        if cfg.get("norm_topk_prob") is False:
+            sys.exit("hf2gguf: qwen3_next with norm_topk_prob false: llama.cpp's qwen3next always normalizes")
+        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+            sys.exit("hf2gguf: qwen3_next with dense layers (mlp_only_layers, decoder_sparse_step) not handled")
+        if cfg.get("rope_scaling"):
+            sys.exit(f"hf2gguf: qwen3_next rope_scaling {cfg['rope_scaling']} not handled")
+        w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+        w.add_context_length(cfg.get("max_position_embeddings", 2048))
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_head_count_kv(NKV)
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+        w.add_rope_dimension_count(int(HD * cfg.get("partial_rotary_factor", 0.25)))
+        w.add_expert_count(cfg["num_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
+        w.add_ssm_conv_kernel(cfg.get("linear_conv_kernel_dim", 4))
+        w.add_ssm_state_size(cfg["linear_key_head_dim"])
+        w.add_ssm_group_count(cfg["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(cfg["linear_num_value_heads"])
+        w.add_ssm_inner_size(cfg["linear_value_head_dim"] * cfg["linear_num_value_heads"])
+        w.add_recurrent_layers([i not in attn for i in range(L)])
+        w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
+
+
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: hf2gguf.py SRC_FOLDER OUT.gguf")
-    src, out = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    outtype = "f16"
+    if len(args) == 4 and args[0] == "--outtype":
+        outtype, args = args[1], args[2:]
+    if len(args) != 2 or outtype not in ("f16", "f32", "q4_0"):
+        sys.exit("usage: hf2gguf.py [--outtype f16|f32|q4_0] SRC_FOLDER OUT.gguf")
+    src, out = args
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     mt = cfg.get("model_type")
@@ -313,10 +626,19 @@ def main():
                 w.add_rope_scaling_yarn_attn_factor(float(rs["attention_factor"]))
         elif rs:
             sys.exit(f"hf2gguf: gpt_oss rope_scaling {rs} not handled (yarn only)")
+    elif mt in ("granitemoehybrid", "qwen3_next"):
+        arch = None
+        w = gguf.GGUFWriter(out, "granitehybrid" if mt == "granitemoehybrid" else "qwen3next")
+        attn = layer_kinds(cfg, mt)
+        hybrid_header(w, mt, cfg, attn)
     else:
-        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, bert, qwen3, qwen3_moe, gpt_oss)")
+        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, bert, qwen3, qwen3_moe, gpt_oss, "
+                 "granitemoehybrid, qwen3_next)")
     moe = mt in ("qwen3_moe", "gpt_oss")
+    hybrid = arch is None
     w.add_name(f"synthetic-{os.path.basename(os.path.normpath(src))}")
+    if hybrid:
+        return write_hybrid(w, mt, src, cfg, index, attn, outtype, out)
     w.add_context_length(ctx)
     w.add_embedding_length(H)
     w.add_block_count(L)
@@ -329,7 +651,7 @@ def main():
         w.add_value_length(HD)
         w.add_expert_count(NE)
         w.add_expert_used_count(KE)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    add_file_type(w, outtype)
     if mt == "bert":
         add_wordpiece(w, src, cfg, NV)
     else:
@@ -366,23 +688,13 @@ def main():
         return (0 if g.startswith("token_embd") else 2, 0, False)
     plan = sorted(plan + experts, key=place)  # stable: each group keeps its own order
 
-    for g, shape, dt, _ in plan:
-        w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for g, shape, dt, get in plan:
-        x = get()
+    def fix(g, x):
         if mt == "llama" and g.endswith("attn_q.weight"):
-            x = permute(x, NH)
-        elif mt == "llama" and g.endswith("attn_k.weight"):
-            x = permute(x, NKV)
-        x = np.ascontiguousarray(x, dtype=dt)
-        if list(x.shape) != list(shape):
-            sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
-        w.write_tensor_data(x)
-        del x
-    w.close()
+            return permute(x, NH)
+        if mt == "llama" and g.endswith("attn_k.weight"):
+            return permute(x, NKV)
+        return x
+    write_plan(w, plan, outtype, fix)
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 
 

@@ -4,7 +4,7 @@
  *
  * Two tests, each repeated r times after one untimed warm-up (the prompt
  * once, then one generated token, or 16 for MoE models so every expert has
- * been touched):
+ * been touched; from an empty cache, without the -d depth, as llama-bench):
  *   ppP  prompt processing: one batched forward of P token ids from an empty
  *        cache, last-position logits only (what generate's prefill does).
  *   tgN  text generation: N single-token forwards from an empty cache, each
@@ -95,6 +95,7 @@ struct bench_state {
     int n_slots;        /* KV cache slots (whole blocks) */
     int n_seq;          /* sequences of the tg test */
     int depth;          /* tokens prefilled into each sequence before a run */
+    long rows;          /* rows forwarded so far (the depth prefills included) */
 };
 
 static int parse_args(int argc, char **argv, struct bench_opts *o, struct err *e)
@@ -168,6 +169,7 @@ static int reset_seqs(struct bench_state *b, int n, struct err *e)
         if ((rc = batch_add_seq(&b->b, b->ids, b->depth, 0, s, false, e)) < 0 ||
             (rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e)) < 0)
             return err_prefix(e, "filling the cache to depth %d", b->depth);
+        b->rows += b->depth;
     }
     batch_clear(&b->b);
     return 0;
@@ -183,6 +185,7 @@ static int run_pp(struct bench_state *b, int n, double *secs, struct err *e)
     double t0 = gen_now();
     rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
     *secs = gen_now() - t0;
+    b->rows += n;
     return rc;
 }
 
@@ -200,6 +203,7 @@ static int run_tg(struct bench_state *b, int n, double *secs, struct err *e)
         for (int s = 0; s < b->n_seq; s++)
             batch_add(&b->b, b->next[s], b->depth + i, s, true, NULL);
         rc = model_forward(b->en.ctx, &b->b, b->en.kv, b->logits, e);
+        b->rows += b->n_seq;
         for (int s = 0; s < b->n_seq; s++)
             b->next[s] = fscan_argmax(b->logits + (size_t)s * V, V);
     }
@@ -417,20 +421,27 @@ static int bench_setup(struct bench_state *b, struct model *m, const struct benc
 }
 
 /* Untimed warm-up as llama-bench does it: the full prompt once and one
- * generated token. A MoE model decodes up to 16 tokens instead: one token
- * routes to only k experts per layer, and the first timed repetition would
- * otherwise pay for mapping the others in from the page cache. */
+ * generated token, from an empty cache (llama-bench warms up before it fills
+ * the -d depth; prefilling it here too would double a -d 8192 -r 1 run for
+ * nothing, the depth prefill before each timed run touching the same cache).
+ * A MoE model decodes up to 16 tokens instead: one token routes to only k
+ * experts per layer, and the first timed repetition would otherwise pay for
+ * mapping the others in from the page cache. */
 static int warm_up(struct bench_state *b, const struct bench_opts *o, const struct model *m,
                    struct err *e)
 {
     double secs;
-    int rc;
+    int rc = 0, depth = b->depth;
     int n_tg = m->hp.n_expert > 0 ? (int)(o->n_gen < 16 ? o->n_gen : 16) : 1;
+    long rows = b->rows;
+    b->depth = 0;
     if (o->n_prompt > 0 && (rc = run_pp(b, (int)o->n_prompt, &secs, e)) < 0)
-        return err_prefix(e, "warm-up");
-    if (o->n_gen > 0 && (rc = run_tg(b, n_tg, &secs, e)) < 0)
-        return err_prefix(e, "warm-up");
-    return 0;
+        rc = err_prefix(e, "warm-up");
+    else if (o->n_gen > 0 && (rc = run_tg(b, n_tg, &secs, e)) < 0)
+        rc = err_prefix(e, "warm-up");
+    b->depth = depth;
+    LOG_INFO("bench: warm-up forwarded %ld rows", b->rows - rows);
+    return rc < 0 ? rc : 0;
 }
 
 int cmd_bench(int argc, char **argv)

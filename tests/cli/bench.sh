@@ -56,6 +56,15 @@ if [ "${MLXCEL_SKIP_RSS:-0}" != 1 ]; then
     [ "$rss" -le "$budget" ] || fail "peak RSS $rss exceeds weights + KV + 64 MiB = $budget"
 fi
 
+# ---- the warm-up runs from an empty cache, without the -d depth (as llama-bench's): a
+# -d 8192 -r 1 run prefilled the depth twice before, once for the warm-up ----
+run "$BIN" bench -m models/llama-tiny -p 8 -n 2 -d 40 -r 1 -t 1 -v
+expect_rc 0 "bench -d 40 -v"
+grep -q 'warm-up forwarded 9 rows' "$T/err" ||
+    fail "warm-up at -d 40 (8 prompt rows + 1 generated expected): $(grep -i 'warm-up' "$T/err")"
+has "pp at depth" '| *pp8 @ d40 |'
+has "tg at depth" '| *tg2 @ d40 |'
+
 # ---- --kv-type: the cache's element type, its bytes in kv_bytes and in the table ----
 run "$BIN" bench -m models/llama-tiny -p 4 -n 2 -r 1 --kv-type f16 --json
 expect_rc 0 "bench --kv-type f16"

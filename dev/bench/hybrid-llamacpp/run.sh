@@ -1,0 +1,248 @@
+#!/bin/bash
+# Hybrid models of real proportions against llama.cpp on the CPU (issue 41): decode at depth 0
+# and at depth 8192, prefill pp512 and memory per sequence, for Granite-4.0-H-Tiny's shape
+# (Mamba-2 + attention, MoE), Qwen3-Next-80B-A3B's shape scaled to fit (gated DeltaNet +
+# gated attention, MoE) and an attention-only Llama of about the same active size. The
+# random-weight models are made from nothing: `mlxcel synth` bf16 -> `scripts/hf2gguf.py
+# --outtype q4_0` (byte for byte what llama-quantize --pure Q4_0 makes of the F16 twin, without
+# the F16 file) -> the bf16 folder deleted -> `mlxcel synth -q` 4-bit g64 of the same seed (the
+# same values, quantized). Then, per shape, the engines interleaved (mlxcel, llama.cpp,
+# mlxcel) for each test; every process's command, wall time, parsed results and the load
+# average around it go to runs.jsonl, the medians to summary.md. See --help.
+set -euo pipefail
+
+usage() {
+    cat <<'EOF'
+usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
+
+  -o, --out DIR        output folder (default /tmp/bench-hybrid-llamacpp): runs.jsonl,
+                       summary.md, raw/ (each process's stdout and stderr)
+      --shapes LIST    comma-separated, from granite-h-tiny,qwen3-next,llama-1b (default: all)
+      --layers N       cut every shape to its first N layers (widths and layer pattern kept;
+                       0 = all, the default): the smoke test's small models
+  -t, --threads N      threads for both engines (default 2)
+  -r, --reps N         timed repetitions inside each bench process (default 1)
+      --rounds N       rounds of mlxcel / llama.cpp / mlxcel per test (default 1)
+  -p, --n-prompt N     prefill test size (default 512)
+  -n, --n-gen N        decode test size (default 32)
+  -d, --depth N        the deep decode test's depth (default 8192)
+      --kv-type T      KV cache type of both engines: f16 (default: llama.cpp's default),
+                       bf16 or f32 (mlxcel --kv-type, llama-bench -ctk/-ctv)
+      --fa on|off      llama.cpp flash attention (default off: on this 2-core AVX-512 host its
+                       CPU flash attention decodes slower at depth, see docs/benchmarks.md
+                       "Speculative decoding", and llama-bench's auto turns it on)
+      --keep           keep the bf16 folders (the full shapes' are 14 + 13 + 2.5 GB)
+      --setup-only     make the models, then stop
+  -h, --help           this help
+
+Tests, per shape (mlxcel `bench --json`, llama.cpp `llama-bench -o jsonl -v`):
+  d0     -p P -n N       prefill of P tokens and decode of N tokens from an empty cache
+  dD     -p 0 -n N -d D  decode of N tokens after D tokens (prefilled untimed: mlxcel before
+                         every repetition, llama-bench once, its state restored for the later
+                         ones; both warm up from an empty cache)
+Memory per sequence at depth D: mlxcel's kv_bytes (attention rows for D + N positions and the
+recurrent states), llama.cpp's "KV buffer size" + "RS buffer size" of the same context.
+Peak RSS of every process (/usr/bin/time).
+
+Models (MODELS, default $BENCH_CACHE/hybrid-models; NAME-q4 = mlxcel, NAME-q4_0.gguf =
+llama.cpp): dev/bench/hybrid-llamacpp/shapes.py writes the configs and says where their values
+come from. Tokenizers (only their size matters: both benches feed token ids): GPT-2's padded
+to 100352 for Granite, Qwen3's for Qwen3-Next, Llama 3.1's for the Llama. The full shapes
+(6.94B, 6.30B and 1.24B parameters; 1.31B, 1.60B and 0.97B active outside the embedding) take
+~16.3 GB at the end (~3.9 / ~3.5 / ~0.7 GB each, twice: 4.5 bits per weight both); the GGUFs
+are made first, one bf16 folder at a time, so the peak is ~20.0 GB (18.6 GiB: Qwen3-Next's
+bf16 folder, 12.6 GB, beside its GGUF and Granite's).
+
+Environment:
+  BENCH_CACHE  cache folder (default ~/.cache/mlxcel-bench), holding llama.cpp-src
+  LLAMA_BUILD  llama.cpp CMake build folder with bin/llama-bench (default
+               $BENCH_CACHE/llama.cpp-build; scripts/bench-embed-spec-vs-llamacpp.sh builds one)
+  MODELS       model folder (default $BENCH_CACHE/hybrid-models)
+  MLXCEL       the mlxcel binary (default build/mlxcel)
+  PYTHON       a Python 3 with numpy (default /usr/bin/python3)
+EOF
+}
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+out=/tmp/bench-hybrid-llamacpp
+shapes_sel=granite-h-tiny,qwen3-next,llama-1b
+layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0
+die() { echo "hybrid-llamacpp: $*" >&2; exit 1; }
+log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    -o|--out) out=${2:?}; shift ;;
+    --shapes) shapes_sel=${2:?}; shift ;;
+    --layers) layers=${2:?}; shift ;;
+    -t|--threads) threads=${2:?}; shift ;;
+    -r|--reps) reps=${2:?}; shift ;;
+    --rounds) rounds=${2:?}; shift ;;
+    -p|--n-prompt) n_pp=${2:?}; shift ;;
+    -n|--n-gen) n_tg=${2:?}; shift ;;
+    -d|--depth) depth=${2:?}; shift ;;
+    --kv-type) kv=${2:?}; shift ;;
+    --fa) fa=${2:?}; shift ;;
+    --keep) keep=1 ;;
+    --setup-only) setup_only=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option $1" ;;
+    esac
+    shift
+done
+for s in ${shapes_sel//,/ }; do
+    case $s in granite-h-tiny|qwen3-next|llama-1b) ;; *) die "unknown shape '$s'" ;; esac
+done
+for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth"; do
+    case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
+done
+case $layers in ''|*[!0-9]*) die "--layers: not a number: '$layers'" ;; esac
+case $kv in f16|bf16|f32) ;; *) die "--kv-type: f16, bf16 or f32" ;; esac
+case $fa in on|off) ;; *) die "--fa: on or off" ;; esac
+
+cache=${BENCH_CACHE:-$HOME/.cache/mlxcel-bench}
+M=${MODELS:-$cache/hybrid-models}
+py=${PYTHON:-/usr/bin/python3}
+build=${LLAMA_BUILD:-$cache/llama.cpp-build}
+mlxcel=${MLXCEL:-$root/build/mlxcel}
+llama_bench=$build/bin/llama-bench
+[ -x "$llama_bench" ] || die "no $llama_bench (LLAMA_BUILD=a llama.cpp build folder)"
+[ -x "$mlxcel" ] || die "no $mlxcel (MLXCEL=an mlxcel binary, or build build/mlxcel)"
+src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
+[ -n "$src" ] || src=$cache/llama.cpp-src
+[ -f "$src/gguf-py/gguf/__init__.py" ] || die "no gguf-py in $src (the llama.cpp source of $build)"
+"$py" -c 'import numpy' 2>/dev/null || die "$py cannot import numpy (PYTHON=a python3 with numpy)"
+case "$M$root$out" in *[[:space:]]*) die "the model, repository and output paths must not hold spaces" ;; esac
+mkdir -p "$M" "$out/raw"
+out=$(cd "$out" && pwd)
+
+# ---- runs ----
+
+run_id=$(ls "$out/raw" | grep -c '\.err$' || true)
+# run ENGINE SHAPE TEST -- CMD...: one process, timed, its stdout and stderr kept in raw/;
+# one line of runs.jsonl with what its output says (bench results, cache sizes, peak RSS)
+run() {
+    local engine=$1 shape=$2 test=$3 id l0 l1 s0 s1 rc=0
+    shift 4
+    run_id=$((run_id + 1)); id=$(printf 'r%03d' $run_id)
+    log "$id $engine $shape $test"
+    l0=$(cut -d' ' -f1-3 /proc/loadavg); s0=$(date +%s.%N)
+    /usr/bin/time -f "maxrss_kb %M" -o "$out/raw/$id.time" "$@" </dev/null >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
+    s1=$(date +%s.%N); l1=$(cut -d' ' -f1-3 /proc/loadavg)
+    [ $rc = 0 ] || log "$id failed (exit $rc): $(tail -2 "$out/raw/$id.err")"
+    "$py" - "$id" "$engine" "$shape" "$test" "$rc" "$s0" "$s1" "$l0" "$l1" "$out/raw/$id" "$M" "$*" <<'PY' >>"$out/runs.jsonl"
+import json, os, re, shutil, sys
+id_, engine, shape, test, rc, s0, s1, l0, l1, base, models, cmd = sys.argv[1:]
+r = {"id": id_, "engine": engine, "shape": shape, "test": test, "rc": int(rc),
+     "wall_s": round(float(s1) - float(s0), 3), "loadavg_before": l0, "loadavg_after": l1,
+     "disk_free_gb": round(shutil.disk_usage(models).free / 2**30, 1), "command": cmd}
+stdout = open(base + ".out", errors="replace").read()
+err = open(base + ".err", errors="replace").read()
+try:
+    m = re.search(r"maxrss_kb (\d+)", open(base + ".time").read())
+    if m:
+        r["peak_rss_mib"] = round(int(m[1]) / 1024, 1)
+except OSError:
+    pass
+tests = []
+if engine == "mlxcel" and stdout.strip().startswith("["):
+    for t in json.loads(stdout):
+        tests.append({"test": t["test"], "ts": t["ts_mean"], "sd": t["ts_sd"], "samples": t["samples_ts"]})
+        r.update(n_ctx=t["n_ctx"], kv_bytes=t["kv_bytes"], kv_type=t["kv_type"], weight_bytes=t["weight_bytes"])
+elif engine == "llama.cpp":
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            t = json.loads(line)
+            name = f"pp{t['n_prompt']}" if t["n_prompt"] else f"tg{t['n_gen']}"
+            if t["n_depth"]:
+                name += f" @ d{t['n_depth']}"
+            tests.append({"test": name, "ts": t["avg_ts"], "sd": t["stddev_ts"], "samples": t["samples_ts"]})
+            r.update(model_bytes=t["model_size"], kv_type=t["type_k"], flash_attn=t["flash_attn"])
+    # the largest context's caches (llama-bench makes one per test): attention rows and states
+    kv = [float(x) for x in re.findall(r"KV buffer size =\s+([\d.]+) MiB", err)]
+    rs = [float(x) for x in re.findall(r"RS buffer size =\s+([\d.]+) MiB", err)]
+    cells = [int(x) for x in re.findall(r"llama_kv_cache: size = .*?\(\s*(\d+) cells", err)]
+    r.update(kv_mib=max(kv, default=0.0), rs_mib=max(rs, default=0.0), kv_cells=max(cells, default=0))
+if tests:
+    r["tests"] = tests
+print(json.dumps(r))
+PY
+    return $rc
+}
+
+# ---- models ----
+
+tokenizer() {  # FIXTURE_NAME -> $M/tok-NAME/tokenizer.json
+    local d=$M/tok-$1 f=$root/tests/fixtures/tokenizers/$1
+    [ -f "$d/tokenizer.json" ] && return 0
+    mkdir -p "$d"
+    xz -dc "$f/tokenizer.json.xz" >"$d/tokenizer.json" && cp "$f/tokenizer_config.json" "$d/" || die "cannot unpack $f"
+}
+
+model_name() {  # SHAPE -> NAME: SHAPE, or SHAPE-lN with --layers N
+    if [ "$layers" = 0 ]; then echo "$1"; else echo "$1-l$layers"; fi
+}
+
+# make_gguf SHAPE: $M/NAME.json and NAME-q4_0.gguf (through NAME-bf16, deleted after)
+make_gguf() {
+    local shape=$1 name tok
+    name=$(model_name "$shape")
+    case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-1b) tok=llama3_1 ;; esac
+    tokenizer $tok
+    "$py" "$here/shapes.py" "$shape" "$layers" "$M/$name.json" || die "shapes.py $shape failed"
+    if [ ! -f "$M/$name-q4_0.gguf" ]; then
+        rm -rf "$M/$name-bf16"
+        run setup "$name" synth-bf16 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-bf16" --seed 41 \
+            -t "$threads" --tokenizer "$M/tok-$tok" --dtype bf16 || die "synth $name-bf16 failed"
+        run setup "$name" hf2gguf-q4_0 -- env PYTHONPATH="$src/gguf-py" nice -n 10 "$py" "$root/scripts/hf2gguf.py" \
+            --outtype q4_0 "$M/$name-bf16" "$M/$name-q4_0.gguf.tmp" || die "hf2gguf $name failed"
+        mv "$M/$name-q4_0.gguf.tmp" "$M/$name-q4_0.gguf"
+        [ "$keep" = 1 ] || rm -rf "$M/$name-bf16"
+    fi
+}
+
+# make_q4 SHAPE: NAME-q4, the same seed's values as MLX 4-bit g64
+make_q4() {
+    local name
+    name=$(model_name "$1")
+    if [ ! -f "$M/$name-q4/config.json" ]; then
+        rm -rf "$M/$name-q4"
+        run setup "$name" synth-q4 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-q4" --seed 41 \
+            -t "$threads" -q --q-bits 4 --q-group-size 64 || die "synth $name-q4 failed"
+    fi
+}
+
+# ---- tests ----
+
+bench_pair() {  # SHAPE NAME TEST MLXCEL_ARGS... -- LLAMA_ARGS...
+    local shape=$1 name=$2 test=$3 ma=() la=() seen=0
+    shift 3
+    for a in "$@"; do
+        if [ "$a" = -- ]; then seen=1; elif [ $seen = 0 ]; then ma+=("$a"); else la+=("$a"); fi
+    done
+    local ll=(-m "$M/$name-q4_0.gguf" "${la[@]}" -r "$reps" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" -o jsonl -v)
+    local ml=(bench -m "$M/$name-q4" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
+    run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
+    run llama.cpp "$shape" "$test" -- "$llama_bench" "${ll[@]}" || true
+    run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
+}
+
+log "models in $M ($(df -BG --output=avail "$M" | tail -1 | tr -d ' ') free), output in $out"
+# every GGUF first, then the MLX folders: one bf16 folder at a time beside the files made so
+# far keeps the peak under 20 GB for the full shapes
+for s in ${shapes_sel//,/ }; do make_gguf "$s"; done
+for s in ${shapes_sel//,/ }; do make_q4 "$s"; done
+[ "$setup_only" = 1 ] && { log "models ready"; exit 0; }
+
+for s in ${shapes_sel//,/ }; do
+    name=$(model_name "$s")
+    for ((i = 1; i <= rounds; i++)); do
+        bench_pair "$s" "$name" d0 -p "$n_pp" -n "$n_tg" -- -p "$n_pp" -n "$n_tg" -d 0
+        bench_pair "$s" "$name" "d$depth" -p 0 -n "$n_tg" -d "$depth" -- -p 0 -n "$n_tg" -d "$depth"
+    done
+done
+
+"$py" "$here/summary.py" "$out/runs.jsonl" "$depth" >"$out/summary.md" || die "summary.py failed"
+cat "$out/summary.md"
+log "done: $out/summary.md, $out/runs.jsonl"
