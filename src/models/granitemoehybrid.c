@@ -16,8 +16,9 @@
  * output_linear [d, s]; mlx-lm's dense models carry it as mlp.{gate,up,down}_proj.
  *
  * Config (transformers GraniteMoeHybridConfig): the Llama fields (rms_norm_eps 1e-6,
- * rope_theta 1e4, tie_word_embeddings true, attention_bias, mlp_bias refused), the Granite
- * multipliers (1), position_embedding_type ("rope" or null: rope; "nope": none),
+ * rope_theta 1e4, tie_word_embeddings false, attention_bias, mlp_bias refused), the Granite
+ * multipliers (1), position_embedding_type ("rope": rope; absent, null or "nope": none, as
+ * transformers rotates only for "rope"; mlx-lm's default "rope" differs there),
  * layer_types (absent: every layer Mamba-2; "mamba" / "linear_attention",
  * "attention" / "full_attention"; its length must be num_hidden_layers),
  * num_local_experts (0: dense), num_experts_per_tok, shared_intermediate_size (> 0), and
@@ -36,7 +37,7 @@
 static const struct hf_defaults gmh_defaults = {
     .eps_key = "rms_norm_eps", .norm_eps = 1e-6f,
     .rope_theta = 10000.0f, .partial_rotary = 1.0f, .act = "silu",
-    .head_dim = 0, .sliding = false, .tie_embd = true,
+    .head_dim = 0, .sliding = false, .tie_embd = false,
 };
 
 static const struct ssm2_keys gmh_keys = {
@@ -94,7 +95,7 @@ static int gmh_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
         (rc = multiplier(cfg, "residual_multiplier", &hp->residual_scale, e)) < 0 ||
         (rc = multiplier(cfg, "attention_multiplier", &attn_mult, e)) < 0 ||
         (rc = multiplier(cfg, "logits_scaling", &logits_scaling, e)) < 0 ||
-        (rc = cfg_opt_str(cfg, "position_embedding_type", "rope", pos, sizeof pos, e)) < 0 ||
+        (rc = cfg_opt_str(cfg, "position_embedding_type", "", pos, sizeof pos, e)) < 0 ||
         (rc = cfg_opt_int(cfg, "num_local_experts", 8, &hp->n_expert, e)) < 0 ||
         (rc = cfg_opt_int(cfg, "num_experts_per_tok", 2, &hp->n_expert_used, e)) < 0 ||
         (rc = cfg_opt_int(cfg, "shared_intermediate_size", 1024, &shared, e)) < 0 ||
@@ -102,7 +103,9 @@ static int gmh_parse_config(struct hparams *hp, const cJSON *cfg, struct err *e)
         return rc;
     hp->logit_scale = 1.0f / logits_scaling;
     hp->attn_scale = attn_mult;
-    if (strcmp(pos, "nope") == 0)
+    /* transformers rotates only for "rope": absent, null and "nope" (the published Granite
+     * 4.0-H configs) mean no position embedding; other values are refused */
+    if (!pos[0] || strcmp(pos, "nope") == 0)
         hp->n_rot = 0;
     else if (strcmp(pos, "rope") != 0)
         return err_setf(e, ERR_UNSUPPORTED, "config field 'position_embedding_type' = '%s' is not "

@@ -3,7 +3,8 @@
  *  - Config: layer_types picks Mamba-2 / attention per layer (its length must be
  *    num_hidden_layers, unknown kinds named); experts top-k softmax with a plain shared
  *    expert of shared_intermediate_size, or the shared MLP alone without experts;
- *    position_embedding_type nope drops the rope; the multipliers become the scales.
+ *    position_embedding_type rope rotates, nope / null / absent do not, the head is untied
+ *    unless tie_word_embeddings (transformers' defaults); the multipliers become the scales.
  *  - Weights: the golden checkpoint is consumed entirely (input_linear split into gate / up
  *    views); missing A_log / conv1d / router named.
  *  - Forward: the multipliers and the shared expert reach the logits.
@@ -26,7 +27,9 @@ static int config_rules(struct err *e)
     int rc;
     if ((rc = stest_parse(&granitemoehybrid_ops,
                           CFG(", \"layer_types\": [\"mamba\", \"attention\", \"mamba\"], "
-                              "\"num_local_experts\": 4, \"attention_multiplier\": 0.5"), &hp, e)) < 0)
+                              "\"num_local_experts\": 4, \"attention_multiplier\": 0.5, "
+                              "\"position_embedding_type\": \"rope\", \"tie_word_embeddings\": true"),
+                          &hp, e)) < 0)
         return rc;
     if ((rc = stest_check(hp.layer[0].mixer == MIXER_MAMBA2 && hp.layer[1].mixer == MIXER_ATTENTION &&
                           hp.layer[1].n_rot == 16 && hp.layer[1].attn_scale == 0.5f &&
@@ -39,6 +42,16 @@ static int config_rules(struct err *e)
                               "\"layer_types\": [\"attention\", \"mamba\", \"mamba\"]"), &hp, e)) < 0 ||
         (rc = stest_check(!hp.layer[0].moe && hp.layer[0].n_ff == 32 && hp.layer[0].n_rot == 0 &&
                           hp.layer[1].kv == KV_RECURRENT, "dense, nope", e)) < 0)
+        return rc;
+    /* transformers' defaults: no position_embedding_type (or null) is no rope, and the head is
+     * not tied */
+    if ((rc = stest_parse(&granitemoehybrid_ops, CFG(", \"layer_types\": [\"attention\", \"mamba\", \"mamba\"]"),
+                          &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].n_rot == 0 && !hp.tie_embd, "defaults: no rope, untied", e)) < 0 ||
+        (rc = stest_parse(&granitemoehybrid_ops,
+                          CFG(", \"layer_types\": [\"attention\", \"mamba\", \"mamba\"], "
+                              "\"position_embedding_type\": null"), &hp, e)) < 0 ||
+        (rc = stest_check(hp.layer[0].n_rot == 0, "null position_embedding_type: no rope", e)) < 0)
         return rc;
     static const struct stest_bad bad[] = {
         {CFG(", \"layer_types\": [\"mamba\", \"attention\"]"), "layer_types"},
