@@ -60,6 +60,24 @@ expect_rc 1 "text model"
 grep -q "does not take images" "$T/err" || fail "text model: $(cat "$T/err")"
 
 # ---- --image, end to end ----
+# --stats with --image: the image line (count, tokens, preprocess and encode ms) and the time to
+# first token, positive and consistent: each phase no longer than the whole (not a threshold)
+image_stats() {  # WHAT IMAGE_TOKENS PROMPT_TOKENS
+    python3 - "$T/err" "$2" "$3" <<'PY' || fail "$1: --stats image lines: $(cat "$T/err")"
+import re, sys
+err = open(sys.argv[1]).read()
+m = re.search(r"^image: 1 image, (\d+) tokens; preprocess ([0-9.]+) ms, encode ([0-9.]+) ms$", err, re.M)
+t = re.search(r"^time to first token: ([0-9.]+) ms \(preprocess \+ encode \+ prefill of (\d+) tokens \+ first token\)$", err, re.M)
+p = re.search(r"^prompt: \d+ tokens in ([0-9.]+) s", err, re.M)
+assert m and t and p, "missing lines"
+pre, enc, ttft, prefill = float(m[2]), float(m[3]), float(t[1]), 1e3 * float(p[1])
+assert int(m[1]) == int(sys.argv[2]) and int(t[2]) == int(sys.argv[3]), (m[1], t[2])
+assert pre > 0 and enc > 0 and ttft > 0, (pre, enc, ttft)
+assert pre <= ttft and enc <= ttft, (pre, enc, ttft)
+# the prompt line's seconds have 3 decimals: 0.5 ms of rounding, and 0.02 ms for the ms lines'
+assert pre + enc + prefill <= ttft + 0.52, (pre, enc, prefill, ttft)
+PY
+}
 CK=$T/ck
 python3 tests/cli/make_vision_checkpoint.py "$CK" || fail "make_vision_checkpoint.py"
 IMG=tests/fixtures/images
@@ -74,6 +92,7 @@ for F in vis_photo.jpg vis_edges.png photo.webp edges.gif; do
     expect_rc 0 "--image $F"
     A=$(tr -d ' []\n' <"$T/out")
     grep -q "^prompt: 27 tokens" "$T/err" || fail "--image $F: prompt length: $(cat "$T/err")"
+    image_stats "--image $F" 16 27
     run "$BIN" generate -m "$CK" --image $IMG/$F -p "w10 w20 w30" -n 6 --temp 1.5 --seed 7 --output-ids
     [ "$(tr -d ' []\n' <"$T/out")" = "$A" ] || fail "--image $F is not deterministic: $A, then $(cat "$T/out")"
     run "$BIN" generate -m "$CK" --prompt-ids "$WANT_IDS" --pixel-values "$T/pv.safetensors" -n 6 --temp 1.5 \
@@ -151,6 +170,11 @@ expect_rc 2 "--pixel-values-out without --image"
 "$BIN" generate --help | grep -q -- "--pixel-values-out FILE" || fail "--help lacks --pixel-values-out"
 "$BIN" generate --help | grep -q -- "--pixel-values FILE" || fail "--help lacks --pixel-values"
 "$BIN" generate --help | grep -q -- "--image FILE" || fail "--help lacks --image"
+"$BIN" generate --help | grep -q -- "time to first token" || fail "--help: --stats does not say it times images"
+# no image, no image lines
+run "$BIN" generate -m "$CK" -p "w10" -n 2 --stats --output-ids
+expect_rc 0 "text-only --stats"
+grep -q "^image:\|^time to first token" "$T/err" && fail "text-only --stats prints image lines: $(cat "$T/err")"
 # inspect says what the tower is
 "$BIN" inspect -m $G | grep -q "^vision  *gemma3: a ViT 32 wide, 2 layers, 64 px in 8 px patches; 16 rows per image" ||
     fail "inspect: $("$BIN" inspect -m $G)"

@@ -43,8 +43,12 @@ for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img test
     expect_rc 0 "$G"
     [ "$(tr -d ' []\n' <"$T/out")" = "$WANT" ] || fail "$G: $(cat "$T/out"), reference [$WANT]"
     # the chat template places the image itself
-    run "$BIN" generate -m $G --image tests/fixtures/images/wide.jpg -p "What is this?" -n 3 --temp 0 --output-ids
+    run "$BIN" generate -m $G --image tests/fixtures/images/wide.jpg -p "What is this?" -n 3 --temp 0 --output-ids \
+        --stats
     expect_rc 0 "$G with the chat template"
+    # --stats times the image of its own size too (the grid path)
+    grep -Eq "^image: 1 image, [1-9][0-9]* tokens; preprocess [0-9.]+ ms, encode [0-9.]+ ms$" "$T/err" &&
+        grep -q "^time to first token: [0-9.]* ms" "$T/err" || fail "$G --stats: $(cat "$T/err")"
     # fixed-size pixel tensors are not these models' input
     run "$BIN" generate -m $G --prompt-ids 1,2 --pixel-values $G/golden.safetensors -n 1 --output-ids
     expect_rc 1 "$G --pixel-values"
