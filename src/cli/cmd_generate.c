@@ -44,6 +44,9 @@ static const char *k_help =
     "                         template places images\n"
     "      --pixel-values-out FILE  with --image: also write the processed pixel_values there\n"
     "                         (the safetensors file --pixel-values reads)\n"
+    "      --image-embd-out FILE  with --image or --pixel-values: also write the images'\n"
+    "                         embeddings (the projector's output: the rows their image tokens\n"
+    "                         take), a safetensors file with an F32 tensor image_embeds [n, n_embd]\n"
     "      --pixel-values FILE  the prompt's images as processed pixel_values: a safetensors\n"
     "                         file with a tensor pixel_values [n, 3, S, S] (what transformers'\n"
     "                         processor returns); each image goes where the prompt has the\n"
@@ -87,7 +90,7 @@ enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
     OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
-    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT,
+    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT, OPT_IMAGE_EMBD_OUT,
 };
 
 struct gen_cli {
@@ -95,6 +98,7 @@ struct gen_cli {
     const char *images[CLI_MAX_IMAGES];  /* --image, in order */
     int n_images;
     const char *pixel_values, *pixel_values_out;  /* --pixel-values, --pixel-values-out */
+    const char *image_embd_out;                   /* --image-embd-out */
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -182,6 +186,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
         {"pixel-values-out", required_argument, 0, OPT_PIXEL_VALUES_OUT},
+        {"image-embd-out", required_argument, 0, OPT_IMAGE_EMBD_OUT},
         CLI_LORA_OPTIONS,
         {0, 0, 0, 0},
     };
@@ -261,6 +266,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
                 o->images[o->n_images++] = optarg;
             break;
         case OPT_PIXEL_VALUES_OUT: o->pixel_values_out = optarg; break;
+        case OPT_IMAGE_EMBD_OUT: o->image_embd_out = optarg; break;
         case OPT_PIXEL_VALUES: o->pixel_values = optarg; break;
         case CLI_OPT_LORA:
         case CLI_OPT_LORA_SCALED:
@@ -286,6 +292,8 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--image and --pixel-values both give the prompt's images: use one");
     if (o->pixel_values_out && !o->n_images)
         return err_setf(e, ERR_ARG, "--pixel-values-out writes the pixels of --image: give --image FILE");
+    if (o->image_embd_out && !o->n_images && !o->pixel_values)
+        return err_setf(e, ERR_ARG, "--image-embd-out writes the images' embeddings: give --image or --pixel-values");
     return 0;
 }
 
@@ -593,6 +601,8 @@ int cmd_generate(int argc, char **argv)
         (rc = cli_images_encode_input(&imgs, m, en.be, prompt, n_prompt, &input.in, &e)) < 0)
         goto fail;
     t_enc = gen_now() - t_enc0;
+    if (o.image_embd_out && (rc = cli_image_embeds_write(o.image_embd_out, m, &imgs, &e)) < 0)
+        goto fail;
     sink.text = !o.output_ids;
     if (tok)
         tok_stream_init(&sink.ts, tok, true);

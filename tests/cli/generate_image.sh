@@ -20,6 +20,27 @@ expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(c
 # a JSON array of golden.json, as comma-separated ids (no jq on every machine)
 ids() { python3 -c "import json,sys; print(','.join(str(i) for i in json.load(open(sys.argv[1]))[sys.argv[2]]))" "$1" "$2"; }
 
+# embeds_close MLXCEL_FILE GOLDEN: image_embeds of the first within 1e-3 x max of the golden's image_features
+embeds_close() {
+    python3 - "$1" "$2" <<'PY'
+import array, json, struct, sys
+def rd(p, name):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; t = json.loads(b[8:8 + n])[name]
+    a, c = t["data_offsets"]; raw = b[8 + n + a:8 + n + c]
+    if t["dtype"] == "F32":
+        return list(array.array("f", raw)), t["shape"]
+    if t["dtype"] == "F64":
+        return list(array.array("d", raw)), t["shape"]
+    sys.exit(f"{p}: {name} is {t['dtype']}")
+x, xs = rd(sys.argv[1], "image_embeds")
+r, rs = rd(sys.argv[2], "image_features")
+assert len(x) == len(r) and xs[-1] == rs[-1], (xs, rs)
+big = max(abs(v) for v in r)
+d = max(abs(a - b) for a, b in zip(x, r))
+assert big > 0 and d <= 1e-3 * big, (d, big)
+PY
+}
+
 n=0
 for G in tests/fixtures/golden/gemma3_vision tests/fixtures/golden/gemma3_vision_2img; do
     [ -f $G/golden.json ] || continue
@@ -42,6 +63,17 @@ for G in tests/fixtures/golden/gemma3_vision tests/fixtures/golden/gemma3_vision
     grep -q "start-of-image" "$T/err" || fail "$G no place: $(cat "$T/err")"
 done
 [ $n -gt 0 ] || fail "no image golden case (cmake unpacks tests/fixtures/golden/*.tar.xz)"
+
+# --image-embd-out: the projector's output for the golden's pixels is transformers' image_features
+# (within 1e-3 of the largest, the golden suite's bound)
+G=tests/fixtures/golden/gemma3_vision
+run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values $G/golden.safetensors -n 1 --output-ids \
+    --image-embd-out "$T/emb.safetensors"
+expect_rc 0 "--image-embd-out"
+embeds_close "$T/emb.safetensors" $G/golden.safetensors || fail "--image-embd-out is not image_features"
+run "$BIN" generate -m $G --prompt-ids 2,297 -n 1 --output-ids --image-embd-out "$T/x"
+expect_rc 2 "--image-embd-out without an image"
+[ -e "$T/x" ] && fail "--image-embd-out without an image wrote a file"
 
 # a file without pixel_values (a text golden's references)
 G=tests/fixtures/golden/gemma3_vision
@@ -170,6 +202,7 @@ expect_rc 2 "--pixel-values-out without --image"
 "$BIN" generate --help | grep -q -- "--pixel-values-out FILE" || fail "--help lacks --pixel-values-out"
 "$BIN" generate --help | grep -q -- "--pixel-values FILE" || fail "--help lacks --pixel-values"
 "$BIN" generate --help | grep -q -- "--image FILE" || fail "--help lacks --image"
+"$BIN" generate --help | grep -q -- "--image-embd-out FILE" || fail "--help lacks --image-embd-out"
 "$BIN" generate --help | grep -q -- "time to first token" || fail "--help: --stats does not say it times images"
 # no image, no image lines
 run "$BIN" generate -m "$CK" -p "w10" -n 2 --stats --output-ids
