@@ -37,6 +37,9 @@ and 5 (`model.language_model.`, `model.vision_tower.`, `model.visual.`) both con
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
+`--outtype q4_0` writes every matrix as Q4_0 instead, the bytes `llama-quantize --pure` makes
+of the F16 output (the values rounded to F16, then ggml's reference Q4_0 as gguf-py has it),
+without the F16 file: a 7B twin needs no 15 GB intermediate. The mmproj stays F16/F32.
 Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) and BERT's
 position and token-type tables as F32 (as llama.cpp's converter does), one
 tensor at a time (memory stays at one tensor: one expert stack for the MoE families). The
@@ -379,16 +382,37 @@ def write_mmproj(src, cfg, index, out):
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 
 
+Q4_0 = "q4_0"  # a plan dtype: Q4_0 blocks of the F16-rounded values
+
+
+def q4_0(x):
+    """x [..., n] (n % 32 == 0) as Q4_0 bytes [..., n / 32 * 18]: the values rounded to F16 first,
+    then gguf-py's reference Q4_0 (ggml's quantize_row_q4_0_ref), so the bytes are those
+    llama-quantize --pure Q4_0 makes of the F16 GGUF; a few thousand rows at a time (memory)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty((rows.shape[0], rows.shape[1] // 32 * 18), np.uint8)
+    for r in range(0, rows.shape[0], 4096):
+        part = rows[r:r + 4096].astype(np.float16).astype(np.float32)
+        out[r:r + 4096] = gguf.quants.quantize(part, gguf.GGMLQuantizationType.Q4_0)
+    return out.reshape(*x.shape[:-1], -1)
+
+
 def write_plan(w, plan):
     for g, shape, dt, _ in plan:
-        w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
+        if dt == Q4_0:
+            nb = int(np.prod(shape[:-1])) * shape[-1] // 32 * 18
+            w.add_tensor_info(g, list(shape[:-1]) + [shape[-1] // 32 * 18], np.dtype(np.uint8), nb,
+                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        else:
+            w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for g, shape, dt, get in plan:
-        x = np.ascontiguousarray(get(), dtype=dt)
+        x = get()
         if list(x.shape) != list(shape):
             sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
+        x = q4_0(np.asarray(x, dtype=np.float32)) if dt == Q4_0 else np.ascontiguousarray(x, dtype=dt)
         w.write_tensor_data(x)
         del x
     w.close()
@@ -417,12 +441,15 @@ def rope_of(tc):
 
 def main():
     args = sys.argv[1:]
-    mmproj = None
-    if len(args) == 4 and args[2] == "--mmproj":
-        mmproj = args[3]
-        args = args[:2]
-    if len(args) != 2:
-        sys.exit("usage: hf2gguf.py SRC_FOLDER OUT.gguf [--mmproj MMPROJ.gguf]")
+    mmproj, outtype = None, "f16"
+    while len(args) > 2 and len(args) % 2 == 0 and args[2] in ("--mmproj", "--outtype"):
+        if args[2] == "--mmproj":
+            mmproj = args[3]
+        else:
+            outtype = args[3]
+        args = args[:2] + args[4:]
+    if len(args) != 2 or outtype not in ("f16", Q4_0):
+        sys.exit("usage: hf2gguf.py SRC_FOLDER OUT.gguf [--mmproj MMPROJ.gguf] [--outtype f16|q4_0]")
     src, out = args
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
@@ -566,7 +593,7 @@ def main():
         w.add_value_length(HD)
         w.add_expert_count(NE)
         w.add_expert_used_count(KE)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if outtype == Q4_0 else gguf.LlamaFileType.MOSTLY_F16)
     if mt == "bert":
         add_wordpiece(w, src, cfg, NV)
     else:
@@ -612,6 +639,12 @@ def main():
         if mt == "gemma3" and "norm" in g and g.endswith(".weight"):
             return lambda: get() + 1.0
         return get
+    if outtype == Q4_0:  # as llama-quantize --pure Q4_0: every matrix (F16 in the F16 output)
+        for i, (g, shape, dt, get) in enumerate(plan):
+            if dt == np.float16:
+                if shape[-1] % 32:
+                    sys.exit(f"hf2gguf: {g} {shape}: Q4_0 needs rows of a multiple of 32")
+                plan[i] = (g, shape, Q4_0, get)
     write_plan(w, [(g, shape, dt, fix(g, get)) for g, shape, dt, get in plan])
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 

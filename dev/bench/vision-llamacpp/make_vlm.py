@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""make_vlm.py: the image-text checkpoints of dev/bench/vision-llamacpp/run.sh, made from nothing.
+
+`mlxcel synth` writes the language model (text families: gemma3_text, qwen2_5_vl_text; it does
+not take the image-text wrappers); this script writes the rest: the vision tower and projector as
+a second safetensors shard (model-vision.safetensors, BF16, transformers' names and layouts:
+SigLIP's `vision_tower.vision_model.*` + `multi_modal_projector.*` for Gemma 3, `visual.*` for
+Qwen2.5-VL), the wrapper's config.json (the synth folder's config as text_config, so a quantized
+language model keeps its `quantization`), the image processor's configs and, for Gemma 3, a
+tokenizer with its image tokens. Values as synth draws them: matrices N(0, 0.02), biases
+N(0, 0.002), norm weights 1 (LayerNorm biases 0), from numpy's PCG64 seeded by (seed, tensor
+name), so the float and the 4-bit folder get the same tower.
+
+  make_vlm.py configs SHAPE OUTDIR         OUTDIR/text.json (for synth) and OUTDIR/wrapper.json
+  make_vlm.py tower WRAPPER.json DIR SEED  DIR/model-vision.safetensors
+  make_vlm.py finish WRAPPER.json DIR TOKDIR  DIR/config.json (DIR's synth config nested),
+                                           tokenizer files from TOKDIR (Gemma 3: its image tokens
+                                           added), preprocessor_config.json, processor_config.json
+  make_vlm.py image W H OUT.png            a deterministic RGB picture (gradients, rings, edges)
+  make_vlm.py prompt-ids SHAPE WRAPPER.json TEXT_IDS  the prompt ids mlxcel takes for one image
+                                           then the text (image run expanded for Qwen)
+  make_vlm.py summary RUNS.jsonl           the markdown table of the runs
+
+Shapes (the published config.json values):
+  gemma3-4b      google/gemma-3-4b-it: text 34 x 2560 (8 heads of 256, 4 KV heads, FFN 10240,
+                 vocab 262208, sliding window 1024 on 5 of 6 layers, rope 1e6 with linear
+                 factor 8 on the global layers, 10000 on the local ones); SigLIP 27 x 1152
+                 (16 heads, FFN 4304) at 896 px in 14 px patches, pooled to 256 tokens
+                 (mm_tokens_per_image); image tokens boi 255999, eoi 256000, soft 262144.
+  qwen2.5-vl-7b  Qwen/Qwen2.5-VL-7B-Instruct: text 28 x 3584 (28 heads of 128, 4 KV heads,
+                 FFN 18944, vocab 152064, rope 1e6, mrope_section [16, 24, 24], untied head);
+                 ViT 32 x 1280 (16 heads, SwiGLU 3420, RMSNorm, patch 14, temporal patch 2,
+                 window 112 px with full attention in blocks 7, 15, 23, 31), merger 5120 ->
+                 3584; vision_start 151652, vision_end 151653, image_pad 151655.
+  gemma3-small, qwen2.5-vl-small  the same families at a few MB (check runs): the same patch,
+                 window and pooling geometry, narrow and shallow.
+"""
+import json
+import os
+import shutil
+import struct
+import sys
+import zlib
+
+import numpy as np
+
+
+def gemma3(small):
+    t = {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+         "vocab_size": 262208, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sliding_window": 1024,
+         "sliding_window_pattern": 6, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+         "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "hidden_activation": "gelu_pytorch_tanh",
+         "final_logit_softcapping": None, "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+         "pad_token_id": 0, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+    v = {"model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304,
+         "num_hidden_layers": 27, "num_attention_heads": 16, "image_size": 896, "patch_size": 14,
+         "num_channels": 3, "layer_norm_eps": 1e-6, "hidden_act": "gelu_pytorch_tanh", "vision_use_head": False}
+    if small:
+        t.update(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, max_position_embeddings=4096,
+                 sliding_window=512, sliding_window_pattern=2)
+        v.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, image_size=224)
+    w = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
+         "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256 if not small else 16,
+         "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True,
+         "torch_dtype": "bfloat16", "vision_config": v}
+    return t, w
+
+
+def qwen25vl(small):
+    t = {"model_type": "qwen2_5_vl_text", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+         "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+         "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "hidden_act": "silu",
+         "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+    v = {"model_type": "qwen2_5_vl", "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+         "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+         "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+         "hidden_act": "silu", "in_chans": 3, "in_channels": 3}
+    if small:
+        t.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=8192,
+                 rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})
+        v.update(depth=4, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128,
+                 fullatt_block_indexes=[1, 3])
+    w = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+         "vision_start_token_id": 151652, "vision_end_token_id": 151653, "vision_token_id": 151654,
+         "image_token_id": 151655, "video_token_id": 151656, "bos_token_id": 151643, "eos_token_id": 151645,
+         "tie_word_embeddings": t["tie_word_embeddings"], "torch_dtype": "bfloat16", "vision_config": v}
+    return t, w
+
+
+SHAPES = {"gemma3-4b": lambda: gemma3(False), "gemma3-small": lambda: gemma3(True),
+          "qwen2.5-vl-7b": lambda: qwen25vl(False), "qwen2.5-vl-small": lambda: qwen25vl(True)}
+
+
+def tower_tensors(w, H):
+    """[(name, shape, kind)] of the tower and projector; kind: m matrix, b bias, n norm weight, z zero."""
+    v = w["vision_config"]
+    out = []
+    if w["model_type"] == "gemma3":
+        D, F, P, C = v["hidden_size"], v["intermediate_size"], v["patch_size"], v.get("num_channels", 3)
+        n_pos = (v["image_size"] // P) ** 2
+        pre = "vision_tower.vision_model."
+        out += [(pre + "embeddings.patch_embedding.weight", [D, C, P, P], "m"),
+                (pre + "embeddings.patch_embedding.bias", [D], "b"),
+                (pre + "embeddings.position_embedding.weight", [n_pos, D], "m")]
+        for i in range(v["num_hidden_layers"]):
+            L = f"{pre}encoder.layers.{i}."
+            for ln in ("layer_norm1", "layer_norm2"):
+                out += [(L + ln + ".weight", [D], "n"), (L + ln + ".bias", [D], "z")]
+            for p in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                out += [(L + f"self_attn.{p}.weight", [D, D], "m"), (L + f"self_attn.{p}.bias", [D], "b")]
+            out += [(L + "mlp.fc1.weight", [F, D], "m"), (L + "mlp.fc1.bias", [F], "b"),
+                    (L + "mlp.fc2.weight", [D, F], "m"), (L + "mlp.fc2.bias", [D], "b")]
+        out += [(pre + "post_layernorm.weight", [D], "n"), (pre + "post_layernorm.bias", [D], "z"),
+                ("multi_modal_projector.mm_input_projection_weight", [D, H], "m"),
+                ("multi_modal_projector.mm_soft_emb_norm.weight", [D], "z")]  # Gemma's 1 + w: weight 0 is 1
+    else:
+        D, F, P = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+        M = D * v["spatial_merge_size"] ** 2
+        out.append(("visual.patch_embed.proj.weight", [D, 3, v["temporal_patch_size"], P, P], "m"))
+        for i in range(v["depth"]):
+            L = f"visual.blocks.{i}."
+            out += [(L + "norm1.weight", [D], "n"), (L + "norm2.weight", [D], "n"),
+                    (L + "attn.qkv.weight", [3 * D, D], "m"), (L + "attn.qkv.bias", [3 * D], "b"),
+                    (L + "attn.proj.weight", [D, D], "m"), (L + "attn.proj.bias", [D], "b")]
+            for p, shape in (("gate_proj", [F, D]), ("up_proj", [F, D]), ("down_proj", [D, F])):
+                out += [(L + f"mlp.{p}.weight", shape, "m"), (L + f"mlp.{p}.bias", shape[:1], "b")]
+        out += [("visual.merger.ln_q.weight", [D], "n"),
+                ("visual.merger.mlp.0.weight", [M, M], "m"), ("visual.merger.mlp.0.bias", [M], "b"),
+                ("visual.merger.mlp.2.weight", [H, M], "m"), ("visual.merger.mlp.2.bias", [H], "b")]
+    return out
+
+
+def bf16(x):
+    """float32 -> bfloat16 bits, round to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def values(name, shape, kind, seed):
+    n = int(np.prod(shape))
+    if kind == "n":
+        return np.ones(n, np.float32)
+    if kind == "z":
+        return np.zeros(n, np.float32)
+    key = zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1 & 0xFFFFFFFF)
+    g = np.random.Generator(np.random.PCG64([seed, key]))
+    return g.standard_normal(n, dtype=np.float32) * (0.02 if kind == "m" else 0.002)
+
+
+def cmd_tower(wrapper, d, seed):
+    w = json.load(open(wrapper))
+    tc = json.load(open(os.path.join(d, "config.json")))
+    plan = tower_tensors(w, tc["hidden_size"])
+    hdr, off = {}, 0
+    for name, shape, _ in plan:
+        nb = int(np.prod(shape)) * 2
+        hdr[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + nb]}
+        off += nb
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    path = os.path.join(d, "model-vision.safetensors")
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for name, shape, kind in plan:
+            f.write(bf16(values(name, shape, kind, seed)).tobytes())
+    os.replace(path + ".tmp", path)
+    print(f"make_vlm: {path}: {len(plan)} tensors, {off / 1e6:.1f} MB", file=sys.stderr)
+
+
+def gemma_tokenizer(tokdir, d, w):
+    """TOKDIR's tokenizer.json with Gemma 3's image tokens added at the wrapper's ids."""
+    tok = json.load(open(os.path.join(tokdir, "tokenizer.json")))
+    for content, i in (("<start_of_image>", w["boi_token_index"]), ("<end_of_image>", w["eoi_token_index"]),
+                       ("<image_soft_token>", w["image_token_index"])):
+        tok["added_tokens"].append({"id": i, "content": content, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True})
+    json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
+    tc = {"bos_token": None, "eos_token": "<|endoftext|>", "add_bos_token": False}
+    json.dump(tc, open(os.path.join(d, "tokenizer_config.json"), "w"))
+
+
+def cmd_finish(wrapper, d, tokdir):
+    w = json.load(open(wrapper))
+    w["text_config"] = json.load(open(os.path.join(d, "config.json")))
+    if w["model_type"] == "gemma3":
+        v = w["vision_config"]
+        pp = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": v["image_size"],
+              "width": v["image_size"]}, "resample": 2, "do_resize": True, "do_rescale": True,
+              "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False}
+        proc = {"processor_class": "Gemma3Processor", "image_seq_length": w["mm_tokens_per_image"]}
+        gemma_tokenizer(tokdir, d, w)
+    else:
+        v = w["vision_config"]
+        pp = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
+              "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+              "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+              "min_pixels": 3136, "max_pixels": 12845056, "patch_size": v["patch_size"],
+              "merge_size": v["spatial_merge_size"], "temporal_patch_size": v["temporal_patch_size"]}
+        proc = {"processor_class": "Qwen2_5_VLProcessor", "image_processor": pp}
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(os.path.join(tokdir, f), os.path.join(d, f))
+    json.dump(pp, open(os.path.join(d, "preprocessor_config.json"), "w"), indent=1)
+    json.dump(proc, open(os.path.join(d, "processor_config.json"), "w"), indent=1)
+    json.dump(w, open(os.path.join(d, "config.json.tmp"), "w"), indent=1)
+    os.replace(os.path.join(d, "config.json.tmp"), os.path.join(d, "config.json"))
+
+
+def cmd_image(wd, ht, out):
+    y, x = np.mgrid[0:ht, 0:wd].astype(np.float64)
+    u, v = x / wd, y / ht
+    ring = 0.5 + 0.5 * np.sin(40 * np.hypot(u - 0.4, v - 0.6))
+    box = ((u > 0.6) & (u < 0.85) & (v > 0.15) & (v < 0.4)).astype(np.float64)
+    rgb = np.stack([255 * u, 255 * (0.3 * v + 0.7 * ring), 255 * np.maximum(box, 1 - v) * (0.5 + 0.5 * ring)], -1)
+    q = np.clip(rgb, 0, 255).astype(np.uint8)
+    raw = b"".join(b"\0" + q[r].tobytes() for r in range(ht))
+    ch = lambda k, dd: struct.pack(">I", len(dd)) + k + dd + struct.pack(">I", zlib.crc32(k + dd))
+    open(out, "wb").write(b"\x89PNG\r\n\x1a\n" + ch(b"IHDR", struct.pack(">IIBBBBB", wd, ht, 8, 2, 0, 0, 0))
+                          + ch(b"IDAT", zlib.compress(raw, 6)) + ch(b"IEND", b""))
+
+
+def cmd_prompt_ids(wrapper, text_ids, side):
+    w = json.load(open(wrapper))
+    t = [int(i) for i in text_ids.split(",") if i]
+    if w["model_type"] == "gemma3":
+        ids = [w["boi_token_index"]] + t  # mlxcel expands boi into boi, soft x 256, eoi
+    else:
+        v = w["vision_config"]
+        n = (side // (v["patch_size"] * v["spatial_merge_size"])) ** 2
+        ids = [w["vision_start_token_id"]] + [w["image_token_id"]] * n + [w["vision_end_token_id"]] + t
+    print(",".join(map(str, ids)))
+
+
+def cmd_summary(path):
+    runs = [json.loads(line) for line in open(path) if line.strip()]
+    groups = {}
+    for r in runs:
+        if r.get("ok"):
+            groups.setdefault((r["shape"], r["engine"]), []).append(r)
+    med = lambda xs: float(np.median(xs)) if xs else float("nan")
+    print("| shape | engine | runs | image tokens | encode ms | TTFT ms (encode + prefill + 1st token) "
+          "| preprocess ms | load avg (1 min) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    shapes = sorted({k[0] for k in groups})
+    for s in shapes:
+        for e in ("mlxcel", "llama.cpp"):
+            rs = groups.get((s, e), [])
+            if not rs:
+                continue
+            print(f"| {s} | {e} | {len(rs)} | {rs[0].get('image_tokens', '')} | {med([r['encode_ms'] for r in rs]):.0f} "
+                  f"| {med([r['ttft_ms'] for r in rs]):.0f} | {med([r['preprocess_ms'] for r in rs]):.1f} "
+                  f"| {med([r['load1_before'] for r in rs]):.2f} |")
+        m = groups.get((s, "mlxcel"), [])
+        l = groups.get((s, "llama.cpp"), [])
+        if m and l:
+            print(f"| {s} | **llama.cpp / mlxcel** | | | **{med([r['encode_ms'] for r in l]) / med([r['encode_ms'] for r in m]):.2f}x** "
+                  f"| **{med([r['ttft_ms'] for r in l]) / med([r['ttft_ms'] for r in m]):.2f}x** | | |")
+    bad = [r for r in runs if not r.get("ok")]
+    if bad:
+        print(f"\n{len(bad)} failed runs (see runs.jsonl)")
+
+
+def main():
+    a = sys.argv[1:]
+    if not a or a[0] in ("-h", "--help"):
+        print(__doc__)
+        return
+    if a[0] == "configs" and len(a) == 3:
+        if a[1] not in SHAPES:
+            sys.exit(f"make_vlm: shape {a[1]!r}: one of {', '.join(SHAPES)}")
+        t, w = SHAPES[a[1]]()
+        os.makedirs(a[2], exist_ok=True)
+        json.dump(t, open(os.path.join(a[2], "text.json"), "w"), indent=1)
+        json.dump(w, open(os.path.join(a[2], "wrapper.json"), "w"), indent=1)
+    elif a[0] == "tower" and len(a) == 4:
+        cmd_tower(a[1], a[2], int(a[3]))
+    elif a[0] == "finish" and len(a) == 4:
+        cmd_finish(a[1], a[2], a[3])
+    elif a[0] == "image" and len(a) == 4:
+        cmd_image(int(a[1]), int(a[2]), a[3])
+    elif a[0] == "prompt-ids" and len(a) == 4:
+        cmd_prompt_ids(a[1], a[2], int(a[3]))
+    elif a[0] == "summary" and len(a) == 2:
+        cmd_summary(a[1])
+    else:
+        sys.exit("make_vlm: bad arguments (make_vlm.py --help)")
+
+
+if __name__ == "__main__":
+    main()
