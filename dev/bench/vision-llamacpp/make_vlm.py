@@ -19,6 +19,7 @@ name), so the float and the 4-bit folder get the same tower.
   make_vlm.py image W H OUT.png            a deterministic RGB picture (gradients, rings, edges)
   make_vlm.py prompt-ids SHAPE WRAPPER.json TEXT_IDS  the prompt ids mlxcel takes for one image
                                            then the text (image run expanded for Qwen)
+  make_vlm.py compare MLXCEL.safetensors LLAMA.bin  the engines' image embeddings agree (exit 0)
   make_vlm.py summary RUNS.jsonl           the markdown table of the runs
 
 Shapes (the published config.json values):
@@ -235,6 +236,34 @@ def cmd_prompt_ids(wrapper, text_ids, side):
     print(",".join(map(str, ids)))
 
 
+def read_embeds(spec):
+    """mlxcel's --image-embd-out file, or llama.cpp's MTMD_DEBUG_EMBEDDINGS dump (*.bin: int32 rows,
+    int32 width, float32 data), as float64 [rows, width]."""
+    b = open(spec, "rb").read()
+    if spec.endswith(".bin"):
+        n, d = struct.unpack("<ii", b[:8])
+        return np.frombuffer(b[8:], dtype=np.float32).reshape(n, d).astype(np.float64)
+    n = struct.unpack("<Q", b[:8])[0]
+    t = json.loads(b[8:8 + n])["image_embeds"]
+    a, c = t["data_offsets"]
+    return np.frombuffer(b[8 + n + a:8 + n + c], dtype=np.float32).reshape(t["shape"]).astype(np.float64)
+
+
+def cmd_compare(a_path, b_path):
+    """The two engines' image embeddings: shape, max |diff| over max |value|, the least row cosine.
+    Exit 1 unless they agree (cosine >= 0.999, max |diff| <= 1e-2 of the largest value)."""
+    a, b = read_embeds(a_path), read_embeds(b_path)
+    if a.shape != b.shape:
+        print(f"image embeddings: shapes differ: mlxcel {a.shape}, llama.cpp {b.shape}")
+        sys.exit(1)
+    d, s = np.abs(a - b).max(), np.abs(b).max()
+    cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+    ok = cos.min() >= 0.999 and d <= 1e-2 * s
+    print(f"image embeddings {a.shape[0]} x {a.shape[1]}: max |diff| {d:.3g} of max |value| {s:.3g} "
+          f"({d / s:.2g}), least row cosine {cos.min():.6f}: {'agree' if ok else 'DISAGREE'}")
+    sys.exit(0 if ok else 1)
+
+
 def cmd_summary(path):
     runs = [json.loads(line) for line in open(path) if line.strip()]
     groups = {}
@@ -259,6 +288,10 @@ def cmd_summary(path):
         if m and l:
             print(f"| {s} | **llama.cpp / mlxcel** | | | **{med([r['encode_ms'] for r in l]) / med([r['encode_ms'] for r in m]):.2f}x** "
                   f"| **{med([r['ttft_ms'] for r in l]) / med([r['ttft_ms'] for r in m]):.2f}x** | | |")
+    for s in shapes:  # both engines must have seen the same prompt
+        seen = {(r["engine"], r.get("image_tokens"), r.get("prompt_tokens")) for r in runs if r.get("ok") and r["shape"] == s}
+        if len({(t, p) for _, t, p in seen}) > 1:
+            print(f"\n**{s}: the engines' image / prompt token counts differ: {sorted(seen)}**")
     bad = [r for r in runs if not r.get("ok")]
     if bad:
         print(f"\n{len(bad)} failed runs (see runs.jsonl)")
@@ -284,6 +317,8 @@ def main():
         cmd_image(int(a[1]), int(a[2]), a[3])
     elif a[0] == "prompt-ids" and len(a) == 4:
         cmd_prompt_ids(a[1], a[2], int(a[3]))
+    elif a[0] == "compare" and len(a) == 3:
+        cmd_compare(a[1], a[2])
     elif a[0] == "summary" and len(a) == 2:
         cmd_summary(a[1])
     else:
