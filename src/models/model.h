@@ -398,6 +398,10 @@ struct model_ctx {
  * within its budget); n_batch > 0: that many rows, at most CTX_MAX_ROWS. */
 int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e);
+/* The rows of a forward chunk model_ctx_new picks when n_batch is 0: the most, from 512 down
+ * by halves, whose activations fit budget bytes, at least 32, and at least one image's tokens
+ * where the text model attends bidirectionally among them (they cannot be cut). */
+int model_ctx_auto_batch(const struct model *m, size_t budget);
 void model_ctx_free(struct model_ctx *c);
 
 #ifdef __cplusplus
