@@ -402,6 +402,11 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
  * by halves, whose activations fit budget bytes, at least 32, and at least one image's tokens
  * where the text model attends bidirectionally among them (they cannot be cut). */
 int model_ctx_auto_batch(const struct model *m, size_t budget);
+
+/* A multimodal config (Gemma 3, Qwen2.5-VL, ... ADR 0080): *cfg becomes its text model's
+ * config (the keys about the whole checkpoint copied in), *outer the whole one (the caller
+ * frees both), wrapper its model_type; 1 when so, 0 when cfg is a text model's already. */
+int model_nest_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t cap, struct err *e);
 void model_ctx_free(struct model_ctx *c);
 
 #ifdef __cplusplus
