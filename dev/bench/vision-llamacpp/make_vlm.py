@@ -1,24 +1,18 @@
 #!/usr/bin/env python3
-"""make_vlm.py: the image-text checkpoints of dev/bench/vision-llamacpp/run.sh, made from nothing.
+"""make_vlm.py: the image-text configs and side files of dev/bench/vision-llamacpp/run.sh.
 
-`mlxcel synth` writes the language model (text families: gemma3_text, qwen2_5_vl_text; it does
-not take the image-text wrappers); this script writes the rest: the vision tower and projector as
-a second safetensors shard (model-vision.safetensors, BF16, transformers' names and layouts:
-SigLIP's `vision_tower.vision_model.*` + `multi_modal_projector.*` for Gemma 3, `visual.*` for
-Qwen2.5-VL), the wrapper's config.json (the synth folder's config as text_config, so a quantized
-language model keeps its `quantization`), the image processor's configs and, for Gemma 3, a
-tokenizer with its image tokens. Values as synth draws them: matrices N(0, 0.02), biases
-N(0, 0.002), norm weights 1 (LayerNorm biases 0), from numpy's PCG64 seeded by (seed, tensor
-name), so the float and the 4-bit folder get the same tower.
+`mlxcel synth` writes the checkpoint from the config (the language model, and the vision tower
+and projector in transformers 5's layout, float under -q); this script writes the config of
+each shape and what a checkpoint carries besides its weights: the image processor's configs and
+the tokenizer (for Gemma 3, its image tokens added at their ids).
 
-  make_vlm.py configs SHAPE OUTDIR         OUTDIR/text.json (for synth) and OUTDIR/wrapper.json
-  make_vlm.py tower WRAPPER.json DIR SEED  DIR/model-vision.safetensors
-  make_vlm.py finish WRAPPER.json DIR TOKDIR  DIR/config.json (DIR's synth config nested),
-                                           tokenizer files from TOKDIR (Gemma 3: its image tokens
-                                           added), preprocessor_config.json, processor_config.json
+  make_vlm.py configs SHAPE OUTDIR         OUTDIR/config.json (the wrapper, text_config nested)
+  make_vlm.py extras CONFIG DIR TOKDIR     DIR's tokenizer files from TOKDIR (Gemma 3: its image
+                                           tokens added), preprocessor_config.json,
+                                           processor_config.json
   make_vlm.py image W H OUT.png            a deterministic RGB picture (gradients, rings, edges)
-  make_vlm.py prompt-ids SHAPE WRAPPER.json TEXT_IDS  the prompt ids mlxcel takes for one image
-                                           then the text (image run expanded for Qwen)
+  make_vlm.py prompt-ids CONFIG TEXT_IDS SIDE  the prompt ids mlxcel takes for one SIDE x SIDE
+                                           image then the text (the image run expanded for Qwen)
   make_vlm.py compare MLXCEL.safetensors LLAMA.bin  the engines' image embeddings agree (exit 0)
   make_vlm.py summary RUNS.jsonl           the markdown table of the runs
 
@@ -96,82 +90,6 @@ SHAPES = {"gemma3-4b": lambda: gemma3(False), "gemma3-small": lambda: gemma3(Tru
           "qwen2.5-vl-7b": lambda: qwen25vl(False), "qwen2.5-vl-small": lambda: qwen25vl(True)}
 
 
-def tower_tensors(w, H):
-    """[(name, shape, kind)] of the tower and projector; kind: m matrix, b bias, n norm weight, z zero."""
-    v = w["vision_config"]
-    out = []
-    if w["model_type"] == "gemma3":
-        D, F, P, C = v["hidden_size"], v["intermediate_size"], v["patch_size"], v.get("num_channels", 3)
-        n_pos = (v["image_size"] // P) ** 2
-        pre = "vision_tower.vision_model."
-        out += [(pre + "embeddings.patch_embedding.weight", [D, C, P, P], "m"),
-                (pre + "embeddings.patch_embedding.bias", [D], "b"),
-                (pre + "embeddings.position_embedding.weight", [n_pos, D], "m")]
-        for i in range(v["num_hidden_layers"]):
-            L = f"{pre}encoder.layers.{i}."
-            for ln in ("layer_norm1", "layer_norm2"):
-                out += [(L + ln + ".weight", [D], "n"), (L + ln + ".bias", [D], "z")]
-            for p in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                out += [(L + f"self_attn.{p}.weight", [D, D], "m"), (L + f"self_attn.{p}.bias", [D], "b")]
-            out += [(L + "mlp.fc1.weight", [F, D], "m"), (L + "mlp.fc1.bias", [F], "b"),
-                    (L + "mlp.fc2.weight", [D, F], "m"), (L + "mlp.fc2.bias", [D], "b")]
-        out += [(pre + "post_layernorm.weight", [D], "n"), (pre + "post_layernorm.bias", [D], "z"),
-                ("multi_modal_projector.mm_input_projection_weight", [D, H], "m"),
-                ("multi_modal_projector.mm_soft_emb_norm.weight", [D], "z")]  # Gemma's 1 + w: weight 0 is 1
-    else:
-        D, F, P = v["hidden_size"], v["intermediate_size"], v["patch_size"]
-        M = D * v["spatial_merge_size"] ** 2
-        out.append(("visual.patch_embed.proj.weight", [D, 3, v["temporal_patch_size"], P, P], "m"))
-        for i in range(v["depth"]):
-            L = f"visual.blocks.{i}."
-            out += [(L + "norm1.weight", [D], "n"), (L + "norm2.weight", [D], "n"),
-                    (L + "attn.qkv.weight", [3 * D, D], "m"), (L + "attn.qkv.bias", [3 * D], "b"),
-                    (L + "attn.proj.weight", [D, D], "m"), (L + "attn.proj.bias", [D], "b")]
-            for p, shape in (("gate_proj", [F, D]), ("up_proj", [F, D]), ("down_proj", [D, F])):
-                out += [(L + f"mlp.{p}.weight", shape, "m"), (L + f"mlp.{p}.bias", shape[:1], "b")]
-        out += [("visual.merger.ln_q.weight", [D], "n"),
-                ("visual.merger.mlp.0.weight", [M, M], "m"), ("visual.merger.mlp.0.bias", [M], "b"),
-                ("visual.merger.mlp.2.weight", [H, M], "m"), ("visual.merger.mlp.2.bias", [H], "b")]
-    return out
-
-
-def bf16(x):
-    """float32 -> bfloat16 bits, round to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def values(name, shape, kind, seed):
-    n = int(np.prod(shape))
-    if kind == "n":
-        return np.ones(n, np.float32)
-    if kind == "z":
-        return np.zeros(n, np.float32)
-    key = zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1 & 0xFFFFFFFF)
-    g = np.random.Generator(np.random.PCG64([seed, key]))
-    return g.standard_normal(n, dtype=np.float32) * (0.02 if kind == "m" else 0.002)
-
-
-def cmd_tower(wrapper, d, seed):
-    w = json.load(open(wrapper))
-    tc = json.load(open(os.path.join(d, "config.json")))
-    plan = tower_tensors(w, tc["hidden_size"])
-    hdr, off = {}, 0
-    for name, shape, _ in plan:
-        nb = int(np.prod(shape)) * 2
-        hdr[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [off, off + nb]}
-        off += nb
-    h = json.dumps(hdr, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    path = os.path.join(d, "model-vision.safetensors")
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for name, shape, kind in plan:
-            f.write(bf16(values(name, shape, kind, seed)).tobytes())
-    os.replace(path + ".tmp", path)
-    print(f"make_vlm: {path}: {len(plan)} tensors, {off / 1e6:.1f} MB", file=sys.stderr)
-
-
 def gemma_tokenizer(tokdir, d, w):
     """TOKDIR's tokenizer.json with Gemma 3's image tokens added at the wrapper's ids."""
     tok = json.load(open(os.path.join(tokdir, "tokenizer.json")))
@@ -184,11 +102,10 @@ def gemma_tokenizer(tokdir, d, w):
     json.dump(tc, open(os.path.join(d, "tokenizer_config.json"), "w"))
 
 
-def cmd_finish(wrapper, d, tokdir):
-    w = json.load(open(wrapper))
-    w["text_config"] = json.load(open(os.path.join(d, "config.json")))
+def cmd_extras(config, d, tokdir):
+    w = json.load(open(config))
+    v = w["vision_config"]
     if w["model_type"] == "gemma3":
-        v = w["vision_config"]
         pp = {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": v["image_size"],
               "width": v["image_size"]}, "resample": 2, "do_resize": True, "do_rescale": True,
               "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
@@ -196,7 +113,6 @@ def cmd_finish(wrapper, d, tokdir):
         proc = {"processor_class": "Gemma3Processor", "image_seq_length": w["mm_tokens_per_image"]}
         gemma_tokenizer(tokdir, d, w)
     else:
-        v = w["vision_config"]
         pp = {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "do_rescale": True,
               "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
               "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -207,8 +123,6 @@ def cmd_finish(wrapper, d, tokdir):
             shutil.copyfile(os.path.join(tokdir, f), os.path.join(d, f))
     json.dump(pp, open(os.path.join(d, "preprocessor_config.json"), "w"), indent=1)
     json.dump(proc, open(os.path.join(d, "processor_config.json"), "w"), indent=1)
-    json.dump(w, open(os.path.join(d, "config.json.tmp"), "w"), indent=1)
-    os.replace(os.path.join(d, "config.json.tmp"), os.path.join(d, "config.json"))
 
 
 def cmd_image(wd, ht, out):
@@ -306,13 +220,11 @@ def main():
         if a[1] not in SHAPES:
             sys.exit(f"make_vlm: shape {a[1]!r}: one of {', '.join(SHAPES)}")
         t, w = SHAPES[a[1]]()
+        w["text_config"] = t
         os.makedirs(a[2], exist_ok=True)
-        json.dump(t, open(os.path.join(a[2], "text.json"), "w"), indent=1)
-        json.dump(w, open(os.path.join(a[2], "wrapper.json"), "w"), indent=1)
-    elif a[0] == "tower" and len(a) == 4:
-        cmd_tower(a[1], a[2], int(a[3]))
-    elif a[0] == "finish" and len(a) == 4:
-        cmd_finish(a[1], a[2], a[3])
+        json.dump(w, open(os.path.join(a[2], "config.json"), "w"), indent=1)
+    elif a[0] == "extras" and len(a) == 4:
+        cmd_extras(a[1], a[2], a[3])
     elif a[0] == "image" and len(a) == 4:
         cmd_image(int(a[1]), int(a[2]), a[3])
     elif a[0] == "prompt-ids" and len(a) == 4:

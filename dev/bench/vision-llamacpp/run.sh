@@ -26,12 +26,13 @@ What it does, per shape, one shape at a time (disk: the 7B shape peaks near 22 G
 bf16 folder and its Q4_0 twin exist together, Gemma-3-4B's near 12 GB; 0 after a shape unless
 --keep-models; duration on 2 cores: about an hour for both shapes at 3 rounds, see
 docs/benchmarks.md):
-  1. the language model with `mlxcel synth` (gemma3_text / qwen2_5_vl_text of the published
-     config, make_vlm.py says which values): bf16 for the twin, then 4-bit g64 (synth -q, the
-     bytes `mlxcel convert -q` makes of the bf16 one); the vision tower and projector in bf16
-     beside each (make_vlm.py tower: the same values in both), the wrapper's config.json, the
-     image processor's configs, the tokenizer (tests/fixtures/tokenizers/qwen3; Gemma 3's
-     image tokens added at its ids);
+  1. the checkpoint with `mlxcel synth` of the published config (make_vlm.py says which
+     values): the language model and the vision tower and projector, in transformers 5's
+     layout; bf16 for the twin, then with -q (the language model 4-bit g64, the bytes
+     `mlxcel convert -q` makes of the bf16 one; the tower stays bf16, as mlx-vlm converts it,
+     the same values in both); the image processor's configs and the tokenizer beside them
+     (make_vlm.py extras: tests/fixtures/tokenizers/qwen3, Gemma 3's image tokens added at its
+     ids);
   2. the llama.cpp twin of the bf16 folder with scripts/hf2gguf.py: the language model as
      Q4_0 (--outtype q4_0: the bytes `llama-quantize --pure Q4_0` makes of its F16 GGUF) and
      the tower as an F16 mmproj (clip GGUF; F32 where llama.cpp's converter keeps F32);
@@ -190,20 +191,18 @@ make_shape() {
     rm -rf "$d"
     mkdir -p "$d"
     mk configs "$s" "$d/cfg" || die "make_vlm.py configs $s"
-    log "$s: mlxcel synth (bf16) of the language model, the tower"
-    nice -n 10 "$mlxcel" synth -c "$d/cfg/text.json" -o "$d/f" --seed $seed -t "$threads" >/dev/null ||
+    log "$s: mlxcel synth (bf16)"
+    nice -n 10 "$mlxcel" synth -c "$d/cfg/config.json" -o "$d/f" --seed $seed -t "$threads" >/dev/null ||
         die "synth $s (bf16) failed"
-    mk tower "$d/cfg/wrapper.json" "$d/f" $seed && mk finish "$d/cfg/wrapper.json" "$d/f" "$tok" ||
-        die "make_vlm.py tower/finish $s"
+    mk extras "$d/cfg/config.json" "$d/f" "$tok" || die "make_vlm.py extras $s"
     log "$s: hf2gguf -> Q4_0 GGUF + F16 mmproj"
     PYTHONPATH=$llama_src/gguf-py nice -n 10 "$py" "$root/scripts/hf2gguf.py" "$d/f" "$d/q4_0.gguf.tmp" \
         --mmproj "$d/mmproj.gguf" --outtype q4_0 && mv "$d/q4_0.gguf.tmp" "$d/q4_0.gguf" || die "hf2gguf $s failed"
     rm -rf "$d/f"
-    log "$s: mlxcel synth -q (4-bit g64) of the same values, the same tower"
-    nice -n 10 "$mlxcel" synth -c "$d/cfg/text.json" -o "$d/q" --seed $seed -t "$threads" -q >/dev/null ||
+    log "$s: mlxcel synth -q (the language model 4-bit g64 of the same values, the same tower)"
+    nice -n 10 "$mlxcel" synth -c "$d/cfg/config.json" -o "$d/q" --seed $seed -t "$threads" -q >/dev/null ||
         die "synth $s (4-bit) failed"
-    mk tower "$d/cfg/wrapper.json" "$d/q" $seed && mk finish "$d/cfg/wrapper.json" "$d/q" "$tok" ||
-        die "make_vlm.py tower/finish $s"
+    mk extras "$d/cfg/config.json" "$d/q" "$tok" || die "make_vlm.py extras $s"
     touch "$d/done"
 }
 
@@ -288,7 +287,7 @@ for s in ${shapes//,/ }; do
     prompt_text=$("$mlxcel" detokenize -m "$d/q" --ids "$ids" 2>/dev/null || true)
     lids=$("$llama_bin/llama-tokenize" -m "$d/q4_0.gguf" -p "$prompt_text" --ids --log-disable 2>/dev/null | tr -d '[] ')
     [ "$lids" = "$ids" ] || die "$s: the 32-token prompt tokenizes differently: mlxcel [$ids], llama.cpp [$lids]"
-    prompt_ids=$(mk prompt-ids "$d/cfg/wrapper.json" "$ids" "$sd")
+    prompt_ids=$(mk prompt-ids "$d/cfg/config.json" "$ids" "$sd")
     ctx=$(( $(echo "$prompt_ids" | tr ',' '\n' | wc -l) + 64 ))
     if [ $check = 1 ]; then
         log "$s: twin check (image embeddings of both engines)"
