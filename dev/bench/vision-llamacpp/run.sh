@@ -24,8 +24,8 @@ usage: dev/bench/vision-llamacpp/run.sh [OPTIONS]
 
 What it does, per shape, one shape at a time (disk: the 7B shape peaks near 22 GB while its
 bf16 folder and its Q4_0 twin exist together, Gemma-3-4B's near 12 GB; 0 after a shape unless
---keep-models; duration on 2 cores: about an hour for both shapes at 3 rounds, see
-docs/benchmarks.md):
+--keep-models; duration on 2 cores: about 1.5 hours for both shapes at 3 rounds, 70 min at
+2, see docs/benchmarks.md):
   1. the checkpoint with `mlxcel synth` of the published config (make_vlm.py says which
      values): the language model and the vision tower and projector, in transformers 5's
      layout; bf16 for the twin, then with -q (the language model 4-bit g64, the bytes
