@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""hf2gguf.py [--outtype f16|f32|q4_0] SRC OUT.gguf: a GGUF of a float Hugging Face / MLX checkpoint
-folder, for llama.cpp.
+"""hf2gguf.py [--outtype f16|f32|q4_0] [--mmproj MMPROJ.gguf] SRC OUT.gguf: a GGUF of a float
+Hugging Face / MLX checkpoint folder, for llama.cpp (options before or after SRC OUT; --help).
 
 The GGUF twin of a `mlxcel synth` model (scripts/bench-vs-llamacpp.sh): the same tensor values, so
 llama.cpp and mlxcel run the same weights. Families: `llama` (arch llama; q/k rows permuted as
@@ -17,7 +17,7 @@ the pooling of the folder's sentence-transformers 1_Pooling, the WordPiece vocab
 form: `##x` -> `x`, any other non-special token `x` -> U+2581 `x`; [CLS] as BOS, [SEP] as SEP;
 pooler and MLM heads dropped), `qwen3` (arch qwen3; NEOX rotary, no permutation; a
 sentence-transformers folder with last-token pooling, Qwen3-Embedding, gets pooling LAST and
-add_eos_token, as llama.cpp's GGUFs of Qwen3-Embedding have), and two hybrids, as llama.cpp's
+add_eos_token, as llama.cpp's GGUFs of Qwen3-Embedding have), two hybrids, as llama.cpp's
 conversion/granite.py, mamba.py and qwen.py write them:
 - `granitemoehybrid` (arch granitehybrid, Granite 4.0-H): per-layer head_count_kv, 0 marking a
   Mamba-2 layer (layer_types); the Mamba-2 mixer as ssm_* (A = -exp(A_log) and D as [heads, 1],
@@ -34,21 +34,46 @@ conversion/granite.py, mamba.py and qwen.py write them:
   [q k v z] groups regrouped into attn_qkv ([q | k | v]) and attn_gate (z); in_proj_ba as
   ssm_ba; A = -exp(A_log); conv1d squeezed; experts stacked; the shared expert's sigmoid gate
   as ffn_gate_inp_shexp. MTP layers are not written.
---outtype: f16 (default), f32 (every tensor F32: a twin without F16 rounding, to validate a
-writer), or q4_0: the tensors `llama-quantize --pure Q4_0` quantizes (F16 matrices but the
-router), rounded to F16 and quantized by gguf-py's port of ggml's reference Q4_0 (byte for byte
-what llama-quantize writes of the F16 file, checked on llama-tiny and both hybrids), so that
-large models need no F16 file on disk.
+and two image-text families (issue 43's benchmark against llama-mtmd-cli), as llama.cpp's converter
+(conversion/gemma.py, conversion/qwenvl.py) writes them: the language model into OUT.gguf and,
+with `--mmproj MMPROJ.gguf`, the vision tower and projector into a clip GGUF beside it:
+- `gemma3` (Gemma3ForConditionalGeneration): arch gemma3, every RMSNorm weight + 1 (Gemma's
+  `x * (1 + w)` as llama.cpp stores it), the sliding layers from layer_types as the
+  sliding_window_pattern array, local and global rope bases, the global layers' linear rope
+  factor; the mmproj is projector type gemma3: SigLIP's patch conv and position table F32 (the
+  converter forces `.embeddings.` to F32), the rest of the tower F16, mm.input_projection as
+  stored ([vision width, text width]: clip transposes it), mm.soft_emb_norm + 1, the projector
+  scale factor (pooling side) written when it is not 4.
+- `qwen2_5_vl`: arch qwen2vl with the M-RoPE sections (padded to 4); the mmproj is projector type
+  qwen2.5vl_merger: the temporal patch conv [out, C, 2, p, p] split into two 2-D kernels
+  (v.patch_embd.weight and v.patch_embd.weight.1, as llama.cpp reads it), each block's fused qkv
+  split into q, k and v, the window-attention pattern from fullatt_block_indexes (evenly spaced,
+  as llama.cpp requires), SiLU, the text's rms_norm_eps. llama.cpp's clip uses a 112-pixel
+  attention window for Qwen2.5-VL whatever the config says, so a window_size other than 112 is
+  refused.
+  Tensor names of transformers 4 (`language_model.model.`) and 5 (`model.language_model.`,
+  `model.vision_tower.`, `model.visual.`) both convert. --mmproj for any other family is an error.
 Without torch or transformers: numpy plus the gguf-py that ships inside the llama.cpp source
 (PYTHONPATH=LLAMA_SRC/gguf-py), so it writes what that llama.cpp reads.
 
-Matrices (expert stacks included) are written as F16, vectors (norms, biases, sinks) and BERT's
-position and token-type tables as F32 (as llama.cpp's converter does; for the hybrids also
-norms, routers and conv kernels, by its rule), one
-tensor at a time (memory stays at one tensor: one expert stack for the MoE families). The
-tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size with `[PAD<id>]`
-tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape matters.
+--outtype (of OUT.gguf; the mmproj is always F16/F32 as the converter writes it):
+- f16 (default): matrices (expert stacks included) F16, vectors (norms, biases, sinks) and BERT's
+  position and token-type tables F32 (as llama.cpp's converter does; for the hybrids also norms,
+  routers and conv kernels, by its rule).
+- f32: every tensor F32: a twin without F16 rounding, to validate a writer.
+- q4_0: the tensors `llama-quantize --pure Q4_0` quantizes of the f16 file (its F16 matrices but
+  the MoE routers) as Q4_0, the rest as in f16: the values rounded to F16, then gguf-py's port of
+  ggml's reference Q4_0 (quantize_row_q4_0_ref), a few thousand rows at a time, so the tensors
+  are byte for byte what llama-quantize --pure Q4_0 writes of the F16 file (checked on
+  llama-tiny, both hybrids and both small image-text shapes) without the F16 file on disk (a 7B
+  twin needs no 15 GB intermediate); general.file_type and general.quantization_version as
+  llama-quantize sets them. Rows that are not whole 32-value blocks are an error.
+Tensors are written one at a time (memory stays at one tensor: one expert stack for the MoE
+families). The tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size
+with `[PAD<id>]` tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape
+matters.
 """
+import argparse
 import json
 import os
 import struct
@@ -382,6 +407,9 @@ def qwen3next_plan(index, cfg, full):
     return p
 
 
+Q4_0 = "q4_0"  # a plan dtype: Q4_0 blocks of the F16-rounded values
+
+
 def q4_0_of(g, shape, dt):
     """Whether `llama-quantize --pure Q4_0` quantizes this tensor of the F16 GGUF: every F16
     matrix but the MoE router (and norms, conv kernels, ... which are F32 here already)."""
@@ -392,8 +420,19 @@ def q4_0_of(g, shape, dt):
     return True
 
 
+def with_outtype(plan, outtype):
+    """The plan's dtypes for --outtype: f16 as planned, f32 every tensor F32 (a reference without
+    F16 rounding), q4_0 the tensors llama-quantize --pure Q4_0 quantizes as Q4_0."""
+    if outtype == "f32":
+        return [(g, shape, np.float32, get) for g, shape, _, get in plan]
+    if outtype == Q4_0:
+        return [(g, shape, Q4_0 if q4_0_of(g, shape, dt) else dt, get) for g, shape, dt, get in plan]
+    return plan
+
+
 def add_file_type(w, outtype):
-    if outtype == "q4_0":
+    """general.file_type (and, for Q4_0, general.quantization_version, as llama-quantize sets them)."""
+    if outtype == Q4_0:
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     elif outtype == "f32":
@@ -402,18 +441,26 @@ def add_file_type(w, outtype):
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
 
-def write_plan(w, plan, outtype, fix=None):
-    """Header, then each planned tensor (one in memory at a time). outtype q4_0: the tensors
-    llama-quantize --pure Q4_0 would quantize are rounded to F16 first, then quantized by
-    gguf-py's port of ggml's reference Q4_0, so the file is what `hf2gguf.py` F16 followed by
-    `llama-quantize --pure ... Q4_0` writes, without the F16 file on disk."""
-    Q = gguf.GGMLQuantizationType.Q4_0
-    if outtype == "f32":  # every tensor F32: a reference without F16 rounding
-        plan = [(g, shape, np.float32, get) for g, shape, _, get in plan]
+def q4_0(x):
+    """x [..., n] (n % 32 == 0) as Q4_0 bytes [..., n / 32 * 18]: the values rounded to F16 first,
+    then gguf-py's reference Q4_0 (ggml's quantize_row_q4_0_ref), so the bytes are those
+    llama-quantize --pure Q4_0 makes of the F16 GGUF; a few thousand rows at a time (memory)."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = np.empty((rows.shape[0], rows.shape[1] // 32 * 18), np.uint8)
+    for r in range(0, rows.shape[0], 4096):
+        part = rows[r:r + 4096].astype(np.float16).astype(np.float32)
+        out[r:r + 4096] = gguf.quants.quantize(part, gguf.GGMLQuantizationType.Q4_0)
+    return out.reshape(*x.shape[:-1], -1)
+
+
+def write_plan(w, plan):
+    """Header, then each planned (gguf name, shape, dtype, producer) tensor, one in memory at a
+    time; dtype Q4_0 (with_outtype) is quantized by q4_0()."""
     for g, shape, dt, _ in plan:
-        if outtype == "q4_0" and q4_0_of(g, shape, dt):
-            bshape = gguf.quant_shape_to_byte_shape(shape, Q)
-            w.add_tensor_info(g, bshape, np.dtype(np.uint8), int(np.prod(bshape)), raw_dtype=Q)
+        if dt == Q4_0:
+            bshape = gguf.quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType.Q4_0)
+            w.add_tensor_info(g, bshape, np.dtype(np.uint8), int(np.prod(bshape)),
+                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         else:
             w.add_tensor_info(g, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
     w.write_header_to_file()
@@ -421,13 +468,9 @@ def write_plan(w, plan, outtype, fix=None):
     w.write_ti_data_to_file()
     for g, shape, dt, get in plan:
         x = get()
-        if fix:
-            x = fix(g, x)
-        x = np.ascontiguousarray(x, dtype=dt)
         if list(x.shape) != list(shape):
             sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
-        if outtype == "q4_0" and q4_0_of(g, shape, dt):
-            x = gguf.quants.quantize(x.astype(np.float32), Q)
+        x = q4_0(np.asarray(x, dtype=np.float32)) if dt == Q4_0 else np.ascontiguousarray(x, dtype=dt)
         w.write_tensor_data(x)
         del x
     w.close()
@@ -440,7 +483,7 @@ def write_hybrid(w, mt, src, cfg, index, attn, outtype, out):
         plan = granite_hybrid_plan(index, cfg, attn)
     else:
         plan = qwen3next_plan(index, cfg, attn)
-    write_plan(w, plan, outtype)
+    write_plan(w, with_outtype(plan, outtype))
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 
 
@@ -537,18 +580,194 @@ def hybrid_header(w, mt, cfg, attn):
         w.add_full_attention_interval(cfg.get("full_attention_interval", 4))
 
 
+# transformers 5 / 4 prefixes of the image-text checkpoints -> the names gguf-py's tables know
+VLM_PREFIXES = (
+    ("model.language_model.", "model."), ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."), ("model.lm_head.", "lm_head."),
+    ("model.vision_tower.vision_model.", "vision_tower.vision_model."),
+    ("model.vision_tower.", "vision_tower.vision_model."),
+    ("vision_tower.vision_model.", "vision_tower.vision_model."),
+    ("vision_tower.", "vision_tower.vision_model."),
+    ("model.multi_modal_projector.", "multi_modal_projector."), ("model.visual.", "visual."),
+)
+VLM_TYPES = ("gemma3", "qwen2_5_vl")
+
+
+def vlm_rename(index):
+    """{canonical name: index entry} of an image-text checkpoint."""
+    out = {}
+    for name, v in index.items():
+        n = name
+        for a, b in VLM_PREFIXES:
+            if n.startswith(a):
+                n = b + n[len(a):]
+                break
+        n = n.replace("mm_input_projection_weight", "mm_input_projection.weight")
+        if n in out:
+            sys.exit(f"hf2gguf: two tensors named {n}")
+        out[n] = v
+    return out
+
+
+def is_vision(name):
+    return name.startswith(("vision_tower.", "multi_modal_projector.", "visual."))
+
+
+def preprocessor(src):
+    """preprocessor_config.json with processor_config.json's image_processor over it (as the converter)."""
+    pc = {}
+    for fn in ("preprocessor_config.json", "processor_config.json"):
+        try:
+            with open(os.path.join(src, fn)) as f:
+                c = json.load(f)
+        except OSError:
+            continue
+        pc.update(c)
+        pc.update(c.get("image_processor") or {})
+    return pc
+
+
+def write_mmproj(src, cfg, index, out):
+    """The vision tower and projector of a gemma3 / qwen2_5_vl checkpoint as llama.cpp's clip GGUF."""
+    mt = cfg["model_type"]
+    vc = cfg.get("vision_config") or sys.exit("hf2gguf: --mmproj needs a vision_config")
+    tc = {**cfg, **(cfg.get("text_config") or {})}
+    pc = preprocessor(src)
+    w = gguf.GGUFWriter(out, "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_name(f"synthetic-{os.path.basename(os.path.normpath(src))}-mmproj")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(tc["hidden_size"])
+    if mt == "gemma3":
+        L = vc["num_hidden_layers"]
+        w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+        w.add_vision_image_size(vc["image_size"])
+        w.add_vision_patch_size(vc["patch_size"])
+        w.add_vision_embedding_length(vc["hidden_size"])
+        w.add_vision_feed_forward_length(vc["intermediate_size"])
+        w.add_vision_block_count(L)
+        w.add_vision_head_count(vc["num_attention_heads"])
+        w.add_vision_attention_layernorm_eps(vc.get("layer_norm_eps", 1e-6))
+        w.add_vision_use_gelu(True)
+        side = int(round((cfg.get("mm_tokens_per_image") or pc.get("image_seq_length") or 256) ** 0.5))
+        scale = (vc["image_size"] // vc["patch_size"]) // side
+        if scale > 0 and scale != 4:
+            w.add_vision_projector_scale_factor(scale)
+    else:
+        L = vc["depth"]
+        fa = vc.get("fullatt_block_indexes") or sys.exit("hf2gguf: qwen2_5_vl needs fullatt_block_indexes")
+        n_wa = fa[0] + 1
+        if any(b - a != n_wa for a, b in zip(fa, fa[1:])):
+            sys.exit(f"hf2gguf: fullatt_block_indexes {fa} are not evenly spaced (llama.cpp's n_wa_pattern)")
+        if vc.get("window_size", 112) != 112:
+            sys.exit(f"hf2gguf: qwen2_5_vl window_size {vc.get('window_size')}: llama.cpp's clip uses 112")
+        if vc.get("spatial_merge_size", 2) != 2 or vc.get("temporal_patch_size", 2) != 2:
+            sys.exit("hf2gguf: qwen2_5_vl with spatial_merge_size or temporal_patch_size other than 2")
+        w.add_clip_projector_type(gguf.VisionProjectorType.QWEN25VL)
+        w.add_vision_image_size(vc.get("image_size", 560))
+        w.add_vision_patch_size(vc["patch_size"])
+        w.add_vision_embedding_length(vc["hidden_size"])
+        w.add_vision_feed_forward_length(vc["intermediate_size"])
+        w.add_vision_block_count(L)
+        w.add_vision_head_count(vc["num_heads"])
+        w.add_vision_use_silu(True)
+        w.add_vision_n_wa_pattern(n_wa)
+        w.add_vision_attention_layernorm_eps(tc.get("rms_norm_eps", 1e-6))
+    w.add_vision_image_mean([float(x) for x in pc.get("image_mean", [0.5, 0.5, 0.5])])
+    w.add_vision_image_std([float(x) for x in pc.get("image_std", [0.5, 0.5, 0.5])])
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, L)
+    plan = []
+    def put(g, shape, dt, get):
+        plan.append((g, list(shape), dt, get))
+    for name in sorted((n for n in index if is_vision(n)), key=lambda n: (n.split(".")[2:3], n)):
+        shape = index[name][1]["shape"]
+        get = lambda name=name: load(index, name)
+        if mt == "gemma3" and "vision_model.head." in name:
+            continue  # SigLIP's pooling head: unused by Gemma 3
+        if mt == "qwen2_5_vl" and name.endswith("patch_embed.proj.weight"):
+            if len(shape) != 5 or shape[2] != 2:
+                sys.exit(f"hf2gguf: {name} {shape}: a temporal patch conv [out, C, 2, p, p]")
+            s2 = [shape[0], shape[1], shape[3], shape[4]]
+            put("v.patch_embd.weight", s2, np.float16, lambda get=get: get()[:, :, 0])
+            put("v.patch_embd.weight.1", s2, np.float16, lambda get=get: get()[:, :, 1])
+            continue
+        if mt == "qwen2_5_vl" and ".attn.qkv." in name:
+            c = shape[0] // 3
+            for i, part in enumerate("qkv"):
+                base = name.replace(".qkv.", f".{part}.")
+                g = names.get_name(base, try_suffixes=(".weight", ".bias"))
+                if g is None:
+                    sys.exit(f"hf2gguf: no GGUF name for {base}")
+                put(g, [c] + shape[1:], np.float32 if len(shape) < 2 else np.float16,
+                    lambda get=get, i=i: get()[i * c:(i + 1) * c])
+            continue
+        g = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if g is None:
+            sys.exit(f"hf2gguf: no GGUF name for {name}")
+        f32 = len(shape) < 2 or (mt == "gemma3" and ".embeddings." in name)
+        if name.endswith("soft_emb_norm.weight"):  # Gemma3RMSNorm: x * (1 + w)
+            get = lambda get=get: get() + 1.0
+        put(g, shape, np.float32 if f32 else np.float16, get)
+    write_plan(w, plan)
+    print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
+
+
+def rope_of(tc):
+    """(global theta, local theta, linear factor of the global layers, mrope sections) of a text config
+    in transformers 5's rope_parameters or 4's rope_theta / rope_local_base_freq / rope_scaling."""
+    rp = tc.get("rope_parameters") or {}
+    full = rp.get("full_attention", rp)
+    slide = rp.get("sliding_attention") or {}
+    rs = tc.get("rope_scaling") or {}
+    theta = float(full.get("rope_theta", tc.get("rope_theta", 1e6 if tc.get("model_type", "").startswith("gemma3") else 1e4)))
+    local = float(slide.get("rope_theta", tc.get("rope_local_base_freq", 10000.0)))
+    scal = full if full.get("rope_type", full.get("type")) not in (None, "default") else rs
+    kind = scal.get("rope_type", scal.get("type"))
+    if kind in (None, "default", "mrope"):
+        factor = None
+    elif kind == "linear":
+        factor = float(scal["factor"])
+    else:
+        sys.exit(f"hf2gguf: rope {kind!r} not handled here (default, linear)")
+    mrope = full.get("mrope_section") or rs.get("mrope_section")
+    return theta, local, factor, mrope
+
+
+FAMILIES = ("llama", "phi", "bert", "qwen3", "qwen3_moe", "gpt_oss", "granitemoehybrid", "qwen3_next") + VLM_TYPES
+
+
 def main():
-    args = sys.argv[1:]
-    outtype = "f16"
-    if len(args) == 4 and args[0] == "--outtype":
-        outtype, args = args[1], args[2:]
-    if len(args) != 2 or outtype not in ("f16", "f32", "q4_0"):
-        sys.exit("usage: hf2gguf.py [--outtype f16|f32|q4_0] SRC_FOLDER OUT.gguf")
-    src, out = args
+    ap = argparse.ArgumentParser(prog="hf2gguf.py", allow_abbrev=False,
+                                 description="A GGUF twin of a float Hugging Face / MLX checkpoint folder for "
+                                             f"llama.cpp. model_type: {', '.join(FAMILIES)} (the script's "
+                                             "docstring says how each is written).")
+    ap.add_argument("src", metavar="SRC_FOLDER",
+                    help="the checkpoint folder (config.json, *.safetensors, tokenizer.json)")
+    ap.add_argument("out", metavar="OUT.gguf", help="the language model's GGUF")
+    ap.add_argument("--outtype", choices=("f16", "f32", Q4_0), default="f16",
+                    help="OUT.gguf's tensors: f16 (default; vectors F32), f32 (all F32), or q4_0 (the bytes "
+                         "llama-quantize --pure Q4_0 makes of the f16 file)")
+    ap.add_argument("--mmproj", metavar="MMPROJ.gguf",
+                    help="also write the vision tower and projector as llama.cpp's clip GGUF (gemma3, qwen2_5_vl; "
+                         "F16/F32 whatever --outtype)")
+    a = ap.parse_args()
+    src, out, outtype, mmproj = a.src, a.out, a.outtype, a.mmproj
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
     mt = cfg.get("model_type")
     index = read_index(src)
+    top = cfg
+    if mt in VLM_TYPES:
+        index = vlm_rename(index)
+        if mmproj:
+            write_mmproj(src, cfg, index, mmproj)
+        index = {n: v for n, v in index.items() if not is_vision(n)}
+        cfg = {**cfg, **(cfg.get("text_config") or {})}
+        cfg["model_type"] = mt
+    elif mmproj:
+        sys.exit(f"hf2gguf: --mmproj: model_type {mt!r} has no vision writer ({', '.join(VLM_TYPES)})")
     H, L, NH = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
     NKV = cfg.get("num_key_value_heads") or NH
     NV = cfg["vocab_size"]
@@ -631,9 +850,42 @@ def main():
         w = gguf.GGUFWriter(out, "granitehybrid" if mt == "granitemoehybrid" else "qwen3next")
         attn = layer_kinds(cfg, mt)
         hybrid_header(w, mt, cfg, attn)
+    elif mt == "gemma3":
+        arch = gguf.MODEL_ARCH.GEMMA3
+        w = gguf.GGUFWriter(out, "gemma3")
+        theta, local, factor, _ = rope_of(cfg)
+        w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+        w.add_key_length(HD)
+        w.add_value_length(HD)
+        if cfg.get("attn_logit_softcapping") is not None:
+            sys.exit("hf2gguf: gemma3 with attn_logit_softcapping (llama.cpp's gemma3 has none)")
+        if cfg.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        qs = cfg.get("query_pre_attn_scalar", HD)
+        if qs != HD:  # llama.cpp scales by 1/sqrt(head_dim) except at 27B's layer count
+            sys.exit(f"hf2gguf: gemma3 query_pre_attn_scalar {qs} != head_dim {HD}: llama.cpp scales by head_dim")
+        lt = cfg.get("layer_types") or []
+        if len(lt) != L:
+            pat = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+            lt = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(L)]
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in lt])
+        w.add_rope_freq_base_swa(local)
+        if factor is not None:
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(factor)
+        cfg["rope_theta"] = theta
+    elif mt == "qwen2_5_vl":
+        arch = gguf.MODEL_ARCH.QWEN2VL
+        w = gguf.GGUFWriter(out, "qwen2vl")
+        theta, _, factor, mrope = rope_of(cfg)
+        if factor is not None or not mrope:
+            sys.exit("hf2gguf: qwen2_5_vl needs mrope_section and no rope scaling")
+        w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+        w.add_rope_dimension_sections((list(mrope) + [0, 0, 0, 0])[:4])
+        cfg["rope_theta"] = theta
     else:
-        sys.exit(f"hf2gguf: model_type {mt!r} not handled (llama, phi, bert, qwen3, qwen3_moe, gpt_oss, "
-                 "granitemoehybrid, qwen3_next)")
+        sys.exit(f"hf2gguf: model_type {mt!r} not handled ({', '.join(FAMILIES)})")
     moe = mt in ("qwen3_moe", "gpt_oss")
     hybrid = arch is None
     w.add_name(f"synthetic-{os.path.basename(os.path.normpath(src))}")
@@ -679,7 +931,8 @@ def main():
         shape = index[name][1]["shape"]
         f32 = len(shape) < 2 or g.startswith(("position_embd.", "token_types."))  # as llama.cpp's converter
         plan.append((g, shape, np.float32 if f32 else np.float16, lambda name=name: load(index, name)))
-    if mt in ("llama", "qwen3") and cfg.get("tie_word_embeddings") and "lm_head.weight" in index:
+    if mt in ("llama", "qwen3", "gemma3", "qwen2_5_vl") and top.get("tie_word_embeddings", cfg.get("tie_word_embeddings")) \
+            and "lm_head.weight" in index:
         plan = [p for p in plan if p[0] != "output.weight"]  # llama.cpp ties on a missing output
     def place(p):  # the embedding, each layer (its experts after its other tensors), the rest
         g = p[0]
@@ -688,13 +941,15 @@ def main():
         return (0 if g.startswith("token_embd") else 2, 0, False)
     plan = sorted(plan + experts, key=place)  # stable: each group keeps its own order
 
-    def fix(g, x):
+    def fix(g, get):  # llama's q/k permutation; Gemma's norms stored + 1 (llama.cpp's x * w)
         if mt == "llama" and g.endswith("attn_q.weight"):
-            return permute(x, NH)
+            return lambda: permute(get(), NH)
         if mt == "llama" and g.endswith("attn_k.weight"):
-            return permute(x, NKV)
-        return x
-    write_plan(w, plan, outtype, fix)
+            return lambda: permute(get(), NKV)
+        if mt == "gemma3" and "norm" in g and g.endswith(".weight"):
+            return lambda: get() + 1.0
+        return get
+    write_plan(w, with_outtype([(g, shape, dt, fix(g, get)) for g, shape, dt, get in plan], outtype))
     print(f"hf2gguf: wrote {out}: {len(plan)} tensors", file=sys.stderr)
 
 

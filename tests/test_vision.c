@@ -936,9 +936,34 @@ static void bad_configs(void **state)
     }
 }
 
+/* A bidirectional image is one forward chunk: the context's default chunk holds at least its
+ * rows whatever the activation budget (Gemma-3-4B's 256 rows of 2560 were cut to 128 on the
+ * CPU, and --image refused it); a causal tower's images are not a floor. */
+static void auto_batch_holds_an_image(void **state)
+{
+    (void)state;
+    struct model *m = NULL;
+    struct err e = {0};
+    if (model_load(&m, "tests/fixtures/golden/gemma3_vision", &e) < 0)
+        fail_msg("%s", e.msg);
+    assert_non_null(m->vision);
+    assert_true(m->vision->info.bidirectional);
+    int T = m->vision->info.tokens_per_image;
+    assert_int_equal(model_ctx_auto_batch(m, (size_t)64 << 20), 512);  /* a tiny model: the most */
+    assert_true(model_ctx_auto_batch(m, 1) >= T);
+    m->vision->info.tokens_per_image = 256;  /* Gemma-3-4B's, over a budget that fits fewer rows */
+    assert_int_equal(model_ctx_auto_batch(m, 1), 256);
+    m->vision->info.tokens_per_image = 600;  /* more than the default chunk: a larger one */
+    assert_int_equal(model_ctx_auto_batch(m, 1), 1024);
+    m->vision->info.bidirectional = false;   /* causal: images are cut like text */
+    assert_int_equal(model_ctx_auto_batch(m, 1), 32);
+    model_free(m);
+}
+
 static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static const struct CMUnitTest extra[] = {
+        cmocka_unit_test(auto_batch_holds_an_image),
         cmocka_unit_test(mlx_vlm_layout),
         cmocka_unit_test(refusals),
         cmocka_unit_test(bad_configs),

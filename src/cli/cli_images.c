@@ -219,17 +219,19 @@ void cli_image_input_free(struct cli_image_input *in)
     image_input_free(&in->in);
 }
 
-int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
-                           struct err *e)
+/* One F32 tensor `name` of shape[0..ndim) as a safetensors file at path (flag names the
+ * option in errors); the parts of the data in order, n_parts of them, parts[i] bytes[i] long. */
+static int write_f32_tensor(const char *flag, const char *path, const char *name, const long long *shape, int ndim,
+                            const void *const *parts, const size_t *bytes, int n_parts, struct err *e)
 {
-    if (m->vision && m->vision->info.merge > 0)
-        return err_setf(e, ERR_ARG, "--pixel-values-out writes images of the tower's one size; %s takes each "
-                        "image at its own size", m->vision->ops->model_type);
-    int C = m->vision->info.n_channels, S = m->vision->info.image_size;
-    char hdr[256];
-    size_t nb = (size_t)n_img * (size_t)C * (size_t)S * (size_t)S * sizeof(float);
-    int h = snprintf(hdr, sizeof hdr, "{\"pixel_values\":{\"dtype\":\"F32\",\"shape\":[%d,%d,%d,%d],"
-                     "\"data_offsets\":[0,%zu]}}", n_img, C, S, S, nb);
+    char hdr[256], dims[128] = "";
+    size_t nb = 0;
+    for (int i = 0; i < n_parts; i++)
+        nb += bytes[i];
+    for (int i = 0, k = 0; i < ndim; i++)
+        k += snprintf(dims + k, sizeof dims - (size_t)k, "%s%lld", i ? "," : "", shape[i]);
+    int h = snprintf(hdr, sizeof hdr, "{\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[0,%zu]}}",
+                     name, dims, nb);
     while (h % 8)
         hdr[h++] = ' ';
     unsigned char len8[8];
@@ -237,14 +239,56 @@ int cli_pixel_values_write(const char *path, const struct model *m, const float 
         len8[i] = (unsigned char)((uint64_t)h >> (8 * i));
     FILE *f = fopen(path, "wb");
     if (!f)
-        return err_setf(e, ERR_IO, "--pixel-values-out %s: cannot create it", path);
+        return err_setf(e, ERR_IO, "%s %s: cannot create it", flag, path);
     /* the data little-endian as the format says (this host's floats are: x86-64, aarch64) */
-    bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, (size_t)h, f) == (size_t)h &&
-              fwrite(pixels, 1, nb, f) == nb;
+    bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, (size_t)h, f) == (size_t)h;
+    for (int i = 0; ok && i < n_parts; i++)
+        ok = fwrite(parts[i], 1, bytes[i], f) == bytes[i];
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
         remove(path);
-        return err_setf(e, ERR_IO, "--pixel-values-out %s: write failed", path);
+        return err_setf(e, ERR_IO, "%s %s: write failed", flag, path);
     }
     return 0;
+}
+
+int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
+                           struct err *e)
+{
+    if (m->vision && m->vision->info.merge > 0)
+        return err_setf(e, ERR_ARG, "--pixel-values-out writes images of the tower's one size; %s takes each "
+                        "image at its own size", m->vision->ops->model_type);
+    int C = m->vision->info.n_channels, S = m->vision->info.image_size;
+    long long shape[4] = {n_img, C, S, S};
+    size_t nb = (size_t)n_img * (size_t)C * (size_t)S * (size_t)S * sizeof(float);
+    const void *part = pixels;
+    return write_f32_tensor("--pixel-values-out", path, "pixel_values", shape, 4, &part, &nb, 1, e);
+}
+
+int cli_image_embeds_write(const char *path, const struct model *m, const struct cli_images *ci, struct err *e)
+{
+    const void *parts[CLI_MAX_IMAGES];
+    size_t bytes[CLI_MAX_IMAGES];
+    float *host = NULL;
+    long long rows = 0, D = m->hp.n_embd;
+    size_t total = 0;
+    for (int i = 0; i < ci->n; i++) {
+        rows += ci->img[i].n_tok;
+        total += (size_t)ci->img[i].n_tok * (size_t)D * sizeof(float);
+    }
+    if (ci->n < 1 || !(host = malloc(total)))
+        return ci->n < 1 ? err_setf(e, ERR_ARG, "--image-embd-out: no image was encoded")
+                         : err_setf(e, ERR_NOMEM, "out of memory for %zu bytes of image embeddings", total);
+    /* each image's main rows (a deepstack model's extra planes follow them in backend memory) */
+    size_t at = 0;
+    for (int i = 0; i < ci->n; i++) {
+        bytes[i] = (size_t)ci->img[i].n_tok * (size_t)D * sizeof(float);
+        ci->be->ops->download(ci->be, (char *)host + at, ci->img[i].embd, bytes[i]);
+        parts[i] = (char *)host + at;
+        at += bytes[i];
+    }
+    long long shape[2] = {rows, D};
+    int rc = write_f32_tensor("--image-embd-out", path, "image_embeds", shape, 2, parts, bytes, ci->n, e);
+    free(host);
+    return rc;
 }

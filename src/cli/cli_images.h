@@ -75,6 +75,10 @@ void cli_image_input_free(struct cli_image_input *in);
 int cli_pixel_values_write(const char *path, const struct model *m, const float *pixels, int n_img,
                            struct err *e);
 
+/* The encoded images' rows (the projector's output, what the prompt's image tokens take) as a
+ * safetensors file with one F32 tensor "image_embeds" [sum of n_tok, n_embd], images in order. */
+int cli_image_embeds_write(const char *path, const struct model *m, const struct cli_images *ci, struct err *e);
+
 #ifdef __cplusplus
 }
 #endif

@@ -44,6 +44,9 @@ static const char *k_help =
     "                         template places images\n"
     "      --pixel-values-out FILE  with --image: also write the processed pixel_values there\n"
     "                         (the safetensors file --pixel-values reads)\n"
+    "      --image-embd-out FILE  with --image or --pixel-values: also write the images'\n"
+    "                         embeddings (the projector's output: the rows their image tokens\n"
+    "                         take), a safetensors file with an F32 tensor image_embeds [n, n_embd]\n"
     "      --pixel-values FILE  the prompt's images as processed pixel_values: a safetensors\n"
     "                         file with a tensor pixel_values [n, 3, S, S] (what transformers'\n"
     "                         processor returns); each image goes where the prompt has the\n"
@@ -76,7 +79,10 @@ static const char *k_help =
     "      --model-draft MODEL  the draft model of --spec draft (implies it): a smaller\n"
     "                         checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
-    "      --stats            print prompt and generation tokens/s to stderr\n"
+    "      --stats            print prompt and generation tokens/s to stderr; with --image also\n"
+    "                         the image preprocessing (decode + processor) and encode (vision\n"
+    "                         tower + projector) times and the time to first token (both of\n"
+    "                         them, the prompt's prefill and the first token's sampling)\n"
     "  -v, --verbose          log the backend, threads, load times and loading details to stderr\n"
     "  -h, --help             show this help\n";
 
@@ -84,7 +90,7 @@ enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
     OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
-    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT,
+    OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT, OPT_IMAGE_EMBD_OUT,
 };
 
 struct gen_cli {
@@ -92,6 +98,7 @@ struct gen_cli {
     const char *images[CLI_MAX_IMAGES];  /* --image, in order */
     int n_images;
     const char *pixel_values, *pixel_values_out;  /* --pixel-values, --pixel-values-out */
+    const char *image_embd_out;                   /* --image-embd-out */
     const char *system, *template_file;
     int chat;  /* -1: when the model has a template, 0: never (--no-chat), 1: always (--chat) */
     long n_predict, threads, n_ctx;
@@ -113,11 +120,14 @@ struct sink {
     int failed;
     bool write_failed;  /* stdout could not be written: generation stops */
     int undecodable;   /* ids the tokenizer has no text for (model vocab > tokenizer vocab) */
+    double t_first;    /* gen_now() at the first token, 0 before */
 };
 
 static int on_token(void *ud, int32_t id)
 {
     struct sink *s = ud;
+    if (s->n == 0)
+        s->t_first = gen_now();
     if (s->n == s->cap) {
         size_t nc = s->cap ? 2 * s->cap : 256;
         int32_t *v = realloc(s->ids, nc * sizeof *v);
@@ -176,6 +186,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
         {"pixel-values-out", required_argument, 0, OPT_PIXEL_VALUES_OUT},
+        {"image-embd-out", required_argument, 0, OPT_IMAGE_EMBD_OUT},
         CLI_LORA_OPTIONS,
         {0, 0, 0, 0},
     };
@@ -255,6 +266,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
                 o->images[o->n_images++] = optarg;
             break;
         case OPT_PIXEL_VALUES_OUT: o->pixel_values_out = optarg; break;
+        case OPT_IMAGE_EMBD_OUT: o->image_embd_out = optarg; break;
         case OPT_PIXEL_VALUES: o->pixel_values = optarg; break;
         case CLI_OPT_LORA:
         case CLI_OPT_LORA_SCALED:
@@ -280,6 +292,8 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         return err_setf(e, ERR_ARG, "--image and --pixel-values both give the prompt's images: use one");
     if (o->pixel_values_out && !o->n_images)
         return err_setf(e, ERR_ARG, "--pixel-values-out writes the pixels of --image: give --image FILE");
+    if (o->image_embd_out && !o->n_images && !o->pixel_values)
+        return err_setf(e, ERR_ARG, "--image-embd-out writes the images' embeddings: give --image or --pixel-values");
     return 0;
 }
 
@@ -529,10 +543,15 @@ int cmd_generate(int argc, char **argv)
         goto fail;
     }
     int keep_head, keep_tail;
+    /* --stats with --image: wall times of the image phases (s); ttft counts from t_pre0 */
+    double t_pre0 = 0, t_pre = 0, t_enc = 0, t_gen0 = 0;
     /* --image: the model first (its tower and tokens say what the images become) */
-    if (o.n_images && ((rc = cli_model_load(&m, dir, &e)) < 0 ||
-                       (rc = cli_image_input_load(&input, dir, m, tok, o.images, o.n_images, &e)) < 0))
+    if (o.n_images && (rc = cli_model_load(&m, dir, &e)) < 0)
         goto fail;
+    t_pre0 = gen_now();
+    if (o.n_images && (rc = cli_image_input_load(&input, dir, m, tok, o.images, o.n_images, &e)) < 0)
+        goto fail;
+    t_pre = gen_now() - t_pre0;
     if (input.in.n_img && o.pixel_values_out &&
         (rc = cli_pixel_values_write(o.pixel_values_out, m, input.in.pixels, input.in.n_img, &e)) < 0)
         goto fail;
@@ -575,10 +594,14 @@ int cmd_generate(int argc, char **argv)
     if ((draft.sm || draft.mtp) && (rc = cli_draft_use(&draft, &o.spec, &e)) < 0)
         goto fail;
 
+    double t_enc0 = gen_now();  /* the encoders synchronize the backend before they return */
     if (n_img > 0 && (rc = cli_images_encode(&imgs, m, en.be, prompt, n_prompt, pixels, n_img, &e)) < 0)
         goto fail;
     if (grid_images && input.in.n_img > 0 &&
         (rc = cli_images_encode_input(&imgs, m, en.be, prompt, n_prompt, &input.in, &e)) < 0)
+        goto fail;
+    t_enc = gen_now() - t_enc0;
+    if (o.image_embd_out && (rc = cli_image_embeds_write(o.image_embd_out, m, &imgs, &e)) < 0)
         goto fail;
     sink.text = !o.output_ids;
     if (tok)
@@ -587,6 +610,7 @@ int cmd_generate(int argc, char **argv)
                             .truncate = o.truncate, .n_keep = o.keep >= 0 ? (int)o.keep : keep_head,
                             .n_keep_tail = keep_tail, .sampling = o.sp, .spec = o.spec,
                             .images = imgs.n ? imgs.img : NULL, .n_images = imgs.n};
+    t_gen0 = gen_now();
     rc = generate(en.ctx, en.kv, 0, prompt, (int)n_prompt, &gp, on_token, &sink, &st, &e);
     if (st.n_dropped > 0) {
         /* the protected head and tail, named only when there is one: "(the oldest, keeping the
@@ -651,6 +675,19 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "prompt: %d tokens in %.3f s (%.1f tok/s)\ngeneration: %d tokens in %.3f s (%.1f tok/s)\n",
                 st.n_prompt, st.t_prompt_s, st.t_prompt_s > 0 ? st.n_prompt / st.t_prompt_s : 0.0,
                 st.n_gen, st.t_gen_s, st.t_gen_s > 0 ? st.n_gen / st.t_gen_s : 0.0);
+    if (o.stats && imgs.n > 0) {
+        /* as llama-mtmd-cli's "image slice encoded in" and its prompt eval: the image's phases
+         * apart, and the time to first token from the image file to the first sampled token
+         * (setting up the KV cache, between the phases, left out; no first token with -n 0) */
+        int n_img_tok = 0;
+        for (int i = 0; i < imgs.n; i++)
+            n_img_tok += imgs.img[i].n_tok;
+        fprintf(stderr, "image: %d image%s, %d tokens; preprocess %.2f ms, encode %.2f ms\n", imgs.n,
+                imgs.n == 1 ? "" : "s", n_img_tok, 1e3 * t_pre, 1e3 * t_enc);
+        if (sink.n > 0)
+            fprintf(stderr, "time to first token: %.2f ms (preprocess + encode + prefill of %d tokens + "
+                    "first token)\n", 1e3 * (t_pre + t_enc + (sink.t_first - t_gen0)), st.n_prompt);
+    }
     status = CLI_EXIT_OK;
 fail:
     if (status != CLI_EXIT_OK)

@@ -898,7 +898,8 @@ int st_set_record(struct st_set *s, const char *name, enum dtype dt, int ndim, c
         return err_setf(e, ERR_INTERNAL, "st_set_record on a set read from files");
     if (set_find(s, name))
         return 0;
-    if (ndim < 1 || ndim > TENSOR_MAX_DIMS || dtype_size(dt) == 0)
+    /* a stored entry's dims: wmap's tensors have at most TENSOR_MAX_DIMS, Qwen-VL's Conv3d 5 */
+    if (ndim < 1 || ndim > ST_MAX_DIMS || dtype_size(dt) == 0)
         return err_setf(e, ERR_INTERNAL, "tensor '%s': cannot record %d dims", name, ndim);
     uint64_t bytes = dtype_size(dt);
     for (int i = 0; i < ndim; i++) {

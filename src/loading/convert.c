@@ -797,7 +797,10 @@ static int write_file(const char *path, const char *buf, size_t n, mode_t mode, 
     return 0;
 }
 
-int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, struct err *e)
+/* ck_config_write; keep_vision: the checkpoint holds its vision tower (synth of an image-text
+ * config), so vision_config stays. */
+static int config_write(const char *dir, cJSON *cfg, const struct quant_params *q, bool keep_vision,
+                        struct err *e)
 {
     char path[4200];
     int rc;
@@ -805,7 +808,8 @@ int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, s
         return rc;
     snprintf(path, sizeof path, "%s/config.json", dir);
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "_name_or_path");
-    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "vision_config");
+    if (!keep_vision)
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "vision_config");
     int n = cJSON_GetArraySize(cfg);
     cJSON **items = malloc((size_t)(n > 0 ? n : 1) * sizeof *items);
     if (!items)
@@ -888,6 +892,11 @@ static int config_add_overrides(cJSON *cfg, const struct ck_tensor *t, size_t n,
     return 0;
 }
 
+int ck_config_write(const char *dir, cJSON *cfg, const struct quant_params *q, struct err *e)
+{
+    return config_write(dir, cfg, q, false, e);
+}
+
 int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t n, cJSON *cfg,
                     struct ck_stats *stats, struct err *e)
 {
@@ -903,7 +912,7 @@ int ck_write_folder(const struct ck_folder *f, const struct ck_tensor *t, size_t
         (rc = outdir_file(&od, "config.json", path, sizeof path, e)) < 0 ||
         (f->q && (rc = ck_config_set_quant(cfg, f->q, e)) < 0) ||
         (f->q && (rc = config_add_overrides(cfg, t, n, e)) < 0) ||
-        (rc = ck_config_write(od.tmp, cfg, NULL, e)) < 0) {
+        (rc = config_write(od.tmp, cfg, NULL, f->keep_vision_config, e)) < 0) {
         outdir_abort(&od);
         return rc;
     }
@@ -1223,7 +1232,7 @@ int convert_checkpoint(const struct convert_opts *o, struct convert_stats *st, s
     }
     struct ck_reader rd = {o->replace ? fused_read : st_read, (void *)o};
     struct metadata_copy mc = {o->src, 0};
-    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud, NULL};
+    struct ck_folder f = {o->dst, copy_metadata, &mc, o->q, &rd, o->progress, o->progress_ud, NULL, false};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
     st->n_copied = mc.n_copied;
 out:

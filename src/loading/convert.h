@@ -173,6 +173,7 @@ struct ck_folder {
     ck_progress_fn progress;
     void *progress_ud;
     struct tpool *pool;     /* ck_write's pool (borrowed), or NULL */
+    bool keep_vision_config; /* the tensors hold the vision tower: config.json keeps vision_config */
 };
 /* Write the folder f->dst whole or not at all (outdir.h): built beside it and renamed into
  * place when complete; on any failure nothing is left. cfg is modified (ck_config_write). */

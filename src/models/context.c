@@ -12,6 +12,7 @@
 
 #include "blocks.h"
 #include "lora.h"
+#include "vision.h"
 
 /* Prefill chunk: 512 tokens amortize each weight read over many rows, but the
  * activations of a chunk must stay small next to the weights (peak RSS is
@@ -155,6 +156,23 @@ static int upload_sinks(struct model_ctx *c, struct err *e)
     return backend_sync(c->be, e);
 }
 
+int model_ctx_auto_batch(const struct model *m, size_t budget)
+{
+    /* an image the text model attends to bidirectionally (Gemma 3's) is one forward chunk
+     * (batch.c): its tokens_per_image rows are the floor, whatever the budget (Gemma-3-4B's
+     * 256 rows of 2560 would otherwise be cut to 128 on the CPU, and refused) */
+    const struct vision *v = m->vision;
+    int floor = v && v->info.bidirectional && v->info.tokens_per_image > CTX_MIN_BATCH ? v->info.tokens_per_image
+                                                                                        : CTX_MIN_BATCH;
+    int n = CTX_MAX_BATCH;
+    while (n < floor && n < CTX_MAX_ROWS)
+        n *= 2;
+    /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */
+    while (n / 2 >= floor && layout(NULL, m, n, NULL) - logits_bytes(&m->hp, n) > budget)
+        n /= 2;
+    return n;
+}
+
 int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e)
 {
@@ -166,16 +184,10 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         return err_setf(e, ERR_NOMEM, "context: out of memory");
     c->m = m;
     c->be = be;
-    if (n_batch > 0) {
+    if (n_batch > 0)
         c->n_batch = n_batch < CTX_MAX_ROWS ? n_batch : CTX_MAX_ROWS;
-    } else {
-        c->n_batch = CTX_MAX_BATCH;
-        /* the activations within their budget; logits have their own (CTX_LOGITS_BUDGET) */
-        size_t budget = backend_is_cpu(be) ? CTX_ARENA_BUDGET : CTX_ARENA_BUDGET_DEVICE;
-        while (c->n_batch > CTX_MIN_BATCH &&
-               layout(NULL, m, c->n_batch, NULL) - logits_bytes(hp, c->n_batch) > budget)
-            c->n_batch /= 2;
-    }
+    else
+        c->n_batch = model_ctx_auto_batch(m, backend_is_cpu(be) ? CTX_ARENA_BUDGET : CTX_ARENA_BUDGET_DEVICE);
     c->n_out = out_rows_for(hp, c->n_batch);
     size_t bytes = layout(NULL, m, c->n_batch, NULL);
     c->meta_host = calloc((size_t)CTX_META_ROWS * c->n_batch, sizeof *c->meta_host);

@@ -97,6 +97,8 @@ static int map_projection(struct gemma3_proj *gp, struct model *m, struct wmap *
     if (t.qbits || (es != 2 && es != 4) || !tensor_is_contiguous(&t))
         return err_setf(e, ERR_UNSUPPORTED, "%smm_input_projection_weight: a quantized or strided "
                         "projection is not supported", pre);
+    if (st_set_is_recording(w->st))  /* synth: the shape is recorded, there are no values to copy */
+        return 0;
     char *dst;
     if ((rc = model_alloc_owned(m, (size_t)(dv * D) * es, (void **)&dst, e)) < 0)
         return rc;

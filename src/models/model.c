@@ -238,6 +238,11 @@ static int nest_text_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t ca
     return 1;
 }
 
+int model_nest_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t cap, struct err *e)
+{
+    return nest_text_config(cfg, outer, wrapper, cap, e);
+}
+
 /* The text model's tensors under the text family's names; the vision tower and projector
  * bound where the wrapper has a vision family (ADR 0087); the rest marked as not loaded. */
 static int nest_weights(struct model *m, const cJSON *outer, struct err *e)

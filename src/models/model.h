@@ -398,6 +398,15 @@ struct model_ctx {
  * within its budget); n_batch > 0: that many rows, at most CTX_MAX_ROWS. */
 int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend *be, int n_batch,
                   struct err *e);
+/* The rows of a forward chunk model_ctx_new picks when n_batch is 0: the most, from 512 down
+ * by halves, whose activations fit budget bytes, at least 32, and at least one image's tokens
+ * where the text model attends bidirectionally among them (they cannot be cut). */
+int model_ctx_auto_batch(const struct model *m, size_t budget);
+
+/* A multimodal config (Gemma 3, Qwen2.5-VL, ... ADR 0080): *cfg becomes its text model's
+ * config (the keys about the whole checkpoint copied in), *outer the whole one (the caller
+ * frees both), wrapper its model_type; 1 when so, 0 when cfg is a text model's already. */
+int model_nest_config(cJSON **cfg, cJSON **outer, char *wrapper, size_t cap, struct err *e);
 void model_ctx_free(struct model_ctx *c);
 
 #ifdef __cplusplus

@@ -282,7 +282,12 @@ static int map_patch(struct qvl *q, struct model *m, struct wmap *w, const char 
     char name[512];
     int64_t D = q->dv, C = q->C, T = q->tp, P = q->p, K = C * T * P * P;
     snprintf(name, sizeof name, "%spatch_embed.proj.weight", pre);
-    /* five dims, past struct tensor's four: checked and viewed here from the stored entry */
+    /* five dims, past struct tensor's four: checked and viewed here from the stored entry
+     * (synth's recording set is told torch's layout first, as wmap tells it the others) */
+    const int64_t conv[5] = {D, C, T, P, P};
+    int rc0 = st_set_is_recording(w->st) ? st_set_record(w->st, name, DTYPE_F32, 5, conv, e) : 0;
+    if (rc0 < 0)
+        return rc0;
     const struct st_tensor *st = st_set_find(w->st, name);
     if (!st)
         return err_setf(e, ERR_MISSING, "missing tensor '%s'", name);
@@ -332,10 +337,11 @@ static int map_block(struct qvl *q, struct layer *L, struct wmap *w, const char 
     int rc;
     bool ln = !q->v25;
     const char *fc1 = q->v3 ? "linear_fc1" : "fc1", *fc2 = q->v3 ? "linear_fc2" : "fc2";
+    /* Qwen2.5-VL's RMSNorm has no bias: not asked for (synth would write one) */
     if ((rc = wm_vec(w, &L->attn_norm, WM_REQUIRED, D, e, "%sblocks.%d.norm1.weight", pre, il)) < 0 ||
-        (rc = wm_vec(w, &L->attn_norm_b, ln, D, e, "%sblocks.%d.norm1.bias", pre, il)) < 0 ||
+        (ln && (rc = wm_vec(w, &L->attn_norm_b, WM_REQUIRED, D, e, "%sblocks.%d.norm1.bias", pre, il)) < 0) ||
         (rc = wm_vec(w, &L->ffn_norm, WM_REQUIRED, D, e, "%sblocks.%d.norm2.weight", pre, il)) < 0 ||
-        (rc = wm_vec(w, &L->ffn_norm_b, ln, D, e, "%sblocks.%d.norm2.bias", pre, il)) < 0 ||
+        (ln && (rc = wm_vec(w, &L->ffn_norm_b, WM_REQUIRED, D, e, "%sblocks.%d.norm2.bias", pre, il)) < 0) ||
         (rc = wm_linear(w, &L->wqkv, WM_REQUIRED, 0, 3 * D, D, e, "%sblocks.%d.attn.qkv", pre, il)) < 0 ||
         (rc = wm_vec(w, &L->bqkv, WM_REQUIRED, 3 * D, e, "%sblocks.%d.attn.qkv.bias", pre, il)) < 0 ||
         (rc = wm_linear(w, &L->wo, WM_REQUIRED, 0, D, D, e, "%sblocks.%d.attn.proj", pre, il)) < 0 ||
@@ -382,6 +388,10 @@ static int map_pos_embed(struct qvl *q, struct model *m, struct wmap *w, const c
     char name[512];
     int64_t n = (int64_t)q->n_side * q->n_side, D = q->dv;
     snprintf(name, sizeof name, "%spos_embed.weight", pre);
+    if (st_set_is_recording(w->st)) {  /* synth: the table's shape, no values to widen */
+        const int64_t shape[2] = {n, D};
+        return st_set_record(w->st, name, DTYPE_F32, 2, shape, e);
+    }
     const struct st_tensor *st = st_set_find(w->st, name);
     if (!st)
         return err_setf(e, ERR_MISSING, "missing tensor '%s'", name);
@@ -440,7 +450,7 @@ static int map_weights(struct qvl *q, struct model *m, struct wmap *w, const cha
     if (q->v3)
         return map_qwen3(q, m, w, pre, e);
     if ((rc = wm_vec(w, &q->ln_q, WM_REQUIRED, q->dv, e, "%smerger.ln_q.weight", pre)) < 0 ||
-        (rc = wm_vec(w, &q->ln_q_b, !q->v25, q->dv, e, "%smerger.ln_q.bias", pre)) < 0 ||
+        (!q->v25 && (rc = wm_vec(w, &q->ln_q_b, WM_REQUIRED, q->dv, e, "%smerger.ln_q.bias", pre)) < 0) ||
         (rc = wm_linear(w, &q->mlp0, WM_REQUIRED, 0, M, M, e, "%smerger.mlp.0", pre)) < 0 ||
         (rc = wm_vec(w, &q->mlp0_b, WM_REQUIRED, M, e, "%smerger.mlp.0.bias", pre)) < 0 ||
         (rc = wm_linear(w, &q->mlp2, WM_REQUIRED, 0, q->out_dim, M, e, "%smerger.mlp.2", pre)) < 0 ||

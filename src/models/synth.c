@@ -18,21 +18,85 @@
 #include "../core/threadpool.h"
 #include "../loading/config.h"
 #include "registry.h"
+#include "vision.h"
 
 /* the HF initializer_range; biases a tenth of it so they stay small */
 #define SYNTH_STD_WEIGHT 0.02f
 #define SYNTH_STD_BIAS   0.002f
 
-int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops **ops, struct err *e)
+/* Where an image-text checkpoint's vision tower and projector live in transformers 5's
+ * layout: a recording set answers "present" to the loader's probe for these (vision_load
+ * tries several layouts), so synth writes that one. */
+static const char *const k_vision_prefer[] = {
+    "model.vision_tower.vision_model.embeddings.patch_embedding.weight",  /* SigLIP / CLIP towers */
+    "model.visual.patch_embed.proj.weight",                              /* Qwen2/2.5/3-VL */
+    NULL,
+};
+
+/* The tower and projector tensors: float in a quantized output, as mlx-vlm converts them. */
+static const char *const k_vision_prefixes[] = {
+    "model.vision_tower.", "model.visual.", "model.multi_modal_projector.", "model.vision_model.",
+    "model.connector.", "vision_tower.", "visual.", "multi_modal_projector.", "vision_model.", "connector.", NULL,
+};
+
+bool synth_is_vision(const char *name)
+{
+    for (size_t i = 0; k_vision_prefixes[i]; i++)
+        if (strncmp(name, k_vision_prefixes[i], strlen(k_vision_prefixes[i])) == 0)
+            return true;
+    return false;
+}
+
+/* An image-text checkpoint's tower and projector, recorded by the wrapper's vision family
+ * (vision_load) into a set of its own, then added to rec; the text model's tensors, recorded
+ * under the text family's names, move to transformers 5's "model.language_model." first. */
+static int record_vision(struct model *m, struct st_set *rec, const cJSON *outer, struct err *e)
+{
+    struct st_set *vs = NULL;
+    int rc;
+    if ((rc = st_set_rename_prefix(rec, "model.", "model.language_model.", e)) < 0 ||
+        (rc = st_set_new_recording(&vs, k_vision_prefer, e)) < 0)
+        return rc;
+    /* vision_load's steps, without its "runs text only" for a tower it does not find */
+    const struct vision_ops *vo = vision_find(m->multimodal);
+    struct vision *v = vo ? calloc(1, sizeof *v) : NULL;
+    if (vo && !v)
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+    else if (vo) {
+        v->ops = vo;
+        m->st = vs;
+        rc = vo->load(v, m, outer, e);
+        m->st = NULL;
+        if (rc < 0)
+            err_prefix(e, "%s vision tower", m->multimodal);
+        m->vision = v;  /* freed with m */
+    }
+    if (rc > 0 || (rc == 0 && !vo))
+        rc = err_setf(e, ERR_UNSUPPORTED, "%s: synth cannot write this family's vision tower yet (it writes "
+                      "gemma3's, llava's and the Qwen-VL ones)", m->multimodal);
+    for (size_t i = 0; rc == 0 && i < st_set_count(vs); i++) {
+        const struct st_tensor *t = st_set_at(vs, i);
+        rc = st_set_record(rec, t->name, t->dtype, t->ndim, t->shape, e);
+    }
+    st_set_free(vs);
+    return rc;
+}
+
+int synth_record(const cJSON *cfg_in, struct st_set **out, const struct model_ops **ops, struct err *e)
 {
     struct model *m = calloc(1, sizeof *m);
     struct st_set *st = NULL;
+    cJSON *cfg = cJSON_Duplicate(cfg_in, true), *outer = NULL;
     int rc;
     *out = NULL;
-    if (!m)
-        return err_setf(e, ERR_NOMEM, "out of memory");
+    if (!m || !cfg) {
+        rc = err_setf(e, ERR_NOMEM, "out of memory");
+        goto out;
+    }
     hparams_init(&m->hp);
-    if ((rc = registry_resolve(cfg, &m->ops, e)) < 0 ||
+    /* an image-text wrapper (gemma3, qwen2_5_vl, ...): its text model, then its tower */
+    if ((rc = model_nest_config(&cfg, &outer, m->multimodal, sizeof m->multimodal, e)) < 0 ||
+        (rc = registry_resolve(cfg, &m->ops, e)) < 0 ||
         (rc = m->ops->parse_config(&m->hp, cfg, e)) < 0 ||
         (rc = hparams_validate(&m->hp, e)) < 0)
         goto out;
@@ -41,7 +105,8 @@ int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops *
         rc = err_setf(e, ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((rc = st_set_new_recording(&st, m->ops->synth_prefer, e)) < 0 || (rc = m->ops->map_weights(m, st, e)) < 0)
+    if ((rc = st_set_new_recording(&st, m->ops->synth_prefer, e)) < 0 || (rc = m->ops->map_weights(m, st, e)) < 0 ||
+        (m->multimodal[0] && (rc = record_vision(m, st, outer, e)) < 0))
         goto out;
     *ops = m->ops;
     *out = st;
@@ -49,6 +114,8 @@ int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops *
 out:
     st_set_free(st);
     model_free(m);  /* m->st is NULL: the recording set is not the model's */
+    cJSON_Delete(cfg);
+    cJSON_Delete(outer);
     return rc;
 }
 
@@ -260,13 +327,19 @@ int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct 
     }
     if ((rc = ck_plan(in, n, &po, &t, &nt, e)) < 0)
         goto out;
+    for (size_t i = 0; i < nt; i++)  /* an image-text checkpoint's tower stays float (mlx-vlm's) */
+        if (synth_is_vision(t[i].name))
+            t[i].quantize = t[i].has_qp = false;
     int nth = o->n_threads > 0 ? o->n_threads : tpool_default_threads();
     if ((rc = tpool_new(&pool, nth < CK_MAX_THREADS ? nth : CK_MAX_THREADS, e)) < 0)
         goto out;
     struct gen g = {o->seed, pool};
     struct ck_reader rd = {gen_read, &g};
+    bool tower = false;
+    for (size_t i = 0; i < nt && !tower; i++)
+        tower = synth_is_vision(t[i].name);
     struct ck_folder f = {o->dst, o->tokenizer ? copy_tokenizer : NULL, (void *)o->tokenizer,
-                          o->q, &rd, o->progress, o->progress_ud, pool};
+                          o->q, &rd, o->progress, o->progress_ud, pool, tower};
     rc = ck_write_folder(&f, t, nt, cfg, &st->ck, e);
 out:
     tpool_free(pool);

@@ -18,6 +18,7 @@
  * number of threads.
  */
 #pragma once
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -53,6 +54,10 @@ struct synth_stats {
 /* The tensors the family of cfg loads (F32 placeholders, name order) into a recording
  * set *out (caller frees), and the family's ops. Config errors name the field. */
 int synth_record(const cJSON *cfg, struct st_set **out, const struct model_ops **ops, struct err *e);
+
+/* Whether a tensor of an image-text checkpoint belongs to its vision tower or projector (kept
+ * float by `synth -q`, as mlx-vlm converts them). */
+bool synth_is_vision(const char *name);
 
 /* Write config.json (last), model.safetensors and the optional tokenizer files into o->dst. */
 int synth_checkpoint(const struct synth_opts *o, struct synth_stats *st, struct err *e);

@@ -20,6 +20,27 @@ expect_rc() { [ "$rc" -eq "$1" ] || fail "$2: exit $rc, expected $1; stderr: $(c
 # a JSON array of golden.json, as comma-separated ids (no jq on every machine)
 ids() { python3 -c "import json,sys; print(','.join(str(i) for i in json.load(open(sys.argv[1]))[sys.argv[2]]))" "$1" "$2"; }
 
+# embeds_close MLXCEL_FILE GOLDEN: image_embeds of the first within 1e-3 x max of the golden's image_features
+embeds_close() {
+    python3 - "$1" "$2" <<'PY'
+import array, json, struct, sys
+def rd(p, name):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; t = json.loads(b[8:8 + n])[name]
+    a, c = t["data_offsets"]; raw = b[8 + n + a:8 + n + c]
+    if t["dtype"] == "F32":
+        return list(array.array("f", raw)), t["shape"]
+    if t["dtype"] == "F64":
+        return list(array.array("d", raw)), t["shape"]
+    sys.exit(f"{p}: {name} is {t['dtype']}")
+x, xs = rd(sys.argv[1], "image_embeds")
+r, rs = rd(sys.argv[2], "image_features")
+assert len(x) == len(r) and xs[-1] == rs[-1], (xs, rs)
+big = max(abs(v) for v in r)
+d = max(abs(a - b) for a, b in zip(x, r))
+assert big > 0 and d <= 1e-3 * big, (d, big)
+PY
+}
+
 n=0
 for G in tests/fixtures/golden/gemma3_vision tests/fixtures/golden/gemma3_vision_2img; do
     [ -f $G/golden.json ] || continue
@@ -43,6 +64,17 @@ for G in tests/fixtures/golden/gemma3_vision tests/fixtures/golden/gemma3_vision
 done
 [ $n -gt 0 ] || fail "no image golden case (cmake unpacks tests/fixtures/golden/*.tar.xz)"
 
+# --image-embd-out: the projector's output for the golden's pixels is transformers' image_features
+# (within 1e-3 of the largest, the golden suite's bound)
+G=tests/fixtures/golden/gemma3_vision
+run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values $G/golden.safetensors -n 1 --output-ids \
+    --image-embd-out "$T/emb.safetensors"
+expect_rc 0 "--image-embd-out"
+embeds_close "$T/emb.safetensors" $G/golden.safetensors || fail "--image-embd-out is not image_features"
+run "$BIN" generate -m $G --prompt-ids 2,297 -n 1 --output-ids --image-embd-out "$T/x"
+expect_rc 2 "--image-embd-out without an image"
+[ -e "$T/x" ] && fail "--image-embd-out without an image wrote a file"
+
 # a file without pixel_values (a text golden's references)
 G=tests/fixtures/golden/gemma3_vision
 run "$BIN" generate -m $G --prompt-ids 2,297 --pixel-values tests/fixtures/golden/gemma3_text/golden.safetensors -n 1 --output-ids
@@ -60,6 +92,24 @@ expect_rc 1 "text model"
 grep -q "does not take images" "$T/err" || fail "text model: $(cat "$T/err")"
 
 # ---- --image, end to end ----
+# --stats with --image: the image line (count, tokens, preprocess and encode ms) and the time to
+# first token, positive and consistent: each phase no longer than the whole (not a threshold)
+image_stats() {  # WHAT IMAGE_TOKENS PROMPT_TOKENS
+    python3 - "$T/err" "$2" "$3" <<'PY' || fail "$1: --stats image lines: $(cat "$T/err")"
+import re, sys
+err = open(sys.argv[1]).read()
+m = re.search(r"^image: 1 image, (\d+) tokens; preprocess ([0-9.]+) ms, encode ([0-9.]+) ms$", err, re.M)
+t = re.search(r"^time to first token: ([0-9.]+) ms \(preprocess \+ encode \+ prefill of (\d+) tokens \+ first token\)$", err, re.M)
+p = re.search(r"^prompt: \d+ tokens in ([0-9.]+) s", err, re.M)
+assert m and t and p, "missing lines"
+pre, enc, ttft, prefill = float(m[2]), float(m[3]), float(t[1]), 1e3 * float(p[1])
+assert int(m[1]) == int(sys.argv[2]) and int(t[2]) == int(sys.argv[3]), (m[1], t[2])
+assert pre > 0 and enc > 0 and ttft > 0, (pre, enc, ttft)
+assert pre <= ttft and enc <= ttft, (pre, enc, ttft)
+# the prompt line's seconds have 3 decimals: 0.5 ms of rounding, and 0.02 ms for the ms lines'
+assert pre + enc + prefill <= ttft + 0.52, (pre, enc, prefill, ttft)
+PY
+}
 CK=$T/ck
 python3 tests/cli/make_vision_checkpoint.py "$CK" || fail "make_vision_checkpoint.py"
 IMG=tests/fixtures/images
@@ -74,6 +124,7 @@ for F in vis_photo.jpg vis_edges.png photo.webp edges.gif; do
     expect_rc 0 "--image $F"
     A=$(tr -d ' []\n' <"$T/out")
     grep -q "^prompt: 27 tokens" "$T/err" || fail "--image $F: prompt length: $(cat "$T/err")"
+    image_stats "--image $F" 16 27
     run "$BIN" generate -m "$CK" --image $IMG/$F -p "w10 w20 w30" -n 6 --temp 1.5 --seed 7 --output-ids
     [ "$(tr -d ' []\n' <"$T/out")" = "$A" ] || fail "--image $F is not deterministic: $A, then $(cat "$T/out")"
     run "$BIN" generate -m "$CK" --prompt-ids "$WANT_IDS" --pixel-values "$T/pv.safetensors" -n 6 --temp 1.5 \
@@ -151,6 +202,12 @@ expect_rc 2 "--pixel-values-out without --image"
 "$BIN" generate --help | grep -q -- "--pixel-values-out FILE" || fail "--help lacks --pixel-values-out"
 "$BIN" generate --help | grep -q -- "--pixel-values FILE" || fail "--help lacks --pixel-values"
 "$BIN" generate --help | grep -q -- "--image FILE" || fail "--help lacks --image"
+"$BIN" generate --help | grep -q -- "--image-embd-out FILE" || fail "--help lacks --image-embd-out"
+"$BIN" generate --help | grep -q -- "time to first token" || fail "--help: --stats does not say it times images"
+# no image, no image lines
+run "$BIN" generate -m "$CK" -p "w10" -n 2 --stats --output-ids
+expect_rc 0 "text-only --stats"
+grep -q "^image:\|^time to first token" "$T/err" && fail "text-only --stats prints image lines: $(cat "$T/err")"
 # inspect says what the tower is
 "$BIN" inspect -m $G | grep -q "^vision  *gemma3: a ViT 32 wide, 2 layers, 64 px in 8 px patches; 16 rows per image" ||
     fail "inspect: $("$BIN" inspect -m $G)"

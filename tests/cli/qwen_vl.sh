@@ -39,12 +39,35 @@ for G in tests/fixtures/golden/qwen2_vl tests/fixtures/golden/qwen2_vl_2img test
     for im in $(field $G/golden.json images | tr ',' ' '); do
         set -- "$@" --image tests/fixtures/images/$im
     done
-    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids --ignore-eos
+    run "$BIN" generate -m $G "$@" -f "$T/prompt" --no-chat -n "$N" --temp 0 --output-ids --ignore-eos \
+        --image-embd-out "$T/emb.safetensors"
     expect_rc 0 "$G"
+    # the images' rows are transformers' image_features (within 1e-3 of the largest), images in order
+    python3 - "$T/emb.safetensors" $G/golden.safetensors <<'PY' || fail "$G: --image-embd-out is not image_features"
+import array, json, struct, sys
+def rd(p, name):
+    b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+    if name not in h:
+        return None, None
+    t = h[name]; a, c = t["data_offsets"]; raw = b[8 + n + a:8 + n + c]
+    assert t["dtype"] in ("F32", "F64"), t["dtype"]
+    return list(array.array("f" if t["dtype"] == "F32" else "d", raw)), t["shape"]
+r, rs = rd(sys.argv[2], "image_features")
+if r is not None:
+    x, xs = rd(sys.argv[1], "image_embeds")
+    assert len(x) == len(r) and xs[-1] == rs[-1], (xs, rs)
+    big = max(abs(v) for v in r)
+    d = max(abs(a - b) for a, b in zip(x, r))
+    assert big > 0 and d <= 1e-3 * big, (d, big)
+PY
     [ "$(tr -d ' []\n' <"$T/out")" = "$WANT" ] || fail "$G: $(cat "$T/out"), reference [$WANT]"
     # the chat template places the image itself
-    run "$BIN" generate -m $G --image tests/fixtures/images/wide.jpg -p "What is this?" -n 3 --temp 0 --output-ids
+    run "$BIN" generate -m $G --image tests/fixtures/images/wide.jpg -p "What is this?" -n 3 --temp 0 --output-ids \
+        --stats
     expect_rc 0 "$G with the chat template"
+    # --stats times the image of its own size too (the grid path)
+    grep -Eq "^image: 1 image, [1-9][0-9]* tokens; preprocess [0-9.]+ ms, encode [0-9.]+ ms$" "$T/err" &&
+        grep -q "^time to first token: [0-9.]* ms" "$T/err" || fail "$G --stats: $(cat "$T/err")"
     # fixed-size pixel tensors are not these models' input
     run "$BIN" generate -m $G --prompt-ids 1,2 --pixel-values $G/golden.safetensors -n 1 --output-ids
     expect_rc 1 "$G --pixel-values"

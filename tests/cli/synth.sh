@@ -3,7 +3,8 @@
 # configs), float and -q checkpoints load with no unused tensor and generate;
 # output is deterministic in the seed; `synth -q` is byte-identical to
 # `convert -q` of the float synth of the same seed; --tokenizer copies the
-# tokenizer; hostile arguments are one-line errors with exit 1.
+# tokenizer; image-text wrappers get their vision tower and projector (float under -q);
+# hostile arguments are one-line errors with exit 1.
 # Usage (from the repo root): sh tests/cli/synth.sh path/to/mlxcel
 BIN=${1:?usage: synth.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -124,6 +125,48 @@ for m in mxfp4 mxfp8 nvfp4; do
 done
 
 # ---- hostile arguments ----
+# image-text wrappers (issue 43's benchmark shapes): the text model and the vision tower and
+# projector, in transformers 5's layout; -q quantizes the language model only (the tower stays
+# float, as mlx-vlm converts), so the image's rows are the same bytes in both
+for f in gemma3_vision qwen2_vl qwen2_5_vl qwen3_vl; do
+    [ -f $G/$f/config.json ] || fail "no golden $f (cmake unpacks tests/fixtures/golden/*.tar.xz)"
+    for q in "" "-q"; do
+        d="$T/$f$q"
+        run "$BIN" synth --config $G/$f/config.json -o "$d" $q --seed 7
+        expect_rc 0 "synth $f $q"
+        [ "$(unused "$d")" = '"unused_tensors":[]' ] || fail "synth $f $q: $(unused "$d")"
+        "$BIN" inspect -m "$d" | grep -q "^vision  *$f\|^vision  *gemma3" || fail "synth $f $q: no tower: $("$BIN" inspect -m "$d")"
+        python3 - "$d/model.safetensors" "$q" <<'PY' || fail "synth $f $q: tensor names or dtypes"
+import json, struct, sys
+b = open(sys.argv[1], "rb").read(8); n = struct.unpack("<Q", b)[0]
+h = json.loads(open(sys.argv[1], "rb").read(8 + n)[8:]); h.pop("__metadata__", None)
+tower = [k for k in h if k.startswith(("model.vision_tower.", "model.visual.", "model.multi_modal_projector."))]
+text = [k for k in h if k.startswith("model.language_model.")]
+assert tower and text and all(k in tower or k in text or k.startswith("lm_head.") for k in h), sorted(h)[:5]
+assert all(h[k]["dtype"] == "BF16" for k in tower), [k for k in tower if h[k]["dtype"] != "BF16"]
+if sys.argv[2] == "-q":
+    assert any(h[k]["dtype"] == "U32" for k in text), "the language model is not quantized"
+PY
+        if [ $f = gemma3_vision ]; then
+            run "$BIN" generate -m "$d" --prompt-ids 2,297,5 --pixel-values $G/$f/golden.safetensors -n 2 --temp 0 \
+                --output-ids --image-embd-out "$T/emb$q"
+        else
+            for x in tokenizer.json tokenizer_config.json chat_template.jinja preprocessor_config.json processor_config.json; do
+                [ -f $G/$f/$x ] && cp $G/$f/$x "$d/"
+            done
+            run "$BIN" generate -m "$d" --image tests/fixtures/images/vis_photo.jpg -p "w" -n 2 --temp 0 \
+                --output-ids --image-embd-out "$T/emb$q"
+        fi
+        expect_rc 0 "synth $f $q: generate with an image"
+    done
+    cmp -s "$T/emb" "$T/emb-q" || fail "synth $f: the -q tower's image rows differ from the float one's"
+done
+
+# a wrapper whose tower synth cannot record: an error, not a text-only checkpoint
+run "$BIN" synth --config $G/idefics3/config.json -o "$T/x0"
+expect_error "idefics3" "vision tower yet"
+[ -e "$T/x0/config.json" ] && fail "idefics3 left a checkpoint"
+
 run "$BIN" synth --config "$T/none.json" -o "$T/x1"
 expect_error "missing config" "none.json"
 printf '{"model_type": "gpt9"}' >"$T/bad.json"
@@ -143,4 +186,5 @@ run "$BIN" synth -o "$T/x6"
 expect_rc 2 "no --config"
 run "$BIN" synth --help
 expect_rc 0 "--help"
+grep -q "image-text config" "$T/out" || fail "--help does not say what synth does with image-text configs"
 exit 0
