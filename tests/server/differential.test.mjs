@@ -1,0 +1,309 @@
+// Differential tests of the serving path: for a set of tiny checkpoints (a dense model, sliding
+// window, MoE, MLA, Mamba-2 / gated-DeltaNet / short-conv / RG-LRU hybrids, vision), the
+// server's greedy answers must equal `mlxcel generate --temp 0` of the same prompt alone, token
+// for token, whatever else the scheduler does in the same steps:
+//  - `--parallel` 1, 4 and 8 with concurrent requests of different lengths (prefill chunks beside
+//    decode rows), a small `--ubatch-size` (chunks cutting through prompts and images);
+//  - the prefix cache: the same prompts again, a prompt extending an earlier one (its answer
+//    included), two prompts sharing a prefix sent at once; `--no-prefix-cache` as the control;
+//  - speculative decoding (`--spec ngram`, the model as its own `--model-draft`) beside others;
+//  - a small `--ctx-size`, where requests wait and are preempted and resumed;
+//  - `--kv-type bf16` (against `generate --kv-type bf16`);
+//  - a streamed request closed mid-answer, then the same prompt again beside another;
+//  - seeded sampling with `n` choices (choice i uses seed + i, docs/server.md; generate --seed
+//    draws the same chain), and logprobs equal (within float rounding) to the solo request's
+//    on a `--parallel 1 --no-prefix-cache` server.
+// The golden checkpoints (tests/fixtures/golden, vocab 384, BOS 1, EOS 2) get a WordLevel
+// tokenizer of t3 .. t383 so that serve loads them; prompts are token ids (`/completion`
+// with `return_tokens`) and the reference is `generate --prompt-ids --output-ids --ignore-eos`.
+// Vision: the qwen2_vl golden (its own tokenizer, template and processor), one and two images.
+import { describe, it, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startServer, post, withTimeout, SLOW } from './harness.mjs';
+
+const BIN = process.env.MLXCEL_BIN;
+const work = mkdtempSync(join(tmpdir(), 'mlxcel-diff-'));
+process.on('exit', () => rmSync(work, { recursive: true, force: true }));
+const G = 'tests/fixtures/golden';
+
+// A servable copy of a golden folder: its weights and config plus a WordLevel tokenizer over
+// its vocabulary (<pad> 0, <s> 1, </s> 2, t3 ...), no chat template (prompts go as ids).
+function servable(name) {
+    const src = join(G, name), out = join(work, name);
+    mkdirSync(out, { recursive: true });
+    for (const f of ['config.json', 'model.safetensors', 'generation_config.json'])
+        if (existsSync(join(src, f))) copyFileSync(join(src, f), join(out, f));
+    const V = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')).vocab_size || 384;
+    const special = { '<pad>': 0, '<s>': 1, '</s>': 2 };
+    const vocab = { ...special };
+    for (let i = 3; i < V; i++) vocab[`t${i}`] = i;
+    writeFileSync(join(out, 'tokenizer.json'), JSON.stringify({
+        version: '1.0', truncation: null, padding: null, normalizer: null, post_processor: null, decoder: null,
+        added_tokens: Object.entries(special).map(([content, id]) => ({ id, content, single_word: false,
+            lstrip: false, rstrip: false, normalized: false, special: true })),
+        pre_tokenizer: { type: 'Whitespace' }, model: { type: 'WordLevel', vocab, unk_token: '<pad>' },
+    }));
+    writeFileSync(join(out, 'tokenizer_config.json'), JSON.stringify({ bos_token: '<s>', eos_token: '</s>', pad_token: '<pad>' }));
+    return out;
+}
+
+// Deterministic prompts: ids in [3, 383] from a small LCG.
+function ids(seed, n) {
+    let x = (seed * 2654435761) >>> 0;
+    const out = [];
+    for (let i = 0; i < n; i++) {
+        x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+        out.push(3 + (x >>> 8) % 381);
+    }
+    return out;
+}
+
+const refCache = new Map();
+// `mlxcel generate` alone: greedy (or seeded sampling), the generated ids; extra: its flags
+// (--kv-type, --spec ...) as the server has them.
+function generate(dir, prompt, n, { extra = [], seed = null, temp = 0 } = {}) {
+    const key = JSON.stringify([dir, prompt, n, extra, seed, temp]);
+    if (refCache.has(key)) return refCache.get(key);
+    const args = ['generate', '-m', dir, '--prompt-ids', prompt.join(','), '-n', String(n), '--temp', String(temp),
+        '--ignore-eos', '--output-ids', ...extra];
+    if (seed !== null) args.push('--seed', String(seed), '--top-k', '0', '--top-p', '1', '--min-p', '0', '--repeat-penalty', '1');
+    const r = JSON.parse(execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }));
+    refCache.set(key, r);
+    return r;
+}
+
+// One /completion over ids: greedy unless body says otherwise; returns {tokens, probs, json}.
+async function complete(base, prompt, n, extra = {}) {
+    const r = await post(base, '/completion', { prompt, n_predict: n, temperature: 0, ignore_eos: true,
+        return_tokens: true, ...extra });
+    if (r.status !== 200) throw new Error(`/completion of ${prompt.length} ids: ${r.status} ${r.text.slice(0, 300)}`);
+    return { tokens: r.json.tokens, probs: r.json.completion_probabilities, json: r.json };
+}
+
+const same = (got, want, what) => assert.deepEqual(got, want, `${what}: served ${JSON.stringify(got)}\n  generate ${JSON.stringify(want)}`);
+
+// The workload: prompts of different lengths, two sharing a 24-id prefix, sent at once.
+function workload(seed) {
+    const shared = ids(seed + 100, 24);
+    return [
+        { p: ids(seed + 1, 3), n: 14 },
+        { p: ids(seed + 2, 11), n: 9 },
+        { p: [...shared, ...ids(seed + 3, 7)], n: 12 },
+        { p: ids(seed + 4, 37), n: 6 },
+        { p: [...shared, ...ids(seed + 5, 15)], n: 11 },
+        { p: ids(seed + 6, 58), n: 10 },
+        { p: ids(seed + 6, 33), n: 7 },              // a prefix of the one before: a hit at its end
+        { p: ids(seed + 2, 11), n: 9 },              // the same prompt twice at once
+        { p: ids(seed + 7, 16), n: 13 },             // one block exactly
+    ];
+}
+
+async function concurrentEqualsGenerate(base, dir, set, what, opts = {}) {
+    const got = await withTimeout(Promise.all(set.map((w) => complete(base, w.p, w.n))), 60_000 * SLOW, what);
+    set.forEach((w, i) => same(got[i].tokens, generate(dir, w.p, w.n, opts), `${what}: request ${i} (${w.p.length} ids)`));
+    return got;
+}
+
+// The text models and the server configurations each runs.
+const MODELS = [
+    ['llama-tiny (dense)', null],
+    ['mistral_swa (sliding window 8)', 'mistral_swa'],
+    ['gemma3_text (sliding + global)', 'gemma3_text'],
+    ['qwen3_moe (MoE)', 'qwen3_moe'],
+    ['deepseek_v2 (MLA)', 'deepseek_v2'],
+    ['granitemoehybrid (Mamba-2 hybrid)', 'granitemoehybrid'],
+    ['nemotron_h (Mamba-2 hybrid)', 'nemotron_h'],
+    ['qwen3_next (gated DeltaNet hybrid)', 'qwen3_next'],
+    ['qwen3_5_text (gated DeltaNet hybrid)', 'qwen3_5_text'],
+    ['lfm2 (short conv hybrid)', 'lfm2'],
+    ['recurrent_gemma (RG-LRU hybrid)', 'recurrent_gemma'],
+];
+const CONFIGS = [
+    { name: '--parallel 4 -ub 7', args: ['--parallel', '4', '-ub', '7'] },
+    { name: '--parallel 8 --no-prefix-cache', args: ['--parallel', '8', '--no-prefix-cache'] },
+    { name: '--parallel 1 -ub 16', args: ['--parallel', '1', '-ub', '16'] },
+    { name: '--parallel 8 -ub 2', args: ['--parallel', '8', '-ub', '2'] },
+    { name: '--parallel 4 -c 80 (waits, preemption)', args: ['--parallel', '4', '-c', '80', '-ub', '9'] },
+    { name: '--spec ngram --parallel 4 -ub 9', args: ['--parallel', '4', '-ub', '9', '--spec', 'ngram', '--draft-max', '4'],
+      gen: ['--spec', 'ngram', '--draft-max', '4'] },
+    { name: '--model-draft (itself) --parallel 4', args: ['--parallel', '4', '-ub', '11', '--draft-max', '3'], draftSelf: true },
+    { name: '--kv-type bf16 --parallel 4 -ub 7', args: ['--parallel', '4', '-ub', '7', '--kv-type', 'bf16'], gen: ['--kv-type', 'bf16'] },
+];
+
+// One configuration's round: the workload at once, again (prefix hits) with a seeded sampled
+// request of 2 choices beside (choice i: seed + i), then a prompt extending an earlier prompt
+// and its answer beside a new one; every greedy answer equals generate's with cfg.gen (its
+// --kv-type, its speculation), the sampled ones plain sampling's (ADR 0116).
+async function mixedRounds(dir, cfg, seed) {
+    const srv = await startServer(['-m', dir, ...cfg.args, ...(cfg.draftSelf ? ['--model-draft', dir] : [])]);
+    const extra = [...(cfg.gen || []), ...(cfg.draftSelf ? ['--model-draft', dir, '--draft-max', '3'] : [])];
+    const opts = { extra };
+    try {
+        const set = workload(seed);
+        const first = await concurrentEqualsGenerate(srv.base, dir, set, 'round 1', opts);
+        const [again, sampled] = await Promise.all([concurrentEqualsGenerate(srv.base, dir, set, 'round 2', opts),
+            post(srv.base, '/completion', { prompt: set[1].p, n_predict: 8, temperature: 0.9, top_k: 0, top_p: 1,
+                min_p: 0, repeat_penalty: 1, seed: 11, n: cfg.args[1] === '1' ? 1 : 2, ignore_eos: true, return_tokens: true })]);
+        assert.equal(sampled.status, 200, sampled.text);
+        for (const c of [sampled.json].flat())
+            same(c.tokens, generate(dir, set[1].p, 8, { extra: cfg.gen && !cfg.gen.includes('--spec') ? cfg.gen : [],
+                seed: 11 + c.index, temp: 0.9 }), `sampled choice ${c.index}`);
+        if (!cfg.args.includes('--no-prefix-cache') && !cfg.args.includes('-c'))
+            assert.ok(again.some((g) => g.json.tokens_cached > 0), 'round 2 found cached prompt tokens');
+        const ext = [{ p: [...set[2].p, ...first[2].tokens, ...ids(seed + 9, 5)], n: 8 },
+            { p: ids(seed + 10, 20), n: 8 }];
+        await concurrentEqualsGenerate(srv.base, dir, ext, 'extension', opts);
+        srv.assertAlive();
+    } finally { await srv.stop(); }
+}
+
+for (const [label, golden] of MODELS) {
+    describe(`differential: ${label}`, { timeout: 120_000 * SLOW }, () => {
+        let dir;
+        before(() => { dir = golden ? servable(golden) : 'models/llama-tiny'; });
+        const seed = golden ? golden.length * 31 + golden.charCodeAt(0) : 7;
+        for (const cfg of CONFIGS)
+            it(`${cfg.name}: concurrent requests, again (prefix hits), an extension of an answer`, () => mixedRounds(dir, cfg, seed));
+    });
+}
+
+// --spec mtp: the golden DeepSeek-V3 (MLA, MoE) and Qwen3-Next (hybrid) with a random MTP layer
+// (tests/cli/make_mtp_checkpoint.py; it drafts badly, so rejections and rewinds are many).
+for (const golden of ['deepseek_v3', 'qwen3_next']) {
+    describe(`differential: ${golden} --spec mtp`, { timeout: 120_000 * SLOW }, () => {
+        let dir;
+        before(() => {
+            dir = join(work, `${golden}-mtp`);
+            execFileSync('python3', ['tests/cli/make_mtp_checkpoint.py', servable(golden), dir, '5'], { stdio: ['ignore', 'ignore', 'inherit'] });
+            for (const f of ['tokenizer.json', 'tokenizer_config.json']) copyFileSync(join(work, golden, f), join(dir, f));
+        });
+        for (const cfg of [
+            { name: '--parallel 4 -ub 6', args: ['--parallel', '4', '-ub', '6', '--spec', 'mtp', '--draft-max', '3'],
+              gen: ['--spec', 'mtp', '--draft-max', '3'] },
+            { name: '--parallel 2 -c 80', args: ['--parallel', '2', '-c', '80', '--spec', 'mtp', '--draft-max', '2'],
+              gen: ['--spec', 'mtp', '--draft-max', '2'] },
+        ])
+            it(`${cfg.name}: concurrent requests, again, an extension`, () => mixedRounds(dir, cfg, 77));
+    });
+}
+
+// Logprobs within float rounding of the solo request's on a plain server (the golden suite's
+// 1e-3 relative: a chunked delta rule sums in another order than one chunk); a streamed request
+// closed mid-answer, then the same prompt again beside another: both as generate alone.
+const near = (a, b) => Math.abs(a - b) <= 1e-3 * Math.max(1, Math.abs(b));
+for (const [label, golden] of MODELS) {
+    describe(`differential: ${label}: logprobs, cancellation`, { timeout: 120_000 * SLOW }, () => {
+        let dir, srv, ref;
+        const seed = (golden ? golden.length * 31 + golden.charCodeAt(0) : 7) + 500;
+        before(async () => {
+            dir = golden ? servable(golden) : 'models/llama-tiny';
+            srv = await startServer(['-m', dir, '--parallel', '4', '-ub', '5']);
+            ref = await startServer(['-m', dir, '--parallel', '1', '--no-prefix-cache']);
+        });
+        after(async () => { await srv?.stop(); await ref?.stop(); });
+
+        it('n_probs beside other requests equal the solo request\'s', async () => {
+            const set = workload(seed).slice(0, 4);
+            const got = await Promise.all(set.map((w) => complete(srv.base, w.p, w.n, { n_probs: 3 })));
+            for (const [i, w] of set.entries()) {
+                const solo = await complete(ref.base, w.p, w.n, { n_probs: 3 });
+                same(got[i].tokens, solo.tokens, `request ${i}`);
+                got[i].probs.forEach((pr, t) => {
+                    const sp = solo.probs[t];
+                    assert.equal(pr.id, sp.id);
+                    assert.ok(near(pr.logprob, sp.logprob), `request ${i} token ${t}: logprob ${pr.logprob} vs ${sp.logprob}`);
+                    assert.deepEqual(pr.top_logprobs.map((x) => x.id), sp.top_logprobs.map((x) => x.id), `request ${i} token ${t}: top ids`);
+                    pr.top_logprobs.forEach((x, k) => assert.ok(near(x.logprob, sp.top_logprobs[k].logprob),
+                        `request ${i} token ${t} top ${k}: ${x.logprob} vs ${sp.top_logprobs[k].logprob}`));
+                });
+            }
+        });
+
+        it('a stream closed mid-answer; the same prompt again and a neighbour equal generate', async () => {
+            const long = { p: ids(seed + 1, 33), n: 40 };
+            const other = { p: ids(seed + 2, 21), n: 30 };
+            const ac = new AbortController();
+            const res = await fetch(`${srv.base}/completion`, { method: 'POST', signal: ac.signal,
+                headers: { 'content-type': 'application/json' },
+                body: JSON.stringify({ prompt: long.p, n_predict: long.n, temperature: 0, ignore_eos: true, stream: true }) });
+            assert.equal(res.status, 200);
+            const neighbour = complete(srv.base, other.p, other.n);
+            const reader = res.body.getReader();
+            let events = 0, buf = '';
+            while (events < 4) {
+                const { value, done } = await withTimeout(reader.read(), 30_000 * SLOW, 'stream events');
+                if (done) break;
+                buf += Buffer.from(value).toString();
+                events = buf.split('\n\n').length - 1;
+            }
+            ac.abort();
+            await reader.cancel().catch(() => {});
+            same((await neighbour).tokens, generate(dir, other.p, other.n), 'the neighbour of a cancelled stream');
+            const [again, again2] = await Promise.all([complete(srv.base, long.p, long.n), complete(srv.base, other.p, other.n)]);
+            same(again.tokens, generate(dir, long.p, long.n), 'the cancelled prompt again');
+            same(again2.tokens, generate(dir, other.p, other.n), 'its neighbour again');
+            srv.assertAlive('after a cancellation');
+        });
+    });
+}
+
+// Vision: one and two images and a text request at once, twice (the second round from the
+// prefix cache, keyed by the images), with chunks cutting through the images (-ub 5: a causal
+// image is cut between steps, a bidirectional one goes whole past the budget) and without the
+// cache; each answer equals `generate --image ... -p TEXT` (the chat template places the
+// images before the text, as the messages here do).
+const IMG = 'tests/fixtures/images';
+const dataUrl = (f) => `data:image/${f.endsWith('.png') ? 'png' : 'jpeg'};base64,${readFileSync(join(IMG, f)).toString('base64')}`;
+const VISION = [['qwen2_vl', 'tests/fixtures/golden/qwen2_vl'], ['gemma3 (bidirectional image)', null],
+    ['llava', 'tests/fixtures/golden/llava'], ['qwen3_vl (deepstack)', 'tests/fixtures/golden/qwen3_vl']];
+for (const [label, vdir] of VISION) {
+    describe(`differential: vision ${label}`, { timeout: 120_000 * SLOW }, () => {
+        let dir;
+        before(() => {
+            if (vdir) { dir = vdir; return; }
+            dir = join(work, 'gemma3v');
+            execFileSync('python3', ['tests/cli/make_vision_checkpoint.py', dir], { stdio: ['ignore', 'ignore', 'inherit'] });
+        });
+        const N = 8;
+        const TEXT = vdir ? 'Describe this picture.' : 'w10 w20 w30';
+        const REQS = [
+            { images: ['vis_photo.jpg'], text: TEXT },
+            { images: ['vis_photo.jpg', 'vis_edges.png'], text: TEXT },
+            { images: [], text: TEXT },
+            { images: ['vis_edges.png'], text: TEXT },
+        ];
+        const want = (r) => {
+            const key = JSON.stringify([dir, r]);
+            if (!refCache.has(key)) {
+                const args = ['generate', '-m', dir, ...r.images.flatMap((f) => ['--image', join(IMG, f)]), '-p', r.text,
+                    '-n', String(N), '--temp', '0', '--ignore-eos'];
+                refCache.set(key, execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).replace(/\n$/, ''));
+            }
+            return refCache.get(key);
+        };
+        const ask = (base, r) => post(base, '/v1/chat/completions', { max_tokens: N, temperature: 0, ignore_eos: true,
+            messages: [{ role: 'user', content: [...r.images.map((f) => ({ type: 'image_url', image_url: { url: dataUrl(f) } })),
+                { type: 'text', text: r.text }] }] });
+        for (const args of [['--parallel', '4', '-ub', '5'], ['--parallel', '8', '--no-prefix-cache'], ['--parallel', '1', '-ub', '3']]) {
+            it(`${args.join(' ')}: one image, two images, text, at once, twice`, async () => {
+                const srv = await startServer(['-m', dir, ...args]);
+                try {
+                    for (let round = 0; round < 2; round++) {
+                        const got = await withTimeout(Promise.all(REQS.map((r) => ask(srv.base, r))), 60_000 * SLOW, 'vision requests');
+                        got.forEach((g, i) => {
+                            assert.equal(g.status, 200, g.text);
+                            assert.equal(g.json.choices[0].message.content, want(REQS[i]),
+                                `round ${round}, ${REQS[i].images.length} image(s) ${REQS[i].images.join(' ')}`);
+                        });
+                    }
+                } finally { await srv.stop(); }
+            });
+        }
+    });
+}
+
+after(() => rmSync(work, { recursive: true, force: true }));
