@@ -32,12 +32,14 @@ const G = 'tests/fixtures/golden';
 
 // A servable copy of a golden folder: its weights and config plus a WordLevel tokenizer over
 // its vocabulary (<pad> 0, <s> 1, </s> 2, t3 ...), no chat template (prompts go as ids).
-function servable(name) {
-    const src = join(G, name), out = join(work, name);
+function servable(name, config = null) {
+    const src = join(G, name), out = join(work, config ? `${name}-long` : name);
     mkdirSync(out, { recursive: true });
     for (const f of ['config.json', 'model.safetensors', 'generation_config.json'])
         if (existsSync(join(src, f))) copyFileSync(join(src, f), join(out, f));
     const V = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')).vocab_size || 384;
+    if (config)
+        writeFileSync(join(out, 'config.json'), JSON.stringify({ ...JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')), ...config }));
     const special = { '<pad>': 0, '<s>': 1, '</s>': 2 };
     const vocab = { ...special };
     for (let i = 3; i < V; i++) vocab[`t${i}`] = i;
@@ -65,12 +67,16 @@ function ids(seed, n) {
 const refCache = new Map();
 // `mlxcel generate` alone: greedy (or seeded sampling), the generated ids; extra: its flags
 // (--kv-type, --spec ...) as the server has them.
-function generate(dir, prompt, n, { extra = [], seed = null, temp = 0 } = {}) {
-    const key = JSON.stringify([dir, prompt, n, extra, seed, temp]);
+function generate(dir, prompt, n, { extra = [], seed = null, temp = 0, samp = null } = {}) {
+    const key = JSON.stringify([dir, prompt, n, extra, seed, temp, samp]);
     if (refCache.has(key)) return refCache.get(key);
     const args = ['generate', '-m', dir, '--prompt-ids', prompt.join(','), '-n', String(n), '--temp', String(temp),
         '--ignore-eos', '--output-ids', ...extra];
-    if (seed !== null) args.push('--seed', String(seed), '--top-k', '0', '--top-p', '1', '--min-p', '0', '--repeat-penalty', '1');
+    if (seed !== null || samp) {
+        const q = { top_k: 0, top_p: 1, min_p: 0, repeat_penalty: 1, ...samp };
+        args.push('--seed', String(seed ?? 1), '--top-k', String(q.top_k), '--top-p', String(q.top_p), '--min-p', String(q.min_p),
+            '--repeat-penalty', String(q.repeat_penalty), '--repeat-last-n', '64');
+    }
     const r = JSON.parse(execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }));
     refCache.set(key, r);
     return r;
@@ -145,13 +151,18 @@ async function mixedRounds(dir, cfg, seed) {
     try {
         const set = workload(seed);
         const first = await concurrentEqualsGenerate(srv.base, dir, set, 'round 1', opts);
-        const [again, sampled] = await Promise.all([concurrentEqualsGenerate(srv.base, dir, set, 'round 2', opts),
-            post(srv.base, '/completion', { prompt: set[1].p, n_predict: 8, temperature: 0.9, top_k: 0, top_p: 1,
-                min_p: 0, repeat_penalty: 1, seed: 11, n: cfg.args[1] === '1' ? 1 : 2, ignore_eos: true, return_tokens: true })]);
+        // (and a greedy request with a repetition penalty: llama-server's repeat_last_n 64)
+        const SAMP = { top_k: 20, top_p: 0.9, min_p: 0.02, repeat_penalty: 1.2 };
+        const [again, sampled, penal] = await Promise.all([concurrentEqualsGenerate(srv.base, dir, set, 'round 2', opts),
+            post(srv.base, '/completion', { prompt: set[1].p, n_predict: 8, temperature: 0.9, ...SAMP,
+                seed: 11, n: cfg.args[1] === '1' ? 1 : 2, ignore_eos: true, return_tokens: true }),
+            complete(srv.base, set[3].p, 12, { repeat_penalty: 1.3 })]);
         assert.equal(sampled.status, 200, sampled.text);
+        const plainGen = cfg.gen && !cfg.gen.includes('--spec') ? cfg.gen : [];
         for (const c of [sampled.json].flat())
-            same(c.tokens, generate(dir, set[1].p, 8, { extra: cfg.gen && !cfg.gen.includes('--spec') ? cfg.gen : [],
-                seed: 11 + c.index, temp: 0.9 }), `sampled choice ${c.index}`);
+            same(c.tokens, generate(dir, set[1].p, 8, { extra: plainGen, seed: 11 + c.index, temp: 0.9, samp: SAMP }),
+                `sampled choice ${c.index}`);
+        same(penal.tokens, generate(dir, set[3].p, 12, { extra, samp: { repeat_penalty: 1.3 } }), 'greedy, repeat_penalty 1.3');
         if (!cfg.args.includes('--no-prefix-cache') && !cfg.args.includes('-c'))
             assert.ok(again.some((g) => g.json.tokens_cached > 0), 'round 2 found cached prompt tokens');
         const ext = [{ p: [...set[2].p, ...first[2].tokens, ...ids(seed + 9, 5)], n: 8 },
@@ -168,6 +179,35 @@ for (const [label, golden] of MODELS) {
         const seed = golden ? golden.length * 31 + golden.charCodeAt(0) : 7;
         for (const cfg of CONFIGS)
             it(`${cfg.name}: concurrent requests, again (prefix hits), an extension of an answer`, () => mixedRounds(dir, cfg, seed));
+    });
+}
+
+// Long prompts (the goldens' context raised to 1024; their rope does not depend on it): a
+// 300-id system prompt, a first turn alone, then the next turn (the first prompt, its answer and
+// more) beside other users of the system prompt and a stranger, then all of it again; hits
+// reach past SCHED_SNAP_TAIL's blocks and the recurrent states' snapshots (ADR 0129). With a
+// cache of 1200 tokens (-c) the cached blocks are evicted and requests wait.
+const LONG = [['mistral_swa', 'sliding window'], ['gemma3_text', 'sliding + global'], ['deepseek_v2', 'MLA'],
+    ['granitemoehybrid', 'Mamba-2 hybrid'], ['qwen3_next', 'gated DeltaNet hybrid'], ['lfm2', 'short conv hybrid'],
+    ['recurrent_gemma', 'RG-LRU hybrid'], ['nemotron_h', 'Mamba-2 hybrid']];
+for (const [golden, what] of LONG) {
+    describe(`differential: ${golden} (${what}), long prompts`, { timeout: 120_000 * SLOW }, () => {
+        let dir;
+        before(() => { dir = servable(golden, { max_position_embeddings: 1024 }); });
+        for (const args of [['--parallel', '4', '-ub', '48'], ['--parallel', '4', '-c', '1200', '-ub', '512']]) {
+            it(`${args.join(' ')}: a shared system prompt, the next turn, again`, async () => {
+                const srv = await startServer(['-m', dir, ...args]);
+                try {
+                    const SYS = ids(901, 300);
+                    const t1 = { p: [...SYS, ...ids(902, 20)], n: 12 };
+                    const a1 = await concurrentEqualsGenerate(srv.base, dir, [t1], 'first turn');
+                    const set = [{ p: [...t1.p, ...a1[0].tokens, ...ids(903, 15)], n: 10 }, { p: [...SYS, ...ids(904, 25)], n: 9 },
+                        { p: [...SYS, ...ids(905, 290)], n: 8 }, { p: ids(906, 200), n: 11 }];
+                    for (let round = 0; round < 2; round++)
+                        await concurrentEqualsGenerate(srv.base, dir, set, `round ${round}`);
+                } finally { await srv.stop(); }
+            });
+        }
     });
 }
 
@@ -276,30 +316,48 @@ for (const [label, vdir] of VISION) {
             { images: [], text: TEXT },
             { images: ['vis_edges.png'], text: TEXT },
         ];
-        const want = (r) => {
+        const want = (r, gen = []) => {
+            r = { ...r, gen };
             const key = JSON.stringify([dir, r]);
             if (!refCache.has(key)) {
-                const args = ['generate', '-m', dir, ...r.images.flatMap((f) => ['--image', join(IMG, f)]), '-p', r.text,
-                    '-n', String(N), '--temp', '0', '--ignore-eos'];
+                const args = ['generate', '-m', dir, ...r.images.flatMap((f) => ['--image', join(IMG, f)]),
+                    ...(r.file ? ['-f', r.file, '--no-chat'] : ['-p', r.text]), '-n', String(N), '--temp', '0', '--ignore-eos', ...(r.gen || [])];
                 refCache.set(key, execFileSync(BIN, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).replace(/\n$/, ''));
             }
             return refCache.get(key);
         };
+        const userMsg = (r) => ({ role: 'user', content: [...r.images.map((f) => ({ type: 'image_url', image_url: { url: dataUrl(f) } })),
+            { type: 'text', text: r.text }] });
         const ask = (base, r) => post(base, '/v1/chat/completions', { max_tokens: N, temperature: 0, ignore_eos: true,
-            messages: [{ role: 'user', content: [...r.images.map((f) => ({ type: 'image_url', image_url: { url: dataUrl(f) } })),
-                { type: 'text', text: r.text }] }] });
-        for (const args of [['--parallel', '4', '-ub', '5'], ['--parallel', '8', '--no-prefix-cache'], ['--parallel', '1', '-ub', '3']]) {
-            it(`${args.join(' ')}: one image, two images, text, at once, twice`, async () => {
+            messages: [userMsg(r)] });
+        for (const [args, gen] of [[['--parallel', '4', '-ub', '5']], [['--parallel', '8', '--no-prefix-cache']],
+            [['--parallel', '1', '-ub', '3']], [['--parallel', '4', '-ub', '7', '--spec', 'ngram', '--draft-max', '3']],
+            [['--parallel', '3', '-c', '160', '-ub', '9']], [['--parallel', '4', '--kv-type', 'bf16'], ['--kv-type', 'bf16']]]) {
+            it(`${args.join(' ')}: one image, two images, text, at once, twice; the next turn`, async () => {
                 const srv = await startServer(['-m', dir, ...args]);
                 try {
                     for (let round = 0; round < 2; round++) {
                         const got = await withTimeout(Promise.all(REQS.map((r) => ask(srv.base, r))), 60_000 * SLOW, 'vision requests');
                         got.forEach((g, i) => {
                             assert.equal(g.status, 200, g.text);
-                            assert.equal(g.json.choices[0].message.content, want(REQS[i]),
+                            assert.equal(g.json.choices[0].message.content, want(REQS[i], gen),
                                 `round ${round}, ${REQS[i].images.length} image(s) ${REQS[i].images.join(' ')}`);
                         });
                     }
+                    // the next turn (the image, its answer, more text: a hit through the image's
+                    // blocks) beside a new two-image request; generate gets the rendered prompt
+                    const first = await ask(srv.base, REQS[1]);
+                    const msgs = [userMsg(REQS[1]), { role: 'assistant', content: first.json.choices[0].message.content },
+                        { role: 'user', content: REQS[0].text }];
+                    const tpl = await post(srv.base, '/apply-template', { messages: msgs });
+                    assert.equal(tpl.status, 200, tpl.text);
+                    const file = join(work, `turn2-${label.split(' ')[0]}.txt`);
+                    writeFileSync(file, tpl.json.prompt);
+                    const [t2, other] = await Promise.all([post(srv.base, '/v1/chat/completions', { max_tokens: N, temperature: 0,
+                        ignore_eos: true, messages: msgs }), ask(srv.base, { images: ['vis_edges.png', 'vis_photo.jpg'], text: TEXT })]);
+                    assert.equal(t2.json.choices[0].message.content, want({ images: REQS[1].images, file }, gen), 'the next turn');
+                    assert.equal(other.json.choices[0].message.content,
+                        want({ images: ['vis_edges.png', 'vis_photo.jpg'], text: TEXT }, gen), 'beside it');
                 } finally { await srv.stop(); }
             });
         }
