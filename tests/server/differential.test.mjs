@@ -211,6 +211,87 @@ for (const [golden, what] of LONG) {
     });
 }
 
+// Request features `generate` has no flag for (constrained decoding, tool calls, stop strings,
+// presence / frequency penalties, logit_bias, n choices, top logprobs), through every dialect,
+// on llama-tiny (its tokenizer and chat template): the answers of a plain server (--parallel 1,
+// no prefix cache) against servers that batch them together with chunks of 5 rows, prompt
+// lookup, the model as its own draft, all at once and twice; plus the chat and completion texts
+// against `generate` (chat template / --no-chat).
+const PERSON = { type: 'object', additionalProperties: false, required: ['name', 'age'],
+    properties: { name: { type: 'string', maxLength: 10 }, age: { type: 'integer', minimum: 0, maximum: 120 } } };
+const TOOLS = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', required: ['city'],
+    properties: { city: { type: 'string', maxLength: 12 } } } } }];
+const chat = (content, extra = {}) => ['/v1/chat/completions', { max_tokens: 24, temperature: 0,
+    messages: [{ role: 'system', content: 'Be brief.' }, { role: 'user', content }], ...extra }];
+const FEATURES = [
+    chat('ROMEO: what light', {}),
+    chat('Give a person.', { response_format: { type: 'json_schema', json_schema: { name: 'p', schema: PERSON } } }),
+    chat('Weather in Verona?', { tools: TOOLS, tool_choice: 'required' }),
+    chat('JULIET: O Romeo', { stop: ['\n', 'the'], presence_penalty: 0.8, frequency_penalty: 0.5 }),
+    chat('First Citizen:', { logit_bias: { 11: 5, 13: -100 }, logprobs: true, top_logprobs: 4 }),
+    chat('KING HENRY:', { temperature: 0.8, top_p: 0.9, seed: 5, n: 3 }),
+    chat('Nurse: Nurse: Nurse:', { temperature: 1, seed: 9, response_format: { type: 'json_object' } }),
+    ['/v1/completions', { prompt: 'MENENIUS: I tell you', max_tokens: 20, temperature: 0, logprobs: 3, echo: true }],
+    ['/v1/messages', { model: 'llama-tiny', max_tokens: 20, temperature: 0, system: 'Be brief.', stop_sequences: ['.'],
+        messages: [{ role: 'user', content: 'BRUTUS: peace' }] }],
+    ['/v1/responses', { max_output_tokens: 20, temperature: 0, instructions: 'Be brief.', input: 'GLOUCESTER: now is' }],
+];
+// what of an answer must agree: the choices' messages / texts / logprobs, or the dialect's content
+const answer = (j) => JSON.stringify(j.choices ? j.choices.map((c) => [c.message ?? c.text, c.logprobs, c.finish_reason])
+    : j.content ?? j.output?.map((o) => o.content ?? o.arguments));
+const close = (a, b) => {
+    // logprobs within float rounding: compare the numbers apart from the rest
+    const nums = [], numsB = [];
+    const sa = a.replace(/-?\d+\.\d+(e-?\d+)?/g, (m) => (nums.push(Number(m)), '#'));
+    const sb = b.replace(/-?\d+\.\d+(e-?\d+)?/g, (m) => (numsB.push(Number(m)), '#'));
+    return sa === sb && nums.every((x, i) => near(x, numsB[i]));
+};
+
+describe('differential: request features across server configurations (llama-tiny)', { timeout: 120_000 * SLOW }, () => {
+    let ref;
+    const want = [];
+    before(async () => {
+        ref = await startServer(['-m', 'models/llama-tiny', '--parallel', '1', '--no-prefix-cache']);
+        for (const [path, body] of FEATURES) {
+            const r = await post(ref.base, path, body);
+            assert.equal(r.status, 200, `${path}: ${r.text}`);
+            want.push(answer(r.json));
+        }
+    });
+    after(async () => { await ref?.stop(); });
+
+    it('the chat and completion texts equal generate', async () => {
+        for (const t of ['ROMEO: what light', 'JULIET: O Romeo']) {
+            const r = await post(ref.base, ...chat(t, { max_tokens: 16 }));
+            const g = execFileSync(BIN, ['generate', '-m', 'models/llama-tiny', '-p', t, '--system', 'Be brief.', '-n', '16',
+                '--temp', '0'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).replace(/\n$/, '');
+            assert.equal(r.json.choices[0].message.content, g, t);
+            const c = await post(ref.base, '/v1/completions', { prompt: t, max_tokens: 16, temperature: 0 });
+            const gc = execFileSync(BIN, ['generate', '-m', 'models/llama-tiny', '-p', t, '--no-chat', '-n', '16',
+                '--temp', '0'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).replace(/\n$/, '');
+            assert.equal(c.json.choices[0].text, gc, `${t} (completion)`);
+        }
+    });
+
+    for (const args of [['--parallel', '4', '-ub', '5'], ['--parallel', '8', '--spec', 'ngram', '--draft-max', '4', '-ub', '9'],
+        ['--parallel', '4', '--model-draft', 'models/llama-tiny', '--draft-max', '3'], ['--parallel', '3', '-c', '160', '-ub', '7']]) {
+        it(`${args.join(' ')}: every feature at once, twice, as the plain server answers it`, async () => {
+            const srv = await startServer(['-m', 'models/llama-tiny', ...args]);
+            try {
+                for (let round = 0; round < 2; round++) {
+                    const got = await withTimeout(Promise.all(FEATURES.map(([path, body]) => post(srv.base, path, body))),
+                        60_000 * SLOW, 'feature requests');
+                    got.forEach((g, i) => {
+                        assert.equal(g.status, 200, `${FEATURES[i][0]}: ${g.text}`);
+                        const a = answer(g.json);
+                        assert.ok(close(a, want[i]), `round ${round}, ${FEATURES[i][0]} ${JSON.stringify(FEATURES[i][1]).slice(0, 200)}:\n  got  ${a.slice(0, 600)}\n  want ${want[i].slice(0, 600)}`);
+                    });
+                }
+            } finally { await srv.stop(); }
+        });
+    }
+});
+
 // --spec mtp: the golden DeepSeek-V3 (MLA, MoE) and Qwen3-Next (hybrid) with a random MTP layer
 // (tests/cli/make_mtp_checkpoint.py; it drafts badly, so rejections and rewinds are many).
 for (const golden of ['deepseek_v3', 'qwen3_next']) {
