@@ -23,7 +23,7 @@ import { execFileSync } from 'node:child_process';
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startServer, post, withTimeout, SLOW } from './harness.mjs';
+import { startServer, post, withTimeout, sleep, SLOW } from './harness.mjs';
 
 const BIN = process.env.MLXCEL_BIN;
 const work = mkdtempSync(join(tmpdir(), 'mlxcel-diff-'));
@@ -138,6 +138,8 @@ const CONFIGS = [
       gen: ['--spec', 'ngram', '--draft-max', '4'] },
     { name: '--model-draft (itself) --parallel 4', args: ['--parallel', '4', '-ub', '11', '--draft-max', '3'], draftSelf: true },
     { name: '--kv-type bf16 --parallel 4 -ub 7', args: ['--parallel', '4', '-ub', '7', '--kv-type', 'bf16'], gen: ['--kv-type', 'bf16'] },
+    { name: '--kv-type f16 --spec ngram --parallel 3 -ub 1', args: ['--parallel', '3', '-ub', '1', '--kv-type', 'f16', '--spec', 'ngram'],
+      gen: ['--kv-type', 'f16', '--spec', 'ngram'] },
 ];
 
 // One configuration's round: the workload at once, again (prefix hits) with a seeded sampled
@@ -165,6 +167,11 @@ async function mixedRounds(dir, cfg, seed) {
         same(penal.tokens, generate(dir, set[3].p, 12, { extra, samp: { repeat_penalty: 1.3 } }), 'greedy, repeat_penalty 1.3');
         if (!cfg.args.includes('--no-prefix-cache') && !cfg.args.includes('-c'))
             assert.ok(again.some((g) => g.json.tokens_cached > 0), 'round 2 found cached prompt tokens');
+        // staggered: each request a few ms after the one before, so prompts arrive while others
+        // decode, prefill or draft (the steps' mixes differ from run to run; each answer may not)
+        const late = set.map((w, i) => ({ p: [...ids(seed + 20 + i, 2 + 5 * i)], n: 20 + i }));
+        const lateGot = await Promise.all(late.map((w, i) => sleep(4 * i).then(() => complete(srv.base, w.p, w.n))));
+        late.forEach((w, i) => same(lateGot[i].tokens, generate(dir, w.p, w.n, opts), `staggered request ${i}`));
         const ext = [{ p: [...set[2].p, ...first[2].tokens, ...ids(seed + 9, 5)], n: 8 },
             { p: ids(seed + 10, 20), n: 8 }];
         await concurrentEqualsGenerate(srv.base, dir, ext, 'extension', opts);
