@@ -387,7 +387,9 @@ for (const [label, golden] of MODELS) {
 const IMG = 'tests/fixtures/images';
 const dataUrl = (f) => `data:image/${f.endsWith('.png') ? 'png' : 'jpeg'};base64,${readFileSync(join(IMG, f)).toString('base64')}`;
 const VISION = [['qwen2_vl', 'tests/fixtures/golden/qwen2_vl'], ['gemma3 (bidirectional image)', null],
-    ['llava', 'tests/fixtures/golden/llava'], ['qwen3_vl (deepstack)', 'tests/fixtures/golden/qwen3_vl']];
+    ['llava', 'tests/fixtures/golden/llava'], ['qwen3_vl (deepstack)', 'tests/fixtures/golden/qwen3_vl'],
+    ['qwen2_5_vl (window attention)', 'tests/fixtures/golden/qwen2_5_vl'], ['mistral3 (pixtral)', 'tests/fixtures/golden/mistral3'],
+    ['idefics3 (tiles)', 'tests/fixtures/golden/idefics3'], ['smolvlm (tiles)', 'tests/fixtures/golden/smolvlm']];
 for (const [label, vdir] of VISION) {
     describe(`differential: vision ${label}`, { timeout: 120_000 * SLOW }, () => {
         let dir;
@@ -420,7 +422,7 @@ for (const [label, vdir] of VISION) {
             messages: [userMsg(r)] });
         for (const [args, gen] of [[['--parallel', '4', '-ub', '5']], [['--parallel', '8', '--no-prefix-cache']],
             [['--parallel', '1', '-ub', '3']], [['--parallel', '4', '-ub', '7', '--spec', 'ngram', '--draft-max', '3']],
-            [['--parallel', '3', '-c', '160', '-ub', '9']], [['--parallel', '4', '--kv-type', 'bf16'], ['--kv-type', 'bf16']]]) {
+            [['--parallel', '3', '-c', label.startsWith('idefics3') ? '400' : '160', '-ub', '9']], [['--parallel', '4', '--kv-type', 'bf16'], ['--kv-type', 'bf16']]]) {
             it(`${args.join(' ')}: one image, two images, text, at once, twice; the next turn`, async () => {
                 const srv = await startServer(['-m', dir, ...args]);
                 try {
