@@ -127,6 +127,8 @@ const MODELS = [
     ['qwen3_5_text (gated DeltaNet hybrid)', 'qwen3_5_text'],
     ['lfm2 (short conv hybrid)', 'lfm2'],
     ['recurrent_gemma (RG-LRU hybrid)', 'recurrent_gemma'],
+    ['qwen3_moe_mlx_q4 (MLX 4-bit MoE)', 'qwen3_moe_mlx_q4'],
+    ['phixtral_mlx_q8 (MLX 8-bit)', 'phixtral_mlx_q8'],
 ];
 const CONFIGS = [
     { name: '--parallel 4 -ub 7', args: ['--parallel', '4', '-ub', '7'] },
