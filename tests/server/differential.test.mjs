@@ -1,22 +1,32 @@
-// Differential tests of the serving path: for a set of tiny checkpoints (a dense model, sliding
-// window, MoE, MLA, Mamba-2 / gated-DeltaNet / short-conv / RG-LRU hybrids, vision), the
-// server's greedy answers must equal `mlxcel generate --temp 0` of the same prompt alone, token
-// for token, whatever else the scheduler does in the same steps:
-//  - `--parallel` 1, 4 and 8 with concurrent requests of different lengths (prefill chunks beside
-//    decode rows), a small `--ubatch-size` (chunks cutting through prompts and images);
-//  - the prefix cache: the same prompts again, a prompt extending an earlier one (its answer
-//    included), two prompts sharing a prefix sent at once; `--no-prefix-cache` as the control;
-//  - speculative decoding (`--spec ngram`, the model as its own `--model-draft`) beside others;
-//  - a small `--ctx-size`, where requests wait and are preempted and resumed;
-//  - `--kv-type bf16` (against `generate --kv-type bf16`);
+// Differential tests of the serving path: the server's greedy answers must equal `mlxcel generate
+// --temp 0` of the same prompt alone, token for token, whatever else the scheduler does in the
+// same steps (a bug of this class once fed every multi-image prompt wrong: no single-feature
+// test sent two images). For tiny checkpoints (llama-tiny; goldens with sliding windows, MoE,
+// MLA, MLX 4/8-bit, Mamba-2 / gated-DeltaNet / short-conv / RG-LRU hybrids):
+//  - `--parallel` 1, 3, 4 and 8 with concurrent and staggered requests of different lengths
+//    (prefill chunks beside decode rows), `--ubatch-size` 1 to 16 (chunks cutting prompts);
+//  - the prefix cache: the same prompts again, the same prompt twice at once, a prompt that is
+//    a prefix of another, one extending an earlier prompt and its answer, two sharing a prefix
+//    at once, long prompts with a shared 300-id system prompt and the next turn (recurrent
+//    snapshots, ADR 0129); `--no-prefix-cache` as the control;
+//  - speculative decoding (`--spec ngram`, the model as its own `--model-draft`, `--spec mtp` on
+//    DeepSeek-V3 and Qwen3-Next with a random MTP layer) beside other requests;
+//  - a small `--ctx-size`, where requests wait, are preempted and resumed;
+//  - `--kv-type bf16` / `f16` (against `generate --kv-type`);
 //  - a streamed request closed mid-answer, then the same prompt again beside another;
-//  - seeded sampling with `n` choices (choice i uses seed + i, docs/server.md; generate --seed
-//    draws the same chain), and logprobs equal (within float rounding) to the solo request's
-//    on a `--parallel 1 --no-prefix-cache` server.
-// The golden checkpoints (tests/fixtures/golden, vocab 384, BOS 1, EOS 2) get a WordLevel
-// tokenizer of t3 .. t383 so that serve loads them; prompts are token ids (`/completion`
-// with `return_tokens`) and the reference is `generate --prompt-ids --output-ids --ignore-eos`.
-// Vision: the qwen2_vl golden (its own tokenizer, template and processor), one and two images.
+//  - seeded sampling (top-k, top-p, min-p, repetition penalty) with `n` choices: choice i is
+//    `generate --seed S+i`, with drafts too (ADR 0116); a greedy request with a repetition
+//    penalty; logprobs within float rounding of the solo request's on a plain server.
+// The goldens (tests/fixtures/golden, vocab 384, BOS 1, EOS 2) get a WordLevel tokenizer of
+// t3 .. t383 so that serve loads them; prompts are token ids (`/completion` with
+// `return_tokens`) and the reference is `generate --prompt-ids --output-ids --ignore-eos`.
+// Vision (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Gemma 3, LLaVA, Mistral 3, Idefics3, SmolVLM): one
+// and two images and a text request at once, twice, then the next turn through the image's
+// cached blocks, with chunks cutting through images, without the cache, a small context,
+// prompt lookup, a draft model and bf16 K/V, against `generate --image`. Request features
+// `generate` lacks (constrained decoding, tools, stop strings, penalties, logit_bias, logprobs,
+// n) through the four dialects are held to a plain `--parallel 1` server's answers.
+// `serve` has no `-b` (the forward's chunk is the context's fixed n_batch): `-ub` is the knob.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -424,9 +434,10 @@ for (const [label, vdir] of VISION) {
             messages: [userMsg(r)] });
         for (const [args, gen] of [[['--parallel', '4', '-ub', '5']], [['--parallel', '8', '--no-prefix-cache']],
             [['--parallel', '1', '-ub', '3']], [['--parallel', '4', '-ub', '7', '--spec', 'ngram', '--draft-max', '3']],
-            [['--parallel', '3', '-c', label.startsWith('idefics3') ? '400' : '160', '-ub', '9']], [['--parallel', '4', '--kv-type', 'bf16'], ['--kv-type', 'bf16']]]) {
-            it(`${args.join(' ')}: one image, two images, text, at once, twice; the next turn`, async () => {
-                const srv = await startServer(['-m', dir, ...args]);
+            [['--parallel', '3', '-c', label.startsWith('idefics3') ? '400' : '160', '-ub', '9']], [['--parallel', '4', '--kv-type', 'bf16'], ['--kv-type', 'bf16']],
+            [['--parallel', '4', '-ub', '6', '--model-draft', 'SELF', '--draft-max', '2']]]) {
+            it(`${args.join(' ').replace('SELF', '(itself)')}: one image, two images, text, at once, twice; the next turn`, async () => {
+                const srv = await startServer(['-m', dir, ...args.map((a) => (a === 'SELF' ? dir : a))]);
                 try {
                     for (let round = 0; round < 2; round++) {
                         const got = await withTimeout(Promise.all(REQS.map((r) => ask(srv.base, r))), 60_000 * SLOW, 'vision requests');
