@@ -30,7 +30,7 @@
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startServer, post, withTimeout, sleep, SLOW } from './harness.mjs';
@@ -45,8 +45,10 @@ const G = 'tests/fixtures/golden';
 function servable(name, config = null) {
     const src = join(G, name), out = join(work, config ? `${name}-long` : name);
     mkdirSync(out, { recursive: true });
-    for (const f of ['config.json', 'model.safetensors', 'generation_config.json'])
-        if (existsSync(join(src, f))) copyFileSync(join(src, f), join(out, f));
+    for (const f of readdirSync(src))
+        if (f !== 'golden.safetensors' && (f.endsWith('.safetensors') || ['config.json', 'generation_config.json',
+            'model.safetensors.index.json'].includes(f)))
+            copyFileSync(join(src, f), join(out, f));
     const V = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')).vocab_size || 384;
     if (config)
         writeFileSync(join(out, 'config.json'), JSON.stringify({ ...JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')), ...config }));
@@ -305,6 +307,32 @@ describe('differential: request features across server configurations (llama-tin
                         const a = answer(g.json);
                         assert.ok(close(a, want[i]), `round ${round}, ${FEATURES[i][0]} ${JSON.stringify(FEATURES[i][1]).slice(0, 200)}:\n  got  ${a.slice(0, 600)}\n  want ${want[i].slice(0, 600)}`);
                     });
+                }
+            } finally { await srv.stop(); }
+        });
+    }
+});
+
+// LoRA (ADR 0103): the llama golden with the lora_ref adapters (PEFT and mlx-lm), loaded at
+// scale 0; requests naming one adapter, the other, both, or none, at once and again (the
+// prefix cache keyed by the scales), with chunks of 6 rows and prompt lookup, each equal to
+// `generate --lora-scaled` of its adapters alone.
+describe('differential: LoRA adapters per request (llama golden)', { timeout: 120_000 * SLOW }, () => {
+    const L = 'tests/fixtures/golden/lora_ref';
+    const ADS = [join(L, 'peft_a'), join(L, 'mlx_a')];
+    let dir;
+    before(() => { dir = servable('llama'); });
+    for (const args of [['--parallel', '4', '-ub', '6'], ['--parallel', '4', '-ub', '9', '--spec', 'ngram', '--draft-max', '3']]) {
+        it(`${args.join(' ')}: adapters mixed in one batch, twice`, async () => {
+            const srv = await startServer(['-m', dir, ...args, ...ADS.flatMap((a) => ['--lora', a]), '--lora-init-without-apply']);
+            try {
+                const mixes = [[1, 0], [0, 1], [0.5, 2], [0, 0]];
+                const P = ids(4242, 19), Q = [...P, ...ids(4243, 14)];
+                const reqs = mixes.flatMap((m) => [{ m, p: P, n: 10 }, { m, p: Q, n: 8 }]);
+                const want = (r) => generate(dir, r.p, r.n, { extra: r.m.flatMap((sc, i) => (sc ? ['--lora-scaled', ADS[i], String(sc)] : [])) });
+                for (let round = 0; round < 2; round++) {
+                    const got = await Promise.all(reqs.map((r) => complete(srv.base, r.p, r.n, { lora: r.m.map((scale, id) => ({ id, scale })) })));
+                    reqs.forEach((r, i) => same(got[i].tokens, want(r), `round ${round}, scales ${r.m}, ${r.p.length} ids`));
                 }
             } finally { await srv.stop(); }
         });
