@@ -384,7 +384,10 @@ for (const [label, golden] of MODELS) {
                     const sp = solo.probs[t];
                     assert.equal(pr.id, sp.id);
                     assert.ok(near(pr.logprob, sp.logprob), `request ${i} token ${t}: logprob ${pr.logprob} vs ${sp.logprob}`);
-                    assert.deepEqual(pr.top_logprobs.map((x) => x.id), sp.top_logprobs.map((x) => x.id), `request ${i} token ${t}: top ids`);
+                    // the same ids in order, but where two are within rounding of each other
+                    const st = sp.top_logprobs;
+                    pr.top_logprobs.forEach((x, k) => assert.ok(x.id === st[k].id || (k > 0 && near(st[k].logprob, st[k - 1].logprob)) ||
+                        (k + 1 < st.length && near(st[k].logprob, st[k + 1].logprob)), `request ${i} token ${t}: top ${k} id ${x.id} vs ${st[k].id}`));
                     pr.top_logprobs.forEach((x, k) => assert.ok(near(x.logprob, sp.top_logprobs[k].logprob),
                         `request ${i} token ${t} top ${k}: ${x.logprob} vs ${sp.top_logprobs[k].logprob}`));
                 });
