@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fscan.h"
 #include "core/safetensors.h"
 #include "engine/generate.h"
 #include "engine/spec.h"
@@ -311,6 +312,53 @@ static void spec_sampling(void **state)
     sampler_free(s);
 }
 
+/* A seeded sequence sampled with drafts gives the tokens plain sampling gives with the same
+ * seed, whatever the drafts (right, wrong, filtered out) and however long the runs verified
+ * together: the scheduler cuts a request's draft to its step's row budget, so a run's length
+ * depends on the other requests, and the output must not (ADR 0116). Before, a draft's
+ * acceptance took a uniform of its own and a rejection another for the draw: other tokens. */
+static void spec_sampling_same_tokens(void **state)
+{
+    (void)state;
+    enum { V = 12, N = 400 };
+    struct sampler_params p;
+    sampler_params_default(&p);
+    p.temperature = 0.9f, p.top_k = 8, p.top_p = 0.95f, p.repeat_penalty = 1.1f, p.seed = 77;
+    struct sampler *plain = NULL, *drafted = NULL;
+    struct err e = {0};
+    assert_int_equal(sampler_new(&plain, &p, V, &e), 0);
+    assert_int_equal(sampler_new(&drafted, &p, V, &e), 0);
+    float logits[V];
+    uint64_t x = 12345;
+    int n_acc = 0, n_rej = 0;
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < V; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            logits[i] = (float)((x >> 40) % 4000) / 1000.0f - 2.0f;
+        }
+        int32_t want = sampler_sample(plain, logits);
+        int32_t got;
+        bool acc = false;
+        if (t % 5 == 4) {
+            got = sampler_sample(drafted, logits);  /* a plain step between drafted runs */
+        } else {
+            /* a right draft, one wrong, one the filters drop */
+            int32_t draft = t % 3 == 0 ? want : t % 3 == 1 ? (want + 1) % V : fscan_argmax(logits, V) ^ 1;
+            got = sampler_sample_draft(drafted, logits, draft, &acc);
+            assert_true(acc == (got == draft));
+            n_acc += acc;
+            n_rej += !acc;
+        }
+        if (got != want)
+            fail_msg("token %d: drafted %d, plain %d", t, got, want);
+        sampler_accept_output(plain, want);
+        sampler_accept_output(drafted, got);
+    }
+    assert_true(n_acc > 0 && n_rej > 0);
+    sampler_free(plain);
+    sampler_free(drafted);
+}
+
 static void spec_ngram_lookup(void **state)
 {
     (void)state;
@@ -424,6 +472,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     if (!t) {
         static const struct CMUnitTest extra[] = {
             cmocka_unit_test(spec_sampling),
+            cmocka_unit_test(spec_sampling_same_tokens),
             cmocka_unit_test(spec_ngram_lookup),
             cmocka_unit_test(spec_pacing),
             cmocka_unit_test(spec_draft_pool),

@@ -341,34 +341,15 @@ int32_t sampler_sample(struct sampler *s, const float *logits)
 
 int32_t sampler_sample_draft(struct sampler *s, const float *logits, int32_t draft, bool *accepted)
 {
-    int32_t g = 0;
-    int n = candidates(s, logits, &g);
-    if (!n) {
-        *accepted = g == draft;
-        return g;
-    }
-    double total = 0.0, pd = 0.0;
-    int at = -1;
-    for (int i = 0; i < n; i++) {
-        total += s->prob[i];
-        if (s->idx[i] == draft)
-            at = i;
-    }
-    if (at >= 0)
-        pd = s->prob[at] / total;
-    /* accept with probability p(draft) (the draft's own probability is 1); else draw from
-     * p without the draft, renormalized: P(x) = p(d) [x = d] + (1 - p(d)) p(x) / (1 - p(d)) */
-    if (at >= 0 && rng_uniform(&s->rng) < pd) {
-        *accepted = true;
-        return draft;
-    }
-    *accepted = false;
-    if (at >= 0) {
-        if (pd >= 1.0)  /* only the draft could come (u < 1 always accepts it; kept for safety) */
-            return draft;
-        s->prob[at] = 0.0f;
-    }
-    return draw(s, n);
+    /* Every drafter proposes a point mass (prompt lookup, a draft model's and the MTP layer's
+     * argmax), so Leviathan's rule (accept d with probability p(d), else draw from p without d)
+     * is the same as drawing x from p and accepting when x is d. Drawn that way, each output
+     * token takes one uniform from the stream whether it was drafted or not, so a seeded
+     * request gives the tokens plain decoding gives, whatever its drafts and their lengths (a
+     * server step's row budget cuts them; ADR 0116). */
+    int32_t id = sampler_sample(s, logits);
+    *accepted = id == draft;
+    return id;
 }
 
 void sampler_logprobs(const float *logits, int n_vocab, int32_t id, int n_top, float *lp_id,

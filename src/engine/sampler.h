@@ -95,10 +95,12 @@ int sampler_accept_output(struct sampler *s, int32_t id);
 int32_t sampler_sample(struct sampler *s, const float *logits);
 
 /* Speculative sampling of a drafted token (the draft is one id, its own probability 1):
- * accepted with the probability the transforms above give it, else a draw from the rest,
- * renormalized, so the result follows exactly sampler_sample's distribution (Leviathan et al.
- * 2023; for a greedy sampler: the argmax, accepted when it is the draft). *accepted says
- * whether the result is the draft. logits are not modified. */
+ * sampler_sample's draw, accepted when it is the draft. That is Leviathan et al.'s rule for a
+ * point-mass draft (accepted with the probability the transforms above give it, else a draw
+ * from the rest, renormalized), and it takes the same one uniform per output token as plain
+ * decoding, so a seeded sequence gives plain decoding's tokens whatever it drafted (ADR 0116;
+ * for a greedy sampler: the argmax, accepted when it is the draft). *accepted says whether
+ * the result is the draft. logits are not modified. */
 int32_t sampler_sample_draft(struct sampler *s, const float *logits, int32_t draft, bool *accepted);
 
 /* Log-probabilities under the model: log_softmax of the raw logits [n_vocab] (before any
