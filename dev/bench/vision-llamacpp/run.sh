@@ -289,6 +289,10 @@ for s in ${shapes//,/ }; do
     [ "$lids" = "$ids" ] || die "$s: the 32-token prompt tokenizes differently: mlxcel [$ids], llama.cpp [$lids]"
     prompt_ids=$(mk prompt-ids "$d/cfg/config.json" "$ids" "$sd")
     ctx=$(( $(echo "$prompt_ids" | tr ',' '\n' | wc -l) + 64 ))
+    # Gemma 3's prompt ids hold only <start_of_image>: both engines expand it into the image's
+    # soft tokens and <end_of_image>, which the context (and llama.cpp's batch: the image is one
+    # non-causal batch) must hold too
+    case $s in gemma3*) ctx=$(( ctx + $("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["mm_tokens_per_image"] + 1)' "$d/cfg/config.json") )) ;; esac
     if [ $check = 1 ]; then
         log "$s: twin check (image embeddings of both engines)"
         "$mlxcel" generate -m "$d/q" --no-chat --prompt-ids "$prompt_ids" --image "$img" -n 1 --temp 0 \
