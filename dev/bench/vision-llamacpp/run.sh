@@ -254,8 +254,13 @@ pe = re.search(r"prompt eval time =\s*([0-9.]+) ms /\s*(\d+) tokens", t)
 ntok = re.search(r"mtmd_batch_encode_impl: encoding batch with 1 entries and total (\d+) tokens", t)
 a = re.search(r"^.*formatted_chat\.prompt:.*$", t, re.M)
 b = re.search(r"^.*add_media: preproc_out.*$", t, re.M)  # logged once the image is preprocessed
-if int(rc) == 0 and enc and dec and pe:
-    rec.update(ok=True, encode_ms=float(enc[1]), image_decode_ms=float(dec[1]), ttft_ms=float(pe[1]),
+# TTFT from the log's timestamps: the encode's start to llama_perf's report after the one token
+# (llama_perf's "prompt eval time" ended before the image rows' decode in a 2026-12-06 run)
+e0 = re.search(r"^.*encoding mtmd batch, n_chunks.*$", t, re.M)
+e1 = re.search(r"^.*llama_perf_context_print:\s+load time.*$", t, re.M)
+if int(rc) == 0 and enc and dec and pe and e0 and e1:
+    rec.update(ok=True, encode_ms=float(enc[1]), image_decode_ms=float(dec[1]),
+               ttft_ms=round(1e3 * (ts(e1[0]) - ts(e0[0])), 1), prompt_eval_ms=float(pe[1]),
                prompt_tokens=int(pe[2]), image_tokens=int(ntok[1]) if ntok else None,
                preprocess_ms=round(1e3 * (ts(b[0]) - ts(a[0])), 1) if a and b else None)
 else:
