@@ -981,13 +981,13 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
                 gem.names[gem.n++] = all->names[i];
     }
     const struct golden_cases *gc = &gem;
-    size_t n = gc->n ? gc->n : 1;
+    size_t n = gc->n ? gc->n : 1, n_extra = sizeof extra / sizeof extra[0];
     if (t) {
         *tests = t;
-        *n_tests = n + 5;
+        *n_tests = n + n_extra;
         return;
     }
-    t = calloc(n + 5, sizeof *t);
+    t = calloc(n + n_extra, sizeof *t);
     if (!t) {
         *tests = NULL;
         *n_tests = 0;
@@ -1003,7 +1003,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
         t[0] = (struct CMUnitTest){.name = "vision_cases_found", .test_func = refusals};
     memcpy(t + n, extra, sizeof extra);
     *tests = t;
-    *n_tests = n + 5;
+    *n_tests = n + n_extra;
 }
 
 TEST_SUITE_BUILT(vision, build_tests);
