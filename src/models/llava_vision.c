@@ -66,22 +66,9 @@ static int parse_proj_act(const char *name, enum act_kind *out, struct err *e)
 static int parse_top(struct vision *v, struct llava_proj *lp, const struct model *m, const cJSON *cfg,
                      struct err *e)
 {
-    int rc, layer = LLAVA_FEATURE_LAYER, img;
-    int L = v->vh.n_layer;
-    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(cfg, "vision_feature_layer");
-    if (fl && !cJSON_IsNull(fl)) {
-        if (cJSON_IsArray(fl))
-            return err_setf(e, ERR_UNSUPPORTED, "vision_feature_layer: a list of layers (their features "
-                            "concatenated) is not supported; one layer index is");
-        if (!cJSON_IsNumber(fl) || fl->valuedouble != floor(fl->valuedouble) || fabs(fl->valuedouble) > 1e6)
-            return err_setf(e, ERR_CONFIG, "vision_feature_layer must be an integer");
-        layer = (int)fl->valuedouble;
-    }
-    /* hidden_states has n_layer + 1 entries (the embeddings after pre_layrnorm, then each layer) */
-    if (layer < -(L + 1) || layer > L)
-        return err_setf(e, ERR_CONFIG, "vision_feature_layer %d is outside the tower's hidden states "
-                        "[%d, %d] (%d layers)", layer, -(L + 1), L, L);
-    lp->feature_layer = layer < 0 ? layer + L + 1 : layer;
+    int rc, img;
+    if ((rc = vit_feature_layer(cfg, v->vh.n_layer, LLAVA_FEATURE_LAYER, &lp->feature_layer, e)) < 0)
+        return rc;
 
     char strat[32], act[64];
     if ((rc = cfg_opt_str(cfg, "vision_feature_select_strategy", "default", strat, sizeof strat, e)) < 0)

@@ -142,27 +142,6 @@ static int parse_vision(struct pix *q, const cJSON *vc, struct err *e)
     return 0;
 }
 
-/* vision_feature_layer: hidden_states[k] (0 the ln_pre output; negative from the end), the
- * blocks run. */
-static int parse_feature_layer(struct pix *q, const cJSON *cfg, int def, struct err *e)
-{
-    int L = q->n_layer, layer = def;
-    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(cfg, "vision_feature_layer");
-    if (fl && !cJSON_IsNull(fl)) {
-        if (cJSON_IsArray(fl))
-            return err_setf(e, ERR_UNSUPPORTED, "vision_feature_layer: a list of layers (their features "
-                            "concatenated) is not supported; one layer index is");
-        if (!cJSON_IsNumber(fl) || fl->valuedouble != floor(fl->valuedouble) || fabs(fl->valuedouble) > 1e6)
-            return err_setf(e, ERR_CONFIG, "vision_feature_layer must be an integer");
-        layer = (int)fl->valuedouble;
-    }
-    if (layer < -(L + 1) || layer > L)
-        return err_setf(e, ERR_CONFIG, "vision_feature_layer %d is outside the tower's hidden states [%d, %d] "
-                        "(%d layers)", layer, -(L + 1), L, L);
-    q->n_layer = layer < 0 ? layer + L + 1 : layer;
-    return 0;
-}
-
 /* The id of a special token's text from the checkpoint's tokenizer files: tokenizer_config.json's
  * added_tokens_decoder, else tokenizer.json's added_tokens (-1: none). */
 static int32_t added_token_id(const cJSON *tc, const cJSON *tj, const char *text)
@@ -227,7 +206,7 @@ static int parse_top(struct pix *q, struct vision *v, const struct model *m, con
 {
     char act[64], strat[32];
     int rc, img;
-    if ((rc = parse_feature_layer(q, cfg, q->llava ? -2 : -1, e)) < 0 ||
+    if ((rc = vit_feature_layer(cfg, q->n_layer, q->llava ? -2 : -1, &q->n_layer, e)) < 0 ||
         (rc = cfg_opt_str(cfg, "projector_hidden_act", "gelu", act, sizeof act, e)) < 0 ||
         (rc = parse_act("projector_hidden_act", act, &q->proj_act, e)) < 0)
         return rc;

@@ -500,3 +500,23 @@ void vit_forward(struct vit_ctx *vc, const float *pixels)
     if (tensor_is_present(&vw->post_norm))
         blk_norm(be, b->x, b->x, &pn, P, D);
 }
+
+int vit_feature_layer(const cJSON *cfg, int n_layer, int def, int *blocks, struct err *e)
+{
+    int L = n_layer, layer = def;
+    const cJSON *fl = cJSON_GetObjectItemCaseSensitive(cfg, "vision_feature_layer");
+    if (fl && !cJSON_IsNull(fl)) {
+        if (cJSON_IsArray(fl))
+            return err_setf(e, ERR_UNSUPPORTED, "vision_feature_layer: a list of layers (their features "
+                            "concatenated) is not supported; one layer index is");
+        if (!cJSON_IsNumber(fl) || fl->valuedouble != floor(fl->valuedouble) || fabs(fl->valuedouble) > 1e6)
+            return err_setf(e, ERR_CONFIG, "vision_feature_layer must be an integer");
+        layer = (int)fl->valuedouble;
+    }
+    /* hidden_states has n_layer + 1 entries (the embeddings, then each block's output) */
+    if (layer < -(L + 1) || layer > L)
+        return err_setf(e, ERR_CONFIG, "vision_feature_layer %d is outside the tower's hidden states "
+                        "[%d, %d] (%d layers)", layer, -(L + 1), L, L);
+    *blocks = layer < 0 ? layer + L + 1 : layer;
+    return 0;
+}

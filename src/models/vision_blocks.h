@@ -85,6 +85,11 @@ int vit_bucket_positions(int32_t *out, int nb_h, int nb_w, int side, int lanes);
 /* CLIP's vision_config (CLIPVisionConfig defaults: hidden 768, intermediate 3072, 12 layers,
  * 12 heads, image 224, patch 32, quick_gelu, layer_norm_eps 1e-5), with the class row. */
 int vit_parse_clip(struct vit_hparams *vh, const cJSON *vc, struct err *e);
+/* The wrapper config's vision_feature_layer (LLaVA, Mistral 3): hidden_states[k] of a tower of
+ * n_layer blocks (0: the embeddings; negative from the end), def when absent or null, as the
+ * number of blocks to run, into *blocks. A list of layers is refused (-ERR_UNSUPPORTED), a
+ * non-integer or an index outside [-(n_layer + 1), n_layer] is -ERR_CONFIG. */
+int vit_feature_layer(const cJSON *cfg, int n_layer, int def, int *blocks, struct err *e);
 
 /* CLIPVisionTransformer's tensors under prefix (e.g. "vision_tower.vision_model."):
  * embeddings.{class_embedding, patch_embedding (no bias), position_embedding [n_pos, D]},
