@@ -17,7 +17,8 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
 
   -o, --out DIR        output folder (default /tmp/bench-hybrid-llamacpp): runs.jsonl,
                        summary.md, raw/ (each process's stdout and stderr)
-      --shapes LIST    comma-separated, from granite-h-tiny,qwen3-next,llama-1b (default: all)
+      --shapes LIST    comma-separated, from granite-h-tiny,qwen3-next,llama-1b,llama-8b
+                       (default: the first three)
       --layers N       cut every shape to its first N layers (widths and layer pattern kept;
                        0 = all, the default): the smoke test's small models
   -t, --threads N      threads for both engines (default 2)
@@ -31,6 +32,9 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
       --fa on|off      llama.cpp flash attention (default off: on this 2-core AVX-512 host its
                        CPU flash attention decodes slower at depth, see docs/benchmarks.md
                        "Speculative decoding", and llama-bench's auto turns it on)
+      --gpu            both engines on the GPU: mlxcel --device cuda, llama-bench -ngl 99
+                       (LLAMA_BUILD must be a CUDA build; nothing is built here); -t still
+                       sets the CPU threads of both
       --keep           keep the bf16 folders (the full shapes' are 14 + 13 + 2.5 GB)
       --setup-only     make the models, then stop
   -h, --help           this help
@@ -42,7 +46,7 @@ Tests, per shape (mlxcel `bench --json`, llama.cpp `llama-bench -o jsonl -v`):
                          ones; both warm up from an empty cache)
 Memory per sequence at depth D: mlxcel's kv_bytes (attention rows for D + N positions and the
 recurrent states), llama.cpp's "KV buffer size" + "RS buffer size" of the same context.
-Peak RSS of every process (/usr/bin/time).
+Peak RSS of every process (/usr/bin/time, where the machine has it).
 
 Models (MODELS, default $BENCH_CACHE/hybrid-models; NAME-q4 = mlxcel, NAME-q4_0.gguf =
 llama.cpp): dev/bench/hybrid-llamacpp/shapes.py writes the configs and says where their values
@@ -56,7 +60,10 @@ bf16 folder, 12.6 GB, beside its GGUF and Granite's).
 Environment:
   BENCH_CACHE  cache folder (default ~/.cache/mlxcel-bench), holding llama.cpp-src
   LLAMA_BUILD  llama.cpp CMake build folder with bin/llama-bench (default
-               $BENCH_CACHE/llama.cpp-build; scripts/bench-embed-spec-vs-llamacpp.sh builds one)
+               $BENCH_CACHE/llama.cpp-build; scripts/bench-embed-spec-vs-llamacpp.sh builds one;
+               --setup-only needs only the source)
+  LLAMA_SRC    the llama.cpp source (its gguf-py) where LLAMA_BUILD has no CMakeCache.txt yet
+               (default $BENCH_CACHE/llama.cpp-src)
   MODELS       model folder (default $BENCH_CACHE/hybrid-models)
   MLXCEL       the mlxcel binary (default build/mlxcel)
   PYTHON       a Python 3 with numpy (default /usr/bin/python3)
@@ -67,7 +74,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 out=/tmp/bench-hybrid-llamacpp
 shapes_sel=granite-h-tiny,qwen3-next,llama-1b
-layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0
+layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0
 die() { echo "hybrid-llamacpp: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 
@@ -85,6 +92,7 @@ while [ $# -gt 0 ]; do
     --kv-type) kv=${2:?}; shift ;;
     --fa) fa=${2:?}; shift ;;
     --keep) keep=1 ;;
+    --gpu) gpu=1 ;;
     --setup-only) setup_only=1 ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option $1" ;;
@@ -92,7 +100,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 for s in ${shapes_sel//,/ }; do
-    case $s in granite-h-tiny|qwen3-next|llama-1b) ;; *) die "unknown shape '$s'" ;; esac
+    case $s in granite-h-tiny|qwen3-next|llama-1b|llama-8b) ;; *) die "unknown shape '$s'" ;; esac
 done
 for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth"; do
     case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
@@ -107,10 +115,10 @@ py=${PYTHON:-/usr/bin/python3}
 build=${LLAMA_BUILD:-$cache/llama.cpp-build}
 mlxcel=${MLXCEL:-$root/build/mlxcel}
 llama_bench=$build/bin/llama-bench
-[ -x "$llama_bench" ] || die "no $llama_bench (LLAMA_BUILD=a llama.cpp build folder)"
+[ "$setup_only" = 1 ] || [ -x "$llama_bench" ] || die "no $llama_bench (LLAMA_BUILD=a llama.cpp build folder)"
 [ -x "$mlxcel" ] || die "no $mlxcel (MLXCEL=an mlxcel binary, or build build/mlxcel)"
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
-[ -n "$src" ] || src=$cache/llama.cpp-src
+[ -n "$src" ] || src=${LLAMA_SRC:-$cache/llama.cpp-src}
 [ -f "$src/gguf-py/gguf/__init__.py" ] || die "no gguf-py in $src (the llama.cpp source of $build)"
 "$py" -c 'import numpy' 2>/dev/null || die "$py cannot import numpy (PYTHON=a python3 with numpy)"
 case "$M$root$out" in *[[:space:]]*) die "the model, repository and output paths must not hold spaces" ;; esac
@@ -128,7 +136,11 @@ run() {
     run_id=$((run_id + 1)); id=$(printf 'r%03d' $run_id)
     log "$id $engine $shape $test"
     l0=$(cut -d' ' -f1-3 /proc/loadavg); s0=$(date +%s.%N)
-    /usr/bin/time -f "maxrss_kb %M" -o "$out/raw/$id.time" "$@" </dev/null >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
+    if [ -x /usr/bin/time ]; then
+        /usr/bin/time -f "maxrss_kb %M" -o "$out/raw/$id.time" "$@" </dev/null >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
+    else  # no GNU time (the GPU machine's image): no peak RSS
+        "$@" </dev/null >"$out/raw/$id.out" 2>"$out/raw/$id.err" || rc=$?
+    fi
     s1=$(date +%s.%N); l1=$(cut -d' ' -f1-3 /proc/loadavg)
     [ $rc = 0 ] || log "$id failed (exit $rc): $(tail -2 "$out/raw/$id.err")"
     "$py" - "$id" "$engine" "$shape" "$test" "$rc" "$s0" "$s1" "$l0" "$l1" "$out/raw/$id" "$M" "$*" <<'PY' >>"$out/runs.jsonl"
@@ -188,13 +200,13 @@ model_name() {  # SHAPE -> NAME: SHAPE, or SHAPE-lN with --layers N
 make_gguf() {
     local shape=$1 name tok
     name=$(model_name "$shape")
-    case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-1b) tok=llama3_1 ;; esac
+    case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-*) tok=llama3_1 ;; esac
     tokenizer $tok
     "$py" "$here/shapes.py" "$shape" "$layers" "$M/$name.json" || die "shapes.py $shape failed"
     if [ ! -f "$M/$name-q4_0.gguf" ]; then
         rm -rf "$M/$name-bf16"
         run setup "$name" synth-bf16 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-bf16" --seed 41 \
-            -t "$threads" --tokenizer "$M/tok-$tok" --dtype bf16 || die "synth $name-bf16 failed"
+            -t "$(nproc)" --tokenizer "$M/tok-$tok" --dtype bf16 || die "synth $name-bf16 failed"
         run setup "$name" hf2gguf-q4_0 -- env PYTHONPATH="$src/gguf-py" nice -n 10 "$py" "$root/scripts/hf2gguf.py" \
             --outtype q4_0 "$M/$name-bf16" "$M/$name-q4_0.gguf.tmp" || die "hf2gguf $name failed"
         mv "$M/$name-q4_0.gguf.tmp" "$M/$name-q4_0.gguf"
@@ -209,7 +221,7 @@ make_q4() {
     if [ ! -f "$M/$name-q4/config.json" ]; then
         rm -rf "$M/$name-q4"
         run setup "$name" synth-q4 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-q4" --seed 41 \
-            -t "$threads" -q --q-bits 4 --q-group-size 64 || die "synth $name-q4 failed"
+            -t "$(nproc)" -q --q-bits 4 --q-group-size 64 || die "synth $name-q4 failed"
     fi
 }
 
@@ -223,11 +235,20 @@ bench_pair() {  # SHAPE NAME TEST MLXCEL_ARGS... -- LLAMA_ARGS...
     done
     local ll=(-m "$M/$name-q4_0.gguf" "${la[@]}" -r "$reps" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" -o jsonl -v)
     local ml=(bench -m "$M/$name-q4" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
+    if [ "$gpu" = 1 ]; then
+        ll+=(-ngl 99)
+        ml=(--device cuda "${ml[@]}")
+    fi
     run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
     run llama.cpp "$shape" "$test" -- "$llama_bench" "${ll[@]}" || true
     run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
 }
 
+if [ "$gpu" = 1 ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" ||
+        die "--gpu: nvidia-smi failed"
+    log "GPU: $(cat "$out/device.txt")"
+fi
 log "models in $M ($(df -BG --output=avail "$M" | tail -1 | tr -d ' ') free), output in $out"
 # every GGUF first, then the MLX folders: one bf16 folder at a time beside the files made so
 # far keeps the peak under 20 GB for the full shapes
@@ -243,6 +264,9 @@ for s in ${shapes_sel//,/ }; do
     done
 done
 
-"$py" "$here/summary.py" "$out/runs.jsonl" "$depth" >"$out/summary.md" || die "summary.py failed"
+{
+    [ "$gpu" = 1 ] && printf 'GPU: %s; mlxcel --device cuda, llama-bench -ngl 99 -fa %s\n\n' "$(cat "$out/device.txt")" "$fa"
+    "$py" "$here/summary.py" "$out/runs.jsonl" "$depth"
+} >"$out/summary.md" || die "summary.py failed"
 cat "$out/summary.md"
 log "done: $out/summary.md, $out/runs.jsonl"

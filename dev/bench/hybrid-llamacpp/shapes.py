@@ -19,6 +19,8 @@ NAME is one of:
                   the total ~6.3B fits 4-bit in ~3.6 GB.
   llama-1b        an attention-only model of about the same active size: Llama-3.2-1B's shape
                   (16 x 2048, 32 / 8 heads of 64, FFN 8192, vocabulary 128256, tied).
+  llama-8b        Llama-3.1-8B's shape (32 x 4096, 32 / 8 heads of 128, FFN 14336, vocabulary
+                  128256, untied): the GPU runs' dense reference (issue 42's table).
 LAYERS cuts the shape to its first LAYERS layers (0: all), the layer pattern kept: the smoke
 test's small models (widths unchanged).
 """
@@ -74,7 +76,15 @@ def llama_1b():
     }
 
 
-SHAPES = {"granite-h-tiny": granite_h_tiny, "qwen3-next": qwen3_next, "llama-1b": llama_1b}
+def llama_8b():
+    cfg = llama_1b()
+    cfg.update(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, head_dim=128,
+               tie_word_embeddings=False)
+    return cfg
+
+
+SHAPES = {"granite-h-tiny": granite_h_tiny, "qwen3-next": qwen3_next, "llama-1b": llama_1b,
+          "llama-8b": llama_8b}
 
 
 def main():

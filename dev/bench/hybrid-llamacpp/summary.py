@@ -11,7 +11,7 @@ import statistics
 import sys
 
 SHAPES = {"granite-h-tiny": "Granite-4.0-H-Tiny", "qwen3-next": "Qwen3-Next (24 layers, 64 experts)",
-          "llama-1b": "Llama-3.2-1B"}
+          "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B"}
 
 
 def med(xs):
