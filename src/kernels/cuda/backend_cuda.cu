@@ -73,7 +73,6 @@ int32_t *cu_iscratch(struct cuda_backend *c, size_t n)
         return NULL;
     if (n > c->iscr_cap) {
         cudaFree(c->iscr);
-    cudaFree(c->rscr);
         c->iscr = NULL;
         c->iscr_cap = 0;
         cudaError_t rc = cudaMalloc(&c->iscr, (n + 256) * sizeof(int32_t));
