@@ -38,7 +38,7 @@ bench() {  # 1 (chunked) or 0 (the recurrence), a label, then bench's arguments
   l=$2
   shift 2
   echo "== $l (MLXCEL_CUDA_CHUNKED=$c) $(date +%H:%M:%S)"
-  MLXCEL_CUDA_CHUNKED=$c "$B" --device cuda bench "$@" 2>&1 | grep -E "\| |RSS|KV|kv|rror" ||
+  MLXCEL_CUDA_CHUNKED=$c "$B" bench --device cuda "$@" 2>&1 | grep -E "\| |RSS|KV|kv|rror" ||
     echo "!! $l failed"
 }
 for m in granite-h-tiny-10l qwen3-next-8l; do

@@ -237,7 +237,7 @@ bench_pair() {  # SHAPE NAME TEST MLXCEL_ARGS... -- LLAMA_ARGS...
     local ml=(bench -m "$M/$name-q4" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
     if [ "$gpu" = 1 ]; then
         ll+=(-ngl 99)
-        ml=(--device cuda "${ml[@]}")
+        ml+=(--device cuda)
     fi
     run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
     run llama.cpp "$shape" "$test" -- "$llama_bench" "${ll[@]}" || true
