@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hf2gguf.py [--outtype f16|f32|q4_0] [--mmproj MMPROJ.gguf] SRC OUT.gguf: a GGUF of a float
+"""hf2gguf.py [--outtype f16|f32|q4_0] [--mmproj MMPROJ.gguf] [--threads N] SRC OUT.gguf: a GGUF of a float
 Hugging Face / MLX checkpoint folder, for llama.cpp (options before or after SRC OUT; --help).
 
 The GGUF twin of a `mlxcel synth` model (scripts/bench-vs-llamacpp.sh): the same tensor values, so
@@ -67,9 +67,12 @@ Without torch or transformers: numpy plus the gguf-py that ships inside the llam
   are byte for byte what llama-quantize --pure Q4_0 writes of the F16 file (checked on
   llama-tiny, both hybrids and both small image-text shapes) without the F16 file on disk (a 7B
   twin needs no 15 GB intermediate); general.file_type and general.quantization_version as
-  llama-quantize sets them. Rows that are not whole 32-value blocks are an error.
+  llama-quantize sets them. Rows that are not whole 32-value blocks are an error. Each tensor's
+  rows are quantized on the CPUs (at most 8); --threads N takes N and also reads and converts
+  the next min(N, 4) tensors while one is written (the same bytes for any N; memory: up to
+  min(N, 4) + 1 tensors).
 Tensors are written one at a time (memory stays at one tensor: one expert stack for the MoE
-families). The tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size
+families; a few with --threads). The tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size
 with `[PAD<id>]` tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape
 matters.
 """
@@ -442,25 +445,40 @@ def add_file_type(w, outtype):
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
 
+THREADS = min(8, os.cpu_count() or 1)  # Q4_0 quantization's threads (--threads; numpy lets go of the GIL)
+AHEAD = 0  # tensors read and converted while one is written (--threads N: min(N, 4))
+_pool = None
+
+
 def q4_0(x):
     """x [..., n] (n % 32 == 0) as Q4_0 bytes [..., n / 32 * 18]: the values rounded to F16 first,
     then gguf-py's reference Q4_0 (ggml's quantize_row_q4_0_ref), so the bytes are those
-    llama-quantize --pure Q4_0 makes of the F16 GGUF; a few thousand rows at a time (memory)."""
+    llama-quantize --pure Q4_0 makes of the F16 GGUF; a few thousand rows at a time (memory),
+    spread over THREADS threads (numpy releases the GIL in its loops; each block is quantized
+    alone: the same bytes for any count)."""
+    global _pool
     rows = x.reshape(-1, x.shape[-1])
     out = np.empty((rows.shape[0], rows.shape[1] // 32 * 18), np.uint8)
+    step = max(1, min(4096, -(-rows.shape[0] // THREADS)))
 
-    def part(r):  # numpy releases the GIL in its loops: the parts run on every core
-        p = rows[r:r + 1024].astype(np.float16).astype(np.float32)
-        out[r:r + 1024] = gguf.quants.quantize(p, gguf.GGMLQuantizationType.Q4_0)
+    def part(r):
+        p = rows[r:r + step].astype(np.float16).astype(np.float32)
+        out[r:r + step] = gguf.quants.quantize(p, gguf.GGMLQuantizationType.Q4_0)
 
-    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as ex:
-        list(ex.map(part, range(0, rows.shape[0], 1024)))
+    starts = range(0, rows.shape[0], step)
+    if THREADS > 1:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(THREADS)
+        list(_pool.map(part, starts))
+    else:
+        for r in starts:
+            part(r)
     return out.reshape(*x.shape[:-1], -1)
 
 
 def write_plan(w, plan):
     """Header, then each planned (gguf name, shape, dtype, producer) tensor, one in memory at a
-    time; dtype Q4_0 (with_outtype) is quantized by q4_0()."""
+    time (with AHEAD, up to AHEAD + 1); dtype Q4_0 (with_outtype) is quantized by q4_0()."""
     for g, shape, dt, _ in plan:
         if dt == Q4_0:
             bshape = gguf.quant_shape_to_byte_shape(shape, gguf.GGMLQuantizationType.Q4_0)
@@ -471,13 +489,28 @@ def write_plan(w, plan):
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for g, shape, dt, get in plan:
+    def produce(item):
+        g, shape, dt, get = item
         x = get()
         if list(x.shape) != list(shape):
             sys.exit(f"hf2gguf: {g} has shape {list(x.shape)}, planned {shape}")
-        x = q4_0(np.asarray(x, dtype=np.float32)) if dt == Q4_0 else np.ascontiguousarray(x, dtype=dt)
-        w.write_tensor_data(x)
-        del x
+        return q4_0(np.asarray(x, dtype=np.float32)) if dt == Q4_0 else np.ascontiguousarray(x, dtype=dt)
+
+    if AHEAD == 0:
+        for item in plan:
+            x = produce(item)
+            w.write_tensor_data(x)
+            del x
+    else:  # the next few tensors read and converted while one is written (in order)
+        ahead = AHEAD
+        with concurrent.futures.ThreadPoolExecutor(ahead) as ex:
+            futs = {i: ex.submit(produce, plan[i]) for i in range(min(ahead, len(plan)))}
+            for i in range(len(plan)):
+                x = futs.pop(i).result()
+                if i + ahead < len(plan):
+                    futs[i + ahead] = ex.submit(produce, plan[i + ahead])
+                w.write_tensor_data(x)
+                del x
     w.close()
 
 
@@ -757,7 +790,16 @@ def main():
     ap.add_argument("--mmproj", metavar="MMPROJ.gguf",
                     help="also write the vision tower and projector as llama.cpp's clip GGUF (gemma3, qwen2_5_vl; "
                          "F16/F32 whatever --outtype)")
+    ap.add_argument("--threads", type=int, metavar="N",
+                    help="threads quantizing Q4_0 (default: the CPUs, at most 8), and with it min(N, 4) tensors "
+                         "read and converted ahead while one is written (the bytes do not depend on it)")
     a = ap.parse_args()
+    if a.threads is not None:
+        if a.threads < 1 or a.threads > 1024:
+            sys.exit(f"hf2gguf: --threads {a.threads}: 1 to 1024")
+        global THREADS, AHEAD
+        THREADS = a.threads
+        AHEAD = min(4, a.threads) if a.threads > 1 else 0
     src, out, outtype, mmproj = a.src, a.out, a.outtype, a.mmproj
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)

@@ -185,27 +185,51 @@ def cmd_summary(path):
         if r.get("ok"):
             groups.setdefault((r["shape"], r["engine"]), []).append(r)
     med = lambda xs: float(np.median(xs)) if xs else float("nan")
+    # mlxcel first, then llama.cpp at its default, then its other flash attention settings
+    engines = sorted({r["engine"] for r in runs}, key=lambda e: (e != "mlxcel", e != "llama.cpp", e))
     print("| shape | engine | runs | image tokens | encode ms | TTFT ms (encode + prefill + 1st token) "
           "| preprocess ms | load avg (1 min) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     shapes = sorted({k[0] for k in groups})
     for s in shapes:
-        for e in ("mlxcel", "llama.cpp"):
+        for e in engines:
             rs = groups.get((s, e), [])
             if not rs:
                 continue
-            print(f"| {s} | {e} | {len(rs)} | {rs[0].get('image_tokens', '')} | {med([r['encode_ms'] for r in rs]):.0f} "
-                  f"| {med([r['ttft_ms'] for r in rs]):.0f} | {med([r['preprocess_ms'] for r in rs]):.1f} "
+            pre = [r["preprocess_ms"] for r in rs if r.get("preprocess_ms") is not None]
+            print(f"| {s} | {e} | {len(rs)} | {rs[0].get('image_tokens', '')} | {med([r['encode_ms'] for r in rs]):.1f} "
+                  f"| {med([r['ttft_ms'] for r in rs]):.1f} | {med(pre):.1f} "
                   f"| {med([r['load1_before'] for r in rs]):.2f} |")
         m = groups.get((s, "mlxcel"), [])
-        l = groups.get((s, "llama.cpp"), [])
-        if m and l:
-            print(f"| {s} | **llama.cpp / mlxcel** | | | **{med([r['encode_ms'] for r in l]) / med([r['encode_ms'] for r in m]):.2f}x** "
+        for e in engines:
+            l = groups.get((s, e), [])
+            if e == "mlxcel" or not m or not l:
+                continue
+            print(f"| {s} | **{e} / mlxcel** | | | **{med([r['encode_ms'] for r in l]) / med([r['encode_ms'] for r in m]):.2f}x** "
                   f"| **{med([r['ttft_ms'] for r in l]) / med([r['ttft_ms'] for r in m]):.2f}x** | | |")
     for s in shapes:  # both engines must have seen the same prompt
         seen = {(r["engine"], r.get("image_tokens"), r.get("prompt_tokens")) for r in runs if r.get("ok") and r["shape"] == s}
         if len({(t, p) for _, t, p in seen}) > 1:
             print(f"\n**{s}: the engines' image / prompt token counts differ: {sorted(seen)}**")
+    where = {}  # what ran where, when it was read (mlxcel's backend, llama.cpp's clip and layers)
+    for r in runs:
+        if r.get("ok"):
+            w = where.setdefault((r["shape"], r["engine"]), set())
+            if r.get("backend"):
+                w.add(f"backend {r['backend']}")
+            if r.get("clip_backend"):
+                w.add(f"clip on {r['clip_backend']}")
+            if r.get("llama_offloaded"):
+                w.add(f"{r['llama_offloaded']} layers on the GPU")
+            if r.get("clip_flash_attn"):
+                w.add(f"clip flash attention {r['clip_flash_attn']}")
+            if r.get("clip_unsupported_ops"):
+                w.add("**clip ops its backend lacks (run on the CPU)**")
+    if any(where.values()):
+        print()
+        for (s, e), w in sorted(where.items()):
+            if w:
+                print(f"- {s}, {e}: {', '.join(sorted(w))}")
     bad = [r for r in runs if not r.get("ok")]
     if bad:
         print(f"\n{len(bad)} failed runs (see runs.jsonl)")
