@@ -72,7 +72,7 @@ peaks near 22 GB while its bf16 folder and its Q4_0 twin exist together (28 GB w
 -q folder is written meanwhile), Gemma-3-4B's near 12 GB (15 GB); a shape's models are deleted
 after its runs unless --keep-models. On the 2-core host: Gemma-3-4B about 35 minutes at 3
 rounds (setup ~6, each llama.cpp run ~10 at its default flash attention), Qwen2.5-VL-7B about
-65 (setup ~12, each llama.cpp run ~13). With --gpu on 16 cores: about 4-5 minutes for both
+70, estimated (setup ~12, each llama.cpp run ~14, each mlxcel run ~2.5; -r 1: ~40). With --gpu on 16 cores: about 4-5 minutes for both
 shapes at 3 rounds, mostly the setup (~3 minutes: both shapes at once), the runs a few seconds
 each (loading the model).
 
