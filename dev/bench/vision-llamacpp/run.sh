@@ -254,6 +254,7 @@ prepare_llamacpp() {
         nice -n 10 cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >"$build.log" 2>&1 ||
             die "llama.cpp build failed, see $build.log"
     fi
+    rm -f "$lock"  # held: gone before it is let go (a tool taking a lock directory of that name waits on a file)
     flock -u 8
     exec 8>&-
 }
