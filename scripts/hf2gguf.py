@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hf2gguf.py [--outtype f16|f32|q4_0] [--mmproj MMPROJ.gguf] SRC OUT.gguf: a GGUF of a float
+"""hf2gguf.py [--outtype f16|f32|q4_0] [--threads N] [--mmproj MMPROJ.gguf] SRC OUT.gguf: a GGUF of a float
 Hugging Face / MLX checkpoint folder, for llama.cpp (options before or after SRC OUT; --help).
 
 The GGUF twin of a `mlxcel synth` model (scripts/bench-vs-llamacpp.sh): the same tensor values, so
@@ -66,14 +66,16 @@ Without torch or transformers: numpy plus the gguf-py that ships inside the llam
   ggml's reference Q4_0 (quantize_row_q4_0_ref), a few thousand rows at a time, so the tensors
   are byte for byte what llama-quantize --pure Q4_0 writes of the F16 file (checked on
   llama-tiny, both hybrids and both small image-text shapes) without the F16 file on disk (a 7B
-  twin needs no 15 GB intermediate); general.file_type and general.quantization_version as
-  llama-quantize sets them. Rows that are not whole 32-value blocks are an error.
+  twin needs no 15 GB intermediate), `--threads N` of them at a time (numpy lets go of the GIL
+  inside each operation; the bytes do not change); general.file_type and
+  general.quantization_version as llama-quantize sets them. Rows that are not whole 32-value blocks are an error.
 Tensors are written one at a time (memory stays at one tensor: one expert stack for the MoE
 families). The tokenizer is the folder's tokenizer.json (BPE, ByteLevel), padded to vocab_size
 with `[PAD<id>]` tokens, pre-tokenizer gpt-2; llama-bench feeds token ids, so only its shape
 matters.
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import struct
@@ -441,15 +443,26 @@ def add_file_type(w, outtype):
         w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
 
 
+Q4_THREADS = 1  # --threads
+
+
 def q4_0(x):
     """x [..., n] (n % 32 == 0) as Q4_0 bytes [..., n / 32 * 18]: the values rounded to F16 first,
     then gguf-py's reference Q4_0 (ggml's quantize_row_q4_0_ref), so the bytes are those
     llama-quantize --pure Q4_0 makes of the F16 GGUF; a few thousand rows at a time (memory)."""
     rows = x.reshape(-1, x.shape[-1])
     out = np.empty((rows.shape[0], rows.shape[1] // 32 * 18), np.uint8)
-    for r in range(0, rows.shape[0], 4096):
-        part = rows[r:r + 4096].astype(np.float16).astype(np.float32)
-        out[r:r + 4096] = gguf.quants.quantize(part, gguf.GGMLQuantizationType.Q4_0)
+
+    def part(r):
+        out[r:r + 4096] = gguf.quants.quantize(rows[r:r + 4096].astype(np.float16).astype(np.float32),
+                                               gguf.GGMLQuantizationType.Q4_0)
+    starts = range(0, rows.shape[0], 4096)
+    if Q4_THREADS > 1 and len(starts) > 1:  # numpy lets go of the GIL inside each operation
+        with concurrent.futures.ThreadPoolExecutor(min(Q4_THREADS, len(starts))) as ex:
+            list(ex.map(part, starts))
+    else:
+        for r in starts:
+            part(r)
     return out.reshape(*x.shape[:-1], -1)
 
 
@@ -752,7 +765,13 @@ def main():
     ap.add_argument("--mmproj", metavar="MMPROJ.gguf",
                     help="also write the vision tower and projector as llama.cpp's clip GGUF (gemma3, qwen2_5_vl; "
                          "F16/F32 whatever --outtype)")
+    ap.add_argument("--threads", type=int, default=1, metavar="N",
+                    help="threads quantizing each q4_0 tensor (default 1; the bytes are the same for any N)")
     a = ap.parse_args()
+    if not 1 <= a.threads <= 256:
+        ap.error("--threads: 1 to 256")
+    global Q4_THREADS
+    Q4_THREADS = a.threads
     src, out, outtype, mmproj = a.src, a.out, a.outtype, a.mmproj
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
