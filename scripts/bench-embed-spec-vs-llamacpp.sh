@@ -534,39 +534,31 @@ prepare_draft() {
     llama_shape llama-draft 2 128256 512 1536 4 8 4
 }
 
-# prepare_qwen3_pair: --gpu's Qwen3-0.6B -> Qwen3-8B shapes, made to agree at the rate --agree
-# (the draft test in --help says how); MODELS/qwen3-{8b,0.6b}-q4 and -q4_0.gguf
-prepare_qwen3_pair() {
-    unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
-    qwen3_config 4096 12288 36 32 8 false >"$M/qwen3-8b.json"
-    qwen3_config 1024 3072 28 16 8 false >"$M/qwen3-0.6b.json"  # untied: see --help
-    local n role seed tag=$M/qwen3-pair.agree
-    # made for another --agree: made again
-    if [ "$(cat "$tag" 2>/dev/null)" != "$agree" ]; then
-        rm -rf "${M:?}"/qwen3-{8b,0.6b}{,-q4,-q4_0.gguf}
-    fi
-    for n in qwen3-8b:target:8 qwen3-0.6b:draft:6; do
-        role=${n#*:} seed=${role#*:} role=${role%%:*} n=${n%%:*}
-        [ -f "$M/$n-q4/config.json" ] && [ -f "$M/$n-q4_0.gguf" ] && continue
-        synth "$n" "$M/$n.json" "$seed" "$M/tok-qwen3" --dtype bf16
-        if step "agree: $M/$n's embedding x 4096, its lm_head the successor map ($role, --agree $agree)"; then
-            "$py" - "$M/$n" "$role" "$agree" <<'PY' || die "cannot rewrite $M/$n"
+# qwen3_one NAME ROLE SEED: one model of the pair (prepare_qwen3_pair)
+qwen3_one() {
+    local n=$1 role=$2 seed=$3
+    [ -f "$M/$n-q4/config.json" ] && [ -f "$M/$n-q4_0.gguf" ] && return 0
+    # a folder whose rewrite did not finish is made again (the rewrite is not idempotent)
+    [ -f "$M/$n/.agreed" ] || rm -rf "${M:?}/$n"
+    synth "$n" "$M/$n.json" "$seed" "$M/tok-qwen3" --dtype bf16
+    if [ ! -f "$M/$n/.agreed" ] && step "agree: $M/$n's embedding x 4096, its lm_head the successor map ($role, --agree $agree)"; then
+        "$py" - "$M/$n" "$role" "$agree" <<'PY' && touch "$M/$n/.agreed" || die "cannot rewrite $M/$n"
 import json, os, struct, sys
 import numpy as np
 d, role, p = sys.argv[1], sys.argv[2], float(sys.argv[3])
 N = 151643  # the ordinary tokens of the Qwen3 vocabulary (the rest are special)
 where = {}
 for fn in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
-    with open(f"{d}/{fn}", "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        for k, v in json.loads(f.read(n)).items():
-            if k != "__metadata__":
-                where[k] = (f"{d}/{fn}", 8 + n, v)
+with open(f"{d}/{fn}", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    for k, v in json.loads(f.read(n)).items():
+        if k != "__metadata__":
+            where[k] = (f"{d}/{fn}", 8 + n, v)
 def view(name):
-    path, base, h = where[name]
-    assert h["dtype"] == "BF16", (name, h["dtype"])
-    a, b = h["data_offsets"]
-    return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
+path, base, h = where[name]
+assert h["dtype"] == "BF16", (name, h["dtype"])
+a, b = h["data_offsets"]
+return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
 E, H = view("model.embed_tokens.weight"), view("lm_head.weight")
 V = E.shape[0]
 assert H.shape == E.shape and V >= N
@@ -575,9 +567,9 @@ assert H.shape == E.shape and V >= N
 # permutation, so every row of the head is one embedding row)
 succ = (np.arange(N) + 1) % N
 if role == "draft":
-    bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
-    succ[bad] = succ[np.roll(bad, -1)]
-    assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
+bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
+succ[bad] = succ[np.roll(bad, -1)]
+assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
 # head row succ[x] = embedding row x (before scaling): the greedy pick after token x is succ[x]
 H[:] = 0
 H[succ] = E[:N]
@@ -587,15 +579,43 @@ E[:] = (x.view(np.uint32) >> 16).astype(np.uint16)
 E.flush(); H.flush()
 print(f"{d}: {role}, {N} successors, {np.mean(succ == (np.arange(N) + 1) % N):.4f} of them the target's")
 PY
-        fi
-        if [ ! -f "$M/$n-q4/config.json" ] && step "mlxcel convert -m $M/$n -o $M/$n-q4 -q --q-bits 4 --q-group-size 64"; then
-            rm -rf "${M:?}/$n-q4"
-            nice -n 10 "$mlxcel" convert -m "$M/$n" -o "$M/$n-q4" -q --q-bits 4 --q-group-size 64 >/dev/null ||
-                die "mlxcel convert $M/$n failed"
-        fi
-        q4_0_gguf "$n"
-        if [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
-    done
+    fi
+    # the MLX 4-bit folder and the Q4_0 GGUF at once, both read the bf16 one
+    local conv=""
+    if [ ! -f "$M/$n-q4/config.json" ] && step "mlxcel convert -m $M/$n -o $M/$n-q4 -q --q-bits 4 --q-group-size 64"; then
+        rm -rf "${M:?}/$n-q4"
+        nice -n 10 "$mlxcel" convert -m "$M/$n" -o "$M/$n-q4" -q --q-bits 4 --q-group-size 64 >/dev/null &
+        conv=$!
+    fi
+    q4_0_gguf "$n"
+    [ -z "$conv" ] || wait "$conv" || die "mlxcel convert $M/$n failed"
+    if [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
+}
+
+# prepare_qwen3_pair: --gpu's Qwen3-0.6B -> Qwen3-8B shapes, made to agree at the rate --agree
+# (the draft test in --help says how); MODELS/qwen3-{8b,0.6b}-q4 and -q4_0.gguf
+prepare_qwen3_pair() {
+    unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
+    qwen3_config 4096 12288 36 32 8 false >"$M/qwen3-8b.json"
+    qwen3_config 1024 3072 28 16 8 false >"$M/qwen3-0.6b.json"  # untied: see --help
+    local tag=$M/qwen3-pair.agree
+    # made for another --agree: made again
+    if [ "$(cat "$tag" 2>/dev/null)" != "$agree" ]; then
+        rm -rf "${M:?}"/qwen3-{8b,0.6b}{,-q4,-q4_0.gguf}
+    fi
+    # the two models at once (--dry-run: one after the other)
+    if [ "$dry" = 1 ]; then
+        qwen3_one qwen3-8b target 8
+        qwen3_one qwen3-0.6b draft 6
+    else
+        local p8 p06
+        qwen3_one qwen3-8b target 8 &
+        p8=$!
+        qwen3_one qwen3-0.6b draft 6 &
+        p06=$!
+        wait "$p8" || die "the Qwen3-8B shape failed"
+        wait "$p06" || die "the Qwen3-0.6B shape failed"
+    fi
     [ "$dry" = 1 ] || echo "$agree" >"$tag"
 }
 
@@ -692,6 +712,7 @@ run() {
     local engine=$1 test=$2 config=$3 id l0 l1 s0 s1 rc=0
     shift 4
     run_n=$((run_n + 1)); id=$(printf '%s%03d' "${test:0:1}" $run_n)
+    last_id=$id
     if [ "$dry" = 1 ]; then
         echo "RUN $id $engine $test $config: $*"
         return 0
@@ -736,8 +757,6 @@ if "gen_s" in r and r["gen_s"] > 0:
     r["gen_tok_s"] = round(r["gen_tokens"] / r["gen_s"], 2)
 print(json.dumps(r))
 PY
-    # --gpu's embedding outputs are tens of MB each: their size is in runs.jsonl
-    if [ "$gpu" = 1 ] && [ "$test" = embed ]; then rm -f "$out/raw/$id.out"; fi
 }
 
 # the embedding models, their input files' prefix and llama.cpp's physical batch (-ub): the
@@ -758,38 +777,39 @@ embed_cmd() {
     fi
 }
 
-embed_round() {  # one round: mlxcel, llama.cpp, mlxcel for each model and batch shape
-    local f mp e
+# embed_round ROUND: mlxcel, llama.cpp, mlxcel for each model and input; --gpu compares the
+# vectors of round 1's first two runs (embed_compare) instead of separate runs before timing
+# (embed_check), and keeps no output (tens of MB each; their size is in runs.jsonl)
+embed_round() {
+    local f mp e ids
     for mp in "${embed_models[@]}"; do
         for f in "${embed_shapes[@]}"; do
+            ids=()
             for e in mlxcel llamacpp mlxcel; do
                 # shellcheck disable=SC2046  # paths without spaces (checked at the start)
                 run "$e" embed "${mp%%:*}-$f" -- $(embed_cmd "$e" "${mp%%:*}" "${mp#*:}" "$f")
+                ids+=("$last_id")
             done
+            [ "$gpu" = 1 ] || continue
+            if [ "$1" = 1 ] && [ "$dry" = 0 ]; then
+                embed_compare "$out/raw/${ids[0]}.out" "$out/raw/${ids[1]}.out" "$out/raw/${ids[1]}.err" "${mp%%:*}" "$f" ||
+                    echo "WARNING embed check ${mp%%:*}-$f (${ids[0]} against ${ids[1]}) failed; the timing goes on" |
+                    tee -a "$out/meta.txt" >&2
+            elif [ "$1" = 1 ]; then
+                echo "CHECK ${ids[0]} against ${ids[1]}"
+            fi
+            rm -f "$out/raw/${ids[0]}.out" "$out/raw/${ids[1]}.out" "$out/raw/${ids[2]}.out"
         done
     done
 }
 
-# embed_check: both engines' vectors and token counts the same, before any timing (--gpu: a
-# disagreement is reported and the timing goes on: a rerun costs GPU time)
-embed_check() {
-    local mp mn f rc
-    for mp in "${embed_models[@]}"; do for f in "${embed_shapes[@]}"; do
-        mn=${mp%%:*}
-        if [ "$dry" = 1 ]; then
-            echo "CHECK $(embed_cmd mlxcel "$mn" "${mp#*:}" "$f") against $(embed_cmd llamacpp "$mn" "${mp#*:}" "$f")"
-            continue
-        fi
-        # shellcheck disable=SC2046,SC2091  # the command line embed_cmd prints, run
-        $(embed_cmd mlxcel "$mn" "${mp#*:}" "$f") >"$out/embed-mlxcel-$mn-$f.json" 2>"$out/raw/embed-check-mlxcel-$mn-$f.err" ||
-            die "mlxcel embed failed: $(tail -2 "$out/raw/embed-check-mlxcel-$mn-$f.err")"
-        # shellcheck disable=SC2046,SC2091
-        $(embed_cmd llamacpp "$mn" "${mp#*:}" "$f") >"$out/embed-llamacpp-$mn-$f.json" 2>"$out/raw/embed-check-$mn-$f.err" ||
-            die "llama-embedding failed: $(tail -2 "$out/raw/embed-check-$mn-$f.err")"
-        grep -o 'batch_decode: n_tokens = [0-9]*, n_seq = [0-9]*' "$out/raw/embed-check-$mn-$f.err" | sort | uniq -c |
-            sed "s/^ */$mn-$f: /" | tee -a "$out/meta.txt" >&2
-        rc=0
-        "$py" - "$out/embed-mlxcel-$mn-$f.json" "$out/embed-llamacpp-$mn-$f.json" "$f" "$gpu" <<'PY' 2>&1 | tee -a "$out/meta.txt" >&2 || rc=$?
+# embed_compare MLXCEL_JSON LLAMA_JSON LLAMA_STDERR MODEL SHAPE: the same number of vectors, each
+# line the shape's token count in mlxcel, cosine >= 0.9999 (--gpu 0.999); the result into meta.txt
+embed_compare() {
+    local rc=0
+    grep -o 'batch_decode: n_tokens = [0-9]*, n_seq = [0-9]*' "$3" | sort | uniq -c |
+        sed "s/^ */$4-$5: /" | tee -a "$out/meta.txt" >&2
+    "$py" - "$1" "$2" "$5" "$gpu" "$4-$5" <<'PY' 2>&1 | tee -a "$out/meta.txt" >&2 || rc=$?
 import json, sys
 import numpy as np
 a = json.load(open(sys.argv[1]))["data"]
@@ -802,19 +822,33 @@ y = np.array([v["embedding"] for v in b], np.float64)
 x /= np.linalg.norm(x, axis=1, keepdims=True)
 y /= np.linalg.norm(y, axis=1, keepdims=True)
 worst, md = float(np.min(np.sum(x * y, axis=1))), float(np.max(np.abs(x - y)))
-print(f"embed {sys.argv[1].split('mlxcel-')[-1][:-5]}: {len(a)} vectors of {x.shape[1]} "
-      f"({sum(v.get('n_tokens', 0) for v in a)} tokens in mlxcel), min cosine {worst:.7f}, "
-      f"max |diff| of unit vectors {md:.2e}")
+print(f"embed {sys.argv[5]}: {len(a)} vectors of {x.shape[1]} ({sum(v.get('n_tokens', 0) for v in a)} tokens "
+      f"in mlxcel), min cosine {worst:.7f}, max |diff| of unit vectors {md:.2e}")
 if bad:
     sys.exit(f"{len(bad)} lines are not {L} tokens in mlxcel (the first: line {bad[0] + 1})")
 if worst < (0.999 if sys.argv[4] == "1" else 0.9999):
     sys.exit("the engines disagree")
 PY
-        if [ $rc != 0 ]; then
-            [ "$gpu" = 1 ] || die "embed check $mn-$f failed"
-            echo "WARNING embed check $mn-$f failed (timing goes on)" | tee -a "$out/meta.txt" >&2
+    return $rc
+}
+
+# embed_check (CPU): both engines' vectors and token counts the same, before any timing
+embed_check() {
+    local mp mn f
+    for mp in "${embed_models[@]}"; do for f in "${embed_shapes[@]}"; do
+        mn=${mp%%:*}
+        if [ "$dry" = 1 ]; then
+            echo "CHECK $(embed_cmd mlxcel "$mn" "${mp#*:}" "$f") against $(embed_cmd llamacpp "$mn" "${mp#*:}" "$f")"
+            continue
         fi
-        rm -f "$out/embed-mlxcel-$mn-$f.json" "$out/embed-llamacpp-$mn-$f.json"
+        # shellcheck disable=SC2046,SC2091  # the command line embed_cmd prints, run
+        $(embed_cmd mlxcel "$mn" "${mp#*:}" "$f") >"$out/embed-mlxcel-$mn-$f.json" 2>"$out/raw/embed-check-mlxcel-$mn-$f.err" ||
+            die "mlxcel embed failed: $(tail -2 "$out/raw/embed-check-mlxcel-$mn-$f.err")"
+        # shellcheck disable=SC2046,SC2091
+        $(embed_cmd llamacpp "$mn" "${mp#*:}" "$f") >"$out/embed-llamacpp-$mn-$f.json" 2>"$out/raw/embed-check-$mn-$f.err" ||
+            die "llama-embedding failed: $(tail -2 "$out/raw/embed-check-$mn-$f.err")"
+        embed_compare "$out/embed-mlxcel-$mn-$f.json" "$out/embed-llamacpp-$mn-$f.json" "$out/raw/embed-check-$mn-$f.err" \
+            "$mn" "$f" || die "embed check $mn-$f failed"
     done; done
 }
 
@@ -962,7 +996,7 @@ for t in embed lookup draft; do
     log "test $t"
     rc=0
     case $t in
-    embed) (embed_check; for ((i = 1; i <= rounds; i++)); do embed_round; done) || rc=$? ;;
+    embed) (if [ "$gpu" = 0 ]; then embed_check; fi; for ((i = 1; i <= rounds; i++)); do embed_round $i; done) || rc=$? ;;
     lookup) (for ((i = 1; i <= rounds; i++)); do lookup_round; done) || rc=$? ;;
     draft) (for ((i = 1; i <= rounds; i++)); do draft_round; done) || rc=$? ;;
     esac
