@@ -549,16 +549,16 @@ d, role, p = sys.argv[1], sys.argv[2], float(sys.argv[3])
 N = 151643  # the ordinary tokens of the Qwen3 vocabulary (the rest are special)
 where = {}
 for fn in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
-with open(f"{d}/{fn}", "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    for k, v in json.loads(f.read(n)).items():
-        if k != "__metadata__":
-            where[k] = (f"{d}/{fn}", 8 + n, v)
+    with open(f"{d}/{fn}", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        for k, v in json.loads(f.read(n)).items():
+            if k != "__metadata__":
+                where[k] = (f"{d}/{fn}", 8 + n, v)
 def view(name):
-path, base, h = where[name]
-assert h["dtype"] == "BF16", (name, h["dtype"])
-a, b = h["data_offsets"]
-return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
+    path, base, h = where[name]
+    assert h["dtype"] == "BF16", (name, h["dtype"])
+    a, b = h["data_offsets"]
+    return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
 E, H = view("model.embed_tokens.weight"), view("lm_head.weight")
 V = E.shape[0]
 assert H.shape == E.shape and V >= N
@@ -567,9 +567,9 @@ assert H.shape == E.shape and V >= N
 # permutation, so every row of the head is one embedding row)
 succ = (np.arange(N) + 1) % N
 if role == "draft":
-bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
-succ[bad] = succ[np.roll(bad, -1)]
-assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
+    bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
+    succ[bad] = succ[np.roll(bad, -1)]
+    assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
 # head row succ[x] = embedding row x (before scaling): the greedy pick after token x is succ[x]
 H[:] = 0
 H[succ] = E[:N]
@@ -1062,9 +1062,10 @@ if fixed:
         f = fixed.get((model, eng))
         ps = [r["prompt_s"] for r in ok if "prompt_s" in r]
         own = med(ps) if ps else None
-        lines.append(f"| {model} | {shape} | {eng} | {wall:.3f} | " + (f"{f:.3f} | {wall - f:.3f} | "
-                     f"{n * L / (wall - f):,.0f}" if f is not None and wall > f else " | | ") + " | " +
-                     (f"{own:.3f} | {n * L / own:,.0f}" if own else " | ") + " |")
+        cells = [model, shape, eng, f"{wall:.3f}"]
+        cells += [f"{f:.3f}", f"{wall - f:.3f}", f"{n * L / (wall - f):,.0f}"] if f is not None and wall > f else ["", "", ""]
+        cells += [f"{own:.3f}", f"{n * L / own:,.0f}"] if own else ["", ""]
+        lines.append("| " + " | ".join(cells) + " |")
 # mlxcel: speculative output identical to plain?
 ident = []
 for r in runs:
