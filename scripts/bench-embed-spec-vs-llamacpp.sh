@@ -32,7 +32,9 @@ usage: scripts/bench-embed-spec-vs-llamacpp.sh [OPTIONS]
                        its 512 positions leave after the 274-token prompt)
       --draft-max N    draft length for both engines (default 16; the draft pairs use 4)
       --gpu            on the GPU: mlxcel `--device cuda`, llama.cpp `-ngl 99` (and `-ngld 99`
-                       for a draft model), flash attention on in every llama.cpp run; the GPU
+                       for a draft model) and `-fa auto` in every run (its default: flash
+                       attention wherever its CUDA kernels take the head size, llama-tiny's 32
+                       perhaps not; on the CPU, -fa on for embeddings, off for generation); the GPU
                        shapes (below). Builds nothing: MLXCEL (or MLXCEL_BIN) must be a CUDA
                        mlxcel and LLAMA_BUILD a CUDA llama.cpp build with the targets below
       --agree P        --gpu's Qwen3 pair: the share of tokens on which the draft predicts
@@ -99,8 +101,9 @@ Environment:
   BENCH_CACHE  cache folder (default ~/.cache/mlxcel-bench): npm package, llama.cpp source
   LLAMA_BUILD  llama.cpp CMake build folder (default $BENCH_CACHE/llama.cpp-build); built or
                completed with the targets above when they are missing (not with --gpu)
-  MODELS       model folder (default $BENCH_CACHE/models; --gpu writes ~30 GB at its peak and
-               keeps ~15 GB: its bf16 sources are deleted once converted)
+  MODELS       model folder (default $BENCH_CACHE/models; --gpu needs ~40 GB at its peak, the
+               Qwen3-8B shape's bf16 source among them, and keeps ~18 GB: the bf16 sources of
+               the generation models are deleted once converted)
   MLXCEL       an mlxcel binary to use instead of building build/mlxcel (its environment,
                MLXCEL_CUDA_PLUGIN, LD_LIBRARY_PATH, as the caller exported it); MLXCEL_BIN
                is read where MLXCEL is not set
@@ -176,17 +179,20 @@ out=$(cd "$out" && pwd)
 # setup (synth, conversion, quantization) may use every core; the measured runs use $threads
 setup_threads=$threads
 [ "$gpu" = 1 ] && setup_threads=$(nproc)
-# --gpu: the flags that put each engine on the GPU; llama.cpp's flash attention for generation
-# (the CPU runs turn it off: llama.cpp's CPU flash attention is slower there, see docs/benchmarks.md)
+# --gpu: the flags that put each engine on the GPU; llama.cpp's flash attention for embeddings and
+# generation (the CPU runs turn it off for generation: llama.cpp's CPU flash attention is slower
+# there, see docs/benchmarks.md; on the GPU, auto: on wherever its CUDA kernels take the head size)
 mlx_dev=()
 ll_dev=()
 ll_dev_draft=()
+ll_fa_embed=on
 ll_fa_gen=off
 if [ "$gpu" = 1 ]; then
     mlx_dev=(--device cuda)
     ll_dev=(-ngl 99)
     ll_dev_draft=(-ngld 99)
-    ll_fa_gen=on
+    ll_fa_embed=auto
+    ll_fa_gen=auto
 fi
 device=cpu
 # ---- llama.cpp ----
@@ -773,7 +779,7 @@ embed_cmd() {
         echo "$mlxcel" embed "${mlx_dev[@]}" -m "$M/$2" -f "$M/${3%%:*}-$4.txt" -t "$threads" --json
     else
         echo "$llama_bin/llama-embedding" -m "$M/$2-f16.gguf" -f "$M/${3%%:*}-$4.txt" -t "$threads" -tb "$threads" \
-            "${ll_dev[@]}" -c 2048 -b 2048 -ub "$ub" -np "$np" -fa on --embd-normalize 2 --embd-output-format json
+            "${ll_dev[@]}" -c 2048 -b 2048 -ub "$ub" -np "$np" -fa "$ll_fa_embed" --embd-normalize 2 --embd-output-format json
     fi
 }
 
@@ -986,7 +992,7 @@ mkdir -p "$out/raw"
         "$cache/node-llama-cpp-$NLC_VERSION/package/llama/llama.cpp.info.json" 2>/dev/null)"
     echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cpus, threads $threads, rounds $rounds"
     echo "device $device"
-    [ "$gpu" = 1 ] && echo "gpu: mlxcel ${mlx_dev[*]}, llama.cpp ${ll_dev[*]} (drafts ${ll_dev_draft[*]}), flash attention on; --agree $agree"
+    [ "$gpu" = 1 ] && echo "gpu: mlxcel ${mlx_dev[*]}, llama.cpp ${ll_dev[*]} (drafts ${ll_dev_draft[*]}) -fa auto; --agree $agree"
     echo "models $(du -sh "$M" 2>/dev/null | cut -f1)"
 } >"$out/meta.txt"
 
