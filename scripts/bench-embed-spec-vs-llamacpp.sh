@@ -110,6 +110,9 @@ Environment:
   GGUF_PY      the gguf-py folder of the llama.cpp source (holding gguf/), for hf2gguf.py
                (default: LLAMA_SRC/gguf-py, LLAMA_SRC from LLAMA_BUILD's CMakeCache.txt; else
                a gguf module PYTHON can import)
+  EDIT_SRC     the code-editing prompt's file where this checkout has no git history (a copy
+               of `git show 46dfd2c:src/engine/sampler.c`); without it and without history, the
+               working tree's src/engine/sampler.c (a warning; meta.txt says which)
   PYTHON       a Python 3 with numpy (default /usr/bin/python3)
 EOF
 }
@@ -516,9 +519,22 @@ llama_shape() {
 
 prepare_prompts() {
     unxz_tokenizer "$root/tests/fixtures/tokenizers/llama3_1" "$M/tok-llama3"
-    # the code-editing prompt
+    # the code-editing prompt: src/engine/sampler.c at $SRC_COMMIT; EDIT_SRC, a copy of it, where
+    # this checkout has no git history (a copied working tree), else the working tree's (said in
+    # meta.txt: another file, another token count)
+    local what="src/engine/sampler.c at $SRC_COMMIT"
+    if [ -n "${EDIT_SRC:-}" ]; then
+        [ -f "$EDIT_SRC" ] || die "EDIT_SRC=$EDIT_SRC is not a file"
+        what="EDIT_SRC=$EDIT_SRC"
+        cp "$EDIT_SRC" "$M/edit-src.c"
+    elif ! git -C "$root" show "$SRC_COMMIT:src/engine/sampler.c" >"$M/edit-src.c" 2>/dev/null; then
+        what="the working tree's src/engine/sampler.c (no git history here to show $SRC_COMMIT's)"
+        log "warning: the code-editing prompt holds $what"
+        cp "$root/src/engine/sampler.c" "$M/edit-src.c"
+    fi
+    echo "$what, $(wc -l <"$M/edit-src.c") lines" >"$M/edit-prompt.what"
     { printf 'Rewrite the C file below with three small changes: rename the function sampler_free to sampler_destroy, change every "default" comment to "fallback", and keep everything else byte for byte. Print the whole file.\n\n```c\n'
-      git -C "$root" show "$SRC_COMMIT:src/engine/sampler.c" || die "git show $SRC_COMMIT:src/engine/sampler.c failed"
+      cat "$M/edit-src.c"
       printf '```\n\nThe rewritten file:\n\n```c'; } >"$M/edit-prompt.txt"
     head -c 2000 "$M/edit-prompt.txt" >"$M/draft-prompt.txt"
 }
@@ -987,11 +1003,12 @@ rm -rf "$out/raw" "$out/runs.jsonl"
 mkdir -p "$out/raw"
 {
     echo "date_start $(date -u +%FT%TZ)"
-    echo "mlxcel $(git -C "$root" rev-parse HEAD) $("$mlxcel" --version 2>&1 | head -1)"
+    echo "mlxcel $(git -C "$root" rev-parse HEAD 2>/dev/null || echo "(no git history)") $("$mlxcel" --version 2>&1 | head -1)"
     echo "llama.cpp $(git -C "$llama_src" rev-parse HEAD 2>/dev/null) tag $(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' \
         "$cache/node-llama-cpp-$NLC_VERSION/package/llama/llama.cpp.info.json" 2>/dev/null)"
     echo "cpu $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cpus, threads $threads, rounds $rounds"
     echo "device $device"
+    if want lookup || want draft; then echo "code-editing prompt: $(cat "$M/edit-prompt.what" 2>/dev/null)"; fi
     [ "$gpu" = 1 ] && echo "gpu: mlxcel ${mlx_dev[*]}, llama.cpp ${ll_dev[*]} (drafts ${ll_dev_draft[*]}) -fa auto; --agree $agree"
     echo "models $(du -sh "$M" 2>/dev/null | cut -f1)"
 } >"$out/meta.txt"
