@@ -63,8 +63,9 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           fitted 16 / 4 with their words after the first shuffled, which keeps the token count:
           checked), and one line of 128 per engine and model, whose wall time is the fixed cost
           (start, load, GPU set-up) that summary.md subtracts; llama-embedding with batches
-          of 8192 tokens (-c/-b 8192, -ub 2048 for both models, -np 64 or 16: mlxcel embed
-          hands its engine 64 lines at a time); llama-embedding's own
+          of 8192 tokens (-c/-b 8192, -np 64 or 16: mlxcel embed hands its engine 64 lines at
+          a time; no -ub: llama-embedding makes the physical batch the logical one unless
+          --attention causal, so the CPU runs' -ub changes nothing either); llama-embedding's own
           "prompt eval time" (its decode calls) is reported beside it (mlxcel prints none).
           --gpu's comparison allows cosine 0.999 and, below it, warns instead of stopping.
   lookup  prompt lookup on a code-editing prompt: src/engine/sampler.c at commit 46dfd2c
@@ -790,17 +791,18 @@ embed_models=("bert-base:embed:512" "qwen3-emb-0.6b:qembed:2048")
 
 # embed_cmd ENGINE MODEL PREFIX:UB SHAPE: the command line of one embedding run (llama.cpp: a
 # batch of 2048 tokens, 16 sequences of 128 or 4 of 512, -np the sequences a batch holds; --gpu:
-# 8192 tokens, as many as mlxcel embed hands its engine at a time, 64 lines of 128, and physical
-# batches of 2048 for both models)
+# 8192 tokens, as many as mlxcel embed hands its engine at a time, 64 lines of 128). NB: this
+# llama-embedding sets its physical batch to the logical one unless --attention causal is given
+# (examples/embedding/embedding.cpp), so -ub changes nothing there; --gpu leaves it out
 embed_cmd() {
-    local np ub=${3#*:} len=${4#*x} batch=2048
-    if [ "$gpu" = 1 ]; then batch=8192 ub=2048; fi
+    local np ub=(-ub "${3#*:}") len=${4#*x} batch=2048
+    if [ "$gpu" = 1 ]; then batch=8192 ub=(); fi
     np=$((batch / len))
     if [ "$1" = mlxcel ]; then
         echo "$mlxcel" embed "${mlx_dev[@]}" -m "$M/$2" -f "$M/${3%%:*}-$4.txt" -t "$threads" --json
     else
         echo "$llama_bin/llama-embedding" -m "$M/$2-f16.gguf" -f "$M/${3%%:*}-$4.txt" -t "$threads" -tb "$threads" \
-            "${ll_dev[@]}" -c "$batch" -b "$batch" -ub "$ub" -np "$np" -fa "$ll_fa_embed" --embd-normalize 2 \
+            "${ll_dev[@]}" -c "$batch" -b "$batch" "${ub[@]}" -np "$np" -fa "$ll_fa_embed" --embd-normalize 2 \
             --embd-output-format json
     fi
 }
