@@ -453,10 +453,13 @@ def q4_0(x):
     rows = x.reshape(-1, x.shape[-1])
     out = np.empty((rows.shape[0], rows.shape[1] // 32 * 18), np.uint8)
 
+    # a few thousand rows at a time; threaded, at least two parts a thread where the rows allow
+    step = 4096 if Q4_THREADS == 1 else min(4096, max(256, -(-rows.shape[0] // (2 * Q4_THREADS))))
+
     def part(r):
-        out[r:r + 4096] = gguf.quants.quantize(rows[r:r + 4096].astype(np.float16).astype(np.float32),
+        out[r:r + step] = gguf.quants.quantize(rows[r:r + step].astype(np.float16).astype(np.float32),
                                                gguf.GGMLQuantizationType.Q4_0)
-    starts = range(0, rows.shape[0], 4096)
+    starts = range(0, rows.shape[0], step)
     if Q4_THREADS > 1 and len(starts) > 1:  # numpy lets go of the GIL inside each operation
         with concurrent.futures.ThreadPoolExecutor(min(Q4_THREADS, len(starts))) as ex:
             list(ex.map(part, starts))
