@@ -328,10 +328,20 @@ synth() {  # NAME CONFIG SEED TOKENIZER_DIR [FLAGS]
         die "mlxcel synth $dir failed"
 }
 
+# unxz_cat FILE.xz / untar_xz FILE.tar.xz DIR: xz where it is installed, else PYTHON's lzma (a
+# machine without xz-utils)
+unxz_cat() {
+    if command -v xz >/dev/null; then xz -dc "$1"; else "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"; fi
+}
+untar_xz() {
+    if command -v xz >/dev/null; then tar -xJf "$1" -C "$2"; else "$py" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1], "r:xz"); t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))' "$1" "$2"; fi
+}
+
 unxz_tokenizer() {  # FIXTURE_DIR OUT_DIR
     [ -f "$2/tokenizer.json" ] && return 0
     mkdir -p "$2"
-    xz -dc "$1/tokenizer.json.xz" >"$2/tokenizer.json" && cp "$1/tokenizer_config.json" "$2/" ||
+    unxz_cat "$1/tokenizer.json.xz" >"$2/tokenizer.json.tmp" && cp "$1/tokenizer_config.json" "$2/" &&
+        mv "$2/tokenizer.json.tmp" "$2/tokenizer.json" ||
         die "cannot unpack $1"
 }
 
@@ -386,7 +396,7 @@ prepare_embed() {
     local tok=$M/tok-bert-uncased st=$M/bert_st f
     unxz_tokenizer "$root/tests/fixtures/tokenizers/bert_uncased" "$tok"
     if [ ! -f "$st/config.json" ]; then
-        mkdir -p "$M/.st" && tar -xJf "$root/tests/fixtures/golden/bert_st.tar.xz" -C "$M/.st" &&
+        mkdir -p "$M/.st" && untar_xz "$root/tests/fixtures/golden/bert_st.tar.xz" "$M/.st" &&
             rm -rf "$st" && mv "$M/.st/bert_st" "$st" && rmdir "$M/.st" || die "cannot unpack bert_st"
     fi
     "$py" - "$st/config.json" "$M/bert-base.json" <<'PY'
@@ -413,7 +423,7 @@ PY
     # post-processor (<|endoftext|> appended)
     local q=$M/qwen3-emb-0.6b qe=$M/qwen3_emb
     if [ ! -f "$qe/config.json" ]; then
-        mkdir -p "$M/.st" && tar -xJf "$root/tests/fixtures/golden/qwen3_emb.tar.xz" -C "$M/.st" &&
+        mkdir -p "$M/.st" && untar_xz "$root/tests/fixtures/golden/qwen3_emb.tar.xz" "$M/.st" &&
             rm -rf "$qe" && mv "$M/.st/qwen3_emb" "$qe" && rmdir "$M/.st" || die "cannot unpack qwen3_emb"
     fi
     unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
@@ -519,8 +529,11 @@ llama_shape() {
     if [ "$gpu" = 1 ] && [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
+# prepare_prompts: the shared files, written before the tests' setups run side by side: the
+# tokenizers and the prompts
 prepare_prompts() {
     unxz_tokenizer "$root/tests/fixtures/tokenizers/llama3_1" "$M/tok-llama3"
+    unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
     # the code-editing prompt: src/engine/sampler.c at $SRC_COMMIT; EDIT_SRC, a copy of it, where
     # this checkout has no git history (a copied working tree), else the working tree's (said in
     # meta.txt: another file, another token count)
@@ -649,7 +662,7 @@ tiny=$root/models/llama-tiny
 
 prepare_tiny() {
     if [ ! -f "$tiny/model.safetensors" ]; then
-        tar -xJf "$root/models/llama-tiny.tar.xz" -C "$M" || die "cannot unpack models/llama-tiny.tar.xz"
+        untar_xz "$root/models/llama-tiny.tar.xz" "$M" || die "cannot unpack models/llama-tiny.tar.xz"
     fi
     hf2gguf "$tiny" "$M/llama-tiny-f16.gguf"
     # the early-exit draft: layers 0-1 of llama-tiny, its embedding, final norm and tied head
@@ -980,8 +993,12 @@ fail() {  # TEST WHY
     log "FAILED $1: $2"
 }
 log "setup$gpu_tag"
+# (each subshell starts outside any condition, so that errexit holds inside it: bash ignores -e
+# in whatever runs within an if, || or && test, subshells and functions included)
 if want lookup || want draft; then
-    if (prepare_prompts && prepare_tiny); then setup_ok="$setup_ok common"; else fail common "setup failed"; fi
+    (prepare_prompts; prepare_tiny) &
+    pid=$!
+    if wait $pid; then setup_ok="$setup_ok common"; else fail common "setup failed"; fi
 fi
 declare -A setup_pid=()
 for t in embed lookup draft; do
@@ -990,11 +1007,11 @@ for t in embed lookup draft; do
     if [ "$gpu" = 1 ] && [ "$dry" = 0 ]; then
         (prepare_$t) >"$out/setup-$t.log" 2>&1 &
         setup_pid[$t]=$!
-    elif (prepare_$t); then
-        setup_ok="$setup_ok $t"
-    else
-        fail "$t" "setup failed"
+        continue
     fi
+    (prepare_$t) &
+    pid=$!
+    if wait $pid; then setup_ok="$setup_ok $t"; else fail "$t" "setup failed"; fi
 done
 for t in "${!setup_pid[@]}"; do
     if wait "${setup_pid[$t]}"; then
@@ -1024,12 +1041,14 @@ for t in embed lookup draft; do
     want "$t" || continue
     case " $setup_ok " in *" $t "*) ;; *) continue ;; esac
     log "test $t"
-    rc=0
     case $t in
-    embed) (if [ "$gpu" = 0 ]; then embed_check; fi; for ((i = 1; i <= rounds; i++)); do embed_round $i; done) || rc=$? ;;
-    lookup) (for ((i = 1; i <= rounds; i++)); do lookup_round; done) || rc=$? ;;
-    draft) (for ((i = 1; i <= rounds; i++)); do draft_round; done) || rc=$? ;;
+    embed) (if [ "$gpu" = 0 ]; then embed_check; fi; for ((i = 1; i <= rounds; i++)); do embed_round $i; done) & ;;
+    lookup) (for ((i = 1; i <= rounds; i++)); do lookup_round; done) & ;;
+    draft) (for ((i = 1; i <= rounds; i++)); do draft_round; done) & ;;
     esac
+    pid=$!
+    rc=0
+    wait $pid || rc=$?
     [ $rc = 0 ] || fail "$t" "stopped (exit $rc); its runs so far are in runs.jsonl"
 done
 echo "date_end $(date -u +%FT%TZ)" >>"$out/meta.txt"
