@@ -65,8 +65,10 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           (start, load, GPU set-up) that summary.md subtracts; llama-embedding with batches
           of 8192 tokens (-c/-b 8192, -np 64 or 16: mlxcel embed hands its engine 64 lines at
           a time; no -ub: llama-embedding makes the physical batch the logical one unless
-          --attention causal, so the CPU runs' -ub changes nothing either); llama-embedding's own
-          "prompt eval time" (its decode calls) is reported beside it (mlxcel prints none).
+          --attention causal, so the CPU runs' -ub changes nothing either). Neither tool
+          reports its own compute time for embeddings (mlxcel prints none; llama-embedding's
+          "prompt eval time", shown with -lv 4, reads 0.00-0.08 ms for a whole batch in this
+          llama.cpp), so the one-line subtraction is the measure.
           --gpu's comparison allows cosine 0.999 and, below it, warns instead of stopping.
   lookup  prompt lookup on a code-editing prompt: src/engine/sampler.c at commit 46dfd2c
           (410 lines) behind an instruction to rewrite it with small changes (4552 Llama-3
@@ -783,8 +785,8 @@ grab(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", "gen_tokens", lambda m: in
 grab(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", "gen_s", lambda m: float(m[1]))
 grab(r"n_drafted\s*=\s*(\d+)", "drafted", int)
 grab(r"n_accept\s*=\s*(\d+)", "accepted", int)
-# the prompt (llama.cpp's "prompt eval time": its batched decode calls, for llama-embedding the
-# whole embedding work; mlxcel's "prompt: N tokens in S s")
+# the prompt (llama.cpp's "prompt eval time": its batched decode calls; not printed by
+# llama-embedding without -lv 4, and wrong there; mlxcel's "prompt: N tokens in S s")
 grab(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", "prompt_tokens", lambda m: int(m[1]))
 grab(r"prompt eval time =\s+([\d.]+) ms /\s+(\d+) tokens", "prompt_s", lambda m: float(m[0]) / 1000)
 grab(r"prompt: (\d+) tokens in ([\d.]+) s", "prompt_tokens", lambda m: int(m[0]))
@@ -1097,10 +1099,9 @@ for (test, cfg, eng), rs in g.items():
     if test == "embed" and cfg.endswith("-1x128") and ok:
         fixed[(cfg[:-len("-1x128")], eng)] = med(ok)
 if fixed:
-    lines += ["", "Embeddings less each engine's fixed cost (the median wall time of its one-line runs); "
-              "llama.cpp's own time: its \"prompt eval time\" (the decode calls):", "",
-              "| model | input | engine | wall s | fixed s | wall - fixed s | tok/s of that | own time s | own tok/s |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "Embeddings less each engine's fixed cost (the median wall time of its one-line runs):", "",
+              "| model | input | engine | wall s | fixed s | wall - fixed s | tok/s of that |",
+              "|---|---|---|---:|---:|---:|---:|"]
     for (test, cfg, eng), rs in g.items():
         ok = [r for r in rs if r["rc"] == 0]
         if test != "embed" or cfg.endswith("-1x128") or not ok:
@@ -1109,11 +1110,8 @@ if fixed:
         n, L = map(int, shape.split("x"))
         wall = med(r["wall_s"] for r in ok)
         f = fixed.get((model, eng))
-        ps = [r["prompt_s"] for r in ok if "prompt_s" in r]
-        own = med(ps) if ps else None
         cells = [model, shape, eng, f"{wall:.3f}"]
         cells += [f"{f:.3f}", f"{wall - f:.3f}", f"{n * L / (wall - f):,.0f}"] if f is not None and wall > f else ["", "", ""]
-        cells += [f"{own:.3f}", f"{n * L / own:,.0f}"] if own else ["", ""]
         lines.append("| " + " | ".join(cells) + " |")
 # mlxcel: speculative output identical to plain?
 ident = []
