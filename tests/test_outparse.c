@@ -206,7 +206,7 @@ static char *rendered_turn(const char *dir, const char *override, const char *ms
     cJSON *head = cJSON_Duplicate(all, 1);
     cJSON_DeleteItemFromArray(head, cJSON_GetArraySize(head) - 1);
     char *full = NULL, *prompt = NULL;
-    size_t fl, pl;
+    size_t fl = 0, pl = 0;
     if (chat_tmpl_apply(ct, all, false, extra, &full, &fl, &e) < 0 ||
         chat_tmpl_apply(ct, head, true, extra, &prompt, &pl, &e) < 0)
         fail_msg("render %s: %s", dir, e.msg);
