@@ -1,0 +1,201 @@
+#!/bin/bash
+# dev/gpu/lease.sh: one GPU lease's work as named steps (issues 41-45: the `cuda` gate, the float64
+# generators that need torch, and the GPU halves of the side-by-side benchmarks), written so that
+# few calls of the device tool do it all. Not run by CI.
+#
+# On the development machine, once (`.gpu/` is ignored by git; carry it, ~17 MB):
+#   scripts/gpu-loop.sh pack .gpu/p        mlxcel + run_tests + the CUDA plugin (BASE_PLUGIN=F
+#                                          adds a baseline plugin for `ab`)
+#   dev/gpu/lease.sh prep                  .gpu/llsrc.tar.xz (llama.cpp's source from the npm
+#                                          node-llama-cpp 3.22.1 bundle in BENCH_CACHE, without
+#                                          the backends CUDA does not need: ~4.5 MB), the text
+#                                          the generators read, the code-editing prompt's source
+# On the GPU machine, from the repository root (each step logs to steps.log; what comes back:
+# $OUT/steps.log, steps-live.log, gate.log, gen.tar.xz and logs.tar.xz):
+#   dev/gpu/lease.sh STEP...
+# Steps, run in order (`bg:STEP` in the background, `wait` for those, `lim:S` skips every later
+# step once S seconds have passed since the start):
+#   llb        build llama.cpp with CUDA (sm_90a) into /tmp/llb, in the background (~5 min on
+#              16 cores, not measured yet); llwait waits for it
+#   gate       the `cuda` CTest gate (MLXCEL_DEVICE=cuda run_tests, CTest's cuda_golden suites)
+#   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (float64
+#              references; CPU torch) into $OUT/gen.tar.xz
+#   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab
+#   ab         mlxcel bench with the baseline plugin and the new one, A/B/A
+#   hybgpu     dev/bench/hybrid-gpu/run.sh (chunked recurrent prefill against the recurrence)
+#   llsetup:SHAPES, llbench   dev/bench/hybrid-llamacpp/run.sh --gpu (LLSHAPES, LLARGS)
+#   embspec    scripts/bench-embed-spec-vs-llamacpp.sh --gpu (ESTESTS, ESR)
+#   vision     dev/bench/vision-llamacpp/run.sh --gpu (VISR)
+#   sanit      compute-sanitizer memcheck on three goldens
+# Example (one call, ~10 min): dev/gpu/lease.sh lim:540 llb bg:gen bg:absetup gate lim:430 ab \
+#   llwait lim:330 embspec lim:540 wait
+set -u
+case ${1:-} in
+'' | -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+esac
+if [ "$1" = prep ]; then
+    cache=${BENCH_CACHE:-$HOME/.cache/mlxcel-bench}
+    src=$cache/llama.cpp-src
+    [ -f "$src/CMakeLists.txt" ] || { echo "lease.sh prep: no llama.cpp source in $src (scripts/bench-embed-spec-vs-llamacpp.sh --setup-only makes it)" >&2; exit 1; }
+    mkdir -p .gpu
+    tar -C "$src" --exclude=.git --exclude='ggml/src/ggml-sycl' --exclude='ggml/src/ggml-vulkan' \
+        --exclude='ggml/src/ggml-opencl' --exclude='ggml/src/ggml-hexagon' --exclude='ggml/src/ggml-metal' \
+        --exclude='ggml/src/ggml-et' --exclude='tools/server/public*' --exclude='tools/ui' \
+        --exclude='examples/llama.android' --exclude='examples/llama.swiftui' -cJf .gpu/llsrc.tar.xz \
+        CMakeLists.txt cmake common ggml include src tools examples vendor licenses LICENSE gguf-py || exit 1
+    xz -9c "${SHAKESPEARE:-../shared/fixtures/text/tinyshakespeare.txt}" >.gpu/tinyshakespeare.txt.xz || exit 1
+    git show 46dfd2c:src/engine/sampler.c >.gpu/sampler-46dfd2c.c || exit 1
+    du -sh .gpu
+    exit 0
+fi
+R=$(pwd)
+T0=$(date +%s)
+FINAL=${OUT:-/tmp/final}
+export OUT=/tmp/o
+mkdir -p "$OUT" "$FINAL"
+el() { echo $(( $(date +%s) - T0 )); }
+say() { echo "## $(date -u +%H:%M:%S) +$(el)s $*" | tee -a "$OUT/steps.log" >>"$FINAL/steps-live.log"; tail -1 "$OUT/steps.log"; }
+export PYTHONUNBUFFERED=1
+P=$R/.gpu/p
+[ -x "$P/bin/mlxcel" ] || tar -C "$P" -xJf "$P/pack.tar.xz"
+export LD_LIBRARY_PATH="$P/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MLXCEL_CUDA_PLUGIN="$P/bin/libmlxcel-cuda.so"
+export MLXCEL_BIN="$P/bin/mlxcel" MLXCEL="$P/bin/mlxcel"
+export LLAMA_BUILD=/tmp/llb LLAMA_SRC=/tmp/llsrc PYTHON=python3
+LLT="llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize llama-cli"
+
+llb() {
+    if [ -x /tmp/llb/bin/llama-bench ] && [ -x /tmp/llb/bin/llama-mtmd-cli ]; then say "llb: already built"; return 0; fi
+    mkdir -p /tmp/llsrc && tar -C /tmp/llsrc -xJf "$R/.gpu/llsrc.tar.xz"
+    (
+        s=$(date +%s)
+        cmake -S /tmp/llsrc -B /tmp/llb -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=90a -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_SERVER=OFF >/tmp/llb.cmake.log 2>&1 &&
+            nice -n 5 cmake --build /tmp/llb -j "${LLJ:-12}" --target $LLT >/tmp/llb.log 2>&1
+        rc=$?
+        echo "llb rc=$rc in $(( $(date +%s) - s )) s" >>/tmp/llb.log
+        cp /tmp/llb.log /tmp/llb.cmake.log "$OUT/" 2>/dev/null
+        touch /tmp/llb.done
+    ) &
+    say "llb: started"
+}
+llwait() {
+    local n=0
+    while [ ! -f /tmp/llb.done ] && [ $n -lt 600 ]; do sleep 2; n=$((n + 2)); done
+    say "llwait: $(tail -1 /tmp/llb.log 2>/dev/null)"
+    [ -x /tmp/llb/bin/llama-bench ]
+}
+
+gate() {
+    say "gate start"
+    rm -rf "$R"/tests/fixtures/golden/*/ "$R"/tests/fixtures/models/*/
+    sh "$R/scripts/fixtures.sh" unpack >/dev/null 2>&1
+    sh "$R/scripts/fixtures.sh" derive "$MLXCEL_BIN" >/dev/null 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+    MLXCEL_DEVICE=cuda "$P/bin/run_tests" golden batch models quant cuda embed vision qwen_vl llava idefics3 mistral3 lora embed_dec mtp \
+        >"$OUT/gate.log" 2>&1
+    say "gate rc=$? $(grep -c PASSED "$OUT/gate.log") PASSED lines, $(grep -c FAILED "$OUT/gate.log") FAILED lines"
+    cp "$OUT/gate.log" "$FINAL/" 2>/dev/null
+    grep -E "FAILED|ERROR" "$OUT/gate.log" | head -20
+    tail -3 "$OUT/gate.log"
+}
+
+gen() {
+    say "gen start"
+    rm -rf /tmp/gen && mkdir -p /tmp/gen && xz -dc .gpu/tinyshakespeare.txt.xz >/tmp/tinyshakespeare.txt
+    (python3 tests/fixtures/gen/gen_qwen3_vl.py /tmp/gen --text /tmp/tinyshakespeare.txt qwen3_vl_moe >/tmp/gen/vl.log 2>&1; echo "vl rc=$?" >>/tmp/gen/vl.log) &
+    (python3 tests/fixtures/gen/gen_mtp_qwen3_next.py /tmp/gen >/tmp/gen/mtp.log 2>&1; echo "mtp rc=$?" >>/tmp/gen/mtp.log) &
+    wait
+    tar -C /tmp/gen -cJf "$OUT/gen.tar.xz" .
+    say "gen: $(tail -1 /tmp/gen/vl.log) $(tail -1 /tmp/gen/mtp.log) $(du -sh "$OUT/gen.tar.xz" | cut -f1)"
+}
+
+hybgpu() {
+    say "hybgpu start"
+    OUT=/tmp/hg sh dev/bench/hybrid-gpu/run.sh "$MLXCEL_BIN" >"$OUT/hybgpu.log" 2>&1
+    say "hybgpu done"
+}
+
+llsetup() {  # shapes
+    say "llsetup $1"
+    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --setup-only --shapes "$1" -o /tmp/hl >"$OUT/llsetup.log" 2>&1
+    say "llsetup rc=$?"
+}
+llbench() {  # env LLSHAPES, LLARGS
+    say "llbench $LLSHAPES $LLARGS"
+    # shellcheck disable=SC2086
+    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --shapes "$LLSHAPES" -o /tmp/hl $LLARGS >"$OUT/llbench.log" 2>&1
+    say "llbench rc=$?"
+    cp /tmp/hl/summary.md "$OUT/llbench-summary.md" 2>/dev/null
+    cp /tmp/hl/runs.jsonl "$OUT/llbench-runs.jsonl" 2>/dev/null
+    cat /tmp/hl/summary.md 2>/dev/null
+}
+
+ab() {  # the fused plugin (new) against main's (base), A/B/A, on llsetup's models
+    say "ab start"
+    for m in ${ABM:-llama-1b llama-8b}; do
+        [ -f /tmp/hm/$m-q4/config.json ] || continue
+        for pl in base new base; do
+            f=$P/bin/libmlxcel-cuda.so
+            [ $pl = base ] && f=$P/bin/base/libmlxcel-cuda.so
+            echo "== $m $pl" >>"$OUT/ab.log"
+            MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/hm/$m-q4 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
+        done
+    done
+    cat "$OUT/ab.log"
+    say "ab done"
+}
+
+vision() {
+    say "vision start (disk: $(df -h /tmp | tail -1))"
+    rm -rf /tmp/hm /tmp/hg
+    PYTHON=python3 GGUF_PY=/tmp/llsrc/gguf-py MODELS=/tmp/vis-models \
+        dev/bench/vision-llamacpp/run.sh --gpu -r "${VISR:-3}" -o /tmp/o/vis >"$OUT/vision.log" 2>&1
+    say "vision rc=$?"
+    cat /tmp/o/vis/summary.md 2>/dev/null
+    rm -rf /tmp/vis-models
+}
+
+embspec() {
+    say "embspec start ${ESTESTS:-embed,lookup,draft} (disk: $(df -h /tmp | tail -1))"
+    PYTHON=python3 GGUF_PY=/tmp/llsrc/gguf-py EDIT_SRC=$R/.gpu/sampler-46dfd2c.c MODELS=/tmp/esm \
+        scripts/bench-embed-spec-vs-llamacpp.sh --gpu -r "${ESR:-2}" --tests "${ESTESTS:-embed,lookup,draft}" -o /tmp/o/es >"$OUT/embspec.log" 2>&1
+    say "embspec rc=$?"
+    cat /tmp/o/es/summary.md 2>/dev/null
+}
+
+absetup() {
+    mkdir -p /tmp/hm
+    for m in ${ABM:-llama-1b llama-8b}; do
+        python3 dev/bench/hybrid-llamacpp/shapes.py $m 0 /tmp/hm/$m.json &&
+            "$MLXCEL_BIN" synth -c /tmp/hm/$m.json -o /tmp/hm/$m-q4 --seed 41 -t 8 -q --q-bits 4 --q-group-size 64 >/dev/null 2>&1
+        say "absetup $m rc=$?"
+    done
+}
+
+sanit() {
+    say "sanitize"
+    for c in golden_llama golden_qwen3_moe_mlx_q4 golden_granitemoehybrid; do
+        MLXCEL_DEVICE=cuda timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$P/bin/run_tests" "$c" >/tmp/san-$c.log 2>&1
+        echo "sanitize $c rc=$? $(grep -h 'ERROR SUMMARY' /tmp/san-$c.log | tail -1)" | tee -a "$OUT/steps.log"
+    done
+}
+
+LIM=100000
+run_step() {
+    if [ "$(el)" -gt "$LIM" ]; then say "skip $1 (past ${LIM}s)"; return 0; fi
+    case $1 in
+    lim:*) LIM=${1#lim:} ;;
+    llb | llwait | gate | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
+    llsetup:*) llsetup "${1#llsetup:}" ;;
+    bg:*) run_step "${1#bg:}" & ;;
+    wait) wait ;;
+    *) say "unknown step $1" ;;
+    esac
+}
+for step in "$@"; do run_step "$step"; done
+say "end"
+[ -f "$OUT/gen.tar.xz" ] && mv "$OUT/gen.tar.xz" "$FINAL/"
+cp "$OUT/steps.log" "$FINAL/"
+tar -C "$OUT" -cJf "$FINAL/logs.tar.xz" .
