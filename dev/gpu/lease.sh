@@ -26,7 +26,7 @@
 #   llsetup:SHAPES, llbench   dev/bench/hybrid-llamacpp/run.sh --gpu (LLSHAPES, LLARGS)
 #   embspec    scripts/bench-embed-spec-vs-llamacpp.sh --gpu (ESTESTS, ESR)
 #   vision     dev/bench/vision-llamacpp/run.sh --gpu (VISR)
-#   sanit      compute-sanitizer memcheck on three goldens
+#   sanit      compute-sanitizer memcheck on three goldens (gate and sanit: scripts/gpu-loop.sh)
 # Example (one call, ~10 min): dev/gpu/lease.sh lim:540 llb bg:gen bg:absetup gate lim:430 ab \
 #   llwait lim:330 embspec lim:540 wait
 set -u
@@ -87,17 +87,11 @@ llwait() {
     [ -x /tmp/llb/bin/llama-bench ]
 }
 
-gate() {
+gate() {  # scripts/gpu-loop.sh's gate: CTest's cuda_golden suites, its log in $OUT/gate.log
     say "gate start"
-    rm -rf "$R"/tests/fixtures/golden/*/ "$R"/tests/fixtures/models/*/
-    sh "$R/scripts/fixtures.sh" unpack >/dev/null 2>&1
-    sh "$R/scripts/fixtures.sh" derive "$MLXCEL_BIN" >/dev/null 2>&1
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-    MLXCEL_DEVICE=cuda "$P/bin/run_tests" golden batch models quant cuda embed vision qwen_vl llava idefics3 mistral3 lora embed_dec mtp \
-        >"$OUT/gate.log" 2>&1
-    say "gate rc=$? $(grep -c PASSED "$OUT/gate.log") PASSED lines, $(grep -c FAILED "$OUT/gate.log") FAILED lines"
+    (cd "$R" && scripts/gpu-loop.sh gate .gpu/p)
+    say "gate rc=$?"
     cp "$OUT/gate.log" "$FINAL/" 2>/dev/null
-    grep -E "FAILED|ERROR" "$OUT/gate.log" | head -20
     tail -3 "$OUT/gate.log"
 }
 
@@ -132,7 +126,7 @@ llbench() {  # env LLSHAPES, LLARGS
     cat /tmp/hl/summary.md 2>/dev/null
 }
 
-ab() {  # the fused plugin (new) against main's (base), A/B/A, on llsetup's models
+ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetup's models
     say "ab start"
     for m in ${ABM:-llama-1b llama-8b}; do
         [ -f /tmp/hm/$m-q4/config.json ] || continue
@@ -174,12 +168,10 @@ absetup() {
     done
 }
 
-sanit() {
+sanit() {  # scripts/gpu-loop.sh's sanitize: memcheck on a dense, a MoE and an MLA golden
     say "sanitize"
-    for c in golden_llama golden_qwen3_moe_mlx_q4 golden_granitemoehybrid; do
-        MLXCEL_DEVICE=cuda timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$P/bin/run_tests" "$c" >/tmp/san-$c.log 2>&1
-        echo "sanitize $c rc=$? $(grep -h 'ERROR SUMMARY' /tmp/san-$c.log | tail -1)" | tee -a "$OUT/steps.log"
-    done
+    (cd "$R" && scripts/gpu-loop.sh sanitize .gpu/p)
+    say "sanitize rc=$?"
 }
 
 LIM=100000
