@@ -66,7 +66,7 @@ pack() {
 env_there() {
     [ -x "$dir/bin/mlxcel" ] || tar -C "$dir" -xJf "$dir/pack.tar.xz"
     export LD_LIBRARY_PATH="$root/$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export MLXCEL_CUDA_PLUGIN="$root/$dir/bin/libmlxcel-cuda.so"
+    export MLXCEL_CUDA_PLUGIN="${GATE_PLUGIN:-$root/$dir/bin/libmlxcel-cuda.so}"  # GATE_PLUGIN: another build's
     export MLXCEL_BIN="$root/$dir/bin/mlxcel"   # the suites that run the CLI (models)
     # the golden folders travel as .tar.xz; a warm machine may keep folders of an earlier call
     # with files missing (the copy of the tree replaces what it carries), so unpack afresh

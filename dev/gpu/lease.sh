@@ -18,7 +18,8 @@
 #   llb        build llama.cpp with CUDA (sm_90a) into /tmp/llb, in the background (~5 min on
 #              16 cores, not measured yet); llwait waits for it
 #   gate       the `cuda` CTest gate (MLXCEL_DEVICE=cuda run_tests, CTest's cuda_golden suites)
-#   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (float64
+#   gatebase   the same gate with the baseline plugin (pack's BASE_PLUGIN), log gate-base.log
+#   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (GENT s each, float64
 #              references; CPU torch) into $OUT/gen.tar.xz
 #   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab
 #   ab         mlxcel bench with the baseline plugin and the new one, A/B/A
@@ -95,11 +96,18 @@ gate() {  # scripts/gpu-loop.sh's gate: CTest's cuda_golden suites, its log in $
     tail -3 "$OUT/gate.log"
 }
 
+gatebase() {
+    say "gatebase start"
+    (cd "$R" && OUT=$OUT/gb GATE_PLUGIN=$P/bin/base/libmlxcel-cuda.so scripts/gpu-loop.sh gate .gpu/p)
+    say "gatebase rc=$?"
+    cp "$OUT/gb/gate.log" "$FINAL/gate-base.log" 2>/dev/null
+}
+
 gen() {
     say "gen start"
     rm -rf /tmp/gen && mkdir -p /tmp/gen && xz -dc .gpu/tinyshakespeare.txt.xz >/tmp/tinyshakespeare.txt
-    (python3 tests/fixtures/gen/gen_qwen3_vl.py /tmp/gen --text /tmp/tinyshakespeare.txt qwen3_vl_moe >/tmp/gen/vl.log 2>&1; echo "vl rc=$?" >>/tmp/gen/vl.log) &
-    (python3 tests/fixtures/gen/gen_mtp_qwen3_next.py /tmp/gen >/tmp/gen/mtp.log 2>&1; echo "mtp rc=$?" >>/tmp/gen/mtp.log) &
+    (timeout "${GENT:-480}" python3 tests/fixtures/gen/gen_qwen3_vl.py /tmp/gen --text /tmp/tinyshakespeare.txt qwen3_vl_moe >/tmp/gen/vl.log 2>&1; echo "vl rc=$?" >>/tmp/gen/vl.log) &
+    (timeout "${GENT:-480}" python3 tests/fixtures/gen/gen_mtp_qwen3_next.py /tmp/gen >/tmp/gen/mtp.log 2>&1; echo "mtp rc=$?" >>/tmp/gen/mtp.log) &
     wait
     tar -C /tmp/gen -cJf "$OUT/gen.tar.xz" .
     say "gen: $(tail -1 /tmp/gen/vl.log) $(tail -1 /tmp/gen/mtp.log) $(du -sh "$OUT/gen.tar.xz" | cut -f1)"
@@ -179,7 +187,7 @@ run_step() {
     if [ "$(el)" -gt "$LIM" ]; then say "skip $1 (past ${LIM}s)"; return 0; fi
     case $1 in
     lim:*) LIM=${1#lim:} ;;
-    llb | llwait | gate | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
+    llb | llwait | gate | gatebase | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
     llsetup:*) llsetup "${1#llsetup:}" ;;
     bg:*) run_step "${1#bg:}" & ;;
     wait) wait ;;
