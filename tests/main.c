@@ -71,6 +71,7 @@
     X(llava)      \
     X(idefics3)   \
     X(mistral3)   \
+    X(tp)         \
     X(cuda)
 
 #define DECLARE(n) extern const struct test_suite n##_suite;

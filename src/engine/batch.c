@@ -36,6 +36,7 @@
 #include "../core/fscan.h"
 #include "../core/log.h"
 #include "../models/lora.h"
+#include "../models/tp.h"
 #include "../models/vision.h"
 
 int batch_init(struct batch *b, int cap, struct err *e)
@@ -325,6 +326,8 @@ static int forward_chunk(struct model_ctx *c, const struct kv_cache *kv, const s
 {
     const struct backend_ops *op = c->be->ops;
     bool fresh;
+    if (c->tp)  /* every rank's forward, on threads of their own: never recorded */
+        return model_tp_forward(c, ch, kv->layers, e);
     struct ctx_graph *g = graph_slot(c, kv, ch, &fresh);
     int rc;
     if (g && g->graph) {
@@ -390,7 +393,8 @@ int model_forward(struct model_ctx *c, const struct batch *b, struct kv_cache *k
     size_t d = (size_t)m->hp.n_embd;
     bool mtp = tensor_is_present(&m->mtp.eh_proj);
     c->n_nonfinite = 0;
-    if (kv->n_layer != m->hp.n_layer)
+    if (kv->n_layer != m->hp.n_layer || kv->n_rank != (m->tp ? m->tp->n_rank : 1) ||
+        (m->tp && !c->tp))
         return err_setf(e, ERR_ARG, "forward: the kv cache was made for another model");
     if (b->lora && b->n_lora != model_ctx_n_lora(c))
         return err_setf(e, ERR_ARG, "forward: the batch names %d adapters, the context holds %d",

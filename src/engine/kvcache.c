@@ -33,6 +33,7 @@
  */
 #include "kvcache.h"
 #include "kvcache_impl.h"
+#include "../models/tp.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -214,8 +215,9 @@ static void block_copy(struct kv_cache *kv, const struct kv_blocks *k, int32_t d
 {
     size_t bs = (size_t)kv->block_size;
     bool swa = k != &kv->blk;
-    for (int il = 0; il < kv->n_layer; il++) {
-        const struct kv_layer *L = &kv->layers[il];
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++) {
+        const struct kv_layer *L = &kv->layers[i];
+        int il = i % kv->n_layer;
         if (kv->layer_swa[il] != swa || kv->layer_rec[il])
             continue;
         size_t es = dtype_size(L->dtype), kb = bs * (size_t)L->k_dim * es,
@@ -328,7 +330,7 @@ static int alloc_host(struct kv_cache *kv, const struct hparams *hp, const struc
                       struct err *e)
 {
     int n_swa = 0;
-    kv->layers = calloc((size_t)kv->n_layer, sizeof *kv->layers);
+    kv->layers = calloc((size_t)kv->n_layer * kv->n_rank, sizeof *kv->layers);
     kv->layer_swa = calloc((size_t)kv->n_layer, sizeof *kv->layer_swa);
     kv->layer_rec = calloc((size_t)kv->n_layer, sizeof *kv->layer_rec);
     kv->seqs = calloc((size_t)kv->max_seqs, sizeof *kv->seqs);
@@ -372,16 +374,19 @@ static int alloc_host(struct kv_cache *kv, const struct hparams *hp, const struc
 }
 
 /* The pool and the device tables through the backend; layer views into the pool. */
-static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct err *e)
+static int alloc_backend(struct kv_cache *kv, const struct model *m, struct err *e)
 {
+    const struct hparams *hp = &m->hp;
     size_t total = 0, bs = (size_t)kv->block_size;
-    int rc;
-    for (int il = 0; il < kv->n_layer; il++) {
-        int kd = 0, vd = 0;
-        if ((rc = layer_dims(hp, il, &kd, &vd, e)) < 0)
+    int rc, NL = kv->n_layer * kv->n_rank;
+    for (int i = 0; i < NL; i++) {
+        int kd = 0, vd = 0, il = i % kv->n_layer;
+        /* a rank's K/V: its own heads' (its model's n_kv_head) */
+        const struct hparams *rhp = m->tp ? &m->tp->rank[i / kv->n_layer]->hp : hp;
+        if ((rc = layer_dims(rhp, il, &kd, &vd, e)) < 0)
             return rc;
-        kv->layers[il].k_dim = kd;
-        kv->layers[il].v_dim = vd;
+        kv->layers[i].k_dim = kd;
+        kv->layers[i].v_dim = vd;
         size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
         total += slots * (size_t)(kd + vd);
     }
@@ -394,8 +399,9 @@ static int alloc_backend(struct kv_cache *kv, const struct hparams *hp, struct e
         (has_swa(kv) && (rc = kv->be->ops->buf_alloc(kv->be, tb, (void **)&kv->swa.blk.tables, e)) < 0))
         return err_prefix(e, "kv block tables");
     char *p = kv->pool;
-    for (int il = 0; il < kv->n_layer; il++) {
-        struct kv_layer *L = &kv->layers[il];
+    for (int i = 0; i < NL; i++) {
+        struct kv_layer *L = &kv->layers[i];
+        int il = i % kv->n_layer;
         size_t slots = (size_t)(kv->layer_swa[il] ? kv->swa.blk.n_blocks : kv->n_blocks) * bs;
         L->dtype = kv->dtype;
         L->k = p;
@@ -422,7 +428,8 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
         if (!kv->layer_rec[il])
             continue;
         kv->n_rec++;
-        total += S * ((size_t)ls->state_conv + (size_t)ls->state_rec);
+        /* every rank its own copy (a replicated mixer: the same values on every rank) */
+        total += S * ((size_t)ls->state_conv + (size_t)ls->state_rec) * (size_t)kv->n_rank;
     }
     if (kv->n_rec == 0)
         return 0;
@@ -432,10 +439,11 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
         return err_prefix(e, "recurrent state (%zu MiB for %d sequences)", kv->state_bytes >> 20,
                           kv->max_seqs);
     float *p = kv->state;
-    for (int il = 0; il < kv->n_layer; il++) {
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++) {
+        int il = i % kv->n_layer;
         if (!kv->layer_rec[il])
             continue;
-        struct kv_layer *L = &kv->layers[il];
+        struct kv_layer *L = &kv->layers[i];
         L->dtype = DTYPE_F32;
         L->k_dim = hp->layer[il].state_conv;
         L->v_dim = hp->layer[il].state_rec;
@@ -451,10 +459,10 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
  * from it: the rows of each layer at the same offsets in both buffers. */
 static void state_ckpt(struct kv_cache *kv, int seq, bool save)
 {
-    for (int il = 0; il < kv->n_layer; il++) {
-        if (!kv->layer_rec[il])
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++) {
+        if (!kv->layer_rec[i % kv->n_layer])
             continue;
-        const struct kv_layer *L = &kv->layers[il];
+        const struct kv_layer *L = &kv->layers[i];
         size_t kb = (size_t)L->k_dim * sizeof(float), vb = (size_t)L->v_dim * sizeof(float);
         char *k = (char *)L->k + (size_t)seq * kb, *v = (char *)L->v + (size_t)seq * vb;
         char *ck = (char *)kv->ckpt + (k - (char *)kv->state), *cv = (char *)kv->ckpt + (v - (char *)kv->state);
@@ -468,10 +476,10 @@ static void state_ckpt(struct kv_cache *kv, int seq, bool save)
 /* The recurrent states of sequence src copied to dst (kv_seq_fork). */
 static void state_copy(struct kv_cache *kv, int dst, int src)
 {
-    for (int il = 0; il < kv->n_layer; il++) {
-        if (!kv->layer_rec[il])
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++) {
+        if (!kv->layer_rec[i % kv->n_layer])
             continue;
-        const struct kv_layer *L = &kv->layers[il];
+        const struct kv_layer *L = &kv->layers[i];
         size_t kb = (size_t)L->k_dim * sizeof(float), vb = (size_t)L->v_dim * sizeof(float);
         if (kb)
             kv->be->ops->copy(kv->be, (char *)L->k + (size_t)dst * kb, (char *)L->k + (size_t)src * kb, kb);
@@ -502,6 +510,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         return err_setf(e, ERR_NOMEM, "kv cache: out of memory");
     kv->be = be;
     kv->n_layer = hp->n_layer;
+    kv->n_rank = m->tp ? m->tp->n_rank : 1;
     kv->block_size = bs;
     kv->dtype = p->dtype;
     kv->n_blocks = (p->n_tokens + bs - 1) / bs;
@@ -519,7 +528,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         kv_cache_free(kv);
         return rc;
     }
-    if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, hp, e)) < 0 ||
+    if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, m, e)) < 0 ||
         (rc = alloc_state(kv, hp, e)) < 0 || (rc = kv_snap_init(kv, p->n_snap, e)) < 0) {
         kv_cache_free(kv);
         return rc;

@@ -174,7 +174,9 @@ struct kv_cache {
     enum dtype dtype;                /* element type of the pool */
     int n_blocks;                    /* blocks of the full pool (blk.n_blocks) */
     void *pool;                      /* backend memory of every layer's K and V */
-    struct kv_layer *layers;         /* [n_layer] views into pool (recurrent: into state) */
+    struct kv_layer *layers;         /* [n_rank][n_layer] views into pool (recurrent: into state) */
+    int n_rank;                      /* a tensor-parallel model's ranks (models/tp.h): each keeps
+                                      * the K/V of its heads and its own recurrent states; else 1 */
     bool *layer_swa;                 /* [n_layer] the layer lives in the sliding pool */
     bool *layer_rec;                 /* [n_layer] the layer keeps a recurrent state */
     int n_rec;                       /* recurrent layers */

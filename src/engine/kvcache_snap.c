@@ -38,9 +38,9 @@ int kv_snap_default(size_t snap_bytes, int max_seqs, int n_blocks)
 int kv_snap_init(struct kv_cache *kv, int n_snap, struct err *e)
 {
     struct kv_snap *sn = &kv->snap;
-    for (int il = 0; il < kv->n_layer; il++)
-        if (kv->layer_rec[il])
-            sn->per += (size_t)kv->layers[il].k_dim + (size_t)kv->layers[il].v_dim;
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++)
+        if (kv->layer_rec[i % kv->n_layer])
+            sn->per += (size_t)kv->layers[i].k_dim + (size_t)kv->layers[i].v_dim;
     if (kv->n_rec == 0 || n_snap < 0)
         return 0;
     sn->n = n_snap == 0 ? kv_snap_default(sn->per * sizeof(float), kv->max_seqs, kv->n_blocks)
@@ -81,10 +81,10 @@ void kv_snap_deinit(struct kv_cache *kv)
 static void snap_copy(struct kv_cache *kv, int seq, int32_t slot, bool save)
 {
     char *p = (char *)kv->snap.buf + (size_t)slot * kv->snap.per * sizeof(float);
-    for (int il = 0; il < kv->n_layer; il++) {
-        if (!kv->layer_rec[il])
+    for (int i = 0; i < kv->n_layer * kv->n_rank; i++) {
+        if (!kv->layer_rec[i % kv->n_layer])
             continue;
-        const struct kv_layer *L = &kv->layers[il];
+        const struct kv_layer *L = &kv->layers[i];
         size_t kb = (size_t)L->k_dim * sizeof(float), vb = (size_t)L->v_dim * sizeof(float);
         char *k = (char *)L->k + (size_t)seq * kb, *v = (char *)L->v + (size_t)seq * vb;
         if (kb)

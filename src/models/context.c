@@ -12,6 +12,7 @@
 
 #include "blocks.h"
 #include "lora.h"
+#include "tp.h"
 #include "vision.h"
 
 /* Prefill chunk: 512 tokens amortize each weight read over many rows, but the
@@ -203,7 +204,8 @@ int model_ctx_new(struct model_ctx **out, const struct model *m, struct backend 
         return err_prefix(e, "context activations (%zu MiB)", bytes >> 20);
     }
     layout(&c->bufs, m, c->n_batch, c->arena);
-    if ((rc = upload_rope(c, e)) < 0 || (rc = upload_sinks(c, e)) < 0) {
+    if ((rc = upload_rope(c, e)) < 0 || (rc = upload_sinks(c, e)) < 0 ||
+        (m->tp && (rc = model_tp_ctx_new(c, e)) < 0)) {
         model_ctx_free(c);
         return rc;
     }
@@ -215,6 +217,7 @@ void model_ctx_free(struct model_ctx *c)
 {
     if (!c)
         return;
+    model_tp_ctx_free(c);
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].graph)
             c->be->ops->graph_free(c->be, c->graphs[i].graph);

@@ -33,6 +33,7 @@
  * the same blocks.
  */
 #include "blocks.h"
+#include "tp.h"
 
 static void attn_cfg_of(const struct model_ctx *c, int il,
                         struct blk_attn_cfg *cfg, struct rope_params *rp)
@@ -209,6 +210,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             blk_attention(c->be, b->o, in, L, &ac, &ch->kv[il],
                           ls->kv == KV_SLIDING && ls->window > 0 ? ch->rows_swa : ch->rows, b, n);
         }
+        if (mix && ls->tp_mix)
+            model_tp_reduce(c, b->o, n);
         if (mix && after1)
             blk_norm(c->be, b->o, b->o, after1, n, d);
         if (mix && ls->residual != RESID_PARALLEL)
@@ -217,6 +220,8 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
             if (ls->residual == RESID_SEQUENTIAL || sandwich)
                 blk_norm(c->be, b->xn, b->x, &n2, n, d);
             ffn(c, L, ls, in, n);
+            if (ls->tp_ffn)
+                model_tp_reduce(c, b->f, n);
             if (after2)
                 blk_norm(c->be, b->f, b->f, after2, n, d);
             if (mix && ls->residual == RESID_PARALLEL)

@@ -128,6 +128,9 @@ struct layer_spec {
     bool attn_gate;             /* attention output times sigmoid(wq_gate x) before wo (Qwen3-Next;
                                  * the gate's values sit in ctx_bufs.rec: rec_scratch >= n_head *
                                  * head_dim) */
+    /* a tensor-parallel rank's model (tp.h): the mixer's / the FFN's output is this rank's
+     * partial sum, all-reduced over the ranks before the residual add */
+    bool tp_mix, tp_ffn;
 };
 
 struct hparams {

@@ -571,6 +571,8 @@ int model_ctx_set_lora(struct model_ctx *c, struct lora_adapter *const *ad, int 
 {
     if (n < 0 || n > LORA_MAX_ADAPTERS)
         return err_setf(e, ERR_ARG, "lora: %d adapters (at most %d)", n, LORA_MAX_ADAPTERS);
+    if (c->tp && n > 0)
+        return err_setf(e, ERR_UNSUPPORTED, "lora: adapters on a tensor-parallel model are not split yet");
     lora_run_free(c->lora, c->be);
     c->lora = NULL;
     c->bufs.lora = NULL;

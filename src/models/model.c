@@ -18,6 +18,7 @@
 #include "../core/log.h"
 #include "../loading/config.h"
 #include "../loading/convert.h"
+#include "tp.h"
 #include "../loading/wmap.h"
 #include "mtp.h"
 #include "registry.h"
@@ -514,6 +515,7 @@ void model_free(struct model *m)
 {
     if (!m)
         return;
+    model_tp_free(m->tp);
     for (size_t i = 0; i < m->n_owned; i++)
         free(m->owned[i]);
     free(m->owned);

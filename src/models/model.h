@@ -132,6 +132,9 @@ enum mtp_layout {
 };
 
 struct prepared_view;
+struct model_tp;           /* tp.h */
+struct tp_group;
+struct tp_peer;
 struct lora_run;           /* lora.h */
 struct vision;             /* vision.h */
 struct model;
@@ -217,6 +220,8 @@ struct model {
     void **owned;                    /* weights a layout forces to copy (transformers'
                                       * transposed gpt-oss experts), owned */
     size_t n_owned;
+    struct model_tp *tp;             /* its split over tensor-parallel ranks (tp.h), owned; NULL:
+                                      * none */
 };
 
 /* bytes of host memory owned by m (freed by model_free), for a weight map that cannot
@@ -389,6 +394,8 @@ struct model_ctx {
     int n_graphs;
     struct lora_run *lora;           /* adapters this context serves (model_ctx_set_lora), owned;
                                       * NULL: none */
+    struct tp_group *tp;             /* a split model's rank contexts (tp.h), owned; NULL: none */
+    struct tp_peer *tp_peer;         /* a rank context's place in its group, or NULL */
 };
 
 /* The most rows a context's chunk holds when asked for more (n_batch > 0). */

@@ -1,0 +1,658 @@
+/*
+ * tp: tensor parallelism over n ranks (tp.h, ADR 0139): the split of a loaded model into
+ * rank models, their contexts, the forward of one chunk on every rank and the in-process
+ * all-reduce of virtual ranks.
+ */
+#include "tp.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blocks.h"
+
+/* ---- owned copies of row and column ranges ---- */
+
+static bool inner_contiguous(const struct tensor *t)
+{
+    return t->ndim >= 1 && t->stride[t->ndim - 1] == 1 && !t->packed;
+}
+
+/* dst = an owned contiguous copy of rows [r0, r0 + n) of the 2-D t (a 1-D t: its elements). */
+static int copy_rows(struct model *rm, struct tensor *dst, const struct tensor *t, int64_t r0, int64_t n,
+                     struct err *e)
+{
+    const char *nm = t->name ? t->name : "?";
+    if (!inner_contiguous(t) || t->ndim > 2 || r0 < 0 || n <= 0 || r0 + n > t->shape[0] ||
+        (t->ndim == 1 && t->qbits))
+        return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take rows %lld..%lld of %s",
+                        (long long)r0, (long long)(r0 + n), nm);
+    size_t es = dtype_size(t->dtype);
+    int64_t rs = t->ndim == 1 ? 1 : tensor_row_storage(t);
+    size_t gb = t->qbits ? (size_t)(t->shape[1] / t->qgroup) * dtype_size(t->qsdtype) : 0;
+    size_t data = (size_t)n * (size_t)rs * es, aux = (size_t)n * gb;
+    char *p;
+    int rc = model_alloc_owned(rm, data + (t->qbiases ? 2 : 1) * aux, (void **)&p, e);
+    if (rc < 0)
+        return rc;
+    if (t->ndim == 1)
+        memcpy(p, (const char *)t->data + (size_t)r0 * es, data);
+    else
+        for (int64_t i = 0; i < n; i++)
+            memcpy(p + (size_t)i * rs * es, (const char *)t->data + (size_t)((r0 + i) * t->stride[0]) * es,
+                   (size_t)rs * es);
+    *dst = *t;
+    dst->data = p;
+    dst->shape[0] = n;
+    if (t->ndim == 2)
+        dst->stride[0] = rs;
+    dst->stride[t->ndim - 1] = 1;
+    if (t->qbits) {
+        memcpy(p + data, (const char *)t->qscales + (size_t)r0 * gb, aux);
+        dst->qscales = p + data;
+        if (t->qbiases) {
+            memcpy(p + data + aux, (const char *)t->qbiases + (size_t)r0 * gb, aux);
+            dst->qbiases = p + data + aux;
+        }
+    }
+    return 0;
+}
+
+/* Whether columns [c0, c0 + n) of the 2-D t can be copied alone (quantized: whole groups). */
+static bool cols_ok(const struct tensor *t, int64_t c0, int64_t n)
+{
+    if (!tensor_is_present(t))
+        return true;
+    if (t->ndim != 2 || !inner_contiguous(t) || c0 < 0 || n <= 0 || c0 + n > t->shape[1])
+        return false;
+    return !t->qbits || (c0 % t->qgroup == 0 && n % t->qgroup == 0 && (t->qgroup * t->qbits) % 32 == 0);
+}
+
+/* dst = an owned contiguous copy of columns [c0, c0 + n) of the 2-D t (cols_ok). */
+static int copy_cols(struct model *rm, struct tensor *dst, const struct tensor *t, int64_t c0, int64_t n,
+                     struct err *e)
+{
+    if (!cols_ok(t, c0, n))
+        return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take columns %lld..%lld of %s",
+                        (long long)c0, (long long)(c0 + n), t->name ? t->name : "?");
+    size_t es = dtype_size(t->dtype), R = (size_t)t->shape[0];
+    int64_t w0 = t->qbits ? c0 * t->qbits / 32 : c0, nw = t->qbits ? n * t->qbits / 32 : n;
+    size_t qs = t->qbits ? dtype_size(t->qsdtype) : 0;
+    int64_t G = t->qbits ? t->shape[1] / t->qgroup : 0, g0 = t->qbits ? c0 / t->qgroup : 0,
+            ng = t->qbits ? n / t->qgroup : 0;
+    size_t data = R * (size_t)nw * es, aux = R * (size_t)ng * qs;
+    char *p;
+    int rc = model_alloc_owned(rm, data + (t->qbiases ? 2 : 1) * aux, (void **)&p, e);
+    if (rc < 0)
+        return rc;
+    for (size_t i = 0; i < R; i++) {
+        memcpy(p + i * (size_t)nw * es, (const char *)t->data + ((size_t)i * (size_t)t->stride[0] + (size_t)w0) * es,
+               (size_t)nw * es);
+        if (t->qbits) {
+            memcpy(p + data + i * (size_t)ng * qs, (const char *)t->qscales + (i * (size_t)G + (size_t)g0) * qs,
+                   (size_t)ng * qs);
+            if (t->qbiases)
+                memcpy(p + data + aux + i * (size_t)ng * qs,
+                       (const char *)t->qbiases + (i * (size_t)G + (size_t)g0) * qs, (size_t)ng * qs);
+        }
+    }
+    *dst = *t;
+    dst->data = p;
+    dst->shape[1] = n;
+    dst->stride[0] = nw;
+    dst->stride[1] = 1;
+    if (t->qbits) {
+        dst->qscales = p + data;
+        dst->qbiases = t->qbiases ? p + data + aux : NULL;
+    }
+    return 0;
+}
+
+/* rows of t in place (absent: nothing) */
+static int take_rows(struct model *rm, struct tensor *t, int64_t r0, int64_t n, struct err *e)
+{
+    return tensor_is_present(t) ? copy_rows(rm, t, t, r0, n, e) : 0;
+}
+
+static int take_cols(struct model *rm, struct tensor *t, int64_t c0, int64_t n, struct err *e)
+{
+    return tensor_is_present(t) ? copy_cols(rm, t, t, c0, n, e) : 0;
+}
+
+/* ---- the plan: which blocks split ---- */
+
+static bool is_attention(const struct layer_spec *ls)
+{
+    return ls->mixer == MIXER_ATTENTION && (ls->kv == KV_FULL || ls->kv == KV_SLIDING);
+}
+
+/* Per-head tensors (norm weights, sinks) a head split reads as [n_head, ...] or one [head_dim]
+ * for every head: the heads' rows, or the tensor as it is. */
+static int64_t heads_of(const struct tensor *t, int n_head, int head_dim)
+{
+    if (!tensor_is_present(t))
+        return 0;
+    int64_t n = tensor_nelem(t);
+    return n == (int64_t)n_head * head_dim || n == n_head ? n_head : 0;
+}
+
+/* Attention splits when every attention layer of m does: n_head and n_kv_head divide (or are
+ * divided by) n, no norm over the whole q / k width, o's columns of a rank whole groups. */
+static bool attn_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int H = hp->n_head, KV = hp->n_kv_head, hd = hp->head_dim, any = 0;
+    if (H <= 0 || KV <= 0 || H % n != 0 || (KV % n != 0 && n % KV != 0) || H % KV != 0)
+        return false;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        const struct layer *L = &m->layers[il];
+        if (ls->mixer == MIXER_ATTENTION && ls->kv == KV_LATENT)
+            return false;  /* n_head is the model's: latent layers keep every head */
+        if (!is_attention(ls))
+            continue;
+        any = 1;
+        if (ls->qk_norm_full)
+            return false;
+        int64_t cols = (int64_t)(H / n) * hd;
+        if (!cols_ok(&L->wo, 0, cols) || !tensor_is_present(&L->wo))
+            return false;
+        if (L->wo.qbits && cols % L->wo.qgroup != 0)
+            return false;
+        /* per-head norms: one weight for every head, or one per head */
+        if (ls->qk_norm && tensor_is_present(&L->q_norm) && tensor_nelem(&L->q_norm) != hd &&
+            !heads_of(&L->q_norm, H, hd))
+            return false;
+        if (ls->qk_norm && tensor_is_present(&L->k_norm) && tensor_nelem(&L->k_norm) != hd &&
+            !heads_of(&L->k_norm, KV, hd))
+            return false;
+    }
+    return any;
+}
+
+static bool down_splits(const struct tensor *down, int n_ff, int n)
+{
+    if (!tensor_is_present(down) || n_ff % n != 0)
+        return false;
+    int64_t c = n_ff / n;
+    return cols_ok(down, 0, c) && (!down->qbits || c % down->qgroup == 0);
+}
+
+/* Whether layer il's FFN splits over n ranks: every part's width divides into whole groups. */
+static bool ffn_splits(const struct model *m, int il, int n)
+{
+    const struct layer_spec *ls = &m->hp.layer[il];
+    const struct layer *L = &m->layers[il];
+    if (ls->moe) {
+        if (!L->ex.down.w || !down_splits(&L->ex.down.w[0], ls->n_ff, n))
+            return false;
+        if (ls->n_ff_shexp > 0 && !down_splits(&L->shexp_down, ls->n_ff_shexp, n))
+            return false;
+        return true;
+    }
+    if (ls->ffn == FFN_NONE)
+        return false;
+    return down_splits(&L->down, ls->n_ff, n);
+}
+
+/* ---- a rank's model ---- */
+
+struct rank_plan {
+    int n, r;
+    bool attn;
+};
+
+static int split_attention(struct model *rm, struct layer *L, const struct hparams *hp,
+                           const struct rank_plan *p, struct err *e)
+{
+    int H = hp->n_head, KV = hp->n_kv_head, hd = hp->head_dim, n = p->n, r = p->r;
+    int Hr = H / n, kv0, nkv;
+    if (KV >= n) {
+        nkv = KV / n;
+        kv0 = r * nkv;
+    } else {
+        nkv = 1;
+        kv0 = r / (n / KV);
+    }
+    int64_t q0 = (int64_t)r * Hr * hd, qn = (int64_t)Hr * hd, k0 = (int64_t)kv0 * hd, kn = (int64_t)nkv * hd;
+    int rc;
+    if (tensor_is_present(&L->wqkv)) {
+        /* fused q | k | v rows: taken apart, each part's rank rows */
+        struct tensor qkv = L->wqkv, bqkv = L->bqkv;
+        if ((rc = copy_rows(rm, &L->wq, &qkv, q0, qn, e)) < 0 ||
+            (rc = copy_rows(rm, &L->wk, &qkv, (int64_t)H * hd + k0, kn, e)) < 0 ||
+            (rc = copy_rows(rm, &L->wv, &qkv, (int64_t)(H + KV) * hd + k0, kn, e)) < 0)
+            return rc;
+        if (tensor_is_present(&bqkv) &&
+            ((rc = copy_rows(rm, &L->bq, &bqkv, q0, qn, e)) < 0 ||
+             (rc = copy_rows(rm, &L->bk, &bqkv, (int64_t)H * hd + k0, kn, e)) < 0 ||
+             (rc = copy_rows(rm, &L->bv, &bqkv, (int64_t)(H + KV) * hd + k0, kn, e)) < 0))
+            return rc;
+        memset(&L->wqkv, 0, sizeof L->wqkv);
+        memset(&L->bqkv, 0, sizeof L->bqkv);
+    } else if ((rc = take_rows(rm, &L->wq, q0, qn, e)) < 0 || (rc = take_rows(rm, &L->bq, q0, qn, e)) < 0 ||
+               (rc = take_rows(rm, &L->wk, k0, kn, e)) < 0 || (rc = take_rows(rm, &L->bk, k0, kn, e)) < 0 ||
+               (rc = take_rows(rm, &L->wv, k0, kn, e)) < 0 || (rc = take_rows(rm, &L->bv, k0, kn, e)) < 0) {
+        return rc;
+    }
+    if ((rc = take_rows(rm, &L->wq_gate, q0, qn, e)) < 0)
+        return rc;
+    /* per-head weights: the rank's heads' rows (a weight shared by every head stays) */
+    if (heads_of(&L->q_norm, H, hd) && tensor_nelem(&L->q_norm) != hd) {
+        int64_t per = tensor_nelem(&L->q_norm) / H;
+        struct tensor t = L->q_norm;
+        if (t.ndim == 2)
+            rc = copy_rows(rm, &L->q_norm, &t, (int64_t)r * Hr, Hr, e);
+        else
+            rc = copy_rows(rm, &L->q_norm, &t, (int64_t)r * Hr * per, (int64_t)Hr * per, e);
+        if (rc < 0)
+            return rc;
+    }
+    if (heads_of(&L->k_norm, KV, hd) && tensor_nelem(&L->k_norm) != hd) {
+        int64_t per = tensor_nelem(&L->k_norm) / KV;
+        struct tensor t = L->k_norm;
+        if (t.ndim == 2)
+            rc = copy_rows(rm, &L->k_norm, &t, kv0, nkv, e);
+        else
+            rc = copy_rows(rm, &L->k_norm, &t, (int64_t)kv0 * per, (int64_t)nkv * per, e);
+        if (rc < 0)
+            return rc;
+    }
+    if ((rc = take_rows(rm, &L->sinks, (int64_t)r * Hr, Hr, e)) < 0 || (rc = take_cols(rm, &L->wo, q0, qn, e)) < 0)
+        return rc;
+    if (r > 0)
+        memset(&L->bo, 0, sizeof L->bo);
+    return 0;
+}
+
+/* One expert_linear's views (rows or columns [a, a + n) of each of the E experts), its
+ * biases' rows or (drop) none. */
+static int split_experts(struct model *rm, struct expert_linear *el, int E, bool cols, int64_t a, int64_t n,
+                         bool drop_b, struct err *e)
+{
+    int rc;
+    for (int x = 0; el->w && x < E; x++)
+        if ((rc = cols ? take_cols(rm, &el->w[x], a, n, e) : take_rows(rm, &el->w[x], a, n, e)) < 0)
+            return rc;
+    if (el->b && drop_b)
+        el->b = NULL;
+    else
+        for (int x = 0; el->b && !cols && x < E; x++)
+            if ((rc = take_rows(rm, &el->b[x], a, n, e)) < 0)
+                return rc;
+    return 0;
+}
+
+static int split_ffn(struct model *rm, struct layer *L, struct layer_spec *ls, int E, const struct rank_plan *p,
+                     struct err *e)
+{
+    int n = p->n, r = p->r, rc;
+    if (ls->moe) {
+        int64_t fr = ls->n_ff / n, j0 = (int64_t)r * fr;
+        struct experts *x = &L->ex;
+        if ((rc = split_experts(rm, &x->up, E, false, j0, fr, false, e)) < 0 ||
+            (rc = split_experts(rm, &x->gate, E, false, j0, fr, false, e)) < 0 ||
+            (rc = split_experts(rm, &x->gate_up, E, false, 2 * j0, 2 * fr, false, e)) < 0 ||
+            (rc = split_experts(rm, &x->down, E, true, j0, fr, r > 0, e)) < 0)
+            return rc;
+        ls->n_ff = (int)fr;
+        if (ls->n_ff_shexp > 0) {
+            int64_t sr = ls->n_ff_shexp / n, s0 = (int64_t)r * sr;
+            if ((rc = take_rows(rm, &L->shexp_gate, s0, sr, e)) < 0 ||
+                (rc = take_rows(rm, &L->shexp_up, s0, sr, e)) < 0 ||
+                (rc = take_cols(rm, &L->shexp_down, s0, sr, e)) < 0)
+                return rc;
+            ls->n_ff_shexp = (int)sr;
+        }
+        return 0;
+    }
+    int64_t fr = ls->n_ff / n, j0 = (int64_t)r * fr;
+    if (tensor_is_present(&L->gate_up)) {
+        /* Phi-3's fused rows: [0, n_ff) the gate, [n_ff, 2 n_ff) the up */
+        struct tensor gu = L->gate_up;
+        if ((rc = copy_rows(rm, &L->gate, &gu, j0, fr, e)) < 0 ||
+            (rc = copy_rows(rm, &L->up, &gu, ls->n_ff + j0, fr, e)) < 0)
+            return rc;
+        memset(&L->gate_up, 0, sizeof L->gate_up);
+    } else if ((rc = take_rows(rm, &L->gate, j0, fr, e)) < 0 || (rc = take_rows(rm, &L->up, j0, fr, e)) < 0) {
+        return rc;
+    }
+    if ((rc = take_rows(rm, &L->gate_b, j0, fr, e)) < 0 || (rc = take_rows(rm, &L->up_b, j0, fr, e)) < 0 ||
+        (rc = take_cols(rm, &L->down, j0, fr, e)) < 0)
+        return rc;
+    if (r > 0)
+        memset(&L->down_b, 0, sizeof L->down_b);
+    ls->n_ff = (int)fr;
+    return 0;
+}
+
+/* Rank r's model: m's views, its own arrays of them, the split blocks' shares. */
+static int rank_model(const struct model *m, const struct rank_plan *p, const bool *ffn_split,
+                      struct model **out, struct err *e)
+{
+    struct model *rm = calloc(1, sizeof *rm);
+    int rc = 0;
+    *out = rm;
+    if (!rm)
+        return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+    *rm = *m;
+    rm->st = NULL;
+    rm->prepared = NULL;
+    rm->n_prepared = rm->cap_prepared = 0;
+    rm->vision = NULL;
+    rm->derived = NULL;
+    rm->owned = NULL;
+    rm->n_owned = 0;
+    rm->tp = NULL;
+    memset(&rm->hp.quant, 0, sizeof rm->hp.quant);
+    rm->layers = NULL;
+    rm->expert_views = NULL;
+    int nl = m->hp.n_layer;
+    rm->layers = malloc((size_t)nl * sizeof *rm->layers);
+    rm->expert_views = m->n_expert_views ? malloc(m->n_expert_views * sizeof *rm->expert_views) : NULL;
+    if (!rm->layers || (m->n_expert_views && !rm->expert_views))
+        return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+    memcpy(rm->layers, m->layers, (size_t)nl * sizeof *rm->layers);
+    if (m->n_expert_views)
+        memcpy(rm->expert_views, m->expert_views, m->n_expert_views * sizeof *rm->expert_views);
+    for (int il = 0; il < nl && rc == 0; il++) {
+        struct layer *L = &rm->layers[il];
+        struct layer_spec *ls = &rm->hp.layer[il];
+        /* the expert arrays: this model's copies of the views */
+        struct expert_linear *els[] = {&L->ex.up, &L->ex.gate, &L->ex.down, &L->ex.gate_up};
+        for (size_t k = 0; k < 4; k++) {
+            if (els[k]->w)
+                els[k]->w = rm->expert_views + (els[k]->w - m->expert_views);
+            if (els[k]->b)
+                els[k]->b = rm->expert_views + (els[k]->b - m->expert_views);
+        }
+        if (L->mla_heads) {
+            struct tensor *h;
+            size_t nh = 4 * (size_t)m->hp.n_head;
+            if ((rc = model_alloc_owned(rm, nh * sizeof *h, (void **)&h, e)) < 0)
+                break;
+            memcpy(h, L->mla_heads, nh * sizeof *h);
+            L->mla_heads = h;
+        }
+        ls->tp_mix = p->attn && is_attention(ls);
+        ls->tp_ffn = ffn_split[il];
+        if (ls->tp_mix)
+            rc = split_attention(rm, L, &m->hp, p, e);
+        if (rc == 0 && ls->tp_ffn)
+            rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
+    }
+    if (rc < 0)
+        return rc;
+    if (p->attn) {
+        int KV = m->hp.n_kv_head;
+        rm->hp.n_head = m->hp.n_head / p->n;
+        rm->hp.n_kv_head = KV >= p->n ? KV / p->n : 1;
+    }
+    return 0;
+}
+
+int model_tp_split(struct model *m, int n_rank, struct err *e)
+{
+    if (n_rank < 2 || n_rank > TP_MAX_RANKS)
+        return err_setf(e, ERR_ARG, "tensor parallel: %d ranks (2 to %d)", n_rank, TP_MAX_RANKS);
+    if (m->tp)
+        return err_setf(e, ERR_ARG, "tensor parallel: the model is split already");
+    if (m->n_prepared > 0)
+        return err_setf(e, ERR_ARG, "tensor parallel: split a model before preparing it");
+    if (m->ops->forward != decoder_forward)
+        return err_setf(e, ERR_UNSUPPORTED,
+                        "tensor parallel: the %s family runs a forward of its own, which is not split yet",
+                        m->ops->family);
+    if (m->vision)
+        return err_setf(e, ERR_UNSUPPORTED, "tensor parallel: models with an image tower are not split yet");
+    int nl = m->hp.n_layer;
+    bool *ffn = calloc((size_t)(nl > 0 ? nl : 1), sizeof *ffn);
+    struct model_tp *tp = calloc(1, sizeof *tp);
+    if (!ffn || !tp) {
+        free(ffn);
+        free(tp);
+        return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+    }
+    tp->n_rank = n_rank;
+    tp->attn_split = attn_splits(m, n_rank);
+    for (int il = 0; il < nl; il++) {
+        ffn[il] = ffn_splits(m, il, n_rank);
+        tp->n_ffn_split += ffn[il];
+    }
+    int rc = 0;
+    for (int r = 0; r < n_rank && rc == 0; r++) {
+        struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split};
+        rc = rank_model(m, &p, ffn, &tp->rank[r], e);
+    }
+    free(ffn);
+    if (rc < 0) {
+        model_tp_free(tp);
+        return err_prefix(e, "tensor parallel over %d ranks", n_rank);
+    }
+    m->tp = tp;
+    return 0;
+}
+
+int model_tp_prepare(struct model *m, struct backend *const *be, struct err *e)
+{
+    struct model_tp *tp = m->tp;
+    if (!tp)
+        return err_setf(e, ERR_ARG, "tensor parallel: the model is not split");
+    for (int r = 0; r < tp->n_rank; r++) {
+        if (!be[r] || !backend_is_cpu(be[r]))
+            return err_setf(e, ERR_UNSUPPORTED,
+                            "tensor parallel: rank %d's backend is %s; the in-process all-reduce runs on "
+                            "CPU ranks only (NCCL ranks are not built yet)", r, be[r] ? be[r]->name : "none");
+        for (int q = 0; q < r; q++)
+            if (be[q] == be[r])
+                return err_setf(e, ERR_ARG, "tensor parallel: ranks %d and %d share a backend", q, r);
+    }
+    for (int r = 0; r < tp->n_rank; r++) {
+        int rc = model_prepare(tp->rank[r], be[r], e);
+        if (rc < 0)
+            return err_prefix(e, "tensor parallel rank %d", r);
+        tp->be[r] = be[r];
+    }
+    return 0;
+}
+
+void model_tp_free(struct model_tp *tp)
+{
+    if (!tp)
+        return;
+    for (int r = 0; r < tp->n_rank; r++)
+        model_free(tp->rank[r]);
+    free(tp);
+}
+
+/* ---- contexts, the forward and the all-reduce ---- */
+
+struct tp_peer {
+    struct tp_group *g;
+    int rank;
+    float *sum;         /* [n_batch, n_embd] this rank's sum, before it overwrites its partial */
+};
+
+struct rank_job {
+    struct model_ctx *c;
+    struct fwd_chunk ch;
+    struct err e;
+    int rc;
+};
+
+/* Ranks 1.. run on threads of their own, started with the context: a forward hands each its
+ * job (a new generation under mu), rank 0 runs on the caller's thread, and the caller waits
+ * until every rank is done. */
+struct tp_group {
+    int n;
+    struct model_ctx *rank[TP_MAX_RANKS];
+    struct tp_peer peer[TP_MAX_RANKS];
+    struct rank_job job[TP_MAX_RANKS];
+    pthread_barrier_t bar;
+    bool bar_ok, mu_ok;
+    const float *part[TP_MAX_RANKS];   /* the partials of the all-reduce under way */
+    pthread_t th[TP_MAX_RANKS];
+    int n_threads;                     /* started: ranks 1 .. n_threads */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned long gen;                 /* jobs handed out */
+    int n_done;                        /* ranks past the current generation's job */
+    bool quit;
+};
+
+static void *rank_loop(void *arg)
+{
+    struct tp_peer *p = arg;
+    struct tp_group *g = p->g;
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (!g->quit && g->gen == seen)
+            pthread_cond_wait(&g->go, &g->mu);
+        if (g->quit) {
+            pthread_mutex_unlock(&g->mu);
+            return NULL;
+        }
+        seen = g->gen;
+        pthread_mutex_unlock(&g->mu);
+        struct rank_job *j = &g->job[p->rank];
+        j->rc = j->c->m->ops->forward(j->c, &j->ch, &j->e);
+        pthread_mutex_lock(&g->mu);
+        if (++g->n_done == g->n - 1)
+            pthread_cond_signal(&g->done);
+        pthread_mutex_unlock(&g->mu);
+    }
+}
+
+int model_tp_ctx_new(struct model_ctx *c, struct err *e)
+{
+    const struct model_tp *tp = c->m->tp;
+    if (!tp->be[0])
+        return err_setf(e, ERR_ARG, "tensor parallel: the model's ranks are not prepared (model_tp_prepare)");
+    struct tp_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+    c->tp = g;
+    g->n = tp->n_rank;
+    if (pthread_barrier_init(&g->bar, NULL, (unsigned)g->n) != 0)
+        return err_setf(e, ERR_NOMEM, "tensor parallel: no barrier for %d ranks", g->n);
+    g->bar_ok = true;
+    if (pthread_mutex_init(&g->mu, NULL) != 0)
+        return err_setf(e, ERR_NOMEM, "tensor parallel: no mutex");
+    if (pthread_cond_init(&g->go, NULL) != 0) {
+        pthread_mutex_destroy(&g->mu);
+        return err_setf(e, ERR_NOMEM, "tensor parallel: no condition variable");
+    }
+    if (pthread_cond_init(&g->done, NULL) != 0) {
+        pthread_cond_destroy(&g->go);
+        pthread_mutex_destroy(&g->mu);
+        return err_setf(e, ERR_NOMEM, "tensor parallel: no condition variable");
+    }
+    g->mu_ok = true;
+    size_t d = (size_t)c->m->hp.n_embd;
+    for (int r = 0; r < g->n; r++) {
+        int rc = model_ctx_new(&g->rank[r], tp->rank[r], tp->be[r], c->n_batch, e);
+        if (rc < 0)
+            return err_prefix(e, "tensor parallel rank %d", r);
+        g->peer[r] = (struct tp_peer){.g = g, .rank = r, .sum = malloc((size_t)c->n_batch * d * sizeof(float))};
+        if (!g->peer[r].sum)
+            return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+        g->rank[r]->tp_peer = &g->peer[r];
+    }
+    for (int r = 1; r < g->n; r++) {
+        if (pthread_create(&g->th[r], NULL, rank_loop, &g->peer[r]) != 0)
+            return err_setf(e, ERR_NOMEM, "tensor parallel: cannot start rank %d's thread", r);
+        g->n_threads = r;
+    }
+    return 0;
+}
+
+void model_tp_ctx_free(struct model_ctx *c)
+{
+    struct tp_group *g = c->tp;
+    if (!g)
+        return;
+    if (g->mu_ok) {
+        pthread_mutex_lock(&g->mu);
+        g->quit = true;
+        pthread_cond_broadcast(&g->go);
+        pthread_mutex_unlock(&g->mu);
+        for (int r = 1; r <= g->n_threads; r++)
+            pthread_join(g->th[r], NULL);
+        pthread_cond_destroy(&g->go);
+        pthread_cond_destroy(&g->done);
+        pthread_mutex_destroy(&g->mu);
+    }
+    for (int r = 0; r < g->n; r++) {
+        model_ctx_free(g->rank[r]);
+        free(g->peer[r].sum);
+    }
+    if (g->bar_ok)
+        pthread_barrier_destroy(&g->bar);
+    free(g);
+    c->tp = NULL;
+}
+
+void model_tp_reduce(const struct model_ctx *c, float *buf, int n)
+{
+    struct tp_peer *p = c->tp_peer;
+    if (!p)
+        return;
+    struct tp_group *g = p->g;
+    size_t cnt = (size_t)n * (size_t)c->m->hp.n_embd;
+    g->part[p->rank] = buf;
+    pthread_barrier_wait(&g->bar);
+    /* the same order on every rank: the same bits everywhere */
+    float *s = p->sum;
+    memcpy(s, g->part[0], cnt * sizeof *s);
+    for (int q = 1; q < g->n; q++) {
+        const float *x = g->part[q];
+        for (size_t i = 0; i < cnt; i++)
+            s[i] += x[i];
+    }
+    pthread_barrier_wait(&g->bar);  /* every rank has read every partial */
+    memcpy(buf, s, cnt * sizeof *s);
+}
+
+int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const struct kv_layer *rank_kv,
+                     struct err *e)
+{
+    struct tp_group *g = c->tp;
+    int nl = c->m->hp.n_layer, rc = 0;
+    for (int r = 0; r < g->n; r++) {
+        g->job[r] = (struct rank_job){.c = g->rank[r], .ch = *ch};
+        g->job[r].ch.kv = rank_kv + (size_t)r * nl;
+        if (r > 0) {   /* rank 0 alone computes logits and hidden states */
+            g->job[r].ch.n_out = 0;
+            g->job[r].ch.hidden = false;
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    g->n_done = 0;
+    g->gen++;
+    pthread_cond_broadcast(&g->go);
+    pthread_mutex_unlock(&g->mu);
+    struct rank_job *j0 = &g->job[0];
+    j0->rc = j0->c->m->ops->forward(j0->c, &j0->ch, &j0->e);
+    pthread_mutex_lock(&g->mu);
+    while (g->n_done < g->n - 1)
+        pthread_cond_wait(&g->done, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    for (int r = 0; r < g->n && rc == 0; r++) {
+        if (g->job[r].rc < 0) {
+            *e = g->job[r].e;
+            rc = g->job[r].rc;
+        } else {
+            rc = backend_sync(g->rank[r]->be, e);
+        }
+    }
+    if (rc < 0)
+        return rc;
+    const struct backend_ops *op = c->be->ops;
+    struct model_ctx *r0 = g->rank[0];
+    if (ch->n_out > 0)
+        op->copy(c->be, c->bufs.logits, r0->bufs.logits, (size_t)ch->n_out * c->m->hp.n_vocab * sizeof(float));
+    if (ch->hidden)
+        op->copy(c->be, c->bufs.o, r0->bufs.o, (size_t)ch->n_tok * c->m->hp.n_embd * sizeof(float));
+    return 0;
+}

@@ -1,0 +1,73 @@
+/*
+ * tp: tensor parallelism (ADR 0139). A model split over n ranks, Megatron style: each rank
+ * holds its share of every split block's weights and runs the family forward on them; the
+ * partial sums of a split block's output meet in an all-reduce, after which every rank holds
+ * the same residual stream.
+ *
+ *   attention  heads split: q (and Qwen3-Next's output gate) rows of the rank's heads, k / v
+ *              rows of their KV heads (one KV head on each of n / n_kv_head ranks when there
+ *              are fewer KV heads than ranks, as vLLM replicates them), per-head norms and
+ *              sinks sliced, o columns; each rank caches the K/V of its own heads
+ *   FFN        dense GLU / MLP: gate / up rows, down columns; MoE: every expert's rows and
+ *              columns the same way (the router replicated), the shared expert too
+ *   the rest   replicated: embeddings, norms, the LM head (rank 0 alone computes logits),
+ *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
+ *              split evenly (heads, widths, quantization groups of the column-split weights)
+ *   biases     of column-split products (o, down) on rank 0 alone
+ *
+ * A split block's output is summed over the ranks in rank order, so every rank holds the same
+ * bits afterwards (replicated blocks then compute the same values everywhere). This file's
+ * all-reduce is the in-process one of virtual ranks on the CPU backend: one thread per rank,
+ * a barrier, each rank summing the published partials.
+ *
+ * Order: model_load, model_tp_split, model_tp_prepare (instead of model_prepare), then
+ * model_ctx_new and kv_cache_new of the split model as usual: the context runs one rank
+ * context per rank, the cache keeps every rank's K/V (kv_cache.layers, rank-major).
+ */
+#pragma once
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TP_MAX_RANKS 8
+
+struct model_tp {
+    int n_rank;
+    struct model *rank[TP_MAX_RANKS];   /* the shards, owned (views into the model's weights
+                                         * where replicated, owned copies where split) */
+    struct backend *be[TP_MAX_RANKS];   /* each rank's backend (model_tp_prepare), borrowed */
+    bool attn_split;                    /* attention layers split by heads */
+    int n_ffn_split;                    /* layers whose FFN is split */
+};
+
+/* Split m (loaded, not prepared) over n_rank ranks (2..TP_MAX_RANKS) into m->tp.
+ * -ERR_UNSUPPORTED for a family with a forward of its own (not decoder_forward), a model with
+ * an image tower; -ERR_ARG for a prepared model or a bad count; -ERR_NOMEM. */
+int model_tp_split(struct model *m, int n_rank, struct err *e);
+
+/* Prepare each rank's weights for its backend be[r] (CPU backends: the virtual ranks). The
+ * split model itself computes nothing. -ERR_UNSUPPORTED for a backend whose memory is not the
+ * host's (the in-process all-reduce reads the partial sums directly). */
+int model_tp_prepare(struct model *m, struct backend *const *be, struct err *e);
+
+/* Free m->tp (model_free calls it). */
+void model_tp_free(struct model_tp *tp);
+
+/* The rank contexts of a context of a split model (model_ctx_new). */
+int model_tp_ctx_new(struct model_ctx *c, struct err *e);
+void model_tp_ctx_free(struct model_ctx *c);
+
+/* One forward chunk on every rank: rank r with the KV layers rank_kv + r * n_layer; rank 0's
+ * logits (and hidden states) land in c->bufs. */
+int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const struct kv_layer *rank_kv,
+                     struct err *e);
+
+/* In a rank's forward: buf [n, n_embd] becomes the sum of every rank's buf (rank order). A
+ * no-op outside a split model's rank context. */
+void model_tp_reduce(const struct model_ctx *c, float *buf, int n);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,229 @@
+/*
+ * tp: tensor parallelism over virtual CPU ranks (models/tp.h, ADR 0139). Every golden case
+ * (tests/fixtures/golden) runs unsplit and split over 2 and 4 ranks, one CPU backend of one
+ * thread per rank: the prefill's logits at every position, then greedy decoding through the
+ * cache on the reference ids, and a second sequence batched beside the first (its prompt a
+ * prefix of the first's, decoded with it in the same forward calls). Every logit row of a
+ * split run must be within 1e-5 x max|logit| of the unsplit run's row (quantized weights on
+ * AVX2 / AVX-512: TP_TOL_QI, below). A case whose family
+ * has a forward of its own is reported as not split (model_tp_split refuses it), not failed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/safetensors.h"
+#include "engine/batch.h"
+#include "engine/kvcache.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+#include "models/tp.h"
+#include "test.h"
+
+#define TP_TOL 1e-5
+/* Quantized weights on AVX2 / AVX-512: the integer products take x at 16 bits per group
+ * (kern.h "qi"), and which product a matrix gets depends on its shape, so a rank's smaller
+ * matrices may take the other one. Those runs are held to the quantized path's own distance
+ * from the float64 reference instead (measured on AVX2: unsplit qwen3_moe_mlx_q4 2.76e-4 from
+ * it, split runs 1.93e-4 from the unsplit one; the scalar ISA stays within 6e-7). */
+#define TP_TOL_QI 5e-4
+#define TP_MAX_TOK 64
+
+struct tp_run {
+    struct model *m;
+    struct backend *be[TP_MAX_RANKS];
+    int n_be;
+    struct model_ctx *c;
+    struct kv_cache *kv;
+    struct batch b;
+};
+
+/* The model of dir on n_rank ranks (1: unsplit, two threads); -ERR_UNSUPPORTED when the
+ * family is not split (the message in e). */
+static int tp_open(struct tp_run *r, const char *dir, int n_rank, int n_tok, struct err *e)
+{
+    memset(r, 0, sizeof *r);
+    int rc = model_load(&r->m, dir, e);
+    if (rc < 0)
+        return rc;
+    if (n_rank > 1 && (rc = model_tp_split(r->m, n_rank, e)) < 0)
+        return rc;
+    r->n_be = n_rank;
+    for (int i = 0; i < n_rank; i++)
+        if ((rc = test_backend_new(&r->be[i], n_rank > 1 ? 1 : 2, e)) < 0)
+            return rc;
+    if ((rc = n_rank > 1 ? model_tp_prepare(r->m, r->be, e) : model_prepare(r->m, r->be[0], e)) < 0 ||
+        (rc = model_ctx_new(&r->c, r->m, r->be[0], 0, e)) < 0)
+        return rc;
+    struct kv_params kp = {.n_tokens = 2 * n_tok + 16, .max_seqs = 2, .block_size = 4,
+                           .n_batch = r->c->n_batch};
+    if ((rc = kv_cache_new(&r->kv, r->m, r->be[0], &kp, e)) < 0 || (rc = batch_init(&r->b, 256, e)) < 0)
+        return rc;
+    return 0;
+}
+
+static void tp_close(struct tp_run *r)
+{
+    batch_free(&r->b);
+    kv_cache_free(r->kv);
+    model_ctx_free(r->c);
+    model_free(r->m);
+    for (int i = 0; i < r->n_be; i++)
+        backend_free(r->be[i]);
+}
+
+static bool has_quantized(const struct model *m)
+{
+    bool any = m->lm_head.qbits > 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *l = &m->layers[il];
+#define QUANT(name) any = any || l->name.qbits > 0;
+        LAYER_MATRICES(QUANT)
+#undef QUANT
+        const struct expert_linear *el[] = {&l->ex.up, &l->ex.gate, &l->ex.down, &l->ex.gate_up};
+        for (size_t k = 0; k < 4; k++)
+            any = any || (el[k]->w && el[k]->w[0].qbits > 0);
+    }
+    return any;
+}
+
+/* The case's run: prefill of seq 0 (every row's logits), then seq 1's prompt (the first half
+ * of seq 0's) beside seq 0's first decode step, then decode steps of both in one batch, seq 0
+ * on the reference ids, seq 1 on the argmax of its last row (pick: the run's own, into next1;
+ * else next1's, so that a near tie cannot part the runs). Every logit row in order into out
+ * (rows: its count). */
+static int tp_sequence(struct tp_run *r, const int32_t *ids, int L, const int32_t *greedy, int N, float *out,
+                       int *rows, int32_t *next1, bool pick, struct err *e)
+{
+    int V = r->m->hp.n_vocab, n = 0, rc;
+    int L1 = L / 2 > 0 ? L / 2 : 1;
+    if ((rc = kv_seq_add(r->kv, 0, e)) < 0 || (rc = kv_seq_add(r->kv, 1, e)) < 0)
+        return rc;
+    batch_clear(&r->b);
+    for (int i = 0; i < L; i++)
+        if ((rc = batch_add(&r->b, ids[i], i, 0, true, e)) < 0)
+            return rc;
+    if ((rc = model_forward(r->c, &r->b, r->kv, out, e)) < 0)
+        return rc;
+    n += L;
+    for (int s = 0; s < N; s++) {
+        batch_clear(&r->b);
+        if ((rc = batch_add(&r->b, greedy[s], L + s, 0, true, e)) < 0)
+            return rc;
+        if (s == 0) {
+            for (int i = 0; i < L1; i++)
+                if ((rc = batch_add(&r->b, ids[i], i, 1, i == L1 - 1, e)) < 0)
+                    return rc;
+        } else if ((rc = batch_add(&r->b, next1[s - 1], L1 + s - 1, 1, true, e)) < 0) {
+            return rc;
+        }
+        if ((rc = model_forward(r->c, &r->b, r->kv, out + (size_t)n * V, e)) < 0)
+            return rc;
+        if (pick)
+            next1[s] = test_argmax(out + (size_t)(n + 1) * V, V);
+        n += 2;
+    }
+    *rows = n;
+    return 0;
+}
+
+static void check_tp(void **state)
+{
+    const char *name = *state;
+    const char *dir = golden_case_dir(name);
+    struct st_set *gs = NULL;
+    struct tensor idt;
+    golden_case_input_ids(name, &gs, &idt);
+    struct err e = {0};
+    struct tensor greedy;
+    assert_int_equal(st_set_take(gs, "greedy_ids", &greedy, &e), 0);
+    int L = (int)idt.shape[0], N = (int)greedy.shape[0];
+    if (N > 4)
+        N = 4;
+    assert_true(L + N <= TP_MAX_TOK);
+    const int32_t *ids = idt.data, *gr = greedy.data;
+
+    struct tp_run r;
+    /* a family the split refuses: reported, nothing to compare */
+    struct model *m = NULL;
+    if (model_load(&m, dir, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    int rc = model_tp_split(m, 2, &e);
+    model_free(m);
+    if (rc == -ERR_UNSUPPORTED) {
+        printf("tp %-22s not split: %s\n", name, e.msg);
+        st_set_free(gs);
+        return;
+    }
+    if (rc < 0)
+        fail_msg("%s: %s", name, e.msg);
+    if (tp_open(&r, dir, 1, L + N, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    int V = r.m->hp.n_vocab, rows = 0, rows_s = 0;
+    const double tol = has_quantized(r.m) && strcmp(r.be[0]->name, "cpu-scalar") != 0 ? TP_TOL_QI : TP_TOL;
+    size_t cap = (size_t)(L + 2 * N) * V;
+    float *ref = malloc(cap * sizeof *ref), *got = malloc(cap * sizeof *got);
+    int32_t next1[8] = {0};
+    assert_non_null(ref);
+    assert_non_null(got);
+    if (tp_sequence(&r, ids, L, gr, N, ref, &rows, next1, true, &e) < 0)
+        fail_msg("%s: %s", name, e.msg);
+    tp_close(&r);
+
+    for (int n_rank = 2; n_rank <= 4; n_rank *= 2) {
+        if (tp_open(&r, dir, n_rank, L + N, &e) < 0)
+            fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
+        bool attn = r.m->tp->attn_split;
+        int n_ffn = r.m->tp->n_ffn_split;
+        if (tp_sequence(&r, ids, L, gr, N, got, &rows_s, next1, false, &e) < 0)
+            fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
+        assert_int_equal(rows_s, rows);
+        double worst = 0.0;
+        for (int i = 0; i < rows; i++) {
+            const float *a = ref + (size_t)i * V, *g = got + (size_t)i * V;
+            double mx = 0.0, d = 0.0;
+            for (int v = 0; v < V; v++) {
+                mx = fmax(mx, fabs(a[v]));
+                d = fmax(d, fabs((double)a[v] - g[v]));
+            }
+            double rel = d / (mx > 0.0 ? mx : 1.0);
+            if (!(rel <= tol))
+                fail_msg("%s: tp %d: logit row %d differs from the unsplit run by %.3g of max|logit| (> %.0e)",
+                         name, n_rank, i, rel, tol);
+            worst = fmax(worst, rel);
+        }
+        printf("tp %-22s ranks %d  attention %s, FFN split in %d of %d layers  %d rows  max rel diff %.2e\n",
+               name, n_rank, attn ? "split" : "replicated", n_ffn, r.m->hp.n_layer, rows, worst);
+        tp_close(&r);
+    }
+    free(ref);
+    free(got);
+    st_set_free(gs);
+}
+
+static void tp_refusals(void **state)
+{
+    (void)state;
+    struct err e = {0};
+    struct model *m = NULL;
+    const struct golden_cases *gc = golden_cases();
+    assert_true(gc->n > 0);
+    assert_int_equal(model_load(&m, golden_case_dir(gc->names[0]), &e), 0);
+    assert_int_equal(model_tp_split(m, 1, &e), -ERR_ARG);
+    assert_int_equal(model_tp_split(m, TP_MAX_RANKS + 1, &e), -ERR_ARG);
+    model_free(m);
+}
+
+static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
+{
+    static struct CMUnitTest *t;
+    static size_t n;
+    static const struct CMUnitTest extra[] = {cmocka_unit_test(tp_refusals)};
+    if (!t)
+        golden_case_tests("tp_", check_tp, extra, sizeof extra / sizeof extra[0], &t, &n);
+    *tests = t;
+    *n_tests = n;
+}
+
+TEST_SUITE_BUILT(tp, build_tests);
