@@ -43,6 +43,7 @@
 
 #include "../loading/config.h"
 #include "blocks.h"
+#include "tp.h"
 #include "hf_common.h"
 #include "ssm2.h"
 
@@ -252,10 +253,14 @@ static int falcon_h1_forward(struct model_ctx *c, const struct fwd_chunk *ch, st
         if (hp->mup.attn_in != 1.0f)
             op->scale(c->be, b->xn, d, hp->mup.attn_in, n, d);
         blk_attention(c->be, b->o, b->xn, A, &ac, &ch->kv[il], ch->rows, b, n);
+        if (la->tp_mix)
+            model_tp_reduce(c, b->o, n);
         op->axpy(c->be, b->x, d, hp->mup.attn_out, b->o, d, n, d);
         /* the MLP */
         blk_norm(c->be, b->xn, b->x, &n2, n, d);
         mlp(c, A, la, n);
+        if (la->tp_ffn)
+            model_tp_reduce(c, b->f, n);
         op->axpy(c->be, b->x, d, hp->mup.mlp_down, b->f, d, n, d);
     }
     struct blk_norm_w nout = {.kind = NORM_RMS, .eps = hp->norm_eps, .w = &m->out_norm};
@@ -278,4 +283,5 @@ const struct model_ops falcon_h1_ops = {
     .parse_config = falcon_h1_parse_config,
     .map_weights = falcon_h1_map_weights,
     .forward = falcon_h1_forward,
+    .tp_reduces = true,
 };

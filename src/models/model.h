@@ -174,6 +174,9 @@ struct model_ops {
     /* Its checkpoints' MTP layers (model_load_mtp); MTP_NONE: --spec mtp is refused. A family
      * with a layout runs decoder_forward, which honours fwd_chunk.hidden and model.mtp. */
     enum mtp_layout mtp;
+    /* Its own forward all-reduces the blocks a tensor-parallel rank marks (layer_spec.tp_mix /
+     * tp_ffn, models/tp.h), so model_tp_split may split it; decoder_forward's families do. */
+    bool tp_reduces;
 };
 
 /* A multi-token-prediction layer loaded as a model of one layer (model_load_mtp): each row's

@@ -399,9 +399,10 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
         return err_setf(e, ERR_ARG, "tensor parallel: the model is split already");
     if (m->n_prepared > 0)
         return err_setf(e, ERR_ARG, "tensor parallel: split a model before preparing it");
-    if (m->ops->forward != decoder_forward)
+    if (m->ops->forward != decoder_forward && !m->ops->tp_reduces)
         return err_setf(e, ERR_UNSUPPORTED,
-                        "tensor parallel: the %s family runs a forward of its own, which is not split yet",
+                        "tensor parallel: the %s family runs a forward of its own, which does not "
+                        "split yet",
                         m->ops->family);
     if (m->vision)
         return err_setf(e, ERR_UNSUPPORTED, "tensor parallel: models with an image tower are not split yet");
