@@ -165,6 +165,9 @@ struct kv_cache;
 struct cli_engine {
     struct backend *be;
     bool be_borrowed;    /* be belongs to another engine (cli_engine_attach) */
+    /* --tensor-parallel N: the ranks' backends, tp_be[0] == be (models/tp.h); n_tp 0: none */
+    struct backend *tp_be[8];
+    int n_tp;
     struct model_ctx *ctx;
     struct kv_cache *kv;
 };
@@ -173,7 +176,12 @@ struct cli_engine {
 int cli_kv_dtype(enum dtype *out, struct err *e);
 /* Its name as --kv-type spells it: "f32", "f16" or "bf16". */
 const char *cli_kv_dtype_name(enum dtype t);
-/* swa_slack: kv_params.swa_slack (speculative decoding's --draft-max, else 0). */
+/* --tensor-parallel N (-tp N; cli_cfg()->tensor_parallel): *n ranks, 1 when not given;
+ * -ERR_ARG for a value that is not 1 to 8. */
+int cli_tensor_parallel(int *n, struct err *e);
+/* swa_slack: kv_params.swa_slack (speculative decoding's --draft-max, else 0). With
+ * --tensor-parallel N > 1 the model is split over N ranks (model_tp_split), each on a backend
+ * of its own with threads / N threads. */
 int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_tokens, int max_seqs,
                     int max_seq_len, int swa_slack, struct err *e);
 /* An engine for a second model (a draft model) on the backend of `on` (borrowed). */

@@ -25,6 +25,7 @@
 #include "../kernels/backend.h"
 #include "../kernels/backend_plugin.h"
 #include "../models/model.h"
+#include "../models/tp.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -83,6 +84,23 @@ static void out_puts(const char *s)
         g_stdout_errno = errno;
 }
 
+_Static_assert(sizeof ((struct cli_engine *)0)->tp_be / sizeof(struct backend *) == TP_MAX_RANKS,
+               "cli_engine.tp_be holds TP_MAX_RANKS backends");
+
+int cli_tensor_parallel(int *n, struct err *e)
+{
+    const char *v = cli_cfg()->tensor_parallel;
+    long k = 1;
+    *n = 1;
+    if (!v)
+        return 0;
+    int rc = cli_parse_int("--tensor-parallel", v, 1, TP_MAX_RANKS, &k, e);
+    if (rc < 0)
+        return rc;
+    *n = (int)k;
+    return 0;
+}
+
 void cli_help(const char *help, unsigned which)
 {
     out_puts(help);
@@ -93,6 +111,10 @@ void cli_help(const char *help, unsigned which)
         out_puts("      --offline          never download: -m owner/name only from the caches (HF_HUB_OFFLINE=1)\n");
     if (which & CLI_GLOBAL_KV)
         out_puts("      --kv-type T        KV cache element type: f32 (default, exact), f16, bf16 (MLXCEL_KV_TYPE)\n");
+    if ((which & CLI_GLOBAL_ALL) == CLI_GLOBAL_ALL)
+        out_puts("  -tp, --tensor-parallel N  split the model over N ranks (1-8): attention heads, FFN\n"
+                 "                         widths and experts' rows, an all-reduce after each (CPU ranks,\n"
+                 "                         threads shared among them; default 1)\n");
     if (which & CLI_GLOBAL_RUN)
         out_puts("      --device D         auto, cpu, cuda or cuda:N (MLXCEL_DEVICE; default cpu; auto takes a\n"
                  "                         usable GPU, else the CPU)\n"
@@ -598,7 +620,15 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     if ((rc = cli_kv_dtype(&kp.dtype, e)) < 0)
         return rc;
     const char *dev = cli_cfg()->device;
-    if ((rc = backend_new(&en->be, dev, (int)threads, &cli_cfg()->be, e)) < 0)
+    int n_tp = 1;
+    if ((rc = cli_tensor_parallel(&n_tp, e)) < 0)
+        return rc;
+    long per = threads;
+    if (n_tp > 1) {   /* the threads shared among the ranks */
+        long all = threads > 0 ? threads : sysconf(_SC_NPROCESSORS_ONLN);
+        per = all / n_tp > 0 ? all / n_tp : 1;
+    }
+    if ((rc = backend_new(&en->be, dev, (int)per, &cli_cfg()->be, e)) < 0)
         return rc;
     if (dev && strcmp(dev, "auto") == 0 && backend_is_cpu(en->be)) {
         /* auto means "a GPU if there is one": no CUDA at all is said at -v only, a CUDA
@@ -617,7 +647,19 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                 "AVX-512 has it); running exact\n", en->be->name);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = model_prepare(m, en->be, e);
+    if (n_tp > 1) {
+        en->tp_be[0] = en->be;
+        en->n_tp = 1;
+        rc = model_tp_split(m, n_tp, e);
+        for (int r = 1; r < n_tp && rc == 0; r++)
+            if ((rc = backend_new(&en->tp_be[r], dev, (int)per, &cli_cfg()->be, e)) == 0)
+                en->n_tp++;
+        if (rc == 0 && (rc = model_tp_prepare(m, en->tp_be, e)) == 0)
+            LOG_INFO("tensor parallel over %d ranks: attention %s, the FFN split in %d of %d layers", n_tp,
+                     m->tp->attn_split ? "split by heads" : "replicated", m->tp->n_ffn_split, m->hp.n_layer);
+    } else {
+        rc = model_prepare(m, en->be, e);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc == 0)
         LOG_INFO("weights ready on %s in %.3f s", en->be->name,
@@ -710,6 +752,8 @@ void cli_engine_close(struct cli_engine *en)
 {
     kv_cache_free(en->kv);
     model_ctx_free(en->ctx);
+    for (int r = 1; r < en->n_tp; r++)
+        backend_free(en->tp_be[r]);
     if (!en->be_borrowed)
         backend_free(en->be);
     memset(en, 0, sizeof *en);

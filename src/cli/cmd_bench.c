@@ -270,6 +270,7 @@ struct bench_meta {
     int n_ctx;
     enum dtype kv_dtype;
     bool fast;               /* --fast in effect on the backend */
+    int n_tp;                /* --tensor-parallel ranks (threads: each rank's) */
     uint64_t peak_rss;       /* bytes */
     uint64_t state_bytes;    /* the cache's recurrent states (every sequence), bytes */
 };
@@ -298,6 +299,7 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
         cJSON_AddNumberToObject(o, "params", (double)model_n_params(mt->m));
         cJSON_AddStringToObject(o, "backend", mt->backend);
         cJSON_AddNumberToObject(o, "threads", mt->threads);
+        cJSON_AddNumberToObject(o, "tensor_parallel", mt->n_tp);
         cJSON_AddStringToObject(o, "test", test);
         cJSON_AddNumberToObject(o, "n_tokens", r->n_tokens);
         cJSON_AddNumberToObject(o, "n_seqs", r->n_seq);
@@ -325,8 +327,12 @@ static int print_json(const struct bench_meta *mt, const struct bench_result *re
 static void print_table(const struct bench_meta *mt, const struct bench_result *res, int n_res)
 {
     char params[32], test[32], be[64];
-    /* the backend column names a cache narrower than f32 and --fast */
-    snprintf(be, sizeof be, "%s%s%s%s", mt->backend, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
+    /* the backend column names the ranks (threads: each rank's), a cache narrower than f32
+     * and --fast */
+    char tp[16] = "";
+    if (mt->n_tp > 1)
+        snprintf(tp, sizeof tp, " x%d", mt->n_tp);
+    snprintf(be, sizeof be, "%s%s%s%s%s", mt->backend, tp, mt->kv_dtype != DTYPE_F32 ? " kv " : "",
              mt->kv_dtype != DTYPE_F32 ? cli_kv_dtype_name(mt->kv_dtype) : "", mt->fast ? " fast" : "");
     int wm = (int)strlen(mt->model), wb = (int)strlen(be), wt = 8;
     wm = wm < 5 ? 5 : wm;
@@ -486,7 +492,7 @@ int cmd_bench(int argc, char **argv)
         .model = label, .m = m, .backend = b.en.be->name, .threads = b.en.be->n_threads,
         .n_ctx = b.n_slots, .peak_rss = peak_rss_bytes(), .kv_dtype = b.en.kv->dtype,
         .state_bytes = b.en.kv->state_bytes,
-        .fast = b.en.be->fast,
+        .fast = b.en.be->fast, .n_tp = b.en.n_tp > 1 ? b.en.n_tp : 1,
     };
     if (o.json) {
         if (print_json(&mt, res, n_res, (int)o.reps, &e) < 0)

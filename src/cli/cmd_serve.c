@@ -543,6 +543,9 @@ static int load(const struct serve_cli *o, const char *dir, struct served *sv, s
     if (sv->m->hp.encoder && o->lora.n > 0)
         return err_setf(e, ERR_UNSUPPORTED, "--lora: '%s' is an encoder; adapters apply to "
                         "generating models only", sv->m->hp.model_type);
+    if (sv->m->hp.encoder && cli_cfg()->tensor_parallel)
+        return err_setf(e, ERR_UNSUPPORTED, "--tensor-parallel: '%s' is an encoder; embedding models "
+                        "are not split", sv->m->hp.model_type);
     if (sv->m->hp.encoder)
         return load_encoder(o, dir, sv, sm, e);
     if ((rc = cli_check_generation_config(sv->m, e)) < 0 || (rc = tok_load(&sv->tok, dir, e)) < 0)

@@ -53,7 +53,8 @@ static int take_value(int argc, char **argv, int *i, const char *flag, const cha
     return 1;
 }
 
-/* --offline, --[no-]mmap, --device, --kv-type and --fast are understood by every command:
+/* --offline, --[no-]mmap, --device, --kv-type, --tensor-parallel and --fast are understood by
+ * every command (--tensor-parallel: refused by those that run no engine, cli_tensor_parallel):
  * they are taken out of argv (before a "--") into g_cfg. */
 static int strip_global(int *argc, char **argv, struct flags_seen *seen, struct err *e)
 {
@@ -76,6 +77,10 @@ static int strip_global(int *argc, char **argv, struct flags_seen *seen, struct 
         } else if ((rc = take_value(*argc, argv, &i, "--kv-type", &g_cfg.kv_type)) != 0) {
             if (rc < 0)
                 return err_setf(e, ERR_ARG, "--kv-type needs a value (f32, f16 or bf16)");
+        } else if ((rc = take_value(*argc, argv, &i, "--tensor-parallel", &g_cfg.tensor_parallel)) != 0 ||
+                   (rc = take_value(*argc, argv, &i, "-tp", &g_cfg.tensor_parallel)) != 0) {
+            if (rc < 0)
+                return err_setf(e, ERR_ARG, "--tensor-parallel needs a value (the number of ranks)");
         } else {
             argv[k++] = argv[i];
         }

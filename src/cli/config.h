@@ -34,6 +34,8 @@ enum { CLI_N_LLAMA_ENV = (
 struct cli_config {
     const char *device;       /* --device / $MLXCEL_DEVICE; NULL: "cpu" */
     const char *kv_type;      /* --kv-type / $MLXCEL_KV_TYPE as given; NULL: f32 (cli_kv_dtype) */
+    const char *tensor_parallel; /* --tensor-parallel / -tp as given; NULL: one rank
+                                  * (cli_tensor_parallel parses it) */
     struct backend_opts be;   /* --fast, --[no-]mmap, $MLXCEL_ISA, _REPACK, _FUSED_MOE, _CUDA_* */
     bool offline;             /* --offline / $HF_HUB_OFFLINE */
     /* the Hugging Face settings, resolved as huggingface_hub does */

@@ -17,24 +17,25 @@ struct command {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
+    bool splits;   /* runs its model through cli_engine_open: --tensor-parallel applies */
 };
 
 static const struct command k_commands[] = {
-    {"generate", cmd_generate, "generate text from a prompt"},
-    {"tokenize", cmd_tokenize, "print the token ids of a text"},
-    {"detokenize", cmd_detokenize, "print the text of token ids"},
-    {"template", cmd_template, "render the chat template over a message list"},
-    {"perplexity", cmd_perplexity, "perplexity of a text or id file"},
-    {"embed", cmd_embed, "embeddings of texts (sentence-transformers encode)"},
-    {"rerank", cmd_rerank, "rank documents against a query (a cross-encoder or an LM reranker)"},
-    {"inspect", cmd_inspect, "describe a checkpoint"},
-    {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)"},
-    {"list", cmd_list, "list downloaded models"},
-    {"pull", cmd_pull, "download a model from the Hugging Face Hub"},
-    {"arch", cmd_arch, "list supported architectures"},
-    {"convert", cmd_convert, "write an MLX checkpoint (optionally quantized)"},
-    {"synth", cmd_synth, "write a random-weight checkpoint of any shape"},
-    {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API"},
+    {"generate", cmd_generate, "generate text from a prompt", true},
+    {"tokenize", cmd_tokenize, "print the token ids of a text", false},
+    {"detokenize", cmd_detokenize, "print the text of token ids", false},
+    {"template", cmd_template, "render the chat template over a message list", false},
+    {"perplexity", cmd_perplexity, "perplexity of a text or id file", true},
+    {"embed", cmd_embed, "embeddings of texts (sentence-transformers encode)", false},
+    {"rerank", cmd_rerank, "rank documents against a query (a cross-encoder or an LM reranker)", false},
+    {"inspect", cmd_inspect, "describe a checkpoint", false},
+    {"bench", cmd_bench, "prompt and generation throughput (llama-bench style)", true},
+    {"list", cmd_list, "list downloaded models", false},
+    {"pull", cmd_pull, "download a model from the Hugging Face Hub", false},
+    {"arch", cmd_arch, "list supported architectures", false},
+    {"convert", cmd_convert, "write an MLX checkpoint (optionally quantized)", false},
+    {"synth", cmd_synth, "write a random-weight checkpoint of any shape", false},
+    {"serve", cmd_serve, "serve a model over an OpenAI-compatible HTTP API", true},
 };
 
 static void usage(FILE *f)
@@ -102,9 +103,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "mlxcel: %s\n", e.msg);
         return CLI_EXIT_USAGE;
     }
-    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++)
-        if (strcmp(argv[1], k_commands[i].name) == 0)
-            return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
+    for (size_t i = 0; i < sizeof k_commands / sizeof k_commands[0]; i++) {
+        if (strcmp(argv[1], k_commands[i].name) != 0)
+            continue;
+        if (cli_cfg()->tensor_parallel && !k_commands[i].splits) {
+            fprintf(stderr, "mlxcel %s: --tensor-parallel: this command splits no model (generate, "
+                    "perplexity, bench and serve do)\n", k_commands[i].name);
+            return CLI_EXIT_USAGE;
+        }
+        return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
+    }
     char esc[256];
     fprintf(stderr, "mlxcel: unknown command '%s'\n\n", termsafe_str(argv[1], esc, sizeof esc));
     usage(stderr);
