@@ -111,6 +111,11 @@ int main(int argc, char **argv)
                     "perplexity, bench and serve do)\n", k_commands[i].name);
             return CLI_EXIT_USAGE;
         }
+        int n_tp;
+        if (cli_tensor_parallel(&n_tp, &e) < 0) {
+            fprintf(stderr, "mlxcel %s: %s\n", k_commands[i].name, e.msg);
+            return CLI_EXIT_USAGE;
+        }
         return finish(k_commands[i].name, k_commands[i].run(argc - 1, argv + 1));
     }
     char esc[256];
