@@ -126,6 +126,35 @@ static bool is_attention(const struct layer_spec *ls)
     return ls->mixer == MIXER_ATTENTION && (ls->kv == KV_FULL || ls->kv == KV_SLIDING);
 }
 
+static bool is_latent(const struct layer_spec *ls)
+{
+    return ls->mixer == MIXER_ATTENTION && ls->kv == KV_LATENT;
+}
+
+/* Latent (MLA) attention splits when every attention layer is latent: the rank's heads'
+ * per-head products (mla_heads), o's columns of their values; the latent row (wkv_a, its
+ * norm) and q's low-rank input (wq_a) replicated, so each rank caches the same latent rows
+ * (vLLM's replicated latent cache). */
+static bool latent_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int H = hp->n_head, any = 0;
+    if (H <= 0 || H % n != 0)
+        return false;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer_spec *ls = &hp->layer[il];
+        const struct layer *L = &m->layers[il];
+        if (is_attention(ls))
+            return false;
+        if (!is_latent(ls))
+            continue;
+        any = 1;
+        if (!L->mla_heads || !tensor_is_present(&L->wo) || !cols_ok(&L->wo, 0, (int64_t)(H / n) * hp->v_head_dim))
+            return false;
+    }
+    return any;
+}
+
 /* Per-head tensors (norm weights, sinks) a head split reads as [n_head, ...] or one [head_dim]
  * for every head: the heads' rows, or the tensor as it is. */
 static int64_t heads_of(const struct tensor *t, int n_head, int head_dim)
@@ -147,8 +176,8 @@ static bool attn_splits(const struct model *m, int n)
     for (int il = 0; il < hp->n_layer; il++) {
         const struct layer_spec *ls = &hp->layer[il];
         const struct layer *L = &m->layers[il];
-        if (ls->mixer == MIXER_ATTENTION && ls->kv == KV_LATENT)
-            return false;  /* n_head is the model's: latent layers keep every head */
+        if (is_latent(ls))
+            return false;  /* latent layers split their own way (latent_splits) */
         if (!is_attention(ls))
             continue;
         any = 1;
@@ -156,8 +185,6 @@ static bool attn_splits(const struct model *m, int n)
             return false;
         int64_t cols = (int64_t)(H / n) * hd;
         if (!cols_ok(&L->wo, 0, cols) || !tensor_is_present(&L->wo))
-            return false;
-        if (L->wo.qbits && cols % L->wo.qgroup != 0)
             return false;
         /* per-head norms: one weight for every head, or one per head */
         if (ls->qk_norm && tensor_is_present(&L->q_norm) && tensor_nelem(&L->q_norm) != hd &&
@@ -199,7 +226,8 @@ static bool ffn_splits(const struct model *m, int il, int n)
 
 struct rank_plan {
     int n, r;
-    bool attn;
+    bool attn;     /* attention split by heads ... */
+    bool latent;   /* ... latent attention's way */
 };
 
 static int split_attention(struct model *rm, struct layer *L, const struct hparams *hp,
@@ -367,17 +395,25 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
                 els[k]->b = rm->expert_views + (els[k]->b - m->expert_views);
         }
         if (L->mla_heads) {
+            /* this model's views of them: the rank's heads' when latent attention splits */
             struct tensor *h;
-            size_t nh = 4 * (size_t)m->hp.n_head;
+            int H = m->hp.n_head, h0 = p->attn && is_latent(ls) ? p->r * (H / p->n) : 0;
+            size_t nh = 4 * (size_t)(p->attn && is_latent(ls) ? H / p->n : H);
             if ((rc = model_alloc_owned(rm, nh * sizeof *h, (void **)&h, e)) < 0)
                 break;
-            memcpy(h, L->mla_heads, nh * sizeof *h);
+            memcpy(h, L->mla_heads + 4 * (size_t)h0, nh * sizeof *h);
             L->mla_heads = h;
         }
-        ls->tp_mix = p->attn && is_attention(ls);
+        ls->tp_mix = p->attn && (is_attention(ls) || is_latent(ls));
         ls->tp_ffn = ffn_split[il];
-        if (ls->tp_mix)
+        if (ls->tp_mix && is_latent(ls)) {
+            int Hr = m->hp.n_head / p->n, vd = m->hp.v_head_dim;
+            rc = take_cols(rm, &L->wo, (int64_t)p->r * Hr * vd, (int64_t)Hr * vd, e);
+            if (p->r > 0)
+                memset(&L->bo, 0, sizeof L->bo);
+        } else if (ls->tp_mix) {
             rc = split_attention(rm, L, &m->hp, p, e);
+        }
         if (rc == 0 && ls->tp_ffn)
             rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
     }
@@ -386,7 +422,8 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
     if (p->attn) {
         int KV = m->hp.n_kv_head;
         rm->hp.n_head = m->hp.n_head / p->n;
-        rm->hp.n_kv_head = KV >= p->n ? KV / p->n : 1;
+        if (!p->latent)
+            rm->hp.n_kv_head = KV >= p->n ? KV / p->n : 1;
     }
     return 0;
 }
@@ -415,14 +452,15 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
         return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
     }
     tp->n_rank = n_rank;
-    tp->attn_split = attn_splits(m, n_rank);
+    bool latent = latent_splits(m, n_rank);
+    tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
         tp->n_ffn_split += ffn[il];
     }
     int rc = 0;
     for (int r = 0; r < n_rank && rc == 0; r++) {
-        struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split};
+        struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }
     free(ffn);
