@@ -174,7 +174,7 @@ static void check_tp(void **state)
     for (int n_rank = 2; n_rank <= 4; n_rank *= 2) {
         if (tp_open(&r, dir, n_rank, L + N, &e) < 0)
             fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
-        bool attn = r.m->tp->attn_split;
+        bool attn = r.m->tp->attn_split, head = r.m->tp->head_split;
         int n_ffn = r.m->tp->n_ffn_split;
         if (tp_sequence(&r, ids, L, gr, N, got, &rows_s, next1, false, &e) < 0)
             fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
@@ -193,8 +193,9 @@ static void check_tp(void **state)
                          name, n_rank, i, rel, tol);
             worst = fmax(worst, rel);
         }
-        printf("tp %-22s ranks %d  attention %s, FFN split in %d of %d layers  %d rows  max rel diff %.2e\n",
-               name, n_rank, attn ? "split" : "replicated", n_ffn, r.m->hp.n_layer, rows, worst);
+        printf("tp %-22s ranks %d  attention %s, FFN split in %d of %d layers, head %s  %d rows  max rel "
+               "diff %.2e\n", name, n_rank, attn ? "split" : "replicated", n_ffn, r.m->hp.n_layer,
+               head ? "split" : "replicated", rows, worst);
         tp_close(&r);
     }
     free(ref);

@@ -655,8 +655,10 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
             if ((rc = backend_new(&en->tp_be[r], dev, (int)per, &cli_cfg()->be, e)) == 0)
                 en->n_tp++;
         if (rc == 0 && (rc = model_tp_prepare(m, en->tp_be, e)) == 0)
-            LOG_INFO("tensor parallel over %d ranks: attention %s, the FFN split in %d of %d layers", n_tp,
-                     m->tp->attn_split ? "split by heads" : "replicated", m->tp->n_ffn_split, m->hp.n_layer);
+            LOG_INFO("tensor parallel over %d ranks: attention %s, the FFN split in %d of %d layers, "
+                     "the LM head %s", n_tp,
+                     m->tp->attn_split ? "split by heads" : "replicated", m->tp->n_ffn_split, m->hp.n_layer,
+                     m->tp->head_split ? "split by vocabulary" : "replicated");
     } else {
         rc = model_prepare(m, en->be, e);
     }

@@ -240,12 +240,14 @@ int decoder_forward(struct model_ctx *c, const struct fwd_chunk *ch, struct err 
     if (hp->encoder && ch->n_out == 0)
         blk_norm(c->be, b->x, b->x, &nout, n, d);
     if (ch->n_out > 0) {
+        /* the head's rows: n_vocab, or a tensor-parallel rank's share of them (tp.h) */
+        int hw = (int)m->lm_head.shape[0];
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head, &m->lm_head_b,
                  d, b);
         if (hp->logit_scale != 1.0f)
-            op->scale(c->be, b->logits, hp->n_vocab, hp->logit_scale, ch->n_out, hp->n_vocab);
+            op->scale(c->be, b->logits, hw, hp->logit_scale, ch->n_out, hw);
         if (hp->logit_softcap > 0.0f)
-            op->softcap(c->be, b->logits, hp->n_vocab, hp->logit_softcap, ch->n_out, hp->n_vocab);
+            op->softcap(c->be, b->logits, hw, hp->logit_softcap, ch->n_out, hw);
     }
     if (ch->hidden)
         blk_norm(c->be, b->o, b->x, &nout, n, d);

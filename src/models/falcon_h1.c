@@ -268,7 +268,8 @@ static int falcon_h1_forward(struct model_ctx *c, const struct fwd_chunk *ch, st
         blk_head(c->be, b->logits, b->x, ch->out_rows, ch->n_out, &nout, &m->lm_head,
                  &m->lm_head_b, d, b);
         if (hp->logit_scale != 1.0f)
-            op->scale(c->be, b->logits, hp->n_vocab, hp->logit_scale, ch->n_out, hp->n_vocab);
+            op->scale(c->be, b->logits, (int)m->lm_head.shape[0], hp->logit_scale, ch->n_out,
+                      (int)m->lm_head.shape[0]);
     }
     return 0;
 }

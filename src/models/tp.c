@@ -228,6 +228,8 @@ struct rank_plan {
     int n, r;
     bool attn;     /* attention split by heads ... */
     bool latent;   /* ... latent attention's way */
+    bool head;     /* the LM head's rows [v0, v0 + nv) */
+    int64_t v0, nv;
 };
 
 static int split_attention(struct model *rm, struct layer *L, const struct hparams *hp,
@@ -417,6 +419,10 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         if (rc == 0 && ls->tp_ffn)
             rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
     }
+    if (rc == 0 && p->head)
+        rc = copy_rows(rm, &rm->lm_head, &m->lm_head, p->v0, p->nv, e);
+    if (rc == 0 && p->head && tensor_is_present(&m->lm_head_b))
+        rc = copy_rows(rm, &rm->lm_head_b, &m->lm_head_b, p->v0, p->nv, e);
     if (rc < 0)
         return rc;
     if (p->attn) {
@@ -458,9 +464,21 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
         ffn[il] = ffn_splits(m, il, n_rank);
         tp->n_ffn_split += ffn[il];
     }
+    /* the LM head by vocabulary (a generating model whose head is n_vocab rows): as even as
+     * the rows go, the first ranks one row more */
+    int V = m->hp.n_vocab;
+    tp->head_split = !m->hp.encoder && !m->hp.lm_rerank && tensor_is_present(&m->lm_head) &&
+                     m->lm_head.ndim == 2 && m->lm_head.shape[0] == V && V >= n_rank &&
+                     inner_contiguous(&m->lm_head);
+    for (int r = 0, v = 0; r < n_rank; r++) {
+        tp->vocab0[r] = v;
+        tp->n_vocab_r[r] = tp->head_split ? V / n_rank + (r < V % n_rank) : V;
+        v += tp->n_vocab_r[r];
+    }
     int rc = 0;
     for (int r = 0; r < n_rank && rc == 0; r++) {
-        struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent};
+        struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
+                              .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }
     free(ffn);
@@ -661,8 +679,9 @@ int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const stru
     for (int r = 0; r < g->n; r++) {
         g->job[r] = (struct rank_job){.c = g->rank[r], .ch = *ch};
         g->job[r].ch.kv = rank_kv + (size_t)r * nl;
-        if (r > 0) {   /* rank 0 alone computes logits and hidden states */
-            g->job[r].ch.n_out = 0;
+        if (r > 0) {   /* rank 0 alone computes hidden states (and, head not split, logits) */
+            if (!c->m->tp->head_split)
+                g->job[r].ch.n_out = 0;
             g->job[r].ch.hidden = false;
         }
     }
@@ -688,9 +707,17 @@ int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const stru
     if (rc < 0)
         return rc;
     const struct backend_ops *op = c->be->ops;
+    const struct model_tp *tp = c->m->tp;
     struct model_ctx *r0 = g->rank[0];
-    if (ch->n_out > 0)
-        op->copy(c->be, c->bufs.logits, r0->bufs.logits, (size_t)ch->n_out * c->m->hp.n_vocab * sizeof(float));
+    size_t V = (size_t)c->m->hp.n_vocab;
+    if (ch->n_out > 0 && !tp->head_split)
+        op->copy(c->be, c->bufs.logits, r0->bufs.logits, (size_t)ch->n_out * V * sizeof(float));
+    for (int r = 0; ch->n_out > 0 && tp->head_split && r < g->n; r++) {   /* the all-gather */
+        size_t nv = (size_t)tp->n_vocab_r[r];
+        for (int i = 0; i < ch->n_out; i++)
+            op->copy(c->be, c->bufs.logits + (size_t)i * V + tp->vocab0[r], g->rank[r]->bufs.logits + (size_t)i * nv,
+                     nv * sizeof(float));
+    }
     if (ch->hidden)
         op->copy(c->be, c->bufs.o, r0->bufs.o, (size_t)ch->n_tok * c->m->hp.n_embd * sizeof(float));
     return 0;

@@ -10,7 +10,8 @@
  *              sinks sliced, o columns; each rank caches the K/V of its own heads
  *   FFN        dense GLU / MLP: gate / up rows, down columns; MoE: every expert's rows and
  *              columns the same way (the router replicated), the shared expert too
- *   the rest   replicated: embeddings, norms, the LM head (rank 0 alone computes logits),
+ *   LM head    by vocabulary: each rank its rows' logits, gathered into the context's rows
+ *   the rest   replicated: embeddings, norms,
  *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
  *              split evenly (heads, widths, quantization groups of the column-split weights)
  *   biases     of column-split products (o, down) on rank 0 alone
@@ -40,6 +41,9 @@ struct model_tp {
     struct backend *be[TP_MAX_RANKS];   /* each rank's backend (model_tp_prepare), borrowed */
     bool attn_split;                    /* attention layers split by heads */
     int n_ffn_split;                    /* layers whose FFN is split */
+    bool head_split;                    /* the LM head split by vocabulary: rank r's logits are
+                                         * columns [vocab0[r], vocab0[r] + n_vocab_r[r]) */
+    int vocab0[TP_MAX_RANKS], n_vocab_r[TP_MAX_RANKS];
 };
 
 /* Split m (loaded, not prepared) over n_rank ranks (2..TP_MAX_RANKS) into m->tp.
