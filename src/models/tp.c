@@ -496,10 +496,12 @@ int model_tp_prepare(struct model *m, struct backend *const *be, struct err *e)
     if (!tp)
         return err_setf(e, ERR_ARG, "tensor parallel: the model is not split");
     for (int r = 0; r < tp->n_rank; r++) {
-        if (!be[r] || !backend_is_cpu(be[r]))
+        if (!be[r] || strcmp(be[r]->name, be[0]->name) != 0)
             return err_setf(e, ERR_UNSUPPORTED,
-                            "tensor parallel: rank %d's backend is %s; the in-process all-reduce runs on "
-                            "CPU ranks only (NCCL ranks are not built yet)", r, be[r] ? be[r]->name : "none");
+                            "tensor parallel: rank %d's backend is %s, rank 0's %s: the in-process "
+                            "all-reduce needs ranks of one kind (CPU ranks, or CUDA ranks on one GPU; "
+                            "NCCL ranks on several GPUs are not built yet)", r, be[r] ? be[r]->name : "none",
+                            be[0] ? be[0]->name : "none");
         for (int q = 0; q < r; q++)
             if (be[q] == be[r])
                 return err_setf(e, ERR_ARG, "tensor parallel: ranks %d and %d share a backend", q, r);
@@ -527,7 +529,10 @@ void model_tp_free(struct model_tp *tp)
 struct tp_peer {
     struct tp_group *g;
     int rank;
-    float *sum;         /* [n_batch, n_embd] this rank's sum, before it overwrites its partial */
+    float *sum;         /* [n_batch, n_embd] this rank's sum, before it overwrites its partial
+                         * (its backend's memory) */
+    int rc;             /* the first error a sync inside the forward returned, in err */
+    struct err err;
 };
 
 struct rank_job {
@@ -611,9 +616,10 @@ int model_tp_ctx_new(struct model_ctx *c, struct err *e)
         int rc = model_ctx_new(&g->rank[r], tp->rank[r], tp->be[r], c->n_batch, e);
         if (rc < 0)
             return err_prefix(e, "tensor parallel rank %d", r);
-        g->peer[r] = (struct tp_peer){.g = g, .rank = r, .sum = malloc((size_t)c->n_batch * d * sizeof(float))};
-        if (!g->peer[r].sum)
-            return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+        g->peer[r] = (struct tp_peer){.g = g, .rank = r};
+        if ((rc = tp->be[r]->ops->buf_alloc(tp->be[r], (size_t)c->n_batch * d * sizeof(float),
+                                            (void **)&g->peer[r].sum, e)) < 0)
+            return err_prefix(e, "tensor parallel rank %d's all-reduce buffer", r);
         g->rank[r]->tp_peer = &g->peer[r];
     }
     for (int r = 1; r < g->n; r++) {
@@ -641,8 +647,9 @@ void model_tp_ctx_free(struct model_ctx *c)
         pthread_mutex_destroy(&g->mu);
     }
     for (int r = 0; r < g->n; r++) {
+        if (g->peer[r].sum)
+            g->rank[r]->be->ops->buf_free(g->rank[r]->be, g->peer[r].sum);
         model_ctx_free(g->rank[r]);
-        free(g->peer[r].sum);
     }
     if (g->bar_ok)
         pthread_barrier_destroy(&g->bar);
@@ -650,25 +657,38 @@ void model_tp_ctx_free(struct model_ctx *c)
     c->tp = NULL;
 }
 
+/* A sync inside a rank's forward: its error kept for model_tp_forward (the first one). */
+static void rank_sync(const struct model_ctx *c, struct tp_peer *p)
+{
+    struct err se = {0};
+    int rc = backend_sync(c->be, &se);
+    if (rc < 0 && p->rc == 0) {
+        p->rc = rc;
+        p->err = se;
+    }
+}
+
+/* The partials are read through the rank's own backend ops (copy, axpy): every rank's memory
+ * is one the others' backends address (host memory, or one device), each rank's work up to its
+ * partial finished (a sync) before it is published. */
 void model_tp_reduce(const struct model_ctx *c, float *buf, int n)
 {
     struct tp_peer *p = c->tp_peer;
     if (!p)
         return;
     struct tp_group *g = p->g;
-    size_t cnt = (size_t)n * (size_t)c->m->hp.n_embd;
+    const struct backend_ops *op = c->be->ops;
+    int d = c->m->hp.n_embd;
+    rank_sync(c, p);
     g->part[p->rank] = buf;
     pthread_barrier_wait(&g->bar);
-    /* the same order on every rank: the same bits everywhere */
-    float *s = p->sum;
-    memcpy(s, g->part[0], cnt * sizeof *s);
-    for (int q = 1; q < g->n; q++) {
-        const float *x = g->part[q];
-        for (size_t i = 0; i < cnt; i++)
-            s[i] += x[i];
-    }
+    /* the same order on every rank: the same bits everywhere (1 * x is exact) */
+    op->copy(c->be, p->sum, g->part[0], (size_t)n * d * sizeof(float));
+    for (int q = 1; q < g->n; q++)
+        op->axpy(c->be, p->sum, d, 1.0f, g->part[q], d, n, d);
+    rank_sync(c, p);
     pthread_barrier_wait(&g->bar);  /* every rank has read every partial */
-    memcpy(buf, s, cnt * sizeof *s);
+    op->copy(c->be, buf, p->sum, (size_t)n * d * sizeof(float));
 }
 
 int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const struct kv_layer *rank_kv,
@@ -676,7 +696,11 @@ int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const stru
 {
     struct tp_group *g = c->tp;
     int nl = c->m->hp.n_layer, rc = 0;
+    /* the chunk's staged rows are the context's: uploaded before any rank reads them */
+    if ((rc = backend_sync(c->be, e)) < 0)
+        return rc;
     for (int r = 0; r < g->n; r++) {
+        g->peer[r].rc = 0;
         g->job[r] = (struct rank_job){.c = g->rank[r], .ch = *ch};
         g->job[r].ch.kv = rank_kv + (size_t)r * nl;
         if (r > 0) {   /* rank 0 alone computes hidden states (and, head not split, logits) */
@@ -700,6 +724,9 @@ int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const stru
         if (g->job[r].rc < 0) {
             *e = g->job[r].e;
             rc = g->job[r].rc;
+        } else if (g->peer[r].rc < 0) {
+            *e = g->peer[r].err;
+            rc = g->peer[r].rc;
         } else {
             rc = backend_sync(g->rank[r]->be, e);
         }
