@@ -19,6 +19,7 @@
 #              16 cores, not measured yet); llwait waits for it
 #   gate       the `cuda` CTest gate (MLXCEL_DEVICE=cuda run_tests, CTest's cuda_golden suites)
 #   gatebase   the same gate with the baseline plugin (pack's BASE_PLUGIN), log gate-base.log
+#   tpgpu      run_tests tp on CUDA: tensor-parallel ranks on one GPU (ADR 0139), log tp.log
 #   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (GENT s each, float64
 #              references; CPU torch) into $OUT/gen.tar.xz
 #   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab
@@ -101,6 +102,13 @@ gatebase() {
     (cd "$R" && OUT=$OUT/gb GATE_PLUGIN=$P/bin/base/libmlxcel-cuda.so scripts/gpu-loop.sh gate .gpu/p)
     say "gatebase rc=$?"
     cp "$OUT/gb/gate.log" "$FINAL/gate-base.log" 2>/dev/null
+}
+
+tpgpu() {
+    say "tpgpu start"
+    (cd "$R" && MLXCEL_DEVICE=cuda timeout 300 "$P/bin/run_tests" tp >"$OUT/tp.log" 2>&1)
+    say "tpgpu rc=$? $(grep -cE '^tp .*ranks' "$OUT/tp.log") split runs, $(grep -c FAILED "$OUT/tp.log") FAILED lines"
+    cp "$OUT/tp.log" "$FINAL/" 2>/dev/null
 }
 
 gen() {
@@ -187,7 +195,7 @@ run_step() {
     if [ "$(el)" -gt "$LIM" ]; then say "skip $1 (past ${LIM}s)"; return 0; fi
     case $1 in
     lim:*) LIM=${1#lim:} ;;
-    llb | llwait | gate | gatebase | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
+    llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
     llsetup:*) llsetup "${1#llsetup:}" ;;
     bg:*) run_step "${1#bg:}" & ;;
     wait) wait ;;
