@@ -3,7 +3,8 @@
  * (tests/fixtures/golden) runs unsplit and split over 2 and 4 ranks, one CPU backend of one
  * thread per rank: the prefill's logits at every position, then greedy decoding through the
  * cache on the reference ids, and a second sequence batched beside the first (its prompt a
- * prefix of the first's, decoded with it in the same forward calls). Every logit row of a
+ * prefix of the first's, decoded with it in the same forward calls), then a fork of the first
+ * decoding beside it (shared blocks copied on write, recurrent states copied). Every logit row of a
  * split run must be within 1e-5 x max|logit| of the unsplit run's row (quantized weights on
  * AVX2 / AVX-512: TP_TOL_QI, below). A case whose family
  * has a forward of its own is reported as not split (model_tp_split refuses it), not failed.
@@ -29,6 +30,7 @@
  * it, split runs 1.93e-4 from the unsplit one; the scalar ISA stays within 6e-7). */
 #define TP_TOL_QI 5e-4
 #define TP_MAX_TOK 64
+#define TP_BLOCK 4     /* cache block: small, so that the runs cross blocks and share one */
 
 struct tp_run {
     struct model *m;
@@ -56,7 +58,7 @@ static int tp_open(struct tp_run *r, const char *dir, int n_rank, int n_tok, str
     if ((rc = n_rank > 1 ? model_tp_prepare(r->m, r->be, e) : model_prepare(r->m, r->be[0], e)) < 0 ||
         (rc = model_ctx_new(&r->c, r->m, r->be[0], 0, e)) < 0)
         return rc;
-    struct kv_params kp = {.n_tokens = 2 * n_tok + 16, .max_seqs = 2, .block_size = 4,
+    struct kv_params kp = {.n_tokens = 3 * n_tok + 24, .max_seqs = 3, .block_size = TP_BLOCK,
                            .n_batch = r->c->n_batch};
     if ((rc = kv_cache_new(&r->kv, r->m, r->be[0], &kp, e)) < 0 || (rc = batch_init(&r->b, 256, e)) < 0)
         return rc;
@@ -124,6 +126,24 @@ static int tp_sequence(struct tp_run *r, const int32_t *ids, int L, const int32_
             next1[s] = test_argmax(out + (size_t)(n + 1) * V, V);
         n += 2;
     }
+    /* a fork of seq 0 (its blocks shared, the last one part full and copied on write by the
+     * first sequence to write it; recurrent states copied), both decoding one more step: every
+     * rank's K/V and states must follow */
+    int len = L + N;
+    if (len % TP_BLOCK == 0) {   /* one more row, so that the fork shares a part-full block */
+        batch_clear(&r->b);
+        if ((rc = batch_add(&r->b, ids[1 % L], len++, 0, true, e)) < 0 ||
+            (rc = model_forward(r->c, &r->b, r->kv, out + (size_t)n++ * V, e)) < 0)
+            return rc;
+    }
+    if ((rc = kv_seq_fork(r->kv, 0, 2, e)) < 0)
+        return rc;
+    batch_clear(&r->b);
+    if ((rc = batch_add(&r->b, ids[0], len, 0, true, e)) < 0 ||
+        (rc = batch_add(&r->b, ids[L - 1], len, 2, true, e)) < 0 ||
+        (rc = model_forward(r->c, &r->b, r->kv, out + (size_t)n * V, e)) < 0)
+        return rc;
+    n += 2;
     *rows = n;
     return 0;
 }
@@ -162,7 +182,7 @@ static void check_tp(void **state)
         fail_msg("%s: %s", name, e.msg);
     int V = r.m->hp.n_vocab, rows = 0, rows_s = 0;
     const double tol = has_quantized(r.m) && strcmp(r.be[0]->name, "cpu-scalar") != 0 ? TP_TOL_QI : TP_TOL;
-    size_t cap = (size_t)(L + 2 * N) * V;
+    size_t cap = (size_t)(L + 2 * N + 3) * V;
     float *ref = malloc(cap * sizeof *ref), *got = malloc(cap * sizeof *got);
     int32_t next1[8] = {0};
     assert_non_null(ref);
