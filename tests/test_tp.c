@@ -14,11 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "core/safetensors.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
 #include "kernels/backend.h"
 #include "models/model.h"
+#include "models/synth.h"
 #include "models/tp.h"
 #include "test.h"
 
@@ -148,22 +151,12 @@ static int tp_sequence(struct tp_run *r, const int32_t *ids, int L, const int32_
     return 0;
 }
 
-static void check_tp(void **state)
+/* The model of dir split over 2 and 4 ranks against its unsplit run on ids (L) and the
+ * decode ids gr (N); want_rec: the split must include the recurrent mixers. */
+static void tp_compare(const char *name, const char *dir, const int32_t *ids, int L, const int32_t *gr, int N,
+                       bool want_rec)
 {
-    const char *name = *state;
-    const char *dir = golden_case_dir(name);
-    struct st_set *gs = NULL;
-    struct tensor idt;
-    golden_case_input_ids(name, &gs, &idt);
     struct err e = {0};
-    struct tensor greedy;
-    assert_int_equal(st_set_take(gs, "greedy_ids", &greedy, &e), 0);
-    int L = (int)idt.shape[0], N = (int)greedy.shape[0];
-    if (N > 4)
-        N = 4;
-    assert_true(L + N <= TP_MAX_TOK);
-    const int32_t *ids = idt.data, *gr = greedy.data;
-
     struct tp_run r;
     /* a family the split refuses: reported, nothing to compare */
     struct model *m = NULL;
@@ -173,7 +166,6 @@ static void check_tp(void **state)
     model_free(m);
     if (rc == -ERR_UNSUPPORTED) {
         printf("tp %-22s not split: %s\n", name, e.msg);
-        st_set_free(gs);
         return;
     }
     if (rc < 0)
@@ -194,8 +186,9 @@ static void check_tp(void **state)
     for (int n_rank = 2; n_rank <= 4; n_rank *= 2) {
         if (tp_open(&r, dir, n_rank, L + N, &e) < 0)
             fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
-        bool attn = r.m->tp->attn_split, head = r.m->tp->head_split;
-        int n_ffn = r.m->tp->n_ffn_split;
+        const struct model_tp *tp = r.m->tp;
+        if (want_rec && !tp->rec_split)
+            fail_msg("%s: tp %d: the recurrent mixers were not split", name, n_rank);
         if (tp_sequence(&r, ids, L, gr, N, got, &rows_s, next1, false, &e) < 0)
             fail_msg("%s: tp %d: %s", name, n_rank, e.msg);
         assert_int_equal(rows_s, rows);
@@ -213,14 +206,88 @@ static void check_tp(void **state)
                          name, n_rank, i, rel, tol);
             worst = fmax(worst, rel);
         }
-        printf("tp %-22s ranks %d  attention %s, FFN split in %d of %d layers, head %s  %d rows  max rel "
-               "diff %.2e\n", name, n_rank, attn ? "split" : "replicated", n_ffn, r.m->hp.n_layer,
-               head ? "split" : "replicated", rows, worst);
+        printf("tp %-22s ranks %d  attention %s, mixers %s, FFN split in %d of %d layers, head %s  %d rows  "
+               "max rel diff %.2e\n", name, n_rank, tp->attn_split ? "split" : "replicated",
+               tp->rec_split ? "split" : "replicated", tp->n_ffn_split, r.m->hp.n_layer,
+               tp->head_split ? "split" : "replicated", rows, worst);
         tp_close(&r);
     }
     free(ref);
     free(got);
+}
+
+/* The case's reference ids: its prompt, and up to 4 of its greedy ids to decode on. */
+static void case_ids(const char *name, struct st_set **gs, struct tensor *ids, struct tensor *greedy, int *L, int *N)
+{
+    struct err e = {0};
+    golden_case_input_ids(name, gs, ids);
+    assert_int_equal(st_set_take(*gs, "greedy_ids", greedy, &e), 0);
+    *L = (int)ids->shape[0];
+    *N = (int)greedy->shape[0] < 4 ? (int)greedy->shape[0] : 4;
+    assert_true(*L >= 2 && *L + *N <= TP_MAX_TOK);
+}
+
+static void check_tp(void **state)
+{
+    const char *name = *state;
+    struct st_set *gs = NULL;
+    struct tensor idt, greedy;
+    int L, N;
+    case_ids(name, &gs, &idt, &greedy, &L, &N);
+    tp_compare(name, golden_case_dir(name), idt.data, L, greedy.data, N, false);
     st_set_free(gs);
+}
+
+/* The goldens' Mamba-2 models keep one B/C group, whose gated norm spans the whole inner
+ * width (replicated); a random-weight twin of a golden case with more groups (Nemotron-H's
+ * and Falcon-H1's norms per group) splits its mixers by heads, each rank its groups. */
+static void tp_mamba2_groups(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *key;
+        int groups;
+    } k_twins[] = {{"nemotron_h", "n_groups", 4}, {"falcon_h1", "mamba_n_groups", 4}};
+    for (size_t i = 0; i < sizeof k_twins / sizeof k_twins[0]; i++) {
+        char tmp[64] = "/tmp/mlxcel_tp_XXXXXX", cfgp[128], dst[128], cmd[256];
+        assert_non_null(mkdtemp(tmp));
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", tmp);
+        snprintf(dst, sizeof dst, "%s/model", tmp);
+        char src[600];
+        snprintf(src, sizeof src, "%s/config.json", golden_case_dir(k_twins[i].name));
+        FILE *f = fopen(src, "rb");
+        assert_non_null(f);
+        char buf[16384];
+        size_t nb = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[nb] = 0;
+        cJSON *cfg = cJSON_Parse(buf);
+        assert_non_null(cfg);
+        cJSON_DeleteItemFromObject(cfg, k_twins[i].key);
+        cJSON_AddNumberToObject(cfg, k_twins[i].key, k_twins[i].groups);
+        char *txt = cJSON_Print(cfg);
+        f = fopen(cfgp, "wb");
+        assert_non_null(f);
+        fputs(txt, f);
+        fclose(f);
+        free(txt);
+        cJSON_Delete(cfg);
+        struct err e = {0};
+        struct synth_opts so = {.config = cfgp, .dst = dst, .dtype = DTYPE_F32, .seed = 47, .n_threads = 1};
+        struct synth_stats ss;
+        if (synth_checkpoint(&so, &ss, &e) < 0)
+            fail_msg("%s twin: %s", k_twins[i].name, e.msg);
+        struct st_set *gs = NULL;
+        struct tensor idt, greedy;
+        int L, N;
+        case_ids(k_twins[i].name, &gs, &idt, &greedy, &L, &N);
+        char label[64];
+        snprintf(label, sizeof label, "%s %d groups", k_twins[i].name, k_twins[i].groups);
+        tp_compare(label, dst, idt.data, L, greedy.data, N, true);
+        st_set_free(gs);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        assert_int_equal(system(cmd), 0);
+    }
 }
 
 static void tp_refusals(void **state)
@@ -240,7 +307,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static struct CMUnitTest *t;
     static size_t n;
-    static const struct CMUnitTest extra[] = {cmocka_unit_test(tp_refusals)};
+    static const struct CMUnitTest extra[] = {cmocka_unit_test(tp_refusals), cmocka_unit_test(tp_mamba2_groups)};
     if (!t)
         golden_case_tests("tp_", check_tp, extra, sizeof extra / sizeof extra[0], &t, &n);
     *tests = t;

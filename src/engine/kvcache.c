@@ -419,8 +419,9 @@ static int alloc_backend(struct kv_cache *kv, const struct model *m, struct err 
 
 /* The recurrent layers' states: f32, [max_seqs] of each layer's conv and recurrent state,
  * in one backend buffer (ADR 0057). */
-static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err *e)
+static int alloc_state(struct kv_cache *kv, const struct model *m, struct err *e)
 {
+    const struct hparams *hp = &m->hp;
     size_t total = 0, S = (size_t)kv->max_seqs;
     for (int il = 0; il < kv->n_layer; il++) {
         const struct layer_spec *ls = &hp->layer[il];
@@ -428,8 +429,11 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
         if (!kv->layer_rec[il])
             continue;
         kv->n_rec++;
-        /* every rank its own copy (a replicated mixer: the same values on every rank) */
-        total += S * ((size_t)ls->state_conv + (size_t)ls->state_rec) * (size_t)kv->n_rank;
+        /* every rank its own states: its heads' (a split mixer), or a copy (a replicated one) */
+        for (int r = 0; r < kv->n_rank; r++) {
+            const struct layer_spec *rs = m->tp ? &m->tp->rank[r]->hp.layer[il] : ls;
+            total += S * ((size_t)rs->state_conv + (size_t)rs->state_rec);
+        }
     }
     if (kv->n_rec == 0)
         return 0;
@@ -444,9 +448,10 @@ static int alloc_state(struct kv_cache *kv, const struct hparams *hp, struct err
         if (!kv->layer_rec[il])
             continue;
         struct kv_layer *L = &kv->layers[i];
+        const struct layer_spec *rs = m->tp ? &m->tp->rank[i / kv->n_layer]->hp.layer[il] : &hp->layer[il];
         L->dtype = DTYPE_F32;
-        L->k_dim = hp->layer[il].state_conv;
-        L->v_dim = hp->layer[il].state_rec;
+        L->k_dim = rs->state_conv;
+        L->v_dim = rs->state_rec;
         L->k = p;
         p += S * (size_t)L->k_dim;
         L->v = p;
@@ -529,7 +534,7 @@ int kv_cache_new(struct kv_cache **out, const struct model *m, struct backend *b
         return rc;
     }
     if ((rc = alloc_host(kv, hp, p, e)) < 0 || (rc = alloc_backend(kv, m, e)) < 0 ||
-        (rc = alloc_state(kv, hp, e)) < 0 || (rc = kv_snap_init(kv, p->n_snap, e)) < 0) {
+        (rc = alloc_state(kv, m, e)) < 0 || (rc = kv_snap_init(kv, p->n_snap, e)) < 0) {
         kv_cache_free(kv);
         return rc;
     }

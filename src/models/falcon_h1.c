@@ -248,6 +248,8 @@ static int falcon_h1_forward(struct model_ctx *c, const struct fwd_chunk *ch, st
         if (hp->mup.ssm_in != 1.0f)
             op->scale(c->be, b->f, d, hp->mup.ssm_in, n, d);
         blk_mamba2(c, b->o, b->f, M, &ch->kv[il + 1], ch->rows, n);
+        if (hp->layer[il + 1].tp_mix)
+            model_tp_reduce(c, b->o, n);
         op->axpy(c->be, b->x, d, hp->mup.ssm_out, b->o, d, n, d);
         /* attention on attention_in * h, into b->o */
         if (hp->mup.attn_in != 1.0f)

@@ -18,15 +18,26 @@ static bool inner_contiguous(const struct tensor *t)
     return t->ndim >= 1 && t->stride[t->ndim - 1] == 1 && !t->packed;
 }
 
-/* dst = an owned contiguous copy of rows [r0, r0 + n) of the 2-D t (a 1-D t: its elements). */
-static int copy_rows(struct model *rm, struct tensor *dst, const struct tensor *t, int64_t r0, int64_t n,
+/* A range of rows (of a 1-D tensor: elements). */
+struct seg {
+    int64_t r0, n;
+};
+
+/* dst = an owned contiguous copy of the rows of segments s[0..ns) of the 2-D t, one after
+ * another (a 1-D t: its elements). */
+static int copy_segs(struct model *rm, struct tensor *dst, const struct tensor *t, const struct seg *s, int ns,
                      struct err *e)
 {
     const char *nm = t->name ? t->name : "?";
-    if (!inner_contiguous(t) || t->ndim > 2 || r0 < 0 || n <= 0 || r0 + n > t->shape[0] ||
-        (t->ndim == 1 && t->qbits))
-        return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take rows %lld..%lld of %s",
-                        (long long)r0, (long long)(r0 + n), nm);
+    int64_t n = 0;
+    for (int k = 0; k < ns; k++) {
+        if (s[k].r0 < 0 || s[k].n <= 0 || s[k].r0 + s[k].n > t->shape[0])
+            return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take rows %lld..%lld of %s",
+                            (long long)s[k].r0, (long long)(s[k].r0 + s[k].n), nm);
+        n += s[k].n;
+    }
+    if (!inner_contiguous(t) || t->ndim > 2 || (t->ndim == 1 && t->qbits))
+        return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take rows of %s (its layout)", nm);
     size_t es = dtype_size(t->dtype);
     int64_t rs = t->ndim == 1 ? 1 : tensor_row_storage(t);
     size_t gb = t->qbits ? (size_t)(t->shape[1] / t->qgroup) * dtype_size(t->qsdtype) : 0;
@@ -35,12 +46,17 @@ static int copy_rows(struct model *rm, struct tensor *dst, const struct tensor *
     int rc = model_alloc_owned(rm, data + (t->qbiases ? 2 : 1) * aux, (void **)&p, e);
     if (rc < 0)
         return rc;
-    if (t->ndim == 1)
-        memcpy(p, (const char *)t->data + (size_t)r0 * es, data);
-    else
-        for (int64_t i = 0; i < n; i++)
-            memcpy(p + (size_t)i * rs * es, (const char *)t->data + (size_t)((r0 + i) * t->stride[0]) * es,
-                   (size_t)rs * es);
+    int64_t i = 0;
+    for (int k = 0; k < ns; k++)
+        for (int64_t j = s[k].r0; j < s[k].r0 + s[k].n; j++, i++) {
+            size_t src = t->ndim == 1 ? (size_t)j : (size_t)(j * t->stride[0]);
+            memcpy(p + (size_t)i * rs * es, (const char *)t->data + src * es, (size_t)rs * es);
+            if (t->qbits) {
+                memcpy(p + data + (size_t)i * gb, (const char *)t->qscales + (size_t)j * gb, gb);
+                if (t->qbiases)
+                    memcpy(p + data + aux + (size_t)i * gb, (const char *)t->qbiases + (size_t)j * gb, gb);
+            }
+        }
     *dst = *t;
     dst->data = p;
     dst->shape[0] = n;
@@ -48,14 +64,18 @@ static int copy_rows(struct model *rm, struct tensor *dst, const struct tensor *
         dst->stride[0] = rs;
     dst->stride[t->ndim - 1] = 1;
     if (t->qbits) {
-        memcpy(p + data, (const char *)t->qscales + (size_t)r0 * gb, aux);
         dst->qscales = p + data;
-        if (t->qbiases) {
-            memcpy(p + data + aux, (const char *)t->qbiases + (size_t)r0 * gb, aux);
-            dst->qbiases = p + data + aux;
-        }
+        dst->qbiases = t->qbiases ? p + data + aux : NULL;
     }
     return 0;
+}
+
+/* dst = an owned contiguous copy of rows [r0, r0 + n) of the 2-D t (a 1-D t: its elements). */
+static int copy_rows(struct model *rm, struct tensor *dst, const struct tensor *t, int64_t r0, int64_t n,
+                     struct err *e)
+{
+    struct seg s = {r0, n};
+    return copy_segs(rm, dst, t, &s, 1, e);
 }
 
 /* Whether columns [c0, c0 + n) of the 2-D t can be copied alone (quantized: whole groups). */
@@ -120,6 +140,16 @@ static int take_cols(struct model *rm, struct tensor *t, int64_t c0, int64_t n, 
 }
 
 /* ---- the plan: which blocks split ---- */
+
+struct rank_plan {
+    int n, r;
+    bool attn;     /* attention split by heads ... */
+    bool latent;   /* ... latent attention's way */
+    bool mamba2;   /* Mamba-2 mixers split by heads */
+    bool head;     /* the LM head's rows [v0, v0 + nv) */
+    int64_t v0, nv;
+};
+
 
 static bool is_attention(const struct layer_spec *ls)
 {
@@ -197,6 +227,67 @@ static bool attn_splits(const struct model *m, int n)
     return any;
 }
 
+/* Mamba-2 mixers split by heads when every one does (hp.ssm is the model's): heads divide,
+ * B/C groups divide (or each rank takes the one group of its heads, as KV heads), the gated
+ * norm's groups divide, ssm_out's columns of a rank whole quantization groups. */
+static bool mamba2_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int H = hp->ssm.n_head, G = hp->ssm.n_group, NG = hp->ssm.norm_groups, any = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        if (hp->layer[il].mixer != MIXER_MAMBA2)
+            continue;
+        any = 1;
+        if (H <= 0 || G <= 0 || H % n != 0 || H % G != 0 || (G % n != 0 && n % G != 0) ||
+            (!hp->ssm.norm_off && (NG <= 0 || NG % n != 0)) || hp->ssm.d_inner != H * hp->ssm.head_dim ||
+            !tensor_is_present(&L->ssm_in) || L->ssm_in.ndim != 2 || L->ssm_conv.ndim != 2 ||
+            !cols_ok(&L->ssm_out, 0, hp->ssm.d_inner / n))
+            return false;
+    }
+    return any;
+}
+
+/* Rank p->r's heads of a Mamba-2 mixer: the input projection's z | x | B | C | dt rows of
+ * them (B / C: their groups), the convolution's x | B | C channels, A, D, dt bias and the
+ * norm weight of them, ssm_out's columns (its bias on rank 0). */
+static int split_mamba2(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
+                        struct err *e)
+{
+    int64_t H = hp->ssm.n_head, hd = hp->ssm.head_dim, ds = hp->ssm.d_state, G = hp->ssm.n_group;
+    int64_t di = hp->ssm.d_inner, gn = G * ds, n = p->n, r = p->r;
+    int64_t Hr = H / n, h0 = r * Hr, Gr = G >= n ? G / n : 1, g0 = G >= n ? r * Gr : r / (n / G);
+    int64_t dr = Hr * hd, c0 = h0 * hd;
+    struct seg in[5] = {{c0, dr}, {di + c0, dr}, {2 * di + g0 * ds, Gr * ds}, {2 * di + gn + g0 * ds, Gr * ds},
+                        {2 * di + 2 * gn + h0, Hr}};
+    struct seg cv[3] = {{c0, dr}, {di + g0 * ds, Gr * ds}, {di + gn + g0 * ds, Gr * ds}};
+    struct tensor t;
+    int rc = 0;
+#define SEGS(name, s, k)                                                   \
+    if (rc == 0 && tensor_is_present(&L->name)) {                          \
+        t = L->name;                                                       \
+        rc = copy_segs(rm, &L->name, &t, s, k, e);                         \
+    }
+    SEGS(ssm_in, in, 5)
+    SEGS(ssm_in_b, in, 5)
+    SEGS(ssm_conv, cv, 3)
+    SEGS(ssm_conv_b, cv, 3)
+#undef SEGS
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_a, h0, Hr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_d, h0, Hr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_dt_b, h0, Hr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_norm, c0, dr, e);
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
+    if (r > 0)
+        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
+    return rc;
+}
+
 static bool down_splits(const struct tensor *down, int n_ff, int n)
 {
     if (!tensor_is_present(down) || n_ff % n != 0)
@@ -224,13 +315,6 @@ static bool ffn_splits(const struct model *m, int il, int n)
 
 /* ---- a rank's model ---- */
 
-struct rank_plan {
-    int n, r;
-    bool attn;     /* attention split by heads ... */
-    bool latent;   /* ... latent attention's way */
-    bool head;     /* the LM head's rows [v0, v0 + nv) */
-    int64_t v0, nv;
-};
 
 static int split_attention(struct model *rm, struct layer *L, const struct hparams *hp,
                            const struct rank_plan *p, struct err *e)
@@ -415,6 +499,9 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
                 memset(&L->bo, 0, sizeof L->bo);
         } else if (ls->tp_mix) {
             rc = split_attention(rm, L, &m->hp, p, e);
+        } else if (p->mamba2 && ls->mixer == MIXER_MAMBA2) {
+            ls->tp_mix = true;
+            rc = split_mamba2(rm, L, &m->hp, p, e);
         }
         if (rc == 0 && ls->tp_ffn)
             rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
@@ -425,6 +512,23 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         rc = copy_rows(rm, &rm->lm_head_b, &m->lm_head_b, p->v0, p->nv, e);
     if (rc < 0)
         return rc;
+    if (p->mamba2) {   /* the rank's share of the mixers' sizes and states */
+        const struct hparams *hp = &m->hp;
+        int n = p->n, G = hp->ssm.n_group;
+        struct hparams *rh = &rm->hp;
+        rh->ssm.n_head = hp->ssm.n_head / n;
+        rh->ssm.d_inner = rh->ssm.n_head * hp->ssm.head_dim;
+        rh->ssm.n_group = G >= n ? G / n : 1;
+        if (!hp->ssm.norm_off)
+            rh->ssm.norm_groups = hp->ssm.norm_groups / n;
+        for (int il = 0; il < hp->n_layer; il++) {
+            struct layer_spec *ls = &rh->layer[il];
+            if (ls->mixer != MIXER_MAMBA2)
+                continue;
+            ls->state_conv = (hp->ssm.d_conv - 1) * (rh->ssm.d_inner + 2 * rh->ssm.n_group * hp->ssm.d_state);
+            ls->state_rec = rh->ssm.d_inner * hp->ssm.d_state;
+        }
+    }
     if (p->attn) {
         int KV = m->hp.n_kv_head;
         rm->hp.n_head = m->hp.n_head / p->n;
@@ -459,6 +563,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     }
     tp->n_rank = n_rank;
     bool latent = latent_splits(m, n_rank);
+    tp->rec_split = mamba2_splits(m, n_rank);
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
@@ -478,6 +583,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     int rc = 0;
     for (int r = 0; r < n_rank && rc == 0; r++) {
         struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
+                              .mamba2 = tp->rec_split,
                               .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }

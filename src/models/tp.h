@@ -11,6 +11,9 @@
  *   FFN        dense GLU / MLP: gate / up rows, down columns; MoE: every expert's rows and
  *              columns the same way (the router replicated), the shared expert too
  *   LM head    by vocabulary: each rank its rows' logits, gathered into the context's rows
+ *   Mamba-2    by heads: their channels of the input projection (z, x, dt; B / C of their
+ *              groups), of the convolution, A, D, the norm; ssm_out's columns; each rank keeps
+ *              the states of its heads
  *   the rest   replicated: embeddings, norms,
  *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
  *              split evenly (heads, widths, quantization groups of the column-split weights)
@@ -41,6 +44,7 @@ struct model_tp {
     struct backend *be[TP_MAX_RANKS];   /* each rank's backend (model_tp_prepare), borrowed */
     bool attn_split;                    /* attention layers split by heads */
     int n_ffn_split;                    /* layers whose FFN is split */
+    bool rec_split;                     /* the Mamba-2 mixers split by heads */
     bool head_split;                    /* the LM head split by vocabulary: rank r's logits are
                                          * columns [vocab0[r], vocab0[r] + n_vocab_r[r]) */
     int vocab0[TP_MAX_RANKS], n_vocab_r[TP_MAX_RANKS];
