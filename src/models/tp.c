@@ -146,6 +146,7 @@ struct rank_plan {
     bool attn;     /* attention split by heads ... */
     bool latent;   /* ... latent attention's way */
     bool mamba2;   /* Mamba-2 mixers split by heads */
+    bool deltanet; /* gated DeltaNet mixers split by value heads */
     bool head;     /* the LM head's rows [v0, v0 + nv) */
     int64_t v0, nv;
 };
@@ -285,6 +286,59 @@ static int split_mamba2(struct model *rm, struct layer *L, const struct hparams 
         rc = take_cols(rm, &L->ssm_out, c0, dr, e);
     if (r > 0)
         memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
+    return rc;
+}
+
+/* Gated DeltaNet mixers split by value heads when every one does: value heads divide, key
+ * heads divide (or each rank takes the one key head of its value heads), ssm_out's columns of a
+ * rank whole quantization groups; the norm weight is one per value head's width (shared). */
+static bool deltanet_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int nk = hp->ssm.n_group, nv = hp->ssm.n_head, any = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        if (hp->layer[il].mixer != MIXER_DELTANET)
+            continue;
+        any = 1;
+        if (nk <= 0 || nv <= 0 || nv % nk != 0 || nv % n != 0 || (nk % n != 0 && n % nk != 0) ||
+            L->ssm_conv.ndim != 2 || tensor_nelem(&L->ssm_norm) != hp->ssm.head_dim ||
+            !cols_ok(&L->ssm_out, 0, (int64_t)(nv / n) * hp->ssm.head_dim))
+            return false;
+    }
+    return any;
+}
+
+/* Rank p->r's value heads of a DeltaNet mixer and their key heads: q | k | v rows of the input
+ * projection and channels of the convolution, z, b and a rows, A_log and dt bias, ssm_out's
+ * columns. */
+static int split_deltanet(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
+                          struct err *e)
+{
+    int64_t nk = hp->ssm.n_group, nv = hp->ssm.n_head, dk = hp->ssm.k_head_dim, dv = hp->ssm.head_dim;
+    int64_t n = p->n, r = p->r, nvr = nv / n, v0 = r * nvr;
+    int64_t nkr = nk >= n ? nk / n : 1, k0 = nk >= n ? r * nkr : r / (n / nk);
+    struct seg in[3] = {{k0 * dk, nkr * dk}, {nk * dk + k0 * dk, nkr * dk}, {2 * nk * dk + v0 * dv, nvr * dv}};
+    struct tensor t;
+    int rc = 0;
+    t = L->ssm_in;
+    rc = copy_segs(rm, &L->ssm_in, &t, in, 3, e);
+    if (rc == 0) {
+        t = L->ssm_conv;
+        rc = copy_segs(rm, &L->ssm_conv, &t, in, 3, e);
+    }
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_z, v0 * dv, nvr * dv, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_x, v0, nvr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_xa, v0, nvr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_a, v0, nvr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_dt_b, v0, nvr, e);
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_out, v0 * dv, nvr * dv, e);
     return rc;
 }
 
@@ -502,6 +556,9 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         } else if (p->mamba2 && ls->mixer == MIXER_MAMBA2) {
             ls->tp_mix = true;
             rc = split_mamba2(rm, L, &m->hp, p, e);
+        } else if (p->deltanet && ls->mixer == MIXER_DELTANET) {
+            ls->tp_mix = true;
+            rc = split_deltanet(rm, L, &m->hp, p, e);
         }
         if (rc == 0 && ls->tp_ffn)
             rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
@@ -527,6 +584,21 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
                 continue;
             ls->state_conv = (hp->ssm.d_conv - 1) * (rh->ssm.d_inner + 2 * rh->ssm.n_group * hp->ssm.d_state);
             ls->state_rec = rh->ssm.d_inner * hp->ssm.d_state;
+        }
+    }
+    if (p->deltanet) {
+        const struct hparams *hp = &m->hp;
+        int n = p->n, nk = hp->ssm.n_group;
+        struct hparams *rh = &rm->hp;
+        rh->ssm.n_head = hp->ssm.n_head / n;
+        rh->ssm.n_group = nk >= n ? nk / n : 1;
+        for (int il = 0; il < hp->n_layer; il++) {
+            struct layer_spec *ls = &rh->layer[il];
+            if (ls->mixer != MIXER_DELTANET)
+                continue;
+            ls->state_conv = (hp->ssm.d_conv - 1) *
+                             (2 * rh->ssm.n_group * hp->ssm.k_head_dim + rh->ssm.n_head * hp->ssm.head_dim);
+            ls->state_rec = rh->ssm.n_head * hp->ssm.k_head_dim * hp->ssm.head_dim;
         }
     }
     if (p->attn) {
@@ -563,7 +635,8 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     }
     tp->n_rank = n_rank;
     bool latent = latent_splits(m, n_rank);
-    tp->rec_split = mamba2_splits(m, n_rank);
+    bool rec_mamba2 = mamba2_splits(m, n_rank), rec_deltanet = deltanet_splits(m, n_rank);
+    tp->rec_split = rec_mamba2 || rec_deltanet;
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
@@ -583,7 +656,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     int rc = 0;
     for (int r = 0; r < n_rank && rc == 0; r++) {
         struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
-                              .mamba2 = tp->rec_split,
+                              .mamba2 = rec_mamba2, .deltanet = rec_deltanet,
                               .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }
