@@ -4,7 +4,8 @@
  * thread per rank: the prefill's logits at every position, then greedy decoding through the
  * cache on the reference ids, and a second sequence batched beside the first (its prompt a
  * prefix of the first's, decoded with it in the same forward calls), then a fork of the first
- * decoding beside it (shared blocks copied on write, recurrent states copied). Every logit row of a
+ * decoding beside it (shared blocks copied on write, recurrent states copied); and two
+ * random-weight twins whose Mamba-2 mixers split (tp_mamba2_groups). Every logit row of a
  * split run must be within 1e-5 x max|logit| of the unsplit run's row (quantized weights on
  * AVX2 / AVX-512: TP_TOL_QI, below). A case whose family
  * has a forward of its own is reported as not split (model_tp_split refuses it), not failed.
