@@ -14,6 +14,7 @@
  * (b->lora; nothing when NULL). ADR 0103.
  */
 #include "blocks.h"
+#include "tp.h"
 
 #include <math.h>
 #include "lora.h"
@@ -125,6 +126,12 @@ static void qk_norm_rows(struct backend *be, float *q, float *k, int ld, const s
                             .w_off = cfg->norm_w_off};
     struct blk_norm_w kn = {.kind = cfg->norm, .eps = cfg->norm_eps, .w = &L->k_norm, .b = NULL,
                             .w_off = cfg->norm_w_off};
+    if (cfg->qk_norm_full && cfg->tp) {  /* RMS over the ranks' gathered columns */
+        model_tp_rmsnorm_full(cfg->tp, q, ld, q_dim, 1, &L->q_norm, cfg->norm_w_off, cfg->norm_eps, n);
+        model_tp_rmsnorm_full(cfg->tp, k, ld, kv_dim, cfg->kv_per, &L->k_norm, cfg->norm_w_off, cfg->norm_eps,
+                              n);
+        return;
+    }
     norm_rows(be, q, q, ld, &qn, n, qh, q_dim / qh);
     norm_rows(be, k, k, ld, &kn, n, kh, kv_dim / kh);
 }

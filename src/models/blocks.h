@@ -59,6 +59,10 @@ struct blk_attn_cfg {
     const struct rope_params *mrope;  /* [3], or NULL */
     const int32_t *mpos;
     int mpos_ld;
+    /* a tensor-parallel rank's context when qk_norm_full: the norm over rows gathered from
+     * the ranks (model_tp_rmsnorm_full); NULL otherwise */
+    const struct model_ctx *tp;
+    int kv_per;                   /* ... and how many ranks share each KV head (1: none) */
 };
 
 /* o[n, n_embd] = wo(attend(rope(q), rope(k), v)) for xn [n, n_embd], with this

@@ -7,10 +7,22 @@
  * | dt (n_head).
  */
 #include "blocks.h"
+#include "tp.h"
 
 static const struct tensor *opt_t(const struct tensor *t)
 {
     return tensor_is_present(t) ? t : NULL;
+}
+
+/* The gated norm over y [n, di]: per group, or (a tensor-parallel rank's one-group norm) over
+ * the whole row gathered from the ranks. */
+static void gated_norm(const struct model_ctx *c, const struct layer *L, float *y, int di, int ng, int n)
+{
+    const struct hparams *hp = &c->m->hp;
+    if (hp->ssm.tp_norm_full)
+        model_tp_rmsnorm_full(c, y, di, di, 1, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n);
+    else
+        c->be->ops->rmsnorm(c->be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
 }
 
 int blk_mamba2_scratch(const struct hparams *hp)
@@ -47,10 +59,10 @@ void blk_mamba2(const struct model_ctx *c, float *o, const float *xn, const stru
                  opt_t(&L->ssm_d), &L->ssm_dt_b, kv, rows, n, &sp);
     bool before = hp->ssm.norm_before_gate && !hp->ssm.norm_off;
     if (before)
-        op->rmsnorm(be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
+        gated_norm(c, L, y, di, ng, n);
     op->act(be, ACT_SILU, zx, w, n, di);                          /* z = silu(z) */
     op->mul(be, y, di, y, di, zx, w, n, di);                      /* y = y * silu(z) */
     if (!before && !hp->ssm.norm_off)
-        op->rmsnorm(be, y, y, di, &L->ssm_norm, 0.0f, hp->ssm.norm_eps, n, ng, di / ng);
+        gated_norm(c, L, y, di, ng, n);
     op->linear(be, o, hp->n_embd, y, &L->ssm_out, opt_t(&L->ssm_out_b), n);
 }

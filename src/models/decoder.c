@@ -74,6 +74,8 @@ static void attn_cfg_of(const struct model_ctx *c, int il,
         .qk_norm_post_rope = ls->qk_norm_post_rope,
         .temp_floor = ls->attn_temp_floor,
         .temp_scale = ls->attn_temp_scale,
+        .tp = ls->tp_mix && ls->qk_norm_full ? c : NULL,
+        .kv_per = model_tp_kv_per(c),
     };
 }
 

@@ -233,6 +233,8 @@ struct hparams {
         bool mup;               /* Falcon-H1: the input projection's z | x | B | C | dt columns
                                  * scaled by mup_mult[0..4] (ssm_multipliers) */
         float mup_mult[5];
+        bool tp_norm_full;      /* a tensor-parallel rank's model: the one-group gated norm
+                                 * runs over the ranks' gathered rows (model_tp_rmsnorm_full) */
     } ssm;
     /* floats per row the recurrent blocks need beyond the attention buffers (ctx_bufs.rec) */
     int rec_scratch;

@@ -148,6 +148,7 @@ struct rank_plan {
     bool mamba2;   /* Mamba-2 mixers split by heads */
     bool deltanet; /* gated DeltaNet mixers split by value heads */
     bool head;     /* the LM head's rows [v0, v0 + nv) */
+    bool qk_full;  /* the layer being split has a q / k norm over the whole width */
     int64_t v0, nv;
 };
 
@@ -212,7 +213,8 @@ static bool attn_splits(const struct model *m, int n)
         if (!is_attention(ls))
             continue;
         any = 1;
-        if (ls->qk_norm_full)
+        /* a norm over the whole q / k width: RMS over rows gathered from the ranks */
+        if (ls->qk_norm && ls->qk_norm_full && hp->norm != NORM_RMS)
             return false;
         int64_t cols = (int64_t)(H / n) * hd;
         if (!cols_ok(&L->wo, 0, cols) || !tensor_is_present(&L->wo))
@@ -230,7 +232,8 @@ static bool attn_splits(const struct model *m, int n)
 
 /* Mamba-2 mixers split by heads when every one does (hp.ssm is the model's): heads divide,
  * B/C groups divide (or each rank takes the one group of its heads, as KV heads), the gated
- * norm's groups divide, ssm_out's columns of a rank whole quantization groups. */
+ * norm's groups divide (one group: the rows gathered for it, model_tp_rmsnorm_full), ssm_out's
+ * columns of a rank whole quantization groups. */
 static bool mamba2_splits(const struct model *m, int n)
 {
     const struct hparams *hp = &m->hp;
@@ -241,7 +244,8 @@ static bool mamba2_splits(const struct model *m, int n)
             continue;
         any = 1;
         if (H <= 0 || G <= 0 || H % n != 0 || H % G != 0 || (G % n != 0 && n % G != 0) ||
-            (!hp->ssm.norm_off && (NG <= 0 || NG % n != 0)) || hp->ssm.d_inner != H * hp->ssm.head_dim ||
+            (!hp->ssm.norm_off && (NG <= 0 || (NG != 1 && NG % n != 0))) ||
+            hp->ssm.d_inner != H * hp->ssm.head_dim ||
             !tensor_is_present(&L->ssm_in) || L->ssm_in.ndim != 2 || L->ssm_conv.ndim != 2 ||
             !cols_ok(&L->ssm_out, 0, hp->ssm.d_inner / n))
             return false;
@@ -280,7 +284,7 @@ static int split_mamba2(struct model *rm, struct layer *L, const struct hparams 
         rc = take_rows(rm, &L->ssm_d, h0, Hr, e);
     if (rc == 0)
         rc = take_rows(rm, &L->ssm_dt_b, h0, Hr, e);
-    if (rc == 0)
+    if (rc == 0 && hp->ssm.norm_groups != 1)   /* one group: the whole weight (gathered rows) */
         rc = take_rows(rm, &L->ssm_norm, c0, dr, e);
     if (rc == 0)
         rc = take_cols(rm, &L->ssm_out, c0, dr, e);
@@ -405,8 +409,9 @@ static int split_attention(struct model *rm, struct layer *L, const struct hpara
     }
     if ((rc = take_rows(rm, &L->wq_gate, q0, qn, e)) < 0)
         return rc;
-    /* per-head weights: the rank's heads' rows (a weight shared by every head stays) */
-    if (heads_of(&L->q_norm, H, hd) && tensor_nelem(&L->q_norm) != hd) {
+    /* per-head weights: the rank's heads' rows (a weight shared by every head stays; a norm
+     * over the whole width keeps its whole weight: model_tp_rmsnorm_full) */
+    if (!p->qk_full && heads_of(&L->q_norm, H, hd) && tensor_nelem(&L->q_norm) != hd) {
         int64_t per = tensor_nelem(&L->q_norm) / H;
         struct tensor t = L->q_norm;
         if (t.ndim == 2)
@@ -416,7 +421,7 @@ static int split_attention(struct model *rm, struct layer *L, const struct hpara
         if (rc < 0)
             return rc;
     }
-    if (heads_of(&L->k_norm, KV, hd) && tensor_nelem(&L->k_norm) != hd) {
+    if (!p->qk_full && heads_of(&L->k_norm, KV, hd) && tensor_nelem(&L->k_norm) != hd) {
         int64_t per = tensor_nelem(&L->k_norm) / KV;
         struct tensor t = L->k_norm;
         if (t.ndim == 2)
@@ -552,7 +557,9 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
             if (p->r > 0)
                 memset(&L->bo, 0, sizeof L->bo);
         } else if (ls->tp_mix) {
-            rc = split_attention(rm, L, &m->hp, p, e);
+            struct rank_plan pl = *p;
+            pl.qk_full = ls->qk_norm && ls->qk_norm_full;
+            rc = split_attention(rm, L, &m->hp, &pl, e);
         } else if (p->mamba2 && ls->mixer == MIXER_MAMBA2) {
             ls->tp_mix = true;
             rc = split_mamba2(rm, L, &m->hp, p, e);
@@ -576,7 +583,9 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         rh->ssm.n_head = hp->ssm.n_head / n;
         rh->ssm.d_inner = rh->ssm.n_head * hp->ssm.head_dim;
         rh->ssm.n_group = G >= n ? G / n : 1;
-        if (!hp->ssm.norm_off)
+        if (!hp->ssm.norm_off && hp->ssm.norm_groups == 1)
+            rh->ssm.tp_norm_full = true;
+        else if (!hp->ssm.norm_off)
             rh->ssm.norm_groups = hp->ssm.norm_groups / n;
         for (int il = 0; il < hp->n_layer; il++) {
             struct layer_spec *ls = &rh->layer[il];
@@ -710,6 +719,8 @@ struct tp_peer {
     int rank;
     float *sum;         /* [n_batch, n_embd] this rank's sum, before it overwrites its partial
                          * (its backend's memory) */
+    float *full;        /* [n_batch, gather width] rows gathered from every rank (backend memory) */
+    float *zeros;       /* as many zeros */
     int rc;             /* the first error a sync inside the forward returned, in err */
     struct err err;
 };
@@ -726,6 +737,7 @@ struct rank_job {
  * until every rank is done. */
 struct tp_group {
     int n;
+    int n_kv_head;                     /* the unsplit model's */
     struct model_ctx *rank[TP_MAX_RANKS];
     struct tp_peer peer[TP_MAX_RANKS];
     struct rank_job job[TP_MAX_RANKS];
@@ -765,6 +777,23 @@ static void *rank_loop(void *arg)
     }
 }
 
+/* Floats per row the whole-row norms of split model m gather (0: none): Mamba-2's inner
+ * width, OLMo 2's q and k. */
+static size_t gather_width(const struct model *m)
+{
+    const struct hparams *hp = &m->hp;
+    size_t w = 0;
+    if (m->tp->rank[0]->hp.ssm.tp_norm_full)
+        w = (size_t)hp->ssm.d_inner;
+    for (int il = 0; il < hp->n_layer; il++)
+        if (hp->layer[il].qk_norm_full && m->tp->attn_split) {
+            size_t q = (size_t)hp->n_head * hp->head_dim, k = (size_t)hp->n_kv_head * hp->head_dim;
+            w = w > q ? w : q;
+            w = w > k ? w : k;
+        }
+    return w;
+}
+
 int model_tp_ctx_new(struct model_ctx *c, struct err *e)
 {
     const struct model_tp *tp = c->m->tp;
@@ -775,6 +804,7 @@ int model_tp_ctx_new(struct model_ctx *c, struct err *e)
         return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
     c->tp = g;
     g->n = tp->n_rank;
+    g->n_kv_head = c->m->hp.n_kv_head;
     if (pthread_barrier_init(&g->bar, NULL, (unsigned)g->n) != 0)
         return err_setf(e, ERR_NOMEM, "tensor parallel: no barrier for %d ranks", g->n);
     g->bar_ok = true;
@@ -799,6 +829,19 @@ int model_tp_ctx_new(struct model_ctx *c, struct err *e)
         if ((rc = tp->be[r]->ops->buf_alloc(tp->be[r], (size_t)c->n_batch * d * sizeof(float),
                                             (void **)&g->peer[r].sum, e)) < 0)
             return err_prefix(e, "tensor parallel rank %d's all-reduce buffer", r);
+        size_t gw = gather_width(c->m);
+        if (gw > 0) {
+            size_t bytes = (size_t)c->n_batch * gw * sizeof(float);
+            void *z = calloc(1, bytes);
+            if (!z)
+                return err_setf(e, ERR_NOMEM, "tensor parallel: out of memory");
+            if ((rc = tp->be[r]->ops->buf_alloc(tp->be[r], bytes, (void **)&g->peer[r].full, e)) == 0 &&
+                (rc = tp->be[r]->ops->buf_alloc(tp->be[r], bytes, (void **)&g->peer[r].zeros, e)) == 0)
+                tp->be[r]->ops->upload(tp->be[r], g->peer[r].zeros, z, bytes);
+            free(z);
+            if (rc < 0)
+                return err_prefix(e, "tensor parallel rank %d's gather buffers", r);
+        }
         g->rank[r]->tp_peer = &g->peer[r];
     }
     for (int r = 1; r < g->n; r++) {
@@ -826,8 +869,11 @@ void model_tp_ctx_free(struct model_ctx *c)
         pthread_mutex_destroy(&g->mu);
     }
     for (int r = 0; r < g->n; r++) {
-        if (g->peer[r].sum)
-            g->rank[r]->be->ops->buf_free(g->rank[r]->be, g->peer[r].sum);
+        struct backend *be = c->m->tp->be[r];
+        float *bufs[] = {g->peer[r].sum, g->peer[r].full, g->peer[r].zeros};
+        for (size_t k = 0; k < 3; k++)
+            if (bufs[k])
+                be->ops->buf_free(be, bufs[k]);
         model_ctx_free(g->rank[r]);
     }
     if (g->bar_ok)
@@ -850,6 +896,14 @@ static void rank_sync(const struct model_ctx *c, struct tp_peer *p)
 /* The partials are read through the rank's own backend ops (copy, axpy): every rank's memory
  * is one the others' backends address (host memory, or one device), each rank's work up to its
  * partial finished (a sync) before it is published. */
+int model_tp_kv_per(const struct model_ctx *c)
+{
+    if (!c->tp_peer)
+        return 1;
+    int n = c->tp_peer->g->n, main_kv = c->tp_peer->g->n_kv_head;
+    return main_kv < n ? n / main_kv : 1;
+}
+
 void model_tp_reduce(const struct model_ctx *c, float *buf, int n)
 {
     struct tp_peer *p = c->tp_peer;
@@ -868,6 +922,31 @@ void model_tp_reduce(const struct model_ctx *c, float *buf, int n)
     rank_sync(c, p);
     pthread_barrier_wait(&g->bar);  /* every rank has read every partial */
     op->copy(c->be, buf, p->sum, (size_t)n * d * sizeof(float));
+}
+
+void model_tp_rmsnorm_full(const struct model_ctx *c, float *y, int ldy, int cols, int per,
+                           const struct tensor *w, float w_off, float eps, int n)
+{
+    struct tp_peer *p = c->tp_peer;
+    const struct backend_ops *op = c->be->ops;
+    if (!p) {
+        op->rmsnorm(c->be, y, y, ldy, w, w_off, eps, n, 1, cols);
+        return;
+    }
+    struct tp_group *g = p->g;
+    int ns = g->n / per, D = cols * ns;
+    rank_sync(c, p);
+    g->part[p->rank] = y;
+    pthread_barrier_wait(&g->bar);
+    /* every slice's columns into a zeroed row (0 + x is x), in rank order */
+    op->copy(c->be, p->full, p->zeros, (size_t)n * D * sizeof(float));
+    for (int q = 0; q < ns; q++)
+        op->axpy(c->be, p->full + (size_t)q * cols, D, 1.0f, g->part[q * per], ldy, n, cols);
+    rank_sync(c, p);
+    pthread_barrier_wait(&g->bar);  /* every rank has read every rank's columns */
+    op->rmsnorm(c->be, p->full, p->full, D, w, w_off, eps, n, 1, D);
+    op->scale(c->be, y, ldy, 0.0f, n, cols);
+    op->axpy(c->be, y, ldy, 1.0f, p->full + (size_t)(p->rank / per) * cols, D, n, cols);
 }
 
 int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const struct kv_layer *rank_kv,

@@ -74,9 +74,22 @@ void model_tp_ctx_free(struct model_ctx *c);
 int model_tp_forward(struct model_ctx *c, const struct fwd_chunk *ch, const struct kv_layer *rank_kv,
                      struct err *e);
 
+/* How many ranks of c's group share each KV head (a split model with fewer KV heads than
+ * ranks); 1 outside a rank context. */
+int model_tp_kv_per(const struct model_ctx *c);
+
 /* In a rank's forward: buf [n, n_embd] becomes the sum of every rank's buf (rank order). A
  * no-op outside a split model's rank context. */
 void model_tp_reduce(const struct model_ctx *c, float *buf, int n);
+
+/* The RMS norm of n rows whose columns are spread over the ranks: rank r holds columns
+ * [(r / per) cols, (r / per + 1) cols) of each row in y (stride ldy; per ranks hold the same
+ * columns, as KV heads replicated over ranks); the norm runs over the whole row, as the
+ * unsplit model's does (w: the whole row's weight, used as w + w_off), and each rank keeps its
+ * columns of the result (the rows gathered on every rank: Mamba-2's one-group gated norm,
+ * OLMo 2's q / k norm). Outside a rank context: the rmsnorm op over y's cols columns. */
+void model_tp_rmsnorm_full(const struct model_ctx *c, float *y, int ldy, int cols, int per,
+                           const struct tensor *w, float w_off, float eps, int n);
 
 #ifdef __cplusplus
 }
