@@ -18,7 +18,8 @@ void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const s
     struct backend *be = c->be;
     const struct backend_ops *op = be->ops;
     const struct hparams *hp = &c->m->hp;
-    int d = hp->n_embd, w = 3 * d;
+    /* d: the convolution's channels (n_embd; a tensor-parallel rank's share of them) */
+    int d = (int)L->ssm_conv.shape[0], w = 3 * d;
     float *bcx = c->bufs.rec;           /* [n, 3d]: B | C | x */
     float *t = bcx + (size_t)n * w;     /* [n, d] dense: the products a linear reads */
     op->linear(be, bcx, w, xn, &L->ssm_in, opt_t(&L->ssm_in_b), n);
@@ -26,7 +27,7 @@ void blk_shortconv(const struct model_ctx *c, float *o, const float *xn, const s
     op->conv1d(be, t, d, t, d, &L->ssm_conv, opt_t(&L->ssm_conv_b), kv, rows, n, d,
                hp->ssm.d_conv, false);
     op->mul(be, t, d, bcx + d, w, t, d, n, d);                          /* C * conv */
-    op->linear(be, o, d, t, &L->ssm_out, opt_t(&L->ssm_out_b), n);
+    op->linear(be, o, hp->n_embd, t, &L->ssm_out, opt_t(&L->ssm_out_b), n);
 }
 
 void blk_recurrent(const struct model_ctx *c, float *o, const float *xn, int il,

@@ -147,6 +147,7 @@ struct rank_plan {
     bool latent;   /* ... latent attention's way */
     bool mamba2;   /* Mamba-2 mixers split by heads */
     bool deltanet; /* gated DeltaNet mixers split by value heads */
+    bool shortconv;/* short convolutions split by channels */
     bool head;     /* the LM head's rows [v0, v0 + nv) */
     bool qk_full;  /* the layer being split has a q / k norm over the whole width */
     int64_t v0, nv;
@@ -343,6 +344,47 @@ static int split_deltanet(struct model *rm, struct layer *L, const struct hparam
         rc = take_rows(rm, &L->ssm_dt_b, v0, nvr, e);
     if (rc == 0)
         rc = take_cols(rm, &L->ssm_out, v0 * dv, nvr * dv, e);
+    return rc;
+}
+
+/* LFM2's short convolutions split by channels when every one does: the B | C | x rows of
+ * the rank's channels, their convolution, out_proj's columns. */
+static bool shortconv_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int d = hp->n_embd, any = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        if (hp->layer[il].mixer != MIXER_SHORTCONV)
+            continue;
+        any = 1;
+        if (d % n != 0 || L->ssm_conv.ndim != 2 || L->ssm_conv.shape[0] != d || !cols_ok(&L->ssm_out, 0, d / n))
+            return false;
+    }
+    return any;
+}
+
+static int split_shortconv(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
+                           struct err *e)
+{
+    int64_t d = hp->n_embd, dr = d / p->n, c0 = p->r * dr;
+    struct seg in[3] = {{c0, dr}, {d + c0, dr}, {2 * d + c0, dr}};
+    struct tensor t;
+    int rc = 0;
+    t = L->ssm_in;
+    rc = copy_segs(rm, &L->ssm_in, &t, in, 3, e);
+    if (rc == 0 && tensor_is_present(&L->ssm_in_b)) {
+        t = L->ssm_in_b;
+        rc = copy_segs(rm, &L->ssm_in_b, &t, in, 3, e);
+    }
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_conv, c0, dr, e);
+    if (rc == 0)
+        rc = take_rows(rm, &L->ssm_conv_b, c0, dr, e);
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
+    if (p->r > 0)
+        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
     return rc;
 }
 
@@ -566,6 +608,10 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         } else if (p->deltanet && ls->mixer == MIXER_DELTANET) {
             ls->tp_mix = true;
             rc = split_deltanet(rm, L, &m->hp, p, e);
+        } else if (p->shortconv && ls->mixer == MIXER_SHORTCONV) {
+            ls->tp_mix = true;
+            ls->state_conv /= p->n;
+            rc = split_shortconv(rm, L, &m->hp, p, e);
         }
         if (rc == 0 && ls->tp_ffn)
             rc = split_ffn(rm, L, ls, m->hp.n_expert, p, e);
@@ -645,7 +691,8 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     tp->n_rank = n_rank;
     bool latent = latent_splits(m, n_rank);
     bool rec_mamba2 = mamba2_splits(m, n_rank), rec_deltanet = deltanet_splits(m, n_rank);
-    tp->rec_split = rec_mamba2 || rec_deltanet;
+    bool rec_conv = shortconv_splits(m, n_rank);
+    tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv;
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
@@ -665,7 +712,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     int rc = 0;
     for (int r = 0; r < n_rank && rc == 0; r++) {
         struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
-                              .mamba2 = rec_mamba2, .deltanet = rec_deltanet,
+                              .mamba2 = rec_mamba2, .deltanet = rec_deltanet, .shortconv = rec_conv,
                               .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }

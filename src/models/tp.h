@@ -16,6 +16,7 @@
  *              the states of its heads
  *   DeltaNet   by value heads and their key heads: q | k | v rows and conv channels, z, b, a,
  *              A_log, dt bias; ssm_out's columns; each rank its heads' states
+ *   short conv LFM2's, by channels: B | C | x rows, the convolution, out_proj's columns
  *   the rest   replicated: embeddings, norms,
  *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
  *              split evenly (heads, widths, quantization groups of the column-split weights)
@@ -46,7 +47,8 @@ struct model_tp {
     struct backend *be[TP_MAX_RANKS];   /* each rank's backend (model_tp_prepare), borrowed */
     bool attn_split;                    /* attention layers split by heads */
     int n_ffn_split;                    /* layers whose FFN is split */
-    bool rec_split;                     /* the Mamba-2 / DeltaNet mixers split by heads */
+    bool rec_split;                     /* the recurrent mixers split (Mamba-2, DeltaNet by heads,
+                                         * short convolutions by channels) */
     bool head_split;                    /* the LM head split by vocabulary: rank r's logits are
                                          * columns [vocab0[r], vocab0[r] + n_vocab_r[r]) */
     int vocab0[TP_MAX_RANKS], n_vocab_r[TP_MAX_RANKS];
