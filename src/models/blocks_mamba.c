@@ -16,6 +16,7 @@
  * buffers of n rows each.
  */
 #include "blocks.h"
+#include "tp.h"
 
 /* absent tensor -> NULL (the ops' "no bias") */
 static const struct tensor *opt_t(const struct tensor *t)
@@ -45,6 +46,10 @@ void blk_mamba(const struct model_ctx *c, float *o, const float *xn, const struc
         {.y = bc, .ldy = 2 * ds, .x = xc, .w = &L->ssm_xbc, .b = NULL, .n_tok = n},
     };
     op->linear_batch(be, jobs, 2);
+    if (hp->ssm.tp_reduce_xproj) {   /* a tensor-parallel rank: the products of its channels */
+        model_tp_reduce_cols(c, dtr, n, r);
+        model_tp_reduce_cols(c, bc, n, 2 * ds);
+    }
     if (tensor_is_present(&L->ssm_dt_norm))
         op->rmsnorm(be, dtr, dtr, r, &L->ssm_dt_norm, 0.0f, eps, n, 1, r);
     if (tensor_is_present(&L->ssm_b_norm))

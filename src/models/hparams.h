@@ -235,6 +235,7 @@ struct hparams {
         float mup_mult[5];
         bool tp_norm_full;      /* a tensor-parallel rank's model: the one-group gated norm
                                  * runs over the ranks' gathered rows (model_tp_rmsnorm_full) */
+        bool tp_reduce_xproj;   /* ... Mamba's x_proj partial sums all-reduced (model_tp_reduce_cols) */
     } ssm;
     /* floats per row the recurrent blocks need beyond the attention buffers (ctx_bufs.rec) */
     int rec_scratch;

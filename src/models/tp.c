@@ -148,6 +148,7 @@ struct rank_plan {
     bool mamba2;   /* Mamba-2 mixers split by heads */
     bool deltanet; /* gated DeltaNet mixers split by value heads */
     bool shortconv;/* short convolutions split by channels */
+    bool mamba;    /* Mamba's mixers split by channels */
     bool head;     /* the LM head's rows [v0, v0 + nv) */
     bool qk_full;  /* the layer being split has a q / k norm over the whole width */
     int64_t v0, nv;
@@ -388,6 +389,50 @@ static int split_shortconv(struct model *rm, struct layer *L, const struct hpara
     return rc;
 }
 
+/* Mamba's mixers split by channels when every one does: x / z rows and the convolution of
+ * the rank's channels, x_proj's columns of them (its dt / B / C partial sums all-reduced, then
+ * every rank holds them whole), dt_proj's rows, A and D of them, out_proj's columns. */
+static bool mamba_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int di = hp->ssm.d_inner, any = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        if (hp->layer[il].mixer != MIXER_MAMBA)
+            continue;
+        any = 1;
+        if (di % n != 0 || hp->ssm.dt_rank > hp->n_embd || 2 * hp->ssm.d_state > hp->n_embd ||
+            L->ssm_conv.ndim != 2 || L->ssm_a.ndim != 2 || !cols_ok(&L->ssm_x, 0, di / n) ||
+            !cols_ok(&L->ssm_xbc, 0, di / n) || !cols_ok(&L->ssm_out, 0, di / n))
+            return false;
+    }
+    return any;
+}
+
+static int split_mamba(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
+                       struct err *e)
+{
+    int64_t di = hp->ssm.d_inner, dr = di / p->n, c0 = p->r * dr;
+    struct seg in[2] = {{c0, dr}, {di + c0, dr}};
+    struct tensor t;
+    int rc = 0;
+    t = L->ssm_in;
+    rc = copy_segs(rm, &L->ssm_in, &t, in, 2, e);
+    if (rc == 0 && tensor_is_present(&L->ssm_in_b)) {
+        t = L->ssm_in_b;
+        rc = copy_segs(rm, &L->ssm_in_b, &t, in, 2, e);
+    }
+    struct tensor *rows[] = {&L->ssm_conv, &L->ssm_conv_b, &L->ssm_dt, &L->ssm_dt_b, &L->ssm_a, &L->ssm_d};
+    for (size_t k = 0; k < sizeof rows / sizeof rows[0] && rc == 0; k++)
+        rc = take_rows(rm, rows[k], c0, dr, e);
+    struct tensor *cols[] = {&L->ssm_x, &L->ssm_xbc, &L->ssm_out};
+    for (size_t k = 0; k < sizeof cols / sizeof cols[0] && rc == 0; k++)
+        rc = take_cols(rm, cols[k], c0, dr, e);
+    if (p->r > 0)
+        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
+    return rc;
+}
+
 static bool down_splits(const struct tensor *down, int n_ff, int n)
 {
     if (!tensor_is_present(down) || n_ff % n != 0)
@@ -608,6 +653,11 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         } else if (p->deltanet && ls->mixer == MIXER_DELTANET) {
             ls->tp_mix = true;
             rc = split_deltanet(rm, L, &m->hp, p, e);
+        } else if (p->mamba && ls->mixer == MIXER_MAMBA) {
+            ls->tp_mix = true;
+            ls->state_conv /= p->n;
+            ls->state_rec /= p->n;
+            rc = split_mamba(rm, L, &m->hp, p, e);
         } else if (p->shortconv && ls->mixer == MIXER_SHORTCONV) {
             ls->tp_mix = true;
             ls->state_conv /= p->n;
@@ -640,6 +690,10 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
             ls->state_conv = (hp->ssm.d_conv - 1) * (rh->ssm.d_inner + 2 * rh->ssm.n_group * hp->ssm.d_state);
             ls->state_rec = rh->ssm.d_inner * hp->ssm.d_state;
         }
+    }
+    if (p->mamba) {
+        rm->hp.ssm.d_inner = m->hp.ssm.d_inner / p->n;
+        rm->hp.ssm.tp_reduce_xproj = true;
     }
     if (p->deltanet) {
         const struct hparams *hp = &m->hp;
@@ -692,7 +746,8 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     bool latent = latent_splits(m, n_rank);
     bool rec_mamba2 = mamba2_splits(m, n_rank), rec_deltanet = deltanet_splits(m, n_rank);
     bool rec_conv = shortconv_splits(m, n_rank);
-    tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv;
+    bool rec_mamba = mamba_splits(m, n_rank);
+    tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv || rec_mamba;
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
@@ -713,6 +768,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     for (int r = 0; r < n_rank && rc == 0; r++) {
         struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
                               .mamba2 = rec_mamba2, .deltanet = rec_deltanet, .shortconv = rec_conv,
+                              .mamba = rec_mamba,
                               .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }
@@ -953,12 +1009,17 @@ int model_tp_kv_per(const struct model_ctx *c)
 
 void model_tp_reduce(const struct model_ctx *c, float *buf, int n)
 {
+    model_tp_reduce_cols(c, buf, n, c->m->hp.n_embd);
+}
+
+void model_tp_reduce_cols(const struct model_ctx *c, float *buf, int n, int cols)
+{
     struct tp_peer *p = c->tp_peer;
     if (!p)
         return;
     struct tp_group *g = p->g;
     const struct backend_ops *op = c->be->ops;
-    int d = c->m->hp.n_embd;
+    int d = cols;
     rank_sync(c, p);
     g->part[p->rank] = buf;
     pthread_barrier_wait(&g->bar);

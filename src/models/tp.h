@@ -17,6 +17,8 @@
  *   DeltaNet   by value heads and their key heads: q | k | v rows and conv channels, z, b, a,
  *              A_log, dt bias; ssm_out's columns; each rank its heads' states
  *   short conv LFM2's, by channels: B | C | x rows, the convolution, out_proj's columns
+ *   Mamba      by channels: x / z rows, the convolution, x_proj's columns (dt / B / C partial
+ *              sums all-reduced), dt_proj's rows, A, D; out_proj's columns
  *   the rest   replicated: embeddings, norms,
  *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
  *              split evenly (heads, widths, quantization groups of the column-split weights)
@@ -83,6 +85,8 @@ int model_tp_kv_per(const struct model_ctx *c);
 /* In a rank's forward: buf [n, n_embd] becomes the sum of every rank's buf (rank order). A
  * no-op outside a split model's rank context. */
 void model_tp_reduce(const struct model_ctx *c, float *buf, int n);
+/* The same for a dense buf [n, cols], cols <= n_embd (Mamba's x_proj partial sums). */
+void model_tp_reduce_cols(const struct model_ctx *c, float *buf, int n, int cols);
 
 /* The RMS norm of n rows whose columns are spread over the ranks: rank r holds columns
  * [(r / per) cols, (r / per + 1) cols) of each row in y (stride ldy; per ranks hold the same
