@@ -36,10 +36,12 @@ static int copy_segs(struct model *rm, struct tensor *dst, const struct tensor *
                             (long long)s[k].r0, (long long)(s[k].r0 + s[k].n), nm);
         n += s[k].n;
     }
-    if (!inner_contiguous(t) || t->ndim > 2 || (t->ndim == 1 && t->qbits))
+    /* 3-D: a float tensor of contiguous [rows, a, b] (RG-LRU's per-head gates) */
+    bool d3 = t->ndim == 3 && !t->qbits && tensor_is_contiguous(t);
+    if (!inner_contiguous(t) || (t->ndim > 2 && !d3) || (t->ndim == 1 && t->qbits))
         return err_setf(e, ERR_FORMAT, "tensor parallel: cannot take rows of %s (its layout)", nm);
     size_t es = dtype_size(t->dtype);
-    int64_t rs = t->ndim == 1 ? 1 : tensor_row_storage(t);
+    int64_t rs = t->ndim == 1 ? 1 : d3 ? t->shape[1] * t->shape[2] : tensor_row_storage(t);
     size_t gb = t->qbits ? (size_t)(t->shape[1] / t->qgroup) * dtype_size(t->qsdtype) : 0;
     size_t data = (size_t)n * (size_t)rs * es, aux = (size_t)n * gb;
     char *p;
@@ -49,7 +51,7 @@ static int copy_segs(struct model *rm, struct tensor *dst, const struct tensor *
     int64_t i = 0;
     for (int k = 0; k < ns; k++)
         for (int64_t j = s[k].r0; j < s[k].r0 + s[k].n; j++, i++) {
-            size_t src = t->ndim == 1 ? (size_t)j : (size_t)(j * t->stride[0]);
+            size_t src = t->ndim == 1 ? (size_t)j : (size_t)(j * t->stride[0]);  /* 3-D: rs */
             memcpy(p + (size_t)i * rs * es, (const char *)t->data + src * es, (size_t)rs * es);
             if (t->qbits) {
                 memcpy(p + data + (size_t)i * gb, (const char *)t->qscales + (size_t)j * gb, gb);
@@ -60,7 +62,7 @@ static int copy_segs(struct model *rm, struct tensor *dst, const struct tensor *
     *dst = *t;
     dst->data = p;
     dst->shape[0] = n;
-    if (t->ndim == 2)
+    if (t->ndim >= 2)
         dst->stride[0] = rs;
     dst->stride[t->ndim - 1] = 1;
     if (t->qbits) {
@@ -149,6 +151,7 @@ struct rank_plan {
     bool deltanet; /* gated DeltaNet mixers split by value heads */
     bool shortconv;/* short convolutions split by channels */
     bool mamba;    /* Mamba's mixers split by channels */
+    bool rglru;    /* Griffin's recurrent blocks split by heads */
     bool head;     /* the LM head's rows [v0, v0 + nv) */
     bool qk_full;  /* the layer being split has a q / k norm over the whole width */
     int64_t v0, nv;
@@ -433,6 +436,43 @@ static int split_mamba(struct model *rm, struct layer *L, const struct hparams *
     return rc;
 }
 
+/* Griffin's recurrent blocks (RecurrentGemma) split by heads when every one does: linear_y and
+ * linear_x rows, the convolution's channels, the per-head gates, a, linear_out's columns. */
+static bool rglru_splits(const struct model *m, int n)
+{
+    const struct hparams *hp = &m->hp;
+    int w = hp->ssm.d_inner, H = hp->ssm.n_head, any = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        const struct layer *L = &m->layers[il];
+        if (hp->layer[il].mixer != MIXER_RGLRU)
+            continue;
+        any = 1;
+        if (H <= 0 || H % n != 0 || w % H != 0 || L->ssm_conv.ndim != 2 || L->rg_wi.ndim != 3 ||
+            L->rg_wa.ndim != 3 || !cols_ok(&L->ssm_out, 0, w / n))
+            return false;
+    }
+    return any;
+}
+
+static int split_rglru(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
+                       struct err *e)
+{
+    int64_t w = hp->ssm.d_inner, H = hp->ssm.n_head, Hr = H / p->n, h0 = p->r * Hr, bw = w / H;
+    int64_t c0 = h0 * bw, dr = Hr * bw;
+    int rc = 0;
+    struct tensor *chans[] = {&L->rg_y, &L->rg_y_b, &L->ssm_in, &L->ssm_in_b, &L->ssm_conv, &L->ssm_conv_b, &L->rg_a};
+    for (size_t k = 0; k < sizeof chans / sizeof chans[0] && rc == 0; k++)
+        rc = take_rows(rm, chans[k], c0, dr, e);
+    struct tensor *heads[] = {&L->rg_wi, &L->rg_bi, &L->rg_wa, &L->rg_ba};
+    for (size_t k = 0; k < sizeof heads / sizeof heads[0] && rc == 0; k++)
+        rc = take_rows(rm, heads[k], h0, Hr, e);
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
+    if (p->r > 0)
+        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
+    return rc;
+}
+
 static bool down_splits(const struct tensor *down, int n_ff, int n)
 {
     if (!tensor_is_present(down) || n_ff % n != 0)
@@ -653,6 +693,11 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
         } else if (p->deltanet && ls->mixer == MIXER_DELTANET) {
             ls->tp_mix = true;
             rc = split_deltanet(rm, L, &m->hp, p, e);
+        } else if (p->rglru && ls->mixer == MIXER_RGLRU) {
+            ls->tp_mix = true;
+            ls->state_conv /= p->n;
+            ls->state_rec /= p->n;
+            rc = split_rglru(rm, L, &m->hp, p, e);
         } else if (p->mamba && ls->mixer == MIXER_MAMBA) {
             ls->tp_mix = true;
             ls->state_conv /= p->n;
@@ -690,6 +735,10 @@ static int rank_model(const struct model *m, const struct rank_plan *p, const bo
             ls->state_conv = (hp->ssm.d_conv - 1) * (rh->ssm.d_inner + 2 * rh->ssm.n_group * hp->ssm.d_state);
             ls->state_rec = rh->ssm.d_inner * hp->ssm.d_state;
         }
+    }
+    if (p->rglru) {
+        rm->hp.ssm.d_inner = m->hp.ssm.d_inner / p->n;
+        rm->hp.ssm.n_head = m->hp.ssm.n_head / p->n;
     }
     if (p->mamba) {
         rm->hp.ssm.d_inner = m->hp.ssm.d_inner / p->n;
@@ -747,7 +796,8 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     bool rec_mamba2 = mamba2_splits(m, n_rank), rec_deltanet = deltanet_splits(m, n_rank);
     bool rec_conv = shortconv_splits(m, n_rank);
     bool rec_mamba = mamba_splits(m, n_rank);
-    tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv || rec_mamba;
+    bool rec_rglru = rglru_splits(m, n_rank);
+    tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv || rec_mamba || rec_rglru;
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
         ffn[il] = ffn_splits(m, il, n_rank);
@@ -768,7 +818,7 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     for (int r = 0; r < n_rank && rc == 0; r++) {
         struct rank_plan p = {.n = n_rank, .r = r, .attn = tp->attn_split, .latent = latent,
                               .mamba2 = rec_mamba2, .deltanet = rec_deltanet, .shortconv = rec_conv,
-                              .mamba = rec_mamba,
+                              .mamba = rec_mamba, .rglru = rec_rglru,
                               .head = tp->head_split, .v0 = tp->vocab0[r], .nv = tp->n_vocab_r[r]};
         rc = rank_model(m, &p, ffn, &tp->rank[r], e);
     }

@@ -19,6 +19,8 @@
  *   short conv LFM2's, by channels: B | C | x rows, the convolution, out_proj's columns
  *   Mamba      by channels: x / z rows, the convolution, x_proj's columns (dt / B / C partial
  *              sums all-reduced), dt_proj's rows, A, D; out_proj's columns
+ *   RG-LRU     Griffin's, by heads: linear_y / linear_x rows, the convolution, the per-head
+ *              gates, a; linear_out's columns
  *   the rest   replicated: embeddings, norms,
  *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
  *              split evenly (heads, widths, quantization groups of the column-split weights)
