@@ -123,6 +123,8 @@ EOF
 }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# the tokenizer fixtures are archives the build unpacks (scripts/fixtures.sh): unpacked here too
+sh "$root/scripts/fixtures.sh" unpack >/dev/null || { echo "$0: scripts/fixtures.sh unpack failed" >&2; exit 1; }
 out=/tmp/bench-embed-spec
 tests_sel=embed,lookup,draft
 threads=2

@@ -72,6 +72,8 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
+# the tokenizer fixtures are archives the build unpacks (scripts/fixtures.sh): unpacked here too
+sh "$root/scripts/fixtures.sh" unpack >/dev/null || { echo "$0: scripts/fixtures.sh unpack failed" >&2; exit 1; }
 out=/tmp/bench-hybrid-llamacpp
 shapes_sel=granite-h-tiny,qwen3-next,llama-1b
 layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0

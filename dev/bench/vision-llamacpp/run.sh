@@ -115,6 +115,8 @@ EOF
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
+# the tokenizer fixtures are archives the build unpacks (scripts/fixtures.sh): unpacked here too
+sh "$root/scripts/fixtures.sh" unpack >/dev/null || { echo "$0: scripts/fixtures.sh unpack failed" >&2; exit 1; }
 out=/tmp/bench-vision
 shapes=gemma3-4b,qwen2.5-vl-7b
 threads=2
