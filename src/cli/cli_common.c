@@ -647,7 +647,12 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
                 "AVX-512 has it); running exact\n", en->be->name);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (n_tp > 1) {
+    if (n_tp > 1 && !backend_is_cpu(en->be)) {
+        /* the library runs CUDA ranks on one GPU (run_tests tp under MLXCEL_DEVICE=cuda), not
+         * yet checked on a GPU: until it is, the CLI offers CPU ranks only */
+        rc = err_setf(e, ERR_UNSUPPORTED, "--tensor-parallel: ranks on %s are not supported yet (CPU "
+                      "ranks only; NCCL ranks over several GPUs are not built)", en->be->name);
+    } else if (n_tp > 1) {
         en->tp_be[0] = en->be;
         en->n_tp = 1;
         rc = model_tp_split(m, n_tp, e);
@@ -655,9 +660,10 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
             if ((rc = backend_new(&en->tp_be[r], dev, (int)per, &cli_cfg()->be, e)) == 0)
                 en->n_tp++;
         if (rc == 0 && (rc = model_tp_prepare(m, en->tp_be, e)) == 0)
-            LOG_INFO("tensor parallel over %d ranks: attention %s, the FFN split in %d of %d layers, "
-                     "the LM head %s", n_tp,
-                     m->tp->attn_split ? "split by heads" : "replicated", m->tp->n_ffn_split, m->hp.n_layer,
+            LOG_INFO("tensor parallel over %d ranks: attention %s, recurrent mixers %s, the FFN split in "
+                     "%d of %d layers, the LM head %s", n_tp,
+                     m->tp->attn_split ? "split by heads" : "replicated",
+                     m->tp->rec_split ? "split" : "replicated (or none)", m->tp->n_ffn_split, m->hp.n_layer,
                      m->tp->head_split ? "split by vocabulary" : "replicated");
     } else {
         rc = model_prepare(m, en->be, e);
