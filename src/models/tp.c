@@ -136,9 +136,35 @@ static int take_rows(struct model *rm, struct tensor *t, int64_t r0, int64_t n, 
     return tensor_is_present(t) ? copy_rows(rm, t, t, r0, n, e) : 0;
 }
 
+/* segments' rows of t in place (absent: nothing) */
+static int take_segs(struct model *rm, struct tensor *t, const struct seg *s, int ns, struct err *e)
+{
+    struct tensor v = *t;
+    return tensor_is_present(t) ? copy_segs(rm, t, &v, s, ns, e) : 0;
+}
+
 static int take_cols(struct model *rm, struct tensor *t, int64_t c0, int64_t n, struct err *e)
 {
     return tensor_is_present(t) ? copy_cols(rm, t, t, c0, n, e) : 0;
+}
+
+/* A mixer's output projection (ssm_out): columns [c0, c0 + n); its bias on rank 0 alone. */
+static int take_out(struct model *rm, struct layer *L, int r, int64_t c0, int64_t n, int rc, struct err *e)
+{
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_out, c0, n, e);
+    if (r > 0)
+        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
+    return rc;
+}
+
+/* rows [r0, r0 + n) of each of the k tensors ts in place, while rc is 0 */
+static int take_rows_of(struct model *rm, struct tensor *const *ts, size_t k, int64_t r0, int64_t n, int rc,
+                        struct err *e)
+{
+    for (size_t i = 0; i < k && rc == 0; i++)
+        rc = take_rows(rm, ts[i], r0, n, e);
+    return rc;
 }
 
 /* ---- the plan: which blocks split ---- */
@@ -235,27 +261,33 @@ static bool attn_splits(const struct model *m, int n)
     return any;
 }
 
+/* Whether the mixers of kind k split over n ranks: there is one, and every one passes ok (hp.ssm
+ * is the model's, so they split together or not at all). */
+static bool mixers_split(const struct model *m, enum mixer_kind k, int n,
+                         bool (*ok)(const struct hparams *hp, const struct layer *L, int n))
+{
+    int any = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        if (m->hp.layer[il].mixer != k)
+            continue;
+        any = 1;
+        if (!ok(&m->hp, &m->layers[il], n))
+            return false;
+    }
+    return any;
+}
+
 /* Mamba-2 mixers split by heads when every one does (hp.ssm is the model's): heads divide,
  * B/C groups divide (or each rank takes the one group of its heads, as KV heads), the gated
  * norm's groups divide (one group: the rows gathered for it, model_tp_rmsnorm_full), ssm_out's
  * columns of a rank whole quantization groups. */
-static bool mamba2_splits(const struct model *m, int n)
+static bool mamba2_layer_ok(const struct hparams *hp, const struct layer *L, int n)
 {
-    const struct hparams *hp = &m->hp;
-    int H = hp->ssm.n_head, G = hp->ssm.n_group, NG = hp->ssm.norm_groups, any = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *L = &m->layers[il];
-        if (hp->layer[il].mixer != MIXER_MAMBA2)
-            continue;
-        any = 1;
-        if (H <= 0 || G <= 0 || H % n != 0 || H % G != 0 || (G % n != 0 && n % G != 0) ||
-            (!hp->ssm.norm_off && (NG <= 0 || (NG != 1 && NG % n != 0))) ||
-            hp->ssm.d_inner != H * hp->ssm.head_dim ||
-            !tensor_is_present(&L->ssm_in) || L->ssm_in.ndim != 2 || L->ssm_conv.ndim != 2 ||
-            !cols_ok(&L->ssm_out, 0, hp->ssm.d_inner / n))
-            return false;
-    }
-    return any;
+    int H = hp->ssm.n_head, G = hp->ssm.n_group, NG = hp->ssm.norm_groups;
+    return H > 0 && G > 0 && H % n == 0 && H % G == 0 && (G % n == 0 || n % G == 0) &&
+           (hp->ssm.norm_off || (NG > 0 && (NG == 1 || NG % n == 0))) &&
+           hp->ssm.d_inner == H * hp->ssm.head_dim && tensor_is_present(&L->ssm_in) && L->ssm_in.ndim == 2 &&
+           L->ssm_conv.ndim == 2 && cols_ok(&L->ssm_out, 0, hp->ssm.d_inner / n);
 }
 
 /* Rank p->r's heads of a Mamba-2 mixer: the input projection's z | x | B | C | dt rows of
@@ -271,51 +303,29 @@ static int split_mamba2(struct model *rm, struct layer *L, const struct hparams 
     struct seg in[5] = {{c0, dr}, {di + c0, dr}, {2 * di + g0 * ds, Gr * ds}, {2 * di + gn + g0 * ds, Gr * ds},
                         {2 * di + 2 * gn + h0, Hr}};
     struct seg cv[3] = {{c0, dr}, {di + g0 * ds, Gr * ds}, {di + gn + g0 * ds, Gr * ds}};
-    struct tensor t;
-    int rc = 0;
-#define SEGS(name, s, k)                                                   \
-    if (rc == 0 && tensor_is_present(&L->name)) {                          \
-        t = L->name;                                                       \
-        rc = copy_segs(rm, &L->name, &t, s, k, e);                         \
-    }
-    SEGS(ssm_in, in, 5)
-    SEGS(ssm_in_b, in, 5)
-    SEGS(ssm_conv, cv, 3)
-    SEGS(ssm_conv_b, cv, 3)
-#undef SEGS
+    int rc = take_segs(rm, &L->ssm_in, in, 5, e);
     if (rc == 0)
-        rc = take_rows(rm, &L->ssm_a, h0, Hr, e);
+        rc = take_segs(rm, &L->ssm_in_b, in, 5, e);
     if (rc == 0)
-        rc = take_rows(rm, &L->ssm_d, h0, Hr, e);
+        rc = take_segs(rm, &L->ssm_conv, cv, 3, e);
     if (rc == 0)
-        rc = take_rows(rm, &L->ssm_dt_b, h0, Hr, e);
+        rc = take_segs(rm, &L->ssm_conv_b, cv, 3, e);
+    struct tensor *heads[] = {&L->ssm_a, &L->ssm_d, &L->ssm_dt_b};
+    rc = take_rows_of(rm, heads, 3, h0, Hr, rc, e);
     if (rc == 0 && hp->ssm.norm_groups != 1)   /* one group: the whole weight (gathered rows) */
         rc = take_rows(rm, &L->ssm_norm, c0, dr, e);
-    if (rc == 0)
-        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
-    if (r > 0)
-        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
-    return rc;
+    return take_out(rm, L, r, c0, dr, rc, e);
 }
 
 /* Gated DeltaNet mixers split by value heads when every one does: value heads divide, key
  * heads divide (or each rank takes the one key head of its value heads), ssm_out's columns of a
  * rank whole quantization groups; the norm weight is one per value head's width (shared). */
-static bool deltanet_splits(const struct model *m, int n)
+static bool deltanet_layer_ok(const struct hparams *hp, const struct layer *L, int n)
 {
-    const struct hparams *hp = &m->hp;
-    int nk = hp->ssm.n_group, nv = hp->ssm.n_head, any = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *L = &m->layers[il];
-        if (hp->layer[il].mixer != MIXER_DELTANET)
-            continue;
-        any = 1;
-        if (nk <= 0 || nv <= 0 || nv % nk != 0 || nv % n != 0 || (nk % n != 0 && n % nk != 0) ||
-            L->ssm_conv.ndim != 2 || tensor_nelem(&L->ssm_norm) != hp->ssm.head_dim ||
-            !cols_ok(&L->ssm_out, 0, (int64_t)(nv / n) * hp->ssm.head_dim))
-            return false;
-    }
-    return any;
+    int nk = hp->ssm.n_group, nv = hp->ssm.n_head;
+    return nk > 0 && nv > 0 && nv % nk == 0 && nv % n == 0 && (nk % n == 0 || n % nk == 0) &&
+           L->ssm_conv.ndim == 2 && tensor_nelem(&L->ssm_norm) == hp->ssm.head_dim &&
+           cols_ok(&L->ssm_out, 0, (int64_t)(nv / n) * hp->ssm.head_dim);
 }
 
 /* Rank p->r's value heads of a DeltaNet mixer and their key heads: q | k | v rows of the input
@@ -328,44 +338,22 @@ static int split_deltanet(struct model *rm, struct layer *L, const struct hparam
     int64_t n = p->n, r = p->r, nvr = nv / n, v0 = r * nvr;
     int64_t nkr = nk >= n ? nk / n : 1, k0 = nk >= n ? r * nkr : r / (n / nk);
     struct seg in[3] = {{k0 * dk, nkr * dk}, {nk * dk + k0 * dk, nkr * dk}, {2 * nk * dk + v0 * dv, nvr * dv}};
-    struct tensor t;
-    int rc = 0;
-    t = L->ssm_in;
-    rc = copy_segs(rm, &L->ssm_in, &t, in, 3, e);
-    if (rc == 0) {
-        t = L->ssm_conv;
-        rc = copy_segs(rm, &L->ssm_conv, &t, in, 3, e);
-    }
+    int rc = take_segs(rm, &L->ssm_in, in, 3, e);
+    if (rc == 0)
+        rc = take_segs(rm, &L->ssm_conv, in, 3, e);
     if (rc == 0)
         rc = take_rows(rm, &L->ssm_z, v0 * dv, nvr * dv, e);
-    if (rc == 0)
-        rc = take_rows(rm, &L->ssm_x, v0, nvr, e);
-    if (rc == 0)
-        rc = take_rows(rm, &L->ssm_xa, v0, nvr, e);
-    if (rc == 0)
-        rc = take_rows(rm, &L->ssm_a, v0, nvr, e);
-    if (rc == 0)
-        rc = take_rows(rm, &L->ssm_dt_b, v0, nvr, e);
-    if (rc == 0)
-        rc = take_cols(rm, &L->ssm_out, v0 * dv, nvr * dv, e);
-    return rc;
+    struct tensor *heads[] = {&L->ssm_x, &L->ssm_xa, &L->ssm_a, &L->ssm_dt_b};  /* b, a, A_log, dt bias */
+    rc = take_rows_of(rm, heads, 4, v0, nvr, rc, e);
+    return take_out(rm, L, (int)r, v0 * dv, nvr * dv, rc, e);
 }
 
 /* LFM2's short convolutions split by channels when every one does: the B | C | x rows of
  * the rank's channels, their convolution, out_proj's columns. */
-static bool shortconv_splits(const struct model *m, int n)
+static bool shortconv_layer_ok(const struct hparams *hp, const struct layer *L, int n)
 {
-    const struct hparams *hp = &m->hp;
-    int d = hp->n_embd, any = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *L = &m->layers[il];
-        if (hp->layer[il].mixer != MIXER_SHORTCONV)
-            continue;
-        any = 1;
-        if (d % n != 0 || L->ssm_conv.ndim != 2 || L->ssm_conv.shape[0] != d || !cols_ok(&L->ssm_out, 0, d / n))
-            return false;
-    }
-    return any;
+    int d = hp->n_embd;
+    return d % n == 0 && L->ssm_conv.ndim == 2 && L->ssm_conv.shape[0] == d && cols_ok(&L->ssm_out, 0, d / n);
 }
 
 static int split_shortconv(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
@@ -373,43 +361,23 @@ static int split_shortconv(struct model *rm, struct layer *L, const struct hpara
 {
     int64_t d = hp->n_embd, dr = d / p->n, c0 = p->r * dr;
     struct seg in[3] = {{c0, dr}, {d + c0, dr}, {2 * d + c0, dr}};
-    struct tensor t;
-    int rc = 0;
-    t = L->ssm_in;
-    rc = copy_segs(rm, &L->ssm_in, &t, in, 3, e);
-    if (rc == 0 && tensor_is_present(&L->ssm_in_b)) {
-        t = L->ssm_in_b;
-        rc = copy_segs(rm, &L->ssm_in_b, &t, in, 3, e);
-    }
+    int rc = take_segs(rm, &L->ssm_in, in, 3, e);
+    struct tensor *rows[] = {&L->ssm_conv, &L->ssm_conv_b};
     if (rc == 0)
-        rc = take_rows(rm, &L->ssm_conv, c0, dr, e);
-    if (rc == 0)
-        rc = take_rows(rm, &L->ssm_conv_b, c0, dr, e);
-    if (rc == 0)
-        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
-    if (p->r > 0)
-        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
-    return rc;
+        rc = take_segs(rm, &L->ssm_in_b, in, 3, e);
+    rc = take_rows_of(rm, rows, 2, c0, dr, rc, e);
+    return take_out(rm, L, p->r, c0, dr, rc, e);
 }
 
 /* Mamba's mixers split by channels when every one does: x / z rows and the convolution of
  * the rank's channels, x_proj's columns of them (its dt / B / C partial sums all-reduced, then
  * every rank holds them whole), dt_proj's rows, A and D of them, out_proj's columns. */
-static bool mamba_splits(const struct model *m, int n)
+static bool mamba_layer_ok(const struct hparams *hp, const struct layer *L, int n)
 {
-    const struct hparams *hp = &m->hp;
-    int di = hp->ssm.d_inner, any = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *L = &m->layers[il];
-        if (hp->layer[il].mixer != MIXER_MAMBA)
-            continue;
-        any = 1;
-        if (di % n != 0 || hp->ssm.dt_rank > hp->n_embd || 2 * hp->ssm.d_state > hp->n_embd ||
-            L->ssm_conv.ndim != 2 || L->ssm_a.ndim != 2 || !cols_ok(&L->ssm_x, 0, di / n) ||
-            !cols_ok(&L->ssm_xbc, 0, di / n) || !cols_ok(&L->ssm_out, 0, di / n))
-            return false;
-    }
-    return any;
+    int di = hp->ssm.d_inner;
+    return di % n == 0 && hp->ssm.dt_rank <= hp->n_embd && 2 * hp->ssm.d_state <= hp->n_embd &&
+           L->ssm_conv.ndim == 2 && L->ssm_a.ndim == 2 && cols_ok(&L->ssm_x, 0, di / n) &&
+           cols_ok(&L->ssm_xbc, 0, di / n) && cols_ok(&L->ssm_out, 0, di / n);
 }
 
 static int split_mamba(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
@@ -417,17 +385,11 @@ static int split_mamba(struct model *rm, struct layer *L, const struct hparams *
 {
     int64_t di = hp->ssm.d_inner, dr = di / p->n, c0 = p->r * dr;
     struct seg in[2] = {{c0, dr}, {di + c0, dr}};
-    struct tensor t;
-    int rc = 0;
-    t = L->ssm_in;
-    rc = copy_segs(rm, &L->ssm_in, &t, in, 2, e);
-    if (rc == 0 && tensor_is_present(&L->ssm_in_b)) {
-        t = L->ssm_in_b;
-        rc = copy_segs(rm, &L->ssm_in_b, &t, in, 2, e);
-    }
+    int rc = take_segs(rm, &L->ssm_in, in, 2, e);
+    if (rc == 0)
+        rc = take_segs(rm, &L->ssm_in_b, in, 2, e);
     struct tensor *rows[] = {&L->ssm_conv, &L->ssm_conv_b, &L->ssm_dt, &L->ssm_dt_b, &L->ssm_a, &L->ssm_d};
-    for (size_t k = 0; k < sizeof rows / sizeof rows[0] && rc == 0; k++)
-        rc = take_rows(rm, rows[k], c0, dr, e);
+    rc = take_rows_of(rm, rows, 6, c0, dr, rc, e);
     struct tensor *cols[] = {&L->ssm_x, &L->ssm_xbc, &L->ssm_out};
     for (size_t k = 0; k < sizeof cols / sizeof cols[0] && rc == 0; k++)
         rc = take_cols(rm, cols[k], c0, dr, e);
@@ -438,20 +400,11 @@ static int split_mamba(struct model *rm, struct layer *L, const struct hparams *
 
 /* Griffin's recurrent blocks (RecurrentGemma) split by heads when every one does: linear_y and
  * linear_x rows, the convolution's channels, the per-head gates, a, linear_out's columns. */
-static bool rglru_splits(const struct model *m, int n)
+static bool rglru_layer_ok(const struct hparams *hp, const struct layer *L, int n)
 {
-    const struct hparams *hp = &m->hp;
-    int w = hp->ssm.d_inner, H = hp->ssm.n_head, any = 0;
-    for (int il = 0; il < hp->n_layer; il++) {
-        const struct layer *L = &m->layers[il];
-        if (hp->layer[il].mixer != MIXER_RGLRU)
-            continue;
-        any = 1;
-        if (H <= 0 || H % n != 0 || w % H != 0 || L->ssm_conv.ndim != 2 || L->rg_wi.ndim != 3 ||
-            L->rg_wa.ndim != 3 || !cols_ok(&L->ssm_out, 0, w / n))
-            return false;
-    }
-    return any;
+    int w = hp->ssm.d_inner, H = hp->ssm.n_head;
+    return H > 0 && H % n == 0 && w % H == 0 && L->ssm_conv.ndim == 2 && L->rg_wi.ndim == 3 &&
+           L->rg_wa.ndim == 3 && cols_ok(&L->ssm_out, 0, w / n);
 }
 
 static int split_rglru(struct model *rm, struct layer *L, const struct hparams *hp, const struct rank_plan *p,
@@ -461,16 +414,10 @@ static int split_rglru(struct model *rm, struct layer *L, const struct hparams *
     int64_t c0 = h0 * bw, dr = Hr * bw;
     int rc = 0;
     struct tensor *chans[] = {&L->rg_y, &L->rg_y_b, &L->ssm_in, &L->ssm_in_b, &L->ssm_conv, &L->ssm_conv_b, &L->rg_a};
-    for (size_t k = 0; k < sizeof chans / sizeof chans[0] && rc == 0; k++)
-        rc = take_rows(rm, chans[k], c0, dr, e);
     struct tensor *heads[] = {&L->rg_wi, &L->rg_bi, &L->rg_wa, &L->rg_ba};
-    for (size_t k = 0; k < sizeof heads / sizeof heads[0] && rc == 0; k++)
-        rc = take_rows(rm, heads[k], h0, Hr, e);
-    if (rc == 0)
-        rc = take_cols(rm, &L->ssm_out, c0, dr, e);
-    if (p->r > 0)
-        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
-    return rc;
+    rc = take_rows_of(rm, chans, 7, c0, dr, rc, e);
+    rc = take_rows_of(rm, heads, 4, h0, Hr, rc, e);
+    return take_out(rm, L, p->r, c0, dr, rc, e);
 }
 
 static bool down_splits(const struct tensor *down, int n_ff, int n)
@@ -793,10 +740,11 @@ int model_tp_split(struct model *m, int n_rank, struct err *e)
     }
     tp->n_rank = n_rank;
     bool latent = latent_splits(m, n_rank);
-    bool rec_mamba2 = mamba2_splits(m, n_rank), rec_deltanet = deltanet_splits(m, n_rank);
-    bool rec_conv = shortconv_splits(m, n_rank);
-    bool rec_mamba = mamba_splits(m, n_rank);
-    bool rec_rglru = rglru_splits(m, n_rank);
+    bool rec_mamba2 = mixers_split(m, MIXER_MAMBA2, n_rank, mamba2_layer_ok),
+         rec_deltanet = mixers_split(m, MIXER_DELTANET, n_rank, deltanet_layer_ok);
+    bool rec_conv = mixers_split(m, MIXER_SHORTCONV, n_rank, shortconv_layer_ok);
+    bool rec_mamba = mixers_split(m, MIXER_MAMBA, n_rank, mamba_layer_ok);
+    bool rec_rglru = mixers_split(m, MIXER_RGLRU, n_rank, rglru_layer_ok);
     tp->rec_split = rec_mamba2 || rec_deltanet || rec_conv || rec_mamba || rec_rglru;
     tp->attn_split = latent || attn_splits(m, n_rank);
     for (int il = 0; il < nl; il++) {
