@@ -12,7 +12,9 @@
  * against the same steps run op by op (recurrent models too). Mamba-2's SSD scan and the
  * gated delta rule against the CPU on mixed sequences, in their recurrent and chunked forms
  * (ADR 0132), and the hybrid golden models' logits with the chunked prefill against the
- * recurrence. Skipped where no CUDA device is
+ * recurrence. The ops the backend fuses when issued back to back (a residual add and
+ * the next norm, RoPE and the KV store; ADR 0138) against the same ops one by one, bit for
+ * bit, and against the CPU. Skipped where no CUDA device is
  * usable; the golden suite on MLXCEL_DEVICE=cuda covers every other op end
  * to end.
  */
@@ -1119,6 +1121,294 @@ static void test_recurrent_prefill(void **state)
     backend_free(rec);
 }
 
+// ---- fused ops (ADR 0138) ----
+
+/* The worst |a - b| over the largest |a|. */
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double mx = 0, md = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(a[i]));
+        md = fmax(md, fabs((double)a[i] - b[i]));
+    }
+    return mx > 0 ? md / mx : md;
+}
+
+/* A residual add h += rs * o and the norm after it: n_tok rows of n, h (and the norm) of
+ * stride ld, o of stride ldo; the norm writes yw: 0 a buffer of its own, 1 h, 2 o. */
+struct resnorm_tc {
+    int n_tok, n, ld, ldo, yw;
+    bool layer;
+    float rs, w_off;
+    enum dtype wdt;
+    bool other;     /* the norm reads another buffer (h's old rows): no fusion */
+};
+
+/* The case on the GPU, the ops back to back (fused) or with a sync between (one by one):
+ * h into hh [n_tok * ld], the norm's rows into hy (yw 2: [n_tok * ldo], else n_tok * ld). */
+static void resnorm_gpu(struct backend *gpu, const struct resnorm_tc *tc, const float *h0,
+                        const float *o0, const struct tensor *w, const struct tensor *b,
+                        bool fused, float *hh, float *hy)
+{
+    struct err e = {0};
+    size_t nh = (size_t)tc->n_tok * tc->ld, no = (size_t)tc->n_tok * tc->ldo;
+    float *zero = calloc(nh, 4);
+    void *d[4];
+    size_t sz[4] = {nh * 4, no * 4, nh * 4, nh * 4};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    float *dh = d[0], *dout = d[1], *dy = d[2], *dz = d[3];
+    gpu->ops->upload(gpu, dh, h0, nh * 4);
+    gpu->ops->upload(gpu, dout, o0, no * 4);
+    gpu->ops->upload(gpu, dy, zero, nh * 4);
+    gpu->ops->upload(gpu, dz, h0, nh * 4);
+    float *y = tc->yw == 1 ? dh : tc->yw == 2 ? dout : dy;
+    const float *x = tc->other ? dz : dh;
+    gpu->ops->axpy(gpu, dh, tc->ld, tc->rs, dout, tc->ldo, tc->n_tok, tc->n);
+    if (!fused && backend_sync(gpu, &e) < 0)
+        fail_msg("axpy: %s", e.msg);
+    if (tc->layer)
+        gpu->ops->layernorm(gpu, y, x, tc->ld, w, tc->w_off, b, 1e-5f, tc->n_tok, 1, tc->n);
+    else
+        gpu->ops->rmsnorm(gpu, y, x, tc->ld, w, tc->w_off, 1e-5f, tc->n_tok, 1, tc->n);
+    gpu->ops->download(gpu, hh, dh, nh * 4);
+    gpu->ops->download(gpu, hy, y, tc->yw == 2 ? no * 4 : nh * 4);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("residual add + norm: %s", e.msg);
+    for (int i = 0; i < 4; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(zero);
+}
+
+/* The worst relative error of the GPU's h and norm rows against the CPU scalar backend's;
+ * the fused launch and the ops one by one agree bit for bit. */
+static double resnorm_case(struct backend *cpu, struct backend *gpu, const struct resnorm_tc *tc)
+{
+    struct err e = {0};
+    size_t nh = (size_t)tc->n_tok * tc->ld, no = (size_t)tc->n_tok * tc->ldo;
+    size_t ny = tc->yw == 2 ? no : nh;
+    float *h0 = malloc(nh * 4), *o0 = malloc(no * 4), *h = malloc(nh * 4), *o = malloc(no * 4);
+    float *z = malloc(nh * 4), *yc = calloc(nh, 4), *bv = malloc((size_t)tc->n * 4);
+    float *hf = malloc(nh * 4), *yf = malloc(ny * 4), *hu = malloc(nh * 4), *yu = malloc(ny * 4);
+    void *wb = malloc((size_t)tc->n * 4);
+    for (size_t i = 0; i < nh; i++)
+        h0[i] = frnd(-3.0f, 3.0f);
+    for (size_t i = 0; i < no; i++)
+        o0[i] = frnd(-1.0f, 1.0f);
+    for (int i = 0; i < tc->n; i++) {
+        put(wb, tc->wdt, (size_t)i, frnd(0.5f, 1.5f));
+        bv[i] = frnd(-0.5f, 0.5f);
+    }
+    int64_t shape[1] = {tc->n};
+    struct tensor w, b, gw, gb;
+    tensor_init(&w, tc->wdt, wb, 1, shape);
+    tensor_init(&b, DTYPE_F32, bv, 1, shape);
+    gw = w;
+    gb = b;
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &gw, PREP_REPACK_BESIDE, &e), 0);
+    assert_int_equal(gpu->ops->prepare_weight(gpu, &gb, PREP_REPACK_BESIDE, &e), 0);
+    memcpy(h, h0, nh * 4);
+    memcpy(z, h0, nh * 4);
+    memcpy(o, o0, no * 4);
+    float *cy = tc->yw == 1 ? h : tc->yw == 2 ? o : yc;
+    cpu->ops->axpy(cpu, h, tc->ld, tc->rs, o, tc->ldo, tc->n_tok, tc->n);
+    if (tc->layer)
+        cpu->ops->layernorm(cpu, cy, tc->other ? z : h, tc->ld, &w, tc->w_off, &b, 1e-5f,
+                            tc->n_tok, 1, tc->n);
+    else
+        cpu->ops->rmsnorm(cpu, cy, tc->other ? z : h, tc->ld, &w, tc->w_off, 1e-5f, tc->n_tok, 1,
+                          tc->n);
+    resnorm_gpu(gpu, tc, h0, o0, &gw, &gb, true, hf, yf);
+    resnorm_gpu(gpu, tc, h0, o0, &gw, &gb, false, hu, yu);
+    if (memcmp(hf, hu, nh * 4) || memcmp(yf, yu, ny * 4))
+        fail_msg("residual add + norm (%d rows of %d, ld %d, ldo %d, y %d, %s): fused and "
+                 "one by one differ", tc->n_tok, tc->n, tc->ld, tc->ldo, tc->yw,
+                 tc->layer ? "layer" : "rms");
+    double r = fmax(max_rel(h, hf, nh), max_rel(cy, yf, ny));
+    free(h0);
+    free(o0);
+    free(h);
+    free(o);
+    free(z);
+    free(yc);
+    free(bv);
+    free(hf);
+    free(yf);
+    free(hu);
+    free(yu);
+    free(wb);
+    return r;
+}
+
+/* RoPE of q | k (n_head + n_kv heads) and the KV store of k and v from one q | k | v row
+ * (padded by pad columns), n_rot of hd dims rotated, into a cache of dt. */
+struct ropestore_tc {
+    int n_tok, n_head, n_kv, hd, n_rot, pad;
+    enum rope_style style;
+    float mscale;
+    bool longrope;      /* inv_long for rows past long_after */
+    enum dtype dt;
+    bool apart;         /* v in a buffer of its own: no fusion */
+};
+
+#define RS_POOL_EXTRA 6
+
+/* The case on the GPU, back to back or one by one: the q | k | v rows into hq, the caches
+ * widened into hk, hv. */
+static void ropestore_gpu(struct backend *gpu, const struct ropestore_tc *tc, const float *qkv,
+                          const float *inv, const int32_t *ri, bool fused, float *hq, float *hk,
+                          float *hv)
+{
+    struct err e = {0};
+    int ld = (tc->n_head + 2 * tc->n_kv) * tc->hd + tc->pad, kvd = tc->n_kv * tc->hd;
+    int pool = tc->n_tok + RS_POOL_EXTRA, half = tc->n_rot / 2;
+    size_t nq = (size_t)tc->n_tok * ld, es = dtype_size(tc->dt), nc = (size_t)pool * kvd;
+    void *d[6];
+    size_t sz[6] = {nq * 4, nc * es, nc * es, (size_t)2 * half * 4, (size_t)tc->n_tok * 12,
+                    nq * 4};
+    char *zero = calloc(nc, es), *kc = malloc(nc * es), *vc = malloc(nc * es);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(gpu->ops->buf_alloc(gpu, sz[i], &d[i], &e), 0);
+    gpu->ops->upload(gpu, d[0], qkv, nq * 4);
+    gpu->ops->upload(gpu, d[1], zero, nc * es);
+    gpu->ops->upload(gpu, d[2], zero, nc * es);
+    gpu->ops->upload(gpu, d[3], inv, sz[3]);
+    gpu->ops->upload(gpu, d[4], ri, sz[4]);
+    gpu->ops->upload(gpu, d[5], qkv, nq * 4);
+    float *q = d[0], *finv = d[3];
+    int32_t *dr = d[4];
+    struct rope_params rp = {tc->n_rot, finv, tc->longrope ? finv + half : NULL,
+                             tc->longrope ? 9 : 1 << 30, 0.0f, tc->mscale, tc->style};
+    struct kv_rows rows = {dr, dr + tc->n_tok, NULL, NULL, dr + 2 * tc->n_tok, 16, NULL, NULL};
+    struct kv_layer kv = {d[1], d[2], kvd, kvd, tc->dt};
+    const float *v = (tc->apart ? (float *)d[5] : q) + (size_t)(tc->n_head + tc->n_kv) * tc->hd;
+    gpu->ops->rope(gpu, q, ld, tc->n_tok, tc->n_head + tc->n_kv, tc->hd, &rp, &rows);
+    if (!fused && backend_sync(gpu, &e) < 0)
+        fail_msg("rope: %s", e.msg);
+    gpu->ops->kv_store(gpu, &kv, q + (size_t)tc->n_head * tc->hd, ld, v, ld, &rows, tc->n_tok);
+    gpu->ops->download(gpu, hq, q, nq * 4);
+    gpu->ops->download(gpu, kc, d[1], nc * es);
+    gpu->ops->download(gpu, vc, d[2], nc * es);
+    if (backend_sync(gpu, &e) < 0)
+        fail_msg("rope + kv_store: %s", e.msg);
+    dtype_to_f32_ref(hk, kc, tc->dt, nc);
+    dtype_to_f32_ref(hv, vc, tc->dt, nc);
+    for (int i = 0; i < 6; i++)
+        gpu->ops->buf_free(gpu, d[i]);
+    free(zero);
+    free(kc);
+    free(vc);
+}
+
+/* The worst relative error of the GPU's rows and caches against the CPU scalar backend's;
+ * the fused launch and the ops one by one agree bit for bit. */
+static double ropestore_case(struct backend *cpu, struct backend *gpu, const struct ropestore_tc *tc)
+{
+    int ld = (tc->n_head + 2 * tc->n_kv) * tc->hd + tc->pad, kvd = tc->n_kv * tc->hd;
+    int pool = tc->n_tok + RS_POOL_EXTRA, half = tc->n_rot / 2;
+    size_t nq = (size_t)tc->n_tok * ld, es = dtype_size(tc->dt), nc = (size_t)pool * kvd;
+    float *qkv = malloc(nq * 4), *q = malloc(nq * 4), *inv = malloc((size_t)2 * half * 4);
+    int32_t *ri = malloc((size_t)tc->n_tok * 12);
+    char *kc = calloc(nc, es), *vc = calloc(nc, es);
+    float *ck = malloc(nc * 4), *cv = malloc(nc * 4), *fq = malloc(nq * 4), *uq = malloc(nq * 4);
+    float *fk = malloc(nc * 4), *fv = malloc(nc * 4), *uk = malloc(nc * 4), *uv = malloc(nc * 4);
+    for (size_t i = 0; i < nq; i++)
+        qkv[i] = frnd(-2.0f, 2.0f);
+    for (int j = 0; j < half; j++) {
+        inv[j] = (float)pow(10000.0, -2.0 * j / tc->n_rot);
+        inv[half + j] = inv[j] / (1.0f + 0.25f * j);
+    }
+    for (int t = 0; t < tc->n_tok; t++) {
+        ri[t] = 3 + 11 * t;                                  /* position */
+        ri[tc->n_tok + t] = (5 * t + 2) % pool;              /* slot (pool is not a multiple of 5) */
+        ri[2 * tc->n_tok + t] = 3 + 11 * t + 1;              /* the sequence's end */
+    }
+    memcpy(q, qkv, nq * 4);
+    struct rope_params rp = {tc->n_rot, inv, tc->longrope ? inv + half : NULL,
+                             tc->longrope ? 9 : 1 << 30, 0.0f, tc->mscale, tc->style};
+    struct kv_rows rows = {ri, ri + tc->n_tok, NULL, NULL, ri + 2 * tc->n_tok, 16, NULL, NULL};
+    struct kv_layer kv = {kc, vc, kvd, kvd, tc->dt};
+    cpu->ops->rope(cpu, q, ld, tc->n_tok, tc->n_head + tc->n_kv, tc->hd, &rp, &rows);
+    cpu->ops->kv_store(cpu, &kv, q + (size_t)tc->n_head * tc->hd, ld,
+                       q + (size_t)(tc->n_head + tc->n_kv) * tc->hd, ld, &rows, tc->n_tok);
+    dtype_to_f32_ref(ck, kc, tc->dt, nc);
+    dtype_to_f32_ref(cv, vc, tc->dt, nc);
+    ropestore_gpu(gpu, tc, qkv, inv, ri, true, fq, fk, fv);
+    ropestore_gpu(gpu, tc, qkv, inv, ri, false, uq, uk, uv);
+    if (memcmp(fq, uq, nq * 4) || memcmp(fk, uk, nc * 4) || memcmp(fv, uv, nc * 4))
+        fail_msg("rope + kv_store (%d rows, %d + %d heads of %d, n_rot %d, %s): fused and one "
+                 "by one differ", tc->n_tok, tc->n_head, tc->n_kv, tc->hd, tc->n_rot,
+                 dtype_name(tc->dt));
+    double r = fmax(max_rel(q, fq, nq), fmax(max_rel(ck, fk, nc), max_rel(cv, fv, nc)));
+    free(qkv);
+    free(q);
+    free(inv);
+    free(ri);
+    free(kc);
+    free(vc);
+    free(ck);
+    free(cv);
+    free(fq);
+    free(uq);
+    free(fk);
+    free(fv);
+    free(uk);
+    free(uv);
+    return r;
+}
+
+/* The ops the CUDA backend fuses when they come back to back (fuse.cu, ADR 0138): a residual
+ * add and the norm of its rows, RoPE and the KV store of the heads it rotated. Each case runs
+ * back to back and with a sync between (the ops one by one), which must give the same bits,
+ * and against the CPU scalar backend; cases that must not fuse (the norm of other rows, per
+ * head, v apart) too. */
+static void test_fused_ops(void **state)
+{
+    (void)state;
+    static const struct resnorm_tc rn[] = {
+        {1, 2048, 2048, 2048, 0, false, 1.0f, 0.0f, DTYPE_F32, false},   /* Llama decode */
+        {3, 4096, 4096, 4096, 0, false, 1.0f, 0.0f, DTYPE_BF16, false},
+        {1, 2304, 2304, 2304, 1, false, 0.22f, 1.0f, DTYPE_F32, false},  /* in place, Gemma */
+        {2, 100, 100, 100, 2, false, 1.0f, 0.0f, DTYPE_F16, false},      /* into the added rows */
+        {5, 3000, 3000, 3000, 0, true, 1.0f, 0.0f, DTYPE_F32, false},    /* layer norm */
+        {4, 640, 700, 1280, 0, false, 0.5f, 0.0f, DTYPE_F32, false},     /* strides of their own */
+        {2, 512, 512, 512, 0, false, 1.0f, 0.0f, DTYPE_F32, true},       /* another buffer */
+        {1, 33, 33, 33, 0, true, 2.0f, 1.0f, DTYPE_BF16, false},
+    };
+    static const struct ropestore_tc rs[] = {
+        {1, 32, 8, 64, 64, 0, ROPE_STYLE_HALF, 1.0f, false, DTYPE_F32, false},   /* Llama 1B */
+        {1, 32, 8, 128, 128, 0, ROPE_STYLE_HALF, 1.0f, false, DTYPE_BF16, false},
+        {3, 8, 2, 128, 64, 24, ROPE_STYLE_PAIRS, 1.2f, false, DTYPE_F16, false}, /* partial, pairs */
+        {7, 4, 4, 80, 80, 0, ROPE_STYLE_HALF, 1.0f, true, DTYPE_F32, false},     /* longrope */
+        {2, 16, 4, 96, 32, 8, ROPE_STYLE_HALF, 1.0f, false, DTYPE_BF16, false},
+        {2, 8, 2, 64, 64, 0, ROPE_STYLE_HALF, 1.0f, false, DTYPE_F32, true},     /* v apart */
+    };
+    struct backend *gpu = NULL, *cpu = NULL;
+    open_pair(&gpu, &cpu);
+    double worst = 0;
+    for (size_t i = 0; i < sizeof rn / sizeof rn[0]; i++) {
+        double r = resnorm_case(cpu, gpu, &rn[i]);
+        if (r > 1e-5)
+            fail_msg("residual add + norm case %zu: rel err %.3g", i, r);
+        worst = fmax(worst, r);
+    }
+    printf("cuda residual add + norm: %zu cases, fused = one by one, worst rel err %.2e\n",
+           sizeof rn / sizeof rn[0], worst);
+    worst = 0;
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+        double r = ropestore_case(cpu, gpu, &rs[i]);
+        /* an F16 / BF16 cache: a value within an ulp of a rounding edge may round apart */
+        double tol = rs[i].dt == DTYPE_F32 ? 1e-5 : rs[i].dt == DTYPE_F16 ? 2e-3 : 1e-2;
+        if (r > tol)
+            fail_msg("rope + kv_store case %zu: rel err %.3g", i, r);
+        worst = fmax(worst, r);
+    }
+    printf("cuda rope + kv_store: %zu cases, fused = one by one, worst rel err %.2e\n",
+           sizeof rs / sizeof rs[0], worst);
+    backend_free(cpu);
+    backend_free(gpu);
+}
+
 // ---- decode graphs ----
 
 #define GRAPH_STEPS 6
@@ -1202,6 +1492,7 @@ static const struct CMUnitTest k_tests[] = {
     cmocka_unit_test(test_recurrent_prefill),
     cmocka_unit_test(test_graph_decode),
     cmocka_unit_test(test_selective_scan),
+    cmocka_unit_test(test_fused_ops),
 };
 
 TEST_SUITE(cuda, k_tests);

@@ -9,6 +9,9 @@
  * rope:      one thread per (token, head, frequency)
  * kv_store:  one block of 512 threads per row; an F16 / BF16 cache rounds to
  *            nearest even (as the CPU's), attention widens each element to f32
+ * rope + kv_store (a rope of q | k held back for the store of k and v, fuse.cu,
+ *            ADR 0138): one block of 256 threads per row, each frequency's cos / sin
+ *            once per row, the same roundings as the two ops'
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
  *            Prefill (ATTN_PIECES_MIN_TOK rows or more), head_dim 64, 80 or 128:
@@ -48,6 +51,39 @@
 
 // ---- rope ----
 
+/* cos and sin (times mscale) of frequency j of rope rp at position p of a row whose sequence
+ * ends at se. */
+__device__ __forceinline__ void rope_cs(const struct rope_params &rp, int j, int p, int se,
+                                        float *cj, float *sj)
+{
+    const float *inv = rp.inv_long && se > rp.long_after ? rp.inv_long : rp.inv_freq;
+    float f = inv[j];
+    if (rp.ntk_factor > 0.0f && se > rp.long_after) {
+        double s = (double)rp.ntk_factor * se / rp.long_after - ((double)rp.ntk_factor - 1.0);
+        f = (float)((double)rp.inv_freq[j] * pow(s, -2.0 * j / (rp.n_rot - 2)));
+    }
+    double a = (double)p * (double)f;
+    *cj = (float)(cos(a) * rp.mscale);
+    *sj = (float)(sin(a) * rp.mscale);
+}
+
+/* Rotate the pair (xh[d], xh[d + step]) of frequency j of a head xh by (cj, sj), in rounding
+ * steps of their own (rope_kernel and rope_store_kernel give the same bits); the rotated pair
+ * into *r1, *r2 as well. */
+__device__ __forceinline__ void rope_rot(const struct rope_params &rp, float *xh, int j, float cj,
+                                         float sj, int *d1, int *d2, float *r1, float *r2)
+{
+    int half = rp.n_rot / 2;
+    int pairs = rp.style == ROPE_STYLE_PAIRS, step = pairs ? 1 : half, d = pairs ? 2 * j : j;
+    float x1 = xh[d], x2 = xh[d + step];
+    *r1 = __fsub_rn(__fmul_rn(x1, cj), __fmul_rn(x2, sj));
+    *r2 = __fadd_rn(__fmul_rn(x2, cj), __fmul_rn(x1, sj));
+    xh[d] = *r1;
+    xh[d + step] = *r2;
+    *d1 = d;
+    *d2 = d + step;
+}
+
 __global__ void rope_kernel(float *x, int ld, int n_tok, int n_head, int head_dim,
                             struct rope_params rp, const int32_t *pos, const int32_t *seq_end)
 {
@@ -58,20 +94,10 @@ __global__ void rope_kernel(float *x, int ld, int n_tok, int n_head, int head_di
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(i % half), h = (int)(i / half % n_head), t = (int)(i / half / n_head);
-        int se = seq_end[t];
-        const float *inv = rp.inv_long && se > rp.long_after ? rp.inv_long : rp.inv_freq;
-        float f = inv[j];
-        if (rp.ntk_factor > 0.0f && se > rp.long_after) {
-            double s = (double)rp.ntk_factor * se / rp.long_after - ((double)rp.ntk_factor - 1.0);
-            f = (float)((double)rp.inv_freq[j] * pow(s, -2.0 * j / (rp.n_rot - 2)));
-        }
-        double a = (double)pos[t] * (double)f;
-        float cj = (float)(cos(a) * rp.mscale), sj = (float)(sin(a) * rp.mscale);
-        float *xh = x + (size_t)t * ld + (size_t)h * head_dim;
-        int pairs = rp.style == ROPE_STYLE_PAIRS, step = pairs ? 1 : half, d = pairs ? 2 * j : j;
-        float x1 = xh[d], x2 = xh[d + step];
-        xh[d] = x1 * cj - x2 * sj;
-        xh[d + step] = x2 * cj + x1 * sj;
+        float cj, sj, r1, r2;
+        int d1, d2;
+        rope_cs(rp, j, pos[t], seq_end[t], &cj, &sj);
+        rope_rot(rp, x + (size_t)t * ld + (size_t)h * head_dim, j, cj, sj, &d1, &d2, &r1, &r2);
     }
 }
 
@@ -111,6 +137,67 @@ static void kv_store_launch(struct cuda_backend *c, const struct kv_layer *kv, c
 {
     cu_launch(c, kv_store_kernel<T>, dim3(n_tok), dim3(512), (T *)kv->k, (T *)kv->v, kv->k_dim,
               kv->v_dim, k, ldk, v, ldv, rows->slot);
+}
+
+/* One block per row t: the row's cos / sin once per frequency (shared), every head's pairs
+ * rotated in place, the kv heads' (from kh0 on) rotated pairs and unrotated dims stored at
+ * slot[t], then v's row. */
+template <class T>
+__global__ void rope_store_kernel(float *x, int ld, int n_head, int head_dim, struct rope_params rp,
+                                  const int32_t *pos, const int32_t *seq_end, T *kc, T *vc,
+                                  int k_dim, int v_dim, int kh0, const float *v, int ldv,
+                                  const int32_t *slot)
+{
+    __shared__ float cs[2][CU_ROPE_STORE_MAX_HALF];
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    int t = blockIdx.x, half = rp.n_rot / 2;
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        rope_cs(rp, j, pos[t], seq_end[t], &cs[0][j], &cs[1][j]);
+    __syncthreads();
+    float *xt = x + (size_t)t * ld;
+    size_t s = (size_t)slot[t];
+    for (int i = threadIdx.x; i < n_head * half; i += blockDim.x) {
+        int j = i % half, h = i / half, d1, d2;
+        float r1, r2;
+        rope_rot(rp, xt + (size_t)h * head_dim, j, cs[0][j], cs[1][j], &d1, &d2, &r1, &r2);
+        if (h >= kh0) {
+            T *kr = kc + s * k_dim + (size_t)(h - kh0) * head_dim;
+            kv_st(&kr[d1], r1);
+            kv_st(&kr[d2], r2);
+        }
+    }
+    int rest = head_dim - rp.n_rot, nk = n_head - kh0;
+    for (int i = threadIdx.x; i < nk * rest; i += blockDim.x) {
+        int h = i / rest, d = rp.n_rot + i % rest;
+        kv_st(&kc[s * k_dim + (size_t)h * head_dim + d], xt[(size_t)(kh0 + h) * head_dim + d]);
+    }
+    for (int d = threadIdx.x; d < v_dim; d += blockDim.x)
+        kv_st(&vc[s * v_dim + d], v[(size_t)t * ldv + d]);
+}
+
+template <class T>
+static void rope_store_launch(struct cuda_backend *c, const struct cu_pend *p,
+                              const struct kv_layer *kv, int kh0, const float *v, int ldv,
+                              const int32_t *slot)
+{
+    cu_launch(c, rope_store_kernel<T>, dim3(p->n_tok), dim3(256), p->q, p->ld, p->n_head,
+              p->head_dim, p->rp, p->rows.pos, p->rows.seq_end, (T *)kv->k, (T *)kv->v, kv->k_dim,
+              kv->v_dim, kh0, v, ldv, slot);
+}
+
+void cu_rope_store(struct cuda_backend *c, const struct cu_pend *p, const struct kv_layer *kv,
+                   int kh0, const float *v, int ldv, const int32_t *slot)
+{
+    if (c->err_rc || p->n_tok <= 0)
+        return;
+    switch (kv->dtype) {
+    case DTYPE_F32: rope_store_launch<float>(c, p, kv, kh0, v, ldv, slot); break;
+    case DTYPE_F16: rope_store_launch<__half>(c, p, kv, kh0, v, ldv, slot); break;
+    case DTYPE_BF16: rope_store_launch<__nv_bfloat16>(c, p, kv, kh0, v, ldv, slot); break;
+    default: cu_fail(c, "rope + kv_store: cache element type", cudaErrorInvalidValue); return;
+    }
+    cu_check(c, "rope + kv_store");
 }
 
 void cu_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,

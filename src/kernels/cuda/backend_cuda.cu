@@ -280,50 +280,65 @@ static void cuda_destroy(struct backend *be)
     free(c);
 }
 
+/* An entry of the table that first launches the op fuse.cu holds back (cu_flush), so the
+ * ops run in the order they were issued. */
+template <typename F, F fn>
+struct flushed;
+template <typename R, typename... A, R (*fn)(struct backend *, A...)>
+struct flushed<R (*)(struct backend *, A...), fn> {
+    static R call(struct backend *be, A... a)
+    {
+        cu_flush(cu_of(be));
+        return fn(be, a...);
+    }
+};
+#define FLUSHED(fn) flushed<decltype(&fn), &fn>::call
+
+/* axpy, the norms, rope and kv_store go through fuse.cu (ADR 0138) */
 static const struct backend_ops k_cuda_ops = {
-    /* .buf_alloc = */ cuda_buf_alloc,
-    /* .buf_free = */ cuda_buf_free,
-    /* .upload = */ cuda_upload,
-    /* .download = */ cuda_download,
-    /* .copy = */ cuda_copy,
-    /* .prepare_weight = */ cuda_prepare_weight,
-    /* .sync = */ cuda_sync,
-    /* .linear = */ cu_linear,
-    /* .linear_batch = */ cu_linear_batch,
-    /* .embed = */ cu_embed,
-    /* .rmsnorm = */ cu_rmsnorm,
-    /* .layernorm = */ cu_layernorm,
-    /* .rope = */ cu_rope,
-    /* .kv_store = */ cu_kv_store,
-    /* .attention = */ cu_attention,
-    /* .act = */ cu_act,
-    /* .glu = */ cu_glu,
-    /* .glu_clamped = */ cu_glu_clamped,
-    /* .scale = */ cu_scale,
-    /* .softcap = */ cu_softcap,
-    /* .axpy = */ cu_axpy,
-    /* .sigmoid_axpy = */ cu_sigmoid_axpy,
-    /* .gather = */ cu_gather,
-    /* .moe_route = */ cu_moe_route,
-    /* .moe_route_grouped = */ cu_moe_route_grouped,
-    /* .moe_group = */ cu_moe_group,
-    /* .linear_experts = */ cu_linear_experts,
-    /* .moe_combine = */ cu_moe_combine,
-    /* .mul = */ cu_mul,
-    /* .conv1d = */ cu_conv1d,
-    /* .selective_scan = */ cu_selective_scan,
-    /* .gated_delta = */ cu_gated_delta,
-    /* .ssd_scan = */ cu_ssd_scan,
-    /* .rglru = */ cu_rglru,
-    /* .destroy = */ cuda_destroy,
-    /* .graph_begin = */ cu_graph_begin,
-    /* .graph_end = */ cu_graph_end,
-    /* .graph_launch = */ cu_graph_launch,
-    /* .graph_free = */ cu_graph_free,
+    /* .buf_alloc = */ FLUSHED(cuda_buf_alloc),
+    /* .buf_free = */ FLUSHED(cuda_buf_free),
+    /* .upload = */ FLUSHED(cuda_upload),
+    /* .download = */ FLUSHED(cuda_download),
+    /* .copy = */ FLUSHED(cuda_copy),
+    /* .prepare_weight = */ FLUSHED(cuda_prepare_weight),
+    /* .sync = */ FLUSHED(cuda_sync),
+    /* .linear = */ FLUSHED(cu_linear),
+    /* .linear_batch = */ FLUSHED(cu_linear_batch),
+    /* .embed = */ FLUSHED(cu_embed),
+    /* .rmsnorm = */ cu_fuse_rmsnorm,
+    /* .layernorm = */ cu_fuse_layernorm,
+    /* .rope = */ cu_fuse_rope,
+    /* .kv_store = */ cu_fuse_kv_store,
+    /* .attention = */ FLUSHED(cu_attention),
+    /* .act = */ FLUSHED(cu_act),
+    /* .glu = */ FLUSHED(cu_glu),
+    /* .glu_clamped = */ FLUSHED(cu_glu_clamped),
+    /* .scale = */ FLUSHED(cu_scale),
+    /* .softcap = */ FLUSHED(cu_softcap),
+    /* .axpy = */ cu_fuse_axpy,
+    /* .sigmoid_axpy = */ FLUSHED(cu_sigmoid_axpy),
+    /* .gather = */ FLUSHED(cu_gather),
+    /* .moe_route = */ FLUSHED(cu_moe_route),
+    /* .moe_route_grouped = */ FLUSHED(cu_moe_route_grouped),
+    /* .moe_group = */ FLUSHED(cu_moe_group),
+    /* .linear_experts = */ FLUSHED(cu_linear_experts),
+    /* .moe_combine = */ FLUSHED(cu_moe_combine),
+    /* .mul = */ FLUSHED(cu_mul),
+    /* .conv1d = */ FLUSHED(cu_conv1d),
+    /* .selective_scan = */ FLUSHED(cu_selective_scan),
+    /* .gated_delta = */ FLUSHED(cu_gated_delta),
+    /* .ssd_scan = */ FLUSHED(cu_ssd_scan),
+    /* .rglru = */ FLUSHED(cu_rglru),
+    /* .destroy = */ FLUSHED(cuda_destroy),
+    /* .graph_begin = */ FLUSHED(cu_graph_begin),
+    /* .graph_end = */ FLUSHED(cu_graph_end),
+    /* .graph_launch = */ FLUSHED(cu_graph_launch),
+    /* .graph_free = */ FLUSHED(cu_graph_free),
     /* .linear_plan = */ NULL, /* the CPU's plans only (mlxcel inspect --kernels) */
-    /* .xielu = */ cu_xielu,
-    /* .attn_temp = */ cu_attn_temp,
-    /* .moe_weight_input = */ cu_moe_weight_input,
+    /* .xielu = */ FLUSHED(cu_xielu),
+    /* .attn_temp = */ FLUSHED(cu_attn_temp),
+    /* .moe_weight_input = */ FLUSHED(cu_moe_weight_input),
 };
 
 /* Why no device can run: no device, a driver older than this runtime, or another error. */

@@ -25,6 +25,24 @@ struct cu_alloc {
     struct cu_alloc *next;
 };
 
+/* fuse.cu (ADR 0138): the one op held back so that the next can fuse with it. An axpy (a
+ * residual add) waits for a norm of the rows it wrote, a rope for the kv_store of the heads it
+ * rotated; every other entry of the table launches it first (cu_flush), as the op it is. */
+enum cu_pend_kind { CU_PEND_NONE = 0, CU_PEND_AXPY = 1, CU_PEND_ROPE = 2 };
+struct cu_pend {
+    int kind;                   /* enum cu_pend_kind */
+    /* axpy: y[r, :n] += s * x[r, :n] over n_rows rows (strides ldy, ldx) */
+    float *y;
+    const float *x;
+    int ldy, ldx, n_rows, n;
+    float s;
+    /* rope of n_head heads of head_dim in n_tok rows of q (stride ld) */
+    float *q;
+    int ld, n_tok, n_head, head_dim;
+    struct rope_params rp;
+    struct kv_rows rows;
+};
+
 struct cuda_backend {
     struct backend be;
     int dev;
@@ -52,6 +70,7 @@ struct cuda_backend {
     size_t rscr_cap;            /* bytes */
     size_t rec_smem[4];         /* rec.cu: dynamic shared memory the chunk kernels are opted into */
     int n_sm;                   /* multiprocessors of the device */
+    struct cu_pend pend;        /* the op held back for a fusion (fuse.cu) */
     bool capturing;             /* between graph_begin and graph_end */
     bool cap_bad;               /* an op could not be recorded: graph_end returns NULL */
     int err_rc;
@@ -125,6 +144,34 @@ void cu_sigmoid_axpy(struct backend *be, float *y, int ldy, const float *g, cons
                      int ldx, int n_rows, int n);
 void cu_gather(struct backend *be, float *y, const float *x, int ldx, const int32_t *idx, int div,
                int n_rows, int n);
+
+/* elem.cu: the norm (layer: layernorm, else RMS) of n_tok rows of n (stride ld) of h after
+ * h[r, :n] += rs * res[r, :n] (res stride ldres), h's new rows written back: axpy and then the
+ * norm, the same arithmetic, in one launch. y may be h or res (row for row), or apart from both. */
+void cu_norm_res(struct cuda_backend *c, float *y, float *h, const float *res, int ldres, float rs,
+                 int ld, const struct tensor *w, float w_off, const struct tensor *b, float eps,
+                 int n_tok, int n, bool layer);
+
+/* fuse.cu: the held-back op launched (nothing when none is); the table's entries that fuse */
+void cu_flush(struct cuda_backend *c);
+void cu_fuse_axpy(struct backend *be, float *y, int ldy, float a, const float *x, int ldx,
+                  int n_rows, int n);
+void cu_fuse_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+                     float w_off, float eps, int n_tok, int per_tok, int n);
+void cu_fuse_layernorm(struct backend *be, float *y, const float *x, int ld,
+                       const struct tensor *w, float w_off, const struct tensor *b, float eps,
+                       int n_tok, int per_tok, int n);
+void cu_fuse_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
+                  const struct rope_params *rp, const struct kv_rows *rows);
+void cu_fuse_kv_store(struct backend *be, const struct kv_layer *kv, const float *k, int ldk,
+                      const float *v, int ldv, const struct kv_rows *rows, int n_tok);
+
+/* attn.cu: the rope p held (its last heads the kv heads from kh0 on, k_dim / head_dim of
+ * them) and the kv_store of those heads and of v (stride ldv, rows apart from p's heads) at
+ * slot, one launch; the same arithmetic as cu_rope and then cu_kv_store. */
+#define CU_ROPE_STORE_MAX_HALF 256
+void cu_rope_store(struct cuda_backend *c, const struct cu_pend *p, const struct kv_layer *kv,
+                   int kh0, const float *v, int ldv, const int32_t *slot);
 
 /* attn.cu */
 void cu_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,

@@ -13,6 +13,13 @@
 
 #define NORM_THREADS 1024
 
+/* The residual add y + s * x of axpy, in one rounding: the fused norm (cu_norm_res) and
+ * axpy share it, so fusing them changes no bit. */
+__device__ __forceinline__ float axpy_f(float y, float s, float x)
+{
+    return __fmaf_rn(s, x, y);
+}
+
 // ---- norms ----
 
 /* Sum of v over the block (every thread gets it); red holds 32 floats. */
@@ -28,16 +35,24 @@ __device__ float block_sum(float v, float *red)
     return cu_warp_sum(s);
 }
 
-/* grid: one block per row r of n_rows = n_tok * per_tok. */
+/* grid: one block per row r of n_rows = n_tok * per_tok. res non-NULL (per_tok 1, x the
+ * residual stream h): x[r] += rs * res[r] first, each thread on the elements it normalizes
+ * after (so no barrier is needed between). */
 __global__ void norm_kernel(float *y, const float *x, int ld, const void *w, int wdt, size_t w_row,
                             float w_off, const void *b, int bdt, float eps, int per_tok, int n,
-                            bool layer)
+                            bool layer, float *h, const float *res, size_t ldres, float rs)
 {
     __shared__ float red[32];
     cu_pdl_trigger();
     cu_pdl_wait();
     int r = blockIdx.x;
     size_t off = (size_t)(r / per_tok) * ld + (size_t)(r % per_tok) * n;
+    if (res) {
+        float *hr = h + off;
+        const float *rr = res + (size_t)r * ldres;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            hr[i] = axpy_f(hr[i], rs, rr[i]);
+    }
     const float *xr = x + off;
     float *yr = y + off;
     size_t wo = w_row ? (size_t)(r % per_tok) * w_row : 0;
@@ -58,11 +73,11 @@ __global__ void norm_kernel(float *y, const float *x, int ld, const void *w, int
     }
 }
 
-static void norm_run(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
+/* The norm, after the residual add h += rs * res when res is non-NULL (h == x, per_tok 1). */
+static void norm_run(struct cuda_backend *c, float *y, const float *x, int ld, const struct tensor *w,
                      float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n,
-                     bool layer)
+                     bool layer, float *h, const float *res, int ldres, float rs)
 {
-    struct cuda_backend *c = cu_of(be);
     int rows = n_tok * per_tok;
     if (c->err_rc || rows <= 0)
         return;
@@ -72,21 +87,31 @@ static void norm_run(struct backend *be, float *y, const float *x, int ld, const
     int threads = (n / 2 + 31) / 32 * 32;
     threads = threads < 32 ? 32 : threads > NORM_THREADS ? NORM_THREADS : threads;
     cu_launch(c, norm_kernel, dim3(rows), dim3(threads), y, x, ld, w->data, (int)w->dtype, w_row,
-              w_off, b ? b->data : NULL, b ? (int)b->dtype : 0, eps, per_tok, n, layer);
-    cu_check(c, "norm");
+              w_off, b ? b->data : NULL, b ? (int)b->dtype : 0, eps, per_tok, n, layer, h, res,
+              (size_t)ldres, rs);
+    cu_check(c, res ? "residual add + norm" : "norm");
 }
 
 void cu_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
                 float w_off, float eps, int n_tok, int per_tok, int n)
 {
-    norm_run(be, y, x, ld, w, w_off, NULL, eps, n_tok, per_tok, n, false);
+    norm_run(cu_of(be), y, x, ld, w, w_off, NULL, eps, n_tok, per_tok, n, false, NULL, NULL, 0,
+             0.0f);
 }
 
 void cu_layernorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
                   float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n)
 {
-    norm_run(be, y, x, ld, w, w_off, b && tensor_is_present(b) ? b : NULL, eps, n_tok, per_tok,
-             n, true);
+    norm_run(cu_of(be), y, x, ld, w, w_off, b && tensor_is_present(b) ? b : NULL, eps, n_tok,
+             per_tok, n, true, NULL, NULL, 0, 0.0f);
+}
+
+void cu_norm_res(struct cuda_backend *c, float *y, float *h, const float *res, int ldres, float rs,
+                 int ld, const struct tensor *w, float w_off, const struct tensor *b, float eps,
+                 int n_tok, int n, bool layer)
+{
+    norm_run(c, y, h, ld, w, w_off, b && tensor_is_present(b) ? b : NULL, eps, n_tok, 1, n, layer,
+             h, res, ldres, rs);
 }
 
 // ---- elementwise ----
@@ -152,7 +177,7 @@ __global__ void elem_kernel(elem_args a)
             break;
         }
         case EL_AXPY:
-            *y += a.s * xr[j];
+            *y = axpy_f(*y, a.s, xr[j]);
             break;
         case EL_SIGMOID_AXPY:
             *y += (float)(1.0 / (1.0 + exp(-(double)a.g[r]))) * xr[j];
