@@ -12,7 +12,7 @@
 #                                     all of it as DIR/pack.tar.xz (carry DIR)
 #   scripts/gpu-loop.sh gate [DIR]    on the GPU machine: the `cuda` CTest gate
 #                                     (MLXCEL_DEVICE=cuda run_tests golden batch models quant cuda embed vision qwen_vl llava idefics3 mistral3 lora
-#                                     embed_dec mtp: the suites of CTest's cuda_golden)
+#                                     embed_dec mtp tp: the suites of CTest's cuda_golden)
 #   scripts/gpu-loop.sh sanitize [DIR] compute-sanitizer memcheck on a dense, a MoE and an
 #                                     MLA golden
 #   scripts/gpu-loop.sh bench [DIR]   random-weight models (mlxcel synth, Llama-3.2-1B and
@@ -81,7 +81,7 @@ env_there() {
 gate() {
     env_there
     cd "$root"
-    MLXCEL_DEVICE=cuda "$dir/bin/run_tests" golden batch models quant cuda embed vision qwen_vl llava idefics3 mistral3 lora embed_dec mtp 2>&1 | tee "$out/gate.log" |
+    MLXCEL_DEVICE=cuda "$dir/bin/run_tests" golden batch models quant cuda embed vision qwen_vl llava idefics3 mistral3 lora embed_dec mtp tp 2>&1 | tee "$out/gate.log" |
         grep -E "PASSED|FAILED|ERROR|golden kv|max rel|worst|skipped" || true
     grep -q "FAILED" "$out/gate.log" && { echo "gate: FAILED" >&2; return 1; }
     grep -q "PASSED" "$out/gate.log" || { echo "gate: no PASSED line" >&2; return 1; }

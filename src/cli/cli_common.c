@@ -648,10 +648,10 @@ int cli_engine_open(struct cli_engine *en, struct model *m, long threads, int n_
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     if (n_tp > 1 && !backend_is_cpu(en->be)) {
-        /* the library runs CUDA ranks on one GPU (run_tests tp under MLXCEL_DEVICE=cuda), not
-         * yet checked on a GPU: until it is, the CLI offers CPU ranks only */
-        rc = err_setf(e, ERR_UNSUPPORTED, "--tensor-parallel: ranks on %s are not supported yet (CPU "
-                      "ranks only; NCCL ranks over several GPUs are not built)", en->be->name);
+        /* the library runs CUDA ranks on one GPU (run_tests tp under MLXCEL_DEVICE=cuda checks
+         * the split there), which only costs; ranks on several GPUs need NCCL, not built */
+        rc = err_setf(e, ERR_UNSUPPORTED, "--tensor-parallel: ranks on %s are not offered (CPU ranks "
+                      "only: ranks over several GPUs need NCCL, which is not built yet)", en->be->name);
     } else if (n_tp > 1) {
         en->tp_be[0] = en->be;
         en->n_tp = 1;
