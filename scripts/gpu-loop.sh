@@ -70,7 +70,8 @@ env_there() {
     export MLXCEL_BIN="$root/$dir/bin/mlxcel"   # the suites that run the CLI (models)
     # the golden folders travel as .tar.xz; a warm machine may keep folders of an earlier call
     # with files missing (the copy of the tree replaces what it carries), so unpack afresh
-    rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/
+    rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/ "$root"/tests/fixtures/tokenizers/*/ \
+        "$root"/tests/fixtures/quant/*/
     sh "$root/scripts/fixtures.sh" unpack
     sh "$root/scripts/fixtures.sh" derive "$dir/bin/mlxcel"
     mkdir -p "$out"
