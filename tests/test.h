@@ -106,6 +106,10 @@ struct test_eng {
 };
 void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int n_batch, int n_tokens,
                    int max_seqs, int block);
+/* Whether any matrix m's products read (the LM head, the layers' LAYER_MATRICES, each expert
+ * set's first view) satisfies pred. (test_eng.c) */
+struct tensor;
+bool test_model_any_matrix(const struct model *m, bool (*pred)(const struct tensor *t));
 /* The KV cache element type test_eng_open uses (F32 unless a test sets it). */
 extern enum dtype test_kv_dtype;
 void test_eng_close(struct test_eng *g);

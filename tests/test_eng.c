@@ -34,6 +34,26 @@ void test_eng_open(struct test_eng *g, const char *dir, struct backend *be, int 
         fail_msg("%s: %s", dir, e.msg);
 }
 
+bool test_model_any_matrix(const struct model *m, bool (*pred)(const struct tensor *t))
+{
+    if (pred(&m->lm_head))
+        return true;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const struct layer *l = &m->layers[il];
+#define MATRIX(name) &l->name,
+        const struct tensor *mats[] = {LAYER_MATRICES(MATRIX)};
+#undef MATRIX
+        for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++)
+            if (pred(mats[k]))
+                return true;
+        const struct expert_linear *el[] = {&l->ex.up, &l->ex.gate, &l->ex.down, &l->ex.gate_up};
+        for (size_t k = 0; k < 4; k++)
+            if (el[k]->w && pred(&el[k]->w[0]))
+                return true;
+    }
+    return false;
+}
+
 void test_eng_close(struct test_eng *g)
 {
     batch_free(g->b);

@@ -60,20 +60,9 @@ static void golden_open(struct golden *g, const char *dir)
 /* The model in dir against the golden data in golden_dir (usually the same folder),
  * with chunks of n_batch rows (0: the default). */
 /* Whether a linear of m is affine 4-bit (what --fast changes). */
-static bool has_affine4(const struct model *m)
+static bool is_affine4(const struct tensor *t)
 {
-    const struct tensor *t[] = {&m->lm_head};
-    bool any = t[0]->qbits == 4 && t[0]->qmode == QMODE_AFFINE;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct layer *l = &m->layers[il];
-#define AFFINE4(name) any = any || (l->name.qbits == 4 && l->name.qmode == QMODE_AFFINE);
-        LAYER_MATRICES(AFFINE4)
-#undef AFFINE4
-        const struct expert_linear *el[] = {&l->ex.up, &l->ex.gate, &l->ex.down, &l->ex.gate_up};
-        for (size_t k = 0; k < 4; k++)
-            any = any || (el[k]->w && el[k]->w[0].qbits == 4 && el[k]->w[0].qmode == QMODE_AFFINE);
-    }
-    return any;
+    return t->qbits == 4 && t->qmode == QMODE_AFFINE;
 }
 
 static double run_dirs(const char *name, const char *dir, const char *golden_dir, struct backend *be,
@@ -86,7 +75,7 @@ static double run_dirs(const char *name, const char *dir, const char *golden_dir
     int L = (int)g.ids.shape[0], N = (int)g.greedy.shape[0];
     test_eng_open(&r, dir, be, n_batch, L + N, 1, 4);
     be->fused_moe = fused;
-    const bool fast = be->fast && has_affine4(r.m);
+    const bool fast = be->fast && test_model_any_matrix(r.m, is_affine4);
     const double tol = fast ? g_tol + FAST_TOL : g_tol;
     int V = r.m->hp.n_vocab;
     assert_int_equal(g.prefill.shape[1], V);

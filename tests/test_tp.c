@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/json.h"
 #include "core/safetensors.h"
 #include "engine/batch.h"
 #include "engine/kvcache.h"
@@ -84,19 +85,9 @@ static void tp_close(struct tp_run *r)
         backend_free(r->be[i]);
 }
 
-static bool has_quantized(const struct model *m)
+static bool is_quantized(const struct tensor *t)
 {
-    bool any = m->lm_head.qbits > 0;
-    for (int il = 0; il < m->hp.n_layer; il++) {
-        const struct layer *l = &m->layers[il];
-#define QUANT(name) any = any || l->name.qbits > 0;
-        LAYER_MATRICES(QUANT)
-#undef QUANT
-        const struct expert_linear *el[] = {&l->ex.up, &l->ex.gate, &l->ex.down, &l->ex.gate_up};
-        for (size_t k = 0; k < 4; k++)
-            any = any || (el[k]->w && el[k]->w[0].qbits > 0);
-    }
-    return any;
+    return t->qbits > 0;
 }
 
 /* The case's run: prefill of seq 0 (every row's logits), then seq 1's prompt (the first half
@@ -179,7 +170,7 @@ static void tp_compare(const char *name, const char *dir, const int32_t *ids, in
     if (tp_open(&r, dir, 1, L + N, &e) < 0)
         fail_msg("%s: %s", name, e.msg);
     int V = r.m->hp.n_vocab, rows = 0, rows_s = 0;
-    const double tol = has_quantized(r.m) && strcmp(r.be[0]->name, "cpu-scalar") != 0 ? TP_TOL_QI
+    const double tol = test_model_any_matrix(r.m, is_quantized) && strcmp(r.be[0]->name, "cpu-scalar") != 0 ? TP_TOL_QI
                        : !backend_is_cpu(r.be[0])                                           ? TP_TOL_DEV
                                                                                            : TP_TOL;
     size_t cap = (size_t)(L + 2 * N + 3) * V;
@@ -262,25 +253,21 @@ static void tp_mamba2_groups(void **state)
         snprintf(cfgp, sizeof cfgp, "%s/config.json", tmp);
         snprintf(dst, sizeof dst, "%s/model", tmp);
         char src[600];
+        struct err e = {0};
+        cJSON *cfg = NULL;
         snprintf(src, sizeof src, "%s/config.json", golden_case_dir(k_twins[i].name));
-        FILE *f = fopen(src, "rb");
-        assert_non_null(f);
-        char buf[16384];
-        size_t nb = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[nb] = 0;
-        cJSON *cfg = cJSON_Parse(buf);
-        assert_non_null(cfg);
+        if (json_load_object(src, FILE_USER, 1 << 20, &cfg, &e) < 0)
+            fail_msg("%s", e.msg);
         cJSON_DeleteItemFromObject(cfg, k_twins[i].key);
         cJSON_AddNumberToObject(cfg, k_twins[i].key, k_twins[i].groups);
         char *txt = cJSON_Print(cfg);
-        f = fopen(cfgp, "wb");
+        assert_non_null(txt);
+        FILE *f = fopen(cfgp, "wb");
         assert_non_null(f);
-        fputs(txt, f);
-        fclose(f);
+        assert_true(fputs(txt, f) >= 0);
+        assert_int_equal(fclose(f), 0);
         free(txt);
         cJSON_Delete(cfg);
-        struct err e = {0};
         struct synth_opts so = {.config = cfgp, .dst = dst, .dtype = DTYPE_F32, .seed = 47, .n_threads = 1};
         struct synth_stats ss;
         if (synth_checkpoint(&so, &ss, &e) < 0)

@@ -7,13 +7,16 @@
  *   attention  heads split: q (and Qwen3-Next's output gate) rows of the rank's heads, k / v
  *              rows of their KV heads (one KV head on each of n / n_kv_head ranks when there
  *              are fewer KV heads than ranks, as vLLM replicates them), per-head norms and
- *              sinks sliced, o columns; each rank caches the K/V of its own heads
+ *              sinks sliced, o columns; each rank caches the K/V of its own heads; a norm over
+ *              the whole q / k width (OLMo 2) over rows gathered from the ranks
+ *   latent     MLA by heads: the per-head products and o's columns; the latent row (and so
+ *              its cache) replicated
  *   FFN        dense GLU / MLP: gate / up rows, down columns; MoE: every expert's rows and
  *              columns the same way (the router replicated), the shared expert too
  *   LM head    by vocabulary: each rank its rows' logits, gathered into the context's rows
  *   Mamba-2    by heads: their channels of the input projection (z, x, dt; B / C of their
- *              groups), of the convolution, A, D, the norm; ssm_out's columns; each rank keeps
- *              the states of its heads
+ *              groups), of the convolution, A, D, the norm (one group: the whole weight, over
+ *              gathered rows); ssm_out's columns; each rank keeps the states of its heads
  *   DeltaNet   by value heads and their key heads: q | k | v rows and conv channels, z, b, a,
  *              A_log, dt bias; ssm_out's columns; each rank its heads' states
  *   short conv LFM2's, by channels: B | C | x rows, the convolution, out_proj's columns
@@ -21,15 +24,15 @@
  *              sums all-reduced), dt_proj's rows, A, D; out_proj's columns
  *   RG-LRU     Griffin's, by heads: linear_y / linear_x rows, the convolution, the per-head
  *              gates, a; linear_out's columns
- *   the rest   replicated: embeddings, norms,
- *              recurrent mixers and latent (MLA) attention, and any block whose shapes do not
- *              split evenly (heads, widths, quantization groups of the column-split weights)
- *   biases     of column-split products (o, down) on rank 0 alone
+ *   the rest   replicated: embeddings, norms, and any block whose shapes do not split evenly
+ *              (heads, widths, quantization groups of the column-split weights)
+ *   biases     of column-split products (o, down, the mixers' out projections) on rank 0 alone
  *
  * A split block's output is summed over the ranks in rank order, so every rank holds the same
  * bits afterwards (replicated blocks then compute the same values everywhere). This file's
- * all-reduce is the in-process one of virtual ranks on the CPU backend: one thread per rank,
- * a barrier, each rank summing the published partials.
+ * all-reduce is the in-process one: one thread per rank, a barrier, each rank summing the
+ * published partials through its own backend's ops; the ranks' memory must be one every rank's
+ * backend addresses (CPU ranks, or CUDA ranks on one GPU).
  *
  * Order: model_load, model_tp_split, model_tp_prepare (instead of model_prepare), then
  * model_ctx_new and kv_cache_new of the split model as usual: the context runs one rank
@@ -59,13 +62,14 @@ struct model_tp {
 };
 
 /* Split m (loaded, not prepared) over n_rank ranks (2..TP_MAX_RANKS) into m->tp.
- * -ERR_UNSUPPORTED for a family with a forward of its own (not decoder_forward), a model with
- * an image tower; -ERR_ARG for a prepared model or a bad count; -ERR_NOMEM. */
+ * -ERR_UNSUPPORTED for a family with a forward of its own that does not all-reduce the split
+ * blocks (neither decoder_forward nor model_ops.tp_reduces), a model with an image tower;
+ * -ERR_ARG for a prepared model, a split one or a bad count; -ERR_NOMEM. */
 int model_tp_split(struct model *m, int n_rank, struct err *e);
 
-/* Prepare each rank's weights for its backend be[r] (CPU backends: the virtual ranks). The
- * split model itself computes nothing. -ERR_UNSUPPORTED for a backend whose memory is not the
- * host's (the in-process all-reduce reads the partial sums directly). */
+/* Prepare each rank's weights for its backend be[r] (distinct backends of one kind: CPU, or
+ * CUDA on one GPU). The split model itself computes nothing. -ERR_UNSUPPORTED for ranks of
+ * different backends, -ERR_ARG for two ranks on one backend. */
 int model_tp_prepare(struct model *m, struct backend *const *be, struct err *e);
 
 /* Free m->tp (model_free calls it). */
