@@ -42,6 +42,9 @@ pack() {
     rm -rf "$dir"
     mkdir -p "$dir/bin" "$dir/lib"
     cp "$root/build/mlxcel" "$root/build/run_tests" "$root/build/libmlxcel-cuda.so" "$dir/bin/"
+    # the GEMV microbenchmark (dev/kernels/bench_cuda_linear.c) for the lease's `lin` step
+    gcc -std=c11 -O2 -D_GNU_SOURCE -I"$root/src" "$root/dev/kernels/bench_cuda_linear.c" \
+        "$root/build/libmlxcel_lib.a" -o "$dir/bin/bench_cuda_linear" -lm -lpthread -ldl
     if [ -n "${BASE_PLUGIN:-}" ]; then
         mkdir -p "$dir/bin/base"
         cp "$BASE_PLUGIN" "$dir/bin/base/libmlxcel-cuda.so"
@@ -69,10 +72,13 @@ env_there() {
     export MLXCEL_CUDA_PLUGIN="${GATE_PLUGIN:-$root/$dir/bin/libmlxcel-cuda.so}"  # GATE_PLUGIN: another build's
     export MLXCEL_BIN="$root/$dir/bin/mlxcel"   # the suites that run the CLI (models)
     # the golden folders travel as .tar.xz; a warm machine may keep folders of an earlier call
-    # with files missing (the copy of the tree replaces what it carries), so unpack afresh
-    rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/ "$root"/tests/fixtures/tokenizers/*/ \
-        "$root"/tests/fixtures/quant/*/
-    sh "$root/scripts/fixtures.sh" unpack
+    # with files missing (the copy of the tree replaces what it carries), so unpack afresh, unless
+    # the caller just did (FIXTURES_FRESH=1: dev/gpu/lease.sh, whose other steps may be reading them)
+    if [ "${FIXTURES_FRESH:-0}" != 1 ]; then
+        rm -rf "$root"/tests/fixtures/golden/*/ "$root"/tests/fixtures/models/*/ "$root"/tests/fixtures/tokenizers/*/ \
+            "$root"/tests/fixtures/quant/*/
+        sh "$root/scripts/fixtures.sh" unpack
+    fi
     sh "$root/scripts/fixtures.sh" derive "$dir/bin/mlxcel"
     mkdir -p "$out"
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader \

@@ -22,10 +22,14 @@
 #   tpgpu      run_tests tp on CUDA: tensor-parallel ranks on one GPU (ADR 0139), log tp.log
 #   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (GENT s each, float64
 #              references; CPU torch) into $OUT/gen.tar.xz
-#   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab
-#   ab         mlxcel bench with the baseline plugin and the new one, A/B/A
+#   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab, in /tmp/ab
+#   cudat      run_tests cuda alone (log cudat.log)
+#   ab         mlxcel bench with the baseline plugin and the new one, A/B/A (ABVAR=NAME: one
+#              plugin, the variable NAME 0 and 1)
+#   lin        dev/kernels/bench_cuda_linear (LINBITS), once per LINENV setting
 #   hybgpu     dev/bench/hybrid-gpu/run.sh (chunked recurrent prefill against the recurrence)
-#   llsetup:SHAPES, llbench   dev/bench/hybrid-llamacpp/run.sh --gpu (LLSHAPES, LLARGS)
+#   llsetup:SHAPES[:QUANTS], llbench[:SHAPES[:QUANTS]]   dev/bench/hybrid-llamacpp/run.sh --gpu
+#              (--quant QUANTS, default q4; llbench's SHAPES default LLSHAPES; LLARGS)
 #   embspec    scripts/bench-embed-spec-vs-llamacpp.sh --gpu (ESTESTS, ESR)
 #   vision     dev/bench/vision-llamacpp/run.sh --gpu (VISR)
 #   sanit      compute-sanitizer memcheck on three goldens (gate and sanit: scripts/gpu-loop.sh)
@@ -44,7 +48,7 @@ if [ "$1" = prep ]; then
         --exclude='ggml/src/ggml-opencl' --exclude='ggml/src/ggml-hexagon' --exclude='ggml/src/ggml-metal' \
         --exclude='ggml/src/ggml-et' --exclude='tools/server/public*' --exclude='tools/ui' \
         --exclude='examples/llama.android' --exclude='examples/llama.swiftui' -cJf .gpu/llsrc.tar.xz \
-        CMakeLists.txt cmake common ggml include src tools examples vendor licenses LICENSE gguf-py || exit 1
+        CMakeLists.txt cmake common ggml include src tools examples vendor licenses LICENSE gguf-py pocs app || exit 1
     xz -9c "${SHAKESPEARE:-../shared/fixtures/text/tinyshakespeare.txt}" >.gpu/tinyshakespeare.txt.xz || exit 1
     git show 46dfd2c:src/engine/sampler.c >.gpu/sampler-46dfd2c.c || exit 1
     du -sh .gpu
@@ -64,7 +68,13 @@ export LD_LIBRARY_PATH="$P/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export MLXCEL_CUDA_PLUGIN="$P/bin/libmlxcel-cuda.so"
 export MLXCEL_BIN="$P/bin/mlxcel" MLXCEL="$P/bin/mlxcel"
 export LLAMA_BUILD=/tmp/llb LLAMA_SRC=/tmp/llsrc PYTHON=python3
-LLT="llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize llama-cli"
+# the fixture archives unpacked afresh once, before any step: steps in the background then
+# never race the gate's unpacking (gpu-loop.sh skips its own with FIXTURES_FRESH=1)
+rm -rf "$R"/tests/fixtures/golden/*/ "$R"/tests/fixtures/models/*/ "$R"/tests/fixtures/tokenizers/*/ \
+    "$R"/tests/fixtures/quant/*/
+sh "$R/scripts/fixtures.sh" unpack || exit 1
+export FIXTURES_FRESH=1
+LLT=${LLT:-"llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize"}
 
 llb() {
     if [ -x /tmp/llb/bin/llama-bench ] && [ -x /tmp/llb/bin/llama-mtmd-cli ]; then say "llb: already built"; return 0; fi
@@ -127,34 +137,51 @@ hybgpu() {
     say "hybgpu done"
 }
 
-llsetup() {  # shapes
-    say "llsetup $1"
-    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --setup-only --shapes "$1" -o /tmp/hl >"$OUT/llsetup.log" 2>&1
+llsetup() {  # SHAPES [QUANTS]
+    say "llsetup $1 ${2:-q4}"
+    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --setup-only --shapes "$1" --quant "${2:-q4}" -o /tmp/hl >>"$OUT/llsetup.log" 2>&1
     say "llsetup rc=$?"
 }
-llbench() {  # env LLSHAPES, LLARGS
-    say "llbench $LLSHAPES $LLARGS"
+llbench() {  # [SHAPES [QUANTS]] (default LLSHAPES, q4); env LLARGS
+    local sh=${1:-$LLSHAPES} q=${2:-q4}
+    say "llbench $sh $q $LLARGS"
     # shellcheck disable=SC2086
-    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --shapes "$LLSHAPES" -o /tmp/hl $LLARGS >"$OUT/llbench.log" 2>&1
+    MODELS=/tmp/hm dev/bench/hybrid-llamacpp/run.sh --gpu --shapes "$sh" --quant "$q" -o /tmp/hl $LLARGS >>"$OUT/llbench.log" 2>&1
     say "llbench rc=$?"
     cp /tmp/hl/summary.md "$OUT/llbench-summary.md" 2>/dev/null
     cp /tmp/hl/runs.jsonl "$OUT/llbench-runs.jsonl" 2>/dev/null
     cat /tmp/hl/summary.md 2>/dev/null
 }
 
-ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetup's models
-    say "ab start"
+ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetup's models;
+        # ABVAR=NAME: one plugin, the variable NAME 0 (base) and 1 (new) instead
+    say "ab start ${ABVAR:-}"
+    local n=0
+    while [ ! -f /tmp/ab/.done ] && [ $n -lt 300 ]; do sleep 2; n=$((n + 2)); done
     for m in ${ABM:-llama-1b llama-8b}; do
-        [ -f /tmp/hm/$m-q4/config.json ] || continue
+        [ -f /tmp/ab/$m-q4/config.json ] || continue
         for pl in base new base; do
             f=$P/bin/libmlxcel-cuda.so
-            [ $pl = base ] && f=$P/bin/base/libmlxcel-cuda.so
+            [ $pl = base ] && [ -z "${ABVAR:-}" ] && f=$P/bin/base/libmlxcel-cuda.so
+            v=1
+            [ $pl = base ] && v=0
             echo "== $m $pl" >>"$OUT/ab.log"
-            MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/hm/$m-q4 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
+            env ${ABVAR:+$ABVAR=$v} MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/ab/$m-q4 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
         done
     done
     cat "$OUT/ab.log"
     say "ab done"
+}
+
+lin() {  # the GEMV microbenchmark (LINBITS: widths, default 4), once per LINENV entry
+         # (NAME=VALUE, e.g. "MLXCEL_CUDA_QI=0 MLXCEL_CUDA_QI=1"; default one run)
+    say "lin start"
+    for v in ${LINENV:-MLXCEL_CUDA_QI=0}; do
+        echo "== $v" >>"$OUT/lin.log"
+        env "$v" timeout 120 "$P/bin/bench_cuda_linear" ${LINBITS:-4} >>"$OUT/lin.log" 2>&1
+    done
+    cat "$OUT/lin.log"
+    say "lin done"
 }
 
 vision() {
@@ -175,13 +202,21 @@ embspec() {
     cat /tmp/o/es/summary.md 2>/dev/null
 }
 
-absetup() {
-    mkdir -p /tmp/hm
+absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at the end
+    mkdir -p /tmp/ab
     for m in ${ABM:-llama-1b llama-8b}; do
-        python3 dev/bench/hybrid-llamacpp/shapes.py $m 0 /tmp/hm/$m.json &&
-            "$MLXCEL_BIN" synth -c /tmp/hm/$m.json -o /tmp/hm/$m-q4 --seed 41 -t 8 -q --q-bits 4 --q-group-size 64 >/dev/null 2>&1
+        python3 dev/bench/hybrid-llamacpp/shapes.py $m 0 /tmp/ab/$m.json &&
+            "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-q4 --seed 41 -t 8 -q --q-bits 4 --q-group-size 64 >/dev/null 2>&1
         say "absetup $m rc=$?"
     done
+    touch /tmp/ab/.done
+}
+
+cudat() {  # run_tests cuda alone (no fixtures needed): the kernels against the CPU
+    say "cudat start"
+    (cd "$R" && MLXCEL_DEVICE=cuda timeout 300 "$P/bin/run_tests" cuda >"$OUT/cudat.log" 2>&1)
+    say "cudat rc=$? $(grep -E 'worst rel err' "$OUT/cudat.log" | grep -v shapes | awk '{print $NF}' | tr '\n' ' ')"
+    grep -E "FAILED|linear.*: [0-9]+ formats" "$OUT/cudat.log"
 }
 
 sanit() {  # scripts/gpu-loop.sh's sanitize: memcheck on a dense, a MoE and an MLA golden
@@ -195,8 +230,9 @@ run_step() {
     if [ "$(el)" -gt "$LIM" ]; then say "skip $1 (past ${LIM}s)"; return 0; fi
     case $1 in
     lim:*) LIM=${1#lim:} ;;
-    llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | vision | embspec | absetup) $1 ;;
-    llsetup:*) llsetup "${1#llsetup:}" ;;
+    llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | lin | cudat | vision | embspec | absetup) $1 ;;
+    llsetup:*) a=${1#llsetup:}; llsetup "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
+    llbench:*) a=${1#llbench:}; llbench "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
     bg:*) run_step "${1#bg:}" & ;;
     wait) wait ;;
     *) say "unknown step $1" ;;

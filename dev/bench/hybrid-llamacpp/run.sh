@@ -35,6 +35,10 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
       --gpu            both engines on the GPU: mlxcel --device cuda, llama-bench -ngl 99
                        (LLAMA_BUILD must be a CUDA build; nothing is built here); -t still
                        sets the CPU threads of both
+      --quant LIST     comma-separated weight formats, from q4 (MLX 4-bit g64 against Q4_0, the
+                       default), q8 (MLX 8-bit g64 against Q8_0, made by llama-quantize from
+                       an F16 GGUF: needs LLAMA_BUILD at setup) and bf16 (the bf16 folder
+                       against an F16 GGUF); the summary names the non-q4 ones "SHAPE@FORMAT"
       --keep           keep the bf16 folders (the full shapes' are 14 + 13 + 2.5 GB)
       --setup-only     make the models, then stop
   -h, --help           this help
@@ -76,7 +80,7 @@ root=$(cd "$here/../../.." && pwd)
 sh "$root/scripts/fixtures.sh" unpack >/dev/null || { echo "$0: scripts/fixtures.sh unpack failed" >&2; exit 1; }
 out=/tmp/bench-hybrid-llamacpp
 shapes_sel=granite-h-tiny,qwen3-next,llama-1b
-layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0
+quants=q4 layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0
 die() { echo "hybrid-llamacpp: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 
@@ -84,6 +88,7 @@ while [ $# -gt 0 ]; do
     case $1 in
     -o|--out) out=${2:?}; shift ;;
     --shapes) shapes_sel=${2:?}; shift ;;
+    --quant) quants=${2:?}; shift ;;
     --layers) layers=${2:?}; shift ;;
     -t|--threads) threads=${2:?}; shift ;;
     -r|--reps) reps=${2:?}; shift ;;
@@ -106,6 +111,9 @@ for s in ${shapes_sel//,/ }; do
 done
 for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth"; do
     case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
+done
+for q in ${quants//,/ }; do
+    case $q in q4|q8|bf16) ;; *) die "--quant: q4, q8 or bf16, not '$q'" ;; esac
 done
 case $layers in ''|*[!0-9]*) die "--layers: not a number: '$layers'" ;; esac
 case $kv in f16|bf16|f32) ;; *) die "--kv-type: f16, bf16 or f32" ;; esac
@@ -198,45 +206,73 @@ model_name() {  # SHAPE -> NAME: SHAPE, or SHAPE-lN with --layers N
     if [ "$layers" = 0 ]; then echo "$1"; else echo "$1-l$layers"; fi
 }
 
-# make_gguf SHAPE: $M/NAME.json and NAME-q4_0.gguf (through NAME-bf16, deleted after)
+has_quant() { case ",$quants," in *",$1,"*) return 0 ;; esac; return 1; }
+
+# the GGUF of NAME in format Q (q4 -> q4_0, q8 -> q8_0, bf16 -> f16), and mlxcel's folder
+gguf_of() { case $2 in q4) echo "$M/$1-q4_0.gguf" ;; q8) echo "$M/$1-q8_0.gguf" ;; bf16) echo "$M/$1-f16.gguf" ;; esac; }
+mlx_of() { echo "$M/$1-$2"; }
+
+# make_gguf SHAPE: $M/NAME.json and the GGUF of every --quant format (through NAME-bf16,
+# deleted after unless bf16 is benchmarked or --keep)
 make_gguf() {
-    local shape=$1 name tok
+    local shape=$1 name tok q need=0
     name=$(model_name "$shape")
     case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-*) tok=llama3_1 ;; esac
     tokenizer $tok
     "$py" "$here/shapes.py" "$shape" "$layers" "$M/$name.json" || die "shapes.py $shape failed"
-    if [ ! -f "$M/$name-q4_0.gguf" ]; then
+    for q in ${quants//,/ }; do [ -f "$(gguf_of "$name" $q)" ] || need=1; done
+    [ $need = 1 ] || return 0
+    if [ ! -f "$M/$name-bf16/config.json" ]; then
         rm -rf "$M/$name-bf16"
         run setup "$name" synth-bf16 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-bf16" --seed 41 \
             -t "$(nproc)" --tokenizer "$M/tok-$tok" --dtype bf16 || die "synth $name-bf16 failed"
+    fi
+    if has_quant q4 && [ ! -f "$M/$name-q4_0.gguf" ]; then
         run setup "$name" hf2gguf-q4_0 -- env PYTHONPATH="$src/gguf-py" nice -n 10 "$py" "$root/scripts/hf2gguf.py" \
             --outtype q4_0 "$M/$name-bf16" "$M/$name-q4_0.gguf.tmp" || die "hf2gguf $name failed"
         mv "$M/$name-q4_0.gguf.tmp" "$M/$name-q4_0.gguf"
-        [ "$keep" = 1 ] || rm -rf "$M/$name-bf16"
     fi
+    if { has_quant q8 && [ ! -f "$M/$name-q8_0.gguf" ]; } || { has_quant bf16 && [ ! -f "$M/$name-f16.gguf" ]; }; then
+        if [ ! -f "$M/$name-f16.gguf" ]; then
+            run setup "$name" hf2gguf-f16 -- env PYTHONPATH="$src/gguf-py" nice -n 10 "$py" "$root/scripts/hf2gguf.py" \
+                --outtype f16 "$M/$name-bf16" "$M/$name-f16.gguf.tmp" || die "hf2gguf $name f16 failed"
+            mv "$M/$name-f16.gguf.tmp" "$M/$name-f16.gguf"
+        fi
+        if has_quant q8 && [ ! -f "$M/$name-q8_0.gguf" ]; then
+            [ -x "$build/bin/llama-quantize" ] || die "--quant q8: no $build/bin/llama-quantize"
+            run setup "$name" quantize-q8_0 -- nice -n 10 "$build/bin/llama-quantize" --pure "$M/$name-f16.gguf" \
+                "$M/$name-q8_0.gguf.tmp" Q8_0 "$(nproc)" || die "llama-quantize $name failed"
+            mv "$M/$name-q8_0.gguf.tmp" "$M/$name-q8_0.gguf"
+        fi
+        has_quant bf16 || rm -f "$M/$name-f16.gguf"
+    fi
+    [ "$keep" = 1 ] || has_quant bf16 || rm -rf "$M/$name-bf16"
 }
 
-# make_q4 SHAPE: NAME-q4, the same seed's values as MLX 4-bit g64
-make_q4() {
-    local name
+# make_mlx SHAPE: the MLX folders of the quantized --quant formats, the same seed's values
+make_mlx() {
+    local name q bits
     name=$(model_name "$1")
-    if [ ! -f "$M/$name-q4/config.json" ]; then
-        rm -rf "$M/$name-q4"
-        run setup "$name" synth-q4 -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-q4" --seed 41 \
-            -t "$(nproc)" -q --q-bits 4 --q-group-size 64 || die "synth $name-q4 failed"
-    fi
+    for q in ${quants//,/ }; do
+        case $q in q4) bits=4 ;; q8) bits=8 ;; *) continue ;; esac
+        if [ ! -f "$M/$name-$q/config.json" ]; then
+            rm -rf "$M/$name-$q"
+            run setup "$name" "synth-$q" -- nice -n 10 "$mlxcel" synth -c "$M/$name.json" -o "$M/$name-$q" --seed 41 \
+                -t "$(nproc)" -q --q-bits $bits --q-group-size 64 || die "synth $name-$q failed"
+        fi
+    done
 }
 
 # ---- tests ----
 
-bench_pair() {  # SHAPE NAME TEST MLXCEL_ARGS... -- LLAMA_ARGS...
-    local shape=$1 name=$2 test=$3 ma=() la=() seen=0
-    shift 3
+bench_pair() {  # LABEL NAME QUANT TEST MLXCEL_ARGS... -- LLAMA_ARGS...
+    local shape=$1 name=$2 q=$3 test=$4 ma=() la=() seen=0
+    shift 4
     for a in "$@"; do
         if [ "$a" = -- ]; then seen=1; elif [ $seen = 0 ]; then ma+=("$a"); else la+=("$a"); fi
     done
-    local ll=(-m "$M/$name-q4_0.gguf" "${la[@]}" -r "$reps" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" -o jsonl -v)
-    local ml=(bench -m "$M/$name-q4" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
+    local ll=(-m "$(gguf_of "$name" "$q")" "${la[@]}" -r "$reps" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" -o jsonl -v)
+    local ml=(bench -m "$(mlx_of "$name" "$q")" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
     if [ "$gpu" = 1 ]; then
         ll+=(-ngl 99)
         ml+=(--device cuda)
@@ -255,14 +291,18 @@ log "models in $M ($(df -BG --output=avail "$M" | tail -1 | tr -d ' ') free), ou
 # every GGUF first, then the MLX folders: one bf16 folder at a time beside the files made so
 # far keeps the peak under 20 GB for the full shapes
 for s in ${shapes_sel//,/ }; do make_gguf "$s"; done
-for s in ${shapes_sel//,/ }; do make_q4 "$s"; done
+for s in ${shapes_sel//,/ }; do make_mlx "$s"; done
 [ "$setup_only" = 1 ] && { log "models ready"; exit 0; }
 
 for s in ${shapes_sel//,/ }; do
     name=$(model_name "$s")
-    for ((i = 1; i <= rounds; i++)); do
-        bench_pair "$s" "$name" d0 -p "$n_pp" -n "$n_tg" -- -p "$n_pp" -n "$n_tg" -d 0
-        bench_pair "$s" "$name" "d$depth" -p 0 -n "$n_tg" -d "$depth" -- -p 0 -n "$n_tg" -d "$depth"
+    for q in ${quants//,/ }; do
+        label=$s
+        [ "$q" = q4 ] || label=$s@$q
+        for ((i = 1; i <= rounds; i++)); do
+            bench_pair "$label" "$name" "$q" d0 -p "$n_pp" -n "$n_tg" -- -p "$n_pp" -n "$n_tg" -d 0
+            bench_pair "$label" "$name" "$q" "d$depth" -p 0 -n "$n_tg" -d "$depth" -- -p 0 -n "$n_tg" -d "$depth"
+        done
     done
 done
 

@@ -12,6 +12,13 @@ import sys
 
 SHAPES = {"granite-h-tiny": "Granite-4.0-H-Tiny", "qwen3-next": "Qwen3-Next (24 layers, 64 experts)",
           "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B"}
+FORMATS = {"q8": "8-bit (MLX g64 / Q8_0)", "bf16": "bf16 / F16"}
+
+
+def label(s):
+    """run.sh's shape label: SHAPE (4-bit) or SHAPE@FORMAT."""
+    base, _, q = s.partition("@")
+    return SHAPES.get(base, base) + (f" {FORMATS.get(q, q)}" if q else "")
 
 
 def med(xs):
@@ -44,14 +51,14 @@ def main():
             vals = [med(ts.get((s, e, t), [])) for t in pp + tg0 + tgd]
             a, b = (vals[len(pp)] if tg0 else None), (vals[-1] if tgd else None)
             ratio = fmt(b / a, 2) if a and b else "-"
-            print(f"| {SHAPES.get(s, s)} | {e} | " + " | ".join(fmt(v) for v in vals) + f" | {ratio} |")
+            print(f"| {label(s)} | {e} | " + " | ".join(fmt(v) for v in vals) + f" | {ratio} |")
     print()
     print("| model | test | mlxcel / llama.cpp |")
     print("|---|---|---:|")
     for s in shapes:
         for t in pp + tg0 + tgd:
             a, b = med(ts.get((s, "mlxcel", t), [])), med(ts.get((s, "llama.cpp", t), []))
-            print(f"| {SHAPES.get(s, s)} | {t} | {fmt(a / b, 2) if a and b else '-'} |")
+            print(f"| {label(s)} | {t} | {fmt(a / b, 2) if a and b else '-'} |")
     print()
     print(f"Memory per sequence at depth {depth} (the tg test's context) and peak RSS:")
     print()
@@ -61,7 +68,7 @@ def main():
         a, b = mem.get((s, "mlxcel"), {}), mem.get((s, "llama.cpp"), {})
         kv_a = a.get("kv_bytes")
         kv_b = (b.get("kv_mib", 0) + b.get("rs_mib", 0)) if b else None
-        print(f"| {SHAPES.get(s, s)} | {fmt(kv_a / 2**20 if kv_a else None)} MiB ({a.get('kv_type', '?')}, n_ctx {a.get('n_ctx', '?')}) "
+        print(f"| {label(s)} | {fmt(kv_a / 2**20 if kv_a else None)} MiB ({a.get('kv_type', '?')}, n_ctx {a.get('n_ctx', '?')}) "
               f"| {fmt(kv_b)} MiB ({fmt(b.get('kv_mib'))} + {fmt(b.get('rs_mib'))}, {b.get('kv_cells', '?')} cells) "
               f"| {fmt(a['weight_bytes'] / 2**30 if a.get('weight_bytes') else None, 2)} GiB "
               f"| {fmt(b['model_bytes'] / 2**30 if b.get('model_bytes') else None, 2)} GiB "
