@@ -78,6 +78,7 @@ LLT=${LLT:-"llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-specul
 
 llb() {
     if [ -x /tmp/llb/bin/llama-bench ] && [ -x /tmp/llb/bin/llama-mtmd-cli ]; then say "llb: already built"; return 0; fi
+    rm -f /tmp/llb.done  # a warm machine's marker of an earlier build: llwait must wait for this one
     mkdir -p /tmp/llsrc && tar -C /tmp/llsrc -xJf "$R/.gpu/llsrc.tar.xz"
     (
         s=$(date +%s)
