@@ -37,6 +37,8 @@ usage: scripts/bench-embed-spec-vs-llamacpp.sh [OPTIONS]
                        perhaps not; on the CPU, -fa on for embeddings, off for generation); the GPU
                        shapes (below). Builds nothing: MLXCEL (or MLXCEL_BIN) must be a CUDA
                        mlxcel and LLAMA_BUILD a CUDA llama.cpp build with the targets below
+      --lookup-models LIST  the lookup test's models, from tiny,1b,chain (default: all three;
+                       the lookup test below says which is which)
       --agree P        --gpu's Qwen3 pair: the share of tokens on which the draft predicts
                        what the target does (default 0.8; see draft below)
       --quick          a check that everything runs: 1 round, 32 tokens (--gpu: embedding
@@ -85,6 +87,14 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           one from -f, mlxcel does not).
           --gpu: also a random Llama-3.2-3B shape (28 x 3072, 24 / 8 heads of 128, FFN 8192,
           tied), the same way.
+          Random weights never copy their prompt, so drafts are never right there; the
+          copying model measures what lookup buys when they are: the 1B shape untied, made
+          to follow a chain of 1500 one-token words (its embedding x 4096, its lm_head row
+          for each word the embedding row of the word before it, as the draft test's
+          --agree models), prompted with the chain once with an edit every 20-30 words (a
+          spare word in its place); it then writes the chain again from its first word, so
+          the prompt holds the next tokens except around the edits. Every layer still runs
+          at its full cost. The prompt's tokens are checked to be the chain's.
   draft   draft-model pairs: models/llama-tiny (4 layers, trained) with its own first 2 layers
           as the draft (an early-exit draft: the same embedding, head and final norm), and the
           random Llama-3.2-1B shape with a random 78M-parameter draft of the same vocabulary
@@ -136,6 +146,7 @@ setup_only=0
 gpu=0
 dry=0
 agree=0.8
+lookup_models=tiny,1b,chain
 die() { echo "bench-embed-spec: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 
@@ -149,6 +160,7 @@ while [ $# -gt 0 ]; do
     --draft-max) draft_max=${2:?}; shift ;;
     --gpu) gpu=1 ;;
     --agree) agree=${2:?}; shift ;;
+    --lookup-models) lookup_models=${2:?}; shift ;;
     --quick) quick=1 ;;
     --setup-only) setup_only=1 ;;
     --dry-run) dry=1 ;;
@@ -166,7 +178,12 @@ for v in "$threads" "$rounds" "$n_gen" "$draft_max"; do
 done
 case $agree in 0.[0-9]*|1|1.0) ;; *) die "--agree: a share from 0.0 to 1.0, not '$agree'" ;; esac
 want() { case ",$tests_sel," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+for t in ${lookup_models//,/ }; do
+    case $t in tiny|1b|chain) ;; *) die "--lookup-models: tiny, 1b or chain, not '$t'" ;; esac
+done
+want_lm() { case ",$lookup_models," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 n_tiny=230
+chain_len=1500
 # the embedding inputs, LINESxTOKENS; --gpu adds 1x128, each engine's fixed cost
 embed_shapes=(16x128 4x512)
 if [ "$gpu" = 1 ]; then embed_shapes=(1024x128 256x512); fi
@@ -357,7 +374,7 @@ llama_config() {
   "vocab_size": $1, "hidden_size": $2, "intermediate_size": $3,
   "num_hidden_layers": $4, "num_attention_heads": $5, "num_key_value_heads": $6,
   "head_dim": ${7:-64}, "hidden_act": "silu", "max_position_embeddings": 8192,
-  "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": true,
+  "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": ${8:-true},
   "attention_bias": false, "mlp_bias": false, "initializer_range": 0.02,
   "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001
 }
@@ -558,11 +575,87 @@ prepare_prompts() {
     head -c 2000 "$M/edit-prompt.txt" >"$M/draft-prompt.txt"
 }
 
-# the lookup test's models: the Llama-3.2-1B shape (and --gpu, the 3B shape)
+# the lookup test's models: the Llama-3.2-1B shape (and --gpu, the 3B shape), and the copying one
 prepare_lookup() {
-    llama_shape llama-3.2-1b 1 128256 2048 8192 16 32 8
-    [ "$gpu" = 1 ] && llama_shape llama-3.2-3b 3 128256 3072 8192 28 24 8 128
-    return 0
+    if want_lm 1b; then
+        llama_shape llama-3.2-1b 1 128256 2048 8192 16 32 8
+        [ "$gpu" = 1 ] && llama_shape llama-3.2-3b 3 128256 3072 8192 28 24 8 128
+    fi
+    if want_lm chain; then chain_model; fi
+}
+
+# chain_model: the lookup test's copying model (--help, lookup): the Llama-3.2-1B shape untied,
+# its head a successor map over the chain of $chain_len word tokens that $M/chain-prompt.txt
+# spells with an edit every 20-30 words; MODELS/llama-3.2-1b-chain-q4 and -q4_0.gguf
+chain_model() {
+    local n=llama-3.2-1b-chain conv=""
+    llama_config 128256 2048 8192 16 32 8 64 false >"$M/$n.json"
+    [ -f "$M/$n-q4/config.json" ] && [ -f "$M/$n-q4_0.gguf" ] && [ -f "$M/chain-prompt.txt" ] && return 0
+    # a folder whose rewrite did not finish is made again (the rewrite is not idempotent)
+    [ -f "$M/$n/.chained" ] || rm -rf "${M:?}/$n"
+    synth "$n" "$M/$n.json" 5 "$M/tok-llama3" --dtype bf16
+    if [ ! -f "$M/$n/.chained" ] && step "chain: $M/$n's embedding x 4096, its lm_head the successor map of $chain_len words"; then
+        "$py" - "$M/$n" "$M/tok-llama3/tokenizer.json" "$M" "$chain_len" <<'PY' || die "cannot rewrite $M/$n"
+import json, os, random, re, struct, sys
+import numpy as np
+d, tokjson, mdir, K = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+vocab = json.load(open(tokjson))["model"]["vocab"]
+# words of one token each with their leading space (byte-level BPE spells it \u0120)
+words = sorted(k for k in vocab if re.fullmatch("\u0120[a-z]{3,9}", k))
+rng = random.Random(46)
+rng.shuffle(words)
+assert len(words) >= K + 256, len(words)
+chain, spare = words[:K], words[K:K + 256]
+# the prompt: the chain's words in order, every 20-30th replaced by a spare word (an edit; none
+# in the last 30, so the prompt ends on the chain and the model goes on from its first word)
+text, ids, edit = [], [], rng.randint(20, 30)
+for j, w in enumerate(chain):
+    if j == edit and j < K - 30:
+        w = rng.choice(spare)
+        edit += rng.randint(20, 30)
+    text.append(" " + w[1:])
+    ids.append(vocab[w])
+open(f"{mdir}/chain-prompt.txt", "w").write("".join(text))
+json.dump(ids, open(f"{mdir}/chain-ids.json", "w"))
+where = {}
+for fn in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
+    with open(f"{d}/{fn}", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        for k, v in json.loads(f.read(n)).items():
+            if k != "__metadata__":
+                where[k] = (f"{d}/{fn}", 8 + n, v)
+def view(name):
+    path, base, h = where[name]
+    assert h["dtype"] == "BF16", (name, h["dtype"])
+    a, b = h["data_offsets"]
+    return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
+E, H = view("model.embed_tokens.weight"), view("lm_head.weight")
+assert H.shape == E.shape
+# head row of chain[j + 1] = embedding row of chain[j] (before scaling): after chain[j] the
+# greedy pick is chain[j + 1], cyclically; every other row zero
+c = np.array([vocab[w] for w in chain])
+H[:] = 0
+H[np.roll(c, -1)] = E[c]
+x = (E.astype(np.uint32) << 16).view(np.float32) * np.float32(4096)
+E[:] = (x.view(np.uint32) >> 16).astype(np.uint16)
+E.flush(); H.flush()
+print(f"{d}: a chain of {K} words, {sum(1 for a, b in zip(ids, c) if a != b)} edits in the prompt")
+PY
+        # the prompt must be the chain's ids to mlxcel's tokenizer (llama.cpp's GGUF carries the same)
+        "$mlxcel" tokenize -m "$M/tok-llama3" -f "$M/chain-prompt.txt" >"$M/chain-prompt.ids" &&
+            "$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' \
+                "$M/chain-prompt.ids" "$M/chain-ids.json" || die "$M/chain-prompt.txt does not tokenize to the chain's ids"
+        touch "$M/$n/.chained"
+    fi
+    # the MLX 4-bit folder and the Q4_0 GGUF, both from the rewritten bf16 one
+    if [ ! -f "$M/$n-q4/config.json" ] && step "mlxcel convert -m $M/$n -o $M/$n-q4 -q --q-bits 4 --q-group-size 64"; then
+        rm -rf "${M:?}/$n-q4"
+        nice -n 10 "$mlxcel" convert -m "$M/$n" -o "$M/$n-q4" -q --q-bits 4 --q-group-size 64 >/dev/null &
+        conv=$!
+    fi
+    q4_0_gguf "$n"
+    [ -z "$conv" ] || wait "$conv" || die "mlxcel convert $M/$n failed"
+    if [ "$gpu" = 1 ] && [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
 # the draft test's models: CPU, the 1B shape and a random 78M draft; --gpu, the Qwen3 pair
@@ -939,11 +1032,17 @@ lookup_model() {
 
 lookup_round() {
     # the trained fixture (bf16 / F16), 512 positions
-    lookup_model tiny "$tiny" "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512
+    if want_lm tiny; then lookup_model tiny "$tiny" "$M/llama-tiny-f16.gguf" "$M/edit-tiny.txt" "$n_tiny" 512; fi
     # the random Llama-3.2-1B (and --gpu 3B) shape, 4-bit, the 410-line file
-    lookup_model 1b "$M/llama-3.2-1b-q4" "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192
-    if [ "$gpu" = 1 ]; then
-        lookup_model 3b "$M/llama-3.2-3b-q4" "$M/llama-3.2-3b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192
+    if want_lm 1b; then
+        lookup_model 1b "$M/llama-3.2-1b-q4" "$M/llama-3.2-1b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192
+        if [ "$gpu" = 1 ]; then
+            lookup_model 3b "$M/llama-3.2-3b-q4" "$M/llama-3.2-3b-q4_0.gguf" "$M/edit-prompt.txt" "$n_gen" 8192
+        fi
+    fi
+    # the copying 1B shape: the chain's words again after its edited copy
+    if want_lm chain; then
+        lookup_model chain "$M/llama-3.2-1b-chain-q4" "$M/llama-3.2-1b-chain-q4_0.gguf" "$M/chain-prompt.txt" "$n_gen" 4096
     fi
 }
 
