@@ -584,39 +584,54 @@ prepare_lookup() {
     if want_lm chain; then chain_model; fi
 }
 
-# chain_model: the lookup test's copying model (--help, lookup): the Llama-3.2-1B shape untied,
-# its head a successor map over the chain of $chain_len word tokens that $M/chain-prompt.txt
-# spells with an edit every 20-30 words; MODELS/llama-3.2-1b-chain-q4 and -q4_0.gguf
-chain_model() {
-    local n=llama-3.2-1b-chain conv=""
-    llama_config 128256 2048 8192 16 32 8 64 false >"$M/$n.json"
-    [ -f "$M/$n-q4/config.json" ] && [ -f "$M/$n-q4_0.gguf" ] && [ -f "$M/chain-prompt.txt" ] && return 0
-    # a folder whose rewrite did not finish is made again (the rewrite is not idempotent)
-    [ -f "$M/$n/.chained" ] || rm -rf "${M:?}/$n"
-    synth "$n" "$M/$n.json" 5 "$M/tok-llama3" --dtype bf16
-    if [ ! -f "$M/$n/.chained" ] && step "chain: $M/$n's embedding x 4096, its lm_head the successor map of $chain_len words"; then
-        "$py" - "$M/$n" "$M/tok-llama3/tokenizer.json" "$M" "$chain_len" <<'PY' || die "cannot rewrite $M/$n"
+# head_rewrite DIR MODE ARGS...: a bf16 folder made to follow a successor map, in place: its
+# embedding x 4096 (the residual stream stays its input token's direction through the random
+# layers) and its lm_head row for token y the (unscaled) embedding row of the token that should
+# precede y, every other row zero. MODE agree ROLE P: the draft test's Qwen3 pair (--help,
+# draft); MODE chain TOKENIZER_JSON OUT_DIR K: the lookup test's chain of K one-token words,
+# whose edited copy it writes as OUT_DIR/chain-prompt.txt (and its ids, chain-ids.json)
+head_rewrite() {
+    "$py" - "$@" <<'PY'
 import json, os, random, re, struct, sys
 import numpy as np
-d, tokjson, mdir, K = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-vocab = json.load(open(tokjson))["model"]["vocab"]
-# words of one token each with their leading space (byte-level BPE spells it \u0120)
-words = sorted(k for k in vocab if re.fullmatch("\u0120[a-z]{3,9}", k))
-rng = random.Random(46)
-rng.shuffle(words)
-assert len(words) >= K + 256, len(words)
-chain, spare = words[:K], words[K:K + 256]
-# the prompt: the chain's words in order, every 20-30th replaced by a spare word (an edit; none
-# in the last 30, so the prompt ends on the chain and the model goes on from its first word)
-text, ids, edit = [], [], rng.randint(20, 30)
-for j, w in enumerate(chain):
-    if j == edit and j < K - 30:
-        w = rng.choice(spare)
-        edit += rng.randint(20, 30)
-    text.append(" " + w[1:])
-    ids.append(vocab[w])
-open(f"{mdir}/chain-prompt.txt", "w").write("".join(text))
-json.dump(ids, open(f"{mdir}/chain-ids.json", "w"))
+d, mode = sys.argv[1], sys.argv[2]
+if mode == "agree":
+    role, p = sys.argv[3], float(sys.argv[4])
+    N = 151643  # the ordinary tokens of the Qwen3 vocabulary (the rest are special)
+    # the target's x -> x + 1 (cyclic over the N ordinary tokens); the draft's the same where a
+    # seeded draw < p, elsewhere the successor of the next such token (a permutation, so every
+    # row of the head is one embedding row)
+    pred = np.arange(N)
+    succ = (pred + 1) % N
+    if role == "draft":
+        bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
+        succ[bad] = succ[np.roll(bad, -1)]
+        assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
+    msg = f"{role}, {N} successors, {np.mean(succ == (pred + 1) % N):.4f} of them the target's"
+else:
+    tokjson, mdir, K = sys.argv[3], sys.argv[4], int(sys.argv[5])
+    vocab = json.load(open(tokjson))["model"]["vocab"]
+    # words of one token each with their leading space (byte-level BPE spells it U+0120)
+    words = sorted(k for k in vocab if re.fullmatch("\u0120[a-z]{3,9}", k))
+    rng = random.Random(46)
+    rng.shuffle(words)
+    assert len(words) >= K + 256, len(words)
+    chain, spare = words[:K], words[K:K + 256]
+    # the prompt: the chain's words in order, every 20-30th replaced by a spare word (an edit;
+    # none in the last 30, so the prompt ends on the chain and the model goes on from its first)
+    text, ids, edit = [], [], rng.randint(20, 30)
+    for j, w in enumerate(chain):
+        if j == edit and j < K - 30:
+            w = rng.choice(spare)
+            edit += rng.randint(20, 30)
+        text.append(" " + w[1:])
+        ids.append(vocab[w])
+    open(f"{mdir}/chain-prompt.txt", "w").write("".join(text))
+    json.dump(ids, open(f"{mdir}/chain-ids.json", "w"))
+    # after chain[j] the greedy pick is chain[j + 1], cyclically
+    pred = np.array([vocab[w] for w in chain])
+    succ = np.roll(pred, -1)
+    msg = f"a chain of {K} words, {sum(1 for a, b in zip(ids, pred) if a != b)} edits in the prompt"
 where = {}
 for fn in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
     with open(f"{d}/{fn}", "rb") as f:
@@ -630,24 +645,22 @@ def view(name):
     a, b = h["data_offsets"]
     return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
 E, H = view("model.embed_tokens.weight"), view("lm_head.weight")
-assert H.shape == E.shape
-# head row of chain[j + 1] = embedding row of chain[j] (before scaling): after chain[j] the
-# greedy pick is chain[j + 1], cyclically; every other row zero
-c = np.array([vocab[w] for w in chain])
+assert H.shape == E.shape and E.shape[0] > int(pred.max())
+# head row succ[i] = embedding row pred[i] (before scaling)
 H[:] = 0
-H[np.roll(c, -1)] = E[c]
+H[succ] = E[pred]
+# embedding x 4096 (exact in bf16: the exponent + 12; these values are far from overflow)
 x = (E.astype(np.uint32) << 16).view(np.float32) * np.float32(4096)
 E[:] = (x.view(np.uint32) >> 16).astype(np.uint16)
 E.flush(); H.flush()
-print(f"{d}: a chain of {K} words, {sum(1 for a, b in zip(ids, c) if a != b)} edits in the prompt")
+print(f"{d}: {msg}")
 PY
-        # the prompt must be the chain's ids to mlxcel's tokenizer (llama.cpp's GGUF carries the same)
-        "$mlxcel" tokenize -m "$M/tok-llama3" -f "$M/chain-prompt.txt" >"$M/chain-prompt.ids" &&
-            "$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' \
-                "$M/chain-prompt.ids" "$M/chain-ids.json" || die "$M/chain-prompt.txt does not tokenize to the chain's ids"
-        touch "$M/$n/.chained"
-    fi
-    # the MLX 4-bit folder and the Q4_0 GGUF, both from the rewritten bf16 one
+}
+
+# q4_both NAME: MODELS/NAME-q4 (mlxcel convert -q, 4-bit g64) and NAME-q4_0.gguf from the bf16
+# folder NAME, side by side
+q4_both() {
+    local n=$1 conv=""
     if [ ! -f "$M/$n-q4/config.json" ] && step "mlxcel convert -m $M/$n -o $M/$n-q4 -q --q-bits 4 --q-group-size 64"; then
         rm -rf "${M:?}/$n-q4"
         nice -n 10 "$mlxcel" convert -m "$M/$n" -o "$M/$n-q4" -q --q-bits 4 --q-group-size 64 >/dev/null &
@@ -655,6 +668,27 @@ PY
     fi
     q4_0_gguf "$n"
     [ -z "$conv" ] || wait "$conv" || die "mlxcel convert $M/$n failed"
+}
+
+# chain_model: the lookup test's copying model (--help, lookup): the Llama-3.2-1B shape untied,
+# its head a successor map over the chain of $chain_len word tokens that $M/chain-prompt.txt
+# spells with an edit every 20-30 words; MODELS/llama-3.2-1b-chain-q4 and -q4_0.gguf
+chain_model() {
+    local n=llama-3.2-1b-chain
+    llama_config 128256 2048 8192 16 32 8 64 false >"$M/$n.json"
+    [ -f "$M/$n-q4/config.json" ] && [ -f "$M/$n-q4_0.gguf" ] && [ -f "$M/chain-prompt.txt" ] && return 0
+    # a folder whose rewrite did not finish is made again (the rewrite is not idempotent)
+    [ -f "$M/$n/.chained" ] || rm -rf "${M:?}/$n"
+    synth "$n" "$M/$n.json" 5 "$M/tok-llama3" --dtype bf16
+    if [ ! -f "$M/$n/.chained" ] && step "chain: $M/$n's embedding x 4096, its lm_head the successor map of $chain_len words"; then
+        head_rewrite "$M/$n" chain "$M/tok-llama3/tokenizer.json" "$M" "$chain_len" || die "cannot rewrite $M/$n"
+        # the prompt must be the chain's ids to mlxcel's tokenizer (llama.cpp's GGUF carries the same)
+        "$mlxcel" tokenize -m "$M/tok-llama3" -f "$M/chain-prompt.txt" >"$M/chain-prompt.ids" &&
+            "$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])) != json.load(open(sys.argv[2])))' \
+                "$M/chain-prompt.ids" "$M/chain-ids.json" || die "$M/chain-prompt.txt does not tokenize to the chain's ids"
+        touch "$M/$n/.chained"
+    fi
+    q4_both "$n"
     if [ "$gpu" = 1 ] && [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
@@ -676,53 +710,9 @@ qwen3_one() {
     [ -f "$M/$n/.agreed" ] || rm -rf "${M:?}/$n"
     synth "$n" "$M/$n.json" "$seed" "$M/tok-qwen3" --dtype bf16
     if [ ! -f "$M/$n/.agreed" ] && step "agree: $M/$n's embedding x 4096, its lm_head the successor map ($role, --agree $agree)"; then
-        "$py" - "$M/$n" "$role" "$agree" <<'PY' && touch "$M/$n/.agreed" || die "cannot rewrite $M/$n"
-import json, os, struct, sys
-import numpy as np
-d, role, p = sys.argv[1], sys.argv[2], float(sys.argv[3])
-N = 151643  # the ordinary tokens of the Qwen3 vocabulary (the rest are special)
-where = {}
-for fn in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
-    with open(f"{d}/{fn}", "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        for k, v in json.loads(f.read(n)).items():
-            if k != "__metadata__":
-                where[k] = (f"{d}/{fn}", 8 + n, v)
-def view(name):
-    path, base, h = where[name]
-    assert h["dtype"] == "BF16", (name, h["dtype"])
-    a, b = h["data_offsets"]
-    return np.memmap(path, dtype=np.uint16, mode="r+", offset=base + a, shape=tuple(h["shape"]))
-E, H = view("model.embed_tokens.weight"), view("lm_head.weight")
-V = E.shape[0]
-assert H.shape == E.shape and V >= N
-# the successor map: the target's x -> x + 1 (cyclic over the N ordinary tokens); the draft's
-# the same where a seeded draw < p, elsewhere the successor of the next such token (a
-# permutation, so every row of the head is one embedding row)
-succ = (np.arange(N) + 1) % N
-if role == "draft":
-    bad = np.flatnonzero(np.random.default_rng(44).random(N) >= p)
-    succ[bad] = succ[np.roll(bad, -1)]
-    assert len(bad) < 2 or not np.any(succ[bad] == (bad + 1) % N)
-# head row succ[x] = embedding row x (before scaling): the greedy pick after token x is succ[x]
-H[:] = 0
-H[succ] = E[:N]
-# embedding x 4096 (exact in bf16: the exponent + 12; these values are far from overflow)
-x = (E.astype(np.uint32) << 16).view(np.float32) * np.float32(4096)
-E[:] = (x.view(np.uint32) >> 16).astype(np.uint16)
-E.flush(); H.flush()
-print(f"{d}: {role}, {N} successors, {np.mean(succ == (np.arange(N) + 1) % N):.4f} of them the target's")
-PY
+        head_rewrite "$M/$n" agree "$role" "$agree" && touch "$M/$n/.agreed" || die "cannot rewrite $M/$n"
     fi
-    # the MLX 4-bit folder and the Q4_0 GGUF at once, both read the bf16 one
-    local conv=""
-    if [ ! -f "$M/$n-q4/config.json" ] && step "mlxcel convert -m $M/$n -o $M/$n-q4 -q --q-bits 4 --q-group-size 64"; then
-        rm -rf "${M:?}/$n-q4"
-        nice -n 10 "$mlxcel" convert -m "$M/$n" -o "$M/$n-q4" -q --q-bits 4 --q-group-size 64 >/dev/null &
-        conv=$!
-    fi
-    q4_0_gguf "$n"
-    [ -z "$conv" ] || wait "$conv" || die "mlxcel convert $M/$n failed"
+    q4_both "$n"
     if [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
