@@ -4,7 +4,8 @@
 # the gate, the sanitizer and the benchmarks together.
 #
 #   scripts/gpu-loop.sh pack [DIR]    on the development machine: build Release with the
-#                                     CUDA plugin and copy mlxcel, run_tests, the plugin and
+#                                     CUDA plugin and copy mlxcel, run_tests, the plugin,
+#                                     dev/kernels/bench_cuda_linear and
 #                                     every shared library they need that is not glibc's
 #                                     or the driver's into DIR (default .gpu, ignored by git);
 #                                     with BASE_PLUGIN=FILE, a baseline plugin (an older

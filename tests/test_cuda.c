@@ -1123,17 +1123,6 @@ static void test_recurrent_prefill(void **state)
 
 // ---- fused ops (ADR 0138) ----
 
-/* The worst |a - b| over the largest |a|. */
-static double max_rel(const float *a, const float *b, size_t n)
-{
-    double mx = 0, md = 0;
-    for (size_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(a[i]));
-        md = fmax(md, fabs((double)a[i] - b[i]));
-    }
-    return mx > 0 ? md / mx : md;
-}
-
 /* A residual add h += rs * o and the norm after it: n_tok rows of n, h (and the norm) of
  * stride ld, o of stride ldo; the norm writes yw: 0 a buffer of its own, 1 h, 2 o. */
 struct resnorm_tc {
@@ -1224,7 +1213,7 @@ static double resnorm_case(struct backend *cpu, struct backend *gpu, const struc
         fail_msg("residual add + norm (%d rows of %d, ld %d, ldo %d, y %d, %s): fused and "
                  "one by one differ", tc->n_tok, tc->n, tc->ld, tc->ldo, tc->yw,
                  tc->layer ? "layer" : "rms");
-    double r = fmax(max_rel(h, hf, nh), max_rel(cy, yf, ny));
+    double r = fmax(rel_err(h, hf, nh), rel_err(cy, yf, ny));
     free(h0);
     free(o0);
     free(h);
@@ -1339,7 +1328,7 @@ static double ropestore_case(struct backend *cpu, struct backend *gpu, const str
         fail_msg("rope + kv_store (%d rows, %d + %d heads of %d, n_rot %d, %s): fused and one "
                  "by one differ", tc->n_tok, tc->n_head, tc->n_kv, tc->hd, tc->n_rot,
                  dtype_name(tc->dt));
-    double r = fmax(max_rel(q, fq, nq), fmax(max_rel(ck, fk, nc), max_rel(cv, fv, nc)));
+    double r = fmax(rel_err(q, fq, nq), fmax(rel_err(ck, fk, nc), rel_err(cv, fv, nc)));
     free(qkv);
     free(q);
     free(inv);

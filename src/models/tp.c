@@ -390,12 +390,11 @@ static int split_mamba(struct model *rm, struct layer *L, const struct hparams *
         rc = take_segs(rm, &L->ssm_in_b, in, 2, e);
     struct tensor *rows[] = {&L->ssm_conv, &L->ssm_conv_b, &L->ssm_dt, &L->ssm_dt_b, &L->ssm_a, &L->ssm_d};
     rc = take_rows_of(rm, rows, 6, c0, dr, rc, e);
-    struct tensor *cols[] = {&L->ssm_x, &L->ssm_xbc, &L->ssm_out};
-    for (size_t k = 0; k < sizeof cols / sizeof cols[0] && rc == 0; k++)
-        rc = take_cols(rm, cols[k], c0, dr, e);
-    if (p->r > 0)
-        memset(&L->ssm_out_b, 0, sizeof L->ssm_out_b);
-    return rc;
+    if (rc == 0)   /* x_proj: its dt / B / C products' columns of the rank's channels */
+        rc = take_cols(rm, &L->ssm_x, c0, dr, e);
+    if (rc == 0)
+        rc = take_cols(rm, &L->ssm_xbc, c0, dr, e);
+    return take_out(rm, L, p->r, c0, dr, rc, e);
 }
 
 /* Griffin's recurrent blocks (RecurrentGemma) split by heads when every one does: linear_y and

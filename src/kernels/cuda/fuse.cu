@@ -77,33 +77,35 @@ static bool norm_takes(const struct cuda_backend *c, const float *y, const float
     return apart(y, ny, x, ny) && apart(y, ny, p->x, span_of(n_tok, n, p->ldx));
 }
 
+/* The norm with the held axpy folded in when norm_takes says so (true), else the held op
+ * launched first and false: the caller launches the norm alone. */
+static bool norm_fused(struct cuda_backend *c, float *y, const float *x, int ld, const struct tensor *w,
+                       float w_off, const struct tensor *b, float eps, int n_tok, int per_tok, int n,
+                       bool layer)
+{
+    if (!norm_takes(c, y, x, ld, n_tok, per_tok, n)) {
+        cu_flush(c);
+        return false;
+    }
+    struct cu_pend p = c->pend;
+    c->pend.kind = CU_PEND_NONE;
+    cu_norm_res(c, y, p.y, p.x, p.ldx, p.s, ld, w, w_off, b, eps, n_tok, n, layer);
+    return true;
+}
+
 void cu_fuse_rmsnorm(struct backend *be, float *y, const float *x, int ld, const struct tensor *w,
                      float w_off, float eps, int n_tok, int per_tok, int n)
 {
-    struct cuda_backend *c = cu_of(be);
-    if (norm_takes(c, y, x, ld, n_tok, per_tok, n)) {
-        struct cu_pend p = c->pend;
-        c->pend.kind = CU_PEND_NONE;
-        cu_norm_res(c, y, p.y, p.x, p.ldx, p.s, ld, w, w_off, NULL, eps, n_tok, n, false);
-        return;
-    }
-    cu_flush(c);
-    cu_rmsnorm(be, y, x, ld, w, w_off, eps, n_tok, per_tok, n);
+    if (!norm_fused(cu_of(be), y, x, ld, w, w_off, NULL, eps, n_tok, per_tok, n, false))
+        cu_rmsnorm(be, y, x, ld, w, w_off, eps, n_tok, per_tok, n);
 }
 
 void cu_fuse_layernorm(struct backend *be, float *y, const float *x, int ld,
                        const struct tensor *w, float w_off, const struct tensor *b, float eps,
                        int n_tok, int per_tok, int n)
 {
-    struct cuda_backend *c = cu_of(be);
-    if (norm_takes(c, y, x, ld, n_tok, per_tok, n)) {
-        struct cu_pend p = c->pend;
-        c->pend.kind = CU_PEND_NONE;
-        cu_norm_res(c, y, p.y, p.x, p.ldx, p.s, ld, w, w_off, b, eps, n_tok, n, true);
-        return;
-    }
-    cu_flush(c);
-    cu_layernorm(be, y, x, ld, w, w_off, b, eps, n_tok, per_tok, n);
+    if (!norm_fused(cu_of(be), y, x, ld, w, w_off, b, eps, n_tok, per_tok, n, true))
+        cu_layernorm(be, y, x, ld, w, w_off, b, eps, n_tok, per_tok, n);
 }
 
 void cu_fuse_rope(struct backend *be, float *x, int ld, int n_tok, int n_head, int head_dim,
