@@ -22,15 +22,18 @@
 #   tpgpu      run_tests tp on CUDA: tensor-parallel ranks on one GPU (ADR 0139), log tp.log
 #   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (GENT s each, float64
 #              references; CPU torch) into $OUT/gen.tar.xz
-#   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which), for ab, in /tmp/ab
+#   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which; ABQ=q8|bf16 for other
+#              weights), for ab, in /tmp/ab
 #   cudat      run_tests cuda alone (log cudat.log)
 #   ab         mlxcel bench with the baseline plugin and the new one, A/B/A (ABVAR=NAME: one
 #              plugin, the variable NAME 0 and 1)
 #   lin        dev/kernels/bench_cuda_linear (LINBITS), once per LINENV setting
+#   ncuprof    Nsight Compute (--clock-control none) on absetup's first model: a few prefill
+#              and depth-4096 decode kernels (NCUKP / NCUKT: kernel regexes), ncu-pp/tg.txt
 #   hybgpu     dev/bench/hybrid-gpu/run.sh (chunked recurrent prefill against the recurrence)
 #   llsetup:SHAPES[:QUANTS], llbench[:SHAPES[:QUANTS]]   dev/bench/hybrid-llamacpp/run.sh --gpu
 #              (--quant QUANTS, default q4; llbench's SHAPES default LLSHAPES; LLARGS)
-#   embspec    scripts/bench-embed-spec-vs-llamacpp.sh --gpu (ESTESTS, ESR)
+#   embspec    scripts/bench-embed-spec-vs-llamacpp.sh --gpu (ESTESTS, ESR; ESARGS: more of its flags)
 #   vision     dev/bench/vision-llamacpp/run.sh --gpu (VISR)
 #   sanit      compute-sanitizer memcheck on three goldens (gate and sanit: scripts/gpu-loop.sh)
 # Example (one call, ~10 min): dev/gpu/lease.sh lim:540 llb bg:gen bg:absetup gate lim:430 ab \
@@ -160,14 +163,14 @@ ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetu
     local n=0
     while [ ! -f /tmp/ab/.done ] && [ $n -lt 300 ]; do sleep 2; n=$((n + 2)); done
     for m in ${ABM:-llama-1b llama-8b}; do
-        [ -f /tmp/ab/$m-q4/config.json ] || continue
+        [ -f /tmp/ab/$m-${ABQ:-q4}/config.json ] || continue
         for pl in base new base; do
             f=$P/bin/libmlxcel-cuda.so
             [ $pl = base ] && [ -z "${ABVAR:-}" ] && f=$P/bin/base/libmlxcel-cuda.so
             v=1
             [ $pl = base ] && v=0
             echo "== $m $pl" >>"$OUT/ab.log"
-            env ${ABVAR:+$ABVAR=$v} MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/ab/$m-q4 -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
+            env ${ABVAR:+$ABVAR=$v} MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/ab/$m-${ABQ:-q4} -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
         done
     done
     cat "$OUT/ab.log"
@@ -197,20 +200,43 @@ vision() {
 
 embspec() {
     say "embspec start ${ESTESTS:-embed,lookup,draft} (disk: $(df -h /tmp | tail -1))"
+    # shellcheck disable=SC2086
     PYTHON=python3 GGUF_PY=/tmp/llsrc/gguf-py EDIT_SRC=$R/.gpu/sampler-46dfd2c.c MODELS=/tmp/esm \
-        scripts/bench-embed-spec-vs-llamacpp.sh --gpu -r "${ESR:-2}" --tests "${ESTESTS:-embed,lookup,draft}" -o /tmp/o/es >"$OUT/embspec.log" 2>&1
+        scripts/bench-embed-spec-vs-llamacpp.sh --gpu -r "${ESR:-2}" --tests "${ESTESTS:-embed,lookup,draft}" -o /tmp/o/es ${ESARGS:-} >"$OUT/embspec.log" 2>&1
     say "embspec rc=$?"
     cat /tmp/o/es/summary.md 2>/dev/null
 }
 
-absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at the end
+absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at the end;
+             # ABQ: q4 (4-bit g64, the default), q8 or bf16 (float weights)
     mkdir -p /tmp/ab
+    local q=${ABQ:-q4} qa="-q --q-bits ${ABQ#q} --q-group-size 64"
+    [ "$q" = bf16 ] && qa="--dtype bf16"
     for m in ${ABM:-llama-1b llama-8b}; do
         python3 dev/bench/hybrid-llamacpp/shapes.py $m 0 /tmp/ab/$m.json &&
-            "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-q4 --seed 41 -t 8 -q --q-bits 4 --q-group-size 64 >/dev/null 2>&1
+            # shellcheck disable=SC2086
+            "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-$q --seed 41 -t 8 $qa >/dev/null 2>&1
         say "absetup $m rc=$?"
     done
     touch /tmp/ab/.done
+}
+
+ncuprof() {  # Nsight Compute on absetup's first model (ABM, ABQ): the prefill's and the decode's
+            # products and attention, a few launches each, into ncu-pp.txt / ncu-tg.txt
+    say "ncu start"
+    local n=0 m
+    while [ ! -f /tmp/ab/.done ] && [ $n -lt 300 ]; do sleep 2; n=$((n + 2)); done
+    m=/tmp/ab/$(echo ${ABM:-llama-8b} | cut -d' ' -f1)-${ABQ:-q4}
+    local sec="--section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats"
+    # shellcheck disable=SC2086
+    timeout 240 ncu --clock-control none $sec -k "regex:${NCUKP:-mma_affine|attn_fa|attn_kernel}" --launch-skip 8 --launch-count 6 \
+        "$MLXCEL_BIN" bench --device cuda -m "$m" -p 512 -n 0 -r 1 >"$OUT/ncu-pp.txt" 2>&1
+    say "ncu pp rc=$?"
+    # shellcheck disable=SC2086
+    timeout 240 ncu --clock-control none $sec -k "regex:${NCUKT:-gemv|attn_fd|attn_split|rope|norm}" --launch-skip 300 --launch-count 12 \
+        "$MLXCEL_BIN" bench --device cuda -m "$m" -p 0 -n 16 -d 4096 -r 1 >"$OUT/ncu-tg.txt" 2>&1
+    say "ncu tg rc=$?"
+    cp "$OUT"/ncu-*.txt "$FINAL/" 2>/dev/null
 }
 
 cudat() {  # run_tests cuda alone (no fixtures needed): the kernels against the CPU
@@ -231,7 +257,7 @@ run_step() {
     if [ "$(el)" -gt "$LIM" ]; then say "skip $1 (past ${LIM}s)"; return 0; fi
     case $1 in
     lim:*) LIM=${1#lim:} ;;
-    llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | lin | cudat | vision | embspec | absetup) $1 ;;
+    llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | lin | cudat | ncuprof | vision | embspec | absetup) $1 ;;
     llsetup:*) a=${1#llsetup:}; llsetup "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
     llbench:*) a=${1#llbench:}; llbench "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
     bg:*) run_step "${1#bg:}" & ;;

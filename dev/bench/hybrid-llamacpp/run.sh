@@ -17,8 +17,8 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
 
   -o, --out DIR        output folder (default /tmp/bench-hybrid-llamacpp): runs.jsonl,
                        summary.md, raw/ (each process's stdout and stderr)
-      --shapes LIST    comma-separated, from granite-h-tiny,qwen3-next,llama-1b,llama-8b
-                       (default: the first three)
+      --shapes LIST    comma-separated, from granite-h-tiny,qwen3-next,llama-1b,llama-8b,
+                       qwen3-30b-a3b (default: the first three)
       --layers N       cut every shape to its first N layers (widths and layer pattern kept;
                        0 = all, the default): the smoke test's small models
   -t, --threads N      threads for both engines (default 2)
@@ -107,7 +107,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 for s in ${shapes_sel//,/ }; do
-    case $s in granite-h-tiny|qwen3-next|llama-1b|llama-8b) ;; *) die "unknown shape '$s'" ;; esac
+    case $s in granite-h-tiny|qwen3-next|llama-1b|llama-8b|qwen3-30b-a3b) ;; *) die "unknown shape '$s'" ;; esac
 done
 for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth"; do
     case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
@@ -217,7 +217,7 @@ mlx_of() { echo "$M/$1-$2"; }
 make_gguf() {
     local shape=$1 name tok q need=0
     name=$(model_name "$shape")
-    case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-next) tok=qwen3 ;; llama-*) tok=llama3_1 ;; esac
+    case $shape in granite-h-tiny) tok=gpt2 ;; qwen3-*) tok=qwen3 ;; llama-*) tok=llama3_1 ;; esac
     tokenizer $tok
     "$py" "$here/shapes.py" "$shape" "$layers" "$M/$name.json" || die "shapes.py $shape failed"
     for q in ${quants//,/ }; do [ -f "$(gguf_of "$name" $q)" ] || need=1; done

@@ -21,6 +21,12 @@ NAME is one of:
                   (16 x 2048, 32 / 8 heads of 64, FFN 8192, vocabulary 128256, tied).
   llama-8b        Llama-3.1-8B's shape (32 x 4096, 32 / 8 heads of 128, FFN 14336, vocabulary
                   128256, untied): the GPU runs' dense reference (issue 42's table).
+  qwen3-30b-a3b   Qwen3-30B-A3B's shape (qwen3_moe: hidden 2048, 32 / 4 heads of 128 with
+                  q/k norms, 128 experts of 768 top-8 normalized, vocabulary 151936, untied,
+                  rope theta 1e6) with 12 of its 48 layers: every layer whole (all 128 experts,
+                  so a prefill's tokens spread over the experts as in the real model), ~7.9B
+                  parameters in all (4-bit ~4.4 GB); the time per layer is the real one, so
+                  tokens/s are about 4x the full model's for both engines (issue 42's MoE row).
 LAYERS cuts the shape to its first LAYERS layers (0: all), the layer pattern kept: the smoke
 test's small models (widths unchanged).
 """
@@ -83,8 +89,21 @@ def llama_8b():
     return cfg
 
 
+def qwen3_30b_a3b():
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 12, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "hidden_act": "silu", "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+        "attention_bias": False, "torch_dtype": "bfloat16", "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+
+
 SHAPES = {"granite-h-tiny": granite_h_tiny, "qwen3-next": qwen3_next, "llama-1b": llama_1b,
-          "llama-8b": llama_8b}
+          "llama-8b": llama_8b, "qwen3-30b-a3b": qwen3_30b_a3b}
 
 
 def main():
