@@ -251,14 +251,24 @@ __device__ __forceinline__ float half_code(uint32_t b)
  * 2k + 1 in its high one), so that Σ q x = 32 F - 16 Σ x: one permute and one FMA per code.
  * The 0.5 costs about two bits of the f32 sum (the products stay exact), far inside the
  * tolerance of test_cuda and the goldens. */
-template <int BITS>
+template <int BITS, int WDT = DTYPE_BF16>
 __device__ __forceinline__ float piece_dot(uint4 q, const float *x)
 {
     const uint32_t u[4] = {q.x, q.y, q.z, q.w};
     float d0 = 0.0f, d1 = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        if constexpr (BITS == 4) {
+        if constexpr (BITS == 16) {
+            /* 16-bit float weights: elements 2i (low half) and 2i + 1 of the piece */
+            if constexpr (WDT == DTYPE_BF16) {
+                d0 = fmaf(__uint_as_float(u[i] << 16), x[2 * i], d0);
+                d1 = fmaf(__uint_as_float(u[i] & 0xffff0000u), x[2 * i + 1], d1);
+            } else {
+                const float2 f = __half22float2(*(const __half2 *)&u[i]);
+                d0 = fmaf(f.x, x[2 * i], d0);
+                d1 = fmaf(f.y, x[2 * i + 1], d1);
+            }
+        } else if constexpr (BITS == 4) {
             uint32_t lo = (u[i] << 3) & 0x78787878u, hi = (u[i] >> 1) & 0x78787878u;
             d0 = fmaf(half_code<0>(lo), x[8 * i], d0);
             d1 = fmaf(half_code<0>(hi), x[8 * i + 1], d1);
@@ -290,8 +300,9 @@ __device__ __forceinline__ void ga_rows(const cu_wmat &w, int r0, const uint4 *(
     }
 }
 
-/* Weights, scales and biases of the pieces p0 + 32 KS u (u < U) of R rows. */
-template <int SDT, int R, int U, int KS>
+/* Weights, scales and biases of the pieces p0 + 32 KS u (u < U) of R rows (BITS 16: float
+ * weights, scale 1 and bias 0). */
+template <int SDT, int R, int U, int KS, int BITS = 4>
 __device__ __forceinline__ void ga_load(uint4 (&q)[U][R], float (&sc)[U][R], float (&bi)[U][R],
                                         const uint4 *const (&wr)[R], const uint8_t *const (&sr)[R],
                                         const uint8_t *const (&br)[R], int p0, int n_p, int gsh)
@@ -303,8 +314,13 @@ __device__ __forceinline__ void ga_load(uint4 (&q)[U][R], float (&sc)[U][R], flo
 #pragma unroll
         for (int r = 0; r < R; r++) {
             q[u][r] = ok ? __ldg(wr[r] + p) : make_uint4(0, 0, 0, 0);
-            sc[u][r] = ok ? cu_ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
-            bi[u][r] = ok ? cu_ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
+            if constexpr (BITS == 16) {  /* float weights: no scales (SDT is their dtype) */
+                sc[u][r] = 1.0f;
+                bi[u][r] = 0.0f;
+            } else {
+                sc[u][r] = ok ? cu_ld_sb<SDT>(sr[r], p >> gsh) : 0.0f;
+                bi[u][r] = ok ? cu_ld_sb<SDT>(br[r], p >> gsh) : 0.0f;
+            }
         }
     }
 }
@@ -357,7 +373,7 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     for (int p0 = lane + (KS > 1 ? 32 * wid : 0); p0 < n_p; p0 += 32 * KS * U) {
         uint4 q[U][R];
         float sc[U][R], bi[U][R];
-        ga_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, p0, n_p, jb.gsh);
+        ga_load<SDT, R, U, KS, BITS>(q, sc, bi, wr, sr, br, p0, n_p, jb.gsh);
         if (BITS == 4)  /* s Σ q x + b Σ x = 32 s F + (b - 16 s) Σ x */
 #pragma unroll
             for (int u = 0; u < U; u++)
@@ -385,7 +401,10 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
                 }
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    acc[r][t] += sc[u][r] * piece_dot<BITS>(q[u][r], xv) + bi[u][r] * xs;
+                    if constexpr (BITS == 16)
+                        acc[r][t] += piece_dot<16, SDT>(q[u][r], xv);
+                    else
+                        acc[r][t] += sc[u][r] * piece_dot<BITS>(q[u][r], xv) + bi[u][r] * xs;
             }
         }
     }
@@ -760,6 +779,9 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
  * of >= 32 elements, f32/f16/bf16 scales; else gemv_kernel. */
 static bool ga_ok(const cu_wmat &m, const float *x)
 {
+    if (!m.qbits && (m.dt == DTYPE_BF16 || m.dt == DTYPE_F16))  /* 16-bit floats: BITS 16 */
+        return m.in % 8 == 0 && (uintptr_t)m.data % 16 == 0 && m.row_bytes % 16 == 0 &&
+               (uintptr_t)x % 16 == 0;
     return m.qmode == QMODE_AFFINE && (m.qbits == 4 || m.qbits == 8) && m.qgroup >= 32 &&
            !(m.qgroup & (m.qgroup - 1)) && m.in % m.qgroup == 0 && (uintptr_t)m.data % 16 == 0 &&
            m.row_bytes % 16 == 0 && (uintptr_t)x % 16 == 0 &&
@@ -869,7 +891,11 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         cu_check(c, "gemv");
         return;
     }
-    if (m.qbits == 4 && m.qsdt == DTYPE_BF16)
+    if (!m.qbits && m.dt == DTYPE_BF16)
+        ga_launch_nt<16, DTYPE_BF16>(c, js, n_tok, rows);
+    else if (!m.qbits)
+        ga_launch_nt<16, DTYPE_F16>(c, js, n_tok, rows);
+    else if (m.qbits == 4 && m.qsdt == DTYPE_BF16)
         ga_launch_nt<4, DTYPE_BF16>(c, js, n_tok, rows);
     else if (m.qbits == 4 && m.qsdt == DTYPE_F16)
         ga_launch_nt<4, DTYPE_F16>(c, js, n_tok, rows);
@@ -888,7 +914,7 @@ static ga_job ga_job_of(float *y, int ldy, const float *x, const cu_wmat &m,
                         const struct tensor *bias)
 {
     int gsh = 0;
-    while ((128 / m.qbits << gsh) < m.qgroup)
+    while (m.qbits && (128 / m.qbits << gsh) < m.qgroup)
         gsh++;
     return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0};
 }
@@ -941,7 +967,7 @@ void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jo
         const struct tensor *bias = jb->b && tensor_is_present(jb->b) ? jb->b : NULL;
         bool joins = jb->n_tok > 0 && jb->n_tok <= GEMV_TOK && ga_ok(m, jb->x) &&
                      (js.n == 0 || (n_tok == jb->n_tok && m.qbits == js.j[0].w.qbits &&
-                                    m.qsdt == js.j[0].w.qsdt));
+                                    m.qsdt == js.j[0].w.qsdt && m.dt == js.j[0].w.dt));
         if (js.n > 0 && (!joins || js.n == GA_MAX_JOBS)) {
             if (!c->err_rc)
                 ga_run(c, js, n_tok);
