@@ -961,7 +961,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static const char *const fams[] = {"deepseek_v3", "glm4_moe", "glm4_moe_lite", "qwen3_next", "qwen3_5_text"};
     enum { N_FAMS = sizeof fams / sizeof fams[0] };
-    static struct CMUnitTest t[N_FAMS + 9];
+    static struct CMUnitTest t[N_FAMS + 10];
     static char names[N_FAMS][48];
     size_t n = 0;
     for (int i = 0; i < N_FAMS; i++) {
@@ -975,6 +975,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_errors_qwen3_next);
     t[n++] = (struct CMUnitTest)cmocka_unit_test(mtp_reference);
     t[n++] = (struct CMUnitTest){"mtp_reference_qwen3_next", mtp_reference, NULL, NULL, (void *)"qwen3_next_mtp"};
+    t[n++] = (struct CMUnitTest){"mtp_reference_qwen3_5", mtp_reference, NULL, NULL, (void *)"qwen3_5_text_mtp"};
     *tests = t;
     *n_tests = n;
 }
