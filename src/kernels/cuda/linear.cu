@@ -3,9 +3,10 @@
  * (F32/F16/BF16, MLX affine 2..8 bits, mxfp4, mxfp8, nvfp4), and the
  * embedding lookup, on the GPU.
  *
- * Decode (n_tok <= GEMV_TOK), MLX affine 4/8 bits: gemv_affine_kernel (several
- * rows per warp, 16-byte code loads in flight, split K for few long rows, up
- * to GA_MAX_JOBS products of one format per launch: q | k | v, gate | up).
+ * Decode (n_tok <= GEMV_TOK), MLX affine 4/8 bits and bf16 / f16 rows (ADR 0142):
+ * gemv_affine_kernel (several rows per warp, 16-byte code loads in flight, split K
+ * for few long rows, up to GA_MAX_JOBS products of one format per launch: q | k | v,
+ * gate | up).
  *
  * Decode, every other format: fused dequant-GEMV. One warp per output row,
  * 8 warps per block; lane l takes the row's 32-element chunks l, l + 32, ...
@@ -775,8 +776,9 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
     }
 }
 
-/* Whether the affine 4/8-bit GEMV takes w and x: 16-byte aligned rows, power-of-two groups
- * of >= 32 elements, f32/f16/bf16 scales; else gemv_kernel. */
+/* Whether the affine GEMV takes w and x: 16-byte aligned rows and x; affine 4/8 bits in
+ * power-of-two groups of >= 32 elements with f32/f16/bf16 scales, or bf16 / f16 rows of a
+ * multiple of 8 elements (BITS 16, ADR 0142); else gemv_kernel. */
 static bool ga_ok(const cu_wmat &m, const float *x)
 {
     if (!m.qbits && (m.dt == DTYPE_BF16 || m.dt == DTYPE_F16))  /* 16-bit floats: BITS 16 */
