@@ -77,12 +77,14 @@ rm -rf "$R"/tests/fixtures/golden/*/ "$R"/tests/fixtures/models/*/ "$R"/tests/fi
     "$R"/tests/fixtures/quant/*/
 sh "$R/scripts/fixtures.sh" unpack || exit 1
 export FIXTURES_FRESH=1
-LLT=${LLT:-"llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize"}
+LLT=${LLT:-"llama-bench llama-mtmd-cli llama-embedding llama-lookup llama-speculative-simple llama-completion llama-tokenize llama-quantize llama-batched-bench"}
 
 llb() {
-    if [ -x /tmp/llb/bin/llama-bench ] && [ -x /tmp/llb/bin/llama-mtmd-cli ]; then say "llb: already built"; return 0; fi
+    local t miss=
+    for t in $LLT; do [ -x /tmp/llb/bin/$t ] || miss="$miss $t"; done
+    if [ -z "$miss" ]; then say "llb: already built"; return 0; fi  # else (again) the LLT targets
     rm -f /tmp/llb.done  # a warm machine's marker of an earlier build: llwait must wait for this one
-    mkdir -p /tmp/llsrc && tar -C /tmp/llsrc -xJf "$R/.gpu/llsrc.tar.xz"
+    [ -f /tmp/llsrc/CMakeLists.txt ] || { mkdir -p /tmp/llsrc && tar -C /tmp/llsrc -xJf "$R/.gpu/llsrc.tar.xz"; }
     (
         s=$(date +%s)
         cmake -S /tmp/llsrc -B /tmp/llb -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \

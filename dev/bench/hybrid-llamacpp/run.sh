@@ -39,6 +39,12 @@ usage: dev/bench/hybrid-llamacpp/run.sh [OPTIONS]
                        default), q8 (MLX 8-bit g64 against Q8_0, made by llama-quantize from
                        an F16 GGUF: needs LLAMA_BUILD at setup) and bf16 (the bf16 folder
                        against an F16 GGUF); the summary names the non-q4 ones "SHAPE@FORMAT"
+      --batched LIST   also aggregate decode of S sequences together, for each S of the
+                       comma-separated LIST (e.g. 16,64): mlxcel `bench -p 0 -n N -d P -s S`
+                       against llama.cpp's `llama-batched-bench -npp P -ntg N -npl S` (every
+                       sequence its own P-token prompt, then N tokens each; S_TG, the
+                       decode's tokens/s of all sequences); needs bin/llama-batched-bench
+      --batched-prompt P  the prompt of each batched sequence (default 128)
       --keep           keep the bf16 folders (the full shapes' are 14 + 13 + 2.5 GB)
       --setup-only     make the models, then stop
   -h, --help           this help
@@ -80,7 +86,7 @@ root=$(cd "$here/../../.." && pwd)
 sh "$root/scripts/fixtures.sh" unpack >/dev/null || { echo "$0: scripts/fixtures.sh unpack failed" >&2; exit 1; }
 out=/tmp/bench-hybrid-llamacpp
 shapes_sel=granite-h-tiny,qwen3-next,llama-1b
-quants=q4 layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0
+batched='' b_pp=128 quants=q4 layers=0 threads=2 reps=1 rounds=1 n_pp=512 n_tg=32 depth=8192 kv=f16 fa=off keep=0 setup_only=0 gpu=0
 die() { echo "hybrid-llamacpp: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 
@@ -98,6 +104,8 @@ while [ $# -gt 0 ]; do
     -d|--depth) depth=${2:?}; shift ;;
     --kv-type) kv=${2:?}; shift ;;
     --fa) fa=${2:?}; shift ;;
+    --batched) batched=${2:?}; shift ;;
+    --batched-prompt) b_pp=${2:?}; shift ;;
     --keep) keep=1 ;;
     --gpu) gpu=1 ;;
     --setup-only) setup_only=1 ;;
@@ -109,7 +117,7 @@ done
 for s in ${shapes_sel//,/ }; do
     case $s in granite-h-tiny|qwen3-next|llama-1b|llama-8b|qwen3-30b-a3b) ;; *) die "unknown shape '$s'" ;; esac
 done
-for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth"; do
+for v in "$threads" "$reps" "$rounds" "$n_pp" "$n_tg" "$depth" "$b_pp" ${batched//,/ }; do
     case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
 done
 for q in ${quants//,/ }; do
@@ -126,6 +134,8 @@ build=${LLAMA_BUILD:-$cache/llama.cpp-build}
 mlxcel=${MLXCEL:-$root/build/mlxcel}
 llama_bench=$build/bin/llama-bench
 [ "$setup_only" = 1 ] || [ -x "$llama_bench" ] || die "no $llama_bench (LLAMA_BUILD=a llama.cpp build folder)"
+llama_batched=$build/bin/llama-batched-bench
+[ "$setup_only" = 1 ] || [ -z "$batched" ] || [ -x "$llama_batched" ] || die "--batched: no $llama_batched"
 [ -x "$mlxcel" ] || die "no $mlxcel (MLXCEL=an mlxcel binary, or build build/mlxcel)"
 src=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
 [ -n "$src" ] || src=${LLAMA_SRC:-$cache/llama.cpp-src}
@@ -174,7 +184,12 @@ if engine == "mlxcel" and stdout.strip().startswith("["):
         r.update(n_ctx=t["n_ctx"], kv_bytes=t["kv_bytes"], kv_type=t["kv_type"], weight_bytes=t["weight_bytes"])
 elif engine == "llama.cpp":
     for line in stdout.splitlines():
-        if line.startswith("{"):
+        if line.startswith("{") and "speed_tg" in line:  # llama-batched-bench: mlxcel's names
+            t = json.loads(line)
+            name = f"tg{t['tg']}x{t['pl']}" + (f" @ d{t['pp']}" if t["pp"] else "")
+            tests.append({"test": name, "ts": t["speed_tg"], "sd": 0.0, "samples": [t["speed_tg"]]})
+            r.update(flash_attn=t["flash_attn"], n_kv_max=t["n_kv_max"])
+        elif line.startswith("{"):
             t = json.loads(line)
             name = f"pp{t['n_prompt']}" if t["n_prompt"] else f"tg{t['n_gen']}"
             if t["n_depth"]:
@@ -282,6 +297,21 @@ bench_pair() {  # LABEL NAME QUANT TEST MLXCEL_ARGS... -- LLAMA_ARGS...
     run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
 }
 
+batched_pair() {  # LABEL NAME QUANT S: S sequences of b_pp prompt tokens, then n_tg each
+    local shape=$1 name=$2 q=$3 S=$4
+    local ml=(bench -m "$(mlx_of "$name" "$q")" -p 0 -n "$n_tg" -d "$b_pp" -s "$S" -r "$reps" -t "$threads"
+        --kv-type "$kv" --json)
+    local ll=(-m "$(gguf_of "$name" "$q")" -c $((S * (b_pp + n_tg))) -b 2048 -ub 512 -npp "$b_pp" -ntg "$n_tg"
+        -npl "$S" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" --output-format jsonl)
+    if [ "$gpu" = 1 ]; then
+        ll+=(-ngl 99)
+        ml+=(--device cuda)
+    fi
+    run mlxcel "$shape" "b$S" -- "$mlxcel" "${ml[@]}" || true
+    run llama.cpp "$shape" "b$S" -- "$llama_batched" "${ll[@]}" || true
+    run mlxcel "$shape" "b$S" -- "$mlxcel" "${ml[@]}" || true
+}
+
 if [ "$gpu" = 1 ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$out/device.txt" ||
         die "--gpu: nvidia-smi failed"
@@ -302,6 +332,7 @@ for s in ${shapes_sel//,/ }; do
         for ((i = 1; i <= rounds; i++)); do
             bench_pair "$label" "$name" "$q" d0 -p "$n_pp" -n "$n_tg" -- -p "$n_pp" -n "$n_tg" -d 0
             bench_pair "$label" "$name" "$q" "d$depth" -p 0 -n "$n_tg" -d "$depth" -- -p 0 -n "$n_tg" -d "$depth"
+            for S in ${batched//,/ }; do batched_pair "$label" "$name" "$q" "$S"; done
         done
     done
 done

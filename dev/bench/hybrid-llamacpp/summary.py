@@ -11,7 +11,8 @@ import statistics
 import sys
 
 SHAPES = {"granite-h-tiny": "Granite-4.0-H-Tiny", "qwen3-next": "Qwen3-Next (24 layers, 64 experts)",
-          "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B"}
+          "llama-1b": "Llama-3.2-1B", "llama-8b": "Llama-3.1-8B",
+          "qwen3-30b-a3b": "Qwen3-30B-A3B (12 of 48 layers)"}
 FORMATS = {"q8": "8-bit (MLX g64 / Q8_0)", "bf16": "bf16 / F16"}
 
 
@@ -41,8 +42,10 @@ def main():
             mem[(r["shape"], r["engine"])] = r
     shapes = list(dict.fromkeys(r["shape"] for r in runs if r["engine"] != "setup"))
     pp = sorted({k[2] for k in ts if k[2].startswith("pp")})
-    tg0 = sorted({k[2] for k in ts if k[2].startswith("tg") and "@" not in k[2]})
-    tgd = sorted({k[2] for k in ts if k[2].startswith("tg") and k[2].endswith(f"@ d{depth}")})
+    one = [k for k in ts if "x" not in k[2]]  # one sequence; "tgNxS": S sequences together
+    tg0 = sorted({k[2] for k in one if k[2].startswith("tg") and "@" not in k[2]})
+    tgd = sorted({k[2] for k in one if k[2].startswith("tg") and k[2].endswith(f"@ d{depth}")})
+    bat = sorted({k[2] for k in ts if "x" in k[2]}, key=lambda t: int(t.split("x")[1].split()[0]))
 
     print("| model | engine | " + " | ".join(f"{t} t/s" for t in pp + tg0 + tgd) + f" | d{depth} / d0 |")
     print("|---|---|" + "---:|" * (len(pp + tg0 + tgd) + 1))
@@ -59,6 +62,16 @@ def main():
         for t in pp + tg0 + tgd:
             a, b = med(ts.get((s, "mlxcel", t), [])), med(ts.get((s, "llama.cpp", t), []))
             print(f"| {label(s)} | {t} | {fmt(a / b, 2) if a and b else '-'} |")
+    if bat:
+        print()
+        print("Aggregate decode, S sequences together (tokens/s of all; llama.cpp: llama-batched-bench's S_TG):")
+        print()
+        print("| model | test | mlxcel | llama.cpp | mlxcel / llama.cpp |")
+        print("|---|---|---:|---:|---:|")
+        for s in shapes:
+            for t in bat:
+                a, b = med(ts.get((s, "mlxcel", t), [])), med(ts.get((s, "llama.cpp", t), []))
+                print(f"| {label(s)} | {t} | {fmt(a)} | {fmt(b)} | {fmt(a / b, 2) if a and b else '-'} |")
     print()
     print(f"Memory per sequence at depth {depth} (the tg test's context) and peak RSS:")
     print()
