@@ -39,8 +39,13 @@ usage: scripts/bench-embed-spec-vs-llamacpp.sh [OPTIONS]
                        mlxcel and LLAMA_BUILD a CUDA llama.cpp build with the targets below
       --lookup-models LIST  the lookup test's models, from tiny,1b,chain (default: all three;
                        the lookup test below says which is which)
-      --agree P        --gpu's Qwen3 pair: the share of tokens on which the draft predicts
+      --agree P        the Qwen3 pair: the share of tokens on which the draft predicts
                        what the target does (default 0.8; see draft below)
+      --draft-pair P   the draft test's second pair: random (the random 1B pair, the CPU's
+                       default) or qwen3 (the Qwen3 pair made to agree; --gpu's, and its only)
+      --qwen3-target S the Qwen3 pair's target shape: 8b (default), 4b or 1.7b (Qwen3-4B: 36 x
+                       2560, 32 / 8 heads, FFN 9728; Qwen3-1.7B: 28 x 2048, 16 / 8 heads, FFN
+                       6144; both untied here), for a CPU run that fits its time
       --quick          a check that everything runs: 1 round, 32 tokens (--gpu: embedding
                        inputs of 64 x 128 and 16 x 512)
       --setup-only     build and write the models, then stop
@@ -146,6 +151,8 @@ setup_only=0
 gpu=0
 dry=0
 agree=0.8
+draft_pair_sel=
+qwen3_target=8b
 lookup_models=tiny,1b,chain
 die() { echo "bench-embed-spec: $*" >&2; exit 1; }
 log() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
@@ -160,6 +167,8 @@ while [ $# -gt 0 ]; do
     --draft-max) draft_max=${2:?}; shift ;;
     --gpu) gpu=1 ;;
     --agree) agree=${2:?}; shift ;;
+    --draft-pair) draft_pair_sel=${2:?}; shift ;;
+    --qwen3-target) qwen3_target=${2:?}; shift ;;
     --lookup-models) lookup_models=${2:?}; shift ;;
     --quick) quick=1 ;;
     --setup-only) setup_only=1 ;;
@@ -177,6 +186,10 @@ for v in "$threads" "$rounds" "$n_gen" "$draft_max"; do
     case $v in ''|*[!0-9]*|0) die "not a positive number: '$v'" ;; esac
 done
 case $agree in 0.[0-9]*|1|1.0) ;; *) die "--agree: a share from 0.0 to 1.0, not '$agree'" ;; esac
+[ -n "$draft_pair_sel" ] || { draft_pair_sel=random; [ "$gpu" = 1 ] && draft_pair_sel=qwen3; }
+case $draft_pair_sel in random|qwen3) ;; *) die "--draft-pair: random or qwen3, not '$draft_pair_sel'" ;; esac
+[ "$gpu" = 0 ] || [ "$draft_pair_sel" = qwen3 ] || die "--gpu: the draft test's pair is qwen3"
+case $qwen3_target in 8b|4b|1.7b) ;; *) die "--qwen3-target: 8b, 4b or 1.7b, not '$qwen3_target'" ;; esac
 want() { case ",$tests_sel," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 for t in ${lookup_models//,/ }; do
     case $t in tiny|1b|chain) ;; *) die "--lookup-models: tiny, 1b or chain, not '$t'" ;; esac
@@ -692,9 +705,10 @@ chain_model() {
     if [ "$gpu" = 1 ] && [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
-# the draft test's models: CPU, the 1B shape and a random 78M draft; --gpu, the Qwen3 pair
+# the draft test's models: the 1B shape and a random 78M draft, or (--draft-pair qwen3, --gpu)
+# the Qwen3 pair
 prepare_draft() {
-    if [ "$gpu" = 1 ]; then
+    if [ "$draft_pair_sel" = qwen3 ]; then
         prepare_qwen3_pair
         return 0
     fi
@@ -716,28 +730,33 @@ qwen3_one() {
     if [ "$dry" = 0 ]; then rm -rf "${M:?}/$n"; fi
 }
 
-# prepare_qwen3_pair: --gpu's Qwen3-0.6B -> Qwen3-8B shapes, made to agree at the rate --agree
-# (the draft test in --help says how); MODELS/qwen3-{8b,0.6b}-q4 and -q4_0.gguf
+# prepare_qwen3_pair: the Qwen3-0.6B shape drafting for --qwen3-target's, made to agree at the
+# rate --agree (the draft test in --help says how); MODELS/qwen3-{TARGET,0.6b}-q4 and -q4_0.gguf
 prepare_qwen3_pair() {
+    local qt=qwen3-$qwen3_target
     unxz_tokenizer "$root/tests/fixtures/tokenizers/qwen3" "$M/tok-qwen3"
-    qwen3_config 4096 12288 36 32 8 false >"$M/qwen3-8b.json"
+    case $qwen3_target in
+    8b) qwen3_config 4096 12288 36 32 8 false >"$M/$qt.json" ;;
+    4b) qwen3_config 2560 9728 36 32 8 false >"$M/$qt.json" ;;
+    1.7b) qwen3_config 2048 6144 28 16 8 false >"$M/$qt.json" ;;
+    esac
     qwen3_config 1024 3072 28 16 8 false >"$M/qwen3-0.6b.json"  # untied: see --help
     local tag=$M/qwen3-pair.agree
     # made for another --agree: made again
     if [ "$(cat "$tag" 2>/dev/null)" != "$agree" ]; then
-        rm -rf "${M:?}"/qwen3-{8b,0.6b}{,-q4,-q4_0.gguf}
+        rm -rf "${M:?}"/qwen3-{8b,4b,1.7b,0.6b}{,-q4,-q4_0.gguf}
     fi
-    # the two models at once (--dry-run: one after the other)
-    if [ "$dry" = 1 ]; then
-        qwen3_one qwen3-8b target 8
+    # the two models at once (--dry-run, or the CPU: one after the other)
+    if [ "$dry" = 1 ] || [ "$gpu" = 0 ]; then
+        qwen3_one "$qt" target 8
         qwen3_one qwen3-0.6b draft 6
     else
         local p8 p06
-        qwen3_one qwen3-8b target 8 &
+        qwen3_one "$qt" target 8 &
         p8=$!
         qwen3_one qwen3-0.6b draft 6 &
         p06=$!
-        wait "$p8" || die "the Qwen3-8B shape failed"
+        wait "$p8" || die "the $qt shape failed"
         wait "$p06" || die "the Qwen3-0.6B shape failed"
     fi
     [ "$dry" = 1 ] || echo "$agree" >"$tag"
@@ -1049,9 +1068,9 @@ draft_pair() {
 draft_round() {
     draft_pair tiny "$tiny" "$M/llama-tiny-l2" "$M/llama-tiny-f16.gguf" "$M/llama-tiny-l2-f16.gguf" \
         "$M/edit-tiny.txt" "$n_tiny" 512
-    if [ "$gpu" = 1 ]; then
-        draft_pair qwen3 "$M/qwen3-8b-q4" "$M/qwen3-0.6b-q4" "$M/qwen3-8b-q4_0.gguf" "$M/qwen3-0.6b-q4_0.gguf" \
-            "$M/draft-prompt.txt" "$n_gen" 4096
+    if [ "$draft_pair_sel" = qwen3 ]; then
+        draft_pair qwen3 "$M/qwen3-$qwen3_target-q4" "$M/qwen3-0.6b-q4" "$M/qwen3-$qwen3_target-q4_0.gguf" \
+            "$M/qwen3-0.6b-q4_0.gguf" "$M/draft-prompt.txt" "$n_gen" 4096
     else
         draft_pair 1b "$M/llama-3.2-1b-q4" "$M/llama-draft-q4" "$M/llama-3.2-1b-q4_0.gguf" "$M/llama-draft-q4_0.gguf" \
             "$M/draft-prompt.txt" "$n_gen" 4096

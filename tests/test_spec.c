@@ -188,6 +188,7 @@ static void check_drafters(const char *name, const char *dir, const int32_t *pro
         dp.mode = SPEC_DRAFT;
         dp.draft = spec_model_draft;
         dp.draft_ud = sm;
+        dp.prefill = d == 1 ? spec_model_prefill : NULL;  /* with and without the prompt fed ahead */
         run_gen(&g, prompt, L, &dp, 0, &r);
         same(name, d ? "draft model llama" : "itself as the draft model", &plain, &r);
         assert_null(spec_model_error(sm));
@@ -419,7 +420,13 @@ static void spec_draft_pool(void **state)
         h0[i] = (i * 7 + 3) % g.m->hp.n_vocab;
         h1[i] = (i * 11 + 5) % g.m->hp.n_vocab;
     }
+    /* the prompt fed ahead: all but its last token, which the first draft feeds */
+    spec_model_prefill(sm, 0, h0, 40);
+    assert_int_equal(kv_seq_len(g.kv, 0), 39);
+    spec_model_prefill(sm, 0, h0, 40);  /* holding it already: nothing more */
+    assert_int_equal(kv_seq_len(g.kv, 0), 39);
     assert_int_equal(spec_model_draft(sm, 0, h0, 40, out, 4), 4);
+    assert_int_equal(kv_seq_len(g.kv, 0), 43);
     assert_int_equal(spec_model_draft(sm, 1, h1, 40, again, 4), 4);  /* 43 + 43 > 64 slots */
     assert_null(spec_model_error(sm));
     assert_int_equal(spec_model_draft(sm, 0, h0, 40, again, 4), 4);  /* rebuilt: the same draft */

@@ -738,6 +738,7 @@ int cli_draft_use(const struct cli_draft *d, struct spec_params *p, struct err *
 {
     if (d->sm) {
         p->draft = spec_model_draft;
+        p->prefill = spec_model_prefill;
         p->draft_ud = d->sm;
     } else if (d->mtp) {
         p->draft = spec_mtp_draft;

@@ -225,6 +225,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     }
     if ((rc = check_logits(c, n_prompt - 1, e)) < 0)
         goto out;
+    if (spec && p->spec.prefill && p->n_predict > 1)  /* the drafter's own prompt, timed with it */
+        p->spec.prefill(p->spec.draft_ud, seq, prompt, n_prompt);
     double t1 = gen_now();
     st.t_prompt_s = t1 - t0;
 

@@ -219,6 +219,20 @@ int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out
     return k;
 }
 
+void spec_model_prefill(void *ud, int seq, const int32_t *hist, int n)
+{
+    struct spec_model *d = ud;
+    if (d->err.code || n <= 1 || seq < 0 || seq >= d->n_seqs || n - 1 > d->cap || d->n_toks[seq] > 0)
+        return;
+    if (d->n_toks[seq] < 0) {
+        if (kv_seq_add(d->kv, seq, &d->err) < 0)
+            return;
+        d->n_toks[seq] = 0;
+    }
+    if (feed(d, seq, hist, n - 1) < 0)
+        LOG_WARN("the draft model failed (%s): decoding goes on without drafts", d->err.msg);
+}
+
 /* spec_model_draft's work; d->err set on a failure (what was drafted before it stands). */
 static int draft_seq(struct spec_model *d, int seq, const int32_t *hist, int n, int32_t *out, int max, int V)
 {

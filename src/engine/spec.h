@@ -50,6 +50,11 @@ typedef int (*spec_draft_fn)(void *ud, int seq, const int32_t *hist, int n, int3
  * observed before are superseded. */
 typedef void (*spec_observe_fn)(void *ud, int seq, int pos0, const float *hidden, int n, const int32_t *hist,
                                 int n_hist);
+/* Before the first draft of a new request: hist[0..n) (its prompt) into the drafter's own
+ * state of cache sequence seq, so that the first drafting step costs what later ones do.
+ * generate() calls it inside the prompt's time, as llama.cpp prefills its draft model with
+ * the prompt. */
+typedef void (*spec_prefill_fn)(void *ud, int seq, const int32_t *hist, int n);
 
 struct spec_params {
     enum spec_mode mode;
@@ -61,6 +66,7 @@ struct spec_params {
     void *draft_ud;
     spec_observe_fn observe;  /* set: generate() and the scheduler ask the forward for every
                                * row's hidden state and pass them here (ud: draft_ud) */
+    spec_prefill_fn prefill;  /* optional (ud: draft_ud); else the first draft catches up */
 };
 
 /* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted
@@ -94,6 +100,10 @@ void spec_model_free(struct spec_model *d);
 /* spec_draft_fn for spec_params.draft (ud: the spec_model). A failing forward of the draft
  * model drafts nothing from then on (spec_model_error says why). */
 int spec_model_draft(void *ud, int seq, const int32_t *hist, int n, int32_t *out, int max);
+/* spec_prefill_fn for spec_params.prefill: hist[0..n - 1) fed into a sequence the drafter
+ * holds nothing of yet (the last token is the first draft's to feed: its logits start it); a
+ * sequence holding something is left to spec_model_draft's prefix matching. */
+void spec_model_prefill(void *ud, int seq, const int32_t *hist, int n);
 /* The draft model's error, or NULL. */
 const char *spec_model_error(const struct spec_model *d);
 
