@@ -105,9 +105,10 @@ Tests (all greedy; speculation must leave mlxcel's output unchanged, which is ch
           random Llama-3.2-1B shape with a random 78M-parameter draft of the same vocabulary
           (4 x 512; random weights: drafts are never right, which measures what a failing
           draft costs). mlxcel `--model-draft` against `llama-speculative-simple -md`.
-          --gpu: llama-tiny's pair, and instead of the 1B pair Qwen3-0.6B's shape (28 x 1024,
-          16 / 8 heads of 128, FFN 3072, vocabulary 151936; its head untied, see below)
-          drafting for Qwen3-8B's (36 x 4096, 32 / 8 heads of 128, FFN 12288, untied), 4-bit
+          --gpu (or --draft-pair qwen3): llama-tiny's pair, and instead of the 1B pair
+          Qwen3-0.6B's shape (28 x 1024, 16 / 8 heads of 128, FFN 3072, vocabulary 151936; its
+          head untied, see below) drafting for Qwen3-8B's (36 x 4096, 32 / 8 heads of 128, FFN
+          12288, untied; --qwen3-target picks a smaller target for the CPU), 4-bit
           g64 against Q4_0, synthesized and then made to agree at a chosen rate: each model's
           embedding is scaled by 4096 (the residual stream stays its input token's direction
           through the random layers) and its lm_head row for token y is the (unscaled)
