@@ -282,6 +282,9 @@ static void test_linear(void **state)
         {2, 33, 65, 0, 0},  {3, 129, 31, 0, 1},  {7, 300, 70, 5, 0}, {8, 256, 64, 0, 1},
         {9, 515, 97, 0, 1}, {33, 70, 40, 0, 0},  {17, 600, 33, 1, 0}, {300, 40, 45, 0, 1},
         {13, 515, 97, 0, 1}, {12, 16, 100, 0, 0}, {40, 1, 3, 0, 1},
+        /* float GEMM's token blocks (ADR 0144): 3 contraction blocks, 10 panels in two groups,
+         * the last panel partial, token blocks of 96, 96 and 8 */
+        {200, 600, 150, 1, 1}, {250, 257, 300, 0, 0},
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct kc_bes bs;

@@ -193,11 +193,48 @@ static void pf_block_some(struct pf_block *p, int k)
  * block's work instead of in one burst that the tokens' x then evicts; quantized rows are first
  * dequantized whole into tmp [nr][in] by one sequential read of a contiguous
  * stretch of W (tmp stays in L2/L3), then transposed block by block. */
+/* Float weights (pack_w) against n_tok >= GEMM_MC_MIN tokens (ADR 0144): per group of up to
+ * GEMM_NP panels and contraction block, the panels packed side by side in bp, then the tokens
+ * in blocks of GEMM_MC, every panel of the group over each block while its x is in L2 (one
+ * panel over all the tokens streamed x from L3 or memory once per panel: 4 MiB of x per 16
+ * rows at 4096 tokens). W is still read once; every output's sum runs over the same blocks in
+ * the same order as gemm_rows', so the result is the same to the bit. */
+static void gemm_rows_mc(const struct cpu_kernels *k, float *bp, float *y, size_t ldy,
+                         const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
+{
+    const int nr = k->gemm_nr, in = w->in;
+    for (int g0 = r0; g0 < r1; g0 += nr * GEMM_NP) {
+        const int g1 = r1 - g0 < nr * GEMM_NP ? r1 : g0 + nr * GEMM_NP, np = (g1 - g0 + nr - 1) / nr;
+        for (int k0 = 0; k0 < in; k0 += GEMM_KC) {
+            const int kc = in - k0 < GEMM_KC ? in - k0 : GEMM_KC;
+            for (int p = 0; p < np; p++) {
+                const int rb = g0 + p * nr;
+                k->pack_w(bp + (size_t)p * GEMM_KC * nr, nr, w, rb, g1 - rb < nr ? g1 - rb : nr, k0, kc);
+            }
+            for (int m0 = 0; m0 < n_tok; m0 += GEMM_MC) {
+                const int m1 = n_tok - m0 < GEMM_MC ? n_tok : m0 + GEMM_MC;
+                for (int p = 0; p < np; p++) {
+                    const int rb = g0 + p * nr, nv = g1 - rb < nr ? g1 - rb : nr;
+                    for (int m = m0; m < m1; m += k->gemm_mr) {
+                        int mr = m1 - m < k->gemm_mr ? m1 - m : k->gemm_mr;
+                        k->ukernel(y + (size_t)m * ldy + rb, ldy, x + (size_t)m * ldx + k0, ldx, mr,
+                                   bp + (size_t)p * GEMM_KC * nr, kc, nv, k0 > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
 static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
                       const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
 {
     int nr = k->gemm_nr, in = w->in;
     bool direct = k->pack_w && !w->qbits;
+    if (direct && n_tok >= GEMM_MC_MIN) {
+        gemm_rows_mc(k, scr, y, ldy, x, ldx, n_tok, w, r0, r1);
+        return;
+    }
     float *bp = scr;
     float *tmp = scr + (size_t)GEMM_KC * nr;
     for (int rb = r0; rb < r1; rb += nr) {
@@ -288,7 +325,8 @@ void cpu_linear(struct backend *be, float *y, int ldy, const float *x, const str
     assert(ldy >= m.out);
     assert(!m.qg16 || use_qi(&c->k, &m)); /* QG16 is only made for the kernels that read it */
     if (bk->path == LP_PATH_GEMM) {
-        if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
+        /* a panel and the rows it is dequantized from, or GEMM_NP panels (gemm_rows_mc) */
+        if (!cpu_scratch_ensure(c, ((size_t)GEMM_KC * GEMM_NP + (m.qbits || !c->k.pack_w ? (size_t)m.in : 0)) *
                                        (size_t)c->k.gemm_nr))
             return;
     } else if (qprep_size(&c->k, &m, n_tok)) {

@@ -35,6 +35,12 @@
  * group (32/64/128) and every 3/5/6-bit packing period starts inside a block
  * at a group boundary. */
 #define GEMM_KC 256
+/* Float weights against many tokens (ADR 0144): GEMM_NP panels packed at once for a
+ * contraction block, then the tokens in blocks of GEMM_MC rows (GEMM_MC x GEMM_KC of x, 96 KiB,
+ * stays in L2 while every panel of the group runs over it); from GEMM_MC_MIN tokens. */
+#define GEMM_NP 8
+#define GEMM_MC 96
+#define GEMM_MC_MIN 192
 /* Rows of x permuted by qxperm are padded with zeros to a multiple of this
  * (the largest block of codes any variant unpacks at once). */
 #define QX_PAD 256
