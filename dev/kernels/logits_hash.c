@@ -44,7 +44,7 @@ int main(int argc, char **argv)
     struct cli_engine en = {0};
     struct batch b = {0};
     if (n < 1 || chunk < 1 || seqs < 1 || model_load(&m, argv[1], &e) < 0 ||
-        cli_engine_open(&en, m, 2, ((n + steps + 15) / 16 + 1) * 16 * seqs, seqs, n + steps, &e) < 0 ||
+        cli_engine_open(&en, m, 2, ((n + steps + 15) / 16 + 1) * 16 * seqs, seqs, n + steps, 0, &e) < 0 ||
         batch_init(&b, chunk > seqs ? chunk : seqs, &e) < 0) {
         fprintf(stderr, "logits_hash: %s\n", e.msg);
         return 1;

@@ -346,8 +346,8 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
-void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
-                         const struct wmat *w, int r0, int r1)
+static void qi_rows_all(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                        const struct wmat *w, int r0, int r1)
 {
 #define QI_BLOCK(B, G) qi_block(y, ldy, xq, ldxq, n_tok, w, r, nr, B, G, false, 2)
     for (int r = r0; r < r1; r += 4) {
@@ -366,6 +366,28 @@ void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, i
         }
     }
 #undef QI_BLOCK
+}
+
+/* 4-bit rows against many tokens (ADR 0145): the rows in stretches of QI_RS, each stretch over
+ * the tokens in blocks of QI_TB, so that a block's x (QI_TB x in x 2 bytes) serves every 4-row
+ * block of the stretch from L2 and the stretch's codes (QI_RS x in / 2 bytes) serve every token
+ * block from L2, instead of all the tokens' x streaming from L3 or memory once per 4 rows.
+ * Every output is the same qi_block sum as before, so the results are the same to the bit. */
+#define QI_TB 32
+#define QI_RS 64
+void kern_avx2_matvec_qi(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
+                         const struct wmat *w, int r0, int r1)
+{
+    if (w->qbits != 4 || n_tok <= QI_TB) {
+        qi_rows_all(y, ldy, xq, ldxq, n_tok, w, r0, r1);
+        return;
+    }
+    for (int rs = r0; rs < r1; rs += QI_RS) {
+        const int re = r1 - rs < QI_RS ? r1 : rs + QI_RS;
+        for (int tb = 0; tb < n_tok; tb += QI_TB)
+            qi_rows_all(y + (size_t)tb * ldy, ldy, xq + (size_t)tb * ldxq, ldxq,
+                        n_tok - tb < QI_TB ? n_tok - tb : QI_TB, w, rs, re);
+    }
 }
 
 /* --fast (ADR 0031): affine 4-bit W by x's high limb alone (q = 256 hi: an int8 per code
