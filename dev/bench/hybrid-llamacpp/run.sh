@@ -288,13 +288,19 @@ bench_pair() {  # LABEL NAME QUANT TEST MLXCEL_ARGS... -- LLAMA_ARGS...
     done
     local ll=(-m "$(gguf_of "$name" "$q")" "${la[@]}" -r "$reps" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" -o jsonl -v)
     local ml=(bench -m "$(mlx_of "$name" "$q")" "${ma[@]}" -r "$reps" -t "$threads" --kv-type "$kv" --json)
+    aba "$shape" "$test" "$llama_bench"
+}
+
+# aba SHAPE TEST TOOL: mlxcel with the caller's ml, TOOL with its ll, mlxcel again (the GPU's
+# flags added with --gpu)
+aba() {
     if [ "$gpu" = 1 ]; then
         ll+=(-ngl 99)
         ml+=(--device cuda)
     fi
-    run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
-    run llama.cpp "$shape" "$test" -- "$llama_bench" "${ll[@]}" || true
-    run mlxcel "$shape" "$test" -- "$mlxcel" "${ml[@]}" || true
+    run mlxcel "$1" "$2" -- "$mlxcel" "${ml[@]}" || true
+    run llama.cpp "$1" "$2" -- "$3" "${ll[@]}" || true
+    run mlxcel "$1" "$2" -- "$mlxcel" "${ml[@]}" || true
 }
 
 batched_pair() {  # LABEL NAME QUANT S: S sequences of b_pp prompt tokens, then n_tg each
@@ -303,13 +309,7 @@ batched_pair() {  # LABEL NAME QUANT S: S sequences of b_pp prompt tokens, then 
         --kv-type "$kv" --json)
     local ll=(-m "$(gguf_of "$name" "$q")" -c $((S * (b_pp + n_tg))) -b 2048 -ub 512 -npp "$b_pp" -ntg "$n_tg"
         -npl "$S" -t "$threads" -ctk "$kv" -ctv "$kv" -fa "$fa" --output-format jsonl)
-    if [ "$gpu" = 1 ]; then
-        ll+=(-ngl 99)
-        ml+=(--device cuda)
-    fi
-    run mlxcel "$shape" "b$S" -- "$mlxcel" "${ml[@]}" || true
-    run llama.cpp "$shape" "b$S" -- "$llama_batched" "${ll[@]}" || true
-    run mlxcel "$shape" "b$S" -- "$mlxcel" "${ml[@]}" || true
+    aba "$shape" "b$S" "$llama_batched"
 }
 
 if [ "$gpu" = 1 ]; then

@@ -183,16 +183,6 @@ static void pf_block_some(struct pf_block *p, int k)
     }
 }
 
-/* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
- * gemm_nr rows and contraction block of GEMM_KC, the rows' block is widened
- * (or dequantized) and transposed into the panel bp [KC][nr] (L1-resident),
- * then the microkernel runs over every token, accumulating into y across
- * blocks. W is read exactly once. Float weights go straight from W into the
- * panel (pack_w), and the next block's lines (this panel's, else the next panel's first) are
- * asked for into L2 a share before each microkernel call, so they arrive spread over the
- * block's work instead of in one burst that the tokens' x then evicts; quantized rows are first
- * dequantized whole into tmp [nr][in] by one sequential read of a contiguous
- * stretch of W (tmp stays in L2/L3), then transposed block by block. */
 /* Float weights (pack_w) against n_tok >= GEMM_MC_MIN tokens (ADR 0144): per group of up to
  * GEMM_NP panels and contraction block, the panels packed side by side in bp, then the tokens
  * in blocks of GEMM_MC, every panel of the group over each block while its x is in L2 (one
@@ -226,6 +216,17 @@ static void gemm_rows_mc(const struct cpu_kernels *k, float *bp, float *y, size_
     }
 }
 
+/* Rows [r0, r1) for all tokens through the packed-panel GEMM. Per panel of
+ * gemm_nr rows and contraction block of GEMM_KC, the rows' block is widened
+ * (or dequantized) and transposed into the panel bp [KC][nr] (L1-resident),
+ * then the microkernel runs over every token, accumulating into y across
+ * blocks. W is read exactly once. Float weights go straight from W into the
+ * panel (pack_w), and the next block's lines (this panel's, else the next panel's first) are
+ * asked for into L2 a share before each microkernel call, so they arrive spread over the
+ * block's work instead of in one burst that the tokens' x then evicts; quantized rows are first
+ * dequantized whole into tmp [nr][in] by one sequential read of a contiguous
+ * stretch of W (tmp stays in L2/L3), then transposed block by block. Float weights against
+ * GEMM_MC_MIN tokens or more: gemm_rows_mc. */
 static void gemm_rows(const struct cpu_kernels *k, float *scr, float *y, size_t ldy,
                       const float *x, size_t ldx, int n_tok, const struct wmat *w, int r0, int r1)
 {

@@ -346,6 +346,7 @@ AI void qi_block(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok
     }
 }
 
+/* Rows r0 .. r1 for every token, 4 rows at a time, each 4 over all the tokens. */
 static void qi_rows_all(float *y, size_t ldy, const uint8_t *xq, size_t ldxq, int n_tok,
                         const struct wmat *w, int r0, int r1)
 {
