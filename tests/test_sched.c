@@ -75,12 +75,33 @@ static uint64_t g_drafted, g_rejected;
 
 /* Request i: a prompt of 3 + 7 i tokens (the longest spans several 16-row steps); with
  * g_spec, a phrase of 5 repeated, so that prompt lookup drafts. */
+static int g_vocab;  /* the vocabulary of the last prompt_of */
+
 static int prompt_of(int i, int n_vocab, int32_t *p)
 {
+    g_vocab = n_vocab;
     int n = 3 + 7 * i;
     for (int j = 0; j < n; j++)
         p[j] = (int32_t)(((g_spec ? j % 5 : j) * 31 + i * 17 + 5) % n_vocab);
     return n;
+}
+
+/* spec_params.prefill in spec mode 1: the calls, and those whose history was not a whole
+ * prompt of prompt_of (the scheduler feeds the drafter the prompt once it is in) */
+static int g_prefills, g_prefills_bad;
+
+static void count_prefill(void *ud, int seq, const int32_t *hist, int n)
+{
+    (void)ud;
+    (void)seq;
+    int32_t want[3 + 7 * N_REQ];
+    int i = (n - 3) / 7, ok = n >= 3 && (n - 3) % 7 == 0 && i < N_REQ;
+    if (ok) {
+        prompt_of(i, g_vocab, want);
+        ok = memcmp(hist, want, (size_t)n * sizeof *hist) == 0;
+    }
+    g_prefills++;
+    g_prefills_bad += !ok;
 }
 
 static struct gen_params params_of(int i)
@@ -94,6 +115,7 @@ static struct gen_params params_of(int i)
         spec_params_default(&gp.spec);
         gp.spec.mode = g_spec == 1 && i % 3 != 2 ? SPEC_NGRAM : SPEC_NONE;
         gp.spec.draft_max = 4;
+        gp.spec.prefill = g_spec == 1 ? count_prefill : NULL;
     }
     return gp;
 }
@@ -253,7 +275,12 @@ static void sched_spec_equals_alone(void **state)
             if (want[i].n != plain[i].n || memcmp(want[i].ids, plain[i].ids, (size_t)want[i].n * 4) != 0)
                 fail_msg("%s: request %d with drafts differs from plain decoding", dirs[d], i);
         /* a budget of 64 rows never cuts a draft (6 x 5 rows), so sampled requests draw as alone */
+        g_prefills = g_prefills_bad = 0;
         run_sched(&f, 512, 64, got, want, "speculative");
+        /* the drafting requests (i % 3 != 2: 4 of 6) each fed their prompt to the drafter once */
+        if (g_prefills != 4 || g_prefills_bad)
+            fail_msg("%s: spec_params.prefill called %d times (%d not with the prompt), not 4", dirs[d],
+                     g_prefills, g_prefills_bad);
         printf("sched %-28s %s: %llu drafted, %llu rejected\n", "speculative", dirs[d],
                (unsigned long long)g_drafted, (unsigned long long)g_rejected);
         /* drafts accepted and rejected both; the recurrent models drafting, and between them

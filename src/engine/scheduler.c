@@ -1056,6 +1056,10 @@ int sched_step(struct sched *s, struct err *e)
             if (r->cons_broken)
                 err_setf(&re, ERR_INTERNAL, "the output constraint rejected a token its mask allowed");
             req_end(s, r, failed ? -re.code : 0, failed ? &re : NULL);
+        } else if (rows == 1 && !r->decoding && r->spec && r->p.spec.prefill && r->n_fed == r->n_prompt) {
+            /* the prompt is in: the drafter's own prompt now, in the prompt's time as in
+             * generate(), rather than at the first draft */
+            r->p.spec.prefill(r->p.spec.draft_ud, r->seq, r->toks, r->n_prompt);
         }
     }
     if (s->b.hidden_out)
