@@ -406,7 +406,7 @@ static void test_attention(void **state)
         {96, 96, 10, 0, 8, 4, 128, 0, 30.0f, true, 0, 0, 0},    /* soft-cap and sinks */
         {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0, 0, 0},      /* two sequences, a tile across both */
         {128, 64, 0, 300, 4, 2, 64, 100, 0.0f, true, 0, 0, 0},  /* two sequences on tile bounds */
-        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 0, 0},      /* head_dim 96: the per-row kernel */
+        {48, 48, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 0, 0},      /* head_dim 96: flash at 128, zeros past 96 */
         {5, 3, 20, 40, 8, 2, 64, 0, 0.0f, false, 0, 0, 0},      /* decode-sized */
         {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 24, 0, 0},     /* chunks of 24 across tiles */
         {70, 40, 13, 90, 4, 2, 128, 32, 0.0f, true, 32, 0, 0},   /* two sequences, window = chunk */
@@ -415,8 +415,10 @@ static void test_attention(void **state)
         {100, 100, 0, 0, 8, 2, 64, 0, 0.0f, false, 0, 20, 60},
         {100, 100, 0, 0, 8, 2, 64, 16, 0.0f, false, 0, 20, 60},   /* window 16 < the block */
         {40, 40, 7, 0, 4, 4, 80, 0, 0.0f, false, 0, 5, 35},
-        {20, 20, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 2, 18},       /* per-row kernels */
-        {64, 64, 0, 0, 2, 2, 16, 0, 0.0f, false, 0, 0, 64},       /* a vision tower's image */
+        {20, 20, 0, 0, 4, 2, 96, 0, 0.0f, false, 0, 2, 18},       /* under 32 rows: per-row kernels */
+        {64, 64, 0, 0, 2, 2, 16, 0, 0.0f, false, 0, 0, 64},       /* a vision tower's image (flash at 64) */
+        {150, 150, 0, 0, 4, 4, 72, 0, 0.0f, false, 0, 0, 150},    /* SigLIP's head_dim 72: flash at 80 */
+        {40, 40, 0, 0, 2, 2, 256, 0, 0.0f, false, 0, 0, 0},       /* head_dim 256: the per-row kernel */
         {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0, 10, 30},      /* beside another sequence */
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};

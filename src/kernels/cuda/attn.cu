@@ -14,9 +14,10 @@
  *            once per row, the same roundings as the two ops'
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
- *            Prefill (ATTN_PIECES_MIN_TOK rows or more), head_dim 64, 80 or 128:
- *            attn_fa_kernel, tiles of 64 rows on tensor cores (below). Other
- *            head_dims: warp w takes the row's
+ *            Prefill (ATTN_PIECES_MIN_TOK rows or more), head_dim up to 128:
+ *            attn_fa_kernel, tiles of 64 rows on tensor cores (below), at a width
+ *            of 64, 80 or 128 (a smaller head zero-padded: SigLIP's 72 at 80).
+ *            Wider heads (Gemma's 256): warp w takes the row's
  *            keys 32 at a time (pieces w, w + ATTN_WARPS, ...): the lanes hold
  *            q and the output spread over head_dim (HD_PER_LANE each), read
  *            each key row of the piece coalesced into 32 partial dot products
@@ -507,23 +508,24 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
     int hi, lo;
     attn_range(a, t, p, lo, hi);
     const int32_t *tab = a.tables + a.table[t];
-    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * HD;
+    const int hd = a.hd; /* <= HD: the flash kernel's width, padded to whole 16-column steps */
+    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * hd;
     float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int i = 0; i < PL; i++) {
         int d = lane + 32 * i;
-        qv[i] = d < HD ? qh[d] : 0.0f;
+        qv[i] = d < hd ? qh[d] : 0.0f;
         o[i] = 0.0f;
     }
     for (int j = lo; j < hi; j++) {
         size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const T *kr = a.kc + slot * a.k_dim + (size_t)g * HD;
-        const T *vr = a.vc + slot * a.v_dim + (size_t)g * HD;
+        const T *kr = a.kc + slot * a.k_dim + (size_t)g * hd;
+        const T *vr = a.vc + slot * a.v_dim + (size_t)g * hd;
         float sc = 0.0f;
 #pragma unroll
         for (int i = 0; i < PL; i++) {
             int d = lane + 32 * i;
-            if (d < HD)
+            if (d < hd)
                 sc += qv[i] * kv_ld(&kr[d]);
         }
         sc = cu_warp_sum(sc) * a.scale;
@@ -534,7 +536,7 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
 #pragma unroll
         for (int i = 0; i < PL; i++) {
             int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < HD ? pj * kv_ld(&vr[d]) : 0.0f);
+            o[i] = o[i] * corr + (d < hd ? pj * kv_ld(&vr[d]) : 0.0f);
         }
         m = mn;
     }
@@ -544,11 +546,11 @@ __device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
         f = expf(m - M);
         L = l * f + expf(sk - M);
     }
-    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * HD;
+    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * hd;
 #pragma unroll
     for (int i = 0; i < PL; i++) {
         int d = lane + 32 * i;
-        if (d < HD)
+        if (d < hd)
             oh[d] = o[i] * f / L;
     }
 }
@@ -573,7 +575,8 @@ __device__ __forceinline__ void fa_rows(const attn_args<T> &a, fa_smem<HD> &S, i
     }
 }
 
-/* The tile of keys kt .. kt + FA_KEYS (past khi: zeros) split into the K and V planes. */
+/* The tile of keys kt .. kt + FA_KEYS (past khi: zeros) split into the K and V planes; the
+ * columns past the head's a.hd (<= HD) are zeros, so they add nothing to Q Kᵀ and P V. */
 template <class T, int HD>
 __device__ __forceinline__ void fa_load_kv(const attn_args<T> &a, fa_smem<HD> &S,
                                            const int32_t *tab, int kt, int khi, int g)
@@ -586,9 +589,9 @@ __device__ __forceinline__ void fa_load_kv(const attn_args<T> &a, fa_smem<HD> &S
     for (int i = threadIdx.x; i < FA_KEYS * HD; i += blockDim.x) {
         int kk = i / HD, d = i % HD, sl = S.slot[kk];
         float kv = 0.0f, vv = 0.0f;
-        if (sl >= 0) {
-            kv = kv_ld(&a.kc[(size_t)sl * a.k_dim + (size_t)g * HD + d]);
-            vv = kv_ld(&a.vc[(size_t)sl * a.v_dim + (size_t)g * HD + d]);
+        if (sl >= 0 && d < a.hd) {
+            kv = kv_ld(&a.kc[(size_t)sl * a.k_dim + (size_t)g * a.hd + d]);
+            vv = kv_ld(&a.vc[(size_t)sl * a.v_dim + (size_t)g * a.hd + d]);
         }
         fa_split(kv, S.kh[kk][d], S.kl[kk][d]);
         fa_split(vv, S.vh[kk][d], S.vl[kk][d]);
@@ -701,8 +704,8 @@ __device__ __forceinline__ void fa_store(const attn_args<T> &a, fa_smem<HD> &S, 
             f = expf(m[rr] - M);
             L = l[rr] * f + expf(sk - M);
         }
-        float *oh = a.out + (size_t)(t0 + r) * a.ldo + (size_t)h * HD;
-        for (int d = lane; d < HD; d += 32)
+        float *oh = a.out + (size_t)(t0 + r) * a.ldo + (size_t)h * a.hd;
+        for (int d = lane; d < a.hd; d += 32)
             oh[d] = S.o[w][rr][d] * f / L;
     }
 }
@@ -733,7 +736,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, 
     }
     for (int i = tid; i < FA_ROWS * HD; i += blockDim.x) {
         int r = i / HD, d = i % HD;
-        float v = r < nr ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * HD + d] : 0.0f;
+        float v = r < nr && d < a.hd ? a.q[(size_t)(t0 + r) * a.ldq + (size_t)h * a.hd + d] : 0.0f;
         fa_split(v, S.qh[r][d], S.ql[r][d]);
     }
     for (int i = lane; i < 16 * HD; i += 32)
@@ -783,11 +786,13 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
                       ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
                       ap->sinks, ap->chunk, rows->span};
     dim3 grid(ap->n_head, n_tok);
-    if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 64)
+    /* the flash kernel's width: the head size rounded up to 64, 80 or 128 (SigLIP's 72 runs
+     * at 80, zeros past 72) */
+    if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 64)
         fa_launch<T, 64>(c, a, ap->n_head, n_tok);
-    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 80)
+    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 80)
         fa_launch<T, 80>(c, a, ap->n_head, n_tok);
-    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 128)
+    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 128)
         fa_launch<T, 128>(c, a, ap->n_head, n_tok);
     else if (n_tok >= ATTN_PIECES_MIN_TOK)
         cu_launch(c, attn_kernel<T, true>, grid, dim3(32 * ATTN_WARPS), a);
