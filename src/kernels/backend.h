@@ -444,6 +444,12 @@ struct backend_ops {
      * slots (each weight is read and reset by one row only). */
     void (*moe_weight_input)(struct backend *be, float *x, const int32_t *order, float *w,
                              int n_slot, int n);
+    /* ---- device-side expert dispatch (appended; optional: NULL) ---- */
+    /* After model_prepare, once per expert_linear of a layer: the backend may describe el's
+     * n_expert prepared views to its own memory, so that linear_experts finds a slot's expert
+     * there without the host (ADR 0143). Not called while a graph records. 0, or -ERR_*. */
+    int (*prepare_experts)(struct backend *be, const struct expert_linear *el, int n_expert,
+                           struct err *e);
 };
 
 struct backend {

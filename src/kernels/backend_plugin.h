@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define BACKEND_PLUGIN_ABI 6
+#define BACKEND_PLUGIN_ABI 7
 #define BACKEND_PLUGIN_ENTRY "mlxcel_backend_plugin"
 
 struct backend_plugin {

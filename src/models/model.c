@@ -822,6 +822,14 @@ int model_prepare(struct model *m, struct backend *be, struct err *e)
         if (it[i].given)
             release_around(it, r, nr, vr, k);
     }
+    /* the experts' views as tables the backend can index on the device (ADR 0143) */
+    for (int il = 0; il < m->hp.n_layer && rc == 0 && be->ops->prepare_experts; il++) {
+        struct experts *ex = &m->layers[il].ex;
+        const struct expert_linear *els[] = {&ex->up, &ex->gate, &ex->down, &ex->gate_up};
+        for (size_t j = 0; j < sizeof els / sizeof els[0] && rc == 0; j++)
+            if (els[j]->w)
+                rc = be->ops->prepare_experts(be, els[j], m->hp.n_expert, e);
+    }
 out:
     free(it);
     free(r);

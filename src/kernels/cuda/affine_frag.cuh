@@ -68,14 +68,46 @@ struct ga_job {
     const void *bias;
     int bdt;
     int b0;
+    const cu_xent *xt;          /* experts (ga_experts): the product's table, or NULL */
 };
 
 #define GA_MAX_JOBS 4
 
+/* Experts on the device (cu_linear_experts, ADR 0143): row r of every job's x and y is slot r
+ * (blockIdx.y), whose expert e is the one with off[e] <= r < off[e + 1]; a job's cu_wmat is
+ * expert 0's, every expert's pointers in the job's table xt (prepare_experts). */
+struct ga_experts {
+    const int32_t *off;         /* NULL: not experts */
+    int n_e, n_slot;
+};
+
 struct ga_jobs {
     ga_job j[GA_MAX_JOBS];
     int n;
+    ga_experts ex;
 };
+
+/* Expert mode: jb moved to slot blockIdx.y's expert and rows (after the wait for the kernel
+ * that wrote the offsets). */
+__device__ __forceinline__ void ga_expert_pick(const ga_experts &ex, ga_job &jb)
+{
+    cu_pdl_wait();
+    const int r = (int)blockIdx.y;
+    int lo = 0, hi = ex.n_e; /* the last e with off[e] <= r (empty experts before it share it) */
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (__ldg(ex.off + mid) <= r)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const cu_xent *xe = jb.xt + lo;
+    jb.w.data = (const uint8_t *)__ldg((const unsigned long long *)&xe->data);
+    jb.w.qs = (const uint8_t *)__ldg((const unsigned long long *)&xe->qs);
+    jb.w.qb = (const uint8_t *)__ldg((const unsigned long long *)&xe->qb);
+    jb.x += (size_t)r * jb.w.in;
+    jb.y += (size_t)r * jb.ldy;
+}
 
 /* The job block b belongs to (jobs in order of b0). */
 __device__ __forceinline__ ga_job ga_pick(const ga_jobs &js, int b)

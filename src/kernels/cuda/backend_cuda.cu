@@ -269,6 +269,11 @@ static void cuda_destroy(struct backend *be)
         cudaFree(a->p);
         free(a);
     }
+    for (struct cu_xtab *t = c->xtabs, *n; t; t = n) {
+        n = t->next;
+        cudaFree(t->dev);
+        free(t);
+    }
     cudaFree(c->scr);
     cudaFree(c->iscr);
     cudaFree(c->rscr);
@@ -339,6 +344,7 @@ static const struct backend_ops k_cuda_ops = {
     /* .xielu = */ FLUSHED(cu_xielu),
     /* .attn_temp = */ FLUSHED(cu_attn_temp),
     /* .moe_weight_input = */ FLUSHED(cu_moe_weight_input),
+    /* .prepare_experts = */ FLUSHED(cu_prepare_experts),
 };
 
 /* Why no device can run: no device, a driver older than this runtime, or another error. */

@@ -43,12 +43,28 @@ struct cu_pend {
     struct kv_rows rows;
 };
 
+/* One expert's prepared weight on the device (its codes or values, scales, biases). */
+struct cu_xent {
+    const uint8_t *data, *qs, *qb;
+};
+
+/* prepare_experts' table of an expert_linear: key its views (el.w), d0 expert 0's device data
+ * when the table was made (a later preparation moves the views: the table is then stale). */
+struct cu_xtab {
+    const struct tensor *key;
+    const void *d0;
+    struct cu_xent *dev;        /* [n] on the device */
+    int n;
+    struct cu_xtab *next;
+};
+
 struct cuda_backend {
     struct backend be;
     int dev;
     cudaStream_t st;
     cublasHandle_t blas;
     struct cu_alloc *weights;   /* device copies made by prepare_weight, freed at destroy */
+    struct cu_xtab *xtabs;      /* prepare_experts' tables (ADR 0143), freed at destroy */
     float *scr;                 /* scratch: dequantized weight panels */
     size_t scr_cap;             /* floats */
     int32_t *iscr;              /* int scratch (moe_combine's inverse order) */
@@ -117,6 +133,15 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
                const struct tensor *b, int n_tok);
 void cu_linear_batch(struct backend *be, const struct linear_job *jobs, int n_jobs);
 void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_t *ids, int n_tok);
+/* The experts' products for at most CU_EXPERT_DEV_SLOTS slots without the host (ADR 0143);
+ * false where a product has no table (prepare_experts) or its format does not take the
+ * affine GEMV (cu_linear_experts then groups on the host). */
+#define CU_EXPERT_DEV_SLOTS 16
+int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n_expert,
+                       struct err *e);
+bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const float *x,
+                           const struct expert_linear *el, int n_el, const int32_t *offsets,
+                           int n_expert, int n_slot);
 
 /* mma.cu: whether the tensor-core product over affine codes takes w (4/8 bits, power-of-two
  * groups >= 32, 16-byte aligned rows, f32/f16/bf16 scales); y[n_tok, out] (leading dimension

@@ -342,7 +342,9 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
     constexpr int PB = 128 / BITS;
     __shared__ float part[KS > 1 ? KS : 1][R][NT];
     cu_pdl_trigger();
-    const ga_job jb = ga_pick(js, (int)blockIdx.x);
+    ga_job jb = ga_pick(js, (int)blockIdx.x);
+    if (js.ex.off)
+        ga_expert_pick(js.ex, jb);
     const cu_wmat &w = jb.w;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * GA_WARPS + wid) * R;
@@ -815,8 +817,8 @@ template <int BITS, int SDT, int NT, int R, int U, int KS>
 static void ga_launch(struct cuda_backend *c, ga_jobs &js, int n_tok)
 {
     int nb = ga_blocks(js, R * GA_WARPS / KS);
-    cu_launch(c, gemv_affine_kernel<BITS, SDT, NT, R, U, KS>, dim3(nb), dim3(32 * GA_WARPS), js,
-              n_tok);
+    cu_launch(c, gemv_affine_kernel<BITS, SDT, NT, R, U, KS>,
+              dim3(nb, js.ex.off ? js.ex.n_slot : 1), dim3(32 * GA_WARPS), js, n_tok);
 }
 
 template <int BITS, int SDT>
@@ -875,15 +877,16 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         min_in = min(min_in, js.j[i].w.in);
         max_in = max(max_in, js.j[i].w.in);
     }
-    /* 2..8 rows: tensor cores read each weight once (ADR 0115); the jobs must share the group */
-    bool mmv = c->mma && n_tok >= 2 && n_tok <= MMV_TOK;
+    /* 2..8 rows: tensor cores read each weight once (ADR 0115); the jobs must share the group.
+     * Experts (js.ex) take gemv_affine_kernel only: one row per slot. */
+    bool mmv = c->mma && n_tok >= 2 && n_tok <= MMV_TOK && !js.ex.off;
     for (int i = 0; mmv && i < js.n; i++)
         mmv = cu_mmv_ok(js.j[i].w) && js.j[i].w.qgroup == m.qgroup;
     if (mmv) {
         cu_mmv(c, js, n_tok);
         return;
     }
-    if (c->qi && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN) {
+    if (c->qi && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && !js.ex.off) {
         if (m.qsdt == DTYPE_BF16)
             qi_shape<DTYPE_BF16>(c, js, rows, min_in, max_in);
         else if (m.qsdt == DTYPE_F16)
@@ -918,7 +921,7 @@ static ga_job ga_job_of(float *y, int ldy, const float *x, const cu_wmat &m,
     int gsh = 0;
     while (m.qbits && (128 / m.qbits << gsh) < m.qgroup)
         gsh++;
-    return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0};
+    return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0, NULL};
 }
 
 void cu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
@@ -996,4 +999,83 @@ void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_
     cu_wmat_from(&m, w);
     cu_launch(c, embed_kernel, dim3(n_tok), dim3(256), y, m, ids);
     cu_check(c, "embed");
+}
+
+/* An expert_linear's table: every view prepared on this backend, of one format, none with a
+ * bias the affine GEMV would have to add per expert (those keep the host's grouping). */
+int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n_expert,
+                       struct err *e)
+{
+    struct cuda_backend *c = cu_of(be);
+    if (!el->w || n_expert < 1)
+        return 0;
+    cu_wmat m0;
+    cu_wmat_from(&m0, &el->w[0]);
+    for (struct cu_xtab *t = c->xtabs; t; t = t->next)
+        if (t->key == el->w && t->d0 == m0.data && t->n == n_expert)
+            return 0;
+    struct cu_xent *h = (struct cu_xent *)calloc((size_t)n_expert, sizeof *h);
+    if (!h)
+        return err_setf(e, ERR_NOMEM, "cuda backend: out of memory (expert table)");
+    bool ok = true;
+    for (int x = 0; x < n_expert && ok; x++) {
+        cu_wmat m;
+        cu_wmat_from(&m, &el->w[x]);
+        ok = m.in == m0.in && m.out == m0.out && m.dt == m0.dt && m.qbits == m0.qbits &&
+             m.qgroup == m0.qgroup && m.qmode == m0.qmode && m.qsdt == m0.qsdt &&
+             m.row_bytes == m0.row_bytes && m.qrow_bytes == m0.qrow_bytes &&
+             !(el->b && tensor_is_present(&el->b[x]));
+        h[x] = cu_xent{m.data, m.qs, m.qb};
+    }
+    struct cu_xtab *t = ok ? (struct cu_xtab *)calloc(1, sizeof *t) : NULL;
+    if (!ok || !t) {
+        free(h);
+        return ok ? err_setf(e, ERR_NOMEM, "cuda backend: out of memory (expert table)") : 0;
+    }
+    cudaError_t rc = cudaMalloc((void **)&t->dev, (size_t)n_expert * sizeof *h);
+    if (rc == cudaSuccess)
+        rc = cudaMemcpy(t->dev, h, (size_t)n_expert * sizeof *h, cudaMemcpyHostToDevice);
+    free(h);
+    if (rc != cudaSuccess) {
+        cudaFree(t->dev);
+        free(t);
+        return err_setf(e, ERR_INTERNAL, "cuda backend: expert table: %s", cudaGetErrorString(rc));
+    }
+    t->key = el->w;
+    t->d0 = m0.data;
+    t->n = n_expert;
+    t->next = c->xtabs;
+    c->xtabs = t;
+    return 0;
+}
+
+/* The experts' products of few slots on the device (ADR 0143): one launch of the affine GEMV
+ * for all products, blockIdx.y the slot, each block finding its slot's expert in offsets and
+ * its weights in the product's table, so nothing waits for the host and a CUDA graph holds
+ * the whole MoE layer. false where a product has no table or takes no affine GEMV. */
+bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const float *x,
+                           const struct expert_linear *el, int n_el, const int32_t *offsets,
+                           int n_expert, int n_slot)
+{
+    if (n_slot < 1 || n_slot > CU_EXPERT_DEV_SLOTS || n_el < 1 || n_el > GA_MAX_JOBS || n_expert < 1)
+        return false;
+    ga_jobs js = {};
+    for (int i = 0; i < n_el; i++) {
+        cu_wmat m0;
+        cu_wmat_from(&m0, &el[i].w[0]);
+        const struct cu_xtab *t = c->xtabs;
+        while (t && !(t->key == el[i].w && t->d0 == m0.data && t->n == n_expert))
+            t = t->next;
+        if (!t || !ga_ok(m0, x) || m0.in % 4 != 0 || m0.in != el[0].w[0].shape[1])
+            return false;
+        if (i > 0 && (m0.qbits != js.j[0].w.qbits || m0.qsdt != js.j[0].w.qsdt || m0.dt != js.j[0].w.dt))
+            return false;
+        ga_job jb = ga_job_of(y + (size_t)i * m0.out, ldy, x, m0, NULL); /* cu_linear_experts' columns */
+        jb.xt = t->dev;
+        js.j[js.n++] = jb;
+    }
+    js.ex = ga_experts{offsets, n_expert, n_slot};
+    if (!c->err_rc)
+        ga_run(c, js, 1);
+    return true;
 }

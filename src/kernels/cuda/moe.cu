@@ -6,7 +6,10 @@
  *
  * route:   one thread per token
  * group:   one thread (a stable counting sort of n_slot = n_tok * k pairs)
- * experts: offsets come back to the host (one small download), then each
+ * experts: up to CU_EXPERT_DEV_SLOTS slots (decode), experts stacked at one
+ *          stride: one GEMV launch for every product, each block finding its
+ *          slot's expert in the offsets on the device (ADR 0143); else the
+ *          offsets come back to the host (one small download), then each
  *          expert's rows run through cu_linear (GEMV or GEMM by row count)
  * combine: the inverse of order, then one thread per (token, column) sums its
  *          k slots in slot order
@@ -177,8 +180,11 @@ void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
                        int n_expert, int n_slot)
 {
     struct cuda_backend *c = cu_of(be);
-    (void)n_slot;
-    if (c->err_rc || cu_not_capturable(c, "moe offsets in a graph"))
+    if (c->err_rc)
+        return;
+    if (cu_linear_experts_dev(c, y, ldy, x, el, n_el, offsets, n_expert, n_slot))
+        return;
+    if (cu_not_capturable(c, "moe offsets in a graph"))
         return;
     if ((size_t)n_expert + 1 > c->h_off_cap) {
         int32_t *p = (int32_t *)realloc(c->h_off, ((size_t)n_expert + 1) * sizeof *p);
