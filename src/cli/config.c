@@ -125,6 +125,7 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
         {"MLXCEL_CUDA_GRAPHS", offsetof(struct backend_opts, cuda_graphs)},
         {"MLXCEL_CUDA_MMA", offsetof(struct backend_opts, cuda_mma)},
         {"MLXCEL_CUDA_CHUNKED", offsetof(struct backend_opts, cuda_chunked)},
+        {"MLXCEL_CUDA_MOE_DEV", offsetof(struct backend_opts, cuda_moe_dev)},
     };
     int rc;
     /* MLXCEL_ISA is kept as given (even empty, which is auto): the backend says what is wrong */

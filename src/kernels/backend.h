@@ -510,6 +510,8 @@ struct backend_opts {
     int cuda_mma_max_tokens;/* ... of at most this many rows (128); larger ones, the planes */
     bool cuda_chunked;      /* long runs of ssd_scan / gated_delta rows in the chunked forms
                              * (on; off: the recurrence for every row; ADR 0132) */
+    bool cuda_moe_dev;      /* decode's expert products find their experts on the device (on;
+                             * off: the offsets come back to the host; ADR 0143) */
 };
 
 /* Products of up to 128 rows run faster over the codes, longer ones on the planes (H100,
@@ -521,7 +523,7 @@ struct backend_opts {
     {.isa = NULL, .copy = BACKEND_COPY_AUTO, .repack = true, .fused_moe = true, .fast = false, \
      .cuda_plugin = NULL, .cuda_qi = false, .cuda_pdl = false, .cuda_attn_split = true,       \
      .cuda_attn_flash = true, .cuda_graphs = true, .cuda_mma = true, .cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS, \
-     .cuda_chunked = true}
+     .cuda_chunked = true, .cuda_moe_dev = true}
 
 /* The backend called name: "cpu" (or NULL: the CPU at o->isa), "auto" (a usable CUDA GPU,
  * else the CPU), "cpu-scalar", "cpu-avx2", "cpu-avx512" to force an ISA, "cuda" / "cuda:N";

@@ -80,6 +80,7 @@ struct cuda_backend {
     int fd_ncl[3][4][5];        /* attn_decode.cu: clusters of 1..16 blocks the device runs at once,
                                  * per cache type (F32, F16, BF16) and heads a block (1, 2, 4, 8) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
+    bool moe_dev;               /* cu_linear_experts_dev (backend_opts.cuda_moe_dev, ADR 0143) */
     int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
     bool chunked;               /* long runs of ssd_scan / gated_delta in chunks (backend_opts.cuda_chunked) */
     void *rscr;                 /* rec.cu: the chunked forms' plan and per-chunk planes, grows only */

@@ -182,7 +182,7 @@ void cu_linear_experts(struct backend *be, float *y, int ldy, const float *x,
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc)
         return;
-    if (cu_linear_experts_dev(c, y, ldy, x, el, n_el, offsets, n_expert, n_slot))
+    if (c->moe_dev && cu_linear_experts_dev(c, y, ldy, x, el, n_el, offsets, n_expert, n_slot))
         return;
     if (cu_not_capturable(c, "moe offsets in a graph"))
         return;
