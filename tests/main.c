@@ -130,6 +130,7 @@ static int opts_read(void)
         {"MLXCEL_CUDA_PDL", &g_opts.cuda_pdl},   {"MLXCEL_CUDA_ATTN_SPLIT", &g_opts.cuda_attn_split},
         {"MLXCEL_CUDA_GRAPHS", &g_opts.cuda_graphs}, {"MLXCEL_CUDA_MMA", &g_opts.cuda_mma},
         {"MLXCEL_CUDA_ATTN_FLASH", &g_opts.cuda_attn_flash},
+        {"MLXCEL_CUDA_ATTN_FA2", &g_opts.cuda_attn_fa2},
         {"MLXCEL_CUDA_CHUNKED", &g_opts.cuda_chunked}, {"MLXCEL_CUDA_MOE_DEV", &g_opts.cuda_moe_dev},
     };
     for (size_t i = 0; i < sizeof k_bool / sizeof k_bool[0]; i++) {

@@ -496,7 +496,8 @@ static double attn_case(struct backend *cpu, struct backend *gpu, const struct a
 /* Prefill-sized calls (the tiled tensor-core kernel from 32 rows, its head_dims 64/80/128; the
  * per-row kernels for the others) and decode ones, against the CPU scalar backend, for every
  * cache element type: one sequence, chunks after cached tokens, two sequences in one batch
- * (a tile whose rows have different tables), windows, soft-capping, sinks, chunks. */
+ * (a tile whose rows have different tables), windows, soft-capping, sinks, chunks; with F16 /
+ * BF16 caches on ADR 0146's kernel, then all of it again with that kernel off. */
 static void test_attention(void **state)
 {
     (void)state;
@@ -522,21 +523,36 @@ static void test_attention(void **state)
         {150, 150, 0, 0, 4, 4, 72, 0, 0.0f, false, 0, 0, 150},    /* SigLIP's head_dim 72: flash at 80 */
         {40, 40, 0, 0, 2, 2, 256, 0, 0.0f, false, 0, 0, 0},       /* head_dim 256: the per-row kernel */
         {90, 50, 5, 0, 8, 2, 64, 0, 0.0f, false, 0, 10, 30},      /* beside another sequence */
+        /* ADR 0146's kernel: many key tiles (both stages in turn), a long cached prefix, a
+         * window that skips whole tiles for some warps, a row count off the 16-row warps */
+        {300, 300, 0, 0, 4, 1, 128, 0, 0.0f, false, 0, 0, 0},
+        {77, 77, 1500, 0, 8, 2, 128, 0, 0.0f, true, 0, 0, 0},
+        {200, 200, 100, 0, 4, 2, 64, 40, 0.0f, false, 0, 0, 0},
+        {129, 129, 3, 0, 4, 2, 80, 0, 20.0f, false, 0, 0, 0},
     };
     static const enum dtype dts[] = {DTYPE_F32, DTYPE_F16, DTYPE_BF16};
     struct backend *gpu = NULL, *cpu = NULL;
     open_pair(&gpu, &cpu);
-    double worst = 0;
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-        for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
-            double r = attn_case(cpu, gpu, &cases[c], dts[i]);
-            if (r > 1e-4)
-                fail_msg("attention case %zu (%d rows, head_dim %d) %s: rel err %.3g", c,
-                         cases[c].n_tok, cases[c].hd, dtype_name(dts[i]), r);
-            worst = fmax(worst, r);
+    for (int fa2 = 1; fa2 >= 0; fa2--) {
+        if (!fa2) { /* the same on ADR 0054's kernel for every cache type */
+            struct backend_opts o = *test_backend_opts();
+            struct err e = {0};
+            o.cuda_attn_fa2 = false;
+            backend_free(gpu);
+            assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
         }
-    printf("cuda attention: %zu cases x 3 cache types, worst rel err %.2e\n",
-           sizeof cases / sizeof cases[0], worst);
+        double worst = 0;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
+                double r = attn_case(cpu, gpu, &cases[c], dts[i]);
+                if (r > 1e-4)
+                    fail_msg("attention case %zu (%d rows, head_dim %d) %s, fa2 %d: rel err %.3g",
+                             c, cases[c].n_tok, cases[c].hd, dtype_name(dts[i]), fa2, r);
+                worst = fmax(worst, r);
+            }
+        printf("cuda attention (registers layout %s): %zu cases x 3 cache types, worst rel err "
+               "%.2e\n", fa2 ? "on" : "off", sizeof cases / sizeof cases[0], worst);
+    }
     backend_free(cpu);
     backend_free(gpu);
 }

@@ -122,6 +122,7 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
         {"MLXCEL_CUDA_QI", offsetof(struct backend_opts, cuda_qi)},
         {"MLXCEL_CUDA_ATTN_SPLIT", offsetof(struct backend_opts, cuda_attn_split)},
         {"MLXCEL_CUDA_ATTN_FLASH", offsetof(struct backend_opts, cuda_attn_flash)},
+        {"MLXCEL_CUDA_ATTN_FA2", offsetof(struct backend_opts, cuda_attn_fa2)},
         {"MLXCEL_CUDA_GRAPHS", offsetof(struct backend_opts, cuda_graphs)},
         {"MLXCEL_CUDA_MMA", offsetof(struct backend_opts, cuda_mma)},
         {"MLXCEL_CUDA_CHUNKED", offsetof(struct backend_opts, cuda_chunked)},

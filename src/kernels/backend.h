@@ -504,6 +504,8 @@ struct backend_opts {
     bool cuda_attn_split;   /* decode attention split over a cluster of blocks (on; ADR 0028) */
     bool cuda_attn_flash;   /* ... split along the keys, K/V read once per KV group (on; off:
                              * ADR 0028's cluster per query head; ADR 0105) */
+    bool cuda_attn_fa2;     /* prefill attention of F16 / BF16 caches with scores and outputs
+                             * in registers (on; off: ADR 0054's kernel; ADR 0146) */
     bool cuda_graphs;       /* record and replay decode steps as CUDA graphs (on; ADR 0024) */
     bool cuda_mma;          /* affine 4/8-bit products of > 8 rows on tensor cores over the
                              * codes (on; off: the decoded bf16 planes of ADR 0054; ADR 0074) */
@@ -522,7 +524,7 @@ struct backend_opts {
 #define BACKEND_OPTS_DEFAULT                                                                 \
     {.isa = NULL, .copy = BACKEND_COPY_AUTO, .repack = true, .fused_moe = true, .fast = false, \
      .cuda_plugin = NULL, .cuda_qi = false, .cuda_pdl = false, .cuda_attn_split = true,       \
-     .cuda_attn_flash = true, .cuda_graphs = true, .cuda_mma = true, .cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS, \
+     .cuda_attn_flash = true, .cuda_attn_fa2 = true, .cuda_graphs = true, .cuda_mma = true, .cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS, \
      .cuda_chunked = true, .cuda_moe_dev = true}
 
 /* The backend called name: "cpu" (or NULL: the CPU at o->isa), "auto" (a usable CUDA GPU,

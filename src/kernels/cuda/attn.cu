@@ -499,62 +499,6 @@ __device__ __forceinline__ void fa_split(float v, __nv_bfloat16 &hi, __nv_bfloat
     lo = __float2bfloat16_rn(v - __bfloat162float(hi));
 }
 
-/* One row of a mixed block: warp per row, a key at a time (attn_keys' arithmetic). */
-template <class T, int HD>
-__device__ void fa_row_plain(const attn_args<T> &a, int t, int h, int lane)
-{
-    constexpr int PL = HD / 32 > 0 ? (HD + 31) / 32 : 1;
-    int g = h / a.n_rep, p = a.pos[t];
-    int hi, lo;
-    attn_range(a, t, p, lo, hi);
-    const int32_t *tab = a.tables + a.table[t];
-    const int hd = a.hd; /* <= HD: the flash kernel's width, padded to whole 16-column steps */
-    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * hd;
-    float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
-#pragma unroll
-    for (int i = 0; i < PL; i++) {
-        int d = lane + 32 * i;
-        qv[i] = d < hd ? qh[d] : 0.0f;
-        o[i] = 0.0f;
-    }
-    for (int j = lo; j < hi; j++) {
-        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const T *kr = a.kc + slot * a.k_dim + (size_t)g * hd;
-        const T *vr = a.vc + slot * a.v_dim + (size_t)g * hd;
-        float sc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd)
-                sc += qv[i] * kv_ld(&kr[d]);
-        }
-        sc = cu_warp_sum(sc) * a.scale;
-        if (a.softcap > 0.0f)
-            sc = a.softcap * tanhf(sc / a.softcap);
-        float mn = fmaxf(m, sc), corr = expf(m - mn), pj = expf(sc - mn);
-        l = l * corr + pj;
-#pragma unroll
-        for (int i = 0; i < PL; i++) {
-            int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < hd ? pj * kv_ld(&vr[d]) : 0.0f);
-        }
-        m = mn;
-    }
-    float L = l, f = 1.0f;
-    if (a.sinks) {
-        float sk = a.sinks[h], M = fmaxf(m, sk);
-        f = expf(m - M);
-        L = l * f + expf(sk - M);
-    }
-    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * hd;
-#pragma unroll
-    for (int i = 0; i < PL; i++) {
-        int d = lane + 32 * i;
-        if (d < hd)
-            oh[d] = o[i] * f / L;
-    }
-}
-
 /* The block's rows: their key ranges [rlo, rhi), the union [klo, khi), and whether their
  * tables differ (mixed). */
 template <class T, int HD>
@@ -731,7 +675,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) attn_fa_kernel(attn_args<T> a, 
     __syncthreads();
     if (S.mixed) {
         for (int r = w; r < nr; r += FA_WARPS)
-            fa_row_plain<T, HD>(a, t0 + r, h, lane);
+            attn_row_plain<T, HD>(a, t0 + r, h, lane);
         return;
     }
     for (int i = tid; i < FA_ROWS * HD; i += blockDim.x) {
@@ -788,6 +732,8 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
     dim3 grid(ap->n_head, n_tok);
     /* the flash kernel's width: the head size rounded up to 64, 80 or 128 (SigLIP's 72 runs
      * at 80, zeros past 72) */
+    if (n_tok >= ATTN_PIECES_MIN_TOK && cu_attn_prefill(c, a, ap->n_head, n_tok))
+        return;
     if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 64)
         fa_launch<T, 64>(c, a, ap->n_head, n_tok);
     else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 80)

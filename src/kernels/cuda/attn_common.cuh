@@ -56,3 +56,68 @@ __device__ __forceinline__ void attn_range(const attn_args<T> &a, int t, int p, 
         hi = s1 > hi ? s1 : hi;
     }
 }
+
+/* Row t, head h by one warp, a key at a time (attn.cu's attn_keys arithmetic): the prefill
+ * kernels' rows of a block whose rows have different block tables (a batch mixing sequences). */
+template <class T, int HD>
+__device__ void attn_row_plain(const attn_args<T> &a, int t, int h, int lane)
+{
+    constexpr int PL = HD / 32 > 0 ? (HD + 31) / 32 : 1;
+    int g = h / a.n_rep, p = a.pos[t];
+    int hi, lo;
+    attn_range(a, t, p, lo, hi);
+    const int32_t *tab = a.tables + a.table[t];
+    const int hd = a.hd; /* <= HD: the flash kernel's width, padded to whole 16-column steps */
+    const float *qh = a.q + (size_t)t * a.ldq + (size_t)h * hd;
+    float qv[PL], o[PL], m = -INFINITY, l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        int d = lane + 32 * i;
+        qv[i] = d < hd ? qh[d] : 0.0f;
+        o[i] = 0.0f;
+    }
+    for (int j = lo; j < hi; j++) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const T *kr = a.kc + slot * a.k_dim + (size_t)g * hd;
+        const T *vr = a.vc + slot * a.v_dim + (size_t)g * hd;
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            if (d < hd)
+                sc += qv[i] * kv_ld(&kr[d]);
+        }
+        sc = cu_warp_sum(sc) * a.scale;
+        if (a.softcap > 0.0f)
+            sc = a.softcap * tanhf(sc / a.softcap);
+        float mn = fmaxf(m, sc), corr = expf(m - mn), pj = expf(sc - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < hd ? pj * kv_ld(&vr[d]) : 0.0f);
+        }
+        m = mn;
+    }
+    float L = l, f = 1.0f;
+    if (a.sinks) {
+        float sk = a.sinks[h], M = fmaxf(m, sk);
+        f = expf(m - M);
+        L = l * f + expf(sk - M);
+    }
+    float *oh = a.out + (size_t)t * a.ldo + (size_t)h * hd;
+#pragma unroll
+    for (int i = 0; i < PL; i++) {
+        int d = lane + 32 * i;
+        if (d < hd)
+            oh[d] = o[i] * f / L;
+    }
+}
+
+/* attn_prefill.cu: prefill attention in the flash-attention-2 layout (ADR 0146) for F16 and
+ * BF16 caches at head_dim <= 128; false where it declines (F32 caches, other head sizes,
+ * backend_opts.cuda_attn_fa2 off), and attn.cu's kernels take the call. */
+bool cu_attn_prefill(struct cuda_backend *c, const attn_args<float> &a, int n_head, int n_tok);
+bool cu_attn_prefill(struct cuda_backend *c, const attn_args<__half> &a, int n_head, int n_tok);
+bool cu_attn_prefill(struct cuda_backend *c, const attn_args<__nv_bfloat16> &a, int n_head,
+                     int n_tok);

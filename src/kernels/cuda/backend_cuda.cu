@@ -405,6 +405,7 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     if (cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         c->n_sm = 0;
     c->attn_flash = o->cuda_attn_flash;
+    c->attn_fa2 = o->cuda_attn_fa2;
     cu_attn_decode_init(c);
     c->be.graphs = o->cuda_graphs;
     c->be.impl = c;

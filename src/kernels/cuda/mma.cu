@@ -34,6 +34,7 @@
 #include <cuda_bf16.h>
 
 #include "affine_frag.cuh"
+#include "ptx.cuh"
 
 #define MMA_BN 128      /* out rows per block: 4 warps of 32 */
 #define MMA_KS 32       /* k per pipeline step */
@@ -51,40 +52,6 @@ struct mma_cfg {
     static constexpr int STAGE = XBYTES + MMA_BN * WROW;
     static constexpr int SMEM = MMA_STAGES * STAGE;
 };
-
-// ---- PTX wrappers ----
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, asynchronously; zeros where !ok (src is then not read). */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
 
 // ---- kernels ----
 
