@@ -290,11 +290,12 @@ static void open_pair(struct backend **gpu, struct backend **cpu);
  * experts on the device for few slots (ADR 0143); past CU_EXPERT_DEV_SLOTS, or without a
  * table, it groups on the host. The worst |diff| / max|cpu|. */
 static double experts_case(struct backend *cpu, struct backend *gpu, const struct wcase *wc, int E,
-                           const int *cnt, int n_el, bool table)
+                           const int *cnt, int n_el, bool table, bool biased)
 {
     struct err e = {0};
-    struct tensor w[2][8], wg[2][8];
+    struct tensor w[2][8], wg[2][8], b[2][8], bg[2][8];
     void *bufs[2][8][3];
+    float *bb[2][8] = {{NULL}};
     struct expert_linear elc[2], elg[2];
     int32_t off[9] = {0};
     assert_true(E <= 8 && n_el <= 2);
@@ -306,9 +307,18 @@ static double experts_case(struct backend *cpu, struct backend *gpu, const struc
             make_weight(&w[i][x], bufs[i][x], wc);
             wg[i][x] = w[i][x];
             assert_int_equal(gpu->ops->prepare_weight(gpu, &wg[i][x], 0, &e), 0);
+            if (biased) { /* an output bias per expert (Phixtral's experts have them) */
+                int64_t bshape[1] = {wc->out};
+                bb[i][x] = malloc((size_t)wc->out * sizeof *bb[i][x]);
+                for (int r = 0; r < wc->out; r++)
+                    bb[i][x][r] = frnd(-0.5f, 0.5f);
+                tensor_init(&b[i][x], DTYPE_F32, bb[i][x], 1, bshape);
+                bg[i][x] = b[i][x];
+                assert_int_equal(gpu->ops->prepare_weight(gpu, &bg[i][x], 0, &e), 0);
+            }
         }
-        elc[i] = (struct expert_linear){w[i], NULL};
-        elg[i] = (struct expert_linear){wg[i], NULL};
+        elc[i] = (struct expert_linear){w[i], biased ? b[i] : NULL};
+        elg[i] = (struct expert_linear){wg[i], biased ? bg[i] : NULL};
         if (table)
             assert_int_equal(gpu->ops->prepare_experts(gpu, &elg[i], E, &e), 0);
     }
@@ -342,9 +352,11 @@ static double experts_case(struct backend *cpu, struct backend *gpu, const struc
     free(yc);
     free(yg);
     for (int i = 0; i < n_el; i++)
-        for (int x = 0; x < E; x++)
+        for (int x = 0; x < E; x++) {
             for (int k = 0; k < 3; k++)
                 free(bufs[i][x][k]);
+            free(bb[i][x]);
+        }
     return mx > 0 ? md / mx : md;
 }
 
@@ -369,15 +381,16 @@ static void test_experts(void **state)
     for (size_t w = 0; w < sizeof wcs / sizeof wcs[0]; w++)
         for (size_t c = 0; c < 3; c++)
             for (int n_el = 1; n_el <= 2; n_el++)
-                for (int table = 0; table < 2; table++) {
-                    double r = experts_case(cpu, gpu, &wcs[w], 8, cnts[c], n_el, table);
-                    if (r > 1e-4)
-                        fail_msg("experts %s, count set %zu, %d products, table %d: rel err %.3g",
-                                 wcs[w].name, c, n_el, table, r);
-                    worst = fmax(worst, r);
-                }
-    printf("cuda experts: %zu formats x 3 slot sets x 1-2 products, with and without tables, worst rel "
-           "err %.2e\n", sizeof wcs / sizeof wcs[0], worst);
+                for (int table = 0; table < 2; table++)
+                    for (int biased = 0; biased < 2; biased++) {
+                        double r = experts_case(cpu, gpu, &wcs[w], 8, cnts[c], n_el, table, biased);
+                        if (r > 1e-4)
+                            fail_msg("experts %s, count set %zu, %d products, table %d, biases %d: rel "
+                                     "err %.3g", wcs[w].name, c, n_el, table, biased, r);
+                        worst = fmax(worst, r);
+                    }
+    printf("cuda experts: %zu formats x 3 slot sets x 1-2 products, with and without tables and "
+           "biases, worst rel err %.2e\n", sizeof wcs / sizeof wcs[0], worst);
     backend_free(gpu);
     backend_free(cpu);
 }

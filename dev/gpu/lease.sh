@@ -23,7 +23,7 @@
 #   gen        tests/fixtures/gen/gen_qwen3_vl.py qwen3_vl_moe and gen_mtp_qwen3_next.py (GENT s each, float64
 #              references; CPU torch) into $OUT/gen.tar.xz
 #   absetup    Llama-3.2-1B / 3.1-8B shapes, 4-bit (ABM names which; ABQ=q8|bf16 for other
-#              weights), for ab, in /tmp/ab
+#              weights; ABLAYERS=N: the first N layers only, for A/B runs), for ab, in /tmp/ab
 #   cudat      run_tests cuda alone (log cudat.log)
 #   ab         mlxcel bench with the baseline plugin and the new one, A/B/A (ABVAR=NAME: one
 #              plugin, the variable NAME 0 and 1)
@@ -215,9 +215,9 @@ absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at t
     local q=${ABQ:-q4} qa="-q --q-bits ${ABQ#q} --q-group-size 64"
     [ "$q" = bf16 ] && qa="--dtype bf16"
     for m in ${ABM:-llama-1b llama-8b}; do
-        python3 dev/bench/hybrid-llamacpp/shapes.py $m 0 /tmp/ab/$m.json &&
+        python3 dev/bench/hybrid-llamacpp/shapes.py $m "${ABLAYERS:-0}" /tmp/ab/$m.json &&
             # shellcheck disable=SC2086
-            "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-$q --seed 41 -t 8 $qa >/dev/null 2>&1
+            "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-$q --seed 41 -t 12 $qa >/dev/null 2>&1
         say "absetup $m rc=$?"
     done
     touch /tmp/ab/.done
@@ -241,8 +241,10 @@ ncuprof() {  # Nsight Compute on absetup's first model (ABM, ABQ): the prefill's
     cp "$OUT"/ncu-*.txt "$FINAL/" 2>/dev/null
 }
 
-cudat() {  # run_tests cuda alone (no fixtures needed): the kernels against the CPU
+cudat() {  # run_tests cuda alone: the kernels against the CPU (test_graph_decode reads a
+           # derived fixture, made first)
     say "cudat start"
+    sh "$R/scripts/fixtures.sh" derive "$MLXCEL_BIN" >/dev/null 2>&1
     (cd "$R" && MLXCEL_DEVICE=cuda timeout 300 "$P/bin/run_tests" cuda >"$OUT/cudat.log" 2>&1)
     say "cudat rc=$? $(grep -E 'worst rel err' "$OUT/cudat.log" | grep -v shapes | awk '{print $NF}' | tr '\n' ' ')"
     grep -E "FAILED|linear.*: [0-9]+ formats" "$OUT/cudat.log"

@@ -105,6 +105,7 @@ __device__ __forceinline__ void ga_expert_pick(const ga_experts &ex, ga_job &jb)
     jb.w.data = (const uint8_t *)__ldg((const unsigned long long *)&xe->data);
     jb.w.qs = (const uint8_t *)__ldg((const unsigned long long *)&xe->qs);
     jb.w.qb = (const uint8_t *)__ldg((const unsigned long long *)&xe->qb);
+    jb.bias = (const void *)__ldg((const unsigned long long *)&xe->bias);
     jb.x += (size_t)r * jb.w.in;
     jb.y += (size_t)r * jb.ldy;
 }

@@ -14,10 +14,11 @@
  *            once per row, the same roundings as the two ops'
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
- *            Prefill (ATTN_PIECES_MIN_TOK rows or more), head_dim up to 128:
- *            attn_fa_kernel, tiles of 64 rows on tensor cores (below), at a width
- *            of 64, 80 or 128 (a smaller head zero-padded: SigLIP's 72 at 80).
- *            Wider heads (Gemma's 256): warp w takes the row's
+ *            Prefill (ATTN_PIECES_MIN_TOK rows or more): F16 / BF16 caches at
+ *            head_dim <= 128 in attn_prefill.cu (ADR 0146); others at head_dim 64
+ *            to 128: attn_fa_kernel, tiles of 64 rows on tensor cores (below), at a
+ *            width of 64, 80 or 128 (a smaller head zero-padded: SigLIP's 72 at 80).
+ *            Wider heads (Gemma's 256) and heads under 64: warp w takes the row's
  *            keys 32 at a time (pieces w, w + ATTN_WARPS, ...): the lanes hold
  *            q and the output spread over head_dim (HD_PER_LANE each), read
  *            each key row of the piece coalesced into 32 partial dot products
@@ -730,12 +731,15 @@ static void attn_launch(struct cuda_backend *c, float *out, int ldo, const float
                       ap->n_head / ap->n_kv_head, ap->head_dim, ap->scale, ap->softcap, ap->window,
                       ap->sinks, ap->chunk, rows->span};
     dim3 grid(ap->n_head, n_tok);
-    /* the flash kernel's width: the head size rounded up to 64, 80 or 128 (SigLIP's 72 runs
-     * at 80, zeros past 72) */
+    /* the flash kernel's width: the head size rounded up to 80 or 128 (SigLIP's 72 runs at
+     * 80, zeros past 72); heads under 64 (test models) keep the per-row kernel, whose f32
+     * arithmetic a batch's mixed tiles share (an embedding alone equals it batched) */
     if (n_tok >= ATTN_PIECES_MIN_TOK && cu_attn_prefill(c, a, ap->n_head, n_tok))
         return;
-    if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 64)
+    if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim == 64)
         fa_launch<T, 64>(c, a, ap->n_head, n_tok);
+    else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim < 64)
+        cu_launch(c, attn_kernel<T, true>, grid, dim3(32 * ATTN_WARPS), a);
     else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 80)
         fa_launch<T, 80>(c, a, ap->n_head, n_tok);
     else if (n_tok >= ATTN_PIECES_MIN_TOK && ap->head_dim <= 128)

@@ -43,9 +43,11 @@ struct cu_pend {
     struct kv_rows rows;
 };
 
-/* One expert's prepared weight on the device (its codes or values, scales, biases). */
+/* One expert's prepared weight on the device (its codes or values, scales, biases) and its
+ * output bias (NULL: none). */
 struct cu_xent {
     const uint8_t *data, *qs, *qb;
+    const void *bias;
 };
 
 /* prepare_experts' table of an expert_linear: key its views (el.w), d0 expert 0's device data
@@ -55,6 +57,7 @@ struct cu_xtab {
     const void *d0;
     struct cu_xent *dev;        /* [n] on the device */
     int n;
+    int bdt;                    /* the output biases' element type (when the experts have them) */
     struct cu_xtab *next;
 };
 

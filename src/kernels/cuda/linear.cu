@@ -1001,8 +1001,8 @@ void cu_embed(struct backend *be, float *y, const struct tensor *w, const int32_
     cu_check(c, "embed");
 }
 
-/* An expert_linear's table: every view prepared on this backend, of one format, none with a
- * bias the affine GEMV would have to add per expert (those keep the host's grouping). */
+/* An expert_linear's table: every view prepared on this backend, of one format, and either
+ * every expert with an output bias of one type and the product's length or none. */
 int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n_expert,
                        struct err *e)
 {
@@ -1018,14 +1018,19 @@ int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n
     if (!h)
         return err_setf(e, ERR_NOMEM, "cuda backend: out of memory (expert table)");
     bool ok = true;
+    const bool has_b = el->b && tensor_is_present(&el->b[0]);
+    const int bdt = has_b ? (int)el->b[0].dtype : 0;
     for (int x = 0; x < n_expert && ok; x++) {
         cu_wmat m;
         cu_wmat_from(&m, &el->w[x]);
+        const struct tensor *b = el->b ? &el->b[x] : NULL;
+        const bool bx = b && tensor_is_present(b);
         ok = m.in == m0.in && m.out == m0.out && m.dt == m0.dt && m.qbits == m0.qbits &&
              m.qgroup == m0.qgroup && m.qmode == m0.qmode && m.qsdt == m0.qsdt &&
-             m.row_bytes == m0.row_bytes && m.qrow_bytes == m0.qrow_bytes &&
-             !(el->b && tensor_is_present(&el->b[x]));
-        h[x] = cu_xent{m.data, m.qs, m.qb};
+             m.row_bytes == m0.row_bytes && m.qrow_bytes == m0.qrow_bytes && bx == has_b &&
+             (!bx || ((int)b->dtype == bdt && tensor_nelem(b) == m0.out &&
+                      (b->dtype == DTYPE_F32 || b->dtype == DTYPE_F16 || b->dtype == DTYPE_BF16)));
+        h[x] = cu_xent{m.data, m.qs, m.qb, bx ? b->data : NULL};
     }
     struct cu_xtab *t = ok ? (struct cu_xtab *)calloc(1, sizeof *t) : NULL;
     if (!ok || !t) {
@@ -1044,6 +1049,7 @@ int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n
     t->key = el->w;
     t->d0 = m0.data;
     t->n = n_expert;
+    t->bdt = bdt;
     t->next = c->xtabs;
     c->xtabs = t;
     return 0;
@@ -1072,6 +1078,7 @@ bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const floa
             return false;
         ga_job jb = ga_job_of(y + (size_t)i * m0.out, ldy, x, m0, NULL); /* cu_linear_experts' columns */
         jb.xt = t->dev;
+        jb.bdt = t->bdt; /* each expert's bias (if any) comes from the table */
         js.j[js.n++] = jb;
     }
     js.ex = ga_experts{offsets, n_expert, n_slot};
