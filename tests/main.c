@@ -129,6 +129,7 @@ static int opts_read(void)
         {"MLXCEL_FUSED_MOE", &g_opts.fused_moe}, {"MLXCEL_CUDA_QI", &g_opts.cuda_qi},
         {"MLXCEL_CUDA_PDL", &g_opts.cuda_pdl},   {"MLXCEL_CUDA_ATTN_SPLIT", &g_opts.cuda_attn_split},
         {"MLXCEL_CUDA_GRAPHS", &g_opts.cuda_graphs}, {"MLXCEL_CUDA_MMA", &g_opts.cuda_mma},
+        {"MLXCEL_CUDA_MMQ", &g_opts.cuda_mmq},
         {"MLXCEL_CUDA_ATTN_FLASH", &g_opts.cuda_attn_flash},
         {"MLXCEL_CUDA_ATTN_FA2", &g_opts.cuda_attn_fa2},
         {"MLXCEL_CUDA_CHUNKED", &g_opts.cuda_chunked}, {"MLXCEL_CUDA_MOE_DEV", &g_opts.cuda_moe_dev},

@@ -255,7 +255,8 @@ static void test_linear_formats(void **state)
     /* every affine product of > 8 tokens on the tensor-core product over the codes (whatever
      * its size: the tile edges up to 300 tokens), then the default split at 128 tokens with
      * one token's 4-bit GEMV on 16-bit integer x (cuda_qi, the CLI's MLXCEL_CUDA_QI=1), then
-     * affine products of > 8 tokens on decoded bf16 planes (cuda_mma off, MLXCEL_CUDA_MMA=0) */
+     * affine products of > 8 tokens on decoded bf16 planes (cuda_mma off, MLXCEL_CUDA_MMA=0),
+     * then on int8 tensor cores (cuda_mmq, MLXCEL_CUDA_MMQ=1) */
     struct backend_opts o = *test_backend_opts();
     o.cuda_qi = false;
     o.cuda_mma = true;
@@ -276,6 +277,11 @@ static void test_linear_formats(void **state)
     o.cuda_mma = false;
     assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
     linear_formats(cpu, gpu, " (no mma)");
+    backend_free(gpu);
+    /* every affine product of > 8 tokens on int8 tensor cores (mmq.cu, ADR 0147) */
+    o.cuda_mmq = true;
+    assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
+    linear_formats(cpu, gpu, " (mmq)");
     backend_free(cpu);
     backend_free(gpu);
 }

@@ -125,6 +125,7 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
         {"MLXCEL_CUDA_ATTN_FA2", offsetof(struct backend_opts, cuda_attn_fa2)},
         {"MLXCEL_CUDA_GRAPHS", offsetof(struct backend_opts, cuda_graphs)},
         {"MLXCEL_CUDA_MMA", offsetof(struct backend_opts, cuda_mma)},
+        {"MLXCEL_CUDA_MMQ", offsetof(struct backend_opts, cuda_mmq)},
         {"MLXCEL_CUDA_CHUNKED", offsetof(struct backend_opts, cuda_chunked)},
         {"MLXCEL_CUDA_MOE_DEV", offsetof(struct backend_opts, cuda_moe_dev)},
     };

@@ -514,6 +514,9 @@ struct backend_opts {
                              * (on; off: the recurrence for every row; ADR 0132) */
     bool cuda_moe_dev;      /* decode's expert products find their experts on the device (on;
                              * off: the offsets come back to the host; ADR 0143) */
+    bool cuda_mmq;          /* affine 4/8-bit products past cuda_mma_max_tokens rows (or all of
+                             * them with cuda_mma off) on int8 tensor cores, x in two int8 limbs
+                             * (off: the planes; ADR 0147) */
 };
 
 /* Products of up to 128 rows run faster over the codes, longer ones on the planes (H100,
@@ -525,7 +528,7 @@ struct backend_opts {
     {.isa = NULL, .copy = BACKEND_COPY_AUTO, .repack = true, .fused_moe = true, .fast = false, \
      .cuda_plugin = NULL, .cuda_qi = false, .cuda_pdl = false, .cuda_attn_split = true,       \
      .cuda_attn_flash = true, .cuda_attn_fa2 = true, .cuda_graphs = true, .cuda_mma = true, .cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS, \
-     .cuda_chunked = true, .cuda_moe_dev = true}
+     .cuda_chunked = true, .cuda_moe_dev = true, .cuda_mmq = false}
 
 /* The backend called name: "cpu" (or NULL: the CPU at o->isa), "auto" (a usable CUDA GPU,
  * else the CPU), "cpu-scalar", "cpu-avx2", "cpu-avx512" to force an ISA, "cuda" / "cuda:N";

@@ -399,6 +399,7 @@ static int cuda_create(struct backend **out, int dev, const struct backend_opts 
     c->qi = o->cuda_qi;
     c->attn_split = o->cuda_attn_split;
     c->mma = o->cuda_mma;
+    c->mmq = o->cuda_mmq;
     c->moe_dev = o->cuda_moe_dev;
     c->mma_max_tok = o->cuda_mma_max_tokens;
     c->chunked = o->cuda_chunked;

@@ -85,6 +85,7 @@ struct cuda_backend {
                                  * per cache type (F32, F16, BF16) and heads a block (1, 2, 4, 8) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
     bool moe_dev;               /* cu_linear_experts_dev (backend_opts.cuda_moe_dev, ADR 0143) */
+    bool mmq;                   /* affine products past mma_max_tok rows on mmq.cu (backend_opts.cuda_mmq) */
     int mma_max_tok;            /* ... up to this many rows (backend_opts.cuda_mma_max_tokens) */
     bool chunked;               /* long runs of ssd_scan / gated_delta in chunks (backend_opts.cuda_chunked) */
     void *rscr;                 /* rec.cu: the chunked forms' plan and per-chunk planes, grows only */
@@ -153,6 +154,12 @@ bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const floa
  * ldy, overwritten) = x[n_tok, in] (leading dimension ldx) wᵀ on it. */
 bool cu_mma_ok(const struct cu_wmat *w);
 void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, int ldx,
+                   const struct cu_wmat *w, int n_tok);
+
+/* mmq.cu: the same product on int8 tensor cores, x in two int8 limbs a scale group (ADR 0147;
+ * groups of 32 to 128). */
+bool cu_mmq_ok(const struct cu_wmat *w);
+void cu_mmq_affine(struct cuda_backend *c, float *y, int ldy, const float *x, int ldx,
                    const struct cu_wmat *w, int n_tok);
 
 /* elem.cu */

@@ -732,7 +732,8 @@ static bool gemm_bf16(struct cuda_backend *c, float *y, int ldy, const __nv_bflo
 }
 
 /* Prefill products on tensor cores with f32-level accuracy. Affine 4/8-bit weights: mma.cu
- * (ADR 0074). Others (ADR 0054): W and x each split into
+ * (ADR 0074) up to cuda_mma_max_tokens rows, past them mmq.cu when cuda_mmq is on (ADR 0147).
+ * Others (ADR 0054): W and x each split into
  * two bf16 parts, y = Wh xh + Wh xl + Wl xh (Wl xl, about 2^-16 of the product, is left out).
  * bf16 products are exact in the f32 accumulator, so the error is that of 16-bit operands: the
  * golden error stays at the f32 path's (measured in docs/benchmarks.md). bf16 weights are their
@@ -743,6 +744,10 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
 {
     if (c->mma && n_tok <= c->mma_max_tok && cu_mma_ok(&w)) {
         cu_mma_affine(c, y, ldy, x, w.in, &w, n_tok);
+        return;
+    }
+    if (c->mmq && cu_mmq_ok(&w)) {
+        cu_mmq_affine(c, y, ldy, x, w.in, &w, n_tok);
         return;
     }
     bool direct = !w.qbits && w.dt == DTYPE_BF16 && w.row_bytes % 2 == 0;
