@@ -106,7 +106,9 @@ llwait() {
 }
 
 gate() {  # scripts/gpu-loop.sh's gate: CTest's cuda_golden suites, its log in $OUT/gate.log
+          # (test_graph_decode's derived fixture made first, as cudat does)
     say "gate start"
+    sh "$R/scripts/fixtures.sh" derive "$MLXCEL_BIN" >/dev/null 2>&1
     (cd "$R" && scripts/gpu-loop.sh gate .gpu/p)
     say "gate rc=$?"
     cp "$OUT/gate.log" "$FINAL/" 2>/dev/null
