@@ -214,7 +214,8 @@ embspec() {
 absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at the end;
              # ABQ: q4 (4-bit g64, the default), q8 or bf16 (float weights)
     mkdir -p /tmp/ab
-    local q=${ABQ:-q4} qa="-q --q-bits ${ABQ#q} --q-group-size 64"
+    local q=${ABQ:-q4}
+    local qa="-q --q-bits ${q#q} --q-group-size 64"
     [ "$q" = bf16 ] && qa="--dtype bf16"
     for m in ${ABM:-llama-1b llama-8b}; do
         python3 dev/bench/hybrid-llamacpp/shapes.py $m "${ABLAYERS:-0}" /tmp/ab/$m.json &&
