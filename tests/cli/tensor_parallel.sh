@@ -1,8 +1,8 @@
 #!/bin/sh
 # --tensor-parallel / -tp (models/tp.h, ADR 0139) through the CLI: greedy generation of the
 # embedded llama-tiny and of phixtral-tiny (MoE) gives the same text unsplit and over 2 and 4
-# CPU ranks; bench names the ranks (table and --json); perplexity over 2 ranks equals the
-# unsplit one; values out of range, a missing value and the commands that split no model are
+# CPU ranks; bench names the ranks (table and --json); perplexity over 2 ranks is the unsplit
+# one within 1e-5; values out of range, a missing value and the commands that split no model are
 # refused with a message and exit 2.
 # Usage (from the repo root): sh tests/cli/tensor_parallel.sh path/to/mlxcel
 BIN=${1:?usage: tensor_parallel.sh path/to/mlxcel}
@@ -40,7 +40,11 @@ grep -o "[0-9]*\.[0-9]*" "$T/out" | head -1 >"$T/p1"
 run "$BIN" perplexity -m models/llama-tiny -f "$T/text" -t 2 -tp 2
 expect_rc 0 "perplexity -tp 2"
 grep -o "[0-9]*\.[0-9]*" "$T/out" | head -1 >"$T/p2"
-[ -s "$T/p1" ] && cmp -s "$T/p1" "$T/p2" || fail "perplexity over 2 ranks $(cat "$T/p2"), unsplit $(cat "$T/p1")"
+# the ranks' partial sums meet in another order than one product's (ADR 0139: within 1e-5 of
+# the unsplit run; on AVX2 135.9038 against 135.9039), so the two agree to 1e-5 relative
+[ -s "$T/p1" ] && [ -s "$T/p2" ] && awk -v a="$(cat "$T/p1")" -v b="$(cat "$T/p2")" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' ||
+    fail "perplexity over 2 ranks $(cat "$T/p2"), unsplit $(cat "$T/p1")"
 
 for bad in 0 9 two; do
     run "$BIN" generate -m models/llama-tiny -p hi -n 1 --tensor-parallel $bad
