@@ -27,6 +27,10 @@
 #   cudat      run_tests cuda alone (log cudat.log)
 #   ab         mlxcel bench with the baseline plugin and the new one, A/B/A (ABVAR=NAME: one
 #              plugin, the variable NAME 0 and 1)
+#   abv:VAR:MODELS[:EXTRA]  ab with ABVAR=VAR on MODELS (comma-separated absetup names), EXTRA
+#              (NAME=VALUE,...) set in all three runs: several A/B switches in one call, e.g.
+#              abv:MLXCEL_CUDA_MMQ:llama-8b abv:MLXCEL_CUDA_ATTN_FA2:llama-8b:MLXCEL_KV_TYPE=f16
+#              (ABARGS: mlxcel bench's arguments, default -p 512 -n 128 -r 3)
 #   lin        dev/kernels/bench_cuda_linear (LINBITS), once per LINENV setting
 #   ncuprof    Nsight Compute (--clock-control none) on absetup's first model: a few prefill
 #              and depth-4096 decode kernels (NCUKP / NCUKT: kernel regexes), ncu-pp/tg.txt
@@ -163,7 +167,8 @@ llbench() {  # [SHAPES [QUANTS]] (default LLSHAPES, q4); env LLARGS
 
 ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetup's models;
         # ABVAR=NAME: one plugin, the variable NAME 0 (base) and 1 (new) instead
-    say "ab start ${ABVAR:-}"
+    say "ab start ${ABVAR:-} ${ABEXTRA:-}"
+    echo "## ab ${ABVAR:-base/new} ${ABEXTRA:-}" >>"$OUT/ab.log"
     local n=0
     while [ ! -f /tmp/ab/.done ] && [ $n -lt 300 ]; do sleep 2; n=$((n + 2)); done
     for m in ${ABM:-llama-1b llama-8b}; do
@@ -174,11 +179,18 @@ ab() {  # the packed plugin (new) against BASE_PLUGIN's (base), A/B/A, on absetu
             v=1
             [ $pl = base ] && v=0
             echo "== $m $pl" >>"$OUT/ab.log"
-            env ${ABVAR:+$ABVAR=$v} MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda -m /tmp/ab/$m-${ABQ:-q4} -p 512 -n 128 -r 3 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
+            # shellcheck disable=SC2086
+            env ${ABEXTRA:+${ABEXTRA//,/ }} ${ABVAR:+$ABVAR=$v} MLXCEL_CUDA_PLUGIN=$f "$MLXCEL_BIN" bench --device cuda \
+                -m /tmp/ab/$m-${ABQ:-q4} ${ABARGS:--p 512 -n 128 -r 3} 2>&1 | grep -E "^\|" >>"$OUT/ab.log"
         done
     done
     cat "$OUT/ab.log"
     say "ab done"
+}
+
+abv() {  # VAR MODELS [EXTRA]: see the header
+    local m=$2
+    ABVAR=$1 ABM=${m//,/ } ABEXTRA=${3:-} ab
 }
 
 lin() {  # the GEMV microbenchmark (LINBITS: widths, default 4), once per LINENV entry
@@ -218,8 +230,8 @@ absetup() {  # into /tmp/ab (llsetup's models are /tmp/hm's); /tmp/ab/.done at t
     local qa="-q --q-bits ${q#q} --q-group-size 64"
     [ "$q" = bf16 ] && qa="--dtype bf16"
     for m in ${ABM:-llama-1b llama-8b}; do
+        # shellcheck disable=SC2086
         python3 dev/bench/hybrid-llamacpp/shapes.py $m "${ABLAYERS:-0}" /tmp/ab/$m.json &&
-            # shellcheck disable=SC2086
             "$MLXCEL_BIN" synth -c /tmp/ab/$m.json -o /tmp/ab/$m-$q --seed 41 -t 12 $qa >/dev/null 2>&1
         say "absetup $m rc=$?"
     done
@@ -267,6 +279,7 @@ run_step() {
     llb | llwait | gate | gatebase | tpgpu | gen | hybgpu | sanit | llbench | ab | lin | cudat | ncuprof | vision | embspec | absetup) $1 ;;
     llsetup:*) a=${1#llsetup:}; llsetup "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
     llbench:*) a=${1#llbench:}; llbench "${a%%:*}" "$(echo "$a" | sed -n 's/^[^:]*://p')" ;;
+    abv:*) IFS=: read -r v m x <<<"${1#abv:}"; abv "$v" "$m" "$x" ;;
     bg:*) run_step "${1#bg:}" & ;;
     wait) wait ;;
     *) say "unknown step $1" ;;
