@@ -19,6 +19,7 @@
  * to end.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -427,6 +428,16 @@ static void open_pair(struct backend **gpu, struct backend **cpu)
     assert_int_equal(backend_cpu_new(cpu, 1, "scalar", test_backend_opts(), &e), 0);
 }
 
+/* *gpu again with the test's options but the switch at byte off of backend_opts off. */
+static void reopen_without(struct backend **gpu, size_t off)
+{
+    struct backend_opts o = *test_backend_opts();
+    struct err e = {0};
+    *(bool *)((char *)&o + off) = false;
+    backend_free(*gpu);
+    assert_int_equal(backend_new(gpu, "cuda", 1, &o, &e), 0);
+}
+
 static double attn_case(struct backend *cpu, struct backend *gpu, const struct attn_tc *tc,
                         enum dtype dt)
 {
@@ -553,13 +564,8 @@ static void test_attention(void **state)
     struct backend *gpu = NULL, *cpu = NULL;
     open_pair(&gpu, &cpu);
     for (int fa2 = 1; fa2 >= 0; fa2--) {
-        if (!fa2) { /* the same on ADR 0054's kernel for every cache type */
-            struct backend_opts o = *test_backend_opts();
-            struct err e = {0};
-            o.cuda_attn_fa2 = false;
-            backend_free(gpu);
-            assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
-        }
+        if (!fa2) /* the same on ADR 0054's kernel for every cache type */
+            reopen_without(&gpu, offsetof(struct backend_opts, cuda_attn_fa2));
         double worst = 0;
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
             for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
@@ -613,13 +619,8 @@ static void test_attention_decode(void **state)
     struct backend *gpu = NULL, *cpu = NULL;
     open_pair(&gpu, &cpu);
     for (int flash = 1; flash >= 0; flash--) {
-        if (!flash) { /* the same on ADR 0028's kernel */
-            struct backend_opts o = *test_backend_opts();
-            struct err e = {0};
-            o.cuda_attn_flash = false;
-            backend_free(gpu);
-            assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
-        }
+        if (!flash) /* the same on ADR 0028's kernel */
+            reopen_without(&gpu, offsetof(struct backend_opts, cuda_attn_flash));
         double worst = 0;
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
             for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {

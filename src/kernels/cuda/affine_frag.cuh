@@ -58,6 +58,52 @@ __device__ __forceinline__ float cu_ld_sb(const uint8_t *p, int g)
 }
 
 
+/* CALL with AB (4 or 8) and AS (the scales' dtype: DTYPE_BF16, DTYPE_F16, else DTYPE_F32) as
+ * constants for an affine format of bits and scale dtype sdt (mma.cu, mmq.cu). */
+#define AFFINE_DISPATCH(bits, sdt, CALL)                                                     \
+    do {                                                                                     \
+        if ((bits) == 4 && (sdt) == DTYPE_BF16) {                                            \
+            constexpr int AB = 4, AS = DTYPE_BF16;                                           \
+            CALL;                                                                            \
+        } else if ((bits) == 4 && (sdt) == DTYPE_F16) {                                      \
+            constexpr int AB = 4, AS = DTYPE_F16;                                            \
+            CALL;                                                                            \
+        } else if ((bits) == 4) {                                                            \
+            constexpr int AB = 4, AS = DTYPE_F32;                                            \
+            CALL;                                                                            \
+        } else if ((sdt) == DTYPE_BF16) {                                                    \
+            constexpr int AB = 8, AS = DTYPE_BF16;                                           \
+            CALL;                                                                            \
+        } else if ((sdt) == DTYPE_F16) {                                                     \
+            constexpr int AB = 8, AS = DTYPE_F16;                                            \
+            CALL;                                                                            \
+        } else {                                                                             \
+            constexpr int AB = 8, AS = DTYPE_F32;                                            \
+            CALL;                                                                            \
+        }                                                                                    \
+    } while (0)
+
+/* A warp's 2 m16 x 4 n8 f32 C tiles (mma.cu, mmq.cu: tokens m0 + 32 wm + 16 mi + g and + 8,
+ * rows n0 + 32 wn + 8 ni + 2 tq and + 1, g = lane / 4, tq = lane % 4) into y, inside n_tok x
+ * out. */
+__device__ __forceinline__ void mma_store_warp(float *y, int ldy, const float (&yo)[2][4][4],
+                                               int m0, int n0, int wm, int wn, int lane, int n_tok,
+                                               int out)
+{
+    const int g = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int t = m0 + wm * 32 + mi * 16 + g + 8 * (e >> 1);
+                int r = n0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
+                if (t < n_tok && r < out)
+                    y[(size_t)t * ldy + r] = yo[mi][ni][e];
+            }
+}
+
 /* One product of a gemv_affine_kernel launch: blocks [b0, next job's b0) are its. */
 struct ga_job {
     float *y;

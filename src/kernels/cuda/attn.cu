@@ -233,36 +233,13 @@ __device__ __forceinline__ void attn_load_q(const attn_args<T> &a, const float *
     }
 }
 
-/* One warp over keys j0, j0 + ATTN_WARPS, ... below j1, one key at a time: a warp
- * reduction for its score, then the online softmax (m, l) and the output o. */
+/* One warp over keys j0, j0 + ATTN_WARPS, ... below j1 (attn_common.cuh's attn_keys_pl). */
 template <class T>
 __device__ __forceinline__ void attn_keys(const attn_args<T> &a, const int32_t *tab, int g, int lane,
                                           const float *qv, float *o, float &m, float &l, int j0,
                                           int j1)
 {
-    for (int j = j0; j < j1; j += ATTN_WARPS) {
-        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const T *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
-        const T *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
-        float s = 0.0f;
-#pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            if (d < a.hd)
-                s += qv[i] * kv_ld(&kr[d]);
-        }
-        s = cu_warp_sum(s) * a.scale;
-        if (a.softcap > 0.0f)
-            s = a.softcap * tanhf(s / a.softcap);
-        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
-        l = l * corr + pj;
-#pragma unroll
-        for (int i = 0; i < HD_PER_LANE; i++) {
-            int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < a.hd ? pj * kv_ld(&vr[d]) : 0.0f);
-        }
-        m = mn;
-    }
+    attn_keys_pl<T, HD_PER_LANE, ATTN_WARPS>(a, tab, g, lane, qv, o, m, l, j0, j1);
 }
 
 /* One partial of a merge: its max (-inf: empty), its sum and its output [dim]. */

@@ -57,6 +57,38 @@ __device__ __forceinline__ void attn_range(const attn_args<T> &a, int t, int p, 
     }
 }
 
+/* One warp over keys j0, j0 + STEP, ... below j1, one key at a time (q and the output o over
+ * PL dims a lane): a warp reduction for its score, then the online softmax (m, l) and o. */
+template <class T, int PL, int STEP>
+__device__ __forceinline__ void attn_keys_pl(const attn_args<T> &a, const int32_t *tab, int g,
+                                             int lane, const float *qv, float *o, float &m,
+                                             float &l, int j0, int j1)
+{
+    for (int j = j0; j < j1; j += STEP) {
+        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+        const T *kr = a.kc + slot * a.k_dim + (size_t)g * a.hd;
+        const T *vr = a.vc + slot * a.v_dim + (size_t)g * a.hd;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            if (d < a.hd)
+                s += qv[i] * kv_ld(&kr[d]);
+        }
+        s = cu_warp_sum(s) * a.scale;
+        if (a.softcap > 0.0f)
+            s = a.softcap * tanhf(s / a.softcap);
+        float mn = fmaxf(m, s), corr = expf(m - mn), pj = expf(s - mn);
+        l = l * corr + pj;
+#pragma unroll
+        for (int i = 0; i < PL; i++) {
+            int d = lane + 32 * i;
+            o[i] = o[i] * corr + (d < a.hd ? pj * kv_ld(&vr[d]) : 0.0f);
+        }
+        m = mn;
+    }
+}
+
 /* Row t, head h by one warp, a key at a time (attn.cu's attn_keys arithmetic): the prefill
  * kernels' rows of a block whose rows have different block tables (a batch mixing sequences). */
 template <class T, int HD>
@@ -76,29 +108,7 @@ __device__ void attn_row_plain(const attn_args<T> &a, int t, int h, int lane)
         qv[i] = d < hd ? qh[d] : 0.0f;
         o[i] = 0.0f;
     }
-    for (int j = lo; j < hi; j++) {
-        size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
-        const T *kr = a.kc + slot * a.k_dim + (size_t)g * hd;
-        const T *vr = a.vc + slot * a.v_dim + (size_t)g * hd;
-        float sc = 0.0f;
-#pragma unroll
-        for (int i = 0; i < PL; i++) {
-            int d = lane + 32 * i;
-            if (d < hd)
-                sc += qv[i] * kv_ld(&kr[d]);
-        }
-        sc = cu_warp_sum(sc) * a.scale;
-        if (a.softcap > 0.0f)
-            sc = a.softcap * tanhf(sc / a.softcap);
-        float mn = fmaxf(m, sc), corr = expf(m - mn), pj = expf(sc - mn);
-        l = l * corr + pj;
-#pragma unroll
-        for (int i = 0; i < PL; i++) {
-            int d = lane + 32 * i;
-            o[i] = o[i] * corr + (d < hd ? pj * kv_ld(&vr[d]) : 0.0f);
-        }
-        m = mn;
-    }
+    attn_keys_pl<T, PL, 1>(a, tab, g, lane, qv, o, m, l, lo, hi);
     float L = l, f = 1.0f;
     if (a.sinks) {
         float sk = a.sinks[h], M = fmaxf(m, sk);

@@ -111,6 +111,13 @@ struct cu_wmat {
     size_t qrow_bytes;
 };
 
+/* Blocks of 256 threads for a grid-stride loop over n items (at least 1, at most 65536). */
+static inline int cu_grid256(size_t n)
+{
+    size_t g = (n + 255) / 256;
+    return (int)(g < 65536 ? (g ? g : 1) : 65536);
+}
+
 static inline struct cuda_backend *cu_of(struct backend *be)
 {
     return (struct cuda_backend *)be->impl;
@@ -155,6 +162,12 @@ bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const floa
 bool cu_mma_ok(const struct cu_wmat *w);
 void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, int ldx,
                    const struct cu_wmat *w, int n_tok);
+/* ... and what mmq.cu shares with it: the splits of K (of ng scale groups, nk steps) over grid
+ * z while a grid of blocks is short of target (the number returned, *gpz groups each), and the
+ * splits' partial sums part (nz x [n_tok, out]) into y in order of z (deterministic). */
+int cu_mma_splits(long blocks, long target, int ng, int nk, int *gpz);
+void cu_mma_reduce(struct cuda_backend *c, float *y, int ldy, const float *part, int nz, int out,
+                   int n_tok);
 
 /* mmq.cu: the same product on int8 tensor cores, x in two int8 limbs a scale group (ADR 0147;
  * groups of 32 to 128). */

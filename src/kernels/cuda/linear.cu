@@ -710,12 +710,6 @@ __global__ void embed_kernel(float *y, cu_wmat w, const int32_t *ids)
         } \
     } while (0)
 
-static int grid_for(size_t n)
-{
-    size_t g = (n + 255) / 256;
-    return (int)(g < 65536 ? (g ? g : 1) : 65536);
-}
-
 /* C[rows, n_tok] (+)= A[rows, in] B[n_tok, in]ᵀ on tensor cores: bf16 in, f32 accumulate. */
 static bool gemm_bf16(struct cuda_backend *c, float *y, int ldy, const __nv_bfloat16 *a, int lda,
                       const __nv_bfloat16 *b, int rows, int n_tok, int in, bool accumulate)
@@ -759,7 +753,7 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
         return;
     __nv_bfloat16 *wh = (__nv_bfloat16 *)scr, *wl = wh + (size_t)panel * w.in;
     __nv_bfloat16 *xh = wl + (size_t)panel * w.in, *xl = xh + (size_t)n_tok * w.in;
-    split_x_kernel<<<grid_for((size_t)n_tok * w.in), 256, 0, c->st>>>(xh, xl, x, w.in, w.in, n_tok);
+    split_x_kernel<<<cu_grid256((size_t)n_tok * w.in), 256, 0, c->st>>>(xh, xl, x, w.in, w.in, n_tok);
     if (!cu_check(c, "split x"))
         return;
     if (direct) {
@@ -773,7 +767,7 @@ static void gemm(struct cuda_backend *c, float *y, int ldy, const float *x, cons
     for (int r0 = 0; r0 < w.out; r0 += panel) {
         int rows = w.out - r0 < panel ? w.out - r0 : panel;
         size_t items = (size_t)rows * (n_chunks + (w.in - n_chunks * 32));
-        FMT_DISPATCH(w, (dequant_kernel<FMT><<<grid_for(items), 256, 0, c->st>>>(wh, wl, w, r0, rows,
+        FMT_DISPATCH(w, (dequant_kernel<FMT><<<cu_grid256(items), 256, 0, c->st>>>(wh, wl, w, r0, rows,
                                                                                   n_chunks)));
         if (!cu_check(c, "dequantize") ||
             !gemm_bf16(c, y + r0, ldy, wh, w.in, xh, rows, n_tok, w.in, false) ||
@@ -957,7 +951,7 @@ void cu_linear(struct backend *be, float *y, int ldy, const float *x, const stru
     }
     gemm(c, y, ldy, x, m, n_tok);
     if (bias && !c->err_rc) {
-        bias_kernel<<<grid_for((size_t)m.out * n_tok), 256, 0, c->st>>>(y, ldy, bias->data,
+        bias_kernel<<<cu_grid256((size_t)m.out * n_tok), 256, 0, c->st>>>(y, ldy, bias->data,
                                                                         bias->dtype, m.out, n_tok);
         cu_check(c, "bias");
     }

@@ -123,21 +123,9 @@ mma_affine_kernel(float *y, int ldy, size_t zstride, const __nv_bfloat16 *xh,
             for (int e = 0; e < 4; e++)
                 acc[mi][ni][e] = yo[mi][ni][e] = 0.0f;
 
-#pragma unroll
-    for (int s = 0; s < MMA_STAGES - 1; s++) {
-        if (s < steps)
-            load(s, k_lo + s);
-        cp_async_commit();
-    }
+    cp_pipe_start<MMA_STAGES>(load, steps, k_lo);
     for (int kt = 0; kt < steps; kt++) {
-        /* groups committed: MMA_STAGES - 1 + kt; all but the last MMA_STAGES - 2 done = step
-         * kt landed; the barrier also says every warp is done with step kt - 1's stage, which
-         * the next load refills */
-        cp_async_wait<MMA_STAGES - 2>();
-        __syncthreads();
-        if (kt + MMA_STAGES - 1 < steps)
-            load((kt + MMA_STAGES - 1) % MMA_STAGES, k_lo + kt + MMA_STAGES - 1);
-        cp_async_commit();
+        cp_pipe_step<MMA_STAGES>(load, kt, steps, k_lo);
         const uint8_t *sp = smem + (kt % MMA_STAGES) * C::STAGE;
 
         /* the group's scales, biases and x sums at its last step, asked for before the
@@ -220,18 +208,7 @@ mma_affine_kernel(float *y, int ldy, size_t zstride, const __nv_bfloat16 *xh,
         }
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = m0 + wm * 32 + mi * 16 + g + 8 * (e >> 1);
-                int r = n0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
-                if (t < n_tok && r < w.out)
-                    y[(size_t)t * ldy + r] = yo[mi][ni][e];
-            }
+    mma_store_warp(y, ldy, yo, m0, n0, wm, wn, lane, n_tok, w.out);
 }
 
 /* y[t, r] = Σ_z part[z][t, r] in order of z (part: nz x [n_tok, out]). */
@@ -249,10 +226,26 @@ __global__ void mma_reduce_kernel(float *y, int ldy, const float *part, int nz, 
 
 // ---- launchers ----
 
-static int mma_grid(size_t n)
+void cu_mma_reduce(struct cuda_backend *c, float *y, int ldy, const float *part, int nz, int out,
+                   int n_tok)
 {
-    size_t b = (n + 255) / 256;
-    return (int)(b < 65536 ? (b ? b : 1) : 65536);
+    mma_reduce_kernel<<<cu_grid256((size_t)n_tok * out), 256, 0, c->st>>>(y, ldy, part, nz, out,
+                                                                          n_tok);
+    cu_check(c, "mma reduce");
+}
+
+/* Split K in whole groups while the grid is short of blocks, each split >= 2 groups and >= 4
+ * steps, into as many splits as fill one wave (rounded down: a second wave of a few blocks
+ * would cost as much as the first). */
+int cu_mma_splits(long blocks, long target, int ng, int nk, int *gpz)
+{
+    int nz = 1;
+    if (2 * blocks <= target) {
+        int zmax = min(min(ng / 2, nk / 4), MMA_MAX_Z);
+        nz = (int)min((long)max(zmax, 1), target / blocks);
+    }
+    *gpz = (ng + nz - 1) / nz;
+    return (ng + *gpz - 1) / *gpz;
 }
 
 template <int BITS, int SDT, int WM>
@@ -306,18 +299,9 @@ void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
         cu_fail(c, "mma: too many tokens", cudaErrorInvalidValue);
         return;
     }
-    /* split K in whole groups while the grid is short of blocks, each split >= 2 groups and
-     * >= 4 steps, into as many splits as fill one wave (rounded down: a second wave of a few
-     * blocks would cost as much as the first) */
-    long blocks = (long)bx * by;
-    long target = (long)MMA_WARPS_PER_SM / (4 * wm) * (c->n_sm > 0 ? c->n_sm : 132);
-    int nz = 1;
-    if (2 * blocks <= target) {
-        int zmax = min(min(ng / 2, nk / 4), MMA_MAX_Z);
-        nz = (int)min((long)max(zmax, 1), target / blocks);
-    }
-    const int gpz = (ng + nz - 1) / nz;
-    nz = (ng + gpz - 1) / gpz;
+    const long target = (long)MMA_WARPS_PER_SM / (4 * wm) * (c->n_sm > 0 ? c->n_sm : 132);
+    int gpz;
+    const int nz = cu_mma_splits((long)bx * by, target, ng, nk, &gpz);
     /* scratch: x's two bf16 planes, its group sums, the splits' partial sums */
     const size_t nx = (size_t)n_tok * w->in, nxs = (size_t)n_tok * ng;
     const size_t zs = (size_t)n_tok * w->out;
@@ -326,7 +310,7 @@ void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
         return;
     __nv_bfloat16 *xh = (__nv_bfloat16 *)scr, *xl = xh + nx;
     float *xs = scr + nx, *part = xs + nxs;
-    mma_prep_kernel<<<mma_grid(nxs * 32), 256, 0, c->st>>>(xh, xl, xs, x, ldx, w->in, w->qgroup,
+    mma_prep_kernel<<<cu_grid256(nxs * 32), 256, 0, c->st>>>(xh, xl, xs, x, ldx, w->in, w->qgroup,
                                                           n_tok);
     if (!cu_check(c, "mma split x"))
         return;
@@ -334,20 +318,8 @@ void cu_mma_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
     float *yo = nz > 1 ? part : y;
     const int ldo = nz > 1 ? w->out : ldy;
     const size_t zst = nz > 1 ? zs : 0;
-    if (w->qbits == 4 && w->qsdt == DTYPE_BF16)
-        mma_launch_wm<4, DTYPE_BF16>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    else if (w->qbits == 4 && w->qsdt == DTYPE_F16)
-        mma_launch_wm<4, DTYPE_F16>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    else if (w->qbits == 4)
-        mma_launch_wm<4, DTYPE_F32>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    else if (w->qsdt == DTYPE_BF16)
-        mma_launch_wm<8, DTYPE_BF16>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    else if (w->qsdt == DTYPE_F16)
-        mma_launch_wm<8, DTYPE_F16>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    else
-        mma_launch_wm<8, DTYPE_F32>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz);
-    if (!cu_check(c, "mma") || nz == 1)
-        return;
-    mma_reduce_kernel<<<mma_grid(zs), 256, 0, c->st>>>(y, ldy, part, nz, w->out, n_tok);
-    cu_check(c, "mma reduce");
+    AFFINE_DISPATCH(w->qbits, w->qsdt,
+                    (mma_launch_wm<AB, AS>(c, wm, grid, yo, ldo, zst, xh, xl, xs, *w, n_tok, gpz)));
+    if (cu_check(c, "mma") && nz > 1)
+        cu_mma_reduce(c, y, ldy, part, nz, w->out, n_tok);
 }

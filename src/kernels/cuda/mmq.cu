@@ -47,7 +47,6 @@
 #define MMQ_KS 32       /* k per pipeline step */
 #define MMQ_STAGES 4    /* cp.async stages in flight */
 #define MMQ_XROW 48     /* bytes per token row of a limb's tile: 32 + 16 of padding */
-#define MMQ_MAX_Z 16    /* splits of K at most */
 #define MMQ_XMAX 32639  /* |X| at most: 256 x 127 + 127 */
 
 template <int BITS>
@@ -165,19 +164,9 @@ mmq_affine_kernel(float *y, int ldy, size_t zstride, const int8_t *xh, const int
             }
     const int zero[4] = {0, 0, 0, 0};
 
-#pragma unroll
-    for (int s = 0; s < MMQ_STAGES - 1; s++) {
-        if (s < steps)
-            load(s, k_lo + s);
-        cp_async_commit();
-    }
+    cp_pipe_start<MMQ_STAGES>(load, steps, k_lo);
     for (int kt = 0; kt < steps; kt++) {
-        /* as mma.cu: step kt has landed, and every warp is done with the stage refilled next */
-        cp_async_wait<MMQ_STAGES - 2>();
-        __syncthreads();
-        if (kt + MMQ_STAGES - 1 < steps)
-            load((kt + MMQ_STAGES - 1) % MMQ_STAGES, k_lo + kt + MMQ_STAGES - 1);
-        cp_async_commit();
+        cp_pipe_step<MMQ_STAGES>(load, kt, steps, k_lo);
         const uint8_t *sp = smem + (kt % MMQ_STAGES) * C::STAGE;
 
         /* A: both limbs of the warp's two m16 tiles */
@@ -245,40 +234,10 @@ mmq_affine_kernel(float *y, int ldy, size_t zstride, const int8_t *xh, const int
         }
     }
     cp_async_wait<0>();
-
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = m0 + wm * 32 + mi * 16 + g + 8 * (e >> 1);
-                int r = n0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
-                if (t < n_tok && r < w.out)
-                    y[(size_t)t * ldy + r] = yo[mi][ni][e];
-            }
-}
-
-/* y[t, r] = Σ_z part[z][t, r] in order of z (part: nz x [n_tok, out]). */
-__global__ void mmq_reduce_kernel(float *y, int ldy, const float *part, int nz, int out, int n_tok)
-{
-    const size_t n = (size_t)n_tok * out;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int z = 0; z < nz; z++)
-            s += part[(size_t)z * n + i];
-        y[i / out * ldy + i % out] = s;
-    }
+    mma_store_warp(y, ldy, yo, m0, n0, wm, wn, lane, n_tok, w.out);
 }
 
 // ---- launchers ----
-
-static int mmq_grid(size_t n)
-{
-    size_t b = (n + 255) / 256;
-    return (int)(b < 65536 ? (b ? b : 1) : 65536);
-}
 
 template <int BITS, int SDT>
 static void mmq_launch(struct cuda_backend *c, dim3 grid, float *y, int ldy, size_t zstride,
@@ -315,16 +274,9 @@ void cu_mmq_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
         cu_fail(c, "mmq: too many tokens", cudaErrorInvalidValue);
         return;
     }
-    /* split K in whole groups while the grid is short of one block an SM, each split >= 2
-     * groups and >= 4 steps (mma.cu's rule) */
-    const long blocks = (long)bx * by, target = c->n_sm > 0 ? c->n_sm : 132;
-    int nz = 1;
-    if (2 * blocks <= target) {
-        int zmax = min(min(ng / 2, nk / 4), MMQ_MAX_Z);
-        nz = (int)min((long)max(zmax, 1), target / blocks);
-    }
-    const int gpz = (ng + nz - 1) / nz;
-    nz = (ng + gpz - 1) / gpz;
+    /* K split as mma.cu splits it, while the grid is short of one block an SM */
+    int gpz;
+    const int nz = cu_mma_splits((long)bx * by, c->n_sm > 0 ? c->n_sm : 132, ng, nk, &gpz);
     /* scratch (floats): x's two int8 limbs, its groups' steps and sums, the splits' sums */
     const size_t nx = (size_t)n_tok * w->in, nxs = (size_t)n_tok * ng;
     const size_t nxf = (2 * nx + 15) / 16 * 4, zs = (size_t)n_tok * w->out;
@@ -333,7 +285,7 @@ void cu_mmq_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
         return;
     int8_t *xh = (int8_t *)scr, *xl = xh + nx;
     float *xd = scr + nxf, *xs = xd + nxs, *part = xs + nxs;
-    mmq_prep_kernel<<<mmq_grid(nxs * 32), 256, 0, c->st>>>(xh, xl, xd, xs, x, ldx, w->in,
+    mmq_prep_kernel<<<cu_grid256(nxs * 32), 256, 0, c->st>>>(xh, xl, xd, xs, x, ldx, w->in,
                                                           w->qgroup, n_tok, w->qbits);
     if (!cu_check(c, "mmq split x"))
         return;
@@ -341,20 +293,8 @@ void cu_mmq_affine(struct cuda_backend *c, float *y, int ldy, const float *x, in
     float *yo = nz > 1 ? part : y;
     const int ldo = nz > 1 ? w->out : ldy;
     const size_t zst = nz > 1 ? zs : 0;
-    if (w->qbits == 4 && w->qsdt == DTYPE_BF16)
-        mmq_launch<4, DTYPE_BF16>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    else if (w->qbits == 4 && w->qsdt == DTYPE_F16)
-        mmq_launch<4, DTYPE_F16>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    else if (w->qbits == 4)
-        mmq_launch<4, DTYPE_F32>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    else if (w->qsdt == DTYPE_BF16)
-        mmq_launch<8, DTYPE_BF16>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    else if (w->qsdt == DTYPE_F16)
-        mmq_launch<8, DTYPE_F16>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    else
-        mmq_launch<8, DTYPE_F32>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz);
-    if (!cu_check(c, "mmq") || nz == 1)
-        return;
-    mmq_reduce_kernel<<<mmq_grid(zs), 256, 0, c->st>>>(y, ldy, part, nz, w->out, n_tok);
-    cu_check(c, "mmq reduce");
+    AFFINE_DISPATCH(w->qbits, w->qsdt,
+                    (mmq_launch<AB, AS>(c, grid, yo, ldo, zst, xh, xl, xd, xs, *w, n_tok, gpz)));
+    if (cu_check(c, "mmq") && nz > 1)
+        cu_mma_reduce(c, y, ldy, part, nz, w->out, n_tok);
 }

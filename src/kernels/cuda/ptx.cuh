@@ -30,6 +30,32 @@ __device__ __forceinline__ void cp_async_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* A K loop over `steps` steps through STAGES shared-memory stages (mma.cu, mmq.cu): load(st, ks)
+ * issues the cp.async copies of step ks into stage st. cp_pipe_start fills the first STAGES - 1
+ * stages; cp_pipe_step at step kt waits for it (groups committed: STAGES - 1 + kt; all but the
+ * last STAGES - 2 done = step kt landed), and past the barrier, which also says every thread is
+ * done with step kt - 1's stage, refills that stage with step kt + STAGES - 1. */
+template <int STAGES, class L>
+__device__ __forceinline__ void cp_pipe_start(L &load, int steps, int k_lo)
+{
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < steps)
+            load(s, k_lo + s);
+        cp_async_commit();
+    }
+}
+
+template <int STAGES, class L>
+__device__ __forceinline__ void cp_pipe_step(L &load, int kt, int steps, int k_lo)
+{
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    if (kt + STAGES - 1 < steps)
+        load((kt + STAGES - 1) % STAGES, k_lo + kt + STAGES - 1);
+    cp_async_commit();
+}
+
 /* Four 8 x 8 b16 matrices: lane l gives the address of row l % 8 of matrix l / 8; r[i] gets
  * row lane / 4, columns 2 (lane % 4) and + 1 of matrix i. */
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr)
