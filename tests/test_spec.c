@@ -472,6 +472,61 @@ static void spec_pacing(void **state)
     assert_int_equal(spec_pace_len(&a), 16);
 }
 
+/* Runs the gate for tokens of output in steps of `step` tokens, a drafting step taking
+ * sd seconds a token and a plain one sp; the tokens output by drafting steps returned. */
+static int gate_run(struct spec_gate *g, int tokens, int step, double sd, double sp)
+{
+    int drafted = 0;
+    for (int out = 0; out < tokens; out += step) {
+        bool d = spec_gate_drafts(g);
+        drafted += d ? step : 0;
+        spec_gate_update(g, step, step * (d ? sd : sp));
+    }
+    return drafted;
+}
+
+/* The gate (ADR 0148): drafting timed against plain steps, the faster held, holds doubling
+ * while the same mode wins, both timed again after each; a draft model stays plain. */
+static void spec_gating(void **state)
+{
+    (void)state;
+    struct spec_gate g;
+    /* drafting twice as fast: it drafts but for the 16 plain tokens of each round */
+    spec_gate_init(&g, false);
+    assert_true(spec_gate_drafts(&g));
+    assert_int_equal(gate_run(&g, SPEC_GATE_SPEC, 4, 0.5, 1.0), SPEC_GATE_SPEC);
+    assert_false(spec_gate_drafts(&g));                 /* the plain window */
+    assert_int_equal(gate_run(&g, SPEC_GATE_PLAIN, 1, 0.5, 1.0), 0);
+    assert_true(spec_gate_drafts(&g) && g.hold == SPEC_GATE_HOLD);
+    assert_int_equal(gate_run(&g, SPEC_GATE_HOLD, 4, 0.5, 1.0), SPEC_GATE_HOLD);
+    /* the next round: drafting wins again, twice the hold */
+    gate_run(&g, SPEC_GATE_SPEC + SPEC_GATE_PLAIN, 1, 0.5, 1.0);
+    assert_true(spec_gate_drafts(&g) && g.phase == 2 && g.hold == 2 * SPEC_GATE_HOLD);
+    for (int i = 0; i < 8; i++)     /* up to the longest hold */
+        gate_run(&g, g.left + SPEC_GATE_SPEC + SPEC_GATE_PLAIN, 1, 0.5, 1.0);
+    assert_int_equal(g.hold, SPEC_GATE_HOLD_MAX);
+
+    /* plain steps faster: plain holds, then drafting is timed again, and wins back when it
+     * turns faster (the hold back to its first length) */
+    spec_gate_init(&g, false);
+    gate_run(&g, SPEC_GATE_SPEC + SPEC_GATE_PLAIN, 2, 1.5, 1.0);
+    assert_true(!spec_gate_drafts(&g) && g.plain && g.hold == SPEC_GATE_HOLD);
+    assert_int_equal(gate_run(&g, SPEC_GATE_HOLD, 1, 1.5, 1.0), 0);
+    assert_true(spec_gate_drafts(&g) && g.phase == 0);
+    gate_run(&g, SPEC_GATE_SPEC + SPEC_GATE_PLAIN, 1, 0.9, 1.0);
+    assert_true(spec_gate_drafts(&g) && !g.plain && g.hold == SPEC_GATE_HOLD);
+
+    /* a draft model: once plain wins, it stays plain */
+    spec_gate_init(&g, true);
+    gate_run(&g, SPEC_GATE_SPEC + SPEC_GATE_PLAIN, 1, 1.5, 1.0);
+    assert_false(spec_gate_drafts(&g));
+    assert_int_equal(gate_run(&g, 20 * SPEC_GATE_HOLD_MAX, 8, 0.1, 1.0), 0);
+    /* ... but a winning draft model is timed again like any drafter */
+    spec_gate_init(&g, true);
+    gate_run(&g, SPEC_GATE_SPEC + SPEC_GATE_PLAIN + SPEC_GATE_HOLD, 1, 0.5, 1.0);
+    assert_true(spec_gate_drafts(&g) && g.phase == 0);
+}
+
 static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
 {
     static struct CMUnitTest *t;
@@ -482,6 +537,7 @@ static void build_tests(const struct CMUnitTest **tests, size_t *n_tests)
             cmocka_unit_test(spec_sampling_same_tokens),
             cmocka_unit_test(spec_ngram_lookup),
             cmocka_unit_test(spec_pacing),
+            cmocka_unit_test(spec_gating),
             cmocka_unit_test(spec_draft_pool),
         };
         golden_case_tests("spec_", spec_case, extra, sizeof extra / sizeof extra[0], &t, &n);

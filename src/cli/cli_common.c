@@ -153,6 +153,12 @@ int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, stru
             return err_setf(e, ERR_ARG, "--spec: '%s' is not none, ngram, draft or mtp", arg);
         return 0;
     }
+    if (strcmp(flag, "spec-gate") == 0) {
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0)
+            return err_setf(e, ERR_ARG, "--spec-gate: '%s' is not on or off", arg);
+        p->gate = strcmp(arg, "on") == 0;
+        return 0;
+    }
     bool max = strcmp(flag, "draft-max") == 0;
     if ((rc = cli_parse_int(max ? "--draft-max" : "--draft-min", arg, max ? 1 : 0, SPEC_DRAFT_MAX_LIMIT, &v, e)) < 0)
         return rc;

@@ -76,6 +76,8 @@ static const char *k_help =
     "      --ignore-eos       keep generating past end-of-sequence tokens\n"
     CLI_LORA_HELP
     CLI_SPEC_HELP
+    "      --spec-gate on|off drafting steps timed against plain ones now and then, and\n"
+    "                         drafting paused while plain decoding is faster (default on)\n"
     "      --model-draft MODEL  the draft model of --spec draft (implies it): a smaller\n"
     "                         checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --output-ids       print only the generated ids, as a JSON array\n"
@@ -89,7 +91,7 @@ static const char *k_help =
 enum {
     OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REPPEN, OPT_REPN, OPT_SEED,
     OPT_IGNORE_EOS, OPT_STATS, OPT_PROMPT_IDS, OPT_OUTPUT_IDS, OPT_CHAT, OPT_NO_CHAT, OPT_SYSTEM,
-    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN,
+    OPT_TEMPLATE_FILE, OPT_TRUNCATE, OPT_KEEP, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_SPEC_GATE,
     OPT_MODEL_DRAFT, OPT_IMAGE, OPT_PIXEL_VALUES, OPT_PIXEL_VALUES_OUT, OPT_IMAGE_EMBD_OUT,
 };
 
@@ -183,6 +185,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         {"chat-template-file", required_argument, 0, OPT_TEMPLATE_FILE},
         {"truncate", required_argument, 0, OPT_TRUNCATE}, {"spec", required_argument, 0, OPT_SPEC},
         {"draft-max", required_argument, 0, OPT_DRAFT_MAX}, {"draft-min", required_argument, 0, OPT_DRAFT_MIN},
+        {"spec-gate", required_argument, 0, OPT_SPEC_GATE},
         {"model-draft", required_argument, 0, OPT_MODEL_DRAFT},
         {"image", required_argument, 0, OPT_IMAGE}, {"pixel-values", required_argument, 0, OPT_PIXEL_VALUES},
         {"pixel-values-out", required_argument, 0, OPT_PIXEL_VALUES_OUT},
@@ -258,6 +261,7 @@ static int parse_args(int argc, char **argv, struct gen_cli *o, struct err *e)
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
+        case OPT_SPEC_GATE: rc = cli_spec_flag("spec-gate", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
         case OPT_IMAGE:
             if (o->n_images == CLI_MAX_IMAGES)

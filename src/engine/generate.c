@@ -240,7 +240,11 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     bool rec = kv_has_recurrent(kv);
     struct spec_pace pace;  /* the draft length now (spec.h) */
     spec_pace_init(&pace, K);
+    struct spec_gate gate;  /* whether drafting pays here (spec.h) */
+    spec_gate_init(&gate, p->spec.prefill != NULL); /* a draft model: its cache would catch up */
+    const bool gated = spec && p->spec.gate;
     while (st.n_gen < p->n_predict) {
+        const double ts = gen_now();
         if (emit(&g, id))
             break;
         int len = want, fed = kv_seq_len(kv, seq);
@@ -249,7 +253,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
             break;
         }
         int k = 0;
-        if (spec) {
+        if (spec && (!gated || spec_gate_drafts(&gate))) {
             /* useful drafts: the output left after this step's own token, the context left */
             int max = p->n_predict - st.n_gen - 1, ctx = kv->max_seq_len - len - 1;
             int lim = spec_pace_len(&pace);
@@ -309,6 +313,8 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
                                 hist, g.n_hist);
             obs_to = want;
         }
+        if (gated)
+            spec_gate_update(&gate, 1 + j, gen_now() - ts);
         if (stop)
             break;
     }

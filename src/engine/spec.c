@@ -20,6 +20,7 @@ void spec_params_default(struct spec_params *p)
     p->draft_min = 1;
     p->ngram_min = 1;
     p->ngram_max = 3;
+    p->gate = true;
 }
 
 int spec_params_check(const struct spec_params *p, struct err *e)
@@ -98,6 +99,40 @@ void spec_pace_update(struct spec_pace *a, int j, int k)
     } else {
         a->pause = a->pause ? (2 * a->pause < SPEC_PAUSE_MAX ? 2 * a->pause : SPEC_PAUSE_MAX) : 1;
         a->rest = a->pause;
+    }
+}
+
+void spec_gate_init(struct spec_gate *g, bool sticky)
+{
+    *g = (struct spec_gate){.sticky = sticky};
+}
+
+bool spec_gate_drafts(const struct spec_gate *g)
+{
+    return g->phase == 0 || (g->phase == 2 && !g->plain);
+}
+
+void spec_gate_update(struct spec_gate *g, int n, double s)
+{
+    if (g->phase == 2) {
+        if ((g->left -= n) <= 0 && !(g->sticky && g->plain))
+            *g = (struct spec_gate){.sticky = g->sticky, .plain = g->plain, .hold = g->hold};
+        return;
+    }
+    const int m = g->phase == 0;
+    g->t[m] += s;
+    g->n[m] += n;
+    if (g->phase == 0 && g->n[1] >= SPEC_GATE_SPEC) {
+        g->phase = 1;
+    } else if (g->phase == 1 && g->n[0] >= SPEC_GATE_PLAIN) {
+        /* t0 / n0 < t1 / n1: plain steps took fewer seconds a token */
+        const bool plain = g->t[0] * g->n[1] < g->t[1] * g->n[0];
+        g->hold = g->hold && plain == g->plain
+                      ? (2 * g->hold < SPEC_GATE_HOLD_MAX ? 2 * g->hold : SPEC_GATE_HOLD_MAX)
+                      : SPEC_GATE_HOLD;
+        g->plain = plain;
+        g->left = g->hold;
+        g->phase = 2;
     }
 }
 

@@ -67,6 +67,8 @@ struct spec_params {
     spec_observe_fn observe;  /* set: generate() and the scheduler ask the forward for every
                                * row's hidden state and pass them here (ud: draft_ud) */
     spec_prefill_fn prefill;  /* optional (ud: draft_ud); else the first draft catches up */
+    bool gate;          /* generate(): drafting paused while plain steps time faster
+                         * (spec_gate; on by default; the scheduler paces by acceptance only) */
 };
 
 /* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted
@@ -149,6 +151,34 @@ int spec_pace_len(const struct spec_pace *a);
 /* After each decode step: it drafted k and kept j of them (k = 0: a plain step, which
  * counts toward a pause). */
 void spec_pace_update(struct spec_pace *a, int j, int k);
+
+/* Whether drafting pays on this machine, by generate()'s own clock (issue 45's item 3, ADR
+ * 0148): a draft that is often kept still costs more than it saves where a forward of k rows
+ * costs nearly k one-row steps (a CPU) or drafting costs much (a draft model near the target's
+ * size). Drafting steps run until SPEC_GATE_SPEC tokens are out, then plain steps until
+ * SPEC_GATE_PLAIN more; the mode with fewer seconds a token holds for SPEC_GATE_HOLD tokens,
+ * twice as long each time the same mode wins again (up to SPEC_GATE_HOLD_MAX), and then both
+ * are timed again; but a drafter that keeps a cache of its own (a draft model) drafts no more
+ * once plain decoding wins, since timing it again would first catch its cache up on every
+ * token of the hold (on a CPU about as costly as the hold itself). Outputs do not depend on
+ * the gate (drafts are exact); the drafted counts do. */
+#define SPEC_GATE_SPEC 48
+#define SPEC_GATE_PLAIN 16
+#define SPEC_GATE_HOLD 256
+#define SPEC_GATE_HOLD_MAX 4096
+struct spec_gate {
+    int phase;        /* 0: timing drafting steps, 1: timing plain ones, 2: holding the winner */
+    bool sticky;      /* plain decoding, once it wins, holds for good */
+    bool plain;       /* the last round's winner was plain decoding */
+    int left, hold;   /* tokens left of the hold; its length */
+    double t[2];      /* seconds of this round's [plain, drafting] steps */
+    int n[2];         /* tokens they output */
+};
+void spec_gate_init(struct spec_gate *g, bool sticky);
+/* Whether the next step may draft. */
+bool spec_gate_drafts(const struct spec_gate *g);
+/* After each decode step: it output n tokens in s seconds. */
+void spec_gate_update(struct spec_gate *g, int n, double s);
 
 /* Prompt lookup: the tokens after the most recent earlier occurrence of hist's last
  * m tokens, m from ngram_max down to ngram_min, up to max of them. */
