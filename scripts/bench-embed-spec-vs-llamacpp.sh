@@ -1033,7 +1033,9 @@ ll_lookup() {
 lookup_model() {
     local tag=$1 mm=$2 gg=$3 prompt=$4 n=$5 ctx=$6 d=$draft_max
     mlx_gen "$tag-plain" "$mm" "$prompt" "$n" lookup
-    mlx_gen "$tag-ngram" "$mm" "$prompt" "$n" lookup --spec ngram --draft-max "$d"
+    # --spec-gate off: speculation itself, as llama.cpp's runs measure it (ADR 0148's gate
+    # would stop drafting wherever plain decoding times faster)
+    mlx_gen "$tag-ngram" "$mm" "$prompt" "$n" lookup --spec ngram --draft-max "$d" --spec-gate off
     ll_plain "$tag-plain" "$gg" "$prompt" "$n" "$ctx" lookup
     ll_lookup "$tag-lookup" "$gg" "$prompt" "$n" "$ctx" lookup --spec-draft-n-max "$d"
     ll_spec "$tag-ngram-simple" "$gg" "$prompt" "$n" "$ctx" lookup \
@@ -1060,7 +1062,7 @@ lookup_round() {
 draft_pair() {
     local tag=$1 t=$2 d=$3 tg=$4 dg=$5 prompt=$6 n=$7 ctx=$8
     mlx_gen "$tag-plain" "$t" "$prompt" "$n" draft
-    mlx_gen "$tag-draft" "$t" "$prompt" "$n" draft --model-draft "$d" --draft-max 4
+    mlx_gen "$tag-draft" "$t" "$prompt" "$n" draft --model-draft "$d" --draft-max 4 --spec-gate off
     ll_plain "$tag-plain" "$tg" "$prompt" "$n" "$ctx" draft
     ll_spec "$tag-draft" "$tg" "$prompt" "$n" "$ctx" draft -md "$dg" "${ll_dev_draft[@]}" \
         --spec-type draft-simple --spec-draft-n-max 4 --spec-draft-n-min 1 --spec-draft-p-min 0
