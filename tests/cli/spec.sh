@@ -9,7 +9,8 @@
 # multi-token-prediction layer, ADR 0108: a random one added to goldens deepseek_v3 and
 # glm4_moe, and Qwen3-Next's mtp.* module to goldens qwen3_next and qwen3_5_text (ADR 0135), by
 # make_mtp_checkpoint.py gives the plain ids; checkpoints without one are refused naming why);
-# bad values of the flags are usage errors.
+# past the clock gate's first rounds (ADR 0148) the ids stay plain; bad values of the flags are
+# usage errors.
 # Usage (from the repo root): sh tests/cli/spec.sh path/to/mlxcel
 BIN=${1:?usage: spec.sh path/to/mlxcel}
 [ -x "$BIN" ] || { echo "FAIL: $BIN is not executable" >&2; exit 1; }
@@ -37,6 +38,15 @@ grep -q "^speculative: [1-9][0-9]* tokens drafted, [1-9][0-9]* accepted" "$T/err
 same "$ONCE" ""
 same "$REP" "--ctx 100 --draft-max 7"          # the context ends 16 tokens on
 same "$REP" "--draft-max 2 --draft-min 2"
+same "$REP" "--spec-gate off"
+# past the gate's first rounds (ADR 0148: 48 drafting tokens, 16 plain, then a hold), whichever
+# mode the clock picks: the plain ids
+run "$BIN" generate -m $M --prompt-ids "$REP" -n 160 --temp 0 --ignore-eos --output-ids
+expect_rc 0 "plain, 160 tokens"
+cp "$T/out" "$T/plain"
+run "$BIN" generate -m $M --prompt-ids "$REP" -n 160 --temp 0 --ignore-eos --output-ids --spec ngram
+expect_rc 0 "--spec ngram, 160 tokens"
+cmp -s "$T/out" "$T/plain" || fail "--spec ngram past the gate's rounds: $(cat "$T/out"), plain $(cat "$T/plain")"
 # sampling with a seed gives plain sampling's ids (a draft is accepted when the plain draw is
 # it: one uniform per output token, ADR 0116), whatever the draft length
 run "$BIN" generate -m $M --prompt-ids "$REP" -n 20 --temp 0.8 --top-p 0.9 --seed 4 --output-ids
@@ -130,13 +140,14 @@ grep -q "the llama family has no multi-token-prediction layers" "$T/err" || fail
 
 # usage errors
 for bad in "--spec lookahead" "--draft-max 0" "--draft-max 65" "--draft-min -1" "--spec ngram --draft-max 3 --draft-min 4" \
-    "--spec draft" "--spec ngram --model-draft $M" "--spec mtp --model-draft $M"; do
+    "--spec draft" "--spec ngram --model-draft $M" "--spec mtp --model-draft $M" "--spec ngram --spec-gate maybe"; do
     # shellcheck disable=SC2086
     run "$BIN" generate -m $M --prompt-ids 1,2 -n 2 $bad
     expect_rc 2 "$bad"
     [ -s "$T/err" ] || fail "$bad: no message"
 done
 "$BIN" generate --help | grep -q -- "--draft-min" || fail "--help lacks --draft-min"
+"$BIN" generate --help | grep -q -- "--spec-gate" || fail "--help lacks --spec-gate"
 # the server: --spec draft needs its model, and a draft model goes with no other mode
 run "$BIN" serve --spec draft
 expect_rc 2 "serve --spec draft"
