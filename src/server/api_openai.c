@@ -15,16 +15,22 @@
 
 #include "gen.h"
 
+/* The usage object; with speculative decoding (issue 45), the drafts as OpenAI counts a
+ * prediction's tokens (Predicted Outputs): completion_tokens_details' accepted_prediction_tokens
+ * (drafted tokens the answer kept) and rejected_prediction_tokens (the rest). */
 static cJSON *usage_object(const struct gen *g)
 {
-    int comp, p = gen_usage(g, &comp);
+    int comp, p = gen_usage(g, &comp), acc, drafted = gen_drafted(g, &acc);
     cJSON *u = cJSON_CreateObject();
     cJSON *d;
     if (u && (!cJSON_AddNumberToObject(u, "prompt_tokens", p) ||
               !cJSON_AddNumberToObject(u, "completion_tokens", comp) ||
               !cJSON_AddNumberToObject(u, "total_tokens", p + comp) ||
               !(d = cJSON_AddObjectToObject(u, "prompt_tokens_details")) ||
-              !cJSON_AddNumberToObject(d, "cached_tokens", gen_cached(g)))) {
+              !cJSON_AddNumberToObject(d, "cached_tokens", gen_cached(g)) ||
+              (drafted > 0 && (!(d = cJSON_AddObjectToObject(u, "completion_tokens_details")) ||
+                               !cJSON_AddNumberToObject(d, "accepted_prediction_tokens", acc) ||
+                               !cJSON_AddNumberToObject(d, "rejected_prediction_tokens", drafted - acc))))) {
         cJSON_Delete(u);
         return NULL;
     }

@@ -817,6 +817,18 @@ int gen_cached(const struct gen *g)
     return g->ch[0].job.done ? g->ch[0].job.stats.n_cached : 0;
 }
 
+int gen_drafted(const struct gen *g, int *accepted)
+{
+    int d = 0, a = 0;
+    for (int i = 0; g->submitted && i < g->n; i++)
+        if (g->ch[i].job.done) {
+            d += g->ch[i].job.stats.n_drafted;
+            a += g->ch[i].job.stats.n_accepted;
+        }
+    *accepted = a;
+    return d;
+}
+
 static void note_stats(struct gen *g)
 {
     if (!g->r)

@@ -137,6 +137,9 @@ int gen_count_prompt(struct srv_model *sm, enum oai_endpoint ep, const struct oa
 int gen_usage(const struct gen *g, int *completion);
 /* Prompt tokens the first choice found in the prefix cache (0 before it ended). */
 int gen_cached(const struct gen *g);
+/* Tokens speculative decoding drafted for the choices that ended, and how many of them were
+ * accepted (*accepted); 0 without drafts. */
+int gen_drafted(const struct gen *g, int *accepted);
 
 /* Appends `data: <doc>\n\n` (doc deleted), or `event: <name>\ndata: <doc>\n\n` when name. */
 int gen_sse_event(struct gen *g, const char *name, cJSON *doc);

@@ -1,7 +1,8 @@
 // Speculative decoding on `mlxcel serve --spec ngram` (ADR 0079): greedy answers, alone and
 // 8 at once (drafted rows and plain rows in the same steps), equal a server without it,
 // streamed and not; logprobs come one token per chunk with the same values; sampled
-// requests complete; /metrics counts drafted and accepted tokens. With `--model-draft` (the
+// requests complete; /metrics counts drafted and accepted tokens, and each answer's usage its
+// own (completion_tokens_details' accepted / rejected_prediction_tokens). With `--model-draft` (the
 // served model as its own draft: every greedy draft is accepted), 8 concurrent requests,
 // each drafting in its own sequence of the draft's cache, equal the server without it.
 import { describe, it, before, after } from 'node:test';
@@ -36,7 +37,21 @@ describe('serve --spec ngram', { timeout: 180_000 * SLOW }, () => {
 
     it('greedy answers equal plain decoding, one at a time and 8 at once', async () => {
         const api = client(spec.base);
-        for (const p of PROMPTS) assert.equal(text(await api.chat.completions.create(req(p))), want.get(p), p);
+        let accepted = 0, rejected = 0;
+        for (const p of PROMPTS) {
+            const c = await api.chat.completions.create(req(p));
+            assert.equal(text(c), want.get(p), p);
+            // the drafts in usage, as OpenAI counts a prediction's tokens
+            const d = c.usage.completion_tokens_details;
+            if (d) {
+                assert.ok(d.accepted_prediction_tokens <= c.usage.completion_tokens, JSON.stringify(c.usage));
+                accepted += d.accepted_prediction_tokens;
+                rejected += d.rejected_prediction_tokens;
+            }
+        }
+        assert.ok(accepted > 0 && rejected >= 0, `accepted ${accepted}, rejected ${rejected}`);
+        const c0 = await client(plain.base).chat.completions.create(req(PROMPTS[0]));
+        assert.equal(c0.usage.completion_tokens_details, undefined, 'no drafts, no details');
         const all = await withTimeout(Promise.all(PROMPTS.map((p) => api.chat.completions.create(req(p)))),
             120_000 * SLOW, '8 concurrent requests');
         PROMPTS.forEach((p, i) => assert.equal(text(all[i]), want.get(p), `concurrent: ${p}`));
@@ -99,5 +114,8 @@ describe('serve --model-draft', { timeout: 180_000 * SLOW }, () => {
         const drafted = metric(m, 'mlxcel_spec_draft_tokens_total');
         const accepted = metric(m, 'mlxcel_spec_accepted_tokens_total');
         assert.ok(drafted > 0 && accepted === drafted, `drafted ${drafted}, accepted ${accepted}`);
+        const u = (await client(spec.base).chat.completions.create(req(PROMPTS[2]))).usage;
+        assert.ok(u.completion_tokens_details.accepted_prediction_tokens > 0 &&
+                  u.completion_tokens_details.rejected_prediction_tokens === 0, JSON.stringify(u));
     });
 });
