@@ -60,7 +60,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out, struct err *e);
 int cli_parse_float(const char *flag, const char *s, double lo, double hi, double *out, struct err *e);
 /* The speculative decoding flags of generate and serve (--spec none|ngram, --draft-max N,
- * --draft-min N; generate's --spec-gate on|off): flag is the name without dashes; -ERR_ARG for
+ * --draft-min N, --spec-gate on|off): flag is the name without dashes; -ERR_ARG for
  * a bad value. CLI_SPEC_HELP is their --help text. */
 int cli_spec_flag(const char *flag, const char *arg, struct spec_params *p, struct err *e);
 #define CLI_SPEC_HELP \

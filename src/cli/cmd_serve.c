@@ -109,6 +109,9 @@ static const char *k_help =
     "                             checkpoint with the same vocabulary (folder or owner/name)\n"
     "      --draft-max N          tokens drafted per step at most (default 16, up to 64)\n"
     "      --draft-min N          decode plainly when fewer are drafted (default 1)\n"
+    "      --spec-gate on|off     a request's drafting steps timed against plain ones on the\n"
+    "                             steps it has to itself, drafting paused while plain decoding\n"
+    "                             is faster (default on)\n"
     "      --lora PATH[:S]        a LoRA adapter (mlx-lm adapters.safetensors or PEFT\n"
     "                             adapter_model.safetensors, with adapter_config.json) served\n"
     "                             unmerged at global scale S (default 1); repeatable: ids 0, 1, ..\n"
@@ -141,7 +144,7 @@ static const char *k_help =
 enum {
     OPT_HOST = 256, OPT_PORT, OPT_API_KEY, OPT_NAME, OPT_MAX_QUEUE, OPT_MAX_BODY, OPT_TIMEOUT, OPT_LOG_FORMAT,
     OPT_MAX_CONN, OPT_NO_PREFIX, OPT_ALLOW_IMAGE_URLS, OPT_UBATCH, OPT_HEADER_TIMEOUT, OPT_REQUEST_TIMEOUT, OPT_ALLOWED_HOST,
-    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_MODEL_DRAFT, OPT_PROPS, OPT_SLOTS, OPT_NO_SLOTS,
+    OPT_CORS_ORIGIN, OPT_SPEC, OPT_DRAFT_MAX, OPT_DRAFT_MIN, OPT_SPEC_GATE, OPT_MODEL_DRAFT, OPT_PROPS, OPT_SLOTS, OPT_NO_SLOTS,
     OPT_MODELS_DIR, OPT_MODELS_MAX, OPT_MEMORY_BUDGET, OPT_AUTOLOAD, OPT_NO_AUTOLOAD, OPT_MODELS_PRESET,
     OPT_LOAD_TIMEOUT, OPT_RERANKER,
     OPT_END,
@@ -256,6 +259,7 @@ static const struct option k_opts[] = {
     {"spec", required_argument, NULL, OPT_SPEC},
     {"draft-max", required_argument, NULL, OPT_DRAFT_MAX},
     {"draft-min", required_argument, NULL, OPT_DRAFT_MIN},
+    {"spec-gate", required_argument, NULL, OPT_SPEC_GATE},
     {"model-draft", required_argument, NULL, OPT_MODEL_DRAFT},
     {"md", required_argument, NULL, OPT_MODEL_DRAFT},
     {"reranker", required_argument, NULL, OPT_RERANKER},
@@ -324,6 +328,7 @@ static int parse_args(int argc, char **argv, struct serve_cli *o, struct err *e)
         case OPT_SPEC: rc = cli_spec_flag("spec", optarg, &o->spec, e); break;
         case OPT_DRAFT_MAX: rc = cli_spec_flag("draft-max", optarg, &o->spec, e); break;
         case OPT_DRAFT_MIN: rc = cli_spec_flag("draft-min", optarg, &o->spec, e); break;
+        case OPT_SPEC_GATE: rc = cli_spec_flag("spec-gate", optarg, &o->spec, e); break;
         case OPT_MODEL_DRAFT: o->model_draft = optarg; break;
         case CLI_OPT_LORA:
         case CLI_OPT_LORA_SCALED:

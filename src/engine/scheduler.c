@@ -102,6 +102,8 @@ struct sreq {
                                   * drafter already (spec_params.observe), up to this position;
                                   * their second feed is not observed again (0: none) */
     struct spec_pace pace;       /* the draft length now (spec.h) */
+    struct spec_gate gate;       /* whether drafting pays (spec.h), timed on the steps this
+                                  * request has to itself (ADR 0148) */
     struct gen_stats st;
     double t_admit, t_first;
     float lora[GEN_MAX_LORA];    /* its adapters' scales, fixed at submission (ADR 0103) */
@@ -466,6 +468,7 @@ int sched_submit_images(struct sched *s, const int32_t *prompt, int n_prompt, co
         return err_setf(e, ERR_NOMEM, "scheduler: out of memory");
     }
     spec_pace_init(&r->pace, r->spec ? p->spec.draft_max : 0);
+    spec_gate_init(&r->gate, p->spec.prefill != NULL);
     if ((rc = sampler_new(&r->smp, &p->sampling, s->c->m->hp.n_vocab, e)) < 0) {
         req_discard(r);
         return rc;
@@ -693,6 +696,8 @@ static bool preempt(struct sched *s)
  * rows (the token, and the kept rows of a rewind) leave. */
 static int draft_for(const struct sched *s, struct sreq *r, int room)
 {
+    if (r->p.spec.gate && !spec_gate_drafts(&r->gate))
+        return 0;
     int left = r->n_toks - r->n_fed;  /* 1, or more after a rollback (rewind) */
     int max = r->p.n_predict - r->st.n_gen - 1, ctx = s->kv->max_seq_len - r->n_toks;
     int lim = spec_pace_len(&r->pace);
@@ -1012,6 +1017,12 @@ int sched_step(struct sched *s, struct err *e)
     s->b.lora = s->lora;   /* each running sequence's row of scales (admit) */
     s->b.n_lora = s->n_lora;
     s->b.hidden_out = batch_observes(s) ? s->hid : NULL;
+    /* a step whose rows are one request's times that request's drafting (ADR 0148): a step
+     * shared with others says nothing of what its drafts cost */
+    bool alone = true;
+    for (int row = 1; row < s->b.n_tok; row++)
+        alone &= s->row_req[row] == s->row_req[0];
+    const double t0 = gen_now();
     if ((rc = model_forward(s->c, &s->b, s->kv, s->logits, e)) < 0) {
         /* the sequences were rolled back; the running requests end with the error (a lone
          * request that outgrew the pool among them), waiting ones may still run */
@@ -1051,11 +1062,15 @@ int sched_step(struct sched *s, struct err *e)
         }
         if (rows == 1 && r->spec && r->decoding)
             spec_pace_update(&r->pace, 0, 0);  /* a plain step counts toward a pause, as in generate() */
+        const bool timed = alone && r->spec && r->decoding && r->p.spec.gate;
+        const int n_gen0 = r->st.n_gen;
         if (rows > 1 ? !verify(s, r, lg, V, &re) : !sample_one(s, r, lg)) {
             bool failed = r->cons_broken || re.code != 0;
             if (r->cons_broken)
                 err_setf(&re, ERR_INTERNAL, "the output constraint rejected a token its mask allowed");
             req_end(s, r, failed ? -re.code : 0, failed ? &re : NULL);
+        } else if (timed) {
+            spec_gate_update(&r->gate, r->st.n_gen - n_gen0, gen_now() - t0);
         } else if (rows == 1 && !r->decoding && r->spec && r->p.spec.prefill && r->n_fed == r->n_prompt) {
             /* the prompt is in: the drafter's own prompt now, in the prompt's time as in
              * generate(), rather than at the first draft */

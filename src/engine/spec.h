@@ -67,8 +67,9 @@ struct spec_params {
     spec_observe_fn observe;  /* set: generate() and the scheduler ask the forward for every
                                * row's hidden state and pass them here (ud: draft_ud) */
     spec_prefill_fn prefill;  /* optional (ud: draft_ud); else the first draft catches up */
-    bool gate;          /* generate(): drafting paused while plain steps time faster
-                         * (spec_gate; on by default; the scheduler paces by acceptance only) */
+    bool gate;          /* drafting paused while plain steps time faster (spec_gate; on by
+                         * default): generate()'s steps, the scheduler's steps that hold one
+                         * request's rows only */
 };
 
 /* Off; the values llama.cpp's prompt lookup defaults to where it has them: 16 drafted

@@ -158,4 +158,8 @@ run "$BIN" serve --draft-max 0
 expect_rc 2 "serve --draft-max 0"
 run "$BIN" serve --spec mtp --model-draft $M
 expect_rc 2 "serve --spec mtp --model-draft"
+run "$BIN" serve --spec ngram --spec-gate sometimes
+expect_rc 2 "serve --spec-gate sometimes"
+grep -q "spec-gate" "$T/err" || fail "serve --spec-gate sometimes: $(cat "$T/err")"
+"$BIN" serve --help | grep -q -- "--spec-gate" || fail "serve --help lacks --spec-gate"
 echo "spec: ok"

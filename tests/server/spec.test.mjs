@@ -114,6 +114,11 @@ describe('serve --model-draft', { timeout: 180_000 * SLOW }, () => {
         const drafted = metric(m, 'mlxcel_spec_draft_tokens_total');
         const accepted = metric(m, 'mlxcel_spec_accepted_tokens_total');
         assert.ok(drafted > 0 && accepted === drafted, `drafted ${drafted}, accepted ${accepted}`);
+        // one request alone for 160 tokens: past the clock gate's first rounds (ADR 0148), which
+        // time the steps it has to itself, the answer stays plain decoding's
+        const long = req(PROMPTS[3], { max_tokens: 160 });
+        assert.equal(text(await client(spec.base).chat.completions.create(long)),
+            text(await client(plain.base).chat.completions.create(long)));
         const u = (await client(spec.base).chat.completions.create(req(PROMPTS[2]))).usage;
         assert.ok(u.completion_tokens_details.accepted_prediction_tokens > 0 &&
                   u.completion_tokens_details.rejected_prediction_tokens === 0, JSON.stringify(u));
