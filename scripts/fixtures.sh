@@ -1,7 +1,8 @@
 #!/bin/sh
 # Test fixtures are committed as one .tar.xz per folder (tests/fixtures/golden/<case>.tar.xz,
-# tests/fixtures/models/<name>.tar.xz, tests/fixtures/tokenizers/<name>.tar.xz, models/<name>.tar.xz)
-# to keep the tracked tree small;
+# tests/fixtures/models/<name>.tar.xz, tests/fixtures/tokenizers/<name>.tar.xz, models/<name>.tar.xz,
+# and tests/fixtures/images.tar.xz and gen.tar.xz: the test images and the golden generators,
+# many small files that took a 4 KiB block each) to keep the tracked tree small;
 # the build unpacks each beside its archive (the folders are ignored by git), so every path the
 # tests name stays the same.
 #
@@ -20,7 +21,7 @@
 # the result must have exactly that SHA-256, else the build fails.
 set -eu
 cd "$(dirname "$0")/.."
-ROOTS="tests/fixtures/golden tests/fixtures/models tests/fixtures/quant tests/fixtures/tokenizers models"
+ROOTS="tests/fixtures tests/fixtures/golden tests/fixtures/models tests/fixtures/quant tests/fixtures/tokenizers models"
 
 unpack_one() {
     a=$1
