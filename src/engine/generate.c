@@ -244,7 +244,7 @@ int generate(struct model_ctx *c, struct kv_cache *kv, int seq, const int32_t *p
     spec_gate_init(&gate, p->spec.prefill != NULL); /* a draft model: its cache would catch up */
     const bool gated = spec && p->spec.gate;
     while (st.n_gen < p->n_predict) {
-        const double ts = gen_now();
+        const double ts = gated ? gen_now() : 0.0;
         if (emit(&g, id))
             break;
         int len = want, fed = kv_seq_len(kv, seq);

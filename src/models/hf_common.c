@@ -346,11 +346,8 @@ int hf_parse_sparse_moe(struct hparams *hp, const cJSON *cfg, const char *shared
     int rc, n_dense, moe_ff, step, shared = 0, ff = hp->n_ff, widest = 0;
     /* transformers 5 saves some of these configs (Qwen3-VL-MoE's text_config) with the
      * attribute's new name, num_local_experts; published checkpoints say num_experts */
-    const char *nx = !cJSON_GetObjectItemCaseSensitive(cfg, "num_experts") &&
-                             cJSON_GetObjectItemCaseSensitive(cfg, "num_local_experts")
-                         ? "num_local_experts"
-                         : "num_experts";
-    if ((rc = cfg_int(cfg, nx, &hp->n_expert, e)) < 0 ||
+    const bool local = !cfg_has(cfg, "num_experts") && cfg_has(cfg, "num_local_experts");
+    if ((rc = cfg_int(cfg, local ? "num_local_experts" : "num_experts", &hp->n_expert, e)) < 0 ||
         (rc = cfg_int(cfg, "num_experts_per_tok", &hp->n_expert_used, e)) < 0 ||
         (rc = cfg_int(cfg, "moe_intermediate_size", &moe_ff, e)) < 0 ||
         (rc = cfg_opt_bool(cfg, "norm_topk_prob", false, &norm_topk, e)) < 0 ||
