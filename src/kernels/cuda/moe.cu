@@ -11,8 +11,10 @@
  *          slot's expert in the offsets on the device (ADR 0143); else the
  *          offsets come back to the host (one small download), then each
  *          expert's rows run through cu_linear (GEMV or GEMM by row count)
- * combine: the inverse of order, then one thread per (token, column) sums its
- *          k slots in slot order
+ * combine: up to 4096 slots, a block per token finds its k slots in order
+ *          (no scratch, so a decode step's graph holds it); else the inverse
+ *          of order in scratch; then one thread per (token, column) sums its k
+ *          slots in slot order
  */
 #include <math.h>
 #include <stdlib.h>
@@ -133,12 +135,41 @@ __global__ void combine_kernel(float *y, const float *x, const int32_t *inv, con
     }
 }
 
+/* The same for few slots without scratch, so that a graph records it (a decode step; scratch
+ * is never captured): block t finds where order put its k slots, then sums as combine_kernel
+ * does, in the same order (the same bits). */
+#define COMBINE_SCAN_K 64       /* experts per token at most */
+#define COMBINE_SCAN_SLOTS 4096 /* slots at most */
+__global__ void combine_scan_kernel(float *y, const float *x, const int32_t *order, const float *w,
+                                    int k, int n_slot, int n)
+{
+    __shared__ int32_t pos[COMBINE_SCAN_K];
+    const int t = blockIdx.x;
+    for (int r = threadIdx.x; r < n_slot; r += blockDim.x) {
+        const int o = order[r];
+        if (o / k == t)
+            pos[o % k] = r;
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int s = 0; s < k; s++)
+            acc += w[t * k + s] * x[(size_t)pos[s] * n + j];
+        y[(size_t)t * n + j] = acc;
+    }
+}
+
 void cu_moe_combine(struct backend *be, float *y, const float *x, const int32_t *order,
                     const float *w, int k, int n_slot, int n)
 {
     struct cuda_backend *c = cu_of(be);
     if (c->err_rc || n_slot <= 0)
         return;
+    if (k >= 1 && k <= COMBINE_SCAN_K && n_slot <= COMBINE_SCAN_SLOTS && n_slot % k == 0) {
+        combine_scan_kernel<<<n_slot / k, 256, 0, c->st>>>(y, x, order, w, k, n_slot, n);
+        cu_check(c, "moe_combine");
+        return;
+    }
     int32_t *inv = cu_iscratch(c, (size_t)n_slot);
     if (!inv)
         return;
