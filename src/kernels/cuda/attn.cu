@@ -15,8 +15,9 @@
  * attention: one block of ATTN_WARPS warps per (query row, head) and, for
  *            decode, per split of its keys (ADR 0028).
  *            Prefill (ATTN_PIECES_MIN_TOK rows or more): F16 / BF16 caches at
- *            head_dim <= 128 in attn_prefill.cu (ADR 0146); others at head_dim 64
- *            to 128: attn_fa_kernel, tiles of 64 rows on tensor cores (below), at a
+ *            head_dim <= 128, F32 ones at 64 to 128, in attn_prefill.cu (ADR 0146);
+ *            what it declines (MLXCEL_CUDA_ATTN_FA2=0, misaligned caches) at head_dim
+ *            64 to 128: attn_fa_kernel, tiles of 64 rows on tensor cores (below), at a
  *            width of 64, 80 or 128 (a smaller head zero-padded: SigLIP's 72 at 80).
  *            Wider heads (Gemma's 256) and heads under 64: warp w takes the row's
  *            keys 32 at a time (pieces w, w + ATTN_WARPS, ...): the lanes hold

@@ -1,8 +1,14 @@
 /*
  * attn_prefill: prefill attention on tensor cores with scores, probabilities and outputs in
  * registers (the flash-attention-2 layout, ADR 0146), for F16 and BF16 caches at head widths
- * up to 128 (run at 64, 80 or 128, zeros past the head). attn.cu's attn_fa_kernel (ADR 0054)
- * keeps F32 caches and any call this kernel declines.
+ * up to 128 and F32 caches from 64 to 128 (run at 64, 80 or 128, zeros past the head).
+ * attn.cu's attn_fa_kernel (ADR 0054) keeps any call this kernel declines.
+ *
+ * F32 caches: K and V are not exact in a 16-bit type, so a tile is loaded through registers and
+ * split into bf16 hi + lo planes in shared memory (one stage, the bytes of a 16-bit cache's
+ * two), and each product takes a third mma against the lo plane: q K = qh Kh + ql Kh + qh Kl and
+ * P V = Ph Vh + Pl Vh + Ph Vl (the lo x lo term, about 2^-16 of the product, dropped as in ADR
+ * 0054's three products).
  *
  * A block of FP_WARPS warps takes FP_ROWS query rows of one head that share one block table
  * and walks their keys FP_KEYS at a time through two cp.async stages of shared memory (K and V
@@ -45,6 +51,7 @@ struct fp_type;
 
 template <>
 struct fp_type<__half> {
+    static constexpr bool SPLIT = false;
     static constexpr bool QSCALE = true;
     static constexpr float PS = 16384.0f;
     static __device__ __forceinline__ uint32_t pack(float a, float b)
@@ -65,6 +72,7 @@ struct fp_type<__half> {
 
 template <>
 struct fp_type<__nv_bfloat16> {
+    static constexpr bool SPLIT = false;
     static constexpr bool QSCALE = false;
     static constexpr float PS = 1.0f;
     static __device__ __forceinline__ uint32_t pack(float a, float b)
@@ -85,6 +93,13 @@ struct fp_type<__nv_bfloat16> {
     }
 };
 
+/* F32 caches: K and V split into bf16 hi + lo planes as a tile is loaded, the products in bf16
+ * (the pairs and the mma of bf16). */
+template <>
+struct fp_type<float> : fp_type<__nv_bfloat16> {
+    static constexpr bool SPLIT = true;
+};
+
 /* The pair (x, y) as hi + lo parts of type T. */
 template <class T>
 __device__ __forceinline__ void fp_split(float x, float y, uint32_t &hi, uint32_t &lo)
@@ -96,8 +111,16 @@ __device__ __forceinline__ void fp_split(float x, float y, uint32_t &hi, uint32_
 
 template <class T, int HD>
 struct fp_smem {
-    T k[2][FP_KEYS][HD + 8];    /* + 8: ldmatrix's 8 rows in different banks */
+    T k[2][FP_KEYS][HD + 8];    /* [stage]; + 8: ldmatrix's 8 rows in different banks */
     T v[2][FP_KEYS][HD + 8];
+};
+
+/* F32 caches: one stage, [0] the hi plane and [1] the lo plane (the same bytes as two stages of
+ * a 16-bit cache). */
+template <int HD>
+struct fp_smem<float, HD> {
+    __nv_bfloat16 k[2][FP_KEYS][HD + 8];
+    __nv_bfloat16 v[2][FP_KEYS][HD + 8];
 };
 
 /* Stage st <- the keys kt .. kt + FP_KEYS of KV group g (zeros past khi and past the head's
@@ -116,6 +139,33 @@ __device__ __forceinline__ void fp_load(const attn_args<T> &a, fp_smem<T, HD> &S
         const bool in = ok && 8 * p < a.hd;
         cp_async16(smem_u32(&S.k[st][r][8 * p]), in ? kr + 8 * p : a.kc, in);
         cp_async16(smem_u32(&S.v[st][r][8 * p]), in ? vr + 8 * p : a.vc, in);
+    }
+}
+
+/* F32 caches: the keys kt .. kt + FP_KEYS of KV group g into the hi and lo planes (zeros past khi
+ * and past hd), by the whole block: 4 elements a thread at a time, loaded, split and stored. */
+template <int HD>
+__device__ __forceinline__ void fp_load_split(const attn_args<float> &a, fp_smem<float, HD> &S,
+                                              const int32_t *tab, int kt, int khi, int g)
+{
+    constexpr int P = HD / 4;   /* float4 pieces a row */
+    for (int i = threadIdx.x; i < FP_KEYS * P; i += 32 * FP_WARPS) {
+        const int r = i / P, d = 4 * (i % P), j = kt + r;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (j < khi && d < a.hd) {  /* hd % 8 == 0: the piece lies inside the head */
+            const size_t slot = (size_t)tab[j / a.bs] * a.bs + j % a.bs;
+            kv = __ldg((const float4 *)(a.kc + slot * a.k_dim + (size_t)g * a.hd + d));
+            vv = __ldg((const float4 *)(a.vc + slot * a.v_dim + (size_t)g * a.hd + d));
+        }
+        uint32_t h0, l0, h1, l1;
+        fp_split<float>(kv.x, kv.y, h0, l0);
+        fp_split<float>(kv.z, kv.w, h1, l1);
+        *(uint2 *)&S.k[0][r][d] = make_uint2(h0, h1);
+        *(uint2 *)&S.k[1][r][d] = make_uint2(l0, l1);
+        fp_split<float>(vv.x, vv.y, h0, l0);
+        fp_split<float>(vv.z, vv.w, h1, l1);
+        *(uint2 *)&S.v[0][r][d] = make_uint2(h0, h1);
+        *(uint2 *)&S.v[1][r][d] = make_uint2(l0, l1);
     }
 }
 
@@ -166,9 +216,10 @@ __global__ void __launch_bounds__(32 * FP_WARPS, 2) attn_prefill_kernel(attn_arg
     const int wlo = __reduce_min_sync(0xffffffffu, min(rlo[0], rlo[1]));
     const int whi = __reduce_max_sync(0xffffffffu, max(rhi[0], rhi[1]));
     const int32_t *tab = a.tables + tab0;
-    /* the first tile's copies go out before q is read */
-    if (klo < khi)
-        fp_load(a, S, 0, tab, klo, khi, g);
+    /* the first tile's copies go out before q is read (F32: each tile is loaded in the loop) */
+    if constexpr (!F::SPLIT)
+        if (klo < khi)
+            fp_load(a, S, 0, tab, klo, khi, g);
     cp_async_commit();
 
     /* q: rows 16 w + qg (+ 8), columns 16 s + 2 qc (+ 1) and + 8, f16 scaled per row */
@@ -224,11 +275,16 @@ __global__ void __launch_bounds__(32 * FP_WARPS, 2) attn_prefill_kernel(attn_arg
     const int v_key = (mi % 2) * 8 + mr, v_dim = (mi / 2) * 8;   /* V: [keys] x [dims 0-7 | 8-15] */
 
     for (int kt = klo, it = 0; kt < khi; kt += FP_KEYS, it++) {
-        const int st = it & 1;
-        if (kt + FP_KEYS < khi)
-            fp_load(a, S, st ^ 1, tab, kt + FP_KEYS, khi, g);
-        cp_async_commit();
-        cp_async_wait<1>();
+        const int st = F::SPLIT ? 0 : it & 1;
+        if constexpr (F::SPLIT) {
+            /* one stage: the last iteration's closing barrier freed it */
+            fp_load_split(a, S, tab, kt, khi, g);
+        } else {
+            if (kt + FP_KEYS < khi)
+                fp_load(a, S, st ^ 1, tab, kt + FP_KEYS, khi, g);
+            cp_async_commit();
+            cp_async_wait<1>();
+        }
         __syncthreads();
         if (kt < whi && kt + FP_KEYS > wlo) {
             /* S = q Kᵀ over the tile */
@@ -246,6 +302,11 @@ __global__ void __launch_bounds__(32 * FP_WARPS, 2) attn_prefill_kernel(attn_arg
                     F::mma(sc[2 * np], ql[s], b[0], b[1]);
                     F::mma(sc[2 * np + 1], qh[s], b[2], b[3]);
                     F::mma(sc[2 * np + 1], ql[s], b[2], b[3]);
+                    if constexpr (F::SPLIT) { /* F32: + qh K's lo plane (ql x lo dropped) */
+                        ldsm_x4(b, smem_u32(&S.k[1][16 * np + k_key][16 * s + k_dim]));
+                        F::mma(sc[2 * np], qh[s], b[0], b[1]);
+                        F::mma(sc[2 * np + 1], qh[s], b[2], b[3]);
+                    }
                 }
             /* the online softmax of the thread's two rows over its 16 keys of each */
             float corr[2];
@@ -311,6 +372,11 @@ __global__ void __launch_bounds__(32 * FP_WARPS, 2) attn_prefill_kernel(attn_arg
                     F::mma(o[2 * dp], pl, b[0], b[1]);
                     F::mma(o[2 * dp + 1], ph, b[2], b[3]);
                     F::mma(o[2 * dp + 1], pl, b[2], b[3]);
+                    if constexpr (F::SPLIT) { /* F32: + ph V's lo plane */
+                        ldsm_x4_t(b, smem_u32(&S.v[1][16 * s + v_key][16 * dp + v_dim]));
+                        F::mma(o[2 * dp], ph, b[0], b[1]);
+                        F::mma(o[2 * dp + 1], ph, b[2], b[3]);
+                    }
                 }
             }
         }
@@ -375,10 +441,10 @@ static bool fp_try(struct cuda_backend *c, const attn_args<T> &a, int n_head, in
     return fp_launch<T, 128>(c, a, n_head, n_tok);
 }
 
+/* F32 caches from head size 64 (smaller heads keep the per-row kernel: see attn.cu) */
 bool cu_attn_prefill(struct cuda_backend *c, const attn_args<float> &a, int n_head, int n_tok)
 {
-    (void)c, (void)a, (void)n_head, (void)n_tok;
-    return false;
+    return a.hd >= 64 && fp_try(c, a, n_head, n_tok);
 }
 
 bool cu_attn_prefill(struct cuda_backend *c, const attn_args<__half> &a, int n_head, int n_tok)
