@@ -115,6 +115,7 @@ struct ga_job {
     int bdt;
     int b0;
     const cu_xent *xt;          /* experts (ga_experts): the product's table, or NULL */
+    const int4 *xq;             /* gemv_qi_kernel: x prepared by qi_prep_kernel (its slot) */
 };
 
 #define GA_MAX_JOBS 4

@@ -78,6 +78,7 @@ struct cuda_backend {
     size_t pin_cap;
     bool pdl;                   /* cu_launch lets kernels start early (backend_opts.cuda_pdl) */
     bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
+    void *qi_x;                 /* ... its prepared x: cu_qi_x_bytes(), made with the backend */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
     bool attn_flash;            /* decode attention split-K per KV group (backend_opts.cuda_attn_flash) */
     bool attn_fa2;              /* prefill attention of F16 / BF16 caches in registers (backend_opts.cuda_attn_fa2) */
@@ -155,6 +156,9 @@ int cu_prepare_experts(struct backend *be, const struct expert_linear *el, int n
 bool cu_linear_experts_dev(struct cuda_backend *c, float *y, int ldy, const float *x,
                            const struct expert_linear *el, int n_el, const int32_t *offsets,
                            int n_expert, int n_slot);
+
+/* linear.cu: the bytes of the integer GEMV's prepared x (one slot per job of a launch). */
+size_t cu_qi_x_bytes(void);
 
 /* mma.cu: whether the tensor-core product over affine codes takes w (4/8 bits, power-of-two
  * groups >= 32, 16-byte aligned rows, f32/f16/bf16 scales); y[n_tok, out] (leading dimension

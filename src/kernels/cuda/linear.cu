@@ -454,10 +454,11 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
 // ---- the integer GEMV: one token, affine 4-bit ----
 
 /* One token against affine 4-bit rows of at most QI_MAX_IN elements, the rule of the CPU's
- * integer matvec (ADR 0025) on dp4a: each block first rounds x per 32-element piece to 16-bit
- * integers q16 = rint(x / xs), xs = max|x| / 32639, split into two signed 8-bit limbs
- * (q16 = 256 hi + lo, lo in [-128, 127]), into shared memory, with the piece's Σ x kept in f32
- * for the bias term. A weight word's eight nibbles (two masks) then meet the limbs in four dp4a:
+ * integer matvec (ADR 0025) on dp4a: qi_prep_kernel first rounds x per 32-element piece to
+ * 16-bit integers q16 = rint(x / xs), xs = max|x| / 32639, split into two signed 8-bit limbs
+ * (q16 = 256 hi + lo, lo in [-128, 127]), into a slot of the backend's qi_x, once per distinct
+ * x of a launch (before ADR 0026's addendum every block prepared all of x into shared memory),
+ * with the piece's Σ x kept in f32 for the bias term. A weight word's eight nibbles (two masks) then meet the limbs in four dp4a:
  * Σ q q16 over a piece is exact in int32 and in the float it becomes (|.| < 32 * 15 * 32767 <
  * 2^24), and the piece adds s xs Σ q q16 + b Σ x. Against the f32 GEMV: about 7 instructions per
  * 8 codes instead of 18, and |error| <= Σ |s q| xs / 2 per output (xs / 2 = max|x| / 65278 of
@@ -467,54 +468,58 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
 #define QI_WARPS 8
 #define QI_Q16_MAX 32639    /* (32639 + 128) >> 8 = 127: the high limb stays a signed byte */
 
-/* Dynamic shared memory of a launch over rows of in elements: the limbs (16 bytes per 8
- * elements, the words j of every piece together so that lanes read consecutive pieces without
- * bank conflicts) and each piece's xs and Σ x. */
-static size_t qi_smem(int in)
+/* A slot of prepared x for rows of up to QI_MAX_IN elements: the limbs (16 bytes per 8
+ * elements, the words j of every piece together so that lanes read consecutive pieces
+ * coalesced), then each piece's xs and Σ x; GA_MAX_JOBS slots, a launch's distinct x. */
+#define QI_SLOT ((size_t)QI_MAX_IN * 2 + (size_t)QI_MAX_IN / 32 * 2 * sizeof(float))
+
+size_t cu_qi_x_bytes(void)
 {
-    return (size_t)in * 2 + (size_t)in / 32 * 2 * sizeof(float);
+    return GA_MAX_JOBS * QI_SLOT;
 }
 
-/* x (in elements, in % 32 == 0) into the limbs, xs and Σ x of each piece; by the whole block. */
-__device__ __forceinline__ void qi_prep(const float *x, int in, int4 *xq, float *pxs, float *psx)
+/* x (in elements, in % 32 == 0) into slot xq: the limbs xq[j n_p + p] of each piece p (n_p =
+ * in / 32), then its xs and Σ x (n_p floats each); a thread per 8 elements, 256 a block. */
+__global__ void __launch_bounds__(256) qi_prep_kernel(const float *x, int in, int4 *xq)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* x is an earlier kernel's, and the slot may be what the GEMV before read */
     const int n_w = in / 8, n_p = in / 32;
+    float *pxs = (float *)(xq + 4 * (size_t)n_p), *psx = pxs + n_p;
     const float4 *x4 = (const float4 *)x;
-    for (int k0 = 0; k0 < n_w; k0 += 32 * QI_WARPS) {
-        /* a piece's 4 words are 4 neighbouring threads of one warp: n_w is a multiple of 4 */
-        int k = k0 + (int)threadIdx.x;
-        bool ok = k < n_w;
-        float4 a = ok ? __ldg(x4 + 2 * k) : make_float4(0, 0, 0, 0);
-        float4 b = ok ? __ldg(x4 + 2 * k + 1) : make_float4(0, 0, 0, 0);
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        float m = 0.0f, s = 0.0f;
+    /* a piece's 4 words are 4 neighbouring threads of one warp: n_w is a multiple of 4 */
+    const int k = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const bool ok = k < n_w;
+    float4 a = ok ? __ldg(x4 + 2 * k) : make_float4(0, 0, 0, 0);
+    float4 b = ok ? __ldg(x4 + 2 * k + 1) : make_float4(0, 0, 0, 0);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    float m = 0.0f, s = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            m = fmaxf(m, fabsf(v[i]));
-            s += v[i];
-        }
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        /* Inf: xs = Inf and limbs 0, so the piece adds Inf * 0 = NaN; NaN: Σ x is NaN */
-        float xs = m < 0x1p-100f ? 0.0f : m * (1.0f / QI_Q16_MAX);
-        float inv = xs > 0.0f ? (float)QI_Q16_MAX / m : 0.0f;
-        uint32_t limb[4] = {0, 0, 0, 0};    /* hi of elements 0,2,4,6; hi of 1,3,5,7; lo; lo */
+    for (int i = 0; i < 8; i++) {
+        m = fmaxf(m, fabsf(v[i]));
+        s += v[i];
+    }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    /* Inf: xs = Inf and limbs 0, so the piece adds Inf * 0 = NaN; NaN: Σ x is NaN */
+    float xs = m < 0x1p-100f ? 0.0f : m * (1.0f / QI_Q16_MAX);
+    float inv = xs > 0.0f ? (float)QI_Q16_MAX / m : 0.0f;
+    uint32_t limb[4] = {0, 0, 0, 0};    /* hi of elements 0,2,4,6; hi of 1,3,5,7; lo; lo */
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int q = min(max(__float2int_rn(v[i] * inv), -QI_Q16_MAX), QI_Q16_MAX);
-            int hi = (q + 128) >> 8, lo = q - hi * 256;
-            limb[i & 1] |= (uint32_t)(hi & 0xff) << (8 * (i >> 1));
-            limb[2 + (i & 1)] |= (uint32_t)(lo & 0xff) << (8 * (i >> 1));
-        }
-        if (ok) {
-            int p = k >> 2, j = k & 3;
-            xq[j * n_p + p] = make_int4((int)limb[0], (int)limb[1], (int)limb[2], (int)limb[3]);
-            if (j == 0) {
-                pxs[p] = xs;
-                psx[p] = s;
-            }
+    for (int i = 0; i < 8; i++) {
+        int q = min(max(__float2int_rn(v[i] * inv), -QI_Q16_MAX), QI_Q16_MAX);
+        int hi = (q + 128) >> 8, lo = q - hi * 256;
+        limb[i & 1] |= (uint32_t)(hi & 0xff) << (8 * (i >> 1));
+        limb[2 + (i & 1)] |= (uint32_t)(lo & 0xff) << (8 * (i >> 1));
+    }
+    if (ok) {
+        int p = k >> 2, j = k & 3;
+        xq[(size_t)j * n_p + p] = make_int4((int)limb[0], (int)limb[1], (int)limb[2], (int)limb[3]);
+        if (j == 0) {
+            pxs[p] = xs;
+            psx[p] = s;
         }
     }
 }
@@ -540,22 +545,21 @@ __device__ __forceinline__ int qi_piece(uint4 q, int4 x0, int4 x1, int4 x2, int4
 /* grid: the jobs' blocks one after the other (ga_jobs), blocks of QI_WARPS warps. KS = 1: warp
  * = R rows, lane l takes the pieces l, l + 32, ...; KS = QI_WARPS: the block's warps share R
  * rows, warp w taking the pieces 32 w + l, 32 (w + KS) + l, ..., summed through shared memory.
- * U pieces of every row are loaded at a time. Dynamic shared memory: qi_smem(largest in). */
+ * U pieces of every row are loaded at a time; x comes prepared (jb.xq, read through L1). */
 template <int SDT, int R, int U, int KS>
 __global__ void __launch_bounds__(32 * QI_WARPS)
 gemv_qi_kernel(ga_jobs js)
 {
-    extern __shared__ int4 qi_sh[];
     __shared__ float part[KS > 1 ? KS : 1][R];
     cu_pdl_trigger();
     const ga_job jb = ga_pick(js, (int)blockIdx.x);
     const cu_wmat &w = jb.w;
     const int lane = threadIdx.x % 32, wid = threadIdx.x / 32;
     const int r0 = KS > 1 ? (blockIdx.x - jb.b0) * R : ((blockIdx.x - jb.b0) * QI_WARPS + wid) * R;
-    const bool live = r0 < w.out;   /* a warp past the last row still helps with x */
+    const bool live = r0 < w.out;   /* a warp past the last row still meets the barrier */
     const int n_p = w.in / 32, step = 32 * KS * U, pbase = lane + (KS > 1 ? 32 * wid : 0);
-    int4 *xq = qi_sh;
-    float *pxs = (float *)(qi_sh + 4 * n_p), *psx = pxs + n_p;
+    const int4 *xq = jb.xq;
+    const float *pxs = (const float *)(xq + 4 * (size_t)n_p), *psx = pxs + n_p;
     const uint4 *wr[R];
     const uint8_t *sr[R], *br[R];
     ga_rows<R>(w, r0, wr, sr, br);
@@ -564,8 +568,6 @@ gemv_qi_kernel(ga_jobs js)
     if (live)
         ga_load<SDT, R, U, KS>(q, sc, bi, wr, sr, br, pbase, n_p, jb.gsh);
     cu_pdl_wait();
-    qi_prep(jb.x, w.in, xq, pxs, psx);
-    __syncthreads();
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -576,8 +578,9 @@ gemv_qi_kernel(ga_jobs js)
             int p = p0 + 32 * KS * u;
             if (p >= n_p)
                 break;
-            int4 x0 = xq[p], x1 = xq[n_p + p], x2 = xq[2 * n_p + p], x3 = xq[3 * n_p + p];
-            float xs = pxs[p], sx = psx[p];
+            int4 x0 = __ldg(xq + p), x1 = __ldg(xq + n_p + p), x2 = __ldg(xq + 2 * n_p + p),
+                 x3 = __ldg(xq + 3 * n_p + p);
+            float xs = __ldg(pxs + p), sx = __ldg(psx + p);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 acc[r] += sc[u][r] * (xs * (float)qi_piece(q[u][r], x0, x1, x2, x3)) + bi[u][r] * sx;
@@ -842,28 +845,47 @@ static void ga_launch_nt(struct cuda_backend *c, ga_jobs &js, int n_tok, int row
 }
 
 template <int SDT, int R, int U, int KS>
-static void qi_launch(struct cuda_backend *c, ga_jobs &js, int max_in)
+static void qi_launch(struct cuda_backend *c, ga_jobs &js)
 {
     int nb = ga_blocks(js, R * QI_WARPS / KS);
-    cu_launch_smem(c, gemv_qi_kernel<SDT, R, U, KS>, dim3(nb), dim3(32 * QI_WARPS),
-                   qi_smem(max_in), js);
+    cu_launch(c, gemv_qi_kernel<SDT, R, U, KS>, dim3(nb), dim3(32 * QI_WARPS), js);
 }
 
 /* The integer GEMV's shape for the jobs: split K from 8 pieces a lane (2048 x 8192: few rows
  * of many pieces), 4 pieces a lane at once from 3, else 2 (2048 x 2048), 4 rows a warp from
- * 8192 rows in all (more rows per block pay for the block's preparation of x). */
+ * 8192 rows in all (shapes measured when each block still prepared x). */
 template <int SDT>
-static void qi_shape(struct cuda_backend *c, ga_jobs &js, int rows, int min_in, int max_in)
+static void qi_shape(struct cuda_backend *c, ga_jobs &js, int rows, int min_in)
 {
     int lane_pieces = min_in / 32 / 32;
     if (lane_pieces >= 8)
-        qi_launch<SDT, 8, 1, QI_WARPS>(c, js, max_in);
+        qi_launch<SDT, 8, 1, QI_WARPS>(c, js);
     else if (lane_pieces >= 3)
-        qi_launch<SDT, 2, 4, 1>(c, js, max_in);
+        qi_launch<SDT, 2, 4, 1>(c, js);
     else if (rows >= 8192)
-        qi_launch<SDT, 4, 2, 1>(c, js, max_in);
+        qi_launch<SDT, 4, 2, 1>(c, js);
     else
-        qi_launch<SDT, 2, 2, 1>(c, js, max_in);
+        qi_launch<SDT, 2, 2, 1>(c, js);
+}
+
+/* Each distinct x of the jobs prepared into a slot of qi_x (jobs sharing x share it). */
+static void qi_prepare(struct cuda_backend *c, ga_jobs &js)
+{
+    int4 *slots = (int4 *)c->qi_x;
+    for (int i = 0; i < js.n; i++) {
+        int same = -1;
+        for (int j = 0; j < i && same < 0; j++)
+            if (js.j[j].x == js.j[i].x && js.j[j].w.in == js.j[i].w.in)
+                same = j;
+        if (same >= 0) {
+            js.j[i].xq = js.j[same].xq;
+            continue;
+        }
+        int4 *xq = slots + (size_t)i * (QI_SLOT / sizeof(int4));
+        js.j[i].xq = xq;
+        const int n_w = js.j[i].w.in / 8;
+        cu_launch(c, qi_prep_kernel, dim3((n_w + 255) / 256), dim3(256), js.j[i].x, js.j[i].w.in, xq);
+    }
 }
 
 /* One launch of the affine GEMV for the jobs (same bits and scale dtype, n_tok rows each). */
@@ -885,13 +907,14 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         cu_mmv(c, js, n_tok);
         return;
     }
-    if (c->qi && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && !js.ex.off) {
+    if (c->qi && c->qi_x && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && !js.ex.off) {
+        qi_prepare(c, js);
         if (m.qsdt == DTYPE_BF16)
-            qi_shape<DTYPE_BF16>(c, js, rows, min_in, max_in);
+            qi_shape<DTYPE_BF16>(c, js, rows, min_in);
         else if (m.qsdt == DTYPE_F16)
-            qi_shape<DTYPE_F16>(c, js, rows, min_in, max_in);
+            qi_shape<DTYPE_F16>(c, js, rows, min_in);
         else
-            qi_shape<DTYPE_F32>(c, js, rows, min_in, max_in);
+            qi_shape<DTYPE_F32>(c, js, rows, min_in);
         cu_check(c, "gemv");
         return;
     }
@@ -920,7 +943,7 @@ static ga_job ga_job_of(float *y, int ldy, const float *x, const cu_wmat &m,
     int gsh = 0;
     while (m.qbits && (128 / m.qbits << gsh) < m.qgroup)
         gsh++;
-    return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0, NULL};
+    return ga_job{y, ldy, x, m, gsh, bias ? bias->data : NULL, bias ? (int)bias->dtype : 0, 0, NULL, NULL};
 }
 
 void cu_linear(struct backend *be, float *y, int ldy, const float *x, const struct tensor *w,
