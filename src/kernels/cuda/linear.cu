@@ -458,12 +458,13 @@ gemv_affine_kernel(ga_jobs js, int n_tok)
  * 16-bit integers q16 = rint(x / xs), xs = max|x| / 32639, split into two signed 8-bit limbs
  * (q16 = 256 hi + lo, lo in [-128, 127]), into a slot of the backend's qi_x, once per distinct
  * x of a launch (before ADR 0026's addendum every block prepared all of x into shared memory),
- * with the piece's Σ x kept in f32 for the bias term. A weight word's eight nibbles (two masks) then meet the limbs in four dp4a:
- * Σ q q16 over a piece is exact in int32 and in the float it becomes (|.| < 32 * 15 * 32767 <
- * 2^24), and the piece adds s xs Σ q q16 + b Σ x. Against the f32 GEMV: about 7 instructions per
- * 8 codes instead of 18, and |error| <= Σ |s q| xs / 2 per output (xs / 2 = max|x| / 65278 of
- * the piece's largest element). A piece whose max is below 2^-100 counts as zero; NaN and Inf in
- * x reach the output as NaN. The weights' first loads are issued before the wait for x. */
+ * with the piece's Σ x kept in f32 for the bias term. A weight word's eight nibbles (two masks)
+ * then meet the limbs in four dp4a: Σ q q16 over a piece is exact in int32 and in the float it
+ * becomes (|.| < 32 * 15 * 32767 < 2^24), and the piece adds s xs Σ q q16 + b Σ x. Against the
+ * f32 GEMV: about 7 instructions per 8 codes instead of 18, and |error| <= Σ |s q| xs / 2 per
+ * output (xs / 2 = max|x| / 65278 of the piece's largest element). A piece whose max is below
+ * 2^-100 counts as zero; NaN and Inf in x reach the output as NaN. The weights' first loads are
+ * issued before the wait for x. */
 #define QI_MAX_IN 16384
 #define QI_WARPS 8
 #define QI_Q16_MAX 32639    /* (32639 + 128) >> 8 = 127: the high limb stays a signed byte */
