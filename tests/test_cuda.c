@@ -270,6 +270,7 @@ static void test_linear_formats(void **state)
     linear_formats(cpu, gpu, "");
     backend_free(gpu);
     o.cuda_qi = true;
+    o.cuda_qi_min_rows = 0;     /* every shape's one token on it, whatever its rows */
     o.cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS;
     assert_int_equal(backend_new(&gpu, "cuda", 1, &o, &e), 0);
     linear_formats(cpu, gpu, " (qi)");

@@ -15,7 +15,8 @@
  *   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc dev/kernels/bench_cuda_linear.c build/libmlxcel_lib.a \
  *       -o build/bench_cuda_linear -lm -lpthread -ldl
  *   build/bench_cuda_linear [BITS...]   (widths: 4 8 0 = bf16 by default; libmlxcel-cuda.so
- *                                        beside it, or MLXCEL_CUDA_PLUGIN; MLXCEL_CUDA_QI=1)
+ *                                        beside it, or MLXCEL_CUDA_PLUGIN;
+ *                                        MLXCEL_CUDA_QI=0 / _QI_MIN_ROWS=N as the CLI's)
  *   build/bench_cuda_linear gemm [BITS...]
  *          the products of 16 to 2048 tokens on the Llama-3.2-1B and 3.1-8B shapes (affine, 4 bits
  *          by default) with the tensor-core product over the codes (mma.cu, ADR 0074) and
@@ -234,7 +235,9 @@ int main(int argc, char **argv)
      * integer GEMV switch on */
     struct backend_opts bo = BACKEND_OPTS_DEFAULT;
     bo.cuda_plugin = getenv("MLXCEL_CUDA_PLUGIN");
-    bo.cuda_qi = getenv("MLXCEL_CUDA_QI") && strcmp(getenv("MLXCEL_CUDA_QI"), "1") == 0;
+    bo.cuda_qi = !getenv("MLXCEL_CUDA_QI") || strcmp(getenv("MLXCEL_CUDA_QI"), "0") != 0;
+    if (getenv("MLXCEL_CUDA_QI_MIN_ROWS"))
+        bo.cuda_qi_min_rows = atoi(getenv("MLXCEL_CUDA_QI_MIN_ROWS"));
     bo.cuda_mma_max_tokens = 1 << 24; /* gemm mode measures the kernel at every size */
     if (backend_new(&gpu, "cuda", 1, &bo, &e) < 0) {
         fprintf(stderr, "%s\n", e.msg);

@@ -149,12 +149,20 @@ static int read_backend(const struct flags_seen *seen, struct err *e)
     for (size_t i = 0; i < sizeof k_bool / sizeof k_bool[0]; i++)
         if ((rc = env_bool(k_bool[i].name, (bool *)((char *)&g_cfg.be + k_bool[i].off), e)) < 0)
             return rc;
-    const char *v = env_str("MLXCEL_CUDA_MMA_MAX_TOKENS");
-    long n;
-    if (v) {
-        if ((rc = cli_parse_int("MLXCEL_CUDA_MMA_MAX_TOKENS", v, 0, 1 << 24, &n, e)) < 0)
+    static const struct {
+        const char *name;
+        size_t off;
+    } k_int[] = {
+        {"MLXCEL_CUDA_MMA_MAX_TOKENS", offsetof(struct backend_opts, cuda_mma_max_tokens)},
+        {"MLXCEL_CUDA_QI_MIN_ROWS", offsetof(struct backend_opts, cuda_qi_min_rows)},
+    };
+    for (size_t i = 0; i < sizeof k_int / sizeof k_int[0]; i++) {
+        const char *v = env_str(k_int[i].name);
+        long n;
+        if (v && (rc = cli_parse_int(k_int[i].name, v, 0, 1 << 24, &n, e)) < 0)
             return rc;
-        g_cfg.be.cuda_mma_max_tokens = (int)n;
+        if (v)
+            *(int *)((char *)&g_cfg.be + k_int[i].off) = (int)n;
     }
     return 0;
 }

@@ -499,7 +499,9 @@ struct backend_opts {
     const char *cuda_plugin;/* path of libmlxcel-cuda.so; NULL: beside the executable. The
                              * plugin is loaded once per process: the first call's path wins */
     /* CUDA code-path switches (developer options: MLXCEL_CUDA_* in the CLI, ADR 0056) */
-    bool cuda_qi;           /* integer (dp4a) GEMV for 4-bit decode (off; ADR 0026) */
+    bool cuda_qi;           /* integer (dp4a) GEMV for 4-bit decode (on; ADR 0026) */
+    int cuda_qi_min_rows;   /* ... for launches of at least this many rows (12288); fewer, the
+                             * f32 GEMV, faster there on the H100 */
     bool cuda_pdl;          /* programmatic dependent launch (off) */
     bool cuda_attn_split;   /* decode attention split over a cluster of blocks (on; ADR 0028) */
     bool cuda_attn_flash;   /* ... split along the keys, K/V read once per KV group (on; off:
@@ -522,11 +524,13 @@ struct backend_opts {
 /* Products of up to 128 rows run faster over the codes, longer ones on the planes (H100,
  * docs/benchmarks.md, ADR 0074) */
 #define BACKEND_OPTS_MMA_MAX_TOKENS 128
+/* One token's integer 4-bit GEMV wins from about 12k rows a launch (H100, ADR 0026) */
+#define BACKEND_OPTS_QI_MIN_ROWS 12288
 
 /* The defaults of every option, as an initializer: struct backend_opts o = BACKEND_OPTS_DEFAULT; */
 #define BACKEND_OPTS_DEFAULT                                                                 \
     {.isa = NULL, .copy = BACKEND_COPY_AUTO, .repack = true, .fused_moe = true, .fast = false, \
-     .cuda_plugin = NULL, .cuda_qi = false, .cuda_pdl = false, .cuda_attn_split = true,       \
+     .cuda_plugin = NULL, .cuda_qi = true, .cuda_qi_min_rows = BACKEND_OPTS_QI_MIN_ROWS, .cuda_pdl = false, .cuda_attn_split = true,       \
      .cuda_attn_flash = true, .cuda_attn_fa2 = true, .cuda_graphs = true, .cuda_mma = true, .cuda_mma_max_tokens = BACKEND_OPTS_MMA_MAX_TOKENS, \
      .cuda_chunked = true, .cuda_moe_dev = true, .cuda_mmq = false}
 

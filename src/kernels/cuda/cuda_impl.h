@@ -79,6 +79,7 @@ struct cuda_backend {
     bool pdl;                   /* cu_launch lets kernels start early (backend_opts.cuda_pdl) */
     bool qi;                    /* one token's 4-bit GEMV on integer x (backend_opts.cuda_qi) */
     void *qi_x;                 /* ... its prepared x: cu_qi_x_bytes(), made with the backend */
+    int qi_min_rows;            /* ... for launches of this many rows on (backend_opts.cuda_qi_min_rows) */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
     bool attn_flash;            /* decode attention split-K per KV group (backend_opts.cuda_attn_flash) */
     bool attn_fa2;              /* prefill attention of F16 / BF16 caches in registers (backend_opts.cuda_attn_fa2) */

@@ -908,7 +908,12 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         cu_mmv(c, js, n_tok);
         return;
     }
-    if (c->qi && c->qi_x && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && !js.ex.off) {
+    /* the integer GEMV from qi_min_rows rows a launch: below about 12k rows it has too few
+     * blocks to hide its loads and gemv_affine_kernel wins (H100, bench_cuda_linear: 8192 x 2048
+     * 887 against 815 GB/s, 4096 x 14336 1225 against 1113; 14336 x 4096 1273 against 1671, the
+     * 4096-wide head 1891 against 2878; ADR 0026) */
+    if (c->qi && c->qi_x && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && rows >= c->qi_min_rows &&
+        !js.ex.off) {
         qi_prepare(c, js);
         if (m.qsdt == DTYPE_BF16)
             qi_shape<DTYPE_BF16>(c, js, rows, min_in);
