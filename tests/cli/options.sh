@@ -53,11 +53,15 @@ for var in MLXCEL_FUSED_MOE MLXCEL_CUDA_QI MLXCEL_CUDA_PDL MLXCEL_CUDA_ATTN_SPLI
     expect_rc 2 "$var=maybe"
     err_has "$var=maybe" "$var='maybe' is neither on nor off"
 done
-run env MLXCEL_CUDA_MMA_MAX_TOKENS=lots "$BIN" inspect -m $M
-expect_rc 2 "MLXCEL_CUDA_MMA_MAX_TOKENS=lots"
-err_has "MLXCEL_CUDA_MMA_MAX_TOKENS=lots" "MLXCEL_CUDA_MMA_MAX_TOKENS: 'lots' is not an integer"
-run env MLXCEL_CUDA_MMA_MAX_TOKENS=256 "$BIN" inspect -m $M
-expect_rc 0 "MLXCEL_CUDA_MMA_MAX_TOKENS=256"
+for var in MLXCEL_CUDA_MMA_MAX_TOKENS MLXCEL_CUDA_QI_MIN_ROWS; do
+    run env $var=lots "$BIN" inspect -m $M
+    expect_rc 2 "$var=lots"
+    err_has "$var=lots" "$var: 'lots' is not an integer"
+    run env $var=-1 "$BIN" inspect -m $M
+    expect_rc 2 "$var=-1"
+    run env $var=256 "$BIN" inspect -m $M
+    expect_rc 0 "$var=256"
+done
 # the same greedy text with the stored layout and with panels (MLXCEL_REPACK), one sequence
 run "$BIN" generate -m models/phixtral-tiny-4bit -p hello -n 8 --no-chat --temp 0
 expect_rc 0 "repack on"
