@@ -14,11 +14,15 @@
 #                                       built mlxcel and check each against its recorded SHA-256
 #
 # A recipe DIR.derive names one file of the unpacked DIR that is not committed because it is
-# made byte for byte from another fixture (lines "via convert|copy", "from FOLDER",
+# made byte for byte from another fixture (lines "via convert|copy|splice", "from FOLDER",
 # "args CONVERT-ARGS", "file NAME", "sha256 HEX"): via convert, `mlxcel convert -m FOLDER -o TMP
 # ARGS` must give TMP/NAME (so the conversion's byte-exactness is checked on every build); via
-# copy, FOLDER/NAME is the same file (a golden case on another case's checkpoint). Either way
-# the result must have exactly that SHA-256, else the build fails.
+# copy, FOLDER/NAME is the same file (a golden case on another case's checkpoint); via splice,
+# the file is the concatenation, in the recipe's order, of "part FILE" lines (a committed file
+# of DIR, e.g. a checkpoint's header and the tensors only it has) and "range NAME OFFSET LENGTH"
+# lines (bytes of FOLDER/NAME: the tensors it shares with another case's checkpoint). Either
+# way the result must have exactly that SHA-256, else the build fails. Splices are made first,
+# so a copy may take a spliced file.
 set -eu
 cd "$(dirname "$0")/.."
 ROOTS="tests/fixtures tests/fixtures/golden tests/fixtures/models tests/fixtures/quant tests/fixtures/tokenizers models"
@@ -78,21 +82,45 @@ recompress_all() {
 
 sha256_of() { sha256sum <"$1" | cut -d' ' -f1; }
 
+# splice DIR FROM SEGMENTS: the "part FILE" and "range NAME OFFSET LENGTH" lines of SEGMENTS in
+# order, to standard output
+splice() {
+    printf '%s\n' "$3" | while read -r kind a b c; do
+        case $kind in
+        '') ;;
+        part) cat "$1/$a" || exit 1 ;;
+        range)
+            n=$(wc -c <"$2/$a") || exit 1
+            [ "$((b + c))" -le "$n" ] || { echo "fixtures: $2/$a has $n bytes, not $b + $c" >&2; exit 1; }
+            tail -c +"$((b + 1))" "$2/$a" | head -c "$c"
+            ;;
+        esac
+    done
+}
+
+# derive_one RECIPE MLXCEL [PASS]: PASS splice makes splices only, other skips them
 derive_one() {
-    r=$1 bin=$2
+    r=$1 bin=$2 pass=${3:-}
     d=${r%.derive}
-    via= from= args= file= sum=
+    via= from= args= file= sum= segs=
     while read -r k v; do
         case $k in
         via) via=$v ;; from) from=$v ;; args) args=$v ;; file) file=$v ;; sha256) sum=$v ;;
+        part | range) segs="$segs
+$k $v" ;;
         '' | '#'*) ;;
         *) echo "fixtures: $r: unknown key '$k'" >&2; return 1 ;;
         esac
     done <"$r"
-    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ] || { [ "$via" != convert ] && [ "$via" != copy ]; }; then
-        echo "fixtures: $r lacks a from, file or sha256 line, or a via line (convert or copy)" >&2
+    case $via in
+    convert | copy | splice) ;;
+    *) echo "fixtures: $r lacks a via line (convert, copy or splice)" >&2; return 1 ;;
+    esac
+    if [ -z "$from" ] || [ -z "$file" ] || [ -z "$sum" ] || { [ "$via" = splice ] && [ -z "$segs" ]; }; then
+        echo "fixtures: $r lacks a from, file or sha256 line (or, via splice, part / range lines)" >&2
         return 1
     fi
+    { [ "$pass" = splice ] && [ "$via" = splice ]; } || { [ "$pass" != splice ] && [ "$via" != splice ]; } || return 0
     [ -d "$d" ] || { echo "fixtures: $d is missing (scripts/fixtures.sh unpack first)" >&2; return 1; }
     if [ -f "$d/$file" ] && [ "$(sha256_of "$d/$file")" = "$sum" ]; then
         return 0
@@ -102,6 +130,9 @@ derive_one() {
     if [ "$via" = copy ]; then
         mkdir -p "$t" && cp "$from/$file" "$t/$file" ||
             { rm -rf "$t"; echo "fixtures: cannot copy $from/$file" >&2; return 1; }
+    elif [ "$via" = splice ]; then
+        mkdir -p "$t" && splice "$d" "$from" "$segs" >"$t/$file" ||
+            { rm -rf "$t"; echo "fixtures: cannot splice $file from $d's parts and $from" >&2; return 1; }
     # shellcheck disable=SC2086 # args is a list of convert flags
     elif ! "$bin" convert -m "$from" -o "$t" $args >/dev/null; then
         rm -rf "$t"
@@ -156,10 +187,12 @@ recompress)
     ;;
 derive)
     bin=${2:?usage: scripts/fixtures.sh derive path/to/mlxcel}
-    for r in $ROOTS; do
-        for f in "$r"/*.derive; do
-            [ -e "$f" ] || continue
-            derive_one "$f" "$bin"
+    for pass in splice other; do
+        for r in $ROOTS; do
+            for f in "$r"/*.derive; do
+                [ -e "$f" ] || continue
+                derive_one "$f" "$bin" "$pass"
+            done
         done
     done
     ;;
