@@ -909,9 +909,9 @@ static void ga_run(struct cuda_backend *c, ga_jobs &js, int n_tok)
         return;
     }
     /* the integer GEMV from qi_min_rows rows a launch: below about 12k rows it has too few
-     * blocks to hide its loads and gemv_affine_kernel wins (H100, bench_cuda_linear: 8192 x 2048
-     * 887 against 815 GB/s, 4096 x 14336 1225 against 1113; 14336 x 4096 1273 against 1671, the
-     * 4096-wide head 1891 against 2878; ADR 0026) */
+     * blocks to hide its loads and gemv_affine_kernel wins (H100, bench_cuda_linear, GB/s of the
+     * f32 GEMV / the integer one: 8192 x 2048 887 / 815, 4096 x 14336 1225 / 1113; above it
+     * 14336 x 4096 1273 / 1671, the 4096-wide head 1891 / 2878; ADR 0026) */
     if (c->qi && c->qi_x && n_tok == 1 && m.qbits == 4 && max_in <= QI_MAX_IN && rows >= c->qi_min_rows &&
         !js.ex.off) {
         qi_prepare(c, js);
