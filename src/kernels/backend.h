@@ -506,8 +506,9 @@ struct backend_opts {
     bool cuda_attn_split;   /* decode attention split over a cluster of blocks (on; ADR 0028) */
     bool cuda_attn_flash;   /* ... split along the keys, K/V read once per KV group (on; off:
                              * ADR 0028's cluster per query head; ADR 0105) */
-    bool cuda_attn_fa2;     /* prefill attention of F16 / BF16 caches with scores and outputs
-                             * in registers (on; off: ADR 0054's kernel; ADR 0146) */
+    bool cuda_attn_fa2;     /* prefill attention with scores and outputs in registers: F16 /
+                             * BF16 caches, F32 ones from head size 64 (on; off: ADR 0054's
+                             * kernel; ADR 0146) */
     bool cuda_graphs;       /* record and replay decode steps as CUDA graphs (on; ADR 0024) */
     bool cuda_mma;          /* affine 4/8-bit products of > 8 rows on tensor cores over the
                              * codes (on; off: the decoded bf16 planes of ADR 0054; ADR 0074) */

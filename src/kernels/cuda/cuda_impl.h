@@ -82,7 +82,7 @@ struct cuda_backend {
     int qi_min_rows;            /* ... for launches of this many rows on (backend_opts.cuda_qi_min_rows) */
     bool attn_split;            /* decode attention over clusters of blocks (backend_opts.cuda_attn_split) */
     bool attn_flash;            /* decode attention split-K per KV group (backend_opts.cuda_attn_flash) */
-    bool attn_fa2;              /* prefill attention of F16 / BF16 caches in registers (backend_opts.cuda_attn_fa2) */
+    bool attn_fa2;              /* prefill attention in registers (backend_opts.cuda_attn_fa2) */
     int fd_ncl[3][4][5];        /* attn_decode.cu: clusters of 1..16 blocks the device runs at once,
                                  * per cache type (F32, F16, BF16) and heads a block (1, 2, 4, 8) */
     bool mma;                   /* affine 4/8-bit products of > 8 rows on mma.cu (backend_opts.cuda_mma) */
