@@ -90,6 +90,7 @@ splice() {
         '') ;;
         part) cat "$1/$a" || exit 1 ;;
         range)
+            case $b$c in '' | *[!0-9]*) echo "fixtures: range $a '$b' '$c': not byte counts" >&2; exit 1 ;; esac
             n=$(wc -c <"$2/$a") || exit 1
             [ "$((b + c))" -le "$n" ] || { echo "fixtures: $2/$a has $n bytes, not $b + $c" >&2; exit 1; }
             tail -c +"$((b + 1))" "$2/$a" | head -c "$c"
