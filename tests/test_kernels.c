@@ -309,8 +309,8 @@ static void test_linear(void **state)
 /* Float W repacked as FPAN (kern.h; the AVX-512 variant) against the double reference on
  * awkward shapes: rows not a multiple of the 32-row panel, inputs across and off the
  * 256-input blocks, padded row strides, every tile's token count (1-9; from 12 tiles of 2
- * panels by 6, the last 1-5 tokens on the others: 12-15, 17, 40), with and
- * without a bias, with y's row stride wider than out (the columns past out stay as they
+ * panels by 6, the last 1-5 tokens on the others: 12-15, 17, 40; across the passes of 96
+ * tokens: 97, 200), with and without a bias, with y's row stride wider than out (the columns past out stay as they
  * were). Each token's outputs are the same bits alone and in any batch and through
  * linear_batch (one summation order for every token count and row split); the rows of an
  * FPAN table through embed are the stored values, bit for bit. Skipped where no backend
@@ -318,13 +318,13 @@ static void test_linear(void **state)
 static void test_linear_fpan(void **state)
 {
     (void)state;
-    enum { NT = 40, PAD = 5 };
+    enum { NT = 200, PAD = 5 };
     /* in, out, extra row padding, bias */
     static const int shapes[][4] = {
         {1, 32, 0, 1}, {7, 33, 0, 0}, {256, 47, 3, 1}, {257, 100, 0, 1}, {600, 130, 1, 0},
         {16, 64, 0, 1}, {513, 161, 0, 0},
     };
-    static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 17, NT};
+    static const int toks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 17, 40, 97, NT};
     static const enum dtype dts[] = {DTYPE_BF16, DTYPE_F16, DTYPE_F32};
     struct kc_bes bs;
     struct kc_errstat es = {0};
