@@ -7,7 +7,8 @@
  *   matvec   n_tok = 1 over a rotating set of weight matrices whose total
  *            size (>= 1.5 GiB) defeats every cache level; GB/s counts weight
  *            storage bytes (codes + scales + biases for quantized)
- *   prefill  n_tok = 16..512 on one matrix; GFLOP/s = 2 n_tok in out / t
+ *   prefill  n_tok = 4..512 on one matrix (BENCH_PF_TOK=N: N alone; BENCH_PF_SHAPE=OUTxIN:
+ *            bf16 of that shape); GFLOP/s = 2 n_tok in out / t
  *   q / ql2  matvec of every quantized mode and bit width (affine 2-8 bit,
  *            mxfp4, mxfp8, nvfp4) on 10240x2560 and 2560x10240 from DRAM,
  *            or 64x4096 from L2 (BENCH_Q=q4g64,q8g64 restricts the list)
@@ -436,10 +437,17 @@ int main(int argc, char **argv)
     }
     if (!*only || strstr(only, "pf")) {
         static const int toks[] = {4, 8, 16, 64, 512};
-        /* BENCH_PF_TOK=N: bf16 at N tokens alone */
+        /* BENCH_PF_TOK=N: bf16 at N tokens alone; BENCH_PF_SHAPE=OUTxIN: that shape (default
+         * 4096x4096) */
         const int pt = getenv("BENCH_PF_TOK") ? atoi(getenv("BENCH_PF_TOK")) : 0;
+        int po = 4096, pi = 4096;
+        if (getenv("BENCH_PF_SHAPE") && (sscanf(getenv("BENCH_PF_SHAPE"), "%dx%d", &po, &pi) != 2 ||
+                                         po < 1 || pi < 1)) {
+            fprintf(stderr, "BENCH_PF_SHAPE: OUTxIN, e.g. 3840x1280\n");
+            return 1;
+        }
         for (int i = 0; i < 5; i++)
-            bench_prefill(be, "bf16", DTYPE_BF16, 0, 4096, 4096, pt ? pt : toks[i]);
+            bench_prefill(be, "bf16", DTYPE_BF16, 0, po, pi, pt ? pt : toks[i]);
         if (!pt) {
             bench_prefill(be, "f16", DTYPE_F16, 0, 4096, 4096, 512);
             bench_prefill(be, "f32", DTYPE_F32, 0, 4096, 4096, 512);
