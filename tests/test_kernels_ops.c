@@ -277,7 +277,7 @@ static void test_attention_heads(void **state)
 {
     (void)state;
     static const int nqs[] = {1, 2, 3, 4, 5, 6, 7, 8}, ns[] = {1, 3, 4, 7, 11, 12, 16, 17},
-                     hds[] = {7, 16, 64, 80, 96, 112, 128, 144};
+                     hds[] = {7, 16, 64, 72, 80, 96, 112, 128, 144};
     int n_checked = 0;
     for (int isa = CPU_ISA_SCALAR; isa <= (int)cpu_isa_best(); isa++) {
         struct cpu_kernels k;

@@ -369,7 +369,8 @@ AI __m512 hsum16(const __m512 a[16])
 /* Scores of up to four query heads (rows q[0 .. nr), nr in 2..4) over n keys, four keys at a
  * time: each key's row loaded once for the heads, the 16 sums reduced together; a missing fourth
  * (third) head repeats the last one and its sums are dropped. Per head and key the products and
- * sums are a512_attn_scores', in the same order: the same bits. */
+ * sums are a512_attn_scores', in the same order, the last piece of a head_dim that is not a
+ * multiple of 16 masked as there: the same bits. */
 static void scores_group(float *sh, size_t lds, const float *const q[4], int nr, const float *k,
                          size_t ld, int n, int hd, float scale)
 {
@@ -381,13 +382,14 @@ static void scores_group(float *sh, size_t lds, const float *const q[4], int nr,
         for (int i = 0; i < 16; i++)
             a[i] = _mm512_setzero_ps();
         for (int d = 0; d < hd; d += 16) {
+            const __mmask16 m = tail_mask(hd - d);
             __m512 kv[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
-                kv[i] = _mm512_loadu_ps(k0 + (size_t)i * ld + d);
+                kv[i] = _mm512_maskz_loadu_ps(m, k0 + (size_t)i * ld + d);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++) {
-                __m512 qv = _mm512_loadu_ps(q[r] + d);
+                __m512 qv = _mm512_maskz_loadu_ps(m, q[r] + d);
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
                     a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
@@ -408,19 +410,18 @@ static void scores_group(float *sh, size_t lds, const float *const q[4], int nr,
 /* attn_scores of nq query heads over the same keys: groups of four heads, and the two or three
  * left (GQA groups of 3, 6, 7 ...) as one group too, so a kv head's keys are read once per
  * group rather than once per head; a last single head alone. The same bits as one head at a
- * time. */
+ * time, at any head_dim (SigLIP's 72 too: a vision tower's query rows take this path). */
 static void a512_attn_scores_heads(float *s, size_t lds, const float *q, int nq, const float *k,
                                    size_t ld, int n, int hd, float scale)
 {
     int h = 0;
-    if (hd % 16 == 0)
-        for (; h + 2 <= nq; h += 4) {
-            int nr = nq - h < 4 ? nq - h : 4;
-            const float *qr[4];
-            for (int r = 0; r < 4; r++)
-                qr[r] = q + (size_t)(h + (r < nr ? r : nr - 1)) * (size_t)hd;
-            scores_group(s + (size_t)h * lds, lds, qr, nr, k, ld, n, hd, scale);
-        }
+    for (; h + 2 <= nq; h += 4) {
+        int nr = nq - h < 4 ? nq - h : 4;
+        const float *qr[4];
+        for (int r = 0; r < 4; r++)
+            qr[r] = q + (size_t)(h + (r < nr ? r : nr - 1)) * (size_t)hd;
+        scores_group(s + (size_t)h * lds, lds, qr, nr, k, ld, n, hd, scale);
+    }
     for (; h < nq; h++)
         a512_attn_scores(s + (size_t)h * lds, q + (size_t)h * (size_t)hd, k, ld, n, hd, scale);
 }
