@@ -311,9 +311,9 @@ static void test_linear(void **state)
  * 256-input blocks, padded row strides, every tile's token count (1-9; from 12 tiles of 2
  * panels by 6, the last 1-5 tokens on the others: 12-15, 17, 40; across the passes of 96
  * tokens: 97, 200), with and without a bias, with y's row stride wider than out (the columns
- * past out stay as they were). Each token's outputs are the same bits alone and in any batch and through
- * linear_batch (one summation order for every token count and row split); the rows of an
- * FPAN table through embed are the stored values, bit for bit. Skipped where no backend
+ * past out stay as they were). Each token's outputs are the same bits alone and in any batch
+ * and through linear_batch (one summation order for every token count and row split); the rows
+ * of an FPAN table through embed are the stored values, bit for bit. Skipped where no backend
  * repacks (no AVX-512). */
 static void test_linear_fpan(void **state)
 {
