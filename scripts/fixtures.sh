@@ -90,7 +90,10 @@ splice() {
         '') ;;
         part) cat "$1/$a" || exit 1 ;;
         range)
-            case $b$c in '' | *[!0-9]*) echo "fixtures: range $a '$b' '$c': not byte counts" >&2; exit 1 ;; esac
+            # each a decimal count (no leading zero: the shell's arithmetic would read it as octal)
+            for v in "$b" "$c"; do
+                case $v in '' | *[!0-9]* | 0?*) echo "fixtures: range $a '$b' '$c': not byte counts" >&2; exit 1 ;; esac
+            done
             n=$(wc -c <"$2/$a") || exit 1
             [ "$((b + c))" -le "$n" ] || { echo "fixtures: $2/$a has $n bytes, not $b + $c" >&2; exit 1; }
             tail -c +"$((b + 1))" "$2/$a" | head -c "$c"
