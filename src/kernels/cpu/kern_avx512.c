@@ -366,6 +366,23 @@ AI __m512 hsum16(const __m512 a[16])
     return _mm512_add_ps(_mm512_shuffle_ps(f01, f23, 0x88), _mm512_shuffle_ps(f01, f23, 0xdd));
 }
 
+/* One piece of 16 dims (lanes past m zero) of scores_group's four keys by four heads. */
+AI void scores_piece(__m512 a[16], const float *const q[4], const float *k0, size_t ld, int d,
+                     __mmask16 m)
+{
+    __m512 kv[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        kv[i] = _mm512_maskz_loadu_ps(m, k0 + (size_t)i * ld + d);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        __m512 qv = _mm512_maskz_loadu_ps(m, q[r] + d);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++)
+            a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
+    }
+}
+
 /* Scores of up to four query heads (rows q[0 .. nr), nr in 2..4) over n keys, four keys at a
  * time: each key's row loaded once for the heads, the 16 sums reduced together; a missing fourth
  * (third) head repeats the last one and its sums are dropped. Per head and key the products and
@@ -374,6 +391,7 @@ AI __m512 hsum16(const __m512 a[16])
 static void scores_group(float *sh, size_t lds, const float *const q[4], int nr, const float *k,
                          size_t ld, int n, int hd, float scale)
 {
+    const int hf = hd & ~15; /* the whole pieces; a tail of hd - hf dims after them */
     int j = 0;
     for (; j + 4 <= n; j += 4) {
         const float *k0 = k + (size_t)j * ld;
@@ -381,20 +399,10 @@ static void scores_group(float *sh, size_t lds, const float *const q[4], int nr,
 #pragma GCC unroll 16
         for (int i = 0; i < 16; i++)
             a[i] = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d += 16) {
-            const __mmask16 m = tail_mask(hd - d);
-            __m512 kv[4];
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                kv[i] = _mm512_maskz_loadu_ps(m, k0 + (size_t)i * ld + d);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                __m512 qv = _mm512_maskz_loadu_ps(m, q[r] + d);
-#pragma GCC unroll 4
-                for (int i = 0; i < 4; i++)
-                    a[4 * i + r] = _mm512_fmadd_ps(qv, kv[i], a[4 * i + r]);
-            }
-        }
+        for (int d = 0; d < hf; d += 16)
+            scores_piece(a, q, k0, ld, d, (__mmask16)0xffff);
+        if (hf < hd)
+            scores_piece(a, q, k0, ld, hf, tail_mask(hd - hf));
         __m512 v = _mm512_mul_ps(hsum16(a), _mm512_set1_ps(scale));
         _mm_storeu_ps(sh + j, _mm512_castps512_ps128(v));
         _mm_storeu_ps(sh + lds + j, _mm512_extractf32x4_ps(v, 1));
