@@ -433,8 +433,10 @@ static void test_attention_batch(void **state)
 /* A prompt's rows attended in one call and in chunks of other sizes (as a prompt split by
  * the batch budget, or resumed after a cached prefix, reaches them): each row the same bits,
  * on every backend, and the whole call against the reference (items of up to 64 rows over
- * two 64-key gather blocks). MHA with head_dim 80 (phi-2's) and GQA; chunks that cut the
- * 4-key groups and the 64-key gather blocks at different places. */
+ * many 64-key gather blocks). MHA with head_dim 80 (phi-2's) and GQA; chunks that cut the
+ * 4-key groups and the 64-key gather blocks at different places. The whole call and the
+ * last chunk have 4 items a kv head or more, so the CPU backend widens their keys and values
+ * once (attn_pack); the small chunks gather theirs item by item. */
 static void test_attention_chunks(void **state)
 {
     (void)state;
@@ -442,8 +444,9 @@ static void test_attention_chunks(void **state)
     static const struct {
         int n_head, n_kv, hd;
     } shapes[] = {{4, 4, 80}, {8, 2, 64}, {3, 3, 7}};
-    static const int cuts[] = {0, 5, 22, 24, 70, 97, 100}; /* no chunk of one row: a decode item */
-    enum { N_TOK = 100 };
+    /* no chunk of one row: a decode item */
+    static const int cuts[] = {0, 5, 22, 24, 70, 97, 100, 300};
+    enum { N_TOK = 300 };
     struct kc_bes bs;
     kc_open(&bs);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -498,6 +501,8 @@ static void test_attention_window(void **state)
     attn_case_opts(&bs, &es, 1, 40, 4, 2, 16, 1.0f, 8, 0.0f, false);     /* decode, window 8 */
     attn_case_opts(&bs, &es, 20, 0, 4, 1, 16, 1.0f, 8, 0.0f, false);     /* prefill past it */
     attn_case_opts(&bs, &es, 70, 30, 2, 2, 32, 2.0f, 5, 0.0f, false);    /* keys > one gather block */
+    /* 5 items a head: the CPU backend widens keys and values [101, 500) once (attn_pack) */
+    attn_case_opts(&bs, &es, 300, 200, 2, 2, 32, 2.0f, 100, 0.0f, false);
     attn_case_opts(&bs, &es, 6, 3, 4, 4, 8, 1.0f, 9, 0.0f, false);       /* window = context */
     attn_case_opts(&bs, &es, 5, 0, 4, 4, 8, 1.0f, 1, 0.0f, false);       /* only itself */
     attn_case_opts(&bs, &es, 9, 7, 4, 2, 16, 6.0f, 0, 3.0f, false);      /* softcap */

@@ -176,6 +176,9 @@ struct attn_ctx {
     int hc;                   /* query heads per item (n_rep, capped at ATTN_ROWS) */
     size_t ld_s;              /* scores row stride in scratch (max keys, padded) */
     int tt;                   /* most tokens per prefill item */
+    float *pk, *pv;           /* [n_kv_head][pk_n][head_dim] keys and values [pk_lo, pk_lo + pk_n)
+                               * of the prefill rows' one sequence, widened (attn_pack), or NULL */
+    int pk_lo, pk_n;
 };
 
 /* Query rows i = ti * nh + r of one item: token t0 + ti, head g * n_rep + h0 + r. */
@@ -329,7 +332,7 @@ static int attn_common(const struct attn_rows *ar, int j0, int nb)
  * many-row kernels give the one-row bits, the common part ends on a multiple of
  * 4 keys from j0, as a one-row call's groups of 4 do, and the values are summed
  * over the keys in order either way. */
-static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, float *scr, float *blk,
+static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, float *scr, float *gath,
                       const float *qb, const int32_t *table, int g, bool values)
 {
     const struct cpu_kernels *k = &ac->c->k;
@@ -337,9 +340,14 @@ static void attn_pass(const struct attn_ctx *ac, const struct attn_rows *ar, flo
     int hd = ap->head_dim, bs = ac->rows->block_size;
     const void *base = values ? ac->kv->v : ac->kv->k;
     int dim = values ? ac->kv->v_dim : ac->kv->k_dim;
+    const float *packed = values ? ac->pv : ac->pk;
     for (int j0 = ar->k_lo; j0 < ar->k_hi; j0 += ATTN_JB) {
         int nb = ar->k_hi - j0 < ATTN_JB ? ar->k_hi - j0 : ATTN_JB;
-        attn_gather(k, blk, base, dim, ac->kv->dtype, table, bs, g, hd, j0, nb, ar->k_hi);
+        const float *blk = gath;
+        if (packed)
+            blk = packed + ((size_t)g * (size_t)ac->pk_n + (size_t)(j0 - ac->pk_lo)) * (size_t)hd;
+        else
+            attn_gather(k, gath, base, dim, ac->kv->dtype, table, bs, g, hd, j0, nb, ar->k_hi);
         int c = ar->n_rows > ar->nh ? attn_common(ar, j0, nb) : j0;
         if (c > j0 && !values)
             attn_scores_heads(k, scr + (j0 - ar->k_lo), ac->ld_s, qb, ar->n_rows, blk, (size_t)hd,
@@ -518,6 +526,66 @@ static void attn_dec_merge(const struct attn_ctx *ac)
     }
 }
 
+/* Most floats of the widened keys and values attn_pack keeps (64 MiB). */
+#define ATTN_PACK_MAX ((size_t)1 << 24)
+/* Fewest prefill items per kv head for attn_pack: with fewer, each item's own gathers copy
+ * about as much as the pack does once. */
+#define ATTN_PACK_ITEMS 4
+
+/* Keys and values [pk_lo, pk_lo + pk_n) of every kv head, widened into pk / pv in blocks of
+ * ATTN_JB positions, the blocks dealt round-robin to the threads. */
+static void attn_pack_task(void *arg, int ith, int nth)
+{
+    const struct attn_ctx *ac = arg;
+    const struct kv_layer *kv = ac->kv;
+    int hd = ac->ap->head_dim, bs = ac->rows->block_size, nkv = ac->ap->n_kv_head;
+    int nblk = (ac->pk_n + ATTN_JB - 1) / ATTN_JB, arrays = ac->pv == ac->pk ? 1 : 2;
+    const int32_t *table = ac->rows->tables + ac->rows->table[ac->tiles[0]];
+    for (long it = ith; it < (long)arrays * nkv * nblk; it += nth) {
+        int a = (int)(it / ((long)nkv * nblk)), g = (int)(it / nblk % nkv), b = (int)(it % nblk);
+        int j0 = ac->pk_lo + b * ATTN_JB, end = ac->pk_lo + ac->pk_n;
+        int nb = end - j0 < ATTN_JB ? end - j0 : ATTN_JB;
+        float *dst = (a ? ac->pv : ac->pk) + ((size_t)g * ac->pk_n + (size_t)b * ATTN_JB) * hd;
+        attn_gather(&ac->c->k, dst, a ? kv->v : kv->k, a ? kv->v_dim : kv->k_dim, kv->dtype, table,
+                    bs, g, hd, j0, nb, end);
+    }
+}
+
+/* When every prefill tile is of one sequence and each kv head has ATTN_PACK_ITEMS items or
+ * more, widen the keys and values the tiles attend once, head by head (attn_pack_task),
+ * instead of every item gathering its blocks again: an image's 4096 patches in one
+ * bidirectional span are read by 64 items a head. The items then read the same floats, so
+ * the same bits. Returns the floats it used of buf (0: not packed); buf NULL only measures. */
+static size_t attn_pack(struct attn_ctx *ac, float *buf)
+{
+    const struct attn_params *ap = ac->ap;
+    int n_hc = (ap->n_head / ap->n_kv_head + ac->hc - 1) / ac->hc, lo = 1 << 30, hi = 0;
+    if (ac->n_tiles == 0 || (long)ac->n_tiles * n_hc < ATTN_PACK_ITEMS)
+        return 0;
+    for (int ti = 0; ti < ac->n_tiles; ti++) {
+        if (ac->rows->table[ac->tiles[2 * ti]] != ac->rows->table[ac->tiles[0]])
+            return 0;
+        for (int t = ac->tiles[2 * ti]; t < ac->tiles[2 * ti + 1]; t++) {
+            int a, z;
+            attn_key_range(ac, t, &a, &z);
+            lo = a < lo ? a : lo;
+            hi = z > hi ? z : hi;
+        }
+    }
+    size_t one = (size_t)(hi - lo) * (size_t)ap->n_kv_head * (size_t)ap->head_dim;
+    size_t n = ac->kv->v == ac->kv->k ? one : 2 * one;
+    if (hi <= lo || n > ATTN_PACK_MAX)
+        return 0;
+    if (buf) {
+        ac->pk_lo = lo;
+        ac->pk_n = hi - lo;
+        ac->pk = buf;
+        ac->pv = ac->kv->v == ac->kv->k ? buf : buf + one;
+        tpool_run(ac->c->pool, attn_pack_task, ac);
+    }
+    return n;
+}
+
 /* Whether row i continues row i - 1's tile: the same sequence, the next position. */
 static bool attn_cont(const struct kv_rows *rows, int i)
 {
@@ -602,10 +670,16 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
         return;
     ac.n_tiles = attn_tiles(tiles, rows, n_tok, ac.tt);
     ac.tiles = tiles;
-    if (ac.n_dec) {
-        ac.part = cpu_shared_ensure(c, (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2));
-        if (!ac.part)
+    size_t n_pack = attn_pack(&ac, NULL), n_part = (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2);
+    if (n_pack || n_part) { /* shared scratch: the packed keys and values, then the partials */
+        float *sh = cpu_shared_ensure(c, n_pack + n_part);
+        if (!sh)
             return;
+        ac.part = sh + n_pack;
+        if (n_pack)
+            attn_pack(&ac, sh);
+    }
+    if (ac.n_dec) {
         int32_t *d = tiles + 2 * (size_t)n_tok;
         attn_dec_items(d, &ac, n_tok);
         ac.dec = d;
