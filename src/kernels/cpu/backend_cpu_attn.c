@@ -552,11 +552,12 @@ static void attn_pack_task(void *arg, int ith, int nth)
 }
 
 /* When every prefill tile is of one sequence and each kv head has ATTN_PACK_ITEMS items or
- * more, widen the keys and values the tiles attend once, head by head (attn_pack_task),
+ * more, the keys and values the tiles attend are widened once, head by head (attn_pack),
  * instead of every item gathering its blocks again: an image's 4096 patches in one
  * bidirectional span are read by 64 items a head. The items then read the same floats, so
- * the same bits. Returns the floats it used of buf (0: not packed); buf NULL only measures. */
-static size_t attn_pack(struct attn_ctx *ac, float *buf)
+ * the same bits. attn_pack_plan sets the range [pk_lo, pk_lo + pk_n) (the union of the tiles'
+ * key ranges) and returns the floats the pack takes, 0 for none. */
+static size_t attn_pack_plan(struct attn_ctx *ac)
 {
     const struct attn_params *ap = ac->ap;
     int n_hc = (ap->n_head / ap->n_kv_head + ac->hc - 1) / ac->hc, lo = 1 << 30, hi = 0;
@@ -572,18 +573,24 @@ static size_t attn_pack(struct attn_ctx *ac, float *buf)
             hi = z > hi ? z : hi;
         }
     }
+    /* hi > lo: a tile has rows, and a row attends at least itself */
     size_t one = (size_t)(hi - lo) * (size_t)ap->n_kv_head * (size_t)ap->head_dim;
     size_t n = ac->kv->v == ac->kv->k ? one : 2 * one;
-    if (hi <= lo || n > ATTN_PACK_MAX)
+    if (n > ATTN_PACK_MAX)
         return 0;
-    if (buf) {
-        ac->pk_lo = lo;
-        ac->pk_n = hi - lo;
-        ac->pk = buf;
-        ac->pv = ac->kv->v == ac->kv->k ? buf : buf + one;
-        tpool_run(ac->c->pool, attn_pack_task, ac);
-    }
+    ac->pk_lo = lo;
+    ac->pk_n = hi - lo;
     return n;
+}
+
+/* The pack attn_pack_plan planned, into buf. */
+static void attn_pack(struct attn_ctx *ac, float *buf)
+{
+    ac->pk = buf;
+    ac->pv = ac->kv->v == ac->kv->k
+                 ? buf
+                 : buf + (size_t)ac->pk_n * (size_t)ac->ap->n_kv_head * (size_t)ac->ap->head_dim;
+    tpool_run(ac->c->pool, attn_pack_task, ac);
 }
 
 /* Whether row i continues row i - 1's tile: the same sequence, the next position. */
@@ -670,7 +677,7 @@ void cpu_attention(struct backend *be, float *out, int ldo, const float *q, int 
         return;
     ac.n_tiles = attn_tiles(tiles, rows, n_tok, ac.tt);
     ac.tiles = tiles;
-    size_t n_pack = attn_pack(&ac, NULL), n_part = (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2);
+    size_t n_pack = attn_pack_plan(&ac), n_part = (size_t)ac.n_dec * ap->n_head * (ap->head_dim + 2);
     if (n_pack || n_part) { /* shared scratch: the packed keys and values, then the partials */
         float *sh = cpu_shared_ensure(c, n_pack + n_part);
         if (!sh)
